@@ -1,0 +1,17 @@
+// One registration function per command file (app/cmd_*.cpp). Each adds its CLI11
+// subcommand and a callback; main() parses, runs the chosen callback, and maps
+// exceptions to exit codes (core/error.hpp).
+#pragma once
+#include <CLI/CLI.hpp>
+
+namespace mtnlg::app {
+
+void register_recipe(CLI::App& app);
+void register_train(CLI::App& app);
+void register_data(CLI::App& app);
+void register_plan(CLI::App& app);
+void register_eval(CLI::App& app);
+void register_generate(CLI::App& app);
+void register_checkpoint(CLI::App& app);
+
+}  // namespace mtnlg::app

@@ -1,0 +1,48 @@
+// mtnlg entry point: parses the command line, runs one command, maps errors to exit
+// codes (0 ok, 1 runtime failure, 2 bad input) with a one-line message on stderr.
+#include <cstdio>
+#include <exception>
+
+#include "app/commands.hpp"
+#include "core/error.hpp"
+#include "core/log.hpp"
+
+int main(int argc, char** argv) {
+  CLI::App app{"mtnlg: train, evaluate and plan GPT models with 3D parallelism (Megatron-Turing NLG style)", "mtnlg"};
+  app.set_version_flag("--version", std::string("mtnlg ") + MTNLG_VERSION);
+  app.require_subcommand(1);
+  app.fallthrough(false);
+  mtnlg::app::register_train(app);
+  mtnlg::app::register_eval(app);
+  mtnlg::app::register_generate(app);
+  mtnlg::app::register_plan(app);
+  mtnlg::app::register_data(app);
+  mtnlg::app::register_checkpoint(app);
+  mtnlg::app::register_recipe(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "mtnlg: %s (see mtnlg --help)\n", e.what());
+    return 2;
+  } catch (const mtnlg::Error& e) {
+    int rank = mtnlg::log::context().rank;
+    if (mtnlg::log::context().world > 1)
+      std::fprintf(stderr, "mtnlg: error on rank %d: %s\n", rank, e.what());
+    else
+      std::fprintf(stderr, "mtnlg: error: %s\n", e.what());
+    return e.exit_code();
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "mtnlg: error: out of memory\n");
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "mtnlg: error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,605 @@
+// Recipe loading. Every key is declared once in the field table below: its name, how to
+// read it (with range checks) and how to write it back. Reading walks the YAML maps and
+// looks each key up in the table, so an unknown key is reported where it stands.
+#include "core/recipe.hpp"
+
+#include <yaml-cpp/yaml.h>
+
+#include <charconv>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "core/error.hpp"
+
+namespace mtnlg {
+
+std::string to_string(Precision p) {
+  switch (p) {
+    case Precision::fp32: return "fp32";
+    case Precision::bf16: return "bf16";
+    case Precision::fp16: return "fp16";
+  }
+  return "?";
+}
+std::string to_string(RecomputeGranularity r) {
+  switch (r) {
+    case RecomputeGranularity::none: return "none";
+    case RecomputeGranularity::selective: return "selective";
+    case RecomputeGranularity::full: return "full";
+  }
+  return "?";
+}
+std::string to_string(LrDecayStyle s) {
+  switch (s) {
+    case LrDecayStyle::cosine: return "cosine";
+    case LrDecayStyle::linear: return "linear";
+    case LrDecayStyle::constant: return "constant";
+  }
+  return "?";
+}
+
+int64_t ModelConfig::padded_vocab_size(int64_t tp) const {
+  int64_t m = make_vocab_size_divisible_by * tp;
+  return (vocab_size + m - 1) / m * m;
+}
+
+int64_t parse_count(const std::string& text_in, const std::string& what) {
+  std::string t = text_in;
+  while (!t.empty() && std::isspace(static_cast<unsigned char>(t.back()))) t.pop_back();
+  while (!t.empty() && std::isspace(static_cast<unsigned char>(t.front()))) t.erase(t.begin());
+  double mult = 1.0;
+  if (!t.empty()) {
+    switch (t.back()) {
+      case 'K': case 'k': mult = 1e3; break;
+      case 'M': case 'm': mult = 1e6; break;
+      case 'B': case 'b': case 'G': case 'g': mult = 1e9; break;
+      case 'T': case 't': mult = 1e12; break;
+      default: break;
+    }
+    if (mult != 1.0) t.pop_back();
+  }
+  t.erase(std::remove(t.begin(), t.end(), '_'), t.end());
+  if (t.empty()) throw_input("{}: expected a count such as 2048, 12e9 or \"270B\", got \"{}\"", what, text_in);
+  // Integers are parsed exactly; anything with '.', 'e' goes through double.
+  int64_t iv = 0;
+  auto [p, ec] = std::from_chars(t.data(), t.data() + t.size(), iv);
+  if (ec == std::errc() && p == t.data() + t.size() && mult == 1.0) {
+    if (iv < 0) throw_input("{}: expected a non-negative count, got {}", what, text_in);
+    return iv;
+  }
+  char* end = nullptr;
+  double d = std::strtod(t.c_str(), &end);
+  if (end != t.c_str() + t.size() || !std::isfinite(d))
+    throw_input("{}: expected a count such as 2048, 12e9 or \"270B\", got \"{}\"", what, text_in);
+  d *= mult;
+  if (d < 0) throw_input("{}: expected a non-negative count, got {}", what, text_in);
+  if (d > 9.2e18) throw_input("{}: count {} is too large", what, text_in);
+  double r = std::round(d);
+  if (std::fabs(d - r) > 1e-6 * std::max(1.0, std::fabs(d)))
+    throw_input("{}: expected a whole number, got {}", what, text_in);
+  return static_cast<int64_t>(r);
+}
+
+namespace {
+
+// Where a value came from, for messages: "file:line:col" or "--set key=value".
+struct Ctx {
+  std::string origin;
+  std::map<std::string, std::string> overridden;  // dotted path -> "--set ..." text
+
+  std::string where(const std::string& path, const YAML::Node& n) const {
+    for (auto& [p, text] : overridden)
+      if (path == p || path.rfind(p + ".", 0) == 0) return text;
+    if (n.IsDefined() && n.Mark().line >= 0)
+      return fmt::format("{}:{}:{}", origin, n.Mark().line + 1, n.Mark().column + 1);
+    return origin;
+  }
+};
+
+[[noreturn]] void bad(const Ctx& c, const std::string& path, const YAML::Node& n, const std::string& msg) {
+  throw InputError(fmt::format("{}: {}: {}", c.where(path, n), path, msg));
+}
+
+std::string scalar_text(const Ctx& c, const std::string& path, const YAML::Node& n, const char* expect) {
+  if (!n.IsScalar()) bad(c, path, n, fmt::format("expected {}, got a {}", expect, n.IsMap() ? "map" : n.IsSequence() ? "list" : "null"));
+  return n.Scalar();
+}
+
+int64_t read_int(const Ctx& c, const std::string& path, const YAML::Node& n, int64_t lo, int64_t hi) {
+  std::string s = scalar_text(c, path, n, "an integer");
+  int64_t v;
+  try {
+    v = parse_count(s, path);
+  } catch (const InputError&) {
+    bad(c, path, n, fmt::format("expected an integer in [{}, {}] (counts accept 12e9 or \"270B\"), got \"{}\"", lo, hi, s));
+  }
+  if (v < lo || v > hi) bad(c, path, n, fmt::format("{} is out of range: valid is [{}, {}]", v, lo, hi));
+  return v;
+}
+
+double read_double(const Ctx& c, const std::string& path, const YAML::Node& n, double lo, double hi) {
+  std::string s = scalar_text(c, path, n, "a number");
+  char* end = nullptr;
+  double v = std::strtod(s.c_str(), &end);
+  if (s.empty() || end != s.c_str() + s.size() || !std::isfinite(v))
+    bad(c, path, n, fmt::format("expected a number in [{}, {}], got \"{}\"", lo, hi, s));
+  if (v < lo || v > hi) bad(c, path, n, fmt::format("{} is out of range: valid is [{}, {}]", s, lo, hi));
+  return v;
+}
+
+bool read_bool(const Ctx& c, const std::string& path, const YAML::Node& n) {
+  std::string s = scalar_text(c, path, n, "true or false");
+  if (s == "true" || s == "True" || s == "yes" || s == "on") return true;
+  if (s == "false" || s == "False" || s == "no" || s == "off") return false;
+  bad(c, path, n, fmt::format("expected true or false, got \"{}\"", s));
+}
+
+std::string read_string(const Ctx& c, const std::string& path, const YAML::Node& n) {
+  if (n.IsNull()) return "";
+  return scalar_text(c, path, n, "a string");
+}
+
+template <typename E>
+E read_enum(const Ctx& c, const std::string& path, const YAML::Node& n, std::initializer_list<E> values) {
+  std::string s = n.IsNull() ? "none" : scalar_text(c, path, n, "a name");
+  std::string valid;
+  for (E e : values) {
+    if (to_string(e) == s) return e;
+    valid += (valid.empty() ? "" : "|") + to_string(e);
+  }
+  bad(c, path, n, fmt::format("\"{}\" is not valid: expected {}", s, valid));
+}
+
+constexpr int64_t kMaxI = std::numeric_limits<int64_t>::max();
+
+struct Field {
+  std::string name;
+  std::function<void(Recipe&, const YAML::Node&, const Ctx&, const std::string& path)> read;
+  std::function<void(const Recipe&, YAML::Emitter&)> write;
+};
+
+using Table = std::vector<std::pair<std::string, std::vector<Field>>>;
+
+template <typename Get>
+Field int_field(std::string name, Get get, int64_t lo, int64_t hi = kMaxI) {
+  return {name,
+          [=](Recipe& r, const YAML::Node& n, const Ctx& c, const std::string& p) { get(r) = read_int(c, p, n, lo, hi); },
+          [=](const Recipe& r, YAML::Emitter& e) { e << YAML::Key << name << YAML::Value << get(const_cast<Recipe&>(r)); }};
+}
+template <typename Get>
+Field dbl_field(std::string name, Get get, double lo, double hi) {
+  return {name,
+          [=](Recipe& r, const YAML::Node& n, const Ctx& c, const std::string& p) { get(r) = read_double(c, p, n, lo, hi); },
+          [=](const Recipe& r, YAML::Emitter& e) {
+            e << YAML::Key << name << YAML::Value << fmt::format("{}", get(const_cast<Recipe&>(r)));
+          }};
+}
+template <typename Get>
+Field bool_field(std::string name, Get get) {
+  return {name,
+          [=](Recipe& r, const YAML::Node& n, const Ctx& c, const std::string& p) { get(r) = read_bool(c, p, n); },
+          [=](const Recipe& r, YAML::Emitter& e) { e << YAML::Key << name << YAML::Value << get(const_cast<Recipe&>(r)); }};
+}
+template <typename Get>
+Field str_field(std::string name, Get get) {
+  return {name,
+          [=](Recipe& r, const YAML::Node& n, const Ctx& c, const std::string& p) { get(r) = read_string(c, p, n); },
+          [=](const Recipe& r, YAML::Emitter& e) {
+            e << YAML::Key << name << YAML::Value << YAML::DoubleQuoted << get(const_cast<Recipe&>(r));
+          }};
+}
+template <typename E, typename Get>
+Field enum_field(std::string name, Get get, std::initializer_list<E> values) {
+  std::vector<E> vals(values);
+  return {name,
+          [=](Recipe& r, const YAML::Node& n, const Ctx& c, const std::string& p) {
+            std::string s = n.IsNull() ? "none" : scalar_text(c, p, n, "a name");
+            for (E e : vals)
+              if (to_string(e) == s) {
+                get(r) = e;
+                return;
+              }
+            std::string valid;
+            for (E e : vals) valid += (valid.empty() ? "" : "|") + to_string(e);
+            bad(c, p, n, fmt::format("\"{}\" is not valid: expected {}", s, valid));
+          },
+          [=](const Recipe& r, YAML::Emitter& e) { e << YAML::Key << name << YAML::Value << to_string(get(const_cast<Recipe&>(r))); }};
+}
+
+// Reads a map node's keys against a list of names; unknown keys are errors.
+void check_keys(const Ctx& c, const std::string& path, const YAML::Node& n, const std::vector<std::string>& names) {
+  if (!n.IsMap()) bad(c, path, n, "expected a map of keys");
+  for (auto it = n.begin(); it != n.end(); ++it) {
+    std::string k = it->first.Scalar();
+    if (std::find(names.begin(), names.end(), k) == names.end()) {
+      std::string valid;
+      for (auto& s : names) valid += (valid.empty() ? "" : ", ") + s;
+      throw InputError(fmt::format("{}: unknown key '{}{}{}': valid keys are {}", c.where(path + "." + k, it->first),
+                                   path, path.empty() ? "" : ".", k, valid));
+    }
+  }
+}
+
+const Table& table() {
+  static const Table t = [] {
+    Table t;
+    auto M = [](Recipe& r) -> ModelConfig& { return r.model; };
+    (void)M;
+    t.push_back({"model",
+                 {
+                     int_field("num_layers", [](Recipe& r) -> int64_t& { return r.model.num_layers; }, 1, 100000),
+                     int_field("hidden_size", [](Recipe& r) -> int64_t& { return r.model.hidden_size; }, 1, 1 << 20),
+                     int_field("num_attention_heads", [](Recipe& r) -> int64_t& { return r.model.num_attention_heads; }, 1, 1 << 16),
+                     int_field("ffn_hidden_size", [](Recipe& r) -> int64_t& { return r.model.ffn_hidden_size; }, 0, 1 << 22),
+                     int_field("seq_length", [](Recipe& r) -> int64_t& { return r.model.seq_length; }, 1, 1 << 22),
+                     int_field("max_position_embeddings", [](Recipe& r) -> int64_t& { return r.model.max_position_embeddings; }, 0, 1 << 22),
+                     int_field("vocab_size", [](Recipe& r) -> int64_t& { return r.model.vocab_size; }, 1, 1 << 24),
+                     int_field("make_vocab_size_divisible_by", [](Recipe& r) -> int64_t& { return r.model.make_vocab_size_divisible_by; }, 1, 1 << 16),
+                     dbl_field("init_method_std", [](Recipe& r) -> double& { return r.model.init_method_std; }, 0.0, 10.0),
+                     dbl_field("hidden_dropout", [](Recipe& r) -> double& { return r.model.hidden_dropout; }, 0.0, 0.99),
+                     dbl_field("attention_dropout", [](Recipe& r) -> double& { return r.model.attention_dropout; }, 0.0, 0.99),
+                     dbl_field("layernorm_epsilon", [](Recipe& r) -> double& { return r.model.layernorm_epsilon; }, 0.0, 1.0),
+                 }});
+    Field pipeline_layers{
+        "pipeline_layers",
+        [](Recipe& r, const YAML::Node& n, const Ctx& c, const std::string& p) {
+          r.parallel.pipeline_layers.clear();
+          if (n.IsNull()) return;
+          if (!n.IsSequence()) bad(c, p, n, "expected a list of layer counts, one per pipeline stage");
+          for (size_t i = 0; i < n.size(); ++i)
+            r.parallel.pipeline_layers.push_back(read_int(c, fmt::format("{}[{}]", p, i), n[i], 1, 100000));
+        },
+        [](const Recipe& r, YAML::Emitter& e) {
+          e << YAML::Key << "pipeline_layers" << YAML::Value << YAML::Flow << r.parallel.pipeline_layers;
+        }};
+    t.push_back({"parallel",
+                 {
+                     int_field("tensor_model_parallel_size", [](Recipe& r) -> int64_t& { return r.parallel.tensor_model_parallel_size; }, 1, 1024),
+                     int_field("pipeline_model_parallel_size", [](Recipe& r) -> int64_t& { return r.parallel.pipeline_model_parallel_size; }, 1, 4096),
+                     int_field("num_layers_per_virtual_pipeline_stage", [](Recipe& r) -> int64_t& { return r.parallel.num_layers_per_virtual_pipeline_stage; }, 0, 100000),
+                     pipeline_layers,
+                     bool_field("sequence_parallel", [](Recipe& r) -> bool& { return r.parallel.sequence_parallel; }),
+                     bool_field("use_distributed_optimizer", [](Recipe& r) -> bool& { return r.parallel.use_distributed_optimizer; }),
+                     enum_field<RecomputeGranularity>("recompute_granularity", [](Recipe& r) -> RecomputeGranularity& { return r.parallel.recompute_granularity; },
+                                                      {RecomputeGranularity::none, RecomputeGranularity::selective, RecomputeGranularity::full}),
+                     int_field("ddp_bucket_size", [](Recipe& r) -> int64_t& { return r.parallel.ddp_bucket_size; }, 0),
+                 }});
+    Field ramp{
+        "rampup_batch_size",
+        [](Recipe& r, const YAML::Node& n, const Ctx& c, const std::string& p) {
+          if (n.IsNull() || (n.IsScalar() && n.Scalar() == "none")) {
+            r.training.rampup_batch_size.reset();
+            return;
+          }
+          check_keys(c, p, n, {"start", "increment", "ramp_tokens"});
+          RampupBatchSize rb = r.training.rampup_batch_size.value_or(RampupBatchSize{});
+          if (n["start"]) rb.start = read_int(c, p + ".start", n["start"], 1, kMaxI);
+          if (n["increment"]) rb.increment = read_int(c, p + ".increment", n["increment"], 1, kMaxI);
+          if (n["ramp_tokens"]) rb.ramp_tokens = read_int(c, p + ".ramp_tokens", n["ramp_tokens"], 1, kMaxI);
+          for (const char* k : {"start", "increment", "ramp_tokens"})
+            if (!n[k] && !r.training.rampup_batch_size)
+              bad(c, p, n, fmt::format("missing '{}': rampup_batch_size needs start, increment and ramp_tokens", k));
+          r.training.rampup_batch_size = rb;
+        },
+        [](const Recipe& r, YAML::Emitter& e) {
+          e << YAML::Key << "rampup_batch_size" << YAML::Value;
+          if (!r.training.rampup_batch_size) {
+            e << YAML::Null;
+            return;
+          }
+          auto& rb = *r.training.rampup_batch_size;
+          e << YAML::Flow << YAML::BeginMap << YAML::Key << "start" << YAML::Value << rb.start << YAML::Key << "increment"
+            << YAML::Value << rb.increment << YAML::Key << "ramp_tokens" << YAML::Value << rb.ramp_tokens << YAML::EndMap;
+        }};
+    t.push_back({"training",
+                 {
+                     enum_field<Precision>("precision", [](Recipe& r) -> Precision& { return r.training.precision; },
+                                           {Precision::fp32, Precision::bf16, Precision::fp16}),
+                     int_field("micro_batch_size", [](Recipe& r) -> int64_t& { return r.training.micro_batch_size; }, 1, 1 << 20),
+                     int_field("global_batch_size", [](Recipe& r) -> int64_t& { return r.training.global_batch_size; }, 1, 1LL << 40),
+                     ramp,
+                     int_field("train_iters", [](Recipe& r) -> int64_t& { return r.training.train_iters; }, 0),
+                     int_field("train_samples", [](Recipe& r) -> int64_t& { return r.training.train_samples; }, 0),
+                     int_field("train_tokens", [](Recipe& r) -> int64_t& { return r.training.train_tokens; }, 0),
+                     int_field("seed", [](Recipe& r) -> int64_t& { return r.training.seed; }, 0, (1LL << 32) - 1),
+                     dbl_field("exit_duration_mins", [](Recipe& r) -> double& { return r.training.exit_duration_mins; }, 0.0, 1e9),
+                     int_field("eval_interval", [](Recipe& r) -> int64_t& { return r.training.eval_interval; }, 0),
+                     int_field("eval_iters", [](Recipe& r) -> int64_t& { return r.training.eval_iters; }, 0),
+                     int_field("num_threads", [](Recipe& r) -> int64_t& { return r.training.num_threads; }, 0, 4096),
+                     int_field("max_nonfinite_in_a_row", [](Recipe& r) -> int64_t& { return r.training.max_nonfinite_in_a_row; }, 1),
+                 }});
+    t.push_back({"optimizer",
+                 {
+                     dbl_field("lr", [](Recipe& r) -> double& { return r.optimizer.lr; }, 0.0, 10.0),
+                     dbl_field("min_lr", [](Recipe& r) -> double& { return r.optimizer.min_lr; }, 0.0, 10.0),
+                     enum_field<LrDecayStyle>("lr_decay_style", [](Recipe& r) -> LrDecayStyle& { return r.optimizer.lr_decay_style; },
+                                              {LrDecayStyle::cosine, LrDecayStyle::linear, LrDecayStyle::constant}),
+                     int_field("lr_warmup_tokens", [](Recipe& r) -> int64_t& { return r.optimizer.lr_warmup_tokens; }, 0),
+                     int_field("lr_decay_tokens", [](Recipe& r) -> int64_t& { return r.optimizer.lr_decay_tokens; }, 0),
+                     dbl_field("weight_decay", [](Recipe& r) -> double& { return r.optimizer.weight_decay; }, 0.0, 10.0),
+                     dbl_field("adam_beta1", [](Recipe& r) -> double& { return r.optimizer.adam_beta1; }, 0.0, 0.999999),
+                     dbl_field("adam_beta2", [](Recipe& r) -> double& { return r.optimizer.adam_beta2; }, 0.0, 0.999999999),
+                     dbl_field("adam_eps", [](Recipe& r) -> double& { return r.optimizer.adam_eps; }, 0.0, 1.0),
+                     dbl_field("clip_grad", [](Recipe& r) -> double& { return r.optimizer.clip_grad; }, 0.0, 1e9),
+                     dbl_field("initial_loss_scale", [](Recipe& r) -> double& { return r.optimizer.initial_loss_scale; }, 1.0, 1e38),
+                     int_field("loss_scale_window", [](Recipe& r) -> int64_t& { return r.optimizer.loss_scale_window; }, 1),
+                     int_field("hysteresis", [](Recipe& r) -> int64_t& { return r.optimizer.hysteresis; }, 1),
+                     dbl_field("min_loss_scale", [](Recipe& r) -> double& { return r.optimizer.min_loss_scale; }, 1e-30, 1e38),
+                 }});
+    Field blend{
+        "blend",
+        [](Recipe& r, const YAML::Node& n, const Ctx& c, const std::string& p) {
+          r.data.blend.clear();
+          if (n.IsNull()) return;
+          if (!n.IsSequence()) bad(c, p, n, "expected a list of {weight, prefix} entries");
+          for (size_t i = 0; i < n.size(); ++i) {
+            std::string ip = fmt::format("{}[{}]", p, i);
+            check_keys(c, ip, n[i], {"weight", "prefix"});
+            BlendSource s;
+            if (!n[i]["prefix"]) bad(c, ip, n[i], "missing 'prefix' (a Megatron .bin/.idx path without extension)");
+            s.prefix = read_string(c, ip + ".prefix", n[i]["prefix"]);
+            if (n[i]["weight"]) s.weight = read_double(c, ip + ".weight", n[i]["weight"], 1e-12, 1e12);
+            r.data.blend.push_back(s);
+          }
+        },
+        [](const Recipe& r, YAML::Emitter& e) {
+          e << YAML::Key << "blend" << YAML::Value << YAML::BeginSeq;
+          for (auto& s : r.data.blend)
+            e << YAML::Flow << YAML::BeginMap << YAML::Key << "weight" << YAML::Value << fmt::format("{}", s.weight)
+              << YAML::Key << "prefix" << YAML::Value << s.prefix << YAML::EndMap;
+          e << YAML::EndSeq;
+        }};
+    t.push_back({"data",
+                 {
+                     blend,
+                     str_field("split", [](Recipe& r) -> std::string& { return r.data.split; }),
+                     str_field("vocab_file", [](Recipe& r) -> std::string& { return r.data.vocab_file; }),
+                     str_field("merge_file", [](Recipe& r) -> std::string& { return r.data.merge_file; }),
+                     str_field("cache_dir", [](Recipe& r) -> std::string& { return r.data.cache_dir; }),
+                     bool_field("mock", [](Recipe& r) -> bool& { return r.data.mock; }),
+                     bool_field("eod_mask_loss", [](Recipe& r) -> bool& { return r.data.eod_mask_loss; }),
+                 }});
+    t.push_back({"checkpoint",
+                 {
+                     str_field("save", [](Recipe& r) -> std::string& { return r.checkpoint.save; }),
+                     str_field("load", [](Recipe& r) -> std::string& { return r.checkpoint.load; }),
+                     int_field("save_interval", [](Recipe& r) -> int64_t& { return r.checkpoint.save_interval; }, 0),
+                     int_field("keep_last", [](Recipe& r) -> int64_t& { return r.checkpoint.keep_last; }, 0),
+                 }});
+    t.push_back({"logging",
+                 {
+                     str_field("dir", [](Recipe& r) -> std::string& { return r.logging.dir; }),
+                     int_field("log_interval", [](Recipe& r) -> int64_t& { return r.logging.log_interval; }, 1),
+                     bool_field("tensorboard", [](Recipe& r) -> bool& { return r.logging.tensorboard; }),
+                 }});
+    return t;
+  }();
+  return t;
+}
+
+// Sets doc[a][b]... = value, creating maps on the way.
+void apply_override(YAML::Node doc, const std::string& spec, Ctx& ctx) {
+  auto eq = spec.find('=');
+  if (eq == std::string::npos || eq == 0)
+    throw_input("--set {}: expected section.key=value (e.g. --set training.train_iters=100)", spec);
+  std::string path = spec.substr(0, eq), value = spec.substr(eq + 1);
+  std::vector<std::string> parts;
+  std::stringstream ss(path);
+  for (std::string p; std::getline(ss, p, '.');) parts.push_back(p);
+  if (parts.size() < 2 || std::any_of(parts.begin(), parts.end(), [](auto& s) { return s.empty(); }))
+    throw_input("--set {}: expected section.key=value (e.g. --set training.train_iters=100)", spec);
+  YAML::Node v;
+  try {
+    v = YAML::Load(value);
+  } catch (const YAML::Exception& e) {
+    throw_input("--set {}: value is not valid YAML: {}", spec, e.msg);
+  }
+  // yaml-cpp nodes are handles: walking down by reassigning would rebind; use recursion.
+  std::function<void(YAML::Node, size_t)> set = [&](YAML::Node n, size_t i) {
+    if (i + 1 == parts.size()) {
+      n[parts[i]] = v;
+      return;
+    }
+    if (!n[parts[i]] || !n[parts[i]].IsMap()) n[parts[i]] = YAML::Node(YAML::NodeType::Map);
+    set(n[parts[i]], i + 1);
+  };
+  set(doc, 0);
+  ctx.overridden[path] = "--set " + spec;
+}
+
+Recipe parse_doc(YAML::Node doc, Ctx& ctx, const std::vector<std::string>& overrides) {
+  if (doc.IsNull()) doc = YAML::Node(YAML::NodeType::Map);
+  if (!doc.IsMap()) throw_input("{}: a recipe is a map of sections (model, parallel, training, ...)", ctx.where("", doc));
+  for (auto& o : overrides) apply_override(doc, o, ctx);
+  std::vector<std::string> sections;
+  for (auto& [s, _] : table()) sections.push_back(s);
+  check_keys(ctx, "", doc, sections);
+  Recipe r;
+  for (auto& [sec, fields] : table()) {
+    YAML::Node sn = doc[sec];
+    if (!sn || sn.IsNull()) continue;
+    std::vector<std::string> names;
+    for (auto& f : fields) names.push_back(f.name);
+    check_keys(ctx, sec, sn, names);
+    for (auto& f : fields) {
+      YAML::Node fn = sn[f.name];
+      if (fn) f.read(r, fn, ctx, sec + "." + f.name);
+    }
+  }
+  // Derived defaults.
+  if (r.model.ffn_hidden_size == 0) r.model.ffn_hidden_size = 4 * r.model.hidden_size;
+  if (r.model.max_position_embeddings == 0) r.model.max_position_embeddings = r.model.seq_length;
+  validate(r);
+  return r;
+}
+
+}  // namespace
+
+Recipe parse_recipe(const std::string& text, const std::string& origin, const std::vector<std::string>& overrides) {
+  Ctx ctx{origin, {}};
+  YAML::Node doc;
+  try {
+    doc = YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    throw_input("{}:{}:{}: invalid YAML: {}", origin, e.mark.line + 1, e.mark.column + 1, e.msg);
+  }
+  Recipe r = parse_doc(doc, ctx, overrides);
+  std::filesystem::path p(origin);
+  r.name = p.stem().string();
+  r.source_path = origin;
+  if (r.logging.dir.empty()) r.logging.dir = "runs/" + r.name;
+  return r;
+}
+
+Recipe load_recipe(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw_input("{}: cannot open recipe file ({})", path, std::filesystem::exists(path) ? "permission denied" : "no such file");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return parse_recipe(ss.str(), path, overrides);
+}
+
+namespace {
+[[noreturn]] void invalid(const Recipe& r, const std::string& msg) {
+  throw InputError(fmt::format("{}: {}", r.source_path.empty() ? "recipe" : r.source_path, msg));
+}
+}  // namespace
+
+void validate(const Recipe& r) {
+  auto& m = r.model;
+  auto& p = r.parallel;
+  auto& t = r.training;
+  auto& o = r.optimizer;
+  auto& d = r.data;
+  if (m.num_layers <= 0 || m.hidden_size <= 0 || m.num_attention_heads <= 0 || m.seq_length <= 0)
+    invalid(r, "model.num_layers, model.hidden_size, model.num_attention_heads and model.seq_length are required");
+  if (m.hidden_size % m.num_attention_heads != 0)
+    invalid(r, fmt::format("model.hidden_size ({}) must be divisible by model.num_attention_heads ({})", m.hidden_size,
+                           m.num_attention_heads));
+  if (m.max_position_embeddings < m.seq_length)
+    invalid(r, fmt::format("model.max_position_embeddings ({}) must be >= model.seq_length ({})", m.max_position_embeddings,
+                           m.seq_length));
+  int64_t tp = p.tensor_model_parallel_size, pp = p.pipeline_model_parallel_size;
+  if (m.num_attention_heads % tp != 0)
+    invalid(r, fmt::format("model.num_attention_heads ({}) must be divisible by parallel.tensor_model_parallel_size ({})",
+                           m.num_attention_heads, tp));
+  if (m.ffn_hidden_size % tp != 0)
+    invalid(r, fmt::format("model.ffn_hidden_size ({}) must be divisible by parallel.tensor_model_parallel_size ({})",
+                           m.ffn_hidden_size, tp));
+  if (!p.pipeline_layers.empty()) {
+    if (static_cast<int64_t>(p.pipeline_layers.size()) != pp)
+      invalid(r, fmt::format("parallel.pipeline_layers lists {} stages but parallel.pipeline_model_parallel_size is {}",
+                             p.pipeline_layers.size(), pp));
+    int64_t sum = 0;
+    for (auto x : p.pipeline_layers) sum += x;
+    if (sum != m.num_layers)
+      invalid(r, fmt::format("parallel.pipeline_layers sums to {} but model.num_layers is {}", sum, m.num_layers));
+    if (p.num_layers_per_virtual_pipeline_stage > 0)
+      invalid(r, "parallel.pipeline_layers cannot be combined with num_layers_per_virtual_pipeline_stage");
+  } else if (m.num_layers % pp != 0) {
+    invalid(r, fmt::format("model.num_layers ({}) must be divisible by parallel.pipeline_model_parallel_size ({}), or list "
+                           "parallel.pipeline_layers",
+                           m.num_layers, pp));
+  } else if (m.num_layers < pp) {
+    invalid(r, fmt::format("model.num_layers ({}) is smaller than the number of pipeline stages ({})", m.num_layers, pp));
+  }
+  if (int64_t v = p.num_layers_per_virtual_pipeline_stage; v > 0) {
+    if (pp < 2) invalid(r, "parallel.num_layers_per_virtual_pipeline_stage needs pipeline_model_parallel_size >= 2");
+    if ((m.num_layers / pp) % v != 0)
+      invalid(r, fmt::format("layers per pipeline stage ({}) must be divisible by num_layers_per_virtual_pipeline_stage ({})",
+                             m.num_layers / pp, v));
+  }
+  if (p.sequence_parallel && m.seq_length % tp != 0)
+    invalid(r, fmt::format("parallel.sequence_parallel needs model.seq_length ({}) divisible by tensor_model_parallel_size ({})",
+                           m.seq_length, tp));
+  if (t.global_batch_size <= 0) invalid(r, "training.global_batch_size is required");
+  if (t.global_batch_size % t.micro_batch_size != 0)
+    invalid(r, fmt::format("training.global_batch_size ({}) must be divisible by training.micro_batch_size ({})",
+                           t.global_batch_size, t.micro_batch_size));
+  int n_len = (t.train_iters > 0) + (t.train_samples > 0) + (t.train_tokens > 0);
+  if (n_len != 1)
+    invalid(r, "set exactly one of training.train_iters, training.train_samples, training.train_tokens");
+  if (t.rampup_batch_size) {
+    auto& rb = *t.rampup_batch_size;
+    if (rb.start >= t.global_batch_size)
+      invalid(r, fmt::format("training.rampup_batch_size.start ({}) must be smaller than global_batch_size ({})", rb.start,
+                             t.global_batch_size));
+    if ((t.global_batch_size - rb.start) % rb.increment != 0)
+      invalid(r, fmt::format("training.rampup_batch_size: global_batch_size - start ({}) must be a multiple of increment ({})",
+                             t.global_batch_size - rb.start, rb.increment));
+    if (rb.start % t.micro_batch_size != 0 || rb.increment % t.micro_batch_size != 0)
+      invalid(r, fmt::format("training.rampup_batch_size: start ({}) and increment ({}) must be multiples of micro_batch_size ({})",
+                             rb.start, rb.increment, t.micro_batch_size));
+  }
+  if (o.min_lr > o.lr) invalid(r, fmt::format("optimizer.min_lr ({}) must not exceed optimizer.lr ({})", o.min_lr, o.lr));
+  if (o.lr_decay_tokens > 0 && o.lr_warmup_tokens > o.lr_decay_tokens)
+    invalid(r, fmt::format("optimizer.lr_warmup_tokens ({}) must not exceed optimizer.lr_decay_tokens ({})", o.lr_warmup_tokens,
+                           o.lr_decay_tokens));
+  if (t.precision == Precision::fp16 && o.min_loss_scale > o.initial_loss_scale)
+    invalid(r, "optimizer.min_loss_scale must not exceed optimizer.initial_loss_scale");
+  if (!d.mock && d.blend.empty()) invalid(r, "data.blend is empty: list {weight, prefix} sources or set data.mock: true");
+  {
+    // split: up to three comma-separated non-negative numbers, not all zero.
+    std::stringstream ss(d.split);
+    double sum = 0;
+    int n = 0;
+    for (std::string part; std::getline(ss, part, ',');) {
+      char* end = nullptr;
+      double v = std::strtod(part.c_str(), &end);
+      if (part.empty() || *end != '\0' || v < 0 || !std::isfinite(v))
+        invalid(r, fmt::format("data.split \"{}\": expected up to three comma-separated non-negative numbers like \"969,30,1\"", d.split));
+      sum += v;
+      ++n;
+    }
+    if (n == 0 || n > 3 || sum <= 0)
+      invalid(r, fmt::format("data.split \"{}\": expected up to three comma-separated numbers with a positive sum", d.split));
+  }
+}
+
+void validate_layout(const Recipe& r, int64_t world) {
+  int64_t tp = r.tp(), pp = r.pp();
+  if (world % (tp * pp) != 0)
+    invalid(r, fmt::format("world size {} is not divisible by tensor_model_parallel_size x pipeline_model_parallel_size = {} x {}",
+                           world, tp, pp));
+  int64_t dp = world / (tp * pp);
+  auto& t = r.training;
+  int64_t unit = t.micro_batch_size * dp;
+  if (t.global_batch_size % unit != 0)
+    invalid(r, fmt::format("training.global_batch_size ({}) must be divisible by micro_batch_size x data_parallel_size = {} x {}",
+                           t.global_batch_size, t.micro_batch_size, dp));
+  if (t.rampup_batch_size) {
+    auto& rb = *t.rampup_batch_size;
+    if (rb.start % unit != 0 || rb.increment % unit != 0)
+      invalid(r, fmt::format("training.rampup_batch_size start ({}) and increment ({}) must be multiples of micro_batch_size x "
+                             "data_parallel_size = {}",
+                             rb.start, rb.increment, unit));
+  }
+  if (int64_t v = r.parallel.num_layers_per_virtual_pipeline_stage; v > 0) {
+    // Interleaving needs the microbatches of every batch to fill whole groups of pp.
+    int64_t min_batch = t.rampup_batch_size ? t.rampup_batch_size->start : t.global_batch_size;
+    int64_t m = min_batch / unit;
+    if (m % pp != 0)
+      invalid(r, fmt::format("interleaved pipeline: microbatches per batch ({}) must be a multiple of pipeline_model_parallel_size ({})",
+                             m, pp));
+  }
+}
+
+std::string to_yaml(const Recipe& r) {
+  YAML::Emitter e;
+  e << YAML::BeginMap;
+  for (auto& [sec, fields] : table()) {
+    e << YAML::Key << sec << YAML::Value << YAML::BeginMap;
+    for (auto& f : fields) f.write(r, e);
+    e << YAML::EndMap;
+  }
+  e << YAML::EndMap;
+  return std::string(e.c_str()) + "\n";
+}
+
+}  // namespace mtnlg

@@ -1,0 +1,122 @@
+#include <catch2/catch.hpp>
+#include <filesystem>
+
+#include "core/error.hpp"
+#include "core/recipe.hpp"
+#include "test/support/test_support.hpp"
+
+using namespace mtnlg;
+using Catch::Matchers::Contains;
+
+namespace {
+const char* kTiny = R"(model:
+  num_layers: 2
+  hidden_size: 32
+  num_attention_heads: 4
+  seq_length: 16
+  vocab_size: 100
+  make_vocab_size_divisible_by: 8
+training:
+  micro_batch_size: 2
+  global_batch_size: 8
+  train_iters: 10
+data:
+  mock: true
+)";
+
+std::string error_of(const std::string& text, std::vector<std::string> sets = {}) {
+  try {
+    parse_recipe(text, "r.yaml", sets);
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "";
+}
+}  // namespace
+
+TEST_CASE("recipe: defaults and derived values", "[recipe]") {
+  Recipe r = parse_recipe(kTiny, "dir/tiny.yaml");
+  CHECK(r.name == "tiny");
+  CHECK(r.model.ffn_hidden_size == 128);
+  CHECK(r.model.max_position_embeddings == 16);
+  CHECK(r.model.padded_vocab_size(1) == 104);
+  CHECK(r.model.padded_vocab_size(2) == 112);
+  CHECK(r.training.seed == 1234);
+  CHECK(r.logging.dir == "runs/tiny");
+  ModelConfig m;
+  m.vocab_size = 50257;
+  CHECK(m.padded_vocab_size(8) == 51200);
+  CHECK(m.padded_vocab_size(1) == 50304);
+}
+
+TEST_CASE("recipe: counts accept suffixes and exponents", "[recipe]") {
+  CHECK(parse_count("270B", "x") == 270'000'000'000LL);
+  CHECK(parse_count("12e9", "x") == 12'000'000'000LL);
+  CHECK(parse_count("1.5M", "x") == 1'500'000);
+  CHECK(parse_count("2048", "x") == 2048);
+  CHECK_THROWS_AS(parse_count("1.5", "x"), InputError);
+  CHECK_THROWS_AS(parse_count("abc", "x"), InputError);
+  CHECK_THROWS_AS(parse_count("-3", "x"), InputError);
+  Recipe r = parse_recipe(kTiny, "t.yaml", {"training.train_iters=0", "training.train_tokens=\"3K\""});
+  CHECK(r.training.train_tokens == 3000);
+}
+
+TEST_CASE("recipe: --set overrides and round trip through to_yaml", "[recipe]") {
+  Recipe r = parse_recipe(kTiny, "t.yaml", {"model.num_layers=4", "optimizer.lr=3e-4",
+                                            "training.rampup_batch_size={start: 2, increment: 2, ramp_tokens: 1000}"});
+  CHECK(r.model.num_layers == 4);
+  CHECK(r.optimizer.lr == 3e-4);
+  REQUIRE(r.training.rampup_batch_size);
+  CHECK(r.training.rampup_batch_size->ramp_tokens == 1000);
+  Recipe back = parse_recipe(to_yaml(r), "t.yaml");
+  CHECK(to_yaml(back) == to_yaml(r));
+  CHECK(back.optimizer.lr == r.optimizer.lr);
+}
+
+TEST_CASE("recipe: errors name the place", "[recipe]") {
+  CHECK_THROWS_WITH(parse_recipe("model: [1, 2\n", "r.yaml"), Contains("r.yaml:") && Contains("invalid YAML"));
+  std::string e = error_of(std::string(kTiny) + "  bogus_key: 3\n");
+  CHECK_THAT(e, Contains("r.yaml:14:3") && Contains("unknown key 'data.bogus_key'") &&
+                    Contains("valid keys are"));
+  e = error_of(std::string(kTiny) + "extra_section: {}\n");
+  CHECK_THAT(e, Contains("r.yaml:14:1") && Contains("unknown key 'extra_section'"));
+  e = error_of(kTiny, {"model.num_layers=abc"});
+  CHECK_THAT(e, Contains("--set model.num_layers=abc") && Contains("expected an integer"));
+  e = error_of(kTiny, {"model.hidden_dropout=1.5"});
+  CHECK_THAT(e, Contains("out of range"));
+  e = error_of(kTiny, {"parallel.recompute_granularity=most"});
+  CHECK_THAT(e, Contains("none|selective|full"));
+  e = error_of(kTiny, {"model.num_attention_heads=5"});
+  CHECK_THAT(e, Contains("divisible by model.num_attention_heads"));
+  e = error_of(kTiny, {"training.global_batch_size=7"});
+  CHECK_THAT(e, Contains("micro_batch_size"));
+  e = error_of(kTiny, {"parallel.pipeline_model_parallel_size=3"});
+  CHECK_THAT(e, Contains("pipeline_model_parallel_size"));
+  e = error_of(kTiny, {"training.rampup_batch_size={start: 2, increment: 4, ramp_tokens: 10}"});
+  CHECK_THAT(e, Contains("multiple of increment"));
+  e = error_of(kTiny, {"training.train_samples=5"});
+  CHECK_THAT(e, Contains("exactly one of"));
+  e = error_of(kTiny, {"data.mock=false"});
+  CHECK_THAT(e, Contains("data.blend is empty"));
+  e = error_of(kTiny, {"model.seq_length=true"});
+  CHECK_THAT(e, Contains("model.seq_length"));
+  CHECK_THROWS_WITH(load_recipe("/nonexistent/x.yaml"), Contains("/nonexistent/x.yaml") && Contains("no such file"));
+}
+
+TEST_CASE("recipe: layout checks need the world size", "[recipe]") {
+  Recipe r = parse_recipe(kTiny, "t.yaml", {"parallel.tensor_model_parallel_size=2"});
+  CHECK_NOTHROW(validate_layout(r, 4));
+  CHECK_THROWS_WITH(validate_layout(r, 3), Contains("not divisible"));
+  CHECK_THROWS_WITH(validate_layout(r, 16), Contains("data_parallel_size"));
+}
+
+TEST_CASE("recipes/: every shipped recipe loads and validates", "[recipe]") {
+  int n = 0;
+  for (auto& e : std::filesystem::directory_iterator(mtnlg::test::source_dir() + "/recipes")) {
+    if (e.path().extension() != ".yaml") continue;
+    INFO(e.path());
+    CHECK_NOTHROW(load_recipe(e.path().string()));
+    ++n;
+  }
+  CHECK(n >= 1);
+}

@@ -1,0 +1,42 @@
+// Helpers shared by the Catch2 tests: temporary directories, running the mtnlg binary,
+// and tolerance checks (one documented metric: |a-b| <= atol + rtol*|ref|).
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace mtnlg::test {
+
+// A fresh directory under the build tree, removed on destruction unless MTNLG_KEEP_TMP is set.
+class TempDir {
+ public:
+  explicit TempDir(const std::string& tag);
+  ~TempDir();
+  const std::filesystem::path& path() const { return path_; }
+  std::string str() const { return path_.string(); }
+  std::filesystem::path operator/(const std::string& rel) const { return path_ / rel; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+struct RunResult {
+  int exit_code = -1;
+  std::string out;  // stdout and stderr together
+};
+
+// Runs a shell command line (through /bin/sh), capturing output.
+RunResult run_command(const std::string& cmdline);
+// Runs the mtnlg binary with the given argument string.
+RunResult run_mtnlg(const std::string& args);
+
+std::string source_dir();
+std::string binary_dir();
+std::string python();  // Debian python3 with torch/numpy
+bool python_has(const std::string& module);
+
+void write_file(const std::filesystem::path& p, const std::string& text);
+std::string read_file(const std::filesystem::path& p);
+
+}  // namespace mtnlg::test
