@@ -9,6 +9,9 @@ namespace mtnlg::app {
 void register_recipe(CLI::App& app);
 void register_train(CLI::App& app);
 void register_data(CLI::App& app);
+// `mtnlg data` subcommands are split across files: preprocess/inspect (cmd_data.cpp) and
+// the corpus curation ones, dedup/quality/decontaminate (cmd_data_curation.cpp).
+void register_data_curation(CLI::App& data_cmd);
 void register_plan(CLI::App& app);
 void register_eval(CLI::App& app);
 void register_generate(CLI::App& app);

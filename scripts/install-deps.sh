@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs the Debian packages mtnlg builds, tests and demos with (run as root).
+# Each package and what it is for is listed in README.md ("Dependencies").
+set -euo pipefail
+pkgs=(
+  cmake ninja-build g++ pkg-config          # build
+  libyaml-cpp-dev libcli11-dev libfmt-dev   # recipes, command line, formatting
+  nlohmann-json3-dev                        # JSON: JSONL corpora, metadata, results
+  catch2                                    # unit tests (Catch2 2.13 on bookworm)
+  libopenblas-dev                           # CPU matmul
+  libopenmpi-dev openmpi-bin                # launch, bootstrap, CPU collectives
+  zlib1g-dev libzstd-dev                    # .jsonl.gz / .jsonl.zst input
+  python3-torch python3-numpy               # outside oracles in tests
+  fortunes bible-kjv                        # real English text for the CPU demo
+)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" != 0 ]; then
+    echo "install-deps: missing packages: ${missing[*]} (run as root, or: sudo $0)" >&2
+    exit 1
+  fi
+  echo "install-deps: installing ${missing[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+echo "install-deps: all packages present"
