@@ -1,0 +1,446 @@
+// Dispatch of core/ops.hpp: checks shapes and dtypes once, then calls the backend for
+// the tensors' device (core/cpu/ops_cpu.cpp; the CUDA backend registers itself in
+// core/cuda/ when built with MTNLG_CUDA) instantiated for their dtype.
+#include "core/ops.hpp"
+
+#include <cmath>
+#include <cstring>
+
+#include "core/cpu/ops_cpu.hpp"
+
+namespace mtnlg::ops {
+
+namespace {
+
+void same_device(const char* op, std::initializer_list<const Tensor*> ts) {
+  Device d = Device::cpu;
+  bool first = true;
+  for (auto* t : ts) {
+    if (!t || !t->defined()) continue;
+    if (first) {
+      d = t->device();
+      first = false;
+    } else if (t->device() != d) {
+      throw_runtime("{}: tensors on different devices", op);
+    }
+  }
+  if (d == Device::cuda)
+    throw_runtime("{}: this build has no CUDA implementation of the op (the CUDA backend is enabled with MTNLG_CUDA)", op);
+}
+
+void same_float_dtype(const char* op, std::initializer_list<const Tensor*> ts) {
+  DType d = DType::f32;
+  bool first = true;
+  for (auto* t : ts) {
+    if (!t || !t->defined()) continue;
+    if (first) {
+      d = t->dtype();
+      first = false;
+    } else if (t->dtype() != d) {
+      throw_runtime("{}: mixed dtypes {} and {}", op, to_string(d), to_string(t->dtype()));
+    }
+  }
+  if (d != DType::f32 && d != DType::f64) throw_runtime("{}: dtype {} not supported on the CPU", op, to_string(d));
+}
+
+void expect_numel(const char* op, const char* name, const Tensor& t, int64_t n) {
+  if (t.numel() != n) throw_runtime("{}: {} has {} elements, expected {} (shape {})", op, name, t.numel(), n, shape_str(t.shape()));
+}
+
+template <typename F>
+void by_dtype(DType d, F&& f) {
+  if (d == DType::f32)
+    f(float{});
+  else
+    f(double{});
+}
+
+template <typename T>
+T* ptr(const Tensor* t) {
+  return (t && t->defined()) ? t->data<T>() : nullptr;
+}
+
+}  // namespace
+
+void fill(Tensor& x, double value) {
+  same_device("fill", {&x});
+  switch (x.dtype()) {
+    case DType::f32: {
+      float* p = x.data<float>();
+      float v = static_cast<float>(value);
+      for (int64_t i = 0; i < x.numel(); ++i) p[i] = v;
+      break;
+    }
+    case DType::f64: {
+      double* p = x.data<double>();
+      for (int64_t i = 0; i < x.numel(); ++i) p[i] = value;
+      break;
+    }
+    case DType::i32: {
+      int32_t* p = x.data<int32_t>();
+      for (int64_t i = 0; i < x.numel(); ++i) p[i] = static_cast<int32_t>(value);
+      break;
+    }
+    default:
+      if (value != 0) throw_runtime("fill: non-zero fill of {} not supported", to_string(x.dtype()));
+      std::memset(x.raw(), 0, static_cast<size_t>(x.nbytes()));
+  }
+}
+
+void copy(Tensor& dst, const Tensor& src) {
+  same_device("copy", {&dst, &src});
+  expect_numel("copy", "src", src, dst.numel());
+  if (dst.dtype() != src.dtype()) throw_runtime("copy: dtype {} -> {} needs ops::convert", to_string(src.dtype()), to_string(dst.dtype()));
+  std::memmove(dst.raw(), src.raw(), static_cast<size_t>(dst.nbytes()));
+}
+
+namespace {
+// bf16/f16 <-> float conversions (round to nearest even), used by convert().
+float bf16_to_f32(uint16_t h) {
+  uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+uint16_t f32_to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);  // NaN stays NaN
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+float f16_to_f32(uint16_t h) {
+  uint32_t sign = (h >> 15) & 1, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+  float v;
+  if (exp == 0)
+    v = std::ldexp(static_cast<float>(man), -24);
+  else if (exp == 31)
+    v = man ? NAN : INFINITY;
+  else
+    v = std::ldexp(static_cast<float>(man | 0x400), static_cast<int>(exp) - 25);
+  return sign ? -v : v;
+}
+uint16_t f32_to_f16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  uint32_t sign = (u >> 16) & 0x8000u;
+  float a = std::fabs(f);
+  if (std::isnan(f)) return static_cast<uint16_t>(sign | 0x7e00u);
+  if (a >= 65520.0f) return static_cast<uint16_t>(sign | 0x7c00u);
+  if (a < 6.103515625e-05f) {  // subnormal: quantise to multiples of 2^-24
+    auto q = static_cast<uint32_t>(std::nearbyint(a * 16777216.0f));
+    return static_cast<uint16_t>(sign | q);
+  }
+  int e;
+  float m = std::frexp(a, &e);  // a = m * 2^e, m in [0.5,1)
+  auto mant = static_cast<uint32_t>(std::nearbyint((m * 2.0f - 1.0f) * 1024.0f));
+  int exp = e - 1 + 15;
+  if (mant == 1024) {
+    mant = 0;
+    ++exp;
+  }
+  if (exp >= 31) return static_cast<uint16_t>(sign | 0x7c00u);
+  return static_cast<uint16_t>(sign | (static_cast<uint32_t>(exp) << 10) | mant);
+}
+
+double load_as_double(const Tensor& t, int64_t i) {
+  switch (t.dtype()) {
+    case DType::f32: return t.data<float>()[i];
+    case DType::f64: return t.data<double>()[i];
+    case DType::bf16: return bf16_to_f32(t.data<uint16_t>()[i]);
+    case DType::f16: return f16_to_f32(t.data<uint16_t>()[i]);
+    case DType::i32: return t.data<int32_t>()[i];
+  }
+  return 0;
+}
+void store_double(Tensor& t, int64_t i, double v) {
+  switch (t.dtype()) {
+    case DType::f32: t.data<float>()[i] = static_cast<float>(v); break;
+    case DType::f64: t.data<double>()[i] = v; break;
+    case DType::bf16: t.data<uint16_t>()[i] = f32_to_bf16(static_cast<float>(v)); break;
+    case DType::f16: t.data<uint16_t>()[i] = f32_to_f16(static_cast<float>(v)); break;
+    case DType::i32: t.data<int32_t>()[i] = static_cast<int32_t>(v); break;
+  }
+}
+}  // namespace
+
+void convert(Tensor& dst, const Tensor& src) {
+  same_device("convert", {&dst, &src});
+  expect_numel("convert", "src", src, dst.numel());
+  if (dst.dtype() == src.dtype()) return copy(dst, src);
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < dst.numel(); ++i) store_double(dst, i, load_as_double(src, i));
+}
+
+void add(Tensor& out, const Tensor& a, const Tensor& b) {
+  same_device("add", {&out, &a, &b});
+  same_float_dtype("add", {&out, &a, &b});
+  expect_numel("add", "a", a, out.numel());
+  expect_numel("add", "b", b, out.numel());
+  by_dtype(out.dtype(), [&](auto z) {
+    using T = decltype(z);
+    T* o = out.data<T>();
+    const T *x = a.data<T>(), *y = b.data<T>();
+    int64_t n = out.numel();
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) o[i] = x[i] + y[i];
+  });
+}
+
+void add_inplace(Tensor& acc, const Tensor& x) { add(acc, acc, x); }
+
+void scale(Tensor& x, double s) {
+  same_device("scale", {&x});
+  same_float_dtype("scale", {&x});
+  by_dtype(x.dtype(), [&](auto z) {
+    using T = decltype(z);
+    T* p = x.data<T>();
+    T ts = static_cast<T>(s);
+    int64_t n = x.numel();
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) p[i] *= ts;
+  });
+}
+
+double sum_squares(const Tensor& x) {
+  same_device("sum_squares", {&x});
+  same_float_dtype("sum_squares", {&x});
+  double total = 0;
+  by_dtype(x.dtype(), [&](auto z) {
+    using T = decltype(z);
+    const T* p = x.data<T>();
+    int64_t n = x.numel();
+    // Fixed-size chunks summed in order: the result does not depend on the thread count.
+    constexpr int64_t kChunk = 1 << 16;
+    int64_t chunks = (n + kChunk - 1) / kChunk;
+    std::vector<double> part(static_cast<size_t>(chunks), 0.0);
+#pragma omp parallel for schedule(static)
+    for (int64_t c = 0; c < chunks; ++c) {
+      double s = 0;
+      int64_t e = std::min(n, (c + 1) * kChunk);
+      for (int64_t i = c * kChunk; i < e; ++i) s += static_cast<double>(p[i]) * p[i];
+      part[c] = s;
+    }
+    for (double s : part) total += s;
+  });
+  return total;
+}
+
+bool all_finite(const Tensor& x) { return std::isfinite(sum_squares(x)); }
+
+void matmul_forward(Tensor& out, const Tensor& inp, const Tensor& w, const Tensor* bias) {
+  same_device("matmul_forward", {&out, &inp, &w, bias});
+  same_float_dtype("matmul_forward", {&out, &inp, &w, bias});
+  int64_t OC = w.dim(0), C = w.dim(1), N = inp.numel() / C;
+  expect_numel("matmul_forward", "inp", inp, N * C);
+  expect_numel("matmul_forward", "out", out, N * OC);
+  if (bias && bias->defined()) expect_numel("matmul_forward", "bias", *bias, OC);
+  by_dtype(out.dtype(), [&](auto z) {
+    using T = decltype(z);
+    cpu::matmul_forward<T>(out.data<T>(), inp.data<T>(), w.data<T>(), ptr<T>(bias), N, C, OC);
+  });
+}
+
+void matmul_backward(Tensor* dinp, Tensor* dw, Tensor* dbias, const Tensor& dout, const Tensor& inp, const Tensor& w,
+                     bool accumulate_dinp) {
+  same_device("matmul_backward", {dinp, dw, dbias, &dout, &inp, &w});
+  same_float_dtype("matmul_backward", {dinp, dw, dbias, &dout, &inp, &w});
+  int64_t OC = w.dim(0), C = w.dim(1), N = inp.numel() / C;
+  expect_numel("matmul_backward", "dout", dout, N * OC);
+  if (dinp) expect_numel("matmul_backward", "dinp", *dinp, N * C);
+  if (dw) expect_numel("matmul_backward", "dw", *dw, OC * C);
+  if (dbias) expect_numel("matmul_backward", "dbias", *dbias, OC);
+  by_dtype(dout.dtype(), [&](auto z) {
+    using T = decltype(z);
+    cpu::matmul_backward<T>(ptr<T>(dinp), ptr<T>(dw), ptr<T>(dbias), dout.data<T>(), inp.data<T>(), w.data<T>(), N, C, OC,
+                            accumulate_dinp);
+  });
+}
+
+void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& inp, const Tensor& w, const Tensor& b,
+                       double eps) {
+  same_device("layernorm_forward", {&out, &mean, &rstd, &inp, &w, &b});
+  same_float_dtype("layernorm_forward", {&out, &mean, &rstd, &inp, &w, &b});
+  int64_t C = w.numel(), N = inp.numel() / C;
+  expect_numel("layernorm_forward", "out", out, N * C);
+  expect_numel("layernorm_forward", "mean", mean, N);
+  expect_numel("layernorm_forward", "rstd", rstd, N);
+  by_dtype(out.dtype(), [&](auto z) {
+    using T = decltype(z);
+    cpu::layernorm_forward<T>(out.data<T>(), mean.data<T>(), rstd.data<T>(), inp.data<T>(), w.data<T>(), b.data<T>(), N, C,
+                              eps);
+  });
+}
+
+void layernorm_backward(Tensor& dinp, Tensor& dw, Tensor& db, const Tensor& dout, const Tensor& inp, const Tensor& w,
+                        const Tensor& mean, const Tensor& rstd, bool accumulate_dinp) {
+  same_device("layernorm_backward", {&dinp, &dw, &db, &dout, &inp, &w, &mean, &rstd});
+  same_float_dtype("layernorm_backward", {&dinp, &dw, &db, &dout, &inp, &w, &mean, &rstd});
+  int64_t C = w.numel(), N = inp.numel() / C;
+  expect_numel("layernorm_backward", "dinp", dinp, N * C);
+  by_dtype(dout.dtype(), [&](auto z) {
+    using T = decltype(z);
+    cpu::layernorm_backward<T>(dinp.data<T>(), dw.data<T>(), db.data<T>(), dout.data<T>(), inp.data<T>(), w.data<T>(),
+                               mean.data<T>(), rstd.data<T>(), N, C, accumulate_dinp);
+  });
+}
+
+void gelu_forward(Tensor& out, const Tensor& inp) {
+  same_device("gelu_forward", {&out, &inp});
+  same_float_dtype("gelu_forward", {&out, &inp});
+  expect_numel("gelu_forward", "out", out, inp.numel());
+  by_dtype(out.dtype(), [&](auto z) {
+    using T = decltype(z);
+    cpu::gelu_forward<T>(out.data<T>(), inp.data<T>(), inp.numel());
+  });
+}
+
+void gelu_backward(Tensor& dinp, const Tensor& inp, const Tensor& dout) {
+  same_device("gelu_backward", {&dinp, &inp, &dout});
+  same_float_dtype("gelu_backward", {&dinp, &inp, &dout});
+  expect_numel("gelu_backward", "dinp", dinp, inp.numel());
+  expect_numel("gelu_backward", "dout", dout, inp.numel());
+  by_dtype(dinp.dtype(), [&](auto z) {
+    using T = decltype(z);
+    cpu::gelu_backward<T>(dinp.data<T>(), inp.data<T>(), dout.data<T>(), inp.numel());
+  });
+}
+
+void dropout_forward(Tensor& out, const Tensor& inp, double p, uint64_t key, uint64_t base_index) {
+  same_device("dropout_forward", {&out, &inp});
+  same_float_dtype("dropout_forward", {&out, &inp});
+  expect_numel("dropout_forward", "out", out, inp.numel());
+  by_dtype(out.dtype(), [&](auto z) {
+    using T = decltype(z);
+    cpu::dropout<T>(out.data<T>(), inp.data<T>(), inp.numel(), p, key, base_index);
+  });
+}
+
+void dropout_backward(Tensor& dinp, const Tensor& dout, double p, uint64_t key, uint64_t base_index) {
+  // The mask and scale are the same as forward: dinp = dout * mask / (1-p).
+  dropout_forward(dinp, dout, p, key, base_index);
+}
+
+void attention_forward(Tensor& out, Tensor& probs, const Tensor& qkv, int64_t heads, const AttentionDropout& drop) {
+  same_device("attention_forward", {&out, &probs, &qkv});
+  same_float_dtype("attention_forward", {&out, &probs, &qkv});
+  MTNLG_CHECK(qkv.ndim() == 3, "attention qkv must be [B,T,3C], got {}", shape_str(qkv.shape()));
+  int64_t B = qkv.dim(0), T = qkv.dim(1), D = qkv.dim(2) / (3 * heads);
+  expect_numel("attention_forward", "out", out, B * T * heads * D);
+  expect_numel("attention_forward", "probs", probs, B * heads * T * T);
+  by_dtype(out.dtype(), [&](auto z) {
+    using V = decltype(z);
+    cpu::attention_forward<V>(out.data<V>(), probs.data<V>(), qkv.data<V>(), B, T, heads, D, drop.p, drop.key,
+                              drop.sample_offset, drop.head_offset, drop.heads_total ? drop.heads_total : heads);
+  });
+}
+
+void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& probs, int64_t heads,
+                        const AttentionDropout& drop) {
+  same_device("attention_backward", {&dqkv, &dout, &qkv, &probs});
+  same_float_dtype("attention_backward", {&dqkv, &dout, &qkv, &probs});
+  int64_t B = qkv.dim(0), T = qkv.dim(1), D = qkv.dim(2) / (3 * heads);
+  expect_numel("attention_backward", "dqkv", dqkv, qkv.numel());
+  by_dtype(dqkv.dtype(), [&](auto z) {
+    using V = decltype(z);
+    cpu::attention_backward<V>(dqkv.data<V>(), dout.data<V>(), qkv.data<V>(), probs.data<V>(), B, T, heads, D, drop.p,
+                               drop.key, drop.sample_offset, drop.head_offset, drop.heads_total ? drop.heads_total : heads);
+  });
+}
+
+void embedding_forward(Tensor& out, const Tensor& tokens, const Tensor& table, int64_t vocab_start) {
+  same_device("embedding_forward", {&out, &tokens, &table});
+  same_float_dtype("embedding_forward", {&out, &table});
+  MTNLG_CHECK(tokens.dtype() == DType::i32, "tokens must be i32");
+  int64_t C = table.dim(1), N = tokens.numel();
+  expect_numel("embedding_forward", "out", out, N * C);
+  by_dtype(out.dtype(), [&](auto z) {
+    using T = decltype(z);
+    cpu::embedding_forward<T>(out.data<T>(), tokens.data<int32_t>(), table.data<T>(), N, C, vocab_start, table.dim(0));
+  });
+}
+
+void embedding_backward(Tensor& dtable, const Tensor& tokens, const Tensor& dout, int64_t vocab_start) {
+  same_device("embedding_backward", {&dtable, &tokens, &dout});
+  same_float_dtype("embedding_backward", {&dtable, &dout});
+  int64_t C = dtable.dim(1), N = tokens.numel();
+  expect_numel("embedding_backward", "dout", dout, N * C);
+  by_dtype(dout.dtype(), [&](auto z) {
+    using T = decltype(z);
+    cpu::embedding_backward<T>(dtable.data<T>(), tokens.data<int32_t>(), dout.data<T>(), N, C, vocab_start, dtable.dim(0));
+  });
+}
+
+void position_forward(Tensor& x, const Tensor& pos, int64_t t0) {
+  same_device("position_forward", {&x, &pos});
+  same_float_dtype("position_forward", {&x, &pos});
+  MTNLG_CHECK(x.ndim() == 3, "position_forward: x must be [B,T,C]");
+  int64_t B = x.dim(0), T = x.dim(1), C = x.dim(2);
+  MTNLG_CHECK(t0 + T <= pos.dim(0), "position_forward: positions {}..{} beyond table of {}", t0, t0 + T, pos.dim(0));
+  by_dtype(x.dtype(), [&](auto z) {
+    using V = decltype(z);
+    cpu::position_forward<V>(x.data<V>(), pos.data<V>(), B, T, C, t0);
+  });
+}
+
+void position_backward(Tensor& dpos, const Tensor& dx, int64_t t0) {
+  same_device("position_backward", {&dpos, &dx});
+  same_float_dtype("position_backward", {&dpos, &dx});
+  int64_t B = dx.dim(0), T = dx.dim(1), C = dx.dim(2);
+  by_dtype(dx.dtype(), [&](auto z) {
+    using V = decltype(z);
+    cpu::position_backward<V>(dpos.data<V>(), dx.data<V>(), B, T, C, t0);
+  });
+}
+
+void xent_rowmax(Tensor& rowmax, const Tensor& logits, int64_t valid_local) {
+  same_device("xent_rowmax", {&rowmax, &logits});
+  same_float_dtype("xent_rowmax", {&rowmax, &logits});
+  int64_t N = rowmax.numel(), V = logits.numel() / N;
+  by_dtype(logits.dtype(), [&](auto z) {
+    using T = decltype(z);
+    cpu::xent_rowmax<T>(rowmax.data<T>(), logits.data<T>(), N, V, valid_local);
+  });
+}
+
+void xent_sumexp_target(Tensor& sumexp, Tensor& target_logit, const Tensor& logits, const Tensor& targets,
+                        const Tensor& rowmax, int64_t vocab_start, int64_t valid_local) {
+  same_device("xent_sumexp_target", {&sumexp, &target_logit, &logits, &targets, &rowmax});
+  same_float_dtype("xent_sumexp_target", {&sumexp, &target_logit, &logits, &rowmax});
+  int64_t N = rowmax.numel(), V = logits.numel() / N;
+  expect_numel("xent_sumexp_target", "targets", targets, N);
+  by_dtype(logits.dtype(), [&](auto z) {
+    using T = decltype(z);
+    cpu::xent_sumexp_target<T>(sumexp.data<T>(), target_logit.data<T>(), logits.data<T>(), targets.data<int32_t>(),
+                               rowmax.data<T>(), N, V, vocab_start, valid_local);
+  });
+}
+
+void xent_backward(Tensor& dlogits, const Tensor& logits, const Tensor& targets, const Tensor& rowmax,
+                   const Tensor& sumexp, const Tensor& dloss, int64_t vocab_start, int64_t valid_local) {
+  same_device("xent_backward", {&dlogits, &logits, &targets, &rowmax, &sumexp, &dloss});
+  same_float_dtype("xent_backward", {&dlogits, &logits, &rowmax, &sumexp, &dloss});
+  int64_t N = rowmax.numel(), V = logits.numel() / N;
+  expect_numel("xent_backward", "dlogits", dlogits, N * V);
+  by_dtype(logits.dtype(), [&](auto z) {
+    using T = decltype(z);
+    cpu::xent_backward<T>(dlogits.data<T>(), logits.data<T>(), targets.data<int32_t>(), rowmax.data<T>(), sumexp.data<T>(),
+                          dloss.data<T>(), N, V, vocab_start, valid_local);
+  });
+}
+
+void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& p) {
+  same_device("adamw_step", {&param, &grad, &m, &v});
+  same_float_dtype("adamw_step", {&param, &grad, &m, &v});
+  int64_t n = param.numel();
+  expect_numel("adamw_step", "grad", grad, n);
+  expect_numel("adamw_step", "m", m, n);
+  expect_numel("adamw_step", "v", v, n);
+  by_dtype(param.dtype(), [&](auto z) {
+    using T = decltype(z);
+    cpu::adamw<T>(param.data<T>(), grad.data<T>(), m.data<T>(), v.data<T>(), n, p.lr, p.beta1, p.beta2, p.eps,
+                  p.weight_decay, p.step, p.grad_scale);
+  });
+}
+
+}  // namespace mtnlg::ops

@@ -1,0 +1,101 @@
+// The op set. Each family is a forward/backward pair with explicit buffers (no autograd),
+// dispatched on the device (CPU now; CUDA implementations slot in behind the same calls)
+// and the dtype (f32 for training, f64 for finite-difference checks).
+//
+// Gradient contract (DESIGN.md invariant 4): parameter gradients ACCUMULATE (+=) so
+// micro-batches add up; activation gradients are WRITTEN (=) unless an argument says
+// `accumulate`. Shapes: N = rows (batch*sequence), C = channels.
+#pragma once
+#include <cstdint>
+
+#include "core/tensor.hpp"
+
+namespace mtnlg::ops {
+
+// ---- elementwise / utility ----------------------------------------------------------
+void fill(Tensor& x, double value);
+void copy(Tensor& dst, const Tensor& src);           // same numel, any shapes
+void add(Tensor& out, const Tensor& a, const Tensor& b);  // out = a + b (out may alias a or b)
+void add_inplace(Tensor& acc, const Tensor& x);       // acc += x
+void scale(Tensor& x, double s);                      // x *= s
+double sum_squares(const Tensor& x);                  // sum of x^2 in double
+bool all_finite(const Tensor& x);
+// Converts between floating dtypes (f32 <-> f64 <-> bf16 <-> f16), same numel.
+void convert(Tensor& dst, const Tensor& src);
+
+// ---- matmul (OpenBLAS on CPU, cuBLASLt on CUDA) ---------------------------------------
+// out[N,OC] = inp[N,C] @ w[OC,C]^T (+ bias[OC])
+void matmul_forward(Tensor& out, const Tensor& inp, const Tensor& w, const Tensor* bias);
+// dinp[N,C] (= or += with accumulate_dinp), dw[OC,C] +=, dbias[OC] += ; any of the
+// outputs may be null to skip it.
+void matmul_backward(Tensor* dinp, Tensor* dw, Tensor* dbias, const Tensor& dout, const Tensor& inp, const Tensor& w,
+                     bool accumulate_dinp = false);
+
+// ---- layernorm -------------------------------------------------------------------------
+// out[N,C] = (inp - mean)*rstd*w + b; saves mean[N], rstd[N] for backward.
+void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& inp, const Tensor& w, const Tensor& b,
+                       double eps);
+// dinp = (accumulate? +=: =), dw +=, db +=
+void layernorm_backward(Tensor& dinp, Tensor& dw, Tensor& db, const Tensor& dout, const Tensor& inp, const Tensor& w,
+                        const Tensor& mean, const Tensor& rstd, bool accumulate_dinp = false);
+
+// ---- GELU (tanh approximation, as GPT-2 and Megatron) ------------------------------
+void gelu_forward(Tensor& out, const Tensor& inp);
+void gelu_backward(Tensor& dinp, const Tensor& inp, const Tensor& dout);  // dinp =
+
+// ---- dropout (counter-based: element e of the mask is a pure function of key and
+// base_index + e, identical on CPU and CUDA and under any parallel layout) -----------
+void dropout_forward(Tensor& out, const Tensor& inp, double p, uint64_t key, uint64_t base_index);
+void dropout_backward(Tensor& dinp, const Tensor& dout, double p, uint64_t key, uint64_t base_index);  // dinp =
+
+// ---- causal self-attention -------------------------------------------------------------
+struct AttentionDropout {
+  double p = 0.0;
+  uint64_t key = 0;
+  // Mask element (sample, head, i, j) has index ((sample_offset+b)*heads_total + head_offset+h)*T*T + i*T + j,
+  // so the mask does not depend on how heads or samples are split across ranks.
+  int64_t sample_offset = 0;
+  int64_t head_offset = 0;
+  int64_t heads_total = 0;
+};
+// qkv[B,T,H*3*D] laid out per head as [q | k | v] (Megatron's layout, so that a
+// column-parallel shard is a contiguous block of heads); out[B,T,H*D];
+// probs[B,H,T,T] saved (softmax before dropout) for backward.
+void attention_forward(Tensor& out, Tensor& probs, const Tensor& qkv, int64_t heads, const AttentionDropout& drop);
+// dqkv = ; uses probs from forward.
+void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& probs, int64_t heads,
+                        const AttentionDropout& drop);
+
+// ---- embeddings (vocab-parallel: this rank holds rows [vocab_start, vocab_start+V_local)) --
+// out[N,C] = table[tok - vocab_start] for ids in range, 0 otherwise.
+void embedding_forward(Tensor& out, const Tensor& tokens /* i32 [N] */, const Tensor& table, int64_t vocab_start);
+// dtable += dout rows for ids in range.
+void embedding_backward(Tensor& dtable, const Tensor& tokens, const Tensor& dout, int64_t vocab_start);
+// x[B,T,C] += pos[t0+t, :] ; and dpos[t0+t,:] += sum_b dx[b,t,:]
+void position_forward(Tensor& x, const Tensor& pos, int64_t t0);
+void position_backward(Tensor& dpos, const Tensor& dx, int64_t t0);
+
+// ---- vocab-parallel softmax cross-entropy (three stages around the TP reductions) -----
+// logits[N,V_local]; columns >= valid_local are vocabulary padding and never count.
+// 1) rowmax[N] = max over valid local columns (-inf if none)
+void xent_rowmax(Tensor& rowmax, const Tensor& logits, int64_t valid_local);
+// 2) given the global rowmax: sumexp[N] = sum exp(l - max), target_logit[N] = l[target] if
+//    the target falls in [vocab_start, vocab_start+valid_local) else 0.
+void xent_sumexp_target(Tensor& sumexp, Tensor& target_logit, const Tensor& logits, const Tensor& targets,
+                        const Tensor& rowmax, int64_t vocab_start, int64_t valid_local);
+// 3) dlogits = (softmax - onehot) * dloss[N]  (written, padding columns 0). May alias logits.
+void xent_backward(Tensor& dlogits, const Tensor& logits, const Tensor& targets, const Tensor& rowmax,
+                   const Tensor& sumexp, const Tensor& dloss, int64_t vocab_start, int64_t valid_local);
+
+// ---- optimizer -------------------------------------------------------------------------
+struct AdamWParams {
+  double lr, beta1, beta2, eps, weight_decay;
+  int64_t step;  // 1-based, for bias correction
+  double grad_scale = 1.0;  // gradients are multiplied by this first (clipping, loss-scale)
+};
+// Decoupled weight decay (AdamW): p -= lr * (mhat/(sqrt(vhat)+eps) + wd * p).
+// param, m, v fp32 [n]; grad [n]. Called per parameter segment so that biases and norm
+// weights get weight_decay 0.
+void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& p);
+
+}  // namespace mtnlg::ops

@@ -1,0 +1,132 @@
+#include "core/tensor.hpp"
+
+#include <cstdlib>
+#include <cstring>
+
+namespace mtnlg {
+
+int64_t dtype_size(DType t) {
+  switch (t) {
+    case DType::f32: return 4;
+    case DType::f64: return 8;
+    case DType::bf16: return 2;
+    case DType::f16: return 2;
+    case DType::i32: return 4;
+  }
+  return 0;
+}
+
+std::string to_string(DType t) {
+  switch (t) {
+    case DType::f32: return "f32";
+    case DType::f64: return "f64";
+    case DType::bf16: return "bf16";
+    case DType::f16: return "f16";
+    case DType::i32: return "i32";
+  }
+  return "?";
+}
+
+std::string to_string(Device d) { return d == Device::cpu ? "cpu" : "cuda"; }
+
+std::string shape_str(const Shape& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+int64_t shape_numel(const Shape& s) {
+  int64_t n = 1;
+  for (auto d : s) {
+    if (d < 0) throw_runtime("negative dimension in shape {}", shape_str(s));
+    n *= d;
+  }
+  return n;
+}
+
+DeviceAllocatorHooks& cuda_allocator_hooks() {
+  static DeviceAllocatorHooks h;
+  return h;
+}
+
+Storage::Storage(int64_t bytes, Device dev) : bytes_(bytes), dev_(dev) {
+  int64_t n = std::max<int64_t>(bytes, 1);
+  if (dev == Device::cpu) {
+    int64_t rounded = (n + 63) / 64 * 64;
+    ptr_ = std::aligned_alloc(64, static_cast<size_t>(rounded));
+    if (!ptr_) throw std::bad_alloc();
+  } else {
+    auto& h = cuda_allocator_hooks();
+    if (!h.alloc) throw_runtime("a CUDA tensor was requested but this mtnlg has no CUDA backend (built with MTNLG_CUDA=OFF?)");
+    ptr_ = h.alloc(n);
+  }
+}
+
+Storage::~Storage() {
+  if (dev_ == Device::cpu)
+    std::free(ptr_);
+  else if (cuda_allocator_hooks().free)
+    cuda_allocator_hooks().free(ptr_);
+}
+
+Tensor Tensor::empty(const Shape& shape, DType dt, Device dev) {
+  Tensor t;
+  t.shape_ = shape;
+  t.numel_ = shape_numel(shape);
+  t.dtype_ = dt;
+  t.storage_ = std::make_shared<Storage>(t.numel_ * dtype_size(dt), dev);
+  return t;
+}
+
+Tensor Tensor::zeros(const Shape& shape, DType dt, Device dev) {
+  Tensor t = empty(shape, dt, dev);
+  if (dev == Device::cpu)
+    std::memset(t.raw(), 0, static_cast<size_t>(t.nbytes()));
+  else
+    throw_runtime("Tensor::zeros on CUDA must go through ops::fill");
+  return t;
+}
+
+Tensor Tensor::view(const Shape& shape) const {
+  if (shape_numel(shape) != numel_)
+    throw_runtime("view: cannot view {} elements as {}", numel_, shape_str(shape));
+  Tensor t = *this;
+  t.shape_ = shape;
+  return t;
+}
+
+Tensor Tensor::rows(int64_t start, int64_t n) const {
+  MTNLG_CHECK(ndim() >= 1 && start >= 0 && start + n <= shape_[0], "rows({}, {}) of {}", start, n, shape_str(shape_));
+  int64_t row = shape_[0] ? numel_ / shape_[0] : 0;
+  Tensor t = *this;
+  t.shape_[0] = n;
+  t.offset_ += start * row;
+  t.numel_ = n * row;
+  return t;
+}
+
+Tensor Tensor::to(Device dev) const {
+  Tensor t = empty(shape_, dtype_, dev);
+  if (numel_ == 0) return t;
+  Device from = device();
+  if (from == Device::cpu && dev == Device::cpu) {
+    std::memcpy(t.raw(), raw(), static_cast<size_t>(nbytes()));
+    return t;
+  }
+  auto& h = cuda_allocator_hooks();
+  if (!h.copy) throw_runtime("a CUDA copy was requested but this mtnlg has no CUDA backend");
+  int kind = from == Device::cpu ? 0 : dev == Device::cpu ? 1 : 2;
+  h.copy(t.raw(), raw(), nbytes(), kind);
+  return t;
+}
+
+Tensor Tensor::flat(int64_t start, int64_t n) const {
+  MTNLG_CHECK(start >= 0 && start + n <= numel_, "flat({}, {}) of {} elements", start, n, numel_);
+  Tensor t = *this;
+  t.shape_ = {n};
+  t.offset_ += start;
+  t.numel_ = n;
+  return t;
+}
+
+}  // namespace mtnlg

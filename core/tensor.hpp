@@ -1,0 +1,92 @@
+// Tensor: a shape, a dtype, a device and shared storage. Always contiguous (row-major);
+// views share storage with an element offset. Ops (core/ops.hpp) dispatch on the
+// device and dtype of their arguments, so model code never names a backend.
+#pragma once
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/error.hpp"
+
+namespace mtnlg {
+
+enum class DType : uint8_t { f32, f64, bf16, f16, i32 };
+enum class Device : uint8_t { cpu, cuda };
+
+int64_t dtype_size(DType t);
+std::string to_string(DType t);
+std::string to_string(Device d);
+
+using Shape = std::vector<int64_t>;
+std::string shape_str(const Shape& s);
+int64_t shape_numel(const Shape& s);
+
+// Raw bytes on one device. CPU storage is 64-byte aligned; CUDA storage comes from the
+// caching allocator registered by the CUDA backend.
+class Storage {
+ public:
+  Storage(int64_t bytes, Device dev);
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+  void* data() const { return ptr_; }
+  int64_t bytes() const { return bytes_; }
+  Device device() const { return dev_; }
+
+ private:
+  void* ptr_ = nullptr;
+  int64_t bytes_ = 0;
+  Device dev_;
+};
+
+// Hooks the CUDA backend installs at start-up (core/cuda/*). Unset = no CUDA.
+struct DeviceAllocatorHooks {
+  void* (*alloc)(int64_t bytes) = nullptr;
+  void (*free)(void* p) = nullptr;
+  // kind: 0 host->device, 1 device->host, 2 device->device
+  void (*copy)(void* dst, const void* src, int64_t bytes, int kind) = nullptr;
+};
+DeviceAllocatorHooks& cuda_allocator_hooks();
+
+class Tensor {
+ public:
+  Tensor() = default;
+  static Tensor empty(const Shape& shape, DType dt = DType::f32, Device dev = Device::cpu);
+  static Tensor zeros(const Shape& shape, DType dt = DType::f32, Device dev = Device::cpu);
+
+  bool defined() const { return storage_ != nullptr; }
+  const Shape& shape() const { return shape_; }
+  int64_t ndim() const { return static_cast<int64_t>(shape_.size()); }
+  int64_t dim(int64_t i) const { return shape_.at(i < 0 ? i + ndim() : i); }
+  int64_t numel() const { return numel_; }
+  int64_t nbytes() const { return numel_ * dtype_size(dtype_); }
+  DType dtype() const { return dtype_; }
+  Device device() const { return storage_ ? storage_->device() : Device::cpu; }
+
+  void* raw() const { return static_cast<char*>(storage_->data()) + offset_ * dtype_size(dtype_); }
+  template <typename T>
+  T* data() const {
+    return static_cast<T*>(raw());
+  }
+
+  // Same storage, new shape (numel must match).
+  Tensor view(const Shape& shape) const;
+  // Rows [start, start+n) along dim 0, same storage.
+  Tensor rows(int64_t start, int64_t n) const;
+  // A flat window [start, start+n) of the elements, same storage.
+  Tensor flat(int64_t start, int64_t n) const;
+  // Deep copy onto `dev`.
+  Tensor to(Device dev) const;
+  Tensor clone() const { return to(device()); }
+
+ private:
+  std::shared_ptr<Storage> storage_;
+  int64_t offset_ = 0;  // elements
+  Shape shape_;
+  int64_t numel_ = 0;
+  DType dtype_ = DType::f32;
+};
+
+}  // namespace mtnlg
