@@ -371,25 +371,44 @@ void embedding_backward(Tensor& dtable, const Tensor& tokens, const Tensor& dout
   });
 }
 
-void position_forward(Tensor& x, const Tensor& pos, int64_t t0) {
+void position_forward(Tensor& x, const Tensor& pos, int64_t row_start, int64_t seq_len) {
   same_device("position_forward", {&x, &pos});
   same_float_dtype("position_forward", {&x, &pos});
-  MTNLG_CHECK(x.ndim() == 3, "position_forward: x must be [B,T,C]");
-  int64_t B = x.dim(0), T = x.dim(1), C = x.dim(2);
-  MTNLG_CHECK(t0 + T <= pos.dim(0), "position_forward: positions {}..{} beyond table of {}", t0, t0 + T, pos.dim(0));
+  int64_t C = pos.dim(1), rows = x.numel() / C;
+  MTNLG_CHECK(seq_len <= pos.dim(0), "position_forward: sequence {} longer than the position table {}", seq_len, pos.dim(0));
   by_dtype(x.dtype(), [&](auto z) {
     using V = decltype(z);
-    cpu::position_forward<V>(x.data<V>(), pos.data<V>(), B, T, C, t0);
+    cpu::position_forward<V>(x.data<V>(), pos.data<V>(), rows, C, row_start, seq_len);
   });
 }
 
-void position_backward(Tensor& dpos, const Tensor& dx, int64_t t0) {
+void position_backward(Tensor& dpos, const Tensor& dx, int64_t row_start, int64_t seq_len) {
   same_device("position_backward", {&dpos, &dx});
   same_float_dtype("position_backward", {&dpos, &dx});
-  int64_t B = dx.dim(0), T = dx.dim(1), C = dx.dim(2);
+  int64_t C = dpos.dim(1), rows = dx.numel() / C;
   by_dtype(dx.dtype(), [&](auto z) {
     using V = decltype(z);
-    cpu::position_backward<V>(dpos.data<V>(), dx.data<V>(), B, T, C, t0);
+    cpu::position_backward<V>(dpos.data<V>(), dx.data<V>(), rows, C, row_start, seq_len);
+  });
+}
+
+void bias_add_forward(Tensor& x, const Tensor& b) {
+  same_device("bias_add_forward", {&x, &b});
+  same_float_dtype("bias_add_forward", {&x, &b});
+  int64_t C = b.numel(), N = x.numel() / C;
+  by_dtype(x.dtype(), [&](auto z) {
+    using V = decltype(z);
+    cpu::bias_add_forward<V>(x.data<V>(), b.data<V>(), N, C);
+  });
+}
+
+void bias_add_backward(Tensor& db, const Tensor& dout) {
+  same_device("bias_add_backward", {&db, &dout});
+  same_float_dtype("bias_add_backward", {&db, &dout});
+  int64_t C = db.numel(), N = dout.numel() / C;
+  by_dtype(dout.dtype(), [&](auto z) {
+    using V = decltype(z);
+    cpu::bias_add_backward<V>(db.data<V>(), dout.data<V>(), N, C);
   });
 }
 

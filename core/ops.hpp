@@ -71,9 +71,14 @@ void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, con
 void embedding_forward(Tensor& out, const Tensor& tokens /* i32 [N] */, const Tensor& table, int64_t vocab_start);
 // dtable += dout rows for ids in range.
 void embedding_backward(Tensor& dtable, const Tensor& tokens, const Tensor& dout, int64_t vocab_start);
-// x[B,T,C] += pos[t0+t, :] ; and dpos[t0+t,:] += sum_b dx[b,t,:]
-void position_forward(Tensor& x, const Tensor& pos, int64_t t0);
-void position_backward(Tensor& dpos, const Tensor& dx, int64_t t0);
+// Rows of x are tokens in (sample, position) order; x holds global rows
+// [row_start, row_start+rows) of a micro batch whose sequences have seq_len tokens.
+// x[r,:] += pos[(row_start+r) % seq_len, :] ; dpos[...] += dx[r,:] (ordered by row).
+void position_forward(Tensor& x, const Tensor& pos, int64_t row_start, int64_t seq_len);
+void position_backward(Tensor& dpos, const Tensor& dx, int64_t row_start, int64_t seq_len);
+// x[N,C] += b[C] ; db[C] += sum over rows of dout[N,C]
+void bias_add_forward(Tensor& x, const Tensor& b);
+void bias_add_backward(Tensor& db, const Tensor& dout);
 
 // ---- vocab-parallel softmax cross-entropy (three stages around the TP reductions) -----
 // logits[N,V_local]; columns >= valid_local are vocabulary padding and never count.

@@ -51,14 +51,7 @@ void matmul_backward(T* dinp, T* dw, T* dbias, const T* dout, const T* inp, cons
                      bool accumulate_dinp) {
   if (dinp) gemm<T>(false, false, N, C, OC, T(1), dout, OC, w, C, accumulate_dinp ? T(1) : T(0), dinp, C);
   if (dw) gemm<T>(true, false, OC, C, N, T(1), dout, OC, inp, C, T(1), dw, C);
-  if (dbias) {
-#pragma omp parallel for schedule(static)
-    for (int64_t o = 0; o < OC; ++o) {
-      T s = 0;
-      for (int64_t i = 0; i < N; ++i) s += dout[i * OC + o];
-      dbias[o] += s;
-    }
-  }
+  if (dbias) bias_add_backward<T>(dbias, dout, N, OC);
 }
 
 template <typename T>
@@ -302,25 +295,49 @@ void embedding_backward(T* dtable, const int32_t* tok, const T* dout, int64_t N,
 }
 
 template <typename T>
-void position_forward(T* x, const T* pos, int64_t B, int64_t Tn, int64_t C, int64_t t0) {
-#pragma omp parallel for collapse(2) schedule(static)
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = 0; t < Tn; ++t) {
-      T* r = x + (b * Tn + t) * C;
-      const T* pr = pos + (t0 + t) * C;
-      for (int64_t c = 0; c < C; ++c) r[c] += pr[c];
-    }
+void position_forward(T* x, const T* pos, int64_t rows, int64_t C, int64_t row_start, int64_t seq_len) {
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    T* xr = x + r * C;
+    const T* pr = pos + ((row_start + r) % seq_len) * C;
+    for (int64_t c = 0; c < C; ++c) xr[c] += pr[c];
+  }
 }
 
 template <typename T>
-void position_backward(T* dpos, const T* dx, int64_t B, int64_t Tn, int64_t C, int64_t t0) {
+void position_backward(T* dpos, const T* dx, int64_t rows, int64_t C, int64_t row_start, int64_t seq_len) {
+  // Column blocks per thread; rows summed in order (thread-count independent).
+  constexpr int64_t kCols = 64;
+  int64_t blocks = (C + kCols - 1) / kCols;
 #pragma omp parallel for schedule(static)
-  for (int64_t t = 0; t < Tn; ++t) {
-    T* pr = dpos + (t0 + t) * C;
-    for (int64_t b = 0; b < B; ++b) {
-      const T* r = dx + (b * Tn + t) * C;
-      for (int64_t c = 0; c < C; ++c) pr[c] += r[c];
+  for (int64_t bk = 0; bk < blocks; ++bk) {
+    int64_t c0 = bk * kCols, c1 = std::min(C, c0 + kCols);
+    for (int64_t r = 0; r < rows; ++r) {
+      T* pr = dpos + ((row_start + r) % seq_len) * C;
+      const T* g = dx + r * C;
+      for (int64_t c = c0; c < c1; ++c) pr[c] += g[c];
     }
+  }
+}
+
+template <typename T>
+void bias_add_forward(T* x, const T* b, int64_t N, int64_t C) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < N; ++i)
+    for (int64_t c = 0; c < C; ++c) x[i * C + c] += b[c];
+}
+
+template <typename T>
+void bias_add_backward(T* db, const T* dout, int64_t N, int64_t C) {
+  constexpr int64_t kCols = 64;
+  int64_t blocks = (C + kCols - 1) / kCols;
+#pragma omp parallel for schedule(static)
+  for (int64_t bk = 0; bk < blocks; ++bk) {
+    int64_t c0 = bk * kCols, c1 = std::min(C, c0 + kCols);
+    T acc[kCols] = {};
+    for (int64_t i = 0; i < N; ++i)
+      for (int64_t c = c0; c < c1; ++c) acc[c - c0] += dout[i * C + c];
+    for (int64_t c = c0; c < c1; ++c) db[c] += acc[c - c0];
   }
 }
 
@@ -402,6 +419,8 @@ void adamw(T* param, const T* grad, T* m, T* v, int64_t n, double lr, double b1,
   template void embedding_backward<T>(T*, const int32_t*, const T*, int64_t, int64_t, int64_t, int64_t);               \
   template void position_forward<T>(T*, const T*, int64_t, int64_t, int64_t, int64_t);                                 \
   template void position_backward<T>(T*, const T*, int64_t, int64_t, int64_t, int64_t);                                \
+  template void bias_add_forward<T>(T*, const T*, int64_t, int64_t);                                                   \
+  template void bias_add_backward<T>(T*, const T*, int64_t, int64_t);                                                  \
   template void xent_rowmax<T>(T*, const T*, int64_t, int64_t, int64_t);                                               \
   template void xent_sumexp_target<T>(T*, T*, const T*, const int32_t*, const T*, int64_t, int64_t, int64_t, int64_t); \
   template void xent_backward<T>(T*, const T*, const int32_t*, const T*, const T*, const T*, int64_t, int64_t,         \

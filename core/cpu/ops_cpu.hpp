@@ -33,9 +33,13 @@ void embedding_forward(T* out, const int32_t* tok, const T* table, int64_t N, in
 template <typename T>
 void embedding_backward(T* dtable, const int32_t* tok, const T* dout, int64_t N, int64_t C, int64_t vstart, int64_t vlocal);
 template <typename T>
-void position_forward(T* x, const T* pos, int64_t B, int64_t Tn, int64_t C, int64_t t0);
+void position_forward(T* x, const T* pos, int64_t rows, int64_t C, int64_t row_start, int64_t seq_len);
 template <typename T>
-void position_backward(T* dpos, const T* dx, int64_t B, int64_t Tn, int64_t C, int64_t t0);
+void position_backward(T* dpos, const T* dx, int64_t rows, int64_t C, int64_t row_start, int64_t seq_len);
+template <typename T>
+void bias_add_forward(T* x, const T* b, int64_t N, int64_t C);
+template <typename T>
+void bias_add_backward(T* db, const T* dout, int64_t N, int64_t C);
 template <typename T>
 void xent_rowmax(T* rowmax, const T* logits, int64_t N, int64_t V, int64_t valid);
 template <typename T>

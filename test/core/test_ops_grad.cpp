@@ -186,16 +186,29 @@ TEST_CASE("ops: embeddings, positions (fp64 finite differences)", "[ops]") {
   Tensor out = Tensor::empty({B, T, C}, DType::f64);
   auto loss = [&] {
     ops::embedding_forward(out, tok, table, 7);
-    ops::position_forward(out, pos, 1);
+    ops::position_forward(out, pos, 1, 4);  // rows start at global row 1, sequences of 4
     return dot(out, R);
   };
   loss();
-  CHECK(out.data<double>()[5 * C] == Approx(pos.data<double>()[3 * C]));  // id 3 out of range -> only position
+  CHECK(out.data<double>()[5 * C] == Approx(pos.data<double>()[2 * C]));  // id 3 out of range -> only position (6 % 4 = 2)
   Tensor dtable = Tensor::zeros({V, C}, DType::f64), dpos = Tensor::zeros({5, C}, DType::f64);
   ops::embedding_backward(dtable, tok, R, 7);
-  ops::position_backward(dpos, R, 1);
+  ops::position_backward(dpos, R, 1, 4);
   check_grad("embedding", table, dtable, loss);
   check_grad("position", pos, dpos, loss);
+}
+
+TEST_CASE("ops: bias add (fp64 finite differences)", "[ops]") {
+  std::mt19937_64 g(8);
+  Tensor x = randn({5, 70}, g), b = randn({70}, g), R = randn({5, 70}, g), y = Tensor::empty({5, 70}, DType::f64);
+  auto loss = [&] {
+    ops::copy(y, x);
+    ops::bias_add_forward(y, b);
+    return dot(y, R);
+  };
+  Tensor db = Tensor::zeros({70}, DType::f64);
+  ops::bias_add_backward(db, R);
+  check_grad("bias", b, db, loss);
 }
 
 TEST_CASE("ops: vocab-parallel cross-entropy pieces (fp64 finite differences)", "[ops]") {

@@ -1,0 +1,455 @@
+#include "model/gpt.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/ops.hpp"
+#include "core/rng.hpp"
+#include "model/tp_regions.hpp"
+
+namespace mtnlg::model {
+
+GptConfig GptConfig::from_recipe(const Recipe& r) {
+  GptConfig c;
+  c.vocab_size = r.model.vocab_size;
+  c.padded_vocab_size = r.model.padded_vocab_size(r.tp());
+  c.hidden = r.model.hidden_size;
+  c.heads = r.model.num_attention_heads;
+  c.ffn = r.model.ffn_hidden_size;
+  c.seq_length = r.model.seq_length;
+  c.max_positions = r.model.max_position_embeddings;
+  c.num_layers_total = r.model.num_layers;
+  c.init_std = r.model.init_method_std;
+  c.hidden_dropout = r.model.hidden_dropout;
+  c.attention_dropout = r.model.attention_dropout;
+  c.layernorm_eps = r.model.layernorm_epsilon;
+  c.recompute = r.parallel.recompute_granularity;
+  c.sequence_parallel = r.parallel.sequence_parallel && r.tp() > 1;
+  c.seed = static_cast<uint64_t>(r.training.seed);
+  return c;
+}
+
+void declare_chunk_params(ParamStore& store, const GptConfig& c, const ChunkSpec& spec, int64_t tp_rank, int64_t tp_size) {
+  const int64_t C = c.hidden, V = c.padded_vocab_size, F = c.ffn;
+  auto add = [&](std::string name, Shape global, int64_t split_dim, InitKind init, bool wd) {
+    ParamInfo p;
+    p.name = std::move(name);
+    p.global_shape = global;
+    p.shape = global;
+    p.split_dim = split_dim;
+    p.split_rank = split_dim >= 0 ? tp_rank : 0;
+    p.split_count = split_dim >= 0 ? tp_size : 1;
+    if (split_dim >= 0) p.shape[split_dim] /= tp_size;
+    p.init = init;
+    p.weight_decay = wd;
+    p.tp_replicated = split_dim < 0;
+    return p;
+  };
+  if (spec.has_embedding) {
+    auto we = add("embedding.word_embeddings.weight", {V, C}, 0, InitKind::normal, true);
+    we.word_embedding = true;
+    store.add(we);
+    auto pe = add("embedding.position_embeddings.weight", {c.max_positions, C}, -1, InitKind::normal, true);
+    pe.sp_grad_reduce = true;
+    store.add(pe);
+  }
+  for (int64_t l = spec.first_layer; l < spec.first_layer + spec.num_layers; ++l) {
+    std::string p = fmt::format("layers.{}.", l);
+    auto norm = [&](const std::string& n, InitKind k) {
+      auto q = add(p + n, {C}, -1, k, false);
+      q.sp_grad_reduce = true;
+      store.add(q);
+    };
+    norm("input_layernorm.weight", InitKind::ones);
+    norm("input_layernorm.bias", InitKind::zeros);
+    store.add(add(p + "attention.qkv.weight", {3 * C, C}, 0, InitKind::normal, true));
+    store.add(add(p + "attention.qkv.bias", {3 * C}, 0, InitKind::zeros, false));
+    store.add(add(p + "attention.proj.weight", {C, C}, 1, InitKind::normal_scaled_output, true));
+    norm("attention.proj.bias", InitKind::zeros);
+    norm("post_attention_layernorm.weight", InitKind::ones);
+    norm("post_attention_layernorm.bias", InitKind::zeros);
+    store.add(add(p + "mlp.fc1.weight", {F, C}, 0, InitKind::normal, true));
+    store.add(add(p + "mlp.fc1.bias", {F}, 0, InitKind::zeros, false));
+    store.add(add(p + "mlp.fc2.weight", {C, F}, 1, InitKind::normal_scaled_output, true));
+    norm("mlp.fc2.bias", InitKind::zeros);
+  }
+  if (spec.has_head) {
+    auto n = add("final_layernorm.weight", {C}, -1, InitKind::ones, false);
+    n.sp_grad_reduce = true;
+    store.add(n);
+    auto b = add("final_layernorm.bias", {C}, -1, InitKind::zeros, false);
+    b.sp_grad_reduce = true;
+    store.add(b);
+    if (!spec.has_embedding) {  // the last stage's copy of the tied word embedding
+      auto we = add("embedding.word_embeddings.weight", {V, C}, 0, InitKind::normal, true);
+      we.word_embedding = true;
+      store.add(we);
+    }
+  }
+}
+
+// Activations a layer saves for its backward (what is kept depends on recompute).
+struct GptChunk::LayerActs {
+  Tensor x_in;                       // [R, C] layer input (always kept)
+  Tensor ln1, mean1, rstd1, ln1_full;
+  Tensor qkv, att, probs;
+  Tensor x2;                         // residual after attention [R, C]
+  Tensor ln2, mean2, rstd2, ln2_full;
+  Tensor fc1, gel;
+  bool filled = false;
+};
+
+struct GptChunk::Saved {
+  std::vector<LayerActs> layers;
+  Tensor tokens, targets;  // i32 [N]
+  Tensor x_out;            // chunk output before the head [R, C]
+  Tensor lnf, meanf, rstdf, lnf_full, logits, rowmax, sumexp;
+  int64_t mbs = 0;
+  int64_t bytes() const {
+    int64_t b = 0;
+    auto add = [&](const Tensor& t) {
+      if (t.defined()) b += t.nbytes();
+    };
+    for (auto& l : layers) {
+      for (auto* t : {&l.x_in, &l.ln1, &l.mean1, &l.rstd1, &l.qkv, &l.att, &l.probs, &l.x2, &l.ln2, &l.mean2, &l.rstd2,
+                      &l.fc1, &l.gel})
+        add(*t);
+      if (l.ln1_full.defined() && l.ln1_full.raw() != l.ln1.raw()) add(l.ln1_full);
+      if (l.ln2_full.defined() && l.ln2_full.raw() != l.ln2.raw()) add(l.ln2_full);
+    }
+    for (auto* t : {&tokens, &targets, &x_out, &lnf, &meanf, &rstdf, &logits, &rowmax, &sumexp}) add(*t);
+    return b;
+  }
+};
+
+GptChunk::GptChunk(const GptConfig& cfg, ChunkSpec spec, ParamStore& store, const parallel::ProcessGroups& groups)
+    : cfg_(cfg), spec_(std::move(spec)), store_(store), groups_(groups) {
+  tp_ = groups.tp ? groups.tp->size() : 1;
+  tp_rank_ = groups.tp ? groups.tp->rank() : 0;
+  heads_local_ = cfg.heads / tp_;
+  ffn_local_ = cfg.ffn / tp_;
+  vocab_local_ = cfg.padded_vocab_size / tp_;
+  vocab_start_ = tp_rank_ * vocab_local_;
+  vocab_valid_ = std::clamp<int64_t>(cfg.vocab_size - vocab_start_, 0, vocab_local_);
+  for (int64_t l = spec_.first_layer; l < spec_.first_layer + spec_.num_layers; ++l) {
+    std::string p = fmt::format("layers.{}.", l);
+    LayerParams lp;
+    auto bind = [&](Tensor& w, Tensor& g, const std::string& n) {
+      w = store.param(p + n);
+      g = store.grad(p + n);
+    };
+    bind(lp.ln1_w, lp.d_ln1_w, "input_layernorm.weight");
+    bind(lp.ln1_b, lp.d_ln1_b, "input_layernorm.bias");
+    bind(lp.qkv_w, lp.d_qkv_w, "attention.qkv.weight");
+    bind(lp.qkv_b, lp.d_qkv_b, "attention.qkv.bias");
+    bind(lp.proj_w, lp.d_proj_w, "attention.proj.weight");
+    bind(lp.proj_b, lp.d_proj_b, "attention.proj.bias");
+    bind(lp.ln2_w, lp.d_ln2_w, "post_attention_layernorm.weight");
+    bind(lp.ln2_b, lp.d_ln2_b, "post_attention_layernorm.bias");
+    bind(lp.fc1_w, lp.d_fc1_w, "mlp.fc1.weight");
+    bind(lp.fc1_b, lp.d_fc1_b, "mlp.fc1.bias");
+    bind(lp.fc2_w, lp.d_fc2_w, "mlp.fc2.weight");
+    bind(lp.fc2_b, lp.d_fc2_b, "mlp.fc2.bias");
+    layers_.push_back(lp);
+  }
+  if (spec_.has_embedding || spec_.has_head) {
+    wte_ = store.param("embedding.word_embeddings.weight");
+    d_wte_ = store.grad("embedding.word_embeddings.weight");
+  }
+  if (spec_.has_embedding) {
+    wpe_ = store.param("embedding.position_embeddings.weight");
+    d_wpe_ = store.grad("embedding.position_embeddings.weight");
+  }
+  if (spec_.has_head) {
+    lnf_w_ = store.param("final_layernorm.weight");
+    lnf_b_ = store.param("final_layernorm.bias");
+    d_lnf_w_ = store.grad("final_layernorm.weight");
+    d_lnf_b_ = store.grad("final_layernorm.bias");
+  }
+}
+
+GptChunk::~GptChunk() = default;
+
+void GptChunk::drop_saved() { saved_.clear(); }
+
+int64_t GptChunk::local_rows(int64_t mbs) const {
+  int64_t n = mbs * cfg_.seq_length;
+  return cfg_.sequence_parallel ? n / tp_ : n;
+}
+
+int64_t GptChunk::saved_bytes() const {
+  int64_t b = 0;
+  for (auto& [k, s] : saved_) b += s->bytes();
+  return b;
+}
+
+uint64_t GptChunk::dropout_key(const MicroBatch& mb, int64_t layer, int64_t site) const {
+  return mix_key(mb.step_key, static_cast<uint64_t>(layer + 1), static_cast<uint64_t>(site));
+}
+
+namespace {
+enum Site : int64_t { kEmbedding = 0, kAttention = 1, kAttnOut = 2, kMlpOut = 3 };
+}
+
+void GptChunk::layer_forward(int64_t li, const Tensor& x, Tensor& y, LayerActs& a, const MicroBatch& mb, bool keep_probs) {
+  auto& p = layers_[li];
+  const int64_t layer = spec_.first_layer + li;
+  const int64_t C = cfg_.hidden, T = cfg_.seq_length, B = mb.micro_batch_size, N = B * T, R = x.dim(0);
+  const DType dt = x.dtype();
+  const bool sp = cfg_.sequence_parallel;
+  auto* tpc = groups_.tp.get();
+  const int64_t row_start = sp ? tp_rank_ * R : 0;
+  const uint64_t row_base = static_cast<uint64_t>((mb.sample_offset * T + row_start) * C);
+
+  a.x_in = x;
+  a.ln1 = Tensor::empty({R, C}, dt);
+  a.mean1 = Tensor::empty({R}, dt);
+  a.rstd1 = Tensor::empty({R}, dt);
+  ops::layernorm_forward(a.ln1, a.mean1, a.rstd1, x, p.ln1_w, p.ln1_b, cfg_.layernorm_eps);
+  a.ln1_full = tp::enter_column_parallel_forward(tpc, sp, a.ln1);
+  a.qkv = Tensor::empty({B, T, 3 * C / tp_}, dt);
+  ops::matmul_forward(a.qkv, a.ln1_full, p.qkv_w, &p.qkv_b);
+  a.att = Tensor::empty({N, C / tp_}, dt);
+  Tensor probs = Tensor::empty({B, heads_local_, T, T}, dt);
+  ops::AttentionDropout ad{cfg_.attention_dropout, dropout_key(mb, layer, kAttention), mb.sample_offset,
+                           tp_rank_ * heads_local_, cfg_.heads};
+  ops::attention_forward(a.att, probs, a.qkv, heads_local_, ad);
+  if (keep_probs) a.probs = probs;
+  Tensor proj_partial = Tensor::empty({N, C}, dt);
+  ops::matmul_forward(proj_partial, a.att, p.proj_w, nullptr);
+  Tensor proj = tp::leave_row_parallel_forward(tpc, sp, proj_partial);
+  ops::bias_add_forward(proj, p.proj_b);
+  ops::dropout_forward(proj, proj, cfg_.hidden_dropout, dropout_key(mb, layer, kAttnOut), row_base);
+  a.x2 = Tensor::empty({R, C}, dt);
+  ops::add(a.x2, x, proj);
+
+  a.ln2 = Tensor::empty({R, C}, dt);
+  a.mean2 = Tensor::empty({R}, dt);
+  a.rstd2 = Tensor::empty({R}, dt);
+  ops::layernorm_forward(a.ln2, a.mean2, a.rstd2, a.x2, p.ln2_w, p.ln2_b, cfg_.layernorm_eps);
+  a.ln2_full = tp::enter_column_parallel_forward(tpc, sp, a.ln2);
+  a.fc1 = Tensor::empty({N, ffn_local_}, dt);
+  ops::matmul_forward(a.fc1, a.ln2_full, p.fc1_w, &p.fc1_b);
+  a.gel = Tensor::empty({N, ffn_local_}, dt);
+  ops::gelu_forward(a.gel, a.fc1);
+  Tensor fc2_partial = Tensor::empty({N, C}, dt);
+  ops::matmul_forward(fc2_partial, a.gel, p.fc2_w, nullptr);
+  Tensor fc2 = tp::leave_row_parallel_forward(tpc, sp, fc2_partial);
+  ops::bias_add_forward(fc2, p.fc2_b);
+  ops::dropout_forward(fc2, fc2, cfg_.hidden_dropout, dropout_key(mb, layer, kMlpOut), row_base);
+  y = Tensor::empty({R, C}, dt);
+  ops::add(y, a.x2, fc2);
+  a.filled = true;
+}
+
+void GptChunk::layer_backward(int64_t li, const Tensor& dy, Tensor& dx, LayerActs& a, const MicroBatch& mb) {
+  auto& p = layers_[li];
+  const int64_t layer = spec_.first_layer + li;
+  const int64_t C = cfg_.hidden, T = cfg_.seq_length, B = mb.micro_batch_size, N = B * T, R = dy.dim(0);
+  const DType dt = dy.dtype();
+  const bool sp = cfg_.sequence_parallel;
+  auto* tpc = groups_.tp.get();
+  const int64_t row_start = sp ? tp_rank_ * R : 0;
+  const uint64_t row_base = static_cast<uint64_t>((mb.sample_offset * T + row_start) * C);
+
+  // MLP branch: y = x2 + dropout(fc2(gelu(fc1(ln2(x2)))) + b)
+  Tensor dfc2 = Tensor::empty({R, C}, dt);
+  ops::dropout_backward(dfc2, dy, cfg_.hidden_dropout, dropout_key(mb, layer, kMlpOut), row_base);
+  ops::bias_add_backward(p.d_fc2_b, dfc2);
+  Tensor dfc2_full = tp::leave_row_parallel_backward(tpc, sp, dfc2);
+  Tensor dgel = Tensor::empty({N, ffn_local_}, dt);
+  ops::matmul_backward(&dgel, &p.d_fc2_w, nullptr, dfc2_full, a.gel, p.fc2_w);
+  Tensor dfc1 = dgel;  // gelu backward in place
+  ops::gelu_backward(dfc1, a.fc1, dgel);
+  Tensor dln2_full = Tensor::empty({N, C}, dt);
+  ops::matmul_backward(&dln2_full, &p.d_fc1_w, &p.d_fc1_b, dfc1, a.ln2_full, p.fc1_w);
+  Tensor dln2 = tp::enter_column_parallel_backward(tpc, sp, dln2_full);
+  Tensor dx2 = Tensor::empty({R, C}, dt);
+  ops::copy(dx2, dy);
+  ops::layernorm_backward(dx2, p.d_ln2_w, p.d_ln2_b, dln2, a.x2, p.ln2_w, a.mean2, a.rstd2, /*accumulate=*/true);
+
+  // Attention branch: x2 = x + dropout(proj(attn(qkv(ln1(x)))) + b)
+  Tensor dproj = Tensor::empty({R, C}, dt);
+  ops::dropout_backward(dproj, dx2, cfg_.hidden_dropout, dropout_key(mb, layer, kAttnOut), row_base);
+  ops::bias_add_backward(p.d_proj_b, dproj);
+  Tensor dproj_full = tp::leave_row_parallel_backward(tpc, sp, dproj);
+  Tensor datt = Tensor::empty({N, C / tp_}, dt);
+  ops::matmul_backward(&datt, &p.d_proj_w, nullptr, dproj_full, a.att, p.proj_w);
+  ops::AttentionDropout ad{cfg_.attention_dropout, dropout_key(mb, layer, kAttention), mb.sample_offset,
+                           tp_rank_ * heads_local_, cfg_.heads};
+  if (!a.probs.defined()) {  // selective recompute: rebuild the softmax from qkv
+    a.probs = Tensor::empty({B, heads_local_, T, T}, dt);
+    Tensor scratch = Tensor::empty({N, C / tp_}, dt);
+    ops::attention_forward(scratch, a.probs, a.qkv, heads_local_, ad);
+  }
+  Tensor dqkv = Tensor::empty({B, T, 3 * C / tp_}, dt);
+  ops::attention_backward(dqkv, datt.view({B, T, C / tp_}), a.qkv, a.probs, heads_local_, ad);
+  a.probs = Tensor();
+  Tensor dln1_full = Tensor::empty({N, C}, dt);
+  ops::matmul_backward(&dln1_full, &p.d_qkv_w, &p.d_qkv_b, dqkv, a.ln1_full, p.qkv_w);
+  Tensor dln1 = tp::enter_column_parallel_backward(tpc, sp, dln1_full);
+  dx = dx2;  // residual
+  ops::layernorm_backward(dx, p.d_ln1_w, p.d_ln1_b, dln1, a.x_in, p.ln1_w, a.mean1, a.rstd1, /*accumulate=*/true);
+}
+
+ForwardResult GptChunk::forward(int64_t mb_id, const MicroBatch& mb, const Tensor& input) {
+  const int64_t C = cfg_.hidden, T = cfg_.seq_length, B = mb.micro_batch_size, N = B * T;
+  const DType dt = cfg_.dtype;
+  const bool sp = cfg_.sequence_parallel;
+  auto* tpc = groups_.tp.get();
+  const int64_t R = local_rows(B);
+  const int64_t row_start = sp ? tp_rank_ * R : 0;
+  auto saved = std::make_unique<Saved>();
+  Saved& s = *saved;
+  s.mbs = B;
+  s.layers.resize(layers_.size());
+
+  s.tokens = Tensor::empty({N}, DType::i32);
+  s.targets = Tensor::empty({N}, DType::i32);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) {
+      s.tokens.data<int32_t>()[b * T + t] = mb.tokens[b * (T + 1) + t];
+      s.targets.data<int32_t>()[b * T + t] = mb.tokens[b * (T + 1) + t + 1];
+    }
+
+  Tensor x;
+  if (spec_.has_embedding) {
+    Tensor partial = Tensor::empty({N, C}, dt);
+    ops::embedding_forward(partial, s.tokens, wte_, vocab_start_);
+    x = tp::leave_row_parallel_forward(tpc, sp, partial);  // vocab-parallel: sum of masked lookups
+    ops::position_forward(x, wpe_, row_start, T);
+    ops::dropout_forward(x, x, cfg_.hidden_dropout, dropout_key(mb, -1, kEmbedding),
+                         static_cast<uint64_t>((mb.sample_offset * T + row_start) * C));
+  } else {
+    MTNLG_CHECK(input.defined() && input.dim(0) == R && input.dim(1) == C, "chunk input must be [{}, {}], got {}", R, C,
+                shape_str(input.shape()));
+    x = input;
+  }
+
+  const bool full_recompute = cfg_.recompute == RecomputeGranularity::full;
+  const bool keep_probs = cfg_.recompute == RecomputeGranularity::none;
+  for (size_t li = 0; li < layers_.size(); ++li) {
+    Tensor y;
+    LayerActs& a = s.layers[li];
+    layer_forward(static_cast<int64_t>(li), x, y, a, mb, keep_probs);
+    if (full_recompute) {  // keep only the layer input
+      Tensor keep = a.x_in;
+      a = LayerActs{};
+      a.x_in = keep;
+    }
+    x = y;
+  }
+
+  ForwardResult res;
+  if (!spec_.has_head) {
+    res.output = x;
+    saved_[mb_id] = std::move(saved);
+    return res;
+  }
+
+  // Head: final LayerNorm, logits against the (tied) word embedding shard, vocab-parallel loss.
+  s.x_out = x;
+  s.lnf = Tensor::empty({R, C}, dt);
+  s.meanf = Tensor::empty({R}, dt);
+  s.rstdf = Tensor::empty({R}, dt);
+  ops::layernorm_forward(s.lnf, s.meanf, s.rstdf, x, lnf_w_, lnf_b_, cfg_.layernorm_eps);
+  s.lnf_full = tp::enter_column_parallel_forward(tpc, sp, s.lnf);
+  s.logits = Tensor::empty({N, vocab_local_}, dt);
+  ops::matmul_forward(s.logits, s.lnf_full, wte_, nullptr);
+  s.rowmax = Tensor::empty({N}, dt);
+  s.sumexp = Tensor::empty({N}, dt);
+  Tensor target_logit = Tensor::empty({N}, dt);
+  ops::xent_rowmax(s.rowmax, s.logits, vocab_valid_);
+  if (tpc && tpc->size() > 1) {
+    if (dt == DType::f64)
+      tpc->all_reduce(s.rowmax.data<double>(), N, parallel::ReduceOp::max);
+    else
+      tpc->all_reduce(s.rowmax.data<float>(), N, parallel::ReduceOp::max);
+  }
+  // A shard with no real vocabulary reports -inf; the global max is finite.
+  ops::xent_sumexp_target(s.sumexp, target_logit, s.logits, s.targets, s.rowmax, vocab_start_, vocab_valid_);
+  if (tpc && tpc->size() > 1) {
+    tp::all_reduce(tpc, s.sumexp);
+    tp::all_reduce(tpc, target_logit);
+  }
+  double loss_sum = 0, count = 0;
+  for (int64_t i = 0; i < N; ++i) {
+    double m = mb.loss_mask ? mb.loss_mask[i] : 1.0;
+    double li, mx, se, tl;
+    if (dt == DType::f64) {
+      mx = s.rowmax.data<double>()[i], se = s.sumexp.data<double>()[i], tl = target_logit.data<double>()[i];
+    } else {
+      mx = s.rowmax.data<float>()[i], se = s.sumexp.data<float>()[i], tl = target_logit.data<float>()[i];
+    }
+    li = std::log(se) + mx - tl;
+    loss_sum += m * li;
+    count += m;
+  }
+  res.loss_sum = loss_sum;
+  res.loss_tokens = count;
+  saved_[mb_id] = std::move(saved);
+  return res;
+}
+
+Tensor GptChunk::backward(int64_t mb_id, const MicroBatch& mb, const Tensor& dout) {
+  auto it = saved_.find(mb_id);
+  MTNLG_CHECK(it != saved_.end(), "backward of micro batch {} without its forward", mb_id);
+  std::unique_ptr<Saved> saved = std::move(it->second);
+  saved_.erase(it);
+  Saved& s = *saved;
+  const int64_t C = cfg_.hidden, T = cfg_.seq_length, B = s.mbs, N = B * T;
+  const DType dt = cfg_.dtype;
+  const bool sp = cfg_.sequence_parallel;
+  auto* tpc = groups_.tp.get();
+  const int64_t R = local_rows(B);
+  const int64_t row_start = sp ? tp_rank_ * R : 0;
+
+  Tensor dx;
+  if (spec_.has_head) {
+    Tensor dloss = Tensor::empty({N}, dt);
+    for (int64_t i = 0; i < N; ++i) {
+      double g = mb.loss_weight * (mb.loss_mask ? mb.loss_mask[i] : 1.0);
+      if (dt == DType::f64)
+        dloss.data<double>()[i] = g;
+      else
+        dloss.data<float>()[i] = static_cast<float>(g);
+    }
+    Tensor dlogits = s.logits;  // in place
+    ops::xent_backward(dlogits, s.logits, s.targets, s.rowmax, s.sumexp, dloss, vocab_start_, vocab_valid_);
+    Tensor dlnf_full = Tensor::empty({N, C}, dt);
+    ops::matmul_backward(&dlnf_full, &d_wte_, nullptr, dlogits, s.lnf_full, wte_);
+    s.logits = Tensor();
+    Tensor dlnf = tp::enter_column_parallel_backward(tpc, sp, dlnf_full);
+    dx = Tensor::empty({R, C}, dt);
+    ops::layernorm_backward(dx, d_lnf_w_, d_lnf_b_, dlnf, s.x_out, lnf_w_, s.meanf, s.rstdf);
+  } else {
+    MTNLG_CHECK(dout.defined() && dout.dim(0) == R, "chunk backward needs the output gradient [{}, {}]", R, C);
+    dx = dout;
+  }
+
+  const bool full_recompute = cfg_.recompute == RecomputeGranularity::full;
+  const bool keep_probs = cfg_.recompute == RecomputeGranularity::none;
+  for (int64_t li = static_cast<int64_t>(layers_.size()) - 1; li >= 0; --li) {
+    LayerActs& a = s.layers[li];
+    if (full_recompute) {  // re-run this layer's forward from its saved input
+      Tensor y;
+      Tensor x_in = a.x_in;
+      layer_forward(li, x_in, y, a, mb, keep_probs);
+    }
+    Tensor dprev;
+    layer_backward(li, dx, dprev, a, mb);
+    a = LayerActs{};  // free as we go
+    dx = dprev;
+  }
+
+  if (!spec_.has_embedding) return dx;
+  // Embedding: x = dropout(allreduce(lookup) + pos)
+  ops::dropout_backward(dx, dx, cfg_.hidden_dropout, dropout_key(mb, -1, kEmbedding),
+                        static_cast<uint64_t>((mb.sample_offset * T + row_start) * C));
+  ops::position_backward(d_wpe_, dx, row_start, T);
+  Tensor dfull = tp::leave_row_parallel_backward(tpc, sp, dx);
+  ops::embedding_backward(d_wte_, s.tokens, dfull, vocab_start_);
+  return Tensor();
+}
+
+}  // namespace mtnlg::model

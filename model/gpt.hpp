@@ -1,0 +1,112 @@
+// The GPT decoder as Megatron builds it: vocab-parallel word embedding + learned
+// positions, pre-LN transformer layers (column-parallel QKV and fc1, row-parallel proj
+// and fc2, heads split across tensor-parallel ranks), a final LayerNorm and an output
+// layer tied to the word embedding, with a vocab-parallel cross-entropy.
+//
+// A GptChunk is the slice of layers one pipeline rank runs for one model chunk
+// (virtual stage). It has explicit forward/backward per micro batch; activations of
+// micro batches in flight are kept per micro-batch id until their backward.
+//
+// Tensor-parallel regions are the named pairs of model/tp_regions.hpp. With sequence
+// parallelism the rows (tokens) of the residual stream are split across tp ranks.
+// Rows are (sample, position) in sample-major order.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "core/recipe.hpp"
+#include "core/tensor.hpp"
+#include "model/params.hpp"
+#include "parallel/communicator.hpp"
+
+namespace mtnlg::model {
+
+struct GptConfig {
+  int64_t vocab_size = 0;         // real vocabulary (50257 for GPT-2)
+  int64_t padded_vocab_size = 0;  // multiple of make_vocab_size_divisible_by * tp
+  int64_t hidden = 0, heads = 0, ffn = 0, seq_length = 0, max_positions = 0;
+  int64_t num_layers_total = 0;
+  double init_std = 0.02, hidden_dropout = 0.0, attention_dropout = 0.0, layernorm_eps = 1e-5;
+  RecomputeGranularity recompute = RecomputeGranularity::none;
+  bool sequence_parallel = false;
+  uint64_t seed = 1234;
+  DType dtype = DType::f32;
+
+  static GptConfig from_recipe(const Recipe& r);
+};
+
+// Which layers a chunk owns and whether it holds the embedding / the output head.
+struct ChunkSpec {
+  int64_t first_layer = 0;
+  int64_t num_layers = 0;
+  bool has_embedding = false;  // first virtual stage of the pipeline
+  bool has_head = false;       // last virtual stage of the pipeline
+  std::string prefix;          // parameter-name prefix ("" for the only chunk)
+};
+
+// Declares the chunk's parameters (this tp rank's shards) in `store`.
+void declare_chunk_params(ParamStore& store, const GptConfig& cfg, const ChunkSpec& spec, int64_t tp_rank, int64_t tp_size);
+
+// One micro batch's data: tokens[b, 0..T] for b < micro_batch_size; inputs are
+// tokens[:, :T], labels tokens[:, 1:]. sample_offset = global index of sample 0 (the
+// dropout masks and thus the run are keyed by it). loss_scale multiplies dloss: 1 /
+// (tokens contributing to the global batch) so gradients sum to the batch mean.
+struct MicroBatch {
+  const int32_t* tokens = nullptr;
+  int64_t micro_batch_size = 0;
+  int64_t sample_offset = 0;
+  uint64_t step_key = 0;  // dropout key for this iteration
+  double loss_weight = 1.0;  // d(total loss)/d(sum of this micro batch's token losses)
+  const float* loss_mask = nullptr;  // optional [B*T], 1 = counts (eod_mask_loss)
+};
+
+struct ForwardResult {
+  Tensor output;           // activations to send on (empty on the last stage)
+  double loss_sum = 0.0;   // sum of token losses (last stage)
+  double loss_tokens = 0;  // tokens counted (last stage)
+};
+
+class GptChunk {
+ public:
+  GptChunk(const GptConfig& cfg, ChunkSpec spec, ParamStore& store, const parallel::ProcessGroups& groups);
+  ~GptChunk();
+
+  // input: [rows, hidden] activations from the previous stage (ignored on the first).
+  ForwardResult forward(int64_t mb_id, const MicroBatch& mb, const Tensor& input);
+  // dout: gradient w.r.t. this chunk's output (ignored on the last chunk, which starts
+  // from the loss). Returns the gradient w.r.t. the input (empty on the first chunk).
+  // Parameter gradients accumulate into the store.
+  Tensor backward(int64_t mb_id, const MicroBatch& mb, const Tensor& dout);
+
+  // Rows of the residual stream this rank holds for a micro batch of `mbs` samples.
+  int64_t local_rows(int64_t mbs) const;
+  const ChunkSpec& spec() const { return spec_; }
+  // Activation bytes currently held for micro batches in flight.
+  int64_t saved_bytes() const;
+  void drop_saved();  // forget activations of micro batches in flight (eval, aborted steps)
+
+ private:
+  struct LayerActs;
+  struct Saved;
+  struct LayerParams {
+    Tensor ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc1_w, fc1_b, fc2_w, fc2_b;
+    Tensor d_ln1_w, d_ln1_b, d_qkv_w, d_qkv_b, d_proj_w, d_proj_b, d_ln2_w, d_ln2_b, d_fc1_w, d_fc1_b, d_fc2_w, d_fc2_b;
+  };
+
+  void layer_forward(int64_t li, const Tensor& x, Tensor& y, LayerActs& a, const MicroBatch& mb, bool keep_probs);
+  void layer_backward(int64_t li, const Tensor& dy, Tensor& dx, LayerActs& a, const MicroBatch& mb);
+  uint64_t dropout_key(const MicroBatch& mb, int64_t layer, int64_t site) const;
+
+  GptConfig cfg_;
+  ChunkSpec spec_;
+  ParamStore& store_;
+  parallel::ProcessGroups groups_;
+  int64_t tp_ = 1, tp_rank_ = 0, heads_local_ = 0, ffn_local_ = 0, vocab_local_ = 0, vocab_start_ = 0, vocab_valid_ = 0;
+  std::vector<LayerParams> layers_;
+  Tensor wte_, wpe_, lnf_w_, lnf_b_, d_wte_, d_wpe_, d_lnf_w_, d_lnf_b_;
+  std::map<int64_t, std::unique_ptr<Saved>> saved_;
+};
+
+}  // namespace mtnlg::model
