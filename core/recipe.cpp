@@ -145,17 +145,6 @@ std::string read_string(const Ctx& c, const std::string& path, const YAML::Node&
   return scalar_text(c, path, n, "a string");
 }
 
-template <typename E>
-E read_enum(const Ctx& c, const std::string& path, const YAML::Node& n, std::initializer_list<E> values) {
-  std::string s = n.IsNull() ? "none" : scalar_text(c, path, n, "a name");
-  std::string valid;
-  for (E e : values) {
-    if (to_string(e) == s) return e;
-    valid += (valid.empty() ? "" : "|") + to_string(e);
-  }
-  bad(c, path, n, fmt::format("\"{}\" is not valid: expected {}", s, valid));
-}
-
 constexpr int64_t kMaxI = std::numeric_limits<int64_t>::max();
 
 struct Field {
@@ -229,8 +218,6 @@ void check_keys(const Ctx& c, const std::string& path, const YAML::Node& n, cons
 const Table& table() {
   static const Table t = [] {
     Table t;
-    auto M = [](Recipe& r) -> ModelConfig& { return r.model; };
-    (void)M;
     t.push_back({"model",
                  {
                      int_field("num_layers", [](Recipe& r) -> int64_t& { return r.model.num_layers; }, 1, 100000),
@@ -377,6 +364,7 @@ const Table& table() {
                      str_field("dir", [](Recipe& r) -> std::string& { return r.logging.dir; }),
                      int_field("log_interval", [](Recipe& r) -> int64_t& { return r.logging.log_interval; }, 1),
                      bool_field("tensorboard", [](Recipe& r) -> bool& { return r.logging.tensorboard; }),
+                     dbl_field("peak_tflops", [](Recipe& r) -> double& { return r.logging.peak_tflops; }, 0.0, 1e9),
                  }});
     return t;
   }();

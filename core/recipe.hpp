@@ -118,6 +118,9 @@ struct LoggingConfig {
   std::string dir;  // "" -> runs/<recipe name>
   int64_t log_interval = 1;
   bool tensorboard = true;
+  // Peak TFLOP/s per device for MFU. 0 = the GPU's dense bf16 peak on CUDA, and on the
+  // CPU the sgemm rate measured at start-up (the log names which).
+  double peak_tflops = 0;
 };
 
 struct Recipe {

@@ -1,0 +1,72 @@
+// Data-parallel gradient reduction, global gradient-norm clipping and AdamW, with or
+// without ZeRO-1 (Megatron's distributed optimizer), over the flat parameter and
+// gradient buffers of one rank (model/params.hpp lays them out).
+//
+// Without ZeRO-1: gradients are all-reduced (sum) over the data-parallel group in
+// buckets of `bucket_size` elements, then every rank updates the whole buffer.
+// With ZeRO-1: the buffer is split into dp equal shards; gradients are reduce-scattered
+// so rank r receives the summed shard r, updates only that shard (Adam m and v exist
+// only for it), then the parameters are all-gathered.
+//
+// Gradients arrive already scaled so that their sum over data-parallel ranks is the
+// gradient of the batch-mean loss (the model weights each token by 1/global tokens).
+//
+// Grad norm: each element counts once in the whole job: segments marked
+// `count_in_norm` (tp-replicated params only on tp rank 0, the last stage's copy of
+// the tied embedding not at all) summed, then all-reduced over the model-parallel
+// group (and the data-parallel group for ZeRO shards). clip coeff = max/(norm+1e-6).
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "core/recipe.hpp"
+#include "core/tensor.hpp"
+#include "parallel/communicator.hpp"
+
+namespace mtnlg::parallel {
+
+struct ParamSegment {
+  int64_t offset = 0, numel = 0;
+  bool weight_decay = true;
+  bool count_in_norm = true;
+};
+
+struct StepResult {
+  double grad_norm = 0;  // before clipping
+  bool skipped = false;  // non-finite gradient: no update was made
+};
+
+class DistributedAdamW {
+ public:
+  DistributedAdamW(const OptimizerConfig& cfg, std::vector<ParamSegment> segments, int64_t numel,
+                   const ProcessGroups& groups, bool zero1, int64_t bucket_size);
+
+  // Reduces `grads` over dp, clips, updates `params` with learning rate `lr`.
+  StepResult step(Tensor& params, Tensor& grads, double lr);
+
+  int64_t steps_taken() const { return step_; }
+  void set_steps_taken(int64_t s) { step_ = s; }
+  bool zero1() const { return zero1_; }
+  // This rank's optimizer shard [shard_begin, shard_end) of the flat buffer (whole buffer without ZeRO-1).
+  int64_t shard_begin() const { return shard_begin_; }
+  int64_t shard_end() const { return shard_end_; }
+  Tensor& exp_avg() { return m_; }
+  Tensor& exp_avg_sq() { return v_; }
+  // Bytes of optimizer state this rank holds (fp32 m and v).
+  int64_t state_bytes() const { return m_.nbytes() + v_.nbytes(); }
+
+ private:
+  void reduce_gradients(Tensor& grads);
+  double local_norm_sq(const Tensor& grads, int64_t begin, int64_t end) const;
+
+  OptimizerConfig cfg_;
+  std::vector<ParamSegment> segments_;
+  int64_t numel_, padded_, shard_begin_ = 0, shard_end_ = 0, bucket_size_;
+  ProcessGroups groups_;
+  bool zero1_;
+  int64_t step_ = 0;
+  Tensor m_, v_;
+  Tensor gather_buf_;  // ZeRO-1: padded copy of params / grads for the collectives
+};
+
+}  // namespace mtnlg::parallel
