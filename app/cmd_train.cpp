@@ -1,7 +1,64 @@
+// `mtnlg train RECIPE [--set section.key=value ...]`: one process per device, started
+// plainly (world 1), by `mpirun -np N` or by Slurm `srun` (see parallel/communicator.hpp
+// for launcher discovery). Bad input exits 2 before anything is allocated; a fault on
+// one rank ends every rank (MPI_Abort) so no peer waits forever in a collective.
+#include <cstdio>
+
 #include "app/commands.hpp"
+#include "app/trainer.hpp"
+#include "core/error.hpp"
+#include "core/log.hpp"
+#include "core/recipe.hpp"
 
 namespace mtnlg::app {
 
-void register_train(CLI::App& app) { (void)app; }
+namespace {
+struct TrainArgs {
+  std::string recipe;
+  std::vector<std::string> sets;
+  bool quiet = false;
+};
+}  // namespace
+
+void register_train(CLI::App& app) {
+  static TrainArgs a;
+  auto* cmd = app.add_subcommand("train", "Train a GPT from a recipe (single process, mpirun -np N, or srun)");
+  cmd->add_option("recipe", a.recipe, "Recipe YAML file (see recipes/ and docs/RECIPES.md)")->required();
+  cmd->add_option("--set", a.sets,
+                  "Override a recipe key: section.key=value, value parsed as YAML (e.g. --set training.train_iters=100); "
+                  "repeatable, applied after the file");
+  cmd->add_flag("--quiet", a.quiet, "Only errors on the console (metrics.jsonl is still written)");
+  cmd->callback([] {
+    Recipe r = load_recipe(a.recipe, a.sets);  // InputError -> exit 2 before any process group exists
+    parallel::LaunchInfo info = parallel::detect_launch();
+    validate_layout(r, info.world_size);
+    auto world = parallel::init_world(info);
+    log::context().rank = static_cast<int>(info.rank);
+    log::context().world = static_cast<int>(info.world_size);
+    log::context().quiet = a.quiet;
+    try {
+      auto topo = parallel::Topology::from_world(info.world_size, r.tp(), r.pp());
+      auto groups = parallel::make_groups(world, topo);
+      TrainOptions opts;
+      opts.quiet = a.quiet;
+      train(r, groups, opts);
+    } catch (const Error& e) {
+      if (info.world_size > 1) {
+        std::fprintf(stderr, "mtnlg: error on rank %lld: %s\n", static_cast<long long>(info.rank), e.what());
+        std::fflush(stderr);
+        parallel::abort_world(e.exit_code());
+      }
+      throw;
+    } catch (const std::exception& e) {
+      if (info.world_size > 1) {
+        std::fprintf(stderr, "mtnlg: error on rank %lld: %s\n", static_cast<long long>(info.rank), e.what());
+        std::fflush(stderr);
+        parallel::abort_world(1);
+      }
+      throw;
+    }
+    parallel::finalize_world();
+  });
+}
 
 }  // namespace mtnlg::app

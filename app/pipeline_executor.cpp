@@ -1,0 +1,131 @@
+#include "app/pipeline_executor.hpp"
+
+#include <map>
+
+#include "core/ops.hpp"
+#include "model/tp_regions.hpp"
+#include "schedules/pipeline_schedule.hpp"
+
+namespace mtnlg::app {
+
+PipelineExecutor::PipelineExecutor(const Recipe& r, const parallel::ProcessGroups& g,
+                                   std::vector<std::unique_ptr<model::GptChunk>>& chunks)
+    : r_(r), g_(g), chunks_(chunks) {}
+
+model::MicroBatch PipelineExecutor::micro_batch(const data::Batch& b, int64_t k, int64_t consumed_before,
+                                                uint64_t step_key) const {
+  const int64_t T = r_.model.seq_length, mbs = b.micro_batch_size, dp = g_.topo.dp();
+  model::MicroBatch mb;
+  mb.tokens = b.tokens.data() + k * mbs * (T + 1);
+  mb.micro_batch_size = mbs;
+  // Megatron's sampler: micro batch k of the step takes mbs*dp consecutive samples and
+  // data-parallel rank r the slice [r*mbs, (r+1)*mbs) of them.
+  mb.sample_offset = consumed_before + k * mbs * dp + g_.coord.dp * mbs;
+  mb.step_key = step_key;
+  mb.loss_weight = 1.0 / static_cast<double>(b.global_batch_size * T);
+  return mb;
+}
+
+StepLoss PipelineExecutor::run_batch(const data::Batch& batch, int64_t consumed_before, uint64_t step_key) {
+  const int64_t m = batch.micro_batches;
+  double loss_sum = 0, tokens = 0;
+  peak_act_ = 0;
+  const int64_t p = g_.topo.pp(), r = g_.coord.pp, v = static_cast<int64_t>(chunks_.size());
+  std::vector<schedules::PipeAction> table;
+  if (p == 1 && v == 1)
+    table = schedules::schedule_no_pipelining(m);
+  else if (v > 1)
+    table = schedules::schedule_interleaved_1f1b(p, r, m, v);
+  else
+    table = schedules::schedule_1f1b(p, r, m);
+
+  // Tensors in flight, keyed by (microbatch, chunk). Sends are nonblocking; their
+  // buffers stay alive in `pending` until every request is waited for at the end.
+  const int64_t C = r_.model.hidden_size, R = chunks_[0]->local_rows(batch.micro_batch_size);
+  std::map<std::pair<int64_t, int64_t>, Tensor> act_in, act_out, grad_in, grad_out;
+  std::vector<std::pair<std::unique_ptr<parallel::Request>, Tensor>> pending;
+  constexpr int kTagActivation = 0, kTagGradient = 1;
+  auto take = [](auto& map, std::pair<int64_t, int64_t> key) {
+    auto it = map.find(key);
+    if (it == map.end()) return Tensor();
+    Tensor t = it->second;
+    map.erase(it);
+    return t;
+  };
+  int64_t held = 0;
+  for (const auto& a : table) {
+    const auto key = std::make_pair(a.microbatch, a.chunk);
+    auto& chunk = *chunks_[a.chunk];
+    switch (a.op) {
+      case schedules::PipeOp::recv_forward: {
+        Tensor t = Tensor::empty({R, C});
+        g_.pp->recv(t.data<float>(), t.numel(), a.peer_stage, kTagActivation);
+        act_in[key] = t;
+        break;
+      }
+      case schedules::PipeOp::forward: {
+        auto mb = micro_batch(batch, a.microbatch, consumed_before, step_key);
+        auto res = chunk.forward(a.microbatch, mb, take(act_in, key));
+        loss_sum += res.loss_sum;
+        tokens += res.loss_tokens;
+        if (res.output.defined()) act_out[key] = res.output;
+        held = 0;
+        for (auto& c : chunks_) held += c->saved_bytes();
+        peak_act_ = std::max(peak_act_, held);
+        break;
+      }
+      case schedules::PipeOp::send_forward: {
+        Tensor t = take(act_out, key);
+        MTNLG_CHECK(t.defined(), "send_forward of micro batch {} chunk {} before its forward", a.microbatch, a.chunk);
+        pending.emplace_back(g_.pp->isend(t.data<float>(), t.numel(), a.peer_stage, kTagActivation), t);
+        break;
+      }
+      case schedules::PipeOp::recv_backward: {
+        Tensor t = Tensor::empty({R, C});
+        g_.pp->recv(t.data<float>(), t.numel(), a.peer_stage, kTagGradient);
+        grad_in[key] = t;
+        break;
+      }
+      case schedules::PipeOp::backward: {
+        auto mb = micro_batch(batch, a.microbatch, consumed_before, step_key);
+        Tensor dx = chunk.backward(a.microbatch, mb, take(grad_in, key));
+        if (dx.defined() && !(chunk.spec().has_embedding)) grad_out[key] = dx;
+        break;
+      }
+      case schedules::PipeOp::send_backward: {
+        Tensor t = take(grad_out, key);
+        MTNLG_CHECK(t.defined(), "send_backward of micro batch {} chunk {} before its backward", a.microbatch, a.chunk);
+        pending.emplace_back(g_.pp->isend(t.data<float>(), t.numel(), a.peer_stage, kTagGradient), t);
+        break;
+      }
+    }
+  }
+  for (auto& [req, buf] : pending) req->wait();
+  // Every rank learns the batch loss: the last stage's tp-rank-0 ranks contribute.
+  double buf[2] = {0, 0};
+  if (g_.is_last_stage() && g_.coord.tp == 0) {
+    buf[0] = loss_sum;
+    buf[1] = tokens;
+  }
+  if (g_.world && g_.world->size() > 1) g_.world->all_reduce(buf, 2, parallel::ReduceOp::sum);
+  StepLoss out;
+  out.tokens = buf[1];
+  out.loss = buf[1] > 0 ? buf[0] / buf[1] : 0.0;
+  return out;
+}
+
+void PipelineExecutor::reduce_shared_grads(model::ParamStore& store) {
+  if (g_.tp && g_.tp->size() > 1 && r_.parallel.sequence_parallel) {
+    for (auto& p : store.infos())
+      if (p.sp_grad_reduce) {
+        Tensor gr = store.grads().flat(p.offset, p.numel);
+        model::tp::all_reduce(g_.tp.get(), gr);
+      }
+  }
+  if (g_.topo.pp() > 1 && g_.embedding && g_.embedding->size() > 1 && store.has("embedding.word_embeddings.weight")) {
+    auto& p = store.info("embedding.word_embeddings.weight");
+    g_.embedding->all_reduce(store.grads().data<float>() + p.offset, p.numel, parallel::ReduceOp::sum);
+  }
+}
+
+}  // namespace mtnlg::app

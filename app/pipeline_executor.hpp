@@ -1,0 +1,42 @@
+// Runs one global batch through this rank's model chunks following the pipeline
+// schedule table for (pp, pp rank, microbatches, virtual chunks): forward and backward
+// per micro batch, activations and their gradients exchanged with the neighbouring
+// stages. With pp = 1 it is plain gradient accumulation.
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "core/recipe.hpp"
+#include "data/sample_source.hpp"
+#include "model/gpt.hpp"
+#include "parallel/communicator.hpp"
+
+namespace mtnlg::app {
+
+struct StepLoss {
+  double loss = 0;    // mean token loss of the global batch (same on every rank)
+  double tokens = 0;  // tokens that counted
+};
+
+class PipelineExecutor {
+ public:
+  PipelineExecutor(const Recipe& r, const parallel::ProcessGroups& g, std::vector<std::unique_ptr<model::GptChunk>>& chunks);
+  // `consumed_before`: samples consumed before this batch (keys the data and dropout).
+  StepLoss run_batch(const data::Batch& batch, int64_t consumed_before, uint64_t step_key);
+  // After the last backward of a step: all-reduce the tied word-embedding gradient
+  // between the first and last stage, and (sequence parallel) the partial gradients of
+  // replicated parameters over tp.
+  void reduce_shared_grads(model::ParamStore& store);
+  // Largest activation memory held at once during the last batch (bytes).
+  int64_t peak_activation_bytes() const { return peak_act_; }
+
+ private:
+  model::MicroBatch micro_batch(const data::Batch& b, int64_t k, int64_t consumed_before, uint64_t step_key) const;
+
+  const Recipe& r_;
+  parallel::ProcessGroups g_;
+  std::vector<std::unique_ptr<model::GptChunk>>& chunks_;
+  int64_t peak_act_ = 0;
+};
+
+}  // namespace mtnlg::app

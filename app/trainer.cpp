@@ -1,0 +1,316 @@
+#include "app/trainer.hpp"
+
+#include <cblas.h>
+#include <omp.h>
+#include <sys/resource.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "app/pipeline_executor.hpp"
+#include "core/log.hpp"
+#include "core/progress.hpp"
+#include "core/ops.hpp"
+#include "core/rng.hpp"
+#include "data/sample_source.hpp"
+#include "model/gpt.hpp"
+#include "parallel/cost_model.hpp"
+#include "parallel/optimizer.hpp"
+#include "schedules/batch_schedule.hpp"
+#include "schedules/lr_schedule.hpp"
+
+namespace mtnlg::app {
+
+int64_t virtual_chunks(const Recipe& r) {
+  int64_t v = r.parallel.num_layers_per_virtual_pipeline_stage;
+  if (v <= 0) return 1;
+  return r.model.num_layers / r.pp() / v;
+}
+
+std::pair<int64_t, int64_t> chunk_layers(const Recipe& r, int64_t pp_rank, int64_t chunk) {
+  const auto& pl = r.parallel.pipeline_layers;
+  if (!pl.empty()) {
+    int64_t first = 0;
+    for (int64_t s = 0; s < pp_rank; ++s) first += pl[s];
+    return {first, pl[pp_rank]};
+  }
+  int64_t v = virtual_chunks(r);
+  int64_t per = r.model.num_layers / (r.pp() * v);
+  int64_t stage = chunk * r.pp() + pp_rank;
+  return {stage * per, per};
+}
+
+namespace {
+
+// Processes of this job on this node, from the launcher's environment.
+int64_t local_ranks() {
+  for (const char* v : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"}) {
+    const char* s = std::getenv(v);
+    if (s && std::atoll(s) > 0) return std::atoll(s);
+  }
+  if (const char* s = std::getenv("SLURM_STEP_TASKS_PER_NODE"))  // "4" or "4(x2)"
+    if (std::atoll(s) > 0) return std::atoll(s);
+  return 1;
+}
+
+int64_t default_threads() {
+  int64_t cores = omp_get_num_procs();
+  return std::max<int64_t>(1, cores / local_ranks());
+}
+
+int64_t peak_rss_bytes() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<int64_t>(ru.ru_maxrss) * 1024;
+}
+
+// Achieved single-process sgemm rate (TFLOP/s) on a square problem: the CPU's
+// practical peak, used for MFU when no peak is given.
+double measure_cpu_sgemm_tflops() {
+  const int n = 512;
+  std::vector<float> a(n * n, 1.0f), b(n * n, 0.5f), c(n * n, 0.0f);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+  auto t0 = std::chrono::steady_clock::now();
+  int reps = 0;
+  double el = 0;
+  do {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+    ++reps;
+    el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  } while (el < 0.2);
+  return 2.0 * n * n * n * reps / el / 1e12;
+}
+
+class MetricsWriter {
+ public:
+  MetricsWriter(const std::string& dir, bool active) : active_(active) {
+    if (!active_) return;
+    std::filesystem::create_directories(dir);
+    out_.open(std::filesystem::path(dir) / "metrics.jsonl", std::ios::app);
+    if (!out_) throw_runtime("{}/metrics.jsonl: cannot open for writing", dir);
+  }
+  void write(const IterationStats& s, const Recipe& r, double loss_scale) {
+    if (!active_) return;
+    nlohmann::json j = {{"iteration", s.iteration},
+                        {"consumed_samples", s.consumed_samples},
+                        {"consumed_tokens", s.consumed_tokens},
+                        {"loss", s.loss},
+                        {"lr", s.lr},
+                        {"global_batch_size", s.global_batch_size},
+                        {"grad_norm", s.grad_norm},
+                        {"step_time_s", s.step_time_s},
+                        {"tokens_per_s", s.tokens_per_s},
+                        {"tflops_per_gpu", s.tflops_per_gpu},
+                        {"mfu", s.mfu},
+                        {"skipped", s.skipped_total},
+                        {"nan_iterations", s.nan_total},
+                        {"peak_memory_bytes", s.peak_memory_bytes},
+                        {"bytes_sent_tp", s.bytes_tp},
+                        {"bytes_sent_pp", s.bytes_pp},
+                        {"bytes_sent_dp", s.bytes_dp}};
+    if (r.training.precision == Precision::fp16) j["loss_scale"] = loss_scale;
+    if (!std::isfinite(s.loss)) j["loss"] = nullptr;
+    out_ << j.dump() << "\n";
+    out_.flush();
+  }
+
+ private:
+  bool active_;
+  std::ofstream out_;
+};
+
+}  // namespace
+
+TrainSummary train(const Recipe& r, const parallel::ProcessGroups& g, const TrainOptions& opts) {
+  const auto t_start = std::chrono::steady_clock::now();
+  if (r.training.precision != Precision::fp32)
+    throw_input("{}: training.precision {} needs the CUDA backend; on the CPU use --set training.precision=fp32",
+                r.source_path, to_string(r.training.precision));
+  validate_layout(r, g.topo.world());
+  const int64_t tp = g.topo.tp(), pp = g.topo.pp(), dp = g.topo.dp();
+  const int64_t T = r.model.seq_length, mbs = r.training.micro_batch_size;
+  const bool rank0 = g.rank == 0;
+
+  // CPU threads per process: the recipe's, or the cores shared out among the ranks on
+  // this node (mpirun -np 8 on 2 cores must not run 16 spinning OpenMP threads).
+  const int threads = static_cast<int>(r.training.num_threads > 0 ? r.training.num_threads : default_threads());
+  omp_set_num_threads(threads);
+  openblas_set_num_threads(threads);
+
+  // ---- model: this rank's chunks --------------------------------------------------------
+  model::GptConfig cfg = model::GptConfig::from_recipe(r);
+  const int64_t v = virtual_chunks(r);
+  model::ParamStore store;
+  std::vector<model::ChunkSpec> specs;
+  for (int64_t c = 0; c < v; ++c) {
+    auto [first, n] = chunk_layers(r, g.coord.pp, c);
+    model::ChunkSpec s;
+    s.first_layer = first;
+    s.num_layers = n;
+    s.has_embedding = g.coord.pp == 0 && c == 0;
+    s.has_head = g.coord.pp == pp - 1 && c == v - 1;
+    specs.push_back(s);
+    model::declare_chunk_params(store, cfg, s, g.coord.tp, tp);
+  }
+  store.finalize(DType::f32);
+  store.initialize(cfg.seed, cfg.init_std, cfg.num_layers_total);
+  std::vector<std::unique_ptr<model::GptChunk>> chunks;
+  for (auto& s : specs) chunks.push_back(std::make_unique<model::GptChunk>(cfg, s, store, g));
+
+  // ---- optimizer ------------------------------------------------------------------------
+  std::vector<parallel::ParamSegment> segs;
+  int64_t local_params = 0;
+  for (auto& p : store.infos()) {
+    parallel::ParamSegment s;
+    s.offset = p.offset;
+    s.numel = p.numel;
+    s.weight_decay = p.weight_decay;
+    bool dup_tp = p.tp_replicated && g.coord.tp != 0;
+    bool dup_embedding = p.word_embedding && pp > 1 && g.coord.pp != 0;
+    s.count_in_norm = !dup_tp && !dup_embedding;
+    if (s.count_in_norm) local_params += p.numel;
+    segs.push_back(s);
+  }
+  parallel::DistributedAdamW optim(r.optimizer, segs, store.numel(), g, r.parallel.use_distributed_optimizer,
+                                   r.parallel.ddp_bucket_size);
+  int64_t total_params = local_params;
+  if (g.mp && g.mp->size() > 1) g.mp->all_reduce(&total_params, 1, parallel::ReduceOp::sum);
+
+  // ---- data -----------------------------------------------------------------------------
+  const auto run = schedules::run_length(r.training, T);
+  std::shared_ptr<const data::SampleSource> source;
+  std::string cache_dir = r.data.cache_dir.empty() ? r.logging.dir + "/index-cache" : r.data.cache_dir;
+  if (r.data.mock)
+    source = data::make_mock_source(r.model.vocab_size, T, static_cast<uint64_t>(r.training.seed));
+  else
+    source = data::make_blend_source(r, 0, run.samples, cache_dir);
+  data::Loader loader(source, mbs, g.coord.dp, dp);
+
+  // ---- output ---------------------------------------------------------------------------
+  if (rank0) {
+    std::filesystem::create_directories(r.logging.dir);
+    std::ofstream(std::filesystem::path(r.logging.dir) / "recipe.resolved.yaml") << to_yaml(r);
+  }
+  MetricsWriter metrics(r.logging.dir, rank0);
+  double peak_tflops = r.logging.peak_tflops;
+  std::string peak_what = "logging.peak_tflops";
+  if (peak_tflops <= 0) {
+    peak_tflops = measure_cpu_sgemm_tflops();
+    if (g.world && g.world->size() > 1) g.world->all_reduce(&peak_tflops, 1, parallel::ReduceOp::max);
+    peak_what = "measured CPU sgemm rate";
+  }
+  if (!opts.quiet) {
+    log::info("mtnlg train: {} | layout tp={} pp={} dp={} (world {}){}{} | {} parameters ({} on this rank)", r.name, tp, pp, dp,
+              g.topo.world(), v > 1 ? fmt::format(" interleaved v={}", v) : "",
+              cfg.sequence_parallel ? " +sequence-parallel" : "", human_count(static_cast<double>(total_params)),
+              human_count(static_cast<double>(store.numel())));
+    log::info("model: {} layers, hidden {}, {} heads, seq {}, vocab {} (padded {}) | precision {} | recompute {}{}",
+              r.model.num_layers, r.model.hidden_size, r.model.num_attention_heads, T, r.model.vocab_size,
+              cfg.padded_vocab_size, to_string(r.training.precision), to_string(r.parallel.recompute_granularity),
+              optim.zero1() ? " | ZeRO-1 distributed optimizer" : "");
+    log::info("run: {} iterations, {} samples, {} tokens | data: {} | MFU peak {:.3f} TFLOP/s ({})", run.iterations,
+              human_count(static_cast<double>(run.samples)), human_count(static_cast<double>(run.tokens)),
+              r.data.mock ? "mock tokens" : fmt::format("blend of {} sources", r.data.blend.size()), peak_tflops, peak_what);
+  }
+
+  // ---- loop -----------------------------------------------------------------------------
+  PipelineExecutor exec(r, g, chunks);
+  TrainSummary summary;
+  int64_t consumed = 0, iteration = 0, skipped_total = 0, nan_total = 0, nonfinite_in_a_row = 0;
+  const uint64_t seed = static_cast<uint64_t>(r.training.seed);
+  const int64_t total_iters = run.iterations;
+  int64_t next_gbs = schedules::global_batch_size(r.training, T, 0);
+  loader.prefetch(0, next_gbs);
+  while (iteration < total_iters) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const int64_t gbs = schedules::global_batch_size(r.training, T, consumed);
+    data::Batch batch = loader.get(consumed, gbs);
+    const int64_t after = consumed + gbs;
+    if (iteration + 1 < total_iters) loader.prefetch(after, schedules::global_batch_size(r.training, T, after));
+    const double lr = schedules::learning_rate(r.optimizer, after * T, run.tokens);
+    for (auto* c : {g.tp.get(), g.pp.get(), g.dp.get()})
+      if (c) c->reset_bytes();
+
+    store.zero_grads();
+    StepLoss sl = exec.run_batch(batch, consumed, mix_key(seed, static_cast<uint64_t>(iteration), 0xD0));
+    // Grad reductions the model leaves to the end of the step: the tied word embedding
+    // between first and last stage, and sequence-parallel partial grads over tp.
+    exec.reduce_shared_grads(store);
+    parallel::StepResult st = optim.step(store.params(), store.grads(), lr);
+    const double loss = sl.loss;
+    const bool nonfinite = st.skipped || !std::isfinite(loss);
+    if (nonfinite) {
+      ++skipped_total;
+      ++nan_total;
+      ++nonfinite_in_a_row;
+    } else {
+      nonfinite_in_a_row = 0;
+    }
+    consumed = after;
+    ++iteration;
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+    IterationStats s;
+    s.iteration = iteration;
+    s.consumed_samples = consumed;
+    s.consumed_tokens = consumed * T;
+    s.global_batch_size = gbs;
+    s.loss = loss;
+    s.lr = lr;
+    s.grad_norm = st.grad_norm;
+    s.skipped = nonfinite;
+    s.skipped_total = skipped_total;
+    s.nan_total = nan_total;
+    s.step_time_s = dt;
+    s.tokens_per_s = static_cast<double>(gbs * T) / dt;
+    const double flops = parallel::model_flops(r.model, cfg.padded_vocab_size, gbs);
+    s.tflops_per_gpu = flops / dt / static_cast<double>(g.topo.world()) / 1e12;
+    s.mfu = s.tflops_per_gpu / peak_tflops;
+    s.peak_memory_bytes = peak_rss_bytes();
+    s.bytes_tp = g.tp ? g.tp->bytes_sent() : 0;
+    s.bytes_pp = g.pp ? g.pp->bytes_sent() : 0;
+    s.bytes_dp = g.dp ? g.dp->bytes_sent() : 0;
+    if (opts.on_iteration) opts.on_iteration(s);
+    summary.iterations.push_back(s);
+
+    if (iteration % r.logging.log_interval == 0 || iteration == total_iters) {
+      metrics.write(s, r, 1.0);
+      if (!opts.quiet)
+        log::info(
+            " iteration {:>7}/{:<7} | consumed tokens: {:>10} | elapsed time per iteration (ms): {:8.1f} | tokens/s: {:9.1f} | "
+            "TFLOP/s/GPU: {:6.3f} | MFU: {:5.1f}% | learning rate: {:.3E} | global batch size: {:5} | lm loss: {:.6E} | "
+            "grad norm: {:.3f} | skipped: {} | nan: {} | mem: {} MiB",
+            iteration, total_iters, s.consumed_tokens, dt * 1e3, s.tokens_per_s, s.tflops_per_gpu, 100 * s.mfu, lr, gbs, loss,
+            st.grad_norm, skipped_total, nan_total, s.peak_memory_bytes >> 20);
+    }
+    if (nonfinite_in_a_row >= r.training.max_nonfinite_in_a_row)
+      throw_runtime("iteration {}: {} non-finite losses/gradients in a row (training.max_nonfinite_in_a_row); lower the lr "
+                    "or check the data",
+                    iteration, nonfinite_in_a_row);
+    if (r.training.exit_duration_mins > 0) {
+      double mins = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count() / 60.0;
+      if (g.world && g.world->size() > 1) g.world->all_reduce(&mins, 1, parallel::ReduceOp::max);
+      if (mins >= r.training.exit_duration_mins) {
+        log::info("exiting after {:.1f} minutes (training.exit_duration_mins = {})", mins, r.training.exit_duration_mins);
+        break;
+      }
+    }
+  }
+  summary.consumed_samples = consumed;
+  summary.consumed_tokens = consumed * T;
+  if (!opts.quiet && !summary.iterations.empty()) {
+    const auto& f = summary.iterations.front();
+    const auto& l = summary.iterations.back();
+    log::info("done: {} iterations, {} tokens in {} | loss {:.4f} -> {:.4f}", iteration,
+              human_count(static_cast<double>(summary.consumed_tokens)),
+              human_duration(std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count()), f.loss,
+              l.loss);
+  }
+  return summary;
+}
+
+}  // namespace mtnlg::app

@@ -1,0 +1,47 @@
+// The training loop: wires recipe -> topology and process groups -> this rank's model
+// chunks -> data loader -> pipeline schedule executor -> data-parallel reduction and
+// optimizer -> LR and batch schedules -> log line, metrics.jsonl.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/recipe.hpp"
+#include "parallel/communicator.hpp"
+
+namespace mtnlg::app {
+
+struct IterationStats {
+  int64_t iteration = 0;
+  int64_t consumed_samples = 0, consumed_tokens = 0;
+  int64_t global_batch_size = 0;
+  double loss = 0, lr = 0, grad_norm = 0;
+  double step_time_s = 0, tokens_per_s = 0, tflops_per_gpu = 0, mfu = 0;
+  bool skipped = false;
+  int64_t skipped_total = 0, nan_total = 0;
+  int64_t peak_memory_bytes = 0;
+  int64_t bytes_tp = 0, bytes_pp = 0, bytes_dp = 0;  // sent by this rank this iteration
+};
+
+struct TrainOptions {
+  bool quiet = false;
+  // Called on every rank after each iteration (tests use it to collect losses).
+  std::function<void(const IterationStats&)> on_iteration;
+};
+
+struct TrainSummary {
+  std::vector<IterationStats> iterations;
+  int64_t consumed_samples = 0, consumed_tokens = 0;
+};
+
+// Runs training for `recipe` on the process groups of this rank.
+TrainSummary train(const Recipe& recipe, const parallel::ProcessGroups& groups, const TrainOptions& opts = {});
+
+// Layers of each virtual pipeline stage: stage s = chunk * pp + pp_rank (Megatron's
+// interleaving). Returns {first_layer, num_layers} for (pp_rank, chunk).
+std::pair<int64_t, int64_t> chunk_layers(const Recipe& r, int64_t pp_rank, int64_t chunk);
+int64_t virtual_chunks(const Recipe& r);
+
+}  // namespace mtnlg::app
