@@ -1,0 +1,185 @@
+// Size-1 Local backend, byte accounting, launch discovery and group construction.
+// The MPI backend lives in mpi_communicator.cpp (compiled only with MTNLG_HAVE_MPI).
+#include "parallel/communicator.hpp"
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string_view>
+
+#include "core/error.hpp"
+
+namespace mtnlg::parallel {
+
+#ifdef MTNLG_HAVE_MPI
+namespace detail {  // mpi_communicator.cpp
+std::shared_ptr<Communicator> mpi_init_world(const LaunchInfo& info);
+void mpi_finalize();
+bool mpi_abort(int code);  // false when MPI is not up
+}  // namespace detail
+#endif
+
+bool have_mpi() {
+#ifdef MTNLG_HAVE_MPI
+  return true;
+#else
+  return false;
+#endif
+}
+
+// ---- accounting -------------------------------------------------------------------
+
+void Communicator::count_all_reduce(int64_t s) {
+  const auto g = static_cast<double>(size());
+  bytes_ += 2.0 * (g - 1.0) / g * static_cast<double>(s);
+}
+void Communicator::count_scatter_gather(int64_t total) {
+  const auto g = static_cast<double>(size());
+  bytes_ += (g - 1.0) / g * static_cast<double>(total);
+}
+void Communicator::count_broadcast(int64_t s) {
+  const auto g = static_cast<double>(size());
+  bytes_ += (g - 1.0) / g * static_cast<double>(s);
+}
+
+// ---- Local ------------------------------------------------------------------------
+
+void LocalCommunicator::all_reduce(float*, int64_t, ReduceOp) {}
+void LocalCommunicator::all_reduce(double*, int64_t, ReduceOp) {}
+void LocalCommunicator::all_reduce(int64_t*, int64_t, ReduceOp) {}
+
+void LocalCommunicator::reduce_scatter(const float* in, float* out, int64_t n) {
+  if (in != out && n > 0) std::memmove(out, in, static_cast<size_t>(n) * sizeof(float));
+}
+void LocalCommunicator::all_gather(const float* in, float* out, int64_t n) {
+  if (in != out && n > 0) std::memmove(out, in, static_cast<size_t>(n) * sizeof(float));
+}
+void LocalCommunicator::broadcast(float*, int64_t, int64_t root) {
+  if (root != 0) throw_runtime("broadcast on the size-1 '{}' group from root {}: only root 0 exists", name_, root);
+}
+void LocalCommunicator::send(const float*, int64_t, int64_t peer, int tag) {
+  throw_runtime("send to rank {} (tag {}) on the size-1 '{}' group: there is no peer", peer, tag, name_);
+}
+std::unique_ptr<Request> LocalCommunicator::isend(const float*, int64_t, int64_t peer, int tag) {
+  throw_runtime("isend to rank {} (tag {}) on the size-1 '{}' group: there is no peer", peer, tag, name_);
+}
+void LocalCommunicator::recv(float*, int64_t, int64_t peer, int tag) {
+  throw_runtime("recv from rank {} (tag {}) on the size-1 '{}' group: there is no peer", peer, tag, name_);
+}
+std::shared_ptr<Communicator> LocalCommunicator::split(int64_t color, int64_t, const std::string& name) {
+  if (color < 0) return nullptr;
+  return std::make_shared<LocalCommunicator>(name);
+}
+
+// ---- launch -----------------------------------------------------------------------
+
+namespace {
+
+const char* env_lookup(const char* name) { return std::getenv(name); }
+
+int64_t env_int(const char* (*getenv)(const char*), const char* name, int64_t lo, int64_t fallback) {
+  const char* v = getenv(name);
+  if (!v) return fallback;
+  std::string_view s(v);
+  int64_t x = 0;
+  bool ok = !s.empty();
+  for (char ch : s) {
+    if (ch < '0' || ch > '9' || x > (int64_t{1} << 40)) {
+      ok = false;
+      break;
+    }
+    x = x * 10 + (ch - '0');
+  }
+  if (!ok || x < lo) throw_input("environment variable {}=\"{}\": expected a whole number >= {}", name, v, lo);
+  return x;
+}
+
+}  // namespace
+
+LaunchInfo detect_launch() { return detect_launch(&env_lookup); }
+
+LaunchInfo detect_launch(const char* (*getenv)(const char*)) {
+  LaunchInfo info;
+  auto fill = [&](const char* launcher, const char* size, const char* rank, const char* local) {
+    info.launcher = launcher;
+    info.world_size = env_int(getenv, size, 1, 1);
+    info.rank = env_int(getenv, rank, 0, 0);
+    info.local_rank = local ? env_int(getenv, local, 0, 0) : 0;
+  };
+  if (getenv("OMPI_COMM_WORLD_SIZE")) {
+    fill("mpirun", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK");
+  } else if (getenv("PMI_SIZE") && getenv("PMI_RANK")) {
+    fill("mpirun", "PMI_SIZE", "PMI_RANK", "MPI_LOCALRANKID");
+  } else if (getenv("SLURM_PROCID") && (getenv("SLURM_STEP_ID") || getenv("SLURM_STEP_NUM_TASKS"))) {
+    fill("srun", getenv("SLURM_STEP_NUM_TASKS") ? "SLURM_STEP_NUM_TASKS" : "SLURM_NTASKS", "SLURM_PROCID",
+         "SLURM_LOCALID");
+  } else if (getenv("PMIX_RANK") && getenv("PMIX_SIZE")) {
+    fill("mpirun", "PMIX_SIZE", "PMIX_RANK", "PMIX_LOCAL_RANK");
+  }
+  if (info.rank >= info.world_size)
+    throw_input("launcher '{}' reports rank {} in a world of {} processes", info.launcher, info.rank, info.world_size);
+  return info;
+}
+
+std::shared_ptr<Communicator> init_world(const LaunchInfo& info) {
+  if (info.launcher == "single" && info.world_size == 1) return std::make_shared<LocalCommunicator>("world");
+#ifdef MTNLG_HAVE_MPI
+  return detail::mpi_init_world(info);
+#else
+  if (info.world_size > 1)
+    throw_input("started by {} as {} processes, but this mtnlg was built without MPI (rebuild with -DMTNLG_MPI=ON)",
+                info.launcher, info.world_size);
+  return std::make_shared<LocalCommunicator>("world");
+#endif
+}
+
+void finalize_world() {
+#ifdef MTNLG_HAVE_MPI
+  detail::mpi_finalize();
+#endif
+}
+
+[[noreturn]] void abort_world(int code) {
+  std::fflush(stdout);
+  std::fflush(stderr);
+#ifdef MTNLG_HAVE_MPI
+  detail::mpi_abort(code);  // returns only when MPI is not up
+#endif
+  std::exit(code);
+}
+
+// ---- groups -----------------------------------------------------------------------
+
+ProcessGroups make_groups(std::shared_ptr<Communicator> world, const Topology& topo) {
+  MTNLG_CHECK(world != nullptr, "make_groups needs a world communicator");
+  if (topo.world() != world->size())
+    throw_input("layout {} needs {} processes but the job has {}", topo.to_string(), topo.world(), world->size());
+  ProcessGroups g;
+  g.topo = topo;
+  g.rank = world->rank();
+  g.coord = topo.coord(g.rank);
+  g.world = world;
+
+  // Every rank takes part in every split in the same order (they are collectives).
+  // color = the group's lowest global rank, key = this rank's index in the group, so
+  // the new group's ranks follow the Topology's group order.
+  auto make = [&](const std::vector<int64_t>& members, const char* name) -> std::shared_ptr<Communicator> {
+    int64_t index = -1;
+    for (size_t i = 0; i < members.size(); ++i)
+      if (members[i] == g.rank) index = static_cast<int64_t>(i);
+    auto c = world->split(index >= 0 ? members.front() : -1, index >= 0 ? index : 0, name);
+    if (index >= 0) {
+      MTNLG_CHECK(c && c->size() == static_cast<int64_t>(members.size()) && c->rank() == index,
+                  "group '{}' of rank {}: expected size {} rank {}", name, g.rank, members.size(), index);
+    }
+    return c;
+  };
+  g.tp = make(topo.tp_group(g.rank), "tp");
+  g.pp = make(topo.pp_group(g.rank), "pp");
+  g.dp = make(topo.dp_group(g.rank), "dp");
+  g.embedding = make(topo.embedding_group(g.rank), "embedding");
+  g.mp = make(topo.mp_group(g.rank), "mp");
+  return g;
+}
+
+}  // namespace mtnlg::parallel

@@ -1,0 +1,181 @@
+// Communicators: collectives and point-to-point over a group of ranks, plus the
+// per-rank ProcessGroups value (world, tp, pp, dp, embedding, mp) built from a
+// Topology, and launch discovery (single process, mpirun, Slurm srun).
+//
+// Backends: LocalCommunicator (size 1, always built; collectives are copies or
+// no-ops) and MpiCommunicator (parallel/mpi_communicator.cpp, only with
+// MTNLG_HAVE_MPI). Communicators are move-free, copy-free objects held by
+// shared_ptr; nothing here is global state except MPI's own initialisation.
+//
+// Error contract. MPI calls run under MPI_ERRORS_RETURN; a failing call throws
+// RuntimeError naming the operation, the group and the global rank. A rank that
+// cannot continue must not leave its peers blocked in a collective: the top level
+// (app/main, test drivers) catches the exception, prints it and calls abort_world(),
+// which is MPI_Abort on MPI_COMM_WORLD when MPI is up (mpirun/srun then kill every
+// rank and exit non-zero) and a plain exit otherwise.
+//
+// Point-to-point contract: send() may block until the matching recv() is posted
+// (MPI_Send semantics, not guaranteed buffered); isend() returns at once and the
+// buffer must stay untouched until the Request's wait() returns; recv() blocks until
+// the data is there. Messages between one pair of ranks with the same tag arrive in
+// the order they were sent. The pipeline executor (schedules/pipeline_schedule.hpp)
+// uses isend for every send and blocking recv, which its tables are checked against.
+//
+// Byte accounting (compared with the planner's ring model, planner.md): each call
+// adds to bytes_sent() this rank's share of the traffic a ring algorithm would put on
+// the wire, with g = size() and S = the payload in bytes:
+//   all_reduce        2 (g-1)/g * S           (S = n * sizeof(T))
+//   reduce_scatter    (g-1)/g * S_total       (S_total = n * g * 4, the whole input)
+//   all_gather        (g-1)/g * S_total       (S_total = n * g * 4, the whole output)
+//   broadcast         (g-1)/g * S             (a pipelined chain moves (g-1) S in all)
+//   send              S;  recv, barrier: 0
+// Size-1 groups count 0 for all of them. Summed over a group's ranks this is the
+// total ring traffic, so per-rank numbers times ranks match the planner's volumes.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "parallel/topology.hpp"
+
+namespace mtnlg::parallel {
+
+enum class ReduceOp { sum, max };
+
+// A pending nonblocking send. wait() blocks until the buffer may be reused and throws
+// RuntimeError on failure. Destroying an unfinished request detaches it (MPI_Request_free)
+// so unwinding after an error never blocks; normal code always calls wait().
+class Request {
+ public:
+  Request() = default;
+  Request(const Request&) = delete;
+  Request& operator=(const Request&) = delete;
+  virtual ~Request() = default;
+  virtual void wait() = 0;
+};
+
+class Communicator {
+ public:
+  Communicator() = default;
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+  virtual ~Communicator() = default;
+
+  virtual int64_t rank() const = 0;  // rank inside this group
+  virtual int64_t size() const = 0;
+  // "world", "tp", "pp", "dp", "embedding", "mp", or what split() was given.
+  virtual std::string name() const = 0;
+
+  // In place; every rank passes the same n and op.
+  virtual void all_reduce(float* data, int64_t n, ReduceOp op) = 0;
+  virtual void all_reduce(double* data, int64_t n, ReduceOp op) = 0;
+  virtual void all_reduce(int64_t* data, int64_t n, ReduceOp op) = 0;  // flags, counters
+  // Sum of the ranks' inputs (n * size() each), rank i keeps block i (n elements).
+  // `out` may alias `in + rank() * n` (the in-place layout of a ZeRO shard).
+  virtual void reduce_scatter(const float* in, float* out, int64_t n) = 0;
+  // out (n * size()) = concatenation of every rank's `in` (n) in rank order.
+  // `in` may alias `out + rank() * n`.
+  virtual void all_gather(const float* in, float* out, int64_t n) = 0;
+  virtual void broadcast(float* data, int64_t n, int64_t root) = 0;
+  // peer is a rank in this group; sending to or receiving from oneself throws.
+  virtual void send(const float* data, int64_t n, int64_t peer, int tag) = 0;
+  virtual void recv(float* data, int64_t n, int64_t peer, int tag) = 0;
+  // Nonblocking send (MPI_Isend); bytes are counted when it is posted.
+  virtual std::unique_ptr<Request> isend(const float* data, int64_t n, int64_t peer, int tag) = 0;
+  virtual void barrier() = 0;
+
+  // Collective over this communicator (like MPI_Comm_split): ranks passing the same
+  // color >= 0 form one new group, ordered by key; color < 0 gets nullptr back.
+  virtual std::shared_ptr<Communicator> split(int64_t color, int64_t key, const std::string& name) = 0;
+
+  // Bytes this rank has sent under the ring model above, since construction or the
+  // last reset_bytes().
+  int64_t bytes_sent() const { return static_cast<int64_t>(bytes_ + 0.5); }
+  void reset_bytes() { bytes_ = 0; }
+
+ protected:
+  // Accounting helpers for backends (g = size()).
+  void count_all_reduce(int64_t payload_bytes);
+  void count_scatter_gather(int64_t total_bytes);  // reduce_scatter / all_gather
+  void count_broadcast(int64_t payload_bytes);
+  void count_send(int64_t payload_bytes) { bytes_ += static_cast<double>(payload_bytes); }
+
+ private:
+  double bytes_ = 0;  // double: 2(g-1)/g * S is fractional; rounded when read
+};
+
+// A group of one: all_reduce and barrier do nothing, reduce_scatter / all_gather copy
+// n elements, broadcast needs root 0, send/isend/recv throw RuntimeError (no peer exists).
+class LocalCommunicator final : public Communicator {
+ public:
+  explicit LocalCommunicator(std::string name = "world") : name_(std::move(name)) {}
+  int64_t rank() const override { return 0; }
+  int64_t size() const override { return 1; }
+  std::string name() const override { return name_; }
+  void all_reduce(float*, int64_t n, ReduceOp) override;
+  void all_reduce(double*, int64_t n, ReduceOp) override;
+  void all_reduce(int64_t*, int64_t n, ReduceOp) override;
+  void reduce_scatter(const float* in, float* out, int64_t n) override;
+  void all_gather(const float* in, float* out, int64_t n) override;
+  void broadcast(float* data, int64_t n, int64_t root) override;
+  void send(const float* data, int64_t n, int64_t peer, int tag) override;
+  void recv(float* data, int64_t n, int64_t peer, int tag) override;
+  std::unique_ptr<Request> isend(const float* data, int64_t n, int64_t peer, int tag) override;
+  void barrier() override {}
+  std::shared_ptr<Communicator> split(int64_t color, int64_t key, const std::string& name) override;
+
+ private:
+  std::string name_;
+};
+
+// World + sub-groups for this rank, as a value that travels explicitly (no globals).
+// Group ranks equal the varying coordinate: tp->rank() == coord.tp, pp->rank() ==
+// coord.pp, dp->rank() == coord.dp, mp->rank() == coord.pp * tp + coord.tp.
+// `embedding` is {first, last} stage of this pipeline ({first} when pp == 1); its rank
+// 0 is the first stage. It is nullptr on ranks of the middle stages, which hold no
+// word embedding.
+struct ProcessGroups {
+  Topology topo{1, 1, 1};
+  int64_t rank = 0;  // global rank
+  Coord coord{};
+  std::shared_ptr<Communicator> world, tp, pp, dp, embedding, mp;
+
+  bool is_first_stage() const { return coord.pp == 0; }
+  bool is_last_stage() const { return coord.pp == topo.pp() - 1; }
+};
+
+struct LaunchInfo {
+  int64_t world_size = 1;
+  int64_t rank = 0;
+  int64_t local_rank = 0;
+  std::string launcher = "single";  // "single", "mpirun", "srun"
+};
+
+// Reads the launcher's environment, first match wins:
+//   OMPI_COMM_WORLD_SIZE/_RANK/_LOCAL_RANK   -> "mpirun" (Open MPI mpirun/prterun)
+//   PMI_SIZE/PMI_RANK (+MPI_LOCALRANKID)     -> "mpirun" (MPICH hydra)
+//   SLURM_PROCID with SLURM_STEP_ID or SLURM_STEP_NUM_TASKS (a task of an srun step;
+//     an sbatch script itself has no step) -> "srun": size SLURM_STEP_NUM_TASKS or
+//     SLURM_NTASKS, rank SLURM_PROCID, local rank SLURM_LOCALID
+//   PMIX_RANK with PMIX_SIZE                 -> "mpirun"
+//   otherwise                                -> "single" (1, 0, 0)
+// InputError naming the variable when a value is not a number or is out of range.
+LaunchInfo detect_launch();
+// Same, from an explicit lookup (tests). `getenv(name)` returns nullptr when unset.
+LaunchInfo detect_launch(const char* (*getenv)(const char*));
+
+// "single" -> LocalCommunicator. Otherwise MPI_Init_thread(FUNNELED) + MPI_ERRORS_RETURN
+// on MPI_COMM_WORLD, and RuntimeError if MPI's size/rank disagree with `info`.
+// InputError when world_size > 1 and this build has no MPI.
+std::shared_ptr<Communicator> init_world(const LaunchInfo& info);
+// Splits `world` into this rank's groups (collective over world: every rank calls it).
+// InputError when topo.world() != world->size().
+ProcessGroups make_groups(std::shared_ptr<Communicator> world, const Topology& topo);
+// MPI_Finalize when MPI was initialised here and is not finalised yet; else nothing.
+void finalize_world();
+// Ends the whole job with `code`: MPI_Abort(MPI_COMM_WORLD) when MPI is up, else exit.
+[[noreturn]] void abort_world(int code);
+// True when MPI support was compiled in.
+bool have_mpi();
+
+}  // namespace mtnlg::parallel

@@ -1,0 +1,105 @@
+// Topology: every factorisation of world sizes 1..64 — coordinates round-trip, each
+// group kind partitions the world, groups are ordered by their varying coordinate,
+// tp groups are runs of consecutive ranks.
+#include <catch2/catch.hpp>
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "core/error.hpp"
+#include "parallel/topology.hpp"
+
+using namespace mtnlg;
+using namespace mtnlg::parallel;
+using Catch::Matchers::Contains;
+
+namespace {
+using GroupFn = std::vector<int64_t> (Topology::*)(int64_t) const;
+
+// Every rank is in exactly one group of this kind, and a rank's group is the same
+// list seen from each of its members.
+void check_partition(const Topology& t, GroupFn fn, int64_t expected_size) {
+  std::vector<int> seen(t.world(), 0);
+  std::set<std::vector<int64_t>> groups;
+  for (int64_t r = 0; r < t.world(); ++r) {
+    auto g = (t.*fn)(r);
+    REQUIRE(static_cast<int64_t>(g.size()) == expected_size);
+    REQUIRE(std::find(g.begin(), g.end(), r) != g.end());
+    REQUIRE(std::is_sorted(g.begin(), g.end()));
+    for (int64_t m : g) REQUIRE((t.*fn)(m) == g);
+    groups.insert(g);
+  }
+  for (auto& g : groups)
+    for (int64_t m : g) ++seen[m];
+  for (int64_t r = 0; r < t.world(); ++r) REQUIRE(seen[r] == 1);
+  REQUIRE(static_cast<int64_t>(groups.size()) == t.world() / expected_size);
+}
+}  // namespace
+
+TEST_CASE("topology: every factorisation of 1..64", "[parallel][topology]") {
+  int64_t layouts = 0;
+  for (int64_t world = 1; world <= 64; ++world) {
+    for (int64_t tp = 1; tp <= world; ++tp) {
+      if (world % tp) continue;
+      for (int64_t pp = 1; pp * tp <= world; ++pp) {
+        if (world % (tp * pp)) continue;
+        ++layouts;
+        Topology t = Topology::from_world(world, tp, pp);
+        INFO(t.to_string());
+        REQUIRE(t.world() == world);
+        REQUIRE(t.dp() == world / (tp * pp));
+        for (int64_t r = 0; r < world; ++r) {
+          Coord c = t.coord(r);
+          REQUIRE(t.rank(c) == r);
+          REQUIRE(r == c.tp + tp * (c.dp + t.dp() * c.pp));  // Megatron's tp-dp-pp order
+          auto tg = t.tp_group(r), pg = t.pp_group(r), dg = t.dp_group(r), mg = t.mp_group(r);
+          // Group index == the coordinate that varies in the group.
+          REQUIRE(tg[c.tp] == r);
+          REQUIRE(pg[c.pp] == r);
+          REQUIRE(dg[c.dp] == r);
+          for (int64_t i = 0; i < tp; ++i) REQUIRE(t.coord(tg[i]) == Coord{i, c.pp, c.dp});
+          for (int64_t i = 0; i < pp; ++i) REQUIRE(t.coord(pg[i]) == Coord{c.tp, i, c.dp});
+          for (int64_t i = 0; i < t.dp(); ++i) REQUIRE(t.coord(dg[i]) == Coord{c.tp, c.pp, i});
+          // tp groups are contiguous ranks (share a node).
+          for (int64_t i = 1; i < tp; ++i) REQUIRE(tg[i] == tg[0] + i);
+          REQUIRE(tg[0] % tp == 0);
+          for (int64_t m : mg) REQUIRE(t.coord(m).dp == c.dp);
+          auto eg = t.embedding_group(r);
+          if (pp == 1) {
+            REQUIRE(eg == std::vector<int64_t>{r});
+          } else {
+            REQUIRE(eg == std::vector<int64_t>{pg.front(), pg.back()});
+          }
+        }
+        check_partition(t, &Topology::tp_group, tp);
+        check_partition(t, &Topology::pp_group, pp);
+        check_partition(t, &Topology::dp_group, t.dp());
+        check_partition(t, &Topology::mp_group, tp * pp);
+      }
+    }
+  }
+  CHECK(layouts > 300);
+}
+
+TEST_CASE("topology: worked example tp=2 pp=2 dp=2", "[parallel][topology]") {
+  Topology t(2, 2, 2);
+  using V = std::vector<int64_t>;
+  CHECK(t.tp_group(3) == V{2, 3});
+  CHECK(t.dp_group(1) == V{1, 3});
+  CHECK(t.pp_group(2) == V{2, 6});
+  CHECK(t.mp_group(6) == V{2, 3, 6, 7});
+  CHECK(t.embedding_group(5) == V{1, 5});
+  CHECK(t.coord(6) == Coord{0, 1, 1});
+}
+
+TEST_CASE("topology: bad sizes", "[parallel][topology]") {
+  CHECK_THROWS_AS(Topology(0, 1, 1), InputError);
+  CHECK_THROWS_AS(Topology(1, -1, 1), InputError);
+  CHECK_THROWS_AS(Topology(1, 1, 0), InputError);
+  CHECK_THROWS_WITH(Topology::from_world(12, 8, 1), Contains("not divisible"));
+  CHECK_THROWS_AS(Topology::from_world(0, 1, 1), InputError);
+  Topology t(2, 1, 2);
+  CHECK_THROWS_AS(t.coord(4), RuntimeError);
+  CHECK_THROWS_AS(t.coord(-1), RuntimeError);
+  CHECK_THROWS_AS(t.rank(Coord{2, 0, 0}), RuntimeError);
+}
