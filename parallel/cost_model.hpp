@@ -1,0 +1,202 @@
+// Cost model behind `mtnlg plan`: per-stage memory, time per iteration and per run,
+// communication bytes per group kind, a layout search and a pipeline-timeline
+// simulation. Pure functions of the recipe, the layout and a GPU description; no
+// device is touched. docs/PLANNER.md gives every formula and where each constant
+// comes from (shared/specs/planner.md collects the published ones).
+//
+// Conventions: times in seconds, sizes in bytes (GiB only in printed output), FLOPs as
+// doubles. "Per GPU" always means one rank of the (tp, pp, dp) grid.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/recipe.hpp"
+
+namespace mtnlg::cost {
+
+// ---- hardware --------------------------------------------------------------------------
+
+struct GpuSpec {
+  std::string name;         // a100-80g | h100-80g | h200-141g
+  std::string description;  // one line for humans
+  double peak_flops = 0;    // dense bf16/fp16 tensor-core FLOP/s
+  double gemm_eff_max = 0;  // best achievable fraction of peak for a large GEMM
+  int64_t sm_count = 0;     // streaming multiprocessors (wave quantization)
+  double memory_bytes = 0;  // usable HBM per GPU
+  double hbm_bw = 0;        // achievable HBM bytes/s for streaming element-wise kernels
+  double nvlink_bus_bw = 0; // achievable ring bus bandwidth inside a node (bytes/s)
+  double ib_bw = 0;         // achievable inter-node bytes/s per GPU (one HCA per GPU)
+  double nvlink_alpha = 0;  // per ring step latency inside a node (s)
+  double ib_alpha = 0;      // per ring step latency across nodes (s)
+  double kernel_overhead = 0;  // launch + tail cost per kernel (s)
+};
+
+// Throws InputError listing the valid names when `name` is unknown. Accepts the short
+// aliases a100, h100, h200.
+const GpuSpec& gpu_spec(const std::string& name);
+std::vector<std::string> gpu_names();
+
+// ---- layout ---------------------------------------------------------------------------
+
+struct Layout {
+  int64_t tp = 1, pp = 1, dp = 1;
+  int64_t vp = 1;          // virtual stages (model chunks) per pipeline rank; 1 = plain 1F1B
+  int64_t micro_batch = 1;
+  RecomputeGranularity recompute = RecomputeGranularity::none;
+  bool sequence_parallel = false;
+  bool distributed_optimizer = false;  // ZeRO-1: optimizer state and master weights sharded over dp
+  std::vector<int64_t> stage_layers;   // layers per pipeline stage (size pp)
+
+  int64_t gpus() const { return tp * pp * dp; }
+  std::string describe() const;  // "tp8 pp35 dp8 vp1 mb1 full sp0 zero0"
+};
+
+// The layout the recipe describes on `gpus` GPUs. Throws InputError (one line naming
+// the field) when it cannot exist: gpus % (tp*pp), heads % tp, layers vs stages,
+// batch % (micro*dp), interleaving rules.
+Layout layout_from_recipe(const Recipe& r, int64_t gpus);
+
+// Same checks for an arbitrary layout against the recipe's model and batch; returns ""
+// when valid, else a short reason (used to count rejections in the search).
+std::string layout_problem(const Recipe& r, const Layout& l);
+
+// "" when every batch of the ramp splits into whole microbatches of micro x dp, else
+// why not. `mtnlg train` rejects such a layout; `plan` only warns (published runs such
+// as MT-NLG on 350 and 420 nodes changed dp after the ramp) and the search skips it.
+std::string ramp_problem(const Recipe& r, const Layout& l);
+
+struct Cluster {
+  GpuSpec gpu;
+  int64_t gpus_per_node = 8;
+};
+
+// ---- communication bytes --------------------------------------------------------------
+
+// Bytes SENT per rank per iteration (one global batch of `global_batch` sequences),
+// per group kind, with the ring model: an all-reduce of S bytes over n ranks sends
+// 2(n-1)/n*S, a reduce-scatter or all-gather (n-1)/n*S, a point-to-point S.
+// Element size: 2 for bf16/fp16, 4 for fp32 (CPU runs are fp32).
+//  tp: per layer per microbatch 4 all-reduces of b*s*h elements (2 forward, 2
+//      backward; sequence parallel: the same bytes as all-gather + reduce-scatter
+//      pairs), plus 2 more when full recompute re-runs the forward. The vocab-parallel
+//      embedding all-reduce (first stage) and the three small cross-entropy
+//      all-reduces (last stage) are counted on those stages; the figure is the
+//      maximum over stages (the busiest rank).
+//  pp: b*s*h elements per microbatch per model chunk crossing, each way: a middle
+//      stage sends one activation forward and one gradient backward per microbatch
+//      per chunk (v chunks when interleaved); first/last stages send only one way, so
+//      the figure is the maximum over stages.
+//  dp: one all-reduce of the stage's gradients (fp32 when training in bf16/fp16, as
+//      Megatron accumulates and reduces in fp32) over dp ranks; with the distributed
+//      optimizer a reduce-scatter of those gradients plus an all-gather of the
+//      16-bit parameters. Maximum over stages (first/last carry embeddings).
+struct CommBytes {
+  double tp = 0, pp = 0, dp = 0;
+};
+CommBytes comm_bytes_per_iteration(const Recipe& r, const Layout& l, int64_t global_batch);
+
+// ---- memory ---------------------------------------------------------------------------
+
+struct StageMemory {
+  int64_t stage = 0;
+  int64_t layers = 0;
+  double params = 0;  // parameters held by one GPU of this stage
+  double weights = 0, gradients = 0, optimizer = 0;
+  double activations = 0;  // transformer layers' saved activations (in-flight microbatches)
+  double embedding = 0;    // first stage: embedding output / dropout mask
+  double logits = 0;       // last stage: fp32 logits for the cross-entropy
+  double comm_buffers = 0; // p2p send/recv buffers + collective scratch
+  double workspace = 0;    // CUDA context, cuBLAS workspace, allocator slack
+  double total = 0;
+};
+
+// ---- time -----------------------------------------------------------------------------
+
+struct StageTime {
+  double forward = 0;   // one microbatch through all this stage's chunks, forward
+  double backward = 0;  // backward incl. recompute
+  double tp_comm = 0;   // exposed tensor-parallel communication inside the above
+  double p2p = 0;       // exposed point-to-point per microbatch (both directions)
+};
+
+struct Estimate {
+  Layout layout;
+  std::vector<StageMemory> stages;
+  std::vector<StageTime> stage_times;
+  double peak_memory = 0;  // bytes, the most loaded GPU
+  bool fits = false;
+  int64_t microbatches = 0;
+  double iteration_time = 0;  // at the full global batch
+  double pipeline_time = 0, dp_time = 0, optimizer_time = 0;
+  double bubble_fraction = 0;  // idle share of the pipeline phase
+  double tokens_per_s = 0;
+  double tflops_per_gpu = 0;        // hardware FLOPs (Megatron convention; 96-form under full recompute)
+  double model_tflops_per_gpu = 0;  // 72-form (no recompute)
+  double mfu = 0;                   // model FLOPs / peak
+  double hfu = 0;
+  CommBytes comm;
+  // The whole run (ramp included).
+  int64_t run_iterations = 0;
+  double run_tokens = 0;
+  double run_seconds = 0;
+  double run_tokens_per_s = 0;  // run average
+  double run_gpu_hours = 0;
+};
+
+// FLOPs per iteration for `global_batch` sequences (planner.md).
+double model_flops(const ModelConfig& m, int64_t vocab, int64_t global_batch);  // 72-form
+double hardware_flops(const ModelConfig& m, int64_t vocab, int64_t global_batch, RecomputeGranularity rc);
+// Parameter count (Narayanan eq. 2 with the padded vocabulary).
+double parameter_count(const ModelConfig& m, int64_t vocab);
+
+// Options that only the search or tests change.
+struct EstimateOptions {
+  bool with_run = true;  // also simulate the batch ramp for the whole run
+};
+
+Estimate estimate(const Recipe& r, const Layout& l, const Cluster& c, const EstimateOptions& o = {});
+// Only the iteration time at global batch `batch` (ramp steps).
+double iteration_time(const Recipe& r, const Layout& l, const Cluster& c, int64_t batch);
+
+// ---- search ---------------------------------------------------------------------------
+
+struct SearchResult {
+  std::vector<Estimate> best;                // feasible layouts, fastest first (up to `keep`)
+  int64_t considered = 0, feasible = 0;
+  std::map<std::string, int64_t> rejected;   // reason -> count
+};
+// Enumerates tp, pp (uneven layer splits allowed), dp, virtual stages, micro batch,
+// recompute, sequence parallel and distributed optimizer for exactly `gpus` GPUs.
+SearchResult search(const Recipe& r, int64_t gpus, const Cluster& c, size_t keep = 10);
+
+// ---- pipeline timeline ----------------------------------------------------------------
+
+struct TimelineOp {
+  int64_t stage = 0, microbatch = 0, chunk = 0;
+  bool forward = true;
+  double start = 0, end = 0;
+};
+// Simulates 1F1B (vp == 1) or Megatron's interleaved 1F1B (vp > 1, needs m % pp == 0)
+// with the given per-stage times for one microbatch through one chunk, and a
+// point-to-point delay between dependent ops on neighbouring stages. Ops run in
+// each stage's schedule order as soon as their input has arrived.
+std::vector<TimelineOp> simulate_pipeline(int64_t pp, int64_t microbatches, int64_t vp,
+                                          const std::vector<double>& fwd_per_chunk,
+                                          const std::vector<double>& bwd_per_chunk, double p2p);
+double makespan(const std::vector<TimelineOp>& ops);
+
+// An SVG drawing of the timeline: one row per stage, forward and backward boxes,
+// idle time visible as gaps, a legend and a title line.
+std::string timeline_svg(const std::vector<TimelineOp>& ops, int64_t pp, const std::string& title);
+
+}  // namespace mtnlg::cost
+
+// The trainer reports TFLOP/s and compares its byte counters through these names.
+namespace mtnlg::parallel {
+using cost::comm_bytes_per_iteration;
+using cost::CommBytes;
+using cost::hardware_flops;
+using cost::model_flops;
+}  // namespace mtnlg::parallel
