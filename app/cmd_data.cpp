@@ -1,10 +1,163 @@
+// `mtnlg data preprocess|inspect` (the curation subcommands live in cmd_data_curation.cpp).
+//   preprocess: JSONL(.gz|.zst) -> Megatron .bin/.idx per json key (data/preprocess.hpp)
+//   inspect PREFIX...: documents, sequences and tokens per prefix
+//   inspect --recipe R.yaml: the MT-NLG-style blend table of a run (tokens, weight, epochs
+//   implied by the run's token budget)
+#include <cstdio>
+
 #include "app/commands.hpp"
+#include "core/error.hpp"
+#include "core/progress.hpp"
+#include "core/recipe.hpp"
+#include "data/blended_dataset.hpp"
+#include "data/indexed_dataset.hpp"
+#include "data/preprocess.hpp"
+#include "data/sample_source.hpp"
 
 namespace mtnlg::app {
+
+namespace {
+
+struct InspectArgs {
+  std::vector<std::string> prefixes;
+  std::string recipe;
+  std::vector<std::string> sets;
+  bool build_index = false;
+};
+
+// Samples the trainer asks the train split for (upper bound under a batch ramp).
+int64_t train_samples(const Recipe& r) {
+  if (r.training.train_samples > 0) return r.training.train_samples;
+  if (r.training.train_tokens > 0) return (r.training.train_tokens + r.model.seq_length - 1) / r.model.seq_length;
+  return r.training.train_iters * r.training.global_batch_size;
+}
+
+// Training tokens the recipe asks for (the ramp is ignored for iteration-based runs:
+// the table is an estimate of data reuse, not a schedule).
+int64_t token_budget(const Recipe& r) {
+  if (r.training.train_tokens > 0) return r.training.train_tokens;
+  if (r.training.train_samples > 0) return r.training.train_samples * r.model.seq_length;
+  return r.training.train_iters * r.training.global_batch_size * r.model.seq_length;
+}
+
+void inspect_recipe(const InspectArgs& a) {
+  Recipe r = load_recipe(a.recipe, a.sets);
+  if (r.data.mock) {
+    std::printf("%s: data.mock is true (random tokens, no blend)\n", a.recipe.c_str());
+    return;
+  }
+  std::vector<double> raw;
+  for (const auto& s : r.data.blend) raw.push_back(s.weight);
+  const auto w = data::normalize_weights(raw);
+  const int64_t budget = token_budget(r);
+  std::printf("recipe %s: split \"%s\", seq_length %lld, token budget %s\n", a.recipe.c_str(), r.data.split.c_str(),
+              static_cast<long long>(r.model.seq_length), human_count(static_cast<double>(budget)).c_str());
+  std::printf("%-48s %12s %12s %9s %9s\n", "source", "documents", "tokens", "weight", "epochs");
+  int64_t total_docs = 0, total_tokens = 0;
+  for (size_t i = 0; i < r.data.blend.size(); ++i) {
+    const auto& src = r.data.blend[i];
+    if (!data::indexed_dataset_exists(src.prefix))
+      throw_input("{}: data.blend[{}].prefix '{}' not found (needs {} and {})", a.recipe, i, src.prefix,
+                  data::idx_path(src.prefix), data::bin_path(src.prefix));
+    data::IndexedDataset ds(src.prefix);
+    const double epochs = ds.num_tokens() > 0 ? w[i] * static_cast<double>(budget) / static_cast<double>(ds.num_tokens()) : 0.0;
+    std::printf("%-48s %12s %12s %8.2f%% %9.2f\n", src.prefix.c_str(),
+                human_count(static_cast<double>(ds.num_documents())).c_str(),
+                human_count(static_cast<double>(ds.num_tokens())).c_str(), 100.0 * w[i], epochs);
+    total_docs += ds.num_documents();
+    total_tokens += ds.num_tokens();
+  }
+  std::printf("%-48s %12s %12s %8.2f%% %9s\n", "total", human_count(static_cast<double>(total_docs)).c_str(),
+              human_count(static_cast<double>(total_tokens)).c_str(), 100.0, "");
+  if (a.build_index) {
+    // Build (and cache) the train split's indices exactly as training will, so that a
+    // split leaving a part empty or a source shorter than one sample shows up now.
+    std::string cache = r.data.cache_dir;
+    if (cache.empty()) cache = (r.logging.dir.empty() ? "runs/" + r.name : r.logging.dir) + "/index-cache";
+    const int64_t n = train_samples(r);
+    auto src = data::make_blend_source(r, 0, n, cache);
+    std::vector<int64_t> per(src->source_names().size(), 0);
+    for (int64_t i = 0; i < src->size(); ++i) ++per[static_cast<size_t>(src->source_of(i))];
+    std::printf("train split: %lld samples of %lld tokens, index cache %s\n", static_cast<long long>(n),
+                static_cast<long long>(r.model.seq_length + 1), cache.c_str());
+    for (size_t i = 0; i < per.size(); ++i)
+      std::printf("  %-46s %12lld samples\n", src->source_names()[i].c_str(), static_cast<long long>(per[i]));
+  }
+}
+
+void inspect_prefixes(const InspectArgs& a) {
+  std::printf("%-48s %12s %12s %14s %8s %12s\n", "prefix", "documents", "sequences", "tokens", "dtype", "tokens/doc");
+  for (const auto& p : a.prefixes) {
+    data::IndexedDataset ds(p);
+    const double per_doc = ds.num_documents() > 0 ? static_cast<double>(ds.num_tokens()) / static_cast<double>(ds.num_documents()) : 0.0;
+    std::printf("%-48s %12lld %12lld %14lld %8s %12.1f\n", p.c_str(), static_cast<long long>(ds.num_documents()),
+                static_cast<long long>(ds.num_sequences()), static_cast<long long>(ds.num_tokens()),
+                data::dtype_name(ds.dtype()), per_doc);
+  }
+}
+
+}  // namespace
 
 void register_data(CLI::App& app) {
   auto* data = app.add_subcommand("data", "Prepare and curate training data");
   data->require_subcommand(1);
+
+  // --- preprocess ---------------------------------------------------------------------
+  auto* pre = data->add_subcommand(
+      "preprocess", "Tokenize JSONL (.jsonl, .jsonl.gz, .jsonl.zst) into Megatron .bin/.idx files, one pair per json key");
+  static data::PreprocessOptions popt;
+  pre->add_option("--input", popt.input, "Input JSONL file, plain, gzip or zstd (detected from its bytes)")->required();
+  pre->add_option("--output-prefix", popt.output_prefix,
+                  "Output prefix P: writes P_<key>_document.bin/.idx for each json key")
+      ->required();
+  pre->add_option("--vocab-file", popt.vocab_file, "GPT-2 vocab.json (encoder.json); scripts/fetch-gpt2-vocab.sh gets it")
+      ->required();
+  pre->add_option("--merge-file", popt.merge_file, "GPT-2 merges.txt (vocab.bpe)")->required();
+  pre->add_option("--json-keys", popt.json_keys, "JSON fields to tokenize, each into its own output pair")
+      ->expected(1, -1)
+      ->capture_default_str();
+  pre->add_flag("--append-eod", popt.append_eod, "Append <|endoftext|> (50256) to each non-empty document");
+  pre->add_option("--workers", popt.workers, "Tokenizer threads; the output is identical for any count")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  pre->add_flag("--skip-bad-lines", popt.skip_bad_lines,
+                "Skip lines that are not JSON objects with the keys (counted and reported) instead of failing");
+  pre->add_flag("--allow-special-tokens", popt.allow_special_tokens,
+                "Map the text <|endoftext|> to token 50256 (default: tokenize it as text, like Megatron)");
+  static bool no_progress = false;
+  pre->add_flag("--no-progress", no_progress, "Do not draw the progress bar");
+  pre->callback([] {
+    popt.progress = !no_progress;
+    const auto res = data::preprocess_jsonl(popt);
+    for (size_t k = 0; k < res.prefixes.size(); ++k)
+      std::printf("wrote %s.{bin,idx}: %lld documents, %lld tokens\n", res.prefixes[k].c_str(),
+                  static_cast<long long>(res.documents), static_cast<long long>(res.tokens[k]));
+    if (res.bad_lines > 0)
+      std::printf("skipped %lld bad lines (first: %s)\n", static_cast<long long>(res.bad_lines), res.first_bad.c_str());
+    int64_t toks = 0;
+    for (auto t : res.tokens) toks += t;
+    // Rates over the tokenizing phase; loading the vocab and flushing to disk are apart.
+    const double work = std::max(res.seconds - res.load_seconds - res.flush_seconds, 1e-9);
+    std::printf("%.2fs total (%.2fs loading the vocab, %.2fs tokenizing, %.2fs flushing): %.0f docs/s, %.0f tokens/s\n",
+                res.seconds, res.load_seconds, work, res.flush_seconds, res.documents / work, toks / work);
+  });
+
+  // --- inspect ------------------------------------------------------------------------
+  auto* ins = data->add_subcommand("inspect", "Documents and tokens per data prefix, or a recipe's blend table");
+  static InspectArgs iargs;
+  ins->add_option("prefixes", iargs.prefixes, "Data prefixes (PREFIX.bin + PREFIX.idx)");
+  ins->add_option("--recipe", iargs.recipe,
+                  "Recipe YAML: print per source tokens, weight and the epochs implied by the run's token budget");
+  ins->add_option("--set", iargs.sets, "Override a recipe key: section.key=value; repeatable");
+  ins->add_flag("--build-index", iargs.build_index,
+                "With --recipe: build and cache the train split's sample indices as training would");
+  ins->callback([] {
+    if (iargs.recipe.empty() && iargs.prefixes.empty())
+      throw_input("data inspect: give data prefixes or --recipe RECIPE.yaml");
+    if (!iargs.prefixes.empty()) inspect_prefixes(iargs);
+    if (!iargs.recipe.empty()) inspect_recipe(iargs);
+  });
+
   register_data_curation(*data);
 }
 

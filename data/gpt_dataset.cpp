@@ -1,0 +1,310 @@
+// GPT sample indices (see gpt_dataset.hpp).
+#include "data/gpt_dataset.hpp"
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <numeric>
+
+#include "core/error.hpp"
+#include "core/log.hpp"
+
+namespace mtnlg::data {
+
+uint64_t NumpyRandomState::random_interval(uint64_t max) {
+  if (max == 0) return 0;
+  uint64_t mask = max;
+  mask |= mask >> 1;
+  mask |= mask >> 2;
+  mask |= mask >> 4;
+  mask |= mask >> 8;
+  mask |= mask >> 16;
+  mask |= mask >> 32;
+  uint64_t value;
+  if (max <= 0xffffffffull) {
+    while ((value = (static_cast<uint64_t>(mt_()) & mask)) > max) {
+    }
+  } else {
+    // numpy's next_uint64 for MT19937: two draws, the first is the high word.
+    while (true) {
+      const uint64_t hi = mt_(), lo = mt_();
+      value = ((hi << 32) | lo) & mask;
+      if (value <= max) break;
+    }
+  }
+  return value;
+}
+
+uint64_t fnv1a64(std::string_view s) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+std::vector<double> parse_split(const std::string& split) {
+  std::vector<double> v;
+  size_t pos = 0;
+  while (pos <= split.size()) {
+    size_t e = split.find_first_of(",/", pos);
+    if (e == std::string::npos) e = split.size();
+    std::string part = split.substr(pos, e - pos);
+    part.erase(0, part.find_first_not_of(" \t"));
+    part.erase(part.find_last_not_of(" \t") + 1);
+    char* end = nullptr;
+    const double x = part.empty() ? -1 : std::strtod(part.c_str(), &end);
+    if (part.empty() || end != part.c_str() + part.size() || !(x >= 0) || !std::isfinite(x))
+      throw_input("data.split: '{}' is not valid (expected up to 3 non-negative numbers like \"969,30,1\")", split);
+    v.push_back(x);
+    pos = e + 1;
+  }
+  if (v.size() > 3) throw_input("data.split: '{}' has {} parts (at most 3: train, valid, test)", split, v.size());
+  while (v.size() < 3) v.push_back(0.0);
+  const double sum = v[0] + v[1] + v[2];
+  if (!(sum > 0)) throw_input("data.split: '{}' sums to 0", split);
+  for (auto& x : v) x /= sum;
+  return v;
+}
+
+std::vector<int64_t> split_bounds(const std::string& split, int64_t n) {
+  const auto f = parse_split(split);
+  std::vector<int64_t> b{0};
+  // std::nearbyint in the default rounding mode rounds half to even, like Python's round.
+  for (double x : f) b.push_back(b.back() + static_cast<int64_t>(std::nearbyint(x * static_cast<double>(n))));
+  const int64_t diff = b.back() - n;
+  for (size_t i = 1; i < b.size(); ++i) b[i] -= diff;
+  return b;
+}
+
+namespace {
+
+// Megatron's _build_document_index for one run of epochs: ids tiled `epochs` times, shuffled.
+void tile_and_shuffle(std::vector<int32_t>& out, int64_t begin, int64_t end, int64_t epochs, NumpyRandomState& rng) {
+  const size_t start = out.size();
+  for (int64_t e = 0; e < epochs; ++e)
+    for (int64_t d = begin; d < end; ++d) out.push_back(static_cast<int32_t>(d));
+  rng.shuffle(std::span<int32_t>(out.data() + start, out.size() - start));
+}
+
+}  // namespace
+
+GptIndices build_gpt_indices(std::span<const int32_t> sizes, int64_t doc_begin, int64_t doc_end, int64_t seq_length,
+                             int64_t num_samples, uint32_t seed, const std::string& what) {
+  MTNLG_CHECK(seq_length > 0 && num_samples >= 0 && doc_begin >= 0 && doc_end <= static_cast<int64_t>(sizes.size()),
+              "bad index build arguments");
+  constexpr int64_t kExtra = 1;  // add_extra_token_to_sequence: labels need S+1 tokens
+  GptIndices r;
+  if (doc_end <= doc_begin) throw_input("{}: the split leaves this part empty (0 documents)", what);
+  int64_t T = 0;
+  for (int64_t d = doc_begin; d < doc_end; ++d) T += sizes[static_cast<size_t>(d)];
+  r.tokens_per_epoch = T;
+  if (T < seq_length + kExtra)
+    throw_input("{}: {} tokens, fewer than one sample of seq_length+1 = {} tokens (use a larger dataset or a "
+                "shorter seq_length)",
+                what, T, seq_length + kExtra);
+
+  // 1. Epochs: the smallest E with E*T >= n*S + 1.
+  int64_t E = 1;
+  const int64_t need = num_samples * seq_length + kExtra;
+  while (E * T < need) ++E;
+  r.num_epochs = E;
+
+  // 2. Is the final epoch kept apart?
+  bool separate = false;
+  if (E > 1) {
+    const int64_t sans_final = ((E - 1) * T - kExtra) / seq_length;
+    const int64_t from_final = num_samples - sans_final;
+    const int64_t per_epoch = (T - kExtra) / seq_length;
+    MTNLG_CHECK(from_final >= 0 && from_final <= per_epoch + 1, "final epoch samples {}", from_final);
+    separate = from_final < static_cast<int64_t>(0.80 * static_cast<double>(per_epoch));
+  }
+  r.separate_final_epoch = separate;
+
+  // 3. doc_idx (shuffled before shuffle_idx, from the same RNG).
+  NumpyRandomState rng(seed);
+  r.doc_idx.reserve(static_cast<size_t>(E * (doc_end - doc_begin)));
+  if (!separate) {
+    tile_and_shuffle(r.doc_idx, doc_begin, doc_end, E, rng);
+  } else {
+    tile_and_shuffle(r.doc_idx, doc_begin, doc_end, E - 1, rng);
+    tile_and_shuffle(r.doc_idx, doc_begin, doc_end, 1, rng);
+  }
+
+  // 4. sample_idx: walk the documents taking S+1 tokens per sample, overlapping by one.
+  const int64_t total = (E * T - kExtra) / seq_length;
+  r.sample_idx.resize(static_cast<size_t>(2 * (total + 1)));
+  int64_t si = 0, doc_pos = 0, offset = 0;
+  r.sample_idx[0] = 0;
+  r.sample_idx[1] = 0;
+  ++si;
+  const int64_t ndoc = static_cast<int64_t>(r.doc_idx.size());
+  while (si <= total) {
+    int64_t remaining = seq_length + kExtra;
+    while (remaining != 0) {
+      const int64_t doc_len = sizes[static_cast<size_t>(r.doc_idx[static_cast<size_t>(doc_pos)])] - offset;
+      remaining -= doc_len;
+      if (remaining <= 0) {
+        offset += remaining + doc_len - kExtra;
+        remaining = 0;
+      } else {
+        if (doc_pos == ndoc - 1) {
+          MTNLG_CHECK(si == total, "ran out of documents at sample {} of {}", si, total);
+          offset = sizes[static_cast<size_t>(r.doc_idx[static_cast<size_t>(doc_pos)])] - kExtra;
+          break;
+        }
+        ++doc_pos;
+        offset = 0;
+      }
+    }
+    r.sample_idx[static_cast<size_t>(2 * si)] = doc_pos;
+    r.sample_idx[static_cast<size_t>(2 * si + 1)] = offset;
+    ++si;
+  }
+
+  // 5. shuffle_idx.
+  const int64_t first = separate ? ((E - 1) * T - kExtra) / seq_length : total;
+  r.shuffle_idx.resize(static_cast<size_t>(total));
+  std::iota(r.shuffle_idx.begin(), r.shuffle_idx.end(), int64_t{0});
+  // Megatron's dtype is uint32 below 2^32-2 samples; the permutation is the same either way.
+  rng.shuffle(std::span<int64_t>(r.shuffle_idx.data(), static_cast<size_t>(first)));
+  if (first < total) rng.shuffle(std::span<int64_t>(r.shuffle_idx.data() + first, static_cast<size_t>(total - first)));
+  return r;
+}
+
+// ----- cache ------------------------------------------------------------------------------
+namespace {
+
+constexpr char kCacheMagic[8] = {'M', 'T', 'G', 'P', 'T', 'I', 'X', '1'};
+
+template <typename T>
+bool read_vec(std::FILE* f, std::vector<T>& v) {
+  uint64_t n = 0;
+  if (std::fread(&n, 8, 1, f) != 1 || n > (uint64_t{1} << 40)) return false;
+  v.resize(static_cast<size_t>(n));
+  return n == 0 || std::fread(v.data(), sizeof(T), static_cast<size_t>(n), f) == n;
+}
+
+template <typename T>
+bool write_vec(std::FILE* f, const std::vector<T>& v) {
+  const uint64_t n = v.size();
+  return std::fwrite(&n, 8, 1, f) == 1 && (n == 0 || std::fwrite(v.data(), sizeof(T), v.size(), f) == v.size());
+}
+
+bool load_cache(const std::string& path, const std::string& key, GptIndices& r) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) return false;
+  char magic[8];
+  std::string stored;
+  uint64_t klen = 0;
+  int64_t meta[3];
+  bool ok = std::fread(magic, 1, 8, f) == 8 && std::memcmp(magic, kCacheMagic, 8) == 0 &&
+            std::fread(&klen, 8, 1, f) == 1 && klen < (1u << 20);
+  if (ok) {
+    stored.resize(static_cast<size_t>(klen));
+    ok = std::fread(stored.data(), 1, stored.size(), f) == stored.size() && stored == key &&
+         std::fread(meta, 8, 3, f) == 3 && read_vec(f, r.doc_idx) && read_vec(f, r.sample_idx) &&
+         read_vec(f, r.shuffle_idx);
+  }
+  std::fclose(f);
+  // Shape checks: a damaged file is rebuilt rather than trusted.
+  ok = ok && r.sample_idx.size() >= 2 && r.sample_idx.size() % 2 == 0 &&
+       r.shuffle_idx.size() == r.sample_idx.size() / 2 - 1;
+  if (ok) {
+    r.num_epochs = meta[0];
+    r.tokens_per_epoch = meta[1];
+    r.separate_final_epoch = meta[2] != 0;
+  }
+  return ok;
+}
+
+void save_cache(const std::string& path, const std::string& key, const GptIndices& r) {
+  const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
+  std::FILE* f = std::fopen(tmp.c_str(), "wb");
+  if (!f) {
+    log::warn("index cache: cannot write {} ({}); continuing without a cache", tmp, std::strerror(errno));
+    return;
+  }
+  const uint64_t klen = key.size();
+  const int64_t meta[3] = {r.num_epochs, r.tokens_per_epoch, r.separate_final_epoch ? 1 : 0};
+  bool ok = std::fwrite(kCacheMagic, 1, 8, f) == 8 && std::fwrite(&klen, 8, 1, f) == 1 &&
+            std::fwrite(key.data(), 1, key.size(), f) == key.size() && std::fwrite(meta, 8, 3, f) == 3 &&
+            write_vec(f, r.doc_idx) && write_vec(f, r.sample_idx) && write_vec(f, r.shuffle_idx);
+  ok = std::fflush(f) == 0 && ok;
+  ok = ::fsync(::fileno(f)) == 0 && ok;
+  ok = std::fclose(f) == 0 && ok;
+  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    log::warn("index cache: writing {} failed; continuing without a cache", path);
+  }
+}
+
+}  // namespace
+
+GptDataset::GptDataset(std::shared_ptr<const IndexedDataset> ds, const GptDatasetConfig& cfg)
+    : ds_(std::move(ds)), cfg_(cfg) {
+  if (cfg_.seq_length <= 0) throw_input("model.seq_length: {} is not valid (expected > 0)", cfg_.seq_length);
+  MTNLG_CHECK(cfg_.split_index >= 0 && cfg_.split_index < 3, "split index {}", cfg_.split_index);
+  static const char* kPart[] = {"train", "valid", "test"};
+  const auto bounds = split_bounds(cfg_.split, ds_->num_sequences());
+  const int64_t b = bounds[static_cast<size_t>(cfg_.split_index)], e = bounds[static_cast<size_t>(cfg_.split_index) + 1];
+  const std::string what = fmt::format("data prefix {} ({} part of split \"{}\": sequences [{}, {}) of {})", ds_->prefix(),
+                                       kPart[cfg_.split_index], cfg_.split, b, e, ds_->num_sequences());
+  std::error_code ec;
+  const std::string abs = std::filesystem::absolute(ds_->prefix(), ec).string();
+  const std::string key =
+      fmt::format("gpt-index v1|{}|{}|split={}|part={}|seed={}|seq={}|n={}", abs, ds_->fingerprint(), cfg_.split,
+                  cfg_.split_index, cfg_.seed, cfg_.seq_length, cfg_.num_samples);
+  if (!cfg_.cache_dir.empty()) {
+    cache_file_ = (std::filesystem::path(cfg_.cache_dir) /
+                   fmt::format("{}-{}-{:016x}.gptidx", std::filesystem::path(ds_->prefix()).filename().string(),
+                               kPart[cfg_.split_index], fnv1a64(key)))
+                      .string();
+    from_cache_ = load_cache(cache_file_, key, idx_);
+  }
+  if (!from_cache_) {
+    const auto sizes = ds_->sequence_lengths();
+    idx_ = build_gpt_indices(sizes, b, e, cfg_.seq_length, cfg_.num_samples, cfg_.seed, what);
+    if (!cache_file_.empty()) {
+      std::filesystem::create_directories(cfg_.cache_dir, ec);
+      save_cache(cache_file_, key, idx_);
+    }
+  }
+}
+
+void GptDataset::sample(int64_t i, int32_t* out) const {
+  MTNLG_CHECK(i >= 0 && i < size(), "sample {} of {}", i, size());
+  const int64_t j = idx_.shuffle_idx[static_cast<size_t>(i)];
+  const int64_t doc_f = idx_.sample_idx[static_cast<size_t>(2 * j)], off_f = idx_.sample_idx[static_cast<size_t>(2 * j + 1)];
+  const int64_t doc_l = idx_.sample_idx[static_cast<size_t>(2 * j + 2)],
+                off_l = idx_.sample_idx[static_cast<size_t>(2 * j + 3)];
+  const auto seq = [&](int64_t pos) { return static_cast<int64_t>(idx_.doc_idx[static_cast<size_t>(pos)]); };
+  // Count first, copy second: a wrong index (e.g. a stale cache) must not overrun `out`.
+  int64_t n = 0;
+  if (doc_f == doc_l) {
+    n = off_l - off_f + 1;
+  } else {
+    n = ds_->sequence_length(seq(doc_f)) - off_f + off_l + 1;
+    for (int64_t p = doc_f + 1; p < doc_l; ++p) n += ds_->sequence_length(seq(p));
+  }
+  MTNLG_CHECK(n == cfg_.seq_length + 1, "sample {} has {} tokens, expected {}", i, n, cfg_.seq_length + 1);
+  if (doc_f == doc_l) {
+    ds_->read(seq(doc_f), off_f, n, out);
+    return;
+  }
+  const int64_t first_len = ds_->sequence_length(seq(doc_f)) - off_f;
+  ds_->read(seq(doc_f), off_f, first_len, out);
+  int64_t k = first_len;
+  for (int64_t p = doc_f + 1; p < doc_l; ++p) {
+    const int64_t len = ds_->sequence_length(seq(p));
+    ds_->read(seq(p), 0, len, out + k);
+    k += len;
+  }
+  ds_->read(seq(doc_l), 0, off_l + 1, out + k);
+}
+
+}  // namespace mtnlg::data

@@ -1,0 +1,420 @@
+// JSONL -> Megatron indexed dataset (see preprocess.hpp).
+#include "data/preprocess.hpp"
+
+#include <zlib.h>
+#include <zstd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <functional>
+#include <future>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "core/error.hpp"
+#include "core/progress.hpp"
+#include "data/indexed_dataset.hpp"
+#include "data/tokenizer.hpp"
+
+namespace mtnlg::data {
+
+// ----- input sources --------------------------------------------------------------------
+struct LineReader::Source {
+  virtual ~Source() = default;
+  virtual int64_t read(char* dst, int64_t n) = 0;  // 0 at end
+  virtual int64_t consumed() const = 0;
+};
+
+namespace {
+
+struct PlainSource : LineReader::Source {
+  std::FILE* f;
+  std::string path;
+  int64_t done = 0;
+  PlainSource(std::FILE* file, std::string p) : f(file), path(std::move(p)) {}
+  ~PlainSource() override { std::fclose(f); }
+  int64_t read(char* dst, int64_t n) override {
+    const size_t got = std::fread(dst, 1, static_cast<size_t>(n), f);
+    if (got == 0 && std::ferror(f)) throw_runtime("{}: read failed ({})", path, std::strerror(errno));
+    done += static_cast<int64_t>(got);
+    return static_cast<int64_t>(got);
+  }
+  int64_t consumed() const override { return done; }
+};
+
+struct GzipSource : LineReader::Source {
+  gzFile g;
+  std::string path;
+  explicit GzipSource(const std::string& p) : path(p) {
+    g = gzopen(p.c_str(), "rb");
+    if (!g) throw_input("{}: cannot open ({})", p, std::strerror(errno));
+    gzbuffer(g, 1 << 18);
+  }
+  ~GzipSource() override { gzclose(g); }
+  int64_t read(char* dst, int64_t n) override {
+    const int got = gzread(g, dst, static_cast<unsigned>(n));
+    if (got < 0) {
+      int err = 0;
+      const char* msg = gzerror(g, &err);
+      throw_input("{}: corrupt gzip data ({})", path, msg ? msg : "?");
+    }
+    if (got == 0 && !gzeof(g)) {
+      int err = 0;
+      const char* msg = gzerror(g, &err);
+      if (err != Z_OK) throw_input("{}: corrupt gzip data ({})", path, msg ? msg : "?");
+    }
+    return got;
+  }
+  int64_t consumed() const override { return static_cast<int64_t>(gzoffset(g)); }
+};
+
+struct ZstdSource : LineReader::Source {
+  std::FILE* f;
+  std::string path;
+  ZSTD_DStream* ds;
+  std::vector<char> in;
+  ZSTD_inBuffer ib{nullptr, 0, 0};
+  int64_t done = 0;
+  bool in_eof = false;
+  size_t last_ret = 0;
+  ZstdSource(std::FILE* file, std::string p) : f(file), path(std::move(p)) {
+    ds = ZSTD_createDStream();
+    ZSTD_initDStream(ds);
+    in.resize(ZSTD_DStreamInSize());
+    ib.src = in.data();
+  }
+  ~ZstdSource() override {
+    ZSTD_freeDStream(ds);
+    std::fclose(f);
+  }
+  int64_t read(char* dst, int64_t n) override {
+    ZSTD_outBuffer ob{dst, static_cast<size_t>(n), 0};
+    while (ob.pos == 0) {
+      if (ib.pos == ib.size) {
+        if (in_eof) {
+          if (last_ret != 0) throw_input("{}: truncated zstd stream", path);
+          return 0;
+        }
+        const size_t got = std::fread(in.data(), 1, in.size(), f);
+        if (got == 0) {
+          if (std::ferror(f)) throw_runtime("{}: read failed ({})", path, std::strerror(errno));
+          in_eof = true;
+          continue;
+        }
+        done += static_cast<int64_t>(got);
+        ib.size = got;
+        ib.pos = 0;
+      }
+      last_ret = ZSTD_decompressStream(ds, &ob, &ib);
+      if (ZSTD_isError(last_ret)) throw_input("{}: corrupt zstd data ({})", path, ZSTD_getErrorName(last_ret));
+    }
+    return static_cast<int64_t>(ob.pos);
+  }
+  int64_t consumed() const override { return done; }
+};
+
+}  // namespace
+
+LineReader::LineReader(const std::string& path) : path_(path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) throw_input("{}: input file not found", path);
+  file_size_ = static_cast<int64_t>(std::filesystem::file_size(path, ec));
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) throw_input("{}: cannot open ({})", path, std::strerror(errno));
+  unsigned char magic[4] = {0, 0, 0, 0};
+  const size_t got = std::fread(magic, 1, 4, f);
+  std::rewind(f);
+  if (got >= 2 && magic[0] == 0x1f && magic[1] == 0x8b) {
+    std::fclose(f);
+    src_ = std::make_unique<GzipSource>(path);
+  } else if (got == 4 && magic[0] == 0x28 && magic[1] == 0xb5 && magic[2] == 0x2f && magic[3] == 0xfd) {
+    src_ = std::make_unique<ZstdSource>(f, path);
+  } else {
+    src_ = std::make_unique<PlainSource>(f, path);
+  }
+  buf_.resize(1 << 20);
+}
+
+LineReader::~LineReader() = default;
+
+int64_t LineReader::bytes_read() const { return src_->consumed(); }
+
+bool LineReader::fill() {
+  if (eof_) return false;
+  if (pos_ > 0) {
+    std::memmove(buf_.data(), buf_.data() + pos_, end_ - pos_);
+    end_ -= pos_;
+    pos_ = 0;
+  }
+  if (end_ == buf_.size()) buf_.resize(buf_.size() * 2);  // a line longer than the buffer
+  const int64_t got = src_->read(buf_.data() + end_, static_cast<int64_t>(buf_.size() - end_));
+  if (got == 0) {
+    eof_ = true;
+    return false;
+  }
+  end_ += static_cast<size_t>(got);
+  return true;
+}
+
+bool LineReader::next(std::string& line) {
+  size_t scan = pos_;
+  while (true) {
+    const void* nl = std::memchr(buf_.data() + scan, '\n', end_ - scan);
+    if (nl) {
+      const size_t e = static_cast<size_t>(static_cast<const char*>(nl) - buf_.data());
+      size_t len = e - pos_;
+      if (len > 0 && buf_[pos_ + len - 1] == '\r') --len;
+      line.assign(buf_.data() + pos_, len);
+      pos_ = e + 1;
+      ++line_no_;
+      return true;
+    }
+    const size_t seen = end_ - pos_;
+    if (!fill()) {
+      if (end_ == pos_) return false;
+      size_t len = end_ - pos_;  // last line without a newline
+      if (len > 0 && buf_[pos_ + len - 1] == '\r') --len;
+      line.assign(buf_.data() + pos_, len);
+      pos_ = end_;
+      ++line_no_;
+      return true;
+    }
+    scan = pos_ + seen;
+  }
+}
+
+// ----- preprocess -----------------------------------------------------------------------
+std::string preprocess_output_prefix(const std::string& output_prefix, const std::string& key) {
+  return output_prefix + "_" + key + "_document";
+}
+
+namespace {
+
+struct Batch {
+  int64_t first_line = 0;
+  std::vector<std::string> lines;
+};
+
+struct BatchResult {
+  // Per key: token ids of all kept documents, and each document's length.
+  std::vector<std::vector<int32_t>> ids;
+  std::vector<std::vector<int64_t>> doc_lens;
+  int64_t documents = 0, bad = 0;
+  std::string first_bad;   // "file:line: reason"
+  std::string fatal;       // set when a bad line is fatal
+};
+
+// A fixed pool running std::function jobs.
+class Pool {
+ public:
+  explicit Pool(int64_t n) {
+    for (int64_t i = 0; i < n; ++i) threads_.emplace_back([this] { loop(); });
+  }
+  ~Pool() {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+  void submit(std::function<void()> job) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      jobs_.push_back(std::move(job));
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  void loop() {
+    while (true) {
+      std::function<void()> job;
+      {
+        std::unique_lock<std::mutex> lk(mu_);
+        cv_.wait(lk, [this] { return stop_ || !jobs_.empty(); });
+        if (jobs_.empty()) return;
+        job = std::move(jobs_.front());
+        jobs_.pop_front();
+      }
+      job();
+    }
+  }
+  std::vector<std::thread> threads_;
+  std::deque<std::function<void()>> jobs_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+};
+
+BatchResult process_batch(const Batch& b, const PreprocessOptions& opt, const Tokenizer& tok) {
+  const size_t nk = opt.json_keys.size();
+  BatchResult r;
+  r.ids.resize(nk);
+  r.doc_lens.resize(nk);
+  std::vector<std::string_view> texts(nk);
+  for (size_t li = 0; li < b.lines.size(); ++li) {
+    const std::string& line = b.lines[li];
+    const int64_t lineno = b.first_line + static_cast<int64_t>(li);
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank line
+    std::string reason;
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::parse_error& e) {
+      reason = fmt::format("malformed JSON (byte {}: {})", e.byte,
+                           std::string(e.what()).substr(std::string(e.what()).rfind(": ") + 2));
+    }
+    if (reason.empty() && !j.is_object()) reason = "expected a JSON object";
+    std::vector<std::string> values(nk);
+    for (size_t k = 0; reason.empty() && k < nk; ++k) {
+      auto it = j.find(opt.json_keys[k]);
+      if (it == j.end()) {
+        std::string keys;
+        for (auto kv = j.begin(); kv != j.end() && keys.size() < 80; ++kv) keys += (keys.empty() ? "" : ", ") + kv.key();
+        reason = fmt::format("missing key '{}' (keys present: {}; choose with --json-keys)", opt.json_keys[k],
+                             keys.empty() ? "none" : keys);
+      } else if (!it->is_string()) {
+        reason = fmt::format("key '{}' is not a string", opt.json_keys[k]);
+      } else {
+        values[k] = it->get<std::string>();
+      }
+    }
+    if (!reason.empty()) {
+      const std::string where = fmt::format("{}:{}: {}", opt.input, lineno, reason);
+      if (!opt.skip_bad_lines) {
+        r.fatal = where + (reason.rfind("malformed", 0) == 0 ? " (or pass --skip-bad-lines)" : "");
+        return r;
+      }
+      if (r.bad == 0) r.first_bad = where;
+      ++r.bad;
+      continue;
+    }
+    for (size_t k = 0; k < nk; ++k) {
+      const size_t before = r.ids[k].size();
+      tok.encode(values[k], r.ids[k], opt.allow_special_tokens);
+      if (opt.append_eod && r.ids[k].size() > before) r.ids[k].push_back(tok.eod());
+      r.doc_lens[k].push_back(static_cast<int64_t>(r.ids[k].size() - before));
+    }
+    ++r.documents;
+  }
+  return r;
+}
+
+}  // namespace
+
+PreprocessResult preprocess_jsonl(const PreprocessOptions& opt) {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (opt.json_keys.empty()) throw_input("--json-keys: at least one key is needed");
+  if (opt.workers < 1) throw_input("--workers: {} is not valid (expected >= 1)", opt.workers);
+  if (opt.output_prefix.empty()) throw_input("--output-prefix: must not be empty");
+  for (size_t a = 0; a < opt.json_keys.size(); ++a)
+    for (size_t b = a + 1; b < opt.json_keys.size(); ++b)
+      if (opt.json_keys[a] == opt.json_keys[b]) throw_input("--json-keys: '{}' given twice", opt.json_keys[a]);
+  {
+    const auto parent = std::filesystem::path(opt.output_prefix).parent_path();
+    std::error_code ec;
+    if (!parent.empty() && !std::filesystem::is_directory(parent, ec))
+      throw_input("--output-prefix {}: directory {} does not exist", opt.output_prefix, parent.string());
+  }
+  auto tok = Tokenizer::from_files(opt.vocab_file, opt.merge_file);
+  const auto t_loaded = std::chrono::steady_clock::now();
+  LineReader reader(opt.input);
+
+  PreprocessResult res;
+  const DType dtype = dtype_for_vocab(tok->vocab_size());
+  std::vector<std::unique_ptr<IndexedDatasetWriter>> writers;
+  for (const auto& k : opt.json_keys) {
+    res.prefixes.push_back(preprocess_output_prefix(opt.output_prefix, k));
+    writers.push_back(std::make_unique<IndexedDatasetWriter>(res.prefixes.back(), dtype));
+  }
+  res.tokens.assign(opt.json_keys.size(), 0);
+
+  Progress progress("preprocess " + std::filesystem::path(opt.input).filename().string(), -1, "docs", opt.progress);
+  progress.set_secondary_unit("tokens");
+
+  auto consume = [&](BatchResult&& r) {
+    if (!r.fatal.empty()) throw InputError(r.fatal);
+    if (r.bad > 0 && res.bad_lines == 0) res.first_bad = r.first_bad;
+    res.bad_lines += r.bad;
+    res.documents += r.documents;
+    int64_t toks = 0;
+    for (size_t k = 0; k < writers.size(); ++k) {
+      const auto& ids = r.ids[k];
+      int64_t off = 0;
+      for (int64_t len : r.doc_lens[k]) {
+        writers[k]->add_document(std::span<const int32_t>(ids.data() + off, static_cast<size_t>(len)));
+        off += len;
+      }
+      res.tokens[k] += static_cast<int64_t>(ids.size());
+      toks += static_cast<int64_t>(ids.size());
+    }
+    progress.add(r.documents, toks);
+  };
+
+  auto read_batch = [&](Batch& b) {
+    b.lines.clear();
+    b.first_line = reader.line_number() + 1;
+    std::string line;
+    while (static_cast<int64_t>(b.lines.size()) < opt.batch_lines && reader.next(line)) b.lines.push_back(std::move(line));
+    return !b.lines.empty();
+  };
+
+  if (opt.workers == 1) {
+    Batch b;
+    while (read_batch(b)) consume(process_batch(b, opt, *tok));
+  } else {
+    // In-order pipeline: at most 2*workers batches in flight; results are consumed in
+    // submission order, so the output does not depend on scheduling.
+    std::deque<std::future<BatchResult>> inflight;
+    std::exception_ptr failure;
+    {
+      Pool pool(opt.workers);
+      try {
+        while (true) {
+          auto b = std::make_shared<Batch>();
+          if (!read_batch(*b)) break;
+          auto promise = std::make_shared<std::promise<BatchResult>>();
+          inflight.push_back(promise->get_future());
+          pool.submit([b, promise, &opt, &tok] {
+            try {
+              promise->set_value(process_batch(*b, opt, *tok));
+            } catch (...) {
+              promise->set_exception(std::current_exception());
+            }
+          });
+          while (static_cast<int64_t>(inflight.size()) >= 2 * opt.workers) {
+            consume(inflight.front().get());
+            inflight.pop_front();
+          }
+        }
+        while (!inflight.empty()) {
+          consume(inflight.front().get());
+          inflight.pop_front();
+        }
+      } catch (...) {
+        failure = std::current_exception();
+        for (auto& f : inflight)  // jobs reference locals: let them finish first
+          if (f.valid()) f.wait();
+      }
+    }
+    if (failure) std::rethrow_exception(failure);
+  }
+  progress.finish();
+  // All pairs complete under temporary names before any is renamed into place.
+  const auto t_flush = std::chrono::steady_clock::now();
+  for (auto& w : writers) w->close_files();
+  for (auto& w : writers) w->commit();
+  const auto t_end = std::chrono::steady_clock::now();
+  res.seconds = std::chrono::duration<double>(t_end - t0).count();
+  res.load_seconds = std::chrono::duration<double>(t_loaded - t0).count();
+  res.flush_seconds = std::chrono::duration<double>(t_end - t_flush).count();
+  return res;
+}
+
+}  // namespace mtnlg::data

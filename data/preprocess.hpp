@@ -1,0 +1,71 @@
+// `mtnlg data preprocess`: JSONL (plain, .gz, .zst) -> Megatron .bin/.idx per json key,
+// the same output as Megatron's tools/preprocess_data.py without --split-sentences:
+// each document is one sequence, --append-eod appends <|endoftext|> to non-empty
+// documents, empty documents repeat the previous document boundary.
+//
+// Parallelism: the reader cuts the input into batches of lines, N workers parse and
+// tokenize batches, and one writer appends the results strictly in input order, so the
+// files are byte-identical for any worker count. Output goes to temporary names that are
+// renamed only after every key's pair is complete; on any error nothing is left behind.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace mtnlg::data {
+
+// Reads lines from plain, gzip or zstd files (detected by magic bytes, not extension).
+class LineReader {
+ public:
+  explicit LineReader(const std::string& path);  // InputError if it cannot be opened
+  ~LineReader();
+  // Next line without its '\n' (and a trailing '\r'); false at end of input.
+  bool next(std::string& line);
+  int64_t line_number() const { return line_no_; }  // 1-based number of the last line returned
+  int64_t bytes_read() const;  // compressed bytes consumed (for progress)
+  int64_t file_size() const { return file_size_; }
+
+  struct Source;
+
+ private:
+  bool fill();
+  std::string path_;
+  std::unique_ptr<Source> src_;
+  std::vector<char> buf_;
+  size_t pos_ = 0, end_ = 0;
+  bool eof_ = false;
+  int64_t line_no_ = 0, file_size_ = 0;
+};
+
+struct PreprocessOptions {
+  std::string input;
+  std::string output_prefix;
+  std::string vocab_file;
+  std::string merge_file;
+  std::vector<std::string> json_keys{"text"};
+  bool append_eod = false;
+  int64_t workers = 1;
+  bool skip_bad_lines = false;       // malformed lines are counted and skipped instead of fatal
+  bool allow_special_tokens = false;  // "<|endoftext|>" in text -> 50256 (Megatron: plain text)
+  bool progress = true;
+  int64_t batch_lines = 512;  // lines per work item
+};
+
+struct PreprocessResult {
+  int64_t documents = 0;     // documents written per key
+  int64_t bad_lines = 0;     // skipped with skip_bad_lines
+  std::string first_bad;     // "file:line: reason" of the first skipped line
+  std::vector<int64_t> tokens;        // per json key
+  std::vector<std::string> prefixes;  // output prefix per json key
+  double seconds = 0;          // total wall time
+  double load_seconds = 0;     // reading the tokenizer files
+  double flush_seconds = 0;    // fsync + rename of the outputs
+};
+
+// Output prefix for one key: PREFIX_<key>_document (Megatron's naming).
+std::string preprocess_output_prefix(const std::string& output_prefix, const std::string& key);
+
+PreprocessResult preprocess_jsonl(const PreprocessOptions& opt);
+
+}  // namespace mtnlg::data

@@ -1,0 +1,77 @@
+// What the trainer consumes: training samples by global sample index (SampleSource)
+// and this data-parallel rank's slice of each global batch (Loader).
+//  - Mock source: tokens are a pure function of (seed, index) (Philox), so every layout
+//    and a resumed run see the same data without files.
+//  - Blend source: the recipe's data.blend over Megatron .bin/.idx prefixes, one split
+//    part, with Megatron's index and blend semantics (gpt_dataset.hpp, blended_dataset.hpp).
+//  - Loader: Megatron's sampler. The global batch starting at consumed_samples covers
+//    indices [consumed, consumed+gbs); micro batch k of dp rank r takes
+//    consumed + k*mbs*dp + r*mbs ... +mbs. Resume needs only consumed_samples.
+#pragma once
+#include <cstdint>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "core/recipe.hpp"
+
+namespace mtnlg::data {
+
+// Training samples by global sample index: seq_length+1 token ids each
+// (tokens = first S, labels = last S). sample() is const and thread-safe.
+class SampleSource {
+ public:
+  virtual ~SampleSource() = default;
+  virtual int64_t size() const = 0;  // samples available
+  virtual int64_t seq_length() const = 0;
+  virtual void sample(int64_t index, int32_t* out /* seq_length+1 */) const = 0;
+  virtual int source_of(int64_t index) const { return 0; }  // blend source of a sample
+  virtual std::vector<std::string> source_names() const { return {"mock"}; }
+};
+
+// Mock: token k of sample i is uniform in [0, vocab_size) from Philox keyed by the seed.
+// size() is 2^62; indices wrap modulo size().
+std::unique_ptr<SampleSource> make_mock_source(int64_t vocab_size, int64_t seq_length, uint64_t seed);
+
+// The recipe's blend, split part `split_index` (0 train, 1 valid, 2 test), built for
+// `num_samples` samples; index caches under cache_dir ("" = none). Throws InputError for
+// a missing prefix, a split that leaves a part empty, a dataset shorter than one sample.
+// size() == num_samples; sample() beyond it is a RuntimeError.
+std::unique_ptr<SampleSource> make_blend_source(const Recipe& r, int split_index, int64_t num_samples,
+                                                const std::string& cache_dir);
+
+struct Batch {
+  int64_t global_batch_size = 0;
+  int64_t micro_batches = 0;
+  int64_t micro_batch_size = 0;
+  int64_t seq_length = 0;
+  std::vector<int32_t> tokens;               // [micro_batches * micro_batch_size, seq_length+1] for this dp rank
+  std::vector<int64_t> per_source_samples;   // samples of the WHOLE global batch per blend source
+  int64_t consumed_samples = 0;              // where this batch starts
+};
+
+class Loader {
+ public:
+  Loader(std::shared_ptr<const SampleSource> src, int64_t micro_batch_size, int64_t dp_rank, int64_t dp_size);
+  ~Loader();
+  // The global batch [consumed, consumed+gbs): this rank's micro batches. gbs must be a
+  // multiple of micro_batch_size*dp_size (RuntimeError otherwise: the recipe validation
+  // should have caught it). Uses the prefetched batch when it matches.
+  Batch get(int64_t consumed_samples, int64_t global_batch_size);
+  // Starts building that batch on a background thread.
+  void prefetch(int64_t consumed_samples, int64_t global_batch_size);
+
+  // Builds a batch synchronously (what get() and the prefetch thread run).
+  Batch build(int64_t consumed_samples, int64_t global_batch_size) const;
+
+ private:
+  std::shared_ptr<const SampleSource> src_;
+  int64_t mbs_, dp_rank_, dp_size_;
+  std::mutex mu_;
+  std::future<Batch> pending_;
+  int64_t pending_consumed_ = -1, pending_gbs_ = -1;
+};
+
+}  // namespace mtnlg::data
