@@ -4,6 +4,7 @@
 #include <exception>
 
 #include "app/commands.hpp"
+#include "app/report_command.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
 
@@ -18,6 +19,7 @@ int main(int argc, char** argv) {
   mtnlg::app::register_plan(app);
   mtnlg::app::register_data(app);
   mtnlg::app::register_checkpoint(app);
+  mtnlg::app::register_report(app);
   mtnlg::app::register_recipe(app);
   try {
     app.parse(argc, argv);

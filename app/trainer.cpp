@@ -16,6 +16,7 @@
 #include "core/progress.hpp"
 #include "core/ops.hpp"
 #include "core/rng.hpp"
+#include "core/tensorboard.hpp"
 #include "data/sample_source.hpp"
 #include "model/gpt.hpp"
 #include "parallel/cost_model.hpp"
@@ -196,6 +197,8 @@ TrainSummary train(const Recipe& r, const parallel::ProcessGroups& g, const Trai
     std::ofstream(std::filesystem::path(r.logging.dir) / "recipe.resolved.yaml") << to_yaml(r);
   }
   MetricsWriter metrics(r.logging.dir, rank0);
+  std::unique_ptr<tb::TensorBoardWriter> tensorboard;
+  if (rank0 && r.logging.tensorboard) tensorboard = std::make_unique<tb::TensorBoardWriter>(r.logging.dir);
   double peak_tflops = r.logging.peak_tflops;
   std::string peak_what = "logging.peak_tflops";
   if (peak_tflops <= 0) {
@@ -279,6 +282,18 @@ TrainSummary train(const Recipe& r, const parallel::ProcessGroups& g, const Trai
 
     if (iteration % r.logging.log_interval == 0 || iteration == total_iters) {
       metrics.write(s, r, 1.0);
+      if (tensorboard)
+        tensorboard->log_iteration({{"loss", s.loss},
+                                    {"lr", s.lr},
+                                    {"global_batch_size", static_cast<double>(s.global_batch_size)},
+                                    {"tokens_per_s", s.tokens_per_s},
+                                    {"tflops_per_gpu", s.tflops_per_gpu},
+                                    {"mfu", s.mfu},
+                                    {"grad_norm", s.grad_norm},
+                                    {"skipped", static_cast<double>(s.skipped_total)},
+                                    {"nan_iterations", static_cast<double>(s.nan_total)},
+                                    {"peak_memory_gib", static_cast<double>(s.peak_memory_bytes) / 1073741824.0}},
+                                   s.iteration, s.consumed_tokens);
       if (!opts.quiet)
         log::info(
             " iteration {:>7}/{:<7} | consumed tokens: {:>10} | elapsed time per iteration (ms): {:8.1f} | tokens/s: {:9.1f} | "
