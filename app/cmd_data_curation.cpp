@@ -1,7 +1,181 @@
+// `mtnlg data dedup|quality|decontaminate|synth-corpus`: corpus curation commands.
+// The algorithms live in data/curation/ (docs/CURATION.md); this file only maps
+// command-line options onto their option structs and prints a one-line summary.
+#include <fmt/format.h>
+
+#include <memory>
+
 #include "app/commands.hpp"
+#include "core/log.hpp"
+#include "data/curation/decontaminate.hpp"
+#include "data/curation/dedup.hpp"
+#include "data/curation/quality.hpp"
+#include "data/curation/synth_corpus.hpp"
 
 namespace mtnlg::app {
 
-void register_data_curation(CLI::App& data_cmd) { (void)data_cmd; }
+namespace {
+
+void register_dedup(CLI::App& data) {
+  auto o = std::make_shared<curation::DedupOptions>();
+  auto no_progress = std::make_shared<bool>(false);
+  auto* c = data.add_subcommand(
+      "dedup",
+      "Fuzzy-deduplicate JSONL sources with MinHash-LSH; writes OUT/<input name> (kept lines, byte-identical, "
+      "order kept) and OUT/dedup_report.json");
+  c->add_option("--input", o->inputs, "Input JSONL files (one source each; source name = file stem)")->required()->expected(1, -1);
+  c->add_option("--output-dir", o->output_dir, "Directory for the filtered files and the report")->required();
+  c->add_option("--priority", o->priority,
+                "Source names (file stems), most preferred first: the survivor of a duplicate group comes from the "
+                "first listed source present, then the earliest input file, then the earliest line")
+      ->delimiter(',');
+  c->add_option("--threshold", o->threshold, "Jaccard similarity of word-shingle sets at or above which two documents are duplicates")
+      ->capture_default_str();
+  c->add_option("--json-key", o->json_key, "JSON field holding the document text")->capture_default_str();
+  c->add_option("--workers", o->workers, "Worker threads (0 = all hardware threads)")->capture_default_str();
+  c->add_option("--ngram", o->ngram, "Words per shingle")->capture_default_str();
+  c->add_option("--num-perm", o->num_perm, "MinHash signature length K")->capture_default_str();
+  c->add_option("--bands", o->bands, "LSH bands b (0 = chosen from --threshold, see docs/CURATION.md)")->capture_default_str();
+  c->add_option("--rows", o->rows, "LSH rows per band r (0 = chosen with --bands)")->capture_default_str();
+  c->add_option("--seed", o->seed, "Seed of the MinHash hash family")->capture_default_str();
+  c->add_flag("--clusters", o->write_clusters, "Also write OUT/dedup_clusters.jsonl (every duplicate group, kept and removed lines)");
+  c->add_flag("--no-progress", *no_progress, "Do not draw progress bars");
+  c->callback([o, no_progress] {
+    o->progress = !*no_progress;
+    auto r = curation::run_dedup(*o);
+    log::info("dedup: {} documents, kept {}, removed {} ({} duplicate groups, {} empty kept); report {}/dedup_report.json",
+              r.documents, r.kept, r.removed, r.components, r.empty, o->output_dir);
+  });
+}
+
+void register_quality(CLI::App& data) {
+  auto* q = data.add_subcommand("quality", "Train / apply a linear quality classifier (hashed unigrams + bigrams, logistic regression)");
+  q->require_subcommand(1);
+
+  auto t = std::make_shared<curation::QualityTrainOptions>();
+  auto t_np = std::make_shared<bool>(false);
+  auto* train = q->add_subcommand("train", "Train on curated (positive) vs raw (negative) JSONL; writes the model and MODEL.report.json "
+                                           "with held-out precision/recall");
+  train->add_option("--positive", t->positive, "JSONL of curated (high-quality) documents")->required();
+  train->add_option("--negative", t->negative, "JSONL of raw (unfiltered) documents")->required();
+  train->add_option("--model", t->model, "Output model file (versioned binary with checksum)")->required();
+  train->add_option("--report", t->report, "Report path (default MODEL.report.json)");
+  train->add_option("--json-key", t->json_key, "JSON field holding the document text")->capture_default_str();
+  train->add_option("--bucket-bits", t->bucket_bits, "log2 of the number of hashed feature buckets")->capture_default_str();
+  train->add_option("--epochs", t->epochs, "SGD passes over the training documents")->capture_default_str();
+  train->add_option("--lr", t->lr, "SGD learning rate (divided by the epoch number)")->capture_default_str();
+  train->add_option("--holdout", t->holdout, "Fraction of documents held out for the reported precision/recall")->capture_default_str();
+  train->add_option("--seed", t->seed, "Seed for the hash, the held-out split and the shuffles")->capture_default_str();
+  train->add_flag("--no-progress", *t_np, "Do not draw progress bars");
+  train->callback([t, t_np] {
+    t->progress = !*t_np;
+    auto rep = curation::train_quality(*t);
+    const auto& m = rep["held_out_metrics"];
+    log::info("quality train: held-out {} docs: accuracy {:.4f}, precision {:.4f}, recall {:.4f}; model {}",
+              m["documents"].get<int64_t>(), m["accuracy"].get<double>(), m["precision"].get<double>(),
+              m["recall"].get<double>(), t->model);
+  });
+
+  struct ScoreArgs {
+    std::string input, model, output, key = "text";
+  };
+  auto s = std::make_shared<ScoreArgs>();
+  auto* score = q->add_subcommand("score", "Score documents: writes {\"line\": N, \"score\": P(curated)} per document");
+  score->add_option("--input", s->input, "JSONL to score")->required();
+  score->add_option("--model", s->model, "Model from `quality train`")->required();
+  score->add_option("--output", s->output, "Output JSONL of scores")->required();
+  score->add_option("--json-key", s->key, "JSON field holding the document text")->capture_default_str();
+  score->callback([s] {
+    auto r = curation::score_quality(s->input, s->model, s->output, s->key);
+    log::info("quality score: {} documents, mean score {:.4f} -> {}", r["documents"].get<int64_t>(), r["mean_score"].get<double>(), s->output);
+  });
+
+  auto f = std::make_shared<curation::QualityFilterOptions>();
+  auto* filter = q->add_subcommand("filter", "Keep documents by score: a threshold, or GPT-3's Pareto sampling "
+                                             "(keep if pareto(alpha) > 1 - score); writes OUTPUT.report.json");
+  filter->add_option("--input", f->input, "JSONL to filter")->required();
+  filter->add_option("--model", f->model, "Model from `quality train`")->required();
+  filter->add_option("--output", f->output, "Output JSONL (kept lines, byte-identical)")->required();
+  filter->add_option("--json-key", f->json_key, "JSON field holding the document text")->capture_default_str();
+  filter->add_option("--mode", f->mode, "threshold | pareto")->capture_default_str();
+  filter->add_option("--threshold", f->threshold, "threshold mode: keep if score >= this")->capture_default_str();
+  filter->add_option("--alpha", f->alpha, "pareto mode: shape of the Pareto (Lomax) draw; P(keep) = (2 - score)^-alpha")->capture_default_str();
+  filter->add_option("--seed", f->seed, "pareto mode: seed of the per-document draws")->capture_default_str();
+  filter->callback([f] {
+    auto r = curation::filter_quality(*f);
+    log::info("quality filter: {} documents, kept {}, removed {} -> {}", r["documents"].get<int64_t>(), r["kept"].get<int64_t>(),
+              r["removed"].get<int64_t>(), f->output);
+  });
+}
+
+void register_decontaminate(CLI::App& data) {
+  auto o = std::make_shared<curation::DecontamOptions>();
+  auto no_progress = std::make_shared<bool>(false);
+  auto* c = data.add_subcommand(
+      "decontaminate",
+      "Remove (or cut around) training documents sharing a normalised word n-gram with eval task data "
+      "(D/<task>/<split>.jsonl); writes the cleaned JSONL and OUTPUT.report.json");
+  c->add_option("--input", o->input, "Training JSONL")->required();
+  c->add_option("--tasks-dir", o->tasks_dir, "Eval data directory: D/<task>/<split>.jsonl, Hugging Face rows")->required();
+  c->add_option("--output", o->output, "Cleaned JSONL")->required();
+  c->add_option("--report", o->report, "Report path (default OUTPUT.report.json)");
+  c->add_option("--ngram", o->ngram, "Words per n-gram (GPT-3 used 13)")->capture_default_str();
+  c->add_option("--json-key", o->json_key, "JSON field holding the document text")->capture_default_str();
+  c->add_option("--mode", o->mode, "remove: drop hit documents; cut: remove --cut-margin characters around each match and split")
+      ->capture_default_str();
+  c->add_option("--cut-margin", o->cut_margin, "cut mode: bytes removed on each side of a match")->capture_default_str();
+  c->add_option("--min-fragment", o->min_fragment, "cut mode: fragments shorter than this (bytes) are dropped")->capture_default_str();
+  c->add_option("--max-fragments", o->max_fragments, "cut mode: documents split into more pieces are dropped whole")->capture_default_str();
+  c->add_option("--max-hits", o->max_hits, "Task n-grams found in more training documents than this are ignored as too common (0 = never)")
+      ->capture_default_str();
+  c->add_flag("--no-progress", *no_progress, "Do not draw progress bars");
+  c->callback([o, no_progress] {
+    o->progress = !*no_progress;
+    auto r = curation::run_decontaminate(*o);
+    log::info("decontaminate: {} documents, removed {}, cut {}, {} lines written -> {}", r.documents, r.removed, r.cut,
+              r.written, o->output);
+  });
+}
+
+void register_synth(CLI::App& data) {
+  auto o = std::make_shared<curation::SynthOptions>();
+  auto no_progress = std::make_shared<bool>(false);
+  auto* c = data.add_subcommand(
+      "synth-corpus",
+      "Write a synthetic test corpus with planted ground truth (testing/benchmarks): kind dedup = sources with "
+      "near-duplicates, hard negatives and planted eval passages (+ tasks/ and truth_*.jsonl); kind quality = "
+      "positive.jsonl (English) and negative.jsonl (word salad, boilerplate)");
+  c->group("Testing");
+  c->add_option("--output-dir", o->output_dir, "Output directory")->required();
+  c->add_option("--kind", o->kind, "dedup | quality")->capture_default_str();
+  c->add_option("--docs", o->docs, "Documents (per file for kind quality)")->capture_default_str();
+  c->add_option("--sources", o->sources, "Number of source files")->capture_default_str();
+  c->add_option("--near-dup-fraction", o->near_dup_fraction, "Fraction of documents that are near-duplicates of an earlier one")
+      ->capture_default_str();
+  c->add_option("--partial-fraction", o->partial_fraction, "Fraction of hard negatives (40% shared prefix, must not be merged)")
+      ->capture_default_str();
+  c->add_option("--contaminate", o->contaminate, "Documents with a planted eval-task passage (writes OUT/tasks/)")->capture_default_str();
+  c->add_option("--task-rows", o->task_rows, "Rows per synthetic eval task")->capture_default_str();
+  c->add_option("--ngram", o->ngram, "Shingle size for the planted near-duplicates' Jaccard check")->capture_default_str();
+  c->add_option("--min-jaccard", o->min_jaccard, "Minimum exact Jaccard of a near-duplicate with its original")->capture_default_str();
+  c->add_option("--min-words", o->min_words, "Shortest document (words)")->capture_default_str();
+  c->add_option("--max-words", o->max_words, "Longest document (words)")->capture_default_str();
+  c->add_option("--seed", o->seed, "Seed")->capture_default_str();
+  c->add_flag("--no-progress", *no_progress, "Do not draw progress bars");
+  c->callback([o, no_progress] {
+    o->progress = !*no_progress;
+    auto s = curation::make_synthetic_corpus(*o);
+    log::info("synth-corpus: {} -> {}", s.dump(), o->output_dir);
+  });
+}
+
+}  // namespace
+
+void register_data_curation(CLI::App& data_cmd) {
+  register_dedup(data_cmd);
+  register_quality(data_cmd);
+  register_decontaminate(data_cmd);
+  register_synth(data_cmd);
+}
 
 }  // namespace mtnlg::app
