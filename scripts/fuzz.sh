@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Fuzzes the safetensors/checkpoint reader with libFuzzer (Debian's clang + its
+# compiler-rt: `apt-get install clang libclang-rt-14-dev`), growing test/fuzz/corpus/.
+#   usage: scripts/fuzz.sh [SECONDS]   (default 60)
+set -euo pipefail
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+secs="${1:-60}"
+out="$repo/build-fuzz"
+mkdir -p "$out"
+clang++ -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -I"$repo" \
+  "$repo/test/fuzz/fuzz_safetensors.cpp" "$repo/core/safetensors.cpp" "$repo/core/tensor.cpp" \
+  -lfmt -o "$out/fuzz_safetensors"
+mkdir -p "$repo/test/fuzz/corpus"
+"$out/fuzz_safetensors" -max_total_time="$secs" -max_len=4096 -rss_limit_mb=1024 "$repo/test/fuzz/corpus"
