@@ -17,6 +17,7 @@ struct TrainArgs {
   std::string recipe;
   std::vector<std::string> sets;
   bool quiet = false;
+  bool comm_report = false;
 };
 }  // namespace
 
@@ -28,6 +29,12 @@ void register_train(CLI::App& app) {
                   "Override a recipe key: section.key=value, value parsed as YAML (e.g. --set training.train_iters=100); "
                   "repeatable, applied after the file");
   cmd->add_flag("--quiet", a.quiet, "Only errors on the console (metrics.jsonl is still written)");
+  cmd->add_flag("--comm-report", a.comm_report,
+                "Every rank writes the bytes it sent per group (tp, pp, dp, embedding, mp, world) each iteration to "
+                "LOGDIR/bytes_rank<R>.jsonl (ring-model bytes, see docs/PLANNER.md)");
+  cmd->footer(
+      "Testing aid: MTNLG_FAULT_INJECT=rank=R:iteration=I:mode=throw|abort|kill makes global rank R fail at the start "
+      "of iteration I (throw an error, abort(), or SIGKILL itself); the whole job must then exit non-zero.");
   cmd->callback([] {
     Recipe r = load_recipe(a.recipe, a.sets);  // InputError -> exit 2 before any process group exists
     parallel::LaunchInfo info = parallel::detect_launch();
@@ -41,6 +48,7 @@ void register_train(CLI::App& app) {
       auto groups = parallel::make_groups(world, topo);
       TrainOptions opts;
       opts.quiet = a.quiet;
+      opts.comm_report = a.comm_report;
       train(r, groups, opts);
     } catch (const Error& e) {
       if (info.world_size > 1) {

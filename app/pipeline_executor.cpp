@@ -26,6 +26,14 @@ model::MicroBatch PipelineExecutor::micro_batch(const data::Batch& b, int64_t k,
   return mb;
 }
 
+void PipelineExecutor::set_grad_bucketer(parallel::GradBucketer* bucketer,
+                                         std::vector<std::vector<parallel::GradRange>> ready_after_chunk) {
+  MTNLG_CHECK(!bucketer || ready_after_chunk.size() == chunks_.size(), "grad bucketer: {} chunk range lists for {} chunks",
+              ready_after_chunk.size(), chunks_.size());
+  bucketer_ = bucketer;
+  ready_after_chunk_ = std::move(ready_after_chunk);
+}
+
 StepLoss PipelineExecutor::run_batch(const data::Batch& batch, int64_t consumed_before, uint64_t step_key) {
   const int64_t m = batch.micro_batches;
   double loss_sum = 0, tokens = 0;
@@ -53,6 +61,7 @@ StepLoss PipelineExecutor::run_batch(const data::Batch& batch, int64_t consumed_
     return t;
   };
   int64_t held = 0;
+  std::vector<int64_t> backwards_done(chunks_.size(), 0);  // per chunk, for the dp bucket overlap
   for (const auto& a : table) {
     const auto key = std::make_pair(a.microbatch, a.chunk);
     auto& chunk = *chunks_[a.chunk];
@@ -90,6 +99,9 @@ StepLoss PipelineExecutor::run_batch(const data::Batch& batch, int64_t consumed_
         auto mb = micro_batch(batch, a.microbatch, consumed_before, step_key);
         Tensor dx = chunk.backward(a.microbatch, mb, take(grad_in, key));
         if (dx.defined() && !(chunk.spec().has_embedding)) grad_out[key] = dx;
+        // The chunk's last micro batch: its parameter gradients are final for this step.
+        if (bucketer_ && ++backwards_done[static_cast<size_t>(a.chunk)] == m)
+          for (const auto& rg : ready_after_chunk_[static_cast<size_t>(a.chunk)]) bucketer_->mark_ready(rg);
         break;
       }
       case schedules::PipeOp::send_backward: {

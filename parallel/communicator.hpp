@@ -24,7 +24,7 @@
 // Byte accounting (compared with the planner's ring model, planner.md): each call
 // adds to bytes_sent() this rank's share of the traffic a ring algorithm would put on
 // the wire, with g = size() and S = the payload in bytes:
-//   all_reduce        2 (g-1)/g * S           (S = n * sizeof(T))
+//   all_reduce        2 (g-1)/g * S           (S = n * sizeof(T); also iall_reduce)
 //   reduce_scatter    (g-1)/g * S_total       (S_total = n * g * 4, the whole input)
 //   all_gather        (g-1)/g * S_total       (S_total = n * g * 4, the whole output)
 //   broadcast         (g-1)/g * S             (a pipelined chain moves (g-1) S in all)
@@ -42,9 +42,11 @@ namespace mtnlg::parallel {
 
 enum class ReduceOp { sum, max };
 
-// A pending nonblocking send. wait() blocks until the buffer may be reused and throws
-// RuntimeError on failure. Destroying an unfinished request detaches it (MPI_Request_free)
-// so unwinding after an error never blocks; normal code always calls wait().
+// A pending nonblocking operation (isend, iall_reduce). wait() blocks until the buffer
+// may be reused (for iall_reduce: holds the result) and throws RuntimeError on failure.
+// Destroying an unfinished send detaches it (MPI_Request_free) so unwinding after an
+// error never blocks; an unfinished collective is abandoned (MPI forbids freeing it;
+// the job is being aborted anyway). Normal code always calls wait().
 class Request {
  public:
   Request() = default;
@@ -82,6 +84,10 @@ class Communicator {
   virtual void recv(float* data, int64_t n, int64_t peer, int tag) = 0;
   // Nonblocking send (MPI_Isend); bytes are counted when it is posted.
   virtual std::unique_ptr<Request> isend(const float* data, int64_t n, int64_t peer, int tag) = 0;
+  // Nonblocking in-place all-reduce (MPI_Iallreduce): `data` is neither read nor written
+  // by the caller until wait(). Every rank must start its nonblocking collectives on
+  // this communicator in the same order. Bytes are counted when it is posted.
+  virtual std::unique_ptr<Request> iall_reduce(float* data, int64_t n, ReduceOp op) = 0;
   virtual void barrier() = 0;
 
   // Collective over this communicator (like MPI_Comm_split): ranks passing the same
@@ -121,6 +127,7 @@ class LocalCommunicator final : public Communicator {
   void send(const float* data, int64_t n, int64_t peer, int tag) override;
   void recv(float* data, int64_t n, int64_t peer, int tag) override;
   std::unique_ptr<Request> isend(const float* data, int64_t n, int64_t peer, int tag) override;
+  std::unique_ptr<Request> iall_reduce(float* data, int64_t n, ReduceOp op) override;  // done at once
   void barrier() override {}
   std::shared_ptr<Communicator> split(int64_t color, int64_t key, const std::string& name) override;
 

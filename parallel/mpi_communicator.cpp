@@ -67,21 +67,26 @@ bool overlaps(const void* a, size_t an, const void* b, size_t bn) {
 
 class MpiRequest final : public Request {
  public:
-  MpiRequest(std::vector<MPI_Request> reqs, std::string group) : reqs_(std::move(reqs)), group_(std::move(group)) {}
+  // `collective`: requests of a nonblocking collective, which MPI does not allow to free.
+  MpiRequest(std::vector<MPI_Request> reqs, std::string group, const char* op = "MPI_Isend", bool collective = false)
+      : reqs_(std::move(reqs)), group_(std::move(group)), op_(op), collective_(collective) {}
   ~MpiRequest() override {
-    if (!mpi_up()) return;
+    if (!mpi_up() || collective_) return;
     for (auto& r : reqs_)
       if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
   }
   void wait() override {
     if (reqs_.empty()) return;
-    check(MPI_Waitall(static_cast<int>(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE), "MPI_Isend (wait)", group_);
+    check(MPI_Waitall(static_cast<int>(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE),
+          fmt::format("{} (wait)", op_).c_str(), group_);
     reqs_.clear();
   }
 
  private:
   std::vector<MPI_Request> reqs_;
   std::string group_;
+  const char* op_;
+  bool collective_;
 };
 
 class MpiCommunicator final : public Communicator {
@@ -167,6 +172,18 @@ class MpiCommunicator final : public Communicator {
     }
     count_send(n * static_cast<int64_t>(sizeof(float)));
     return std::make_unique<MpiRequest>(std::move(reqs), name_);
+  }
+
+  std::unique_ptr<Request> iall_reduce(float* data, int64_t n, ReduceOp op) override {
+    std::vector<MPI_Request> reqs;
+    for (int64_t off = 0; off < n; off += kChunk) {
+      int c = static_cast<int>(std::min(kChunk, n - off));
+      MPI_Request r = MPI_REQUEST_NULL;
+      check(MPI_Iallreduce(MPI_IN_PLACE, data + off, c, MPI_FLOAT, mpi_op(op), comm_, &r), "MPI_Iallreduce", name_);
+      reqs.push_back(r);
+    }
+    count_all_reduce(n * static_cast<int64_t>(sizeof(float)));
+    return std::make_unique<MpiRequest>(std::move(reqs), name_, "MPI_Iallreduce", true);
   }
 
   void recv(float* data, int64_t n, int64_t peer, int tag) override {

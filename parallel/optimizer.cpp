@@ -29,9 +29,14 @@ DistributedAdamW::DistributedAdamW(const OptimizerConfig& cfg, std::vector<Param
   v_ = Tensor::zeros({shard_end_ - shard_begin_});
 }
 
+void DistributedAdamW::set_grads_reduced_by_caller(bool on) {
+  MTNLG_CHECK(!(on && zero1_), "ZeRO-1 reduce-scatters its own gradients; they cannot be reduced by the caller");
+  grads_reduced_by_caller_ = on;
+}
+
 void DistributedAdamW::reduce_gradients(Tensor& grads) {
   auto* dp = groups_.dp.get();
-  if (!dp || dp->size() == 1) return;
+  if (!dp || dp->size() == 1 || grads_reduced_by_caller_) return;
   float* g = grads.data<float>();
   if (!zero1_) {
     for (int64_t off = 0; off < numel_; off += bucket_size_)
@@ -67,7 +72,11 @@ StepResult DistributedAdamW::step(Tensor& params, Tensor& grads, double lr) {
   if (groups_.mp && groups_.mp->size() > 1) groups_.mp->all_reduce(&sq, 1, ReduceOp::sum);
   if (zero1_) groups_.dp->all_reduce(&sq, 1, ReduceOp::sum);
   res.grad_norm = std::sqrt(sq);
-  if (!std::isfinite(res.grad_norm)) {
+  // Skipping must be unanimous: replicas that updated while another skipped would
+  // silently diverge. (Normally the dp reduction already spreads a NaN everywhere.)
+  int64_t nonfinite = std::isfinite(res.grad_norm) ? 0 : 1;
+  if (groups_.world && groups_.world->size() > 1) groups_.world->all_reduce(&nonfinite, 1, ReduceOp::max);
+  if (nonfinite) {
     res.skipped = true;
     return res;
   }

@@ -47,6 +47,11 @@ class DistributedAdamW {
   int64_t steps_taken() const { return step_; }
   void set_steps_taken(int64_t s) { step_ = s; }
   bool zero1() const { return zero1_; }
+  int64_t bucket_size() const { return bucket_size_; }  // elements per dp gradient bucket
+  // On: step() takes the gradients as already summed over dp (a GradBucketer reduced
+  // them bucket by bucket during the backward, parallel/grad_buckets.hpp) and skips its
+  // own all-reduce. RuntimeError with ZeRO-1, which must reduce-scatter itself.
+  void set_grads_reduced_by_caller(bool on);
   // This rank's optimizer shard [shard_begin, shard_end) of the flat buffer (whole buffer without ZeRO-1).
   int64_t shard_begin() const { return shard_begin_; }
   int64_t shard_end() const { return shard_end_; }
@@ -64,6 +69,7 @@ class DistributedAdamW {
   int64_t numel_, padded_, shard_begin_ = 0, shard_end_ = 0, bucket_size_;
   ProcessGroups groups_;
   bool zero1_;
+  bool grads_reduced_by_caller_ = false;
   int64_t step_ = 0;
   Tensor m_, v_;
   Tensor gather_buf_;  // ZeRO-1: padded copy of params / grads for the collectives

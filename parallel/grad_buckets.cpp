@@ -1,0 +1,93 @@
+// GradBucketer: bucket layout, readiness counting, nonblocking all-reduce per bucket.
+#include "parallel/grad_buckets.hpp"
+
+#include <algorithm>
+
+#include "core/error.hpp"
+
+namespace mtnlg::parallel {
+
+GradBucketer::GradBucketer(std::vector<GradRange> params, std::shared_ptr<Communicator> dp, int64_t bucket_size)
+    : params_(std::move(params)), dp_(std::move(dp)) {
+  int64_t expect = 0;
+  for (const auto& p : params_) {
+    MTNLG_CHECK(p.offset == expect && p.numel >= 0, "gradient buckets: parameter at offset {} (numel {}), expected offset {}",
+                p.offset, p.numel, expect);
+    expect += p.numel;
+  }
+  const int64_t n = static_cast<int64_t>(params_.size());
+  bucket_of_param_.assign(static_cast<size_t>(n), 0);
+  // Reverse declaration order: bucket 0 ends at the end of the buffer.
+  int64_t end = expect, filled = 0;
+  for (int64_t i = n - 1; i >= 0; --i) {
+    bucket_of_param_[static_cast<size_t>(i)] = static_cast<int64_t>(buckets_.size());
+    filled += params_[static_cast<size_t>(i)].numel;
+    const bool close = i == 0 || (bucket_size > 0 && filled >= bucket_size);
+    if (close) {
+      const int64_t begin = params_[static_cast<size_t>(i)].offset;
+      buckets_.push_back({begin, end - begin});
+      end = begin;
+      filled = 0;
+    }
+  }
+  remaining_.assign(buckets_.size(), 0);
+  started_.assign(buckets_.size(), 0);
+  inflight_.resize(buckets_.size());
+  param_ready_.assign(static_cast<size_t>(n), 0);
+}
+
+void GradBucketer::begin(float* grads) {
+  MTNLG_CHECK(!in_step_, "gradient buckets: begin() while the previous step is not finished");
+  grads_ = grads;
+  in_step_ = true;
+  started_early_ = 0;
+  std::fill(remaining_.begin(), remaining_.end(), 0);
+  for (size_t i = 0; i < params_.size(); ++i) ++remaining_[static_cast<size_t>(bucket_of_param_[i])];
+  std::fill(started_.begin(), started_.end(), 0);
+  std::fill(param_ready_.begin(), param_ready_.end(), 0);
+}
+
+void GradBucketer::mark_ready(int64_t offset, int64_t numel) {
+  MTNLG_CHECK(in_step_, "gradient buckets: mark_ready outside a step (call begin first)");
+  if (numel == 0) return;
+  // First parameter starting at `offset`.
+  auto it = std::lower_bound(params_.begin(), params_.end(), offset,
+                             [](const GradRange& p, int64_t off) { return p.offset < off; });
+  MTNLG_CHECK(it != params_.end() && it->offset == offset, "gradient buckets: range at {} does not start a parameter", offset);
+  int64_t pos = offset;
+  for (; it != params_.end() && pos < offset + numel; ++it) {
+    const auto i = static_cast<size_t>(it - params_.begin());
+    MTNLG_CHECK(!param_ready_[i], "gradient buckets: parameter at offset {} marked ready twice in one step", it->offset);
+    param_ready_[i] = 1;
+    --remaining_[static_cast<size_t>(bucket_of_param_[i])];
+    pos += it->numel;
+  }
+  MTNLG_CHECK(pos == offset + numel, "gradient buckets: range [{}, {}) does not end at a parameter boundary", offset,
+              offset + numel);
+  const int64_t before = std::count(started_.begin(), started_.end(), 1);
+  start_ready_buckets();
+  started_early_ += std::count(started_.begin(), started_.end(), 1) - before;
+}
+
+void GradBucketer::start_ready_buckets() {
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    if (started_[b] || remaining_[b] != 0) continue;
+    started_[b] = 1;
+    if (active()) inflight_[b] = dp_->iall_reduce(grads_ + buckets_[b].offset, buckets_[b].numel, ReduceOp::sum);
+  }
+}
+
+void GradBucketer::finish() {
+  MTNLG_CHECK(in_step_, "gradient buckets: finish() outside a step");
+  // Whatever was not marked is final now: start it in bucket order, like every peer.
+  std::fill(remaining_.begin(), remaining_.end(), 0);
+  start_ready_buckets();
+  for (auto& r : inflight_)
+    if (r) {
+      r->wait();
+      r.reset();
+    }
+  in_step_ = false;
+}
+
+}  // namespace mtnlg::parallel
