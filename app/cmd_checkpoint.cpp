@@ -1,7 +1,91 @@
+// `mtnlg checkpoint inspect|convert|export|import`
+#include <cstdio>
+#include <map>
+
+#include "app/checkpoint_tools.hpp"
 #include "app/commands.hpp"
+#include "core/log.hpp"
+#include "core/progress.hpp"
+#include "model/checkpoint.hpp"
 
 namespace mtnlg::app {
 
-void register_checkpoint(CLI::App& app) { (void)app; }
+void register_checkpoint(CLI::App& app) {
+  auto* cmd = app.add_subcommand("checkpoint", "Inspect, convert (tp/pp), export to / import from Hugging Face GPT-2");
+  cmd->require_subcommand(1);
+
+  struct Args {
+    std::string input, output, format = "hf-gpt2", recipe;
+    int64_t tp = 1, pp = 1;
+    bool tensors = false;
+  };
+  auto a = std::make_shared<Args>();
+
+  auto* ins = cmd->add_subcommand("inspect", "Layout, iteration, tensors, sizes and checksum status of a checkpoint");
+  ins->add_option("checkpoint", a->input, "Checkpoint root (uses `latest`) or an iter_XXXXXXX directory")->required();
+  ins->add_flag("--tensors", a->tensors, "List every tensor (default: a summary per file)");
+  ins->callback([a] {
+    std::string dir = model::ckpt::resolve(a->input);
+    auto st = model::ckpt::read_metadata(dir);
+    std::printf("checkpoint %s\n  iteration %lld | consumed samples %lld, tokens %s | optimizer steps %lld\n", dir.c_str(),
+                static_cast<long long>(st.iteration), static_cast<long long>(st.consumed_samples),
+                human_count(static_cast<double>(st.consumed_tokens)).c_str(), static_cast<long long>(st.optimizer_steps));
+    std::printf("  layout tp=%lld pp=%lld dp=%lld%s | skipped %lld | format version %d\n", static_cast<long long>(st.layout.tp),
+                static_cast<long long>(st.layout.pp), static_cast<long long>(st.layout.dp),
+                st.layout.zero1 ? " ZeRO-1" : "", static_cast<long long>(st.skipped_total), model::ckpt::kFormatVersion);
+    auto rep = model::ckpt::inspect(dir);
+    std::map<std::string, std::tuple<int64_t, int64_t, int64_t>> per_file;  // tensors, elements, bad checksums
+    int64_t bad = 0;
+    for (auto& t : rep) {
+      int64_t n = 1;
+      for (auto d : t.shape) n *= d;
+      auto& [c, e, b] = per_file[t.file];
+      ++c;
+      e += n;
+      if (!t.checksum_ok) {
+        ++b;
+        ++bad;
+      }
+      if (a->tensors)
+        std::printf("  %-40s %-50s %s %-18s of %-18s split %lld %s\n", t.file.c_str(), t.name.c_str(), t.dtype.c_str(),
+                    shape_str(t.shape).c_str(), shape_str(t.global_shape).c_str(), static_cast<long long>(t.split_dim),
+                    t.checksum_ok ? "ok" : "CHECKSUM MISMATCH");
+    }
+    for (auto& [f, v] : per_file)
+      std::printf("  %-44s %5lld tensors %12s elements  checksums %s\n", f.c_str(), static_cast<long long>(std::get<0>(v)),
+                  human_count(static_cast<double>(std::get<1>(v))).c_str(),
+                  std::get<2>(v) ? "MISMATCH" : "ok");
+    if (bad) throw_input("{}: {} tensors fail their checksum", dir, bad);
+  });
+
+  auto* conv = cmd->add_subcommand("convert", "Rewrite a checkpoint for another tensor/pipeline layout (offline)");
+  conv->add_option("--input", a->input, "Checkpoint root or iteration directory (any layout)")->required();
+  conv->add_option("--output", a->output, "Output checkpoint root")->required();
+  conv->add_option("--tp", a->tp, "Target tensor_model_parallel_size")->check(CLI::PositiveNumber);
+  conv->add_option("--pp", a->pp, "Target pipeline_model_parallel_size")->check(CLI::PositiveNumber);
+  conv->callback([a] {
+    std::string d = convert_checkpoint(a->input, a->output, a->tp, a->pp);
+    std::printf("wrote %s (tp=%lld pp=%lld)\n", d.c_str(), static_cast<long long>(a->tp), static_cast<long long>(a->pp));
+  });
+
+  auto* ex = cmd->add_subcommand("export", "Export to Hugging Face GPT-2 (config.json + model.safetensors)");
+  ex->add_option("--format", a->format, "Output format")->check(CLI::IsMember({"hf-gpt2"}))->capture_default_str();
+  ex->add_option("--input", a->input, "Checkpoint root or iteration directory (any layout)")->required();
+  ex->add_option("--output", a->output, "Output directory")->required();
+  ex->callback([a] {
+    export_hf_gpt2(a->input, a->output);
+    std::printf("wrote %s/config.json and %s/model.safetensors\n", a->output.c_str(), a->output.c_str());
+  });
+
+  auto* im = cmd->add_subcommand("import", "Import a Hugging Face GPT-2 directory as an mtnlg checkpoint (iteration 0)");
+  im->add_option("--format", a->format, "Input format")->check(CLI::IsMember({"hf-gpt2"}))->capture_default_str();
+  im->add_option("--input", a->input, "Directory with config.json and model.safetensors")->required();
+  im->add_option("--output", a->output, "Output checkpoint root")->required();
+  im->add_option("--recipe", a->recipe, "Recipe to record (its model section must match config.json); default: built from config.json");
+  im->callback([a] {
+    std::string d = import_hf_gpt2(a->input, a->output, a->recipe);
+    std::printf("wrote %s\n", d.c_str());
+  });
+}
 
 }  // namespace mtnlg::app

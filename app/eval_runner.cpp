@@ -1,5 +1,6 @@
 // Eval runner: tasks -> requests -> batched scoring -> harness metrics (eval_runner.hpp).
 #include "app/eval_runner.hpp"
+#include "model/checkpoint.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -271,12 +272,7 @@ std::string results_table(const EvalReport& rep) {
 model::LoadedModel load_eval_model(const std::string& checkpoint, const std::string& random_recipe,
                                    const std::vector<std::string>& overrides) {
   if (!checkpoint.empty() && !random_recipe.empty()) throw_input("give either --checkpoint or --random-init, not both");
-  if (!checkpoint.empty()) {
-    // The checkpoint reader (model/checkpoint.hpp, load_for_inference) is wired here
-    // once it exists; until then only --random-init builds a model.
-    throw_input("--checkpoint {}: loading checkpoints for inference is not available in this build yet; "
-                "use --random-init RECIPE to test the pipeline", checkpoint);
-  }
+  if (!checkpoint.empty()) return model::ckpt::load_for_inference(checkpoint);
   if (random_recipe.empty()) throw_input("one of --checkpoint DIR or --random-init RECIPE is required");
   Recipe r = load_recipe(random_recipe, overrides);
   model::GptConfig cfg = model::GptConfig::from_recipe(r);

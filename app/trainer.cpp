@@ -5,12 +5,16 @@
 #include <sys/resource.h>
 
 #include <chrono>
+#include <csignal>
+#include <cstdio>
 #include <cstdlib>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <nlohmann/json.hpp>
 
+#include "app/checkpointing.hpp"
 #include "app/pipeline_executor.hpp"
 #include "core/log.hpp"
 #include "core/progress.hpp"
@@ -20,6 +24,7 @@
 #include "data/sample_source.hpp"
 #include "model/gpt.hpp"
 #include "parallel/cost_model.hpp"
+#include "parallel/grad_buckets.hpp"
 #include "parallel/optimizer.hpp"
 #include "schedules/batch_schedule.hpp"
 #include "schedules/lr_schedule.hpp"
@@ -72,18 +77,17 @@ int64_t peak_rss_bytes() {
 // Achieved single-process sgemm rate (TFLOP/s) on a square problem: the CPU's
 // practical peak, used for MFU when no peak is given.
 double measure_cpu_sgemm_tflops() {
-  const int n = 512;
+  // Best of several single-GEMM timings: a busy machine slows some of them down, and
+  // the peak is what the hardware can do, not what it did once.
+  const int n = 768;
   std::vector<float> a(n * n, 1.0f), b(n * n, 0.5f), c(n * n, 0.0f);
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
-  auto t0 = std::chrono::steady_clock::now();
-  int reps = 0;
-  double el = 0;
-  do {
+  double best = 1e30;
+  for (int rep = 0; rep < 6; ++rep) {
+    auto t0 = std::chrono::steady_clock::now();
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
-    ++reps;
-    el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  } while (el < 0.2);
-  return 2.0 * n * n * n * reps / el / 1e12;
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return 2.0 * n * n * n / best / 1e12;
 }
 
 class MetricsWriter {
@@ -124,6 +128,105 @@ class MetricsWriter {
   std::ofstream out_;
 };
 
+// ---- testing aid: MTNLG_FAULT_INJECT="rank=R:iteration=I:mode=throw|abort|kill" ---------
+// Global rank R fails at the start of iteration I (1-based): throw a RuntimeError (the
+// normal error path: message, MPI_Abort), std::abort(), or raise(SIGKILL) on itself (a
+// dead process with no goodbye). Tests use it to prove a failing rank ends the job.
+struct FaultInjection {
+  int64_t rank = -1, iteration = -1;
+  std::string mode;
+  bool active() const { return rank >= 0; }
+};
+
+FaultInjection fault_injection_from_env() {
+  FaultInjection f;
+  const char* env = std::getenv("MTNLG_FAULT_INJECT");
+  if (!env || !*env) return f;
+  const std::string spec(env);
+  auto bad = [&](const std::string& why) {
+    throw_input("MTNLG_FAULT_INJECT=\"{}\": {}; expected rank=R:iteration=I:mode=throw|abort|kill|sigterm|sigusr1|nan", spec, why);
+  };
+  std::stringstream ss(spec);
+  for (std::string part; std::getline(ss, part, ':');) {
+    auto eq = part.find('=');
+    if (eq == std::string::npos) bad("'" + part + "' is not key=value");
+    std::string key = part.substr(0, eq), val = part.substr(eq + 1);
+    if (key == "mode") {
+      if (val != "throw" && val != "abort" && val != "kill" && val != "sigterm" && val != "sigusr1" && val != "nan")
+        bad("unknown mode '" + val + "'");
+      f.mode = val;
+    } else if (key == "rank" || key == "iteration") {
+      char* end = nullptr;
+      long long x = std::strtoll(val.c_str(), &end, 10);
+      if (val.empty() || *end != '\0' || x < 0) bad("'" + val + "' is not a whole number");
+      (key == "rank" ? f.rank : f.iteration) = x;
+    } else {
+      bad("unknown key '" + key + "'");
+    }
+  }
+  if (f.rank < 0 || f.iteration < 1 || f.mode.empty()) bad("rank, iteration (>= 1) and mode are all required");
+  return f;
+}
+
+// mode=nan: from that iteration on, this rank's gradients are non-finite (the step is
+// skipped and counted; max_nonfinite_in_a_row of them stop the run).
+bool inject_nan(const FaultInjection& f, int64_t rank, int64_t iteration) {
+  return f.active() && f.mode == "nan" && f.rank == rank && iteration >= f.iteration;
+}
+
+void maybe_inject_fault(const FaultInjection& f, int64_t rank, int64_t iteration) {
+  if (!f.active() || f.rank != rank || f.iteration != iteration || f.mode == "nan") return;
+  // Slurm's preemption / time-limit signals, delivered to this process for real.
+  if (f.mode == "sigterm" || f.mode == "sigusr1") {
+    std::raise(f.mode == "sigterm" ? SIGTERM : SIGUSR1);
+    return;
+  }
+  std::fprintf(stderr, "mtnlg: rank %lld: MTNLG_FAULT_INJECT %s at iteration %lld\n", static_cast<long long>(rank),
+               f.mode.c_str(), static_cast<long long>(iteration));
+  std::fflush(stderr);
+  if (f.mode == "kill") std::raise(SIGKILL);
+  if (f.mode == "abort") std::abort();
+  throw_runtime("rank {}: fault injected by MTNLG_FAULT_INJECT at iteration {}", rank, iteration);
+}
+
+// --comm-report: every rank appends its own bytes sent per group this iteration to
+// LOGDIR/bytes_rank<R>.jsonl (metrics.jsonl is rank 0's only). The byte convention
+// is the ring model of parallel/communicator.hpp; docs/PLANNER.md ("Measured bytes")
+// relates it to comm_bytes_per_iteration.
+class CommReport {
+ public:
+  CommReport(const std::string& dir, const parallel::ProcessGroups& g, bool active) : g_(g) {
+    if (!active) return;
+    std::filesystem::create_directories(dir);
+    auto path = std::filesystem::path(dir) / fmt::format("bytes_rank{}.jsonl", g.rank);
+    out_.open(path, std::ios::trunc);
+    if (!out_) throw_runtime("{}: cannot open for writing", path.string());
+  }
+  // Zero every group's counter at the start of an iteration.
+  void reset() const {
+    for (auto* c : {g_.tp.get(), g_.pp.get(), g_.dp.get(), g_.embedding.get(), g_.mp.get(), g_.world.get()})
+      if (c) c->reset_bytes();
+  }
+  void write(int64_t iteration, int64_t global_batch, int64_t micro_batches, int64_t dp_buckets, int64_t dp_buckets_early) {
+    if (!out_.is_open()) return;
+    auto b = [](const std::shared_ptr<parallel::Communicator>& c) -> int64_t { return c ? c->bytes_sent() : 0; };
+    nlohmann::json j = {{"iteration", iteration},        {"rank", g_.rank},
+                        {"tp_rank", g_.coord.tp},        {"pp_rank", g_.coord.pp},
+                        {"dp_rank", g_.coord.dp},        {"global_batch_size", global_batch},
+                        {"micro_batches", micro_batches}, {"tp", b(g_.tp)},
+                        {"pp", b(g_.pp)},                {"dp", b(g_.dp)},
+                        {"embedding", b(g_.embedding)},  {"mp", b(g_.mp)},
+                        {"world", b(g_.world)},          {"dp_buckets", dp_buckets},
+                        {"dp_buckets_started_early", dp_buckets_early}};
+    out_ << j.dump() << "\n";
+    out_.flush();
+  }
+
+ private:
+  const parallel::ProcessGroups& g_;
+  std::ofstream out_;
+};
+
 }  // namespace
 
 TrainSummary train(const Recipe& r, const parallel::ProcessGroups& g, const TrainOptions& opts) {
@@ -132,6 +235,7 @@ TrainSummary train(const Recipe& r, const parallel::ProcessGroups& g, const Trai
     throw_input("{}: training.precision {} needs the CUDA backend; on the CPU use --set training.precision=fp32",
                 r.source_path, to_string(r.training.precision));
   validate_layout(r, g.topo.world());
+  const FaultInjection fault = fault_injection_from_env();  // testing aid; InputError when malformed
   const int64_t tp = g.topo.tp(), pp = g.topo.pp(), dp = g.topo.dp();
   const int64_t T = r.model.seq_length, mbs = r.training.micro_batch_size;
   const bool rank0 = g.rank == 0;
@@ -147,6 +251,7 @@ TrainSummary train(const Recipe& r, const parallel::ProcessGroups& g, const Trai
   const int64_t v = virtual_chunks(r);
   model::ParamStore store;
   std::vector<model::ChunkSpec> specs;
+  std::vector<int64_t> chunk_param_end;  // params [end of chunk c-1, end of chunk c) belong to chunk c
   for (int64_t c = 0; c < v; ++c) {
     auto [first, n] = chunk_layers(r, g.coord.pp, c);
     model::ChunkSpec s;
@@ -156,6 +261,7 @@ TrainSummary train(const Recipe& r, const parallel::ProcessGroups& g, const Trai
     s.has_head = g.coord.pp == pp - 1 && c == v - 1;
     specs.push_back(s);
     model::declare_chunk_params(store, cfg, s, g.coord.tp, tp);
+    chunk_param_end.push_back(static_cast<int64_t>(store.infos().size()));  // dp bucket overlap
   }
   store.finalize(DType::f32);
   store.initialize(cfg.seed, cfg.init_std, cfg.num_layers_total);
@@ -197,6 +303,7 @@ TrainSummary train(const Recipe& r, const parallel::ProcessGroups& g, const Trai
     std::ofstream(std::filesystem::path(r.logging.dir) / "recipe.resolved.yaml") << to_yaml(r);
   }
   MetricsWriter metrics(r.logging.dir, rank0);
+  CommReport comm_report(r.logging.dir, g, opts.comm_report);
   std::unique_ptr<tb::TensorBoardWriter> tensorboard;
   if (rank0 && r.logging.tensorboard) tensorboard = std::make_unique<tb::TensorBoardWriter>(r.logging.dir);
   double peak_tflops = r.logging.peak_tflops;
@@ -222,12 +329,64 @@ TrainSummary train(const Recipe& r, const parallel::ProcessGroups& g, const Trai
 
   // ---- loop -----------------------------------------------------------------------------
   PipelineExecutor exec(r, g, chunks);
+  // Data-parallel overlap (not ZeRO-1): each chunk's gradients are final after its last
+  // micro batch's backward; the bucketer all-reduces full buckets from then on. Grads
+  // that reduce_shared_grads still changes (tied embedding, SP partial grads) are left
+  // to bucketer.finish(), which runs after it.
+  std::vector<parallel::GradRange> all_params;
+  for (auto& p : store.infos()) all_params.push_back({p.offset, p.numel});
+  parallel::GradBucketer bucketer(all_params, g.dp, optim.bucket_size());
+  const bool overlap_dp = bucketer.active() && !optim.zero1();
+  if (overlap_dp) {
+    std::vector<std::vector<parallel::GradRange>> ready(static_cast<size_t>(v));
+    const bool emb_shared = pp > 1 && g.embedding && g.embedding->size() > 1;
+    const bool sp_shared = tp > 1 && r.parallel.sequence_parallel;
+    int64_t i = 0;
+    for (int64_t c = 0; c < v; ++c)
+      for (; i < chunk_param_end[static_cast<size_t>(c)]; ++i) {
+        const auto& p = store.infos()[static_cast<size_t>(i)];
+        if ((p.word_embedding && emb_shared) || (p.sp_grad_reduce && sp_shared)) continue;
+        auto& rc = ready[static_cast<size_t>(c)];
+        if (!rc.empty() && rc.back().offset + rc.back().numel == p.offset)
+          rc.back().numel += p.numel;  // merge neighbours: fewer calls, same buckets
+        else
+          rc.push_back({p.offset, p.numel});
+      }
+    exec.set_grad_bucketer(&bucketer, std::move(ready));
+    optim.set_grads_reduced_by_caller(true);
+  }
   TrainSummary summary;
   int64_t consumed = 0, iteration = 0, skipped_total = 0, nan_total = 0, nonfinite_in_a_row = 0;
+  // ---- checkpoints: resume, then save on schedule / on a stop signal / at the end --------
+  install_stop_signal_handlers();
+  CheckpointManager ckpt(r, g, {tp, pp, dp, v, optim.zero1()});
+  std::vector<int64_t> per_source(source->source_names().size(), 0);
+  if (auto st = ckpt.resume(store, optim)) {
+    consumed = st->consumed_samples;
+    iteration = st->iteration;
+    skipped_total = st->skipped_total;
+    nan_total = st->nan_total;
+    if (st->per_source_samples.size() == per_source.size()) per_source = st->per_source_samples;
+  }
+  int64_t last_saved = iteration;
+  auto save_now = [&]() {
+    model::ckpt::TrainState st;
+    st.iteration = iteration;
+    st.consumed_samples = consumed;
+    st.consumed_tokens = consumed * T;
+    st.optimizer_steps = optim.steps_taken();
+    st.per_source_samples = per_source;
+    st.skipped_total = skipped_total;
+    st.nan_total = nan_total;
+    st.seed = static_cast<uint64_t>(r.training.seed);
+    st.layout = {tp, pp, dp, v, optim.zero1()};
+    st.recipe_yaml = to_yaml(r);
+    ckpt.save(st, store, optim);
+    last_saved = iteration;
+  };
   const uint64_t seed = static_cast<uint64_t>(r.training.seed);
   const int64_t total_iters = run.iterations;
-  int64_t next_gbs = schedules::global_batch_size(r.training, T, 0);
-  loader.prefetch(0, next_gbs);
+  loader.prefetch(consumed, schedules::global_batch_size(r.training, T, consumed));
   while (iteration < total_iters) {
     const auto t0 = std::chrono::steady_clock::now();
     const int64_t gbs = schedules::global_batch_size(r.training, T, consumed);
@@ -235,14 +394,17 @@ TrainSummary train(const Recipe& r, const parallel::ProcessGroups& g, const Trai
     const int64_t after = consumed + gbs;
     if (iteration + 1 < total_iters) loader.prefetch(after, schedules::global_batch_size(r.training, T, after));
     const double lr = schedules::learning_rate(r.optimizer, after * T, run.tokens);
-    for (auto* c : {g.tp.get(), g.pp.get(), g.dp.get()})
-      if (c) c->reset_bytes();
+    comm_report.reset();  // every group's byte counter, this iteration only
+    maybe_inject_fault(fault, g.rank, iteration + 1);
 
     store.zero_grads();
+    if (overlap_dp) bucketer.begin(store.grads().data<float>());
     StepLoss sl = exec.run_batch(batch, consumed, mix_key(seed, static_cast<uint64_t>(iteration), 0xD0));
     // Grad reductions the model leaves to the end of the step: the tied word embedding
     // between first and last stage, and sequence-parallel partial grads over tp.
     exec.reduce_shared_grads(store);
+    if (overlap_dp) bucketer.finish();  // every dp bucket summed; optim skips its all-reduce
+    if (inject_nan(fault, g.rank, iteration + 1)) ops::fill(store.grads(), std::nan(""));
     parallel::StepResult st = optim.step(store.params(), store.grads(), lr);
     const double loss = sl.loss;
     const bool nonfinite = st.skipped || !std::isfinite(loss);
@@ -277,6 +439,8 @@ TrainSummary train(const Recipe& r, const parallel::ProcessGroups& g, const Trai
     s.bytes_tp = g.tp ? g.tp->bytes_sent() : 0;
     s.bytes_pp = g.pp ? g.pp->bytes_sent() : 0;
     s.bytes_dp = g.dp ? g.dp->bytes_sent() : 0;
+    comm_report.write(iteration, gbs, batch.micro_batches, overlap_dp ? bucketer.num_buckets() : 0,
+                      overlap_dp ? bucketer.started_early() : 0);
     if (opts.on_iteration) opts.on_iteration(s);
     summary.iterations.push_back(s);
 
@@ -298,23 +462,47 @@ TrainSummary train(const Recipe& r, const parallel::ProcessGroups& g, const Trai
         log::info(
             " iteration {:>7}/{:<7} | consumed tokens: {:>10} | elapsed time per iteration (ms): {:8.1f} | tokens/s: {:9.1f} | "
             "TFLOP/s/GPU: {:6.3f} | MFU: {:5.1f}% | learning rate: {:.3E} | global batch size: {:5} | lm loss: {:.6E} | "
-            "grad norm: {:.3f} | skipped: {} | nan: {} | mem: {} MiB",
+            "grad norm: {:.3f} | skipped: {} | nan: {} | mem: {} MiB | comm MB tp/pp/dp: {:.3f}/{:.3f}/{:.3f}",
             iteration, total_iters, s.consumed_tokens, dt * 1e3, s.tokens_per_s, s.tflops_per_gpu, 100 * s.mfu, lr, gbs, loss,
-            st.grad_norm, skipped_total, nan_total, s.peak_memory_bytes >> 20);
+            st.grad_norm, skipped_total, nan_total, s.peak_memory_bytes >> 20, s.bytes_tp / 1e6, s.bytes_pp / 1e6,
+            s.bytes_dp / 1e6);  // rank 0's bytes sent this iteration (ring model, parallel/communicator.hpp)
     }
-    if (nonfinite_in_a_row >= r.training.max_nonfinite_in_a_row)
+    for (size_t k = 0; k < per_source.size() && k < batch.per_source_samples.size(); ++k)
+      per_source[k] += batch.per_source_samples[k];
+    ckpt.poll();
+    if (nonfinite_in_a_row >= r.training.max_nonfinite_in_a_row) {
+      if (ckpt.enabled()) {  // updates were skipped, so the weights are still the last good ones
+        save_now();
+        ckpt.finish();
+      }
       throw_runtime("iteration {}: {} non-finite losses/gradients in a row (training.max_nonfinite_in_a_row); lower the lr "
                     "or check the data",
                     iteration, nonfinite_in_a_row);
+    }
+    // Slurm's preemption (SIGTERM) and time-limit warning (--signal=USR1@...): every rank
+    // learns whether any rank got one, so they all stop after the same iteration.
+    int64_t stop = stop_signal_received() ? 1 : 0;
+    if (g.world && g.world->size() > 1) g.world->all_reduce(&stop, 1, parallel::ReduceOp::max);
+    if (stop) {
+      log::info("stop signal received: saving and exiting after iteration {}", iteration);
+      if (ckpt.enabled() && last_saved != iteration) save_now();
+      summary.interrupted = true;
+      break;
+    }
+    if (r.checkpoint.save_interval > 0 && iteration % r.checkpoint.save_interval == 0 && ckpt.enabled()) save_now();
     if (r.training.exit_duration_mins > 0) {
       double mins = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count() / 60.0;
       if (g.world && g.world->size() > 1) g.world->all_reduce(&mins, 1, parallel::ReduceOp::max);
       if (mins >= r.training.exit_duration_mins) {
         log::info("exiting after {:.1f} minutes (training.exit_duration_mins = {})", mins, r.training.exit_duration_mins);
+        if (ckpt.enabled() && last_saved != iteration) save_now();
+        summary.interrupted = true;
         break;
       }
     }
   }
+  if (ckpt.enabled() && last_saved != iteration) save_now();
+  ckpt.finish();
   summary.consumed_samples = consumed;
   summary.consumed_tokens = consumed * T;
   if (!opts.quiet && !summary.iterations.empty()) {

@@ -29,11 +29,15 @@ struct TrainOptions {
   bool quiet = false;
   // Called on every rank after each iteration (tests use it to collect losses).
   std::function<void(const IterationStats&)> on_iteration;
+  // Every rank writes its bytes sent per group and iteration to LOGDIR/bytes_rank<R>.jsonl
+  // (`mtnlg train --comm-report`; checked against the planner's formulas in tests).
+  bool comm_report = false;
 };
 
 struct TrainSummary {
   std::vector<IterationStats> iterations;
   int64_t consumed_samples = 0, consumed_tokens = 0;
+  bool interrupted = false;  // stopped early (signal, exit_duration_mins) after saving
 };
 
 // Runs training for `recipe` on the process groups of this rank.
