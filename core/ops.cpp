@@ -7,12 +7,23 @@
 #include <cstring>
 
 #include "core/cpu/ops_cpu.hpp"
+#ifdef MTNLG_HAVE_CUDA
+#include "core/cuda/ops_cuda.hpp"
+// `if (tensors are on CUDA) return cuda::<call>;` -- the CPU code below stays as it was.
+#define MTNLG_CUDA_DISPATCH(on_cuda, call) \
+  if (on_cuda) return ::mtnlg::cuda::call
+#else
+// same_device() throws for CUDA tensors in a CPU-only build.
+#define MTNLG_CUDA_DISPATCH(on_cuda, call) (void)(on_cuda)
+#endif
 
 namespace mtnlg::ops {
 
 namespace {
 
-void same_device(const char* op, std::initializer_list<const Tensor*> ts) {
+// True when the tensors live on the CUDA device (then the caller hands the op to the
+// CUDA backend, core/cuda/ops_cuda.hpp); without the backend that is an error.
+bool same_device(const char* op, std::initializer_list<const Tensor*> ts) {
   Device d = Device::cpu;
   bool first = true;
   for (auto* t : ts) {
@@ -24,8 +35,11 @@ void same_device(const char* op, std::initializer_list<const Tensor*> ts) {
       throw_runtime("{}: tensors on different devices", op);
     }
   }
+#ifndef MTNLG_HAVE_CUDA
   if (d == Device::cuda)
     throw_runtime("{}: this build has no CUDA implementation of the op (the CUDA backend is enabled with MTNLG_CUDA)", op);
+#endif
+  return d == Device::cuda;
 }
 
 void same_float_dtype(const char* op, std::initializer_list<const Tensor*> ts) {
@@ -63,7 +77,7 @@ T* ptr(const Tensor* t) {
 }  // namespace
 
 void fill(Tensor& x, double value) {
-  same_device("fill", {&x});
+  MTNLG_CUDA_DISPATCH(same_device("fill", {&x}), fill(x, value));
   switch (x.dtype()) {
     case DType::f32: {
       float* p = x.data<float>();
@@ -88,7 +102,7 @@ void fill(Tensor& x, double value) {
 }
 
 void copy(Tensor& dst, const Tensor& src) {
-  same_device("copy", {&dst, &src});
+  MTNLG_CUDA_DISPATCH(same_device("copy", {&dst, &src}), copy(dst, src));
   expect_numel("copy", "src", src, dst.numel());
   if (dst.dtype() != src.dtype()) throw_runtime("copy: dtype {} -> {} needs ops::convert", to_string(src.dtype()), to_string(dst.dtype()));
   std::memmove(dst.raw(), src.raw(), static_cast<size_t>(dst.nbytes()));
@@ -165,7 +179,7 @@ void store_double(Tensor& t, int64_t i, double v) {
 }  // namespace
 
 void convert(Tensor& dst, const Tensor& src) {
-  same_device("convert", {&dst, &src});
+  MTNLG_CUDA_DISPATCH(same_device("convert", {&dst, &src}), convert(dst, src));
   expect_numel("convert", "src", src, dst.numel());
   if (dst.dtype() == src.dtype()) return copy(dst, src);
 #pragma omp parallel for schedule(static)
@@ -173,7 +187,7 @@ void convert(Tensor& dst, const Tensor& src) {
 }
 
 void add(Tensor& out, const Tensor& a, const Tensor& b) {
-  same_device("add", {&out, &a, &b});
+  MTNLG_CUDA_DISPATCH(same_device("add", {&out, &a, &b}), add(out, a, b));
   same_float_dtype("add", {&out, &a, &b});
   expect_numel("add", "a", a, out.numel());
   expect_numel("add", "b", b, out.numel());
@@ -190,7 +204,7 @@ void add(Tensor& out, const Tensor& a, const Tensor& b) {
 void add_inplace(Tensor& acc, const Tensor& x) { add(acc, acc, x); }
 
 void scale(Tensor& x, double s) {
-  same_device("scale", {&x});
+  MTNLG_CUDA_DISPATCH(same_device("scale", {&x}), scale(x, s));
   same_float_dtype("scale", {&x});
   by_dtype(x.dtype(), [&](auto z) {
     using T = decltype(z);
@@ -203,7 +217,7 @@ void scale(Tensor& x, double s) {
 }
 
 double sum_squares(const Tensor& x) {
-  same_device("sum_squares", {&x});
+  MTNLG_CUDA_DISPATCH(same_device("sum_squares", {&x}), sum_squares(x));
   same_float_dtype("sum_squares", {&x});
   double total = 0;
   by_dtype(x.dtype(), [&](auto z) {
@@ -229,7 +243,7 @@ double sum_squares(const Tensor& x) {
 bool all_finite(const Tensor& x) { return std::isfinite(sum_squares(x)); }
 
 void matmul_forward(Tensor& out, const Tensor& inp, const Tensor& w, const Tensor* bias) {
-  same_device("matmul_forward", {&out, &inp, &w, bias});
+  MTNLG_CUDA_DISPATCH(same_device("matmul_forward", {&out, &inp, &w, bias}), matmul_forward(out, inp, w, bias));
   same_float_dtype("matmul_forward", {&out, &inp, &w, bias});
   int64_t OC = w.dim(0), C = w.dim(1), N = inp.numel() / C;
   expect_numel("matmul_forward", "inp", inp, N * C);
@@ -243,7 +257,7 @@ void matmul_forward(Tensor& out, const Tensor& inp, const Tensor& w, const Tenso
 
 void matmul_backward(Tensor* dinp, Tensor* dw, Tensor* dbias, const Tensor& dout, const Tensor& inp, const Tensor& w,
                      bool accumulate_dinp) {
-  same_device("matmul_backward", {dinp, dw, dbias, &dout, &inp, &w});
+  MTNLG_CUDA_DISPATCH(same_device("matmul_backward", {dinp, dw, dbias, &dout, &inp, &w}), matmul_backward(dinp, dw, dbias, dout, inp, w, accumulate_dinp));
   same_float_dtype("matmul_backward", {dinp, dw, dbias, &dout, &inp, &w});
   int64_t OC = w.dim(0), C = w.dim(1), N = inp.numel() / C;
   expect_numel("matmul_backward", "dout", dout, N * OC);
@@ -259,7 +273,7 @@ void matmul_backward(Tensor* dinp, Tensor* dw, Tensor* dbias, const Tensor& dout
 
 void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& inp, const Tensor& w, const Tensor& b,
                        double eps) {
-  same_device("layernorm_forward", {&out, &mean, &rstd, &inp, &w, &b});
+  MTNLG_CUDA_DISPATCH(same_device("layernorm_forward", {&out, &mean, &rstd, &inp, &w, &b}), layernorm_forward(out, mean, rstd, inp, w, b, eps));
   same_float_dtype("layernorm_forward", {&out, &mean, &rstd, &inp, &w, &b});
   int64_t C = w.numel(), N = inp.numel() / C;
   expect_numel("layernorm_forward", "out", out, N * C);
@@ -274,7 +288,7 @@ void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& in
 
 void layernorm_backward(Tensor& dinp, Tensor& dw, Tensor& db, const Tensor& dout, const Tensor& inp, const Tensor& w,
                         const Tensor& mean, const Tensor& rstd, bool accumulate_dinp) {
-  same_device("layernorm_backward", {&dinp, &dw, &db, &dout, &inp, &w, &mean, &rstd});
+  MTNLG_CUDA_DISPATCH(same_device("layernorm_backward", {&dinp, &dw, &db, &dout, &inp, &w, &mean, &rstd}), layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, accumulate_dinp));
   same_float_dtype("layernorm_backward", {&dinp, &dw, &db, &dout, &inp, &w, &mean, &rstd});
   int64_t C = w.numel(), N = inp.numel() / C;
   expect_numel("layernorm_backward", "dinp", dinp, N * C);
@@ -286,7 +300,7 @@ void layernorm_backward(Tensor& dinp, Tensor& dw, Tensor& db, const Tensor& dout
 }
 
 void gelu_forward(Tensor& out, const Tensor& inp) {
-  same_device("gelu_forward", {&out, &inp});
+  MTNLG_CUDA_DISPATCH(same_device("gelu_forward", {&out, &inp}), gelu_forward(out, inp));
   same_float_dtype("gelu_forward", {&out, &inp});
   expect_numel("gelu_forward", "out", out, inp.numel());
   by_dtype(out.dtype(), [&](auto z) {
@@ -296,7 +310,7 @@ void gelu_forward(Tensor& out, const Tensor& inp) {
 }
 
 void gelu_backward(Tensor& dinp, const Tensor& inp, const Tensor& dout) {
-  same_device("gelu_backward", {&dinp, &inp, &dout});
+  MTNLG_CUDA_DISPATCH(same_device("gelu_backward", {&dinp, &inp, &dout}), gelu_backward(dinp, inp, dout));
   same_float_dtype("gelu_backward", {&dinp, &inp, &dout});
   expect_numel("gelu_backward", "dinp", dinp, inp.numel());
   expect_numel("gelu_backward", "dout", dout, inp.numel());
@@ -307,7 +321,7 @@ void gelu_backward(Tensor& dinp, const Tensor& inp, const Tensor& dout) {
 }
 
 void dropout_forward(Tensor& out, const Tensor& inp, double p, uint64_t key, uint64_t base_index) {
-  same_device("dropout_forward", {&out, &inp});
+  MTNLG_CUDA_DISPATCH(same_device("dropout_forward", {&out, &inp}), dropout_forward(out, inp, p, key, base_index));
   same_float_dtype("dropout_forward", {&out, &inp});
   expect_numel("dropout_forward", "out", out, inp.numel());
   by_dtype(out.dtype(), [&](auto z) {
@@ -322,7 +336,7 @@ void dropout_backward(Tensor& dinp, const Tensor& dout, double p, uint64_t key, 
 }
 
 void attention_forward(Tensor& out, Tensor& probs, const Tensor& qkv, int64_t heads, const AttentionDropout& drop) {
-  same_device("attention_forward", {&out, &probs, &qkv});
+  MTNLG_CUDA_DISPATCH(same_device("attention_forward", {&out, &probs, &qkv}), attention_forward_probs(out, probs, qkv, heads, drop));
   same_float_dtype("attention_forward", {&out, &probs, &qkv});
   MTNLG_CHECK(qkv.ndim() == 3, "attention qkv must be [B,T,3C], got {}", shape_str(qkv.shape()));
   int64_t B = qkv.dim(0), T = qkv.dim(1), D = qkv.dim(2) / (3 * heads);
@@ -337,7 +351,7 @@ void attention_forward(Tensor& out, Tensor& probs, const Tensor& qkv, int64_t he
 
 void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& probs, int64_t heads,
                         const AttentionDropout& drop) {
-  same_device("attention_backward", {&dqkv, &dout, &qkv, &probs});
+  MTNLG_CUDA_DISPATCH(same_device("attention_backward", {&dqkv, &dout, &qkv, &probs}), attention_backward_probs(dqkv, dout, qkv, probs, heads, drop));
   same_float_dtype("attention_backward", {&dqkv, &dout, &qkv, &probs});
   int64_t B = qkv.dim(0), T = qkv.dim(1), D = qkv.dim(2) / (3 * heads);
   expect_numel("attention_backward", "dqkv", dqkv, qkv.numel());
@@ -349,7 +363,7 @@ void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, con
 }
 
 void embedding_forward(Tensor& out, const Tensor& tokens, const Tensor& table, int64_t vocab_start) {
-  same_device("embedding_forward", {&out, &tokens, &table});
+  MTNLG_CUDA_DISPATCH(same_device("embedding_forward", {&out, &tokens, &table}), embedding_forward(out, tokens, table, vocab_start));
   same_float_dtype("embedding_forward", {&out, &table});
   MTNLG_CHECK(tokens.dtype() == DType::i32, "tokens must be i32");
   int64_t C = table.dim(1), N = tokens.numel();
@@ -361,7 +375,7 @@ void embedding_forward(Tensor& out, const Tensor& tokens, const Tensor& table, i
 }
 
 void embedding_backward(Tensor& dtable, const Tensor& tokens, const Tensor& dout, int64_t vocab_start) {
-  same_device("embedding_backward", {&dtable, &tokens, &dout});
+  MTNLG_CUDA_DISPATCH(same_device("embedding_backward", {&dtable, &tokens, &dout}), embedding_backward(dtable, tokens, dout, vocab_start));
   same_float_dtype("embedding_backward", {&dtable, &dout});
   int64_t C = dtable.dim(1), N = tokens.numel();
   expect_numel("embedding_backward", "dout", dout, N * C);
@@ -372,7 +386,7 @@ void embedding_backward(Tensor& dtable, const Tensor& tokens, const Tensor& dout
 }
 
 void position_forward(Tensor& x, const Tensor& pos, int64_t row_start, int64_t seq_len) {
-  same_device("position_forward", {&x, &pos});
+  MTNLG_CUDA_DISPATCH(same_device("position_forward", {&x, &pos}), position_forward(x, pos, row_start, seq_len));
   same_float_dtype("position_forward", {&x, &pos});
   int64_t C = pos.dim(1), rows = x.numel() / C;
   MTNLG_CHECK(seq_len <= pos.dim(0), "position_forward: sequence {} longer than the position table {}", seq_len, pos.dim(0));
@@ -383,7 +397,7 @@ void position_forward(Tensor& x, const Tensor& pos, int64_t row_start, int64_t s
 }
 
 void position_backward(Tensor& dpos, const Tensor& dx, int64_t row_start, int64_t seq_len) {
-  same_device("position_backward", {&dpos, &dx});
+  MTNLG_CUDA_DISPATCH(same_device("position_backward", {&dpos, &dx}), position_backward(dpos, dx, row_start, seq_len));
   same_float_dtype("position_backward", {&dpos, &dx});
   int64_t C = dpos.dim(1), rows = dx.numel() / C;
   by_dtype(dx.dtype(), [&](auto z) {
@@ -393,7 +407,7 @@ void position_backward(Tensor& dpos, const Tensor& dx, int64_t row_start, int64_
 }
 
 void bias_add_forward(Tensor& x, const Tensor& b) {
-  same_device("bias_add_forward", {&x, &b});
+  MTNLG_CUDA_DISPATCH(same_device("bias_add_forward", {&x, &b}), bias_add_forward(x, b));
   same_float_dtype("bias_add_forward", {&x, &b});
   int64_t C = b.numel(), N = x.numel() / C;
   by_dtype(x.dtype(), [&](auto z) {
@@ -403,7 +417,7 @@ void bias_add_forward(Tensor& x, const Tensor& b) {
 }
 
 void bias_add_backward(Tensor& db, const Tensor& dout) {
-  same_device("bias_add_backward", {&db, &dout});
+  MTNLG_CUDA_DISPATCH(same_device("bias_add_backward", {&db, &dout}), bias_add_backward(db, dout));
   same_float_dtype("bias_add_backward", {&db, &dout});
   int64_t C = db.numel(), N = dout.numel() / C;
   by_dtype(dout.dtype(), [&](auto z) {
@@ -413,7 +427,7 @@ void bias_add_backward(Tensor& db, const Tensor& dout) {
 }
 
 void xent_rowmax(Tensor& rowmax, const Tensor& logits, int64_t valid_local) {
-  same_device("xent_rowmax", {&rowmax, &logits});
+  MTNLG_CUDA_DISPATCH(same_device("xent_rowmax", {&rowmax, &logits}), xent_rowmax(rowmax, logits, valid_local));
   same_float_dtype("xent_rowmax", {&rowmax, &logits});
   int64_t N = rowmax.numel(), V = logits.numel() / N;
   by_dtype(logits.dtype(), [&](auto z) {
@@ -424,7 +438,7 @@ void xent_rowmax(Tensor& rowmax, const Tensor& logits, int64_t valid_local) {
 
 void xent_sumexp_target(Tensor& sumexp, Tensor& target_logit, const Tensor& logits, const Tensor& targets,
                         const Tensor& rowmax, int64_t vocab_start, int64_t valid_local) {
-  same_device("xent_sumexp_target", {&sumexp, &target_logit, &logits, &targets, &rowmax});
+  MTNLG_CUDA_DISPATCH(same_device("xent_sumexp_target", {&sumexp, &target_logit, &logits, &targets, &rowmax}), xent_sumexp_target(sumexp, target_logit, logits, targets, rowmax, vocab_start, valid_local));
   same_float_dtype("xent_sumexp_target", {&sumexp, &target_logit, &logits, &rowmax});
   int64_t N = rowmax.numel(), V = logits.numel() / N;
   expect_numel("xent_sumexp_target", "targets", targets, N);
@@ -437,7 +451,7 @@ void xent_sumexp_target(Tensor& sumexp, Tensor& target_logit, const Tensor& logi
 
 void xent_backward(Tensor& dlogits, const Tensor& logits, const Tensor& targets, const Tensor& rowmax,
                    const Tensor& sumexp, const Tensor& dloss, int64_t vocab_start, int64_t valid_local) {
-  same_device("xent_backward", {&dlogits, &logits, &targets, &rowmax, &sumexp, &dloss});
+  MTNLG_CUDA_DISPATCH(same_device("xent_backward", {&dlogits, &logits, &targets, &rowmax, &sumexp, &dloss}), xent_backward(dlogits, logits, targets, rowmax, sumexp, dloss, vocab_start, valid_local));
   same_float_dtype("xent_backward", {&dlogits, &logits, &rowmax, &sumexp, &dloss});
   int64_t N = rowmax.numel(), V = logits.numel() / N;
   expect_numel("xent_backward", "dlogits", dlogits, N * V);
@@ -449,7 +463,7 @@ void xent_backward(Tensor& dlogits, const Tensor& logits, const Tensor& targets,
 }
 
 void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& p) {
-  same_device("adamw_step", {&param, &grad, &m, &v});
+  MTNLG_CUDA_DISPATCH(same_device("adamw_step", {&param, &grad, &m, &v}), adamw_step(param, grad, m, v, p));
   same_float_dtype("adamw_step", {&param, &grad, &m, &v});
   int64_t n = param.numel();
   expect_numel("adamw_step", "grad", grad, n);

@@ -66,6 +66,16 @@ void attention_forward(Tensor& out, Tensor& probs, const Tensor& qkv, int64_t he
 void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& probs, int64_t heads,
                         const AttentionDropout& drop);
 
+// Log-sum-exp variant (core/ops_attention.cpp): saves lse[B,H,T] = log sum_{j<=i}
+// exp(q_i.k_j/sqrt(D)) per row instead of probs[B,H,T,T], so activation memory is O(T)
+// instead of O(T^2) per head; the backward recomputes the probabilities from qkv and
+// lse and also needs the forward's `out`. On CUDA this is the only attention (a fused
+// flash-attention kernel; lse must be f32 there); on the CPU it runs the reference
+// above. Same dropout mask as attention_forward. dqkv = .
+void attention_forward_lse(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t heads, const AttentionDropout& drop);
+void attention_backward_lse(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
+                            int64_t heads, const AttentionDropout& drop);
+
 // ---- embeddings (vocab-parallel: this rank holds rows [vocab_start, vocab_start+V_local)) --
 // out[N,C] = table[tok - vocab_start] for ids in range, 0 otherwise.
 void embedding_forward(Tensor& out, const Tensor& tokens /* i32 [N] */, const Tensor& table, int64_t vocab_start);

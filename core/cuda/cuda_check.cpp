@@ -1,0 +1,49 @@
+// Reporter behind CUDA_CHECK / CUBLAS_CHECK / NCCL_CHECK (core/cuda/cuda_check.hpp).
+// Compiled by the host compiler so it can use fmt and core/error.hpp.
+#include "core/cuda/cuda_check.hpp"
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+
+#include "core/error.hpp"
+
+namespace mtnlg::cuda {
+
+namespace {
+std::atomic<int64_t> g_error_rank{-1};  // diagnostic only: printed in error messages
+}
+
+void set_error_rank(int64_t rank) { g_error_rank.store(rank); }
+int64_t error_rank() { return g_error_rank.load(); }
+
+void report_gpu_error(const char* api, int64_t code, const char* what, const char* stmt, const char* file, int line) {
+  int dev = -1;
+  if (cudaGetDevice(&dev) != cudaSuccess) dev = -1;
+  std::string where = fmt::format("device {}", dev);
+  if (int64_t r = error_rank(); r >= 0) where += fmt::format(", rank {}", r);
+  throw RuntimeError(
+      fmt::format("{} error {} ({}) in `{}` at {}:{} on {}", api, code, what ? what : "?", stmt, file, line, where));
+}
+
+void fail(const char* msg) { throw RuntimeError(msg); }
+
+bool sync_check_enabled() {
+#ifdef MTNLG_CUDA_SYNC_CHECK
+  return true;
+#else
+  static const bool on = [] {
+    const char* v = std::getenv("MTNLG_CUDA_SYNC_CHECK");
+    return v && std::strcmp(v, "0") != 0 && *v != '\0';
+  }();
+  return on;
+#endif
+}
+
+void launch_check(const char* what, const char* file, int line) {
+  cudaError_t e = cudaGetLastError();
+  if (e == cudaSuccess && sync_check_enabled()) e = cudaDeviceSynchronize();
+  if (e != cudaSuccess) report_gpu_error("CUDA", static_cast<int64_t>(e), cudaGetErrorString(e), what, file, line);
+}
+
+}  // namespace mtnlg::cuda

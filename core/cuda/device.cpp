@@ -1,0 +1,238 @@
+// RAII CUDA resources, the caching allocator and the backend state (device.hpp).
+// Host code only, so it is a .cpp built by the host compiler (it may use fmt and
+// core/tensor.hpp, which nvcc cannot parse in C++20 mode).
+#include "core/cuda/device.hpp"
+
+#include <cublas_api.h>
+
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "core/cuda/cuda_check.hpp"
+#include "core/error.hpp"
+#include "core/tensor.hpp"
+
+namespace mtnlg::cuda {
+
+// ---- RAII ------------------------------------------------------------------------
+
+CudaStream::CudaStream() { CUDA_CHECK(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking)); }
+CudaStream::~CudaStream() {
+  if (s_) cudaStreamDestroy(s_);  // no throw from a destructor
+}
+CudaStream& CudaStream::operator=(CudaStream&& o) noexcept {
+  std::swap(s_, o.s_);
+  return *this;
+}
+void CudaStream::synchronize() const { CUDA_CHECK(cudaStreamSynchronize(s_)); }
+
+CudaEvent::CudaEvent(bool timing) {
+  CUDA_CHECK(cudaEventCreateWithFlags(&e_, timing ? cudaEventDefault : cudaEventDisableTiming));
+}
+CudaEvent::~CudaEvent() {
+  if (e_) cudaEventDestroy(e_);
+}
+CudaEvent& CudaEvent::operator=(CudaEvent&& o) noexcept {
+  std::swap(e_, o.e_);
+  return *this;
+}
+void CudaEvent::record(cudaStream_t s) { CUDA_CHECK(cudaEventRecord(e_, s)); }
+void CudaEvent::synchronize() const { CUDA_CHECK(cudaEventSynchronize(e_)); }
+float CudaEvent::elapsed_ms(const CudaEvent& start) const {
+  float ms = 0;
+  CUDA_CHECK(cudaEventElapsedTime(&ms, start.e_, e_));
+  return ms;
+}
+
+CublasLtHandle::CublasLtHandle() { CUBLAS_CHECK(cublasLtCreate(&h_)); }
+CublasLtHandle::~CublasLtHandle() {
+  if (h_) cublasLtDestroy(h_);
+}
+CublasLtHandle& CublasLtHandle::operator=(CublasLtHandle&& o) noexcept {
+  std::swap(h_, o.h_);
+  return *this;
+}
+
+// ---- caching allocator -----------------------------------------------------------
+
+namespace {
+
+constexpr int64_t kSmallLimit = 1 << 20, kSmallGranule = 512, kLargeGranule = 2 << 20;
+
+class CachingAllocator {
+ public:
+  void* alloc(int64_t bytes) {
+    const int64_t size = allocation_size_class(bytes);
+    std::lock_guard<std::mutex> lock(mu_);
+    void* p = nullptr;
+    auto it = free_.find(size);
+    if (it != free_.end() && !it->second.empty()) {
+      p = it->second.back();
+      it->second.pop_back();
+      ++stats_.cache_hits;
+    } else {
+      cudaError_t e = cudaMalloc(&p, static_cast<size_t>(size));
+      if (e == cudaErrorMemoryAllocation) {
+        cudaGetLastError();  // clear the sticky-free error state of the failed call
+        release_cached_locked();
+        e = cudaMalloc(&p, static_cast<size_t>(size));
+      }
+      if (e != cudaSuccess) {
+        cudaGetLastError();
+        throw_runtime("CUDA out of memory: cannot allocate {} bytes (size class {}) on device {}: {} bytes in use, {} "
+                      "reserved, peak {} ({})",
+                      bytes, size, backend_device(), stats_.current_bytes, stats_.reserved_bytes, stats_.peak_bytes,
+                      cudaGetErrorString(e));
+      }
+      ++stats_.device_allocs;
+      stats_.reserved_bytes += size;
+    }
+    live_[p] = size;
+    stats_.current_bytes += size;
+    stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.current_bytes);
+    return p;
+  }
+
+  void free(void* p) {
+    if (!p) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = live_.find(p);
+    if (it == live_.end()) return;  // not ours (defensive: never double-free into the cache)
+    stats_.current_bytes -= it->second;
+    free_[it->second].push_back(p);
+    live_.erase(it);
+  }
+
+  void release_cached() {
+    std::lock_guard<std::mutex> lock(mu_);
+    release_cached_locked();
+  }
+
+  MemoryStats stats() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return stats_;
+  }
+  void reset_peak() {
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.peak_bytes = stats_.current_bytes;
+  }
+
+ private:
+  void release_cached_locked() {
+    // Blocks in the free lists may still be read by queued kernels: drain the stream
+    // before giving them back to the driver.
+    if (backend_ready()) cudaStreamSynchronize(stream());
+    for (auto& [size, ptrs] : free_) {
+      for (void* p : ptrs) {
+        cudaFree(p);
+        stats_.reserved_bytes -= size;
+      }
+      ptrs.clear();
+    }
+  }
+
+  std::mutex mu_;
+  std::unordered_map<int64_t, std::vector<void*>> free_;  // size class -> free blocks
+  std::unordered_map<void*, int64_t> live_;               // block -> size class
+  MemoryStats stats_;
+};
+
+CachingAllocator& allocator() {
+  static auto* a = new CachingAllocator;  // leaked on purpose, see device.hpp
+  return *a;
+}
+
+struct Backend {
+  int device = -1;
+  CudaStream stream;
+  CublasLtHandle lt;
+  void* workspace = nullptr;
+  int64_t workspace_bytes = 0;
+  std::string name;
+};
+Backend* g_backend = nullptr;  // set once by init_backend, never destroyed
+std::mutex g_backend_mu;
+
+Backend& backend() {
+  if (!g_backend) throw_runtime("the CUDA backend is not initialised: call cuda::init_backend(device) first");
+  return *g_backend;
+}
+
+void hook_copy(void* dst, const void* src, int64_t bytes, int kind) {
+  const cudaMemcpyKind k = kind == 0 ? cudaMemcpyHostToDevice : kind == 1 ? cudaMemcpyDeviceToHost : cudaMemcpyDeviceToDevice;
+  CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), k, stream()));
+  // Host memory is pageable and owned by the caller: wait so it may be reused at once.
+  if (kind != 2) CUDA_CHECK(cudaStreamSynchronize(stream()));
+}
+
+}  // namespace
+
+int64_t allocation_size_class(int64_t bytes) {
+  bytes = std::max<int64_t>(bytes, 1);
+  if (bytes <= kSmallLimit) return (bytes + kSmallGranule - 1) / kSmallGranule * kSmallGranule;
+  return (bytes + kLargeGranule - 1) / kLargeGranule * kLargeGranule;
+}
+
+MemoryStats memory_stats() { return allocator().stats(); }
+void reset_peak_memory() { allocator().reset_peak(); }
+void empty_cache() { allocator().release_cached(); }
+void* device_alloc(int64_t bytes) { return allocator().alloc(bytes); }
+void device_free(void* p) { allocator().free(p); }
+
+// ---- backend ---------------------------------------------------------------------
+
+int device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+int device_for_local_rank(int64_t local_rank) {
+  const int n = device_count();
+  if (n == 0) throw_runtime("no CUDA device is visible (CUDA_VISIBLE_DEVICES='{}')", [] {
+      const char* v = std::getenv("CUDA_VISIBLE_DEVICES");
+      return std::string(v ? v : "<unset>");
+    }());
+  return static_cast<int>(local_rank % n);
+}
+
+void init_backend(int device) {
+  std::lock_guard<std::mutex> lock(g_backend_mu);
+  if (g_backend) {
+    if (g_backend->device != device)
+      throw_runtime("the CUDA backend already runs on device {}; cannot switch to device {}", g_backend->device, device);
+    return;
+  }
+  const int n = device_count();
+  if (device < 0 || device >= n) throw_runtime("CUDA device {} does not exist ({} visible)", device, n);
+  CUDA_CHECK(cudaSetDevice(device));
+  auto b = std::make_unique<Backend>();
+  b->device = device;
+  cudaDeviceProp prop{};
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  b->name = fmt::format("{} (sm_{}{})", prop.name, prop.major, prop.minor);
+  // 32 MiB: what cuBLASLt's heuristics want for large Hopper GEMMs.
+  b->workspace_bytes = 32 << 20;
+  CUDA_CHECK(cudaMalloc(&b->workspace, static_cast<size_t>(b->workspace_bytes)));
+  g_backend = b.release();
+  auto& h = cuda_allocator_hooks();
+  h.alloc = [](int64_t bytes) { return device_alloc(bytes); };
+  h.free = [](void* p) { device_free(p); };
+  h.copy = hook_copy;
+}
+
+bool backend_ready() { return g_backend != nullptr; }
+int backend_device() { return g_backend ? g_backend->device : -1; }
+cudaStream_t stream() { return backend().stream.get(); }
+cublasLtHandle_t cublaslt() { return backend().lt.get(); }
+void* cublas_workspace() { return backend().workspace; }
+int64_t cublas_workspace_bytes() { return backend().workspace_bytes; }
+void synchronize() { backend().stream.synchronize(); }
+const char* device_name() { return backend().name.c_str(); }
+
+}  // namespace mtnlg::cuda

@@ -1,0 +1,81 @@
+// The CUDA backend of the op set: Tensor-level entry points that core/ops.cpp calls
+// when its arguments live on Device::cuda (same names and argument meanings as
+// core/ops.hpp), plus the CUDA-only pieces of mixed precision (a flat multi-segment
+// AdamW with a low-precision copy-out).
+//
+// Dtypes on CUDA (checked here, RuntimeError naming the op and the argument):
+//   activations, their gradients and the weights as used by the forward: f32, bf16 or
+//     f16, all the same within one call;
+//   parameter gradients (matmul dw/dbias, layernorm dw/db, bias_add db, embedding
+//     dtable, position dpos): f32 (fp32 gradient accumulation);
+//   statistics (layernorm mean/rstd, attention lse, xent rowmax/sumexp/target_logit/
+//     dloss): f32;
+//   optimizer param/grad/m/v: f32 (the master copy); f64 is CPU-only.
+// In fp32 training all of these are f32, so the model's CPU allocations carry over.
+// The probs form of attention (ops::attention_forward/backward) is CPU-only: on CUDA
+// call ops::attention_forward_lse / attention_backward_lse.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "core/ops.hpp"
+#include "core/tensor.hpp"
+
+namespace mtnlg::cuda {
+
+void fill(Tensor& x, double value);
+void copy(Tensor& dst, const Tensor& src);
+void add(Tensor& out, const Tensor& a, const Tensor& b);
+void scale(Tensor& x, double s);
+double sum_squares(const Tensor& x);  // synchronises
+bool all_finite(const Tensor& x);     // synchronises
+void convert(Tensor& dst, const Tensor& src);
+
+void matmul_forward(Tensor& out, const Tensor& inp, const Tensor& w, const Tensor* bias);
+void matmul_backward(Tensor* dinp, Tensor* dw, Tensor* dbias, const Tensor& dout, const Tensor& inp, const Tensor& w,
+                     bool accumulate_dinp);
+void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& inp, const Tensor& w, const Tensor& b,
+                       double eps);
+void layernorm_backward(Tensor& dinp, Tensor& dw, Tensor& db, const Tensor& dout, const Tensor& inp, const Tensor& w,
+                        const Tensor& mean, const Tensor& rstd, bool accumulate_dinp);
+void gelu_forward(Tensor& out, const Tensor& inp);
+void gelu_backward(Tensor& dinp, const Tensor& inp, const Tensor& dout);
+void dropout_forward(Tensor& out, const Tensor& inp, double p, uint64_t key, uint64_t base_index);
+
+void attention_forward_lse(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t heads, const ops::AttentionDropout& drop);
+void attention_backward_lse(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
+                            int64_t heads, const ops::AttentionDropout& drop);
+// Throw RuntimeError: the [B,H,T,T] probs form is not implemented on CUDA.
+void attention_forward_probs(Tensor& out, Tensor& probs, const Tensor& qkv, int64_t heads,
+                             const ops::AttentionDropout& drop);
+void attention_backward_probs(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& probs, int64_t heads,
+                              const ops::AttentionDropout& drop);
+
+void embedding_forward(Tensor& out, const Tensor& tokens, const Tensor& table, int64_t vocab_start);
+void embedding_backward(Tensor& dtable, const Tensor& tokens, const Tensor& dout, int64_t vocab_start);
+void position_forward(Tensor& x, const Tensor& pos, int64_t row_start, int64_t seq_len);
+void position_backward(Tensor& dpos, const Tensor& dx, int64_t row_start, int64_t seq_len);
+void bias_add_forward(Tensor& x, const Tensor& b);
+void bias_add_backward(Tensor& db, const Tensor& dout);
+
+void xent_rowmax(Tensor& rowmax, const Tensor& logits, int64_t valid_local);
+void xent_sumexp_target(Tensor& sumexp, Tensor& target_logit, const Tensor& logits, const Tensor& targets,
+                        const Tensor& rowmax, int64_t vocab_start, int64_t valid_local);
+void xent_backward(Tensor& dlogits, const Tensor& logits, const Tensor& targets, const Tensor& rowmax,
+                   const Tensor& sumexp, const Tensor& dloss, int64_t vocab_start, int64_t valid_local);
+
+void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const ops::AdamWParams& p);
+
+// ---- mixed precision -----------------------------------------------------------------
+struct AdamWSegment {
+  int64_t offset = 0, numel = 0;  // elements of the flat buffer
+  bool weight_decay = true;       // false: weight decay 0 (biases, norm weights)
+};
+// AdamW over the whole flat fp32 master buffer in one launch (p.weight_decay applies to
+// segments with weight_decay; elements outside every segment are not touched). When
+// `copy_out` is given (bf16 or f16, same numel) it receives the updated parameters:
+// the low-precision weights the next forward uses.
+void adamw_flat(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const ops::AdamWParams& p,
+                const std::vector<AdamWSegment>& segments, Tensor* copy_out);
+
+}  // namespace mtnlg::cuda

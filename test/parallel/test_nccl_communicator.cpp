@@ -1,0 +1,65 @@
+// NcclCommunicator (parallel/nccl_communicator.hpp) on one GPU: a size-1 NCCL group
+// bootstrapped through a LocalCommunicator. Checks the collectives on device buffers
+// (identities for one rank, in place and out of place), split, the peer checks, and
+// iall_reduce's stream-ordered wait. Multi-GPU behaviour needs several ranks with a
+// GPU each (not in this test). Tagged [gpu]; compiled only with NCCL.
+#ifdef MTNLG_HAVE_NCCL
+#include <catch2/catch.hpp>
+
+#include <vector>
+
+#include "core/cuda/device.hpp"
+#include "core/error.hpp"
+#include "core/ops.hpp"
+#include "parallel/communicator.hpp"
+#include "parallel/nccl_communicator.hpp"
+#include "test/core/cuda_test_util.hpp"
+
+using namespace mtnlg;
+using namespace mtnlg::parallel;
+
+namespace {
+Tensor seq_tensor(int64_t n, float base) {
+  Tensor t = Tensor::empty({n});
+  for (int64_t i = 0; i < n; ++i) t.data<float>()[i] = base + static_cast<float>(i);
+  return t;
+}
+}  // namespace
+
+TEST_CASE("nccl communicator: size-1 group on one GPU", "[gpu]") {
+  if (!test::gpu_ready()) return;
+  REQUIRE(have_nccl());
+  LocalCommunicator boot("world");
+  auto c = make_nccl_communicator(boot, "dp");
+  CHECK(c->rank() == 0);
+  CHECK(c->size() == 1);
+  CHECK(c->name() == "dp");
+
+  Tensor x = seq_tensor(1000, 1.0f).to(Device::cuda);
+  c->all_reduce(x.data<float>(), 1000, ReduceOp::sum);
+  test::check_close("all_reduce", x, seq_tensor(1000, 1.0f), 0.0 + 1e-12);
+  auto req = c->iall_reduce(x.data<float>(), 1000, ReduceOp::max);
+  req->wait();
+  test::check_close("iall_reduce", x, seq_tensor(1000, 1.0f), 1e-12);
+  c->broadcast(x.data<float>(), 1000, 0);
+  Tensor y = Tensor::empty({1000}, DType::f32, Device::cuda);
+  ops::fill(y, 0.0);
+  c->reduce_scatter(x.data<float>(), y.data<float>(), 1000);
+  test::check_close("reduce_scatter", y, seq_tensor(1000, 1.0f), 1e-12);
+  ops::fill(y, 0.0);
+  c->all_gather(x.data<float>(), y.data<float>(), 1000);
+  test::check_close("all_gather", y, seq_tensor(1000, 1.0f), 1e-12);
+  c->barrier();
+
+  CHECK_THROWS_AS(c->send(x.data<float>(), 1, 0, 0), RuntimeError);  // no peer but itself
+  CHECK_THROWS_AS(c->recv(x.data<float>(), 1, 1, 0), RuntimeError);
+  CHECK_THROWS_AS(c->broadcast(x.data<float>(), 1, 1), RuntimeError);
+
+  auto sub = c->split(0, 0, "tp");
+  REQUIRE(sub);
+  CHECK(sub->name() == "tp");
+  CHECK(sub->size() == 1);
+  CHECK(c->split(-1, 0, "none") == nullptr);
+  CHECK(c->bytes_sent() == 0);  // size-1 groups move nothing
+}
+#endif  // MTNLG_HAVE_NCCL
