@@ -7,7 +7,7 @@ pkgs=(
   libyaml-cpp-dev libcli11-dev libfmt-dev   # recipes, command line, formatting
   nlohmann-json3-dev                        # JSON: JSONL corpora, metadata, results
   catch2                                    # unit tests (Catch2 2.13 on bookworm)
-  libopenblas-dev                           # CPU matmul
+  libopenblas-dev libopenblas-openmp-dev    # CPU matmul (the OpenMP build shares mtnlg's thread team)
   libopenmpi-dev openmpi-bin                # launch, bootstrap, CPU collectives
   zlib1g-dev libzstd-dev                    # .jsonl.gz / .jsonl.zst input
   python3-torch python3-numpy               # outside oracles in tests
