@@ -3,6 +3,7 @@
 // for launcher discovery). Bad input exits 2 before anything is allocated; a fault on
 // one rank ends every rank (MPI_Abort) so no peer waits forever in a collective.
 #include <cstdio>
+#include <cstdlib>
 
 #include "app/commands.hpp"
 #include "app/trainer.hpp"
@@ -18,6 +19,7 @@ struct TrainArgs {
   std::vector<std::string> sets;
   bool quiet = false;
   bool comm_report = false;
+  int stopped_exit_code = 0;
 };
 }  // namespace
 
@@ -29,12 +31,19 @@ void register_train(CLI::App& app) {
                   "Override a recipe key: section.key=value, value parsed as YAML (e.g. --set training.train_iters=100); "
                   "repeatable, applied after the file");
   cmd->add_flag("--quiet", a.quiet, "Only errors on the console (metrics.jsonl is still written)");
+  cmd->add_option("--stopped-exit-code", a.stopped_exit_code,
+                  "Exit status when the run stopped early after saving a checkpoint (SIGTERM, SIGUSR1, "
+                  "training.exit_duration_mins); default 0. The sbatch templates pass 75 to requeue the job")
+      ->check(CLI::Range(0, 125));
   cmd->add_flag("--comm-report", a.comm_report,
                 "Every rank writes the bytes it sent per group (tp, pp, dp, embedding, mp, world) each iteration to "
                 "LOGDIR/bytes_rank<R>.jsonl (ring-model bytes, see docs/PLANNER.md)");
   cmd->footer(
-      "Testing aid: MTNLG_FAULT_INJECT=rank=R:iteration=I:mode=throw|abort|kill makes global rank R fail at the start "
-      "of iteration I (throw an error, abort(), or SIGKILL itself); the whole job must then exit non-zero.");
+      "Checkpoints: checkpoint.load resumes (a directory without a checkpoint starts fresh); SIGTERM and SIGUSR1 "
+      "save at the next iteration boundary and exit (see --stopped-exit-code).\n"
+      "Testing aid: MTNLG_FAULT_INJECT=rank=R:iteration=I:mode=throw|abort|kill|sigterm|sigusr1|nan makes global "
+      "rank R, at the start of iteration I, throw an error, abort(), SIGKILL itself, raise SIGTERM/SIGUSR1, or (nan) "
+      "produce non-finite gradients from then on.");
   cmd->callback([] {
     Recipe r = load_recipe(a.recipe, a.sets);  // InputError -> exit 2 before any process group exists
     parallel::LaunchInfo info = parallel::detect_launch();
@@ -43,13 +52,14 @@ void register_train(CLI::App& app) {
     log::context().rank = static_cast<int>(info.rank);
     log::context().world = static_cast<int>(info.world_size);
     log::context().quiet = a.quiet;
+    bool interrupted = false;
     try {
       auto topo = parallel::Topology::from_world(info.world_size, r.tp(), r.pp());
       auto groups = parallel::make_groups(world, topo);
       TrainOptions opts;
       opts.quiet = a.quiet;
       opts.comm_report = a.comm_report;
-      train(r, groups, opts);
+      interrupted = train(r, groups, opts).interrupted;
     } catch (const Error& e) {
       if (info.world_size > 1) {
         std::fprintf(stderr, "mtnlg: error on rank %lld: %s\n", static_cast<long long>(info.rank), e.what());
@@ -66,6 +76,10 @@ void register_train(CLI::App& app) {
       throw;
     }
     parallel::finalize_world();
+    if (interrupted && a.stopped_exit_code != 0) {  // saved and stopped early: tell the job script
+      std::fflush(nullptr);
+      std::exit(a.stopped_exit_code);
+    }
   });
 }
 
