@@ -15,4 +15,7 @@ if [ ! -s demo-data/fortunes_text_document.idx ] || [ ! -s demo-data/bible_text_
   scripts/make-demo-corpus.sh demo-data build/mtnlg
 fi
 build/mtnlg data inspect demo-data/fortunes_text_document demo-data/bible_text_document || true
+# Idle OpenMP threads sleep instead of spinning: on a 2-core box where anything else
+# runs, spinning threads steal the cores the working ones need (docs/PERFORMANCE.md).
+export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
 exec build/mtnlg train recipes/cpu-demo.yaml "$@"
