@@ -319,7 +319,9 @@ CommBytes comm_bytes_per_iteration(const Recipe& r, const Layout& l, int64_t B) 
     // back to the first rank, so every rank sends 2*v per microbatch except the
     // ends of the non-interleaved pipeline.
     const double per = l.sequence_parallel ? act / t : act;
-    c.pp = m * 2.0 * double(l.vp) * per;
+    // pp == 2 without interleaving has no middle stage: each end sends one direction.
+    const double sends = (l.pp == 2 && l.vp == 1) ? 1.0 : 2.0 * double(l.vp);
+    c.pp = m * sends * per;
   }
   return c;
 }

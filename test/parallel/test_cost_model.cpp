@@ -121,8 +121,13 @@ TEST_CASE("cost: communication bytes per iteration match hand counts", "[cost]")
   // act = b*s*h*4 = 8192 bytes; all-reduce over 2 ranks sends 2*(1/2)*S = S.
   // stage 0: 4 microbatches x 2 layers x 4 all-reduces x 8192 + embedding 4 x 8192.
   CHECK(c.tp == Approx(4 * 2 * 4 * 8192.0 + 4 * 8192.0));
-  // pp: 4 microbatches x (activation + gradient) x 8192.
-  CHECK(c.pp == Approx(4 * 2 * 8192.0));
+  // pp = 2: stage 0 sends 4 activations forward, stage 1 4 gradients back; each 8192 bytes.
+  CHECK(c.pp == Approx(4 * 8192.0));
+  // pp = 4: a middle stage sends both directions.
+  Recipe r4 = r;
+  r4.parallel.tensor_model_parallel_size = 1;
+  r4.parallel.pipeline_model_parallel_size = 4;
+  CHECK(comm_bytes_per_iteration(r4, layout_from_recipe(r4, 8), 8).pp == Approx(4 * 2 * 8192.0));  // m = 4 (dp 2)
   // dp: stage 0 holds 2 layers x (49600/2 + 384) + 512*64/2 + 32*64 = 68800 params; fp32
   // gradients all-reduced over 2 ranks: 2*(1/2)*68800*4.
   CHECK(c.dp == Approx(68800 * 4.0));
