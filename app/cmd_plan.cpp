@@ -2,9 +2,16 @@
 // a layout with the cost model (parallel/cost_model.hpp): per-stage memory, time per
 // iteration, throughput, MFU, the whole run's days and GPU-hours; or search all layouts
 // of a GPU count and rank them. Output contract: shared/specs/interface.md "Plan".
+// `--sbatch FILE` also writes a Slurm batch script that runs the chosen layout, modelled
+// on scripts/slurm/mtnlg-530b.sbatch (srun + PMIx, USR1 before the time limit, requeue
+// on exit 75, MTNLG_DRY_RUN); docs/SLURM.md describes what it relies on.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -29,8 +36,185 @@ struct PlanArgs {
   bool search = false;
   bool json = false;
   std::string svg;
+  std::string sbatch;
   int64_t top = 10;
 };
+
+// Slurm's --time cap for a generated script. Longer runs requeue themselves: SIGUSR1
+// ten minutes before the limit -> checkpoint -> exit 75 -> `scontrol requeue`.
+constexpr double kMaxJobSeconds = 48.0 * 3600.0;
+
+// One shell word, single-quoted unless it is plainly safe.
+std::string shell_quote(const std::string& s) {
+  if (!s.empty() && s.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-./=,:+@") ==
+                        std::string::npos)
+    return s;
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+std::string slurm_time(double seconds) {
+  const auto total = static_cast<int64_t>(std::ceil(seconds / 60.0)) * 60;
+  return fmt::format("{}:{:02}:{:02}", total / 3600, (total / 60) % 60, total % 60);
+}
+
+// The directory --sbatch writes into must exist (checked before any search runs).
+void check_sbatch_path(const std::string& path) {
+  namespace fs = std::filesystem;
+  const fs::path p(path);
+  const fs::path dir = p.parent_path().empty() ? fs::path(".") : p.parent_path();
+  if (!fs::is_directory(dir)) throw_input("--sbatch {}: directory {} does not exist", path, dir.string());
+  if (fs::is_directory(p)) throw_input("--sbatch {}: is a directory; name a file", path);
+}
+
+// The `--set` overrides that make `mtnlg train` run layout `l` (every layout key the
+// search may change, so the script does not depend on the recipe's own choices).
+std::vector<std::string> layout_sets(const Recipe& r, const cost::Layout& l) {
+  int64_t per_virtual = 0;  // num_layers_per_virtual_pipeline_stage; 0 = plain 1F1B
+  if (l.vp > 1) {
+    per_virtual = r.model.num_layers / l.pp / l.vp;
+    if (per_virtual < 1 || (r.model.num_layers / l.pp) / per_virtual != l.vp)
+      throw_runtime("--sbatch: layout {} has no num_layers_per_virtual_pipeline_stage for {} layers", l.describe(),
+                    r.model.num_layers);
+  }
+  std::vector<std::string> v = {
+      fmt::format("parallel.tensor_model_parallel_size={}", l.tp),
+      fmt::format("parallel.pipeline_model_parallel_size={}", l.pp),
+      fmt::format("parallel.num_layers_per_virtual_pipeline_stage={}", per_virtual),
+      fmt::format("training.micro_batch_size={}", l.micro_batch),
+      fmt::format("parallel.recompute_granularity={}", to_string(l.recompute)),
+      fmt::format("parallel.sequence_parallel={}", l.sequence_parallel ? "true" : "false"),
+      fmt::format("parallel.use_distributed_optimizer={}", l.distributed_optimizer ? "true" : "false"),
+  };
+  // Uneven stage splits (the search may choose them) must be spelled out.
+  bool even = true;
+  for (int64_t n : l.stage_layers) even = even && n == l.stage_layers.front();
+  if (!even || !r.parallel.pipeline_layers.empty())
+    v.push_back(fmt::format("parallel.pipeline_layers=[{}]", fmt::join(l.stage_layers, ",")));
+  return v;
+}
+
+// A batch script for `gpus` GPUs in layout e.layout; see the file comment.
+std::string sbatch_script(const PlanArgs& a, const Recipe& r, const cost::Estimate& e, const cost::Cluster& c) {
+  const cost::Layout& l = e.layout;
+  const int64_t gpus = l.gpus();
+  const int64_t per_node = std::min(gpus, c.gpus_per_node);
+  if (gpus % per_node != 0)
+    throw_input("--sbatch: {} GPUs is not a whole number of nodes of {} GPUs (--gpus-per-node)", gpus, c.gpus_per_node);
+  const int64_t nodes = gpus / per_node;
+  // Predicted run time plus 10% and 15 minutes for start-up, checkpoint loading and the
+  // final save; capped, since the job requeues itself at the limit and resumes.
+  const bool known = e.run_iterations > 0 && e.run_seconds > 0;
+  const double wanted = known ? e.run_seconds * 1.1 + 900.0 : kMaxJobSeconds;
+  const bool capped = wanted > kMaxJobSeconds;
+  const std::string time = slurm_time(std::min(wanted, kMaxJobSeconds));
+  std::string time_note;
+  if (!known)
+    time_note = "the recipe sets no run length, so the default cap is used";
+  else if (capped)
+    time_note = fmt::format("the run needs about {:.1f} days: capped at {}; at the limit the job checkpoints, exits 75 "
+                            "and requeues itself (about {} jobs in all)",
+                            e.run_seconds / 86400.0, slurm_time(kMaxJobSeconds),
+                            static_cast<int64_t>(std::ceil(wanted / (kMaxJobSeconds - 600.0))));
+  else
+    time_note = fmt::format("predicted {:.1f} hours plus 10% and 15 minutes for start-up and saves",
+                            e.run_seconds / 3600.0);
+  std::string cmdline = fmt::format("mtnlg plan {} --gpus {} --gpu {}", a.recipe, gpus, c.gpu.name);
+  if (c.gpus_per_node != 8) cmdline += fmt::format(" --gpus-per-node {}", c.gpus_per_node);
+  for (auto& s : a.sets) cmdline += " --set " + s;
+  if (a.search) cmdline += " --search";
+  cmdline += " --sbatch " + a.sbatch;
+
+  std::string extra_sets;  // the user's --set overrides, then the layout's (the layout wins)
+  for (auto& s : a.sets) extra_sets += fmt::format("    --set {} \\\n", shell_quote(s));
+  for (auto& s : layout_sets(r, l)) extra_sets += fmt::format("    --set {} \\\n", shell_quote(s));
+
+  std::string o;
+  o += "#!/bin/bash\n";
+  o += fmt::format("# {} on {} x {}: layout {}\n", r.name, gpus, c.gpu.name, l.describe());
+  o += fmt::format("# Written by `{}`.\n", cmdline);
+  if (known)
+    o += fmt::format("# Predicted (parallel/cost_model, docs/PLANNER.md): {:.3f} s per iteration, {:.1f}% MFU, peak {:.1f} GiB "
+                     "per GPU; {} iterations in {:.1f} days, {:.3g} GPU-hours.\n",
+                     e.iteration_time, 100 * e.mfu, e.peak_memory / kGiB, e.run_iterations, e.run_seconds / 86400.0,
+                     e.run_gpu_hours);
+  o += "# One Slurm task per GPU, started by srun through PMIx. Submit from the repository root:\n";
+  o += fmt::format("#   mkdir -p logs && sbatch --export=ALL,SHARED=/lustre/proj/mtnlg {}\n", a.sbatch);
+  o += "# Settings (environment variables, defaults below) and preemption: docs/SLURM.md.\n";
+  o += "#\n";
+  o += fmt::format("#SBATCH --job-name={}\n", r.name);
+  o += fmt::format("#SBATCH --nodes={}\n", nodes);
+  o += fmt::format("#SBATCH --ntasks-per-node={}\n", per_node);
+  o += fmt::format("#SBATCH --gpus-per-node={}\n", per_node);
+  o += fmt::format("#SBATCH --time={}\n", time);
+  o += "#SBATCH --exclusive\n";
+  o += "#SBATCH --requeue\n";
+  o += "#SBATCH --signal=USR1@600\n";
+  o += "#SBATCH --open-mode=append\n";
+  o += "#SBATCH --output=logs/%x-%j.out\n";
+  o += fmt::format("# (--time: {}.\n", time_note);
+  o += "#  --signal=USR1@600: every task gets SIGUSR1 ten minutes before the time limit; mtnlg finishes the\n";
+  o += "#  iteration, saves a checkpoint and exits 75, and this script requeues the job. --requeue: a\n";
+  o += "#  preempted job, or one whose node failed, goes back to the queue with the same job id.)\n";
+  o += "\nset -uo pipefail\n\n";
+  o += "# --- site settings ----------------------------------------------------------------\n";
+  o += "MTNLG_ROOT=${MTNLG_ROOT:-${SLURM_SUBMIT_DIR:-$PWD}}   # repo checkout; relative paths resolve here\n";
+  o += "MTNLG_BIN=${MTNLG_BIN:-$MTNLG_ROOT/build/mtnlg}\n";
+  o += fmt::format("RECIPE=${{RECIPE:-{}}}\n", shell_quote(a.recipe));
+  o += "SHARED=${SHARED:-/shared/${USER:-$(id -un)}/mtnlg}                 # a file system every node mounts\n";
+  o += fmt::format("RUN_NAME=${{RUN_NAME:-{}}}\n", shell_quote(r.name));
+  o += "CKPT_DIR=${CKPT_DIR:-$SHARED/checkpoints/$RUN_NAME}   # save and load: resuming is automatic\n";
+  o += "RUN_DIR=${RUN_DIR:-$SHARED/runs/$RUN_NAME}            # metrics.jsonl, TensorBoard, recipe\n";
+  o += fmt::format("TP={}\nPP={}\nGPUS_PER_NODE={}\n\n", l.tp, l.pp, per_node);
+  o += "# --- layout check (before anything starts) ---------------------------------------------\n";
+  o += fmt::format("NODES=${{SLURM_JOB_NUM_NODES:-${{SLURM_NNODES:-{}}}}}\n", nodes);
+  o += "WORLD=$((NODES * GPUS_PER_NODE))\n";
+  o += "if (( WORLD % (TP * PP) != 0 )); then\n";
+  o += fmt::format("  echo \"{}: $NODES nodes x $GPUS_PER_NODE GPUs = $WORLD is not a multiple of tp*pp = $((TP * PP))\" >&2\n",
+                   r.name);
+  o += "  exit 2\nfi\nDP=$((WORLD / (TP * PP)))\n\n";
+  o += "export NCCL_DEBUG=${NCCL_DEBUG:-WARN}     # INFO shows the rings/trees and the NICs chosen\n";
+  o += "# export NCCL_IB_HCA=... NCCL_SOCKET_IFNAME=... (site-specific; docs/SLURM.md \"NCCL environment\")\n";
+  o += "export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}\n\n";
+  o += "# MTNLG_DRY_RUN=1 prints the commands instead of running them; each then \"exits\" with\n";
+  o += "# MTNLG_DRY_RUN_RC (default 0), to exercise the requeue path.\n";
+  o += "run() {\n  if [[ -n ${MTNLG_DRY_RUN:-} ]]; then echo \"+ $*\"; return \"${MTNLG_DRY_RUN_RC:-0}\"; fi\n  \"$@\"\n}\n\n";
+  o += "mkdir -p \"$CKPT_DIR\" \"$RUN_DIR\" logs\n";
+  o += fmt::format("echo \"{}: job ${{SLURM_JOB_ID:-?}} attempt $(( ${{SLURM_RESTART_COUNT:-0}} + 1 )), $NODES nodes, world $WORLD = "
+                   "tp $TP x pp $PP x dp $DP\"\n",
+                   r.name);
+  o += fmt::format("echo \"{}: checkpoints $CKPT_DIR, run dir $RUN_DIR\"\n\n", r.name);
+  o += "# --kill-on-bad-exit: one failed rank ends the step at once. MTNLG_EXTRA: more arguments.\n";
+  o += "cd \"$MTNLG_ROOT\" || exit 2\n";
+  o += "# shellcheck disable=SC2086\n";
+  o += "run srun --mpi=pmix --kill-on-bad-exit=1 \\\n";
+  o += "  \"$MTNLG_BIN\" train \"$RECIPE\" --stopped-exit-code 75 \\\n";
+  o += extra_sets;
+  o += "    --set checkpoint.save=\"$CKPT_DIR\" \\\n";
+  o += "    --set checkpoint.load=\"$CKPT_DIR\" \\\n";
+  o += "    --set logging.dir=\"$RUN_DIR\" \\\n";
+  o += "    ${MTNLG_EXTRA:-}\nrc=$?\n\n";
+  o += "# 75 (EX_TEMPFAIL): mtnlg stopped early on SIGUSR1/SIGTERM after saving a checkpoint.\n";
+  o += "if (( rc == 75 )); then\n";
+  o += fmt::format("  echo \"{}: checkpoint saved before the time limit; requeueing job ${{SLURM_JOB_ID:-?}}\"\n", r.name);
+  o += "  run scontrol requeue \"${SLURM_JOB_ID:-}\"\n  exit 0\nfi\n";
+  o += fmt::format("echo \"{}: mtnlg exited with $rc\"\nexit $rc\n", r.name);
+  return o;
+}
+
+void write_sbatch(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary);
+    if (!out) throw_input("--sbatch {}: cannot write this file", path);
+    out << text;
+    if (!out.flush()) throw_runtime("--sbatch {}: write failed", path);
+  }
+  std::filesystem::permissions(tmp, std::filesystem::perms::owner_exec | std::filesystem::perms::group_exec,
+                               std::filesystem::perm_options::add);
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) throw_runtime("--sbatch {}: cannot rename {} into place", path, tmp);
+}
 
 nlohmann::json layout_json(const cost::Layout& l) {
   return {{"tp", l.tp},
@@ -152,6 +336,7 @@ void write_svg(const cost::Estimate& e, const std::string& path, const std::stri
 }
 
 void run_plan(const PlanArgs& a) {
+  if (!a.sbatch.empty()) check_sbatch_path(a.sbatch);
   std::vector<std::string> sets = a.sets;
   if (a.tp > 0) sets.push_back(fmt::format("parallel.tensor_model_parallel_size={}", a.tp));
   if (a.pp > 0) sets.push_back(fmt::format("parallel.pipeline_model_parallel_size={}", a.pp));
@@ -212,6 +397,7 @@ void run_plan(const PlanArgs& a) {
       j["warnings"].push_back(ramp_note + " (mtnlg train would reject this; ramp microbatches are rounded up here)");
     j["recipe"] = r.name;
     if (a.search) j["search"] = search_json;
+    if (!a.sbatch.empty()) j["sbatch"] = a.sbatch;  // written below
     std::printf("%s\n", j.dump(2).c_str());
   } else {
     print_human(r, est, c);
@@ -220,6 +406,12 @@ void run_plan(const PlanArgs& a) {
                   ramp_note.c_str());
   }
   if (!a.svg.empty()) write_svg(est, a.svg, r.name);
+  if (!a.sbatch.empty()) {
+    write_sbatch(a.sbatch, sbatch_script(a, r, est, c));
+    // Under --json the object's "sbatch" key says so; stdout stays one JSON object.
+    if (!a.json)
+      std::printf("sbatch           wrote %s (layout %s)\n", a.sbatch.c_str(), est.layout.describe().c_str());
+  }
 }
 
 }  // namespace
@@ -239,6 +431,9 @@ void register_plan(CLI::App& app) {
   cmd->add_option("--top", a.top, "With --search: how many ranked layouts to show")->capture_default_str();
   cmd->add_flag("--json", a.json, "Print one JSON object (interface.md \"Plan\") instead of tables");
   cmd->add_option("--svg", a.svg, "Write the pipeline timeline of the (chosen) layout as SVG to this file");
+  cmd->add_option("--sbatch", a.sbatch,
+                  "Write a Slurm batch script that trains the (chosen) layout on --gpus GPUs to this file "
+                  "(srun + PMIx, --time from the prediction, requeue on exit 75; docs/SLURM.md)");
   cmd->callback([] { run_plan(a); });
 }
 

@@ -76,6 +76,16 @@ int64_t peak_rss_bytes() {
 
 // Achieved single-process sgemm rate (TFLOP/s) on a square problem: the CPU's
 // practical peak, used for MFU when no peak is given.
+// " | ETA 1h02m" once 10 iterations of this process have run: the mean step time of the
+// last 10 times the iterations left (the batch ramp makes early estimates low); "" before.
+std::string eta_text(const std::vector<IterationStats>& done, int64_t remaining) {
+  constexpr size_t kWindow = 10;
+  if (done.size() < kWindow || remaining <= 0) return "";
+  double sum = 0;
+  for (size_t i = done.size() - kWindow; i < done.size(); ++i) sum += done[i].step_time_s;
+  return " | ETA " + human_duration(sum / kWindow * static_cast<double>(remaining));
+}
+
 double measure_cpu_sgemm_tflops() {
   // Best of several single-GEMM timings: a busy machine slows some of them down, and
   // the peak is what the hardware can do, not what it did once.
@@ -462,10 +472,11 @@ TrainSummary train(const Recipe& r, const parallel::ProcessGroups& g, const Trai
         log::info(
             " iteration {:>7}/{:<7} | consumed tokens: {:>10} | elapsed time per iteration (ms): {:8.1f} | tokens/s: {:9.1f} | "
             "TFLOP/s/GPU: {:6.3f} | MFU: {:5.1f}% | learning rate: {:.3E} | global batch size: {:5} | lm loss: {:.6E} | "
-            "grad norm: {:.3f} | skipped: {} | nan: {} | mem: {} MiB | comm MB tp/pp/dp: {:.3f}/{:.3f}/{:.3f}",
+            "grad norm: {:.3f} | skipped: {} | nan: {} | mem: {} MiB | comm MB tp/pp/dp: {:.3f}/{:.3f}/{:.3f}{}",
             iteration, total_iters, s.consumed_tokens, dt * 1e3, s.tokens_per_s, s.tflops_per_gpu, 100 * s.mfu, lr, gbs, loss,
             st.grad_norm, skipped_total, nan_total, s.peak_memory_bytes >> 20, s.bytes_tp / 1e6, s.bytes_pp / 1e6,
-            s.bytes_dp / 1e6);  // rank 0's bytes sent this iteration (ring model, parallel/communicator.hpp)
+            s.bytes_dp / 1e6,  // rank 0's bytes sent this iteration (ring model, parallel/communicator.hpp)
+            eta_text(summary.iterations, total_iters - iteration));
     }
     for (size_t k = 0; k < per_source.size() && k < batch.per_source_samples.size(); ++k)
       per_source[k] += batch.per_source_samples[k];
