@@ -1,0 +1,71 @@
+// Bad input through the binary: one case per class, each exits 2 with a one-line
+// message that names the place (file:line:col, field) and what would be valid.
+#include <catch2/catch.hpp>
+
+#include "test/support/test_support.hpp"
+
+using namespace mtnlg;
+using Catch::Matchers::Contains;
+
+namespace {
+const char* kGood = R"(model:
+  num_layers: 2
+  hidden_size: 32
+  num_attention_heads: 4
+  seq_length: 16
+  vocab_size: 100
+  make_vocab_size_divisible_by: 8
+training:
+  micro_batch_size: 2
+  global_batch_size: 8
+  train_iters: 2
+data:
+  mock: true
+)";
+
+void expect_exit2(const std::string& args, std::initializer_list<const char*> phrases) {
+  auto r = test::run_mtnlg(args);
+  INFO(args << "\n" << r.out);
+  CHECK(r.exit_code == 2);
+  for (auto* p : phrases) CHECK_THAT(r.out, Contains(p));
+  // one line of error, not a stack of them
+  CHECK(std::count(r.out.begin(), r.out.end(), '\n') <= 2);
+}
+}  // namespace
+
+TEST_CASE("bad input: every class exits 2 naming the place", "[e2e]") {
+  test::TempDir d("badinput");
+  auto file = [&](const std::string& name, const std::string& text) {
+    test::write_file(d / name, text);
+    return (d / name).string();
+  };
+  const std::string good = file("good.yaml", kGood);
+  // broken YAML
+  expect_exit2("recipe validate " + file("broken.yaml", "model:\n  num_layers: [1, 2\n"), {"broken.yaml:", "invalid YAML"});
+  // unknown key, with the valid ones listed
+  expect_exit2("recipe validate " + file("unknown.yaml", std::string(kGood) + "  shuffle: true\n"),
+               {"unknown.yaml:14:3", "unknown key 'data.shuffle'", "valid keys are"});
+  // wrong type
+  expect_exit2("recipe validate " + file("type.yaml", std::string(kGood) + "logging:\n  log_interval: often\n"),
+               {"type.yaml:15:17", "logging.log_interval", "expected an integer"});
+  // impossible values: out of range, and a cross-field rule
+  expect_exit2("recipe validate " + good + " --set model.hidden_dropout=2", {"--set model.hidden_dropout=2", "out of range"});
+  expect_exit2("recipe validate " + good + " --set model.num_attention_heads=3", {"divisible by model.num_attention_heads"});
+  expect_exit2("train " + good + " --set parallel.tensor_model_parallel_size=3",
+               {"divisible by parallel.tensor_model_parallel_size"});
+  // a layout that cannot exist in this world
+  expect_exit2("recipe validate " + good + " --world-size 3 --set parallel.tensor_model_parallel_size=2",
+               {"world size 3", "tensor_model_parallel_size"});
+  // missing file
+  expect_exit2("train " + (d / "nope.yaml").string(), {"nope.yaml", "no such file"});
+  // missing data prefix
+  expect_exit2("train " + good + " --set data.mock=false --set 'data.blend=[{weight: 1, prefix: " + d.str() + "/none}]' --set logging.dir=" + d.str() + "/run",
+               {"data.blend[0].prefix", "not found"});
+  // bf16 on the CPU
+  expect_exit2("train " + good + " --set training.precision=bf16 --set logging.dir=" + d.str() + "/run2",
+               {"training.precision bf16 needs the CUDA backend"});
+  // unknown command line option
+  auto r = test::run_mtnlg("train " + good + " --bogus");
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.out, Contains("--bogus"));
+}
