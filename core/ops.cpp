@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "core/cpu/ops_cpu.hpp"
+#include "core/ops_checks.hpp"
 #ifdef MTNLG_HAVE_CUDA
 #include "core/cuda/ops_cuda.hpp"
 // `if (tensors are on CUDA) return cuda::<call>;` -- the CPU code below stays as it was.
@@ -19,7 +20,7 @@
 
 namespace mtnlg::ops {
 
-namespace {
+namespace detail {
 
 // True when the tensors live on the CUDA device (then the caller hands the op to the
 // CUDA backend, core/cuda/ops_cuda.hpp); without the backend that is an error.
@@ -56,6 +57,13 @@ void same_float_dtype(const char* op, std::initializer_list<const Tensor*> ts) {
   }
   if (d != DType::f32 && d != DType::f64) throw_runtime("{}: dtype {} not supported on the CPU", op, to_string(d));
 }
+
+}  // namespace detail
+
+using detail::same_device;
+using detail::same_float_dtype;
+
+namespace {
 
 void expect_numel(const char* op, const char* name, const Tensor& t, int64_t n) {
   if (t.numel() != n) throw_runtime("{}: {} has {} elements, expected {} (shape {})", op, name, t.numel(), n, shape_str(t.shape()));

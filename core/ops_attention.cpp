@@ -14,6 +14,7 @@
 
 #include "core/cpu/ops_cpu.hpp"
 #include "core/ops.hpp"
+#include "core/ops_checks.hpp"
 #ifdef MTNLG_HAVE_CUDA
 #include "core/cuda/ops_cuda.hpp"
 #endif
@@ -21,31 +22,6 @@
 namespace mtnlg::ops {
 
 namespace {
-
-bool on_cuda(const char* op, std::initializer_list<const Tensor*> ts) {
-  Device d = Device::cpu;
-  bool first = true;
-  for (auto* t : ts) {
-    if (!t || !t->defined()) continue;
-    if (first) {
-      d = t->device();
-      first = false;
-    } else if (t->device() != d) {
-      throw_runtime("{}: tensors on different devices", op);
-    }
-  }
-#ifndef MTNLG_HAVE_CUDA
-  if (d == Device::cuda) throw_runtime("{}: this build has no CUDA backend (MTNLG_CUDA=OFF)", op);
-#endif
-  return d == Device::cuda;
-}
-
-void cpu_dtypes(const char* op, std::initializer_list<const Tensor*> ts) {
-  DType d = (*ts.begin())->dtype();
-  for (auto* t : ts)
-    if (t->dtype() != d) throw_runtime("{}: mixed dtypes {} and {}", op, to_string(d), to_string(t->dtype()));
-  if (d != DType::f32 && d != DType::f64) throw_runtime("{}: dtype {} not supported on the CPU", op, to_string(d));
-}
 
 // s_ij = q_i . k_j / sqrt(D) for j <= i, in double. Calls f(b, h, i, row_of_scores).
 template <typename V, typename F>
@@ -74,11 +50,11 @@ void for_each_score_row(const V* qkv, int64_t B, int64_t T, int64_t H, int64_t D
 
 void attention_forward_lse(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t heads, const AttentionDropout& drop) {
 #ifdef MTNLG_HAVE_CUDA
-  if (on_cuda("attention_forward_lse", {&out, &lse, &qkv})) return cuda::attention_forward_lse(out, lse, qkv, heads, drop);
+  if (detail::same_device("attention_forward_lse", {&out, &lse, &qkv})) return cuda::attention_forward_lse(out, lse, qkv, heads, drop);
 #else
-  (void)on_cuda("attention_forward_lse", {&out, &lse, &qkv});
+  (void)detail::same_device("attention_forward_lse", {&out, &lse, &qkv});
 #endif
-  cpu_dtypes("attention_forward_lse", {&out, &lse, &qkv});
+  detail::same_float_dtype("attention_forward_lse", {&out, &lse, &qkv});
   MTNLG_CHECK(qkv.ndim() == 3, "attention qkv must be [B,T,3C], got {}", shape_str(qkv.shape()));
   const int64_t B = qkv.dim(0), T = qkv.dim(1), D = qkv.dim(2) / (3 * heads);
   MTNLG_CHECK(lse.numel() == B * heads * T, "attention_forward_lse: lse has {} elements, expected {}", lse.numel(),
@@ -105,12 +81,12 @@ void attention_forward_lse(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t 
 void attention_backward_lse(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
                             int64_t heads, const AttentionDropout& drop) {
 #ifdef MTNLG_HAVE_CUDA
-  if (on_cuda("attention_backward_lse", {&dqkv, &dout, &qkv, &out, &lse}))
+  if (detail::same_device("attention_backward_lse", {&dqkv, &dout, &qkv, &out, &lse}))
     return cuda::attention_backward_lse(dqkv, dout, qkv, out, lse, heads, drop);
 #else
-  (void)on_cuda("attention_backward_lse", {&dqkv, &dout, &qkv, &out, &lse});
+  (void)detail::same_device("attention_backward_lse", {&dqkv, &dout, &qkv, &out, &lse});
 #endif
-  cpu_dtypes("attention_backward_lse", {&dqkv, &dout, &qkv, &out, &lse});
+  detail::same_float_dtype("attention_backward_lse", {&dqkv, &dout, &qkv, &out, &lse});
   const int64_t B = qkv.dim(0), T = qkv.dim(1), D = qkv.dim(2) / (3 * heads);
   MTNLG_CHECK(lse.numel() == B * heads * T, "attention_backward_lse: lse has {} elements, expected {}", lse.numel(),
               B * heads * T);
