@@ -8,7 +8,9 @@
 #include <sstream>
 
 #include "app/commands.hpp"
+#include "app/eval_parallel.hpp"
 #include "app/eval_runner.hpp"
+#include "model/checkpoint.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
 
@@ -88,9 +90,35 @@ void run(const EvalArgs& a) {
   o.model_args = a.checkpoint.empty() ? "random_init=" + a.random_init : "checkpoint=" + a.checkpoint;
 
   auto tok = load_gpt2_tokenizer(a.vocab, a.merges);
-  model::LoadedModel lm = load_eval_model(a.checkpoint, a.random_init, a.sets);
-  model::InferenceModel im(lm.cfg, lm.store);
-  EvalReport rep = run_eval(im, *tok, o);
+  EvalReport rep;
+  const parallel::LaunchInfo launch = parallel::detect_launch();
+  if (launch.world_size > 1) {
+    // Under mpirun/srun: the checkpoint's model split tp x pp across the ranks
+    // (--set parallel.tensor_model_parallel_size=... chooses the layout).
+    if (a.checkpoint.empty()) throw_input("eval under mpirun/srun needs --checkpoint");
+    const std::string dir = model::ckpt::resolve(a.checkpoint);
+    Recipe r = parse_recipe(model::ckpt::read_metadata(dir).recipe_yaml, dir + "/metadata.json", a.sets);
+    validate_layout(r, launch.world_size);
+    auto world = parallel::init_world(launch);
+    log::context().rank = static_cast<int>(launch.rank);
+    log::context().world = static_cast<int>(launch.world_size);
+    try {
+      auto groups = parallel::make_groups(world, parallel::Topology::from_world(launch.world_size, r.tp(), r.pp()));
+      ParallelScorer scorer(r, dir, groups);
+      log::info("eval: {} split tp={} pp={} over {} ranks", dir, r.tp(), r.pp(), launch.world_size);
+      rep = run_eval(scorer.config(), std::ref(scorer), *tok, o);
+    } catch (const Error& e) {
+      std::fprintf(stderr, "mtnlg: error on rank %lld: %s\n", static_cast<long long>(launch.rank), e.what());
+      std::fflush(stderr);
+      parallel::abort_world(e.exit_code());
+    }
+    parallel::finalize_world();
+    if (launch.rank != 0) return;  // rank 0 prints and writes
+  } else {
+    model::LoadedModel lm = load_eval_model(a.checkpoint, a.random_init, a.sets);
+    model::InferenceModel im(lm.cfg, lm.store);
+    rep = run_eval(im, *tok, o);
+  }
 
   std::fputs(results_table(rep).c_str(), stdout);
   log::info("{} requests in {:.1f} s ({:.1f} requests/s)", rep.requests, rep.seconds,

@@ -34,10 +34,16 @@ ojson num(double v) { return std::isfinite(v) ? ojson(v) : ojson(nullptr); }
 }  // namespace
 
 EvalReport run_eval(const model::InferenceModel& model, const data::Tokenizer& tok, const EvalOptions& opt) {
+  return run_eval(
+      model.config(), [&](const std::vector<const model::ScoreRequest*>& reqs) { return model::score_batch(model, reqs); },
+      tok, opt);
+}
+
+EvalReport run_eval(const model::GptConfig& cfg, const ScoreFn& score, const data::Tokenizer& tok, const EvalOptions& opt) {
   const auto t0 = std::chrono::steady_clock::now();
-  const int64_t max_length = opt.max_length > 0 ? opt.max_length : model.config().seq_length;
-  if (max_length > model.config().max_positions)
-    throw_input("--max-length {} exceeds the model's {} positions", max_length, model.config().max_positions);
+  const int64_t max_length = opt.max_length > 0 ? opt.max_length : cfg.seq_length;
+  if (max_length > cfg.max_positions)
+    throw_input("--max-length {} exceeds the model's {} positions", max_length, cfg.max_positions);
   const bool v03 = opt.task_opt.version == ev::HarnessVersion::v0_3;
 
   // 1) documents and few-shot contexts, per task
@@ -105,7 +111,7 @@ EvalReport run_eval(const model::InferenceModel& model, const data::Tokenizer& t
         ptrs.push_back(&s);
         toks += static_cast<int64_t>(s.input.size());
       }
-      auto res = model::score_batch(model, ptrs);
+      auto res = score(ptrs);
       for (size_t i = b; i < e; ++i) reqs[order[i]].res = res[i - b];
       prog.add(static_cast<int64_t>(e - b), toks);
     }

@@ -9,6 +9,7 @@
 // loader once it exists.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -50,7 +51,12 @@ struct EvalReport {
   double seconds = 0;
 };
 
+// Scores one batch of loglikelihood requests (in-process model, or the ranks of a
+// tensor/pipeline-parallel job together: app/eval_parallel.hpp).
+using ScoreFn = std::function<std::vector<model::ScoreResult>(const std::vector<const model::ScoreRequest*>&)>;
+
 EvalReport run_eval(const model::InferenceModel& model, const data::Tokenizer& tok, const EvalOptions& opt);
+EvalReport run_eval(const model::GptConfig& cfg, const ScoreFn& score, const data::Tokenizer& tok, const EvalOptions& opt);
 
 // v0.3 results file (eval-harness.md §5) plus "n-shot" and "n-samples".
 nlohmann::ordered_json results_json(const EvalReport& rep, const EvalOptions& opt);

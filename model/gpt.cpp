@@ -384,6 +384,10 @@ ForwardResult GptChunk::forward(int64_t mb_id, const MicroBatch& mb, const Tenso
     li = std::log(se) + mx - tl;
     loss_sum += m * li;
     count += m;
+    if (mb.want_token_scores) {
+      res.token_logprob.push_back(-li);
+      res.token_greedy.push_back(tl >= mx ? 1 : 0);  // the label's logit is the global maximum
+    }
   }
   res.loss_sum = loss_sum;
   res.loss_tokens = count;

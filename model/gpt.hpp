@@ -60,12 +60,17 @@ struct MicroBatch {
   uint64_t step_key = 0;  // dropout key for this iteration
   double loss_weight = 1.0;  // d(total loss)/d(sum of this micro batch's token losses)
   const float* loss_mask = nullptr;  // optional [B*T], 1 = counts (eod_mask_loss)
+  bool want_token_scores = false;    // last stage: fill ForwardResult::token_* (eval)
 };
 
 struct ForwardResult {
   Tensor output;           // activations to send on (empty on the last stage)
   double loss_sum = 0.0;   // sum of token losses (last stage)
   double loss_tokens = 0;  // tokens counted (last stage)
+  // With MicroBatch::want_token_scores, per token (row b*T+t): log p(label) over the real
+  // vocabulary, and whether the label's logit is the largest one (greedy).
+  std::vector<double> token_logprob;
+  std::vector<uint8_t> token_greedy;
 };
 
 class GptChunk {
