@@ -6,6 +6,7 @@
 
 #include "app/trainer.hpp"
 #include "core/log.hpp"
+#include "core/progress.hpp"
 #include "core/ops.hpp"
 #include "core/safetensors.hpp"
 #include "model/checkpoint.hpp"
@@ -47,6 +48,8 @@ std::string convert_checkpoint(const std::string& in, const std::string& out, in
   validate(r);  // heads % tp, layers % pp, ... with the target layout
   const std::string part = model::ckpt::partial_dir(out, st.iteration);
   fs::remove_all(part);
+  Progress prog("convert", tp * pp, "shards");
+  prog.set_secondary_unit("params");
   for (int64_t p = 0; p < pp; ++p)
     for (int64_t t = 0; t < tp; ++t) {
       model::ParamStore store;
@@ -61,8 +64,9 @@ std::string convert_checkpoint(const std::string& in, const std::string& out, in
       model::ckpt::load_into(dir, store, has_optim ? &shard : nullptr, &m, &vv);
       auto snap = model::ckpt::take_snapshot(store, &shard, t, p, 0, true, has_optim);
       model::ckpt::write_snapshot(part, snap);
-      log::info("wrote tp {} pp {}: {} parameters", t, p, store.numel());
+      prog.add(1, store.numel());
     }
+  prog.finish();
   st.layout = {tp, pp, 1, 1, false};
   st.recipe_yaml = to_yaml(r);
   model::ckpt::write_metadata(part, st);
