@@ -34,6 +34,15 @@ void declare_rank(model::ParamStore& store, const Recipe& r, int64_t tp_rank, in
   store.finalize(DType::f32);
 }
 
+// [a, b] -> [b, a] (Hugging Face's Conv1D stores [in, out]; our linear weights [out, in]).
+Tensor transpose(const Tensor& w) {
+  int64_t a = w.dim(0), b = w.dim(1);
+  Tensor t = Tensor::empty({b, a});
+  for (int64_t i = 0; i < a; ++i)
+    for (int64_t j = 0; j < b; ++j) t.data<float>()[j * a + i] = w.data<float>()[i * b + j];
+  return t;
+}
+
 }  // namespace
 
 std::string convert_checkpoint(const std::string& in, const std::string& out, int64_t tp, int64_t pp) {
@@ -103,13 +112,6 @@ void export_hf_gpt2(const std::string& in, const std::string& out_dir) {
   const int64_t C = c.hidden, H = c.heads, D = C / H, F = c.ffn, V = c.vocab_size, L = c.num_layers_total;
   std::vector<safetensors::Entry> out;
   auto param = [&](const std::string& n) { return m.store.param(n); };
-  auto transpose = [](const Tensor& w) {  // [a, b] -> [b, a]
-    int64_t a = w.dim(0), b = w.dim(1);
-    Tensor t = Tensor::empty({b, a});
-    for (int64_t i = 0; i < a; ++i)
-      for (int64_t j = 0; j < b; ++j) t.data<float>()[j * a + i] = w.data<float>()[i * b + j];
-    return t;
-  };
   Tensor wte = Tensor::empty({V, C});
   ops::copy(wte, param("embedding.word_embeddings.weight").rows(0, V));
   out.push_back({"wte.weight", wte});
@@ -219,13 +221,6 @@ std::string import_hf_gpt2(const std::string& in_dir, const std::string& out, co
   auto put = [&](const std::string& ours, const Tensor& src) {
     Tensor dst = store.param(ours);
     ops::copy(dst, src);
-  };
-  auto transpose = [](const Tensor& w) {
-    int64_t a = w.dim(0), b = w.dim(1);
-    Tensor t = Tensor::empty({b, a});
-    for (int64_t i = 0; i < a; ++i)
-      for (int64_t j = 0; j < b; ++j) t.data<float>()[j * a + i] = w.data<float>()[i * b + j];
-    return t;
   };
   {
     Tensor we = store.param("embedding.word_embeddings.weight");  // padding rows stay 0

@@ -39,13 +39,6 @@ test::RunResult train(int np, const std::string& dir, const std::string& extra, 
   return r;
 }
 
-std::vector<double> losses(const fs::path& dir) {
-  std::vector<double> out;
-  std::ifstream f(dir / "metrics.jsonl");
-  for (std::string line; std::getline(f, line);) out.push_back(nlohmann::json::parse(line)["loss"].get<double>());
-  return out;
-}
-
 const char* kLayout222 =
     "--set parallel.tensor_model_parallel_size=2 --set parallel.pipeline_model_parallel_size=2 "
     "--set parallel.use_distributed_optimizer=true";
@@ -61,7 +54,7 @@ TEST_CASE("checkpoint: 10 + SIGUSR1 save + resume 10 equals 20 straight, bit for
   REQUIRE(r1.exit_code == 0);
   REQUIRE(model::ckpt::latest_iteration(b.str() + "/ckpt") == 10);
   REQUIRE(train(1, b.str(), ck).exit_code == 0);
-  auto la = losses(a.path()), lb = losses(b.path());
+  auto la = test::read_losses(a.path()), lb = test::read_losses(b.path());
   REQUIRE(la.size() == 20);
   REQUIRE(lb.size() == 20);
   for (size_t i = 0; i < la.size(); ++i) CHECK(lb[i] == la[i]);
@@ -80,7 +73,7 @@ TEST_CASE("checkpoint: (2,2,2) with ZeRO-1 resumes bit for bit, and SIGTERM stop
   CHECK(optim_files == 8);  // one per (tp, pp, dp) shard under ZeRO-1
   for (auto& t : files) CHECK(t.checksum_ok);
   REQUIRE(train(8, b.str(), ck).exit_code == 0);
-  auto la = losses(a.path()), lb = losses(b.path());
+  auto la = test::read_losses(a.path()), lb = test::read_losses(b.path());
   REQUIRE(la.size() == 20);
   REQUIRE(lb.size() == 20);
   for (size_t i = 0; i < la.size(); ++i) CHECK(lb[i] == la[i]);
@@ -104,7 +97,7 @@ TEST_CASE("checkpoint: (2,2,2) with ZeRO-1 resumes bit for bit, and SIGTERM stop
     for (auto& t : targets) {
       test::TempDir d(std::string("ck-any-") + t.name);
       REQUIRE(train(t.np, d.str(), t.sets).exit_code == 0);
-      auto l = losses(d.path());
+      auto l = test::read_losses(d.path());
       INFO(t.name);
       REQUIRE(l.size() == 10);  // iterations 11..20
       double worst = 0;

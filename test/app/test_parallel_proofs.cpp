@@ -325,13 +325,6 @@ TEST_CASE("train: an impossible layout exits 2 before allocating anything, namin
 
 namespace {
 
-std::vector<double> losses_of(const std::filesystem::path& dir) {
-  std::vector<double> out;
-  std::ifstream f(dir / "metrics.jsonl");
-  for (std::string line; std::getline(f, line);) out.push_back(nlohmann::json::parse(line)["loss"].get<double>());
-  return out;
-}
-
 }  // namespace
 
 TEST_CASE("train: dp gradient buckets start during the backward, same losses, deterministic", "[mpi]") {
@@ -341,7 +334,7 @@ TEST_CASE("train: dp gradient buckets start during the backward, same losses, de
                                " --set logging.dir=" + ref_dir.str());
   INFO(ref.out);
   REQUIRE(ref.exit_code == 0);
-  const auto want = losses_of(ref_dir.path());
+  const auto want = test::read_losses(ref_dir.path());
   REQUIRE(want.size() == 4);
   // pp2 with two model chunks per rank (v = 2) and dp2: chunk 1's gradients are final
   // while chunk 0 still runs its backward; small buckets (2000 elements) give many.
@@ -355,7 +348,7 @@ TEST_CASE("train: dp gradient buckets start during the backward, same losses, de
                                  " --set logging.dir=" + dir.str());
     INFO(res.out);
     REQUIRE(res.exit_code == 0);
-    runs.push_back(losses_of(dir.path()));
+    runs.push_back(test::read_losses(dir.path()));
     for (int rk = 0; rk < 4; ++rk) {
       std::ifstream in(dir / ("bytes_rank" + std::to_string(rk) + ".jsonl"));
       std::string line;

@@ -17,13 +17,6 @@ using namespace mtnlg;
 
 namespace {
 
-std::vector<double> losses_of(const std::filesystem::path& dir) {
-  std::vector<double> out;
-  std::ifstream f(dir / "metrics.jsonl");
-  for (std::string line; std::getline(f, line);) out.push_back(nlohmann::json::parse(line)["loss"].get<double>());
-  return out;
-}
-
 class LocalSlurm {
  public:
   LocalSlurm() {
@@ -71,7 +64,7 @@ TEST_CASE("srun -n 8 (tp2 x pp2 x dp2) on a local Slurm reproduces the single-pr
                                " --quiet --set training.num_threads=1 --set logging.dir=" + ref_dir.str());
   INFO(ref.out);
   REQUIRE(ref.exit_code == 0);
-  const auto want = losses_of(ref_dir.path());
+  const auto want = test::read_losses(ref_dir.path());
   REQUIRE(want.size() == 10);
 
   LocalSlurm slurm;
@@ -94,7 +87,7 @@ TEST_CASE("srun -n 8 (tp2 x pp2 x dp2) on a local Slurm reproduces the single-pr
   auto run = test::run_command(cmd);
   INFO(cmd << "\nexit " << run.exit_code << "\n" << run.out << "\n" << slurm.daemon_logs());
   REQUIRE(run.exit_code == 0);
-  const auto got = losses_of(run_dir.path());
+  const auto got = test::read_losses(run_dir.path());
   REQUIRE(got.size() == want.size());
   double worst = 0;
   for (size_t i = 0; i < want.size(); ++i) worst = std::max(worst, std::fabs(got[i] - want[i]) / std::fabs(want[i]));

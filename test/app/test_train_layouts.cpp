@@ -14,13 +14,6 @@ using namespace mtnlg;
 
 namespace {
 
-std::vector<double> losses_of(const std::filesystem::path& dir) {
-  std::vector<double> out;
-  std::ifstream f(dir / "metrics.jsonl");
-  for (std::string line; std::getline(f, line);) out.push_back(nlohmann::json::parse(line)["loss"].get<double>());
-  return out;
-}
-
 std::vector<double> run_layout(const std::string& tag, int np, const std::string& sets) {
   test::TempDir dir("layout-" + tag);
   std::string cmd = "sh " + test::source_dir() + "/test/mpi/mpirun.sh " + std::to_string(np) + " " + MTNLG_BINARY +
@@ -32,7 +25,7 @@ std::vector<double> run_layout(const std::string& tag, int np, const std::string
   auto r = test::run_command(cmd);
   INFO(tag << ": " << cmd << "\n" << r.out);
   REQUIRE(r.exit_code == 0);
-  return losses_of(dir.path());
+  return test::read_losses(dir.path());
 }
 
 }  // namespace

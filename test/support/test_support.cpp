@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 namespace mtnlg::test {
@@ -54,6 +55,13 @@ void write_file(const std::filesystem::path& p, const std::string& text) {
   std::filesystem::create_directories(p.parent_path());
   std::ofstream f(p, std::ios::binary);
   f << text;
+}
+
+std::vector<double> read_losses(const std::filesystem::path& run_dir) {
+  std::vector<double> out;
+  std::ifstream f(run_dir / "metrics.jsonl");
+  for (std::string line; std::getline(f, line);) out.push_back(nlohmann::json::parse(line)["loss"].get<double>());
+  return out;
 }
 
 std::string read_file(const std::filesystem::path& p) {
