@@ -62,7 +62,8 @@ int64_t ParamStore::global_index(const ParamInfo& p, int64_t local) {
   // Decompose the local index in the local shape, shift the split dim, recompose globally.
   int64_t nd = static_cast<int64_t>(p.shape.size());
   int64_t idx = local, global = 0, stride = 1;
-  std::vector<int64_t> coord(static_cast<size_t>(nd));
+  MTNLG_CHECK(nd <= 8, "parameter {} has {} dimensions", p.name, nd);
+  int64_t coord[8];  // no allocation: this runs once per element at initialisation
   for (int64_t d = nd - 1; d >= 0; --d) {
     coord[d] = idx % p.shape[d];
     idx /= p.shape[d];
