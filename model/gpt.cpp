@@ -191,6 +191,17 @@ namespace {
 enum Site : int64_t { kEmbedding = 0, kAttention = 1, kAttnOut = 2, kMlpOut = 3 };
 }
 
+uint64_t GptChunk::hidden_dropout_base(const MicroBatch& mb, int64_t local_rows) const {
+  // Global row of this rank's first row (sequence parallelism shards rows over tp).
+  const int64_t row_start = cfg_.sequence_parallel ? tp_rank_ * local_rows : 0;
+  return static_cast<uint64_t>((mb.sample_offset * cfg_.seq_length + row_start) * cfg_.hidden);
+}
+
+ops::AttentionDropout GptChunk::attention_dropout(const MicroBatch& mb, int64_t layer) const {
+  return {cfg_.attention_dropout, dropout_key(mb, layer, kAttention), mb.sample_offset, tp_rank_ * heads_local_,
+          cfg_.heads};
+}
+
 void GptChunk::layer_forward(int64_t li, const Tensor& x, Tensor& y, LayerActs& a, const MicroBatch& mb, bool keep_probs) {
   auto& p = layers_[li];
   const int64_t layer = spec_.first_layer + li;
@@ -198,8 +209,7 @@ void GptChunk::layer_forward(int64_t li, const Tensor& x, Tensor& y, LayerActs& 
   const DType dt = x.dtype();
   const bool sp = cfg_.sequence_parallel;
   auto* tpc = groups_.tp.get();
-  const int64_t row_start = sp ? tp_rank_ * R : 0;
-  const uint64_t row_base = static_cast<uint64_t>((mb.sample_offset * T + row_start) * C);
+  const uint64_t row_base = hidden_dropout_base(mb, R);
 
   a.x_in = x;
   a.ln1 = Tensor::empty({R, C}, dt);
@@ -211,8 +221,7 @@ void GptChunk::layer_forward(int64_t li, const Tensor& x, Tensor& y, LayerActs& 
   ops::matmul_forward(a.qkv, a.ln1_full, p.qkv_w, &p.qkv_b);
   a.att = Tensor::empty({N, C / tp_}, dt);
   Tensor probs = Tensor::empty({B, heads_local_, T, T}, dt);
-  ops::AttentionDropout ad{cfg_.attention_dropout, dropout_key(mb, layer, kAttention), mb.sample_offset,
-                           tp_rank_ * heads_local_, cfg_.heads};
+  const ops::AttentionDropout ad = attention_dropout(mb, layer);
   ops::attention_forward(a.att, probs, a.qkv, heads_local_, ad);
   if (keep_probs) a.probs = probs;
   Tensor proj_partial = Tensor::empty({N, C}, dt);
@@ -249,8 +258,7 @@ void GptChunk::layer_backward(int64_t li, const Tensor& dy, Tensor& dx, LayerAct
   const DType dt = dy.dtype();
   const bool sp = cfg_.sequence_parallel;
   auto* tpc = groups_.tp.get();
-  const int64_t row_start = sp ? tp_rank_ * R : 0;
-  const uint64_t row_base = static_cast<uint64_t>((mb.sample_offset * T + row_start) * C);
+  const uint64_t row_base = hidden_dropout_base(mb, R);
 
   // MLP branch: y = x2 + dropout(fc2(gelu(fc1(ln2(x2)))) + b)
   Tensor dfc2 = Tensor::empty({R, C}, dt);
@@ -275,8 +283,7 @@ void GptChunk::layer_backward(int64_t li, const Tensor& dy, Tensor& dx, LayerAct
   Tensor dproj_full = tp::leave_row_parallel_backward(tpc, sp, dproj);
   Tensor datt = Tensor::empty({N, C / tp_}, dt);
   ops::matmul_backward(&datt, &p.d_proj_w, nullptr, dproj_full, a.att, p.proj_w);
-  ops::AttentionDropout ad{cfg_.attention_dropout, dropout_key(mb, layer, kAttention), mb.sample_offset,
-                           tp_rank_ * heads_local_, cfg_.heads};
+  const ops::AttentionDropout ad = attention_dropout(mb, layer);
   if (!a.probs.defined()) {  // selective recompute: rebuild the softmax from qkv
     a.probs = Tensor::empty({B, heads_local_, T, T}, dt);
     Tensor scratch = Tensor::empty({N, C / tp_}, dt);
@@ -318,8 +325,7 @@ ForwardResult GptChunk::forward(int64_t mb_id, const MicroBatch& mb, const Tenso
     ops::embedding_forward(partial, s.tokens, wte_, vocab_start_);
     x = tp::leave_row_parallel_forward(tpc, sp, partial);  // vocab-parallel: sum of masked lookups
     ops::position_forward(x, wpe_, row_start, T);
-    ops::dropout_forward(x, x, cfg_.hidden_dropout, dropout_key(mb, -1, kEmbedding),
-                         static_cast<uint64_t>((mb.sample_offset * T + row_start) * C));
+    ops::dropout_forward(x, x, cfg_.hidden_dropout, dropout_key(mb, -1, kEmbedding), hidden_dropout_base(mb, R));
   } else {
     MTNLG_CHECK(input.defined() && input.dim(0) == R && input.dim(1) == C, "chunk input must be [{}, {}], got {}", R, C,
                 shape_str(input.shape()));
@@ -448,8 +454,7 @@ Tensor GptChunk::backward(int64_t mb_id, const MicroBatch& mb, const Tensor& dou
 
   if (!spec_.has_embedding) return dx;
   // Embedding: x = dropout(allreduce(lookup) + pos)
-  ops::dropout_backward(dx, dx, cfg_.hidden_dropout, dropout_key(mb, -1, kEmbedding),
-                        static_cast<uint64_t>((mb.sample_offset * T + row_start) * C));
+  ops::dropout_backward(dx, dx, cfg_.hidden_dropout, dropout_key(mb, -1, kEmbedding), hidden_dropout_base(mb, R));
   ops::position_backward(d_wpe_, dx, row_start, T);
   Tensor dfull = tp::leave_row_parallel_backward(tpc, sp, dx);
   ops::embedding_backward(d_wte_, s.tokens, dfull, vocab_start_);

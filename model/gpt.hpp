@@ -16,6 +16,7 @@
 #include <memory>
 #include <vector>
 
+#include "core/ops.hpp"
 #include "core/recipe.hpp"
 #include "core/tensor.hpp"
 #include "model/params.hpp"
@@ -103,6 +104,10 @@ class GptChunk {
   void layer_forward(int64_t li, const Tensor& x, Tensor& y, LayerActs& a, const MicroBatch& mb, bool keep_probs);
   void layer_backward(int64_t li, const Tensor& dy, Tensor& dx, LayerActs& a, const MicroBatch& mb);
   uint64_t dropout_key(const MicroBatch& mb, int64_t layer, int64_t site) const;
+  // First mask index of this rank's rows of the residual stream ([local rows, hidden]);
+  // forward and backward call it so their masks are the same draws.
+  uint64_t hidden_dropout_base(const MicroBatch& mb, int64_t local_rows) const;
+  ops::AttentionDropout attention_dropout(const MicroBatch& mb, int64_t layer) const;
 
   GptConfig cfg_;
   ChunkSpec spec_;

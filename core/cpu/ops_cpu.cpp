@@ -33,6 +33,12 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A
 // Keep-mask for dropout: element e is kept when its uniform draw >= p.
 inline bool keep(uint64_t key, uint64_t e, double p) { return philox_uniform(key, 0, e) >= static_cast<float>(p); }
 
+// First mask index of (global sample, global head) in attention dropout: element (i, j)
+// is base + i*T + j, so any split of samples or heads draws the same mask.
+inline uint64_t attention_mask_base(int64_t sample, int64_t head, int64_t heads_total, int64_t T) {
+  return static_cast<uint64_t>((sample * heads_total + head) * T * T);
+}
+
 }  // namespace
 
 template <typename T>
@@ -205,7 +211,7 @@ void attention_forward(T* out, T* probs, const T* qkv, int64_t B, int64_t Tn, in
     for (int64_t h = 0; h < H; ++h) {
       const T* base = qkv + b * Tn * row + h * 3 * D;
       T* P = probs + ((b * H + h) * Tn) * Tn;
-      uint64_t mask_base = static_cast<uint64_t>(((sample_offset + b) * heads_total + head_offset + h) * Tn * Tn);
+      const uint64_t mask_base = attention_mask_base(sample_offset + b, head_offset + h, heads_total, Tn);
       for (int64_t i = 0; i < Tn; ++i) {
         const T* q = base + i * row;
         T* Pi = P + i * Tn;
@@ -251,7 +257,7 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* probs, in
       const T* base = qkv + b * Tn * row + h * 3 * D;
       T* dbase = dqkv + b * Tn * row + h * 3 * D;
       const T* P = probs + ((b * H + h) * Tn) * Tn;
-      uint64_t mask_base = static_cast<uint64_t>(((sample_offset + b) * heads_total + head_offset + h) * Tn * Tn);
+      const uint64_t mask_base = attention_mask_base(sample_offset + b, head_offset + h, heads_total, Tn);
       for (int64_t i = 0; i < Tn; ++i)
         for (int64_t d = 0; d < 3 * D; ++d) dbase[i * row + d] = 0;
       std::vector<T> dP(Tn);
