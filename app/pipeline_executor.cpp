@@ -13,7 +13,7 @@ PipelineExecutor::PipelineExecutor(const Recipe& r, const parallel::ProcessGroup
     : r_(r), g_(g), chunks_(chunks) {}
 
 model::MicroBatch PipelineExecutor::micro_batch(const data::Batch& b, int64_t k, int64_t consumed_before,
-                                                uint64_t step_key) const {
+                                                uint64_t step_key, double loss_scale) const {
   const int64_t T = r_.model.seq_length, mbs = b.micro_batch_size, dp = g_.topo.dp();
   model::MicroBatch mb;
   mb.tokens = b.tokens.data() + k * mbs * (T + 1);
@@ -22,7 +22,7 @@ model::MicroBatch PipelineExecutor::micro_batch(const data::Batch& b, int64_t k,
   // data-parallel rank r the slice [r*mbs, (r+1)*mbs) of them.
   mb.sample_offset = consumed_before + k * mbs * dp + g_.coord.dp * mbs;
   mb.step_key = step_key;
-  mb.loss_weight = 1.0 / static_cast<double>(b.global_batch_size * T);
+  mb.loss_weight = loss_scale / static_cast<double>(b.global_batch_size * T);
   return mb;
 }
 
@@ -34,7 +34,8 @@ void PipelineExecutor::set_grad_bucketer(parallel::GradBucketer* bucketer,
   ready_after_chunk_ = std::move(ready_after_chunk);
 }
 
-StepLoss PipelineExecutor::run_batch(const data::Batch& batch, int64_t consumed_before, uint64_t step_key) {
+StepLoss PipelineExecutor::run_batch(const data::Batch& batch, int64_t consumed_before, uint64_t step_key,
+                                     double loss_scale) {
   const int64_t m = batch.micro_batches;
   double loss_sum = 0, tokens = 0;
   peak_act_ = 0;
@@ -50,6 +51,7 @@ StepLoss PipelineExecutor::run_batch(const data::Batch& batch, int64_t consumed_
   // Tensors in flight, keyed by (microbatch, chunk). Sends are nonblocking; their
   // buffers stay alive in `pending` until every request is waited for at the end.
   const int64_t C = r_.model.hidden_size, R = chunks_[0]->local_rows(batch.micro_batch_size);
+  const DType act = chunks_[0]->activation_dtype();  // stage boundaries carry activations in it
   std::map<std::pair<int64_t, int64_t>, Tensor> act_in, act_out, grad_in, grad_out;
   std::vector<std::pair<std::unique_ptr<parallel::Request>, Tensor>> pending;
   constexpr int kTagActivation = 0, kTagGradient = 1;
@@ -67,13 +69,13 @@ StepLoss PipelineExecutor::run_batch(const data::Batch& batch, int64_t consumed_
     auto& chunk = *chunks_[a.chunk];
     switch (a.op) {
       case schedules::PipeOp::recv_forward: {
-        Tensor t = Tensor::empty({R, C});
-        g_.pp->recv(t.data<float>(), t.numel(), a.peer_stage, kTagActivation);
+        Tensor t = Tensor::empty({R, C}, act);
+        g_.pp->recv(t.raw(), t.numel(), act, a.peer_stage, kTagActivation);
         act_in[key] = t;
         break;
       }
       case schedules::PipeOp::forward: {
-        auto mb = micro_batch(batch, a.microbatch, consumed_before, step_key);
+        auto mb = micro_batch(batch, a.microbatch, consumed_before, step_key, loss_scale);
         auto res = chunk.forward(a.microbatch, mb, take(act_in, key));
         loss_sum += res.loss_sum;
         tokens += res.loss_tokens;
@@ -86,17 +88,17 @@ StepLoss PipelineExecutor::run_batch(const data::Batch& batch, int64_t consumed_
       case schedules::PipeOp::send_forward: {
         Tensor t = take(act_out, key);
         MTNLG_CHECK(t.defined(), "send_forward of micro batch {} chunk {} before its forward", a.microbatch, a.chunk);
-        pending.emplace_back(g_.pp->isend(t.data<float>(), t.numel(), a.peer_stage, kTagActivation), t);
+        pending.emplace_back(g_.pp->isend(t.raw(), t.numel(), t.dtype(), a.peer_stage, kTagActivation), t);
         break;
       }
       case schedules::PipeOp::recv_backward: {
-        Tensor t = Tensor::empty({R, C});
-        g_.pp->recv(t.data<float>(), t.numel(), a.peer_stage, kTagGradient);
+        Tensor t = Tensor::empty({R, C}, act);
+        g_.pp->recv(t.raw(), t.numel(), act, a.peer_stage, kTagGradient);
         grad_in[key] = t;
         break;
       }
       case schedules::PipeOp::backward: {
-        auto mb = micro_batch(batch, a.microbatch, consumed_before, step_key);
+        auto mb = micro_batch(batch, a.microbatch, consumed_before, step_key, loss_scale);
         Tensor dx = chunk.backward(a.microbatch, mb, take(grad_in, key));
         if (dx.defined() && !(chunk.spec().has_embedding)) grad_out[key] = dx;
         // The chunk's last micro batch: its parameter gradients are final for this step.
@@ -107,7 +109,7 @@ StepLoss PipelineExecutor::run_batch(const data::Batch& batch, int64_t consumed_
       case schedules::PipeOp::send_backward: {
         Tensor t = take(grad_out, key);
         MTNLG_CHECK(t.defined(), "send_backward of micro batch {} chunk {} before its backward", a.microbatch, a.chunk);
-        pending.emplace_back(g_.pp->isend(t.data<float>(), t.numel(), a.peer_stage, kTagGradient), t);
+        pending.emplace_back(g_.pp->isend(t.raw(), t.numel(), t.dtype(), a.peer_stage, kTagGradient), t);
         break;
       }
     }

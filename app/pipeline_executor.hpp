@@ -23,7 +23,9 @@ class PipelineExecutor {
  public:
   PipelineExecutor(const Recipe& r, const parallel::ProcessGroups& g, std::vector<std::unique_ptr<model::GptChunk>>& chunks);
   // `consumed_before`: samples consumed before this batch (keys the data and dropout).
-  StepLoss run_batch(const data::Batch& batch, int64_t consumed_before, uint64_t step_key);
+  // `loss_scale` multiplies the loss gradient (fp16 dynamic loss scaling); the returned
+  // loss is unscaled.
+  StepLoss run_batch(const data::Batch& batch, int64_t consumed_before, uint64_t step_key, double loss_scale = 1.0);
   // After the last backward of a step: all-reduce the tied word-embedding gradient
   // between the first and last stage, and (sequence parallel) the partial gradients of
   // replicated parameters over tp.
@@ -38,7 +40,8 @@ class PipelineExecutor {
   void set_grad_bucketer(parallel::GradBucketer* bucketer, std::vector<std::vector<parallel::GradRange>> ready_after_chunk);
 
  private:
-  model::MicroBatch micro_batch(const data::Batch& b, int64_t k, int64_t consumed_before, uint64_t step_key) const;
+  model::MicroBatch micro_batch(const data::Batch& b, int64_t k, int64_t consumed_before, uint64_t step_key,
+                                double loss_scale) const;
 
   const Recipe& r_;
   parallel::ProcessGroups g_;

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <nlohmann/json.hpp>
 
@@ -25,6 +26,7 @@
 #include "model/gpt.hpp"
 #include "parallel/cost_model.hpp"
 #include "parallel/grad_buckets.hpp"
+#include "parallel/loss_scaler.hpp"
 #include "parallel/optimizer.hpp"
 #include "schedules/batch_schedule.hpp"
 #include "schedules/lr_schedule.hpp"
@@ -154,7 +156,8 @@ FaultInjection fault_injection_from_env() {
   if (!env || !*env) return f;
   const std::string spec(env);
   auto bad = [&](const std::string& why) {
-    throw_input("MTNLG_FAULT_INJECT=\"{}\": {}; expected rank=R:iteration=I:mode=throw|abort|kill|sigterm|sigusr1|nan", spec, why);
+    throw_input("MTNLG_FAULT_INJECT=\"{}\": {}; expected rank=R:iteration=I:mode=throw|abort|kill|sigterm|sigusr1|nan|overflow",
+                spec, why);
   };
   std::stringstream ss(spec);
   for (std::string part; std::getline(ss, part, ':');) {
@@ -162,7 +165,8 @@ FaultInjection fault_injection_from_env() {
     if (eq == std::string::npos) bad("'" + part + "' is not key=value");
     std::string key = part.substr(0, eq), val = part.substr(eq + 1);
     if (key == "mode") {
-      if (val != "throw" && val != "abort" && val != "kill" && val != "sigterm" && val != "sigusr1" && val != "nan")
+      if (val != "throw" && val != "abort" && val != "kill" && val != "sigterm" && val != "sigusr1" && val != "nan" &&
+          val != "overflow")
         bad("unknown mode '" + val + "'");
       f.mode = val;
     } else if (key == "rank" || key == "iteration") {
@@ -184,8 +188,14 @@ bool inject_nan(const FaultInjection& f, int64_t rank, int64_t iteration) {
   return f.active() && f.mode == "nan" && f.rank == rank && iteration >= f.iteration;
 }
 
+// mode=overflow: at that one iteration this rank's gradients are +inf (an fp16 overflow:
+// the step is skipped on every rank and the loss scale backs off; the run goes on).
+bool inject_overflow(const FaultInjection& f, int64_t rank, int64_t iteration) {
+  return f.active() && f.mode == "overflow" && f.rank == rank && iteration == f.iteration;
+}
+
 void maybe_inject_fault(const FaultInjection& f, int64_t rank, int64_t iteration) {
-  if (!f.active() || f.rank != rank || f.iteration != iteration || f.mode == "nan") return;
+  if (!f.active() || f.rank != rank || f.iteration != iteration || f.mode == "nan" || f.mode == "overflow") return;
   // Slurm's preemption / time-limit signals, delivered to this process for real.
   if (f.mode == "sigterm" || f.mode == "sigusr1") {
     std::raise(f.mode == "sigterm" ? SIGTERM : SIGUSR1);
@@ -241,9 +251,6 @@ class CommReport {
 
 TrainSummary train(const Recipe& r, const parallel::ProcessGroups& g, const TrainOptions& opts) {
   const auto t_start = std::chrono::steady_clock::now();
-  if (r.training.precision != Precision::fp32)
-    throw_input("{}: training.precision {} needs the CUDA backend; on the CPU use --set training.precision=fp32",
-                r.source_path, to_string(r.training.precision));
   validate_layout(r, g.topo.world());
   const FaultInjection fault = fault_injection_from_env();  // testing aid; InputError when malformed
   const int64_t tp = g.topo.tp(), pp = g.topo.pp(), dp = g.topo.dp();
@@ -273,7 +280,8 @@ TrainSummary train(const Recipe& r, const parallel::ProcessGroups& g, const Trai
     model::declare_chunk_params(store, cfg, s, g.coord.tp, tp);
     chunk_param_end.push_back(static_cast<int64_t>(store.infos().size()));  // dp bucket overlap
   }
-  store.finalize(DType::f32);
+  // fp32 master weights and gradients; the compute copy in the activation dtype.
+  store.finalize(DType::f32, cfg.dtype);
   store.initialize(cfg.seed, cfg.init_std, cfg.num_layers_total);
   std::vector<std::unique_ptr<model::GptChunk>> chunks;
   for (auto& s : specs) chunks.push_back(std::make_unique<model::GptChunk>(cfg, s, store, g));
@@ -294,6 +302,9 @@ TrainSummary train(const Recipe& r, const parallel::ProcessGroups& g, const Trai
   }
   parallel::DistributedAdamW optim(r.optimizer, segs, store.numel(), g, r.parallel.use_distributed_optimizer,
                                    r.parallel.ddp_bucket_size);
+  // fp16: dynamic loss scaling (Megatron's rules); bf16 and fp32 need none.
+  std::optional<parallel::DynamicLossScaler> scaler;
+  if (r.training.precision == Precision::fp16) scaler.emplace(parallel::loss_scaler_config(r.optimizer));
   int64_t total_params = local_params;
   if (g.mp && g.mp->size() > 1) g.mp->all_reduce(&total_params, 1, parallel::ReduceOp::sum);
 
@@ -377,7 +388,11 @@ TrainSummary train(const Recipe& r, const parallel::ProcessGroups& g, const Trai
     skipped_total = st->skipped_total;
     nan_total = st->nan_total;
     if (st->per_source_samples.size() == per_source.size()) per_source = st->per_source_samples;
+    // An fp16 checkpoint carries its scaler; from a bf16/fp32 one the scaler starts fresh.
+    if (scaler && st->loss_scaler)
+      scaler->load_state({st->loss_scale, st->loss_scale_good_steps, st->loss_scale_hysteresis, st->loss_scale_skipped});
   }
+  store.sync_weights();  // the compute copy of the (initialised or loaded) master weights
   int64_t last_saved = iteration;
   auto save_now = [&]() {
     model::ckpt::TrainState st;
@@ -389,6 +404,14 @@ TrainSummary train(const Recipe& r, const parallel::ProcessGroups& g, const Trai
     st.skipped_total = skipped_total;
     st.nan_total = nan_total;
     st.seed = static_cast<uint64_t>(r.training.seed);
+    if (scaler) {
+      const auto ss = scaler->state();
+      st.loss_scaler = true;
+      st.loss_scale = ss.scale;
+      st.loss_scale_good_steps = ss.growth_tracker;
+      st.loss_scale_hysteresis = ss.hysteresis_tracker;
+      st.loss_scale_skipped = ss.skipped_steps;
+    }
     st.layout = {tp, pp, dp, v, optim.zero1()};
     st.recipe_yaml = to_yaml(r);
     ckpt.save(st, store, optim);
@@ -408,20 +431,28 @@ TrainSummary train(const Recipe& r, const parallel::ProcessGroups& g, const Trai
     maybe_inject_fault(fault, g.rank, iteration + 1);
 
     store.zero_grads();
+    const double loss_scale = scaler ? scaler->scale() : 1.0;
     if (overlap_dp) bucketer.begin(store.grads().data<float>());
-    StepLoss sl = exec.run_batch(batch, consumed, mix_key(seed, static_cast<uint64_t>(iteration), 0xD0));
+    StepLoss sl = exec.run_batch(batch, consumed, mix_key(seed, static_cast<uint64_t>(iteration), 0xD0), loss_scale);
     // Grad reductions the model leaves to the end of the step: the tied word embedding
     // between first and last stage, and sequence-parallel partial grads over tp.
     exec.reduce_shared_grads(store);
     if (overlap_dp) bucketer.finish();  // every dp bucket summed; optim skips its all-reduce
     if (inject_nan(fault, g.rank, iteration + 1)) ops::fill(store.grads(), std::nan(""));
-    parallel::StepResult st = optim.step(store.params(), store.grads(), lr);
+    if (inject_overflow(fault, g.rank, iteration + 1)) ops::fill(store.grads(), INFINITY);
+    parallel::StepResult st = optim.step(store.params(), store.grads(), lr, &store.weights(), loss_scale);
     const double loss = sl.loss;
     const bool nonfinite = st.skipped || !std::isfinite(loss);
+    // fp16: an overflow is the scaler's business (skip, back off), not a failure --
+    // unless the scale cannot back off any further.
+    const bool overflow_handled = scaler && st.skipped && loss_scale > r.optimizer.min_loss_scale;
+    if (scaler) scaler->update(st.skipped);
     if (nonfinite) {
       ++skipped_total;
-      ++nan_total;
-      ++nonfinite_in_a_row;
+      if (!overflow_handled) {
+        ++nan_total;
+        ++nonfinite_in_a_row;
+      }
     } else {
       nonfinite_in_a_row = 0;
     }
@@ -440,6 +471,7 @@ TrainSummary train(const Recipe& r, const parallel::ProcessGroups& g, const Trai
     s.skipped = nonfinite;
     s.skipped_total = skipped_total;
     s.nan_total = nan_total;
+    s.loss_scale = loss_scale;
     s.step_time_s = dt;
     s.tokens_per_s = static_cast<double>(gbs * T) / dt;
     const double flops = parallel::model_flops(r.model, cfg.padded_vocab_size, gbs);
@@ -455,7 +487,7 @@ TrainSummary train(const Recipe& r, const parallel::ProcessGroups& g, const Trai
     summary.iterations.push_back(s);
 
     if (iteration % r.logging.log_interval == 0 || iteration == total_iters) {
-      metrics.write(s, r, 1.0);
+      metrics.write(s, r, s.loss_scale);
       if (tensorboard)
         tensorboard->log_iteration({{"loss", s.loss},
                                     {"lr", s.lr},
@@ -466,15 +498,17 @@ TrainSummary train(const Recipe& r, const parallel::ProcessGroups& g, const Trai
                                     {"grad_norm", s.grad_norm},
                                     {"skipped", static_cast<double>(s.skipped_total)},
                                     {"nan_iterations", static_cast<double>(s.nan_total)},
+                                    {"loss_scale", s.loss_scale},
                                     {"peak_memory_gib", static_cast<double>(s.peak_memory_bytes) / 1073741824.0}},
                                    s.iteration, s.consumed_tokens);
       if (!opts.quiet)
         log::info(
             " iteration {:>7}/{:<7} | consumed tokens: {:>10} | elapsed time per iteration (ms): {:8.1f} | tokens/s: {:9.1f} | "
             "TFLOP/s/GPU: {:6.3f} | MFU: {:5.1f}% | learning rate: {:.3E} | global batch size: {:5} | lm loss: {:.6E} | "
-            "grad norm: {:.3f} | skipped: {} | nan: {} | mem: {} MiB | comm MB tp/pp/dp: {:.3f}/{:.3f}/{:.3f}{}",
+            "grad norm: {:.3f}{} | skipped: {} | nan: {} | mem: {} MiB | comm MB tp/pp/dp: {:.3f}/{:.3f}/{:.3f}{}",
             iteration, total_iters, s.consumed_tokens, dt * 1e3, s.tokens_per_s, s.tflops_per_gpu, 100 * s.mfu, lr, gbs, loss,
-            st.grad_norm, skipped_total, nan_total, s.peak_memory_bytes >> 20, s.bytes_tp / 1e6, s.bytes_pp / 1e6,
+            st.grad_norm, scaler ? fmt::format(" | loss scale: {:.1f}", loss_scale) : "", skipped_total, nan_total,
+            s.peak_memory_bytes >> 20, s.bytes_tp / 1e6, s.bytes_pp / 1e6,
             s.bytes_dp / 1e6,  // rank 0's bytes sent this iteration (ring model, parallel/communicator.hpp)
             eta_text(summary.iterations, total_iters - iteration));
     }

@@ -20,6 +20,7 @@ struct IterationStats {
   double loss = 0, lr = 0, grad_norm = 0;
   double step_time_s = 0, tokens_per_s = 0, tflops_per_gpu = 0, mfu = 0;
   bool skipped = false;
+  double loss_scale = 1.0;  // fp16: the scale this iteration's loss gradient was multiplied by
   int64_t skipped_total = 0, nan_total = 0;
   int64_t peak_memory_bytes = 0;
   int64_t bytes_tp = 0, bytes_pp = 0, bytes_dp = 0;  // sent by this rank this iteration

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "core/cpu/ops_cpu.hpp"
+#include "core/half.hpp"
 #include "core/ops_checks.hpp"
 #ifdef MTNLG_HAVE_CUDA
 #include "core/cuda/ops_cuda.hpp"
@@ -58,10 +59,57 @@ void same_float_dtype(const char* op, std::initializer_list<const Tensor*> ts) {
   if (d != DType::f32 && d != DType::f64) throw_runtime("{}: dtype {} not supported on the CPU", op, to_string(d));
 }
 
+DType act_dtype(const char* op, std::initializer_list<Named> acts, std::initializer_list<Named> wide) {
+  const Tensor* first = nullptr;
+  const char* first_name = "";
+  for (auto& [name, t] : acts) {
+    if (!t || !t->defined()) continue;
+    if (!first) {
+      first = t;
+      first_name = name;
+    } else if (t->dtype() != first->dtype()) {
+      throw_runtime("{}: {} is {} but {} is {} (activations and forward weights share one dtype)", op, name,
+                    to_string(t->dtype()), first_name, to_string(first->dtype()));
+    }
+  }
+  MTNLG_CHECK(first != nullptr, "{}: no activation tensor given", op);
+  const DType act = first->dtype();
+  if (act == DType::i32) throw_runtime("{}: {} is i32, expected a floating dtype", op, first_name);
+  const DType w = wide_dtype(act);
+  for (auto& [name, t] : wide)
+    if (t && t->defined() && t->dtype() != w)
+      throw_runtime("{}: {} must be {} with {} activations (statistics and parameter gradients are wide), got {}", op,
+                    name, to_string(w), to_string(act), to_string(t->dtype()));
+  return act;
+}
+
+const Tensor& Widened::in(const Tensor& t) {
+  if (!is_low(t.dtype())) return t;
+  Tensor& w = keep_.emplace_back(Tensor::empty(t.shape(), DType::f32, t.device()));
+  ops::convert(w, t);
+  return w;
+}
+
+Tensor& Widened::out(Tensor& t, bool read) {
+  if (!is_low(t.dtype())) return t;
+  Tensor& w = keep_.emplace_back(Tensor::empty(t.shape(), DType::f32, t.device()));
+  if (read) ops::convert(w, t);
+  outs_.emplace_back(&t, &w);
+  return w;
+}
+
+void Widened::store() {
+  for (auto& [low, wide] : outs_) ops::convert(*low, *wide);
+  outs_.clear();
+}
+
 }  // namespace detail
 
 using detail::same_device;
 using detail::same_float_dtype;
+using detail::act_dtype;
+using detail::is_low;
+using detail::Widened;
 
 namespace {
 
@@ -103,9 +151,14 @@ void fill(Tensor& x, double value) {
       for (int64_t i = 0; i < x.numel(); ++i) p[i] = static_cast<int32_t>(value);
       break;
     }
-    default:
-      if (value != 0) throw_runtime("fill: non-zero fill of {} not supported", to_string(x.dtype()));
-      std::memset(x.raw(), 0, static_cast<size_t>(x.nbytes()));
+    case DType::bf16:
+    case DType::f16: {
+      const float f = static_cast<float>(value);
+      const uint16_t h = x.dtype() == DType::bf16 ? half::f32_to_bf16(f) : half::f32_to_f16(f);
+      uint16_t* p = x.data<uint16_t>();
+      for (int64_t i = 0; i < x.numel(); ++i) p[i] = h;
+      break;
+    }
   }
 }
 
@@ -115,62 +168,13 @@ void copy(Tensor& dst, const Tensor& src) {
   if (dst.dtype() != src.dtype()) throw_runtime("copy: dtype {} -> {} needs ops::convert", to_string(src.dtype()), to_string(dst.dtype()));
   std::memmove(dst.raw(), src.raw(), static_cast<size_t>(dst.nbytes()));
 }
-
 namespace {
-// bf16/f16 <-> float conversions (round to nearest even), used by convert().
-float bf16_to_f32(uint16_t h) {
-  uint32_t u = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-uint16_t f32_to_bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);  // NaN stays NaN
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
-float f16_to_f32(uint16_t h) {
-  uint32_t sign = (h >> 15) & 1, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
-  float v;
-  if (exp == 0)
-    v = std::ldexp(static_cast<float>(man), -24);
-  else if (exp == 31)
-    v = man ? NAN : INFINITY;
-  else
-    v = std::ldexp(static_cast<float>(man | 0x400), static_cast<int>(exp) - 25);
-  return sign ? -v : v;
-}
-uint16_t f32_to_f16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  uint32_t sign = (u >> 16) & 0x8000u;
-  float a = std::fabs(f);
-  if (std::isnan(f)) return static_cast<uint16_t>(sign | 0x7e00u);
-  if (a >= 65520.0f) return static_cast<uint16_t>(sign | 0x7c00u);
-  if (a < 6.103515625e-05f) {  // subnormal: quantise to multiples of 2^-24
-    auto q = static_cast<uint32_t>(std::nearbyint(a * 16777216.0f));
-    return static_cast<uint16_t>(sign | q);
-  }
-  int e;
-  float m = std::frexp(a, &e);  // a = m * 2^e, m in [0.5,1)
-  auto mant = static_cast<uint32_t>(std::nearbyint((m * 2.0f - 1.0f) * 1024.0f));
-  int exp = e - 1 + 15;
-  if (mant == 1024) {
-    mant = 0;
-    ++exp;
-  }
-  if (exp >= 31) return static_cast<uint16_t>(sign | 0x7c00u);
-  return static_cast<uint16_t>(sign | (static_cast<uint32_t>(exp) << 10) | mant);
-}
-
 double load_as_double(const Tensor& t, int64_t i) {
   switch (t.dtype()) {
     case DType::f32: return t.data<float>()[i];
     case DType::f64: return t.data<double>()[i];
-    case DType::bf16: return bf16_to_f32(t.data<uint16_t>()[i]);
-    case DType::f16: return f16_to_f32(t.data<uint16_t>()[i]);
+    case DType::bf16: return half::bf16_to_f32(t.data<uint16_t>()[i]);
+    case DType::f16: return half::f16_to_f32(t.data<uint16_t>()[i]);
     case DType::i32: return t.data<int32_t>()[i];
   }
   return 0;
@@ -179,8 +183,8 @@ void store_double(Tensor& t, int64_t i, double v) {
   switch (t.dtype()) {
     case DType::f32: t.data<float>()[i] = static_cast<float>(v); break;
     case DType::f64: t.data<double>()[i] = v; break;
-    case DType::bf16: t.data<uint16_t>()[i] = f32_to_bf16(static_cast<float>(v)); break;
-    case DType::f16: t.data<uint16_t>()[i] = f32_to_f16(static_cast<float>(v)); break;
+    case DType::bf16: t.data<uint16_t>()[i] = half::f32_to_bf16(static_cast<float>(v)); break;
+    case DType::f16: t.data<uint16_t>()[i] = half::f32_to_f16(static_cast<float>(v)); break;
     case DType::i32: t.data<int32_t>()[i] = static_cast<int32_t>(v); break;
   }
 }
@@ -194,12 +198,21 @@ void convert(Tensor& dst, const Tensor& src) {
   for (int64_t i = 0; i < dst.numel(); ++i) store_double(dst, i, load_as_double(src, i));
 }
 
+// Every op below: CUDA tensors go to the CUDA backend; on the CPU the dtype roles are
+// checked once (act_dtype), bf16/f16 activations run the f32 kernel through Widened,
+// and f32/f64 run the kernel instantiated for their type.
+
 void add(Tensor& out, const Tensor& a, const Tensor& b) {
   MTNLG_CUDA_DISPATCH(same_device("add", {&out, &a, &b}), add(out, a, b));
-  same_float_dtype("add", {&out, &a, &b});
+  const DType dt = act_dtype("add", {{"out", &out}, {"a", &a}, {"b", &b}});
   expect_numel("add", "a", a, out.numel());
   expect_numel("add", "b", b, out.numel());
-  by_dtype(out.dtype(), [&](auto z) {
+  if (is_low(dt)) {
+    Widened w;
+    add(w.out(out), w.in(a), w.in(b));
+    return w.store();
+  }
+  by_dtype(dt, [&](auto z) {
     using T = decltype(z);
     T* o = out.data<T>();
     const T *x = a.data<T>(), *y = b.data<T>();
@@ -213,8 +226,13 @@ void add_inplace(Tensor& acc, const Tensor& x) { add(acc, acc, x); }
 
 void scale(Tensor& x, double s) {
   MTNLG_CUDA_DISPATCH(same_device("scale", {&x}), scale(x, s));
-  same_float_dtype("scale", {&x});
-  by_dtype(x.dtype(), [&](auto z) {
+  const DType dt = act_dtype("scale", {{"x", &x}});
+  if (is_low(dt)) {
+    Widened w;
+    scale(w.out(x, true), s);
+    return w.store();
+  }
+  by_dtype(dt, [&](auto z) {
     using T = decltype(z);
     T* p = x.data<T>();
     T ts = static_cast<T>(s);
@@ -226,9 +244,13 @@ void scale(Tensor& x, double s) {
 
 double sum_squares(const Tensor& x) {
   MTNLG_CUDA_DISPATCH(same_device("sum_squares", {&x}), sum_squares(x));
-  same_float_dtype("sum_squares", {&x});
+  const DType dt = act_dtype("sum_squares", {{"x", &x}});
+  if (is_low(dt)) {
+    Widened w;
+    return sum_squares(w.in(x));
+  }
   double total = 0;
-  by_dtype(x.dtype(), [&](auto z) {
+  by_dtype(dt, [&](auto z) {
     using T = decltype(z);
     const T* p = x.data<T>();
     int64_t n = x.numel();
@@ -252,12 +274,17 @@ bool all_finite(const Tensor& x) { return std::isfinite(sum_squares(x)); }
 
 void matmul_forward(Tensor& out, const Tensor& inp, const Tensor& w, const Tensor* bias) {
   MTNLG_CUDA_DISPATCH(same_device("matmul_forward", {&out, &inp, &w, bias}), matmul_forward(out, inp, w, bias));
-  same_float_dtype("matmul_forward", {&out, &inp, &w, bias});
+  const DType dt = act_dtype("matmul_forward", {{"out", &out}, {"inp", &inp}, {"w", &w}, {"bias", bias}});
   int64_t OC = w.dim(0), C = w.dim(1), N = inp.numel() / C;
   expect_numel("matmul_forward", "inp", inp, N * C);
   expect_numel("matmul_forward", "out", out, N * OC);
   if (bias && bias->defined()) expect_numel("matmul_forward", "bias", *bias, OC);
-  by_dtype(out.dtype(), [&](auto z) {
+  if (is_low(dt)) {
+    Widened wd;
+    matmul_forward(wd.out(out), wd.in(inp), wd.in(w), wd.in(bias));
+    return wd.store();
+  }
+  by_dtype(dt, [&](auto z) {
     using T = decltype(z);
     cpu::matmul_forward<T>(out.data<T>(), inp.data<T>(), w.data<T>(), ptr<T>(bias), N, C, OC);
   });
@@ -266,13 +293,19 @@ void matmul_forward(Tensor& out, const Tensor& inp, const Tensor& w, const Tenso
 void matmul_backward(Tensor* dinp, Tensor* dw, Tensor* dbias, const Tensor& dout, const Tensor& inp, const Tensor& w,
                      bool accumulate_dinp) {
   MTNLG_CUDA_DISPATCH(same_device("matmul_backward", {dinp, dw, dbias, &dout, &inp, &w}), matmul_backward(dinp, dw, dbias, dout, inp, w, accumulate_dinp));
-  same_float_dtype("matmul_backward", {dinp, dw, dbias, &dout, &inp, &w});
+  const DType dt = act_dtype("matmul_backward", {{"dout", &dout}, {"inp", &inp}, {"w", &w}, {"dinp", dinp}},
+                             {{"dw", dw}, {"dbias", dbias}});
   int64_t OC = w.dim(0), C = w.dim(1), N = inp.numel() / C;
   expect_numel("matmul_backward", "dout", dout, N * OC);
   if (dinp) expect_numel("matmul_backward", "dinp", *dinp, N * C);
   if (dw) expect_numel("matmul_backward", "dw", *dw, OC * C);
   if (dbias) expect_numel("matmul_backward", "dbias", *dbias, OC);
-  by_dtype(dout.dtype(), [&](auto z) {
+  if (is_low(dt)) {
+    Widened wd;
+    matmul_backward(wd.out(dinp, accumulate_dinp), dw, dbias, wd.in(dout), wd.in(inp), wd.in(w), accumulate_dinp);
+    return wd.store();
+  }
+  by_dtype(dt, [&](auto z) {
     using T = decltype(z);
     cpu::matmul_backward<T>(ptr<T>(dinp), ptr<T>(dw), ptr<T>(dbias), dout.data<T>(), inp.data<T>(), w.data<T>(), N, C, OC,
                             accumulate_dinp);
@@ -282,12 +315,18 @@ void matmul_backward(Tensor* dinp, Tensor* dw, Tensor* dbias, const Tensor& dout
 void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& inp, const Tensor& w, const Tensor& b,
                        double eps) {
   MTNLG_CUDA_DISPATCH(same_device("layernorm_forward", {&out, &mean, &rstd, &inp, &w, &b}), layernorm_forward(out, mean, rstd, inp, w, b, eps));
-  same_float_dtype("layernorm_forward", {&out, &mean, &rstd, &inp, &w, &b});
+  const DType dt = act_dtype("layernorm_forward", {{"out", &out}, {"inp", &inp}, {"w", &w}, {"b", &b}},
+                             {{"mean", &mean}, {"rstd", &rstd}});
   int64_t C = w.numel(), N = inp.numel() / C;
   expect_numel("layernorm_forward", "out", out, N * C);
   expect_numel("layernorm_forward", "mean", mean, N);
   expect_numel("layernorm_forward", "rstd", rstd, N);
-  by_dtype(out.dtype(), [&](auto z) {
+  if (is_low(dt)) {
+    Widened wd;
+    layernorm_forward(wd.out(out), mean, rstd, wd.in(inp), wd.in(w), wd.in(b), eps);
+    return wd.store();
+  }
+  by_dtype(dt, [&](auto z) {
     using T = decltype(z);
     cpu::layernorm_forward<T>(out.data<T>(), mean.data<T>(), rstd.data<T>(), inp.data<T>(), w.data<T>(), b.data<T>(), N, C,
                               eps);
@@ -297,10 +336,17 @@ void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& in
 void layernorm_backward(Tensor& dinp, Tensor& dw, Tensor& db, const Tensor& dout, const Tensor& inp, const Tensor& w,
                         const Tensor& mean, const Tensor& rstd, bool accumulate_dinp) {
   MTNLG_CUDA_DISPATCH(same_device("layernorm_backward", {&dinp, &dw, &db, &dout, &inp, &w, &mean, &rstd}), layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, accumulate_dinp));
-  same_float_dtype("layernorm_backward", {&dinp, &dw, &db, &dout, &inp, &w, &mean, &rstd});
+  const DType dt = act_dtype("layernorm_backward", {{"dinp", &dinp}, {"dout", &dout}, {"inp", &inp}, {"w", &w}},
+                             {{"dw", &dw}, {"db", &db}, {"mean", &mean}, {"rstd", &rstd}});
   int64_t C = w.numel(), N = inp.numel() / C;
   expect_numel("layernorm_backward", "dinp", dinp, N * C);
-  by_dtype(dout.dtype(), [&](auto z) {
+  if (is_low(dt)) {
+    Widened wd;
+    layernorm_backward(wd.out(dinp, accumulate_dinp), dw, db, wd.in(dout), wd.in(inp), wd.in(w), mean, rstd,
+                       accumulate_dinp);
+    return wd.store();
+  }
+  by_dtype(dt, [&](auto z) {
     using T = decltype(z);
     cpu::layernorm_backward<T>(dinp.data<T>(), dw.data<T>(), db.data<T>(), dout.data<T>(), inp.data<T>(), w.data<T>(),
                                mean.data<T>(), rstd.data<T>(), N, C, accumulate_dinp);
@@ -309,9 +355,14 @@ void layernorm_backward(Tensor& dinp, Tensor& dw, Tensor& db, const Tensor& dout
 
 void gelu_forward(Tensor& out, const Tensor& inp) {
   MTNLG_CUDA_DISPATCH(same_device("gelu_forward", {&out, &inp}), gelu_forward(out, inp));
-  same_float_dtype("gelu_forward", {&out, &inp});
+  const DType dt = act_dtype("gelu_forward", {{"out", &out}, {"inp", &inp}});
   expect_numel("gelu_forward", "out", out, inp.numel());
-  by_dtype(out.dtype(), [&](auto z) {
+  if (is_low(dt)) {
+    Widened wd;
+    gelu_forward(wd.out(out), wd.in(inp));
+    return wd.store();
+  }
+  by_dtype(dt, [&](auto z) {
     using T = decltype(z);
     cpu::gelu_forward<T>(out.data<T>(), inp.data<T>(), inp.numel());
   });
@@ -319,10 +370,15 @@ void gelu_forward(Tensor& out, const Tensor& inp) {
 
 void gelu_backward(Tensor& dinp, const Tensor& inp, const Tensor& dout) {
   MTNLG_CUDA_DISPATCH(same_device("gelu_backward", {&dinp, &inp, &dout}), gelu_backward(dinp, inp, dout));
-  same_float_dtype("gelu_backward", {&dinp, &inp, &dout});
+  const DType dt = act_dtype("gelu_backward", {{"dinp", &dinp}, {"inp", &inp}, {"dout", &dout}});
   expect_numel("gelu_backward", "dinp", dinp, inp.numel());
   expect_numel("gelu_backward", "dout", dout, inp.numel());
-  by_dtype(dinp.dtype(), [&](auto z) {
+  if (is_low(dt)) {
+    Widened wd;
+    gelu_backward(wd.out(dinp), wd.in(inp), wd.in(dout));
+    return wd.store();
+  }
+  by_dtype(dt, [&](auto z) {
     using T = decltype(z);
     cpu::gelu_backward<T>(dinp.data<T>(), inp.data<T>(), dout.data<T>(), inp.numel());
   });
@@ -330,9 +386,18 @@ void gelu_backward(Tensor& dinp, const Tensor& inp, const Tensor& dout) {
 
 void dropout_forward(Tensor& out, const Tensor& inp, double p, uint64_t key, uint64_t base_index) {
   MTNLG_CUDA_DISPATCH(same_device("dropout_forward", {&out, &inp}), dropout_forward(out, inp, p, key, base_index));
-  same_float_dtype("dropout_forward", {&out, &inp});
+  const DType dt = act_dtype("dropout_forward", {{"out", &out}, {"inp", &inp}});
   expect_numel("dropout_forward", "out", out, inp.numel());
-  by_dtype(out.dtype(), [&](auto z) {
+  if (p <= 0) {  // identity: no widening, no copy when in place
+    if (out.raw() != inp.raw()) copy(out, inp);
+    return;
+  }
+  if (is_low(dt)) {
+    Widened wd;
+    dropout_forward(wd.out(out), wd.in(inp), p, key, base_index);
+    return wd.store();
+  }
+  by_dtype(dt, [&](auto z) {
     using T = decltype(z);
     cpu::dropout<T>(out.data<T>(), inp.data<T>(), inp.numel(), p, key, base_index);
   });
@@ -372,11 +437,23 @@ void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, con
 
 void embedding_forward(Tensor& out, const Tensor& tokens, const Tensor& table, int64_t vocab_start) {
   MTNLG_CUDA_DISPATCH(same_device("embedding_forward", {&out, &tokens, &table}), embedding_forward(out, tokens, table, vocab_start));
-  same_float_dtype("embedding_forward", {&out, &table});
+  const DType dt = act_dtype("embedding_forward", {{"out", &out}, {"table", &table}});
   MTNLG_CHECK(tokens.dtype() == DType::i32, "tokens must be i32");
   int64_t C = table.dim(1), N = tokens.numel();
   expect_numel("embedding_forward", "out", out, N * C);
-  by_dtype(out.dtype(), [&](auto z) {
+  if (is_low(dt)) {  // a row copy: exact in any dtype
+    const auto* tab = table.data<uint16_t>();
+    auto* o = out.data<uint16_t>();
+    const int32_t* tok = tokens.data<int32_t>();
+    const int64_t V = table.dim(0);
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < N; ++i) {
+      const int64_t id = static_cast<int64_t>(tok[i]) - vocab_start;
+      for (int64_t c = 0; c < C; ++c) o[i * C + c] = (id >= 0 && id < V) ? tab[id * C + c] : uint16_t{0};
+    }
+    return;
+  }
+  by_dtype(dt, [&](auto z) {
     using T = decltype(z);
     cpu::embedding_forward<T>(out.data<T>(), tokens.data<int32_t>(), table.data<T>(), N, C, vocab_start, table.dim(0));
   });
@@ -384,10 +461,14 @@ void embedding_forward(Tensor& out, const Tensor& tokens, const Tensor& table, i
 
 void embedding_backward(Tensor& dtable, const Tensor& tokens, const Tensor& dout, int64_t vocab_start) {
   MTNLG_CUDA_DISPATCH(same_device("embedding_backward", {&dtable, &tokens, &dout}), embedding_backward(dtable, tokens, dout, vocab_start));
-  same_float_dtype("embedding_backward", {&dtable, &dout});
+  const DType dt = act_dtype("embedding_backward", {{"dout", &dout}}, {{"dtable", &dtable}});
   int64_t C = dtable.dim(1), N = tokens.numel();
   expect_numel("embedding_backward", "dout", dout, N * C);
-  by_dtype(dout.dtype(), [&](auto z) {
+  if (is_low(dt)) {
+    Widened wd;
+    return embedding_backward(dtable, tokens, wd.in(dout), vocab_start);
+  }
+  by_dtype(dt, [&](auto z) {
     using T = decltype(z);
     cpu::embedding_backward<T>(dtable.data<T>(), tokens.data<int32_t>(), dout.data<T>(), N, C, vocab_start, dtable.dim(0));
   });
@@ -395,10 +476,15 @@ void embedding_backward(Tensor& dtable, const Tensor& tokens, const Tensor& dout
 
 void position_forward(Tensor& x, const Tensor& pos, int64_t row_start, int64_t seq_len) {
   MTNLG_CUDA_DISPATCH(same_device("position_forward", {&x, &pos}), position_forward(x, pos, row_start, seq_len));
-  same_float_dtype("position_forward", {&x, &pos});
+  const DType dt = act_dtype("position_forward", {{"x", &x}, {"pos", &pos}});
   int64_t C = pos.dim(1), rows = x.numel() / C;
   MTNLG_CHECK(seq_len <= pos.dim(0), "position_forward: sequence {} longer than the position table {}", seq_len, pos.dim(0));
-  by_dtype(x.dtype(), [&](auto z) {
+  if (is_low(dt)) {
+    Widened wd;
+    position_forward(wd.out(x, true), wd.in(pos), row_start, seq_len);
+    return wd.store();
+  }
+  by_dtype(dt, [&](auto z) {
     using V = decltype(z);
     cpu::position_forward<V>(x.data<V>(), pos.data<V>(), rows, C, row_start, seq_len);
   });
@@ -406,9 +492,13 @@ void position_forward(Tensor& x, const Tensor& pos, int64_t row_start, int64_t s
 
 void position_backward(Tensor& dpos, const Tensor& dx, int64_t row_start, int64_t seq_len) {
   MTNLG_CUDA_DISPATCH(same_device("position_backward", {&dpos, &dx}), position_backward(dpos, dx, row_start, seq_len));
-  same_float_dtype("position_backward", {&dpos, &dx});
+  const DType dt = act_dtype("position_backward", {{"dx", &dx}}, {{"dpos", &dpos}});
   int64_t C = dpos.dim(1), rows = dx.numel() / C;
-  by_dtype(dx.dtype(), [&](auto z) {
+  if (is_low(dt)) {
+    Widened wd;
+    return position_backward(dpos, wd.in(dx), row_start, seq_len);
+  }
+  by_dtype(dt, [&](auto z) {
     using V = decltype(z);
     cpu::position_backward<V>(dpos.data<V>(), dx.data<V>(), rows, C, row_start, seq_len);
   });
@@ -416,9 +506,14 @@ void position_backward(Tensor& dpos, const Tensor& dx, int64_t row_start, int64_
 
 void bias_add_forward(Tensor& x, const Tensor& b) {
   MTNLG_CUDA_DISPATCH(same_device("bias_add_forward", {&x, &b}), bias_add_forward(x, b));
-  same_float_dtype("bias_add_forward", {&x, &b});
+  const DType dt = act_dtype("bias_add_forward", {{"x", &x}, {"b", &b}});
   int64_t C = b.numel(), N = x.numel() / C;
-  by_dtype(x.dtype(), [&](auto z) {
+  if (is_low(dt)) {
+    Widened wd;
+    bias_add_forward(wd.out(x, true), wd.in(b));
+    return wd.store();
+  }
+  by_dtype(dt, [&](auto z) {
     using V = decltype(z);
     cpu::bias_add_forward<V>(x.data<V>(), b.data<V>(), N, C);
   });
@@ -426,9 +521,13 @@ void bias_add_forward(Tensor& x, const Tensor& b) {
 
 void bias_add_backward(Tensor& db, const Tensor& dout) {
   MTNLG_CUDA_DISPATCH(same_device("bias_add_backward", {&db, &dout}), bias_add_backward(db, dout));
-  same_float_dtype("bias_add_backward", {&db, &dout});
+  const DType dt = act_dtype("bias_add_backward", {{"dout", &dout}}, {{"db", &db}});
   int64_t C = db.numel(), N = dout.numel() / C;
-  by_dtype(dout.dtype(), [&](auto z) {
+  if (is_low(dt)) {
+    Widened wd;
+    return bias_add_backward(db, wd.in(dout));
+  }
+  by_dtype(dt, [&](auto z) {
     using V = decltype(z);
     cpu::bias_add_backward<V>(db.data<V>(), dout.data<V>(), N, C);
   });
@@ -436,9 +535,13 @@ void bias_add_backward(Tensor& db, const Tensor& dout) {
 
 void xent_rowmax(Tensor& rowmax, const Tensor& logits, int64_t valid_local) {
   MTNLG_CUDA_DISPATCH(same_device("xent_rowmax", {&rowmax, &logits}), xent_rowmax(rowmax, logits, valid_local));
-  same_float_dtype("xent_rowmax", {&rowmax, &logits});
+  const DType dt = act_dtype("xent_rowmax", {{"logits", &logits}}, {{"rowmax", &rowmax}});
   int64_t N = rowmax.numel(), V = logits.numel() / N;
-  by_dtype(logits.dtype(), [&](auto z) {
+  if (is_low(dt)) {
+    Widened wd;
+    return xent_rowmax(rowmax, wd.in(logits), valid_local);
+  }
+  by_dtype(dt, [&](auto z) {
     using T = decltype(z);
     cpu::xent_rowmax<T>(rowmax.data<T>(), logits.data<T>(), N, V, valid_local);
   });
@@ -447,10 +550,15 @@ void xent_rowmax(Tensor& rowmax, const Tensor& logits, int64_t valid_local) {
 void xent_sumexp_target(Tensor& sumexp, Tensor& target_logit, const Tensor& logits, const Tensor& targets,
                         const Tensor& rowmax, int64_t vocab_start, int64_t valid_local) {
   MTNLG_CUDA_DISPATCH(same_device("xent_sumexp_target", {&sumexp, &target_logit, &logits, &targets, &rowmax}), xent_sumexp_target(sumexp, target_logit, logits, targets, rowmax, vocab_start, valid_local));
-  same_float_dtype("xent_sumexp_target", {&sumexp, &target_logit, &logits, &rowmax});
+  const DType dt = act_dtype("xent_sumexp_target", {{"logits", &logits}},
+                             {{"sumexp", &sumexp}, {"target_logit", &target_logit}, {"rowmax", &rowmax}});
   int64_t N = rowmax.numel(), V = logits.numel() / N;
   expect_numel("xent_sumexp_target", "targets", targets, N);
-  by_dtype(logits.dtype(), [&](auto z) {
+  if (is_low(dt)) {
+    Widened wd;
+    return xent_sumexp_target(sumexp, target_logit, wd.in(logits), targets, rowmax, vocab_start, valid_local);
+  }
+  by_dtype(dt, [&](auto z) {
     using T = decltype(z);
     cpu::xent_sumexp_target<T>(sumexp.data<T>(), target_logit.data<T>(), logits.data<T>(), targets.data<int32_t>(),
                                rowmax.data<T>(), N, V, vocab_start, valid_local);
@@ -460,18 +568,24 @@ void xent_sumexp_target(Tensor& sumexp, Tensor& target_logit, const Tensor& logi
 void xent_backward(Tensor& dlogits, const Tensor& logits, const Tensor& targets, const Tensor& rowmax,
                    const Tensor& sumexp, const Tensor& dloss, int64_t vocab_start, int64_t valid_local) {
   MTNLG_CUDA_DISPATCH(same_device("xent_backward", {&dlogits, &logits, &targets, &rowmax, &sumexp, &dloss}), xent_backward(dlogits, logits, targets, rowmax, sumexp, dloss, vocab_start, valid_local));
-  same_float_dtype("xent_backward", {&dlogits, &logits, &rowmax, &sumexp, &dloss});
+  const DType dt = act_dtype("xent_backward", {{"dlogits", &dlogits}, {"logits", &logits}},
+                             {{"rowmax", &rowmax}, {"sumexp", &sumexp}, {"dloss", &dloss}});
   int64_t N = rowmax.numel(), V = logits.numel() / N;
   expect_numel("xent_backward", "dlogits", dlogits, N * V);
-  by_dtype(logits.dtype(), [&](auto z) {
+  if (is_low(dt)) {
+    Widened wd;
+    xent_backward(wd.out(dlogits), wd.in(logits), targets, rowmax, sumexp, dloss, vocab_start, valid_local);
+    return wd.store();
+  }
+  by_dtype(dt, [&](auto z) {
     using T = decltype(z);
     cpu::xent_backward<T>(dlogits.data<T>(), logits.data<T>(), targets.data<int32_t>(), rowmax.data<T>(), sumexp.data<T>(),
                           dloss.data<T>(), N, V, vocab_start, valid_local);
   });
 }
 
-void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& p) {
-  MTNLG_CUDA_DISPATCH(same_device("adamw_step", {&param, &grad, &m, &v}), adamw_step(param, grad, m, v, p));
+void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& p, Tensor* copy_out) {
+  MTNLG_CUDA_DISPATCH(same_device("adamw_step", {&param, &grad, &m, &v, copy_out}), adamw_step(param, grad, m, v, p, copy_out));
   same_float_dtype("adamw_step", {&param, &grad, &m, &v});
   int64_t n = param.numel();
   expect_numel("adamw_step", "grad", grad, n);
@@ -482,6 +596,10 @@ void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const A
     cpu::adamw<T>(param.data<T>(), grad.data<T>(), m.data<T>(), v.data<T>(), n, p.lr, p.beta1, p.beta2, p.eps,
                   p.weight_decay, p.step, p.grad_scale);
   });
+  if (copy_out && copy_out->defined() && copy_out->raw() != param.raw()) {
+    expect_numel("adamw_step", "copy_out", *copy_out, n);
+    convert(*copy_out, param);  // the compute copy of the weights, rounded to nearest even
+  }
 }
 
 }  // namespace mtnlg::ops

@@ -2,6 +2,12 @@
 // dispatched on the device (CPU now; CUDA implementations slot in behind the same calls)
 // and the dtype (f32 for training, f64 for finite-difference checks).
 //
+// Dtype roles (core/ops_checks.hpp): the activations and forward weights of one call
+// share one dtype (f32, bf16, f16; f64 for finite-difference tests); statistics (mean,
+// rstd, lse, row max, sum of exp, target logit, dloss) and parameter gradients are f32
+// (f64 with f64 activations). bf16/f16 run with fp32 arithmetic and round-to-nearest-even
+// stores on both backends, so the CPU is the reference of the GPU's mixed precision.
+//
 // Gradient contract (DESIGN.md invariant 4): parameter gradients ACCUMULATE (+=) so
 // micro-batches add up; activation gradients are WRITTEN (=) unless an argument says
 // `accumulate`. Shapes: N = rows (batch*sequence), C = channels.
@@ -109,8 +115,9 @@ struct AdamWParams {
   double grad_scale = 1.0;  // gradients are multiplied by this first (clipping, loss-scale)
 };
 // Decoupled weight decay (AdamW): p -= lr * (mhat/(sqrt(vhat)+eps) + wd * p).
-// param, m, v fp32 [n]; grad [n]. Called per parameter segment so that biases and norm
-// weights get weight_decay 0.
-void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& p);
+// param (the fp32 master weights), grad, m, v fp32 [n]. Called per parameter segment so
+// that biases and norm weights get weight_decay 0. `copy_out` (optional, [n], bf16/f16,
+// or the master itself): the compute copy of the weights, written with the update.
+void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& p, Tensor* copy_out = nullptr);
 
 }  // namespace mtnlg::ops

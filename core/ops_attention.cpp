@@ -1,17 +1,11 @@
 // ops::attention_forward_lse / attention_backward_lse (core/ops.hpp): the log-sum-exp
-// form of causal attention. CUDA tensors go to the fused kernels (core/cuda/attention.cu);
-// on the CPU both are built from the probs reference in core/cpu/ops_cpu.cpp, so the
-// CPU path is the test oracle for the CUDA one and a drop-in for model code that wants
-// one call on every device:
-//   forward:  probs = softmax(scores) via cpu::attention_forward, plus
-//             lse_i = m_i + log sum_j exp(s_ij - m_i) recomputed in double;
-//   backward: probs_ij = exp(s_ij - lse_i) (j <= i), then cpu::attention_backward.
-// The CPU forward therefore costs one extra score pass and a [T,T] scratch per (b,h)
-// batch; it exists for correctness, not speed.
-#include <cmath>
-#include <limits>
-#include <vector>
-
+// form of causal attention, the one the model uses on every device. CUDA tensors go to
+// the fused kernels (core/cuda/attention.cu); the CPU runs cpu::attention_*_lse
+// (core/cpu/ops_cpu.cpp): the forward keeps one row of scores per (b, h) and saves
+// lse_i = m_i + log sum_j exp(s_ij - m_i); the backward recomputes p_ij = exp(s_ij -
+// lse_i) row by row. bf16/f16 activations run the f32 kernels through Widened, with lse
+// in f32, as on CUDA. The probs form (attention_forward/backward) stays as the
+// independent reference the tests compare this one with.
 #include "core/cpu/ops_cpu.hpp"
 #include "core/ops.hpp"
 #include "core/ops_checks.hpp"
@@ -22,57 +16,43 @@
 namespace mtnlg::ops {
 
 namespace {
-
-// s_ij = q_i . k_j / sqrt(D) for j <= i, in double. Calls f(b, h, i, row_of_scores).
-template <typename V, typename F>
-void for_each_score_row(const V* qkv, int64_t B, int64_t T, int64_t H, int64_t D, F&& f) {
-  const int64_t row = H * 3 * D;
-  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
-#pragma omp parallel for collapse(2) schedule(static)
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < H; ++h) {
-      std::vector<double> s(static_cast<size_t>(T));
-      const V* base = qkv + b * T * row + h * 3 * D;
-      for (int64_t i = 0; i < T; ++i) {
-        const V* q = base + i * row;
-        for (int64_t j = 0; j <= i; ++j) {
-          const V* k = base + j * row + D;
-          double acc = 0;
-          for (int64_t d = 0; d < D; ++d) acc += static_cast<double>(q[d]) * k[d];
-          s[static_cast<size_t>(j)] = acc * scale;
-        }
-        f(b, h, i, s.data());
-      }
-    }
+void attention_shape(const char* op, const Tensor& qkv, int64_t heads, int64_t& B, int64_t& T, int64_t& D) {
+  if (qkv.ndim() != 3) throw_runtime("{}: qkv must be [B,T,3C], got {}", op, shape_str(qkv.shape()));
+  if (heads <= 0 || qkv.dim(2) % (3 * heads) != 0)
+    throw_runtime("{}: qkv width {} is not 3 x heads ({}) x head size", op, qkv.dim(2), heads);
+  B = qkv.dim(0);
+  T = qkv.dim(1);
+  D = qkv.dim(2) / (3 * heads);
 }
-
+void expect_numel(const char* op, const char* name, const Tensor& t, int64_t n) {
+  if (t.numel() != n) throw_runtime("{}: {} has {} elements, expected {} (shape {})", op, name, t.numel(), n, shape_str(t.shape()));
+}
+int64_t heads_total(const AttentionDropout& d, int64_t heads) { return d.heads_total ? d.heads_total : heads; }
 }  // namespace
 
 void attention_forward_lse(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t heads, const AttentionDropout& drop) {
+  const char* op = "attention_forward_lse";
 #ifdef MTNLG_HAVE_CUDA
-  if (detail::same_device("attention_forward_lse", {&out, &lse, &qkv})) return cuda::attention_forward_lse(out, lse, qkv, heads, drop);
+  if (detail::same_device(op, {&out, &lse, &qkv})) return cuda::attention_forward_lse(out, lse, qkv, heads, drop);
 #else
-  (void)detail::same_device("attention_forward_lse", {&out, &lse, &qkv});
+  (void)detail::same_device(op, {&out, &lse, &qkv});
 #endif
-  detail::same_float_dtype("attention_forward_lse", {&out, &lse, &qkv});
-  MTNLG_CHECK(qkv.ndim() == 3, "attention qkv must be [B,T,3C], got {}", shape_str(qkv.shape()));
-  const int64_t B = qkv.dim(0), T = qkv.dim(1), D = qkv.dim(2) / (3 * heads);
-  MTNLG_CHECK(lse.numel() == B * heads * T, "attention_forward_lse: lse has {} elements, expected {}", lse.numel(),
-              B * heads * T);
-  Tensor probs = Tensor::empty({B, heads, T, T}, qkv.dtype());
-  attention_forward(out, probs, qkv, heads, drop);
+  const DType dt = detail::act_dtype(op, {{"out", &out}, {"qkv", &qkv}}, {{"lse", &lse}});
+  int64_t B, T, D;
+  attention_shape(op, qkv, heads, B, T, D);
+  expect_numel(op, "out", out, B * T * heads * D);
+  expect_numel(op, "lse", lse, B * heads * T);
+  if (detail::is_low(dt)) {
+    detail::Widened w;
+    attention_forward_lse(w.out(out), lse, w.in(qkv), heads, drop);
+    return w.store();
+  }
   auto run = [&](auto z) {
     using V = decltype(z);
-    V* L = lse.data<V>();
-    for_each_score_row(qkv.data<V>(), B, T, heads, D, [&](int64_t b, int64_t h, int64_t i, const double* s) {
-      double m = -std::numeric_limits<double>::infinity();
-      for (int64_t j = 0; j <= i; ++j) m = std::max(m, s[j]);
-      double sum = 0;
-      for (int64_t j = 0; j <= i; ++j) sum += std::exp(s[j] - m);
-      L[(b * heads + h) * T + i] = static_cast<V>(m + std::log(sum));
-    });
+    cpu::attention_forward_lse<V>(out.data<V>(), lse.data<V>(), qkv.data<V>(), B, T, heads, D, drop.p, drop.key,
+                                  drop.sample_offset, drop.head_offset, heads_total(drop, heads));
   };
-  if (qkv.dtype() == DType::f32)
+  if (dt == DType::f32)
     run(float{});
   else
     run(double{});
@@ -80,33 +60,34 @@ void attention_forward_lse(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t 
 
 void attention_backward_lse(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
                             int64_t heads, const AttentionDropout& drop) {
+  const char* op = "attention_backward_lse";
 #ifdef MTNLG_HAVE_CUDA
-  if (detail::same_device("attention_backward_lse", {&dqkv, &dout, &qkv, &out, &lse}))
+  if (detail::same_device(op, {&dqkv, &dout, &qkv, &out, &lse}))
     return cuda::attention_backward_lse(dqkv, dout, qkv, out, lse, heads, drop);
 #else
-  (void)detail::same_device("attention_backward_lse", {&dqkv, &dout, &qkv, &out, &lse});
+  (void)detail::same_device(op, {&dqkv, &dout, &qkv, &out, &lse});
 #endif
-  detail::same_float_dtype("attention_backward_lse", {&dqkv, &dout, &qkv, &out, &lse});
-  const int64_t B = qkv.dim(0), T = qkv.dim(1), D = qkv.dim(2) / (3 * heads);
-  MTNLG_CHECK(lse.numel() == B * heads * T, "attention_backward_lse: lse has {} elements, expected {}", lse.numel(),
-              B * heads * T);
-  Tensor probs = Tensor::empty({B, heads, T, T}, qkv.dtype());
+  const DType dt =
+      detail::act_dtype(op, {{"dqkv", &dqkv}, {"dout", &dout}, {"qkv", &qkv}, {"out", &out}}, {{"lse", &lse}});
+  int64_t B, T, D;
+  attention_shape(op, qkv, heads, B, T, D);
+  expect_numel(op, "dqkv", dqkv, qkv.numel());
+  expect_numel(op, "dout", dout, B * T * heads * D);
+  expect_numel(op, "lse", lse, B * heads * T);
+  if (detail::is_low(dt)) {
+    detail::Widened w;
+    attention_backward_lse(w.out(dqkv), w.in(dout), w.in(qkv), out.defined() ? w.in(out) : out, lse, heads, drop);
+    return w.store();
+  }
   auto run = [&](auto z) {
     using V = decltype(z);
-    V* P = probs.data<V>();
-    const V* L = lse.data<V>();
-    for_each_score_row(qkv.data<V>(), B, T, heads, D, [&](int64_t b, int64_t h, int64_t i, const double* s) {
-      V* Pi = P + ((b * heads + h) * T + i) * T;
-      const double l = L[(b * heads + h) * T + i];
-      for (int64_t j = 0; j <= i; ++j) Pi[j] = static_cast<V>(std::exp(s[j] - l));
-      for (int64_t j = i + 1; j < T; ++j) Pi[j] = V(0);
-    });
+    cpu::attention_backward_lse<V>(dqkv.data<V>(), dout.data<V>(), qkv.data<V>(), lse.data<V>(), B, T, heads, D, drop.p,
+                                   drop.key, drop.sample_offset, drop.head_offset, heads_total(drop, heads));
   };
-  if (qkv.dtype() == DType::f32)
+  if (dt == DType::f32)
     run(float{});
   else
     run(double{});
-  attention_backward(dqkv, dout, qkv, probs, heads, drop);
 }
 
 }  // namespace mtnlg::ops

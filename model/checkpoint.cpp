@@ -118,7 +118,9 @@ void write_metadata(const std::string& dir, const TrainState& st) {
                       {"per_source_samples", st.per_source_samples},
                       {"skipped_total", st.skipped_total},
                       {"nan_total", st.nan_total},
+                      {"loss_scaler", st.loss_scaler},
                       {"loss_scale", st.loss_scale},
+                      {"loss_scale_skipped", st.loss_scale_skipped},
                       {"loss_scale_good_steps", st.loss_scale_good_steps},
                       {"loss_scale_hysteresis", st.loss_scale_hysteresis},
                       {"seed", st.seed},
@@ -198,6 +200,8 @@ TrainState read_metadata(const std::string& dir) {
     st.per_source_samples = j.at("per_source_samples").get<std::vector<int64_t>>();
     st.skipped_total = j.at("skipped_total").get<int64_t>();
     st.nan_total = j.at("nan_total").get<int64_t>();
+    st.loss_scaler = j.value("loss_scaler", false);  // absent in checkpoints written before fp16 training
+    st.loss_scale_skipped = j.value("loss_scale_skipped", int64_t{0});
     st.loss_scale = j.at("loss_scale").get<double>();
     st.loss_scale_good_steps = j.at("loss_scale_good_steps").get<int64_t>();
     st.loss_scale_hysteresis = j.at("loss_scale_hysteresis").get<int64_t>();

@@ -26,7 +26,17 @@ GptConfig GptConfig::from_recipe(const Recipe& r) {
   c.recompute = r.parallel.recompute_granularity;
   c.sequence_parallel = r.parallel.sequence_parallel && r.tp() > 1;
   c.seed = static_cast<uint64_t>(r.training.seed);
+  c.dtype = compute_dtype(r.training.precision);
   return c;
+}
+
+DType compute_dtype(Precision p) {
+  switch (p) {
+    case Precision::bf16: return DType::bf16;
+    case Precision::fp16: return DType::f16;
+    case Precision::fp32: break;
+  }
+  return DType::f32;
 }
 
 void declare_chunk_params(ParamStore& store, const GptConfig& c, const ChunkSpec& spec, int64_t tp_rank, int64_t tp_size) {
@@ -92,7 +102,7 @@ void declare_chunk_params(ParamStore& store, const GptConfig& c, const ChunkSpec
 struct GptChunk::LayerActs {
   Tensor x_in;                       // [R, C] layer input (always kept)
   Tensor ln1, mean1, rstd1, ln1_full;
-  Tensor qkv, att, probs;
+  Tensor qkv, att, lse;              // attention output and its log-sum-exp (wide)
   Tensor x2;                         // residual after attention [R, C]
   Tensor ln2, mean2, rstd2, ln2_full;
   Tensor fc1, gel;
@@ -111,7 +121,7 @@ struct GptChunk::Saved {
       if (t.defined()) b += t.nbytes();
     };
     for (auto& l : layers) {
-      for (auto* t : {&l.x_in, &l.ln1, &l.mean1, &l.rstd1, &l.qkv, &l.att, &l.probs, &l.x2, &l.ln2, &l.mean2, &l.rstd2,
+      for (auto* t : {&l.x_in, &l.ln1, &l.mean1, &l.rstd1, &l.qkv, &l.att, &l.lse, &l.x2, &l.ln2, &l.mean2, &l.rstd2,
                       &l.fc1, &l.gel})
         add(*t);
       if (l.ln1_full.defined() && l.ln1_full.raw() != l.ln1.raw()) add(l.ln1_full);
@@ -124,6 +134,9 @@ struct GptChunk::Saved {
 
 GptChunk::GptChunk(const GptConfig& cfg, ChunkSpec spec, ParamStore& store, const parallel::ProcessGroups& groups)
     : cfg_(cfg), spec_(std::move(spec)), store_(store), groups_(groups) {
+  MTNLG_CHECK(store.weights().defined() && store.compute_dtype() == cfg.dtype,
+              "GptChunk: the parameter store's compute copy is {}, the model computes in {}",
+              store.weights().defined() ? to_string(store.compute_dtype()) : "missing", to_string(cfg.dtype));
   tp_ = groups.tp ? groups.tp->size() : 1;
   tp_rank_ = groups.tp ? groups.tp->rank() : 0;
   heads_local_ = cfg.heads / tp_;
@@ -135,7 +148,7 @@ GptChunk::GptChunk(const GptConfig& cfg, ChunkSpec spec, ParamStore& store, cons
     std::string p = fmt::format("layers.{}.", l);
     LayerParams lp;
     auto bind = [&](Tensor& w, Tensor& g, const std::string& n) {
-      w = store.param(p + n);
+      w = store.weight(p + n);
       g = store.grad(p + n);
     };
     bind(lp.ln1_w, lp.d_ln1_w, "input_layernorm.weight");
@@ -153,16 +166,16 @@ GptChunk::GptChunk(const GptConfig& cfg, ChunkSpec spec, ParamStore& store, cons
     layers_.push_back(lp);
   }
   if (spec_.has_embedding || spec_.has_head) {
-    wte_ = store.param("embedding.word_embeddings.weight");
+    wte_ = store.weight("embedding.word_embeddings.weight");
     d_wte_ = store.grad("embedding.word_embeddings.weight");
   }
   if (spec_.has_embedding) {
-    wpe_ = store.param("embedding.position_embeddings.weight");
+    wpe_ = store.weight("embedding.position_embeddings.weight");
     d_wpe_ = store.grad("embedding.position_embeddings.weight");
   }
   if (spec_.has_head) {
-    lnf_w_ = store.param("final_layernorm.weight");
-    lnf_b_ = store.param("final_layernorm.bias");
+    lnf_w_ = store.weight("final_layernorm.weight");
+    lnf_b_ = store.weight("final_layernorm.bias");
     d_lnf_w_ = store.grad("final_layernorm.weight");
     d_lnf_b_ = store.grad("final_layernorm.bias");
   }
@@ -202,28 +215,26 @@ ops::AttentionDropout GptChunk::attention_dropout(const MicroBatch& mb, int64_t 
           cfg_.heads};
 }
 
-void GptChunk::layer_forward(int64_t li, const Tensor& x, Tensor& y, LayerActs& a, const MicroBatch& mb, bool keep_probs) {
+void GptChunk::layer_forward(int64_t li, const Tensor& x, Tensor& y, LayerActs& a, const MicroBatch& mb) {
   auto& p = layers_[li];
   const int64_t layer = spec_.first_layer + li;
   const int64_t C = cfg_.hidden, T = cfg_.seq_length, B = mb.micro_batch_size, N = B * T, R = x.dim(0);
-  const DType dt = x.dtype();
+  const DType dt = x.dtype(), wide = stats_dtype();
   const bool sp = cfg_.sequence_parallel;
   auto* tpc = groups_.tp.get();
   const uint64_t row_base = hidden_dropout_base(mb, R);
 
   a.x_in = x;
   a.ln1 = Tensor::empty({R, C}, dt);
-  a.mean1 = Tensor::empty({R}, dt);
-  a.rstd1 = Tensor::empty({R}, dt);
+  a.mean1 = Tensor::empty({R}, wide);
+  a.rstd1 = Tensor::empty({R}, wide);
   ops::layernorm_forward(a.ln1, a.mean1, a.rstd1, x, p.ln1_w, p.ln1_b, cfg_.layernorm_eps);
   a.ln1_full = tp::enter_column_parallel_forward(tpc, sp, a.ln1);
   a.qkv = Tensor::empty({B, T, 3 * C / tp_}, dt);
   ops::matmul_forward(a.qkv, a.ln1_full, p.qkv_w, &p.qkv_b);
   a.att = Tensor::empty({N, C / tp_}, dt);
-  Tensor probs = Tensor::empty({B, heads_local_, T, T}, dt);
-  const ops::AttentionDropout ad = attention_dropout(mb, layer);
-  ops::attention_forward(a.att, probs, a.qkv, heads_local_, ad);
-  if (keep_probs) a.probs = probs;
+  a.lse = Tensor::empty({B, heads_local_, T}, wide);
+  ops::attention_forward_lse(a.att, a.lse, a.qkv, heads_local_, attention_dropout(mb, layer));
   Tensor proj_partial = Tensor::empty({N, C}, dt);
   ops::matmul_forward(proj_partial, a.att, p.proj_w, nullptr);
   Tensor proj = tp::leave_row_parallel_forward(tpc, sp, proj_partial);
@@ -233,8 +244,8 @@ void GptChunk::layer_forward(int64_t li, const Tensor& x, Tensor& y, LayerActs& 
   ops::add(a.x2, x, proj);
 
   a.ln2 = Tensor::empty({R, C}, dt);
-  a.mean2 = Tensor::empty({R}, dt);
-  a.rstd2 = Tensor::empty({R}, dt);
+  a.mean2 = Tensor::empty({R}, wide);
+  a.rstd2 = Tensor::empty({R}, wide);
   ops::layernorm_forward(a.ln2, a.mean2, a.rstd2, a.x2, p.ln2_w, p.ln2_b, cfg_.layernorm_eps);
   a.ln2_full = tp::enter_column_parallel_forward(tpc, sp, a.ln2);
   a.fc1 = Tensor::empty({N, ffn_local_}, dt);
@@ -283,15 +294,11 @@ void GptChunk::layer_backward(int64_t li, const Tensor& dy, Tensor& dx, LayerAct
   Tensor dproj_full = tp::leave_row_parallel_backward(tpc, sp, dproj);
   Tensor datt = Tensor::empty({N, C / tp_}, dt);
   ops::matmul_backward(&datt, &p.d_proj_w, nullptr, dproj_full, a.att, p.proj_w);
-  const ops::AttentionDropout ad = attention_dropout(mb, layer);
-  if (!a.probs.defined()) {  // selective recompute: rebuild the softmax from qkv
-    a.probs = Tensor::empty({B, heads_local_, T, T}, dt);
-    Tensor scratch = Tensor::empty({N, C / tp_}, dt);
-    ops::attention_forward(scratch, a.probs, a.qkv, heads_local_, ad);
-  }
+  // The backward recomputes the probabilities from qkv and lse (flash attention), so
+  // "selective" recompute costs nothing extra: no [B, H, T, T] tensor is ever kept.
   Tensor dqkv = Tensor::empty({B, T, 3 * C / tp_}, dt);
-  ops::attention_backward(dqkv, datt.view({B, T, C / tp_}), a.qkv, a.probs, heads_local_, ad);
-  a.probs = Tensor();
+  ops::attention_backward_lse(dqkv, datt.view({B, T, C / tp_}), a.qkv, a.att.view({B, T, C / tp_}), a.lse, heads_local_,
+                              attention_dropout(mb, layer));
   Tensor dln1_full = Tensor::empty({N, C}, dt);
   ops::matmul_backward(&dln1_full, &p.d_qkv_w, &p.d_qkv_b, dqkv, a.ln1_full, p.qkv_w);
   Tensor dln1 = tp::enter_column_parallel_backward(tpc, sp, dln1_full);
@@ -333,11 +340,10 @@ ForwardResult GptChunk::forward(int64_t mb_id, const MicroBatch& mb, const Tenso
   }
 
   const bool full_recompute = cfg_.recompute == RecomputeGranularity::full;
-  const bool keep_probs = cfg_.recompute == RecomputeGranularity::none;
   for (size_t li = 0; li < layers_.size(); ++li) {
     Tensor y;
     LayerActs& a = s.layers[li];
-    layer_forward(static_cast<int64_t>(li), x, y, a, mb, keep_probs);
+    layer_forward(static_cast<int64_t>(li), x, y, a, mb);
     if (full_recompute) {  // keep only the layer input
       Tensor keep = a.x_in;
       a = LayerActs{};
@@ -354,24 +360,20 @@ ForwardResult GptChunk::forward(int64_t mb_id, const MicroBatch& mb, const Tenso
   }
 
   // Head: final LayerNorm, logits against the (tied) word embedding shard, vocab-parallel loss.
+  const DType wide = stats_dtype();
   s.x_out = x;
   s.lnf = Tensor::empty({R, C}, dt);
-  s.meanf = Tensor::empty({R}, dt);
-  s.rstdf = Tensor::empty({R}, dt);
+  s.meanf = Tensor::empty({R}, wide);
+  s.rstdf = Tensor::empty({R}, wide);
   ops::layernorm_forward(s.lnf, s.meanf, s.rstdf, x, lnf_w_, lnf_b_, cfg_.layernorm_eps);
   s.lnf_full = tp::enter_column_parallel_forward(tpc, sp, s.lnf);
   s.logits = Tensor::empty({N, vocab_local_}, dt);
   ops::matmul_forward(s.logits, s.lnf_full, wte_, nullptr);
-  s.rowmax = Tensor::empty({N}, dt);
-  s.sumexp = Tensor::empty({N}, dt);
-  Tensor target_logit = Tensor::empty({N}, dt);
+  s.rowmax = Tensor::empty({N}, wide);
+  s.sumexp = Tensor::empty({N}, wide);
+  Tensor target_logit = Tensor::empty({N}, wide);
   ops::xent_rowmax(s.rowmax, s.logits, vocab_valid_);
-  if (tpc && tpc->size() > 1) {
-    if (dt == DType::f64)
-      tpc->all_reduce(s.rowmax.data<double>(), N, parallel::ReduceOp::max);
-    else
-      tpc->all_reduce(s.rowmax.data<float>(), N, parallel::ReduceOp::max);
-  }
+  if (tpc && tpc->size() > 1) tp::all_reduce(tpc, s.rowmax, parallel::ReduceOp::max);
   // A shard with no real vocabulary reports -inf; the global max is finite.
   ops::xent_sumexp_target(s.sumexp, target_logit, s.logits, s.targets, s.rowmax, vocab_start_, vocab_valid_);
   if (tpc && tpc->size() > 1) {
@@ -382,7 +384,7 @@ ForwardResult GptChunk::forward(int64_t mb_id, const MicroBatch& mb, const Tenso
   for (int64_t i = 0; i < N; ++i) {
     double m = mb.loss_mask ? mb.loss_mask[i] : 1.0;
     double li, mx, se, tl;
-    if (dt == DType::f64) {
+    if (wide == DType::f64) {
       mx = s.rowmax.data<double>()[i], se = s.sumexp.data<double>()[i], tl = target_logit.data<double>()[i];
     } else {
       mx = s.rowmax.data<float>()[i], se = s.sumexp.data<float>()[i], tl = target_logit.data<float>()[i];
@@ -416,10 +418,10 @@ Tensor GptChunk::backward(int64_t mb_id, const MicroBatch& mb, const Tensor& dou
 
   Tensor dx;
   if (spec_.has_head) {
-    Tensor dloss = Tensor::empty({N}, dt);
+    Tensor dloss = Tensor::empty({N}, stats_dtype());
     for (int64_t i = 0; i < N; ++i) {
       double g = mb.loss_weight * (mb.loss_mask ? mb.loss_mask[i] : 1.0);
-      if (dt == DType::f64)
+      if (dloss.dtype() == DType::f64)
         dloss.data<double>()[i] = g;
       else
         dloss.data<float>()[i] = static_cast<float>(g);
@@ -438,13 +440,12 @@ Tensor GptChunk::backward(int64_t mb_id, const MicroBatch& mb, const Tensor& dou
   }
 
   const bool full_recompute = cfg_.recompute == RecomputeGranularity::full;
-  const bool keep_probs = cfg_.recompute == RecomputeGranularity::none;
   for (int64_t li = static_cast<int64_t>(layers_.size()) - 1; li >= 0; --li) {
     LayerActs& a = s.layers[li];
     if (full_recompute) {  // re-run this layer's forward from its saved input
       Tensor y;
       Tensor x_in = a.x_in;
-      layer_forward(li, x_in, y, a, mb, keep_probs);
+      layer_forward(li, x_in, y, a, mb);
     }
     Tensor dprev;
     layer_backward(li, dx, dprev, a, mb);

@@ -33,10 +33,14 @@ struct GptConfig {
   RecomputeGranularity recompute = RecomputeGranularity::none;
   bool sequence_parallel = false;
   uint64_t seed = 1234;
-  DType dtype = DType::f32;
+  DType dtype = DType::f32;  // activations and the compute copy of the weights
 
   static GptConfig from_recipe(const Recipe& r);
 };
+
+// The activation / compute-weight dtype of a training precision (fp32 -> f32, bf16 ->
+// bf16, fp16 -> f16). Master weights, gradients and statistics stay fp32.
+DType compute_dtype(Precision p);
 
 // Which layers a chunk owns and whether it holds the embedding / the output head.
 struct ChunkSpec {
@@ -83,12 +87,13 @@ class GptChunk {
   ForwardResult forward(int64_t mb_id, const MicroBatch& mb, const Tensor& input);
   // dout: gradient w.r.t. this chunk's output (ignored on the last chunk, which starts
   // from the loss). Returns the gradient w.r.t. the input (empty on the first chunk).
-  // Parameter gradients accumulate into the store.
+  // Parameter gradients accumulate into the store (fp32); activations are cfg.dtype.
   Tensor backward(int64_t mb_id, const MicroBatch& mb, const Tensor& dout);
 
   // Rows of the residual stream this rank holds for a micro batch of `mbs` samples.
   int64_t local_rows(int64_t mbs) const;
   const ChunkSpec& spec() const { return spec_; }
+  DType activation_dtype() const { return cfg_.dtype; }
   // Activation bytes currently held for micro batches in flight.
   int64_t saved_bytes() const;
   void drop_saved();  // forget activations of micro batches in flight (eval, aborted steps)
@@ -101,7 +106,9 @@ class GptChunk {
     Tensor d_ln1_w, d_ln1_b, d_qkv_w, d_qkv_b, d_proj_w, d_proj_b, d_ln2_w, d_ln2_b, d_fc1_w, d_fc1_b, d_fc2_w, d_fc2_b;
   };
 
-  void layer_forward(int64_t li, const Tensor& x, Tensor& y, LayerActs& a, const MicroBatch& mb, bool keep_probs);
+  void layer_forward(int64_t li, const Tensor& x, Tensor& y, LayerActs& a, const MicroBatch& mb);
+  // Statistics (LayerNorm mean/rstd, attention lse, loss terms): f64 for f64 models, else f32.
+  DType stats_dtype() const { return cfg_.dtype == DType::f64 ? DType::f64 : DType::f32; }
   void layer_backward(int64_t li, const Tensor& dy, Tensor& dx, LayerActs& a, const MicroBatch& mb);
   uint64_t dropout_key(const MicroBatch& mb, int64_t layer, int64_t site) const;
   // First mask index of this rank's rows of the residual stream ([local rows, hidden]);

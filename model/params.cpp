@@ -28,9 +28,20 @@ void ParamStore::add(ParamInfo p) {
   infos_.push_back(std::move(p));
 }
 
-void ParamStore::finalize(DType dt) {
-  params_ = Tensor::zeros({total_}, dt);
-  grads_ = Tensor::zeros({total_}, dt);
+void ParamStore::finalize(DType master, DType compute) {
+  params_ = Tensor::zeros({total_}, master);
+  grads_ = Tensor::zeros({total_}, master);
+  weights_ = compute == master ? params_ : Tensor::zeros({total_}, compute);
+}
+
+void ParamStore::sync_weights() {
+  MTNLG_CHECK(params_.defined(), "ParamStore::sync_weights before finalize");
+  if (has_compute_copy()) ops::convert(weights_, params_);
+}
+
+Tensor ParamStore::weight(const std::string& name) const {
+  auto& p = info(name);
+  return weights_.flat(p.offset, p.numel).view(p.shape);
 }
 
 const ParamInfo& ParamStore::info(const std::string& name) const {
@@ -100,6 +111,7 @@ void ParamStore::initialize(uint64_t seed, double std, int64_t num_layers_total)
       }
     }
   }
+  sync_weights();
 }
 
 }  // namespace mtnlg::model

@@ -1,6 +1,12 @@
-// Parameters of one pipeline rank, in one flat fp32 buffer (weights) and a twin flat
-// buffer (gradients), so the optimizer, the gradient-norm, the data-parallel buckets and
-// ZeRO-1 sharding all work on contiguous ranges. Each parameter records its global
+// Parameters of one pipeline rank, in flat buffers with one element layout, so the
+// optimizer, the gradient-norm, the data-parallel buckets and ZeRO-1 sharding all work
+// on contiguous ranges. Dtype roles:
+//   params()  the fp32 master weights (what the optimizer updates and checkpoints hold)
+//   weights() the compute copy the model reads: bf16/f16 under mixed precision, at the
+//             same element offsets; the master itself when the compute dtype is the
+//             master's (fp32 runs, f64 tests). The optimizer writes it as it steps;
+//             sync_weights() rebuilds it after initialisation or a checkpoint load.
+//   grads()   fp32 gradients (accumulated by the model's backward). Each parameter records its global
 // shape and the slice this tensor-parallel rank holds, which is what checkpoints and
 // layout conversion need.
 //
@@ -38,7 +44,12 @@ class ParamStore {
  public:
   // Declares a parameter; buffers are allocated by finalize().
   void add(ParamInfo p);
-  void finalize(DType dt = DType::f32);
+  // Allocates the master and gradient buffers in `master` and, when `compute` differs,
+  // the compute copy (bf16 or f16). Zero-filled.
+  void finalize(DType master, DType compute);
+  void finalize(DType master = DType::f32) { finalize(master, master); }
+  // The compute copy := the master, rounded to nearest even (nothing when they alias).
+  void sync_weights();
   // Draws every parameter from N(0, std) (or std/sqrt(2L) for output projections),
   // zeros and ones as declared, from global element indices.
   void initialize(uint64_t seed, double std, int64_t num_layers_total);
@@ -48,10 +59,15 @@ class ParamStore {
   bool has(const std::string& name) const;
   Tensor param(const std::string& name) const;
   Tensor grad(const std::string& name) const;
+  Tensor weight(const std::string& name) const;  // the compute copy of a parameter
   Tensor& params() { return params_; }
   Tensor& grads() { return grads_; }
   const Tensor& params() const { return params_; }
   const Tensor& grads() const { return grads_; }
+  Tensor& weights() { return weights_; }
+  const Tensor& weights() const { return weights_; }
+  DType compute_dtype() const { return weights_.dtype(); }
+  bool has_compute_copy() const { return weights_.defined() && weights_.raw() != params_.raw(); }
   int64_t numel() const { return total_; }
   void zero_grads();
 
@@ -60,7 +76,7 @@ class ParamStore {
 
  private:
   std::vector<ParamInfo> infos_;
-  Tensor params_, grads_;
+  Tensor params_, grads_, weights_;
   int64_t total_ = 0;
 };
 

@@ -6,19 +6,12 @@ namespace mtnlg::model::tp {
 
 namespace {
 bool trivial(parallel::Communicator* comm) { return comm == nullptr || comm->size() == 1; }
-void need_f32(const Tensor& t, const char* what) {
-  if (t.dtype() != DType::f32) throw_runtime("{}: tensor-parallel collectives need f32 tensors, got {}", what, to_string(t.dtype()));
-}
 }  // namespace
 
-void all_reduce(parallel::Communicator* comm, Tensor& x) {
+// Payloads travel in the tensor's own dtype (bf16 activations as bf16, f32 statistics as f32).
+void all_reduce(parallel::Communicator* comm, Tensor& x, parallel::ReduceOp op) {
   if (trivial(comm)) return;
-  if (x.dtype() == DType::f64) {
-    comm->all_reduce(x.data<double>(), x.numel(), parallel::ReduceOp::sum);
-    return;
-  }
-  need_f32(x, "all_reduce");
-  comm->all_reduce(x.data<float>(), x.numel(), parallel::ReduceOp::sum);
+  comm->all_reduce(x.raw(), x.numel(), x.dtype(), op);
 }
 
 void all_gather_rows(parallel::Communicator* comm, const Tensor& in, Tensor& out) {
@@ -26,9 +19,9 @@ void all_gather_rows(parallel::Communicator* comm, const Tensor& in, Tensor& out
     ops::copy(out, in);
     return;
   }
-  need_f32(in, "all_gather_rows");
-  MTNLG_CHECK(out.numel() == in.numel() * comm->size(), "all_gather_rows: {} vs {}", out.numel(), in.numel());
-  comm->all_gather(in.data<float>(), out.data<float>(), in.numel());
+  MTNLG_CHECK(out.numel() == in.numel() * comm->size() && out.dtype() == in.dtype(), "all_gather_rows: {} {} vs {} {}",
+              out.numel(), to_string(out.dtype()), in.numel(), to_string(in.dtype()));
+  comm->all_gather(in.raw(), out.raw(), in.numel(), in.dtype());
 }
 
 void reduce_scatter_rows(parallel::Communicator* comm, const Tensor& in, Tensor& out) {
@@ -36,9 +29,9 @@ void reduce_scatter_rows(parallel::Communicator* comm, const Tensor& in, Tensor&
     ops::copy(out, in);
     return;
   }
-  need_f32(in, "reduce_scatter_rows");
-  MTNLG_CHECK(in.numel() == out.numel() * comm->size(), "reduce_scatter_rows: {} vs {}", in.numel(), out.numel());
-  comm->reduce_scatter(in.data<float>(), out.data<float>(), out.numel());
+  MTNLG_CHECK(in.numel() == out.numel() * comm->size() && out.dtype() == in.dtype(), "reduce_scatter_rows: {} {} vs {} {}",
+              in.numel(), to_string(in.dtype()), out.numel(), to_string(out.dtype()));
+  comm->reduce_scatter(in.raw(), out.raw(), out.numel(), in.dtype());
 }
 
 Tensor enter_column_parallel_forward(parallel::Communicator* comm, bool sp, const Tensor& x) {

@@ -16,8 +16,8 @@
 
 namespace mtnlg::model::tp {
 
-// In place all-reduce (sum) of x over `comm`.
-void all_reduce(parallel::Communicator* comm, Tensor& x);
+// In place all-reduce of x over `comm`, in x's dtype.
+void all_reduce(parallel::Communicator* comm, Tensor& x, parallel::ReduceOp op = parallel::ReduceOp::sum);
 // out [rows*size, C] = rows of every rank in rank order; in [rows, C].
 void all_gather_rows(parallel::Communicator* comm, const Tensor& in, Tensor& out);
 // out [rows/size, C] = this rank's block of the sum of every rank's in [rows, C].

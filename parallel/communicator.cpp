@@ -44,26 +44,25 @@ void Communicator::count_broadcast(int64_t s) {
 
 // ---- Local ------------------------------------------------------------------------
 
-void LocalCommunicator::all_reduce(float*, int64_t, ReduceOp) {}
-void LocalCommunicator::all_reduce(double*, int64_t, ReduceOp) {}
+void LocalCommunicator::all_reduce(void*, int64_t, DType, ReduceOp) {}
 void LocalCommunicator::all_reduce(int64_t*, int64_t, ReduceOp) {}
 
-void LocalCommunicator::reduce_scatter(const float* in, float* out, int64_t n) {
-  if (in != out && n > 0) std::memmove(out, in, static_cast<size_t>(n) * sizeof(float));
+void LocalCommunicator::reduce_scatter(const void* in, void* out, int64_t n, DType dt) {
+  if (in != out && n > 0) std::memmove(out, in, static_cast<size_t>(n * dtype_size(dt)));
 }
-void LocalCommunicator::all_gather(const float* in, float* out, int64_t n) {
-  if (in != out && n > 0) std::memmove(out, in, static_cast<size_t>(n) * sizeof(float));
+void LocalCommunicator::all_gather(const void* in, void* out, int64_t n, DType dt) {
+  if (in != out && n > 0) std::memmove(out, in, static_cast<size_t>(n * dtype_size(dt)));
 }
-void LocalCommunicator::broadcast(float*, int64_t, int64_t root) {
+void LocalCommunicator::broadcast(void*, int64_t, DType, int64_t root) {
   if (root != 0) throw_runtime("broadcast on the size-1 '{}' group from root {}: only root 0 exists", name_, root);
 }
-void LocalCommunicator::send(const float*, int64_t, int64_t peer, int tag) {
+void LocalCommunicator::send(const void*, int64_t, DType, int64_t peer, int tag) {
   throw_runtime("send to rank {} (tag {}) on the size-1 '{}' group: there is no peer", peer, tag, name_);
 }
-std::unique_ptr<Request> LocalCommunicator::isend(const float*, int64_t, int64_t peer, int tag) {
+std::unique_ptr<Request> LocalCommunicator::isend(const void*, int64_t, DType, int64_t peer, int tag) {
   throw_runtime("isend to rank {} (tag {}) on the size-1 '{}' group: there is no peer", peer, tag, name_);
 }
-void LocalCommunicator::recv(float*, int64_t, int64_t peer, int tag) {
+void LocalCommunicator::recv(void*, int64_t, DType, int64_t peer, int tag) {
   throw_runtime("recv from rank {} (tag {}) on the size-1 '{}' group: there is no peer", peer, tag, name_);
 }
 namespace {
@@ -72,7 +71,7 @@ class DoneRequest final : public Request {
   void wait() override {}
 };
 }  // namespace
-std::unique_ptr<Request> LocalCommunicator::iall_reduce(float*, int64_t, ReduceOp) {
+std::unique_ptr<Request> LocalCommunicator::iall_reduce(void*, int64_t, DType, ReduceOp) {
   return std::make_unique<DoneRequest>();  // a group of one: the sum is the input
 }
 std::shared_ptr<Communicator> LocalCommunicator::split(int64_t color, int64_t, const std::string& name) {

@@ -24,9 +24,9 @@
 // Byte accounting (compared with the planner's ring model, planner.md): each call
 // adds to bytes_sent() this rank's share of the traffic a ring algorithm would put on
 // the wire, with g = size() and S = the payload in bytes:
-//   all_reduce        2 (g-1)/g * S           (S = n * sizeof(T); also iall_reduce)
-//   reduce_scatter    (g-1)/g * S_total       (S_total = n * g * 4, the whole input)
-//   all_gather        (g-1)/g * S_total       (S_total = n * g * 4, the whole output)
+//   all_reduce        2 (g-1)/g * S           (S = n * dtype size; also iall_reduce)
+//   reduce_scatter    (g-1)/g * S_total       (S_total = n * g * dtype size, the whole input)
+//   all_gather        (g-1)/g * S_total       (S_total = n * g * dtype size, the whole output)
 //   broadcast         (g-1)/g * S             (a pipelined chain moves (g-1) S in all)
 //   send              S;  recv, barrier: 0
 // Size-1 groups count 0 for all of them. Summed over a group's ranks this is the
@@ -36,6 +36,7 @@
 #include <memory>
 #include <string>
 
+#include "core/tensor.hpp"
 #include "parallel/topology.hpp"
 
 namespace mtnlg::parallel {
@@ -68,26 +69,40 @@ class Communicator {
   // "world", "tp", "pp", "dp", "embedding", "mp", or what split() was given.
   virtual std::string name() const = 0;
 
-  // In place; every rank passes the same n and op.
-  virtual void all_reduce(float* data, int64_t n, ReduceOp op) = 0;
-  virtual void all_reduce(double* data, int64_t n, ReduceOp op) = 0;
+  // Payloads carry their dtype: f32, f64, bf16 or f16 (bf16/f16 sums are taken in fp32
+  // and rounded to nearest even at each step, as NCCL does). Tensor- and pipeline-
+  // parallel traffic travels in the activation dtype, gradient reduction in f32.
+  //
+  // In place; every rank passes the same n, dtype and op.
+  virtual void all_reduce(void* data, int64_t n, DType dt, ReduceOp op) = 0;
   virtual void all_reduce(int64_t* data, int64_t n, ReduceOp op) = 0;  // flags, counters
   // Sum of the ranks' inputs (n * size() each), rank i keeps block i (n elements).
   // `out` may alias `in + rank() * n` (the in-place layout of a ZeRO shard).
-  virtual void reduce_scatter(const float* in, float* out, int64_t n) = 0;
+  virtual void reduce_scatter(const void* in, void* out, int64_t n, DType dt) = 0;
   // out (n * size()) = concatenation of every rank's `in` (n) in rank order.
   // `in` may alias `out + rank() * n`.
-  virtual void all_gather(const float* in, float* out, int64_t n) = 0;
-  virtual void broadcast(float* data, int64_t n, int64_t root) = 0;
+  virtual void all_gather(const void* in, void* out, int64_t n, DType dt) = 0;
+  virtual void broadcast(void* data, int64_t n, DType dt, int64_t root) = 0;
   // peer is a rank in this group; sending to or receiving from oneself throws.
-  virtual void send(const float* data, int64_t n, int64_t peer, int tag) = 0;
-  virtual void recv(float* data, int64_t n, int64_t peer, int tag) = 0;
+  virtual void send(const void* data, int64_t n, DType dt, int64_t peer, int tag) = 0;
+  virtual void recv(void* data, int64_t n, DType dt, int64_t peer, int tag) = 0;
   // Nonblocking send (MPI_Isend); bytes are counted when it is posted.
-  virtual std::unique_ptr<Request> isend(const float* data, int64_t n, int64_t peer, int tag) = 0;
+  virtual std::unique_ptr<Request> isend(const void* data, int64_t n, DType dt, int64_t peer, int tag) = 0;
   // Nonblocking in-place all-reduce (MPI_Iallreduce): `data` is neither read nor written
   // by the caller until wait(). Every rank must start its nonblocking collectives on
   // this communicator in the same order. Bytes are counted when it is posted.
-  virtual std::unique_ptr<Request> iall_reduce(float* data, int64_t n, ReduceOp op) = 0;
+  virtual std::unique_ptr<Request> iall_reduce(void* data, int64_t n, DType dt, ReduceOp op) = 0;
+
+  // Typed shorthands for host scalars and f32 buffers.
+  void all_reduce(float* d, int64_t n, ReduceOp op) { all_reduce(static_cast<void*>(d), n, DType::f32, op); }
+  void all_reduce(double* d, int64_t n, ReduceOp op) { all_reduce(static_cast<void*>(d), n, DType::f64, op); }
+  void reduce_scatter(const float* in, float* out, int64_t n) { reduce_scatter(in, out, n, DType::f32); }
+  void all_gather(const float* in, float* out, int64_t n) { all_gather(in, out, n, DType::f32); }
+  void broadcast(float* d, int64_t n, int64_t root) { broadcast(d, n, DType::f32, root); }
+  void send(const float* d, int64_t n, int64_t peer, int tag) { send(d, n, DType::f32, peer, tag); }
+  void recv(float* d, int64_t n, int64_t peer, int tag) { recv(d, n, DType::f32, peer, tag); }
+  std::unique_ptr<Request> isend(const float* d, int64_t n, int64_t peer, int tag) { return isend(d, n, DType::f32, peer, tag); }
+  std::unique_ptr<Request> iall_reduce(float* d, int64_t n, ReduceOp op) { return iall_reduce(d, n, DType::f32, op); }
   virtual void barrier() = 0;
 
   // Collective over this communicator (like MPI_Comm_split): ranks passing the same
@@ -115,19 +130,26 @@ class Communicator {
 class LocalCommunicator final : public Communicator {
  public:
   explicit LocalCommunicator(std::string name = "world") : name_(std::move(name)) {}
+  using Communicator::all_gather;
+  using Communicator::all_reduce;
+  using Communicator::broadcast;
+  using Communicator::iall_reduce;
+  using Communicator::isend;
+  using Communicator::recv;
+  using Communicator::reduce_scatter;
+  using Communicator::send;
   int64_t rank() const override { return 0; }
   int64_t size() const override { return 1; }
   std::string name() const override { return name_; }
-  void all_reduce(float*, int64_t n, ReduceOp) override;
-  void all_reduce(double*, int64_t n, ReduceOp) override;
+  void all_reduce(void*, int64_t n, DType dt, ReduceOp) override;
   void all_reduce(int64_t*, int64_t n, ReduceOp) override;
-  void reduce_scatter(const float* in, float* out, int64_t n) override;
-  void all_gather(const float* in, float* out, int64_t n) override;
-  void broadcast(float* data, int64_t n, int64_t root) override;
-  void send(const float* data, int64_t n, int64_t peer, int tag) override;
-  void recv(float* data, int64_t n, int64_t peer, int tag) override;
-  std::unique_ptr<Request> isend(const float* data, int64_t n, int64_t peer, int tag) override;
-  std::unique_ptr<Request> iall_reduce(float* data, int64_t n, ReduceOp op) override;  // done at once
+  void reduce_scatter(const void* in, void* out, int64_t n, DType dt) override;
+  void all_gather(const void* in, void* out, int64_t n, DType dt) override;
+  void broadcast(void* data, int64_t n, DType dt, int64_t root) override;
+  void send(const void* data, int64_t n, DType dt, int64_t peer, int tag) override;
+  void recv(void* data, int64_t n, DType dt, int64_t peer, int tag) override;
+  std::unique_ptr<Request> isend(const void* data, int64_t n, DType dt, int64_t peer, int tag) override;
+  std::unique_ptr<Request> iall_reduce(void* data, int64_t n, DType dt, ReduceOp op) override;  // done at once
   void barrier() override {}
   std::shared_ptr<Communicator> split(int64_t color, int64_t key, const std::string& name) override;
 

@@ -11,10 +11,12 @@
 
 #include <algorithm>
 #include <climits>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
 #include "core/error.hpp"
+#include "core/half.hpp"
 #include "parallel/communicator.hpp"
 
 namespace mtnlg::parallel {
@@ -47,16 +49,48 @@ void check(int rc, const char* op, const std::string& group) {
     throw_runtime("rank {}: {} on the '{}' group failed: {}", world_rank(), op, group, error_text(rc));
 }
 
-template <typename T>
-MPI_Datatype mpi_type();
-template <>
-MPI_Datatype mpi_type<float>() { return MPI_FLOAT; }
-template <>
-MPI_Datatype mpi_type<double>() { return MPI_DOUBLE; }
-template <>
-MPI_Datatype mpi_type<int64_t>() { return MPI_INT64_T; }
+// bf16 and f16 travel as 2-byte words; their reductions are user operations that add
+// (or compare) in fp32 and round to nearest even, the arithmetic of NCCL's bf16/fp16.
+template <float (*Load)(uint16_t), uint16_t (*Store)(float), bool Max>
+void reduce_half(void* in, void* inout, int* len, MPI_Datatype*) {
+  const auto* a = static_cast<const uint16_t*>(in);
+  auto* b = static_cast<uint16_t*>(inout);
+  for (int i = 0; i < *len; ++i) {
+    const float x = Load(a[i]), y = Load(b[i]);
+    b[i] = Store(Max ? (x > y || std::isnan(x) ? x : y) : x + y);
+  }
+}
 
+MPI_Op half_op(DType dt, ReduceOp op) {
+  // Created once after MPI_Init; MPI frees user operations at MPI_Finalize.
+  static MPI_Op ops[2][2] = {{MPI_OP_NULL, MPI_OP_NULL}, {MPI_OP_NULL, MPI_OP_NULL}};
+  const int d = dt == DType::bf16 ? 0 : 1, o = op == ReduceOp::sum ? 0 : 1;
+  if (ops[d][o] == MPI_OP_NULL) {
+    MPI_User_function* fn = nullptr;
+    if (d == 0)
+      fn = o == 0 ? reduce_half<half::bf16_to_f32, half::f32_to_bf16, false> : reduce_half<half::bf16_to_f32, half::f32_to_bf16, true>;
+    else
+      fn = o == 0 ? reduce_half<half::f16_to_f32, half::f32_to_f16, false> : reduce_half<half::f16_to_f32, half::f32_to_f16, true>;
+    MPI_Op_create(fn, /*commute=*/1, &ops[d][o]);
+  }
+  return ops[d][o];
+}
+
+MPI_Datatype mpi_type(DType dt) {
+  switch (dt) {
+    case DType::f32: return MPI_FLOAT;
+    case DType::f64: return MPI_DOUBLE;
+    case DType::bf16:
+    case DType::f16: return MPI_UINT16_T;
+    case DType::i32: return MPI_INT32_T;
+  }
+  return MPI_BYTE;
+}
 MPI_Op mpi_op(ReduceOp op) { return op == ReduceOp::sum ? MPI_SUM : MPI_MAX; }
+MPI_Op mpi_op(DType dt, ReduceOp op) {
+  if (dt == DType::bf16 || dt == DType::f16) return half_op(dt, op);
+  return mpi_op(op);
+}
 
 constexpr int64_t kChunk = INT_MAX / 2;  // elements per MPI call
 
@@ -107,99 +141,125 @@ class MpiCommunicator final : public Communicator {
   int64_t size() const override { return size_; }
   std::string name() const override { return name_; }
 
-  void all_reduce(float* d, int64_t n, ReduceOp op) override { all_reduce_t(d, n, op); }
-  void all_reduce(double* d, int64_t n, ReduceOp op) override { all_reduce_t(d, n, op); }
-  void all_reduce(int64_t* d, int64_t n, ReduceOp op) override { all_reduce_t(d, n, op); }
+  using Communicator::all_gather;
+  using Communicator::all_reduce;
+  using Communicator::broadcast;
+  using Communicator::iall_reduce;
+  using Communicator::isend;
+  using Communicator::recv;
+  using Communicator::reduce_scatter;
+  using Communicator::send;
 
-  void reduce_scatter(const float* in, float* out, int64_t n) override {
+  void all_reduce(void* d, int64_t n, DType dt, ReduceOp op) override {
+    const int64_t es = dtype_size(dt);
+    for (int64_t off = 0; off < n; off += kChunk) {
+      int c = static_cast<int>(std::min(kChunk, n - off));
+      check(MPI_Allreduce(MPI_IN_PLACE, static_cast<char*>(d) + off * es, c, mpi_type(dt), mpi_op(dt, op), comm_),
+            "MPI_Allreduce", name_);
+    }
+    count_all_reduce(n * es);
+  }
+  void all_reduce(int64_t* d, int64_t n, ReduceOp op) override {
+    for (int64_t off = 0; off < n; off += kChunk) {
+      int c = static_cast<int>(std::min(kChunk, n - off));
+      check(MPI_Allreduce(MPI_IN_PLACE, d + off, c, MPI_INT64_T, mpi_op(op), comm_), "MPI_Allreduce", name_);
+    }
+    count_all_reduce(n * static_cast<int64_t>(sizeof(int64_t)));
+  }
+  void reduce_scatter(const void* in, void* out, int64_t n, DType dt) override {
     check_count(n, "reduce_scatter");
     if (n == 0) return;
-    std::vector<float> tmp;
-    const size_t in_bytes = static_cast<size_t>(n * size_) * sizeof(float);
-    if (overlaps(in, in_bytes, out, static_cast<size_t>(n) * sizeof(float))) {
-      tmp.assign(in, in + n * size_);
+    const size_t es = static_cast<size_t>(dtype_size(dt));
+    std::vector<char> tmp;
+    const size_t in_bytes = static_cast<size_t>(n * size_) * es;
+    if (overlaps(in, in_bytes, out, static_cast<size_t>(n) * es)) {
+      tmp.assign(static_cast<const char*>(in), static_cast<const char*>(in) + in_bytes);
       in = tmp.data();
     }
-    check(MPI_Reduce_scatter_block(in, out, static_cast<int>(n), MPI_FLOAT, MPI_SUM, comm_), "MPI_Reduce_scatter_block",
-          name_);
+    check(MPI_Reduce_scatter_block(in, out, static_cast<int>(n), mpi_type(dt), mpi_op(dt, ReduceOp::sum), comm_),
+          "MPI_Reduce_scatter_block", name_);
     count_scatter_gather(static_cast<int64_t>(in_bytes));
   }
-
-  void all_gather(const float* in, float* out, int64_t n) override {
+  void all_gather(const void* in, void* out, int64_t n, DType dt) override {
     check_count(n, "all_gather");
     if (n == 0) return;
-    const size_t out_bytes = static_cast<size_t>(n * size_) * sizeof(float);
-    const void* send = in;
-    std::vector<float> tmp;
-    if (in == out + rank_ * n) {
-      send = MPI_IN_PLACE;
-    } else if (overlaps(in, static_cast<size_t>(n) * sizeof(float), out, out_bytes)) {
-      tmp.assign(in, in + n);
-      send = tmp.data();
+    const size_t es = static_cast<size_t>(dtype_size(dt));
+    const size_t out_bytes = static_cast<size_t>(n * size_) * es;
+    const void* sendbuf = in;
+    std::vector<char> tmp;
+    if (in == static_cast<char*>(out) + static_cast<size_t>(rank_ * n) * es) {
+      sendbuf = MPI_IN_PLACE;
+    } else if (overlaps(in, static_cast<size_t>(n) * es, out, out_bytes)) {
+      tmp.assign(static_cast<const char*>(in), static_cast<const char*>(in) + static_cast<size_t>(n) * es);
+      sendbuf = tmp.data();
     }
-    check(MPI_Allgather(send, static_cast<int>(n), MPI_FLOAT, out, static_cast<int>(n), MPI_FLOAT, comm_), "MPI_Allgather",
-          name_);
+    check(MPI_Allgather(sendbuf, static_cast<int>(n), mpi_type(dt), out, static_cast<int>(n), mpi_type(dt), comm_),
+          "MPI_Allgather", name_);
     count_scatter_gather(static_cast<int64_t>(out_bytes));
   }
-
-  void broadcast(float* data, int64_t n, int64_t root) override {
+  void broadcast(void* data, int64_t n, DType dt, int64_t root) override {
     check_peer(root, "broadcast root", true);
+    const int64_t es = dtype_size(dt);
     for (int64_t off = 0; off < n; off += kChunk) {
       int c = static_cast<int>(std::min(kChunk, n - off));
-      check(MPI_Bcast(data + off, c, MPI_FLOAT, static_cast<int>(root), comm_), "MPI_Bcast", name_);
+      check(MPI_Bcast(static_cast<char*>(data) + off * es, c, mpi_type(dt), static_cast<int>(root), comm_), "MPI_Bcast",
+            name_);
     }
-    count_broadcast(n * static_cast<int64_t>(sizeof(float)));
+    count_broadcast(n * es);
   }
-
-  void send(const float* data, int64_t n, int64_t peer, int tag) override {
+  void send(const void* data, int64_t n, DType dt, int64_t peer, int tag) override {
     check_peer(peer, "send", false);
+    const int64_t es = dtype_size(dt);
     for (int64_t off = 0; off < n; off += kChunk) {
       int c = static_cast<int>(std::min(kChunk, n - off));
-      check(MPI_Send(data + off, c, MPI_FLOAT, static_cast<int>(peer), tag, comm_), "MPI_Send", name_);
+      check(MPI_Send(static_cast<const char*>(data) + off * es, c, mpi_type(dt), static_cast<int>(peer), tag, comm_),
+            "MPI_Send", name_);
     }
-    count_send(n * static_cast<int64_t>(sizeof(float)));
+    count_send(n * es);
   }
-
-  std::unique_ptr<Request> isend(const float* data, int64_t n, int64_t peer, int tag) override {
+  std::unique_ptr<Request> isend(const void* data, int64_t n, DType dt, int64_t peer, int tag) override {
     check_peer(peer, "isend", false);
+    const int64_t es = dtype_size(dt);
     std::vector<MPI_Request> reqs;
     // n == 0 sends nothing, like send() and recv() (they skip empty messages alike).
     for (int64_t off = 0; off < n; off += kChunk) {
       int c = static_cast<int>(std::min(kChunk, n - off));
       MPI_Request r = MPI_REQUEST_NULL;
-      check(MPI_Isend(data + off, c, MPI_FLOAT, static_cast<int>(peer), tag, comm_, &r), "MPI_Isend", name_);
+      check(MPI_Isend(static_cast<const char*>(data) + off * es, c, mpi_type(dt), static_cast<int>(peer), tag, comm_, &r),
+            "MPI_Isend", name_);
       reqs.push_back(r);
     }
-    count_send(n * static_cast<int64_t>(sizeof(float)));
+    count_send(n * es);
     return std::make_unique<MpiRequest>(std::move(reqs), name_);
   }
-
-  std::unique_ptr<Request> iall_reduce(float* data, int64_t n, ReduceOp op) override {
+  std::unique_ptr<Request> iall_reduce(void* data, int64_t n, DType dt, ReduceOp op) override {
+    const int64_t es = dtype_size(dt);
     std::vector<MPI_Request> reqs;
     for (int64_t off = 0; off < n; off += kChunk) {
       int c = static_cast<int>(std::min(kChunk, n - off));
       MPI_Request r = MPI_REQUEST_NULL;
-      check(MPI_Iallreduce(MPI_IN_PLACE, data + off, c, MPI_FLOAT, mpi_op(op), comm_, &r), "MPI_Iallreduce", name_);
+      check(MPI_Iallreduce(MPI_IN_PLACE, static_cast<char*>(data) + off * es, c, mpi_type(dt), mpi_op(dt, op), comm_, &r),
+            "MPI_Iallreduce", name_);
       reqs.push_back(r);
     }
-    count_all_reduce(n * static_cast<int64_t>(sizeof(float)));
+    count_all_reduce(n * es);
     return std::make_unique<MpiRequest>(std::move(reqs), name_, "MPI_Iallreduce", true);
   }
-
-  void recv(float* data, int64_t n, int64_t peer, int tag) override {
+  void recv(void* data, int64_t n, DType dt, int64_t peer, int tag) override {
     check_peer(peer, "recv", false);
+    const int64_t es = dtype_size(dt);
     for (int64_t off = 0; off < n; off += kChunk) {
       int c = static_cast<int>(std::min(kChunk, n - off));
       MPI_Status st;
-      check(MPI_Recv(data + off, c, MPI_FLOAT, static_cast<int>(peer), tag, comm_, &st), "MPI_Recv", name_);
+      check(MPI_Recv(static_cast<char*>(data) + off * es, c, mpi_type(dt), static_cast<int>(peer), tag, comm_, &st),
+            "MPI_Recv", name_);
       int got = 0;
-      MPI_Get_count(&st, MPI_FLOAT, &got);
+      MPI_Get_count(&st, mpi_type(dt), &got);
       if (got != c)
-        throw_runtime("rank {}: recv on the '{}' group from rank {} (tag {}) got {} floats, expected {}", world_rank(), name_,
-                      peer, tag, got, c);
+        throw_runtime("rank {}: recv on the '{}' group from rank {} (tag {}) got {} {} elements, expected {}", world_rank(),
+                      name_, peer, tag, got, to_string(dt), c);
     }
   }
-
   void barrier() override { check(MPI_Barrier(comm_), "MPI_Barrier", name_); }
 
   std::shared_ptr<Communicator> split(int64_t color, int64_t key, const std::string& name) override {
@@ -211,14 +271,6 @@ class MpiCommunicator final : public Communicator {
   }
 
  private:
-  template <typename T>
-  void all_reduce_t(T* data, int64_t n, ReduceOp op) {
-    for (int64_t off = 0; off < n; off += kChunk) {
-      int c = static_cast<int>(std::min(kChunk, n - off));
-      check(MPI_Allreduce(MPI_IN_PLACE, data + off, c, mpi_type<T>(), mpi_op(op), comm_), "MPI_Allreduce", name_);
-    }
-    count_all_reduce(n * static_cast<int64_t>(sizeof(T)));
-  }
   void check_count(int64_t n, const char* op) const {
     if (n < 0 || n > INT_MAX)
       throw_runtime("rank {}: {} of {} elements per rank on the '{}' group: at most {} supported", world_rank(), op, n, name_,

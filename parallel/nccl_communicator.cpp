@@ -66,19 +66,15 @@ class NcclRequest final : public Request {
 
 ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::sum ? ncclSum : ncclMax; }
 
-template <typename T>
-ncclDataType_t nccl_type();
-template <>
-ncclDataType_t nccl_type<float>() {
+ncclDataType_t nccl_type(DType dt) {
+  switch (dt) {
+    case DType::f32: return ncclFloat32;
+    case DType::f64: return ncclFloat64;
+    case DType::bf16: return ncclBfloat16;
+    case DType::f16: return ncclFloat16;
+    case DType::i32: return ncclInt32;
+  }
   return ncclFloat32;
-}
-template <>
-ncclDataType_t nccl_type<double>() {
-  return ncclFloat64;
-}
-template <>
-ncclDataType_t nccl_type<int64_t>() {
-  return ncclInt64;
 }
 
 class NcclCommunicator final : public Communicator {
@@ -96,63 +92,79 @@ class NcclCommunicator final : public Communicator {
   int64_t size() const override { return size_; }
   std::string name() const override { return name_; }
 
-  void all_reduce(float* d, int64_t n, ReduceOp op) override { all_reduce_t(d, n, op); }
-  void all_reduce(double* d, int64_t n, ReduceOp op) override { all_reduce_t(d, n, op); }
-  void all_reduce(int64_t* d, int64_t n, ReduceOp op) override { all_reduce_t(d, n, op); }
+  using Communicator::all_gather;
+  using Communicator::all_reduce;
+  using Communicator::broadcast;
+  using Communicator::iall_reduce;
+  using Communicator::isend;
+  using Communicator::recv;
+  using Communicator::reduce_scatter;
+  using Communicator::send;
 
-  void reduce_scatter(const float* in, float* out, int64_t n) override {
+  void all_reduce(void* d, int64_t n, DType dt, ReduceOp op) override {
+    if (n <= 0) return;
+    NCCL_CHECK(ncclAllReduce(d, d, static_cast<size_t>(n), nccl_type(dt), nccl_op(op), coll_.get(), cuda::stream()));
+    count_all_reduce(n * dtype_size(dt));
+  }
+  void all_reduce(int64_t* d, int64_t n, ReduceOp op) override {
+    if (n <= 0) return;
+    NCCL_CHECK(ncclAllReduce(d, d, static_cast<size_t>(n), ncclInt64, nccl_op(op), coll_.get(), cuda::stream()));
+    count_all_reduce(n * static_cast<int64_t>(sizeof(int64_t)));
+  }
+
+  void reduce_scatter(const void* in, void* out, int64_t n, DType dt) override {
     if (n <= 0) return;
     // NCCL is in place when out == in + rank * n, the ZeRO shard layout.
-    NCCL_CHECK(ncclReduceScatter(in, out, static_cast<size_t>(n), ncclFloat32, ncclSum, coll_.get(), cuda::stream()));
-    count_scatter_gather(n * size_ * static_cast<int64_t>(sizeof(float)));
+    NCCL_CHECK(ncclReduceScatter(in, out, static_cast<size_t>(n), nccl_type(dt), ncclSum, coll_.get(), cuda::stream()));
+    count_scatter_gather(n * size_ * dtype_size(dt));
   }
 
-  void all_gather(const float* in, float* out, int64_t n) override {
+  void all_gather(const void* in, void* out, int64_t n, DType dt) override {
     if (n <= 0) return;
-    NCCL_CHECK(ncclAllGather(in, out, static_cast<size_t>(n), ncclFloat32, coll_.get(), cuda::stream()));
-    count_scatter_gather(n * size_ * static_cast<int64_t>(sizeof(float)));
+    NCCL_CHECK(ncclAllGather(in, out, static_cast<size_t>(n), nccl_type(dt), coll_.get(), cuda::stream()));
+    count_scatter_gather(n * size_ * dtype_size(dt));
   }
 
-  void broadcast(float* data, int64_t n, int64_t root) override {
+  void broadcast(void* data, int64_t n, DType dt, int64_t root) override {
     check_peer(root, "broadcast root", true);
     if (n <= 0) return;
-    NCCL_CHECK(ncclBroadcast(data, data, static_cast<size_t>(n), ncclFloat32, static_cast<int>(root), coll_.get(),
+    NCCL_CHECK(ncclBroadcast(data, data, static_cast<size_t>(n), nccl_type(dt), static_cast<int>(root), coll_.get(),
                              cuda::stream()));
-    count_broadcast(n * static_cast<int64_t>(sizeof(float)));
+    count_broadcast(n * dtype_size(dt));
   }
 
-  void send(const float* data, int64_t n, int64_t peer, int tag) override { isend(data, n, peer, tag)->wait(); }
+  void send(const void* data, int64_t n, DType dt, int64_t peer, int tag) override { isend(data, n, dt, peer, tag)->wait(); }
 
-  std::unique_ptr<Request> isend(const float* data, int64_t n, int64_t peer, int) override {
+  std::unique_ptr<Request> isend(const void* data, int64_t n, DType dt, int64_t peer, int) override {
     check_peer(peer, "isend peer", false);
     // The send stream starts after everything queued so far on the compute stream.
     cuda::CudaEvent ready;
     ready.record(cuda::stream());
     CUDA_CHECK(cudaStreamWaitEvent(send_stream_.get(), ready.get(), 0));
-    NCCL_CHECK(ncclSend(data, static_cast<size_t>(n), ncclFloat32, static_cast<int>(peer), p2p_comm(rank_, peer),
+    NCCL_CHECK(ncclSend(data, static_cast<size_t>(n), nccl_type(dt), static_cast<int>(peer), p2p_comm(rank_, peer),
                         send_stream_.get()));
     cuda::CudaEvent done;
     done.record(send_stream_.get());
-    count_send(n * static_cast<int64_t>(sizeof(float)));
+    count_send(n * dtype_size(dt));
     return std::make_unique<NcclRequest>(std::move(done), /*host=*/true);
   }
 
-  std::unique_ptr<Request> iall_reduce(float* data, int64_t n, ReduceOp op) override {
+  std::unique_ptr<Request> iall_reduce(void* data, int64_t n, DType dt, ReduceOp op) override {
     cuda::CudaEvent ready;
     ready.record(cuda::stream());
     CUDA_CHECK(cudaStreamWaitEvent(coll_stream_.get(), ready.get(), 0));
     if (n > 0)
-      NCCL_CHECK(ncclAllReduce(data, data, static_cast<size_t>(n), ncclFloat32, nccl_op(op), coll_.get(),
+      NCCL_CHECK(ncclAllReduce(data, data, static_cast<size_t>(n), nccl_type(dt), nccl_op(op), coll_.get(),
                                coll_stream_.get()));
     cuda::CudaEvent done;
     done.record(coll_stream_.get());
-    count_all_reduce(n * static_cast<int64_t>(sizeof(float)));
+    count_all_reduce(n * dtype_size(dt));
     return std::make_unique<NcclRequest>(std::move(done), /*host=*/false);
   }
 
-  void recv(float* data, int64_t n, int64_t peer, int) override {
+  void recv(void* data, int64_t n, DType dt, int64_t peer, int) override {
     check_peer(peer, "recv peer", false);
-    NCCL_CHECK(ncclRecv(data, static_cast<size_t>(n), ncclFloat32, static_cast<int>(peer), p2p_comm(peer, rank_),
+    NCCL_CHECK(ncclRecv(data, static_cast<size_t>(n), nccl_type(dt), static_cast<int>(peer), p2p_comm(peer, rank_),
                         cuda::stream()));
   }
 
@@ -175,13 +187,6 @@ class NcclCommunicator final : public Communicator {
   }
 
  private:
-  template <typename T>
-  void all_reduce_t(T* d, int64_t n, ReduceOp op) {
-    if (n <= 0) return;
-    NCCL_CHECK(ncclAllReduce(d, d, static_cast<size_t>(n), nccl_type<T>(), nccl_op(op), coll_.get(), cuda::stream()));
-    count_all_reduce(n * static_cast<int64_t>(sizeof(T)));
-  }
-
   // Messages from a lower to a higher rank use `up`, the others `down`.
   ncclComm_t p2p_comm(int64_t from, int64_t to) const { return from < to ? up_.get() : down_.get(); }
 

@@ -63,7 +63,7 @@ double DistributedAdamW::local_norm_sq(const Tensor& grads, int64_t begin, int64
   return s;
 }
 
-StepResult DistributedAdamW::step(Tensor& params, Tensor& grads, double lr) {
+StepResult DistributedAdamW::step(Tensor& params, Tensor& grads, double lr, Tensor* weights, double loss_scale) {
   MTNLG_CHECK(params.numel() == numel_ && grads.numel() == numel_, "optimizer buffers of {} / {} elements, expected {}",
               params.numel(), grads.numel(), numel_);
   reduce_gradients(grads);
@@ -71,7 +71,7 @@ StepResult DistributedAdamW::step(Tensor& params, Tensor& grads, double lr) {
   double sq = local_norm_sq(grads, shard_begin_, shard_end_);
   if (groups_.mp && groups_.mp->size() > 1) groups_.mp->all_reduce(&sq, 1, ReduceOp::sum);
   if (zero1_) groups_.dp->all_reduce(&sq, 1, ReduceOp::sum);
-  res.grad_norm = std::sqrt(sq);
+  res.grad_norm = std::sqrt(sq) / loss_scale;
   // Skipping must be unanimous: replicas that updated while another skipped would
   // silently diverge. (Normally the dp reduction already spreads a NaN everywhere.)
   int64_t nonfinite = std::isfinite(res.grad_norm) ? 0 : 1;
@@ -83,14 +83,19 @@ StepResult DistributedAdamW::step(Tensor& params, Tensor& grads, double lr) {
   double coeff = 1.0;
   if (cfg_.clip_grad > 0) coeff = std::min(1.0, cfg_.clip_grad / (res.grad_norm + 1e-6));
   ++step_;
+  // The compute copy is written with the update, segment by segment; under ZeRO-1 this
+  // rank updates only its shard, so the whole copy is rebuilt after the all-gather.
+  const bool copy = weights && weights->defined() && weights->raw() != params.raw();
+  if (copy) MTNLG_CHECK(weights->numel() == numel_, "optimizer: compute copy of {} elements, expected {}", weights->numel(), numel_);
   for (auto& seg : segments_) {
     int64_t b = std::max(shard_begin_, seg.offset), e = std::min(shard_end_, seg.offset + seg.numel);
     if (b >= e) continue;
     Tensor p = params.flat(b, e - b), g = grads.flat(b, e - b);
     Tensor m = m_.flat(b - shard_begin_, e - b), v = v_.flat(b - shard_begin_, e - b);
     ops::AdamWParams ap{lr, cfg_.adam_beta1, cfg_.adam_beta2, cfg_.adam_eps, seg.weight_decay ? cfg_.weight_decay : 0.0,
-                        step_, coeff};
-    ops::adamw_step(p, g, m, v, ap);
+                        step_, coeff / loss_scale};
+    Tensor w = copy && !zero1_ ? weights->flat(b, e - b) : Tensor();
+    ops::adamw_step(p, g, m, v, ap, w.defined() ? &w : nullptr);
   }
   if (zero1_) {
     auto* dp = groups_.dp.get();
@@ -100,6 +105,7 @@ StepResult DistributedAdamW::step(Tensor& params, Tensor& grads, double lr) {
                 static_cast<size_t>(shard_end_ - shard_begin_) * sizeof(float));
     dp->all_gather(buf + dp->rank() * shard, buf, shard);
     std::memcpy(params.data<float>(), buf, static_cast<size_t>(numel_) * sizeof(float));
+    if (copy) ops::convert(*weights, params);
   }
   return res;
 }

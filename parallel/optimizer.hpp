@@ -41,8 +41,12 @@ class DistributedAdamW {
   DistributedAdamW(const OptimizerConfig& cfg, std::vector<ParamSegment> segments, int64_t numel,
                    const ProcessGroups& groups, bool zero1, int64_t bucket_size);
 
-  // Reduces `grads` over dp, clips, updates `params` with learning rate `lr`.
-  StepResult step(Tensor& params, Tensor& grads, double lr);
+  // Reduces `grads` over dp, clips, updates `params` (the fp32 master) with learning
+  // rate `lr` and writes the compute copy `weights` (bf16/f16, or the master itself).
+  // `loss_scale`: the gradients are the loss gradient times it (fp16); the norm is
+  // reported and clipped unscaled and the update divides it out. A non-finite norm on
+  // any rank skips the step everywhere (the fp16 overflow check).
+  StepResult step(Tensor& params, Tensor& grads, double lr, Tensor* weights = nullptr, double loss_scale = 1.0);
 
   int64_t steps_taken() const { return step_; }
   void set_steps_taken(int64_t s) { step_ = s; }

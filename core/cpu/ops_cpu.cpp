@@ -296,6 +296,101 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* probs, in
 }
 
 template <typename T>
+void attention_forward_lse(T* out, T* lse, const T* qkv, int64_t B, int64_t Tn, int64_t H, int64_t D, double p,
+                           uint64_t key, int64_t sample_offset, int64_t head_offset, int64_t heads_total) {
+  const int64_t row = H * 3 * D;
+  const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(D)));
+  const T dscale = p > 0 ? static_cast<T>(1.0 / (1.0 - p)) : T(1);
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t h = 0; h < H; ++h) {
+      const T* base = qkv + b * Tn * row + h * 3 * D;
+      const uint64_t mask_base = attention_mask_base(sample_offset + b, head_offset + h, heads_total, Tn);
+      std::vector<T> P(static_cast<size_t>(Tn));
+      for (int64_t i = 0; i < Tn; ++i) {
+        const T* q = base + i * row;
+        T mx = -std::numeric_limits<T>::infinity();
+        for (int64_t j = 0; j <= i; ++j) {
+          const T* k = base + j * row + D;
+          T s = 0;
+          for (int64_t d = 0; d < D; ++d) s += q[d] * k[d];
+          P[j] = s * scale;
+          mx = std::max(mx, P[j]);
+        }
+        T sum = 0;
+        for (int64_t j = 0; j <= i; ++j) {
+          P[j] = std::exp(P[j] - mx);
+          sum += P[j];
+        }
+        lse[(b * H + h) * Tn + i] = mx + std::log(sum);
+        const T inv = T(1) / sum;
+        T* o = out + (b * Tn + i) * H * D + h * D;
+        for (int64_t d = 0; d < D; ++d) o[d] = 0;
+        for (int64_t j = 0; j <= i; ++j) {
+          T pj = P[j] * inv;
+          if (p > 0) pj = keep(key, mask_base + i * Tn + j, p) ? pj * dscale : T(0);
+          const T* v = base + j * row + 2 * D;
+          for (int64_t d = 0; d < D; ++d) o[d] += pj * v[d];
+        }
+      }
+    }
+  }
+}
+
+template <typename T>
+void attention_backward_lse(T* dqkv, const T* dout, const T* qkv, const T* lse, int64_t B, int64_t Tn, int64_t H,
+                            int64_t D, double p, uint64_t key, int64_t sample_offset, int64_t head_offset,
+                            int64_t heads_total) {
+  const int64_t row = H * 3 * D;
+  const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(D)));
+  const T dscale = p > 0 ? static_cast<T>(1.0 / (1.0 - p)) : T(1);
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t h = 0; h < H; ++h) {
+      const T* base = qkv + b * Tn * row + h * 3 * D;
+      T* dbase = dqkv + b * Tn * row + h * 3 * D;
+      const uint64_t mask_base = attention_mask_base(sample_offset + b, head_offset + h, heads_total, Tn);
+      for (int64_t i = 0; i < Tn; ++i)
+        for (int64_t d = 0; d < 3 * D; ++d) dbase[i * row + d] = 0;
+      std::vector<T> P(static_cast<size_t>(Tn)), dP(static_cast<size_t>(Tn));
+      for (int64_t i = 0; i < Tn; ++i) {
+        const T* q = base + i * row;
+        const T l = lse[(b * H + h) * Tn + i];
+        const T* dO = dout + (b * Tn + i) * H * D + h * D;
+        T dot = 0;
+        for (int64_t j = 0; j <= i; ++j) {
+          const T* k = base + j * row + D;
+          const T* v = base + j * row + 2 * D;
+          T* dv = dbase + j * row + 2 * D;
+          T s = 0;
+          for (int64_t d = 0; d < D; ++d) s += q[d] * k[d];
+          P[j] = std::exp(s * scale - l);
+          const bool kept = p <= 0 || keep(key, mask_base + i * Tn + j, p);
+          const T pj = kept ? P[j] * dscale : T(0);
+          T g = 0;
+          for (int64_t d = 0; d < D; ++d) {
+            g += dO[d] * v[d];
+            dv[d] += pj * dO[d];
+          }
+          dP[j] = kept ? g * dscale : T(0);
+          dot += P[j] * dP[j];
+        }
+        T* dq = dbase + i * row;
+        for (int64_t j = 0; j <= i; ++j) {
+          const T ds = P[j] * (dP[j] - dot) * scale;
+          const T* k = base + j * row + D;
+          T* dk = dbase + j * row + D;
+          for (int64_t d = 0; d < D; ++d) {
+            dq[d] += ds * k[d];
+            dk[d] += ds * q[d];
+          }
+        }
+      }
+    }
+  }
+}
+
+template <typename T>
 void embedding_forward(T* out, const int32_t* tok, const T* table, int64_t N, int64_t C, int64_t vstart, int64_t vlocal) {
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < N; ++i) {
@@ -458,6 +553,10 @@ void adamw(T* param, const T* grad, T* m, T* v, int64_t n, double lr, double b1,
                                      int64_t, int64_t);                                                                \
   template void attention_backward<T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t, int64_t, double,    \
                                       uint64_t, int64_t, int64_t, int64_t);                                            \
+  template void attention_forward_lse<T>(T*, T*, const T*, int64_t, int64_t, int64_t, int64_t, double, uint64_t,      \
+                                         int64_t, int64_t, int64_t);                                                  \
+  template void attention_backward_lse<T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t, int64_t, double, \
+                                          uint64_t, int64_t, int64_t, int64_t);                                       \
   template void embedding_forward<T>(T*, const int32_t*, const T*, int64_t, int64_t, int64_t, int64_t);                \
   template void embedding_backward<T>(T*, const int32_t*, const T*, int64_t, int64_t, int64_t, int64_t);               \
   template void position_forward<T>(T*, const T*, int64_t, int64_t, int64_t, int64_t);                                 \

@@ -28,6 +28,16 @@ void attention_forward(T* out, T* probs, const T* qkv, int64_t B, int64_t Tn, in
 template <typename T>
 void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* probs, int64_t B, int64_t Tn, int64_t H, int64_t D,
                         double p, uint64_t key, int64_t sample_offset, int64_t head_offset, int64_t heads_total);
+// Log-sum-exp form (what the CUDA kernels compute): the forward saves lse[B,H,T] instead
+// of the probabilities, the backward recomputes p_ij = exp(s_ij - lse_i) row by row.
+// O(T) scratch per (b, h) instead of O(T^2). dqkv is written (=).
+template <typename T>
+void attention_forward_lse(T* out, T* lse, const T* qkv, int64_t B, int64_t Tn, int64_t H, int64_t D, double p,
+                           uint64_t key, int64_t sample_offset, int64_t head_offset, int64_t heads_total);
+template <typename T>
+void attention_backward_lse(T* dqkv, const T* dout, const T* qkv, const T* lse, int64_t B, int64_t Tn, int64_t H,
+                            int64_t D, double p, uint64_t key, int64_t sample_offset, int64_t head_offset,
+                            int64_t heads_total);
 template <typename T>
 void embedding_forward(T* out, const int32_t* tok, const T* table, int64_t N, int64_t C, int64_t vstart, int64_t vlocal);
 template <typename T>

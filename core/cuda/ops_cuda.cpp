@@ -366,8 +366,9 @@ void adamw_flat(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const o
   k::adamw(f(param), f(grad), f(m), f(v), n, a, segs.data(), static_cast<int64_t>(segs.size()), out, copy_dt);
 }
 
-void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const ops::AdamWParams& p) {
-  adamw_flat(param, grad, m, v, p, {AdamWSegment{0, param.numel(), true}}, nullptr);
+void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const ops::AdamWParams& p, Tensor* copy_out) {
+  if (copy_out && copy_out->defined() && copy_out->raw() == param.raw()) copy_out = nullptr;  // fp32: the master is the copy
+  adamw_flat(param, grad, m, v, p, {AdamWSegment{0, param.numel(), true}}, copy_out);
 }
 
 }  // namespace mtnlg::cuda

@@ -64,7 +64,8 @@ void xent_sumexp_target(Tensor& sumexp, Tensor& target_logit, const Tensor& logi
 void xent_backward(Tensor& dlogits, const Tensor& logits, const Tensor& targets, const Tensor& rowmax,
                    const Tensor& sumexp, const Tensor& dloss, int64_t vocab_start, int64_t valid_local);
 
-void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const ops::AdamWParams& p);
+void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const ops::AdamWParams& p,
+                Tensor* copy_out = nullptr);
 
 // ---- mixed precision -----------------------------------------------------------------
 struct AdamWSegment {

@@ -1,4 +1,4 @@
-// Dynamic loss scaling for fp16 training, with Megatron-LM's rules
+// Dynamic loss scaling for fp16 training (optimizer policy; the trainer owns one), with Megatron-LM's rules
 // (megatron/core/optimizer/grad_scaler.py, DynamicGradScaler). Host-side state only:
 // the caller scales the loss by scale() before backward, checks the gradients for
 // inf/NaN (ops::all_finite on the flat gradient buffer, all-reduced over the model-
@@ -21,7 +21,7 @@
 
 #include "core/recipe.hpp"
 
-namespace mtnlg {
+namespace mtnlg::parallel {
 
 struct LossScalerConfig {
   double initial_scale = 4294967296.0;  // 2^32
@@ -68,4 +68,4 @@ class DynamicLossScaler {
   int64_t skipped_ = 0;
 };
 
-}  // namespace mtnlg
+}  // namespace mtnlg::parallel

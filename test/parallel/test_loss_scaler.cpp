@@ -1,12 +1,13 @@
-// DynamicLossScaler state machine (core/loss_scaler.hpp), against Megatron's rules:
+// DynamicLossScaler state machine (parallel/loss_scaler.hpp), against Megatron's rules:
 // growth after `window` clean steps, back-off after `hysteresis` overflows, the
 // hysteresis tracker refilled only by growth, min_scale floor, skipped-step count.
 #include <catch2/catch.hpp>
 
 #include "core/error.hpp"
-#include "core/loss_scaler.hpp"
+#include "parallel/loss_scaler.hpp"
 
 using namespace mtnlg;
+using namespace mtnlg::parallel;
 
 namespace {
 LossScalerConfig cfg(double init, int64_t window, int64_t hyst, double min_scale) {

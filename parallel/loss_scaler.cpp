@@ -1,12 +1,12 @@
-// DynamicLossScaler: see core/loss_scaler.hpp for the rules.
-#include "core/loss_scaler.hpp"
+// DynamicLossScaler: see parallel/loss_scaler.hpp for the rules.
+#include "parallel/loss_scaler.hpp"
 
 #include <algorithm>
 #include <cmath>
 
 #include "core/error.hpp"
 
-namespace mtnlg {
+namespace mtnlg::parallel {
 
 LossScalerConfig loss_scaler_config(const OptimizerConfig& opt) {
   LossScalerConfig c;
@@ -65,4 +65,4 @@ void DynamicLossScaler::load_state(const State& s) {
   skipped_ = s.skipped_steps;
 }
 
-}  // namespace mtnlg
+}  // namespace mtnlg::parallel
