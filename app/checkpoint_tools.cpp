@@ -10,6 +10,7 @@
 #include "core/ops.hpp"
 #include "core/safetensors.hpp"
 #include "model/checkpoint.hpp"
+#include "model/partition.hpp"
 #include "model/gpt.hpp"
 
 namespace fs = std::filesystem;
@@ -25,12 +26,7 @@ Recipe recipe_of(const model::ckpt::TrainState& st, const std::string& dir) {
 // Declares the parameters (pp_rank, tp_rank) holds under recipe r (all virtual chunks).
 void declare_rank(model::ParamStore& store, const Recipe& r, int64_t tp_rank, int64_t pp_rank) {
   model::GptConfig cfg = model::GptConfig::from_recipe(r);
-  int64_t v = virtual_chunks(r), pp = r.pp();
-  for (int64_t c = 0; c < v; ++c) {
-    auto [first, n] = chunk_layers(r, pp_rank, c);
-    model::ChunkSpec s{first, n, pp_rank == 0 && c == 0, pp_rank == pp - 1 && c == v - 1, ""};
-    model::declare_chunk_params(store, cfg, s, tp_rank, r.tp());
-  }
+  for (const auto& s : model::partition_chunks(r, pp_rank)) model::declare_chunk_params(store, cfg, s, tp_rank, r.tp());
   store.finalize(DType::f32);
 }
 

@@ -2,6 +2,7 @@
 
 #include "app/trainer.hpp"
 #include "model/checkpoint.hpp"
+#include "model/partition.hpp"
 
 namespace mtnlg::app {
 
@@ -15,8 +16,9 @@ ParallelScorer::ParallelScorer(const Recipe& r, const std::string& dir, const pa
   cfg_.hidden_dropout = 0;
   cfg_.attention_dropout = 0;
   cfg_.recompute = RecomputeGranularity::none;
-  auto [first, n] = chunk_layers(r, g.coord.pp, 0);
-  model::ChunkSpec spec{first, n, g.is_first_stage(), g.is_last_stage(), ""};
+  const auto chunks = model::partition_chunks(r, g.coord.pp);
+  MTNLG_CHECK(chunks.size() == 1, "eval runs without interleaving; the recipe has {} chunks per rank", chunks.size());
+  const model::ChunkSpec spec = chunks.front();
   model::declare_chunk_params(store_, cfg_, spec, g.coord.tp, g.topo.tp());
   store_.finalize(DType::f32);
   model::ckpt::load_into(dir, store_);

@@ -26,14 +26,6 @@ model::MicroBatch PipelineExecutor::micro_batch(const data::Batch& b, int64_t k,
   return mb;
 }
 
-void PipelineExecutor::set_grad_bucketer(parallel::GradBucketer* bucketer,
-                                         std::vector<std::vector<parallel::GradRange>> ready_after_chunk) {
-  MTNLG_CHECK(!bucketer || ready_after_chunk.size() == chunks_.size(), "grad bucketer: {} chunk range lists for {} chunks",
-              ready_after_chunk.size(), chunks_.size());
-  bucketer_ = bucketer;
-  ready_after_chunk_ = std::move(ready_after_chunk);
-}
-
 StepLoss PipelineExecutor::run_batch(const data::Batch& batch, int64_t consumed_before, uint64_t step_key,
                                      double loss_scale) {
   const int64_t m = batch.micro_batches;
@@ -63,7 +55,7 @@ StepLoss PipelineExecutor::run_batch(const data::Batch& batch, int64_t consumed_
     return t;
   };
   int64_t held = 0;
-  std::vector<int64_t> backwards_done(chunks_.size(), 0);  // per chunk, for the dp bucket overlap
+  std::vector<int64_t> backwards_done(chunks_.size(), 0);  // per chunk: which backward is its last
   for (const auto& a : table) {
     const auto key = std::make_pair(a.microbatch, a.chunk);
     auto& chunk = *chunks_[a.chunk];
@@ -99,11 +91,11 @@ StepLoss PipelineExecutor::run_batch(const data::Batch& batch, int64_t consumed_
       }
       case schedules::PipeOp::backward: {
         auto mb = micro_batch(batch, a.microbatch, consumed_before, step_key, loss_scale);
+        // The chunk's last micro batch: its parameter gradients become final as this
+        // backward passes them (the chunk reports them to its grad-ready hook).
+        mb.last_backward = ++backwards_done[static_cast<size_t>(a.chunk)] == m;
         Tensor dx = chunk.backward(a.microbatch, mb, take(grad_in, key));
         if (dx.defined() && !(chunk.spec().has_embedding)) grad_out[key] = dx;
-        // The chunk's last micro batch: its parameter gradients are final for this step.
-        if (bucketer_ && ++backwards_done[static_cast<size_t>(a.chunk)] == m)
-          for (const auto& rg : ready_after_chunk_[static_cast<size_t>(a.chunk)]) bucketer_->mark_ready(rg);
         break;
       }
       case schedules::PipeOp::send_backward: {

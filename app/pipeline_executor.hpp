@@ -10,7 +10,6 @@
 #include "data/sample_source.hpp"
 #include "model/gpt.hpp"
 #include "parallel/communicator.hpp"
-#include "parallel/grad_buckets.hpp"
 
 namespace mtnlg::app {
 
@@ -32,12 +31,6 @@ class PipelineExecutor {
   void reduce_shared_grads(model::ParamStore& store);
   // Largest activation memory held at once during the last batch (bytes).
   int64_t peak_activation_bytes() const { return peak_act_; }
-  // Data-parallel overlap: after the backward of the LAST micro batch of chunk c, its
-  // gradients are final, so `ready_after_chunk[c]` is marked ready on `bucketer` (which
-  // starts each full bucket's all-reduce at once). The caller calls begin() before
-  // run_batch and finish() after reduce_shared_grads; ranges that the shared-gradient
-  // reductions still change must not be listed (finish() reduces them).
-  void set_grad_bucketer(parallel::GradBucketer* bucketer, std::vector<std::vector<parallel::GradRange>> ready_after_chunk);
 
  private:
   model::MicroBatch micro_batch(const data::Batch& b, int64_t k, int64_t consumed_before, uint64_t step_key,
@@ -47,8 +40,6 @@ class PipelineExecutor {
   parallel::ProcessGroups g_;
   std::vector<std::unique_ptr<model::GptChunk>>& chunks_;
   int64_t peak_act_ = 0;
-  parallel::GradBucketer* bucketer_ = nullptr;
-  std::vector<std::vector<parallel::GradRange>> ready_after_chunk_;
 };
 
 }  // namespace mtnlg::app

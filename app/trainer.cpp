@@ -24,6 +24,7 @@
 #include "core/tensorboard.hpp"
 #include "data/sample_source.hpp"
 #include "model/gpt.hpp"
+#include "model/partition.hpp"
 #include "parallel/cost_model.hpp"
 #include "parallel/grad_buckets.hpp"
 #include "parallel/loss_scaler.hpp"
@@ -32,25 +33,6 @@
 #include "schedules/lr_schedule.hpp"
 
 namespace mtnlg::app {
-
-int64_t virtual_chunks(const Recipe& r) {
-  int64_t v = r.parallel.num_layers_per_virtual_pipeline_stage;
-  if (v <= 0) return 1;
-  return r.model.num_layers / r.pp() / v;
-}
-
-std::pair<int64_t, int64_t> chunk_layers(const Recipe& r, int64_t pp_rank, int64_t chunk) {
-  const auto& pl = r.parallel.pipeline_layers;
-  if (!pl.empty()) {
-    int64_t first = 0;
-    for (int64_t s = 0; s < pp_rank; ++s) first += pl[s];
-    return {first, pl[pp_rank]};
-  }
-  int64_t v = virtual_chunks(r);
-  int64_t per = r.model.num_layers / (r.pp() * v);
-  int64_t stage = chunk * r.pp() + pp_rank;
-  return {stage * per, per};
-}
 
 namespace {
 
@@ -265,21 +247,10 @@ TrainSummary train(const Recipe& r, const parallel::ProcessGroups& g, const Trai
 
   // ---- model: this rank's chunks --------------------------------------------------------
   model::GptConfig cfg = model::GptConfig::from_recipe(r);
-  const int64_t v = virtual_chunks(r);
+  const std::vector<model::ChunkSpec> specs = model::partition_chunks(r, g.coord.pp);
+  const int64_t v = static_cast<int64_t>(specs.size());
   model::ParamStore store;
-  std::vector<model::ChunkSpec> specs;
-  std::vector<int64_t> chunk_param_end;  // params [end of chunk c-1, end of chunk c) belong to chunk c
-  for (int64_t c = 0; c < v; ++c) {
-    auto [first, n] = chunk_layers(r, g.coord.pp, c);
-    model::ChunkSpec s;
-    s.first_layer = first;
-    s.num_layers = n;
-    s.has_embedding = g.coord.pp == 0 && c == 0;
-    s.has_head = g.coord.pp == pp - 1 && c == v - 1;
-    specs.push_back(s);
-    model::declare_chunk_params(store, cfg, s, g.coord.tp, tp);
-    chunk_param_end.push_back(static_cast<int64_t>(store.infos().size()));  // dp bucket overlap
-  }
+  for (const auto& s : specs) model::declare_chunk_params(store, cfg, s, g.coord.tp, tp);
   // fp32 master weights and gradients; the compute copy in the activation dtype.
   store.finalize(DType::f32, cfg.dtype);
   store.initialize(cfg.seed, cfg.init_std, cfg.num_layers_total);
@@ -350,32 +321,18 @@ TrainSummary train(const Recipe& r, const parallel::ProcessGroups& g, const Trai
 
   // ---- loop -----------------------------------------------------------------------------
   PipelineExecutor exec(r, g, chunks);
-  // Data-parallel overlap (not ZeRO-1): each chunk's gradients are final after its last
-  // micro batch's backward; the bucketer all-reduces full buckets from then on. Grads
-  // that reduce_shared_grads still changes (tied embedding, SP partial grads) are left
-  // to bucketer.finish(), which runs after it.
-  std::vector<parallel::GradRange> all_params;
-  for (auto& p : store.infos()) all_params.push_back({p.offset, p.numel});
-  parallel::GradBucketer bucketer(all_params, g.dp, optim.bucket_size());
-  const bool overlap_dp = bucketer.active() && !optim.zero1();
-  if (overlap_dp) {
-    std::vector<std::vector<parallel::GradRange>> ready(static_cast<size_t>(v));
-    const bool emb_shared = pp > 1 && g.embedding && g.embedding->size() > 1;
-    const bool sp_shared = tp > 1 && r.parallel.sequence_parallel;
-    int64_t i = 0;
-    for (int64_t c = 0; c < v; ++c)
-      for (; i < chunk_param_end[static_cast<size_t>(c)]; ++i) {
-        const auto& p = store.infos()[static_cast<size_t>(i)];
-        if ((p.word_embedding && emb_shared) || (p.sp_grad_reduce && sp_shared)) continue;
-        auto& rc = ready[static_cast<size_t>(c)];
-        if (!rc.empty() && rc.back().offset + rc.back().numel == p.offset)
-          rc.back().numel += p.numel;  // merge neighbours: fewer calls, same buckets
-        else
-          rc.push_back({p.offset, p.numel});
-      }
-    exec.set_grad_bucketer(&bucketer, std::move(ready));
-    optim.set_grads_reduced_by_caller(true);
-  }
+  // Data-parallel gradient reduction (without ZeRO-1): one owner of the buckets and the
+  // overlap. The chunks report each parameter whose gradient is final during the last
+  // micro batch's backward; the tied embedding (pp > 1) and sequence-parallel partial
+  // gradients are deferred until reduce_shared_grads has run.
+  const bool emb_shared = pp > 1 && g.embedding && g.embedding->size() > 1;
+  const bool sp_shared = tp > 1 && r.parallel.sequence_parallel;
+  std::vector<parallel::DpParam> dp_params;
+  for (const auto& p : store.infos())
+    dp_params.push_back({p.offset, p.numel, (p.word_embedding && emb_shared) || (p.sp_grad_reduce && sp_shared)});
+  parallel::DataParallelGrads ddp(std::move(dp_params), optim.zero1() ? nullptr : g.dp, optim.bucket_size());
+  for (auto& c : chunks) c->set_grad_ready_hook([&ddp](int64_t offset) { ddp.param_ready(offset); });
+  const bool overlap_dp = ddp.active();
   TrainSummary summary;
   int64_t consumed = 0, iteration = 0, skipped_total = 0, nan_total = 0, nonfinite_in_a_row = 0;
   // ---- checkpoints: resume, then save on schedule / on a stop signal / at the end --------
@@ -432,12 +389,12 @@ TrainSummary train(const Recipe& r, const parallel::ProcessGroups& g, const Trai
 
     store.zero_grads();
     const double loss_scale = scaler ? scaler->scale() : 1.0;
-    if (overlap_dp) bucketer.begin(store.grads().data<float>());
+    ddp.begin(store.grads());
     StepLoss sl = exec.run_batch(batch, consumed, mix_key(seed, static_cast<uint64_t>(iteration), 0xD0), loss_scale);
     // Grad reductions the model leaves to the end of the step: the tied word embedding
     // between first and last stage, and sequence-parallel partial grads over tp.
     exec.reduce_shared_grads(store);
-    if (overlap_dp) bucketer.finish();  // every dp bucket summed; optim skips its all-reduce
+    ddp.finish();  // every dp bucket summed (ZeRO-1 reduce-scatters inside optim.step instead)
     if (inject_nan(fault, g.rank, iteration + 1)) ops::fill(store.grads(), std::nan(""));
     if (inject_overflow(fault, g.rank, iteration + 1)) ops::fill(store.grads(), INFINITY);
     parallel::StepResult st = optim.step(store.params(), store.grads(), lr, &store.weights(), loss_scale);
@@ -481,8 +438,8 @@ TrainSummary train(const Recipe& r, const parallel::ProcessGroups& g, const Trai
     s.bytes_tp = g.tp ? g.tp->bytes_sent() : 0;
     s.bytes_pp = g.pp ? g.pp->bytes_sent() : 0;
     s.bytes_dp = g.dp ? g.dp->bytes_sent() : 0;
-    comm_report.write(iteration, gbs, batch.micro_batches, overlap_dp ? bucketer.num_buckets() : 0,
-                      overlap_dp ? bucketer.started_early() : 0);
+    comm_report.write(iteration, gbs, batch.micro_batches, overlap_dp ? ddp.num_buckets() : 0,
+                      overlap_dp ? ddp.started_early() : 0);
     if (opts.on_iteration) opts.on_iteration(s);
     summary.iterations.push_back(s);
 

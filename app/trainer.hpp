@@ -44,9 +44,4 @@ struct TrainSummary {
 // Runs training for `recipe` on the process groups of this rank.
 TrainSummary train(const Recipe& recipe, const parallel::ProcessGroups& groups, const TrainOptions& opts = {});
 
-// Layers of each virtual pipeline stage: stage s = chunk * pp + pp_rank (Megatron's
-// interleaving). Returns {first_layer, num_layers} for (pp_rank, chunk).
-std::pair<int64_t, int64_t> chunk_layers(const Recipe& r, int64_t pp_rank, int64_t chunk);
-int64_t virtual_chunks(const Recipe& r);
-
 }  // namespace mtnlg::app

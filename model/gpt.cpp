@@ -147,9 +147,11 @@ GptChunk::GptChunk(const GptConfig& cfg, ChunkSpec spec, ParamStore& store, cons
   for (int64_t l = spec_.first_layer; l < spec_.first_layer + spec_.num_layers; ++l) {
     std::string p = fmt::format("layers.{}.", l);
     LayerParams lp;
+    std::vector<int64_t> offsets;
     auto bind = [&](Tensor& w, Tensor& g, const std::string& n) {
       w = store.weight(p + n);
       g = store.grad(p + n);
+      offsets.push_back(store.info(p + n).offset);
     };
     bind(lp.ln1_w, lp.d_ln1_w, "input_layernorm.weight");
     bind(lp.ln1_b, lp.d_ln1_b, "input_layernorm.bias");
@@ -164,6 +166,7 @@ GptChunk::GptChunk(const GptConfig& cfg, ChunkSpec spec, ParamStore& store, cons
     bind(lp.fc2_w, lp.d_fc2_w, "mlp.fc2.weight");
     bind(lp.fc2_b, lp.d_fc2_b, "mlp.fc2.bias");
     layers_.push_back(lp);
+    layer_param_offsets_.push_back(std::move(offsets));
   }
   if (spec_.has_embedding || spec_.has_head) {
     wte_ = store.weight("embedding.word_embeddings.weight");
@@ -172,12 +175,18 @@ GptChunk::GptChunk(const GptConfig& cfg, ChunkSpec spec, ParamStore& store, cons
   if (spec_.has_embedding) {
     wpe_ = store.weight("embedding.position_embeddings.weight");
     d_wpe_ = store.grad("embedding.position_embeddings.weight");
+    // The word embedding's gradient is final only after the lookup's backward, which
+    // comes last even when this chunk also holds the tied output layer.
+    embedding_param_offsets_ = {store.info("embedding.position_embeddings.weight").offset,
+                                store.info("embedding.word_embeddings.weight").offset};
   }
   if (spec_.has_head) {
     lnf_w_ = store.weight("final_layernorm.weight");
     lnf_b_ = store.weight("final_layernorm.bias");
     d_lnf_w_ = store.grad("final_layernorm.weight");
     d_lnf_b_ = store.grad("final_layernorm.bias");
+    head_param_offsets_ = {store.info("final_layernorm.weight").offset, store.info("final_layernorm.bias").offset};
+    if (!spec_.has_embedding) head_param_offsets_.push_back(store.info("embedding.word_embeddings.weight").offset);
   }
 }
 
@@ -434,6 +443,7 @@ Tensor GptChunk::backward(int64_t mb_id, const MicroBatch& mb, const Tensor& dou
     Tensor dlnf = tp::enter_column_parallel_backward(tpc, sp, dlnf_full);
     dx = Tensor::empty({R, C}, dt);
     ops::layernorm_backward(dx, d_lnf_w_, d_lnf_b_, dlnf, s.x_out, lnf_w_, s.meanf, s.rstdf);
+    report_ready(head_param_offsets_, mb);
   } else {
     MTNLG_CHECK(dout.defined() && dout.dim(0) == R, "chunk backward needs the output gradient [{}, {}]", R, C);
     dx = dout;
@@ -449,6 +459,7 @@ Tensor GptChunk::backward(int64_t mb_id, const MicroBatch& mb, const Tensor& dou
     }
     Tensor dprev;
     layer_backward(li, dx, dprev, a, mb);
+    report_ready(layer_param_offsets_[static_cast<size_t>(li)], mb);
     a = LayerActs{};  // free as we go
     dx = dprev;
   }
@@ -459,6 +470,7 @@ Tensor GptChunk::backward(int64_t mb_id, const MicroBatch& mb, const Tensor& dou
   ops::position_backward(d_wpe_, dx, row_start, T);
   Tensor dfull = tp::leave_row_parallel_backward(tpc, sp, dx);
   ops::embedding_backward(d_wte_, s.tokens, dfull, vocab_start_);
+  report_ready(embedding_param_offsets_, mb);
   return Tensor();
 }
 

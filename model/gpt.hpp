@@ -12,6 +12,7 @@
 // Rows are (sample, position) in sample-major order.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <vector>
@@ -66,6 +67,9 @@ struct MicroBatch {
   double loss_weight = 1.0;  // d(total loss)/d(sum of this micro batch's token losses)
   const float* loss_mask = nullptr;  // optional [B*T], 1 = counts (eod_mask_loss)
   bool want_token_scores = false;    // last stage: fill ForwardResult::token_* (eval)
+  // The chunk's last micro batch of the step: as its backward passes a layer, that
+  // layer's parameter gradients are final (reported to the grad-ready hook).
+  bool last_backward = false;
 };
 
 struct ForwardResult {
@@ -96,6 +100,10 @@ class GptChunk {
   DType activation_dtype() const { return cfg_.dtype; }
   // Activation bytes currently held for micro batches in flight.
   int64_t saved_bytes() const;
+  // Called with a parameter's offset in the store once its gradient is final for the
+  // step (during the backward of a MicroBatch with last_backward): the data-parallel
+  // reduction (parallel::DataParallelGrads) starts full buckets from it.
+  void set_grad_ready_hook(std::function<void(int64_t)> hook) { grad_ready_ = std::move(hook); }
   void drop_saved();  // forget activations of micro batches in flight (eval, aborted steps)
 
  private:
@@ -124,6 +132,13 @@ class GptChunk {
   std::vector<LayerParams> layers_;
   Tensor wte_, wpe_, lnf_w_, lnf_b_, d_wte_, d_wpe_, d_lnf_w_, d_lnf_b_;
   std::map<int64_t, std::unique_ptr<Saved>> saved_;
+  std::function<void(int64_t)> grad_ready_;
+  std::vector<std::vector<int64_t>> layer_param_offsets_;  // per layer, in the store
+  std::vector<int64_t> head_param_offsets_, embedding_param_offsets_;
+  void report_ready(const std::vector<int64_t>& offsets, const MicroBatch& mb) const {
+    if (mb.last_backward && grad_ready_)
+      for (int64_t o : offsets) grad_ready_(o);
+  }
 };
 
 }  // namespace mtnlg::model

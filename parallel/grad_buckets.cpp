@@ -90,4 +90,35 @@ void GradBucketer::finish() {
   in_step_ = false;
 }
 
+std::vector<GradRange> DataParallelGrads::ranges(const std::vector<DpParam>& ps) {
+  std::vector<GradRange> r;
+  r.reserve(ps.size());
+  for (const auto& p : ps) r.push_back({p.offset, p.numel});
+  return r;
+}
+
+DataParallelGrads::DataParallelGrads(std::vector<DpParam> params, std::shared_ptr<Communicator> dp, int64_t bucket_size)
+    : params_(std::move(params)), bucketer_(ranges(params_), std::move(dp), bucket_size) {}
+
+void DataParallelGrads::begin(Tensor& grads) {
+  if (!active()) return;
+  MTNLG_CHECK(grads.dtype() == DType::f32, "data-parallel gradients must be f32, got {}", to_string(grads.dtype()));
+  bucketer_.begin(grads.data<float>());
+  in_step_ = true;
+}
+
+void DataParallelGrads::param_ready(int64_t offset) {
+  if (!in_step_) return;
+  auto it = std::lower_bound(params_.begin(), params_.end(), offset,
+                             [](const DpParam& p, int64_t off) { return p.offset < off; });
+  MTNLG_CHECK(it != params_.end() && it->offset == offset, "data-parallel gradients: no parameter starts at offset {}", offset);
+  if (!it->deferred && it->numel > 0) bucketer_.mark_ready(it->offset, it->numel);
+}
+
+void DataParallelGrads::finish() {
+  if (!in_step_) return;
+  bucketer_.finish();
+  in_step_ = false;
+}
+
 }  // namespace mtnlg::parallel

@@ -25,6 +25,7 @@
 #include <memory>
 #include <vector>
 
+#include "core/tensor.hpp"
 #include "parallel/communicator.hpp"
 
 namespace mtnlg::parallel {
@@ -70,6 +71,43 @@ class GradBucketer {
   float* grads_ = nullptr;
   bool in_step_ = false;
   int64_t started_early_ = 0;
+};
+
+// The one owner of data-parallel gradient reduction without ZeRO-1 (whose optimizer
+// reduce-scatters on its own): the bucket layout over the flat fp32 gradient buffer,
+// which parameters are final during the backward, and the overlap. The model reports
+// each parameter whose gradient is final for the step (its chunk's last micro batch
+// has passed that layer backwards: GptChunk's grad-ready hook), so a full bucket starts
+// its all-reduce while the backward of earlier layers goes on. `deferred` parameters
+// are changed after the backward by other reductions (the tied word embedding between
+// first and last stage, sequence-parallel partial gradients over tp): only finish()
+// reduces their buckets, after those. Inactive (nothing communicated) when dp is 1.
+struct DpParam {
+  int64_t offset = 0, numel = 0;
+  bool deferred = false;
+};
+
+class DataParallelGrads {
+ public:
+  DataParallelGrads(std::vector<DpParam> params, std::shared_ptr<Communicator> dp, int64_t bucket_size);
+
+  bool active() const { return bucketer_.active(); }
+  // A step over `grads` (f32, the whole flat buffer).
+  void begin(Tensor& grads);
+  // The gradient of the parameter starting at `offset` is final for this step. Deferred
+  // parameters, and every call on an inactive object, are ignored.
+  void param_ready(int64_t offset);
+  // Starts what was not started and waits: the gradients are summed over dp.
+  void finish();
+
+  int64_t num_buckets() const { return bucketer_.num_buckets(); }
+  int64_t started_early() const { return bucketer_.started_early(); }
+
+ private:
+  static std::vector<GradRange> ranges(const std::vector<DpParam>& ps);
+  std::vector<DpParam> params_;
+  GradBucketer bucketer_;
+  bool in_step_ = false;
 };
 
 }  // namespace mtnlg::parallel

@@ -29,20 +29,10 @@ DistributedAdamW::DistributedAdamW(const OptimizerConfig& cfg, std::vector<Param
   v_ = Tensor::zeros({shard_end_ - shard_begin_});
 }
 
-void DistributedAdamW::set_grads_reduced_by_caller(bool on) {
-  MTNLG_CHECK(!(on && zero1_), "ZeRO-1 reduce-scatters its own gradients; they cannot be reduced by the caller");
-  grads_reduced_by_caller_ = on;
-}
-
 void DistributedAdamW::reduce_gradients(Tensor& grads) {
   auto* dp = groups_.dp.get();
-  if (!dp || dp->size() == 1 || grads_reduced_by_caller_) return;
+  if (!dp || dp->size() == 1 || !zero1_) return;  // without ZeRO-1 the caller's DataParallelGrads reduced them
   float* g = grads.data<float>();
-  if (!zero1_) {
-    for (int64_t off = 0; off < numel_; off += bucket_size_)
-      dp->all_reduce(g + off, std::min(bucket_size_, numel_ - off), ReduceOp::sum);
-    return;
-  }
   // Reduce-scatter into this rank's shard (padded so every shard has the same size).
   int64_t shard = padded_ / dp->size();
   float* buf = gather_buf_.data<float>();

@@ -2,8 +2,9 @@
 // without ZeRO-1 (Megatron's distributed optimizer), over the flat parameter and
 // gradient buffers of one rank (model/params.hpp lays them out).
 //
-// Without ZeRO-1: gradients are all-reduced (sum) over the data-parallel group in
-// buckets of `bucket_size` elements, then every rank updates the whole buffer.
+// Without ZeRO-1: the gradients arrive summed over the data-parallel group (the
+// caller's parallel::DataParallelGrads reduces them in buckets during the backward),
+// and every rank updates the whole buffer.
 // With ZeRO-1: the buffer is split into dp equal shards; gradients are reduce-scattered
 // so rank r receives the summed shard r, updates only that shard (Adam m and v exist
 // only for it), then the parameters are all-gathered.
@@ -51,11 +52,7 @@ class DistributedAdamW {
   int64_t steps_taken() const { return step_; }
   void set_steps_taken(int64_t s) { step_ = s; }
   bool zero1() const { return zero1_; }
-  int64_t bucket_size() const { return bucket_size_; }  // elements per dp gradient bucket
-  // On: step() takes the gradients as already summed over dp (a GradBucketer reduced
-  // them bucket by bucket during the backward, parallel/grad_buckets.hpp) and skips its
-  // own all-reduce. RuntimeError with ZeRO-1, which must reduce-scatter itself.
-  void set_grads_reduced_by_caller(bool on);
+  int64_t bucket_size() const { return bucket_size_; }  // elements per dp gradient bucket (DataParallelGrads)
   // This rank's optimizer shard [shard_begin, shard_end) of the flat buffer (whole buffer without ZeRO-1).
   int64_t shard_begin() const { return shard_begin_; }
   int64_t shard_end() const { return shard_end_; }
@@ -73,7 +70,6 @@ class DistributedAdamW {
   int64_t numel_, padded_, shard_begin_ = 0, shard_end_ = 0, bucket_size_;
   ProcessGroups groups_;
   bool zero1_;
-  bool grads_reduced_by_caller_ = false;
   int64_t step_ = 0;
   Tensor m_, v_;
   Tensor gather_buf_;  // ZeRO-1: padded copy of params / grads for the collectives

