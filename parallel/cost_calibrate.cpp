@@ -45,23 +45,31 @@ CalibrationResult calibrate(const GpuSpec& base, const std::vector<Observation>&
       throw_input("calibrate: {}: no positive step time", o.label);
   // As many free multipliers as the runs can determine: compute, then bandwidth, then overhead.
   const int free = static_cast<int>(std::min<size_t>(3, runs.size()));
+  // Coarse grid over the free log-multipliers (factors e^-4 .. e^4), then coordinate
+  // search with halving steps from the best grid point; multipliers stay within e^+-6 so a
+  // constant the runs cannot see (a roofline term that never binds) does not run away.
+  auto eval = [&](const double y[3]) { return loss(predict(scaled(base, y), runs, gpus_per_node), runs); };
   double x[3] = {0, 0, 0};
-  // Start from the compute multiplier that matches the runs' mean (log) time.
-  for (int pass = 0; pass < 3; ++pass) {
-    const auto p = predict(scaled(base, x), runs, gpus_per_node);
-    double mean = 0;
-    for (size_t i = 0; i < runs.size(); ++i) mean += std::log(p[i] / runs[i].step_time_s);
-    x[0] += mean / double(runs.size());
-  }
-  double best = loss(predict(scaled(base, x), runs, gpus_per_node), runs);
-  double step = 1.0;
-  for (int it = 0; it < 400 && step > 1e-4; ++it) {
+  double best = eval(x);
+  const int n0 = 9, n1 = free > 1 ? 9 : 1, n2 = free > 2 ? 9 : 1;
+  for (int i = 0; i < n0; ++i)
+    for (int j = 0; j < n1; ++j)
+      for (int k = 0; k < n2; ++k) {
+        const double y[3] = {-4.0 + i, free > 1 ? -4.0 + j : 0.0, free > 2 ? -4.0 + k : 0.0};
+        const double l = eval(y);
+        if (l < best) {
+          best = l;
+          std::copy(y, y + 3, x);
+        }
+      }
+  double step = 0.5;
+  for (int it = 0; it < 2000 && step > 1e-5; ++it) {
     bool improved = false;
     for (int k = 0; k < free; ++k) {
       for (double dir : {+1.0, -1.0}) {
         double y[3] = {x[0], x[1], x[2]};
-        y[k] += dir * step;
-        const double l = loss(predict(scaled(base, y), runs, gpus_per_node), runs);
+        y[k] = std::clamp(y[k] + dir * step, -6.0, 6.0);
+        const double l = eval(y);
         if (l < best - 1e-15) {
           best = l;
           std::copy(y, y + 3, x);
