@@ -117,7 +117,7 @@ TEST_CASE("plan --calibrate and --gpu-profile reject bad input with one line and
   }
 }
 
-TEST_CASE("a profile calibrated on three tiny CPU runs predicts a fourth within 15%", "[e2e][.timing]") {
+TEST_CASE("a profile calibrated on three tiny CPU runs predicts a fourth within 15%", "[.timing]") {
   TempDir tmp("calibrate-cpu");
   struct Run {
     int64_t layers, hidden, micro, batch;
