@@ -538,6 +538,9 @@ void run_plan(const PlanArgs& a) {
     }
   } else {
     cost::Layout l = cost::layout_from_recipe(r, gpus);
+    if (l.vp > 1 && !c.software.interleaved_schedule)
+      throw_input("{}: --software {} has no interleaved schedule; set parallel.num_layers_per_virtual_pipeline_stage=0",
+                  a.recipe, c.software.name);
     est = cost::estimate(r, l, c);
   }
   const std::string ramp_note = cost::ramp_problem(r, est.layout);

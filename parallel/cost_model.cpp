@@ -48,7 +48,7 @@ const std::vector<SoftwareProfile>& software_table() {
       {"megatron-deepspeed",
        "Megatron-DeepSpeed as used for MT-NLG 530B (Smith et al. 2022): Megatron tensor slicing, DeepSpeed pipeline "
        "engine (blocking unbatched p2p, no scatter/gather), 2021 kernel stack",
-       0.76, false, 4, 4},
+       0.76, false, 4, 4, false},
   };
   return table;
 }

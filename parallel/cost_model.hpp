@@ -89,6 +89,9 @@ struct SoftwareProfile {
   // this trainer), 2 for Megatron-LM 2021's fp16 default (accumulate_allreduce_grads_in_fp32
   // off). fp32 runs always reduce 4 bytes.
   double grad_reduce_bytes = 4;
+  // Whether the engine has Megatron's interleaved 1F1B schedule (virtual stages);
+  // DeepSpeed's pipeline engine does not: plan rejects vp > 1 and the search skips it.
+  bool interleaved_schedule = true;
 };
 
 // Throws InputError listing the valid names when `name` is unknown.

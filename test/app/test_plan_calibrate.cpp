@@ -108,6 +108,10 @@ TEST_CASE("plan --calibrate and --gpu-profile reject bad input with one line and
       {"plan " + recipe + " --gpu-profile " + (tmp / "missing.json").string(), "cannot open"},
       {"plan " + recipe + " --software pytorch", "megatron-lm, megatron-lm-2021, megatron-deepspeed"},
       {"plan", "RECIPE file is required"},
+      {"plan " + source_dir() + "/recipes/mtnlg-530b.yaml --gpus 2240 --software megatron-deepspeed --set "
+       "parallel.num_layers_per_virtual_pipeline_stage=1 --set training.rampup_batch_size=null --set "
+       "training.global_batch_size=2240",
+       "no interleaved schedule"},
   };
   for (auto& c : cases) {
     auto r = run_mtnlg(c.args + " 2>&1");
