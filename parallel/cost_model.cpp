@@ -47,8 +47,8 @@ const std::vector<SoftwareProfile>& software_table() {
        0.90, true, 2, 2},
       {"megatron-deepspeed",
        "Megatron-DeepSpeed as used for MT-NLG 530B (Smith et al. 2022): Megatron tensor slicing, DeepSpeed pipeline "
-       "engine (blocking unbatched p2p, no scatter/gather), 2021 kernel stack",
-       0.76, false, 4, 4, false},
+       "engine (blocking unbatched p2p of tensor-partitioned messages, no interleaving), 2021 kernel stack",
+       0.70, true, 4, 4, false},
   };
   return table;
 }

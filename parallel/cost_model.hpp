@@ -77,7 +77,8 @@ struct SoftwareProfile {
   double kernel_efficiency = 1.0;
   // Megatron-LM's scatter/gather of pipeline messages (Narayanan et al. 2021, §4.1): each
   // of the t tensor ranks sends 1/t of the activation across nodes and the receiving
-  // stage all-gathers it over NVLink. Off: every tensor rank sends the whole activation.
+  // stage all-gathers it over NVLink (DeepSpeed's engine does the same with its
+  // PartitionedTensor, is_pipe_partitioned). Off: every tensor rank sends the whole.
   bool scatter_gather_p2p = true;
   // Point-to-point transfers on a stage's critical path per microbatch per model chunk:
   // 2 when sends and receives are batched into one exchange after the forward and one after
