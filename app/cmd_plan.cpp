@@ -38,7 +38,153 @@ struct PlanArgs {
   std::string svg;
   std::string sbatch;
   int64_t top = 10;
+  std::string software = "megatron-lm";
+  std::string gpu_profile;             // --gpu-profile FILE (written by --calibrate)
+  std::vector<std::string> calibrate;  // --calibrate RUN_DIR (repeatable)
+  std::string profile_out;             // --profile-out FILE (default RUN_DIR/gpu-profile.json)
 };
+
+// ---- GPU profile files (--gpu-profile, written by --calibrate) --------------------------------
+
+constexpr const char* kProfileFormat = "mtnlg-gpu-profile/1";
+
+nlohmann::json gpu_json(const cost::GpuSpec& g) {
+  return {{"format", kProfileFormat},
+          {"name", g.name},
+          {"description", g.description},
+          {"peak_flops", g.peak_flops},
+          {"gemm_eff_max", g.gemm_eff_max},
+          {"sm_count", g.sm_count},
+          {"memory_bytes", g.memory_bytes},
+          {"hbm_bw", g.hbm_bw},
+          {"nvlink_bus_bw", g.nvlink_bus_bw},
+          {"ib_bw", g.ib_bw},
+          {"nvlink_alpha", g.nvlink_alpha},
+          {"ib_alpha", g.ib_alpha},
+          {"kernel_overhead", g.kernel_overhead}};
+}
+
+cost::GpuSpec load_gpu_profile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw_input("--gpu-profile {}: cannot open", path);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const std::exception& e) {
+    throw_input("--gpu-profile {}: not JSON ({})", path, e.what());
+  }
+  if (!j.is_object() || j.value("format", "") != kProfileFormat)
+    throw_input("--gpu-profile {}: not a GPU profile (\"format\": \"{}\" missing)", path, kProfileFormat);
+  cost::GpuSpec g;
+  auto num = [&](const char* k) {
+    if (!j.contains(k) || !j[k].is_number() || !(j[k].get<double>() > 0))
+      throw_input("--gpu-profile {}: field {} must be a positive number", path, k);
+    return j[k].get<double>();
+  };
+  g.name = j.value("name", std::string("profile"));
+  g.description = j.value("description", std::string("GPU profile ") + path);
+  g.peak_flops = num("peak_flops");
+  g.gemm_eff_max = num("gemm_eff_max");
+  g.sm_count = static_cast<int64_t>(num("sm_count"));
+  g.memory_bytes = num("memory_bytes");
+  g.hbm_bw = num("hbm_bw");
+  g.nvlink_bus_bw = num("nvlink_bus_bw");
+  g.ib_bw = num("ib_bw");
+  g.nvlink_alpha = num("nvlink_alpha");
+  g.ib_alpha = num("ib_alpha");
+  g.kernel_overhead = num("kernel_overhead");
+  return g;
+}
+
+// The measured seconds per iteration of a run: the median step_time_s of metrics.jsonl's
+// records at the recipe's full global batch, the first logged record left out (start-up)
+// when there are at least three.
+double measured_step_time(const std::string& run_dir, int64_t global_batch) {
+  const std::string path = run_dir + "/metrics.jsonl";
+  std::ifstream in(path);
+  if (!in) throw_input("--calibrate {}: no metrics.jsonl ({})", run_dir, path);
+  std::vector<double> all, full;
+  std::string line;
+  int64_t n = 0;
+  while (std::getline(in, line)) {
+    ++n;
+    if (line.empty()) continue;
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line);
+    } catch (const std::exception&) {
+      throw_input("--calibrate {}: line {} is not JSON", path, n);
+    }
+    if (!j.contains("step_time_s") || !j["step_time_s"].is_number()) continue;
+    const double t = j["step_time_s"].get<double>();
+    if (!(t > 0)) continue;
+    all.push_back(t);
+    if (j.value("global_batch_size", int64_t{0}) == global_batch) full.push_back(t);
+  }
+  std::vector<double>& v = full.empty() ? all : full;
+  if (v.empty()) throw_input("--calibrate {}: no step_time_s in {}", run_dir, path);
+  if (v.size() >= 3) v.erase(v.begin());
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+void run_calibrate(const PlanArgs& a) {
+  namespace fs = std::filesystem;
+  const cost::GpuSpec base = a.gpu_profile.empty() ? cost::gpu_spec(a.gpu) : load_gpu_profile(a.gpu_profile);
+  std::vector<cost::Observation> runs;
+  for (auto& dir : a.calibrate) {
+    const std::string rp = dir + "/recipe.resolved.yaml";
+    if (!fs::exists(rp)) throw_input("--calibrate {}: no recipe.resolved.yaml (is it a run directory?)", dir);
+    Recipe r = load_recipe(rp, a.sets);
+    const int64_t gpus = a.gpus > 0 ? a.gpus : r.tp() * r.pp() * std::max<int64_t>(1, a.dp);
+    cost::Observation o{r, cost::layout_from_recipe(r, gpus), measured_step_time(dir, r.training.global_batch_size), dir};
+    runs.push_back(std::move(o));
+  }
+  const cost::CalibrationResult res = cost::calibrate(base, runs, a.gpus_per_node);
+  const std::string out = a.profile_out.empty() ? a.calibrate.front() + "/gpu-profile.json" : a.profile_out;
+  nlohmann::json j = gpu_json(res.gpu);
+  j["name"] = base.name + "-calibrated";
+  j["description"] = fmt::format("{} fitted to {} run(s) by mtnlg plan --calibrate", base.name, runs.size());
+  nlohmann::json fit = {{"base", base.name},
+                        {"compute_scale", res.compute_scale},
+                        {"bandwidth_scale", res.bandwidth_scale},
+                        {"overhead_scale", res.overhead_scale},
+                        {"free_parameters", res.free_parameters},
+                        {"rms_relative_error", res.rms_relative_error}};
+  nlohmann::json rj = nlohmann::json::array();
+  for (size_t i = 0; i < runs.size(); ++i)
+    rj.push_back({{"run_dir", runs[i].label},
+                  {"layout", runs[i].layout.describe()},
+                  {"measured_s", runs[i].step_time_s},
+                  {"predicted_s", res.predicted[i]}});
+  fit["runs"] = rj;
+  j["calibration"] = fit;
+  const std::string tmp = out + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary);
+    if (!f) throw_input("--profile-out {}: cannot write this file", out);
+    f << j.dump(2) << "\n";
+    if (!f.flush()) throw_runtime("--profile-out {}: write failed", out);
+  }
+  if (std::rename(tmp.c_str(), out.c_str()) != 0) throw_runtime("--profile-out {}: cannot rename {} into place", out, tmp);
+  if (a.json) {
+    j["profile_file"] = out;
+    std::printf("%s\n", j.dump(2).c_str());
+    return;
+  }
+  std::printf("calibrate: %zu run(s) against %s, %d constant(s) fitted\n", runs.size(), base.name.c_str(),
+              res.free_parameters);
+  for (size_t i = 0; i < runs.size(); ++i)
+    std::printf("  %-40s %-48s measured %.4f s, fitted %.4f s (%+.1f%%)\n", runs[i].label.c_str(),
+                runs[i].layout.describe().c_str(), runs[i].step_time_s, res.predicted[i],
+                100.0 * (res.predicted[i] / runs[i].step_time_s - 1.0));
+  std::printf("fit: GEMM efficiency x%.3g (%.3g of peak), memory bandwidth x%.3g (%.3g GB/s), kernel overhead x%.3g "
+              "(%.3g us)\n",
+              res.compute_scale, res.gpu.gemm_eff_max, res.bandwidth_scale, res.gpu.hbm_bw / 1e9, res.overhead_scale,
+              res.gpu.kernel_overhead * 1e6);
+  std::printf("residual: %.2f%% rms relative error\n", 100.0 * res.rms_relative_error);
+  std::printf("wrote %s (use: mtnlg plan RECIPE --gpu-profile %s)\n", out.c_str(), out.c_str());
+}
 
 // Slurm's --time cap for a generated script. Longer runs requeue themselves: SIGUSR1
 // ten minutes before the limit -> checkpoint -> exit 75 -> `scontrol requeue`.
@@ -232,6 +378,7 @@ nlohmann::json estimate_json(const cost::Estimate& e, const cost::Cluster& c) {
   nlohmann::json j;
   j["layout"] = layout_json(e.layout);
   j["gpu"] = c.gpu.name;
+  j["software"] = c.software.name;
   j["gpus"] = e.layout.gpus();
   j["iteration_time_s"] = e.iteration_time;
   j["tokens_per_s"] = e.tokens_per_s;
@@ -281,6 +428,7 @@ nlohmann::json estimate_json(const cost::Estimate& e, const cost::Cluster& c) {
 void print_human(const Recipe& r, const cost::Estimate& e, const cost::Cluster& c) {
   std::printf("plan: %s on %lld x %s (%lld per node)\n", r.name.c_str(), static_cast<long long>(e.layout.gpus()),
               c.gpu.name.c_str(), static_cast<long long>(c.gpus_per_node));
+  std::printf("software: %s\n", c.software.name.c_str());
   std::printf("layout: %s, %lld microbatches per iteration\n", e.layout.describe().c_str(),
               static_cast<long long>(e.microbatches));
   std::printf("\n%6s %6s %10s %10s %10s %10s %10s %10s %10s %10s\n", "stage", "layers", "total GiB", "weights", "grads",
@@ -336,12 +484,15 @@ void write_svg(const cost::Estimate& e, const std::string& path, const std::stri
 }
 
 void run_plan(const PlanArgs& a) {
+  if (!a.calibrate.empty()) return run_calibrate(a);
+  if (a.recipe.empty()) throw_input("plan: a RECIPE file is required (or --calibrate RUN_DIR)");
   if (!a.sbatch.empty()) check_sbatch_path(a.sbatch);
   std::vector<std::string> sets = a.sets;
   if (a.tp > 0) sets.push_back(fmt::format("parallel.tensor_model_parallel_size={}", a.tp));
   if (a.pp > 0) sets.push_back(fmt::format("parallel.pipeline_model_parallel_size={}", a.pp));
   Recipe r = load_recipe(a.recipe, sets);
-  cost::Cluster c{cost::gpu_spec(a.gpu), a.gpus_per_node};
+  cost::Cluster c{a.gpu_profile.empty() ? cost::gpu_spec(a.gpu) : load_gpu_profile(a.gpu_profile), a.gpus_per_node,
+                  cost::software_profile(a.software)};
   if (a.gpus_per_node < 1) throw_input("--gpus-per-node {}: must be at least 1", a.gpus_per_node);
   int64_t gpus = a.gpus;
   if (a.dp > 0) {
@@ -387,6 +538,9 @@ void run_plan(const PlanArgs& a) {
     }
   } else {
     cost::Layout l = cost::layout_from_recipe(r, gpus);
+    if (l.vp > 1 && !c.software.interleaved_schedule)
+      throw_input("{}: --software {} has no interleaved schedule; set parallel.num_layers_per_virtual_pipeline_stage=0",
+                  a.recipe, c.software.name);
     est = cost::estimate(r, l, c);
   }
   const std::string ramp_note = cost::ramp_problem(r, est.layout);
@@ -419,10 +573,19 @@ void run_plan(const PlanArgs& a) {
 void register_plan(CLI::App& app) {
   auto* cmd = app.add_subcommand("plan", "Predict memory and throughput of a layout, or search for the best one");
   static PlanArgs a;
-  cmd->add_option("recipe", a.recipe, "Recipe YAML file")->required();
+  cmd->add_option("recipe", a.recipe, "Recipe YAML file (not needed with --calibrate)");
   cmd->add_option("--set", a.sets, "Override a recipe key: section.key=value (e.g. parallel.tensor_model_parallel_size=4); repeatable");
   cmd->add_option("--gpus", a.gpus, "Number of GPUs (world size); default tp x pp (x --dp)");
-  cmd->add_option("--gpu", a.gpu, "GPU kind: a100-80g, h100-80g or h200-141g")->capture_default_str();
+  cmd->add_option("--gpu", a.gpu, "GPU kind: a100-80g, h100-80g, h200-141g, or cpu (a starting point for --calibrate)")
+      ->capture_default_str();
+  cmd->add_option("--gpu-profile", a.gpu_profile, "Use the GPU constants in this file (written by --calibrate) instead of --gpu");
+  cmd->add_option("--software", a.software,
+                  "Software profile: megatron-lm (Megatron-LM 2021-22) or megatron-deepspeed (MT-NLG's DeepSpeed pipeline)")
+      ->capture_default_str();
+  cmd->add_option("--calibrate", a.calibrate,
+                  "Fit the GPU constants to this run directory's recipe.resolved.yaml + metrics.jsonl (repeatable: "
+                  "one run fits the compute rate, two add memory bandwidth, three add kernel overhead); writes a profile");
+  cmd->add_option("--profile-out", a.profile_out, "With --calibrate: the profile file to write (default RUN_DIR/gpu-profile.json)");
   cmd->add_option("--gpus-per-node", a.gpus_per_node, "GPUs per node (NVLink domain)")->capture_default_str();
   cmd->add_option("--tp", a.tp, "Override parallel.tensor_model_parallel_size");
   cmd->add_option("--pp", a.pp, "Override parallel.pipeline_model_parallel_size");

@@ -22,11 +22,33 @@ constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 const std::vector<GpuSpec>& gpu_table() {
   static const std::vector<GpuSpec> table = {
       {"a100-80g", "NVIDIA A100 SXM 80GB, NVLink3 (DGX A100: 8x HDR 200 Gb/s HCAs)",
-       312e12, 0.60, 108, 80.0 * kGiB, 0.85 * 2.039e12, 230e9, 23e9, 5e-6, 10e-6, 4e-6},
+       312e12, 0.84, 108, 80.0 * kGiB, 0.85 * 2.039e12, 230e9, 23e9, 5e-6, 10e-6, 4e-6},
       {"h100-80g", "NVIDIA H100 SXM 80GB, NVLink4 (DGX H100: 8x NDR 400 Gb/s HCAs)",
        989e12, 0.80, 132, 79.6 * kGiB, 0.85 * 3.35e12, 378e9, 46e9, 4e-6, 8e-6, 3e-6},
       {"h200-141g", "NVIDIA H200 SXM 141GB, NVLink4 (8x NDR 400 Gb/s HCAs)",
        989e12, 0.80, 132, 140.4 * kGiB, 0.85 * 4.8e12, 378e9, 46e9, 4e-6, 8e-6, 3e-6},
+      // A starting point for `plan --calibrate` on CPU runs (fp32 OpenBLAS, MPI over shared
+      // memory); its numbers only set the ratios the fit starts from, see docs/PLANNER.md.
+      {"cpu", "this machine's CPU cores (fp32 OpenBLAS, MPI in shared memory): calibrate before use",
+       2e11, 1.0, 1, 16.0 * kGiB, 10e9, 5e9, 1e9, 5e-6, 20e-6, 2e-6},
+  };
+  return table;
+}
+
+// Software profiles (docs/PLANNER.md "Software profiles" gives the evidence for each).
+const std::vector<SoftwareProfile>& software_table() {
+  static const std::vector<SoftwareProfile> table = {
+      {"megatron-lm",
+       "Megatron-LM 2022 (Korthikanti et al. 2022): fused kernels, batched p2p with scatter/gather, interleaved 1F1B, "
+       "selective recompute, sequence parallelism",
+       1.0, true, 2, 4},
+      {"megatron-lm-2021",
+       "Megatron-LM 2021 (Narayanan et al. 2021): as megatron-lm with the 2021 kernel stack",
+       0.90, true, 2, 2},
+      {"megatron-deepspeed",
+       "Megatron-DeepSpeed as used for MT-NLG 530B (Smith et al. 2022): Megatron tensor slicing, DeepSpeed pipeline "
+       "engine (blocking unbatched p2p of tensor-partitioned messages, no interleaving), 2021 kernel stack",
+       0.70, true, 4, 4, false},
   };
   return table;
 }
@@ -34,14 +56,25 @@ const std::vector<GpuSpec>& gpu_table() {
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // Achieved FLOP/s of one GEMM C[M,N] += A[M,K] B[K,N] (batch independent products).
-// Model: best large-GEMM efficiency x wave quantization of 256x128 output tiles over
+// Model: best large-GEMM efficiency x wave quantization of the best output tile over
 // the SMs x a K-pipeline fill factor K/(K+64), bounded by the HBM roofline.
 double gemm_time(const GpuSpec& g, double peak, int64_t M, int64_t N, int64_t K, int64_t batch = 1) {
   if (M <= 0 || N <= 0 || K <= 0 || batch <= 0) return 0;
   const double flops = 2.0 * double(M) * double(N) * double(K) * double(batch);
-  const int64_t tiles = ceil_div(M, 256) * ceil_div(N, 128) * batch;
-  const int64_t waves = ceil_div(tiles, g.sm_count);
-  const double wave_eff = double(tiles) / double(waves * g.sm_count);
+  // cuBLAS picks the output tile per shape; smaller tiles fill the last wave better but
+  // reuse less data (relative throughput of 256x128, 128x256, 128x128 and 128x64 tiles:
+  // 1, 1, 0.92, 0.80 -- the usual CUTLASS profile on A100/H100).
+  struct Tile {
+    int64_t m, n;
+    double eff;
+  };
+  static constexpr Tile kTiles[] = {{256, 128, 1.0}, {128, 256, 1.0}, {128, 128, 0.92}, {128, 64, 0.80}};
+  double wave_eff = 0;
+  for (const Tile& tl : kTiles) {
+    const int64_t tiles = ceil_div(M, tl.m) * ceil_div(N, tl.n) * batch;
+    const int64_t waves = ceil_div(tiles, g.sm_count);
+    wave_eff = std::max(wave_eff, tl.eff * double(tiles) / double(waves * g.sm_count));
+  }
   const double k_eff = double(K) / double(K + 64);
   const double t_compute = flops / (peak * g.gemm_eff_max * wave_eff * k_eff);
   const double bytes = 2.0 * (double(M) * K + double(K) * N + double(M) * N) * double(batch);
@@ -55,9 +88,20 @@ struct GroupLink {
 
 // A group of `size` ranks whose members are `stride` ranks apart stays inside one node
 // when its span fits (ranks are placed node by node).
+// A group that spans nodes runs its ring through every member of a node before crossing to
+// the next; NCCL gives each of the node's HCAs its own ring (channel), so the ring's bus
+// bandwidth is the node's members' HCAs together (ib_bw per member), at most NVLink's.
 GroupLink group_link(const Cluster& c, int64_t stride, int64_t size) {
   if (stride * size <= c.gpus_per_node) return {c.gpu.nvlink_bus_bw, c.gpu.nvlink_alpha};
-  return {c.gpu.ib_bw, c.gpu.ib_alpha};
+  const int64_t per_node = std::max<int64_t>(1, std::min(size, c.gpus_per_node / std::max<int64_t>(1, stride)));
+  return {std::min(c.gpu.nvlink_bus_bw, c.gpu.ib_bw * double(per_node)), c.gpu.ib_alpha};
+}
+
+// The GPU as the software stack drives it: the GEMM efficiency scaled by the profile.
+Cluster effective(const Cluster& c) {
+  Cluster e = c;
+  e.gpu.gemm_eff_max = c.gpu.gemm_eff_max * c.software.kernel_efficiency;
+  return e;
 }
 
 double allreduce_time(double bytes, int64_t n, GroupLink k) {
@@ -186,6 +230,20 @@ const GpuSpec& gpu_spec(const std::string& name) {
 std::vector<std::string> gpu_names() {
   std::vector<std::string> v;
   for (auto& g : gpu_table()) v.push_back(g.name);
+  return v;
+}
+
+const SoftwareProfile& software_profile(const std::string& name) {
+  for (auto& p : software_table())
+    if (p.name == name) return p;
+  std::string valid;
+  for (auto& p : software_table()) valid += (valid.empty() ? "" : ", ") + p.name;
+  throw_input("--software {}: unknown software profile; valid: {}", name, valid);
+}
+
+std::vector<std::string> software_names() {
+  std::vector<std::string> v;
+  for (auto& p : software_table()) v.push_back(p.name);
   return v;
 }
 
@@ -335,7 +393,8 @@ struct Computed {
   std::vector<StageTime> time;
 };
 
-Computed compute_stages(const Recipe& r, const Layout& l, const Cluster& c) {
+Computed compute_stages(const Recipe& r, const Layout& l, const Cluster& c_in) {
+  const Cluster c = effective(c_in);
   const Shape sh = shape_of(r, l.tp);
   const Precision prec = r.training.precision;
   const double e = double(element_bytes(prec));
@@ -347,9 +406,17 @@ Computed compute_stages(const Recipe& r, const Layout& l, const Cluster& c) {
   const double per_layer_full_act = layer_activation_bytes(sh, l, prec, RecomputeGranularity::none);
   const int64_t T = l.micro_batch * sh.s;
   const double act_msg = double(T) * double(sh.h) * e / (l.sequence_parallel ? t : 1.0);
-  // Point-to-point to the neighbouring stage: over NVLink when both stages sit in one node.
+  // Point-to-point to the neighbouring stage: over NVLink when both stages sit in one node
+  // (one HCA per GPU otherwise). Under sequence parallelism each tensor rank already holds
+  // only its 1/t of the sequence and sends that. Otherwise, with scatter/gather, each
+  // tensor rank sends 1/t of the (replicated) activation and the receiving stage
+  // all-gathers the pieces over NVLink; without it every tensor rank sends the whole.
   const GroupLink pp_link = group_link(c, l.tp * l.dp, 2);
-  const double p2p_one = l.pp > 1 ? pp_link.alpha + act_msg / pp_link.bw : 0;
+  const bool scatter = c.software.scatter_gather_p2p && !l.sequence_parallel && l.tp > 1;
+  const double wire_msg = scatter ? act_msg / t : act_msg;
+  const double gather =
+      scatter ? double(l.tp - 1) / t * act_msg / c.gpu.nvlink_bus_bw + double(l.tp - 1) * c.gpu.nvlink_alpha : 0;
+  const double p2p_one = l.pp > 1 ? pp_link.alpha + wire_msg / pp_link.bw + gather : 0;
   const int64_t m_full = r.training.global_batch_size / (l.micro_batch * l.dp);
 
   Computed out;
@@ -421,7 +488,7 @@ Computed compute_stages(const Recipe& r, const Layout& l, const Cluster& c) {
     // Exposed p2p per microbatch: an activation and a gradient per chunk, sent
     // blocking (Megatron pairs send/recv in one batched call; the transfer is on the
     // critical path of the steady state).
-    tm.p2p = l.pp > 1 ? 2.0 * double(l.vp) * p2p_one : 0;
+    tm.p2p = l.pp > 1 ? double(c.software.p2p_steps_per_microbatch) * double(l.vp) * p2p_one : 0;
     out.time.push_back(tm);
   }
   return out;
@@ -431,7 +498,8 @@ struct IterParts {
   double pipeline = 0, dp = 0, opt = 0, bubble = 0;
 };
 
-IterParts iteration_parts(const Recipe& r, const Layout& l, const Cluster& c, const Computed& cs, int64_t batch) {
+IterParts iteration_parts(const Recipe& r, const Layout& l, const Cluster& c_in, const Computed& cs, int64_t batch) {
+  const Cluster c = effective(c_in);
   // Ramp batches that do not divide by micro x dp are rounded up to whole microbatches.
   const int64_t unit = l.micro_batch * l.dp;
   const int64_t m = std::max<int64_t>(1, (batch + unit - 1) / unit);
@@ -456,10 +524,11 @@ IterParts iteration_parts(const Recipe& r, const Layout& l, const Cluster& c, co
   const double e = double(element_bytes(r.training.precision));
   for (auto& mem : cs.mem) {
     double tdp = 0;
+    const double ge = r.training.precision == Precision::fp32 ? 4.0 : c.software.grad_reduce_bytes;
     if (l.distributed_optimizer)
-      tdp = reduce_scatter_time(mem.params * 4.0, l.dp, dpl) + reduce_scatter_time(mem.params * e, l.dp, dpl);
+      tdp = reduce_scatter_time(mem.params * ge, l.dp, dpl) + reduce_scatter_time(mem.params * e, l.dp, dpl);
     else
-      tdp = allreduce_time(mem.params * 4.0, l.dp, dpl);
+      tdp = allreduce_time(mem.params * ge, l.dp, dpl);
     dp_max = std::max(dp_max, tdp);
     // Adam over the local shard: read grad, master, m, v; write master, m, v, 16-bit
     // weight (~34 bytes/param) plus a read of the grads for the global norm.

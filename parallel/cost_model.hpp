@@ -67,10 +67,67 @@ std::string layout_problem(const Recipe& r, const Layout& l);
 // as MT-NLG on 350 and 420 nodes changed dp after the ramp) and the search skips it.
 std::string ramp_problem(const Recipe& r, const Layout& l);
 
+// The training software's execution of a layout, where published runs differ although
+// the hardware and the layout are the same (docs/PLANNER.md "Software profiles").
+struct SoftwareProfile {
+  std::string name;         // megatron-lm | megatron-deepspeed
+  std::string description;  // one line: what it stands for, and its evidence
+  // Multiplies GpuSpec::gemm_eff_max: the kernels' (cuBLAS / PyTorch / fusions) share of the
+  // GPU's best GEMM efficiency in this software stack.
+  double kernel_efficiency = 1.0;
+  // Megatron-LM's scatter/gather of pipeline messages (Narayanan et al. 2021, §4.1): each
+  // of the t tensor ranks sends 1/t of the activation across nodes and the receiving
+  // stage all-gathers it over NVLink (DeepSpeed's engine does the same with its
+  // PartitionedTensor, is_pipe_partitioned). Off: every tensor rank sends the whole.
+  bool scatter_gather_p2p = true;
+  // Point-to-point transfers on a stage's critical path per microbatch per model chunk:
+  // 2 when sends and receives are batched into one exchange after the forward and one after
+  // the backward (Megatron), 4 when each send and each receive is its own blocking step
+  // (DeepSpeed's pipeline engine: SendActivation, RecvGrad, RecvActivation, SendGrad).
+  int p2p_steps_per_microbatch = 2;
+  // Bytes per gradient element in the data-parallel reduction of a 16-bit run: 4 when the
+  // gradients are accumulated and all-reduced in fp32 (Megatron-LM since bf16 support, and
+  // this trainer), 2 for Megatron-LM 2021's fp16 default (accumulate_allreduce_grads_in_fp32
+  // off). fp32 runs always reduce 4 bytes.
+  double grad_reduce_bytes = 4;
+  // Whether the engine has Megatron's interleaved 1F1B schedule (virtual stages);
+  // DeepSpeed's pipeline engine does not: plan rejects vp > 1 and the search skips it.
+  bool interleaved_schedule = true;
+};
+
+// Throws InputError listing the valid names when `name` is unknown.
+const SoftwareProfile& software_profile(const std::string& name);
+std::vector<std::string> software_names();
+
 struct Cluster {
   GpuSpec gpu;
   int64_t gpus_per_node = 8;
+  SoftwareProfile software = software_profile("megatron-lm");
 };
+
+// ---- calibration ----------------------------------------------------------------------
+
+// One measured run: its recipe, its layout and the measured seconds per iteration at the
+// recipe's global batch.
+struct Observation {
+  Recipe recipe;
+  Layout layout;
+  double step_time_s = 0;
+  std::string label;
+};
+struct CalibrationResult {
+  GpuSpec gpu;                  // the base GPU with the fitted constants
+  double compute_scale = 1;     // fitted multipliers of (peak x gemm_eff_max), hbm_bw, kernel_overhead
+  double bandwidth_scale = 1;
+  double overhead_scale = 1;
+  std::vector<double> predicted;  // per observation, seconds
+  double rms_relative_error = 0;  // the fit's residual: sqrt(mean((pred/meas - 1)^2))
+  int free_parameters = 0;        // how many of the three multipliers were fitted (<= observations)
+};
+// Fits the GPU constants to measured runs: with one run only the compute rate, with two
+// compute and memory bandwidth, with three or more also the per-kernel overhead; the
+// others keep `base`'s values. Least squares on log(pred/meas) by coordinate search.
+CalibrationResult calibrate(const GpuSpec& base, const std::vector<Observation>& runs, int64_t gpus_per_node = 8);
 
 // ---- communication bytes --------------------------------------------------------------
 

@@ -37,7 +37,7 @@ SearchResult search(const Recipe& r, int64_t gpus, const Cluster& c, size_t keep
       std::vector<int64_t> split(static_cast<size_t>(pp), L / pp);
       for (int64_t i = 0; i < L % pp; ++i) split[static_cast<size_t>(i)] += 1;
       std::vector<int64_t> vps = {1};
-      if (L % pp == 0 && pp > 1)
+      if (L % pp == 0 && pp > 1 && c.software.interleaved_schedule)
         for (int64_t v : divisors(L / pp))
           if (v > 1) vps.push_back(v);
       for (int64_t mb = 1; mb <= std::max<int64_t>(1, B / dp); mb *= 2) {

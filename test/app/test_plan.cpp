@@ -18,13 +18,15 @@ int count_lines(const std::string& s) {
 }  // namespace
 
 TEST_CASE("plan --json has the interface keys", "[e2e]") {
-  auto r = run_mtnlg("plan " + recipe("mtnlg-530b.yaml") + " --gpus 2240 --gpu a100-80g --json 2>/dev/null");
+  auto r = run_mtnlg("plan " + recipe("mtnlg-530b.yaml") +
+                     " --gpus 2240 --gpu a100-80g --software megatron-deepspeed --json 2>/dev/null");
   REQUIRE(r.exit_code == 0);
   auto j = nlohmann::json::parse(r.out);
   for (const char* k : {"iteration_time_s", "tokens_per_s", "tflops_per_gpu", "model_tflops_per_gpu", "mfu",
                         "bubble_fraction", "peak_memory_gib", "fits", "stages"})
     CHECK(j.contains(k));
   CHECK(j["fits"].get<bool>());
+  CHECK(j["software"] == "megatron-deepspeed");
   REQUIRE(j["stages"].size() == 35);
   CHECK(j["stages"][0].contains("memory_gib"));
   CHECK(j["stages"][0]["breakdown"].contains("activations_gib"));

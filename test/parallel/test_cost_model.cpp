@@ -36,12 +36,16 @@ Recipe gpt(int64_t layers, int64_t hidden, int64_t heads, int64_t tp, int64_t pp
 }
 
 Cluster a100() { return Cluster{gpu_spec("a100-80g"), 8}; }
+// MT-NLG's software: Megatron tensor slicing under DeepSpeed's pipeline engine.
+Cluster mtnlg_stack() { return Cluster{gpu_spec("a100-80g"), 8, software_profile("megatron-deepspeed")}; }
 
 bool within(double got, double want, double rel) { return std::fabs(got - want) <= rel * std::fabs(want); }
 
 }  // namespace
 
-TEST_CASE("cost: MT-NLG 530B published iteration times and TFLOP/s within 5%", "[cost]") {
+TEST_CASE("cost: MT-NLG 530B published iteration times and TFLOP/s within 7%", "[cost]") {
+  // Profile megatron-deepspeed; its kernel efficiency comes from the 280-node row against
+  // Narayanan's 530B row (docs/PLANNER.md "Software profiles"), 350 and 420 are out of sample.
   Recipe r = recipe_530b();
   struct Row {
     int64_t dp;
@@ -49,10 +53,10 @@ TEST_CASE("cost: MT-NLG 530B published iteration times and TFLOP/s within 5%", "
   } rows[] = {{8, 60.1, 126}, {10, 50.2, 121}, {12, 44.4, 113}};
   for (auto row : rows) {
     Layout l = layout_from_recipe(r, 8 * 35 * row.dp);
-    Estimate e = estimate(r, l, a100());
+    Estimate e = estimate(r, l, mtnlg_stack());
     INFO("dp " << row.dp << ": predicted " << e.iteration_time << " s, " << e.tflops_per_gpu << " TFLOP/s");
-    CHECK(within(e.iteration_time, row.iter_s, 0.05));
-    CHECK(within(e.tflops_per_gpu, row.tflops, 0.05));
+    CHECK(within(e.iteration_time, row.iter_s, 0.07));
+    CHECK(within(e.tflops_per_gpu, row.tflops, 0.07));
     CHECK(e.fits);
     CHECK(e.bubble_fraction > 0.1);
   }
@@ -61,38 +65,51 @@ TEST_CASE("cost: MT-NLG 530B published iteration times and TFLOP/s within 5%", "
 TEST_CASE("cost: MT-NLG scaling carries more than the bubble", "[cost]") {
   // Throughput per GPU relative to 280 nodes: bubble alone 0.970 / 0.942, paper 0.960 / 0.897.
   Recipe r = recipe_530b();
-  auto tf = [&](int64_t dp) { return estimate(r, layout_from_recipe(r, 280 * dp), a100()).tflops_per_gpu; };
+  auto tf = [&](int64_t dp) { return estimate(r, layout_from_recipe(r, 280 * dp), mtnlg_stack()).tflops_per_gpu; };
   const double base = tf(8);
   CHECK(tf(10) / base < 0.970);
   CHECK(tf(12) / base < 0.942);
 }
 
-TEST_CASE("cost: further published Megatron runs (looser tolerance)", "[cost]") {
-  // Narayanan et al. 2021 Table 1 (A100, full recompute, 96-form TFLOP/s per GPU) and
-  // Korthikanti et al. 2022 Table 7 (530B and 175B, full recompute iteration time).
-  // The model is tuned to the MT-NLG software stack (DeepSpeed pipeline, 2021); these
-  // Megatron-LM runs were faster, so the model is expected to be pessimistic here.
-  struct Row {
-    const char* what;
-    int64_t l, h, a, t, p, n, B;
-    double tflops;
-  } rows[] = {
-      {"Narayanan 145.6B", 80, 12288, 96, 8, 8, 1536, 2304, 148},
-      {"Narayanan 310.1B", 96, 16384, 128, 8, 16, 1920, 2160, 155},
-      {"Narayanan 529.6B", 105, 20480, 128, 8, 35, 2520, 2520, 163},
-      {"Narayanan 1008B", 128, 25600, 160, 8, 64, 3072, 3072, 163},
-      // Korthikanti: 49.05 s and 18.13 s per iteration -> 96-form TFLOP/s per GPU.
-      {"Korthikanti 530B full", 105, 20480, 128, 8, 35, 280, 280, 179.7},
-      {"Korthikanti 175B full", 96, 12288, 96, 8, 8, 64, 64, 162.0},
-  };
-  for (auto& row : rows) {
-    Recipe r = gpt(row.l, row.h, row.a, row.t, row.p, row.B, "full");
-    Estimate e = estimate(r, layout_from_recipe(r, row.n), a100());
-    std::printf("%-24s predicted %6.1f TFLOP/s, published %6.1f (%+.1f%%)\n", row.what, e.tflops_per_gpu, row.tflops,
-                100 * (e.tflops_per_gpu / row.tflops - 1));
-    INFO(row.what << ": predicted " << e.tflops_per_gpu << " published " << row.tflops);
-    CHECK(within(e.tflops_per_gpu, row.tflops, 0.30));
-  }
+TEST_CASE("cost: what differs between published runs is modelled, not fitted per row", "[cost]") {
+  // Every published row is checked through the binary in test/app/test_plan_published.cpp;
+  // here each mechanism moves the estimate the way it should. 530B shape, t8 p35, m = 280.
+  Recipe full = gpt(105, 20480, 128, 8, 35, 280, "full");
+  const Layout l = layout_from_recipe(full, 280);
+  const Estimate meg = estimate(full, l, a100());
+  // Scatter/gather: each tensor rank sends 1/t of the activation across nodes.
+  Cluster no_sg = a100();
+  no_sg.software.scatter_gather_p2p = false;
+  const Estimate plain = estimate(full, l, no_sg);
+  CHECK(plain.stage_times[1].p2p > 4 * meg.stage_times[1].p2p);
+  // DeepSpeed's pipeline engine: 4 blocking transfers per microbatch (its messages are
+  // partitioned over the tensor ranks too), its kernel-efficiency factor; slower than
+  // Megatron-LM on the same layout.
+  const Estimate ds = estimate(full, l, mtnlg_stack());
+  CHECK(ds.stage_times[1].p2p == Approx(2 * meg.stage_times[1].p2p));
+  CHECK(ds.iteration_time > meg.iteration_time);
+  // Selective recompute + sequence parallelism (Korthikanti et al. 2022) beat full recompute
+  // by roughly the recomputed forward (published: 49.05 s -> 37.83 s).
+  Recipe sel = gpt(105, 20480, 128, 8, 35, 280, "selective", true);
+  const double speedup = meg.iteration_time / estimate(sel, layout_from_recipe(sel, 280), a100()).iteration_time;
+  CHECK(speedup > 1.2);
+  CHECK(speedup < 1.45);
+  // Interleaving (v = 3 chunks of 1 layer): the bubble shrinks by v, the p2p traffic grows by v.
+  Recipe inter = full;
+  inter.parallel.num_layers_per_virtual_pipeline_stage = 1;
+  const Estimate iv = estimate(inter, layout_from_recipe(inter, 280), a100());
+  CHECK(iv.layout.vp == 3);
+  CHECK(iv.bubble_fraction < meg.bubble_fraction / 2.5);
+  CHECK(iv.stage_times[1].p2p == Approx(3 * meg.stage_times[1].p2p));
+  // A data-parallel group with all 8 GPUs of each node uses all 8 HCAs (t = 1); with one
+  // GPU per node (t = 8) the ring runs at one HCA per GPU.
+  Recipe small = gpt(24, 2304, 24, 1, 1, 512, "full");
+  Recipe small_t8 = gpt(24, 2304, 24, 8, 1, 512, "full");
+  const double dp1 = estimate(small, layout_from_recipe(small, 256), a100()).dp_time;
+  const double dp8 = estimate(small_t8, layout_from_recipe(small_t8, 256), a100()).dp_time;
+  // t = 1 reduces 8x the parameters per GPU, but over 8 HCAs instead of one: about as long.
+  CHECK(dp1 > 0.7 * dp8);
+  CHECK(dp1 < 1.5 * dp8);
 }
 
 TEST_CASE("cost: FLOPs forms reproduce the published 126 TFLOP/s from 60.1 s", "[cost]") {

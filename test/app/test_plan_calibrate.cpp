@@ -1,0 +1,154 @@
+// `mtnlg plan --calibrate RUN_DIR ... [--profile-out FILE]` and `--gpu-profile FILE`:
+// the fit recovers known constants from step times the planner itself generated (no
+// timing involved), the written profile predicts another layout, bad input is one line
+// and exit 2. The hidden "[.timing]" case trains tiny CPU layouts for real and checks that
+// a profile fitted to three of them predicts a fourth within 15% (run it on an idle
+// machine: `build/test/test_app "[.timing]"`).
+#include <catch2/catch.hpp>
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "test/support/test_support.hpp"
+
+using namespace mtnlg::test;
+
+namespace {
+
+// tiny-mock's model at a given width / micro batch / recompute (CPU, fp32).
+std::string tiny(int64_t layers, int64_t hidden, int64_t micro, int64_t batch, const char* recompute) {
+  return fmt::format(
+      "model: {{num_layers: {}, hidden_size: {}, num_attention_heads: 4, seq_length: 64, vocab_size: 512, "
+      "make_vocab_size_divisible_by: 8, hidden_dropout: 0.0, attention_dropout: 0.0}}\n"
+      "parallel: {{recompute_granularity: {}}}\n"
+      "training: {{precision: fp32, micro_batch_size: {}, global_batch_size: {}, train_iters: 8}}\n"
+      "data: {{mock: true}}\n"
+      "optimizer: {{lr: 1.0e-3, min_lr: 1.0e-4, lr_warmup_tokens: 1024}}\n"
+      "logging: {{tensorboard: false, log_interval: 1}}\n",
+      layers, hidden, recompute, micro, batch);
+}
+
+double plan_time(const std::string& recipe, const std::string& profile) {
+  auto r = run_mtnlg("plan " + recipe + " --gpu-profile " + profile + " --json 2>&1");
+  INFO(r.out);
+  REQUIRE(r.exit_code == 0);
+  return nlohmann::json::parse(r.out)["iteration_time_s"].get<double>();
+}
+
+// A profile file with the cpu entry's constants scaled (the "truth" for the synthetic runs).
+void write_truth(const std::string& path) {
+  write_file(path, R"({"format": "mtnlg-gpu-profile/1", "name": "truth", "peak_flops": 2e11, "gemm_eff_max": 0.35,
+    "sm_count": 1, "memory_bytes": 1.7e10, "hbm_bw": 4e9, "nvlink_bus_bw": 5e9, "ib_bw": 1e9,
+    "nvlink_alpha": 5e-6, "ib_alpha": 2e-5, "kernel_overhead": 9e-6})");
+}
+
+}  // namespace
+
+TEST_CASE("plan --calibrate recovers constants from generated step times and writes a usable profile", "[e2e]") {
+  TempDir tmp("calibrate");
+  const std::string truth = (tmp / "truth.json").string();
+  write_truth(truth);
+  struct Run {
+    int64_t layers, hidden, micro, batch;
+    const char* rc;
+  } runs[] = {{2, 64, 2, 8, "none"}, {4, 128, 4, 8, "none"}, {2, 256, 1, 4, "full"}};
+  std::string args;
+  for (int i = 0; i < 3; ++i) {
+    const auto dir = tmp / fmt::format("run{}", i);
+    std::filesystem::create_directories(dir);
+    write_file(dir / "recipe.resolved.yaml", tiny(runs[i].layers, runs[i].hidden, runs[i].micro, runs[i].batch, runs[i].rc));
+    const double t = plan_time((dir / "recipe.resolved.yaml").string(), truth);
+    std::string lines;
+    for (int it = 1; it <= 5; ++it)  // the first record (start-up) is slow and must be left out
+      lines += fmt::format("{{\"iteration\": {}, \"global_batch_size\": {}, \"step_time_s\": {}}}\n", it,
+                           runs[i].batch, it == 1 ? 10 * t : t * (1.0 + 0.001 * (it % 2)));
+    write_file(dir / "metrics.jsonl", lines);
+    args += " --calibrate " + dir.string();
+  }
+  const std::string profile = (tmp / "fitted.json").string();
+  auto r = run_mtnlg("plan" + args + " --gpu cpu --profile-out " + profile);
+  INFO(r.out);
+  REQUIRE(r.exit_code == 0);
+  CHECK_THAT(r.out, Catch::Matchers::Contains("3 constant(s) fitted"));
+  CHECK_THAT(r.out, Catch::Matchers::Contains("residual:"));
+  auto j = nlohmann::json::parse(read_file(profile));
+  CHECK(j["calibration"]["rms_relative_error"].get<double>() < 0.01);
+  CHECK(j["calibration"]["runs"].size() == 3);
+  // The fitted profile predicts a layout it was not fitted to like the truth does.
+  const std::string other = (tmp / "other.yaml").string();
+  write_file(other, tiny(3, 192, 2, 8, "selective"));
+  CHECK(plan_time(other, profile) == Approx(plan_time(other, truth)).epsilon(0.03));
+
+  // One run fits one constant (the compute rate) and reproduces that run.
+  auto one = run_mtnlg("plan --calibrate " + (tmp / "run1").string() + " --gpu cpu --json");
+  INFO(one.out);
+  REQUIRE(one.exit_code == 0);
+  auto oj = nlohmann::json::parse(one.out);
+  CHECK(oj["calibration"]["free_parameters"] == 1);
+  CHECK(oj["calibration"]["rms_relative_error"].get<double>() < 0.01);
+  CHECK(std::filesystem::exists(tmp / "run1" / "gpu-profile.json"));
+}
+
+TEST_CASE("plan --calibrate and --gpu-profile reject bad input with one line and exit 2", "[e2e]") {
+  TempDir tmp("calibrate-bad");
+  write_file(tmp / "bad.json", "{\"format\": \"something else\"}");
+  write_file(tmp / "neg.json", R"({"format": "mtnlg-gpu-profile/1", "peak_flops": -1})");
+  std::filesystem::create_directories(tmp / "empty");
+  const std::string recipe = source_dir() + "/recipes/tiny-mock.yaml";
+  struct Case {
+    std::string args, expect;
+  } cases[] = {
+      {"plan --calibrate " + (tmp / "nope").string(), "no recipe.resolved.yaml"},
+      {"plan --calibrate " + (tmp / "empty").string(), "no recipe.resolved.yaml"},
+      {"plan " + recipe + " --gpu-profile " + (tmp / "bad.json").string(), "not a GPU profile"},
+      {"plan " + recipe + " --gpu-profile " + (tmp / "neg.json").string(), "peak_flops"},
+      {"plan " + recipe + " --gpu-profile " + (tmp / "missing.json").string(), "cannot open"},
+      {"plan " + recipe + " --software pytorch", "megatron-lm, megatron-lm-2021, megatron-deepspeed"},
+      {"plan", "RECIPE file is required"},
+      {"plan " + source_dir() + "/recipes/mtnlg-530b.yaml --gpus 2240 --software megatron-deepspeed --set "
+       "parallel.num_layers_per_virtual_pipeline_stage=1 --set training.rampup_batch_size=null --set "
+       "training.global_batch_size=2240",
+       "no interleaved schedule"},
+  };
+  for (auto& c : cases) {
+    auto r = run_mtnlg(c.args + " 2>&1");
+    INFO(c.args << "\n" << r.out);
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.out, Catch::Matchers::Contains(c.expect));
+  }
+}
+
+TEST_CASE("a profile calibrated on three tiny CPU runs predicts a fourth within 15%", "[.timing]") {
+  TempDir tmp("calibrate-cpu");
+  struct Run {
+    int64_t layers, hidden, micro, batch;
+    const char* rc;
+  } runs[] = {{2, 128, 2, 8, "none"}, {4, 256, 4, 8, "none"}, {2, 384, 1, 4, "full"}, {3, 192, 2, 8, "selective"}};
+  std::vector<std::string> dirs;
+  for (int i = 0; i < 4; ++i) {
+    const auto dir = tmp / fmt::format("run{}", i);
+    const auto recipe = tmp / fmt::format("r{}.yaml", i);
+    write_file(recipe, tiny(runs[i].layers, runs[i].hidden, runs[i].micro, runs[i].batch, runs[i].rc));
+    auto r = run_mtnlg("train " + recipe.string() + " --quiet --set logging.dir=" + dir.string() + " 2>&1");
+    INFO(r.out);
+    REQUIRE(r.exit_code == 0);
+    dirs.push_back(dir.string());
+  }
+  const std::string profile = (tmp / "cpu.json").string();
+  auto c = run_mtnlg("plan --calibrate " + dirs[0] + " --calibrate " + dirs[1] + " --calibrate " + dirs[2] +
+                     " --gpu cpu --profile-out " + profile + " 2>&1");
+  INFO(c.out);
+  REQUIRE(c.exit_code == 0);
+  WARN(c.out);
+  // The fourth run's measured step time (median, start-up left out) against the prediction.
+  auto m = run_mtnlg("plan --calibrate " + dirs[3] + " --gpu-profile " + profile + " --profile-out " +
+                     (tmp / "ignored.json").string() + " --json 2>&1");
+  REQUIRE(m.exit_code == 0);
+  const double measured = nlohmann::json::parse(m.out)["calibration"]["runs"][0]["measured_s"].get<double>();
+  const double predicted = plan_time((tmp / "run3" / "recipe.resolved.yaml").string(), profile);
+  WARN("fourth layout: measured " << measured << " s, predicted " << predicted << " s");
+  CHECK(predicted == Approx(measured).epsilon(0.15));
+}

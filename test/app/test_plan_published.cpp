@@ -1,0 +1,103 @@
+// `mtnlg plan --json` against every published run in test/data/published_runs.tsv
+// (Narayanan et al. 2021 Table 1, Korthikanti et al. 2022 Tables 3+5, MT-NLG's system
+// performance rows; citations in the file): median relative error <= 7%, worst <= 15%.
+// The table it prints (and writes to build/test/published_runs_table.md) is the one in
+// docs/PLANNER.md "Validation".
+#include <catch2/catch.hpp>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "test/support/test_support.hpp"
+
+using namespace mtnlg::test;
+
+namespace {
+
+struct Row {
+  std::string id, source, where;
+  int64_t layers, hidden, heads, tp, pp, gpus, batch, micro, vp;
+  std::string recompute;
+  bool sp;
+  std::string software, metric;
+  double value;
+};
+
+std::vector<std::string> split_tabs(const std::string& line) {
+  std::vector<std::string> f;
+  std::stringstream ss(line);
+  std::string x;
+  while (std::getline(ss, x, '\t')) f.push_back(x);
+  return f;
+}
+
+std::vector<Row> published_rows() {
+  std::ifstream in(source_dir() + "/test/data/published_runs.tsv");
+  REQUIRE(in);
+  std::vector<Row> rows;
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    auto f = split_tabs(line);
+    REQUIRE(f.size() >= 17);
+    rows.push_back({f[0], f[1], f[2], std::stoll(f[3]), std::stoll(f[4]), std::stoll(f[5]), std::stoll(f[6]),
+                    std::stoll(f[7]), std::stoll(f[8]), std::stoll(f[9]), std::stoll(f[10]), std::stoll(f[11]), f[12],
+                    f[13] == "1", f[14], f[15], std::stod(f[16])});
+  }
+  return rows;
+}
+
+std::string recipe_yaml(const Row& r) {
+  const int64_t per_virtual = r.vp > 1 ? r.layers / r.pp / r.vp : 0;
+  return fmt::format(
+      "model: {{num_layers: {}, hidden_size: {}, num_attention_heads: {}, seq_length: 2048, "
+      "max_position_embeddings: 2048, vocab_size: 51200}}\n"
+      "parallel: {{tensor_model_parallel_size: {}, pipeline_model_parallel_size: {}, "
+      "num_layers_per_virtual_pipeline_stage: {}, recompute_granularity: {}, sequence_parallel: {}}}\n"
+      "training: {{precision: bf16, micro_batch_size: {}, global_batch_size: {}, train_iters: 10}}\n"
+      "data: {{mock: true}}\n",
+      r.layers, r.hidden, r.heads, r.tp, r.pp, per_virtual, r.recompute, r.sp ? "true" : "false", r.micro,
+      r.batch);
+}
+
+}  // namespace
+
+TEST_CASE("plan predicts every published run: median error <= 7%, worst <= 15%", "[e2e][published]") {
+  TempDir tmp("published");
+  const auto rows = published_rows();
+  REQUIRE(rows.size() >= 21);
+  std::vector<double> errs;
+  std::string table = "| run | source | paper | predicted | error |\n|---|---|---|---|---|\n";
+  for (auto& row : rows) {
+    const auto path = tmp / (row.id + ".yaml");
+    write_file(path, recipe_yaml(row));
+    auto res = run_mtnlg(fmt::format("plan {} --gpus {} --gpu a100-80g --software {} --json 2>&1", path.string(),
+                                     row.gpus, row.software));
+    INFO(row.id << ": " << res.out);
+    REQUIRE(res.exit_code == 0);
+    auto j = nlohmann::json::parse(res.out);
+    CHECK(j["fits"].get<bool>());
+    const bool tf = row.metric == "tflops";
+    const double pred = tf ? j["tflops_per_gpu"].get<double>() : j["iteration_time_s"].get<double>();
+    const double err = pred / row.value - 1.0;
+    errs.push_back(std::fabs(err));
+    table += fmt::format("| {} | {} {} | {:.4g} {} | {:.4g} | {:+.1f}% |\n", row.id, row.source, row.where, row.value,
+                         tf ? "TFLOP/s" : "s", pred, 100 * err);
+  }
+  std::vector<double> sorted = errs;
+  std::sort(sorted.begin(), sorted.end());
+  const size_t n = sorted.size();
+  const double median = n % 2 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);
+  const double worst = sorted.back();
+  table += fmt::format("\n{} runs: median |error| {:.1f}%, worst {:.1f}%\n", n, 100 * median, 100 * worst);
+  std::ofstream(binary_dir() + "/test/published_runs_table.md") << table;
+  INFO(table);
+  WARN(table);
+  CHECK(median <= 0.07);
+  CHECK(worst <= 0.15);
+}
