@@ -82,7 +82,10 @@ std::vector<Instance> build_instances(const TaskInfo& task, const std::vector<Do
 
 // ---- text helpers (exposed for tests) --------------------------------------------
 std::string hellaswag_preprocess(const std::string& s);
-std::string py_capitalize(const std::string& s);  // ASCII letters; other bytes kept
+// Python's str.capitalize() (3.8+: titlecase first) and str.strip() on UTF-8, all of
+// Unicode (tables generated from Python: data/eval/py_case_tables.hpp); bytes that are
+// not valid UTF-8 are kept as they are.
+std::string py_capitalize(const std::string& s);
 std::string py_strip(const std::string& s);
 int64_t utf8_length(const std::string& s);        // Python len(): code points
 std::string utf8_slice(const std::string& s, int64_t start, int64_t end);  // s[start:end] by code points

@@ -2,6 +2,7 @@
 // fixtures (test/fixtures/eval), few-shot assembly against the spec's RNG vectors,
 // harness tokenization/windowing, and the metric / stderr formulas.
 #include <catch2/catch.hpp>
+#include <sstream>
 #include <cmath>
 
 #include "data/eval/metrics.hpp"
@@ -87,6 +88,38 @@ TEST_CASE("eval tasks: HellaSwag preprocessing", "[eval]") {
   CHECK(h[2].text == "Home and Garden: How to make a worm bin. Choose a container. You can use a plastic tub.");
   CHECK(h[2].choices[0] == "  Drill holes in the lid.. Add bedding.");
   CHECK(h[2].choices[3] == " Buy a dog.");
+}
+
+TEST_CASE("eval tasks: py_capitalize and py_strip equal Python's on all of Unicode", "[eval][oracle]") {
+  // Spot checks that need no Python.
+  CHECK(py_capitalize("ǆemal") == "ǅemal");         // dz digraph: titlecase, not uppercase
+  CHECK(py_capitalize("ß") == "Ss");                        // sharp s titlecases to two letters
+  CHECK(py_capitalize("xΣΣ Σ") == "Xσς σ");  // final sigma rule
+  CHECK(py_strip("\u3000 a\u00a0\u0085") == "a");      // U+3000, NBSP, NEL
+  CHECK(py_strip("\x1c a \x1f") == "a");
+  CHECK(py_strip("\ufeffa ") == "\ufeffa");            // U+FEFF is not whitespace in Python
+  if (!mtnlg::test::python_has("json")) {
+    WARN("skipped: no python3");
+    return;
+  }
+  const std::string py = mtnlg::test::python() + " " + mtnlg::test::source_dir() + "/test/data/py_case_oracle.py";
+  auto r = mtnlg::test::run_command(py + " 'ΟΔΟΣ ΟΔΟΣ.' \"ΑΣ'Σ\" 'aΣ\u0301b' 'İSTANBUL' 'ŉ ǉ ǈ ﬁ' 'Σ' 'aΣ' '\u00a0 ΣΑΣ \u2003'");
+  REQUIRE(r.exit_code == 0);
+  std::istringstream in(r.out);
+  int64_t lines = 0, bad = 0;
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    const auto s = j[0].get<std::string>(), t = j[2].get<std::string>();
+    ++lines;
+    if (py_capitalize(s) != j[1].get<std::string>() || py_strip(t) != j[3].get<std::string>()) {
+      if (++bad <= 10) {
+        CHECK(py_capitalize(s) == j[1].get<std::string>());
+        CHECK(py_strip(t) == j[3].get<std::string>());
+      }
+    }
+  }
+  CHECK(lines > 130000);
+  CHECK(bad == 0);
 }
 
 TEST_CASE("eval tasks: WinoGrande partial scoring", "[eval]") {
