@@ -85,6 +85,30 @@ TEST_CASE("train: validation loss at every eval_interval and at the end, logged,
   CHECK_THAT(html, Catch::Matchers::Contains("Test loss (iteration 10)"));
 }
 
+TEST_CASE("train: a resumed run evaluates the same validation samples", "[e2e]") {
+  test::TempDir a("validation-whole"), b("validation-resumed");
+  auto whole = run_layout(a, 1, "");
+  REQUIRE(whole.exit_code == 0);
+  // Stopped by SIGTERM during iteration 6 (saved after it), then resumed to the end.
+  const std::string ck = "--set checkpoint.save=" + b.str() + "/ckpt --set checkpoint.load=" + b.str() + "/ckpt";
+  auto first = test::run_command("MTNLG_FAULT_INJECT=rank=0:iteration=6:mode=sigterm " + std::string(MTNLG_BINARY) +
+                                 " train " + test::source_dir() + "/recipes/tiny-ramp.yaml --quiet --set logging.dir=" +
+                                 b.str() + " --set training.num_threads=1" + kEval + " " + ck);
+  INFO(first.out);
+  REQUIRE(first.exit_code == 0);
+  CHECK(read_held_out(b.path()).size() == 1);  // iteration 4 only: no end-of-training evaluation when stopped
+  auto second = run_layout(b, 1, ck);
+  INFO(second.out);
+  REQUIRE(second.exit_code == 0);
+  const auto want = read_held_out(a.path()), got = read_held_out(b.path());
+  REQUIRE(got.size() == want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    CHECK(got[i].iteration == want[i].iteration);
+    CHECK(got[i].kind == want[i].kind);
+    CHECK(got[i].loss == want[i].loss);  // same layout, same samples: bit for bit
+  }
+}
+
 TEST_CASE("train: validation loss is the same on every layout", "[mpi]") {
   test::TempDir ref_dir("validation-ref");
   auto r = run_layout(ref_dir, 1, "");
