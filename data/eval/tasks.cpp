@@ -21,14 +21,14 @@ using json = nlohmann::json;
 const std::vector<TaskInfo>& registry() {
   static const std::vector<TaskInfo> tasks = {
       {"lambada_openai", TaskKind::lambada, "test", "", "test", 0, false, false},
-      {"boolq", TaskKind::multiple_choice, "validation", "train", "train", 1, false, false},
+      {"boolq", TaskKind::multiple_choice, "validation", "train", "train", 1, false, false, true},
       {"race_high", TaskKind::multiple_choice, "test", "train", "test", 1, false, false},
-      {"piqa", TaskKind::multiple_choice, "validation", "train", "train", 0, true, false},
-      {"hellaswag", TaskKind::multiple_choice, "validation", "train", "train", 0, true, false},
-      {"winogrande", TaskKind::multiple_choice, "validation", "train", "train", 0, false, false},
+      {"piqa", TaskKind::multiple_choice, "validation", "train", "train", 0, true, false, true},
+      {"hellaswag", TaskKind::multiple_choice, "validation", "train", "train", 0, true, false, true},
+      {"winogrande", TaskKind::multiple_choice, "validation", "train", "train", 0, false, false, true},
       {"anli_r2", TaskKind::multiple_choice, "test_r2", "train_r2", "train_r2", 0, false, false},
-      {"hans", TaskKind::multiple_choice, "validation", "train", "train", 0, false, true},
-      {"wic", TaskKind::multiple_choice, "validation", "train", "train", 0, false, false},
+      {"hans", TaskKind::multiple_choice, "validation", "train", "train", 0, false, true, true},
+      {"wic", TaskKind::multiple_choice, "validation", "train", "train", 0, false, false, true},
   };
   return tasks;
 }
@@ -456,17 +456,21 @@ std::vector<Instance> build_instances(const TaskInfo& task, const std::vector<Do
     inst.doc = &doc;
     std::string prefix;
     if (k > 0) {
-      // v0.3 draws k+1 only when the pool is the evaluated split; v0.4 draws k (its
-      // fewshot_split is never the test split for these tasks), then both drop the
-      // current document by row equality and keep the first k.
-      const int64_t draw = (v03 && pool_is_eval) ? k + 1 : k;
+      // v0.3 draws k+1 only when the pool is the evaluated split. v0.4's sampler draws
+      // k+1 when the task's fewshot_split equals its test_split: both unset for the
+      // tasks marked v04_extra_draw, so they draw k+1 from their train split (which
+      // moves every later document's draw). Both drop the current document by row
+      // equality (v0.4 always compares, v0.3 only for a pool that is the eval split)
+      // and keep the first k.
+      const bool extra = v03 ? pool_is_eval : task.v04_extra_draw;
+      const int64_t draw = extra ? k + 1 : k;
       const int64_t pn = static_cast<int64_t>(pool->size());
       if (draw > pn)
         throw_input("task {}: {}-shot needs {} few-shot documents but the pool has only {}", task.name, k, draw, pn);
       for (int64_t j : rnd.sample_indices(pn, draw)) {
         if (static_cast<int64_t>(inst.fewshot_indices.size()) == k) break;
         const Doc& ex = (*pool)[static_cast<size_t>(j)];
-        if (pool_is_eval && ex.row == doc.row) continue;
+        if ((pool_is_eval || !v03) && ex.row == doc.row) continue;
         inst.fewshot_indices.push_back(j);
         prefix += ex.text + ex.target + "\n\n";
       }

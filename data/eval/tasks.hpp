@@ -46,6 +46,10 @@ struct TaskInfo {
   int version = 0;            // the task VERSION the v0.3 results file reports
   bool acc_norm = false;      // reports acc_norm as well
   bool per_group = false;     // reports acc per Doc::group (HANS heuristics)
+  // v0.4 draws k+1 few-shot examples and drops the current document: its sampler draws
+  // one extra when the task's fewshot_split equals its test_split, and both are unset
+  // for boolq, piqa, hellaswag, winogrande, wic (and RTE, whose prompt HANS uses).
+  bool v04_extra_draw = false;
 };
 
 // Task names in a fixed order (the console table and `--tasks all` use it).

@@ -213,7 +213,31 @@ TEST_CASE("eval few-shot: v0.4 keeps dataset order and uses Random(1234)", "[eva
   v4.version = HarnessVersion::v0_4;
   auto inst = build_instances(task_info("boolq"), eval_docs, &pool, false, 3, v4, -1);
   CHECK(inst[0].doc->index == 0);
+  // CPython: r = Random(1234); [r.sample(range(9427), 4)[:3] for _ in range(4)] -- every
+  // v0.4 release draws k+1 for boolq (fewshot_split == test_split == None).
   CHECK(inst[0].fewshot_indices == std::vector<int64_t>{7220, 1914, 122});
+  CHECK(inst[1].fewshot_indices == std::vector<int64_t>{572, 1375, 1612});
+  CHECK(inst[2].fewshot_indices == std::vector<int64_t>{3879, 285, 504});
+  CHECK(inst[3].fewshot_indices == std::vector<int64_t>{5670, 7933, 7594});
+  // The same for piqa, hellaswag, winogrande, wic and HANS: [r.sample(range(16113), 6)[:5] ...]
+  auto piqa_pool = synthetic(16113, "t");
+  for (const char* t : {"piqa", "hellaswag", "winogrande", "wic", "hans"}) {
+    INFO(t);
+    auto p = build_instances(task_info(t), eval_docs, &piqa_pool, false, 5, v4, 3);
+    CHECK(p[0].fewshot_indices == std::vector<int64_t>{15834, 12749, 7220, 1914, 122});
+    CHECK(p[1].fewshot_indices == std::vector<int64_t>{14925, 15442, 15388, 13221, 9539});
+    CHECK(p[2].fewshot_indices == std::vector<int64_t>{11002, 11355, 1375, 1612, 12558});
+  }
+  // anli_r2 (test_split test_r2, fewshot from train_r2) draws k: sample(range(9427), 3) each.
+  auto anli = build_instances(task_info("anli_r2"), eval_docs, &pool, false, 3, v4, -1);
+  CHECK(anli[1].fewshot_indices == std::vector<int64_t>{1485, 572, 1375});
+  CHECK(anli[3].fewshot_indices == std::vector<int64_t>{285, 504, 259});
+  // A train row equal to the evaluated row is dropped in v0.4 (dict equality), not in v0.3:
+  // sample(range(9427), 4) = [7220, 1914, 122, 1485] without 7220.
+  auto same = synthetic(9427, "t");
+  std::vector<Doc> one{same[7220]};
+  auto dropped = build_instances(task_info("boolq"), one, &same, false, 3, v4, -1);
+  CHECK(dropped[0].fewshot_indices == std::vector<int64_t>{1914, 122, 1485});
 }
 
 TEST_CASE("eval few-shot: a pool that is the eval split excludes the current doc", "[eval]") {
