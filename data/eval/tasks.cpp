@@ -472,7 +472,9 @@ std::vector<Instance> build_instances(const TaskInfo& task, const std::vector<Do
         const Doc& ex = (*pool)[static_cast<size_t>(j)];
         if ((pool_is_eval || !v03) && ex.row == doc.row) continue;
         inst.fewshot_indices.push_back(j);
-        prefix += ex.text + ex.target + "\n\n";
+        // v0.4 joins text and target with target_delimiter " "; lambada's target already
+        // starts with a space (" word"), so its examples read "text  word".
+        prefix += ex.text + (!v03 && task.kind == TaskKind::lambada ? " " : "") + ex.target + "\n\n";
       }
     }
     if (!doc.choice_contexts.empty()) {

@@ -240,6 +240,31 @@ TEST_CASE("eval few-shot: v0.4 keeps dataset order and uses Random(1234)", "[eva
   CHECK(dropped[0].fewshot_indices == std::vector<int64_t>{1914, 122, 1485});
 }
 
+TEST_CASE("eval few-shot: v0.4 lambada examples join text and target with a double space", "[eval]") {
+  std::vector<Doc> docs(3);
+  for (int i = 0; i < 3; ++i) {
+    docs[i].index = i;
+    docs[i].row = {{"text", "w" + std::to_string(i)}};
+    docs[i].text = "ctx" + std::to_string(i);
+    docs[i].choices = {" w" + std::to_string(i)};
+    docs[i].target = " w" + std::to_string(i);
+  }
+  TaskOptions v4;
+  v4.version = HarnessVersion::v0_4;
+  auto in4 = build_instances(task_info("lambada_openai"), docs, &docs, true, 1, v4, -1);
+  auto in3 = build_instances(task_info("lambada_openai"), docs, &docs, true, 1, {}, -1);
+  for (const auto& in : in4)
+    if (!in.fewshot_indices.empty()) {
+      const int64_t j = in.fewshot_indices[0];
+      CHECK(in.contexts[0] == "ctx" + std::to_string(j) + "  w" + std::to_string(j) + "\n\n" + in.doc->text);
+    }
+  for (const auto& in : in3) {
+    REQUIRE(in.fewshot_indices.size() == 1);
+    const int64_t j = in.fewshot_indices[0];
+    CHECK(in.contexts[0] == "ctx" + std::to_string(j) + " w" + std::to_string(j) + "\n\n" + in.doc->text);
+  }
+}
+
 TEST_CASE("eval few-shot: a pool that is the eval split excludes the current doc", "[eval]") {
   auto docs = synthetic(3, "e");
   // k = 2 of 3 docs: v0.3 draws 3 (k+1) and drops the current doc -> always 2 others
