@@ -21,8 +21,8 @@ using json = nlohmann::json;
 const std::vector<TaskInfo>& registry() {
   static const std::vector<TaskInfo> tasks = {
       {"lambada_openai", TaskKind::lambada, "test", "", "test", 0, false, false},
-      {"boolq", TaskKind::multiple_choice, "validation", "train", "train", 1, false, false, true},
-      {"race_high", TaskKind::multiple_choice, "test", "train", "test", 1, false, false},
+      {"boolq", TaskKind::multiple_choice, "validation", "train", "train", 1, false, false, true, 2.0},
+      {"race_high", TaskKind::multiple_choice, "test", "train", "test", 1, false, false, false, 2.0},
       {"piqa", TaskKind::multiple_choice, "validation", "train", "train", 0, true, false, true},
       {"hellaswag", TaskKind::multiple_choice, "validation", "train", "train", 0, true, false, true},
       {"winogrande", TaskKind::multiple_choice, "validation", "train", "train", 0, false, false, true},
@@ -101,9 +101,9 @@ Doc make_race(const json& row, const TaskOptions& opt, const std::string& where)
     const std::string ans = options(p)[static_cast<size_t>(answer_index(p))];
     const bool cloze = q.size() >= 6 && q.compare(q.size() - 6, 6, "  _  .") == 0;
     if (cloze) {
-      // v0.3 keeps only the last 5 characters (a harness bug kept for comparability);
-      // v0.4 keeps the question minus them.
-      text += (opt.version == HarnessVersion::v0_3 ? q.substr(q.size() - 5) : q.substr(0, q.size() - 5)) + ans + "\n";
+      // Only the last 5 characters are kept: a harness bug that v0.3 and v0.4 up to the
+      // reference release v0.4.9.1 share (v0.4.12 keeps the question minus them).
+      text += q.substr(q.size() - 5) + ans + "\n";
     } else {
       text += "Question: " + q + "\nAnswer: " + ans + "\n";
     }

@@ -50,6 +50,9 @@ struct TaskInfo {
   // one extra when the task's fewshot_split equals its test_split, and both are unset
   // for boolq, piqa, hellaswag, winogrande, wic (and RTE, whose prompt HANS uses).
   bool v04_extra_draw = false;
+  // The task's metadata version in the v0.4 reference release (v0.4.9.1), which a v0.4
+  // results file reports.
+  double version_v04 = 1.0;
 };
 
 // Task names in a fixed order (the console table and `--tasks all` use it).

@@ -146,7 +146,8 @@ TEST_CASE("eval tasks: RACE groups questions by article and scores the last one"
   TaskOptions v4;
   v4.version = HarnessVersion::v0_4;
   auto r4 = load("race_high", "test", v4);
-  CHECK_THAT(r4[0].text, Contains("\nThe writer is most probably a teacher\n"));
+  // v0.4's reference release v0.4.9.1 still has the bug (v0.4.12 fixed it).
+  CHECK(r4[0].text == r[0].text);
   // EleutherAI/race rows: `problems` as a Python literal
   auto t = load("race_high", "train");
   REQUIRE(t.size() == 2);
