@@ -25,13 +25,6 @@ struct InspectArgs {
   bool build_index = false;
 };
 
-// Samples the trainer asks the train split for (upper bound under a batch ramp).
-int64_t train_samples(const Recipe& r) {
-  if (r.training.train_samples > 0) return r.training.train_samples;
-  if (r.training.train_tokens > 0) return (r.training.train_tokens + r.model.seq_length - 1) / r.model.seq_length;
-  return r.training.train_iters * r.training.global_batch_size;
-}
-
 // Training tokens the recipe asks for (the ramp is ignored for iteration-based runs:
 // the table is an estimate of data reuse, not a schedule).
 int64_t token_budget(const Recipe& r) {
@@ -74,7 +67,7 @@ void inspect_recipe(const InspectArgs& a) {
     // split leaving a part empty or a source shorter than one sample shows up now.
     std::string cache = r.data.cache_dir;
     if (cache.empty()) cache = (r.logging.dir.empty() ? "runs/" + r.name : r.logging.dir) + "/index-cache";
-    const int64_t n = train_samples(r);
+    const int64_t n = data::split_num_samples(r)[0];  // what the trainer asks for
     auto src = data::make_blend_source(r, 0, n, cache);
     std::vector<int64_t> per(src->source_names().size(), 0);
     for (int64_t i = 0; i < src->size(); ++i) ++per[static_cast<size_t>(src->source_of(i))];
@@ -159,6 +152,7 @@ void register_data(CLI::App& app) {
   });
 
   register_data_curation(*data);
+  register_data_samples(*data);
 }
 
 }  // namespace mtnlg::app

@@ -12,6 +12,8 @@ void register_data(CLI::App& app);
 // `mtnlg data` subcommands are split across files: preprocess/inspect (cmd_data.cpp) and
 // the corpus curation ones, dedup/quality/decontaminate (cmd_data_curation.cpp).
 void register_data_curation(CLI::App& data_cmd);
+// `mtnlg data samples` (cmd_data_samples.cpp): the sample stream without training.
+void register_data_samples(CLI::App& data_cmd);
 void register_plan(CLI::App& app);
 void register_eval(CLI::App& app);
 void register_generate(CLI::App& app);

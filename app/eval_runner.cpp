@@ -132,7 +132,8 @@ EvalReport run_eval(const model::GptConfig& cfg, const ScoreFn& score, const dat
     const TaskData& td = tds[t];
     TaskResult tr;
     tr.name = td.info->name;
-    tr.version = td.info->version;
+    tr.version = opt.task_opt.version == ev::HarnessVersion::v0_3 ? td.info->version
+                                                                  : static_cast<int>(td.info->version_v04);
     tr.num_fewshot = td.k;
     tr.n_docs = static_cast<int64_t>(td.inst.size());
     tr.n_original = static_cast<int64_t>(td.docs.size());
@@ -211,7 +212,11 @@ ojson results_json(const EvalReport& rep, const EvalOptions& opt) {
   ojson results = ojson::object(), versions = ojson::object(), nshot = ojson::object(), nsamp = ojson::object();
   for (auto& t : rep.tasks) {
     results[t.name] = t.metrics;
-    versions[t.name] = t.version;
+    // v0.4 reports each task's metadata version of the reference release (v0.4.9.1).
+    if (opt.task_opt.version == ev::HarnessVersion::v0_3)
+      versions[t.name] = t.version;
+    else
+      versions[t.name] = ev::task_info(t.name).version_v04;
     nshot[t.name] = t.num_fewshot;
     nsamp[t.name] = {{"original", t.n_original}, {"effective", t.n_docs}};
   }
@@ -228,6 +233,7 @@ ojson results_json(const EvalReport& rep, const EvalOptions& opt) {
   cfg["bootstrap_iters"] = opt.bootstrap_iters;
   cfg["description_dict"] = ojson::object();
   cfg["harness_version"] = opt.task_opt.version == ev::HarnessVersion::v0_3 ? "0.3" : "0.4";
+  if (opt.task_opt.version != ev::HarnessVersion::v0_3) cfg["harness_reference"] = "v0.4.9.1";
   cfg["lambada_format"] = opt.task_opt.lambada_format == ev::LambadaFormat::plain ? "plain" : "cloze";
   j["config"] = cfg;
   j["n-shot"] = nshot;

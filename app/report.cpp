@@ -126,6 +126,16 @@ Metrics read_metrics(const fs::path& file) {
     auto it = j.find("iteration");
     if (it == j.end() || !it->is_number())
       throw_input("{}:{}: no numeric \"iteration\" key (each line is one logged iteration)", name, lineno);
+    auto number = [&](const char* k) {
+      auto f = j.find(k);
+      return f != j.end() && f->is_number() ? f->get<double>() : kNaN;
+    };
+    if (j.contains("validation_loss") || j.contains("test_loss")) {
+      const bool test = j.contains("test_loss");
+      m.held_out.push_back({it->get<double>(), test, number(test ? "test_loss" : "validation_loss"),
+                            number(test ? "test_ppl" : "validation_ppl")});
+      continue;
+    }
     Row r{it->get<double>(), {}};
     for (auto& [k, v] : j.items()) {
       double d = kNaN;
@@ -142,7 +152,11 @@ Metrics read_metrics(const fs::path& file) {
       rows.pop_back();
       went_back = true;
     }
-    if (went_back) ++m.restarts;
+    if (went_back) {
+      ++m.restarts;
+      // The abandoned run's validation points from the restart on are replaced too.
+      std::erase_if(m.held_out, [&](const Metrics::HeldOut& h) { return h.iteration >= r.iteration; });
+    }
     rows.push_back(std::move(r));
   }
   if (rows.empty()) throw_input("{}: no logged iterations (the run has not logged one yet)", name);
@@ -531,6 +545,28 @@ std::string render_report_html(const fs::path& run_dir, ReportSummary* summary) 
     ++nplots;
   }
 
+  // Validation (every eval_interval and at the end) and test loss, by iteration.
+  if (!m.held_out.empty()) {
+    std::vector<double> hx;
+    for (const auto& h : m.held_out)
+      if (hx.empty() || h.iteration > hx.back()) hx.push_back(h.iteration);
+    std::vector<double> vy(hx.size(), kNaN), ty(hx.size(), kNaN);
+    for (const auto& h : m.held_out) {
+      const size_t i = static_cast<size_t>(std::lower_bound(hx.begin(), hx.end(), h.iteration) - hx.begin());
+      if (i < hx.size() && hx[i] == h.iteration) (h.test ? ty : vy)[i] = h.loss;  // the later record wins
+    }
+    PlotSpec p;
+    p.title = "Validation loss";
+    p.x_label = "iteration";
+    p.y_label = "loss (nats/token)";
+    p.x = hx;
+    p.series.push_back({"validation loss", vy, "#d62728"});
+    if (std::any_of(ty.begin(), ty.end(), [](double y) { return std::isfinite(y); }))
+      p.series.push_back({"test loss", ty, "#2ca02c"});
+    plots += render_svg_plot(p);
+    ++nplots;
+  }
+
   // Summary table.
   const auto iter = m.column("iteration");
   std::vector<std::pair<std::string, std::string>> facts;
@@ -549,6 +585,13 @@ std::string render_report_html(const fs::path& run_dir, ReportSummary* summary) 
     facts.emplace_back("Consumed samples", format_number(last_finite(m.column("consumed_samples"))));
   facts.emplace_back("Last finite loss", format_number(last_finite(m.column("loss"))));
   facts.emplace_back("Lowest loss", format_number(min_finite(m.column("loss"))));
+  for (bool test : {false, true})
+    for (auto h = m.held_out.rbegin(); h != m.held_out.rend(); ++h)
+      if (h->test == test) {
+        facts.emplace_back(fmt::format("{} loss (iteration {})", test ? "Test" : "Last validation", format_number(h->iteration)),
+                           fmt::format("{} (PPL {})", format_number(h->loss), format_number(h->ppl)));
+        break;
+      }
   if (m.has("tokens_per_s")) facts.emplace_back("Median tokens/s", format_number(median_of(tail("tokens_per_s"))));
   if (m.has("tflops_per_gpu"))
     facts.emplace_back("Median TFLOP/s per GPU", format_number(median_of(tail("tflops_per_gpu"))));

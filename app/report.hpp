@@ -26,6 +26,15 @@ struct Metrics {
   std::vector<std::string> keys;                       // in first-seen order
   std::map<std::string, std::vector<double>> columns;  // key -> one value per row
 
+  // Validation and test records ({"iteration", "validation_loss", "validation_ppl"} or
+  // test_*), written by the trainer when training.eval_interval > 0; not rows.
+  struct HeldOut {
+    double iteration = 0;
+    bool test = false;
+    double loss = 0, ppl = 0;  // NaN when missing / non-finite
+  };
+  std::vector<HeldOut> held_out;
+
   bool has(const std::string& key) const;  // present with at least one finite value
   // The column for key, or all-NaN if absent.
   std::vector<double> column(const std::string& key) const;

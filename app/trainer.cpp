@@ -17,6 +17,7 @@
 
 #include "app/checkpointing.hpp"
 #include "app/pipeline_executor.hpp"
+#include "app/validation.hpp"
 #include "core/log.hpp"
 #include "core/progress.hpp"
 #include "core/ops.hpp"
@@ -351,6 +352,7 @@ TrainSummary train(const Recipe& r, const parallel::ProcessGroups& g, const Trai
   }
   store.sync_weights();  // the compute copy of the (initialised or loaded) master weights
   int64_t last_saved = iteration;
+  Validation validation(r, g, store, cfg, specs, cache_dir, iteration);  // training.eval_interval
   auto save_now = [&]() {
     model::ckpt::TrainState st;
     st.iteration = iteration;
@@ -471,6 +473,7 @@ TrainSummary train(const Recipe& r, const parallel::ProcessGroups& g, const Trai
     }
     for (size_t k = 0; k < per_source.size() && k < batch.per_source_samples.size(); ++k)
       per_source[k] += batch.per_source_samples[k];
+    validation.after_iteration(iteration, consumed * T, tensorboard.get(), opts.quiet);
     ckpt.poll();
     if (nonfinite_in_a_row >= r.training.max_nonfinite_in_a_row) {
       if (ckpt.enabled()) {  // updates were skipped, so the weights are still the last good ones
@@ -505,6 +508,7 @@ TrainSummary train(const Recipe& r, const parallel::ProcessGroups& g, const Trai
   }
   if (ckpt.enabled() && last_saved != iteration) save_now();
   ckpt.finish();
+  if (!summary.interrupted) validation.at_end(iteration, consumed * T, tensorboard.get(), opts.quiet);
   summary.consumed_samples = consumed;
   summary.consumed_tokens = consumed * T;
   if (!opts.quiet && !summary.iterations.empty()) {

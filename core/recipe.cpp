@@ -332,19 +332,38 @@ const Table& table() {
             if (!n[i]["prefix"]) bad(c, ip, n[i], "missing 'prefix' (a Megatron .bin/.idx path without extension)");
             s.prefix = read_string(c, ip + ".prefix", n[i]["prefix"]);
             if (n[i]["weight"]) s.weight = read_double(c, ip + ".weight", n[i]["weight"], 1e-12, 1e12);
+            s.weighted = static_cast<bool>(n[i]["weight"]);
             r.data.blend.push_back(s);
           }
         },
         [](const Recipe& r, YAML::Emitter& e) {
           e << YAML::Key << "blend" << YAML::Value << YAML::BeginSeq;
-          for (auto& s : r.data.blend)
-            e << YAML::Flow << YAML::BeginMap << YAML::Key << "weight" << YAML::Value << fmt::format("{}", s.weight)
-              << YAML::Key << "prefix" << YAML::Value << s.prefix << YAML::EndMap;
+          for (auto& s : r.data.blend) {
+            e << YAML::Flow << YAML::BeginMap;
+            if (s.weighted) e << YAML::Key << "weight" << YAML::Value << fmt::format("{}", s.weight);
+            e << YAML::Key << "prefix" << YAML::Value << s.prefix << YAML::EndMap;
+          }
           e << YAML::EndSeq;
         }};
+    // data.path: PREFIX is Megatron's unweighted `--data-path PREFIX`, kept in the recipe
+    // as a blend of one entry without weight (which is also how to_yaml writes it).
+    Field path{"path",
+               [](Recipe& r, const YAML::Node& n, const Ctx& c, const std::string& p) {
+                 if (n.IsNull()) return;
+                 if (!r.data.blend.empty())
+                   bad(c, p, n,
+                       "data.path and data.blend are both set (data.path is one source without a weight; remove one, "
+                       "or --set data.blend=null)");
+                 BlendSource s;
+                 s.prefix = read_string(c, p, n);
+                 s.weighted = false;
+                 r.data.blend.push_back(s);
+               },
+               [](const Recipe&, YAML::Emitter&) {}};
     t.push_back({"data",
                  {
                      blend,
+                     path,
                      str_field("split", [](Recipe& r) -> std::string& { return r.data.split; }),
                      str_field("vocab_file", [](Recipe& r) -> std::string& { return r.data.vocab_file; }),
                      str_field("merge_file", [](Recipe& r) -> std::string& { return r.data.merge_file; }),
@@ -531,7 +550,14 @@ void validate(const Recipe& r) {
                            o.lr_decay_tokens));
   if (t.precision == Precision::fp16 && o.min_loss_scale > o.initial_loss_scale)
     invalid(r, "optimizer.min_loss_scale must not exceed optimizer.initial_loss_scale");
-  if (!d.mock && d.blend.empty()) invalid(r, "data.blend is empty: list {weight, prefix} sources or set data.mock: true");
+  if (!d.mock && d.blend.empty())
+    invalid(r, "data.blend is empty: list {weight, prefix} sources, set data.path: PREFIX, or set data.mock: true");
+  if (d.blend.size() > 1)
+    for (size_t i = 0; i < d.blend.size(); ++i)
+      if (!d.blend[i].weighted)
+        invalid(r, fmt::format("data.blend[{}] ({}) has no weight: a blend of several sources needs a weight on every "
+                               "entry (only a single source may go without one)",
+                               i, d.blend[i].prefix));
   {
     // split: up to three comma-separated non-negative numbers, not all zero.
     std::stringstream ss(d.split);

@@ -95,6 +95,9 @@ struct OptimizerConfig {
 struct BlendSource {
   double weight = 1.0;
   std::string prefix;
+  // false: the entry has no weight. One such source alone is Megatron's unweighted
+  // `--data-path PREFIX` (its own sample order, no blend surplus); data.path sets it.
+  bool weighted = true;
 };
 
 struct DataConfig {

@@ -73,11 +73,14 @@ std::vector<double> parse_split(const std::string& split) {
 
 std::vector<int64_t> split_bounds(const std::string& split, int64_t n) {
   const auto f = parse_split(split);
-  std::vector<int64_t> b{0};
+  std::vector<int64_t> b;
+  double bookend = 0.0;
   // std::nearbyint in the default rounding mode rounds half to even, like Python's round.
-  for (double x : f) b.push_back(b.back() + static_cast<int64_t>(std::nearbyint(x * static_cast<double>(n))));
-  const int64_t diff = b.back() - n;
-  for (size_t i = 1; i < b.size(); ++i) b[i] -= diff;
+  b.push_back(static_cast<int64_t>(std::nearbyint(bookend * static_cast<double>(n))));
+  for (double x : f) {
+    bookend += x;
+    b.push_back(static_cast<int64_t>(std::nearbyint(bookend * static_cast<double>(n))));
+  }
   return b;
 }
 
@@ -103,22 +106,29 @@ GptIndices build_gpt_indices(std::span<const int32_t> sizes, int64_t doc_begin, 
   int64_t T = 0;
   for (int64_t d = doc_begin; d < doc_end; ++d) T += sizes[static_cast<size_t>(d)];
   r.tokens_per_epoch = T;
-  if (T < seq_length + kExtra)
-    throw_input("{}: {} tokens, fewer than one sample of seq_length+1 = {} tokens (use a larger dataset or a "
-                "shorter seq_length)",
-                what, T, seq_length + kExtra);
+  if (T == 0)
+    throw_input("{}: the part has 0 tokens, one sample needs seq_length+1 = {} tokens", what, seq_length + kExtra);
 
-  // 1. Epochs: the smallest E with E*T >= n*S + 1.
+  // 1. Epochs: the smallest E with E*T >= n*S + 1 (one epoch when n is None). A part
+  // shorter than one sample simply takes more epochs: samples run across epochs.
   int64_t E = 1;
-  const int64_t need = num_samples * seq_length + kExtra;
-  while (E * T < need) ++E;
+  if (num_samples >= 0) {
+    const int64_t need = num_samples * seq_length + kExtra;
+    E = std::max<int64_t>(1, (need + T - 1) / T);
+  }
+  constexpr int64_t kMaxDocEntries = (int64_t{1} << 31) - 1;
+  if (E > kMaxDocEntries / (doc_end - doc_begin))
+    throw_input("{}: the part has {} tokens and one sample needs seq_length+1 = {}; {} samples would repeat its {} "
+                "documents {} times, more than mtnlg's limit of 2^31 document entries (use more data, a larger split "
+                "part or fewer samples)",
+                what, T, seq_length + kExtra, num_samples, doc_end - doc_begin, E);
   r.num_epochs = E;
 
   // 2. Is the final epoch kept apart?
   bool separate = false;
   if (E > 1) {
     const int64_t sans_final = ((E - 1) * T - kExtra) / seq_length;
-    const int64_t from_final = num_samples - sans_final;
+    const int64_t from_final = num_samples - sans_final;  // E > 1 only when num_samples >= 0
     const int64_t per_epoch = (T - kExtra) / seq_length;
     MTNLG_CHECK(from_final >= 0 && from_final <= per_epoch + 1, "final epoch samples {}", from_final);
     separate = from_final < static_cast<int64_t>(0.80 * static_cast<double>(per_epoch));
@@ -257,8 +267,9 @@ GptDataset::GptDataset(std::shared_ptr<const IndexedDataset> ds, const GptDatase
   std::error_code ec;
   const std::string abs = std::filesystem::absolute(ds_->prefix(), ec).string();
   const std::string key =
-      fmt::format("gpt-index v1|{}|{}|split={}|part={}|seed={}|seq={}|n={}", abs, ds_->fingerprint(), cfg_.split,
-                  cfg_.split_index, cfg_.seed, cfg_.seq_length, cfg_.num_samples);
+      fmt::format("gpt-index v2|{}|{}|split={}|part={}|docs={}:{}|seed={}|seq={}|n={}", abs, ds_->fingerprint(),
+                  cfg_.split, cfg_.split_index, b, e, cfg_.seed, cfg_.seq_length, cfg_.num_samples);
+  range_ = {b, e};
   if (!cfg_.cache_dir.empty()) {
     cache_file_ = (std::filesystem::path(cfg_.cache_dir) /
                    fmt::format("{}-{}-{:016x}.gptidx", std::filesystem::path(ds_->prefix()).filename().string(),
@@ -274,6 +285,16 @@ GptDataset::GptDataset(std::shared_ptr<const IndexedDataset> ds, const GptDatase
       save_cache(cache_file_, key, idx_);
     }
   }
+}
+
+std::vector<int64_t> GptDataset::documents(int64_t i) const {
+  MTNLG_CHECK(i >= 0 && i < size(), "sample {} of {}", i, size());
+  const int64_t j = idx_.shuffle_idx[static_cast<size_t>(i)];
+  const int64_t doc_f = idx_.sample_idx[static_cast<size_t>(2 * j)];
+  const int64_t doc_l = idx_.sample_idx[static_cast<size_t>(2 * j + 2)];
+  std::vector<int64_t> out;
+  for (int64_t p = doc_f; p <= doc_l; ++p) out.push_back(idx_.doc_idx[static_cast<size_t>(p)]);
+  return out;
 }
 
 void GptDataset::sample(int64_t i, int32_t* out) const {

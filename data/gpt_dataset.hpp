@@ -42,8 +42,12 @@ class NumpyRandomState {
 
 // "969,30,1" -> three fractions summing to 1 (missing entries are 0). InputError on junk.
 std::vector<double> parse_split(const std::string& split);
-// Megatron's split bookends over `n` sequences: cumulative sums of round(f_k * n)
-// (Python's round: half to even), then shifted so the last equals n.
+// Megatron-Core's split bounds over `n` sequences (blended_megatron_dataset_builder,
+// since late 2023): part k is [round(b_k * n), round(b_{k+1} * n)), where b_0 = 0 and
+// b_{k+1} = b_k + f_k are the cumulative bookends of the normalized fractions, summed
+// left to right in doubles as Python does; round is Python's (half to even).
+// (Legacy Megatron and Megatron-DeepSpeed round each part, sum, and shift the bounds so
+// the last equals n; the two differ for about a quarter of counts under "969,30,1".)
 std::vector<int64_t> split_bounds(const std::string& split, int64_t n);
 
 struct GptIndices {
@@ -57,7 +61,10 @@ struct GptIndices {
 };
 
 // Builds the indices for documents [doc_begin, doc_end) of `sizes` (sequence lengths).
-// Throws InputError when the range holds fewer tokens than one sample (seq_length+1).
+// num_samples < 0 is Megatron's num_samples=None: exactly one epoch.
+// A part with fewer tokens than one sample (seq_length+1) is built as Megatron does:
+// samples wrap over as many epochs as they need. Throws InputError naming the token
+// counts when the part has no tokens at all, or needs more than 2^31 document entries.
 // `what` names the dataset in messages.
 GptIndices build_gpt_indices(std::span<const int32_t> sizes, int64_t doc_begin, int64_t doc_end, int64_t seq_length,
                              int64_t num_samples, uint32_t seed, const std::string& what);
@@ -79,6 +86,10 @@ class GptDataset {
   int64_t seq_length() const { return cfg_.seq_length; }
   // seq_length+1 token ids of sample i (after shuffling), into out.
   void sample(int64_t i, int32_t* out) const;
+  // The sequence ids (document ids in the .idx) that sample i's tokens come from, in order.
+  std::vector<int64_t> documents(int64_t i) const;
+  // [begin, end) sequences of this split part.
+  std::pair<int64_t, int64_t> part_range() const { return range_; }
   const GptIndices& indices() const { return idx_; }
   const IndexedDataset& dataset() const { return *ds_; }
   bool loaded_from_cache() const { return from_cache_; }
@@ -90,6 +101,7 @@ class GptDataset {
   GptIndices idx_;
   bool from_cache_ = false;
   std::string cache_file_;
+  std::pair<int64_t, int64_t> range_{0, 0};
 };
 
 // Stable 64-bit FNV-1a (cache keys must not depend on the standard library's hash).

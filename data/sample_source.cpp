@@ -8,6 +8,7 @@
 #include "data/blended_dataset.hpp"
 #include "data/gpt_dataset.hpp"
 #include "data/indexed_dataset.hpp"
+#include "schedules/batch_schedule.hpp"
 
 namespace mtnlg::data {
 
@@ -46,11 +47,43 @@ class BlendSource : public SampleSource {
   }
   int source_of(int64_t index) const override { return blend_->source_of(index); }
   std::vector<std::string> source_names() const override { return names_; }
+  std::vector<int64_t> documents_of(int64_t index) const override {
+    if (index < 0 || index >= size())
+      throw_runtime("sample {} requested from a blend built for {} samples", index, size());
+    const auto& bi = blend_->index();
+    return blend_->sources()[static_cast<size_t>(bi.dataset_index[static_cast<size_t>(index)])]->documents(
+        bi.dataset_sample_index[static_cast<size_t>(index)]);
+  }
 
  private:
   std::unique_ptr<BlendedDataset> blend_;
   std::vector<std::string> names_;
   int64_t seq_;
+};
+
+// Megatron's unweighted single `--data-path PREFIX`: the GPT dataset itself, no blend.
+class SingleSource : public SampleSource {
+ public:
+  SingleSource(std::shared_ptr<const GptDataset> d, std::string name) : ds_(std::move(d)), name_(std::move(name)) {}
+  int64_t size() const override { return ds_->size(); }
+  int64_t seq_length() const override { return ds_->seq_length(); }
+  void sample(int64_t index, int32_t* out) const override {
+    check(index);
+    ds_->sample(index, out);
+  }
+  std::vector<std::string> source_names() const override { return {name_}; }
+  std::vector<int64_t> documents_of(int64_t index) const override {
+    check(index);
+    return ds_->documents(index);
+  }
+
+ private:
+  void check(int64_t index) const {
+    if (index < 0 || index >= size())
+      throw_runtime("sample {} requested from {}, which holds {} samples", index, name_, size());
+  }
+  std::shared_ptr<const GptDataset> ds_;
+  std::string name_;
 };
 
 }  // namespace
@@ -69,29 +102,52 @@ std::unique_ptr<SampleSource> make_blend_source(const Recipe& r, int split_index
   for (const auto& s : blend) raw.push_back(s.weight);
   const auto w = normalize_weights(raw);
   for (size_t i = 0; i < blend.size(); ++i)
+    if (!blend[i].weighted && blend.size() > 1)
+      throw_input("data.blend[{}] ({}) has no weight: a blend of several sources needs a weight on every entry", i,
+                  blend[i].prefix);
+  for (size_t i = 0; i < blend.size(); ++i)
     if (!indexed_dataset_exists(blend[i].prefix))
       throw_input("data.blend[{}].prefix: '{}' not found (needs {} and {}; run `mtnlg data preprocess`)", i,
                   blend[i].prefix, idx_path(blend[i].prefix), bin_path(blend[i].prefix));
   if (r.training.seed < 0 || r.training.seed > 0xffffffffll)
     throw_input("training.seed: {} is not valid for data shuffling (numpy's RandomState takes 0..4294967295)",
                 r.training.seed);
+  auto config = [&](int64_t n) {
+    GptDatasetConfig cfg;
+    cfg.seq_length = r.model.seq_length;
+    cfg.num_samples = n;
+    cfg.seed = static_cast<uint32_t>(r.training.seed);
+    cfg.split = r.data.split;
+    cfg.split_index = split_index;
+    cfg.cache_dir = cache_dir;
+    return cfg;
+  };
+  if (blend.size() == 1 && !blend[0].weighted) {
+    auto ds = std::make_shared<const IndexedDataset>(blend[0].prefix);
+    return std::make_unique<SingleSource>(std::make_shared<const GptDataset>(ds, config(num_samples)), blend[0].prefix);
+  }
   const auto per_source = blend_source_samples(w, num_samples);
   std::vector<std::shared_ptr<const GptDataset>> sources;
   std::vector<std::string> names;
   for (size_t i = 0; i < blend.size(); ++i) {
     auto ds = std::make_shared<const IndexedDataset>(blend[i].prefix);
-    GptDatasetConfig cfg;
-    cfg.seq_length = r.model.seq_length;
-    cfg.num_samples = per_source[i];
-    cfg.seed = static_cast<uint32_t>(r.training.seed);
-    cfg.split = r.data.split;
-    cfg.split_index = split_index;
-    cfg.cache_dir = cache_dir;
-    sources.push_back(std::make_shared<const GptDataset>(ds, cfg));
+    sources.push_back(std::make_shared<const GptDataset>(ds, config(per_source[i])));
     names.push_back(blend[i].prefix);
   }
   auto b = std::make_unique<BlendedDataset>(std::move(sources), w, num_samples);
   return std::make_unique<BlendSource>(std::move(b), std::move(names), r.model.seq_length);
+}
+
+std::array<int64_t, 3> split_num_samples(const Recipe& r) {
+  const auto run = schedules::run_length(r.training, r.model.seq_length);
+  const auto& t = r.training;
+  const int64_t evals = t.eval_interval > 0 ? run.iterations / t.eval_interval + 1 : 1;
+  return {run.samples, evals * t.eval_iters * t.global_batch_size, t.eval_iters * t.global_batch_size};
+}
+
+bool split_part_present(const std::string& split, int k) {
+  MTNLG_CHECK(k >= 0 && k < 3, "split part {}", k);
+  return parse_split(split)[static_cast<size_t>(k)] > 0.0;
 }
 
 // ----- loader --------------------------------------------------------------------------

@@ -8,6 +8,7 @@
 //    indices [consumed, consumed+gbs); micro batch k of dp rank r takes
 //    consumed + k*mbs*dp + r*mbs ... +mbs. Resume needs only consumed_samples.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <future>
 #include <memory>
@@ -29,18 +30,39 @@ class SampleSource {
   virtual void sample(int64_t index, int32_t* out /* seq_length+1 */) const = 0;
   virtual int source_of(int64_t index) const { return 0; }  // blend source of a sample
   virtual std::vector<std::string> source_names() const { return {"mock"}; }
+  // Document (sequence) ids of the source's .idx that a sample's tokens come from, in
+  // order; empty for the mock source.
+  virtual std::vector<int64_t> documents_of(int64_t index) const { return {}; }
 };
 
 // Mock: token k of sample i is uniform in [0, vocab_size) from Philox keyed by the seed.
 // size() is 2^62; indices wrap modulo size().
 std::unique_ptr<SampleSource> make_mock_source(int64_t vocab_size, int64_t seq_length, uint64_t seed);
 
-// The recipe's blend, split part `split_index` (0 train, 1 valid, 2 test), built for
+// The recipe's data, split part `split_index` (0 train, 1 valid, 2 test), built for
 // `num_samples` samples; index caches under cache_dir ("" = none). Throws InputError for
-// a missing prefix, a split that leaves a part empty, a dataset shorter than one sample.
-// size() == num_samples; sample() beyond it is a RuntimeError.
+// a missing prefix, a split that leaves a part empty or without tokens.
+//  - A single source without a weight (data.path, or a blend of one entry without
+//    weight) is Megatron's unweighted `--data-path PREFIX`: the GPT dataset built for
+//    exactly num_samples, read in its own order; size() is all the samples of its
+//    epochs (>= num_samples).
+//  - Otherwise (weighted entries, `--data-path W1 P1 ...`, one entry too) a blend:
+//    each source built for ceil(ceil(n w) 1.005) samples, interleaved;
+//    size() == num_samples.
+// sample() beyond size() is a RuntimeError.
 std::unique_ptr<SampleSource> make_blend_source(const Recipe& r, int split_index, int64_t num_samples,
                                                 const std::string& cache_dir);
+
+// Samples Megatron asks each split part for (train, valid, test):
+//   train = the run's samples (schedules::run_length)
+//   valid = (iterations / eval_interval + 1) * eval_iters * global_batch_size
+//           (eval_interval 0: one evaluation, eval_iters * global_batch_size)
+//   test  = eval_iters * global_batch_size
+std::array<int64_t, 3> split_num_samples(const Recipe& r);
+
+// Whether split part k (0 train, 1 valid, 2 test) exists: Megatron-Core builds no
+// dataset for a part whose fraction is 0.
+bool split_part_present(const std::string& split, int k);
 
 struct Batch {
   int64_t global_batch_size = 0;

@@ -9,6 +9,7 @@
 #include <map>
 
 #include "core/error.hpp"
+#include "data/eval/py_case_tables.hpp"
 #include "data/eval/py_random.hpp"
 
 namespace mtnlg::data::eval {
@@ -20,14 +21,14 @@ using json = nlohmann::json;
 const std::vector<TaskInfo>& registry() {
   static const std::vector<TaskInfo> tasks = {
       {"lambada_openai", TaskKind::lambada, "test", "", "test", 0, false, false},
-      {"boolq", TaskKind::multiple_choice, "validation", "train", "train", 1, false, false},
-      {"race_high", TaskKind::multiple_choice, "test", "train", "test", 1, false, false},
-      {"piqa", TaskKind::multiple_choice, "validation", "train", "train", 0, true, false},
-      {"hellaswag", TaskKind::multiple_choice, "validation", "train", "train", 0, true, false},
-      {"winogrande", TaskKind::multiple_choice, "validation", "train", "train", 0, false, false},
+      {"boolq", TaskKind::multiple_choice, "validation", "train", "train", 1, false, false, true, 2.0},
+      {"race_high", TaskKind::multiple_choice, "test", "train", "test", 1, false, false, false, 2.0},
+      {"piqa", TaskKind::multiple_choice, "validation", "train", "train", 0, true, false, true},
+      {"hellaswag", TaskKind::multiple_choice, "validation", "train", "train", 0, true, false, true},
+      {"winogrande", TaskKind::multiple_choice, "validation", "train", "train", 0, false, false, true},
       {"anli_r2", TaskKind::multiple_choice, "test_r2", "train_r2", "train_r2", 0, false, false},
-      {"hans", TaskKind::multiple_choice, "validation", "train", "train", 0, false, true},
-      {"wic", TaskKind::multiple_choice, "validation", "train", "train", 0, false, false},
+      {"hans", TaskKind::multiple_choice, "validation", "train", "train", 0, false, true, true},
+      {"wic", TaskKind::multiple_choice, "validation", "train", "train", 0, false, false, true},
   };
   return tasks;
 }
@@ -100,9 +101,9 @@ Doc make_race(const json& row, const TaskOptions& opt, const std::string& where)
     const std::string ans = options(p)[static_cast<size_t>(answer_index(p))];
     const bool cloze = q.size() >= 6 && q.compare(q.size() - 6, 6, "  _  .") == 0;
     if (cloze) {
-      // v0.3 keeps only the last 5 characters (a harness bug kept for comparability);
-      // v0.4 keeps the question minus them.
-      text += (opt.version == HarnessVersion::v0_3 ? q.substr(q.size() - 5) : q.substr(0, q.size() - 5)) + ans + "\n";
+      // Only the last 5 characters are kept: a harness bug that v0.3 and v0.4 up to the
+      // reference release v0.4.9.1 share (v0.4.12 keeps the question minus them).
+      text += q.substr(q.size() - 5) + ans + "\n";
     } else {
       text += "Question: " + q + "\nAnswer: " + ans + "\n";
     }
@@ -143,20 +144,99 @@ const TaskInfo& task_info(const std::string& name) {
   throw_input("unknown task '{}' (valid tasks: {})", name, valid);
 }
 
-std::string py_strip(const std::string& s) {
-  auto ws = [](unsigned char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; };
-  size_t b = 0, e = s.size();
-  while (b < e && ws(static_cast<unsigned char>(s[b]))) ++b;
-  while (e > b && ws(static_cast<unsigned char>(s[e - 1]))) --e;
-  return s.substr(b, e - b);
+namespace {
+
+// One code point of UTF-8 at s[i]: {cp, bytes}. A byte that does not start a valid
+// sequence is {kRawByte, 1} and is copied through unchanged.
+constexpr uint32_t kRawByte = 0xFFFFFFFFu;
+std::pair<uint32_t, size_t> utf8_at(const std::string& s, size_t i) {
+  const auto b = [&](size_t k) { return static_cast<unsigned char>(s[i + k]); };
+  const unsigned char c = b(0);
+  if (c < 0x80) return {c, 1};
+  size_t n = c >= 0xF5 ? 0 : c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC2 ? 2 : 0;
+  if (n == 0 || i + n > s.size()) return {kRawByte, 1};
+  uint32_t cp = c & (n == 2 ? 0x1F : n == 3 ? 0x0F : 0x07);
+  for (size_t k = 1; k < n; ++k) {
+    if ((b(k) & 0xC0) != 0x80) return {kRawByte, 1};
+    cp = (cp << 6) | (b(k) & 0x3F);
+  }
+  if ((n == 3 && cp < 0x800) || (n == 4 && (cp < 0x10000 || cp > 0x10FFFF)) || (cp >= 0xD800 && cp <= 0xDFFF))
+    return {kRawByte, 1};
+  return {cp, n};
 }
 
+std::vector<std::pair<uint32_t, std::string>> code_points(const std::string& s) {
+  std::vector<std::pair<uint32_t, std::string>> out;
+  for (size_t i = 0; i < s.size();) {
+    const auto [cp, n] = utf8_at(s, i);
+    out.emplace_back(cp, s.substr(i, n));
+    i += n;
+  }
+  return out;
+}
+
+bool in(const pycase::Range* r, int64_t n, uint32_t cp) {
+  const auto* e = r + n;
+  const auto* it = std::upper_bound(r, e, cp, [](uint32_t x, const pycase::Range& g) { return x < g.lo; });
+  return it != r && cp <= (it - 1)->hi;
+}
+
+const char* mapped(const pycase::CaseMapping* t, int64_t n, uint32_t cp) {
+  const auto* e = t + n;
+  const auto* it = std::lower_bound(t, e, cp, [](const pycase::CaseMapping& m, uint32_t x) { return m.cp < x; });
+  return it != e && it->cp == cp ? it->utf8 : nullptr;
+}
+
+bool py_isspace(uint32_t cp) { return cp != kRawByte && in(pycase::kSpace, pycase::kSpace_size, cp); }
+bool case_ignorable(uint32_t cp) { return cp != kRawByte && in(pycase::kCaseIgnorable, pycase::kCaseIgnorable_size, cp); }
+bool cased(uint32_t cp) { return cp != kRawByte && in(pycase::kCased, pycase::kCased_size, cp); }
+
+}  // namespace
+
+// Python's str.strip(): removes str.isspace() characters (Unicode White_Space, e.g.
+// U+00A0, U+3000, U+0085, and U+001C..U+001F) from both ends.
+std::string py_strip(const std::string& s) {
+  const auto cps = code_points(s);
+  size_t b = 0, e = cps.size();
+  while (b < e && py_isspace(cps[b].first)) ++b;
+  while (e > b && py_isspace(cps[e - 1].first)) --e;
+  std::string out;
+  for (size_t i = b; i < e; ++i) out += cps[i].second;
+  return out;
+}
+
+// Python's str.capitalize() (3.8+): the first character's full titlecase mapping, the
+// rest lowercased with full mappings and lower()'s final-sigma rule (capital sigma
+// becomes final sigma after a cased letter, skipping case-ignorable characters, unless
+// a cased letter follows).
 std::string py_capitalize(const std::string& s) {
-  std::string out = s;
-  for (size_t i = 0; i < out.size(); ++i) {
-    char c = out[i];
-    if (i == 0 && c >= 'a' && c <= 'z') out[i] = static_cast<char>(c - 'a' + 'A');
-    if (i > 0 && c >= 'A' && c <= 'Z') out[i] = static_cast<char>(c - 'A' + 'a');
+  const auto cps = code_points(s);
+  std::string out;
+  for (size_t i = 0; i < cps.size(); ++i) {
+    const uint32_t cp = cps[i].first;
+    if (cp == kRawByte) {
+      out += cps[i].second;
+      continue;
+    }
+    if (i == 0) {
+      const char* t = mapped(pycase::kTitle, pycase::kTitle_size, cp);
+      out += t ? t : cps[i].second;
+      continue;
+    }
+    if (cp == 0x3A3) {
+      size_t j = i;
+      while (j > 0 && case_ignorable(cps[j - 1].first)) --j;
+      bool final_sigma = j > 0 && cased(cps[j - 1].first);
+      if (final_sigma) {
+        size_t k = i + 1;
+        while (k < cps.size() && case_ignorable(cps[k].first)) ++k;
+        final_sigma = k == cps.size() || !cased(cps[k].first);
+      }
+      out += final_sigma ? "\xcf\x82" : "\xcf\x83";  // U+03C2 final sigma, U+03C3 sigma
+      continue;
+    }
+    const char* l = mapped(pycase::kLower, pycase::kLower_size, cp);
+    out += l ? l : cps[i].second;
   }
   return out;
 }
@@ -376,19 +456,25 @@ std::vector<Instance> build_instances(const TaskInfo& task, const std::vector<Do
     inst.doc = &doc;
     std::string prefix;
     if (k > 0) {
-      // v0.3 draws k+1 only when the pool is the evaluated split; v0.4 draws k (its
-      // fewshot_split is never the test split for these tasks), then both drop the
-      // current document by row equality and keep the first k.
-      const int64_t draw = (v03 && pool_is_eval) ? k + 1 : k;
+      // v0.3 draws k+1 only when the pool is the evaluated split. v0.4's sampler draws
+      // k+1 when the task's fewshot_split equals its test_split: both unset for the
+      // tasks marked v04_extra_draw, so they draw k+1 from their train split (which
+      // moves every later document's draw). Both drop the current document by row
+      // equality (v0.4 always compares, v0.3 only for a pool that is the eval split)
+      // and keep the first k.
+      const bool extra = v03 ? pool_is_eval : task.v04_extra_draw;
+      const int64_t draw = extra ? k + 1 : k;
       const int64_t pn = static_cast<int64_t>(pool->size());
       if (draw > pn)
         throw_input("task {}: {}-shot needs {} few-shot documents but the pool has only {}", task.name, k, draw, pn);
       for (int64_t j : rnd.sample_indices(pn, draw)) {
         if (static_cast<int64_t>(inst.fewshot_indices.size()) == k) break;
         const Doc& ex = (*pool)[static_cast<size_t>(j)];
-        if (pool_is_eval && ex.row == doc.row) continue;
+        if ((pool_is_eval || !v03) && ex.row == doc.row) continue;
         inst.fewshot_indices.push_back(j);
-        prefix += ex.text + ex.target + "\n\n";
+        // v0.4 joins text and target with target_delimiter " "; lambada's target already
+        // starts with a space (" word"), so its examples read "text  word".
+        prefix += ex.text + (!v03 && task.kind == TaskKind::lambada ? " " : "") + ex.target + "\n\n";
       }
     }
     if (!doc.choice_contexts.empty()) {

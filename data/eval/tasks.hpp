@@ -46,6 +46,13 @@ struct TaskInfo {
   int version = 0;            // the task VERSION the v0.3 results file reports
   bool acc_norm = false;      // reports acc_norm as well
   bool per_group = false;     // reports acc per Doc::group (HANS heuristics)
+  // v0.4 draws k+1 few-shot examples and drops the current document: its sampler draws
+  // one extra when the task's fewshot_split equals its test_split, and both are unset
+  // for boolq, piqa, hellaswag, winogrande, wic (and RTE, whose prompt HANS uses).
+  bool v04_extra_draw = false;
+  // The task's metadata version in the v0.4 reference release (v0.4.9.1), which a v0.4
+  // results file reports.
+  double version_v04 = 1.0;
 };
 
 // Task names in a fixed order (the console table and `--tasks all` use it).
@@ -82,7 +89,10 @@ std::vector<Instance> build_instances(const TaskInfo& task, const std::vector<Do
 
 // ---- text helpers (exposed for tests) --------------------------------------------
 std::string hellaswag_preprocess(const std::string& s);
-std::string py_capitalize(const std::string& s);  // ASCII letters; other bytes kept
+// Python's str.capitalize() (3.8+: titlecase first) and str.strip() on UTF-8, all of
+// Unicode (tables generated from Python: data/eval/py_case_tables.hpp); bytes that are
+// not valid UTF-8 are kept as they are.
+std::string py_capitalize(const std::string& s);
 std::string py_strip(const std::string& s);
 int64_t utf8_length(const std::string& s);        // Python len(): code points
 std::string utf8_slice(const std::string& s, int64_t start, int64_t end);  // s[start:end] by code points

@@ -59,6 +59,21 @@ TEST_CASE("mtnlg eval: all tasks write results.json and samples.jsonl", "[e2e]")
   CHECK(nlohmann::json::parse(test::read_file(d / "r2.json"))["results"] == j["results"]);
 }
 
+TEST_CASE("mtnlg eval: v0.4 results name the reference release and its task versions", "[e2e]") {
+  if (!have_vocab()) FAIL("third_party/gpt2 missing: run scripts/fetch-gpt2-vocab.sh");
+  test::TempDir d("eval-v04");
+  auto r = mtnlg_run("eval " + model_args() + " --tasks boolq,race_high,piqa --harness-version 0.4 --data-dir " +
+                     fixtures() + " --num-fewshot 1 --no-progress --output " + (d / "r.json").string());
+  INFO(r.out);
+  REQUIRE(r.exit_code == 0);
+  auto j = nlohmann::json::parse(test::read_file(d / "r.json"));
+  CHECK(j["config"]["harness_version"] == "0.4");
+  CHECK(j["config"]["harness_reference"] == "v0.4.9.1");
+  CHECK(j["versions"]["boolq"] == 2.0);
+  CHECK(j["versions"]["race_high"] == 2.0);
+  CHECK(j["versions"]["piqa"] == 1.0);
+}
+
 TEST_CASE("mtnlg eval: bad input exits 2 with one line naming the problem", "[e2e]") {
   if (!have_vocab()) FAIL("third_party/gpt2 missing: run scripts/fetch-gpt2-vocab.sh");
   test::TempDir d("eval-bad");

@@ -73,6 +73,26 @@ TEST_CASE("recipe: --set overrides and round trip through to_yaml", "[recipe]") 
   CHECK(back.optimizer.lr == r.optimizer.lr);
 }
 
+TEST_CASE("recipe: data.path and blend entries without weight", "[recipe]") {
+  Recipe r = parse_recipe(kTiny, "t.yaml", {"data.mock=false", "data.path=data/x_text_document"});
+  REQUIRE(r.data.blend.size() == 1);
+  CHECK(r.data.blend[0].prefix == "data/x_text_document");
+  CHECK_FALSE(r.data.blend[0].weighted);
+  // Written back as a blend of one entry without weight, read back the same.
+  CHECK(to_yaml(r).find("{weight") == std::string::npos);
+  CHECK(to_yaml(r).find("{prefix: data/x_text_document}") != std::string::npos);
+  Recipe back = parse_recipe(to_yaml(r), "t.yaml");
+  CHECK(to_yaml(back) == to_yaml(r));
+  CHECK_FALSE(back.data.blend[0].weighted);
+  Recipe w = parse_recipe(kTiny, "t.yaml", {"data.mock=false", "data.blend=[{weight: 1.0, prefix: p}]"});
+  CHECK(w.data.blend[0].weighted);
+  Recipe u = parse_recipe(kTiny, "t.yaml", {"data.mock=false", "data.blend=[{prefix: p}]"});
+  CHECK_FALSE(u.data.blend[0].weighted);
+  CHECK_THAT(error_of(kTiny, {"data.blend=[{weight: 1, prefix: p}]", "data.path=q"}), Contains("both set"));
+  CHECK_THAT(error_of(kTiny, {"data.mock=false", "data.blend=[{weight: 1, prefix: p}, {prefix: q}]"}),
+             Contains("data.blend[1] (q) has no weight"));
+}
+
 TEST_CASE("recipe: errors name the place", "[recipe]") {
   CHECK_THROWS_WITH(parse_recipe("model: [1, 2\n", "r.yaml"), Contains("r.yaml:") && Contains("invalid YAML"));
   std::string e = error_of(std::string(kTiny) + "  bogus_key: 3\n");

@@ -6,7 +6,12 @@ tests compare mtnlg's C++ build with it.
   megatron_index.py build ARGS.json  -> JSON {doc_idx, sample_idx, shuffle_idx, epochs, separate}
       ARGS.json: {"sizes": [...], "begin": b, "end": e, "seq_length": S, "num_samples": n, "seed": s}
   megatron_index.py shuffle N SEED   -> JSON list: RandomState(SEED).shuffle(arange(N))
-  megatron_index.py split "969,30,1" N -> JSON list of split bookends
+  megatron_index.py split "969,30,1" N -> JSON list of split bounds, Megatron-Core's rule
+  megatron_index.py split_legacy "969,30,1" N -> the same by legacy Megatron's rule
+  megatron_index.py stream ARGS.json -> JSON lines {sample, source, documents, tokens}: a
+      single source's sample stream, as `mtnlg data samples --json` prints it.
+      ARGS.json: {"sizes", "split", "part", "seq_length", "num_samples", "seed",
+      "weighted", "range": [a, b]}; token p of document d is (131 d + p) % 50000.
   megatron_index.py blend W1,W2,... N   -> JSON {index, sample, per_source}: the greedy interleave
 """
 import json
@@ -69,15 +74,58 @@ def build(sizes, begin, end, S, n, seed):
     return doc_idx, sample_idx, a, E, separate
 
 
-def split_bounds(split, n):
+def split_fractions(split):
     f = [float(x) for x in re.findall(r"[.0-9]+", split)]
     f += [0.0] * (3 - len(f))
-    f = [x / sum(f) for x in f]
+    return [x / sum(f) for x in f]
+
+
+def split_bounds(split, n):
+    """Megatron-Core (late 2023 on): the bookends are the running sums of the normalized
+    fractions, 0, f0, f0+f1, f0+f1+f2; part k is [round(b_k n), round(b_k+1 n))."""
+    bookends = [0.0]
+    for x in split_fractions(split):
+        bookends.append(bookends[-1] + x)
+    return [int(round(b * float(n))) for b in bookends]
+
+
+def split_bounds_legacy(split, n):
+    """Legacy Megatron / Megatron-DeepSpeed: round each part's size, take running sums,
+    then shift every bound but the first so that the last one is n."""
+    f = split_fractions(split)
     b = [0]
     for x in f:
         b.append(b[-1] + int(round(x * float(n))))
     diff = b[-1] - n
     return [b[0]] + [x - diff for x in b[1:]]
+
+
+def token(d, p):
+    return (131 * d + p) % 50000
+
+
+def stream(a):
+    """One source, one split part, samples a..b-1 in training order.
+    Unweighted (Megatron's `--data-path PREFIX`): the GPT dataset is built for exactly the
+    requested samples and read in its own order. Weighted (`--data-path 1.0 PREFIX`): the
+    dataset is built for ceil(ceil(n * 1.0) * 1.005) samples and the blend of one source
+    takes its samples 0, 1, 2, ... (the interleave never leaves source 0)."""
+    sizes, S, n = a["sizes"], a["seq_length"], a["num_samples"]
+    bounds = split_bounds(a["split"], len(sizes))
+    begin, end = bounds[a["part"]], bounds[a["part"] + 1]
+    n_build = int(np.ceil(np.ceil(n * 1.0) * 1.005)) if a["weighted"] else n
+    doc_idx, sample_idx, shuffle_idx, _, _ = build(sizes, begin, end, S, n_build, a["seed"])
+    for i in range(*a["range"]):
+        j = int(shuffle_idx[i])
+        (p0, o0), (p1, o1) = sample_idx[j], sample_idx[j + 1]
+        docs = [int(d) for d in doc_idx[p0:p1 + 1]]
+        toks = []
+        for k, d in enumerate(docs):
+            lo = o0 if k == 0 else 0
+            hi = o1 + 1 if k == len(docs) - 1 else sizes[d]
+            toks += [token(d, p) for p in range(lo, hi)]
+        assert len(toks) == S + 1
+        print(json.dumps({"sample": i, "source": 0, "documents": docs, "tokens": toks}))
 
 
 def main():
@@ -107,6 +155,12 @@ def main():
         json.dump({"index": index, "sample": sample, "per_source": per_source}, sys.stdout)
     elif sys.argv[1] == "split":
         json.dump(split_bounds(sys.argv[2], int(sys.argv[3])), sys.stdout)
+    elif sys.argv[1] == "split_legacy":
+        json.dump(split_bounds_legacy(sys.argv[2], int(sys.argv[3])), sys.stdout)
+    elif sys.argv[1] == "stream":
+        with open(sys.argv[2]) as f:
+            a = json.load(f)
+        stream(a)
     else:
         sys.exit(__doc__)
 

@@ -112,7 +112,7 @@ TEST_CASE("blend source from a recipe: sizes, sources, samples", "[data]") {
   }
 }
 
-TEST_CASE("blend source: missing prefix, empty split part, too short dataset", "[data]") {
+TEST_CASE("blend source: missing prefix, empty split part, unweighted entry in a blend", "[data]") {
   TempDir tmp("blend");
   const std::string a = (tmp / "a").string();
   make_dataset(a, 20, 10, 0);
@@ -128,8 +128,50 @@ TEST_CASE("blend source: missing prefix, empty split part, too short dataset", "
   Recipe r = blend_recipe({{1, a}}, 8);
   r.data.split = "100,0,0";
   expect(r, 1, "empty");
-  expect(blend_recipe({{1, a}}, 500), 0, "fewer than one sample");
+  // 18 train documents of 10 tokens = 180 tokens < 501: Megatron wraps, so does mtnlg.
+  CHECK(make_blend_source(blend_recipe({{1, a}}, 500), 0, 10, "")->size() == 10);
+  Recipe two = blend_recipe({{1, a}, {1, a}}, 8);
+  two.data.blend[1].weighted = false;
+  expect(two, 0, "has no weight");
   expect(blend_recipe({}, 8), 0, "data.blend");
+}
+
+TEST_CASE("single source without weight: Megatron's unweighted order, no blend surplus", "[data]") {
+  TempDir tmp("single");
+  const std::string a = (tmp / "a").string();
+  make_dataset(a, 100, 33, 0);
+  Recipe weighted = blend_recipe({{1.0, a}}, 16);
+  Recipe unweighted = weighted;
+  unweighted.data.blend[0].weighted = false;
+  // Train part: 90 documents, 2970 tokens, 185 samples per epoch. 185 samples fit one
+  // epoch; the weighted build asks for ceil(185 * 1.005) = 186, two epochs: another shuffle.
+  auto u = make_blend_source(unweighted, 0, 185, "");
+  auto w = make_blend_source(weighted, 0, 185, "");
+  CHECK(u->size() == 185);
+  CHECK(w->size() == 185);
+  std::vector<int32_t> bu(17), bw(17);
+  int64_t same = 0;
+  for (int64_t i = 0; i < 185; ++i) {
+    u->sample(i, bu.data());
+    w->sample(i, bw.data());
+    same += bu == bw;
+    CHECK(u->source_of(i) == 0);
+    CHECK(!u->documents_of(i).empty());
+  }
+  CHECK(same < 20);
+  // The unweighted source is the GPT dataset itself: its own shuffle, element for element.
+  auto ds = std::make_shared<const IndexedDataset>(a);
+  GptDatasetConfig cfg;
+  cfg.seq_length = 16;
+  cfg.num_samples = 185;
+  cfg.split = "90,5,5";
+  GptDataset g(ds, cfg);
+  for (int64_t i = 0; i < 185; i += 17) {
+    u->sample(i, bu.data());
+    g.sample(i, bw.data());
+    CHECK(bu == bw);
+    CHECK(u->documents_of(i) == g.documents(i));
+  }
 }
 
 TEST_CASE("mock source is a pure function of (seed, index)", "[data]") {

@@ -5,6 +5,8 @@
 
 #include <catch2/catch.hpp>
 #include <filesystem>
+#include <map>
+#include <sstream>
 #include <nlohmann/json.hpp>
 
 #include "data/indexed_dataset.hpp"
@@ -220,7 +222,112 @@ TEST_CASE("e2e inspect --recipe: blend table; missing prefix, empty split, short
   CHECK(r.exit_code == 2);
   CHECK_THAT(r.out, Catch::Matchers::Contains("leaves this part empty"));
 
+  // b's train part is one 50-token document, shorter than one 65-token sample: Megatron
+  // builds it anyway (samples wrap over epochs), and so does mtnlg.
   r = test::run_mtnlg("data inspect --build-index --recipe " + recipe(both, "1,99,0", 64));
+  CHECK(r.exit_code == 0);
+  CHECK_THAT(r.out, Catch::Matchers::Contains("200 samples"));
+}
+
+namespace {
+
+std::vector<nlohmann::json> json_lines(const std::string& out) {
+  std::vector<nlohmann::json> v;
+  std::stringstream ss(out);
+  for (std::string line; std::getline(ss, line);)
+    if (!line.empty() && line[0] == '{') v.push_back(nlohmann::json::parse(line));
+  return v;
+}
+
+}  // namespace
+
+// Megatron-Core's split bounds and the single-source orders, computed by
+// test/data/megatron_index.py from the rules (numpy, RandomState), against
+// `mtnlg data samples --json`, on a document count where legacy and current split differ.
+TEST_CASE("e2e data samples: Megatron-Core split, unweighted and weighted single source equal numpy", "[data][e2e][oracle]") {
+  if (!test::python_has("numpy")) {
+    WARN("skipped: no numpy");
+    return;
+  }
+  TempDir tmp("samples");
+  const std::string py = test::python() + " " + test::source_dir() + "/test/data/megatron_index.py";
+  const std::string prefix = (tmp / "d_text_document").string();
+  constexpr int kDocs = 115, kSeq = 16;
+  std::vector<int32_t> sizes;
+  {
+    IndexedDatasetWriter w(prefix, DType::u16);
+    for (int d = 0; d < kDocs; ++d) {
+      sizes.push_back(20 + (d * 37) % 50);
+      std::vector<int32_t> ids;
+      for (int p = 0; p < sizes.back(); ++p) ids.push_back((131 * d + p) % 50000);  // megatron_index.py's token()
+      w.add_document(ids);
+    }
+    w.finalize();
+  }
+  // The two split rules disagree on 115 documents: train [0, 112) legacy, [0, 111) now.
+  auto core = test::run_command(py + " split 969,30,1 " + std::to_string(kDocs));
+  auto legacy = test::run_command(py + " split_legacy 969,30,1 " + std::to_string(kDocs));
+  REQUIRE(core.exit_code == 0);
+  const auto bounds = nlohmann::json::parse(core.out).get<std::vector<int64_t>>();
+  CHECK(bounds == std::vector<int64_t>{0, 111, 115, 115});
+  CHECK(nlohmann::json::parse(legacy.out).get<std::vector<int64_t>>() == std::vector<int64_t>{0, 112, 115, 115});
+
+  // Train samples = one epoch of the train part exactly: the unweighted build has one
+  // epoch, the weighted one (1.005 surplus) two, so the shuffles differ.
+  int64_t train_tokens = 0;
+  for (int d = 0; d < bounds[1]; ++d) train_tokens += sizes[static_cast<size_t>(d)];
+  const int64_t n = (train_tokens - 1) / kSeq;
+  const int64_t eval_interval = 50, eval_iters = 3;
+  const int64_t n_valid = (n / eval_interval + 1) * eval_iters;  // Megatron: (iters // interval + 1) * eval_iters * gbs
+  auto recipe = [&](const std::string& data) {
+    const std::string text = "model:\n  num_layers: 2\n  hidden_size: 32\n  num_attention_heads: 4\n  seq_length: " +
+                             std::to_string(kSeq) +
+                             "\n  vocab_size: 50257\ntraining:\n  micro_batch_size: 1\n  global_batch_size: 1\n"
+                             "  train_iters: " + std::to_string(n) + "\n  eval_interval: " + std::to_string(eval_interval) +
+                             "\n  eval_iters: " + std::to_string(eval_iters) + "\ndata:\n  split: \"969,30,1\"\n  cache_dir: " +
+                             (tmp / "cache").string() + "\n" + data;
+    test::write_file(tmp / "r.yaml", text);
+    return (tmp / "r.yaml").string();
+  };
+  std::map<std::pair<bool, int>, std::vector<nlohmann::json>> got;
+  for (bool weighted : {false, true}) {
+    const std::string data =
+        weighted ? "  blend:\n    - {weight: 1.0, prefix: " + prefix + "}\n" : "  path: " + prefix + "\n";
+    for (int part : {0, 1}) {
+      const int64_t want_n = part == 0 ? n : n_valid;
+      const int64_t to = std::min<int64_t>(want_n, 60);
+      auto r = test::run_mtnlg("data samples " + recipe(data) + " --json --range 0:" + std::to_string(to) + " --part " +
+                               (part == 0 ? "train" : "valid"));
+      INFO("weighted=" << weighted << " part=" << part << "\n" << r.out);
+      REQUIRE(r.exit_code == 0);
+      nlohmann::json args = {{"sizes", sizes}, {"split", "969,30,1"}, {"part", part},  {"seq_length", kSeq},
+                             {"num_samples", want_n}, {"seed", 1234}, {"weighted", weighted}, {"range", {0, to}}};
+      test::write_file(tmp / "args.json", args.dump());
+      auto o = test::run_command(py + " stream " + (tmp / "args.json").string());
+      REQUIRE(o.exit_code == 0);
+      const auto mine = json_lines(r.out), theirs = json_lines(o.out);
+      REQUIRE(mine.size() == static_cast<size_t>(to));
+      REQUIRE(theirs.size() == mine.size());
+      for (size_t i = 0; i < mine.size(); ++i) {
+        INFO("sample " << i);
+        CHECK(mine[i] == theirs[i]);
+      }
+      got[{weighted, part}] = mine;
+    }
+  }
+  // The surplus matters: the weighted single source reads other samples.
+  int64_t same = 0;
+  for (size_t i = 0; i < got[{false, 0}].size(); ++i) same += got[{false, 0}][i] == got[{true, 0}][i];
+  CHECK(same < 10);
+
+  // Text output, a range past the end, and a part the split leaves empty.
+  auto r = test::run_mtnlg("data samples " + recipe("  path: " + prefix + "\n") + " --range 3:5");
+  REQUIRE(r.exit_code == 0);
+  CHECK_THAT(r.out, Catch::Matchers::Contains("sample 4 | source 0 " + prefix + " | documents "));
+  r = test::run_mtnlg("data samples " + recipe("  path: " + prefix + "\n") + " --range 0:100000");
   CHECK(r.exit_code == 2);
-  CHECK_THAT(r.out, Catch::Matchers::Contains("fewer than one sample"));
+  CHECK_THAT(r.out, Catch::Matchers::Contains("holds"));
+  r = test::run_mtnlg("data samples " + recipe("  path: " + prefix + "\n") + " --range 0:1 --part test");
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.out, Catch::Matchers::Contains("leaves this part empty"));
 }

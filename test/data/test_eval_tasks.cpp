@@ -2,6 +2,7 @@
 // fixtures (test/fixtures/eval), few-shot assembly against the spec's RNG vectors,
 // harness tokenization/windowing, and the metric / stderr formulas.
 #include <catch2/catch.hpp>
+#include <sstream>
 #include <cmath>
 
 #include "data/eval/metrics.hpp"
@@ -89,6 +90,38 @@ TEST_CASE("eval tasks: HellaSwag preprocessing", "[eval]") {
   CHECK(h[2].choices[3] == " Buy a dog.");
 }
 
+TEST_CASE("eval tasks: py_capitalize and py_strip equal Python's on all of Unicode", "[eval][oracle]") {
+  // Spot checks that need no Python.
+  CHECK(py_capitalize("ǆemal") == "ǅemal");         // dz digraph: titlecase, not uppercase
+  CHECK(py_capitalize("ß") == "Ss");                        // sharp s titlecases to two letters
+  CHECK(py_capitalize("xΣΣ Σ") == "Xσς σ");  // final sigma rule
+  CHECK(py_strip("\u3000 a\u00a0\u0085") == "a");      // U+3000, NBSP, NEL
+  CHECK(py_strip("\x1c a \x1f") == "a");
+  CHECK(py_strip("\ufeffa ") == "\ufeffa");            // U+FEFF is not whitespace in Python
+  if (!mtnlg::test::python_has("json")) {
+    WARN("skipped: no python3");
+    return;
+  }
+  const std::string py = mtnlg::test::python() + " " + mtnlg::test::source_dir() + "/test/data/py_case_oracle.py";
+  auto r = mtnlg::test::run_command(py + " 'ΟΔΟΣ ΟΔΟΣ.' \"ΑΣ'Σ\" 'aΣ\u0301b' 'İSTANBUL' 'ŉ ǉ ǈ ﬁ' 'Σ' 'aΣ' '\u00a0 ΣΑΣ \u2003'");
+  REQUIRE(r.exit_code == 0);
+  std::istringstream in(r.out);
+  int64_t lines = 0, bad = 0;
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    const auto s = j[0].get<std::string>(), t = j[2].get<std::string>();
+    ++lines;
+    if (py_capitalize(s) != j[1].get<std::string>() || py_strip(t) != j[3].get<std::string>()) {
+      if (++bad <= 10) {
+        CHECK(py_capitalize(s) == j[1].get<std::string>());
+        CHECK(py_strip(t) == j[3].get<std::string>());
+      }
+    }
+  }
+  CHECK(lines > 130000);
+  CHECK(bad == 0);
+}
+
 TEST_CASE("eval tasks: WinoGrande partial scoring", "[eval]") {
   auto w = load("winogrande", "validation");
   CHECK(w[0].choice_contexts ==
@@ -113,7 +146,8 @@ TEST_CASE("eval tasks: RACE groups questions by article and scores the last one"
   TaskOptions v4;
   v4.version = HarnessVersion::v0_4;
   auto r4 = load("race_high", "test", v4);
-  CHECK_THAT(r4[0].text, Contains("\nThe writer is most probably a teacher\n"));
+  // v0.4's reference release v0.4.9.1 still has the bug (v0.4.12 fixed it).
+  CHECK(r4[0].text == r[0].text);
   // EleutherAI/race rows: `problems` as a Python literal
   auto t = load("race_high", "train");
   REQUIRE(t.size() == 2);
@@ -180,7 +214,56 @@ TEST_CASE("eval few-shot: v0.4 keeps dataset order and uses Random(1234)", "[eva
   v4.version = HarnessVersion::v0_4;
   auto inst = build_instances(task_info("boolq"), eval_docs, &pool, false, 3, v4, -1);
   CHECK(inst[0].doc->index == 0);
+  // CPython: r = Random(1234); [r.sample(range(9427), 4)[:3] for _ in range(4)] -- every
+  // v0.4 release draws k+1 for boolq (fewshot_split == test_split == None).
   CHECK(inst[0].fewshot_indices == std::vector<int64_t>{7220, 1914, 122});
+  CHECK(inst[1].fewshot_indices == std::vector<int64_t>{572, 1375, 1612});
+  CHECK(inst[2].fewshot_indices == std::vector<int64_t>{3879, 285, 504});
+  CHECK(inst[3].fewshot_indices == std::vector<int64_t>{5670, 7933, 7594});
+  // The same for piqa, hellaswag, winogrande, wic and HANS: [r.sample(range(16113), 6)[:5] ...]
+  auto piqa_pool = synthetic(16113, "t");
+  for (const char* t : {"piqa", "hellaswag", "winogrande", "wic", "hans"}) {
+    INFO(t);
+    auto p = build_instances(task_info(t), eval_docs, &piqa_pool, false, 5, v4, 3);
+    CHECK(p[0].fewshot_indices == std::vector<int64_t>{15834, 12749, 7220, 1914, 122});
+    CHECK(p[1].fewshot_indices == std::vector<int64_t>{14925, 15442, 15388, 13221, 9539});
+    CHECK(p[2].fewshot_indices == std::vector<int64_t>{11002, 11355, 1375, 1612, 12558});
+  }
+  // anli_r2 (test_split test_r2, fewshot from train_r2) draws k: sample(range(9427), 3) each.
+  auto anli = build_instances(task_info("anli_r2"), eval_docs, &pool, false, 3, v4, -1);
+  CHECK(anli[1].fewshot_indices == std::vector<int64_t>{1485, 572, 1375});
+  CHECK(anli[3].fewshot_indices == std::vector<int64_t>{285, 504, 259});
+  // A train row equal to the evaluated row is dropped in v0.4 (dict equality), not in v0.3:
+  // sample(range(9427), 4) = [7220, 1914, 122, 1485] without 7220.
+  auto same = synthetic(9427, "t");
+  std::vector<Doc> one{same[7220]};
+  auto dropped = build_instances(task_info("boolq"), one, &same, false, 3, v4, -1);
+  CHECK(dropped[0].fewshot_indices == std::vector<int64_t>{1914, 122, 1485});
+}
+
+TEST_CASE("eval few-shot: v0.4 lambada examples join text and target with a double space", "[eval]") {
+  std::vector<Doc> docs(3);
+  for (int i = 0; i < 3; ++i) {
+    docs[i].index = i;
+    docs[i].row = {{"text", "w" + std::to_string(i)}};
+    docs[i].text = "ctx" + std::to_string(i);
+    docs[i].choices = {" w" + std::to_string(i)};
+    docs[i].target = " w" + std::to_string(i);
+  }
+  TaskOptions v4;
+  v4.version = HarnessVersion::v0_4;
+  auto in4 = build_instances(task_info("lambada_openai"), docs, &docs, true, 1, v4, -1);
+  auto in3 = build_instances(task_info("lambada_openai"), docs, &docs, true, 1, {}, -1);
+  for (const auto& in : in4)
+    if (!in.fewshot_indices.empty()) {
+      const int64_t j = in.fewshot_indices[0];
+      CHECK(in.contexts[0] == "ctx" + std::to_string(j) + "  w" + std::to_string(j) + "\n\n" + in.doc->text);
+    }
+  for (const auto& in : in3) {
+    REQUIRE(in.fewshot_indices.size() == 1);
+    const int64_t j = in.fewshot_indices[0];
+    CHECK(in.contexts[0] == "ctx" + std::to_string(j) + " w" + std::to_string(j) + "\n\n" + in.doc->text);
+  }
 }
 
 TEST_CASE("eval few-shot: a pool that is the eval split excludes the current doc", "[eval]") {

@@ -52,8 +52,12 @@ TEST_CASE("split parsing and Megatron's bookends", "[data]") {
   CHECK(parse_split("1")[1] == 0.0);
   CHECK(split_bounds("969,30,1", 1000) == std::vector<int64_t>{0, 969, 999, 1000});
   CHECK(split_bounds("98,2,0", 10) == std::vector<int64_t>{0, 10, 10, 10});
-  // Python round is half-to-even (2.5 -> 2), then all bookends shift so the last is n.
-  CHECK(split_bounds("1,1,2", 10) == std::vector<int64_t>{0, 3, 5, 10});
+  // Megatron-Core: round(bookend * n). Legacy Megatron's rounded part sizes would give
+  // {0, 3, 5, 10} here (round(2.5) = 2, round(2.5) = 2, round(5) = 5, shifted by -1).
+  CHECK(split_bounds("1,1,2", 10) == std::vector<int64_t>{0, 2, 5, 10});
+  // 115 documents under "969,30,1": legacy gives train [0, 112), Megatron-Core [0, 111).
+  CHECK(split_bounds("969,30,1", 115) == std::vector<int64_t>{0, 111, 115, 115});
+  CHECK(split_bounds("969,30,1", 49) == std::vector<int64_t>{0, 47, 49, 49});
   CHECK_THROWS_AS(parse_split("a,b"), InputError);
   CHECK_THROWS_AS(parse_split("0,0,0"), InputError);
   CHECK_THROWS_AS(parse_split("1,1,1,1"), InputError);
@@ -88,7 +92,7 @@ TEST_CASE("gpt indices: samples are seq_length+1 tokens with stride seq_length",
   }
 }
 
-TEST_CASE("gpt indices: bad splits and tiny datasets are InputErrors", "[data]") {
+TEST_CASE("gpt indices: empty parts are InputErrors, tiny parts wrap like Megatron", "[data]") {
   TempDir tmp("gpt");
   auto ds = make_dataset((tmp / "d").string(), {4, 4, 4});
   GptDatasetConfig cfg;
@@ -103,14 +107,29 @@ TEST_CASE("gpt indices: bad splits and tiny datasets are InputErrors", "[data]")
     CHECK_THAT(e.what(), Catch::Matchers::Contains("empty"));
     CHECK_THAT(e.what(), Catch::Matchers::Contains("valid"));
   }
+  // A part shorter than one sample: built as Megatron does, samples wrap over epochs.
   cfg.split = "1";
   cfg.split_index = 0;
   cfg.seq_length = 12;  // 12 tokens < 13 needed
-  try {
+  cfg.num_samples = 5;
+  {
     GptDataset g(ds, cfg);
+    CHECK(g.indices().num_epochs == 6);  // smallest E with 12 E >= 5 * 12 + 1
+    CHECK(g.size() >= 5);
+    std::vector<int32_t> buf(13);
+    for (int64_t i = 0; i < g.size(); ++i) {
+      g.sample(i, buf.data());
+      CHECK(g.documents(i).size() >= 4);  // 13 tokens span at least four 4-token documents
+    }
+  }
+  // No tokens at all (sequences of length 0): an error that says how many one sample needs.
+  try {
+    const std::vector<int32_t> zeros{0, 0, 0};
+    build_gpt_indices(zeros, 0, 3, 12, 5, 1234, "part");
     FAIL("expected InputError");
   } catch (const InputError& e) {
-    CHECK_THAT(e.what(), Catch::Matchers::Contains("fewer than one sample"));
+    CHECK_THAT(e.what(), Catch::Matchers::Contains("0 tokens"));
+    CHECK_THAT(e.what(), Catch::Matchers::Contains("13 tokens"));
   }
 }
 
@@ -166,10 +185,11 @@ TEST_CASE("numpy RandomState shuffle equals numpy's", "[data][oracle]") {
     INFO("n=" << n << " seed=" << seed);
     CHECK(v == nlohmann::json::parse(r.out).get<std::vector<int64_t>>());
   }
-  for (int64_t n : {1, 7, 10, 999, 1000, 1001}) {
+  for (int64_t n : {1, 7, 10, 49, 115, 116, 999, 1000, 1001, 4321}) {
     for (std::string sp : {"969,30,1", "1,1,2", "98,2", "1", "3,3,3"}) {
       auto r = test::run_command(py_index() + " split " + sp + " " + std::to_string(n));
       REQUIRE(r.exit_code == 0);
+      INFO("split " << sp << " n=" << n);
       CHECK(split_bounds(sp, n) == nlohmann::json::parse(r.out).get<std::vector<int64_t>>());
     }
   }
@@ -194,7 +214,9 @@ TEST_CASE("gpt indices equal the numpy reference build", "[data][oracle]") {
     uint32_t seed;
   };
   for (Case c : {Case{0, 300, 32, 100, 1234}, Case{0, 300, 32, 1700, 1234}, Case{0, 300, 64, 560, 7},
-                 Case{0, 300, 16, 2950, 3}, Case{290, 300, 8, 500, 99}, Case{100, 200, 128, 77, 1}}) {
+                 Case{0, 300, 16, 2950, 3}, Case{290, 300, 8, 500, 99}, Case{100, 200, 128, 77, 1},
+                 // parts shorter than one sample (Megatron wraps them over many epochs)
+                 Case{1, 3, 256, 5, 11}, Case{40, 41, 128, 9, 5}}) {
     nlohmann::json args = {{"sizes", sizes},     {"begin", c.begin}, {"end", c.end},
                            {"seq_length", c.seq}, {"num_samples", c.n}, {"seed", c.seed}};
     test::write_file(tmp / "args.json", args.dump());

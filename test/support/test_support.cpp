@@ -60,7 +60,10 @@ void write_file(const std::filesystem::path& p, const std::string& text) {
 std::vector<double> read_losses(const std::filesystem::path& run_dir) {
   std::vector<double> out;
   std::ifstream f(run_dir / "metrics.jsonl");
-  for (std::string line; std::getline(f, line);) out.push_back(nlohmann::json::parse(line)["loss"].get<double>());
+  for (std::string line; std::getline(f, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.contains("loss")) out.push_back(j["loss"].get<double>());  // not the validation/test records
+  }
   return out;
 }
 

@@ -37,7 +37,8 @@ std::string python();  // Debian python3 with torch/numpy
 bool python_has(const std::string& module);
 
 void write_file(const std::filesystem::path& p, const std::string& text);
-// The `loss` of every row of RUN_DIR/metrics.jsonl, in order.
+// The `loss` of every training row of RUN_DIR/metrics.jsonl, in order (validation and
+// test records, which have no `loss`, are skipped).
 std::vector<double> read_losses(const std::filesystem::path& run_dir);
 std::string read_file(const std::filesystem::path& p);
 
