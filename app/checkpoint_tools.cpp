@@ -4,6 +4,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "app/preflight.hpp"
 #include "app/trainer.hpp"
 #include "core/log.hpp"
 #include "core/progress.hpp"
@@ -47,6 +48,7 @@ Tensor transpose(const Tensor& w) {
 
 std::string convert_checkpoint(const std::string& in, const std::string& out, int64_t tp, int64_t pp) {
   std::string dir = model::ckpt::resolve(in);
+  const auto lock = claim_new_checkpoint_root(out, "--output");
   model::ckpt::TrainState st = model::ckpt::read_metadata(dir);
   Recipe r = recipe_of(st, dir);
   r.parallel.tensor_model_parallel_size = tp;
@@ -167,6 +169,7 @@ void export_hf_gpt2(const std::string& in, const std::string& out_dir) {
 }
 
 std::string import_hf_gpt2(const std::string& in_dir, const std::string& out, const std::string& recipe_path) {
+  const auto lock = claim_new_checkpoint_root(out, "--output");
   nlohmann::json cfg;
   {
     std::ifstream f(in_dir + "/config.json");
