@@ -165,7 +165,7 @@ void export_hf_gpt2(const std::string& in, const std::string& out_dir) {
                                 {"bos_token_id", 50256},
                                 {"eos_token_id", 50256},
                                 {"torch_dtype", "float32"}};
-  std::ofstream(out_dir + "/config.json") << cfg.dump(2) << "\n";
+  write_file_checked(out_dir + "/config.json", cfg.dump(2) + "\n", "--output");
 }
 
 std::string import_hf_gpt2(const std::string& in_dir, const std::string& out, const std::string& recipe_path) {

@@ -372,6 +372,14 @@ TEST_CASE("reliability 4: unwritable outputs are found at start-up; a full disk 
     CHECK(r.exit_code == 1);
     CHECK_THAT(r.out, Contains(name) && Contains("write failed") && Contains("No space left on device"));
   }
+  // checkpoint export's config.json, likewise
+  REQUIRE(train(d.str() + "/ck", "--set training.train_iters=1 --set checkpoint.save=" + d.str() + "/ck/root").exit_code == 0);
+  fs::create_directories(d / "hf");
+  fs::create_symlink("/dev/full", d / "hf" / "config.json");
+  auto r = test::run_mtnlg("checkpoint export --input " + d.str() + "/ck/root --output " + d.str() + "/hf");
+  INFO(r.out);
+  CHECK(r.exit_code == 1);
+  CHECK_THAT(r.out, Contains("config.json: write failed") && Contains("No space left on device"));
 }
 
 TEST_CASE("reliability 3: stop signals save, or say that nothing was saved", "[e2e]") {
