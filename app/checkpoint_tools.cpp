@@ -4,6 +4,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "app/preflight.hpp"
 #include "app/trainer.hpp"
 #include "core/log.hpp"
 #include "core/progress.hpp"
@@ -43,6 +44,7 @@ Tensor transpose(const Tensor& w) {
 
 std::string convert_checkpoint(const std::string& in, const std::string& out, int64_t tp, int64_t pp) {
   std::string dir = model::ckpt::resolve(in);
+  const auto lock = claim_new_checkpoint_root(out, "--output");
   model::ckpt::TrainState st = model::ckpt::read_metadata(dir);
   Recipe r = recipe_of(st, dir);
   r.parallel.tensor_model_parallel_size = tp;
@@ -159,10 +161,11 @@ void export_hf_gpt2(const std::string& in, const std::string& out_dir) {
                                 {"bos_token_id", 50256},
                                 {"eos_token_id", 50256},
                                 {"torch_dtype", "float32"}};
-  std::ofstream(out_dir + "/config.json") << cfg.dump(2) << "\n";
+  write_file_checked(out_dir + "/config.json", cfg.dump(2) + "\n", "--output");
 }
 
 std::string import_hf_gpt2(const std::string& in_dir, const std::string& out, const std::string& recipe_path) {
+  const auto lock = claim_new_checkpoint_root(out, "--output");
   nlohmann::json cfg;
   {
     std::ifstream f(in_dir + "/config.json");

@@ -21,6 +21,17 @@ void install_stop_signal_handlers() {
   sa.sa_flags = SA_RESTART;
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGUSR1, &sa, nullptr);
+  sigaction(SIGHUP, &sa, nullptr);  // the terminal went away: save and stop like SIGTERM
+  // Ctrl-C: the first saves and stops; the handler then resets itself, so a second one
+  // ends the process at once (the way out of a save that takes too long).
+  sa.sa_flags = SA_RESTART | SA_RESETHAND;
+  sigaction(SIGINT, &sa, nullptr);
+}
+
+void throw_stopped_without_checkpoint(const std::string& why, int64_t iteration) {
+  throw_runtime("{} stopped the run after iteration {}, but checkpoint.save is not set: nothing was saved (set "
+                "checkpoint.save and checkpoint.load to the same directory to resume)",
+                why, iteration);
 }
 bool stop_signal_received() { return g_stop != 0; }
 void reset_stop_signal() { g_stop = 0; }
@@ -44,6 +55,9 @@ std::optional<model::ckpt::TrainState> CheckpointManager::resume(model::ParamSto
   std::string dir = model::ckpt::resolve(path);
   auto t0 = std::chrono::steady_clock::now();
   model::ckpt::TrainState st = model::ckpt::read_metadata(dir);
+  if (auto miss = model::ckpt::missing_files(dir, st); !miss.empty())
+    throw_input("{}: {} is missing ({} shard files of layout tp={} pp={} dp={} are absent)", dir, miss.front(), miss.size(),
+                st.layout.tp, st.layout.pp, st.layout.dp);
   // The model must be the same network; the layout may differ.
   Recipe saved = parse_recipe(st.recipe_yaml, dir + "/metadata.json");
   auto same = [&](const char* what, int64_t a, int64_t b) {

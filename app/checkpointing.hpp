@@ -20,8 +20,12 @@
 
 namespace mtnlg::app {
 
-// SIGTERM / SIGUSR1 set this flag; the trainer stops at the next iteration boundary.
+// SIGTERM, SIGUSR1, SIGHUP and a first SIGINT (Ctrl-C) set this flag; the trainer saves
+// and stops at the next iteration boundary. A second SIGINT ends the process at once.
 void install_stop_signal_handlers();
+// A run told to stop early with no checkpoint.save has nothing to resume from: exit 1
+// saying so, never the requeue code (--stopped-exit-code) of a run that saved.
+[[noreturn]] void throw_stopped_without_checkpoint(const std::string& why, int64_t iteration);
 bool stop_signal_received();
 void reset_stop_signal();  // tests
 

@@ -56,6 +56,12 @@ void register_checkpoint(CLI::App& app) {
                   human_count(static_cast<double>(std::get<1>(v))).c_str(),
                   std::get<2>(v) ? "MISMATCH" : "ok");
     if (bad) throw_input("{}: {} tensors fail their checksum", dir, bad);
+    // Checksums cover the files present; the layout says which must be there.
+    auto miss = model::ckpt::missing_files(dir, st);
+    for (auto& m : miss) std::printf("  %-44s MISSING\n", m.c_str());
+    if (!miss.empty())
+      throw_input("{}: {} of the shard files its layout (tp={} pp={} dp={}) needs are missing, e.g. {}", dir, miss.size(),
+                  st.layout.tp, st.layout.pp, st.layout.dp, miss.front());
   });
 
   auto* conv = cmd->add_subcommand("convert", "Rewrite a checkpoint for another tensor/pipeline layout (offline)");

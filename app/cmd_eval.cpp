@@ -1,5 +1,5 @@
 // `mtnlg eval`: zero/one/few-shot evaluation the lm-evaluation-harness way
-// (shared/specs/eval-harness.md; command line in interface.md "Eval"). The work is in
+// (docs/specs/eval-harness.md; command line in interface.md "Eval"). The work is in
 // app/eval_runner.cpp; this file parses options, writes results.json / samples.jsonl
 // (temporary name, then rename) and prints the harness's table.
 #include <cstdio>
@@ -10,6 +10,7 @@
 #include "app/commands.hpp"
 #include "app/eval_parallel.hpp"
 #include "app/eval_runner.hpp"
+#include "app/preflight.hpp"
 #include "model/checkpoint.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
@@ -41,6 +42,9 @@ void write_atomic(const std::string& path, const std::string& text) {
 }
 
 void run(const EvalArgs& a) {
+  // Found before an evaluation that may take hours, not after it.
+  if (!a.output.empty()) check_writable_file(a.output, "--output");
+  if (!a.log_samples.empty()) check_writable_file(a.log_samples, "--log-samples");
   EvalOptions o;
   // tasks: comma-separated, or "all"
   std::stringstream ss(a.tasks);

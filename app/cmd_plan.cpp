@@ -1,7 +1,7 @@
 // `mtnlg plan RECIPE [--gpus N] [--gpu NAME] [--search] [--json] [--svg FILE]`: dry-run
 // a layout with the cost model (parallel/cost_model.hpp): per-stage memory, time per
 // iteration, throughput, MFU, the whole run's days and GPU-hours; or search all layouts
-// of a GPU count and rank them. Output contract: shared/specs/interface.md "Plan".
+// of a GPU count and rank them. Output contract: docs/specs/interface.md "Plan".
 // `--sbatch FILE` also writes a Slurm batch script that runs the chosen layout, modelled
 // on scripts/slurm/mtnlg-530b.sbatch (srun + PMIx, USR1 before the time limit, requeue
 // on exit 75, MTNLG_DRY_RUN); docs/SLURM.md describes what it relies on.
@@ -575,7 +575,9 @@ void register_plan(CLI::App& app) {
   static PlanArgs a;
   cmd->add_option("recipe", a.recipe, "Recipe YAML file (not needed with --calibrate)");
   cmd->add_option("--set", a.sets, "Override a recipe key: section.key=value (e.g. parallel.tensor_model_parallel_size=4); repeatable");
-  cmd->add_option("--gpus", a.gpus, "Number of GPUs (world size); default tp x pp (x --dp)");
+  // Counts are positive and bounded, so that products (tp x pp x dp) cannot overflow.
+  const auto count = CLI::Range(int64_t{1}, int64_t{1} << 24);
+  cmd->add_option("--gpus", a.gpus, "Number of GPUs (world size); default tp x pp (x --dp)")->check(count);
   cmd->add_option("--gpu", a.gpu, "GPU kind: a100-80g, h100-80g, h200-141g, or cpu (a starting point for --calibrate)")
       ->capture_default_str();
   cmd->add_option("--gpu-profile", a.gpu_profile, "Use the GPU constants in this file (written by --calibrate) instead of --gpu");
@@ -586,12 +588,12 @@ void register_plan(CLI::App& app) {
                   "Fit the GPU constants to this run directory's recipe.resolved.yaml + metrics.jsonl (repeatable: "
                   "one run fits the compute rate, two add memory bandwidth, three add kernel overhead); writes a profile");
   cmd->add_option("--profile-out", a.profile_out, "With --calibrate: the profile file to write (default RUN_DIR/gpu-profile.json)");
-  cmd->add_option("--gpus-per-node", a.gpus_per_node, "GPUs per node (NVLink domain)")->capture_default_str();
-  cmd->add_option("--tp", a.tp, "Override parallel.tensor_model_parallel_size");
-  cmd->add_option("--pp", a.pp, "Override parallel.pipeline_model_parallel_size");
-  cmd->add_option("--dp", a.dp, "Data-parallel size (sets --gpus to tp x pp x dp)");
+  cmd->add_option("--gpus-per-node", a.gpus_per_node, "GPUs per node (NVLink domain)")->capture_default_str()->check(count);
+  cmd->add_option("--tp", a.tp, "Override parallel.tensor_model_parallel_size")->check(count);
+  cmd->add_option("--pp", a.pp, "Override parallel.pipeline_model_parallel_size")->check(count);
+  cmd->add_option("--dp", a.dp, "Data-parallel size (sets --gpus to tp x pp x dp)")->check(count);
   cmd->add_flag("--search", a.search, "Enumerate all layouts of --gpus GPUs and rank the feasible ones by throughput");
-  cmd->add_option("--top", a.top, "With --search: how many ranked layouts to show")->capture_default_str();
+  cmd->add_option("--top", a.top, "With --search: how many ranked layouts to show")->capture_default_str()->check(count);
   cmd->add_flag("--json", a.json, "Print one JSON object (interface.md \"Plan\") instead of tables");
   cmd->add_option("--svg", a.svg, "Write the pipeline timeline of the (chosen) layout as SVG to this file");
   cmd->add_option("--sbatch", a.sbatch,

@@ -17,6 +17,7 @@ void register_recipe(CLI::App& app) {
   show->add_option("--set", show_sets, "Override a key: section.key=value (value parsed as YAML); repeatable");
   show->callback([] {
     Recipe r = load_recipe(show_path, show_sets);
+    for (auto& n : r.notes) std::printf("# %s\n", n.c_str());
     std::fputs(to_yaml(r).c_str(), stdout);
   });
 

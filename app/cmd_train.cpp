@@ -39,8 +39,9 @@ void register_train(CLI::App& app) {
                 "Every rank writes the bytes it sent per group (tp, pp, dp, embedding, mp, world) each iteration to "
                 "LOGDIR/bytes_rank<R>.jsonl (ring-model bytes, see docs/PLANNER.md)");
   cmd->footer(
-      "Checkpoints: checkpoint.load resumes (a directory without a checkpoint starts fresh); SIGTERM and SIGUSR1 "
-      "save at the next iteration boundary and exit (see --stopped-exit-code).\n"
+      "Checkpoints: checkpoint.load resumes (a directory without a checkpoint starts fresh); SIGTERM, SIGUSR1, SIGHUP "
+      "and a first Ctrl-C save at the next iteration boundary and exit (see --stopped-exit-code; a second Ctrl-C "
+      "ends the process; with no checkpoint.save the run exits 1). See docs/RELIABILITY.md.\n"
       "Testing aid: MTNLG_FAULT_INJECT=rank=R:iteration=I:mode=throw|abort|kill|sigterm|sigusr1|nan makes global "
       "rank R, at the start of iteration I, throw an error, abort(), SIGKILL itself, raise SIGTERM/SIGUSR1, or (nan) "
       "produce non-finite gradients from then on.");

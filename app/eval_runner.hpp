@@ -6,7 +6,7 @@
 //
 // Model acquisition is separate (load_eval_model): `--random-init RECIPE` builds a
 // random-weight model (a testing aid); `--checkpoint DIR` goes through the checkpoint
-// loader once it exists.
+// loader (model::ckpt::load_for_inference).
 #pragma once
 #include <cstdint>
 #include <functional>

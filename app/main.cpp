@@ -3,12 +3,15 @@
 #include <cstdio>
 #include <exception>
 
+#include "app/blas_core.hpp"
 #include "app/commands.hpp"
 #include "app/report_command.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
 
 int main(int argc, char** argv) {
+  // Before anything else: may re-execute this binary with a faster OpenBLAS kernel.
+  mtnlg::app::ensure_fast_blas_core(argv);
   CLI::App app{"mtnlg: train, evaluate and plan GPT models with 3D parallelism (Megatron-Turing NLG style)", "mtnlg"};
   app.set_version_flag("--version", std::string("mtnlg ") + MTNLG_VERSION);
   app.require_subcommand(1);

@@ -15,7 +15,9 @@
 #include <sstream>
 #include <nlohmann/json.hpp>
 
+#include "app/blas_core.hpp"
 #include "app/checkpointing.hpp"
+#include "app/preflight.hpp"
 #include "app/pipeline_executor.hpp"
 #include "app/validation.hpp"
 #include "core/log.hpp"
@@ -116,6 +118,7 @@ class MetricsWriter {
     if (!std::isfinite(s.loss)) j["loss"] = nullptr;
     out_ << j.dump() << "\n";
     out_.flush();
+    if (!out_) throw_write_failed("metrics.jsonl", "logging.dir");
   }
 
  private:
@@ -223,6 +226,7 @@ class CommReport {
                         {"dp_buckets_started_early", dp_buckets_early}};
     out_ << j.dump() << "\n";
     out_.flush();
+    if (!out_) throw_write_failed(fmt::format("bytes_rank{}.jsonl", g_.rank), "logging.dir");
   }
 
  private:
@@ -239,6 +243,8 @@ TrainSummary train(const Recipe& r, const parallel::ProcessGroups& g, const Trai
   const int64_t tp = g.topo.tp(), pp = g.topo.pp(), dp = g.topo.dp();
   const int64_t T = r.model.seq_length, mbs = r.training.micro_batch_size;
   const bool rank0 = g.rank == 0;
+  // Outputs writable, checkpoint root locked and not overwritten (issue 17, app/preflight.hpp).
+  const TrainPreflight preflight = preflight_train(r, g);
 
   // CPU threads per process: the recipe's, or the cores shared out among the ranks on
   // this node (mpirun -np 8 on 2 cores must not run 16 spinning OpenMP threads).
@@ -293,7 +299,7 @@ TrainSummary train(const Recipe& r, const parallel::ProcessGroups& g, const Trai
   // ---- output ---------------------------------------------------------------------------
   if (rank0) {
     std::filesystem::create_directories(r.logging.dir);
-    std::ofstream(std::filesystem::path(r.logging.dir) / "recipe.resolved.yaml") << to_yaml(r);
+    write_file_checked((std::filesystem::path(r.logging.dir) / "recipe.resolved.yaml").string(), to_yaml(r), "logging.dir");
   }
   MetricsWriter metrics(r.logging.dir, rank0);
   CommReport comm_report(r.logging.dir, g, opts.comm_report);
@@ -304,7 +310,7 @@ TrainSummary train(const Recipe& r, const parallel::ProcessGroups& g, const Trai
   if (peak_tflops <= 0) {
     peak_tflops = measure_cpu_sgemm_tflops();
     if (g.world && g.world->size() > 1) g.world->all_reduce(&peak_tflops, 1, parallel::ReduceOp::max);
-    peak_what = "measured CPU sgemm rate";
+    peak_what = "measured CPU sgemm rate, " + blas_description();
   }
   if (!opts.quiet) {
     log::info("mtnlg train: {} | layout tp={} pp={} dp={} (world {}){}{} | {} parameters ({} on this rank)", r.name, tp, pp, dp,
@@ -489,6 +495,7 @@ TrainSummary train(const Recipe& r, const parallel::ProcessGroups& g, const Trai
     int64_t stop = stop_signal_received() ? 1 : 0;
     if (g.world && g.world->size() > 1) g.world->all_reduce(&stop, 1, parallel::ReduceOp::max);
     if (stop) {
+      if (!ckpt.enabled()) throw_stopped_without_checkpoint("a stop signal", iteration);
       log::info("stop signal received: saving and exiting after iteration {}", iteration);
       if (ckpt.enabled() && last_saved != iteration) save_now();
       summary.interrupted = true;
@@ -499,6 +506,7 @@ TrainSummary train(const Recipe& r, const parallel::ProcessGroups& g, const Trai
       double mins = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count() / 60.0;
       if (g.world && g.world->size() > 1) g.world->all_reduce(&mins, 1, parallel::ReduceOp::max);
       if (mins >= r.training.exit_duration_mins) {
+        if (!ckpt.enabled()) throw_stopped_without_checkpoint("training.exit_duration_mins", iteration);
         log::info("exiting after {:.1f} minutes (training.exit_duration_mins = {})", mins, r.training.exit_duration_mins);
         if (ckpt.enabled() && last_saved != iteration) save_now();
         summary.interrupted = true;

@@ -92,10 +92,14 @@ namespace {
 struct Ctx {
   std::string origin;
   std::map<std::string, std::string> overridden;  // dotted path -> "--set ..." text
+  std::vector<std::string> notes;
 
-  std::string where(const std::string& path, const YAML::Node& n) const {
+  std::string where(const std::string& path_in, const YAML::Node& n) const {
+    const std::string path = !path_in.empty() && path_in[0] == '.' ? path_in.substr(1) : path_in;
+    // The value a --set wrote, anything below it, or a map it created on the way.
     for (auto& [p, text] : overridden)
-      if (path == p || path.rfind(p + ".", 0) == 0) return text;
+      if (path == p || path.rfind(p + ".", 0) == 0 || (!path.empty() && p.rfind(path + ".", 0) == 0 && n.Mark().is_null()))
+        return text;
     if (n.IsDefined() && n.Mark().line >= 0)
       return fmt::format("{}:{}:{}", origin, n.Mark().line + 1, n.Mark().column + 1);
     return origin;
@@ -133,11 +137,24 @@ double read_double(const Ctx& c, const std::string& path, const YAML::Node& n, d
   return v;
 }
 
+}  // namespace
+
+// One spelling rule for every boolean (recipe keys, --set values, environment switches):
+// YAML 1.1's true/yes/on and false/no/off, each in lower, Capitalised or UPPER case.
+std::optional<bool> parse_bool(const std::string& s) {
+  for (const char* t : {"true", "True", "TRUE", "yes", "Yes", "YES", "on", "On", "ON"})
+    if (s == t) return true;
+  for (const char* f : {"false", "False", "FALSE", "no", "No", "NO", "off", "Off", "OFF"})
+    if (s == f) return false;
+  return std::nullopt;
+}
+
+namespace {
+
 bool read_bool(const Ctx& c, const std::string& path, const YAML::Node& n) {
   std::string s = scalar_text(c, path, n, "true or false");
-  if (s == "true" || s == "True" || s == "yes" || s == "on") return true;
-  if (s == "false" || s == "False" || s == "no" || s == "off") return false;
-  bad(c, path, n, fmt::format("expected true or false, got \"{}\"", s));
+  if (auto b = parse_bool(s)) return *b;
+  bad(c, path, n, fmt::format("expected true or false (or yes/no, on/off), got \"{}\"", s));
 }
 
 std::string read_string(const Ctx& c, const std::string& path, const YAML::Node& n) {
@@ -416,8 +433,40 @@ void apply_override(YAML::Node doc, const std::string& spec, Ctx& ctx) {
     if (!n[parts[i]] || !n[parts[i]].IsMap()) n[parts[i]] = YAML::Node(YAML::NodeType::Map);
     set(n[parts[i]], i + 1);
   };
+  // A run length is one of three keys: a --set of one replaces the recipe's other one
+  // (two --sets of different ones are still an error, from validate()).
+  static const char* kRunLength[] = {"train_iters", "train_samples", "train_tokens"};
+  if (parts.size() == 2 && parts[0] == "training" &&
+      std::any_of(std::begin(kRunLength), std::end(kRunLength), [&](const char* k) { return parts[1] == k; }) &&
+      doc["training"] && doc["training"].IsMap()) {
+    for (const char* other : kRunLength) {
+      const std::string key = std::string("training.") + other;
+      if (parts[1] == other || !doc["training"][other] || ctx.overridden.count(key)) continue;
+      doc["training"].remove(other);
+      ctx.notes.push_back(fmt::format("--set {} replaces the recipe's {}", spec, key));
+    }
+  }
   set(doc, 0);
   ctx.overridden[path] = "--set " + spec;
+}
+
+// yaml-cpp keeps the first of two equal keys in a map; an override appended to a recipe
+// would be ignored. Reject them, naming both places.
+void check_duplicate_keys(const Ctx& c, const YAML::Node& n, const std::string& path) {
+  if (n.IsMap()) {
+    std::map<std::string, YAML::Mark> seen;
+    for (auto it = n.begin(); it != n.end(); ++it) {
+      const std::string k = it->first.IsScalar() ? it->first.Scalar() : "?";
+      const std::string kp = path.empty() ? k : path + "." + k;
+      auto [at, fresh] = seen.emplace(k, it->first.Mark());
+      if (!fresh)
+        throw InputError(fmt::format("{}:{}:{}: key '{}' is given twice (first at line {}); remove one", c.origin,
+                                     it->first.Mark().line + 1, it->first.Mark().column + 1, kp, at->second.line + 1));
+      check_duplicate_keys(c, it->second, kp);
+    }
+  } else if (n.IsSequence()) {
+    for (size_t i = 0; i < n.size(); ++i) check_duplicate_keys(c, n[i], fmt::format("{}[{}]", path, i));
+  }
 }
 
 Recipe parse_doc(YAML::Node doc, Ctx& ctx, const std::vector<std::string>& overrides) {
@@ -449,14 +498,21 @@ Recipe parse_doc(YAML::Node doc, Ctx& ctx, const std::vector<std::string>& overr
 }  // namespace
 
 Recipe parse_recipe(const std::string& text, const std::string& origin, const std::vector<std::string>& overrides) {
-  Ctx ctx{origin, {}};
+  Ctx ctx{origin, {}, {}};
   YAML::Node doc;
   try {
-    doc = YAML::Load(text);
+    std::vector<YAML::Node> docs = YAML::LoadAll(text);
+    if (docs.size() > 1)
+      throw_input("{}:{}: a second YAML document begins here (after '---'); a recipe is one document", origin,
+                  docs[1].Mark().line + 1);
+    if (!docs.empty()) doc = docs[0];
   } catch (const YAML::Exception& e) {
     throw_input("{}:{}:{}: invalid YAML: {}", origin, e.mark.line + 1, e.mark.column + 1, e.msg);
   }
+  if (text.find('\0') != std::string::npos) throw_input("{}: holds NUL bytes: not a YAML recipe", origin);
+  check_duplicate_keys(ctx, doc, "");
   Recipe r = parse_doc(doc, ctx, overrides);
+  r.notes = ctx.notes;
   std::filesystem::path p(origin);
   r.name = p.stem().string();
   r.source_path = origin;
@@ -465,6 +521,14 @@ Recipe parse_recipe(const std::string& text, const std::string& origin, const st
 }
 
 Recipe load_recipe(const std::string& path, const std::vector<std::string>& overrides) {
+  std::error_code ec;
+  const auto st = std::filesystem::status(path, ec);
+  if (std::filesystem::is_directory(st)) throw_input("{}: is a directory, expected a recipe YAML file", path);
+  if (std::filesystem::is_character_file(st) || std::filesystem::is_block_file(st) || std::filesystem::is_socket(st))
+    throw_input("{}: a device or socket, not a file: expected a recipe YAML file", path);
+  constexpr uintmax_t kMaxBytes = 16u << 20;
+  if (std::filesystem::is_regular_file(st) && std::filesystem::file_size(path, ec) > kMaxBytes)
+    throw_input("{}: {} bytes, too large for a recipe (at most 16 MiB)", path, std::filesystem::file_size(path, ec));
   std::ifstream f(path, std::ios::binary);
   if (!f) throw_input("{}: cannot open recipe file ({})", path, std::filesystem::exists(path) ? "permission denied" : "no such file");
   std::stringstream ss;
@@ -532,6 +596,21 @@ void validate(const Recipe& r) {
   int n_len = (t.train_iters > 0) + (t.train_samples > 0) + (t.train_tokens > 0);
   if (n_len != 1)
     invalid(r, "set exactly one of training.train_iters, training.train_samples, training.train_tokens");
+  {
+    // The run's token count (iterations x batch x sequence) must fit the 64-bit counters
+    // that the trainer, checkpoints and schedules keep.
+    int64_t samples = t.train_samples, tokens = 0;
+    const bool over = (t.train_iters > 0 && __builtin_mul_overflow(t.train_iters, t.global_batch_size, &samples)) ||
+                      (t.train_tokens == 0 && __builtin_mul_overflow(samples, m.seq_length, &tokens)) ||
+                      (t.train_tokens > 0 && t.train_tokens > std::numeric_limits<int64_t>::max() - m.seq_length);
+    if (over) {
+      const std::string key = t.train_iters > 0   ? fmt::format("training.train_iters ({})", t.train_iters)
+                              : t.train_samples > 0 ? fmt::format("training.train_samples ({})", t.train_samples)
+                                                    : fmt::format("training.train_tokens ({})", t.train_tokens);
+      invalid(r, fmt::format("{} x training.global_batch_size ({}) x model.seq_length ({}) overflows a 64-bit token count",
+                             key, t.global_batch_size, m.seq_length));
+    }
+  }
   if (t.rampup_batch_size) {
     auto& rb = *t.rampup_batch_size;
     if (rb.start >= t.global_batch_size)

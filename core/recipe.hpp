@@ -136,6 +136,9 @@ struct Recipe {
   DataConfig data;
   CheckpointConfig checkpoint;
   LoggingConfig logging;
+  // What the overrides did beyond setting their key (e.g. a --set of one run length
+  // replacing the recipe's other one), for `recipe show` and the run log.
+  std::vector<std::string> notes;
 
   int64_t tp() const { return parallel.tensor_model_parallel_size; }
   int64_t pp() const { return parallel.pipeline_model_parallel_size; }
@@ -161,5 +164,8 @@ std::string to_yaml(const Recipe& r);
 // "270B", "12e9", "1.5M", 2048 -> integer counts. Throws InputError(what) when the
 // text is not a whole non-negative number.
 int64_t parse_count(const std::string& text, const std::string& what);
+// The one boolean spelling of recipes, --set values and environment switches: true/yes/on
+// and false/no/off in lower, Capitalised or UPPER case; nullopt for anything else.
+std::optional<bool> parse_bool(const std::string& text);
 
 }  // namespace mtnlg

@@ -189,7 +189,25 @@ GptIndices build_gpt_indices(std::span<const int32_t> sizes, int64_t doc_begin, 
 // ----- cache ------------------------------------------------------------------------------
 namespace {
 
-constexpr char kCacheMagic[8] = {'M', 'T', 'G', 'P', 'T', 'I', 'X', '1'};
+// Version 2 adds a checksum of everything after the key; version 1 files are rebuilt.
+constexpr char kCacheMagic[8] = {'M', 'T', 'G', 'P', 'T', 'I', 'X', '2'};
+
+// FNV-1a over raw bytes, continued from h.
+uint64_t fnv1a64_bytes(const void* p, size_t n, uint64_t h) {
+  const auto* c = static_cast<const unsigned char*>(p);
+  for (size_t i = 0; i < n; ++i) {
+    h ^= c[i];
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+uint64_t payload_checksum(const int64_t meta[3], const GptIndices& r) {
+  uint64_t h = fnv1a64_bytes(meta, 24, 0xcbf29ce484222325ull);
+  h = fnv1a64_bytes(r.doc_idx.data(), r.doc_idx.size() * sizeof(int32_t), h);
+  h = fnv1a64_bytes(r.sample_idx.data(), r.sample_idx.size() * sizeof(int64_t), h);
+  return fnv1a64_bytes(r.shuffle_idx.data(), r.shuffle_idx.size() * sizeof(int64_t), h);
+}
 
 template <typename T>
 bool read_vec(std::FILE* f, std::vector<T>& v) {
@@ -205,31 +223,83 @@ bool write_vec(std::FILE* f, const std::vector<T>& v) {
   return std::fwrite(&n, 8, 1, f) == 1 && (n == 0 || std::fwrite(v.data(), sizeof(T), v.size(), f) == v.size());
 }
 
-bool load_cache(const std::string& path, const std::string& key, GptIndices& r) {
+}  // namespace
+
+// Everything sample() relies on, checked once in O(size): doc_idx names sequences of the
+// split, sample_idx rows walk forward through doc_idx with in-range offsets and each
+// sample spans exactly seq_length+1 tokens, shuffle_idx is a permutation.
+std::string check_gpt_indices(const GptIndices& r, std::span<const int32_t> sizes, int64_t doc_begin, int64_t doc_end,
+                              int64_t seq_length, int64_t min_samples) {
+  if (r.sample_idx.size() < 2 || r.sample_idx.size() % 2 != 0) return "sample index has a bad shape";
+  const int64_t n = r.num_samples();
+  if (n < min_samples) return fmt::format("{} samples, fewer than the {} needed", n, min_samples);
+  if (static_cast<int64_t>(r.shuffle_idx.size()) != n) return "shuffle index and sample index disagree in length";
+  for (int32_t d : r.doc_idx)
+    if (d < doc_begin || d >= doc_end) return fmt::format("document index {} outside [{}, {})", d, doc_begin, doc_end);
+  const int64_t ndoc = static_cast<int64_t>(r.doc_idx.size());
+  auto len = [&](int64_t pos) { return static_cast<int64_t>(sizes[static_cast<size_t>(r.doc_idx[static_cast<size_t>(pos)])]); };
+  for (int64_t j = 0; j <= n; ++j) {
+    const int64_t pos = r.sample_idx[static_cast<size_t>(2 * j)], off = r.sample_idx[static_cast<size_t>(2 * j + 1)];
+    if (pos < 0 || pos >= ndoc || off < 0 || off >= std::max<int64_t>(len(pos), 1))
+      return fmt::format("sample index row {} ({}, {}) out of range", j, pos, off);
+    if (j == 0) continue;
+    const int64_t pf = r.sample_idx[static_cast<size_t>(2 * j - 2)], of = r.sample_idx[static_cast<size_t>(2 * j - 1)];
+    if (pos < pf || (pos == pf && off < of)) return fmt::format("sample index row {} goes backwards", j);
+    int64_t tokens = 0;
+    if (pos == pf) {
+      tokens = off - of + 1;
+    } else {
+      tokens = len(pf) - of + off + 1;
+      for (int64_t p = pf + 1; p < pos; ++p) tokens += len(p);
+    }
+    if (tokens != seq_length + 1) return fmt::format("sample {} spans {} tokens, not {}", j - 1, tokens, seq_length + 1);
+  }
+  std::vector<bool> seen(static_cast<size_t>(n), false);
+  for (int64_t v : r.shuffle_idx) {
+    if (v < 0 || v >= n || seen[static_cast<size_t>(v)]) return fmt::format("shuffle index entry {} is not a permutation", v);
+    seen[static_cast<size_t>(v)] = true;
+  }
+  return "";
+}
+
+namespace {
+
+// Reads a cache file; "" when it is absent or stale (another key), else the reason it
+// cannot be used. `r` is filled only when the file is intact and valid.
+std::string load_cache(const std::string& path, const std::string& key, GptIndices& r, bool& found) {
+  found = false;
   std::FILE* f = std::fopen(path.c_str(), "rb");
-  if (!f) return false;
+  if (!f) return "";
+  found = true;
   char magic[8];
   std::string stored;
-  uint64_t klen = 0;
+  uint64_t klen = 0, sum = 0;
   int64_t meta[3];
   bool ok = std::fread(magic, 1, 8, f) == 8 && std::memcmp(magic, kCacheMagic, 8) == 0 &&
             std::fread(&klen, 8, 1, f) == 1 && klen < (1u << 20);
-  if (ok) {
-    stored.resize(static_cast<size_t>(klen));
-    ok = std::fread(stored.data(), 1, stored.size(), f) == stored.size() && stored == key &&
-         std::fread(meta, 8, 3, f) == 3 && read_vec(f, r.doc_idx) && read_vec(f, r.sample_idx) &&
-         read_vec(f, r.shuffle_idx);
+  if (!ok) {
+    std::fclose(f);
+    return "not an index cache of this version";
   }
+  stored.resize(static_cast<size_t>(klen));
+  ok = std::fread(stored.data(), 1, stored.size(), f) == stored.size();
+  if (ok && stored != key) {
+    std::fclose(f);
+    found = false;  // another configuration's cache under a colliding name: rebuild quietly
+    return "";
+  }
+  ok = ok && std::fread(meta, 8, 3, f) == 3 && read_vec(f, r.doc_idx) && read_vec(f, r.sample_idx) &&
+       read_vec(f, r.shuffle_idx) && std::fread(&sum, 8, 1, f) == 1;
+  char extra;
+  ok = ok && std::fread(&extra, 1, 1, f) == 0;
   std::fclose(f);
-  // Shape checks: a damaged file is rebuilt rather than trusted.
-  ok = ok && r.sample_idx.size() >= 2 && r.sample_idx.size() % 2 == 0 &&
-       r.shuffle_idx.size() == r.sample_idx.size() / 2 - 1;
-  if (ok) {
-    r.num_epochs = meta[0];
-    r.tokens_per_epoch = meta[1];
-    r.separate_final_epoch = meta[2] != 0;
-  }
-  return ok;
+  if (!ok) return "truncated or with trailing bytes";
+  if (sum != payload_checksum(meta, r)) return "checksum mismatch";
+  if (meta[0] < 1 || meta[1] < 1 || (meta[2] != 0 && meta[2] != 1)) return "impossible epoch metadata";
+  r.num_epochs = meta[0];
+  r.tokens_per_epoch = meta[1];
+  r.separate_final_epoch = meta[2] != 0;
+  return "";
 }
 
 void save_cache(const std::string& path, const std::string& key, const GptIndices& r) {
@@ -244,6 +314,8 @@ void save_cache(const std::string& path, const std::string& key, const GptIndice
   bool ok = std::fwrite(kCacheMagic, 1, 8, f) == 8 && std::fwrite(&klen, 8, 1, f) == 1 &&
             std::fwrite(key.data(), 1, key.size(), f) == key.size() && std::fwrite(meta, 8, 3, f) == 3 &&
             write_vec(f, r.doc_idx) && write_vec(f, r.sample_idx) && write_vec(f, r.shuffle_idx);
+  const uint64_t sum = payload_checksum(meta, r);
+  ok = ok && std::fwrite(&sum, 8, 1, f) == 1;
   ok = std::fflush(f) == 0 && ok;
   ok = ::fsync(::fileno(f)) == 0 && ok;
   ok = std::fclose(f) == 0 && ok;
@@ -275,9 +347,17 @@ GptDataset::GptDataset(std::shared_ptr<const IndexedDataset> ds, const GptDatase
                    fmt::format("{}-{}-{:016x}.gptidx", std::filesystem::path(ds_->prefix()).filename().string(),
                                kPart[cfg_.split_index], fnv1a64(key)))
                       .string();
-    from_cache_ = load_cache(cache_file_, key, idx_);
+    bool found = false;
+    std::string why = load_cache(cache_file_, key, idx_, found);
+    if (found && why.empty()) {
+      const auto sizes = ds_->sequence_lengths();
+      why = check_gpt_indices(idx_, sizes, b, e, cfg_.seq_length, cfg_.num_samples);
+    }
+    from_cache_ = found && why.empty();
+    if (found && !why.empty()) log::warn("index cache {} is damaged ({}); rebuilding it", cache_file_, why);
   }
   if (!from_cache_) {
+    idx_ = GptIndices{};
     const auto sizes = ds_->sequence_lengths();
     idx_ = build_gpt_indices(sizes, b, e, cfg_.seq_length, cfg_.num_samples, cfg_.seed, what);
     if (!cache_file_.empty()) {

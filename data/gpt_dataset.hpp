@@ -69,6 +69,11 @@ struct GptIndices {
 GptIndices build_gpt_indices(std::span<const int32_t> sizes, int64_t doc_begin, int64_t doc_end, int64_t seq_length,
                              int64_t num_samples, uint32_t seed, const std::string& what);
 
+// "" when `r` is a sound index for documents [doc_begin, doc_end) of `sizes` holding at
+// least min_samples samples, else what is wrong (used to vet index caches read back).
+std::string check_gpt_indices(const GptIndices& r, std::span<const int32_t> sizes, int64_t doc_begin, int64_t doc_end,
+                              int64_t seq_length, int64_t min_samples);
+
 struct GptDatasetConfig {
   int64_t seq_length = 0;
   int64_t num_samples = 0;  // requested; the dataset may hold more (whole epochs)

@@ -4,6 +4,7 @@
 #include <zlib.h>
 #include <zstd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
@@ -269,6 +270,10 @@ BatchResult process_batch(const Batch& b, const PreprocessOptions& opt, const To
     } catch (const nlohmann::json::parse_error& e) {
       reason = fmt::format("malformed JSON (byte {}: {})", e.byte,
                            std::string(e.what()).substr(std::string(e.what()).rfind(": ") + 2));
+    } catch (const nlohmann::json::exception& e) {
+      // e.g. out_of_range 406: a number beyond double's range, in any field, used or not
+      const std::string what = e.what();
+      reason = fmt::format("malformed JSON ({})", what.substr(what.find("] ") == std::string::npos ? 0 : what.find("] ") + 2));
     }
     if (reason.empty() && !j.is_object()) reason = "expected a JSON object";
     std::vector<std::string> values(nk);
@@ -312,6 +317,15 @@ PreprocessResult preprocess_jsonl(const PreprocessOptions& opt) {
   const auto t0 = std::chrono::steady_clock::now();
   if (opt.json_keys.empty()) throw_input("--json-keys: at least one key is needed");
   if (opt.workers < 1) throw_input("--workers: {} is not valid (expected >= 1)", opt.workers);
+  {
+    // Each worker is a thread with its own batch in flight: more than the machine can
+    // run only costs memory (--workers 100000 would start that many threads).
+    const int64_t hw = std::max<int64_t>(1, static_cast<int64_t>(std::thread::hardware_concurrency()));
+    const int64_t most = std::max<int64_t>(4, 4 * hw);
+    if (opt.workers > most)
+      throw_input("--workers: {} is more than this machine can use ({} hardware threads; at most {})", opt.workers, hw,
+                  most);
+  }
   if (opt.output_prefix.empty()) throw_input("--output-prefix: must not be empty");
   for (size_t a = 0; a < opt.json_keys.size(); ++a)
     for (size_t b = a + 1; b < opt.json_keys.size(); ++b)

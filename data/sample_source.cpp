@@ -36,14 +36,25 @@ class MockSource : public SampleSource {
 
 class BlendSource : public SampleSource {
  public:
-  BlendSource(std::unique_ptr<BlendedDataset> b, std::vector<std::string> names, int64_t seq)
-      : blend_(std::move(b)), names_(std::move(names)), seq_(seq) {}
+  BlendSource(std::unique_ptr<BlendedDataset> b, std::vector<std::string> names, int64_t seq, int64_t vocab)
+      : blend_(std::move(b)), names_(std::move(names)), seq_(seq), vocab_(vocab) {}
   int64_t size() const override { return blend_->size(); }
   int64_t seq_length() const override { return seq_; }
   void sample(int64_t index, int32_t* out) const override {
     if (index < 0 || index >= size())
       throw_runtime("sample {} requested from a blend built for {} samples", index, size());
     blend_->sample(index, out);
+    // Token ids index the embedding: one outside [0, vocab) is bad data, not a crash or
+    // a silent read of another row. Checked per sample (seq_length+1 compares).
+    for (int64_t k = 0; k <= seq_; ++k)
+      if (out[k] < 0 || out[k] >= vocab_) {
+        const int src = blend_->source_of(index);
+        const std::string file =
+            src >= 0 && src < static_cast<int>(names_.size()) ? bin_path(names_[static_cast<size_t>(src)]) : "the data";
+        throw_input("{}: token id {} in sample {} is outside the vocabulary (model.vocab_size {}): the data was "
+                    "tokenized for another vocabulary",
+                    file, out[k], index, vocab_);
+      }
   }
   int source_of(int64_t index) const override { return blend_->source_of(index); }
   std::vector<std::string> source_names() const override { return names_; }
@@ -58,7 +69,7 @@ class BlendSource : public SampleSource {
  private:
   std::unique_ptr<BlendedDataset> blend_;
   std::vector<std::string> names_;
-  int64_t seq_;
+  int64_t seq_, vocab_;
 };
 
 // Megatron's unweighted single `--data-path PREFIX`: the GPT dataset itself, no blend.
@@ -135,7 +146,7 @@ std::unique_ptr<SampleSource> make_blend_source(const Recipe& r, int split_index
     names.push_back(blend[i].prefix);
   }
   auto b = std::make_unique<BlendedDataset>(std::move(sources), w, num_samples);
-  return std::make_unique<BlendSource>(std::move(b), std::move(names), r.model.seq_length);
+  return std::make_unique<BlendSource>(std::move(b), std::move(names), r.model.seq_length, r.model.vocab_size);
 }
 
 std::array<int64_t, 3> split_num_samples(const Recipe& r) {

@@ -3,7 +3,10 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -11,6 +14,7 @@
 #include <set>
 #include <sstream>
 
+#include "core/log.hpp"
 #include "core/recipe.hpp"
 #include "core/safetensors.hpp"
 #include "core/ops.hpp"
@@ -156,14 +160,37 @@ void commit(const std::string& root, int64_t iteration, int64_t keep_last) {
   }
 }
 
+std::vector<int64_t> committed_iterations(const std::string& root) {
+  std::vector<int64_t> its;
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) return its;
+  for (auto& e : fs::directory_iterator(root, ec)) {
+    const std::string n = e.path().filename().string();
+    if (n.size() < 6 || n.rfind("iter_", 0) != 0 || n.find_first_not_of("0123456789", 5) != std::string::npos) continue;
+    if (n.size() - 5 > 18) continue;  // not an iteration this program could have written
+    if (!fs::exists(e.path() / "metadata.json", ec)) continue;
+    its.push_back(std::stoll(n.substr(5)));
+  }
+  std::sort(its.begin(), its.end());
+  return its;
+}
+
 std::optional<int64_t> latest_iteration(const std::string& root) {
   std::ifstream f(root + "/latest");
-  if (!f) return std::nullopt;
+  if (!f) {
+    // `latest` is replaced last, by rename: it is missing only when its write failed (a
+    // full disk) or someone removed it. The committed directories are the truth.
+    auto its = committed_iterations(root);
+    if (its.empty()) return std::nullopt;
+    log::warn("{}/latest is missing; using the newest committed checkpoint {}", root, iteration_dir(root, its.back()));
+    return its.back();
+  }
   std::string s;
   std::getline(f, s);
   char* end = nullptr;
+  errno = 0;
   long long v = std::strtoll(s.c_str(), &end, 10);
-  if (s.empty() || v < 0 || (*end != '\0' && *end != '\n' && *end != ' '))
+  if (s.empty() || v < 0 || errno == ERANGE || end == s.c_str() || (*end != '\0' && *end != '\n' && *end != ' '))
     throw_input("{}/latest: expected an iteration number, found \"{}\"", root, s);
   if (!fs::exists(iteration_dir(root, v) + "/metadata.json"))
     throw_input("{}/latest names iteration {} but {} has no metadata.json", root, v, iteration_dir(root, v));
@@ -216,8 +243,32 @@ TrainState read_metadata(const std::string& dir) {
   } catch (const nlohmann::json::exception& e) {
     throw_input("{}: {}", path, e.what());
   }
-  if (st.layout.tp < 1 || st.layout.pp < 1 || st.layout.dp < 1 || st.layout.tp > 4096 || st.layout.pp > 65536)
+  if (st.layout.tp < 1 || st.layout.pp < 1 || st.layout.dp < 1 || st.layout.tp > 4096 || st.layout.pp > 65536 ||
+      st.layout.dp > (int64_t{1} << 24) || st.layout.virtual_chunks < 1 || st.layout.virtual_chunks > 65536)
     throw_input("{}: impossible layout tp={} pp={} dp={}", path, st.layout.tp, st.layout.pp, st.layout.dp);
+  // Counters: state, not a cache, so an impossible value is an error rather than a run
+  // that trains "iteration -4".
+  auto count = [&](const char* key, int64_t v, int64_t hi) {
+    if (v < 0 || v > hi) throw_input("{}: \"{}\" is {}, impossible (expected 0..{})", path, key, v, hi);
+  };
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  count("iteration", st.iteration, kMax);
+  count("consumed_samples", st.consumed_samples, kMax);
+  count("consumed_tokens", st.consumed_tokens, kMax);
+  count("optimizer_steps", st.optimizer_steps, st.iteration);
+  count("skipped_total", st.skipped_total, st.iteration);
+  count("nan_total", st.nan_total, st.iteration);
+  count("loss_scale_good_steps", st.loss_scale_good_steps, kMax);
+  count("loss_scale_hysteresis", st.loss_scale_hysteresis, kMax);
+  if (st.iteration > 0 && st.consumed_samples == 0) throw_input("{}: iteration {} with 0 consumed_samples is impossible", path, st.iteration);
+  for (int64_t v : st.per_source_samples) count("per_source_samples", v, st.consumed_samples);
+  if (!(std::isfinite(st.loss_scale) && st.loss_scale > 0))
+    throw_input("{}: \"loss_scale\" is {}, impossible (expected a finite number > 0)", path, st.loss_scale);
+  // The directory name and the file must agree (a copied or renamed directory).
+  const std::string base = fs::path(dir).lexically_normal().filename().string();
+  if (base.rfind("iter_", 0) == 0 && base.size() > 5 && base.find_first_not_of("0123456789", 5) == std::string::npos &&
+      base.size() - 5 <= 18 && std::stoll(base.substr(5)) != st.iteration)
+    throw_input("{}: \"iteration\" is {} but the directory is {}", path, st.iteration, base);
   return st;
 }
 
@@ -457,6 +508,23 @@ LoadedModel load_for_inference(const std::string& path) {
   m.store.finalize(DType::f32);
   load_into(dir, m.store);
   return m;
+}
+
+std::vector<std::string> missing_files(const std::string& dir, const TrainState& st) {
+  std::vector<std::string> miss;
+  std::error_code ec;
+  bool any_optim = false;
+  for (auto& e : fs::directory_iterator(dir, ec))
+    any_optim = any_optim || e.path().filename().string().rfind("optim_", 0) == 0;
+  const int64_t odp = st.layout.zero1 ? st.layout.dp : 1;
+  for (int64_t p = 0; p < st.layout.pp; ++p)
+    for (int64_t t = 0; t < st.layout.tp; ++t) {
+      if (!fs::exists(dir + "/" + model_file(t, p), ec)) miss.push_back(model_file(t, p));
+      if (any_optim)
+        for (int64_t d = 0; d < odp; ++d)
+          if (!fs::exists(dir + "/" + optim_file(t, p, d), ec)) miss.push_back(optim_file(t, p, d));
+    }
+  return miss;
 }
 
 std::vector<TensorReport> inspect(const std::string& dir_in) {

@@ -78,7 +78,10 @@ void write_metadata(const std::string& dir, const TrainState& st);
 // Rank 0, after every rank has written: partial -> final, `latest`, prune to keep_last (0 = keep all).
 void commit(const std::string& root, int64_t iteration, int64_t keep_last);
 
-// The newest complete checkpoint under root (reads `latest`), or nullopt when there is none.
+// Committed iteration directories under root (iter_X with a metadata.json), ascending.
+std::vector<int64_t> committed_iterations(const std::string& root);
+// The newest complete checkpoint under root (reads `latest`; when `latest` is missing, the
+// newest committed iter_X, with a warning), or nullopt when there is none.
 std::optional<int64_t> latest_iteration(const std::string& root);
 // ROOT or ROOT/iter_X -> the iteration directory to load (InputError when there is none).
 std::string resolve(const std::string& path);
@@ -99,6 +102,9 @@ struct TensorReport {
   int64_t split_dim = -1, split_rank = 0, split_count = 1, flat_begin = 0, flat_end = 0;
   bool checksum_ok = false;
 };
+// Shard files the layout in `st` calls for that are absent from `dir` (optimizer files
+// only when the checkpoint has any).
+std::vector<std::string> missing_files(const std::string& dir, const TrainState& st);
 // Every tensor of every file in `dir`, with its checksum verified.
 std::vector<TensorReport> inspect(const std::string& dir);
 

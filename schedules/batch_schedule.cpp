@@ -18,7 +18,20 @@ int64_t ramp_samples(const TrainingConfig& t, int64_t seq_length) {
   return rb.ramp_tokens / seq_length;
 }
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int64_t ceil_div(int64_t a, int64_t b) { return a / b + (a % b != 0 ? 1 : 0); }
+
+// The run-length key that was set, for messages.
+std::string length_key(const TrainingConfig& t) {
+  if (t.train_iters > 0) return fmt::format("training.train_iters ({})", t.train_iters);
+  if (t.train_samples > 0) return fmt::format("training.train_samples ({})", t.train_samples);
+  return fmt::format("training.train_tokens ({})", t.train_tokens);
+}
+
+[[noreturn]] void too_long(const TrainingConfig& t, int64_t seq_length) {
+  throw_input("{} with training.global_batch_size {} and model.seq_length {}: the run's samples x seq_length overflow a "
+              "64-bit token count (at most {:.3g} tokens)",
+              length_key(t), t.global_batch_size, seq_length, 9.223372036854775807e18);
+}
 
 }  // namespace
 
@@ -49,6 +62,10 @@ RunLength run_length(const TrainingConfig& t, int64_t seq_length) {
   int64_t iters = 0, consumed = 0;
   auto done = [&] { return by_iters ? iters >= t.train_iters : consumed >= target_samples; };
   // Walk the ramp one iteration at a time (at most steps * per_step / start iterations).
+  if (ramp > 0 && ramp / std::max<int64_t>(1, t.rampup_batch_size->start) > 1'000'000'000)
+    throw_input("training.rampup_batch_size.ramp_tokens ({}): a ramp of more than 1e9 iterations (starting at {} "
+                "samples per batch) is not a schedule mtnlg can walk",
+                t.rampup_batch_size->ramp_tokens, t.rampup_batch_size->start);
   while (!done() && ramp > 0 && consumed <= ramp) {
     consumed += global_batch_size(t, seq_length, consumed);
     ++iters;
@@ -57,9 +74,14 @@ RunLength run_length(const TrainingConfig& t, int64_t seq_length) {
   if (!done()) {
     const int64_t more = by_iters ? t.train_iters - iters : ceil_div(target_samples - consumed, gbs);
     iters += more;
-    consumed += more * gbs;
+    int64_t more_samples = 0;
+    if (__builtin_mul_overflow(more, gbs, &more_samples) || __builtin_add_overflow(consumed, more_samples, &consumed))
+      too_long(t, seq_length);
   }
-  return RunLength{iters, consumed, consumed * seq_length};
+  int64_t tokens = 0;
+  if (__builtin_mul_overflow(consumed, seq_length, &tokens)) too_long(t, seq_length);
+  if (iters < 1 || consumed < 1) throw_input("{}: a run of no iterations", length_key(t));
+  return RunLength{iters, consumed, tokens};
 }
 
 }  // namespace mtnlg::schedules

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "core/error.hpp"
+#include "core/recipe.hpp"
 
 namespace mtnlg::cuda {
 
@@ -33,8 +34,11 @@ bool sync_check_enabled() {
   return true;
 #else
   static const bool on = [] {
+    // The recipe's boolean spellings (true/yes/on, false/no/off), plus 1 and 0; "false"
+    // used to switch it on (anything but "0" did).
     const char* v = std::getenv("MTNLG_CUDA_SYNC_CHECK");
-    return v && std::strcmp(v, "0") != 0 && *v != '\0';
+    if (!v || *v == '\0' || std::strcmp(v, "0") == 0) return false;
+    return std::strcmp(v, "1") == 0 || parse_bool(v).value_or(false);
   }();
   return on;
 #endif

@@ -67,7 +67,7 @@ TaskIndex load_task_index(const std::string& tasks_dir, int64_t ngram) {
         nlohmann::json row;
         try {
           row = nlohmann::json::parse(line);
-        } catch (const nlohmann::json::parse_error& e) {
+        } catch (const nlohmann::json::exception& e) {  // parse_error, or out_of_range for a huge number
           throw_input("{}:{}: malformed JSON line in the task file", f.string(), line_no);
         }
         ++t.rows;

@@ -161,10 +161,11 @@ std::string extract_text(const std::string& line, const std::string& key, const 
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(line);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // parse_error, or out_of_range for a huge number
     // nlohmann's message names the byte; keep only the part after the prefix.
     std::string what = e.what();
     auto pos = what.find("parse error");
+    if (pos == std::string::npos) pos = what.find("] ") == std::string::npos ? std::string::npos : what.find("] ") + 2;
     throw_input("{}:{}: malformed JSON line ({})", path, line_no, pos == std::string::npos ? what : what.substr(pos));
   }
   if (!j.is_object()) throw_input("{}:{}: expected a JSON object per line, got {}", path, line_no, j.type_name());
