@@ -323,7 +323,9 @@ TrainSummary train(const Recipe& r, const parallel::ProcessGroups& g, const Trai
               optim.zero1() ? " | ZeRO-1 distributed optimizer" : "");
     log::info("run: {} iterations, {} samples, {} tokens | data: {} | MFU peak {:.3f} TFLOP/s ({})", run.iterations,
               human_count(static_cast<double>(run.samples)), human_count(static_cast<double>(run.tokens)),
-              r.data.mock ? "mock tokens" : fmt::format("blend of {} sources", r.data.blend.size()), peak_tflops, peak_what);
+              r.data.mock                                            ? std::string("mock tokens")
+              : r.data.blend.size() == 1 && !r.data.blend[0].weighted ? "one unweighted source " + r.data.blend[0].prefix
+                                                                      : fmt::format("blend of {} sources", r.data.blend.size()), peak_tflops, peak_what);
   }
 
   // ---- loop -----------------------------------------------------------------------------
