@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "core/error.hpp"
+#include "core/half.hpp"
 #include "parallel/communicator.hpp"
 #include "test/mpi/mpi_test_world.hpp"
 
@@ -247,4 +248,54 @@ TEST_CASE("mpi: isend is matched by blocking recv in both directions at once", "
     if (peer != me) CHECK(in[peer][1000] == static_cast<float>(peer * 10 + me));
   CHECK(world().bytes_sent() == (g - 1) * n * 4);
   world().reset_bytes();
+}
+
+TEST_CASE("mpi: bf16 and fp16 payloads: sums in fp32 rounded to nearest even, gathers and messages bit-exact", "[mpi]") {
+  const int64_t g = world().size(), me = world().rank();
+  for (DType dt : {DType::bf16, DType::f16}) {
+    INFO(to_string(dt));
+    auto enc = [&](float x) { return dt == DType::bf16 ? half::f32_to_bf16(x) : half::f32_to_f16(x); };
+    auto dec = [&](uint16_t h) { return dt == DType::bf16 ? half::bf16_to_f32(h) : half::f16_to_f32(h); };
+    const int64_t n = 257;
+    // Small integers: every partial sum is exact in bf16/fp16, so any reduction order
+    // gives the serial result; plus one element whose sum must round (1 + 2^-9 g).
+    for (ReduceOp op : {ReduceOp::sum, ReduceOp::max}) {
+      std::vector<uint16_t> x(n);
+      for (int64_t i = 0; i < n; ++i) x[i] = enc(static_cast<float>(value(me, i)));
+      world().all_reduce(x.data(), n, dt, op);
+      for (int64_t i = 0; i < n; ++i) {
+        double s = 0, mx = -1e300;
+        for (int64_t r = 0; r < g; ++r) s += value(r, i), mx = std::max(mx, value(r, i));
+        REQUIRE(dec(x[i]) == static_cast<float>(op == ReduceOp::sum ? s : mx));
+      }
+    }
+    // reduce_scatter: rank r keeps block r of the sum
+    std::vector<uint16_t> in(n * g), out(n);
+    for (int64_t i = 0; i < n * g; ++i) in[i] = enc(static_cast<float>(value(me, i)));
+    world().reduce_scatter(in.data(), out.data(), n, dt);
+    for (int64_t i = 0; i < n; ++i) {
+      double s = 0;
+      for (int64_t r = 0; r < g; ++r) s += value(r, me * n + i);
+      REQUIRE(dec(out[i]) == static_cast<float>(s));
+    }
+    // all_gather and point-to-point move the 16-bit words unchanged
+    std::vector<uint16_t> mine(n), all(n * g);
+    for (int64_t i = 0; i < n; ++i) mine[i] = static_cast<uint16_t>(me * 1000 + i);
+    world().all_gather(mine.data(), all.data(), n, dt);
+    for (int64_t r = 0; r < g; ++r)
+      for (int64_t i = 0; i < n; ++i) REQUIRE(all[r * n + i] == static_cast<uint16_t>(r * 1000 + i));
+    if (g > 1) {
+      const int64_t to = (me + 1) % g, from = (me + g - 1) % g;
+      std::vector<uint16_t> got(n);
+      auto req = world().isend(mine.data(), n, dt, to, 7);
+      world().recv(got.data(), n, dt, from, 7);
+      req->wait();
+      for (int64_t i = 0; i < n; ++i) REQUIRE(got[i] == static_cast<uint16_t>(from * 1000 + i));
+    }
+    // byte accounting uses the 2-byte element size
+    world().reset_bytes();
+    std::vector<uint16_t> y(100, enc(1.0f));
+    world().all_reduce(y.data(), 100, dt, ReduceOp::sum);
+    CHECK(world().bytes_sent() == static_cast<int64_t>(2.0 * (g - 1) / g * 200 + 0.5));
+  }
 }
