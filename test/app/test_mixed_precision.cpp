@@ -136,14 +136,20 @@ TEST_CASE("mixed precision: bf16 and fp16 on the CPU track the fp32 run for 200 
   CHECK(mean(l32, 180, 200) < 2.6);
   // The bound: bf16 keeps 8 significant bits (fp16 11), so each stored activation and
   // compute weight carries a relative rounding error up to 2^-9 (2^-12); the fp32 master
-  // weights keep the updates, so over 200 steps these stay noise, not drift. Held: the
-  // mean loss of every 20-iteration window within 2% of fp32's (measured: equal to 3
-  // decimals, docs/PERFORMANCE.md).
+  // weights keep every update, so over 200 steps this stays noise around the fp32
+  // curve, not drift. Measured (docs/PERFORMANCE.md): bf16 within 7e-4 of fp32 at every
+  // iteration and 9e-5 over 20-iteration means; fp16 1e-4 and 3e-5. Held: 1% per
+  // iteration and 0.2% per 20-iteration mean, several times the measured worst.
+  for (size_t i = 0; i < 200; ++i) {
+    INFO("iteration " << i + 1 << ": fp32 " << l32[i] << " bf16 " << lb[i] << " fp16 " << lh[i]);
+    CHECK(std::fabs(lb[i] - l32[i]) <= 0.01 * l32[i]);
+    CHECK(std::fabs(lh[i] - l32[i]) <= 0.01 * l32[i]);
+  }
   for (size_t w = 0; w < 200; w += 20) {
     INFO("window " << w << ": fp32 " << mean(l32, w, w + 20) << " bf16 " << mean(lb, w, w + 20) << " fp16 "
                    << mean(lh, w, w + 20));
-    CHECK(std::fabs(mean(lb, w, w + 20) - mean(l32, w, w + 20)) <= 0.02 * mean(l32, w, w + 20));
-    CHECK(std::fabs(mean(lh, w, w + 20) - mean(l32, w, w + 20)) <= 0.02 * mean(l32, w, w + 20));
+    CHECK(std::fabs(mean(lb, w, w + 20) - mean(l32, w, w + 20)) <= 0.002 * mean(l32, w, w + 20));
+    CHECK(std::fabs(mean(lh, w, w + 20) - mean(l32, w, w + 20)) <= 0.002 * mean(l32, w, w + 20));
   }
   CHECK(rh.back().skipped == 0);
   CHECK(rh.front().loss_scale == 65536.0);
