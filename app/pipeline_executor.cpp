@@ -61,7 +61,7 @@ StepLoss PipelineExecutor::run_batch(const data::Batch& batch, int64_t consumed_
     auto& chunk = *chunks_[a.chunk];
     switch (a.op) {
       case schedules::PipeOp::recv_forward: {
-        Tensor t = Tensor::empty({R, C}, act);
+        Tensor t = Tensor::empty({R, C}, act, chunk.device());
         g_.pp->recv(t.raw(), t.numel(), act, a.peer_stage, kTagActivation);
         act_in[key] = t;
         break;
@@ -84,7 +84,7 @@ StepLoss PipelineExecutor::run_batch(const data::Batch& batch, int64_t consumed_
         break;
       }
       case schedules::PipeOp::recv_backward: {
-        Tensor t = Tensor::empty({R, C}, act);
+        Tensor t = Tensor::empty({R, C}, act, chunk.device());
         g_.pp->recv(t.raw(), t.numel(), act, a.peer_stage, kTagGradient);
         grad_in[key] = t;
         break;

@@ -105,6 +105,12 @@ Tensor Tensor::rows(int64_t start, int64_t n) const {
   return t;
 }
 
+void Tensor::host_access_error() const {
+  throw_runtime("host code read the elements of a {} tensor {} {} in device memory; copy it with .to(Device::cpu) or "
+                "pass raw() to a device API",
+                to_string(device()), to_string(dtype_), shape_str(shape_));
+}
+
 Tensor Tensor::to(Device dev) const {
   Tensor t = empty(shape_, dtype_, dev);
   if (numel_ == 0) return t;

@@ -65,9 +65,14 @@ class Tensor {
   DType dtype() const { return dtype_; }
   Device device() const { return storage_ ? storage_->device() : Device::cpu; }
 
+  // The first element's address on the tensor's device (a device pointer for CUDA).
   void* raw() const { return static_cast<char*>(storage_->data()) + offset_ * dtype_size(dtype_); }
+  // Host access: only for CPU tensors. Host code never reads device memory; reading a
+  // CUDA tensor's elements from the host is a RuntimeError naming the tensor (copy it
+  // with .to(Device::cpu), or pass raw() to a device API).
   template <typename T>
   T* data() const {
+    if (storage_ && storage_->device() != Device::cpu) host_access_error();
     return static_cast<T*>(raw());
   }
 
@@ -80,8 +85,11 @@ class Tensor {
   // Deep copy onto `dev`.
   Tensor to(Device dev) const;
   Tensor clone() const { return to(device()); }
+  // This tensor when it already lives on `dev` (no copy), else a copy onto it.
+  Tensor on(Device dev) const { return device() == dev ? *this : to(dev); }
 
  private:
+  [[noreturn]] void host_access_error() const;
   std::shared_ptr<Storage> storage_;
   int64_t offset_ = 0;  // elements
   Shape shape_;

@@ -134,6 +134,7 @@ struct GptChunk::Saved {
 
 GptChunk::GptChunk(const GptConfig& cfg, ChunkSpec spec, ParamStore& store, const parallel::ProcessGroups& groups)
     : cfg_(cfg), spec_(std::move(spec)), store_(store), groups_(groups) {
+  dev_ = store.weights().defined() ? store.weights().device() : Device::cpu;  // placement: where the weights live
   MTNLG_CHECK(store.weights().defined() && store.compute_dtype() == cfg.dtype,
               "GptChunk: the parameter store's compute copy is {}, the model computes in {}",
               store.weights().defined() ? to_string(store.compute_dtype()) : "missing", to_string(cfg.dtype));
@@ -234,39 +235,39 @@ void GptChunk::layer_forward(int64_t li, const Tensor& x, Tensor& y, LayerActs& 
   const uint64_t row_base = hidden_dropout_base(mb, R);
 
   a.x_in = x;
-  a.ln1 = Tensor::empty({R, C}, dt);
-  a.mean1 = Tensor::empty({R}, wide);
-  a.rstd1 = Tensor::empty({R}, wide);
+  a.ln1 = Tensor::empty({R, C}, dt, dev_);
+  a.mean1 = Tensor::empty({R}, wide, dev_);
+  a.rstd1 = Tensor::empty({R}, wide, dev_);
   ops::layernorm_forward(a.ln1, a.mean1, a.rstd1, x, p.ln1_w, p.ln1_b, cfg_.layernorm_eps);
   a.ln1_full = tp::enter_column_parallel_forward(tpc, sp, a.ln1);
-  a.qkv = Tensor::empty({B, T, 3 * C / tp_}, dt);
+  a.qkv = Tensor::empty({B, T, 3 * C / tp_}, dt, dev_);
   ops::matmul_forward(a.qkv, a.ln1_full, p.qkv_w, &p.qkv_b);
-  a.att = Tensor::empty({N, C / tp_}, dt);
-  a.lse = Tensor::empty({B, heads_local_, T}, wide);
+  a.att = Tensor::empty({N, C / tp_}, dt, dev_);
+  a.lse = Tensor::empty({B, heads_local_, T}, wide, dev_);
   ops::attention_forward_lse(a.att, a.lse, a.qkv, heads_local_, attention_dropout(mb, layer));
-  Tensor proj_partial = Tensor::empty({N, C}, dt);
+  Tensor proj_partial = Tensor::empty({N, C}, dt, dev_);
   ops::matmul_forward(proj_partial, a.att, p.proj_w, nullptr);
   Tensor proj = tp::leave_row_parallel_forward(tpc, sp, proj_partial);
   ops::bias_add_forward(proj, p.proj_b);
   ops::dropout_forward(proj, proj, cfg_.hidden_dropout, dropout_key(mb, layer, kAttnOut), row_base);
-  a.x2 = Tensor::empty({R, C}, dt);
+  a.x2 = Tensor::empty({R, C}, dt, dev_);
   ops::add(a.x2, x, proj);
 
-  a.ln2 = Tensor::empty({R, C}, dt);
-  a.mean2 = Tensor::empty({R}, wide);
-  a.rstd2 = Tensor::empty({R}, wide);
+  a.ln2 = Tensor::empty({R, C}, dt, dev_);
+  a.mean2 = Tensor::empty({R}, wide, dev_);
+  a.rstd2 = Tensor::empty({R}, wide, dev_);
   ops::layernorm_forward(a.ln2, a.mean2, a.rstd2, a.x2, p.ln2_w, p.ln2_b, cfg_.layernorm_eps);
   a.ln2_full = tp::enter_column_parallel_forward(tpc, sp, a.ln2);
-  a.fc1 = Tensor::empty({N, ffn_local_}, dt);
+  a.fc1 = Tensor::empty({N, ffn_local_}, dt, dev_);
   ops::matmul_forward(a.fc1, a.ln2_full, p.fc1_w, &p.fc1_b);
-  a.gel = Tensor::empty({N, ffn_local_}, dt);
+  a.gel = Tensor::empty({N, ffn_local_}, dt, dev_);
   ops::gelu_forward(a.gel, a.fc1);
-  Tensor fc2_partial = Tensor::empty({N, C}, dt);
+  Tensor fc2_partial = Tensor::empty({N, C}, dt, dev_);
   ops::matmul_forward(fc2_partial, a.gel, p.fc2_w, nullptr);
   Tensor fc2 = tp::leave_row_parallel_forward(tpc, sp, fc2_partial);
   ops::bias_add_forward(fc2, p.fc2_b);
   ops::dropout_forward(fc2, fc2, cfg_.hidden_dropout, dropout_key(mb, layer, kMlpOut), row_base);
-  y = Tensor::empty({R, C}, dt);
+  y = Tensor::empty({R, C}, dt, dev_);
   ops::add(y, a.x2, fc2);
   a.filled = true;
 }
@@ -281,34 +282,34 @@ void GptChunk::layer_backward(int64_t li, const Tensor& dy, Tensor& dx, LayerAct
   const uint64_t row_base = hidden_dropout_base(mb, R);
 
   // MLP branch: y = x2 + dropout(fc2(gelu(fc1(ln2(x2)))) + b)
-  Tensor dfc2 = Tensor::empty({R, C}, dt);
+  Tensor dfc2 = Tensor::empty({R, C}, dt, dev_);
   ops::dropout_backward(dfc2, dy, cfg_.hidden_dropout, dropout_key(mb, layer, kMlpOut), row_base);
   ops::bias_add_backward(p.d_fc2_b, dfc2);
   Tensor dfc2_full = tp::leave_row_parallel_backward(tpc, sp, dfc2);
-  Tensor dgel = Tensor::empty({N, ffn_local_}, dt);
+  Tensor dgel = Tensor::empty({N, ffn_local_}, dt, dev_);
   ops::matmul_backward(&dgel, &p.d_fc2_w, nullptr, dfc2_full, a.gel, p.fc2_w);
   Tensor dfc1 = dgel;  // gelu backward in place
   ops::gelu_backward(dfc1, a.fc1, dgel);
-  Tensor dln2_full = Tensor::empty({N, C}, dt);
+  Tensor dln2_full = Tensor::empty({N, C}, dt, dev_);
   ops::matmul_backward(&dln2_full, &p.d_fc1_w, &p.d_fc1_b, dfc1, a.ln2_full, p.fc1_w);
   Tensor dln2 = tp::enter_column_parallel_backward(tpc, sp, dln2_full);
-  Tensor dx2 = Tensor::empty({R, C}, dt);
+  Tensor dx2 = Tensor::empty({R, C}, dt, dev_);
   ops::copy(dx2, dy);
   ops::layernorm_backward(dx2, p.d_ln2_w, p.d_ln2_b, dln2, a.x2, p.ln2_w, a.mean2, a.rstd2, /*accumulate=*/true);
 
   // Attention branch: x2 = x + dropout(proj(attn(qkv(ln1(x)))) + b)
-  Tensor dproj = Tensor::empty({R, C}, dt);
+  Tensor dproj = Tensor::empty({R, C}, dt, dev_);
   ops::dropout_backward(dproj, dx2, cfg_.hidden_dropout, dropout_key(mb, layer, kAttnOut), row_base);
   ops::bias_add_backward(p.d_proj_b, dproj);
   Tensor dproj_full = tp::leave_row_parallel_backward(tpc, sp, dproj);
-  Tensor datt = Tensor::empty({N, C / tp_}, dt);
+  Tensor datt = Tensor::empty({N, C / tp_}, dt, dev_);
   ops::matmul_backward(&datt, &p.d_proj_w, nullptr, dproj_full, a.att, p.proj_w);
   // The backward recomputes the probabilities from qkv and lse (flash attention), so
   // "selective" recompute costs nothing extra: no [B, H, T, T] tensor is ever kept.
-  Tensor dqkv = Tensor::empty({B, T, 3 * C / tp_}, dt);
+  Tensor dqkv = Tensor::empty({B, T, 3 * C / tp_}, dt, dev_);
   ops::attention_backward_lse(dqkv, datt.view({B, T, C / tp_}), a.qkv, a.att.view({B, T, C / tp_}), a.lse, heads_local_,
                               attention_dropout(mb, layer));
-  Tensor dln1_full = Tensor::empty({N, C}, dt);
+  Tensor dln1_full = Tensor::empty({N, C}, dt, dev_);
   ops::matmul_backward(&dln1_full, &p.d_qkv_w, &p.d_qkv_b, dqkv, a.ln1_full, p.qkv_w);
   Tensor dln1 = tp::enter_column_parallel_backward(tpc, sp, dln1_full);
   dx = dx2;  // residual
@@ -327,17 +328,20 @@ ForwardResult GptChunk::forward(int64_t mb_id, const MicroBatch& mb, const Tenso
   s.mbs = B;
   s.layers.resize(layers_.size());
 
-  s.tokens = Tensor::empty({N}, DType::i32);
-  s.targets = Tensor::empty({N}, DType::i32);
+  // The micro batch's token ids arrive in host memory: split them into inputs and
+  // labels there, then place both on the model's device (no copy on the CPU).
+  Tensor tokens = Tensor::empty({N}, DType::i32, Device::cpu), targets = Tensor::empty({N}, DType::i32, Device::cpu);
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < T; ++t) {
-      s.tokens.data<int32_t>()[b * T + t] = mb.tokens[b * (T + 1) + t];
-      s.targets.data<int32_t>()[b * T + t] = mb.tokens[b * (T + 1) + t + 1];
+      tokens.data<int32_t>()[b * T + t] = mb.tokens[b * (T + 1) + t];
+      targets.data<int32_t>()[b * T + t] = mb.tokens[b * (T + 1) + t + 1];
     }
+  s.tokens = tokens.on(dev_);
+  s.targets = targets.on(dev_);
 
   Tensor x;
   if (spec_.has_embedding) {
-    Tensor partial = Tensor::empty({N, C}, dt);
+    Tensor partial = Tensor::empty({N, C}, dt, dev_);
     ops::embedding_forward(partial, s.tokens, wte_, vocab_start_);
     x = tp::leave_row_parallel_forward(tpc, sp, partial);  // vocab-parallel: sum of masked lookups
     ops::position_forward(x, wpe_, row_start, T);
@@ -371,16 +375,16 @@ ForwardResult GptChunk::forward(int64_t mb_id, const MicroBatch& mb, const Tenso
   // Head: final LayerNorm, logits against the (tied) word embedding shard, vocab-parallel loss.
   const DType wide = stats_dtype();
   s.x_out = x;
-  s.lnf = Tensor::empty({R, C}, dt);
-  s.meanf = Tensor::empty({R}, wide);
-  s.rstdf = Tensor::empty({R}, wide);
+  s.lnf = Tensor::empty({R, C}, dt, dev_);
+  s.meanf = Tensor::empty({R}, wide, dev_);
+  s.rstdf = Tensor::empty({R}, wide, dev_);
   ops::layernorm_forward(s.lnf, s.meanf, s.rstdf, x, lnf_w_, lnf_b_, cfg_.layernorm_eps);
   s.lnf_full = tp::enter_column_parallel_forward(tpc, sp, s.lnf);
-  s.logits = Tensor::empty({N, vocab_local_}, dt);
+  s.logits = Tensor::empty({N, vocab_local_}, dt, dev_);
   ops::matmul_forward(s.logits, s.lnf_full, wte_, nullptr);
-  s.rowmax = Tensor::empty({N}, wide);
-  s.sumexp = Tensor::empty({N}, wide);
-  Tensor target_logit = Tensor::empty({N}, wide);
+  s.rowmax = Tensor::empty({N}, wide, dev_);
+  s.sumexp = Tensor::empty({N}, wide, dev_);
+  Tensor target_logit = Tensor::empty({N}, wide, dev_);
   ops::xent_rowmax(s.rowmax, s.logits, vocab_valid_);
   if (tpc && tpc->size() > 1) tp::all_reduce(tpc, s.rowmax, parallel::ReduceOp::max);
   // A shard with no real vocabulary reports -inf; the global max is finite.
@@ -389,14 +393,17 @@ ForwardResult GptChunk::forward(int64_t mb_id, const MicroBatch& mb, const Tenso
     tp::all_reduce(tpc, s.sumexp);
     tp::all_reduce(tpc, target_logit);
   }
+  // The loss terms are read on the host (one copy each off a device).
+  const Tensor rowmax_h = s.rowmax.on(Device::cpu), sumexp_h = s.sumexp.on(Device::cpu),
+               target_h = target_logit.on(Device::cpu);
   double loss_sum = 0, count = 0;
   for (int64_t i = 0; i < N; ++i) {
     double m = mb.loss_mask ? mb.loss_mask[i] : 1.0;
     double li, mx, se, tl;
     if (wide == DType::f64) {
-      mx = s.rowmax.data<double>()[i], se = s.sumexp.data<double>()[i], tl = target_logit.data<double>()[i];
+      mx = rowmax_h.data<double>()[i], se = sumexp_h.data<double>()[i], tl = target_h.data<double>()[i];
     } else {
-      mx = s.rowmax.data<float>()[i], se = s.sumexp.data<float>()[i], tl = target_logit.data<float>()[i];
+      mx = rowmax_h.data<float>()[i], se = sumexp_h.data<float>()[i], tl = target_h.data<float>()[i];
     }
     li = std::log(se) + mx - tl;
     loss_sum += m * li;
@@ -427,21 +434,22 @@ Tensor GptChunk::backward(int64_t mb_id, const MicroBatch& mb, const Tensor& dou
 
   Tensor dx;
   if (spec_.has_head) {
-    Tensor dloss = Tensor::empty({N}, stats_dtype());
+    Tensor dloss_h = Tensor::empty({N}, stats_dtype(), Device::cpu);  // built on the host, then placed
     for (int64_t i = 0; i < N; ++i) {
       double g = mb.loss_weight * (mb.loss_mask ? mb.loss_mask[i] : 1.0);
-      if (dloss.dtype() == DType::f64)
-        dloss.data<double>()[i] = g;
+      if (dloss_h.dtype() == DType::f64)
+        dloss_h.data<double>()[i] = g;
       else
-        dloss.data<float>()[i] = static_cast<float>(g);
+        dloss_h.data<float>()[i] = static_cast<float>(g);
     }
+    const Tensor dloss = dloss_h.on(dev_);
     Tensor dlogits = s.logits;  // in place
     ops::xent_backward(dlogits, s.logits, s.targets, s.rowmax, s.sumexp, dloss, vocab_start_, vocab_valid_);
-    Tensor dlnf_full = Tensor::empty({N, C}, dt);
+    Tensor dlnf_full = Tensor::empty({N, C}, dt, dev_);
     ops::matmul_backward(&dlnf_full, &d_wte_, nullptr, dlogits, s.lnf_full, wte_);
     s.logits = Tensor();
     Tensor dlnf = tp::enter_column_parallel_backward(tpc, sp, dlnf_full);
-    dx = Tensor::empty({R, C}, dt);
+    dx = Tensor::empty({R, C}, dt, dev_);
     ops::layernorm_backward(dx, d_lnf_w_, d_lnf_b_, dlnf, s.x_out, lnf_w_, s.meanf, s.rstdf);
     report_ready(head_param_offsets_, mb);
   } else {

@@ -98,6 +98,8 @@ class GptChunk {
   int64_t local_rows(int64_t mbs) const;
   const ChunkSpec& spec() const { return spec_; }
   DType activation_dtype() const { return cfg_.dtype; }
+  // Where this chunk's weights, activations and statistics live (the store's device).
+  Device device() const { return dev_; }
   // Activation bytes currently held for micro batches in flight.
   int64_t saved_bytes() const;
   // Called with a parameter's offset in the store once its gradient is final for the
@@ -133,6 +135,7 @@ class GptChunk {
   Tensor wte_, wpe_, lnf_w_, lnf_b_, d_wte_, d_wpe_, d_lnf_w_, d_lnf_b_;
   std::map<int64_t, std::unique_ptr<Saved>> saved_;
   std::function<void(int64_t)> grad_ready_;
+  Device dev_ = Device::cpu;
   std::vector<std::vector<int64_t>> layer_param_offsets_;  // per layer, in the store
   std::vector<int64_t> head_param_offsets_, embedding_param_offsets_;
   void report_ready(const std::vector<int64_t>& offsets, const MicroBatch& mb) const {

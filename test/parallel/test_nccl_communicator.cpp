@@ -19,6 +19,7 @@ using namespace mtnlg;
 using namespace mtnlg::parallel;
 
 namespace {
+float* dev(const Tensor& t) { return static_cast<float*>(t.raw()); }  // device pointer for NCCL
 Tensor seq_tensor(int64_t n, float base) {
   Tensor t = Tensor::empty({n});
   for (int64_t i = 0; i < n; ++i) t.data<float>()[i] = base + static_cast<float>(i);
@@ -36,24 +37,24 @@ TEST_CASE("nccl communicator: size-1 group on one GPU", "[gpu]") {
   CHECK(c->name() == "dp");
 
   Tensor x = seq_tensor(1000, 1.0f).to(Device::cuda);
-  c->all_reduce(x.data<float>(), 1000, ReduceOp::sum);
+  c->all_reduce(dev(x), 1000, ReduceOp::sum);
   test::check_close("all_reduce", x, seq_tensor(1000, 1.0f), 0.0 + 1e-12);
-  auto req = c->iall_reduce(x.data<float>(), 1000, ReduceOp::max);
+  auto req = c->iall_reduce(dev(x), 1000, ReduceOp::max);
   req->wait();
   test::check_close("iall_reduce", x, seq_tensor(1000, 1.0f), 1e-12);
-  c->broadcast(x.data<float>(), 1000, 0);
+  c->broadcast(dev(x), 1000, 0);
   Tensor y = Tensor::empty({1000}, DType::f32, Device::cuda);
   ops::fill(y, 0.0);
-  c->reduce_scatter(x.data<float>(), y.data<float>(), 1000);
+  c->reduce_scatter(dev(x), dev(y), 1000);
   test::check_close("reduce_scatter", y, seq_tensor(1000, 1.0f), 1e-12);
   ops::fill(y, 0.0);
-  c->all_gather(x.data<float>(), y.data<float>(), 1000);
+  c->all_gather(dev(x), dev(y), 1000);
   test::check_close("all_gather", y, seq_tensor(1000, 1.0f), 1e-12);
   c->barrier();
 
-  CHECK_THROWS_AS(c->send(x.data<float>(), 1, 0, 0), RuntimeError);  // no peer but itself
-  CHECK_THROWS_AS(c->recv(x.data<float>(), 1, 1, 0), RuntimeError);
-  CHECK_THROWS_AS(c->broadcast(x.data<float>(), 1, 1), RuntimeError);
+  CHECK_THROWS_AS(c->send(dev(x), 1, 0, 0), RuntimeError);  // no peer but itself
+  CHECK_THROWS_AS(c->recv(dev(x), 1, 1, 0), RuntimeError);
+  CHECK_THROWS_AS(c->broadcast(dev(x), 1, 1), RuntimeError);
 
   auto sub = c->split(0, 0, "tp");
   REQUIRE(sub);
