@@ -3,18 +3,127 @@
 // command-line options onto their option structs and prints a one-line summary.
 #include <fmt/format.h>
 
+#include <cstdio>
+#include <filesystem>
 #include <memory>
 
 #include "app/commands.hpp"
+#include "core/error.hpp"
 #include "core/log.hpp"
 #include "data/curation/decontaminate.hpp"
 #include "data/curation/dedup.hpp"
 #include "data/curation/quality.hpp"
 #include "data/curation/synth_corpus.hpp"
+#include "data/curation/text.hpp"
+#include "data/preprocess.hpp"
+#include "parallel/communicator.hpp"
 
 namespace mtnlg::app {
 
 namespace {
+
+// `quality filter` under mpirun/srun (world > 1). Rank r filters its line-aligned byte
+// range of the input into OUTPUT.part<r>of<N>; first every rank counts its lines and
+// documents, so that line numbers in errors and the Pareto draws' document indices are
+// the whole file's. Rank 0 then concatenates the parts in rank (= input) order into
+// OUTPUT through a temporary name, writes the report from the summed counts and removes
+// the parts: output and report are the same bytes for any number of ranks. A failure
+// is agreed on by all ranks (parts removed, the failing rank names file:line, the others
+// name the rank), and all exit with its code.
+nlohmann::json filter_quality_ranks(const curation::QualityFilterOptions& opt, const parallel::LaunchInfo& info) {
+  auto world = parallel::init_world(info);
+  const int64_t W = world->size(), r = world->rank();
+  log::context().rank = static_cast<int>(r);
+  log::context().world = static_cast<int>(W);
+  auto part = [&](int64_t q) { return fmt::format("{}.part{}of{}", opt.output, q, W); };
+  // Agree on one outcome: returns normally only when no rank failed.
+  auto agree = [&](std::exception_ptr err, int code, const std::string& what) {
+    int64_t v[2] = {err ? W - r : 0, err ? code : 0};
+    world->all_reduce(v, 2, parallel::ReduceOp::max);
+    if (v[0] == 0) return;
+    std::error_code ec;
+    std::filesystem::remove(part(r), ec);
+    parallel::finalize_world();
+    if (err) std::rethrow_exception(err);
+    throw Error(static_cast<int>(v[1]), fmt::format("stopped because rank {} failed {} (its message names the cause); "
+                                                    "no output written", W - v[0], what));
+  };
+  auto guarded = [&](auto&& fn, const std::string& what) {
+    std::exception_ptr err;
+    int code = 0;
+    try {
+      fn();
+    } catch (const Error& e) {
+      err = std::current_exception();
+      code = e.exit_code();
+    } catch (...) {
+      err = std::current_exception();
+      code = 1;
+    }
+    agree(err, code, what);
+  };
+
+  curation::QualityFilterOptions o = opt;
+  std::vector<int64_t> counts(static_cast<size_t>(2 * W), 0);
+  guarded(
+      [&] {
+        if (!std::filesystem::is_regular_file(opt.input)) throw_input("--input {}: no such file", opt.input);
+        std::tie(o.range_begin, o.range_end) = data::line_aligned_range(opt.input, W, r);
+        const auto c = curation::count_lines(opt.input, o.range_begin, o.range_end);
+        counts[static_cast<size_t>(2 * r)] = c.lines;
+        counts[static_cast<size_t>(2 * r + 1)] = c.documents;
+      },
+      "reading its share");
+  world->all_reduce(counts.data(), 2 * W, parallel::ReduceOp::sum);
+  for (int64_t q = 0; q < r; ++q) {
+    o.lines_before += counts[static_cast<size_t>(2 * q)];
+    o.documents_before += counts[static_cast<size_t>(2 * q + 1)];
+  }
+  o.output = part(r);
+  o.write_report = false;
+  int64_t totals[2] = {0, 0};
+  guarded(
+      [&] {
+        const auto rep = curation::filter_quality(o);
+        totals[0] = rep["documents"].get<int64_t>();
+        totals[1] = rep["kept"].get<int64_t>();
+      },
+      "filtering");
+  world->all_reduce(totals, 2, parallel::ReduceOp::sum);
+
+  nlohmann::json report;
+  std::exception_ptr err;
+  int code = 0;
+  if (r == 0) {
+    try {
+      curation::AtomicWriter out(opt.output);
+      std::vector<char> buf(1 << 20);
+      for (int64_t q = 0; q < W; ++q) {
+        std::FILE* f = std::fopen(part(q).c_str(), "rb");
+        if (!f) throw_runtime("{}: cannot open rank {}'s part ({})", part(q), q, std::strerror(errno));
+        size_t got;
+        while ((got = std::fread(buf.data(), 1, buf.size(), f)) > 0) out.write(std::string_view(buf.data(), got));
+        const bool bad = std::ferror(f);
+        std::fclose(f);
+        if (bad) throw_runtime("{}: read failed", part(q));
+      }
+      out.close();
+      report = curation::quality_filter_report(opt, totals[0], totals[1]);
+      curation::write_file_atomic(opt.output + ".report.json", report.dump(2) + "\n");
+    } catch (const Error& e) {
+      err = std::current_exception();
+      code = e.exit_code();
+    } catch (...) {
+      err = std::current_exception();
+      code = 1;
+    }
+    std::error_code ec;
+    for (int64_t q = 0; q < W; ++q) std::filesystem::remove(part(q), ec);
+  }
+  agree(err, code, "joining the parts");
+  parallel::finalize_world();
+  return report;
+}
 
 void register_dedup(CLI::App& data) {
   auto o = std::make_shared<curation::DedupOptions>();
@@ -101,7 +210,18 @@ void register_quality(CLI::App& data) {
   filter->add_option("--threshold", f->threshold, "threshold mode: keep if score >= this")->capture_default_str();
   filter->add_option("--alpha", f->alpha, "pareto mode: shape of the Pareto (Lomax) draw; P(keep) = (2 - score)^-alpha")->capture_default_str();
   filter->add_option("--seed", f->seed, "pareto mode: seed of the per-document draws")->capture_default_str();
+  filter->footer(
+      "Under mpirun or srun each rank filters a line-aligned byte range of the input and rank 0 joins the parts: "
+      "output and report are the same bytes for any number of ranks (the output directory must be shared).");
   filter->callback([f] {
+    const parallel::LaunchInfo info = parallel::detect_launch();
+    if (info.world_size > 1) {
+      auto r = filter_quality_ranks(*f, info);
+      if (info.rank == 0)
+        log::info("quality filter: {} documents, kept {}, removed {} -> {} ({} ranks)", r["documents"].get<int64_t>(),
+                  r["kept"].get<int64_t>(), r["removed"].get<int64_t>(), f->output, info.world_size);
+      return;
+    }
     auto r = curation::filter_quality(*f);
     log::info("quality filter: {} documents, kept {}, removed {} -> {}", r["documents"].get<int64_t>(), r["kept"].get<int64_t>(),
               r["removed"].get<int64_t>(), f->output);
