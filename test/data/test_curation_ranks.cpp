@@ -1,8 +1,13 @@
-// Curation commands under mpirun: `data quality filter` gives the same output and report
-// bytes on 1, 2, 3 and 4 ranks (Pareto draws keyed by the whole file's document index),
-// and a bad line on a later rank's share stops every rank with file:line and no output.
+// Curation commands under mpirun: `data quality filter` and `data decontaminate` give
+// the same output and report bytes on 1, 2, 3 and 4 ranks (Pareto draws keyed by the
+// whole file's document index; the too-common n-gram rule counted over the whole
+// input), and a bad line on a later rank's share stops every rank with file:line and
+// no output.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <filesystem>
+#include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "test/support/test_support.hpp"
 
@@ -91,5 +96,81 @@ TEST_CASE("e2e quality filter: 1, 2, 3 and 4 ranks give byte-identical output an
   CHECK(r.exit_code == 2);
   CHECK_THAT(r.out, Catch::Matchers::Contains("bad.jsonl:" + std::to_string(line_no)) &&
                         Catch::Matchers::Contains("rank 2"));
+  CHECK(count_files(tmp.path()) == before + 1);  // only bad.jsonl
+}
+
+TEST_CASE("e2e decontaminate: 1, 2, 3 and 4 ranks give identical output and report", "[data][mpi]") {
+  TempDir tmp("decontam-ranks");
+  const std::string d = tmp.str();
+  REQUIRE(test::run_mtnlg("data synth-corpus --output-dir " + d + "/s --docs 400 --sources 1 --near-dup-fraction 0 "
+                          "--partial-fraction 0 --contaminate 30 --task-rows 3 --no-progress")
+              .exit_code == 0);
+  // A boilerplate sentence that is also a task row, in 4 documents spread over the file:
+  // with --max-hits 3 it is too common only when the ranks' counts are summed.
+  const std::string boiler =
+      "all rights reserved no part of this publication may be reproduced stored or transmitted in any form";
+  fs::create_directories(tmp / "s/tasks/zz_boiler");
+  test::write_file(tmp / "s/tasks/zz_boiler/validation.jsonl", nlohmann::json({{"text", boiler}}).dump() + "\n");
+  std::vector<std::string> lines;
+  {
+    std::istringstream in(test::read_file(tmp / "s/pile_cc.jsonl"));
+    std::string l;
+    while (std::getline(in, l)) lines.push_back(l);
+  }
+  REQUIRE(lines.size() == 400);
+  for (size_t at : {40u, 140u, 240u, 340u}) {
+    auto j = nlohmann::json::parse(lines[at]);
+    j["text"] = boiler + ". " + j["text"].get<std::string>();
+    lines[at] = j.dump();
+  }
+  std::string text;
+  for (size_t i = 0; i < lines.size(); ++i) text += lines[i] + (i % 50 == 7 ? "\n \n" : "\n");
+  test::write_file(tmp / "in.jsonl", text);
+
+  auto strip = [](std::string rep) {
+    auto j = nlohmann::json::parse(rep);
+    j.erase("seconds");
+    j.erase("output");
+    return j;
+  };
+  for (std::string mode : {"remove", "cut"}) {
+    std::string ref_out;
+    nlohmann::json ref_rep;
+    for (int np = 1; np <= 4; ++np) {
+      const std::string out = d + "/" + mode + std::to_string(np) + ".jsonl";
+      auto r = run_np(np, "data decontaminate --input " + d + "/in.jsonl --tasks-dir " + d + "/s/tasks --output " +
+                              out + " --max-hits 3 --mode " + mode + " --no-progress");
+      INFO(mode << ", " << np << " ranks: " << r.out);
+      REQUIRE(r.exit_code == 0);
+      const std::string got = test::read_file(out);
+      const auto rep = strip(test::read_file(out + ".report.json"));
+      if (np == 1) {
+        ref_out = got;
+        ref_rep = rep;
+        CHECK(rep["documents"] == 400);
+        CHECK(rep["documents_hit"].get<int64_t>() >= 25);
+        CHECK(rep["common_ngrams_ignored"].get<int64_t>() > 0);  // the boilerplate
+        CHECK(rep["tasks"]["zz_boiler"]["docs_hit"] == 0);
+      } else {
+        CHECK(got == ref_out);
+        CHECK(rep == ref_rep);
+      }
+    }
+  }
+  const int64_t before = count_files(tmp.path());
+  CHECK(before == 1 + 2 * 4 * 2);  // in.jsonl + outputs and reports, no parts
+
+  // A malformed line in the last rank's share fails pass 1 there: every rank stops.
+  std::string bad = text;
+  size_t cut = bad.find('\n', bad.size() * 9 / 10) + 1;
+  const int64_t line_no = std::count(bad.begin(), bad.begin() + static_cast<std::ptrdiff_t>(cut), '\n') + 1;
+  bad.insert(cut, "[1, 2]\n");
+  test::write_file(tmp / "bad.jsonl", bad);
+  auto r = run_np(3, "data decontaminate --input " + d + "/bad.jsonl --tasks-dir " + d + "/s/tasks --output " + d +
+                         "/bad-out.jsonl --no-progress");
+  INFO(r.out);
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.out, Catch::Matchers::Contains("bad.jsonl:" + std::to_string(line_no)) &&
+                        Catch::Matchers::Contains("stopped because rank 2 failed"));
   CHECK(count_files(tmp.path()) == before + 1);  // only bad.jsonl
 }
