@@ -73,6 +73,9 @@ class RankJob {
     step(
         [&] {
           if (!std::filesystem::is_regular_file(input)) throw_input("--input {}: no such file", input);
+          std::error_code ec;
+          if (std::filesystem::exists(output_, ec) && std::filesystem::equivalent(output_, input, ec))
+            throw_input("--output {}: would overwrite the input", output_);
           std::tie(begin, end) = data::line_aligned_range(input, W, r);
           const auto c = curation::count_lines(input, begin, end);
           counts[static_cast<size_t>(2 * r)] = c.lines;

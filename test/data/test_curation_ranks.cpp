@@ -173,4 +173,11 @@ TEST_CASE("e2e decontaminate: 1, 2, 3 and 4 ranks give identical output and repo
   CHECK_THAT(r.out, Catch::Matchers::Contains("bad.jsonl:" + std::to_string(line_no)) &&
                         Catch::Matchers::Contains("stopped because rank 2 failed"));
   CHECK(count_files(tmp.path()) == before + 1);  // only bad.jsonl
+
+  // --output naming the input is refused before anything is written.
+  auto over = run_np(2, "data decontaminate --input " + d + "/in.jsonl --tasks-dir " + d + "/s/tasks --output " + d +
+                            "/in.jsonl --no-progress");
+  CHECK(over.exit_code == 2);
+  CHECK_THAT(over.out, Catch::Matchers::Contains("would overwrite the input"));
+  CHECK(test::read_file(tmp / "in.jsonl") == text);
 }
