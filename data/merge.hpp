@@ -4,8 +4,8 @@
 // lengths, document indices shifted by the sequences before each input, .bin files
 // concatenated. All inputs must share one dtype.
 //
-// Streaming: inputs are memory-mapped and copied through fixed buffers, so memory does
-// not grow with the dataset. Output goes to PREFIX.{bin,idx}.tmp-<pid> and is renamed
+// Streaming: inputs are memory-mapped and copied through fixed buffers, so allocated
+// memory does not grow with the dataset (mapped input pages are clean page cache). Output goes to PREFIX.{bin,idx}.tmp-<pid> and is renamed
 // into place only when both files are complete and synced (.bin first).
 #pragma once
 #include <cstdint>
