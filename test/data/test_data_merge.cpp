@@ -2,6 +2,8 @@
 // bytes as writing (or preprocessing) the concatenation of their inputs in order, a
 // dtype mismatch is refused naming the prefix, and preprocess gives byte-identical
 // files on 1, 2, 3 and 4 ranks.
+#include <zlib.h>
+
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -202,6 +204,7 @@ TEST_CASE("e2e merge: preprocessing 3 parts and merging equals preprocessing the
 TEST_CASE("e2e preprocess: 1, 2, 3 and 4 ranks give byte-identical files", "[data][mpi]") {
   MTNLG_REQUIRE_GPT2(tok);
   TempDir tmp("pre-ranks");
+  fs::create_directories(tmp / "gz");
   const auto lines = corpus_lines(1200);
   test::write_file(tmp / "c.jsonl", join(lines, 0, lines.size()));
   const std::string base = " data preprocess --input " + (tmp / "c.jsonl").string() + vocab_args() +
@@ -222,6 +225,24 @@ TEST_CASE("e2e preprocess: 1, 2, 3 and 4 ranks give byte-identical files", "[dat
   }
   // Only the outputs remain: input + 4 runs x 2 keys x 2 files, no parts.
   CHECK(count_files(tmp.path()) == 1 + 4 * 2 * 2);
+
+  // A gzip input cannot be cut at byte offsets: rank 0 reads it whole, same bytes.
+  {
+    const std::string text = test::read_file(tmp / "c.jsonl");
+    gzFile g = gzopen((tmp / "gz" / "c.jsonl.gz").c_str(), "wb");
+    REQUIRE(g != nullptr);
+    gzwrite(g, text.data(), static_cast<unsigned>(text.size()));
+    gzclose(g);
+    const std::string out = (tmp / "gz" / "np3").string();
+    auto r = test::run_command("sh " + test::source_dir() + "/test/mpi/mpirun.sh 3 " + MTNLG_BINARY +
+                               " data preprocess --input " + (tmp / "gz" / "c.jsonl.gz").string() + vocab_args() +
+                               " --append-eod --json-keys text title --no-progress --output-prefix " + out);
+    INFO(r.out);
+    REQUIRE(r.exit_code == 0);
+    for (std::string k : {"_text_document", "_title_document"})
+      CHECK(same_files(out + k, (tmp / "np1").string() + k));
+    CHECK(count_files(tmp / "gz") == 1 + 2 * 2);
+  }
 
   // A bad line on a later rank's share: every rank stops, exit 2, the message names
   // file:line, and no output or part is left.
