@@ -1,18 +1,30 @@
 // `mtnlg data preprocess|inspect` (the curation subcommands live in cmd_data_curation.cpp).
 //   preprocess: JSONL(.gz|.zst) -> Megatron .bin/.idx per json key (data/preprocess.hpp)
+//   merge: several .bin/.idx prefixes -> one dataset, in the order given (data/merge.hpp)
+//   preprocess under mpirun/srun: rank r tokenizes its line-aligned byte range of the
+//   input into a part prefix, rank 0 merges the parts in rank order (= input order)
+//   into the requested prefixes and removes them (preprocess_ranks below)
 //   inspect PREFIX...: documents, sequences and tokens per prefix
 //   inspect --recipe R.yaml: the MT-NLG-style blend table of a run (tokens, weight, epochs
 //   implied by the run's token budget)
+#include <atomic>
+#include <chrono>
 #include <cstdio>
+#include <exception>
+#include <filesystem>
+#include <thread>
 
 #include "app/commands.hpp"
 #include "core/error.hpp"
+#include "core/log.hpp"
 #include "core/progress.hpp"
 #include "core/recipe.hpp"
 #include "data/blended_dataset.hpp"
 #include "data/indexed_dataset.hpp"
+#include "data/merge.hpp"
 #include "data/preprocess.hpp"
 #include "data/sample_source.hpp"
+#include "parallel/communicator.hpp"
 
 namespace mtnlg::app {
 
@@ -89,6 +101,162 @@ void inspect_prefixes(const InspectArgs& a) {
   }
 }
 
+void print_preprocess_result(const data::PreprocessResult& res, const std::string& ranks) {
+  for (size_t k = 0; k < res.prefixes.size(); ++k)
+    std::printf("wrote %s.{bin,idx}: %lld documents, %lld tokens%s\n", res.prefixes[k].c_str(),
+                static_cast<long long>(res.documents), static_cast<long long>(res.tokens[k]), ranks.c_str());
+  if (res.bad_lines > 0)
+    std::printf("skipped %lld bad lines (first: %s)\n", static_cast<long long>(res.bad_lines), res.first_bad.c_str());
+  int64_t toks = 0;
+  for (auto t : res.tokens) toks += t;
+  // Rates over the tokenizing phase; loading the vocab and flushing to disk are apart.
+  const double work = std::max(res.seconds - res.load_seconds - res.flush_seconds, 1e-9);
+  std::printf("%.2fs total (%.2fs loading the vocab, %.2fs tokenizing, %.2fs flushing): %.0f docs/s, %.0f tokens/s\n",
+              res.seconds, res.load_seconds, work, res.flush_seconds, res.documents / work, toks / work);
+}
+
+void remove_prefix_files(const std::string& prefix) {
+  std::error_code ec;
+  std::filesystem::remove(data::bin_path(prefix), ec);
+  std::filesystem::remove(data::idx_path(prefix), ec);
+}
+
+// Several ranks (world > 1). Each rank tokenizes its line-aligned byte range (a
+// compressed input cannot be cut: rank 0 reads it whole, the others write empty parts)
+// in a thread, while the main thread (the only one that talks MPI) all-reduces the
+// counters about once a second for rank 0's progress line. Then rank 0 merges the parts
+// per json key, in rank order, which is the input order: the files are the same bytes as
+// a 1-rank run. A failure on any rank is agreed on by every rank: each removes its part,
+// the failing rank reports its own message, the others name it, all exit with its code.
+void preprocess_ranks(data::PreprocessOptions opt, const parallel::LaunchInfo& info) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto world = parallel::init_world(info);
+  const int64_t W = world->size(), r = world->rank();
+  log::context().rank = static_cast<int>(r);
+  log::context().world = static_cast<int>(W);
+  const std::string final_prefix = opt.output_prefix;
+  const bool show = opt.progress && r == 0;
+  auto part_prefix = [&](int64_t rank) { return fmt::format("{}.part{}of{}", final_prefix, rank, W); };
+
+  std::atomic<int64_t> docs{0}, toks{0};
+  std::atomic<bool> finished{false};
+  std::exception_ptr failure;
+  int64_t code = 0;
+  data::PreprocessResult mine;
+  std::thread worker([&] {
+    try {
+      data::PreprocessOptions o = opt;
+      if (data::input_is_compressed(o.input)) {
+        o.range_begin = 0;
+        o.range_end = r == 0 ? -1 : 0;
+      } else {
+        std::tie(o.range_begin, o.range_end) = data::line_aligned_range(o.input, W, r);
+      }
+      o.output_prefix = part_prefix(r);
+      o.progress = false;
+      o.on_progress = [&](int64_t d, int64_t t) {
+        docs += d;
+        toks += t;
+      };
+      mine = data::preprocess_jsonl(o);
+    } catch (const Error& e) {
+      failure = std::current_exception();
+      code = e.exit_code();
+    } catch (...) {
+      failure = std::current_exception();
+      code = 1;
+    }
+    finished = true;
+  });
+
+  Progress bar(fmt::format("preprocess {} ({} ranks)", std::filesystem::path(opt.input).filename().string(), W), -1,
+               "docs", show);
+  bar.set_secondary_unit("tokens");
+  int64_t shown_docs = 0, shown_toks = 0;
+  int64_t failed_rank = -1, fail_code = 0;
+  try {
+    while (true) {
+      for (int i = 0; i < 20 && !finished; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      int64_t sums[3] = {docs.load(), toks.load(), finished ? 1 : 0};
+      // failure flags: highest (W - rank) = lowest failing rank; the exit code
+      int64_t maxes[2] = {finished && failure ? W - r : 0, finished && failure ? code : 0};
+      world->all_reduce(sums, 3, parallel::ReduceOp::sum);
+      world->all_reduce(maxes, 2, parallel::ReduceOp::max);
+      if (show) bar.add(sums[0] - shown_docs, sums[1] - shown_toks);
+      shown_docs = sums[0];
+      shown_toks = sums[1];
+      if (sums[2] == W) {
+        if (maxes[0] > 0) {
+          failed_rank = W - maxes[0];
+          fail_code = maxes[1];
+        }
+        break;
+      }
+    }
+  } catch (...) {
+    worker.join();
+    throw;
+  }
+  worker.join();
+  bar.finish();
+
+  std::vector<std::string> keys = opt.json_keys;
+  if (failed_rank >= 0) {
+    for (const auto& k : keys) remove_prefix_files(data::preprocess_output_prefix(part_prefix(r), k));
+    parallel::finalize_world();
+    if (failure) std::rethrow_exception(failure);
+    throw Error(static_cast<int>(fail_code),
+                fmt::format("stopped because rank {} failed (its message names the cause); no output written",
+                            failed_rank));
+  }
+
+  // Global totals: documents, bad lines, tokens per key.
+  std::vector<int64_t> tot = {mine.documents, mine.bad_lines};
+  tot.insert(tot.end(), mine.tokens.begin(), mine.tokens.end());
+  world->all_reduce(tot.data(), static_cast<int64_t>(tot.size()), parallel::ReduceOp::sum);
+  if (mine.bad_lines > 0 && r != 0)
+    std::printf("rank %lld skipped %lld bad lines (first: %s)\n", static_cast<long long>(r),
+                static_cast<long long>(mine.bad_lines), mine.first_bad.c_str());
+
+  // Rank 0 merges; every rank learns the outcome so that all exit alike.
+  std::exception_ptr merge_failure;
+  int64_t merge_code = 0;
+  data::PreprocessResult res;
+  if (r == 0) {
+    const auto t_merge = std::chrono::steady_clock::now();
+    try {
+      for (const auto& k : keys) {
+        std::vector<std::string> parts;
+        for (int64_t q = 0; q < W; ++q) parts.push_back(data::preprocess_output_prefix(part_prefix(q), k));
+        res.prefixes.push_back(data::preprocess_output_prefix(final_prefix, k));
+        data::merge_indexed_datasets(parts, res.prefixes.back(), opt.progress);
+      }
+    } catch (const Error& e) {
+      merge_failure = std::current_exception();
+      merge_code = e.exit_code();
+    } catch (...) {
+      merge_failure = std::current_exception();
+      merge_code = 1;
+    }
+    for (const auto& k : keys)
+      for (int64_t q = 0; q < W; ++q) remove_prefix_files(data::preprocess_output_prefix(part_prefix(q), k));
+    res.documents = tot[0];
+    res.bad_lines = tot[1];
+    res.first_bad = mine.first_bad.empty() ? "on another rank, see its line" : mine.first_bad;
+    res.tokens.assign(tot.begin() + 2, tot.end());
+    const auto t_end = std::chrono::steady_clock::now();
+    res.seconds = std::chrono::duration<double>(t_end - t0).count();
+    res.load_seconds = mine.load_seconds;
+    res.flush_seconds = std::chrono::duration<double>(t_end - t_merge).count();  // merging counts as flushing
+  }
+  world->all_reduce(&merge_code, 1, parallel::ReduceOp::max);
+  parallel::finalize_world();
+  if (merge_failure) std::rethrow_exception(merge_failure);
+  if (merge_code != 0)
+    throw Error(static_cast<int>(merge_code), "stopped because rank 0 failed merging the parts; no output written");
+  if (r == 0) print_preprocess_result(res, fmt::format(" ({} ranks)", W));
+}
+
 }  // namespace
 
 void register_data(CLI::App& app) {
@@ -119,20 +287,40 @@ void register_data(CLI::App& app) {
                 "Map the text <|endoftext|> to token 50256 (default: tokenize it as text, like Megatron)");
   static bool no_progress = false;
   pre->add_flag("--no-progress", no_progress, "Do not draw the progress bar");
+  pre->footer(
+      "Under mpirun or srun each rank tokenizes a line-aligned byte range of the input (a .gz/.zst input is read "
+      "whole by rank 0) into PREFIX.part<r>of<N>_<key>_document, then rank 0 merges the parts into the outputs and "
+      "removes them: the files are the same bytes for any number of ranks. The output directory must be shared by "
+      "all ranks.");
   pre->callback([] {
     popt.progress = !no_progress;
-    const auto res = data::preprocess_jsonl(popt);
-    for (size_t k = 0; k < res.prefixes.size(); ++k)
-      std::printf("wrote %s.{bin,idx}: %lld documents, %lld tokens\n", res.prefixes[k].c_str(),
-                  static_cast<long long>(res.documents), static_cast<long long>(res.tokens[k]));
-    if (res.bad_lines > 0)
-      std::printf("skipped %lld bad lines (first: %s)\n", static_cast<long long>(res.bad_lines), res.first_bad.c_str());
-    int64_t toks = 0;
-    for (auto t : res.tokens) toks += t;
-    // Rates over the tokenizing phase; loading the vocab and flushing to disk are apart.
-    const double work = std::max(res.seconds - res.load_seconds - res.flush_seconds, 1e-9);
-    std::printf("%.2fs total (%.2fs loading the vocab, %.2fs tokenizing, %.2fs flushing): %.0f docs/s, %.0f tokens/s\n",
-                res.seconds, res.load_seconds, work, res.flush_seconds, res.documents / work, toks / work);
+    const parallel::LaunchInfo info = parallel::detect_launch();
+    if (info.world_size > 1) {
+      preprocess_ranks(popt, info);
+      return;
+    }
+    print_preprocess_result(data::preprocess_jsonl(popt), "");
+  });
+
+  // --- merge --------------------------------------------------------------------------
+  auto* mrg = data->add_subcommand(
+      "merge", "Concatenate Megatron .bin/.idx datasets into one (the same bytes as preprocessing their inputs in order)");
+  static std::vector<std::string> merge_inputs;
+  static std::string merge_output;
+  static bool merge_no_progress = false;
+  mrg->add_option("--input", merge_inputs,
+                  "Input prefixes in order (PREFIX.bin + PREFIX.idx); a directory stands for its .idx prefixes sorted by "
+                  "name")
+      ->required()
+      ->expected(1, -1);
+  mrg->add_option("--output-prefix", merge_output, "Output prefix: writes PREFIX.bin and PREFIX.idx")->required();
+  mrg->add_flag("--no-progress", merge_no_progress, "Do not draw the progress bar");
+  mrg->callback([] {
+    const auto res = data::merge_indexed_datasets(data::expand_merge_inputs(merge_inputs), merge_output,
+                                                  !merge_no_progress);
+    std::printf("wrote %s.{bin,idx}: %lld prefixes, %lld documents, %lld sequences, %lld tokens (%s)\n",
+                merge_output.c_str(), static_cast<long long>(res.inputs), static_cast<long long>(res.documents),
+                static_cast<long long>(res.sequences), static_cast<long long>(res.tokens), res.dtype.c_str());
   });
 
   // --- inspect ------------------------------------------------------------------------

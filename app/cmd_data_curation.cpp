@@ -3,18 +3,240 @@
 // command-line options onto their option structs and prints a one-line summary.
 #include <fmt/format.h>
 
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
 #include <memory>
 
 #include "app/commands.hpp"
+#include "core/error.hpp"
 #include "core/log.hpp"
 #include "data/curation/decontaminate.hpp"
 #include "data/curation/dedup.hpp"
 #include "data/curation/quality.hpp"
 #include "data/curation/synth_corpus.hpp"
+#include "data/curation/text.hpp"
+#include "data/preprocess.hpp"
+#include "parallel/communicator.hpp"
 
 namespace mtnlg::app {
 
 namespace {
+
+// A curation command under mpirun/srun (world > 1): rank r works on its line-aligned
+// byte range of the input and writes OUTPUT.part<r>of<N>; rank 0 joins the parts in
+// rank (= input) order through a temporary name and writes the report. step() runs one
+// phase on every rank and then agrees on its outcome, so a failing rank never leaves the
+// others waiting: every rank deletes its own part files, the failing rank rethrows its
+// error (it names file:line), the others name the rank, and all exit with its code.
+// Thrown on a rank that learns mid-phase that another rank failed (step() then names it).
+struct PeerFailed {};
+
+class RankJob {
+ public:
+  RankJob(const parallel::LaunchInfo& info, std::string output)
+      : world(parallel::init_world(info)), W(world->size()), r(world->rank()), output_(std::move(output)) {
+    log::context().rank = static_cast<int>(r);
+    log::context().world = static_cast<int>(W);
+  }
+  std::string part(int64_t q) const { return fmt::format("{}.part{}of{}", output_, q, W); }
+
+  template <typename F>
+  void step(F&& fn, const std::string& what) {
+    std::exception_ptr err;
+    int code = 0;
+    try {
+      fn();
+    } catch (const PeerFailed&) {
+    } catch (const Error& e) {
+      err = std::current_exception();
+      code = e.exit_code();
+    } catch (...) {
+      err = std::current_exception();
+      code = 1;
+    }
+    int64_t v[2] = {err ? W - r : 0, err ? code : 0};  // max: the lowest failing rank, its code
+    world->all_reduce(v, 2, parallel::ReduceOp::max);
+    if (v[0] == 0) return;
+    for (const auto& f : own_files) remove_file(f);
+    parallel::finalize_world();
+    if (err) std::rethrow_exception(err);
+    throw Error(static_cast<int>(v[1]), fmt::format("stopped because rank {} failed {} (its message names the "
+                                                    "cause); no output written",
+                                                    W - v[0], what));
+  }
+
+  // Lines and documents before this rank's range (all-reduced counts of every range).
+  void count_share(const std::string& input, int64_t& begin, int64_t& end, int64_t& lines_before,
+                   int64_t* documents_before) {
+    std::vector<int64_t> counts(static_cast<size_t>(2 * W), 0);
+    step(
+        [&] {
+          if (!std::filesystem::is_regular_file(input)) throw_input("--input {}: no such file", input);
+          std::error_code ec;
+          if (std::filesystem::exists(output_, ec) && std::filesystem::equivalent(output_, input, ec))
+            throw_input("--output {}: would overwrite the input", output_);
+          std::tie(begin, end) = data::line_aligned_range(input, W, r);
+          const auto c = curation::count_lines(input, begin, end);
+          counts[static_cast<size_t>(2 * r)] = c.lines;
+          counts[static_cast<size_t>(2 * r + 1)] = c.documents;
+        },
+        "reading its share");
+    world->all_reduce(counts.data(), 2 * W, parallel::ReduceOp::sum);
+    lines_before = 0;
+    if (documents_before) *documents_before = 0;
+    for (int64_t q = 0; q < r; ++q) {
+      lines_before += counts[static_cast<size_t>(2 * q)];
+      if (documents_before) *documents_before += counts[static_cast<size_t>(2 * q + 1)];
+    }
+  }
+
+  // Rank 0: the parts in rank order into OUTPUT (through a temporary name).
+  void join_parts() const {
+    curation::AtomicWriter out(output_);
+    std::vector<char> buf(1 << 20);
+    for (int64_t q = 0; q < W; ++q) {
+      std::FILE* f = std::fopen(part(q).c_str(), "rb");
+      if (!f) throw_runtime("{}: cannot open rank {}'s part ({})", part(q), q, std::strerror(errno));
+      size_t got;
+      while ((got = std::fread(buf.data(), 1, buf.size(), f)) > 0) out.write(std::string_view(buf.data(), got));
+      const bool bad = std::ferror(f);
+      std::fclose(f);
+      if (bad) throw_runtime("{}: read failed", part(q));
+    }
+    out.close();
+  }
+
+  static void remove_file(const std::string& f) {
+    std::error_code ec;
+    std::filesystem::remove(f, ec);
+  }
+
+  std::shared_ptr<parallel::Communicator> world;
+  int64_t W, r;
+  std::vector<std::string> own_files;  // deleted on this rank when any rank fails
+
+ private:
+  std::string output_;
+};
+
+nlohmann::json filter_quality_ranks(const curation::QualityFilterOptions& opt, const parallel::LaunchInfo& info) {
+  RankJob job(info, opt.output);
+  curation::QualityFilterOptions o = opt;
+  job.count_share(opt.input, o.range_begin, o.range_end, o.lines_before, &o.documents_before);
+  o.output = job.part(job.r);
+  o.write_report = false;
+  job.own_files = {o.output};
+  int64_t totals[2] = {0, 0};
+  job.step(
+      [&] {
+        const auto rep = curation::filter_quality(o);
+        totals[0] = rep["documents"].get<int64_t>();
+        totals[1] = rep["kept"].get<int64_t>();
+      },
+      "filtering");
+  job.world->all_reduce(totals, 2, parallel::ReduceOp::sum);
+  nlohmann::json report;
+  job.step(
+      [&] {
+        if (job.r != 0) return;
+        struct Cleanup {
+          const RankJob& j;
+          ~Cleanup() {
+            for (int64_t q = 0; q < j.W; ++q) RankJob::remove_file(j.part(q));
+          }
+        } cleanup{job};
+        job.join_parts();
+        report = curation::quality_filter_report(opt, totals[0], totals[1]);
+        curation::write_file_atomic(opt.output + ".report.json", report.dump(2) + "\n");
+      },
+      "joining the parts");
+  parallel::finalize_world();
+  return report;
+}
+
+// `decontaminate` across ranks: pass 1 on each range, the per-n-gram document counts
+// all-reduced (the too-common rule sees the whole input), pass 2 on each range into a
+// part, each rank's report into a part file; rank 0 joins the parts and combines the
+// reports. Output and report (but its "seconds") are the same for any number of ranks.
+curation::DecontamResult decontaminate_ranks(const curation::DecontamOptions& opt, const parallel::LaunchInfo& info) {
+  const auto t0 = std::chrono::steady_clock::now();
+  RankJob job(info, opt.output);
+  curation::DecontamOptions o = opt;
+  job.count_share(opt.input, o.range_begin, o.range_end, o.lines_before, nullptr);
+  o.output = job.part(job.r);
+  o.write_report = false;
+  o.progress = false;  // a bar over one rank's share would mislead; the ranks report at the end
+  const std::string part_report = o.output + ".report.json";
+  job.own_files = {o.output, part_report};
+  // reduce_counts runs between the passes; a rank that failed in pass 1 never calls it,
+  // so the counts' all-reduce is preceded by an agreement: a rank failing before it
+  // joins that agreement with its rank and code, and the others stop (PeerFailed).
+  bool reduced = false;
+  o.reduce_counts = [&](std::vector<int64_t>& counts) {
+    int64_t v[2] = {0, 0};
+    job.world->all_reduce(v, 2, parallel::ReduceOp::max);  // pairs with a rank that failed in pass 1
+    if (v[0] > 0) throw PeerFailed{};
+    job.world->all_reduce(counts.data(), static_cast<int64_t>(counts.size()), parallel::ReduceOp::sum);
+    reduced = true;
+  };
+  curation::DecontamResult res;
+  job.step(
+      [&] {
+        try {
+          res = curation::run_decontaminate(o);
+        } catch (const PeerFailed&) {
+          throw;
+        } catch (...) {
+          if (reduced) throw;
+          // Failed before the counts' all-reduce: the peers wait in its agreement.
+          int64_t v[2] = {job.W - job.r, 1};
+          try {
+            throw;
+          } catch (const Error& e) {
+            v[1] = e.exit_code();
+          } catch (...) {
+          }
+          job.world->all_reduce(v, 2, parallel::ReduceOp::max);
+          throw;
+        }
+        curation::write_file_atomic(part_report, res.report.dump() + "\n");
+      },
+      "decontaminating");
+  curation::DecontamResult out;
+  job.step(
+      [&] {
+        if (job.r != 0) return;
+        struct Cleanup {
+          const RankJob& j;
+          ~Cleanup() {
+            for (int64_t q = 0; q < j.W; ++q) {
+              RankJob::remove_file(j.part(q));
+              RankJob::remove_file(j.part(q) + ".report.json");
+            }
+          }
+        } cleanup{job};
+        std::vector<nlohmann::json> parts;
+        for (int64_t q = 0; q < job.W; ++q) {
+          std::FILE* f = std::fopen((job.part(q) + ".report.json").c_str(), "rb");
+          if (!f) throw_runtime("{}.report.json: cannot open rank {}'s report", job.part(q), q);
+          parts.push_back(nlohmann::json::parse(f));
+          std::fclose(f);
+        }
+        job.join_parts();
+        const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        out.report = curation::combine_decontaminate_reports(opt, parts, secs);
+        out.documents = out.report["documents"].get<int64_t>();
+        out.written = out.report["lines_written"].get<int64_t>();
+        out.removed = out.report["removed"].get<int64_t>();
+        out.cut = out.report["cut"].get<int64_t>();
+        curation::write_file_atomic(opt.report.empty() ? opt.output + ".report.json" : opt.report,
+                                    out.report.dump(2) + "\n");
+      },
+      "joining the parts");
+  parallel::finalize_world();
+  return out;
+}
 
 void register_dedup(CLI::App& data) {
   auto o = std::make_shared<curation::DedupOptions>();
@@ -101,7 +323,18 @@ void register_quality(CLI::App& data) {
   filter->add_option("--threshold", f->threshold, "threshold mode: keep if score >= this")->capture_default_str();
   filter->add_option("--alpha", f->alpha, "pareto mode: shape of the Pareto (Lomax) draw; P(keep) = (2 - score)^-alpha")->capture_default_str();
   filter->add_option("--seed", f->seed, "pareto mode: seed of the per-document draws")->capture_default_str();
+  filter->footer(
+      "Under mpirun or srun each rank filters a line-aligned byte range of the input and rank 0 joins the parts: "
+      "output and report are the same bytes for any number of ranks (the output directory must be shared).");
   filter->callback([f] {
+    const parallel::LaunchInfo info = parallel::detect_launch();
+    if (info.world_size > 1) {
+      auto r = filter_quality_ranks(*f, info);
+      if (info.rank == 0)
+        log::info("quality filter: {} documents, kept {}, removed {} -> {} ({} ranks)", r["documents"].get<int64_t>(),
+                  r["kept"].get<int64_t>(), r["removed"].get<int64_t>(), f->output, info.world_size);
+      return;
+    }
     auto r = curation::filter_quality(*f);
     log::info("quality filter: {} documents, kept {}, removed {} -> {}", r["documents"].get<int64_t>(), r["kept"].get<int64_t>(),
               r["removed"].get<int64_t>(), f->output);
@@ -129,8 +362,20 @@ void register_decontaminate(CLI::App& data) {
   c->add_option("--max-hits", o->max_hits, "Task n-grams found in more training documents than this are ignored as too common (0 = never)")
       ->capture_default_str();
   c->add_flag("--no-progress", *no_progress, "Do not draw progress bars");
+  c->footer(
+      "Under mpirun or srun each rank scans a line-aligned byte range of the input, the per-n-gram document counts "
+      "are summed over the ranks, and rank 0 joins the parts: output and report (but its seconds) are the same for "
+      "any number of ranks (the output directory must be shared).");
   c->callback([o, no_progress] {
     o->progress = !*no_progress;
+    const parallel::LaunchInfo info = parallel::detect_launch();
+    if (info.world_size > 1) {
+      auto r = decontaminate_ranks(*o, info);
+      if (info.rank == 0)
+        log::info("decontaminate: {} documents, removed {}, cut {}, {} lines written -> {} ({} ranks)", r.documents,
+                  r.removed, r.cut, r.written, o->output, info.world_size);
+      return;
+    }
     auto r = curation::run_decontaminate(*o);
     log::info("decontaminate: {} documents, removed {}, cut {}, {} lines written -> {}", r.documents, r.removed, r.cut,
               r.written, o->output);

@@ -37,10 +37,16 @@ struct PlainSource : LineReader::Source {
   std::FILE* f;
   std::string path;
   int64_t done = 0;
+  int64_t limit = -1;  // bytes left to read; -1 = to the end of the file
   PlainSource(std::FILE* file, std::string p) : f(file), path(std::move(p)) {}
-  ~PlainSource() override { std::fclose(f); }
+  ~PlainSource() override {
+    if (f) std::fclose(f);
+  }
   int64_t read(char* dst, int64_t n) override {
+    if (!f || limit == 0) return 0;
+    if (limit > 0) n = std::min(n, limit);
     const size_t got = std::fread(dst, 1, static_cast<size_t>(n), f);
+    if (limit > 0) limit -= static_cast<int64_t>(got);
     if (got == 0 && std::ferror(f)) throw_runtime("{}: read failed ({})", path, std::strerror(errno));
     done += static_cast<int64_t>(got);
     return static_cast<int64_t>(got);
@@ -120,6 +126,72 @@ struct ZstdSource : LineReader::Source {
 };
 
 }  // namespace
+
+bool input_is_compressed(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) throw_input("{}: cannot open ({})", path, std::strerror(errno));
+  unsigned char m[4] = {0, 0, 0, 0};
+  const size_t got = std::fread(m, 1, 4, f);
+  std::fclose(f);
+  return (got >= 2 && m[0] == 0x1f && m[1] == 0x8b) || (got == 4 && m[0] == 0x28 && m[1] == 0xb5 && m[2] == 0x2f && m[3] == 0xfd);
+}
+
+std::pair<int64_t, int64_t> line_aligned_range(const std::string& path, int64_t parts, int64_t part) {
+  MTNLG_CHECK(parts >= 1 && part >= 0 && part < parts, "part {} of {}", part, parts);
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) throw_input("{}: input file not found", path);
+  const int64_t size = static_cast<int64_t>(std::filesystem::file_size(path, ec));
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) throw_input("{}: cannot open ({})", path, std::strerror(errno));
+  auto cut = [&](int64_t k) -> int64_t {
+    if (k == 0) return 0;
+    if (k == parts) return size;
+    // First p >= target with byte p-1 == '\n' (a line start); size when none.
+    const int64_t target = static_cast<int64_t>((static_cast<__int128>(k) * size) / parts);
+    if (target == 0) return 0;
+    if (::fseeko(f, target - 1, SEEK_SET) != 0) throw_runtime("{}: seek failed ({})", path, std::strerror(errno));
+    char buf[1 << 16];
+    int64_t pos = target - 1;
+    while (true) {
+      const size_t got = std::fread(buf, 1, sizeof buf, f);
+      if (got == 0) return size;
+      const void* nl = std::memchr(buf, '\n', got);
+      if (nl) return pos + (static_cast<const char*>(nl) - buf) + 1;
+      pos += static_cast<int64_t>(got);
+    }
+  };
+  std::pair<int64_t, int64_t> r{cut(part), cut(part + 1)};
+  std::fclose(f);
+  return r;
+}
+
+LineReader::LineReader(const std::string& path, int64_t begin, int64_t end) : path_(path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) throw_input("{}: input file not found", path);
+  file_size_ = static_cast<int64_t>(std::filesystem::file_size(path, ec));
+  buf_.resize(1 << 20);
+  if (end < 0) end = file_size_;
+  MTNLG_CHECK(begin >= 0 && begin <= end && end <= file_size_, "byte range [{}, {}) of a {}-byte file", begin, end,
+              file_size_);
+  std::FILE* f = nullptr;
+  if (begin < end) {
+    if (input_is_compressed(path))
+      throw_input("{}: a compressed file cannot be read from a byte offset (split plain JSONL files only)", path);
+    f = std::fopen(path.c_str(), "rb");
+    if (!f) throw_input("{}: cannot open ({})", path, std::strerror(errno));
+    // Lines before the range, so that errors name the file's real line numbers.
+    int64_t left = begin;
+    while (left > 0) {
+      const size_t got = std::fread(buf_.data(), 1, static_cast<size_t>(std::min<int64_t>(left, 1 << 20)), f);
+      if (got == 0) throw_runtime("{}: read failed before byte {}", path, begin);
+      line_no_ += std::count(buf_.data(), buf_.data() + got, '\n');
+      left -= static_cast<int64_t>(got);
+    }
+  }
+  auto src = std::make_unique<PlainSource>(f, path);
+  src->limit = end - begin;
+  src_ = std::move(src);
+}
 
 LineReader::LineReader(const std::string& path) : path_(path) {
   std::error_code ec;
@@ -338,7 +410,8 @@ PreprocessResult preprocess_jsonl(const PreprocessOptions& opt) {
   }
   auto tok = Tokenizer::from_files(opt.vocab_file, opt.merge_file);
   const auto t_loaded = std::chrono::steady_clock::now();
-  LineReader reader(opt.input);
+  LineReader reader = (opt.range_begin == 0 && opt.range_end < 0) ? LineReader(opt.input)
+                                                                     : LineReader(opt.input, opt.range_begin, opt.range_end);
 
   PreprocessResult res;
   const DType dtype = dtype_for_vocab(tok->vocab_size());
@@ -369,6 +442,7 @@ PreprocessResult preprocess_jsonl(const PreprocessOptions& opt) {
       toks += static_cast<int64_t>(ids.size());
     }
     progress.add(r.documents, toks);
+    if (opt.on_progress) opt.on_progress(r.documents, toks);
   };
 
   auto read_batch = [&](Batch& b) {

@@ -9,6 +9,7 @@
 // renamed only after every key's pair is complete; on any error nothing is left behind.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -19,6 +20,10 @@ namespace mtnlg::data {
 class LineReader {
  public:
   explicit LineReader(const std::string& path);  // InputError if it cannot be opened
+  // Bytes [begin, end) of a plain (uncompressed) file, end = -1 for its end; begin must
+  // be a line start. Line numbers still count from the file's first line (the lines
+  // before `begin` are counted when it opens). begin == end reads nothing (any file).
+  LineReader(const std::string& path, int64_t begin, int64_t end);
   ~LineReader();
   // Next line without its '\n' (and a trailing '\r'); false at end of input.
   bool next(std::string& line);
@@ -38,6 +43,13 @@ class LineReader {
   int64_t line_no_ = 0, file_size_ = 0;
 };
 
+// True when the file starts with the gzip or zstd magic bytes.
+bool input_is_compressed(const std::string& path);
+// Part `part` of `parts` of a plain file cut at line boundaries: [begin, end) where the
+// cut k is the first line start at or after byte floor(k * size / parts). The parts are
+// contiguous, cover the file in order, and some may be empty.
+std::pair<int64_t, int64_t> line_aligned_range(const std::string& path, int64_t parts, int64_t part);
+
 struct PreprocessOptions {
   std::string input;
   std::string output_prefix;
@@ -50,6 +62,11 @@ struct PreprocessOptions {
   bool allow_special_tokens = false;  // "<|endoftext|>" in text -> 50256 (Megatron: plain text)
   bool progress = true;
   int64_t batch_lines = 512;  // lines per work item
+  // Only bytes [range_begin, range_end) of the input (line_aligned_range; plain files),
+  // range_end = -1 for the whole file. A multi-rank run gives each rank one range.
+  int64_t range_begin = 0, range_end = -1;
+  // Called from the writing thread after each batch with its documents and tokens.
+  std::function<void(int64_t docs, int64_t tokens)> on_progress;
 };
 
 struct PreprocessResult {

@@ -116,7 +116,7 @@ DecontamResult run_decontaminate(const DecontamOptions& opt) {
   std::vector<uint64_t> found;
   {
     Progress prog("decontaminate: scan", total_bytes, "B", opt.progress);
-    LineReader r(opt.input);
+    LineReader r(opt.input, opt.range_begin, opt.range_end, opt.lines_before);
     std::string line;
     int64_t line_no = 0, last = 0;
     while (r.next(line, line_no)) {
@@ -146,14 +146,32 @@ DecontamResult run_decontaminate(const DecontamOptions& opt) {
     }
     prog.finish();
   }
-  auto common = [&](uint64_t h) { return opt.max_hits > 0 && docs_per_ngram[h] > opt.max_hits; };
+  if (opt.reduce_counts) {
+    // Documents per task n-gram summed over the ranks (dense, in ascending hash order).
+    std::vector<uint64_t> keys;
+    keys.reserve(idx.ngrams.size());
+    for (const auto& kv : idx.ngrams) keys.push_back(kv.first);
+    std::sort(keys.begin(), keys.end());
+    std::vector<int64_t> counts(keys.size(), 0);
+    for (const auto& [h, c] : docs_per_ngram)
+      counts[static_cast<size_t>(std::lower_bound(keys.begin(), keys.end(), h) - keys.begin())] = c;
+    opt.reduce_counts(counts);
+    docs_per_ngram.clear();
+    for (size_t i = 0; i < keys.size(); ++i)
+      if (counts[i] > 0) docs_per_ngram.emplace(keys[i], counts[i]);
+  }
+  auto common = [&](uint64_t h) {
+    if (opt.max_hits <= 0) return false;
+    auto it = docs_per_ngram.find(h);
+    return it != docs_per_ngram.end() && it->second > opt.max_hits;
+  };
   int64_t common_ignored = 0;
   for (auto& [h, c] : docs_per_ngram) common_ignored += common(h);
 
   // --- pass 2: write ------------------------------------------------------------------
   struct TaskStats {
     int64_t docs_hit = 0;
-    std::vector<uint64_t> matched;
+    int64_t matched = 0;  // distinct task n-grams found in some document and not too common
   };
   std::vector<TaskStats> tstats(n_tasks);
   DecontamResult res;
@@ -163,7 +181,7 @@ DecontamResult run_decontaminate(const DecontamOptions& opt) {
   constexpr size_t kMaxLogged = 100000;
   {
     AtomicWriter out(opt.output);
-    LineReader r(opt.input);
+    LineReader r(opt.input, opt.range_begin, opt.range_end, opt.lines_before);
     std::string line;
     int64_t line_no = 0, doc = 0;
     std::vector<uint64_t> live;
@@ -187,8 +205,6 @@ DecontamResult run_decontaminate(const DecontamOptions& opt) {
         if (!(mask & (1ull << t))) continue;
         ++tstats[t].docs_hit;
         task_names.push_back(idx.tasks[t].name);
-        for (uint64_t h : live)
-          if (idx.ngrams.at(h) & (1ull << t)) tstats[t].matched.push_back(h);
       }
       std::string action = "removed";
       int64_t pieces_written = 0;
@@ -245,15 +261,21 @@ DecontamResult run_decontaminate(const DecontamOptions& opt) {
     out.close();
   }
 
+  // A found n-gram that is not too common is live in every document containing it, so
+  // each of its tasks counts it as matched (the same set as collecting the live n-grams
+  // of the hit documents, and with the global counts the same on every rank).
+  for (const auto& [h, c] : docs_per_ngram) {
+    if (c <= 0 || common(h)) continue;
+    const uint64_t mask = idx.ngrams.at(h);
+    for (size_t t = 0; t < n_tasks; ++t)
+      if (mask & (1ull << t)) ++tstats[t].matched;
+  }
   nlohmann::json tasks = nlohmann::json::object();
   for (size_t t = 0; t < n_tasks; ++t) {
-    auto& m = tstats[t].matched;
-    std::sort(m.begin(), m.end());
-    m.erase(std::unique(m.begin(), m.end()), m.end());
     const auto& task = idx.tasks[t];
     tasks[task.name] = {{"rows", task.rows},       {"fields", task.fields},
                         {"short_fields", task.short_fields}, {"ngrams", task.ngrams},
-                        {"docs_hit", tstats[t].docs_hit},    {"ngrams_matched", static_cast<int64_t>(m.size())},
+                        {"docs_hit", tstats[t].docs_hit},    {"ngrams_matched", tstats[t].matched},
                         {"files", task.files}};
   }
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -284,8 +306,37 @@ DecontamResult run_decontaminate(const DecontamOptions& opt) {
                 {"tasks", tasks},
                 {"documents_log", doc_log},
                 {"seconds", secs}};
-  write_file_atomic(opt.report.empty() ? opt.output + ".report.json" : opt.report, res.report.dump(2) + "\n");
+  if (opt.write_report)
+    write_file_atomic(opt.report.empty() ? opt.output + ".report.json" : opt.report, res.report.dump(2) + "\n");
   return res;
+}
+
+nlohmann::json combine_decontaminate_reports(const DecontamOptions& opt, const std::vector<nlohmann::json>& parts,
+                                             double seconds) {
+  nlohmann::json rep = parts.at(0);
+  rep["input"] = opt.input;
+  rep["output"] = opt.output;
+  rep["seconds"] = seconds;
+  for (const char* k : {"documents", "blank_lines", "documents_hit", "removed", "cut", "dropped_split",
+                        "fragments_written", "fragments_dropped_short", "lines_written"}) {
+    int64_t sum = 0;
+    for (const auto& p : parts) sum += p.at(k).get<int64_t>();
+    rep[k] = sum;
+  }
+  for (auto& [name, t] : rep["tasks"].items()) {
+    int64_t sum = 0;
+    for (const auto& p : parts) sum += p.at("tasks").at(name).at("docs_hit").get<int64_t>();
+    t["docs_hit"] = sum;
+  }
+  constexpr size_t kMaxLogged = 100000;
+  nlohmann::json log = nlohmann::json::array();
+  for (const auto& p : parts)
+    for (const auto& e : p.at("documents_log")) {
+      if (log.size() >= kMaxLogged) break;
+      log.push_back(e);
+    }
+  rep["documents_log"] = std::move(log);
+  return rep;
 }
 
 }  // namespace mtnlg::curation

@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -49,6 +50,15 @@ struct DecontamOptions {
   int64_t max_fragments = 10;
   int64_t max_hits = 10;  // 0 = no n-gram is too common
   bool progress = true;
+  // One rank's share of a multi-rank run: bytes [range_begin, range_end) of the input
+  // (line-aligned, -1 = the end) with the lines before it (for line numbers). Between the
+  // passes `reduce_counts` receives the documents per task n-gram (one entry per n-gram
+  // of the task index, in ascending hash order) and must replace them by the sums over
+  // all ranks, so that the too-common rule sees the whole input. write_report false:
+  // the report is returned, not written (the caller combines the ranks').
+  int64_t range_begin = 0, range_end = -1, lines_before = 0;
+  std::function<void(std::vector<int64_t>&)> reduce_counts;
+  bool write_report = true;
 };
 
 struct DecontamResult {
@@ -57,5 +67,12 @@ struct DecontamResult {
 };
 
 DecontamResult run_decontaminate(const DecontamOptions& opt);
+
+// The report of the whole input from the ranks' reports (in rank order): counts summed,
+// documents_log concatenated (first 100,000 kept); the n-gram totals (task_ngrams,
+// common_ngrams_ignored, per-task ngrams_matched) come from the global counts and are
+// taken from the first. `opt` gives the input, output and report names.
+nlohmann::json combine_decontaminate_reports(const DecontamOptions& opt, const std::vector<nlohmann::json>& parts,
+                                             double seconds);
 
 }  // namespace mtnlg::curation

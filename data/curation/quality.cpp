@@ -254,21 +254,33 @@ double pareto_draw(uint64_t seed, uint64_t doc, double alpha) {
   return std::pow(u, -1.0 / alpha) - 1.0;
 }
 
+nlohmann::json quality_filter_report(const QualityFilterOptions& opt, int64_t n, int64_t kept) {
+  return {{"format", "mtnlg-quality-filter-report"},
+          {"version", 1},
+          {"input", opt.input},
+          {"output", opt.output},
+          {"model", opt.model},
+          {"params", {{"mode", opt.mode}, {"threshold", opt.threshold}, {"alpha", opt.alpha}, {"seed", opt.seed}}},
+          {"documents", n},
+          {"kept", kept},
+          {"removed", n - kept}};
+}
+
 nlohmann::json filter_quality(const QualityFilterOptions& opt) {
   if (opt.mode != "threshold" && opt.mode != "pareto") throw_input("--mode {}: expected threshold or pareto", opt.mode);
   if (!(opt.alpha > 0)) throw_input("--alpha {} must be positive", opt.alpha);
   QualityModel model = QualityModel::load(opt.model);
   if (!fs::is_regular_file(opt.input)) throw_input("--input {}: no such file", opt.input);
   if (fs::exists(opt.output) && fs::equivalent(opt.output, opt.input)) throw_input("--output {}: would overwrite the input", opt.output);
-  LineReader r(opt.input);
+  LineReader r(opt.input, opt.range_begin, opt.range_end, opt.lines_before);
   AtomicWriter out(opt.output);
   std::string line;
   int64_t line_no = 0, n = 0, kept = 0;
   while (r.next(line, line_no)) {
     if (is_blank_line(line)) continue;
     double s = model.score(extract_text(line, opt.json_key, opt.input, line_no));
-    bool keep = opt.mode == "threshold" ? s >= opt.threshold
-                                        : pareto_draw(opt.seed, static_cast<uint64_t>(n), opt.alpha) > 1.0 - s;
+    const uint64_t doc = static_cast<uint64_t>(opt.documents_before + n);
+    bool keep = opt.mode == "threshold" ? s >= opt.threshold : pareto_draw(opt.seed, doc, opt.alpha) > 1.0 - s;
     ++n;
     if (keep) {
       out.write_line(line);
@@ -276,15 +288,8 @@ nlohmann::json filter_quality(const QualityFilterOptions& opt) {
     }
   }
   out.close();
-  nlohmann::json report = {{"format", "mtnlg-quality-filter-report"},
-                           {"version", 1},
-                           {"input", opt.input},
-                           {"output", opt.output},
-                           {"model", opt.model},
-                           {"params", {{"mode", opt.mode}, {"threshold", opt.threshold}, {"alpha", opt.alpha}, {"seed", opt.seed}}},
-                           {"documents", n},
-                           {"kept", kept},
-                           {"removed", n - kept}};
+  nlohmann::json report = quality_filter_report(opt, n, kept);
+  if (!opt.write_report) return report;
   write_file_atomic(opt.output + ".report.json", report.dump(2) + "\n");
   return report;
 }

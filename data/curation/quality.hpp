@@ -84,9 +84,17 @@ struct QualityFilterOptions {
   double threshold = 0.5;          // threshold mode: keep if score >= threshold
   double alpha = 9.0;              // pareto mode: keep if pareto(alpha) > 1 - score
   uint64_t seed = 1;
+  // One rank's share of a multi-rank run: bytes [range_begin, range_end) of the input
+  // (line-aligned, -1 = the end), with the lines and documents before it, so that line
+  // numbers and the Pareto draws' document indices are the whole file's. write_report
+  // false: only the kept lines are written (the caller writes the merged report).
+  int64_t range_begin = 0, range_end = -1, lines_before = 0, documents_before = 0;
+  bool write_report = true;
 };
 // Copies the kept lines byte-identical; writes output + ".report.json".
 nlohmann::json filter_quality(const QualityFilterOptions& opt);
+// The report filter_quality writes, for given totals (multi-rank runs sum the ranks').
+nlohmann::json quality_filter_report(const QualityFilterOptions& opt, int64_t documents, int64_t kept);
 
 // A draw of numpy.random.pareto(alpha) (the Lomax distribution: U^(-1/alpha) - 1 with U
 // uniform in (0, 1]) for document `doc`, from the counter RNG: the same (seed, doc)

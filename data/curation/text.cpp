@@ -3,6 +3,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -101,6 +102,25 @@ LineReader::LineReader(const std::string& path) : path_(path), buf_(1 << 20) {
   if (!f_) throw_input("{}: cannot open ({})", path, std::strerror(errno));
 }
 
+LineReader::LineReader(const std::string& path, int64_t begin, int64_t end, int64_t lines_before)
+    : LineReader(path) {
+  if (::fseeko(f_, begin, SEEK_SET) != 0) throw_runtime("{}: seek to byte {} failed ({})", path, begin, std::strerror(errno));
+  if (end >= 0) limit_ = std::max<int64_t>(0, end - begin);
+  line_no_ = lines_before;
+}
+
+LineCounts count_lines(const std::string& path, int64_t begin, int64_t end) {
+  LineReader r(path, begin, end, 0);
+  LineCounts c;
+  std::string line;
+  int64_t no = 0;
+  while (r.next(line, no)) {
+    ++c.lines;
+    c.documents += !is_blank_line(line);
+  }
+  return c;
+}
+
 LineReader::~LineReader() {
   if (f_) std::fclose(f_);
 }
@@ -114,9 +134,12 @@ bool LineReader::refill() {
     pos_ = 0;
   }
   if (len_ == buf_.size()) buf_.resize(buf_.size() * 2);  // a line longer than the buffer
-  size_t got = std::fread(buf_.data() + len_, 1, buf_.size() - len_, f_);
+  size_t want = buf_.size() - len_;
+  if (limit_ >= 0) want = std::min(want, static_cast<size_t>(limit_));
+  size_t got = want == 0 ? 0 : std::fread(buf_.data() + len_, 1, want, f_);
+  if (limit_ >= 0) limit_ -= static_cast<int64_t>(got);
   if (got == 0) {
-    if (std::ferror(f_)) throw_runtime("{}: read error", path_);
+    if (want > 0 && std::ferror(f_)) throw_runtime("{}: read error", path_);
     eof_ = true;
     return false;
   }

@@ -46,6 +46,9 @@ void shingle_hashes(const std::vector<Word>& words, int64_t n, std::vector<uint6
 class LineReader {
  public:
   explicit LineReader(const std::string& path);
+  // Bytes [begin, end) of the file (begin a line start, end -1 = the file's end); line
+  // numbers continue from `lines_before` (the lines of the file before `begin`).
+  LineReader(const std::string& path, int64_t begin, int64_t end, int64_t lines_before);
   ~LineReader();
   LineReader(const LineReader&) = delete;
   LineReader& operator=(const LineReader&) = delete;
@@ -63,7 +66,16 @@ class LineReader {
   bool eof_ = false;
   int64_t line_no_ = 0;
   int64_t bytes_read_ = 0;
+  int64_t limit_ = -1;  // bytes left in the range; -1 = no limit
 };
+
+// Lines and documents (non-blank lines) in bytes [begin, end) of a file: a rank of a
+// multi-rank run counts its share so that all ranks agree on global line numbers and
+// document indices before processing.
+struct LineCounts {
+  int64_t lines = 0, documents = 0;
+};
+LineCounts count_lines(const std::string& path, int64_t begin, int64_t end);
 
 // True for a line holding only ASCII whitespace: not a document (skipped, counted).
 bool is_blank_line(std::string_view line);

@@ -1,0 +1,183 @@
+// Curation commands under mpirun: `data quality filter` and `data decontaminate` give
+// the same output and report bytes on 1, 2, 3 and 4 ranks (Pareto draws keyed by the
+// whole file's document index; the too-common n-gram rule counted over the whole
+// input), and a bad line on a later rank's share stops every rank with file:line and
+// no output.
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "test/support/test_support.hpp"
+
+using namespace mtnlg;
+using mtnlg::test::TempDir;
+namespace fs = std::filesystem;
+
+namespace {
+
+int64_t count_files(const fs::path& dir) {
+  int64_t n = 0;
+  for (auto& e : fs::directory_iterator(dir)) n += e.is_regular_file();
+  return n;
+}
+
+test::RunResult run_np(int np, const std::string& args) {
+  if (np == 1) return test::run_command(std::string(MTNLG_BINARY) + " " + args);
+  return test::run_command("sh " + test::source_dir() + "/test/mpi/mpirun.sh " + std::to_string(np) + " " +
+                           MTNLG_BINARY + " " + args);
+}
+
+}  // namespace
+
+TEST_CASE("e2e quality filter: 1, 2, 3 and 4 ranks give byte-identical output and report", "[data][mpi]") {
+  TempDir tmp("quality-ranks");
+  const std::string d = tmp.str();
+  REQUIRE(test::run_mtnlg("data synth-corpus --kind quality --docs 200 --output-dir " + d + "/q --no-progress").exit_code == 0);
+  auto tr = test::run_mtnlg("data quality train --positive " + d + "/q/positive.jsonl --negative " + d +
+                            "/q/negative.jsonl --model " + d + "/m.bin --bucket-bits 14 --epochs 1 --no-progress");
+  INFO(tr.out);
+  REQUIRE(tr.exit_code == 0);
+  // Mixed input: positives and negatives alternating, a blank line now and then.
+  const std::string pos = test::read_file(tmp / "q/positive.jsonl"), neg = test::read_file(tmp / "q/negative.jsonl");
+  std::string mixed;
+  size_t a = 0, b = 0;
+  for (int i = 0; a < pos.size() || b < neg.size(); ++i) {
+    const std::string& src = (i % 2 == 0 && a < pos.size()) || b >= neg.size() ? pos : neg;
+    size_t& at = &src == &pos ? a : b;
+    const size_t nl = src.find('\n', at);
+    mixed += src.substr(at, nl - at + 1);
+    at = nl + 1;
+    if (i % 37 == 3) mixed += "  \n";
+  }
+  test::write_file(tmp / "in.jsonl", mixed);
+
+  for (std::string mode : {"pareto --alpha 3", "threshold --threshold 0.5"}) {
+    std::string ref_out, ref_rep;
+    for (int np = 1; np <= 4; ++np) {
+      const std::string out = d + "/out" + std::to_string(np) + ".jsonl";
+      auto r = run_np(np, "data quality filter --input " + d + "/in.jsonl --model " + d + "/m.bin --output " + out +
+                              " --mode " + mode);
+      INFO(mode << ", " << np << " ranks: " << r.out);
+      REQUIRE(r.exit_code == 0);
+      CHECK_THAT(r.out, Catch::Matchers::Contains("400 documents"));
+      const std::string got = test::read_file(out), rep = test::read_file(out + ".report.json");
+      if (np == 1) {
+        ref_out = got;
+        ref_rep = rep;
+        CHECK(!got.empty());
+        CHECK(got.size() < mixed.size());  // some kept, some removed
+      } else {
+        CHECK(got == ref_out);
+        // The report names the output file; everything else must match.
+        CHECK(rep.size() == ref_rep.size());
+        std::string norm = rep;
+        const std::string from = "out" + std::to_string(np) + ".jsonl", to = "out1.jsonl";
+        norm.replace(norm.find(from), from.size(), to);
+        CHECK(norm == ref_rep);
+      }
+    }
+  }
+  // in, model, model report, q/ files aside: 4 outputs + 4 reports, no parts left.
+  const int64_t before = count_files(tmp.path());
+  CHECK(before == 3 + 4 * 2);
+
+  // A malformed line in the last rank's share: exit 2 naming file:line, nothing written.
+  std::string bad = mixed;
+  size_t cut = bad.size() * 9 / 10;
+  cut = bad.find('\n', cut) + 1;
+  const int64_t line_no = std::count(bad.begin(), bad.begin() + static_cast<std::ptrdiff_t>(cut), '\n') + 1;
+  bad.insert(cut, "{oops\n");
+  test::write_file(tmp / "bad.jsonl", bad);
+  auto r = run_np(3, "data quality filter --input " + d + "/bad.jsonl --model " + d + "/m.bin --output " + d +
+                         "/bad-out.jsonl");
+  INFO(r.out);
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.out, Catch::Matchers::Contains("bad.jsonl:" + std::to_string(line_no)) &&
+                        Catch::Matchers::Contains("rank 2"));
+  CHECK(count_files(tmp.path()) == before + 1);  // only bad.jsonl
+}
+
+TEST_CASE("e2e decontaminate: 1, 2, 3 and 4 ranks give identical output and report", "[data][mpi]") {
+  TempDir tmp("decontam-ranks");
+  const std::string d = tmp.str();
+  REQUIRE(test::run_mtnlg("data synth-corpus --output-dir " + d + "/s --docs 400 --sources 1 --near-dup-fraction 0 "
+                          "--partial-fraction 0 --contaminate 30 --task-rows 3 --no-progress")
+              .exit_code == 0);
+  // A boilerplate sentence that is also a task row, in 4 documents spread over the file:
+  // with --max-hits 3 it is too common only when the ranks' counts are summed.
+  const std::string boiler =
+      "all rights reserved no part of this publication may be reproduced stored or transmitted in any form";
+  fs::create_directories(tmp / "s/tasks/zz_boiler");
+  test::write_file(tmp / "s/tasks/zz_boiler/validation.jsonl", nlohmann::json({{"text", boiler}}).dump() + "\n");
+  std::vector<std::string> lines;
+  {
+    std::istringstream in(test::read_file(tmp / "s/pile_cc.jsonl"));
+    std::string l;
+    while (std::getline(in, l)) lines.push_back(l);
+  }
+  REQUIRE(lines.size() == 400);
+  for (size_t at : {40u, 140u, 240u, 340u}) {
+    auto j = nlohmann::json::parse(lines[at]);
+    j["text"] = boiler + ". " + j["text"].get<std::string>();
+    lines[at] = j.dump();
+  }
+  std::string text;
+  for (size_t i = 0; i < lines.size(); ++i) text += lines[i] + (i % 50 == 7 ? "\n \n" : "\n");
+  test::write_file(tmp / "in.jsonl", text);
+
+  auto strip = [](std::string rep) {
+    auto j = nlohmann::json::parse(rep);
+    j.erase("seconds");
+    j.erase("output");
+    return j;
+  };
+  for (std::string mode : {"remove", "cut"}) {
+    std::string ref_out;
+    nlohmann::json ref_rep;
+    for (int np = 1; np <= 4; ++np) {
+      const std::string out = d + "/" + mode + std::to_string(np) + ".jsonl";
+      auto r = run_np(np, "data decontaminate --input " + d + "/in.jsonl --tasks-dir " + d + "/s/tasks --output " +
+                              out + " --max-hits 3 --mode " + mode + " --no-progress");
+      INFO(mode << ", " << np << " ranks: " << r.out);
+      REQUIRE(r.exit_code == 0);
+      const std::string got = test::read_file(out);
+      const auto rep = strip(test::read_file(out + ".report.json"));
+      if (np == 1) {
+        ref_out = got;
+        ref_rep = rep;
+        CHECK(rep["documents"] == 400);
+        CHECK(rep["documents_hit"].get<int64_t>() >= 25);
+        CHECK(rep["common_ngrams_ignored"].get<int64_t>() > 0);  // the boilerplate
+        CHECK(rep["tasks"]["zz_boiler"]["docs_hit"] == 0);
+      } else {
+        CHECK(got == ref_out);
+        CHECK(rep == ref_rep);
+      }
+    }
+  }
+  const int64_t before = count_files(tmp.path());
+  CHECK(before == 1 + 2 * 4 * 2);  // in.jsonl + outputs and reports, no parts
+
+  // A malformed line in the last rank's share fails pass 1 there: every rank stops.
+  std::string bad = text;
+  size_t cut = bad.find('\n', bad.size() * 9 / 10) + 1;
+  const int64_t line_no = std::count(bad.begin(), bad.begin() + static_cast<std::ptrdiff_t>(cut), '\n') + 1;
+  bad.insert(cut, "[1, 2]\n");
+  test::write_file(tmp / "bad.jsonl", bad);
+  auto r = run_np(3, "data decontaminate --input " + d + "/bad.jsonl --tasks-dir " + d + "/s/tasks --output " + d +
+                         "/bad-out.jsonl --no-progress");
+  INFO(r.out);
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.out, Catch::Matchers::Contains("bad.jsonl:" + std::to_string(line_no)) &&
+                        Catch::Matchers::Contains("stopped because rank 2 failed"));
+  CHECK(count_files(tmp.path()) == before + 1);  // only bad.jsonl
+
+  // --output naming the input is refused before anything is written.
+  auto over = run_np(2, "data decontaminate --input " + d + "/in.jsonl --tasks-dir " + d + "/s/tasks --output " + d +
+                            "/in.jsonl --no-progress");
+  CHECK(over.exit_code == 2);
+  CHECK_THAT(over.out, Catch::Matchers::Contains("would overwrite the input"));
+  CHECK(test::read_file(tmp / "in.jsonl") == text);
+}

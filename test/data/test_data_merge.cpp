@@ -1,0 +1,261 @@
+// `mtnlg data merge` and `data preprocess` under mpirun: merged prefixes are the same
+// bytes as writing (or preprocessing) the concatenation of their inputs in order, a
+// dtype mismatch is refused naming the prefix, and preprocess gives byte-identical
+// files on 1, 2, 3 and 4 ranks.
+#include <zlib.h>
+
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "data/indexed_dataset.hpp"
+#include "core/error.hpp"
+#include "data/merge.hpp"
+#include "data/preprocess.hpp"
+#include "test/data/data_test_util.hpp"
+
+using namespace mtnlg;
+using namespace mtnlg::data;
+using mtnlg::test::TempDir;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string vocab_args() {
+  const std::string d = test::gpt2_dir();
+  return " --vocab-file " + d + "/vocab.json --merge-file " + d + "/merges.txt";
+}
+
+// JSONL lines with varied text, empty documents, blank lines and a second key.
+std::vector<std::string> corpus_lines(int64_t docs) {
+  std::vector<std::string> out;
+  const char* words[] = {"the", "quick", "brown", "fox", "café", "日本", "123", "don't", " ", "\n", "😀", "x"};
+  for (int64_t d = 0; d < docs; ++d) {
+    std::string text;
+    if (d % 17 != 5)
+      for (int64_t w = 0; w < 3 + (d * 7) % 40; ++w) {
+        text += words[(d * 31 + w * 7) % 12];
+        text += ' ';
+      }
+    out.push_back(nlohmann::json({{"text", text}, {"title", "doc " + std::to_string(d)}}).dump());
+    if (d % 101 == 7) out.push_back("   ");  // blank: not a document
+  }
+  return out;
+}
+
+std::string join(const std::vector<std::string>& lines, size_t a, size_t b) {
+  std::string s;
+  for (size_t i = a; i < b; ++i) s += lines[i] + "\n";
+  return s;
+}
+
+// Documents of 0..3 sequences with pseudo-random lengths and ids, from `seed`.
+struct Doc {
+  std::vector<int32_t> ids;
+  std::vector<int64_t> lens;
+};
+std::vector<Doc> make_docs(int64_t n, uint32_t seed) {
+  std::vector<Doc> docs;
+  uint64_t x = seed * 2654435761u + 1;
+  auto next = [&] {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return x;
+  };
+  for (int64_t d = 0; d < n; ++d) {
+    Doc doc;
+    const int64_t seqs = static_cast<int64_t>(next() % 4);
+    for (int64_t s = 0; s < seqs; ++s) {
+      const int64_t len = static_cast<int64_t>(next() % 50);
+      for (int64_t t = 0; t < len; ++t) doc.ids.push_back(static_cast<int32_t>(next() % 50257));
+      doc.lens.push_back(len);
+    }
+    docs.push_back(std::move(doc));
+  }
+  return docs;
+}
+
+void write_docs(const std::string& prefix, const std::vector<Doc>& docs, DType dt = DType::u16) {
+  IndexedDatasetWriter w(prefix, dt);
+  for (const auto& d : docs) w.add_document(d.ids, d.lens);
+  w.finalize();
+}
+
+bool same_files(const std::string& a, const std::string& b) {
+  return test::read_file(a + ".bin") == test::read_file(b + ".bin") &&
+         test::read_file(a + ".idx") == test::read_file(b + ".idx");
+}
+
+int64_t count_files(const fs::path& dir) {
+  int64_t n = 0;
+  for (auto& e : fs::directory_iterator(dir)) n += e.is_regular_file();
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("merge: concatenation of datasets equals writing all documents in order", "[data]") {
+  TempDir tmp("merge");
+  // Parts with multi-sequence and empty documents, one part with no documents at all,
+  // one with only empty documents.
+  std::vector<std::vector<Doc>> parts = {make_docs(40, 1), make_docs(0, 2), make_docs(25, 3), make_docs(1, 4)};
+  parts.push_back({Doc{}, Doc{}});
+  std::vector<std::string> prefixes;
+  std::vector<Doc> all;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    prefixes.push_back((tmp / ("p" + std::to_string(i))).string());
+    write_docs(prefixes.back(), parts[i]);
+    all.insert(all.end(), parts[i].begin(), parts[i].end());
+  }
+  write_docs((tmp / "whole").string(), all);
+  const auto res = merge_indexed_datasets(prefixes, (tmp / "merged").string(), false);
+  CHECK(res.documents == static_cast<int64_t>(all.size()));
+  CHECK(same_files((tmp / "merged").string(), (tmp / "whole").string()));
+  IndexedDataset m((tmp / "merged").string());  // the reader's validation accepts it
+  CHECK(m.num_documents() == static_cast<int64_t>(all.size()));
+  // A directory argument stands for its prefixes sorted by name.
+  fs::create_directories(tmp / "dir");
+  for (size_t i = 0; i < parts.size(); ++i) write_docs((tmp / "dir" / ("s" + std::to_string(i))).string(), parts[i]);
+  merge_indexed_datasets(expand_merge_inputs({(tmp / "dir").string()}), (tmp / "merged2").string(), false);
+  CHECK(same_files((tmp / "merged2").string(), (tmp / "whole").string()));
+  // One input: a byte copy.
+  merge_indexed_datasets({prefixes[0]}, (tmp / "one").string(), false);
+  CHECK(same_files((tmp / "one").string(), prefixes[0]));
+}
+
+TEST_CASE("merge: mismatched dtypes, a missing prefix and output over an input are refused", "[data]") {
+  TempDir tmp("merge-bad");
+  const std::string a = (tmp / "a").string(), b = (tmp / "b").string();
+  write_docs(a, make_docs(5, 1), DType::u16);
+  write_docs(b, make_docs(5, 2), DType::i32);
+  try {
+    merge_indexed_datasets({a, b}, (tmp / "out").string(), false);
+    FAIL("no error");
+  } catch (const InputError& e) {
+    CHECK_THAT(e.what(), Catch::Matchers::Contains(b) && Catch::Matchers::Contains("int32") &&
+                             Catch::Matchers::Contains("uint16"));
+  }
+  CHECK_THROWS_AS(merge_indexed_datasets({a, (tmp / "nope").string()}, (tmp / "out").string(), false), InputError);
+  CHECK_THROWS_AS(merge_indexed_datasets({a, a}, a, false), InputError);
+  CHECK_THROWS_AS(merge_indexed_datasets({}, (tmp / "out").string(), false), InputError);
+  CHECK(count_files(tmp.path()) == 4);  // nothing written, no temporary left
+}
+
+TEST_CASE("line_aligned_range: parts cut at line starts and cover the file", "[data]") {
+  TempDir tmp("ranges");
+  const std::string text = "a\nbb\n\nccc\ndddd\ne";  // no final newline
+  test::write_file(tmp / "t.jsonl", text);
+  for (int64_t parts = 1; parts <= 7; ++parts) {
+    int64_t at = 0;
+    for (int64_t p = 0; p < parts; ++p) {
+      auto [b, e] = line_aligned_range((tmp / "t.jsonl").string(), parts, p);
+      CHECK(b == at);
+      CHECK(e >= b);
+      CHECK((b == 0 || text[static_cast<size_t>(b - 1)] == '\n'));
+      at = e;
+    }
+    CHECK(at == static_cast<int64_t>(text.size()));
+  }
+  // Line numbers inside a range count from the file's first line.
+  auto [b, e] = line_aligned_range((tmp / "t.jsonl").string(), 2, 1);
+  LineReader rd((tmp / "t.jsonl").string(), b, e);
+  std::string line;
+  REQUIRE(rd.next(line));
+  CHECK(line == "dddd");
+  CHECK(rd.line_number() == 5);
+}
+
+TEST_CASE("e2e merge: preprocessing 3 parts and merging equals preprocessing the whole file", "[data][e2e]") {
+  MTNLG_REQUIRE_GPT2(tok);
+  TempDir tmp("merge-e2e");
+  const auto lines = corpus_lines(900);
+  const size_t c1 = 250, c2 = 700;
+  test::write_file(tmp / "whole.jsonl", join(lines, 0, lines.size()));
+  test::write_file(tmp / "p0.jsonl", join(lines, 0, c1));
+  test::write_file(tmp / "p1.jsonl", join(lines, c1, c2));
+  test::write_file(tmp / "p2.jsonl", join(lines, c2, lines.size()));
+  for (std::string n : {"whole", "p0", "p1", "p2"}) {
+    auto r = test::run_mtnlg("data preprocess --input " + (tmp / (n + ".jsonl")).string() + " --output-prefix " +
+                             (tmp / n).string() + vocab_args() + " --append-eod --no-progress");
+    INFO(r.out);
+    REQUIRE(r.exit_code == 0);
+  }
+  auto pre = [&](const std::string& n) { return (tmp / (n + "_text_document")).string(); };
+  auto r = test::run_mtnlg("data merge --input " + pre("p0") + " " + pre("p1") + " " + pre("p2") + " --output-prefix " +
+                           (tmp / "merged").string() + " --no-progress");
+  INFO(r.out);
+  REQUIRE(r.exit_code == 0);
+  CHECK_THAT(r.out, Catch::Matchers::Contains("3 prefixes, 900 documents"));
+  CHECK(same_files((tmp / "merged").string(), pre("whole")));
+
+  // A prefix of another dtype: exit 2 naming it, nothing written.
+  const std::string odd = (tmp / "odd").string();
+  write_docs(odd, make_docs(3, 9), DType::i32);
+  auto bad = test::run_mtnlg("data merge --input " + pre("p0") + " " + odd + " --output-prefix " +
+                             (tmp / "bad").string() + " --no-progress");
+  CHECK(bad.exit_code == 2);
+  CHECK_THAT(bad.out, Catch::Matchers::Contains(odd + ": dtype int32"));
+  CHECK_FALSE(fs::exists(tmp / "bad.bin"));
+  CHECK_FALSE(fs::exists(tmp / "bad.idx"));
+}
+
+TEST_CASE("e2e preprocess: 1, 2, 3 and 4 ranks give byte-identical files", "[data][mpi]") {
+  MTNLG_REQUIRE_GPT2(tok);
+  TempDir tmp("pre-ranks");
+  fs::create_directories(tmp / "gz");
+  const auto lines = corpus_lines(1200);
+  test::write_file(tmp / "c.jsonl", join(lines, 0, lines.size()));
+  const std::string base = " data preprocess --input " + (tmp / "c.jsonl").string() + vocab_args() +
+                           " --append-eod --json-keys text title --no-progress --output-prefix ";
+  auto r1 = test::run_command(std::string(MTNLG_BINARY) + base + (tmp / "np1").string());
+  INFO(r1.out);
+  REQUIRE(r1.exit_code == 0);
+  for (int np = 2; np <= 4; ++np) {
+    const std::string out = (tmp / ("np" + std::to_string(np))).string();
+    auto r = test::run_command("sh " + test::source_dir() + "/test/mpi/mpirun.sh " + std::to_string(np) + " " +
+                               MTNLG_BINARY + base + out);
+    INFO(np << " ranks: " << r.out);
+    REQUIRE(r.exit_code == 0);
+    CHECK_THAT(r.out, Catch::Matchers::Contains("1200 documents") &&
+                          Catch::Matchers::Contains("(" + std::to_string(np) + " ranks)"));
+    for (std::string k : {"_text_document", "_title_document"})
+      CHECK(same_files(out + k, (tmp / "np1").string() + k));
+  }
+  // Only the outputs remain: input + 4 runs x 2 keys x 2 files, no parts.
+  CHECK(count_files(tmp.path()) == 1 + 4 * 2 * 2);
+
+  // A gzip input cannot be cut at byte offsets: rank 0 reads it whole, same bytes.
+  {
+    const std::string text = test::read_file(tmp / "c.jsonl");
+    gzFile g = gzopen((tmp / "gz" / "c.jsonl.gz").c_str(), "wb");
+    REQUIRE(g != nullptr);
+    gzwrite(g, text.data(), static_cast<unsigned>(text.size()));
+    gzclose(g);
+    const std::string out = (tmp / "gz" / "np3").string();
+    auto r = test::run_command("sh " + test::source_dir() + "/test/mpi/mpirun.sh 3 " + MTNLG_BINARY +
+                               " data preprocess --input " + (tmp / "gz" / "c.jsonl.gz").string() + vocab_args() +
+                               " --append-eod --json-keys text title --no-progress --output-prefix " + out);
+    INFO(r.out);
+    REQUIRE(r.exit_code == 0);
+    for (std::string k : {"_text_document", "_title_document"})
+      CHECK(same_files(out + k, (tmp / "np1").string() + k));
+    CHECK(count_files(tmp / "gz") == 1 + 2 * 2);
+  }
+
+  // A bad line on a later rank's share: every rank stops, exit 2, the message names
+  // file:line, and no output or part is left.
+  auto badlines = lines;
+  badlines[1000] = "{not json";
+  test::write_file(tmp / "bad.jsonl", join(badlines, 0, badlines.size()));
+  const std::string before = std::to_string(count_files(tmp.path()));
+  auto bad = test::run_command("sh " + test::source_dir() + "/test/mpi/mpirun.sh 3 " + MTNLG_BINARY +
+                               " data preprocess --input " + (tmp / "bad.jsonl").string() + vocab_args() +
+                               " --no-progress --output-prefix " + (tmp / "bad").string());
+  INFO(bad.out);
+  CHECK(bad.exit_code == 2);
+  CHECK_THAT(bad.out, Catch::Matchers::Contains("bad.jsonl:1001: malformed JSON") &&
+                          Catch::Matchers::Contains("rank 2"));
+  CHECK(std::to_string(count_files(tmp.path())) == before);
+}
