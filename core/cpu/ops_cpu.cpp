@@ -200,9 +200,14 @@ void dropout(T* out, const T* inp, int64_t n, double p, uint64_t key, uint64_t b
   for (int64_t i = 0; i < n; ++i) out[i] = keep(key, base + i, p) ? inp[i] * s : T(0);
 }
 
+namespace {
+
+// Causal attention, both saved forms in one kernel: row i's softmax lives in `probs`
+// (the [B,H,T,T] form, zeros above the diagonal) or in a per-(b,h) scratch row; `lse`
+// (when given) saves m_i + log sum_j exp(s_ij - m_i), the log-sum-exp form's statistic.
 template <typename T>
-void attention_forward(T* out, T* probs, const T* qkv, int64_t B, int64_t Tn, int64_t H, int64_t D, double p,
-                       uint64_t key, int64_t sample_offset, int64_t head_offset, int64_t heads_total) {
+void attention_forward_rows(T* out, T* probs, T* lse, const T* qkv, int64_t B, int64_t Tn, int64_t H, int64_t D, double p,
+                            uint64_t key, int64_t sample_offset, int64_t head_offset, int64_t heads_total) {
   const int64_t row = H * 3 * D;  // qkv row stride
   const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(D)));
   const T dscale = p > 0 ? static_cast<T>(1.0 / (1.0 - p)) : T(1);
@@ -210,28 +215,29 @@ void attention_forward(T* out, T* probs, const T* qkv, int64_t B, int64_t Tn, in
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t h = 0; h < H; ++h) {
       const T* base = qkv + b * Tn * row + h * 3 * D;
-      T* P = probs + ((b * H + h) * Tn) * Tn;
+      std::vector<T> scratch(probs ? 0 : static_cast<size_t>(Tn));
       const uint64_t mask_base = attention_mask_base(sample_offset + b, head_offset + h, heads_total, Tn);
       for (int64_t i = 0; i < Tn; ++i) {
         const T* q = base + i * row;
-        T* Pi = P + i * Tn;
+        T* Pi = probs ? probs + ((b * H + h) * Tn + i) * Tn : scratch.data();
         T mx = -std::numeric_limits<T>::infinity();
         for (int64_t j = 0; j <= i; ++j) {
           const T* k = base + j * row + D;
           T s = 0;
           for (int64_t d = 0; d < D; ++d) s += q[d] * k[d];
-          s *= scale;
-          Pi[j] = s;
-          mx = std::max(mx, s);
+          Pi[j] = s * scale;
+          mx = std::max(mx, Pi[j]);
         }
         T sum = 0;
         for (int64_t j = 0; j <= i; ++j) {
           Pi[j] = std::exp(Pi[j] - mx);
           sum += Pi[j];
         }
-        T inv = T(1) / sum;
+        if (lse) lse[(b * H + h) * Tn + i] = mx + std::log(sum);
+        const T inv = T(1) / sum;
         for (int64_t j = 0; j <= i; ++j) Pi[j] *= inv;
-        for (int64_t j = i + 1; j < Tn; ++j) Pi[j] = 0;
+        if (probs)
+          for (int64_t j = i + 1; j < Tn; ++j) Pi[j] = 0;
         T* o = out + (b * Tn + i) * H * D + h * D;
         for (int64_t d = 0; d < D; ++d) o[d] = 0;
         for (int64_t j = 0; j <= i; ++j) {
@@ -245,9 +251,12 @@ void attention_forward(T* out, T* probs, const T* qkv, int64_t B, int64_t Tn, in
   }
 }
 
+// The backward of both forms: row i's probabilities come from `probs`, or are
+// recomputed as exp(s_ij - lse_i) (flash attention's backward). dqkv is written (=).
 template <typename T>
-void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* probs, int64_t B, int64_t Tn, int64_t H, int64_t D,
-                        double p, uint64_t key, int64_t sample_offset, int64_t head_offset, int64_t heads_total) {
+void attention_backward_rows(T* dqkv, const T* dout, const T* qkv, const T* probs, const T* lse, int64_t B, int64_t Tn,
+                             int64_t H, int64_t D, double p, uint64_t key, int64_t sample_offset, int64_t head_offset,
+                             int64_t heads_total) {
   const int64_t row = H * 3 * D;
   const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(D)));
   const T dscale = p > 0 ? static_cast<T>(1.0 / (1.0 - p)) : T(1);
@@ -256,21 +265,30 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* probs, in
     for (int64_t h = 0; h < H; ++h) {
       const T* base = qkv + b * Tn * row + h * 3 * D;
       T* dbase = dqkv + b * Tn * row + h * 3 * D;
-      const T* P = probs + ((b * H + h) * Tn) * Tn;
       const uint64_t mask_base = attention_mask_base(sample_offset + b, head_offset + h, heads_total, Tn);
       for (int64_t i = 0; i < Tn; ++i)
         for (int64_t d = 0; d < 3 * D; ++d) dbase[i * row + d] = 0;
-      std::vector<T> dP(Tn);
+      std::vector<T> scratch(probs ? 0 : static_cast<size_t>(Tn)), dP(static_cast<size_t>(Tn));
       for (int64_t i = 0; i < Tn; ++i) {
-        const T* Pi = P + i * Tn;
+        const T* q = base + i * row;
+        const T* Pi = probs ? probs + ((b * H + h) * Tn + i) * Tn : scratch.data();
+        if (!probs) {  // recompute row i from the saved log-sum-exp
+          const T l = lse[(b * H + h) * Tn + i];
+          for (int64_t j = 0; j <= i; ++j) {
+            const T* k = base + j * row + D;
+            T s = 0;
+            for (int64_t d = 0; d < D; ++d) s += q[d] * k[d];
+            scratch[static_cast<size_t>(j)] = std::exp(s * scale - l);
+          }
+        }
         const T* dO = dout + (b * Tn + i) * H * D + h * D;
         // dP'_ij = dO_i . v_j ; dv_j += P'_ij dO_i ; dP = dP' * mask * dscale
         T dot = 0;
         for (int64_t j = 0; j <= i; ++j) {
           const T* v = base + j * row + 2 * D;
           T* dv = dbase + j * row + 2 * D;
-          bool kept = p <= 0 || keep(key, mask_base + i * Tn + j, p);
-          T pj = kept ? Pi[j] * dscale : T(0);
+          const bool kept = p <= 0 || keep(key, mask_base + i * Tn + j, p);
+          const T pj = kept ? Pi[j] * dscale : T(0);
           T g = 0;
           for (int64_t d = 0; d < D; ++d) {
             g += dO[d] * v[d];
@@ -279,10 +297,9 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* probs, in
           dP[j] = kept ? g * dscale : T(0);
           dot += Pi[j] * dP[j];
         }
-        const T* q = base + i * row;
         T* dq = dbase + i * row;
         for (int64_t j = 0; j <= i; ++j) {
-          T ds = Pi[j] * (dP[j] - dot) * scale;
+          const T ds = Pi[j] * (dP[j] - dot) * scale;
           const T* k = base + j * row + D;
           T* dk = dbase + j * row + D;
           for (int64_t d = 0; d < D; ++d) {
@@ -295,99 +312,31 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* probs, in
   }
 }
 
+}  // namespace
+
+template <typename T>
+void attention_forward(T* out, T* probs, const T* qkv, int64_t B, int64_t Tn, int64_t H, int64_t D, double p,
+                       uint64_t key, int64_t sample_offset, int64_t head_offset, int64_t heads_total) {
+  attention_forward_rows<T>(out, probs, nullptr, qkv, B, Tn, H, D, p, key, sample_offset, head_offset, heads_total);
+}
+
+template <typename T>
+void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* probs, int64_t B, int64_t Tn, int64_t H, int64_t D,
+                        double p, uint64_t key, int64_t sample_offset, int64_t head_offset, int64_t heads_total) {
+  attention_backward_rows<T>(dqkv, dout, qkv, probs, nullptr, B, Tn, H, D, p, key, sample_offset, head_offset, heads_total);
+}
+
 template <typename T>
 void attention_forward_lse(T* out, T* lse, const T* qkv, int64_t B, int64_t Tn, int64_t H, int64_t D, double p,
                            uint64_t key, int64_t sample_offset, int64_t head_offset, int64_t heads_total) {
-  const int64_t row = H * 3 * D;
-  const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(D)));
-  const T dscale = p > 0 ? static_cast<T>(1.0 / (1.0 - p)) : T(1);
-#pragma omp parallel for collapse(2) schedule(static)
-  for (int64_t b = 0; b < B; ++b) {
-    for (int64_t h = 0; h < H; ++h) {
-      const T* base = qkv + b * Tn * row + h * 3 * D;
-      const uint64_t mask_base = attention_mask_base(sample_offset + b, head_offset + h, heads_total, Tn);
-      std::vector<T> P(static_cast<size_t>(Tn));
-      for (int64_t i = 0; i < Tn; ++i) {
-        const T* q = base + i * row;
-        T mx = -std::numeric_limits<T>::infinity();
-        for (int64_t j = 0; j <= i; ++j) {
-          const T* k = base + j * row + D;
-          T s = 0;
-          for (int64_t d = 0; d < D; ++d) s += q[d] * k[d];
-          P[j] = s * scale;
-          mx = std::max(mx, P[j]);
-        }
-        T sum = 0;
-        for (int64_t j = 0; j <= i; ++j) {
-          P[j] = std::exp(P[j] - mx);
-          sum += P[j];
-        }
-        lse[(b * H + h) * Tn + i] = mx + std::log(sum);
-        const T inv = T(1) / sum;
-        T* o = out + (b * Tn + i) * H * D + h * D;
-        for (int64_t d = 0; d < D; ++d) o[d] = 0;
-        for (int64_t j = 0; j <= i; ++j) {
-          T pj = P[j] * inv;
-          if (p > 0) pj = keep(key, mask_base + i * Tn + j, p) ? pj * dscale : T(0);
-          const T* v = base + j * row + 2 * D;
-          for (int64_t d = 0; d < D; ++d) o[d] += pj * v[d];
-        }
-      }
-    }
-  }
+  attention_forward_rows<T>(out, nullptr, lse, qkv, B, Tn, H, D, p, key, sample_offset, head_offset, heads_total);
 }
 
 template <typename T>
 void attention_backward_lse(T* dqkv, const T* dout, const T* qkv, const T* lse, int64_t B, int64_t Tn, int64_t H,
                             int64_t D, double p, uint64_t key, int64_t sample_offset, int64_t head_offset,
                             int64_t heads_total) {
-  const int64_t row = H * 3 * D;
-  const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(D)));
-  const T dscale = p > 0 ? static_cast<T>(1.0 / (1.0 - p)) : T(1);
-#pragma omp parallel for collapse(2) schedule(static)
-  for (int64_t b = 0; b < B; ++b) {
-    for (int64_t h = 0; h < H; ++h) {
-      const T* base = qkv + b * Tn * row + h * 3 * D;
-      T* dbase = dqkv + b * Tn * row + h * 3 * D;
-      const uint64_t mask_base = attention_mask_base(sample_offset + b, head_offset + h, heads_total, Tn);
-      for (int64_t i = 0; i < Tn; ++i)
-        for (int64_t d = 0; d < 3 * D; ++d) dbase[i * row + d] = 0;
-      std::vector<T> P(static_cast<size_t>(Tn)), dP(static_cast<size_t>(Tn));
-      for (int64_t i = 0; i < Tn; ++i) {
-        const T* q = base + i * row;
-        const T l = lse[(b * H + h) * Tn + i];
-        const T* dO = dout + (b * Tn + i) * H * D + h * D;
-        T dot = 0;
-        for (int64_t j = 0; j <= i; ++j) {
-          const T* k = base + j * row + D;
-          const T* v = base + j * row + 2 * D;
-          T* dv = dbase + j * row + 2 * D;
-          T s = 0;
-          for (int64_t d = 0; d < D; ++d) s += q[d] * k[d];
-          P[j] = std::exp(s * scale - l);
-          const bool kept = p <= 0 || keep(key, mask_base + i * Tn + j, p);
-          const T pj = kept ? P[j] * dscale : T(0);
-          T g = 0;
-          for (int64_t d = 0; d < D; ++d) {
-            g += dO[d] * v[d];
-            dv[d] += pj * dO[d];
-          }
-          dP[j] = kept ? g * dscale : T(0);
-          dot += P[j] * dP[j];
-        }
-        T* dq = dbase + i * row;
-        for (int64_t j = 0; j <= i; ++j) {
-          const T ds = P[j] * (dP[j] - dot) * scale;
-          const T* k = base + j * row + D;
-          T* dk = dbase + j * row + D;
-          for (int64_t d = 0; d < D; ++d) {
-            dq[d] += ds * k[d];
-            dk[d] += ds * q[d];
-          }
-        }
-      }
-    }
-  }
+  attention_backward_rows<T>(dqkv, dout, qkv, nullptr, lse, B, Tn, H, D, p, key, sample_offset, head_offset, heads_total);
 }
 
 template <typename T>
