@@ -479,12 +479,12 @@ IterationStats Trainer::train_step(const data::Batch& batch, double lr, std::chr
   ddp_->finish();  // every dp bucket summed (ZeRO-1 reduce-scatters inside optim.step instead)
   if (inject_nan(fault_, g_.rank, iteration_ + 1)) ops::fill(store_.grads(), std::nan(""));
   if (inject_overflow(fault_, g_.rank, iteration_ + 1)) ops::fill(store_.grads(), INFINITY);
-  parallel::StepResult st = optim_->step(store_.params(), store_.grads(), lr, &store_.weights(), loss_scale);
-  const bool nonfinite = st.skipped || !std::isfinite(sl.loss);
+  parallel::StepResult update = optim_->step(store_.params(), store_.grads(), lr, &store_.weights(), loss_scale);
+  const bool nonfinite = update.skipped || !std::isfinite(sl.loss);
   // fp16: an overflow is the scaler's business (skip, back off), not a failure --
   // unless the scale cannot back off any further.
-  const bool overflow_handled = scaler_ && st.skipped && loss_scale > r_.optimizer.min_loss_scale;
-  if (scaler_) scaler_->update(st.skipped);
+  const bool overflow_handled = scaler_ && update.skipped && loss_scale > r_.optimizer.min_loss_scale;
+  if (scaler_) scaler_->update(update.skipped);
   if (nonfinite) {
     ++skipped_total_;
     if (!overflow_handled) {
@@ -505,7 +505,7 @@ IterationStats Trainer::train_step(const data::Batch& batch, double lr, std::chr
   s.global_batch_size = gbs;
   s.loss = sl.loss;
   s.lr = lr;
-  s.grad_norm = st.grad_norm;
+  s.grad_norm = update.grad_norm;
   s.skipped = nonfinite;
   s.skipped_total = skipped_total_;
   s.nan_total = nan_total_;
