@@ -1,7 +1,7 @@
 // `mtnlg eval`: zero/one/few-shot evaluation the lm-evaluation-harness way
 // (docs/specs/eval-harness.md; command line in interface.md "Eval"). The work is in
 // app/eval_runner.cpp; this file parses options, writes results.json / samples.jsonl
-// (temporary name, then rename) and prints the harness's table.
+// (atomically: core/atomic_file.hpp) and prints the harness's table.
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -12,6 +12,7 @@
 #include "app/eval_runner.hpp"
 #include "app/preflight.hpp"
 #include "model/checkpoint.hpp"
+#include "core/atomic_file.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
 
@@ -26,20 +27,6 @@ struct EvalArgs {
   int64_t num_fewshot = 0, limit = -1, batch_size = 8, max_length = 0, bootstrap_iters = 100000;
   bool no_progress = false;
 };
-
-void write_atomic(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary);
-    if (!f) throw_input("{}: cannot write (does the directory exist?)", path);
-    f << text;
-    f.flush();
-    if (!f) throw_runtime("{}: write failed", tmp);
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) throw_runtime("{}: rename failed: {}", path, ec.message());
-}
 
 void run(const EvalArgs& a) {
   // Found before an evaluation that may take hours, not after it.
@@ -127,12 +114,12 @@ void run(const EvalArgs& a) {
   std::fputs(results_table(rep).c_str(), stdout);
   log::info("{} requests in {:.1f} s ({:.1f} requests/s)", rep.requests, rep.seconds,
             rep.seconds > 0 ? static_cast<double>(rep.requests) / rep.seconds : 0.0);
-  if (!a.output.empty()) write_atomic(a.output, results_json(rep, o).dump(2) + "\n");
+  if (!a.output.empty()) write_file_atomic(a.output, results_json(rep, o).dump(2) + "\n");
   if (!a.log_samples.empty()) {
     std::string text;
     for (auto& t : rep.tasks)
       for (auto& s : t.samples) text += s.dump() + "\n";
-    write_atomic(a.log_samples, text);
+    write_file_atomic(a.log_samples, text);
   }
 }
 

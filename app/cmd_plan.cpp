@@ -14,8 +14,10 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "app/commands.hpp"
+#include "core/atomic_file.hpp"
 #include "core/error.hpp"
 #include "core/recipe.hpp"
 #include "parallel/cost_model.hpp"
@@ -23,6 +25,27 @@
 namespace mtnlg::app {
 
 namespace {
+
+// Writes one plan output atomically. A file that cannot be created is the user's input
+// (exit 2); a failure while writing is a fault (exit 1). Both name the option.
+void write_plan_output(const std::string& key, const std::string& path, const std::string& text,
+                       bool executable = false) {
+  std::optional<AtomicFile> f;
+  try {
+    f.emplace(path);
+  } catch (const RuntimeError& e) {
+    throw_input("{} {}", key, e.what());
+  }
+  try {
+    f->write(text);
+    if (executable)
+      std::filesystem::permissions(f->temp_path(), std::filesystem::perms::owner_exec | std::filesystem::perms::group_exec,
+                                   std::filesystem::perm_options::add);
+    f->commit();
+  } catch (const RuntimeError& e) {
+    throw_runtime("{} {}", key, e.what());
+  }
+}
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
@@ -159,14 +182,7 @@ void run_calibrate(const PlanArgs& a) {
                   {"predicted_s", res.predicted[i]}});
   fit["runs"] = rj;
   j["calibration"] = fit;
-  const std::string tmp = out + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary);
-    if (!f) throw_input("--profile-out {}: cannot write this file", out);
-    f << j.dump(2) << "\n";
-    if (!f.flush()) throw_runtime("--profile-out {}: write failed", out);
-  }
-  if (std::rename(tmp.c_str(), out.c_str()) != 0) throw_runtime("--profile-out {}: cannot rename {} into place", out, tmp);
+  write_plan_output("--profile-out", out, j.dump(2) + "\n");
   if (a.json) {
     j["profile_file"] = out;
     std::printf("%s\n", j.dump(2).c_str());
@@ -350,16 +366,7 @@ std::string sbatch_script(const PlanArgs& a, const Recipe& r, const cost::Estima
 }
 
 void write_sbatch(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary);
-    if (!out) throw_input("--sbatch {}: cannot write this file", path);
-    out << text;
-    if (!out.flush()) throw_runtime("--sbatch {}: write failed", path);
-  }
-  std::filesystem::permissions(tmp, std::filesystem::perms::owner_exec | std::filesystem::perms::group_exec,
-                               std::filesystem::perm_options::add);
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) throw_runtime("--sbatch {}: cannot rename {} into place", path, tmp);
+  write_plan_output("--sbatch", path, text, /*executable=*/true);
 }
 
 nlohmann::json layout_json(const cost::Layout& l) {
@@ -473,14 +480,7 @@ void write_svg(const cost::Estimate& e, const std::string& path, const std::stri
                                   l.vp > 1 ? "interleaved 1F1B" : "1F1B", e.microbatches, cost::makespan(ops),
                                   100.0 * e.bubble_fraction);
   std::string svg = cost::timeline_svg(ops, l.pp, title);
-  std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary);
-    if (!out) throw_input("--svg {}: cannot write this file", path);
-    out << svg;
-    if (!out.flush()) throw_runtime("--svg {}: write failed", path);
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) throw_runtime("--svg {}: cannot rename {} into place", path, tmp);
+  write_plan_output("--svg", path, svg);
 }
 
 void run_plan(const PlanArgs& a) {

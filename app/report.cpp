@@ -3,8 +3,6 @@
 // opens the same from a laptop, a cluster login node or an e-mail attachment.
 #include "app/report.hpp"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cmath>
 #include <fstream>
@@ -13,6 +11,7 @@
 #include <set>
 #include <sstream>
 
+#include "core/atomic_file.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
 
@@ -665,20 +664,7 @@ ReportSummary write_report(const fs::path& run_dir, const fs::path& output) {
   s.output = output.empty() ? run_dir / "report.html" : output;
   std::error_code ec;
   if (s.output.has_parent_path()) fs::create_directories(s.output.parent_path(), ec);
-  const fs::path tmp = s.output.string() + fmt::format(".tmp.{}", ::getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw_runtime("{}: cannot open for writing", tmp.string());
-    out << html;
-    out.flush();
-    if (!out) throw_runtime("{}: write failed", tmp.string());
-  }
-  fs::rename(tmp, s.output, ec);
-  if (ec) {
-    const std::string why = ec.message();
-    fs::remove(tmp, ec);
-    throw_runtime("{}: cannot rename into place: {}", s.output.string(), why);
-  }
+  write_file_atomic(s.output.string(), html);
   return s;
 }
 

@@ -234,17 +234,81 @@ class CommReport {
   std::ofstream out_;
 };
 
-}  // namespace
+// ---- one training run: set-up, a step, logging, and the loop ---------------------------
+// Set-up (the constructor) builds, in this order: model, optimizer, data, outputs, the
+// executor with the data-parallel gradients, then checkpoints (resume) and validation.
+// Members are declared in that order, so they are destroyed in the reverse one.
+class Trainer {
+ public:
+  Trainer(const Recipe& r, const parallel::ProcessGroups& g, const TrainOptions& opts);
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+  TrainSummary run();  // the loop
 
-TrainSummary train(const Recipe& r, const parallel::ProcessGroups& g, const TrainOptions& opts) {
-  const auto t_start = std::chrono::steady_clock::now();
+ private:
+  void set_up_model();
+  void set_up_optimizer();
+  void set_up_data();
+  void set_up_output();
+  void set_up_step();
+  void set_up_checkpoints();
+  IterationStats train_step(const data::Batch& batch, double lr, std::chrono::steady_clock::time_point t0);
+  void training_log(const IterationStats& s, const data::Batch& batch);
+  bool stop_after_step();  // checkpoints, stop signals and exit conditions after a step
+  void save_now();
+
+  const Recipe& r_;
+  const parallel::ProcessGroups& g_;
+  const TrainOptions& opts_;
+  const std::chrono::steady_clock::time_point t_start_;
+  FaultInjection fault_;
+  int64_t tp_, pp_, dp_, T_;
+  bool rank0_;
+  TrainPreflight preflight_;
+  // model
+  model::GptConfig cfg_;
+  std::vector<model::ChunkSpec> specs_;
+  int64_t v_ = 0;
+  model::ParamStore store_;
+  std::vector<std::unique_ptr<model::GptChunk>> chunks_;
+  // optimizer
+  std::optional<parallel::DistributedAdamW> optim_;
+  std::optional<parallel::DynamicLossScaler> scaler_;
+  int64_t total_params_ = 0;
+  // data
+  schedules::RunLength run_;
+  std::shared_ptr<const data::SampleSource> source_;
+  std::string cache_dir_;
+  std::optional<data::Loader> loader_;
+  // output
+  std::optional<MetricsWriter> metrics_;
+  std::optional<CommReport> comm_report_;
+  std::unique_ptr<tb::TensorBoardWriter> tensorboard_;
+  double peak_tflops_ = 0;
+  std::string peak_what_;
+  // the step
+  std::optional<PipelineExecutor> exec_;
+  std::optional<parallel::DataParallelGrads> ddp_;
+  bool overlap_dp_ = false;
+  // progress (saved in checkpoints)
+  TrainSummary summary_;
+  int64_t consumed_ = 0, iteration_ = 0, skipped_total_ = 0, nan_total_ = 0, nonfinite_in_a_row_ = 0;
+  std::vector<int64_t> per_source_;
+  int64_t last_saved_ = 0;
+  // checkpoints, validation
+  std::optional<CheckpointManager> ckpt_;
+  std::optional<Validation> validation_;
+};
+
+Trainer::Trainer(const Recipe& r, const parallel::ProcessGroups& g, const TrainOptions& opts)
+    : r_(r), g_(g), opts_(opts), t_start_(std::chrono::steady_clock::now()) {
   validate_layout(r, g.topo.world());
-  const FaultInjection fault = fault_injection_from_env();  // testing aid; InputError when malformed
-  const int64_t tp = g.topo.tp(), pp = g.topo.pp(), dp = g.topo.dp();
-  const int64_t T = r.model.seq_length, mbs = r.training.micro_batch_size;
-  const bool rank0 = g.rank == 0;
+  fault_ = fault_injection_from_env();  // testing aid; InputError when malformed
+  tp_ = g.topo.tp(), pp_ = g.topo.pp(), dp_ = g.topo.dp();
+  T_ = r.model.seq_length;
+  rank0_ = g.rank == 0;
   // Outputs writable, checkpoint root locked and not overwritten (issue 17, app/preflight.hpp).
-  const TrainPreflight preflight = preflight_train(r, g);
+  preflight_ = preflight_train(r, g);
 
   // CPU threads per process: the recipe's, or the cores shared out among the ranks on
   // this node (mpirun -np 8 on 2 cores must not run 16 spinning OpenMP threads).
@@ -252,284 +316,331 @@ TrainSummary train(const Recipe& r, const parallel::ProcessGroups& g, const Trai
   omp_set_num_threads(threads);
   openblas_set_num_threads(threads);
 
-  // ---- model: this rank's chunks --------------------------------------------------------
-  model::GptConfig cfg = model::GptConfig::from_recipe(r);
-  const std::vector<model::ChunkSpec> specs = model::partition_chunks(r, g.coord.pp);
-  const int64_t v = static_cast<int64_t>(specs.size());
-  model::ParamStore store;
-  for (const auto& s : specs) model::declare_chunk_params(store, cfg, s, g.coord.tp, tp);
-  // fp32 master weights and gradients; the compute copy in the activation dtype.
-  store.finalize(DType::f32, cfg.dtype);
-  store.initialize(cfg.seed, cfg.init_std, cfg.num_layers_total);
-  std::vector<std::unique_ptr<model::GptChunk>> chunks;
-  for (auto& s : specs) chunks.push_back(std::make_unique<model::GptChunk>(cfg, s, store, g));
+  set_up_model();
+  set_up_optimizer();
+  set_up_data();
+  set_up_output();
+  set_up_step();
+  set_up_checkpoints();
+}
 
-  // ---- optimizer ------------------------------------------------------------------------
+// This rank's chunks.
+void Trainer::set_up_model() {
+  cfg_ = model::GptConfig::from_recipe(r_);
+  specs_ = model::partition_chunks(r_, g_.coord.pp);
+  v_ = static_cast<int64_t>(specs_.size());
+  for (const auto& s : specs_) model::declare_chunk_params(store_, cfg_, s, g_.coord.tp, tp_);
+  // fp32 master weights and gradients; the compute copy in the activation dtype.
+  store_.finalize(DType::f32, cfg_.dtype);
+  store_.initialize(cfg_.seed, cfg_.init_std, cfg_.num_layers_total);
+  for (auto& s : specs_) chunks_.push_back(std::make_unique<model::GptChunk>(cfg_, s, store_, g_));
+}
+
+void Trainer::set_up_optimizer() {
   std::vector<parallel::ParamSegment> segs;
   int64_t local_params = 0;
-  for (auto& p : store.infos()) {
+  for (auto& p : store_.infos()) {
     parallel::ParamSegment s;
     s.offset = p.offset;
     s.numel = p.numel;
     s.weight_decay = p.weight_decay;
-    bool dup_tp = p.tp_replicated && g.coord.tp != 0;
-    bool dup_embedding = p.word_embedding && pp > 1 && g.coord.pp != 0;
+    bool dup_tp = p.tp_replicated && g_.coord.tp != 0;
+    bool dup_embedding = p.word_embedding && pp_ > 1 && g_.coord.pp != 0;
     s.count_in_norm = !dup_tp && !dup_embedding;
     if (s.count_in_norm) local_params += p.numel;
     segs.push_back(s);
   }
-  parallel::DistributedAdamW optim(r.optimizer, segs, store.numel(), g, r.parallel.use_distributed_optimizer,
-                                   r.parallel.ddp_bucket_size);
+  optim_.emplace(r_.optimizer, segs, store_.numel(), g_, r_.parallel.use_distributed_optimizer,
+                 r_.parallel.ddp_bucket_size);
   // fp16: dynamic loss scaling (Megatron's rules); bf16 and fp32 need none.
-  std::optional<parallel::DynamicLossScaler> scaler;
-  if (r.training.precision == Precision::fp16) scaler.emplace(parallel::loss_scaler_config(r.optimizer));
-  int64_t total_params = local_params;
-  if (g.mp && g.mp->size() > 1) g.mp->all_reduce(&total_params, 1, parallel::ReduceOp::sum);
+  if (r_.training.precision == Precision::fp16) scaler_.emplace(parallel::loss_scaler_config(r_.optimizer));
+  total_params_ = local_params;
+  if (g_.mp && g_.mp->size() > 1) g_.mp->all_reduce(&total_params_, 1, parallel::ReduceOp::sum);
+}
 
-  // ---- data -----------------------------------------------------------------------------
-  const auto run = schedules::run_length(r.training, T);
-  std::shared_ptr<const data::SampleSource> source;
-  std::string cache_dir = r.data.cache_dir.empty() ? r.logging.dir + "/index-cache" : r.data.cache_dir;
-  if (r.data.mock)
-    source = data::make_mock_source(r.model.vocab_size, T, static_cast<uint64_t>(r.training.seed));
+void Trainer::set_up_data() {
+  run_ = schedules::run_length(r_.training, T_);
+  cache_dir_ = r_.data.cache_dir.empty() ? r_.logging.dir + "/index-cache" : r_.data.cache_dir;
+  if (r_.data.mock)
+    source_ = data::make_mock_source(r_.model.vocab_size, T_, static_cast<uint64_t>(r_.training.seed));
   else
-    source = data::make_blend_source(r, 0, run.samples, cache_dir);
-  data::Loader loader(source, mbs, g.coord.dp, dp);
+    source_ = data::make_blend_source(r_, 0, run_.samples, cache_dir_);
+  loader_.emplace(source_, r_.training.micro_batch_size, g_.coord.dp, dp_);
+}
 
-  // ---- output ---------------------------------------------------------------------------
-  if (rank0) {
+// The run directory's files, the MFU peak, and the banner.
+void Trainer::set_up_output() {
+  const Recipe& r = r_;
+  if (rank0_) {
     std::filesystem::create_directories(r.logging.dir);
     write_file_checked((std::filesystem::path(r.logging.dir) / "recipe.resolved.yaml").string(), to_yaml(r), "logging.dir");
   }
-  MetricsWriter metrics(r.logging.dir, rank0);
-  CommReport comm_report(r.logging.dir, g, opts.comm_report);
-  std::unique_ptr<tb::TensorBoardWriter> tensorboard;
-  if (rank0 && r.logging.tensorboard) tensorboard = std::make_unique<tb::TensorBoardWriter>(r.logging.dir);
-  double peak_tflops = r.logging.peak_tflops;
-  std::string peak_what = "logging.peak_tflops";
-  if (peak_tflops <= 0) {
-    peak_tflops = measure_cpu_sgemm_tflops();
-    if (g.world && g.world->size() > 1) g.world->all_reduce(&peak_tflops, 1, parallel::ReduceOp::max);
-    peak_what = "measured CPU sgemm rate, " + blas_description();
+  metrics_.emplace(r.logging.dir, rank0_);
+  comm_report_.emplace(r.logging.dir, g_, opts_.comm_report);
+  if (rank0_ && r.logging.tensorboard) tensorboard_ = std::make_unique<tb::TensorBoardWriter>(r.logging.dir);
+  peak_tflops_ = r.logging.peak_tflops;
+  peak_what_ = "logging.peak_tflops";
+  if (peak_tflops_ <= 0) {
+    peak_tflops_ = measure_cpu_sgemm_tflops();
+    if (g_.world && g_.world->size() > 1) g_.world->all_reduce(&peak_tflops_, 1, parallel::ReduceOp::max);
+    peak_what_ = "measured CPU sgemm rate, " + blas_description();
   }
-  if (!opts.quiet) {
-    log::info("mtnlg train: {} | layout tp={} pp={} dp={} (world {}){}{} | {} parameters ({} on this rank)", r.name, tp, pp, dp,
-              g.topo.world(), v > 1 ? fmt::format(" interleaved v={}", v) : "",
-              cfg.sequence_parallel ? " +sequence-parallel" : "", human_count(static_cast<double>(total_params)),
-              human_count(static_cast<double>(store.numel())));
-    log::info("model: {} layers, hidden {}, {} heads, seq {}, vocab {} (padded {}) | precision {} | recompute {}{}",
-              r.model.num_layers, r.model.hidden_size, r.model.num_attention_heads, T, r.model.vocab_size,
-              cfg.padded_vocab_size, to_string(r.training.precision), to_string(r.parallel.recompute_granularity),
-              optim.zero1() ? " | ZeRO-1 distributed optimizer" : "");
-    log::info("run: {} iterations, {} samples, {} tokens | data: {} | MFU peak {:.3f} TFLOP/s ({})", run.iterations,
-              human_count(static_cast<double>(run.samples)), human_count(static_cast<double>(run.tokens)),
-              r.data.mock                                            ? std::string("mock tokens")
-              : r.data.blend.size() == 1 && !r.data.blend[0].weighted ? "one unweighted source " + r.data.blend[0].prefix
-                                                                      : fmt::format("blend of {} sources", r.data.blend.size()), peak_tflops, peak_what);
-  }
+  if (opts_.quiet) return;
+  log::info("mtnlg train: {} | layout tp={} pp={} dp={} (world {}){}{} | {} parameters ({} on this rank)", r.name, tp_, pp_,
+            dp_, g_.topo.world(), v_ > 1 ? fmt::format(" interleaved v={}", v_) : "",
+            cfg_.sequence_parallel ? " +sequence-parallel" : "", human_count(static_cast<double>(total_params_)),
+            human_count(static_cast<double>(store_.numel())));
+  log::info("model: {} layers, hidden {}, {} heads, seq {}, vocab {} (padded {}) | precision {} | recompute {}{}",
+            r.model.num_layers, r.model.hidden_size, r.model.num_attention_heads, T_, r.model.vocab_size,
+            cfg_.padded_vocab_size, to_string(r.training.precision), to_string(r.parallel.recompute_granularity),
+            optim_->zero1() ? " | ZeRO-1 distributed optimizer" : "");
+  log::info("run: {} iterations, {} samples, {} tokens | data: {} | MFU peak {:.3f} TFLOP/s ({})", run_.iterations,
+            human_count(static_cast<double>(run_.samples)), human_count(static_cast<double>(run_.tokens)),
+            r.data.mock                                            ? std::string("mock tokens")
+            : r.data.blend.size() == 1 && !r.data.blend[0].weighted ? "one unweighted source " + r.data.blend[0].prefix
+                                                                    : fmt::format("blend of {} sources", r.data.blend.size()),
+            peak_tflops_, peak_what_);
+}
 
-  // ---- loop -----------------------------------------------------------------------------
-  PipelineExecutor exec(r, g, chunks);
-  // Data-parallel gradient reduction (without ZeRO-1): one owner of the buckets and the
-  // overlap. The chunks report each parameter whose gradient is final during the last
-  // micro batch's backward; the tied embedding (pp > 1) and sequence-parallel partial
-  // gradients are deferred until reduce_shared_grads has run.
-  const bool emb_shared = pp > 1 && g.embedding && g.embedding->size() > 1;
-  const bool sp_shared = tp > 1 && r.parallel.sequence_parallel;
+// The pipeline executor and the data-parallel gradient reduction (without ZeRO-1): one
+// owner of the buckets and the overlap. The chunks report each parameter whose gradient
+// is final during the last micro batch's backward; the tied embedding (pp > 1) and
+// sequence-parallel partial gradients are deferred until reduce_shared_grads has run.
+void Trainer::set_up_step() {
+  exec_.emplace(r_, g_, chunks_);
+  const bool emb_shared = pp_ > 1 && g_.embedding && g_.embedding->size() > 1;
+  const bool sp_shared = tp_ > 1 && r_.parallel.sequence_parallel;
   std::vector<parallel::DpParam> dp_params;
-  for (const auto& p : store.infos())
+  for (const auto& p : store_.infos())
     dp_params.push_back({p.offset, p.numel, (p.word_embedding && emb_shared) || (p.sp_grad_reduce && sp_shared)});
-  parallel::DataParallelGrads ddp(std::move(dp_params), optim.zero1() ? nullptr : g.dp, optim.bucket_size());
-  for (auto& c : chunks) c->set_grad_ready_hook([&ddp](int64_t offset) { ddp.param_ready(offset); });
-  const bool overlap_dp = ddp.active();
-  TrainSummary summary;
-  int64_t consumed = 0, iteration = 0, skipped_total = 0, nan_total = 0, nonfinite_in_a_row = 0;
-  // ---- checkpoints: resume, then save on schedule / on a stop signal / at the end --------
+  ddp_.emplace(std::move(dp_params), optim_->zero1() ? nullptr : g_.dp, optim_->bucket_size());
+  parallel::DataParallelGrads* ddp = &*ddp_;
+  for (auto& c : chunks_) c->set_grad_ready_hook([ddp](int64_t offset) { ddp->param_ready(offset); });
+  overlap_dp_ = ddp_->active();
+}
+
+// Resume (weights, optimizer, counters, scaler), then validation from that iteration.
+void Trainer::set_up_checkpoints() {
   install_stop_signal_handlers();
-  CheckpointManager ckpt(r, g, {tp, pp, dp, v, optim.zero1()});
-  std::vector<int64_t> per_source(source->source_names().size(), 0);
-  if (auto st = ckpt.resume(store, optim)) {
-    consumed = st->consumed_samples;
-    iteration = st->iteration;
-    skipped_total = st->skipped_total;
-    nan_total = st->nan_total;
-    if (st->per_source_samples.size() == per_source.size()) per_source = st->per_source_samples;
+  ckpt_.emplace(r_, g_, model::ckpt::Layout{tp_, pp_, dp_, v_, optim_->zero1()});
+  per_source_.assign(source_->source_names().size(), 0);
+  if (auto st = ckpt_->resume(store_, *optim_)) {
+    consumed_ = st->consumed_samples;
+    iteration_ = st->iteration;
+    skipped_total_ = st->skipped_total;
+    nan_total_ = st->nan_total;
+    if (st->per_source_samples.size() == per_source_.size()) per_source_ = st->per_source_samples;
     // An fp16 checkpoint carries its scaler; from a bf16/fp32 one the scaler starts fresh.
-    if (scaler && st->loss_scaler)
-      scaler->load_state({st->loss_scale, st->loss_scale_good_steps, st->loss_scale_hysteresis, st->loss_scale_skipped});
+    if (scaler_ && st->loss_scaler)
+      scaler_->load_state({st->loss_scale, st->loss_scale_good_steps, st->loss_scale_hysteresis, st->loss_scale_skipped});
   }
-  store.sync_weights();  // the compute copy of the (initialised or loaded) master weights
-  int64_t last_saved = iteration;
-  Validation validation(r, g, store, cfg, specs, cache_dir, iteration);  // training.eval_interval
-  auto save_now = [&]() {
-    model::ckpt::TrainState st;
-    st.iteration = iteration;
-    st.consumed_samples = consumed;
-    st.consumed_tokens = consumed * T;
-    st.optimizer_steps = optim.steps_taken();
-    st.per_source_samples = per_source;
-    st.skipped_total = skipped_total;
-    st.nan_total = nan_total;
-    st.seed = static_cast<uint64_t>(r.training.seed);
-    if (scaler) {
-      const auto ss = scaler->state();
-      st.loss_scaler = true;
-      st.loss_scale = ss.scale;
-      st.loss_scale_good_steps = ss.growth_tracker;
-      st.loss_scale_hysteresis = ss.hysteresis_tracker;
-      st.loss_scale_skipped = ss.skipped_steps;
+  store_.sync_weights();  // the compute copy of the (initialised or loaded) master weights
+  last_saved_ = iteration_;
+  validation_.emplace(r_, g_, store_, cfg_, specs_, cache_dir_, iteration_);  // training.eval_interval
+}
+
+void Trainer::save_now() {
+  model::ckpt::TrainState st;
+  st.iteration = iteration_;
+  st.consumed_samples = consumed_;
+  st.consumed_tokens = consumed_ * T_;
+  st.optimizer_steps = optim_->steps_taken();
+  st.per_source_samples = per_source_;
+  st.skipped_total = skipped_total_;
+  st.nan_total = nan_total_;
+  st.seed = static_cast<uint64_t>(r_.training.seed);
+  if (scaler_) {
+    const auto ss = scaler_->state();
+    st.loss_scaler = true;
+    st.loss_scale = ss.scale;
+    st.loss_scale_good_steps = ss.growth_tracker;
+    st.loss_scale_hysteresis = ss.hysteresis_tracker;
+    st.loss_scale_skipped = ss.skipped_steps;
+  }
+  st.layout = {tp_, pp_, dp_, v_, optim_->zero1()};
+  st.recipe_yaml = to_yaml(r_);
+  ckpt_->save(st, store_, *optim_);
+  last_saved_ = iteration_;
+}
+
+// One step: batch -> executor -> shared-grad reduction -> data-parallel finish ->
+// optimizer -> loss-scaler update. Advances the counters; returns the step's stats
+// (step time measured from t0, the start of the iteration).
+IterationStats Trainer::train_step(const data::Batch& batch, double lr, std::chrono::steady_clock::time_point t0) {
+  const uint64_t seed = static_cast<uint64_t>(r_.training.seed);
+  const int64_t gbs = batch.global_batch_size;
+  store_.zero_grads();
+  const double loss_scale = scaler_ ? scaler_->scale() : 1.0;
+  ddp_->begin(store_.grads());
+  StepLoss sl = exec_->run_batch(batch, consumed_, mix_key(seed, static_cast<uint64_t>(iteration_), 0xD0), loss_scale);
+  // Grad reductions the model leaves to the end of the step: the tied word embedding
+  // between first and last stage, and sequence-parallel partial grads over tp.
+  exec_->reduce_shared_grads(store_);
+  ddp_->finish();  // every dp bucket summed (ZeRO-1 reduce-scatters inside optim.step instead)
+  if (inject_nan(fault_, g_.rank, iteration_ + 1)) ops::fill(store_.grads(), std::nan(""));
+  if (inject_overflow(fault_, g_.rank, iteration_ + 1)) ops::fill(store_.grads(), INFINITY);
+  parallel::StepResult update = optim_->step(store_.params(), store_.grads(), lr, &store_.weights(), loss_scale);
+  const bool nonfinite = update.skipped || !std::isfinite(sl.loss);
+  // fp16: an overflow is the scaler's business (skip, back off), not a failure --
+  // unless the scale cannot back off any further.
+  const bool overflow_handled = scaler_ && update.skipped && loss_scale > r_.optimizer.min_loss_scale;
+  if (scaler_) scaler_->update(update.skipped);
+  if (nonfinite) {
+    ++skipped_total_;
+    if (!overflow_handled) {
+      ++nan_total_;
+      ++nonfinite_in_a_row_;
     }
-    st.layout = {tp, pp, dp, v, optim.zero1()};
-    st.recipe_yaml = to_yaml(r);
-    ckpt.save(st, store, optim);
-    last_saved = iteration;
-  };
-  const uint64_t seed = static_cast<uint64_t>(r.training.seed);
-  const int64_t total_iters = run.iterations;
-  loader.prefetch(consumed, schedules::global_batch_size(r.training, T, consumed));
-  while (iteration < total_iters) {
+  } else {
+    nonfinite_in_a_row_ = 0;
+  }
+  consumed_ += gbs;
+  ++iteration_;
+  const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+  IterationStats s;
+  s.iteration = iteration_;
+  s.consumed_samples = consumed_;
+  s.consumed_tokens = consumed_ * T_;
+  s.global_batch_size = gbs;
+  s.loss = sl.loss;
+  s.lr = lr;
+  s.grad_norm = update.grad_norm;
+  s.skipped = nonfinite;
+  s.skipped_total = skipped_total_;
+  s.nan_total = nan_total_;
+  s.loss_scale = loss_scale;
+  s.step_time_s = dt;
+  s.tokens_per_s = static_cast<double>(gbs * T_) / dt;
+  const double flops = parallel::model_flops(r_.model, cfg_.padded_vocab_size, gbs);
+  s.tflops_per_gpu = flops / dt / static_cast<double>(g_.topo.world()) / 1e12;
+  s.mfu = s.tflops_per_gpu / peak_tflops_;
+  s.peak_memory_bytes = peak_rss_bytes();
+  s.bytes_tp = g_.tp ? g_.tp->bytes_sent() : 0;
+  s.bytes_pp = g_.pp ? g_.pp->bytes_sent() : 0;
+  s.bytes_dp = g_.dp ? g_.dp->bytes_sent() : 0;
+  return s;
+}
+
+// Logging of one step: the comm report (every rank), the caller's hook, and every
+// logging.log_interval iterations metrics.jsonl, TensorBoard and the log line.
+void Trainer::training_log(const IterationStats& s, const data::Batch& batch) {
+  comm_report_->write(s.iteration, s.global_batch_size, batch.micro_batches, overlap_dp_ ? ddp_->num_buckets() : 0,
+                      overlap_dp_ ? ddp_->started_early() : 0);
+  if (opts_.on_iteration) opts_.on_iteration(s);
+  summary_.iterations.push_back(s);
+  const int64_t total_iters = run_.iterations;
+  if (s.iteration % r_.logging.log_interval != 0 && s.iteration != total_iters) return;
+  metrics_->write(s, r_, s.loss_scale);
+  if (tensorboard_)
+    tensorboard_->log_iteration({{"loss", s.loss},
+                                 {"lr", s.lr},
+                                 {"global_batch_size", static_cast<double>(s.global_batch_size)},
+                                 {"tokens_per_s", s.tokens_per_s},
+                                 {"tflops_per_gpu", s.tflops_per_gpu},
+                                 {"mfu", s.mfu},
+                                 {"grad_norm", s.grad_norm},
+                                 {"skipped", static_cast<double>(s.skipped_total)},
+                                 {"nan_iterations", static_cast<double>(s.nan_total)},
+                                 {"loss_scale", s.loss_scale},
+                                 {"peak_memory_gib", static_cast<double>(s.peak_memory_bytes) / 1073741824.0}},
+                                s.iteration, s.consumed_tokens);
+  if (!opts_.quiet)
+    log::info(
+        " iteration {:>7}/{:<7} | consumed tokens: {:>10} | elapsed time per iteration (ms): {:8.1f} | tokens/s: {:9.1f} | "
+        "TFLOP/s/GPU: {:6.3f} | MFU: {:5.1f}% | learning rate: {:.3E} | global batch size: {:5} | lm loss: {:.6E} | "
+        "grad norm: {:.3f}{} | skipped: {} | nan: {} | mem: {} MiB | comm MB tp/pp/dp: {:.3f}/{:.3f}/{:.3f}{}",
+        s.iteration, total_iters, s.consumed_tokens, s.step_time_s * 1e3, s.tokens_per_s, s.tflops_per_gpu, 100 * s.mfu,
+        s.lr, s.global_batch_size, s.loss, s.grad_norm,
+        scaler_ ? fmt::format(" | loss scale: {:.1f}", s.loss_scale) : "", s.skipped_total, s.nan_total,
+        s.peak_memory_bytes >> 20, s.bytes_tp / 1e6, s.bytes_pp / 1e6,
+        s.bytes_dp / 1e6,  // rank 0's bytes sent this iteration (ring model, parallel/communicator.hpp)
+        eta_text(summary_.iterations, total_iters - s.iteration));
+}
+
+// After a step: too many non-finite steps in a row (save, then fail), a stop signal or
+// training.exit_duration_mins (save, then stop: returns true), the save interval.
+bool Trainer::stop_after_step() {
+  if (nonfinite_in_a_row_ >= r_.training.max_nonfinite_in_a_row) {
+    if (ckpt_->enabled()) {  // updates were skipped, so the weights are still the last good ones
+      save_now();
+      ckpt_->finish();
+    }
+    throw_runtime("iteration {}: {} non-finite losses/gradients in a row (training.max_nonfinite_in_a_row); lower the lr "
+                  "or check the data",
+                  iteration_, nonfinite_in_a_row_);
+  }
+  // Slurm's preemption (SIGTERM) and time-limit warning (--signal=USR1@...): every rank
+  // learns whether any rank got one, so they all stop after the same iteration.
+  int64_t stop = stop_signal_received() ? 1 : 0;
+  if (g_.world && g_.world->size() > 1) g_.world->all_reduce(&stop, 1, parallel::ReduceOp::max);
+  if (stop) {
+    if (!ckpt_->enabled()) throw_stopped_without_checkpoint("a stop signal", iteration_);
+    log::info("stop signal received: saving and exiting after iteration {}", iteration_);
+    if (ckpt_->enabled() && last_saved_ != iteration_) save_now();
+    return true;
+  }
+  if (r_.checkpoint.save_interval > 0 && iteration_ % r_.checkpoint.save_interval == 0 && ckpt_->enabled()) save_now();
+  if (r_.training.exit_duration_mins > 0) {
+    double mins = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start_).count() / 60.0;
+    if (g_.world && g_.world->size() > 1) g_.world->all_reduce(&mins, 1, parallel::ReduceOp::max);
+    if (mins >= r_.training.exit_duration_mins) {
+      if (!ckpt_->enabled()) throw_stopped_without_checkpoint("training.exit_duration_mins", iteration_);
+      log::info("exiting after {:.1f} minutes (training.exit_duration_mins = {})", mins, r_.training.exit_duration_mins);
+      if (ckpt_->enabled() && last_saved_ != iteration_) save_now();
+      return true;
+    }
+  }
+  return false;
+}
+
+// The loop: fetch the batch (prefetching the next), step, log, validate, then
+// checkpoints and exit conditions; at the end the final save and validation.
+TrainSummary Trainer::run() {
+  const int64_t total_iters = run_.iterations;
+  loader_->prefetch(consumed_, schedules::global_batch_size(r_.training, T_, consumed_));
+  while (iteration_ < total_iters) {
     const auto t0 = std::chrono::steady_clock::now();
-    const int64_t gbs = schedules::global_batch_size(r.training, T, consumed);
-    data::Batch batch = loader.get(consumed, gbs);
-    const int64_t after = consumed + gbs;
-    if (iteration + 1 < total_iters) loader.prefetch(after, schedules::global_batch_size(r.training, T, after));
-    const double lr = schedules::learning_rate(r.optimizer, after * T, run.tokens);
-    comm_report.reset();  // every group's byte counter, this iteration only
-    maybe_inject_fault(fault, g.rank, iteration + 1);
+    const int64_t gbs = schedules::global_batch_size(r_.training, T_, consumed_);
+    data::Batch batch = loader_->get(consumed_, gbs);
+    const int64_t after = consumed_ + gbs;
+    if (iteration_ + 1 < total_iters) loader_->prefetch(after, schedules::global_batch_size(r_.training, T_, after));
+    const double lr = schedules::learning_rate(r_.optimizer, after * T_, run_.tokens);
+    comm_report_->reset();  // every group's byte counter, this iteration only
+    maybe_inject_fault(fault_, g_.rank, iteration_ + 1);
 
-    store.zero_grads();
-    const double loss_scale = scaler ? scaler->scale() : 1.0;
-    ddp.begin(store.grads());
-    StepLoss sl = exec.run_batch(batch, consumed, mix_key(seed, static_cast<uint64_t>(iteration), 0xD0), loss_scale);
-    // Grad reductions the model leaves to the end of the step: the tied word embedding
-    // between first and last stage, and sequence-parallel partial grads over tp.
-    exec.reduce_shared_grads(store);
-    ddp.finish();  // every dp bucket summed (ZeRO-1 reduce-scatters inside optim.step instead)
-    if (inject_nan(fault, g.rank, iteration + 1)) ops::fill(store.grads(), std::nan(""));
-    if (inject_overflow(fault, g.rank, iteration + 1)) ops::fill(store.grads(), INFINITY);
-    parallel::StepResult st = optim.step(store.params(), store.grads(), lr, &store.weights(), loss_scale);
-    const double loss = sl.loss;
-    const bool nonfinite = st.skipped || !std::isfinite(loss);
-    // fp16: an overflow is the scaler's business (skip, back off), not a failure --
-    // unless the scale cannot back off any further.
-    const bool overflow_handled = scaler && st.skipped && loss_scale > r.optimizer.min_loss_scale;
-    if (scaler) scaler->update(st.skipped);
-    if (nonfinite) {
-      ++skipped_total;
-      if (!overflow_handled) {
-        ++nan_total;
-        ++nonfinite_in_a_row;
-      }
-    } else {
-      nonfinite_in_a_row = 0;
-    }
-    consumed = after;
-    ++iteration;
-    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-
-    IterationStats s;
-    s.iteration = iteration;
-    s.consumed_samples = consumed;
-    s.consumed_tokens = consumed * T;
-    s.global_batch_size = gbs;
-    s.loss = loss;
-    s.lr = lr;
-    s.grad_norm = st.grad_norm;
-    s.skipped = nonfinite;
-    s.skipped_total = skipped_total;
-    s.nan_total = nan_total;
-    s.loss_scale = loss_scale;
-    s.step_time_s = dt;
-    s.tokens_per_s = static_cast<double>(gbs * T) / dt;
-    const double flops = parallel::model_flops(r.model, cfg.padded_vocab_size, gbs);
-    s.tflops_per_gpu = flops / dt / static_cast<double>(g.topo.world()) / 1e12;
-    s.mfu = s.tflops_per_gpu / peak_tflops;
-    s.peak_memory_bytes = peak_rss_bytes();
-    s.bytes_tp = g.tp ? g.tp->bytes_sent() : 0;
-    s.bytes_pp = g.pp ? g.pp->bytes_sent() : 0;
-    s.bytes_dp = g.dp ? g.dp->bytes_sent() : 0;
-    comm_report.write(iteration, gbs, batch.micro_batches, overlap_dp ? ddp.num_buckets() : 0,
-                      overlap_dp ? ddp.started_early() : 0);
-    if (opts.on_iteration) opts.on_iteration(s);
-    summary.iterations.push_back(s);
-
-    if (iteration % r.logging.log_interval == 0 || iteration == total_iters) {
-      metrics.write(s, r, s.loss_scale);
-      if (tensorboard)
-        tensorboard->log_iteration({{"loss", s.loss},
-                                    {"lr", s.lr},
-                                    {"global_batch_size", static_cast<double>(s.global_batch_size)},
-                                    {"tokens_per_s", s.tokens_per_s},
-                                    {"tflops_per_gpu", s.tflops_per_gpu},
-                                    {"mfu", s.mfu},
-                                    {"grad_norm", s.grad_norm},
-                                    {"skipped", static_cast<double>(s.skipped_total)},
-                                    {"nan_iterations", static_cast<double>(s.nan_total)},
-                                    {"loss_scale", s.loss_scale},
-                                    {"peak_memory_gib", static_cast<double>(s.peak_memory_bytes) / 1073741824.0}},
-                                   s.iteration, s.consumed_tokens);
-      if (!opts.quiet)
-        log::info(
-            " iteration {:>7}/{:<7} | consumed tokens: {:>10} | elapsed time per iteration (ms): {:8.1f} | tokens/s: {:9.1f} | "
-            "TFLOP/s/GPU: {:6.3f} | MFU: {:5.1f}% | learning rate: {:.3E} | global batch size: {:5} | lm loss: {:.6E} | "
-            "grad norm: {:.3f}{} | skipped: {} | nan: {} | mem: {} MiB | comm MB tp/pp/dp: {:.3f}/{:.3f}/{:.3f}{}",
-            iteration, total_iters, s.consumed_tokens, dt * 1e3, s.tokens_per_s, s.tflops_per_gpu, 100 * s.mfu, lr, gbs, loss,
-            st.grad_norm, scaler ? fmt::format(" | loss scale: {:.1f}", loss_scale) : "", skipped_total, nan_total,
-            s.peak_memory_bytes >> 20, s.bytes_tp / 1e6, s.bytes_pp / 1e6,
-            s.bytes_dp / 1e6,  // rank 0's bytes sent this iteration (ring model, parallel/communicator.hpp)
-            eta_text(summary.iterations, total_iters - iteration));
-    }
-    for (size_t k = 0; k < per_source.size() && k < batch.per_source_samples.size(); ++k)
-      per_source[k] += batch.per_source_samples[k];
-    validation.after_iteration(iteration, consumed * T, tensorboard.get(), opts.quiet);
-    ckpt.poll();
-    if (nonfinite_in_a_row >= r.training.max_nonfinite_in_a_row) {
-      if (ckpt.enabled()) {  // updates were skipped, so the weights are still the last good ones
-        save_now();
-        ckpt.finish();
-      }
-      throw_runtime("iteration {}: {} non-finite losses/gradients in a row (training.max_nonfinite_in_a_row); lower the lr "
-                    "or check the data",
-                    iteration, nonfinite_in_a_row);
-    }
-    // Slurm's preemption (SIGTERM) and time-limit warning (--signal=USR1@...): every rank
-    // learns whether any rank got one, so they all stop after the same iteration.
-    int64_t stop = stop_signal_received() ? 1 : 0;
-    if (g.world && g.world->size() > 1) g.world->all_reduce(&stop, 1, parallel::ReduceOp::max);
-    if (stop) {
-      if (!ckpt.enabled()) throw_stopped_without_checkpoint("a stop signal", iteration);
-      log::info("stop signal received: saving and exiting after iteration {}", iteration);
-      if (ckpt.enabled() && last_saved != iteration) save_now();
-      summary.interrupted = true;
+    const IterationStats s = train_step(batch, lr, t0);
+    training_log(s, batch);
+    for (size_t k = 0; k < per_source_.size() && k < batch.per_source_samples.size(); ++k)
+      per_source_[k] += batch.per_source_samples[k];
+    validation_->after_iteration(iteration_, consumed_ * T_, tensorboard_.get(), opts_.quiet);
+    ckpt_->poll();
+    if (stop_after_step()) {
+      summary_.interrupted = true;
       break;
     }
-    if (r.checkpoint.save_interval > 0 && iteration % r.checkpoint.save_interval == 0 && ckpt.enabled()) save_now();
-    if (r.training.exit_duration_mins > 0) {
-      double mins = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count() / 60.0;
-      if (g.world && g.world->size() > 1) g.world->all_reduce(&mins, 1, parallel::ReduceOp::max);
-      if (mins >= r.training.exit_duration_mins) {
-        if (!ckpt.enabled()) throw_stopped_without_checkpoint("training.exit_duration_mins", iteration);
-        log::info("exiting after {:.1f} minutes (training.exit_duration_mins = {})", mins, r.training.exit_duration_mins);
-        if (ckpt.enabled() && last_saved != iteration) save_now();
-        summary.interrupted = true;
-        break;
-      }
-    }
   }
-  if (ckpt.enabled() && last_saved != iteration) save_now();
-  ckpt.finish();
-  if (!summary.interrupted) validation.at_end(iteration, consumed * T, tensorboard.get(), opts.quiet);
-  summary.consumed_samples = consumed;
-  summary.consumed_tokens = consumed * T;
-  if (!opts.quiet && !summary.iterations.empty()) {
-    const auto& f = summary.iterations.front();
-    const auto& l = summary.iterations.back();
-    log::info("done: {} iterations, {} tokens in {} | loss {:.4f} -> {:.4f}", iteration,
-              human_count(static_cast<double>(summary.consumed_tokens)),
-              human_duration(std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count()), f.loss,
+  if (ckpt_->enabled() && last_saved_ != iteration_) save_now();
+  ckpt_->finish();
+  if (!summary_.interrupted) validation_->at_end(iteration_, consumed_ * T_, tensorboard_.get(), opts_.quiet);
+  summary_.consumed_samples = consumed_;
+  summary_.consumed_tokens = consumed_ * T_;
+  if (!opts_.quiet && !summary_.iterations.empty()) {
+    const auto& f = summary_.iterations.front();
+    const auto& l = summary_.iterations.back();
+    log::info("done: {} iterations, {} tokens in {} | loss {:.4f} -> {:.4f}", iteration_,
+              human_count(static_cast<double>(summary_.consumed_tokens)),
+              human_duration(std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start_).count()), f.loss,
               l.loss);
   }
-  return summary;
+  return summary_;
+}
+
+}  // namespace
+
+TrainSummary train(const Recipe& r, const parallel::ProcessGroups& g, const TrainOptions& opts) {
+  Trainer trainer(r, g, opts);
+  return trainer.run();
 }
 
 }  // namespace mtnlg::app

@@ -1,13 +1,12 @@
 #include "core/safetensors.hpp"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+
+#include "core/atomic_file.hpp"
 
 namespace mtnlg::safetensors {
 
@@ -53,25 +52,14 @@ void write(const std::string& path, const std::vector<Entry>& tensors, const std
   while (header.size() % 8 != 0) header.push_back(' ');  // align data to 8 bytes
   std::filesystem::path final_path(path);
   if (final_path.has_parent_path()) std::filesystem::create_directories(final_path.parent_path());
-  std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) throw_runtime("{}: cannot open for writing", tmp);
+  write_file_atomic(path, [&](AtomicFile& f) {
     uint64_t n = header.size();
     unsigned char len[8];
     for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
-    f.write(reinterpret_cast<const char*>(len), 8);
-    f.write(header.data(), static_cast<std::streamsize>(header.size()));
-    for (auto& e : tensors) f.write(static_cast<const char*>(e.tensor.raw()), e.tensor.nbytes());
-    f.flush();
-    if (!f) throw_runtime("{}: write failed (disk full?)", tmp);
-  }
-  int fd = ::open(tmp.c_str(), O_RDONLY);
-  if (fd >= 0) {
-    ::fsync(fd);
-    ::close(fd);
-  }
-  std::filesystem::rename(tmp, path);
+    f.write(len, 8);
+    f.write(header);
+    for (auto& e : tensors) f.write(e.tensor.raw(), static_cast<size_t>(e.tensor.nbytes()));
+  });
 }
 
 File parse(const std::string& bytes, const std::string& what) {

@@ -1,14 +1,13 @@
 // GPT sample indices (see gpt_dataset.hpp).
 #include "data/gpt_dataset.hpp"
 
-#include <unistd.h>
-
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <numeric>
 
+#include "core/atomic_file.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
 
@@ -218,9 +217,10 @@ bool read_vec(std::FILE* f, std::vector<T>& v) {
 }
 
 template <typename T>
-bool write_vec(std::FILE* f, const std::vector<T>& v) {
+void write_vec(AtomicFile& f, const std::vector<T>& v) {
   const uint64_t n = v.size();
-  return std::fwrite(&n, 8, 1, f) == 1 && (n == 0 || std::fwrite(v.data(), sizeof(T), v.size(), f) == v.size());
+  f.write(&n, 8);
+  f.write(v.data(), sizeof(T) * v.size());
 }
 
 }  // namespace
@@ -303,25 +303,22 @@ std::string load_cache(const std::string& path, const std::string& key, GptIndic
 }
 
 void save_cache(const std::string& path, const std::string& key, const GptIndices& r) {
-  const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (!f) {
-    log::warn("index cache: cannot write {} ({}); continuing without a cache", tmp, std::strerror(errno));
-    return;
-  }
-  const uint64_t klen = key.size();
-  const int64_t meta[3] = {r.num_epochs, r.tokens_per_epoch, r.separate_final_epoch ? 1 : 0};
-  bool ok = std::fwrite(kCacheMagic, 1, 8, f) == 8 && std::fwrite(&klen, 8, 1, f) == 1 &&
-            std::fwrite(key.data(), 1, key.size(), f) == key.size() && std::fwrite(meta, 8, 3, f) == 3 &&
-            write_vec(f, r.doc_idx) && write_vec(f, r.sample_idx) && write_vec(f, r.shuffle_idx);
-  const uint64_t sum = payload_checksum(meta, r);
-  ok = ok && std::fwrite(&sum, 8, 1, f) == 1;
-  ok = std::fflush(f) == 0 && ok;
-  ok = ::fsync(::fileno(f)) == 0 && ok;
-  ok = std::fclose(f) == 0 && ok;
-  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    log::warn("index cache: writing {} failed; continuing without a cache", path);
+  try {
+    write_file_atomic(path, [&](AtomicFile& f) {
+      const uint64_t klen = key.size();
+      const int64_t meta[3] = {r.num_epochs, r.tokens_per_epoch, r.separate_final_epoch ? 1 : 0};
+      f.write(kCacheMagic, 8);
+      f.write(&klen, 8);
+      f.write(key);
+      f.write(meta, sizeof(meta));
+      write_vec(f, r.doc_idx);
+      write_vec(f, r.sample_idx);
+      write_vec(f, r.shuffle_idx);
+      const uint64_t sum = payload_checksum(meta, r);
+      f.write(&sum, 8);
+    });
+  } catch (const RuntimeError& e) {
+    log::warn("index cache: {}; continuing without a cache", e.what());
   }
 }
 

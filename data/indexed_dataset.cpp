@@ -234,21 +234,15 @@ std::string IndexedDataset::fingerprint() const {
 // ---------------------------------------------------------------------------------
 IndexedDatasetWriter::IndexedDatasetWriter(std::string prefix, DType dtype)
     : prefix_(std::move(prefix)), dtype_(dtype) {
-  const std::string tag = ".tmp-" + std::to_string(::getpid());
-  bin_tmp_ = bin_path(prefix_) + tag;
-  idx_tmp_ = idx_path(prefix_) + tag;
-  bin_ = std::fopen(bin_tmp_.c_str(), "wb");
-  if (!bin_) throw_input("{}: cannot create ({})", bin_tmp_, std::strerror(errno));
-  std::setvbuf(bin_, nullptr, _IOFBF, 1 << 20);
-}
-
-IndexedDatasetWriter::~IndexedDatasetWriter() {
-  if (bin_) std::fclose(bin_);
-  if (!done_) {
-    std::remove(bin_tmp_.c_str());
-    std::remove(idx_tmp_.c_str());
+  try {
+    bin_ = std::make_unique<AtomicFile>(bin_path(prefix_));
+  } catch (const RuntimeError& e) {
+    throw InputError(e.what());  // an output prefix that cannot be written: the user's input
   }
 }
+
+// The AtomicFile members remove their temporary files unless committed.
+IndexedDatasetWriter::~IndexedDatasetWriter() = default;
 
 void IndexedDatasetWriter::write_tokens(std::span<const int32_t> ids) {
   const int64_t item = dtype_size(dtype_);
@@ -270,8 +264,7 @@ void IndexedDatasetWriter::write_tokens(std::span<const int32_t> ids) {
       std::memcpy(p + 8 * k, &w, 8);
     }
   }
-  if (!buf_.empty() && std::fwrite(buf_.data(), 1, buf_.size(), bin_) != buf_.size())
-    throw_runtime("{}: write failed ({})", bin_tmp_, std::strerror(errno));
+  bin_->write(buf_.data(), buf_.size());
   tokens_ += static_cast<int64_t>(ids.size());
 }
 
@@ -301,22 +294,12 @@ void put_bytes(std::vector<uint8_t>& out, const void* p, size_t n) {
   const auto* b = static_cast<const uint8_t*>(p);
   out.insert(out.end(), b, b + n);
 }
-void sync_close(std::FILE* f, const std::string& path) {
-  if (std::fflush(f) != 0 || ::fsync(::fileno(f)) != 0) {
-    int e = errno;
-    std::fclose(f);
-    throw_runtime("{}: flush failed ({})", path, std::strerror(e));
-  }
-  if (std::fclose(f) != 0) throw_runtime("{}: close failed ({})", path, std::strerror(errno));
-}
 }  // namespace
 
 void IndexedDatasetWriter::close_files() {
   MTNLG_CHECK(!closed_, "close_files twice");
   closed_ = true;
-  std::FILE* b = bin_;
-  bin_ = nullptr;
-  sync_close(b, bin_tmp_);
+  bin_->sync();
 
   const uint64_t n = lengths_.size(), d = doc_idx_.size(), version = 1;
   std::vector<uint8_t> idx;
@@ -335,22 +318,16 @@ void IndexedDatasetWriter::close_files() {
     ptr += static_cast<int64_t>(l) * item;
   }
   put_bytes(idx, doc_idx_.data(), 8 * d);
-  std::FILE* f = std::fopen(idx_tmp_.c_str(), "wb");
-  if (!f) throw_input("{}: cannot create ({})", idx_tmp_, std::strerror(errno));
-  if (std::fwrite(idx.data(), 1, idx.size(), f) != idx.size()) {
-    std::fclose(f);
-    throw_runtime("{}: write failed ({})", idx_tmp_, std::strerror(errno));
-  }
-  sync_close(f, idx_tmp_);
+  idx_ = std::make_unique<AtomicFile>(idx_path(prefix_));
+  idx_->write(idx.data(), idx.size());
+  idx_->sync();
 }
 
 void IndexedDatasetWriter::commit() {
   MTNLG_CHECK(closed_ && !done_, "commit before close_files or twice");
   // .bin first: a reader that finds the new .idx then also finds its .bin.
-  if (std::rename(bin_tmp_.c_str(), bin_path(prefix_).c_str()) != 0)
-    throw_runtime("{}: rename failed ({})", bin_path(prefix_), std::strerror(errno));
-  if (std::rename(idx_tmp_.c_str(), idx_path(prefix_).c_str()) != 0)
-    throw_runtime("{}: rename failed ({})", idx_path(prefix_), std::strerror(errno));
+  bin_->commit();
+  idx_->commit();
   done_ = true;
 }
 

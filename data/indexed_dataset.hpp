@@ -14,9 +14,12 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
+
+#include "core/atomic_file.hpp"
 
 namespace mtnlg::data {
 
@@ -101,8 +104,9 @@ class IndexedDataset {
   const uint8_t* doc_idx_ = nullptr;
 };
 
-// Appends documents and writes PREFIX.bin/.idx. Until finalize() succeeds only
-// PREFIX.bin.tmp-<pid> / PREFIX.idx.tmp-<pid> exist; the destructor removes them.
+// Appends documents and writes PREFIX.bin/.idx through core's AtomicFile. Until
+// finalize() succeeds only their temporary files (PREFIX.bin.tmp.<pid>.<n>, ...) exist;
+// the destructor removes them.
 class IndexedDatasetWriter {
  public:
   IndexedDatasetWriter(std::string prefix, DType dtype);
@@ -116,7 +120,7 @@ class IndexedDatasetWriter {
   void add_document(std::span<const int32_t> ids, std::span<const int64_t> sequence_lengths);
   // A document that is one sequence (or none when ids is empty).
   void add_document(std::span<const int32_t> ids);
-  // Flushes, fsyncs, writes the index and renames both files into place.
+  // Flushes, fsyncs, writes the index and renames both files into place (.bin first).
   void finalize() {
     close_files();
     commit();
@@ -132,9 +136,9 @@ class IndexedDatasetWriter {
 
  private:
   void write_tokens(std::span<const int32_t> ids);
-  std::string prefix_, bin_tmp_, idx_tmp_;
+  std::string prefix_;
   DType dtype_;
-  std::FILE* bin_ = nullptr;
+  std::unique_ptr<AtomicFile> bin_, idx_;
   std::vector<int32_t> lengths_;
   std::vector<int64_t> doc_idx_{0};
   std::vector<uint8_t> buf_;

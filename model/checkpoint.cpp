@@ -1,8 +1,5 @@
 #include "model/checkpoint.hpp"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -14,6 +11,7 @@
 #include <set>
 #include <sstream>
 
+#include "core/atomic_file.hpp"
 #include "core/log.hpp"
 #include "core/recipe.hpp"
 #include "core/safetensors.hpp"
@@ -32,23 +30,6 @@ std::string optim_file(int64_t tp, int64_t pp, int64_t dp) {
 }
 
 namespace {
-
-void write_text_atomic(const std::string& path, const std::string& text) {
-  std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) throw_runtime("{}: cannot open for writing", tmp);
-    f << text;
-    f.flush();
-    if (!f) throw_runtime("{}: write failed (disk full?)", tmp);
-  }
-  int fd = ::open(tmp.c_str(), O_RDONLY);
-  if (fd >= 0) {
-    ::fsync(fd);
-    ::close(fd);
-  }
-  fs::rename(tmp, path);
-}
 
 uint32_t checksum(const Tensor& t) { return tb::crc32c(t.raw(), static_cast<size_t>(t.nbytes())); }
 
@@ -135,14 +116,14 @@ void write_metadata(const std::string& dir, const TrainState& st) {
                         {"virtual_chunks", st.layout.virtual_chunks},
                         {"use_distributed_optimizer", st.layout.zero1}}},
                       {"recipe", st.recipe_yaml}};
-  write_text_atomic(dir + "/metadata.json", j.dump(2) + "\n");
+  write_file_atomic(dir + "/metadata.json", j.dump(2) + "\n");
 }
 
 void commit(const std::string& root, int64_t iteration, int64_t keep_last) {
   std::string part = partial_dir(root, iteration), final_dir = iteration_dir(root, iteration);
   if (fs::exists(final_dir)) fs::remove_all(final_dir);
   fs::rename(part, final_dir);
-  write_text_atomic(root + "/latest", std::to_string(iteration) + "\n");
+  write_file_atomic(root + "/latest", std::to_string(iteration) + "\n");
   if (keep_last > 0) {
     std::vector<int64_t> its;
     for (auto& e : fs::directory_iterator(root)) {

@@ -204,42 +204,6 @@ std::string extract_text(const std::string& line, const std::string& key, const 
   return it->get<std::string>();
 }
 
-// ---------------------------------------------------------------------------------
-AtomicWriter::AtomicWriter(std::string path) : path_(std::move(path)) {
-  tmp_ = path_ + ".tmp";
-  f_ = std::fopen(tmp_.c_str(), "wb");
-  if (!f_) throw_runtime("{}: cannot create ({})", tmp_, std::strerror(errno));
-}
-
-AtomicWriter::~AtomicWriter() {
-  if (f_) {
-    std::fclose(f_);
-    std::remove(tmp_.c_str());
-  }
-}
-
-void AtomicWriter::write(std::string_view s) {
-  if (s.empty()) return;
-  if (std::fwrite(s.data(), 1, s.size(), f_) != s.size()) throw_runtime("{}: write failed ({})", tmp_, std::strerror(errno));
-}
-
-void AtomicWriter::close() {
-  if (!f_) return;
-  bool ok = std::fflush(f_) == 0;
-  ok = std::fclose(f_) == 0 && ok;
-  f_ = nullptr;
-  if (!ok) throw_runtime("{}: write failed", tmp_);
-  std::error_code ec;
-  std::filesystem::rename(tmp_, path_, ec);
-  if (ec) throw_runtime("{}: cannot rename to {} ({})", tmp_, path_, ec.message());
-}
-
-void write_file_atomic(const std::string& path, std::string_view content) {
-  AtomicWriter w(path);
-  w.write(content);
-  w.close();
-}
-
 std::string file_stem(const std::string& path) { return std::filesystem::path(path).stem().string(); }
 
 }  // namespace mtnlg::curation

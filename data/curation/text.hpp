@@ -19,6 +19,8 @@
 #include <string_view>
 #include <vector>
 
+#include "core/atomic_file.hpp"
+
 namespace mtnlg::curation {
 
 struct Word {
@@ -87,27 +89,23 @@ std::string extract_text(const std::string& line, const std::string& key, const 
                          int64_t line_no);
 
 // Writes a file under a temporary name, then renames it into place on close(), so a
-// crash never leaves a half-written output (DESIGN invariant 6).
+// crash never leaves a half-written output (DESIGN invariant 6). Curation's name for
+// core's AtomicFile (core/atomic_file.hpp), whose commit() is close() here.
 class AtomicWriter {
  public:
-  explicit AtomicWriter(std::string path);
-  ~AtomicWriter();  // removes the temporary file if close() was not reached
-  AtomicWriter(const AtomicWriter&) = delete;
-  AtomicWriter& operator=(const AtomicWriter&) = delete;
-  void write(std::string_view s);
-  void write_line(std::string_view s) {
-    write(s);
-    write("\n");
+  explicit AtomicWriter(std::string path) : f_(std::move(path)) {}
+  void write(std::string_view s) { f_.write(s); }
+  void write_line(std::string_view s) { f_.write_line(s); }
+  void close() {
+    if (!f_.committed()) f_.commit();
   }
-  void close();
 
  private:
-  std::string path_, tmp_;
-  std::FILE* f_ = nullptr;
+  AtomicFile f_;
 };
 
-// Whole-file write through AtomicWriter.
-void write_file_atomic(const std::string& path, std::string_view content);
+// Whole-file atomic write (core/atomic_file.hpp).
+using mtnlg::write_file_atomic;
 
 // File name without directories and without the last extension ("a/b.jsonl" -> "b").
 std::string file_stem(const std::string& path);

@@ -165,7 +165,7 @@ TEST_CASE("gpt indices: cached on disk, reused, rebuilt when inputs change", "[d
   CHECK_FALSE(e.loaded_from_cache());
   int64_t tmpfiles = 0;
   for (auto& f : std::filesystem::directory_iterator(cfg.cache_dir))
-    tmpfiles += f.path().string().find(".tmp-") != std::string::npos;
+    tmpfiles += f.path().string().find(".tmp") != std::string::npos;
   CHECK(tmpfiles == 0);
 }
 
