@@ -1,6 +1,8 @@
 // Merging Megatron indexed datasets (see merge.hpp).
 #include "data/merge.hpp"
 
+#include "core/atomic_file.hpp"
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -39,48 +41,10 @@ std::vector<std::string> expand_merge_inputs(const std::vector<std::string>& arg
 
 namespace {
 
-// A temporary output file: removed unless commit() renamed it into place.
-class TmpFile {
- public:
-  explicit TmpFile(std::string final_path)
-      : final_(std::move(final_path)), tmp_(final_ + ".tmp-" + std::to_string(::getpid())) {
-    f_ = std::fopen(tmp_.c_str(), "wb");
-    if (!f_) throw_input("{}: cannot create ({})", tmp_, std::strerror(errno));
-    std::setvbuf(f_, nullptr, _IOFBF, 1 << 20);
-  }
-  ~TmpFile() {
-    if (f_) std::fclose(f_);
-    if (!done_) std::remove(tmp_.c_str());
-  }
-  void write(const void* p, size_t n) {
-    if (n > 0 && std::fwrite(p, 1, n, f_) != n) throw_runtime("{}: write failed ({})", tmp_, std::strerror(errno));
-  }
-  void close() {
-    std::FILE* f = f_;
-    f_ = nullptr;
-    if (std::fflush(f) != 0 || ::fsync(::fileno(f)) != 0) {
-      const int e = errno;
-      std::fclose(f);
-      throw_runtime("{}: flush failed ({})", tmp_, std::strerror(e));
-    }
-    if (std::fclose(f) != 0) throw_runtime("{}: close failed ({})", tmp_, std::strerror(errno));
-  }
-  void commit() {
-    if (std::rename(tmp_.c_str(), final_.c_str()) != 0)
-      throw_runtime("{}: rename failed ({})", final_, std::strerror(errno));
-    done_ = true;
-  }
-
- private:
-  std::string final_, tmp_;
-  std::FILE* f_ = nullptr;
-  bool done_ = false;
-};
-
 // Buffered little-endian writes of fixed-size values.
 class ValueWriter {
  public:
-  explicit ValueWriter(TmpFile& f) : f_(f) { buf_.reserve(kCap); }
+  explicit ValueWriter(AtomicFile& f) : f_(f) { buf_.reserve(kCap); }
   ~ValueWriter() = default;
   template <typename T>
   void put(T v) {
@@ -96,7 +60,7 @@ class ValueWriter {
 
  private:
   static constexpr size_t kCap = 1 << 20;
-  TmpFile& f_;
+  AtomicFile& f_;
   std::vector<uint8_t> buf_;
 };
 
@@ -137,7 +101,7 @@ MergeResult merge_indexed_datasets(const std::vector<std::string>& inputs, const
   res.dtype = dtype_name(dtype);
 
   Progress bar("merge " + std::to_string(inputs.size()) + " prefixes", res.tokens, "tokens", progress);
-  TmpFile bin(bin_path(output_prefix)), idx(idx_path(output_prefix));
+  AtomicFile bin(bin_path(output_prefix)), idx(idx_path(output_prefix));
   // .bin: the inputs' token bytes back to back, copied in 8 MiB slices.
   constexpr int64_t kSlice = 8 << 20;
   for (const auto& d : ds) {
@@ -173,8 +137,8 @@ MergeResult merge_indexed_datasets(const std::vector<std::string>& inputs, const
     }
     w.flush();
   }
-  bin.close();
-  idx.close();
+  bin.sync();  // both files complete before either is renamed into place
+  idx.sync();
   bar.finish();
   // .bin first: a reader that finds the new .idx also finds its .bin.
   bin.commit();
