@@ -224,6 +224,7 @@ void attention_forward_rows(T* out, T* probs, T* lse, const T* qkv, int64_t B, i
         for (int64_t j = 0; j <= i; ++j) {
           const T* k = base + j * row + D;
           T s = 0;
+#pragma omp simd reduction(+ : s)
           for (int64_t d = 0; d < D; ++d) s += q[d] * k[d];
           Pi[j] = s * scale;
           mx = std::max(mx, Pi[j]);
@@ -244,6 +245,7 @@ void attention_forward_rows(T* out, T* probs, T* lse, const T* qkv, int64_t B, i
           T pj = Pi[j];
           if (p > 0) pj = keep(key, mask_base + i * Tn + j, p) ? pj * dscale : T(0);
           const T* v = base + j * row + 2 * D;
+#pragma omp simd
           for (int64_t d = 0; d < D; ++d) o[d] += pj * v[d];
         }
       }
@@ -277,6 +279,7 @@ void attention_backward_rows(T* dqkv, const T* dout, const T* qkv, const T* prob
           for (int64_t j = 0; j <= i; ++j) {
             const T* k = base + j * row + D;
             T s = 0;
+#pragma omp simd reduction(+ : s)
             for (int64_t d = 0; d < D; ++d) s += q[d] * k[d];
             scratch[static_cast<size_t>(j)] = std::exp(s * scale - l);
           }
@@ -290,6 +293,7 @@ void attention_backward_rows(T* dqkv, const T* dout, const T* qkv, const T* prob
           const bool kept = p <= 0 || keep(key, mask_base + i * Tn + j, p);
           const T pj = kept ? Pi[j] * dscale : T(0);
           T g = 0;
+#pragma omp simd reduction(+ : g)
           for (int64_t d = 0; d < D; ++d) {
             g += dO[d] * v[d];
             dv[d] += pj * dO[d];
@@ -302,6 +306,7 @@ void attention_backward_rows(T* dqkv, const T* dout, const T* qkv, const T* prob
           const T ds = Pi[j] * (dP[j] - dot) * scale;
           const T* k = base + j * row + D;
           T* dk = dbase + j * row + D;
+#pragma omp simd
           for (int64_t d = 0; d < D; ++d) {
             dq[d] += ds * k[d];
             dk[d] += ds * q[d];
