@@ -8,10 +8,12 @@
 #include "app/report_command.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
+#include "core/tensor.hpp"
 
 int main(int argc, char** argv) {
   // Before anything else: may re-execute this binary with a faster OpenBLAS kernel.
   mtnlg::app::ensure_fast_blas_core(argv);
+  mtnlg::configure_host_allocator();
   CLI::App app{"mtnlg: train, evaluate and plan GPT models with 3D parallelism (Megatron-Turing NLG style)", "mtnlg"};
   app.set_version_flag("--version", std::string("mtnlg ") + MTNLG_VERSION);
   app.require_subcommand(1);

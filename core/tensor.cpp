@@ -1,5 +1,7 @@
 #include "core/tensor.hpp"
 
+#include <malloc.h>
+
 #include <cstdlib>
 #include <cstring>
 
@@ -67,6 +69,14 @@ Storage::~Storage() {
     std::free(ptr_);
   else if (cuda_allocator_hooks().free)
     cuda_allocator_hooks().free(ptr_);
+}
+
+void configure_host_allocator() {
+#ifdef __GLIBC__
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  mallopt(M_TOP_PAD, 256 << 20);
+#endif
 }
 
 Tensor Tensor::empty(const Shape& shape, DType dt, Device dev) {

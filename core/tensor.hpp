@@ -50,6 +50,14 @@ struct DeviceAllocatorHooks {
 };
 DeviceAllocatorHooks& cuda_allocator_hooks();
 
+// Host allocations of a training step are the same sizes every step. glibc's defaults
+// return every block above 128 KiB to the kernel (mmap/munmap) and trim the heap eagerly,
+// so each step faults all its activation pages in again: about 18% of a GPT-2 124M CPU
+// step (docs/PERFORMANCE.md). This keeps blocks up to 32 MiB (glibc's maximum) in the
+// heap and freed memory in the process for reuse, like a caching allocator. Called once
+// at start-up by main(); a no-op without glibc.
+void configure_host_allocator();
+
 class Tensor {
  public:
   Tensor() = default;
