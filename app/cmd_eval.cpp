@@ -10,6 +10,7 @@
 #include "app/commands.hpp"
 #include "app/eval_parallel.hpp"
 #include "app/eval_runner.hpp"
+#include "app/placement.hpp"
 #include "app/preflight.hpp"
 #include "model/checkpoint.hpp"
 #include "core/atomic_file.hpp"
@@ -22,7 +23,7 @@ namespace {
 
 struct EvalArgs {
   std::string checkpoint, random_init, tasks, data_dir, output, log_samples, harness = "0.3", lambada = "plain";
-  std::string vocab, merges;
+  std::string vocab, merges, device = "auto";
   std::vector<std::string> sets, task_fewshot;
   int64_t num_fewshot = 0, limit = -1, batch_size = 8, max_length = 0, bootstrap_iters = 100000;
   bool no_progress = false;
@@ -95,7 +96,7 @@ void run(const EvalArgs& a) {
     log::context().world = static_cast<int>(launch.world_size);
     try {
       auto groups = parallel::make_groups(world, parallel::Topology::from_world(launch.world_size, r.tp(), r.pp()));
-      ParallelScorer scorer(r, dir, groups);
+      ParallelScorer scorer(r, dir, groups, select_device(parse_device_kind(a.device, "--device"), "--device"));
       log::info("eval: {} split tp={} pp={} over {} ranks", dir, r.tp(), r.pp(), launch.world_size);
       rep = run_eval(scorer.config(), std::ref(scorer), *tok, o);
     } catch (const Error& e) {
@@ -132,6 +133,10 @@ void register_eval(CLI::App& app) {
   cmd->add_option("--random-init", a.random_init,
                   "Testing aid: evaluate a model with random weights built from this recipe's model section");
   cmd->add_option("--set", a.sets, "With --random-init: override a recipe key, section.key=value; repeatable");
+  cmd->add_option("--device", a.device,
+                  "Where the model runs: auto (the GPU of this process's local rank when there is one, else the CPU), "
+                  "cpu, cuda, or test (the CI test device)")
+      ->capture_default_str();
   cmd->add_option("--tasks", a.tasks,
                   "Comma-separated tasks: lambada_openai, boolq, race_high, piqa, hellaswag, winogrande, anli_r2, "
                   "hans, wic; or all")

@@ -6,7 +6,8 @@
 
 namespace mtnlg::app {
 
-ParallelScorer::ParallelScorer(const Recipe& r, const std::string& dir, const parallel::ProcessGroups& g) : g_(g) {
+ParallelScorer::ParallelScorer(const Recipe& r, const std::string& dir, const parallel::ProcessGroups& g, Device dev)
+    : g_(g) {
   if (g.topo.dp() != 1)
     throw_input("eval: world size {} must equal tensor_model_parallel_size x pipeline_model_parallel_size = {} x {}",
                 g.topo.world(), g.topo.tp(), g.topo.pp());
@@ -20,7 +21,7 @@ ParallelScorer::ParallelScorer(const Recipe& r, const std::string& dir, const pa
   MTNLG_CHECK(chunks.size() == 1, "eval runs without interleaving; the recipe has {} chunks per rank", chunks.size());
   const model::ChunkSpec spec = chunks.front();
   model::declare_chunk_params(store_, cfg_, spec, g.coord.tp, g.topo.tp());
-  store_.finalize(DType::f32);
+  store_.finalize(DType::f32, DType::f32, dev);
   model::ckpt::load_into(dir, store_);
   chunk_ = std::make_unique<model::GptChunk>(cfg_, spec, store_, g_);
 }
@@ -49,13 +50,13 @@ std::vector<model::ScoreResult> ParallelScorer::operator()(const std::vector<con
   Tensor input;
   const int64_t R = chunk_->local_rows(B);
   if (!g_.is_first_stage()) {
-    input = Tensor::empty({R, C});
-    g_.pp->recv(input.data<float>(), input.numel(), g_.coord.pp - 1, 0);
+    input = Tensor::empty({R, C}, chunk_->activation_dtype(), chunk_->device());
+    g_.pp->recv(input.raw(), input.numel(), input.dtype(), g_.coord.pp - 1, 0);
   }
   model::ForwardResult fr = chunk_->forward(0, mb, input);
   chunk_->drop_saved();
   if (!g_.is_last_stage()) {
-    auto req = g_.pp->isend(fr.output.data<float>(), fr.output.numel(), g_.coord.pp + 1, 0);
+    auto req = g_.pp->isend(fr.output.raw(), fr.output.numel(), fr.output.dtype(), g_.coord.pp + 1, 0);
     req->wait();
   }
   // Per request sums on the last stage (tp rank 0), then to every rank.

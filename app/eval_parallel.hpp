@@ -19,7 +19,8 @@ namespace mtnlg::app {
 class ParallelScorer {
  public:
   // `r` is the checkpoint's recipe with the eval layout applied (parallel.*).
-  ParallelScorer(const Recipe& r, const std::string& checkpoint_dir, const parallel::ProcessGroups& g);
+  // The model lives on `dev` (weights loaded to the host, then placed).
+  ParallelScorer(const Recipe& r, const std::string& checkpoint_dir, const parallel::ProcessGroups& g, Device dev);
   ~ParallelScorer();
   std::vector<model::ScoreResult> operator()(const std::vector<const model::ScoreRequest*>& reqs);
   const model::GptConfig& config() const { return cfg_; }

@@ -1,6 +1,7 @@
 // mtnlg entry point: parses the command line, runs one command, maps errors to exit
 // codes (0 ok, 1 runtime failure, 2 bad input) with a one-line message on stderr.
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 
 #include "app/blas_core.hpp"
@@ -8,12 +9,15 @@
 #include "app/report_command.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
+#include "core/recipe.hpp"
 #include "core/tensor.hpp"
 
 int main(int argc, char** argv) {
   // Before anything else: may re-execute this binary with a faster OpenBLAS kernel.
   mtnlg::app::ensure_fast_blas_core(argv);
   mtnlg::configure_host_allocator();
+  if (const char* d = std::getenv("MTNLG_DEBUG"))  // 1, or a boolean spelling
+    mtnlg::log::context().debug = std::string(d) == "1" || mtnlg::parse_bool(d).value_or(false);
   CLI::App app{"mtnlg: train, evaluate and plan GPT models with 3D parallelism (Megatron-Turing NLG style)", "mtnlg"};
   app.set_version_flag("--version", std::string("mtnlg ") + MTNLG_VERSION);
   app.require_subcommand(1);

@@ -26,10 +26,9 @@ model::MicroBatch PipelineExecutor::micro_batch(const data::Batch& b, int64_t k,
   return mb;
 }
 
-StepLoss PipelineExecutor::run_batch(const data::Batch& batch, int64_t consumed_before, uint64_t step_key,
-                                     double loss_scale) {
+void PipelineExecutor::run_batch(const data::Batch& batch, int64_t consumed_before, uint64_t step_key, double loss_scale,
+                                 Tensor& loss_acc) {
   const int64_t m = batch.micro_batches;
-  double loss_sum = 0, tokens = 0;
   peak_act_ = 0;
   const int64_t p = g_.topo.pp(), r = g_.coord.pp, v = static_cast<int64_t>(chunks_.size());
   std::vector<schedules::PipeAction> table;
@@ -68,9 +67,8 @@ StepLoss PipelineExecutor::run_batch(const data::Batch& batch, int64_t consumed_
       }
       case schedules::PipeOp::forward: {
         auto mb = micro_batch(batch, a.microbatch, consumed_before, step_key, loss_scale);
+        mb.loss_acc = &loss_acc;
         auto res = chunk.forward(a.microbatch, mb, take(act_in, key));
-        loss_sum += res.loss_sum;
-        tokens += res.loss_tokens;
         if (res.output.defined()) act_out[key] = res.output;
         held = 0;
         for (auto& c : chunks_) held += c->saved_bytes();
@@ -107,17 +105,6 @@ StepLoss PipelineExecutor::run_batch(const data::Batch& batch, int64_t consumed_
     }
   }
   for (auto& [req, buf] : pending) req->wait();
-  // Every rank learns the batch loss: the last stage's tp-rank-0 ranks contribute.
-  double buf[2] = {0, 0};
-  if (g_.is_last_stage() && g_.coord.tp == 0) {
-    buf[0] = loss_sum;
-    buf[1] = tokens;
-  }
-  if (g_.world && g_.world->size() > 1) g_.world->all_reduce(buf, 2, parallel::ReduceOp::sum);
-  StepLoss out;
-  out.tokens = buf[1];
-  out.loss = buf[1] > 0 ? buf[0] / buf[1] : 0.0;
-  return out;
 }
 
 void PipelineExecutor::reduce_shared_grads(model::ParamStore& store) {
@@ -130,7 +117,8 @@ void PipelineExecutor::reduce_shared_grads(model::ParamStore& store) {
   }
   if (g_.topo.pp() > 1 && g_.embedding && g_.embedding->size() > 1 && store.has("embedding.word_embeddings.weight")) {
     auto& p = store.info("embedding.word_embeddings.weight");
-    g_.embedding->all_reduce(store.grads().data<float>() + p.offset, p.numel, parallel::ReduceOp::sum);
+    Tensor gr = store.grads().flat(p.offset, p.numel);
+    g_.embedding->all_reduce(gr.raw(), p.numel, DType::f32, parallel::ReduceOp::sum);
   }
 }
 

@@ -13,18 +13,14 @@
 
 namespace mtnlg::app {
 
-struct StepLoss {
-  double loss = 0;    // mean token loss of the global batch (same on every rank)
-  double tokens = 0;  // tokens that counted
-};
-
 class PipelineExecutor {
  public:
   PipelineExecutor(const Recipe& r, const parallel::ProcessGroups& g, std::vector<std::unique_ptr<model::GptChunk>>& chunks);
   // `consumed_before`: samples consumed before this batch (keys the data and dropout).
-  // `loss_scale` multiplies the loss gradient (fp16 dynamic loss scaling); the returned
-  // loss is unscaled.
-  StepLoss run_batch(const data::Batch& batch, int64_t consumed_before, uint64_t step_key, double loss_scale = 1.0);
+  // `loss_scale` multiplies the loss gradient (fp16 dynamic loss scaling). The last
+  // stage adds its (unscaled) sum of token losses and the tokens counted to `loss_acc`
+  // (f64 [2] on the model's device); nothing is read back to the host here.
+  void run_batch(const data::Batch& batch, int64_t consumed_before, uint64_t step_key, double loss_scale, Tensor& loss_acc);
   // After the last backward of a step: all-reduce the tied word-embedding gradient
   // between the first and last stage, and (sequence parallel) the partial gradients of
   // replicated parameters over tp.

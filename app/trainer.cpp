@@ -19,6 +19,7 @@
 #include "app/checkpointing.hpp"
 #include "app/preflight.hpp"
 #include "app/pipeline_executor.hpp"
+#include "app/placement.hpp"
 #include "app/validation.hpp"
 #include "core/log.hpp"
 #include "core/progress.hpp"
@@ -115,6 +116,10 @@ class MetricsWriter {
                         {"bytes_sent_pp", s.bytes_pp},
                         {"bytes_sent_dp", s.bytes_dp}};
     if (r.training.precision == Precision::fp16) j["loss_scale"] = loss_scale;
+    if (s.host_reads || s.host_uploads) {  // a device run: its host round trips
+      j["host_reads"] = s.host_reads;
+      j["host_uploads"] = s.host_uploads;
+    }
     if (!std::isfinite(s.loss)) j["loss"] = nullptr;
     out_ << j.dump() << "\n";
     out_.flush();
@@ -258,7 +263,7 @@ class Trainer {
   void save_now();
 
   const Recipe& r_;
-  const parallel::ProcessGroups& g_;
+  parallel::ProcessGroups g_;  // tensor groups placed on the training device in set_up_model
   const TrainOptions& opts_;
   const std::chrono::steady_clock::time_point t_start_;
   FaultInjection fault_;
@@ -269,6 +274,7 @@ class Trainer {
   model::GptConfig cfg_;
   std::vector<model::ChunkSpec> specs_;
   int64_t v_ = 0;
+  Device device_ = Device::cpu;
   model::ParamStore store_;
   std::vector<std::unique_ptr<model::GptChunk>> chunks_;
   // optimizer
@@ -290,6 +296,8 @@ class Trainer {
   std::optional<PipelineExecutor> exec_;
   std::optional<parallel::DataParallelGrads> ddp_;
   bool overlap_dp_ = false;
+  // The step's statistics on the device, read once per step: [loss sum, tokens, squared grad norm].
+  Tensor step_stats_;
   // progress (saved in checkpoints)
   TrainSummary summary_;
   int64_t consumed_ = 0, iteration_ = 0, skipped_total_ = 0, nan_total_ = 0, nonfinite_in_a_row_ = 0;
@@ -330,8 +338,11 @@ void Trainer::set_up_model() {
   specs_ = model::partition_chunks(r_, g_.coord.pp);
   v_ = static_cast<int64_t>(specs_.size());
   for (const auto& s : specs_) model::declare_chunk_params(store_, cfg_, s, g_.coord.tp, tp_);
-  // fp32 master weights and gradients; the compute copy in the activation dtype.
-  store_.finalize(DType::f32, cfg_.dtype);
+  // fp32 master weights and gradients; the compute copy in the activation dtype; all on
+  // the training device (training.device).
+  device_ = select_device(r_.training.device, "training.device");
+  g_ = parallel::place_groups(g_, device_);  // NCCL tensor groups on GPUs
+  store_.finalize(DType::f32, cfg_.dtype, device_);
   store_.initialize(cfg_.seed, cfg_.init_std, cfg_.num_layers_total);
   for (auto& s : specs_) chunks_.push_back(std::make_unique<model::GptChunk>(cfg_, s, store_, g_));
 }
@@ -351,11 +362,12 @@ void Trainer::set_up_optimizer() {
     segs.push_back(s);
   }
   optim_.emplace(r_.optimizer, segs, store_.numel(), g_, r_.parallel.use_distributed_optimizer,
-                 r_.parallel.ddp_bucket_size);
+                 r_.parallel.ddp_bucket_size, store_.device());
   // fp16: dynamic loss scaling (Megatron's rules); bf16 and fp32 need none.
   if (r_.training.precision == Precision::fp16) scaler_.emplace(parallel::loss_scaler_config(r_.optimizer));
-  total_params_ = local_params;
-  if (g_.mp && g_.mp->size() > 1) g_.mp->all_reduce(&total_params_, 1, parallel::ReduceOp::sum);
+  // The model's size: the tp x pp ranks of data-parallel replica 0 (a host sum over world).
+  total_params_ = g_.coord.dp == 0 ? local_params : 0;
+  if (g_.world && g_.world->size() > 1) g_.world->all_reduce(&total_params_, 1, parallel::ReduceOp::sum);
 }
 
 void Trainer::set_up_data() {
@@ -390,9 +402,9 @@ void Trainer::set_up_output() {
             dp_, g_.topo.world(), v_ > 1 ? fmt::format(" interleaved v={}", v_) : "",
             cfg_.sequence_parallel ? " +sequence-parallel" : "", human_count(static_cast<double>(total_params_)),
             human_count(static_cast<double>(store_.numel())));
-  log::info("model: {} layers, hidden {}, {} heads, seq {}, vocab {} (padded {}) | precision {} | recompute {}{}",
+  log::info("model: {} layers, hidden {}, {} heads, seq {}, vocab {} (padded {}) | {} on {} | recompute {}{}",
             r.model.num_layers, r.model.hidden_size, r.model.num_attention_heads, T_, r.model.vocab_size,
-            cfg_.padded_vocab_size, to_string(r.training.precision), to_string(r.parallel.recompute_granularity),
+            cfg_.padded_vocab_size, to_string(r.training.precision), describe_device(device_), to_string(r.parallel.recompute_granularity),
             optim_->zero1() ? " | ZeRO-1 distributed optimizer" : "");
   log::info("run: {} iterations, {} samples, {} tokens | data: {} | MFU peak {:.3f} TFLOP/s ({})", run_.iterations,
             human_count(static_cast<double>(run_.samples)), human_count(static_cast<double>(run_.tokens)),
@@ -408,6 +420,7 @@ void Trainer::set_up_output() {
 // sequence-parallel partial gradients are deferred until reduce_shared_grads has run.
 void Trainer::set_up_step() {
   exec_.emplace(r_, g_, chunks_);
+  step_stats_ = Tensor::empty({3}, DType::f64, device_);
   const bool emb_shared = pp_ > 1 && g_.embedding && g_.embedding->size() > 1;
   const bool sp_shared = tp_ > 1 && r_.parallel.sequence_parallel;
   std::vector<parallel::DpParam> dp_params;
@@ -471,18 +484,32 @@ IterationStats Trainer::train_step(const data::Batch& batch, double lr, std::chr
   const int64_t gbs = batch.global_batch_size;
   store_.zero_grads();
   const double loss_scale = scaler_ ? scaler_->scale() : 1.0;
+  const int64_t reads_before = device_to_host_copies(), uploads_before = host_to_device_copies();
+  ops::fill(step_stats_, 0.0);
+  Tensor loss_acc = step_stats_.flat(0, 2), norm_sq = step_stats_.flat(2, 1);
   ddp_->begin(store_.grads());
-  StepLoss sl = exec_->run_batch(batch, consumed_, mix_key(seed, static_cast<uint64_t>(iteration_), 0xD0), loss_scale);
+  exec_->run_batch(batch, consumed_, mix_key(seed, static_cast<uint64_t>(iteration_), 0xD0), loss_scale, loss_acc);
   // Grad reductions the model leaves to the end of the step: the tied word embedding
   // between first and last stage, and sequence-parallel partial grads over tp.
   exec_->reduce_shared_grads(store_);
-  ddp_->finish();  // every dp bucket summed (ZeRO-1 reduce-scatters inside optim.step instead)
+  ddp_->finish();  // every dp bucket summed (ZeRO-1 reduce-scatters in optim.prepare instead)
   if (inject_nan(fault_, g_.rank, iteration_ + 1)) ops::fill(store_.grads(), std::nan(""));
   if (inject_overflow(fault_, g_.rank, iteration_ + 1)) ops::fill(store_.grads(), INFINITY);
-  parallel::StepResult update = optim_->step(store_.params(), store_.grads(), lr, &store_.weights(), loss_scale);
-  const bool nonfinite = update.skipped || !std::isfinite(sl.loss);
-  // fp16: an overflow is the scaler's business (skip, back off), not a failure --
-  // unless the scale cannot back off any further.
+  optim_->prepare(store_.grads());
+  optim_->grad_norm_sq(store_.grads(), norm_sq);
+  // The step's one host round trip: loss, tokens and the squared gradient norm together.
+  const Tensor stats = step_stats_.to(Device::cpu);
+  const double* st = stats.data<double>();
+  // Every rank learns the batch loss (the last stage's tp-rank-0 ranks contribute) and
+  // whether the norm was non-finite anywhere: skipping must be unanimous, replicas that
+  // updated while another skipped would silently diverge.
+  const bool contributes = g_.is_last_stage() && g_.coord.tp == 0;
+  double agreed[3] = {contributes ? st[0] : 0.0, contributes ? st[1] : 0.0, std::isfinite(st[2]) ? 0.0 : 1.0};
+  if (g_.world && g_.world->size() > 1) g_.world->all_reduce(agreed, 3, parallel::ReduceOp::sum);
+  const double loss = agreed[1] > 0 ? agreed[0] / agreed[1] : 0.0;
+  parallel::StepResult update = optim_->apply(store_.params(), store_.grads(), lr, &store_.weights(), loss_scale,
+                                              std::sqrt(st[2]), agreed[2] > 0);
+  const bool nonfinite = update.skipped || !std::isfinite(loss);
   const bool overflow_handled = scaler_ && update.skipped && loss_scale > r_.optimizer.min_loss_scale;
   if (scaler_) scaler_->update(update.skipped);
   if (nonfinite) {
@@ -503,7 +530,7 @@ IterationStats Trainer::train_step(const data::Batch& batch, double lr, std::chr
   s.consumed_samples = consumed_;
   s.consumed_tokens = consumed_ * T_;
   s.global_batch_size = gbs;
-  s.loss = sl.loss;
+  s.loss = loss;
   s.lr = lr;
   s.grad_norm = update.grad_norm;
   s.skipped = nonfinite;
@@ -519,6 +546,10 @@ IterationStats Trainer::train_step(const data::Batch& batch, double lr, std::chr
   s.bytes_tp = g_.tp ? g_.tp->bytes_sent() : 0;
   s.bytes_pp = g_.pp ? g_.pp->bytes_sent() : 0;
   s.bytes_dp = g_.dp ? g_.dp->bytes_sent() : 0;
+  s.host_reads = device_to_host_copies() - reads_before;
+  s.host_uploads = host_to_device_copies() - uploads_before;
+  log::debug("iteration {}: {} host read(s) of device memory, {} upload(s) in the step", s.iteration, s.host_reads,
+             s.host_uploads);
   return s;
 }
 

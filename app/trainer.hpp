@@ -24,6 +24,9 @@ struct IterationStats {
   int64_t skipped_total = 0, nan_total = 0;
   int64_t peak_memory_bytes = 0;
   int64_t bytes_tp = 0, bytes_pp = 0, bytes_dp = 0;  // sent by this rank this iteration
+  // Copies this step made from device memory to the host (host round trips; the design
+  // is one) and from the host to the device (token and mask uploads). 0 on the CPU.
+  int64_t host_reads = 0, host_uploads = 0;
 };
 
 struct TrainOptions {

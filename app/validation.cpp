@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.hpp"
+#include "core/ops.hpp"
 #include "core/log.hpp"
 #include "core/tensorboard.hpp"
 #include "data/sample_source.hpp"
@@ -68,7 +69,11 @@ ValidationResult Validation::evaluate(int part, int64_t first) {
   MTNLG_CHECK(pp > 1 || v == 1, "interleaving needs pp > 1");
   data::Loader loader(src, mbs, g_.coord.dp, dp);
   const int64_t R = chunks_[0]->local_rows(mbs);
-  double sums[2] = {0, 0};  // loss sum, tokens
+  const DType act = chunks_[0]->activation_dtype();
+  const Device dev = chunks_[0]->device();
+  // Loss sum and tokens, kept on the device and read once at the end.
+  Tensor acc = Tensor::empty({2}, DType::f64, dev);
+  ops::fill(acc, 0.0);
   for (int64_t it = 0; it < r_.training.eval_iters; ++it) {
     const int64_t consumed = first + it * gbs;
     const data::Batch batch = loader.build(consumed, gbs);
@@ -78,26 +83,27 @@ ValidationResult Validation::evaluate(int part, int64_t first) {
       mb.micro_batch_size = mbs;
       mb.sample_offset = consumed + m * mbs * dp + g_.coord.dp * mbs;
       mb.loss_weight = 1.0 / static_cast<double>(gbs * T);
+      mb.loss_acc = &acc;
       // Forward only, stage after stage: virtual stage c*pp + rank receives from the
       // previous one (rank-1, or the last rank's chunk c-1) and sends to the next.
       Tensor x;
       for (int64_t c = 0; c < v; ++c) {
         auto& chunk = *chunks_[static_cast<size_t>(c)];
         if (!chunk.spec().has_embedding) {
-          x = Tensor::empty({R, C});
-          g_.pp->recv(x.data<float>(), x.numel(), (rank - 1 + pp) % pp, kTagValidation);
+          x = Tensor::empty({R, C}, act, dev);
+          g_.pp->recv(x.raw(), x.numel(), act, (rank - 1 + pp) % pp, kTagValidation);
         }
         model::ForwardResult fr = chunk.forward(m, mb, x);
         chunk.drop_saved();
-        sums[0] += fr.loss_sum;
-        sums[1] += fr.loss_tokens;
         if (!chunk.spec().has_head) {
-          auto req = g_.pp->isend(fr.output.data<float>(), fr.output.numel(), (rank + 1) % pp, kTagValidation);
+          auto req = g_.pp->isend(fr.output.raw(), fr.output.numel(), act, (rank + 1) % pp, kTagValidation);
           req->wait();
         }
       }
     }
   }
+  const Tensor host = acc.to(Device::cpu);
+  double sums[2] = {host.data<double>()[0], host.data<double>()[1]};
   // Every rank learns the loss: the last stage's tp-rank-0 ranks contribute (one per dp).
   if (!(g_.is_last_stage() && g_.coord.tp == 0)) sums[0] = sums[1] = 0;
   if (g_.world && g_.world->size() > 1) g_.world->all_reduce(sums, 2, parallel::ReduceOp::sum);

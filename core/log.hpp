@@ -13,6 +13,7 @@ struct Context {
   int rank = 0;
   int world = 1;
   bool quiet = false;
+  bool debug = false;  // MTNLG_DEBUG=1: debug lines from every rank (stderr)
 };
 Context& context();
 
@@ -36,6 +37,17 @@ void warn(fmt::format_string<Args...> f, Args&&... args) {
     std::fprintf(stderr, "[rank %d] warning: %s\n", c.rank, s.c_str());
   else
     std::fprintf(stderr, "warning: %s\n", s.c_str());
+  std::fflush(stderr);
+}
+
+// Diagnostics for developers (host syncs per step, ...): stderr, every rank, only when
+// context().debug is set (main() reads MTNLG_DEBUG).
+template <typename... Args>
+void debug(fmt::format_string<Args...> f, Args&&... args) {
+  auto& c = context();
+  if (!c.debug) return;
+  std::string s = fmt::format(f, std::forward<Args>(args)...);
+  std::fprintf(stderr, "[rank %d] debug: %s\n", c.rank, s.c_str());
   std::fflush(stderr);
 }
 

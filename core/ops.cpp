@@ -34,7 +34,8 @@ bool same_device(const char* op, std::initializer_list<const Tensor*> ts) {
       d = t->device();
       first = false;
     } else if (t->device() != d) {
-      throw_runtime("{}: tensors on different devices", op);
+      throw_runtime("{}: tensors on different devices ({} and {}): place every tensor of an op on one device", op,
+                    to_string(d), to_string(t->device()));
     }
   }
 #ifndef MTNLG_HAVE_CUDA
@@ -127,7 +128,7 @@ void by_dtype(DType d, F&& f) {
 
 template <typename T>
 T* ptr(const Tensor* t) {
-  return (t && t->defined()) ? t->data<T>() : nullptr;
+  return (t && t->defined()) ? t->kernel_data<T>() : nullptr;
 }
 
 }  // namespace
@@ -136,18 +137,18 @@ void fill(Tensor& x, double value) {
   MTNLG_CUDA_DISPATCH(same_device("fill", {&x}), fill(x, value));
   switch (x.dtype()) {
     case DType::f32: {
-      float* p = x.data<float>();
+      float* p = x.kernel_data<float>();
       float v = static_cast<float>(value);
       for (int64_t i = 0; i < x.numel(); ++i) p[i] = v;
       break;
     }
     case DType::f64: {
-      double* p = x.data<double>();
+      double* p = x.kernel_data<double>();
       for (int64_t i = 0; i < x.numel(); ++i) p[i] = value;
       break;
     }
     case DType::i32: {
-      int32_t* p = x.data<int32_t>();
+      int32_t* p = x.kernel_data<int32_t>();
       for (int64_t i = 0; i < x.numel(); ++i) p[i] = static_cast<int32_t>(value);
       break;
     }
@@ -155,7 +156,7 @@ void fill(Tensor& x, double value) {
     case DType::f16: {
       const float f = static_cast<float>(value);
       const uint16_t h = x.dtype() == DType::bf16 ? half::f32_to_bf16(f) : half::f32_to_f16(f);
-      uint16_t* p = x.data<uint16_t>();
+      uint16_t* p = x.kernel_data<uint16_t>();
       for (int64_t i = 0; i < x.numel(); ++i) p[i] = h;
       break;
     }
@@ -171,21 +172,21 @@ void copy(Tensor& dst, const Tensor& src) {
 namespace {
 double load_as_double(const Tensor& t, int64_t i) {
   switch (t.dtype()) {
-    case DType::f32: return t.data<float>()[i];
-    case DType::f64: return t.data<double>()[i];
-    case DType::bf16: return half::bf16_to_f32(t.data<uint16_t>()[i]);
-    case DType::f16: return half::f16_to_f32(t.data<uint16_t>()[i]);
-    case DType::i32: return t.data<int32_t>()[i];
+    case DType::f32: return t.kernel_data<float>()[i];
+    case DType::f64: return t.kernel_data<double>()[i];
+    case DType::bf16: return half::bf16_to_f32(t.kernel_data<uint16_t>()[i]);
+    case DType::f16: return half::f16_to_f32(t.kernel_data<uint16_t>()[i]);
+    case DType::i32: return t.kernel_data<int32_t>()[i];
   }
   return 0;
 }
 void store_double(Tensor& t, int64_t i, double v) {
   switch (t.dtype()) {
-    case DType::f32: t.data<float>()[i] = static_cast<float>(v); break;
-    case DType::f64: t.data<double>()[i] = v; break;
-    case DType::bf16: t.data<uint16_t>()[i] = half::f32_to_bf16(static_cast<float>(v)); break;
-    case DType::f16: t.data<uint16_t>()[i] = half::f32_to_f16(static_cast<float>(v)); break;
-    case DType::i32: t.data<int32_t>()[i] = static_cast<int32_t>(v); break;
+    case DType::f32: t.kernel_data<float>()[i] = static_cast<float>(v); break;
+    case DType::f64: t.kernel_data<double>()[i] = v; break;
+    case DType::bf16: t.kernel_data<uint16_t>()[i] = half::f32_to_bf16(static_cast<float>(v)); break;
+    case DType::f16: t.kernel_data<uint16_t>()[i] = half::f32_to_f16(static_cast<float>(v)); break;
+    case DType::i32: t.kernel_data<int32_t>()[i] = static_cast<int32_t>(v); break;
   }
 }
 }  // namespace
@@ -214,8 +215,8 @@ void add(Tensor& out, const Tensor& a, const Tensor& b) {
   }
   by_dtype(dt, [&](auto z) {
     using T = decltype(z);
-    T* o = out.data<T>();
-    const T *x = a.data<T>(), *y = b.data<T>();
+    T* o = out.kernel_data<T>();
+    const T *x = a.kernel_data<T>(), *y = b.kernel_data<T>();
     int64_t n = out.numel();
 #pragma omp parallel for simd schedule(static)
     for (int64_t i = 0; i < n; ++i) o[i] = x[i] + y[i];
@@ -234,7 +235,7 @@ void scale(Tensor& x, double s) {
   }
   by_dtype(dt, [&](auto z) {
     using T = decltype(z);
-    T* p = x.data<T>();
+    T* p = x.kernel_data<T>();
     T ts = static_cast<T>(s);
     int64_t n = x.numel();
 #pragma omp parallel for simd schedule(static)
@@ -252,7 +253,7 @@ double sum_squares(const Tensor& x) {
   double total = 0;
   by_dtype(dt, [&](auto z) {
     using T = decltype(z);
-    const T* p = x.data<T>();
+    const T* p = x.kernel_data<T>();
     int64_t n = x.numel();
     // Fixed-size chunks summed in order: the result does not depend on the thread count.
     constexpr int64_t kChunk = 1 << 16;
@@ -272,6 +273,50 @@ double sum_squares(const Tensor& x) {
 
 bool all_finite(const Tensor& x) { return std::isfinite(sum_squares(x)); }
 
+namespace {
+void expect_acc(const char* op, const Tensor& acc, int64_t n) {
+  if (acc.dtype() != DType::f64 || acc.numel() != n)
+    throw_runtime("{}: acc must be f64 with {} elements, got {} {}", op, n, to_string(acc.dtype()), shape_str(acc.shape()));
+}
+}  // namespace
+
+void sum_squares_accumulate(Tensor& acc, const Tensor& x) {
+  MTNLG_CUDA_DISPATCH(same_device("sum_squares_accumulate", {&acc, &x}), sum_squares_accumulate(acc, x));
+  expect_acc("sum_squares_accumulate", acc, 1);
+  acc.kernel_data<double>()[0] += sum_squares(x);
+}
+
+void xent_loss_accumulate(Tensor& acc, const Tensor& rowmax, const Tensor& sumexp, const Tensor& target_logit,
+                          const Tensor* mask) {
+  MTNLG_CUDA_DISPATCH(same_device("xent_loss_accumulate", {&acc, &rowmax, &sumexp, &target_logit, mask}),
+                      xent_loss_accumulate(acc, rowmax, sumexp, target_logit, mask));
+  expect_acc("xent_loss_accumulate", acc, 2);
+  const int64_t N = rowmax.numel();
+  expect_numel("xent_loss_accumulate", "sumexp", sumexp, N);
+  expect_numel("xent_loss_accumulate", "target_logit", target_logit, N);
+  if (sumexp.dtype() != rowmax.dtype() || target_logit.dtype() != rowmax.dtype() ||
+      (rowmax.dtype() != DType::f32 && rowmax.dtype() != DType::f64))
+    throw_runtime("xent_loss_accumulate: rowmax, sumexp and target_logit must share one wide dtype (f32 or f64)");
+  if (mask && mask->defined()) {
+    expect_numel("xent_loss_accumulate", "mask", *mask, N);
+    if (mask->dtype() != DType::f32) throw_runtime("xent_loss_accumulate: mask must be f32, got {}", to_string(mask->dtype()));
+  }
+  const float* m = mask && mask->defined() ? mask->kernel_data<float>() : nullptr;
+  double loss = 0, count = 0;
+  by_dtype(rowmax.dtype(), [&](auto z) {
+    using T = decltype(z);
+    const T *mx = rowmax.kernel_data<T>(), *se = sumexp.kernel_data<T>(), *tl = target_logit.kernel_data<T>();
+    for (int64_t i = 0; i < N; ++i) {
+      const double w = m ? m[i] : 1.0;
+      loss += w * (std::log(static_cast<double>(se[i])) + static_cast<double>(mx[i]) - static_cast<double>(tl[i]));
+      count += w;
+    }
+  });
+  double* a = acc.kernel_data<double>();
+  a[0] += loss;
+  a[1] += count;
+}
+
 void matmul_forward(Tensor& out, const Tensor& inp, const Tensor& w, const Tensor* bias) {
   MTNLG_CUDA_DISPATCH(same_device("matmul_forward", {&out, &inp, &w, bias}), matmul_forward(out, inp, w, bias));
   const DType dt = act_dtype("matmul_forward", {{"out", &out}, {"inp", &inp}, {"w", &w}, {"bias", bias}});
@@ -286,7 +331,7 @@ void matmul_forward(Tensor& out, const Tensor& inp, const Tensor& w, const Tenso
   }
   by_dtype(dt, [&](auto z) {
     using T = decltype(z);
-    cpu::matmul_forward<T>(out.data<T>(), inp.data<T>(), w.data<T>(), ptr<T>(bias), N, C, OC);
+    cpu::matmul_forward<T>(out.kernel_data<T>(), inp.kernel_data<T>(), w.kernel_data<T>(), ptr<T>(bias), N, C, OC);
   });
 }
 
@@ -307,7 +352,7 @@ void matmul_backward(Tensor* dinp, Tensor* dw, Tensor* dbias, const Tensor& dout
   }
   by_dtype(dt, [&](auto z) {
     using T = decltype(z);
-    cpu::matmul_backward<T>(ptr<T>(dinp), ptr<T>(dw), ptr<T>(dbias), dout.data<T>(), inp.data<T>(), w.data<T>(), N, C, OC,
+    cpu::matmul_backward<T>(ptr<T>(dinp), ptr<T>(dw), ptr<T>(dbias), dout.kernel_data<T>(), inp.kernel_data<T>(), w.kernel_data<T>(), N, C, OC,
                             accumulate_dinp);
   });
 }
@@ -328,7 +373,7 @@ void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& in
   }
   by_dtype(dt, [&](auto z) {
     using T = decltype(z);
-    cpu::layernorm_forward<T>(out.data<T>(), mean.data<T>(), rstd.data<T>(), inp.data<T>(), w.data<T>(), b.data<T>(), N, C,
+    cpu::layernorm_forward<T>(out.kernel_data<T>(), mean.kernel_data<T>(), rstd.kernel_data<T>(), inp.kernel_data<T>(), w.kernel_data<T>(), b.kernel_data<T>(), N, C,
                               eps);
   });
 }
@@ -348,8 +393,8 @@ void layernorm_backward(Tensor& dinp, Tensor& dw, Tensor& db, const Tensor& dout
   }
   by_dtype(dt, [&](auto z) {
     using T = decltype(z);
-    cpu::layernorm_backward<T>(dinp.data<T>(), dw.data<T>(), db.data<T>(), dout.data<T>(), inp.data<T>(), w.data<T>(),
-                               mean.data<T>(), rstd.data<T>(), N, C, accumulate_dinp);
+    cpu::layernorm_backward<T>(dinp.kernel_data<T>(), dw.kernel_data<T>(), db.kernel_data<T>(), dout.kernel_data<T>(), inp.kernel_data<T>(), w.kernel_data<T>(),
+                               mean.kernel_data<T>(), rstd.kernel_data<T>(), N, C, accumulate_dinp);
   });
 }
 
@@ -364,7 +409,7 @@ void gelu_forward(Tensor& out, const Tensor& inp) {
   }
   by_dtype(dt, [&](auto z) {
     using T = decltype(z);
-    cpu::gelu_forward<T>(out.data<T>(), inp.data<T>(), inp.numel());
+    cpu::gelu_forward<T>(out.kernel_data<T>(), inp.kernel_data<T>(), inp.numel());
   });
 }
 
@@ -380,7 +425,7 @@ void gelu_backward(Tensor& dinp, const Tensor& inp, const Tensor& dout) {
   }
   by_dtype(dt, [&](auto z) {
     using T = decltype(z);
-    cpu::gelu_backward<T>(dinp.data<T>(), inp.data<T>(), dout.data<T>(), inp.numel());
+    cpu::gelu_backward<T>(dinp.kernel_data<T>(), inp.kernel_data<T>(), dout.kernel_data<T>(), inp.numel());
   });
 }
 
@@ -399,7 +444,7 @@ void dropout_forward(Tensor& out, const Tensor& inp, double p, uint64_t key, uin
   }
   by_dtype(dt, [&](auto z) {
     using T = decltype(z);
-    cpu::dropout<T>(out.data<T>(), inp.data<T>(), inp.numel(), p, key, base_index);
+    cpu::dropout<T>(out.kernel_data<T>(), inp.kernel_data<T>(), inp.numel(), p, key, base_index);
   });
 }
 
@@ -417,7 +462,7 @@ void attention_forward(Tensor& out, Tensor& probs, const Tensor& qkv, int64_t he
   expect_numel("attention_forward", "probs", probs, B * heads * T * T);
   by_dtype(out.dtype(), [&](auto z) {
     using V = decltype(z);
-    cpu::attention_forward<V>(out.data<V>(), probs.data<V>(), qkv.data<V>(), B, T, heads, D, drop.p, drop.key,
+    cpu::attention_forward<V>(out.kernel_data<V>(), probs.kernel_data<V>(), qkv.kernel_data<V>(), B, T, heads, D, drop.p, drop.key,
                               drop.sample_offset, drop.head_offset, drop.heads_total ? drop.heads_total : heads);
   });
 }
@@ -430,7 +475,7 @@ void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, con
   expect_numel("attention_backward", "dqkv", dqkv, qkv.numel());
   by_dtype(dqkv.dtype(), [&](auto z) {
     using V = decltype(z);
-    cpu::attention_backward<V>(dqkv.data<V>(), dout.data<V>(), qkv.data<V>(), probs.data<V>(), B, T, heads, D, drop.p,
+    cpu::attention_backward<V>(dqkv.kernel_data<V>(), dout.kernel_data<V>(), qkv.kernel_data<V>(), probs.kernel_data<V>(), B, T, heads, D, drop.p,
                                drop.key, drop.sample_offset, drop.head_offset, drop.heads_total ? drop.heads_total : heads);
   });
 }
@@ -442,9 +487,9 @@ void embedding_forward(Tensor& out, const Tensor& tokens, const Tensor& table, i
   int64_t C = table.dim(1), N = tokens.numel();
   expect_numel("embedding_forward", "out", out, N * C);
   if (is_low(dt)) {  // a row copy: exact in any dtype
-    const auto* tab = table.data<uint16_t>();
-    auto* o = out.data<uint16_t>();
-    const int32_t* tok = tokens.data<int32_t>();
+    const auto* tab = table.kernel_data<uint16_t>();
+    auto* o = out.kernel_data<uint16_t>();
+    const int32_t* tok = tokens.kernel_data<int32_t>();
     const int64_t V = table.dim(0);
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < N; ++i) {
@@ -455,7 +500,7 @@ void embedding_forward(Tensor& out, const Tensor& tokens, const Tensor& table, i
   }
   by_dtype(dt, [&](auto z) {
     using T = decltype(z);
-    cpu::embedding_forward<T>(out.data<T>(), tokens.data<int32_t>(), table.data<T>(), N, C, vocab_start, table.dim(0));
+    cpu::embedding_forward<T>(out.kernel_data<T>(), tokens.kernel_data<int32_t>(), table.kernel_data<T>(), N, C, vocab_start, table.dim(0));
   });
 }
 
@@ -470,7 +515,7 @@ void embedding_backward(Tensor& dtable, const Tensor& tokens, const Tensor& dout
   }
   by_dtype(dt, [&](auto z) {
     using T = decltype(z);
-    cpu::embedding_backward<T>(dtable.data<T>(), tokens.data<int32_t>(), dout.data<T>(), N, C, vocab_start, dtable.dim(0));
+    cpu::embedding_backward<T>(dtable.kernel_data<T>(), tokens.kernel_data<int32_t>(), dout.kernel_data<T>(), N, C, vocab_start, dtable.dim(0));
   });
 }
 
@@ -486,7 +531,7 @@ void position_forward(Tensor& x, const Tensor& pos, int64_t row_start, int64_t s
   }
   by_dtype(dt, [&](auto z) {
     using V = decltype(z);
-    cpu::position_forward<V>(x.data<V>(), pos.data<V>(), rows, C, row_start, seq_len);
+    cpu::position_forward<V>(x.kernel_data<V>(), pos.kernel_data<V>(), rows, C, row_start, seq_len);
   });
 }
 
@@ -500,7 +545,7 @@ void position_backward(Tensor& dpos, const Tensor& dx, int64_t row_start, int64_
   }
   by_dtype(dt, [&](auto z) {
     using V = decltype(z);
-    cpu::position_backward<V>(dpos.data<V>(), dx.data<V>(), rows, C, row_start, seq_len);
+    cpu::position_backward<V>(dpos.kernel_data<V>(), dx.kernel_data<V>(), rows, C, row_start, seq_len);
   });
 }
 
@@ -515,7 +560,7 @@ void bias_add_forward(Tensor& x, const Tensor& b) {
   }
   by_dtype(dt, [&](auto z) {
     using V = decltype(z);
-    cpu::bias_add_forward<V>(x.data<V>(), b.data<V>(), N, C);
+    cpu::bias_add_forward<V>(x.kernel_data<V>(), b.kernel_data<V>(), N, C);
   });
 }
 
@@ -529,7 +574,7 @@ void bias_add_backward(Tensor& db, const Tensor& dout) {
   }
   by_dtype(dt, [&](auto z) {
     using V = decltype(z);
-    cpu::bias_add_backward<V>(db.data<V>(), dout.data<V>(), N, C);
+    cpu::bias_add_backward<V>(db.kernel_data<V>(), dout.kernel_data<V>(), N, C);
   });
 }
 
@@ -543,7 +588,7 @@ void xent_rowmax(Tensor& rowmax, const Tensor& logits, int64_t valid_local) {
   }
   by_dtype(dt, [&](auto z) {
     using T = decltype(z);
-    cpu::xent_rowmax<T>(rowmax.data<T>(), logits.data<T>(), N, V, valid_local);
+    cpu::xent_rowmax<T>(rowmax.kernel_data<T>(), logits.kernel_data<T>(), N, V, valid_local);
   });
 }
 
@@ -560,8 +605,8 @@ void xent_sumexp_target(Tensor& sumexp, Tensor& target_logit, const Tensor& logi
   }
   by_dtype(dt, [&](auto z) {
     using T = decltype(z);
-    cpu::xent_sumexp_target<T>(sumexp.data<T>(), target_logit.data<T>(), logits.data<T>(), targets.data<int32_t>(),
-                               rowmax.data<T>(), N, V, vocab_start, valid_local);
+    cpu::xent_sumexp_target<T>(sumexp.kernel_data<T>(), target_logit.kernel_data<T>(), logits.kernel_data<T>(), targets.kernel_data<int32_t>(),
+                               rowmax.kernel_data<T>(), N, V, vocab_start, valid_local);
   });
 }
 
@@ -579,8 +624,8 @@ void xent_backward(Tensor& dlogits, const Tensor& logits, const Tensor& targets,
   }
   by_dtype(dt, [&](auto z) {
     using T = decltype(z);
-    cpu::xent_backward<T>(dlogits.data<T>(), logits.data<T>(), targets.data<int32_t>(), rowmax.data<T>(), sumexp.data<T>(),
-                          dloss.data<T>(), N, V, vocab_start, valid_local);
+    cpu::xent_backward<T>(dlogits.kernel_data<T>(), logits.kernel_data<T>(), targets.kernel_data<int32_t>(), rowmax.kernel_data<T>(), sumexp.kernel_data<T>(),
+                          dloss.kernel_data<T>(), N, V, vocab_start, valid_local);
   });
 }
 
@@ -593,7 +638,7 @@ void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const A
   expect_numel("adamw_step", "v", v, n);
   by_dtype(param.dtype(), [&](auto z) {
     using T = decltype(z);
-    cpu::adamw<T>(param.data<T>(), grad.data<T>(), m.data<T>(), v.data<T>(), n, p.lr, p.beta1, p.beta2, p.eps,
+    cpu::adamw<T>(param.kernel_data<T>(), grad.kernel_data<T>(), m.kernel_data<T>(), v.kernel_data<T>(), n, p.lr, p.beta1, p.beta2, p.eps,
                   p.weight_decay, p.step, p.grad_scale);
   });
   if (copy_out && copy_out->defined() && copy_out->raw() != param.raw()) {

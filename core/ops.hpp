@@ -108,6 +108,19 @@ void xent_sumexp_target(Tensor& sumexp, Tensor& target_logit, const Tensor& logi
 void xent_backward(Tensor& dlogits, const Tensor& logits, const Tensor& targets, const Tensor& rowmax,
                    const Tensor& sumexp, const Tensor& dloss, int64_t vocab_start, int64_t valid_local);
 
+// ---- step statistics: f64 accumulators that stay on the tensors' device ------------
+// A training step reduces its loss and gradient norm into a small f64 tensor on the
+// model's device and reads it once (one host round trip per step). Both sums are taken
+// in double in a fixed order, so they do not depend on thread or block counts.
+// acc[0] += sum of x^2 (x f32/f64/bf16/f16).
+void sum_squares_accumulate(Tensor& acc, const Tensor& x);
+// Token losses from the cross-entropy statistics, l_i = log(sumexp_i) + rowmax_i -
+// target_logit_i, with optional weights mask[N] (f32, 1 = counts):
+// acc[0] += sum_i mask_i * l_i, acc[1] += sum_i mask_i (the micro batch's sum is formed
+// first, then added).
+void xent_loss_accumulate(Tensor& acc, const Tensor& rowmax, const Tensor& sumexp, const Tensor& target_logit,
+                          const Tensor* mask);
+
 // ---- optimizer -------------------------------------------------------------------------
 struct AdamWParams {
   double lr, beta1, beta2, eps, weight_decay;

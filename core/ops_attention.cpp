@@ -49,7 +49,7 @@ void attention_forward_lse(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t 
   }
   auto run = [&](auto z) {
     using V = decltype(z);
-    cpu::attention_forward_lse<V>(out.data<V>(), lse.data<V>(), qkv.data<V>(), B, T, heads, D, drop.p, drop.key,
+    cpu::attention_forward_lse<V>(out.kernel_data<V>(), lse.kernel_data<V>(), qkv.kernel_data<V>(), B, T, heads, D, drop.p, drop.key,
                                   drop.sample_offset, drop.head_offset, heads_total(drop, heads));
   };
   if (dt == DType::f32)
@@ -81,7 +81,7 @@ void attention_backward_lse(Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
   }
   auto run = [&](auto z) {
     using V = decltype(z);
-    cpu::attention_backward_lse<V>(dqkv.data<V>(), dout.data<V>(), qkv.data<V>(), lse.data<V>(), B, T, heads, D, drop.p,
+    cpu::attention_backward_lse<V>(dqkv.kernel_data<V>(), dout.kernel_data<V>(), qkv.kernel_data<V>(), lse.kernel_data<V>(), B, T, heads, D, drop.p,
                                    drop.key, drop.sample_offset, drop.head_offset, heads_total(drop, heads));
   };
   if (dt == DType::f32)

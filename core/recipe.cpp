@@ -27,6 +27,15 @@ std::string to_string(Precision p) {
   }
   return "?";
 }
+std::string to_string(DeviceKind d) {
+  switch (d) {
+    case DeviceKind::automatic: return "auto";
+    case DeviceKind::cpu: return "cpu";
+    case DeviceKind::cuda: return "cuda";
+    case DeviceKind::test: return "test";
+  }
+  return "?";
+}
 std::string to_string(RecomputeGranularity r) {
   switch (r) {
     case RecomputeGranularity::none: return "none";
@@ -305,6 +314,8 @@ const Table& table() {
                  {
                      enum_field<Precision>("precision", [](Recipe& r) -> Precision& { return r.training.precision; },
                                            {Precision::fp32, Precision::bf16, Precision::fp16}),
+                     enum_field<DeviceKind>("device", [](Recipe& r) -> DeviceKind& { return r.training.device; },
+                                            {DeviceKind::automatic, DeviceKind::cpu, DeviceKind::cuda, DeviceKind::test}),
                      int_field("micro_batch_size", [](Recipe& r) -> int64_t& { return r.training.micro_batch_size; }, 1, 1 << 20),
                      int_field("global_batch_size", [](Recipe& r) -> int64_t& { return r.training.global_batch_size; }, 1, 1LL << 40),
                      ramp,

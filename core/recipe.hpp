@@ -18,10 +18,15 @@ namespace mtnlg {
 enum class Precision { fp32, bf16, fp16 };
 enum class RecomputeGranularity { none, selective, full };
 enum class LrDecayStyle { cosine, linear, constant };
+// Where training runs. auto: the GPU (one per process, by local rank) when this build
+// has CUDA and the machine a GPU, else the CPU. test: the test device (host memory
+// treated as a device, core/tensor.hpp) that CI uses to run the device code path.
+enum class DeviceKind { automatic, cpu, cuda, test };
 
 std::string to_string(Precision p);
 std::string to_string(RecomputeGranularity r);
 std::string to_string(LrDecayStyle s);
+std::string to_string(DeviceKind d);
 
 struct ModelConfig {
   int64_t num_layers = 0;
@@ -61,6 +66,7 @@ struct RampupBatchSize {
 
 struct TrainingConfig {
   Precision precision = Precision::fp32;
+  DeviceKind device = DeviceKind::automatic;
   int64_t micro_batch_size = 1;
   int64_t global_batch_size = 0;
   std::optional<RampupBatchSize> rampup_batch_size;

@@ -2,6 +2,7 @@
 
 #include <malloc.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
@@ -29,7 +30,20 @@ std::string to_string(DType t) {
   return "?";
 }
 
-std::string to_string(Device d) { return d == Device::cpu ? "cpu" : "cuda"; }
+std::string to_string(Device d) {
+  switch (d) {
+    case Device::cpu: return "cpu";
+    case Device::cuda: return "cuda";
+    case Device::test: return "test";
+  }
+  return "?";
+}
+
+namespace {
+std::atomic<int64_t> g_device_to_host{0}, g_host_to_device{0};
+}
+int64_t device_to_host_copies() { return g_device_to_host.load(std::memory_order_relaxed); }
+int64_t host_to_device_copies() { return g_host_to_device.load(std::memory_order_relaxed); }
 
 std::string shape_str(const Shape& s) {
   std::string out = "[";
@@ -53,7 +67,7 @@ DeviceAllocatorHooks& cuda_allocator_hooks() {
 
 Storage::Storage(int64_t bytes, Device dev) : bytes_(bytes), dev_(dev) {
   int64_t n = std::max<int64_t>(bytes, 1);
-  if (dev == Device::cpu) {
+  if (dev != Device::cuda) {  // cpu, and the test device's host memory
     int64_t rounded = (n + 63) / 64 * 64;
     ptr_ = std::aligned_alloc(64, static_cast<size_t>(rounded));
     if (!ptr_) throw std::bad_alloc();
@@ -65,7 +79,7 @@ Storage::Storage(int64_t bytes, Device dev) : bytes_(bytes), dev_(dev) {
 }
 
 Storage::~Storage() {
-  if (dev_ == Device::cpu)
+  if (dev_ != Device::cuda)
     std::free(ptr_);
   else if (cuda_allocator_hooks().free)
     cuda_allocator_hooks().free(ptr_);
@@ -90,7 +104,7 @@ Tensor Tensor::empty(const Shape& shape, DType dt, Device dev) {
 
 Tensor Tensor::zeros(const Shape& shape, DType dt, Device dev) {
   Tensor t = empty(shape, dt, dev);
-  if (dev == Device::cpu)
+  if (dev != Device::cuda)
     std::memset(t.raw(), 0, static_cast<size_t>(t.nbytes()));
   else
     throw_runtime("Tensor::zeros on CUDA must go through ops::fill");
@@ -123,17 +137,28 @@ void Tensor::host_access_error() const {
 
 Tensor Tensor::to(Device dev) const {
   Tensor t = empty(shape_, dtype_, dev);
-  if (numel_ == 0) return t;
-  Device from = device();
-  if (from == Device::cpu && dev == Device::cpu) {
-    std::memcpy(t.raw(), raw(), static_cast<size_t>(nbytes()));
-    return t;
+  t.copy_from(*this);
+  return t;
+}
+
+void Tensor::copy_from(const Tensor& src) {
+  MTNLG_CHECK(src.numel_ == numel_ && src.dtype_ == dtype_, "copy_from: {} {} into {} {}", to_string(src.dtype_),
+              shape_str(src.shape_), to_string(dtype_), shape_str(shape_));
+  if (numel_ == 0 || src.raw() == raw()) return;
+  const Device from = src.device(), dev = device();
+  if (from != Device::cpu && dev == Device::cpu) g_device_to_host.fetch_add(1, std::memory_order_relaxed);
+  if (from == Device::cpu && dev != Device::cpu) g_host_to_device.fetch_add(1, std::memory_order_relaxed);
+  if (from != Device::cuda && dev != Device::cuda) {  // host memory on both sides
+    std::memmove(raw(), src.raw(), static_cast<size_t>(nbytes()));
+    return;
   }
+  if (from == Device::test || dev == Device::test)
+    throw_runtime("copy of a {} tensor {} between the test device and CUDA: only the host talks to both", to_string(dtype_),
+                  shape_str(shape_));
   auto& h = cuda_allocator_hooks();
   if (!h.copy) throw_runtime("a CUDA copy was requested but this mtnlg has no CUDA backend");
   int kind = from == Device::cpu ? 0 : dev == Device::cpu ? 1 : 2;
-  h.copy(t.raw(), raw(), nbytes(), kind);
-  return t;
+  h.copy(raw(), src.raw(), nbytes(), kind);
 }
 
 Tensor Tensor::flat(int64_t start, int64_t n) const {

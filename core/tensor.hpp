@@ -13,7 +13,12 @@
 namespace mtnlg {
 
 enum class DType : uint8_t { f32, f64, bf16, f16, i32 };
-enum class Device : uint8_t { cpu, cuda };
+// cpu: host memory. cuda: the GPU's memory (core/cuda/). test: host memory that the
+// process treats as a device (the test device, issue 14): ops run their CPU kernels on it
+// and copies to and from it are device copies, but host code may not read it
+// (data<T>() throws), so CI runs the device code path of every command and any host read
+// of device memory is an error there, as it would be a crash or a stall on a GPU.
+enum class Device : uint8_t { cpu, cuda, test };
 
 int64_t dtype_size(DType t);
 std::string to_string(DType t);
@@ -58,6 +63,12 @@ DeviceAllocatorHooks& cuda_allocator_hooks();
 // at start-up by main(); a no-op without glibc.
 void configure_host_allocator();
 
+// Copies between host and device memory (Tensor::to, Tensor::copy_from) since start-up.
+// A device -> host copy is a host round trip (the host waits for the device); the
+// trainer logs both counts per step at debug level, and its design is one read per step.
+int64_t device_to_host_copies();
+int64_t host_to_device_copies();
+
 class Tensor {
  public:
   Tensor() = default;
@@ -72,6 +83,8 @@ class Tensor {
   int64_t nbytes() const { return numel_ * dtype_size(dtype_); }
   DType dtype() const { return dtype_; }
   Device device() const { return storage_ ? storage_->device() : Device::cpu; }
+  // Memory the host may address directly (CPU and test-device tensors); false for CUDA.
+  bool host_addressable() const { return device() != Device::cuda; }
 
   // The first element's address on the tensor's device (a device pointer for CUDA).
   void* raw() const { return static_cast<char*>(storage_->data()) + offset_ * dtype_size(dtype_); }
@@ -83,6 +96,14 @@ class Tensor {
     if (storage_ && storage_->device() != Device::cpu) host_access_error();
     return static_cast<T*>(raw());
   }
+  // The element pointer for a kernel that runs where the tensor lives: the CPU kernels
+  // (core/ops*.cpp, core/cpu/) take it for CPU and test-device tensors. Only op
+  // implementations call this; a CUDA tensor is an error (its kernels take raw()).
+  template <typename T>
+  T* kernel_data() const {
+    if (storage_ && storage_->device() == Device::cuda) host_access_error();
+    return static_cast<T*>(raw());
+  }
 
   // Same storage, new shape (numel must match).
   Tensor view(const Shape& shape) const;
@@ -92,6 +113,9 @@ class Tensor {
   Tensor flat(int64_t start, int64_t n) const;
   // Deep copy onto `dev`.
   Tensor to(Device dev) const;
+  // Copies src's elements into this tensor's memory (same dtype and numel, any devices):
+  // uploads, downloads and device-to-device copies into an existing buffer.
+  void copy_from(const Tensor& src);
   Tensor clone() const { return to(device()); }
   // This tensor when it already lives on `dev` (no copy), else a copy onto it.
   Tensor on(Device dev) const { return device() == dev ? *this : to(dev); }

@@ -458,17 +458,22 @@ void fill_from(const std::string& dir, const std::string& file_prefix, const std
 }  // namespace
 
 void load_into(const std::string& dir, ParamStore& store, const OptimShard* opt, Tensor* exp_avg, Tensor* exp_avg_sq) {
-  MTNLG_CHECK(store.params().device() == Device::cpu, "checkpoint loading targets CPU buffers");
-  ops::fill(store.params(), 0.0);
-  fill_from(dir, "model_", "", store.infos(), store.params().data<float>(), 0, store.numel(), "model weights");
+  // Read into host memory, then placed on the store's device (no copy on the CPU); the
+  // caller rebuilds the low-precision compute copy (ParamStore::sync_weights).
+  const bool on_host = store.params().device() == Device::cpu;
+  Tensor params = on_host ? store.params() : Tensor::empty({store.numel()}, store.params().dtype(), Device::cpu);
+  ops::fill(params, 0.0);
+  fill_from(dir, "model_", "", store.infos(), params.data<float>(), 0, store.numel(), "model weights");
+  if (!on_host) store.params().copy_from(params);
   if (opt && exp_avg && exp_avg_sq) {
     // Optimizer tensors are named exp_avg.<param>; load into a store-shaped scratch then copy the shard.
-    Tensor scratch = Tensor::zeros({store.numel()});
+    Tensor scratch = Tensor::zeros({store.numel()}, DType::f32, Device::cpu);
+    const int64_t n = opt->end - opt->begin;
     fill_from(dir, "optim_", "exp_avg.", store.infos(), scratch.data<float>(), opt->begin, opt->end, "optimizer state");
-    std::memcpy(exp_avg->data<float>(), scratch.data<float>() + opt->begin, static_cast<size_t>(opt->end - opt->begin) * 4);
+    exp_avg->copy_from(scratch.flat(opt->begin, n));
     ops::fill(scratch, 0.0);
     fill_from(dir, "optim_", "exp_avg_sq.", store.infos(), scratch.data<float>(), opt->begin, opt->end, "optimizer state");
-    std::memcpy(exp_avg_sq->data<float>(), scratch.data<float>() + opt->begin, static_cast<size_t>(opt->end - opt->begin) * 4);
+    exp_avg_sq->copy_from(scratch.flat(opt->begin, n));
   }
 }
 

@@ -393,7 +393,19 @@ ForwardResult GptChunk::forward(int64_t mb_id, const MicroBatch& mb, const Tenso
     tp::all_reduce(tpc, s.sumexp);
     tp::all_reduce(tpc, target_logit);
   }
-  // The loss terms are read on the host (one copy each off a device).
+  // Token weights (eod_mask_loss) arrive in host memory; placed once per micro batch.
+  Tensor mask;
+  if (mb.loss_mask) {
+    Tensor h = Tensor::empty({N}, DType::f32, Device::cpu);
+    std::copy(mb.loss_mask, mb.loss_mask + N, h.data<float>());
+    mask = h.on(dev_);
+  }
+  if (mb.loss_acc && !mb.want_token_scores) {  // training: the loss stays on the device
+    ops::xent_loss_accumulate(*mb.loss_acc, s.rowmax, s.sumexp, target_logit, mask.defined() ? &mask : nullptr);
+    saved_[mb_id] = std::move(saved);
+    return res;
+  }
+  // Eval: the loss terms are read on the host (one copy each off a device).
   const Tensor rowmax_h = s.rowmax.on(Device::cpu), sumexp_h = s.sumexp.on(Device::cpu),
                target_h = target_logit.on(Device::cpu);
   double loss_sum = 0, count = 0;
@@ -434,15 +446,20 @@ Tensor GptChunk::backward(int64_t mb_id, const MicroBatch& mb, const Tensor& dou
 
   Tensor dx;
   if (spec_.has_head) {
-    Tensor dloss_h = Tensor::empty({N}, stats_dtype(), Device::cpu);  // built on the host, then placed
-    for (int64_t i = 0; i < N; ++i) {
-      double g = mb.loss_weight * (mb.loss_mask ? mb.loss_mask[i] : 1.0);
-      if (dloss_h.dtype() == DType::f64)
-        dloss_h.data<double>()[i] = g;
-      else
-        dloss_h.data<float>()[i] = static_cast<float>(g);
+    Tensor dloss = Tensor::empty({N}, stats_dtype(), dev_);
+    if (!mb.loss_mask) {
+      ops::fill(dloss, mb.loss_weight);
+    } else {  // per-token weights: built on the host, then placed
+      Tensor dloss_h = Tensor::empty({N}, stats_dtype(), Device::cpu);
+      for (int64_t i = 0; i < N; ++i) {
+        double g = mb.loss_weight * mb.loss_mask[i];
+        if (dloss_h.dtype() == DType::f64)
+          dloss_h.data<double>()[i] = g;
+        else
+          dloss_h.data<float>()[i] = static_cast<float>(g);
+      }
+      dloss.copy_from(dloss_h);
     }
-    const Tensor dloss = dloss_h.on(dev_);
     Tensor dlogits = s.logits;  // in place
     ops::xent_backward(dlogits, s.logits, s.targets, s.rowmax, s.sumexp, dloss, vocab_start_, vocab_valid_);
     Tensor dlnf_full = Tensor::empty({N, C}, dt, dev_);

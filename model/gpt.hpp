@@ -67,6 +67,10 @@ struct MicroBatch {
   double loss_weight = 1.0;  // d(total loss)/d(sum of this micro batch's token losses)
   const float* loss_mask = nullptr;  // optional [B*T], 1 = counts (eod_mask_loss)
   bool want_token_scores = false;    // last stage: fill ForwardResult::token_* (eval)
+  // Training: the last stage adds (sum of token losses, tokens counted) to this f64 [2]
+  // tensor on the model's device and reads nothing back (the trainer reads it once per
+  // step). Null: the loss terms are read on the host into ForwardResult (eval).
+  Tensor* loss_acc = nullptr;
   // The chunk's last micro batch of the step: as its backward passes a layer, that
   // layer's parameter gradients are final (reported to the grad-ready hook).
   bool last_backward = false;
@@ -74,8 +78,8 @@ struct MicroBatch {
 
 struct ForwardResult {
   Tensor output;           // activations to send on (empty on the last stage)
-  double loss_sum = 0.0;   // sum of token losses (last stage)
-  double loss_tokens = 0;  // tokens counted (last stage)
+  double loss_sum = 0.0;   // sum of token losses (last stage, without MicroBatch::loss_acc)
+  double loss_tokens = 0;  // tokens counted (last stage, without MicroBatch::loss_acc)
   // With MicroBatch::want_token_scores, per token (row b*T+t): log p(label) over the real
   // vocabulary, and whether the label's logit is the largest one (greedy).
   std::vector<double> token_logprob;

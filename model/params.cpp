@@ -28,10 +28,15 @@ void ParamStore::add(ParamInfo p) {
   infos_.push_back(std::move(p));
 }
 
-void ParamStore::finalize(DType master, DType compute) {
-  params_ = Tensor::zeros({total_}, master);
-  grads_ = Tensor::zeros({total_}, master);
-  weights_ = compute == master ? params_ : Tensor::zeros({total_}, compute);
+void ParamStore::finalize(DType master, DType compute, Device dev) {
+  auto zeros = [&](DType dt) {
+    Tensor t = Tensor::empty({total_}, dt, dev);
+    ops::fill(t, 0.0);
+    return t;
+  };
+  params_ = zeros(master);
+  grads_ = zeros(master);
+  weights_ = compute == master ? params_ : zeros(compute);
 }
 
 void ParamStore::sync_weights() {
@@ -89,8 +94,10 @@ int64_t ParamStore::global_index(const ParamInfo& p, int64_t local) {
 
 void ParamStore::initialize(uint64_t seed, double std, int64_t num_layers_total) {
   MTNLG_CHECK(params_.defined(), "ParamStore::initialize before finalize");
+  // Drawn in host memory, then placed (no copy when the store is on the CPU).
+  Tensor host = params_.device() == Device::cpu ? params_ : Tensor::empty({total_}, params_.dtype(), Device::cpu);
   for (auto& p : infos_) {
-    Tensor t = params_.flat(p.offset, p.numel);
+    Tensor t = host.flat(p.offset, p.numel);
     switch (p.init) {
       case InitKind::zeros: ops::fill(t, 0.0); break;
       case InitKind::ones: ops::fill(t, 1.0); break;
@@ -111,6 +118,7 @@ void ParamStore::initialize(uint64_t seed, double std, int64_t num_layers_total)
       }
     }
   }
+  params_.copy_from(host);
   sync_weights();
 }
 

@@ -45,9 +45,10 @@ class ParamStore {
   // Declares a parameter; buffers are allocated by finalize().
   void add(ParamInfo p);
   // Allocates the master and gradient buffers in `master` and, when `compute` differs,
-  // the compute copy (bf16 or f16). Zero-filled.
-  void finalize(DType master, DType compute);
-  void finalize(DType master = DType::f32) { finalize(master, master); }
+  // the compute copy (bf16 or f16), all on `dev`. Zero-filled.
+  void finalize(DType master, DType compute, Device dev);
+  void finalize(DType master = DType::f32) { finalize(master, master, Device::cpu); }
+  Device device() const { return params_.device(); }
   // The compute copy := the master, rounded to nearest even (nothing when they alias).
   void sync_weights();
   // Draws every parameter from N(0, std) (or std/sqrt(2L) for output projections),

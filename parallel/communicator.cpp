@@ -8,6 +8,7 @@
 #include <string_view>
 
 #include "core/error.hpp"
+#include "parallel/nccl_communicator.hpp"
 
 namespace mtnlg::parallel {
 
@@ -188,6 +189,27 @@ ProcessGroups make_groups(std::shared_ptr<Communicator> world, const Topology& t
   g.embedding = make(topo.embedding_group(g.rank), "embedding");
   g.mp = make(topo.mp_group(g.rank), "mp");
   return g;
+}
+
+ProcessGroups place_groups(const ProcessGroups& g, Device dev) {
+  ProcessGroups out = g;
+  out.device = dev;
+  if (dev != Device::cuda) return out;
+#ifdef MTNLG_HAVE_NCCL
+  // Every rank creates the groups in the same order; a rank outside a group (embedding
+  // on middle stages) has nullptr there and takes no part in its creation.
+  auto nccl = [](const std::shared_ptr<Communicator>& mpi) -> std::shared_ptr<Communicator> {
+    return mpi ? make_nccl_communicator(*mpi, mpi->name()) : nullptr;
+  };
+  out.tp = nccl(g.tp);
+  out.pp = nccl(g.pp);
+  out.dp = nccl(g.dp);
+  out.embedding = nccl(g.embedding);
+  out.mp = nccl(g.mp);
+  return out;
+#else
+  throw_runtime("tensors on CUDA need NCCL groups, but this build has no NCCL (libnccl was not found at configure time)");
+#endif
 }
 
 }  // namespace mtnlg::parallel

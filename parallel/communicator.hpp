@@ -163,15 +163,32 @@ class LocalCommunicator final : public Communicator {
 // `embedding` is {first, last} stage of this pipeline ({first} when pp == 1); its rank
 // 0 is the first stage. It is nullptr on ranks of the middle stages, which hold no
 // word embedding.
+//
+// Two kinds of traffic, two kinds of group:
+//   world                       host collectives: payloads in host memory (flags,
+//                               counters, the step's loss, timings). MPI, or the local
+//                               group of a single process.
+//   tp, pp, dp, embedding, mp   tensor collectives: payloads in the memory of the
+//                               model's device (activations, gradients, the grad norm).
+//                               MPI on the CPU and the test device; NCCL groups of the
+//                               same ranks on GPUs (place_groups).
 struct ProcessGroups {
   Topology topo{1, 1, 1};
   int64_t rank = 0;  // global rank
   Coord coord{};
   std::shared_ptr<Communicator> world, tp, pp, dp, embedding, mp;
+  Device device = Device::cpu;  // where the tensor groups' payloads live
 
   bool is_first_stage() const { return coord.pp == 0; }
   bool is_last_stage() const { return coord.pp == topo.pp() - 1; }
 };
+
+// The groups for tensors on `dev`: unchanged for the CPU and the test device; for CUDA,
+// NCCL groups with the same ranks replace tp, pp, dp, embedding and mp (each group's
+// NCCL unique id is made on its rank 0 and sent over the MPI group it replaces, which
+// is the bootstrap). Collective over world: every rank calls it. RuntimeError for CUDA
+// in a build without NCCL.
+ProcessGroups place_groups(const ProcessGroups& g, Device dev);
 
 struct LaunchInfo {
   int64_t world_size = 1;

@@ -103,7 +103,7 @@ DataParallelGrads::DataParallelGrads(std::vector<DpParam> params, std::shared_pt
 void DataParallelGrads::begin(Tensor& grads) {
   if (!active()) return;
   MTNLG_CHECK(grads.dtype() == DType::f32, "data-parallel gradients must be f32, got {}", to_string(grads.dtype()));
-  bucketer_.begin(grads.data<float>());
+  bucketer_.begin(static_cast<float*>(grads.raw()));  // device memory: only the communicator touches it
   in_step_ = true;
 }
 

@@ -8,65 +8,81 @@
 namespace mtnlg::parallel {
 
 DistributedAdamW::DistributedAdamW(const OptimizerConfig& cfg, std::vector<ParamSegment> segments, int64_t numel,
-                                   const ProcessGroups& groups, bool zero1, int64_t bucket_size)
-    : cfg_(cfg), segments_(std::move(segments)), numel_(numel), bucket_size_(bucket_size), groups_(groups), zero1_(zero1) {
+                                   const ProcessGroups& groups, bool zero1, int64_t bucket_size, Device dev)
+    : cfg_(cfg), segments_(std::move(segments)), numel_(numel), bucket_size_(bucket_size), groups_(groups), zero1_(zero1),
+      dev_(dev) {
   int64_t dp = groups_.dp ? groups_.dp->size() : 1;
   if (dp == 1) zero1_ = false;  // nothing to shard
   if (bucket_size_ <= 0) bucket_size_ = std::max<int64_t>(40'000'000, 1'000'000 * dp);  // Megatron's default
+  auto zeros = [&](int64_t n) {
+    Tensor t = Tensor::empty({n}, DType::f32, dev_);
+    ops::fill(t, 0.0);
+    return t;
+  };
   if (zero1_) {
     int64_t shard = (numel_ + dp - 1) / dp;
     padded_ = shard * dp;
     int64_t r = groups_.dp->rank();
     shard_begin_ = std::min(numel_, r * shard);
     shard_end_ = std::min(numel_, (r + 1) * shard);
-    gather_buf_ = Tensor::zeros({padded_});
+    gather_buf_ = zeros(padded_);
   } else {
     padded_ = numel_;
     shard_begin_ = 0;
     shard_end_ = numel_;
   }
-  m_ = Tensor::zeros({shard_end_ - shard_begin_});
-  v_ = Tensor::zeros({shard_end_ - shard_begin_});
+  m_ = zeros(shard_end_ - shard_begin_);
+  v_ = zeros(shard_end_ - shard_begin_);
 }
 
-void DistributedAdamW::reduce_gradients(Tensor& grads) {
+void DistributedAdamW::prepare(Tensor& grads) {
+  MTNLG_CHECK(grads.numel() == numel_, "optimizer: gradient buffer of {} elements, expected {}", grads.numel(), numel_);
   auto* dp = groups_.dp.get();
   if (!dp || dp->size() == 1 || !zero1_) return;  // without ZeRO-1 the caller's DataParallelGrads reduced them
-  float* g = grads.data<float>();
   // Reduce-scatter into this rank's shard (padded so every shard has the same size).
-  int64_t shard = padded_ / dp->size();
-  float* buf = gather_buf_.data<float>();
-  std::memcpy(buf, g, static_cast<size_t>(numel_) * sizeof(float));
-  std::memset(buf + numel_, 0, static_cast<size_t>(padded_ - numel_) * sizeof(float));
-  dp->reduce_scatter(buf, buf + dp->rank() * shard, shard);
-  std::memcpy(g + shard_begin_, buf + dp->rank() * shard, static_cast<size_t>(shard_end_ - shard_begin_) * sizeof(float));
+  const int64_t shard = padded_ / dp->size(), mine = dp->rank() * shard, len = shard_end_ - shard_begin_;
+  Tensor head = gather_buf_.flat(0, numel_), pad = gather_buf_.flat(numel_, padded_ - numel_);
+  ops::copy(head, grads);
+  ops::fill(pad, 0.0);
+  dp->reduce_scatter(gather_buf_.raw(), gather_buf_.flat(mine, shard).raw(), shard, DType::f32);
+  Tensor dst = grads.flat(shard_begin_, len);
+  ops::copy(dst, gather_buf_.flat(mine, len));
 }
 
-double DistributedAdamW::local_norm_sq(const Tensor& grads, int64_t begin, int64_t end) const {
-  double s = 0;
+void DistributedAdamW::grad_norm_sq(const Tensor& grads, Tensor& acc) {
+  // The squared norm of this rank's part first (each element counted once in the job),
+  // then summed over the model-parallel group, and over dp for ZeRO shards.
+  MTNLG_CHECK(acc.numel() == 1 && acc.dtype() == DType::f64, "grad_norm_sq: acc must be f64 [1]");
+  ops::fill(acc, 0.0);
   for (auto& seg : segments_) {
     if (!seg.count_in_norm) continue;
-    int64_t b = std::max(begin, seg.offset), e = std::min(end, seg.offset + seg.numel);
+    int64_t b = std::max(shard_begin_, seg.offset), e = std::min(shard_end_, seg.offset + seg.numel);
     if (b >= e) continue;
-    s += ops::sum_squares(grads.flat(b, e - b));
+    ops::sum_squares_accumulate(acc, grads.flat(b, e - b));
   }
-  return s;
+  if (groups_.mp && groups_.mp->size() > 1) groups_.mp->all_reduce(acc.raw(), 1, DType::f64, ReduceOp::sum);
+  if (zero1_) groups_.dp->all_reduce(acc.raw(), 1, DType::f64, ReduceOp::sum);
 }
 
 StepResult DistributedAdamW::step(Tensor& params, Tensor& grads, double lr, Tensor* weights, double loss_scale) {
-  MTNLG_CHECK(params.numel() == numel_ && grads.numel() == numel_, "optimizer buffers of {} / {} elements, expected {}",
-              params.numel(), grads.numel(), numel_);
-  reduce_gradients(grads);
-  StepResult res;
-  double sq = local_norm_sq(grads, shard_begin_, shard_end_);
-  if (groups_.mp && groups_.mp->size() > 1) groups_.mp->all_reduce(&sq, 1, ReduceOp::sum);
-  if (zero1_) groups_.dp->all_reduce(&sq, 1, ReduceOp::sum);
-  res.grad_norm = std::sqrt(sq) / loss_scale;
+  prepare(grads);
+  Tensor acc = Tensor::empty({1}, DType::f64, grads.device());
+  grad_norm_sq(grads, acc);
+  const double norm = std::sqrt(acc.to(Device::cpu).data<double>()[0]);
   // Skipping must be unanimous: replicas that updated while another skipped would
   // silently diverge. (Normally the dp reduction already spreads a NaN everywhere.)
-  int64_t nonfinite = std::isfinite(res.grad_norm) ? 0 : 1;
+  int64_t nonfinite = std::isfinite(norm) ? 0 : 1;
   if (groups_.world && groups_.world->size() > 1) groups_.world->all_reduce(&nonfinite, 1, ReduceOp::max);
-  if (nonfinite) {
+  return apply(params, grads, lr, weights, loss_scale, norm, nonfinite != 0);
+}
+
+StepResult DistributedAdamW::apply(Tensor& params, Tensor& grads, double lr, Tensor* weights, double loss_scale,
+                                   double grad_norm_scaled, bool skip) {
+  MTNLG_CHECK(params.numel() == numel_ && grads.numel() == numel_, "optimizer buffers of {} / {} elements, expected {}",
+              params.numel(), grads.numel(), numel_);
+  StepResult res;
+  res.grad_norm = grad_norm_scaled / loss_scale;
+  if (skip || !std::isfinite(res.grad_norm)) {
     res.skipped = true;
     return res;
   }
@@ -89,12 +105,11 @@ StepResult DistributedAdamW::step(Tensor& params, Tensor& grads, double lr, Tens
   }
   if (zero1_) {
     auto* dp = groups_.dp.get();
-    int64_t shard = padded_ / dp->size();
-    float* buf = gather_buf_.data<float>();
-    std::memcpy(buf + dp->rank() * shard, params.data<float>() + shard_begin_,
-                static_cast<size_t>(shard_end_ - shard_begin_) * sizeof(float));
-    dp->all_gather(buf + dp->rank() * shard, buf, shard);
-    std::memcpy(params.data<float>(), buf, static_cast<size_t>(numel_) * sizeof(float));
+    const int64_t shard = padded_ / dp->size(), mine = dp->rank() * shard, len = shard_end_ - shard_begin_;
+    Tensor slot = gather_buf_.flat(mine, len);
+    ops::copy(slot, params.flat(shard_begin_, len));
+    dp->all_gather(gather_buf_.flat(mine, shard).raw(), gather_buf_.raw(), shard, DType::f32);
+    ops::copy(params, gather_buf_.flat(0, numel_));
     if (copy) ops::convert(*weights, params);
   }
   return res;

@@ -39,15 +39,32 @@ struct StepResult {
 
 class DistributedAdamW {
  public:
+  // The optimizer state (Adam m and v, fp32) and the ZeRO-1 buffer live on `dev`, the
+  // device of the parameter buffers.
   DistributedAdamW(const OptimizerConfig& cfg, std::vector<ParamSegment> segments, int64_t numel,
-                   const ProcessGroups& groups, bool zero1, int64_t bucket_size);
+                   const ProcessGroups& groups, bool zero1, int64_t bucket_size, Device dev = Device::cpu);
 
   // Reduces `grads` over dp, clips, updates `params` (the fp32 master) with learning
   // rate `lr` and writes the compute copy `weights` (bf16/f16, or the master itself).
   // `loss_scale`: the gradients are the loss gradient times it (fp16); the norm is
   // reported and clipped unscaled and the update divides it out. A non-finite norm on
-  // any rank skips the step everywhere (the fp16 overflow check).
+  // any rank skips the step everywhere (the fp16 overflow check). Reads the norm from the
+  // device once: prepare + grad_norm_sq + apply for a caller with nothing else to read.
   StepResult step(Tensor& params, Tensor& grads, double lr, Tensor* weights = nullptr, double loss_scale = 1.0);
+
+  // The same step in three parts, for the trainer, which reads the norm together with
+  // the loss in its one host round trip per step:
+  // ZeRO-1: reduce-scatters the gradients into this rank's shard (nothing without it).
+  void prepare(Tensor& grads);
+  // acc (f64 [1], on the device) := the squared gradient norm of the whole model (each
+  // element counted once), reduced over the model-parallel group (and dp under ZeRO-1)
+  // on the device. Collective.
+  void grad_norm_sq(const Tensor& grads, Tensor& acc);
+  // Clips with `grad_norm_scaled` (the norm of the gradients as they are, loss scale
+  // included) and updates. `skip`: a non-finite norm or loss somewhere in the job (the
+  // caller agreed on it across ranks): no update. Not collective without ZeRO-1.
+  StepResult apply(Tensor& params, Tensor& grads, double lr, Tensor* weights, double loss_scale, double grad_norm_scaled,
+                   bool skip);
 
   int64_t steps_taken() const { return step_; }
   void set_steps_taken(int64_t s) { step_ = s; }
@@ -62,8 +79,6 @@ class DistributedAdamW {
   int64_t state_bytes() const { return m_.nbytes() + v_.nbytes(); }
 
  private:
-  void reduce_gradients(Tensor& grads);
-  double local_norm_sq(const Tensor& grads, int64_t begin, int64_t end) const;
 
   OptimizerConfig cfg_;
   std::vector<ParamSegment> segments_;
@@ -73,6 +88,7 @@ class DistributedAdamW {
   int64_t step_ = 0;
   Tensor m_, v_;
   Tensor gather_buf_;  // ZeRO-1: padded copy of params / grads for the collectives
+  Device dev_;
 };
 
 }  // namespace mtnlg::parallel

@@ -76,6 +76,36 @@ __global__ void sumsq_final_kernel(double* out, const double* partial, int64_t m
   if (threadIdx.x == 0) *out = s;
 }
 
+__global__ void sumsq_accumulate_kernel(double* acc, const double* partial, int64_t m) {
+  __shared__ double sh[kThreads];
+  double a = 0;
+  for (int64_t i = threadIdx.x; i < m; i += blockDim.x) a += partial[i];
+  const double s = block_sum_double(a, sh);
+  if (threadIdx.x == 0) *acc += s;
+}
+
+__global__ void fill_f64_kernel(double* x, int64_t n, double v) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) x[i] = v;
+}
+
+__global__ void xent_loss_kernel(double* acc, const float* rowmax, const float* sumexp, const float* target,
+                                 const float* mask, int64_t N) {
+  __shared__ double sh[kThreads];
+  double loss = 0, count = 0;
+  for (int64_t i = threadIdx.x; i < N; i += blockDim.x) {
+    const double w = mask ? double(mask[i]) : 1.0;
+    loss += w * (log(double(sumexp[i])) + double(rowmax[i]) - double(target[i]));
+    count += w;
+  }
+  const double l = block_sum_double(loss, sh);
+  __syncthreads();
+  const double c = block_sum_double(count, sh);
+  if (threadIdx.x == 0) {
+    acc[0] += l;
+    acc[1] += c;
+  }
+}
+
 template <typename T>
 __global__ void gelu_forward_kernel(T* out, const T* inp, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
@@ -173,6 +203,30 @@ double sum_squares(const void* x, Dt dt, int64_t n) {
   CUDA_CHECK(cudaMemcpyAsync(&out, partial.data() + blocks, sizeof(double), cudaMemcpyDeviceToHost, stream()));
   CUDA_CHECK(cudaStreamSynchronize(stream()));
   return out;
+}
+
+void sum_squares_accumulate(double* acc, const void* x, Dt dt, int64_t n) {
+  if (n <= 0) return;
+  const unsigned blocks = grid_for(n, kThreads, 1024);
+  DeviceBuffer<double> partial(blocks);
+  MTNLG_DT_SWITCH(dt, T,
+                  sumsq_partial_kernel<T><<<blocks, kThreads, 0, stream()>>>(partial.data(), static_cast<const T*>(x), n));
+  MTNLG_CUDA_LAUNCH_CHECK("sumsq_partial_kernel");
+  sumsq_accumulate_kernel<<<1, kThreads, 0, stream()>>>(acc, partial.data(), blocks);
+  MTNLG_CUDA_LAUNCH_CHECK("sumsq_accumulate_kernel");
+}
+
+void fill_f64(double* x, int64_t n, double value) {
+  if (n <= 0) return;
+  fill_f64_kernel<<<grid_for(n, kThreads), kThreads, 0, stream()>>>(x, n, value);
+  MTNLG_CUDA_LAUNCH_CHECK("fill_f64_kernel");
+}
+
+void xent_loss_accumulate(double* acc, const float* rowmax, const float* sumexp, const float* target, const float* mask,
+                          int64_t N) {
+  if (N <= 0) return;
+  xent_loss_kernel<<<1, kThreads, 0, stream()>>>(acc, rowmax, sumexp, target, mask, N);
+  MTNLG_CUDA_LAUNCH_CHECK("xent_loss_kernel");
 }
 
 void gelu_forward(void* out, const void* inp, Dt dt, int64_t n) {

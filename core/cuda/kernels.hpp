@@ -27,6 +27,13 @@ void scale(void* x, Dt dt, int64_t n, float s);
 void convert(void* dst, Dt ddt, const void* src, Dt sdt, int64_t n);
 // Sum of x^2 in double; deterministic (fixed grid, ordered second pass). Synchronises.
 double sum_squares(const void* x, Dt dt, int64_t n);
+// The same sum added to acc[0] on the device (no synchronisation).
+void sum_squares_accumulate(double* acc, const void* x, Dt dt, int64_t n);
+void fill_f64(double* x, int64_t n, double value);
+// acc[0] += sum_i w_i (log sumexp_i + rowmax_i - target_i), acc[1] += sum_i w_i, with
+// w_i = mask[i] or 1 (mask may be null); doubles, one block, fixed order.
+void xent_loss_accumulate(double* acc, const float* rowmax, const float* sumexp, const float* target, const float* mask,
+                          int64_t N);
 void gelu_forward(void* out, const void* inp, Dt dt, int64_t n);
 void gelu_backward(void* dinp, const void* inp, const void* dout, Dt dt, int64_t n);
 void dropout(void* out, const void* inp, Dt dt, int64_t n, double p, uint64_t key, uint64_t base);

@@ -75,6 +75,7 @@ const int32_t* ip(const Tensor& t) { return static_cast<const int32_t*>(t.raw())
 
 void fill(Tensor& x, double value) {
   if (x.dtype() == DType::i32) return k::fill_i32(static_cast<int32_t*>(x.raw()), x.numel(), static_cast<int32_t>(value));
+  if (x.dtype() == DType::f64) return k::fill_f64(static_cast<double*>(x.raw()), x.numel(), value);  // step statistics
   k::fill(x.raw(), kdt("fill", "x", x.dtype()), x.numel(), static_cast<float>(value));
 }
 
@@ -98,6 +99,33 @@ void scale(Tensor& x, double s) { k::scale(x.raw(), kdt("scale", "x", x.dtype())
 double sum_squares(const Tensor& x) { return k::sum_squares(x.raw(), kdt("sum_squares", "x", x.dtype()), x.numel()); }
 
 bool all_finite(const Tensor& x) { return std::isfinite(sum_squares(x)); }
+
+namespace {
+double* acc_ptr(const char* op, Tensor& acc, int64_t n) {
+  if (acc.dtype() != DType::f64 || acc.numel() != n)
+    throw_runtime("{}: acc must be f64 with {} elements, got {} {}", op, n, to_string(acc.dtype()), shape_str(acc.shape()));
+  return static_cast<double*>(acc.raw());
+}
+}  // namespace
+
+void sum_squares_accumulate(Tensor& acc, const Tensor& x) {
+  k::sum_squares_accumulate(acc_ptr("sum_squares_accumulate", acc, 1), x.raw(), kdt("sum_squares_accumulate", "x", x.dtype()),
+                            x.numel());
+}
+
+void xent_loss_accumulate(Tensor& acc, const Tensor& rowmax, const Tensor& sumexp, const Tensor& target_logit,
+                          const Tensor* mask) {
+  double* a = acc_ptr("xent_loss_accumulate", acc, 2);
+  const int64_t N = rowmax.numel();
+  need_f32("xent_loss_accumulate", "rowmax", &rowmax);
+  need_f32("xent_loss_accumulate", "sumexp", &sumexp);
+  need_f32("xent_loss_accumulate", "target_logit", &target_logit);
+  need_f32("xent_loss_accumulate", "mask", mask);
+  expect_numel("xent_loss_accumulate", "sumexp", sumexp, N);
+  expect_numel("xent_loss_accumulate", "target_logit", target_logit, N);
+  if (mask && mask->defined()) expect_numel("xent_loss_accumulate", "mask", *mask, N);
+  k::xent_loss_accumulate(a, f(rowmax), f(sumexp), f(target_logit), p<const float>(mask), N);
+}
 
 void convert(Tensor& dst, const Tensor& src) {
   expect_numel("convert", "src", src, dst.numel());

@@ -28,6 +28,9 @@ void copy(Tensor& dst, const Tensor& src);
 void add(Tensor& out, const Tensor& a, const Tensor& b);
 void scale(Tensor& x, double s);
 double sum_squares(const Tensor& x);  // synchronises
+void sum_squares_accumulate(Tensor& acc, const Tensor& x);
+void xent_loss_accumulate(Tensor& acc, const Tensor& rowmax, const Tensor& sumexp, const Tensor& target_logit,
+                          const Tensor* mask);
 bool all_finite(const Tensor& x);     // synchronises
 void convert(Tensor& dst, const Tensor& src);
 

@@ -425,6 +425,39 @@ TEST_CASE("cuda vocab-parallel cross-entropy pieces vs CPU", "[gpu]") {
   }
 }
 
+TEST_CASE("cuda step statistics: loss and squared-norm accumulators stay on the device and match the CPU", "[gpu]") {
+  if (!gpu_ready()) return;
+  std::mt19937_64 g(21);
+  for (int64_t N : {1, 7, 1000, 16384 * 4}) {
+    INFO("N " << N);
+    Tensor mx = randn({N}, g), tl = randn({N}, g), se = randn({N}, g), mask = randn({N}, g);
+    for (int64_t i = 0; i < N; ++i) {
+      se.data<float>()[i] = 1.0f + std::fabs(se.data<float>()[i]) * 100.0f;
+      mask.data<float>()[i] = mask.data<float>()[i] > 0 ? 1.0f : 0.0f;
+    }
+    Tensor acc = Tensor::zeros({2}, DType::f64, Device::cpu);
+    ops::xent_loss_accumulate(acc, mx, se, tl, nullptr);
+    ops::xent_loss_accumulate(acc, mx, se, tl, &mask);
+    Tensor gacc = Tensor::empty({2}, DType::f64, Device::cuda);
+    ops::fill(gacc, 0.0);
+    Tensor gmask = mask.to(Device::cuda);
+    ops::xent_loss_accumulate(gacc, mx.to(Device::cuda), se.to(Device::cuda), tl.to(Device::cuda), nullptr);
+    ops::xent_loss_accumulate(gacc, mx.to(Device::cuda), se.to(Device::cuda), tl.to(Device::cuda), &gmask);
+    const Tensor back = gacc.to(Device::cpu);
+    CHECK(back.data<double>()[0] == Approx(acc.data<double>()[0]).epsilon(1e-12));
+    CHECK(back.data<double>()[1] == acc.data<double>()[1]);
+    for (DType dt : kTypes) {
+      Tensor x = randn({N}, g);
+      Tensor sq = Tensor::empty({1}, DType::f64, Device::cuda);
+      ops::fill(sq, 0.0);
+      const Tensor gx = to_gpu(x, dt);
+      ops::sum_squares_accumulate(sq, gx);
+      ops::sum_squares_accumulate(sq, gx);
+      CHECK(sq.to(Device::cpu).data<double>()[0] == Approx(2 * ops::sum_squares(rounded(x, dt))).epsilon(1e-12));
+    }
+  }
+}
+
 // ---- optimizer and mixed precision ------------------------------------------------------------
 
 TEST_CASE("cuda AdamW: per-op step and the flat multi-segment kernel vs CPU", "[gpu]") {

@@ -1,0 +1,24 @@
+// Where a command's tensors live: the recipe's training.device (train) or --device
+// (eval, generate) resolved against this build and machine, with the CUDA backend
+// started on this process's GPU when it is chosen.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "core/recipe.hpp"
+#include "core/tensor.hpp"
+
+namespace mtnlg::app {
+
+// auto: CUDA when this build has the backend and the machine a GPU, else the CPU.
+// cuda: the GPU of this process's local rank (local_rank % GPUs), the backend started on
+// it; InputError (exit 2) naming `what` when the build has no CUDA, no GPU is visible, or
+// more processes share this node than it has GPUs (NCCL cannot put two ranks of a group
+// on one GPU). test: the test device (core/tensor.hpp). cpu: the CPU.
+Device select_device(DeviceKind kind, const std::string& what);
+// "auto", "cpu", "cuda", "test" (a --device value); InputError naming `what` otherwise.
+DeviceKind parse_device_kind(const std::string& text, const std::string& what);
+// One line for banners: "cpu", "test device", "cuda:0 NVIDIA H100 80GB HBM3 (sm_90)".
+std::string describe_device(Device d);
+
+}  // namespace mtnlg::app

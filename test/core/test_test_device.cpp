@@ -1,0 +1,86 @@
+// The test device (core/tensor.hpp): host memory the process treats as a device. Ops run
+// their CPU kernels on it and give the CPU's bits; host code cannot read it; copies to
+// and from it are counted as the host round trips and uploads they would be on a GPU;
+// an op given tensors on two devices names both.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+
+#include "core/ops.hpp"
+
+using namespace mtnlg;
+
+namespace {
+
+Tensor host_ramp(const Shape& s, double scale) {
+  Tensor t = Tensor::empty(s, DType::f32, Device::cpu);
+  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = static_cast<float>(scale * ((i * 37) % 101 - 50) / 50.0);
+  return t;
+}
+
+}  // namespace
+
+TEST_CASE("test device: host reads of its memory are errors naming the tensor", "[unit]") {
+  Tensor t = Tensor::empty({3, 4}, DType::bf16, Device::test);
+  CHECK(t.device() == Device::test);
+  CHECK(t.host_addressable());
+  CHECK_THROWS_WITH(t.data<uint16_t>(), Catch::Contains("test tensor bf16 [3, 4] in device memory"));
+  CHECK_NOTHROW(t.kernel_data<uint16_t>());  // what the CPU kernels use
+  CHECK(to_string(Device::test) == "test");
+}
+
+TEST_CASE("test device: ops give the CPU's bits; copies are counted", "[unit]") {
+  const Tensor x = host_ramp({8, 16}, 1.0), w = host_ramp({16}, 0.5), b = host_ramp({16}, 0.1);
+  const int64_t reads = device_to_host_copies(), uploads = host_to_device_copies();
+  const Tensor xd = x.to(Device::test), wd = w.to(Device::test), bd = b.to(Device::test);
+  CHECK(host_to_device_copies() - uploads == 3);
+  CHECK(device_to_host_copies() == reads);
+
+  Tensor out = Tensor::empty({8, 16}, DType::f32, Device::cpu), mean = Tensor::empty({8}, DType::f32, Device::cpu),
+         rstd = Tensor::empty({8}, DType::f32, Device::cpu);
+  ops::layernorm_forward(out, mean, rstd, x, w, b, 1e-5);
+  Tensor outd = Tensor::empty({8, 16}, DType::f32, Device::test), meand = Tensor::empty({8}, DType::f32, Device::test),
+         rstdd = Tensor::empty({8}, DType::f32, Device::test);
+  ops::layernorm_forward(outd, meand, rstdd, xd, wd, bd, 1e-5);
+  const Tensor back = outd.to(Device::cpu);
+  CHECK(device_to_host_copies() - reads == 1);
+  for (int64_t i = 0; i < out.numel(); ++i) CHECK(back.data<float>()[i] == out.data<float>()[i]);
+
+  // The step statistics stay on the device until one read.
+  Tensor acc = Tensor::empty({1}, DType::f64, Device::test);
+  ops::fill(acc, 0.0);
+  ops::sum_squares_accumulate(acc, xd);
+  ops::sum_squares_accumulate(acc, wd);
+  CHECK(acc.to(Device::cpu).data<double>()[0] == ops::sum_squares(x) + ops::sum_squares(w));
+}
+
+TEST_CASE("test device: an op given tensors on two devices names both", "[unit]") {
+  Tensor a = Tensor::empty({4}, DType::f32, Device::cpu), b = Tensor::empty({4}, DType::f32, Device::test);
+  ops::fill(a, 1.0);
+  ops::fill(b, 2.0);
+  CHECK_THROWS_WITH(ops::add_inplace(a, b), Catch::Contains("different devices (cpu and test)"));
+  Tensor c = Tensor::empty({4}, DType::f32, Device::cpu);
+  c.copy_from(b);  // explicit copies cross devices
+  CHECK(c.data<float>()[3] == 2.0f);
+}
+
+TEST_CASE("xent_loss_accumulate: the token losses' sum and count, with and without weights", "[unit]") {
+  Tensor mx = host_ramp({5}, 1.0), se = host_ramp({5}, 0.3), tl = host_ramp({5}, 2.0), mask = host_ramp({5}, 1.0);
+  for (int64_t i = 0; i < 5; ++i) {
+    se.data<float>()[i] = 1.5f + static_cast<float>(i);  // sum of exp >= 1
+    mask.data<float>()[i] = i % 2 ? 1.0f : 0.0f;
+  }
+  Tensor acc = Tensor::zeros({2}, DType::f64, Device::cpu);
+  ops::xent_loss_accumulate(acc, mx, se, tl, nullptr);
+  ops::xent_loss_accumulate(acc, mx, se, tl, &mask);
+  double all = 0, masked = 0;
+  for (int64_t i = 0; i < 5; ++i) {
+    const double l = std::log(static_cast<double>(se.data<float>()[i])) + mx.data<float>()[i] - tl.data<float>()[i];
+    all += l;
+    masked += mask.data<float>()[i] * l;
+  }
+  CHECK(acc.data<double>()[0] == Approx(all + masked).epsilon(1e-14));
+  CHECK(acc.data<double>()[1] == 7.0);
+  Tensor bad = Tensor::zeros({2}, DType::f32, Device::cpu);
+  CHECK_THROWS_WITH(ops::xent_loss_accumulate(bad, mx, se, tl, nullptr), Catch::Contains("acc must be f64"));
+}
