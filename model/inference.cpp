@@ -8,7 +8,6 @@
 #include <numeric>
 
 #include "core/ops.hpp"
-#include "core/ops_inference.hpp"
 #include "core/rng.hpp"
 
 namespace mtnlg::model {

@@ -5,7 +5,6 @@
 #include <cmath>
 
 #include "core/ops.hpp"
-#include "core/ops_inference.hpp"
 #include "model/gpt.hpp"
 #include "model/inference.hpp"
 
