@@ -1,4 +1,5 @@
-// `mtnlg generate`: text continuation with a KV cache (model/inference.hpp). Greedy or
+// `mtnlg generate`: text continuation through GptChunk's forward with a KV cache
+// (model::generate, model/inference.hpp). Greedy or
 // sampled (temperature, top-k, top-p), seeded; stops at <|endoftext|> or after
 // --max-new-tokens. The prompt is plain text (e.g. the MT-NLG blog's few-shot prompts
 // with '#' separated examples) from --prompt or --prompt-file.
@@ -40,13 +41,13 @@ void run(const GenArgs& a) {
   if (a.s.top_k < 0) throw_input("--top-k must be >= 0, got {}", a.s.top_k);
   auto tok = load_gpt2_tokenizer(a.vocab, a.merges);
   model::LoadedModel lm = load_eval_model(a.checkpoint, a.random_init, a.sets);
-  model::InferenceModel im(lm.cfg, lm.store);
+  auto chunk = model::whole_model_chunk(lm.cfg, lm.store);
   model::SamplingOptions s = a.s;
   s.stop_token = tok->eod();
   std::vector<int32_t> ids = tok->encode(prompt);
   if (a.echo) std::fputs(prompt.c_str(), stdout);
   std::fflush(stdout);
-  model::generate(im, ids, s, [&](int32_t t) {
+  model::generate(*chunk, ids, s, [&](int32_t t) {
     if (t == s.stop_token) return;
     const std::string piece = tok->decode(std::span<const int32_t>(&t, 1));
     std::fwrite(piece.data(), 1, piece.size(), stdout);
