@@ -108,8 +108,8 @@ void run(const EvalArgs& a) {
     if (launch.rank != 0) return;  // rank 0 prints and writes
   } else {
     model::LoadedModel lm = load_eval_model(a.checkpoint, a.random_init, a.sets);
-    model::InferenceModel im(lm.cfg, lm.store);
-    rep = run_eval(im, *tok, o);
+    auto chunk = model::whole_model_chunk(lm.cfg, lm.store);
+    rep = run_eval(*chunk, *tok, o);
   }
 
   std::fputs(results_table(rep).c_str(), stdout);

@@ -1,8 +1,11 @@
-// `mtnlg generate`: text continuation with a KV cache (model/inference.hpp). Greedy or
+// `mtnlg generate`: text continuation through GptChunk's forward with a KV cache
+// (model::generate, model/inference.hpp). Greedy or
 // sampled (temperature, top-k, top-p), seeded; stops at <|endoftext|> or after
 // --max-new-tokens. The prompt is plain text (e.g. the MT-NLG blog's few-shot prompts
 // with '#' separated examples) from --prompt or --prompt-file.
+#include <chrono>
 #include <cstdio>
+#include <ctime>
 #include <fstream>
 #include <sstream>
 
@@ -20,7 +23,7 @@ struct GenArgs {
   std::string checkpoint, random_init, prompt, prompt_file, vocab, merges;
   std::vector<std::string> sets;
   model::SamplingOptions s;
-  bool echo = true;
+  bool echo = true, timing = false;
 };
 
 void run(const GenArgs& a) {
@@ -40,19 +43,35 @@ void run(const GenArgs& a) {
   if (a.s.top_k < 0) throw_input("--top-k must be >= 0, got {}", a.s.top_k);
   auto tok = load_gpt2_tokenizer(a.vocab, a.merges);
   model::LoadedModel lm = load_eval_model(a.checkpoint, a.random_init, a.sets);
-  model::InferenceModel im(lm.cfg, lm.store);
+  auto chunk = model::whole_model_chunk(lm.cfg, lm.store);
   model::SamplingOptions s = a.s;
   s.stop_token = tok->eod();
   std::vector<int32_t> ids = tok->encode(prompt);
   if (a.echo) std::fputs(prompt.c_str(), stdout);
   std::fflush(stdout);
-  model::generate(im, ids, s, [&](int32_t t) {
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
+  auto t1 = t0;
+  std::clock_t c1 = std::clock();  // process CPU time, all threads: steadier than wall time on a loaded machine
+  int64_t n = 0;
+  model::generate(*chunk, ids, s, [&](int32_t t) {
+    if (n++ == 0) t1 = Clock::now(), c1 = std::clock();
     if (t == s.stop_token) return;
     const std::string piece = tok->decode(std::span<const int32_t>(&t, 1));
     std::fwrite(piece.data(), 1, piece.size(), stdout);
     std::fflush(stdout);
   });
   std::fputc('\n', stdout);
+  if (a.timing) {  // prefill (+ the first token), then the decode steps
+    const double pre = std::chrono::duration<double>(t1 - t0).count();
+    const double dec = std::chrono::duration<double>(Clock::now() - t1).count();
+    const double cpu = static_cast<double>(std::clock() - c1) / CLOCKS_PER_SEC;
+    const double more = static_cast<double>(n > 0 ? n - 1 : 0);
+    std::fprintf(stderr,
+                 "generate: prompt of %zu tokens + first token in %.3f s; %.0f more tokens in %.3f s (%.2f tokens/s), "
+                 "%.3f CPU s (%.2f tokens per CPU second)\n",
+                 ids.size(), pre, more, dec, dec > 0 ? more / dec : 0.0, cpu, cpu > 0 ? more / cpu : 0.0);
+  }
 }
 
 }  // namespace
@@ -73,6 +92,7 @@ void register_generate(CLI::App& app) {
   cmd->add_option("--seed", a.s.seed, "Sampling seed (same seed, same text)")->capture_default_str();
   cmd->add_flag("--greedy", a.s.greedy, "Always take the most likely token");
   cmd->add_flag("!--no-echo", a.echo, "Print only the generated text, not the prompt");
+  cmd->add_flag("--timing", a.timing, "Print the prefill time and the decode speed (tokens/s) to stderr");
   cmd->add_option("--vocab-file", a.vocab, "GPT-2 vocab.json (default third_party/gpt2/vocab.json)");
   cmd->add_option("--merge-file", a.merges, "GPT-2 merges.txt (default third_party/gpt2/merges.txt)");
   cmd->callback([] { run(a); });

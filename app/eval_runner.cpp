@@ -33,7 +33,7 @@ ojson num(double v) { return std::isfinite(v) ? ojson(v) : ojson(nullptr); }
 
 }  // namespace
 
-EvalReport run_eval(const model::InferenceModel& model, const data::Tokenizer& tok, const EvalOptions& opt) {
+EvalReport run_eval(model::GptChunk& model, const data::Tokenizer& tok, const EvalOptions& opt) {
   return run_eval(
       model.config(), [&](const std::vector<const model::ScoreRequest*>& reqs) { return model::score_batch(model, reqs); },
       tok, opt);
@@ -291,6 +291,8 @@ model::LoadedModel load_eval_model(const std::string& checkpoint, const std::str
   cfg.padded_vocab_size = r.model.padded_vocab_size(1);
   cfg.sequence_parallel = false;
   cfg.hidden_dropout = cfg.attention_dropout = 0;
+  cfg.recompute = RecomputeGranularity::none;
+  cfg.dtype = DType::f32;  // eval and generation compute in fp32, whatever the recipe trains in
   return model::make_random_model(cfg, cfg.seed);
 }
 

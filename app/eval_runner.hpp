@@ -55,7 +55,8 @@ struct EvalReport {
 // tensor/pipeline-parallel job together: app/eval_parallel.hpp).
 using ScoreFn = std::function<std::vector<model::ScoreResult>(const std::vector<const model::ScoreRequest*>&)>;
 
-EvalReport run_eval(const model::InferenceModel& model, const data::Tokenizer& tok, const EvalOptions& opt);
+// In-process scoring through `model` (the whole model: model::whole_model_chunk).
+EvalReport run_eval(model::GptChunk& model, const data::Tokenizer& tok, const EvalOptions& opt);
 EvalReport run_eval(const model::GptConfig& cfg, const ScoreFn& score, const data::Tokenizer& tok, const EvalOptions& opt);
 
 // v0.3 results file (eval-harness.md §5) plus "n-shot" and "n-samples".
@@ -63,7 +64,7 @@ nlohmann::ordered_json results_json(const EvalReport& rep, const EvalOptions& op
 // The harness's markdown table: Task | Version | Metric | Value | ± | Stderr (4 decimals).
 std::string results_table(const EvalReport& rep);
 
-// `--checkpoint DIR` or `--random-init RECIPE [--set k=v ...]` -> a tp=1 model.
+// `--checkpoint DIR` or `--random-init RECIPE [--set k=v ...]` -> a tp=1 fp32 model.
 model::LoadedModel load_eval_model(const std::string& checkpoint, const std::string& random_recipe,
                                    const std::vector<std::string>& overrides);
 // GPT-2 vocab.json / merges.txt: the given paths, else third_party/gpt2 under the

@@ -81,6 +81,15 @@ void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, con
 void attention_forward_lse(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t heads, const AttentionDropout& drop);
 void attention_backward_lse(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
                             int64_t heads, const AttentionDropout& drop);
+// Forward only, over a key/value cache (generation: prefill a prompt, then one token per
+// step). k_cache/v_cache [B, H, capacity, D] in the activation dtype hold positions
+// [0, past); the op writes the keys/values of the new positions [past, past + T) from
+// qkv[B, T, H*3*D] into them, then query past + i attends to positions [0, past + i]
+// (causal within the new block). out[B, T, H*D] is written. No dropout, no backward:
+// with past = 0 it equals attention_forward_lse's output (test/core/test_attention_lse.cpp).
+// CPU only for now (a CUDA tensor is a RuntimeError).
+void attention_cached_forward(Tensor& out, Tensor& k_cache, Tensor& v_cache, const Tensor& qkv, int64_t heads,
+                              int64_t past);
 
 // ---- embeddings (vocab-parallel: this rank holds rows [vocab_start, vocab_start+V_local)) --
 // out[N,C] = table[tok - vocab_start] for ids in range, 0 otherwise.

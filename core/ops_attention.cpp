@@ -90,4 +90,37 @@ void attention_backward_lse(Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
     run(double{});
 }
 
+void attention_cached_forward(Tensor& out, Tensor& k_cache, Tensor& v_cache, const Tensor& qkv, int64_t heads,
+                              int64_t past) {
+  const char* op = "attention_cached_forward";
+  if (detail::same_device(op, {&out, &k_cache, &v_cache, &qkv}))
+    throw_runtime("{}: the CUDA backend has no implementation of this op yet", op);
+  const DType dt = detail::act_dtype(op, {{"out", &out}, {"k_cache", &k_cache}, {"v_cache", &v_cache}, {"qkv", &qkv}});
+  int64_t B, T, D;
+  attention_shape(op, qkv, heads, B, T, D);
+  if (k_cache.ndim() != 4 || v_cache.shape() != k_cache.shape() || k_cache.dim(0) != B || k_cache.dim(1) != heads ||
+      k_cache.dim(3) != D)
+    throw_runtime("{}: the caches must be [B, H, capacity, D] = [{}, {}, capacity, {}], got {} and {}", op, B, heads, D,
+                  shape_str(k_cache.shape()), shape_str(v_cache.shape()));
+  const int64_t cap = k_cache.dim(2);
+  if (past < 0 || past + T > cap)
+    throw_runtime("{}: {} cached + {} new positions exceed the cache capacity {}", op, past, T, cap);
+  expect_numel(op, "out", out, B * T * heads * D);
+  if (detail::is_low(dt)) {  // the cache is read and extended: widen it whole, store it back
+    detail::Widened w;
+    attention_cached_forward(w.out(out), w.out(k_cache, /*read=*/true), w.out(v_cache, /*read=*/true), w.in(qkv), heads,
+                             past);
+    return w.store();
+  }
+  auto run = [&](auto z) {
+    using V = decltype(z);
+    cpu::attention_cached_forward<V>(out.data<V>(), k_cache.data<V>(), v_cache.data<V>(), qkv.data<V>(), B, T, heads, D,
+                                     cap, past);
+  };
+  if (dt == DType::f32)
+    run(float{});
+  else
+    run(double{});
+}
+
 }  // namespace mtnlg::ops

@@ -489,6 +489,8 @@ LoadedModel load_for_inference(const std::string& path) {
   m.cfg = GptConfig::from_recipe(r);
   m.cfg.hidden_dropout = 0;
   m.cfg.attention_dropout = 0;
+  m.cfg.recompute = RecomputeGranularity::none;
+  m.cfg.dtype = DType::f32;  // the fp32 master weights, computed in fp32
   ChunkSpec spec{0, m.cfg.num_layers_total, true, true, ""};
   declare_chunk_params(m.store, m.cfg, spec, 0, 1);
   m.store.finalize(DType::f32);

@@ -195,9 +195,22 @@ GptChunk::~GptChunk() = default;
 
 void GptChunk::drop_saved() { saved_.clear(); }
 
-int64_t GptChunk::local_rows(int64_t mbs) const {
-  int64_t n = mbs * cfg_.seq_length;
+int64_t GptChunk::local_rows(int64_t mbs, int64_t seq_len) const {
+  int64_t n = mbs * (seq_len > 0 ? seq_len : cfg_.seq_length);
   return cfg_.sequence_parallel ? n / tp_ : n;
+}
+
+KvCache GptChunk::make_kv_cache(int64_t batch, int64_t capacity) const {
+  MTNLG_CHECK(batch > 0 && capacity > 0, "a KV cache needs batch > 0 and capacity > 0, got {} and {}", batch, capacity);
+  KvCache c;
+  c.batch = batch;
+  c.capacity = capacity;
+  const int64_t D = cfg_.hidden / cfg_.heads;
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    c.k.push_back(Tensor::zeros({batch, heads_local_, capacity, D}, cfg_.dtype, dev_));
+    c.v.push_back(Tensor::zeros({batch, heads_local_, capacity, D}, cfg_.dtype, dev_));
+  }
+  return c;
 }
 
 int64_t GptChunk::saved_bytes() const {
@@ -228,7 +241,7 @@ ops::AttentionDropout GptChunk::attention_dropout(const MicroBatch& mb, int64_t 
 void GptChunk::layer_forward(int64_t li, const Tensor& x, Tensor& y, LayerActs& a, const MicroBatch& mb) {
   auto& p = layers_[li];
   const int64_t layer = spec_.first_layer + li;
-  const int64_t C = cfg_.hidden, T = cfg_.seq_length, B = mb.micro_batch_size, N = B * T, R = x.dim(0);
+  const int64_t C = cfg_.hidden, T = seq_len(mb), B = mb.micro_batch_size, N = B * T, R = x.dim(0);
   const DType dt = x.dtype(), wide = stats_dtype();
   const bool sp = cfg_.sequence_parallel;
   auto* tpc = groups_.tp.get();
@@ -243,8 +256,13 @@ void GptChunk::layer_forward(int64_t li, const Tensor& x, Tensor& y, LayerActs& 
   a.qkv = Tensor::empty({B, T, 3 * C / tp_}, dt, dev_);
   ops::matmul_forward(a.qkv, a.ln1_full, p.qkv_w, &p.qkv_b);
   a.att = Tensor::empty({N, C / tp_}, dt, dev_);
-  a.lse = Tensor::empty({B, heads_local_, T}, wide, dev_);
-  ops::attention_forward_lse(a.att, a.lse, a.qkv, heads_local_, attention_dropout(mb, layer));
+  if (mb.kv) {  // over the cached positions too; appends this call's keys and values
+    ops::attention_cached_forward(a.att, mb.kv->k[static_cast<size_t>(li)], mb.kv->v[static_cast<size_t>(li)], a.qkv,
+                                  heads_local_, mb.kv->length);
+  } else {
+    a.lse = Tensor::empty({B, heads_local_, T}, wide, dev_);
+    ops::attention_forward_lse(a.att, a.lse, a.qkv, heads_local_, attention_dropout(mb, layer));
+  }
   Tensor proj_partial = Tensor::empty({N, C}, dt, dev_);
   ops::matmul_forward(proj_partial, a.att, p.proj_w, nullptr);
   Tensor proj = tp::leave_row_parallel_forward(tpc, sp, proj_partial);
@@ -317,12 +335,27 @@ void GptChunk::layer_backward(int64_t li, const Tensor& dy, Tensor& dx, LayerAct
 }
 
 ForwardResult GptChunk::forward(int64_t mb_id, const MicroBatch& mb, const Tensor& input) {
-  const int64_t C = cfg_.hidden, T = cfg_.seq_length, B = mb.micro_batch_size, N = B * T;
+  const int64_t C = cfg_.hidden, T = seq_len(mb), B = mb.micro_batch_size, N = B * T;
   const DType dt = cfg_.dtype;
   const bool sp = cfg_.sequence_parallel;
   auto* tpc = groups_.tp.get();
-  const int64_t R = local_rows(B);
+  const int64_t R = local_rows(B, T);
   const int64_t row_start = sp ? tp_rank_ * R : 0;
+  // Inference calls keep nothing for a backward and carry no labels.
+  const bool inference = mb.kv || mb.logit_rows;
+  const int64_t past = mb.kv ? mb.kv->length : 0;
+  if (inference) {
+    MTNLG_CHECK(cfg_.hidden_dropout == 0 && cfg_.attention_dropout == 0 && !sp,
+                "inference runs the model without dropout and without sequence parallelism");
+    MTNLG_CHECK(!mb.logit_rows || spec_.has_head, "logit rows asked of a chunk without the output layer");
+  }
+  if (mb.kv) {
+    MTNLG_CHECK(mb.kv->batch == B && mb.kv->k.size() == layers_.size() && past + T <= mb.kv->capacity,
+                "KV cache of batch {}, {} layers, {} + {} of {} positions does not fit this call (batch {}, {} layers)",
+                mb.kv->batch, mb.kv->k.size(), past, T, mb.kv->capacity, B, layers_.size());
+  }
+  if (past + T > cfg_.max_positions)
+    throw_input("a sequence of {} tokens exceeds the model's {} positions", past + T, cfg_.max_positions);
   auto saved = std::make_unique<Saved>();
   Saved& s = *saved;
   s.mbs = B;
@@ -330,11 +363,12 @@ ForwardResult GptChunk::forward(int64_t mb_id, const MicroBatch& mb, const Tenso
 
   // The micro batch's token ids arrive in host memory: split them into inputs and
   // labels there, then place both on the model's device (no copy on the CPU).
+  const int64_t stride = inference ? T : T + 1;
   Tensor tokens = Tensor::empty({N}, DType::i32, Device::cpu), targets = Tensor::empty({N}, DType::i32, Device::cpu);
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < T; ++t) {
-      tokens.data<int32_t>()[b * T + t] = mb.tokens[b * (T + 1) + t];
-      targets.data<int32_t>()[b * T + t] = mb.tokens[b * (T + 1) + t + 1];
+      tokens.data<int32_t>()[b * T + t] = mb.tokens[b * stride + t];
+      targets.data<int32_t>()[b * T + t] = inference ? 0 : mb.tokens[b * stride + t + 1];
     }
   s.tokens = tokens.on(dev_);
   s.targets = targets.on(dev_);
@@ -344,7 +378,8 @@ ForwardResult GptChunk::forward(int64_t mb_id, const MicroBatch& mb, const Tenso
     Tensor partial = Tensor::empty({N, C}, dt, dev_);
     ops::embedding_forward(partial, s.tokens, wte_, vocab_start_);
     x = tp::leave_row_parallel_forward(tpc, sp, partial);  // vocab-parallel: sum of masked lookups
-    ops::position_forward(x, wpe_, row_start, T);
+    // row b*T + t is at position past + t
+    ops::position_forward(x, past > 0 ? wpe_.rows(past, T) : wpe_, row_start, T);
     ops::dropout_forward(x, x, cfg_.hidden_dropout, dropout_key(mb, -1, kEmbedding), hidden_dropout_base(mb, R));
   } else {
     MTNLG_CHECK(input.defined() && input.dim(0) == R && input.dim(1) == C, "chunk input must be [{}, {}], got {}", R, C,
@@ -357,7 +392,9 @@ ForwardResult GptChunk::forward(int64_t mb_id, const MicroBatch& mb, const Tenso
     Tensor y;
     LayerActs& a = s.layers[li];
     layer_forward(static_cast<int64_t>(li), x, y, a, mb);
-    if (full_recompute) {  // keep only the layer input
+    if (inference) {
+      a = LayerActs{};
+    } else if (full_recompute) {  // keep only the layer input
       Tensor keep = a.x_in;
       a = LayerActs{};
       a.x_in = keep;
@@ -365,10 +402,15 @@ ForwardResult GptChunk::forward(int64_t mb_id, const MicroBatch& mb, const Tenso
     x = y;
   }
 
+  if (mb.kv) mb.kv->length = past + T;
   ForwardResult res;
-  if (!spec_.has_head) {
+  if (!spec_.has_head || (inference && !mb.logit_rows)) {  // inference without logits: the hidden states
     res.output = x;
-    saved_[mb_id] = std::move(saved);
+    if (!inference) saved_[mb_id] = std::move(saved);
+    return res;
+  }
+  if (mb.logit_rows) {
+    res.logits = head_logits(x, *mb.logit_rows);
     return res;
   }
 
@@ -429,6 +471,37 @@ ForwardResult GptChunk::forward(int64_t mb_id, const MicroBatch& mb, const Tenso
   res.loss_tokens = count;
   saved_[mb_id] = std::move(saved);
   return res;
+}
+
+// Logits of some rows of the chunk output x [N, C] (inference): gather the rows (the
+// embedding lookup is a row gather), final LayerNorm, logits against this rank's
+// vocabulary shard, then the shards of every tp rank side by side.
+Tensor GptChunk::head_logits(const Tensor& x, const std::vector<int64_t>& rows) {
+  const int64_t C = cfg_.hidden, n = static_cast<int64_t>(rows.size()), N = x.dim(0);
+  const DType dt = cfg_.dtype, wide = stats_dtype();
+  MTNLG_CHECK(n > 0, "no logit rows asked for");
+  Tensor idx = Tensor::empty({n}, DType::i32, Device::cpu);
+  for (int64_t i = 0; i < n; ++i) {
+    MTNLG_CHECK(rows[i] >= 0 && rows[i] < N, "logit row {} outside the {} rows of the call", rows[i], N);
+    idx.data<int32_t>()[i] = static_cast<int32_t>(rows[i]);
+  }
+  Tensor sel = Tensor::empty({n, C}, dt, dev_);
+  ops::embedding_forward(sel, idx.on(dev_), x, 0);
+  Tensor h = Tensor::empty({n, C}, dt, dev_), mean = Tensor::empty({n}, wide, dev_), rstd = Tensor::empty({n}, wide, dev_);
+  ops::layernorm_forward(h, mean, rstd, sel, lnf_w_, lnf_b_, cfg_.layernorm_eps);
+  Tensor local = Tensor::empty({n, vocab_local_}, dt, dev_);
+  ops::matmul_forward(local, h, wte_, nullptr);
+  if (tp_ == 1) return local;
+  Tensor gathered = Tensor::empty({tp_ * n, vocab_local_}, dt, dev_);  // rank-major blocks of n rows
+  tp::all_gather_rows(groups_.tp.get(), local, gathered);
+  Tensor out = Tensor::empty({n, cfg_.padded_vocab_size}, dt, dev_);
+  Tensor pieces = out.view({n * tp_, vocab_local_});  // row i*tp + r = row i's columns of rank r
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t r = 0; r < tp_; ++r) {
+      Tensor dst = pieces.rows(i * tp_ + r, 1);
+      ops::copy(dst, gathered.rows(r * n + i, 1));
+    }
+  return out;
 }
 
 Tensor GptChunk::backward(int64_t mb_id, const MicroBatch& mb, const Tensor& dout) {

@@ -10,6 +10,12 @@
 // Tensor-parallel regions are the named pairs of model/tp_regions.hpp. With sequence
 // parallelism the rows (tokens) of the residual stream are split across tp ranks.
 // Rows are (sample, position) in sample-major order.
+//
+// The same forward serves training, eval and generation. Inference calls (a KvCache,
+// or MicroBatch::logit_rows) are forward only: nothing is kept for a backward. With a
+// KvCache the new tokens sit at positions cache.length.., attend to the cached keys
+// and values as well as causally to each other, and are appended to the cache — a
+// prompt is prefilled in one call, then each generated token is one call.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -59,6 +65,8 @@ void declare_chunk_params(ParamStore& store, const GptConfig& cfg, const ChunkSp
 // tokens[:, :T], labels tokens[:, 1:]. sample_offset = global index of sample 0 (the
 // dropout masks and thus the run are keyed by it). loss_scale multiplies dloss: 1 /
 // (tokens contributing to the global batch) so gradients sum to the batch mean.
+struct KvCache;
+
 struct MicroBatch {
   const int32_t* tokens = nullptr;
   int64_t micro_batch_size = 0;
@@ -74,6 +82,25 @@ struct MicroBatch {
   // The chunk's last micro batch of the step: as its backward passes a layer, that
   // layer's parameter gradients are final (reported to the grad-ready hook).
   bool last_backward = false;
+
+  // ---- inference (forward only; the model must have no dropout) ----
+  // Tokens per sample in this call; 0 = cfg.seq_length.
+  int64_t seq_len = 0;
+  // Optional key/value cache of this chunk's layers: the call's tokens are at positions
+  // kv->length .. kv->length + seq_len - 1 and kv->length advances by seq_len.
+  KvCache* kv = nullptr;
+  // Last stage: instead of the loss, ForwardResult::logits for these rows (b*T + t);
+  // an inference call without them returns the chunk output (before the final norm).
+  // With a cache or logit rows, `tokens` is [B, T] (inputs only, no labels).
+  const std::vector<int64_t>* logit_rows = nullptr;
+};
+
+// Keys and values of the positions a chunk has already run, per layer of the chunk:
+// [batch, local heads, capacity, head size] on the chunk's device in its activation
+// dtype (GptChunk::make_kv_cache). Positions [0, length) of every sample are filled.
+struct KvCache {
+  int64_t batch = 0, capacity = 0, length = 0;
+  std::vector<Tensor> k, v;
 };
 
 struct ForwardResult {
@@ -84,6 +111,9 @@ struct ForwardResult {
   // vocabulary, and whether the label's logit is the largest one (greedy).
   std::vector<double> token_logprob;
   std::vector<uint8_t> token_greedy;
+  // With MicroBatch::logit_rows (last stage): [rows, padded vocab] in the activation
+  // dtype on the chunk's device, gathered over tp; columns >= vocab_size are padding.
+  Tensor logits;
 };
 
 class GptChunk {
@@ -98,8 +128,12 @@ class GptChunk {
   // Parameter gradients accumulate into the store (fp32); activations are cfg.dtype.
   Tensor backward(int64_t mb_id, const MicroBatch& mb, const Tensor& dout);
 
-  // Rows of the residual stream this rank holds for a micro batch of `mbs` samples.
-  int64_t local_rows(int64_t mbs) const;
+  // Rows of the residual stream this rank holds for a micro batch of `mbs` samples of
+  // `seq_len` tokens (0 = cfg.seq_length).
+  int64_t local_rows(int64_t mbs, int64_t seq_len = 0) const;
+  // An empty cache for `batch` samples of up to `capacity` positions (MicroBatch::kv).
+  KvCache make_kv_cache(int64_t batch, int64_t capacity) const;
+  const GptConfig& config() const { return cfg_; }
   const ChunkSpec& spec() const { return spec_; }
   DType activation_dtype() const { return cfg_.dtype; }
   // Where this chunk's weights, activations and statistics live (the store's device).
@@ -121,6 +155,8 @@ class GptChunk {
   };
 
   void layer_forward(int64_t li, const Tensor& x, Tensor& y, LayerActs& a, const MicroBatch& mb);
+  int64_t seq_len(const MicroBatch& mb) const { return mb.seq_len > 0 ? mb.seq_len : cfg_.seq_length; }
+  Tensor head_logits(const Tensor& x, const std::vector<int64_t>& rows);
   // Statistics (LayerNorm mean/rstd, attention lse, loss terms): f64 for f64 models, else f32.
   DType stats_dtype() const { return cfg_.dtype == DType::f64 ? DType::f64 : DType::f32; }
   void layer_backward(int64_t li, const Tensor& dy, Tensor& dx, LayerActs& a, const MicroBatch& mb);

@@ -7,6 +7,7 @@
 
 #include <cblas.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <limits>
@@ -343,6 +344,67 @@ void attention_backward_lse(T* dqkv, const T* dout, const T* qkv, const T* lse, 
                             int64_t heads_total) {
   attention_backward_rows<T>(dqkv, dout, qkv, nullptr, lse, B, Tn, H, D, p, key, sample_offset, head_offset, heads_total);
 }
+
+template <typename T>
+void attention_cached_forward(T* out, T* k_cache, T* v_cache, const T* qkv, int64_t B, int64_t Tn, int64_t H, int64_t D,
+                              int64_t capacity, int64_t past) {
+  const int64_t row = H * 3 * D;
+  // 1) append the new keys and values at positions [past, past + Tn)
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h) {
+      T* kc = k_cache + ((b * H + h) * capacity) * D;
+      T* vc = v_cache + ((b * H + h) * capacity) * D;
+      for (int64_t i = 0; i < Tn; ++i) {
+        const T* src = qkv + (b * Tn + i) * row + h * 3 * D;
+        std::copy(src + D, src + 2 * D, kc + (past + i) * D);
+        std::copy(src + 2 * D, src + 3 * D, vc + (past + i) * D);
+      }
+    }
+  // 2) query past + i attends to cache positions [0, past + i]; the arithmetic order of
+  //    attention_forward_rows (scores, max-subtracted exp, normalise, weighted sum of V)
+  const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(D)));
+#pragma omp parallel
+  {
+    std::vector<T> s(static_cast<size_t>(past + Tn));
+#pragma omp for collapse(3) schedule(static)
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t i = 0; i < Tn; ++i) {
+          const T* q = qkv + (b * Tn + i) * row + h * 3 * D;
+          const T* kc = k_cache + ((b * H + h) * capacity) * D;
+          const T* vc = v_cache + ((b * H + h) * capacity) * D;
+          const int64_t n = past + i + 1;
+          T mx = -std::numeric_limits<T>::infinity();
+          for (int64_t j = 0; j < n; ++j) {
+            const T* k = kc + j * D;
+            T acc = 0;
+#pragma omp simd reduction(+ : acc)
+            for (int64_t d = 0; d < D; ++d) acc += q[d] * k[d];
+            s[j] = acc * scale;
+            mx = std::max(mx, s[j]);
+          }
+          T sum = 0;
+          for (int64_t j = 0; j < n; ++j) {
+            s[j] = std::exp(s[j] - mx);
+            sum += s[j];
+          }
+          const T inv = T(1) / sum;
+          T* o = out + (b * Tn + i) * H * D + h * D;
+          for (int64_t d = 0; d < D; ++d) o[d] = 0;
+          for (int64_t j = 0; j < n; ++j) {
+            const T pj = s[j] * inv;
+            const T* v = vc + j * D;
+#pragma omp simd
+            for (int64_t d = 0; d < D; ++d) o[d] += pj * v[d];
+          }
+        }
+  }
+}
+template void attention_cached_forward<float>(float*, float*, float*, const float*, int64_t, int64_t, int64_t, int64_t,
+                                              int64_t, int64_t);
+template void attention_cached_forward<double>(double*, double*, double*, const double*, int64_t, int64_t, int64_t,
+                                               int64_t, int64_t, int64_t);
 
 template <typename T>
 void embedding_forward(T* out, const int32_t* tok, const T* table, int64_t N, int64_t C, int64_t vstart, int64_t vlocal) {

@@ -38,6 +38,12 @@ template <typename T>
 void attention_backward_lse(T* dqkv, const T* dout, const T* qkv, const T* lse, int64_t B, int64_t Tn, int64_t H,
                             int64_t D, double p, uint64_t key, int64_t sample_offset, int64_t head_offset,
                             int64_t heads_total);
+// Forward only, over a key/value cache [B, H, capacity, D]: writes the new keys/values
+// of positions [past, past + Tn) into the cache, then query past + i attends to cache
+// positions [0, past + i]. out[B, Tn, H*D] is written.
+template <typename T>
+void attention_cached_forward(T* out, T* k_cache, T* v_cache, const T* qkv, int64_t B, int64_t Tn, int64_t H, int64_t D,
+                              int64_t capacity, int64_t past);
 template <typename T>
 void embedding_forward(T* out, const int32_t* tok, const T* table, int64_t N, int64_t C, int64_t vstart, int64_t vlocal);
 template <typename T>

@@ -27,7 +27,7 @@ TEST_CASE("eval: log-likelihoods, is_greedy and accuracies equal PyTorch's", "[o
   cfg.num_layers_total = 2;
   cfg.init_std = 0.1;
   model::LoadedModel lm = model::make_random_model(cfg, 2024);
-  model::InferenceModel im(cfg, lm.store);
+  auto chunk = model::whole_model_chunk(cfg, lm.store);
 
   app::EvalOptions opt;
   opt.tasks = data::eval::task_names();
@@ -37,7 +37,7 @@ TEST_CASE("eval: log-likelihoods, is_greedy and accuracies equal PyTorch's", "[o
   opt.max_length = 48;
   opt.bootstrap_iters = 100;
   opt.progress = false;
-  app::EvalReport rep = app::run_eval(im, *tok, opt);
+  app::EvalReport rep = app::run_eval(*chunk, *tok, opt);
 
   nlohmann::json spec;
   spec["max_length"] = opt.max_length;

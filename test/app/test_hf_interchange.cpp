@@ -33,10 +33,10 @@ TEST_CASE("checkpoint: Hugging Face export matches PyTorch and import round-trip
   const int64_t B = 2, T = 9, V = 300;
   std::vector<int32_t> toks(B * T);
   for (size_t i = 0; i < toks.size(); ++i) toks[i] = static_cast<int32_t>((i * 37 + 5) % V);
-  model::InferenceModel im(m.cfg, m.store);
-  auto cache = im.make_cache(B, T);
-  Tensor hidden = im.forward(cache, toks.data(), B, T);
-  Tensor logits = im.logits(hidden);  // [B*T, padded]
+  auto chunk = model::whole_model_chunk(m.cfg, m.store);
+  std::vector<int64_t> all_rows(B * T);
+  for (int64_t i = 0; i < B * T; ++i) all_rows[i] = i;
+  Tensor logits = model::logits_at(*chunk, toks.data(), B, T, all_rows);  // [B*T, padded]
   Tensor real = Tensor::empty({B, T, V});
   for (int64_t i = 0; i < B * T; ++i)
     for (int64_t v = 0; v < V; ++v) real.data<float>()[i * V + v] = logits.data<float>()[i * logits.dim(1) + v];

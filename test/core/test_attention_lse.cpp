@@ -55,3 +55,81 @@ TEST_CASE("attention lse form matches the probs form on the CPU", "[attention]")
     CHECK(max_diff(d1, d2) < 1e-12);
   }
 }
+
+namespace {
+// Rows [t0, t0 + n) of every sample of x [B, T, W].
+Tensor time_slice(const Tensor& x, int64_t t0, int64_t n) {
+  const int64_t B = x.dim(0), T = x.dim(1), W = x.dim(2);
+  Tensor out = Tensor::empty({B, n, W}, x.dtype());
+  for (int64_t b = 0; b < B; ++b) {
+    Tensor dst = out.view({B * n, W}).rows(b * n, n);
+    ops::copy(dst, x.view({B * T, W}).rows(b * T + t0, n));
+  }
+  return out;
+}
+}  // namespace
+
+// The forward-only cached op is checked against the full-sequence op: a prefill of the
+// whole block, and the same positions fed in pieces (3, 1, 3) over one cache, give the
+// outputs of attention_forward_lse over the whole sequence.
+TEST_CASE("attention_cached_forward: prefill and pieces over a cache equal the full-sequence op", "[attention]") {
+  std::mt19937_64 g(7);
+  const int64_t B = 2, T = 7, H = 3, D = 4;
+  Tensor qkv = randn({B, T, 3 * H * D}, g);
+  Tensor ref = Tensor::empty({B, T, H * D}, DType::f64), lse = Tensor::empty({B, H, T}, DType::f64);
+  ops::attention_forward_lse(ref, lse, qkv, H, ops::AttentionDropout{});
+
+  Tensor k = Tensor::zeros({B, H, T + 2, D}, DType::f64), v = Tensor::zeros({B, H, T + 2, D}, DType::f64);
+  Tensor out = Tensor::empty({B, T, H * D}, DType::f64);
+  ops::attention_cached_forward(out, k, v, qkv, H, 0);
+  CHECK(max_diff(out, ref) < 1e-14);
+
+  Tensor k2 = Tensor::zeros({B, H, T, D}, DType::f64), v2 = Tensor::zeros({B, H, T, D}, DType::f64);
+  int64_t past = 0;
+  for (int64_t n : {3, 1, 3}) {
+    Tensor o = Tensor::empty({B, n, H * D}, DType::f64);
+    ops::attention_cached_forward(o, k2, v2, time_slice(qkv, past, n), H, past);
+    CHECK(max_diff(o, time_slice(ref, past, n)) < 1e-14);
+    past += n;
+  }
+  // the cache holds the keys and values it was given
+  double kd = 0;
+  for (int64_t bh = 0; bh < B * H; ++bh)
+    for (int64_t i = 0; i < T * D; ++i)
+      kd = std::max(kd, std::fabs(k.data<double>()[bh * (T + 2) * D + i] - k2.data<double>()[bh * T * D + i]));
+  CHECK(kd == 0.0);
+  Tensor one = Tensor::empty({B, 1, 3 * H * D}, DType::f64), o1 = Tensor::empty({B, 1, H * D}, DType::f64);
+  CHECK_THROWS(ops::attention_cached_forward(o1, k2, v2, one, H, T));  // past + 1 > capacity
+  Tensor kf = Tensor::zeros({B, H, T, D});                               // f32 cache, f64 qkv
+  CHECK_THROWS(ops::attention_cached_forward(o1, kf, v2, one, H, 0));
+}
+
+// bf16 storage: the op equals the f32 op on the widened inputs, rounded once at the
+// store; the cache keeps the rounded keys/values, so decoding in pieces equals the
+// bf16 prefill exactly.
+TEST_CASE("attention_cached_forward: bf16 storage, pieces equal the prefill", "[attention][low_precision]") {
+  std::mt19937_64 g(9);
+  const int64_t B = 1, T = 6, H = 2, D = 8;
+  Tensor q64 = randn({B, T, 3 * H * D}, g);
+  Tensor qkv = Tensor::empty(q64.shape(), DType::bf16), q32 = Tensor::empty(q64.shape());
+  ops::convert(qkv, q64);
+  ops::convert(q32, qkv);  // the bf16 values, exactly, in f32
+  Tensor k = Tensor::zeros({B, H, T, D}, DType::bf16), v = Tensor::zeros({B, H, T, D}, DType::bf16);
+  Tensor out = Tensor::empty({B, T, H * D}, DType::bf16);
+  ops::attention_cached_forward(out, k, v, qkv, H, 0);
+  Tensor k32 = Tensor::zeros({B, H, T, D}), v32 = Tensor::zeros({B, H, T, D}), o32 = Tensor::empty({B, T, H * D});
+  ops::attention_cached_forward(o32, k32, v32, q32, H, 0);
+  Tensor o32r = Tensor::empty({B, T, H * D}, DType::bf16);
+  ops::convert(o32r, o32);
+  for (int64_t i = 0; i < out.numel(); ++i) CHECK(out.data<uint16_t>()[i] == o32r.data<uint16_t>()[i]);
+
+  Tensor k2 = Tensor::zeros({B, H, T, D}, DType::bf16), v2 = Tensor::zeros({B, H, T, D}, DType::bf16);
+  for (int64_t t = 0; t < T; ++t) {
+    Tensor piece = Tensor::empty({B, 1, 3 * H * D}, DType::bf16);
+    ops::copy(piece, qkv.view({T, 3 * H * D}).rows(t, 1));
+    Tensor o = Tensor::empty({B, 1, H * D}, DType::bf16);
+    ops::attention_cached_forward(o, k2, v2, piece, H, t);
+    for (int64_t i = 0; i < H * D; ++i) CHECK(o.data<uint16_t>()[i] == out.data<uint16_t>()[t * H * D + i]);
+  }
+  for (int64_t i = 0; i < k.numel(); ++i) CHECK(k2.data<uint16_t>()[i] == k.data<uint16_t>()[i]);
+}
