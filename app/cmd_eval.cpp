@@ -108,6 +108,7 @@ void run(const EvalArgs& a) {
     if (launch.rank != 0) return;  // rank 0 prints and writes
   } else {
     model::LoadedModel lm = load_eval_model(a.checkpoint, a.random_init, a.sets);
+    lm.store.place(select_device(parse_device_kind(a.device, "--device"), "--device"));
     auto chunk = model::whole_model_chunk(lm.cfg, lm.store);
     rep = run_eval(*chunk, *tok, o);
   }

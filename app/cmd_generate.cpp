@@ -11,6 +11,7 @@
 
 #include "app/commands.hpp"
 #include "app/eval_runner.hpp"
+#include "app/placement.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "model/inference.hpp"
@@ -23,6 +24,7 @@ struct GenArgs {
   std::string checkpoint, random_init, prompt, prompt_file, vocab, merges;
   std::vector<std::string> sets;
   model::SamplingOptions s;
+  std::string device = "auto";
   bool echo = true, timing = false;
 };
 
@@ -43,6 +45,7 @@ void run(const GenArgs& a) {
   if (a.s.top_k < 0) throw_input("--top-k must be >= 0, got {}", a.s.top_k);
   auto tok = load_gpt2_tokenizer(a.vocab, a.merges);
   model::LoadedModel lm = load_eval_model(a.checkpoint, a.random_init, a.sets);
+  lm.store.place(select_device(parse_device_kind(a.device, "--device"), "--device"));
   auto chunk = model::whole_model_chunk(lm.cfg, lm.store);
   model::SamplingOptions s = a.s;
   s.stop_token = tok->eod();
@@ -82,6 +85,10 @@ void register_generate(CLI::App& app) {
   cmd->add_option("--checkpoint", a.checkpoint, "Checkpoint directory");
   cmd->add_option("--random-init", a.random_init, "Testing aid: a model with random weights from this recipe");
   cmd->add_option("--set", a.sets, "With --random-init: override a recipe key, section.key=value; repeatable");
+  cmd->add_option("--device", a.device,
+                  "Where the model runs: auto (the GPU when there is one, else the CPU), cpu, cuda, or test (the CI "
+                  "test device)")
+      ->capture_default_str();
   cmd->add_option("--prompt", a.prompt, "Prompt text");
   cmd->add_option("--prompt-file", a.prompt_file, "Read the prompt from this file (as is, newlines included)");
   cmd->add_option("--max-new-tokens", a.s.max_new_tokens, "Most tokens to generate")->capture_default_str();

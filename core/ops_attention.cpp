@@ -114,7 +114,7 @@ void attention_cached_forward(Tensor& out, Tensor& k_cache, Tensor& v_cache, con
   }
   auto run = [&](auto z) {
     using V = decltype(z);
-    cpu::attention_cached_forward<V>(out.data<V>(), k_cache.data<V>(), v_cache.data<V>(), qkv.data<V>(), B, T, heads, D,
+    cpu::attention_cached_forward<V>(out.kernel_data<V>(), k_cache.kernel_data<V>(), v_cache.kernel_data<V>(), qkv.kernel_data<V>(), B, T, heads, D,
                                      cap, past);
   };
   if (dt == DType::f32)

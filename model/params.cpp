@@ -39,6 +39,14 @@ void ParamStore::finalize(DType master, DType compute, Device dev) {
   weights_ = compute == master ? params_ : zeros(compute);
 }
 
+void ParamStore::place(Device dev) {
+  if (!params_.defined() || params_.device() == dev) return;
+  const bool alias = !has_compute_copy();
+  params_ = params_.to(dev);
+  grads_ = grads_.to(dev);
+  weights_ = alias ? params_ : weights_.to(dev);
+}
+
 void ParamStore::sync_weights() {
   MTNLG_CHECK(params_.defined(), "ParamStore::sync_weights before finalize");
   if (has_compute_copy()) ops::convert(weights_, params_);

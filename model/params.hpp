@@ -49,6 +49,8 @@ class ParamStore {
   void finalize(DType master, DType compute, Device dev);
   void finalize(DType master = DType::f32) { finalize(master, master, Device::cpu); }
   Device device() const { return params_.device(); }
+  // Moves every buffer to `dev` (a model loaded on the host, run on a device).
+  void place(Device dev);
   // The compute copy := the master, rounded to nearest even (nothing when they alias).
   void sync_weights();
   // Draws every parameter from N(0, std) (or std/sqrt(2L) for output projections),

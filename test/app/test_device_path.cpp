@@ -162,3 +162,26 @@ TEST_CASE("test device: a bad --device or training.device exits 2 naming it", "[
   CHECK(c.exit_code == 2);
   CHECK(c.out.find("training.device: cuda") != std::string::npos);
 }
+
+TEST_CASE("test device: single-process eval and generate (KV cache) give the CPU's output", "[e2e]") {
+  const std::string src = test::source_dir();
+  if (!fs::exists(src + "/third_party/gpt2/vocab.json")) FAIL("third_party/gpt2 missing: run scripts/fetch-gpt2-vocab.sh");
+  test::TempDir d("dev-eval1");
+  const std::string model = " --random-init " + src + "/test/fixtures/eval/tiny-model.yaml --vocab-file " + src +
+                            "/third_party/gpt2/vocab.json --merge-file " + src + "/third_party/gpt2/merges.txt";
+  for (const char* dev : {"cpu", "test"}) {
+    auto e = test::run_command("OMP_NUM_THREADS=1 " + std::string(MTNLG_BINARY) + " eval" + model +
+                               " --tasks piqa,lambada_openai --data-dir " + src + "/test/fixtures/eval --no-progress --device " +
+                               dev + " --log-samples " + d.str() + "/" + dev + ".jsonl");
+    INFO(e.out);
+    REQUIRE(e.exit_code == 0);
+    auto g = test::run_command("OMP_NUM_THREADS=1 " + std::string(MTNLG_BINARY) + " generate" + model +
+                               " --prompt 'Q: 12 # 3 = 4' --max-new-tokens 12 --seed 5 --no-echo --device " + dev + " > " +
+                               d.str() + "/" + dev + ".txt");
+    INFO(g.out);
+    REQUIRE(g.exit_code == 0);
+  }
+  CHECK(test::read_file(d.path() / "cpu.jsonl") == test::read_file(d.path() / "test.jsonl"));
+  CHECK(test::read_file(d.path() / "cpu.txt") == test::read_file(d.path() / "test.txt"));
+  CHECK(test::read_file(d.path() / "cpu.txt").size() > 0);
+}
