@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "core/mem_account.hpp"
 #include "core/ops.hpp"
 #include "core/rng.hpp"
 
@@ -29,8 +30,17 @@ void ParamStore::add(ParamInfo p) {
 }
 
 void ParamStore::finalize(DType master, DType compute) {
-  params_ = Tensor::zeros({total_}, master);
-  grads_ = Tensor::zeros({total_}, master);
+  // Memory roles as the planner counts them: the master copy is the weights when the model
+  // computes in it, else part of the optimizer state (with Adam's moments).
+  {
+    mem::RoleScope role(compute == master ? mem::Role::weights : mem::Role::optimizer);
+    params_ = Tensor::zeros({total_}, master);
+  }
+  {
+    mem::RoleScope role(mem::Role::grads);
+    grads_ = Tensor::zeros({total_}, master);
+  }
+  mem::RoleScope role(mem::Role::weights);
   weights_ = compute == master ? params_ : Tensor::zeros({total_}, compute);
 }
 
