@@ -53,7 +53,7 @@ const std::vector<SoftwareProfile>& software_table() {
       {"mtnlg",
        "this trainer (mtnlg train): megatron-lm's execution model, activations as model/gpt.cpp keeps them "
        "(flash-style attention, the exact schedule's in-flight microbatches)",
-       1.0, true, 2, 4, true, true},
+       1.0, true, 2, 4, true, true, true},
   };
   return table;
 }
@@ -171,7 +171,9 @@ LayerTime layer_time(const Shape& sh, const Layout& l, const Cluster& c, Precisi
                        gemm_time(g, peak, h, sh.f / t, T) + gemm_time(g, peak, sh.f / t, h, T);
   // Attention core: scores = Q K^T and context = P V, batched over b * heads.
   const double att_f = gemm_time(g, peak, s, s, dh, b * heads) + gemm_time(g, peak, s, dh, s, b * heads);
-  const double att_b = 2 * att_f;
+  const bool flash = c.software.flash_attention;
+  // Flash-style: the backward also recomputes the scores Q K^T (half the forward's GEMMs).
+  const double att_b = flash ? 2.5 * att_f : 2 * att_f;
   // Memory-bound element-wise kernels (bytes moved through HBM).
   const double region = l.sequence_parallel ? double(t) : 1.0;  // SP shards LN/dropout regions
   const double E = double(T) * double(h) / region;
@@ -179,7 +181,7 @@ LayerTime layer_time(const Shape& sh, const Layout& l, const Cluster& c, Precisi
   const double bda_bytes = 2 * (3 * e + 1) * E;             // 2 bias-dropout-add: x, residual, out, mask
   const double gelu_bytes = 2 * e * double(T) * double(sh.f) / double(t);  // bias-GeLU read + write
   const double S = double(b) * double(heads) * double(s) * double(s);
-  const double softmax_bytes = (4 * e + 1) * S;             // fused scale-mask-softmax + dropout (mask 1 byte)
+  const double softmax_bytes = flash ? 0.0 : (4 * e + 1) * S;  // fused scale-mask-softmax + dropout (mask 1 byte)
   const double elem_f = (ln_bytes + bda_bytes + gelu_bytes) / g.hbm_bw;
   const double attn_elem_f = softmax_bytes / g.hbm_bw;
   // Kernel launches not covered by the GEMMs above (LN, dropout, softmax, GeLU, adds, copies).
@@ -190,7 +192,7 @@ LayerTime layer_time(const Shape& sh, const Layout& l, const Cluster& c, Precisi
   if (t > 1) tp_one = allreduce_time(double(T) * double(h) * e, t, group_link(c, 1, t));
   r.tp_fwd = 2 * tp_one;
   r.tp_bwd = 2 * tp_one;
-  r.attn_core = att_f + attn_elem_f;
+  r.attn_core = flash ? 0.0 : att_f + attn_elem_f;  // what selective recompute redoes
   r.fwd = lin_f + att_f + elem_f + attn_elem_f + launches_f + r.tp_fwd;
   r.bwd = lin_b + att_b + 2 * (elem_f + attn_elem_f + launches_f) + r.tp_bwd;
   return r;

@@ -100,6 +100,11 @@ struct SoftwareProfile {
   // under sequence parallelism the all-gathered LayerNorm outputs are kept), summed over the
   // microbatches in flight in the trainer's schedule table (schedules/pipeline_schedule.hpp).
   bool trainer_activations = false;
+  // Flash-style attention (this trainer, core/ops attention_*_lse): the probabilities are
+  // never written to memory (no s x s element-wise traffic), the backward recomputes them
+  // from Q, K and the log-sum-exp in every recompute mode (half the forward attention
+  // GEMMs again), so selective recompute adds nothing.
+  bool flash_attention = false;
 };
 
 // Throws InputError listing the valid names when `name` is unknown.
@@ -134,7 +139,8 @@ struct CalibrationResult {
 // Fits the GPU constants to measured runs: with one run only the compute rate, with two
 // compute and memory bandwidth, with three or more also the per-kernel overhead; the
 // others keep `base`'s values. Least squares on log(pred/meas) by coordinate search.
-CalibrationResult calibrate(const GpuSpec& base, const std::vector<Observation>& runs, int64_t gpus_per_node = 8);
+CalibrationResult calibrate(const GpuSpec& base, const std::vector<Observation>& runs, int64_t gpus_per_node = 8,
+                            const SoftwareProfile& software = software_profile("megatron-lm"));
 
 // ---- communication bytes --------------------------------------------------------------
 
