@@ -24,7 +24,7 @@ std::string tiny(int64_t layers, int64_t hidden, int64_t micro, int64_t batch, c
       "model: {{num_layers: {}, hidden_size: {}, num_attention_heads: 4, seq_length: 64, vocab_size: 512, "
       "make_vocab_size_divisible_by: 8, hidden_dropout: 0.0, attention_dropout: 0.0}}\n"
       "parallel: {{recompute_granularity: {}}}\n"
-      "training: {{precision: fp32, micro_batch_size: {}, global_batch_size: {}, train_iters: 8}}\n"
+      "training: {{precision: fp32, micro_batch_size: {}, global_batch_size: {}, train_iters: 8, num_threads: 1}}\n"
       "data: {{mock: true}}\n"
       "optimizer: {{lr: 1.0e-3, min_lr: 1.0e-4, lr_warmup_tokens: 1024}}\n"
       "logging: {{tensorboard: false, log_interval: 1}}\n",
