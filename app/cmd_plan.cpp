@@ -65,6 +65,7 @@ struct PlanArgs {
   std::string gpu_profile;             // --gpu-profile FILE (written by --calibrate)
   std::vector<std::string> calibrate;  // --calibrate RUN_DIR (repeatable)
   std::string profile_out;             // --profile-out FILE (default RUN_DIR/gpu-profile.json)
+  std::string step_stat = "median";    // --step-stat median|min: a run's step time from its iterations
 };
 
 // ---- GPU profile files (--gpu-profile, written by --calibrate) --------------------------------
@@ -122,7 +123,9 @@ cost::GpuSpec load_gpu_profile(const std::string& path) {
 // The measured seconds per iteration of a run: the median step_time_s of metrics.jsonl's
 // records at the recipe's full global batch, the first logged record left out (start-up)
 // when there are at least three.
-double measured_step_time(const std::string& run_dir, int64_t global_batch) {
+// With stat "min" the fastest such iteration instead: on a shared machine other processes
+// only ever slow an iteration down, so the least disturbed one is the best estimate.
+double measured_step_time(const std::string& run_dir, int64_t global_batch, const std::string& stat = "median") {
   const std::string path = run_dir + "/metrics.jsonl";
   std::ifstream in(path);
   if (!in) throw_input("--calibrate {}: no metrics.jsonl ({})", run_dir, path);
@@ -148,6 +151,7 @@ double measured_step_time(const std::string& run_dir, int64_t global_batch) {
   if (v.empty()) throw_input("--calibrate {}: no step_time_s in {}", run_dir, path);
   if (v.size() >= 3) v.erase(v.begin());
   std::sort(v.begin(), v.end());
+  if (stat == "min") return v.front();
   return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
 }
 
@@ -160,10 +164,10 @@ void run_calibrate(const PlanArgs& a) {
     if (!fs::exists(rp)) throw_input("--calibrate {}: no recipe.resolved.yaml (is it a run directory?)", dir);
     Recipe r = load_recipe(rp, a.sets);
     const int64_t gpus = a.gpus > 0 ? a.gpus : r.tp() * r.pp() * std::max<int64_t>(1, a.dp);
-    cost::Observation o{r, cost::layout_from_recipe(r, gpus), measured_step_time(dir, r.training.global_batch_size), dir};
+    cost::Observation o{r, cost::layout_from_recipe(r, gpus), measured_step_time(dir, r.training.global_batch_size, a.step_stat), dir};
     runs.push_back(std::move(o));
   }
-  const cost::CalibrationResult res = cost::calibrate(base, runs, a.gpus_per_node);
+  const cost::CalibrationResult res = cost::calibrate(base, runs, a.gpus_per_node, cost::software_profile(a.software));
   const std::string out = a.profile_out.empty() ? a.calibrate.front() + "/gpu-profile.json" : a.profile_out;
   nlohmann::json j = gpu_json(res.gpu);
   j["name"] = base.name + "-calibrated";
@@ -181,6 +185,8 @@ void run_calibrate(const PlanArgs& a) {
                   {"measured_s", runs[i].step_time_s},
                   {"predicted_s", res.predicted[i]}});
   fit["runs"] = rj;
+  fit["software"] = a.software;
+  fit["step_stat"] = a.step_stat;  // plan with the same --software to use these constants
   j["calibration"] = fit;
   write_plan_output("--profile-out", out, j.dump(2) + "\n");
   if (a.json) {
@@ -582,12 +588,19 @@ void register_plan(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--gpu-profile", a.gpu_profile, "Use the GPU constants in this file (written by --calibrate) instead of --gpu");
   cmd->add_option("--software", a.software,
-                  "Software profile: megatron-lm (Megatron-LM 2021-22) or megatron-deepspeed (MT-NLG's DeepSpeed pipeline)")
+                  "Software profile: megatron-lm (Megatron-LM 2022), megatron-lm-2021, megatron-deepspeed (MT-NLG's "
+                  "DeepSpeed pipeline) or mtnlg (this trainer: flash-style attention, its exact activation count); "
+                  "--calibrate fits the GPU constants under it")
       ->capture_default_str();
   cmd->add_option("--calibrate", a.calibrate,
                   "Fit the GPU constants to this run directory's recipe.resolved.yaml + metrics.jsonl (repeatable: "
                   "one run fits the compute rate, two add memory bandwidth, three add kernel overhead); writes a profile");
   cmd->add_option("--profile-out", a.profile_out, "With --calibrate: the profile file to write (default RUN_DIR/gpu-profile.json)");
+  cmd->add_option("--step-stat", a.step_stat,
+                  "With --calibrate: a run's step time is the median of its iterations at the full batch (first left "
+                  "out), or with min the fastest one (a shared, loaded machine only ever slows iterations down)")
+      ->check(CLI::IsMember({"median", "min"}))
+      ->capture_default_str();
   cmd->add_option("--gpus-per-node", a.gpus_per_node, "GPUs per node (NVLink domain)")->capture_default_str()->check(count);
   cmd->add_option("--tp", a.tp, "Override parallel.tensor_model_parallel_size")->check(count);
   cmd->add_option("--pp", a.pp, "Override parallel.pipeline_model_parallel_size")->check(count);

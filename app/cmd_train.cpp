@@ -19,6 +19,7 @@ struct TrainArgs {
   std::vector<std::string> sets;
   bool quiet = false;
   bool comm_report = false;
+  bool memory_report = false;
   int stopped_exit_code = 0;
 };
 }  // namespace
@@ -38,6 +39,9 @@ void register_train(CLI::App& app) {
   cmd->add_flag("--comm-report", a.comm_report,
                 "Every rank writes the bytes it sent per group (tp, pp, dp, embedding, mp, world) each iteration to "
                 "LOGDIR/bytes_rank<R>.jsonl (ring-model bytes, see docs/PLANNER.md)");
+  cmd->add_flag("--memory-report", a.memory_report,
+                "Every rank writes its tensor bytes by role (weights, grads, optimizer, activations, workspace) each "
+                "iteration to LOGDIR/memory_rank<R>.jsonl (compare with `mtnlg plan --software mtnlg`, docs/PLANNER.md)");
   cmd->footer(
       "Checkpoints: checkpoint.load resumes (a directory without a checkpoint starts fresh); SIGTERM, SIGUSR1, SIGHUP "
       "and a first Ctrl-C save at the next iteration boundary and exit (see --stopped-exit-code; a second Ctrl-C "
@@ -60,6 +64,7 @@ void register_train(CLI::App& app) {
       TrainOptions opts;
       opts.quiet = a.quiet;
       opts.comm_report = a.comm_report;
+      opts.memory_report = a.memory_report;
       interrupted = train(r, groups, opts).interrupted;
     } catch (const Error& e) {
       if (info.world_size > 1) {

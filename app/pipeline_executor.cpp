@@ -2,6 +2,7 @@
 
 #include <map>
 
+#include "core/mem_account.hpp"
 #include "core/ops.hpp"
 #include "model/tp_regions.hpp"
 #include "schedules/pipeline_schedule.hpp"
@@ -60,6 +61,7 @@ void PipelineExecutor::run_batch(const data::Batch& batch, int64_t consumed_befo
     auto& chunk = *chunks_[a.chunk];
     switch (a.op) {
       case schedules::PipeOp::recv_forward: {
+        mem::RoleScope role(mem::Role::activations);  // kept as the chunk's saved input
         Tensor t = Tensor::empty({R, C}, act, chunk.device());
         g_.pp->recv(t.raw(), t.numel(), act, a.peer_stage, kTagActivation);
         act_in[key] = t;
@@ -68,7 +70,13 @@ void PipelineExecutor::run_batch(const data::Batch& batch, int64_t consumed_befo
       case schedules::PipeOp::forward: {
         auto mb = micro_batch(batch, a.microbatch, consumed_before, step_key, loss_scale);
         mb.loss_acc = &loss_acc;
-        auto res = chunk.forward(a.microbatch, mb, take(act_in, key));
+        model::ForwardResult res;
+        {
+          // What the forward allocates is counted as activations (the saved tensors and
+          // the forward's temporaries); the backward's allocations stay workspace.
+          mem::RoleScope role(mem::Role::activations);
+          res = chunk.forward(a.microbatch, mb, take(act_in, key));
+        }
         if (res.output.defined()) act_out[key] = res.output;
         held = 0;
         for (auto& c : chunks_) held += c->saved_bytes();

@@ -22,6 +22,7 @@
 #include "app/placement.hpp"
 #include "app/validation.hpp"
 #include "core/log.hpp"
+#include "core/mem_account.hpp"
 #include "core/progress.hpp"
 #include "core/ops.hpp"
 #include "core/rng.hpp"
@@ -114,7 +115,13 @@ class MetricsWriter {
                         {"peak_memory_bytes", s.peak_memory_bytes},
                         {"bytes_sent_tp", s.bytes_tp},
                         {"bytes_sent_pp", s.bytes_pp},
-                        {"bytes_sent_dp", s.bytes_dp}};
+                        {"bytes_sent_dp", s.bytes_dp},
+                        {"tensor_bytes_weights", s.mem_weights},
+                        {"tensor_bytes_grads", s.mem_grads},
+                        {"tensor_bytes_optimizer", s.mem_optimizer},
+                        {"tensor_bytes_activations_peak", s.mem_activations_peak},
+                        {"tensor_bytes_saved_activations_peak", s.mem_saved_activations_peak},
+                        {"tensor_bytes_workspace_peak", s.mem_workspace_peak}};
     if (r.training.precision == Precision::fp16) j["loss_scale"] = loss_scale;
     if (s.host_reads || s.host_uploads) {  // a device run: its host round trips
       j["host_reads"] = s.host_reads;
@@ -204,6 +211,39 @@ void maybe_inject_fault(const FaultInjection& f, int64_t rank, int64_t iteration
 // LOGDIR/bytes_rank<R>.jsonl (metrics.jsonl is rank 0's only). The byte convention
 // is the ring model of parallel/communicator.hpp; docs/PLANNER.md ("Measured bytes")
 // relates it to comm_bytes_per_iteration.
+// `--memory-report`: every rank's tensor bytes by role per iteration (memory_rank<R>.jsonl).
+class MemoryReport {
+ public:
+  MemoryReport(const std::string& dir, const parallel::ProcessGroups& g, bool active) : g_(g) {
+    if (!active) return;
+    std::filesystem::create_directories(dir);
+    auto path = std::filesystem::path(dir) / fmt::format("memory_rank{}.jsonl", g.rank);
+    out_.open(path, std::ios::trunc);
+    if (!out_) throw_runtime("{}: cannot open for writing", path.string());
+  }
+  void write(const IterationStats& s) {
+    if (!out_.is_open()) return;
+    nlohmann::json j = {{"iteration", s.iteration},
+                        {"rank", g_.rank},
+                        {"tp_rank", g_.coord.tp},
+                        {"pp_rank", g_.coord.pp},
+                        {"dp_rank", g_.coord.dp},
+                        {"weights", s.mem_weights},
+                        {"grads", s.mem_grads},
+                        {"optimizer", s.mem_optimizer},
+                        {"activations_peak", s.mem_activations_peak},
+                        {"saved_activations_peak", s.mem_saved_activations_peak},
+                        {"workspace_peak", s.mem_workspace_peak}};
+    out_ << j.dump() << "\n";
+    out_.flush();
+    if (!out_) throw_write_failed(fmt::format("memory_rank{}.jsonl", g_.rank), "logging.dir");
+  }
+
+ private:
+  const parallel::ProcessGroups& g_;
+  std::ofstream out_;
+};
+
 class CommReport {
  public:
   CommReport(const std::string& dir, const parallel::ProcessGroups& g, bool active) : g_(g) {
@@ -289,6 +329,7 @@ class Trainer {
   // output
   std::optional<MetricsWriter> metrics_;
   std::optional<CommReport> comm_report_;
+  std::shared_ptr<MemoryReport> memory_report_;
   std::unique_ptr<tb::TensorBoardWriter> tensorboard_;
   double peak_tflops_ = 0;
   std::string peak_what_;
@@ -389,6 +430,7 @@ void Trainer::set_up_output() {
   }
   metrics_.emplace(r.logging.dir, rank0_);
   comm_report_.emplace(r.logging.dir, g_, opts_.comm_report);
+  memory_report_ = std::make_shared<MemoryReport>(r.logging.dir, g_, opts_.memory_report);
   if (rank0_ && r.logging.tensorboard) tensorboard_ = std::make_unique<tb::TensorBoardWriter>(r.logging.dir);
   peak_tflops_ = r.logging.peak_tflops;
   peak_what_ = "logging.peak_tflops";
@@ -488,6 +530,7 @@ IterationStats Trainer::train_step(const data::Batch& batch, double lr, std::chr
   ops::fill(step_stats_, 0.0);
   Tensor loss_acc = step_stats_.flat(0, 2), norm_sq = step_stats_.flat(2, 1);
   ddp_->begin(store_.grads());
+  mem::reset_peaks();  // per-iteration peaks in the stats
   exec_->run_batch(batch, consumed_, mix_key(seed, static_cast<uint64_t>(iteration_), 0xD0), loss_scale, loss_acc);
   // Grad reductions the model leaves to the end of the step: the tied word embedding
   // between first and last stage, and sequence-parallel partial grads over tp.
@@ -550,6 +593,13 @@ IterationStats Trainer::train_step(const data::Batch& batch, double lr, std::chr
   s.host_uploads = host_to_device_copies() - uploads_before;
   log::debug("iteration {}: {} host read(s) of device memory, {} upload(s) in the step", s.iteration, s.host_reads,
              s.host_uploads);
+  const mem::Snapshot ms = mem::snapshot();
+  s.mem_weights = ms[mem::Role::weights].live;
+  s.mem_grads = ms[mem::Role::grads].live;
+  s.mem_optimizer = ms[mem::Role::optimizer].live;
+  s.mem_activations_peak = ms[mem::Role::activations].peak;
+  s.mem_workspace_peak = ms[mem::Role::workspace].peak;
+  s.mem_saved_activations_peak = exec_->peak_activation_bytes();
   return s;
 }
 
@@ -558,6 +608,7 @@ IterationStats Trainer::train_step(const data::Batch& batch, double lr, std::chr
 void Trainer::training_log(const IterationStats& s, const data::Batch& batch) {
   comm_report_->write(s.iteration, s.global_batch_size, batch.micro_batches, overlap_dp_ ? ddp_->num_buckets() : 0,
                       overlap_dp_ ? ddp_->started_early() : 0);
+  memory_report_->write(s);
   if (opts_.on_iteration) opts_.on_iteration(s);
   summary_.iterations.push_back(s);
   const int64_t total_iters = run_.iterations;

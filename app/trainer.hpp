@@ -27,6 +27,12 @@ struct IterationStats {
   // Copies this step made from device memory to the host (host round trips; the design
   // is one) and from the host to the device (token and mask uploads). 0 on the CPU.
   int64_t host_reads = 0, host_uploads = 0;
+  // Tensor bytes this rank holds by role (core/mem_account.hpp): weights, gradients and
+  // optimizer state live after the step; the peaks of activations (everything the forward
+  // passes allocate) and of workspace (everything else) during this iteration; and the peak
+  // of the activations the chunks keep for their backward (app/pipeline_executor.hpp).
+  int64_t mem_weights = 0, mem_grads = 0, mem_optimizer = 0;
+  int64_t mem_activations_peak = 0, mem_saved_activations_peak = 0, mem_workspace_peak = 0;
 };
 
 struct TrainOptions {
@@ -36,6 +42,9 @@ struct TrainOptions {
   // Every rank writes its bytes sent per group and iteration to LOGDIR/bytes_rank<R>.jsonl
   // (`mtnlg train --comm-report`; checked against the planner's formulas in tests).
   bool comm_report = false;
+  // Every rank writes its tensor bytes by role each iteration to LOGDIR/memory_rank<R>.jsonl
+  // (`mtnlg train --memory-report`; checked against `mtnlg plan` in tests).
+  bool memory_report = false;
 };
 
 struct TrainSummary {

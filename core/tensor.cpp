@@ -76,9 +76,11 @@ Storage::Storage(int64_t bytes, Device dev) : bytes_(bytes), dev_(dev) {
     if (!h.alloc) throw_runtime("a CUDA tensor was requested but this mtnlg has no CUDA backend (built with MTNLG_CUDA=OFF?)");
     ptr_ = h.alloc(n);
   }
+  role_ = mem::on_alloc(bytes_);
 }
 
 Storage::~Storage() {
+  mem::on_free(bytes_, role_);
   if (dev_ != Device::cuda)
     std::free(ptr_);
   else if (cuda_allocator_hooks().free)

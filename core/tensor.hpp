@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "core/mem_account.hpp"
 
 namespace mtnlg {
 
@@ -44,6 +45,7 @@ class Storage {
   void* ptr_ = nullptr;
   int64_t bytes_ = 0;
   Device dev_;
+  mem::Role role_ = mem::Role::workspace;  // counted under it (core/mem_account.hpp)
 };
 
 // Hooks the CUDA backend installs at start-up (core/cuda/*). Unset = no CUDA.

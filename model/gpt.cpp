@@ -128,6 +128,7 @@ struct GptChunk::Saved {
       if (l.ln2_full.defined() && l.ln2_full.raw() != l.ln2.raw()) add(l.ln2_full);
     }
     for (auto* t : {&tokens, &targets, &x_out, &lnf, &meanf, &rstdf, &logits, &rowmax, &sumexp}) add(*t);
+    if (lnf_full.defined() && lnf_full.raw() != lnf.raw()) add(lnf_full);  // gathered under SP
     return b;
   }
 };

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "core/mem_account.hpp"
 #include "core/ops.hpp"
 #include "core/rng.hpp"
 
@@ -34,8 +35,17 @@ void ParamStore::finalize(DType master, DType compute, Device dev) {
     ops::fill(t, 0.0);
     return t;
   };
-  params_ = zeros(master);
-  grads_ = zeros(master);
+  // Memory roles as the planner counts them: the master copy is the weights when the model
+  // computes in it, else part of the optimizer state (with Adam's moments).
+  {
+    mem::RoleScope role(compute == master ? mem::Role::weights : mem::Role::optimizer);
+    params_ = zeros(master);
+  }
+  {
+    mem::RoleScope role(mem::Role::grads);
+    grads_ = zeros(master);
+  }
+  mem::RoleScope role(mem::Role::weights);
   weights_ = compute == master ? params_ : zeros(compute);
 }
 

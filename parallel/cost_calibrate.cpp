@@ -18,10 +18,11 @@ GpuSpec scaled(const GpuSpec& base, const double logk[3]) {
   return g;
 }
 
-std::vector<double> predict(const GpuSpec& g, const std::vector<Observation>& runs, int64_t per_node) {
+std::vector<double> predict(const GpuSpec& g, const std::vector<Observation>& runs, int64_t per_node,
+                            const SoftwareProfile& sw) {
   std::vector<double> out;
   for (auto& o : runs) {
-    Cluster c{g, per_node};
+    Cluster c{g, per_node, sw};
     out.push_back(iteration_time(o.recipe, o.layout, c, o.recipe.training.global_batch_size));
   }
   return out;
@@ -38,7 +39,8 @@ double loss(const std::vector<double>& pred, const std::vector<Observation>& run
 
 }  // namespace
 
-CalibrationResult calibrate(const GpuSpec& base, const std::vector<Observation>& runs, int64_t gpus_per_node) {
+CalibrationResult calibrate(const GpuSpec& base, const std::vector<Observation>& runs, int64_t gpus_per_node,
+                            const SoftwareProfile& software) {
   if (runs.empty()) throw_input("calibrate: no measured runs");
   for (auto& o : runs)
     if (!(o.step_time_s > 0) || !std::isfinite(o.step_time_s))
@@ -48,7 +50,7 @@ CalibrationResult calibrate(const GpuSpec& base, const std::vector<Observation>&
   // Coarse grid over the free log-multipliers (factors e^-4 .. e^4), then coordinate
   // search with halving steps from the best grid point; multipliers stay within e^+-6 so a
   // constant the runs cannot see (a roofline term that never binds) does not run away.
-  auto eval = [&](const double y[3]) { return loss(predict(scaled(base, y), runs, gpus_per_node), runs); };
+  auto eval = [&](const double y[3]) { return loss(predict(scaled(base, y), runs, gpus_per_node, software), runs); };
   double x[3] = {0, 0, 0};
   double best = eval(x);
   const int n0 = 9, n1 = free > 1 ? 9 : 1, n2 = free > 2 ? 9 : 1;
@@ -86,7 +88,7 @@ CalibrationResult calibrate(const GpuSpec& base, const std::vector<Observation>&
   r.bandwidth_scale = std::exp(x[1]);
   r.overhead_scale = std::exp(x[2]);
   r.free_parameters = free;
-  r.predicted = predict(r.gpu, runs, gpus_per_node);
+  r.predicted = predict(r.gpu, runs, gpus_per_node, software);
   double s = 0;
   for (size_t i = 0; i < runs.size(); ++i) {
     const double e = r.predicted[i] / runs[i].step_time_s - 1.0;

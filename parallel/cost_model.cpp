@@ -11,6 +11,7 @@
 
 #include "core/error.hpp"
 #include "schedules/batch_schedule.hpp"
+#include "schedules/pipeline_schedule.hpp"
 
 namespace mtnlg::cost {
 
@@ -49,6 +50,10 @@ const std::vector<SoftwareProfile>& software_table() {
        "Megatron-DeepSpeed as used for MT-NLG 530B (Smith et al. 2022): Megatron tensor slicing, DeepSpeed pipeline "
        "engine (blocking unbatched p2p of tensor-partitioned messages, no interleaving), 2021 kernel stack",
        0.70, true, 4, 4, false},
+      {"mtnlg",
+       "this trainer (mtnlg train): megatron-lm's execution model, activations as model/gpt.cpp keeps them "
+       "(flash-style attention, the exact schedule's in-flight microbatches)",
+       1.0, true, 2, 4, true, true, true},
   };
   return table;
 }
@@ -166,7 +171,9 @@ LayerTime layer_time(const Shape& sh, const Layout& l, const Cluster& c, Precisi
                        gemm_time(g, peak, h, sh.f / t, T) + gemm_time(g, peak, sh.f / t, h, T);
   // Attention core: scores = Q K^T and context = P V, batched over b * heads.
   const double att_f = gemm_time(g, peak, s, s, dh, b * heads) + gemm_time(g, peak, s, dh, s, b * heads);
-  const double att_b = 2 * att_f;
+  const bool flash = c.software.flash_attention;
+  // Flash-style: the backward also recomputes the scores Q K^T (half the forward's GEMMs).
+  const double att_b = flash ? 2.5 * att_f : 2 * att_f;
   // Memory-bound element-wise kernels (bytes moved through HBM).
   const double region = l.sequence_parallel ? double(t) : 1.0;  // SP shards LN/dropout regions
   const double E = double(T) * double(h) / region;
@@ -174,7 +181,7 @@ LayerTime layer_time(const Shape& sh, const Layout& l, const Cluster& c, Precisi
   const double bda_bytes = 2 * (3 * e + 1) * E;             // 2 bias-dropout-add: x, residual, out, mask
   const double gelu_bytes = 2 * e * double(T) * double(sh.f) / double(t);  // bias-GeLU read + write
   const double S = double(b) * double(heads) * double(s) * double(s);
-  const double softmax_bytes = (4 * e + 1) * S;             // fused scale-mask-softmax + dropout (mask 1 byte)
+  const double softmax_bytes = flash ? 0.0 : (4 * e + 1) * S;  // fused scale-mask-softmax + dropout (mask 1 byte)
   const double elem_f = (ln_bytes + bda_bytes + gelu_bytes) / g.hbm_bw;
   const double attn_elem_f = softmax_bytes / g.hbm_bw;
   // Kernel launches not covered by the GEMMs above (LN, dropout, softmax, GeLU, adds, copies).
@@ -185,7 +192,7 @@ LayerTime layer_time(const Shape& sh, const Layout& l, const Cluster& c, Precisi
   if (t > 1) tp_one = allreduce_time(double(T) * double(h) * e, t, group_link(c, 1, t));
   r.tp_fwd = 2 * tp_one;
   r.tp_bwd = 2 * tp_one;
-  r.attn_core = att_f + attn_elem_f;
+  r.attn_core = flash ? 0.0 : att_f + attn_elem_f;  // what selective recompute redoes
   r.fwd = lin_f + att_f + elem_f + attn_elem_f + launches_f + r.tp_fwd;
   r.bwd = lin_b + att_b + 2 * (elem_f + attn_elem_f + launches_f) + r.tp_bwd;
   return r;
@@ -209,6 +216,55 @@ double layer_activation_bytes(const Shape& sh, const Layout& l, Precision prec, 
     per = rc == RecomputeGranularity::selective ? 10.0 + 24.0 / t : 10.0 + 24.0 / t + att / t;
   }
   return per * sbh * scale;
+}
+
+// Bytes mtnlg's trainer keeps for the backward of one microbatch through one model chunk
+// of `layers` layers (model/gpt.cpp GptChunk::LayerActs and Saved; e = the compute dtype,
+// statistics in fp32 (fp64 runs keep them in fp64, not planned here), token ids i32).
+double trainer_chunk_saved_bytes(const Shape& sh, const Layout& l, Precision prec, int64_t layers, bool head) {
+  const double e = double(element_bytes(prec)), w = 4.0;
+  const double t = double(l.tp), N = double(l.micro_batch) * double(sh.s), C = double(sh.h);
+  const bool sp = l.sequence_parallel && l.tp > 1;
+  const double R = sp ? N / t : N;  // rows of the residual stream on this rank
+  double layer;
+  if (l.recompute == RecomputeGranularity::full) {
+    layer = R * C * e;  // the layer input only
+  } else {
+    // x_in, ln1, x2, ln2 [R, C]; qkv [N, 3C/t]; att [N, C/t]; fc1, gel [N, f/t]; under SP the
+    // all-gathered ln1, ln2 [N, C]; LayerNorm mean/rstd 4 x [R] and the attention's
+    // log-sum-exp [b, a/t, s] in fp32. Selective keeps the same: no [s, s] tensor exists.
+    layer = e * (4 * R * C + N * 3 * C / t + N * C / t + 2 * N * double(sh.f) / t) + (sp ? 2 * N * C * e : 0.0) +
+            w * (4 * R + double(l.micro_batch) * double(sh.a) / t * double(sh.s));
+  }
+  double b = double(layers) * layer + 2 * N * 4;  // + token ids and targets (i32)
+  if (head)  // chunk output, final LayerNorm (+ gathered under SP) and its statistics, logits, max / sum-exp
+    b += 2 * R * C * e + (sp ? N * C * e : 0.0) + 2 * R * w + N * double(sh.V) / t * e + 2 * N * w;
+  return b;
+}
+
+// The most bytes pipeline rank `st` keeps at once: its schedule table walked with each
+// (microbatch, chunk) forward adding that chunk's saved bytes and its backward removing
+// them (what app/pipeline_executor.cpp reports as the peak of saved activations).
+double trainer_stage_activation_bytes(const Shape& sh, const Layout& l, Precision prec, int64_t st, int64_t m) {
+  const int64_t per_chunk = l.stage_layers[static_cast<size_t>(st)] / l.vp;
+  std::vector<schedules::PipeAction> table;
+  if (l.pp == 1 && l.vp == 1)
+    table = schedules::schedule_no_pipelining(m);
+  else if (l.vp > 1)
+    table = schedules::schedule_interleaved_1f1b(l.pp, st, m, l.vp);
+  else
+    table = schedules::schedule_1f1b(l.pp, st, m);
+  double held = 0, peak = 0;
+  for (const auto& a : table) {
+    const bool head = st == l.pp - 1 && a.chunk == l.vp - 1;
+    if (a.op == schedules::PipeOp::forward) {
+      held += trainer_chunk_saved_bytes(sh, l, prec, per_chunk, head);
+      peak = std::max(peak, held);
+    } else if (a.op == schedules::PipeOp::backward) {
+      held -= trainer_chunk_saved_bytes(sh, l, prec, per_chunk, head);
+    }
+  }
+  return peak;
 }
 
 }  // namespace
@@ -433,29 +489,45 @@ Computed compute_stages(const Recipe& r, const Layout& l, const Cluster& c_in) {
       if (l.pp > 1) params += double(sh.V) * double(sh.h) / t;  // the tied output embedding copy
     }
     mem.params = params;
+    // ZeRO-1 shards are ceil(params / d): the trainer pads the buffer to a multiple of d.
+    const double shard = l.distributed_optimizer ? std::ceil(params / d) : params;
     if (prec == Precision::fp32) {
       mem.weights = 4 * params;
       mem.gradients = 4 * params;
-      mem.optimizer = 8 * params / (l.distributed_optimizer ? d : 1.0);  // Adam m, v
+      mem.optimizer = 8 * shard;  // Adam m, v
     } else {
       mem.weights = 2 * params;    // bf16/fp16 model weights
       mem.gradients = 4 * params;  // fp32 gradient accumulation buffer (Megatron)
-      mem.optimizer = 12 * params / (l.distributed_optimizer ? d : 1.0);  // fp32 master + m + v
+      mem.optimizer = 12 * shard;  // fp32 master + m + v
     }
     // In-flight microbatches on this stage under 1F1B: min(pp - stage, m); interleaving
     // adds (pp-1)/(pp*v) on the first stage (Korthikanti et al. §4.2.3).
     const double in_flight = double(std::min<int64_t>(l.pp - st, m_full));
     const double inter = l.vp > 1 ? 1.0 + double(l.pp - 1 - st) / double(l.pp * l.vp) : 1.0;
-    mem.activations = in_flight * inter * double(layers) * per_layer_act;
-    // Recompute re-materializes one layer's full activations during its backward.
-    if (l.recompute != RecomputeGranularity::none && layers > 0) mem.activations += per_layer_full_act;
-    if (first) mem.embedding = double(sh.s) * double(l.micro_batch) * double(sh.h) * double(l.pp) / t;
-    if (last) mem.logits = 4.0 * double(sh.s) * double(l.micro_batch) * double(sh.V) / t;
+    double rematerialized = 0;  // recompute re-materializes one layer's full activations in its backward
+    if (l.recompute != RecomputeGranularity::none && layers > 0) rematerialized = per_layer_full_act;
+    if (c.software.trainer_activations) {
+      // Everything the trainer keeps (head and token ids included); the layer a full
+      // recompute re-materializes lives in the backward's workspace.
+      mem.activations = trainer_stage_activation_bytes(sh, l, prec, st, m_full);
+      rematerialized = 0;
+      if (l.recompute == RecomputeGranularity::full && layers > 0) {
+        Layout kept_all = l;
+        kept_all.recompute = RecomputeGranularity::none;
+        const Layout& ka = kept_all;
+        rematerialized = trainer_chunk_saved_bytes(sh, ka, prec, 1, false) - trainer_chunk_saved_bytes(sh, ka, prec, 0, false);
+      }
+    } else {
+      mem.activations = in_flight * inter * double(layers) * per_layer_act + rematerialized;
+      rematerialized = 0;
+      if (first) mem.embedding = double(sh.s) * double(l.micro_batch) * double(sh.h) * double(l.pp) / t;
+      if (last) mem.logits = 4.0 * double(sh.s) * double(l.micro_batch) * double(sh.V) / t;
+    }
     // Two p2p receive buffers and two send buffers + NCCL channel buffers (~0.5 GiB).
     mem.comm_buffers = (l.pp > 1 ? 4 * act_msg : 0) + 0.5 * kGiB;
     // CUDA context + cuBLAS workspace (~1 GiB) and allocator fragmentation (5% of the rest).
     const double rest = mem.weights + mem.gradients + mem.optimizer + mem.activations + mem.embedding + mem.logits;
-    mem.workspace = 1.0 * kGiB + 0.05 * rest;
+    mem.workspace = 1.0 * kGiB + 0.05 * rest + rematerialized;
     mem.total = rest + mem.comm_buffers + mem.workspace;
     out.mem.push_back(mem);
 

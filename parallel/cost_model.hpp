@@ -93,6 +93,18 @@ struct SoftwareProfile {
   // Whether the engine has Megatron's interleaved 1F1B schedule (virtual stages);
   // DeepSpeed's pipeline engine does not: plan rejects vp > 1 and the search skips it.
   bool interleaved_schedule = true;
+  // How activations are counted. false: Korthikanti et al. 2022 Table 2 (Megatron-LM keeps
+  // the attention probabilities unless selective) with the in-flight formula of their
+  // Section 4.2.3. true: the tensors mtnlg's own trainer keeps per microbatch and chunk
+  // (model/gpt.cpp: flash-style attention keeps the log-sum-exp, never the probabilities;
+  // under sequence parallelism the all-gathered LayerNorm outputs are kept), summed over the
+  // microbatches in flight in the trainer's schedule table (schedules/pipeline_schedule.hpp).
+  bool trainer_activations = false;
+  // Flash-style attention (this trainer, core/ops attention_*_lse): the probabilities are
+  // never written to memory (no s x s element-wise traffic), the backward recomputes them
+  // from Q, K and the log-sum-exp in every recompute mode (half the forward attention
+  // GEMMs again), so selective recompute adds nothing.
+  bool flash_attention = false;
 };
 
 // Throws InputError listing the valid names when `name` is unknown.
@@ -127,7 +139,8 @@ struct CalibrationResult {
 // Fits the GPU constants to measured runs: with one run only the compute rate, with two
 // compute and memory bandwidth, with three or more also the per-kernel overhead; the
 // others keep `base`'s values. Least squares on log(pred/meas) by coordinate search.
-CalibrationResult calibrate(const GpuSpec& base, const std::vector<Observation>& runs, int64_t gpus_per_node = 8);
+CalibrationResult calibrate(const GpuSpec& base, const std::vector<Observation>& runs, int64_t gpus_per_node = 8,
+                            const SoftwareProfile& software = software_profile("megatron-lm"));
 
 // ---- communication bytes --------------------------------------------------------------
 
@@ -161,7 +174,9 @@ struct StageMemory {
   int64_t layers = 0;
   double params = 0;  // parameters held by one GPU of this stage
   double weights = 0, gradients = 0, optimizer = 0;
-  double activations = 0;  // transformer layers' saved activations (in-flight microbatches)
+  double activations = 0;  // transformer layers' saved activations (in-flight microbatches);
+                           // with SoftwareProfile::trainer_activations also the head's and the
+                           // token ids, i.e. everything the trainer keeps for the backward
   double embedding = 0;    // first stage: embedding output / dropout mask
   double logits = 0;       // last stage: fp32 logits for the cross-entropy
   double comm_buffers = 0; // p2p send/recv buffers + collective scratch

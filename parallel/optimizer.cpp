@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/mem_account.hpp"
 #include "core/ops.hpp"
 
 namespace mtnlg::parallel {
@@ -31,6 +32,7 @@ DistributedAdamW::DistributedAdamW(const OptimizerConfig& cfg, std::vector<Param
     shard_begin_ = 0;
     shard_end_ = numel_;
   }
+  mem::RoleScope role(mem::Role::optimizer);  // the ZeRO-1 gather buffer above stays workspace
   m_ = zeros(shard_end_ - shard_begin_);
   v_ = zeros(shard_end_ - shard_begin_);
 }

@@ -3,7 +3,8 @@
 // trainer declares, for every layout the multi-rank tests train (test_parallel_proofs,
 // test_train_layouts). The trainer's rank-local parameters come from the same call it
 // makes (model::declare_chunk_params per pipeline rank and chunk).
-// Not covered (no trainer hook yet): activation and buffer bytes; see docs/PLANNER.md.
+// What the trainer actually allocates (activations included) is compared per rank in
+// test_plan_memory_trainer.cpp (`train --memory-report`, docs/PLANNER.md).
 #include <catch2/catch.hpp>
 
 #include <fmt/format.h>

@@ -274,3 +274,18 @@ TEST_CASE("cost: timeline SVG draws every op and a legend", "[cost]") {
   for (size_t pos = 0; (pos = svg.find("<title>", pos)) != std::string::npos; ++pos) ++n;
   CHECK(n == ops.size());
 }
+
+TEST_CASE("cost: the mtnlg profile times flash-style attention, where selective recompute is free", "[cost]") {
+  // This trainer's attention keeps only the log-sum-exp and its backward recomputes the
+  // probabilities in every mode: no s x s memory traffic, and selective costs what none does.
+  const Cluster meg{gpu_spec("a100-80g"), 8, software_profile("megatron-lm")};
+  const Cluster ours{gpu_spec("a100-80g"), 8, software_profile("mtnlg")};
+  Recipe none = gpt(48, 6144, 64, 8, 1, 4, "none"), sel = gpt(48, 6144, 64, 8, 1, 4, "selective");
+  const Layout ln = layout_from_recipe(none, 8), ls = layout_from_recipe(sel, 8);
+  CHECK(estimate(sel, ls, ours).iteration_time == Approx(estimate(none, ln, ours).iteration_time));
+  CHECK(estimate(sel, ls, meg).iteration_time > estimate(none, ln, meg).iteration_time);
+  // Its forward moves no probabilities through memory: faster than Megatron's forward.
+  CHECK(estimate(none, ln, ours).stage_times[0].forward < estimate(none, ln, meg).stage_times[0].forward);
+  // Activations: no 5as/h term, so "none" keeps far less than Korthikanti's count.
+  CHECK(estimate(none, ln, ours).stages[0].activations < 0.5 * estimate(none, ln, meg).stages[0].activations);
+}

@@ -1,0 +1,130 @@
+// `mtnlg plan --software mtnlg --json` memory per stage against what the trainer actually
+// allocates on the CPU (`mtnlg train --memory-report`: every rank's tensor bytes by role,
+// counted where Storage is allocated, core/mem_account.hpp), for tiny layouts covering
+// tp, pp, dp, ZeRO-1, sequence parallelism, interleaving and the three recompute modes:
+//  - weights, gradients, optimizer state: equal to the byte (ZeRO-1: the planner gives the
+//    largest shard, ceil(P/d); the last dp rank's shard can be smaller);
+//  - the activations the chunks keep for their backward (the executor's peak of saved
+//    bytes): equal to the byte (the planner walks the same schedule table);
+//  - everything the forward passes allocate (the "activations" role's peak): at least the
+//    planner's figure and at most planner + one layer's forward temporaries + the chunk
+//    outputs held by unfinished sends (docs/PLANNER.md "Memory: planner against trainer").
+#include <catch2/catch.hpp>
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "core/recipe.hpp"
+#include "test/support/test_support.hpp"
+
+using namespace mtnlg;
+
+namespace {
+
+std::string mpirun(int np) { return "sh " + test::source_dir() + "/test/mpi/mpirun.sh " + std::to_string(np) + " "; }
+
+nlohmann::json last_line(const std::filesystem::path& p) {
+  std::ifstream in(p);
+  std::string line, last;
+  while (std::getline(in, line))
+    if (!line.empty()) last = line;
+  REQUIRE(!last.empty());
+  return nlohmann::json::parse(last);
+}
+
+// What the forward passes allocate beyond what they keep, at most: one layer's forward
+// tensors (every tensor layer_forward allocates, as if none were freed: ln1, its gathered
+// copy, qkv, att, the projection's partial and reduced outputs, x2, ln2 and its gathered
+// copy, fc1, gel, fc2's partial and reduced outputs, y; statistics and log-sum-exp in fp32)
+// -- the transient of a full-recompute layer or of the head -- plus the chunk outputs of
+// every microbatch and chunk, which stay referenced by their nonblocking sends until the
+// step's end (app/pipeline_executor.cpp waits for all sends after the schedule).
+double transient_bound(const Recipe& r, const nlohmann::json& plan) {
+  const auto& L = plan["layout"];
+  const double t = double(L["tp"].get<int64_t>()), b = double(r.training.micro_batch_size);
+  const double dp = double(L["dp"].get<int64_t>()), v = double(L["virtual_stages"].get<int64_t>());
+  const double N = b * double(r.model.seq_length), C = double(r.model.hidden_size), e = 4, w = 4;
+  const double f = 4 * C, a = double(r.model.num_attention_heads), V = double(r.model.padded_vocab_size(int64_t(t)));
+  const double R = L["sequence_parallel"].get<bool>() ? N / t : N;
+  const double layer = e * (8 * N * C + N * 3 * C / t + N * C / t + 2 * N * f / t) + w * (4 * N + b * a / t * double(r.model.seq_length));
+  const double head = e * (3 * N * C + N * V / t) + w * 6 * N;
+  const double m = double(r.training.global_batch_size) / (b * dp);
+  return std::max(layer, head) + m * v * R * C * e;
+}
+
+}  // namespace
+
+TEST_CASE("planner memory per rank equals the trainer's tensor bytes by role", "[e2e][memory]") {
+  struct Case {
+    const char* name;
+    int np;
+    std::string sets;
+  } cases[] = {
+      {"single-none", 1, ""},
+      {"single-selective", 1, "--set parallel.recompute_granularity=selective"},
+      {"single-full", 1, "--set parallel.recompute_granularity=full"},
+      {"tp2", 2, "--set parallel.tensor_model_parallel_size=2"},
+      {"pp2", 2, "--set parallel.pipeline_model_parallel_size=2"},
+      {"dp2-zero1", 2, "--set parallel.use_distributed_optimizer=true"},
+      {"tp2-pp2-full", 4,
+       "--set parallel.tensor_model_parallel_size=2 --set parallel.pipeline_model_parallel_size=2 "
+       "--set parallel.recompute_granularity=full"},
+      {"tp2-dp2-sp-selective", 4,
+       "--set parallel.tensor_model_parallel_size=2 --set parallel.sequence_parallel=true "
+       "--set parallel.recompute_granularity=selective"},
+      {"pp4-interleaved", 4,
+       "--set parallel.pipeline_model_parallel_size=4 --set parallel.num_layers_per_virtual_pipeline_stage=1"},
+  };
+  const std::string recipe = test::source_dir() + "/recipes/tiny-ramp.yaml";
+  // Iterations 1-2 run the ramp's batch 8, iteration 3 the full batch 16 the planner assumes.
+  const std::string common = " --set training.train_iters=3 --set training.num_threads=1";
+  for (const auto& c : cases) {
+    SECTION(c.name) {
+      test::TempDir dir(std::string("mem-") + c.name);
+      const std::string sets = std::string(" ") + c.sets + common;
+      const std::string train = (c.np > 1 ? mpirun(c.np) : std::string()) + MTNLG_BINARY + " train " + recipe +
+                                " --quiet --memory-report" + sets + " --set logging.dir=" + dir.str();
+      auto res = test::run_command("timeout -k 5 180 " + train);
+      INFO(train << "\n" << res.out);
+      REQUIRE(res.exit_code == 0);
+      auto plan = test::run_mtnlg(fmt::format("plan {} {} --gpus {} --gpu cpu --software mtnlg --json 2>&1", recipe, sets,
+                                              c.np));
+      INFO(plan.out);
+      REQUIRE(plan.exit_code == 0);
+      const auto pj = nlohmann::json::parse(plan.out);
+      std::vector<std::string> set_list;
+      {
+        std::istringstream in(sets);
+        std::string w;
+        while (in >> w)
+          if (w != "--set") set_list.push_back(w);
+      }
+      const Recipe r = load_recipe(recipe, set_list);
+      const int64_t dp = c.np / (pj["layout"]["tp"].get<int64_t>() * pj["layout"]["pp"].get<int64_t>());
+      for (int rank = 0; rank < c.np; ++rank) {
+        const auto got = last_line(dir.path() / fmt::format("memory_rank{}.jsonl", rank));
+        const int64_t st = got["pp_rank"].get<int64_t>();
+        const auto& b = pj["stages"][static_cast<size_t>(st)]["breakdown"];
+        auto bytes = [&](const char* k) { return b[k].get<double>() * 1073741824.0; };
+        INFO("rank " << rank << " stage " << st << ": " << got.dump() << "\nplan: " << b.dump());
+        CHECK(double(got["weights"].get<int64_t>()) == bytes("weights_gib"));
+        CHECK(double(got["grads"].get<int64_t>()) == bytes("gradients_gib"));
+        if (got["dp_rank"].get<int64_t>() == 0 || dp == 1)
+          CHECK(double(got["optimizer"].get<int64_t>()) == bytes("optimizer_gib"));
+        else
+          CHECK(double(got["optimizer"].get<int64_t>()) <= bytes("optimizer_gib"));
+        const double planned = bytes("activations_gib");
+        CHECK(double(got["saved_activations_peak"].get<int64_t>()) == planned);
+        const double all_forward = double(got["activations_peak"].get<int64_t>());
+        CHECK(all_forward >= planned);
+        CHECK(all_forward <= planned + transient_bound(r, pj));
+        WARN(c.name << " rank " << rank << ": forward allocations peak " << all_forward << " B, planned " << planned
+                    << " B (+" << fmt::format("{:.1f}", 100 * (all_forward / planned - 1)) << "%)");
+      }
+    }
+  }
+}
