@@ -4,7 +4,7 @@
 #pragma once
 #include <string>
 
-#include "core/recipe.hpp"
+#include "config/recipe.hpp"
 #include "model/params.hpp"
 
 namespace mtnlg::app {

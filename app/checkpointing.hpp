@@ -13,7 +13,7 @@
 #include <optional>
 #include <thread>
 
-#include "core/recipe.hpp"
+#include "config/recipe.hpp"
 #include "model/checkpoint.hpp"
 #include "parallel/communicator.hpp"
 #include "parallel/optimizer.hpp"

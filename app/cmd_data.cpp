@@ -18,7 +18,7 @@
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "core/progress.hpp"
-#include "core/recipe.hpp"
+#include "config/recipe.hpp"
 #include "data/blended_dataset.hpp"
 #include "data/indexed_dataset.hpp"
 #include "data/merge.hpp"

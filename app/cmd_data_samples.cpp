@@ -10,7 +10,7 @@
 
 #include "app/commands.hpp"
 #include "core/error.hpp"
-#include "core/recipe.hpp"
+#include "config/recipe.hpp"
 #include "data/sample_source.hpp"
 
 namespace mtnlg::app {

@@ -19,7 +19,7 @@
 #include "app/commands.hpp"
 #include "core/atomic_file.hpp"
 #include "core/error.hpp"
-#include "core/recipe.hpp"
+#include "config/recipe.hpp"
 #include "parallel/cost_model.hpp"
 
 namespace mtnlg::app {

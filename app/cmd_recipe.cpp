@@ -2,7 +2,7 @@
 #include <cstdio>
 
 #include "app/commands.hpp"
-#include "core/recipe.hpp"
+#include "config/recipe.hpp"
 
 namespace mtnlg::app {
 

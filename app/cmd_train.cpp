@@ -9,7 +9,7 @@
 #include "app/trainer.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
-#include "core/recipe.hpp"
+#include "config/recipe.hpp"
 
 namespace mtnlg::app {
 

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "app/eval_runner.hpp"
-#include "core/recipe.hpp"
+#include "config/recipe.hpp"
 #include "model/gpt.hpp"
 #include "parallel/communicator.hpp"
 

@@ -12,7 +12,7 @@
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "core/progress.hpp"
-#include "core/recipe.hpp"
+#include "config/recipe.hpp"
 #include "data/eval/metrics.hpp"
 #include "data/eval/requests.hpp"
 

@@ -9,7 +9,7 @@
 #include "app/report_command.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
-#include "core/recipe.hpp"
+#include "config/recipe.hpp"
 #include "core/tensor.hpp"
 
 int main(int argc, char** argv) {

@@ -6,7 +6,7 @@
 #include <memory>
 #include <vector>
 
-#include "core/recipe.hpp"
+#include "config/recipe.hpp"
 #include "data/sample_source.hpp"
 #include "model/gpt.hpp"
 #include "parallel/communicator.hpp"

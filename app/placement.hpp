@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <string>
 
-#include "core/recipe.hpp"
+#include "config/recipe.hpp"
 #include "core/tensor.hpp"
 
 namespace mtnlg::app {

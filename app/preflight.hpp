@@ -5,7 +5,7 @@
 #include <memory>
 #include <string>
 
-#include "core/recipe.hpp"
+#include "config/recipe.hpp"
 #include "parallel/communicator.hpp"
 
 namespace mtnlg::app {

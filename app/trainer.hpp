@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "core/recipe.hpp"
+#include "config/recipe.hpp"
 #include "parallel/communicator.hpp"
 
 namespace mtnlg::app {

@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "core/recipe.hpp"
+#include "config/recipe.hpp"
 #include "model/gpt.hpp"
 #include "parallel/communicator.hpp"
 

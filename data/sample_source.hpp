@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "core/recipe.hpp"
+#include "config/recipe.hpp"
 
 namespace mtnlg::data {
 

@@ -13,7 +13,7 @@
 
 #include "core/atomic_file.hpp"
 #include "core/log.hpp"
-#include "core/recipe.hpp"
+#include "config/recipe.hpp"
 #include "core/safetensors.hpp"
 #include "core/ops.hpp"
 #include "core/tensorboard.hpp"

@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "core/ops.hpp"
-#include "core/recipe.hpp"
+#include "config/recipe.hpp"
 #include "core/tensor.hpp"
 #include "model/params.hpp"
 #include "parallel/communicator.hpp"

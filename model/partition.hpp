@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/recipe.hpp"
+#include "config/recipe.hpp"
 #include "model/gpt.hpp"
 
 namespace mtnlg::model {

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "core/recipe.hpp"
+#include "config/recipe.hpp"
 
 namespace mtnlg::cost {
 

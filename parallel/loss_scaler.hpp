@@ -19,7 +19,7 @@
 #pragma once
 #include <cstdint>
 
-#include "core/recipe.hpp"
+#include "config/training.hpp"
 
 namespace mtnlg::parallel {
 

@@ -20,7 +20,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/recipe.hpp"
+#include "config/training.hpp"
 #include "core/tensor.hpp"
 #include "parallel/communicator.hpp"
 

@@ -4,7 +4,7 @@
 #pragma once
 #include <cstdint>
 
-#include "core/recipe.hpp"
+#include "config/training.hpp"
 
 namespace mtnlg::schedules {
 

@@ -7,7 +7,7 @@
 #include <cstring>
 
 #include "core/error.hpp"
-#include "core/recipe.hpp"
+#include "core/parse.hpp"
 
 namespace mtnlg::cuda {
 

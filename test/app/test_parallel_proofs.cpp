@@ -15,7 +15,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
-#include "core/recipe.hpp"
+#include "config/recipe.hpp"
 #include "parallel/cost_model.hpp"
 #include "test/support/test_support.hpp"
 

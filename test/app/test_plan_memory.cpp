@@ -9,7 +9,7 @@
 
 #include <fmt/format.h>
 
-#include "core/recipe.hpp"
+#include "config/recipe.hpp"
 #include "model/gpt.hpp"
 #include "model/params.hpp"
 #include "parallel/cost_model.hpp"

@@ -18,7 +18,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "core/recipe.hpp"
+#include "config/recipe.hpp"
 #include "test/support/test_support.hpp"
 
 using namespace mtnlg;

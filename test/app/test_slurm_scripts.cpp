@@ -8,7 +8,7 @@
 #include <map>
 #include <sstream>
 
-#include "core/recipe.hpp"
+#include "config/recipe.hpp"
 #include "test/support/test_support.hpp"
 
 using namespace mtnlg;

@@ -8,7 +8,7 @@
 #include <cstdio>
 
 #include "core/error.hpp"
-#include "core/recipe.hpp"
+#include "config/recipe.hpp"
 #include "parallel/cost_model.hpp"
 #include "test/support/test_support.hpp"
 

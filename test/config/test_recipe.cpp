@@ -2,7 +2,7 @@
 #include <filesystem>
 
 #include "core/error.hpp"
-#include "core/recipe.hpp"
+#include "config/recipe.hpp"
 #include "test/support/test_support.hpp"
 
 using namespace mtnlg;

@@ -1,0 +1,24 @@
+// The parallel section of a recipe: the layout, recompute and gradient buckets.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace mtnlg {
+
+enum class RecomputeGranularity { none, selective, full };
+std::string to_string(RecomputeGranularity r);
+
+struct ParallelConfig {
+  int64_t tensor_model_parallel_size = 1;
+  int64_t pipeline_model_parallel_size = 1;
+  int64_t num_layers_per_virtual_pipeline_stage = 0;  // 0 = no interleaving
+  std::vector<int64_t> pipeline_layers;               // layers per stage; empty = even split
+  bool sequence_parallel = false;
+  bool use_distributed_optimizer = false;
+  RecomputeGranularity recompute_granularity = RecomputeGranularity::none;
+  int64_t ddp_bucket_size = 0;  // elements per gradient bucket; 0 = max(40M, 1M*dp)
+};
+
+}  // namespace mtnlg

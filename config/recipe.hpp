@@ -1,0 +1,61 @@
+// The recipe: a YAML file parsed into typed, validated structs, one per subsystem
+// (config/model.hpp, parallel.hpp, training.hpp, data.hpp, output.hpp), which the
+// subsystems include on their own. Keys are Megatron's argument names in snake_case
+// (docs/RECIPES.md lists every key, its default and range). Precedence: defaults <
+// recipe file < --set overrides. Unknown keys, wrong types and out-of-range values throw
+// InputError naming file:line:col; validate() applies the cross-field rules after all
+// values are known.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "config/data.hpp"
+#include "config/model.hpp"
+#include "config/output.hpp"
+#include "config/parallel.hpp"
+#include "config/training.hpp"
+#include "core/parse.hpp"
+
+namespace YAML {
+class Node;
+}
+
+namespace mtnlg {
+
+struct Recipe {
+  std::string name;         // file stem, e.g. "mtnlg-530b"
+  std::string source_path;  // where it was read from ("" for built in)
+  ModelConfig model;
+  ParallelConfig parallel;
+  TrainingConfig training;
+  OptimizerConfig optimizer;
+  DataConfig data;
+  CheckpointConfig checkpoint;
+  LoggingConfig logging;
+  // What the overrides did beyond setting their key (e.g. a --set of one run length
+  // replacing the recipe's other one), for `recipe show` and the run log.
+  std::vector<std::string> notes;
+
+  int64_t tp() const { return parallel.tensor_model_parallel_size; }
+  int64_t pp() const { return parallel.pipeline_model_parallel_size; }
+};
+
+// Reads `path`, applies `overrides` ("section.key=value", value parsed as YAML), fills
+// defaults and runs validate(). Throws InputError with file:line:col on any problem.
+Recipe load_recipe(const std::string& path, const std::vector<std::string>& overrides = {});
+// Same from YAML text (tests); `origin` stands in for the file name in messages.
+Recipe parse_recipe(const std::string& yaml_text, const std::string& origin,
+                    const std::vector<std::string>& overrides = {});
+
+// Cross-field rules that hold for any world size (hidden % heads, batch sizes, ramp,
+// layers vs stages...). Throws InputError naming the fields.
+void validate(const Recipe& r);
+// Rules that need the world size: world % (tp*pp) == 0, batch divisible by mbs*dp.
+void validate_layout(const Recipe& r, int64_t world_size);
+
+// The resolved recipe as YAML (every key, defaults filled in) — `recipe show` and
+// recipe.resolved.yaml. Parsing the output gives back an equal recipe.
+std::string to_yaml(const Recipe& r);
+
+}  // namespace mtnlg
