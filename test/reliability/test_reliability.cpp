@@ -453,8 +453,8 @@ TEST_CASE("reliability 8: a rank that stops answering ends the job, named, withi
   // timeout the job must end non-zero long before the 60 s guard, and the first line
   // printed names rank 3 by its coordinates (which alive rank saw it first may vary).
   test::TempDir d("rel-watchdog");
-  const std::string cmd = "MTNLG_FAULT_INJECT=rank=3:iteration=2:mode=stop MTNLG_COLLECTIVE_TIMEOUT=3 timeout --verbose -k 5 60 sh " +
-                          test::source_dir() + "/test/mpi/mpirun.sh 4 " + MTNLG_BINARY + " train " + kRecipe + kSets +
+  const std::string cmd = "MTNLG_FAULT_INJECT=rank=3:iteration=2:mode=stop MTNLG_COLLECTIVE_TIMEOUT=3 timeout --verbose -k 5 60 " +
+                          test::mpirun(4) + MTNLG_BINARY + " train " + kRecipe + kSets +
                           " --set parallel.tensor_model_parallel_size=2 --set parallel.pipeline_model_parallel_size=2"
                           " --set logging.dir=" +
                           d.str();
