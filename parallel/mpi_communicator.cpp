@@ -180,7 +180,7 @@ struct Watchdog {
   std::deque<Query> queries;  // send buffers of queries: kept, they are few (timeouts only)
   std::list<std::pair<Reply, MPI_Request>> replies_out;
 };
-Watchdog g_wd;
+Watchdog& g_wd = *new Watchdog;  // never destroyed: communicators may outlive static destruction order
 
 std::string host_of(int64_t world_rank) {
   return world_rank >= 0 && world_rank < static_cast<int64_t>(g_wd.hosts.size()) ? g_wd.hosts[static_cast<size_t>(world_rank)]
