@@ -1,7 +1,10 @@
 // MPI backend of Communicator (host buffers). Compiled only when MTNLG_HAVE_MPI.
 // Every call runs under MPI_ERRORS_RETURN and turns a failure into RuntimeError
 // naming the operation, the group and this process's global rank. Counts above
-// INT_MAX are split into several calls where the operation allows it.
+// INT_MAX are split into several calls where the operation allows it. With the
+// collective watchdog on (parallel/watchdog.hpp) each operation is issued in its
+// nonblocking form and waited for by watched_wait(), which ends the job, naming the
+// rank that did not arrive, when the wait passes the timeout; off, the blocking calls.
 #ifdef MTNLG_HAVE_MPI
 // The C API only: Open MPI's mpi.h would otherwise pull in the deprecated C++ bindings,
 // which live in a library (libmpi_cxx) we do not link.
