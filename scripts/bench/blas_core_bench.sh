@@ -59,6 +59,7 @@ for r in $(seq "$rounds"); do
     core[$setup]=$c
   done
 done
+# The middle value of the rounds (of an even count, the lower middle one).
 med() { printf '%s\n' $1 | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 cpu=$(lscpu | sed -n 's/^Model name: *//p' | head -1)
 what="GPT-2 124M fp32 B=4 T=64, $steps steps"
