@@ -15,6 +15,7 @@
 #include "model/checkpoint.hpp"
 #include "core/atomic_file.hpp"
 #include "core/error.hpp"
+#include "parallel/watchdog.hpp"
 #include "core/log.hpp"
 
 namespace mtnlg::app {
@@ -91,6 +92,7 @@ void run(const EvalArgs& a) {
     const std::string dir = model::ckpt::resolve(a.checkpoint);
     Recipe r = parse_recipe(model::ckpt::read_metadata(dir).recipe_yaml, dir + "/metadata.json", a.sets);
     validate_layout(r, launch.world_size);
+    parallel::set_collective_timeout(r.parallel.distributed_timeout_minutes * 60);
     auto world = parallel::init_world(launch);
     log::context().rank = static_cast<int>(launch.rank);
     log::context().world = static_cast<int>(launch.world_size);

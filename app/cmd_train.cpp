@@ -10,6 +10,7 @@
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "config/recipe.hpp"
+#include "parallel/watchdog.hpp"
 
 namespace mtnlg::app {
 
@@ -46,13 +47,17 @@ void register_train(CLI::App& app) {
       "Checkpoints: checkpoint.load resumes (a directory without a checkpoint starts fresh); SIGTERM, SIGUSR1, SIGHUP "
       "and a first Ctrl-C save at the next iteration boundary and exit (see --stopped-exit-code; a second Ctrl-C "
       "ends the process; with no checkpoint.save the run exits 1). See docs/RELIABILITY.md.\n"
-      "Testing aid: MTNLG_FAULT_INJECT=rank=R:iteration=I:mode=throw|abort|kill|sigterm|sigusr1|nan makes global "
-      "rank R, at the start of iteration I, throw an error, abort(), SIGKILL itself, raise SIGTERM/SIGUSR1, or (nan) "
-      "produce non-finite gradients from then on.");
+      "Collective watchdog: a host-side collective or transfer waiting longer than "
+      "parallel.distributed_timeout_minutes (default 10; MTNLG_COLLECTIVE_TIMEOUT=seconds overrides, 0 = off) ends "
+      "the job, naming the rank that did not arrive.\n"
+      "Testing aid: MTNLG_FAULT_INJECT=rank=R:iteration=I:mode=throw|abort|kill|stop|sigterm|sigusr1|nan makes global "
+      "rank R, at the start of iteration I, throw an error, abort(), SIGKILL or SIGSTOP itself, raise SIGTERM/SIGUSR1, "
+      "or (nan) produce non-finite gradients from then on.");
   cmd->callback([] {
     Recipe r = load_recipe(a.recipe, a.sets);  // InputError -> exit 2 before any process group exists
     parallel::LaunchInfo info = parallel::detect_launch();
     validate_layout(r, info.world_size);
+    parallel::set_collective_timeout(r.parallel.distributed_timeout_minutes * 60);  // MTNLG_COLLECTIVE_TIMEOUT wins
     auto world = parallel::init_world(info);
     log::context().rank = static_cast<int>(info.rank);
     log::context().world = static_cast<int>(info.world_size);

@@ -141,7 +141,8 @@ class MetricsWriter {
 // ---- testing aid: MTNLG_FAULT_INJECT="rank=R:iteration=I:mode=throw|abort|kill" ---------
 // Global rank R fails at the start of iteration I (1-based): throw a RuntimeError (the
 // normal error path: message, MPI_Abort), std::abort(), or raise(SIGKILL) on itself (a
-// dead process with no goodbye). Tests use it to prove a failing rank ends the job.
+// dead process with no goodbye), or raise(SIGSTOP) (a rank that stops answering, which
+// only the collective watchdog ends). Tests use it to prove a failing rank ends the job.
 struct FaultInjection {
   int64_t rank = -1, iteration = -1;
   std::string mode;
@@ -154,7 +155,7 @@ FaultInjection fault_injection_from_env() {
   if (!env || !*env) return f;
   const std::string spec(env);
   auto bad = [&](const std::string& why) {
-    throw_input("MTNLG_FAULT_INJECT=\"{}\": {}; expected rank=R:iteration=I:mode=throw|abort|kill|sigterm|sigusr1|nan|overflow",
+    throw_input("MTNLG_FAULT_INJECT=\"{}\": {}; expected rank=R:iteration=I:mode=throw|abort|kill|stop|sigterm|sigusr1|nan|overflow",
                 spec, why);
   };
   std::stringstream ss(spec);
@@ -163,7 +164,7 @@ FaultInjection fault_injection_from_env() {
     if (eq == std::string::npos) bad("'" + part + "' is not key=value");
     std::string key = part.substr(0, eq), val = part.substr(eq + 1);
     if (key == "mode") {
-      if (val != "throw" && val != "abort" && val != "kill" && val != "sigterm" && val != "sigusr1" && val != "nan" &&
+      if (val != "throw" && val != "abort" && val != "kill" && val != "stop" && val != "sigterm" && val != "sigusr1" && val != "nan" &&
           val != "overflow")
         bad("unknown mode '" + val + "'");
       f.mode = val;
@@ -203,6 +204,10 @@ void maybe_inject_fault(const FaultInjection& f, int64_t rank, int64_t iteration
                f.mode.c_str(), static_cast<long long>(iteration));
   std::fflush(stderr);
   if (f.mode == "kill") std::raise(SIGKILL);
+  if (f.mode == "stop") {  // alive but silent (the collective watchdog's case); after SIGCONT it goes on
+    std::raise(SIGSTOP);
+    return;
+  }
   if (f.mode == "abort") std::abort();
   throw_runtime("rank {}: fault injected by MTNLG_FAULT_INJECT at iteration {}", rank, iteration);
 }

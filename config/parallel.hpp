@@ -19,6 +19,9 @@ struct ParallelConfig {
   bool use_distributed_optimizer = false;
   RecomputeGranularity recompute_granularity = RecomputeGranularity::none;
   int64_t ddp_bucket_size = 0;  // elements per gradient bucket; 0 = max(40M, 1M*dp)
+  // Collective watchdog (parallel/watchdog.hpp): a host-side collective or transfer that
+  // waits longer ends the job naming the rank that did not arrive; 0 = off.
+  double distributed_timeout_minutes = 10;
 };
 
 }  // namespace mtnlg

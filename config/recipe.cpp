@@ -239,6 +239,7 @@ const Table& table() {
                      enum_field<RecomputeGranularity>("recompute_granularity", [](Recipe& r) -> RecomputeGranularity& { return r.parallel.recompute_granularity; },
                                                       {RecomputeGranularity::none, RecomputeGranularity::selective, RecomputeGranularity::full}),
                      int_field("ddp_bucket_size", [](Recipe& r) -> int64_t& { return r.parallel.ddp_bucket_size; }, 0),
+                     dbl_field("distributed_timeout_minutes", [](Recipe& r) -> double& { return r.parallel.distributed_timeout_minutes; }, 0.0, 1e6),
                  }});
     Field ramp{
         "rampup_batch_size",

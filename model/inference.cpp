@@ -17,7 +17,7 @@ LoadedModel make_random_model(const GptConfig& cfg, uint64_t seed) {
   m.cfg = cfg;
   ChunkSpec spec{0, cfg.num_layers_total, true, true, ""};
   declare_chunk_params(m.store, cfg, spec, 0, 1);
-  m.store.finalize(DType::f32, cfg.dtype == DType::f64 ? DType::f64 : cfg.dtype);
+  m.store.finalize(DType::f32, cfg.dtype == DType::f64 ? DType::f64 : cfg.dtype, Device::cpu);
   m.store.initialize(seed, cfg.init_std, cfg.num_layers_total);
   m.store.sync_weights();
   return m;

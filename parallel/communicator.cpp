@@ -9,6 +9,7 @@
 
 #include "core/error.hpp"
 #include "parallel/nccl_communicator.hpp"
+#include "parallel/watchdog.hpp"
 
 namespace mtnlg::parallel {
 
@@ -163,6 +164,7 @@ ProcessGroups make_groups(std::shared_ptr<Communicator> world, const Topology& t
   MTNLG_CHECK(world != nullptr, "make_groups needs a world communicator");
   if (topo.world() != world->size())
     throw_input("layout {} needs {} processes but the job has {}", topo.to_string(), topo.world(), world->size());
+  set_watchdog_topology(topo);  // its reports name ranks by (tp, pp, dp)
   ProcessGroups g;
   g.topo = topo;
   g.rank = world->rank();

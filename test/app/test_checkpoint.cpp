@@ -29,7 +29,7 @@ const std::string kSets =
 
 std::string launcher(int np) {
   if (np == 1) return std::string(MTNLG_BINARY);
-  return "sh " + test::source_dir() + "/test/mpi/mpirun.sh " + std::to_string(np) + " " + MTNLG_BINARY;
+  return test::mpirun(np) + MTNLG_BINARY;
 }
 
 test::RunResult train(int np, const std::string& dir, const std::string& extra, const std::string& env = "") {

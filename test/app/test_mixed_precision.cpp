@@ -91,11 +91,8 @@ std::vector<Row> read_rows(const fs::path& run) {
 
 test::RunResult train(const std::string& recipe, const test::TempDir& run, const std::string& sets, int np = 1,
                       const std::string& env = "") {
-  std::string launcher = np == 1 ? std::string(MTNLG_BINARY)
-                                 : "sh " + test::source_dir() + "/test/mpi/mpirun.sh " + std::to_string(np) + " " + MTNLG_BINARY;
-  const std::string cmd = env + " " + launcher + " train " + recipe + " --quiet --set logging.dir=" + run.str() + " " + sets;
-  auto r = test::run_command(cmd);
-  UNSCOPED_INFO(cmd << "\n" << r.out);
+  auto r = test::run_train(recipe, run.str(), sets, np, env);
+  UNSCOPED_INFO(test::train_command(recipe, run.str(), sets, np, env) << "\n" << r.out);
   return r;
 }
 

@@ -31,7 +31,7 @@ std::string join_sets(const std::vector<std::string>& sets) {
   return s;
 }
 
-std::string mpirun(int np) { return "sh " + test::source_dir() + "/test/mpi/mpirun.sh " + std::to_string(np) + " "; }
+using test::mpirun;  // "sh test/mpi/mpirun.sh NP "
 
 // One iteration's line of bytes_rank<R>.jsonl.
 struct RankBytes {

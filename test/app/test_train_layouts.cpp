@@ -16,14 +16,9 @@ namespace {
 
 std::vector<double> run_layout(const std::string& tag, int np, const std::string& sets) {
   test::TempDir dir("layout-" + tag);
-  std::string cmd = "sh " + test::source_dir() + "/test/mpi/mpirun.sh " + std::to_string(np) + " " + MTNLG_BINARY +
-                    " train " + test::source_dir() + "/recipes/tiny-ramp.yaml --quiet --set logging.dir=" + dir.str() +
-                    " --set training.num_threads=1 " + sets;
-  if (np == 1)
-    cmd = std::string(MTNLG_BINARY) + " train " + test::source_dir() + "/recipes/tiny-ramp.yaml --quiet --set logging.dir=" +
-          dir.str() + " --set training.num_threads=1 " + sets;
-  auto r = test::run_command(cmd);
-  INFO(tag << ": " << cmd << "\n" << r.out);
+  const std::string recipe = test::source_dir() + "/recipes/tiny-ramp.yaml", all = "--set training.num_threads=1 " + sets;
+  auto r = test::run_train(recipe, dir.str(), all, np);
+  INFO(tag << ": " << test::train_command(recipe, dir.str(), all, np) << "\n" << r.out);
   REQUIRE(r.exit_code == 0);
   return test::read_losses(dir.path());
 }

@@ -1,8 +1,13 @@
-// Shared helpers for the data tests: GPT-2 vocab files and the npm tools dir.
+// Shared helpers for the data tests: GPT-2 vocab files, the npm tools dir, and the JSONL
+// corpus the preprocess/merge tests feed through the binary.
 #pragma once
+#include <zlib.h>
+
 #include <filesystem>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "data/tokenizer.hpp"
 #include "test/support/test_support.hpp"
@@ -23,6 +28,53 @@ inline std::string gpt2_dir() {
     return r.exit_code == 0 ? last_line(r.out) : std::string();
   }();
   return dir;
+}
+
+// " --vocab-file DIR/vocab.json --merge-file DIR/merges.txt" for `mtnlg data preprocess`.
+inline std::string gpt2_vocab_args() {
+  const std::string d = gpt2_dir();
+  return " --vocab-file " + d + "/vocab.json --merge-file " + d + "/merges.txt";
+}
+
+// JSONL lines of `docs` documents with varied text (multi-byte UTF-8, an emoji, spaces
+// and newlines inside the text), every 17th document empty, and a second key "title".
+// With `blank_lines`, a whitespace-only line (not a document) follows every 101st.
+inline std::vector<std::string> jsonl_corpus_lines(int64_t docs, bool blank_lines = false) {
+  std::vector<std::string> out;
+  const char* words[] = {"the", "quick", "brown", "fox", "café", "日本", "123", "don't", " ", "\n", "😀", "x"};
+  for (int64_t d = 0; d < docs; ++d) {
+    std::string text;
+    if (d % 17 != 5)
+      for (int64_t w = 0; w < 3 + (d * 7) % 40; ++w) {
+        text += words[(d * 31 + w * 7) % 12];
+        text += ' ';
+      }
+    out.push_back(nlohmann::json({{"text", text}, {"title", "doc " + std::to_string(d)}}).dump());
+    if (blank_lines && d % 101 == 7) out.push_back("   ");
+  }
+  return out;
+}
+
+// Lines [a, b), each ending in a newline.
+inline std::string join_lines(const std::vector<std::string>& lines, size_t a, size_t b) {
+  std::string s;
+  for (size_t i = a; i < b; ++i) s += lines[i] + "\n";
+  return s;
+}
+
+// The whole corpus as one JSONL text (no blank lines).
+inline std::string jsonl_corpus(int64_t docs) {
+  const auto lines = jsonl_corpus_lines(docs);
+  return join_lines(lines, 0, lines.size());
+}
+
+// `data` gzip-compressed into `p`; false when the file cannot be opened.
+inline bool write_gz(const std::filesystem::path& p, const std::string& data) {
+  gzFile g = gzopen(p.c_str(), "wb");
+  if (!g) return false;
+  gzwrite(g, data.data(), static_cast<unsigned>(data.size()));
+  gzclose(g);
+  return true;
 }
 
 inline std::shared_ptr<const data::Tokenizer> gpt2_tokenizer() {

@@ -1,6 +1,5 @@
 // `mtnlg data preprocess|inspect` through the binary: formats, worker invariance, json
 // keys, bad input (exit 2 naming file:line / key / file and mismatch), nothing half-written.
-#include <zlib.h>
 #include <zstd.h>
 
 #include <catch2/catch.hpp>
@@ -19,33 +18,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string vocab_args() {
-  const std::string d = test::gpt2_dir();
-  return " --vocab-file " + d + "/vocab.json --merge-file " + d + "/merges.txt";
-}
-
-// A JSONL corpus with varied text, some empty documents and a second key.
-std::string corpus(int64_t docs) {
-  std::string s;
-  const char* words[] = {"the", "quick", "brown", "fox", "café", "日本", "123", "don't", " ", "\n", "😀", "x"};
-  for (int64_t d = 0; d < docs; ++d) {
-    std::string text;
-    if (d % 17 != 5) {
-      for (int64_t w = 0; w < 3 + (d * 7) % 40; ++w) {
-        text += words[(d * 31 + w * 7) % 12];
-        text += ' ';
-      }
-    }
-    s += nlohmann::json({{"text", text}, {"title", "doc " + std::to_string(d)}}).dump() + "\n";
-  }
-  return s;
-}
-
-void write_gz(const fs::path& p, const std::string& data) {
-  gzFile g = gzopen(p.c_str(), "wb");
-  gzwrite(g, data.data(), static_cast<unsigned>(data.size()));
-  gzclose(g);
-}
+using test::gpt2_vocab_args;
+using test::write_gz;
+std::string corpus(int64_t docs) { return test::jsonl_corpus(docs); }
 
 void write_zst(const fs::path& p, const std::string& data) {
   std::string out(ZSTD_compressBound(data.size()), '\0');
@@ -70,7 +45,7 @@ TEST_CASE("e2e preprocess: plain/gz/zst and 1 or 3 workers give identical files"
   write_zst(tmp / "c.jsonl.zst", text);
   auto run = [&](const std::string& in, const std::string& out, const std::string& extra) {
     auto r = test::run_mtnlg("data preprocess --input " + (tmp / in).string() + " --output-prefix " +
-                             (tmp / out).string() + vocab_args() + " --append-eod --no-progress" + extra);
+                             (tmp / out).string() + gpt2_vocab_args() + " --append-eod --no-progress" + extra);
     INFO(r.out);
     REQUIRE(r.exit_code == 0);
     return r.out;
@@ -110,7 +85,7 @@ TEST_CASE("e2e preprocess: several json keys give one pair each", "[data][e2e]")
   TempDir tmp("pre");
   test::write_file(tmp / "c.jsonl", corpus(40));
   auto r = test::run_mtnlg("data preprocess --input " + (tmp / "c.jsonl").string() + " --output-prefix " +
-                           (tmp / "o").string() + vocab_args() + " --json-keys text title --no-progress");
+                           (tmp / "o").string() + gpt2_vocab_args() + " --json-keys text title --no-progress");
   INFO(r.out);
   REQUIRE(r.exit_code == 0);
   IndexedDataset title((tmp / "o_title_document").string());
@@ -130,7 +105,7 @@ TEST_CASE("e2e preprocess: bad lines fail with file:line or are skipped and coun
   text += corpus(3);
   test::write_file(tmp / "bad.jsonl", text);
   const std::string base = "data preprocess --input " + (tmp / "bad.jsonl").string() + " --output-prefix " +
-                           (tmp / "o").string() + vocab_args() + " --no-progress";
+                           (tmp / "o").string() + gpt2_vocab_args() + " --no-progress";
   for (std::string workers : {"1", "3"}) {
     auto r = test::run_mtnlg(base + " --workers " + workers);
     INFO(r.out);
@@ -151,12 +126,12 @@ TEST_CASE("e2e preprocess: a missing json key names the line and the key", "[dat
   TempDir tmp("pre");
   test::write_file(tmp / "k.jsonl", "{\"text\": \"a\"}\n{\"body\": \"b\"}\n");
   auto r = test::run_mtnlg("data preprocess --input " + (tmp / "k.jsonl").string() + " --output-prefix " +
-                           (tmp / "o").string() + vocab_args() + " --no-progress");
+                           (tmp / "o").string() + gpt2_vocab_args() + " --no-progress");
   CHECK(r.exit_code == 2);
   CHECK_THAT(r.out, Catch::Matchers::Contains("k.jsonl:2: missing key 'text' (keys present: body"));
   CHECK(count_files(tmp.path()) == 1);
   auto missing = test::run_mtnlg("data preprocess --input " + (tmp / "nope.jsonl").string() + " --output-prefix " +
-                                 (tmp / "o").string() + vocab_args());
+                                 (tmp / "o").string() + gpt2_vocab_args());
   CHECK(missing.exit_code == 2);
   CHECK_THAT(missing.out, Catch::Matchers::Contains("nope.jsonl: input file not found"));
 }

@@ -2,8 +2,6 @@
 // bytes as writing (or preprocessing) the concatenation of their inputs in order, a
 // dtype mismatch is refused naming the prefix, and preprocess gives byte-identical
 // files on 1, 2, 3 and 4 ranks.
-#include <zlib.h>
-
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -22,33 +20,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string vocab_args() {
-  const std::string d = test::gpt2_dir();
-  return " --vocab-file " + d + "/vocab.json --merge-file " + d + "/merges.txt";
-}
-
-// JSONL lines with varied text, empty documents, blank lines and a second key.
-std::vector<std::string> corpus_lines(int64_t docs) {
-  std::vector<std::string> out;
-  const char* words[] = {"the", "quick", "brown", "fox", "café", "日本", "123", "don't", " ", "\n", "😀", "x"};
-  for (int64_t d = 0; d < docs; ++d) {
-    std::string text;
-    if (d % 17 != 5)
-      for (int64_t w = 0; w < 3 + (d * 7) % 40; ++w) {
-        text += words[(d * 31 + w * 7) % 12];
-        text += ' ';
-      }
-    out.push_back(nlohmann::json({{"text", text}, {"title", "doc " + std::to_string(d)}}).dump());
-    if (d % 101 == 7) out.push_back("   ");  // blank: not a document
-  }
-  return out;
-}
-
-std::string join(const std::vector<std::string>& lines, size_t a, size_t b) {
-  std::string s;
-  for (size_t i = a; i < b; ++i) s += lines[i] + "\n";
-  return s;
-}
+using test::gpt2_vocab_args;
+std::vector<std::string> corpus_lines(int64_t docs) { return test::jsonl_corpus_lines(docs, /*blank_lines=*/true); }
+using test::join_lines;
 
 // Documents of 0..3 sequences with pseudo-random lengths and ids, from `seed`.
 struct Doc {
@@ -172,13 +146,13 @@ TEST_CASE("e2e merge: preprocessing 3 parts and merging equals preprocessing the
   TempDir tmp("merge-e2e");
   const auto lines = corpus_lines(900);
   const size_t c1 = 250, c2 = 700;
-  test::write_file(tmp / "whole.jsonl", join(lines, 0, lines.size()));
-  test::write_file(tmp / "p0.jsonl", join(lines, 0, c1));
-  test::write_file(tmp / "p1.jsonl", join(lines, c1, c2));
-  test::write_file(tmp / "p2.jsonl", join(lines, c2, lines.size()));
+  test::write_file(tmp / "whole.jsonl", join_lines(lines, 0, lines.size()));
+  test::write_file(tmp / "p0.jsonl", join_lines(lines, 0, c1));
+  test::write_file(tmp / "p1.jsonl", join_lines(lines, c1, c2));
+  test::write_file(tmp / "p2.jsonl", join_lines(lines, c2, lines.size()));
   for (std::string n : {"whole", "p0", "p1", "p2"}) {
     auto r = test::run_mtnlg("data preprocess --input " + (tmp / (n + ".jsonl")).string() + " --output-prefix " +
-                             (tmp / n).string() + vocab_args() + " --append-eod --no-progress");
+                             (tmp / n).string() + gpt2_vocab_args() + " --append-eod --no-progress");
     INFO(r.out);
     REQUIRE(r.exit_code == 0);
   }
@@ -206,15 +180,15 @@ TEST_CASE("e2e preprocess: 1, 2, 3 and 4 ranks give byte-identical files", "[dat
   TempDir tmp("pre-ranks");
   fs::create_directories(tmp / "gz");
   const auto lines = corpus_lines(1200);
-  test::write_file(tmp / "c.jsonl", join(lines, 0, lines.size()));
-  const std::string base = " data preprocess --input " + (tmp / "c.jsonl").string() + vocab_args() +
+  test::write_file(tmp / "c.jsonl", join_lines(lines, 0, lines.size()));
+  const std::string base = " data preprocess --input " + (tmp / "c.jsonl").string() + gpt2_vocab_args() +
                            " --append-eod --json-keys text title --no-progress --output-prefix ";
   auto r1 = test::run_command(std::string(MTNLG_BINARY) + base + (tmp / "np1").string());
   INFO(r1.out);
   REQUIRE(r1.exit_code == 0);
   for (int np = 2; np <= 4; ++np) {
     const std::string out = (tmp / ("np" + std::to_string(np))).string();
-    auto r = test::run_command("sh " + test::source_dir() + "/test/mpi/mpirun.sh " + std::to_string(np) + " " +
+    auto r = test::run_command(test::mpirun(np) +
                                MTNLG_BINARY + base + out);
     INFO(np << " ranks: " << r.out);
     REQUIRE(r.exit_code == 0);
@@ -229,13 +203,10 @@ TEST_CASE("e2e preprocess: 1, 2, 3 and 4 ranks give byte-identical files", "[dat
   // A gzip input cannot be cut at byte offsets: rank 0 reads it whole, same bytes.
   {
     const std::string text = test::read_file(tmp / "c.jsonl");
-    gzFile g = gzopen((tmp / "gz" / "c.jsonl.gz").c_str(), "wb");
-    REQUIRE(g != nullptr);
-    gzwrite(g, text.data(), static_cast<unsigned>(text.size()));
-    gzclose(g);
+    REQUIRE(test::write_gz(tmp / "gz" / "c.jsonl.gz", text));
     const std::string out = (tmp / "gz" / "np3").string();
-    auto r = test::run_command("sh " + test::source_dir() + "/test/mpi/mpirun.sh 3 " + MTNLG_BINARY +
-                               " data preprocess --input " + (tmp / "gz" / "c.jsonl.gz").string() + vocab_args() +
+    auto r = test::run_command(test::mpirun(3) + MTNLG_BINARY +
+                               " data preprocess --input " + (tmp / "gz" / "c.jsonl.gz").string() + gpt2_vocab_args() +
                                " --append-eod --json-keys text title --no-progress --output-prefix " + out);
     INFO(r.out);
     REQUIRE(r.exit_code == 0);
@@ -248,10 +219,10 @@ TEST_CASE("e2e preprocess: 1, 2, 3 and 4 ranks give byte-identical files", "[dat
   // file:line, and no output or part is left.
   auto badlines = lines;
   badlines[1000] = "{not json";
-  test::write_file(tmp / "bad.jsonl", join(badlines, 0, badlines.size()));
+  test::write_file(tmp / "bad.jsonl", join_lines(badlines, 0, badlines.size()));
   const std::string before = std::to_string(count_files(tmp.path()));
-  auto bad = test::run_command("sh " + test::source_dir() + "/test/mpi/mpirun.sh 3 " + MTNLG_BINARY +
-                               " data preprocess --input " + (tmp / "bad.jsonl").string() + vocab_args() +
+  auto bad = test::run_command(test::mpirun(3) + MTNLG_BINARY +
+                               " data preprocess --input " + (tmp / "bad.jsonl").string() + gpt2_vocab_args() +
                                " --no-progress --output-prefix " + (tmp / "bad").string());
   INFO(bad.out);
   CHECK(bad.exit_code == 2);

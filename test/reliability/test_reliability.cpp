@@ -1,7 +1,8 @@
 // Issue 17 through the binary, one TEST_CASE per class of docs/RELIABILITY.md: derived
 // files are validated, finished work is never lost, recipe and command-line semantics,
-// overflowing counts, data values, unchecked writes, stop signals. Each ends in a
-// one-line error (exit 2 naming the file/key) or in the documented safe behaviour.
+// overflowing counts, data values, unchecked writes, stop signals, a rank that stops
+// answering (under mpirun: [mpi]). Each ends in a one-line error (exit 2 naming the
+// file/key, or the rank) or in the documented safe behaviour.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/file.h>
@@ -444,6 +445,38 @@ TEST_CASE("reliability 3: stop signals save, or say that nothing was saved", "[e
     CHECK(WTERMSIG(status) == SIGINT);
     CHECK(!model::ckpt::latest_iteration(dir + "/ckpt").has_value());  // nothing half-written was committed
   }
+}
+
+TEST_CASE("reliability 8: a rank that stops answering ends the job, named, within the collective timeout", "[mpi]") {
+  // tp2 x pp2 on 4 ranks: rank 3 (tp=1, pp=1) SIGSTOPs itself at iteration 2, so its tp
+  // peer waits in an all-reduce and a first-stage rank in a pipeline receive. With a 10 s
+  // timeout (long enough that a loaded machine's start-up never trips it) the job must
+  // end non-zero well before the 90 s guard, and the line printed names rank 3 by its
+  // coordinates (which alive rank saw it first may vary).
+  test::TempDir d("rel-watchdog");
+  const std::string cmd = "MTNLG_FAULT_INJECT=rank=3:iteration=2:mode=stop MTNLG_COLLECTIVE_TIMEOUT=10 timeout --verbose -k 5 90 " +
+                          test::mpirun(4) + MTNLG_BINARY + " train " + kRecipe + kSets +
+                          " --set parallel.tensor_model_parallel_size=2 --set parallel.pipeline_model_parallel_size=2"
+                          " --set logging.dir=" +
+                          d.str();
+  auto r = test::run_command(cmd);
+  INFO(cmd << "\n" << r.out);
+  CHECK(r.exit_code != 0);
+  CHECK_THAT(r.out, !Contains("timeout: sending signal"));
+  CHECK_THAT(r.out, Contains("rank 3: MTNLG_FAULT_INJECT stop at iteration 2"));
+  CHECK_THAT(r.out, Contains("error: rank 3 (tp=1,pp=1,dp=0 host "));
+  CHECK_THAT(r.out, Contains("did not arrive at "));
+  CHECK_THAT(r.out, Contains("it does not answer (stopped, hung outside MPI, or dead)"));
+  CHECK_THAT(r.out, Contains("collective timeout 10 s]"));
+}
+
+TEST_CASE("reliability 8: a bad collective timeout is exit 2 naming the key or the variable", "[e2e]") {
+  test::TempDir d("rel-watchdog-input");
+  expect_exit2(train(d.str() + "/a", "--set parallel.distributed_timeout_minutes=-1"),
+               {"parallel.distributed_timeout_minutes"});
+  expect_exit2(train(d.str() + "/b", "", "MTNLG_COLLECTIVE_TIMEOUT=soon"), {"MTNLG_COLLECTIVE_TIMEOUT=\"soon\""});
+  // 0 turns the watchdog off; a single process has no collectives to watch anyway.
+  CHECK(train(d.str() + "/c", "--set parallel.distributed_timeout_minutes=0", "MTNLG_COLLECTIVE_TIMEOUT=0").exit_code == 0);
 }
 
 TEST_CASE("reliability 9: OpenBLAS's generic kernel is replaced and the banner names the BLAS core", "[e2e]") {

@@ -57,6 +57,19 @@ void write_file(const std::filesystem::path& p, const std::string& text) {
   f << text;
 }
 
+std::string mpirun(int np) { return "sh " + source_dir() + "/test/mpi/mpirun.sh " + std::to_string(np) + " "; }
+
+std::string train_command(const std::string& recipe, const std::string& logdir, const std::string& sets, int np,
+                          const std::string& env) {
+  const std::string launcher = np == 1 ? std::string(MTNLG_BINARY) : mpirun(np) + MTNLG_BINARY;
+  return env + " " + launcher + " train " + recipe + " --quiet --set logging.dir=" + logdir + " " + sets;
+}
+
+RunResult run_train(const std::string& recipe, const std::string& logdir, const std::string& sets, int np,
+                    const std::string& env) {
+  return run_command(train_command(recipe, logdir, sets, np, env));
+}
+
 std::vector<double> read_losses(const std::filesystem::path& run_dir) {
   std::vector<double> out;
   std::ifstream f(run_dir / "metrics.jsonl");

@@ -30,6 +30,17 @@ struct RunResult {
 RunResult run_command(const std::string& cmdline);
 // Runs the mtnlg binary with the given argument string.
 RunResult run_mtnlg(const std::string& args);
+// "sh SOURCE/test/mpi/mpirun.sh NP " (the container-safe mpirun flags), for command lines.
+std::string mpirun(int np);
+// `ENV mtnlg train RECIPE --quiet --set logging.dir=LOGDIR SETS`, plainly when np == 1,
+// else under mpirun(np). `env` ("VAR=value ...") is prepended to the command line. The
+// command line and its output are attached to the test's next assertion (UNSCOPED_INFO
+// is the caller's choice: this helper does not depend on Catch).
+RunResult run_train(const std::string& recipe, const std::string& logdir, const std::string& sets, int np = 1,
+                    const std::string& env = "");
+// The command line run_train runs (for messages).
+std::string train_command(const std::string& recipe, const std::string& logdir, const std::string& sets, int np = 1,
+                          const std::string& env = "");
 
 std::string source_dir();
 std::string binary_dir();
