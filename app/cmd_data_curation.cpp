@@ -6,7 +6,9 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <cstring>
 #include <memory>
+#include <span>
 
 #include "app/commands.hpp"
 #include "core/error.hpp"
@@ -238,6 +240,51 @@ curation::DecontamResult decontaminate_ranks(const curation::DecontamOptions& op
   return out;
 }
 
+// DedupComm over the world communicator. all_to_all: the W x W matrix of byte counts
+// is all-reduced, then every rank posts a nonblocking send to each peer and receives
+// from the peers in rank order (payloads travel as int32 words; dedup's records are
+// multiples of 4 bytes).
+class WorldDedupComm final : public curation::DedupComm {
+ public:
+  explicit WorldDedupComm(std::shared_ptr<parallel::Communicator> w) : w_(std::move(w)) {}
+  int64_t rank() const override { return w_->rank(); }
+  int64_t size() const override { return w_->size(); }
+  void all_reduce_sum(int64_t* v, int64_t n) override { w_->all_reduce(v, n, parallel::ReduceOp::sum); }
+  void all_reduce_max(int64_t* v, int64_t n) override { w_->all_reduce(v, n, parallel::ReduceOp::max); }
+  std::vector<char> all_to_all(const std::vector<std::span<const char>>& send) override {
+    const int64_t W = size(), r = rank();
+    std::vector<int64_t> bytes(static_cast<size_t>(W * W), 0);  // [from * W + to]
+    for (int64_t q = 0; q < W; ++q) {
+      MTNLG_CHECK(send[q].size() % 4 == 0, "all_to_all: {} bytes to rank {} are not whole words", send[q].size(), q);
+      bytes[static_cast<size_t>(r * W + q)] = static_cast<int64_t>(send[q].size());
+    }
+    w_->all_reduce(bytes.data(), W * W, parallel::ReduceOp::sum);
+    int64_t total = 0;
+    for (int64_t q = 0; q < W; ++q) total += bytes[static_cast<size_t>(q * W + r)];
+    std::vector<char> out(static_cast<size_t>(total));
+    std::vector<std::unique_ptr<parallel::Request>> pending;
+    for (int64_t q = 0; q < W; ++q)
+      if (q != r && !send[q].empty())
+        pending.push_back(w_->isend(send[q].data(), static_cast<int64_t>(send[q].size() / 4), DType::i32, q, kTag));
+    int64_t at = 0;
+    for (int64_t q = 0; q < W; ++q) {
+      const int64_t n = bytes[static_cast<size_t>(q * W + r)];
+      if (n == 0) continue;
+      if (q == r)
+        std::memcpy(out.data() + at, send[q].data(), static_cast<size_t>(n));
+      else
+        w_->recv(out.data() + at, n / 4, DType::i32, q, kTag);
+      at += n;
+    }
+    for (auto& p : pending) p->wait();
+    return out;
+  }
+
+ private:
+  static constexpr int kTag = 2020;
+  std::shared_ptr<parallel::Communicator> w_;
+};
+
 void register_dedup(CLI::App& data) {
   auto o = std::make_shared<curation::DedupOptions>();
   auto no_progress = std::make_shared<bool>(false);
@@ -261,9 +308,39 @@ void register_dedup(CLI::App& data) {
   c->add_option("--rows", o->rows, "LSH rows per band r (0 = chosen with --bands)")->capture_default_str();
   c->add_option("--seed", o->seed, "Seed of the MinHash hash family")->capture_default_str();
   c->add_flag("--clusters", o->write_clusters, "Also write OUT/dedup_clusters.jsonl (every duplicate group, kept and removed lines)");
+  auto memory = std::make_shared<std::string>();
+  c->add_option("--memory-per-rank", *memory,
+                "Memory budget of each rank (e.g. 2G): the MinHash signatures of the rank's share must fit; LSH band "
+                "keys over the rest are spilled to sorted runs on disk (default: no limit, nothing spilled)");
+  c->add_option("--tmp-dir", o->tmp_dir, "Directory for spilled band keys (default: --output-dir)");
   c->add_flag("--no-progress", *no_progress, "Do not draw progress bars");
-  c->callback([o, no_progress] {
+  c->footer(
+      "Under mpirun or srun each rank reads a line-aligned byte range of every input, band keys are routed to their "
+      "owner ranks and rank 0 writes the outputs: outputs and report (but its timings and \"run\") are the same "
+      "bytes for any number of ranks (all ranks must see the inputs and the output directory).");
+  c->callback([o, no_progress, memory] {
     o->progress = !*no_progress;
+    if (!memory->empty()) o->memory_per_rank = curation::parse_byte_size(*memory, "--memory-per-rank");
+    const parallel::LaunchInfo info = parallel::detect_launch();
+    if (info.world_size > 1) {
+      auto world = parallel::init_world(info);
+      log::context().rank = static_cast<int>(world->rank());
+      log::context().world = static_cast<int>(world->size());
+      WorldDedupComm comm(world);
+      curation::DedupResult r;
+      try {
+        r = curation::run_dedup(*o, &comm);
+      } catch (...) {
+        parallel::finalize_world();
+        throw;
+      }
+      parallel::finalize_world();
+      if (info.rank == 0)
+        log::info("dedup: {} documents, kept {}, removed {} ({} duplicate groups, {} empty kept); report "
+                  "{}/dedup_report.json ({} ranks)",
+                  r.documents, r.kept, r.removed, r.components, r.empty, o->output_dir, info.world_size);
+      return;
+    }
     auto r = curation::run_dedup(*o);
     log::info("dedup: {} documents, kept {}, removed {} ({} duplicate groups, {} empty kept); report {}/dedup_report.json",
               r.documents, r.kept, r.removed, r.components, r.empty, o->output_dir);
