@@ -167,15 +167,20 @@ void agree(DedupComm& c, const char* what, F&& fn) {
               fmt::format("stopped because rank {} failed {} (its message names the cause); no output written", W - v[0], what));
 }
 
+// The all-to-all of records of type T; the received bytes are read with read<T>() (no
+// second copy of a round's data).
 template <typename T>
-std::vector<T> exchange_records(DedupComm& c, const std::vector<std::vector<T>>& out) {
+std::vector<char> exchange_records(DedupComm& c, const std::vector<std::vector<T>>& out) {
   static_assert(sizeof(T) % 4 == 0 && std::is_trivially_copyable_v<T>);
   std::vector<std::span<const char>> send;
   for (auto& v : out) send.emplace_back(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
-  std::vector<char> got = c.all_to_all(send);
-  std::vector<T> res(got.size() / sizeof(T));
-  if (!got.empty()) std::memcpy(res.data(), got.data(), got.size());
-  return res;
+  return c.all_to_all(send);
+}
+template <typename T>
+T read_at(const std::vector<char>& bytes, size_t i) {  // the i-th T
+  T v;
+  std::memcpy(&v, bytes.data() + i * sizeof(T), sizeof(T));
+  return v;
 }
 
 struct BandKey {
@@ -191,9 +196,10 @@ class KeyRuns {
  public:
   KeyRuns(int64_t cap, std::string dir) : cap_(std::max<int64_t>(cap, 64)), dir_(std::move(dir)) {}
   ~KeyRuns() { clear_files(); }
-  void add(const std::vector<BandKey>& keys) {
-    for (const auto& k : keys) {
-      buf_.push_back(k);
+  void add(const std::vector<char>& bytes) {  // BandKey records
+    const size_t n = bytes.size() / sizeof(BandKey);
+    for (size_t i = 0; i < n; ++i) {
+      buf_.push_back(read_at<BandKey>(bytes, i));
       if (static_cast<int64_t>(buf_.size()) >= cap_) spill();
     }
   }
@@ -595,9 +601,11 @@ DedupResult run_dedup(const DedupOptions& opt, DedupComm* comm_in) {
   std::vector<uint32_t> local_doc(static_cast<size_t>(n_local));  // local -> global index
   for (int64_t f = 0; f < F; ++f)
     for (int64_t i = 0; i < mine[f].docs; ++i) local_doc[mine[f].local_first + i] = static_cast<uint32_t>(mine[f].first_doc + i);
-  // Keys are sent in rounds of at most key_cap documents per rank, so a rank never
-  // holds more than one round's keys besides those it owns.
-  int64_t rounds = std::max<int64_t>(1, (n_local + key_cap - 1) / key_cap);
+  // Keys are sent in rounds of at most key_cap documents per rank (but at least 65,536,
+  // 1 MiB of keys, so a starved budget does not turn into thousands of tiny rounds), so
+  // a rank holds one round's keys besides those it owns.
+  const int64_t send_cap = std::max<int64_t>(key_cap, 1 << 16);
+  int64_t rounds = std::max<int64_t>(1, (n_local + send_cap - 1) / send_cap);
   comm.all_reduce_max(&rounds, 1);
   const int64_t per_round = (n_local + rounds - 1) / rounds;
   std::string spill_dir = (fs::path(opt.tmp_dir.empty() ? opt.output_dir : opt.tmp_dir) /
@@ -655,7 +663,12 @@ DedupResult run_dedup(const DedupOptions& opt, DedupComm* comm_in) {
       });
       bucket();
       runs_spilled += owned.runs_spilled();
-      auto got = exchange_records(comm, pairs);
+      std::vector<uint64_t> got;
+      {
+        const auto bytes = exchange_records(comm, pairs);
+        got.resize(bytes.size() / 8);
+        if (!got.empty()) std::memcpy(got.data(), bytes.data(), bytes.size());
+      }
       std::sort(got.begin(), got.end());
       got.erase(std::unique(got.begin(), got.end()), got.end());
       std::vector<uint64_t> merged;
@@ -668,35 +681,48 @@ DedupResult run_dedup(const DedupOptions& opt, DedupComm* comm_in) {
   }
 
   // --- verification: a pair is checked on the rank holding its second document ----
-  // (the first document's signature travels there), in rounds of bounded size.
+  // (when that is another rank, the first document's signature travels there, in
+  // rounds of at most 32 MiB, or a third of the keys' budget, per rank).
   std::vector<uint64_t> edges;  // (a << 32 | b)
   {
     st.pairs_checked = static_cast<int64_t>(cand.size());
+    std::vector<uint64_t> remote;
+    for (uint64_t c : cand) {
+      const uint32_t a = static_cast<uint32_t>(c >> 32), b = static_cast<uint32_t>(c);
+      if (holder(b) != R)
+        remote.push_back(c);
+      else if (estimate_jaccard(sigs.at(local_of(a)), sigs.at(local_of(b)), k) >= opt.threshold)
+        edges.push_back(c);
+    }
+    std::vector<uint64_t>().swap(cand);
     const int64_t rec_words = 2 + k;  // a, b, signature of a (uint32 each)
-    const int64_t max_rec = std::max<int64_t>(
-        1024, (opt.memory_per_rank > 0 ? std::min<int64_t>(key_cap * 16, 256ll << 20) : (256ll << 20)) / (rec_words * 4));
-    int64_t vrounds = (static_cast<int64_t>(cand.size()) + max_rec - 1) / max_rec;
-    vrounds = std::max<int64_t>(vrounds, 1);
+    const int64_t round_bytes = opt.memory_per_rank > 0 ? std::min<int64_t>(key_cap * 16, 32ll << 20) : (32ll << 20);
+    const int64_t max_rec = std::max<int64_t>(64, round_bytes / (rec_words * 4));
+    int64_t vrounds = std::max<int64_t>(1, (static_cast<int64_t>(remote.size()) + max_rec - 1) / max_rec);
     comm.all_reduce_max(&vrounds, 1);
-    const size_t per = (cand.size() + static_cast<size_t>(vrounds) - 1) / static_cast<size_t>(vrounds);
+    const size_t per = (remote.size() + static_cast<size_t>(vrounds) - 1) / static_cast<size_t>(vrounds);
+    std::vector<uint32_t> sig_a(static_cast<size_t>(k));
     for (int64_t round = 0; round < vrounds; ++round) {
       std::vector<std::vector<uint32_t>> out(static_cast<size_t>(W));
-      const size_t lo = std::min(cand.size(), static_cast<size_t>(round) * per), hi = std::min(cand.size(), lo + per);
+      const size_t lo = std::min(remote.size(), static_cast<size_t>(round) * per), hi = std::min(remote.size(), lo + per);
       for (size_t i = lo; i < hi; ++i) {
-        const uint32_t a = static_cast<uint32_t>(cand[i] >> 32), b = static_cast<uint32_t>(cand[i]);
+        const uint32_t a = static_cast<uint32_t>(remote[i] >> 32), b = static_cast<uint32_t>(remote[i]);
         auto& o = out[static_cast<size_t>(holder(b))];
         o.push_back(a);
         o.push_back(b);
-        const uint32_t* s = sigs.at(local_of(a));
-        o.insert(o.end(), s, s + k);
+        const uint32_t* sa = sigs.at(local_of(a));
+        o.insert(o.end(), sa, sa + k);
       }
-      auto got = exchange_records(comm, out);
-      for (size_t i = 0; i + static_cast<size_t>(rec_words) <= got.size(); i += static_cast<size_t>(rec_words)) {
-        const uint32_t a = got[i], b = got[i + 1];
-        if (estimate_jaccard(got.data() + i + 2, sigs.at(local_of(b)), k) >= opt.threshold) edges.push_back(static_cast<uint64_t>(a) << 32 | b);
+      const auto got = exchange_records(comm, out);
+      out.clear();
+      const size_t words = got.size() / 4;
+      for (size_t i = 0; i + static_cast<size_t>(rec_words) <= words; i += static_cast<size_t>(rec_words)) {
+        const uint32_t a = read_at<uint32_t>(got, i), b = read_at<uint32_t>(got, i + 1);
+        std::memcpy(sig_a.data(), got.data() + (i + 2) * 4, static_cast<size_t>(k) * 4);
+        if (estimate_jaccard(sig_a.data(), sigs.at(local_of(b)), k) >= opt.threshold)
+          edges.push_back(static_cast<uint64_t>(a) << 32 | b);
       }
     }
-    std::vector<uint64_t>().swap(cand);
     st.pairs_verified = static_cast<int64_t>(edges.size());
   }
   const int64_t sig_allocated = sigs.bytes();
@@ -714,7 +740,12 @@ DedupResult run_dedup(const DedupOptions& opt, DedupComm* comm_in) {
       if (uf.unite(static_cast<uint32_t>(e >> 32), static_cast<uint32_t>(e))) forest[0].push_back(e);
     std::vector<uint64_t>().swap(edges);
   }
-  auto all_edges = exchange_records(comm, forest);
+  std::vector<uint64_t> all_edges;
+  {
+    const auto bytes = exchange_records(comm, forest);
+    all_edges.resize(bytes.size() / 8);
+    if (!all_edges.empty()) std::memcpy(all_edges.data(), bytes.data(), bytes.size());
+  }
   forest.clear();
 
   DedupResult res;
