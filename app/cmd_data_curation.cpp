@@ -8,11 +8,13 @@
 #include <filesystem>
 #include <cstring>
 #include <memory>
+#include <thread>
 #include <span>
 
 #include "app/commands.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
+#include "core/progress.hpp"
 #include "data/curation/decontaminate.hpp"
 #include "data/curation/dedup.hpp"
 #include "data/curation/quality.hpp"
@@ -68,9 +70,44 @@ class RankJob {
                                                     W - v[0], what));
   }
 
+  // Runs fn (no MPI inside) on a helper thread as one step, while this, the main,
+  // thread sums the ranks' `done` counters about once a second for rank 0's progress
+  // line: the global count of `total` documents, with a rate and an ETA.
+  template <typename F>
+  void step_with_progress(F&& fn, const std::string& what, const std::string& label, int64_t total,
+                          std::atomic<int64_t>& done, bool show) {
+    step(
+        [&] {
+          std::exception_ptr err;
+          std::atomic<bool> finished{false};
+          std::thread worker([&] {
+            try {
+              fn();
+            } catch (...) {
+              err = std::current_exception();
+            }
+            finished = true;
+          });
+          Progress bar(fmt::format("{} ({} ranks)", label, W), total, "docs", show && r == 0);
+          int64_t shown = 0;
+          for (;;) {
+            for (int i = 0; i < 20 && !finished.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+            int64_t v[2] = {done.load(), finished.load() ? 1 : 0};
+            world->all_reduce(v, 2, parallel::ReduceOp::sum);
+            if (v[0] > shown) bar.add(v[0] - shown);
+            shown = v[0];
+            if (v[1] == W) break;
+          }
+          worker.join();
+          if (err) std::rethrow_exception(err);
+          bar.finish();
+        },
+        what);
+  }
+
   // Lines and documents before this rank's range (all-reduced counts of every range).
   void count_share(const std::string& input, int64_t& begin, int64_t& end, int64_t& lines_before,
-                   int64_t* documents_before) {
+                   int64_t* documents_before, int64_t* documents_total = nullptr) {
     std::vector<int64_t> counts(static_cast<size_t>(2 * W), 0);
     step(
         [&] {
@@ -87,6 +124,10 @@ class RankJob {
     world->all_reduce(counts.data(), 2 * W, parallel::ReduceOp::sum);
     lines_before = 0;
     if (documents_before) *documents_before = 0;
+    if (documents_total) {
+      *documents_total = 0;
+      for (int64_t q = 0; q < W; ++q) *documents_total += counts[static_cast<size_t>(2 * q + 1)];
+    }
     for (int64_t q = 0; q < r; ++q) {
       lines_before += counts[static_cast<size_t>(2 * q)];
       if (documents_before) *documents_before += counts[static_cast<size_t>(2 * q + 1)];
@@ -109,6 +150,27 @@ class RankJob {
     out.close();
   }
 
+  // The last step: rank 0 runs fn (joins the parts, writes the report); the parts of
+  // every rank (OUTPUT.part<q>of<N> + each of `suffixes`) are deleted afterwards on rank
+  // 0 whether fn succeeded or not (the ranks' own parts on failure elsewhere: step()).
+  template <typename F>
+  void join_on_rank0(const std::vector<std::string>& suffixes, F&& fn) {
+    step(
+        [&] {
+          if (r != 0) return;
+          struct Cleanup {
+            const RankJob& j;
+            const std::vector<std::string>& suffixes;
+            ~Cleanup() {
+              for (int64_t q = 0; q < j.W; ++q)
+                for (const auto& s : suffixes) RankJob::remove_file(j.part(q) + s);
+            }
+          } cleanup{*this, suffixes};
+          fn();
+        },
+        "joining the parts");
+  }
+
   static void remove_file(const std::string& f) {
     std::error_code ec;
     std::filesystem::remove(f, ec);
@@ -122,37 +184,32 @@ class RankJob {
   std::string output_;
 };
 
-nlohmann::json filter_quality_ranks(const curation::QualityFilterOptions& opt, const parallel::LaunchInfo& info) {
+nlohmann::json filter_quality_ranks(const curation::QualityFilterOptions& opt, const parallel::LaunchInfo& info,
+                                    bool progress) {
   RankJob job(info, opt.output);
   curation::QualityFilterOptions o = opt;
-  job.count_share(opt.input, o.range_begin, o.range_end, o.lines_before, &o.documents_before);
+  int64_t documents = 0;
+  job.count_share(opt.input, o.range_begin, o.range_end, o.lines_before, &o.documents_before, &documents);
   o.output = job.part(job.r);
   o.write_report = false;
+  std::atomic<int64_t> done{0};
+  o.documents_done = &done;
   job.own_files = {o.output};
   int64_t totals[2] = {0, 0};
-  job.step(
+  job.step_with_progress(
       [&] {
         const auto rep = curation::filter_quality(o);
         totals[0] = rep["documents"].get<int64_t>();
         totals[1] = rep["kept"].get<int64_t>();
       },
-      "filtering");
+      "filtering", "quality filter", documents, done, progress);
   job.world->all_reduce(totals, 2, parallel::ReduceOp::sum);
   nlohmann::json report;
-  job.step(
-      [&] {
-        if (job.r != 0) return;
-        struct Cleanup {
-          const RankJob& j;
-          ~Cleanup() {
-            for (int64_t q = 0; q < j.W; ++q) RankJob::remove_file(j.part(q));
-          }
-        } cleanup{job};
-        job.join_parts();
-        report = curation::quality_filter_report(opt, totals[0], totals[1]);
-        curation::write_file_atomic(opt.output + ".report.json", report.dump(2) + "\n");
-      },
-      "joining the parts");
+  job.join_on_rank0({""}, [&] {
+    job.join_parts();
+    report = curation::quality_filter_report(opt, totals[0], totals[1]);
+    curation::write_file_atomic(opt.output + ".report.json", report.dump(2) + "\n");
+  });
   parallel::finalize_world();
   return report;
 }
@@ -206,36 +263,23 @@ curation::DecontamResult decontaminate_ranks(const curation::DecontamOptions& op
       },
       "decontaminating");
   curation::DecontamResult out;
-  job.step(
-      [&] {
-        if (job.r != 0) return;
-        struct Cleanup {
-          const RankJob& j;
-          ~Cleanup() {
-            for (int64_t q = 0; q < j.W; ++q) {
-              RankJob::remove_file(j.part(q));
-              RankJob::remove_file(j.part(q) + ".report.json");
-            }
-          }
-        } cleanup{job};
-        std::vector<nlohmann::json> parts;
-        for (int64_t q = 0; q < job.W; ++q) {
-          std::FILE* f = std::fopen((job.part(q) + ".report.json").c_str(), "rb");
-          if (!f) throw_runtime("{}.report.json: cannot open rank {}'s report", job.part(q), q);
-          parts.push_back(nlohmann::json::parse(f));
-          std::fclose(f);
-        }
-        job.join_parts();
-        const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        out.report = curation::combine_decontaminate_reports(opt, parts, secs);
-        out.documents = out.report["documents"].get<int64_t>();
-        out.written = out.report["lines_written"].get<int64_t>();
-        out.removed = out.report["removed"].get<int64_t>();
-        out.cut = out.report["cut"].get<int64_t>();
-        curation::write_file_atomic(opt.report.empty() ? opt.output + ".report.json" : opt.report,
-                                    out.report.dump(2) + "\n");
-      },
-      "joining the parts");
+  job.join_on_rank0({"", ".report.json"}, [&] {
+    std::vector<nlohmann::json> parts;
+    for (int64_t q = 0; q < job.W; ++q) {
+      std::FILE* f = std::fopen((job.part(q) + ".report.json").c_str(), "rb");
+      if (!f) throw_runtime("{}.report.json: cannot open rank {}'s report", job.part(q), q);
+      parts.push_back(nlohmann::json::parse(f));
+      std::fclose(f);
+    }
+    job.join_parts();
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    out.report = curation::combine_decontaminate_reports(opt, parts, secs);
+    out.documents = out.report["documents"].get<int64_t>();
+    out.written = out.report["lines_written"].get<int64_t>();
+    out.removed = out.report["removed"].get<int64_t>();
+    out.cut = out.report["cut"].get<int64_t>();
+    curation::write_file_atomic(opt.report.empty() ? opt.output + ".report.json" : opt.report, out.report.dump(2) + "\n");
+  });
   parallel::finalize_world();
   return out;
 }
@@ -400,13 +444,15 @@ void register_quality(CLI::App& data) {
   filter->add_option("--threshold", f->threshold, "threshold mode: keep if score >= this")->capture_default_str();
   filter->add_option("--alpha", f->alpha, "pareto mode: shape of the Pareto (Lomax) draw; P(keep) = (2 - score)^-alpha")->capture_default_str();
   filter->add_option("--seed", f->seed, "pareto mode: seed of the per-document draws")->capture_default_str();
+  auto f_np = std::make_shared<bool>(false);
+  filter->add_flag("--no-progress", *f_np, "Do not draw the progress line (multi-rank runs)");
   filter->footer(
       "Under mpirun or srun each rank filters a line-aligned byte range of the input and rank 0 joins the parts: "
       "output and report are the same bytes for any number of ranks (the output directory must be shared).");
-  filter->callback([f] {
+  filter->callback([f, f_np] {
     const parallel::LaunchInfo info = parallel::detect_launch();
     if (info.world_size > 1) {
-      auto r = filter_quality_ranks(*f, info);
+      auto r = filter_quality_ranks(*f, info, !*f_np);
       if (info.rank == 0)
         log::info("quality filter: {} documents, kept {}, removed {} -> {} ({} ranks)", r["documents"].get<int64_t>(),
                   r["kept"].get<int64_t>(), r["removed"].get<int64_t>(), f->output, info.world_size);

@@ -282,6 +282,7 @@ nlohmann::json filter_quality(const QualityFilterOptions& opt) {
     const uint64_t doc = static_cast<uint64_t>(opt.documents_before + n);
     bool keep = opt.mode == "threshold" ? s >= opt.threshold : pareto_draw(opt.seed, doc, opt.alpha) > 1.0 - s;
     ++n;
+    if (opt.documents_done) opt.documents_done->fetch_add(1, std::memory_order_relaxed);
     if (keep) {
       out.write_line(line);
       ++kept;

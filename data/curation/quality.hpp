@@ -16,6 +16,7 @@
 #pragma once
 #include <nlohmann/json.hpp>
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -90,6 +91,9 @@ struct QualityFilterOptions {
   // false: only the kept lines are written (the caller writes the merged report).
   int64_t range_begin = 0, range_end = -1, lines_before = 0, documents_before = 0;
   bool write_report = true;
+  // Counts the documents done as they go (a multi-rank run's progress line reads it
+  // from another thread); nullptr = not counted.
+  std::atomic<int64_t>* documents_done = nullptr;
 };
 // Copies the kept lines byte-identical; writes output + ".report.json".
 nlohmann::json filter_quality(const QualityFilterOptions& opt);
