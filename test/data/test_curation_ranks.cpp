@@ -7,6 +7,7 @@
 #include <map>
 #include <catch2/catch.hpp>
 #include <filesystem>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -28,6 +29,38 @@ test::RunResult run_np(int np, const std::string& args) {
   if (np == 1) return test::run_command(std::string(MTNLG_BINARY) + " " + args);
   return test::run_command("sh " + test::source_dir() + "/test/mpi/mpirun.sh " + std::to_string(np) + " " +
                            MTNLG_BINARY + " " + args);
+}
+
+// Runs args(np) on 1, 2, 3 and 4 ranks; read(np, result) returns what must not depend on
+// the rank count (outputs, the report without timings), which must equal the 1-rank
+// run's; first() checks that run's value.
+template <typename T>
+void same_on_1_to_4_ranks(const std::function<std::string(int)>& args,
+                          const std::function<T(int, const test::RunResult&)>& read,
+                          const std::function<void(const T&)>& first) {
+  T ref{};
+  for (int np = 1; np <= 4; ++np) {
+    auto r = run_np(np, args(np));
+    INFO(np << " ranks: " << r.out);
+    REQUIRE(r.exit_code == 0);
+    T got = read(np, r);
+    if (np == 1) {
+      first(got);
+      ref = std::move(got);
+    } else {
+      CHECK(got == ref);
+    }
+  }
+}
+
+// A bad line inserted after the first line start past 90% of `text` (in the last of 3
+// ranks' shares); returns the file's text and the line's number.
+std::pair<std::string, int64_t> with_bad_line_near_end(const std::string& text, const std::string& bad) {
+  std::string out = text;
+  const size_t cut = out.find('\n', out.size() * 9 / 10) + 1;
+  const int64_t line_no = std::count(out.begin(), out.begin() + static_cast<std::ptrdiff_t>(cut), '\n') + 1;
+  out.insert(cut, bad + "\n");
+  return {out, line_no};
 }
 
 }  // namespace
@@ -55,41 +88,32 @@ TEST_CASE("e2e quality filter: 1, 2, 3 and 4 ranks give byte-identical output an
   test::write_file(tmp / "in.jsonl", mixed);
 
   for (std::string mode : {"pareto --alpha 3", "threshold --threshold 0.5"}) {
-    std::string ref_out, ref_rep;
-    for (int np = 1; np <= 4; ++np) {
-      const std::string out = d + "/out" + std::to_string(np) + ".jsonl";
-      auto r = run_np(np, "data quality filter --input " + d + "/in.jsonl --model " + d + "/m.bin --output " + out +
-                              " --mode " + mode);
-      INFO(mode << ", " << np << " ranks: " << r.out);
-      REQUIRE(r.exit_code == 0);
-      CHECK_THAT(r.out, Catch::Matchers::Contains("400 documents"));
-      const std::string got = test::read_file(out), rep = test::read_file(out + ".report.json");
-      if (np == 1) {
-        ref_out = got;
-        ref_rep = rep;
-        CHECK(!got.empty());
-        CHECK(got.size() < mixed.size());  // some kept, some removed
-      } else {
-        CHECK(got == ref_out);
-        // The report names the output file; everything else must match.
-        CHECK(rep.size() == ref_rep.size());
-        std::string norm = rep;
-        const std::string from = "out" + std::to_string(np) + ".jsonl", to = "out1.jsonl";
-        norm.replace(norm.find(from), from.size(), to);
-        CHECK(norm == ref_rep);
-      }
-    }
+    INFO(mode);
+    auto out = [&](int np) { return d + "/out" + std::to_string(np) + ".jsonl"; };
+    same_on_1_to_4_ranks<std::pair<std::string, std::string>>(
+        [&](int np) {
+          return "data quality filter --input " + d + "/in.jsonl --model " + d + "/m.bin --output " + out(np) +
+                 " --mode " + mode;
+        },
+        [&](int np, const test::RunResult& r) {
+          CHECK_THAT(r.out, Catch::Matchers::Contains("400 documents"));
+          // The report names the output file; everything else must match.
+          std::string rep = test::read_file(out(np) + ".report.json");
+          const std::string from = "out" + std::to_string(np) + ".jsonl", to = "out1.jsonl";
+          rep.replace(rep.find(from), from.size(), to);
+          return std::make_pair(test::read_file(out(np)), rep);
+        },
+        [&](const std::pair<std::string, std::string>& got) {
+          CHECK(!got.first.empty());
+          CHECK(got.first.size() < mixed.size());  // some kept, some removed
+        });
   }
   // in, model, model report, q/ files aside: 4 outputs + 4 reports, no parts left.
   const int64_t before = count_files(tmp.path());
   CHECK(before == 3 + 4 * 2);
 
   // A malformed line in the last rank's share: exit 2 naming file:line, nothing written.
-  std::string bad = mixed;
-  size_t cut = bad.size() * 9 / 10;
-  cut = bad.find('\n', cut) + 1;
-  const int64_t line_no = std::count(bad.begin(), bad.begin() + static_cast<std::ptrdiff_t>(cut), '\n') + 1;
-  bad.insert(cut, "{oops\n");
+  const auto [bad, line_no] = with_bad_line_near_end(mixed, "{oops");
   test::write_file(tmp / "bad.jsonl", bad);
   auto r = run_np(3, "data quality filter --input " + d + "/bad.jsonl --model " + d + "/m.bin --output " + d +
                          "/bad-out.jsonl");
@@ -135,37 +159,29 @@ TEST_CASE("e2e decontaminate: 1, 2, 3 and 4 ranks give identical output and repo
     return j;
   };
   for (std::string mode : {"remove", "cut"}) {
-    std::string ref_out;
-    nlohmann::json ref_rep;
-    for (int np = 1; np <= 4; ++np) {
-      const std::string out = d + "/" + mode + std::to_string(np) + ".jsonl";
-      auto r = run_np(np, "data decontaminate --input " + d + "/in.jsonl --tasks-dir " + d + "/s/tasks --output " +
-                              out + " --max-hits 3 --mode " + mode + " --no-progress");
-      INFO(mode << ", " << np << " ranks: " << r.out);
-      REQUIRE(r.exit_code == 0);
-      const std::string got = test::read_file(out);
-      const auto rep = strip(test::read_file(out + ".report.json"));
-      if (np == 1) {
-        ref_out = got;
-        ref_rep = rep;
-        CHECK(rep["documents"] == 400);
-        CHECK(rep["documents_hit"].get<int64_t>() >= 25);
-        CHECK(rep["common_ngrams_ignored"].get<int64_t>() > 0);  // the boilerplate
-        CHECK(rep["tasks"]["zz_boiler"]["docs_hit"] == 0);
-      } else {
-        CHECK(got == ref_out);
-        CHECK(rep == ref_rep);
-      }
-    }
+    INFO(mode);
+    auto out = [&](int np) { return d + "/" + mode + std::to_string(np) + ".jsonl"; };
+    same_on_1_to_4_ranks<std::pair<std::string, nlohmann::json>>(
+        [&](int np) {
+          return "data decontaminate --input " + d + "/in.jsonl --tasks-dir " + d + "/s/tasks --output " + out(np) +
+                 " --max-hits 3 --mode " + mode + " --no-progress";
+        },
+        [&](int np, const test::RunResult&) {
+          return std::make_pair(test::read_file(out(np)), strip(test::read_file(out(np) + ".report.json")));
+        },
+        [&](const std::pair<std::string, nlohmann::json>& got) {
+          const auto& rep = got.second;
+          CHECK(rep["documents"] == 400);
+          CHECK(rep["documents_hit"].get<int64_t>() >= 25);
+          CHECK(rep["common_ngrams_ignored"].get<int64_t>() > 0);  // the boilerplate
+          CHECK(rep["tasks"]["zz_boiler"]["docs_hit"] == 0);
+        });
   }
   const int64_t before = count_files(tmp.path());
   CHECK(before == 1 + 2 * 4 * 2);  // in.jsonl + outputs and reports, no parts
 
   // A malformed line in the last rank's share fails pass 1 there: every rank stops.
-  std::string bad = text;
-  size_t cut = bad.find('\n', bad.size() * 9 / 10) + 1;
-  const int64_t line_no = std::count(bad.begin(), bad.begin() + static_cast<std::ptrdiff_t>(cut), '\n') + 1;
-  bad.insert(cut, "[1, 2]\n");
+  const auto [bad, line_no] = with_bad_line_near_end(text, "[1, 2]");
   test::write_file(tmp / "bad.jsonl", bad);
   auto r = run_np(3, "data decontaminate --input " + d + "/bad.jsonl --tasks-dir " + d + "/s/tasks --output " + d +
                          "/bad-out.jsonl --no-progress");
@@ -254,10 +270,7 @@ TEST_CASE("e2e dedup: 1, 2, 3 and 4 ranks give byte-identical outputs and report
   CHECK((!fs::exists(tmp / "spill") || fs::is_empty(tmp / "spill")));
 
   // A malformed line near the end of the last input is in rank 2's share of 3.
-  std::string bad = test::read_file(tmp / "s/wikipedia.jsonl");
-  const size_t cut = bad.find('\n', bad.size() * 9 / 10) + 1;
-  const int64_t line_no = std::count(bad.begin(), bad.begin() + static_cast<std::ptrdiff_t>(cut), '\n') + 1;
-  bad.insert(cut, "{\"text\": 12}\n");
+  const auto [bad, line_no] = with_bad_line_near_end(test::read_file(tmp / "s/wikipedia.jsonl"), "{\"text\": 12}");
   test::write_file(tmp / "s/wikipedia.jsonl", bad);
   auto r = run_np(3, common + " --output-dir " + d + "/bad");
   INFO(r.out);
