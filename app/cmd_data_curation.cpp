@@ -374,9 +374,16 @@ void register_dedup(CLI::App& data) {
       curation::DedupResult r;
       try {
         r = curation::run_dedup(*o, &comm);
-      } catch (...) {
-        parallel::finalize_world();
-        throw;
+      } catch (const std::exception& e) {
+        if (comm.failure_agreed) {  // every rank is here: finish MPI, exit with the code
+          parallel::finalize_world();
+          throw;
+        }
+        // A failure in the middle of an exchange (disk full while spilling, out of
+        // memory): the peers are waiting in it, so end the whole job.
+        const auto* err = dynamic_cast<const Error*>(&e);
+        std::fprintf(stderr, "mtnlg: error on rank %d: %s (aborting all ranks)\n", static_cast<int>(info.rank), e.what());
+        parallel::abort_world(err ? err->exit_code() : 1);
       }
       parallel::finalize_world();
       if (info.rank == 0)

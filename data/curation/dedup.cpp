@@ -162,6 +162,7 @@ void agree(DedupComm& c, const char* what, F&& fn) {
   int64_t v[2] = {err ? W - r : 0, code};
   c.all_reduce_max(v, 2);
   if (v[0] == 0) return;
+  c.failure_agreed = true;
   if (err) std::rethrow_exception(err);
   throw Error(static_cast<int>(v[1]),
               fmt::format("stopped because rank {} failed {} (its message names the cause); no output written", W - v[0], what));
@@ -377,6 +378,10 @@ DedupResult run_dedup(const DedupOptions& opt, DedupComm* comm_in) {
     if (R == 0) {
       fs::create_directories(opt.output_dir, ec);
       if (ec) throw_input("--output-dir {}: cannot create ({})", opt.output_dir, ec.message());
+    }
+    if (!opt.tmp_dir.empty()) {
+      fs::create_directories(opt.tmp_dir, ec);
+      if (ec || !fs::is_directory(opt.tmp_dir)) throw_input("--tmp-dir {}: cannot create the directory", opt.tmp_dir);
     }
     for (const auto& in : opt.inputs) {
       if (!fs::is_regular_file(in)) throw_input("--input {}: no such file", in);

@@ -64,6 +64,10 @@ class DedupComm {
   // send[q] goes to rank q (byte sizes multiples of 4); returns what every rank sent to
   // this one, concatenated in rank order.
   virtual std::vector<char> all_to_all(const std::vector<std::span<const char>>& send) = 0;
+  // Set before run_dedup throws an error every rank agreed on (bad input, a failed
+  // read or write); any other exception left the peers inside an exchange, and the
+  // caller must abort the job rather than finalize.
+  bool failure_agreed = false;
 };
 
 // "2G", "512M", "64K", "1.5G" or a plain number of bytes (powers of 1024). InputError

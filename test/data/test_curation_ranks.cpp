@@ -283,4 +283,9 @@ TEST_CASE("e2e dedup: 1, 2, 3 and 4 ranks give byte-identical outputs and report
   auto m = run_np(2, common + " --output-dir " + d + "/m --memory-per-rank 2X");
   CHECK(m.exit_code == 2);
   CHECK_THAT(m.out, Catch::Matchers::Contains("--memory-per-rank 2X"));
+  // A --tmp-dir that cannot be a directory is refused before any work, on every rank.
+  test::write_file(tmp / "plain", "x");
+  auto t = run_np(2, common + " --output-dir " + d + "/t --memory-per-rank 1K --tmp-dir " + d + "/plain/sub");
+  CHECK(t.exit_code == 2);
+  CHECK_THAT(t.out, Catch::Matchers::Contains("--tmp-dir") && Catch::Matchers::Contains("plain/sub"));
 }
