@@ -214,6 +214,26 @@ nlohmann::json filter_quality_ranks(const curation::QualityFilterOptions& opt, c
   return report;
 }
 
+// `quality score` across ranks: each rank scores its range into a part (line numbers
+// are the file's), rank 0 joins the parts; the output is the same bytes for any N.
+nlohmann::json score_quality_ranks(const std::string& input, const std::string& model, const std::string& output,
+                                   const std::string& key, const parallel::LaunchInfo& info, bool progress) {
+  RankJob job(info, output);
+  int64_t begin = 0, end = -1, lines_before = 0, documents = 0;
+  job.count_share(input, begin, end, lines_before, nullptr, &documents);
+  const std::string part = job.part(job.r);
+  job.own_files = {part};
+  std::atomic<int64_t> done{0};
+  double sum = 0;
+  job.step_with_progress(
+      [&] { sum = curation::score_quality(input, model, part, key, begin, end, lines_before, &done)["score_sum"].get<double>(); },
+      "scoring", "quality score", documents, done, progress);
+  job.world->all_reduce(&sum, 1, parallel::ReduceOp::sum);
+  job.join_on_rank0({""}, [&] { job.join_parts(); });
+  parallel::finalize_world();
+  return {{"documents", documents}, {"mean_score", documents ? sum / static_cast<double>(documents) : 0.0}};
+}
+
 // `decontaminate` across ranks: pass 1 on each range, the per-n-gram document counts
 // all-reduced (the too-common rule sees the whole input), pass 2 on each range into a
 // part, each rank's report into a part file; rank 0 joins the parts and combines the
@@ -435,7 +455,20 @@ void register_quality(CLI::App& data) {
   score->add_option("--model", s->model, "Model from `quality train`")->required();
   score->add_option("--output", s->output, "Output JSONL of scores")->required();
   score->add_option("--json-key", s->key, "JSON field holding the document text")->capture_default_str();
-  score->callback([s] {
+  auto s_np = std::make_shared<bool>(false);
+  score->add_flag("--no-progress", *s_np, "Do not draw the progress line (multi-rank runs)");
+  score->footer(
+      "Under mpirun or srun each rank scores a line-aligned byte range of the input and rank 0 joins the parts: "
+      "the output is the same bytes for any number of ranks (the output directory must be shared).");
+  score->callback([s, s_np] {
+    const parallel::LaunchInfo info = parallel::detect_launch();
+    if (info.world_size > 1) {
+      auto r = score_quality_ranks(s->input, s->model, s->output, s->key, info, !*s_np);
+      if (info.rank == 0)
+        log::info("quality score: {} documents, mean score {:.4f} -> {} ({} ranks)", r["documents"].get<int64_t>(),
+                  r["mean_score"].get<double>(), s->output, info.world_size);
+      return;
+    }
     auto r = curation::score_quality(s->input, s->model, s->output, s->key);
     log::info("quality score: {} documents, mean score {:.4f} -> {}", r["documents"].get<int64_t>(), r["mean_score"].get<double>(), s->output);
   });

@@ -75,8 +75,12 @@ struct BinaryMetrics {
 nlohmann::json train_quality(const QualityTrainOptions& opt);
 
 // Writes one JSON line per document: {"line": N, "score": P}.
+// Only bytes [range_begin, range_end) of the input with `lines_before` lines before them
+// (one rank's share; line numbers stay the file's); `documents_done` counts as it goes.
+// Returns documents, mean_score and score_sum.
 nlohmann::json score_quality(const std::string& input, const std::string& model, const std::string& output,
-                             const std::string& json_key);
+                             const std::string& json_key, int64_t range_begin = 0, int64_t range_end = -1,
+                             int64_t lines_before = 0, std::atomic<int64_t>* documents_done = nullptr);
 
 struct QualityFilterOptions {
   std::string input, model, output;

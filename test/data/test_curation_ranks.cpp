@@ -1,8 +1,9 @@
-// Curation commands under mpirun: `data quality filter` and `data decontaminate` give
-// the same output and report bytes on 1, 2, 3 and 4 ranks (Pareto draws keyed by the
-// whole file's document index; the too-common n-gram rule counted over the whole
-// input), and a bad line on a later rank's share stops every rank with file:line and
-// no output.
+// Curation commands under mpirun: `data quality filter`, `quality score`,
+// `decontaminate` and `dedup` give the same output and report bytes on 1, 2, 3 and 4
+// ranks (Pareto draws keyed by the whole file's document index; the too-common n-gram
+// rule counted over the whole input; dedup's groups independent of which rank holds a
+// document, also when band keys are spilled), and a bad line on a later rank's share
+// stops every rank with file:line and no output.
 #include <algorithm>
 #include <map>
 #include <catch2/catch.hpp>
@@ -65,7 +66,7 @@ std::pair<std::string, int64_t> with_bad_line_near_end(const std::string& text, 
 
 }  // namespace
 
-TEST_CASE("e2e quality filter: 1, 2, 3 and 4 ranks give byte-identical output and report", "[data][mpi]") {
+TEST_CASE("e2e quality filter and score: 1, 2, 3 and 4 ranks give byte-identical output and report", "[data][mpi]") {
   TempDir tmp("quality-ranks");
   const std::string d = tmp.str();
   REQUIRE(test::run_mtnlg("data synth-corpus --kind quality --docs 200 --output-dir " + d + "/q --no-progress").exit_code == 0);
@@ -108,9 +109,21 @@ TEST_CASE("e2e quality filter: 1, 2, 3 and 4 ranks give byte-identical output an
           CHECK(got.first.size() < mixed.size());  // some kept, some removed
         });
   }
-  // in, model, model report, q/ files aside: 4 outputs + 4 reports, no parts left.
+  // quality score: the same score lines (file line numbers) for any number of ranks.
+  auto scores = [&](int np) { return d + "/scores" + std::to_string(np) + ".jsonl"; };
+  same_on_1_to_4_ranks<std::string>(
+      [&](int np) { return "data quality score --input " + d + "/in.jsonl --model " + d + "/m.bin --output " + scores(np); },
+      [&](int np, const test::RunResult& r) {
+        CHECK_THAT(r.out, Catch::Matchers::Contains("400 documents"));
+        return test::read_file(scores(np));
+      },
+      [&](const std::string& got) {
+        CHECK(std::count(got.begin(), got.end(), '\n') == 400);
+        CHECK_THAT(got, Catch::Matchers::Contains("{\"line\":1,"));
+      });
+  // in, model, model report, q/ files aside: 4 outputs + 4 reports + 4 score files, no parts left.
   const int64_t before = count_files(tmp.path());
-  CHECK(before == 3 + 4 * 2);
+  CHECK(before == 3 + 4 * 3);
 
   // A malformed line in the last rank's share: exit 2 naming file:line, nothing written.
   const auto [bad, line_no] = with_bad_line_near_end(mixed, "{oops");
