@@ -36,6 +36,22 @@ namespace {
 // Thrown on a rank that learns mid-phase that another rank failed (step() then names it).
 struct PeerFailed {};
 
+// Every rank agreed that a rank failed: the failing rank prints its message (file:line)
+// first and the others wait for it at a barrier, because the first rank to exit with
+// a non-zero code makes mpirun kill the rest, which could cut that message off. Then
+// every rank prints, finalizes MPI and exits with the failing rank's code.
+[[noreturn]] void exit_agreed_failure(parallel::Communicator& world, const std::string& msg, int code, bool own) {
+  auto say = [&] {
+    std::fprintf(stderr, "mtnlg: error on rank %d: %s\n", static_cast<int>(world.rank()), msg.c_str());
+    std::fflush(stderr);
+  };
+  if (own) say();
+  world.barrier();
+  if (!own) say();
+  parallel::finalize_world();
+  std::exit(code);
+}
+
 class RankJob {
  public:
   RankJob(const parallel::LaunchInfo& info, std::string output)
@@ -63,11 +79,19 @@ class RankJob {
     world->all_reduce(v, 2, parallel::ReduceOp::max);
     if (v[0] == 0) return;
     for (const auto& f : own_files) remove_file(f);
-    parallel::finalize_world();
-    if (err) std::rethrow_exception(err);
-    throw Error(static_cast<int>(v[1]), fmt::format("stopped because rank {} failed {} (its message names the "
-                                                    "cause); no output written",
-                                                    W - v[0], what));
+    std::string msg;
+    if (err) {
+      try {
+        std::rethrow_exception(err);
+      } catch (const std::exception& e) {
+        msg = e.what();
+      } catch (...) {
+        msg = "unknown error";
+      }
+    } else {
+      msg = fmt::format("stopped because rank {} failed {} (its message names the cause); no output written", W - v[0], what);
+    }
+    exit_agreed_failure(*world, msg, static_cast<int>(v[1]), err != nullptr);
   }
 
   // Runs fn (no MPI inside) on a helper thread as one step, while this, the main,
@@ -395,9 +419,9 @@ void register_dedup(CLI::App& data) {
       try {
         r = curation::run_dedup(*o, &comm);
       } catch (const std::exception& e) {
-        if (comm.failure_agreed) {  // every rank is here: finish MPI, exit with the code
-          parallel::finalize_world();
-          throw;
+        if (comm.failure_agreed) {  // every rank is here
+          const auto* err = dynamic_cast<const Error*>(&e);
+          exit_agreed_failure(*world, e.what(), err ? err->exit_code() : 1, comm.failed_here);
         }
         // A failure in the middle of an exchange (disk full while spilling, out of
         // memory): the peers are waiting in it, so end the whole job.

@@ -163,6 +163,7 @@ void agree(DedupComm& c, const char* what, F&& fn) {
   c.all_reduce_max(v, 2);
   if (v[0] == 0) return;
   c.failure_agreed = true;
+  c.failed_here = err != nullptr;
   if (err) std::rethrow_exception(err);
   throw Error(static_cast<int>(v[1]),
               fmt::format("stopped because rank {} failed {} (its message names the cause); no output written", W - v[0], what));

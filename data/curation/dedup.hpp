@@ -68,6 +68,7 @@ class DedupComm {
   // read or write); any other exception left the peers inside an exchange, and the
   // caller must abort the job rather than finalize.
   bool failure_agreed = false;
+  bool failed_here = false;  // ... and this rank is the one that failed
 };
 
 // "2G", "512M", "64K", "1.5G" or a plain number of bytes (powers of 1024). InputError
