@@ -36,21 +36,6 @@ namespace {
 // Thrown on a rank that learns mid-phase that another rank failed (step() then names it).
 struct PeerFailed {};
 
-// Every rank agreed that a rank failed: the failing rank prints its message (file:line)
-// first and the others wait for it at a barrier, because the first rank to exit with
-// a non-zero code makes mpirun kill the rest, which could cut that message off. Then
-// every rank prints, finalizes MPI and exits with the failing rank's code.
-[[noreturn]] void exit_agreed_failure(parallel::Communicator& world, const std::string& msg, int code, bool own) {
-  auto say = [&] {
-    std::fprintf(stderr, "mtnlg: error on rank %d: %s\n", static_cast<int>(world.rank()), msg.c_str());
-    std::fflush(stderr);
-  };
-  if (own) say();
-  world.barrier();
-  if (!own) say();
-  parallel::finalize_world();
-  std::exit(code);
-}
 
 class RankJob {
  public:
@@ -602,6 +587,18 @@ void register_synth(CLI::App& data) {
 }
 
 }  // namespace
+
+void exit_agreed_failure(parallel::Communicator& world, const std::string& msg, int code, bool own) {
+  auto say = [&] {
+    std::fprintf(stderr, "mtnlg: error on rank %d: %s\n", static_cast<int>(world.rank()), msg.c_str());
+    std::fflush(stderr);
+  };
+  if (own) say();
+  world.barrier();
+  if (!own) say();
+  parallel::finalize_world();
+  std::exit(code);
+}
 
 void register_data_curation(CLI::App& data_cmd) {
   register_dedup(data_cmd);
