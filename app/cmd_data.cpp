@@ -203,11 +203,18 @@ void preprocess_ranks(data::PreprocessOptions opt, const parallel::LaunchInfo& i
   std::vector<std::string> keys = opt.json_keys;
   if (failed_rank >= 0) {
     for (const auto& k : keys) remove_prefix_files(data::preprocess_output_prefix(part_prefix(r), k));
-    parallel::finalize_world();
-    if (failure) std::rethrow_exception(failure);
-    throw Error(static_cast<int>(fail_code),
-                fmt::format("stopped because rank {} failed (its message names the cause); no output written",
-                            failed_rank));
+    std::string msg = fmt::format("stopped because rank {} failed (its message names the cause); no output written",
+                                  failed_rank);
+    if (failure) {
+      try {
+        std::rethrow_exception(failure);
+      } catch (const std::exception& e) {
+        msg = e.what();
+      } catch (...) {
+        msg = "unknown error";
+      }
+    }
+    exit_agreed_failure(*world, msg, static_cast<int>(fail_code), failure != nullptr);
   }
 
   // Global totals: documents, bad lines, tokens per key.

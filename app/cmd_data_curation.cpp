@@ -6,11 +6,15 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <cstring>
 #include <memory>
+#include <thread>
+#include <span>
 
 #include "app/commands.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
+#include "core/progress.hpp"
 #include "data/curation/decontaminate.hpp"
 #include "data/curation/dedup.hpp"
 #include "data/curation/quality.hpp"
@@ -31,6 +35,7 @@ namespace {
 // error (it names file:line), the others name the rank, and all exit with its code.
 // Thrown on a rank that learns mid-phase that another rank failed (step() then names it).
 struct PeerFailed {};
+
 
 class RankJob {
  public:
@@ -59,16 +64,59 @@ class RankJob {
     world->all_reduce(v, 2, parallel::ReduceOp::max);
     if (v[0] == 0) return;
     for (const auto& f : own_files) remove_file(f);
-    parallel::finalize_world();
-    if (err) std::rethrow_exception(err);
-    throw Error(static_cast<int>(v[1]), fmt::format("stopped because rank {} failed {} (its message names the "
-                                                    "cause); no output written",
-                                                    W - v[0], what));
+    std::string msg;
+    if (err) {
+      try {
+        std::rethrow_exception(err);
+      } catch (const std::exception& e) {
+        msg = e.what();
+      } catch (...) {
+        msg = "unknown error";
+      }
+    } else {
+      msg = fmt::format("stopped because rank {} failed {} (its message names the cause); no output written", W - v[0], what);
+    }
+    exit_agreed_failure(*world, msg, static_cast<int>(v[1]), err != nullptr);
+  }
+
+  // Runs fn (no MPI inside) on a helper thread as one step, while this, the main,
+  // thread sums the ranks' `done` counters about once a second for rank 0's progress
+  // line: the global count of `total` documents, with a rate and an ETA.
+  template <typename F>
+  void step_with_progress(F&& fn, const std::string& what, const std::string& label, int64_t total,
+                          std::atomic<int64_t>& done, bool show) {
+    step(
+        [&] {
+          std::exception_ptr err;
+          std::atomic<bool> finished{false};
+          std::thread worker([&] {
+            try {
+              fn();
+            } catch (...) {
+              err = std::current_exception();
+            }
+            finished = true;
+          });
+          Progress bar(fmt::format("{} ({} ranks)", label, W), total, "docs", show && r == 0);
+          int64_t shown = 0;
+          for (;;) {
+            for (int i = 0; i < 20 && !finished.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+            int64_t v[2] = {done.load(), finished.load() ? 1 : 0};
+            world->all_reduce(v, 2, parallel::ReduceOp::sum);
+            if (v[0] > shown) bar.add(v[0] - shown);
+            shown = v[0];
+            if (v[1] == W) break;
+          }
+          worker.join();
+          if (err) std::rethrow_exception(err);
+          bar.finish();
+        },
+        what);
   }
 
   // Lines and documents before this rank's range (all-reduced counts of every range).
   void count_share(const std::string& input, int64_t& begin, int64_t& end, int64_t& lines_before,
-                   int64_t* documents_before) {
+                   int64_t* documents_before, int64_t* documents_total = nullptr) {
     std::vector<int64_t> counts(static_cast<size_t>(2 * W), 0);
     step(
         [&] {
@@ -85,6 +133,10 @@ class RankJob {
     world->all_reduce(counts.data(), 2 * W, parallel::ReduceOp::sum);
     lines_before = 0;
     if (documents_before) *documents_before = 0;
+    if (documents_total) {
+      *documents_total = 0;
+      for (int64_t q = 0; q < W; ++q) *documents_total += counts[static_cast<size_t>(2 * q + 1)];
+    }
     for (int64_t q = 0; q < r; ++q) {
       lines_before += counts[static_cast<size_t>(2 * q)];
       if (documents_before) *documents_before += counts[static_cast<size_t>(2 * q + 1)];
@@ -107,6 +159,27 @@ class RankJob {
     out.close();
   }
 
+  // The last step: rank 0 runs fn (joins the parts, writes the report); the parts of
+  // every rank (OUTPUT.part<q>of<N> + each of `suffixes`) are deleted afterwards on rank
+  // 0 whether fn succeeded or not (the ranks' own parts on failure elsewhere: step()).
+  template <typename F>
+  void join_on_rank0(const std::vector<std::string>& suffixes, F&& fn) {
+    step(
+        [&] {
+          if (r != 0) return;
+          struct Cleanup {
+            const RankJob& j;
+            const std::vector<std::string>& suffixes;
+            ~Cleanup() {
+              for (int64_t q = 0; q < j.W; ++q)
+                for (const auto& s : suffixes) RankJob::remove_file(j.part(q) + s);
+            }
+          } cleanup{*this, suffixes};
+          fn();
+        },
+        "joining the parts");
+  }
+
   static void remove_file(const std::string& f) {
     std::error_code ec;
     std::filesystem::remove(f, ec);
@@ -120,39 +193,54 @@ class RankJob {
   std::string output_;
 };
 
-nlohmann::json filter_quality_ranks(const curation::QualityFilterOptions& opt, const parallel::LaunchInfo& info) {
+nlohmann::json filter_quality_ranks(const curation::QualityFilterOptions& opt, const parallel::LaunchInfo& info,
+                                    bool progress) {
   RankJob job(info, opt.output);
   curation::QualityFilterOptions o = opt;
-  job.count_share(opt.input, o.range_begin, o.range_end, o.lines_before, &o.documents_before);
+  int64_t documents = 0;
+  job.count_share(opt.input, o.range_begin, o.range_end, o.lines_before, &o.documents_before, &documents);
   o.output = job.part(job.r);
   o.write_report = false;
+  std::atomic<int64_t> done{0};
+  o.documents_done = &done;
   job.own_files = {o.output};
   int64_t totals[2] = {0, 0};
-  job.step(
+  job.step_with_progress(
       [&] {
         const auto rep = curation::filter_quality(o);
         totals[0] = rep["documents"].get<int64_t>();
         totals[1] = rep["kept"].get<int64_t>();
       },
-      "filtering");
+      "filtering", "quality filter", documents, done, progress);
   job.world->all_reduce(totals, 2, parallel::ReduceOp::sum);
   nlohmann::json report;
-  job.step(
-      [&] {
-        if (job.r != 0) return;
-        struct Cleanup {
-          const RankJob& j;
-          ~Cleanup() {
-            for (int64_t q = 0; q < j.W; ++q) RankJob::remove_file(j.part(q));
-          }
-        } cleanup{job};
-        job.join_parts();
-        report = curation::quality_filter_report(opt, totals[0], totals[1]);
-        curation::write_file_atomic(opt.output + ".report.json", report.dump(2) + "\n");
-      },
-      "joining the parts");
+  job.join_on_rank0({""}, [&] {
+    job.join_parts();
+    report = curation::quality_filter_report(opt, totals[0], totals[1]);
+    curation::write_file_atomic(opt.output + ".report.json", report.dump(2) + "\n");
+  });
   parallel::finalize_world();
   return report;
+}
+
+// `quality score` across ranks: each rank scores its range into a part (line numbers
+// are the file's), rank 0 joins the parts; the output is the same bytes for any N.
+nlohmann::json score_quality_ranks(const std::string& input, const std::string& model, const std::string& output,
+                                   const std::string& key, const parallel::LaunchInfo& info, bool progress) {
+  RankJob job(info, output);
+  int64_t begin = 0, end = -1, lines_before = 0, documents = 0;
+  job.count_share(input, begin, end, lines_before, nullptr, &documents);
+  const std::string part = job.part(job.r);
+  job.own_files = {part};
+  std::atomic<int64_t> done{0};
+  double sum = 0;
+  job.step_with_progress(
+      [&] { sum = curation::score_quality(input, model, part, key, begin, end, lines_before, &done)["score_sum"].get<double>(); },
+      "scoring", "quality score", documents, done, progress);
+  job.world->all_reduce(&sum, 1, parallel::ReduceOp::sum);
+  job.join_on_rank0({""}, [&] { job.join_parts(); });
+  parallel::finalize_world();
+  return {{"documents", documents}, {"mean_score", documents ? sum / static_cast<double>(documents) : 0.0}};
 }
 
 // `decontaminate` across ranks: pass 1 on each range, the per-n-gram document counts
@@ -204,39 +292,71 @@ curation::DecontamResult decontaminate_ranks(const curation::DecontamOptions& op
       },
       "decontaminating");
   curation::DecontamResult out;
-  job.step(
-      [&] {
-        if (job.r != 0) return;
-        struct Cleanup {
-          const RankJob& j;
-          ~Cleanup() {
-            for (int64_t q = 0; q < j.W; ++q) {
-              RankJob::remove_file(j.part(q));
-              RankJob::remove_file(j.part(q) + ".report.json");
-            }
-          }
-        } cleanup{job};
-        std::vector<nlohmann::json> parts;
-        for (int64_t q = 0; q < job.W; ++q) {
-          std::FILE* f = std::fopen((job.part(q) + ".report.json").c_str(), "rb");
-          if (!f) throw_runtime("{}.report.json: cannot open rank {}'s report", job.part(q), q);
-          parts.push_back(nlohmann::json::parse(f));
-          std::fclose(f);
-        }
-        job.join_parts();
-        const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        out.report = curation::combine_decontaminate_reports(opt, parts, secs);
-        out.documents = out.report["documents"].get<int64_t>();
-        out.written = out.report["lines_written"].get<int64_t>();
-        out.removed = out.report["removed"].get<int64_t>();
-        out.cut = out.report["cut"].get<int64_t>();
-        curation::write_file_atomic(opt.report.empty() ? opt.output + ".report.json" : opt.report,
-                                    out.report.dump(2) + "\n");
-      },
-      "joining the parts");
+  job.join_on_rank0({"", ".report.json"}, [&] {
+    std::vector<nlohmann::json> parts;
+    for (int64_t q = 0; q < job.W; ++q) {
+      std::FILE* f = std::fopen((job.part(q) + ".report.json").c_str(), "rb");
+      if (!f) throw_runtime("{}.report.json: cannot open rank {}'s report", job.part(q), q);
+      parts.push_back(nlohmann::json::parse(f));
+      std::fclose(f);
+    }
+    job.join_parts();
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    out.report = curation::combine_decontaminate_reports(opt, parts, secs);
+    out.documents = out.report["documents"].get<int64_t>();
+    out.written = out.report["lines_written"].get<int64_t>();
+    out.removed = out.report["removed"].get<int64_t>();
+    out.cut = out.report["cut"].get<int64_t>();
+    curation::write_file_atomic(opt.report.empty() ? opt.output + ".report.json" : opt.report, out.report.dump(2) + "\n");
+  });
   parallel::finalize_world();
   return out;
 }
+
+// DedupComm over the world communicator. all_to_all: the W x W matrix of byte counts
+// is all-reduced, then every rank posts a nonblocking send to each peer and receives
+// from the peers in rank order (payloads travel as int32 words; dedup's records are
+// multiples of 4 bytes).
+class WorldDedupComm final : public curation::DedupComm {
+ public:
+  explicit WorldDedupComm(std::shared_ptr<parallel::Communicator> w) : w_(std::move(w)) {}
+  int64_t rank() const override { return w_->rank(); }
+  int64_t size() const override { return w_->size(); }
+  void all_reduce_sum(int64_t* v, int64_t n) override { w_->all_reduce(v, n, parallel::ReduceOp::sum); }
+  void all_reduce_max(int64_t* v, int64_t n) override { w_->all_reduce(v, n, parallel::ReduceOp::max); }
+  std::vector<char> all_to_all(const std::vector<std::span<const char>>& send) override {
+    const int64_t W = size(), r = rank();
+    std::vector<int64_t> bytes(static_cast<size_t>(W * W), 0);  // [from * W + to]
+    for (int64_t q = 0; q < W; ++q) {
+      MTNLG_CHECK(send[q].size() % 4 == 0, "all_to_all: {} bytes to rank {} are not whole words", send[q].size(), q);
+      bytes[static_cast<size_t>(r * W + q)] = static_cast<int64_t>(send[q].size());
+    }
+    w_->all_reduce(bytes.data(), W * W, parallel::ReduceOp::sum);
+    int64_t total = 0;
+    for (int64_t q = 0; q < W; ++q) total += bytes[static_cast<size_t>(q * W + r)];
+    std::vector<char> out(static_cast<size_t>(total));
+    std::vector<std::unique_ptr<parallel::Request>> pending;
+    for (int64_t q = 0; q < W; ++q)
+      if (q != r && !send[q].empty())
+        pending.push_back(w_->isend(send[q].data(), static_cast<int64_t>(send[q].size() / 4), DType::i32, q, kTag));
+    int64_t at = 0;
+    for (int64_t q = 0; q < W; ++q) {
+      const int64_t n = bytes[static_cast<size_t>(q * W + r)];
+      if (n == 0) continue;
+      if (q == r)
+        std::memcpy(out.data() + at, send[q].data(), static_cast<size_t>(n));
+      else
+        w_->recv(out.data() + at, n / 4, DType::i32, q, kTag);
+      at += n;
+    }
+    for (auto& p : pending) p->wait();
+    return out;
+  }
+
+ private:
+  static constexpr int kTag = 2020;
+  std::shared_ptr<parallel::Communicator> w_;
+};
 
 void register_dedup(CLI::App& data) {
   auto o = std::make_shared<curation::DedupOptions>();
@@ -261,9 +381,46 @@ void register_dedup(CLI::App& data) {
   c->add_option("--rows", o->rows, "LSH rows per band r (0 = chosen with --bands)")->capture_default_str();
   c->add_option("--seed", o->seed, "Seed of the MinHash hash family")->capture_default_str();
   c->add_flag("--clusters", o->write_clusters, "Also write OUT/dedup_clusters.jsonl (every duplicate group, kept and removed lines)");
+  auto memory = std::make_shared<std::string>();
+  c->add_option("--memory-per-rank", *memory,
+                "Memory budget of each rank (e.g. 2G): the MinHash signatures of the rank's share must fit; LSH band "
+                "keys over the rest are spilled to sorted runs on disk (default: no limit, nothing spilled)");
+  c->add_option("--tmp-dir", o->tmp_dir, "Directory for spilled band keys (default: --output-dir)");
   c->add_flag("--no-progress", *no_progress, "Do not draw progress bars");
-  c->callback([o, no_progress] {
+  c->footer(
+      "Under mpirun or srun each rank reads a line-aligned byte range of every input, band keys are routed to their "
+      "owner ranks and rank 0 writes the outputs: outputs and report (but its timings and \"run\") are the same "
+      "bytes for any number of ranks (all ranks must see the inputs and the output directory).");
+  c->callback([o, no_progress, memory] {
     o->progress = !*no_progress;
+    if (!memory->empty()) o->memory_per_rank = curation::parse_byte_size(*memory, "--memory-per-rank");
+    const parallel::LaunchInfo info = parallel::detect_launch();
+    if (info.world_size > 1) {
+      auto world = parallel::init_world(info);
+      log::context().rank = static_cast<int>(world->rank());
+      log::context().world = static_cast<int>(world->size());
+      WorldDedupComm comm(world);
+      curation::DedupResult r;
+      try {
+        r = curation::run_dedup(*o, &comm);
+      } catch (const std::exception& e) {
+        if (comm.failure_agreed) {  // every rank is here
+          const auto* err = dynamic_cast<const Error*>(&e);
+          exit_agreed_failure(*world, e.what(), err ? err->exit_code() : 1, comm.failed_here);
+        }
+        // A failure in the middle of an exchange (disk full while spilling, out of
+        // memory): the peers are waiting in it, so end the whole job.
+        const auto* err = dynamic_cast<const Error*>(&e);
+        std::fprintf(stderr, "mtnlg: error on rank %d: %s (aborting all ranks)\n", static_cast<int>(info.rank), e.what());
+        parallel::abort_world(err ? err->exit_code() : 1);
+      }
+      parallel::finalize_world();
+      if (info.rank == 0)
+        log::info("dedup: {} documents, kept {}, removed {} ({} duplicate groups, {} empty kept); report "
+                  "{}/dedup_report.json ({} ranks)",
+                  r.documents, r.kept, r.removed, r.components, r.empty, o->output_dir, info.world_size);
+      return;
+    }
     auto r = curation::run_dedup(*o);
     log::info("dedup: {} documents, kept {}, removed {} ({} duplicate groups, {} empty kept); report {}/dedup_report.json",
               r.documents, r.kept, r.removed, r.components, r.empty, o->output_dir);
@@ -307,7 +464,20 @@ void register_quality(CLI::App& data) {
   score->add_option("--model", s->model, "Model from `quality train`")->required();
   score->add_option("--output", s->output, "Output JSONL of scores")->required();
   score->add_option("--json-key", s->key, "JSON field holding the document text")->capture_default_str();
-  score->callback([s] {
+  auto s_np = std::make_shared<bool>(false);
+  score->add_flag("--no-progress", *s_np, "Do not draw the progress line (multi-rank runs)");
+  score->footer(
+      "Under mpirun or srun each rank scores a line-aligned byte range of the input and rank 0 joins the parts: "
+      "the output is the same bytes for any number of ranks (the output directory must be shared).");
+  score->callback([s, s_np] {
+    const parallel::LaunchInfo info = parallel::detect_launch();
+    if (info.world_size > 1) {
+      auto r = score_quality_ranks(s->input, s->model, s->output, s->key, info, !*s_np);
+      if (info.rank == 0)
+        log::info("quality score: {} documents, mean score {:.4f} -> {} ({} ranks)", r["documents"].get<int64_t>(),
+                  r["mean_score"].get<double>(), s->output, info.world_size);
+      return;
+    }
     auto r = curation::score_quality(s->input, s->model, s->output, s->key);
     log::info("quality score: {} documents, mean score {:.4f} -> {}", r["documents"].get<int64_t>(), r["mean_score"].get<double>(), s->output);
   });
@@ -323,13 +493,15 @@ void register_quality(CLI::App& data) {
   filter->add_option("--threshold", f->threshold, "threshold mode: keep if score >= this")->capture_default_str();
   filter->add_option("--alpha", f->alpha, "pareto mode: shape of the Pareto (Lomax) draw; P(keep) = (2 - score)^-alpha")->capture_default_str();
   filter->add_option("--seed", f->seed, "pareto mode: seed of the per-document draws")->capture_default_str();
+  auto f_np = std::make_shared<bool>(false);
+  filter->add_flag("--no-progress", *f_np, "Do not draw the progress line (multi-rank runs)");
   filter->footer(
       "Under mpirun or srun each rank filters a line-aligned byte range of the input and rank 0 joins the parts: "
       "output and report are the same bytes for any number of ranks (the output directory must be shared).");
-  filter->callback([f] {
+  filter->callback([f, f_np] {
     const parallel::LaunchInfo info = parallel::detect_launch();
     if (info.world_size > 1) {
-      auto r = filter_quality_ranks(*f, info);
+      auto r = filter_quality_ranks(*f, info, !*f_np);
       if (info.rank == 0)
         log::info("quality filter: {} documents, kept {}, removed {} -> {} ({} ranks)", r["documents"].get<int64_t>(),
                   r["kept"].get<int64_t>(), r["removed"].get<int64_t>(), f->output, info.world_size);
@@ -415,6 +587,18 @@ void register_synth(CLI::App& data) {
 }
 
 }  // namespace
+
+void exit_agreed_failure(parallel::Communicator& world, const std::string& msg, int code, bool own) {
+  auto say = [&] {
+    std::fprintf(stderr, "mtnlg: error on rank %d: %s\n", static_cast<int>(world.rank()), msg.c_str());
+    std::fflush(stderr);
+  };
+  if (own) say();
+  world.barrier();
+  if (!own) say();
+  parallel::finalize_world();
+  std::exit(code);
+}
 
 void register_data_curation(CLI::App& data_cmd) {
   register_dedup(data_cmd);

@@ -1,7 +1,14 @@
 // Fuzzy deduplication (see dedup.hpp for the pipeline, docs/CURATION.md for details).
 #include "data/curation/dedup.hpp"
 
+#include <fmt/format.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <iterator>
+#include <type_traits>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -20,6 +27,7 @@
 #include "core/progress.hpp"
 #include "data/curation/minhash.hpp"
 #include "data/curation/text.hpp"
+#include "data/preprocess.hpp"
 
 namespace fs = std::filesystem;
 
@@ -106,32 +114,6 @@ class BatchQueue {
   bool closed_ = false;
 };
 
-class UnionFind {
- public:
-  explicit UnionFind(int64_t n) : parent_(static_cast<size_t>(n)) {
-    for (int64_t i = 0; i < n; ++i) parent_[i] = static_cast<uint32_t>(i);
-  }
-  uint32_t find(uint32_t x) {
-    while (parent_[x] != x) {
-      parent_[x] = parent_[parent_[x]];  // path halving
-      x = parent_[x];
-    }
-    return x;
-  }
-  // Links the larger root under the smaller, so a root is its component's lowest doc.
-  bool unite(uint32_t a, uint32_t b) {
-    a = find(a);
-    b = find(b);
-    if (a == b) return false;
-    if (a < b) std::swap(a, b);
-    parent_[a] = b;
-    return true;
-  }
-
- private:
-  std::vector<uint32_t> parent_;
-};
-
 struct LshStats {
   int64_t pairs_checked = 0, pairs_verified = 0, large_buckets = 0;
 };
@@ -143,284 +125,680 @@ struct LshStats {
 constexpr int64_t kAllPairsBucket = 64;
 constexpr int64_t kMaxLeaders = 32;
 
-void verify_pair(uint32_t a, uint32_t b, const SignatureStore& sigs, int64_t k, double thr, UnionFind& uf,
-                 std::vector<std::pair<uint32_t, uint32_t>>& edges, LshStats& st) {
-  if (uf.find(a) == uf.find(b)) return;  // already connected through verified edges
-  ++st.pairs_checked;
-  if (estimate_jaccard(sigs.at(a), sigs.at(b), k) >= thr) {
-    ++st.pairs_verified;
-    uf.unite(a, b);
-    edges.emplace_back(a, b);
+}  // namespace
+
+
+namespace {
+
+// One process: collectives are no-ops, the exchange keeps what was sent to itself.
+class SoloComm final : public DedupComm {
+ public:
+  int64_t rank() const override { return 0; }
+  int64_t size() const override { return 1; }
+  void all_reduce_sum(int64_t*, int64_t) override {}
+  void all_reduce_max(int64_t*, int64_t) override {}
+  std::vector<char> all_to_all(const std::vector<std::span<const char>>& send) override {
+    return std::vector<char>(send[0].begin(), send[0].end());
   }
+};
+
+// Runs one phase on every rank and agrees on its outcome: when any rank failed, every
+// rank throws (the failing one its own error, the others one naming the lowest failing
+// rank), so no rank is left waiting in a later exchange.
+template <typename F>
+void agree(DedupComm& c, const char* what, F&& fn) {
+  std::exception_ptr err;
+  int64_t code = 0;
+  try {
+    fn();
+  } catch (const Error& e) {
+    err = std::current_exception();
+    code = e.exit_code();
+  } catch (...) {
+    err = std::current_exception();
+    code = 1;
+  }
+  const int64_t W = c.size(), r = c.rank();
+  int64_t v[2] = {err ? W - r : 0, code};
+  c.all_reduce_max(v, 2);
+  if (v[0] == 0) return;
+  c.failure_agreed = true;
+  c.failed_here = err != nullptr;
+  if (err) std::rethrow_exception(err);
+  throw Error(static_cast<int>(v[1]),
+              fmt::format("stopped because rank {} failed {} (its message names the cause); no output written", W - v[0], what));
 }
+
+// The all-to-all of records of type T; the received bytes are read with read<T>() (no
+// second copy of a round's data).
+template <typename T>
+std::vector<char> exchange_records(DedupComm& c, const std::vector<std::vector<T>>& out) {
+  static_assert(sizeof(T) % 4 == 0 && std::is_trivially_copyable_v<T>);
+  std::vector<std::span<const char>> send;
+  for (auto& v : out) send.emplace_back(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
+  return c.all_to_all(send);
+}
+template <typename T>
+T read_at(const std::vector<char>& bytes, size_t i) {  // the i-th T
+  T v;
+  std::memcpy(&v, bytes.data() + i * sizeof(T), sizeof(T));
+  return v;
+}
+
+struct BandKey {
+  uint64_t hash;
+  uint32_t doc;  // global document index
+  uint32_t pad = 0;
+  bool operator<(const BandKey& o) const { return hash != o.hash ? hash < o.hash : doc < o.doc; }
+};
+
+// One band's keys on their owner rank: held in memory up to `cap` keys, beyond that
+// written to disk as sorted runs and merged when scanned (an external sort).
+class KeyRuns {
+ public:
+  KeyRuns(int64_t cap, std::string dir) : cap_(std::max<int64_t>(cap, 64)), dir_(std::move(dir)) {}
+  ~KeyRuns() { clear_files(); }
+  void add(const std::vector<char>& bytes) {  // BandKey records
+    const size_t n = bytes.size() / sizeof(BandKey);
+    for (size_t i = 0; i < n; ++i) {
+      buf_.push_back(read_at<BandKey>(bytes, i));
+      if (static_cast<int64_t>(buf_.size()) >= cap_) spill();
+    }
+  }
+  int64_t runs_spilled() const { return spilled_; }
+  // Calls fn(key) for every key in (hash, doc) order, then forgets them.
+  template <typename F>
+  void scan(F&& fn) {
+    std::sort(buf_.begin(), buf_.end());
+    if (files_.empty()) {
+      for (const auto& k : buf_) fn(k);
+    } else {
+      if (!buf_.empty()) spill();
+      merge(fn);
+    }
+    buf_.clear();
+    clear_files();
+  }
+
+ private:
+  void spill() {
+    std::sort(buf_.begin(), buf_.end());
+    std::error_code ec;
+    fs::create_directories(dir_, ec);
+    std::string path = (fs::path(dir_) / fmt::format("keys-{}.run", files_.size())).string();
+    std::FILE* f = std::fopen(path.c_str(), "wb");
+    if (!f) throw_runtime("{}: cannot create a spill file ({})", path, std::strerror(errno));
+    const bool ok = std::fwrite(buf_.data(), sizeof(BandKey), buf_.size(), f) == buf_.size();
+    if (std::fclose(f) != 0 || !ok) throw_runtime("{}: write failed (disk full?)", path);
+    files_.push_back(path);
+    ++spilled_;
+    buf_.clear();
+  }
+  template <typename F>
+  void merge(F&& fn) {
+    struct Run {
+      std::FILE* f = nullptr;
+      std::vector<BandKey> b;
+      size_t pos = 0, len = 0;
+      bool next() {
+        if (++pos < len) return true;
+        len = std::fread(b.data(), sizeof(BandKey), b.size(), f);
+        pos = 0;
+        return len > 0;
+      }
+    };
+    const size_t per_run = static_cast<size_t>(std::clamp<int64_t>(cap_ / static_cast<int64_t>(files_.size()), 256, 1 << 16));
+    std::vector<Run> runs(files_.size());
+    auto close_all = [&] {
+      for (auto& r : runs)
+        if (r.f) std::fclose(r.f);
+    };
+    using Head = std::pair<BandKey, size_t>;
+    auto later = [](const Head& x, const Head& y) { return y.first < x.first; };
+    std::vector<Head> heap;
+    for (size_t i = 0; i < files_.size(); ++i) {
+      runs[i].f = std::fopen(files_[i].c_str(), "rb");
+      if (!runs[i].f) {
+        close_all();
+        throw_runtime("{}: cannot reopen a spill file", files_[i]);
+      }
+      runs[i].b.resize(per_run);
+      runs[i].pos = static_cast<size_t>(-1);  // next() reads the first block
+      if (runs[i].next()) heap.emplace_back(runs[i].b[0], i);
+    }
+    std::make_heap(heap.begin(), heap.end(), later);
+    while (!heap.empty()) {
+      std::pop_heap(heap.begin(), heap.end(), later);
+      auto [k, i] = heap.back();
+      heap.pop_back();
+      fn(k);
+      if (runs[i].next()) {
+        heap.emplace_back(runs[i].b[runs[i].pos], i);
+        std::push_heap(heap.begin(), heap.end(), later);
+      }
+    }
+    close_all();
+  }
+  void clear_files() {
+    for (auto& f : files_) {
+      std::error_code ec;
+      fs::remove(f, ec);
+    }
+    files_.clear();
+  }
+  int64_t cap_;
+  std::string dir_;
+  std::vector<BandKey> buf_;
+  std::vector<std::string> files_;
+  int64_t spilled_ = 0;
+};
+
+// Union-find over a sparse set of global document indices (the endpoints of edges).
+struct SparseForest {
+  std::vector<uint32_t> nodes;  // sorted, unique
+  std::vector<uint32_t> parent;
+  explicit SparseForest(const std::vector<uint64_t>& edges) {  // (a << 32 | b)
+    for (uint64_t e : edges) {
+      nodes.push_back(static_cast<uint32_t>(e >> 32));
+      nodes.push_back(static_cast<uint32_t>(e));
+    }
+    std::sort(nodes.begin(), nodes.end());
+    nodes.erase(std::unique(nodes.begin(), nodes.end()), nodes.end());
+    parent.resize(nodes.size());
+    for (size_t i = 0; i < parent.size(); ++i) parent[i] = static_cast<uint32_t>(i);
+  }
+  uint32_t index(uint32_t doc) const {
+    return static_cast<uint32_t>(std::lower_bound(nodes.begin(), nodes.end(), doc) - nodes.begin());
+  }
+  uint32_t find(uint32_t x) {
+    while (parent[x] != x) {
+      parent[x] = parent[parent[x]];
+      x = parent[x];
+    }
+    return x;
+  }
+  // The root is the component's lowest index, i.e. its lowest document.
+  bool unite(uint32_t a, uint32_t b) {
+    a = find(index(a));
+    b = find(index(b));
+    if (a == b) return false;
+    if (a < b) std::swap(a, b);
+    parent[a] = b;
+    return true;
+  }
+};
 
 }  // namespace
 
-DedupResult run_dedup(const DedupOptions& opt) {
+int64_t parse_byte_size(const std::string& text, const std::string& what) {
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (...) {
+    throw_input("{} {}: not a size (examples: 2G, 512M, 1073741824)", what, text);
+  }
+  std::string unit = text.substr(used);
+  if (!unit.empty() && (unit.back() == 'B' || unit.back() == 'b')) unit.pop_back();
+  if (!unit.empty() && (unit.back() == 'i')) unit.pop_back();
+  double mult = 1;
+  if (unit == "K" || unit == "k") mult = 1024.0;
+  else if (unit == "M" || unit == "m") mult = 1024.0 * 1024;
+  else if (unit == "G" || unit == "g") mult = 1024.0 * 1024 * 1024;
+  else if (unit == "T" || unit == "t") mult = 1024.0 * 1024 * 1024 * 1024;
+  else if (!unit.empty()) throw_input("{} {}: unknown unit \"{}\" (use K, M, G or T)", what, text, unit);
+  if (!(v >= 0) || v * mult > 9e18) throw_input("{} {}: out of range", what, text);
+  return static_cast<int64_t>(v * mult);
+}
+
+DedupResult run_dedup(const DedupOptions& opt, DedupComm* comm_in) {
   auto t_start = Clock::now();
-  if (opt.inputs.empty()) throw_input("dedup: no --input files");
-  if (opt.ngram < 1) throw_input("--ngram {} must be at least 1", opt.ngram);
-  if (!(opt.threshold > 0.0 && opt.threshold <= 1.0)) throw_input("--threshold {} must be in (0, 1]", opt.threshold);
+  SoloComm solo;
+  DedupComm& comm = comm_in ? *comm_in : solo;
+  const int64_t W = comm.size(), R = comm.rank();
+  const bool show = opt.progress && R == 0;
   const int64_t k = opt.num_perm;
   LshParams lsh{opt.bands, opt.rows};
-  if (lsh.bands == 0 && lsh.rows == 0) {
-    lsh = choose_bands(std::min(opt.threshold, 0.999), k);
-  } else if (lsh.bands < 1 || lsh.rows < 1 || lsh.bands * lsh.rows > k) {
-    throw_input("--bands {} x --rows {} must be positive with bands*rows <= --num-perm {}", lsh.bands, lsh.rows, k);
-  }
   int64_t workers = opt.workers > 0 ? opt.workers : std::max<int64_t>(1, std::thread::hardware_concurrency());
 
   // --- sources, names, outputs, priority: all checked before any work -----------
   std::vector<Source> sources;
-  std::map<std::string, int> by_name;
-  std::error_code ec;
-  fs::create_directories(opt.output_dir, ec);
-  if (ec) throw_input("--output-dir {}: cannot create ({})", opt.output_dir, ec.message());
-  for (const auto& in : opt.inputs) {
-    if (!fs::is_regular_file(in)) throw_input("--input {}: no such file", in);
-    Source s;
-    s.path = in;
-    s.name = file_stem(in);
-    s.out_path = (fs::path(opt.output_dir) / fs::path(in).filename()).string();
-    if (by_name.count(s.name))
-      throw_input("--input {}: source name \"{}\" (the file stem) is also used by {}; rename one", in, s.name,
-                  sources[by_name[s.name]].path);
-    if (fs::exists(s.out_path) && fs::equivalent(s.out_path, in))
-      throw_input("--output-dir {}: would overwrite the input {}", opt.output_dir, in);
-    by_name[s.name] = static_cast<int>(sources.size());
-    sources.push_back(std::move(s));
-  }
-  if (sources.size() > 65535) throw_input("dedup: at most 65535 input files, got {}", sources.size());
-  std::vector<int64_t> rank(sources.size(), static_cast<int64_t>(opt.priority.size()));
-  for (size_t i = 0; i < opt.priority.size(); ++i) {
-    auto it = by_name.find(opt.priority[i]);
-    if (it == by_name.end()) {
-      std::string valid;
-      for (auto& s : sources) valid += (valid.empty() ? "" : ", ") + s.name;
-      throw_input("--priority: unknown source \"{}\" (valid names, the input file stems: {})", opt.priority[i], valid);
+  std::vector<int64_t> prio_rank;
+  agree(comm, "checking the inputs", [&] {
+    if (opt.inputs.empty()) throw_input("dedup: no --input files");
+    if (opt.ngram < 1) throw_input("--ngram {} must be at least 1", opt.ngram);
+    if (!(opt.threshold > 0.0 && opt.threshold <= 1.0)) throw_input("--threshold {} must be in (0, 1]", opt.threshold);
+    if (opt.memory_per_rank < 0) throw_input("--memory-per-rank must not be negative");
+    if (lsh.bands == 0 && lsh.rows == 0) {
+      lsh = choose_bands(std::min(opt.threshold, 0.999), k);
+    } else if (lsh.bands < 1 || lsh.rows < 1 || lsh.bands * lsh.rows > k) {
+      throw_input("--bands {} x --rows {} must be positive with bands*rows <= --num-perm {}", lsh.bands, lsh.rows, k);
     }
-    rank[it->second] = std::min<int64_t>(rank[it->second], static_cast<int64_t>(i));
+    std::map<std::string, int> by_name;
+    std::error_code ec;
+    if (R == 0) {
+      fs::create_directories(opt.output_dir, ec);
+      if (ec) throw_input("--output-dir {}: cannot create ({})", opt.output_dir, ec.message());
+    }
+    if (!opt.tmp_dir.empty()) {
+      fs::create_directories(opt.tmp_dir, ec);
+      if (ec || !fs::is_directory(opt.tmp_dir)) throw_input("--tmp-dir {}: cannot create the directory", opt.tmp_dir);
+    }
+    for (const auto& in : opt.inputs) {
+      if (!fs::is_regular_file(in)) throw_input("--input {}: no such file", in);
+      Source s;
+      s.path = in;
+      s.name = file_stem(in);
+      s.out_path = (fs::path(opt.output_dir) / fs::path(in).filename()).string();
+      if (by_name.count(s.name))
+        throw_input("--input {}: source name \"{}\" (the file stem) is also used by {}; rename one", in, s.name,
+                    sources[by_name[s.name]].path);
+      if (fs::exists(s.out_path) && fs::equivalent(s.out_path, in))
+        throw_input("--output-dir {}: would overwrite the input {}", opt.output_dir, in);
+      by_name[s.name] = static_cast<int>(sources.size());
+      sources.push_back(std::move(s));
+    }
+    if (sources.size() > 65535) throw_input("dedup: at most 65535 input files, got {}", sources.size());
+    prio_rank.assign(sources.size(), static_cast<int64_t>(opt.priority.size()));
+    for (size_t i = 0; i < opt.priority.size(); ++i) {
+      auto it = by_name.find(opt.priority[i]);
+      if (it == by_name.end()) {
+        std::string valid;
+        for (auto& s : sources) valid += (valid.empty() ? "" : ", ") + s.name;
+        throw_input("--priority: unknown source \"{}\" (valid names, the input file stems: {})", opt.priority[i], valid);
+      }
+      prio_rank[it->second] = std::min<int64_t>(prio_rank[it->second], static_cast<int64_t>(i));
+    }
+  });
+  const int64_t F = static_cast<int64_t>(sources.size());
+
+  // --- shares: rank q reads the q-th line-aligned byte range of every input --------
+  // counts[(f*W + q)*3 + {0,1,2}] = lines, documents, empty documents of piece (f, q).
+  struct Piece {
+    int64_t begin = 0, end = -1, lines_before = 0, first_doc = 0, docs = 0, local_first = 0;
+  };
+  std::vector<Piece> mine(static_cast<size_t>(F));
+  std::vector<int64_t> counts(static_cast<size_t>(3 * F * W), 0);
+  agree(comm, "reading its share", [&] {
+    for (int64_t f = 0; f < F; ++f) {
+      auto& p = mine[f];
+      if (W == 1) {
+        p.begin = 0;
+        p.end = -1;
+      } else {
+        std::tie(p.begin, p.end) = data::line_aligned_range(sources[f].path, W, R);
+      }
+      const auto c = count_lines(sources[f].path, p.begin, p.end);
+      counts[static_cast<size_t>((f * W + R) * 3)] = c.lines;
+      counts[static_cast<size_t>((f * W + R) * 3 + 1)] = c.documents;
+    }
+  });
+  comm.all_reduce_sum(counts.data(), static_cast<int64_t>(counts.size()));
+  // Global document index: file-major, then line order (= piece order within a file).
+  std::vector<int64_t> piece_first(static_cast<size_t>(F * W + 1), 0);
+  for (int64_t i = 0; i < F * W; ++i) piece_first[i + 1] = piece_first[i] + counts[static_cast<size_t>(3 * i + 1)];
+  const int64_t n_docs = piece_first.back();
+  if (n_docs >= std::numeric_limits<uint32_t>::max())
+    throw_input("dedup: {} documents; at most {} per run are supported", n_docs, std::numeric_limits<uint32_t>::max() - 1);
+  int64_t n_local = 0;
+  for (int64_t f = 0; f < F; ++f) {
+    auto& p = mine[f];
+    for (int64_t q = 0; q < R; ++q) p.lines_before += counts[static_cast<size_t>((f * W + q) * 3)];
+    p.first_doc = piece_first[f * W + R];
+    p.docs = counts[static_cast<size_t>((f * W + R) * 3 + 1)];
+    p.local_first = n_local;
+    n_local += p.docs;
+    sources[f].first_doc = piece_first[f * W];
+    for (int64_t q = 0; q < W; ++q) {
+      sources[f].docs += counts[static_cast<size_t>((f * W + q) * 3 + 1)];
+      sources[f].blank_lines += counts[static_cast<size_t>((f * W + q) * 3)] - counts[static_cast<size_t>((f * W + q) * 3 + 1)];
+    }
+    sources[f].bytes = static_cast<int64_t>(fs::file_size(sources[f].path));
+  }
+  auto holder = [&](uint32_t doc) {  // rank holding a global document
+    const int64_t i = std::upper_bound(piece_first.begin(), piece_first.end(), static_cast<int64_t>(doc)) - piece_first.begin() - 1;
+    return i % W;
+  };
+  auto file_of = [&](uint32_t doc) {
+    return (std::upper_bound(piece_first.begin(), piece_first.end(), static_cast<int64_t>(doc)) - piece_first.begin() - 1) / W;
+  };
+  auto local_of = [&](uint32_t doc) {  // this rank's index of one of its documents
+    const auto& p = mine[static_cast<size_t>(file_of(doc))];
+    return p.local_first + (static_cast<int64_t>(doc) - p.first_doc);
+  };
+
+  // Memory budget: the signatures stay in memory; what is left (less a working
+  // allowance for read buffers and queues) bounds the band keys held at once: a send
+  // round, a receive round and the owned keys, 16 bytes each, up to `key_cap` keys
+  // each; the owned keys beyond it are spilled. A budget below the signatures cannot be
+  // kept: the rank says so and runs with the smallest spill runs (64 keys).
+  const int64_t sig_bytes = n_local * k * 4;
+  int64_t key_cap = std::numeric_limits<int64_t>::max() / 64;  // keys held before spilling
+  if (opt.memory_per_rank > 0) {
+    const int64_t allowance = std::min<int64_t>(64ll << 20, opt.memory_per_rank / 8);
+    const int64_t left = opt.memory_per_rank - allowance - sig_bytes;
+    if (left < 0)
+      log::warn("--memory-per-rank {:.1f} MiB: the MinHash signatures of this rank's {} documents alone need {:.1f} MiB; the "
+                "budget will be exceeded (use more ranks or a larger budget)",
+                static_cast<double>(opt.memory_per_rank) / 1048576.0, n_local, static_cast<double>(sig_bytes) / 1048576.0);
+    key_cap = std::max<int64_t>(64, left / 3 / static_cast<int64_t>(sizeof(BandKey)));
   }
 
-  // --- pass 1: read, hash ---------------------------------------------------------
+  // --- pass 1: read this rank's share, hash ---------------------------------------
   MinHasher hasher(k, opt.seed);
   SignatureStore sigs(k);
-  std::vector<int64_t> line_of;   // doc -> 1-based line in its source
-  std::vector<uint16_t> src_of;   // doc -> source index
-  int64_t total_bytes = 0;
-  for (auto& s : sources) total_bytes += static_cast<int64_t>(fs::file_size(s.path));
-
-  std::mutex err_m;
-  std::exception_ptr err;
-  std::atomic<int64_t> err_doc{std::numeric_limits<int64_t>::max()};
-  std::atomic<bool> failed{false};
-  std::atomic<int64_t> empty_docs{0};
-  BatchQueue queue(static_cast<size_t>(2 * workers + 2));
-  std::vector<std::vector<int64_t>> empty_per_worker(workers);
-  std::vector<std::thread> pool;
-  for (int64_t w = 0; w < workers; ++w) {
-    pool.emplace_back([&, w] {
-      std::vector<Word> words;
-      std::vector<uint64_t> sh;
-      std::vector<int64_t> empties(sources.size(), 0);
-      while (auto b = queue.pop()) {
-        if (failed.load() && b->first_doc > err_doc.load()) continue;  // err_doc only shrinks
-        const std::string& path = sources[b->src].path;
-        for (size_t i = 0; i < b->lines.size(); ++i) {
-          int64_t doc = b->first_doc + static_cast<int64_t>(i);
-          try {
-            std::string text = extract_text(b->lines[i], opt.json_key, path, b->line_nos[i]);
-            normalize_words(text, words);
-            shingle_hashes(words, opt.ngram, sh);
-            hasher.signature(sh.data(), static_cast<int64_t>(sh.size()), sigs.at(doc));
-            if (sh.empty()) ++empties[b->src];
-          } catch (...) {
-            std::lock_guard lk(err_m);
-            if (doc < err_doc.load()) {
-              err_doc.store(doc);
-              err = std::current_exception();
-            }
-            failed = true;
-            break;
-          }
-        }
-      }
-      empty_per_worker[w] = std::move(empties);
-    });
-  }
+  std::vector<int64_t> empty_per_file(static_cast<size_t>(F), 0);
+  std::atomic<int64_t> docs_read{0};
   {
-    Progress prog("dedup: minhash", total_bytes, "B", opt.progress);
-    prog.set_secondary_unit("docs");
-    int64_t doc = 0;
-    constexpr size_t kBatch = 512;
-    try {
-      for (size_t si = 0; si < sources.size() && !failed.load(); ++si) {
-        Source& s = sources[si];
-        s.first_doc = doc;
-        LineReader reader(s.path);
-        Batch b;
-        b.src = static_cast<int>(si);
-        b.first_doc = doc;
-        std::string line;
-        int64_t line_no = 0, last_bytes = 0;
-        auto flush = [&] {
-          if (b.lines.empty()) return;
-          sigs.ensure(doc);
-          int64_t n = static_cast<int64_t>(b.lines.size());
-          queue.push(std::move(b));
-          b = Batch{};
-          b.src = static_cast<int>(si);
-          b.first_doc = doc;
-          prog.add(reader.bytes_read() - last_bytes, n);
-          last_bytes = reader.bytes_read();
-        };
-        while (reader.next(line, line_no)) {
-          if (is_blank_line(line)) {
-            ++s.blank_lines;
-            continue;
-          }
-          b.lines.push_back(std::move(line));
-          b.line_nos.push_back(line_no);
-          line_of.push_back(line_no);
-          src_of.push_back(static_cast<uint16_t>(si));
-          ++doc;
-          ++s.docs;
-          if (b.lines.size() == kBatch) {
-            flush();
-            if (failed.load()) break;
-          }
-        }
-        flush();
-        s.bytes = reader.bytes_read();
-      }
-    } catch (...) {
-      queue.close();
-      for (auto& t : pool) t.join();
-      throw;
-    }
-    queue.close();
-    for (auto& t : pool) t.join();
-    if (err) std::rethrow_exception(err);
-    prog.finish();
-  }
-  for (auto& e : empty_per_worker)
-    for (size_t i = 0; i < e.size(); ++i) sources[i].empty += e[i];
-  const int64_t n_docs = static_cast<int64_t>(line_of.size());
-  double t_hash = seconds_since(t_start);
-
-  // --- pass 2: LSH buckets, verification ------------------------------------------
-  auto t_lsh = Clock::now();
-  std::vector<std::vector<std::pair<uint32_t, uint32_t>>> edges(workers);
-  std::vector<LshStats> stats(workers);
-  {
-    std::vector<uint8_t> empty(static_cast<size_t>(n_docs));
-    for (int64_t d = 0; d < n_docs; ++d) empty[d] = is_empty_signature(sigs.at(d), k);
-    std::atomic<int64_t> next_band{0};
-    Progress prog("dedup: lsh bands", lsh.bands, "bands", opt.progress);
-    std::mutex prog_m;
-    std::vector<std::thread> band_pool;
-    int64_t band_workers = std::min(workers, lsh.bands);
-    for (int64_t w = 0; w < band_workers; ++w) {
-      band_pool.emplace_back([&, w] {
-        UnionFind uf(n_docs);  // per thread: lets it skip pairs it already connected
-        std::vector<std::pair<uint64_t, uint32_t>> keys;
-        keys.reserve(static_cast<size_t>(n_docs));
-        std::vector<uint32_t> leaders;
-        for (int64_t band; (band = next_band.fetch_add(1)) < lsh.bands;) {
-          keys.clear();
-          for (int64_t d = 0; d < n_docs; ++d)
-            if (!empty[d]) keys.emplace_back(band_hash(sigs.at(d), band, lsh.rows), static_cast<uint32_t>(d));
-          std::sort(keys.begin(), keys.end());
-          for (size_t i = 0; i < keys.size();) {
-            size_t j = i + 1;
-            while (j < keys.size() && keys[j].first == keys[i].first) ++j;
-            const size_t m = j - i;
-            if (m >= 2 && m <= static_cast<size_t>(kAllPairsBucket)) {
-              for (size_t x = i; x < j; ++x)
-                for (size_t y = x + 1; y < j; ++y)
-                  verify_pair(keys[x].second, keys[y].second, sigs, k, opt.threshold, uf, edges[w], stats[w]);
-            } else if (m > static_cast<size_t>(kAllPairsBucket)) {
-              ++stats[w].large_buckets;
-              leaders.clear();
-              for (size_t x = i; x < j; ++x) {
-                uint32_t d = keys[x].second;
-                bool matched = false;
-                for (uint32_t l : leaders) {
-                  if (uf.find(l) == uf.find(d)) {
-                    matched = true;
-                    break;
-                  }
-                  ++stats[w].pairs_checked;
-                  if (estimate_jaccard(sigs.at(l), sigs.at(d), k) >= opt.threshold) {
-                    ++stats[w].pairs_verified;
-                    uf.unite(l, d);
-                    edges[w].emplace_back(l, d);
-                    matched = true;
-                    break;
-                  }
-                }
-                if (!matched && leaders.size() < static_cast<size_t>(kMaxLeaders)) leaders.push_back(d);
+    std::mutex err_m;
+    std::exception_ptr err;
+    std::atomic<int64_t> err_doc{std::numeric_limits<int64_t>::max()};
+    std::atomic<bool> failed{false}, reader_done{false};
+    BatchQueue queue(static_cast<size_t>(2 * workers + 2));
+    std::vector<std::vector<int64_t>> empty_per_worker(workers);
+    std::vector<std::thread> pool;
+    for (int64_t w = 0; w < workers; ++w) {
+      pool.emplace_back([&, w] {
+        std::vector<Word> words;
+        std::vector<uint64_t> sh;
+        std::vector<int64_t> empties(sources.size(), 0);
+        while (auto b = queue.pop()) {
+          if (failed.load() && b->first_doc > err_doc.load()) continue;  // err_doc only shrinks
+          const std::string& path = sources[b->src].path;
+          for (size_t i = 0; i < b->lines.size(); ++i) {
+            int64_t doc = b->first_doc + static_cast<int64_t>(i);
+            try {
+              std::string text = extract_text(b->lines[i], opt.json_key, path, b->line_nos[i]);
+              normalize_words(text, words);
+              shingle_hashes(words, opt.ngram, sh);
+              hasher.signature(sh.data(), static_cast<int64_t>(sh.size()), sigs.at(doc));
+              if (sh.empty()) ++empties[b->src];
+            } catch (...) {
+              std::lock_guard lk(err_m);
+              if (doc < err_doc.load()) {
+                err_doc.store(doc);
+                err = std::current_exception();
               }
+              failed = true;
+              break;
             }
-            i = j;
           }
-          std::lock_guard lk(prog_m);
-          prog.add(1);
         }
+        empty_per_worker[w] = std::move(empties);
       });
     }
-    for (auto& t : band_pool) t.join();
+    // The reader runs on its own thread; this (the main) thread sums the ranks'
+    // document counts about once a second for rank 0's progress line (MPI calls stay
+    // on the main thread).
+    std::exception_ptr reader_err;
+    std::thread reader([&] {
+      try {
+        int64_t doc = 0;  // local index
+        constexpr size_t kBatch = 512;
+        for (size_t si = 0; si < sources.size() && !failed.load(); ++si) {
+          const Piece& p = mine[si];
+          if (p.docs == 0) continue;
+          LineReader reader(sources[si].path, p.begin, p.end, p.lines_before);
+          Batch b;
+          b.src = static_cast<int>(si);
+          b.first_doc = doc;
+          std::string line;
+          int64_t line_no = 0;
+          auto flush = [&] {
+            if (b.lines.empty()) return;
+            sigs.ensure(doc);
+            const int64_t n = static_cast<int64_t>(b.lines.size());
+            queue.push(std::move(b));
+            b = Batch{};
+            b.src = static_cast<int>(si);
+            b.first_doc = doc;
+            docs_read += n;
+          };
+          while (reader.next(line, line_no)) {
+            if (is_blank_line(line)) continue;
+            b.lines.push_back(std::move(line));
+            b.line_nos.push_back(line_no);
+            ++doc;
+            if (b.lines.size() == kBatch) {
+              flush();
+              if (failed.load()) break;
+            }
+          }
+          flush();
+          if (!failed.load() && doc != p.local_first + p.docs)
+            throw_runtime("{}: changed while dedup was running", sources[si].path);
+        }
+      } catch (...) {
+        reader_err = std::current_exception();
+      }
+      queue.close();
+      reader_done = true;
+    });
+    {
+      Progress prog(W > 1 ? fmt::format("dedup: minhash ({} ranks)", W) : std::string("dedup: minhash"), n_docs, "docs", show);
+      int64_t shown = 0;
+      for (;;) {
+        for (int i = 0; i < 20 && !reader_done.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        int64_t v[2] = {docs_read.load(), reader_done.load() ? 1 : 0};
+        if (W > 1) comm.all_reduce_sum(v, 2);
+        if (v[0] > shown) prog.add(v[0] - shown);
+        shown = v[0];
+        if (v[1] == W) break;
+      }
+      reader.join();
+      for (auto& t : pool) t.join();
+      if (!reader_err && !failed.load()) prog.finish();
+    }
+    agree(comm, "reading its share", [&] {
+      if (reader_err) std::rethrow_exception(reader_err);
+      if (err) std::rethrow_exception(err);
+    });
+    for (auto& e : empty_per_worker)
+      for (size_t i = 0; i < e.size(); ++i) empty_per_file[i] += e[i];
+  }
+  comm.all_reduce_sum(empty_per_file.data(), F);
+  for (int64_t f = 0; f < F; ++f) sources[f].empty = empty_per_file[f];
+  double t_hash = seconds_since(t_start);
+
+  // --- pass 2: band keys to their owners, candidate pairs -------------------------
+  auto t_lsh = Clock::now();
+  std::vector<uint8_t> empty(static_cast<size_t>(n_local));
+  for (int64_t d = 0; d < n_local; ++d) empty[d] = is_empty_signature(sigs.at(d), k);
+  std::vector<uint32_t> local_doc(static_cast<size_t>(n_local));  // local -> global index
+  for (int64_t f = 0; f < F; ++f)
+    for (int64_t i = 0; i < mine[f].docs; ++i) local_doc[mine[f].local_first + i] = static_cast<uint32_t>(mine[f].first_doc + i);
+  // Keys are sent in rounds of at most key_cap documents per rank (but at least 65,536,
+  // 1 MiB of keys, so a starved budget does not turn into thousands of tiny rounds), so
+  // a rank holds one round's keys besides those it owns.
+  const int64_t send_cap = std::max<int64_t>(key_cap, 1 << 16);
+  int64_t rounds = std::max<int64_t>(1, (n_local + send_cap - 1) / send_cap);
+  comm.all_reduce_max(&rounds, 1);
+  const int64_t per_round = (n_local + rounds - 1) / rounds;
+  std::string spill_dir = (fs::path(opt.tmp_dir.empty() ? opt.output_dir : opt.tmp_dir) /
+                           fmt::format(".dedup-spill-rank{}-{}", R, static_cast<long>(::getpid())))
+                              .string();
+  struct SpillDir {
+    std::string path;
+    ~SpillDir() {
+      std::error_code ec;
+      if (!path.empty()) fs::remove_all(path, ec);
+    }
+  } spill_guard{spill_dir};
+  int64_t runs_spilled = 0;
+  LshStats st;
+  std::vector<uint64_t> cand;  // (a << 32 | b), a < b, a held by this rank; sorted, unique
+  {
+    Progress prog("dedup: lsh bands", lsh.bands, "bands", show);
+    for (int64_t band = 0; band < lsh.bands; ++band) {
+      KeyRuns owned(key_cap, spill_dir);
+      for (int64_t round = 0; round < rounds; ++round) {
+        std::vector<std::vector<BandKey>> out(static_cast<size_t>(W));
+        const int64_t lo = std::min(n_local, round * per_round), hi = std::min(n_local, lo + per_round);
+        for (int64_t d = lo; d < hi; ++d) {
+          if (empty[d]) continue;
+          const uint64_t h = band_hash(sigs.at(d), band, lsh.rows);
+          out[static_cast<size_t>(h % static_cast<uint64_t>(W))].push_back(BandKey{h, local_doc[d]});
+        }
+        owned.add(exchange_records(comm, out));
+      }
+      // Buckets -> candidate pairs, routed to the rank holding the pair's first doc.
+      std::vector<std::vector<uint64_t>> pairs(static_cast<size_t>(W));
+      std::vector<uint32_t> members;
+      auto emit = [&](uint32_t a, uint32_t b) {
+        if (a > b) std::swap(a, b);
+        pairs[static_cast<size_t>(holder(a))].push_back(static_cast<uint64_t>(a) << 32 | b);
+      };
+      auto bucket = [&] {
+        const size_t m = members.size();
+        if (m >= 2 && m <= static_cast<size_t>(kAllPairsBucket)) {
+          for (size_t x = 0; x < m; ++x)
+            for (size_t y = x + 1; y < m; ++y) emit(members[x], members[y]);
+        } else if (m > static_cast<size_t>(kAllPairsBucket)) {
+          // A huge bucket (boilerplate): every member against the first kMaxLeaders.
+          ++st.large_buckets;
+          for (size_t x = 0; x < static_cast<size_t>(kMaxLeaders); ++x)
+            for (size_t y = x + 1; y < m; ++y) emit(members[x], members[y]);
+        }
+        members.clear();
+      };
+      uint64_t cur = 0;
+      owned.scan([&](const BandKey& key) {
+        if (!members.empty() && key.hash != cur) bucket();
+        cur = key.hash;
+        members.push_back(key.doc);
+      });
+      bucket();
+      runs_spilled += owned.runs_spilled();
+      std::vector<uint64_t> got;
+      {
+        const auto bytes = exchange_records(comm, pairs);
+        got.resize(bytes.size() / 8);
+        if (!got.empty()) std::memcpy(got.data(), bytes.data(), bytes.size());
+      }
+      std::sort(got.begin(), got.end());
+      got.erase(std::unique(got.begin(), got.end()), got.end());
+      std::vector<uint64_t> merged;
+      merged.reserve(cand.size() + got.size());
+      std::set_union(cand.begin(), cand.end(), got.begin(), got.end(), std::back_inserter(merged));
+      cand.swap(merged);
+      prog.add(1);
+    }
     prog.finish();
   }
+
+  // --- verification: a pair is checked on the rank holding its second document ----
+  // (when that is another rank, the first document's signature travels there, in
+  // rounds of at most 32 MiB, or a third of the keys' budget, per rank).
+  std::vector<uint64_t> edges;  // (a << 32 | b)
+  {
+    st.pairs_checked = static_cast<int64_t>(cand.size());
+    std::vector<uint64_t> remote;
+    for (uint64_t c : cand) {
+      const uint32_t a = static_cast<uint32_t>(c >> 32), b = static_cast<uint32_t>(c);
+      if (holder(b) != R)
+        remote.push_back(c);
+      else if (estimate_jaccard(sigs.at(local_of(a)), sigs.at(local_of(b)), k) >= opt.threshold)
+        edges.push_back(c);
+    }
+    std::vector<uint64_t>().swap(cand);
+    const int64_t rec_words = 2 + k;  // a, b, signature of a (uint32 each)
+    const int64_t round_bytes = opt.memory_per_rank > 0 ? std::min<int64_t>(key_cap * 16, 32ll << 20) : (32ll << 20);
+    const int64_t max_rec = std::max<int64_t>(64, round_bytes / (rec_words * 4));
+    int64_t vrounds = std::max<int64_t>(1, (static_cast<int64_t>(remote.size()) + max_rec - 1) / max_rec);
+    comm.all_reduce_max(&vrounds, 1);
+    const size_t per = (remote.size() + static_cast<size_t>(vrounds) - 1) / static_cast<size_t>(vrounds);
+    std::vector<uint32_t> sig_a(static_cast<size_t>(k));
+    for (int64_t round = 0; round < vrounds; ++round) {
+      std::vector<std::vector<uint32_t>> out(static_cast<size_t>(W));
+      const size_t lo = std::min(remote.size(), static_cast<size_t>(round) * per), hi = std::min(remote.size(), lo + per);
+      for (size_t i = lo; i < hi; ++i) {
+        const uint32_t a = static_cast<uint32_t>(remote[i] >> 32), b = static_cast<uint32_t>(remote[i]);
+        auto& o = out[static_cast<size_t>(holder(b))];
+        o.push_back(a);
+        o.push_back(b);
+        const uint32_t* sa = sigs.at(local_of(a));
+        o.insert(o.end(), sa, sa + k);
+      }
+      const auto got = exchange_records(comm, out);
+      out.clear();
+      const size_t words = got.size() / 4;
+      for (size_t i = 0; i + static_cast<size_t>(rec_words) <= words; i += static_cast<size_t>(rec_words)) {
+        const uint32_t a = read_at<uint32_t>(got, i), b = read_at<uint32_t>(got, i + 1);
+        std::memcpy(sig_a.data(), got.data() + (i + 2) * 4, static_cast<size_t>(k) * 4);
+        if (estimate_jaccard(sig_a.data(), sigs.at(local_of(b)), k) >= opt.threshold)
+          edges.push_back(static_cast<uint64_t>(a) << 32 | b);
+      }
+    }
+    st.pairs_verified = static_cast<int64_t>(edges.size());
+  }
+  const int64_t sig_allocated = sigs.bytes();
+  sigs = SignatureStore(k);  // the signatures are no longer needed
+  int64_t stats[4] = {st.pairs_checked, st.pairs_verified, st.large_buckets, runs_spilled};
+  comm.all_reduce_sum(stats, 4);
   double t_lsh_s = seconds_since(t_lsh);
 
-  // --- components and survivors ---------------------------------------------------
+  // --- components: each rank's edges reduced to a spanning forest, joined on rank 0 --
   auto t_cc = Clock::now();
-  UnionFind uf(n_docs);
-  LshStats total_stats;
-  int64_t n_edges = 0;
-  for (int64_t w = 0; w < workers; ++w) {
-    for (auto& [a, b] : edges[w]) n_edges += uf.unite(a, b);
-    total_stats.pairs_checked += stats[w].pairs_checked;
-    total_stats.pairs_verified += stats[w].pairs_verified;
-    total_stats.large_buckets += stats[w].large_buckets;
-    edges[w].clear();
-    edges[w].shrink_to_fit();
+  std::vector<std::vector<uint64_t>> forest(static_cast<size_t>(W));
+  {
+    SparseForest uf(edges);
+    for (uint64_t e : edges)
+      if (uf.unite(static_cast<uint32_t>(e >> 32), static_cast<uint32_t>(e))) forest[0].push_back(e);
+    std::vector<uint64_t>().swap(edges);
   }
-  // best[root]: the survivor; key (priority rank, doc index) == (rank, input order, line).
-  std::vector<uint32_t> root(static_cast<size_t>(n_docs)), best(static_cast<size_t>(n_docs)), size(static_cast<size_t>(n_docs), 0);
-  for (int64_t d = 0; d < n_docs; ++d) {
-    uint32_t r = uf.find(static_cast<uint32_t>(d));
-    root[d] = r;
+  std::vector<uint64_t> all_edges;
+  {
+    const auto bytes = exchange_records(comm, forest);
+    all_edges.resize(bytes.size() / 8);
+    if (!all_edges.empty()) std::memcpy(all_edges.data(), bytes.data(), bytes.size());
+  }
+  forest.clear();
+
+  DedupResult res;
+  res.documents = n_docs;
+  if (R != 0) {
+    // Rank 0 writes; the others wait for its outcome (a failure there stops them too).
+    agree(comm, "writing the outputs", [] {});
+    return res;
+  }
+  SparseForest uf(all_edges);
+  int64_t n_edges = 0;
+  for (uint64_t e : all_edges) n_edges += uf.unite(static_cast<uint32_t>(e >> 32), static_cast<uint32_t>(e));
+  std::vector<uint64_t>().swap(all_edges);
+  // Members of groups of 2+ (sorted by document), their root, each root's survivor:
+  // key (priority rank of the source, document index) == (rank, input order, line).
+  const std::vector<uint32_t>& members = uf.nodes;
+  const size_t M = members.size();
+  std::vector<uint32_t> root(M), size(M, 0), best(M);
+  for (size_t i = 0; i < M; ++i) {
+    const uint32_t r = uf.find(static_cast<uint32_t>(i));
+    root[i] = r;
     if (size[r]++ == 0) {
-      best[r] = static_cast<uint32_t>(d);
-    } else if (rank[src_of[d]] < rank[src_of[best[r]]]) {
-      best[r] = static_cast<uint32_t>(d);  // docs come in (input, line) order: ties keep the earlier
+      best[r] = static_cast<uint32_t>(i);
+    } else if (prio_rank[file_of(members[i])] < prio_rank[file_of(members[best[r]])]) {
+      best[r] = static_cast<uint32_t>(i);  // members come in document order: ties keep the earlier
     }
   }
-  std::vector<uint8_t> kept(static_cast<size_t>(n_docs));
   std::map<int64_t, int64_t> histogram;
   int64_t components = 0, docs_in_components = 0;
-  for (int64_t d = 0; d < n_docs; ++d) {
-    kept[d] = best[root[d]] == static_cast<uint32_t>(d);
-    if (root[d] == static_cast<uint32_t>(d) && size[d] >= 2) {
-      ++components;
-      docs_in_components += size[d];
-      ++histogram[size[d]];
-    }
-  }
-  // The largest components, for the report.
   std::vector<std::pair<uint32_t, uint32_t>> big;  // (size, root)
-  for (int64_t d = 0; d < n_docs; ++d)
-    if (root[d] == static_cast<uint32_t>(d) && size[d] >= 2) big.emplace_back(size[d], static_cast<uint32_t>(d));
+  for (size_t i = 0; i < M; ++i)
+    if (root[i] == i) {
+      ++components;
+      docs_in_components += size[i];
+      ++histogram[size[i]];
+      big.emplace_back(size[i], static_cast<uint32_t>(i));
+    }
   std::sort(big.begin(), big.end(), [](auto& x, auto& y) { return x.first != y.first ? x.first > y.first : x.second < y.second; });
   if (big.size() > 10) big.resize(10);
   double t_cc_s = seconds_since(t_cc);
 
-  // --- pass 3: write kept lines ---------------------------------------------------
+  // --- pass 3 (rank 0): write the kept lines ----------------------------------------
   auto t_write = Clock::now();
-  {
-    Progress prog("dedup: write", n_docs, "docs", opt.progress);
+  std::vector<int64_t> member_line(M, 0);
+  agree(comm, "writing the outputs", [&] {
+    Progress prog("dedup: write", n_docs, "docs", show);
+    size_t mi = 0;
     for (auto& s : sources) {
       LineReader reader(s.path);
       AtomicWriter out(s.out_path);
@@ -428,9 +806,14 @@ DedupResult run_dedup(const DedupOptions& opt) {
       int64_t line_no = 0, doc = s.first_doc;
       while (reader.next(line, line_no)) {
         if (is_blank_line(line)) continue;
-        if (doc >= s.first_doc + s.docs || line_of[doc] != line_no)
-          throw_runtime("{}: changed while dedup was running (line {})", s.path, line_no);
-        if (kept[doc]) {
+        if (doc >= s.first_doc + s.docs) throw_runtime("{}: changed while dedup was running (line {})", s.path, line_no);
+        bool keep = true;
+        if (mi < M && members[mi] == static_cast<uint32_t>(doc)) {
+          member_line[mi] = line_no;
+          keep = best[root[mi]] == mi;
+          ++mi;
+        }
+        if (keep) {
           out.write_line(line);
           ++s.kept;
         }
@@ -441,89 +824,90 @@ DedupResult run_dedup(const DedupOptions& opt) {
       out.close();
     }
     prog.finish();
-  }
-  auto where = [&](uint32_t d) {
-    return nlohmann::json{{"source", sources[src_of[d]].name}, {"line", line_of[d]}};
-  };
-  if (opt.write_clusters) {
-    // One line per component of 2+ documents, components ordered by their first doc.
-    std::vector<std::pair<uint32_t, uint32_t>> members;  // (root, doc)
-    for (int64_t d = 0; d < n_docs; ++d)
-      if (size[root[d]] >= 2) members.emplace_back(root[d], static_cast<uint32_t>(d));
-    std::sort(members.begin(), members.end());
-    AtomicWriter out((fs::path(opt.output_dir) / "dedup_clusters.jsonl").string());
-    for (size_t i = 0; i < members.size();) {
-      size_t j = i;
-      nlohmann::json c{{"size", size[members[i].first]}, {"kept", where(best[members[i].first])}};
-      auto removed = nlohmann::json::array();
-      for (; j < members.size() && members[j].first == members[i].first; ++j)
-        if (members[j].second != best[members[i].first]) removed.push_back(where(members[j].second));
-      c["removed"] = std::move(removed);
-      out.write_line(c.dump());
-      i = j;
+    auto where = [&](uint32_t i) {
+      return nlohmann::json{{"source", sources[file_of(members[i])].name}, {"line", member_line[i]}};
+    };
+    if (opt.write_clusters) {
+      // One line per group, groups ordered by their first document.
+      std::vector<std::pair<uint32_t, uint32_t>> by_root;  // (root, member)
+      for (size_t i = 0; i < M; ++i) by_root.emplace_back(root[i], static_cast<uint32_t>(i));
+      std::sort(by_root.begin(), by_root.end());
+      AtomicWriter out((fs::path(opt.output_dir) / "dedup_clusters.jsonl").string());
+      for (size_t i = 0; i < by_root.size();) {
+        const uint32_t r = by_root[i].first;
+        nlohmann::json c{{"size", size[r]}, {"kept", where(best[r])}};
+        auto removed = nlohmann::json::array();
+        size_t j = i;
+        for (; j < by_root.size() && by_root[j].first == r; ++j)
+          if (by_root[j].second != best[r]) removed.push_back(where(by_root[j].second));
+        c["removed"] = std::move(removed);
+        out.write_line(c.dump());
+        i = j;
+      }
+      out.close();
     }
-    out.close();
-  }
-  double t_write_s = seconds_since(t_write);
-  double t_total = seconds_since(t_start);
+    double t_write_s = seconds_since(t_write);
+    double t_total = seconds_since(t_start);
 
-  // --- report -----------------------------------------------------------------------
-  DedupResult res;
-  res.documents = n_docs;
-  res.components = components;
-  nlohmann::json jsources = nlohmann::json::array(), removed_per = nlohmann::json::object();
-  for (auto& s : sources) {
-    res.kept += s.kept;
-    res.empty += s.empty;
-    jsources.push_back({{"name", s.name},
-                        {"input", s.path},
-                        {"output", s.out_path},
-                        {"documents", s.docs},
-                        {"kept", s.kept},
-                        {"removed", s.docs - s.kept},
-                        {"empty", s.empty},
-                        {"blank_lines", s.blank_lines},
-                        {"bytes", s.bytes}});
-    removed_per[s.name] = s.docs - s.kept;
-  }
-  res.removed = n_docs - res.kept;
-  nlohmann::json hist = nlohmann::json::object();
-  for (auto& [sz, c] : histogram) hist[std::to_string(sz)] = c;
-  nlohmann::json largest = nlohmann::json::array();
-  for (auto& [sz, r] : big) largest.push_back({{"size", sz}, {"kept", where(best[r])}});
-  nlohmann::json curve = nlohmann::json::array();
-  for (double s : {0.3, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95})
-    curve.push_back({{"jaccard", s}, {"p_candidate", lsh_candidate_probability(s, lsh.bands, lsh.rows)}});
-  std::vector<std::string> prio = opt.priority;
-  res.report = {
-      {"format", "mtnlg-dedup-report"},
-      {"version", 1},
-      {"params",
-       {{"threshold", opt.threshold},
-        {"ngram", opt.ngram},
-        {"num_perm", k},
-        {"bands", lsh.bands},
-        {"rows", lsh.rows},
-        {"seed", opt.seed},
-        {"json_key", opt.json_key},
-        {"workers", workers},
-        {"priority", prio},
-        {"s_curve", curve}}},
-      {"sources", jsources},
-      {"totals", {{"documents", n_docs}, {"kept", res.kept}, {"removed", res.removed}, {"empty", res.empty}}},
-      {"removed_per_source", removed_per},
-      {"candidates",
-       {{"pairs_checked", total_stats.pairs_checked},
-        {"pairs_verified", total_stats.pairs_verified},
-        {"edges", n_edges},
-        {"large_buckets", total_stats.large_buckets}}},
-      {"components",
-       {{"count", components}, {"documents", docs_in_components}, {"size_histogram", hist}, {"largest", largest}}},
-      {"timing_s",
-       {{"read_and_minhash", t_hash}, {"lsh_and_verify", t_lsh_s}, {"components", t_cc_s}, {"write", t_write_s}, {"total", t_total}}},
-      {"docs_per_s", t_total > 0 ? static_cast<double>(n_docs) / t_total : 0.0},
-      {"signature_bytes", sigs.bytes()}};
-  write_file_atomic((fs::path(opt.output_dir) / "dedup_report.json").string(), res.report.dump(2) + "\n");
+    // --- report ---------------------------------------------------------------------
+    res.components = components;
+    nlohmann::json jsources = nlohmann::json::array(), removed_per = nlohmann::json::object();
+    for (auto& s : sources) {
+      res.kept += s.kept;
+      res.empty += s.empty;
+      jsources.push_back({{"name", s.name},
+                          {"input", s.path},
+                          {"output", s.out_path},
+                          {"documents", s.docs},
+                          {"kept", s.kept},
+                          {"removed", s.docs - s.kept},
+                          {"empty", s.empty},
+                          {"blank_lines", s.blank_lines},
+                          {"bytes", s.bytes}});
+      removed_per[s.name] = s.docs - s.kept;
+    }
+    res.removed = n_docs - res.kept;
+    nlohmann::json hist = nlohmann::json::object();
+    for (auto& [sz, c] : histogram) hist[std::to_string(sz)] = c;
+    nlohmann::json largest = nlohmann::json::array();
+    for (auto& [sz, r] : big) largest.push_back({{"size", sz}, {"kept", where(best[r])}});
+    nlohmann::json curve = nlohmann::json::array();
+    for (double s : {0.3, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95})
+      curve.push_back({{"jaccard", s}, {"p_candidate", lsh_candidate_probability(s, lsh.bands, lsh.rows)}});
+    std::vector<std::string> prio = opt.priority;
+    res.report = {
+        {"format", "mtnlg-dedup-report"},
+        {"version", 1},
+        {"params",
+         {{"threshold", opt.threshold},
+          {"ngram", opt.ngram},
+          {"num_perm", k},
+          {"bands", lsh.bands},
+          {"rows", lsh.rows},
+          {"seed", opt.seed},
+          {"json_key", opt.json_key},
+          {"workers", workers},
+          {"priority", prio},
+          {"s_curve", curve}}},
+        {"sources", jsources},
+        {"totals", {{"documents", n_docs}, {"kept", res.kept}, {"removed", res.removed}, {"empty", res.empty}}},
+        {"removed_per_source", removed_per},
+        {"candidates",
+         {{"pairs_checked", stats[0]}, {"pairs_verified", stats[1]}, {"edges", n_edges}, {"large_buckets", stats[2]}}},
+        {"components",
+         {{"count", components}, {"documents", docs_in_components}, {"size_histogram", hist}, {"largest", largest}}},
+        {"signature_bytes", n_docs * k * 4},
+        // How this run was laid out (differs with the number of ranks, unlike the rest).
+        {"run",
+         {{"ranks", W},
+          {"memory_per_rank", opt.memory_per_rank},
+          {"rank0_signature_bytes_allocated", sig_allocated},
+          {"key_runs_spilled", stats[3]}}},
+        {"timing_s",
+         {{"read_and_minhash", t_hash}, {"lsh_and_verify", t_lsh_s}, {"components", t_cc_s}, {"write", t_write_s}, {"total", t_total}}},
+        {"docs_per_s", t_total > 0 ? static_cast<double>(n_docs) / t_total : 0.0}};
+    write_file_atomic((fs::path(opt.output_dir) / "dedup_report.json").string(), res.report.dump(2) + "\n");
+  });
   return res;
 }
 

@@ -12,12 +12,24 @@
 //   4. stream the inputs again and copy the kept lines byte-identical to
 //      OUT/<input file name>; write OUT/dedup_report.json (and, if asked,
 //      OUT/dedup_clusters.jsonl).
-// Memory: K*4 bytes (+ ~14 bytes bookkeeping) per document, plus one band's
-// (hash, doc) pairs per worker: ~0.6 GB for 1M documents at K = 128.
+//
+// Across ranks (mpirun/srun; a DedupComm given): rank r reads the r-th line-aligned
+// byte range of every input and holds the signatures of those documents only; band
+// keys travel to the rank that owns them (hash of the key mod ranks), which sorts
+// them (spilling sorted runs to disk over --memory-per-rank) and emits candidate
+// pairs; a pair is verified on the rank holding its second document (the first
+// document's signature is shipped there); the verified edges, reduced to a spanning
+// forest on each rank, are gathered on rank 0, which joins them with one union-find,
+// chooses the survivors and writes the outputs and the report. One process is the
+// same algorithm with one rank, so outputs and report (but timings and the "run"
+// object) are the same bytes for any number of ranks.
+// Memory per rank: K*4 bytes per document of its share, plus one band's keys
+// (16 bytes per document, spilled when over the budget) and the candidate pairs.
 #pragma once
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -36,13 +48,42 @@ struct DedupOptions {
   uint64_t seed = 1;                     // hash family seed
   bool write_clusters = false;           // OUT/dedup_clusters.jsonl
   bool progress = true;
+  int64_t memory_per_rank = 0;           // bytes; 0 = no limit (band keys never spilled)
+  std::string tmp_dir;                   // spilled band keys; "" = output_dir
 };
+
+// What dedup needs from a group of ranks (app/ wraps parallel::Communicator; without
+// one, a group of one). Every rank calls every method in the same order.
+class DedupComm {
+ public:
+  virtual ~DedupComm() = default;
+  virtual int64_t rank() const = 0;
+  virtual int64_t size() const = 0;
+  virtual void all_reduce_sum(int64_t* v, int64_t n) = 0;
+  virtual void all_reduce_max(int64_t* v, int64_t n) = 0;
+  // send[q] goes to rank q (byte sizes multiples of 4); returns what every rank sent to
+  // this one, concatenated in rank order.
+  virtual std::vector<char> all_to_all(const std::vector<std::span<const char>>& send) = 0;
+  // Set before run_dedup throws an error every rank agreed on (bad input, a failed
+  // read or write); any other exception left the peers inside an exchange, and the
+  // caller must abort the job rather than finalize.
+  bool failure_agreed = false;
+  bool failed_here = false;  // ... and this rank is the one that failed
+};
+
+// "2G", "512M", "64K", "1.5G" or a plain number of bytes (powers of 1024). InputError
+// naming `what` otherwise.
+int64_t parse_byte_size(const std::string& text, const std::string& what);
 
 struct DedupResult {
   int64_t documents = 0, kept = 0, removed = 0, empty = 0, components = 0;
   nlohmann::json report;                 // what dedup_report.json holds
 };
 
-DedupResult run_dedup(const DedupOptions& opt);
+// On every rank of `comm` (nullptr: one process). Rank 0 writes the outputs and the
+// report; the other ranks return the counts with an empty report. A rank that fails
+// makes every rank throw (its own error there, "stopped because rank R failed" on the
+// others), before any output is written.
+DedupResult run_dedup(const DedupOptions& opt, DedupComm* comm = nullptr);
 
 }  // namespace mtnlg::curation

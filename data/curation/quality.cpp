@@ -229,10 +229,11 @@ nlohmann::json train_quality(const QualityTrainOptions& opt) {
 }
 
 nlohmann::json score_quality(const std::string& input, const std::string& model_path, const std::string& output,
-                             const std::string& json_key) {
+                             const std::string& json_key, int64_t range_begin, int64_t range_end, int64_t lines_before,
+                             std::atomic<int64_t>* documents_done) {
   QualityModel model = QualityModel::load(model_path);
   if (!fs::is_regular_file(input)) throw_input("--input {}: no such file", input);
-  LineReader r(input);
+  LineReader r(input, range_begin, range_end, lines_before);
   AtomicWriter out(output);
   std::string line;
   int64_t line_no = 0, n = 0;
@@ -243,9 +244,10 @@ nlohmann::json score_quality(const std::string& input, const std::string& model_
     out.write_line(nlohmann::json{{"line", line_no}, {"score", s}}.dump());
     ++n;
     sum += s;
+    if (documents_done) documents_done->fetch_add(1, std::memory_order_relaxed);
   }
   out.close();
-  return {{"documents", n}, {"mean_score", n ? sum / static_cast<double>(n) : 0.0}};
+  return {{"documents", n}, {"mean_score", n ? sum / static_cast<double>(n) : 0.0}, {"score_sum", sum}};
 }
 
 double pareto_draw(uint64_t seed, uint64_t doc, double alpha) {
@@ -282,6 +284,7 @@ nlohmann::json filter_quality(const QualityFilterOptions& opt) {
     const uint64_t doc = static_cast<uint64_t>(opt.documents_before + n);
     bool keep = opt.mode == "threshold" ? s >= opt.threshold : pareto_draw(opt.seed, doc, opt.alpha) > 1.0 - s;
     ++n;
+    if (opt.documents_done) opt.documents_done->fetch_add(1, std::memory_order_relaxed);
     if (keep) {
       out.write_line(line);
       ++kept;

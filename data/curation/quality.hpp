@@ -16,6 +16,7 @@
 #pragma once
 #include <nlohmann/json.hpp>
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -74,8 +75,12 @@ struct BinaryMetrics {
 nlohmann::json train_quality(const QualityTrainOptions& opt);
 
 // Writes one JSON line per document: {"line": N, "score": P}.
+// Only bytes [range_begin, range_end) of the input with `lines_before` lines before them
+// (one rank's share; line numbers stay the file's); `documents_done` counts as it goes.
+// Returns documents, mean_score and score_sum.
 nlohmann::json score_quality(const std::string& input, const std::string& model, const std::string& output,
-                             const std::string& json_key);
+                             const std::string& json_key, int64_t range_begin = 0, int64_t range_end = -1,
+                             int64_t lines_before = 0, std::atomic<int64_t>* documents_done = nullptr);
 
 struct QualityFilterOptions {
   std::string input, model, output;
@@ -90,6 +95,9 @@ struct QualityFilterOptions {
   // false: only the kept lines are written (the caller writes the merged report).
   int64_t range_begin = 0, range_end = -1, lines_before = 0, documents_before = 0;
   bool write_report = true;
+  // Counts the documents done as they go (a multi-rank run's progress line reads it
+  // from another thread); nullptr = not counted.
+  std::atomic<int64_t>* documents_done = nullptr;
 };
 // Copies the kept lines byte-identical; writes output + ".report.json".
 nlohmann::json filter_quality(const QualityFilterOptions& opt);

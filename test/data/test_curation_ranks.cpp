@@ -1,11 +1,14 @@
-// Curation commands under mpirun: `data quality filter` and `data decontaminate` give
-// the same output and report bytes on 1, 2, 3 and 4 ranks (Pareto draws keyed by the
-// whole file's document index; the too-common n-gram rule counted over the whole
-// input), and a bad line on a later rank's share stops every rank with file:line and
-// no output.
+// Curation commands under mpirun: `data quality filter`, `quality score`,
+// `decontaminate` and `dedup` give the same output and report bytes on 1, 2, 3 and 4
+// ranks (Pareto draws keyed by the whole file's document index; the too-common n-gram
+// rule counted over the whole input; dedup's groups independent of which rank holds a
+// document, also when band keys are spilled), and a bad line on a later rank's share
+// stops every rank with file:line and no output.
 #include <algorithm>
+#include <map>
 #include <catch2/catch.hpp>
 #include <filesystem>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -29,9 +32,41 @@ test::RunResult run_np(int np, const std::string& args) {
                            MTNLG_BINARY + " " + args);
 }
 
+// Runs args(np) on 1, 2, 3 and 4 ranks; read(np, result) returns what must not depend on
+// the rank count (outputs, the report without timings), which must equal the 1-rank
+// run's; first() checks that run's value.
+template <typename T>
+void same_on_1_to_4_ranks(const std::function<std::string(int)>& args,
+                          const std::function<T(int, const test::RunResult&)>& read,
+                          const std::function<void(const T&)>& first) {
+  T ref{};
+  for (int np = 1; np <= 4; ++np) {
+    auto r = run_np(np, args(np));
+    INFO(np << " ranks: " << r.out);
+    REQUIRE(r.exit_code == 0);
+    T got = read(np, r);
+    if (np == 1) {
+      first(got);
+      ref = std::move(got);
+    } else {
+      CHECK(got == ref);
+    }
+  }
+}
+
+// A bad line inserted after the first line start past 90% of `text` (in the last of 3
+// ranks' shares); returns the file's text and the line's number.
+std::pair<std::string, int64_t> with_bad_line_near_end(const std::string& text, const std::string& bad) {
+  std::string out = text;
+  const size_t cut = out.find('\n', out.size() * 9 / 10) + 1;
+  const int64_t line_no = std::count(out.begin(), out.begin() + static_cast<std::ptrdiff_t>(cut), '\n') + 1;
+  out.insert(cut, bad + "\n");
+  return {out, line_no};
+}
+
 }  // namespace
 
-TEST_CASE("e2e quality filter: 1, 2, 3 and 4 ranks give byte-identical output and report", "[data][mpi]") {
+TEST_CASE("e2e quality filter and score: 1, 2, 3 and 4 ranks give byte-identical output and report", "[data][mpi]") {
   TempDir tmp("quality-ranks");
   const std::string d = tmp.str();
   REQUIRE(test::run_mtnlg("data synth-corpus --kind quality --docs 200 --output-dir " + d + "/q --no-progress").exit_code == 0);
@@ -54,41 +89,44 @@ TEST_CASE("e2e quality filter: 1, 2, 3 and 4 ranks give byte-identical output an
   test::write_file(tmp / "in.jsonl", mixed);
 
   for (std::string mode : {"pareto --alpha 3", "threshold --threshold 0.5"}) {
-    std::string ref_out, ref_rep;
-    for (int np = 1; np <= 4; ++np) {
-      const std::string out = d + "/out" + std::to_string(np) + ".jsonl";
-      auto r = run_np(np, "data quality filter --input " + d + "/in.jsonl --model " + d + "/m.bin --output " + out +
-                              " --mode " + mode);
-      INFO(mode << ", " << np << " ranks: " << r.out);
-      REQUIRE(r.exit_code == 0);
-      CHECK_THAT(r.out, Catch::Matchers::Contains("400 documents"));
-      const std::string got = test::read_file(out), rep = test::read_file(out + ".report.json");
-      if (np == 1) {
-        ref_out = got;
-        ref_rep = rep;
-        CHECK(!got.empty());
-        CHECK(got.size() < mixed.size());  // some kept, some removed
-      } else {
-        CHECK(got == ref_out);
-        // The report names the output file; everything else must match.
-        CHECK(rep.size() == ref_rep.size());
-        std::string norm = rep;
-        const std::string from = "out" + std::to_string(np) + ".jsonl", to = "out1.jsonl";
-        norm.replace(norm.find(from), from.size(), to);
-        CHECK(norm == ref_rep);
-      }
-    }
+    INFO(mode);
+    auto out = [&](int np) { return d + "/out" + std::to_string(np) + ".jsonl"; };
+    same_on_1_to_4_ranks<std::pair<std::string, std::string>>(
+        [&](int np) {
+          return "data quality filter --input " + d + "/in.jsonl --model " + d + "/m.bin --output " + out(np) +
+                 " --mode " + mode;
+        },
+        [&](int np, const test::RunResult& r) {
+          CHECK_THAT(r.out, Catch::Matchers::Contains("400 documents"));
+          // The report names the output file; everything else must match.
+          std::string rep = test::read_file(out(np) + ".report.json");
+          const std::string from = "out" + std::to_string(np) + ".jsonl", to = "out1.jsonl";
+          rep.replace(rep.find(from), from.size(), to);
+          return std::make_pair(test::read_file(out(np)), rep);
+        },
+        [&](const std::pair<std::string, std::string>& got) {
+          CHECK(!got.first.empty());
+          CHECK(got.first.size() < mixed.size());  // some kept, some removed
+        });
   }
-  // in, model, model report, q/ files aside: 4 outputs + 4 reports, no parts left.
+  // quality score: the same score lines (file line numbers) for any number of ranks.
+  auto scores = [&](int np) { return d + "/scores" + std::to_string(np) + ".jsonl"; };
+  same_on_1_to_4_ranks<std::string>(
+      [&](int np) { return "data quality score --input " + d + "/in.jsonl --model " + d + "/m.bin --output " + scores(np); },
+      [&](int np, const test::RunResult& r) {
+        CHECK_THAT(r.out, Catch::Matchers::Contains("400 documents"));
+        return test::read_file(scores(np));
+      },
+      [&](const std::string& got) {
+        CHECK(std::count(got.begin(), got.end(), '\n') == 400);
+        CHECK_THAT(got, Catch::Matchers::Contains("{\"line\":1,"));
+      });
+  // in, model, model report, q/ files aside: 4 outputs + 4 reports + 4 score files, no parts left.
   const int64_t before = count_files(tmp.path());
-  CHECK(before == 3 + 4 * 2);
+  CHECK(before == 3 + 4 * 3);
 
   // A malformed line in the last rank's share: exit 2 naming file:line, nothing written.
-  std::string bad = mixed;
-  size_t cut = bad.size() * 9 / 10;
-  cut = bad.find('\n', cut) + 1;
-  const int64_t line_no = std::count(bad.begin(), bad.begin() + static_cast<std::ptrdiff_t>(cut), '\n') + 1;
-  bad.insert(cut, "{oops\n");
+  const auto [bad, line_no] = with_bad_line_near_end(mixed, "{oops");
   test::write_file(tmp / "bad.jsonl", bad);
   auto r = run_np(3, "data quality filter --input " + d + "/bad.jsonl --model " + d + "/m.bin --output " + d +
                          "/bad-out.jsonl");
@@ -134,37 +172,29 @@ TEST_CASE("e2e decontaminate: 1, 2, 3 and 4 ranks give identical output and repo
     return j;
   };
   for (std::string mode : {"remove", "cut"}) {
-    std::string ref_out;
-    nlohmann::json ref_rep;
-    for (int np = 1; np <= 4; ++np) {
-      const std::string out = d + "/" + mode + std::to_string(np) + ".jsonl";
-      auto r = run_np(np, "data decontaminate --input " + d + "/in.jsonl --tasks-dir " + d + "/s/tasks --output " +
-                              out + " --max-hits 3 --mode " + mode + " --no-progress");
-      INFO(mode << ", " << np << " ranks: " << r.out);
-      REQUIRE(r.exit_code == 0);
-      const std::string got = test::read_file(out);
-      const auto rep = strip(test::read_file(out + ".report.json"));
-      if (np == 1) {
-        ref_out = got;
-        ref_rep = rep;
-        CHECK(rep["documents"] == 400);
-        CHECK(rep["documents_hit"].get<int64_t>() >= 25);
-        CHECK(rep["common_ngrams_ignored"].get<int64_t>() > 0);  // the boilerplate
-        CHECK(rep["tasks"]["zz_boiler"]["docs_hit"] == 0);
-      } else {
-        CHECK(got == ref_out);
-        CHECK(rep == ref_rep);
-      }
-    }
+    INFO(mode);
+    auto out = [&](int np) { return d + "/" + mode + std::to_string(np) + ".jsonl"; };
+    same_on_1_to_4_ranks<std::pair<std::string, nlohmann::json>>(
+        [&](int np) {
+          return "data decontaminate --input " + d + "/in.jsonl --tasks-dir " + d + "/s/tasks --output " + out(np) +
+                 " --max-hits 3 --mode " + mode + " --no-progress";
+        },
+        [&](int np, const test::RunResult&) {
+          return std::make_pair(test::read_file(out(np)), strip(test::read_file(out(np) + ".report.json")));
+        },
+        [&](const std::pair<std::string, nlohmann::json>& got) {
+          const auto& rep = got.second;
+          CHECK(rep["documents"] == 400);
+          CHECK(rep["documents_hit"].get<int64_t>() >= 25);
+          CHECK(rep["common_ngrams_ignored"].get<int64_t>() > 0);  // the boilerplate
+          CHECK(rep["tasks"]["zz_boiler"]["docs_hit"] == 0);
+        });
   }
   const int64_t before = count_files(tmp.path());
   CHECK(before == 1 + 2 * 4 * 2);  // in.jsonl + outputs and reports, no parts
 
   // A malformed line in the last rank's share fails pass 1 there: every rank stops.
-  std::string bad = text;
-  size_t cut = bad.find('\n', bad.size() * 9 / 10) + 1;
-  const int64_t line_no = std::count(bad.begin(), bad.begin() + static_cast<std::ptrdiff_t>(cut), '\n') + 1;
-  bad.insert(cut, "[1, 2]\n");
+  const auto [bad, line_no] = with_bad_line_near_end(text, "[1, 2]");
   test::write_file(tmp / "bad.jsonl", bad);
   auto r = run_np(3, "data decontaminate --input " + d + "/bad.jsonl --tasks-dir " + d + "/s/tasks --output " + d +
                          "/bad-out.jsonl --no-progress");
@@ -180,4 +210,95 @@ TEST_CASE("e2e decontaminate: 1, 2, 3 and 4 ranks give identical output and repo
   CHECK(over.exit_code == 2);
   CHECK_THAT(over.out, Catch::Matchers::Contains("would overwrite the input"));
   CHECK(test::read_file(tmp / "in.jsonl") == text);
+}
+
+namespace {
+
+// The report without what may differ between runs of one corpus: timings, the run
+// layout (ranks, budget, spilled runs) and the output directory in the paths.
+nlohmann::json dedup_report_core(const fs::path& out_dir) {
+  auto j = nlohmann::json::parse(test::read_file(out_dir / "dedup_report.json"));
+  j.erase("timing_s");
+  j.erase("docs_per_s");
+  j.erase("run");
+  for (auto& s : j["sources"]) s["output"] = fs::path(s["output"].get<std::string>()).filename().string();
+  return j;
+}
+
+}  // namespace
+
+TEST_CASE("e2e dedup: 1, 2, 3 and 4 ranks give byte-identical outputs and report; a tiny budget spills", "[data][mpi]") {
+  TempDir tmp("dedup-ranks");
+  const std::string d = tmp.str();
+  REQUIRE(test::run_mtnlg("data synth-corpus --output-dir " + d + "/s --docs 900 --sources 3 --seed 5 --no-progress")
+              .exit_code == 0);
+  const std::vector<std::string> names = {"pile_cc.jsonl", "books3.jsonl", "wikipedia.jsonl"};
+  // Blank lines here and there (not documents, never copied) in the first source.
+  {
+    std::istringstream in(test::read_file(tmp / "s/pile_cc.jsonl"));
+    std::string text, l;
+    for (int i = 0; std::getline(in, l); ++i) text += l + (i % 41 == 5 ? "\n\t\n" : "\n");
+    test::write_file(tmp / "s/pile_cc.jsonl", text);
+  }
+  std::string inputs;
+  for (auto& n : names) inputs += " " + d + "/s/" + n;
+  const std::string common = "data dedup --input" + inputs + " --priority wikipedia --clusters --workers 1 --no-progress";
+
+  std::map<std::string, std::string> ref;
+  nlohmann::json ref_rep;
+  auto check_run = [&](int np, const std::string& out, const std::string& extra) {
+    auto r = run_np(np, common + " --output-dir " + d + "/" + out + extra);
+    INFO(np << " ranks" << extra << ": " << r.out);
+    REQUIRE(r.exit_code == 0);
+    CHECK_THAT(r.out, Catch::Matchers::Contains("900 documents"));
+    const auto rep = dedup_report_core(tmp / out);
+    if (ref.empty()) {
+      for (auto& n : names) ref[n] = test::read_file(tmp / out / n);
+      ref["dedup_clusters.jsonl"] = test::read_file(tmp / out / "dedup_clusters.jsonl");
+      ref_rep = rep;
+      CHECK(rep["totals"]["removed"].get<int64_t>() > 50);  // the corpus plants ~15% near-duplicates
+      CHECK(rep["sources"][0]["blank_lines"].get<int64_t>() > 0);
+    } else {
+      for (auto& [n, text] : ref) CHECK(test::read_file(tmp / out / n) == text);
+      CHECK(rep == ref_rep);
+    }
+    // Only the outputs: no spill directories, no temporary files left behind.
+    CHECK(count_files(tmp / out) == 5);
+    int64_t entries = 0;
+    for ([[maybe_unused]] auto& e : fs::directory_iterator(tmp / out)) ++entries;
+    CHECK(entries == 5);
+    return nlohmann::json::parse(test::read_file(tmp / out / "dedup_report.json"))["run"];
+  };
+  for (int np = 1; np <= 4; ++np) {
+    const auto run = check_run(np, "out" + std::to_string(np), "");
+    CHECK(run["ranks"] == np);
+    CHECK(run["key_runs_spilled"] == 0);
+  }
+  // A budget far below one band's keys: every band is sorted on disk in runs and merged.
+  for (int np : {1, 3}) {
+    const auto run = check_run(np, "spill" + std::to_string(np), " --memory-per-rank 1K --tmp-dir " + d + "/spill");
+    CHECK(run["key_runs_spilled"].get<int64_t>() > 0);
+    CHECK(run["memory_per_rank"] == 1024);
+  }
+  CHECK((!fs::exists(tmp / "spill") || fs::is_empty(tmp / "spill")));
+
+  // A malformed line near the end of the last input is in rank 2's share of 3.
+  const auto [bad, line_no] = with_bad_line_near_end(test::read_file(tmp / "s/wikipedia.jsonl"), "{\"text\": 12}");
+  test::write_file(tmp / "s/wikipedia.jsonl", bad);
+  auto r = run_np(3, common + " --output-dir " + d + "/bad");
+  INFO(r.out);
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.out, Catch::Matchers::Contains("wikipedia.jsonl:" + std::to_string(line_no)) &&
+                        Catch::Matchers::Contains("rank 2"));
+  CHECK((!fs::exists(tmp / "bad") || fs::is_empty(tmp / "bad")));
+
+  // Bad --memory-per-rank: exit 2 naming the option.
+  auto m = run_np(2, common + " --output-dir " + d + "/m --memory-per-rank 2X");
+  CHECK(m.exit_code == 2);
+  CHECK_THAT(m.out, Catch::Matchers::Contains("--memory-per-rank 2X"));
+  // A --tmp-dir that cannot be a directory is refused before any work, on every rank.
+  test::write_file(tmp / "plain", "x");
+  auto t = run_np(2, common + " --output-dir " + d + "/t --memory-per-rank 1K --tmp-dir " + d + "/plain/sub");
+  CHECK(t.exit_code == 2);
+  CHECK_THAT(t.out, Catch::Matchers::Contains("--tmp-dir") && Catch::Matchers::Contains("plain/sub"));
 }
