@@ -46,25 +46,25 @@ void Communicator::count_broadcast(int64_t s) {
 
 // ---- Local ------------------------------------------------------------------------
 
-void LocalCommunicator::all_reduce(void*, int64_t, DType, ReduceOp) {}
-void LocalCommunicator::all_reduce(int64_t*, int64_t, ReduceOp) {}
+void LocalCommunicator::do_all_reduce(void*, int64_t, DType, ReduceOp) {}
+void LocalCommunicator::do_all_reduce_i64(int64_t*, int64_t, ReduceOp) {}
 
-void LocalCommunicator::reduce_scatter(const void* in, void* out, int64_t n, DType dt) {
+void LocalCommunicator::do_reduce_scatter(const void* in, void* out, int64_t n, DType dt) {
   if (in != out && n > 0) std::memmove(out, in, static_cast<size_t>(n * dtype_size(dt)));
 }
-void LocalCommunicator::all_gather(const void* in, void* out, int64_t n, DType dt) {
+void LocalCommunicator::do_all_gather(const void* in, void* out, int64_t n, DType dt) {
   if (in != out && n > 0) std::memmove(out, in, static_cast<size_t>(n * dtype_size(dt)));
 }
-void LocalCommunicator::broadcast(void*, int64_t, DType, int64_t root) {
+void LocalCommunicator::do_broadcast(void*, int64_t, DType, int64_t root) {
   if (root != 0) throw_runtime("broadcast on the size-1 '{}' group from root {}: only root 0 exists", name_, root);
 }
-void LocalCommunicator::send(const void*, int64_t, DType, int64_t peer, int tag) {
+void LocalCommunicator::do_send(const void*, int64_t, DType, int64_t peer, int tag) {
   throw_runtime("send to rank {} (tag {}) on the size-1 '{}' group: there is no peer", peer, tag, name_);
 }
-std::unique_ptr<Request> LocalCommunicator::isend(const void*, int64_t, DType, int64_t peer, int tag) {
+std::unique_ptr<Request> LocalCommunicator::do_isend(const void*, int64_t, DType, int64_t peer, int tag) {
   throw_runtime("isend to rank {} (tag {}) on the size-1 '{}' group: there is no peer", peer, tag, name_);
 }
-void LocalCommunicator::recv(void*, int64_t, DType, int64_t peer, int tag) {
+void LocalCommunicator::do_recv(void*, int64_t, DType, int64_t peer, int tag) {
   throw_runtime("recv from rank {} (tag {}) on the size-1 '{}' group: there is no peer", peer, tag, name_);
 }
 namespace {
@@ -73,7 +73,7 @@ class DoneRequest final : public Request {
   void wait() override {}
 };
 }  // namespace
-std::unique_ptr<Request> LocalCommunicator::iall_reduce(void*, int64_t, DType, ReduceOp) {
+std::unique_ptr<Request> LocalCommunicator::do_iall_reduce(void*, int64_t, DType, ReduceOp) {
   return std::make_unique<DoneRequest>();  // a group of one: the sum is the input
 }
 std::shared_ptr<Communicator> LocalCommunicator::split(int64_t color, int64_t, const std::string& name) {

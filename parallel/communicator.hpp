@@ -74,24 +74,26 @@ class Communicator {
   // parallel traffic travels in the activation dtype, gradient reduction in f32.
   //
   // In place; every rank passes the same n, dtype and op.
-  virtual void all_reduce(void* data, int64_t n, DType dt, ReduceOp op) = 0;
-  virtual void all_reduce(int64_t* data, int64_t n, ReduceOp op) = 0;  // flags, counters
+  void all_reduce(void* data, int64_t n, DType dt, ReduceOp op) { do_all_reduce(data, n, dt, op); }
+  void all_reduce(int64_t* data, int64_t n, ReduceOp op) { do_all_reduce_i64(data, n, op); }  // flags, counters
   // Sum of the ranks' inputs (n * size() each), rank i keeps block i (n elements).
   // `out` may alias `in + rank() * n` (the in-place layout of a ZeRO shard).
-  virtual void reduce_scatter(const void* in, void* out, int64_t n, DType dt) = 0;
+  void reduce_scatter(const void* in, void* out, int64_t n, DType dt) { do_reduce_scatter(in, out, n, dt); }
   // out (n * size()) = concatenation of every rank's `in` (n) in rank order.
   // `in` may alias `out + rank() * n`.
-  virtual void all_gather(const void* in, void* out, int64_t n, DType dt) = 0;
-  virtual void broadcast(void* data, int64_t n, DType dt, int64_t root) = 0;
+  void all_gather(const void* in, void* out, int64_t n, DType dt) { do_all_gather(in, out, n, dt); }
+  void broadcast(void* data, int64_t n, DType dt, int64_t root) { do_broadcast(data, n, dt, root); }
   // peer is a rank in this group; sending to or receiving from oneself throws.
-  virtual void send(const void* data, int64_t n, DType dt, int64_t peer, int tag) = 0;
-  virtual void recv(void* data, int64_t n, DType dt, int64_t peer, int tag) = 0;
+  void send(const void* data, int64_t n, DType dt, int64_t peer, int tag) { do_send(data, n, dt, peer, tag); }
+  void recv(void* data, int64_t n, DType dt, int64_t peer, int tag) { do_recv(data, n, dt, peer, tag); }
   // Nonblocking send (MPI_Isend); bytes are counted when it is posted.
-  virtual std::unique_ptr<Request> isend(const void* data, int64_t n, DType dt, int64_t peer, int tag) = 0;
+  std::unique_ptr<Request> isend(const void* data, int64_t n, DType dt, int64_t peer, int tag) {
+    return do_isend(data, n, dt, peer, tag);
+  }
   // Nonblocking in-place all-reduce (MPI_Iallreduce): `data` is neither read nor written
   // by the caller until wait(). Every rank must start its nonblocking collectives on
   // this communicator in the same order. Bytes are counted when it is posted.
-  virtual std::unique_ptr<Request> iall_reduce(void* data, int64_t n, DType dt, ReduceOp op) = 0;
+  std::unique_ptr<Request> iall_reduce(void* data, int64_t n, DType dt, ReduceOp op) { return do_iall_reduce(data, n, dt, op); }
 
   // Typed shorthands for host scalars and f32 buffers.
   void all_reduce(float* d, int64_t n, ReduceOp op) { all_reduce(static_cast<void*>(d), n, DType::f32, op); }
@@ -115,6 +117,18 @@ class Communicator {
   void reset_bytes() { bytes_ = 0; }
 
  protected:
+  // What a backend implements (the public calls above forward to these, so the typed
+  // shorthands never hide a backend's overrides).
+  virtual void do_all_reduce(void* data, int64_t n, DType dt, ReduceOp op) = 0;
+  virtual void do_all_reduce_i64(int64_t* data, int64_t n, ReduceOp op) = 0;
+  virtual void do_reduce_scatter(const void* in, void* out, int64_t n, DType dt) = 0;
+  virtual void do_all_gather(const void* in, void* out, int64_t n, DType dt) = 0;
+  virtual void do_broadcast(void* data, int64_t n, DType dt, int64_t root) = 0;
+  virtual void do_send(const void* data, int64_t n, DType dt, int64_t peer, int tag) = 0;
+  virtual void do_recv(void* data, int64_t n, DType dt, int64_t peer, int tag) = 0;
+  virtual std::unique_ptr<Request> do_isend(const void* data, int64_t n, DType dt, int64_t peer, int tag) = 0;
+  virtual std::unique_ptr<Request> do_iall_reduce(void* data, int64_t n, DType dt, ReduceOp op) = 0;
+
   // Accounting helpers for backends (g = size()).
   void count_all_reduce(int64_t payload_bytes);
   void count_scatter_gather(int64_t total_bytes);  // reduce_scatter / all_gather
@@ -130,28 +144,22 @@ class Communicator {
 class LocalCommunicator final : public Communicator {
  public:
   explicit LocalCommunicator(std::string name = "world") : name_(std::move(name)) {}
-  using Communicator::all_gather;
-  using Communicator::all_reduce;
-  using Communicator::broadcast;
-  using Communicator::iall_reduce;
-  using Communicator::isend;
-  using Communicator::recv;
-  using Communicator::reduce_scatter;
-  using Communicator::send;
   int64_t rank() const override { return 0; }
   int64_t size() const override { return 1; }
   std::string name() const override { return name_; }
-  void all_reduce(void*, int64_t n, DType dt, ReduceOp) override;
-  void all_reduce(int64_t*, int64_t n, ReduceOp) override;
-  void reduce_scatter(const void* in, void* out, int64_t n, DType dt) override;
-  void all_gather(const void* in, void* out, int64_t n, DType dt) override;
-  void broadcast(void* data, int64_t n, DType dt, int64_t root) override;
-  void send(const void* data, int64_t n, DType dt, int64_t peer, int tag) override;
-  void recv(void* data, int64_t n, DType dt, int64_t peer, int tag) override;
-  std::unique_ptr<Request> isend(const void* data, int64_t n, DType dt, int64_t peer, int tag) override;
-  std::unique_ptr<Request> iall_reduce(void* data, int64_t n, DType dt, ReduceOp op) override;  // done at once
   void barrier() override {}
   std::shared_ptr<Communicator> split(int64_t color, int64_t key, const std::string& name) override;
+
+ protected:
+  void do_all_reduce(void*, int64_t n, DType dt, ReduceOp) override;
+  void do_all_reduce_i64(int64_t*, int64_t n, ReduceOp) override;
+  void do_reduce_scatter(const void* in, void* out, int64_t n, DType dt) override;
+  void do_all_gather(const void* in, void* out, int64_t n, DType dt) override;
+  void do_broadcast(void* data, int64_t n, DType dt, int64_t root) override;
+  void do_send(const void* data, int64_t n, DType dt, int64_t peer, int tag) override;
+  void do_recv(void* data, int64_t n, DType dt, int64_t peer, int tag) override;
+  std::unique_ptr<Request> do_isend(const void* data, int64_t n, DType dt, int64_t peer, int tag) override;
+  std::unique_ptr<Request> do_iall_reduce(void* data, int64_t n, DType dt, ReduceOp op) override;  // done at once
 
  private:
   std::string name_;

@@ -471,20 +471,12 @@ class MpiCommunicator final : public Communicator {
   int64_t size() const override { return size_; }
   std::string name() const override { return name_; }
 
-  using Communicator::all_gather;
-  using Communicator::all_reduce;
-  using Communicator::broadcast;
-  using Communicator::iall_reduce;
-  using Communicator::isend;
-  using Communicator::recv;
-  using Communicator::reduce_scatter;
-  using Communicator::send;
 
   // Each collective below is one logical operation (its number N for the watchdog),
   // whatever the number of MPI calls its chunks take. With the watchdog on (the default
   // in train/eval) it runs as the nonblocking MPI call plus watched_wait; off, as the
   // blocking call.
-  void all_reduce(void* d, int64_t n, DType dt, ReduceOp op) override {
+  void do_all_reduce(void* d, int64_t n, DType dt, ReduceOp op) override {
     const int64_t es = dtype_size(dt);
     const OpDesc desc = collective("all_reduce");
     std::vector<MPI_Request> reqs;
@@ -501,7 +493,7 @@ class MpiCommunicator final : public Communicator {
     watched_wait(reqs, MPI_STATUSES_IGNORE, desc);
     count_all_reduce(n * es);
   }
-  void all_reduce(int64_t* d, int64_t n, ReduceOp op) override {
+  void do_all_reduce_i64(int64_t* d, int64_t n, ReduceOp op) override {
     const OpDesc desc = collective("all_reduce");
     std::vector<MPI_Request> reqs;
     for (int64_t off = 0; off < n; off += kChunk) {
@@ -516,7 +508,7 @@ class MpiCommunicator final : public Communicator {
     watched_wait(reqs, MPI_STATUSES_IGNORE, desc);
     count_all_reduce(n * static_cast<int64_t>(sizeof(int64_t)));
   }
-  void reduce_scatter(const void* in, void* out, int64_t n, DType dt) override {
+  void do_reduce_scatter(const void* in, void* out, int64_t n, DType dt) override {
     check_count(n, "reduce_scatter");
     if (n == 0) return;
     const OpDesc desc = collective("reduce_scatter");
@@ -538,7 +530,7 @@ class MpiCommunicator final : public Communicator {
     }
     count_scatter_gather(static_cast<int64_t>(in_bytes));
   }
-  void all_gather(const void* in, void* out, int64_t n, DType dt) override {
+  void do_all_gather(const void* in, void* out, int64_t n, DType dt) override {
     check_count(n, "all_gather");
     if (n == 0) return;
     const OpDesc desc = collective("all_gather");
@@ -563,7 +555,7 @@ class MpiCommunicator final : public Communicator {
     }
     count_scatter_gather(static_cast<int64_t>(out_bytes));
   }
-  void broadcast(void* data, int64_t n, DType dt, int64_t root) override {
+  void do_broadcast(void* data, int64_t n, DType dt, int64_t root) override {
     check_peer(root, "broadcast root", true);
     const OpDesc desc = collective("broadcast");
     const int64_t es = dtype_size(dt);
@@ -580,7 +572,7 @@ class MpiCommunicator final : public Communicator {
     watched_wait(reqs, MPI_STATUSES_IGNORE, desc);
     count_broadcast(n * es);
   }
-  void send(const void* data, int64_t n, DType dt, int64_t peer, int tag) override {
+  void do_send(const void* data, int64_t n, DType dt, int64_t peer, int tag) override {
     check_peer(peer, "send", false);
     const OpDesc desc = p2p("send", peer, tag);
     const int64_t es = dtype_size(dt);
@@ -597,7 +589,7 @@ class MpiCommunicator final : public Communicator {
     watched_wait(reqs, MPI_STATUSES_IGNORE, desc);
     count_send(n * es);
   }
-  std::unique_ptr<Request> isend(const void* data, int64_t n, DType dt, int64_t peer, int tag) override {
+  std::unique_ptr<Request> do_isend(const void* data, int64_t n, DType dt, int64_t peer, int tag) override {
     check_peer(peer, "isend", false);
     const int64_t es = dtype_size(dt);
     std::vector<MPI_Request> reqs;
@@ -612,7 +604,7 @@ class MpiCommunicator final : public Communicator {
     count_send(n * es);
     return std::make_unique<MpiRequest>(std::move(reqs), p2p("isend", peer, tag));
   }
-  std::unique_ptr<Request> iall_reduce(void* data, int64_t n, DType dt, ReduceOp op) override {
+  std::unique_ptr<Request> do_iall_reduce(void* data, int64_t n, DType dt, ReduceOp op) override {
     const int64_t es = dtype_size(dt);
     OpDesc desc = collective("iall_reduce");
     std::vector<MPI_Request> reqs;
@@ -626,7 +618,7 @@ class MpiCommunicator final : public Communicator {
     count_all_reduce(n * es);
     return std::make_unique<MpiRequest>(std::move(reqs), std::move(desc), true);
   }
-  void recv(void* data, int64_t n, DType dt, int64_t peer, int tag) override {
+  void do_recv(void* data, int64_t n, DType dt, int64_t peer, int tag) override {
     check_peer(peer, "recv", false);
     const OpDesc desc = p2p("recv", peer, tag);
     const int64_t es = dtype_size(dt);

@@ -92,40 +92,32 @@ class NcclCommunicator final : public Communicator {
   int64_t size() const override { return size_; }
   std::string name() const override { return name_; }
 
-  using Communicator::all_gather;
-  using Communicator::all_reduce;
-  using Communicator::broadcast;
-  using Communicator::iall_reduce;
-  using Communicator::isend;
-  using Communicator::recv;
-  using Communicator::reduce_scatter;
-  using Communicator::send;
 
-  void all_reduce(void* d, int64_t n, DType dt, ReduceOp op) override {
+  void do_all_reduce(void* d, int64_t n, DType dt, ReduceOp op) override {
     if (n <= 0) return;
     NCCL_CHECK(ncclAllReduce(d, d, static_cast<size_t>(n), nccl_type(dt), nccl_op(op), coll_.get(), cuda::stream()));
     count_all_reduce(n * dtype_size(dt));
   }
-  void all_reduce(int64_t* d, int64_t n, ReduceOp op) override {
+  void do_all_reduce_i64(int64_t* d, int64_t n, ReduceOp op) override {
     if (n <= 0) return;
     NCCL_CHECK(ncclAllReduce(d, d, static_cast<size_t>(n), ncclInt64, nccl_op(op), coll_.get(), cuda::stream()));
     count_all_reduce(n * static_cast<int64_t>(sizeof(int64_t)));
   }
 
-  void reduce_scatter(const void* in, void* out, int64_t n, DType dt) override {
+  void do_reduce_scatter(const void* in, void* out, int64_t n, DType dt) override {
     if (n <= 0) return;
     // NCCL is in place when out == in + rank * n, the ZeRO shard layout.
     NCCL_CHECK(ncclReduceScatter(in, out, static_cast<size_t>(n), nccl_type(dt), ncclSum, coll_.get(), cuda::stream()));
     count_scatter_gather(n * size_ * dtype_size(dt));
   }
 
-  void all_gather(const void* in, void* out, int64_t n, DType dt) override {
+  void do_all_gather(const void* in, void* out, int64_t n, DType dt) override {
     if (n <= 0) return;
     NCCL_CHECK(ncclAllGather(in, out, static_cast<size_t>(n), nccl_type(dt), coll_.get(), cuda::stream()));
     count_scatter_gather(n * size_ * dtype_size(dt));
   }
 
-  void broadcast(void* data, int64_t n, DType dt, int64_t root) override {
+  void do_broadcast(void* data, int64_t n, DType dt, int64_t root) override {
     check_peer(root, "broadcast root", true);
     if (n <= 0) return;
     NCCL_CHECK(ncclBroadcast(data, data, static_cast<size_t>(n), nccl_type(dt), static_cast<int>(root), coll_.get(),
@@ -133,9 +125,9 @@ class NcclCommunicator final : public Communicator {
     count_broadcast(n * dtype_size(dt));
   }
 
-  void send(const void* data, int64_t n, DType dt, int64_t peer, int tag) override { isend(data, n, dt, peer, tag)->wait(); }
+  void do_send(const void* data, int64_t n, DType dt, int64_t peer, int tag) override { isend(data, n, dt, peer, tag)->wait(); }
 
-  std::unique_ptr<Request> isend(const void* data, int64_t n, DType dt, int64_t peer, int) override {
+  std::unique_ptr<Request> do_isend(const void* data, int64_t n, DType dt, int64_t peer, int) override {
     check_peer(peer, "isend peer", false);
     // The send stream starts after everything queued so far on the compute stream.
     cuda::CudaEvent ready;
@@ -149,7 +141,7 @@ class NcclCommunicator final : public Communicator {
     return std::make_unique<NcclRequest>(std::move(done), /*host=*/true);
   }
 
-  std::unique_ptr<Request> iall_reduce(void* data, int64_t n, DType dt, ReduceOp op) override {
+  std::unique_ptr<Request> do_iall_reduce(void* data, int64_t n, DType dt, ReduceOp op) override {
     cuda::CudaEvent ready;
     ready.record(cuda::stream());
     CUDA_CHECK(cudaStreamWaitEvent(coll_stream_.get(), ready.get(), 0));
@@ -162,7 +154,7 @@ class NcclCommunicator final : public Communicator {
     return std::make_unique<NcclRequest>(std::move(done), /*host=*/false);
   }
 
-  void recv(void* data, int64_t n, DType dt, int64_t peer, int) override {
+  void do_recv(void* data, int64_t n, DType dt, int64_t peer, int) override {
     check_peer(peer, "recv peer", false);
     NCCL_CHECK(ncclRecv(data, static_cast<size_t>(n), nccl_type(dt), static_cast<int>(peer), p2p_comm(peer, rank_),
                         cuda::stream()));

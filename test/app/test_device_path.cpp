@@ -39,13 +39,11 @@ std::vector<Step> read_steps(const fs::path& run) {
 }
 
 test::RunResult train(const test::TempDir& run, const std::string& sets, int np = 1, const std::string& env = "") {
-  const std::string launcher = np == 1 ? std::string(MTNLG_BINARY)
-                                       : "sh " + test::source_dir() + "/test/mpi/mpirun.sh " + std::to_string(np) + " " +
-                                             MTNLG_BINARY;
-  const std::string cmd = env + " " + launcher + " train " + test::source_dir() + "/recipes/tiny-ramp.yaml --quiet --set logging.dir=" +
-                          run.str() + " --set training.num_threads=1 " + sets;
-  auto r = test::run_command(cmd);
-  UNSCOPED_INFO(cmd << "\n" << r.out);
+  UNSCOPED_INFO(test::train_command(test::source_dir() + "/recipes/tiny-ramp.yaml", run.str(),
+                                    "--set training.num_threads=1 " + sets, np, env));
+  auto r = test::run_train(test::source_dir() + "/recipes/tiny-ramp.yaml", run.str(), "--set training.num_threads=1 " + sets,
+                           np, env);
+  UNSCOPED_INFO(r.out);
   return r;
 }
 
