@@ -9,7 +9,8 @@ secs="${1:-60}"
 out="$repo/build-fuzz"
 mkdir -p "$out"
 clang++ -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -I"$repo" \
-  "$repo/test/fuzz/fuzz_safetensors.cpp" "$repo/core/safetensors.cpp" "$repo/core/tensor.cpp" \
+  "$repo/test/fuzz/fuzz_safetensors.cpp" "$repo/core/safetensors.cpp" "$repo/core/tensor.cpp" "$repo/core/mem_account.cpp" \
+  "$repo/core/atomic_file.cpp" \
   -lfmt -o "$out/fuzz_safetensors"
 mkdir -p "$repo/test/fuzz/corpus"
 "$out/fuzz_safetensors" -max_total_time="$secs" -max_len=4096 -rss_limit_mb=1024 "$repo/test/fuzz/corpus"
