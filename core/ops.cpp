@@ -11,7 +11,8 @@
 #include "core/ops_checks.hpp"
 #ifdef MTNLG_HAVE_CUDA
 #include "core/cuda/ops_cuda.hpp"
-// `if (tensors are on CUDA) return cuda::<call>;` -- the CPU code below stays as it was.
+// The one dispatch line of an op, after its shape and dtype checks (written once, here,
+// for both devices): `if (tensors are on CUDA) return cuda::<call>;`.
 #define MTNLG_CUDA_DISPATCH(on_cuda, call) \
   if (on_cuda) return ::mtnlg::cuda::call
 #else
@@ -117,6 +118,16 @@ namespace {
 void expect_numel(const char* op, const char* name, const Tensor& t, int64_t n) {
   if (t.numel() != n) throw_runtime("{}: {} has {} elements, expected {} (shape {})", op, name, t.numel(), n, shape_str(t.shape()));
 }
+void expect_ndim(const char* op, const char* name, const Tensor& t, int64_t nd) {
+  if (t.ndim() != nd) throw_runtime("{}: {} must have {} dimensions, got shape {}", op, name, nd, shape_str(t.shape()));
+}
+void expect_i32(const char* op, const char* name, const Tensor& t) {
+  if (t.dtype() != DType::i32) throw_runtime("{}: {} must be i32, got {}", op, name, to_string(t.dtype()));
+}
+void expect_positions(const char* op, int64_t seq_len, int64_t table_rows) {
+  if (seq_len <= 0 || seq_len > table_rows)
+    throw_runtime("{}: sequence {} outside the position table (1..{})", op, seq_len, table_rows);
+}
 
 template <typename F>
 void by_dtype(DType d, F&& f) {
@@ -164,9 +175,10 @@ void fill(Tensor& x, double value) {
 }
 
 void copy(Tensor& dst, const Tensor& src) {
-  MTNLG_CUDA_DISPATCH(same_device("copy", {&dst, &src}), copy(dst, src));
+  const bool cuda = same_device("copy", {&dst, &src});
   expect_numel("copy", "src", src, dst.numel());
   if (dst.dtype() != src.dtype()) throw_runtime("copy: dtype {} -> {} needs ops::convert", to_string(src.dtype()), to_string(dst.dtype()));
+  MTNLG_CUDA_DISPATCH(cuda, copy(dst, src));
   std::memmove(dst.raw(), src.raw(), static_cast<size_t>(dst.nbytes()));
 }
 namespace {
@@ -192,9 +204,10 @@ void store_double(Tensor& t, int64_t i, double v) {
 }  // namespace
 
 void convert(Tensor& dst, const Tensor& src) {
-  MTNLG_CUDA_DISPATCH(same_device("convert", {&dst, &src}), convert(dst, src));
+  const bool cuda = same_device("convert", {&dst, &src});
   expect_numel("convert", "src", src, dst.numel());
   if (dst.dtype() == src.dtype()) return copy(dst, src);
+  MTNLG_CUDA_DISPATCH(cuda, convert(dst, src));
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < dst.numel(); ++i) store_double(dst, i, load_as_double(src, i));
 }
@@ -204,10 +217,11 @@ void convert(Tensor& dst, const Tensor& src) {
 // and f32/f64 run the kernel instantiated for their type.
 
 void add(Tensor& out, const Tensor& a, const Tensor& b) {
-  MTNLG_CUDA_DISPATCH(same_device("add", {&out, &a, &b}), add(out, a, b));
+  const bool cuda = same_device("add", {&out, &a, &b});
   const DType dt = act_dtype("add", {{"out", &out}, {"a", &a}, {"b", &b}});
   expect_numel("add", "a", a, out.numel());
   expect_numel("add", "b", b, out.numel());
+  MTNLG_CUDA_DISPATCH(cuda, add(out, a, b));
   if (is_low(dt)) {
     Widened w;
     add(w.out(out), w.in(a), w.in(b));
@@ -281,15 +295,15 @@ void expect_acc(const char* op, const Tensor& acc, int64_t n) {
 }  // namespace
 
 void sum_squares_accumulate(Tensor& acc, const Tensor& x) {
-  MTNLG_CUDA_DISPATCH(same_device("sum_squares_accumulate", {&acc, &x}), sum_squares_accumulate(acc, x));
+  const bool cuda = same_device("sum_squares_accumulate", {&acc, &x});
   expect_acc("sum_squares_accumulate", acc, 1);
+  MTNLG_CUDA_DISPATCH(cuda, sum_squares_accumulate(acc, x));
   acc.kernel_data<double>()[0] += sum_squares(x);
 }
 
 void xent_loss_accumulate(Tensor& acc, const Tensor& rowmax, const Tensor& sumexp, const Tensor& target_logit,
                           const Tensor* mask) {
-  MTNLG_CUDA_DISPATCH(same_device("xent_loss_accumulate", {&acc, &rowmax, &sumexp, &target_logit, mask}),
-                      xent_loss_accumulate(acc, rowmax, sumexp, target_logit, mask));
+  const bool cuda = same_device("xent_loss_accumulate", {&acc, &rowmax, &sumexp, &target_logit, mask});
   expect_acc("xent_loss_accumulate", acc, 2);
   const int64_t N = rowmax.numel();
   expect_numel("xent_loss_accumulate", "sumexp", sumexp, N);
@@ -301,6 +315,7 @@ void xent_loss_accumulate(Tensor& acc, const Tensor& rowmax, const Tensor& sumex
     expect_numel("xent_loss_accumulate", "mask", *mask, N);
     if (mask->dtype() != DType::f32) throw_runtime("xent_loss_accumulate: mask must be f32, got {}", to_string(mask->dtype()));
   }
+  MTNLG_CUDA_DISPATCH(cuda, xent_loss_accumulate(acc, rowmax, sumexp, target_logit, mask));
   const float* m = mask && mask->defined() ? mask->kernel_data<float>() : nullptr;
   double loss = 0, count = 0;
   by_dtype(rowmax.dtype(), [&](auto z) {
@@ -318,12 +333,14 @@ void xent_loss_accumulate(Tensor& acc, const Tensor& rowmax, const Tensor& sumex
 }
 
 void matmul_forward(Tensor& out, const Tensor& inp, const Tensor& w, const Tensor* bias) {
-  MTNLG_CUDA_DISPATCH(same_device("matmul_forward", {&out, &inp, &w, bias}), matmul_forward(out, inp, w, bias));
+  const bool cuda = same_device("matmul_forward", {&out, &inp, &w, bias});
   const DType dt = act_dtype("matmul_forward", {{"out", &out}, {"inp", &inp}, {"w", &w}, {"bias", bias}});
-  int64_t OC = w.dim(0), C = w.dim(1), N = inp.numel() / C;
+  expect_ndim("matmul_forward", "w", w, 2);
+  int64_t OC = w.dim(0), C = w.dim(1), N = C ? inp.numel() / C : 0;
   expect_numel("matmul_forward", "inp", inp, N * C);
   expect_numel("matmul_forward", "out", out, N * OC);
   if (bias && bias->defined()) expect_numel("matmul_forward", "bias", *bias, OC);
+  MTNLG_CUDA_DISPATCH(cuda, matmul_forward(out, inp, w, bias));
   if (is_low(dt)) {
     Widened wd;
     matmul_forward(wd.out(out), wd.in(inp), wd.in(w), wd.in(bias));
@@ -337,14 +354,17 @@ void matmul_forward(Tensor& out, const Tensor& inp, const Tensor& w, const Tenso
 
 void matmul_backward(Tensor* dinp, Tensor* dw, Tensor* dbias, const Tensor& dout, const Tensor& inp, const Tensor& w,
                      bool accumulate_dinp) {
-  MTNLG_CUDA_DISPATCH(same_device("matmul_backward", {dinp, dw, dbias, &dout, &inp, &w}), matmul_backward(dinp, dw, dbias, dout, inp, w, accumulate_dinp));
+  const bool cuda = same_device("matmul_backward", {dinp, dw, dbias, &dout, &inp, &w});
   const DType dt = act_dtype("matmul_backward", {{"dout", &dout}, {"inp", &inp}, {"w", &w}, {"dinp", dinp}},
                              {{"dw", dw}, {"dbias", dbias}});
-  int64_t OC = w.dim(0), C = w.dim(1), N = inp.numel() / C;
+  expect_ndim("matmul_backward", "w", w, 2);
+  int64_t OC = w.dim(0), C = w.dim(1), N = C ? inp.numel() / C : 0;
+  expect_numel("matmul_backward", "inp", inp, N * C);
   expect_numel("matmul_backward", "dout", dout, N * OC);
-  if (dinp) expect_numel("matmul_backward", "dinp", *dinp, N * C);
-  if (dw) expect_numel("matmul_backward", "dw", *dw, OC * C);
-  if (dbias) expect_numel("matmul_backward", "dbias", *dbias, OC);
+  if (dinp && dinp->defined()) expect_numel("matmul_backward", "dinp", *dinp, N * C);
+  if (dw && dw->defined()) expect_numel("matmul_backward", "dw", *dw, OC * C);
+  if (dbias && dbias->defined()) expect_numel("matmul_backward", "dbias", *dbias, OC);
+  MTNLG_CUDA_DISPATCH(cuda, matmul_backward(dinp, dw, dbias, dout, inp, w, accumulate_dinp));
   if (is_low(dt)) {
     Widened wd;
     matmul_backward(wd.out(dinp, accumulate_dinp), dw, dbias, wd.in(dout), wd.in(inp), wd.in(w), accumulate_dinp);
@@ -359,13 +379,16 @@ void matmul_backward(Tensor* dinp, Tensor* dw, Tensor* dbias, const Tensor& dout
 
 void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& inp, const Tensor& w, const Tensor& b,
                        double eps) {
-  MTNLG_CUDA_DISPATCH(same_device("layernorm_forward", {&out, &mean, &rstd, &inp, &w, &b}), layernorm_forward(out, mean, rstd, inp, w, b, eps));
+  const bool cuda = same_device("layernorm_forward", {&out, &mean, &rstd, &inp, &w, &b});
   const DType dt = act_dtype("layernorm_forward", {{"out", &out}, {"inp", &inp}, {"w", &w}, {"b", &b}},
                              {{"mean", &mean}, {"rstd", &rstd}});
-  int64_t C = w.numel(), N = inp.numel() / C;
+  int64_t C = w.numel(), N = C ? inp.numel() / C : 0;
+  expect_numel("layernorm_forward", "inp", inp, N * C);
+  expect_numel("layernorm_forward", "b", b, C);
   expect_numel("layernorm_forward", "out", out, N * C);
   expect_numel("layernorm_forward", "mean", mean, N);
   expect_numel("layernorm_forward", "rstd", rstd, N);
+  MTNLG_CUDA_DISPATCH(cuda, layernorm_forward(out, mean, rstd, inp, w, b, eps));
   if (is_low(dt)) {
     Widened wd;
     layernorm_forward(wd.out(out), mean, rstd, wd.in(inp), wd.in(w), wd.in(b), eps);
@@ -380,11 +403,18 @@ void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& in
 
 void layernorm_backward(Tensor& dinp, Tensor& dw, Tensor& db, const Tensor& dout, const Tensor& inp, const Tensor& w,
                         const Tensor& mean, const Tensor& rstd, bool accumulate_dinp) {
-  MTNLG_CUDA_DISPATCH(same_device("layernorm_backward", {&dinp, &dw, &db, &dout, &inp, &w, &mean, &rstd}), layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, accumulate_dinp));
+  const bool cuda = same_device("layernorm_backward", {&dinp, &dw, &db, &dout, &inp, &w, &mean, &rstd});
   const DType dt = act_dtype("layernorm_backward", {{"dinp", &dinp}, {"dout", &dout}, {"inp", &inp}, {"w", &w}},
                              {{"dw", &dw}, {"db", &db}, {"mean", &mean}, {"rstd", &rstd}});
-  int64_t C = w.numel(), N = inp.numel() / C;
+  int64_t C = w.numel(), N = C ? inp.numel() / C : 0;
+  expect_numel("layernorm_backward", "inp", inp, N * C);
   expect_numel("layernorm_backward", "dinp", dinp, N * C);
+  expect_numel("layernorm_backward", "dout", dout, N * C);
+  expect_numel("layernorm_backward", "dw", dw, C);
+  expect_numel("layernorm_backward", "db", db, C);
+  expect_numel("layernorm_backward", "mean", mean, N);
+  expect_numel("layernorm_backward", "rstd", rstd, N);
+  MTNLG_CUDA_DISPATCH(cuda, layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, accumulate_dinp));
   if (is_low(dt)) {
     Widened wd;
     layernorm_backward(wd.out(dinp, accumulate_dinp), dw, db, wd.in(dout), wd.in(inp), wd.in(w), mean, rstd,
@@ -399,9 +429,10 @@ void layernorm_backward(Tensor& dinp, Tensor& dw, Tensor& db, const Tensor& dout
 }
 
 void gelu_forward(Tensor& out, const Tensor& inp) {
-  MTNLG_CUDA_DISPATCH(same_device("gelu_forward", {&out, &inp}), gelu_forward(out, inp));
+  const bool cuda = same_device("gelu_forward", {&out, &inp});
   const DType dt = act_dtype("gelu_forward", {{"out", &out}, {"inp", &inp}});
   expect_numel("gelu_forward", "out", out, inp.numel());
+  MTNLG_CUDA_DISPATCH(cuda, gelu_forward(out, inp));
   if (is_low(dt)) {
     Widened wd;
     gelu_forward(wd.out(out), wd.in(inp));
@@ -414,10 +445,11 @@ void gelu_forward(Tensor& out, const Tensor& inp) {
 }
 
 void gelu_backward(Tensor& dinp, const Tensor& inp, const Tensor& dout) {
-  MTNLG_CUDA_DISPATCH(same_device("gelu_backward", {&dinp, &inp, &dout}), gelu_backward(dinp, inp, dout));
+  const bool cuda = same_device("gelu_backward", {&dinp, &inp, &dout});
   const DType dt = act_dtype("gelu_backward", {{"dinp", &dinp}, {"inp", &inp}, {"dout", &dout}});
   expect_numel("gelu_backward", "dinp", dinp, inp.numel());
   expect_numel("gelu_backward", "dout", dout, inp.numel());
+  MTNLG_CUDA_DISPATCH(cuda, gelu_backward(dinp, inp, dout));
   if (is_low(dt)) {
     Widened wd;
     gelu_backward(wd.out(dinp), wd.in(inp), wd.in(dout));
@@ -430,13 +462,14 @@ void gelu_backward(Tensor& dinp, const Tensor& inp, const Tensor& dout) {
 }
 
 void dropout_forward(Tensor& out, const Tensor& inp, double p, uint64_t key, uint64_t base_index) {
-  MTNLG_CUDA_DISPATCH(same_device("dropout_forward", {&out, &inp}), dropout_forward(out, inp, p, key, base_index));
+  const bool cuda = same_device("dropout_forward", {&out, &inp});
   const DType dt = act_dtype("dropout_forward", {{"out", &out}, {"inp", &inp}});
   expect_numel("dropout_forward", "out", out, inp.numel());
   if (p <= 0) {  // identity: no widening, no copy when in place
     if (out.raw() != inp.raw()) copy(out, inp);
     return;
   }
+  MTNLG_CUDA_DISPATCH(cuda, dropout_forward(out, inp, p, key, base_index));
   if (is_low(dt)) {
     Widened wd;
     dropout_forward(wd.out(out), wd.in(inp), p, key, base_index);
@@ -481,11 +514,13 @@ void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, con
 }
 
 void embedding_forward(Tensor& out, const Tensor& tokens, const Tensor& table, int64_t vocab_start) {
-  MTNLG_CUDA_DISPATCH(same_device("embedding_forward", {&out, &tokens, &table}), embedding_forward(out, tokens, table, vocab_start));
+  const bool cuda = same_device("embedding_forward", {&out, &tokens, &table});
   const DType dt = act_dtype("embedding_forward", {{"out", &out}, {"table", &table}});
-  MTNLG_CHECK(tokens.dtype() == DType::i32, "tokens must be i32");
+  expect_i32("embedding_forward", "tokens", tokens);
+  expect_ndim("embedding_forward", "table", table, 2);
   int64_t C = table.dim(1), N = tokens.numel();
   expect_numel("embedding_forward", "out", out, N * C);
+  MTNLG_CUDA_DISPATCH(cuda, embedding_forward(out, tokens, table, vocab_start));
   if (is_low(dt)) {  // a row copy: exact in any dtype
     const auto* tab = table.kernel_data<uint16_t>();
     auto* o = out.kernel_data<uint16_t>();
@@ -505,10 +540,13 @@ void embedding_forward(Tensor& out, const Tensor& tokens, const Tensor& table, i
 }
 
 void embedding_backward(Tensor& dtable, const Tensor& tokens, const Tensor& dout, int64_t vocab_start) {
-  MTNLG_CUDA_DISPATCH(same_device("embedding_backward", {&dtable, &tokens, &dout}), embedding_backward(dtable, tokens, dout, vocab_start));
+  const bool cuda = same_device("embedding_backward", {&dtable, &tokens, &dout});
   const DType dt = act_dtype("embedding_backward", {{"dout", &dout}}, {{"dtable", &dtable}});
+  expect_i32("embedding_backward", "tokens", tokens);
+  expect_ndim("embedding_backward", "dtable", dtable, 2);
   int64_t C = dtable.dim(1), N = tokens.numel();
   expect_numel("embedding_backward", "dout", dout, N * C);
+  MTNLG_CUDA_DISPATCH(cuda, embedding_backward(dtable, tokens, dout, vocab_start));
   if (is_low(dt)) {
     Widened wd;
     return embedding_backward(dtable, tokens, wd.in(dout), vocab_start);
@@ -520,10 +558,13 @@ void embedding_backward(Tensor& dtable, const Tensor& tokens, const Tensor& dout
 }
 
 void position_forward(Tensor& x, const Tensor& pos, int64_t row_start, int64_t seq_len) {
-  MTNLG_CUDA_DISPATCH(same_device("position_forward", {&x, &pos}), position_forward(x, pos, row_start, seq_len));
+  const bool cuda = same_device("position_forward", {&x, &pos});
   const DType dt = act_dtype("position_forward", {{"x", &x}, {"pos", &pos}});
-  int64_t C = pos.dim(1), rows = x.numel() / C;
-  MTNLG_CHECK(seq_len <= pos.dim(0), "position_forward: sequence {} longer than the position table {}", seq_len, pos.dim(0));
+  expect_ndim("position_forward", "pos", pos, 2);
+  int64_t C = pos.dim(1), rows = C ? x.numel() / C : 0;
+  expect_numel("position_forward", "x", x, rows * C);
+  expect_positions("position_forward", seq_len, pos.dim(0));
+  MTNLG_CUDA_DISPATCH(cuda, position_forward(x, pos, row_start, seq_len));
   if (is_low(dt)) {
     Widened wd;
     position_forward(wd.out(x, true), wd.in(pos), row_start, seq_len);
@@ -536,9 +577,13 @@ void position_forward(Tensor& x, const Tensor& pos, int64_t row_start, int64_t s
 }
 
 void position_backward(Tensor& dpos, const Tensor& dx, int64_t row_start, int64_t seq_len) {
-  MTNLG_CUDA_DISPATCH(same_device("position_backward", {&dpos, &dx}), position_backward(dpos, dx, row_start, seq_len));
+  const bool cuda = same_device("position_backward", {&dpos, &dx});
   const DType dt = act_dtype("position_backward", {{"dx", &dx}}, {{"dpos", &dpos}});
-  int64_t C = dpos.dim(1), rows = dx.numel() / C;
+  expect_ndim("position_backward", "dpos", dpos, 2);
+  int64_t C = dpos.dim(1), rows = C ? dx.numel() / C : 0;
+  expect_numel("position_backward", "dx", dx, rows * C);
+  expect_positions("position_backward", seq_len, dpos.dim(0));
+  MTNLG_CUDA_DISPATCH(cuda, position_backward(dpos, dx, row_start, seq_len));
   if (is_low(dt)) {
     Widened wd;
     return position_backward(dpos, wd.in(dx), row_start, seq_len);
@@ -550,9 +595,11 @@ void position_backward(Tensor& dpos, const Tensor& dx, int64_t row_start, int64_
 }
 
 void bias_add_forward(Tensor& x, const Tensor& b) {
-  MTNLG_CUDA_DISPATCH(same_device("bias_add_forward", {&x, &b}), bias_add_forward(x, b));
+  const bool cuda = same_device("bias_add_forward", {&x, &b});
   const DType dt = act_dtype("bias_add_forward", {{"x", &x}, {"b", &b}});
-  int64_t C = b.numel(), N = x.numel() / C;
+  int64_t C = b.numel(), N = C ? x.numel() / C : 0;
+  expect_numel("bias_add_forward", "x", x, N * C);
+  MTNLG_CUDA_DISPATCH(cuda, bias_add_forward(x, b));
   if (is_low(dt)) {
     Widened wd;
     bias_add_forward(wd.out(x, true), wd.in(b));
@@ -565,9 +612,11 @@ void bias_add_forward(Tensor& x, const Tensor& b) {
 }
 
 void bias_add_backward(Tensor& db, const Tensor& dout) {
-  MTNLG_CUDA_DISPATCH(same_device("bias_add_backward", {&db, &dout}), bias_add_backward(db, dout));
+  const bool cuda = same_device("bias_add_backward", {&db, &dout});
   const DType dt = act_dtype("bias_add_backward", {{"dout", &dout}}, {{"db", &db}});
-  int64_t C = db.numel(), N = dout.numel() / C;
+  int64_t C = db.numel(), N = C ? dout.numel() / C : 0;
+  expect_numel("bias_add_backward", "dout", dout, N * C);
+  MTNLG_CUDA_DISPATCH(cuda, bias_add_backward(db, dout));
   if (is_low(dt)) {
     Widened wd;
     return bias_add_backward(db, wd.in(dout));
@@ -579,9 +628,11 @@ void bias_add_backward(Tensor& db, const Tensor& dout) {
 }
 
 void xent_rowmax(Tensor& rowmax, const Tensor& logits, int64_t valid_local) {
-  MTNLG_CUDA_DISPATCH(same_device("xent_rowmax", {&rowmax, &logits}), xent_rowmax(rowmax, logits, valid_local));
+  const bool cuda = same_device("xent_rowmax", {&rowmax, &logits});
   const DType dt = act_dtype("xent_rowmax", {{"logits", &logits}}, {{"rowmax", &rowmax}});
-  int64_t N = rowmax.numel(), V = logits.numel() / N;
+  int64_t N = rowmax.numel(), V = N ? logits.numel() / N : 0;
+  expect_numel("xent_rowmax", "logits", logits, N * V);
+  MTNLG_CUDA_DISPATCH(cuda, xent_rowmax(rowmax, logits, valid_local));
   if (is_low(dt)) {
     Widened wd;
     return xent_rowmax(rowmax, wd.in(logits), valid_local);
@@ -594,11 +645,16 @@ void xent_rowmax(Tensor& rowmax, const Tensor& logits, int64_t valid_local) {
 
 void xent_sumexp_target(Tensor& sumexp, Tensor& target_logit, const Tensor& logits, const Tensor& targets,
                         const Tensor& rowmax, int64_t vocab_start, int64_t valid_local) {
-  MTNLG_CUDA_DISPATCH(same_device("xent_sumexp_target", {&sumexp, &target_logit, &logits, &targets, &rowmax}), xent_sumexp_target(sumexp, target_logit, logits, targets, rowmax, vocab_start, valid_local));
+  const bool cuda = same_device("xent_sumexp_target", {&sumexp, &target_logit, &logits, &targets, &rowmax});
   const DType dt = act_dtype("xent_sumexp_target", {{"logits", &logits}},
                              {{"sumexp", &sumexp}, {"target_logit", &target_logit}, {"rowmax", &rowmax}});
-  int64_t N = rowmax.numel(), V = logits.numel() / N;
+  expect_i32("xent_sumexp_target", "targets", targets);
+  int64_t N = rowmax.numel(), V = N ? logits.numel() / N : 0;
+  expect_numel("xent_sumexp_target", "logits", logits, N * V);
   expect_numel("xent_sumexp_target", "targets", targets, N);
+  expect_numel("xent_sumexp_target", "sumexp", sumexp, N);
+  expect_numel("xent_sumexp_target", "target_logit", target_logit, N);
+  MTNLG_CUDA_DISPATCH(cuda, xent_sumexp_target(sumexp, target_logit, logits, targets, rowmax, vocab_start, valid_local));
   if (is_low(dt)) {
     Widened wd;
     return xent_sumexp_target(sumexp, target_logit, wd.in(logits), targets, rowmax, vocab_start, valid_local);
@@ -612,11 +668,17 @@ void xent_sumexp_target(Tensor& sumexp, Tensor& target_logit, const Tensor& logi
 
 void xent_backward(Tensor& dlogits, const Tensor& logits, const Tensor& targets, const Tensor& rowmax,
                    const Tensor& sumexp, const Tensor& dloss, int64_t vocab_start, int64_t valid_local) {
-  MTNLG_CUDA_DISPATCH(same_device("xent_backward", {&dlogits, &logits, &targets, &rowmax, &sumexp, &dloss}), xent_backward(dlogits, logits, targets, rowmax, sumexp, dloss, vocab_start, valid_local));
+  const bool cuda = same_device("xent_backward", {&dlogits, &logits, &targets, &rowmax, &sumexp, &dloss});
   const DType dt = act_dtype("xent_backward", {{"dlogits", &dlogits}, {"logits", &logits}},
                              {{"rowmax", &rowmax}, {"sumexp", &sumexp}, {"dloss", &dloss}});
-  int64_t N = rowmax.numel(), V = logits.numel() / N;
+  expect_i32("xent_backward", "targets", targets);
+  int64_t N = rowmax.numel(), V = N ? logits.numel() / N : 0;
+  expect_numel("xent_backward", "logits", logits, N * V);
   expect_numel("xent_backward", "dlogits", dlogits, N * V);
+  expect_numel("xent_backward", "targets", targets, N);
+  expect_numel("xent_backward", "sumexp", sumexp, N);
+  expect_numel("xent_backward", "dloss", dloss, N);
+  MTNLG_CUDA_DISPATCH(cuda, xent_backward(dlogits, logits, targets, rowmax, sumexp, dloss, vocab_start, valid_local));
   if (is_low(dt)) {
     Widened wd;
     xent_backward(wd.out(dlogits), wd.in(logits), targets, rowmax, sumexp, dloss, vocab_start, valid_local);

@@ -32,16 +32,17 @@ int64_t heads_total(const AttentionDropout& d, int64_t heads) { return d.heads_t
 
 void attention_forward_lse(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t heads, const AttentionDropout& drop) {
   const char* op = "attention_forward_lse";
-#ifdef MTNLG_HAVE_CUDA
-  if (detail::same_device(op, {&out, &lse, &qkv})) return cuda::attention_forward_lse(out, lse, qkv, heads, drop);
-#else
-  (void)detail::same_device(op, {&out, &lse, &qkv});
-#endif
+  const bool cuda = detail::same_device(op, {&out, &lse, &qkv});
   const DType dt = detail::act_dtype(op, {{"out", &out}, {"qkv", &qkv}}, {{"lse", &lse}});
   int64_t B, T, D;
   attention_shape(op, qkv, heads, B, T, D);
   expect_numel(op, "out", out, B * T * heads * D);
   expect_numel(op, "lse", lse, B * heads * T);
+#ifdef MTNLG_HAVE_CUDA
+  if (cuda) return cuda::attention_forward_lse(out, lse, qkv, heads, drop);
+#else
+  (void)cuda;
+#endif
   if (detail::is_low(dt)) {
     detail::Widened w;
     attention_forward_lse(w.out(out), lse, w.in(qkv), heads, drop);
@@ -61,12 +62,7 @@ void attention_forward_lse(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t 
 void attention_backward_lse(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
                             int64_t heads, const AttentionDropout& drop) {
   const char* op = "attention_backward_lse";
-#ifdef MTNLG_HAVE_CUDA
-  if (detail::same_device(op, {&dqkv, &dout, &qkv, &out, &lse}))
-    return cuda::attention_backward_lse(dqkv, dout, qkv, out, lse, heads, drop);
-#else
-  (void)detail::same_device(op, {&dqkv, &dout, &qkv, &out, &lse});
-#endif
+  const bool cuda = detail::same_device(op, {&dqkv, &dout, &qkv, &out, &lse});
   const DType dt =
       detail::act_dtype(op, {{"dqkv", &dqkv}, {"dout", &dout}, {"qkv", &qkv}, {"out", &out}}, {{"lse", &lse}});
   int64_t B, T, D;
@@ -74,6 +70,12 @@ void attention_backward_lse(Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
   expect_numel(op, "dqkv", dqkv, qkv.numel());
   expect_numel(op, "dout", dout, B * T * heads * D);
   expect_numel(op, "lse", lse, B * heads * T);
+  if (out.defined()) expect_numel(op, "out", out, B * T * heads * D);
+#ifdef MTNLG_HAVE_CUDA
+  if (cuda) return cuda::attention_backward_lse(dqkv, dout, qkv, out, lse, heads, drop);
+#else
+  (void)cuda;
+#endif
   if (detail::is_low(dt)) {
     detail::Widened w;
     attention_backward_lse(w.out(dqkv), w.in(dout), w.in(qkv), out.defined() ? w.in(out) : out, lse, heads, drop);

@@ -84,3 +84,27 @@ TEST_CASE("xent_loss_accumulate: the token losses' sum and count, with and witho
   Tensor bad = Tensor::zeros({2}, DType::f32, Device::cpu);
   CHECK_THROWS_WITH(ops::xent_loss_accumulate(bad, mx, se, tl, nullptr), Catch::Contains("acc must be f64"));
 }
+
+TEST_CASE("ops: shapes and dtype roles are checked once, before the dispatch, the same on every device", "[unit]") {
+  for (Device dev : {Device::cpu, Device::test}) {
+    INFO(to_string(dev));
+    auto t = [&](const Shape& s, DType dt = DType::f32) {
+      Tensor x = Tensor::empty(s, dt, dev);
+      ops::fill(x, 0.5);
+      return x;
+    };
+    Tensor out = t({4, 8}), inp = t({4, 8}), w = t({8}), b = t({8}), mean = t({3}), rstd = t({4});
+    CHECK_THROWS_WITH(ops::layernorm_forward(out, mean, rstd, inp, w, b, 1e-5), Catch::Contains("layernorm_forward: mean has 3"));
+    Tensor w1 = t({8});
+    CHECK_THROWS_WITH(ops::matmul_forward(out, inp, w1, nullptr), Catch::Contains("matmul_forward: w must have 2 dimensions"));
+    Tensor w0 = t({8, 0}), o0 = t({0});
+    CHECK_THROWS_WITH(ops::matmul_forward(o0, inp, w0, nullptr), Catch::Contains("matmul_forward: inp has 32"));  // no division by zero
+    Tensor tok = t({4}), table = t({16, 8});
+    CHECK_THROWS_WITH(ops::embedding_forward(out, tok, table, 0), Catch::Contains("tokens must be i32"));
+    Tensor pos = t({16, 8});
+    CHECK_THROWS_WITH(ops::position_forward(out, pos, 0, 0), Catch::Contains("outside the position table"));
+    Tensor logits = t({4, 10}), rowmax = t({4}), sumexp = t({4}), tl = t({3}), targets = t({4}, DType::i32);
+    CHECK_THROWS_WITH(ops::xent_sumexp_target(sumexp, tl, logits, targets, rowmax, 0, 10),
+                      Catch::Contains("xent_sumexp_target: target_logit has 3"));
+  }
+}
