@@ -1,6 +1,8 @@
 #include "app/pipeline_executor.hpp"
 
+#include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 
 #include "core/mem_account.hpp"
 #include "core/ops.hpp"
@@ -9,9 +11,48 @@
 
 namespace mtnlg::app {
 
+int32_t eod_token(const Recipe& r) {
+  if (r.data.vocab_file.empty()) return 50256;
+  std::ifstream in(r.data.vocab_file);
+  if (!in) throw_input("data.vocab_file {}: cannot read (data.eod_mask_loss needs its <|endoftext|> id)", r.data.vocab_file);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const std::exception& e) {
+    throw_input("data.vocab_file {}: not a JSON vocabulary ({})", r.data.vocab_file, e.what());
+  }
+  if (!j.contains("<|endoftext|>") || !j["<|endoftext|>"].is_number_integer())
+    throw_input("data.vocab_file {}: no <|endoftext|> entry, which data.eod_mask_loss masks", r.data.vocab_file);
+  return j["<|endoftext|>"].get<int32_t>();
+}
+
+std::vector<float> eod_loss_mask(const int32_t* rows, int64_t samples, int64_t seq_length, int32_t eod, double& count) {
+  std::vector<float> mask(static_cast<size_t>(samples * seq_length), 1.0f);
+  for (int64_t s = 0; s < samples; ++s)
+    for (int64_t t = 0; t < seq_length; ++t)
+      if (rows[s * (seq_length + 1) + t] == eod) mask[static_cast<size_t>(s * seq_length + t)] = 0.0f;
+  for (float m : mask) count += m;
+  return mask;
+}
+
 PipelineExecutor::PipelineExecutor(const Recipe& r, const parallel::ProcessGroups& g,
                                    std::vector<std::unique_ptr<model::GptChunk>>& chunks)
-    : r_(r), g_(g), chunks_(chunks) {}
+    : r_(r), g_(g), chunks_(chunks) {
+  if (r.data.eod_mask_loss) eod_ = eod_token(r);
+}
+
+void PipelineExecutor::build_loss_masks(const data::Batch& b) {
+  const int64_t T = r_.model.seq_length, mbs = b.micro_batch_size;
+  masks_.clear();
+  double local = 0;
+  for (int64_t k = 0; k < b.micro_batches; ++k)
+    masks_.push_back(eod_loss_mask(b.tokens.data() + k * mbs * (T + 1), mbs, T, eod_, local));
+  // Every tp x pp rank of a data-parallel replica holds the same samples: the global count
+  // is the sum over world divided by tp x pp (a host all-reduce, once per step).
+  double sum = local;
+  if (g_.world && g_.world->size() > 1) g_.world->all_reduce(&sum, 1, parallel::ReduceOp::sum);
+  counted_tokens_ = sum / static_cast<double>(g_.topo.tp() * g_.topo.pp());
+}
 
 model::MicroBatch PipelineExecutor::micro_batch(const data::Batch& b, int64_t k, int64_t consumed_before,
                                                 uint64_t step_key, double loss_scale) const {
@@ -24,6 +65,10 @@ model::MicroBatch PipelineExecutor::micro_batch(const data::Batch& b, int64_t k,
   mb.sample_offset = consumed_before + k * mbs * dp + g_.coord.dp * mbs;
   mb.step_key = step_key;
   mb.loss_weight = loss_scale / static_cast<double>(b.global_batch_size * T);
+  if (eod_ >= 0) {
+    mb.loss_mask = masks_[static_cast<size_t>(k)].data();
+    mb.loss_weight = counted_tokens_ > 0 ? loss_scale / counted_tokens_ : 0.0;
+  }
   return mb;
 }
 
@@ -31,6 +76,7 @@ void PipelineExecutor::run_batch(const data::Batch& batch, int64_t consumed_befo
                                  Tensor& loss_acc) {
   const int64_t m = batch.micro_batches;
   peak_act_ = 0;
+  if (eod_ >= 0) build_loss_masks(batch);
   const int64_t p = g_.topo.pp(), r = g_.coord.pp, v = static_cast<int64_t>(chunks_.size());
   std::vector<schedules::PipeAction> table;
   if (p == 1 && v == 1)

@@ -13,6 +13,13 @@
 
 namespace mtnlg::app {
 
+// data.eod_mask_loss: the end-of-document token of the recipe's tokenizer (the
+// "<|endoftext|>" entry of data.vocab_file, or GPT-2's 50256), and the loss mask of
+// `samples` token rows of seq_length+1 (inputs are the first seq_length): 0 where the
+// input token is it, as Megatron's GPT dataset. Returns the count of ones in `count`.
+int32_t eod_token(const Recipe& r);
+std::vector<float> eod_loss_mask(const int32_t* rows, int64_t samples, int64_t seq_length, int32_t eod, double& count);
+
 class PipelineExecutor {
  public:
   PipelineExecutor(const Recipe& r, const parallel::ProcessGroups& g, std::vector<std::unique_ptr<model::GptChunk>>& chunks);
@@ -31,11 +38,18 @@ class PipelineExecutor {
  private:
   model::MicroBatch micro_batch(const data::Batch& b, int64_t k, int64_t consumed_before, uint64_t step_key,
                                 double loss_scale) const;
+  // data.eod_mask_loss: per micro batch, 0 where the input token is <|endoftext|> (as
+  // Megatron's GPT dataset), and the global batch's count of tokens that remain, which
+  // normalises the loss gradient (so the gradient is that of the reported per-token loss).
+  void build_loss_masks(const data::Batch& b);
 
   const Recipe& r_;
   parallel::ProcessGroups g_;
   std::vector<std::unique_ptr<model::GptChunk>>& chunks_;
   int64_t peak_act_ = 0;
+  int32_t eod_ = -1;  // <|endoftext|> with data.eod_mask_loss, else -1
+  std::vector<std::vector<float>> masks_;
+  double counted_tokens_ = 0;  // global batch tokens that count (eod_mask_loss)
 };
 
 }  // namespace mtnlg::app

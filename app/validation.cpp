@@ -1,6 +1,8 @@
 // Validation and test loss during training (see validation.hpp).
 #include "app/validation.hpp"
 
+#include "app/pipeline_executor.hpp"
+
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -69,6 +71,7 @@ ValidationResult Validation::evaluate(int part, int64_t first) {
   MTNLG_CHECK(pp > 1 || v == 1, "interleaving needs pp > 1");
   data::Loader loader(src, mbs, g_.coord.dp, dp);
   const int64_t R = chunks_[0]->local_rows(mbs);
+  const int32_t eod = r_.data.eod_mask_loss ? eod_token(r_) : -1;  // masked as in training
   const DType act = chunks_[0]->activation_dtype();
   const Device dev = chunks_[0]->device();
   // Loss sum and tokens, kept on the device and read once at the end.
@@ -84,6 +87,12 @@ ValidationResult Validation::evaluate(int part, int64_t first) {
       mb.sample_offset = consumed + m * mbs * dp + g_.coord.dp * mbs;
       mb.loss_weight = 1.0 / static_cast<double>(gbs * T);
       mb.loss_acc = &acc;
+      std::vector<float> mask;
+      if (eod >= 0) {
+        double unused = 0;
+        mask = eod_loss_mask(mb.tokens, mbs, T, eod, unused);
+        mb.loss_mask = mask.data();
+      }
       // Forward only, stage after stage: virtual stage c*pp + rank receives from the
       // previous one (rank-1, or the last rank's chunk c-1) and sends to the next.
       Tensor x;
