@@ -48,8 +48,14 @@ int main(int argc, char** argv) {
       g.dp->all_reduce(v.data(), 1000, ReduceOp::sum);
     } else if (std::strcmp(mode, "recv") == 0) {
       if (me) stop_for_good();
-      if (world->rank() == 0) world->recv(v.data(), 10, victim, 7);
-      else if (!me) g.dp->barrier();
+      if (world->rank() == 0) {
+        world->recv(v.data(), 10, victim, 7);
+      } else if (!me) {
+        // Start the barrier 1 s after rank 0's receive, so that the receive times out
+        // first and is what gets reported (under load the two used to race).
+        std::this_thread::sleep_for(std::chrono::seconds(1));
+        g.dp->barrier();
+      }
     } else if (std::strcmp(mode, "elsewhere") == 0) {
       // The victim alone is in a barrier of a group of its own; nobody else joins it.
       auto alone = world->split(me ? 1 : 0, 0, "alone");
