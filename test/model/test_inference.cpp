@@ -7,25 +7,14 @@
 #include "core/ops.hpp"
 #include "model/gpt.hpp"
 #include "model/inference.hpp"
+#include "test/model/tiny_gpt.hpp"
 
 using namespace mtnlg;
 using namespace mtnlg::model;
 
 namespace {
 
-GptConfig tiny_config() {
-  GptConfig cfg;
-  cfg.vocab_size = 50;
-  cfg.padded_vocab_size = 64;
-  cfg.hidden = 32;
-  cfg.heads = 4;
-  cfg.ffn = 128;
-  cfg.seq_length = 16;
-  cfg.max_positions = 24;
-  cfg.num_layers_total = 2;
-  cfg.init_std = 0.2;  // large enough that greedy tokens depend on the context
-  return cfg;
-}
+GptConfig tiny_config() { return test::tiny_gpt_config(); }
 
 std::vector<int64_t> iota_rows(int64_t n) {
   std::vector<int64_t> r(static_cast<size_t>(n));

@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "model/inference.hpp"
+#include "test/model/tiny_gpt.hpp"
 #include "parallel/topology.hpp"
 #include "test/mpi/mpi_test_world.hpp"
 
@@ -19,16 +20,7 @@ TEST_CASE("mpi: tp=2 KV-cache generation equals the tp=1 model", "[mpi]") {
   parallel::ProcessGroups g = parallel::make_groups(world, parallel::Topology::from_world(world->size(), 2, 1));
   REQUIRE(g.tp->size() == 2);
 
-  GptConfig cfg;
-  cfg.vocab_size = 50;  // tp rank 1 holds 18 real and 14 padding rows of the 64
-  cfg.padded_vocab_size = 64;
-  cfg.hidden = 32;
-  cfg.heads = 4;
-  cfg.ffn = 128;
-  cfg.seq_length = 16;
-  cfg.max_positions = 24;
-  cfg.num_layers_total = 2;
-  cfg.init_std = 0.2;
+  GptConfig cfg = test::tiny_gpt_config();  // tp rank 1 holds 18 real and 14 padding rows of the 64
   LoadedModel whole = make_random_model(cfg, 3);
   auto m1 = whole_model_chunk(cfg, whole.store);
   ParamStore shard;
