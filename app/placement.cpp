@@ -10,19 +10,6 @@
 
 namespace mtnlg::app {
 
-namespace {
-
-// Processes of this job on this node, from the launcher's environment.
-int64_t local_size() {
-  for (const char* v : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"}) {
-    const char* s = std::getenv(v);
-    if (s && std::atoll(s) > 0) return std::atoll(s);
-  }
-  return 1;
-}
-
-}  // namespace
-
 DeviceKind parse_device_kind(const std::string& text, const std::string& what) {
   for (DeviceKind k : {DeviceKind::automatic, DeviceKind::cpu, DeviceKind::cuda, DeviceKind::test})
     if (to_string(k) == text) return k;
@@ -45,7 +32,7 @@ Device select_device(DeviceKind kind, const std::string& what) {
                 what, vis ? vis : "<unset>");
   }
   const auto launch = parallel::detect_launch();
-  const int64_t local = local_size();
+  const int64_t local = parallel::local_process_count();
   if (local > gpus)
     throw_input("{}: {} processes on this node but {} GPU(s): start one process per GPU (srun --ntasks-per-node={}, "
                 "mpirun -npernode {})",

@@ -41,20 +41,9 @@ namespace mtnlg::app {
 
 namespace {
 
-// Processes of this job on this node, from the launcher's environment.
-int64_t local_ranks() {
-  for (const char* v : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"}) {
-    const char* s = std::getenv(v);
-    if (s && std::atoll(s) > 0) return std::atoll(s);
-  }
-  if (const char* s = std::getenv("SLURM_STEP_TASKS_PER_NODE"))  // "4" or "4(x2)"
-    if (std::atoll(s) > 0) return std::atoll(s);
-  return 1;
-}
-
 int64_t default_threads() {
   int64_t cores = omp_get_num_procs();
-  return std::max<int64_t>(1, cores / local_ranks());
+  return std::max<int64_t>(1, cores / parallel::local_process_count());
 }
 
 int64_t peak_rss_bytes() {

@@ -108,6 +108,16 @@ int64_t env_int(const char* (*getenv)(const char*), const char* name, int64_t lo
 
 LaunchInfo detect_launch() { return detect_launch(&env_lookup); }
 
+int64_t local_process_count() {
+  for (const char* v : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"}) {
+    const char* s = std::getenv(v);
+    if (s && std::atoll(s) > 0) return std::atoll(s);
+  }
+  if (const char* s = std::getenv("SLURM_STEP_TASKS_PER_NODE"))  // "4" or "4(x2)"
+    if (std::atoll(s) > 0) return std::atoll(s);
+  return 1;
+}
+
 LaunchInfo detect_launch(const char* (*getenv)(const char*)) {
   LaunchInfo info;
   auto fill = [&](const char* launcher, const char* size, const char* rank, const char* local) {

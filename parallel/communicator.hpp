@@ -217,6 +217,10 @@ struct LaunchInfo {
 LaunchInfo detect_launch();
 // Same, from an explicit lookup (tests). `getenv(name)` returns nullptr when unset.
 LaunchInfo detect_launch(const char* (*getenv)(const char*));
+// Processes of this job on this node, from the launcher's environment
+// (OMPI_COMM_WORLD_LOCAL_SIZE, MPI_LOCALNRANKS, SLURM_NTASKS_PER_NODE,
+// SLURM_STEP_TASKS_PER_NODE "4" or "4(x2)"); 1 when none is set.
+int64_t local_process_count();
 
 // "single" -> LocalCommunicator. Otherwise MPI_Init_thread(FUNNELED) + MPI_ERRORS_RETURN
 // on MPI_COMM_WORLD, and RuntimeError if MPI's size/rank disagree with `info`.
