@@ -282,6 +282,7 @@ const Table& table() {
                      int_field("train_tokens", [](Recipe& r) -> int64_t& { return r.training.train_tokens; }, 0),
                      int_field("seed", [](Recipe& r) -> int64_t& { return r.training.seed; }, 0, (1LL << 32) - 1),
                      dbl_field("exit_duration_mins", [](Recipe& r) -> double& { return r.training.exit_duration_mins; }, 0.0, 1e9),
+                     int_field("exit_interval", [](Recipe& r) -> int64_t& { return r.training.exit_interval; }, 0),
                      int_field("eval_interval", [](Recipe& r) -> int64_t& { return r.training.eval_interval; }, 0),
                      int_field("eval_iters", [](Recipe& r) -> int64_t& { return r.training.eval_iters; }, 0),
                      int_field("num_threads", [](Recipe& r) -> int64_t& { return r.training.num_threads; }, 0, 4096),
@@ -525,6 +526,9 @@ void validate(const Recipe& r) {
   if (m.max_position_embeddings < m.seq_length)
     invalid(r, fmt::format("model.max_position_embeddings ({}) must be >= model.seq_length ({})", m.max_position_embeddings,
                            m.seq_length));
+  if (t.exit_interval > 0 && r.checkpoint.save.empty())
+    invalid(r, "training.exit_interval stops the run with a checkpoint, so it needs checkpoint.save (the directory to "
+               "resume from)");
   int64_t tp = p.tensor_model_parallel_size, pp = p.pipeline_model_parallel_size;
   if (m.num_attention_heads % tp != 0)
     invalid(r, fmt::format("model.num_attention_heads ({}) must be divisible by parallel.tensor_model_parallel_size ({})",

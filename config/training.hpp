@@ -37,6 +37,7 @@ struct TrainingConfig {
   int64_t train_tokens = 0;
   int64_t seed = 1234;
   double exit_duration_mins = 0;  // 0 = none
+  int64_t exit_interval = 0;      // stop (saving) after an iteration divisible by it; 0 = none
   int64_t eval_interval = 0;      // 0 = no validation during training
   int64_t eval_iters = 10;
   int64_t num_threads = 0;  // CPU threads per process; 0 = all cores

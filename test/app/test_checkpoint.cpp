@@ -60,6 +60,25 @@ TEST_CASE("checkpoint: 10 + SIGUSR1 save + resume 10 equals 20 straight, bit for
   for (size_t i = 0; i < la.size(); ++i) CHECK(lb[i] == la[i]);
 }
 
+TEST_CASE("checkpoint: training.exit_interval stops with a checkpoint; the resumed run equals 20 straight", "[e2e]") {
+  test::TempDir a("ck-exit-straight"), b("ck-exit-resumed");
+  REQUIRE(train(1, a.str(), "").exit_code == 0);
+  std::string ck = "--set checkpoint.save=" + b.str() + "/ckpt --set checkpoint.load=" + b.str() + "/ckpt";
+  auto r1 = train(1, b.str(), ck + " --set training.exit_interval=10");
+  REQUIRE(r1.exit_code == 0);
+  REQUIRE(model::ckpt::latest_iteration(b.str() + "/ckpt") == 10);
+  REQUIRE(test::read_losses(b.path()).size() == 10);
+  REQUIRE(train(1, b.str(), ck).exit_code == 0);
+  auto la = test::read_losses(a.path()), lb = test::read_losses(b.path());
+  REQUIRE(la.size() == 20);
+  REQUIRE(lb.size() == 20);
+  for (size_t i = 0; i < la.size(); ++i) CHECK(lb[i] == la[i]);
+  // Without a save location the recipe is refused before any work is done.
+  auto bad = train(1, b.str(), "--set training.exit_interval=5");
+  CHECK(bad.exit_code == 2);
+  CHECK_THAT(bad.out, Contains("training.exit_interval") && Contains("checkpoint.save"));
+}
+
 TEST_CASE("checkpoint: (2,2,2) with ZeRO-1 resumes bit for bit, and SIGTERM stops every rank", "[mpi]") {
   test::TempDir a("ck-mpi-straight"), b("ck-mpi-resumed");
   REQUIRE(train(8, a.str(), kLayout222).exit_code == 0);
