@@ -2,7 +2,7 @@
 // dispatched on the device (CPU now; CUDA implementations slot in behind the same calls)
 // and the dtype (f32 for training, f64 for finite-difference checks).
 //
-// Dtype roles (core/ops_checks.hpp): the activations and forward weights of one call
+// Dtype roles (core/ops/common.hpp): the activations and forward weights of one call
 // share one dtype (f32, bf16, f16; f64 for finite-difference tests); statistics (mean,
 // rstd, lse, row max, sum of exp, target logit, dloss) and parameter gradients are f32
 // (f64 with f64 activations). bf16/f16 run with fp32 arithmetic and round-to-nearest-even
@@ -72,7 +72,7 @@ void attention_forward(Tensor& out, Tensor& probs, const Tensor& qkv, int64_t he
 void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& probs, int64_t heads,
                         const AttentionDropout& drop);
 
-// Log-sum-exp variant (core/ops_attention.cpp): saves lse[B,H,T] = log sum_{j<=i}
+// Log-sum-exp variant (core/ops/attention.cpp): saves lse[B,H,T] = log sum_{j<=i}
 // exp(q_i.k_j/sqrt(D)) per row instead of probs[B,H,T,T], so activation memory is O(T)
 // instead of O(T^2) per head; the backward recomputes the probabilities from qkv and
 // lse and also needs the forward's `out`. On CUDA this is the only attention (a fused
@@ -87,7 +87,6 @@ void attention_backward_lse(Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
 // qkv[B, T, H*3*D] into them, then query past + i attends to positions [0, past + i]
 // (causal within the new block). out[B, T, H*D] is written. No dropout, no backward:
 // with past = 0 it equals attention_forward_lse's output (test/core/test_attention_lse.cpp).
-// CPU only for now (a CUDA tensor is a RuntimeError).
 void attention_cached_forward(Tensor& out, Tensor& k_cache, Tensor& v_cache, const Tensor& qkv, int64_t heads,
                               int64_t past);
 

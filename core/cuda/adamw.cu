@@ -1,5 +1,5 @@
 // AdamW over the flat fp32 master parameters in one launch. CPU reference:
-// core/cpu/ops_cpu.cpp (adamw), which ops::adamw_step calls once per segment.
+// core/ops/adamw.cpp (cpu::adamw), which ops::adamw_step calls once per tensor.
 //
 // Why one launch: a GPT stage has hundreds of parameter tensors but one flat buffer
 // (model/params.hpp); launching per tensor costs more than the update. The per-tensor
@@ -94,3 +94,47 @@ void adamw(float* param, const float* grad, float* m, float* v, int64_t n, const
 }
 
 }  // namespace mtnlg::cuda::k
+
+// ---- Tensor-level entry (core/cuda/ops_cuda.hpp; shapes and dtype roles were checked
+// by the dispatcher in core/ops/) ------------------------------------------------
+
+namespace mtnlg::cuda {
+
+using namespace detail;
+using k::Dt;
+
+void adamw_flat(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const ops::AdamWParams& ap,
+                const std::vector<AdamWSegment>& segments, Tensor* copy_out) {
+  const char* op = "adamw";
+  const std::pair<const char*, const Tensor*> args[] = {{"param", &param}, {"grad", &grad}, {"m", &m}, {"v", &v}};
+  for (const auto& [name, t] : args) {
+    if (t->dtype() != DType::f32) throw_runtime("{}: {} must be f32 (the master copy) on CUDA, got {}", op, name,
+                                                to_string(t->dtype()));
+    if (t->device() != Device::cuda) throw_runtime("{}: {} is not on the CUDA device", op, name);
+  }
+  const int64_t n = param.numel();
+  expect_numel(op, "grad", grad, n);
+  expect_numel(op, "m", m, n);
+  expect_numel(op, "v", v, n);
+  Dt copy_dt = Dt::bf16;
+  void* out = nullptr;
+  if (copy_out && copy_out->defined()) {
+    if (copy_out->device() != Device::cuda) throw_runtime("{}: copy_out is not on the CUDA device", op);
+    expect_numel(op, "copy_out", *copy_out, n);
+    copy_dt = kdt(op, "copy_out", copy_out->dtype());
+    out = copy_out->raw();
+  }
+  std::vector<k::AdamSegment> segs;
+  segs.reserve(segments.size());
+  for (const auto& s : segments) segs.push_back(k::AdamSegment{s.offset, s.numel, s.weight_decay});
+  const k::AdamArgs a{ap.lr, ap.beta1, ap.beta2, ap.eps, ap.weight_decay, ap.step, ap.grad_scale};
+  if (ap.step < 1) throw_runtime("{}: step must be >= 1 (bias correction), got {}", op, ap.step);
+  k::adamw(f(param), f(grad), f(m), f(v), n, a, segs.data(), static_cast<int64_t>(segs.size()), out, copy_dt);
+}
+
+void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const ops::AdamWParams& p, Tensor* copy_out) {
+  if (copy_out && copy_out->defined() && copy_out->raw() == param.raw()) copy_out = nullptr;  // fp32: the master is the copy
+  adamw_flat(param, grad, m, v, p, {AdamWSegment{0, param.numel(), true}}, copy_out);
+}
+
+}  // namespace mtnlg::cuda

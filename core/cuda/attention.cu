@@ -1,7 +1,6 @@
 // Fused causal self-attention, forward and backward, flash-attention style: the
-// [T,T] score matrix is never written to HBM. CPU reference: core/cpu/ops_cpu.cpp
-// (attention_forward, attention_backward) via ops::attention_forward_lse /
-// attention_backward_lse (core/ops_attention.cpp), which save the per-row log-sum-exp
+// [T,T] score matrix is never written to HBM. CPU reference: core/ops/attention.cpp
+// (ops::attention_forward_lse / attention_backward_lse), which save the per-row log-sum-exp
 // lse[b,h,i] = log sum_j exp(s_ij) (s = q.k / sqrt(D), j <= i) instead of probs.
 //
 // Gradient contract: dqkv is WRITTEN (every q, k and v element of every position).
@@ -20,6 +19,8 @@
 //      diagonal down (one query row per lane).
 // One template instance per storage type; the head size is a runtime value (no
 // per-D instantiations, so the CUDA build stays short).
+#include <climits>
+
 #include "core/cuda/common.cuh"
 #include "core/rng.hpp"
 
@@ -89,8 +90,8 @@ __global__ void __launch_bounds__(kThreads) attn_forward_kernel(T* out, float* l
   float* Ks = Qs + kBlockRows * D;     // [32][D+1]
   float* Vs = Ks + kTile * ldk;        // [32][D]
   const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
-  const int64_t bh = blockIdx.y, b = bh / g.H, h = bh % g.H;
-  const int64_t q0 = static_cast<int64_t>(blockIdx.x) * kBlockRows;
+  const int64_t bh = blockIdx.x, b = bh / g.H, h = bh % g.H;
+  const int64_t q0 = static_cast<int64_t>(blockIdx.y) * kBlockRows;
 
   load_qkv_rows(Qs, D, qkv, g, b, h, 0, q0, kBlockRows);
   float m[kRowsPerWarp], l[kRowsPerWarp], o[kRowsPerWarp][kPer];
@@ -174,8 +175,8 @@ __global__ void __launch_bounds__(kThreads)
   float* Ks = dOs + kBlockRows * D;    // [32][D+1]
   float* Vs = Ks + kTile * ld;         // [32][D+1]
   const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
-  const int64_t bh = blockIdx.y, b = bh / g.H, h = bh % g.H;
-  const int64_t q0 = static_cast<int64_t>(blockIdx.x) * kBlockRows;
+  const int64_t bh = blockIdx.x, b = bh / g.H, h = bh % g.H;
+  const int64_t q0 = static_cast<int64_t>(blockIdx.y) * kBlockRows;
 
   load_qkv_rows(Qs, D, qkv, g, b, h, 0, q0, kBlockRows);
   load_hd_rows(dOs, D, dout, g, b, h, q0, kBlockRows);
@@ -245,8 +246,8 @@ __global__ void __launch_bounds__(kThreads)
   float* lse_s = dOs + kTile * ld;    // [32]
   float* del_s = lse_s + kTile;       // [32]
   const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
-  const int64_t bh = blockIdx.y, b = bh / g.H, h = bh % g.H;
-  const int64_t k0 = static_cast<int64_t>(blockIdx.x) * kBlockRows;
+  const int64_t bh = blockIdx.x, b = bh / g.H, h = bh % g.H;
+  const int64_t k0 = static_cast<int64_t>(blockIdx.y) * kBlockRows;
 
   load_qkv_rows(Ks, D, qkv, g, b, h, 1, k0, kBlockRows);
   load_qkv_rows(Vs, D, qkv, g, b, h, 2, k0, kBlockRows);
@@ -338,8 +339,13 @@ void set_smem(K kernel, size_t bytes) {
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
 }
 
+// (b, h) pairs on x (up to 2^31 - 1 blocks: micro-batch x local heads may well exceed
+// the 65535 of y), row tiles on y.
 dim3 tiles(const Geometry& g) {
-  return dim3(static_cast<unsigned>((g.T + kBlockRows - 1) / kBlockRows), static_cast<unsigned>(g.B * g.H));
+  const int64_t row_tiles = (g.T + kBlockRows - 1) / kBlockRows;
+  if (row_tiles > 65535) fail("attention: sequence too long for the kernel's grid (more than 65535 x 16 positions)");
+  if (g.B * g.H > INT32_MAX) fail("attention: micro-batch x heads exceeds the kernel's grid (2^31 - 1)");
+  return dim3(static_cast<unsigned>(g.B * g.H), static_cast<unsigned>(row_tiles));
 }
 
 }  // namespace
@@ -383,3 +389,159 @@ void attention_backward(void* dqkv, const void* dout, const void* qkv, const voi
 }
 
 }  // namespace mtnlg::cuda::k
+
+// ---- KV-cache attention (generation): forward only, no dropout. ---------------------
+// 1) the new positions' keys and values are copied into the caches at [past, past + T);
+// 2) a block per query row (b, i, h) walks cache positions [0, past + i], its warps taking
+//    every kWarps-th key with an online softmax (running max and sum, output rescaled),
+//    then the warps' partial results are merged. Reference: the CPU's
+//    cpu::attention_cached_forward (core/ops/attention.cpp).
+
+namespace mtnlg::cuda::k {
+
+namespace {
+
+template <typename T>
+__global__ void kv_append_kernel(T* k_cache, T* v_cache, const T* qkv, int64_t B, int64_t Tn, int64_t H, int64_t D,
+                                 int64_t cap, int64_t past) {
+  const int64_t n = B * Tn * H * D;
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t d = e % D, h = (e / D) % H, i = (e / (D * H)) % Tn, b = e / (D * H * Tn);
+    const T* src = qkv + (b * Tn + i) * H * 3 * D + h * 3 * D;
+    const int64_t dst = ((b * H + h) * cap + past + i) * D + d;
+    k_cache[dst] = src[D + d];
+    v_cache[dst] = src[2 * D + d];
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    attn_cached_kernel(T* out, const T* k_cache, const T* v_cache, const T* qkv, int64_t Tn, int64_t H, int64_t D,
+                       int64_t cap, int64_t past, float scale) {
+  __shared__ float q_sh[kAttnMaxHeadDim];
+  __shared__ float m_sh[kWarps], l_sh[kWarps];
+  __shared__ float o_sh[kWarps][kAttnMaxHeadDim];
+  const int64_t r = blockIdx.x, h = r % H, i = (r / H) % Tn, b = r / (H * Tn);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const T* q = qkv + (b * Tn + i) * H * 3 * D + h * 3 * D;
+  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) q_sh[d] = to_f(q[d]);
+  __syncthreads();
+  const T* kc = k_cache + (b * H + h) * cap * D;
+  const T* vc = v_cache + (b * H + h) * cap * D;
+  const int64_t n = past + i + 1;
+  float m = -INFINITY, l = 0.0f, acc[kPer];
+  for (int c = 0; c < kPer; ++c) acc[c] = 0.0f;
+  for (int64_t j = warp; j < n; j += kWarps) {
+    float s = 0.0f;
+    for (int64_t d = lane; d < D; d += 32) s += q_sh[d] * to_f(kc[j * D + d]);
+    s = warp_sum(s) * scale;
+    const float m_new = fmaxf(m, s);
+    const float corr = expf(m - m_new), p = expf(s - m_new);  // m = -inf at the first key: corr = 0
+    l = l * corr + p;
+    for (int c = 0; c < kPer; ++c) {
+      const int64_t d = lane + 32 * c;
+      if (d < D) acc[c] = acc[c] * corr + p * to_f(vc[j * D + d]);
+    }
+    m = m_new;
+  }
+  if (lane == 0) {
+    m_sh[warp] = m;
+    l_sh[warp] = l;
+  }
+  for (int c = 0; c < kPer; ++c) {
+    const int64_t d = lane + 32 * c;
+    if (d < D) o_sh[warp][d] = acc[c];
+  }
+  __syncthreads();
+  float M = -INFINITY;
+  for (int w = 0; w < kWarps; ++w) M = fmaxf(M, m_sh[w]);
+  float L = 0.0f;
+  for (int w = 0; w < kWarps; ++w)
+    if (l_sh[w] > 0.0f) L += l_sh[w] * expf(m_sh[w] - M);
+  T* o = out + (b * Tn + i) * H * D + h * D;
+  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
+    float v = 0.0f;
+    for (int w = 0; w < kWarps; ++w)
+      if (l_sh[w] > 0.0f) v += o_sh[w][d] * expf(m_sh[w] - M);
+    o[d] = from_f<T>(v / L);
+  }
+}
+
+}  // namespace
+
+void attention_cached_forward(void* out, void* k_cache, void* v_cache, const void* qkv, Dt dt, int64_t B, int64_t T,
+                              int64_t H, int64_t D, int64_t capacity, int64_t past) {
+  if (B * T * H * D == 0) return;
+  if (D > kAttnMaxHeadDim) fail("attention_cached_forward: head size above the kernel's limit");
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
+  MTNLG_DT_SWITCH(dt, V, {
+    kv_append_kernel<V><<<grid_for(B * T * H * D, 256), 256, 0, stream()>>>(
+        static_cast<V*>(k_cache), static_cast<V*>(v_cache), static_cast<const V*>(qkv), B, T, H, D, capacity, past);
+    MTNLG_CUDA_LAUNCH_CHECK("kv_append_kernel");
+    attn_cached_kernel<V><<<static_cast<unsigned>(B * T * H), kThreads, 0, stream()>>>(
+        static_cast<V*>(out), static_cast<const V*>(k_cache), static_cast<const V*>(v_cache),
+        static_cast<const V*>(qkv), T, H, D, capacity, past, scale);
+    MTNLG_CUDA_LAUNCH_CHECK("attn_cached_kernel");
+  });
+}
+
+}  // namespace mtnlg::cuda::k
+
+// ---- Tensor-level entry (core/cuda/ops_cuda.hpp; shapes and dtype roles were checked
+// by the dispatcher in core/ops/) ------------------------------------------------
+
+namespace mtnlg::cuda {
+
+using namespace detail;
+using k::Dt;
+
+namespace {
+k::AttnDropout attn_drop(const ops::AttentionDropout& d) {
+  return k::AttnDropout{d.p, d.key, d.sample_offset, d.head_offset, d.heads_total};
+}
+void attn_shape(const char* op, const Tensor& qkv, int64_t heads, int64_t& B, int64_t& T, int64_t& D) {
+  B = qkv.dim(0);
+  T = qkv.dim(1);
+  D = qkv.dim(2) / (3 * heads);
+  if (D > k::kAttnMaxHeadDim)
+    throw_runtime("{}: head size {} exceeds the CUDA kernel's limit of {}", op, D, k::kAttnMaxHeadDim);
+}
+}  // namespace
+
+void attention_forward_lse(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t heads, const ops::AttentionDropout& drop) {
+  const char* op = "attention_forward_lse";
+  const Dt dt = kdt(op, "qkv", qkv.dtype());
+  int64_t B, T, D;
+  attn_shape(op, qkv, heads, B, T, D);
+  k::attention_forward(out.raw(), f(lse), qkv.raw(), dt, B, T, heads, D, attn_drop(drop));
+}
+
+void attention_backward_lse(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
+                            int64_t heads, const ops::AttentionDropout& drop) {
+  const char* op = "attention_backward_lse";
+  const Dt dt = kdt(op, "qkv", qkv.dtype());
+  if (!out.defined()) throw_runtime("{}: the CUDA backward needs the forward's out", op);
+  int64_t B, T, D;
+  attn_shape(op, qkv, heads, B, T, D);
+  k::attention_backward(dqkv.raw(), dout.raw(), qkv.raw(), out.raw(), f(lse), dt, B, T, heads, D, attn_drop(drop));
+}
+
+void attention_forward_probs(Tensor&, Tensor&, const Tensor&, int64_t, const ops::AttentionDropout&) {
+  throw_runtime("attention_forward: the probs [B,H,T,T] form is CPU-only; on CUDA call ops::attention_forward_lse");
+}
+void attention_backward_probs(Tensor&, const Tensor&, const Tensor&, const Tensor&, int64_t, const ops::AttentionDropout&) {
+  throw_runtime("attention_backward: the probs [B,H,T,T] form is CPU-only; on CUDA call ops::attention_backward_lse");
+}
+
+void attention_cached_forward(Tensor& out, Tensor& k_cache, Tensor& v_cache, const Tensor& qkv, int64_t heads,
+                              int64_t past) {
+  const char* op = "attention_cached_forward";
+  const Dt dt = kdt(op, "qkv", qkv.dtype());
+  int64_t B, T, D;
+  attn_shape(op, qkv, heads, B, T, D);
+  if (B * T * heads > INT32_MAX) throw_runtime("{}: batch x positions x heads exceeds the kernel's grid", op);
+  k::attention_cached_forward(out.raw(), k_cache.raw(), v_cache.raw(), qkv.raw(), dt, B, T, heads, D, k_cache.dim(2),
+                              past);
+}
+
+}  // namespace mtnlg::cuda

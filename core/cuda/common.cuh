@@ -10,6 +10,9 @@
 #include "core/cuda/cuda_check.hpp"
 #include "core/cuda/device.hpp"
 #include "core/cuda/kernels.hpp"
+#include "core/cuda/ops_cuda.hpp"
+#include "core/error.hpp"
+#include "core/tensor.hpp"
 
 namespace mtnlg::cuda::k {
 
@@ -41,6 +44,17 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
+// Block-level sum in a fixed tree order (deterministic).
+__device__ __forceinline__ double block_sum_double(double v, double* sh) {
+  sh[threadIdx.x] = v;
+  __syncthreads();
+  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+    if (threadIdx.x < s) sh[threadIdx.x] += sh[threadIdx.x + s];
+    __syncthreads();
+  }
+  return sh[0];
+}
+
 // Grid for a grid-stride loop over n elements: enough blocks to fill any current GPU,
 // capped so the grid stays small for huge n (each thread then loops).
 inline unsigned grid_for(int64_t n, int threads, int64_t cap = 8192) {
@@ -51,6 +65,37 @@ inline unsigned grid_for(int64_t n, int threads, int64_t cap = 8192) {
 }
 
 }  // namespace mtnlg::cuda::k
+
+// Host helpers of the Tensor-level entries at the end of each .cu file.
+namespace mtnlg::cuda::detail {
+
+inline k::Dt kdt(const char* op, const char* name, DType d) {
+  switch (d) {
+    case DType::f32: return k::Dt::f32;
+    case DType::bf16: return k::Dt::bf16;
+    case DType::f16: return k::Dt::f16;
+    default: break;
+  }
+  throw_runtime("{}: {} has dtype {}, which the CUDA backend does not support (f32, bf16, f16)", op, name, to_string(d));
+}
+inline void need_f32(const char* op, const char* name, const Tensor* t) {
+  if (t && t->defined() && t->dtype() != DType::f32)
+    throw_runtime("{}: {} must be f32 on CUDA (statistics and parameter gradients are fp32), got {}", op, name,
+                  to_string(t->dtype()));
+}
+inline void expect_numel(const char* op, const char* name, const Tensor& t, int64_t n) {
+  if (t.numel() != n)
+    throw_runtime("{}: {} has {} elements, expected {} (shape {})", op, name, t.numel(), n, shape_str(t.shape()));
+}
+// The device pointer of an optional tensor (nullptr when absent).
+template <typename T = void>
+T* p(const Tensor* t) {
+  return (t && t->defined()) ? static_cast<T*>(t->raw()) : nullptr;
+}
+inline float* f(const Tensor& t) { return static_cast<float*>(t.raw()); }
+inline const int32_t* ip(const Tensor& t) { return static_cast<const int32_t*>(t.raw()); }
+
+}  // namespace mtnlg::cuda::detail
 
 // Runs the statement with `T` bound to the storage type of `dt`.
 #define MTNLG_DT_SWITCH(dt, T, ...)                  \

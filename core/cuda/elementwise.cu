@@ -1,10 +1,9 @@
-// Elementwise kernels. CPU references: core/ops.cpp (fill, add, scale, convert,
-// sum_squares) and core/cpu/ops_cpu.cpp (gelu_forward/backward, dropout,
-// bias_add_forward, position_forward).
+// Elementwise kernels (fill, copy, convert, add, scale, GELU, dropout). CPU reference:
+// core/ops/elementwise.cpp.
 //
 // Gradient contract: gelu_backward and dropout (used for dropout_backward too) WRITE
 // their outputs. All loops are grid-stride over int64 indices; arithmetic in fp32.
-// Dropout uses the CPU's counter mapping exactly (ops_cpu.cpp keep()): element e is
+// Dropout uses the CPU's counter mapping exactly (cpu::keep() in core/ops/common.hpp): element e is
 // kept iff philox_uniform(key, 0, base + e) >= float(p), and kept values are multiplied
 // by float(1/(1-p)), so fp32 outputs are bit-identical to the CPU's.
 #include "core/cuda/common.cuh"
@@ -45,65 +44,8 @@ __global__ void convert_kernel(D* dst, const S* src, int64_t n) {
     dst[i] = from_f<D>(to_f(src[i]));
 }
 
-// Block-level sum in a fixed tree order (deterministic).
-__device__ double block_sum_double(double v, double* sh) {
-  sh[threadIdx.x] = v;
-  __syncthreads();
-  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-    if (threadIdx.x < s) sh[threadIdx.x] += sh[threadIdx.x + s];
-    __syncthreads();
-  }
-  return sh[0];
-}
-
-template <typename T>
-__global__ void sumsq_partial_kernel(double* partial, const T* x, int64_t n) {
-  __shared__ double sh[kThreads];
-  double acc = 0;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    const double v = to_f(x[i]);
-    acc += v * v;
-  }
-  const double s = block_sum_double(acc, sh);
-  if (threadIdx.x == 0) partial[blockIdx.x] = s;
-}
-
-__global__ void sumsq_final_kernel(double* out, const double* partial, int64_t m) {
-  __shared__ double sh[kThreads];
-  double acc = 0;
-  for (int64_t i = threadIdx.x; i < m; i += blockDim.x) acc += partial[i];
-  const double s = block_sum_double(acc, sh);
-  if (threadIdx.x == 0) *out = s;
-}
-
-__global__ void sumsq_accumulate_kernel(double* acc, const double* partial, int64_t m) {
-  __shared__ double sh[kThreads];
-  double a = 0;
-  for (int64_t i = threadIdx.x; i < m; i += blockDim.x) a += partial[i];
-  const double s = block_sum_double(a, sh);
-  if (threadIdx.x == 0) *acc += s;
-}
-
 __global__ void fill_f64_kernel(double* x, int64_t n, double v) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) x[i] = v;
-}
-
-__global__ void xent_loss_kernel(double* acc, const float* rowmax, const float* sumexp, const float* target,
-                                 const float* mask, int64_t N) {
-  __shared__ double sh[kThreads];
-  double loss = 0, count = 0;
-  for (int64_t i = threadIdx.x; i < N; i += blockDim.x) {
-    const double w = mask ? double(mask[i]) : 1.0;
-    loss += w * (log(double(sumexp[i])) + double(rowmax[i]) - double(target[i]));
-    count += w;
-  }
-  const double l = block_sum_double(loss, sh);
-  __syncthreads();
-  const double c = block_sum_double(count, sh);
-  if (threadIdx.x == 0) {
-    acc[0] += l;
-    acc[1] += c;
-  }
 }
 
 template <typename T>
@@ -135,21 +77,6 @@ __global__ void dropout_kernel(T* out, const T* inp, int64_t n, float p, float s
   }
 }
 
-template <typename T>
-__global__ void bias_add_kernel(T* x, const T* b, int64_t N, int64_t C) {
-  const int64_t n = N * C;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    x[i] = from_f<T>(to_f(x[i]) + to_f(b[i % C]));
-}
-
-template <typename T>
-__global__ void position_forward_kernel(T* x, const T* pos, int64_t rows, int64_t C, int64_t row_start, int64_t seq_len) {
-  const int64_t n = rows * C;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t r = i / C, c = i % C;
-    x[i] = from_f<T>(to_f(x[i]) + to_f(pos[((row_start + r) % seq_len) * C + c]));
-  }
-}
 
 }  // namespace
 
@@ -188,45 +115,10 @@ void convert(void* dst, Dt ddt, const void* src, Dt sdt, int64_t n) {
   MTNLG_CUDA_LAUNCH_CHECK("convert_kernel");
 }
 
-double sum_squares(const void* x, Dt dt, int64_t n) {
-  if (n <= 0) return 0.0;
-  // The grid depends on n only, so the summation order (and the result) is the same
-  // on every GPU.
-  const unsigned blocks = grid_for(n, kThreads, 1024);
-  DeviceBuffer<double> partial(blocks + 1);
-  MTNLG_DT_SWITCH(dt, T,
-                  sumsq_partial_kernel<T><<<blocks, kThreads, 0, stream()>>>(partial.data(), static_cast<const T*>(x), n));
-  MTNLG_CUDA_LAUNCH_CHECK("sumsq_partial_kernel");
-  sumsq_final_kernel<<<1, kThreads, 0, stream()>>>(partial.data() + blocks, partial.data(), blocks);
-  MTNLG_CUDA_LAUNCH_CHECK("sumsq_final_kernel");
-  double out = 0;
-  CUDA_CHECK(cudaMemcpyAsync(&out, partial.data() + blocks, sizeof(double), cudaMemcpyDeviceToHost, stream()));
-  CUDA_CHECK(cudaStreamSynchronize(stream()));
-  return out;
-}
-
-void sum_squares_accumulate(double* acc, const void* x, Dt dt, int64_t n) {
-  if (n <= 0) return;
-  const unsigned blocks = grid_for(n, kThreads, 1024);
-  DeviceBuffer<double> partial(blocks);
-  MTNLG_DT_SWITCH(dt, T,
-                  sumsq_partial_kernel<T><<<blocks, kThreads, 0, stream()>>>(partial.data(), static_cast<const T*>(x), n));
-  MTNLG_CUDA_LAUNCH_CHECK("sumsq_partial_kernel");
-  sumsq_accumulate_kernel<<<1, kThreads, 0, stream()>>>(acc, partial.data(), blocks);
-  MTNLG_CUDA_LAUNCH_CHECK("sumsq_accumulate_kernel");
-}
-
 void fill_f64(double* x, int64_t n, double value) {
   if (n <= 0) return;
   fill_f64_kernel<<<grid_for(n, kThreads), kThreads, 0, stream()>>>(x, n, value);
   MTNLG_CUDA_LAUNCH_CHECK("fill_f64_kernel");
-}
-
-void xent_loss_accumulate(double* acc, const float* rowmax, const float* sumexp, const float* target, const float* mask,
-                          int64_t N) {
-  if (N <= 0) return;
-  xent_loss_kernel<<<1, kThreads, 0, stream()>>>(acc, rowmax, sumexp, target, mask, N);
-  MTNLG_CUDA_LAUNCH_CHECK("xent_loss_kernel");
 }
 
 void gelu_forward(void* out, const void* inp, Dt dt, int64_t n) {
@@ -261,20 +153,52 @@ void dropout(void* out, const void* inp, Dt dt, int64_t n, double p, uint64_t ke
   MTNLG_CUDA_LAUNCH_CHECK("dropout_kernel");
 }
 
-void bias_add_forward(void* x, const void* b, Dt dt, int64_t N, int64_t C) {
-  if (N * C <= 0) return;
-  MTNLG_DT_SWITCH(dt, T,
-                  bias_add_kernel<T><<<grid_for(N * C, kThreads), kThreads, 0, stream()>>>(
-                      static_cast<T*>(x), static_cast<const T*>(b), N, C));
-  MTNLG_CUDA_LAUNCH_CHECK("bias_add_kernel");
-}
-
-void position_forward(void* x, const void* pos, Dt dt, int64_t rows, int64_t C, int64_t row_start, int64_t seq_len) {
-  if (rows * C <= 0) return;
-  MTNLG_DT_SWITCH(dt, T,
-                  position_forward_kernel<T><<<grid_for(rows * C, kThreads), kThreads, 0, stream()>>>(
-                      static_cast<T*>(x), static_cast<const T*>(pos), rows, C, row_start, seq_len));
-  MTNLG_CUDA_LAUNCH_CHECK("position_forward_kernel");
-}
-
 }  // namespace mtnlg::cuda::k
+
+// ---- Tensor-level entry (core/cuda/ops_cuda.hpp; shapes and dtype roles were checked
+// by the dispatcher in core/ops/) ------------------------------------------------
+
+namespace mtnlg::cuda {
+
+using namespace detail;
+using k::Dt;
+
+void fill(Tensor& x, double value) {
+  if (x.dtype() == DType::i32) return k::fill_i32(static_cast<int32_t*>(x.raw()), x.numel(), static_cast<int32_t>(value));
+  if (x.dtype() == DType::f64) return k::fill_f64(static_cast<double*>(x.raw()), x.numel(), value);  // step statistics
+  k::fill(x.raw(), kdt("fill", "x", x.dtype()), x.numel(), static_cast<float>(value));
+}
+
+void copy(Tensor& dst, const Tensor& src) {
+  if (dst.nbytes() == 0 || dst.raw() == src.raw()) return;
+  CUDA_CHECK(cudaMemcpyAsync(dst.raw(), src.raw(), static_cast<size_t>(dst.nbytes()), cudaMemcpyDeviceToDevice, stream()));
+}
+
+void add(Tensor& out, const Tensor& a, const Tensor& b) {
+  const Dt dt = kdt("add", "out", out.dtype());
+  k::add(out.raw(), a.raw(), b.raw(), dt, out.numel());
+}
+
+void scale(Tensor& x, double s) { k::scale(x.raw(), kdt("scale", "x", x.dtype()), x.numel(), static_cast<float>(s)); }
+
+void convert(Tensor& dst, const Tensor& src) {
+  if (dst.dtype() == src.dtype()) return copy(dst, src);
+  k::convert(dst.raw(), kdt("convert", "dst", dst.dtype()), src.raw(), kdt("convert", "src", src.dtype()), dst.numel());
+}
+
+void gelu_forward(Tensor& out, const Tensor& inp) {
+  const Dt dt = kdt("gelu_forward", "out", out.dtype());
+  k::gelu_forward(out.raw(), inp.raw(), dt, inp.numel());
+}
+
+void gelu_backward(Tensor& dinp, const Tensor& inp, const Tensor& dout) {
+  const Dt dt = kdt("gelu_backward", "dinp", dinp.dtype());
+  k::gelu_backward(dinp.raw(), inp.raw(), dout.raw(), dt, inp.numel());
+}
+
+void dropout_forward(Tensor& out, const Tensor& inp, double p_drop, uint64_t key, uint64_t base_index) {
+  const Dt dt = kdt("dropout_forward", "out", out.dtype());
+  k::dropout(out.raw(), inp.raw(), dt, inp.numel(), p_drop, key, base_index);
+}
+
+}  // namespace mtnlg::cuda

@@ -1,5 +1,5 @@
-// Matmuls through cuBLASLt. CPU reference: core/cpu/ops_cpu.cpp (matmul_forward,
-// matmul_backward), which calls OpenBLAS with the same three shapes:
+// The linear layer: matmuls through cuBLASLt, the bias add and its column-sum backward.
+// CPU reference: core/ops/gemm.cpp, which calls OpenBLAS with the same three shapes:
 //   forward  out[N,OC]  = inp[N,C] @ w[OC,C]^T (+ bias)   beta 0
 //   dinp     dinp[N,C]  = dout[N,OC] @ w[OC,C]            beta 0, or 1 to accumulate
 //   dw       dw[OC,C]  += dout[N,OC]^T @ inp[N,C]         beta 1, fp32 output
@@ -11,12 +11,17 @@
 // weight gradient is written in fp32 (fp32 gradient accumulation).
 // Gradient contract: dw ACCUMULATES, dinp is WRITTEN unless `accumulate`.
 //
-// Algorithms: the heuristic's first choice, cached per (shape, types, alignments). The
+// Algorithms: up to 8 heuristic candidates per (shape, types, alignments), tried in order
+// (the first that runs is kept in front); when cuBLASLt has none, or none runs, the GEMM
+// goes to cublasGemmEx (same fp32 compute) instead of failing. The
 // bias epilogue is used when the bias pointer is 16-byte aligned and the heuristic offers
 // an algorithm for it; otherwise the GEMM runs plain and bias_add_forward adds the bias.
 #include <cublasLt.h>
+#include <cublas_v2.h>
 
+#include <algorithm>
 #include <array>
+#include <climits>
 #include <map>
 #include <mutex>
 
@@ -60,14 +65,57 @@ struct Desc {
 
 using AlgoKey = std::array<int64_t, 16>;
 std::mutex g_algo_mu;
-std::map<AlgoKey, std::pair<bool, cublasLtMatmulAlgo_t>> g_algos;  // found?, algo
+constexpr int kHeuristics = 8;  // candidates asked for per key
+// The heuristic's candidates for a call's key, best first; n = 0 when cuBLASLt has none.
+// (A fixed array, not a std::vector: nvcc 13 hits an internal error on the latter here.)
+struct Candidates {
+  int n = 0;
+  cublasLtMatmulAlgo_t algo[kHeuristics];
+};
+std::map<AlgoKey, Candidates> g_algos;
+bool g_use_lt = true;           // false: every matmul takes the cublasGemmEx fallback (tests)
+int64_t g_fallbacks = 0;        // matmuls run by the fallback
+
+cublasHandle_t gemm_ex_handle() {
+  static cublasHandle_t h = [] {  // created on the first fallback, kept for the process (device.hpp)
+    cublasHandle_t c = nullptr;
+    CUBLAS_CHECK(cublasCreate(&c));
+    return c;
+  }();
+  return h;
+}
+
+// The same product through classic cuBLAS (any alignment or shape cuBLAS takes; fp32
+// compute, CUBLAS_DEFAULT_MATH, so never TF32): when cuBLASLt offers no algorithm, or
+// none of its candidates runs.
+void gemm_ex(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* A, Dt adt, int64_t lda, const void* B,
+             int64_t ldb, void* D, Dt ddt, int64_t ldd, float beta) {
+  for (int64_t v : {m, n, k, lda, ldb, ldd})
+    if (v > INT32_MAX) fail("a matmul dimension exceeds cuBLAS's 32-bit sizes");
+  const cublasHandle_t h = gemm_ex_handle();
+  CUBLAS_CHECK(cublasSetStream(h, stream()));
+  const float alpha = 1.0f;
+  CUBLAS_CHECK(cublasGemmEx(h, ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(m),
+                            static_cast<int>(n), static_cast<int>(k), &alpha, A, cuda_type(adt), static_cast<int>(lda), B,
+                            cuda_type(adt), static_cast<int>(ldb), &beta, D, cuda_type(ddt), static_cast<int>(ldd),
+                            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  std::lock_guard<std::mutex> lock(g_algo_mu);
+  ++g_fallbacks;
+}
 
 // Column-major D[m,n] = op(A) op(B) + beta D (+ bias[m]). A is stored [k,m] when ta
-// else [m,k]; B is stored [n,k] when tb else [k,n]. Returns false, doing nothing, when
-// no algorithm exists for the request (only possible with a bias: the caller retries
-// without it).
+// else [m,k]; B is stored [n,k] when tb else [k,n]. cuBLASLt's heuristic is asked for up
+// to kHeuristics candidates per (shape, types, alignments); they are tried in order and
+// the first that runs moves to the front. Returns false, doing nothing, when a bias was
+// asked for and no candidate takes it (the caller retries without it); without a bias,
+// no runnable candidate means cublasGemmEx.
 bool lt_matmul(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* A, Dt adt, int64_t lda, const void* B,
                int64_t ldb, void* D, Dt ddt, int64_t ldd, float beta, const void* bias) {
+  if (!g_use_lt) {
+    if (bias) return false;
+    gemm_ex(ta, tb, m, n, k, A, adt, lda, B, ldb, D, ddt, ldd, beta);
+    return true;
+  }
   Desc ds;
   CUBLAS_CHECK(cublasLtMatmulDescCreate(&ds.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -87,7 +135,7 @@ bool lt_matmul(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* A,
 
   const AlgoKey key{ta, tb, m, n, k, static_cast<int64_t>(adt), static_cast<int64_t>(ddt), lda, ldb, ldd,
                     bias != nullptr, alignment(A), alignment(B), alignment(D), beta != 0.0f, backend_device()};
-  cublasLtMatmulAlgo_t algo{};
+  Candidates algos;
   {
     std::lock_guard<std::mutex> lock(g_algo_mu);
     auto it = g_algos.find(key);
@@ -101,23 +149,41 @@ bool lt_matmul(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* A,
       CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(ds.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, 4));
       CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(ds.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d, 4));
       CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(ds.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d, 4));
-      cublasLtMatmulHeuristicResult_t res{};
+      cublasLtMatmulHeuristicResult_t res[kHeuristics] = {};
       int found = 0;
       const cublasStatus_t st =
-          cublasLtMatmulAlgoGetHeuristic(cublaslt(), ds.op, ds.a, ds.b, ds.d, ds.d, ds.pref, 1, &res, &found);
+          cublasLtMatmulAlgoGetHeuristic(cublaslt(), ds.op, ds.a, ds.b, ds.d, ds.d, ds.pref, kHeuristics, res, &found);
       if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED) CUBLAS_CHECK(st);
-      const bool ok = st == CUBLAS_STATUS_SUCCESS && found > 0;
-      it = g_algos.emplace(key, std::make_pair(ok, res.algo)).first;
+      Candidates list;
+      if (st == CUBLAS_STATUS_SUCCESS)
+        for (int i = 0; i < found && i < kHeuristics; ++i)
+          if (res[i].state == CUBLAS_STATUS_SUCCESS) list.algo[list.n++] = res[i].algo;
+      it = g_algos.emplace(key, list).first;
     }
-    if (!it->second.first) {
-      if (bias) return false;
-      fail("cuBLASLt offers no algorithm for a matmul (shape or alignment unsupported)");
-    }
-    algo = it->second.second;
+    algos = it->second;
   }
   const float alpha = 1.0f;
-  CUBLAS_CHECK(cublasLtMatmul(cublaslt(), ds.op, &alpha, A, ds.a, B, ds.b, &beta, D, ds.d, D, ds.d, &algo,
-                              cublas_workspace(), static_cast<size_t>(cublas_workspace_bytes()), stream()));
+  for (int i = 0; i < algos.n; ++i) {
+    const cublasStatus_t st = cublasLtMatmul(cublaslt(), ds.op, &alpha, A, ds.a, B, ds.b, &beta, D, ds.d, D, ds.d,
+                                             &algos.algo[i], cublas_workspace(),
+                                             static_cast<size_t>(cublas_workspace_bytes()), stream());
+    if (st == CUBLAS_STATUS_SUCCESS) {
+      if (i > 0) {  // remember the one that ran
+        std::lock_guard<std::mutex> lock(g_algo_mu);
+        Candidates& list = g_algos[key];
+        std::rotate(list.algo, list.algo + i, list.algo + i + 1);
+      }
+      return true;
+    }
+    if (st != CUBLAS_STATUS_NOT_SUPPORTED && st != CUBLAS_STATUS_INVALID_VALUE && st != CUBLAS_STATUS_ARCH_MISMATCH)
+      CUBLAS_CHECK(st);  // a real failure, not "this candidate cannot run here"
+  }
+  if (algos.n > 0) {  // none of the candidates ran: do not try them again for this key
+    std::lock_guard<std::mutex> lock(g_algo_mu);
+    g_algos[key].n = 0;
+  }
+  if (bias) return false;
+  gemm_ex(ta, tb, m, n, k, A, adt, lda, B, ldb, D, ddt, ldd, beta);
   return true;
 }
 
@@ -127,6 +193,17 @@ bool set_gemm_bias_epilogue(bool on) {
   const bool old = g_bias_epilogue;
   g_bias_epilogue = on;
   return old;
+}
+
+bool set_gemm_lt(bool on) {
+  const bool old = g_use_lt;
+  g_use_lt = on;
+  return old;
+}
+
+int64_t gemm_fallbacks() {
+  std::lock_guard<std::mutex> lock(g_algo_mu);
+  return g_fallbacks;
 }
 
 void gemm_forward(void* out, const void* inp, const void* w, const void* bias, Dt dt, int64_t N, int64_t C, int64_t OC) {
@@ -160,3 +237,107 @@ void gemm_dw(float* dw, const void* dout, const void* inp, Dt dt, int64_t N, int
 }
 
 }  // namespace mtnlg::cuda::k
+
+// ---- bias add and its column-sum backward (db ACCUMULATES, fp32). The column sums add
+// fixed 256-row chunks first (the chunk count depends on N only): run-to-run identical,
+// rounded differently from the CPU's row-order sum.
+
+namespace mtnlg::cuda::k {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int64_t kRowChunk = 256;
+
+template <typename T>
+__global__ void bias_add_kernel(T* x, const T* b, int64_t N, int64_t C) {
+  const int64_t n = N * C;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    x[i] = from_f<T>(to_f(x[i]) + to_f(b[i % C]));
+}
+
+template <typename T>
+__global__ void colsum_partial_kernel(float* partial, const T* x, int64_t N, int64_t C) {
+  const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (c >= C) return;
+  for (int64_t chunk = blockIdx.y; chunk * kRowChunk < N; chunk += gridDim.y) {
+    const int64_t r1 = (N < (chunk + 1) * kRowChunk ? N : (chunk + 1) * kRowChunk);
+    float acc = 0;
+    for (int64_t r = chunk * kRowChunk; r < r1; ++r) acc += to_f(x[r * C + c]);
+    partial[chunk * C + c] = acc;
+  }
+}
+
+__global__ void colsum_final_kernel(float* out, const float* partial, int64_t chunks, int64_t C) {
+  const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (c >= C) return;
+  float acc = 0;
+  for (int64_t k = 0; k < chunks; ++k) acc += partial[k * C + c];
+  out[c] += acc;
+}
+
+unsigned col_blocks(int64_t C) { return static_cast<unsigned>((C + kThreads - 1) / kThreads); }
+
+}  // namespace
+
+void bias_add_forward(void* x, const void* b, Dt dt, int64_t N, int64_t C) {
+  if (N * C <= 0) return;
+  MTNLG_DT_SWITCH(dt, T,
+                  bias_add_kernel<T><<<grid_for(N * C, kThreads), kThreads, 0, stream()>>>(
+                      static_cast<T*>(x), static_cast<const T*>(b), N, C));
+  MTNLG_CUDA_LAUNCH_CHECK("bias_add_kernel");
+}
+
+void bias_add_backward(float* db, const void* dout, Dt dt, int64_t N, int64_t C) {
+  if (N <= 0 || C <= 0) return;
+  const int64_t chunks = (N + kRowChunk - 1) / kRowChunk;
+  DeviceBuffer<float> partial(chunks * C);
+  const dim3 grid(col_blocks(C), static_cast<unsigned>(std::min<int64_t>(chunks, 65535)));
+  MTNLG_DT_SWITCH(dt, T,
+                  colsum_partial_kernel<T><<<grid, kThreads, 0, stream()>>>(partial.data(), static_cast<const T*>(dout), N,
+                                                                            C));
+  MTNLG_CUDA_LAUNCH_CHECK("colsum_partial_kernel");
+  colsum_final_kernel<<<col_blocks(C), kThreads, 0, stream()>>>(db, partial.data(), chunks, C);
+  MTNLG_CUDA_LAUNCH_CHECK("colsum_final_kernel");
+}
+
+}  // namespace mtnlg::cuda::k
+
+// ---- Tensor-level entry (core/cuda/ops_cuda.hpp; shapes and dtype roles were checked
+// by the dispatcher in core/ops/) ------------------------------------------------
+
+namespace mtnlg::cuda {
+
+using namespace detail;
+using k::Dt;
+
+void matmul_forward(Tensor& out, const Tensor& inp, const Tensor& w, const Tensor* bias) {
+  const char* op = "matmul_forward";
+  const Dt dt = kdt(op, "out", out.dtype());
+  const int64_t OC = w.dim(0), C = w.dim(1), N = C ? inp.numel() / C : 0;
+  k::gemm_forward(out.raw(), inp.raw(), w.raw(), p(bias), dt, N, C, OC);
+}
+
+void matmul_backward(Tensor* dinp, Tensor* dw, Tensor* dbias, const Tensor& dout, const Tensor& inp, const Tensor& w,
+                     bool accumulate_dinp) {
+  const char* op = "matmul_backward";
+  const Dt dt = kdt(op, "dout", dout.dtype());
+  const int64_t OC = w.dim(0), C = w.dim(1), N = C ? inp.numel() / C : 0;
+  if (dinp && dinp->defined()) k::gemm_dinp(dinp->raw(), dout.raw(), w.raw(), dt, N, C, OC, accumulate_dinp);
+  if (dw && dw->defined()) k::gemm_dw(f(*dw), dout.raw(), inp.raw(), dt, N, C, OC);
+  if (dbias && dbias->defined()) k::bias_add_backward(f(*dbias), dout.raw(), dt, N, OC);
+}
+
+void bias_add_forward(Tensor& x, const Tensor& b) {
+  const Dt dt = kdt("bias_add_forward", "x", x.dtype());
+  const int64_t C = b.numel(), N = C ? x.numel() / C : 0;
+  k::bias_add_forward(x.raw(), b.raw(), dt, N, C);
+}
+
+void bias_add_backward(Tensor& db, const Tensor& dout) {
+  const Dt dt = kdt("bias_add_backward", "dout", dout.dtype());
+  const int64_t C = db.numel(), N = C ? dout.numel() / C : 0;
+  k::bias_add_backward(f(db), dout.raw(), dt, N, C);
+}
+
+}  // namespace mtnlg::cuda

@@ -1,5 +1,4 @@
-// LayerNorm forward/backward. CPU reference: core/cpu/ops_cpu.cpp
-// (layernorm_forward, layernorm_backward).
+// LayerNorm forward/backward. CPU reference: core/ops/layernorm.cpp.
 //
 // Gradient contract: dinp WRITTEN (or += with accumulate_dinp, used for the residual
 // stream), dw and db ACCUMULATE (fp32). mean and rstd are saved in fp32 whatever the
@@ -138,3 +137,30 @@ void layernorm_backward(void* dinp, float* dw, float* db, const void* dout, cons
 }
 
 }  // namespace mtnlg::cuda::k
+
+// ---- Tensor-level entry (core/cuda/ops_cuda.hpp; shapes and dtype roles were checked
+// by the dispatcher in core/ops/) ------------------------------------------------
+
+namespace mtnlg::cuda {
+
+using namespace detail;
+using k::Dt;
+
+void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& inp, const Tensor& w, const Tensor& b,
+                       double eps) {
+  const char* op = "layernorm_forward";
+  const Dt dt = kdt(op, "out", out.dtype());
+  const int64_t C = w.numel(), N = C ? inp.numel() / C : 0;
+  k::layernorm_forward(out.raw(), f(mean), f(rstd), inp.raw(), w.raw(), b.raw(), dt, N, C, eps);
+}
+
+void layernorm_backward(Tensor& dinp, Tensor& dw, Tensor& db, const Tensor& dout, const Tensor& inp, const Tensor& w,
+                        const Tensor& mean, const Tensor& rstd, bool accumulate_dinp) {
+  const char* op = "layernorm_backward";
+  const Dt dt = kdt(op, "dinp", dinp.dtype());
+  const int64_t C = w.numel(), N = C ? inp.numel() / C : 0;
+  k::layernorm_backward(dinp.raw(), f(dw), f(db), dout.raw(), inp.raw(), w.raw(), f(mean), f(rstd), dt, N, C,
+                        accumulate_dinp);
+}
+
+}  // namespace mtnlg::cuda

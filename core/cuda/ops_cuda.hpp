@@ -1,4 +1,4 @@
-// The CUDA backend of the op set: Tensor-level entry points that core/ops.cpp calls
+// The CUDA backend of the op set: Tensor-level entry points that core/ops/<family>.cpp calls
 // when its arguments live on Device::cuda (same names and argument meanings as
 // core/ops.hpp), plus the CUDA-only pieces of mixed precision (a flat multi-segment
 // AdamW with a low-precision copy-out).
@@ -48,6 +48,8 @@ void dropout_forward(Tensor& out, const Tensor& inp, double p, uint64_t key, uin
 void attention_forward_lse(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t heads, const ops::AttentionDropout& drop);
 void attention_backward_lse(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
                             int64_t heads, const ops::AttentionDropout& drop);
+void attention_cached_forward(Tensor& out, Tensor& k_cache, Tensor& v_cache, const Tensor& qkv, int64_t heads,
+                              int64_t past);
 // Throw RuntimeError: the [B,H,T,T] probs form is not implemented on CUDA.
 void attention_forward_probs(Tensor& out, Tensor& probs, const Tensor& qkv, int64_t heads,
                              const ops::AttentionDropout& drop);

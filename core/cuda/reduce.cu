@@ -1,14 +1,11 @@
-// Column reductions and gathers: bias_add_backward, position_forward's backward,
-// embedding_forward/backward. CPU references: core/cpu/ops_cpu.cpp
-// (bias_add_backward, position_backward, embedding_forward, embedding_backward).
+// Sums of squares for the step statistics (the gradient norm, the non-finite check). CPU
+// reference: core/ops/reduce.cpp.
 //
-// Gradient contract: db, dpos and dtable ACCUMULATE (+=, fp32); embedding_forward
-// writes `out`. Determinism without atomics: every output element is owned by one
-// thread, which adds its inputs in row order. position_backward and
-// embedding_backward therefore reproduce the CPU's fp32 bits exactly (same order,
-// same starting value); bias_add_backward sums fixed 256-row chunks first (the chunk
-// count depends on N only), so it is run-to-run identical but rounds differently from
-// the CPU.
+// Deterministic: a grid that depends on n only, per-block sums in a fixed tree order,
+// then one ordered second pass; sum_squares returns to the host (synchronises),
+// sum_squares_accumulate adds into a device f64 accumulator (no synchronisation).
+#include <cmath>
+
 #include "core/cuda/common.cuh"
 
 namespace mtnlg::cuda::k {
@@ -16,106 +13,82 @@ namespace mtnlg::cuda::k {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int64_t kRowChunk = 256;
 
 template <typename T>
-__global__ void colsum_partial_kernel(float* partial, const T* x, int64_t N, int64_t C) {
-  const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (c >= C) return;
-  for (int64_t chunk = blockIdx.y; chunk * kRowChunk < N; chunk += gridDim.y) {
-    const int64_t r1 = (N < (chunk + 1) * kRowChunk ? N : (chunk + 1) * kRowChunk);
-    float acc = 0;
-    for (int64_t r = chunk * kRowChunk; r < r1; ++r) acc += to_f(x[r * C + c]);
-    partial[chunk * C + c] = acc;
-  }
-}
-
-__global__ void colsum_final_kernel(float* out, const float* partial, int64_t chunks, int64_t C) {
-  const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (c >= C) return;
-  float acc = 0;
-  for (int64_t k = 0; k < chunks; ++k) acc += partial[k * C + c];
-  out[c] += acc;
-}
-
-template <typename T>
-__global__ void position_backward_kernel(float* dpos, const T* dx, int64_t rows, int64_t C, int64_t row_start,
-                                         int64_t seq_len) {
-  const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (c >= C) return;
-  for (int64_t p = blockIdx.y; p < seq_len; p += gridDim.y) {
-    int64_t r = ((p - row_start) % seq_len + seq_len) % seq_len;  // first row r with (row_start+r)%T == p
-    if (r >= rows) continue;
-    float acc = dpos[p * C + c];
-    for (; r < rows; r += seq_len) acc += to_f(dx[r * C + c]);
-    dpos[p * C + c] = acc;
-  }
-}
-
-template <typename T>
-__global__ void embedding_forward_kernel(T* out, const int32_t* tok, const T* table, int64_t N, int64_t C, int64_t vstart,
-                                         int64_t vlocal) {
-  const int64_t n = N * C;
+__global__ void sumsq_partial_kernel(double* partial, const T* x, int64_t n) {
+  __shared__ double sh[kThreads];
+  double acc = 0;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t r = i / C, c = i % C;
-    const int64_t id = static_cast<int64_t>(tok[r]) - vstart;
-    out[i] = (id >= 0 && id < vlocal) ? table[id * C + c] : from_f<T>(0.0f);
+    const double v = to_f(x[i]);
+    acc += v * v;
   }
+  const double s = block_sum_double(acc, sh);
+  if (threadIdx.x == 0) partial[blockIdx.x] = s;
 }
 
-template <typename T>
-__global__ void embedding_backward_kernel(float* dtable, const int32_t* tok, const T* dout, int64_t N, int64_t C,
-                                          int64_t vstart, int64_t vlocal) {
-  const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (c >= C) return;
-  for (int64_t i = 0; i < N; ++i) {
-    const int64_t id = static_cast<int64_t>(tok[i]) - vstart;
-    if (id >= 0 && id < vlocal) dtable[id * C + c] += to_f(dout[i * C + c]);
-  }
+__global__ void sumsq_final_kernel(double* out, const double* partial, int64_t m) {
+  __shared__ double sh[kThreads];
+  double acc = 0;
+  for (int64_t i = threadIdx.x; i < m; i += blockDim.x) acc += partial[i];
+  const double s = block_sum_double(acc, sh);
+  if (threadIdx.x == 0) *out = s;
 }
 
-unsigned col_blocks(int64_t C) { return static_cast<unsigned>((C + kThreads - 1) / kThreads); }
+__global__ void sumsq_accumulate_kernel(double* acc, const double* partial, int64_t m) {
+  __shared__ double sh[kThreads];
+  double a = 0;
+  for (int64_t i = threadIdx.x; i < m; i += blockDim.x) a += partial[i];
+  const double s = block_sum_double(a, sh);
+  if (threadIdx.x == 0) *acc += s;
+}
 
 }  // namespace
 
-void bias_add_backward(float* db, const void* dout, Dt dt, int64_t N, int64_t C) {
-  if (N <= 0 || C <= 0) return;
-  const int64_t chunks = (N + kRowChunk - 1) / kRowChunk;
-  DeviceBuffer<float> partial(chunks * C);
-  const dim3 grid(col_blocks(C), static_cast<unsigned>(std::min<int64_t>(chunks, 65535)));
+double sum_squares(const void* x, Dt dt, int64_t n) {
+  if (n <= 0) return 0.0;
+  // The grid depends on n only, so the summation order (and the result) is the same
+  // on every GPU.
+  const unsigned blocks = grid_for(n, kThreads, 1024);
+  DeviceBuffer<double> partial(blocks + 1);
   MTNLG_DT_SWITCH(dt, T,
-                  colsum_partial_kernel<T><<<grid, kThreads, 0, stream()>>>(partial.data(), static_cast<const T*>(dout), N,
-                                                                            C));
-  MTNLG_CUDA_LAUNCH_CHECK("colsum_partial_kernel");
-  colsum_final_kernel<<<col_blocks(C), kThreads, 0, stream()>>>(db, partial.data(), chunks, C);
-  MTNLG_CUDA_LAUNCH_CHECK("colsum_final_kernel");
+                  sumsq_partial_kernel<T><<<blocks, kThreads, 0, stream()>>>(partial.data(), static_cast<const T*>(x), n));
+  MTNLG_CUDA_LAUNCH_CHECK("sumsq_partial_kernel");
+  sumsq_final_kernel<<<1, kThreads, 0, stream()>>>(partial.data() + blocks, partial.data(), blocks);
+  MTNLG_CUDA_LAUNCH_CHECK("sumsq_final_kernel");
+  double out = 0;
+  CUDA_CHECK(cudaMemcpyAsync(&out, partial.data() + blocks, sizeof(double), cudaMemcpyDeviceToHost, stream()));
+  CUDA_CHECK(cudaStreamSynchronize(stream()));
+  return out;
 }
 
-void position_backward(float* dpos, const void* dx, Dt dt, int64_t rows, int64_t C, int64_t row_start, int64_t seq_len) {
-  if (rows <= 0 || C <= 0) return;
-  const dim3 grid(col_blocks(C), static_cast<unsigned>(std::min<int64_t>(seq_len, 65535)));
+void sum_squares_accumulate(double* acc, const void* x, Dt dt, int64_t n) {
+  if (n <= 0) return;
+  const unsigned blocks = grid_for(n, kThreads, 1024);
+  DeviceBuffer<double> partial(blocks);
   MTNLG_DT_SWITCH(dt, T,
-                  position_backward_kernel<T><<<grid, kThreads, 0, stream()>>>(dpos, static_cast<const T*>(dx), rows, C,
-                                                                               row_start, seq_len));
-  MTNLG_CUDA_LAUNCH_CHECK("position_backward_kernel");
-}
-
-void embedding_forward(void* out, const int32_t* tok, const void* table, Dt dt, int64_t N, int64_t C, int64_t vstart,
-                       int64_t vlocal) {
-  if (N * C <= 0) return;
-  MTNLG_DT_SWITCH(dt, T,
-                  embedding_forward_kernel<T><<<grid_for(N * C, kThreads), kThreads, 0, stream()>>>(
-                      static_cast<T*>(out), tok, static_cast<const T*>(table), N, C, vstart, vlocal));
-  MTNLG_CUDA_LAUNCH_CHECK("embedding_forward_kernel");
-}
-
-void embedding_backward(float* dtable, const int32_t* tok, const void* dout, Dt dt, int64_t N, int64_t C, int64_t vstart,
-                        int64_t vlocal) {
-  if (N <= 0 || C <= 0) return;
-  MTNLG_DT_SWITCH(dt, T,
-                  embedding_backward_kernel<T><<<col_blocks(C), kThreads, 0, stream()>>>(
-                      dtable, tok, static_cast<const T*>(dout), N, C, vstart, vlocal));
-  MTNLG_CUDA_LAUNCH_CHECK("embedding_backward_kernel");
+                  sumsq_partial_kernel<T><<<blocks, kThreads, 0, stream()>>>(partial.data(), static_cast<const T*>(x), n));
+  MTNLG_CUDA_LAUNCH_CHECK("sumsq_partial_kernel");
+  sumsq_accumulate_kernel<<<1, kThreads, 0, stream()>>>(acc, partial.data(), blocks);
+  MTNLG_CUDA_LAUNCH_CHECK("sumsq_accumulate_kernel");
 }
 
 }  // namespace mtnlg::cuda::k
+
+// ---- Tensor-level entry (core/cuda/ops_cuda.hpp; shapes and dtype roles were checked
+// by the dispatcher in core/ops/) ------------------------------------------------
+
+namespace mtnlg::cuda {
+
+using namespace detail;
+using k::Dt;
+
+double sum_squares(const Tensor& x) { return k::sum_squares(x.raw(), kdt("sum_squares", "x", x.dtype()), x.numel()); }
+
+bool all_finite(const Tensor& x) { return std::isfinite(sum_squares(x)); }
+
+void sum_squares_accumulate(Tensor& acc, const Tensor& x) {
+  k::sum_squares_accumulate(static_cast<double*>(acc.raw()), x.raw(), kdt("sum_squares_accumulate", "x", x.dtype()),
+                            x.numel());
+}
+
+}  // namespace mtnlg::cuda

@@ -1,6 +1,6 @@
 // Vocab-parallel softmax cross-entropy pieces (the stages between the tensor-parallel
 // reductions of the row max and the sum of exponentials). CPU reference:
-// core/cpu/ops_cpu.cpp (xent_rowmax, xent_sumexp_target, xent_backward).
+// core/ops/xent.cpp (xent_rowmax, xent_sumexp_target, xent_backward, xent_loss_accumulate).
 //
 // Gradient contract: dlogits is WRITTEN (padding columns >= valid get 0) and may alias
 // logits: each element is read and written by the same thread, the target column
@@ -118,3 +118,80 @@ void xent_backward(void* dlogits, const void* logits, const int32_t* targets, co
 }
 
 }  // namespace mtnlg::cuda::k
+
+// ---- the per-step loss accumulator: acc[0] += sum_i w_i (log sumexp_i + rowmax_i -
+// target_i), acc[1] += sum_i w_i, in f64, one block in a fixed order.
+
+namespace mtnlg::cuda::k {
+
+namespace {
+
+__global__ void xent_loss_kernel(double* acc, const float* rowmax, const float* sumexp, const float* target,
+                                 const float* mask, int64_t N) {
+  __shared__ double sh[kThreads];
+  double loss = 0, count = 0;
+  for (int64_t i = threadIdx.x; i < N; i += blockDim.x) {
+    const double w = mask ? double(mask[i]) : 1.0;
+    loss += w * (log(double(sumexp[i])) + double(rowmax[i]) - double(target[i]));
+    count += w;
+  }
+  const double l = block_sum_double(loss, sh);
+  __syncthreads();
+  const double c = block_sum_double(count, sh);
+  if (threadIdx.x == 0) {
+    acc[0] += l;
+    acc[1] += c;
+  }
+}
+
+}  // namespace
+
+void xent_loss_accumulate(double* acc, const float* rowmax, const float* sumexp, const float* target, const float* mask,
+                          int64_t N) {
+  if (N <= 0) return;
+  xent_loss_kernel<<<1, kThreads, 0, stream()>>>(acc, rowmax, sumexp, target, mask, N);
+  MTNLG_CUDA_LAUNCH_CHECK("xent_loss_kernel");
+}
+
+}  // namespace mtnlg::cuda::k
+
+// ---- Tensor-level entry (core/cuda/ops_cuda.hpp; shapes and dtype roles were checked
+// by the dispatcher in core/ops/) ------------------------------------------------
+
+namespace mtnlg::cuda {
+
+using namespace detail;
+using k::Dt;
+
+void xent_rowmax(Tensor& rowmax, const Tensor& logits, int64_t valid_local) {
+  const Dt dt = kdt("xent_rowmax", "logits", logits.dtype());
+  const int64_t N = rowmax.numel(), V = N ? logits.numel() / N : 0;
+  k::xent_rowmax(f(rowmax), logits.raw(), dt, N, V, valid_local);
+}
+
+void xent_sumexp_target(Tensor& sumexp, Tensor& target_logit, const Tensor& logits, const Tensor& targets,
+                        const Tensor& rowmax, int64_t vocab_start, int64_t valid_local) {
+  const char* op = "xent_sumexp_target";
+  const Dt dt = kdt(op, "logits", logits.dtype());
+  const int64_t N = rowmax.numel(), V = N ? logits.numel() / N : 0;
+  k::xent_sumexp_target(f(sumexp), f(target_logit), logits.raw(), ip(targets), f(rowmax), dt, N, V, vocab_start,
+                        valid_local);
+}
+
+void xent_backward(Tensor& dlogits, const Tensor& logits, const Tensor& targets, const Tensor& rowmax,
+                   const Tensor& sumexp, const Tensor& dloss, int64_t vocab_start, int64_t valid_local) {
+  const char* op = "xent_backward";
+  const Dt dt = kdt(op, "dlogits", dlogits.dtype());
+  const int64_t N = rowmax.numel(), V = N ? logits.numel() / N : 0;
+  k::xent_backward(dlogits.raw(), logits.raw(), ip(targets), f(rowmax), f(sumexp), f(dloss), dt, N, V, vocab_start,
+                   valid_local);
+}
+
+void xent_loss_accumulate(Tensor& acc, const Tensor& rowmax, const Tensor& sumexp, const Tensor& target_logit,
+                          const Tensor* mask) {
+  need_f32("xent_loss_accumulate", "rowmax", &rowmax);  // f64 statistics are CPU-only
+  k::xent_loss_accumulate(static_cast<double*>(acc.raw()), f(rowmax), f(sumexp), f(target_logit), p<const float>(mask),
+                          rowmax.numel());
+}
+
+}  // namespace mtnlg::cuda

@@ -1,4 +1,4 @@
-// The log-sum-exp form of attention on the CPU (core/ops_attention.cpp), which is the
+// The log-sum-exp form of attention on the CPU (core/ops/attention.cpp), which is the
 // oracle of the CUDA kernels: same output as the probs form, lse = log of each row's
 // softmax denominator, and the same gradients (with and without dropout).
 #include <catch2/catch.hpp>

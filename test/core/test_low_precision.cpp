@@ -1,4 +1,4 @@
-// bf16/fp16 storage on the CPU (core/ops_checks.hpp, Widened): every op family with
+// bf16/fp16 storage on the CPU (core/ops/common.hpp, Widened): every op family with
 // low-precision activations equals the f32 op on the same (already rounded) inputs,
 // rounded to nearest even once at the store -- fp32 arithmetic, low-precision storage,
 // the contract the CUDA kernels keep. Statistics and parameter gradients stay f32, and

@@ -1,0 +1,139 @@
+// Token embedding (vocab-parallel) and learned positions. CPU reference:
+// core/ops/embedding.cpp.
+//
+// Gradient contract: dpos and dtable ACCUMULATE (+=, fp32); embedding_forward writes
+// `out`, position_forward adds in place. Determinism without atomics: every output
+// element of a backward is owned by one thread, which adds its inputs in row order, so
+// position_backward and embedding_backward reproduce the CPU's fp32 bits exactly (same
+// order, same starting value).
+#include "core/cuda/common.cuh"
+
+namespace mtnlg::cuda::k {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+template <typename T>
+__global__ void position_forward_kernel(T* x, const T* pos, int64_t rows, int64_t C, int64_t row_start, int64_t seq_len) {
+  const int64_t n = rows * C;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / C, c = i % C;
+    x[i] = from_f<T>(to_f(x[i]) + to_f(pos[((row_start + r) % seq_len) * C + c]));
+  }
+}
+
+template <typename T>
+__global__ void position_backward_kernel(float* dpos, const T* dx, int64_t rows, int64_t C, int64_t row_start,
+                                         int64_t seq_len) {
+  const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (c >= C) return;
+  for (int64_t p = blockIdx.y; p < seq_len; p += gridDim.y) {
+    int64_t r = ((p - row_start) % seq_len + seq_len) % seq_len;  // first row r with (row_start+r)%T == p
+    if (r >= rows) continue;
+    float acc = dpos[p * C + c];
+    for (; r < rows; r += seq_len) acc += to_f(dx[r * C + c]);
+    dpos[p * C + c] = acc;
+  }
+}
+
+template <typename T>
+__global__ void embedding_forward_kernel(T* out, const int32_t* tok, const T* table, int64_t N, int64_t C, int64_t vstart,
+                                         int64_t vlocal) {
+  const int64_t n = N * C;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / C, c = i % C;
+    const int64_t id = static_cast<int64_t>(tok[r]) - vstart;
+    out[i] = (id >= 0 && id < vlocal) ? table[id * C + c] : from_f<T>(0.0f);
+  }
+}
+
+template <typename T>
+__global__ void embedding_backward_kernel(float* dtable, const int32_t* tok, const T* dout, int64_t N, int64_t C,
+                                          int64_t vstart, int64_t vlocal) {
+  const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (c >= C) return;
+  for (int64_t i = 0; i < N; ++i) {
+    const int64_t id = static_cast<int64_t>(tok[i]) - vstart;
+    if (id >= 0 && id < vlocal) dtable[id * C + c] += to_f(dout[i * C + c]);
+  }
+}
+
+unsigned col_blocks(int64_t C) { return static_cast<unsigned>((C + kThreads - 1) / kThreads); }
+
+}  // namespace
+
+void position_forward(void* x, const void* pos, Dt dt, int64_t rows, int64_t C, int64_t row_start, int64_t seq_len) {
+  if (rows * C <= 0) return;
+  MTNLG_DT_SWITCH(dt, T,
+                  position_forward_kernel<T><<<grid_for(rows * C, kThreads), kThreads, 0, stream()>>>(
+                      static_cast<T*>(x), static_cast<const T*>(pos), rows, C, row_start, seq_len));
+  MTNLG_CUDA_LAUNCH_CHECK("position_forward_kernel");
+}
+
+void position_backward(float* dpos, const void* dx, Dt dt, int64_t rows, int64_t C, int64_t row_start, int64_t seq_len) {
+  if (rows <= 0 || C <= 0) return;
+  const dim3 grid(col_blocks(C), static_cast<unsigned>(std::min<int64_t>(seq_len, 65535)));
+  MTNLG_DT_SWITCH(dt, T,
+                  position_backward_kernel<T><<<grid, kThreads, 0, stream()>>>(dpos, static_cast<const T*>(dx), rows, C,
+                                                                               row_start, seq_len));
+  MTNLG_CUDA_LAUNCH_CHECK("position_backward_kernel");
+}
+
+void embedding_forward(void* out, const int32_t* tok, const void* table, Dt dt, int64_t N, int64_t C, int64_t vstart,
+                       int64_t vlocal) {
+  if (N * C <= 0) return;
+  MTNLG_DT_SWITCH(dt, T,
+                  embedding_forward_kernel<T><<<grid_for(N * C, kThreads), kThreads, 0, stream()>>>(
+                      static_cast<T*>(out), tok, static_cast<const T*>(table), N, C, vstart, vlocal));
+  MTNLG_CUDA_LAUNCH_CHECK("embedding_forward_kernel");
+}
+
+void embedding_backward(float* dtable, const int32_t* tok, const void* dout, Dt dt, int64_t N, int64_t C, int64_t vstart,
+                        int64_t vlocal) {
+  if (N <= 0 || C <= 0) return;
+  MTNLG_DT_SWITCH(dt, T,
+                  embedding_backward_kernel<T><<<col_blocks(C), kThreads, 0, stream()>>>(
+                      dtable, tok, static_cast<const T*>(dout), N, C, vstart, vlocal));
+  MTNLG_CUDA_LAUNCH_CHECK("embedding_backward_kernel");
+}
+
+}  // namespace mtnlg::cuda::k
+
+// ---- Tensor-level entry (core/cuda/ops_cuda.hpp; shapes and dtype roles were checked
+// by the dispatcher in core/ops/) ------------------------------------------------
+
+namespace mtnlg::cuda {
+
+using namespace detail;
+using k::Dt;
+
+void embedding_forward(Tensor& out, const Tensor& tokens, const Tensor& table, int64_t vocab_start) {
+  const char* op = "embedding_forward";
+  const Dt dt = kdt(op, "out", out.dtype());
+  const int64_t C = table.dim(1), N = tokens.numel();
+  k::embedding_forward(out.raw(), ip(tokens), table.raw(), dt, N, C, vocab_start, table.dim(0));
+}
+
+void embedding_backward(Tensor& dtable, const Tensor& tokens, const Tensor& dout, int64_t vocab_start) {
+  const char* op = "embedding_backward";
+  const Dt dt = kdt(op, "dout", dout.dtype());
+  const int64_t C = dtable.dim(1), N = tokens.numel();
+  k::embedding_backward(f(dtable), ip(tokens), dout.raw(), dt, N, C, vocab_start, dtable.dim(0));
+}
+
+void position_forward(Tensor& x, const Tensor& pos, int64_t row_start, int64_t seq_len) {
+  const char* op = "position_forward";
+  const Dt dt = kdt(op, "x", x.dtype());
+  const int64_t C = pos.dim(1), rows = C ? x.numel() / C : 0;
+  k::position_forward(x.raw(), pos.raw(), dt, rows, C, row_start, seq_len);
+}
+
+void position_backward(Tensor& dpos, const Tensor& dx, int64_t row_start, int64_t seq_len) {
+  const char* op = "position_backward";
+  const Dt dt = kdt(op, "dx", dx.dtype());
+  const int64_t C = dpos.dim(1), rows = C ? dx.numel() / C : 0;
+  k::position_backward(f(dpos), dx.raw(), dt, rows, C, row_start, seq_len);
+}
+
+}  // namespace mtnlg::cuda

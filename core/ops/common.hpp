@@ -1,0 +1,115 @@
+// What every op family file (core/ops/<family>.cpp) shares: the argument checks, the
+// dtype roles, the low-precision adapter of the CPU kernels and the one dispatch line.
+//
+// An op family lives in two files: core/ops/<family>.cpp (the public ops:: functions of
+// core/ops.hpp: shapes and dtype roles checked once for both devices, then one
+// MTNLG_CUDA_DISPATCH line, then the CPU implementation) and core/cuda/<family>.cu (the
+// CUDA kernels and their Tensor-level entry, core/cuda/ops_cuda.hpp).
+//
+// Dtype roles (the same on the CPU and on CUDA): the activations of one call and the
+// forward weights share one dtype, the "activation dtype" (f32, bf16 or f16; f64 on
+// the CPU for finite-difference tests). Statistics (mean, rstd, lse, row max, sum of
+// exp, target logit, dloss) and parameter gradients are "wide": f64 when the
+// activations are f64, f32 otherwise.
+#pragma once
+#include <deque>
+#include <initializer_list>
+#include <utility>
+#include <vector>
+
+#include "core/rng.hpp"
+#include "core/tensor.hpp"
+
+#ifdef MTNLG_HAVE_CUDA
+#include "core/cuda/ops_cuda.hpp"
+// The one dispatch line of an op, after its shape and dtype checks:
+// `if (tensors are on CUDA) return cuda::<call>;`.
+#define MTNLG_CUDA_DISPATCH(on_cuda, call) \
+  if (on_cuda) return ::mtnlg::cuda::call
+#else
+// same_device() throws for CUDA tensors in a CPU-only build.
+#define MTNLG_CUDA_DISPATCH(on_cuda, call) (void)(on_cuda)
+#endif
+
+namespace mtnlg::ops::detail {
+
+// True when the (defined) tensors live on the CUDA device — the caller then hands the op
+// to the CUDA backend; mixed devices, or CUDA tensors in a CPU-only build, throw.
+bool same_device(const char* op, std::initializer_list<const Tensor*> ts);
+// The defined tensors share one dtype, and it is f32 or f64 (what the CPU kernels take).
+void same_float_dtype(const char* op, std::initializer_list<const Tensor*> ts);
+
+inline bool is_low(DType d) { return d == DType::bf16 || d == DType::f16; }
+// Statistics and parameter gradients of activations in `act`: f64 for f64, else f32.
+inline DType wide_dtype(DType act) { return act == DType::f64 ? DType::f64 : DType::f32; }
+
+using Named = std::pair<const char*, const Tensor*>;
+// The activation dtype shared by the defined tensors of `acts` (f32, f64, bf16, f16);
+// every defined tensor of `wide` must have wide_dtype of it. RuntimeError naming the
+// op and the tensor otherwise.
+DType act_dtype(const char* op, std::initializer_list<Named> acts, std::initializer_list<Named> wide = {});
+
+// bf16/f16 storage on the CPU: an op runs its f32 kernel on widened copies of its
+// low-precision inputs, and store() rounds the f32 results into the low-precision
+// outputs (round to nearest even) — fp32 arithmetic with low-precision storage, which
+// is what the CUDA kernels do. Wide tensors (f32 statistics, gradients) pass through.
+// Aliasing is safe: inputs are copied before any output is written back.
+class Widened {
+ public:
+  Widened() = default;
+  Widened(const Widened&) = delete;
+  Widened& operator=(const Widened&) = delete;
+  const Tensor& in(const Tensor& t);
+  const Tensor* in(const Tensor* t) { return (t && t->defined()) ? &in(*t) : t; }
+  // `read`: the op also reads the output (accumulates into it).
+  Tensor& out(Tensor& t, bool read = false);
+  Tensor* out(Tensor* t, bool read = false) { return (t && t->defined()) ? &out(*t, read) : t; }
+  void store();
+
+ private:
+  std::deque<Tensor> keep_;
+  std::vector<std::pair<Tensor*, Tensor*>> outs_;  // (low-precision tensor, its f32 scratch)
+};
+
+// ---- shape checks (RuntimeError naming the op and the argument) -----------------------
+inline void expect_numel(const char* op, const char* name, const Tensor& t, int64_t n) {
+  if (t.numel() != n) throw_runtime("{}: {} has {} elements, expected {} (shape {})", op, name, t.numel(), n, shape_str(t.shape()));
+}
+inline void expect_ndim(const char* op, const char* name, const Tensor& t, int64_t nd) {
+  if (t.ndim() != nd) throw_runtime("{}: {} must have {} dimensions, got shape {}", op, name, nd, shape_str(t.shape()));
+}
+inline void expect_i32(const char* op, const char* name, const Tensor& t) {
+  if (t.dtype() != DType::i32) throw_runtime("{}: {} must be i32, got {}", op, name, to_string(t.dtype()));
+}
+inline void expect_positions(const char* op, int64_t seq_len, int64_t table_rows) {
+  if (seq_len <= 0 || seq_len > table_rows)
+    throw_runtime("{}: sequence {} outside the position table (1..{})", op, seq_len, table_rows);
+}
+// The f64 step-statistics accumulator of n values.
+inline void expect_acc(const char* op, const Tensor& acc, int64_t n) {
+  if (acc.dtype() != DType::f64 || acc.numel() != n)
+    throw_runtime("{}: acc must be f64 with {} elements, got {} {}", op, n, to_string(acc.dtype()), shape_str(acc.shape()));
+}
+
+// ---- CPU kernel helpers ------------------------------------------------------------------
+// Runs f(T{}) with T the C++ type of a wide dtype (f32 -> float, f64 -> double).
+template <typename F>
+void by_dtype(DType d, F&& f) {
+  if (d == DType::f32)
+    f(float{});
+  else
+    f(double{});
+}
+// The kernel pointer of an optional tensor (nullptr when absent).
+template <typename T>
+T* ptr(const Tensor* t) {
+  return (t && t->defined()) ? t->kernel_data<T>() : nullptr;
+}
+
+}  // namespace mtnlg::ops::detail
+
+namespace mtnlg::cpu {
+// Dropout keep-mask of the CPU kernels (core/cuda/elementwise.cu and attention.cu draw
+// the same bits): element e is kept when its uniform draw >= p.
+inline bool keep(uint64_t key, uint64_t e, double p) { return philox_uniform(key, 0, e) >= static_cast<float>(p); }
+}  // namespace mtnlg::cpu
