@@ -4,6 +4,7 @@
 
 #include "core/error.hpp"
 #include "parallel/communicator.hpp"
+#include "parallel/cost_model.hpp"
 #ifdef MTNLG_HAVE_CUDA
 #include "core/cuda/device.hpp"
 #endif
@@ -58,6 +59,26 @@ std::string describe_device(Device d) {
 #else
   return "cuda";
 #endif
+}
+
+DeviceMemory device_memory(Device d) {
+  DeviceMemory m;
+#ifdef MTNLG_HAVE_CUDA
+  if (d == Device::cuda) {
+    const cuda::MemoryStats s = cuda::memory_stats();
+    m.peak_bytes = s.peak_bytes;
+    m.reserved_bytes = s.reserved_bytes;
+  }
+#else
+  (void)d;
+#endif
+  return m;
+}
+
+GpuPeak gpu_peak(const std::string& device_name) {
+  const cost::GpuSpec* g = cost::gpu_spec_for_device(device_name);
+  if (!g) return {0, fmt::format("{} is not in the planner's GPU table", device_name)};
+  return {g->peak_flops / 1e12, fmt::format("{} dense bf16 tensor-core peak, data sheet", g->name)};
 }
 
 }  // namespace mtnlg::app

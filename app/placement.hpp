@@ -21,4 +21,20 @@ DeviceKind parse_device_kind(const std::string& text, const std::string& what);
 // One line for banners: "cpu", "test device", "cuda:0 NVIDIA H100 80GB HBM3 (sm_90)".
 std::string describe_device(Device d);
 
+// The caching allocator's bytes on this process's GPU: the peak in use since the start
+// (or the last reset) and what it holds from the driver. Zeros off CUDA.
+struct DeviceMemory {
+  int64_t peak_bytes = 0, reserved_bytes = 0;
+};
+DeviceMemory device_memory(Device d);
+
+// The MFU denominator on a GPU: the dense bf16 tensor-core peak (TFLOP/s) of this
+// process's GPU from the planner's table, with a description for the banner; 0 and the
+// reason when the table does not know the GPU (then logging.peak_tflops sets it).
+struct GpuPeak {
+  double tflops = 0;
+  std::string what;
+};
+GpuPeak gpu_peak(const std::string& device_name);
+
 }  // namespace mtnlg::app

@@ -102,6 +102,7 @@ class MetricsWriter {
                         {"skipped", s.skipped_total},
                         {"nan_iterations", s.nan_total},
                         {"peak_memory_bytes", s.peak_memory_bytes},
+                        {"reserved_memory_bytes", s.reserved_memory_bytes},
                         {"bytes_sent_tp", s.bytes_tp},
                         {"bytes_sent_pp", s.bytes_pp},
                         {"bytes_sent_dp", s.bytes_dp},
@@ -428,7 +429,15 @@ void Trainer::set_up_output() {
   if (rank0_ && r.logging.tensorboard) tensorboard_ = std::make_unique<tb::TensorBoardWriter>(r.logging.dir);
   peak_tflops_ = r.logging.peak_tflops;
   peak_what_ = "logging.peak_tflops";
-  if (peak_tflops_ <= 0) {
+  if (peak_tflops_ <= 0 && device_ == Device::cuda) {
+    // GPUs: the data-sheet dense bf16 peak whatever the precision (Megatron's MFU
+    // convention), so fp32 and bf16 runs are compared against one number.
+    const GpuPeak p = gpu_peak(describe_device(device_));
+    peak_tflops_ = p.tflops;
+    peak_what_ = p.what;
+    if (peak_tflops_ <= 0 && rank0_)
+      log::warn("MFU is not reported: {}; set logging.peak_tflops to this GPU's dense bf16 peak (TFLOP/s)", p.what);
+  } else if (peak_tflops_ <= 0) {
     peak_tflops_ = measure_cpu_sgemm_tflops();
     if (g_.world && g_.world->size() > 1) g_.world->all_reduce(&peak_tflops_, 1, parallel::ReduceOp::max);
     peak_what_ = "measured CPU sgemm rate, " + blas_description();
@@ -442,7 +451,9 @@ void Trainer::set_up_output() {
             r.model.num_layers, r.model.hidden_size, r.model.num_attention_heads, T_, r.model.vocab_size,
             cfg_.padded_vocab_size, to_string(r.training.precision), describe_device(device_), to_string(r.parallel.recompute_granularity),
             optim_->zero1() ? " | ZeRO-1 distributed optimizer" : "");
-  log::info("run: {} iterations, {} samples, {} tokens | data: {} | MFU peak {:.3f} TFLOP/s ({})", run_.iterations,
+  log::info("run: {} iterations, {} samples, {} tokens | data: {} | MFU peak {:.3f} TFLOP/s ({}); TFLOP/s and MFU count "
+            "model FLOPs 72*B*s*l*h^2*(1+s/(6h)+V/(12*l*h)) per iteration (recompute not counted)",
+            run_.iterations,
             human_count(static_cast<double>(run_.samples)), human_count(static_cast<double>(run_.tokens)),
             r.data.mock                                            ? std::string("mock tokens")
             : r.data.blend.size() == 1 && !r.data.blend[0].weighted ? "one unweighted source " + r.data.blend[0].prefix
@@ -578,8 +589,14 @@ IterationStats Trainer::train_step(const data::Batch& batch, double lr, std::chr
   s.tokens_per_s = static_cast<double>(gbs * T_) / dt;
   const double flops = parallel::model_flops(r_.model, cfg_.padded_vocab_size, gbs);
   s.tflops_per_gpu = flops / dt / static_cast<double>(g_.topo.world()) / 1e12;
-  s.mfu = s.tflops_per_gpu / peak_tflops_;
-  s.peak_memory_bytes = peak_rss_bytes();
+  s.mfu = peak_tflops_ > 0 ? s.tflops_per_gpu / peak_tflops_ : 0.0;
+  if (device_ == Device::cuda) {  // the caching allocator's peak and what it holds
+    const DeviceMemory m = device_memory(device_);
+    s.peak_memory_bytes = m.peak_bytes;
+    s.reserved_memory_bytes = m.reserved_bytes;
+  } else {
+    s.peak_memory_bytes = peak_rss_bytes();
+  }
   s.bytes_tp = g_.tp ? g_.tp->bytes_sent() : 0;
   s.bytes_pp = g_.pp ? g_.pp->bytes_sent() : 0;
   s.bytes_dp = g_.dp ? g_.dp->bytes_sent() : 0;
@@ -625,11 +642,13 @@ void Trainer::training_log(const IterationStats& s, const data::Batch& batch) {
     log::info(
         " iteration {:>7}/{:<7} | consumed tokens: {:>10} | elapsed time per iteration (ms): {:8.1f} | tokens/s: {:9.1f} | "
         "TFLOP/s/GPU: {:6.3f} | MFU: {:5.1f}% | learning rate: {:.3E} | global batch size: {:5} | lm loss: {:.6E} | "
-        "grad norm: {:.3f}{} | skipped: {} | nan: {} | mem: {} MiB | comm MB tp/pp/dp: {:.3f}/{:.3f}/{:.3f}{}",
+        "grad norm: {:.3f}{} | skipped: {} | nan: {} | mem: {} MiB{} | comm MB tp/pp/dp: {:.3f}/{:.3f}/{:.3f}{}",
         s.iteration, total_iters, s.consumed_tokens, s.step_time_s * 1e3, s.tokens_per_s, s.tflops_per_gpu, 100 * s.mfu,
         s.lr, s.global_batch_size, s.loss, s.grad_norm,
         scaler_ ? fmt::format(" | loss scale: {:.1f}", s.loss_scale) : "", s.skipped_total, s.nan_total,
-        s.peak_memory_bytes >> 20, s.bytes_tp / 1e6, s.bytes_pp / 1e6,
+        s.peak_memory_bytes >> 20,
+        s.reserved_memory_bytes ? fmt::format(" (reserved {} MiB)", s.reserved_memory_bytes >> 20) : std::string(),
+        s.bytes_tp / 1e6, s.bytes_pp / 1e6,
         s.bytes_dp / 1e6,  // rank 0's bytes sent this iteration (ring model, parallel/communicator.hpp)
         eta_text(summary_.iterations, total_iters - s.iteration));
 }
@@ -657,6 +676,12 @@ bool Trainer::stop_after_step() {
     return true;
   }
   if (r_.checkpoint.save_interval > 0 && iteration_ % r_.checkpoint.save_interval == 0 && ckpt_->enabled()) save_now();
+  if (r_.training.exit_interval > 0 && iteration_ % r_.training.exit_interval == 0 && iteration_ < run_.iterations) {
+    if (!ckpt_->enabled()) throw_stopped_without_checkpoint("training.exit_interval", iteration_);
+    log::info("exiting after iteration {} (training.exit_interval = {})", iteration_, r_.training.exit_interval);
+    if (last_saved_ != iteration_) save_now();
+    return true;
+  }
   if (r_.training.exit_duration_mins > 0) {
     double mins = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start_).count() / 60.0;
     if (g_.world && g_.world->size() > 1) g_.world->all_reduce(&mins, 1, parallel::ReduceOp::max);

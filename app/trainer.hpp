@@ -22,7 +22,9 @@ struct IterationStats {
   bool skipped = false;
   double loss_scale = 1.0;  // fp16: the scale this iteration's loss gradient was multiplied by
   int64_t skipped_total = 0, nan_total = 0;
-  int64_t peak_memory_bytes = 0;
+  // The CPU: the process's peak resident set. CUDA: the caching allocator's peak bytes in
+  // use on the GPU, and the bytes it holds from the driver (reserved; 0 on the CPU).
+  int64_t peak_memory_bytes = 0, reserved_memory_bytes = 0;
   int64_t bytes_tp = 0, bytes_pp = 0, bytes_dp = 0;  // sent by this rank this iteration
   // Copies this step made from device memory to the host (host round trips; the design
   // is one) and from the host to the device (token and mask uploads). 0 on the CPU.

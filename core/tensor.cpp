@@ -65,9 +65,12 @@ DeviceAllocatorHooks& cuda_allocator_hooks() {
   return h;
 }
 
-Storage::Storage(int64_t bytes, Device dev) : bytes_(bytes), dev_(dev) {
+Storage::Storage(int64_t bytes, Device dev, bool pinned) : bytes_(bytes), dev_(dev) {
   int64_t n = std::max<int64_t>(bytes, 1);
-  if (dev != Device::cuda) {  // cpu, and the test device's host memory
+  if (pinned && dev == Device::cpu && cuda_allocator_hooks().host_alloc) {
+    ptr_ = cuda_allocator_hooks().host_alloc(n);
+    pinned_ = true;
+  } else if (dev != Device::cuda) {  // cpu, and the test device's host memory
     int64_t rounded = (n + 63) / 64 * 64;
     ptr_ = std::aligned_alloc(64, static_cast<size_t>(rounded));
     if (!ptr_) throw std::bad_alloc();
@@ -81,7 +84,9 @@ Storage::Storage(int64_t bytes, Device dev) : bytes_(bytes), dev_(dev) {
 
 Storage::~Storage() {
   mem::on_free(bytes_, role_);
-  if (dev_ != Device::cuda)
+  if (pinned_)
+    cuda_allocator_hooks().host_free(ptr_, std::max<int64_t>(bytes_, 1));
+  else if (dev_ != Device::cuda)
     std::free(ptr_);
   else if (cuda_allocator_hooks().free)
     cuda_allocator_hooks().free(ptr_);
@@ -101,6 +106,15 @@ Tensor Tensor::empty(const Shape& shape, DType dt, Device dev) {
   t.numel_ = shape_numel(shape);
   t.dtype_ = dt;
   t.storage_ = std::make_shared<Storage>(t.numel_ * dtype_size(dt), dev);
+  return t;
+}
+
+Tensor Tensor::empty_pinned(const Shape& shape, DType dt) {
+  Tensor t;
+  t.shape_ = shape;
+  t.numel_ = shape_numel(shape);
+  t.dtype_ = dt;
+  t.storage_ = std::make_shared<Storage>(t.numel_ * dtype_size(dt), Device::cpu, /*pinned=*/true);
   return t;
 }
 

@@ -33,16 +33,21 @@ int64_t shape_numel(const Shape& s);
 // caching allocator registered by the CUDA backend.
 class Storage {
  public:
-  Storage(int64_t bytes, Device dev);
+  // `pinned`: host storage (dev = cpu) in page-locked memory from the CUDA backend's
+  // pinned cache, so device-to-host copies into it run at full DMA speed; ordinary host
+  // memory when no CUDA backend is running.
+  Storage(int64_t bytes, Device dev, bool pinned = false);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
   void* data() const { return ptr_; }
   int64_t bytes() const { return bytes_; }
   Device device() const { return dev_; }
+  bool pinned() const { return pinned_; }
 
  private:
   void* ptr_ = nullptr;
+  bool pinned_ = false;
   int64_t bytes_ = 0;
   Device dev_;
   mem::Role role_ = mem::Role::workspace;  // counted under it (core/mem_account.hpp)
@@ -54,6 +59,9 @@ struct DeviceAllocatorHooks {
   void (*free)(void* p) = nullptr;
   // kind: 0 host->device, 1 device->host, 2 device->device
   void (*copy)(void* dst, const void* src, int64_t bytes, int kind) = nullptr;
+  // Page-locked host memory (cached by exact size: checkpoint snapshots repeat sizes).
+  void* (*host_alloc)(int64_t bytes) = nullptr;
+  void (*host_free)(void* p, int64_t bytes) = nullptr;
 };
 DeviceAllocatorHooks& cuda_allocator_hooks();
 
@@ -76,6 +84,10 @@ class Tensor {
   Tensor() = default;
   static Tensor empty(const Shape& shape, DType dt = DType::f32, Device dev = Device::cpu);
   static Tensor zeros(const Shape& shape, DType dt = DType::f32, Device dev = Device::cpu);
+  // A host tensor in pinned memory when the CUDA backend runs (Storage), else ordinary
+  // host memory: the destination of device-to-host copies that must be fast
+  // (checkpoint snapshots).
+  static Tensor empty_pinned(const Shape& shape, DType dt = DType::f32);
 
   bool defined() const { return storage_ != nullptr; }
   const Shape& shape() const { return shape_; }
@@ -99,7 +111,7 @@ class Tensor {
     return static_cast<T*>(raw());
   }
   // The element pointer for a kernel that runs where the tensor lives: the CPU kernels
-  // (core/ops*.cpp, core/cpu/) take it for CPU and test-device tensors. Only op
+  // (core/ops/) take it for CPU and test-device tensors. Only op
   // implementations call this; a CUDA tensor is an error (its kernels take raw()).
   template <typename T>
   T* kernel_data() const {

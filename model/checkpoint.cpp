@@ -50,12 +50,20 @@ Snapshot take_snapshot(const ParamStore& store, const OptimShard* opt, int64_t t
   s.dp_rank = dp_rank;
   s.write_model = write_model;
   s.write_optim = write_optim && opt != nullptr;
-  if (write_model) s.params = store.params().to(Device::cpu);
+  // On a GPU the step stalls only for these copies into pinned host memory (DMA speed);
+  // the files are written from the snapshot by the caller's writer thread.
+  auto to_host = [](const Tensor& t) {
+    if (t.device() != Device::cuda) return t.to(Device::cpu);
+    Tensor h = Tensor::empty_pinned(t.shape(), t.dtype());
+    h.copy_from(t);
+    return h;
+  };
+  if (write_model) s.params = to_host(store.params());
   if (s.write_optim) {
     s.opt_begin = opt->begin;
     s.opt_end = opt->end;
-    s.exp_avg = opt->exp_avg->to(Device::cpu);
-    s.exp_avg_sq = opt->exp_avg_sq->to(Device::cpu);
+    s.exp_avg = to_host(*opt->exp_avg);
+    s.exp_avg_sq = to_host(*opt->exp_avg_sq);
   }
   return s;
 }

@@ -363,16 +363,21 @@ ForwardResult GptChunk::forward(int64_t mb_id, const MicroBatch& mb, const Tenso
   s.layers.resize(layers_.size());
 
   // The micro batch's token ids arrive in host memory: split them into inputs and
-  // labels there, then place both on the model's device (no copy on the CPU).
+  // labels there, side by side in one buffer, and place it on the model's device in one
+  // upload (none on the CPU; on CUDA an asynchronous copy through pinned staging memory,
+  // core/cuda/device.hpp).
   const int64_t stride = inference ? T : T + 1;
-  Tensor tokens = Tensor::empty({N}, DType::i32, Device::cpu), targets = Tensor::empty({N}, DType::i32, Device::cpu);
+  Tensor ids = Tensor::empty({2 * N}, DType::i32, Device::cpu);
+  int32_t* in = ids.data<int32_t>();
+  int32_t* label = in + N;
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < T; ++t) {
-      tokens.data<int32_t>()[b * T + t] = mb.tokens[b * stride + t];
-      targets.data<int32_t>()[b * T + t] = inference ? 0 : mb.tokens[b * stride + t + 1];
+      in[b * T + t] = mb.tokens[b * stride + t];
+      label[b * T + t] = inference ? 0 : mb.tokens[b * stride + t + 1];
     }
-  s.tokens = tokens.on(dev_);
-  s.targets = targets.on(dev_);
+  const Tensor placed = ids.on(dev_);
+  s.tokens = placed.flat(0, N);
+  s.targets = placed.flat(N, N);
 
   Tensor x;
   if (spec_.has_embedding) {

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <map>
 
@@ -281,6 +282,16 @@ const GpuSpec& gpu_spec(const std::string& name) {
   std::string valid;
   for (auto& g : gpu_table()) valid += (valid.empty() ? "" : ", ") + g.name;
   throw_input("--gpu {}: unknown GPU; valid: {}", name, valid);
+}
+
+const GpuSpec* gpu_spec_for_device(const std::string& device_name) {
+  std::string n;
+  for (char c : device_name) n += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  // The table holds SXM parts; PCIe and NVL boards have other clocks and peaks.
+  if (n.find("pcie") != std::string::npos || n.find("nvl") != std::string::npos) return nullptr;
+  for (const char* model : {"h200", "h100", "a100"})
+    if (n.find(model) != std::string::npos) return &gpu_spec(model);
+  return nullptr;
 }
 
 std::vector<std::string> gpu_names() {

@@ -37,6 +37,10 @@ struct GpuSpec {
 // aliases a100, h100, h200.
 const GpuSpec& gpu_spec(const std::string& name);
 std::vector<std::string> gpu_names();
+// The table entry of the GPU a CUDA device name describes ("NVIDIA H100 80GB HBM3" ->
+// h100-80g), or nullptr when the table has no entry of that model (H100 PCIe/NVL, other
+// GPUs): the trainer's MFU peak on a GPU.
+const GpuSpec* gpu_spec_for_device(const std::string& device_name);
 
 // ---- layout ---------------------------------------------------------------------------
 

@@ -135,6 +135,7 @@ class NcclCommunicator final : public Communicator {
     CUDA_CHECK(cudaStreamWaitEvent(send_stream_.get(), ready.get(), 0));
     NCCL_CHECK(ncclSend(data, static_cast<size_t>(n), nccl_type(dt), static_cast<int>(peer), p2p_comm(rank_, peer),
                         send_stream_.get()));
+    cuda::record_stream(data, send_stream_.get());  // the buffer may be dropped before the send is done
     cuda::CudaEvent done;
     done.record(send_stream_.get());
     count_send(n * dtype_size(dt));
@@ -148,6 +149,7 @@ class NcclCommunicator final : public Communicator {
     if (n > 0)
       NCCL_CHECK(ncclAllReduce(data, data, static_cast<size_t>(n), nccl_type(dt), nccl_op(op), coll_.get(),
                                coll_stream_.get()));
+    cuda::record_stream(data, coll_stream_.get());
     cuda::CudaEvent done;
     done.record(coll_stream_.get());
     count_all_reduce(n * dtype_size(dt));

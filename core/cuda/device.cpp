@@ -5,6 +5,9 @@
 
 #include <cublas_api.h>
 
+#include <algorithm>
+#include <cstring>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <unordered_map>
@@ -66,6 +69,7 @@ class CachingAllocator {
   void* alloc(int64_t bytes) {
     const int64_t size = allocation_size_class(bytes);
     std::lock_guard<std::mutex> lock(mu_);
+    collect_pending_locked(/*wait=*/false);
     void* p = nullptr;
     auto it = free_.find(size);
     if (it != free_.end() && !it->second.empty()) {
@@ -89,7 +93,7 @@ class CachingAllocator {
       ++stats_.device_allocs;
       stats_.reserved_bytes += size;
     }
-    live_[p] = size;
+    live_[static_cast<char*>(p)] = Block{size, {}};
     stats_.current_bytes += size;
     stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.current_bytes);
     return p;
@@ -98,11 +102,34 @@ class CachingAllocator {
   void free(void* p) {
     if (!p) return;
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = live_.find(p);
+    auto it = live_.find(static_cast<char*>(p));
     if (it == live_.end()) return;  // not ours (defensive: never double-free into the cache)
-    stats_.current_bytes -= it->second;
-    free_[it->second].push_back(p);
+    stats_.current_bytes -= it->second.size;
+    if (it->second.streams.empty()) {
+      free_[it->second.size].push_back(p);
+    } else {
+      // Used on side streams: reusable once the work queued there so far is done.
+      Pending pend{p, it->second.size, {}};
+      for (cudaStream_t s : it->second.streams) {
+        cudaEvent_t e = take_event_locked();
+        CUDA_CHECK(cudaEventRecord(e, s));
+        pend.events.push_back(e);
+      }
+      pending_.push_back(std::move(pend));
+      ++stats_.deferred_frees;
+    }
     live_.erase(it);
+  }
+
+  void record_stream(const void* p, cudaStream_t s) {
+    if (!p || s == stream()) return;  // the backend stream orders reuse by itself
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = live_.upper_bound(static_cast<char*>(const_cast<void*>(p)));
+    if (it == live_.begin()) return;
+    --it;
+    if (static_cast<const char*>(p) >= it->first + it->second.size) return;  // not inside one of our blocks
+    auto& ss = it->second.streams;
+    if (std::find(ss.begin(), ss.end(), s) == ss.end()) ss.push_back(s);
   }
 
   void release_cached() {
@@ -112,7 +139,9 @@ class CachingAllocator {
 
   MemoryStats stats() {
     std::lock_guard<std::mutex> lock(mu_);
-    return stats_;
+    MemoryStats s = stats_;
+    s.pending_blocks = static_cast<int64_t>(pending_.size());
+    return s;
   }
   void reset_peak() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -120,9 +149,59 @@ class CachingAllocator {
   }
 
  private:
+  struct Block {
+    int64_t size = 0;
+    std::vector<cudaStream_t> streams;  // side streams that used the block (record_stream)
+  };
+  struct Pending {
+    void* p = nullptr;
+    int64_t size = 0;
+    std::vector<cudaEvent_t> events;  // one per side stream; the block is free when all are done
+  };
+
+  cudaEvent_t take_event_locked() {
+    if (!events_.empty()) {
+      cudaEvent_t e = events_.back();
+      events_.pop_back();
+      return e;
+    }
+    cudaEvent_t e = nullptr;
+    CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    return e;
+  }
+
+  // Moves pending blocks whose side-stream work is done to the free lists (`wait`: wait
+  // for all of them).
+  void collect_pending_locked(bool wait) {
+    for (size_t i = 0; i < pending_.size();) {
+      bool done = true;
+      for (cudaEvent_t e : pending_[i].events) {
+        if (wait) {
+          CUDA_CHECK(cudaEventSynchronize(e));
+          continue;
+        }
+        const cudaError_t q = cudaEventQuery(e);
+        if (q == cudaErrorNotReady) {
+          done = false;
+          break;
+        }
+        if (q != cudaSuccess) CUDA_CHECK(q);
+      }
+      if (!done) {
+        ++i;
+        continue;
+      }
+      for (cudaEvent_t e : pending_[i].events) events_.push_back(e);
+      free_[pending_[i].size].push_back(pending_[i].p);
+      pending_[i] = std::move(pending_.back());
+      pending_.pop_back();
+    }
+  }
+
   void release_cached_locked() {
     // Blocks in the free lists may still be read by queued kernels: drain the stream
-    // before giving them back to the driver.
+    // (and the side-stream work of pending blocks) before giving them back to the driver.
+    collect_pending_locked(/*wait=*/true);
     if (backend_ready()) cudaStreamSynchronize(stream());
     for (auto& [size, ptrs] : free_) {
       for (void* p : ptrs) {
@@ -135,9 +214,96 @@ class CachingAllocator {
 
   std::mutex mu_;
   std::unordered_map<int64_t, std::vector<void*>> free_;  // size class -> free blocks
-  std::unordered_map<void*, int64_t> live_;               // block -> size class
+  std::map<char*, Block> live_;                           // block start -> size, side streams
+  std::vector<Pending> pending_;                          // freed, side-stream work outstanding
+  std::vector<cudaEvent_t> events_;                       // recycled events
   MemoryStats stats_;
 };
+
+// Host-to-device uploads of small buffers (token ids, masks) without a host wait: the
+// source is copied into a slot of pinned staging memory and the slot is copied to the
+// device asynchronously on the backend stream; a slot is reused once its previous copy
+// is done (its event). Large uploads (checkpoints) take the synchronous path.
+class UploadStaging {
+ public:
+  static constexpr int64_t kSlotBytes = 4 << 20;
+  static constexpr int kSlots = 4;
+
+  void upload(void* dst, const void* src, int64_t bytes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!base_) {
+      CUDA_CHECK(cudaHostAlloc(&base_, static_cast<size_t>(kSlotBytes) * kSlots, cudaHostAllocDefault));
+      for (auto& e : events_) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    }
+    const int slot = next_;
+    next_ = (next_ + 1) % kSlots;
+    CUDA_CHECK(cudaEventSynchronize(events_[slot]));  // its previous copy (long done, normally)
+    char* staged = static_cast<char*>(base_) + static_cast<int64_t>(slot) * kSlotBytes;
+    std::memcpy(staged, src, static_cast<size_t>(bytes));
+    CUDA_CHECK(cudaMemcpyAsync(dst, staged, static_cast<size_t>(bytes), cudaMemcpyHostToDevice, stream()));
+    CUDA_CHECK(cudaEventRecord(events_[slot], stream()));
+    ++async_uploads_;
+  }
+  int64_t async_uploads() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return async_uploads_;
+  }
+
+ private:
+  std::mutex mu_;
+  void* base_ = nullptr;  // pinned, kSlots x kSlotBytes; kept for the process's life
+  cudaEvent_t events_[kSlots] = {};
+  int next_ = 0;
+  int64_t async_uploads_ = 0;
+};
+
+// Page-locked host buffers for fast device-to-host copies (checkpoint snapshots), cached
+// by exact size: a run saves the same shard sizes every time, and pinning gigabytes
+// costs seconds, so a buffer is pinned once and reused by the next save.
+class PinnedCache {
+ public:
+  void* alloc(int64_t bytes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = free_.find(bytes);
+    if (it != free_.end() && !it->second.empty()) {
+      void* p = it->second.back();
+      it->second.pop_back();
+      return p;
+    }
+    void* p = nullptr;
+    const cudaError_t e = cudaHostAlloc(&p, static_cast<size_t>(bytes), cudaHostAllocDefault);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      throw_runtime("cannot pin {} bytes of host memory for a device-to-host copy ({}); {} bytes are pinned already",
+                    bytes, cudaGetErrorString(e), pinned_bytes_);
+    }
+    pinned_bytes_ += bytes;
+    return p;
+  }
+  void free(void* p, int64_t bytes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    free_[bytes].push_back(p);
+  }
+  int64_t pinned_bytes() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return pinned_bytes_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::unordered_map<int64_t, std::vector<void*>> free_;
+  int64_t pinned_bytes_ = 0;
+};
+
+PinnedCache& pinned_cache() {
+  static auto* c = new PinnedCache;  // leaked on purpose, see device.hpp
+  return *c;
+}
+
+UploadStaging& staging() {
+  static auto* s = new UploadStaging;  // leaked on purpose, see device.hpp
+  return *s;
+}
 
 CachingAllocator& allocator() {
   static auto* a = new CachingAllocator;  // leaked on purpose, see device.hpp
@@ -161,6 +327,7 @@ Backend& backend() {
 }
 
 void hook_copy(void* dst, const void* src, int64_t bytes, int kind) {
+  if (kind == 0 && bytes <= UploadStaging::kSlotBytes) return staging().upload(dst, src, bytes);
   const cudaMemcpyKind k = kind == 0 ? cudaMemcpyHostToDevice : kind == 1 ? cudaMemcpyDeviceToHost : cudaMemcpyDeviceToDevice;
   CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), k, stream()));
   // Host memory is pageable and owned by the caller: wait so it may be reused at once.
@@ -180,6 +347,9 @@ void reset_peak_memory() { allocator().reset_peak(); }
 void empty_cache() { allocator().release_cached(); }
 void* device_alloc(int64_t bytes) { return allocator().alloc(bytes); }
 void device_free(void* p) { allocator().free(p); }
+void record_stream(const void* p, cudaStream_t s) { allocator().record_stream(p, s); }
+int64_t async_uploads() { return staging().async_uploads(); }
+int64_t pinned_host_bytes() { return pinned_cache().pinned_bytes(); }
 
 // ---- backend ---------------------------------------------------------------------
 
@@ -224,6 +394,8 @@ void init_backend(int device) {
   h.alloc = [](int64_t bytes) { return device_alloc(bytes); };
   h.free = [](void* p) { device_free(p); };
   h.copy = hook_copy;
+  h.host_alloc = [](int64_t bytes) { return pinned_cache().alloc(bytes); };
+  h.host_free = [](void* p, int64_t bytes) { pinned_cache().free(p, bytes); };
 }
 
 bool backend_ready() { return g_backend != nullptr; }

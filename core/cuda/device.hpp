@@ -15,7 +15,8 @@
 // host (Tensor::to(cpu), sum_squares, all_finite) wait. The caching allocator relies
 // on this: a block freed on the host while kernels that use it are still queued is
 // handed out again only to work queued later on the same stream. Work on any other
-// stream (NCCL sends) must keep its tensors alive until that work is complete.
+// stream (NCCL sends, the overlapped gradient reduction) registers its buffers with
+// record_stream(), and a freed block it used waits for that work before it is reused.
 #pragma once
 #include <cublasLt.h>
 #include <cuda_runtime.h>
@@ -84,6 +85,8 @@ struct MemoryStats {
   int64_t reserved_bytes = 0;  // obtained from cudaMalloc and not yet released (live + cached)
   int64_t device_allocs = 0;   // cudaMalloc calls
   int64_t cache_hits = 0;      // requests served from a free list
+  int64_t deferred_frees = 0;  // frees of blocks used on a side stream (record_stream)
+  int64_t pending_blocks = 0;  // of those, blocks whose side-stream work is not known done yet
 };
 MemoryStats memory_stats();
 void reset_peak_memory();
@@ -92,6 +95,18 @@ int64_t allocation_size_class(int64_t bytes);
 
 void* device_alloc(int64_t bytes);
 void device_free(void* p);
+// Stream awareness: `p` (anywhere inside a live block) is used by work queued on side
+// stream `s` (NCCL sends and overlapped collectives). When the block is freed it is not
+// handed out again until the work queued on `s` up to the free is done (an event per
+// side stream, polled by later allocations), so a tensor may be dropped while a side
+// stream still reads it. Work on the backend stream needs no call (stream order).
+void record_stream(const void* p, cudaStream_t s);
+// Host-to-device copies of at most 4 MiB (token ids, loss masks) return without waiting:
+// the source is staged in pinned memory and copied on the backend stream. The count of
+// such uploads since start-up.
+int64_t async_uploads();
+// Bytes of page-locked host memory held for Tensor::empty_pinned (checkpoint snapshots).
+int64_t pinned_host_bytes();
 
 // A typed device buffer from the caching allocator (scratch space inside launchers).
 template <typename T>

@@ -18,16 +18,18 @@ bundle=${MTNLG_GPU_BUNDLE_SCRIPT:-$root/../shared/scripts/gpu-bundle.sh}
 cmake -S . -B build-gpu -G Ninja -DMTNLG_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$arch" \
   -DCMAKE_CUDA_STANDARD_REQUIRED=OFF -DCMAKE_BUILD_TYPE=Release >/dev/null
 start=$(date +%s)
-nice ninja -C build-gpu -j"$jobs" mtnlg test_core test_parallel
+nice ninja -C build-gpu -j"$jobs" mtnlg test_core test_parallel test_model
 echo "build-bundle: built in $(( $(date +%s) - start )) s (-j$jobs, sm_$arch)"
 
-bash "$bundle" build-gpu build-gpu/mtnlg build-gpu/test/test_core build-gpu/test/test_parallel
+bash "$bundle" build-gpu build-gpu/mtnlg build-gpu/test/test_core build-gpu/test/test_parallel build-gpu/test/test_model
 # Host symbols are not needed on the GPU machine (device line info stays in the fatbin);
 # stripping keeps the bundle under the 64 MiB a device session can carry (openblas
 # alone is ~35 MiB).
 strip --strip-unneeded .gpu/bin/* 2>/dev/null || true
-cp scripts/gpu/run-gpu-tests.sh .gpu/
+cp scripts/gpu/run-gpu-tests.sh scripts/gpu/train-proof.sh .gpu/
 size_mb=$(du -sm .gpu | cut -f1)
 echo "build-bundle: .gpu is ${size_mb} MiB"
 [ "$size_mb" -lt 64 ] || echo "build-bundle: WARNING: over 64 MiB; a device session cannot carry it whole" >&2
-echo "build-bundle: .gpu/ is ready; on the GPU machine: bash .gpu/run-gpu-tests.sh"
+echo "build-bundle: .gpu/ is ready; on the GPU machine, from the repository root:"
+echo "  bash .gpu/run-gpu-tests.sh      # every [gpu] case, sync-checked, sanitizers"
+echo "  bash .gpu/train-proof.sh        # mtnlg train on the GPU against the CPU, resume, 1.3B memory"

@@ -11,7 +11,8 @@
 #   3. compute-sanitizer --tool memcheck over test_core's [gpu] cases, and
 #      --tool racecheck over the shared-memory kernels (attention, reductions),
 #      when compute-sanitizer is available.
-# MTNLG_GPU_STEPS picks steps (default "tests sync memcheck racecheck"; a session whose
+# MTNLG_GPU_STEPS picks steps (default "tests sync memcheck racecheck"; "memcheck-large"
+# adds memcheck over the real-shape [large] cases; a session whose
 # commands are limited to 10 minutes can run them one per call); MTNLG_GPU_TIMEOUT is
 # each step's limit in seconds (default 540).
 # Exit status: 0 when every step that ran passed.
@@ -38,7 +39,7 @@ step() {  # step NAME CMD...
 }
 
 bins=()
-for b in test_core test_parallel; do [ -x "$bundle/bin/$b" ] && bins+=("$b"); done
+for b in test_core test_parallel test_model; do [ -x "$bundle/bin/$b" ] && bins+=("$b"); done
 [ ${#bins[@]} -gt 0 ] || { echo "run-gpu-tests: no test binaries in $bundle/bin" >&2; exit 2; }
 
 if want tests; then
@@ -53,11 +54,19 @@ fi
 san=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1 || true)
 if [ -n "$san" ] && [ -x "$bundle/bin/test_core" ]; then
   want memcheck && step "memcheck test_core [gpu]" timeout "$lim" "$san" --tool memcheck --error-exitcode 9 --leak-check no \
-    "$bundle/bin/test_core" "[gpu]"
+    "$bundle/bin/test_core" "[gpu]~[large]"
+  # The real-shape cases ([large]: 824M-element logits, B x H = 66000) take minutes under
+  # memcheck: a step of their own, run when asked for.
+  want memcheck-large && step "memcheck test_core [large]" timeout "$lim" "$san" --tool memcheck --error-exitcode 9 \
+    --leak-check no "$bundle/bin/test_core" "[large]"
+  want memcheck && [ -x "$bundle/bin/test_model" ] && step "memcheck test_model [gpu]" timeout "$lim" "$san" \
+    --tool memcheck --error-exitcode 9 --leak-check no "$bundle/bin/test_model" "[gpu]"
   want racecheck && step "racecheck attention" timeout "$lim" "$san" --tool racecheck --error-exitcode 9 \
     "$bundle/bin/test_core" "cuda fused attention (lse form) vs CPU"
   want racecheck && step "racecheck reductions" timeout "$lim" "$san" --tool racecheck --error-exitcode 9 \
     "$bundle/bin/test_core" "cuda vocab-parallel cross-entropy pieces vs CPU"
+  want racecheck && step "racecheck KV-cache attention" timeout "$lim" "$san" --tool racecheck --error-exitcode 9 \
+    "$bundle/bin/test_core" "cuda KV-cache attention*"
 else
   echo "run-gpu-tests: compute-sanitizer not found; memcheck/racecheck skipped"
 fi

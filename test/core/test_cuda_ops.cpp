@@ -8,9 +8,12 @@
 #ifdef MTNLG_HAVE_CUDA
 #include <catch2/catch.hpp>
 
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
 #include <random>
 
+#include "core/cuda/cuda_check.hpp"
 #include "core/cuda/device.hpp"
 #include "core/cuda/kernels.hpp"
 #include "core/cuda/ops_cuda.hpp"
@@ -71,6 +74,110 @@ TEST_CASE("cuda allocator: accounting, peak and reuse", "[gpu]") {
   CHECK(cuda::memory_stats().device_allocs == mallocs);
   cuda::empty_cache();
   CHECK(cuda::memory_stats().reserved_bytes == cuda::memory_stats().current_bytes);
+}
+
+namespace {
+// Holds a stream at a host callback until release(): deterministic "side-stream work
+// still in flight" for the allocator tests.
+struct StreamGate {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool open = false;
+  static void CUDART_CB hold(void* self) {
+    auto* g = static_cast<StreamGate*>(self);
+    std::unique_lock<std::mutex> lock(g->mu);
+    g->cv.wait(lock, [g] { return g->open; });
+  }
+  void release() {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      open = true;
+    }
+    cv.notify_all();
+  }
+};
+}  // namespace
+
+TEST_CASE("cuda allocator: a block used on a side stream is not reused before that work is done", "[gpu]") {
+  if (!gpu_ready()) return;
+  cuda::synchronize();
+  cuda::CudaStream side;
+  StreamGate gate;
+  void* first = nullptr;
+  {
+    Tensor t = Tensor::empty({777}, DType::f32, Device::cuda);
+    first = t.raw();
+    CUDA_CHECK(cudaLaunchHostFunc(side.get(), StreamGate::hold, &gate));  // side-stream work "reading" t
+    cuda::record_stream(static_cast<char*>(t.raw()) + 64, side.get());     // an interior pointer counts too
+  }  // t freed while the side stream is still held
+  CHECK(cuda::memory_stats().pending_blocks >= 1);
+  {
+    Tensor u = Tensor::empty({777}, DType::f32, Device::cuda);  // same size class
+    CHECK(u.raw() != first);  // the pending block was not handed out
+  }
+  gate.release();
+  side.synchronize();
+  // Now the block is free again: an allocation of its class may get it back.
+  bool reused = false;
+  std::vector<Tensor> keep;
+  for (int i = 0; i < 4 && !reused; ++i) {
+    keep.push_back(Tensor::empty({777}, DType::f32, Device::cuda));
+    reused = keep.back().raw() == first;
+  }
+  CHECK(reused);
+  CHECK(cuda::memory_stats().pending_blocks == 0);
+}
+
+TEST_CASE("cuda uploads: small host-to-device copies are staged and asynchronous, and exact", "[gpu]") {
+  if (!gpu_ready()) return;
+  const int64_t before = cuda::async_uploads();
+  std::vector<Tensor> devs;
+  std::vector<std::vector<int32_t>> want;
+  for (int k = 0; k < 9; ++k) {  // more uploads than staging slots: slots are reused in order
+    Tensor h = Tensor::empty({5000 + k}, DType::i32, Device::cpu);
+    std::vector<int32_t> w(static_cast<size_t>(h.numel()));
+    for (int64_t i = 0; i < h.numel(); ++i) w[i] = h.data<int32_t>()[i] = static_cast<int32_t>(i * 7 + k);
+    devs.push_back(h.to(Device::cuda));
+    for (int64_t i = 0; i < h.numel(); ++i) h.data<int32_t>()[i] = -1;  // the source may be reused at once
+    want.push_back(std::move(w));
+  }
+  CHECK(cuda::async_uploads() - before == 9);
+  for (size_t k = 0; k < devs.size(); ++k) {
+    Tensor back = devs[k].to(Device::cpu);
+    bool same = true;
+    for (int64_t i = 0; i < back.numel(); ++i) same = same && back.data<int32_t>()[i] == want[k][i];
+    CHECK(same);
+  }
+  // A large upload (a checkpoint) takes the synchronous path.
+  const int64_t mid = cuda::async_uploads();
+  Tensor big = Tensor::empty({(8 << 20) / 4}, DType::f32, Device::cpu);
+  for (int64_t i = 0; i < big.numel(); ++i) big.data<float>()[i] = static_cast<float>(i % 1000);
+  Tensor bigd = big.to(Device::cuda);
+  CHECK(cuda::async_uploads() == mid);
+  CHECK(ops::sum_squares(bigd) == Approx(ops::sum_squares(big)));
+}
+
+TEST_CASE("cuda pinned host tensors: device-to-host copies into them, cached by size", "[gpu]") {
+  if (!gpu_ready()) return;
+  Tensor h = Tensor::empty({3 << 20}, DType::f32, Device::cpu);
+  for (int64_t i = 0; i < h.numel(); ++i) h.data<float>()[i] = static_cast<float>(i % 4099);
+  Tensor d = h.to(Device::cuda);
+  const int64_t pinned_before = cuda::pinned_host_bytes();
+  void* first = nullptr;
+  {
+    Tensor p = Tensor::empty_pinned(h.shape(), DType::f32);
+    first = p.raw();
+    p.copy_from(d);
+    CHECK(std::memcmp(p.raw(), h.raw(), static_cast<size_t>(h.nbytes())) == 0);
+    cudaPointerAttributes attr{};
+    CUDA_CHECK(cudaPointerGetAttributes(&attr, p.raw()));
+    CHECK(attr.type == cudaMemoryTypeHost);  // page-locked, not pageable
+  }
+  const int64_t pinned_after = cuda::pinned_host_bytes();
+  CHECK(pinned_after >= pinned_before);
+  Tensor again = Tensor::empty_pinned(h.shape(), DType::f32);  // the next checkpoint: same size, same buffer
+  CHECK(again.raw() == first);
+  CHECK(cuda::pinned_host_bytes() == pinned_after);
 }
 
 // ---- utility ops -----------------------------------------------------------------------
@@ -135,7 +242,7 @@ TEST_CASE("cuda fill, copy, add, scale, convert, sum_squares, all_finite", "[gpu
 
 // ---- matmul ------------------------------------------------------------------------------
 
-TEST_CASE("cuda matmul forward/backward vs CPU (all three shapes, bias epilogue on/off)", "[gpu]") {
+TEST_CASE("cuda matmul forward/backward vs CPU (all three shapes; cuBLASLt with and without the bias epilogue, and the cublasGemmEx fallback)", "[gpu]") {
   if (!gpu_ready()) return;
   std::mt19937_64 g(2);
   struct S {
@@ -143,9 +250,12 @@ TEST_CASE("cuda matmul forward/backward vs CPU (all three shapes, bias epilogue 
   };
   for (S s : {S{1, 1, 1}, S{7, 13, 5}, S{64, 96, 160}, S{129, 257, 33}}) {
     for (DType dt : kTypes) {
-      for (bool epilogue : {true, false}) {
-        INFO("N " << s.N << " C " << s.C << " OC " << s.OC << " dtype " << to_string(dt) << " epilogue " << epilogue);
+      for (int mode : {0, 1, 2}) {  // 0 cuBLASLt + bias epilogue, 1 cuBLASLt, 2 cublasGemmEx
+        const bool epilogue = mode == 0;
+        INFO("N " << s.N << " C " << s.C << " OC " << s.OC << " dtype " << to_string(dt) << " mode " << mode);
         const bool old = cuda::k::set_gemm_bias_epilogue(epilogue);
+        const bool old_lt = cuda::k::set_gemm_lt(mode != 2);
+        const int64_t fallbacks = cuda::k::gemm_fallbacks();
         Tensor inp = randn({s.N, s.C}, g), w = randn({s.OC, s.C}, g, 0.2), bias = randn({s.OC}, g);
         Tensor dout = randn({s.N, s.OC}, g), dinp0 = randn({s.N, s.C}, g), dw0 = randn({s.OC, s.C}, g),
                db0 = randn({s.OC}, g);
@@ -174,7 +284,9 @@ TEST_CASE("cuda matmul forward/backward vs CPU (all three shapes, bias epilogue 
           check_close("dw", gdw, rdw, rtol_for(dt));
           check_close("dbias", gdb, rdb, rtol_for(dt));
         }
+        if (mode == 2) CHECK(cuda::k::gemm_fallbacks() > fallbacks);  // the fallback really ran
         cuda::k::set_gemm_bias_epilogue(old);
+        cuda::k::set_gemm_lt(old_lt);
       }
     }
   }
@@ -318,6 +430,93 @@ TEST_CASE("cuda fused attention (lse form) vs CPU", "[gpu]") {
         Tensor gdqkv = poisoned(qkv.shape(), dt);
         ops::attention_backward_lse(gdqkv, gdo, gq, gout, glse, s.H, drop);
         check_close("dqkv", gdqkv, dqkv, dt == DType::f32 ? kRtolF32 : 2 * kRtolLow);  // two chained low-precision ops
+      }
+    }
+  }
+}
+
+// The shapes real runs use, where launch limits and long reductions bite: sequence 1024
+// and 2048, micro-batch x local heads above 400 and above the 65535 of a grid's y.
+TEST_CASE("cuda fused attention at real shapes (T 1024 and 2048, B x H 416 and 66000) vs CPU", "[gpu][large]") {
+  if (!gpu_ready()) return;
+  std::mt19937_64 g(17);
+  struct S {
+    int64_t B, T, H, D;
+    DType dt;
+    double p;
+  };
+  for (S s : {S{4, 1024, 104, 64, DType::bf16, 0.1}, S{1, 2048, 8, 128, DType::f32, 0.0},
+              S{1100, 20, 60, 16, DType::f32, 0.1}}) {
+    INFO("B " << s.B << " T " << s.T << " H " << s.H << " D " << s.D << " " << to_string(s.dt) << " p " << s.p);
+    ops::AttentionDropout drop{s.p, 0x5151ull, 0, 0, s.H};
+    Tensor qkv = randn({s.B, s.T, 3 * s.H * s.D}, g), dout = randn({s.B, s.T, s.H * s.D}, g);
+    Tensor rq = rounded(qkv, s.dt), rdo = rounded(dout, s.dt);
+    Tensor out = cpu_zeros({s.B, s.T, s.H * s.D}), lse = cpu_zeros({s.B, s.H, s.T});
+    ops::attention_forward_lse(out, lse, rq, s.H, drop);
+    Tensor gq = to_gpu(qkv, s.dt), gdo = to_gpu(dout, s.dt);
+    Tensor gout = poisoned({s.B, s.T, s.H * s.D}, s.dt), glse = poisoned({s.B, s.H, s.T}, DType::f32);
+    ops::attention_forward_lse(gout, glse, gq, s.H, drop);
+    check_close("out", gout, out, rtol_for(s.dt));
+    check_close("lse", glse, lse, rtol_for(s.dt));
+    Tensor dqkv = cpu_zeros(qkv.shape());
+    ops::attention_backward_lse(dqkv, rdo, rq, out, lse, s.H, drop);
+    Tensor gdqkv = poisoned(qkv.shape(), s.dt);
+    ops::attention_backward_lse(gdqkv, gdo, gq, gout, glse, s.H, drop);
+    check_close("dqkv", gdqkv, dqkv, s.dt == DType::f32 ? kRtolF32 : 2 * kRtolLow);
+  }
+}
+
+TEST_CASE("cuda cross-entropy at a real shape (vocab 50304 x 16384 tokens, bf16) vs CPU", "[gpu][large]") {
+  if (!gpu_ready()) return;
+  std::mt19937_64 g(19);
+  const int64_t N = 16384, V = 50304, valid = 50257;
+  Tensor logits = randn({N, V}, g, 3.0);
+  Tensor targets = i32_cpu({N}, g, 0, static_cast<int>(valid));
+  Tensor dloss = randn({N}, g);
+  Tensor rl = rounded(logits, DType::bf16);
+  Tensor rmax = cpu_zeros({N}), sumexp = cpu_zeros({N}), tl = cpu_zeros({N});
+  ops::xent_rowmax(rmax, rl, valid);
+  ops::xent_sumexp_target(sumexp, tl, rl, targets, rmax, 0, valid);
+  Tensor gl = to_gpu(logits, DType::bf16), gt = targets.to(Device::cuda);
+  Tensor grmax = poisoned({N}, DType::f32), gsum = poisoned({N}, DType::f32), gtl = poisoned({N}, DType::f32);
+  ops::xent_rowmax(grmax, gl, valid);
+  check_close("rowmax", grmax, rmax, 1e-12);
+  ops::xent_sumexp_target(gsum, gtl, gl, gt, grmax, 0, valid);
+  check_close("sumexp", gsum, sumexp, kRtolF32);
+  check_close("target logit", gtl, tl, 1e-12);
+  Tensor dl = cpu_zeros({N, V});
+  ops::xent_backward(dl, rl, targets, rmax, sumexp, dloss, 0, valid);
+  ops::xent_backward(gl, gl, gt, grmax, gsum, to_gpu(dloss), 0, valid);
+  check_close("dlogits", gl, dl, kRtolLow);
+}
+
+TEST_CASE("cuda KV-cache attention (prefill, one-token steps, a chunk) vs CPU", "[gpu]") {
+  if (!gpu_ready()) return;
+  std::mt19937_64 g(23);
+  struct S {
+    int64_t B, H, D, cap;
+  };
+  for (S s : {S{1, 1, 8, 8}, S{3, 4, 64, 80}, S{2, 2, 256, 40}}) {
+    for (DType dt : kTypes) {
+      INFO("B " << s.B << " H " << s.H << " D " << s.D << " capacity " << s.cap << " " << to_string(dt));
+      Tensor kc = cpu_zeros({s.B, s.H, s.cap, s.D}), vc = cpu_zeros({s.B, s.H, s.cap, s.D});
+      Tensor gk = to_gpu(kc, dt), gv = to_gpu(kc, dt);
+      int64_t past = 0;
+      for (int64_t T : {std::min<int64_t>(5, s.cap), int64_t{1}, int64_t{1}, std::min<int64_t>(3, s.cap - 7)}) {
+        if (T <= 0 || past + T > s.cap) break;
+        INFO("past " << past << " T " << T);
+        Tensor qkv = randn({s.B, T, 3 * s.H * s.D}, g);
+        Tensor rq = rounded(qkv, dt);
+        Tensor out = cpu_zeros({s.B, T, s.H * s.D});
+        // The CPU op on the rounded inputs and the rounded cache the GPU holds.
+        Tensor rk = to_cpu_f32(gk), rv = to_cpu_f32(gv);
+        ops::attention_cached_forward(out, rk, rv, rq, s.H, past);
+        Tensor gout = poisoned({s.B, T, s.H * s.D}, dt);
+        ops::attention_cached_forward(gout, gk, gv, to_gpu(qkv, dt), s.H, past);
+        check_close("out", gout, out, rtol_for(dt));
+        check_close("k cache", gk, rk, rtol_for(dt));
+        check_close("v cache", gv, rv, rtol_for(dt));
+        past += T;
       }
     }
   }

@@ -108,3 +108,12 @@ TEST_CASE("ops: shapes and dtype roles are checked once, before the dispatch, th
                       Catch::Contains("xent_sumexp_target: target_logit has 3"));
   }
 }
+
+TEST_CASE("Tensor::empty_pinned is ordinary host memory without a running CUDA backend", "[unit]") {
+  Tensor src = Tensor::empty({5}, DType::f32, Device::test);
+  ops::fill(src, 2.5);
+  Tensor p = Tensor::empty_pinned({5}, DType::f32);
+  CHECK(p.device() == Device::cpu);
+  p.copy_from(src);  // what a checkpoint snapshot does from the device
+  for (int64_t i = 0; i < 5; ++i) CHECK(p.data<float>()[i] == 2.5f);
+}

@@ -289,3 +289,19 @@ TEST_CASE("cost: the mtnlg profile times flash-style attention, where selective 
   // Activations: no 5as/h term, so "none" keeps far less than Korthikanti's count.
   CHECK(estimate(none, ln, ours).stages[0].activations < 0.5 * estimate(none, ln, meg).stages[0].activations);
 }
+
+TEST_CASE("cost: the trainer's MFU peak comes from the GPU table by CUDA device name", "[cost]") {
+  // cudaDeviceProp::name strings as the driver reports them.
+  const auto* h100 = cost::gpu_spec_for_device("cuda:0 NVIDIA H100 80GB HBM3 (sm_90)");
+  REQUIRE(h100 != nullptr);
+  CHECK(h100->name == "h100-80g");
+  CHECK(h100->peak_flops == Approx(989e12).epsilon(0.01));
+  REQUIRE(cost::gpu_spec_for_device("NVIDIA H200") != nullptr);
+  CHECK(cost::gpu_spec_for_device("NVIDIA H200")->name == "h200-141g");
+  REQUIRE(cost::gpu_spec_for_device("NVIDIA A100-SXM4-80GB") != nullptr);
+  CHECK(cost::gpu_spec_for_device("NVIDIA A100-SXM4-80GB")->name == "a100-80g");
+  // Boards with other clocks are not guessed: the trainer asks for logging.peak_tflops.
+  CHECK(cost::gpu_spec_for_device("NVIDIA H100 PCIe") == nullptr);
+  CHECK(cost::gpu_spec_for_device("NVIDIA H100 NVL") == nullptr);
+  CHECK(cost::gpu_spec_for_device("NVIDIA GeForce RTX 4090") == nullptr);
+}

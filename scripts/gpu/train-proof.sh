@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# End-to-end proofs of `mtnlg train` on a GPU (issue 15), with the bundle's mtnlg
+# (scripts/gpu/build-bundle.sh). Run from the repository root on the GPU machine:
+#
+#   bash .gpu/train-proof.sh [STEPS]        (default: "tiny resume mem13b")
+#
+#   tiny    recipes/tiny-mock.yaml, 20 iterations, dropout 0.1: the GPU in fp32 against
+#           the CPU in fp32 (every iteration's loss within 1e-4 relative: one step agrees
+#           to ~1e-6, and 20 Adam steps carry the difference forward), and the GPU in
+#           bf16 against the CPU in bf16 (within 2e-2); the GPU log line must name the
+#           allocator's memory and a nonzero MFU.
+#   resume  tiny-mock in bf16 on the GPU: 20 iterations straight, and 10 (stopped by
+#           training.exit_interval, which saves) + 10 resumed from that checkpoint;
+#           iterations 11..20 must have bit-identical losses and grad norms.
+#   mem13b  recipes/gpt-1.3b.yaml (seq 2048, bf16, micro batch 1, full recompute) for 3
+#           iterations: the allocator's peak against `mtnlg plan --software mtnlg
+#           --gpu h100-80g`'s prediction (within 10%).
+# Each step prints PASS/FAIL and the numbers; the exit status is the number of failures.
+set -uo pipefail
+bundle=$(cd "$(dirname "$0")" && pwd)
+export LD_LIBRARY_PATH="$bundle/lib:/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_LIBRARY_PATH:-}"
+mtnlg="$bundle/bin/mtnlg"
+steps=" ${1:-tiny resume mem13b} "
+out=${MTNLG_PROOF_DIR:-/tmp/mtnlg-proof}
+rm -rf "$out"
+mkdir -p "$out"
+fails=0
+
+run() {  # run NAME DEVICE PRECISION [--set ...]
+  local name=$1 dev=$2 prec=$3
+  shift 3
+  "$mtnlg" train recipes/tiny-mock.yaml --set training.device="$dev" --set training.precision="$prec" \
+    --set model.hidden_dropout=0.1 --set model.attention_dropout=0.1 --set logging.dir="$out/$name" \
+    --set logging.log_interval=1 "$@" >"$out/$name.log" 2>&1
+  local rc=$?
+  [ $rc -eq 0 ] || { echo "  $name: mtnlg exited $rc"; tail -5 "$out/$name.log"; }
+  return $rc
+}
+
+compare() {  # compare A B RTOL [FIRST_ITERATION] [exact]
+  python3 - "$out/$1/metrics.jsonl" "$out/$2/metrics.jsonl" "$3" "${4:-1}" "${5:-}" <<'EOF'
+import json, sys
+a = {r["iteration"]: r for r in map(json.loads, open(sys.argv[1]))}
+b = {r["iteration"]: r for r in map(json.loads, open(sys.argv[2]))}
+rtol, first, exact = float(sys.argv[3]), int(sys.argv[4]), sys.argv[5] == "exact"
+its = sorted(i for i in a if i >= first and i in b)
+if not its:
+    print("  no common iterations"); sys.exit(1)
+worst = 0.0
+for i in its:
+    for k in ("loss", "grad_norm"):
+        x, y = a[i][k], b[i][k]
+        if exact:
+            if x != y:
+                print(f"  iteration {i} {k}: {x!r} != {y!r}"); sys.exit(1)
+        else:
+            worst = max(worst, abs(x - y) / max(abs(y), 1e-30))
+print(f"  iterations {its[0]}..{its[-1]}: " + ("bit-identical loss and grad norm" if exact else
+      f"worst relative difference {worst:.3e} (bound {rtol:g}); last loss {a[its[-1]]['loss']:.6f} vs {b[its[-1]]['loss']:.6f}"))
+sys.exit(0 if exact or worst <= rtol else 1)
+EOF
+}
+
+step() {  # step NAME RC
+  if [ "$2" -eq 0 ]; then echo "PASS $1"; else echo "FAIL $1"; fails=$((fails + 1)); fi
+}
+
+if [[ "$steps" == *" tiny "* ]]; then
+  echo "=== tiny: GPU vs CPU, fp32 and bf16"
+  rc=0
+  run cpu32 cpu fp32 && run gpu32 cuda fp32 && compare gpu32 cpu32 1e-4 || rc=1
+  run cpu16 cpu bf16 && run gpu16 cuda bf16 && compare gpu16 cpu16 2e-2 || rc=1
+  grep -m1 "MFU peak" "$out/gpu16.log" || rc=1
+  grep -m1 "reserved" "$out/gpu16.log" || { echo "  no allocator memory in the GPU log line"; rc=1; }
+  python3 -c "import json,sys; r=[json.loads(l) for l in open('$out/gpu16/metrics.jsonl')][-1]; print('  mfu', r['mfu'], 'reserved', r['reserved_memory_bytes']); sys.exit(0 if r['mfu'] > 0 and r['reserved_memory_bytes'] > 0 else 1)" || rc=1
+  step tiny $rc
+fi
+
+if [[ "$steps" == *" resume "* ]]; then
+  echo "=== resume: bit-exact through a GPU checkpoint (bf16)"
+  rc=0
+  run straight cuda bf16 && \
+  run first cuda bf16 --set training.exit_interval=10 --set checkpoint.save="$out/ckpt" && \
+  run second cuda bf16 --set checkpoint.load="$out/ckpt" --set checkpoint.save="$out/ckpt" && \
+  compare second straight 0 11 exact || rc=1
+  step resume $rc
+fi
+
+if [[ "$steps" == *" mem13b "* ]]; then
+  echo "=== mem13b: the allocator's peak against mtnlg plan"
+  sets=(--set training.micro_batch_size=1 --set training.global_batch_size=4 --set training.train_iters=3
+        --set parallel.recompute_granularity=full)
+  rc=0
+  "$mtnlg" train recipes/gpt-1.3b.yaml "${sets[@]}" --set training.device=cuda --set logging.dir="$out/gpt13b" \
+    --set logging.log_interval=1 >"$out/gpt13b.log" 2>&1 || { rc=1; tail -5 "$out/gpt13b.log"; }
+  "$mtnlg" plan recipes/gpt-1.3b.yaml "${sets[@]}" --gpu h100-80g --software mtnlg --json >"$out/plan13b.json" || rc=1
+  if [ $rc -eq 0 ]; then
+    python3 - "$out/gpt13b/metrics.jsonl" "$out/plan13b.json" <<'EOF' || rc=1
+import json, sys
+peak = max(json.loads(l)["peak_memory_bytes"] for l in open(sys.argv[1])) / 2**30
+plan = json.load(open(sys.argv[2]))["peak_memory_gib"]
+err = (peak - plan) / plan
+print(f"  measured allocator peak {peak:.2f} GiB, planned {plan:.2f} GiB, error {100 * err:+.1f}% (bound 10%)")
+sys.exit(0 if abs(err) <= 0.10 else 1)
+EOF
+  fi
+  grep -m2 "iteration " "$out/gpt13b.log" | tail -1
+  step mem13b $rc
+fi
+
+echo "=== train-proof: $fails failure(s); logs in $out"
+exit $fails
