@@ -1,9 +1,16 @@
-// `mtnlg checkpoint inspect|convert|export|import`
+// `mtnlg checkpoint inspect|convert|export|import|logits`
+#include <algorithm>
+#include <climits>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 
 #include "app/checkpoint_tools.hpp"
 #include "app/commands.hpp"
+#include "app/eval_runner.hpp"
+#include "app/placement.hpp"
+#include "core/safetensors.hpp"
+#include "model/inference.hpp"
 #include "core/log.hpp"
 #include "core/progress.hpp"
 #include "model/checkpoint.hpp"
@@ -18,6 +25,7 @@ void register_checkpoint(CLI::App& app) {
     std::string input, output, format = "hf-gpt2", recipe;
     int64_t tp = 1, pp = 1;
     bool tensors = false;
+    std::string tokens, device = "auto";
   };
   auto a = std::make_shared<Args>();
 
@@ -91,6 +99,48 @@ void register_checkpoint(CLI::App& app) {
   im->callback([a] {
     std::string d = import_hf_gpt2(a->input, a->output, a->recipe);
     std::printf("wrote %s\n", d.c_str());
+  });
+
+  auto* lg = cmd->add_subcommand(
+      "logits", "Write the model's logits for a token sequence (safetensors: tokens [1,T] i32, logits [1,T,vocab] f32), "
+                "to compare an export or another framework with mtnlg");
+  lg->add_option("--input", a->input, "Checkpoint root or iteration directory (any layout)")->required();
+  lg->add_option("--tokens", a->tokens, "Comma-separated token ids, e.g. 464,3290,318")->required();
+  lg->add_option("--output", a->output, "Output .safetensors file")->required();
+  lg->add_option("--device", a->device, "auto|cpu|cuda|test: where the forward runs")->capture_default_str();
+  lg->callback([a] {
+    std::vector<int32_t> toks;
+    size_t pos = 0;
+    while (pos <= a->tokens.size()) {
+      const size_t end = std::min(a->tokens.find(',', pos), a->tokens.size());
+      const std::string t = a->tokens.substr(pos, end - pos);
+      char* stop = nullptr;
+      const long long v = std::strtoll(t.c_str(), &stop, 10);
+      if (t.empty() || *stop != '\0' || v < 0 || v > INT32_MAX)
+        throw_input("--tokens: \"{}\" is not a token id (comma-separated non-negative integers)", t);
+      toks.push_back(static_cast<int32_t>(v));
+      pos = end + 1;
+    }
+    model::LoadedModel lm = load_eval_model(a->input, "", {});
+    const int64_t T = static_cast<int64_t>(toks.size()), V = lm.cfg.vocab_size;
+    if (T > lm.cfg.max_positions)
+      throw_input("--tokens: {} tokens exceed the model's {} positions", T, lm.cfg.max_positions);
+    for (int32_t t : toks)
+      if (t >= V) throw_input("--tokens: id {} is outside the vocabulary (size {})", t, V);
+    lm.store.place(select_device(parse_device_kind(a->device, "--device"), "--device"));
+    auto chunk = model::whole_model_chunk(lm.cfg, lm.store);
+    std::vector<int64_t> rows(static_cast<size_t>(T));
+    for (int64_t i = 0; i < T; ++i) rows[static_cast<size_t>(i)] = i;
+    const Tensor padded = model::logits_at(*chunk, toks.data(), 1, T, rows);  // [T, padded vocab], host f32
+    Tensor logits = Tensor::empty({1, T, V});
+    for (int64_t i = 0; i < T; ++i)
+      std::copy(padded.data<float>() + i * padded.dim(1), padded.data<float>() + i * padded.dim(1) + V,
+                logits.data<float>() + i * V);
+    Tensor tt = Tensor::empty({1, T}, DType::i32);
+    std::copy(toks.begin(), toks.end(), tt.data<int32_t>());
+    safetensors::write(a->output, {{"tokens", tt}, {"logits", logits}}, {{"format", "mtnlg-logits"}});
+    std::printf("wrote %s (%lld tokens x %lld logits, %s)\n", a->output.c_str(), static_cast<long long>(T),
+                static_cast<long long>(V), describe_device(lm.store.params().device()).c_str());
   });
 }
 

@@ -12,7 +12,9 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "core/safetensors.hpp"
 #include "model/checkpoint.hpp"
+#include "model/inference.hpp"
 #include "test/support/test_support.hpp"
 
 using namespace mtnlg;
@@ -239,4 +241,41 @@ TEST_CASE("checkpoint: keep_last prunes old checkpoints; inspect reports them", 
   INFO(r.out);
   CHECK(r.exit_code == 0);
   CHECK_THAT(r.out, Contains("iteration 20") && Contains("model_tp00_pp000.safetensors") && Contains("checksums ok"));
+}
+
+TEST_CASE("checkpoint logits: the model's logits for given tokens, on the CPU and the test device alike", "[e2e]") {
+  test::TempDir d("ck-logits");
+  const std::string ck = d.str() + "/ckpt";
+  REQUIRE(train(1, d.str(), "--set training.train_iters=2 --set checkpoint.save=" + ck).exit_code == 0);
+  const std::string toks = "3,141,59,26,5,35,89,79";
+  auto cpu = test::run_mtnlg("checkpoint logits --input " + ck + " --device cpu --tokens " + toks + " --output " + d.str() +
+                             "/cpu.safetensors");
+  INFO(cpu.out);
+  REQUIRE(cpu.exit_code == 0);
+  auto dev = test::run_mtnlg("checkpoint logits --input " + ck + " --device test --tokens " + toks + " --output " + d.str() +
+                             "/test.safetensors");
+  INFO(dev.out);
+  REQUIRE(dev.exit_code == 0);
+  auto a = safetensors::read(d.str() + "/cpu.safetensors"), b = safetensors::read(d.str() + "/test.safetensors");
+  const Tensor& la = a.tensors.at("logits");
+  REQUIRE(la.shape() == Shape{1, 8, 256});  // tiny-ramp's vocabulary, unpadded
+  REQUIRE(a.tensors.at("tokens").data<int32_t>()[1] == 141);
+  // The same logits in process (load_for_inference + logits_at), and on the test device.
+  model::LoadedModel m = model::ckpt::load_for_inference(ck);
+  auto chunk = model::whole_model_chunk(m.cfg, m.store);
+  const std::vector<int32_t> ids{3, 141, 59, 26, 5, 35, 89, 79};
+  std::vector<int64_t> rows{0, 1, 2, 3, 4, 5, 6, 7};
+  Tensor ref = model::logits_at(*chunk, ids.data(), 1, 8, rows);
+  for (int64_t t = 0; t < 8; ++t)
+    for (int64_t v = 0; v < 256; ++v) {
+      REQUIRE(la.data<float>()[t * 256 + v] == ref.data<float>()[t * ref.dim(1) + v]);
+      REQUIRE(b.tensors.at("logits").data<float>()[t * 256 + v] == la.data<float>()[t * 256 + v]);
+    }
+  // Bad token lists are input errors.
+  for (const char* bad : {"1,x", "1,,2", "-3", "1,256"}) {
+    auto r = test::run_mtnlg("checkpoint logits --input " + ck + " --tokens=" + bad + " --output " + d.str() + "/bad.st");
+    INFO(bad << ": " << r.out);
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.out, Contains("--tokens"));
+  }
 }
