@@ -26,7 +26,7 @@ bash "$bundle" build-gpu build-gpu/mtnlg build-gpu/test/test_core build-gpu/test
 # stripping keeps the bundle under the 64 MiB a device session can carry (openblas
 # alone is ~35 MiB).
 strip --strip-unneeded .gpu/bin/* 2>/dev/null || true
-cp scripts/gpu/run-gpu-tests.sh scripts/gpu/train-proof.sh .gpu/
+cp scripts/gpu/run-gpu-tests.sh scripts/gpu/train-proof.sh scripts/gpu/hf-check.py .gpu/
 size_mb=$(du -sm .gpu | cut -f1)
 echo "build-bundle: .gpu is ${size_mb} MiB"
 [ "$size_mb" -lt 64 ] || echo "build-bundle: WARNING: over 64 MiB; a device session cannot carry it whole" >&2
