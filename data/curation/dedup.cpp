@@ -130,49 +130,10 @@ constexpr int64_t kMaxLeaders = 32;
 
 namespace {
 
-// One process: collectives are no-ops, the exchange keeps what was sent to itself.
-class SoloComm final : public DedupComm {
- public:
-  int64_t rank() const override { return 0; }
-  int64_t size() const override { return 1; }
-  void all_reduce_sum(int64_t*, int64_t) override {}
-  void all_reduce_max(int64_t*, int64_t) override {}
-  std::vector<char> all_to_all(const std::vector<std::span<const char>>& send) override {
-    return std::vector<char>(send[0].begin(), send[0].end());
-  }
-};
-
-// Runs one phase on every rank and agrees on its outcome: when any rank failed, every
-// rank throws (the failing one its own error, the others one naming the lowest failing
-// rank), so no rank is left waiting in a later exchange.
-template <typename F>
-void agree(DedupComm& c, const char* what, F&& fn) {
-  std::exception_ptr err;
-  int64_t code = 0;
-  try {
-    fn();
-  } catch (const Error& e) {
-    err = std::current_exception();
-    code = e.exit_code();
-  } catch (...) {
-    err = std::current_exception();
-    code = 1;
-  }
-  const int64_t W = c.size(), r = c.rank();
-  int64_t v[2] = {err ? W - r : 0, code};
-  c.all_reduce_max(v, 2);
-  if (v[0] == 0) return;
-  c.failure_agreed = true;
-  c.failed_here = err != nullptr;
-  if (err) std::rethrow_exception(err);
-  throw Error(static_cast<int>(v[1]),
-              fmt::format("stopped because rank {} failed {} (its message names the cause); no output written", W - v[0], what));
-}
-
 // The all-to-all of records of type T; the received bytes are read with read<T>() (no
 // second copy of a round's data).
 template <typename T>
-std::vector<char> exchange_records(DedupComm& c, const std::vector<std::vector<T>>& out) {
+std::vector<char> exchange_records(RankComm& c, const std::vector<std::vector<T>>& out) {
   static_assert(sizeof(T) % 4 == 0 && std::is_trivially_copyable_v<T>);
   std::vector<std::span<const char>> send;
   for (auto& v : out) send.emplace_back(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
@@ -351,10 +312,10 @@ int64_t parse_byte_size(const std::string& text, const std::string& what) {
   return static_cast<int64_t>(v * mult);
 }
 
-DedupResult run_dedup(const DedupOptions& opt, DedupComm* comm_in) {
+DedupResult run_dedup(const DedupOptions& opt, RankComm* comm_in) {
   auto t_start = Clock::now();
-  SoloComm solo;
-  DedupComm& comm = comm_in ? *comm_in : solo;
+  SoloRankComm solo;
+  RankComm& comm = comm_in ? *comm_in : solo;
   const int64_t W = comm.size(), R = comm.rank();
   const bool show = opt.progress && R == 0;
   const int64_t k = opt.num_perm;

@@ -1,9 +1,10 @@
 // Curation commands under mpirun: `data quality filter`, `quality score`,
 // `decontaminate` and `dedup` give the same output and report bytes on 1, 2, 3 and 4
-// ranks (Pareto draws keyed by the whole file's document index; the too-common n-gram
-// rule counted over the whole input; dedup's groups independent of which rank holds a
-// document, also when band keys are spilled), and a bad line on a later rank's share
-// stops every rank with file:line and no output.
+// ranks (Pareto draws keyed by the whole file's document index; the too-common n-gram rule counted
+// over the whole input; dedup's groups independent of which rank holds a document, also
+// when band keys are spilled), and a bad line on a later rank's share stops every rank
+// with file:line and no output. Multi-rank decontaminate draws one progress line on
+// rank 0 (over both passes of all ranks) unless --no-progress.
 #include <algorithm>
 #include <map>
 #include <catch2/catch.hpp>
@@ -12,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "core/progress.hpp"
 #include "test/support/test_support.hpp"
 
 using namespace mtnlg;
@@ -203,6 +205,28 @@ TEST_CASE("e2e decontaminate: 1, 2, 3 and 4 ranks give identical output and repo
   CHECK_THAT(r.out, Catch::Matchers::Contains("bad.jsonl:" + std::to_string(line_no)) &&
                         Catch::Matchers::Contains("stopped because rank 2 failed"));
   CHECK(count_files(tmp.path()) == before + 1);  // only bad.jsonl
+
+  // Progress: one line on rank 0 over both passes of all ranks' bytes (the total is
+  // known, so a bar with a percentage and, while running, an ETA); --no-progress (used
+  // above) draws none.
+  {
+    auto on = run_np(3, "data decontaminate --input " + d + "/in.jsonl --tasks-dir " + d + "/s/tasks --output " + d +
+                            "/progress.jsonl --max-hits 3");
+    INFO(on.out);
+    REQUIRE(on.exit_code == 0);
+    CHECK_THAT(on.out, Catch::Matchers::Contains("decontaminate: 2 passes (3 ranks): [########################] 100.0%"));
+    // The total is both passes over the whole file, and every byte is counted once.
+    const std::string total = human_count(2.0 * static_cast<double>(fs::file_size(tmp / "in.jsonl")));
+    CHECK_THAT(on.out, Catch::Matchers::Contains(total + "/" + total + " B"));
+    auto off = run_np(3, "data decontaminate --input " + d + "/in.jsonl --tasks-dir " + d + "/s/tasks --output " + d +
+                             "/progress.jsonl --max-hits 3 --no-progress");
+    INFO(off.out);
+    REQUIRE(off.exit_code == 0);
+    CHECK_THAT(off.out, !Catch::Matchers::Contains("(3 ranks): ["));
+    CHECK(test::read_file(tmp / "progress.jsonl") == test::read_file(tmp / "remove1.jsonl"));
+    fs::remove(tmp / "progress.jsonl");
+    fs::remove(tmp / "progress.jsonl.report.json");
+  }
 
   // --output naming the input is refused before anything is written.
   auto over = run_np(2, "data decontaminate --input " + d + "/in.jsonl --tasks-dir " + d + "/s/tasks --output " + d +
