@@ -203,13 +203,25 @@ void register_quality(CLI::App& data) {
   train->add_option("--holdout", t->holdout, "Fraction of documents held out for the reported precision/recall")->capture_default_str();
   train->add_option("--seed", t->seed, "Seed for the hash, the held-out split and the shuffles")->capture_default_str();
   train->add_flag("--no-progress", *t_np, "Do not draw progress bars");
+  train->footer(
+      "Under mpirun or srun each rank reads a line-aligned byte range of both inputs and computes their features; "
+      "SGD runs on rank 0, which receives the other ranks' examples in the one-process order: the model and report "
+      "are the same bytes for any number of ranks (all ranks must see the inputs and the model's directory).");
   train->callback([t, t_np] {
     t->progress = !*t_np;
-    auto rep = curation::train_quality(*t);
+    const parallel::LaunchInfo info = parallel::detect_launch();
+    nlohmann::json rep;
+    if (info.world_size > 1) {
+      rep = run_on_ranks(info, [&](curation::RankComm& comm) { return curation::train_quality(*t, &comm); });
+      if (info.rank != 0) return;
+    } else {
+      rep = curation::train_quality(*t);
+    }
     const auto& m = rep["held_out_metrics"];
-    log::info("quality train: held-out {} docs: accuracy {:.4f}, precision {:.4f}, recall {:.4f}; model {}",
+    log::info("quality train: held-out {} docs: accuracy {:.4f}, precision {:.4f}, recall {:.4f}; model {}{}",
               m["documents"].get<int64_t>(), m["accuracy"].get<double>(), m["precision"].get<double>(),
-              m["recall"].get<double>(), t->model);
+              m["recall"].get<double>(), t->model,
+              info.world_size > 1 ? fmt::format(" ({} ranks)", info.world_size) : std::string());
   });
 
   struct ScoreArgs {
