@@ -170,17 +170,24 @@ void register_dedup(CLI::App& data) {
     o->progress = !*no_progress;
     if (!memory->empty()) o->memory_per_rank = curation::parse_byte_size(*memory, "--memory-per-rank");
     const parallel::LaunchInfo info = parallel::detect_launch();
+    // "; 36 band-key runs (576.0 MiB) spilled" when the budget made the ranks spill.
+    auto spilled = [](const curation::DedupResult& r) -> std::string {
+      const auto& run = r.report["run"];
+      const int64_t runs = run["key_runs_spilled"].get<int64_t>();
+      if (runs == 0) return "";
+      return fmt::format("; {} band-key runs ({:.1f} MiB) spilled", runs, run["key_bytes_spilled"].get<double>() / 1048576.0);
+    };
     if (info.world_size > 1) {
       const auto r = run_on_ranks(info, [&](curation::RankComm& comm) { return curation::run_dedup(*o, &comm); });
       if (info.rank == 0)
         log::info("dedup: {} documents, kept {}, removed {} ({} duplicate groups, {} empty kept); report "
-                  "{}/dedup_report.json ({} ranks)",
-                  r.documents, r.kept, r.removed, r.components, r.empty, o->output_dir, info.world_size);
+                  "{}/dedup_report.json ({} ranks{})",
+                  r.documents, r.kept, r.removed, r.components, r.empty, o->output_dir, info.world_size, spilled(r));
       return;
     }
     auto r = curation::run_dedup(*o);
-    log::info("dedup: {} documents, kept {}, removed {} ({} duplicate groups, {} empty kept); report {}/dedup_report.json",
-              r.documents, r.kept, r.removed, r.components, r.empty, o->output_dir);
+    log::info("dedup: {} documents, kept {}, removed {} ({} duplicate groups, {} empty kept); report {}/dedup_report.json{}",
+              r.documents, r.kept, r.removed, r.components, r.empty, o->output_dir, spilled(r));
   });
 }
 

@@ -360,11 +360,16 @@ TEST_CASE("e2e dedup: 1, 2, 3 and 4 ranks give byte-identical outputs and report
     const auto run = check_run(np, "out" + std::to_string(np), "");
     CHECK(run["ranks"] == np);
     CHECK(run["key_runs_spilled"] == 0);
+    CHECK(run["key_bytes_spilled"] == 0);
   }
   // A budget far below one band's keys: every band is sorted on disk in runs and merged.
   for (int np : {1, 3}) {
     const auto run = check_run(np, "spill" + std::to_string(np), " --memory-per-rank 1K --tmp-dir " + d + "/spill");
     CHECK(run["key_runs_spilled"].get<int64_t>() > 0);
+    // 64-key runs: every band's key (16 bytes) of every non-empty document went to disk.
+    const auto rep = nlohmann::json::parse(test::read_file(tmp / ("spill" + std::to_string(np)) / "dedup_report.json"));
+    const int64_t keyed = rep["totals"]["documents"].get<int64_t>() - rep["totals"]["empty"].get<int64_t>();
+    CHECK(run["key_bytes_spilled"].get<int64_t>() == 16 * keyed * rep["params"]["bands"].get<int64_t>());
     CHECK(run["memory_per_rank"] == 1024);
   }
   CHECK((!fs::exists(tmp / "spill") || fs::is_empty(tmp / "spill")));
