@@ -142,6 +142,10 @@ void preprocess_ranks(data::PreprocessOptions opt, const parallel::LaunchInfo& i
   data::PreprocessResult mine;
   std::error_code ec;
   const auto size = static_cast<int64_t>(std::filesystem::file_size(opt.input, ec));
+  RankJob::ProgressSpec progress("preprocess " + std::filesystem::path(opt.input).filename().string(),
+                                 ec ? -1 : size, "B", &bytes, opt.progress);
+  progress.secondary_unit = "tokens";
+  progress.secondary = &toks;
   job.step_with_progress(
       [&] {
         data::PreprocessOptions o = opt;
@@ -159,9 +163,7 @@ void preprocess_ranks(data::PreprocessOptions opt, const parallel::LaunchInfo& i
         };
         mine = data::preprocess_jsonl(o);
       },
-      "tokenizing",
-      {.label = "preprocess " + std::filesystem::path(opt.input).filename().string(), .total = ec ? -1 : size,
-       .unit = "B", .done = &bytes, .secondary_unit = "tokens", .secondary = &toks, .show = opt.progress});
+      "tokenizing", progress);
 
   // Global totals: documents, bad lines, tokens per key.
   std::vector<int64_t> tot = {mine.documents, mine.bad_lines};

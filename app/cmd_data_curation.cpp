@@ -46,7 +46,7 @@ nlohmann::json filter_quality_ranks(const curation::QualityFilterOptions& opt, c
         totals[0] = rep["documents"].get<int64_t>();
         totals[1] = rep["kept"].get<int64_t>();
       },
-      "filtering", {.label = "quality filter", .total = documents, .done = &done, .show = progress});
+      "filtering", {"quality filter", documents, "docs", &done, progress});
   job.world->all_reduce(totals, 2, parallel::ReduceOp::sum);
   nlohmann::json report;
   job.join_on_rank0({""}, [&] {
@@ -71,7 +71,7 @@ nlohmann::json score_quality_ranks(const std::string& input, const std::string& 
   double sum = 0;
   job.step_with_progress(
       [&] { sum = curation::score_quality(input, model, part, key, begin, end, lines_before, &done)["score_sum"].get<double>(); },
-      "scoring", {.label = "quality score", .total = documents, .done = &done, .show = progress});
+      "scoring", {"quality score", documents, "docs", &done, progress});
   job.world->all_reduce(&sum, 1, parallel::ReduceOp::sum);
   job.join_on_rank0({""}, [&] { job.join_parts(); });
   parallel::finalize_world();
@@ -109,8 +109,7 @@ curation::DecontamResult decontaminate_ranks(const curation::DecontamOptions& op
         res = curation::run_decontaminate(o);
         curation::write_file_atomic(part_report, res.report.dump() + "\n");
       },
-      "decontaminating", {.label = "decontaminate: 2 passes", .total = ec ? -1 : 2 * size, .unit = "B", .done = &bytes,
-                          .show = opt.progress});
+      "decontaminating", {"decontaminate: 2 passes", ec ? -1 : 2 * size, "B", &bytes, opt.progress});
   curation::DecontamResult out;
   job.join_on_rank0({"", ".report.json"}, [&] {
     std::vector<nlohmann::json> parts;

@@ -93,16 +93,18 @@ class RankJob {
   }
 
   // What rank 0's progress line shows while step_with_progress runs: `done` (and
-  // `secondary`, e.g. tokens) summed over the ranks, out of `total` (<= 0: unknown, no
-  // ETA). The counters are incremented by the worker thread.
+  // `secondary`, e.g. tokens, when set) summed over the ranks, out of `total` (<= 0:
+  // unknown, no ETA). The counters are incremented by the worker thread.
   struct ProgressSpec {
+    ProgressSpec(std::string label_, int64_t total_, std::string unit_, std::atomic<int64_t>* done_, bool show_)
+        : label(std::move(label_)), total(total_), unit(std::move(unit_)), done(done_), show(show_) {}
     std::string label;
-    int64_t total = -1;
-    std::string unit = "docs";
-    std::atomic<int64_t>* done = nullptr;
+    int64_t total;
+    std::string unit;
+    std::atomic<int64_t>* done;
+    bool show;
     std::string secondary_unit;
     std::atomic<int64_t>* secondary = nullptr;
-    bool show = true;
   };
 
   // Runs fn (no MPI inside, but see on_main_thread) on a helper thread as one step,
