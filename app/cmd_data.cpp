@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "app/commands.hpp"
+#include "app/rank_job.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "core/progress.hpp"
@@ -115,138 +116,73 @@ void print_preprocess_result(const data::PreprocessResult& res, const std::strin
               res.seconds, res.load_seconds, work, res.flush_seconds, res.documents / work, toks / work);
 }
 
-void remove_prefix_files(const std::string& prefix) {
-  std::error_code ec;
-  std::filesystem::remove(data::bin_path(prefix), ec);
-  std::filesystem::remove(data::idx_path(prefix), ec);
-}
-
 // Several ranks (world > 1). Each rank tokenizes its line-aligned byte range (a
 // compressed input cannot be cut: rank 0 reads it whole, the others write empty parts)
-// in a thread, while the main thread (the only one that talks MPI) all-reduces the
-// counters about once a second for rank 0's progress line. Then rank 0 merges the parts
-// per json key, in rank order, which is the input order: the files are the same bytes as
-// a 1-rank run. A failure on any rank is agreed on by every rank: each removes its part,
+// on a helper thread, while the main thread (the only one that talks MPI) all-reduces the
+// counters about once a second for rank 0's progress line: input bytes of all ranks out
+// of the file's size (so with an ETA), and tokens. Then rank 0 merges the parts per json
+// key, in rank order, which is the input order: the files are the same bytes as a 1-rank
+// run. A failure on any rank is agreed on by every rank (RankJob): each removes its part,
 // the failing rank reports its own message, the others name it, all exit with its code.
 void preprocess_ranks(data::PreprocessOptions opt, const parallel::LaunchInfo& info) {
   const auto t0 = std::chrono::steady_clock::now();
-  auto world = parallel::init_world(info);
-  const int64_t W = world->size(), r = world->rank();
-  log::context().rank = static_cast<int>(r);
-  log::context().world = static_cast<int>(W);
   const std::string final_prefix = opt.output_prefix;
-  const bool show = opt.progress && r == 0;
-  auto part_prefix = [&](int64_t rank) { return fmt::format("{}.part{}of{}", final_prefix, rank, W); };
+  RankJob job(info, final_prefix);
+  const int64_t W = job.W, r = job.r;
+  const std::vector<std::string> keys = opt.json_keys;
+  std::vector<std::string> suffixes;  // of a rank's part files: PREFIX.part<r>of<N> + suffix
+  for (const auto& k : keys) {
+    const std::string p = data::preprocess_output_prefix("", k);
+    suffixes.push_back(data::bin_path(p));
+    suffixes.push_back(data::idx_path(p));
+  }
+  for (const auto& s : suffixes) job.own_files.push_back(job.part(r) + s);
 
-  std::atomic<int64_t> docs{0}, toks{0};
-  std::atomic<bool> finished{false};
-  std::exception_ptr failure;
-  int64_t code = 0;
+  std::atomic<int64_t> bytes{0}, toks{0};
   data::PreprocessResult mine;
-  std::thread worker([&] {
-    try {
-      data::PreprocessOptions o = opt;
-      if (data::input_is_compressed(o.input)) {
-        o.range_begin = 0;
-        o.range_end = r == 0 ? -1 : 0;
-      } else {
-        std::tie(o.range_begin, o.range_end) = data::line_aligned_range(o.input, W, r);
-      }
-      o.output_prefix = part_prefix(r);
-      o.progress = false;
-      o.on_progress = [&](int64_t d, int64_t t) {
-        docs += d;
-        toks += t;
-      };
-      mine = data::preprocess_jsonl(o);
-    } catch (const Error& e) {
-      failure = std::current_exception();
-      code = e.exit_code();
-    } catch (...) {
-      failure = std::current_exception();
-      code = 1;
-    }
-    finished = true;
-  });
-
-  Progress bar(fmt::format("preprocess {} ({} ranks)", std::filesystem::path(opt.input).filename().string(), W), -1,
-               "docs", show);
-  bar.set_secondary_unit("tokens");
-  int64_t shown_docs = 0, shown_toks = 0;
-  int64_t failed_rank = -1, fail_code = 0;
-  try {
-    while (true) {
-      for (int i = 0; i < 20 && !finished; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      int64_t sums[3] = {docs.load(), toks.load(), finished ? 1 : 0};
-      // failure flags: highest (W - rank) = lowest failing rank; the exit code
-      int64_t maxes[2] = {finished && failure ? W - r : 0, finished && failure ? code : 0};
-      world->all_reduce(sums, 3, parallel::ReduceOp::sum);
-      world->all_reduce(maxes, 2, parallel::ReduceOp::max);
-      if (show) bar.add(sums[0] - shown_docs, sums[1] - shown_toks);
-      shown_docs = sums[0];
-      shown_toks = sums[1];
-      if (sums[2] == W) {
-        if (maxes[0] > 0) {
-          failed_rank = W - maxes[0];
-          fail_code = maxes[1];
+  std::error_code ec;
+  const auto size = static_cast<int64_t>(std::filesystem::file_size(opt.input, ec));
+  RankJob::ProgressSpec progress("preprocess " + std::filesystem::path(opt.input).filename().string(),
+                                 ec ? -1 : size, "B", &bytes, opt.progress);
+  progress.secondary_unit = "tokens";
+  progress.secondary = &toks;
+  job.step_with_progress(
+      [&] {
+        data::PreprocessOptions o = opt;
+        if (data::input_is_compressed(o.input)) {
+          o.range_begin = 0;
+          o.range_end = r == 0 ? -1 : 0;
+        } else {
+          std::tie(o.range_begin, o.range_end) = data::line_aligned_range(o.input, W, r);
         }
-        break;
-      }
-    }
-  } catch (...) {
-    worker.join();
-    throw;
-  }
-  worker.join();
-  bar.finish();
-
-  std::vector<std::string> keys = opt.json_keys;
-  if (failed_rank >= 0) {
-    for (const auto& k : keys) remove_prefix_files(data::preprocess_output_prefix(part_prefix(r), k));
-    std::string msg = fmt::format("stopped because rank {} failed (its message names the cause); no output written",
-                                  failed_rank);
-    if (failure) {
-      try {
-        std::rethrow_exception(failure);
-      } catch (const std::exception& e) {
-        msg = e.what();
-      } catch (...) {
-        msg = "unknown error";
-      }
-    }
-    exit_agreed_failure(*world, msg, static_cast<int>(fail_code), failure != nullptr);
-  }
+        o.output_prefix = job.part(r);
+        o.progress = false;
+        o.on_progress = [&](int64_t, int64_t t, int64_t b) {
+          bytes += b;
+          toks += t;
+        };
+        mine = data::preprocess_jsonl(o);
+      },
+      "tokenizing", progress);
 
   // Global totals: documents, bad lines, tokens per key.
   std::vector<int64_t> tot = {mine.documents, mine.bad_lines};
   tot.insert(tot.end(), mine.tokens.begin(), mine.tokens.end());
-  world->all_reduce(tot.data(), static_cast<int64_t>(tot.size()), parallel::ReduceOp::sum);
+  job.world->all_reduce(tot.data(), static_cast<int64_t>(tot.size()), parallel::ReduceOp::sum);
   if (mine.bad_lines > 0 && r != 0)
     std::printf("rank %lld skipped %lld bad lines (first: %s)\n", static_cast<long long>(r),
                 static_cast<long long>(mine.bad_lines), mine.first_bad.c_str());
 
-  // Rank 0 merges; every rank learns the outcome so that all exit alike.
-  std::exception_ptr merge_failure;
-  int64_t merge_code = 0;
+  // Rank 0 merges (and deletes every rank's parts); every rank learns the outcome.
   data::PreprocessResult res;
-  if (r == 0) {
+  job.join_on_rank0(suffixes, [&] {
     const auto t_merge = std::chrono::steady_clock::now();
-    try {
-      for (const auto& k : keys) {
-        std::vector<std::string> parts;
-        for (int64_t q = 0; q < W; ++q) parts.push_back(data::preprocess_output_prefix(part_prefix(q), k));
-        res.prefixes.push_back(data::preprocess_output_prefix(final_prefix, k));
-        data::merge_indexed_datasets(parts, res.prefixes.back(), opt.progress);
-      }
-    } catch (const Error& e) {
-      merge_failure = std::current_exception();
-      merge_code = e.exit_code();
-    } catch (...) {
-      merge_failure = std::current_exception();
-      merge_code = 1;
+    for (const auto& k : keys) {
+      std::vector<std::string> parts;
+      for (int64_t q = 0; q < W; ++q) parts.push_back(data::preprocess_output_prefix(job.part(q), k));
+      res.prefixes.push_back(data::preprocess_output_prefix(final_prefix, k));
+      data::merge_indexed_datasets(parts, res.prefixes.back(), opt.progress);
     }
-    for (const auto& k : keys)
-      for (int64_t q = 0; q < W; ++q) remove_prefix_files(data::preprocess_output_prefix(part_prefix(q), k));
     res.documents = tot[0];
     res.bad_lines = tot[1];
     res.first_bad = mine.first_bad.empty() ? "on another rank, see its line" : mine.first_bad;
@@ -255,12 +191,8 @@ void preprocess_ranks(data::PreprocessOptions opt, const parallel::LaunchInfo& i
     res.seconds = std::chrono::duration<double>(t_end - t0).count();
     res.load_seconds = mine.load_seconds;
     res.flush_seconds = std::chrono::duration<double>(t_end - t_merge).count();  // merging counts as flushing
-  }
-  world->all_reduce(&merge_code, 1, parallel::ReduceOp::max);
+  });
   parallel::finalize_world();
-  if (merge_failure) std::rethrow_exception(merge_failure);
-  if (merge_code != 0)
-    throw Error(static_cast<int>(merge_code), "stopped because rank 0 failed merging the parts; no output written");
   if (r == 0) print_preprocess_result(res, fmt::format(" ({} ranks)", W));
 }
 

@@ -12,6 +12,7 @@
 #include <span>
 
 #include "app/commands.hpp"
+#include "app/rank_job.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "core/progress.hpp"
@@ -26,172 +27,6 @@
 namespace mtnlg::app {
 
 namespace {
-
-// A curation command under mpirun/srun (world > 1): rank r works on its line-aligned
-// byte range of the input and writes OUTPUT.part<r>of<N>; rank 0 joins the parts in
-// rank (= input) order through a temporary name and writes the report. step() runs one
-// phase on every rank and then agrees on its outcome, so a failing rank never leaves the
-// others waiting: every rank deletes its own part files, the failing rank rethrows its
-// error (it names file:line), the others name the rank, and all exit with its code.
-// Thrown on a rank that learns mid-phase that another rank failed (step() then names it).
-struct PeerFailed {};
-
-
-class RankJob {
- public:
-  RankJob(const parallel::LaunchInfo& info, std::string output)
-      : world(parallel::init_world(info)), W(world->size()), r(world->rank()), output_(std::move(output)) {
-    log::context().rank = static_cast<int>(r);
-    log::context().world = static_cast<int>(W);
-  }
-  std::string part(int64_t q) const { return fmt::format("{}.part{}of{}", output_, q, W); }
-
-  template <typename F>
-  void step(F&& fn, const std::string& what) {
-    std::exception_ptr err;
-    int code = 0;
-    try {
-      fn();
-    } catch (const PeerFailed&) {
-    } catch (const Error& e) {
-      err = std::current_exception();
-      code = e.exit_code();
-    } catch (...) {
-      err = std::current_exception();
-      code = 1;
-    }
-    int64_t v[2] = {err ? W - r : 0, err ? code : 0};  // max: the lowest failing rank, its code
-    world->all_reduce(v, 2, parallel::ReduceOp::max);
-    if (v[0] == 0) return;
-    for (const auto& f : own_files) remove_file(f);
-    std::string msg;
-    if (err) {
-      try {
-        std::rethrow_exception(err);
-      } catch (const std::exception& e) {
-        msg = e.what();
-      } catch (...) {
-        msg = "unknown error";
-      }
-    } else {
-      msg = fmt::format("stopped because rank {} failed {} (its message names the cause); no output written", W - v[0], what);
-    }
-    exit_agreed_failure(*world, msg, static_cast<int>(v[1]), err != nullptr);
-  }
-
-  // Runs fn (no MPI inside) on a helper thread as one step, while this, the main,
-  // thread sums the ranks' `done` counters about once a second for rank 0's progress
-  // line: the global count of `total` documents, with a rate and an ETA.
-  template <typename F>
-  void step_with_progress(F&& fn, const std::string& what, const std::string& label, int64_t total,
-                          std::atomic<int64_t>& done, bool show) {
-    step(
-        [&] {
-          std::exception_ptr err;
-          std::atomic<bool> finished{false};
-          std::thread worker([&] {
-            try {
-              fn();
-            } catch (...) {
-              err = std::current_exception();
-            }
-            finished = true;
-          });
-          Progress bar(fmt::format("{} ({} ranks)", label, W), total, "docs", show && r == 0);
-          int64_t shown = 0;
-          for (;;) {
-            for (int i = 0; i < 20 && !finished.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-            int64_t v[2] = {done.load(), finished.load() ? 1 : 0};
-            world->all_reduce(v, 2, parallel::ReduceOp::sum);
-            if (v[0] > shown) bar.add(v[0] - shown);
-            shown = v[0];
-            if (v[1] == W) break;
-          }
-          worker.join();
-          if (err) std::rethrow_exception(err);
-          bar.finish();
-        },
-        what);
-  }
-
-  // Lines and documents before this rank's range (all-reduced counts of every range).
-  void count_share(const std::string& input, int64_t& begin, int64_t& end, int64_t& lines_before,
-                   int64_t* documents_before, int64_t* documents_total = nullptr) {
-    std::vector<int64_t> counts(static_cast<size_t>(2 * W), 0);
-    step(
-        [&] {
-          if (!std::filesystem::is_regular_file(input)) throw_input("--input {}: no such file", input);
-          std::error_code ec;
-          if (std::filesystem::exists(output_, ec) && std::filesystem::equivalent(output_, input, ec))
-            throw_input("--output {}: would overwrite the input", output_);
-          std::tie(begin, end) = data::line_aligned_range(input, W, r);
-          const auto c = curation::count_lines(input, begin, end);
-          counts[static_cast<size_t>(2 * r)] = c.lines;
-          counts[static_cast<size_t>(2 * r + 1)] = c.documents;
-        },
-        "reading its share");
-    world->all_reduce(counts.data(), 2 * W, parallel::ReduceOp::sum);
-    lines_before = 0;
-    if (documents_before) *documents_before = 0;
-    if (documents_total) {
-      *documents_total = 0;
-      for (int64_t q = 0; q < W; ++q) *documents_total += counts[static_cast<size_t>(2 * q + 1)];
-    }
-    for (int64_t q = 0; q < r; ++q) {
-      lines_before += counts[static_cast<size_t>(2 * q)];
-      if (documents_before) *documents_before += counts[static_cast<size_t>(2 * q + 1)];
-    }
-  }
-
-  // Rank 0: the parts in rank order into OUTPUT (through a temporary name).
-  void join_parts() const {
-    curation::AtomicWriter out(output_);
-    std::vector<char> buf(1 << 20);
-    for (int64_t q = 0; q < W; ++q) {
-      std::FILE* f = std::fopen(part(q).c_str(), "rb");
-      if (!f) throw_runtime("{}: cannot open rank {}'s part ({})", part(q), q, std::strerror(errno));
-      size_t got;
-      while ((got = std::fread(buf.data(), 1, buf.size(), f)) > 0) out.write(std::string_view(buf.data(), got));
-      const bool bad = std::ferror(f);
-      std::fclose(f);
-      if (bad) throw_runtime("{}: read failed", part(q));
-    }
-    out.close();
-  }
-
-  // The last step: rank 0 runs fn (joins the parts, writes the report); the parts of
-  // every rank (OUTPUT.part<q>of<N> + each of `suffixes`) are deleted afterwards on rank
-  // 0 whether fn succeeded or not (the ranks' own parts on failure elsewhere: step()).
-  template <typename F>
-  void join_on_rank0(const std::vector<std::string>& suffixes, F&& fn) {
-    step(
-        [&] {
-          if (r != 0) return;
-          struct Cleanup {
-            const RankJob& j;
-            const std::vector<std::string>& suffixes;
-            ~Cleanup() {
-              for (int64_t q = 0; q < j.W; ++q)
-                for (const auto& s : suffixes) RankJob::remove_file(j.part(q) + s);
-            }
-          } cleanup{*this, suffixes};
-          fn();
-        },
-        "joining the parts");
-  }
-
-  static void remove_file(const std::string& f) {
-    std::error_code ec;
-    std::filesystem::remove(f, ec);
-  }
-
-  std::shared_ptr<parallel::Communicator> world;
-  int64_t W, r;
-  std::vector<std::string> own_files;  // deleted on this rank when any rank fails
-
- private:
-  std::string output_;
-};
 
 nlohmann::json filter_quality_ranks(const curation::QualityFilterOptions& opt, const parallel::LaunchInfo& info,
                                     bool progress) {
@@ -211,7 +46,7 @@ nlohmann::json filter_quality_ranks(const curation::QualityFilterOptions& opt, c
         totals[0] = rep["documents"].get<int64_t>();
         totals[1] = rep["kept"].get<int64_t>();
       },
-      "filtering", "quality filter", documents, done, progress);
+      "filtering", {"quality filter", documents, "docs", &done, progress});
   job.world->all_reduce(totals, 2, parallel::ReduceOp::sum);
   nlohmann::json report;
   job.join_on_rank0({""}, [&] {
@@ -236,7 +71,7 @@ nlohmann::json score_quality_ranks(const std::string& input, const std::string& 
   double sum = 0;
   job.step_with_progress(
       [&] { sum = curation::score_quality(input, model, part, key, begin, end, lines_before, &done)["score_sum"].get<double>(); },
-      "scoring", "quality score", documents, done, progress);
+      "scoring", {"quality score", documents, "docs", &done, progress});
   job.world->all_reduce(&sum, 1, parallel::ReduceOp::sum);
   job.join_on_rank0({""}, [&] { job.join_parts(); });
   parallel::finalize_world();
@@ -247,6 +82,9 @@ nlohmann::json score_quality_ranks(const std::string& input, const std::string& 
 // all-reduced (the too-common rule sees the whole input), pass 2 on each range into a
 // part, each rank's report into a part file; rank 0 joins the parts and combines the
 // reports. Output and report (but its "seconds") are the same for any number of ranks.
+// Both passes run on a helper thread; rank 0's progress line counts the input bytes of
+// both passes on all ranks (2 x the file size), and the counts' all-reduce between the
+// passes runs on the main thread (RankJob::on_main_thread).
 curation::DecontamResult decontaminate_ranks(const curation::DecontamOptions& opt, const parallel::LaunchInfo& info) {
   const auto t0 = std::chrono::steady_clock::now();
   RankJob job(info, opt.output);
@@ -254,43 +92,24 @@ curation::DecontamResult decontaminate_ranks(const curation::DecontamOptions& op
   job.count_share(opt.input, o.range_begin, o.range_end, o.lines_before, nullptr);
   o.output = job.part(job.r);
   o.write_report = false;
-  o.progress = false;  // a bar over one rank's share would mislead; the ranks report at the end
+  o.progress = false;  // rank 0 draws the line for all ranks
+  std::atomic<int64_t> bytes{0};
+  o.bytes_done = &bytes;
   const std::string part_report = o.output + ".report.json";
   job.own_files = {o.output, part_report};
-  // reduce_counts runs between the passes; a rank that failed in pass 1 never calls it,
-  // so the counts' all-reduce is preceded by an agreement: a rank failing before it
-  // joins that agreement with its rank and code, and the others stop (PeerFailed).
-  bool reduced = false;
   o.reduce_counts = [&](std::vector<int64_t>& counts) {
-    int64_t v[2] = {0, 0};
-    job.world->all_reduce(v, 2, parallel::ReduceOp::max);  // pairs with a rank that failed in pass 1
-    if (v[0] > 0) throw PeerFailed{};
-    job.world->all_reduce(counts.data(), static_cast<int64_t>(counts.size()), parallel::ReduceOp::sum);
-    reduced = true;
+    job.on_main_thread(
+        [&] { job.world->all_reduce(counts.data(), static_cast<int64_t>(counts.size()), parallel::ReduceOp::sum); });
   };
   curation::DecontamResult res;
-  job.step(
+  std::error_code ec;
+  const auto size = static_cast<int64_t>(std::filesystem::file_size(opt.input, ec));
+  job.step_with_progress(
       [&] {
-        try {
-          res = curation::run_decontaminate(o);
-        } catch (const PeerFailed&) {
-          throw;
-        } catch (...) {
-          if (reduced) throw;
-          // Failed before the counts' all-reduce: the peers wait in its agreement.
-          int64_t v[2] = {job.W - job.r, 1};
-          try {
-            throw;
-          } catch (const Error& e) {
-            v[1] = e.exit_code();
-          } catch (...) {
-          }
-          job.world->all_reduce(v, 2, parallel::ReduceOp::max);
-          throw;
-        }
+        res = curation::run_decontaminate(o);
         curation::write_file_atomic(part_report, res.report.dump() + "\n");
       },
-      "decontaminating");
+      "decontaminating", {"decontaminate: 2 passes", ec ? -1 : 2 * size, "B", &bytes, opt.progress});
   curation::DecontamResult out;
   job.join_on_rank0({"", ".report.json"}, [&] {
     std::vector<nlohmann::json> parts;
@@ -312,51 +131,6 @@ curation::DecontamResult decontaminate_ranks(const curation::DecontamOptions& op
   parallel::finalize_world();
   return out;
 }
-
-// DedupComm over the world communicator. all_to_all: the W x W matrix of byte counts
-// is all-reduced, then every rank posts a nonblocking send to each peer and receives
-// from the peers in rank order (payloads travel as int32 words; dedup's records are
-// multiples of 4 bytes).
-class WorldDedupComm final : public curation::DedupComm {
- public:
-  explicit WorldDedupComm(std::shared_ptr<parallel::Communicator> w) : w_(std::move(w)) {}
-  int64_t rank() const override { return w_->rank(); }
-  int64_t size() const override { return w_->size(); }
-  void all_reduce_sum(int64_t* v, int64_t n) override { w_->all_reduce(v, n, parallel::ReduceOp::sum); }
-  void all_reduce_max(int64_t* v, int64_t n) override { w_->all_reduce(v, n, parallel::ReduceOp::max); }
-  std::vector<char> all_to_all(const std::vector<std::span<const char>>& send) override {
-    const int64_t W = size(), r = rank();
-    std::vector<int64_t> bytes(static_cast<size_t>(W * W), 0);  // [from * W + to]
-    for (int64_t q = 0; q < W; ++q) {
-      MTNLG_CHECK(send[q].size() % 4 == 0, "all_to_all: {} bytes to rank {} are not whole words", send[q].size(), q);
-      bytes[static_cast<size_t>(r * W + q)] = static_cast<int64_t>(send[q].size());
-    }
-    w_->all_reduce(bytes.data(), W * W, parallel::ReduceOp::sum);
-    int64_t total = 0;
-    for (int64_t q = 0; q < W; ++q) total += bytes[static_cast<size_t>(q * W + r)];
-    std::vector<char> out(static_cast<size_t>(total));
-    std::vector<std::unique_ptr<parallel::Request>> pending;
-    for (int64_t q = 0; q < W; ++q)
-      if (q != r && !send[q].empty())
-        pending.push_back(w_->isend(send[q].data(), static_cast<int64_t>(send[q].size() / 4), DType::i32, q, kTag));
-    int64_t at = 0;
-    for (int64_t q = 0; q < W; ++q) {
-      const int64_t n = bytes[static_cast<size_t>(q * W + r)];
-      if (n == 0) continue;
-      if (q == r)
-        std::memcpy(out.data() + at, send[q].data(), static_cast<size_t>(n));
-      else
-        w_->recv(out.data() + at, n / 4, DType::i32, q, kTag);
-      at += n;
-    }
-    for (auto& p : pending) p->wait();
-    return out;
-  }
-
- private:
-  static constexpr int kTag = 2020;
-  std::shared_ptr<parallel::Communicator> w_;
-};
 
 void register_dedup(CLI::App& data) {
   auto o = std::make_shared<curation::DedupOptions>();
@@ -395,35 +169,24 @@ void register_dedup(CLI::App& data) {
     o->progress = !*no_progress;
     if (!memory->empty()) o->memory_per_rank = curation::parse_byte_size(*memory, "--memory-per-rank");
     const parallel::LaunchInfo info = parallel::detect_launch();
+    // "; 36 band-key runs (576.0 MiB) spilled" when the budget made the ranks spill.
+    auto spilled = [](const curation::DedupResult& r) -> std::string {
+      const auto& run = r.report["run"];
+      const int64_t runs = run["key_runs_spilled"].get<int64_t>();
+      if (runs == 0) return "";
+      return fmt::format("; {} band-key runs ({:.1f} MiB) spilled", runs, run["key_bytes_spilled"].get<double>() / 1048576.0);
+    };
     if (info.world_size > 1) {
-      auto world = parallel::init_world(info);
-      log::context().rank = static_cast<int>(world->rank());
-      log::context().world = static_cast<int>(world->size());
-      WorldDedupComm comm(world);
-      curation::DedupResult r;
-      try {
-        r = curation::run_dedup(*o, &comm);
-      } catch (const std::exception& e) {
-        if (comm.failure_agreed) {  // every rank is here
-          const auto* err = dynamic_cast<const Error*>(&e);
-          exit_agreed_failure(*world, e.what(), err ? err->exit_code() : 1, comm.failed_here);
-        }
-        // A failure in the middle of an exchange (disk full while spilling, out of
-        // memory): the peers are waiting in it, so end the whole job.
-        const auto* err = dynamic_cast<const Error*>(&e);
-        std::fprintf(stderr, "mtnlg: error on rank %d: %s (aborting all ranks)\n", static_cast<int>(info.rank), e.what());
-        parallel::abort_world(err ? err->exit_code() : 1);
-      }
-      parallel::finalize_world();
+      const auto r = run_on_ranks(info, [&](curation::RankComm& comm) { return curation::run_dedup(*o, &comm); });
       if (info.rank == 0)
         log::info("dedup: {} documents, kept {}, removed {} ({} duplicate groups, {} empty kept); report "
-                  "{}/dedup_report.json ({} ranks)",
-                  r.documents, r.kept, r.removed, r.components, r.empty, o->output_dir, info.world_size);
+                  "{}/dedup_report.json ({} ranks{})",
+                  r.documents, r.kept, r.removed, r.components, r.empty, o->output_dir, info.world_size, spilled(r));
       return;
     }
     auto r = curation::run_dedup(*o);
-    log::info("dedup: {} documents, kept {}, removed {} ({} duplicate groups, {} empty kept); report {}/dedup_report.json",
-              r.documents, r.kept, r.removed, r.components, r.empty, o->output_dir);
+    log::info("dedup: {} documents, kept {}, removed {} ({} duplicate groups, {} empty kept); report {}/dedup_report.json{}",
+              r.documents, r.kept, r.removed, r.components, r.empty, o->output_dir, spilled(r));
   });
 }
 
@@ -446,13 +209,25 @@ void register_quality(CLI::App& data) {
   train->add_option("--holdout", t->holdout, "Fraction of documents held out for the reported precision/recall")->capture_default_str();
   train->add_option("--seed", t->seed, "Seed for the hash, the held-out split and the shuffles")->capture_default_str();
   train->add_flag("--no-progress", *t_np, "Do not draw progress bars");
+  train->footer(
+      "Under mpirun or srun each rank reads a line-aligned byte range of both inputs and computes their features; "
+      "SGD runs on rank 0, which receives the other ranks' examples in the one-process order: the model and report "
+      "are the same bytes for any number of ranks (all ranks must see the inputs and the model's directory).");
   train->callback([t, t_np] {
     t->progress = !*t_np;
-    auto rep = curation::train_quality(*t);
+    const parallel::LaunchInfo info = parallel::detect_launch();
+    nlohmann::json rep;
+    if (info.world_size > 1) {
+      rep = run_on_ranks(info, [&](curation::RankComm& comm) { return curation::train_quality(*t, &comm); });
+      if (info.rank != 0) return;
+    } else {
+      rep = curation::train_quality(*t);
+    }
     const auto& m = rep["held_out_metrics"];
-    log::info("quality train: held-out {} docs: accuracy {:.4f}, precision {:.4f}, recall {:.4f}; model {}",
+    log::info("quality train: held-out {} docs: accuracy {:.4f}, precision {:.4f}, recall {:.4f}; model {}{}",
               m["documents"].get<int64_t>(), m["accuracy"].get<double>(), m["precision"].get<double>(),
-              m["recall"].get<double>(), t->model);
+              m["recall"].get<double>(), t->model,
+              info.world_size > 1 ? fmt::format(" ({} ranks)", info.world_size) : std::string());
   });
 
   struct ScoreArgs {
@@ -587,18 +362,6 @@ void register_synth(CLI::App& data) {
 }
 
 }  // namespace
-
-void exit_agreed_failure(parallel::Communicator& world, const std::string& msg, int code, bool own) {
-  auto say = [&] {
-    std::fprintf(stderr, "mtnlg: error on rank %d: %s\n", static_cast<int>(world.rank()), msg.c_str());
-    std::fflush(stderr);
-  };
-  if (own) say();
-  world.barrier();
-  if (!own) say();
-  parallel::finalize_world();
-  std::exit(code);
-}
 
 void register_data_curation(CLI::App& data_cmd) {
   register_dedup(data_cmd);

@@ -18,11 +18,6 @@ void register_data(CLI::App& app);
 void register_data_curation(CLI::App& data_cmd);
 // `mtnlg data samples` (cmd_data_samples.cpp): the sample stream without training.
 void register_data_samples(CLI::App& data_cmd);
-// Multi-rank data commands, after every rank agreed that a rank failed: the failing
-// rank (own) prints `msg` before a barrier, the others after it (so mpirun cannot kill
-// the failing rank before its message is out); then MPI is finalized and every rank
-// exits with `code` (cmd_data_curation.cpp).
-[[noreturn]] void exit_agreed_failure(parallel::Communicator& world, const std::string& msg, int code, bool own);
 void register_plan(CLI::App& app);
 void register_eval(CLI::App& app);
 void register_generate(CLI::App& app);

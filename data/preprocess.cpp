@@ -270,6 +270,7 @@ namespace {
 
 struct Batch {
   int64_t first_line = 0;
+  int64_t input_bytes = 0;  // bytes the reader consumed for these lines (for progress)
   std::vector<std::string> lines;
 };
 
@@ -278,6 +279,7 @@ struct BatchResult {
   std::vector<std::vector<int32_t>> ids;
   std::vector<std::vector<int64_t>> doc_lens;
   int64_t documents = 0, bad = 0;
+  int64_t input_bytes = 0;  // the batch's
   std::string first_bad;   // "file:line: reason"
   std::string fatal;       // set when a bad line is fatal
 };
@@ -328,6 +330,7 @@ class Pool {
 BatchResult process_batch(const Batch& b, const PreprocessOptions& opt, const Tokenizer& tok) {
   const size_t nk = opt.json_keys.size();
   BatchResult r;
+  r.input_bytes = b.input_bytes;
   r.ids.resize(nk);
   r.doc_lens.resize(nk);
   std::vector<std::string_view> texts(nk);
@@ -442,14 +445,17 @@ PreprocessResult preprocess_jsonl(const PreprocessOptions& opt) {
       toks += static_cast<int64_t>(ids.size());
     }
     progress.add(r.documents, toks);
-    if (opt.on_progress) opt.on_progress(r.documents, toks);
+    if (opt.on_progress) opt.on_progress(r.documents, toks, r.input_bytes);
   };
 
+  int64_t bytes_batched = 0;  // reader.bytes_read() at the end of the last batch
   auto read_batch = [&](Batch& b) {
     b.lines.clear();
     b.first_line = reader.line_number() + 1;
     std::string line;
     while (static_cast<int64_t>(b.lines.size()) < opt.batch_lines && reader.next(line)) b.lines.push_back(std::move(line));
+    b.input_bytes = reader.bytes_read() - bytes_batched;
+    bytes_batched = reader.bytes_read();
     return !b.lines.empty();
   };
 

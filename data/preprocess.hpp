@@ -65,8 +65,10 @@ struct PreprocessOptions {
   // Only bytes [range_begin, range_end) of the input (line_aligned_range; plain files),
   // range_end = -1 for the whole file. A multi-rank run gives each rank one range.
   int64_t range_begin = 0, range_end = -1;
-  // Called from the writing thread after each batch with its documents and tokens.
-  std::function<void(int64_t docs, int64_t tokens)> on_progress;
+  // Called from the writing thread after each batch with its documents, tokens and the
+  // input bytes read for it (compressed bytes for a .gz/.zst input; over the whole run
+  // they add up to the range's size, or the file's).
+  std::function<void(int64_t docs, int64_t tokens, int64_t input_bytes)> on_progress;
 };
 
 struct PreprocessResult {

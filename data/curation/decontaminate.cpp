@@ -140,10 +140,12 @@ DecontamResult run_decontaminate(const DecontamOptions& opt) {
       }
       ++n_docs;
       if ((n_docs & 1023) == 0) {
+        if (opt.bytes_done) opt.bytes_done->fetch_add(r.bytes_read() - last, std::memory_order_relaxed);
         prog.add(r.bytes_read() - last, 1024);
         last = r.bytes_read();
       }
     }
+    if (opt.bytes_done) opt.bytes_done->fetch_add(r.bytes_read() - last, std::memory_order_relaxed);
     prog.finish();
   }
   if (opt.reduce_counts) {
@@ -185,7 +187,12 @@ DecontamResult run_decontaminate(const DecontamOptions& opt) {
     std::string line;
     int64_t line_no = 0, doc = 0;
     std::vector<uint64_t> live;
+    int64_t counted = 0;  // bytes_done: this pass's bytes, added every 1,024 lines
     while (r.next(line, line_no)) {
+      if (opt.bytes_done && (line_no & 1023) == 0) {
+        opt.bytes_done->fetch_add(r.bytes_read() - counted, std::memory_order_relaxed);
+        counted = r.bytes_read();
+      }
       if (is_blank_line(line)) continue;
       auto it = doc_matches.find(doc++);
       live.clear();
@@ -258,6 +265,7 @@ DecontamResult run_decontaminate(const DecontamOptions& opt) {
         doc_log.push_back({{"line", line_no}, {"tasks", task_names}, {"ngrams", live.size()}, {"action", action},
                            {"fragments_written", pieces_written}});
     }
+    if (opt.bytes_done) opt.bytes_done->fetch_add(r.bytes_read() - counted, std::memory_order_relaxed);
     out.close();
   }
 

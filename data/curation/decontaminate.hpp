@@ -17,6 +17,7 @@
 #pragma once
 #include <nlohmann/json.hpp>
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -59,6 +60,9 @@ struct DecontamOptions {
   int64_t range_begin = 0, range_end = -1, lines_before = 0;
   std::function<void(std::vector<int64_t>&)> reduce_counts;
   bool write_report = true;
+  // Counts the input bytes read by both passes as they go (a multi-rank run's progress
+  // line reads it from another thread); nullptr = not counted.
+  std::atomic<int64_t>* bytes_done = nullptr;
 };
 
 struct DecontamResult {

@@ -130,49 +130,10 @@ constexpr int64_t kMaxLeaders = 32;
 
 namespace {
 
-// One process: collectives are no-ops, the exchange keeps what was sent to itself.
-class SoloComm final : public DedupComm {
- public:
-  int64_t rank() const override { return 0; }
-  int64_t size() const override { return 1; }
-  void all_reduce_sum(int64_t*, int64_t) override {}
-  void all_reduce_max(int64_t*, int64_t) override {}
-  std::vector<char> all_to_all(const std::vector<std::span<const char>>& send) override {
-    return std::vector<char>(send[0].begin(), send[0].end());
-  }
-};
-
-// Runs one phase on every rank and agrees on its outcome: when any rank failed, every
-// rank throws (the failing one its own error, the others one naming the lowest failing
-// rank), so no rank is left waiting in a later exchange.
-template <typename F>
-void agree(DedupComm& c, const char* what, F&& fn) {
-  std::exception_ptr err;
-  int64_t code = 0;
-  try {
-    fn();
-  } catch (const Error& e) {
-    err = std::current_exception();
-    code = e.exit_code();
-  } catch (...) {
-    err = std::current_exception();
-    code = 1;
-  }
-  const int64_t W = c.size(), r = c.rank();
-  int64_t v[2] = {err ? W - r : 0, code};
-  c.all_reduce_max(v, 2);
-  if (v[0] == 0) return;
-  c.failure_agreed = true;
-  c.failed_here = err != nullptr;
-  if (err) std::rethrow_exception(err);
-  throw Error(static_cast<int>(v[1]),
-              fmt::format("stopped because rank {} failed {} (its message names the cause); no output written", W - v[0], what));
-}
-
 // The all-to-all of records of type T; the received bytes are read with read<T>() (no
 // second copy of a round's data).
 template <typename T>
-std::vector<char> exchange_records(DedupComm& c, const std::vector<std::vector<T>>& out) {
+std::vector<char> exchange_records(RankComm& c, const std::vector<std::vector<T>>& out) {
   static_assert(sizeof(T) % 4 == 0 && std::is_trivially_copyable_v<T>);
   std::vector<std::span<const char>> send;
   for (auto& v : out) send.emplace_back(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
@@ -206,6 +167,7 @@ class KeyRuns {
     }
   }
   int64_t runs_spilled() const { return spilled_; }
+  int64_t bytes_spilled() const { return spilled_bytes_; }
   // Calls fn(key) for every key in (hash, doc) order, then forgets them.
   template <typename F>
   void scan(F&& fn) {
@@ -232,6 +194,7 @@ class KeyRuns {
     if (std::fclose(f) != 0 || !ok) throw_runtime("{}: write failed (disk full?)", path);
     files_.push_back(path);
     ++spilled_;
+    spilled_bytes_ += static_cast<int64_t>(buf_.size() * sizeof(BandKey));
     buf_.clear();
   }
   template <typename F>
@@ -290,7 +253,7 @@ class KeyRuns {
   std::string dir_;
   std::vector<BandKey> buf_;
   std::vector<std::string> files_;
-  int64_t spilled_ = 0;
+  int64_t spilled_ = 0, spilled_bytes_ = 0;
 };
 
 // Union-find over a sparse set of global document indices (the endpoints of edges).
@@ -351,10 +314,10 @@ int64_t parse_byte_size(const std::string& text, const std::string& what) {
   return static_cast<int64_t>(v * mult);
 }
 
-DedupResult run_dedup(const DedupOptions& opt, DedupComm* comm_in) {
+DedupResult run_dedup(const DedupOptions& opt, RankComm* comm_in) {
   auto t_start = Clock::now();
-  SoloComm solo;
-  DedupComm& comm = comm_in ? *comm_in : solo;
+  SoloRankComm solo;
+  RankComm& comm = comm_in ? *comm_in : solo;
   const int64_t W = comm.size(), R = comm.rank();
   const bool show = opt.progress && R == 0;
   const int64_t k = opt.num_perm;
@@ -472,7 +435,9 @@ DedupResult run_dedup(const DedupOptions& opt, DedupComm* comm_in) {
   // round, a receive round and the owned keys, 16 bytes each, up to `key_cap` keys
   // each; the owned keys beyond it are spilled. A budget below the signatures cannot be
   // kept: the rank says so and runs with the smallest spill runs (64 keys).
-  const int64_t sig_bytes = n_local * k * 4;
+  // (Signatures are allocated in chunks of kChunkDocs documents: count what is allocated.)
+  const int64_t sig_bytes =
+      (n_local + SignatureStore::kChunkDocs - 1) / SignatureStore::kChunkDocs * SignatureStore::kChunkDocs * k * 4;
   int64_t key_cap = std::numeric_limits<int64_t>::max() / 64;  // keys held before spilling
   if (opt.memory_per_rank > 0) {
     const int64_t allowance = std::min<int64_t>(64ll << 20, opt.memory_per_rank / 8);
@@ -624,7 +589,7 @@ DedupResult run_dedup(const DedupOptions& opt, DedupComm* comm_in) {
       if (!path.empty()) fs::remove_all(path, ec);
     }
   } spill_guard{spill_dir};
-  int64_t runs_spilled = 0;
+  int64_t runs_spilled = 0, bytes_spilled = 0;
   LshStats st;
   std::vector<uint64_t> cand;  // (a << 32 | b), a < b, a held by this rank; sorted, unique
   {
@@ -669,6 +634,7 @@ DedupResult run_dedup(const DedupOptions& opt, DedupComm* comm_in) {
       });
       bucket();
       runs_spilled += owned.runs_spilled();
+      bytes_spilled += owned.bytes_spilled();
       std::vector<uint64_t> got;
       {
         const auto bytes = exchange_records(comm, pairs);
@@ -733,8 +699,8 @@ DedupResult run_dedup(const DedupOptions& opt, DedupComm* comm_in) {
   }
   const int64_t sig_allocated = sigs.bytes();
   sigs = SignatureStore(k);  // the signatures are no longer needed
-  int64_t stats[4] = {st.pairs_checked, st.pairs_verified, st.large_buckets, runs_spilled};
-  comm.all_reduce_sum(stats, 4);
+  int64_t stats[5] = {st.pairs_checked, st.pairs_verified, st.large_buckets, runs_spilled, bytes_spilled};
+  comm.all_reduce_sum(stats, 5);
   double t_lsh_s = seconds_since(t_lsh);
 
   // --- components: each rank's edges reduced to a spanning forest, joined on rank 0 --
@@ -902,7 +868,8 @@ DedupResult run_dedup(const DedupOptions& opt, DedupComm* comm_in) {
          {{"ranks", W},
           {"memory_per_rank", opt.memory_per_rank},
           {"rank0_signature_bytes_allocated", sig_allocated},
-          {"key_runs_spilled", stats[3]}}},
+          {"key_runs_spilled", stats[3]},
+          {"key_bytes_spilled", stats[4]}}},
         {"timing_s",
          {{"read_and_minhash", t_hash}, {"lsh_and_verify", t_lsh_s}, {"components", t_cc_s}, {"write", t_write_s}, {"total", t_total}}},
         {"docs_per_s", t_total > 0 ? static_cast<double>(n_docs) / t_total : 0.0}};

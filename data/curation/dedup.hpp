@@ -13,7 +13,7 @@
 //      OUT/<input file name>; write OUT/dedup_report.json (and, if asked,
 //      OUT/dedup_clusters.jsonl).
 //
-// Across ranks (mpirun/srun; a DedupComm given): rank r reads the r-th line-aligned
+// Across ranks (mpirun/srun; a RankComm given): rank r reads the r-th line-aligned
 // byte range of every input and holds the signatures of those documents only; band
 // keys travel to the rank that owns them (hash of the key mod ranks), which sorts
 // them (spilling sorted runs to disk over --memory-per-rank) and emits candidate
@@ -32,6 +32,8 @@
 #include <span>
 #include <string>
 #include <vector>
+
+#include "data/curation/ranks.hpp"
 
 namespace mtnlg::curation {
 
@@ -52,25 +54,6 @@ struct DedupOptions {
   std::string tmp_dir;                   // spilled band keys; "" = output_dir
 };
 
-// What dedup needs from a group of ranks (app/ wraps parallel::Communicator; without
-// one, a group of one). Every rank calls every method in the same order.
-class DedupComm {
- public:
-  virtual ~DedupComm() = default;
-  virtual int64_t rank() const = 0;
-  virtual int64_t size() const = 0;
-  virtual void all_reduce_sum(int64_t* v, int64_t n) = 0;
-  virtual void all_reduce_max(int64_t* v, int64_t n) = 0;
-  // send[q] goes to rank q (byte sizes multiples of 4); returns what every rank sent to
-  // this one, concatenated in rank order.
-  virtual std::vector<char> all_to_all(const std::vector<std::span<const char>>& send) = 0;
-  // Set before run_dedup throws an error every rank agreed on (bad input, a failed
-  // read or write); any other exception left the peers inside an exchange, and the
-  // caller must abort the job rather than finalize.
-  bool failure_agreed = false;
-  bool failed_here = false;  // ... and this rank is the one that failed
-};
-
 // "2G", "512M", "64K", "1.5G" or a plain number of bytes (powers of 1024). InputError
 // naming `what` otherwise.
 int64_t parse_byte_size(const std::string& text, const std::string& what);
@@ -84,6 +67,6 @@ struct DedupResult {
 // report; the other ranks return the counts with an empty report. A rank that fails
 // makes every rank throw (its own error there, "stopped because rank R failed" on the
 // others), before any output is written.
-DedupResult run_dedup(const DedupOptions& opt, DedupComm* comm = nullptr);
+DedupResult run_dedup(const DedupOptions& opt, RankComm* comm = nullptr);
 
 }  // namespace mtnlg::curation

@@ -8,12 +8,14 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <span>
 
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "core/progress.hpp"
 #include "core/rng.hpp"
 #include "data/curation/text.hpp"
+#include "data/preprocess.hpp"
 
 namespace fs = std::filesystem;
 
@@ -39,20 +41,6 @@ T get(const std::string& s, size_t& off) {
 }
 
 double sigmoid(double z) { return z >= 0 ? 1.0 / (1.0 + std::exp(-z)) : std::exp(z) / (1.0 + std::exp(z)); }
-
-// Reads a JSONL file's texts (blank lines skipped).
-std::vector<std::string> read_texts(const std::string& path, const std::string& key) {
-  if (!fs::is_regular_file(path)) throw_input("{}: no such file", path);
-  std::vector<std::string> texts;
-  LineReader r(path);
-  std::string line;
-  int64_t line_no = 0;
-  while (r.next(line, line_no)) {
-    if (is_blank_line(line)) continue;
-    texts.push_back(extract_text(line, key, path, line_no));
-  }
-  return texts;
-}
 
 }  // namespace
 
@@ -156,75 +144,246 @@ nlohmann::json BinaryMetrics::to_json() const {
           {"accuracy", accuracy()}, {"precision", precision()}, {"recall", recall()}};
 }
 
-nlohmann::json train_quality(const QualityTrainOptions& opt) {
-  if (opt.epochs < 1) throw_input("--epochs {} must be at least 1", opt.epochs);
-  if (!(opt.lr > 0)) throw_input("--lr {} must be positive", opt.lr);
-  if (!(opt.holdout >= 0 && opt.holdout < 1)) throw_input("--holdout {} must be in [0, 1)", opt.holdout);
+namespace {
+
+// Positions of the global training order per block of one exchange (see train_quality).
+constexpr int64_t kTrainBlock = 4096;
+
+}  // namespace
+
+void QualityModel::assign(float bias, const float* weights) {
+  bias_ = bias;
+  std::memcpy(weights_.data(), weights, weights_.size() * sizeof(float));
+}
+
+// Across ranks (comm of size W; one process: W = 1, the same code). Rank r featurizes
+// the r-th line-aligned byte range of --positive and of --negative and keeps those
+// examples only. Example indices (the held-out split's key) and line numbers are the
+// whole files', from the all-reduced line and document counts. The training set in one
+// process is the examples in index order (positives, then negatives) less the held-out
+// ones; across ranks that order is the ranks' segments: positives of rank 0, 1, ...,
+// then negatives of rank 0, 1, .... Every rank computes the same shuffle per epoch; SGD
+// runs on rank 0, which receives the examples it does not hold in the shuffled order,
+// kTrainBlock positions per exchange, so the updates are the same sequence of the same
+// float operations for any W: the model file is the same bytes. Rank 0 holds its own
+// share plus one block; after training it sends the weights to every rank, each
+// evaluates its own examples and the confusion counts are summed.
+nlohmann::json train_quality(const QualityTrainOptions& opt, RankComm* comm_in) {
+  SoloRankComm solo;
+  RankComm& comm = comm_in ? *comm_in : solo;
+  const int64_t W = comm.size(), R = comm.rank();
+  const std::string* paths[2] = {&opt.positive, &opt.negative};  // file 0 = label 1
+  // Checks on rank 0 only, so that a bad option is reported once.
+  agree(comm, "checking the options", [&] {
+    if (R != 0) return;
+    if (opt.epochs < 1) throw_input("--epochs {} must be at least 1", opt.epochs);
+    if (!(opt.lr > 0)) throw_input("--lr {} must be positive", opt.lr);
+    if (!(opt.holdout >= 0 && opt.holdout < 1)) throw_input("--holdout {} must be in [0, 1)", opt.holdout);
+    if (opt.bucket_bits < 8 || opt.bucket_bits > 28) throw_input("--bucket-bits {} must be in [8, 28]", opt.bucket_bits);
+    for (const std::string* p : paths)
+      if (!fs::is_regular_file(*p)) throw_input("{}: no such file", *p);
+  });
   QualityModel model(opt.bucket_bits, mix_key(opt.seed, 0x5175616c));
+
+  // Lines and documents of every rank's range of both files: [file][rank][lines, docs].
+  int64_t range[2][2] = {{0, -1}, {0, -1}};
+  std::vector<int64_t> counts(static_cast<size_t>(4 * W), 0);
+  auto cnt = [&](int64_t f, int64_t q, int64_t what) -> int64_t& {
+    return counts[static_cast<size_t>((f * W + q) * 2 + what)];
+  };
+  agree(comm, "reading its share", [&] {
+    for (int64_t f = 0; f < 2; ++f) {
+      std::tie(range[f][0], range[f][1]) = data::line_aligned_range(*paths[f], W, R);
+      const auto c = count_lines(*paths[f], range[f][0], range[f][1]);
+      cnt(f, R, 0) = c.lines;
+      cnt(f, R, 1) = c.documents;
+    }
+  });
+  comm.all_reduce_sum(counts.data(), 4 * W);
+  int64_t docs[2] = {0, 0};
+  for (int64_t f = 0; f < 2; ++f)
+    for (int64_t q = 0; q < W; ++q) docs[f] += cnt(f, q, 1);
+
   struct Example {
     std::vector<uint32_t> f;
     int label;
   };
+  // This rank's examples, positives then negatives, each in file order.
   std::vector<Example> train, held;
-  int64_t idx = 0;
-  int64_t n_pos = 0, n_neg = 0;
-  for (int label : {1, 0}) {
-    const std::string& path = label ? opt.positive : opt.negative;
-    for (auto& t : read_texts(path, opt.json_key)) {
-      Example e;
-      model.features(t, e.f);
-      e.label = label;
-      (label ? n_pos : n_neg)++;
-      // Held-out membership is a pure function of (seed, example index).
-      bool is_held = philox_uniform(mix_key(opt.seed, 0x686f6c64), 0, static_cast<uint64_t>(idx++)) < opt.holdout;
-      (is_held ? held : train).push_back(std::move(e));
+  int64_t local_train[2] = {0, 0};
+  agree(comm, "reading its share", [&] {
+    for (int64_t f = 0; f < 2; ++f) {
+      int64_t lines_before = 0, idx = f == 0 ? 0 : docs[0];
+      for (int64_t q = 0; q < R; ++q) {
+        lines_before += cnt(f, q, 0);
+        idx += cnt(f, q, 1);
+      }
+      LineReader r(*paths[f], range[f][0], range[f][1], lines_before);
+      std::string line;
+      int64_t line_no = 0;
+      while (r.next(line, line_no)) {
+        if (is_blank_line(line)) continue;
+        Example e;
+        model.features(extract_text(line, opt.json_key, *paths[f], line_no), e.f);
+        e.label = f == 0 ? 1 : 0;
+        // Held-out membership is a pure function of (seed, example index).
+        const bool is_held = philox_uniform(mix_key(opt.seed, 0x686f6c64), 0, static_cast<uint64_t>(idx++)) < opt.holdout;
+        if (!is_held) ++local_train[f];
+        (is_held ? held : train).push_back(std::move(e));
+      }
     }
-  }
-  if (n_pos == 0 || n_neg == 0) throw_input("quality train: need documents in both --positive ({}) and --negative ({})", n_pos, n_neg);
-  if (train.empty()) throw_input("quality train: no training documents left after the --holdout split");
+  });
+  // Training examples per segment (file f, rank q) = segment f * W + q, in global order.
+  std::vector<int64_t> seg(static_cast<size_t>(2 * W), 0);
+  seg[static_cast<size_t>(R)] = local_train[0];
+  seg[static_cast<size_t>(W + R)] = local_train[1];
+  comm.all_reduce_sum(seg.data(), 2 * W);
+  std::vector<int64_t> seg_start(static_cast<size_t>(2 * W + 1), 0);
+  for (int64_t s = 0; s < 2 * W; ++s) seg_start[static_cast<size_t>(s + 1)] = seg_start[static_cast<size_t>(s)] + seg[static_cast<size_t>(s)];
+  const int64_t n_train = seg_start.back();
+  int64_t n_held = static_cast<int64_t>(held.size());
+  comm.all_reduce_sum(&n_held, 1);
+  agree(comm, "checking the documents", [&] {
+    if (R != 0) return;
+    if (docs[0] == 0 || docs[1] == 0)
+      throw_input("quality train: need documents in both --positive ({}) and --negative ({})", docs[0], docs[1]);
+    if (n_train == 0) throw_input("quality train: no training documents left after the --holdout split");
+  });
+  // Global training position -> (rank holding it, its index in that rank's `train`).
+  auto locate = [&](int64_t t) {
+    const int64_t s = std::upper_bound(seg_start.begin(), seg_start.end(), t) - seg_start.begin() - 1;
+    const int64_t q = s % W, f = s / W;
+    const int64_t first = f == 0 ? 0 : seg[static_cast<size_t>(q)];  // q's positives come first
+    return std::pair<int64_t, int64_t>(q, first + (t - seg_start[static_cast<size_t>(s)]));
+  };
 
-  std::vector<size_t> order(train.size());
+  std::vector<size_t> order(static_cast<size_t>(n_train));
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   const uint64_t shuffle_key = mix_key(opt.seed, 0x73687566);
   nlohmann::json epochs = nlohmann::json::array();
-  Progress prog("quality: train", opt.epochs * static_cast<int64_t>(train.size()), "docs", opt.progress);
+  Progress prog(W > 1 ? fmt::format("quality: train ({} ranks)", W) : "quality: train", opt.epochs * n_train, "docs",
+                opt.progress && R == 0);
+  std::vector<uint32_t> remote_f;
   for (int64_t ep = 0; ep < opt.epochs; ++ep) {
-    for (size_t i = order.size(); i > 1; --i) {  // Fisher-Yates
+    for (size_t i = order.size(); i > 1; --i) {  // Fisher-Yates (every rank: the same order)
       auto j = static_cast<size_t>(philox_bits(shuffle_key, static_cast<uint64_t>(ep), i) % i);
       std::swap(order[i - 1], order[j]);
     }
     double lr = opt.lr / (1.0 + static_cast<double>(ep));  // decays per epoch
     double loss = 0;
-    for (size_t i : order) loss += model.sgd_step(train[i].f, train[i].label, lr);
-    prog.add(static_cast<int64_t>(train.size()));
-    epochs.push_back({{"epoch", ep + 1}, {"lr", lr}, {"train_loss", loss / static_cast<double>(train.size())}});
+    for (int64_t lo = 0; lo < n_train; lo += kTrainBlock) {
+      const int64_t hi = std::min(n_train, lo + kTrainBlock);
+      if (W == 1) {
+        for (int64_t i = lo; i < hi; ++i) {
+          const auto& e = train[order[static_cast<size_t>(i)]];
+          loss += model.sgd_step(e.f, e.label, lr);
+        }
+        continue;
+      }
+      // Ranks other than 0 send their examples of this block, in block order, as
+      // (label, n, n features) words; rank 0 reads each rank's stream in turn.
+      std::vector<std::vector<uint32_t>> out(static_cast<size_t>(W));
+      if (R != 0)
+        for (int64_t i = lo; i < hi; ++i) {
+          const auto [q, at] = locate(static_cast<int64_t>(order[static_cast<size_t>(i)]));
+          if (q != R) continue;
+          const auto& e = train[static_cast<size_t>(at)];
+          out[0].push_back(static_cast<uint32_t>(e.label));
+          out[0].push_back(static_cast<uint32_t>(e.f.size()));
+          out[0].insert(out[0].end(), e.f.begin(), e.f.end());
+        }
+      std::vector<std::span<const char>> send;
+      for (auto& v : out) send.emplace_back(reinterpret_cast<const char*>(v.data()), v.size() * 4);
+      const std::vector<char> got = comm.all_to_all(send);
+      if (R != 0) continue;
+      auto word = [&](size_t w) {
+        uint32_t v;
+        std::memcpy(&v, got.data() + w * 4, 4);
+        return v;
+      };
+      // Where each rank's stream starts in `got`: skip the records of the ranks before.
+      std::vector<int64_t> records(static_cast<size_t>(W), 0);
+      for (int64_t i = lo; i < hi; ++i) ++records[static_cast<size_t>(locate(static_cast<int64_t>(order[static_cast<size_t>(i)])).first)];
+      std::vector<size_t> cursor(static_cast<size_t>(W), 0);
+      size_t w = 0;
+      for (int64_t q = 1; q < W; ++q) {
+        cursor[static_cast<size_t>(q)] = w;
+        for (int64_t k = 0; k < records[static_cast<size_t>(q)]; ++k) w += 2 + word(w + 1);
+      }
+      MTNLG_CHECK(w * 4 == got.size(), "quality train: {} bytes received for a block, {} expected", got.size(), w * 4);
+      for (int64_t i = lo; i < hi; ++i) {
+        const auto [q, at] = locate(static_cast<int64_t>(order[static_cast<size_t>(i)]));
+        if (q == 0) {
+          const auto& e = train[static_cast<size_t>(at)];
+          loss += model.sgd_step(e.f, e.label, lr);
+          continue;
+        }
+        size_t& c = cursor[static_cast<size_t>(q)];
+        const int label = static_cast<int>(word(c));
+        const size_t n = word(c + 1);
+        remote_f.resize(n);
+        if (n) std::memcpy(remote_f.data(), got.data() + (c + 2) * 4, n * 4);
+        c += 2 + n;
+        loss += model.sgd_step(remote_f, label, lr);
+      }
+    }
+    prog.add(n_train);
+    epochs.push_back({{"epoch", ep + 1}, {"lr", lr}, {"train_loss", loss / static_cast<double>(n_train)}});
   }
   prog.finish();
+  if (W > 1) {  // rank 0's weights (and bias) to every rank
+    std::vector<float> params;
+    std::vector<std::span<const char>> send(static_cast<size_t>(W));
+    if (R == 0) {
+      params.push_back(model.bias());
+      params.insert(params.end(), model.weights().begin(), model.weights().end());
+      for (int64_t q = 1; q < W; ++q)
+        send[static_cast<size_t>(q)] = std::span<const char>(reinterpret_cast<const char*>(params.data()), params.size() * 4);
+    }
+    const std::vector<char> got = comm.all_to_all(send);
+    if (R != 0) {
+      MTNLG_CHECK(got.size() == (model.weights().size() + 1) * 4, "quality train: {} bytes of weights received", got.size());
+      std::vector<float> p(model.weights().size() + 1);
+      std::memcpy(p.data(), got.data(), got.size());
+      model.assign(p[0], p.data() + 1);
+    }
+  }
   auto evaluate = [&](const std::vector<Example>& set) {
-    BinaryMetrics m;
+    int64_t m[4] = {0, 0, 0, 0};  // tp, fp, tn, fn
     for (auto& e : set) {
       bool pred = model.score_features(e.f) >= 0.5;
-      if (pred && e.label) ++m.tp;
-      else if (pred) ++m.fp;
-      else if (e.label) ++m.fn;
-      else ++m.tn;
+      if (pred && e.label) ++m[0];
+      else if (pred) ++m[1];
+      else if (e.label) ++m[3];
+      else ++m[2];
     }
-    return m;
+    comm.all_reduce_sum(m, 4);
+    BinaryMetrics b;
+    b.tp = m[0];
+    b.fp = m[1];
+    b.tn = m[2];
+    b.fn = m[3];
+    return b;
   };
-  model.save(opt.model);
-  nlohmann::json report = {{"format", "mtnlg-quality-train-report"},
-                           {"version", 1},
-                           {"model", opt.model},
-                           {"positive", opt.positive},
-                           {"negative", opt.negative},
-                           {"params",
-                            {{"bucket_bits", opt.bucket_bits}, {"epochs", opt.epochs}, {"lr", opt.lr},
-                             {"holdout", opt.holdout}, {"seed", opt.seed}, {"json_key", opt.json_key}}},
-                           {"documents", {{"positive", n_pos}, {"negative", n_neg}, {"train", train.size()}, {"held_out", held.size()}}},
-                           {"epochs", epochs},
-                           {"train_metrics", evaluate(train).to_json()},
-                           {"held_out_metrics", evaluate(held).to_json()}};
-  write_file_atomic(opt.report.empty() ? opt.model + ".report.json" : opt.report, report.dump(2) + "\n");
+  const BinaryMetrics train_m = evaluate(train), held_m = evaluate(held);
+  nlohmann::json report;
+  agree(comm, "writing the model", [&] {
+    if (R != 0) return;
+    model.save(opt.model);
+    report = {{"format", "mtnlg-quality-train-report"},
+              {"version", 1},
+              {"model", opt.model},
+              {"positive", opt.positive},
+              {"negative", opt.negative},
+              {"params",
+               {{"bucket_bits", opt.bucket_bits}, {"epochs", opt.epochs}, {"lr", opt.lr},
+                {"holdout", opt.holdout}, {"seed", opt.seed}, {"json_key", opt.json_key}}},
+              {"documents", {{"positive", docs[0]}, {"negative", docs[1]}, {"train", n_train}, {"held_out", n_held}}},
+              {"epochs", epochs},
+              {"train_metrics", train_m.to_json()},
+              {"held_out_metrics", held_m.to_json()}};
+    write_file_atomic(opt.report.empty() ? opt.model + ".report.json" : opt.report, report.dump(2) + "\n");
+  });
   return report;
 }
 

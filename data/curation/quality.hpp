@@ -22,6 +22,8 @@
 #include <string_view>
 #include <vector>
 
+#include "data/curation/ranks.hpp"
+
 namespace mtnlg::curation {
 
 class QualityModel {
@@ -43,6 +45,8 @@ class QualityModel {
   int64_t bucket_bits() const { return bucket_bits_; }
   float bias() const { return bias_; }
   const std::vector<float>& weights() const { return weights_; }
+  // Replaces the bias and the 2^bucket_bits weights (a model trained on another rank).
+  void assign(float bias, const float* weights);
 
  private:
   int64_t bucket_bits_ = 20;
@@ -72,7 +76,12 @@ struct BinaryMetrics {
 };
 
 // Trains, saves the model and its report; returns the report (held-out metrics).
-nlohmann::json train_quality(const QualityTrainOptions& opt);
+// On every rank of `comm` (nullptr: one process): each rank featurizes a share of the
+// inputs, SGD runs on rank 0 over all of them in the one-process order, so the model
+// file and report are the same bytes for any number of ranks; rank 0 writes them and
+// returns the report, the other ranks return null. A failing rank makes every rank
+// throw (agree() in ranks.hpp), before anything is written.
+nlohmann::json train_quality(const QualityTrainOptions& opt, RankComm* comm = nullptr);
 
 // Writes one JSON line per document: {"line": N, "score": P}.
 // Only bytes [range_begin, range_end) of the input with `lines_before` lines before them

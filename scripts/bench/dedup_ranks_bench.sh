@@ -10,7 +10,7 @@
 # (MiB), that peak as a ratio of the same size's 1-rank run (the peer in this run),
 # CPU seconds summed over the ranks (user + system: less sensitive than wall time to
 # other load on the machine),
-# spilled key runs, and pairwise precision / recall of the duplicate groups against
+# spilled key runs / bytes, and pairwise precision / recall of the duplicate groups against
 # the planted clusters (truth_dedup.jsonl).
 #
 # Usage: scripts/bench/dedup_ranks_bench.sh [BUILD_DIR] [WORK_DIR] [THREADS] [SIZES...]
@@ -56,7 +56,7 @@ print(f"{tp / max(pred, 1):.4f} {tp / max(truth_pairs, 1):.4f}")
 EOF
 }
 
-printf "%-9s %-6s %-8s %-8s %-11s %-7s %-13s %-10s %-8s %-9s %-7s\n" \
+printf "%-9s %-6s %-8s %-8s %-11s %-7s %-13s %-10s %-12s %-9s %-7s\n" \
   docs ranks budget wall_s docs_per_s cpu_s peak_RSS_MiB rss_ratio spilled precision recall
 for n in $SIZES; do
   dir=$WORK/n$n
@@ -97,11 +97,11 @@ for n in $SIZES; do
     done
     [ -z "$base_rss" ] && base_rss=$rss_kb
     wall=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['timing_s']['total'])" "$out/dedup_report.json")
-    spilled=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['run']['key_runs_spilled'])" "$out/dedup_report.json")
+    spilled=$(python3 -c "import json,sys; r=json.load(open(sys.argv[1]))['run']; print('%d/%.0fMiB' % (r['key_runs_spilled'], r['key_bytes_spilled'] / 1048576))" "$out/dedup_report.json")
     read -r prec rec < <(score "$dir/corpus/truth_dedup.jsonl" "$out/dedup_clusters.jsonl")
     awk -v n="$n" -v np="$np" -v b="${budget:--}" -v w="$wall" -v r="$rss_kb" -v br="$base_rss" -v sp="$spilled" \
       -v p="$prec" -v rc="$rec" -v c="$cpu" \
-      'BEGIN { printf "%-9d %-6d %-8s %-8.1f %-11.0f %-7.1f %-13.0f %-10.2f %-8d %-9s %-7s\n", n, np, b, w, n/w, c, r/1024, r/br, sp, p, rc }'
+      'BEGIN { printf "%-9d %-6d %-8s %-8.1f %-11.0f %-7.1f %-13.0f %-10.2f %-12s %-9s %-7s\n", n, np, b, w, n/w, c, r/1024, r/br, sp, p, rc }'
     if [ "$out" != "$dir/out-1-none" ] && [ -d "$dir/out-1-none" ]; then
       for s in $SOURCES; do cmp -s "$dir/out-1-none/$s.jsonl" "$out/$s.jsonl" || echo "  $s.jsonl differs from the 1-rank run!"; done
     fi

@@ -1,9 +1,11 @@
-// Curation commands under mpirun: `data quality filter`, `quality score`,
-// `decontaminate` and `dedup` give the same output and report bytes on 1, 2, 3 and 4
-// ranks (Pareto draws keyed by the whole file's document index; the too-common n-gram
-// rule counted over the whole input; dedup's groups independent of which rank holds a
-// document, also when band keys are spilled), and a bad line on a later rank's share
-// stops every rank with file:line and no output.
+// Curation commands under mpirun: `data quality train`, `quality filter`, `quality
+// score`, `decontaminate` and `dedup` give the same output and report bytes on 1, 2, 3
+// and 4 ranks (the classifier's SGD sees the examples in the one-process order; Pareto
+// draws keyed by the whole file's document index; the too-common n-gram rule counted
+// over the whole input; dedup's groups independent of which rank holds a document, also
+// when band keys are spilled), and a bad line on a later rank's share stops every rank
+// with file:line and no output. Multi-rank decontaminate draws one progress line on
+// rank 0 (over both passes of all ranks) unless --no-progress.
 #include <algorithm>
 #include <map>
 #include <catch2/catch.hpp>
@@ -12,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "core/progress.hpp"
 #include "test/support/test_support.hpp"
 
 using namespace mtnlg;
@@ -65,6 +68,68 @@ std::pair<std::string, int64_t> with_bad_line_near_end(const std::string& text, 
 }
 
 }  // namespace
+
+TEST_CASE("e2e quality train: 1, 2, 3 and 4 ranks give a byte-identical model and report", "[data][mpi]") {
+  TempDir tmp("quality-train-ranks");
+  const std::string d = tmp.str();
+  // 2 x 2,600 documents: with --holdout 0.1 about 4,700 train, more than one block of
+  // 4,096 positions that rank 0 gathers per exchange.
+  REQUIRE(test::run_mtnlg("data synth-corpus --kind quality --docs 2600 --output-dir " + d + "/q --no-progress").exit_code == 0);
+  // Blank lines (not documents, but lines: the error line numbers count them).
+  {
+    std::istringstream in(test::read_file(tmp / "q/positive.jsonl"));
+    std::string text, l;
+    for (int i = 0; std::getline(in, l); ++i) text += l + (i % 97 == 11 ? "\n \n" : "\n");
+    test::write_file(tmp / "q/positive.jsonl", text);
+  }
+  auto model = [&](int np) { return d + "/m" + std::to_string(np) + ".bin"; };
+  const std::string inputs = " --positive " + d + "/q/positive.jsonl --negative " + d + "/q/negative.jsonl";
+  same_on_1_to_4_ranks<std::pair<std::string, nlohmann::json>>(
+      [&](int np) {
+        return "data quality train" + inputs + " --model " + model(np) +
+               " --bucket-bits 14 --epochs 3 --holdout 0.1 --seed 3 --no-progress";
+      },
+      [&](int np, const test::RunResult& r) {
+        if (np > 1) CHECK_THAT(r.out, Catch::Matchers::Contains("(" + std::to_string(np) + " ranks)"));
+        auto rep = nlohmann::json::parse(test::read_file(model(np) + ".report.json"));
+        CHECK(rep["model"] == model(np));
+        rep.erase("model");
+        return std::make_pair(test::read_file(model(np)), rep);
+      },
+      [&](const std::pair<std::string, nlohmann::json>& got) {
+        CHECK(got.first.size() == 36 + 4 * (1u << 14) + 4);  // header, weights, CRC
+        const auto& docs = got.second["documents"];
+        CHECK(docs["positive"] == 2600);
+        CHECK(docs["negative"] == 2600);
+        CHECK(docs["train"].get<int64_t>() > 4096);
+        CHECK(docs["held_out"].get<int64_t>() > 300);
+        CHECK(got.second["held_out_metrics"]["accuracy"].get<double>() > 0.9);  // the classes are separable
+      });
+  // The ranks' examples really are shuffled together: another seed, another model.
+  auto other = run_np(2, "data quality train" + inputs + " --model " + d + "/other.bin --bucket-bits 14 --epochs 3 "
+                         "--holdout 0.1 --seed 4 --no-progress");
+  REQUIRE(other.exit_code == 0);
+  CHECK(test::read_file(tmp / "other.bin") != test::read_file(model(1)));
+
+  // A malformed line in the last rank's share of --negative: exit 2 naming file:line
+  // and the rank on every rank, no model written.
+  const auto [bad, line_no] = with_bad_line_near_end(test::read_file(tmp / "q/negative.jsonl"), "{\"text\": [1]}");
+  test::write_file(tmp / "bad.jsonl", bad);
+  auto r = run_np(3, "data quality train --positive " + d + "/q/positive.jsonl --negative " + d + "/bad.jsonl --model " +
+                         d + "/bad.bin --bucket-bits 14 --no-progress");
+  INFO(r.out);
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.out, Catch::Matchers::Contains("bad.jsonl:" + std::to_string(line_no)) &&
+                        Catch::Matchers::Contains("error on rank 2") &&
+                        Catch::Matchers::Contains("stopped because rank 2 failed"));
+  CHECK_FALSE(fs::exists(tmp / "bad.bin"));
+  CHECK_FALSE(fs::exists(tmp / "bad.bin.report.json"));
+  // A bad option is reported once (by rank 0), with exit 2.
+  auto opt = run_np(2, "data quality train" + inputs + " --model " + d + "/o.bin --holdout 1.5 --no-progress");
+  CHECK(opt.exit_code == 2);
+  CHECK_THAT(opt.out, Catch::Matchers::Contains("error on rank 0: --holdout 1.5 must be in [0, 1)"));
+  CHECK_FALSE(fs::exists(tmp / "o.bin"));
+}
 
 TEST_CASE("e2e quality filter and score: 1, 2, 3 and 4 ranks give byte-identical output and report", "[data][mpi]") {
   TempDir tmp("quality-ranks");
@@ -204,6 +269,28 @@ TEST_CASE("e2e decontaminate: 1, 2, 3 and 4 ranks give identical output and repo
                         Catch::Matchers::Contains("stopped because rank 2 failed"));
   CHECK(count_files(tmp.path()) == before + 1);  // only bad.jsonl
 
+  // Progress: one line on rank 0 over both passes of all ranks' bytes (the total is
+  // known, so a bar with a percentage and, while running, an ETA); --no-progress (used
+  // above) draws none.
+  {
+    auto on = run_np(3, "data decontaminate --input " + d + "/in.jsonl --tasks-dir " + d + "/s/tasks --output " + d +
+                            "/progress.jsonl --max-hits 3");
+    INFO(on.out);
+    REQUIRE(on.exit_code == 0);
+    CHECK_THAT(on.out, Catch::Matchers::Contains("decontaminate: 2 passes (3 ranks): [########################] 100.0%"));
+    // The total is both passes over the whole file, and every byte is counted once.
+    const std::string total = human_count(2.0 * static_cast<double>(fs::file_size(tmp / "in.jsonl")));
+    CHECK_THAT(on.out, Catch::Matchers::Contains(total + "/" + total + " B"));
+    auto off = run_np(3, "data decontaminate --input " + d + "/in.jsonl --tasks-dir " + d + "/s/tasks --output " + d +
+                             "/progress.jsonl --max-hits 3 --no-progress");
+    INFO(off.out);
+    REQUIRE(off.exit_code == 0);
+    CHECK_THAT(off.out, !Catch::Matchers::Contains("(3 ranks): ["));
+    CHECK(test::read_file(tmp / "progress.jsonl") == test::read_file(tmp / "remove1.jsonl"));
+    fs::remove(tmp / "progress.jsonl");
+    fs::remove(tmp / "progress.jsonl.report.json");
+  }
+
   // --output naming the input is refused before anything is written.
   auto over = run_np(2, "data decontaminate --input " + d + "/in.jsonl --tasks-dir " + d + "/s/tasks --output " + d +
                             "/in.jsonl --no-progress");
@@ -273,11 +360,16 @@ TEST_CASE("e2e dedup: 1, 2, 3 and 4 ranks give byte-identical outputs and report
     const auto run = check_run(np, "out" + std::to_string(np), "");
     CHECK(run["ranks"] == np);
     CHECK(run["key_runs_spilled"] == 0);
+    CHECK(run["key_bytes_spilled"] == 0);
   }
   // A budget far below one band's keys: every band is sorted on disk in runs and merged.
   for (int np : {1, 3}) {
     const auto run = check_run(np, "spill" + std::to_string(np), " --memory-per-rank 1K --tmp-dir " + d + "/spill");
     CHECK(run["key_runs_spilled"].get<int64_t>() > 0);
+    // 64-key runs: every band's key (16 bytes) of every non-empty document went to disk.
+    const auto rep = nlohmann::json::parse(test::read_file(tmp / ("spill" + std::to_string(np)) / "dedup_report.json"));
+    const int64_t keyed = rep["totals"]["documents"].get<int64_t>() - rep["totals"]["empty"].get<int64_t>();
+    CHECK(run["key_bytes_spilled"].get<int64_t>() == 16 * keyed * rep["params"]["bands"].get<int64_t>());
     CHECK(run["memory_per_rank"] == 1024);
   }
   CHECK((!fs::exists(tmp / "spill") || fs::is_empty(tmp / "spill")));

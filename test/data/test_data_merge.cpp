@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "core/progress.hpp"
 #include "data/indexed_dataset.hpp"
 #include "core/error.hpp"
 #include "data/merge.hpp"
@@ -194,11 +195,29 @@ TEST_CASE("e2e preprocess: 1, 2, 3 and 4 ranks give byte-identical files", "[dat
     REQUIRE(r.exit_code == 0);
     CHECK_THAT(r.out, Catch::Matchers::Contains("1200 documents") &&
                           Catch::Matchers::Contains("(" + std::to_string(np) + " ranks)"));
+    CHECK_THAT(r.out, !Catch::Matchers::Contains("ranks): ["));  // --no-progress: no progress line
     for (std::string k : {"_text_document", "_title_document"})
       CHECK(same_files(out + k, (tmp / "np1").string() + k));
   }
   // Only the outputs remain: input + 4 runs x 2 keys x 2 files, no parts.
   CHECK(count_files(tmp.path()) == 1 + 4 * 2 * 2);
+  // With progress: one line on rank 0 counting the input bytes of all ranks out of the
+  // file's size (so a bar, a percentage and, while running, an ETA) and the tokens.
+  {
+    fs::create_directories(tmp / "progress");
+    const std::string out = (tmp / "progress" / "np2").string();
+    const std::string size = human_count(static_cast<double>(fs::file_size(tmp / "c.jsonl")));
+    auto r = test::run_command(test::mpirun(2) + MTNLG_BINARY + " data preprocess --input " + (tmp / "c.jsonl").string() +
+                               gpt2_vocab_args() + " --append-eod --json-keys text title --output-prefix " + out);
+    INFO(r.out);
+    REQUIRE(r.exit_code == 0);
+    CHECK_THAT(r.out, Catch::Matchers::Contains("preprocess c.jsonl (2 ranks): [########################] 100.0%") &&
+                          Catch::Matchers::Contains(size + "/" + size + " B") &&  // every byte counted once
+                          Catch::Matchers::Contains("tokens/s"));
+    for (std::string k : {"_text_document", "_title_document"})
+      CHECK(same_files(out + k, (tmp / "np1").string() + k));
+    fs::remove_all(tmp / "progress");
+  }
 
   // A gzip input cannot be cut at byte offsets: rank 0 reads it whole, same bytes.
   {
