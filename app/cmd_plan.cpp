@@ -428,6 +428,7 @@ nlohmann::json estimate_json(const cost::Estimate& e, const cost::Cluster& c) {
                         {"embedding_gib", m.embedding / kGiB},
                         {"logits_gib", m.logits / kGiB},
                         {"comm_buffers_gib", m.comm_buffers / kGiB},
+                        {"send_buffers_gib", m.send_buffers / kGiB},
                         {"workspace_gib", m.workspace / kGiB}}},
                       {"forward_s", t.forward},
                       {"backward_s", t.backward},

@@ -110,6 +110,7 @@ class MetricsWriter {
                         {"tensor_bytes_optimizer", s.mem_optimizer},
                         {"tensor_bytes_activations_peak", s.mem_activations_peak},
                         {"tensor_bytes_saved_activations_peak", s.mem_saved_activations_peak},
+                        {"tensor_bytes_send_buffers_peak", s.mem_send_buffers_peak},
                         {"tensor_bytes_workspace_peak", s.mem_workspace_peak}};
     if (r.training.precision == Precision::fp16) j["loss_scale"] = loss_scale;
     if (s.host_reads || s.host_uploads) {  // a device run: its host round trips
@@ -227,6 +228,7 @@ class MemoryReport {
                         {"optimizer", s.mem_optimizer},
                         {"activations_peak", s.mem_activations_peak},
                         {"saved_activations_peak", s.mem_saved_activations_peak},
+                        {"send_buffers_peak", s.mem_send_buffers_peak},
                         {"workspace_peak", s.mem_workspace_peak}};
     out_ << j.dump() << "\n";
     out_.flush();
@@ -594,6 +596,7 @@ IterationStats Trainer::train_step(const data::Batch& batch, double lr, std::chr
   s.mem_activations_peak = ms[mem::Role::activations].peak;
   s.mem_workspace_peak = ms[mem::Role::workspace].peak;
   s.mem_saved_activations_peak = exec_->peak_activation_bytes();
+  s.mem_send_buffers_peak = exec_->peak_send_buffer_bytes();
   return s;
 }
 

@@ -33,6 +33,7 @@ struct IterationStats {
   // of the activations the chunks keep for their backward (app/pipeline_executor.hpp).
   int64_t mem_weights = 0, mem_grads = 0, mem_optimizer = 0;
   int64_t mem_activations_peak = 0, mem_saved_activations_peak = 0, mem_workspace_peak = 0;
+  int64_t mem_send_buffers_peak = 0;  // pipeline send buffers not yet waited for (PipelineExecutor)
 };
 
 struct TrainOptions {

@@ -247,13 +247,7 @@ double trainer_chunk_saved_bytes(const Shape& sh, const Layout& l, Precision pre
 // them (what app/pipeline_executor.cpp reports as the peak of saved activations).
 double trainer_stage_activation_bytes(const Shape& sh, const Layout& l, Precision prec, int64_t st, int64_t m) {
   const int64_t per_chunk = l.stage_layers[static_cast<size_t>(st)] / l.vp;
-  std::vector<schedules::PipeAction> table;
-  if (l.pp == 1 && l.vp == 1)
-    table = schedules::schedule_no_pipelining(m);
-  else if (l.vp > 1)
-    table = schedules::schedule_interleaved_1f1b(l.pp, st, m, l.vp);
-  else
-    table = schedules::schedule_1f1b(l.pp, st, m);
+  const std::vector<schedules::PipeAction> table = schedules::schedule_for(l.pp, st, m, l.vp);
   double held = 0, peak = 0;
   for (const auto& a : table) {
     const bool head = st == l.pp - 1 && a.chunk == l.vp - 1;
@@ -263,6 +257,28 @@ double trainer_stage_activation_bytes(const Shape& sh, const Layout& l, Precisio
     } else if (a.op == schedules::PipeOp::backward) {
       held -= trainer_chunk_saved_bytes(sh, l, prec, per_chunk, head);
     }
+  }
+  return peak;
+}
+
+// The most bytes pipeline rank `st` holds at once in sends not yet waited for: the
+// trainer's executor posts each send (one message of `msg` bytes, the chunk output or
+// its input gradient) nonblocking and waits for it at schedules::send_release_points
+// (what app/pipeline_executor.cpp reports as the peak of send buffers).
+// `release`: schedules::send_release_points_all(pp, m, vp)[st].
+double trainer_stage_send_bytes(const Layout& l, int64_t st, int64_t m, double msg, const std::vector<int64_t>& release) {
+  if (l.pp == 1) return 0;
+  const auto table = schedules::schedule_for(l.pp, st, m, l.vp);
+  std::vector<int64_t> due(table.size() + 1, 0);
+  for (int64_t k : release)
+    if (k >= 0) ++due[static_cast<size_t>(k)];
+  double held = 0, peak = 0;
+  for (size_t i = 0; i < table.size(); ++i) {
+    if (release[i] >= 0) {  // a send
+      held += msg;
+      peak = std::max(peak, held);
+    }
+    held -= double(due[i]) * msg;
   }
   return peak;
 }
@@ -476,6 +492,7 @@ Computed compute_stages(const Recipe& r, const Layout& l, const Cluster& c_in) {
   const int64_t m_full = r.training.global_batch_size / (l.micro_batch * l.dp);
 
   Computed out;
+  std::vector<std::vector<int64_t>> releases;  // the trainer's send release points, per stage (mtnlg profile)
   for (int64_t st = 0; st < l.pp; ++st) {
     const int64_t layers = l.stage_layers[static_cast<size_t>(st)];
     const bool first = st == 0, last = st == l.pp - 1;
@@ -523,8 +540,19 @@ Computed compute_stages(const Recipe& r, const Layout& l, const Cluster& c_in) {
       if (first) mem.embedding = double(sh.s) * double(l.micro_batch) * double(sh.h) * double(l.pp) / t;
       if (last) mem.logits = 4.0 * double(sh.s) * double(l.micro_batch) * double(sh.V) / t;
     }
-    // Two p2p receive buffers and two send buffers + NCCL channel buffers (~0.5 GiB).
-    mem.comm_buffers = (l.pp > 1 ? 4 * act_msg : 0) + 0.5 * kGiB;
+    if (c.software.trainer_activations) {
+      // This trainer: the sends not yet waited for (exact, from the schedule), one receive
+      // buffer for the incoming gradient (its received activations are the chunks' saved
+      // inputs, counted above), NCCL channel buffers (~0.5 GiB).
+      if (l.pp > 1 && releases.empty()) releases = schedules::send_release_points_all(l.pp, m_full, l.vp);
+      mem.send_buffers = l.pp > 1 ? trainer_stage_send_bytes(l, st, m_full, act_msg, releases[static_cast<size_t>(st)]) : 0;
+      mem.comm_buffers = mem.send_buffers + (l.pp > 1 ? act_msg : 0) + 0.5 * kGiB;
+    } else {
+      // Megatron waits for each batched exchange: two send buffers and two receive buffers
+      // + NCCL channel buffers (~0.5 GiB).
+      mem.send_buffers = l.pp > 1 ? 2 * act_msg : 0;
+      mem.comm_buffers = (l.pp > 1 ? 4 * act_msg : 0) + 0.5 * kGiB;
+    }
     // CUDA context + cuBLAS workspace (~1 GiB) and allocator fragmentation (5% of the rest).
     const double rest = mem.weights + mem.gradients + mem.optimizer + mem.activations + mem.embedding + mem.logits;
     mem.workspace = 1.0 * kGiB + 0.05 * rest + rematerialized;

@@ -180,6 +180,7 @@ struct StageMemory {
   double embedding = 0;    // first stage: embedding output / dropout mask
   double logits = 0;       // last stage: fp32 logits for the cross-entropy
   double comm_buffers = 0; // p2p send/recv buffers + collective scratch
+  double send_buffers = 0; // of which p2p sends not yet completed (the most at once)
   double workspace = 0;    // CUDA context, cuBLAS workspace, allocator slack
   double total = 0;
 };
