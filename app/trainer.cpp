@@ -96,6 +96,7 @@ class MetricsWriter {
                         {"global_batch_size", s.global_batch_size},
                         {"grad_norm", s.grad_norm},
                         {"step_time_s", s.step_time_s},
+                        {"world_size", s.world_size},
                         {"tokens_per_s", s.tokens_per_s},
                         {"tflops_per_gpu", s.tflops_per_gpu},
                         {"mfu", s.mfu},
@@ -580,6 +581,7 @@ IterationStats Trainer::train_step(const data::Batch& batch, double lr, std::chr
   s.tokens_per_s = static_cast<double>(gbs * T_) / dt;
   const double flops = parallel::model_flops(r_.model, cfg_.padded_vocab_size, gbs);
   s.tflops_per_gpu = flops / dt / static_cast<double>(g_.topo.world()) / 1e12;
+  s.world_size = g_.topo.world();
   s.mfu = s.tflops_per_gpu / peak_tflops_;
   s.peak_memory_bytes = peak_rss_bytes();
   s.bytes_tp = g_.tp ? g_.tp->bytes_sent() : 0;

@@ -53,7 +53,7 @@ const std::vector<SoftwareProfile>& software_table() {
       {"mtnlg",
        "this trainer (mtnlg train): megatron-lm's execution model, activations as model/gpt.cpp keeps them "
        "(flash-style attention, the exact schedule's in-flight microbatches)",
-       1.0, true, 2, 4, true, true, true},
+       1.0, true, 2, 4, true, true, true, true},
   };
   return table;
 }
@@ -102,6 +102,16 @@ GroupLink group_link(const Cluster& c, int64_t stride, int64_t size) {
   return {std::min(c.gpu.nvlink_bus_bw, c.gpu.ib_bw * double(per_node)), c.gpu.ib_alpha};
 }
 
+// How much slower each process computes because the node's processes share its compute
+// (GpuSpec::compute_slots; 1 on GPUs). A single process is the reference: it runs at the
+// profile's rates whatever the slots.
+double compute_share(const Cluster& c, const Layout& l) {
+  if (!(c.gpu.compute_slots > 0)) return 1.0;
+  const int64_t per_node = std::min<int64_t>(l.gpus(), std::max<int64_t>(1, c.gpus_per_node));
+  if (per_node <= 1) return 1.0;
+  return std::max(1.0, double(per_node) / c.gpu.compute_slots);
+}
+
 // The GPU as the software stack drives it: the GEMM efficiency scaled by the profile.
 Cluster effective(const Cluster& c) {
   Cluster e = c;
@@ -112,6 +122,13 @@ Cluster effective(const Cluster& c) {
 double allreduce_time(double bytes, int64_t n, GroupLink k) {
   if (n <= 1 || bytes <= 0) return 0;
   return 2.0 * double(n - 1) / double(n) * bytes / k.bw + 2.0 * double(n - 1) * k.alpha;
+}
+// A few bytes (a loss, a norm, a flag): NCCL's tree and MPI's recursive doubling take
+// about 2 log2(n) latency steps instead of the ring's 2 (n - 1).
+double small_allreduce_time(double bytes, int64_t n, GroupLink k) {
+  if (n <= 1 || bytes <= 0) return 0;
+  const double tree = 2.0 * std::ceil(std::log2(double(n))) * k.alpha + 2.0 * bytes / k.bw;
+  return std::min(tree, allreduce_time(bytes, n, k));
 }
 double reduce_scatter_time(double bytes, int64_t n, GroupLink k) {
   if (n <= 1 || bytes <= 0) return 0;
@@ -589,6 +606,9 @@ Computed compute_stages(const Recipe& r, const Layout& l, const Cluster& c_in) {
     // blocking (Megatron pairs send/recv in one batched call; the transfer is on the
     // critical path of the steady state).
     tm.p2p = l.pp > 1 ? double(c.software.p2p_steps_per_microbatch) * double(l.vp) * p2p_one : 0;
+    const double share = compute_share(c, l);
+    tm.forward *= share;
+    tm.backward *= share;
     out.time.push_back(tm);
   }
   return out;
@@ -633,11 +653,31 @@ IterParts iteration_parts(const Recipe& r, const Layout& l, const Cluster& c_in,
     // Adam over the local shard: read grad, master, m, v; write master, m, v, 16-bit
     // weight (~34 bytes/param) plus a read of the grads for the global norm.
     const double local = mem.params / (l.distributed_optimizer ? double(l.dp) : 1.0);
-    opt_max = std::max(opt_max, 34.0 * local / c.gpu.hbm_bw + 4.0 * mem.params / c.gpu.hbm_bw);
+    opt_max = std::max(opt_max, (34.0 * local / c.gpu.hbm_bw + 4.0 * mem.params / c.gpu.hbm_bw) * compute_share(c, l));
   }
   if (l.pp > 1) {
     const Shape sh = shape_of(r, l.tp);
     dp_max += allreduce_time(double(sh.V) * double(sh.h) / double(l.tp) * 4.0, 2, {c.gpu.ib_bw, c.gpu.ib_alpha});
+  }
+  if (c.software.trainer_step_collectives) {
+    // This trainer's per-step small collectives (SoftwareProfile::trainer_step_collectives).
+    const Shape sh = shape_of(r, l.tp);
+    double sp_max = 0;
+    if (l.sequence_parallel && l.tp > 1) {
+      const GroupLink tpl = group_link(c, 1, l.tp);
+      for (int64_t st = 0; st < l.pp; ++st) {
+        const double layers = double(l.stage_layers[static_cast<size_t>(st)]);
+        double t_sp = 6 * layers * small_allreduce_time(4.0 * double(sh.h), l.tp, tpl);
+        if (st == 0) t_sp += allreduce_time(4.0 * double(sh.maxpos) * double(sh.h), l.tp, tpl);
+        if (st == l.pp - 1) t_sp += 2 * small_allreduce_time(4.0 * double(sh.h), l.tp, tpl);
+        sp_max = std::max(sp_max, t_sp);
+      }
+    }
+    double small = 0;
+    small += small_allreduce_time(8.0, l.tp * l.pp, group_link(c, 1, l.tp * l.pp));  // grad norm, model parallel
+    if (l.distributed_optimizer) small += small_allreduce_time(8.0, l.dp, dpl);      // grad norm over the shards
+    small += small_allreduce_time(24.0, l.gpus(), group_link(c, 1, l.gpus()));       // loss, tokens, skip flag
+    dp_max += sp_max + small;
   }
   p.dp = dp_max;
   p.opt = opt_max;
