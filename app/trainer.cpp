@@ -581,7 +581,6 @@ IterationStats Trainer::train_step(const data::Batch& batch, double lr, std::chr
   s.tokens_per_s = static_cast<double>(gbs * T_) / dt;
   const double flops = parallel::model_flops(r_.model, cfg_.padded_vocab_size, gbs);
   s.tflops_per_gpu = flops / dt / static_cast<double>(g_.topo.world()) / 1e12;
-  s.world_size = g_.topo.world();
   s.mfu = s.tflops_per_gpu / peak_tflops_;
   s.peak_memory_bytes = peak_rss_bytes();
   s.bytes_tp = g_.tp ? g_.tp->bytes_sent() : 0;
@@ -599,6 +598,7 @@ IterationStats Trainer::train_step(const data::Batch& batch, double lr, std::chr
   s.mem_workspace_peak = ms[mem::Role::workspace].peak;
   s.mem_saved_activations_peak = exec_->peak_activation_bytes();
   s.mem_send_buffers_peak = exec_->peak_send_buffer_bytes();
+  s.world_size = g_.topo.world();
   return s;
 }
 
