@@ -85,7 +85,8 @@ nlohmann::json gpu_json(const cost::GpuSpec& g) {
           {"ib_bw", g.ib_bw},
           {"nvlink_alpha", g.nvlink_alpha},
           {"ib_alpha", g.ib_alpha},
-          {"kernel_overhead", g.kernel_overhead}};
+          {"kernel_overhead", g.kernel_overhead},
+          {"compute_slots", g.compute_slots}};
 }
 
 cost::GpuSpec load_gpu_profile(const std::string& path) {
@@ -117,6 +118,11 @@ cost::GpuSpec load_gpu_profile(const std::string& path) {
   g.nvlink_alpha = num("nvlink_alpha");
   g.ib_alpha = num("ib_alpha");
   g.kernel_overhead = num("kernel_overhead");
+  if (j.contains("compute_slots")) {  // optional (0: one device per process)
+    if (!j["compute_slots"].is_number() || j["compute_slots"].get<double>() < 0)
+      throw_input("--gpu-profile {}: field compute_slots must be a number >= 0", path);
+    g.compute_slots = j["compute_slots"].get<double>();
+  }
   return g;
 }
 
@@ -155,6 +161,23 @@ double measured_step_time(const std::string& run_dir, int64_t global_batch, cons
   return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
 }
 
+// world_size of the first metrics.jsonl record that has it (the trainer writes it every
+// iteration), 0 when none does.
+int64_t recorded_world_size(const std::string& run_dir) {
+  std::ifstream in(run_dir + "/metrics.jsonl");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    try {
+      const auto j = nlohmann::json::parse(line);
+      if (j.contains("world_size") && j["world_size"].is_number_integer()) return j["world_size"].get<int64_t>();
+    } catch (const std::exception&) {
+      return 0;  // measured_step_time reports the bad line
+    }
+  }
+  return 0;
+}
+
 void run_calibrate(const PlanArgs& a) {
   namespace fs = std::filesystem;
   const cost::GpuSpec base = a.gpu_profile.empty() ? cost::gpu_spec(a.gpu) : load_gpu_profile(a.gpu_profile);
@@ -163,7 +186,9 @@ void run_calibrate(const PlanArgs& a) {
     const std::string rp = dir + "/recipe.resolved.yaml";
     if (!fs::exists(rp)) throw_input("--calibrate {}: no recipe.resolved.yaml (is it a run directory?)", dir);
     Recipe r = load_recipe(rp, a.sets);
-    const int64_t gpus = a.gpus > 0 ? a.gpus : r.tp() * r.pp() * std::max<int64_t>(1, a.dp);
+    // The run's world size: --gpus, else what its metrics.jsonl records (world_size), else t x p.
+    const int64_t recorded = recorded_world_size(dir);
+    const int64_t gpus = a.gpus > 0 ? a.gpus : recorded > 0 ? recorded : r.tp() * r.pp() * std::max<int64_t>(1, a.dp);
     cost::Observation o{r, cost::layout_from_recipe(r, gpus), measured_step_time(dir, r.training.global_batch_size, a.step_stat), dir};
     runs.push_back(std::move(o));
   }
@@ -176,6 +201,8 @@ void run_calibrate(const PlanArgs& a) {
                         {"compute_scale", res.compute_scale},
                         {"bandwidth_scale", res.bandwidth_scale},
                         {"overhead_scale", res.overhead_scale},
+                        {"latency_scale", res.latency_scale},
+                        {"compute_slots", res.compute_slots},
                         {"free_parameters", res.free_parameters},
                         {"rms_relative_error", res.rms_relative_error}};
   nlohmann::json rj = nlohmann::json::array();
@@ -204,6 +231,10 @@ void run_calibrate(const PlanArgs& a) {
               "(%.3g us)\n",
               res.compute_scale, res.gpu.gemm_eff_max, res.bandwidth_scale, res.gpu.hbm_bw / 1e9, res.overhead_scale,
               res.gpu.kernel_overhead * 1e6);
+  if (res.latency_scale != 1.0)
+    std::printf("     communication latency x%.3g (%.3g us per step)\n", res.latency_scale, res.gpu.nvlink_alpha * 1e6);
+  if (res.compute_slots > 0)
+    std::printf("     compute slots %.3g (processes of a node that compute at full speed at once)\n", res.compute_slots);
   std::printf("residual: %.2f%% rms relative error\n", 100.0 * res.rms_relative_error);
   std::printf("wrote %s (use: mtnlg plan RECIPE --gpu-profile %s)\n", out.c_str(), out.c_str());
 }
@@ -428,6 +459,7 @@ nlohmann::json estimate_json(const cost::Estimate& e, const cost::Cluster& c) {
                         {"embedding_gib", m.embedding / kGiB},
                         {"logits_gib", m.logits / kGiB},
                         {"comm_buffers_gib", m.comm_buffers / kGiB},
+                        {"send_buffers_gib", m.send_buffers / kGiB},
                         {"workspace_gib", m.workspace / kGiB}}},
                       {"forward_s", t.forward},
                       {"backward_s", t.backward},

@@ -76,22 +76,36 @@ void PipelineExecutor::run_batch(const data::Batch& batch, int64_t consumed_befo
                                  Tensor& loss_acc) {
   const int64_t m = batch.micro_batches;
   peak_act_ = 0;
+  peak_send_ = 0;
   if (eod_ >= 0) build_loss_masks(batch);
   const int64_t p = g_.topo.pp(), r = g_.coord.pp, v = static_cast<int64_t>(chunks_.size());
-  std::vector<schedules::PipeAction> table;
-  if (p == 1 && v == 1)
-    table = schedules::schedule_no_pipelining(m);
-  else if (v > 1)
-    table = schedules::schedule_interleaved_1f1b(p, r, m, v);
-  else
-    table = schedules::schedule_1f1b(p, r, m);
+  const std::vector<schedules::PipeAction> table = schedules::schedule_for(p, r, m, v);
+  // Sends are nonblocking; each buffer stays alive in `pending` until its request is
+  // waited for, right after the receive at which this rank knows the peer has started the
+  // matching receive (schedules::send_release_points: deadlock-free), else at the end.
+  const std::vector<int64_t> release = p > 1 ? schedules::send_release_points(p, r, m, v) : std::vector<int64_t>();
+  std::vector<std::vector<size_t>> due(table.size() + 1);
+  for (size_t i = 0; i < release.size(); ++i)
+    if (release[i] >= 0) due[static_cast<size_t>(release[i])].push_back(i);
 
-  // Tensors in flight, keyed by (microbatch, chunk). Sends are nonblocking; their
-  // buffers stay alive in `pending` until every request is waited for at the end.
+  // Tensors in flight, keyed by (microbatch, chunk).
   const int64_t C = r_.model.hidden_size, R = chunks_[0]->local_rows(batch.micro_batch_size);
   const DType act = chunks_[0]->activation_dtype();  // stage boundaries carry activations in it
   std::map<std::pair<int64_t, int64_t>, Tensor> act_in, act_out, grad_in, grad_out;
-  std::vector<std::pair<std::unique_ptr<parallel::Request>, Tensor>> pending;
+  std::map<size_t, std::pair<std::unique_ptr<parallel::Request>, Tensor>> pending;  // by send action index
+  int64_t send_held = 0;  // bytes of the buffers in `pending`
+  auto post = [&](size_t i, std::unique_ptr<parallel::Request> req, Tensor t) {
+    send_held += t.nbytes();
+    peak_send_ = std::max(peak_send_, send_held);
+    pending.emplace(i, std::make_pair(std::move(req), std::move(t)));
+  };
+  auto finish = [&](size_t i) {
+    auto it = pending.find(i);
+    MTNLG_CHECK(it != pending.end(), "pipeline send {} released twice", i);
+    it->second.first->wait();
+    send_held -= it->second.second.nbytes();
+    pending.erase(it);  // drops this reference to the buffer
+  };
   constexpr int kTagActivation = 0, kTagGradient = 1;
   auto take = [](auto& map, std::pair<int64_t, int64_t> key) {
     auto it = map.find(key);
@@ -102,7 +116,8 @@ void PipelineExecutor::run_batch(const data::Batch& batch, int64_t consumed_befo
   };
   int64_t held = 0;
   std::vector<int64_t> backwards_done(chunks_.size(), 0);  // per chunk: which backward is its last
-  for (const auto& a : table) {
+  for (size_t ai = 0; ai < table.size(); ++ai) {
+    const auto& a = table[ai];
     const auto key = std::make_pair(a.microbatch, a.chunk);
     auto& chunk = *chunks_[a.chunk];
     switch (a.op) {
@@ -132,7 +147,7 @@ void PipelineExecutor::run_batch(const data::Batch& batch, int64_t consumed_befo
       case schedules::PipeOp::send_forward: {
         Tensor t = take(act_out, key);
         MTNLG_CHECK(t.defined(), "send_forward of micro batch {} chunk {} before its forward", a.microbatch, a.chunk);
-        pending.emplace_back(g_.pp->isend(t.raw(), t.numel(), t.dtype(), a.peer_stage, kTagActivation), t);
+        post(ai, g_.pp->isend(t.raw(), t.numel(), t.dtype(), a.peer_stage, kTagActivation), t);
         break;
       }
       case schedules::PipeOp::recv_backward: {
@@ -153,12 +168,14 @@ void PipelineExecutor::run_batch(const data::Batch& batch, int64_t consumed_befo
       case schedules::PipeOp::send_backward: {
         Tensor t = take(grad_out, key);
         MTNLG_CHECK(t.defined(), "send_backward of micro batch {} chunk {} before its backward", a.microbatch, a.chunk);
-        pending.emplace_back(g_.pp->isend(t.raw(), t.numel(), t.dtype(), a.peer_stage, kTagGradient), t);
+        post(ai, g_.pp->isend(t.raw(), t.numel(), t.dtype(), a.peer_stage, kTagGradient), t);
         break;
       }
     }
+    for (size_t i : due[ai]) finish(i);
   }
-  for (auto& [req, buf] : pending) req->wait();
+  for (size_t i : due[table.size()]) finish(i);
+  MTNLG_CHECK(pending.empty(), "{} pipeline send(s) never waited for", pending.size());
 }
 
 void PipelineExecutor::reduce_shared_grads(model::ParamStore& store) {

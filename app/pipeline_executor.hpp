@@ -34,6 +34,9 @@ class PipelineExecutor {
   void reduce_shared_grads(model::ParamStore& store);
   // Largest activation memory held at once during the last batch (bytes).
   int64_t peak_activation_bytes() const { return peak_act_; }
+  // Largest bytes held at once during the last batch by sends not yet waited for (their
+  // buffers: chunk outputs and input gradients; see schedules::send_release_points).
+  int64_t peak_send_buffer_bytes() const { return peak_send_; }
 
  private:
   model::MicroBatch micro_batch(const data::Batch& b, int64_t k, int64_t consumed_before, uint64_t step_key,
@@ -47,6 +50,7 @@ class PipelineExecutor {
   parallel::ProcessGroups g_;
   std::vector<std::unique_ptr<model::GptChunk>>& chunks_;
   int64_t peak_act_ = 0;
+  int64_t peak_send_ = 0;
   int32_t eod_ = -1;  // <|endoftext|> with data.eod_mask_loss, else -1
   std::vector<std::vector<float>> masks_;
   double counted_tokens_ = 0;  // global batch tokens that count (eod_mask_loss)

@@ -96,6 +96,7 @@ class MetricsWriter {
                         {"global_batch_size", s.global_batch_size},
                         {"grad_norm", s.grad_norm},
                         {"step_time_s", s.step_time_s},
+                        {"world_size", s.world_size},
                         {"tokens_per_s", s.tokens_per_s},
                         {"tflops_per_gpu", s.tflops_per_gpu},
                         {"mfu", s.mfu},
@@ -111,6 +112,7 @@ class MetricsWriter {
                         {"tensor_bytes_optimizer", s.mem_optimizer},
                         {"tensor_bytes_activations_peak", s.mem_activations_peak},
                         {"tensor_bytes_saved_activations_peak", s.mem_saved_activations_peak},
+                        {"tensor_bytes_send_buffers_peak", s.mem_send_buffers_peak},
                         {"tensor_bytes_workspace_peak", s.mem_workspace_peak}};
     if (r.training.precision == Precision::fp16) j["loss_scale"] = loss_scale;
     if (s.host_reads || s.host_uploads) {  // a device run: its host round trips
@@ -228,6 +230,7 @@ class MemoryReport {
                         {"optimizer", s.mem_optimizer},
                         {"activations_peak", s.mem_activations_peak},
                         {"saved_activations_peak", s.mem_saved_activations_peak},
+                        {"send_buffers_peak", s.mem_send_buffers_peak},
                         {"workspace_peak", s.mem_workspace_peak}};
     out_ << j.dump() << "\n";
     out_.flush();
@@ -611,6 +614,8 @@ IterationStats Trainer::train_step(const data::Batch& batch, double lr, std::chr
   s.mem_activations_peak = ms[mem::Role::activations].peak;
   s.mem_workspace_peak = ms[mem::Role::workspace].peak;
   s.mem_saved_activations_peak = exec_->peak_activation_bytes();
+  s.mem_send_buffers_peak = exec_->peak_send_buffer_bytes();
+  s.world_size = g_.topo.world();
   return s;
 }
 

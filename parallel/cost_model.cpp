@@ -54,7 +54,7 @@ const std::vector<SoftwareProfile>& software_table() {
       {"mtnlg",
        "this trainer (mtnlg train): megatron-lm's execution model, activations as model/gpt.cpp keeps them "
        "(flash-style attention, the exact schedule's in-flight microbatches)",
-       1.0, true, 2, 4, true, true, true},
+       1.0, true, 2, 4, true, true, true, true},
   };
   return table;
 }
@@ -103,6 +103,16 @@ GroupLink group_link(const Cluster& c, int64_t stride, int64_t size) {
   return {std::min(c.gpu.nvlink_bus_bw, c.gpu.ib_bw * double(per_node)), c.gpu.ib_alpha};
 }
 
+// How much slower each process computes because the node's processes share its compute
+// (GpuSpec::compute_slots; 1 on GPUs). A single process is the reference: it runs at the
+// profile's rates whatever the slots.
+double compute_share(const Cluster& c, const Layout& l) {
+  if (!(c.gpu.compute_slots > 0)) return 1.0;
+  const int64_t per_node = std::min<int64_t>(l.gpus(), std::max<int64_t>(1, c.gpus_per_node));
+  if (per_node <= 1) return 1.0;
+  return std::max(1.0, double(per_node) / c.gpu.compute_slots);
+}
+
 // The GPU as the software stack drives it: the GEMM efficiency scaled by the profile.
 Cluster effective(const Cluster& c) {
   Cluster e = c;
@@ -113,6 +123,13 @@ Cluster effective(const Cluster& c) {
 double allreduce_time(double bytes, int64_t n, GroupLink k) {
   if (n <= 1 || bytes <= 0) return 0;
   return 2.0 * double(n - 1) / double(n) * bytes / k.bw + 2.0 * double(n - 1) * k.alpha;
+}
+// A few bytes (a loss, a norm, a flag): NCCL's tree and MPI's recursive doubling take
+// about 2 log2(n) latency steps instead of the ring's 2 (n - 1).
+double small_allreduce_time(double bytes, int64_t n, GroupLink k) {
+  if (n <= 1 || bytes <= 0) return 0;
+  const double tree = 2.0 * std::ceil(std::log2(double(n))) * k.alpha + 2.0 * bytes / k.bw;
+  return std::min(tree, allreduce_time(bytes, n, k));
 }
 double reduce_scatter_time(double bytes, int64_t n, GroupLink k) {
   if (n <= 1 || bytes <= 0) return 0;
@@ -248,13 +265,7 @@ double trainer_chunk_saved_bytes(const Shape& sh, const Layout& l, Precision pre
 // them (what app/pipeline_executor.cpp reports as the peak of saved activations).
 double trainer_stage_activation_bytes(const Shape& sh, const Layout& l, Precision prec, int64_t st, int64_t m) {
   const int64_t per_chunk = l.stage_layers[static_cast<size_t>(st)] / l.vp;
-  std::vector<schedules::PipeAction> table;
-  if (l.pp == 1 && l.vp == 1)
-    table = schedules::schedule_no_pipelining(m);
-  else if (l.vp > 1)
-    table = schedules::schedule_interleaved_1f1b(l.pp, st, m, l.vp);
-  else
-    table = schedules::schedule_1f1b(l.pp, st, m);
+  const std::vector<schedules::PipeAction> table = schedules::schedule_for(l.pp, st, m, l.vp);
   double held = 0, peak = 0;
   for (const auto& a : table) {
     const bool head = st == l.pp - 1 && a.chunk == l.vp - 1;
@@ -264,6 +275,28 @@ double trainer_stage_activation_bytes(const Shape& sh, const Layout& l, Precisio
     } else if (a.op == schedules::PipeOp::backward) {
       held -= trainer_chunk_saved_bytes(sh, l, prec, per_chunk, head);
     }
+  }
+  return peak;
+}
+
+// The most bytes pipeline rank `st` holds at once in sends not yet waited for: the
+// trainer's executor posts each send (one message of `msg` bytes, the chunk output or
+// its input gradient) nonblocking and waits for it at schedules::send_release_points
+// (what app/pipeline_executor.cpp reports as the peak of send buffers).
+// `release`: schedules::send_release_points_all(pp, m, vp)[st].
+double trainer_stage_send_bytes(const Layout& l, int64_t st, int64_t m, double msg, const std::vector<int64_t>& release) {
+  if (l.pp == 1) return 0;
+  const auto table = schedules::schedule_for(l.pp, st, m, l.vp);
+  std::vector<int64_t> due(table.size() + 1, 0);
+  for (int64_t k : release)
+    if (k >= 0) ++due[static_cast<size_t>(k)];
+  double held = 0, peak = 0;
+  for (size_t i = 0; i < table.size(); ++i) {
+    if (release[i] >= 0) {  // a send
+      held += msg;
+      peak = std::max(peak, held);
+    }
+    held -= double(due[i]) * msg;
   }
   return peak;
 }
@@ -487,6 +520,7 @@ Computed compute_stages(const Recipe& r, const Layout& l, const Cluster& c_in) {
   const int64_t m_full = r.training.global_batch_size / (l.micro_batch * l.dp);
 
   Computed out;
+  std::vector<std::vector<int64_t>> releases;  // the trainer's send release points, per stage (mtnlg profile)
   for (int64_t st = 0; st < l.pp; ++st) {
     const int64_t layers = l.stage_layers[static_cast<size_t>(st)];
     const bool first = st == 0, last = st == l.pp - 1;
@@ -534,8 +568,19 @@ Computed compute_stages(const Recipe& r, const Layout& l, const Cluster& c_in) {
       if (first) mem.embedding = double(sh.s) * double(l.micro_batch) * double(sh.h) * double(l.pp) / t;
       if (last) mem.logits = 4.0 * double(sh.s) * double(l.micro_batch) * double(sh.V) / t;
     }
-    // Two p2p receive buffers and two send buffers + NCCL channel buffers (~0.5 GiB).
-    mem.comm_buffers = (l.pp > 1 ? 4 * act_msg : 0) + 0.5 * kGiB;
+    if (c.software.trainer_activations) {
+      // This trainer: the sends not yet waited for (exact, from the schedule), one receive
+      // buffer for the incoming gradient (its received activations are the chunks' saved
+      // inputs, counted above), NCCL channel buffers (~0.5 GiB).
+      if (l.pp > 1 && releases.empty()) releases = schedules::send_release_points_all(l.pp, m_full, l.vp);
+      mem.send_buffers = l.pp > 1 ? trainer_stage_send_bytes(l, st, m_full, act_msg, releases[static_cast<size_t>(st)]) : 0;
+      mem.comm_buffers = mem.send_buffers + (l.pp > 1 ? act_msg : 0) + 0.5 * kGiB;
+    } else {
+      // Megatron waits for each batched exchange: two send buffers and two receive buffers
+      // + NCCL channel buffers (~0.5 GiB).
+      mem.send_buffers = l.pp > 1 ? 2 * act_msg : 0;
+      mem.comm_buffers = (l.pp > 1 ? 4 * act_msg : 0) + 0.5 * kGiB;
+    }
     // CUDA context + cuBLAS workspace (~1 GiB) and allocator fragmentation (5% of the rest).
     const double rest = mem.weights + mem.gradients + mem.optimizer + mem.activations + mem.embedding + mem.logits;
     mem.workspace = 1.0 * kGiB + 0.05 * rest + rematerialized;
@@ -572,6 +617,9 @@ Computed compute_stages(const Recipe& r, const Layout& l, const Cluster& c_in) {
     // blocking (Megatron pairs send/recv in one batched call; the transfer is on the
     // critical path of the steady state).
     tm.p2p = l.pp > 1 ? double(c.software.p2p_steps_per_microbatch) * double(l.vp) * p2p_one : 0;
+    const double share = compute_share(c, l);
+    tm.forward *= share;
+    tm.backward *= share;
     out.time.push_back(tm);
   }
   return out;
@@ -616,11 +664,31 @@ IterParts iteration_parts(const Recipe& r, const Layout& l, const Cluster& c_in,
     // Adam over the local shard: read grad, master, m, v; write master, m, v, 16-bit
     // weight (~34 bytes/param) plus a read of the grads for the global norm.
     const double local = mem.params / (l.distributed_optimizer ? double(l.dp) : 1.0);
-    opt_max = std::max(opt_max, 34.0 * local / c.gpu.hbm_bw + 4.0 * mem.params / c.gpu.hbm_bw);
+    opt_max = std::max(opt_max, (34.0 * local / c.gpu.hbm_bw + 4.0 * mem.params / c.gpu.hbm_bw) * compute_share(c, l));
   }
   if (l.pp > 1) {
     const Shape sh = shape_of(r, l.tp);
     dp_max += allreduce_time(double(sh.V) * double(sh.h) / double(l.tp) * 4.0, 2, {c.gpu.ib_bw, c.gpu.ib_alpha});
+  }
+  if (c.software.trainer_step_collectives) {
+    // This trainer's per-step small collectives (SoftwareProfile::trainer_step_collectives).
+    const Shape sh = shape_of(r, l.tp);
+    double sp_max = 0;
+    if (l.sequence_parallel && l.tp > 1) {
+      const GroupLink tpl = group_link(c, 1, l.tp);
+      for (int64_t st = 0; st < l.pp; ++st) {
+        const double layers = double(l.stage_layers[static_cast<size_t>(st)]);
+        double t_sp = 6 * layers * small_allreduce_time(4.0 * double(sh.h), l.tp, tpl);
+        if (st == 0) t_sp += allreduce_time(4.0 * double(sh.maxpos) * double(sh.h), l.tp, tpl);
+        if (st == l.pp - 1) t_sp += 2 * small_allreduce_time(4.0 * double(sh.h), l.tp, tpl);
+        sp_max = std::max(sp_max, t_sp);
+      }
+    }
+    double small = 0;
+    small += small_allreduce_time(8.0, l.tp * l.pp, group_link(c, 1, l.tp * l.pp));  // grad norm, model parallel
+    if (l.distributed_optimizer) small += small_allreduce_time(8.0, l.dp, dpl);      // grad norm over the shards
+    small += small_allreduce_time(24.0, l.gpus(), group_link(c, 1, l.gpus()));       // loss, tokens, skip flag
+    dp_max += sp_max + small;
   }
   p.dp = dp_max;
   p.opt = opt_max;

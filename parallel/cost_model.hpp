@@ -31,6 +31,13 @@ struct GpuSpec {
   double nvlink_alpha = 0;  // per ring step latency inside a node (s)
   double ib_alpha = 0;      // per ring step latency across nodes (s)
   double kernel_overhead = 0;  // launch + tail cost per kernel (s)
+  // Processes of one node that compute at full speed at once; 0 = every process has its
+  // own device (GPUs). On a shared CPU host the job's processes share the cores (and, with
+  // the kernel's per-session group scheduling, one session's CPU share), so q > 1 processes
+  // on a node each compute max(1, q / compute_slots) times slower than one process alone
+  // (below 1 when side-by-side processes lose more than their share, e.g. to MPI's
+  // busy-waiting). Calibrated.
+  double compute_slots = 0;
 };
 
 // Throws InputError listing the valid names when `name` is unknown. Accepts the short
@@ -109,6 +116,15 @@ struct SoftwareProfile {
   // from Q, K and the log-sum-exp in every recompute mode (half the forward attention
   // GEMMs again), so selective recompute adds nothing.
   bool flash_attention = false;
+  // The small collectives this trainer runs in every step, each its own call (on a GPU a
+  // few microseconds each; on a loaded CPU each waits for the peer processes to be
+  // scheduled, docs/PLANNER.md "Shown on this machine's CPU"): the world all-reduce of
+  // loss, tokens and the skip flag (app/trainer.cpp), the gradient norm over the
+  // model-parallel group (and over dp with ZeRO-1, parallel/optimizer.cpp), and under
+  // sequence parallelism one tp all-reduce per replicated parameter's gradient (6 per
+  // layer, the position embedding on the first stage, the final LayerNorm's 2 on the last,
+  // PipelineExecutor::reduce_shared_grads).
+  bool trainer_step_collectives = false;
 };
 
 // Throws InputError listing the valid names when `name` is unknown.
@@ -136,13 +152,18 @@ struct CalibrationResult {
   double compute_scale = 1;     // fitted multipliers of (peak x gemm_eff_max), hbm_bw, kernel_overhead
   double bandwidth_scale = 1;
   double overhead_scale = 1;
+  double latency_scale = 1;     // of nvlink_alpha and ib_alpha (fitted only with a multi-process run)
+  double compute_slots = 0;     // fitted GpuSpec::compute_slots (with two multi-process runs), else the base's
   std::vector<double> predicted;  // per observation, seconds
   double rms_relative_error = 0;  // the fit's residual: sqrt(mean((pred/meas - 1)^2))
-  int free_parameters = 0;        // how many of the three multipliers were fitted (<= observations)
+  int free_parameters = 0;        // how many of the four multipliers were fitted (<= observations)
 };
-// Fits the GPU constants to measured runs: with one run only the compute rate, with two
-// compute and memory bandwidth, with three or more also the per-kernel overhead; the
-// others keep `base`'s values. Least squares on log(pred/meas) by coordinate search.
+// Fits the GPU constants to measured runs: when at least two runs are given and one of
+// them has several processes, the communication latency, and with a second multi-process
+// run (and another run left) the compute slots; with the other runs, one: the
+// compute rate, two: compute and memory bandwidth, three or more: also the per-kernel
+// overhead; the others keep `base`'s values. Least squares on log(pred/meas) by grid and
+// coordinate search.
 CalibrationResult calibrate(const GpuSpec& base, const std::vector<Observation>& runs, int64_t gpus_per_node = 8,
                             const SoftwareProfile& software = software_profile("megatron-lm"));
 
@@ -184,6 +205,7 @@ struct StageMemory {
   double embedding = 0;    // first stage: embedding output / dropout mask
   double logits = 0;       // last stage: fp32 logits for the cross-entropy
   double comm_buffers = 0; // p2p send/recv buffers + collective scratch
+  double send_buffers = 0; // of which p2p sends not yet completed (the most at once)
   double workspace = 0;    // CUDA context, cuBLAS workspace, allocator slack
   double total = 0;
 };

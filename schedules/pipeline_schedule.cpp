@@ -136,6 +136,92 @@ std::vector<PipeAction> schedule_interleaved_1f1b(int64_t p, int64_t r, int64_t 
   return b.take();
 }
 
+std::vector<PipeAction> schedule_for(int64_t p, int64_t r, int64_t m, int64_t v) {
+  if (p == 1 && v == 1) return schedule_no_pipelining(m);
+  if (v > 1) return schedule_interleaved_1f1b(p, r, m, v);
+  return schedule_1f1b(p, r, m);
+}
+
+std::vector<std::vector<int64_t>> send_release_points_all(int64_t p, int64_t m, int64_t v) {
+  check_common(p, 0, m);
+  std::vector<std::vector<PipeAction>> tables;
+  for (int64_t q = 0; q < p; ++q) tables.push_back(schedule_for(p, q, m, v));
+  const auto P = static_cast<size_t>(p);
+  auto is_send = [](PipeOp op) { return op == PipeOp::send_forward || op == PipeOp::send_backward; };
+  auto is_recv = [](PipeOp op) { return op == PipeOp::recv_forward || op == PipeOp::recv_backward; };
+  // The k-th send from q to its peer in one direction is the peer's k-th receive from q in
+  // that direction: index each rank's receives by (source, direction, count).
+  auto channel = [&](int64_t src, int64_t dst, bool fwd) { return (static_cast<size_t>(src) * P + static_cast<size_t>(dst)) * 2 + (fwd ? 0 : 1); };
+  std::vector<std::vector<int64_t>> recv_index(P * P * 2);  // channel -> action indices on dst, in order
+  for (int64_t q = 0; q < p; ++q)
+    for (size_t i = 0; i < tables[static_cast<size_t>(q)].size(); ++i) {
+      const auto& a = tables[static_cast<size_t>(q)][i];
+      if (is_recv(a.op)) recv_index[channel(a.peer_stage, q, a.op == PipeOp::recv_forward)].push_back(static_cast<int64_t>(i));
+    }
+  // Simulate: sends are posted and never block, receives wait for their message, which
+  // carries the sender's vector clock (clock[q][x] = actions of rank x known done by q).
+  std::vector<std::vector<int64_t>> clock(P, std::vector<int64_t>(P, 0));
+  struct Message {
+    std::vector<int64_t> clock;
+  };
+  std::vector<std::vector<Message>> queue(P * P * 2);
+  std::vector<size_t> head(P * P * 2, 0), sent(P * P * 2, 0), pc(P, 0);
+  // Rank r's sends not yet due: (action index, peer, peer's matching receive index).
+  struct Pending {
+    size_t action;
+    int64_t peer, peer_recv;
+  };
+  std::vector<std::vector<Pending>> pending(P);
+  std::vector<std::vector<int64_t>> release(P);
+  for (size_t q = 0; q < P; ++q) release[q].assign(tables[q].size(), -1);
+  bool progress = true;
+  while (progress) {
+    progress = false;
+    for (int64_t q = 0; q < p; ++q) {
+      const auto Q = static_cast<size_t>(q);
+      auto& t = tables[Q];
+      while (pc[Q] < t.size()) {
+        const auto& a = t[pc[Q]];
+        const bool fwd = a.op == PipeOp::send_forward || a.op == PipeOp::recv_forward;
+        if (is_recv(a.op)) {
+          const size_t ch = channel(a.peer_stage, q, fwd);
+          if (head[ch] == queue[ch].size()) break;  // blocked until the message is sent
+          const auto& msg = queue[ch][head[ch]++];
+          for (size_t x = 0; x < P; ++x) clock[Q][x] = std::max(clock[Q][x], msg.clock[x]);
+        }
+        clock[Q][Q] = static_cast<int64_t>(pc[Q]) + 1;
+        if (is_send(a.op)) {
+          const size_t ch = channel(q, a.peer_stage, fwd);
+          queue[ch].push_back({clock[Q]});
+          const auto& idx = recv_index[ch];
+          MTNLG_CHECK(sent[ch] < idx.size(), "send {} of rank {} has no matching receive", to_string(a), q);
+          pending[Q].push_back({pc[Q], a.peer_stage, idx[sent[ch]++]});
+        }
+        if (is_recv(a.op)) {
+          // Due now: the peer's matching receive is among the actions this rank has heard of.
+          std::erase_if(pending[Q], [&](const Pending& s) {
+            if (clock[Q][static_cast<size_t>(s.peer)] <= s.peer_recv) return false;
+            release[Q][s.action] = static_cast<int64_t>(pc[Q]);
+            return true;
+          });
+        }
+        ++pc[Q];
+        progress = true;
+      }
+    }
+  }
+  for (size_t q = 0; q < P; ++q)
+    MTNLG_CHECK(pc[q] == tables[q].size(), "pipeline tables (p={}, m={}, v={}) deadlock at rank {}", p, m, v, q);
+  for (size_t q = 0; q < P; ++q)
+    for (const auto& s : pending[q]) release[q][s.action] = static_cast<int64_t>(tables[q].size());
+  return release;
+}
+
+std::vector<int64_t> send_release_points(int64_t p, int64_t r, int64_t m, int64_t v) {
+  check_common(p, r, m);
+  return send_release_points_all(p, m, v)[static_cast<size_t>(r)];
+}
+
 int64_t max_in_flight(const std::vector<PipeAction>& actions) {
   std::set<std::pair<int64_t, int64_t>> live;
   int64_t best = 0;

@@ -14,8 +14,9 @@
 //    comes right before the forward that consumes it, send_forward(k, c) right after the
 //    forward that produces it; likewise recv_backward/send_backward around backward.
 //  * Sends are nonblocking and buffered: post Communicator::isend and move on; keep
-//    the buffer alive until the request's wait(); wait for all of them at the end of the
-//    table (before the gradient reduction). Recvs block (Communicator::recv).
+//    the buffer alive until the request's wait(); wait for each at its release point
+//    (send_release_points) or at the end of the table (before the gradient reduction),
+//    never earlier. Recvs block (Communicator::recv).
 //  * peer_stage is the pipeline rank (rank in the pp group) of the other side.
 //    Between one ordered pair of ranks, the k-th send_forward matches the k-th
 //    recv_forward (and the same for the backward direction), so one tag per direction
@@ -65,6 +66,26 @@ std::vector<PipeAction> schedule_1f1b(int64_t p, int64_t r, int64_t m);
 // Megatron's interleaved 1F1B with microbatch groups of G = p. v == 1 gives
 // schedule_1f1b. InputError unless p >= 2 (for v > 1), v >= 1 and m % p == 0.
 std::vector<PipeAction> schedule_interleaved_1f1b(int64_t p, int64_t r, int64_t m, int64_t v);
+
+// The table the trainer's executor runs: no pipelining when p == v == 1, interleaved
+// 1F1B when v > 1, else 1F1B (InputError as those).
+std::vector<PipeAction> schedule_for(int64_t p, int64_t r, int64_t m, int64_t v);
+
+// When a send's buffer may be released. Waiting for a nonblocking send at an arbitrary
+// point can deadlock (the peer may not receive it until this rank does something more);
+// waiting once the peer's matching receive is known to have started cannot (MPI's
+// progress rule: a send whose matching receive has started completes without further
+// calls by the receiver). This rank knows it only through the messages it received:
+// the schedules of all p ranks are simulated under the executor contract with vector
+// clocks carried by the pipeline messages, and a send is due after the first receive
+// of this rank's table at which the clock shows the peer past its matching receive.
+// (Collectives inside forward/backward also order ranks; they are ignored, so the
+// points are late, never early.) Returns, for rank r's table (schedule_for), one entry
+// per action: for a send, the index of the action after which to wait for it, or the
+// table's size when only the end of the step is known safe; -1 for the other actions.
+std::vector<int64_t> send_release_points(int64_t p, int64_t r, int64_t m, int64_t v);
+// The same for every rank at once (one simulation): element q is rank q's.
+std::vector<std::vector<int64_t>> send_release_points_all(int64_t p, int64_t m, int64_t v);
 
 // Warmup forwards of the interleaved schedule on rank r (see above).
 int64_t interleaved_warmup(int64_t p, int64_t r, int64_t m, int64_t v);

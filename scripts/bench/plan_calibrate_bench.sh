@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # CPU calibration of the planner (docs/PLANNER.md "Calibration"): trains three tiny CPU
-# recipes, fits the CPU's constants with `mtnlg plan --calibrate`, then trains other tiny
+# recipes and two 2-process ones (tp2, dp2), fits the CPU's constants (and the
+# communication latency and compute slots) with `mtnlg plan --calibrate`, then trains other tiny
 # layouts (shapes, micro batch, recompute, tensor / pipeline / data parallel over MPI) and
 # prints, per layout, the measured step time, the calibrated planner's prediction and the
 # error. Step time = the fastest iteration of REPS runs (the first iteration of each left
@@ -70,11 +71,15 @@ train() {
   echo "$best"
 }
 
-# Calibration set: three single-process layouts that load the three fitted constants
-# differently (large GEMMs, small GEMMs, full recompute).
+# Calibration set: three single-process layouts that load the three hardware constants
+# differently (large GEMMs, small GEMMs, full recompute), and (MPI=1) two 2-process
+# layouts: tensor parallel (many collectives: the communication latency) and data
+# parallel (mostly compute: how much slower two processes compute side by side).
 recipe cal1 2 256 2 8 none 1 1 false
 recipe cal2 4 384 1 4 none 1 1 false
 recipe cal3 2 512 2 4 full 1 1 false
+recipe cal4 2 256 2 8 none 2 1 false
+recipe cal5 2 256 2 8 none 1 1 false
 # Held-out layouts: np, description
 declare -A np_of desc_of
 add() { np_of[$1]=$2; desc_of[$1]="$3"; }
@@ -82,17 +87,18 @@ recipe t_sel 3 320 2 8 selective 1 1 false; add t_sel 1 "3x320 b2 B8 selective"
 recipe t_wide 2 448 4 8 none 1 1 false; add t_wide 1 "2x448 b4 B8"
 recipe t_deep 6 256 1 4 full 1 1 false; add t_deep 1 "6x256 b1 B4 full"
 recipe t_mid 4 320 2 4 none 1 1 false; add t_mid 1 "4x320 b2 B4"
-recipe t_tp2 2 256 2 8 none 2 1 false; add t_tp2 2 "2x256 b2 B8 tp2"
+recipe t_tp2 4 192 2 8 full 2 1 false; add t_tp2 2 "4x192 b2 B8 tp2 full"
 recipe t_tp2sp 2 256 2 8 selective 2 1 true; add t_tp2sp 2 "2x256 b2 B8 tp2 sp selective"
 recipe t_pp2 4 192 1 8 none 1 2 false; add t_pp2 2 "4x192 b1 B8 pp2"
-recipe t_dp2 2 256 2 8 none 1 1 false; add t_dp2 2 "2x256 b2 B8 dp2"
+recipe t_dp2 4 192 1 8 selective 1 1 false; add t_dp2 2 "4x192 b1 B8 dp2 selective"
 held=(t_sel t_wide t_deep t_mid)
 held_mpi=(t_tp2 t_tp2sp t_pp2 t_dp2)  # MPI=0 skips them
 
-cal_dirs=()
-for c in cal1 cal2 cal3; do cal_dirs+=("$(train "$c" 1)"); done
-"$bin" plan --calibrate "${cal_dirs[0]}" --calibrate "${cal_dirs[1]}" --calibrate "${cal_dirs[2]}" --gpu cpu \
-  --software "$software" --step-stat "$stat" --profile-out "$tmp/cpu-profile.json" | sed 's/^/  /'
+cal_args=()
+for c in cal1 cal2 cal3; do cal_args+=(--calibrate "$(train "$c" 1)"); done
+[ "${MPI:-1}" = 0 ] || cal_args+=(--calibrate "$(train cal4 2)" --calibrate "$(train cal5 2)")
+"$bin" plan "${cal_args[@]}" --gpu cpu --software "$software" --step-stat "$stat" \
+  --profile-out "$tmp/cpu-profile.json" | sed 's/^/  /'
 
 # row NAME: trains it (or reuses), prints its table row, appends its error to errs
 errs=()
@@ -116,8 +122,8 @@ printf '\n| held-out layout | processes | measured (s) | predicted (s) | error |
 for name in "${held[@]}"; do row "$name"; done
 summary "single-process held-out layouts" "${errs[@]}"
 if [ "${MPI:-1}" != 0 ]; then
-  # Several MPI processes per core: on an oversubscribed machine every collective waits for
-  # the peer process to be scheduled, which no hardware constant models (docs/PLANNER.md).
+  # Several MPI processes on a loaded machine: every collective waits for the peer process
+  # to be scheduled, which the fitted communication latency stands for (docs/PLANNER.md).
   errs=()
   printf '\n| multi-process layout | processes | measured (s) | predicted (s) | error |\n|---|---|---|---|---|\n'
   for name in "${held_mpi[@]}"; do row "$name"; done

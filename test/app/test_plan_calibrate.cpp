@@ -92,6 +92,68 @@ TEST_CASE("plan --calibrate recovers constants from generated step times and wri
   CHECK(std::filesystem::exists(tmp / "run1" / "gpu-profile.json"));
 }
 
+TEST_CASE("plan --calibrate with multi-process runs also recovers the latency and the compute slots", "[e2e]") {
+  // The truth's latency is 1000x the cpu entry's (what a loaded machine's scheduling adds)
+  // and one process of a node computes at full speed at a time (compute_slots 1: two
+  // processes compute 2x slower side by side). Three single-process runs, one tensor-
+  // and one data-parallel 2-process run (its world size recorded in metrics.jsonl, as the
+  // trainer does) are generated with the mtnlg profile; a pp2 layout is held out.
+  TempDir tmp("calibrate-latency");
+  const std::string truth = (tmp / "truth.json").string();
+  write_file(truth, R"({"format": "mtnlg-gpu-profile/1", "name": "truth", "peak_flops": 2e11, "gemm_eff_max": 0.35,
+    "sm_count": 1, "memory_bytes": 1.7e10, "hbm_bw": 4e9, "nvlink_bus_bw": 5e9, "ib_bw": 1e9,
+    "nvlink_alpha": 5e-3, "ib_alpha": 2e-2, "kernel_overhead": 9e-6, "compute_slots": 1})");
+  auto timed = [&](const std::string& recipe, int gpus) {
+    auto r = run_mtnlg(fmt::format("plan {} --gpus {} --gpu-profile {} --software mtnlg --json 2>&1", recipe, gpus, truth));
+    INFO(r.out);
+    REQUIRE(r.exit_code == 0);
+    return nlohmann::json::parse(r.out)["iteration_time_s"].get<double>();
+  };
+  auto with_layout = [](std::string y, const std::string& parallel) {
+    const auto at = y.find("parallel: {");
+    y.replace(at, std::string("parallel: {").size(), "parallel: {" + parallel + ", ");
+    return y;
+  };
+  struct Run {
+    int64_t layers, hidden, micro, batch;
+    const char* rc;
+    const char* parallel;
+    int world;
+  } runs[] = {{2, 64, 2, 8, "none", "", 1},
+              {4, 128, 4, 8, "none", "", 1},
+              {2, 256, 1, 4, "full", "", 1},
+              {2, 128, 2, 8, "none", "tensor_model_parallel_size: 2", 2},
+              {2, 256, 2, 8, "none", "", 2}};
+  std::string args;
+  for (int i = 0; i < 5; ++i) {
+    const auto dir = tmp / fmt::format("run{}", i);
+    std::filesystem::create_directories(dir);
+    std::string y = tiny(runs[i].layers, runs[i].hidden, runs[i].micro, runs[i].batch, runs[i].rc);
+    if (*runs[i].parallel) y = with_layout(y, runs[i].parallel);
+    write_file(dir / "recipe.resolved.yaml", y);
+    const double t = timed((dir / "recipe.resolved.yaml").string(), runs[i].world);
+    write_file(dir / "metrics.jsonl",
+               fmt::format("{{\"iteration\": 1, \"global_batch_size\": {}, \"step_time_s\": {}, \"world_size\": {}}}\n",
+                           runs[i].batch, t, runs[i].world));
+    args += " --calibrate " + dir.string();
+  }
+  auto r = run_mtnlg("plan" + args + " --gpu cpu --software mtnlg --json --profile-out " + (tmp / "fit.json").string());
+  INFO(r.out);
+  REQUIRE(r.exit_code == 0);
+  const auto j = nlohmann::json::parse(r.out);
+  CHECK(j["calibration"]["free_parameters"] == 5);
+  CHECK(j["calibration"]["latency_scale"].get<double>() == Approx(1000).epsilon(0.05));
+  CHECK(j["calibration"]["compute_slots"].get<double>() == Approx(1).epsilon(0.05));
+  CHECK(j["calibration"]["rms_relative_error"].get<double>() < 0.01);
+  // A pipeline layout, not fitted, is predicted as the truth times it.
+  const std::string pp2 = (tmp / "pp2.yaml").string();
+  write_file(pp2, with_layout(tiny(4, 128, 1, 8, "none"), "pipeline_model_parallel_size: 2"));
+  auto pr = run_mtnlg("plan " + pp2 + " --gpu-profile " + (tmp / "fit.json").string() + " --software mtnlg --json 2>&1");
+  INFO(pr.out);
+  REQUIRE(pr.exit_code == 0);
+  CHECK(nlohmann::json::parse(pr.out)["iteration_time_s"].get<double>() == Approx(timed(pp2, 2)).epsilon(0.03));
+}
+
 TEST_CASE("plan --calibrate and --gpu-profile reject bad input with one line and exit 2", "[e2e]") {
   TempDir tmp("calibrate-bad");
   write_file(tmp / "bad.json", "{\"format\": \"something else\"}");

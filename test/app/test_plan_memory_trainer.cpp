@@ -6,9 +6,12 @@
 //    largest shard, ceil(P/d); the last dp rank's shard can be smaller);
 //  - the activations the chunks keep for their backward (the executor's peak of saved
 //    bytes): equal to the byte (the planner walks the same schedule table);
+//  - the buffers of pipeline sends not yet waited for (the executor's peak): equal to the
+//    byte (the planner walks the same schedule with the same release points);
 //  - everything the forward passes allocate (the "activations" role's peak): at least the
-//    planner's figure and at most planner + one layer's forward temporaries + the chunk
-//    outputs held by unfinished sends (docs/PLANNER.md "Memory: planner against trainer").
+//    planner's figure and at most planner + one layer's forward temporaries + the planner's
+//    send buffers (the chunk outputs among them are allocated by the forward)
+//    (docs/PLANNER.md "Memory: planner against trainer").
 #include <catch2/catch.hpp>
 
 #include <fmt/format.h>
@@ -19,6 +22,7 @@
 #include <sstream>
 
 #include "config/recipe.hpp"
+#include "schedules/pipeline_schedule.hpp"
 #include "test/support/test_support.hpp"
 
 using namespace mtnlg;
@@ -40,20 +44,17 @@ nlohmann::json last_line(const std::filesystem::path& p) {
 // tensors (every tensor layer_forward allocates, as if none were freed: ln1, its gathered
 // copy, qkv, att, the projection's partial and reduced outputs, x2, ln2 and its gathered
 // copy, fc1, gel, fc2's partial and reduced outputs, y; statistics and log-sum-exp in fp32)
-// -- the transient of a full-recompute layer or of the head -- plus the chunk outputs of
-// every microbatch and chunk, which stay referenced by their nonblocking sends until the
-// step's end (app/pipeline_executor.cpp waits for all sends after the schedule).
-double transient_bound(const Recipe& r, const nlohmann::json& plan) {
+// -- the transient of a full-recompute layer or of the head -- plus the chunk outputs still
+// referenced by their nonblocking sends, at most the planner's peak of send buffers
+// (app/pipeline_executor.cpp waits for each send at its release point).
+double transient_bound(const Recipe& r, const nlohmann::json& plan, double send_buffers) {
   const auto& L = plan["layout"];
   const double t = double(L["tp"].get<int64_t>()), b = double(r.training.micro_batch_size);
-  const double dp = double(L["dp"].get<int64_t>()), v = double(L["virtual_stages"].get<int64_t>());
   const double N = b * double(r.model.seq_length), C = double(r.model.hidden_size), e = 4, w = 4;
   const double f = 4 * C, a = double(r.model.num_attention_heads), V = double(r.model.padded_vocab_size(int64_t(t)));
-  const double R = L["sequence_parallel"].get<bool>() ? N / t : N;
   const double layer = e * (8 * N * C + N * 3 * C / t + N * C / t + 2 * N * f / t) + w * (4 * N + b * a / t * double(r.model.seq_length));
   const double head = e * (3 * N * C + N * V / t) + w * 6 * N;
-  const double m = double(r.training.global_batch_size) / (b * dp);
-  return std::max(layer, head) + m * v * R * C * e;
+  return std::max(layer, head) + send_buffers;
 }
 
 }  // namespace
@@ -119,9 +120,25 @@ TEST_CASE("planner memory per rank equals the trainer's tensor bytes by role", "
           CHECK(double(got["optimizer"].get<int64_t>()) <= bytes("optimizer_gib"));
         const double planned = bytes("activations_gib");
         CHECK(double(got["saved_activations_peak"].get<int64_t>()) == planned);
+        const double sends = bytes("send_buffers_gib");
+        CHECK(double(got["send_buffers_peak"].get<int64_t>()) == sends);
+        // Sends are waited for during the step: a stage holds the messages of its in-flight
+        // window plus one (test/schedules proves the bound), not all m*v chunk outputs and
+        // gradients until the step's end.
+        const int64_t pp = pj["layout"]["pp"].get<int64_t>(), v = pj["layout"]["virtual_stages"].get<int64_t>();
+        if (pp > 1) {
+          const int64_t m = r.training.global_batch_size / (r.training.micro_batch_size * dp);
+          const double msg = double(r.training.micro_batch_size) * double(r.model.seq_length) *
+                             double(r.model.hidden_size) * 4.0 /
+                             (pj["layout"]["sequence_parallel"].get<bool>() ? pj["layout"]["tp"].get<double>() : 1.0);
+          const auto window = schedules::max_in_flight(schedules::schedule_for(pp, st, m, v));
+          CHECK(sends > 0);
+          CHECK(sends <= double(window + 1) * msg);
+          CHECK(sends < double(m * v) * msg);
+        }
         const double all_forward = double(got["activations_peak"].get<int64_t>());
         CHECK(all_forward >= planned);
-        CHECK(all_forward <= planned + transient_bound(r, pj));
+        CHECK(all_forward <= planned + transient_bound(r, pj, sends));
         WARN(c.name << " rank " << rank << ": forward allocations peak " << all_forward << " B, planned " << planned
                     << " B (+" << fmt::format("{:.1f}", 100 * (all_forward / planned - 1)) << "%)");
       }
