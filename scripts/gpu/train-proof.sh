@@ -2,7 +2,7 @@
 # End-to-end proofs of `mtnlg train` on a GPU (issue 15), with the bundle's mtnlg
 # (scripts/gpu/build-bundle.sh). Run from the repository root on the GPU machine:
 #
-#   bash .gpu/train-proof.sh [STEPS]        (default: "tiny resume hf curve mem13b")
+#   bash .gpu/train-proof.sh [STEPS]        (default: "tiny resume hf infer curve mem13b")
 #
 #   tiny    recipes/tiny-mock.yaml, 20 iterations, dropout 0.1: the GPU in fp32 against
 #           the CPU in fp32 (every iteration's loss within 1e-4 relative: one step agrees
@@ -15,6 +15,10 @@
 #   hf      the resume step's GPU checkpoint exported to Hugging Face GPT-2, loaded by
 #           transformers on the GPU (scripts/gpu/hf-check.py): its logits against
 #           `mtnlg checkpoint logits --device cuda` within 1e-3 (needs the resume step).
+#   infer   eval (piqa, hellaswag, lambada fixtures, one-shot, batched) and greedy generate
+#           (KV cache) with a random-weight GPT-2-vocabulary model on the GPU and on the CPU,
+#           fp32: every log-likelihood within 1e-4, no accuracy flips, the same 40 tokens.
+#           Needs third_party/gpt2 (scripts/fetch-gpt2-vocab.sh; carry it).
 #   curve   GPT-2 124M on the demo corpus (demo-data/ from scripts/make-demo-corpus.sh:
 #           the device call carries it), seq 256, batch 8, 200 iterations, dropout 0.1:
 #           the GPU in bf16 against the CPU in fp32 (all host cores, run side by side),
@@ -32,7 +36,7 @@ set -uo pipefail
 bundle=$(cd "$(dirname "$0")" && pwd)
 export LD_LIBRARY_PATH="$bundle/lib:/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_LIBRARY_PATH:-}"
 mtnlg="$bundle/bin/mtnlg"
-steps=" ${1:-tiny resume hf curve mem13b} "
+steps=" ${1:-tiny resume hf infer curve mem13b} "
 out=${MTNLG_PROOF_DIR:-/tmp/mtnlg-proof}
 rm -rf "$out"
 mkdir -p "$out"
@@ -106,6 +110,43 @@ if [[ "$steps" == *" hf "* ]]; then
     --tokens 3,141,59,265,358,97,93,238,462,64,33,83,279,50,288,41,97,169,399,375,105,82,97,494,459 || rc=1
   [ $rc -eq 0 ] && { python3 "$bundle/hf-check.py" "$out/hf" "$out/ref.safetensors" 1e-3 || rc=1; }
   step hf $rc
+fi
+
+if [[ "$steps" == *" infer "* ]]; then
+  echo "=== infer: eval (log-likelihood scoring) and generate (KV cache) on the GPU against the CPU"
+  rc=0
+  [ -s third_party/gpt2/vocab.json ] || { echo "  third_party/gpt2/ missing: carry it (scripts/fetch-gpt2-vocab.sh)"; rc=1; }
+  m=(--random-init test/fixtures/eval/tiny-model.yaml)
+  if [ $rc -eq 0 ]; then
+    for dev in cpu cuda; do
+      "$mtnlg" eval "${m[@]}" --device $dev --tasks piqa,hellaswag,lambada_openai --data-dir test/fixtures/eval \
+        --num-fewshot 1 --batch-size 7 --no-progress --output "$out/eval-$dev.json" \
+        --log-samples "$out/samples-$dev.jsonl" >"$out/eval-$dev.log" 2>&1 || { rc=1; tail -3 "$out/eval-$dev.log"; }
+      # init std 0.3: peaked logits, so greedy choices are not decided by near-ties
+      "$mtnlg" generate "${m[@]}" --set model.init_method_std=0.3 --device $dev --prompt "The quick brown fox" \
+        --greedy --max-new-tokens 40 \
+        --no-echo >"$out/gen-$dev.txt" 2>"$out/gen-$dev.log" || { rc=1; tail -3 "$out/gen-$dev.log"; }
+    done
+  fi
+  if [ $rc -eq 0 ]; then
+    python3 - "$out/samples-cpu.jsonl" "$out/samples-cuda.jsonl" <<'EOF' || rc=1
+import json, sys
+a = [json.loads(l) for l in open(sys.argv[1])]
+b = [json.loads(l) for l in open(sys.argv[2])]
+assert len(a) == len(b) and a, "different document counts"
+worst, flips = 0.0, 0
+for x, y in zip(a, b):
+    for u, v in zip(x["loglikelihoods"], y["loglikelihoods"]):
+        worst = max(worst, abs(u - v) / max(abs(u), 1.0))
+    flips += any(x.get(k) != y.get(k) for k in ("acc", "acc_norm") if k in x)
+print(f"  {len(a)} documents: worst log-likelihood difference {worst:.2e} (relative, bound 1e-4); "
+      f"{flips} documents whose accuracy changed")
+sys.exit(0 if worst <= 1e-4 and flips == 0 else 1)
+EOF
+    if cmp -s "$out/gen-cpu.txt" "$out/gen-cuda.txt"; then echo "  greedy generation: the same 40 tokens on both"
+    else echo "  greedy generation differs:"; head -c 300 "$out/gen-cpu.txt"; echo; head -c 300 "$out/gen-cuda.txt"; echo; rc=1; fi
+  fi
+  step infer $rc
 fi
 
 if [[ "$steps" == *" curve "* ]]; then
