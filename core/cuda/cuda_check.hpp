@@ -4,8 +4,9 @@
 // statement, file:line, the current device and the rank (when the communicator layer
 // has told us, see set_error_rank).
 //
-// This header is included by .cu files, so it must not pull in fmt (nvcc cannot parse
-// the fmt v9 headers in C++20 mode): the reporter is defined in cuda_check.cpp.
+// The reporter is defined in cuda_check.cpp, so the macros stay small at every call
+// site (each .cu file expands dozens of them). fmt v9's headers compile under nvcc
+// only with FMT_USE_CONSTEXPR=1, which core/CMakeLists.txt sets for every unit.
 //
 // Debug sync-check: MTNLG_CUDA_LAUNCH_CHECK() after every kernel launch always checks
 // cudaGetLastError (cheap, catches bad launch configurations); when the environment

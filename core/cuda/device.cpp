@@ -1,6 +1,5 @@
 // RAII CUDA resources, the caching allocator and the backend state (device.hpp).
-// Host code only, so it is a .cpp built by the host compiler (it may use fmt and
-// core/tensor.hpp, which nvcc cannot parse in C++20 mode).
+// Host code only (no kernels), so it is a .cpp built by the host compiler.
 #include "core/cuda/device.hpp"
 
 #include <cublas_api.h>

@@ -24,6 +24,30 @@ inline uint64_t attention_mask_base(int64_t sample, int64_t head, int64_t heads_
 }
 
 
+// Row softmax of q's scores against n keys (key j at k0 + j * kstride), scaled by
+// `scale`: p[j] = exp(s_j - m) / sum_j exp(s_j - m) for j < n. Returns m + log(sum), the
+// row's log-sum-exp. One arithmetic order for every form (saved probs, lse, KV cache).
+template <typename T>
+T softmax_row(const T* q, const T* k0, int64_t kstride, int64_t n, int64_t D, T scale, T* p) {
+  T mx = -std::numeric_limits<T>::infinity();
+  for (int64_t j = 0; j < n; ++j) {
+    const T* k = k0 + j * kstride;
+    T s = 0;
+#pragma omp simd reduction(+ : s)
+    for (int64_t d = 0; d < D; ++d) s += q[d] * k[d];
+    p[j] = s * scale;
+    mx = std::max(mx, p[j]);
+  }
+  T sum = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    p[j] = std::exp(p[j] - mx);
+    sum += p[j];
+  }
+  const T inv = T(1) / sum;
+  for (int64_t j = 0; j < n; ++j) p[j] *= inv;
+  return mx + std::log(sum);
+}
+
 // Causal attention, both saved forms in one kernel: row i's softmax lives in `probs`
 // (the [B,H,T,T] form, zeros above the diagonal) or in a per-(b,h) scratch row; `lse`
 // (when given) saves m_i + log sum_j exp(s_ij - m_i), the log-sum-exp form's statistic.
@@ -42,23 +66,8 @@ void attention_forward_rows(T* out, T* probs, T* lse, const T* qkv, int64_t B, i
       for (int64_t i = 0; i < Tn; ++i) {
         const T* q = base + i * row;
         T* Pi = probs ? probs + ((b * H + h) * Tn + i) * Tn : scratch.data();
-        T mx = -std::numeric_limits<T>::infinity();
-        for (int64_t j = 0; j <= i; ++j) {
-          const T* k = base + j * row + D;
-          T s = 0;
-#pragma omp simd reduction(+ : s)
-          for (int64_t d = 0; d < D; ++d) s += q[d] * k[d];
-          Pi[j] = s * scale;
-          mx = std::max(mx, Pi[j]);
-        }
-        T sum = 0;
-        for (int64_t j = 0; j <= i; ++j) {
-          Pi[j] = std::exp(Pi[j] - mx);
-          sum += Pi[j];
-        }
-        if (lse) lse[(b * H + h) * Tn + i] = mx + std::log(sum);
-        const T inv = T(1) / sum;
-        for (int64_t j = 0; j <= i; ++j) Pi[j] *= inv;
+        const T row_lse = softmax_row(q, base + D, row, i + 1, D, scale, Pi);
+        if (lse) lse[(b * H + h) * Tn + i] = row_lse;
         if (probs)
           for (int64_t j = i + 1; j < Tn; ++j) Pi[j] = 0;
         T* o = out + (b * Tn + i) * H * D + h * D;
@@ -181,8 +190,8 @@ void attention_cached_forward(T* out, T* k_cache, T* v_cache, const T* qkv, int6
         std::copy(src + 2 * D, src + 3 * D, vc + (past + i) * D);
       }
     }
-  // 2) query past + i attends to cache positions [0, past + i]; the arithmetic order of
-  //    attention_forward_rows (scores, max-subtracted exp, normalise, weighted sum of V)
+  // 2) query past + i attends to cache positions [0, past + i] through softmax_row, as
+  //    attention_forward_rows does, then the weighted sum of V in the same order
   const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(D)));
 #pragma omp parallel
   {
@@ -195,25 +204,11 @@ void attention_cached_forward(T* out, T* k_cache, T* v_cache, const T* qkv, int6
           const T* kc = k_cache + ((b * H + h) * capacity) * D;
           const T* vc = v_cache + ((b * H + h) * capacity) * D;
           const int64_t n = past + i + 1;
-          T mx = -std::numeric_limits<T>::infinity();
-          for (int64_t j = 0; j < n; ++j) {
-            const T* k = kc + j * D;
-            T acc = 0;
-#pragma omp simd reduction(+ : acc)
-            for (int64_t d = 0; d < D; ++d) acc += q[d] * k[d];
-            s[j] = acc * scale;
-            mx = std::max(mx, s[j]);
-          }
-          T sum = 0;
-          for (int64_t j = 0; j < n; ++j) {
-            s[j] = std::exp(s[j] - mx);
-            sum += s[j];
-          }
-          const T inv = T(1) / sum;
+          softmax_row(q, kc, D, n, D, scale, s.data());
           T* o = out + (b * Tn + i) * H * D + h * D;
           for (int64_t d = 0; d < D; ++d) o[d] = 0;
           for (int64_t j = 0; j < n; ++j) {
-            const T pj = s[j] * inv;
+            const T pj = s[j];
             const T* v = vc + j * D;
 #pragma omp simd
             for (int64_t d = 0; d < D; ++d) o[d] += pj * v[d];
