@@ -122,13 +122,23 @@ void embedding_backward(Tensor& dtable, const Tensor& tokens, const Tensor& dout
   });
 }
 
+namespace {
+// The checks of a position op, once for both: `table` [positions, C] (the table or its
+// gradient) against `x` [rows, C] for a sequence of seq_len positions. Returns rows.
+int64_t position_rows(const char* op, const char* table_name, const Tensor& table, const char* x_name, const Tensor& x,
+                      int64_t seq_len) {
+  expect_ndim(op, table_name, table, 2);
+  const int64_t C = table.dim(1), rows = C ? x.numel() / C : 0;
+  expect_numel(op, x_name, x, rows * C);
+  expect_positions(op, seq_len, table.dim(0));
+  return rows;
+}
+}  // namespace
+
 void position_forward(Tensor& x, const Tensor& pos, int64_t row_start, int64_t seq_len) {
   const bool cuda = same_device("position_forward", {&x, &pos});
   const DType dt = act_dtype("position_forward", {{"x", &x}, {"pos", &pos}});
-  expect_ndim("position_forward", "pos", pos, 2);
-  int64_t C = pos.dim(1), rows = C ? x.numel() / C : 0;
-  expect_numel("position_forward", "x", x, rows * C);
-  expect_positions("position_forward", seq_len, pos.dim(0));
+  const int64_t rows = position_rows("position_forward", "pos", pos, "x", x, seq_len), C = pos.dim(1);
   MTNLG_CUDA_DISPATCH(cuda, position_forward(x, pos, row_start, seq_len));
   if (is_low(dt)) {
     Widened wd;
@@ -144,10 +154,7 @@ void position_forward(Tensor& x, const Tensor& pos, int64_t row_start, int64_t s
 void position_backward(Tensor& dpos, const Tensor& dx, int64_t row_start, int64_t seq_len) {
   const bool cuda = same_device("position_backward", {&dpos, &dx});
   const DType dt = act_dtype("position_backward", {{"dx", &dx}}, {{"dpos", &dpos}});
-  expect_ndim("position_backward", "dpos", dpos, 2);
-  int64_t C = dpos.dim(1), rows = C ? dx.numel() / C : 0;
-  expect_numel("position_backward", "dx", dx, rows * C);
-  expect_positions("position_backward", seq_len, dpos.dim(0));
+  const int64_t rows = position_rows("position_backward", "dpos", dpos, "dx", dx, seq_len), C = dpos.dim(1);
   MTNLG_CUDA_DISPATCH(cuda, position_backward(dpos, dx, row_start, seq_len));
   if (is_low(dt)) {
     Widened wd;
