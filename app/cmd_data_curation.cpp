@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <cstring>
 #include <memory>
@@ -163,11 +164,18 @@ void register_dedup(CLI::App& data) {
   c->add_flag("--no-progress", *no_progress, "Do not draw progress bars");
   c->footer(
       "Under mpirun or srun each rank reads a line-aligned byte range of every input, band keys are routed to their "
-      "owner ranks and rank 0 writes the outputs: outputs and report (but its timings and \"run\") are the same "
+      "owner ranks, rank 0 picks the survivors and every rank writes its kept lines into its slice of each output: outputs and report (but its timings and \"run\") are the same "
       "bytes for any number of ranks (all ranks must see the inputs and the output directory).");
   c->callback([o, no_progress, memory] {
     o->progress = !*no_progress;
     if (!memory->empty()) o->memory_per_rank = curation::parse_byte_size(*memory, "--memory-per-rank");
+    // Testing aid: a write failure on one rank (tests prove it leaves no output).
+    if (const char* f = std::getenv("MTNLG_TEST_DEDUP_FAIL_WRITE_RANK"); f && *f) {
+      char* end = nullptr;
+      o->fail_write_rank = std::strtoll(f, &end, 10);
+      if (*end != '\0' || o->fail_write_rank < 0)
+        throw_input("MTNLG_TEST_DEDUP_FAIL_WRITE_RANK=\"{}\": expected a rank number", f);
+    }
     const parallel::LaunchInfo info = parallel::detect_launch();
     // "; 36 band-key runs (576.0 MiB) spilled" when the budget made the ranks spill.
     auto spilled = [](const curation::DedupResult& r) -> std::string {

@@ -1,6 +1,7 @@
 // Fuzzy deduplication (see dedup.hpp for the pipeline, docs/CURATION.md for details).
 #include "data/curation/dedup.hpp"
 
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -438,20 +439,26 @@ DedupResult run_dedup(const DedupOptions& opt, RankComm* comm_in) {
   // (Signatures are allocated in chunks of kChunkDocs documents: count what is allocated.)
   const int64_t sig_bytes =
       (n_local + SignatureStore::kChunkDocs - 1) / SignatureStore::kChunkDocs * SignatureStore::kChunkDocs * k * 4;
+  // Each document's line length (4 bytes) is kept too: the write pass needs the kept
+  // bytes of every rank's share before it writes (its offsets in the output files).
+  const int64_t len_bytes = n_local * 4;
   int64_t key_cap = std::numeric_limits<int64_t>::max() / 64;  // keys held before spilling
   if (opt.memory_per_rank > 0) {
     const int64_t allowance = std::min<int64_t>(64ll << 20, opt.memory_per_rank / 8);
-    const int64_t left = opt.memory_per_rank - allowance - sig_bytes;
+    const int64_t left = opt.memory_per_rank - allowance - sig_bytes - len_bytes;
     if (left < 0)
-      log::warn("--memory-per-rank {:.1f} MiB: the MinHash signatures of this rank's {} documents alone need {:.1f} MiB; the "
-                "budget will be exceeded (use more ranks or a larger budget)",
-                static_cast<double>(opt.memory_per_rank) / 1048576.0, n_local, static_cast<double>(sig_bytes) / 1048576.0);
+      log::warn("--memory-per-rank {:.1f} MiB: the MinHash signatures and line lengths of this rank's {} documents alone "
+                "need {:.1f} MiB; the budget will be exceeded (use more ranks or a larger budget)",
+                static_cast<double>(opt.memory_per_rank) / 1048576.0, n_local,
+                static_cast<double>(sig_bytes + len_bytes) / 1048576.0);
     key_cap = std::max<int64_t>(64, left / 3 / static_cast<int64_t>(sizeof(BandKey)));
   }
 
   // --- pass 1: read this rank's share, hash ---------------------------------------
   MinHasher hasher(k, opt.seed);
   SignatureStore sigs(k);
+  std::vector<uint32_t> line_len;  // bytes of each local document's line (without '\n'); reader thread
+  line_len.reserve(static_cast<size_t>(n_local));
   std::vector<int64_t> empty_per_file(static_cast<size_t>(F), 0);
   std::atomic<int64_t> docs_read{0};
   {
@@ -521,6 +528,9 @@ DedupResult run_dedup(const DedupOptions& opt, RankComm* comm_in) {
           };
           while (reader.next(line, line_no)) {
             if (is_blank_line(line)) continue;
+            if (line.size() > std::numeric_limits<uint32_t>::max())
+              throw_input("{}:{}: a line of {} bytes; dedup supports lines up to 4 GiB", sources[si].path, line_no, line.size());
+            line_len.push_back(static_cast<uint32_t>(line.size()));
             b.lines.push_back(std::move(line));
             b.line_nos.push_back(line_no);
             ++doc;
@@ -722,76 +732,258 @@ DedupResult run_dedup(const DedupOptions& opt, RankComm* comm_in) {
 
   DedupResult res;
   res.documents = n_docs;
-  if (R != 0) {
-    // Rank 0 writes; the others wait for its outcome (a failure there stops them too).
-    agree(comm, "writing the outputs", [] {});
-    return res;
-  }
-  SparseForest uf(all_edges);
-  int64_t n_edges = 0;
-  for (uint64_t e : all_edges) n_edges += uf.unite(static_cast<uint32_t>(e >> 32), static_cast<uint32_t>(e));
-  std::vector<uint64_t>().swap(all_edges);
+
+  // --- survivors (rank 0): one union-find over every rank's forest ------------------
   // Members of groups of 2+ (sorted by document), their root, each root's survivor:
   // key (priority rank of the source, document index) == (rank, input order, line).
-  const std::vector<uint32_t>& members = uf.nodes;
-  const size_t M = members.size();
-  std::vector<uint32_t> root(M), size(M, 0), best(M);
-  for (size_t i = 0; i < M; ++i) {
-    const uint32_t r = uf.find(static_cast<uint32_t>(i));
-    root[i] = r;
-    if (size[r]++ == 0) {
-      best[r] = static_cast<uint32_t>(i);
-    } else if (prio_rank[file_of(members[i])] < prio_rank[file_of(members[best[r]])]) {
-      best[r] = static_cast<uint32_t>(i);  // members come in document order: ties keep the earlier
+  std::vector<uint32_t> members, root, size, best;
+  std::map<int64_t, int64_t> histogram;
+  int64_t components = 0, docs_in_components = 0, n_edges = 0;
+  std::vector<std::pair<uint32_t, uint32_t>> big;  // (size, root)
+  // Rank 0 tells the rank holding each member whether it is kept: (doc, kept) records;
+  // sent_index[q] lists the member index of each record sent to rank q.
+  std::vector<std::vector<uint32_t>> verdicts(static_cast<size_t>(W));
+  std::vector<std::vector<uint32_t>> sent_index(static_cast<size_t>(W));
+  if (R == 0) {
+    SparseForest uf(all_edges);
+    for (uint64_t e : all_edges) n_edges += uf.unite(static_cast<uint32_t>(e >> 32), static_cast<uint32_t>(e));
+    std::vector<uint64_t>().swap(all_edges);
+    const size_t M = uf.nodes.size();
+    root.resize(M);
+    size.assign(M, 0);
+    best.resize(M);
+    for (size_t i = 0; i < M; ++i) {
+      const uint32_t r = uf.find(static_cast<uint32_t>(i));
+      root[i] = r;
+      if (size[r]++ == 0) {
+        best[r] = static_cast<uint32_t>(i);
+      } else if (prio_rank[file_of(uf.nodes[i])] < prio_rank[file_of(uf.nodes[best[r]])]) {
+        best[r] = static_cast<uint32_t>(i);  // members come in document order: ties keep the earlier
+      }
+    }
+    for (size_t i = 0; i < M; ++i)
+      if (root[i] == i) {
+        ++components;
+        docs_in_components += size[i];
+        ++histogram[size[i]];
+        big.emplace_back(size[i], static_cast<uint32_t>(i));
+      }
+    std::sort(big.begin(), big.end(), [](auto& x, auto& y) { return x.first != y.first ? x.first > y.first : x.second < y.second; });
+    if (big.size() > 10) big.resize(10);
+    members = std::move(uf.nodes);
+    for (size_t i = 0; i < M; ++i) {
+      const auto q = static_cast<size_t>(holder(members[i]));
+      verdicts[q].push_back(members[i]);
+      verdicts[q].push_back(best[root[i]] == i ? 1u : 0u);
+      sent_index[q].push_back(static_cast<uint32_t>(i));
     }
   }
-  std::map<int64_t, int64_t> histogram;
-  int64_t components = 0, docs_in_components = 0;
-  std::vector<std::pair<uint32_t, uint32_t>> big;  // (size, root)
-  for (size_t i = 0; i < M; ++i)
-    if (root[i] == i) {
-      ++components;
-      docs_in_components += size[i];
-      ++histogram[size[i]];
-      big.emplace_back(size[i], static_cast<uint32_t>(i));
-    }
-  std::sort(big.begin(), big.end(), [](auto& x, auto& y) { return x.first != y.first ? x.first > y.first : x.second < y.second; });
-  if (big.size() > 10) big.resize(10);
   double t_cc_s = seconds_since(t_cc);
 
-  // --- pass 3 (rank 0): write the kept lines ----------------------------------------
+  // --- pass 3 (every rank): its kept lines into its slice of each output ------------
   auto t_write = Clock::now();
-  std::vector<int64_t> member_line(M, 0);
-  agree(comm, "writing the outputs", [&] {
-    Progress prog("dedup: write", n_docs, "docs", show);
-    size_t mi = 0;
-    for (auto& s : sources) {
-      LineReader reader(s.path);
-      AtomicWriter out(s.out_path);
-      std::string line;
-      int64_t line_no = 0, doc = s.first_doc;
-      while (reader.next(line, line_no)) {
-        if (is_blank_line(line)) continue;
-        if (doc >= s.first_doc + s.docs) throw_runtime("{}: changed while dedup was running (line {})", s.path, line_no);
-        bool keep = true;
-        if (mi < M && members[mi] == static_cast<uint32_t>(doc)) {
-          member_line[mi] = line_no;
-          keep = best[root[mi]] == mi;
-          ++mi;
-        }
-        if (keep) {
-          out.write_line(line);
-          ++s.kept;
-        }
-        ++doc;
-        prog.add(1);
-      }
-      if (doc != s.first_doc + s.docs) throw_runtime("{}: changed while dedup was running (fewer lines)", s.path);
-      out.close();
+  // This rank's documents in groups (ascending, as its local documents are) and which
+  // of them are removed.
+  std::vector<uint32_t> my_members;
+  std::vector<uint8_t> keep(static_cast<size_t>(n_local), 1);
+  {
+    const auto bytes = exchange_records(comm, verdicts);
+    verdicts.clear();
+    const size_t n = bytes.size() / 8;
+    my_members.resize(n);
+    for (size_t j = 0; j < n; ++j) {
+      my_members[j] = read_at<uint32_t>(bytes, 2 * j);
+      if (read_at<uint32_t>(bytes, 2 * j + 1) == 0) keep[static_cast<size_t>(local_of(my_members[j]))] = 0;
     }
-    prog.finish();
+  }
+  // plan[f*W + q]: bytes rank q writes to output f; plan[F*W + f*W + q]: its kept lines.
+  std::vector<int64_t> plan(static_cast<size_t>(2 * F * W), 0);
+  for (int64_t f = 0; f < F; ++f) {
+    const auto& p = mine[static_cast<size_t>(f)];
+    for (int64_t d = p.local_first; d < p.local_first + p.docs; ++d)
+      if (keep[static_cast<size_t>(d)]) {
+        plan[static_cast<size_t>(f * W + R)] += static_cast<int64_t>(line_len[static_cast<size_t>(d)]) + 1;
+        ++plan[static_cast<size_t>(F * W + f * W + R)];
+      }
+  }
+  comm.all_reduce_sum(plan.data(), static_cast<int64_t>(plan.size()));
+  std::vector<int64_t> offset(static_cast<size_t>(F), 0), total(static_cast<size_t>(F), 0);
+  for (int64_t f = 0; f < F; ++f) {
+    for (int64_t q = 0; q < W; ++q) {
+      if (q < R) offset[static_cast<size_t>(f)] += plan[static_cast<size_t>(f * W + q)];
+      total[static_cast<size_t>(f)] += plan[static_cast<size_t>(f * W + q)];
+      sources[static_cast<size_t>(f)].kept += plan[static_cast<size_t>(F * W + f * W + q)];
+    }
+  }
+  // Temporary names every rank knows (rank 0's pid): OUT/<name>.tmp.<pid>.dedup.
+  int64_t pid0 = R == 0 ? static_cast<int64_t>(::getpid()) : 0;
+  comm.all_reduce_max(&pid0, 1);
+  std::vector<std::string> temp(static_cast<size_t>(F));
+  for (int64_t f = 0; f < F; ++f) temp[static_cast<size_t>(f)] = fmt::format("{}.tmp.{}.dedup", sources[f].out_path, pid0);
+  // Rank 0 removes the temporary files it created unless they were renamed into place
+  // (a failure on any rank is agreed on before that, so no rank is still writing).
+  struct TempFiles {
+    std::vector<std::string> created;
+    bool committed = false;
+    ~TempFiles() {
+      if (committed) return;
+      for (auto& t : created) std::remove(t.c_str());
+    }
+  } temps;
+  agree(comm, "creating the outputs", [&] {
+    if (R != 0) return;
+    for (int64_t f = 0; f < F; ++f) {
+      const std::string& t = temp[static_cast<size_t>(f)];
+      const int fd = ::open(t.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+      if (fd < 0) throw_runtime("{}: cannot create {} ({})", sources[f].out_path, t, std::strerror(errno));
+      temps.created.push_back(t);
+      const int rc = ::ftruncate(fd, static_cast<off_t>(total[static_cast<size_t>(f)]));
+      const int err = errno;
+      ::close(fd);
+      if (rc != 0) throw_runtime("{}: cannot size {} to {} bytes ({})", sources[f].out_path, t, total[static_cast<size_t>(f)], std::strerror(err));
+    }
+  });
+
+  // The write runs on a helper thread; this thread all-reduces the ranks' counts about
+  // once a second for rank 0's progress line, and tells the helper to stop when another
+  // rank has failed (MPI calls stay on the main thread).
+  std::vector<int64_t> member_line(my_members.size(), 0);
+  int64_t bytes_written = 0;
+  {
+    std::atomic<int64_t> docs_written{0};
+    std::atomic<bool> done{false}, failed{false}, stop{false};
+    std::exception_ptr write_err;
+    std::thread writer([&] {
+      try {
+        constexpr size_t kFlush = 4 << 20;
+        std::string buf, line;
+        size_t mj = 0;        // next of my_members
+        int64_t unshown = 0;  // documents not yet added to docs_written
+        for (int64_t f = 0; f < F; ++f) {
+          const Piece& p = mine[static_cast<size_t>(f)];
+          if (p.docs == 0) continue;
+          const std::string& path = sources[f].path;
+          const std::string& t = temp[static_cast<size_t>(f)];
+          const int64_t mine_bytes = plan[static_cast<size_t>(f * W + R)];
+          struct Fd {
+            int fd = -1;
+            ~Fd() {
+              if (fd >= 0) ::close(fd);
+            }
+          } out;
+          if (mine_bytes > 0) {
+            out.fd = ::open(t.c_str(), O_WRONLY | O_CLOEXEC);
+            if (out.fd < 0) throw_runtime("{}: cannot open {} ({})", sources[f].out_path, t, std::strerror(errno));
+          }
+          int64_t at = offset[static_cast<size_t>(f)];
+          auto flush = [&] {
+            const char* b = buf.data();
+            size_t n = buf.size();
+            while (n > 0) {
+              const ssize_t w = ::pwrite(out.fd, b, n, static_cast<off_t>(at));
+              if (w < 0 && errno == EINTR) continue;
+              if (w <= 0) throw_runtime("{}: write failed ({})", t, w < 0 ? std::strerror(errno) : "no progress");
+              b += w;
+              n -= static_cast<size_t>(w);
+              at += w;
+              bytes_written += w;
+            }
+            buf.clear();
+          };
+          LineReader reader(path, p.begin, p.end, p.lines_before);
+          int64_t line_no = 0, d = p.local_first;
+          while (reader.next(line, line_no)) {
+            if (is_blank_line(line)) continue;
+            if (d == p.local_first + p.docs || line.size() != line_len[static_cast<size_t>(d)])
+              throw_runtime("{}: changed while dedup was running (line {})", path, line_no);
+            if (mj < my_members.size() && my_members[mj] == static_cast<uint32_t>(p.first_doc + (d - p.local_first)))
+              member_line[mj++] = line_no;
+            if (keep[static_cast<size_t>(d)]) {
+              buf += line;
+              buf += '\n';
+              if (buf.size() >= kFlush) flush();
+            }
+            ++d;
+            if (++unshown == 1024) {
+              docs_written += unshown;
+              unshown = 0;
+              if (stop.load()) throw PeerFailed{};
+            }
+          }
+          flush();
+          docs_written += unshown;
+          unshown = 0;
+          if (d != p.local_first + p.docs) throw_runtime("{}: changed while dedup was running (fewer lines)", path);
+          MTNLG_CHECK(at == offset[static_cast<size_t>(f)] + mine_bytes, "{}: wrote {} bytes, planned {}", t,
+                      at - offset[static_cast<size_t>(f)], mine_bytes);
+          if (opt.fail_write_rank == R && bytes_written > 0)
+            throw_runtime("{}: write failed (injected by MTNLG_TEST_DEDUP_FAIL_WRITE_RANK={})", t, R);
+          if (out.fd >= 0 && ::fsync(out.fd) != 0) throw_runtime("{}: write failed ({})", t, std::strerror(errno));
+        }
+      } catch (const PeerFailed&) {
+      } catch (...) {
+        write_err = std::current_exception();
+        failed = true;
+      }
+      done = true;
+    });
+    {
+      Progress prog(W > 1 ? fmt::format("dedup: write ({} ranks)", W) : std::string("dedup: write"), n_docs, "docs", show);
+      int64_t shown = 0;
+      for (;;) {
+        for (int i = 0; i < 20 && !done.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        int64_t v[3] = {docs_written.load(), done.load() ? 1 : 0, failed.load() ? 1 : 0};
+        if (W > 1) comm.all_reduce_sum(v, 3);
+        if (v[0] > shown) prog.add(v[0] - shown);
+        shown = v[0];
+        if (v[2] > 0) stop = true;
+        if (v[1] == W) break;
+      }
+      writer.join();
+      if (!failed.load() && shown == n_docs) prog.finish();
+    }
+    agree(comm, "writing the outputs", [&] {
+      if (write_err) std::rethrow_exception(write_err);
+    });
+  }
+  // What each rank wrote (the "run" object of the report), and the lines of the group
+  // members, which rank 0 needs for the clusters file and the report.
+  std::vector<int64_t> written_per_rank(static_cast<size_t>(W), 0);
+  written_per_rank[static_cast<size_t>(R)] = bytes_written;
+  comm.all_reduce_sum(written_per_rank.data(), W);
+  std::vector<int64_t> lines_of_members;  // rank 0: indexed like `members`
+  {
+    std::vector<std::vector<int64_t>> back(static_cast<size_t>(W));
+    back[0] = std::move(member_line);
+    const auto bytes = exchange_records(comm, back);
+    if (R == 0) {
+      lines_of_members.assign(members.size(), 0);
+      size_t at = 0;
+      for (int64_t q = 0; q < W; ++q)
+        for (uint32_t i : sent_index[static_cast<size_t>(q)]) lines_of_members[i] = read_at<int64_t>(bytes, at++);
+    }
+  }
+
+  // --- commit (rank 0): rename the outputs into place, clusters, report --------------
+  agree(comm, "writing the outputs", [&] {
+    if (R != 0) return;
+    for (int64_t f = 0; f < F; ++f) {  // the other ranks synced their slices; this syncs the size
+      const std::string& t = temp[static_cast<size_t>(f)];
+      const int fd = ::open(t.c_str(), O_WRONLY | O_CLOEXEC);
+      if (fd < 0) throw_runtime("{}: cannot reopen {} ({})", sources[f].out_path, t, std::strerror(errno));
+      const int rc = ::fsync(fd);
+      const int err = errno;
+      ::close(fd);
+      if (rc != 0) throw_runtime("{}: write failed ({})", t, std::strerror(err));
+    }
+    for (int64_t f = 0; f < F; ++f)
+      if (std::rename(temp[static_cast<size_t>(f)].c_str(), sources[f].out_path.c_str()) != 0)
+        throw_runtime("{}: cannot rename {} into place ({})", sources[f].out_path, temp[static_cast<size_t>(f)], std::strerror(errno));
+    temps.committed = true;
+    fsync_directory(opt.output_dir);
+    const size_t M = members.size();
     auto where = [&](uint32_t i) {
-      return nlohmann::json{{"source", sources[file_of(members[i])].name}, {"line", member_line[i]}};
+      return nlohmann::json{{"source", sources[file_of(members[i])].name}, {"line", lines_of_members[i]}};
     };
     if (opt.write_clusters) {
       // One line per group, groups ordered by their first document.
@@ -869,7 +1061,10 @@ DedupResult run_dedup(const DedupOptions& opt, RankComm* comm_in) {
           {"memory_per_rank", opt.memory_per_rank},
           {"rank0_signature_bytes_allocated", sig_allocated},
           {"key_runs_spilled", stats[3]},
-          {"key_bytes_spilled", stats[4]}}},
+          {"key_bytes_spilled", stats[4]},
+          // Bytes of the outputs each rank wrote (its kept lines; every rank writes its
+          // own share of every output file).
+          {"output_bytes_written_per_rank", written_per_rank}}},
         {"timing_s",
          {{"read_and_minhash", t_hash}, {"lsh_and_verify", t_lsh_s}, {"components", t_cc_s}, {"write", t_write_s}, {"total", t_total}}},
         {"docs_per_s", t_total > 0 ? static_cast<double>(n_docs) / t_total : 0.0}};

@@ -11,7 +11,8 @@
 //      earliest line;
 //   4. stream the inputs again and copy the kept lines byte-identical to
 //      OUT/<input file name>; write OUT/dedup_report.json (and, if asked,
-//      OUT/dedup_clusters.jsonl).
+//      OUT/dedup_clusters.jsonl). Each document's line length is kept from step 1,
+//      so the bytes each output receives are known before it is written.
 //
 // Across ranks (mpirun/srun; a RankComm given): rank r reads the r-th line-aligned
 // byte range of every input and holds the signatures of those documents only; band
@@ -19,11 +20,17 @@
 // them (spilling sorted runs to disk over --memory-per-rank) and emits candidate
 // pairs; a pair is verified on the rank holding its second document (the first
 // document's signature is shipped there); the verified edges, reduced to a spanning
-// forest on each rank, are gathered on rank 0, which joins them with one union-find,
-// chooses the survivors and writes the outputs and the report. One process is the
+// forest on each rank, are gathered on rank 0, which joins them with one union-find
+// and chooses the survivors; it tells each rank which of its documents are removed.
+// Every rank then writes its own kept lines into its slice of each output: the ranks'
+// kept bytes per input, summed in rank order (an exclusive prefix sum), give each
+// rank's offset in each file, which rank 0 has created under a temporary name and
+// sized; each rank pwrite()s and fsyncs its slice, the ranks agree on the outcome, and
+// rank 0 renames the files into place and writes the clusters file and the report.
+// One process is the
 // same algorithm with one rank, so outputs and report (but timings and the "run"
 // object) are the same bytes for any number of ranks.
-// Memory per rank: K*4 bytes per document of its share, plus one band's keys
+// Memory per rank: K*4 + 4 (its line length) bytes per document of its share, plus one band's keys
 // (16 bytes per document, spilled when over the budget) and the candidate pairs.
 #pragma once
 #include <nlohmann/json.hpp>
@@ -52,6 +59,9 @@ struct DedupOptions {
   bool progress = true;
   int64_t memory_per_rank = 0;           // bytes; 0 = no limit (band keys never spilled)
   std::string tmp_dir;                   // spilled band keys; "" = output_dir
+  // Testing aid (MTNLG_TEST_DEDUP_FAIL_WRITE_RANK): this rank fails with a write error
+  // after writing the first of its slices (before syncing it); -1 = never.
+  int64_t fail_write_rank = -1;
 };
 
 // "2G", "512M", "64K", "1.5G" or a plain number of bytes (powers of 1024). InputError
@@ -63,10 +73,12 @@ struct DedupResult {
   nlohmann::json report;                 // what dedup_report.json holds
 };
 
-// On every rank of `comm` (nullptr: one process). Rank 0 writes the outputs and the
-// report; the other ranks return the counts with an empty report. A rank that fails
-// makes every rank throw (its own error there, "stopped because rank R failed" on the
-// others), before any output is written.
+// On every rank of `comm` (nullptr: one process). Every rank writes its share of the
+// outputs; rank 0 renames them into place and writes the report, and returns the
+// counts and the report; the other ranks return the document count with an empty
+// report. A rank that fails makes every rank throw (its own error there, "stopped
+// because rank R failed" on the others) before any output is renamed into place; the
+// temporary files are removed.
 DedupResult run_dedup(const DedupOptions& opt, RankComm* comm = nullptr);
 
 }  // namespace mtnlg::curation

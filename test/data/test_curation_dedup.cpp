@@ -195,3 +195,29 @@ TEST_CASE("dedup: bad input is an InputError naming the place", "[curation]") {
   o.output_dir = dir.str();  // would overwrite the input
   CHECK_THROWS_WITH(run_dedup(o), Contains("overwrite"));
 }
+
+TEST_CASE("dedup: a write that fails leaves no output, not even a temporary file", "[curation]") {
+  test::TempDir dir("dedup-write-fail");
+  const std::string a = "{\"text\": \"one two three four\"}\n\n{\"text\": \"five six seven\"}\r\n{\"text\": \"one two three four\"}\n";
+  test::write_file(dir / "a.jsonl", a);
+  test::write_file(dir / "b.jsonl", "{\"text\": \"eight nine ten\"}");  // no final newline
+  DedupOptions o;
+  o.inputs = {(dir / "a.jsonl").string(), (dir / "b.jsonl").string()};
+  o.output_dir = (dir / "out").string();
+  o.progress = false;
+  o.fail_write_rank = 0;  // after the first output's kept lines are written, before any rename
+  CHECK_THROWS_AS(run_dedup(o), RuntimeError);
+  CHECK_THROWS_WITH(run_dedup(o), Contains("a.jsonl.tmp.") && Contains("injected"));
+  REQUIRE(std::filesystem::is_directory(dir / "out"));
+  CHECK(std::filesystem::is_empty(dir / "out"));  // both outputs' temporary files removed
+  o.fail_write_rank = -1;
+  DedupResult r = run_dedup(o);
+  CHECK(r.removed == 1);
+  // Kept lines byte-identical ('\r' kept), each ending in '\n'; the report counts the bytes.
+  CHECK(test::read_file(dir / "out" / "a.jsonl") == "{\"text\": \"one two three four\"}\n{\"text\": \"five six seven\"}\r\n");
+  CHECK(test::read_file(dir / "out" / "b.jsonl") == "{\"text\": \"eight nine ten\"}\n");
+  CHECK(r.report["run"]["output_bytes_written_per_rank"] == json::array({31 + 28 + 27}));
+  int64_t entries = 0;
+  for ([[maybe_unused]] auto& e : std::filesystem::directory_iterator(dir / "out")) ++entries;
+  CHECK(entries == 3);  // a.jsonl, b.jsonl, dedup_report.json
+}

@@ -361,6 +361,18 @@ TEST_CASE("e2e dedup: 1, 2, 3 and 4 ranks give byte-identical outputs and report
     CHECK(run["ranks"] == np);
     CHECK(run["key_runs_spilled"] == 0);
     CHECK(run["key_bytes_spilled"] == 0);
+    // Every rank wrote its share of the outputs (each input is split over all ranks),
+    // and the shares add up to the output files.
+    int64_t out_bytes = 0;
+    for (auto& n : names) out_bytes += static_cast<int64_t>(fs::file_size(tmp / ("out" + std::to_string(np)) / n));
+    const auto per_rank = run["output_bytes_written_per_rank"].get<std::vector<int64_t>>();
+    REQUIRE(per_rank.size() == static_cast<size_t>(np));
+    int64_t sum = 0;
+    for (int64_t b : per_rank) {
+      CHECK(b > 0);
+      sum += b;
+    }
+    CHECK(sum == out_bytes);
   }
   // A budget far below one band's keys: every band is sorted on disk in runs and merged.
   for (int np : {1, 3}) {
@@ -373,6 +385,20 @@ TEST_CASE("e2e dedup: 1, 2, 3 and 4 ranks give byte-identical outputs and report
     CHECK(run["memory_per_rank"] == 1024);
   }
   CHECK((!fs::exists(tmp / "spill") || fs::is_empty(tmp / "spill")));
+
+  // A write that fails on rank 1 of 3 after it wrote part of its share: every rank
+  // stops, the failing rank names its error, the others name rank 1, exit 1 (not bad
+  // input), and neither an output nor a temporary file is left.
+  {
+    auto w = test::run_command("MTNLG_TEST_DEDUP_FAIL_WRITE_RANK=1 sh " + test::source_dir() + "/test/mpi/mpirun.sh 3 " +
+                               MTNLG_BINARY + " " + common + " --output-dir " + d + "/wfail");
+    INFO(w.out);
+    CHECK(w.exit_code == 1);
+    CHECK_THAT(w.out, Catch::Matchers::Contains("error on rank 1: ") && Catch::Matchers::Contains("injected") &&
+                          Catch::Matchers::Contains("stopped because rank 1 failed writing the outputs"));
+    REQUIRE(fs::is_directory(tmp / "wfail"));
+    CHECK(fs::is_empty(tmp / "wfail"));
+  }
 
   // A malformed line near the end of the last input is in rank 2's share of 3.
   const auto [bad, line_no] = with_bad_line_near_end(test::read_file(tmp / "s/wikipedia.jsonl"), "{\"text\": 12}");
