@@ -1,9 +1,10 @@
 // `mtnlg data preprocess|inspect` (the curation subcommands live in cmd_data_curation.cpp).
 //   preprocess: JSONL(.gz|.zst) -> Megatron .bin/.idx per json key (data/preprocess.hpp)
 //   merge: several .bin/.idx prefixes -> one dataset, in the order given (data/merge.hpp)
-//   preprocess under mpirun/srun: rank r tokenizes its line-aligned byte range of the
-//   input into a part prefix, rank 0 merges the parts in rank order (= input order)
-//   into the requested prefixes and removes them (preprocess_ranks below)
+//   preprocess under mpirun/srun: rank r tokenizes its share of the inputs (whole files
+//   and line-aligned byte ranges of plain ones, data::split_inputs) into a part prefix,
+//   rank 0 merges the parts in rank order (= input order) into the requested prefixes
+//   and removes them (preprocess_ranks below)
 //   inspect PREFIX...: documents, sequences and tokens per prefix
 //   inspect --recipe R.yaml: the MT-NLG-style blend table of a run (tokens, weight, epochs
 //   implied by the run's token budget)
@@ -116,11 +117,12 @@ void print_preprocess_result(const data::PreprocessResult& res, const std::strin
               res.seconds, res.load_seconds, work, res.flush_seconds, res.documents / work, toks / work);
 }
 
-// Several ranks (world > 1). Each rank tokenizes its line-aligned byte range (a
-// compressed input cannot be cut: rank 0 reads it whole, the others write empty parts)
-// on a helper thread, while the main thread (the only one that talks MPI) all-reduces the
-// counters about once a second for rank 0's progress line: input bytes of all ranks out
-// of the file's size (so with an ETA), and tokens. Then rank 0 merges the parts per json
+// Several ranks (world > 1). Each rank tokenizes its share of the inputs taken as one
+// byte stream (data::split_inputs: the total bytes divided evenly, cuts at line starts of
+// plain files; a compressed file is never cut, one rank reads it whole) on a helper
+// thread, while the main thread (the only one that talks MPI) all-reduces the counters
+// about once a second for rank 0's progress line: input bytes of all ranks out of the
+// inputs' total size (so with an ETA), and tokens. Then rank 0 merges the parts per json
 // key, in rank order, which is the input order: the files are the same bytes as a 1-rank
 // run. A failure on any rank is agreed on by every rank (RankJob): each removes its part,
 // the failing rank reports its own message, the others name it, all exit with its code.
@@ -140,21 +142,19 @@ void preprocess_ranks(data::PreprocessOptions opt, const parallel::LaunchInfo& i
 
   std::atomic<int64_t> bytes{0}, toks{0};
   data::PreprocessResult mine;
-  std::error_code ec;
-  const auto size = static_cast<int64_t>(std::filesystem::file_size(opt.input, ec));
-  RankJob::ProgressSpec progress("preprocess " + std::filesystem::path(opt.input).filename().string(),
-                                 ec ? -1 : size, "B", &bytes, opt.progress);
+  int64_t size = -1;  // unknown when an input is missing: the step below fails naming it
+  try {
+    size = data::total_input_bytes(opt.inputs);
+  } catch (const InputError&) {
+  }
+  RankJob::ProgressSpec progress("preprocess " + data::inputs_label(opt.inputs), size, "B", &bytes, opt.progress);
   progress.secondary_unit = "tokens";
   progress.secondary = &toks;
   job.step_with_progress(
       [&] {
         data::PreprocessOptions o = opt;
-        if (data::input_is_compressed(o.input)) {
-          o.range_begin = 0;
-          o.range_end = r == 0 ? -1 : 0;
-        } else {
-          std::tie(o.range_begin, o.range_end) = data::line_aligned_range(o.input, W, r);
-        }
+        data::check_preprocess_inputs(o.inputs, final_prefix, keys);
+        o.pieces = data::split_inputs(o.inputs, W, r);
         o.output_prefix = job.part(r);
         o.progress = false;
         o.on_progress = [&](int64_t, int64_t t, int64_t b) {
@@ -206,7 +206,11 @@ void register_data(CLI::App& app) {
   auto* pre = data->add_subcommand(
       "preprocess", "Tokenize JSONL (.jsonl, .jsonl.gz, .jsonl.zst) into Megatron .bin/.idx files, one pair per json key");
   static data::PreprocessOptions popt;
-  pre->add_option("--input", popt.input, "Input JSONL file, plain, gzip or zstd (detected from its bytes)")->required();
+  pre->add_option("--input", popt.inputs,
+                  "Input JSONL files, plain, gzip or zstd (detected from their bytes), read in the order given into one "
+                  "dataset: --input a b c or --input a --input b")
+      ->required()
+      ->expected(1, -1);
   pre->add_option("--output-prefix", popt.output_prefix,
                   "Output prefix P: writes P_<key>_document.bin/.idx for each json key")
       ->required();
@@ -227,10 +231,13 @@ void register_data(CLI::App& app) {
   static bool no_progress = false;
   pre->add_flag("--no-progress", no_progress, "Do not draw the progress bar");
   pre->footer(
-      "Under mpirun or srun each rank tokenizes a line-aligned byte range of the input (a .gz/.zst input is read "
-      "whole by rank 0) into PREFIX.part<r>of<N>_<key>_document, then rank 0 merges the parts into the outputs and "
-      "removes them: the files are the same bytes for any number of ranks. The output directory must be shared by "
-      "all ranks.");
+      "Several inputs give the files of preprocessing each one and joining the results in order with `data merge` "
+      "(the same as preprocessing their concatenation, when each input ends with a newline). Errors name the input "
+      "file and its line. Under mpirun or srun the inputs are taken as one byte stream split evenly across the "
+      "ranks: a rank gets whole files and line-aligned byte ranges of plain files; a .gz/.zst input cannot be split "
+      "by bytes and is one unit of work read whole by one rank. Each rank writes PREFIX.part<r>of<N>_<key>_document, "
+      "then rank 0 merges the parts into the outputs and removes them: the files are the same bytes for any number "
+      "of ranks. The output directory must be shared by all ranks.");
   pre->callback([] {
     popt.progress = !no_progress;
     const parallel::LaunchInfo info = parallel::detect_launch();

@@ -136,33 +136,137 @@ bool input_is_compressed(const std::string& path) {
   return (got >= 2 && m[0] == 0x1f && m[1] == 0x8b) || (got == 4 && m[0] == 0x28 && m[1] == 0xb5 && m[2] == 0x2f && m[3] == 0xfd);
 }
 
-std::pair<int64_t, int64_t> line_aligned_range(const std::string& path, int64_t parts, int64_t part) {
-  MTNLG_CHECK(parts >= 1 && part >= 0 && part < parts, "part {} of {}", part, parts);
+namespace {
+// First p >= target of the open file f (of `size` bytes) with byte p-1 == '\n' (a line
+// start); size when there is none.
+int64_t next_line_start(std::FILE* f, const std::string& path, int64_t target, int64_t size) {
+  if (target <= 0) return 0;
+  if (target >= size) return size;
+  if (::fseeko(f, target - 1, SEEK_SET) != 0) throw_runtime("{}: seek failed ({})", path, std::strerror(errno));
+  char buf[1 << 16];
+  int64_t pos = target - 1;
+  while (true) {
+    const size_t got = std::fread(buf, 1, sizeof buf, f);
+    if (got == 0) return size;
+    const void* nl = std::memchr(buf, '\n', got);
+    if (nl) return pos + (static_cast<const char*>(nl) - buf) + 1;
+    pos += static_cast<int64_t>(got);
+  }
+}
+
+int64_t input_size(const std::string& path) {
   std::error_code ec;
   if (!std::filesystem::is_regular_file(path, ec)) throw_input("{}: input file not found", path);
-  const int64_t size = static_cast<int64_t>(std::filesystem::file_size(path, ec));
+  const auto size = std::filesystem::file_size(path, ec);
+  if (ec) throw_input("{}: cannot read its size ({})", path, ec.message());
+  return static_cast<int64_t>(size);
+}
+}  // namespace
+
+std::pair<int64_t, int64_t> line_aligned_range(const std::string& path, int64_t parts, int64_t part) {
+  MTNLG_CHECK(parts >= 1 && part >= 0 && part < parts, "part {} of {}", part, parts);
+  const int64_t size = input_size(path);
   std::FILE* f = std::fopen(path.c_str(), "rb");
   if (!f) throw_input("{}: cannot open ({})", path, std::strerror(errno));
   auto cut = [&](int64_t k) -> int64_t {
     if (k == 0) return 0;
     if (k == parts) return size;
-    // First p >= target with byte p-1 == '\n' (a line start); size when none.
-    const int64_t target = static_cast<int64_t>((static_cast<__int128>(k) * size) / parts);
-    if (target == 0) return 0;
-    if (::fseeko(f, target - 1, SEEK_SET) != 0) throw_runtime("{}: seek failed ({})", path, std::strerror(errno));
-    char buf[1 << 16];
-    int64_t pos = target - 1;
-    while (true) {
-      const size_t got = std::fread(buf, 1, sizeof buf, f);
-      if (got == 0) return size;
-      const void* nl = std::memchr(buf, '\n', got);
-      if (nl) return pos + (static_cast<const char*>(nl) - buf) + 1;
-      pos += static_cast<int64_t>(got);
-    }
+    return next_line_start(f, path, static_cast<int64_t>((static_cast<__int128>(k) * size) / parts), size);
   };
-  std::pair<int64_t, int64_t> r{cut(part), cut(part + 1)};
+  std::pair<int64_t, int64_t> r;
+  try {
+    r = {cut(part), cut(part + 1)};
+  } catch (...) {
+    std::fclose(f);
+    throw;
+  }
   std::fclose(f);
   return r;
+}
+
+void check_preprocess_inputs(const std::vector<std::string>& inputs, const std::string& output_prefix,
+                             const std::vector<std::string>& json_keys) {
+  namespace fs = std::filesystem;
+  if (inputs.empty()) throw_input("--input: at least one input file is needed");
+  for (const auto& in : inputs) input_size(in);
+  for (size_t a = 0; a < inputs.size(); ++a)
+    for (size_t b = a + 1; b < inputs.size(); ++b) {
+      std::error_code ec;
+      if (inputs[a] == inputs[b] || fs::equivalent(inputs[a], inputs[b], ec))
+        throw_input("--input: {} and {} are the same file (give each input once)", inputs[a], inputs[b]);
+    }
+  for (const auto& k : json_keys) {
+    const std::string prefix = preprocess_output_prefix(output_prefix, k);
+    for (const std::string& out : {bin_path(prefix), idx_path(prefix)}) {
+      std::error_code ec;
+      if (!fs::exists(out, ec)) continue;
+      for (const auto& in : inputs)
+        if (fs::equivalent(out, in, ec))
+          throw_input("--output-prefix {}: the output {} is the input {}", output_prefix, out, in);
+    }
+  }
+}
+
+int64_t total_input_bytes(const std::vector<std::string>& inputs) {
+  int64_t total = 0;
+  for (const auto& in : inputs) total += input_size(in);
+  return total;
+}
+
+std::vector<InputPiece> split_inputs(const std::vector<std::string>& inputs, int64_t parts, int64_t part) {
+  MTNLG_CHECK(parts >= 1 && part >= 0 && part < parts, "part {} of {}", part, parts);
+  const size_t n = inputs.size();
+  std::vector<int64_t> start(n + 1, 0);
+  std::vector<char> compressed(n, 0);
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t size = input_size(inputs[i]);
+    start[i + 1] = start[i] + size;
+    compressed[i] = size > 0 && input_is_compressed(inputs[i]);
+  }
+  const int64_t total = start[n];
+  // Cut k in the concatenation; every cut lies on a file boundary or a line start of a
+  // plain file, and cuts never decrease with k.
+  auto cut = [&](int64_t k) -> int64_t {
+    if (k == 0) return 0;
+    if (k == parts) return total;
+    const int64_t t = static_cast<int64_t>((static_cast<__int128>(k) * total) / parts);
+    size_t f = 0;
+    while (f < n && start[f + 1] <= t) ++f;  // the file holding byte t (t < total)
+    const int64_t off = t - start[f], size = start[f + 1] - start[f];
+    if (off == 0) return start[f];
+    if (compressed[f]) return 2 * off < size ? start[f] : start[f + 1];
+    std::FILE* fp = std::fopen(inputs[f].c_str(), "rb");
+    if (!fp) throw_input("{}: cannot open ({})", inputs[f], std::strerror(errno));
+    int64_t p = 0;
+    try {
+      p = next_line_start(fp, inputs[f], off, size);
+    } catch (...) {
+      std::fclose(fp);
+      throw;
+    }
+    std::fclose(fp);
+    return start[f] + p;
+  };
+  const int64_t lo = cut(part), hi = cut(part + 1);
+  std::vector<InputPiece> pieces;
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t b = std::max(lo, start[i]), e = std::min(hi, start[i + 1]);
+    if (b >= e) continue;
+    if (b == start[i] && e == start[i + 1]) {
+      pieces.push_back({inputs[i], 0, -1});  // the whole file, any format
+    } else {
+      MTNLG_CHECK(!compressed[i], "{}: a compressed input was split", inputs[i]);
+      pieces.push_back({inputs[i], b - start[i], e - start[i]});
+    }
+  }
+  return pieces;
+}
+
+std::string inputs_label(const std::vector<std::string>& inputs) {
+  if (inputs.empty()) return "";
+  std::string s = std::filesystem::path(inputs[0]).filename().string();
+  if (inputs.size() > 1) s += fmt::format(" +{} more", inputs.size() - 1);
+  return s;
 }
 
 LineReader::LineReader(const std::string& path, int64_t begin, int64_t end) : path_(path) {
@@ -269,6 +373,7 @@ std::string preprocess_output_prefix(const std::string& output_prefix, const std
 namespace {
 
 struct Batch {
+  std::string file;  // the input the lines come from (for file:line in errors)
   int64_t first_line = 0;
   int64_t input_bytes = 0;  // bytes the reader consumed for these lines (for progress)
   std::vector<std::string> lines;
@@ -366,7 +471,7 @@ BatchResult process_batch(const Batch& b, const PreprocessOptions& opt, const To
       }
     }
     if (!reason.empty()) {
-      const std::string where = fmt::format("{}:{}: {}", opt.input, lineno, reason);
+      const std::string where = fmt::format("{}:{}: {}", b.file, lineno, reason);
       if (!opt.skip_bad_lines) {
         r.fatal = where + (reason.rfind("malformed", 0) == 0 ? " (or pass --skip-bad-lines)" : "");
         return r;
@@ -411,10 +516,15 @@ PreprocessResult preprocess_jsonl(const PreprocessOptions& opt) {
     if (!parent.empty() && !std::filesystem::is_directory(parent, ec))
       throw_input("--output-prefix {}: directory {} does not exist", opt.output_prefix, parent.string());
   }
+  check_preprocess_inputs(opt.inputs, opt.output_prefix, opt.json_keys);
+  std::vector<InputPiece> pieces;
+  if (opt.pieces) {
+    pieces = *opt.pieces;
+  } else {
+    for (const auto& in : opt.inputs) pieces.push_back({in, 0, -1});
+  }
   auto tok = Tokenizer::from_files(opt.vocab_file, opt.merge_file);
   const auto t_loaded = std::chrono::steady_clock::now();
-  LineReader reader = (opt.range_begin == 0 && opt.range_end < 0) ? LineReader(opt.input)
-                                                                     : LineReader(opt.input, opt.range_begin, opt.range_end);
 
   PreprocessResult res;
   const DType dtype = dtype_for_vocab(tok->vocab_size());
@@ -425,7 +535,7 @@ PreprocessResult preprocess_jsonl(const PreprocessOptions& opt) {
   }
   res.tokens.assign(opt.json_keys.size(), 0);
 
-  Progress progress("preprocess " + std::filesystem::path(opt.input).filename().string(), -1, "docs", opt.progress);
+  Progress progress("preprocess " + inputs_label(opt.inputs), -1, "docs", opt.progress);
   progress.set_secondary_unit("tokens");
 
   auto consume = [&](BatchResult&& r) {
@@ -448,15 +558,37 @@ PreprocessResult preprocess_jsonl(const PreprocessOptions& opt) {
     if (opt.on_progress) opt.on_progress(r.documents, toks, r.input_bytes);
   };
 
-  int64_t bytes_batched = 0;  // reader.bytes_read() at the end of the last batch
+  // The pieces are read one after the other; a batch holds lines of one piece only.
+  size_t next_piece = 0;
+  std::unique_ptr<LineReader> reader;
+  std::string reader_file;
+  int64_t bytes_batched = 0;  // reader->bytes_read() at the end of the last batch
+  int64_t bytes_pending = 0;  // read by a reader after its last line (counted with the next batch)
   auto read_batch = [&](Batch& b) {
     b.lines.clear();
-    b.first_line = reader.line_number() + 1;
-    std::string line;
-    while (static_cast<int64_t>(b.lines.size()) < opt.batch_lines && reader.next(line)) b.lines.push_back(std::move(line));
-    b.input_bytes = reader.bytes_read() - bytes_batched;
-    bytes_batched = reader.bytes_read();
-    return !b.lines.empty();
+    while (true) {
+      if (!reader) {
+        if (next_piece == pieces.size()) return false;
+        const InputPiece& p = pieces[next_piece++];
+        reader = (p.begin == 0 && p.end < 0) ? std::make_unique<LineReader>(p.path)
+                                             : std::make_unique<LineReader>(p.path, p.begin, p.end);
+        reader_file = p.path;
+        bytes_batched = 0;
+      }
+      b.file = reader_file;
+      b.first_line = reader->line_number() + 1;
+      std::string line;
+      while (static_cast<int64_t>(b.lines.size()) < opt.batch_lines && reader->next(line))
+        b.lines.push_back(std::move(line));
+      bytes_pending += reader->bytes_read() - bytes_batched;
+      bytes_batched = reader->bytes_read();
+      if (!b.lines.empty()) {
+        b.input_bytes = bytes_pending;
+        bytes_pending = 0;
+        return true;
+      }
+      reader.reset();  // this piece is done
+    }
   };
 
   if (opt.workers == 1) {
@@ -499,6 +631,7 @@ PreprocessResult preprocess_jsonl(const PreprocessOptions& opt) {
     }
     if (failure) std::rethrow_exception(failure);
   }
+  if (bytes_pending > 0 && opt.on_progress) opt.on_progress(0, 0, bytes_pending);
   progress.finish();
   // All pairs complete under temporary names before any is renamed into place.
   const auto t_flush = std::chrono::steady_clock::now();

@@ -5,12 +5,16 @@
 //
 // Parallelism: the reader cuts the input into batches of lines, N workers parse and
 // tokenize batches, and one writer appends the results strictly in input order, so the
-// files are byte-identical for any worker count. Output goes to temporary names that are
+// files are byte-identical for any worker count. Several inputs are read one after the
+// other into the same outputs: the files are those of preprocessing each input and
+// merging the results in the given order (`data merge`), which is preprocessing their
+// concatenation when every input ends with a newline. Output goes to temporary names that are
 // renamed only after every key's pair is complete; on any error nothing is left behind.
 #pragma once
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -50,8 +54,15 @@ bool input_is_compressed(const std::string& path);
 // contiguous, cover the file in order, and some may be empty.
 std::pair<int64_t, int64_t> line_aligned_range(const std::string& path, int64_t parts, int64_t part);
 
+// Bytes [begin, end) of one input (a line-aligned range of a plain file), or the whole
+// file (any format) when begin == 0 and end == -1.
+struct InputPiece {
+  std::string path;
+  int64_t begin = 0, end = -1;
+};
+
 struct PreprocessOptions {
-  std::string input;
+  std::vector<std::string> inputs;  // read in this order into one dataset per key
   std::string output_prefix;
   std::string vocab_file;
   std::string merge_file;
@@ -62,14 +73,30 @@ struct PreprocessOptions {
   bool allow_special_tokens = false;  // "<|endoftext|>" in text -> 50256 (Megatron: plain text)
   bool progress = true;
   int64_t batch_lines = 512;  // lines per work item
-  // Only bytes [range_begin, range_end) of the input (line_aligned_range; plain files),
-  // range_end = -1 for the whole file. A multi-rank run gives each rank one range.
-  int64_t range_begin = 0, range_end = -1;
+  // When set, only these pieces of the inputs, in this order (split_inputs: a multi-rank
+  // run gives each rank its share; it may be empty). Unset: every input whole.
+  std::optional<std::vector<InputPiece>> pieces;
   // Called from the writing thread after each batch with its documents, tokens and the
   // input bytes read for it (compressed bytes for a .gz/.zst input; over the whole run
-  // they add up to the range's size, or the file's).
+  // they add up to the pieces' sizes, or the files').
   std::function<void(int64_t docs, int64_t tokens, int64_t input_bytes)> on_progress;
 };
+
+// InputError (exit 2) naming the file when: there is no input, an input does not exist,
+// two inputs are the same file (by path or by inode), or an output file of
+// `output_prefix` (PREFIX_<key>_document.bin/.idx) is one of the inputs.
+void check_preprocess_inputs(const std::vector<std::string>& inputs, const std::string& output_prefix,
+                             const std::vector<std::string>& json_keys);
+// Sum of the inputs' file sizes (compressed sizes for .gz/.zst).
+int64_t total_input_bytes(const std::vector<std::string>& inputs);
+// Share `part` of `parts` of the inputs taken as one byte stream (their concatenation in
+// order): cut k is placed at byte floor(k * total / parts) and moved to the next line
+// start of the plain file it falls in, or to the nearer end of a compressed file (which
+// is never split: it is one unit of work). The shares are contiguous, cover every input
+// in order, and some may be empty; a share lists its pieces file by file.
+std::vector<InputPiece> split_inputs(const std::vector<std::string>& inputs, int64_t parts, int64_t part);
+// "a.jsonl" for one input, "a.jsonl +2 more" for three (progress labels).
+std::string inputs_label(const std::vector<std::string>& inputs);
 
 struct PreprocessResult {
   int64_t documents = 0;     // documents written per key

@@ -2,6 +2,7 @@
 // bytes as writing (or preprocessing) the concatenation of their inputs in order, a
 // dtype mismatch is refused naming the prefix, and preprocess gives byte-identical
 // files on 1, 2, 3 and 4 ranks.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -248,4 +249,186 @@ TEST_CASE("e2e preprocess: 1, 2, 3 and 4 ranks give byte-identical files", "[dat
   CHECK_THAT(bad.out, Catch::Matchers::Contains("bad.jsonl:1001: malformed JSON") &&
                           Catch::Matchers::Contains("rank 2"));
   CHECK(std::to_string(count_files(tmp.path())) == before);
+}
+
+TEST_CASE("split_inputs: shares cover the inputs in order, cut at line starts, never inside a compressed file",
+          "[data]") {
+  TempDir tmp("split-inputs");
+  const auto lines = corpus_lines(300);
+  const std::string a = join_lines(lines, 0, 40), b = join_lines(lines, 40, 200), c = join_lines(lines, 200, 300);
+  test::write_file(tmp / "a.jsonl", a);
+  REQUIRE(test::write_gz(tmp / "b.jsonl.gz", b));
+  test::write_file(tmp / "e.jsonl", "");  // an empty input contributes nothing
+  test::write_file(tmp / "c.jsonl", c + "{\"text\": \"no newline at the end\"}");
+  const std::vector<std::string> in = {(tmp / "a.jsonl").string(), (tmp / "b.jsonl.gz").string(),
+                                       (tmp / "e.jsonl").string(), (tmp / "c.jsonl").string()};
+  const int64_t total = total_input_bytes(in);
+  CHECK(total == static_cast<int64_t>(fs::file_size(in[0]) + fs::file_size(in[1]) + fs::file_size(in[3])));
+  for (int64_t parts = 1; parts <= 7; ++parts) {
+    INFO(parts << " parts");
+    // The pieces of all shares, in order, are every input whole or cut at line starts,
+    // each byte exactly once.
+    std::vector<std::string> got(in.size());
+    std::vector<int64_t> next_begin(in.size(), 0);
+    int64_t nonempty = 0;
+    for (int64_t p = 0; p < parts; ++p) {
+      const auto pieces = split_inputs(in, parts, p);
+      nonempty += !pieces.empty();
+      size_t last = 0;
+      for (const auto& pc : pieces) {
+        const size_t i = static_cast<size_t>(std::find(in.begin(), in.end(), pc.path) - in.begin());
+        REQUIRE(i < in.size());
+        CHECK(i >= last);  // file order within a share
+        last = i;
+        const std::string bytes = test::read_file(pc.path);
+        const int64_t e = pc.end < 0 ? static_cast<int64_t>(bytes.size()) : pc.end;
+        if (i == 1) CHECK((pc.begin == 0 && pc.end == -1));  // the gzip file is one unit
+        CHECK(pc.begin == next_begin[i]);
+        CHECK((pc.begin == 0 || bytes[static_cast<size_t>(pc.begin - 1)] == '\n'));
+        got[i] += bytes.substr(static_cast<size_t>(pc.begin), static_cast<size_t>(e - pc.begin));
+        next_begin[i] = e;
+      }
+    }
+    for (size_t i = 0; i < in.size(); ++i) CHECK(got[i] == test::read_file(in[i]));
+    if (parts > 1) CHECK(nonempty > 1);  // the work is actually shared
+  }
+  CHECK(inputs_label(in) == "a.jsonl +3 more");
+  CHECK(inputs_label({in[0]}) == "a.jsonl");
+}
+
+TEST_CASE("e2e preprocess: several inputs give the files of preprocessing their concatenation", "[data][e2e]") {
+  MTNLG_REQUIRE_GPT2(tok);
+  TempDir tmp("pre-multi");
+  const auto lines = corpus_lines(900);
+  const size_t c1 = 130, c2 = 610;  // three inputs of different sizes
+  test::write_file(tmp / "whole.jsonl", join_lines(lines, 0, lines.size()));
+  test::write_file(tmp / "p0.jsonl", join_lines(lines, 0, c1));
+  test::write_file(tmp / "p1.jsonl", join_lines(lines, c1, c2));
+  REQUIRE(test::write_gz(tmp / "p2.jsonl.gz", join_lines(lines, c2, lines.size())));
+  const std::string p0 = (tmp / "p0.jsonl").string(), p1 = (tmp / "p1.jsonl").string(),
+                    p2 = (tmp / "p2.jsonl.gz").string();
+  const std::string args = gpt2_vocab_args() + " --append-eod --json-keys text title --no-progress";
+  auto whole = test::run_mtnlg("data preprocess --input " + (tmp / "whole.jsonl").string() + " --output-prefix " +
+                               (tmp / "whole").string() + args);
+  INFO(whole.out);
+  REQUIRE(whole.exit_code == 0);
+  // A list after one --input, or --input repeated; 1 or 3 workers.
+  const std::vector<std::pair<std::string, std::string>> forms = {
+      {"list", "--input " + p0 + " " + p1 + " " + p2 + " --workers 1"},
+      {"repeated", "--input " + p0 + " --input " + p1 + " --input " + p2 + " --workers 3"}};
+  for (const auto& [name, form] : forms) {
+    auto r = test::run_mtnlg("data preprocess " + form + " --output-prefix " + (tmp / name).string() + args);
+    INFO(name << ": " << r.out);
+    REQUIRE(r.exit_code == 0);
+    CHECK_THAT(r.out, Catch::Matchers::Contains("900 documents"));
+    for (std::string k : {"_text_document", "_title_document"})
+      CHECK(same_files((tmp / name).string() + k, (tmp / "whole").string() + k));
+  }
+  // In another order the documents follow that order (not the same files).
+  auto swapped = test::run_mtnlg("data preprocess --input " + p1 + " " + p0 + " " + p2 + " --output-prefix " +
+                                 (tmp / "swapped").string() + args);
+  REQUIRE(swapped.exit_code == 0);
+  CHECK_FALSE(same_files((tmp / "swapped_text_document").string(), (tmp / "whole_text_document").string()));
+  const int64_t outputs = count_files(tmp.path());
+
+  // A bad line in the second input names that file and its own line number.
+  auto bad_lines = std::vector<std::string>(lines.begin() + c1, lines.begin() + c2);
+  bad_lines[41] = "{\"text\": \"unterminated";
+  test::write_file(tmp / "bad1.jsonl", join_lines(bad_lines, 0, bad_lines.size()));
+  for (std::string workers : {"1", "3"}) {
+    auto bad = test::run_mtnlg("data preprocess --input " + p0 + " " + (tmp / "bad1.jsonl").string() + " " + p2 +
+                               " --workers " + workers + " --output-prefix " + (tmp / "bad").string() + args);
+    INFO(bad.out);
+    CHECK(bad.exit_code == 2);
+    CHECK_THAT(bad.out, Catch::Matchers::Contains((tmp / "bad1.jsonl").string() + ":42: malformed JSON"));
+    CHECK(count_files(tmp.path()) == outputs + 1);  // nothing written
+  }
+
+  // The same file twice (by the same or another path), a missing input, or an output
+  // that is an input: exit 2 naming the file, nothing written.
+  const std::string other_path = (tmp / "." / "p1.jsonl").string();
+  fs::create_hard_link(tmp / "p1.jsonl", tmp / "p1-link.jsonl");
+  struct Bad {
+    std::string inputs, prefix, message;
+  };
+  const std::vector<Bad> cases = {
+      {p0 + " " + p1 + " " + p0, (tmp / "o").string(), p0 + " and " + p0 + " are the same file"},
+      {p1 + " " + other_path, (tmp / "o").string(), p1 + " and " + other_path + " are the same file"},
+      {p1 + " " + (tmp / "p1-link.jsonl").string(), (tmp / "o").string(), "are the same file"},
+      {p0 + " " + (tmp / "nope.jsonl").string(), (tmp / "o").string(), (tmp / "nope.jsonl").string() + ": input file not found"},
+      {p0 + " " + (tmp / "whole_text_document.bin").string(), (tmp / "whole").string(),
+       "the output " + (tmp / "whole_text_document.bin").string() + " is the input"},
+  };
+  for (const auto& c : cases) {
+    auto r = test::run_mtnlg("data preprocess --input " + c.inputs + " --output-prefix " + c.prefix + args);
+    INFO(c.inputs << ": " << r.out);
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.out, Catch::Matchers::Contains(c.message));
+  }
+  // The dataset that was named as an input is untouched.
+  CHECK(same_files((tmp / "whole_text_document").string(), (tmp / "list_text_document").string()));
+  CHECK(count_files(tmp.path()) == outputs + 2);  // + bad1.jsonl and the hard link
+}
+
+TEST_CASE("e2e preprocess: several inputs (one gzip) on 1..4 ranks give the single-process files", "[data][mpi]") {
+  MTNLG_REQUIRE_GPT2(tok);
+  TempDir tmp("pre-multi-ranks");
+  const auto lines = corpus_lines(1500);
+  const size_t c1 = 900, c2 = 1000;  // a large, a small and a middle-sized input
+  test::write_file(tmp / "a.jsonl", join_lines(lines, 0, c1));
+  REQUIRE(test::write_gz(tmp / "b.jsonl.gz", join_lines(lines, c1, c2)));
+  test::write_file(tmp / "c.jsonl", join_lines(lines, c2, lines.size()));
+  const std::string inputs =
+      (tmp / "a.jsonl").string() + " " + (tmp / "b.jsonl.gz").string() + " " + (tmp / "c.jsonl").string();
+  const std::string base = " data preprocess --input " + inputs + gpt2_vocab_args() +
+                           " --append-eod --json-keys text title --no-progress --output-prefix ";
+  auto r1 = test::run_command(std::string(MTNLG_BINARY) + base + (tmp / "np1").string());
+  INFO(r1.out);
+  REQUIRE(r1.exit_code == 0);
+  CHECK_THAT(r1.out, Catch::Matchers::Contains("1500 documents"));
+  for (int np = 1; np <= 4; ++np) {
+    const std::string out = (tmp / ("mpi" + std::to_string(np))).string();
+    auto r = test::run_command(test::mpirun(np) + MTNLG_BINARY + base + out);
+    INFO(np << " ranks: " << r.out);
+    REQUIRE(r.exit_code == 0);
+    CHECK_THAT(r.out, Catch::Matchers::Contains("1500 documents"));
+    for (std::string k : {"_text_document", "_title_document"})
+      CHECK(same_files(out + k, (tmp / "np1").string() + k));
+  }
+  // Only the outputs remain: 3 inputs + 5 runs x 2 keys x 2 files, no parts.
+  CHECK(count_files(tmp.path()) == 3 + 5 * 2 * 2);
+  // Progress on rank 0 counts the bytes of all inputs (the gzip one by its file size).
+  {
+    fs::create_directories(tmp / "progress");
+    const int64_t total =
+        static_cast<int64_t>(fs::file_size(tmp / "a.jsonl") + fs::file_size(tmp / "b.jsonl.gz") + fs::file_size(tmp / "c.jsonl"));
+    const std::string size = human_count(static_cast<double>(total));
+    auto r = test::run_command(test::mpirun(2) + MTNLG_BINARY + " data preprocess --input " + inputs +
+                               gpt2_vocab_args() + " --append-eod --output-prefix " + (tmp / "progress" / "np2").string());
+    INFO(r.out);
+    REQUIRE(r.exit_code == 0);
+    CHECK_THAT(r.out, Catch::Matchers::Contains("preprocess a.jsonl +2 more (2 ranks): [########################] 100.0%") &&
+                          Catch::Matchers::Contains(size + "/" + size + " B"));
+    fs::remove_all(tmp / "progress");
+  }
+  // A bad line in the last input on 3 ranks: exit 2 naming that file and line, no output
+  // or part left; a duplicate input: exit 2 naming it.
+  auto bad = lines;
+  bad[c2 + 300] = "{not json";
+  test::write_file(tmp / "c-bad.jsonl", join_lines(bad, c2, bad.size()));
+  const int64_t before = count_files(tmp.path());
+  auto rb = test::run_command(test::mpirun(3) + MTNLG_BINARY + " data preprocess --input " + (tmp / "a.jsonl").string() +
+                              " " + (tmp / "b.jsonl.gz").string() + " " + (tmp / "c-bad.jsonl").string() +
+                              gpt2_vocab_args() + " --no-progress --output-prefix " + (tmp / "bad").string());
+  INFO(rb.out);
+  CHECK(rb.exit_code == 2);
+  CHECK_THAT(rb.out, Catch::Matchers::Contains("c-bad.jsonl:301: malformed JSON"));
+  CHECK(count_files(tmp.path()) == before);
+  auto rd = test::run_command(test::mpirun(2) + MTNLG_BINARY + " data preprocess --input " + inputs + " " +
+                              (tmp / "a.jsonl").string() + gpt2_vocab_args() + " --no-progress --output-prefix " +
+                              (tmp / "dup").string());
+  INFO(rd.out);
+  CHECK(rd.exit_code == 2);
+  CHECK_THAT(rd.out, Catch::Matchers::Contains("a.jsonl are the same file"));
+  CHECK(count_files(tmp.path()) == before);
 }
