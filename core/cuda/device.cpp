@@ -107,12 +107,19 @@ class CachingAllocator {
     if (it->second.streams.empty()) {
       free_[it->second.size].push_back(p);
     } else {
-      // Used on side streams: reusable once the work queued there so far is done.
+      // Used on side streams: reusable once the work queued there so far is done. free()
+      // runs in destructors, so nothing here throws: without an event, wait for the
+      // stream instead.
       Pending pend{p, it->second.size, {}};
       for (cudaStream_t s : it->second.streams) {
         cudaEvent_t e = take_event_locked();
-        CUDA_CHECK(cudaEventRecord(e, s));
-        pend.events.push_back(e);
+        if (e && cudaEventRecord(e, s) == cudaSuccess) {
+          pend.events.push_back(e);
+        } else {
+          cudaGetLastError();
+          if (e) events_.push_back(e);
+          cudaStreamSynchronize(s);
+        }
       }
       pending_.push_back(std::move(pend));
       ++stats_.deferred_frees;
@@ -165,7 +172,10 @@ class CachingAllocator {
       return e;
     }
     cudaEvent_t e = nullptr;
-    CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    if (cudaEventCreateWithFlags(&e, cudaEventDisableTiming) != cudaSuccess) {
+      cudaGetLastError();
+      return nullptr;  // the caller waits for the stream instead
+    }
     return e;
   }
 
