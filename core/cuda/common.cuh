@@ -12,6 +12,7 @@
 #include "core/cuda/kernels.hpp"
 #include "core/cuda/ops_cuda.hpp"
 #include "core/error.hpp"
+#include "core/ops/common.hpp"
 #include "core/tensor.hpp"
 
 namespace mtnlg::cuda::k {
@@ -64,6 +65,10 @@ inline unsigned grid_for(int64_t n, int threads, int64_t cap = 8192) {
   return static_cast<unsigned>(b);
 }
 
+// One thread per column of a C-column matrix (kernels that own a column and loop over
+// its rows): ceil(C / threads) blocks, uncapped.
+inline unsigned col_blocks(int64_t C, int threads) { return static_cast<unsigned>((C + threads - 1) / threads); }
+
 }  // namespace mtnlg::cuda::k
 
 // Host helpers of the Tensor-level entries at the end of each .cu file.
@@ -83,10 +88,7 @@ inline void need_f32(const char* op, const char* name, const Tensor* t) {
     throw_runtime("{}: {} must be f32 on CUDA (statistics and parameter gradients are fp32), got {}", op, name,
                   to_string(t->dtype()));
 }
-inline void expect_numel(const char* op, const char* name, const Tensor& t, int64_t n) {
-  if (t.numel() != n)
-    throw_runtime("{}: {} has {} elements, expected {} (shape {})", op, name, t.numel(), n, shape_str(t.shape()));
-}
+using ops::detail::expect_numel;  // the dispatchers' shape check (core/ops/common.hpp)
 // The device pointer of an optional tensor (nullptr when absent).
 template <typename T = void>
 T* p(const Tensor* t) {

@@ -59,8 +59,6 @@ __global__ void embedding_backward_kernel(float* dtable, const int32_t* tok, con
   }
 }
 
-unsigned col_blocks(int64_t C) { return static_cast<unsigned>((C + kThreads - 1) / kThreads); }
-
 }  // namespace
 
 void position_forward(void* x, const void* pos, Dt dt, int64_t rows, int64_t C, int64_t row_start, int64_t seq_len) {
@@ -73,7 +71,7 @@ void position_forward(void* x, const void* pos, Dt dt, int64_t rows, int64_t C, 
 
 void position_backward(float* dpos, const void* dx, Dt dt, int64_t rows, int64_t C, int64_t row_start, int64_t seq_len) {
   if (rows <= 0 || C <= 0) return;
-  const dim3 grid(col_blocks(C), static_cast<unsigned>(std::min<int64_t>(seq_len, 65535)));
+  const dim3 grid(col_blocks(C, kThreads), static_cast<unsigned>(std::min<int64_t>(seq_len, 65535)));
   MTNLG_DT_SWITCH(dt, T,
                   position_backward_kernel<T><<<grid, kThreads, 0, stream()>>>(dpos, static_cast<const T*>(dx), rows, C,
                                                                                row_start, seq_len));
@@ -93,7 +91,7 @@ void embedding_backward(float* dtable, const int32_t* tok, const void* dout, Dt 
                         int64_t vlocal) {
   if (N <= 0 || C <= 0) return;
   MTNLG_DT_SWITCH(dt, T,
-                  embedding_backward_kernel<T><<<col_blocks(C), kThreads, 0, stream()>>>(
+                  embedding_backward_kernel<T><<<col_blocks(C, kThreads), kThreads, 0, stream()>>>(
                       dtable, tok, static_cast<const T*>(dout), N, C, vstart, vlocal));
   MTNLG_CUDA_LAUNCH_CHECK("embedding_backward_kernel");
 }

@@ -276,8 +276,6 @@ __global__ void colsum_final_kernel(float* out, const float* partial, int64_t ch
   out[c] += acc;
 }
 
-unsigned col_blocks(int64_t C) { return static_cast<unsigned>((C + kThreads - 1) / kThreads); }
-
 }  // namespace
 
 void bias_add_forward(void* x, const void* b, Dt dt, int64_t N, int64_t C) {
@@ -292,12 +290,12 @@ void bias_add_backward(float* db, const void* dout, Dt dt, int64_t N, int64_t C)
   if (N <= 0 || C <= 0) return;
   const int64_t chunks = (N + kRowChunk - 1) / kRowChunk;
   DeviceBuffer<float> partial(chunks * C);
-  const dim3 grid(col_blocks(C), static_cast<unsigned>(std::min<int64_t>(chunks, 65535)));
+  const dim3 grid(col_blocks(C, kThreads), static_cast<unsigned>(std::min<int64_t>(chunks, 65535)));
   MTNLG_DT_SWITCH(dt, T,
                   colsum_partial_kernel<T><<<grid, kThreads, 0, stream()>>>(partial.data(), static_cast<const T*>(dout), N,
                                                                             C));
   MTNLG_CUDA_LAUNCH_CHECK("colsum_partial_kernel");
-  colsum_final_kernel<<<col_blocks(C), kThreads, 0, stream()>>>(db, partial.data(), chunks, C);
+  colsum_final_kernel<<<col_blocks(C, kThreads), kThreads, 0, stream()>>>(db, partial.data(), chunks, C);
   MTNLG_CUDA_LAUNCH_CHECK("colsum_final_kernel");
 }
 

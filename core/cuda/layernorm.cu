@@ -125,7 +125,7 @@ void layernorm_backward(void* dinp, float* dw, float* db, const void* dout, cons
   MTNLG_CUDA_LAUNCH_CHECK("layernorm_dinp_kernel");
   const int64_t chunks = (N + kRowChunk - 1) / kRowChunk;
   DeviceBuffer<float> partial(2 * chunks * C);
-  const unsigned cb = static_cast<unsigned>((C + kThreads - 1) / kThreads);
+  const unsigned cb = col_blocks(C, kThreads);
   const dim3 grid(cb, static_cast<unsigned>(std::min<int64_t>(chunks, 65535)));
   MTNLG_DT_SWITCH(dt, T,
                   layernorm_dwdb_partial_kernel<T><<<grid, kThreads, 0, stream()>>>(
