@@ -88,7 +88,7 @@ void adamw(float* param, const float* grad, float* m, float* v, int64_t n, const
                      static_cast<float>(1.0 / std::sqrt(bc2)), static_cast<float>(a.eps)};
   const int ns = static_cast<int>(table.size());
   MTNLG_DT_SWITCH(copy_dt, C,
-                  adamw_kernel<C><<<grid_for(n, kThreads), kThreads, 0, stream()>>>(
+                  MTNLG_LAUNCH(grid_for(n, kThreads), kThreads, 0, stream(), adamw_kernel<C>)(
                       param, grad, m, v, n, k, dsegs.data(), ns, static_cast<C*>(copy_out)));
   MTNLG_CUDA_LAUNCH_CHECK("adamw_kernel");
 }

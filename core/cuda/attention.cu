@@ -84,7 +84,7 @@ __device__ __forceinline__ float dot(const float* a, const float* b, int64_t D) 
 // ---- forward -------------------------------------------------------------------------
 template <typename T>
 __global__ void __launch_bounds__(kThreads) attn_forward_kernel(T* out, float* lse, const T* qkv, Geometry g, Drop dr) {
-  extern __shared__ float sm[];
+  MTNLG_DYNAMIC_SHARED(float, sm);
   const int D = static_cast<int>(g.D), ldk = D + 1;
   float* Qs = sm;                      // [16][D]
   float* Ks = Qs + kBlockRows * D;     // [32][D+1]
@@ -168,7 +168,7 @@ __global__ void attn_delta_kernel(float* delta, const T* dout, const T* out, Geo
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     attn_dq_kernel(T* dqkv, const T* dout, const T* qkv, const float* lse, const float* delta, Geometry g, Drop dr) {
-  extern __shared__ float sm[];
+  MTNLG_DYNAMIC_SHARED(float, sm);
   const int D = static_cast<int>(g.D), ld = D + 1;
   float* Qs = sm;                      // [16][D]
   float* dOs = Qs + kBlockRows * D;    // [16][D]
@@ -237,7 +237,7 @@ __global__ void __launch_bounds__(kThreads)
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     attn_dkv_kernel(T* dqkv, const T* dout, const T* qkv, const float* lse, const float* delta, Geometry g, Drop dr) {
-  extern __shared__ float sm[];
+  MTNLG_DYNAMIC_SHARED(float, sm);
   const int D = static_cast<int>(g.D), ld = D + 1;
   float* Ks = sm;                     // [16][D]
   float* Vs = Ks + kBlockRows * D;    // [16][D]
@@ -358,7 +358,7 @@ void attention_forward(void* out, float* lse, const void* qkv, Dt dt, int64_t B,
   const size_t smem = sizeof(float) * static_cast<size_t>(kBlockRows * D + kTile * (D + 1) + kTile * D);
   MTNLG_DT_SWITCH(dt, V, {
     set_smem(attn_forward_kernel<V>, smem);
-    attn_forward_kernel<V><<<tiles(g), kThreads, smem, stream()>>>(static_cast<V*>(out), lse,
+    MTNLG_LAUNCH(tiles(g), kThreads, smem, stream(), attn_forward_kernel<V>)(static_cast<V*>(out), lse,
                                                                    static_cast<const V*>(qkv), g, dr);
   });
   MTNLG_CUDA_LAUNCH_CHECK("attn_forward_kernel");
@@ -374,15 +374,15 @@ void attention_backward(void* dqkv, const void* dout, const void* qkv, const voi
   const size_t smem_dkv = sizeof(float) * static_cast<size_t>(2 * kBlockRows * D + 2 * kTile * (D + 1) + 2 * kTile);
   const unsigned delta_blocks = static_cast<unsigned>((B * H * T + 7) / 8);
   MTNLG_DT_SWITCH(dt, V, {
-    attn_delta_kernel<V><<<delta_blocks, 256, 0, stream()>>>(delta.data(), static_cast<const V*>(dout),
+    MTNLG_LAUNCH(delta_blocks, 256, 0, stream(), attn_delta_kernel<V>)(delta.data(), static_cast<const V*>(dout),
                                                             static_cast<const V*>(out), g);
     MTNLG_CUDA_LAUNCH_CHECK("attn_delta_kernel");
     set_smem(attn_dq_kernel<V>, smem_dq);
-    attn_dq_kernel<V><<<tiles(g), kThreads, smem_dq, stream()>>>(static_cast<V*>(dqkv), static_cast<const V*>(dout),
+    MTNLG_LAUNCH(tiles(g), kThreads, smem_dq, stream(), attn_dq_kernel<V>)(static_cast<V*>(dqkv), static_cast<const V*>(dout),
                                                                 static_cast<const V*>(qkv), lse, delta.data(), g, dr);
     MTNLG_CUDA_LAUNCH_CHECK("attn_dq_kernel");
     set_smem(attn_dkv_kernel<V>, smem_dkv);
-    attn_dkv_kernel<V><<<tiles(g), kThreads, smem_dkv, stream()>>>(static_cast<V*>(dqkv), static_cast<const V*>(dout),
+    MTNLG_LAUNCH(tiles(g), kThreads, smem_dkv, stream(), attn_dkv_kernel<V>)(static_cast<V*>(dqkv), static_cast<const V*>(dout),
                                                                   static_cast<const V*>(qkv), lse, delta.data(), g, dr);
   });
   MTNLG_CUDA_LAUNCH_CHECK("attn_dkv_kernel");
@@ -475,10 +475,10 @@ void attention_cached_forward(void* out, void* k_cache, void* v_cache, const voi
   if (D > kAttnMaxHeadDim) fail("attention_cached_forward: head size above the kernel's limit");
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
   MTNLG_DT_SWITCH(dt, V, {
-    kv_append_kernel<V><<<grid_for(B * T * H * D, 256), 256, 0, stream()>>>(
+    MTNLG_LAUNCH(grid_for(B * T * H * D, 256), 256, 0, stream(), kv_append_kernel<V>)(
         static_cast<V*>(k_cache), static_cast<V*>(v_cache), static_cast<const V*>(qkv), B, T, H, D, capacity, past);
     MTNLG_CUDA_LAUNCH_CHECK("kv_append_kernel");
-    attn_cached_kernel<V><<<static_cast<unsigned>(B * T * H), kThreads, 0, stream()>>>(
+    MTNLG_LAUNCH(static_cast<unsigned>(B * T * H), kThreads, 0, stream(), attn_cached_kernel<V>)(
         static_cast<V*>(out), static_cast<const V*>(k_cache), static_cast<const V*>(v_cache),
         static_cast<const V*>(qkv), T, H, D, capacity, past, scale);
     MTNLG_CUDA_LAUNCH_CHECK("attn_cached_kernel");

@@ -15,6 +15,14 @@
 #include "core/ops/common.hpp"
 #include "core/tensor.hpp"
 
+// Kernel launches and dynamic shared memory, written once for both builds: nvcc's
+// syntax here; the emulated backend (emulator/cuda_emu.hpp, force-included by g++ when
+// the build is configured with -DMTNLG_CUDA=EMULATE) defines them to run on the CPU.
+#ifndef MTNLG_LAUNCH
+#define MTNLG_LAUNCH(grid, block, smem, stream, ...) __VA_ARGS__<<<grid, block, smem, stream>>>
+#define MTNLG_DYNAMIC_SHARED(type, name) extern __shared__ type name[]
+#endif
+
 namespace mtnlg::cuda::k {
 
 __device__ __forceinline__ float to_f(float x) { return x; }

@@ -82,27 +82,27 @@ __global__ void dropout_kernel(T* out, const T* inp, int64_t n, float p, float s
 
 void fill(void* x, Dt dt, int64_t n, float value) {
   if (n <= 0) return;
-  MTNLG_DT_SWITCH(dt, T, fill_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream()>>>(static_cast<T*>(x), n, value));
+  MTNLG_DT_SWITCH(dt, T, MTNLG_LAUNCH(grid_for(n, kThreads), kThreads, 0, stream(), fill_kernel<T>)(static_cast<T*>(x), n, value));
   MTNLG_CUDA_LAUNCH_CHECK("fill_kernel");
 }
 
 void fill_i32(int32_t* x, int64_t n, int32_t value) {
   if (n <= 0) return;
-  fill_i32_kernel<<<grid_for(n, kThreads), kThreads, 0, stream()>>>(x, n, value);
+  MTNLG_LAUNCH(grid_for(n, kThreads), kThreads, 0, stream(), fill_i32_kernel)(x, n, value);
   MTNLG_CUDA_LAUNCH_CHECK("fill_i32_kernel");
 }
 
 void add(void* out, const void* a, const void* b, Dt dt, int64_t n) {
   if (n <= 0) return;
   MTNLG_DT_SWITCH(dt, T,
-                  add_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream()>>>(
+                  MTNLG_LAUNCH(grid_for(n, kThreads), kThreads, 0, stream(), add_kernel<T>)(
                       static_cast<T*>(out), static_cast<const T*>(a), static_cast<const T*>(b), n));
   MTNLG_CUDA_LAUNCH_CHECK("add_kernel");
 }
 
 void scale(void* x, Dt dt, int64_t n, float s) {
   if (n <= 0) return;
-  MTNLG_DT_SWITCH(dt, T, scale_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream()>>>(static_cast<T*>(x), n, s));
+  MTNLG_DT_SWITCH(dt, T, MTNLG_LAUNCH(grid_for(n, kThreads), kThreads, 0, stream(), scale_kernel<T>)(static_cast<T*>(x), n, s));
   MTNLG_CUDA_LAUNCH_CHECK("scale_kernel");
 }
 
@@ -110,21 +110,21 @@ void convert(void* dst, Dt ddt, const void* src, Dt sdt, int64_t n) {
   if (n <= 0) return;
   MTNLG_DT_SWITCH(ddt, D,
                   MTNLG_DT_SWITCH(sdt, S,
-                                  convert_kernel<D, S><<<grid_for(n, kThreads), kThreads, 0, stream()>>>(
+                                  MTNLG_LAUNCH(grid_for(n, kThreads), kThreads, 0, stream(), convert_kernel<D, S>)(
                                       static_cast<D*>(dst), static_cast<const S*>(src), n)));
   MTNLG_CUDA_LAUNCH_CHECK("convert_kernel");
 }
 
 void fill_f64(double* x, int64_t n, double value) {
   if (n <= 0) return;
-  fill_f64_kernel<<<grid_for(n, kThreads), kThreads, 0, stream()>>>(x, n, value);
+  MTNLG_LAUNCH(grid_for(n, kThreads), kThreads, 0, stream(), fill_f64_kernel)(x, n, value);
   MTNLG_CUDA_LAUNCH_CHECK("fill_f64_kernel");
 }
 
 void gelu_forward(void* out, const void* inp, Dt dt, int64_t n) {
   if (n <= 0) return;
   MTNLG_DT_SWITCH(dt, T,
-                  gelu_forward_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream()>>>(
+                  MTNLG_LAUNCH(grid_for(n, kThreads), kThreads, 0, stream(), gelu_forward_kernel<T>)(
                       static_cast<T*>(out), static_cast<const T*>(inp), n));
   MTNLG_CUDA_LAUNCH_CHECK("gelu_forward_kernel");
 }
@@ -132,7 +132,7 @@ void gelu_forward(void* out, const void* inp, Dt dt, int64_t n) {
 void gelu_backward(void* dinp, const void* inp, const void* dout, Dt dt, int64_t n) {
   if (n <= 0) return;
   MTNLG_DT_SWITCH(dt, T,
-                  gelu_backward_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream()>>>(
+                  MTNLG_LAUNCH(grid_for(n, kThreads), kThreads, 0, stream(), gelu_backward_kernel<T>)(
                       static_cast<T*>(dinp), static_cast<const T*>(inp), static_cast<const T*>(dout), n));
   MTNLG_CUDA_LAUNCH_CHECK("gelu_backward_kernel");
 }
@@ -148,7 +148,7 @@ void dropout(void* out, const void* inp, Dt dt, int64_t n, double p, uint64_t ke
   }
   const float fp = static_cast<float>(p), s = static_cast<float>(1.0 / (1.0 - p));  // as the CPU rounds them
   MTNLG_DT_SWITCH(dt, T,
-                  dropout_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream()>>>(
+                  MTNLG_LAUNCH(grid_for(n, kThreads), kThreads, 0, stream(), dropout_kernel<T>)(
                       static_cast<T*>(out), static_cast<const T*>(inp), n, fp, s, key, base));
   MTNLG_CUDA_LAUNCH_CHECK("dropout_kernel");
 }

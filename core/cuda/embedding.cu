@@ -64,7 +64,7 @@ __global__ void embedding_backward_kernel(float* dtable, const int32_t* tok, con
 void position_forward(void* x, const void* pos, Dt dt, int64_t rows, int64_t C, int64_t row_start, int64_t seq_len) {
   if (rows * C <= 0) return;
   MTNLG_DT_SWITCH(dt, T,
-                  position_forward_kernel<T><<<grid_for(rows * C, kThreads), kThreads, 0, stream()>>>(
+                  MTNLG_LAUNCH(grid_for(rows * C, kThreads), kThreads, 0, stream(), position_forward_kernel<T>)(
                       static_cast<T*>(x), static_cast<const T*>(pos), rows, C, row_start, seq_len));
   MTNLG_CUDA_LAUNCH_CHECK("position_forward_kernel");
 }
@@ -73,7 +73,7 @@ void position_backward(float* dpos, const void* dx, Dt dt, int64_t rows, int64_t
   if (rows <= 0 || C <= 0) return;
   const dim3 grid(col_blocks(C, kThreads), static_cast<unsigned>(std::min<int64_t>(seq_len, 65535)));
   MTNLG_DT_SWITCH(dt, T,
-                  position_backward_kernel<T><<<grid, kThreads, 0, stream()>>>(dpos, static_cast<const T*>(dx), rows, C,
+                  MTNLG_LAUNCH(grid, kThreads, 0, stream(), position_backward_kernel<T>)(dpos, static_cast<const T*>(dx), rows, C,
                                                                                row_start, seq_len));
   MTNLG_CUDA_LAUNCH_CHECK("position_backward_kernel");
 }
@@ -82,7 +82,7 @@ void embedding_forward(void* out, const int32_t* tok, const void* table, Dt dt, 
                        int64_t vlocal) {
   if (N * C <= 0) return;
   MTNLG_DT_SWITCH(dt, T,
-                  embedding_forward_kernel<T><<<grid_for(N * C, kThreads), kThreads, 0, stream()>>>(
+                  MTNLG_LAUNCH(grid_for(N * C, kThreads), kThreads, 0, stream(), embedding_forward_kernel<T>)(
                       static_cast<T*>(out), tok, static_cast<const T*>(table), N, C, vstart, vlocal));
   MTNLG_CUDA_LAUNCH_CHECK("embedding_forward_kernel");
 }
@@ -91,7 +91,7 @@ void embedding_backward(float* dtable, const int32_t* tok, const void* dout, Dt 
                         int64_t vlocal) {
   if (N <= 0 || C <= 0) return;
   MTNLG_DT_SWITCH(dt, T,
-                  embedding_backward_kernel<T><<<col_blocks(C, kThreads), kThreads, 0, stream()>>>(
+                  MTNLG_LAUNCH(col_blocks(C, kThreads), kThreads, 0, stream(), embedding_backward_kernel<T>)(
                       dtable, tok, static_cast<const T*>(dout), N, C, vstart, vlocal));
   MTNLG_CUDA_LAUNCH_CHECK("embedding_backward_kernel");
 }

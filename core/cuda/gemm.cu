@@ -281,7 +281,7 @@ __global__ void colsum_final_kernel(float* out, const float* partial, int64_t ch
 void bias_add_forward(void* x, const void* b, Dt dt, int64_t N, int64_t C) {
   if (N * C <= 0) return;
   MTNLG_DT_SWITCH(dt, T,
-                  bias_add_kernel<T><<<grid_for(N * C, kThreads), kThreads, 0, stream()>>>(
+                  MTNLG_LAUNCH(grid_for(N * C, kThreads), kThreads, 0, stream(), bias_add_kernel<T>)(
                       static_cast<T*>(x), static_cast<const T*>(b), N, C));
   MTNLG_CUDA_LAUNCH_CHECK("bias_add_kernel");
 }
@@ -292,10 +292,10 @@ void bias_add_backward(float* db, const void* dout, Dt dt, int64_t N, int64_t C)
   DeviceBuffer<float> partial(chunks * C);
   const dim3 grid(col_blocks(C, kThreads), static_cast<unsigned>(std::min<int64_t>(chunks, 65535)));
   MTNLG_DT_SWITCH(dt, T,
-                  colsum_partial_kernel<T><<<grid, kThreads, 0, stream()>>>(partial.data(), static_cast<const T*>(dout), N,
+                  MTNLG_LAUNCH(grid, kThreads, 0, stream(), colsum_partial_kernel<T>)(partial.data(), static_cast<const T*>(dout), N,
                                                                             C));
   MTNLG_CUDA_LAUNCH_CHECK("colsum_partial_kernel");
-  colsum_final_kernel<<<col_blocks(C, kThreads), kThreads, 0, stream()>>>(db, partial.data(), chunks, C);
+  MTNLG_LAUNCH(col_blocks(C, kThreads), kThreads, 0, stream(), colsum_final_kernel)(db, partial.data(), chunks, C);
   MTNLG_CUDA_LAUNCH_CHECK("colsum_final_kernel");
 }
 

@@ -109,7 +109,7 @@ void layernorm_forward(void* out, float* mean, float* rstd, const void* inp, con
                        int64_t C, double eps) {
   if (N <= 0) return;
   MTNLG_DT_SWITCH(dt, T,
-                  layernorm_forward_kernel<T><<<row_blocks(N), kThreads, 0, stream()>>>(
+                  MTNLG_LAUNCH(row_blocks(N), kThreads, 0, stream(), layernorm_forward_kernel<T>)(
                       static_cast<T*>(out), mean, rstd, static_cast<const T*>(inp), static_cast<const T*>(w),
                       static_cast<const T*>(b), N, C, static_cast<float>(eps)));
   MTNLG_CUDA_LAUNCH_CHECK("layernorm_forward_kernel");
@@ -119,7 +119,7 @@ void layernorm_backward(void* dinp, float* dw, float* db, const void* dout, cons
                         const float* mean, const float* rstd, Dt dt, int64_t N, int64_t C, bool accumulate_dinp) {
   if (N <= 0) return;
   MTNLG_DT_SWITCH(dt, T,
-                  layernorm_dinp_kernel<T><<<row_blocks(N), kThreads, 0, stream()>>>(
+                  MTNLG_LAUNCH(row_blocks(N), kThreads, 0, stream(), layernorm_dinp_kernel<T>)(
                       static_cast<T*>(dinp), static_cast<const T*>(dout), static_cast<const T*>(inp),
                       static_cast<const T*>(w), mean, rstd, N, C, accumulate_dinp));
   MTNLG_CUDA_LAUNCH_CHECK("layernorm_dinp_kernel");
@@ -128,11 +128,11 @@ void layernorm_backward(void* dinp, float* dw, float* db, const void* dout, cons
   const unsigned cb = col_blocks(C, kThreads);
   const dim3 grid(cb, static_cast<unsigned>(std::min<int64_t>(chunks, 65535)));
   MTNLG_DT_SWITCH(dt, T,
-                  layernorm_dwdb_partial_kernel<T><<<grid, kThreads, 0, stream()>>>(
+                  MTNLG_LAUNCH(grid, kThreads, 0, stream(), layernorm_dwdb_partial_kernel<T>)(
                       partial.data(), partial.data() + chunks * C, static_cast<const T*>(dout),
                       static_cast<const T*>(inp), mean, rstd, N, C));
   MTNLG_CUDA_LAUNCH_CHECK("layernorm_dwdb_partial_kernel");
-  layernorm_dwdb_final_kernel<<<cb, kThreads, 0, stream()>>>(dw, db, partial.data(), partial.data() + chunks * C, chunks, C);
+  MTNLG_LAUNCH(cb, kThreads, 0, stream(), layernorm_dwdb_final_kernel)(dw, db, partial.data(), partial.data() + chunks * C, chunks, C);
   MTNLG_CUDA_LAUNCH_CHECK("layernorm_dwdb_final_kernel");
 }
 

@@ -51,9 +51,9 @@ double sum_squares(const void* x, Dt dt, int64_t n) {
   const unsigned blocks = grid_for(n, kThreads, 1024);
   DeviceBuffer<double> partial(blocks + 1);
   MTNLG_DT_SWITCH(dt, T,
-                  sumsq_partial_kernel<T><<<blocks, kThreads, 0, stream()>>>(partial.data(), static_cast<const T*>(x), n));
+                  MTNLG_LAUNCH(blocks, kThreads, 0, stream(), sumsq_partial_kernel<T>)(partial.data(), static_cast<const T*>(x), n));
   MTNLG_CUDA_LAUNCH_CHECK("sumsq_partial_kernel");
-  sumsq_final_kernel<<<1, kThreads, 0, stream()>>>(partial.data() + blocks, partial.data(), blocks);
+  MTNLG_LAUNCH(1, kThreads, 0, stream(), sumsq_final_kernel)(partial.data() + blocks, partial.data(), blocks);
   MTNLG_CUDA_LAUNCH_CHECK("sumsq_final_kernel");
   double out = 0;
   CUDA_CHECK(cudaMemcpyAsync(&out, partial.data() + blocks, sizeof(double), cudaMemcpyDeviceToHost, stream()));
@@ -66,9 +66,9 @@ void sum_squares_accumulate(double* acc, const void* x, Dt dt, int64_t n) {
   const unsigned blocks = grid_for(n, kThreads, 1024);
   DeviceBuffer<double> partial(blocks);
   MTNLG_DT_SWITCH(dt, T,
-                  sumsq_partial_kernel<T><<<blocks, kThreads, 0, stream()>>>(partial.data(), static_cast<const T*>(x), n));
+                  MTNLG_LAUNCH(blocks, kThreads, 0, stream(), sumsq_partial_kernel<T>)(partial.data(), static_cast<const T*>(x), n));
   MTNLG_CUDA_LAUNCH_CHECK("sumsq_partial_kernel");
-  sumsq_accumulate_kernel<<<1, kThreads, 0, stream()>>>(acc, partial.data(), blocks);
+  MTNLG_LAUNCH(1, kThreads, 0, stream(), sumsq_accumulate_kernel)(acc, partial.data(), blocks);
   MTNLG_CUDA_LAUNCH_CHECK("sumsq_accumulate_kernel");
 }
 

@@ -93,7 +93,7 @@ unsigned row_grid(int64_t N) { return static_cast<unsigned>(std::min<int64_t>(st
 void xent_rowmax(float* rowmax, const void* logits, Dt dt, int64_t N, int64_t V, int64_t valid) {
   if (N <= 0) return;
   MTNLG_DT_SWITCH(dt, T,
-                  xent_rowmax_kernel<T><<<row_grid(N), kThreads, 0, stream()>>>(rowmax, static_cast<const T*>(logits), N,
+                  MTNLG_LAUNCH(row_grid(N), kThreads, 0, stream(), xent_rowmax_kernel<T>)(rowmax, static_cast<const T*>(logits), N,
                                                                                   V, valid));
   MTNLG_CUDA_LAUNCH_CHECK("xent_rowmax_kernel");
 }
@@ -102,7 +102,7 @@ void xent_sumexp_target(float* sumexp, float* target_logit, const void* logits, 
                         const float* rowmax, Dt dt, int64_t N, int64_t V, int64_t vstart, int64_t valid) {
   if (N <= 0) return;
   MTNLG_DT_SWITCH(dt, T,
-                  xent_sumexp_target_kernel<T><<<row_grid(N), kThreads, 0, stream()>>>(
+                  MTNLG_LAUNCH(row_grid(N), kThreads, 0, stream(), xent_sumexp_target_kernel<T>)(
                       sumexp, target_logit, static_cast<const T*>(logits), targets, rowmax, N, V, vstart, valid));
   MTNLG_CUDA_LAUNCH_CHECK("xent_sumexp_target_kernel");
 }
@@ -111,7 +111,7 @@ void xent_backward(void* dlogits, const void* logits, const int32_t* targets, co
                    const float* dloss, Dt dt, int64_t N, int64_t V, int64_t vstart, int64_t valid) {
   if (N <= 0) return;
   MTNLG_DT_SWITCH(dt, T,
-                  xent_backward_kernel<T><<<row_grid(N), kThreads, 0, stream()>>>(
+                  MTNLG_LAUNCH(row_grid(N), kThreads, 0, stream(), xent_backward_kernel<T>)(
                       static_cast<T*>(dlogits), static_cast<const T*>(logits), targets, rowmax, sumexp, dloss, N, V, vstart,
                       valid));
   MTNLG_CUDA_LAUNCH_CHECK("xent_backward_kernel");
@@ -149,7 +149,7 @@ __global__ void xent_loss_kernel(double* acc, const float* rowmax, const float* 
 void xent_loss_accumulate(double* acc, const float* rowmax, const float* sumexp, const float* target, const float* mask,
                           int64_t N) {
   if (N <= 0) return;
-  xent_loss_kernel<<<1, kThreads, 0, stream()>>>(acc, rowmax, sumexp, target, mask, N);
+  MTNLG_LAUNCH(1, kThreads, 0, stream(), xent_loss_kernel)(acc, rowmax, sumexp, target, mask, N);
   MTNLG_CUDA_LAUNCH_CHECK("xent_loss_kernel");
 }
 
