@@ -66,7 +66,7 @@ constexpr int64_t kSmallLimit = 1 << 20, kSmallGranule = 512, kLargeGranule = 2 
 class CachingAllocator {
  public:
   void* alloc(int64_t bytes) {
-    const int64_t size = allocation_size_class(bytes);
+    const int64_t size = exact_allocations() ? std::max<int64_t>(bytes, 1) : allocation_size_class(bytes);
     std::lock_guard<std::mutex> lock(mu_);
     collect_pending_locked(/*wait=*/false);
     void* p = nullptr;
@@ -105,6 +105,10 @@ class CachingAllocator {
     if (it == live_.end()) return;  // not ours (defensive: never double-free into the cache)
     stats_.current_bytes -= it->second.size;
     if (it->second.streams.empty()) {
+      // Exact mode poisons the block in stream order: a later user that reads before
+      // writing sees NaN, not the previous tensor's values. (No throw: a destructor path.)
+      if (exact_allocations() && backend_ready() && cudaMemsetAsync(p, 0xFF, static_cast<size_t>(it->second.size), stream()) != cudaSuccess)
+        cudaGetLastError();
       free_[it->second.size].push_back(p);
     } else {
       // Used on side streams: reusable once the work queued there so far is done. free()
@@ -344,6 +348,19 @@ void hook_copy(void* dst, const void* src, int64_t bytes, int kind) {
 }
 
 }  // namespace
+
+bool exact_allocations() {
+  static const bool on = [] {
+    const char* v = std::getenv("MTNLG_CUDA_EXACT_ALLOC");
+    if (v && *v) return std::strcmp(v, "0") != 0;
+    // Default: on under the emulated CUDA backend (its device says so), off on a GPU.
+    cudaDeviceProp prop{};
+    int dev = 0;
+    return cudaGetDevice(&dev) == cudaSuccess && cudaGetDeviceProperties(&prop, dev) == cudaSuccess &&
+           std::strncmp(prop.name, "mtnlg emulated", 14) == 0;
+  }();
+  return on;
+}
 
 int64_t allocation_size_class(int64_t bytes) {
   bytes = std::max<int64_t>(bytes, 1);

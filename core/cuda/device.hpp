@@ -92,6 +92,12 @@ MemoryStats memory_stats();
 void reset_peak_memory();
 void empty_cache();  // cudaFree every cached (free) block
 int64_t allocation_size_class(int64_t bytes);
+// Exact mode: every block is exactly its request (no size classes), so an overrun
+// reaches the end of the cudaMalloc'd block (on the emulator: a guard page; on a GPU:
+// what compute-sanitizer watches), and a freed block is filled with 0xFF bytes (NaN) on
+// the stream before reuse. On by default in the emulated build; MTNLG_CUDA_EXACT_ALLOC=1
+// (or 0) in the environment overrides. Read once.
+bool exact_allocations();
 
 void* device_alloc(int64_t bytes);
 void device_free(void* p);
