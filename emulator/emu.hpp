@@ -1,0 +1,72 @@
+// The emulated CUDA backend's internal interface: what the runtime (runtime.cpp), the
+// SIMT executor (simt.cpp), cuBLASLt/cuBLAS (cublas.cpp) and NCCL (nccl.cpp) share.
+// Nothing outside emulator/ includes this; mtnlg's own code sees only the CUDA, cuBLAS
+// and NCCL headers of the toolkit, whose functions this library defines.
+//
+// Model. Each stream is a FIFO of Ops. Nothing runs when it is enqueued: a stream runs
+// only when a synchronisation forces it (cudaStreamSynchronize, cudaEventSynchronize,
+// a copy to pageable host memory, cudaDeviceSynchronize, cudaFree), and then only the
+// work the forced point depends on (its own stream up to it, and through
+// cudaStreamWaitEvent the other streams up to the recorded events). Work another stream
+// queued without an event is therefore NOT run first, so a missing wait reads stale
+// (NaN-filled) memory instead of passing by luck. The one exception is communication:
+// while an NCCL op waits for a peer, every stream may run (as every stream does on a
+// GPU), so no emulated-only deadlock appears.
+//
+// Device memory lives in its own mappings, inaccessible (PROT_NONE) except while the
+// emulator runs queued work: a host dereference of a device pointer faults and the
+// SIGSEGV handler names the allocation; each allocation ends at a guard page, so a
+// kernel's out-of-bounds access faults and the handler names the kernel and the
+// allocation. New allocations are filled with 0xFF bytes (NaN in f64, f32, bf16, f16).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+
+namespace mtnlg::emu {
+
+// Prints "mtnlg cuda-emulator: <msg>" to stderr and aborts the process (the emulated
+// equivalent of a device fault: the context is lost).
+[[noreturn]] void fatal(const std::string& msg);
+
+// One unit of queued work.
+struct Op {
+  std::string name;  // for diagnostics: "kernel gelu_kernel<float>", "ncclAllReduce", "cublasLtMatmul"
+  // Runs the op (device memory is accessible, the emulator lock is held). Returns true
+  // when the op has finished. Ops that cannot block finish on the first call; an op
+  // that waits on a peer (NCCL) returns false until its communication is complete and
+  // is called again later (set `communication`).
+  std::function<bool()> step;
+  bool communication = false;
+  // Runtime-internal (cudaStreamWaitEvent): the op waits until stream `wait_stream`
+  // has finished `wait_seq` ops; the scheduler runs that stream up to there first.
+  cudaStream_t wait_stream = nullptr;
+  uint64_t wait_seq = 0;
+};
+
+// Appends `op` to stream `s` (nullptr: the legacy default stream). Never runs it.
+void enqueue(cudaStream_t s, Op op);
+
+// Runs `s` until everything enqueued on it so far has finished.
+void force(cudaStream_t s);
+
+// Checks that [p, p + bytes) lies inside one live device allocation; otherwise a fatal
+// error "<what>: ... " naming the nearest allocation. bytes == 0 checks nothing.
+void check_device_range(const void* p, size_t bytes, const char* what);
+// True when p points into a live device allocation.
+bool is_device_pointer(const void* p);
+// True when p points into memory from cudaHostAlloc / cudaMallocHost (pinned).
+bool is_pinned_host_pointer(const void* p);
+
+// The sticky "last error" that cudaGetLastError / cudaPeekAtLastError report.
+void set_last_error(cudaError_t e);
+
+// Fault injection for tests (environment, read at each call):
+//   MTNLG_EMU_LT_FAIL=1   every cuBLASLt heuristic candidate fails to run
+//                         (CUBLAS_STATUS_NOT_SUPPORTED), so the cublasGemmEx fallback runs.
+bool lt_candidates_fail();
+
+}  // namespace mtnlg::emu

@@ -1,0 +1,480 @@
+// Emulated NCCL over MPI: the communicator calls and collectives mtnlg makes, with
+// NCCL's semantics, executed when the stream that carries them runs.
+//
+//   - A communicator is an MPI communicator of its members in NCCL rank order.
+//     ncclGetUniqueId names the creating process (its world rank) and a counter;
+//     ncclCommInitRank sends each member's world rank to the creator, which answers
+//     with the ordered list, and the members build the group with
+//     MPI_Comm_create_group (collective over the members only, as NCCL's init is).
+//     ncclCommSplit is MPI_Comm_split of the parent (NCCL_SPLIT_NOCOLOR: no comm).
+//   - A collective is a communication Op on its stream. When the stream runs it, the op
+//     copies its input from device memory into a private host buffer and posts a
+//     nonblocking MPI call on those buffers (device memory is inaccessible between the
+//     emulator's drains, so MPI never touches it); later steps test for completion and
+//     copy the result to the output. Ops of one communicator are posted in the order
+//     they were enqueued, whatever streams carry them, as NCCL requires every rank to
+//     issue them in one order: the emulated streams run lazily and in different orders
+//     on different ranks, so without this the MPI collectives could pair up wrongly.
+//   - Reductions gather every rank's contribution and combine them in rank order
+//     (bf16 and f16 add in fp32 and round after each addition, NCCL's arithmetic), so
+//     every rank gets bit-identical results.
+#ifndef OMPI_SKIP_MPICXX
+#define OMPI_SKIP_MPICXX 1  // the C API only
+#endif
+#include <mpi.h>
+#include <nccl.h>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "emulator/emu.hpp"
+#include "emulator/internal.hpp"
+
+struct ncclComm {
+  MPI_Comm mpi = MPI_COMM_NULL;  // MPI_COMM_NULL when the comm has one rank
+  int rank = 0, size = 1;
+  uint64_t enqueued = 0;  // ops enqueued on this comm
+  uint64_t posted = 0;    // ops that have posted their MPI call (in enqueue order)
+  bool destroyed = false;
+};
+
+namespace mtnlg::emu {
+namespace {
+
+constexpr uint64_t kIdMagic = 0x6d746e6c67656d75ull;  // "mtnlgemu"
+constexpr int kBootTag = 0x4e4300;                     // + counter % 4096: init exchange on MPI_COMM_WORLD
+
+struct Id {
+  uint64_t magic;
+  int32_t creator;  // world rank
+  int32_t counter;
+};
+static_assert(sizeof(Id) <= sizeof(ncclUniqueId));
+
+thread_local std::string tl_last_nccl_error;
+
+ncclResult_t nccl_fail(ncclResult_t r, const std::string& why) {
+  tl_last_nccl_error = why;
+  return r;
+}
+
+bool mpi_up() {
+  int init = 0, fin = 0;
+  MPI_Initialized(&init);
+  MPI_Finalized(&fin);
+  return init && !fin;
+}
+int world_rank() {
+  int r = 0;
+  if (mpi_up()) MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+
+size_t type_bytes(ncclDataType_t t) {
+  switch (t) {
+    case ncclInt8:
+    case ncclUint8: return 1;
+    case ncclFloat16:
+    case ncclBfloat16: return 2;
+    case ncclInt32:
+    case ncclUint32:
+    case ncclFloat32: return 4;
+    case ncclInt64:
+    case ncclUint64:
+    case ncclFloat64: return 8;
+    default: return 0;
+  }
+}
+
+template <typename T>
+T combine(T a, T b, ncclRedOp_t op) {
+  switch (op) {
+    case ncclSum: return a + b;
+    case ncclProd: return a * b;
+    case ncclMax: return std::max(a, b);
+    case ncclMin: return std::min(a, b);
+    default: return a + b;
+  }
+}
+
+// acc (n elements) op= x, elementwise, in the type's arithmetic.
+void reduce_into(void* acc, const void* x, size_t n, ncclDataType_t t, ncclRedOp_t op) {
+  auto each = [&](auto* a, const auto* b) {
+    for (size_t i = 0; i < n; ++i) a[i] = combine(a[i], b[i], op);
+  };
+  switch (t) {
+    case ncclInt8: each(static_cast<int8_t*>(acc), static_cast<const int8_t*>(x)); break;
+    case ncclUint8: each(static_cast<uint8_t*>(acc), static_cast<const uint8_t*>(x)); break;
+    case ncclInt32: each(static_cast<int32_t*>(acc), static_cast<const int32_t*>(x)); break;
+    case ncclUint32: each(static_cast<uint32_t*>(acc), static_cast<const uint32_t*>(x)); break;
+    case ncclInt64: each(static_cast<int64_t*>(acc), static_cast<const int64_t*>(x)); break;
+    case ncclUint64: each(static_cast<uint64_t*>(acc), static_cast<const uint64_t*>(x)); break;
+    case ncclFloat32: each(static_cast<float*>(acc), static_cast<const float*>(x)); break;
+    case ncclFloat64: each(static_cast<double*>(acc), static_cast<const double*>(x)); break;
+    case ncclBfloat16: {
+      auto* a = static_cast<__nv_bfloat16*>(acc);
+      const auto* b = static_cast<const __nv_bfloat16*>(x);
+      for (size_t i = 0; i < n; ++i)
+        a[i] = __float2bfloat16(combine(__bfloat162float(a[i]), __bfloat162float(b[i]), op));
+      break;
+    }
+    case ncclFloat16: {
+      auto* a = static_cast<__half*>(acc);
+      const auto* b = static_cast<const __half*>(x);
+      for (size_t i = 0; i < n; ++i) a[i] = __float2half(combine(__half2float(a[i]), __half2float(b[i]), op));
+      break;
+    }
+    default: fatal("NCCL reduction: unsupported data type");
+  }
+}
+
+enum class Kind { all_reduce, reduce_scatter, all_gather, broadcast, send, recv };
+const char* kind_name(Kind k) {
+  switch (k) {
+    case Kind::all_reduce: return "ncclAllReduce";
+    case Kind::reduce_scatter: return "ncclReduceScatter";
+    case Kind::all_gather: return "ncclAllGather";
+    case Kind::broadcast: return "ncclBroadcast";
+    case Kind::send: return "ncclSend";
+    case Kind::recv: return "ncclRecv";
+  }
+  return "nccl";
+}
+
+// One enqueued collective or point-to-point operation.
+struct CommOp {
+  Kind kind = Kind::all_reduce;
+  ncclComm* comm = nullptr;
+  uint64_t seq = 0;  // position in the comm's enqueue order
+  const void* in = nullptr;
+  void* out = nullptr;
+  size_t count = 0;  // elements per rank (the op's NCCL count)
+  ncclDataType_t type = ncclFloat32;
+  ncclRedOp_t op = ncclSum;
+  int peer = 0;  // root (broadcast) or peer (send/recv)
+  bool posted = false;
+  MPI_Request req = MPI_REQUEST_NULL;
+  std::vector<char> sendbuf, recvbuf;
+
+  size_t bytes() const { return count * type_bytes(type); }
+
+  // Copies the input to host memory and posts the MPI call.
+  void post() {
+    const int n = comm->size;
+    const size_t b = bytes();
+    auto mpi_check = [&](int rc) {
+      if (rc != MPI_SUCCESS) fatal(fmt_str("%s: MPI call failed (code %d)", kind_name(kind), rc));
+    };
+    if (b > static_cast<size_t>(INT32_MAX) / std::max(n, 1))
+      fatal(fmt_str("%s of %zu bytes exceeds what the MPI emulation moves in one call", kind_name(kind), b));
+    const int ib = static_cast<int>(b);
+    switch (kind) {
+      case Kind::all_reduce:
+        sendbuf.assign(static_cast<const char*>(in), static_cast<const char*>(in) + b);
+        recvbuf.resize(b * n);
+        if (n == 1) std::memcpy(recvbuf.data(), sendbuf.data(), b);
+        else mpi_check(MPI_Iallgather(sendbuf.data(), ib, MPI_BYTE, recvbuf.data(), ib, MPI_BYTE, comm->mpi, &req));
+        break;
+      case Kind::reduce_scatter:  // in holds n * count; rank r receives everyone's chunk r
+        sendbuf.assign(static_cast<const char*>(in), static_cast<const char*>(in) + b * n);
+        recvbuf.resize(b * n);
+        if (n == 1) std::memcpy(recvbuf.data(), sendbuf.data(), b);
+        else mpi_check(MPI_Ialltoall(sendbuf.data(), ib, MPI_BYTE, recvbuf.data(), ib, MPI_BYTE, comm->mpi, &req));
+        break;
+      case Kind::all_gather:
+        sendbuf.assign(static_cast<const char*>(in), static_cast<const char*>(in) + b);
+        recvbuf.resize(b * n);
+        if (n == 1) std::memcpy(recvbuf.data(), sendbuf.data(), b);
+        else mpi_check(MPI_Iallgather(sendbuf.data(), ib, MPI_BYTE, recvbuf.data(), ib, MPI_BYTE, comm->mpi, &req));
+        break;
+      case Kind::broadcast:
+        recvbuf.resize(b);
+        if (comm->rank == peer) std::memcpy(recvbuf.data(), in, b);
+        if (n > 1) mpi_check(MPI_Ibcast(recvbuf.data(), ib, MPI_BYTE, peer, comm->mpi, &req));
+        break;
+      case Kind::send:
+        sendbuf.assign(static_cast<const char*>(in), static_cast<const char*>(in) + b);
+        mpi_check(MPI_Isend(sendbuf.data(), ib, MPI_BYTE, peer, 0, comm->mpi, &req));
+        break;
+      case Kind::recv:
+        recvbuf.resize(b);
+        mpi_check(MPI_Irecv(recvbuf.data(), ib, MPI_BYTE, peer, 0, comm->mpi, &req));
+        break;
+    }
+    posted = true;
+  }
+
+  void finish() {
+    const size_t b = bytes();
+    const int n = comm->size;
+    switch (kind) {
+      case Kind::all_reduce:
+      case Kind::reduce_scatter: {
+        std::vector<char> acc(recvbuf.begin(), recvbuf.begin() + static_cast<std::ptrdiff_t>(b));
+        for (int r = 1; r < n; ++r) reduce_into(acc.data(), recvbuf.data() + b * r, count, type, op);
+        std::memcpy(out, acc.data(), b);
+        break;
+      }
+      case Kind::all_gather: std::memcpy(out, recvbuf.data(), b * n); break;
+      case Kind::broadcast:
+      case Kind::recv: std::memcpy(out, recvbuf.data(), b); break;
+      case Kind::send: break;
+    }
+  }
+
+  // Op::step: post when the comm's earlier ops have posted, then test.
+  bool step() {
+    if (!posted) {
+      if (comm->posted != seq) return false;  // an earlier op of this comm has not posted yet
+      post();
+      ++comm->posted;
+    }
+    if (req != MPI_REQUEST_NULL) {
+      int done = 0;
+      MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+      if (!done) return false;
+    }
+    finish();
+    return true;
+  }
+};
+
+ncclResult_t check_comm(ncclComm_t c, const char* fn) {
+  if (!c) return nccl_fail(ncclInvalidArgument, fmt_str("%s: null communicator", fn));
+  if (c->destroyed) fatal(fmt_str("%s on a destroyed communicator", fn));
+  return ncclSuccess;
+}
+
+ncclResult_t enqueue_op(Kind kind, ncclComm_t comm, const void* in, void* out, size_t count, ncclDataType_t type,
+                        ncclRedOp_t op, int peer, cudaStream_t stream) {
+  if (ncclResult_t r = check_comm(comm, kind_name(kind)); r != ncclSuccess) return r;
+  if (!type_bytes(type)) return nccl_fail(ncclInvalidArgument, fmt_str("%s: unsupported data type %d", kind_name(kind), int(type)));
+  if ((kind == Kind::send || kind == Kind::recv || kind == Kind::broadcast) && (peer < 0 || peer >= comm->size))
+    return nccl_fail(ncclInvalidArgument, fmt_str("%s: peer/root %d outside the communicator's %d ranks", kind_name(kind), peer, comm->size));
+  if ((kind == Kind::send || kind == Kind::recv) && peer == comm->rank)
+    return nccl_fail(ncclInvalidArgument, fmt_str("%s to itself", kind_name(kind)));
+  const size_t b = count * type_bytes(type);
+  const size_t n = static_cast<size_t>(comm->size);
+  const std::string name = kind_name(kind);
+  // Buffers must be device memory of the op's extent (NCCL reads and writes them from the GPU).
+  switch (kind) {
+    case Kind::all_reduce:
+      check_device_range(in, b, (name + ": send buffer").c_str());
+      check_device_range(out, b, (name + ": receive buffer").c_str());
+      break;
+    case Kind::reduce_scatter:
+      check_device_range(in, b * n, (name + ": send buffer (count x ranks)").c_str());
+      check_device_range(out, b, (name + ": receive buffer").c_str());
+      break;
+    case Kind::all_gather:
+      check_device_range(in, b, (name + ": send buffer").c_str());
+      check_device_range(out, b * n, (name + ": receive buffer (count x ranks)").c_str());
+      break;
+    case Kind::broadcast:
+      if (comm->rank == peer) check_device_range(in, b, (name + ": root's send buffer").c_str());
+      check_device_range(out, b, (name + ": receive buffer").c_str());
+      break;
+    case Kind::send: check_device_range(in, b, (name + ": send buffer").c_str()); break;
+    case Kind::recv: check_device_range(out, b, (name + ": receive buffer").c_str()); break;
+  }
+  if ((kind != Kind::send && kind != Kind::recv) && comm->size > 1 && comm->mpi == MPI_COMM_NULL)
+    fatal("NCCL communicator without its MPI group");
+  auto cop = std::make_shared<CommOp>();
+  cop->kind = kind;
+  cop->comm = comm;
+  cop->seq = comm->enqueued++;
+  cop->in = in;
+  cop->out = out;
+  cop->count = count;
+  cop->type = type;
+  cop->op = op;
+  cop->peer = peer;
+  Op o;
+  o.name = fmt_str("%s (%zu x %d bytes, rank %d of %d)", name.c_str(), count, int(type_bytes(type)), comm->rank, comm->size);
+  o.communication = true;
+  o.step = [cop] { return cop->step(); };
+  enqueue(stream, std::move(o));
+  return ncclSuccess;
+}
+
+int g_id_counter = 0;
+int g_group_depth = 0;
+
+}  // namespace
+}  // namespace mtnlg::emu
+
+using namespace mtnlg::emu;
+
+extern "C" {
+
+ncclResult_t ncclGetVersion(int* v) {
+  if (!v) return ncclInvalidArgument;
+  *v = NCCL_VERSION_CODE;
+  return ncclSuccess;
+}
+
+const char* ncclGetErrorString(ncclResult_t r) {
+  switch (r) {
+    case ncclSuccess: return "no error";
+    case ncclUnhandledCudaError: return "unhandled cuda error";
+    case ncclSystemError: return "unhandled system error";
+    case ncclInternalError: return "internal error";
+    case ncclInvalidArgument: return tl_last_nccl_error.empty() ? "invalid argument" : tl_last_nccl_error.c_str();
+    case ncclInvalidUsage: return tl_last_nccl_error.empty() ? "invalid usage" : tl_last_nccl_error.c_str();
+    case ncclRemoteError: return "remote process exited or there was a network error";
+    case ncclInProgress: return "NCCL operation in progress";
+    default: return "unknown result code";
+  }
+}
+const char* ncclGetLastError(ncclComm_t) { return tl_last_nccl_error.c_str(); }
+
+ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
+  if (!id) return nccl_fail(ncclInvalidArgument, "ncclGetUniqueId: null id");
+  std::memset(id, 0, sizeof *id);
+  const Id v{kIdMagic, world_rank(), g_id_counter++};
+  std::memcpy(id->internal, &v, sizeof v);
+  return ncclSuccess;
+}
+
+ncclResult_t ncclCommInitRank(ncclComm_t* out, int nranks, ncclUniqueId uid, int rank) {
+  if (!out || nranks < 1 || rank < 0 || rank >= nranks)
+    return nccl_fail(ncclInvalidArgument, fmt_str("ncclCommInitRank: rank %d of %d", rank, nranks));
+  Id id;
+  std::memcpy(&id, uid.internal, sizeof id);
+  if (id.magic != kIdMagic)
+    return nccl_fail(ncclInvalidArgument, "ncclCommInitRank: the unique id did not come from ncclGetUniqueId");
+  auto* c = new ncclComm;
+  c->rank = rank;
+  c->size = nranks;
+  if (nranks > 1) {
+    if (!mpi_up())
+      fatal("ncclCommInitRank: the emulated NCCL runs over MPI, and MPI is not initialised (launch with mpirun or srun)");
+    const int me = world_rank();
+    const int tag = kBootTag + id.counter % 4096;
+    std::vector<int> members(static_cast<size_t>(nranks), -1);
+    if (me == id.creator) {
+      if (rank != 0) fatal("ncclCommInitRank: the process that created the unique id must be rank 0");
+      members[0] = me;
+      for (int i = 1; i < nranks; ++i) {
+        int msg[2];
+        MPI_Recv(msg, 2, MPI_INT, MPI_ANY_SOURCE, tag, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        if (msg[0] < 1 || msg[0] >= nranks || members[static_cast<size_t>(msg[0])] != -1)
+          fatal(fmt_str("ncclCommInitRank: two processes claim rank %d", msg[0]));
+        members[static_cast<size_t>(msg[0])] = msg[1];
+      }
+      for (int i = 1; i < nranks; ++i) MPI_Send(members.data(), nranks, MPI_INT, members[static_cast<size_t>(i)], tag, MPI_COMM_WORLD);
+    } else {
+      const int msg[2] = {rank, me};
+      MPI_Send(msg, 2, MPI_INT, id.creator, tag, MPI_COMM_WORLD);
+      MPI_Recv(members.data(), nranks, MPI_INT, id.creator, tag, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    }
+    MPI_Group world, group;
+    MPI_Comm_group(MPI_COMM_WORLD, &world);
+    MPI_Group_incl(world, nranks, members.data(), &group);
+    if (MPI_Comm_create_group(MPI_COMM_WORLD, group, tag, &c->mpi) != MPI_SUCCESS)
+      fatal("ncclCommInitRank: MPI_Comm_create_group failed");
+    MPI_Group_free(&group);
+    MPI_Group_free(&world);
+    int r = -1;
+    MPI_Comm_rank(c->mpi, &r);
+    if (r != rank) fatal("ncclCommInitRank: the MPI group's rank order differs from NCCL's");
+  }
+  *out = c;
+  return ncclSuccess;
+}
+
+ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* out, ncclConfig_t*) {
+  if (ncclResult_t r = check_comm(comm, "ncclCommSplit"); r != ncclSuccess) return r;
+  if (!out) return nccl_fail(ncclInvalidArgument, "ncclCommSplit: null output");
+  *out = nullptr;
+  if (comm->size == 1) {
+    if (color == NCCL_SPLIT_NOCOLOR) return ncclSuccess;
+    auto* c = new ncclComm;
+    *out = c;
+    return ncclSuccess;
+  }
+  // ncclCommSplit blocks until every rank of the parent has called it: so does MPI_Comm_split.
+  MPI_Comm m = MPI_COMM_NULL;
+  if (MPI_Comm_split(comm->mpi, color == NCCL_SPLIT_NOCOLOR ? MPI_UNDEFINED : color, key, &m) != MPI_SUCCESS)
+    fatal("ncclCommSplit: MPI_Comm_split failed");
+  if (color == NCCL_SPLIT_NOCOLOR) return ncclSuccess;
+  auto* c = new ncclComm;
+  MPI_Comm_rank(m, &c->rank);
+  MPI_Comm_size(m, &c->size);
+  if (c->size > 1) c->mpi = m;
+  else MPI_Comm_free(&m);
+  *out = c;
+  return ncclSuccess;
+}
+
+ncclResult_t ncclCommDestroy(ncclComm_t comm) {
+  if (!comm) return ncclSuccess;
+  if (comm->destroyed) fatal("ncclCommDestroy: communicator destroyed twice");
+  if (comm->posted != comm->enqueued)
+    fatal(fmt_str("ncclCommDestroy: %llu operations of the communicator are still queued (synchronise the streams first)",
+                  static_cast<unsigned long long>(comm->enqueued - comm->posted)));
+  if (comm->mpi != MPI_COMM_NULL && mpi_up()) MPI_Comm_free(&comm->mpi);
+  comm->destroyed = true;  // kept (leaked) so that a use after destroy is caught
+  return ncclSuccess;
+}
+ncclResult_t ncclCommAbort(ncclComm_t comm) {
+  if (comm) comm->destroyed = true;
+  return ncclSuccess;
+}
+
+ncclResult_t ncclCommCount(const ncclComm_t comm, int* count) {
+  if (ncclResult_t r = check_comm(comm, "ncclCommCount"); r != ncclSuccess) return r;
+  *count = comm->size;
+  return ncclSuccess;
+}
+ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* rank) {
+  if (ncclResult_t r = check_comm(comm, "ncclCommUserRank"); r != ncclSuccess) return r;
+  *rank = comm->rank;
+  return ncclSuccess;
+}
+ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* e) {
+  if (ncclResult_t r = check_comm(comm, "ncclCommGetAsyncError"); r != ncclSuccess) return r;
+  *e = ncclSuccess;
+  return ncclSuccess;
+}
+
+ncclResult_t ncclAllReduce(const void* in, void* out, size_t count, ncclDataType_t t, ncclRedOp_t op, ncclComm_t comm,
+                           cudaStream_t s) {
+  return enqueue_op(Kind::all_reduce, comm, in, out, count, t, op, 0, s);
+}
+ncclResult_t ncclReduceScatter(const void* in, void* out, size_t count, ncclDataType_t t, ncclRedOp_t op,
+                               ncclComm_t comm, cudaStream_t s) {
+  return enqueue_op(Kind::reduce_scatter, comm, in, out, count, t, op, 0, s);
+}
+ncclResult_t ncclAllGather(const void* in, void* out, size_t count, ncclDataType_t t, ncclComm_t comm, cudaStream_t s) {
+  return enqueue_op(Kind::all_gather, comm, in, out, count, t, ncclSum, 0, s);
+}
+ncclResult_t ncclBroadcast(const void* in, void* out, size_t count, ncclDataType_t t, int root, ncclComm_t comm,
+                           cudaStream_t s) {
+  return enqueue_op(Kind::broadcast, comm, in, out, count, t, ncclSum, root, s);
+}
+ncclResult_t ncclSend(const void* in, size_t count, ncclDataType_t t, int peer, ncclComm_t comm, cudaStream_t s) {
+  return enqueue_op(Kind::send, comm, in, nullptr, count, t, ncclSum, peer, s);
+}
+ncclResult_t ncclRecv(void* out, size_t count, ncclDataType_t t, int peer, ncclComm_t comm, cudaStream_t s) {
+  return enqueue_op(Kind::recv, comm, nullptr, out, count, t, ncclSum, peer, s);
+}
+
+// Groups: every op posts nonblocking MPI calls, so the operations of a group can never
+// deadlock on each other; the calls only check that groups nest.
+ncclResult_t ncclGroupStart() {
+  ++g_group_depth;
+  return ncclSuccess;
+}
+ncclResult_t ncclGroupEnd() {
+  if (g_group_depth == 0) return nccl_fail(ncclInvalidUsage, "ncclGroupEnd without ncclGroupStart");
+  --g_group_depth;
+  return ncclSuccess;
+}
+
+}  // extern "C"
