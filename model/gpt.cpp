@@ -208,8 +208,11 @@ KvCache GptChunk::make_kv_cache(int64_t batch, int64_t capacity) const {
   c.capacity = capacity;
   const int64_t D = cfg_.hidden / cfg_.heads;
   for (size_t l = 0; l < layers_.size(); ++l) {
-    c.k.push_back(Tensor::zeros({batch, heads_local_, capacity, D}, cfg_.dtype, dev_));
-    c.v.push_back(Tensor::zeros({batch, heads_local_, capacity, D}, cfg_.dtype, dev_));
+    // empty + fill, not Tensor::zeros: zeros is host-only (a CUDA tensor is filled on its stream)
+    for (auto* list : {&c.k, &c.v}) {
+      list->push_back(Tensor::empty({batch, heads_local_, capacity, D}, cfg_.dtype, dev_));
+      ops::fill(list->back(), 0.0);
+    }
   }
   return c;
 }
