@@ -30,6 +30,15 @@ inline double rtol_for(DType dt) { return dt == DType::f32 ? kRtolF32 : kRtolLow
 // True when a device is present (the backend is then initialised on device 0). With no
 // device: FAIL when MTNLG_REQUIRE_GPU=1 (the gpu label on a GPU machine), else WARN
 // and let the case return, so an accidental run elsewhere does not break.
+// True on the emulated CUDA backend (the [gpu] cases run on the CPU there, so the
+// [large] cases scale their shapes down while keeping what they exercise).
+inline bool emulated_device() {
+  cudaDeviceProp p{};
+  int d = 0;
+  return cudaGetDevice(&d) == cudaSuccess && cudaGetDeviceProperties(&p, d) == cudaSuccess &&
+         std::string(p.name).rfind("mtnlg emulated", 0) == 0;
+}
+
 inline bool gpu_ready() {
   if (cuda::device_count() > 0) {
     cuda::init_backend(0);
