@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 
 #ifdef MTNLG_HAVE_CUDA
+#include <algorithm>
 #include <cmath>
 #include <memory>
 
@@ -69,6 +70,25 @@ struct Small {
 
 }  // namespace
 
+namespace {
+// ||a - b|| / ||b|| over one parameter's gradient.
+double normwise(const Tensor& a, const Tensor& b) {
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < b.numel(); ++i) {
+    const double x = a.data<float>()[i], y = b.data<float>()[i];
+    num += (x - y) * (x - y);
+    den += y * y;
+  }
+  return std::sqrt(num / std::max(den, 1e-300));
+}
+}  // namespace
+
+// fp32: every gradient element within 1e-5 (of |ref| + rms). bf16: elementwise
+// comparison of two bf16 runs measures rounding noise, not correctness (their roundings
+// fall at different points: fused epilogues, flash attention's stored out), and near-zero
+// elements of small parameters swing by several bf16 ulps. So the bf16 oracle is the fp32
+// CPU run: the GPU's bf16 gradient may be no farther from it than 1.5 x the CPU's own bf16
+// gradient is (plus 0.2% of its norm), and within 2% normwise of the CPU's bf16.
 TEST_CASE("gpt on the GPU: loss and every parameter gradient equal the CPU run (fp32 1e-5, bf16 1e-2)", "[gpu]") {
   if (!test::gpu_ready()) return;
   for (DType dt : {DType::f32, DType::bf16}) {
@@ -79,9 +99,23 @@ TEST_CASE("gpt on the GPU: loss and every parameter gradient equal the CPU run (
       const double rtol = test::rtol_for(dt);
       CHECK(std::abs(lg - lc) <= rtol * std::abs(lc));
       const Tensor gg = gpu.store.grads().to(Device::cpu);
+      if (dt == DType::f32) {
+        for (const auto& p : cpu.store.infos()) {
+          const Tensor ref = cpu.store.grads().flat(p.offset, p.numel);
+          test::check_close("grad " + p.name, gg.flat(p.offset, p.numel), ref, rtol);
+        }
+        continue;
+      }
+      Small exact(DType::f32, Device::cpu, rc);
+      exact.loss_and_grad();
       for (const auto& p : cpu.store.infos()) {
-        const Tensor ref = cpu.store.grads().flat(p.offset, p.numel);
-        test::check_close("grad " + p.name, gg.flat(p.offset, p.numel), ref, rtol);
+        const Tensor g = gg.flat(p.offset, p.numel), c = cpu.store.grads().flat(p.offset, p.numel),
+                     e = exact.store.grads().flat(p.offset, p.numel);
+        const double gpu_err = normwise(g, e), cpu_err = normwise(c, e), apart = normwise(g, c);
+        INFO("grad " << p.name << ": |gpu bf16 - fp32| " << gpu_err << ", |cpu bf16 - fp32| " << cpu_err
+                     << ", |gpu bf16 - cpu bf16| " << apart);
+        CHECK(gpu_err <= 1.5 * cpu_err + 2e-3);
+        CHECK(apart <= 2e-2);
       }
     }
   }
