@@ -415,8 +415,11 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* out,
 ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   if (!comm) return ncclSuccess;
   if (comm->destroyed) fatal("ncclCommDestroy: communicator destroyed twice");
+  // NCCL finalises a communicator before freeing it: operations still queued are
+  // flushed (they complete if every peer issued them too), so run the streams.
+  if (comm->posted != comm->enqueued) cudaDeviceSynchronize();
   if (comm->posted != comm->enqueued)
-    fatal(fmt_str("ncclCommDestroy: %llu operations of the communicator are still queued (synchronise the streams first)",
+    fatal(fmt_str("ncclCommDestroy: %llu operations of the communicator never started",
                   static_cast<unsigned long long>(comm->enqueued - comm->posted)));
   if (comm->mpi != MPI_COMM_NULL && mpi_up()) MPI_Comm_free(&comm->mpi);
   comm->destroyed = true;  // kept (leaked) so that a use after destroy is caught
