@@ -32,10 +32,16 @@
 #           iterations: the allocator's peak against `mtnlg plan --software mtnlg
 #           --gpu h100-80g`'s prediction (within 10%).
 # Each step prints PASS/FAIL and the numbers; the exit status is the number of failures.
+#
+# MTNLG_PROOF_BIN=path/to/mtnlg runs the steps with that binary instead of the bundle's:
+# CI runs `tiny resume infer` with the emulated build's mtnlg-emu (the CUDA path on the
+# CPU, docs/specs/cuda-emulation.md), so a GPU session meets steps that already work.
+# MTNLG_PROOF_SETS adds --set options to every training run (the emulated device is not
+# in the planner's GPU table, so CI gives it logging.peak_tflops for the MFU check).
 set -uo pipefail
 bundle=$(cd "$(dirname "$0")" && pwd)
 export LD_LIBRARY_PATH="$bundle/lib:/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_LIBRARY_PATH:-}"
-mtnlg="$bundle/bin/mtnlg"
+mtnlg="${MTNLG_PROOF_BIN:-$bundle/bin/mtnlg}"
 steps=" ${1:-tiny resume hf infer curve mem13b} "
 out=${MTNLG_PROOF_DIR:-/tmp/mtnlg-proof}
 rm -rf "$out"
@@ -47,7 +53,7 @@ run() {  # run NAME DEVICE PRECISION [--set ...]
   shift 3
   "$mtnlg" train recipes/tiny-mock.yaml --set training.device="$dev" --set training.precision="$prec" \
     --set model.hidden_dropout=0.1 --set model.attention_dropout=0.1 --set logging.dir="$out/$name" \
-    --set logging.log_interval=1 "$@" >"$out/$name.log" 2>&1
+    --set logging.log_interval=1 ${MTNLG_PROOF_SETS:-} "$@" >"$out/$name.log" 2>&1
   local rc=$?
   [ $rc -eq 0 ] || { echo "  $name: mtnlg exited $rc"; tail -5 "$out/$name.log"; }
   return $rc
