@@ -86,7 +86,12 @@ nlohmann::json gpu_json(const cost::GpuSpec& g) {
           {"nvlink_alpha", g.nvlink_alpha},
           {"ib_alpha", g.ib_alpha},
           {"kernel_overhead", g.kernel_overhead},
-          {"compute_slots", g.compute_slots}};
+          {"compute_slots", g.compute_slots},
+          {"gemm_k_half", g.gemm_k_half},
+          {"attn_fwd_flops", g.attn_fwd_flops},
+          {"attn_bwd_flops", g.attn_bwd_flops},
+          {"attn_seq_half", g.attn_seq_half},
+          {"attn_dim_half", g.attn_dim_half}};
 }
 
 cost::GpuSpec load_gpu_profile(const std::string& path) {
@@ -122,6 +127,16 @@ cost::GpuSpec load_gpu_profile(const std::string& path) {
     if (!j["compute_slots"].is_number() || j["compute_slots"].get<double>() < 0)
       throw_input("--gpu-profile {}: field compute_slots must be a number >= 0", path);
     g.compute_slots = j["compute_slots"].get<double>();
+  }
+  // Optional (profiles written before the GEMM curve and the fused-attention rates): the
+  // curve's default K/(K+64), no fused-attention entry.
+  for (auto [key, field] : {std::pair{"gemm_k_half", &g.gemm_k_half}, std::pair{"attn_fwd_flops", &g.attn_fwd_flops},
+                            std::pair{"attn_bwd_flops", &g.attn_bwd_flops}, std::pair{"attn_seq_half", &g.attn_seq_half},
+                            std::pair{"attn_dim_half", &g.attn_dim_half}}) {
+    if (!j.contains(key)) continue;
+    if (!j[key].is_number() || j[key].get<double>() < 0)
+      throw_input("--gpu-profile {}: field {} must be a number >= 0", path, key);
+    *field = j[key].get<double>();
   }
   return g;
 }
@@ -621,7 +636,7 @@ void register_plan(CLI::App& app) {
   cmd->add_option("--gpu-profile", a.gpu_profile, "Use the GPU constants in this file (written by --calibrate) instead of --gpu");
   cmd->add_option("--software", a.software,
                   "Software profile: megatron-lm (Megatron-LM 2022), megatron-lm-2021, megatron-deepspeed (MT-NLG's "
-                  "DeepSpeed pipeline) or mtnlg (this trainer: flash-style attention, its exact activation count); "
+                  "DeepSpeed pipeline), megatron-core (2024-25: fused attention, TP/DP/p2p overlap) or mtnlg (this trainer: flash-style attention, its exact activation count); "
                   "--calibrate fits the GPU constants under it")
       ->capture_default_str();
   cmd->add_option("--calibrate", a.calibrate,
