@@ -100,6 +100,19 @@ double gemm_time(const GpuSpec& g, double peak, int64_t M, int64_t N, int64_t K,
   return std::max(t_compute, t_memory) + g.kernel_overhead;
 }
 
+// Fused attention kernel (Transformer Engine -> cuDNN / FlashAttention): Q K^T and P V over
+// the causal half of the s x s scores, at the kernel's measured rate for this sequence length
+// and head dimension; the backward's five products (the scores recomputed) are 2.5x the
+// forward's. Never faster than the best GEMM.
+double fused_attention_time(const GpuSpec& g, double peak, int64_t s, int64_t dh, int64_t batch_heads, bool backward) {
+  const double rate = backward ? g.attn_bwd_flops : g.attn_fwd_flops;
+  if (!(rate > 0) || s <= 0 || dh <= 0 || batch_heads <= 0) return 0;
+  const double work = 4.0 * double(s) * double(s) * double(dh) * double(batch_heads) * 0.5 * (backward ? 2.5 : 1.0);
+  const double ramp = double(s) / (double(s) + g.attn_seq_half);
+  const double dim = (double(dh) / (double(dh) + g.attn_dim_half)) / (128.0 / (128.0 + g.attn_dim_half));
+  return work / std::min(peak * g.gemm_eff_max, rate * ramp * dim) + g.kernel_overhead;
+}
+
 struct GroupLink {
   double bw = 0, alpha = 0;
 };
@@ -205,16 +218,8 @@ LayerTime layer_time(const Shape& sh, const Layout& l, const Cluster& c, Precisi
   const bool fused = c.software.fused_attention && g.attn_fwd_flops > 0 && g.attn_bwd_flops > 0;
   double att_f = 0, att_b = 0;
   if (fused) {
-    // Fused attention kernel (Transformer Engine -> cuDNN / FlashAttention): Q K^T and P V
-    // over the causal half of the s x s scores, at the kernel's measured rate for this
-    // sequence length and head dimension; the backward's five products (the scores
-    // recomputed) are 2.5x the forward's.
-    const double work = 4.0 * double(s) * double(s) * double(dh) * double(b * heads) * 0.5;
-    const double ramp = double(s) / (double(s) + g.attn_seq_half);
-    const double dim = (double(dh) / (double(dh) + g.attn_dim_half)) / (128.0 / (128.0 + g.attn_dim_half));
-    const double cap = peak * g.gemm_eff_max;  // never faster than the best GEMM
-    att_f = work / std::min(cap, g.attn_fwd_flops * ramp * dim) + g.kernel_overhead;
-    att_b = 2.5 * work / std::min(cap, g.attn_bwd_flops * ramp * dim) + g.kernel_overhead;
+    att_f = fused_attention_time(g, peak, s, dh, b * heads, false);
+    att_b = fused_attention_time(g, peak, s, dh, b * heads, true);
   } else {
     // Attention core: scores = Q K^T and context = P V, batched over b * heads.
     att_f = gemm_time(g, peak, s, s, dh, b * heads) + gemm_time(g, peak, s, dh, s, b * heads);
@@ -353,6 +358,14 @@ double trainer_stage_send_bytes(const Layout& l, int64_t st, int64_t m, double m
 }
 
 }  // namespace
+
+double gemm_seconds(const GpuSpec& g, int64_t M, int64_t N, int64_t K, int64_t batch) {
+  return gemm_time(g, g.peak_flops, M, N, K, batch);
+}
+
+double attention_seconds(const GpuSpec& g, int64_t seq, int64_t head_dim, int64_t batch_heads, bool backward) {
+  return fused_attention_time(g, g.peak_flops, seq, head_dim, batch_heads, backward);
+}
 
 // ---- names, layouts ---------------------------------------------------------------------
 

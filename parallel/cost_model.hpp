@@ -211,6 +211,38 @@ struct CalibrationResult {
 CalibrationResult calibrate(const GpuSpec& base, const std::vector<Observation>& runs, int64_t gpus_per_node = 8,
                             const SoftwareProfile& software = software_profile("megatron-lm"));
 
+// ---- kernel calibration: the GEMM curve and the fused-attention rates -------------------
+
+// Seconds of one bf16 GEMM C[M,N] = A[M,K] B[K,N] (`batch` independent products) on `g`:
+// the planner's GEMM curve (gemm_eff_max x wave quantization x K/(K+gemm_k_half), at
+// least the HBM roofline, plus one kernel overhead).
+double gemm_seconds(const GpuSpec& g, int64_t M, int64_t N, int64_t K, int64_t batch = 1);
+// Seconds of the fused causal attention kernel over `batch_heads` (batch x heads) sequences
+// of length `seq` and head dimension `head_dim`, forward or backward (GpuSpec::attn_*; 0 when
+// `g` has no fused-attention entry).
+double attention_seconds(const GpuSpec& g, int64_t seq, int64_t head_dim, int64_t batch_heads, bool backward);
+
+struct GemmSample {
+  int64_t m = 0, n = 0, k = 0, batch = 1;
+  double seconds = 0;
+};
+struct AttentionSample {
+  int64_t batch_heads = 0, seq = 0, head_dim = 0;
+  double fwd_seconds = 0, bwd_seconds = 0;
+};
+struct KernelFit {
+  GpuSpec gpu;                // the base with the fitted GEMM curve and attention rates
+  double gemm_rms = 0;        // rms relative error of the fitted GEMM times
+  double attention_rms = 0;   // of the fitted attention times (forward and backward)
+  std::vector<double> gemm_predicted, attention_fwd_predicted, attention_bwd_predicted;
+};
+// Fits gemm_eff_max, gemm_k_half and kernel_overhead to measured GEMMs (when given) and
+// attn_fwd_flops, attn_bwd_flops, attn_seq_half, attn_dim_half to measured attention kernels
+// (when given): least squares on log(pred/meas) by grid search. Throws InputError when both
+// lists are empty or a time is not positive.
+KernelFit calibrate_kernels(const GpuSpec& base, const std::vector<GemmSample>& gemms,
+                            const std::vector<AttentionSample>& attention);
+
 // ---- communication bytes --------------------------------------------------------------
 
 // Bytes SENT per rank per iteration (one global batch of `global_batch` sequences),
