@@ -86,7 +86,12 @@ nlohmann::json gpu_json(const cost::GpuSpec& g) {
           {"nvlink_alpha", g.nvlink_alpha},
           {"ib_alpha", g.ib_alpha},
           {"kernel_overhead", g.kernel_overhead},
-          {"compute_slots", g.compute_slots}};
+          {"compute_slots", g.compute_slots},
+          {"gemm_k_half", g.gemm_k_half},
+          {"attn_fwd_flops", g.attn_fwd_flops},
+          {"attn_bwd_flops", g.attn_bwd_flops},
+          {"attn_seq_half", g.attn_seq_half},
+          {"attn_dim_half", g.attn_dim_half}};
 }
 
 cost::GpuSpec load_gpu_profile(const std::string& path) {
@@ -122,6 +127,16 @@ cost::GpuSpec load_gpu_profile(const std::string& path) {
     if (!j["compute_slots"].is_number() || j["compute_slots"].get<double>() < 0)
       throw_input("--gpu-profile {}: field compute_slots must be a number >= 0", path);
     g.compute_slots = j["compute_slots"].get<double>();
+  }
+  // Optional (profiles written before the GEMM curve and the fused-attention rates): the
+  // curve's default K/(K+64), no fused-attention entry.
+  for (auto [key, field] : {std::pair{"gemm_k_half", &g.gemm_k_half}, std::pair{"attn_fwd_flops", &g.attn_fwd_flops},
+                            std::pair{"attn_bwd_flops", &g.attn_bwd_flops}, std::pair{"attn_seq_half", &g.attn_seq_half},
+                            std::pair{"attn_dim_half", &g.attn_dim_half}}) {
+    if (!j.contains(key)) continue;
+    if (!j[key].is_number() || j[key].get<double>() < 0)
+      throw_input("--gpu-profile {}: field {} must be a number >= 0", path, key);
+    *field = j[key].get<double>();
   }
   return g;
 }
@@ -178,9 +193,75 @@ int64_t recorded_world_size(const std::string& run_dir) {
   return 0;
 }
 
+// `--calibrate BENCH.json` (scripts/bench/gpu_gemm_attn.py, format mtnlg-gpu-bench/1): fits the
+// GEMM curve and the fused-attention rates of the base GPU to measured kernels and writes a
+// profile (docs/PLANNER.md "GEMM curve and attention rates").
+constexpr const char* kBenchFormat = "mtnlg-gpu-bench/1";
+
+void run_calibrate_kernels(const PlanArgs& a, const cost::GpuSpec& base) {
+  const std::string& path = a.calibrate.front();
+  std::ifstream in(path);
+  if (!in) throw_input("--calibrate {}: cannot open", path);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const std::exception& e) {
+    throw_input("--calibrate {}: not JSON ({})", path, e.what());
+  }
+  if (!j.is_object() || j.value("format", "") != kBenchFormat)
+    throw_input("--calibrate {}: not a kernel benchmark (\"format\": \"{}\" missing; a run directory is a directory)",
+                path, kBenchFormat);
+  std::vector<cost::GemmSample> gemms;
+  std::vector<cost::AttentionSample> attn;
+  try {
+    for (auto& x : j.value("gemm", nlohmann::json::array()))
+      gemms.push_back({x.at("m").get<int64_t>(), x.at("n").get<int64_t>(), x.at("k").get<int64_t>(),
+                       x.value("batch", int64_t{1}), x.at("seconds").get<double>()});
+    for (auto& x : j.value("attention", nlohmann::json::array()))
+      attn.push_back({x.at("batch").get<int64_t>() * x.at("heads").get<int64_t>(), x.at("seq").get<int64_t>(),
+                      x.at("head_dim").get<int64_t>(), x.at("fwd_seconds").get<double>(), x.at("bwd_seconds").get<double>()});
+  } catch (const nlohmann::json::exception& e) {
+    throw_input("--calibrate {}: bad sample ({})", path, e.what());
+  }
+  const cost::KernelFit fit = cost::calibrate_kernels(base, gemms, attn);
+  const std::string out = a.profile_out.empty() ? path + ".gpu-profile.json" : a.profile_out;
+  nlohmann::json pj = gpu_json(fit.gpu);
+  pj["name"] = base.name + "-calibrated";
+  pj["description"] = fmt::format("{} with the GEMM curve and attention rates measured on {} ({})", base.name,
+                                  j.value("device", std::string("?")), path);
+  pj["calibration"] = {{"base", base.name},
+                       {"bench_file", path},
+                       {"device", j.value("device", std::string("?"))},
+                       {"gemms", gemms.size()},
+                       {"gemm_rms_relative_error", fit.gemm_rms},
+                       {"attention_shapes", attn.size()},
+                       {"attention_rms_relative_error", fit.attention_rms},
+                       {"attention_backend", j.value("attention_backend", std::string("?"))}};
+  write_plan_output("--profile-out", out, pj.dump(2) + "\n");
+  if (a.json) {
+    pj["profile_file"] = out;
+    std::printf("%s\n", pj.dump(2).c_str());
+    return;
+  }
+  const cost::GpuSpec& g = fit.gpu;
+  std::printf("calibrate: %zu GEMM(s), %zu attention shape(s) from %s (%s) against %s\n", gemms.size(), attn.size(),
+              path.c_str(), j.value("device", std::string("?")).c_str(), base.name.c_str());
+  if (!gemms.empty())
+    std::printf("GEMM curve: efficiency %.3g x wave x K/(K+%.0f), kernel overhead %.3g us; 8192^3 at %.0f TFLOP/s; "
+                "residual %.2f%% rms\n",
+                g.gemm_eff_max, g.gemm_k_half, g.kernel_overhead * 1e6,
+                2.0 * 8192.0 * 8192.0 * 8192.0 / cost::gemm_seconds(g, 8192, 8192, 8192) / 1e12, 100 * fit.gemm_rms);
+  if (!attn.empty())
+    std::printf("attention: forward %.0f, backward %.0f TFLOP/s (head dim 128, long sequences; half-points s %.0f, d %.0f); "
+                "residual %.2f%% rms\n",
+                g.attn_fwd_flops / 1e12, g.attn_bwd_flops / 1e12, g.attn_seq_half, g.attn_dim_half, 100 * fit.attention_rms);
+  std::printf("wrote %s (use: mtnlg plan RECIPE --gpu-profile %s)\n", out.c_str(), out.c_str());
+}
+
 void run_calibrate(const PlanArgs& a) {
   namespace fs = std::filesystem;
   const cost::GpuSpec base = a.gpu_profile.empty() ? cost::gpu_spec(a.gpu) : load_gpu_profile(a.gpu_profile);
+  if (a.calibrate.size() == 1 && fs::is_regular_file(a.calibrate.front())) return run_calibrate_kernels(a, base);
   std::vector<cost::Observation> runs;
   for (auto& dir : a.calibrate) {
     const std::string rp = dir + "/recipe.resolved.yaml";
@@ -621,12 +702,13 @@ void register_plan(CLI::App& app) {
   cmd->add_option("--gpu-profile", a.gpu_profile, "Use the GPU constants in this file (written by --calibrate) instead of --gpu");
   cmd->add_option("--software", a.software,
                   "Software profile: megatron-lm (Megatron-LM 2022), megatron-lm-2021, megatron-deepspeed (MT-NLG's "
-                  "DeepSpeed pipeline) or mtnlg (this trainer: flash-style attention, its exact activation count); "
+                  "DeepSpeed pipeline), megatron-core (2024-25: fused attention, TP/DP/p2p overlap) or mtnlg (this trainer: flash-style attention, its exact activation count); "
                   "--calibrate fits the GPU constants under it")
       ->capture_default_str();
   cmd->add_option("--calibrate", a.calibrate,
                   "Fit the GPU constants to this run directory's recipe.resolved.yaml + metrics.jsonl (repeatable: "
-                  "one run fits the compute rate, two add memory bandwidth, three add kernel overhead); writes a profile");
+                  "one run fits the compute rate, two add memory bandwidth, three add kernel overhead), or the GEMM "
+                  "curve and attention rates to a kernel benchmark file (scripts/bench/gpu_gemm_attn.py); writes a profile");
   cmd->add_option("--profile-out", a.profile_out, "With --calibrate: the profile file to write (default RUN_DIR/gpu-profile.json)");
   cmd->add_option("--step-stat", a.step_stat,
                   "With --calibrate: a run's step time is the median of its iterations at the full batch (first left "

@@ -141,3 +141,146 @@ CalibrationResult calibrate(const GpuSpec& base, const std::vector<Observation>&
 }
 
 }  // namespace mtnlg::cost
+
+// ---- kernel calibration: GEMM curve and fused-attention rates (`plan --calibrate BENCH.json`) ----
+
+namespace mtnlg::cost {
+
+namespace {
+
+double rms_log(const std::vector<double>& pred, const std::vector<double>& meas) {
+  double s = 0;
+  for (size_t i = 0; i < pred.size(); ++i) {
+    const double d = pred[i] / meas[i] - 1.0;
+    s += d * d;
+  }
+  return pred.empty() ? 0 : std::sqrt(s / double(pred.size()));
+}
+
+// Geometric grid from lo to hi (n points), with 0 first when `zero`.
+std::vector<double> geo(double lo, double hi, int n, bool zero) {
+  std::vector<double> v;
+  if (zero) v.push_back(0);
+  for (int i = 0; i < n; ++i) v.push_back(lo * std::pow(hi / lo, double(i) / double(n - 1)));
+  return v;
+}
+
+}  // namespace
+
+KernelFit calibrate_kernels(const GpuSpec& base, const std::vector<GemmSample>& gemms,
+                            const std::vector<AttentionSample>& attention) {
+  if (gemms.empty() && attention.empty()) throw_input("calibrate: the benchmark file has no GEMM and no attention samples");
+  for (auto& x : gemms)
+    if (!(x.seconds > 0) || x.m <= 0 || x.n <= 0 || x.k <= 0 || x.batch <= 0)
+      throw_input("calibrate: GEMM {}x{}x{}: sizes and seconds must be positive", x.m, x.n, x.k);
+  for (auto& x : attention)
+    if (!(x.fwd_seconds > 0) || !(x.bwd_seconds > 0) || x.seq <= 0 || x.head_dim <= 0 || x.batch_heads <= 0)
+      throw_input("calibrate: attention seq {} head dim {}: sizes and seconds must be positive", x.seq, x.head_dim);
+  KernelFit fit;
+  fit.gpu = base;
+  GpuSpec& g = fit.gpu;
+  if (!gemms.empty()) {
+    // Grid over the three constants of the curve; least squares on log(pred / meas).
+    double best = 1e300;
+    GpuSpec trial = base;
+    for (double kh : geo(8, 8192, 31, true))
+      for (double ov : geo(0.3e-6, 60e-6, 25, false))
+        for (double eff = 0.20; eff <= 1.0001; eff += 0.005) {
+          trial.gemm_k_half = kh;
+          trial.kernel_overhead = ov;
+          trial.gemm_eff_max = eff;
+          double l = 0;
+          for (auto& x : gemms) {
+            const double d = std::log(gemm_seconds(trial, x.m, x.n, x.k, x.batch) / x.seconds);
+            l += d * d;
+            if (l >= best) break;
+          }
+          if (l < best) {
+            best = l;
+            g.gemm_k_half = kh;
+            g.kernel_overhead = ov;
+            g.gemm_eff_max = eff;
+          }
+        }
+    // Refine the grid's best by coordinate search on the logs (step halved when no move helps).
+    auto gemm_loss = [&](const GpuSpec& t) {
+      double l = 0;
+      for (auto& x : gemms) {
+        const double d = std::log(gemm_seconds(t, x.m, x.n, x.k, x.batch) / x.seconds);
+        l += d * d;
+      }
+      return l;
+    };
+    double step = 0.2;
+    for (int it = 0; it < 200 && step > 1e-4; ++it) {
+      bool moved = false;
+      for (int p = 0; p < 3; ++p)
+        for (double dir : {1.0, -1.0}) {
+          GpuSpec t = g;
+          double* v = p == 0 ? &t.gemm_eff_max : p == 1 ? &t.gemm_k_half : &t.kernel_overhead;
+          *v = (*v > 0 ? *v : 1.0) * std::exp(dir * step);
+          if (t.gemm_eff_max > 1.0) continue;
+          const double l = gemm_loss(t);
+          if (l < best) {
+            best = l;
+            g = t;
+            moved = true;
+          }
+        }
+      if (!moved) step *= 0.5;
+    }
+    std::vector<double> meas;
+    for (auto& x : gemms) {
+      fit.gemm_predicted.push_back(gemm_seconds(g, x.m, x.n, x.k, x.batch));
+      meas.push_back(x.seconds);
+    }
+    fit.gemm_rms = rms_log(fit.gemm_predicted, meas);
+  }
+  if (!attention.empty()) {
+    // For given half-points the best rate is the geometric mean of the samples' implied
+    // rates (the kernel overhead, fitted above or the base's, taken off first).
+    auto implied = [&](const AttentionSample& x, bool bwd, double sh, double dh) {
+      const double work = 4.0 * double(x.seq) * double(x.seq) * double(x.head_dim) * double(x.batch_heads) * 0.5 *
+                          (bwd ? 2.5 : 1.0);
+      const double t = std::max((bwd ? x.bwd_seconds : x.fwd_seconds) - g.kernel_overhead, 1e-12);
+      const double ramp = double(x.seq) / (double(x.seq) + sh);
+      const double dim = (double(x.head_dim) / (double(x.head_dim) + dh)) / (128.0 / (128.0 + dh));
+      return work / t / (ramp * dim);
+    };
+    double best = 1e300;
+    for (double sh : geo(16, 16384, 41, true))
+      for (double dh : geo(4, 4096, 31, true)) {
+        double l = 0, rates[2] = {0, 0};
+        for (int bwd = 0; bwd < 2; ++bwd) {
+          double mean = 0;
+          for (auto& x : attention) mean += std::log(implied(x, bwd != 0, sh, dh));
+          mean /= double(attention.size());
+          rates[bwd] = std::exp(mean);
+          for (auto& x : attention) {
+            const double d = std::log(implied(x, bwd != 0, sh, dh)) - mean;
+            l += d * d;
+          }
+        }
+        if (l < best) {
+          best = l;
+          g.attn_seq_half = sh;
+          g.attn_dim_half = dh;
+          g.attn_fwd_flops = rates[0];
+          g.attn_bwd_flops = rates[1];
+        }
+      }
+    std::vector<double> pred, meas;
+    for (auto& x : attention) {
+      fit.attention_fwd_predicted.push_back(attention_seconds(g, x.seq, x.head_dim, x.batch_heads, false));
+      fit.attention_bwd_predicted.push_back(attention_seconds(g, x.seq, x.head_dim, x.batch_heads, true));
+      pred.push_back(fit.attention_fwd_predicted.back());
+      pred.push_back(fit.attention_bwd_predicted.back());
+      meas.push_back(x.fwd_seconds);
+      meas.push_back(x.bwd_seconds);
+    }
+    fit.attention_rms = rms_log(pred, meas);
+  }
+  return fit;
+}
+
+}  // namespace mtnlg::cost

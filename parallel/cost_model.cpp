@@ -22,13 +22,19 @@ constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 // The GPU table (docs/PLANNER.md "Hardware" gives the source of each number).
 const std::vector<GpuSpec>& gpu_table() {
+  // Fields: name, description, peak, gemm_eff_max, SMs, memory, HBM, NVLink bus, IB per GPU,
+  // NVLink alpha, IB alpha, kernel overhead, compute slots, gemm_k_half, fused attention
+  // forward / backward FLOP/s (head dim 128, long sequences), attn_seq_half, attn_dim_half.
   static const std::vector<GpuSpec> table = {
       {"a100-80g", "NVIDIA A100 SXM 80GB, NVLink3 (DGX A100: 8x HDR 200 Gb/s HCAs)",
-       312e12, 0.84, 108, 80.0 * kGiB, 0.85 * 2.039e12, 230e9, 23e9, 5e-6, 10e-6, 4e-6},
+       312e12, 0.84, 108, 80.0 * kGiB, 0.85 * 2.039e12, 230e9, 23e9, 5e-6, 10e-6, 4e-6, 0, 64,
+       0.60 * 312e12, 0.50 * 312e12, 410, 124},
       {"h100-80g", "NVIDIA H100 SXM 80GB, NVLink4 (DGX H100: 8x NDR 400 Gb/s HCAs)",
-       989e12, 0.80, 132, 79.6 * kGiB, 0.85 * 3.35e12, 378e9, 46e9, 4e-6, 8e-6, 3e-6},
+       989e12, 0.875, 132, 79.6 * kGiB, 0.85 * 3.35e12, 378e9, 46e9, 4e-6, 8e-6, 3e-6, 0, 512,
+       570e12, 550e12, 410, 124},
       {"h200-141g", "NVIDIA H200 SXM 141GB, NVLink4 (8x NDR 400 Gb/s HCAs)",
-       989e12, 0.80, 132, 140.4 * kGiB, 0.85 * 4.8e12, 378e9, 46e9, 4e-6, 8e-6, 3e-6},
+       989e12, 0.875, 132, 140.4 * kGiB, 0.85 * 4.8e12, 378e9, 46e9, 4e-6, 8e-6, 3e-6, 0, 512,
+       570e12, 550e12, 410, 124},
       // A starting point for `plan --calibrate` on CPU runs (fp32 OpenBLAS, MPI over shared
       // memory); its numbers only set the ratios the fit starts from, see docs/PLANNER.md.
       {"cpu", "this machine's CPU cores (fp32 OpenBLAS, MPI in shared memory): calibrate before use",
@@ -55,6 +61,12 @@ const std::vector<SoftwareProfile>& software_table() {
        "this trainer (mtnlg train): megatron-lm's execution model, activations as model/gpt.cpp keeps them "
        "(flash-style attention, the exact schedule's in-flight microbatches)",
        1.0, true, 2, 4, true, true, true, true},
+      {"megatron-core",
+       "Megatron-Core 0.8+ (2024-25) with Transformer Engine: fused (cuDNN/flash) attention, tensor-parallel "
+       "communication overlapped with the GEMMs (--tp-comm-overlap), gradient reduce-scatter and parameter "
+       "all-gather overlapped with the backward / forward (--overlap-grad-reduce, --overlap-param-gather), "
+       "pipeline p2p overlapped (interleaved)",
+       0.65, true, 2, 4, true, false, false, false, true, true, true, 40e6, true, 38, 14},
   };
   return table;
 }
@@ -81,11 +93,24 @@ double gemm_time(const GpuSpec& g, double peak, int64_t M, int64_t N, int64_t K,
     const int64_t waves = ceil_div(tiles, g.sm_count);
     wave_eff = std::max(wave_eff, tl.eff * double(tiles) / double(waves * g.sm_count));
   }
-  const double k_eff = double(K) / double(K + 64);
+  const double k_eff = double(K) / (double(K) + g.gemm_k_half);
   const double t_compute = flops / (peak * g.gemm_eff_max * wave_eff * k_eff);
   const double bytes = 2.0 * (double(M) * K + double(K) * N + double(M) * N) * double(batch);
   const double t_memory = bytes / g.hbm_bw;
   return std::max(t_compute, t_memory) + g.kernel_overhead;
+}
+
+// Fused attention kernel (Transformer Engine -> cuDNN / FlashAttention): Q K^T and P V over
+// the causal half of the s x s scores, at the kernel's measured rate for this sequence length
+// and head dimension; the backward's five products (the scores recomputed) are 2.5x the
+// forward's. Never faster than the best GEMM.
+double fused_attention_time(const GpuSpec& g, double peak, int64_t s, int64_t dh, int64_t batch_heads, bool backward) {
+  const double rate = backward ? g.attn_bwd_flops : g.attn_fwd_flops;
+  if (!(rate > 0) || s <= 0 || dh <= 0 || batch_heads <= 0) return 0;
+  const double work = 4.0 * double(s) * double(s) * double(dh) * double(batch_heads) * 0.5 * (backward ? 2.5 : 1.0);
+  const double ramp = double(s) / (double(s) + g.attn_seq_half);
+  const double dim = (double(dh) / (double(dh) + g.attn_dim_half)) / (128.0 / (128.0 + g.attn_dim_half));
+  return work / std::min(peak * g.gemm_eff_max, rate * ramp * dim) + g.kernel_overhead;
 }
 
 struct GroupLink {
@@ -180,18 +205,28 @@ LayerTime layer_time(const Shape& sh, const Layout& l, const Cluster& c, Precisi
   const int64_t T = b * s, dh = sh.h / sh.a, heads = sh.a / t;
   LayerTime r;
   // Linear layers: QKV (column), projection (row), fc1 (column), fc2 (row).
-  const double lin_f = gemm_time(g, peak, T, 3 * h / t, h) + gemm_time(g, peak, T, h, h / t) +
-                       gemm_time(g, peak, T, sh.f / t, h) + gemm_time(g, peak, T, h, sh.f / t);
+  const double f_qkv = gemm_time(g, peak, T, 3 * h / t, h), f_proj = gemm_time(g, peak, T, h, h / t),
+               f_fc1 = gemm_time(g, peak, T, sh.f / t, h), f_fc2 = gemm_time(g, peak, T, h, sh.f / t);
+  const double lin_f = f_qkv + f_proj + f_fc1 + f_fc2;
   // Backward: data gradient (same shape as forward with N and K swapped) and weight gradient (K = tokens).
-  const double lin_b = gemm_time(g, peak, T, h, 3 * h / t) + gemm_time(g, peak, T, h / t, h) +
-                       gemm_time(g, peak, T, h, sh.f / t) + gemm_time(g, peak, T, sh.f / t, h) +
-                       gemm_time(g, peak, h, 3 * h / t, T) + gemm_time(g, peak, h / t, h, T) +
-                       gemm_time(g, peak, h, sh.f / t, T) + gemm_time(g, peak, sh.f / t, h, T);
-  // Attention core: scores = Q K^T and context = P V, batched over b * heads.
-  const double att_f = gemm_time(g, peak, s, s, dh, b * heads) + gemm_time(g, peak, s, dh, s, b * heads);
+  const double d_qkv = gemm_time(g, peak, T, h, 3 * h / t), d_proj = gemm_time(g, peak, T, h / t, h),
+               d_fc1 = gemm_time(g, peak, T, h, sh.f / t), d_fc2 = gemm_time(g, peak, T, sh.f / t, h);
+  const double w_qkv = gemm_time(g, peak, h, 3 * h / t, T), w_proj = gemm_time(g, peak, h / t, h, T),
+               w_fc1 = gemm_time(g, peak, h, sh.f / t, T), w_fc2 = gemm_time(g, peak, sh.f / t, h, T);
+  const double lin_b = d_qkv + d_proj + d_fc1 + d_fc2 + w_qkv + w_proj + w_fc1 + w_fc2;
   const bool flash = c.software.flash_attention;
-  // Flash-style: the backward also recomputes the scores Q K^T (half the forward's GEMMs).
-  const double att_b = flash ? 2.5 * att_f : 2 * att_f;
+  const bool fused = c.software.fused_attention && g.attn_fwd_flops > 0 && g.attn_bwd_flops > 0;
+  double att_f = 0, att_b = 0;
+  if (fused) {
+    att_f = fused_attention_time(g, peak, s, dh, b * heads, false);
+    att_b = fused_attention_time(g, peak, s, dh, b * heads, true);
+  } else {
+    // Attention core: scores = Q K^T and context = P V, batched over b * heads.
+    att_f = gemm_time(g, peak, s, s, dh, b * heads) + gemm_time(g, peak, s, dh, s, b * heads);
+    // Flash-style: the backward also recomputes the scores Q K^T (half the forward's GEMMs).
+    att_b = flash ? 2.5 * att_f : 2 * att_f;
+  }
+  const bool no_probs = flash || fused;  // the s x s probabilities never go through HBM
   // Memory-bound element-wise kernels (bytes moved through HBM).
   const double region = l.sequence_parallel ? double(t) : 1.0;  // SP shards LN/dropout regions
   const double E = double(T) * double(h) / region;
@@ -199,18 +234,39 @@ LayerTime layer_time(const Shape& sh, const Layout& l, const Cluster& c, Precisi
   const double bda_bytes = 2 * (3 * e + 1) * E;             // 2 bias-dropout-add: x, residual, out, mask
   const double gelu_bytes = 2 * e * double(T) * double(sh.f) / double(t);  // bias-GeLU read + write
   const double S = double(b) * double(heads) * double(s) * double(s);
-  const double softmax_bytes = flash ? 0.0 : (4 * e + 1) * S;  // fused scale-mask-softmax + dropout (mask 1 byte)
+  const double softmax_bytes = no_probs ? 0.0 : (4 * e + 1) * S;  // fused scale-mask-softmax + dropout (mask 1 byte)
   const double elem_f = (ln_bytes + bda_bytes + gelu_bytes) / g.hbm_bw;
   const double attn_elem_f = softmax_bytes / g.hbm_bw;
   // Kernel launches not covered by the GEMMs above (LN, dropout, softmax, GeLU, adds, copies).
   const double launches_f = 12 * g.kernel_overhead;
   // Tensor-parallel communication: 2 all-reduces forward and 2 backward of b*s*h
   // elements (SP: all-gather + reduce-scatter pairs with the same ring volume).
-  double tp_one = 0;
-  if (t > 1) tp_one = allreduce_time(double(T) * double(h) * e, t, group_link(c, 1, t));
-  r.tp_fwd = 2 * tp_one;
-  r.tp_bwd = 2 * tp_one;
-  r.attn_core = flash ? 0.0 : att_f + attn_elem_f;  // what selective recompute redoes
+  if (t > 1) {
+    const GroupLink k = group_link(c, 1, t);
+    const double bytes = double(T) * double(h) * e;
+    if (l.sequence_parallel && c.software.tp_comm_overlap) {
+      // --tp-comm-overlap: each all-gather / reduce-scatter (one of them C seconds alone) is
+      // split into t chunks pipelined with the GEMM that consumes or produces it; the GEMM's
+      // first chunk (1/t of it) cannot hide communication, the other (t-1)/t can.
+      const double C = reduce_scatter_time(bytes, t, k);
+      const double cover = double(t - 1) / double(t);
+      auto exposed = [&](double gemm) { return std::max(0.0, C - cover * gemm); };
+      // Forward: all-gather before QKV and fc1, reduce-scatter after the projection and fc2.
+      r.tp_fwd = exposed(f_qkv) + exposed(f_proj) + exposed(f_fc1) + exposed(f_fc2);
+      // Backward: all-gather of the output gradient under the projection's and fc2's data
+      // gradients; re-gather of the LayerNorm outputs (only the 1/t shard is kept) under the
+      // QKV and fc1 data gradients, and the reduce-scatter of their input gradients under
+      // their weight gradients.
+      r.tp_bwd = exposed(d_proj) + exposed(d_fc2) + exposed(d_qkv) + exposed(d_fc1) + exposed(w_qkv) + exposed(w_fc1);
+    } else {
+      const double tp_one = allreduce_time(bytes, t, k);
+      r.tp_fwd = 2 * tp_one;
+      r.tp_bwd = 2 * tp_one;
+    }
+  }
+  // What selective recompute redoes: the attention core (Megatron-Core checkpoints the fused
+  // kernel's forward too); this trainer's flash-style backward already recomputes it.
+  r.attn_core = flash ? 0.0 : att_f + attn_elem_f;
   r.fwd = lin_f + att_f + elem_f + attn_elem_f + launches_f + r.tp_fwd;
   r.bwd = lin_b + att_b + 2 * (elem_f + attn_elem_f + launches_f) + r.tp_bwd;
   return r;
@@ -302,6 +358,14 @@ double trainer_stage_send_bytes(const Layout& l, int64_t st, int64_t m, double m
 }
 
 }  // namespace
+
+double gemm_seconds(const GpuSpec& g, int64_t M, int64_t N, int64_t K, int64_t batch) {
+  return gemm_time(g, g.peak_flops, M, N, K, batch);
+}
+
+double attention_seconds(const GpuSpec& g, int64_t seq, int64_t head_dim, int64_t batch_heads, bool backward) {
+  return fused_attention_time(g, g.peak_flops, seq, head_dim, batch_heads, backward);
+}
 
 // ---- names, layouts ---------------------------------------------------------------------
 
@@ -502,7 +566,11 @@ Computed compute_stages(const Recipe& r, const Layout& l, const Cluster& c_in) {
   const GpuSpec& g = c.gpu;
   const double peak = prec == Precision::fp32 ? g.peak_flops * 0.5 : g.peak_flops;
   const LayerTime lt = layer_time(sh, l, c, prec);
-  const double per_layer_act = layer_activation_bytes(sh, l, prec, l.recompute);
+  // A fused attention kernel keeps no s x s probabilities: without recompute a layer keeps
+  // what selective recompute keeps (Korthikanti Table 2 without the 5as/h term).
+  const bool no_probs = c.software.fused_attention && l.recompute == RecomputeGranularity::none;
+  const double per_layer_act =
+      layer_activation_bytes(sh, l, prec, no_probs ? RecomputeGranularity::selective : l.recompute);
   const double per_layer_full_act = layer_activation_bytes(sh, l, prec, RecomputeGranularity::none);
   const int64_t T = l.micro_batch * sh.s;
   const double act_msg = double(T) * double(sh.h) * e / (l.sequence_parallel ? t : 1.0);
@@ -607,16 +675,23 @@ Computed compute_stages(const Recipe& r, const Layout& l, const Cluster& c_in) {
     if (last) {
       // Final LayerNorm, logits GEMM, vocab-parallel cross-entropy on fp32 logits.
       const double ln = 2 * e * double(T) * double(sh.h) / g.hbm_bw;
-      const double ce_bytes = 3 * 4.0 * double(T) * double(sh.V) / t;
-      tm.forward += ln + gemm_time(g, peak, T, sh.V / l.tp, sh.h) + ce_bytes / g.hbm_bw +
+      const double logits = double(T) * double(sh.V) / t;  // logit elements on this tensor rank
+      tm.forward += ln + gemm_time(g, peak, T, sh.V / l.tp, sh.h) + c.software.ce_bytes_fwd * logits / g.hbm_bw +
                     3 * allreduce_time(double(T) * 4.0, l.tp, tpl);
       tm.backward += 2 * ln + gemm_time(g, peak, T, sh.h, sh.V / l.tp) + gemm_time(g, peak, sh.h, sh.V / l.tp, T) +
-                     ce_bytes / g.hbm_bw;
+                     c.software.ce_bytes_bwd * logits / g.hbm_bw;
     }
     // Exposed p2p per microbatch: an activation and a gradient per chunk, sent
     // blocking (Megatron pairs send/recv in one batched call; the transfer is on the
     // critical path of the steady state).
     tm.p2p = l.pp > 1 ? double(c.software.p2p_steps_per_microbatch) * double(l.vp) * p2p_one : 0;
+    if (l.pp > 1 && l.vp > 1 && c.software.p2p_overlap) {
+      // overlap_p2p_comm: each transfer runs beside the next chunk's compute; the latency
+      // and what one chunk's forward cannot cover stay on the critical path.
+      const double chunk = tm.forward / double(l.vp);
+      const double one = std::max(pp_link.alpha, p2p_one - chunk);
+      tm.p2p = double(c.software.p2p_steps_per_microbatch) * double(l.vp) * one;
+    }
     const double share = compute_share(c, l);
     tm.forward *= share;
     tm.backward *= share;
@@ -656,10 +731,33 @@ IterParts iteration_parts(const Recipe& r, const Layout& l, const Cluster& c_in,
   for (auto& mem : cs.mem) {
     double tdp = 0;
     const double ge = r.training.precision == Precision::fp32 ? 4.0 : c.software.grad_reduce_bytes;
-    if (l.distributed_optimizer)
+    if (c.software.dp_overlap && l.dp > 1) {
+      // --overlap-grad-reduce / --overlap-param-gather: buckets of max(40M, 1M x dp)
+      // parameters; the gradient reduction runs during the last microbatch's backward of
+      // this stage, the parameter all-gather during the first microbatch's forward. Exposed:
+      // what the window cannot cover, at least the last (first) bucket.
+      // Interleaved (Megatron-Core schedules.py, grad_sync_func / param_sync_func): each
+      // model chunk's gradients are reduced as soon as its last backward is done and its
+      // parameters gathered before its first forward; the v chunks finish p chunk-steps apart,
+      // so all but the last (first) chunk's share overlap (v-1)/v x p microbatches' compute.
+      const StageTime& tm = cs.time[static_cast<size_t>(mem.stage)];
+      const double v = double(l.vp);
+      const double span = l.vp > 1 ? std::max(1.0, (v - 1.0) / v * double(std::min<int64_t>(l.pp, m))) : 1.0;
+      const double bucket = std::min(mem.params, std::max(c.software.dp_bucket_params, 1e6 * double(l.dp)));
+      const double last = l.vp > 1 ? std::max(bucket, mem.params / v) : bucket;  // waits for the window's end
+      if (l.distributed_optimizer) {
+        const double rs = reduce_scatter_time(mem.params * ge, l.dp, dpl);
+        const double ag = reduce_scatter_time(mem.params * e, l.dp, dpl);
+        tdp = std::max(reduce_scatter_time(last * ge, l.dp, dpl), rs - span * tm.backward) +
+              std::max(reduce_scatter_time(last * e, l.dp, dpl), ag - span * tm.forward);
+      } else {
+        tdp = std::max(allreduce_time(last * ge, l.dp, dpl), allreduce_time(mem.params * ge, l.dp, dpl) - span * tm.backward);
+      }
+    } else if (l.distributed_optimizer) {
       tdp = reduce_scatter_time(mem.params * ge, l.dp, dpl) + reduce_scatter_time(mem.params * e, l.dp, dpl);
-    else
+    } else {
       tdp = allreduce_time(mem.params * ge, l.dp, dpl);
+    }
     dp_max = std::max(dp_max, tdp);
     // Adam over the local shard: read grad, master, m, v; write master, m, v, 16-bit
     // weight (~34 bytes/param) plus a read of the grads for the global norm.

@@ -38,6 +38,21 @@ struct GpuSpec {
   // (below 1 when side-by-side processes lose more than their share, e.g. to MPI's
   // busy-waiting). Calibrated.
   double compute_slots = 0;
+  // GEMM efficiency curve (gemm_time in cost_model.cpp): a GEMM of reduction length K runs
+  // at gemm_eff_max x wave quantization x K / (K + gemm_k_half) of peak, at least its HBM
+  // roofline, plus kernel_overhead. `plan --calibrate BENCH.json` (scripts/bench/gpu_gemm_attn.py)
+  // fits gemm_eff_max, gemm_k_half and kernel_overhead to measured GEMMs.
+  double gemm_k_half = 64;
+  // Fused (flash) attention kernels (SoftwareProfile::fused_attention): achieved FLOP/s at
+  // long sequences of the forward and backward kernels, the FLOPs counted as the kernel
+  // executes them (causal: half the s x s products), head dim 128; the rate at sequence s
+  // and head dim d is rate x s / (s + attn_seq_half) x [d / (d + attn_dim_half)] /
+  // [128 / (128 + attn_dim_half)], at most peak x gemm_eff_max. 0: no entry (the attention
+  // is timed as GEMMs).
+  double attn_fwd_flops = 0;
+  double attn_bwd_flops = 0;
+  double attn_seq_half = 0;
+  double attn_dim_half = 0;
 };
 
 // Throws InputError listing the valid names when `name` is unknown. Accepts the short
@@ -125,6 +140,35 @@ struct SoftwareProfile {
   // layer, the position embedding on the first stage, the final LayerNorm's 2 on the last,
   // PipelineExecutor::reduce_shared_grads).
   bool trainer_step_collectives = false;
+  // Megatron-Core (2024-25) mechanisms, each a term of the model (docs/PLANNER.md
+  // "Software profiles", megatron-core):
+  // Attention through Transformer Engine's fused kernel (cuDNN / FlashAttention): the core
+  // runs at GpuSpec::attn_*_flops, computes only the causal half of the s x s products,
+  // never writes the probabilities, and its backward recomputes them (2.5x the forward's
+  // products).
+  bool fused_attention = false;
+  // `--tp-comm-overlap` (Transformer Engine userbuffers; needs sequence parallelism): each
+  // all-gather / reduce-scatter is split into t chunks and pipelined with the GEMM that
+  // consumes or produces it; exposed is what the GEMM's other t-1 chunks cannot cover.
+  bool tp_comm_overlap = false;
+  // `--overlap-grad-reduce` / `--overlap-param-gather` (distributed data parallel with the
+  // distributed optimizer): the gradient reduce-scatter (all-reduce without ZeRO-1) runs in
+  // buckets during the backward of the last microbatch, the parameter all-gather during the
+  // forward of the first; exposed is the last (first) bucket and what the window cannot cover.
+  bool dp_overlap = false;
+  double dp_bucket_params = 40e6;  // max(40M, 1M x dp) parameters per bucket (Megatron-Core DDP default)
+  // `overlap_p2p_comm` (on by default with the interleaved schedule): pipeline sends and
+  // receives run beside the next chunk's compute; exposed is the latency and what the
+  // chunk's compute cannot cover.
+  bool p2p_overlap = false;
+  // Bytes through HBM per logit element (T x V/t) of the vocab-parallel cross-entropy,
+  // forward and backward. 12 / 12: three fp32 passes each way (Megatron-LM 2022's fused
+  // softmax-style kernel budget, the default). Megatron-Core's unfused
+  // VocabParallelCrossEntropy (megatron/core/tensor_parallel/cross_entropy.py): forward
+  // bf16->fp32 cast 6, max 4, subtract 8, exp 8, sum 4, divide 8 = 38; backward multiply 8,
+  // fp32->bf16 cast 6 = 14.
+  double ce_bytes_fwd = 12;
+  double ce_bytes_bwd = 12;
 };
 
 // Throws InputError listing the valid names when `name` is unknown.
@@ -166,6 +210,38 @@ struct CalibrationResult {
 // coordinate search.
 CalibrationResult calibrate(const GpuSpec& base, const std::vector<Observation>& runs, int64_t gpus_per_node = 8,
                             const SoftwareProfile& software = software_profile("megatron-lm"));
+
+// ---- kernel calibration: the GEMM curve and the fused-attention rates -------------------
+
+// Seconds of one bf16 GEMM C[M,N] = A[M,K] B[K,N] (`batch` independent products) on `g`:
+// the planner's GEMM curve (gemm_eff_max x wave quantization x K/(K+gemm_k_half), at
+// least the HBM roofline, plus one kernel overhead).
+double gemm_seconds(const GpuSpec& g, int64_t M, int64_t N, int64_t K, int64_t batch = 1);
+// Seconds of the fused causal attention kernel over `batch_heads` (batch x heads) sequences
+// of length `seq` and head dimension `head_dim`, forward or backward (GpuSpec::attn_*; 0 when
+// `g` has no fused-attention entry).
+double attention_seconds(const GpuSpec& g, int64_t seq, int64_t head_dim, int64_t batch_heads, bool backward);
+
+struct GemmSample {
+  int64_t m = 0, n = 0, k = 0, batch = 1;
+  double seconds = 0;
+};
+struct AttentionSample {
+  int64_t batch_heads = 0, seq = 0, head_dim = 0;
+  double fwd_seconds = 0, bwd_seconds = 0;
+};
+struct KernelFit {
+  GpuSpec gpu;                // the base with the fitted GEMM curve and attention rates
+  double gemm_rms = 0;        // rms relative error of the fitted GEMM times
+  double attention_rms = 0;   // of the fitted attention times (forward and backward)
+  std::vector<double> gemm_predicted, attention_fwd_predicted, attention_bwd_predicted;
+};
+// Fits gemm_eff_max, gemm_k_half and kernel_overhead to measured GEMMs (when given) and
+// attn_fwd_flops, attn_bwd_flops, attn_seq_half, attn_dim_half to measured attention kernels
+// (when given): least squares on log(pred/meas) by grid search. Throws InputError when both
+// lists are empty or a time is not positive.
+KernelFit calibrate_kernels(const GpuSpec& base, const std::vector<GemmSample>& gemms,
+                            const std::vector<AttentionSample>& attention);
 
 // ---- communication bytes --------------------------------------------------------------
 

@@ -12,9 +12,11 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "parallel/cost_model.hpp"
 #include "test/support/test_support.hpp"
 
 using namespace mtnlg::test;
+namespace cost = mtnlg::cost;
 
 namespace {
 
@@ -217,4 +219,54 @@ TEST_CASE("a profile calibrated on three tiny CPU runs predicts a fourth within 
   const double predicted = nlohmann::json::parse(p.out)["iteration_time_s"].get<double>();
   WARN("fourth layout: measured " << measured << " s, predicted " << predicted << " s");
   CHECK(predicted == Approx(measured).epsilon(0.15));
+}
+
+TEST_CASE("plan --calibrate BENCH.json fits the GEMM curve and attention rates and writes a usable profile", "[e2e]") {
+  // A kernel benchmark file as scripts/bench/gpu_gemm_attn.py writes it, with times generated
+  // from the planner's own curve for known constants (cost::gemm_seconds / attention_seconds).
+  cost::GpuSpec truth = cost::gpu_spec("h100-80g");
+  truth.gemm_eff_max = 0.78;
+  truth.gemm_k_half = 256;
+  truth.attn_fwd_flops = 500e12;
+  truth.attn_bwd_flops = 420e12;
+  nlohmann::json j = {{"format", "mtnlg-gpu-bench/1"}, {"device", "synthetic"}};
+  j["gemm"] = nlohmann::json::array();
+  for (int64_t n : {512, 1024, 2048, 4096, 8192, 16384})
+    j["gemm"].push_back({{"m", n}, {"n", n}, {"k", n}, {"seconds", cost::gemm_seconds(truth, n, n, n)}});
+  for (int64_t k : {256, 1024, 4096})
+    j["gemm"].push_back({{"m", 4096}, {"n", 1024}, {"k", k}, {"seconds", cost::gemm_seconds(truth, 4096, 1024, k)}});
+  j["attention"] = nlohmann::json::array();
+  for (int64_t d : {64, 128})
+    for (int64_t s : {1024, 4096, 16384}) {
+      const int64_t b = 16384 / s, h = 2048 / d;
+      j["attention"].push_back({{"batch", b}, {"heads", h}, {"seq", s}, {"head_dim", d}, {"causal", true},
+                                {"fwd_seconds", cost::attention_seconds(truth, s, d, b * h, false)},
+                                {"bwd_seconds", cost::attention_seconds(truth, s, d, b * h, true)}});
+    }
+  TempDir tmp("calibrate-bench");
+  const auto bench = tmp / "bench.json";
+  write_file(bench, j.dump());
+  const auto prof = tmp / "h100.json";
+  auto r = run_mtnlg("plan --calibrate " + bench.string() + " --gpu h100-80g --profile-out " + prof.string() + " 2>&1");
+  INFO(r.out);
+  REQUIRE(r.exit_code == 0);
+  CHECK_THAT(r.out, Catch::Matchers::Contains("GEMM curve") && Catch::Matchers::Contains("attention:"));
+  auto p = nlohmann::json::parse(read_file(prof.string()));
+  CHECK(p["attn_fwd_flops"].get<double>() == Approx(500e12).epsilon(0.05));
+  CHECK(p["attn_bwd_flops"].get<double>() == Approx(420e12).epsilon(0.05));
+  CHECK(p["calibration"]["gemm_rms_relative_error"].get<double>() < 0.03);
+  // The profile plans (megatron-core uses its attention rates).
+  const auto recipe = tmp / "r.yaml";
+  write_file(recipe,
+             "model: {num_layers: 4, hidden_size: 2048, num_attention_heads: 16, seq_length: 4096, vocab_size: 32000}\n"
+             "training: {precision: bf16, micro_batch_size: 1, global_batch_size: 8, train_iters: 10}\ndata: {mock: true}\n");
+  auto q = run_mtnlg("plan " + recipe.string() + " --gpu-profile " + prof.string() + " --software megatron-core --json 2>&1");
+  INFO(q.out);
+  REQUIRE(q.exit_code == 0);
+  // Not a benchmark file: one line, exit 2.
+  const auto bad = tmp / "bad.json";
+  write_file(bad, "{\"gemm\": []}");
+  auto b = run_mtnlg("plan --calibrate " + bad.string() + " 2>&1");
+  CHECK(b.exit_code == 2);
+  CHECK_THAT(b.out, Catch::Matchers::Contains("mtnlg-gpu-bench/1"));
 }

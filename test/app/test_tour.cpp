@@ -45,6 +45,8 @@ TEST_CASE("README tour: train, eval, plan and report run as shown", "[e2e]") {
       {"build/mtnlg train recipes/cpu-demo.yaml", "committed: runs/cpu-demo/checkpoints/iter_00000"},
       {"build/mtnlg eval --checkpoint runs/cpu-demo/checkpoints", "|piqa     |      0|acc     |"},
       {"build/mtnlg plan recipes/mtnlg-530b.yaml --gpus 2240", "whole run        80087 iterations, 2.7e+11 tokens"},
+      {"build/mtnlg plan recipes/mtnlg-530b.yaml --gpus 2240 --gpu h100-80g --software megatron-core",
+       "MFU              25.6% (HFU 34.1%) of 989 TFLOP/s peak"},
       {"build/mtnlg report runs/cpu-demo", "wrote runs/cpu-demo/report.html"},
   };
   REQUIRE(cmds.size() == std::size(steps));

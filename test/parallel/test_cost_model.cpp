@@ -305,3 +305,138 @@ TEST_CASE("cost: the trainer's MFU peak comes from the GPU table by CUDA device 
   CHECK(cost::gpu_spec_for_device("NVIDIA H100 NVL") == nullptr);
   CHECK(cost::gpu_spec_for_device("NVIDIA GeForce RTX 4090") == nullptr);
 }
+
+// ---- megatron-core (issue 29) -------------------------------------------------------------
+
+namespace {
+
+// One row of Megatron-Core's H100 table shape (seq 4096, vocab 131072, distributed optimizer).
+Recipe mcore_gpt(int64_t layers, int64_t hidden, int64_t heads, int64_t tp, int64_t pp, int64_t vp, int64_t mb,
+                 int64_t gbs, bool sp) {
+  const int64_t per_virtual = vp > 1 ? layers / pp / vp : 0;
+  std::string y = fmt::format(
+      "model: {{num_layers: {}, hidden_size: {}, num_attention_heads: {}, seq_length: 4096, vocab_size: 131072}}\n"
+      "parallel: {{tensor_model_parallel_size: {}, pipeline_model_parallel_size: {}, "
+      "num_layers_per_virtual_pipeline_stage: {}, recompute_granularity: none, sequence_parallel: {}, "
+      "use_distributed_optimizer: true}}\n"
+      "training: {{precision: bf16, micro_batch_size: {}, global_batch_size: {}, train_iters: 10}}\n"
+      "data: {{mock: true}}\n",
+      layers, hidden, heads, tp, pp, per_virtual, sp ? "true" : "false", mb, gbs);
+  return parse_recipe(y, "test");
+}
+
+Cluster h100(const char* sw) { return Cluster{gpu_spec("h100-80g"), 8, software_profile(sw)}; }
+
+}  // namespace
+
+TEST_CASE("H100 GEMM curve: 8192^3 at ~790 TFLOP/s, smaller and skinny GEMMs far lower", "[unit][cost]") {
+  const GpuSpec& g = gpu_spec("h100-80g");
+  auto rate = [&](int64_t m, int64_t n, int64_t k) { return 2.0 * double(m) * double(n) * double(k) / gemm_seconds(g, m, n, k) / 1e12; };
+  CHECK(rate(8192, 8192, 8192) == Approx(790).epsilon(0.02));
+  CHECK(rate(2048, 2048, 2048) < 0.85 * rate(8192, 8192, 8192));
+  CHECK(rate(1024, 1024, 1024) < 0.6 * rate(8192, 8192, 8192));
+  CHECK(rate(4096, 128, 4096) < 0.35 * rate(8192, 8192, 8192));  // skinny: one wave, a sliver of the SMs
+  // Monotone in size along the square diagonal.
+  double prev = 0;
+  for (int64_t n : {512, 1024, 2048, 4096, 8192, 16384}) {
+    CHECK(rate(n, n, n) > prev);
+    prev = rate(n, n, n);
+  }
+  // The A100 entry keeps its curve (the published A100 rows are fitted with it).
+  CHECK(gpu_spec("a100-80g").gemm_k_half == 64);
+}
+
+TEST_CASE("megatron-core mechanisms each change what they should", "[unit][cost]") {
+  // 32B row of the table: t8, one microbatch of 4 per replica, dp 48 (one DP member per node).
+  const Recipe r = mcore_gpt(48, 7168, 56, 8, 1, 1, 4, 192, true);
+  const Layout l = layout_from_recipe(r, 384);
+  Cluster mc = h100("megatron-core");
+  const Estimate base = estimate(r, l, mc);
+
+  SECTION("fused attention: no s x s traffic, faster than the GEMM-timed core, no s x s activations") {
+    Cluster off = mc;
+    off.software.fused_attention = false;
+    const Estimate e = estimate(r, l, off);
+    CHECK(e.iteration_time > base.iteration_time * 1.05);
+    CHECK(e.stages[0].activations > base.stages[0].activations);
+  }
+  SECTION("TP overlap: exposed TP communication shrinks, never grows") {
+    Cluster off = mc;
+    off.software.tp_comm_overlap = false;
+    const Estimate e = estimate(r, l, off);
+    CHECK(base.stage_times[0].tp_comm < 0.5 * e.stage_times[0].tp_comm);
+    CHECK(base.iteration_time < e.iteration_time);
+    // Without sequence parallelism Transformer Engine has nothing to overlap.
+    Recipe nsp = mcore_gpt(48, 7168, 56, 8, 1, 1, 4, 192, false);
+    const Estimate a = estimate(nsp, layout_from_recipe(nsp, 384), mc);
+    const Estimate b = estimate(nsp, layout_from_recipe(nsp, 384), off);
+    CHECK(a.stage_times[0].tp_comm == Approx(b.stage_times[0].tp_comm));
+  }
+  SECTION("DP overlap: one microbatch hides the reduce-scatter, four microbatches expose it") {
+    Cluster off = mc;
+    off.software.dp_overlap = false;
+    const Estimate e = estimate(r, l, off);
+    CHECK(e.dp_time > 0.2);                 // 4B parameters' fp32 gradients + bf16 weights over one 46 GB/s HCA
+    CHECK(base.dp_time < 0.1 * e.dp_time);  // hidden under the backward / forward of the one microbatch
+    const Recipe r4 = mcore_gpt(48, 7168, 56, 8, 1, 1, 1, 192, true);
+    const Estimate m4 = estimate(r4, layout_from_recipe(r4, 384), mc);
+    CHECK(m4.dp_time > 5 * base.dp_time);  // the last of four microbatches is a quarter of the window
+    CHECK(m4.dp_time < e.dp_time);
+  }
+  SECTION("Megatron-Core's cross-entropy moves more bytes than the 2022 budget") {
+    Cluster lean = mc;
+    lean.software.ce_bytes_fwd = lean.software.ce_bytes_bwd = 12;
+    CHECK(estimate(r, l, lean).iteration_time < base.iteration_time);
+  }
+  SECTION("interleaved p2p overlap and per-chunk gradient windows") {
+    const Recipe rp = mcore_gpt(112, 18432, 144, 8, 16, 7, 1, 3072, true);
+    const Layout lp = layout_from_recipe(rp, 6144);
+    const Estimate a = estimate(rp, lp, mc);
+    Cluster off = mc;
+    off.software.p2p_overlap = false;
+    const Estimate b = estimate(rp, lp, off);
+    CHECK(a.stage_times[0].p2p < b.stage_times[0].p2p);
+    CHECK(a.fits);
+  }
+}
+
+TEST_CASE("megatron-core leaves the other profiles' predictions alone", "[unit][cost]") {
+  // The 530B recipe on 2240 A100s with MT-NLG's software: 60.1 s published (MT-NLG Sec. 2.4).
+  const Recipe r = recipe_530b();
+  const Estimate e = estimate(r, layout_from_recipe(r, 2240), mtnlg_stack());
+  CHECK(e.iteration_time == Approx(60.1).epsilon(0.05));
+  // The profile is listed and named in errors.
+  const auto names = software_names();
+  CHECK(std::find(names.begin(), names.end(), "megatron-core") != names.end());
+}
+
+TEST_CASE("kernel calibration recovers the GEMM curve and the attention rates it was generated from", "[unit][cost]") {
+  GpuSpec truth = gpu_spec("h100-80g");
+  truth.gemm_eff_max = 0.82;
+  truth.gemm_k_half = 300;
+  truth.kernel_overhead = 6e-6;
+  truth.attn_fwd_flops = 480e12;
+  truth.attn_bwd_flops = 410e12;
+  truth.attn_seq_half = 700;
+  truth.attn_dim_half = 90;
+  std::vector<GemmSample> gemms;
+  for (int64_t n : {512, 1024, 2048, 4096, 8192, 16384}) gemms.push_back({n, n, n, 1, gemm_seconds(truth, n, n, n)});
+  for (int64_t k : {256, 1024, 4096, 16384})
+    for (int64_t n : {128, 1024, 6144}) gemms.push_back({4096, n, k, 1, gemm_seconds(truth, 4096, n, k)});
+  std::vector<AttentionSample> attn;
+  for (int64_t d : {64, 128})
+    for (int64_t s : {512, 1024, 2048, 4096, 8192, 16384}) {
+      const int64_t bh = (16384 / s) * (2048 / d);
+      attn.push_back({bh, s, d, attention_seconds(truth, s, d, bh, false), attention_seconds(truth, s, d, bh, true)});
+    }
+  const KernelFit f = calibrate_kernels(gpu_spec("h100-80g"), gemms, attn);
+  CHECK(f.gemm_rms < 0.02);
+  CHECK(f.attention_rms < 0.03);
+  CHECK(f.gpu.gemm_eff_max == Approx(0.82).epsilon(0.03));
+  CHECK(2.0 * 8192.0 * 8192.0 * 8192.0 / gemm_seconds(f.gpu, 8192, 8192, 8192) ==
+        Approx(2.0 * 8192.0 * 8192.0 * 8192.0 / gemm_seconds(truth, 8192, 8192, 8192)).epsilon(0.02));
+  CHECK(attention_seconds(f.gpu, 4096, 128, 256, false) == Approx(attention_seconds(truth, 4096, 128, 256, false)).epsilon(0.03));
+  CHECK(attention_seconds(f.gpu, 4096, 128, 256, true) == Approx(attention_seconds(truth, 4096, 128, 256, true)).epsilon(0.03));
+  CHECK_THROWS_AS(calibrate_kernels(truth, {}, {}), InputError);
+  CHECK_THROWS_AS(calibrate_kernels(truth, {{8, 8, 8, 1, 0.0}}, {}), InputError);
+}
