@@ -528,11 +528,12 @@ void run_curate(const std::string& file, bool progress) {
   for (const auto& s : p.sources) f[s.name] = funnel[s.name].stages;
   rep["funnel"] = f;
   write_file_atomic((W / "curate_report.json").string(), rep.dump(2) + "\n");
+  auto cell = [](const ojson& v) { return v.is_null() ? std::string("-") : v.dump(); };  // null: not measured (HTML bytes)
   std::string md = fmt::format("# Curation report: {}\n\n## Funnel\n\n| source | stage | documents in | documents out | text bytes in | text bytes out |\n|---|---|---|---|---|---|\n", file);
   for (const auto& s : p.sources)
     for (const auto& e : funnel[s.name].stages)
-      md += fmt::format("| {} | {} | {} | {} | {} | {} |\n", s.name, e["stage"].get<std::string>(), e["documents_in"].dump(),
-                        e["documents_out"].dump(), e["text_bytes_in"].dump(), e["text_bytes_out"].dump());
+      md += fmt::format("| {} | {} | {} | {} | {} | {} |\n", s.name, e["stage"].get<std::string>(), cell(e["documents_in"]),
+                        cell(e["documents_out"]), cell(e["text_bytes_in"]), cell(e["text_bytes_out"]));
   md += fmt::format("\n## Blend ({} training tokens)\n\n| source | tokens | weight | epochs |\n|---|---|---|---|\n", train_tokens);
   for (const auto& r : table)
     md += fmt::format("| {} | {} | {:.4f} | {:.3f} |\n", r["source"].get<std::string>(), r["tokens"].get<int64_t>(),

@@ -134,7 +134,7 @@ void extract_ranks(const extract::ExtractOptions& opt, const parallel::LaunchInf
   spec.secondary = &docs;
   job.step_with_progress([&] { extract_files(opt, mine, run, {&bytes, &docs}); }, "extracting", spec);
   // Counts per file summed over the ranks (each file has one owner); dropped languages
-  // sent to rank 0 as JSON.
+  // sent to rank 0 as text lines.
   std::vector<int64_t> flat(opt.inputs.size() * extract::kCounters, 0);
   for (int64_t i : mine)
     for (int k = 0; k < extract::kCounters; ++k)
@@ -144,8 +144,10 @@ void extract_ranks(const extract::ExtractOptions& opt, const parallel::LaunchInf
   for (size_t i = 0; i < opt.inputs.size(); ++i)
     for (int k = 0; k < extract::kCounters; ++k)
       run.per_file[i][static_cast<size_t>(k)] = flat[i * extract::kCounters + static_cast<size_t>(k)];
-  std::string langs = nlohmann::json(run.languages).dump();
-  while (langs.size() % 4) langs += ' ';
+  // "code count\n" per dropped language, padded with newlines to whole words.
+  std::string langs;
+  for (const auto& [k, v] : run.languages) langs += fmt::format("{} {}\n", k, v);
+  while (langs.size() % 4) langs += '\n';
   WorldRankComm comm(job.world);
   std::vector<std::span<const char>> send(static_cast<size_t>(job.W));
   send[0] = std::span<const char>(langs.data(), langs.size());
@@ -153,15 +155,16 @@ void extract_ranks(const extract::ExtractOptions& opt, const parallel::LaunchInf
   nlohmann::ordered_json rep;
   job.join_on_rank0({}, [&] {
     std::map<std::string, int64_t> all;
-    // The ranks' JSON objects, back to back ("{...}   {...}").
     size_t at = 0;
     const std::string s(got.begin(), got.end());
     while (at < s.size()) {
-      const size_t end = s.find('}', at);
-      if (end == std::string::npos) break;
-      for (const auto& [k, v] : nlohmann::json::parse(s.substr(at, end + 1 - at)).items()) all[k] += v.get<int64_t>();
-      at = end + 1;
-      while (at < s.size() && s[at] == ' ') ++at;
+      size_t nl = s.find('\n', at);
+      if (nl == std::string::npos) nl = s.size();
+      const std::string line = s.substr(at, nl - at);
+      at = nl + 1;
+      const size_t sp = line.find(' ');
+      if (sp == std::string::npos) continue;
+      all[line.substr(0, sp)] += std::stoll(line.substr(sp + 1));
     }
     run.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     rep = extract::extract_report(opt, run.per_file, all, run.seconds);
