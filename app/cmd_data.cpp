@@ -287,6 +287,8 @@ void register_data(CLI::App& app) {
 
   register_data_curation(*data);
   register_data_samples(*data);
+  register_data_extract(*data);
+  register_data_curate(*data);
 }
 
 }  // namespace mtnlg::app

@@ -18,6 +18,10 @@ void register_data(CLI::App& app);
 void register_data_curation(CLI::App& data_cmd);
 // `mtnlg data samples` (cmd_data_samples.cpp): the sample stream without training.
 void register_data_samples(CLI::App& data_cmd);
+// `mtnlg data extract` (cmd_data_extract.cpp): WARC/WET -> JSONL text shards.
+void register_data_extract(CLI::App& data_cmd);
+// `mtnlg data curate` (cmd_data_curate.cpp): the whole pipeline from one YAML recipe.
+void register_data_curate(CLI::App& data_cmd);
 void register_plan(CLI::App& app);
 void register_eval(CLI::App& app);
 void register_generate(CLI::App& app);

@@ -1,0 +1,321 @@
+// `mtnlg data extract`, one input file at a time: see extract.hpp.
+#include "data/extract/extract.hpp"
+
+#include <zstd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <set>
+
+#include "core/atomic_file.hpp"
+
+namespace mtnlg::extract {
+
+namespace {
+
+constexpr const char* kCounterNames[kCounters] = {
+    "records", "response_records", "conversion_records", "other_records", "http_not_200", "not_html", "pages",
+    "no_main_text", "language_dropped", "documents", "characters", "bytes_replaced", "charset_from_bom",
+    "charset_from_http", "charset_from_meta", "charset_utf8_valid", "charset_detected", "charset_default",
+    "bad_truncated", "bad_gzip", "bad_header", "bad_oversize", "bad_encoding", "bad_http"};
+
+int bad_counter(const std::string& cause) {
+  if (cause == "truncated") return kBadTruncated;
+  if (cause == "gzip") return kBadGzip;
+  if (cause == "oversize") return kBadOversize;
+  if (cause == "encoding") return kBadEncoding;
+  if (cause == "http") return kBadHttp;
+  return kBadHeader;
+}
+
+// JSONL shard writer: plain, or one zstd frame written as it goes.
+class ShardWriter {
+ public:
+  ShardWriter(const std::string& path, bool zstd) : file_(path), zstd_(zstd) {
+    if (zstd_) {
+      cctx_ = ZSTD_createCCtx();
+      ZSTD_CCtx_setParameter(cctx_, ZSTD_c_compressionLevel, 3);
+      ZSTD_CCtx_setParameter(cctx_, ZSTD_c_checksumFlag, 1);
+      out_.resize(ZSTD_CStreamOutSize());
+    }
+  }
+  ~ShardWriter() {
+    if (cctx_) ZSTD_freeCCtx(cctx_);
+  }
+  void line(const std::string& s) {
+    pending_ += s;
+    pending_ += '\n';
+    if (pending_.size() >= (1 << 20)) flush(false);
+  }
+  void commit() {
+    flush(true);
+    file_.commit();
+  }
+
+ private:
+  void flush(bool end) {
+    if (!zstd_) {
+      file_.write(pending_);
+      pending_.clear();
+      return;
+    }
+    ZSTD_inBuffer in{pending_.data(), pending_.size(), 0};
+    for (;;) {
+      ZSTD_outBuffer ob{out_.data(), out_.size(), 0};
+      const size_t left = ZSTD_compressStream2(cctx_, &ob, &in, end ? ZSTD_e_end : ZSTD_e_continue);
+      if (ZSTD_isError(left)) throw_runtime("zstd: {}", ZSTD_getErrorName(left));
+      file_.write(out_.data(), ob.pos);
+      if (end ? left == 0 : in.pos == in.size) break;
+    }
+    pending_.clear();
+  }
+  AtomicFile file_;
+  bool zstd_;
+  ZSTD_CCtx* cctx_ = nullptr;
+  std::string pending_, out_;
+};
+
+bool is_html_type(const std::string& mt) {
+  return mt == "text/html" || mt == "application/xhtml+xml" || mt == "application/xml+xhtml";
+}
+
+bool looks_like_html(std::string_view body) {
+  std::string head(body.substr(0, 512));
+  for (auto& c : head) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return head.find("<html") != std::string::npos || head.find("<!doctype html") != std::string::npos ||
+         head.find("<body") != std::string::npos || head.find("<p>") != std::string::npos;
+}
+
+}  // namespace
+
+const char* counter_name(int c) { return kCounterNames[c]; }
+
+std::vector<std::string> shard_paths(const ExtractOptions& opt) {
+  std::vector<std::string> out;
+  std::map<std::string, std::string> seen;
+  for (const auto& in : opt.inputs) {
+    const std::string stem = warc_stem(in);
+    if (auto it = seen.find(stem); it != seen.end())
+      throw_input("--input: '{}' and '{}' would both write the shard '{}' (one stem per input)", it->second, in, stem);
+    seen[stem] = in;
+    out.push_back((std::filesystem::path(opt.output_dir) / (stem + (opt.compress == "zstd" ? ".jsonl.zst" : ".jsonl")))
+                      .string());
+  }
+  return out;
+}
+
+void check_extract_options(const ExtractOptions& opt) {
+  if (opt.inputs.empty()) throw_input("data extract: --input: no input files");
+  if (opt.compress != "none" && opt.compress != "zstd")
+    throw_input("--compress: '{}' is not none or zstd", opt.compress);
+  if (opt.languages.empty()) throw_input("--languages: empty (give ISO codes such as en,de or 'all')");
+  if (opt.max_record_bytes < 1024) throw_input("--max-record-bytes: {} is under 1024", opt.max_record_bytes);
+  std::set<std::string> dup;
+  for (const auto& in : opt.inputs) {
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(in, ec)) throw_input("--input: {}: no such file", in);
+    const auto canon = std::filesystem::weakly_canonical(in, ec).string();
+    if (!dup.insert(canon).second) throw_input("--input: {} is given twice", in);
+  }
+  shard_paths(opt);
+}
+
+std::vector<int64_t> assign_inputs(const std::vector<std::string>& inputs, int64_t W, int64_t r) {
+  std::vector<std::pair<int64_t, int64_t>> by_size;  // (-size, index)
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    std::error_code ec;
+    const auto s = static_cast<int64_t>(std::filesystem::file_size(inputs[i], ec));
+    by_size.emplace_back(ec ? 0 : -s, static_cast<int64_t>(i));
+  }
+  std::sort(by_size.begin(), by_size.end());
+  std::vector<int64_t> load(static_cast<size_t>(W), 0), mine;
+  for (const auto& [neg, i] : by_size) {
+    const auto q = static_cast<int64_t>(std::min_element(load.begin(), load.end()) - load.begin());
+    load[static_cast<size_t>(q)] += -neg + 1;
+    if (q == r) mine.push_back(i);
+  }
+  std::sort(mine.begin(), mine.end());
+  return mine;
+}
+
+Counts extract_file(const std::string& input, const std::string& output, const ExtractOptions& opt,
+                    std::map<std::string, int64_t>& dropped_languages, const FileProgress& progress) {
+  Counts c{};
+  WarcReader reader(input, opt.max_record_bytes);
+  ShardWriter out(output, opt.compress == "zstd");
+  Utf8Converter conv;
+  const bool all_languages = std::find(opt.languages.begin(), opt.languages.end(), "all") != opt.languages.end();
+  const std::set<std::string> keep(opt.languages.begin(), opt.languages.end());
+  WarcRecord rec;
+  int64_t reported_bytes = 0;
+  auto report_bytes = [&] {
+    if (!progress.bytes) return;
+    const int64_t b = reader.bytes_read();
+    *progress.bytes += b - reported_bytes;
+    reported_bytes = b;
+  };
+  auto bad = [&](const WarcError& e) {
+    ++c[static_cast<size_t>(bad_counter(e.cause()))];
+    if (!opt.skip_bad_records) throw;
+  };
+  for (;;) {
+    try {
+      if (!reader.next(rec)) break;
+    } catch (const WarcError& e) {
+      ++c[kRecords];
+      bad(e);
+      if (!reader.resync()) break;
+      continue;
+    }
+    ++c[kRecords];
+    report_bytes();
+    const std::string_view type = rec.type();
+    const std::string where = fmt::format("{}: record {} at byte {}", input, rec.ordinal, rec.offset);
+    std::string text;
+    Language lang;
+    try {
+      if (type == "response") {
+        ++c[kResponse];
+        const HttpResponse http = parse_http_response(rec.block, where);
+        if (http.status != 200) {
+          ++c[kNotOk];
+          continue;
+        }
+        if (!(is_html_type(http.content_type) || (http.content_type.empty() && looks_like_html(http.body)))) {
+          ++c[kNotHtml];
+          continue;
+        }
+        ++c[kPages];
+        // The charset: BOM, HTTP header, <meta>, valid UTF-8, libuchardet, windows-1252.
+        std::string cs;
+        std::string_view body = http.body;
+        if (body.substr(0, 3) == "\xEF\xBB\xBF") {
+          cs = "UTF-8";
+          body.remove_prefix(3);
+          ++c[kCsBom];
+        } else if (body.substr(0, 2) == "\xFF\xFE" || body.substr(0, 2) == "\xFE\xFF") {
+          cs = body[0] == '\xFF' ? "UTF-16LE" : "UTF-16BE";
+          body.remove_prefix(2);
+          ++c[kCsBom];
+        } else if (!http.charset.empty()) {
+          cs = normalize_charset(http.charset);
+          ++c[kCsHttp];
+        } else if (const std::string m = meta_charset(body); !m.empty()) {
+          cs = normalize_charset(m);
+          ++c[kCsMeta];
+        } else if (valid_utf8(body)) {
+          cs = "UTF-8";
+          ++c[kCsUtf8];
+        } else if (cs = conv.detect(body); !cs.empty()) {
+          ++c[kCsDetected];
+        } else {
+          cs = "WINDOWS-1252";
+          ++c[kCsDefault];
+        }
+        std::string html;
+        try {
+          html = conv.convert(body, cs, &c[kReplacedBytes]);
+        } catch (const WarcError& e) {
+          throw WarcError(e.cause(), fmt::format("{}: charset: {}", where, e.what()));
+        }
+        ParsedPage page = parse_html_blocks(html);
+        std::string all;
+        for (const auto& b : page.blocks) {
+          all += b.text;
+          all += '\n';
+        }
+        lang = identify_language(all);
+        if (!all_languages && (!keep.count(lang.code) || lang.score < opt.min_language_score)) {
+          ++c[kLanguageDropped];
+          ++dropped_languages[lang.code];
+          continue;
+        }
+        classify_blocks(page.blocks, opt.blocks, lang.code == "en");
+        text = main_text(page.blocks);
+      } else if (type == "conversion") {
+        ++c[kConversion];
+        ++c[kPages];
+        text = conv.convert(rec.block, "UTF-8", &c[kReplacedBytes]);
+        lang = identify_language(text);
+        if (!all_languages && (!keep.count(lang.code) || lang.score < opt.min_language_score)) {
+          ++c[kLanguageDropped];
+          ++dropped_languages[lang.code];
+          continue;
+        }
+      } else {
+        ++c[kOtherType];
+        continue;
+      }
+    } catch (const WarcError& e) {
+      bad(e);
+      continue;
+    }
+    if (static_cast<int64_t>(text.size()) < opt.min_chars) {
+      ++c[kNoText];
+      continue;
+    }
+    nlohmann::ordered_json j;
+    j["text"] = text;
+    j["url"] = std::string(rec.header("WARC-Target-URI"));
+    j["warc_record_id"] = std::string(rec.header("WARC-Record-ID"));
+    j["date"] = std::string(rec.header("WARC-Date"));
+    j["language"] = lang.code;
+    j["language_score"] = lang.score;
+    out.line(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+    ++c[kKept];
+    c[kCharsOut] += static_cast<int64_t>(text.size());
+    if (progress.documents) ++*progress.documents;
+  }
+  report_bytes();
+  if (progress.bytes) *progress.bytes += reader.file_bytes() - reported_bytes;  // the rest (e.g. after the last record)
+  out.commit();
+  return c;
+}
+
+nlohmann::ordered_json extract_report(const ExtractOptions& opt, const std::vector<Counts>& per_file,
+                                      const std::map<std::string, int64_t>& dropped_languages, double seconds) {
+  nlohmann::ordered_json rep;
+  rep["command"] = "data extract";
+  nlohmann::ordered_json o;
+  o["languages"] = opt.languages;
+  o["min_language_score"] = opt.min_language_score;
+  o["min_chars"] = opt.min_chars;
+  o["compress"] = opt.compress;
+  o["max_record_bytes"] = opt.max_record_bytes;
+  o["skip_bad_records"] = opt.skip_bad_records;
+  o["length_low"] = opt.blocks.length_low;
+  o["length_high"] = opt.blocks.length_high;
+  o["stopwords_low"] = opt.blocks.stopwords_low;
+  o["stopwords_high"] = opt.blocks.stopwords_high;
+  o["max_link_density"] = opt.blocks.max_link_density;
+  o["max_heading_distance"] = opt.blocks.max_heading_distance;
+  rep["options"] = o;
+  Counts total{};
+  nlohmann::ordered_json files = nlohmann::ordered_json::array();
+  const auto shards = shard_paths(opt);
+  for (size_t i = 0; i < per_file.size(); ++i) {
+    nlohmann::ordered_json f;
+    f["input"] = opt.inputs[i];
+    f["output"] = std::filesystem::path(shards[i]).filename().string();
+    for (int k = 0; k < kCounters; ++k) {
+      f[kCounterNames[k]] = per_file[i][static_cast<size_t>(k)];
+      total[static_cast<size_t>(k)] += per_file[i][static_cast<size_t>(k)];
+    }
+    files.push_back(f);
+  }
+  nlohmann::ordered_json t;
+  for (int k = 0; k < kCounters; ++k) t[kCounterNames[k]] = total[static_cast<size_t>(k)];
+  int64_t bad = 0;
+  for (int k = kBadTruncated; k <= kBadHttp; ++k) bad += total[static_cast<size_t>(k)];
+  t["bad_records"] = bad;
+  rep["totals"] = t;
+  nlohmann::ordered_json dl = nlohmann::ordered_json::object();
+  for (const auto& [k, v] : dropped_languages) dl[k] = v;
+  rep["dropped_languages"] = dl;
+  rep["files"] = files;
+  rep["seconds"] = seconds;
+  return rep;
+}
+
+}  // namespace mtnlg::extract

@@ -1,0 +1,639 @@
+// One web page to clean text: see page.hpp and docs/specs/justext.md.
+#include "data/extract/page.hpp"
+
+#include <cld2/public/compact_lang_det.h>
+#include <gumbo.h>
+#include <iconv.h>
+#include <uchardet/uchardet.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+
+namespace mtnlg::extract {
+
+namespace {
+
+char lower(char c) { return (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c; }
+
+std::string lower_str(std::string_view s) {
+  std::string out(s);
+  for (auto& c : out) c = lower(c);
+  return out;
+}
+
+// English function words: the stop words of the block classifier (written for mtnlg).
+const std::unordered_set<std::string_view>& english_stopwords() {
+  static const std::unordered_set<std::string_view> set = {
+      "a", "about", "above", "after", "again", "against", "all", "almost", "also", "although", "always", "am",
+      "among", "an", "and", "another", "any", "are", "around", "as", "at", "be", "because", "been", "before",
+      "being", "below", "between", "both", "but", "by", "can", "cannot", "could", "did", "do", "does", "doing",
+      "done", "down", "during", "each", "either", "else", "enough", "even", "ever", "every", "few", "for", "from",
+      "further", "had", "has", "have", "having", "he", "her", "here", "hers", "herself", "him", "himself", "his",
+      "how", "however", "i", "if", "in", "into", "is", "it", "its", "itself", "just", "least", "less", "like",
+      "made", "make", "many", "may", "me", "might", "more", "most", "much", "must", "my", "myself", "neither",
+      "never", "no", "nor", "not", "now", "of", "off", "often", "on", "once", "one", "only", "or", "other",
+      "others", "our", "ours", "ourselves", "out", "over", "own", "per", "perhaps", "quite", "rather", "same",
+      "she", "should", "since", "so", "some", "still", "such", "than", "that", "the", "their", "theirs", "them",
+      "themselves", "then", "there", "therefore", "these", "they", "this", "those", "though", "through", "thus",
+      "to", "too", "under", "until", "up", "upon", "us", "very", "was", "we", "well", "were", "what", "when",
+      "where", "whether", "which", "while", "who", "whom", "whose", "why", "will", "with", "within", "without",
+      "would", "yet", "you", "your", "yours", "yourself", "yourselves", "it's", "don't", "isn't", "can't",
+      "won't", "didn't", "doesn't", "there's", "that's", "i'm", "you're", "we're", "they're", "let", "get",
+      "got", "two", "first", "new", "way", "use", "used", "any", "because", "own"};
+  return set;
+}
+
+// Class/id words that mark page furniture rather than content.
+bool boilerplate_word(std::string_view w) {
+  static const std::unordered_set<std::string_view> words = {
+      "cookie", "cookies", "consent", "gdpr", "nav", "navbar", "navigation", "menu", "footer", "sidebar",
+      "breadcrumb", "breadcrumbs", "share", "sharing", "social", "banner", "advert", "advertisement", "ads",
+      "promo", "newsletter", "subscribe", "skip", "toolbar", "masthead", "sitemap", "pagination", "related"};
+  return words.count(w) != 0;
+}
+
+bool boilerplate_attr(std::string_view v) {
+  std::string word;
+  for (size_t i = 0; i <= v.size(); ++i) {
+    const char c = i < v.size() ? lower(v[i]) : ' ';
+    if ((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9')) {
+      word += c;
+    } else {
+      if (!word.empty() && boilerplate_word(word)) return true;
+      word.clear();
+    }
+  }
+  return false;
+}
+
+bool is_skipped(GumboTag t) {
+  switch (t) {
+    case GUMBO_TAG_SCRIPT: case GUMBO_TAG_STYLE: case GUMBO_TAG_NOSCRIPT: case GUMBO_TAG_TEMPLATE:
+    case GUMBO_TAG_HEAD: case GUMBO_TAG_SVG: case GUMBO_TAG_MATH: case GUMBO_TAG_IFRAME: case GUMBO_TAG_OBJECT:
+    case GUMBO_TAG_EMBED: case GUMBO_TAG_SELECT: case GUMBO_TAG_OPTION: case GUMBO_TAG_BUTTON:
+    case GUMBO_TAG_TEXTAREA: case GUMBO_TAG_INPUT: case GUMBO_TAG_CANVAS: case GUMBO_TAG_AUDIO:
+    case GUMBO_TAG_VIDEO: case GUMBO_TAG_MAP: case GUMBO_TAG_APPLET:
+      return true;
+    default:
+      return false;
+  }
+}
+
+bool is_block(GumboTag t) {
+  switch (t) {
+    case GUMBO_TAG_ADDRESS: case GUMBO_TAG_ARTICLE: case GUMBO_TAG_ASIDE: case GUMBO_TAG_BLOCKQUOTE:
+    case GUMBO_TAG_BODY: case GUMBO_TAG_CAPTION: case GUMBO_TAG_CENTER: case GUMBO_TAG_DD: case GUMBO_TAG_DETAILS:
+    case GUMBO_TAG_DIR: case GUMBO_TAG_DIV: case GUMBO_TAG_DL: case GUMBO_TAG_DT:
+    case GUMBO_TAG_FIELDSET: case GUMBO_TAG_FIGCAPTION: case GUMBO_TAG_FIGURE: case GUMBO_TAG_FOOTER:
+    case GUMBO_TAG_FORM: case GUMBO_TAG_H1: case GUMBO_TAG_H2: case GUMBO_TAG_H3: case GUMBO_TAG_H4:
+    case GUMBO_TAG_H5: case GUMBO_TAG_H6: case GUMBO_TAG_HEADER: case GUMBO_TAG_HR: case GUMBO_TAG_LI:
+    case GUMBO_TAG_MAIN: case GUMBO_TAG_MENU: case GUMBO_TAG_NAV: case GUMBO_TAG_OL: case GUMBO_TAG_P:
+    case GUMBO_TAG_PRE: case GUMBO_TAG_SECTION: case GUMBO_TAG_SUMMARY: case GUMBO_TAG_TABLE:
+    case GUMBO_TAG_TBODY: case GUMBO_TAG_TD: case GUMBO_TAG_TFOOT: case GUMBO_TAG_TH: case GUMBO_TAG_THEAD:
+    case GUMBO_TAG_TR: case GUMBO_TAG_UL: case GUMBO_TAG_BR: case GUMBO_TAG_HTML: case GUMBO_TAG_LEGEND:
+    case GUMBO_TAG_OPTGROUP: case GUMBO_TAG_TITLE:
+      return true;
+    default:
+      return false;
+  }
+}
+
+bool is_heading(GumboTag t) {
+  return t == GUMBO_TAG_H1 || t == GUMBO_TAG_H2 || t == GUMBO_TAG_H3 || t == GUMBO_TAG_H4 || t == GUMBO_TAG_H5 ||
+         t == GUMBO_TAG_H6;
+}
+
+int64_t code_points(std::string_view s) {
+  int64_t n = 0;
+  for (unsigned char c : s) n += (c & 0xC0) != 0x80;
+  return n;
+}
+
+bool space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
+
+struct Walker {
+  ParsedPage page;
+  Block cur;
+  int link = 0, pre = 0, heading = 0, boiler = 0, article = 0;
+  const std::unordered_set<std::string_view>& stop = english_stopwords();
+
+  void flush() {
+    // Trim the trailing space of collapsed text.
+    while (!cur.text.empty() && cur.text.back() == ' ') cur.text.pop_back();
+    if (!cur.text.empty()) {
+      cur.chars = code_points(cur.text);
+      // Words and stop words: ASCII-lowered words with edge punctuation stripped.
+      size_t i = 0;
+      const std::string& t = cur.text;
+      std::string w;
+      while (i < t.size()) {
+        while (i < t.size() && space(t[i])) ++i;
+        size_t j = i;
+        while (j < t.size() && !space(t[j])) ++j;
+        if (j > i) {
+          ++cur.words;
+          size_t a = i, b = j;
+          while (a < b && std::ispunct(static_cast<unsigned char>(t[a])) && t[a] != '\'') ++a;
+          while (b > a && std::ispunct(static_cast<unsigned char>(t[b - 1]))) --b;
+          w.assign(t, a, b - a);
+          for (auto& c : w) c = lower(c);
+          if (!w.empty() && stop.count(w)) ++cur.stopwords;
+        }
+        i = j;
+      }
+      page.blocks.push_back(std::move(cur));
+    }
+    cur = Block{};
+    cur.heading = heading > 0;
+    cur.boilerplate_context = boiler > 0;
+  }
+
+  void text(const char* s) {
+    if (cur.text.empty()) {
+      cur.heading = heading > 0;
+      cur.boilerplate_context = boiler > 0;
+    }
+    const size_t before = cur.text.size();
+    if (pre > 0) {
+      cur.text += s;
+    } else {
+      for (const char* p = s; *p; ++p) {
+        if (space(*p)) {
+          if (!cur.text.empty() && cur.text.back() != ' ') cur.text += ' ';
+        } else {
+          cur.text += *p;
+        }
+      }
+    }
+    if (link > 0) cur.link_chars += code_points(std::string_view(cur.text).substr(before));
+  }
+
+  static const char* attr(const GumboElement& e, const char* name) {
+    const GumboAttribute* a = gumbo_get_attribute(&e.attributes, name);
+    return a ? a->value : nullptr;
+  }
+
+  void walk(const GumboNode* n) {
+    if (n->type == GUMBO_NODE_TEXT || n->type == GUMBO_NODE_CDATA) {
+      text(n->v.text.text);
+      return;
+    }
+    if (n->type == GUMBO_NODE_WHITESPACE) {
+      if (!cur.text.empty()) text(" ");
+      return;
+    }
+    if (n->type != GUMBO_NODE_ELEMENT && n->type != GUMBO_NODE_DOCUMENT && n->type != GUMBO_NODE_TEMPLATE) return;
+    if (n->type == GUMBO_NODE_DOCUMENT) {
+      for (unsigned i = 0; i < n->v.document.children.length; ++i)
+        walk(static_cast<const GumboNode*>(n->v.document.children.data[i]));
+      return;
+    }
+    const GumboElement& e = n->v.element;
+    const GumboTag t = e.tag;
+    if (t == GUMBO_TAG_TITLE && page.title.empty()) {
+      for (unsigned i = 0; i < e.children.length; ++i) {
+        const auto* c = static_cast<const GumboNode*>(e.children.data[i]);
+        if (c->type == GUMBO_NODE_TEXT) page.title += c->v.text.text;
+      }
+      return;
+    }
+    if (t == GUMBO_TAG_HEAD) {  // only the title is wanted from the head
+      for (unsigned i = 0; i < e.children.length; ++i) {
+        const auto* c = static_cast<const GumboNode*>(e.children.data[i]);
+        if (c->type == GUMBO_NODE_ELEMENT && c->v.element.tag == GUMBO_TAG_TITLE) walk(c);
+      }
+      return;
+    }
+    if (is_skipped(t)) return;
+    if (const char* h = attr(e, "hidden"); h) return;
+    if (const char* ah = attr(e, "aria-hidden"); ah && std::strcmp(ah, "true") == 0) return;
+    const bool block = is_block(t);
+    const bool ctx = t == GUMBO_TAG_NAV || t == GUMBO_TAG_FOOTER || t == GUMBO_TAG_ASIDE ||
+                     (t == GUMBO_TAG_HEADER && article == 0) || boilerplate_attr(attr(e, "class") ? attr(e, "class") : "") ||
+                     boilerplate_attr(attr(e, "id") ? attr(e, "id") : "") ||
+                     [&] {
+                       const char* role = attr(e, "role");
+                       return role && (std::strcmp(role, "navigation") == 0 || std::strcmp(role, "banner") == 0 ||
+                                       std::strcmp(role, "contentinfo") == 0 || std::strcmp(role, "dialog") == 0);
+                     }();
+    const bool art = t == GUMBO_TAG_ARTICLE || t == GUMBO_TAG_MAIN;
+    if (block) flush();
+    link += t == GUMBO_TAG_A;
+    pre += t == GUMBO_TAG_PRE;
+    heading += is_heading(t);
+    boiler += ctx;
+    article += art;
+    if (block) {
+      cur.heading = heading > 0;
+      cur.boilerplate_context = boiler > 0;
+    }
+    for (unsigned i = 0; i < e.children.length; ++i) walk(static_cast<const GumboNode*>(e.children.data[i]));
+    link -= t == GUMBO_TAG_A;
+    pre -= t == GUMBO_TAG_PRE;
+    heading -= is_heading(t);
+    boiler -= ctx;
+    article -= art;
+    if (block) flush();
+    if (!block && t != GUMBO_TAG_A && !cur.text.empty() && cur.text.back() != ' ') {
+      // Inline elements keep words apart only where the source had spaces; nothing to add.
+    }
+  }
+};
+
+// Nearest class among {good, bad} before (dir -1) or after (dir +1) index i, skipping
+// short blocks and, when `skip_neargood`, near-good ones; the page edges count as bad.
+BlockClass neighbour(const std::vector<Block>& b, size_t i, int dir, bool skip_neargood, bool final_classes) {
+  for (int64_t k = static_cast<int64_t>(i) + dir; k >= 0 && k < static_cast<int64_t>(b.size()); k += dir) {
+    const BlockClass c = final_classes ? b[static_cast<size_t>(k)].final_class : b[static_cast<size_t>(k)].initial;
+    if (c == BlockClass::good || c == BlockClass::bad) return c;
+    if (c == BlockClass::neargood && !skip_neargood) return c;
+  }
+  return BlockClass::bad;
+}
+
+}  // namespace
+
+ParsedPage parse_html_blocks(std::string_view html) {
+  GumboOptions opt = kGumboDefaultOptions;
+  opt.max_errors = 0;  // parse errors are not collected (HTML5 recovers from all of them)
+  GumboOutput* out = gumbo_parse_with_options(&opt, html.data(), html.size());
+  Walker w;
+  w.walk(out->document);
+  w.flush();
+  gumbo_destroy_output(&opt, out);
+  return std::move(w.page);
+}
+
+void classify_blocks(std::vector<Block>& blocks, const BlockParams& p, bool use_stopwords) {
+  // 1. Each block on its own.
+  for (auto& b : blocks) {
+    const double ld = b.chars > 0 ? static_cast<double>(b.link_chars) / static_cast<double>(b.chars) : 0.0;
+    const double sd = b.words > 0 ? static_cast<double>(b.stopwords) / static_cast<double>(b.words) : 0.0;
+    BlockClass c;
+    if (b.boilerplate_context || ld > p.max_link_density || b.text.find("\xC2\xA9") != std::string::npos) {
+      c = BlockClass::bad;
+    } else if (b.chars < p.length_low) {
+      c = b.link_chars > 0 ? BlockClass::bad : BlockClass::shortb;
+    } else if (!use_stopwords) {
+      c = b.chars > p.length_high ? BlockClass::good : BlockClass::neargood;
+    } else if (sd >= p.stopwords_high) {
+      c = b.chars > p.length_high ? BlockClass::good : BlockClass::neargood;
+    } else if (sd >= p.stopwords_low) {
+      c = BlockClass::neargood;
+    } else {
+      c = BlockClass::bad;
+    }
+    b.initial = c;
+  }
+  // 2. Short headings followed closely by good text become near-good.
+  auto good_follows = [&](size_t i) {
+    int64_t dist = 0;
+    for (size_t k = i + 1; k < blocks.size() && dist <= p.max_heading_distance; ++k) {
+      if (blocks[k].initial == BlockClass::good) return true;
+      dist += blocks[k].chars;
+    }
+    return false;
+  };
+  for (size_t i = 0; i < blocks.size(); ++i)
+    if (blocks[i].heading && blocks[i].initial == BlockClass::shortb && good_follows(i))
+      blocks[i].initial = BlockClass::neargood;
+  // 3. Short blocks take their class from their neighbours.
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    auto& b = blocks[i];
+    b.final_class = b.initial;
+    if (b.initial != BlockClass::shortb) continue;
+    const BlockClass prev = neighbour(blocks, i, -1, true, false), next = neighbour(blocks, i, +1, true, false);
+    if (prev == BlockClass::good && next == BlockClass::good) {
+      b.final_class = BlockClass::good;
+    } else if (prev == BlockClass::bad && next == BlockClass::bad) {
+      b.final_class = BlockClass::bad;
+    } else {
+      // Mixed: the side that is bad decides, unless a near-good block stands closer on it.
+      const int dir = prev == BlockClass::bad ? -1 : +1;
+      b.final_class = neighbour(blocks, i, dir, false, false) == BlockClass::neargood ? BlockClass::good
+                                                                                        : BlockClass::bad;
+    }
+  }
+  // 4. Near-good blocks are good unless bad text surrounds them on both sides.
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    auto& b = blocks[i];
+    if (b.initial != BlockClass::neargood) continue;
+    const BlockClass prev = neighbour(blocks, i, -1, true, true), next = neighbour(blocks, i, +1, true, true);
+    b.final_class = (prev == BlockClass::bad && next == BlockClass::bad) ? BlockClass::bad : BlockClass::good;
+  }
+  // 5. A heading (not page furniture) just before good text is kept with it.
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    auto& b = blocks[i];
+    if (!b.heading || b.final_class != BlockClass::bad || b.boilerplate_context) continue;
+    const double ld = b.chars > 0 ? static_cast<double>(b.link_chars) / static_cast<double>(b.chars) : 0.0;
+    if (ld > p.max_link_density) continue;
+    int64_t dist = 0;
+    for (size_t k = i + 1; k < blocks.size() && dist <= p.max_heading_distance; ++k) {
+      if (blocks[k].final_class == BlockClass::good) {
+        b.final_class = BlockClass::good;
+        break;
+      }
+      dist += blocks[k].chars;
+    }
+  }
+}
+
+std::string main_text(const std::vector<Block>& blocks) {
+  std::string out;
+  for (const auto& b : blocks) {
+    if (b.final_class != BlockClass::good) continue;
+    if (!out.empty()) out += '\n';
+    out += b.text;
+  }
+  return out;
+}
+
+std::string extract_main_text(std::string_view html, const BlockParams& p) {
+  auto page = parse_html_blocks(html);
+  classify_blocks(page.blocks, p, true);
+  return main_text(page.blocks);
+}
+
+Language identify_language(std::string_view text) {
+  CLD2::Language lang3[3];
+  int percent3[3];
+  int text_bytes = 0;
+  bool reliable = false;
+  const auto top = CLD2::DetectLanguageSummary(text.data(), static_cast<int>(std::min<size_t>(text.size(), 1 << 30)),
+                                               true, lang3, percent3, &text_bytes, &reliable);
+  Language l;
+  l.code = CLD2::LanguageCode(top);
+  l.score = top == CLD2::UNKNOWN_LANGUAGE ? 0.0 : percent3[0] / 100.0;
+  l.reliable = reliable;
+  return l;
+}
+
+// --- charsets ----------------------------------------------------------------------------
+
+std::string normalize_charset(std::string_view label) {
+  std::string l = lower_str(label);
+  while (!l.empty() && (l.front() == '"' || l.front() == '\'' || space(l.front()))) l.erase(0, 1);
+  while (!l.empty() && (l.back() == '"' || l.back() == '\'' || l.back() == ';' || space(l.back()))) l.pop_back();
+  if (l.empty()) return "";
+  static const std::unordered_map<std::string, std::string> alias = {
+      {"utf-8", "UTF-8"}, {"utf8", "UTF-8"}, {"unicode-1-1-utf-8", "UTF-8"},
+      {"iso-8859-1", "WINDOWS-1252"}, {"iso8859-1", "WINDOWS-1252"}, {"latin1", "WINDOWS-1252"},
+      {"l1", "WINDOWS-1252"}, {"us-ascii", "WINDOWS-1252"}, {"ascii", "WINDOWS-1252"},
+      {"windows-1252", "WINDOWS-1252"}, {"cp1252", "WINDOWS-1252"}, {"x-cp1252", "WINDOWS-1252"},
+      {"iso_8859-1", "WINDOWS-1252"}, {"cp819", "WINDOWS-1252"}, {"ibm819", "WINDOWS-1252"},
+      {"shift_jis", "CP932"}, {"shift-jis", "CP932"}, {"sjis", "CP932"}, {"x-sjis", "CP932"},
+      {"ms_kanji", "CP932"}, {"windows-31j", "CP932"}, {"csshiftjis", "CP932"},
+      {"gb2312", "GB18030"}, {"gbk", "GB18030"}, {"x-gbk", "GB18030"}, {"gb18030", "GB18030"},
+      {"euc-kr", "CP949"}, {"ks_c_5601-1987", "CP949"}, {"iso-8859-9", "WINDOWS-1254"},
+      {"latin5", "WINDOWS-1254"}, {"tis-620", "WINDOWS-874"}, {"iso-8859-11", "WINDOWS-874"},
+      {"utf-16", "UTF-16LE"}, {"utf-16le", "UTF-16LE"}, {"utf-16be", "UTF-16BE"}, {"euc-jp", "EUC-JP"},
+      {"iso-2022-jp", "ISO-2022-JP"}, {"big5", "BIG5-HKSCS"}, {"koi8-r", "KOI8-R"}, {"koi8-u", "KOI8-U"}};
+  if (auto it = alias.find(l); it != alias.end()) return it->second;
+  std::string up = l;
+  for (auto& c : up) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return up;
+}
+
+std::string meta_charset(std::string_view body) {
+  const std::string head = lower_str(body.substr(0, 4096));
+  size_t at = 0;
+  while ((at = head.find("<meta", at)) != std::string::npos) {
+    const size_t end = head.find('>', at);
+    const std::string_view tag = std::string_view(head).substr(at, end == std::string::npos ? std::string::npos : end - at);
+    at += 5;
+    size_t cs = tag.find("charset");
+    if (cs == std::string_view::npos) continue;
+    cs += 7;
+    while (cs < tag.size() && space(tag[cs])) ++cs;
+    if (cs >= tag.size() || tag[cs] != '=') continue;
+    ++cs;
+    while (cs < tag.size() && (space(tag[cs]) || tag[cs] == '"' || tag[cs] == '\'')) ++cs;
+    size_t e = cs;
+    while (e < tag.size() && !space(tag[e]) && tag[e] != '"' && tag[e] != '\'' && tag[e] != ';' && tag[e] != '/') ++e;
+    if (e > cs) return std::string(body.substr(at - 5 + (cs), e - cs));
+  }
+  return "";
+}
+
+bool valid_utf8(std::string_view s) {
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  const size_t n = s.size();
+  size_t i = 0;
+  while (i < n) {
+    const unsigned char c = p[i];
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    int len;
+    uint32_t cp;
+    if ((c & 0xE0) == 0xC0) { len = 2; cp = c & 0x1F; }
+    else if ((c & 0xF0) == 0xE0) { len = 3; cp = c & 0x0F; }
+    else if ((c & 0xF8) == 0xF0) { len = 4; cp = c & 0x07; }
+    else return false;
+    if (i + static_cast<size_t>(len) > n) return false;
+    for (int k = 1; k < len; ++k) {
+      if ((p[i + static_cast<size_t>(k)] & 0xC0) != 0x80) return false;
+      cp = (cp << 6) | (p[i + static_cast<size_t>(k)] & 0x3F);
+    }
+    if ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && (cp < 0x10000 || cp > 0x10FFFF)) ||
+        (cp >= 0xD800 && cp <= 0xDFFF))
+      return false;
+    i += static_cast<size_t>(len);
+  }
+  return true;
+}
+
+struct Utf8Converter::Impl {
+  std::unordered_map<std::string, iconv_t> cds;
+  uchardet_t ud = nullptr;
+  ~Impl() {
+    for (auto& [k, cd] : cds) iconv_close(cd);
+    if (ud) uchardet_delete(ud);
+  }
+};
+
+Utf8Converter::Utf8Converter() : impl_(std::make_unique<Impl>()) {}
+Utf8Converter::~Utf8Converter() = default;
+
+std::string Utf8Converter::detect(std::string_view body) {
+  if (!impl_->ud) impl_->ud = uchardet_new();
+  uchardet_reset(impl_->ud);
+  uchardet_handle_data(impl_->ud, body.data(), std::min<size_t>(body.size(), 1 << 16));
+  uchardet_data_end(impl_->ud);
+  const char* cs = uchardet_get_charset(impl_->ud);
+  return normalize_charset(cs ? cs : "");
+}
+
+std::string Utf8Converter::convert(std::string_view in, const std::string& cs, int64_t* replaced) {
+  if (cs == "UTF-8") {
+    if (valid_utf8(in)) return std::string(in);
+  }
+  auto it = impl_->cds.find(cs);
+  if (it == impl_->cds.end()) {
+    iconv_t cd = iconv_open("UTF-8", cs.c_str());
+    if (cd == reinterpret_cast<iconv_t>(-1)) throw WarcError("encoding", fmt::format("unknown encoding '{}'", cs));
+    it = impl_->cds.emplace(cs, cd).first;
+  }
+  iconv_t cd = it->second;
+  iconv(cd, nullptr, nullptr, nullptr, nullptr);
+  std::string out;
+  out.resize(in.size() * 2 + 16);
+  char* src = const_cast<char*>(in.data());
+  size_t src_left = in.size();
+  size_t used = 0;
+  while (src_left > 0) {
+    char* dst = out.data() + used;
+    size_t dst_left = out.size() - used;
+    const size_t r = iconv(cd, &src, &src_left, &dst, &dst_left);
+    used = out.size() - dst_left;
+    if (r != static_cast<size_t>(-1)) break;
+    if (errno == E2BIG) {
+      out.resize(out.size() * 2);
+    } else {  // EILSEQ or EINVAL: one byte becomes U+FFFD
+      if (out.size() - used < 3) out.resize(out.size() * 2);
+      std::memcpy(out.data() + used, "\xEF\xBF\xBD", 3);
+      used += 3;
+      ++src;
+      --src_left;
+      if (replaced) ++*replaced;
+      iconv(cd, nullptr, nullptr, nullptr, nullptr);
+    }
+  }
+  out.resize(used);
+  return out;
+}
+
+// --- HTTP --------------------------------------------------------------------------------
+
+namespace {
+
+std::string inflate_body(const std::string& in, bool raw_deflate_ok, const std::string& where) {
+  z_stream zs{};
+  // 15 + 32: zlib or gzip header, detected.
+  if (inflateInit2(&zs, 15 + 32) != Z_OK) throw_runtime("zlib initialisation failed");
+  std::string out;
+  char buf[1 << 15];
+  zs.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(in.data()));
+  zs.avail_in = static_cast<uInt>(in.size());
+  int ret = Z_OK;
+  do {
+    zs.next_out = reinterpret_cast<Bytef*>(buf);
+    zs.avail_out = sizeof(buf);
+    ret = inflate(&zs, Z_NO_FLUSH);
+    out.append(buf, sizeof(buf) - zs.avail_out);
+    if (out.size() > (size_t{1} << 28)) break;  // 256 MiB: a decompression bomb is not a page
+  } while (ret == Z_OK && (zs.avail_in > 0 || zs.avail_out == 0));
+  inflateEnd(&zs);
+  if (ret == Z_DATA_ERROR && raw_deflate_ok) {
+    z_stream r{};
+    inflateInit2(&r, -15);
+    out.clear();
+    r.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(in.data()));
+    r.avail_in = static_cast<uInt>(in.size());
+    do {
+      r.next_out = reinterpret_cast<Bytef*>(buf);
+      r.avail_out = sizeof(buf);
+      ret = inflate(&r, Z_NO_FLUSH);
+      out.append(buf, sizeof(buf) - r.avail_out);
+    } while (ret == Z_OK && (r.avail_in > 0 || r.avail_out == 0));
+    inflateEnd(&r);
+  }
+  if (ret != Z_STREAM_END && ret != Z_OK && ret != Z_BUF_ERROR)
+    throw WarcError("http", fmt::format("{}: HTTP body: Content-Encoding does not decode ({})", where,
+                                        zs.msg ? zs.msg : "corrupt"));
+  return out;
+}
+
+}  // namespace
+
+HttpResponse parse_http_response(std::string_view block, const std::string& where) {
+  HttpResponse r;
+  size_t pos = 0;
+  auto line = [&](std::string_view& out) {
+    if (pos >= block.size()) return false;
+    size_t nl = block.find('\n', pos);
+    if (nl == std::string_view::npos) nl = block.size();
+    out = block.substr(pos, nl - pos);
+    if (!out.empty() && out.back() == '\r') out.remove_suffix(1);
+    pos = nl + 1;
+    return true;
+  };
+  std::string_view l;
+  if (!line(l) || l.rfind("HTTP/", 0) != 0)
+    throw WarcError("http", fmt::format("{}: HTTP status line: expected 'HTTP/1.x NNN', found '{}'", where,
+                                        std::string(l.substr(0, 40))));
+  const size_t sp = l.find(' ');
+  if (sp == std::string_view::npos || sp + 4 > l.size() + 0 || l.size() < sp + 4)
+    throw WarcError("http", fmt::format("{}: HTTP status line: no status code in '{}'", where, std::string(l.substr(0, 40))));
+  for (int k = 1; k <= 3; ++k) {
+    const char c = l[sp + static_cast<size_t>(k)];
+    if (c < '0' || c > '9')
+      throw WarcError("http", fmt::format("{}: HTTP status line: no status code in '{}'", where, std::string(l.substr(0, 40))));
+    r.status = r.status * 10 + (c - '0');
+  }
+  std::string content_type, content_encoding, transfer_encoding;
+  bool ended = false;
+  while (line(l)) {
+    if (l.empty()) {
+      ended = true;
+      break;
+    }
+    const size_t colon = l.find(':');
+    if (colon == std::string_view::npos) continue;  // tolerated: servers send odd lines
+    const std::string name = lower_str(l.substr(0, colon));
+    std::string_view v = l.substr(colon + 1);
+    while (!v.empty() && space(v.front())) v.remove_prefix(1);
+    while (!v.empty() && space(v.back())) v.remove_suffix(1);
+    if (name == "content-type") content_type = std::string(v);
+    else if (name == "content-encoding") content_encoding = lower_str(v);
+    else if (name == "transfer-encoding") transfer_encoding = lower_str(v);
+  }
+  if (!ended && pos < block.size())
+    throw WarcError("http", fmt::format("{}: HTTP headers: no blank line before the body", where));
+  // Media type and charset parameter.
+  {
+    const std::string ct = lower_str(content_type);
+    const size_t semi = ct.find(';');
+    std::string mt = ct.substr(0, semi);
+    while (!mt.empty() && space(mt.back())) mt.pop_back();
+    r.content_type = mt;
+    const size_t cs = ct.find("charset=");
+    if (cs != std::string::npos) {
+      size_t e = ct.find(';', cs);
+      r.charset = content_type.substr(cs + 8, e == std::string::npos ? std::string::npos : e - cs - 8);
+    }
+  }
+  std::string body(pos < block.size() ? block.substr(pos) : std::string_view());
+  if (transfer_encoding.find("chunked") != std::string::npos) {
+    std::string out;
+    size_t p = 0;
+    for (;;) {
+      const size_t nl = body.find('\n', p);
+      if (nl == std::string::npos) break;  // cut short: keep what came
+      const size_t size = std::strtoull(body.c_str() + p, nullptr, 16);
+      p = nl + 1;
+      if (size == 0) break;
+      out.append(body, p, std::min(size, body.size() - std::min(p, body.size())));
+      p += size;
+      if (p < body.size() && body[p] == '\r') ++p;
+      if (p < body.size() && body[p] == '\n') ++p;
+      if (p >= body.size()) break;
+    }
+    body = std::move(out);
+  }
+  if (content_encoding == "gzip" || content_encoding == "x-gzip" || content_encoding == "deflate")
+    body = inflate_body(body, content_encoding == "deflate", where);
+  else if (!content_encoding.empty() && content_encoding != "identity")
+    throw WarcError("http", fmt::format("{}: HTTP Content-Encoding '{}' is not supported (gzip, deflate)", where,
+                                        content_encoding));
+  r.body = std::move(body);
+  return r;
+}
+
+}  // namespace mtnlg::extract

@@ -1,0 +1,102 @@
+// One web page to clean text (docs/CURATION.md, "Text extraction"): the HTTP response
+// in a WARC record's block -> body (chunked and gzip/deflate content encodings undone)
+// -> charset (BOM, HTTP header, <meta>, valid UTF-8, else libuchardet) -> UTF-8 (iconv,
+// invalid bytes become U+FFFD) -> HTML5 tree (libgumbo) -> text blocks -> jusText-style
+// block classifier -> main text, and its language (CLD2).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "data/extract/warc.hpp"
+
+namespace mtnlg::extract {
+
+// The block classifier's thresholds (jusText's defaults; docs/specs/justext.md).
+struct BlockParams {
+  int64_t length_low = 70;          // characters: shorter blocks are "short"
+  int64_t length_high = 200;        // characters: longer, wordy blocks are "good"
+  double stopwords_low = 0.30;      // stop-word density of a "near-good" block
+  double stopwords_high = 0.32;     // ... of a "good" one
+  double max_link_density = 0.2;    // more link text than this: "bad"
+  int64_t max_heading_distance = 200;  // characters from a heading to good text
+};
+
+enum class BlockClass { bad, shortb, neargood, good };
+
+struct Block {
+  std::string text;           // whitespace collapsed (kept inside <pre>)
+  int64_t chars = 0;          // code points
+  int64_t link_chars = 0;     // code points inside <a>
+  int64_t words = 0, stopwords = 0;
+  bool heading = false;       // <h1>..<h6>
+  bool boilerplate_context = false;  // inside nav/footer/aside, a page header, or a class/id such as "cookie", "menu"
+  BlockClass initial = BlockClass::bad, final_class = BlockClass::bad;
+};
+
+// The blocks of an HTML document (UTF-8), in document order, and its <title>.
+struct ParsedPage {
+  std::vector<Block> blocks;
+  std::string title;
+};
+ParsedPage parse_html_blocks(std::string_view html_utf8);
+
+// Classifies the blocks in place; `use_stopwords` false for a language without a
+// stop-word list (only length, link density and context count then).
+void classify_blocks(std::vector<Block>& blocks, const BlockParams& p, bool use_stopwords);
+
+// The kept (good) blocks joined by '\n'.
+std::string main_text(const std::vector<Block>& blocks);
+
+// Convenience for tests and benchmarks: parse, classify (English stop words), join.
+std::string extract_main_text(std::string_view html_utf8, const BlockParams& p = {});
+
+// Language of UTF-8 text by CLD2: ISO code ("en", "de", "ja", "un" when unknown) and
+// the share of the text bytes in it (0..1).
+struct Language {
+  std::string code;
+  double score = 0;
+  bool reliable = false;
+};
+Language identify_language(std::string_view utf8_text);
+
+// Charsets. `normalize_charset` maps an HTTP/HTML label to the name iconv uses, following
+// the web's aliases (iso-8859-1 and us-ascii mean windows-1252, shift_jis means
+// Windows-31J, ...); "" for an empty label.
+std::string normalize_charset(std::string_view label);
+// The charset declared by a <meta> tag in the first 4 KiB of `body`, or "".
+std::string meta_charset(std::string_view body);
+bool valid_utf8(std::string_view s);
+
+// Converts `in` (charset `cs`, normalized) to UTF-8; invalid sequences become U+FFFD
+// (counted). Throws WarcError("encoding") when iconv does not know the charset. Keeps
+// one iconv descriptor per charset.
+class Utf8Converter {
+ public:
+  Utf8Converter();
+  ~Utf8Converter();
+  Utf8Converter(const Utf8Converter&) = delete;
+  Utf8Converter& operator=(const Utf8Converter&) = delete;
+  std::string convert(std::string_view in, const std::string& cs, int64_t* replaced);
+  // Charset found by libuchardet, normalized ("" when it has no guess).
+  std::string detect(std::string_view body);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// The parts of an HTTP response (the block of a WARC `response` record).
+struct HttpResponse {
+  int status = 0;
+  std::string content_type;       // media type, lower case, without parameters
+  std::string charset;            // the Content-Type charset parameter, as written
+  std::string body;               // chunked transfer coding and gzip/deflate content coding undone
+};
+// Throws WarcError("http") naming the part at fault; `where` prefixes the message
+// ("FILE: record N at byte B").
+HttpResponse parse_http_response(std::string_view block, const std::string& where);
+
+}  // namespace mtnlg::extract

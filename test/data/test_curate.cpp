@@ -1,0 +1,209 @@
+// [e2e] `mtnlg data curate`: a small mixed corpus (a WARC source, two JSONL sources of
+// the synthetic curation corpus, near-duplicates of web pages planted in another source,
+// planted eval passages) through every stage; counts against the planted truth, the
+// blend trains, a kill -9 mid-run resumes to the same bytes, a third run redoes nothing.
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "test/support/test_support.hpp"
+
+using namespace mtnlg;
+using Catch::Matchers::Contains;
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::vector<json> read_jsonl(const fs::path& path) {
+  std::vector<json> out;
+  std::ifstream f(path);
+  std::string line;
+  while (std::getline(f, line))
+    if (!line.empty()) out.push_back(json::parse(line));
+  return out;
+}
+
+// Every file of the work directory that must not depend on interruptions: data, token
+// files, blend, recipe, report (the sub-commands' reports carry timings and are left out).
+std::map<std::string, std::string> outputs(const fs::path& work) {
+  std::map<std::string, std::string> m;
+  for (const auto& e : fs::recursive_directory_iterator(work)) {
+    if (!e.is_regular_file()) continue;
+    const std::string n = e.path().filename().string();
+    if (n.find(".report.json") != std::string::npos || n == "dedup_report.json") continue;
+    m[fs::relative(e.path(), work).string()] = test::read_file(e.path());
+  }
+  return m;
+}
+
+const json& stage(const json& funnel, const std::string& src, const std::string& name) {
+  for (const auto& s : funnel.at(src))
+    if (s["stage"] == name) return s;
+  FAIL("no stage " << name << " for " << src);
+  static json none;
+  return none;
+}
+
+}  // namespace
+
+TEST_CASE("mtnlg data curate: mixed corpus, planted truth, blend trains, kill -9 resumes byte-identical",
+          "[e2e][curate]") {
+  test::TempDir dir("curate");
+  const fs::path d = dir.path();
+  const std::string src = test::source_dir();
+  auto gen = test::run_mtnlg("data synth-corpus --output-dir " + (d / "c").string() +
+                             " --docs 300 --sources 2 --contaminate 6 --no-progress");
+  REQUIRE(gen.exit_code == 0);
+  auto genq = test::run_mtnlg("data synth-corpus --kind quality --output-dir " + (d / "q").string() + " --docs 400 --no-progress");
+  REQUIRE(genq.exit_code == 0);
+  auto train_q = test::run_mtnlg("data quality train --positive " + (d / "q/positive.jsonl").string() + " --negative " +
+                                 (d / "q/negative.jsonl").string() + " --model " + (d / "quality.bin").string() +
+                                 " --no-progress");
+  REQUIRE(train_q.exit_code == 0);
+  const auto vocab = test::run_command(src + "/scripts/fetch-gpt2-vocab.sh");
+  if (vocab.exit_code != 0) {
+    WARN("GPT-2 vocabulary not available: data curate e2e skipped");
+    return;
+  }
+  std::string gpt2 = vocab.out;
+  while (!gpt2.empty() && gpt2.back() == '\n') gpt2.pop_back();
+  gpt2 = gpt2.substr(gpt2.rfind('\n') + 1);
+
+  // Plant: the known text of 4 web pages, also in the books source (books wins by priority).
+  {
+    std::ofstream books(d / "books.jsonl");
+    books << test::read_file(d / "c/books3.jsonl");
+    int n = 0;
+    for (const auto& t : read_jsonl(src + "/test/fixtures/warc/pages_truth.jsonl")) {
+      if (t["language"] != "en" || n == 4) continue;
+      books << json{{"text", t["text"]}}.dump() << "\n";
+      ++n;
+    }
+  }
+  test::write_file(d / "base.yaml",
+                   "model: {num_layers: 2, hidden_size: 32, num_attention_heads: 2, seq_length: 32, "
+                   "max_position_embeddings: 32}\n"
+                   "training: {micro_batch_size: 2, global_batch_size: 4, train_iters: 3}\n"
+                   "optimizer: {lr: 1.0e-3, min_lr: 1.0e-4}\n"
+                   "data: {split: \"98,2,0\"}\n"
+                   "logging: {tensorboard: false}\n");
+  const std::string pipeline = "work_dir: work\n"
+                               "sources:\n"
+                               "  - name: web\n"
+                               "    warc: [" + src + "/test/fixtures/warc/pages.warc.gz, " + src +
+                               "/test/fixtures/warc/charsets.warc]\n"
+                               "    extract: {languages: [en]}\n"
+                               "    quality: {model: quality.bin, mode: threshold, threshold: 0.2}\n"
+                               "    weight: 2\n"
+                               "  - name: pile_cc\n"
+                               "    jsonl: [c/pile_cc.jsonl]\n"
+                               "    weight: 1\n"
+                               "  - name: books\n"
+                               "    jsonl: books.jsonl\n"
+                               "    weight: 1\n"
+                               "dedup: {threshold: 0.8, priority: [books, pile_cc, web]}\n"
+                               "decontaminate: {tasks_dir: c/tasks}\n"
+                               "tokenizer: {vocab_file: " + gpt2 + "/vocab.json, merge_file: " + gpt2 + "/merges.txt}\n"
+                               "blend: {recipe: base.yaml}\n";
+  test::write_file(d / "pipe.yaml", pipeline);
+  fs::copy(d / "pipe.yaml", d / "pipe2.yaml");
+
+  auto run = test::run_mtnlg("data curate --no-progress " + (d / "pipe.yaml").string());
+  INFO(run.out);
+  REQUIRE(run.exit_code == 0);
+  const fs::path W = d / "work";
+  const json rep = json::parse(test::read_file(W / "curate_report.json"));
+  const json& f = rep["funnel"];
+  // Extract: 36 pages + 6 charset pages; the 4 non-English pages and the Shift-JIS pair dropped.
+  CHECK(stage(f, "web", "extract")["documents_in"] == 42);
+  CHECK(stage(f, "web", "extract")["documents_out"] == 36);
+  // Quality: the same count as the standalone command on the same input.
+  auto qf = test::run_mtnlg("data quality filter --input " + (W / "1-source/web.jsonl").string() + " --model " +
+                            (d / "quality.bin").string() + " --output " + (d / "q.jsonl").string() +
+                            " --mode threshold --threshold 0.2");
+  REQUIRE(qf.exit_code == 0);
+  const auto web_q = static_cast<int64_t>(read_jsonl(d / "q.jsonl").size());
+  CHECK(stage(f, "web", "quality")["documents_out"] == web_q);
+  // Dedup: the 4 planted copies leave the web source (books has priority), and the
+  // synthetic sources lose their planted near-duplicates (truth_dedup.jsonl).
+  int64_t planted_web_copies_kept_by_quality = 0;
+  {
+    int n = 0;
+    for (const auto& t : read_jsonl(src + "/test/fixtures/warc/pages_truth.jsonl")) {
+      if (t["language"] != "en" || n == 4) continue;
+      ++n;
+      for (const auto& doc : read_jsonl(W / "2-quality/web.jsonl"))
+        if (doc["url"] == t["url"]) ++planted_web_copies_kept_by_quality;
+    }
+  }
+  CHECK(stage(f, "web", "dedup")["documents_out"].get<int64_t>() ==
+        stage(f, "web", "dedup")["documents_in"].get<int64_t>() - planted_web_copies_kept_by_quality);
+  int64_t planted_dups = 0;
+  for (const auto& t : read_jsonl(d / "c/truth_dedup.jsonl"))
+    if (t["kind"] != "original" && t["kind"] != "partial") ++planted_dups;
+  const int64_t removed_synth = stage(f, "pile_cc", "dedup")["documents_in"].get<int64_t>() -
+                                stage(f, "pile_cc", "dedup")["documents_out"].get<int64_t>() +
+                                stage(f, "books", "dedup")["documents_in"].get<int64_t>() -
+                                stage(f, "books", "dedup")["documents_out"].get<int64_t>();
+  CHECK(removed_synth >= planted_dups * 95 / 100);
+  CHECK(removed_synth <= planted_dups);
+  // Decontamination: exactly the planted passages that survived dedup.
+  int64_t planted_left = 0;
+  for (const auto& t : read_jsonl(d / "c/truth_contamination.jsonl")) {
+    const std::string file = (W / "3-dedup" / (t["source"].get<std::string>() == "books3" ? "books.jsonl" : "pile_cc.jsonl")).string();
+    const std::string passage = json(t["passage"].get<std::string>()).dump();
+    if (test::read_file(file).find(passage.substr(1, passage.size() - 2)) != std::string::npos) ++planted_left;
+  }
+  int64_t decontam_removed = 0;
+  for (const char* s : {"web", "pile_cc", "books"})
+    decontam_removed += stage(f, s, "decontaminate")["documents_in"].get<int64_t>() -
+                        stage(f, s, "decontaminate")["documents_out"].get<int64_t>();
+  CHECK(planted_left > 0);
+  CHECK(decontam_removed == planted_left);
+  // Blend and recipe written; tokens per source; training runs on it.
+  REQUIRE(rep["blend"].size() == 3);
+  CHECK(rep["blend"][0]["weight"].get<double>() == Approx(0.5));
+  for (const auto& b : rep["blend"]) CHECK(b["tokens"].get<int64_t>() > 0);
+  CHECK_THAT(test::read_file(W / "blend.yaml"), Contains("5-tokens/web_text_document"));
+  CHECK_THAT(test::read_file(W / "curate_report.md"), Contains("| web | extract | 42 | 36 |"));
+  auto tr = test::run_train((W / "train.yaml").string(), (d / "run").string(), "");
+  INFO(tr.out);
+  CHECK(tr.exit_code == 0);
+  CHECK(test::read_losses(d / "run").size() == 3);
+
+  // A kill -9 right after dedup wrote its files (before its manifest), then a re-run.
+  const auto want = outputs(W);
+  fs::remove_all(d / "work");
+  auto killed = test::run_command("MTNLG_TEST_CURATE_KILL=dedup " + std::string(MTNLG_BINARY) + " data curate --no-progress " +
+                                  (d / "pipe.yaml").string());
+  CHECK(killed.exit_code != 0);
+  CHECK_FALSE(fs::exists(W / "blend.yaml"));
+  auto resumed = test::run_mtnlg("data curate --no-progress " + (d / "pipe.yaml").string());
+  INFO(resumed.out);
+  REQUIRE(resumed.exit_code == 0);
+  CHECK_THAT(resumed.out, Contains("source/web: up to date") && Contains("dedup: running"));
+  CHECK(outputs(W) == want);
+  // Nothing to redo; a changed parameter redoes its stage and those after it only.
+  auto again = test::run_mtnlg("data curate --no-progress " + (d / "pipe.yaml").string());
+  CHECK_THAT(again.out, Contains("0 stages run, 11 up to date"));
+  std::string p2 = pipeline;
+  p2.replace(p2.find("{tasks_dir: c/tasks}"), 20, "{tasks_dir: c/tasks, ngram: 12}");
+  test::write_file(d / "pipe.yaml", p2);
+  auto changed = test::run_mtnlg("data curate --no-progress " + (d / "pipe.yaml").string());
+  CHECK_THAT(changed.out, Contains("dedup: up to date") && Contains("decontaminate/web: running"));
+
+  // Bad recipes: one line naming the field.
+  test::write_file(d / "bad.yaml", "work_dir: w\nsources:\n  - name: a\n    jsonl: [nope.jsonl]\ntokenizer: {vocab_file: v, merge_file: m}\n");
+  auto bad = test::run_mtnlg("data curate " + (d / "bad.yaml").string());
+  CHECK(bad.exit_code == 2);
+  CHECK_THAT(bad.out, Contains("sources[0]: input") && Contains("nope.jsonl: no such file"));
+  test::write_file(d / "bad2.yaml", "work_dir: w\nsources:\n  - name: a\n    jsonl: [books.jsonl]\n    qualty: {}\n"
+                                    "tokenizer: {vocab_file: v, merge_file: m}\n");
+  auto bad2 = test::run_mtnlg("data curate " + (d / "bad2.yaml").string());
+  CHECK(bad2.exit_code == 2);
+  CHECK_THAT(bad2.out, Contains("sources[0].qualty: unknown key"));
+}

@@ -1,0 +1,415 @@
+// `data extract`: the WARC reader, the page pipeline and the command, on the generated
+// fixtures of test/fixtures/warc/ (scripts/make-warc-fixtures.py).
+#include <catch2/catch.hpp>
+#include <zstd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <set>
+
+#include "data/extract/extract.hpp"
+#include "test/support/test_support.hpp"
+
+using namespace mtnlg;
+using namespace mtnlg::extract;
+using Catch::Matchers::Contains;
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string fixture(const std::string& name) { return test::source_dir() + "/test/fixtures/warc/" + name; }
+
+std::vector<json> read_jsonl(const std::string& path) {
+  std::vector<json> out;
+  std::ifstream f(path);
+  std::string line;
+  while (std::getline(f, line))
+    if (!line.empty()) out.push_back(json::parse(line));
+  return out;
+}
+
+// Token F1 as scripts/bench/extract_peer.py computes it (lower-cased runs of letters and digits).
+double token_f1(const std::string& got, const std::string& want) {
+  auto words = [](const std::string& s) {
+    std::map<std::string, int> m;
+    std::string w;
+    for (size_t i = 0; i <= s.size(); ++i) {
+      const unsigned char c = i < s.size() ? static_cast<unsigned char>(s[i]) : ' ';
+      if (std::isalnum(c) || c >= 0x80 || c == '_') {
+        w += static_cast<char>(std::tolower(c));
+      } else if (!w.empty()) {
+        ++m[w];
+        w.clear();
+      }
+    }
+    return m;
+  };
+  auto g = words(got), t = words(want);
+  double overlap = 0, ng = 0, nt = 0;
+  for (auto& [k, v] : g) {
+    ng += v;
+    if (auto it = t.find(k); it != t.end()) overlap += std::min(v, it->second);
+  }
+  for (auto& [k, v] : t) nt += v;
+  if (overlap == 0) return 0;
+  const double p = overlap / ng, r = overlap / nt;
+  return 2 * p * r / (p + r);
+}
+
+struct Extracted {
+  Counts counts{};
+  std::map<std::string, int64_t> languages;
+  std::vector<json> docs;
+};
+
+Extracted run_extract(const std::string& input, ExtractOptions opt, const fs::path& out) {
+  Extracted e;
+  opt.inputs = {input};
+  opt.output_dir = out.string();
+  fs::create_directories(out);
+  const std::string shard = shard_paths(opt)[0];
+  e.counts = extract_file(input, shard, opt, e.languages, {});
+  if (opt.compress == "none") e.docs = read_jsonl(shard);
+  return e;
+}
+
+}  // namespace
+
+TEST_CASE("WARC reader: gzip member per record, WARC/1.1 and 1.0, offsets", "[extract]") {
+  WarcReader r(fixture("pages.warc.gz"), 1 << 20);
+  CHECK(r.gzip());
+  WarcRecord rec;
+  std::map<std::string, int> types;
+  int64_t last_offset = -1, n = 0;
+  while (r.next(rec)) {
+    ++types[std::string(rec.type())];
+    CHECK(rec.version == "WARC/1.1");
+    CHECK(rec.offset > last_offset);  // every record starts its own member
+    last_offset = rec.offset;
+    CHECK(rec.ordinal == ++n);
+  }
+  CHECK(types["warcinfo"] == 1);
+  CHECK(types["request"] == 32);
+  CHECK(types["response"] == 32 + 4 + 2);
+  CHECK(types["metadata"] == 1);
+  CHECK(r.bytes_read() == r.file_bytes());
+
+  WarcReader plain(fixture("charsets.warc"), 1 << 20);
+  CHECK_FALSE(plain.gzip());
+  int records = 0;
+  while (plain.next(rec)) {
+    if (rec.type() == "response") CHECK(rec.version == "WARC/1.0");
+    ++records;
+  }
+  CHECK(records == 7);
+}
+
+TEST_CASE("WARC reader: every malformed file is an error naming file, record, offset and cause", "[extract]") {
+  struct Case {
+    const char* file;
+    const char* cause;
+    const char* where;  // "record N at byte B"
+    const char* what;
+  };
+  const Case cases[] = {
+      {"bad-truncated.warc", "truncated", "record 3 at byte 1425", "block cut short"},
+      {"bad-header.warc", "header", "record 2 at byte 760", "Content-Length: missing"},
+      {"bad-cut.warc.gz", "gzip", "record 3 at byte 873", "gzip member cut short"},
+      {"bad-corrupt.warc.gz", "gzip", "record 2 at byte 414", "corrupt gzip member"},
+      {"bad-oversize.warc", "oversize", "record 2 at byte 714", "over the record size cap"},
+  };
+  for (const auto& c : cases) {
+    INFO(c.file);
+    WarcReader r(fixture(c.file), 4096);
+    WarcRecord rec;
+    std::string msg, cause;
+    try {
+      while (r.next(rec)) {
+      }
+    } catch (const WarcError& e) {
+      msg = e.what();
+      cause = e.cause();
+      CHECK(e.exit_code() == 2);
+    }
+    CHECK(cause == c.cause);
+    CHECK_THAT(msg, Contains(fixture(c.file)) && Contains(c.where) && Contains(c.what));
+    CHECK(msg.find('\n') == std::string::npos);
+  }
+}
+
+TEST_CASE("WARC reader: resync after each kind of fault reaches every good record", "[extract]") {
+  // bad-mixed.warc.gz: good, bad header, good, unknown encoding, good, bad HTTP, good,
+  // oversize, good, corrupt member, good, cut-short member.
+  ExtractOptions opt;
+  opt.max_record_bytes = 4096;
+  opt.skip_bad_records = true;
+  test::TempDir dir("extract-mixed");
+  const auto e = run_extract(fixture("bad-mixed.warc.gz"), opt, dir.path());
+  CHECK(e.counts[kKept] == 6);
+  CHECK(e.counts[kBadHeader] == 1);
+  CHECK(e.counts[kBadEncoding] == 1);
+  CHECK(e.counts[kBadHttp] == 1);
+  CHECK(e.counts[kBadOversize] == 1);
+  CHECK(e.counts[kBadGzip] == 2);
+  std::set<std::string> urls;
+  for (const auto& d : e.docs) urls.insert(d["url"].get<std::string>());
+  CHECK(urls == std::set<std::string>{"http://bad.test/10", "http://bad.test/12", "http://bad.test/13",
+                                      "http://bad.test/14", "http://bad.test/15", "http://bad.test/16"});
+  // Without --skip-bad-records the first bad record stops the file, and no shard is left.
+  opt.skip_bad_records = false;
+  test::TempDir dir2("extract-mixed-strict");
+  CHECK_THROWS_AS(run_extract(fixture("bad-mixed.warc.gz"), opt, dir2.path()), WarcError);
+  CHECK(fs::is_empty(dir2.path()));
+}
+
+TEST_CASE("extract: main text of templated pages, F1 >= 0.9 against the known text; other languages dropped",
+          "[extract]") {
+  test::TempDir dir("extract-pages");
+  const auto e = run_extract(fixture("pages.warc.gz"), {}, dir.path());
+  std::map<std::string, json> truth;
+  for (const auto& t : read_jsonl(fixture("pages_truth.jsonl"))) truth[t["warc_record_id"]] = t;
+  CHECK(e.counts[kPages] == 36);
+  CHECK(e.counts[kNotOk] == 1);
+  CHECK(e.counts[kNotHtml] == 1);
+  CHECK(e.counts[kLanguageDropped] == 4);
+  CHECK(e.languages == std::map<std::string, int64_t>{{"de", 2}, {"fr", 2}});
+  REQUIRE(e.docs.size() == 32);
+  double sum = 0, worst = 1;
+  for (const auto& d : e.docs) {
+    const auto& t = truth.at(d["warc_record_id"].get<std::string>());
+    CHECK(t["language"] == "en");
+    CHECK(d["language"] == "en");
+    CHECK(d["language_score"].get<double>() > 0.9);
+    CHECK(d["url"] == t["url"]);
+    CHECK(d["date"] == "2024-03-03T12:00:00Z");
+    const double f = token_f1(d["text"], t["text"]);
+    sum += f;
+    worst = std::min(worst, f);
+    // Boilerplate phrases of the templates never reach the text.
+    for (const char* b : {"We use cookies", "Subscribe to our newsletter", "All rights reserved", "Related stories",
+                          "Share this article", "Popular posts", "Log in"})
+      CHECK(d["text"].get<std::string>().find(b) == std::string::npos);
+  }
+  const double mean = sum / static_cast<double>(e.docs.size());
+  INFO("mean F1 " << mean << ", worst " << worst);
+  CHECK(mean >= 0.9);
+  CHECK(worst >= 0.8);
+
+  // All languages kept: the German and French pages come back with their codes.
+  ExtractOptions all;
+  all.languages = {"all"};
+  test::TempDir dir2("extract-pages-all");
+  const auto e2 = run_extract(fixture("pages.warc.gz"), all, dir2.path());
+  std::map<std::string, int> langs;
+  for (const auto& d : e2.docs) ++langs[d["language"]];
+  CHECK(langs["de"] == 2);
+  CHECK(langs["fr"] == 2);
+  CHECK(langs["en"] == 32);
+}
+
+TEST_CASE("extract: charsets from the HTTP header, <meta>, a BOM and detection decode to the known text",
+          "[extract]") {
+  ExtractOptions opt;
+  opt.languages = {"en", "ja"};
+  test::TempDir dir("extract-charsets");
+  const auto e = run_extract(fixture("charsets.warc"), opt, dir.path());
+  std::map<std::string, std::string> got;
+  for (const auto& d : e.docs) got[d["warc_record_id"]] = d["text"];
+  const auto truth = read_jsonl(fixture("charsets_truth.jsonl"));
+  REQUIRE(truth.size() == 6);
+  for (const auto& t : truth) {
+    INFO(t["case"].get<std::string>());
+    CHECK(got[t["warc_record_id"]] == t["text"].get<std::string>());
+  }
+  CHECK(e.counts[kCsHttp] == 2);
+  CHECK(e.counts[kCsMeta] == 2);
+  CHECK(e.counts[kCsBom] == 1);
+  CHECK(e.counts[kCsDetected] == 1);
+  CHECK(e.counts[kReplacedBytes] == 0);
+  CHECK(normalize_charset("ISO-8859-1") == "WINDOWS-1252");
+  CHECK(normalize_charset("\"Shift_JIS\"") == "CP932");
+  CHECK(meta_charset("<html><head><META HTTP-EQUIV='Content-Type' CONTENT='text/html; charset=koi8-r'>") == "koi8-r");
+}
+
+TEST_CASE("extract: WET conversion records pass through, the language filter applies; zstd shards", "[extract]") {
+  test::TempDir dir("extract-wet");
+  const auto e = run_extract(fixture("sample.warc.wet.gz"), {}, dir.path());
+  CHECK(e.counts[kConversion] == 3);
+  CHECK(e.counts[kKept] == 2);
+  CHECK(e.counts[kLanguageDropped] == 1);
+  ExtractOptions z;
+  z.compress = "zstd";
+  const auto ez = run_extract(fixture("sample.warc.wet.gz"), z, dir.path());
+  const std::string comp = test::read_file(dir / "sample.jsonl.zst"), plain = test::read_file(dir / "sample.jsonl");
+  std::string back(ZSTD_getFrameContentSize(comp.data(), comp.size()) == ZSTD_CONTENTSIZE_UNKNOWN ? plain.size() * 2 + 64
+                                                                                                   : plain.size(),
+                   '\0');
+  const size_t n = ZSTD_decompress(back.data(), back.size(), comp.data(), comp.size());
+  REQUIRE_FALSE(ZSTD_isError(n));
+  back.resize(n);
+  CHECK(back == plain);
+}
+
+TEST_CASE("extract: the block classifier keeps wordy text and drops link lists and furniture", "[extract]") {
+  const std::string para =
+      "It is not easy to explain why the orchard is so bright, but there are a few reasons that most of us agree on. "
+      "They protected the museum with the help of a bright machine, which made the work much easier for all of them.";
+  const std::string html = "<html><body><ul><li><a href=/>Home</a></li><li><a href=/n>News</a></li></ul>"
+                           "<div class=x><p>" + para + "</p><p>Short line in the article.</p><p>" + para +
+                           "</p></div><div id=site-footer>" + para + "</div><p>© 2024 Example</p></body></html>";
+  auto page = parse_html_blocks(html);
+  classify_blocks(page.blocks, {}, true);
+  const std::string text = main_text(page.blocks);
+  CHECK(text == para + "\nShort line in the article.\n" + para);
+}
+
+TEST_CASE("extract: inputs are dealt to ranks disjointly, the same way for the same sizes", "[extract]") {
+  std::vector<std::string> in = {fixture("pages.warc.gz"), fixture("charsets.warc"), fixture("bad-oversize.warc"),
+                                 fixture("sample.warc.wet.gz"), fixture("bad-http.warc")};
+  for (int64_t W = 1; W <= 4; ++W) {
+    std::vector<int> seen(in.size(), 0);
+    for (int64_t r = 0; r < W; ++r)
+      for (int64_t i : assign_inputs(in, W, r)) ++seen[static_cast<size_t>(i)];
+    for (int s : seen) CHECK(s == 1);
+  }
+}
+
+TEST_CASE("mtnlg data extract end to end: help, errors, report, skip-bad-records", "[e2e][extract]") {
+  test::TempDir dir("extract-e2e");
+  const std::string d = dir.str();
+  auto help = test::run_mtnlg("data extract --help");
+  CHECK(help.exit_code == 0);
+  for (const char* o : {"--input", "--output", "--languages", "--compress", "--skip-bad-records", "--max-record-bytes",
+                        "--min-language-score", "--no-progress", "mpirun"})
+    CHECK_THAT(help.out, Contains(o));
+  auto ok = test::run_mtnlg("data extract --input " + fixture("pages.warc.gz") + " " + fixture("sample.warc.wet.gz") +
+                            " --output " + d + "/o");
+  INFO(ok.out);
+  REQUIRE(ok.exit_code == 0);
+  CHECK_THAT(ok.out, Contains("docs/s") && Contains("100.0%"));  // the progress line
+  const auto rep = json::parse(test::read_file(dir / "o" / "extract_report.json"));
+  CHECK(rep["totals"]["documents"] == 34);
+  CHECK(rep["files"].size() == 2);
+  CHECK(fs::exists(dir / "o" / "pages.jsonl"));
+  CHECK(fs::exists(dir / "o" / "sample.jsonl"));
+  auto quiet = test::run_mtnlg("data extract --no-progress --input " + fixture("sample.warc.wet.gz") + " --output " + d + "/q");
+  CHECK(quiet.out.find("docs/s") == std::string::npos);
+
+  const std::map<std::string, std::string> bad = {
+      {"bad-truncated.warc", "record 3 at byte 1425: block cut short"},
+      {"bad-header.warc", "record 2 at byte 760: Content-Length: missing"},
+      {"bad-cut.warc.gz", "record 3 at byte 873: gzip member cut short"},
+      {"bad-corrupt.warc.gz", "record 2 at byte 414: corrupt gzip member"},
+      {"bad-oversize.warc", "record 2 at byte 714: Content-Length 13799 is over the record size cap"},
+      {"bad-encoding.warc", "record 2 at byte 738: charset: unknown encoding 'X-NO-SUCH-CHARSET'"},
+      {"bad-http.warc", "record 2 at byte 715: HTTP status line"}};
+  for (const auto& [f, msg] : bad) {
+    INFO(f);
+    auto r = test::run_mtnlg("data extract --no-progress --max-record-bytes 4096 --input " +
+                             fixture("sample.warc.wet.gz") + " " + fixture(f) + " --output " + d + "/bad");
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.out, Contains("mtnlg: error: " + fixture(f) + ": " + msg));
+    // Nothing under a shard name, no report: a failed run leaves no half output.
+    CHECK((!fs::exists(dir / "bad") || fs::is_empty(dir / "bad")));
+  }
+  auto skip = test::run_mtnlg("data extract --no-progress --max-record-bytes 4096 --skip-bad-records --input " +
+                              fixture("bad-mixed.warc.gz") + " --output " + d + "/skip");
+  REQUIRE(skip.exit_code == 0);
+  const auto sr = json::parse(test::read_file(dir / "skip" / "extract_report.json"))["totals"];
+  CHECK(sr["bad_records"] == 6);
+  CHECK(sr["bad_gzip"] == 2);
+  CHECK(sr["documents"] == 6);
+  auto dup = test::run_mtnlg("data extract --input " + fixture("pages.warc.gz") + " " + fixture("pages.warc.gz") +
+                             " --output " + d + "/dup");
+  CHECK(dup.exit_code == 2);
+  auto nofile = test::run_mtnlg("data extract --input " + d + "/nope.warc --output " + d + "/nf");
+  CHECK(nofile.exit_code == 2);
+  CHECK_THAT(nofile.out, Contains("nope.warc: no such file"));
+}
+
+TEST_CASE("data extract: 1, 2 and 3 ranks write the same shards and report", "[mpi][extract]") {
+  test::TempDir dir("extract-ranks");
+  const std::string inputs = fixture("pages.warc.gz") + " " + fixture("charsets.warc") + " " +
+                             fixture("sample.warc.wet.gz") + " " + fixture("bad-oversize.warc");
+  auto strip = [](json r) {
+    r.erase("seconds");
+    return r.dump();
+  };
+  std::string first_report;
+  std::map<std::string, std::string> first;
+  for (int np : {1, 2, 3}) {
+    const std::string out = (dir / ("o" + std::to_string(np))).string();
+    const std::string args = "data extract --no-progress --skip-bad-records --max-record-bytes 4096 --compress zstd "
+                             "--input " + inputs + " --output " + out;
+    auto r = np == 1 ? test::run_command(std::string(MTNLG_BINARY) + " " + args)
+                     : test::run_command("sh " + test::source_dir() + "/test/mpi/mpirun.sh " + std::to_string(np) + " " +
+                                         MTNLG_BINARY + " " + args);
+    INFO(r.out);
+    REQUIRE(r.exit_code == 0);
+    std::map<std::string, std::string> files;
+    for (const auto& e : fs::directory_iterator(out))
+      if (e.path().filename() != "extract_report.json") files[e.path().filename()] = test::read_file(e.path());
+    const std::string rep = strip(json::parse(test::read_file(fs::path(out) / "extract_report.json")));
+    if (np == 1) {
+      first = files;
+      first_report = rep;
+      CHECK(files.size() == 4);
+    } else {
+      CHECK(files == first);
+      CHECK(rep == first_report);
+    }
+  }
+  // A bad record on one rank stops every rank with its code; no shard is left.
+  auto bad = test::run_command("sh " + test::source_dir() + "/test/mpi/mpirun.sh 3 " + MTNLG_BINARY +
+                               " data extract --no-progress --max-record-bytes 4096 --input " + inputs + " --output " +
+                               (dir / "bad").string());
+  CHECK(bad.exit_code == 2);
+  CHECK_THAT(bad.out, Contains("record 2 at byte 714"));
+  if (fs::exists(dir / "bad"))
+    for (const auto& e : fs::directory_iterator(dir / "bad")) FAIL("left behind: " << e.path());
+}
+
+TEST_CASE("data extract vs readability-lxml: F1 on the templated pages, at least the peer's", "[oracle][extract]") {
+  if (!test::python_has("readability")) {
+    WARN("python3-readability is not installed: the peer comparison is skipped");
+    return;
+  }
+  test::TempDir dir("extract-peer");
+  auto r = test::run_mtnlg("data extract --no-progress --input " + fixture("pages.warc.gz") + " --output " + dir.str());
+  REQUIRE(r.exit_code == 0);
+  auto q = test::run_command("/usr/bin/python3 " + test::source_dir() + "/scripts/bench/extract_peer.py quality --warc " +
+                             fixture("pages.warc.gz") + " --truth " + fixture("pages_truth.jsonl") + " --ours " +
+                             (dir / "pages.jsonl").string() + " --min-f1 0.9");
+  INFO(q.out);
+  CHECK(q.exit_code == 0);
+}
+
+TEST_CASE("data extract on real Debian HTML: English documentation kept, man pages in other languages dropped",
+          "[oracle][extract]") {
+  test::TempDir dir("extract-debian");
+  auto mk = test::run_command("/usr/bin/python3 " + test::source_dir() + "/test/data/debian_pages_warc.py " +
+                              (dir / "debian.warc.gz").string());
+  INFO(mk.out);
+  REQUIRE(mk.exit_code == 0);
+  const auto plan = json::parse(test::read_file(dir / "debian.warc.gz.json"));
+  REQUIRE(plan["english"].size() >= 5);
+  REQUIRE(plan["other"].size() >= 5);
+  auto r = test::run_mtnlg("data extract --no-progress --input " + (dir / "debian.warc.gz").string() + " --output " +
+                           (dir / "o").string());
+  REQUIRE(r.exit_code == 0);
+  std::set<std::string> kept;
+  for (const auto& d : read_jsonl((dir / "o" / "debian.jsonl").string())) {
+    kept.insert(d["url"].get<std::string>());
+    CHECK(d["language"] == "en");
+  }
+  int english_kept = 0;
+  for (const auto& u : plan["english"]) english_kept += kept.count(u.get<std::string>());
+  for (const auto& u : plan["other"]) CHECK(kept.count(u.get<std::string>()) == 0);
+  CHECK(english_kept >= static_cast<int>(plan["english"].size()) * 9 / 10);
+  const auto rep = json::parse(test::read_file(dir / "o" / "extract_report.json"));
+  CHECK(rep["totals"]["language_dropped"].get<int64_t>() >= static_cast<int64_t>(plan["other"].size()) * 9 / 10);
+}
