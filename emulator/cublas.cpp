@@ -187,12 +187,21 @@ uint64_t candidate_workspace(int i, uint64_t max_ws) {
   return std::min(want[i], max_ws);
 }
 
+// The emulator's object behind an opaque handle, or null when it is not a live one.
 template <typename T>
-T* checked(void* h, uint64_t magic, const char* what) {
+T* checked(void* h, uint64_t magic) {
   T* p = static_cast<T*>(h);
-  if (!p || p->magic != magic) return nullptr;
-  (void)what;
-  return p;
+  return p && p->magic == magic ? p : nullptr;
+}
+
+// cublasLt*Destroy: a handle destroyed twice (or never created) is a fatal error.
+template <typename T>
+cublasStatus_t destroy_checked(void* h, uint64_t magic, const char* fn) {
+  T* p = checked<T>(h, magic);
+  if (h && !p) fatal(fmt_str("%s: not a live handle (destroyed twice?)", fn));
+  if (p) p->magic = 0;
+  delete p;
+  return CUBLAS_STATUS_SUCCESS;
 }
 
 // Validates one call's descriptors; returns CUBLAS_STATUS_SUCCESS or the status cuBLASLt
@@ -399,16 +408,12 @@ cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* d, cublasComputeTy
   return CUBLAS_STATUS_SUCCESS;
 }
 cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t d) {
-  auto* p = checked<Desc>(d, kDescMagic, "matmul descriptor");
-  if (d && !p) fatal("cublasLtMatmulDescDestroy: not a live matmul descriptor (destroyed twice?)");
-  if (p) p->magic = 0;
-  delete p;
-  return CUBLAS_STATUS_SUCCESS;
+  return destroy_checked<Desc>(d, kDescMagic, "cublasLtMatmulDescDestroy");
 }
 
 cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr,
                                               const void* buf, size_t size) {
-  Desc* d = checked<Desc>(desc, kDescMagic, "matmul descriptor");
+  Desc* d = checked<Desc>(desc, kDescMagic);
   if (!d) return CUBLAS_STATUS_NOT_INITIALIZED;
   switch (attr) {
     case CUBLASLT_MATMUL_DESC_COMPUTE_TYPE: return set_attr(d->compute, buf, size);
@@ -442,15 +447,11 @@ cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t* l, cudaDataTyp
   return CUBLAS_STATUS_SUCCESS;
 }
 cublasStatus_t cublasLtMatrixLayoutDestroy(const cublasLtMatrixLayout_t l) {
-  auto* p = checked<Layout>(l, kLayoutMagic, "layout");
-  if (l && !p) fatal("cublasLtMatrixLayoutDestroy: not a live matrix layout (destroyed twice?)");
-  if (p) p->magic = 0;
-  delete p;
-  return CUBLAS_STATUS_SUCCESS;
+  return destroy_checked<Layout>(l, kLayoutMagic, "cublasLtMatrixLayoutDestroy");
 }
 cublasStatus_t cublasLtMatrixLayoutSetAttribute(cublasLtMatrixLayout_t l, cublasLtMatrixLayoutAttribute_t attr,
                                                 const void* buf, size_t size) {
-  Layout* p = checked<Layout>(l, kLayoutMagic, "layout");
+  Layout* p = checked<Layout>(l, kLayoutMagic);
   if (!p) return CUBLAS_STATUS_NOT_INITIALIZED;
   switch (attr) {
     case CUBLASLT_MATRIX_LAYOUT_TYPE: return set_attr(p->type, buf, size);
@@ -471,16 +472,12 @@ cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t* pref) 
   return CUBLAS_STATUS_SUCCESS;
 }
 cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t pref) {
-  auto* p = checked<Pref>(pref, kPrefMagic, "preference");
-  if (pref && !p) fatal("cublasLtMatmulPreferenceDestroy: not a live preference (destroyed twice?)");
-  if (p) p->magic = 0;
-  delete p;
-  return CUBLAS_STATUS_SUCCESS;
+  return destroy_checked<Pref>(pref, kPrefMagic, "cublasLtMatmulPreferenceDestroy");
 }
 cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t pref,
                                                     cublasLtMatmulPreferenceAttributes_t attr, const void* buf,
                                                     size_t size) {
-  Pref* p = checked<Pref>(pref, kPrefMagic, "preference");
+  Pref* p = checked<Pref>(pref, kPrefMagic);
   if (!p) return CUBLAS_STATUS_NOT_INITIALIZED;
   switch (attr) {
     case CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES: return set_attr(p->max_workspace, buf, size);
@@ -500,10 +497,10 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmul
                                               cublasLtMatrixLayout_t Bd, cublasLtMatrixLayout_t Cd,
                                               cublasLtMatrixLayout_t Dd, cublasLtMatmulPreference_t pref, int requested,
                                               cublasLtMatmulHeuristicResult_t results[], int* returned) {
-  const Desc* d = checked<Desc>(desc, kDescMagic, "");
-  const Layout *a = checked<Layout>(Ad, kLayoutMagic, ""), *b = checked<Layout>(Bd, kLayoutMagic, ""),
-               *c = checked<Layout>(Cd, kLayoutMagic, ""), *dd = checked<Layout>(Dd, kLayoutMagic, "");
-  const Pref* p = checked<Pref>(pref, kPrefMagic, "");
+  const Desc* d = checked<Desc>(desc, kDescMagic);
+  const Layout *a = checked<Layout>(Ad, kLayoutMagic), *b = checked<Layout>(Bd, kLayoutMagic),
+               *c = checked<Layout>(Cd, kLayoutMagic), *dd = checked<Layout>(Dd, kLayoutMagic);
+  const Pref* p = checked<Pref>(pref, kPrefMagic);
   if (!h || !d || !a || !b || !c || !dd || !p || !results || !returned || requested < 1) return CUBLAS_STATUS_INVALID_VALUE;
   std::string why;
   *returned = 0;
@@ -537,9 +534,9 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, con
                               const void* C, cublasLtMatrixLayout_t Cd, void* D, cublasLtMatrixLayout_t Dd,
                               const cublasLtMatmulAlgo_t* algo, void* workspace, size_t workspace_bytes,
                               cudaStream_t stream) {
-  const Desc* d = checked<Desc>(desc, kDescMagic, "");
-  const Layout *a = checked<Layout>(Ad, kLayoutMagic, ""), *b = checked<Layout>(Bd, kLayoutMagic, ""),
-               *c = checked<Layout>(Cd, kLayoutMagic, ""), *dd = checked<Layout>(Dd, kLayoutMagic, "");
+  const Desc* d = checked<Desc>(desc, kDescMagic);
+  const Layout *a = checked<Layout>(Ad, kLayoutMagic), *b = checked<Layout>(Bd, kLayoutMagic),
+               *c = checked<Layout>(Cd, kLayoutMagic), *dd = checked<Layout>(Dd, kLayoutMagic);
   if (!h || !d || !a || !b || !c || !dd || !alpha || !beta) return CUBLAS_STATUS_INVALID_VALUE;
   std::string why;
   const cublasStatus_t st = validate(*d, *a, *b, *c, *dd, why);
