@@ -2,7 +2,8 @@
 # README command 2: installs what mtnlg needs (Debian packages, as root; npm tools for the
 # tokenizer oracle), builds everything (CUDA kernels too when nvcc exists) and runs every
 # test: unit, oracle (PyTorch / numpy / js-tiktoken), e2e (the binary), mpi (mpirun).
-# GPU tests run only where a GPU is present.
+# GPU tests run only where a GPU is present; the same [gpu] cases, and the CUDA path end to
+# end, run everywhere on the emulated CUDA backend (label emulator, docs/GPU.md).
 #   usage: scripts/test.sh [BUILD_DIR]      (default: build)
 #   env:   MTNLG_TEST_LABELS="unit|e2e" to run a subset; CTEST_PARALLEL_LEVEL (default 2)
 set -euo pipefail
@@ -23,6 +24,7 @@ args=(--output-on-failure --timeout 900 -j "${CTEST_PARALLEL_LEVEL:-2}")
 if [ -n "$labels" ]; then args+=(-L "$labels"); fi
 if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then
   args+=(-LE gpu)
-  echo "test.sh: no GPU here: tests labelled gpu are skipped (run them on a GPU machine, see README)"
+  echo "test.sh: no GPU here: tests labelled gpu are skipped (run them on a GPU machine, see README);" \
+    "the emulator-labelled tests run the same cases on the emulated CUDA backend"
 fi
 ctest "${args[@]}"
