@@ -1,6 +1,7 @@
 // The op set. Each family is a forward/backward pair with explicit buffers (no autograd),
-// dispatched on the device (CPU now; CUDA implementations slot in behind the same calls)
-// and the dtype (f32 for training, f64 for finite-difference checks).
+// dispatched on the device (the CPU implementation in core/ops/<family>.cpp, the CUDA one
+// in core/cuda/<family>.cu) and the dtype (f32, bf16, f16 for training, f64 for
+// finite-difference checks). Argument structs: core/op_params.hpp.
 //
 // Dtype roles (core/ops/common.hpp): the activations and forward weights of one call
 // share one dtype (f32, bf16, f16; f64 for finite-difference tests); statistics (mean,
@@ -8,12 +9,14 @@
 // (f64 with f64 activations). bf16/f16 run with fp32 arithmetic and round-to-nearest-even
 // stores on both backends, so the CPU is the reference of the GPU's mixed precision.
 //
-// Gradient contract (DESIGN.md invariant 4): parameter gradients ACCUMULATE (+=) so
+// Gradient contract: parameter gradients ACCUMULATE (+=) so
 // micro-batches add up; activation gradients are WRITTEN (=) unless an argument says
 // `accumulate`. Shapes: N = rows (batch*sequence), C = channels.
 #pragma once
 #include <cstdint>
+#include <vector>
 
+#include "core/op_params.hpp"
 #include "core/tensor.hpp"
 
 namespace mtnlg::ops {
@@ -55,15 +58,6 @@ void dropout_forward(Tensor& out, const Tensor& inp, double p, uint64_t key, uin
 void dropout_backward(Tensor& dinp, const Tensor& dout, double p, uint64_t key, uint64_t base_index);  // dinp =
 
 // ---- causal self-attention -------------------------------------------------------------
-struct AttentionDropout {
-  double p = 0.0;
-  uint64_t key = 0;
-  // Mask element (sample, head, i, j) has index ((sample_offset+b)*heads_total + head_offset+h)*T*T + i*T + j,
-  // so the mask does not depend on how heads or samples are split across ranks.
-  int64_t sample_offset = 0;
-  int64_t head_offset = 0;
-  int64_t heads_total = 0;
-};
 // qkv[B,T,H*3*D] laid out per head as [q | k | v] (Megatron's layout, so that a
 // column-parallel shard is a contiguous block of heads); out[B,T,H*D];
 // probs[B,H,T,T] saved (softmax before dropout) for backward.
@@ -130,15 +124,17 @@ void xent_loss_accumulate(Tensor& acc, const Tensor& rowmax, const Tensor& sumex
                           const Tensor* mask);
 
 // ---- optimizer -------------------------------------------------------------------------
-struct AdamWParams {
-  double lr, beta1, beta2, eps, weight_decay;
-  int64_t step;  // 1-based, for bias correction
-  double grad_scale = 1.0;  // gradients are multiplied by this first (clipping, loss-scale)
-};
 // Decoupled weight decay (AdamW): p -= lr * (mhat/(sqrt(vhat)+eps) + wd * p).
-// param (the fp32 master weights), grad, m, v fp32 [n]. Called per parameter segment so
-// that biases and norm weights get weight_decay 0. `copy_out` (optional, [n], bf16/f16,
-// or the master itself): the compute copy of the weights, written with the update.
+// param (the fp32 master weights), grad, m, v fp32 [n] (f64 too on the CPU).
+// `copy_out` (optional, [n], bf16/f16, or the master itself): the compute copy of the
+// weights, written with the update.
 void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& p, Tensor* copy_out = nullptr);
+
+// adamw_step over the segments of flat buffers in one call (one kernel launch on CUDA):
+// p.weight_decay applies to the segments with weight_decay, 0 to the others; elements
+// outside every segment are not touched. Segments are sorted by offset, do not overlap
+// and lie inside [0, param.numel()) (RuntimeError otherwise).
+void adamw_flat(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& p,
+                const std::vector<AdamWSegment>& segments, Tensor* copy_out = nullptr);
 
 }  // namespace mtnlg::ops

@@ -1,5 +1,6 @@
 #include "parallel/optimizer.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -12,6 +13,9 @@ DistributedAdamW::DistributedAdamW(const OptimizerConfig& cfg, std::vector<Param
                                    const ProcessGroups& groups, bool zero1, int64_t bucket_size, Device dev)
     : cfg_(cfg), segments_(std::move(segments)), numel_(numel), bucket_size_(bucket_size), groups_(groups), zero1_(zero1),
       dev_(dev) {
+  // The update takes its segments in buffer order.
+  std::sort(segments_.begin(), segments_.end(),
+            [](const ParamSegment& a, const ParamSegment& b) { return a.offset < b.offset; });
   int64_t dp = groups_.dp ? groups_.dp->size() : 1;
   if (dp == 1) zero1_ = false;  // nothing to shard
   if (bucket_size_ <= 0) bucket_size_ = std::max<int64_t>(40'000'000, 1'000'000 * dp);  // Megatron's default
@@ -91,19 +95,27 @@ StepResult DistributedAdamW::apply(Tensor& params, Tensor& grads, double lr, Ten
   double coeff = 1.0;
   if (cfg_.clip_grad > 0) coeff = std::min(1.0, cfg_.clip_grad / (res.grad_norm + 1e-6));
   ++step_;
-  // The compute copy is written with the update, segment by segment; under ZeRO-1 this
-  // rank updates only its shard, so the whole copy is rebuilt after the all-gather.
+  // One update over this rank's part [shard_begin_, shard_end_) of the flat buffers (all
+  // of it without ZeRO-1): the segments clipped to it, offsets relative to its start (m
+  // and v hold just that part). The compute copy is written with the update; under
+  // ZeRO-1 this rank updates only its shard, so the whole copy is rebuilt after the
+  // all-gather.
   const bool copy = weights && weights->defined() && weights->raw() != params.raw();
   if (copy) MTNLG_CHECK(weights->numel() == numel_, "optimizer: compute copy of {} elements, expected {}", weights->numel(), numel_);
-  for (auto& seg : segments_) {
-    int64_t b = std::max(shard_begin_, seg.offset), e = std::min(shard_end_, seg.offset + seg.numel);
-    if (b >= e) continue;
-    Tensor p = params.flat(b, e - b), g = grads.flat(b, e - b);
-    Tensor m = m_.flat(b - shard_begin_, e - b), v = v_.flat(b - shard_begin_, e - b);
-    ops::AdamWParams ap{lr, cfg_.adam_beta1, cfg_.adam_beta2, cfg_.adam_eps, seg.weight_decay ? cfg_.weight_decay : 0.0,
-                        step_, coeff / loss_scale};
-    Tensor w = copy && !zero1_ ? weights->flat(b, e - b) : Tensor();
-    ops::adamw_step(p, g, m, v, ap, w.defined() ? &w : nullptr);
+  std::vector<ops::AdamWSegment> part;
+  part.reserve(segments_.size());
+  for (const auto& seg : segments_) {
+    const int64_t b = std::max(shard_begin_, seg.offset), e = std::min(shard_end_, seg.offset + seg.numel);
+    if (b < e) part.push_back({b - shard_begin_, e - b, seg.weight_decay});
+  }
+  const int64_t len = shard_end_ - shard_begin_;
+  if (len > 0) {
+    Tensor p = params.flat(shard_begin_, len), g = grads.flat(shard_begin_, len);
+    Tensor m = m_.flat(0, len), v = v_.flat(0, len);
+    Tensor w = copy && !zero1_ ? weights->flat(shard_begin_, len) : Tensor();
+    const ops::AdamWParams ap{lr, cfg_.adam_beta1, cfg_.adam_beta2, cfg_.adam_eps, cfg_.weight_decay, step_,
+                              coeff / loss_scale};
+    ops::adamw_flat(p, g, m, v, ap, part, w.defined() ? &w : nullptr);
   }
   if (zero1_) {
     auto* dp = groups_.dp.get();

@@ -21,14 +21,15 @@
 #include <vector>
 
 #include "config/training.hpp"
+#include "core/ops.hpp"
 #include "core/tensor.hpp"
 #include "parallel/communicator.hpp"
 
 namespace mtnlg::parallel {
 
-struct ParamSegment {
-  int64_t offset = 0, numel = 0;
-  bool weight_decay = true;
+// A parameter tensor's run of the flat buffers: offset, numel and weight decay as the
+// update takes them, plus whether the gradient norm counts it on this rank.
+struct ParamSegment : ops::AdamWSegment {
   bool count_in_norm = true;
 };
 

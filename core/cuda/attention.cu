@@ -320,7 +320,7 @@ Geometry geometry(int64_t B, int64_t T, int64_t H, int64_t D) {
   return Geometry{B, T, H, D, static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)))};
 }
 
-Drop make_drop(const AttnDropout& d, int64_t H) {
+Drop make_drop(const ops::AttentionDropout& d, int64_t H) {
   Drop r{};
   r.on = d.p > 0;
   r.p = static_cast<float>(d.p);
@@ -350,8 +350,8 @@ dim3 tiles(const Geometry& g) {
 
 }  // namespace
 
-void attention_forward(void* out, float* lse, const void* qkv, Dt dt, int64_t B, int64_t T, int64_t H, int64_t D,
-                       const AttnDropout& drop) {
+void attention_forward(void* out, float* lse, const void* qkv, DType dt, int64_t B, int64_t T, int64_t H, int64_t D,
+                       const ops::AttentionDropout& drop) {
   if (B * T * H == 0) return;
   const Geometry g = geometry(B, T, H, D);
   const Drop dr = make_drop(drop, H);
@@ -364,8 +364,8 @@ void attention_forward(void* out, float* lse, const void* qkv, Dt dt, int64_t B,
   MTNLG_CUDA_LAUNCH_CHECK("attn_forward_kernel");
 }
 
-void attention_backward(void* dqkv, const void* dout, const void* qkv, const void* out, const float* lse, Dt dt, int64_t B,
-                        int64_t T, int64_t H, int64_t D, const AttnDropout& drop) {
+void attention_backward(void* dqkv, const void* dout, const void* qkv, const void* out, const float* lse, DType dt, int64_t B,
+                        int64_t T, int64_t H, int64_t D, const ops::AttentionDropout& drop) {
   if (B * T * H == 0) return;
   const Geometry g = geometry(B, T, H, D);
   const Drop dr = make_drop(drop, H);
@@ -469,7 +469,7 @@ __global__ void __launch_bounds__(kThreads)
 
 }  // namespace
 
-void attention_cached_forward(void* out, void* k_cache, void* v_cache, const void* qkv, Dt dt, int64_t B, int64_t T,
+void attention_cached_forward(void* out, void* k_cache, void* v_cache, const void* qkv, DType dt, int64_t B, int64_t T,
                               int64_t H, int64_t D, int64_t capacity, int64_t past) {
   if (B * T * H * D == 0) return;
   if (D > kAttnMaxHeadDim) fail("attention_cached_forward: head size above the kernel's limit");
@@ -493,37 +493,33 @@ void attention_cached_forward(void* out, void* k_cache, void* v_cache, const voi
 namespace mtnlg::cuda {
 
 using namespace detail;
-using k::Dt;
 
 namespace {
-k::AttnDropout attn_drop(const ops::AttentionDropout& d) {
-  return k::AttnDropout{d.p, d.key, d.sample_offset, d.head_offset, d.heads_total};
-}
 void attn_shape(const char* op, const Tensor& qkv, int64_t heads, int64_t& B, int64_t& T, int64_t& D) {
   B = qkv.dim(0);
   T = qkv.dim(1);
   D = qkv.dim(2) / (3 * heads);
-  if (D > k::kAttnMaxHeadDim)
-    throw_runtime("{}: head size {} exceeds the CUDA kernel's limit of {}", op, D, k::kAttnMaxHeadDim);
+  if (D > kAttnMaxHeadDim)
+    throw_runtime("{}: head size {} exceeds the CUDA kernel's limit of {}", op, D, kAttnMaxHeadDim);
 }
 }  // namespace
 
 void attention_forward_lse(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t heads, const ops::AttentionDropout& drop) {
   const char* op = "attention_forward_lse";
-  const Dt dt = kdt(op, "qkv", qkv.dtype());
+  const DType dt = cuda_dtype(op, "qkv", qkv.dtype());
   int64_t B, T, D;
   attn_shape(op, qkv, heads, B, T, D);
-  k::attention_forward(out.raw(), f(lse), qkv.raw(), dt, B, T, heads, D, attn_drop(drop));
+  k::attention_forward(out.raw(), f(lse), qkv.raw(), dt, B, T, heads, D, drop);
 }
 
 void attention_backward_lse(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
                             int64_t heads, const ops::AttentionDropout& drop) {
   const char* op = "attention_backward_lse";
-  const Dt dt = kdt(op, "qkv", qkv.dtype());
+  const DType dt = cuda_dtype(op, "qkv", qkv.dtype());
   if (!out.defined()) throw_runtime("{}: the CUDA backward needs the forward's out", op);
   int64_t B, T, D;
   attn_shape(op, qkv, heads, B, T, D);
-  k::attention_backward(dqkv.raw(), dout.raw(), qkv.raw(), out.raw(), f(lse), dt, B, T, heads, D, attn_drop(drop));
+  k::attention_backward(dqkv.raw(), dout.raw(), qkv.raw(), out.raw(), f(lse), dt, B, T, heads, D, drop);
 }
 
 void attention_forward_probs(Tensor&, Tensor&, const Tensor&, int64_t, const ops::AttentionDropout&) {
@@ -536,7 +532,7 @@ void attention_backward_probs(Tensor&, const Tensor&, const Tensor&, const Tenso
 void attention_cached_forward(Tensor& out, Tensor& k_cache, Tensor& v_cache, const Tensor& qkv, int64_t heads,
                               int64_t past) {
   const char* op = "attention_cached_forward";
-  const Dt dt = kdt(op, "qkv", qkv.dtype());
+  const DType dt = cuda_dtype(op, "qkv", qkv.dtype());
   int64_t B, T, D;
   attn_shape(op, qkv, heads, B, T, D);
   if (B * T * heads > INT32_MAX) throw_runtime("{}: batch x positions x heads exceeds the kernel's grid", op);

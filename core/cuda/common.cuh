@@ -1,5 +1,14 @@
 // Device helpers shared by the kernel files: fp32 load/store of the storage types,
 // warp reductions, grid sizing and the dtype switch. Included by .cu files only.
+//
+// Each core/cuda/<family>.cu holds its kernels, their raw launchers (namespace
+// cuda::k: plain pointers, sizes and the storage DType; used only by that file) and, at
+// its end, the family's Tensor-level entry declared in core/cuda/ops_cuda.hpp. Every
+// launcher enqueues on cuda::stream() and returns without synchronising, except those
+// that return a value to the host (sum_squares). Arithmetic is fp32 whatever the
+// storage dtype (f32, bf16, f16); statistics and parameter gradients are fp32.
+// Gradient contract: parameter gradients (dw, db, dtable, dpos) ACCUMULATE (+=);
+// activation gradients are WRITTEN (=) unless the launcher takes `accumulate`.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -9,10 +18,9 @@
 
 #include "core/cuda/cuda_check.hpp"
 #include "core/cuda/device.hpp"
-#include "core/cuda/kernels.hpp"
 #include "core/cuda/ops_cuda.hpp"
 #include "core/error.hpp"
-#include "core/ops/common.hpp"
+#include "core/op_checks.hpp"
 #include "core/tensor.hpp"
 
 // Kernel launches and dynamic shared memory, written once for both builds: nvcc's
@@ -57,7 +65,7 @@ __device__ __forceinline__ float warp_max(float v) {
 __device__ __forceinline__ double block_sum_double(double v, double* sh) {
   sh[threadIdx.x] = v;
   __syncthreads();
-  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+  for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
     if (threadIdx.x < s) sh[threadIdx.x] += sh[threadIdx.x + s];
     __syncthreads();
   }
@@ -82,13 +90,10 @@ inline unsigned col_blocks(int64_t C, int threads) { return static_cast<unsigned
 // Host helpers of the Tensor-level entries at the end of each .cu file.
 namespace mtnlg::cuda::detail {
 
-inline k::Dt kdt(const char* op, const char* name, DType d) {
-  switch (d) {
-    case DType::f32: return k::Dt::f32;
-    case DType::bf16: return k::Dt::bf16;
-    case DType::f16: return k::Dt::f16;
-    default: break;
-  }
+// `d` itself when the kernels store it (f32, bf16, f16); RuntimeError naming the op
+// and the argument otherwise.
+inline DType cuda_dtype(const char* op, const char* name, DType d) {
+  if (d == DType::f32 || d == DType::bf16 || d == DType::f16) return d;
   throw_runtime("{}: {} has dtype {}, which the CUDA backend does not support (f32, bf16, f16)", op, name, to_string(d));
 }
 inline void need_f32(const char* op, const char* name, const Tensor* t) {
@@ -96,7 +101,7 @@ inline void need_f32(const char* op, const char* name, const Tensor* t) {
     throw_runtime("{}: {} must be f32 on CUDA (statistics and parameter gradients are fp32), got {}", op, name,
                   to_string(t->dtype()));
 }
-using ops::detail::expect_numel;  // the dispatchers' shape check (core/ops/common.hpp)
+using op_checks::expect_numel;
 // The device pointer of an optional tensor (nullptr when absent).
 template <typename T = void>
 T* p(const Tensor* t) {
@@ -107,22 +112,24 @@ inline const int32_t* ip(const Tensor& t) { return static_cast<const int32_t*>(t
 
 }  // namespace mtnlg::cuda::detail
 
-// Runs the statement with `T` bound to the storage type of `dt`.
-#define MTNLG_DT_SWITCH(dt, T, ...)                  \
-  switch (dt) {                                      \
-    case ::mtnlg::cuda::k::Dt::f32: {                \
-      using T = float;                               \
-      __VA_ARGS__;                                   \
-      break;                                         \
-    }                                                \
-    case ::mtnlg::cuda::k::Dt::bf16: {               \
-      using T = __nv_bfloat16;                       \
-      __VA_ARGS__;                                   \
-      break;                                         \
-    }                                                \
-    case ::mtnlg::cuda::k::Dt::f16: {                \
-      using T = __half;                              \
-      __VA_ARGS__;                                   \
-      break;                                         \
-    }                                                \
+// Runs the statement with `T` bound to the storage type of `dt` (f32, bf16 or f16: the
+// Tensor-level entries check it with cuda_dtype first; anything else is a logic error).
+#define MTNLG_DT_SWITCH(dt, T, ...)                                        \
+  switch (dt) {                                                            \
+    case ::mtnlg::DType::f32: {                                            \
+      using T = float;                                                     \
+      __VA_ARGS__;                                                         \
+      break;                                                               \
+    }                                                                      \
+    case ::mtnlg::DType::bf16: {                                           \
+      using T = __nv_bfloat16;                                             \
+      __VA_ARGS__;                                                         \
+      break;                                                               \
+    }                                                                      \
+    case ::mtnlg::DType::f16: {                                            \
+      using T = __half;                                                    \
+      __VA_ARGS__;                                                         \
+      break;                                                               \
+    }                                                                      \
+    default: ::mtnlg::cuda::fail("CUDA kernel called with a storage dtype other than f32, bf16, f16"); \
   }

@@ -80,7 +80,7 @@ __global__ void dropout_kernel(T* out, const T* inp, int64_t n, float p, float s
 
 }  // namespace
 
-void fill(void* x, Dt dt, int64_t n, float value) {
+void fill(void* x, DType dt, int64_t n, float value) {
   if (n <= 0) return;
   MTNLG_DT_SWITCH(dt, T, MTNLG_LAUNCH(grid_for(n, kThreads), kThreads, 0, stream(), fill_kernel<T>)(static_cast<T*>(x), n, value));
   MTNLG_CUDA_LAUNCH_CHECK("fill_kernel");
@@ -92,7 +92,7 @@ void fill_i32(int32_t* x, int64_t n, int32_t value) {
   MTNLG_CUDA_LAUNCH_CHECK("fill_i32_kernel");
 }
 
-void add(void* out, const void* a, const void* b, Dt dt, int64_t n) {
+void add(void* out, const void* a, const void* b, DType dt, int64_t n) {
   if (n <= 0) return;
   MTNLG_DT_SWITCH(dt, T,
                   MTNLG_LAUNCH(grid_for(n, kThreads), kThreads, 0, stream(), add_kernel<T>)(
@@ -100,13 +100,13 @@ void add(void* out, const void* a, const void* b, Dt dt, int64_t n) {
   MTNLG_CUDA_LAUNCH_CHECK("add_kernel");
 }
 
-void scale(void* x, Dt dt, int64_t n, float s) {
+void scale(void* x, DType dt, int64_t n, float s) {
   if (n <= 0) return;
   MTNLG_DT_SWITCH(dt, T, MTNLG_LAUNCH(grid_for(n, kThreads), kThreads, 0, stream(), scale_kernel<T>)(static_cast<T*>(x), n, s));
   MTNLG_CUDA_LAUNCH_CHECK("scale_kernel");
 }
 
-void convert(void* dst, Dt ddt, const void* src, Dt sdt, int64_t n) {
+void convert(void* dst, DType ddt, const void* src, DType sdt, int64_t n) {
   if (n <= 0) return;
   MTNLG_DT_SWITCH(ddt, D,
                   MTNLG_DT_SWITCH(sdt, S,
@@ -121,7 +121,7 @@ void fill_f64(double* x, int64_t n, double value) {
   MTNLG_CUDA_LAUNCH_CHECK("fill_f64_kernel");
 }
 
-void gelu_forward(void* out, const void* inp, Dt dt, int64_t n) {
+void gelu_forward(void* out, const void* inp, DType dt, int64_t n) {
   if (n <= 0) return;
   MTNLG_DT_SWITCH(dt, T,
                   MTNLG_LAUNCH(grid_for(n, kThreads), kThreads, 0, stream(), gelu_forward_kernel<T>)(
@@ -129,7 +129,7 @@ void gelu_forward(void* out, const void* inp, Dt dt, int64_t n) {
   MTNLG_CUDA_LAUNCH_CHECK("gelu_forward_kernel");
 }
 
-void gelu_backward(void* dinp, const void* inp, const void* dout, Dt dt, int64_t n) {
+void gelu_backward(void* dinp, const void* inp, const void* dout, DType dt, int64_t n) {
   if (n <= 0) return;
   MTNLG_DT_SWITCH(dt, T,
                   MTNLG_LAUNCH(grid_for(n, kThreads), kThreads, 0, stream(), gelu_backward_kernel<T>)(
@@ -137,11 +137,11 @@ void gelu_backward(void* dinp, const void* inp, const void* dout, Dt dt, int64_t
   MTNLG_CUDA_LAUNCH_CHECK("gelu_backward_kernel");
 }
 
-void dropout(void* out, const void* inp, Dt dt, int64_t n, double p, uint64_t key, uint64_t base) {
+void dropout(void* out, const void* inp, DType dt, int64_t n, double p, uint64_t key, uint64_t base) {
   if (n <= 0) return;
   if (p <= 0) {
     if (out != inp) {
-      const int64_t bytes = n * (dt == Dt::f32 ? 4 : 2);
+      const int64_t bytes = n * (dt == DType::f32 ? 4 : 2);
       CUDA_CHECK(cudaMemcpyAsync(out, inp, static_cast<size_t>(bytes), cudaMemcpyDeviceToDevice, stream()));
     }
     return;
@@ -161,12 +161,11 @@ void dropout(void* out, const void* inp, Dt dt, int64_t n, double p, uint64_t ke
 namespace mtnlg::cuda {
 
 using namespace detail;
-using k::Dt;
 
 void fill(Tensor& x, double value) {
   if (x.dtype() == DType::i32) return k::fill_i32(static_cast<int32_t*>(x.raw()), x.numel(), static_cast<int32_t>(value));
   if (x.dtype() == DType::f64) return k::fill_f64(static_cast<double*>(x.raw()), x.numel(), value);  // step statistics
-  k::fill(x.raw(), kdt("fill", "x", x.dtype()), x.numel(), static_cast<float>(value));
+  k::fill(x.raw(), cuda_dtype("fill", "x", x.dtype()), x.numel(), static_cast<float>(value));
 }
 
 void copy(Tensor& dst, const Tensor& src) {
@@ -175,29 +174,29 @@ void copy(Tensor& dst, const Tensor& src) {
 }
 
 void add(Tensor& out, const Tensor& a, const Tensor& b) {
-  const Dt dt = kdt("add", "out", out.dtype());
+  const DType dt = cuda_dtype("add", "out", out.dtype());
   k::add(out.raw(), a.raw(), b.raw(), dt, out.numel());
 }
 
-void scale(Tensor& x, double s) { k::scale(x.raw(), kdt("scale", "x", x.dtype()), x.numel(), static_cast<float>(s)); }
+void scale(Tensor& x, double s) { k::scale(x.raw(), cuda_dtype("scale", "x", x.dtype()), x.numel(), static_cast<float>(s)); }
 
 void convert(Tensor& dst, const Tensor& src) {
   if (dst.dtype() == src.dtype()) return copy(dst, src);
-  k::convert(dst.raw(), kdt("convert", "dst", dst.dtype()), src.raw(), kdt("convert", "src", src.dtype()), dst.numel());
+  k::convert(dst.raw(), cuda_dtype("convert", "dst", dst.dtype()), src.raw(), cuda_dtype("convert", "src", src.dtype()), dst.numel());
 }
 
 void gelu_forward(Tensor& out, const Tensor& inp) {
-  const Dt dt = kdt("gelu_forward", "out", out.dtype());
+  const DType dt = cuda_dtype("gelu_forward", "out", out.dtype());
   k::gelu_forward(out.raw(), inp.raw(), dt, inp.numel());
 }
 
 void gelu_backward(Tensor& dinp, const Tensor& inp, const Tensor& dout) {
-  const Dt dt = kdt("gelu_backward", "dinp", dinp.dtype());
+  const DType dt = cuda_dtype("gelu_backward", "dinp", dinp.dtype());
   k::gelu_backward(dinp.raw(), inp.raw(), dout.raw(), dt, inp.numel());
 }
 
 void dropout_forward(Tensor& out, const Tensor& inp, double p_drop, uint64_t key, uint64_t base_index) {
-  const Dt dt = kdt("dropout_forward", "out", out.dtype());
+  const DType dt = cuda_dtype("dropout_forward", "out", out.dtype());
   k::dropout(out.raw(), inp.raw(), dt, inp.numel(), p_drop, key, base_index);
 }
 

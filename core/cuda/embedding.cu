@@ -61,7 +61,7 @@ __global__ void embedding_backward_kernel(float* dtable, const int32_t* tok, con
 
 }  // namespace
 
-void position_forward(void* x, const void* pos, Dt dt, int64_t rows, int64_t C, int64_t row_start, int64_t seq_len) {
+void position_forward(void* x, const void* pos, DType dt, int64_t rows, int64_t C, int64_t row_start, int64_t seq_len) {
   if (rows * C <= 0) return;
   MTNLG_DT_SWITCH(dt, T,
                   MTNLG_LAUNCH(grid_for(rows * C, kThreads), kThreads, 0, stream(), position_forward_kernel<T>)(
@@ -69,7 +69,7 @@ void position_forward(void* x, const void* pos, Dt dt, int64_t rows, int64_t C, 
   MTNLG_CUDA_LAUNCH_CHECK("position_forward_kernel");
 }
 
-void position_backward(float* dpos, const void* dx, Dt dt, int64_t rows, int64_t C, int64_t row_start, int64_t seq_len) {
+void position_backward(float* dpos, const void* dx, DType dt, int64_t rows, int64_t C, int64_t row_start, int64_t seq_len) {
   if (rows <= 0 || C <= 0) return;
   const dim3 grid(col_blocks(C, kThreads), static_cast<unsigned>(std::min<int64_t>(seq_len, 65535)));
   MTNLG_DT_SWITCH(dt, T,
@@ -78,7 +78,7 @@ void position_backward(float* dpos, const void* dx, Dt dt, int64_t rows, int64_t
   MTNLG_CUDA_LAUNCH_CHECK("position_backward_kernel");
 }
 
-void embedding_forward(void* out, const int32_t* tok, const void* table, Dt dt, int64_t N, int64_t C, int64_t vstart,
+void embedding_forward(void* out, const int32_t* tok, const void* table, DType dt, int64_t N, int64_t C, int64_t vstart,
                        int64_t vlocal) {
   if (N * C <= 0) return;
   MTNLG_DT_SWITCH(dt, T,
@@ -87,7 +87,7 @@ void embedding_forward(void* out, const int32_t* tok, const void* table, Dt dt, 
   MTNLG_CUDA_LAUNCH_CHECK("embedding_forward_kernel");
 }
 
-void embedding_backward(float* dtable, const int32_t* tok, const void* dout, Dt dt, int64_t N, int64_t C, int64_t vstart,
+void embedding_backward(float* dtable, const int32_t* tok, const void* dout, DType dt, int64_t N, int64_t C, int64_t vstart,
                         int64_t vlocal) {
   if (N <= 0 || C <= 0) return;
   MTNLG_DT_SWITCH(dt, T,
@@ -104,32 +104,31 @@ void embedding_backward(float* dtable, const int32_t* tok, const void* dout, Dt 
 namespace mtnlg::cuda {
 
 using namespace detail;
-using k::Dt;
 
 void embedding_forward(Tensor& out, const Tensor& tokens, const Tensor& table, int64_t vocab_start) {
   const char* op = "embedding_forward";
-  const Dt dt = kdt(op, "out", out.dtype());
+  const DType dt = cuda_dtype(op, "out", out.dtype());
   const int64_t C = table.dim(1), N = tokens.numel();
   k::embedding_forward(out.raw(), ip(tokens), table.raw(), dt, N, C, vocab_start, table.dim(0));
 }
 
 void embedding_backward(Tensor& dtable, const Tensor& tokens, const Tensor& dout, int64_t vocab_start) {
   const char* op = "embedding_backward";
-  const Dt dt = kdt(op, "dout", dout.dtype());
+  const DType dt = cuda_dtype(op, "dout", dout.dtype());
   const int64_t C = dtable.dim(1), N = tokens.numel();
   k::embedding_backward(f(dtable), ip(tokens), dout.raw(), dt, N, C, vocab_start, dtable.dim(0));
 }
 
 void position_forward(Tensor& x, const Tensor& pos, int64_t row_start, int64_t seq_len) {
   const char* op = "position_forward";
-  const Dt dt = kdt(op, "x", x.dtype());
+  const DType dt = cuda_dtype(op, "x", x.dtype());
   const int64_t C = pos.dim(1), rows = C ? x.numel() / C : 0;
   k::position_forward(x.raw(), pos.raw(), dt, rows, C, row_start, seq_len);
 }
 
 void position_backward(Tensor& dpos, const Tensor& dx, int64_t row_start, int64_t seq_len) {
   const char* op = "position_backward";
-  const Dt dt = kdt(op, "dx", dx.dtype());
+  const DType dt = cuda_dtype(op, "dx", dx.dtype());
   const int64_t C = dpos.dim(1), rows = C ? dx.numel() / C : 0;
   k::position_backward(f(dpos), dx.raw(), dt, rows, C, row_start, seq_len);
 }

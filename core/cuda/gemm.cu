@@ -33,13 +33,13 @@ namespace {
 
 bool g_bias_epilogue = true;
 
-cudaDataType_t cuda_type(Dt dt) {
+cudaDataType_t cuda_type(DType dt) {
   switch (dt) {
-    case Dt::f32: return CUDA_R_32F;
-    case Dt::bf16: return CUDA_R_16BF;
-    case Dt::f16: return CUDA_R_16F;
+    case DType::f32: return CUDA_R_32F;
+    case DType::bf16: return CUDA_R_16BF;
+    case DType::f16: return CUDA_R_16F;
+    default: fail("gemm: storage dtype other than f32, bf16, f16");
   }
-  return CUDA_R_32F;
 }
 
 int64_t alignment(const void* p) {
@@ -88,8 +88,8 @@ cublasHandle_t gemm_ex_handle() {
 // The same product through classic cuBLAS (any alignment or shape cuBLAS takes; fp32
 // compute, CUBLAS_DEFAULT_MATH, so never TF32): when cuBLASLt offers no algorithm, or
 // none of its candidates runs.
-void gemm_ex(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* A, Dt adt, int64_t lda, const void* B,
-             int64_t ldb, void* D, Dt ddt, int64_t ldd, float beta) {
+void gemm_ex(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* A, DType adt, int64_t lda, const void* B,
+             int64_t ldb, void* D, DType ddt, int64_t ldd, float beta) {
   for (int64_t v : {m, n, k, lda, ldb, ldd})
     if (v > INT32_MAX) fail("a matmul dimension exceeds cuBLAS's 32-bit sizes");
   const cublasHandle_t h = gemm_ex_handle();
@@ -109,8 +109,8 @@ void gemm_ex(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* A, D
 // the first that runs moves to the front. Returns false, doing nothing, when a bias was
 // asked for and no candidate takes it (the caller retries without it); without a bias,
 // no runnable candidate means cublasGemmEx.
-bool lt_matmul(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* A, Dt adt, int64_t lda, const void* B,
-               int64_t ldb, void* D, Dt ddt, int64_t ldd, float beta, const void* bias) {
+bool lt_matmul(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* A, DType adt, int64_t lda, const void* B,
+               int64_t ldb, void* D, DType ddt, int64_t ldd, float beta, const void* bias) {
   if (!g_use_lt) {
     if (bias) return false;
     gemm_ex(ta, tb, m, n, k, A, adt, lda, B, ldb, D, ddt, ldd, beta);
@@ -187,29 +187,19 @@ bool lt_matmul(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* A,
   return true;
 }
 
+// Zeros of any storage dtype are all-zero bytes.
+void zero(void* x, DType dt, int64_t n) {
+  CUDA_CHECK(cudaMemsetAsync(x, 0, static_cast<size_t>(n * dtype_size(dt)), stream()));
+}
+
 }  // namespace
 
-bool set_gemm_bias_epilogue(bool on) {
-  const bool old = g_bias_epilogue;
-  g_bias_epilogue = on;
-  return old;
-}
+void bias_add_forward(void* x, const void* b, DType dt, int64_t N, int64_t C);  // below
 
-bool set_gemm_lt(bool on) {
-  const bool old = g_use_lt;
-  g_use_lt = on;
-  return old;
-}
-
-int64_t gemm_fallbacks() {
-  std::lock_guard<std::mutex> lock(g_algo_mu);
-  return g_fallbacks;
-}
-
-void gemm_forward(void* out, const void* inp, const void* w, const void* bias, Dt dt, int64_t N, int64_t C, int64_t OC) {
+void gemm_forward(void* out, const void* inp, const void* w, const void* bias, DType dt, int64_t N, int64_t C, int64_t OC) {
   if (N <= 0 || OC <= 0) return;
   if (C == 0) {  // empty sum: out = bias or 0
-    fill(out, dt, N * OC, 0.0f);
+    zero(out, dt, N * OC);
     if (bias) bias_add_forward(out, bias, dt, N, OC);
     return;
   }
@@ -220,20 +210,20 @@ void gemm_forward(void* out, const void* inp, const void* w, const void* bias, D
   if (bias) bias_add_forward(out, bias, dt, N, OC);
 }
 
-void gemm_dinp(void* dinp, const void* dout, const void* w, Dt dt, int64_t N, int64_t C, int64_t OC, bool accumulate) {
+void gemm_dinp(void* dinp, const void* dout, const void* w, DType dt, int64_t N, int64_t C, int64_t OC, bool accumulate) {
   if (N <= 0 || C <= 0) return;
   if (OC == 0) {
-    if (!accumulate) fill(dinp, dt, N * C, 0.0f);
+    if (!accumulate) zero(dinp, dt, N * C);
     return;
   }
   // dinp^T [C,N] = w^T [C x OC col-major, no transpose] @ dout^T [OC x N]: m=C, n=N, k=OC.
   lt_matmul(false, false, C, N, OC, w, dt, C, dout, OC, dinp, dt, C, accumulate ? 1.0f : 0.0f, nullptr);
 }
 
-void gemm_dw(float* dw, const void* dout, const void* inp, Dt dt, int64_t N, int64_t C, int64_t OC) {
+void gemm_dw(float* dw, const void* dout, const void* inp, DType dt, int64_t N, int64_t C, int64_t OC) {
   if (N <= 0 || C <= 0 || OC <= 0) return;
   // dw^T [C,OC] = inp^T [C x N] @ dout [N x OC] (dout^T stored OC x N, transposed): m=C, n=OC, k=N.
-  lt_matmul(false, true, C, OC, N, inp, dt, C, dout, OC, dw, Dt::f32, C, 1.0f, nullptr);
+  lt_matmul(false, true, C, OC, N, inp, dt, C, dout, OC, dw, DType::f32, C, 1.0f, nullptr);
 }
 
 }  // namespace mtnlg::cuda::k
@@ -278,7 +268,7 @@ __global__ void colsum_final_kernel(float* out, const float* partial, int64_t ch
 
 }  // namespace
 
-void bias_add_forward(void* x, const void* b, Dt dt, int64_t N, int64_t C) {
+void bias_add_forward(void* x, const void* b, DType dt, int64_t N, int64_t C) {
   if (N * C <= 0) return;
   MTNLG_DT_SWITCH(dt, T,
                   MTNLG_LAUNCH(grid_for(N * C, kThreads), kThreads, 0, stream(), bias_add_kernel<T>)(
@@ -286,7 +276,7 @@ void bias_add_forward(void* x, const void* b, Dt dt, int64_t N, int64_t C) {
   MTNLG_CUDA_LAUNCH_CHECK("bias_add_kernel");
 }
 
-void bias_add_backward(float* db, const void* dout, Dt dt, int64_t N, int64_t C) {
+void bias_add_backward(float* db, const void* dout, DType dt, int64_t N, int64_t C) {
   if (N <= 0 || C <= 0) return;
   const int64_t chunks = (N + kRowChunk - 1) / kRowChunk;
   DeviceBuffer<float> partial(chunks * C);
@@ -307,11 +297,27 @@ void bias_add_backward(float* db, const void* dout, Dt dt, int64_t N, int64_t C)
 namespace mtnlg::cuda {
 
 using namespace detail;
-using k::Dt;
+
+bool set_gemm_bias_epilogue(bool on) {
+  const bool old = k::g_bias_epilogue;
+  k::g_bias_epilogue = on;
+  return old;
+}
+
+bool set_gemm_lt(bool on) {
+  const bool old = k::g_use_lt;
+  k::g_use_lt = on;
+  return old;
+}
+
+int64_t gemm_fallbacks() {
+  std::lock_guard<std::mutex> lock(k::g_algo_mu);
+  return k::g_fallbacks;
+}
 
 void matmul_forward(Tensor& out, const Tensor& inp, const Tensor& w, const Tensor* bias) {
   const char* op = "matmul_forward";
-  const Dt dt = kdt(op, "out", out.dtype());
+  const DType dt = cuda_dtype(op, "out", out.dtype());
   const int64_t OC = w.dim(0), C = w.dim(1), N = C ? inp.numel() / C : 0;
   k::gemm_forward(out.raw(), inp.raw(), w.raw(), p(bias), dt, N, C, OC);
 }
@@ -319,7 +325,7 @@ void matmul_forward(Tensor& out, const Tensor& inp, const Tensor& w, const Tenso
 void matmul_backward(Tensor* dinp, Tensor* dw, Tensor* dbias, const Tensor& dout, const Tensor& inp, const Tensor& w,
                      bool accumulate_dinp) {
   const char* op = "matmul_backward";
-  const Dt dt = kdt(op, "dout", dout.dtype());
+  const DType dt = cuda_dtype(op, "dout", dout.dtype());
   const int64_t OC = w.dim(0), C = w.dim(1), N = C ? inp.numel() / C : 0;
   if (dinp && dinp->defined()) k::gemm_dinp(dinp->raw(), dout.raw(), w.raw(), dt, N, C, OC, accumulate_dinp);
   if (dw && dw->defined()) k::gemm_dw(f(*dw), dout.raw(), inp.raw(), dt, N, C, OC);
@@ -327,13 +333,13 @@ void matmul_backward(Tensor* dinp, Tensor* dw, Tensor* dbias, const Tensor& dout
 }
 
 void bias_add_forward(Tensor& x, const Tensor& b) {
-  const Dt dt = kdt("bias_add_forward", "x", x.dtype());
+  const DType dt = cuda_dtype("bias_add_forward", "x", x.dtype());
   const int64_t C = b.numel(), N = C ? x.numel() / C : 0;
   k::bias_add_forward(x.raw(), b.raw(), dt, N, C);
 }
 
 void bias_add_backward(Tensor& db, const Tensor& dout) {
-  const Dt dt = kdt("bias_add_backward", "dout", dout.dtype());
+  const DType dt = cuda_dtype("bias_add_backward", "dout", dout.dtype());
   const int64_t C = db.numel(), N = C ? dout.numel() / C : 0;
   k::bias_add_backward(f(db), dout.raw(), dt, N, C);
 }

@@ -105,7 +105,7 @@ unsigned row_blocks(int64_t N) { return static_cast<unsigned>((N + kRowsPerBlock
 
 }  // namespace
 
-void layernorm_forward(void* out, float* mean, float* rstd, const void* inp, const void* w, const void* b, Dt dt, int64_t N,
+void layernorm_forward(void* out, float* mean, float* rstd, const void* inp, const void* w, const void* b, DType dt, int64_t N,
                        int64_t C, double eps) {
   if (N <= 0) return;
   MTNLG_DT_SWITCH(dt, T,
@@ -116,7 +116,7 @@ void layernorm_forward(void* out, float* mean, float* rstd, const void* inp, con
 }
 
 void layernorm_backward(void* dinp, float* dw, float* db, const void* dout, const void* inp, const void* w,
-                        const float* mean, const float* rstd, Dt dt, int64_t N, int64_t C, bool accumulate_dinp) {
+                        const float* mean, const float* rstd, DType dt, int64_t N, int64_t C, bool accumulate_dinp) {
   if (N <= 0) return;
   MTNLG_DT_SWITCH(dt, T,
                   MTNLG_LAUNCH(row_blocks(N), kThreads, 0, stream(), layernorm_dinp_kernel<T>)(
@@ -144,12 +144,11 @@ void layernorm_backward(void* dinp, float* dw, float* db, const void* dout, cons
 namespace mtnlg::cuda {
 
 using namespace detail;
-using k::Dt;
 
 void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& inp, const Tensor& w, const Tensor& b,
                        double eps) {
   const char* op = "layernorm_forward";
-  const Dt dt = kdt(op, "out", out.dtype());
+  const DType dt = cuda_dtype(op, "out", out.dtype());
   const int64_t C = w.numel(), N = C ? inp.numel() / C : 0;
   k::layernorm_forward(out.raw(), f(mean), f(rstd), inp.raw(), w.raw(), b.raw(), dt, N, C, eps);
 }
@@ -157,7 +156,7 @@ void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& in
 void layernorm_backward(Tensor& dinp, Tensor& dw, Tensor& db, const Tensor& dout, const Tensor& inp, const Tensor& w,
                         const Tensor& mean, const Tensor& rstd, bool accumulate_dinp) {
   const char* op = "layernorm_backward";
-  const Dt dt = kdt(op, "dinp", dinp.dtype());
+  const DType dt = cuda_dtype(op, "dinp", dinp.dtype());
   const int64_t C = w.numel(), N = C ? inp.numel() / C : 0;
   k::layernorm_backward(dinp.raw(), f(dw), f(db), dout.raw(), inp.raw(), w.raw(), f(mean), f(rstd), dt, N, C,
                         accumulate_dinp);

@@ -1,7 +1,7 @@
 // The CUDA backend of the op set: Tensor-level entry points that core/ops/<family>.cpp calls
 // when its arguments live on Device::cuda (same names and argument meanings as
-// core/ops.hpp), plus the CUDA-only pieces of mixed precision (a flat multi-segment
-// AdamW with a low-precision copy-out).
+// core/ops.hpp), and the kernels' limits and switches. The kernels themselves and their
+// raw launchers live in core/cuda/<family>.cu, each file ending with its family's entries.
 //
 // Dtypes on CUDA (checked here, RuntimeError naming the op and the argument):
 //   activations, their gradients and the weights as used by the forward: f32, bf16 or
@@ -18,7 +18,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/ops.hpp"
+#include "core/op_params.hpp"
 #include "core/tensor.hpp"
 
 namespace mtnlg::cuda {
@@ -69,19 +69,23 @@ void xent_sumexp_target(Tensor& sumexp, Tensor& target_logit, const Tensor& logi
 void xent_backward(Tensor& dlogits, const Tensor& logits, const Tensor& targets, const Tensor& rowmax,
                    const Tensor& sumexp, const Tensor& dloss, int64_t vocab_start, int64_t valid_local);
 
-void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const ops::AdamWParams& p,
-                Tensor* copy_out = nullptr);
-
-// ---- mixed precision -----------------------------------------------------------------
-struct AdamWSegment {
-  int64_t offset = 0, numel = 0;  // elements of the flat buffer
-  bool weight_decay = true;       // false: weight decay 0 (biases, norm weights)
-};
-// AdamW over the whole flat fp32 master buffer in one launch (p.weight_decay applies to
-// segments with weight_decay; elements outside every segment are not touched). When
-// `copy_out` is given (bf16 or f16, same numel) it receives the updated parameters:
-// the low-precision weights the next forward uses.
+// The flat multi-segment form of ops::adamw_flat: one launch over the whole fp32 master
+// buffer; `copy_out` (bf16 or f16) receives the low-precision weights the next forward
+// uses.
 void adamw_flat(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const ops::AdamWParams& p,
-                const std::vector<AdamWSegment>& segments, Tensor* copy_out);
+                const std::vector<ops::AdamWSegment>& segments, Tensor* copy_out);
+
+// ---- limits and switches of the kernels ---------------------------------------------
+// Largest head size the attention kernels take.
+constexpr int64_t kAttnMaxHeadDim = 256;
+// Whether matmuls go through cuBLASLt (default true); off, every one takes the
+// cublasGemmEx fallback. Returns the previous setting (tests run both paths).
+bool set_gemm_lt(bool on);
+// Whether the matmul forward fuses the bias into cuBLASLt's epilogue (default true);
+// off, or when the heuristic offers no algorithm with the epilogue, the bias is added by
+// a separate kernel after the GEMM. Returns the previous setting.
+bool set_gemm_bias_epilogue(bool on);
+// Matmuls run by the cublasGemmEx fallback since start-up.
+int64_t gemm_fallbacks();
 
 }  // namespace mtnlg::cuda

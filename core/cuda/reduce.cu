@@ -44,7 +44,7 @@ __global__ void sumsq_accumulate_kernel(double* acc, const double* partial, int6
 
 }  // namespace
 
-double sum_squares(const void* x, Dt dt, int64_t n) {
+double sum_squares(const void* x, DType dt, int64_t n) {
   if (n <= 0) return 0.0;
   // The grid depends on n only, so the summation order (and the result) is the same
   // on every GPU.
@@ -61,7 +61,7 @@ double sum_squares(const void* x, Dt dt, int64_t n) {
   return out;
 }
 
-void sum_squares_accumulate(double* acc, const void* x, Dt dt, int64_t n) {
+void sum_squares_accumulate(double* acc, const void* x, DType dt, int64_t n) {
   if (n <= 0) return;
   const unsigned blocks = grid_for(n, kThreads, 1024);
   DeviceBuffer<double> partial(blocks);
@@ -80,14 +80,13 @@ void sum_squares_accumulate(double* acc, const void* x, Dt dt, int64_t n) {
 namespace mtnlg::cuda {
 
 using namespace detail;
-using k::Dt;
 
-double sum_squares(const Tensor& x) { return k::sum_squares(x.raw(), kdt("sum_squares", "x", x.dtype()), x.numel()); }
+double sum_squares(const Tensor& x) { return k::sum_squares(x.raw(), cuda_dtype("sum_squares", "x", x.dtype()), x.numel()); }
 
 bool all_finite(const Tensor& x) { return std::isfinite(sum_squares(x)); }
 
 void sum_squares_accumulate(Tensor& acc, const Tensor& x) {
-  k::sum_squares_accumulate(static_cast<double*>(acc.raw()), x.raw(), kdt("sum_squares_accumulate", "x", x.dtype()),
+  k::sum_squares_accumulate(static_cast<double*>(acc.raw()), x.raw(), cuda_dtype("sum_squares_accumulate", "x", x.dtype()),
                             x.numel());
 }
 

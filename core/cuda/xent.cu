@@ -90,7 +90,7 @@ unsigned row_grid(int64_t N) { return static_cast<unsigned>(std::min<int64_t>(st
 
 }  // namespace
 
-void xent_rowmax(float* rowmax, const void* logits, Dt dt, int64_t N, int64_t V, int64_t valid) {
+void xent_rowmax(float* rowmax, const void* logits, DType dt, int64_t N, int64_t V, int64_t valid) {
   if (N <= 0) return;
   MTNLG_DT_SWITCH(dt, T,
                   MTNLG_LAUNCH(row_grid(N), kThreads, 0, stream(), xent_rowmax_kernel<T>)(rowmax, static_cast<const T*>(logits), N,
@@ -99,7 +99,7 @@ void xent_rowmax(float* rowmax, const void* logits, Dt dt, int64_t N, int64_t V,
 }
 
 void xent_sumexp_target(float* sumexp, float* target_logit, const void* logits, const int32_t* targets,
-                        const float* rowmax, Dt dt, int64_t N, int64_t V, int64_t vstart, int64_t valid) {
+                        const float* rowmax, DType dt, int64_t N, int64_t V, int64_t vstart, int64_t valid) {
   if (N <= 0) return;
   MTNLG_DT_SWITCH(dt, T,
                   MTNLG_LAUNCH(row_grid(N), kThreads, 0, stream(), xent_sumexp_target_kernel<T>)(
@@ -108,7 +108,7 @@ void xent_sumexp_target(float* sumexp, float* target_logit, const void* logits, 
 }
 
 void xent_backward(void* dlogits, const void* logits, const int32_t* targets, const float* rowmax, const float* sumexp,
-                   const float* dloss, Dt dt, int64_t N, int64_t V, int64_t vstart, int64_t valid) {
+                   const float* dloss, DType dt, int64_t N, int64_t V, int64_t vstart, int64_t valid) {
   if (N <= 0) return;
   MTNLG_DT_SWITCH(dt, T,
                   MTNLG_LAUNCH(row_grid(N), kThreads, 0, stream(), xent_backward_kernel<T>)(
@@ -161,10 +161,9 @@ void xent_loss_accumulate(double* acc, const float* rowmax, const float* sumexp,
 namespace mtnlg::cuda {
 
 using namespace detail;
-using k::Dt;
 
 void xent_rowmax(Tensor& rowmax, const Tensor& logits, int64_t valid_local) {
-  const Dt dt = kdt("xent_rowmax", "logits", logits.dtype());
+  const DType dt = cuda_dtype("xent_rowmax", "logits", logits.dtype());
   const int64_t N = rowmax.numel(), V = N ? logits.numel() / N : 0;
   k::xent_rowmax(f(rowmax), logits.raw(), dt, N, V, valid_local);
 }
@@ -172,7 +171,7 @@ void xent_rowmax(Tensor& rowmax, const Tensor& logits, int64_t valid_local) {
 void xent_sumexp_target(Tensor& sumexp, Tensor& target_logit, const Tensor& logits, const Tensor& targets,
                         const Tensor& rowmax, int64_t vocab_start, int64_t valid_local) {
   const char* op = "xent_sumexp_target";
-  const Dt dt = kdt(op, "logits", logits.dtype());
+  const DType dt = cuda_dtype(op, "logits", logits.dtype());
   const int64_t N = rowmax.numel(), V = N ? logits.numel() / N : 0;
   k::xent_sumexp_target(f(sumexp), f(target_logit), logits.raw(), ip(targets), f(rowmax), dt, N, V, vocab_start,
                         valid_local);
@@ -181,7 +180,7 @@ void xent_sumexp_target(Tensor& sumexp, Tensor& target_logit, const Tensor& logi
 void xent_backward(Tensor& dlogits, const Tensor& logits, const Tensor& targets, const Tensor& rowmax,
                    const Tensor& sumexp, const Tensor& dloss, int64_t vocab_start, int64_t valid_local) {
   const char* op = "xent_backward";
-  const Dt dt = kdt(op, "dlogits", dlogits.dtype());
+  const DType dt = cuda_dtype(op, "dlogits", dlogits.dtype());
   const int64_t N = rowmax.numel(), V = N ? logits.numel() / N : 0;
   k::xent_backward(dlogits.raw(), logits.raw(), ip(targets), f(rowmax), f(sumexp), f(dloss), dt, N, V, vocab_start,
                    valid_local);

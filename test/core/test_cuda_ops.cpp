@@ -16,7 +16,6 @@
 
 #include "core/cuda/cuda_check.hpp"
 #include "core/cuda/device.hpp"
-#include "core/cuda/kernels.hpp"
 #include "core/cuda/ops_cuda.hpp"
 #include "core/error.hpp"
 #include "core/ops.hpp"
@@ -267,9 +266,9 @@ TEST_CASE("cuda matmul forward/backward vs CPU (all three shapes; cuBLASLt with 
       for (int mode : {0, 1, 2}) {  // 0 cuBLASLt + bias epilogue, 1 cuBLASLt, 2 cublasGemmEx
         const bool epilogue = mode == 0;
         INFO("N " << s.N << " C " << s.C << " OC " << s.OC << " dtype " << to_string(dt) << " mode " << mode);
-        const bool old = cuda::k::set_gemm_bias_epilogue(epilogue);
-        const bool old_lt = cuda::k::set_gemm_lt(mode != 2);
-        const int64_t fallbacks = cuda::k::gemm_fallbacks();
+        const bool old = cuda::set_gemm_bias_epilogue(epilogue);
+        const bool old_lt = cuda::set_gemm_lt(mode != 2);
+        const int64_t fallbacks = cuda::gemm_fallbacks();
         Tensor inp = randn({s.N, s.C}, g), w = randn({s.OC, s.C}, g, 0.2), bias = randn({s.OC}, g);
         Tensor dout = randn({s.N, s.OC}, g), dinp0 = randn({s.N, s.C}, g), dw0 = randn({s.OC, s.C}, g),
                db0 = randn({s.OC}, g);
@@ -298,9 +297,9 @@ TEST_CASE("cuda matmul forward/backward vs CPU (all three shapes; cuBLASLt with 
           check_close("dw", gdw, rdw, rtol_for(dt));
           check_close("dbias", gdb, rdb, rtol_for(dt));
         }
-        if (mode == 2) CHECK(cuda::k::gemm_fallbacks() > fallbacks);  // the fallback really ran
-        cuda::k::set_gemm_bias_epilogue(old);
-        cuda::k::set_gemm_lt(old_lt);
+        if (mode == 2) CHECK(cuda::gemm_fallbacks() > fallbacks);  // the fallback really ran
+        cuda::set_gemm_bias_epilogue(old);
+        cuda::set_gemm_lt(old_lt);
       }
     }
   }
@@ -707,7 +706,7 @@ TEST_CASE("cuda AdamW: per-op step and the flat multi-segment kernel vs CPU", "[
     check_close("v", gv, rv, kRtolF32);
   }
   // flat: three segments (decay, no decay, decay) with a gap that must stay untouched
-  std::vector<cuda::AdamWSegment> segs{{0, 4000, true}, {4000, 1000, false}, {6000, 4007, true}};
+  std::vector<ops::AdamWSegment> segs{{0, 4000, true}, {4000, 1000, false}, {6000, 4007, true}};
   Tensor rp = p.clone(), rm = m.clone(), rv = v.clone();
   for (auto& s : segs) {
     ops::AdamWParams a = ap;
@@ -719,7 +718,7 @@ TEST_CASE("cuda AdamW: per-op step and the flat multi-segment kernel vs CPU", "[
     INFO("copy-out " << to_string(copy_dt));
     Tensor gp = to_gpu(p), gm = to_gpu(m), gv = to_gpu(v);
     Tensor copy = poisoned({n}, copy_dt);
-    cuda::adamw_flat(gp, to_gpu(gr), gm, gv, ap, segs, &copy);
+    ops::adamw_flat(gp, to_gpu(gr), gm, gv, ap, segs, &copy);
     check_close("param", gp, rp, kRtolF32);
     check_close("m", gm, rm, kRtolF32);
     check_close("v", gv, rv, kRtolF32);
@@ -736,7 +735,7 @@ TEST_CASE("cuda AdamW: per-op step and the flat multi-segment kernel vs CPU", "[
     check_close("copy-out", cgpu_seg, cref_seg, kRtolLow);
   }
   Tensor gp = to_gpu(p), gm = to_gpu(m), gv = to_gpu(v);
-  CHECK_THROWS_AS(cuda::adamw_flat(gp, to_gpu(gr), gm, gv, ap, {{0, 5000, true}, {4000, 10, true}}, nullptr),
+  CHECK_THROWS_AS(ops::adamw_flat(gp, to_gpu(gr), gm, gv, ap, {{0, 5000, true}, {4000, 10, true}}, nullptr),
                   RuntimeError);  // overlapping segments
 }
 

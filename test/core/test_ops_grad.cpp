@@ -251,6 +251,42 @@ TEST_CASE("ops: AdamW matches the textbook update", "[ops]") {
   }
 }
 
+TEST_CASE("ops: flat AdamW updates each segment as adamw_step does and leaves gaps alone", "[ops]") {
+  const int64_t n = 40;
+  Tensor p = Tensor::empty({n}), gr = Tensor::empty({n}), m = Tensor::zeros({n}), v = Tensor::zeros({n});
+  for (int64_t i = 0; i < n; ++i) p.data<float>()[i] = 0.1f * float(i % 7) - 0.3f, gr.data<float>()[i] = 0.01f * float(i % 5) - 0.02f;
+  const ops::AdamWParams ap{1e-2, 0.9, 0.95, 1e-8, 0.1, 3, 0.5};
+  const std::vector<ops::AdamWSegment> segs{{0, 10, true}, {10, 12, false}, {30, 10, true}};
+  // reference: one adamw_step per segment, weight decay 0 where the segment has none
+  Tensor rp = p.clone(), rm = m.clone(), rv = v.clone();
+  for (const auto& s : segs) {
+    ops::AdamWParams a = ap;
+    a.weight_decay = s.weight_decay ? ap.weight_decay : 0.0;
+    Tensor pp = rp.flat(s.offset, s.numel), mm = rm.flat(s.offset, s.numel), vv = rv.flat(s.offset, s.numel);
+    ops::adamw_step(pp, gr.flat(s.offset, s.numel), mm, vv, a);
+  }
+  Tensor copy = Tensor::zeros({n}, DType::bf16), fp = p.clone();
+  ops::adamw_flat(fp, gr, m, v, ap, segs, &copy);
+  Tensor back = Tensor::empty({n});
+  ops::convert(back, copy);
+  for (int64_t i = 0; i < n; ++i) {
+    INFO("element " << i);
+    CHECK(fp.data<float>()[i] == rp.data<float>()[i]);  // bit-equal: the same kernel per element
+    CHECK(m.data<float>()[i] == rm.data<float>()[i]);
+    if (i >= 22 && i < 30) {
+      CHECK(fp.data<float>()[i] == p.data<float>()[i]);  // the gap is not touched
+      CHECK(back.data<float>()[i] == 0.0f);
+    } else {
+      CHECK(back.data<float>()[i] == Approx(rp.data<float>()[i]).epsilon(1e-2));
+    }
+  }
+  CHECK_THROWS_WITH(ops::adamw_flat(fp, gr, m, v, ap, {{0, 20, true}, {10, 5, true}}), Catch::Contains("overlaps"));
+  CHECK_THROWS_WITH(ops::adamw_flat(fp, gr, m, v, ap, {{30, 11, true}}), Catch::Contains("outside the flat buffer"));
+  ops::AdamWParams step0 = ap;
+  step0.step = 0;
+  CHECK_THROWS_WITH(ops::adamw_flat(fp, gr, m, v, step0, segs), Catch::Contains("step must be >= 1"));
+}
+
 TEST_CASE("ops: conversions round to nearest even", "[ops]") {
   Tensor f = Tensor::empty({4}), h = Tensor::empty({4}, DType::bf16), f16 = Tensor::empty({4}, DType::f16), back = Tensor::empty({4});
   float vals[] = {1.0f, 1.00390625f /* 1+2^-8 ties to even */, -3.14159f, 65504.0f};

@@ -81,7 +81,7 @@ TEST_CASE("gpt: loss, gradients and AdamW steps equal PyTorch's", "[oracle]") {
   safetensors::write((dir / "step0.safetensors").string(), s0);
 
   std::vector<parallel::ParamSegment> segs;
-  for (auto& p : store.infos()) segs.push_back({p.offset, p.numel, p.weight_decay, true});
+  for (auto& p : store.infos()) segs.push_back({{p.offset, p.numel, p.weight_decay}, true});
   parallel::DistributedAdamW opt(oc, segs, store.numel(), groups, false, 0);
   Tensor losses = Tensor::empty({3}, DType::f64);
   for (int it = 0; it < 3; ++it) {

@@ -1,0 +1,34 @@
+// The argument structs of the op set (core/ops.hpp), in a header of their own so that
+// the CUDA backend (core/cuda/ops_cuda.hpp) takes the same types without including the
+// op set it serves.
+#pragma once
+#include <cstdint>
+
+namespace mtnlg::ops {
+
+// Dropout on the attention probabilities.
+struct AttentionDropout {
+  double p = 0.0;
+  uint64_t key = 0;
+  // Mask element (sample, head, i, j) has index ((sample_offset+b)*heads_total + head_offset+h)*T*T + i*T + j,
+  // so the mask does not depend on how heads or samples are split across ranks.
+  int64_t sample_offset = 0;
+  int64_t head_offset = 0;
+  int64_t heads_total = 0;
+};
+
+// AdamW hyperparameters of one update.
+struct AdamWParams {
+  double lr, beta1, beta2, eps, weight_decay;
+  int64_t step;  // 1-based, for bias correction
+  double grad_scale = 1.0;  // gradients are multiplied by this first (clipping, loss-scale)
+};
+
+// A run [offset, offset + numel) of a flat parameter buffer and whether weight decay
+// applies to it (not to biases and norm weights).
+struct AdamWSegment {
+  int64_t offset = 0, numel = 0;
+  bool weight_decay = true;
+};
+
+}  // namespace mtnlg::ops
