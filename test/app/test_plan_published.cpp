@@ -1,6 +1,12 @@
 // `mtnlg plan --json` against every published run in test/data/published_runs.tsv
 // (Narayanan et al. 2021 Table 1, Korthikanti et al. 2022 Tables 3+5, MT-NLG's system
-// performance rows; citations in the file): median relative error <= 7%, worst <= 15%.
+// performance rows; citations in the file): median relative error <= 5%; every Narayanan
+// Table 1 row within 10%; worst over all rows <= 10.5% (Korthikanti's 530B row with 8-way data
+// parallelism is -10.1%, the one row past 10%: docs/PLANNER.md "Validation").
+// Rows whose micro batch the paper does not state (micro "auto") take the micro batch
+// Narayanan et al. 2021 choose by (their Section 3.4, eq. 1): of b = 1, 2, 4, ... dividing
+// B/d, the one with the highest throughput that fits in memory -- throughput as this planner
+// predicts it, never the published figure.
 // The table it prints (and writes to build/test/published_runs_table.md) is the one in
 // docs/PLANNER.md "Validation".
 #include <catch2/catch.hpp>
@@ -46,7 +52,8 @@ std::vector<Row> published_rows() {
     auto f = split_tabs(line);
     REQUIRE(f.size() >= 17);
     rows.push_back({f[0], f[1], f[2], std::stoll(f[3]), std::stoll(f[4]), std::stoll(f[5]), std::stoll(f[6]),
-                    std::stoll(f[7]), std::stoll(f[8]), std::stoll(f[9]), std::stoll(f[10]), std::stoll(f[11]), f[12],
+                    std::stoll(f[7]), std::stoll(f[8]), std::stoll(f[9]), f[10] == "auto" ? 0 : std::stoll(f[10]),
+                    std::stoll(f[11]), f[12],
                     f[13] == "1", f[14], f[15], std::stod(f[16])});
   }
   return rows;
@@ -67,27 +74,59 @@ std::string recipe_yaml(const Row& r) {
 
 }  // namespace
 
-TEST_CASE("plan predicts every published run: median error <= 7%, worst <= 15%", "[e2e][published]") {
+TEST_CASE("plan predicts every published run: median error <= 5%, Narayanan rows <= 10%", "[e2e][published]") {
   TempDir tmp("published");
   const auto rows = published_rows();
   REQUIRE(rows.size() >= 21);
   std::vector<double> errs;
-  std::string table = "| run | source | paper | predicted | error |\n|---|---|---|---|---|\n";
-  for (auto& row : rows) {
-    const auto path = tmp / (row.id + ".yaml");
-    write_file(path, recipe_yaml(row));
-    auto res = run_mtnlg(fmt::format("plan {} --gpus {} --gpu a100-80g --software {} --json 2>&1", path.string(),
-                                     row.gpus, row.software));
-    INFO(row.id << ": " << res.out);
-    REQUIRE(res.exit_code == 0);
-    auto j = nlohmann::json::parse(res.out);
-    CHECK(j["fits"].get<bool>());
+  std::string table = "| run | source | paper | predicted | error | micro batch |\n|---|---|---|---|---|---|\n";
+  for (auto row : rows) {
     const bool tf = row.metric == "tflops";
+    auto plan = [&](int64_t micro) {
+      Row r = row;
+      r.micro = micro;
+      const auto path = tmp / fmt::format("{}-mb{}.yaml", row.id, micro);
+      write_file(path, recipe_yaml(r));
+      auto res = run_mtnlg(fmt::format("plan {} --gpus {} --gpu a100-80g --software {} --json 2>&1", path.string(),
+                                       row.gpus, row.software));
+      INFO(row.id << " micro " << micro << ": " << res.out);
+      REQUIRE(res.exit_code == 0);
+      return nlohmann::json::parse(res.out);
+    };
+    nlohmann::json j;
+    std::string micro_note;
+    if (row.micro > 0) {
+      j = plan(row.micro);
+      micro_note = fmt::format("{}", row.micro);
+    } else {
+      // Narayanan et al. 2021, Section 3.4 (eq. 1, Takeaway #3): the micro batch that gives the
+      // highest throughput for the layout; candidates 1, 2, 4, ... dividing the per-replica batch.
+      const int64_t per_replica = row.batch / (row.gpus / (row.tp * row.pp));
+      double best = -1;
+      for (int64_t b = 1; b <= per_replica; b *= 2) {
+        if (per_replica % b != 0) continue;
+        auto c = plan(b);
+        if (!c["fits"].get<bool>()) continue;
+        const double tput = c["tokens_per_s"].get<double>();
+        if (tput > best) {
+          best = tput;
+          j = c;
+          row.micro = b;
+        }
+      }
+      REQUIRE(best > 0);
+      micro_note = fmt::format("{} (Sec. 3.4 rule)", row.micro);
+    }
+    CHECK(j["fits"].get<bool>());
     const double pred = tf ? j["tflops_per_gpu"].get<double>() : j["iteration_time_s"].get<double>();
     const double err = pred / row.value - 1.0;
     errs.push_back(std::fabs(err));
-    table += fmt::format("| {} | {} {} | {:.4g} {} | {:.4g} | {:+.1f}% |\n", row.id, row.source, row.where, row.value,
-                         tf ? "TFLOP/s" : "s", pred, 100 * err);
+    if (row.source == "N21") {
+      INFO(row.id << ": " << 100 * err << "%");
+      CHECK(std::fabs(err) <= 0.10);
+    }
+    table += fmt::format("| {} | {} {} | {:.4g} {} | {:.4g} | {:+.1f}% | {} |\n", row.id, row.source, row.where, row.value,
+                         tf ? "TFLOP/s" : "s", pred, 100 * err, micro_note);
   }
   std::vector<double> sorted = errs;
   std::sort(sorted.begin(), sorted.end());
@@ -98,8 +137,8 @@ TEST_CASE("plan predicts every published run: median error <= 7%, worst <= 15%",
   std::ofstream(binary_dir() + "/test/published_runs_table.md") << table;
   INFO(table);
   WARN(table);
-  CHECK(median <= 0.07);
-  CHECK(worst <= 0.15);
+  CHECK(median <= 0.05);
+  CHECK(worst <= 0.105);
 }
 
 namespace {
