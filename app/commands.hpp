@@ -1,5 +1,5 @@
-// One registration function per command file (app/cmd_*.cpp). Each adds its CLI11
-// subcommand and a callback; main() parses, runs the chosen callback, and maps
+// One registration function per command file (app/<concern>/cmd_*.cpp). Each adds its
+// CLI11 subcommand and a callback; main() parses, runs the chosen callback, and maps
 // exceptions to exit codes (core/error.hpp).
 #pragma once
 #include <CLI/CLI.hpp>
@@ -13,7 +13,7 @@ namespace mtnlg::app {
 void register_recipe(CLI::App& app);
 void register_train(CLI::App& app);
 void register_data(CLI::App& app);
-// `mtnlg data` subcommands are split across files: preprocess/inspect (cmd_data.cpp) and
+// `mtnlg data` subcommands are split across the files of app/data/: preprocess/inspect (cmd_data.cpp) and
 // the corpus curation ones, dedup/quality/decontaminate (cmd_data_curation.cpp).
 void register_data_curation(CLI::App& data_cmd);
 // `mtnlg data samples` (cmd_data_samples.cpp): the sample stream without training.
@@ -26,5 +26,6 @@ void register_plan(CLI::App& app);
 void register_eval(CLI::App& app);
 void register_generate(CLI::App& app);
 void register_checkpoint(CLI::App& app);
+void register_report(CLI::App& app);
 
 }  // namespace mtnlg::app

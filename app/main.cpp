@@ -4,9 +4,8 @@
 #include <cstdlib>
 #include <exception>
 
-#include "app/blas_core.hpp"
+#include "app/process/blas_core.hpp"
 #include "app/commands.hpp"
-#include "app/report_command.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "config/recipe.hpp"

@@ -1,4 +1,4 @@
-// The device code path, proven without a GPU (issue 14): `training.device: test` puts
+// The device code path, proven without a GPU: `training.device: test` puts
 // every parameter, gradient, optimizer state, activation and step statistic on the test
 // device (host memory the process treats as a device; core/tensor.hpp), where ops run
 // their CPU kernels but host code may not read: a host read of device memory anywhere in
@@ -12,7 +12,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "app/checkpoint_tools.hpp"
+#include "app/checkpoint/checkpoint_tools.hpp"
 #include "model/checkpoint.hpp"
 #include "model/inference.hpp"
 #include "test/support/test_support.hpp"

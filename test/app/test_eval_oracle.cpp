@@ -5,7 +5,7 @@
 // left-truncated, and batches of 3 so that right padding is exercised.
 #include <catch2/catch.hpp>
 
-#include "app/eval_runner.hpp"
+#include "app/eval/eval_runner.hpp"
 #include "core/safetensors.hpp"
 #include "data/eval/requests.hpp"
 #include "test/data/data_test_util.hpp"

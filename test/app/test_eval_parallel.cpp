@@ -5,7 +5,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "app/checkpoint_tools.hpp"
+#include "app/checkpoint/checkpoint_tools.hpp"
 #include "model/inference.hpp"
 #include "test/support/test_support.hpp"
 

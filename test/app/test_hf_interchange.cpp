@@ -3,7 +3,7 @@
 // `import` of that export restores the same weights.
 #include <catch2/catch.hpp>
 
-#include "app/checkpoint_tools.hpp"
+#include "app/checkpoint/checkpoint_tools.hpp"
 #include "core/safetensors.hpp"
 #include "model/checkpoint.hpp"
 #include "model/inference.hpp"

@@ -16,7 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "config/recipe.hpp"
-#include "parallel/cost_model.hpp"
+#include "planner/cost_model.hpp"
 #include "test/support/test_support.hpp"
 
 using namespace mtnlg;

@@ -1,4 +1,4 @@
-// Tests for `mtnlg report` (app/report.cpp, app/cmd_report.cpp): metrics.jsonl parsing and
+// Tests for `mtnlg report` (app/report/report.cpp, app/report/cmd_report.cpp): metrics.jsonl parsing and
 // its errors, tick placement, number formatting, SVG plots (gaps, single points, thinning),
 // the whole page (self-contained, eval table, recipe), the CLI, and an [e2e] render in
 // headless Chromium checked for a non-blank screenshot by scripts/render-check.py.
@@ -8,8 +8,8 @@
 #include <limits>
 #include <regex>
 
-#include "app/report.hpp"
-#include "app/report_command.hpp"
+#include "app/report/report.hpp"
+#include "app/commands.hpp"
 #include "core/error.hpp"
 #include "test/support/test_support.hpp"
 
@@ -296,7 +296,7 @@ TEST_CASE("mtnlg report runs from the binary with the documented exit codes", "[
   auto help = run_mtnlg("--help");
   if (help.out.find("report") == std::string::npos)
     FAIL("`mtnlg report` is not registered: app/main.cpp must call mtnlg::app::register_report(app) "
-         "(app/report_command.hpp)");
+         "(app/commands.hpp)");
   TempDir tmp("report-e2e");
   std::filesystem::create_directories(tmp / "empty");
   auto r = run_mtnlg("report " + (tmp / "empty").string());

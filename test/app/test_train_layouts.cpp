@@ -1,4 +1,4 @@
-// Layout invariance (DESIGN.md invariant 1): the same recipe and seed, fp32, dropout 0,
+// Layout invariance (docs/ARCHITECTURE.md "Invariants"): the same recipe and seed, fp32, dropout 0,
 // with the batch ramp on, gives the same loss at every iteration under every
 // (tp, pp, dp, virtual stages, ZeRO-1, sequence parallel, recompute) layout as the
 // single-process run, within 1e-5 relative. Each layout runs the real binary under

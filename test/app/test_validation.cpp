@@ -1,4 +1,4 @@
-// Validation and test loss during training (app/validation.hpp): Megatron's log line at
+// Validation and test loss during training (app/train/validation.hpp): Megatron's log line at
 // every eval_interval and at the end, the metrics.jsonl records, TensorBoard, the
 // report's plot, and the same numbers on every layout (1 rank vs mpirun 2x2x2 and an
 // interleaved pipeline).

@@ -1,4 +1,4 @@
-// Issue 17 through the binary, one TEST_CASE per class of docs/RELIABILITY.md: derived
+// The failure classes through the binary, one TEST_CASE per class of docs/RELIABILITY.md: derived
 // files are validated, finished work is never lost, recipe and command-line semantics,
 // overflowing counts, data values, unchecked writes, stop signals, a rank that stops
 // answering (under mpirun: [mpi]). Each ends in a one-line error (exit 2 naming the
@@ -17,7 +17,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "app/blas_core.hpp"
+#include "app/process/blas_core.hpp"
 #include "data/indexed_dataset.hpp"
 #include "model/checkpoint.hpp"
 #include "test/support/test_support.hpp"

@@ -1,0 +1,168 @@
+// `mtnlg eval`: zero/one/few-shot evaluation the lm-evaluation-harness way
+// (docs/specs/eval-harness.md; command line in interface.md "Eval"). The work is in
+// app/eval/eval_runner.cpp; this file parses options, writes results.json / samples.jsonl
+// (atomically: core/atomic_file.hpp) and prints the harness's table.
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "app/commands.hpp"
+#include "app/eval/eval_parallel.hpp"
+#include "app/eval/eval_runner.hpp"
+#include "app/process/placement.hpp"
+#include "app/process/preflight.hpp"
+#include "model/checkpoint.hpp"
+#include "core/atomic_file.hpp"
+#include "core/error.hpp"
+#include "parallel/watchdog.hpp"
+#include "core/log.hpp"
+
+namespace mtnlg::app {
+
+namespace {
+
+struct EvalArgs {
+  std::string checkpoint, random_init, tasks, data_dir, output, log_samples, harness = "0.3", lambada = "plain";
+  std::string vocab, merges, device = "auto";
+  std::vector<std::string> sets, task_fewshot;
+  int64_t num_fewshot = 0, limit = -1, batch_size = 8, max_length = 0, bootstrap_iters = 100000;
+  bool no_progress = false;
+};
+
+void run(const EvalArgs& a) {
+  // Found before an evaluation that may take hours, not after it.
+  if (!a.output.empty()) check_writable_file(a.output, "--output");
+  if (!a.log_samples.empty()) check_writable_file(a.log_samples, "--log-samples");
+  EvalOptions o;
+  // tasks: comma-separated, or "all"
+  std::stringstream ss(a.tasks);
+  for (std::string t; std::getline(ss, t, ',');) {
+    if (t.empty()) continue;
+    if (t == "all") {
+      for (auto& n : data::eval::task_names()) o.tasks.push_back(n);
+      continue;
+    }
+    data::eval::task_info(t);  // exit 2 listing the valid tasks
+    o.tasks.push_back(t);
+  }
+  if (o.tasks.empty()) throw_input("--tasks: no task given");
+  for (auto& tf : a.task_fewshot) {
+    auto eq = tf.find('=');
+    if (eq == std::string::npos) throw_input("--task-fewshot '{}': expected TASK=K", tf);
+    const std::string name = tf.substr(0, eq);
+    data::eval::task_info(name);
+    try {
+      o.task_fewshot[name] = std::stoll(tf.substr(eq + 1));
+    } catch (const std::exception&) {
+      throw_input("--task-fewshot '{}': K must be an integer", tf);
+    }
+  }
+  if (a.harness == "0.3" || a.harness == "v0.3")
+    o.task_opt.version = data::eval::HarnessVersion::v0_3;
+  else if (a.harness == "0.4" || a.harness == "v0.4")
+    o.task_opt.version = data::eval::HarnessVersion::v0_4;
+  else
+    throw_input("--harness-version '{}': valid values are 0.3, 0.4", a.harness);
+  if (a.lambada == "plain")
+    o.task_opt.lambada_format = data::eval::LambadaFormat::plain;
+  else if (a.lambada == "cloze")
+    o.task_opt.lambada_format = data::eval::LambadaFormat::cloze;
+  else
+    throw_input("--lambada-format '{}': valid values are plain, cloze", a.lambada);
+  if (a.num_fewshot < 0) throw_input("--num-fewshot must be >= 0, got {}", a.num_fewshot);
+  if (a.batch_size < 1) throw_input("--batch-size must be >= 1, got {}", a.batch_size);
+  if (!std::filesystem::is_directory(a.data_dir)) throw_input("--data-dir {}: not a directory", a.data_dir);
+  o.data_dir = a.data_dir;
+  o.num_fewshot = a.num_fewshot;
+  o.limit = a.limit;
+  o.batch_size = a.batch_size;
+  o.max_length = a.max_length;
+  o.bootstrap_iters = a.bootstrap_iters;
+  o.progress = !a.no_progress;
+  o.model_args = a.checkpoint.empty() ? "random_init=" + a.random_init : "checkpoint=" + a.checkpoint;
+
+  auto tok = load_gpt2_tokenizer(a.vocab, a.merges);
+  EvalReport rep;
+  const parallel::LaunchInfo launch = parallel::detect_launch();
+  if (launch.world_size > 1) {
+    // Under mpirun/srun: the checkpoint's model split tp x pp across the ranks
+    // (--set parallel.tensor_model_parallel_size=... chooses the layout).
+    if (a.checkpoint.empty()) throw_input("eval under mpirun/srun needs --checkpoint");
+    const std::string dir = model::ckpt::resolve(a.checkpoint);
+    Recipe r = parse_recipe(model::ckpt::read_metadata(dir).recipe_yaml, dir + "/metadata.json", a.sets);
+    validate_layout(r, launch.world_size);
+    parallel::set_collective_timeout(r.parallel.distributed_timeout_minutes * 60);
+    auto world = parallel::init_world(launch);
+    log::context().rank = static_cast<int>(launch.rank);
+    log::context().world = static_cast<int>(launch.world_size);
+    try {
+      auto groups = parallel::make_groups(world, parallel::Topology::from_world(launch.world_size, r.tp(), r.pp()));
+      ParallelScorer scorer(r, dir, groups, select_device(parse_device_kind(a.device, "--device"), "--device"));
+      log::info("eval: {} split tp={} pp={} over {} ranks", dir, r.tp(), r.pp(), launch.world_size);
+      rep = run_eval(scorer.config(), std::ref(scorer), *tok, o);
+    } catch (const Error& e) {
+      std::fprintf(stderr, "mtnlg: error on rank %lld: %s\n", static_cast<long long>(launch.rank), e.what());
+      std::fflush(stderr);
+      parallel::abort_world(e.exit_code());
+    }
+    parallel::finalize_world();
+    if (launch.rank != 0) return;  // rank 0 prints and writes
+  } else {
+    model::LoadedModel lm = load_eval_model(a.checkpoint, a.random_init, a.sets);
+    lm.store.place(select_device(parse_device_kind(a.device, "--device"), "--device"));
+    auto chunk = model::whole_model_chunk(lm.cfg, lm.store);
+    rep = run_eval(*chunk, *tok, o);
+  }
+
+  std::fputs(results_table(rep).c_str(), stdout);
+  log::info("{} requests in {:.1f} s ({:.1f} requests/s)", rep.requests, rep.seconds,
+            rep.seconds > 0 ? static_cast<double>(rep.requests) / rep.seconds : 0.0);
+  if (!a.output.empty()) write_file_atomic(a.output, results_json(rep, o).dump(2) + "\n");
+  if (!a.log_samples.empty()) {
+    std::string text;
+    for (auto& t : rep.tasks)
+      for (auto& s : t.samples) text += s.dump() + "\n";
+    write_file_atomic(a.log_samples, text);
+  }
+}
+
+}  // namespace
+
+void register_eval(CLI::App& app) {
+  auto* cmd = app.add_subcommand("eval", "Zero/one/few-shot evaluation the lm-evaluation-harness way (v0.3 by default)");
+  static EvalArgs a;
+  cmd->add_option("--checkpoint", a.checkpoint, "Checkpoint directory to evaluate");
+  cmd->add_option("--random-init", a.random_init,
+                  "Testing aid: evaluate a model with random weights built from this recipe's model section");
+  cmd->add_option("--set", a.sets, "With --random-init: override a recipe key, section.key=value; repeatable");
+  cmd->add_option("--device", a.device,
+                  "Where the model runs: auto (the GPU of this process's local rank when there is one, else the CPU), "
+                  "cpu, cuda, or test (the CI test device)")
+      ->capture_default_str();
+  cmd->add_option("--tasks", a.tasks,
+                  "Comma-separated tasks: lambada_openai, boolq, race_high, piqa, hellaswag, winogrande, anli_r2, "
+                  "hans, wic; or all")
+      ->required();
+  cmd->add_option("--data-dir", a.data_dir, "Directory with <task>/<split>.jsonl Hugging Face exports (docs/EVAL.md)")
+      ->required();
+  cmd->add_option("--num-fewshot", a.num_fewshot, "Few-shot examples per document (all tasks)")->capture_default_str();
+  cmd->add_option("--task-fewshot", a.task_fewshot, "Per-task few-shot count TASK=K, overriding --num-fewshot; repeatable");
+  cmd->add_option("--harness-version", a.harness, "Harness semantics to reproduce: 0.3 (MT-NLG era) or 0.4")
+      ->capture_default_str();
+  cmd->add_option("--lambada-format", a.lambada, "LAMBADA prompt: plain or cloze (\" ____. ->\", GPT-3's few-shot format)")
+      ->capture_default_str();
+  cmd->add_option("--limit", a.limit, "Evaluate only the first N documents of each task (after the v0.3 shuffle)");
+  cmd->add_option("--batch-size", a.batch_size, "Requests per forward pass")->capture_default_str();
+  cmd->add_option("--max-length", a.max_length, "Context window in tokens (default: the model's seq_length)");
+  cmd->add_option("--bootstrap-iters", a.bootstrap_iters, "Bootstrap replicates for the perplexity stderr")
+      ->capture_default_str();
+  cmd->add_option("--output", a.output, "Write the results JSON (harness v0.3 shape) to this file");
+  cmd->add_option("--log-samples", a.log_samples, "Write one JSON line per evaluated document to this file");
+  cmd->add_option("--vocab-file", a.vocab, "GPT-2 vocab.json (default third_party/gpt2/vocab.json)");
+  cmd->add_option("--merge-file", a.merges, "GPT-2 merges.txt (default third_party/gpt2/merges.txt)");
+  cmd->add_flag("--no-progress", a.no_progress, "Do not draw the progress bar");
+  cmd->callback([] { run(a); });
+}
+
+}  // namespace mtnlg::app

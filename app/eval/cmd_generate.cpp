@@ -1,0 +1,108 @@
+// `mtnlg generate`: text continuation through GptChunk's forward with a KV cache
+// (model::generate, model/inference.hpp). Greedy or
+// sampled (temperature, top-k, top-p), seeded; stops at <|endoftext|> or after
+// --max-new-tokens. The prompt is plain text (e.g. the MT-NLG blog's few-shot prompts
+// with '#' separated examples) from --prompt or --prompt-file.
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <sstream>
+
+#include "app/commands.hpp"
+#include "app/eval/eval_runner.hpp"
+#include "app/process/placement.hpp"
+#include "core/error.hpp"
+#include "core/log.hpp"
+#include "model/inference.hpp"
+
+namespace mtnlg::app {
+
+namespace {
+
+struct GenArgs {
+  std::string checkpoint, random_init, prompt, prompt_file, vocab, merges;
+  std::vector<std::string> sets;
+  model::SamplingOptions s;
+  std::string device = "auto";
+  bool echo = true, timing = false;
+};
+
+void run(const GenArgs& a) {
+  if (a.prompt.empty() == a.prompt_file.empty() && !(a.prompt.empty() && a.prompt_file.empty()))
+    throw_input("give either --prompt or --prompt-file, not both");
+  std::string prompt = a.prompt;
+  if (!a.prompt_file.empty()) {
+    std::ifstream f(a.prompt_file, std::ios::binary);
+    if (!f) throw_input("--prompt-file {}: cannot read", a.prompt_file);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    prompt = ss.str();
+  }
+  if (a.s.max_new_tokens < 0) throw_input("--max-new-tokens must be >= 0, got {}", a.s.max_new_tokens);
+  if (a.s.temperature < 0) throw_input("--temperature must be >= 0, got {}", a.s.temperature);
+  if (a.s.top_p <= 0 || a.s.top_p > 1) throw_input("--top-p must be in (0, 1], got {}", a.s.top_p);
+  if (a.s.top_k < 0) throw_input("--top-k must be >= 0, got {}", a.s.top_k);
+  auto tok = load_gpt2_tokenizer(a.vocab, a.merges);
+  model::LoadedModel lm = load_eval_model(a.checkpoint, a.random_init, a.sets);
+  lm.store.place(select_device(parse_device_kind(a.device, "--device"), "--device"));
+  auto chunk = model::whole_model_chunk(lm.cfg, lm.store);
+  model::SamplingOptions s = a.s;
+  s.stop_token = tok->eod();
+  std::vector<int32_t> ids = tok->encode(prompt);
+  if (a.echo) std::fputs(prompt.c_str(), stdout);
+  std::fflush(stdout);
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
+  auto t1 = t0;
+  std::clock_t c1 = std::clock();  // process CPU time, all threads: steadier than wall time on a loaded machine
+  int64_t n = 0;
+  model::generate(*chunk, ids, s, [&](int32_t t) {
+    if (n++ == 0) t1 = Clock::now(), c1 = std::clock();
+    if (t == s.stop_token) return;
+    const std::string piece = tok->decode(std::span<const int32_t>(&t, 1));
+    std::fwrite(piece.data(), 1, piece.size(), stdout);
+    std::fflush(stdout);
+  });
+  std::fputc('\n', stdout);
+  if (a.timing) {  // prefill (+ the first token), then the decode steps
+    const double pre = std::chrono::duration<double>(t1 - t0).count();
+    const double dec = std::chrono::duration<double>(Clock::now() - t1).count();
+    const double cpu = static_cast<double>(std::clock() - c1) / CLOCKS_PER_SEC;
+    const double more = static_cast<double>(n > 0 ? n - 1 : 0);
+    std::fprintf(stderr,
+                 "generate: prompt of %zu tokens + first token in %.3f s; %.0f more tokens in %.3f s (%.2f tokens/s), "
+                 "%.3f CPU s (%.2f tokens per CPU second)\n",
+                 ids.size(), pre, more, dec, dec > 0 ? more / dec : 0.0, cpu, cpu > 0 ? more / cpu : 0.0);
+  }
+}
+
+}  // namespace
+
+void register_generate(CLI::App& app) {
+  auto* cmd = app.add_subcommand("generate", "Continue a prompt with a trained model (KV cache; greedy or sampled)");
+  static GenArgs a;
+  cmd->add_option("--checkpoint", a.checkpoint, "Checkpoint directory");
+  cmd->add_option("--random-init", a.random_init, "Testing aid: a model with random weights from this recipe");
+  cmd->add_option("--set", a.sets, "With --random-init: override a recipe key, section.key=value; repeatable");
+  cmd->add_option("--device", a.device,
+                  "Where the model runs: auto (the GPU when there is one, else the CPU), cpu, cuda, or test (the CI "
+                  "test device)")
+      ->capture_default_str();
+  cmd->add_option("--prompt", a.prompt, "Prompt text");
+  cmd->add_option("--prompt-file", a.prompt_file, "Read the prompt from this file (as is, newlines included)");
+  cmd->add_option("--max-new-tokens", a.s.max_new_tokens, "Most tokens to generate")->capture_default_str();
+  cmd->add_option("--temperature", a.s.temperature, "Softmax temperature (0 = greedy)")->capture_default_str();
+  cmd->add_option("--top-k", a.s.top_k, "Sample from the k most likely tokens (0 = off)")->capture_default_str();
+  cmd->add_option("--top-p", a.s.top_p, "Nucleus sampling: smallest set with probability mass >= p (1 = off)")
+      ->capture_default_str();
+  cmd->add_option("--seed", a.s.seed, "Sampling seed (same seed, same text)")->capture_default_str();
+  cmd->add_flag("--greedy", a.s.greedy, "Always take the most likely token");
+  cmd->add_flag("!--no-echo", a.echo, "Print only the generated text, not the prompt");
+  cmd->add_flag("--timing", a.timing, "Print the prefill time and the decode speed (tokens/s) to stderr");
+  cmd->add_option("--vocab-file", a.vocab, "GPT-2 vocab.json (default third_party/gpt2/vocab.json)");
+  cmd->add_option("--merge-file", a.merges, "GPT-2 merges.txt (default third_party/gpt2/merges.txt)");
+  cmd->callback([] { run(a); });
+}
+
+}  // namespace mtnlg::app

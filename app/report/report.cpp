@@ -1,0 +1,671 @@
+// `mtnlg report` implementation: metrics.jsonl reader, SVG line plots, the HTML page.
+// Everything is plain text generation; the page has no scripts, links or URLs, so it
+// opens the same from a laptop, a cluster login node or an e-mail attachment.
+#include "app/report/report.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "core/atomic_file.hpp"
+#include "core/error.hpp"
+#include "core/log.hpp"
+
+#ifndef MTNLG_VERSION
+#define MTNLG_VERSION "dev"
+#endif
+
+namespace mtnlg::app::report {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+std::string strip_json_prefix(std::string msg) {
+  // nlohmann messages start with "[json.exception.parse_error.101] "; the id helps nobody.
+  if (!msg.empty() && msg[0] == '[') {
+    auto close = msg.find("] ");
+    if (close != std::string::npos) msg = msg.substr(close + 2);
+  }
+  return msg;
+}
+
+std::string fmt_coord(double v) { return fmt::format("{:.1f}", v); }
+
+double median_of(std::vector<double> v) {
+  v.erase(std::remove_if(v.begin(), v.end(), [](double x) { return !std::isfinite(x); }), v.end());
+  if (v.empty()) return kNaN;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+double last_finite(const std::vector<double>& v) {
+  for (auto it = v.rbegin(); it != v.rend(); ++it)
+    if (std::isfinite(*it)) return *it;
+  return kNaN;
+}
+
+double max_finite(const std::vector<double>& v) {
+  double m = kNaN;
+  for (double x : v)
+    if (std::isfinite(x) && !(x <= m)) m = x;
+  return m;
+}
+
+double min_finite(const std::vector<double>& v) {
+  double m = kNaN;
+  for (double x : v)
+    if (std::isfinite(x) && !(x >= m)) m = x;
+  return m;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------
+// metrics.jsonl
+// ---------------------------------------------------------------------------------
+
+bool Metrics::has(const std::string& key) const {
+  auto it = columns.find(key);
+  if (it == columns.end()) return false;
+  return std::any_of(it->second.begin(), it->second.end(), [](double x) { return std::isfinite(x); });
+}
+
+std::vector<double> Metrics::column(const std::string& key) const {
+  auto it = columns.find(key);
+  if (it == columns.end()) return std::vector<double>(static_cast<size_t>(rows), kNaN);
+  return it->second;
+}
+
+Metrics read_metrics(const fs::path& file) {
+  const std::string name = file.string();
+  std::error_code ec;
+  if (!fs::exists(file, ec))
+    throw_input("{}: not found (mtnlg train writes metrics.jsonl into logging.dir; pass a run directory)", name);
+  std::ifstream in(file, std::ios::binary);
+  if (!in) throw_input("{}: cannot be opened for reading", name);
+
+  struct Row {
+    double iteration;
+    std::map<std::string, double> values;
+  };
+  Metrics m;
+  m.source = name;
+  std::vector<Row> rows;
+  std::set<std::string> seen_keys;
+  std::string line;
+  int64_t lineno = 0;
+  while (std::getline(in, line)) {
+    ++lineno;
+    const bool complete = !in.eof();  // getline stopped at a newline, not at end of file
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.find_first_not_of(" \t") == std::string::npos) continue;
+    json j;
+    try {
+      j = json::parse(line);
+    } catch (const json::parse_error& e) {
+      if (!complete) {
+        // The trainer writes whole lines; a last line without its newline is one
+        // still being written (the run is live). Report what is there.
+        log::warn("{}:{}: incomplete last line ignored (the run may still be writing it)", name, lineno);
+        break;
+      }
+      throw_input("{}:{}: not valid JSON: {}", name, lineno, strip_json_prefix(e.what()));
+    }
+    if (!j.is_object())
+      throw_input("{}:{}: expected one JSON object per line, got a JSON {}", name, lineno, j.type_name());
+    auto it = j.find("iteration");
+    if (it == j.end() || !it->is_number())
+      throw_input("{}:{}: no numeric \"iteration\" key (each line is one logged iteration)", name, lineno);
+    auto number = [&](const char* k) {
+      auto f = j.find(k);
+      return f != j.end() && f->is_number() ? f->get<double>() : kNaN;
+    };
+    if (j.contains("validation_loss") || j.contains("test_loss")) {
+      const bool test = j.contains("test_loss");
+      m.held_out.push_back({it->get<double>(), test, number(test ? "test_loss" : "validation_loss"),
+                            number(test ? "test_ppl" : "validation_ppl")});
+      continue;
+    }
+    Row r{it->get<double>(), {}};
+    for (auto& [k, v] : j.items()) {
+      double d = kNaN;
+      if (v.is_number())
+        d = v.get<double>();
+      else if (v.is_boolean())
+        d = v.get<bool>() ? 1.0 : 0.0;
+      r.values[k] = std::isfinite(d) ? d : kNaN;
+      if (seen_keys.insert(k).second) m.keys.push_back(k);
+    }
+    // A resumed run appends from its checkpoint's iteration on: the new rows win.
+    bool went_back = false;
+    while (!rows.empty() && rows.back().iteration >= r.iteration) {
+      rows.pop_back();
+      went_back = true;
+    }
+    if (went_back) {
+      ++m.restarts;
+      // The abandoned run's validation points from the restart on are replaced too.
+      std::erase_if(m.held_out, [&](const Metrics::HeldOut& h) { return h.iteration >= r.iteration; });
+    }
+    rows.push_back(std::move(r));
+  }
+  if (rows.empty()) throw_input("{}: no logged iterations (the run has not logged one yet)", name);
+  m.rows = static_cast<int64_t>(rows.size());
+  for (const auto& k : m.keys) {
+    auto& col = m.columns[k];
+    col.assign(rows.size(), kNaN);
+    for (size_t i = 0; i < rows.size(); ++i) {
+      auto f = rows[i].values.find(k);
+      if (f != rows[i].values.end()) col[i] = f->second;
+    }
+  }
+  return m;
+}
+
+// ---------------------------------------------------------------------------------
+// Numbers and text
+// ---------------------------------------------------------------------------------
+
+std::vector<double> nice_ticks(double lo, double hi, int target) {
+  if (!std::isfinite(lo) || !std::isfinite(hi)) return {};
+  if (hi < lo) std::swap(lo, hi);
+  if (hi == lo) return {lo};
+  const double raw = (hi - lo) / std::max(target, 1);
+  const double mag = std::pow(10.0, std::floor(std::log10(raw)));
+  const double f = raw / mag;
+  const double step = (f < 1.5 ? 1.0 : f < 3.0 ? 2.0 : f < 7.0 ? 5.0 : 10.0) * mag;
+  std::vector<double> ticks;
+  // Integer multiples of step, so no error accumulates from repeated addition.
+  const double k0 = std::ceil(lo / step - 1e-9), k1 = std::floor(hi / step + 1e-9);
+  for (double k = k0; k <= k1; k += 1.0) {
+    double t = k * step;
+    if (std::fabs(t) < step * 1e-9) t = 0.0;  // no "-0" or "1e-20" for zero
+    ticks.push_back(t);
+  }
+  return ticks;
+}
+
+std::string format_number(double v) {
+  if (!std::isfinite(v)) return "n/a";
+  if (v == 0) return "0";
+  const double a = std::fabs(v);
+  if (a >= 1e3 && a < 1e15) {
+    static const char* suffix[] = {"K", "M", "B", "T"};
+    int i = a >= 1e12 ? 3 : a >= 1e9 ? 2 : a >= 1e6 ? 1 : 0;
+    double x = v / std::pow(1e3, i + 1);
+    // 999.95K rounds to "1e+03K" with 3 significant digits: move up a suffix instead.
+    if (std::fabs(x) >= 999.5 && i < 3) {
+      ++i;
+      x /= 1e3;
+    }
+    return fmt::format("{:.3g}{}", x, suffix[i]);
+  }
+  if (a >= 1e-3 && a < 1e15) return fmt::format("{:.4g}", v);
+  // Tiny (learning rates) or huge: always "2.5e-4", never "0.00025" beside "5e-5", so
+  // the tick labels of one axis read alike.
+  const std::string e = fmt::format("{:.2e}", v);  // "-2.50e-04"
+  const auto epos = e.find('e');
+  std::string mant = e.substr(0, epos);
+  while (mant.back() == '0') mant.pop_back();
+  if (mant.back() == '.') mant.pop_back();
+  return fmt::format("{}e{}", mant, std::stoi(e.substr(epos + 1)));
+}
+
+std::string format_bytes(double bytes) {
+  if (!std::isfinite(bytes)) return "n/a";
+  static const char* unit[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  int i = 0;
+  while (std::fabs(bytes) >= 1024 && i < 5) {
+    bytes /= 1024;
+    ++i;
+  }
+  return i == 0 ? fmt::format("{:.0f} B", bytes) : fmt::format("{:.3g} {}", bytes, unit[i]);
+}
+
+std::string html_escape(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (char c : s) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&quot;"; break;
+      case '\'': out += "&#39;"; break;
+      default: out += c;
+    }
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------
+// SVG plot
+// ---------------------------------------------------------------------------------
+
+namespace {
+
+struct Pt {
+  double x, y;
+};
+
+// Keeps the first, min, max and last point of each pixel column (in index order), so a
+// 100k-iteration run draws ~4 points per pixel and spikes survive.
+std::vector<Pt> thin(const std::vector<Pt>& pts, double plot_width) {
+  if (pts.size() <= static_cast<size_t>(4 * plot_width)) return pts;
+  std::vector<Pt> out;
+  size_t i = 0;
+  while (i < pts.size()) {
+    const long col = std::lround(std::floor(pts[i].x));
+    size_t j = i, lo = i, hi = i;
+    while (j < pts.size() && std::lround(std::floor(pts[j].x)) == col) {
+      if (pts[j].y < pts[lo].y) lo = j;
+      if (pts[j].y > pts[hi].y) hi = j;
+      ++j;
+    }
+    std::vector<size_t> keep = {i, lo, hi, j - 1};
+    std::sort(keep.begin(), keep.end());
+    keep.erase(std::unique(keep.begin(), keep.end()), keep.end());
+    for (size_t k : keep) out.push_back(pts[k]);
+    i = j;
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string render_svg_plot(const PlotSpec& spec) {
+  const double W = spec.width, H = spec.height;
+  const double ml = 74, mr = 18, mt = 34, mb = 50;
+  const double px0 = ml, px1 = W - mr, py0 = mt, py1 = H - mb;
+  std::ostringstream o;
+  o << fmt::format(
+      "<svg class=\"plot\" width=\"{0}\" height=\"{1}\" viewBox=\"0 0 {0} {1}\" role=\"img\" aria-label=\"{2}\" "
+      "font-family=\"Helvetica, Arial, sans-serif\">\n",
+      spec.width, spec.height, html_escape(spec.title));
+  o << fmt::format("<rect x=\"0\" y=\"0\" width=\"{}\" height=\"{}\" fill=\"#ffffff\"/>\n", spec.width, spec.height);
+  o << fmt::format(
+      "<text class=\"title\" x=\"{}\" y=\"22\" text-anchor=\"middle\" font-size=\"15\" font-weight=\"600\" "
+      "fill=\"#222\">{}</text>\n",
+      fmt_coord(W / 2), html_escape(spec.title));
+
+  // Data ranges over finite values only.
+  double xlo = min_finite(spec.x), xhi = max_finite(spec.x);
+  double ylo = kNaN, yhi = kNaN;
+  for (const auto& s : spec.series)
+    for (size_t i = 0; i < s.y.size() && i < spec.x.size(); ++i) {
+      const double y = s.y[i] * spec.y_scale;
+      if (!std::isfinite(y) || !std::isfinite(spec.x[i])) continue;
+      if (!(y >= ylo)) ylo = y;
+      if (!(y <= yhi)) yhi = y;
+    }
+  const bool have_data = std::isfinite(xlo) && std::isfinite(ylo);
+  // Axis lines and labels are drawn even without data, so an empty plot still reads as one.
+  o << fmt::format("<line x1=\"{0}\" y1=\"{1}\" x2=\"{0}\" y2=\"{2}\" stroke=\"#444\"/>\n", px0, py0, py1);
+  o << fmt::format("<line x1=\"{0}\" y1=\"{2}\" x2=\"{1}\" y2=\"{2}\" stroke=\"#444\"/>\n", px0, px1, py1);
+  o << fmt::format(
+      "<text class=\"xlabel\" x=\"{}\" y=\"{}\" text-anchor=\"middle\" font-size=\"12\" fill=\"#333\">{}</text>\n",
+      fmt_coord((px0 + px1) / 2), fmt_coord(H - 10), html_escape(spec.x_label));
+  o << fmt::format(
+      "<text class=\"ylabel\" transform=\"rotate(-90)\" x=\"{}\" y=\"16\" text-anchor=\"middle\" font-size=\"12\" "
+      "fill=\"#333\">{}</text>\n",
+      fmt_coord(-(py0 + py1) / 2), html_escape(spec.y_label));
+  if (!have_data) {
+    o << fmt::format(
+        "<text class=\"nodata\" x=\"{}\" y=\"{}\" text-anchor=\"middle\" font-size=\"13\" fill=\"#888\">no finite "
+        "values logged</text>\n</svg>\n",
+        fmt_coord((px0 + px1) / 2), fmt_coord((py0 + py1) / 2));
+    return o.str();
+  }
+  // Degenerate ranges (one point, a constant series) get a symmetric pad so the data
+  // sits mid-plot instead of dividing by zero.
+  if (xhi == xlo) {
+    const double d = xlo != 0 ? std::fabs(xlo) * 0.05 : 1.0;
+    xlo -= d;
+    xhi += d;
+  }
+  if (yhi == ylo) {
+    const double d = ylo != 0 ? std::fabs(ylo) * 0.1 : 1.0;
+    ylo -= d;
+    yhi += d;
+  } else {
+    const double pad = (yhi - ylo) * 0.05;
+    // Keep a non-negative quantity's axis from dipping below zero just for padding.
+    ylo = (ylo >= 0 && ylo - pad < 0) ? 0.0 : ylo - pad;
+    yhi += pad;
+  }
+  auto sx = [&](double x) { return px0 + (x - xlo) / (xhi - xlo) * (px1 - px0); };
+  auto sy = [&](double y) { return py1 - (y - ylo) / (yhi - ylo) * (py1 - py0); };
+
+  for (double t : nice_ticks(ylo, yhi, 5)) {
+    const double y = sy(t);
+    o << fmt::format("<line class=\"grid\" x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"#e6e6e6\"/>\n", px0 + 1,
+                     fmt_coord(y), px1, fmt_coord(y));
+    o << fmt::format("<line x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"#444\"/>\n", px0 - 5, fmt_coord(y), px0,
+                     fmt_coord(y));
+    o << fmt::format(
+        "<text class=\"ytick\" x=\"{}\" y=\"{}\" text-anchor=\"end\" font-size=\"11\" fill=\"#444\">{}</text>\n",
+        px0 - 8, fmt_coord(y + 4), format_number(t));
+  }
+  for (double t : nice_ticks(xlo, xhi, 6)) {
+    const double x = sx(t);
+    o << fmt::format("<line x1=\"{0}\" y1=\"{1}\" x2=\"{0}\" y2=\"{2}\" stroke=\"#444\"/>\n", fmt_coord(x), py1,
+                     py1 + 5);
+    o << fmt::format(
+        "<text class=\"xtick\" x=\"{}\" y=\"{}\" text-anchor=\"middle\" font-size=\"11\" fill=\"#444\">{}</text>\n",
+        fmt_coord(x), py1 + 18, format_number(t));
+  }
+
+  // Series: one polyline per run of finite points.
+  for (const auto& s : spec.series) {
+    std::vector<std::vector<Pt>> runs(1);
+    for (size_t i = 0; i < spec.x.size() && i < s.y.size(); ++i) {
+      const double y = s.y[i] * spec.y_scale;
+      if (std::isfinite(y) && std::isfinite(spec.x[i])) {
+        runs.back().push_back({sx(spec.x[i]), sy(y)});
+      } else if (!runs.back().empty()) {
+        runs.emplace_back();
+      }
+    }
+    for (const auto& run : runs) {
+      if (run.empty()) continue;
+      if (run.size() == 1) {
+        o << fmt::format("<circle cx=\"{}\" cy=\"{}\" r=\"3\" fill=\"{}\"/>\n", fmt_coord(run[0].x),
+                         fmt_coord(run[0].y), s.colour);
+        continue;
+      }
+      o << "<polyline fill=\"none\" stroke=\"" << s.colour
+        << "\" stroke-width=\"1.6\" stroke-linejoin=\"round\" points=\"";
+      bool first = true;
+      for (const auto& p : thin(run, px1 - px0)) {
+        o << (first ? "" : " ") << fmt_coord(p.x) << ',' << fmt_coord(p.y);
+        first = false;
+      }
+      o << "\"/>\n";
+    }
+  }
+
+  // Marks (e.g. iterations whose loss was not finite) as red ticks rising from the x axis.
+  std::set<long> mark_cols;
+  for (double mx : spec.marks_x) {
+    if (!std::isfinite(mx)) continue;
+    const double x = sx(mx);
+    if (!mark_cols.insert(std::lround(x)).second) continue;
+    o << fmt::format("<line class=\"mark\" x1=\"{0}\" y1=\"{1}\" x2=\"{0}\" y2=\"{2}\" stroke=\"#d62728\" "
+                     "stroke-width=\"2\"/>\n",
+                     fmt_coord(x), py1, py1 - 10);
+  }
+
+  // Legend, top right inside the plot, only when it tells something the title does not.
+  std::vector<std::pair<std::string, std::string>> legend;
+  if (spec.series.size() > 1)
+    for (const auto& s : spec.series) legend.emplace_back(s.name, s.colour);
+  if (!mark_cols.empty()) {
+    if (spec.series.size() == 1) legend.emplace_back(spec.series[0].name, spec.series[0].colour);
+    legend.emplace_back(spec.marks_label.empty() ? "marked" : spec.marks_label, "#d62728");
+  }
+  double ly = py0 + 12;
+  for (const auto& [label, colour] : legend) {
+    o << fmt::format("<line x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"{}\" stroke-width=\"2\"/>\n", px1 - 150,
+                     fmt_coord(ly - 4), px1 - 134, fmt_coord(ly - 4), colour);
+    o << fmt::format("<text x=\"{}\" y=\"{}\" font-size=\"11\" fill=\"#333\">{}</text>\n", px1 - 130, fmt_coord(ly),
+                     html_escape(label));
+    ly += 15;
+  }
+  o << "</svg>\n";
+  return o.str();
+}
+
+// ---------------------------------------------------------------------------------
+// Eval results
+// ---------------------------------------------------------------------------------
+
+std::vector<EvalRow> read_eval_results(const fs::path& run_dir) {
+  std::vector<fs::path> files;
+  for (const fs::path& d : {run_dir, run_dir / "eval"}) {
+    std::error_code ec;
+    if (!fs::is_directory(d, ec)) continue;
+    for (const auto& e : fs::directory_iterator(d, ec))
+      if (e.is_regular_file() && e.path().extension() == ".json") files.push_back(e.path());
+  }
+  std::sort(files.begin(), files.end());
+  std::vector<EvalRow> rows;
+  for (const auto& f : files) {
+    std::ifstream in(f, std::ios::binary);
+    json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object() || !j.contains("results") || !j["results"].is_object()) continue;
+    const std::string rel = fs::relative(f, run_dir).string();
+    for (auto& [task, metrics] : j["results"].items()) {
+      if (!metrics.is_object()) continue;
+      for (auto& [metric, value] : metrics.items()) {
+        if (!value.is_number() || metric.ends_with("_stderr")) continue;
+        EvalRow r{rel, task, metric, value.get<double>(), -1};
+        auto se = metrics.find(metric + "_stderr");
+        if (se != metrics.end() && se->is_number()) r.stderr_ = se->get<double>();
+        rows.push_back(std::move(r));
+      }
+    }
+  }
+  return rows;
+}
+
+// ---------------------------------------------------------------------------------
+// The page
+// ---------------------------------------------------------------------------------
+
+namespace {
+
+const char* kStyle = R"(
+body { font-family: Helvetica, Arial, sans-serif; color: #222; background: #fafafa; margin: 0; }
+main { max-width: 1180px; margin: 0 auto; padding: 16px 20px 40px; }
+h1 { font-size: 22px; margin: 8px 0 4px; }
+h2 { font-size: 17px; margin: 26px 0 10px; border-bottom: 1px solid #ddd; padding-bottom: 4px; }
+.sub { color: #666; font-size: 13px; margin: 0 0 12px; }
+.plots { display: flex; flex-wrap: wrap; gap: 14px; }
+svg.plot { background: #fff; border: 1px solid #ddd; border-radius: 4px; }
+table { border-collapse: collapse; font-size: 13px; background: #fff; }
+th, td { border: 1px solid #ddd; padding: 4px 10px; text-align: left; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; }
+th { background: #f0f0f0; }
+pre { background: #fff; border: 1px solid #ddd; padding: 10px; font-size: 12px; overflow-x: auto; }
+.note { color: #666; font-size: 13px; }
+)";
+
+struct PlotDef {
+  const char* key;
+  const char* title;
+  const char* y_label;
+  double scale;
+  const char* colour;
+  bool always;  // drawn even when the column is missing (shows "no finite values")
+};
+
+}  // namespace
+
+std::string render_report_html(const fs::path& run_dir, ReportSummary* summary) {
+  std::error_code ec;
+  if (!fs::is_directory(run_dir, ec))
+    throw_input("{}: not a directory (pass the run's logging.dir, e.g. runs/cpu-demo)", run_dir.string());
+  const Metrics m = read_metrics(run_dir / "metrics.jsonl");
+
+  // x axis: consumed tokens (the schedules run on tokens and batch sizes ramp, so
+  // iterations are not comparable across runs); iterations if tokens were not logged.
+  const bool by_tokens = m.has("consumed_tokens");
+  const std::vector<double> x = m.column(by_tokens ? "consumed_tokens" : "iteration");
+  const std::string x_label = by_tokens ? "consumed tokens" : "iteration";
+
+  static const PlotDef defs[] = {
+      {"loss", "Training loss", "loss (nats/token)", 1.0, "#1f77b4", true},
+      {"lr", "Learning rate", "learning rate", 1.0, "#ff7f0e", false},
+      {"global_batch_size", "Global batch size", "sequences", 1.0, "#2ca02c", false},
+      {"tokens_per_s", "Throughput", "tokens / s", 1.0, "#9467bd", false},
+      {"tflops_per_gpu", "TFLOP/s per GPU", "TFLOP/s", 1.0, "#8c564b", false},
+      {"mfu", "Model FLOPs utilisation", "MFU (%)", 100.0, "#e377c2", false},
+      {"grad_norm", "Gradient norm", "global L2 norm", 1.0, "#7f7f7f", false},
+      {"loss_scale", "Loss scale (fp16)", "loss scale", 1.0, "#bcbd22", false},
+      {"step_time_s", "Iteration time", "seconds", 1.0, "#17becf", false},
+      {"peak_memory_bytes", "Peak memory", "GiB", 1.0 / (1024.0 * 1024 * 1024), "#393b79", false},
+  };
+  std::string plots;
+  std::vector<std::string> not_logged;
+  int64_t nplots = 0;
+  for (const auto& d : defs) {
+    const bool present = m.has(d.key);
+    if (!present && !d.always) {
+      // loss_scale is fp16-only and memory is 0 on the CPU: absent is normal there.
+      if (std::string_view(d.key) != "loss_scale" && std::string_view(d.key) != "peak_memory_bytes")
+        not_logged.push_back(d.key);
+      continue;
+    }
+    const std::vector<double> y = m.column(d.key);
+    if (std::string_view(d.key) == "peak_memory_bytes" && !(max_finite(y) > 0)) continue;
+    PlotSpec p;
+    p.title = d.title;
+    p.x_label = x_label;
+    p.y_label = d.y_label;
+    p.x = x;
+    p.series.push_back({d.key, y, d.colour});
+    p.y_scale = d.scale;
+    if (std::string_view(d.key) == "loss") {
+      // Rows whose loss was logged as null (non-finite) are where training went wrong.
+      for (int64_t i = 0; i < m.rows; ++i)
+        if (!std::isfinite(y[i])) p.marks_x.push_back(x[i]);
+      p.marks_label = "non-finite loss";
+    }
+    plots += render_svg_plot(p);
+    ++nplots;
+  }
+
+  // Validation (every eval_interval and at the end) and test loss, by iteration.
+  if (!m.held_out.empty()) {
+    std::vector<double> hx;
+    for (const auto& h : m.held_out)
+      if (hx.empty() || h.iteration > hx.back()) hx.push_back(h.iteration);
+    std::vector<double> vy(hx.size(), kNaN), ty(hx.size(), kNaN);
+    for (const auto& h : m.held_out) {
+      const size_t i = static_cast<size_t>(std::lower_bound(hx.begin(), hx.end(), h.iteration) - hx.begin());
+      if (i < hx.size() && hx[i] == h.iteration) (h.test ? ty : vy)[i] = h.loss;  // the later record wins
+    }
+    PlotSpec p;
+    p.title = "Validation loss";
+    p.x_label = "iteration";
+    p.y_label = "loss (nats/token)";
+    p.x = hx;
+    p.series.push_back({"validation loss", vy, "#d62728"});
+    if (std::any_of(ty.begin(), ty.end(), [](double y) { return std::isfinite(y); }))
+      p.series.push_back({"test loss", ty, "#2ca02c"});
+    plots += render_svg_plot(p);
+    ++nplots;
+  }
+
+  // Summary table.
+  const auto iter = m.column("iteration");
+  std::vector<std::pair<std::string, std::string>> facts;
+  auto tail = [&](const std::string& key) {
+    auto c = m.column(key);
+    if (c.size() > 1) c.erase(c.begin());  // the first iteration includes warm-up
+    return c;
+  };
+  facts.reserve(20);  // also keeps GCC 12's -Warray-bounds false positive on the first emplace quiet
+  facts.emplace_back("Run directory", run_dir.string());
+  facts.emplace_back("Logged iterations",
+                     fmt::format("{} ({} to {})", m.rows, format_number(iter.front()), format_number(iter.back())));
+  if (m.restarts > 0) facts.emplace_back("Restarts (resumed from a checkpoint)", std::to_string(m.restarts));
+  if (m.has("consumed_tokens")) facts.emplace_back("Consumed tokens", format_number(last_finite(m.column("consumed_tokens"))));
+  if (m.has("consumed_samples"))
+    facts.emplace_back("Consumed samples", format_number(last_finite(m.column("consumed_samples"))));
+  facts.emplace_back("Last finite loss", format_number(last_finite(m.column("loss"))));
+  facts.emplace_back("Lowest loss", format_number(min_finite(m.column("loss"))));
+  for (bool test : {false, true})
+    for (auto h = m.held_out.rbegin(); h != m.held_out.rend(); ++h)
+      if (h->test == test) {
+        facts.emplace_back(fmt::format("{} loss (iteration {})", test ? "Test" : "Last validation", format_number(h->iteration)),
+                           fmt::format("{} (PPL {})", format_number(h->loss), format_number(h->ppl)));
+        break;
+      }
+  if (m.has("tokens_per_s")) facts.emplace_back("Median tokens/s", format_number(median_of(tail("tokens_per_s"))));
+  if (m.has("tflops_per_gpu"))
+    facts.emplace_back("Median TFLOP/s per GPU", format_number(median_of(tail("tflops_per_gpu"))));
+  if (m.has("mfu")) facts.emplace_back("Median MFU", fmt::format("{:.1f}%", 100 * median_of(tail("mfu"))));
+  if (m.has("step_time_s")) facts.emplace_back("Median iteration time", format_number(median_of(tail("step_time_s"))) + " s");
+  if (m.has("skipped")) facts.emplace_back("Skipped iterations", format_number(last_finite(m.column("skipped"))));
+  if (m.has("nan_iterations"))
+    facts.emplace_back("Non-finite iterations", format_number(last_finite(m.column("nan_iterations"))));
+  if (max_finite(m.column("peak_memory_bytes")) > 0)
+    facts.emplace_back("Peak memory", format_bytes(max_finite(m.column("peak_memory_bytes"))));
+  for (const char* k : {"bytes_sent_tp", "bytes_sent_pp", "bytes_sent_dp"})
+    if (m.has(k)) facts.emplace_back(fmt::format("Bytes sent ({})", std::string_view(k).substr(11)),
+                                     format_bytes(last_finite(m.column(k))));
+
+  const auto evals = read_eval_results(run_dir);
+  std::string title = run_dir.filename().string();
+  if (title.empty() || title == ".") title = fs::absolute(run_dir).lexically_normal().parent_path().filename().string();
+
+  std::ostringstream h;
+  h << "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+    << "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
+    << "<title>mtnlg report: " << html_escape(title) << "</title>\n<style>" << kStyle << "</style>\n</head>\n<body>\n<main>\n";
+  h << "<h1>Training run: " << html_escape(title) << "</h1>\n";
+  h << "<p class=\"sub\">" << html_escape(m.source) << " &middot; x axis: " << x_label << " &middot; mtnlg "
+    << MTNLG_VERSION << "</p>\n";
+  h << "<h2>Summary</h2>\n<table class=\"summary\">\n";
+  for (const auto& [k, v] : facts) h << "<tr><th>" << html_escape(k) << "</th><td>" << html_escape(v) << "</td></tr>\n";
+  h << "</table>\n";
+  h << "<h2>Training curves</h2>\n<div class=\"plots\">\n" << plots << "</div>\n";
+  if (!not_logged.empty()) {
+    h << "<p class=\"note\">Not logged in this run: ";
+    for (size_t i = 0; i < not_logged.size(); ++i) h << (i ? ", " : "") << html_escape(not_logged[i]);
+    h << ".</p>\n";
+  }
+  h << "<h2>Evaluation results</h2>\n";
+  if (evals.empty()) {
+    h << "<p class=\"note\">No eval results in this directory (mtnlg eval --output RUN_DIR/NAME.json puts them "
+         "here).</p>\n";
+  } else {
+    h << "<table class=\"eval\">\n<tr><th>file</th><th>task</th><th>metric</th><th>value</th><th>stderr</th></tr>\n";
+    for (const auto& r : evals)
+      h << "<tr><td>" << html_escape(r.file) << "</td><td>" << html_escape(r.task) << "</td><td>"
+        << html_escape(r.metric) << "</td><td class=\"num\">" << fmt::format("{:.4f}", r.value)
+        << "</td><td class=\"num\">" << (r.stderr_ >= 0 ? fmt::format("&plusmn; {:.4f}", r.stderr_) : "")
+        << "</td></tr>\n";
+    h << "</table>\n";
+  }
+  h << "<h2>Resolved recipe</h2>\n";
+  const fs::path recipe = run_dir / "recipe.resolved.yaml";
+  std::ifstream rin(recipe, std::ios::binary);
+  if (rin) {
+    std::stringstream ss;
+    ss << rin.rdbuf();
+    h << "<pre class=\"recipe\">" << html_escape(ss.str()) << "</pre>\n";
+  } else {
+    h << "<p class=\"note\">" << html_escape(recipe.string()) << " not found.</p>\n";
+  }
+  h << "</main>\n</body>\n</html>\n";
+
+  if (summary) {
+    summary->iterations = m.rows;
+    summary->plots = nplots;
+    summary->eval_rows = static_cast<int64_t>(evals.size());
+  }
+  return h.str();
+}
+
+ReportSummary write_report(const fs::path& run_dir, const fs::path& output) {
+  ReportSummary s;
+  const std::string html = render_report_html(run_dir, &s);
+  s.output = output.empty() ? run_dir / "report.html" : output;
+  std::error_code ec;
+  if (s.output.has_parent_path()) fs::create_directories(s.output.parent_path(), ec);
+  write_file_atomic(s.output.string(), html);
+  return s;
+}
+
+}  // namespace mtnlg::app::report

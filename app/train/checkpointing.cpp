@@ -1,0 +1,146 @@
+#include "app/train/checkpointing.hpp"
+
+#include <csignal>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+
+#include "core/log.hpp"
+
+namespace mtnlg::app {
+
+namespace {
+volatile std::sig_atomic_t g_stop = 0;
+extern "C" void on_stop_signal(int) { g_stop = 1; }
+}  // namespace
+
+void install_stop_signal_handlers() {
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGUSR1, &sa, nullptr);
+  sigaction(SIGHUP, &sa, nullptr);  // the terminal went away: save and stop like SIGTERM
+  // Ctrl-C: the first saves and stops; the handler then resets itself, so a second one
+  // ends the process at once (the way out of a save that takes too long).
+  sa.sa_flags = SA_RESTART | SA_RESETHAND;
+  sigaction(SIGINT, &sa, nullptr);
+}
+
+void throw_stopped_without_checkpoint(const std::string& why, int64_t iteration) {
+  throw_runtime("{} stopped the run after iteration {}, but checkpoint.save is not set: nothing was saved (set "
+                "checkpoint.save and checkpoint.load to the same directory to resume)",
+                why, iteration);
+}
+bool stop_signal_received() { return g_stop != 0; }
+void reset_stop_signal() { g_stop = 0; }
+
+CheckpointManager::CheckpointManager(const Recipe& r, const parallel::ProcessGroups& g, model::ckpt::Layout layout)
+    : r_(r), g_(g), layout_(layout), root_(r.checkpoint.save) {}
+
+CheckpointManager::~CheckpointManager() {
+  if (writer_.joinable()) writer_.join();
+}
+
+std::optional<model::ckpt::TrainState> CheckpointManager::resume(model::ParamStore& store,
+                                                                  parallel::DistributedAdamW& optim) {
+  const std::string& path = r_.checkpoint.load;
+  if (path.empty()) return std::nullopt;
+  namespace fs = std::filesystem;
+  if (!fs::exists(path + "/metadata.json") && !model::ckpt::latest_iteration(path)) {
+    log::info("checkpoint.load {}: no checkpoint there yet, starting from scratch", path);
+    return std::nullopt;
+  }
+  std::string dir = model::ckpt::resolve(path);
+  auto t0 = std::chrono::steady_clock::now();
+  model::ckpt::TrainState st = model::ckpt::read_metadata(dir);
+  if (auto miss = model::ckpt::missing_files(dir, st); !miss.empty())
+    throw_input("{}: {} is missing ({} shard files of layout tp={} pp={} dp={} are absent)", dir, miss.front(), miss.size(),
+                st.layout.tp, st.layout.pp, st.layout.dp);
+  // The model must be the same network; the layout may differ.
+  Recipe saved = parse_recipe(st.recipe_yaml, dir + "/metadata.json");
+  auto same = [&](const char* what, int64_t a, int64_t b) {
+    if (a != b)
+      throw_input("{}: checkpoint has model.{} = {} but the recipe says {}; a checkpoint continues the same network", dir,
+                  what, a, b);
+  };
+  same("num_layers", saved.model.num_layers, r_.model.num_layers);
+  same("hidden_size", saved.model.hidden_size, r_.model.hidden_size);
+  same("num_attention_heads", saved.model.num_attention_heads, r_.model.num_attention_heads);
+  same("ffn_hidden_size", saved.model.ffn_hidden_size, r_.model.ffn_hidden_size);
+  same("vocab_size", saved.model.vocab_size, r_.model.vocab_size);
+  same("max_position_embeddings", saved.model.max_position_embeddings, r_.model.max_position_embeddings);
+  model::ckpt::OptimShard shard{optim.shard_begin(), optim.shard_end(), &optim.exp_avg(), &optim.exp_avg_sq()};
+  model::ckpt::load_into(dir, store, &shard, &optim.exp_avg(), &optim.exp_avg_sq());
+  optim.set_steps_taken(st.optimizer_steps);
+  log::info("resumed from {} (iteration {}, {} tokens; saved with tp={} pp={} dp={}{}) in {:.1f}s", dir, st.iteration,
+            st.consumed_tokens, st.layout.tp, st.layout.pp, st.layout.dp, st.layout.zero1 ? " ZeRO-1" : "",
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  return st;
+}
+
+double CheckpointManager::save(const model::ckpt::TrainState& st, const model::ParamStore& store,
+                               parallel::DistributedAdamW& optim) {
+  if (!enabled()) return 0;
+  auto t0 = std::chrono::steady_clock::now();
+  finish();  // one save in flight at a time
+  const bool rank0 = g_.rank == 0;
+  const std::string part = model::ckpt::partial_dir(root_, st.iteration);
+  if (rank0) {
+    std::filesystem::remove_all(part);  // a stale partial save of a crashed run
+    std::filesystem::create_directories(part);
+  }
+  if (g_.world) g_.world->barrier();
+  const bool model_writer = g_.coord.dp == 0;
+  const bool optim_writer = optim.zero1() || g_.coord.dp == 0;
+  model::ckpt::OptimShard shard{optim.shard_begin(), optim.shard_end(), &optim.exp_avg(), &optim.exp_avg_sq()};
+  auto snap = std::make_shared<model::ckpt::Snapshot>(model::ckpt::take_snapshot(
+      store, &shard, g_.coord.tp, g_.coord.pp, g_.coord.dp, model_writer, optim_writer));
+  double blocked = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  writer_done_ = false;
+  writer_error_.clear();
+  pending_iteration_ = st.iteration;
+  const int delay_ms = std::getenv("MTNLG_TEST_SAVE_DELAY_MS") ? std::atoi(std::getenv("MTNLG_TEST_SAVE_DELAY_MS")) : 0;
+  writer_ = std::thread([this, snap, part, st, rank0, delay_ms] {
+    try {
+      model::ckpt::write_snapshot(part, *snap);
+      // Test hook: widen the window in which a kill leaves a partial checkpoint.
+      if (delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+      if (rank0) model::ckpt::write_metadata(part, st);
+    } catch (const std::exception& e) {
+      writer_error_ = e.what();
+    }
+    writer_done_ = true;
+  });
+  log::info("saving checkpoint iteration {} to {} (step blocked {:.3f}s; writing in the background)", st.iteration, root_,
+            blocked);
+  return blocked;
+}
+
+void CheckpointManager::commit_if_all_done(bool wait) {
+  if (pending_iteration_ < 0) return;
+  if (wait && writer_.joinable()) writer_.join();
+  int64_t done = writer_done_ ? 1 : 0;
+  if (g_.world && g_.world->size() > 1) g_.world->all_reduce(&done, 1, parallel::ReduceOp::sum);
+  int64_t world = g_.world ? g_.world->size() : 1;
+  if (done < world) return;
+  if (writer_.joinable()) writer_.join();
+  int64_t failed = writer_error_.empty() ? 0 : 1;
+  if (g_.world && g_.world->size() > 1) g_.world->all_reduce(&failed, 1, parallel::ReduceOp::sum);
+  if (failed) {
+    if (!writer_error_.empty()) throw_runtime("saving checkpoint iteration {}: {}", pending_iteration_, writer_error_);
+    throw_runtime("saving checkpoint iteration {} failed on another rank", pending_iteration_);
+  }
+  if (g_.rank == 0) {
+    model::ckpt::commit(root_, pending_iteration_, r_.checkpoint.keep_last);
+    log::info("checkpoint iteration {} committed: {}", pending_iteration_, model::ckpt::iteration_dir(root_, pending_iteration_));
+  }
+  if (g_.world) g_.world->barrier();
+  pending_iteration_ = -1;
+}
+
+void CheckpointManager::poll() { commit_if_all_done(false); }
+void CheckpointManager::finish() { commit_if_all_done(true); }
+
+}  // namespace mtnlg::app

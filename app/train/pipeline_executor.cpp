@@ -1,0 +1,196 @@
+#include "app/train/pipeline_executor.hpp"
+
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "core/mem_account.hpp"
+#include "core/ops.hpp"
+#include "model/tp_regions.hpp"
+#include "schedules/pipeline_schedule.hpp"
+
+namespace mtnlg::app {
+
+int32_t eod_token(const Recipe& r) {
+  if (r.data.vocab_file.empty()) return 50256;
+  std::ifstream in(r.data.vocab_file);
+  if (!in) throw_input("data.vocab_file {}: cannot read (data.eod_mask_loss needs its <|endoftext|> id)", r.data.vocab_file);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const std::exception& e) {
+    throw_input("data.vocab_file {}: not a JSON vocabulary ({})", r.data.vocab_file, e.what());
+  }
+  if (!j.contains("<|endoftext|>") || !j["<|endoftext|>"].is_number_integer())
+    throw_input("data.vocab_file {}: no <|endoftext|> entry, which data.eod_mask_loss masks", r.data.vocab_file);
+  return j["<|endoftext|>"].get<int32_t>();
+}
+
+std::vector<float> eod_loss_mask(const int32_t* rows, int64_t samples, int64_t seq_length, int32_t eod, double& count) {
+  std::vector<float> mask(static_cast<size_t>(samples * seq_length), 1.0f);
+  for (int64_t s = 0; s < samples; ++s)
+    for (int64_t t = 0; t < seq_length; ++t)
+      if (rows[s * (seq_length + 1) + t] == eod) mask[static_cast<size_t>(s * seq_length + t)] = 0.0f;
+  for (float m : mask) count += m;
+  return mask;
+}
+
+PipelineExecutor::PipelineExecutor(const Recipe& r, const parallel::ProcessGroups& g,
+                                   std::vector<std::unique_ptr<model::GptChunk>>& chunks)
+    : r_(r), g_(g), chunks_(chunks) {
+  if (r.data.eod_mask_loss) eod_ = eod_token(r);
+}
+
+void PipelineExecutor::build_loss_masks(const data::Batch& b) {
+  const int64_t T = r_.model.seq_length, mbs = b.micro_batch_size;
+  masks_.clear();
+  double local = 0;
+  for (int64_t k = 0; k < b.micro_batches; ++k)
+    masks_.push_back(eod_loss_mask(b.tokens.data() + k * mbs * (T + 1), mbs, T, eod_, local));
+  // Every tp x pp rank of a data-parallel replica holds the same samples: the global count
+  // is the sum over world divided by tp x pp (a host all-reduce, once per step).
+  double sum = local;
+  if (g_.world && g_.world->size() > 1) g_.world->all_reduce(&sum, 1, parallel::ReduceOp::sum);
+  counted_tokens_ = sum / static_cast<double>(g_.topo.tp() * g_.topo.pp());
+}
+
+model::MicroBatch PipelineExecutor::micro_batch(const data::Batch& b, int64_t k, int64_t consumed_before,
+                                                uint64_t step_key, double loss_scale) const {
+  const int64_t T = r_.model.seq_length, mbs = b.micro_batch_size, dp = g_.topo.dp();
+  model::MicroBatch mb;
+  mb.tokens = b.tokens.data() + k * mbs * (T + 1);
+  mb.micro_batch_size = mbs;
+  // Megatron's sampler: micro batch k of the step takes mbs*dp consecutive samples and
+  // data-parallel rank r the slice [r*mbs, (r+1)*mbs) of them.
+  mb.sample_offset = consumed_before + k * mbs * dp + g_.coord.dp * mbs;
+  mb.step_key = step_key;
+  mb.loss_weight = loss_scale / static_cast<double>(b.global_batch_size * T);
+  if (eod_ >= 0) {
+    mb.loss_mask = masks_[static_cast<size_t>(k)].data();
+    mb.loss_weight = counted_tokens_ > 0 ? loss_scale / counted_tokens_ : 0.0;
+  }
+  return mb;
+}
+
+void PipelineExecutor::run_batch(const data::Batch& batch, int64_t consumed_before, uint64_t step_key, double loss_scale,
+                                 Tensor& loss_acc) {
+  const int64_t m = batch.micro_batches;
+  peak_act_ = 0;
+  peak_send_ = 0;
+  if (eod_ >= 0) build_loss_masks(batch);
+  const int64_t p = g_.topo.pp(), r = g_.coord.pp, v = static_cast<int64_t>(chunks_.size());
+  const std::vector<schedules::PipeAction> table = schedules::schedule_for(p, r, m, v);
+  // Sends are nonblocking; each buffer stays alive in `pending` until its request is
+  // waited for, right after the receive at which this rank knows the peer has started the
+  // matching receive (schedules::send_release_points: deadlock-free), else at the end.
+  const std::vector<int64_t> release = p > 1 ? schedules::send_release_points(p, r, m, v) : std::vector<int64_t>();
+  std::vector<std::vector<size_t>> due(table.size() + 1);
+  for (size_t i = 0; i < release.size(); ++i)
+    if (release[i] >= 0) due[static_cast<size_t>(release[i])].push_back(i);
+
+  // Tensors in flight, keyed by (microbatch, chunk).
+  const int64_t C = r_.model.hidden_size, R = chunks_[0]->local_rows(batch.micro_batch_size);
+  const DType act = chunks_[0]->activation_dtype();  // stage boundaries carry activations in it
+  std::map<std::pair<int64_t, int64_t>, Tensor> act_in, act_out, grad_in, grad_out;
+  std::map<size_t, std::pair<std::unique_ptr<parallel::Request>, Tensor>> pending;  // by send action index
+  int64_t send_held = 0;  // bytes of the buffers in `pending`
+  auto post = [&](size_t i, std::unique_ptr<parallel::Request> req, Tensor t) {
+    send_held += t.nbytes();
+    peak_send_ = std::max(peak_send_, send_held);
+    pending.emplace(i, std::make_pair(std::move(req), std::move(t)));
+  };
+  auto finish = [&](size_t i) {
+    auto it = pending.find(i);
+    MTNLG_CHECK(it != pending.end(), "pipeline send {} released twice", i);
+    it->second.first->wait();
+    send_held -= it->second.second.nbytes();
+    pending.erase(it);  // drops this reference to the buffer
+  };
+  constexpr int kTagActivation = 0, kTagGradient = 1;
+  auto take = [](auto& map, std::pair<int64_t, int64_t> key) {
+    auto it = map.find(key);
+    if (it == map.end()) return Tensor();
+    Tensor t = it->second;
+    map.erase(it);
+    return t;
+  };
+  int64_t held = 0;
+  std::vector<int64_t> backwards_done(chunks_.size(), 0);  // per chunk: which backward is its last
+  for (size_t ai = 0; ai < table.size(); ++ai) {
+    const auto& a = table[ai];
+    const auto key = std::make_pair(a.microbatch, a.chunk);
+    auto& chunk = *chunks_[a.chunk];
+    switch (a.op) {
+      case schedules::PipeOp::recv_forward: {
+        mem::RoleScope role(mem::Role::activations);  // kept as the chunk's saved input
+        Tensor t = Tensor::empty({R, C}, act, chunk.device());
+        g_.pp->recv(t.raw(), t.numel(), act, a.peer_stage, kTagActivation);
+        act_in[key] = t;
+        break;
+      }
+      case schedules::PipeOp::forward: {
+        auto mb = micro_batch(batch, a.microbatch, consumed_before, step_key, loss_scale);
+        mb.loss_acc = &loss_acc;
+        model::ForwardResult res;
+        {
+          // What the forward allocates is counted as activations (the saved tensors and
+          // the forward's temporaries); the backward's allocations stay workspace.
+          mem::RoleScope role(mem::Role::activations);
+          res = chunk.forward(a.microbatch, mb, take(act_in, key));
+        }
+        if (res.output.defined()) act_out[key] = res.output;
+        held = 0;
+        for (auto& c : chunks_) held += c->saved_bytes();
+        peak_act_ = std::max(peak_act_, held);
+        break;
+      }
+      case schedules::PipeOp::send_forward: {
+        Tensor t = take(act_out, key);
+        MTNLG_CHECK(t.defined(), "send_forward of micro batch {} chunk {} before its forward", a.microbatch, a.chunk);
+        post(ai, g_.pp->isend(t.raw(), t.numel(), t.dtype(), a.peer_stage, kTagActivation), t);
+        break;
+      }
+      case schedules::PipeOp::recv_backward: {
+        Tensor t = Tensor::empty({R, C}, act, chunk.device());
+        g_.pp->recv(t.raw(), t.numel(), act, a.peer_stage, kTagGradient);
+        grad_in[key] = t;
+        break;
+      }
+      case schedules::PipeOp::backward: {
+        auto mb = micro_batch(batch, a.microbatch, consumed_before, step_key, loss_scale);
+        // The chunk's last micro batch: its parameter gradients become final as this
+        // backward passes them (the chunk reports them to its grad-ready hook).
+        mb.last_backward = ++backwards_done[static_cast<size_t>(a.chunk)] == m;
+        Tensor dx = chunk.backward(a.microbatch, mb, take(grad_in, key));
+        if (dx.defined() && !(chunk.spec().has_embedding)) grad_out[key] = dx;
+        break;
+      }
+      case schedules::PipeOp::send_backward: {
+        Tensor t = take(grad_out, key);
+        MTNLG_CHECK(t.defined(), "send_backward of micro batch {} chunk {} before its backward", a.microbatch, a.chunk);
+        post(ai, g_.pp->isend(t.raw(), t.numel(), t.dtype(), a.peer_stage, kTagGradient), t);
+        break;
+      }
+    }
+    for (size_t i : due[ai]) finish(i);
+  }
+  for (size_t i : due[table.size()]) finish(i);
+  MTNLG_CHECK(pending.empty(), "{} pipeline send(s) never waited for", pending.size());
+}
+
+void PipelineExecutor::reduce_shared_grads(model::ParamStore& store) {
+  if (g_.tp && g_.tp->size() > 1 && r_.parallel.sequence_parallel) {
+    for (auto& p : store.infos())
+      if (p.sp_grad_reduce) {
+        Tensor gr = store.grads().flat(p.offset, p.numel);
+        model::tp::all_reduce(g_.tp.get(), gr);
+      }
+  }
+  if (g_.topo.pp() > 1 && g_.embedding && g_.embedding->size() > 1 && store.has("embedding.word_embeddings.weight")) {
+    auto& p = store.info("embedding.word_embeddings.weight");
+    Tensor gr = store.grads().flat(p.offset, p.numel);
+    g_.embedding->all_reduce(gr.raw(), p.numel, DType::f32, parallel::ReduceOp::sum);
+  }
+}
+
+}  // namespace mtnlg::app

@@ -1,0 +1,752 @@
+#include "app/train/trainer.hpp"
+
+#include <cblas.h>
+#include <omp.h>
+#include <sys/resource.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <sstream>
+#include <nlohmann/json.hpp>
+
+#include "app/process/blas_core.hpp"
+#include "app/train/checkpointing.hpp"
+#include "app/process/preflight.hpp"
+#include "app/train/pipeline_executor.hpp"
+#include "app/process/placement.hpp"
+#include "app/train/validation.hpp"
+#include "core/log.hpp"
+#include "core/mem_account.hpp"
+#include "core/progress.hpp"
+#include "core/ops.hpp"
+#include "core/rng.hpp"
+#include "core/tensorboard.hpp"
+#include "data/sample_source.hpp"
+#include "model/gpt.hpp"
+#include "model/partition.hpp"
+#include "planner/cost_model.hpp"
+#include "parallel/grad_buckets.hpp"
+#include "parallel/loss_scaler.hpp"
+#include "parallel/optimizer.hpp"
+#include "schedules/batch_schedule.hpp"
+#include "schedules/lr_schedule.hpp"
+
+namespace mtnlg::app {
+
+namespace {
+
+int64_t default_threads() {
+  int64_t cores = omp_get_num_procs();
+  return std::max<int64_t>(1, cores / parallel::local_process_count());
+}
+
+int64_t peak_rss_bytes() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<int64_t>(ru.ru_maxrss) * 1024;
+}
+
+// Achieved single-process sgemm rate (TFLOP/s) on a square problem: the CPU's
+// practical peak, used for MFU when no peak is given.
+// " | ETA 1h02m" once 10 iterations of this process have run: the mean step time of the
+// last 10 times the iterations left (the batch ramp makes early estimates low); "" before.
+std::string eta_text(const std::vector<IterationStats>& done, int64_t remaining) {
+  constexpr size_t kWindow = 10;
+  if (done.size() < kWindow || remaining <= 0) return "";
+  double sum = 0;
+  for (size_t i = done.size() - kWindow; i < done.size(); ++i) sum += done[i].step_time_s;
+  return " | ETA " + human_duration(sum / kWindow * static_cast<double>(remaining));
+}
+
+double measure_cpu_sgemm_tflops() {
+  // Best of several single-GEMM timings: a busy machine slows some of them down, and
+  // the peak is what the hardware can do, not what it did once.
+  const int n = 768;
+  std::vector<float> a(n * n, 1.0f), b(n * n, 0.5f), c(n * n, 0.0f);
+  double best = 1e30;
+  for (int rep = 0; rep < 6; ++rep) {
+    auto t0 = std::chrono::steady_clock::now();
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return 2.0 * n * n * n / best / 1e12;
+}
+
+class MetricsWriter {
+ public:
+  MetricsWriter(const std::string& dir, bool active) : active_(active) {
+    if (!active_) return;
+    std::filesystem::create_directories(dir);
+    out_.open(std::filesystem::path(dir) / "metrics.jsonl", std::ios::app);
+    if (!out_) throw_runtime("{}/metrics.jsonl: cannot open for writing", dir);
+  }
+  void write(const IterationStats& s, const Recipe& r, double loss_scale) {
+    if (!active_) return;
+    nlohmann::json j = {{"iteration", s.iteration},
+                        {"consumed_samples", s.consumed_samples},
+                        {"consumed_tokens", s.consumed_tokens},
+                        {"loss", s.loss},
+                        {"lr", s.lr},
+                        {"global_batch_size", s.global_batch_size},
+                        {"grad_norm", s.grad_norm},
+                        {"step_time_s", s.step_time_s},
+                        {"world_size", s.world_size},
+                        {"tokens_per_s", s.tokens_per_s},
+                        {"tflops_per_gpu", s.tflops_per_gpu},
+                        {"mfu", s.mfu},
+                        {"skipped", s.skipped_total},
+                        {"nan_iterations", s.nan_total},
+                        {"peak_memory_bytes", s.peak_memory_bytes},
+                        {"reserved_memory_bytes", s.reserved_memory_bytes},
+                        {"bytes_sent_tp", s.bytes_tp},
+                        {"bytes_sent_pp", s.bytes_pp},
+                        {"bytes_sent_dp", s.bytes_dp},
+                        {"tensor_bytes_weights", s.mem_weights},
+                        {"tensor_bytes_grads", s.mem_grads},
+                        {"tensor_bytes_optimizer", s.mem_optimizer},
+                        {"tensor_bytes_activations_peak", s.mem_activations_peak},
+                        {"tensor_bytes_saved_activations_peak", s.mem_saved_activations_peak},
+                        {"tensor_bytes_send_buffers_peak", s.mem_send_buffers_peak},
+                        {"tensor_bytes_workspace_peak", s.mem_workspace_peak}};
+    if (r.training.precision == Precision::fp16) j["loss_scale"] = loss_scale;
+    if (s.host_reads || s.host_uploads) {  // a device run: its host round trips
+      j["host_reads"] = s.host_reads;
+      j["host_uploads"] = s.host_uploads;
+    }
+    if (!std::isfinite(s.loss)) j["loss"] = nullptr;
+    out_ << j.dump() << "\n";
+    out_.flush();
+    if (!out_) throw_write_failed("metrics.jsonl", "logging.dir");
+  }
+
+ private:
+  bool active_;
+  std::ofstream out_;
+};
+
+// ---- testing aid: MTNLG_FAULT_INJECT="rank=R:iteration=I:mode=throw|abort|kill" ---------
+// Global rank R fails at the start of iteration I (1-based): throw a RuntimeError (the
+// normal error path: message, MPI_Abort), std::abort(), or raise(SIGKILL) on itself (a
+// dead process with no goodbye), or raise(SIGSTOP) (a rank that stops answering, which
+// only the collective watchdog ends). Tests use it to prove a failing rank ends the job.
+struct FaultInjection {
+  int64_t rank = -1, iteration = -1;
+  std::string mode;
+  bool active() const { return rank >= 0; }
+};
+
+FaultInjection fault_injection_from_env() {
+  FaultInjection f;
+  const char* env = std::getenv("MTNLG_FAULT_INJECT");
+  if (!env || !*env) return f;
+  const std::string spec(env);
+  auto bad = [&](const std::string& why) {
+    throw_input("MTNLG_FAULT_INJECT=\"{}\": {}; expected rank=R:iteration=I:mode=throw|abort|kill|stop|sigterm|sigusr1|nan|overflow",
+                spec, why);
+  };
+  std::stringstream ss(spec);
+  for (std::string part; std::getline(ss, part, ':');) {
+    auto eq = part.find('=');
+    if (eq == std::string::npos) bad("'" + part + "' is not key=value");
+    std::string key = part.substr(0, eq), val = part.substr(eq + 1);
+    if (key == "mode") {
+      if (val != "throw" && val != "abort" && val != "kill" && val != "stop" && val != "sigterm" && val != "sigusr1" && val != "nan" &&
+          val != "overflow")
+        bad("unknown mode '" + val + "'");
+      f.mode = val;
+    } else if (key == "rank" || key == "iteration") {
+      char* end = nullptr;
+      long long x = std::strtoll(val.c_str(), &end, 10);
+      if (val.empty() || *end != '\0' || x < 0) bad("'" + val + "' is not a whole number");
+      (key == "rank" ? f.rank : f.iteration) = x;
+    } else {
+      bad("unknown key '" + key + "'");
+    }
+  }
+  if (f.rank < 0 || f.iteration < 1 || f.mode.empty()) bad("rank, iteration (>= 1) and mode are all required");
+  return f;
+}
+
+// mode=nan: from that iteration on, this rank's gradients are non-finite (the step is
+// skipped and counted; max_nonfinite_in_a_row of them stop the run).
+bool inject_nan(const FaultInjection& f, int64_t rank, int64_t iteration) {
+  return f.active() && f.mode == "nan" && f.rank == rank && iteration >= f.iteration;
+}
+
+// mode=overflow: at that one iteration this rank's gradients are +inf (an fp16 overflow:
+// the step is skipped on every rank and the loss scale backs off; the run goes on).
+bool inject_overflow(const FaultInjection& f, int64_t rank, int64_t iteration) {
+  return f.active() && f.mode == "overflow" && f.rank == rank && iteration == f.iteration;
+}
+
+void maybe_inject_fault(const FaultInjection& f, int64_t rank, int64_t iteration) {
+  if (!f.active() || f.rank != rank || f.iteration != iteration || f.mode == "nan" || f.mode == "overflow") return;
+  // Slurm's preemption / time-limit signals, delivered to this process for real.
+  if (f.mode == "sigterm" || f.mode == "sigusr1") {
+    std::raise(f.mode == "sigterm" ? SIGTERM : SIGUSR1);
+    return;
+  }
+  std::fprintf(stderr, "mtnlg: rank %lld: MTNLG_FAULT_INJECT %s at iteration %lld\n", static_cast<long long>(rank),
+               f.mode.c_str(), static_cast<long long>(iteration));
+  std::fflush(stderr);
+  if (f.mode == "kill") std::raise(SIGKILL);
+  if (f.mode == "stop") {  // alive but silent (the collective watchdog's case); after SIGCONT it goes on
+    std::raise(SIGSTOP);
+    return;
+  }
+  if (f.mode == "abort") std::abort();
+  throw_runtime("rank {}: fault injected by MTNLG_FAULT_INJECT at iteration {}", rank, iteration);
+}
+
+// --comm-report: every rank appends its own bytes sent per group this iteration to
+// LOGDIR/bytes_rank<R>.jsonl (metrics.jsonl is rank 0's only). The byte convention
+// is the ring model of parallel/communicator.hpp; docs/PLANNER.md ("Measured bytes")
+// relates it to comm_bytes_per_iteration.
+// `--memory-report`: every rank's tensor bytes by role per iteration (memory_rank<R>.jsonl).
+class MemoryReport {
+ public:
+  MemoryReport(const std::string& dir, const parallel::ProcessGroups& g, bool active) : g_(g) {
+    if (!active) return;
+    std::filesystem::create_directories(dir);
+    auto path = std::filesystem::path(dir) / fmt::format("memory_rank{}.jsonl", g.rank);
+    out_.open(path, std::ios::trunc);
+    if (!out_) throw_runtime("{}: cannot open for writing", path.string());
+  }
+  void write(const IterationStats& s) {
+    if (!out_.is_open()) return;
+    nlohmann::json j = {{"iteration", s.iteration},
+                        {"rank", g_.rank},
+                        {"tp_rank", g_.coord.tp},
+                        {"pp_rank", g_.coord.pp},
+                        {"dp_rank", g_.coord.dp},
+                        {"weights", s.mem_weights},
+                        {"grads", s.mem_grads},
+                        {"optimizer", s.mem_optimizer},
+                        {"activations_peak", s.mem_activations_peak},
+                        {"saved_activations_peak", s.mem_saved_activations_peak},
+                        {"send_buffers_peak", s.mem_send_buffers_peak},
+                        {"workspace_peak", s.mem_workspace_peak}};
+    out_ << j.dump() << "\n";
+    out_.flush();
+    if (!out_) throw_write_failed(fmt::format("memory_rank{}.jsonl", g_.rank), "logging.dir");
+  }
+
+ private:
+  const parallel::ProcessGroups& g_;
+  std::ofstream out_;
+};
+
+class CommReport {
+ public:
+  CommReport(const std::string& dir, const parallel::ProcessGroups& g, bool active) : g_(g) {
+    if (!active) return;
+    std::filesystem::create_directories(dir);
+    auto path = std::filesystem::path(dir) / fmt::format("bytes_rank{}.jsonl", g.rank);
+    out_.open(path, std::ios::trunc);
+    if (!out_) throw_runtime("{}: cannot open for writing", path.string());
+  }
+  // Zero every group's counter at the start of an iteration.
+  void reset() const {
+    for (auto* c : {g_.tp.get(), g_.pp.get(), g_.dp.get(), g_.embedding.get(), g_.mp.get(), g_.world.get()})
+      if (c) c->reset_bytes();
+  }
+  void write(int64_t iteration, int64_t global_batch, int64_t micro_batches, int64_t dp_buckets, int64_t dp_buckets_early) {
+    if (!out_.is_open()) return;
+    auto b = [](const std::shared_ptr<parallel::Communicator>& c) -> int64_t { return c ? c->bytes_sent() : 0; };
+    nlohmann::json j = {{"iteration", iteration},        {"rank", g_.rank},
+                        {"tp_rank", g_.coord.tp},        {"pp_rank", g_.coord.pp},
+                        {"dp_rank", g_.coord.dp},        {"global_batch_size", global_batch},
+                        {"micro_batches", micro_batches}, {"tp", b(g_.tp)},
+                        {"pp", b(g_.pp)},                {"dp", b(g_.dp)},
+                        {"embedding", b(g_.embedding)},  {"mp", b(g_.mp)},
+                        {"world", b(g_.world)},          {"dp_buckets", dp_buckets},
+                        {"dp_buckets_started_early", dp_buckets_early}};
+    out_ << j.dump() << "\n";
+    out_.flush();
+    if (!out_) throw_write_failed(fmt::format("bytes_rank{}.jsonl", g_.rank), "logging.dir");
+  }
+
+ private:
+  const parallel::ProcessGroups& g_;
+  std::ofstream out_;
+};
+
+// ---- one training run: set-up, a step, logging, and the loop ---------------------------
+// Set-up (the constructor) builds, in this order: model, optimizer, data, outputs, the
+// executor with the data-parallel gradients, then checkpoints (resume) and validation.
+// Members are declared in that order, so they are destroyed in the reverse one.
+class Trainer {
+ public:
+  Trainer(const Recipe& r, const parallel::ProcessGroups& g, const TrainOptions& opts);
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+  TrainSummary run();  // the loop
+
+ private:
+  void set_up_model();
+  void set_up_optimizer();
+  void set_up_data();
+  void set_up_output();
+  void set_up_step();
+  void set_up_checkpoints();
+  IterationStats train_step(const data::Batch& batch, double lr, std::chrono::steady_clock::time_point t0);
+  void training_log(const IterationStats& s, const data::Batch& batch);
+  bool stop_after_step();  // checkpoints, stop signals and exit conditions after a step
+  void save_now();
+
+  const Recipe& r_;
+  parallel::ProcessGroups g_;  // tensor groups placed on the training device in set_up_model
+  const TrainOptions& opts_;
+  const std::chrono::steady_clock::time_point t_start_;
+  FaultInjection fault_;
+  int64_t tp_, pp_, dp_, T_;
+  bool rank0_;
+  TrainPreflight preflight_;
+  // model
+  model::GptConfig cfg_;
+  std::vector<model::ChunkSpec> specs_;
+  int64_t v_ = 0;
+  Device device_ = Device::cpu;
+  model::ParamStore store_;
+  std::vector<std::unique_ptr<model::GptChunk>> chunks_;
+  // optimizer
+  std::optional<parallel::DistributedAdamW> optim_;
+  std::optional<parallel::DynamicLossScaler> scaler_;
+  int64_t total_params_ = 0;
+  // data
+  schedules::RunLength run_;
+  std::shared_ptr<const data::SampleSource> source_;
+  std::string cache_dir_;
+  std::optional<data::Loader> loader_;
+  // output
+  std::optional<MetricsWriter> metrics_;
+  std::optional<CommReport> comm_report_;
+  std::shared_ptr<MemoryReport> memory_report_;
+  std::unique_ptr<tb::TensorBoardWriter> tensorboard_;
+  double peak_tflops_ = 0;
+  std::string peak_what_;
+  // the step
+  std::optional<PipelineExecutor> exec_;
+  std::optional<parallel::DataParallelGrads> ddp_;
+  bool overlap_dp_ = false;
+  // The step's statistics on the device, read once per step: [loss sum, tokens, squared grad norm].
+  Tensor step_stats_;
+  // progress (saved in checkpoints)
+  TrainSummary summary_;
+  int64_t consumed_ = 0, iteration_ = 0, skipped_total_ = 0, nan_total_ = 0, nonfinite_in_a_row_ = 0;
+  std::vector<int64_t> per_source_;
+  int64_t last_saved_ = 0;
+  // checkpoints, validation
+  std::optional<CheckpointManager> ckpt_;
+  std::optional<Validation> validation_;
+};
+
+Trainer::Trainer(const Recipe& r, const parallel::ProcessGroups& g, const TrainOptions& opts)
+    : r_(r), g_(g), opts_(opts), t_start_(std::chrono::steady_clock::now()) {
+  validate_layout(r, g.topo.world());
+  fault_ = fault_injection_from_env();  // testing aid; InputError when malformed
+  tp_ = g.topo.tp(), pp_ = g.topo.pp(), dp_ = g.topo.dp();
+  T_ = r.model.seq_length;
+  rank0_ = g.rank == 0;
+  // Outputs writable, checkpoint root locked and not overwritten (app/process/preflight.hpp).
+  preflight_ = preflight_train(r, g);
+
+  // CPU threads per process: the recipe's, or the cores shared out among the ranks on
+  // this node (mpirun -np 8 on 2 cores must not run 16 spinning OpenMP threads).
+  const int threads = static_cast<int>(r.training.num_threads > 0 ? r.training.num_threads : default_threads());
+  omp_set_num_threads(threads);
+  openblas_set_num_threads(threads);
+
+  set_up_model();
+  set_up_optimizer();
+  set_up_data();
+  set_up_output();
+  set_up_step();
+  set_up_checkpoints();
+}
+
+// This rank's chunks.
+void Trainer::set_up_model() {
+  cfg_ = model::GptConfig::from_recipe(r_);
+  specs_ = model::partition_chunks(r_, g_.coord.pp);
+  v_ = static_cast<int64_t>(specs_.size());
+  for (const auto& s : specs_) model::declare_chunk_params(store_, cfg_, s, g_.coord.tp, tp_);
+  // fp32 master weights and gradients; the compute copy in the activation dtype; all on
+  // the training device (training.device).
+  device_ = select_device(r_.training.device, "training.device");
+  g_ = parallel::place_groups(g_, device_);  // NCCL tensor groups on GPUs
+  store_.finalize(DType::f32, cfg_.dtype, device_);
+  store_.initialize(cfg_.seed, cfg_.init_std, cfg_.num_layers_total);
+  for (auto& s : specs_) chunks_.push_back(std::make_unique<model::GptChunk>(cfg_, s, store_, g_));
+}
+
+void Trainer::set_up_optimizer() {
+  std::vector<parallel::ParamSegment> segs;
+  int64_t local_params = 0;
+  for (auto& p : store_.infos()) {
+    parallel::ParamSegment s;
+    s.offset = p.offset;
+    s.numel = p.numel;
+    s.weight_decay = p.weight_decay;
+    bool dup_tp = p.tp_replicated && g_.coord.tp != 0;
+    bool dup_embedding = p.word_embedding && pp_ > 1 && g_.coord.pp != 0;
+    s.count_in_norm = !dup_tp && !dup_embedding;
+    if (s.count_in_norm) local_params += p.numel;
+    segs.push_back(s);
+  }
+  optim_.emplace(r_.optimizer, segs, store_.numel(), g_, r_.parallel.use_distributed_optimizer,
+                 r_.parallel.ddp_bucket_size, store_.device());
+  // fp16: dynamic loss scaling (Megatron's rules); bf16 and fp32 need none.
+  if (r_.training.precision == Precision::fp16) scaler_.emplace(parallel::loss_scaler_config(r_.optimizer));
+  // The model's size: the tp x pp ranks of data-parallel replica 0 (a host sum over world).
+  total_params_ = g_.coord.dp == 0 ? local_params : 0;
+  if (g_.world && g_.world->size() > 1) g_.world->all_reduce(&total_params_, 1, parallel::ReduceOp::sum);
+}
+
+void Trainer::set_up_data() {
+  run_ = schedules::run_length(r_.training, T_);
+  cache_dir_ = r_.data.cache_dir.empty() ? r_.logging.dir + "/index-cache" : r_.data.cache_dir;
+  if (r_.data.mock)
+    source_ = data::make_mock_source(r_.model.vocab_size, T_, static_cast<uint64_t>(r_.training.seed));
+  else
+    source_ = data::make_blend_source(r_, 0, run_.samples, cache_dir_);
+  loader_.emplace(source_, r_.training.micro_batch_size, g_.coord.dp, dp_);
+}
+
+// The run directory's files, the MFU peak, and the banner.
+void Trainer::set_up_output() {
+  const Recipe& r = r_;
+  if (rank0_) {
+    std::filesystem::create_directories(r.logging.dir);
+    write_file_checked((std::filesystem::path(r.logging.dir) / "recipe.resolved.yaml").string(), to_yaml(r), "logging.dir");
+  }
+  metrics_.emplace(r.logging.dir, rank0_);
+  comm_report_.emplace(r.logging.dir, g_, opts_.comm_report);
+  memory_report_ = std::make_shared<MemoryReport>(r.logging.dir, g_, opts_.memory_report);
+  if (rank0_ && r.logging.tensorboard) tensorboard_ = std::make_unique<tb::TensorBoardWriter>(r.logging.dir);
+  peak_tflops_ = r.logging.peak_tflops;
+  peak_what_ = "logging.peak_tflops";
+  if (peak_tflops_ <= 0 && device_ == Device::cuda) {
+    // GPUs: the data-sheet dense bf16 peak whatever the precision (Megatron's MFU
+    // convention), so fp32 and bf16 runs are compared against one number.
+    const GpuPeak p = gpu_peak(describe_device(device_));
+    peak_tflops_ = p.tflops;
+    peak_what_ = p.what;
+    if (peak_tflops_ <= 0 && rank0_)
+      log::warn("MFU is not reported: {}; set logging.peak_tflops to this GPU's dense bf16 peak (TFLOP/s)", p.what);
+  } else if (peak_tflops_ <= 0) {
+    peak_tflops_ = measure_cpu_sgemm_tflops();
+    if (g_.world && g_.world->size() > 1) g_.world->all_reduce(&peak_tflops_, 1, parallel::ReduceOp::max);
+    peak_what_ = "measured CPU sgemm rate, " + blas_description();
+  }
+  if (opts_.quiet) return;
+  log::info("mtnlg train: {} | layout tp={} pp={} dp={} (world {}){}{} | {} parameters ({} on this rank)", r.name, tp_, pp_,
+            dp_, g_.topo.world(), v_ > 1 ? fmt::format(" interleaved v={}", v_) : "",
+            cfg_.sequence_parallel ? " +sequence-parallel" : "", human_count(static_cast<double>(total_params_)),
+            human_count(static_cast<double>(store_.numel())));
+  log::info("model: {} layers, hidden {}, {} heads, seq {}, vocab {} (padded {}) | {} on {} | recompute {}{}",
+            r.model.num_layers, r.model.hidden_size, r.model.num_attention_heads, T_, r.model.vocab_size,
+            cfg_.padded_vocab_size, to_string(r.training.precision), describe_device(device_), to_string(r.parallel.recompute_granularity),
+            optim_->zero1() ? " | ZeRO-1 distributed optimizer" : "");
+  log::info("run: {} iterations, {} samples, {} tokens | data: {} | MFU peak {:.3f} TFLOP/s ({}); TFLOP/s and MFU count "
+            "model FLOPs 72*B*s*l*h^2*(1+s/(6h)+V/(12*l*h)) per iteration (recompute not counted)",
+            run_.iterations,
+            human_count(static_cast<double>(run_.samples)), human_count(static_cast<double>(run_.tokens)),
+            r.data.mock                                            ? std::string("mock tokens")
+            : r.data.blend.size() == 1 && !r.data.blend[0].weighted ? "one unweighted source " + r.data.blend[0].prefix
+                                                                    : fmt::format("blend of {} sources", r.data.blend.size()),
+            peak_tflops_, peak_what_);
+}
+
+// The pipeline executor and the data-parallel gradient reduction (without ZeRO-1): one
+// owner of the buckets and the overlap. The chunks report each parameter whose gradient
+// is final during the last micro batch's backward; the tied embedding (pp > 1) and
+// sequence-parallel partial gradients are deferred until reduce_shared_grads has run.
+void Trainer::set_up_step() {
+  exec_.emplace(r_, g_, chunks_);
+  step_stats_ = Tensor::empty({3}, DType::f64, device_);
+  const bool emb_shared = pp_ > 1 && g_.embedding && g_.embedding->size() > 1;
+  const bool sp_shared = tp_ > 1 && r_.parallel.sequence_parallel;
+  std::vector<parallel::DpParam> dp_params;
+  for (const auto& p : store_.infos())
+    dp_params.push_back({p.offset, p.numel, (p.word_embedding && emb_shared) || (p.sp_grad_reduce && sp_shared)});
+  ddp_.emplace(std::move(dp_params), optim_->zero1() ? nullptr : g_.dp, optim_->bucket_size());
+  parallel::DataParallelGrads* ddp = &*ddp_;
+  for (auto& c : chunks_) c->set_grad_ready_hook([ddp](int64_t offset) { ddp->param_ready(offset); });
+  overlap_dp_ = ddp_->active();
+}
+
+// Resume (weights, optimizer, counters, scaler), then validation from that iteration.
+void Trainer::set_up_checkpoints() {
+  install_stop_signal_handlers();
+  ckpt_.emplace(r_, g_, model::ckpt::Layout{tp_, pp_, dp_, v_, optim_->zero1()});
+  per_source_.assign(source_->source_names().size(), 0);
+  if (auto st = ckpt_->resume(store_, *optim_)) {
+    consumed_ = st->consumed_samples;
+    iteration_ = st->iteration;
+    skipped_total_ = st->skipped_total;
+    nan_total_ = st->nan_total;
+    if (st->per_source_samples.size() == per_source_.size()) per_source_ = st->per_source_samples;
+    // An fp16 checkpoint carries its scaler; from a bf16/fp32 one the scaler starts fresh.
+    if (scaler_ && st->loss_scaler)
+      scaler_->load_state({st->loss_scale, st->loss_scale_good_steps, st->loss_scale_hysteresis, st->loss_scale_skipped});
+  }
+  store_.sync_weights();  // the compute copy of the (initialised or loaded) master weights
+  last_saved_ = iteration_;
+  validation_.emplace(r_, g_, store_, cfg_, specs_, cache_dir_, iteration_);  // training.eval_interval
+}
+
+void Trainer::save_now() {
+  model::ckpt::TrainState st;
+  st.iteration = iteration_;
+  st.consumed_samples = consumed_;
+  st.consumed_tokens = consumed_ * T_;
+  st.optimizer_steps = optim_->steps_taken();
+  st.per_source_samples = per_source_;
+  st.skipped_total = skipped_total_;
+  st.nan_total = nan_total_;
+  st.seed = static_cast<uint64_t>(r_.training.seed);
+  if (scaler_) {
+    const auto ss = scaler_->state();
+    st.loss_scaler = true;
+    st.loss_scale = ss.scale;
+    st.loss_scale_good_steps = ss.growth_tracker;
+    st.loss_scale_hysteresis = ss.hysteresis_tracker;
+    st.loss_scale_skipped = ss.skipped_steps;
+  }
+  st.layout = {tp_, pp_, dp_, v_, optim_->zero1()};
+  st.recipe_yaml = to_yaml(r_);
+  ckpt_->save(st, store_, *optim_);
+  last_saved_ = iteration_;
+}
+
+// One step: batch -> executor -> shared-grad reduction -> data-parallel finish ->
+// optimizer -> loss-scaler update. Advances the counters; returns the step's stats
+// (step time measured from t0, the start of the iteration).
+IterationStats Trainer::train_step(const data::Batch& batch, double lr, std::chrono::steady_clock::time_point t0) {
+  const uint64_t seed = static_cast<uint64_t>(r_.training.seed);
+  const int64_t gbs = batch.global_batch_size;
+  store_.zero_grads();
+  const double loss_scale = scaler_ ? scaler_->scale() : 1.0;
+  const int64_t reads_before = device_to_host_copies(), uploads_before = host_to_device_copies();
+  ops::fill(step_stats_, 0.0);
+  Tensor loss_acc = step_stats_.flat(0, 2), norm_sq = step_stats_.flat(2, 1);
+  ddp_->begin(store_.grads());
+  mem::reset_peaks();  // per-iteration peaks in the stats
+  exec_->run_batch(batch, consumed_, mix_key(seed, static_cast<uint64_t>(iteration_), 0xD0), loss_scale, loss_acc);
+  // Grad reductions the model leaves to the end of the step: the tied word embedding
+  // between first and last stage, and sequence-parallel partial grads over tp.
+  exec_->reduce_shared_grads(store_);
+  ddp_->finish();  // every dp bucket summed (ZeRO-1 reduce-scatters in optim.prepare instead)
+  if (inject_nan(fault_, g_.rank, iteration_ + 1)) ops::fill(store_.grads(), std::nan(""));
+  if (inject_overflow(fault_, g_.rank, iteration_ + 1)) ops::fill(store_.grads(), INFINITY);
+  optim_->prepare(store_.grads());
+  optim_->grad_norm_sq(store_.grads(), norm_sq);
+  // The step's one host round trip: loss, tokens and the squared gradient norm together.
+  const Tensor stats = step_stats_.to(Device::cpu);
+  const double* st = stats.data<double>();
+  // Every rank learns the batch loss (the last stage's tp-rank-0 ranks contribute) and
+  // whether the norm was non-finite anywhere: skipping must be unanimous, replicas that
+  // updated while another skipped would silently diverge.
+  const bool contributes = g_.is_last_stage() && g_.coord.tp == 0;
+  double agreed[3] = {contributes ? st[0] : 0.0, contributes ? st[1] : 0.0, std::isfinite(st[2]) ? 0.0 : 1.0};
+  if (g_.world && g_.world->size() > 1) g_.world->all_reduce(agreed, 3, parallel::ReduceOp::sum);
+  const double loss = agreed[1] > 0 ? agreed[0] / agreed[1] : 0.0;
+  parallel::StepResult update = optim_->apply(store_.params(), store_.grads(), lr, &store_.weights(), loss_scale,
+                                              std::sqrt(st[2]), agreed[2] > 0);
+  const bool nonfinite = update.skipped || !std::isfinite(loss);
+  const bool overflow_handled = scaler_ && update.skipped && loss_scale > r_.optimizer.min_loss_scale;
+  if (scaler_) scaler_->update(update.skipped);
+  if (nonfinite) {
+    ++skipped_total_;
+    if (!overflow_handled) {
+      ++nan_total_;
+      ++nonfinite_in_a_row_;
+    }
+  } else {
+    nonfinite_in_a_row_ = 0;
+  }
+  consumed_ += gbs;
+  ++iteration_;
+  const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+  IterationStats s;
+  s.iteration = iteration_;
+  s.consumed_samples = consumed_;
+  s.consumed_tokens = consumed_ * T_;
+  s.global_batch_size = gbs;
+  s.loss = loss;
+  s.lr = lr;
+  s.grad_norm = update.grad_norm;
+  s.skipped = nonfinite;
+  s.skipped_total = skipped_total_;
+  s.nan_total = nan_total_;
+  s.loss_scale = loss_scale;
+  s.step_time_s = dt;
+  s.tokens_per_s = static_cast<double>(gbs * T_) / dt;
+  const double flops = parallel::model_flops(r_.model, cfg_.padded_vocab_size, gbs);
+  s.tflops_per_gpu = flops / dt / static_cast<double>(g_.topo.world()) / 1e12;
+  s.mfu = peak_tflops_ > 0 ? s.tflops_per_gpu / peak_tflops_ : 0.0;
+  if (device_ == Device::cuda) {  // the caching allocator's peak and what it holds
+    const DeviceMemory m = device_memory(device_);
+    s.peak_memory_bytes = m.peak_bytes;
+    s.reserved_memory_bytes = m.reserved_bytes;
+  } else {
+    s.peak_memory_bytes = peak_rss_bytes();
+  }
+  s.bytes_tp = g_.tp ? g_.tp->bytes_sent() : 0;
+  s.bytes_pp = g_.pp ? g_.pp->bytes_sent() : 0;
+  s.bytes_dp = g_.dp ? g_.dp->bytes_sent() : 0;
+  s.host_reads = device_to_host_copies() - reads_before;
+  s.host_uploads = host_to_device_copies() - uploads_before;
+  log::debug("iteration {}: {} host read(s) of device memory, {} upload(s) in the step", s.iteration, s.host_reads,
+             s.host_uploads);
+  const mem::Snapshot ms = mem::snapshot();
+  s.mem_weights = ms[mem::Role::weights].live;
+  s.mem_grads = ms[mem::Role::grads].live;
+  s.mem_optimizer = ms[mem::Role::optimizer].live;
+  s.mem_activations_peak = ms[mem::Role::activations].peak;
+  s.mem_workspace_peak = ms[mem::Role::workspace].peak;
+  s.mem_saved_activations_peak = exec_->peak_activation_bytes();
+  s.mem_send_buffers_peak = exec_->peak_send_buffer_bytes();
+  s.world_size = g_.topo.world();
+  return s;
+}
+
+// Logging of one step: the comm report (every rank), the caller's hook, and every
+// logging.log_interval iterations metrics.jsonl, TensorBoard and the log line.
+void Trainer::training_log(const IterationStats& s, const data::Batch& batch) {
+  comm_report_->write(s.iteration, s.global_batch_size, batch.micro_batches, overlap_dp_ ? ddp_->num_buckets() : 0,
+                      overlap_dp_ ? ddp_->started_early() : 0);
+  memory_report_->write(s);
+  if (opts_.on_iteration) opts_.on_iteration(s);
+  summary_.iterations.push_back(s);
+  const int64_t total_iters = run_.iterations;
+  if (s.iteration % r_.logging.log_interval != 0 && s.iteration != total_iters) return;
+  metrics_->write(s, r_, s.loss_scale);
+  if (tensorboard_)
+    tensorboard_->log_iteration({{"loss", s.loss},
+                                 {"lr", s.lr},
+                                 {"global_batch_size", static_cast<double>(s.global_batch_size)},
+                                 {"tokens_per_s", s.tokens_per_s},
+                                 {"tflops_per_gpu", s.tflops_per_gpu},
+                                 {"mfu", s.mfu},
+                                 {"grad_norm", s.grad_norm},
+                                 {"skipped", static_cast<double>(s.skipped_total)},
+                                 {"nan_iterations", static_cast<double>(s.nan_total)},
+                                 {"loss_scale", s.loss_scale},
+                                 {"peak_memory_gib", static_cast<double>(s.peak_memory_bytes) / 1073741824.0}},
+                                s.iteration, s.consumed_tokens);
+  if (!opts_.quiet)
+    log::info(
+        " iteration {:>7}/{:<7} | consumed tokens: {:>10} | elapsed time per iteration (ms): {:8.1f} | tokens/s: {:9.1f} | "
+        "TFLOP/s/GPU: {:6.3f} | MFU: {:5.1f}% | learning rate: {:.3E} | global batch size: {:5} | lm loss: {:.6E} | "
+        "grad norm: {:.3f}{} | skipped: {} | nan: {} | mem: {} MiB{} | comm MB tp/pp/dp: {:.3f}/{:.3f}/{:.3f}{}",
+        s.iteration, total_iters, s.consumed_tokens, s.step_time_s * 1e3, s.tokens_per_s, s.tflops_per_gpu, 100 * s.mfu,
+        s.lr, s.global_batch_size, s.loss, s.grad_norm,
+        scaler_ ? fmt::format(" | loss scale: {:.1f}", s.loss_scale) : "", s.skipped_total, s.nan_total,
+        s.peak_memory_bytes >> 20,
+        s.reserved_memory_bytes ? fmt::format(" (reserved {} MiB)", s.reserved_memory_bytes >> 20) : std::string(),
+        s.bytes_tp / 1e6, s.bytes_pp / 1e6,
+        s.bytes_dp / 1e6,  // rank 0's bytes sent this iteration (ring model, parallel/communicator.hpp)
+        eta_text(summary_.iterations, total_iters - s.iteration));
+}
+
+// After a step: too many non-finite steps in a row (save, then fail), a stop signal or
+// training.exit_duration_mins (save, then stop: returns true), the save interval.
+bool Trainer::stop_after_step() {
+  if (nonfinite_in_a_row_ >= r_.training.max_nonfinite_in_a_row) {
+    if (ckpt_->enabled()) {  // updates were skipped, so the weights are still the last good ones
+      save_now();
+      ckpt_->finish();
+    }
+    throw_runtime("iteration {}: {} non-finite losses/gradients in a row (training.max_nonfinite_in_a_row); lower the lr "
+                  "or check the data",
+                  iteration_, nonfinite_in_a_row_);
+  }
+  // Slurm's preemption (SIGTERM) and time-limit warning (--signal=USR1@...): every rank
+  // learns whether any rank got one, so they all stop after the same iteration.
+  int64_t stop = stop_signal_received() ? 1 : 0;
+  if (g_.world && g_.world->size() > 1) g_.world->all_reduce(&stop, 1, parallel::ReduceOp::max);
+  if (stop) {
+    if (!ckpt_->enabled()) throw_stopped_without_checkpoint("a stop signal", iteration_);
+    log::info("stop signal received: saving and exiting after iteration {}", iteration_);
+    if (ckpt_->enabled() && last_saved_ != iteration_) save_now();
+    return true;
+  }
+  if (r_.checkpoint.save_interval > 0 && iteration_ % r_.checkpoint.save_interval == 0 && ckpt_->enabled()) save_now();
+  if (r_.training.exit_interval > 0 && iteration_ % r_.training.exit_interval == 0 && iteration_ < run_.iterations) {
+    if (!ckpt_->enabled()) throw_stopped_without_checkpoint("training.exit_interval", iteration_);
+    log::info("exiting after iteration {} (training.exit_interval = {})", iteration_, r_.training.exit_interval);
+    if (last_saved_ != iteration_) save_now();
+    return true;
+  }
+  if (r_.training.exit_duration_mins > 0) {
+    double mins = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start_).count() / 60.0;
+    if (g_.world && g_.world->size() > 1) g_.world->all_reduce(&mins, 1, parallel::ReduceOp::max);
+    if (mins >= r_.training.exit_duration_mins) {
+      if (!ckpt_->enabled()) throw_stopped_without_checkpoint("training.exit_duration_mins", iteration_);
+      log::info("exiting after {:.1f} minutes (training.exit_duration_mins = {})", mins, r_.training.exit_duration_mins);
+      if (ckpt_->enabled() && last_saved_ != iteration_) save_now();
+      return true;
+    }
+  }
+  return false;
+}
+
+// The loop: fetch the batch (prefetching the next), step, log, validate, then
+// checkpoints and exit conditions; at the end the final save and validation.
+TrainSummary Trainer::run() {
+  const int64_t total_iters = run_.iterations;
+  loader_->prefetch(consumed_, schedules::global_batch_size(r_.training, T_, consumed_));
+  while (iteration_ < total_iters) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const int64_t gbs = schedules::global_batch_size(r_.training, T_, consumed_);
+    data::Batch batch = loader_->get(consumed_, gbs);
+    const int64_t after = consumed_ + gbs;
+    if (iteration_ + 1 < total_iters) loader_->prefetch(after, schedules::global_batch_size(r_.training, T_, after));
+    const double lr = schedules::learning_rate(r_.optimizer, after * T_, run_.tokens);
+    comm_report_->reset();  // every group's byte counter, this iteration only
+    maybe_inject_fault(fault_, g_.rank, iteration_ + 1);
+
+    const IterationStats s = train_step(batch, lr, t0);
+    training_log(s, batch);
+    for (size_t k = 0; k < per_source_.size() && k < batch.per_source_samples.size(); ++k)
+      per_source_[k] += batch.per_source_samples[k];
+    validation_->after_iteration(iteration_, consumed_ * T_, tensorboard_.get(), opts_.quiet);
+    ckpt_->poll();
+    if (stop_after_step()) {
+      summary_.interrupted = true;
+      break;
+    }
+  }
+  if (ckpt_->enabled() && last_saved_ != iteration_) save_now();
+  ckpt_->finish();
+  if (!summary_.interrupted) validation_->at_end(iteration_, consumed_ * T_, tensorboard_.get(), opts_.quiet);
+  summary_.consumed_samples = consumed_;
+  summary_.consumed_tokens = consumed_ * T_;
+  if (!opts_.quiet && !summary_.iterations.empty()) {
+    const auto& f = summary_.iterations.front();
+    const auto& l = summary_.iterations.back();
+    log::info("done: {} iterations, {} tokens in {} | loss {:.4f} -> {:.4f}", iteration_,
+              human_count(static_cast<double>(summary_.consumed_tokens)),
+              human_duration(std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start_).count()), f.loss,
+              l.loss);
+  }
+  return summary_;
+}
+
+}  // namespace
+
+TrainSummary train(const Recipe& r, const parallel::ProcessGroups& g, const TrainOptions& opts) {
+  Trainer trainer(r, g, opts);
+  return trainer.run();
+}
+
+}  // namespace mtnlg::app

@@ -1,0 +1,63 @@
+// The training loop: wires recipe -> topology and process groups -> this rank's model
+// chunks -> data loader -> pipeline schedule executor -> data-parallel reduction and
+// optimizer -> LR and batch schedules -> log line, metrics.jsonl.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "config/recipe.hpp"
+#include "parallel/communicator.hpp"
+
+namespace mtnlg::app {
+
+struct IterationStats {
+  int64_t iteration = 0;
+  int64_t consumed_samples = 0, consumed_tokens = 0;
+  int64_t global_batch_size = 0;
+  double loss = 0, lr = 0, grad_norm = 0;
+  double step_time_s = 0, tokens_per_s = 0, tflops_per_gpu = 0, mfu = 0;
+  bool skipped = false;
+  double loss_scale = 1.0;  // fp16: the scale this iteration's loss gradient was multiplied by
+  int64_t skipped_total = 0, nan_total = 0;
+  // The CPU: the process's peak resident set. CUDA: the caching allocator's peak bytes in
+  // use on the GPU, and the bytes it holds from the driver (reserved; 0 on the CPU).
+  int64_t peak_memory_bytes = 0, reserved_memory_bytes = 0;
+  int64_t bytes_tp = 0, bytes_pp = 0, bytes_dp = 0;  // sent by this rank this iteration
+  // Copies this step made from device memory to the host (host round trips; the design
+  // is one) and from the host to the device (token and mask uploads). 0 on the CPU.
+  int64_t host_reads = 0, host_uploads = 0;
+  // Tensor bytes this rank holds by role (core/mem_account.hpp): weights, gradients and
+  // optimizer state live after the step; the peaks of activations (everything the forward
+  // passes allocate) and of workspace (everything else) during this iteration; and the peak
+  // of the activations the chunks keep for their backward (app/train/pipeline_executor.hpp).
+  int64_t mem_weights = 0, mem_grads = 0, mem_optimizer = 0;
+  int64_t mem_activations_peak = 0, mem_saved_activations_peak = 0, mem_workspace_peak = 0;
+  int64_t mem_send_buffers_peak = 0;  // pipeline send buffers not yet waited for (PipelineExecutor)
+  int64_t world_size = 1;  // processes in the job (metrics.jsonl: `plan --calibrate` reads the layout from it)
+};
+
+struct TrainOptions {
+  bool quiet = false;
+  // Called on every rank after each iteration (tests use it to collect losses).
+  std::function<void(const IterationStats&)> on_iteration;
+  // Every rank writes its bytes sent per group and iteration to LOGDIR/bytes_rank<R>.jsonl
+  // (`mtnlg train --comm-report`; checked against the planner's formulas in tests).
+  bool comm_report = false;
+  // Every rank writes its tensor bytes by role each iteration to LOGDIR/memory_rank<R>.jsonl
+  // (`mtnlg train --memory-report`; checked against `mtnlg plan` in tests).
+  bool memory_report = false;
+};
+
+struct TrainSummary {
+  std::vector<IterationStats> iterations;
+  int64_t consumed_samples = 0, consumed_tokens = 0;
+  bool interrupted = false;  // stopped early (signal, exit_duration_mins) after saving
+};
+
+// Runs training for `recipe` on the process groups of this rank.
+TrainSummary train(const Recipe& recipe, const parallel::ProcessGroups& groups, const TrainOptions& opts = {});
+
+}  // namespace mtnlg::app
