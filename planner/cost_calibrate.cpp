@@ -4,7 +4,7 @@
 #include <cmath>
 
 #include "core/error.hpp"
-#include "parallel/cost_model.hpp"
+#include "planner/cost_model.hpp"
 
 namespace mtnlg::cost {
 

@@ -1,7 +1,7 @@
 // Cost model: GPU table, layout checks, FLOPs, per-stage memory and time, communication
 // bytes, and the run (batch ramp) total. Every constant is explained in docs/PLANNER.md;
 // the comments here say what each term stands for.
-#include "parallel/cost_model.hpp"
+#include "planner/cost_model.hpp"
 
 #include <fmt/format.h>
 
@@ -318,7 +318,7 @@ double trainer_chunk_saved_bytes(const Shape& sh, const Layout& l, Precision pre
 
 // The most bytes pipeline rank `st` keeps at once: its schedule table walked with each
 // (microbatch, chunk) forward adding that chunk's saved bytes and its backward removing
-// them (what app/pipeline_executor.cpp reports as the peak of saved activations).
+// them (what app/train/pipeline_executor.cpp reports as the peak of saved activations).
 double trainer_stage_activation_bytes(const Shape& sh, const Layout& l, Precision prec, int64_t st, int64_t m) {
   const int64_t per_chunk = l.stage_layers[static_cast<size_t>(st)] / l.vp;
   const std::vector<schedules::PipeAction> table = schedules::schedule_for(l.pp, st, m, l.vp);
@@ -338,7 +338,7 @@ double trainer_stage_activation_bytes(const Shape& sh, const Layout& l, Precisio
 // The most bytes pipeline rank `st` holds at once in sends not yet waited for: the
 // trainer's executor posts each send (one message of `msg` bytes, the chunk output or
 // its input gradient) nonblocking and waits for it at schedules::send_release_points
-// (what app/pipeline_executor.cpp reports as the peak of send buffers).
+// (what app/train/pipeline_executor.cpp reports as the peak of send buffers).
 // `release`: schedules::send_release_points_all(pp, m, vp)[st].
 double trainer_stage_send_bytes(const Layout& l, int64_t st, int64_t m, double msg, const std::vector<int64_t>& release) {
   if (l.pp == 1) return 0;

@@ -2,7 +2,7 @@
 // communication bytes per group kind, a layout search and a pipeline-timeline
 // simulation. Pure functions of the recipe, the layout and a GPU description; no
 // device is touched. docs/PLANNER.md gives every formula and where each constant
-// comes from (shared/specs/planner.md collects the published ones).
+// comes from (docs/PLANNER.md and docs/specs/planner.md list the published ones).
 //
 // Conventions: times in seconds, sizes in bytes (GiB only in printed output), FLOPs as
 // doubles. "Per GPU" always means one rank of the (tp, pp, dp) grid.
@@ -134,7 +134,7 @@ struct SoftwareProfile {
   // The small collectives this trainer runs in every step, each its own call (on a GPU a
   // few microseconds each; on a loaded CPU each waits for the peer processes to be
   // scheduled, docs/PLANNER.md "Shown on this machine's CPU"): the world all-reduce of
-  // loss, tokens and the skip flag (app/trainer.cpp), the gradient norm over the
+  // loss, tokens and the skip flag (app/train/trainer.cpp), the gradient norm over the
   // model-parallel group (and over dp with ZeRO-1, parallel/optimizer.cpp), and under
   // sequence parallelism one tp all-reduce per replicated parameter's gradient (6 per
   // layer, the position embedding on the first stage, the final LayerNorm's 2 on the last,

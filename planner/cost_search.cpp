@@ -4,7 +4,7 @@
 // so 4096 GPUs with the 530B recipe take well under a second.
 #include <algorithm>
 
-#include "parallel/cost_model.hpp"
+#include "planner/cost_model.hpp"
 
 namespace mtnlg::cost {
 

@@ -1,12 +1,12 @@
 // Pipeline timeline for `mtnlg plan --svg`: an event simulation of 1F1B and of
 // Megatron's interleaved 1F1B (the op order of each pipeline rank as in
-// shared/specs/megatron.md §1), then an SVG drawing of it.
+// docs/specs/megatron.md §1), then an SVG drawing of it.
 #include <fmt/format.h>
 
 #include <algorithm>
 
 #include "core/error.hpp"
-#include "parallel/cost_model.hpp"
+#include "planner/cost_model.hpp"
 
 namespace mtnlg::cost {
 

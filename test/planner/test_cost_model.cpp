@@ -1,4 +1,4 @@
-// Cost model (parallel/cost_model.hpp): published MT-NLG figures, further published
+// Cost model (planner/cost_model.hpp): published MT-NLG figures, further published
 // Megatron runs with looser tolerances, FLOPs and communication formulas by hand,
 // memory rules, the search, and the pipeline simulation against closed forms.
 #include <catch2/catch.hpp>
@@ -9,7 +9,7 @@
 
 #include "core/error.hpp"
 #include "config/recipe.hpp"
-#include "parallel/cost_model.hpp"
+#include "planner/cost_model.hpp"
 #include "test/support/test_support.hpp"
 
 using namespace mtnlg;
@@ -72,7 +72,7 @@ TEST_CASE("cost: MT-NLG scaling carries more than the bubble", "[cost]") {
 }
 
 TEST_CASE("cost: what differs between published runs is modelled, not fitted per row", "[cost]") {
-  // Every published row is checked through the binary in test/app/test_plan_published.cpp;
+  // Every published row is checked through the binary in test/planner/test_plan_published.cpp;
   // here each mechanism moves the estimate the way it should. 530B shape, t8 p35, m = 280.
   Recipe full = gpt(105, 20480, 128, 8, 35, 280, "full");
   const Layout l = layout_from_recipe(full, 280);
@@ -306,7 +306,7 @@ TEST_CASE("cost: the trainer's MFU peak comes from the GPU table by CUDA device 
   CHECK(cost::gpu_spec_for_device("NVIDIA GeForce RTX 4090") == nullptr);
 }
 
-// ---- megatron-core (issue 29) -------------------------------------------------------------
+// ---- megatron-core profile -------------------------------------------------------------
 
 namespace {
 

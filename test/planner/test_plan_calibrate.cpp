@@ -3,7 +3,7 @@
 // timing involved), the written profile predicts another layout, bad input is one line
 // and exit 2. The hidden "[.timing]" case trains tiny CPU layouts for real and checks that
 // a profile fitted to three of them predicts a fourth within 15% (run it on an idle
-// machine: `build/test/test_app "[.timing]"`).
+// machine: `build/test/test_planner "[.timing]"`).
 #include <catch2/catch.hpp>
 
 #include <fmt/format.h>
@@ -12,7 +12,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "parallel/cost_model.hpp"
+#include "planner/cost_model.hpp"
 #include "test/support/test_support.hpp"
 
 using namespace mtnlg::test;

@@ -12,7 +12,7 @@
 #include "config/recipe.hpp"
 #include "model/gpt.hpp"
 #include "model/params.hpp"
-#include "parallel/cost_model.hpp"
+#include "planner/cost_model.hpp"
 
 using namespace mtnlg;
 

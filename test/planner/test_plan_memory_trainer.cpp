@@ -46,7 +46,7 @@ nlohmann::json last_line(const std::filesystem::path& p) {
 // copy, fc1, gel, fc2's partial and reduced outputs, y; statistics and log-sum-exp in fp32)
 // -- the transient of a full-recompute layer or of the head -- plus the chunk outputs still
 // referenced by their nonblocking sends, at most the planner's peak of send buffers
-// (app/pipeline_executor.cpp waits for each send at its release point).
+// (app/train/pipeline_executor.cpp waits for each send at its release point).
 double transient_bound(const Recipe& r, const nlohmann::json& plan, double send_buffers) {
   const auto& L = plan["layout"];
   const double t = double(L["tp"].get<int64_t>()), b = double(r.training.micro_batch_size);
