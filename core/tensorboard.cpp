@@ -1,6 +1,8 @@
-// TensorBoard event-file writer: CRC32C, protobuf wire encoding of Event/Summary, TFRecord
+// TensorBoard event-file writer: protobuf wire encoding of Event/Summary, TFRecord
 // framing, and the file writer. See tensorboard.hpp for the formats.
 #include "core/tensorboard.hpp"
+
+#include "core/crc32c.hpp"
 
 #include <unistd.h>
 
@@ -16,19 +18,6 @@
 namespace mtnlg::tb {
 
 namespace {
-
-// Byte-at-a-time table for the reflected Castagnoli polynomial. Speed is irrelevant
-// here (a few hundred bytes per logged iteration), so no slicing-by-8.
-constexpr std::array<uint32_t, 256> make_crc_table() {
-  std::array<uint32_t, 256> t{};
-  for (uint32_t i = 0; i < 256; ++i) {
-    uint32_t c = i;
-    for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : (c >> 1);
-    t[i] = c;
-  }
-  return t;
-}
-constexpr std::array<uint32_t, 256> kCrcTable = make_crc_table();
 
 void put_le32(std::string& out, uint32_t v) {
   for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
@@ -76,13 +65,6 @@ std::string host_name() {
 }
 
 }  // namespace
-
-uint32_t crc32c(const void* data, size_t n, uint32_t crc) {
-  const auto* p = static_cast<const unsigned char*>(data);
-  uint32_t c = ~crc;
-  for (size_t i = 0; i < n; ++i) c = kCrcTable[(c ^ p[i]) & 0xff] ^ (c >> 8);
-  return ~c;
-}
 
 uint32_t mask_crc(uint32_t crc) { return ((crc >> 15) | (crc << 17)) + 0xa282ead8u; }
 

@@ -3,7 +3,7 @@
 // A tfevents file is a sequence of TFRecords:
 //   [uint64 length][uint32 masked_crc32c(length bytes)][data][uint32 masked_crc32c(data)]
 // (all little-endian), where masked_crc(c) = ((c >> 15) | (c << 17)) + 0xa282ead8 and
-// CRC32C is the Castagnoli CRC. Each record's data is a serialized tensorflow `Event`:
+// CRC32C is the Castagnoli CRC (core/crc32c.hpp). Each record's data is a serialized tensorflow `Event`:
 //   Event   { double wall_time = 1; int64 step = 2; string file_version = 3; Summary summary = 5; }
 //   Summary { repeated Value value = 1; }
 //   Value   { string tag = 1; float simple_value = 2; }
@@ -21,10 +21,6 @@
 
 namespace mtnlg::tb {
 
-// CRC32C (Castagnoli, reflected polynomial 0x82F63B78), continuing from `crc` (the
-// value a previous call returned; 0 to start). crc32c("123456789") == 0xE3069283.
-uint32_t crc32c(const void* data, size_t n, uint32_t crc = 0);
-inline uint32_t crc32c(std::string_view s, uint32_t crc = 0) { return crc32c(s.data(), s.size(), crc); }
 // The rotation-plus-constant TFRecord applies so that CRCs of CRCs stay well spread.
 uint32_t mask_crc(uint32_t crc);
 uint32_t unmask_crc(uint32_t masked);

@@ -16,7 +16,7 @@
 #include "config/recipe.hpp"
 #include "core/safetensors.hpp"
 #include "core/ops.hpp"
-#include "core/tensorboard.hpp"
+#include "core/crc32c.hpp"
 
 namespace fs = std::filesystem;
 
@@ -31,7 +31,7 @@ std::string optim_file(int64_t tp, int64_t pp, int64_t dp) {
 
 namespace {
 
-uint32_t checksum(const Tensor& t) { return tb::crc32c(t.raw(), static_cast<size_t>(t.nbytes())); }
+uint32_t checksum(const Tensor& t) { return crc32c(t.raw(), static_cast<size_t>(t.nbytes())); }
 
 nlohmann::json slice_json(const ParamInfo& p, int64_t flat_begin, int64_t flat_end, uint32_t crc) {
   return {{"global_shape", p.global_shape}, {"shape", p.shape},         {"split_dim", p.split_dim},
