@@ -178,7 +178,10 @@ Field enum_field(std::string name, Get get, std::initializer_list<E> values) {
                 return;
               }
             std::string valid;
-            for (E e : vals) valid += (valid.empty() ? "" : "|") + to_string(e);
+            for (E e : vals) {  // appended piece by piece: `"|" + to_string(e)` trips GCC 12's
+              if (!valid.empty()) valid += '|';  // -Wrestrict false positive (GCC PR105651)
+              valid += to_string(e);
+            }
             bad(c, p, n, fmt::format("\"{}\" is not valid: expected {}", s, valid));
           },
           [=](const Recipe& r, YAML::Emitter& e) { e << YAML::Key << name << YAML::Value << to_string(get(const_cast<Recipe&>(r))); }};
@@ -191,7 +194,10 @@ void check_keys(const Ctx& c, const std::string& path, const YAML::Node& n, cons
     std::string k = it->first.Scalar();
     if (std::find(names.begin(), names.end(), k) == names.end()) {
       std::string valid;
-      for (auto& s : names) valid += (valid.empty() ? "" : ", ") + s;
+      for (auto& s : names) {
+        if (!valid.empty()) valid += ", ";
+        valid += s;
+      }
       throw InputError(fmt::format("{}: unknown key '{}{}{}': valid keys are {}", c.where(path + "." + k, it->first),
                                    path, path.empty() ? "" : ".", k, valid));
     }

@@ -112,7 +112,7 @@ static int index_bench(int argc, char** argv) {
   const double t_open = std::chrono::duration<double>(clk::now() - t0).count();
   GptDatasetConfig cfg;
   cfg.seq_length = seq;
-  cfg.split = "1";
+  cfg.split = std::string("1");  // (not = "1": GCC 12 -Wrestrict false positive, GCC PR105651)
   cfg.num_samples = (epochs * tokens - 1) / seq;
   auto t1 = clk::now();
   GptDataset g(ds, cfg);

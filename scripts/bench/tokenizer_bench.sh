@@ -16,16 +16,16 @@ vocab="$("$repo/scripts/fetch-gpt2-vocab.sh")"
 work="$build/bench-data"
 mkdir -p "$work"
 
-echo "== building data_bench"
-g++ -O3 -DNDEBUG -std=c++20 -I"$repo" "$repo/scripts/bench/data_bench.cpp" \
-  "$build/data/libmtnlg_data.a" "$build/core/libmtnlg_core.a" -lfmt -lz -lzstd -lpthread -o "$work/data_bench"
+echo "== building data_bench (CMake target)"
+cmake --build "$build" --target data_bench mtnlg >/dev/null
+data_bench="$build/bench/data_bench"
 
 echo "== corpus (scripts/make-demo-corpus.sh)"
 "$repo/scripts/make-demo-corpus.sh" "$work/corpus" "$build/mtnlg" >/dev/null
 cat "$work/corpus/jsonl/"{fortunes,bible,licenses}.jsonl >"$work/docs.jsonl"
 
 echo "== tokenizer throughput (single thread, 3 passes each)"
-"$work/data_bench" tokenize "$vocab/vocab.json" "$vocab/merges.txt" "$work/docs.jsonl" 3 >"$work/tok_mtnlg.jsonl"
+"$data_bench" tokenize "$vocab/vocab.json" "$vocab/merges.txt" "$work/docs.jsonl" 3 >"$work/tok_mtnlg.jsonl"
 NODE_PATH="$tools/node_modules" node "$repo/scripts/bench/tiktoken_bench.js" "$work/docs.jsonl" 3 >"$work/tok_node.jsonl"
 "$py" - "$work/tok_mtnlg.jsonl" "$work/tok_node.jsonl" <<'PY'
 import json, sys
@@ -64,7 +64,7 @@ if [ "$skip_index" != "--skip-index" ]; then
   echo "== index build: synthetic 2M documents, 1B tokens, seq 2048"
   mkdir -p "$work/synthetic"
   for e in 1 3; do
-    "$work/data_bench" index "$work/synthetic" 2000000 1000000000 2048 $e
+    "$data_bench" index "$work/synthetic" 2000000 1000000000 2048 $e
   done
   rm -f "$work/synthetic"/synthetic_text_document.*
 fi
