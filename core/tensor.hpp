@@ -15,7 +15,7 @@ namespace mtnlg {
 
 enum class DType : uint8_t { f32, f64, bf16, f16, i32 };
 // cpu: host memory. cuda: the GPU's memory (core/cuda/). test: host memory that the
-// process treats as a device (the test device, issue 14): ops run their CPU kernels on it
+// process treats as a device (the test device): ops run their CPU kernels on it
 // and copies to and from it are device copies, but host code may not read it
 // (data<T>() throws), so CI runs the device code path of every command and any host read
 // of device memory is an error there, as it would be a crash or a stall on a GPU.

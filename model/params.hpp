@@ -12,7 +12,7 @@
 //
 // Initialisation is a pure function of (seed, parameter name, global element index):
 // every layout draws the same global weights, so a tp=2 run starts from exactly the
-// shards of the tp=1 run (DESIGN.md invariant 1).
+// shards of the tp=1 run (layout invariance, docs/ARCHITECTURE.md "Invariants").
 #pragma once
 #include <cstdint>
 #include <string>

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# End-to-end proofs of `mtnlg train` on a GPU (issue 15), with the bundle's mtnlg
+# End-to-end proofs of `mtnlg train` on a GPU, with the bundle's mtnlg
 # (scripts/gpu/build-bundle.sh). Run from the repository root on the GPU machine:
 #
 #   bash .gpu/train-proof.sh [STEPS]        (default: "tiny resume hf infer curve mem13b")

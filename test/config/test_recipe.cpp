@@ -114,7 +114,7 @@ TEST_CASE("recipe: errors name the place", "[recipe]") {
   CHECK_THAT(e, Contains("pipeline_model_parallel_size"));
   e = error_of(kTiny, {"training.rampup_batch_size={start: 2, increment: 4, ramp_tokens: 10}"});
   CHECK_THAT(e, Contains("multiple of increment"));
-  // A --set of one run length replaces the recipe's other one (issue 17); two are ambiguous.
+  // A --set of one run length replaces the recipe's other one; two are ambiguous.
   CHECK(parse_recipe(kTiny, "r.yaml", {"training.train_samples=5"}).training.train_samples == 5);
   e = error_of(kTiny, {"training.train_samples=5", "training.train_tokens=100"});
   CHECK_THAT(e, Contains("exactly one of"));

@@ -1,4 +1,4 @@
-// Every CUDA op against its CPU reference (DESIGN.md invariant 2) on fresh random
+// Every CUDA op against its CPU reference (docs/ARCHITECTURE.md "Invariants") on fresh random
 // inputs, at several shapes including odd sizes and every launch branch, in fp32
 // (rtol 1e-5) and bf16/fp16 storage (rtol 1e-2); metric and helpers in
 // cuda_test_util.hpp. Outputs are NaN-poisoned before each run; accumulated outputs

@@ -1,4 +1,4 @@
-// The whole model on the GPU against the CPU (issue 15's model proof): one small GPT
+// The whole model on the GPU against the CPU: one small GPT
 // chunk (embedding, two layers, head, vocab-parallel loss with one rank) built twice
 // from the same initialisation, one on each device; one forward and backward of the
 // same micro batch (with dropout, whose masks are bit-identical on both devices), then
