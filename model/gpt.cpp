@@ -338,18 +338,45 @@ void GptChunk::layer_backward(int64_t li, const Tensor& dy, Tensor& dx, LayerAct
   ops::layernorm_backward(dx, p.d_ln1_w, p.d_ln1_b, dln1, a.x_in, p.ln1_w, a.mean1, a.rstd1, /*accumulate=*/true);
 }
 
+// A forward call is one of four modes, told apart by the MicroBatch:
+//   training     the loss (last stage) or the output, activations kept for backward;
+//   eval         the same, with the loss terms read on the host (loss_acc null);
+//   inference    (kv and/or logit_rows) nothing kept: the hidden states, or the
+//                logits of logit_rows on the last stage.
+// Each reads as: check the call, place the token ids, embed (first stage) or take the
+// input, run the layers, then the mode's ending.
 ForwardResult GptChunk::forward(int64_t mb_id, const MicroBatch& mb, const Tensor& input) {
-  const int64_t C = cfg_.hidden, T = seq_len(mb), B = mb.micro_batch_size, N = B * T;
-  const DType dt = cfg_.dtype;
-  const bool sp = cfg_.sequence_parallel;
-  auto* tpc = groups_.tp.get();
-  const int64_t R = local_rows(B, T);
-  const int64_t row_start = sp ? tp_rank_ * R : 0;
-  // Inference calls keep nothing for a backward and carry no labels.
-  const bool inference = mb.kv || mb.logit_rows;
+  const int64_t T = seq_len(mb), B = mb.micro_batch_size;
+  const bool inference = mb.kv || mb.logit_rows;  // keeps nothing for a backward, no labels
   const int64_t past = mb.kv ? mb.kv->length : 0;
-  if (inference) {
-    MTNLG_CHECK(cfg_.hidden_dropout == 0 && cfg_.attention_dropout == 0 && !sp,
+  check_forward_call(mb, B, T, past);
+  auto saved = std::make_unique<Saved>();
+  Saved& s = *saved;
+  s.mbs = B;
+  s.layers.resize(layers_.size());
+  place_tokens(mb, B, T, inference, s);
+  Tensor x = spec_.has_embedding ? embed(mb, s.tokens, B, T, past) : checked_input(input, B, T);
+  x = run_layers(x, mb, inference, s);
+  if (mb.kv) mb.kv->length = past + T;
+
+  ForwardResult res;
+  if (mb.logit_rows) {  // inference on the last stage: logits of the asked rows
+    res.logits = head_logits(x, *mb.logit_rows);
+    return res;
+  }
+  if (!spec_.has_head || inference) {  // not the last stage, or inference: the hidden states
+    res.output = x;
+    if (!inference) saved_[mb_id] = std::move(saved);
+    return res;
+  }
+  head_loss(x, mb, s, res);
+  saved_[mb_id] = std::move(saved);
+  return res;
+}
+
+void GptChunk::check_forward_call(const MicroBatch& mb, int64_t B, int64_t T, int64_t past) const {
+  if (mb.kv || mb.logit_rows) {
+    MTNLG_CHECK(cfg_.hidden_dropout == 0 && cfg_.attention_dropout == 0 && !cfg_.sequence_parallel,
                 "inference runs the model without dropout and without sequence parallelism");
     MTNLG_CHECK(!mb.logit_rows || spec_.has_head, "logit rows asked of a chunk without the output layer");
   }
@@ -360,16 +387,14 @@ ForwardResult GptChunk::forward(int64_t mb_id, const MicroBatch& mb, const Tenso
   }
   if (past + T > cfg_.max_positions)
     throw_input("a sequence of {} tokens exceeds the model's {} positions", past + T, cfg_.max_positions);
-  auto saved = std::make_unique<Saved>();
-  Saved& s = *saved;
-  s.mbs = B;
-  s.layers.resize(layers_.size());
+}
 
-  // The micro batch's token ids arrive in host memory: split them into inputs and
-  // labels there, side by side in one buffer, and place it on the model's device in one
-  // upload (none on the CPU; on CUDA an asynchronous copy through pinned staging memory,
-  // core/cuda/device.hpp).
-  const int64_t stride = inference ? T : T + 1;
+// The micro batch's token ids arrive in host memory: split them into inputs and labels
+// there, side by side in one buffer, and place it on the model's device in one upload
+// (none on the CPU; on CUDA an asynchronous copy through pinned staging memory,
+// core/cuda/device.hpp). Inference calls carry inputs only (labels 0).
+void GptChunk::place_tokens(const MicroBatch& mb, int64_t B, int64_t T, bool inference, Saved& s) const {
+  const int64_t N = B * T, stride = inference ? T : T + 1;
   Tensor ids = Tensor::empty({2 * N}, DType::i32, Device::cpu);
   int32_t* in = ids.data<int32_t>();
   int32_t* label = in + N;
@@ -381,21 +406,31 @@ ForwardResult GptChunk::forward(int64_t mb_id, const MicroBatch& mb, const Tenso
   const Tensor placed = ids.on(dev_);
   s.tokens = placed.flat(0, N);
   s.targets = placed.flat(N, N);
+}
 
-  Tensor x;
-  if (spec_.has_embedding) {
-    Tensor partial = Tensor::empty({N, C}, dt, dev_);
-    ops::embedding_forward(partial, s.tokens, wte_, vocab_start_);
-    x = tp::leave_row_parallel_forward(tpc, sp, partial);  // vocab-parallel: sum of masked lookups
-    // row b*T + t is at position past + t
-    ops::position_forward(x, past > 0 ? wpe_.rows(past, T) : wpe_, row_start, T);
-    ops::dropout_forward(x, x, cfg_.hidden_dropout, dropout_key(mb, -1, kEmbedding), hidden_dropout_base(mb, R));
-  } else {
-    MTNLG_CHECK(input.defined() && input.dim(0) == R && input.dim(1) == C, "chunk input must be [{}, {}], got {}", R, C,
-                shape_str(input.shape()));
-    x = input;
-  }
+// First stage: vocab-parallel lookup (the sum of the tp ranks' masked lookups), positions
+// past .. past + T - 1, embedding dropout; this rank's rows of the residual stream.
+Tensor GptChunk::embed(const MicroBatch& mb, const Tensor& tokens, int64_t B, int64_t T, int64_t past) {
+  const bool sp = cfg_.sequence_parallel;
+  const int64_t R = local_rows(B, T), row_start = sp ? tp_rank_ * R : 0;
+  Tensor partial = Tensor::empty({B * T, cfg_.hidden}, cfg_.dtype, dev_);
+  ops::embedding_forward(partial, tokens, wte_, vocab_start_);
+  Tensor x = tp::leave_row_parallel_forward(groups_.tp.get(), sp, partial);
+  ops::position_forward(x, past > 0 ? wpe_.rows(past, T) : wpe_, row_start, T);  // row b*T + t: position past + t
+  ops::dropout_forward(x, x, cfg_.hidden_dropout, dropout_key(mb, -1, kEmbedding), hidden_dropout_base(mb, R));
+  return x;
+}
 
+Tensor GptChunk::checked_input(const Tensor& input, int64_t B, int64_t T) const {
+  const int64_t R = local_rows(B, T), C = cfg_.hidden;
+  MTNLG_CHECK(input.defined() && input.dim(0) == R && input.dim(1) == C, "chunk input must be [{}, {}], got {}", R, C,
+              shape_str(input.shape()));
+  return input;
+}
+
+// The chunk's layers; what each keeps for the backward: everything (no recompute or
+// selective), only its input (full recompute), nothing (inference).
+Tensor GptChunk::run_layers(Tensor x, const MicroBatch& mb, bool inference, Saved& s) {
   const bool full_recompute = cfg_.recompute == RecomputeGranularity::full;
   for (size_t li = 0; li < layers_.size(); ++li) {
     Tensor y;
@@ -403,28 +438,24 @@ ForwardResult GptChunk::forward(int64_t mb_id, const MicroBatch& mb, const Tenso
     layer_forward(static_cast<int64_t>(li), x, y, a, mb);
     if (inference) {
       a = LayerActs{};
-    } else if (full_recompute) {  // keep only the layer input
+    } else if (full_recompute) {
       Tensor keep = a.x_in;
       a = LayerActs{};
       a.x_in = keep;
     }
     x = y;
   }
+  return x;
+}
 
-  if (mb.kv) mb.kv->length = past + T;
-  ForwardResult res;
-  if (!spec_.has_head || (inference && !mb.logit_rows)) {  // inference without logits: the hidden states
-    res.output = x;
-    if (!inference) saved_[mb_id] = std::move(saved);
-    return res;
-  }
-  if (mb.logit_rows) {
-    res.logits = head_logits(x, *mb.logit_rows);
-    return res;
-  }
-
-  // Head: final LayerNorm, logits against the (tied) word embedding shard, vocab-parallel loss.
-  const DType wide = stats_dtype();
+// Last stage: final LayerNorm, logits against the (tied) word embedding shard, the
+// vocab-parallel cross-entropy statistics. Training adds the loss to mb.loss_acc on the
+// device; eval reads the loss terms on the host (and per-token scores when asked).
+void GptChunk::head_loss(const Tensor& x, const MicroBatch& mb, Saved& s, ForwardResult& res) {
+  const int64_t C = cfg_.hidden, R = x.dim(0), N = s.tokens.numel();
+  const DType dt = cfg_.dtype, wide = stats_dtype();
+  auto* tpc = groups_.tp.get();
+  const bool sp = cfg_.sequence_parallel;
   s.x_out = x;
   s.lnf = Tensor::empty({R, C}, dt, dev_);
   s.meanf = Tensor::empty({R}, wide, dev_);
@@ -453,22 +484,21 @@ ForwardResult GptChunk::forward(int64_t mb_id, const MicroBatch& mb, const Tenso
   }
   if (mb.loss_acc && !mb.want_token_scores) {  // training: the loss stays on the device
     ops::xent_loss_accumulate(*mb.loss_acc, s.rowmax, s.sumexp, target_logit, mask.defined() ? &mask : nullptr);
-    saved_[mb_id] = std::move(saved);
-    return res;
+    return;
   }
   // Eval: the loss terms are read on the host (one copy each off a device).
   const Tensor rowmax_h = s.rowmax.on(Device::cpu), sumexp_h = s.sumexp.on(Device::cpu),
                target_h = target_logit.on(Device::cpu);
   double loss_sum = 0, count = 0;
   for (int64_t i = 0; i < N; ++i) {
-    double m = mb.loss_mask ? mb.loss_mask[i] : 1.0;
-    double li, mx, se, tl;
+    const double m = mb.loss_mask ? mb.loss_mask[i] : 1.0;
+    double mx, se, tl;
     if (wide == DType::f64) {
       mx = rowmax_h.data<double>()[i], se = sumexp_h.data<double>()[i], tl = target_h.data<double>()[i];
     } else {
       mx = rowmax_h.data<float>()[i], se = sumexp_h.data<float>()[i], tl = target_h.data<float>()[i];
     }
-    li = std::log(se) + mx - tl;
+    const double li = std::log(se) + mx - tl;
     loss_sum += m * li;
     count += m;
     if (mb.want_token_scores) {
@@ -478,8 +508,6 @@ ForwardResult GptChunk::forward(int64_t mb_id, const MicroBatch& mb, const Tenso
   }
   res.loss_sum = loss_sum;
   res.loss_tokens = count;
-  saved_[mb_id] = std::move(saved);
-  return res;
 }
 
 // Logits of some rows of the chunk output x [N, C] (inference): gather the rows (the

@@ -154,6 +154,13 @@ class GptChunk {
     Tensor d_ln1_w, d_ln1_b, d_qkv_w, d_qkv_b, d_proj_w, d_proj_b, d_ln2_w, d_ln2_b, d_fc1_w, d_fc1_b, d_fc2_w, d_fc2_b;
   };
 
+  // The parts of forward(), in order.
+  void check_forward_call(const MicroBatch& mb, int64_t B, int64_t T, int64_t past) const;
+  void place_tokens(const MicroBatch& mb, int64_t B, int64_t T, bool inference, Saved& s) const;
+  Tensor embed(const MicroBatch& mb, const Tensor& tokens, int64_t B, int64_t T, int64_t past);
+  Tensor checked_input(const Tensor& input, int64_t B, int64_t T) const;
+  Tensor run_layers(Tensor x, const MicroBatch& mb, bool inference, Saved& s);
+  void head_loss(const Tensor& x, const MicroBatch& mb, Saved& s, ForwardResult& res);
   void layer_forward(int64_t li, const Tensor& x, Tensor& y, LayerActs& a, const MicroBatch& mb);
   int64_t seq_len(const MicroBatch& mb) const { return mb.seq_len > 0 ? mb.seq_len : cfg_.seq_length; }
   Tensor head_logits(const Tensor& x, const std::vector<int64_t>& rows);

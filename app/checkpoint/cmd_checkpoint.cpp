@@ -17,6 +17,94 @@
 
 namespace mtnlg::app {
 
+namespace {
+
+// `checkpoint inspect`: the metadata, per-file tensor counts and checksum status (every
+// tensor with `tensors`); InputError on a bad checksum or a missing shard file.
+void inspect_checkpoint(const std::string& input, bool tensors) {
+  std::string dir = model::ckpt::resolve(input);
+  auto st = model::ckpt::read_metadata(dir);
+  std::printf("checkpoint %s\n  iteration %lld | consumed samples %lld, tokens %s | optimizer steps %lld\n", dir.c_str(),
+              static_cast<long long>(st.iteration), static_cast<long long>(st.consumed_samples),
+              human_count(static_cast<double>(st.consumed_tokens)).c_str(), static_cast<long long>(st.optimizer_steps));
+  std::printf("  layout tp=%lld pp=%lld dp=%lld%s | skipped %lld | format version %d\n", static_cast<long long>(st.layout.tp),
+              static_cast<long long>(st.layout.pp), static_cast<long long>(st.layout.dp),
+              st.layout.zero1 ? " ZeRO-1" : "", static_cast<long long>(st.skipped_total), model::ckpt::kFormatVersion);
+  auto rep = model::ckpt::inspect(dir);
+  std::map<std::string, std::tuple<int64_t, int64_t, int64_t>> per_file;  // tensors, elements, bad checksums
+  int64_t bad = 0;
+  for (auto& t : rep) {
+    int64_t n = 1;
+    for (auto d : t.shape) n *= d;
+    auto& [c, e, b] = per_file[t.file];
+    ++c;
+    e += n;
+    if (!t.checksum_ok) {
+      ++b;
+      ++bad;
+    }
+    if (tensors)
+      std::printf("  %-40s %-50s %s %-18s of %-18s split %lld %s\n", t.file.c_str(), t.name.c_str(), t.dtype.c_str(),
+                  shape_str(t.shape).c_str(), shape_str(t.global_shape).c_str(), static_cast<long long>(t.split_dim),
+                  t.checksum_ok ? "ok" : "CHECKSUM MISMATCH");
+  }
+  for (auto& [f, v] : per_file)
+    std::printf("  %-44s %5lld tensors %12s elements  checksums %s\n", f.c_str(), static_cast<long long>(std::get<0>(v)),
+                human_count(static_cast<double>(std::get<1>(v))).c_str(),
+                std::get<2>(v) ? "MISMATCH" : "ok");
+  if (bad) throw_input("{}: {} tensors fail their checksum", dir, bad);
+  // Checksums cover the files present; the layout says which must be there.
+  auto miss = model::ckpt::missing_files(dir, st);
+  for (auto& m : miss) std::printf("  %-44s MISSING\n", m.c_str());
+  if (!miss.empty())
+    throw_input("{}: {} of the shard files its layout (tp={} pp={} dp={}) needs are missing, e.g. {}", dir, miss.size(),
+                st.layout.tp, st.layout.pp, st.layout.dp, miss.front());
+}
+
+// `--tokens 464,3290,318` -> ids; InputError naming the bad entry.
+std::vector<int32_t> parse_token_ids(const std::string& text) {
+  std::vector<int32_t> toks;
+  size_t pos = 0;
+  while (pos <= text.size()) {
+    const size_t end = std::min(text.find(',', pos), text.size());
+    const std::string t = text.substr(pos, end - pos);
+    char* stop = nullptr;
+    const long long v = std::strtoll(t.c_str(), &stop, 10);
+    if (t.empty() || *stop != '\0' || v < 0 || v > INT32_MAX)
+      throw_input("--tokens: \"{}\" is not a token id (comma-separated non-negative integers)", t);
+    toks.push_back(static_cast<int32_t>(v));
+    pos = end + 1;
+  }
+  return toks;
+}
+
+// `checkpoint logits`: the model's logits for one token sequence, as safetensors.
+void write_logits(const std::string& input, const std::vector<int32_t>& toks, const std::string& output,
+                  const std::string& device) {
+  model::LoadedModel lm = load_eval_model(input, "", {});
+  const int64_t T = static_cast<int64_t>(toks.size()), V = lm.cfg.vocab_size;
+  if (T > lm.cfg.max_positions)
+    throw_input("--tokens: {} tokens exceed the model's {} positions", T, lm.cfg.max_positions);
+  for (int32_t t : toks)
+    if (t >= V) throw_input("--tokens: id {} is outside the vocabulary (size {})", t, V);
+  lm.store.place(select_device(parse_device_kind(device, "--device"), "--device"));
+  auto chunk = model::whole_model_chunk(lm.cfg, lm.store);
+  std::vector<int64_t> rows(static_cast<size_t>(T));
+  for (int64_t i = 0; i < T; ++i) rows[static_cast<size_t>(i)] = i;
+  const Tensor padded = model::logits_at(*chunk, toks.data(), 1, T, rows);  // [T, padded vocab], host f32
+  Tensor logits = Tensor::empty({1, T, V});
+  for (int64_t i = 0; i < T; ++i)
+    std::copy(padded.data<float>() + i * padded.dim(1), padded.data<float>() + i * padded.dim(1) + V,
+              logits.data<float>() + i * V);
+  Tensor tt = Tensor::empty({1, T}, DType::i32);
+  std::copy(toks.begin(), toks.end(), tt.data<int32_t>());
+  safetensors::write(output, {{"tokens", tt}, {"logits", logits}}, {{"format", "mtnlg-logits"}});
+  std::printf("wrote %s (%lld tokens x %lld logits, %s)\n", output.c_str(), static_cast<long long>(T),
+              static_cast<long long>(V), describe_device(lm.store.params().device()).c_str());
+}
+
+}  // namespace
+
 void register_checkpoint(CLI::App& app) {
   auto* cmd = app.add_subcommand("checkpoint", "Inspect, convert (tp/pp), export to / import from Hugging Face GPT-2");
   cmd->require_subcommand(1);
@@ -32,45 +120,7 @@ void register_checkpoint(CLI::App& app) {
   auto* ins = cmd->add_subcommand("inspect", "Layout, iteration, tensors, sizes and checksum status of a checkpoint");
   ins->add_option("checkpoint", a->input, "Checkpoint root (uses `latest`) or an iter_XXXXXXX directory")->required();
   ins->add_flag("--tensors", a->tensors, "List every tensor (default: a summary per file)");
-  ins->callback([a] {
-    std::string dir = model::ckpt::resolve(a->input);
-    auto st = model::ckpt::read_metadata(dir);
-    std::printf("checkpoint %s\n  iteration %lld | consumed samples %lld, tokens %s | optimizer steps %lld\n", dir.c_str(),
-                static_cast<long long>(st.iteration), static_cast<long long>(st.consumed_samples),
-                human_count(static_cast<double>(st.consumed_tokens)).c_str(), static_cast<long long>(st.optimizer_steps));
-    std::printf("  layout tp=%lld pp=%lld dp=%lld%s | skipped %lld | format version %d\n", static_cast<long long>(st.layout.tp),
-                static_cast<long long>(st.layout.pp), static_cast<long long>(st.layout.dp),
-                st.layout.zero1 ? " ZeRO-1" : "", static_cast<long long>(st.skipped_total), model::ckpt::kFormatVersion);
-    auto rep = model::ckpt::inspect(dir);
-    std::map<std::string, std::tuple<int64_t, int64_t, int64_t>> per_file;  // tensors, elements, bad checksums
-    int64_t bad = 0;
-    for (auto& t : rep) {
-      int64_t n = 1;
-      for (auto d : t.shape) n *= d;
-      auto& [c, e, b] = per_file[t.file];
-      ++c;
-      e += n;
-      if (!t.checksum_ok) {
-        ++b;
-        ++bad;
-      }
-      if (a->tensors)
-        std::printf("  %-40s %-50s %s %-18s of %-18s split %lld %s\n", t.file.c_str(), t.name.c_str(), t.dtype.c_str(),
-                    shape_str(t.shape).c_str(), shape_str(t.global_shape).c_str(), static_cast<long long>(t.split_dim),
-                    t.checksum_ok ? "ok" : "CHECKSUM MISMATCH");
-    }
-    for (auto& [f, v] : per_file)
-      std::printf("  %-44s %5lld tensors %12s elements  checksums %s\n", f.c_str(), static_cast<long long>(std::get<0>(v)),
-                  human_count(static_cast<double>(std::get<1>(v))).c_str(),
-                  std::get<2>(v) ? "MISMATCH" : "ok");
-    if (bad) throw_input("{}: {} tensors fail their checksum", dir, bad);
-    // Checksums cover the files present; the layout says which must be there.
-    auto miss = model::ckpt::missing_files(dir, st);
-    for (auto& m : miss) std::printf("  %-44s MISSING\n", m.c_str());
-    if (!miss.empty())
-      throw_input("{}: {} of the shard files its layout (tp={} pp={} dp={}) needs are missing, e.g. {}", dir, miss.size(),
-                  st.layout.tp, st.layout.pp, st.layout.dp, miss.front());
-  });
+  ins->callback([a] { inspect_checkpoint(a->input, a->tensors); });
 
   auto* conv = cmd->add_subcommand("convert", "Rewrite a checkpoint for another tensor/pipeline layout (offline)");
   conv->add_option("--input", a->input, "Checkpoint root or iteration directory (any layout)")->required();
@@ -108,40 +158,7 @@ void register_checkpoint(CLI::App& app) {
   lg->add_option("--tokens", a->tokens, "Comma-separated token ids, e.g. 464,3290,318")->required();
   lg->add_option("--output", a->output, "Output .safetensors file")->required();
   lg->add_option("--device", a->device, "auto|cpu|cuda|test: where the forward runs")->capture_default_str();
-  lg->callback([a] {
-    std::vector<int32_t> toks;
-    size_t pos = 0;
-    while (pos <= a->tokens.size()) {
-      const size_t end = std::min(a->tokens.find(',', pos), a->tokens.size());
-      const std::string t = a->tokens.substr(pos, end - pos);
-      char* stop = nullptr;
-      const long long v = std::strtoll(t.c_str(), &stop, 10);
-      if (t.empty() || *stop != '\0' || v < 0 || v > INT32_MAX)
-        throw_input("--tokens: \"{}\" is not a token id (comma-separated non-negative integers)", t);
-      toks.push_back(static_cast<int32_t>(v));
-      pos = end + 1;
-    }
-    model::LoadedModel lm = load_eval_model(a->input, "", {});
-    const int64_t T = static_cast<int64_t>(toks.size()), V = lm.cfg.vocab_size;
-    if (T > lm.cfg.max_positions)
-      throw_input("--tokens: {} tokens exceed the model's {} positions", T, lm.cfg.max_positions);
-    for (int32_t t : toks)
-      if (t >= V) throw_input("--tokens: id {} is outside the vocabulary (size {})", t, V);
-    lm.store.place(select_device(parse_device_kind(a->device, "--device"), "--device"));
-    auto chunk = model::whole_model_chunk(lm.cfg, lm.store);
-    std::vector<int64_t> rows(static_cast<size_t>(T));
-    for (int64_t i = 0; i < T; ++i) rows[static_cast<size_t>(i)] = i;
-    const Tensor padded = model::logits_at(*chunk, toks.data(), 1, T, rows);  // [T, padded vocab], host f32
-    Tensor logits = Tensor::empty({1, T, V});
-    for (int64_t i = 0; i < T; ++i)
-      std::copy(padded.data<float>() + i * padded.dim(1), padded.data<float>() + i * padded.dim(1) + V,
-                logits.data<float>() + i * V);
-    Tensor tt = Tensor::empty({1, T}, DType::i32);
-    std::copy(toks.begin(), toks.end(), tt.data<int32_t>());
-    safetensors::write(a->output, {{"tokens", tt}, {"logits", logits}}, {{"format", "mtnlg-logits"}});
-    std::printf("wrote %s (%lld tokens x %lld logits, %s)\n", a->output.c_str(), static_cast<long long>(T),
-                static_cast<long long>(V), describe_device(lm.store.params().device()).c_str());
-  });
+  lg->callback([a] { write_logits(a->input, parse_token_ids(a->tokens), a->output, a->device); });
 }
 
 }  // namespace mtnlg::app
