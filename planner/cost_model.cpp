@@ -27,7 +27,7 @@ const std::vector<GpuSpec>& gpu_table() {
   // forward / backward FLOP/s (head dim 128, long sequences), attn_seq_half, attn_dim_half.
   static const std::vector<GpuSpec> table = {
       {"a100-80g", "NVIDIA A100 SXM 80GB, NVLink3 (DGX A100: 8x HDR 200 Gb/s HCAs)",
-       312e12, 0.84, 108, 80.0 * kGiB, 0.85 * 2.039e12, 230e9, 23e9, 5e-6, 10e-6, 4e-6, 0, 64,
+       312e12, 0.78, 108, 80.0 * kGiB, 0.85 * 2.039e12, 230e9, 23e9, 5e-6, 10e-6, 4e-6, 0, 64,
        0.60 * 312e12, 0.50 * 312e12, 410, 124},
       {"h100-80g", "NVIDIA H100 SXM 80GB, NVLink4 (DGX H100: 8x NDR 400 Gb/s HCAs)",
        989e12, 0.875, 132, 79.6 * kGiB, 0.85 * 3.35e12, 378e9, 46e9, 4e-6, 8e-6, 3e-6, 0, 512,
@@ -48,15 +48,18 @@ const std::vector<SoftwareProfile>& software_table() {
   static const std::vector<SoftwareProfile> table = {
       {"megatron-lm",
        "Megatron-LM 2022 (Korthikanti et al. 2022): fused kernels, batched p2p with scatter/gather, interleaved 1F1B, "
-       "selective recompute, sequence parallelism",
-       1.0, true, 2, 4},
+       "selective recompute, sequence parallelism, tensor-parallel gradient communication beside the GEMMs",
+       1.0, true, 2, 4, true, false, false, false, false, false, false, 40e6, false, 12, 12,
+       /*async_tp_grad_comm=*/true},
       {"megatron-lm-2021",
-       "Megatron-LM 2021 (Narayanan et al. 2021): as megatron-lm with the 2021 kernel stack",
-       0.90, true, 2, 2},
+       "Megatron-LM 2021 (Narayanan et al. 2021): as megatron-lm with the 2021 kernel stack, every tensor-parallel "
+       "collective synchronous",
+       0.98, true, 2, 2},
       {"megatron-deepspeed",
        "Megatron-DeepSpeed as used for MT-NLG 530B (Smith et al. 2022): Megatron tensor slicing, DeepSpeed pipeline "
-       "engine (blocking unbatched p2p of tensor-partitioned messages, no interleaving), 2021 kernel stack",
-       0.70, true, 4, 4, false},
+       "engine (blocking unbatched p2p of tensor-partitioned messages, no interleaving), 2021 kernel stack, every "
+       "tensor-parallel collective synchronous",
+       0.75, true, 4, 4, false},
       {"mtnlg",
        "this trainer (mtnlg train): megatron-lm's execution model, activations as model/gpt.cpp keeps them "
        "(flash-style attention, the exact schedule's in-flight microbatches)",
@@ -262,6 +265,16 @@ LayerTime layer_time(const Shape& sh, const Layout& l, const Cluster& c, Precisi
       const double tp_one = allreduce_time(bytes, t, k);
       r.tp_fwd = 2 * tp_one;
       r.tp_bwd = 2 * tp_one;
+      if (c.software.async_tp_grad_comm) {
+        // Backward of the column-parallel QKV and fc1 (SoftwareProfile::async_tp_grad_comm).
+        auto beside = [](double comm, double gemm) { return std::max(0.0, comm - gemm); };
+        if (l.sequence_parallel) {
+          const double C = reduce_scatter_time(bytes, t, k);  // one all-gather or reduce-scatter
+          r.tp_bwd = 2 * C + beside(C, d_qkv) + beside(C, d_fc1) + beside(C, w_qkv) + beside(C, w_fc1);
+        } else {
+          r.tp_bwd = beside(tp_one, w_qkv) + beside(tp_one, w_fc1);
+        }
+      }
     }
   }
   // What selective recompute redoes: the attention core (Megatron-Core checkpoints the fused

@@ -169,6 +169,16 @@ struct SoftwareProfile {
   // fp32->bf16 cast 6 = 14.
   double ce_bytes_fwd = 12;
   double ce_bytes_bwd = 12;
+  // Megatron-LM's asynchronous tensor-parallel gradient communication in the backward of a
+  // column-parallel linear (megatron/mpu/layers.py, LinearWithGradAccumulationAndAsyncCommunication
+  // at the 2022-05 sequence-parallel merge; added 2021-08-30, on by default in 2022 behind
+  // --no-async-tensor-model-parallel-allreduce; Korthikanti et al. 2022 Section 6.2):
+  // without SP the input-gradient all-reduce runs beside the weight-gradient GEMM; under SP
+  // the re-gather of the saved input shard runs beside the data-gradient GEMM and the
+  // input-gradient reduce-scatter beside the weight-gradient GEMM, while the all-gather of
+  // the output gradient (backward of the row-parallel reduce-scatter) stays synchronous.
+  // Exposed: what outlasts the GEMM it runs beside. Off: every backward collective exposed.
+  bool async_tp_grad_comm = false;
 };
 
 // Throws InputError listing the valid names when `name` is unknown.

@@ -1,8 +1,7 @@
 // `mtnlg plan --json` against every published run in test/data/published_runs.tsv
 // (Narayanan et al. 2021 Table 1, Korthikanti et al. 2022 Tables 3+5, MT-NLG's system
 // performance rows; citations in the file): median relative error <= 5%; every Narayanan
-// Table 1 row within 10%; worst over all rows <= 10.5% (Korthikanti's 530B row with 8-way data
-// parallelism is -10.1%, the one row past 10%: docs/PLANNER.md "Validation").
+// Table 1 row within 10%; worst over all rows <= 10% (docs/PLANNER.md "Validation").
 // Rows whose micro batch the paper does not state (micro "auto") take the micro batch
 // Narayanan et al. 2021 choose by (their Section 3.4, eq. 1): of b = 1, 2, 4, ... dividing
 // B/d, the one with the highest throughput that fits in memory -- throughput as this planner
@@ -138,7 +137,7 @@ TEST_CASE("plan predicts every published run: median error <= 5%, Narayanan rows
   INFO(table);
   WARN(table);
   CHECK(median <= 0.05);
-  CHECK(worst <= 0.105);
+  CHECK(worst <= 0.10);
 }
 
 namespace {
