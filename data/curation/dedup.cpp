@@ -1006,7 +1006,9 @@ void DedupRun::plan_slices() {
 }
 
 // Temporary names every rank knows (rank 0's pid): OUT/<name>.tmp.<pid>.dedup. Rank 0
-// creates each one at its final size.
+// creates each one at its final size. (Not core's AtomicFile: its temporary name is
+// known only to the process that made it, and it writes one stream through its own
+// FILE*; here every rank pwrite()s its slice of a file that rank 0 created and sized.)
 void DedupRun::create_outputs() {
   int64_t pid0 = R == 0 ? static_cast<int64_t>(::getpid()) : 0;
   comm.all_reduce_max(&pid0, 1);
