@@ -315,19 +315,194 @@ int64_t parse_byte_size(const std::string& text, const std::string& what) {
   return static_cast<int64_t>(v * mult);
 }
 
-DedupResult run_dedup(const DedupOptions& opt, RankComm* comm_in) {
-  auto t_start = Clock::now();
-  SoloRankComm solo;
-  RankComm& comm = comm_in ? *comm_in : solo;
-  const int64_t W = comm.size(), R = comm.rank();
-  const bool show = opt.progress && R == 0;
-  const int64_t k = opt.num_perm;
-  LshParams lsh{opt.bands, opt.rows};
-  int64_t workers = opt.workers > 0 ? opt.workers : std::max<int64_t>(1, std::thread::hardware_concurrency());
+namespace {
 
-  // --- sources, names, outputs, priority: all checked before any work -----------
+// The line-aligned byte range of one input that this rank reads, and its documents.
+struct Piece {
+  int64_t begin = 0, end = -1, lines_before = 0, first_doc = 0, docs = 0, local_first = 0;
+};
+
+// What pass 1's threads share: the reader thread hands batches of lines to the workers
+// through `queue`; a worker that fails keeps the error of the lowest document.
+struct HashPass {
+  HashPass(int64_t k, uint64_t seed, size_t queue_cap, int64_t workers)
+      : hasher(k, seed), queue(queue_cap), empty_per_worker(static_cast<size_t>(workers)) {}
+  MinHasher hasher;
+  BatchQueue queue;
+  std::mutex err_m;
+  std::exception_ptr err;
+  std::atomic<int64_t> err_doc{std::numeric_limits<int64_t>::max()};
+  std::atomic<bool> failed{false}, reader_done{false};
+  std::atomic<int64_t> docs_read{0};
+  std::exception_ptr reader_err;
+  std::vector<std::vector<int64_t>> empty_per_worker;
+};
+
+// What pass 3's writer thread shares with the main thread.
+struct WritePass {
+  std::atomic<int64_t> docs_written{0};
+  std::atomic<bool> done{false}, failed{false}, stop{false};
+  std::exception_ptr write_err;
+  std::string buf, line;
+  size_t mj = 0;        // next of my_members
+  int64_t unshown = 0;  // documents not yet added to docs_written
+};
+
+// A file descriptor closed when it goes out of scope (-1: none).
+struct FdCloser {
+  int fd = -1;
+  ~FdCloser() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+// Writes all of `buf` to `fd` at offset `at`, advancing `at` and `written`, and empties
+// `buf`; `what` names the file in errors.
+void pwrite_buffer(int fd, std::string& buf, int64_t& at, int64_t& written, const std::string& what) {
+  const char* b = buf.data();
+  size_t n = buf.size();
+  while (n > 0) {
+    const ssize_t w = ::pwrite(fd, b, n, static_cast<off_t>(at));
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) throw_runtime("{}: write failed ({})", what, w < 0 ? std::strerror(errno) : "no progress");
+    b += w;
+    n -= static_cast<size_t>(w);
+    at += w;
+    written += w;
+  }
+  buf.clear();
+}
+
+// One run of dedup on this rank: the state that crosses its stages. run_dedup calls the
+// stages in order; every rank calls the same collectives in the same order. State that
+// only one stage uses stays local to it.
+struct DedupRun {
+  DedupRun(const DedupOptions& o, RankComm* comm_in);
+
+  // The stages, in order.
+  void check_inputs();
+  void count_shares();
+  void budget_memory();
+  void read_and_hash();
+  void find_candidates();
+  void verify_candidates();
+  void join_forests();
+  void choose_survivors();
+  void write_kept_lines();
+  void commit();
+
+  // Parts of the stages.
+  void place_pieces(const std::vector<int64_t>& counts);
+  void hash_batches(HashPass& p, int64_t w);
+  void read_share(HashPass& p);
+  void await_hashing(HashPass& p, std::thread& reader, std::vector<std::thread>& pool);
+  std::vector<std::vector<uint64_t>> bucket_pairs(KeyRuns& owned);
+  void add_candidates(const std::vector<std::vector<uint64_t>>& pairs);
+  void verify_remote(const std::vector<uint64_t>& remote);
+  void receive_verdicts();
+  void plan_slices();
+  void create_outputs();
+  void write_slices();
+  void write_slice(int64_t f, WritePass& w);
+  void gather_written();
+  void rename_outputs();
+  nlohmann::json where(uint32_t i) const;
+  void write_clusters();
+  nlohmann::json report_params() const;
+  void write_report(double t_write_s, double t_total);
+
+  int64_t holder(uint32_t doc) const;    // rank holding a global document
+  int64_t file_of(uint32_t doc) const;   // its input file
+  int64_t local_of(uint32_t doc) const;  // this rank's index of one of its documents
+
+  // The run's parameters.
+  Clock::time_point t_start = Clock::now();
+  const DedupOptions& opt;
+  SoloRankComm solo;
+  RankComm& comm;
+  const int64_t W, R;
+  const bool show;
+  const int64_t k;
+  LshParams lsh;
+  const int64_t workers;
+
+  // Inputs (check_inputs, count_shares).
   std::vector<Source> sources;
   std::vector<int64_t> prio_rank;
+  int64_t F = 0;
+  std::vector<Piece> mine;          // this rank's piece of every input
+  std::vector<int64_t> piece_first;  // global index of the first document of piece (f, q), f*W + q
+  int64_t n_docs = 0, n_local = 0;
+  int64_t key_cap = std::numeric_limits<int64_t>::max() / 64;  // keys held before spilling
+
+  // Pass 1 and 2: signatures, line lengths, candidate pairs, edges.
+  SignatureStore sigs;
+  std::vector<uint32_t> line_len;  // bytes of each local document's line (without '\n'); reader thread
+  std::vector<uint64_t> cand;      // (a << 32 | b), a < b, a held by this rank; sorted, unique
+  std::vector<uint64_t> edges;     // (a << 32 | b)
+  LshStats st;
+  int64_t runs_spilled = 0, bytes_spilled = 0;
+  int64_t stats[5] = {};  // st, runs and bytes spilled, summed over the ranks
+  int64_t sig_allocated = 0;
+
+  // Components and survivors (rank 0).
+  std::vector<uint64_t> all_edges;
+  std::vector<uint32_t> members, root, size, best;
+  std::map<int64_t, int64_t> histogram;
+  int64_t components = 0, docs_in_components = 0, n_edges = 0;
+  std::vector<std::pair<uint32_t, uint32_t>> big;  // (size, root)
+  std::vector<std::vector<uint32_t>> verdicts, sent_index;
+
+  // Pass 3: what this rank writes where.
+  std::vector<uint32_t> my_members;
+  std::vector<uint8_t> keep;
+  std::vector<int64_t> plan, offset, total;
+  std::vector<std::string> temp;
+  // Rank 0 removes the temporary files it created unless they were renamed into place
+  // (a failure on any rank is agreed on before that, so no rank is still writing).
+  struct TempFiles {
+    std::vector<std::string> created;
+    bool committed = false;
+    ~TempFiles() {
+      if (committed) return;
+      for (auto& t : created) std::remove(t.c_str());
+    }
+  } temps;
+  std::vector<int64_t> member_line;
+  int64_t bytes_written = 0;
+  std::vector<int64_t> written_per_rank;
+  std::vector<int64_t> lines_of_members;  // rank 0: indexed like `members`
+
+  double t_hash = 0, t_lsh_s = 0, t_cc_s = 0;
+  Clock::time_point t_lsh, t_cc, t_write;
+  DedupResult res;
+};
+
+DedupRun::DedupRun(const DedupOptions& o, RankComm* comm_in)
+    : opt(o),
+      comm(comm_in ? *comm_in : solo),
+      W(comm.size()),
+      R(comm.rank()),
+      show(opt.progress && R == 0),
+      k(opt.num_perm),
+      lsh{opt.bands, opt.rows},
+      workers(opt.workers > 0 ? opt.workers : std::max<int64_t>(1, std::thread::hardware_concurrency())),
+      sigs(k) {}
+
+int64_t DedupRun::holder(uint32_t doc) const {
+  const int64_t i = std::upper_bound(piece_first.begin(), piece_first.end(), static_cast<int64_t>(doc)) - piece_first.begin() - 1;
+  return i % W;
+}
+int64_t DedupRun::file_of(uint32_t doc) const {
+  return (std::upper_bound(piece_first.begin(), piece_first.end(), static_cast<int64_t>(doc)) - piece_first.begin() - 1) / W;
+}
+int64_t DedupRun::local_of(uint32_t doc) const {
+  const auto& p = mine[static_cast<size_t>(file_of(doc))];
+  return p.local_first + (static_cast<int64_t>(doc) - p.first_doc);
+}
+
+// --- sources, names, outputs, priority: all checked before any work -----------
+void DedupRun::check_inputs() {
   agree(comm, "checking the inputs", [&] {
     if (opt.inputs.empty()) throw_input("dedup: no --input files");
     if (opt.ngram < 1) throw_input("--ngram {} must be at least 1", opt.ngram);
@@ -374,14 +549,13 @@ DedupResult run_dedup(const DedupOptions& opt, RankComm* comm_in) {
       prio_rank[it->second] = std::min<int64_t>(prio_rank[it->second], static_cast<int64_t>(i));
     }
   });
-  const int64_t F = static_cast<int64_t>(sources.size());
+  F = static_cast<int64_t>(sources.size());
+}
 
-  // --- shares: rank q reads the q-th line-aligned byte range of every input --------
-  // counts[(f*W + q)*3 + {0,1,2}] = lines, documents, empty documents of piece (f, q).
-  struct Piece {
-    int64_t begin = 0, end = -1, lines_before = 0, first_doc = 0, docs = 0, local_first = 0;
-  };
-  std::vector<Piece> mine(static_cast<size_t>(F));
+// --- shares: rank q reads the q-th line-aligned byte range of every input --------
+// counts[(f*W + q)*3 + {0,1,2}] = lines, documents, empty documents of piece (f, q).
+void DedupRun::count_shares() {
+  mine.resize(static_cast<size_t>(F));
   std::vector<int64_t> counts(static_cast<size_t>(3 * F * W), 0);
   agree(comm, "reading its share", [&] {
     for (int64_t f = 0; f < F; ++f) {
@@ -399,12 +573,17 @@ DedupResult run_dedup(const DedupOptions& opt, RankComm* comm_in) {
   });
   comm.all_reduce_sum(counts.data(), static_cast<int64_t>(counts.size()));
   // Global document index: file-major, then line order (= piece order within a file).
-  std::vector<int64_t> piece_first(static_cast<size_t>(F * W + 1), 0);
+  piece_first.assign(static_cast<size_t>(F * W + 1), 0);
   for (int64_t i = 0; i < F * W; ++i) piece_first[i + 1] = piece_first[i] + counts[static_cast<size_t>(3 * i + 1)];
-  const int64_t n_docs = piece_first.back();
+  n_docs = piece_first.back();
   if (n_docs >= std::numeric_limits<uint32_t>::max())
     throw_input("dedup: {} documents; at most {} per run are supported", n_docs, std::numeric_limits<uint32_t>::max() - 1);
-  int64_t n_local = 0;
+  res.documents = n_docs;
+  place_pieces(counts);
+}
+
+// This rank's pieces in the global document index, and each source's totals.
+void DedupRun::place_pieces(const std::vector<int64_t>& counts) {
   for (int64_t f = 0; f < F; ++f) {
     auto& p = mine[f];
     for (int64_t q = 0; q < R; ++q) p.lines_before += counts[static_cast<size_t>((f * W + q) * 3)];
@@ -419,30 +598,20 @@ DedupResult run_dedup(const DedupOptions& opt, RankComm* comm_in) {
     }
     sources[f].bytes = static_cast<int64_t>(fs::file_size(sources[f].path));
   }
-  auto holder = [&](uint32_t doc) {  // rank holding a global document
-    const int64_t i = std::upper_bound(piece_first.begin(), piece_first.end(), static_cast<int64_t>(doc)) - piece_first.begin() - 1;
-    return i % W;
-  };
-  auto file_of = [&](uint32_t doc) {
-    return (std::upper_bound(piece_first.begin(), piece_first.end(), static_cast<int64_t>(doc)) - piece_first.begin() - 1) / W;
-  };
-  auto local_of = [&](uint32_t doc) {  // this rank's index of one of its documents
-    const auto& p = mine[static_cast<size_t>(file_of(doc))];
-    return p.local_first + (static_cast<int64_t>(doc) - p.first_doc);
-  };
+}
 
-  // Memory budget: the signatures stay in memory; what is left (less a working
-  // allowance for read buffers and queues) bounds the band keys held at once: a send
-  // round, a receive round and the owned keys, 16 bytes each, up to `key_cap` keys
-  // each; the owned keys beyond it are spilled. A budget below the signatures cannot be
-  // kept: the rank says so and runs with the smallest spill runs (64 keys).
-  // (Signatures are allocated in chunks of kChunkDocs documents: count what is allocated.)
+// Memory budget: the signatures stay in memory; what is left (less a working
+// allowance for read buffers and queues) bounds the band keys held at once: a send
+// round, a receive round and the owned keys, 16 bytes each, up to `key_cap` keys
+// each; the owned keys beyond it are spilled. A budget below the signatures cannot be
+// kept: the rank says so and runs with the smallest spill runs (64 keys).
+// (Signatures are allocated in chunks of kChunkDocs documents: count what is allocated.)
+void DedupRun::budget_memory() {
   const int64_t sig_bytes =
       (n_local + SignatureStore::kChunkDocs - 1) / SignatureStore::kChunkDocs * SignatureStore::kChunkDocs * k * 4;
   // Each document's line length (4 bytes) is kept too: the write pass needs the kept
   // bytes of every rank's share before it writes (its offsets in the output files).
   const int64_t len_bytes = n_local * 4;
-  int64_t key_cap = std::numeric_limits<int64_t>::max() / 64;  // keys held before spilling
   if (opt.memory_per_rank > 0) {
     const int64_t allowance = std::min<int64_t>(64ll << 20, opt.memory_per_rank / 8);
     const int64_t left = opt.memory_per_rank - allowance - sig_bytes - len_bytes;
@@ -453,130 +622,133 @@ DedupResult run_dedup(const DedupOptions& opt, RankComm* comm_in) {
                 static_cast<double>(sig_bytes + len_bytes) / 1048576.0);
     key_cap = std::max<int64_t>(64, left / 3 / static_cast<int64_t>(sizeof(BandKey)));
   }
+}
 
-  // --- pass 1: read this rank's share, hash ---------------------------------------
-  MinHasher hasher(k, opt.seed);
-  SignatureStore sigs(k);
-  std::vector<uint32_t> line_len;  // bytes of each local document's line (without '\n'); reader thread
+// --- pass 1: read this rank's share, hash ---------------------------------------
+// A reader thread, `workers` hashing threads; this thread shows the progress.
+void DedupRun::read_and_hash() {
   line_len.reserve(static_cast<size_t>(n_local));
   std::vector<int64_t> empty_per_file(static_cast<size_t>(F), 0);
-  std::atomic<int64_t> docs_read{0};
   {
-    std::mutex err_m;
-    std::exception_ptr err;
-    std::atomic<int64_t> err_doc{std::numeric_limits<int64_t>::max()};
-    std::atomic<bool> failed{false}, reader_done{false};
-    BatchQueue queue(static_cast<size_t>(2 * workers + 2));
-    std::vector<std::vector<int64_t>> empty_per_worker(workers);
+    HashPass p(k, opt.seed, static_cast<size_t>(2 * workers + 2), workers);
     std::vector<std::thread> pool;
-    for (int64_t w = 0; w < workers; ++w) {
-      pool.emplace_back([&, w] {
-        std::vector<Word> words;
-        std::vector<uint64_t> sh;
-        std::vector<int64_t> empties(sources.size(), 0);
-        while (auto b = queue.pop()) {
-          if (failed.load() && b->first_doc > err_doc.load()) continue;  // err_doc only shrinks
-          const std::string& path = sources[b->src].path;
-          for (size_t i = 0; i < b->lines.size(); ++i) {
-            int64_t doc = b->first_doc + static_cast<int64_t>(i);
-            try {
-              std::string text = extract_text(b->lines[i], opt.json_key, path, b->line_nos[i]);
-              normalize_words(text, words);
-              shingle_hashes(words, opt.ngram, sh);
-              hasher.signature(sh.data(), static_cast<int64_t>(sh.size()), sigs.at(doc));
-              if (sh.empty()) ++empties[b->src];
-            } catch (...) {
-              std::lock_guard lk(err_m);
-              if (doc < err_doc.load()) {
-                err_doc.store(doc);
-                err = std::current_exception();
-              }
-              failed = true;
-              break;
-            }
-          }
-        }
-        empty_per_worker[w] = std::move(empties);
-      });
-    }
-    // The reader runs on its own thread; this (the main) thread sums the ranks'
-    // document counts about once a second for rank 0's progress line (MPI calls stay
-    // on the main thread).
-    std::exception_ptr reader_err;
-    std::thread reader([&] {
-      try {
-        int64_t doc = 0;  // local index
-        constexpr size_t kBatch = 512;
-        for (size_t si = 0; si < sources.size() && !failed.load(); ++si) {
-          const Piece& p = mine[si];
-          if (p.docs == 0) continue;
-          LineReader reader(sources[si].path, p.begin, p.end, p.lines_before);
-          Batch b;
-          b.src = static_cast<int>(si);
-          b.first_doc = doc;
-          std::string line;
-          int64_t line_no = 0;
-          auto flush = [&] {
-            if (b.lines.empty()) return;
-            sigs.ensure(doc);
-            const int64_t n = static_cast<int64_t>(b.lines.size());
-            queue.push(std::move(b));
-            b = Batch{};
-            b.src = static_cast<int>(si);
-            b.first_doc = doc;
-            docs_read += n;
-          };
-          while (reader.next(line, line_no)) {
-            if (is_blank_line(line)) continue;
-            if (line.size() > std::numeric_limits<uint32_t>::max())
-              throw_input("{}:{}: a line of {} bytes; dedup supports lines up to 4 GiB", sources[si].path, line_no, line.size());
-            line_len.push_back(static_cast<uint32_t>(line.size()));
-            b.lines.push_back(std::move(line));
-            b.line_nos.push_back(line_no);
-            ++doc;
-            if (b.lines.size() == kBatch) {
-              flush();
-              if (failed.load()) break;
-            }
-          }
-          flush();
-          if (!failed.load() && doc != p.local_first + p.docs)
-            throw_runtime("{}: changed while dedup was running", sources[si].path);
-        }
-      } catch (...) {
-        reader_err = std::current_exception();
-      }
-      queue.close();
-      reader_done = true;
-    });
-    {
-      Progress prog(W > 1 ? fmt::format("dedup: minhash ({} ranks)", W) : std::string("dedup: minhash"), n_docs, "docs", show);
-      int64_t shown = 0;
-      for (;;) {
-        for (int i = 0; i < 20 && !reader_done.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-        int64_t v[2] = {docs_read.load(), reader_done.load() ? 1 : 0};
-        if (W > 1) comm.all_reduce_sum(v, 2);
-        if (v[0] > shown) prog.add(v[0] - shown);
-        shown = v[0];
-        if (v[1] == W) break;
-      }
-      reader.join();
-      for (auto& t : pool) t.join();
-      if (!reader_err && !failed.load()) prog.finish();
-    }
+    for (int64_t w = 0; w < workers; ++w) pool.emplace_back([this, &p, w] { hash_batches(p, w); });
+    std::thread reader([this, &p] { read_share(p); });
+    await_hashing(p, reader, pool);
     agree(comm, "reading its share", [&] {
-      if (reader_err) std::rethrow_exception(reader_err);
-      if (err) std::rethrow_exception(err);
+      if (p.reader_err) std::rethrow_exception(p.reader_err);
+      if (p.err) std::rethrow_exception(p.err);
     });
-    for (auto& e : empty_per_worker)
+    for (auto& e : p.empty_per_worker)
       for (size_t i = 0; i < e.size(); ++i) empty_per_file[i] += e[i];
   }
   comm.all_reduce_sum(empty_per_file.data(), F);
   for (int64_t f = 0; f < F; ++f) sources[f].empty = empty_per_file[f];
-  double t_hash = seconds_since(t_start);
+  t_hash = seconds_since(t_start);
+}
 
-  // --- pass 2: band keys to their owners, candidate pairs -------------------------
-  auto t_lsh = Clock::now();
+// A worker thread (w): parses, normalises, shingles and MinHashes the batches' lines
+// into their signatures, and counts the empty documents of each source.
+void DedupRun::hash_batches(HashPass& p, int64_t w) {
+  std::vector<Word> words;
+  std::vector<uint64_t> sh;
+  std::vector<int64_t> empties(sources.size(), 0);
+  while (auto b = p.queue.pop()) {
+    if (p.failed.load() && b->first_doc > p.err_doc.load()) continue;  // err_doc only shrinks
+    const std::string& path = sources[b->src].path;
+    for (size_t i = 0; i < b->lines.size(); ++i) {
+      int64_t doc = b->first_doc + static_cast<int64_t>(i);
+      try {
+        std::string text = extract_text(b->lines[i], opt.json_key, path, b->line_nos[i]);
+        normalize_words(text, words);
+        shingle_hashes(words, opt.ngram, sh);
+        p.hasher.signature(sh.data(), static_cast<int64_t>(sh.size()), sigs.at(doc));
+        if (sh.empty()) ++empties[b->src];
+      } catch (...) {
+        std::lock_guard lk(p.err_m);
+        if (doc < p.err_doc.load()) {
+          p.err_doc.store(doc);
+          p.err = std::current_exception();
+        }
+        p.failed = true;
+        break;
+      }
+    }
+  }
+  p.empty_per_worker[w] = std::move(empties);
+}
+
+// The reader thread: this rank's piece of every input, in batches, to the workers; it
+// keeps each document's line length and allocates the signatures ahead of the workers.
+void DedupRun::read_share(HashPass& p) {
+  try {
+    int64_t doc = 0;  // local index
+    constexpr size_t kBatch = 512;
+    for (size_t si = 0; si < sources.size() && !p.failed.load(); ++si) {
+      const Piece& pc = mine[si];
+      if (pc.docs == 0) continue;
+      LineReader reader(sources[si].path, pc.begin, pc.end, pc.lines_before);
+      Batch b;
+      b.src = static_cast<int>(si);
+      b.first_doc = doc;
+      std::string line;
+      int64_t line_no = 0;
+      auto flush = [&] {
+        if (b.lines.empty()) return;
+        sigs.ensure(doc);
+        const int64_t n = static_cast<int64_t>(b.lines.size());
+        p.queue.push(std::move(b));
+        b = Batch{};
+        b.src = static_cast<int>(si);
+        b.first_doc = doc;
+        p.docs_read += n;
+      };
+      while (reader.next(line, line_no)) {
+        if (is_blank_line(line)) continue;
+        if (line.size() > std::numeric_limits<uint32_t>::max())
+          throw_input("{}:{}: a line of {} bytes; dedup supports lines up to 4 GiB", sources[si].path, line_no, line.size());
+        line_len.push_back(static_cast<uint32_t>(line.size()));
+        b.lines.push_back(std::move(line));
+        b.line_nos.push_back(line_no);
+        ++doc;
+        if (b.lines.size() == kBatch) {
+          flush();
+          if (p.failed.load()) break;
+        }
+      }
+      flush();
+      if (!p.failed.load() && doc != pc.local_first + pc.docs)
+        throw_runtime("{}: changed while dedup was running", sources[si].path);
+    }
+  } catch (...) {
+    p.reader_err = std::current_exception();
+  }
+  p.queue.close();
+  p.reader_done = true;
+}
+
+// The reader runs on its own thread; this (the main) thread sums the ranks'
+// document counts about once a second for rank 0's progress line (MPI calls stay
+// on the main thread). Returns when every rank's reader is done, the threads joined.
+void DedupRun::await_hashing(HashPass& p, std::thread& reader, std::vector<std::thread>& pool) {
+  Progress prog(W > 1 ? fmt::format("dedup: minhash ({} ranks)", W) : std::string("dedup: minhash"), n_docs, "docs", show);
+  int64_t shown = 0;
+  for (;;) {
+    for (int i = 0; i < 20 && !p.reader_done.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    int64_t v[2] = {p.docs_read.load(), p.reader_done.load() ? 1 : 0};
+    if (W > 1) comm.all_reduce_sum(v, 2);
+    if (v[0] > shown) prog.add(v[0] - shown);
+    shown = v[0];
+    if (v[1] == W) break;
+  }
+  reader.join();
+  for (auto& t : pool) t.join();
+  if (!p.reader_err && !p.failed.load()) prog.finish();
+}
+
+// --- pass 2: band keys to their owners, candidate pairs -------------------------
+void DedupRun::find_candidates() {
+  t_lsh = Clock::now();
   std::vector<uint8_t> empty(static_cast<size_t>(n_local));
   for (int64_t d = 0; d < n_local; ++d) empty[d] = is_empty_signature(sigs.at(d), k);
   std::vector<uint32_t> local_doc(static_cast<size_t>(n_local));  // local -> global index
@@ -599,122 +771,135 @@ DedupResult run_dedup(const DedupOptions& opt, RankComm* comm_in) {
       if (!path.empty()) fs::remove_all(path, ec);
     }
   } spill_guard{spill_dir};
-  int64_t runs_spilled = 0, bytes_spilled = 0;
-  LshStats st;
-  std::vector<uint64_t> cand;  // (a << 32 | b), a < b, a held by this rank; sorted, unique
-  {
-    Progress prog("dedup: lsh bands", lsh.bands, "bands", show);
-    for (int64_t band = 0; band < lsh.bands; ++band) {
-      KeyRuns owned(key_cap, spill_dir);
-      for (int64_t round = 0; round < rounds; ++round) {
-        std::vector<std::vector<BandKey>> out(static_cast<size_t>(W));
-        const int64_t lo = std::min(n_local, round * per_round), hi = std::min(n_local, lo + per_round);
-        for (int64_t d = lo; d < hi; ++d) {
-          if (empty[d]) continue;
-          const uint64_t h = band_hash(sigs.at(d), band, lsh.rows);
-          out[static_cast<size_t>(h % static_cast<uint64_t>(W))].push_back(BandKey{h, local_doc[d]});
-        }
-        owned.add(exchange_records(comm, out));
+  Progress prog("dedup: lsh bands", lsh.bands, "bands", show);
+  for (int64_t band = 0; band < lsh.bands; ++band) {
+    KeyRuns owned(key_cap, spill_dir);
+    for (int64_t round = 0; round < rounds; ++round) {
+      std::vector<std::vector<BandKey>> out(static_cast<size_t>(W));
+      const int64_t lo = std::min(n_local, round * per_round), hi = std::min(n_local, lo + per_round);
+      for (int64_t d = lo; d < hi; ++d) {
+        if (empty[d]) continue;
+        const uint64_t h = band_hash(sigs.at(d), band, lsh.rows);
+        out[static_cast<size_t>(h % static_cast<uint64_t>(W))].push_back(BandKey{h, local_doc[d]});
       }
-      // Buckets -> candidate pairs, routed to the rank holding the pair's first doc.
-      std::vector<std::vector<uint64_t>> pairs(static_cast<size_t>(W));
-      std::vector<uint32_t> members;
-      auto emit = [&](uint32_t a, uint32_t b) {
-        if (a > b) std::swap(a, b);
-        pairs[static_cast<size_t>(holder(a))].push_back(static_cast<uint64_t>(a) << 32 | b);
-      };
-      auto bucket = [&] {
-        const size_t m = members.size();
-        if (m >= 2 && m <= static_cast<size_t>(kAllPairsBucket)) {
-          for (size_t x = 0; x < m; ++x)
-            for (size_t y = x + 1; y < m; ++y) emit(members[x], members[y]);
-        } else if (m > static_cast<size_t>(kAllPairsBucket)) {
-          // A huge bucket (boilerplate): every member against the first kMaxLeaders.
-          ++st.large_buckets;
-          for (size_t x = 0; x < static_cast<size_t>(kMaxLeaders); ++x)
-            for (size_t y = x + 1; y < m; ++y) emit(members[x], members[y]);
-        }
-        members.clear();
-      };
-      uint64_t cur = 0;
-      owned.scan([&](const BandKey& key) {
-        if (!members.empty() && key.hash != cur) bucket();
-        cur = key.hash;
-        members.push_back(key.doc);
-      });
-      bucket();
-      runs_spilled += owned.runs_spilled();
-      bytes_spilled += owned.bytes_spilled();
-      std::vector<uint64_t> got;
-      {
-        const auto bytes = exchange_records(comm, pairs);
-        got.resize(bytes.size() / 8);
-        if (!got.empty()) std::memcpy(got.data(), bytes.data(), bytes.size());
-      }
-      std::sort(got.begin(), got.end());
-      got.erase(std::unique(got.begin(), got.end()), got.end());
-      std::vector<uint64_t> merged;
-      merged.reserve(cand.size() + got.size());
-      std::set_union(cand.begin(), cand.end(), got.begin(), got.end(), std::back_inserter(merged));
-      cand.swap(merged);
-      prog.add(1);
+      owned.add(exchange_records(comm, out));
     }
-    prog.finish();
+    const auto pairs = bucket_pairs(owned);
+    runs_spilled += owned.runs_spilled();
+    bytes_spilled += owned.bytes_spilled();
+    add_candidates(pairs);
+    prog.add(1);
   }
+  prog.finish();
+}
 
-  // --- verification: a pair is checked on the rank holding its second document ----
-  // (when that is another rank, the first document's signature travels there, in
-  // rounds of at most 32 MiB, or a third of the keys' budget, per rank).
-  std::vector<uint64_t> edges;  // (a << 32 | b)
+// Buckets -> candidate pairs, routed to the rank holding the pair's first doc.
+std::vector<std::vector<uint64_t>> DedupRun::bucket_pairs(KeyRuns& owned) {
+  std::vector<std::vector<uint64_t>> pairs(static_cast<size_t>(W));
+  std::vector<uint32_t> in_bucket;
+  auto emit = [&](uint32_t a, uint32_t b) {
+    if (a > b) std::swap(a, b);
+    pairs[static_cast<size_t>(holder(a))].push_back(static_cast<uint64_t>(a) << 32 | b);
+  };
+  auto bucket = [&] {
+    const size_t m = in_bucket.size();
+    if (m >= 2 && m <= static_cast<size_t>(kAllPairsBucket)) {
+      for (size_t x = 0; x < m; ++x)
+        for (size_t y = x + 1; y < m; ++y) emit(in_bucket[x], in_bucket[y]);
+    } else if (m > static_cast<size_t>(kAllPairsBucket)) {
+      // A huge bucket (boilerplate): every member against the first kMaxLeaders.
+      ++st.large_buckets;
+      for (size_t x = 0; x < static_cast<size_t>(kMaxLeaders); ++x)
+        for (size_t y = x + 1; y < m; ++y) emit(in_bucket[x], in_bucket[y]);
+    }
+    in_bucket.clear();
+  };
+  uint64_t cur = 0;
+  owned.scan([&](const BandKey& key) {
+    if (!in_bucket.empty() && key.hash != cur) bucket();
+    cur = key.hash;
+    in_bucket.push_back(key.doc);
+  });
+  bucket();
+  return pairs;
+}
+
+// One band's pairs to the ranks holding their first documents, merged into `cand`.
+void DedupRun::add_candidates(const std::vector<std::vector<uint64_t>>& pairs) {
+  std::vector<uint64_t> got;
   {
-    st.pairs_checked = static_cast<int64_t>(cand.size());
-    std::vector<uint64_t> remote;
-    for (uint64_t c : cand) {
-      const uint32_t a = static_cast<uint32_t>(c >> 32), b = static_cast<uint32_t>(c);
-      if (holder(b) != R)
-        remote.push_back(c);
-      else if (estimate_jaccard(sigs.at(local_of(a)), sigs.at(local_of(b)), k) >= opt.threshold)
-        edges.push_back(c);
-    }
-    std::vector<uint64_t>().swap(cand);
-    const int64_t rec_words = 2 + k;  // a, b, signature of a (uint32 each)
-    const int64_t round_bytes = opt.memory_per_rank > 0 ? std::min<int64_t>(key_cap * 16, 32ll << 20) : (32ll << 20);
-    const int64_t max_rec = std::max<int64_t>(64, round_bytes / (rec_words * 4));
-    int64_t vrounds = std::max<int64_t>(1, (static_cast<int64_t>(remote.size()) + max_rec - 1) / max_rec);
-    comm.all_reduce_max(&vrounds, 1);
-    const size_t per = (remote.size() + static_cast<size_t>(vrounds) - 1) / static_cast<size_t>(vrounds);
-    std::vector<uint32_t> sig_a(static_cast<size_t>(k));
-    for (int64_t round = 0; round < vrounds; ++round) {
-      std::vector<std::vector<uint32_t>> out(static_cast<size_t>(W));
-      const size_t lo = std::min(remote.size(), static_cast<size_t>(round) * per), hi = std::min(remote.size(), lo + per);
-      for (size_t i = lo; i < hi; ++i) {
-        const uint32_t a = static_cast<uint32_t>(remote[i] >> 32), b = static_cast<uint32_t>(remote[i]);
-        auto& o = out[static_cast<size_t>(holder(b))];
-        o.push_back(a);
-        o.push_back(b);
-        const uint32_t* sa = sigs.at(local_of(a));
-        o.insert(o.end(), sa, sa + k);
-      }
-      const auto got = exchange_records(comm, out);
-      out.clear();
-      const size_t words = got.size() / 4;
-      for (size_t i = 0; i + static_cast<size_t>(rec_words) <= words; i += static_cast<size_t>(rec_words)) {
-        const uint32_t a = read_at<uint32_t>(got, i), b = read_at<uint32_t>(got, i + 1);
-        std::memcpy(sig_a.data(), got.data() + (i + 2) * 4, static_cast<size_t>(k) * 4);
-        if (estimate_jaccard(sig_a.data(), sigs.at(local_of(b)), k) >= opt.threshold)
-          edges.push_back(static_cast<uint64_t>(a) << 32 | b);
-      }
-    }
-    st.pairs_verified = static_cast<int64_t>(edges.size());
+    const auto bytes = exchange_records(comm, pairs);
+    got.resize(bytes.size() / 8);
+    if (!got.empty()) std::memcpy(got.data(), bytes.data(), bytes.size());
   }
-  const int64_t sig_allocated = sigs.bytes();
+  std::sort(got.begin(), got.end());
+  got.erase(std::unique(got.begin(), got.end()), got.end());
+  std::vector<uint64_t> merged;
+  merged.reserve(cand.size() + got.size());
+  std::set_union(cand.begin(), cand.end(), got.begin(), got.end(), std::back_inserter(merged));
+  cand.swap(merged);
+}
+
+// --- verification: a pair is checked on the rank holding its second document ----
+// (when that is another rank, the first document's signature travels there, in
+// rounds of at most 32 MiB, or a third of the keys' budget, per rank).
+void DedupRun::verify_candidates() {
+  st.pairs_checked = static_cast<int64_t>(cand.size());
+  std::vector<uint64_t> remote;
+  for (uint64_t c : cand) {
+    const uint32_t a = static_cast<uint32_t>(c >> 32), b = static_cast<uint32_t>(c);
+    if (holder(b) != R)
+      remote.push_back(c);
+    else if (estimate_jaccard(sigs.at(local_of(a)), sigs.at(local_of(b)), k) >= opt.threshold)
+      edges.push_back(c);
+  }
+  std::vector<uint64_t>().swap(cand);
+  verify_remote(remote);
+  st.pairs_verified = static_cast<int64_t>(edges.size());
+  sig_allocated = sigs.bytes();
   sigs = SignatureStore(k);  // the signatures are no longer needed
-  int64_t stats[5] = {st.pairs_checked, st.pairs_verified, st.large_buckets, runs_spilled, bytes_spilled};
-  comm.all_reduce_sum(stats, 5);
-  double t_lsh_s = seconds_since(t_lsh);
+  int64_t v[5] = {st.pairs_checked, st.pairs_verified, st.large_buckets, runs_spilled, bytes_spilled};
+  comm.all_reduce_sum(v, 5);
+  std::copy(v, v + 5, stats);
+  t_lsh_s = seconds_since(t_lsh);
+}
 
-  // --- components: each rank's edges reduced to a spanning forest, joined on rank 0 --
-  auto t_cc = Clock::now();
+// The pairs whose second document another rank holds: (a, b, signature of a) records
+// there, in rounds; the verified ones become that rank's edges.
+void DedupRun::verify_remote(const std::vector<uint64_t>& remote) {
+  const int64_t rec_words = 2 + k;  // a, b, signature of a (uint32 each)
+  const int64_t round_bytes = opt.memory_per_rank > 0 ? std::min<int64_t>(key_cap * 16, 32ll << 20) : (32ll << 20);
+  const int64_t max_rec = std::max<int64_t>(64, round_bytes / (rec_words * 4));
+  int64_t vrounds = std::max<int64_t>(1, (static_cast<int64_t>(remote.size()) + max_rec - 1) / max_rec);
+  comm.all_reduce_max(&vrounds, 1);
+  const size_t per = (remote.size() + static_cast<size_t>(vrounds) - 1) / static_cast<size_t>(vrounds);
+  std::vector<uint32_t> sig_a(static_cast<size_t>(k));
+  for (int64_t round = 0; round < vrounds; ++round) {
+    std::vector<std::vector<uint32_t>> out(static_cast<size_t>(W));
+    const size_t lo = std::min(remote.size(), static_cast<size_t>(round) * per), hi = std::min(remote.size(), lo + per);
+    for (size_t i = lo; i < hi; ++i) {
+      const uint32_t a = static_cast<uint32_t>(remote[i] >> 32), b = static_cast<uint32_t>(remote[i]);
+      auto& o = out[static_cast<size_t>(holder(b))];
+      o.push_back(a);
+      o.push_back(b);
+      const uint32_t* sa = sigs.at(local_of(a));
+      o.insert(o.end(), sa, sa + k);
+    }
+    const auto got = exchange_records(comm, out);
+    out.clear();
+    const size_t words = got.size() / 4;
+    for (size_t i = 0; i + static_cast<size_t>(rec_words) <= words; i += static_cast<size_t>(rec_words)) {
+      const uint32_t a = read_at<uint32_t>(got, i), b = read_at<uint32_t>(got, i + 1);
+      std::memcpy(sig_a.data(), got.data() + (i + 2) * 4, static_cast<size_t>(k) * 4);
+      if (estimate_jaccard(sig_a.data(), sigs.at(local_of(b)), k) >= opt.threshold)
+        edges.push_back(static_cast<uint64_t>(a) << 32 | b);
+    }
+  }
+}
+
+// --- components: each rank's edges reduced to a spanning forest, joined on rank 0 --
+void DedupRun::join_forests() {
+  t_cc = Clock::now();
   std::vector<std::vector<uint64_t>> forest(static_cast<size_t>(W));
   {
     SparseForest uf(edges);
@@ -722,28 +907,19 @@ DedupResult run_dedup(const DedupOptions& opt, RankComm* comm_in) {
       if (uf.unite(static_cast<uint32_t>(e >> 32), static_cast<uint32_t>(e))) forest[0].push_back(e);
     std::vector<uint64_t>().swap(edges);
   }
-  std::vector<uint64_t> all_edges;
-  {
-    const auto bytes = exchange_records(comm, forest);
-    all_edges.resize(bytes.size() / 8);
-    if (!all_edges.empty()) std::memcpy(all_edges.data(), bytes.data(), bytes.size());
-  }
-  forest.clear();
+  const auto bytes = exchange_records(comm, forest);
+  all_edges.resize(bytes.size() / 8);
+  if (!all_edges.empty()) std::memcpy(all_edges.data(), bytes.data(), bytes.size());
+}
 
-  DedupResult res;
-  res.documents = n_docs;
-
-  // --- survivors (rank 0): one union-find over every rank's forest ------------------
-  // Members of groups of 2+ (sorted by document), their root, each root's survivor:
-  // key (priority rank of the source, document index) == (rank, input order, line).
-  std::vector<uint32_t> members, root, size, best;
-  std::map<int64_t, int64_t> histogram;
-  int64_t components = 0, docs_in_components = 0, n_edges = 0;
-  std::vector<std::pair<uint32_t, uint32_t>> big;  // (size, root)
-  // Rank 0 tells the rank holding each member whether it is kept: (doc, kept) records;
-  // sent_index[q] lists the member index of each record sent to rank q.
-  std::vector<std::vector<uint32_t>> verdicts(static_cast<size_t>(W));
-  std::vector<std::vector<uint32_t>> sent_index(static_cast<size_t>(W));
+// --- survivors (rank 0): one union-find over every rank's forest ------------------
+// Members of groups of 2+ (sorted by document), their root, each root's survivor:
+// key (priority rank of the source, document index) == (rank, input order, line).
+// Rank 0 tells the rank holding each member whether it is kept: (doc, kept) records in
+// verdicts[q]; sent_index[q] lists the member index of each record sent to rank q.
+void DedupRun::choose_survivors() {
+  verdicts.resize(static_cast<size_t>(W));
+  sent_index.resize(static_cast<size_t>(W));
   if (R == 0) {
     SparseForest uf(all_edges);
     for (uint64_t e : all_edges) n_edges += uf.unite(static_cast<uint32_t>(e >> 32), static_cast<uint32_t>(e));
@@ -778,26 +954,37 @@ DedupResult run_dedup(const DedupOptions& opt, RankComm* comm_in) {
       sent_index[q].push_back(static_cast<uint32_t>(i));
     }
   }
-  double t_cc_s = seconds_since(t_cc);
+  t_cc_s = seconds_since(t_cc);
+}
 
-  // --- pass 3 (every rank): its kept lines into its slice of each output ------------
-  auto t_write = Clock::now();
-  // This rank's documents in groups (ascending, as its local documents are) and which
-  // of them are removed.
-  std::vector<uint32_t> my_members;
-  std::vector<uint8_t> keep(static_cast<size_t>(n_local), 1);
-  {
-    const auto bytes = exchange_records(comm, verdicts);
-    verdicts.clear();
-    const size_t n = bytes.size() / 8;
-    my_members.resize(n);
-    for (size_t j = 0; j < n; ++j) {
-      my_members[j] = read_at<uint32_t>(bytes, 2 * j);
-      if (read_at<uint32_t>(bytes, 2 * j + 1) == 0) keep[static_cast<size_t>(local_of(my_members[j]))] = 0;
-    }
+// --- pass 3 (every rank): its kept lines into its slice of each output ------------
+void DedupRun::write_kept_lines() {
+  t_write = Clock::now();
+  receive_verdicts();
+  plan_slices();
+  create_outputs();
+  write_slices();
+  gather_written();
+}
+
+// This rank's documents in groups (ascending, as its local documents are) and which
+// of them are removed.
+void DedupRun::receive_verdicts() {
+  keep.assign(static_cast<size_t>(n_local), 1);
+  const auto bytes = exchange_records(comm, verdicts);
+  verdicts.clear();
+  const size_t n = bytes.size() / 8;
+  my_members.resize(n);
+  for (size_t j = 0; j < n; ++j) {
+    my_members[j] = read_at<uint32_t>(bytes, 2 * j);
+    if (read_at<uint32_t>(bytes, 2 * j + 1) == 0) keep[static_cast<size_t>(local_of(my_members[j]))] = 0;
   }
-  // plan[f*W + q]: bytes rank q writes to output f; plan[F*W + f*W + q]: its kept lines.
-  std::vector<int64_t> plan(static_cast<size_t>(2 * F * W), 0);
+}
+
+// plan[f*W + q]: bytes rank q writes to output f; plan[F*W + f*W + q]: its kept lines.
+// This rank's offset in each output is the bytes of the ranks before it.
+void DedupRun::plan_slices() {
+  plan.assign(static_cast<size_t>(2 * F * W), 0);
   for (int64_t f = 0; f < F; ++f) {
     const auto& p = mine[static_cast<size_t>(f)];
     for (int64_t d = p.local_first; d < p.local_first + p.docs; ++d)
@@ -807,7 +994,8 @@ DedupResult run_dedup(const DedupOptions& opt, RankComm* comm_in) {
       }
   }
   comm.all_reduce_sum(plan.data(), static_cast<int64_t>(plan.size()));
-  std::vector<int64_t> offset(static_cast<size_t>(F), 0), total(static_cast<size_t>(F), 0);
+  offset.assign(static_cast<size_t>(F), 0);
+  total.assign(static_cast<size_t>(F), 0);
   for (int64_t f = 0; f < F; ++f) {
     for (int64_t q = 0; q < W; ++q) {
       if (q < R) offset[static_cast<size_t>(f)] += plan[static_cast<size_t>(f * W + q)];
@@ -815,21 +1003,17 @@ DedupResult run_dedup(const DedupOptions& opt, RankComm* comm_in) {
       sources[static_cast<size_t>(f)].kept += plan[static_cast<size_t>(F * W + f * W + q)];
     }
   }
-  // Temporary names every rank knows (rank 0's pid): OUT/<name>.tmp.<pid>.dedup.
+}
+
+// Temporary names every rank knows (rank 0's pid): OUT/<name>.tmp.<pid>.dedup. Rank 0
+// creates each one at its final size. (Not core's AtomicFile: its temporary name is
+// known only to the process that made it, and it writes one stream through its own
+// FILE*; here every rank pwrite()s its slice of a file that rank 0 created and sized.)
+void DedupRun::create_outputs() {
   int64_t pid0 = R == 0 ? static_cast<int64_t>(::getpid()) : 0;
   comm.all_reduce_max(&pid0, 1);
-  std::vector<std::string> temp(static_cast<size_t>(F));
+  temp.resize(static_cast<size_t>(F));
   for (int64_t f = 0; f < F; ++f) temp[static_cast<size_t>(f)] = fmt::format("{}.tmp.{}.dedup", sources[f].out_path, pid0);
-  // Rank 0 removes the temporary files it created unless they were renamed into place
-  // (a failure on any rank is agreed on before that, so no rank is still writing).
-  struct TempFiles {
-    std::vector<std::string> created;
-    bool committed = false;
-    ~TempFiles() {
-      if (committed) return;
-      for (auto& t : created) std::remove(t.c_str());
-    }
-  } temps;
   agree(comm, "creating the outputs", [&] {
     if (R != 0) return;
     for (int64_t f = 0; f < F; ++f) {
@@ -843,201 +1027,171 @@ DedupResult run_dedup(const DedupOptions& opt, RankComm* comm_in) {
       if (rc != 0) throw_runtime("{}: cannot size {} to {} bytes ({})", sources[f].out_path, t, total[static_cast<size_t>(f)], std::strerror(err));
     }
   });
+}
 
-  // The write runs on a helper thread; this thread all-reduces the ranks' counts about
-  // once a second for rank 0's progress line, and tells the helper to stop when another
-  // rank has failed (MPI calls stay on the main thread).
-  std::vector<int64_t> member_line(my_members.size(), 0);
-  int64_t bytes_written = 0;
-  {
-    std::atomic<int64_t> docs_written{0};
-    std::atomic<bool> done{false}, failed{false}, stop{false};
-    std::exception_ptr write_err;
-    std::thread writer([&] {
-      try {
-        constexpr size_t kFlush = 4 << 20;
-        std::string buf, line;
-        size_t mj = 0;        // next of my_members
-        int64_t unshown = 0;  // documents not yet added to docs_written
-        for (int64_t f = 0; f < F; ++f) {
-          const Piece& p = mine[static_cast<size_t>(f)];
-          if (p.docs == 0) continue;
-          const std::string& path = sources[f].path;
-          const std::string& t = temp[static_cast<size_t>(f)];
-          const int64_t mine_bytes = plan[static_cast<size_t>(f * W + R)];
-          struct Fd {
-            int fd = -1;
-            ~Fd() {
-              if (fd >= 0) ::close(fd);
-            }
-          } out;
-          if (mine_bytes > 0) {
-            out.fd = ::open(t.c_str(), O_WRONLY | O_CLOEXEC);
-            if (out.fd < 0) throw_runtime("{}: cannot open {} ({})", sources[f].out_path, t, std::strerror(errno));
-          }
-          int64_t at = offset[static_cast<size_t>(f)];
-          auto flush = [&] {
-            const char* b = buf.data();
-            size_t n = buf.size();
-            while (n > 0) {
-              const ssize_t w = ::pwrite(out.fd, b, n, static_cast<off_t>(at));
-              if (w < 0 && errno == EINTR) continue;
-              if (w <= 0) throw_runtime("{}: write failed ({})", t, w < 0 ? std::strerror(errno) : "no progress");
-              b += w;
-              n -= static_cast<size_t>(w);
-              at += w;
-              bytes_written += w;
-            }
-            buf.clear();
-          };
-          LineReader reader(path, p.begin, p.end, p.lines_before);
-          int64_t line_no = 0, d = p.local_first;
-          while (reader.next(line, line_no)) {
-            if (is_blank_line(line)) continue;
-            if (d == p.local_first + p.docs || line.size() != line_len[static_cast<size_t>(d)])
-              throw_runtime("{}: changed while dedup was running (line {})", path, line_no);
-            if (mj < my_members.size() && my_members[mj] == static_cast<uint32_t>(p.first_doc + (d - p.local_first)))
-              member_line[mj++] = line_no;
-            if (keep[static_cast<size_t>(d)]) {
-              buf += line;
-              buf += '\n';
-              if (buf.size() >= kFlush) flush();
-            }
-            ++d;
-            if (++unshown == 1024) {
-              docs_written += unshown;
-              unshown = 0;
-              if (stop.load()) throw PeerFailed{};
-            }
-          }
-          flush();
-          docs_written += unshown;
-          unshown = 0;
-          if (d != p.local_first + p.docs) throw_runtime("{}: changed while dedup was running (fewer lines)", path);
-          MTNLG_CHECK(at == offset[static_cast<size_t>(f)] + mine_bytes, "{}: wrote {} bytes, planned {}", t,
-                      at - offset[static_cast<size_t>(f)], mine_bytes);
-          if (opt.fail_write_rank == R && bytes_written > 0)
-            throw_runtime("{}: write failed (injected by MTNLG_TEST_DEDUP_FAIL_WRITE_RANK={})", t, R);
-          if (out.fd >= 0 && ::fsync(out.fd) != 0) throw_runtime("{}: write failed ({})", t, std::strerror(errno));
-        }
-      } catch (const PeerFailed&) {
-      } catch (...) {
-        write_err = std::current_exception();
-        failed = true;
-      }
-      done = true;
-    });
-    {
-      Progress prog(W > 1 ? fmt::format("dedup: write ({} ranks)", W) : std::string("dedup: write"), n_docs, "docs", show);
-      int64_t shown = 0;
-      for (;;) {
-        for (int i = 0; i < 20 && !done.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-        int64_t v[3] = {docs_written.load(), done.load() ? 1 : 0, failed.load() ? 1 : 0};
-        if (W > 1) comm.all_reduce_sum(v, 3);
-        if (v[0] > shown) prog.add(v[0] - shown);
-        shown = v[0];
-        if (v[2] > 0) stop = true;
-        if (v[1] == W) break;
-      }
-      writer.join();
-      if (!failed.load() && shown == n_docs) prog.finish();
+// The write runs on a helper thread; this thread all-reduces the ranks' counts about
+// once a second for rank 0's progress line, and tells the helper to stop when another
+// rank has failed (MPI calls stay on the main thread).
+void DedupRun::write_slices() {
+  member_line.assign(my_members.size(), 0);
+  WritePass w;
+  std::thread writer([&] {
+    try {
+      for (int64_t f = 0; f < F; ++f) write_slice(f, w);
+    } catch (const PeerFailed&) {
+    } catch (...) {
+      w.write_err = std::current_exception();
+      w.failed = true;
     }
-    agree(comm, "writing the outputs", [&] {
-      if (write_err) std::rethrow_exception(write_err);
-    });
+    w.done = true;
+  });
+  {
+    Progress prog(W > 1 ? fmt::format("dedup: write ({} ranks)", W) : std::string("dedup: write"), n_docs, "docs", show);
+    int64_t shown = 0;
+    for (;;) {
+      for (int i = 0; i < 20 && !w.done.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      int64_t v[3] = {w.docs_written.load(), w.done.load() ? 1 : 0, w.failed.load() ? 1 : 0};
+      if (W > 1) comm.all_reduce_sum(v, 3);
+      if (v[0] > shown) prog.add(v[0] - shown);
+      shown = v[0];
+      if (v[2] > 0) w.stop = true;
+      if (v[1] == W) break;
+    }
+    writer.join();
+    if (!w.failed.load() && shown == n_docs) prog.finish();
   }
-  // What each rank wrote (the "run" object of the report), and the lines of the group
-  // members, which rank 0 needs for the clusters file and the report.
-  std::vector<int64_t> written_per_rank(static_cast<size_t>(W), 0);
+  agree(comm, "writing the outputs", [&] {
+    if (w.write_err) std::rethrow_exception(w.write_err);
+  });
+}
+
+// The writer thread, input f: reads this rank's piece again and pwrite()s its kept lines
+// at its offset in the temporary output, noting the line of each group member; checks
+// that the input did not change and fsyncs the slice.
+void DedupRun::write_slice(int64_t f, WritePass& w) {
+  constexpr size_t kFlush = 4 << 20;
+  const Piece& p = mine[static_cast<size_t>(f)];
+  if (p.docs == 0) return;
+  const std::string& path = sources[f].path;
+  const std::string& t = temp[static_cast<size_t>(f)];
+  const int64_t mine_bytes = plan[static_cast<size_t>(f * W + R)];
+  FdCloser out;
+  if (mine_bytes > 0) {
+    out.fd = ::open(t.c_str(), O_WRONLY | O_CLOEXEC);
+    if (out.fd < 0) throw_runtime("{}: cannot open {} ({})", sources[f].out_path, t, std::strerror(errno));
+  }
+  int64_t at = offset[static_cast<size_t>(f)];
+  LineReader reader(path, p.begin, p.end, p.lines_before);
+  int64_t line_no = 0, d = p.local_first;
+  while (reader.next(w.line, line_no)) {
+    if (is_blank_line(w.line)) continue;
+    if (d == p.local_first + p.docs || w.line.size() != line_len[static_cast<size_t>(d)])
+      throw_runtime("{}: changed while dedup was running (line {})", path, line_no);
+    if (w.mj < my_members.size() && my_members[w.mj] == static_cast<uint32_t>(p.first_doc + (d - p.local_first)))
+      member_line[w.mj++] = line_no;
+    if (keep[static_cast<size_t>(d)]) {
+      w.buf += w.line;
+      w.buf += '\n';
+      if (w.buf.size() >= kFlush) pwrite_buffer(out.fd, w.buf, at, bytes_written, t);
+    }
+    ++d;
+    if (++w.unshown == 1024) {
+      w.docs_written += w.unshown;
+      w.unshown = 0;
+      if (w.stop.load()) throw PeerFailed{};
+    }
+  }
+  pwrite_buffer(out.fd, w.buf, at, bytes_written, t);
+  w.docs_written += w.unshown;
+  w.unshown = 0;
+  if (d != p.local_first + p.docs) throw_runtime("{}: changed while dedup was running (fewer lines)", path);
+  MTNLG_CHECK(at == offset[static_cast<size_t>(f)] + mine_bytes, "{}: wrote {} bytes, planned {}", t,
+              at - offset[static_cast<size_t>(f)], mine_bytes);
+  if (opt.fail_write_rank == R && bytes_written > 0)
+    throw_runtime("{}: write failed (injected by MTNLG_TEST_DEDUP_FAIL_WRITE_RANK={})", t, R);
+  if (out.fd >= 0 && ::fsync(out.fd) != 0) throw_runtime("{}: write failed ({})", t, std::strerror(errno));
+}
+
+// What each rank wrote (the "run" object of the report), and the lines of the group
+// members, which rank 0 needs for the clusters file and the report.
+void DedupRun::gather_written() {
+  written_per_rank.assign(static_cast<size_t>(W), 0);
   written_per_rank[static_cast<size_t>(R)] = bytes_written;
   comm.all_reduce_sum(written_per_rank.data(), W);
-  std::vector<int64_t> lines_of_members;  // rank 0: indexed like `members`
-  {
-    std::vector<std::vector<int64_t>> back(static_cast<size_t>(W));
-    back[0] = std::move(member_line);
-    const auto bytes = exchange_records(comm, back);
-    if (R == 0) {
-      lines_of_members.assign(members.size(), 0);
-      size_t at = 0;
-      for (int64_t q = 0; q < W; ++q)
-        for (uint32_t i : sent_index[static_cast<size_t>(q)]) lines_of_members[i] = read_at<int64_t>(bytes, at++);
-    }
+  std::vector<std::vector<int64_t>> back(static_cast<size_t>(W));
+  back[0] = std::move(member_line);
+  const auto bytes = exchange_records(comm, back);
+  if (R == 0) {
+    lines_of_members.assign(members.size(), 0);
+    size_t at = 0;
+    for (int64_t q = 0; q < W; ++q)
+      for (uint32_t i : sent_index[static_cast<size_t>(q)]) lines_of_members[i] = read_at<int64_t>(bytes, at++);
   }
+}
 
-  // --- commit (rank 0): rename the outputs into place, clusters, report --------------
+// --- commit (rank 0): rename the outputs into place, clusters, report --------------
+void DedupRun::commit() {
   agree(comm, "writing the outputs", [&] {
     if (R != 0) return;
-    for (int64_t f = 0; f < F; ++f) {  // the other ranks synced their slices; this syncs the size
-      const std::string& t = temp[static_cast<size_t>(f)];
-      const int fd = ::open(t.c_str(), O_WRONLY | O_CLOEXEC);
-      if (fd < 0) throw_runtime("{}: cannot reopen {} ({})", sources[f].out_path, t, std::strerror(errno));
-      const int rc = ::fsync(fd);
-      const int err = errno;
-      ::close(fd);
-      if (rc != 0) throw_runtime("{}: write failed ({})", t, std::strerror(err));
-    }
-    for (int64_t f = 0; f < F; ++f)
-      if (std::rename(temp[static_cast<size_t>(f)].c_str(), sources[f].out_path.c_str()) != 0)
-        throw_runtime("{}: cannot rename {} into place ({})", sources[f].out_path, temp[static_cast<size_t>(f)], std::strerror(errno));
-    temps.committed = true;
-    fsync_directory(opt.output_dir);
-    const size_t M = members.size();
-    auto where = [&](uint32_t i) {
-      return nlohmann::json{{"source", sources[file_of(members[i])].name}, {"line", lines_of_members[i]}};
-    };
-    if (opt.write_clusters) {
-      // One line per group, groups ordered by their first document.
-      std::vector<std::pair<uint32_t, uint32_t>> by_root;  // (root, member)
-      for (size_t i = 0; i < M; ++i) by_root.emplace_back(root[i], static_cast<uint32_t>(i));
-      std::sort(by_root.begin(), by_root.end());
-      AtomicWriter out((fs::path(opt.output_dir) / "dedup_clusters.jsonl").string());
-      for (size_t i = 0; i < by_root.size();) {
-        const uint32_t r = by_root[i].first;
-        nlohmann::json c{{"size", size[r]}, {"kept", where(best[r])}};
-        auto removed = nlohmann::json::array();
-        size_t j = i;
-        for (; j < by_root.size() && by_root[j].first == r; ++j)
-          if (by_root[j].second != best[r]) removed.push_back(where(by_root[j].second));
-        c["removed"] = std::move(removed);
-        out.write_line(c.dump());
-        i = j;
-      }
-      out.close();
-    }
+    rename_outputs();
+    if (opt.write_clusters) write_clusters();
     double t_write_s = seconds_since(t_write);
     double t_total = seconds_since(t_start);
+    write_report(t_write_s, t_total);
+  });
+}
 
-    // --- report ---------------------------------------------------------------------
-    res.components = components;
-    nlohmann::json jsources = nlohmann::json::array(), removed_per = nlohmann::json::object();
-    for (auto& s : sources) {
-      res.kept += s.kept;
-      res.empty += s.empty;
-      jsources.push_back({{"name", s.name},
-                          {"input", s.path},
-                          {"output", s.out_path},
-                          {"documents", s.docs},
-                          {"kept", s.kept},
-                          {"removed", s.docs - s.kept},
-                          {"empty", s.empty},
-                          {"blank_lines", s.blank_lines},
-                          {"bytes", s.bytes}});
-      removed_per[s.name] = s.docs - s.kept;
-    }
-    res.removed = n_docs - res.kept;
-    nlohmann::json hist = nlohmann::json::object();
-    for (auto& [sz, c] : histogram) hist[std::to_string(sz)] = c;
-    nlohmann::json largest = nlohmann::json::array();
-    for (auto& [sz, r] : big) largest.push_back({{"size", sz}, {"kept", where(best[r])}});
-    nlohmann::json curve = nlohmann::json::array();
-    for (double s : {0.3, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95})
-      curve.push_back({{"jaccard", s}, {"p_candidate", lsh_candidate_probability(s, lsh.bands, lsh.rows)}});
-    std::vector<std::string> prio = opt.priority;
-    res.report = {
-        {"format", "mtnlg-dedup-report"},
-        {"version", 1},
-        {"params",
-         {{"threshold", opt.threshold},
+// The other ranks synced their slices; this syncs the sizes, renames every output into
+// place and syncs the directory.
+void DedupRun::rename_outputs() {
+  for (int64_t f = 0; f < F; ++f) {
+    const std::string& t = temp[static_cast<size_t>(f)];
+    const int fd = ::open(t.c_str(), O_WRONLY | O_CLOEXEC);
+    if (fd < 0) throw_runtime("{}: cannot reopen {} ({})", sources[f].out_path, t, std::strerror(errno));
+    const int rc = ::fsync(fd);
+    const int err = errno;
+    ::close(fd);
+    if (rc != 0) throw_runtime("{}: write failed ({})", t, std::strerror(err));
+  }
+  for (int64_t f = 0; f < F; ++f)
+    if (std::rename(temp[static_cast<size_t>(f)].c_str(), sources[f].out_path.c_str()) != 0)
+      throw_runtime("{}: cannot rename {} into place ({})", sources[f].out_path, temp[static_cast<size_t>(f)], std::strerror(errno));
+  temps.committed = true;
+  fsync_directory(opt.output_dir);
+}
+
+// Where member i is: its source and line.
+nlohmann::json DedupRun::where(uint32_t i) const {
+  return nlohmann::json{{"source", sources[file_of(members[i])].name}, {"line", lines_of_members[i]}};
+}
+
+// OUT/dedup_clusters.jsonl: one line per group, groups ordered by their first document.
+void DedupRun::write_clusters() {
+  std::vector<std::pair<uint32_t, uint32_t>> by_root;  // (root, member)
+  for (size_t i = 0; i < members.size(); ++i) by_root.emplace_back(root[i], static_cast<uint32_t>(i));
+  std::sort(by_root.begin(), by_root.end());
+  AtomicWriter out((fs::path(opt.output_dir) / "dedup_clusters.jsonl").string());
+  for (size_t i = 0; i < by_root.size();) {
+    const uint32_t r = by_root[i].first;
+    nlohmann::json c{{"size", size[r]}, {"kept", where(best[r])}};
+    auto removed = nlohmann::json::array();
+    size_t j = i;
+    for (; j < by_root.size() && by_root[j].first == r; ++j)
+      if (by_root[j].second != best[r]) removed.push_back(where(by_root[j].second));
+    c["removed"] = std::move(removed);
+    out.write_line(c.dump());
+    i = j;
+  }
+  out.close();
+}
+
+// The "params" object of the report.
+nlohmann::json DedupRun::report_params() const {
+  nlohmann::json curve = nlohmann::json::array();
+  for (double s : {0.3, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95})
+    curve.push_back({{"jaccard", s}, {"p_candidate", lsh_candidate_probability(s, lsh.bands, lsh.rows)}});
+  std::vector<std::string> prio = opt.priority;
+  return {{"threshold", opt.threshold},
           {"ngram", opt.ngram},
           {"num_perm", k},
           {"bands", lsh.bands},
@@ -1046,31 +1200,76 @@ DedupResult run_dedup(const DedupOptions& opt, RankComm* comm_in) {
           {"json_key", opt.json_key},
           {"workers", workers},
           {"priority", prio},
-          {"s_curve", curve}}},
-        {"sources", jsources},
-        {"totals", {{"documents", n_docs}, {"kept", res.kept}, {"removed", res.removed}, {"empty", res.empty}}},
-        {"removed_per_source", removed_per},
-        {"candidates",
-         {{"pairs_checked", stats[0]}, {"pairs_verified", stats[1]}, {"edges", n_edges}, {"large_buckets", stats[2]}}},
-        {"components",
-         {{"count", components}, {"documents", docs_in_components}, {"size_histogram", hist}, {"largest", largest}}},
-        {"signature_bytes", n_docs * k * 4},
-        // How this run was laid out (differs with the number of ranks, unlike the rest).
-        {"run",
-         {{"ranks", W},
-          {"memory_per_rank", opt.memory_per_rank},
-          {"rank0_signature_bytes_allocated", sig_allocated},
-          {"key_runs_spilled", stats[3]},
-          {"key_bytes_spilled", stats[4]},
-          // Bytes of the outputs each rank wrote (its kept lines; every rank writes its
-          // own share of every output file).
-          {"output_bytes_written_per_rank", written_per_rank}}},
-        {"timing_s",
-         {{"read_and_minhash", t_hash}, {"lsh_and_verify", t_lsh_s}, {"components", t_cc_s}, {"write", t_write_s}, {"total", t_total}}},
-        {"docs_per_s", t_total > 0 ? static_cast<double>(n_docs) / t_total : 0.0}};
-    write_file_atomic((fs::path(opt.output_dir) / "dedup_report.json").string(), res.report.dump(2) + "\n");
-  });
-  return res;
+          {"s_curve", curve}};
+}
+
+// --- report ---------------------------------------------------------------------
+// The counts of `res` and OUT/dedup_report.json.
+void DedupRun::write_report(double t_write_s, double t_total) {
+  res.components = components;
+  nlohmann::json jsources = nlohmann::json::array(), removed_per = nlohmann::json::object();
+  for (auto& s : sources) {
+    res.kept += s.kept;
+    res.empty += s.empty;
+    jsources.push_back({{"name", s.name},
+                        {"input", s.path},
+                        {"output", s.out_path},
+                        {"documents", s.docs},
+                        {"kept", s.kept},
+                        {"removed", s.docs - s.kept},
+                        {"empty", s.empty},
+                        {"blank_lines", s.blank_lines},
+                        {"bytes", s.bytes}});
+    removed_per[s.name] = s.docs - s.kept;
+  }
+  res.removed = n_docs - res.kept;
+  nlohmann::json hist = nlohmann::json::object();
+  for (auto& [sz, c] : histogram) hist[std::to_string(sz)] = c;
+  nlohmann::json largest = nlohmann::json::array();
+  for (auto& [sz, r] : big) largest.push_back({{"size", sz}, {"kept", where(best[r])}});
+  res.report = {
+      {"format", "mtnlg-dedup-report"},
+      {"version", 1},
+      {"params", report_params()},
+      {"sources", jsources},
+      {"totals", {{"documents", n_docs}, {"kept", res.kept}, {"removed", res.removed}, {"empty", res.empty}}},
+      {"removed_per_source", removed_per},
+      {"candidates",
+       {{"pairs_checked", stats[0]}, {"pairs_verified", stats[1]}, {"edges", n_edges}, {"large_buckets", stats[2]}}},
+      {"components",
+       {{"count", components}, {"documents", docs_in_components}, {"size_histogram", hist}, {"largest", largest}}},
+      {"signature_bytes", n_docs * k * 4},
+      // How this run was laid out (differs with the number of ranks, unlike the rest).
+      {"run",
+       {{"ranks", W},
+        {"memory_per_rank", opt.memory_per_rank},
+        {"rank0_signature_bytes_allocated", sig_allocated},
+        {"key_runs_spilled", stats[3]},
+        {"key_bytes_spilled", stats[4]},
+        // Bytes of the outputs each rank wrote (its kept lines; every rank writes its
+        // own share of every output file).
+        {"output_bytes_written_per_rank", written_per_rank}}},
+      {"timing_s",
+       {{"read_and_minhash", t_hash}, {"lsh_and_verify", t_lsh_s}, {"components", t_cc_s}, {"write", t_write_s}, {"total", t_total}}},
+      {"docs_per_s", t_total > 0 ? static_cast<double>(n_docs) / t_total : 0.0}};
+  write_file_atomic((fs::path(opt.output_dir) / "dedup_report.json").string(), res.report.dump(2) + "\n");
+}
+
+}  // namespace
+
+DedupResult run_dedup(const DedupOptions& opt, RankComm* comm_in) {
+  DedupRun run(opt, comm_in);
+  run.check_inputs();
+  run.count_shares();
+  run.budget_memory();
+  run.read_and_hash();
+  run.find_candidates();
+  run.verify_candidates();
+  run.join_forests();
+  run.choose_survivors();
+  run.write_kept_lines();
+  run.commit();
+  return std::move(run.res);
 }
 
 }  // namespace mtnlg::curation
