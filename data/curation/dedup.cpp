@@ -553,10 +553,11 @@ void DedupRun::check_inputs() {
 }
 
 // --- shares: rank q reads the q-th line-aligned byte range of every input --------
-// counts[(f*W + q)*3 + {0,1,2}] = lines, documents, empty documents of piece (f, q).
+// counts[(f*W + q)*2 + {0,1}] = lines, documents of piece (f, q) (empty documents are
+// counted by pass 1, which reads them).
 void DedupRun::count_shares() {
   mine.resize(static_cast<size_t>(F));
-  std::vector<int64_t> counts(static_cast<size_t>(3 * F * W), 0);
+  std::vector<int64_t> counts(static_cast<size_t>(2 * F * W), 0);
   agree(comm, "reading its share", [&] {
     for (int64_t f = 0; f < F; ++f) {
       auto& p = mine[f];
@@ -567,14 +568,14 @@ void DedupRun::count_shares() {
         std::tie(p.begin, p.end) = data::line_aligned_range(sources[f].path, W, R);
       }
       const auto c = count_lines(sources[f].path, p.begin, p.end);
-      counts[static_cast<size_t>((f * W + R) * 3)] = c.lines;
-      counts[static_cast<size_t>((f * W + R) * 3 + 1)] = c.documents;
+      counts[static_cast<size_t>((f * W + R) * 2)] = c.lines;
+      counts[static_cast<size_t>((f * W + R) * 2 + 1)] = c.documents;
     }
   });
   comm.all_reduce_sum(counts.data(), static_cast<int64_t>(counts.size()));
   // Global document index: file-major, then line order (= piece order within a file).
   piece_first.assign(static_cast<size_t>(F * W + 1), 0);
-  for (int64_t i = 0; i < F * W; ++i) piece_first[i + 1] = piece_first[i] + counts[static_cast<size_t>(3 * i + 1)];
+  for (int64_t i = 0; i < F * W; ++i) piece_first[i + 1] = piece_first[i] + counts[static_cast<size_t>(2 * i + 1)];
   n_docs = piece_first.back();
   if (n_docs >= std::numeric_limits<uint32_t>::max())
     throw_input("dedup: {} documents; at most {} per run are supported", n_docs, std::numeric_limits<uint32_t>::max() - 1);
@@ -586,15 +587,15 @@ void DedupRun::count_shares() {
 void DedupRun::place_pieces(const std::vector<int64_t>& counts) {
   for (int64_t f = 0; f < F; ++f) {
     auto& p = mine[f];
-    for (int64_t q = 0; q < R; ++q) p.lines_before += counts[static_cast<size_t>((f * W + q) * 3)];
+    for (int64_t q = 0; q < R; ++q) p.lines_before += counts[static_cast<size_t>((f * W + q) * 2)];
     p.first_doc = piece_first[f * W + R];
-    p.docs = counts[static_cast<size_t>((f * W + R) * 3 + 1)];
+    p.docs = counts[static_cast<size_t>((f * W + R) * 2 + 1)];
     p.local_first = n_local;
     n_local += p.docs;
     sources[f].first_doc = piece_first[f * W];
     for (int64_t q = 0; q < W; ++q) {
-      sources[f].docs += counts[static_cast<size_t>((f * W + q) * 3 + 1)];
-      sources[f].blank_lines += counts[static_cast<size_t>((f * W + q) * 3)] - counts[static_cast<size_t>((f * W + q) * 3 + 1)];
+      sources[f].docs += counts[static_cast<size_t>((f * W + q) * 2 + 1)];
+      sources[f].blank_lines += counts[static_cast<size_t>((f * W + q) * 2)] - counts[static_cast<size_t>((f * W + q) * 2 + 1)];
     }
     sources[f].bytes = static_cast<int64_t>(fs::file_size(sources[f].path));
   }
