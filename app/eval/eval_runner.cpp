@@ -31,29 +31,18 @@ struct Req {
 
 ojson num(double v) { return std::isfinite(v) ? ojson(v) : ojson(nullptr); }
 
-}  // namespace
+// One task's documents, few-shot pool and instances (contexts built).
+struct TaskData {
+  const ev::TaskInfo* info;
+  std::vector<ev::Doc> docs, pool;
+  bool pool_is_eval = false;
+  int64_t k = 0;
+  std::vector<ev::Instance> inst;
+};
 
-EvalReport run_eval(model::GptChunk& model, const data::Tokenizer& tok, const EvalOptions& opt) {
-  return run_eval(
-      model.config(), [&](const std::vector<const model::ScoreRequest*>& reqs) { return model::score_batch(model, reqs); },
-      tok, opt);
-}
-
-EvalReport run_eval(const model::GptConfig& cfg, const ScoreFn& score, const data::Tokenizer& tok, const EvalOptions& opt) {
-  const auto t0 = std::chrono::steady_clock::now();
-  const int64_t max_length = opt.max_length > 0 ? opt.max_length : cfg.seq_length;
-  if (max_length > cfg.max_positions)
-    throw_input("--max-length {} exceeds the model's {} positions", max_length, cfg.max_positions);
+// 1) documents and few-shot contexts, per task
+std::vector<TaskData> load_tasks(const EvalOptions& opt) {
   const bool v03 = opt.task_opt.version == ev::HarnessVersion::v0_3;
-
-  // 1) documents and few-shot contexts, per task
-  struct TaskData {
-    const ev::TaskInfo* info;
-    std::vector<ev::Doc> docs, pool;
-    bool pool_is_eval = false;
-    int64_t k = 0;
-    std::vector<ev::Instance> inst;
-  };
   std::vector<TaskData> tds(opt.tasks.size());
   for (size_t t = 0; t < opt.tasks.size(); ++t) {
     TaskData& td = tds[t];
@@ -68,8 +57,13 @@ EvalReport run_eval(const model::GptConfig& cfg, const ScoreFn& score, const dat
     td.inst = ev::build_instances(*td.info, td.docs, td.pool_is_eval ? &td.docs : &td.pool, td.pool_is_eval, td.k,
                                   opt.task_opt, opt.limit);
   }
+  return tds;
+}
 
-  // 2) requests (tokenized in parallel: the tokenizer is thread-safe)
+// 2) one request per (task, instance, choice), tokenized in parallel (the tokenizer is
+// thread-safe) into its model window; the first error is an InputError.
+std::vector<Req> make_requests(const std::vector<TaskData>& tds, const data::Tokenizer& tok, const EvalOptions& opt,
+                               int64_t max_length) {
   std::vector<Req> reqs;
   for (size_t t = 0; t < tds.size(); ++t)
     for (size_t i = 0; i < tds[t].inst.size(); ++i)
@@ -88,8 +82,11 @@ EvalReport run_eval(const model::GptConfig& cfg, const ScoreFn& score, const dat
     }
   }
   if (!first_error.empty()) throw InputError(first_error);
+  return reqs;
+}
 
-  // 3) score, longest first (the harness's order; similar lengths share a batch)
+// 3) score, longest first (the harness's order; similar lengths share a batch)
+void score_requests(std::vector<Req>& reqs, const ScoreFn& score, const EvalOptions& opt) {
   std::vector<size_t> order(reqs.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
@@ -97,35 +94,125 @@ EvalReport run_eval(const model::GptConfig& cfg, const ScoreFn& score, const dat
     if (x.size() != y.size()) return x.size() > y.size();
     return x < y;
   });
-  {
-    Progress prog("eval", static_cast<int64_t>(reqs.size()), "requests", opt.progress);
-    const size_t bs = static_cast<size_t>(std::max<int64_t>(1, opt.batch_size));
-    std::vector<model::ScoreRequest> batch;
-    for (size_t b = 0; b < order.size(); b += bs) {
-      const size_t e = std::min(order.size(), b + bs);
-      batch.clear();
-      for (size_t i = b; i < e; ++i) batch.push_back({reqs[order[i]].win.input, reqs[order[i]].win.targets});
-      std::vector<const model::ScoreRequest*> ptrs;
-      int64_t toks = 0;
-      for (auto& s : batch) {
-        ptrs.push_back(&s);
-        toks += static_cast<int64_t>(s.input.size());
-      }
-      auto res = score(ptrs);
-      for (size_t i = b; i < e; ++i) reqs[order[i]].res = res[i - b];
-      prog.add(static_cast<int64_t>(e - b), toks);
+  Progress prog("eval", static_cast<int64_t>(reqs.size()), "requests", opt.progress);
+  const size_t bs = static_cast<size_t>(std::max<int64_t>(1, opt.batch_size));
+  std::vector<model::ScoreRequest> batch;
+  for (size_t b = 0; b < order.size(); b += bs) {
+    const size_t e = std::min(order.size(), b + bs);
+    batch.clear();
+    for (size_t i = b; i < e; ++i) batch.push_back({reqs[order[i]].win.input, reqs[order[i]].win.targets});
+    std::vector<const model::ScoreRequest*> ptrs;
+    int64_t toks = 0;
+    for (auto& s : batch) {
+      ptrs.push_back(&s);
+      toks += static_cast<int64_t>(s.input.size());
     }
-    prog.finish();
+    auto res = score(ptrs);
+    for (size_t i = b; i < e; ++i) reqs[order[i]].res = res[i - b];
+    prog.add(static_cast<int64_t>(e - b), toks);
   }
+  prog.finish();
+}
 
-  // 4) per-document metrics and aggregates
+// Per-document accuracies of one task, gathered for its aggregate metrics.
+struct TaskScores {
+  std::vector<double> acc, acc_norm, lls;
+  std::map<std::string, std::vector<double>> group_acc;
+};
+
+// 4a) one document's sample record (the harness's per-sample output) and its scores.
+ojson score_document(const TaskData& td, const std::string& task, size_t i, const std::vector<const Req*>& choices,
+                     TaskScores& sc) {
+  const ev::Instance& in = td.inst[i];
+  const ev::Doc& d = *in.doc;
+  std::vector<double> ll;
+  ojson greedy = ojson::array(), trunc = ojson::array(), ntok = ojson::array();
+  for (const Req* r : choices) {
+    ll.push_back(r->res.logprob);
+    greedy.push_back(r->res.is_greedy);
+    trunc.push_back(r->win.truncated);
+    ntok.push_back({r->win.input.size(), r->win.targets.size()});
+  }
+  ojson s;
+  s["task"] = task;
+  s["doc_id"] = in.doc_id;
+  s["doc_index"] = d.index;
+  s["source"] = d.where;
+  s["contexts"] = in.contexts;
+  s["continuations"] = d.choices;
+  s["loglikelihoods"] = ll;
+  s["is_greedy"] = greedy;
+  s["truncated_tokens"] = trunc;
+  s["window_tokens"] = ntok;  // per choice: [model input tokens, scored tokens]
+  s["gold"] = d.gold;
+  s["fewshot_docs"] = in.fewshot_indices;
+  if (td.info->kind == ev::TaskKind::lambada) {
+    const double a = choices[0]->res.is_greedy ? 1.0 : 0.0;
+    sc.acc.push_back(a);
+    sc.lls.push_back(ll[0]);
+    s["acc"] = a;
+    s["ppl"] = ll[0];
+    return s;
+  }
+  const double a = ev::argmax(ll) == d.gold ? 1.0 : 0.0;
+  sc.acc.push_back(a);
+  s["acc"] = a;
+  if (td.info->acc_norm) {
+    const double an = ev::argmax(ev::length_normalized(ll, d.norm_choices)) == d.gold ? 1.0 : 0.0;
+    sc.acc_norm.push_back(an);
+    s["acc_norm"] = an;
+  }
+  if (td.info->per_group) {
+    sc.group_acc[d.group].push_back(a);
+    s["heuristic"] = d.group;
+  }
+  return s;
+}
+
+// 4b) the task's aggregate metrics with their standard errors.
+ojson task_metrics(const TaskData& td, const TaskScores& sc, const EvalOptions& opt) {
+  ojson m;
+  if (td.info->kind == ev::TaskKind::lambada) {
+    m["ppl"] = num(ev::perplexity(sc.lls));
+    m["ppl_stderr"] = num(ev::bootstrap_perplexity_stderr(sc.lls, opt.bootstrap_iters));
+  }
+  m["acc"] = num(ev::mean(sc.acc));
+  m["acc_stderr"] = num(ev::mean_stderr(sc.acc));
+  if (td.info->acc_norm) {
+    m["acc_norm"] = num(ev::mean(sc.acc_norm));
+    m["acc_norm_stderr"] = num(ev::mean_stderr(sc.acc_norm));
+  }
+  for (auto& [g, xs] : sc.group_acc) {
+    m["acc_" + g] = num(ev::mean(xs));
+    m["acc_" + g + "_stderr"] = num(ev::mean_stderr(xs));
+  }
+  return m;
+}
+
+}  // namespace
+
+EvalReport run_eval(model::GptChunk& model, const data::Tokenizer& tok, const EvalOptions& opt) {
+  return run_eval(
+      model.config(), [&](const std::vector<const model::ScoreRequest*>& reqs) { return model::score_batch(model, reqs); },
+      tok, opt);
+}
+
+EvalReport run_eval(const model::GptConfig& cfg, const ScoreFn& score, const data::Tokenizer& tok, const EvalOptions& opt) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const int64_t max_length = opt.max_length > 0 ? opt.max_length : cfg.seq_length;
+  if (max_length > cfg.max_positions)
+    throw_input("--max-length {} exceeds the model's {} positions", max_length, cfg.max_positions);
+  const std::vector<TaskData> tds = load_tasks(opt);
+  std::vector<Req> reqs = make_requests(tds, tok, opt, max_length);
+  score_requests(reqs, score, opt);
+
+  // 4) per-document records and per-task metrics
   std::vector<std::vector<std::vector<const Req*>>> by_doc(tds.size());
   for (size_t t = 0; t < tds.size(); ++t) {
     by_doc[t].resize(tds[t].inst.size());
     for (size_t i = 0; i < tds[t].inst.size(); ++i) by_doc[t][i].resize(tds[t].inst[i].doc->choices.size());
   }
   for (auto& r : reqs) by_doc[r.task][r.inst][r.choice] = &r;
-
   EvalReport rep;
   rep.requests = static_cast<int64_t>(reqs.size());
   for (size_t t = 0; t < tds.size(); ++t) {
@@ -137,70 +224,9 @@ EvalReport run_eval(const model::GptConfig& cfg, const ScoreFn& score, const dat
     tr.num_fewshot = td.k;
     tr.n_docs = static_cast<int64_t>(td.inst.size());
     tr.n_original = static_cast<int64_t>(td.docs.size());
-    std::vector<double> acc, acc_norm, lls;
-    std::map<std::string, std::vector<double>> group_acc;
-    for (size_t i = 0; i < td.inst.size(); ++i) {
-      const ev::Instance& in = td.inst[i];
-      const ev::Doc& d = *in.doc;
-      std::vector<double> ll;
-      ojson greedy = ojson::array(), trunc = ojson::array(), ntok = ojson::array();
-      for (const Req* r : by_doc[t][i]) {
-        ll.push_back(r->res.logprob);
-        greedy.push_back(r->res.is_greedy);
-        trunc.push_back(r->win.truncated);
-        ntok.push_back({r->win.input.size(), r->win.targets.size()});
-      }
-      ojson s;
-      s["task"] = tr.name;
-      s["doc_id"] = in.doc_id;
-      s["doc_index"] = d.index;
-      s["source"] = d.where;
-      s["contexts"] = in.contexts;
-      s["continuations"] = d.choices;
-      s["loglikelihoods"] = ll;
-      s["is_greedy"] = greedy;
-      s["truncated_tokens"] = trunc;
-      s["window_tokens"] = ntok;  // per choice: [model input tokens, scored tokens]
-      s["gold"] = d.gold;
-      s["fewshot_docs"] = in.fewshot_indices;
-      if (td.info->kind == ev::TaskKind::lambada) {
-        const double a = by_doc[t][i][0]->res.is_greedy ? 1.0 : 0.0;
-        acc.push_back(a);
-        lls.push_back(ll[0]);
-        s["acc"] = a;
-        s["ppl"] = ll[0];
-      } else {
-        const double a = ev::argmax(ll) == d.gold ? 1.0 : 0.0;
-        acc.push_back(a);
-        s["acc"] = a;
-        if (td.info->acc_norm) {
-          const double an = ev::argmax(ev::length_normalized(ll, d.norm_choices)) == d.gold ? 1.0 : 0.0;
-          acc_norm.push_back(an);
-          s["acc_norm"] = an;
-        }
-        if (td.info->per_group) {
-          group_acc[d.group].push_back(a);
-          s["heuristic"] = d.group;
-        }
-      }
-      tr.samples.push_back(std::move(s));
-    }
-    ojson m;
-    if (td.info->kind == ev::TaskKind::lambada) {
-      m["ppl"] = num(ev::perplexity(lls));
-      m["ppl_stderr"] = num(ev::bootstrap_perplexity_stderr(lls, opt.bootstrap_iters));
-    }
-    m["acc"] = num(ev::mean(acc));
-    m["acc_stderr"] = num(ev::mean_stderr(acc));
-    if (td.info->acc_norm) {
-      m["acc_norm"] = num(ev::mean(acc_norm));
-      m["acc_norm_stderr"] = num(ev::mean_stderr(acc_norm));
-    }
-    for (auto& [g, xs] : group_acc) {
-      m["acc_" + g] = num(ev::mean(xs));
-      m["acc_" + g + "_stderr"] = num(ev::mean_stderr(xs));
-    }
-    tr.metrics = std::move(m);
+    TaskScores sc;
+    for (size_t i = 0; i < td.inst.size(); ++i) tr.samples.push_back(score_document(td, tr.name, i, by_doc[t][i], sc));
+    tr.metrics = task_metrics(td, sc, opt);
     rep.tasks.push_back(std::move(tr));
   }
   rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
