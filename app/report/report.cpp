@@ -490,18 +490,12 @@ struct PlotDef {
 
 }  // namespace
 
-std::string render_report_html(const fs::path& run_dir, ReportSummary* summary) {
-  std::error_code ec;
-  if (!fs::is_directory(run_dir, ec))
-    throw_input("{}: not a directory (pass the run's logging.dir, e.g. runs/cpu-demo)", run_dir.string());
-  const Metrics m = read_metrics(run_dir / "metrics.jsonl");
+namespace {
 
-  // x axis: consumed tokens (the schedules run on tokens and batch sizes ramp, so
-  // iterations are not comparable across runs); iterations if tokens were not logged.
-  const bool by_tokens = m.has("consumed_tokens");
-  const std::vector<double> x = m.column(by_tokens ? "consumed_tokens" : "iteration");
-  const std::string x_label = by_tokens ? "consumed tokens" : "iteration";
-
+// One plot per logged metric (defs), against consumed tokens (or iterations); the
+// metrics a run did not log are named in not_logged.
+std::string training_plots(const Metrics& m, const std::vector<double>& x, const std::string& x_label,
+                           std::vector<std::string>& not_logged, int64_t& nplots) {
   static const PlotDef defs[] = {
       {"loss", "Training loss", "loss (nats/token)", 1.0, "#1f77b4", true},
       {"lr", "Learning rate", "learning rate", 1.0, "#ff7f0e", false},
@@ -515,8 +509,6 @@ std::string render_report_html(const fs::path& run_dir, ReportSummary* summary) 
       {"peak_memory_bytes", "Peak memory", "GiB", 1.0 / (1024.0 * 1024 * 1024), "#393b79", false},
   };
   std::string plots;
-  std::vector<std::string> not_logged;
-  int64_t nplots = 0;
   for (const auto& d : defs) {
     const bool present = m.has(d.key);
     if (!present && !d.always) {
@@ -543,30 +535,33 @@ std::string render_report_html(const fs::path& run_dir, ReportSummary* summary) 
     plots += render_svg_plot(p);
     ++nplots;
   }
+  return plots;
+}
 
-  // Validation (every eval_interval and at the end) and test loss, by iteration.
-  if (!m.held_out.empty()) {
-    std::vector<double> hx;
-    for (const auto& h : m.held_out)
-      if (hx.empty() || h.iteration > hx.back()) hx.push_back(h.iteration);
-    std::vector<double> vy(hx.size(), kNaN), ty(hx.size(), kNaN);
-    for (const auto& h : m.held_out) {
-      const size_t i = static_cast<size_t>(std::lower_bound(hx.begin(), hx.end(), h.iteration) - hx.begin());
-      if (i < hx.size() && hx[i] == h.iteration) (h.test ? ty : vy)[i] = h.loss;  // the later record wins
-    }
-    PlotSpec p;
-    p.title = "Validation loss";
-    p.x_label = "iteration";
-    p.y_label = "loss (nats/token)";
-    p.x = hx;
-    p.series.push_back({"validation loss", vy, "#d62728"});
-    if (std::any_of(ty.begin(), ty.end(), [](double y) { return std::isfinite(y); }))
-      p.series.push_back({"test loss", ty, "#2ca02c"});
-    plots += render_svg_plot(p);
-    ++nplots;
+// Validation (every eval_interval and at the end) and test loss, by iteration; the
+// run must have logged held-out losses.
+std::string held_out_plot(const Metrics& m) {
+  std::vector<double> hx;
+  for (const auto& h : m.held_out)
+    if (hx.empty() || h.iteration > hx.back()) hx.push_back(h.iteration);
+  std::vector<double> vy(hx.size(), kNaN), ty(hx.size(), kNaN);
+  for (const auto& h : m.held_out) {
+    const size_t i = static_cast<size_t>(std::lower_bound(hx.begin(), hx.end(), h.iteration) - hx.begin());
+    if (i < hx.size() && hx[i] == h.iteration) (h.test ? ty : vy)[i] = h.loss;  // the later record wins
   }
+  PlotSpec p;
+  p.title = "Validation loss";
+  p.x_label = "iteration";
+  p.y_label = "loss (nats/token)";
+  p.x = hx;
+  p.series.push_back({"validation loss", vy, "#d62728"});
+  if (std::any_of(ty.begin(), ty.end(), [](double y) { return std::isfinite(y); }))
+    p.series.push_back({"test loss", ty, "#2ca02c"});
+  return render_svg_plot(p);
+}
 
-  // Summary table.
+// The summary table's rows.
+std::vector<std::pair<std::string, std::string>> summary_facts(const Metrics& m, const fs::path& run_dir) {
   const auto iter = m.column("iteration");
   std::vector<std::pair<std::string, std::string>> facts;
   auto tail = [&](const std::string& key) {
@@ -604,7 +599,57 @@ std::string render_report_html(const fs::path& run_dir, ReportSummary* summary) 
   for (const char* k : {"bytes_sent_tp", "bytes_sent_pp", "bytes_sent_dp"})
     if (m.has(k)) facts.emplace_back(fmt::format("Bytes sent ({})", std::string_view(k).substr(11)),
                                      format_bytes(last_finite(m.column(k))));
+  return facts;
+}
 
+void write_eval_table(std::ostream& h, const std::vector<EvalRow>& evals) {
+  if (evals.empty()) {
+    h << "<p class=\"note\">No eval results in this directory (mtnlg eval --output RUN_DIR/NAME.json puts them "
+         "here).</p>\n";
+  } else {
+    h << "<table class=\"eval\">\n<tr><th>file</th><th>task</th><th>metric</th><th>value</th><th>stderr</th></tr>\n";
+    for (const auto& r : evals)
+      h << "<tr><td>" << html_escape(r.file) << "</td><td>" << html_escape(r.task) << "</td><td>"
+        << html_escape(r.metric) << "</td><td class=\"num\">" << fmt::format("{:.4f}", r.value)
+        << "</td><td class=\"num\">" << (r.stderr_ >= 0 ? fmt::format("&plusmn; {:.4f}", r.stderr_) : "")
+        << "</td></tr>\n";
+    h << "</table>\n";
+}
+}
+
+void write_recipe(std::ostream& h, const fs::path& run_dir) {
+  const fs::path recipe = run_dir / "recipe.resolved.yaml";
+  std::ifstream rin(recipe, std::ios::binary);
+  if (rin) {
+    std::stringstream ss;
+    ss << rin.rdbuf();
+    h << "<pre class=\"recipe\">" << html_escape(ss.str()) << "</pre>\n";
+  } else {
+    h << "<p class=\"note\">" << html_escape(recipe.string()) << " not found.</p>\n";
+}
+}
+
+}  // namespace
+
+std::string render_report_html(const fs::path& run_dir, ReportSummary* summary) {
+  std::error_code ec;
+  if (!fs::is_directory(run_dir, ec))
+    throw_input("{}: not a directory (pass the run's logging.dir, e.g. runs/cpu-demo)", run_dir.string());
+  const Metrics m = read_metrics(run_dir / "metrics.jsonl");
+
+  // x axis: consumed tokens (the schedules run on tokens and batch sizes ramp, so
+  // iterations are not comparable across runs); iterations if tokens were not logged.
+  const bool by_tokens = m.has("consumed_tokens");
+  const std::vector<double> x = m.column(by_tokens ? "consumed_tokens" : "iteration");
+  const std::string x_label = by_tokens ? "consumed tokens" : "iteration";
+  std::vector<std::string> not_logged;
+  int64_t nplots = 0;
+  std::string plots = training_plots(m, x, x_label, not_logged, nplots);
+  if (!m.held_out.empty()) {
+    plots += held_out_plot(m);
+    ++nplots;
+  }
+  const auto facts = summary_facts(m, run_dir);
   const auto evals = read_eval_results(run_dir);
   std::string title = run_dir.filename().string();
   if (title.empty() || title == ".") title = fs::absolute(run_dir).lexically_normal().parent_path().filename().string();
@@ -626,28 +671,9 @@ std::string render_report_html(const fs::path& run_dir, ReportSummary* summary) 
     h << ".</p>\n";
   }
   h << "<h2>Evaluation results</h2>\n";
-  if (evals.empty()) {
-    h << "<p class=\"note\">No eval results in this directory (mtnlg eval --output RUN_DIR/NAME.json puts them "
-         "here).</p>\n";
-  } else {
-    h << "<table class=\"eval\">\n<tr><th>file</th><th>task</th><th>metric</th><th>value</th><th>stderr</th></tr>\n";
-    for (const auto& r : evals)
-      h << "<tr><td>" << html_escape(r.file) << "</td><td>" << html_escape(r.task) << "</td><td>"
-        << html_escape(r.metric) << "</td><td class=\"num\">" << fmt::format("{:.4f}", r.value)
-        << "</td><td class=\"num\">" << (r.stderr_ >= 0 ? fmt::format("&plusmn; {:.4f}", r.stderr_) : "")
-        << "</td></tr>\n";
-    h << "</table>\n";
-  }
+  write_eval_table(h, evals);
   h << "<h2>Resolved recipe</h2>\n";
-  const fs::path recipe = run_dir / "recipe.resolved.yaml";
-  std::ifstream rin(recipe, std::ios::binary);
-  if (rin) {
-    std::stringstream ss;
-    ss << rin.rdbuf();
-    h << "<pre class=\"recipe\">" << html_escape(ss.str()) << "</pre>\n";
-  } else {
-    h << "<p class=\"note\">" << html_escape(recipe.string()) << " not found.</p>\n";
-  }
+  write_recipe(h, run_dir);
   h << "</main>\n</body>\n</html>\n";
 
   if (summary) {
