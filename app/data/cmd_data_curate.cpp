@@ -318,29 +318,34 @@ void concat_files(const std::vector<std::string>& ins, const std::string& out) {
   f.commit();
 }
 
-void run_curate(const std::string& file, bool progress) {
+// One run of a pipeline: its stages in order, each a Curator::stage (skipped when its
+// manifest still matches), the funnel of documents and bytes per source, then the
+// blend and the report.
+struct CurateRun {
   Curator c;
-  c.p = load_pipeline(file);
-  if (const char* k = std::getenv("MTNLG_TEST_CURATE_KILL")) c.kill_after = k;
-  Pipeline& p = c.p;
-  const fs::path W = p.work_dir;
-  fs::create_directories(W);
-  struct Funnel {
-    ojson stages = ojson::array();
-  };
-  std::map<std::string, Funnel> funnel;
+  fs::path W;  // the pipeline's work_dir
+  std::string file;
+  bool progress = true;
+  std::map<std::string, ojson> funnel;     // source -> its stages' in/out counts
   std::map<std::string, std::string> cur;  // source -> its latest JSONL
-  auto add = [&](const std::string& src, const std::string& stage, const ojson& in, const ojson& out) {
+  std::map<std::string, int64_t> tokens;   // after tokenizing
+  std::map<std::string, std::string> prefixes;
+  int64_t train_tokens = 0;
+  ojson table = ojson::array();  // the blend: source, tokens, weight, epochs
+
+  void add(const std::string& src, const std::string& stage, const ojson& in, const ojson& out) {
     ojson e;
     e["stage"] = stage;
     e["documents_in"] = in.at("documents");
     e["documents_out"] = out.at("documents");
     e["text_bytes_in"] = in.at("text_bytes");
     e["text_bytes_out"] = out.at("text_bytes");
-    funnel[src].stages.push_back(e);
-  };
-
-  // 1. Sources.
+    if (!funnel.count(src)) funnel[src] = ojson::array();
+    funnel[src].push_back(e);
+  }
+  // 1. Sources: WARC extracted to text, or JSONL concatenated.
+  void sources() {
+    Pipeline& p = c.p;
   for (const auto& s : p.sources) {
     const std::string out = (W / "1-source" / (s.name + ".jsonl")).string();
     const bool warc = !s.warc.empty();
@@ -384,7 +389,10 @@ void run_curate(const std::string& file, bool progress) {
     add(s.name, warc ? "extract" : "source", in, counts.at("out"));
     cur[s.name] = out;
   }
-  // 2. Quality.
+  }
+  // 2. Quality: each source with a classifier filtered by its score.
+  void quality() {
+    Pipeline& p = c.p;
   for (const auto& s : p.sources) {
     if (!s.quality) continue;
     const std::string out = (W / "2-quality" / (s.name + ".jsonl")).string();
@@ -400,59 +408,62 @@ void run_curate(const std::string& file, bool progress) {
     add(s.name, "quality", counts.at("in"), counts.at("out"));
     cur[s.name] = out;
   }
-  // 3. Dedup across every source at once.
-  if (p.dedup) {
-    std::vector<std::string> ins, outs;
-    for (const auto& s : p.sources) {
-      ins.push_back(cur[s.name]);
-      outs.push_back((W / "3-dedup" / (s.name + ".jsonl")).string());
-    }
-    ojson params = {{"threshold", p.dopt.threshold}, {"priority", p.dopt.priority}, {"ngram", p.dopt.ngram},
-                    {"num_perm", p.dopt.num_perm}, {"seed", p.dopt.seed}};
-    const auto counts = c.stage("dedup", (W / "3-dedup" / "dedup.manifest.json").string(), params, ins, outs, [&] {
-      curation::DedupOptions o = p.dopt;
-      o.inputs = ins;
-      o.output_dir = (W / "3-dedup").string();
-      o.workers = 1;
-      o.progress = progress;
-      curation::run_dedup(o);
-      ojson k;
-      for (size_t i = 0; i < ins.size(); ++i)
-        k[p.sources[i].name] = {{"in", count_jsonl(ins[i])}, {"out", count_jsonl(outs[i])}};
-      return k;
-    });
-    for (size_t i = 0; i < p.sources.size(); ++i) {
-      const auto& k = counts.at(p.sources[i].name);
-      add(p.sources[i].name, "dedup", k.at("in"), k.at("out"));
-      cur[p.sources[i].name] = outs[i];
-    }
   }
-  // 4. Decontamination.
-  if (p.decontam) {
-    for (const auto& s : p.sources) {
-      const std::string out = (W / "4-decontam" / (s.name + ".jsonl")).string();
-      ojson params = {{"ngram", p.copt.ngram}, {"mode", p.copt.mode}, {"max_hits", p.copt.max_hits}};
-      std::vector<std::string> ins = {cur[s.name]};
-      for (const auto& e : fs::recursive_directory_iterator(p.copt.tasks_dir))
-        if (e.is_regular_file()) ins.push_back(e.path().string());
-      std::sort(ins.begin() + 1, ins.end());
-      const auto counts = c.stage("decontaminate/" + s.name, (W / "4-decontam" / (s.name + ".manifest.json")).string(),
-                                  params, ins, {out}, [&] {
-                                    curation::DecontamOptions o = p.copt;
-                                    o.input = cur[s.name];
-                                    o.output = out;
-                                    o.report = out + ".report.json";
-                                    o.progress = false;
-                                    curation::run_decontaminate(o);
-                                    return ojson{{"in", count_jsonl(cur[s.name])}, {"out", count_jsonl(out)}};
-                                  });
-      add(s.name, "decontaminate", counts.at("in"), counts.at("out"));
-      cur[s.name] = out;
-    }
+  // 3. Dedup across every source at once (priority order decides the survivor).
+  void dedup() {
+    Pipeline& p = c.p;
+  std::vector<std::string> ins, outs;
+  for (const auto& s : p.sources) {
+    ins.push_back(cur[s.name]);
+    outs.push_back((W / "3-dedup" / (s.name + ".jsonl")).string());
   }
-  // 5. Tokenize.
-  std::map<std::string, int64_t> tokens;
-  std::map<std::string, std::string> prefixes;
+  ojson params = {{"threshold", p.dopt.threshold}, {"priority", p.dopt.priority}, {"ngram", p.dopt.ngram},
+                  {"num_perm", p.dopt.num_perm}, {"seed", p.dopt.seed}};
+  const auto counts = c.stage("dedup", (W / "3-dedup" / "dedup.manifest.json").string(), params, ins, outs, [&] {
+    curation::DedupOptions o = p.dopt;
+    o.inputs = ins;
+    o.output_dir = (W / "3-dedup").string();
+    o.workers = 1;
+    o.progress = progress;
+    curation::run_dedup(o);
+    ojson k;
+    for (size_t i = 0; i < ins.size(); ++i)
+      k[p.sources[i].name] = {{"in", count_jsonl(ins[i])}, {"out", count_jsonl(outs[i])}};
+    return k;
+  });
+  for (size_t i = 0; i < p.sources.size(); ++i) {
+    const auto& k = counts.at(p.sources[i].name);
+    add(p.sources[i].name, "dedup", k.at("in"), k.at("out"));
+    cur[p.sources[i].name] = outs[i];
+  }
+  }
+  // 4. Decontamination against the eval tasks' n-grams.
+  void decontaminate() {
+    Pipeline& p = c.p;
+  for (const auto& s : p.sources) {
+    const std::string out = (W / "4-decontam" / (s.name + ".jsonl")).string();
+    ojson params = {{"ngram", p.copt.ngram}, {"mode", p.copt.mode}, {"max_hits", p.copt.max_hits}};
+    std::vector<std::string> ins = {cur[s.name]};
+    for (const auto& e : fs::recursive_directory_iterator(p.copt.tasks_dir))
+      if (e.is_regular_file()) ins.push_back(e.path().string());
+    std::sort(ins.begin() + 1, ins.end());
+    const auto counts = c.stage("decontaminate/" + s.name, (W / "4-decontam" / (s.name + ".manifest.json")).string(),
+                                params, ins, {out}, [&] {
+                                  curation::DecontamOptions o = p.copt;
+                                  o.input = cur[s.name];
+                                  o.output = out;
+                                  o.report = out + ".report.json";
+                                  o.progress = false;
+                                  curation::run_decontaminate(o);
+                                  return ojson{{"in", count_jsonl(cur[s.name])}, {"out", count_jsonl(out)}};
+                                });
+    add(s.name, "decontaminate", counts.at("in"), counts.at("out"));
+    cur[s.name] = out;
+  }
+  }
+  // 5. Tokenize into Megatron's indexed files.
+  void tokenize() {
+    Pipeline& p = c.p;
   for (const auto& s : p.sources) {
     const std::string prefix = (W / "5-tokens" / s.name).string();
     const std::string full = data::preprocess_output_prefix(prefix, "text");
@@ -477,10 +488,14 @@ void run_curate(const std::string& file, bool progress) {
     tokens[s.name] = counts.at("tokens").get<int64_t>();
     prefixes[s.name] = full;
   }
-  // 6. Blend: weights normalised, epochs = weight x train tokens / source tokens.
+  }
+  // 6. Blend: weights normalised, epochs = weight x train tokens / source tokens; the
+  // data.blend fragment, and the training recipe with it when the pipeline names one.
+  void write_blend() {
+    Pipeline& p = c.p;
   double wsum = 0;
   for (const auto& s : p.sources) wsum += s.weight;
-  int64_t train_tokens = p.train_tokens;
+  train_tokens = p.train_tokens;
   YAML::Node base;
   if (!p.recipe.empty()) {
     base = YAML::LoadFile(p.recipe);
@@ -490,7 +505,6 @@ void run_curate(const std::string& file, bool progress) {
                      base["model"]["seq_length"].as<int64_t>();
   }
   YAML::Node blend(YAML::NodeType::Sequence);
-  ojson table = ojson::array();
   for (const auto& s : p.sources) {
     const double w = s.weight / wsum;
     YAML::Node e;
@@ -519,19 +533,22 @@ void run_curate(const std::string& file, bool progress) {
     e2 << base;
     write_file_atomic((W / "train.yaml").string(), std::string("# ") + p.recipe + " with the blend of " + file + "\n" + e2.c_str() + "\n");
   }
+  }
   // Report: the funnel per source and the blend table (no timings: the same bytes on a re-run).
+  void write_report() {
+    Pipeline& p = c.p;
   ojson rep;
   rep["pipeline"] = file;
   rep["train_tokens"] = train_tokens;
   rep["blend"] = table;
   ojson f = ojson::object();
-  for (const auto& s : p.sources) f[s.name] = funnel[s.name].stages;
+  for (const auto& s : p.sources) f[s.name] = funnel[s.name];
   rep["funnel"] = f;
   write_file_atomic((W / "curate_report.json").string(), rep.dump(2) + "\n");
   auto cell = [](const ojson& v) { return v.is_null() ? std::string("-") : v.dump(); };  // null: not measured (HTML bytes)
   std::string md = fmt::format("# Curation report: {}\n\n## Funnel\n\n| source | stage | documents in | documents out | text bytes in | text bytes out |\n|---|---|---|---|---|---|\n", file);
   for (const auto& s : p.sources)
-    for (const auto& e : funnel[s.name].stages)
+    for (const auto& e : funnel[s.name])
       md += fmt::format("| {} | {} | {} | {} | {} | {} |\n", s.name, e["stage"].get<std::string>(), cell(e["documents_in"]),
                         cell(e["documents_out"]), cell(e["text_bytes_in"]), cell(e["text_bytes_out"]));
   md += fmt::format("\n## Blend ({} training tokens)\n\n| source | tokens | weight | epochs |\n|---|---|---|---|\n", train_tokens);
@@ -540,8 +557,26 @@ void run_curate(const std::string& file, bool progress) {
                       r["weight"].get<double>(), r["epochs"].get<double>());
   write_file_atomic((W / "curate_report.md").string(), md);
   std::printf("%s", md.c_str());
-  log::info("curate: {} stages run, {} up to date; blend {}{}", c.ran, c.skipped, (W / "blend.yaml").string(),
-            p.recipe.empty() ? std::string() : fmt::format(", recipe {}", (W / "train.yaml").string()));
+  }
+};
+
+void run_curate(const std::string& file, bool progress) {
+  CurateRun r;
+  r.c.p = load_pipeline(file);
+  if (const char* k = std::getenv("MTNLG_TEST_CURATE_KILL")) r.c.kill_after = k;
+  r.W = r.c.p.work_dir;
+  r.file = file;
+  r.progress = progress;
+  fs::create_directories(r.W);
+  r.sources();
+  r.quality();
+  if (r.c.p.dedup) r.dedup();
+  if (r.c.p.decontam) r.decontaminate();
+  r.tokenize();
+  r.write_blend();
+  r.write_report();
+  log::info("curate: {} stages run, {} up to date; blend {}{}", r.c.ran, r.c.skipped, (r.W / "blend.yaml").string(),
+            r.c.p.recipe.empty() ? std::string() : fmt::format(", recipe {}", (r.W / "train.yaml").string()));
 }
 
 }  // namespace
