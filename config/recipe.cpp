@@ -204,6 +204,8 @@ void check_keys(const Ctx& c, const std::string& path, const YAML::Node& n, cons
   }
 }
 
+// The recipe's keys, one entry each, section by section. Long on purpose: it is a
+// table, read by looking a key up, and splitting it would only scatter the keys.
 const Table& table() {
   static const Table t = [] {
     Table t;
@@ -518,6 +520,8 @@ namespace {
 }
 }  // namespace
 
+// The cross-key rules, one independent check after another in the order of the
+// recipe's sections (a list, so it stays one function; each check names its keys).
 void validate(const Recipe& r) {
   auto& m = r.model;
   auto& p = r.parallel;

@@ -570,8 +570,21 @@ struct Computed {
   std::vector<StageTime> time;
 };
 
-Computed compute_stages(const Recipe& r, const Layout& l, const Cluster& c_in) {
-  const Cluster c = effective(c_in);
+// What every stage of a layout shares: the model's shape on one tensor rank, the
+// precision, one layer's times and activation bytes, the pipeline message and link.
+struct StageInputs {
+  Shape sh;
+  Precision prec;
+  double e, t, d, peak;
+  LayerTime lt;
+  double per_layer_act, per_layer_full_act;  // bytes a layer keeps / a layer's full activations
+  int64_t T;                                 // tokens per micro batch
+  double act_msg, p2p_one;                   // pipeline message bytes, one transfer's time
+  GroupLink pp_link;
+  int64_t m_full;  // micro batches per step at the full batch
+};
+
+StageInputs stage_inputs(const Recipe& r, const Layout& l, const Cluster& c) {
   const Shape sh = shape_of(r, l.tp);
   const Precision prec = r.training.precision;
   const double e = double(element_bytes(prec));
@@ -599,116 +612,148 @@ Computed compute_stages(const Recipe& r, const Layout& l, const Cluster& c_in) {
       scatter ? double(l.tp - 1) / t * act_msg / c.gpu.nvlink_bus_bw + double(l.tp - 1) * c.gpu.nvlink_alpha : 0;
   const double p2p_one = l.pp > 1 ? pp_link.alpha + wire_msg / pp_link.bw + gather : 0;
   const int64_t m_full = r.training.global_batch_size / (l.micro_batch * l.dp);
+  return StageInputs{sh, prec, e, t, d, peak, lt, per_layer_act, per_layer_full_act, T, act_msg, p2p_one, pp_link, m_full};
+}
 
+// Memory of pipeline stage st (the trainer's exact accounting for the mtnlg profile,
+// Korthikanti et al.'s per-layer bytes for Megatron's). `releases`: the trainer's send
+// release points per stage, computed once on first use.
+StageMemory stage_memory(const Layout& l, const Cluster& c, const StageInputs& x, int64_t st,
+                         std::vector<std::vector<int64_t>>& releases) {
+  const Shape& sh = x.sh;
+  const Precision prec = x.prec;
+  const double t = x.t, d = x.d, per_layer_act = x.per_layer_act, per_layer_full_act = x.per_layer_full_act,
+               act_msg = x.act_msg;
+  const int64_t m_full = x.m_full;
+  const int64_t layers = l.stage_layers[static_cast<size_t>(st)];
+  const bool first = st == 0, last = st == l.pp - 1;
+  StageMemory mem;
+  mem.stage = st;
+  mem.layers = layers;
+  double params = double(layers) * layer_params_per_gpu(sh, l.tp);
+  if (first) params += double(sh.V) * double(sh.h) / t + double(sh.maxpos) * double(sh.h);
+  if (last) {
+    params += 2.0 * double(sh.h);
+    if (l.pp > 1) params += double(sh.V) * double(sh.h) / t;  // the tied output embedding copy
+  }
+  mem.params = params;
+  // ZeRO-1 shards are ceil(params / d): the trainer pads the buffer to a multiple of d.
+  const double shard = l.distributed_optimizer ? std::ceil(params / d) : params;
+  if (prec == Precision::fp32) {
+    mem.weights = 4 * params;
+    mem.gradients = 4 * params;
+    mem.optimizer = 8 * shard;  // Adam m, v
+  } else {
+    mem.weights = 2 * params;    // bf16/fp16 model weights
+    mem.gradients = 4 * params;  // fp32 gradient accumulation buffer (Megatron)
+    mem.optimizer = 12 * shard;  // fp32 master + m + v
+  }
+  // In-flight microbatches on this stage under 1F1B: min(pp - stage, m); interleaving
+  // adds (pp-1)/(pp*v) on the first stage (Korthikanti et al. §4.2.3).
+  const double in_flight = double(std::min<int64_t>(l.pp - st, m_full));
+  const double inter = l.vp > 1 ? 1.0 + double(l.pp - 1 - st) / double(l.pp * l.vp) : 1.0;
+  double rematerialized = 0;  // recompute re-materializes one layer's full activations in its backward
+  if (l.recompute != RecomputeGranularity::none && layers > 0) rematerialized = per_layer_full_act;
+  if (c.software.trainer_activations) {
+    // Everything the trainer keeps (head and token ids included); the layer a full
+    // recompute re-materializes lives in the backward's workspace.
+    mem.activations = trainer_stage_activation_bytes(sh, l, prec, st, m_full);
+    rematerialized = 0;
+    if (l.recompute == RecomputeGranularity::full && layers > 0) {
+      Layout kept_all = l;
+      kept_all.recompute = RecomputeGranularity::none;
+      const Layout& ka = kept_all;
+      rematerialized = trainer_chunk_saved_bytes(sh, ka, prec, 1, false) - trainer_chunk_saved_bytes(sh, ka, prec, 0, false);
+    }
+  } else {
+    mem.activations = in_flight * inter * double(layers) * per_layer_act + rematerialized;
+    rematerialized = 0;
+    if (first) mem.embedding = double(sh.s) * double(l.micro_batch) * double(sh.h) * double(l.pp) / t;
+    if (last) mem.logits = 4.0 * double(sh.s) * double(l.micro_batch) * double(sh.V) / t;
+  }
+  if (c.software.trainer_activations) {
+    // This trainer: the sends not yet waited for (exact, from the schedule), one receive
+    // buffer for the incoming gradient (its received activations are the chunks' saved
+    // inputs, counted above), NCCL channel buffers (~0.5 GiB).
+    if (l.pp > 1 && releases.empty()) releases = schedules::send_release_points_all(l.pp, m_full, l.vp);
+    mem.send_buffers = l.pp > 1 ? trainer_stage_send_bytes(l, st, m_full, act_msg, releases[static_cast<size_t>(st)]) : 0;
+    mem.comm_buffers = mem.send_buffers + (l.pp > 1 ? act_msg : 0) + 0.5 * kGiB;
+  } else {
+    // Megatron waits for each batched exchange: two send buffers and two receive buffers
+    // + NCCL channel buffers (~0.5 GiB).
+    mem.send_buffers = l.pp > 1 ? 2 * act_msg : 0;
+    mem.comm_buffers = (l.pp > 1 ? 4 * act_msg : 0) + 0.5 * kGiB;
+  }
+  // CUDA context + cuBLAS workspace (~1 GiB) and allocator fragmentation (5% of the rest).
+  const double rest = mem.weights + mem.gradients + mem.optimizer + mem.activations + mem.embedding + mem.logits;
+  mem.workspace = 1.0 * kGiB + 0.05 * rest + rematerialized;
+  mem.total = rest + mem.comm_buffers + mem.workspace;
+  return mem;
+
+}
+
+// Time of pipeline stage st: its layers' forward and backward (recompute included), the
+// embedding on the first stage, the head and loss on the last, tp and p2p communication.
+StageTime stage_time(const Layout& l, const Cluster& c, const StageInputs& x, int64_t st) {
+  const Shape& sh = x.sh;
+  const double e = x.e, t = x.t, peak = x.peak, p2p_one = x.p2p_one;
+  const LayerTime& lt = x.lt;
+  const GpuSpec& g = c.gpu;
+  const GroupLink& pp_link = x.pp_link;
+  const int64_t T = x.T;
+  const int64_t layers = l.stage_layers[static_cast<size_t>(st)];
+  const bool first = st == 0, last = st == l.pp - 1;
+  StageTime tm;
+  tm.forward = double(layers) * lt.fwd;
+  tm.backward = double(layers) * lt.bwd;
+  tm.tp_comm = double(layers) * (lt.tp_fwd + lt.tp_bwd);
+  if (l.recompute == RecomputeGranularity::full) {
+    tm.backward += double(layers) * lt.fwd;
+    tm.tp_comm += double(layers) * lt.tp_fwd;
+  } else if (l.recompute == RecomputeGranularity::selective) {
+    tm.backward += double(layers) * lt.attn_core;
+  }
+  const GroupLink tpl = group_link(c, 1, l.tp);
+  if (first) {
+    // Embedding lookup + position add + dropout (memory bound) and the vocab-parallel all-reduce.
+    const double bytes = 4 * e * double(T) * double(sh.h);
+    tm.forward += bytes / g.hbm_bw + allreduce_time(double(T) * double(sh.h) * e, l.tp, tpl);
+    tm.backward += 2 * bytes / g.hbm_bw;
+  }
+  if (last) {
+    // Final LayerNorm, logits GEMM, vocab-parallel cross-entropy on fp32 logits.
+    const double ln = 2 * e * double(T) * double(sh.h) / g.hbm_bw;
+    const double logits = double(T) * double(sh.V) / t;  // logit elements on this tensor rank
+    tm.forward += ln + gemm_time(g, peak, T, sh.V / l.tp, sh.h) + c.software.ce_bytes_fwd * logits / g.hbm_bw +
+                  3 * allreduce_time(double(T) * 4.0, l.tp, tpl);
+    tm.backward += 2 * ln + gemm_time(g, peak, T, sh.h, sh.V / l.tp) + gemm_time(g, peak, sh.h, sh.V / l.tp, T) +
+                   c.software.ce_bytes_bwd * logits / g.hbm_bw;
+  }
+  // Exposed p2p per microbatch: an activation and a gradient per chunk, sent
+  // blocking (Megatron pairs send/recv in one batched call; the transfer is on the
+  // critical path of the steady state).
+  tm.p2p = l.pp > 1 ? double(c.software.p2p_steps_per_microbatch) * double(l.vp) * p2p_one : 0;
+  if (l.pp > 1 && l.vp > 1 && c.software.p2p_overlap) {
+    // overlap_p2p_comm: each transfer runs beside the next chunk's compute; the latency
+    // and what one chunk's forward cannot cover stay on the critical path.
+    const double chunk = tm.forward / double(l.vp);
+    const double one = std::max(pp_link.alpha, p2p_one - chunk);
+    tm.p2p = double(c.software.p2p_steps_per_microbatch) * double(l.vp) * one;
+  }
+  const double share = compute_share(c, l);
+  tm.forward *= share;
+  tm.backward *= share;
+  return tm;
+}
+
+Computed compute_stages(const Recipe& r, const Layout& l, const Cluster& c_in) {
+  const Cluster c = effective(c_in);
+  const StageInputs x = stage_inputs(r, l, c);
   Computed out;
   std::vector<std::vector<int64_t>> releases;  // the trainer's send release points, per stage (mtnlg profile)
   for (int64_t st = 0; st < l.pp; ++st) {
-    const int64_t layers = l.stage_layers[static_cast<size_t>(st)];
-    const bool first = st == 0, last = st == l.pp - 1;
-    StageMemory mem;
-    mem.stage = st;
-    mem.layers = layers;
-    double params = double(layers) * layer_params_per_gpu(sh, l.tp);
-    if (first) params += double(sh.V) * double(sh.h) / t + double(sh.maxpos) * double(sh.h);
-    if (last) {
-      params += 2.0 * double(sh.h);
-      if (l.pp > 1) params += double(sh.V) * double(sh.h) / t;  // the tied output embedding copy
-    }
-    mem.params = params;
-    // ZeRO-1 shards are ceil(params / d): the trainer pads the buffer to a multiple of d.
-    const double shard = l.distributed_optimizer ? std::ceil(params / d) : params;
-    if (prec == Precision::fp32) {
-      mem.weights = 4 * params;
-      mem.gradients = 4 * params;
-      mem.optimizer = 8 * shard;  // Adam m, v
-    } else {
-      mem.weights = 2 * params;    // bf16/fp16 model weights
-      mem.gradients = 4 * params;  // fp32 gradient accumulation buffer (Megatron)
-      mem.optimizer = 12 * shard;  // fp32 master + m + v
-    }
-    // In-flight microbatches on this stage under 1F1B: min(pp - stage, m); interleaving
-    // adds (pp-1)/(pp*v) on the first stage (Korthikanti et al. §4.2.3).
-    const double in_flight = double(std::min<int64_t>(l.pp - st, m_full));
-    const double inter = l.vp > 1 ? 1.0 + double(l.pp - 1 - st) / double(l.pp * l.vp) : 1.0;
-    double rematerialized = 0;  // recompute re-materializes one layer's full activations in its backward
-    if (l.recompute != RecomputeGranularity::none && layers > 0) rematerialized = per_layer_full_act;
-    if (c.software.trainer_activations) {
-      // Everything the trainer keeps (head and token ids included); the layer a full
-      // recompute re-materializes lives in the backward's workspace.
-      mem.activations = trainer_stage_activation_bytes(sh, l, prec, st, m_full);
-      rematerialized = 0;
-      if (l.recompute == RecomputeGranularity::full && layers > 0) {
-        Layout kept_all = l;
-        kept_all.recompute = RecomputeGranularity::none;
-        const Layout& ka = kept_all;
-        rematerialized = trainer_chunk_saved_bytes(sh, ka, prec, 1, false) - trainer_chunk_saved_bytes(sh, ka, prec, 0, false);
-      }
-    } else {
-      mem.activations = in_flight * inter * double(layers) * per_layer_act + rematerialized;
-      rematerialized = 0;
-      if (first) mem.embedding = double(sh.s) * double(l.micro_batch) * double(sh.h) * double(l.pp) / t;
-      if (last) mem.logits = 4.0 * double(sh.s) * double(l.micro_batch) * double(sh.V) / t;
-    }
-    if (c.software.trainer_activations) {
-      // This trainer: the sends not yet waited for (exact, from the schedule), one receive
-      // buffer for the incoming gradient (its received activations are the chunks' saved
-      // inputs, counted above), NCCL channel buffers (~0.5 GiB).
-      if (l.pp > 1 && releases.empty()) releases = schedules::send_release_points_all(l.pp, m_full, l.vp);
-      mem.send_buffers = l.pp > 1 ? trainer_stage_send_bytes(l, st, m_full, act_msg, releases[static_cast<size_t>(st)]) : 0;
-      mem.comm_buffers = mem.send_buffers + (l.pp > 1 ? act_msg : 0) + 0.5 * kGiB;
-    } else {
-      // Megatron waits for each batched exchange: two send buffers and two receive buffers
-      // + NCCL channel buffers (~0.5 GiB).
-      mem.send_buffers = l.pp > 1 ? 2 * act_msg : 0;
-      mem.comm_buffers = (l.pp > 1 ? 4 * act_msg : 0) + 0.5 * kGiB;
-    }
-    // CUDA context + cuBLAS workspace (~1 GiB) and allocator fragmentation (5% of the rest).
-    const double rest = mem.weights + mem.gradients + mem.optimizer + mem.activations + mem.embedding + mem.logits;
-    mem.workspace = 1.0 * kGiB + 0.05 * rest + rematerialized;
-    mem.total = rest + mem.comm_buffers + mem.workspace;
-    out.mem.push_back(mem);
-
-    StageTime tm;
-    tm.forward = double(layers) * lt.fwd;
-    tm.backward = double(layers) * lt.bwd;
-    tm.tp_comm = double(layers) * (lt.tp_fwd + lt.tp_bwd);
-    if (l.recompute == RecomputeGranularity::full) {
-      tm.backward += double(layers) * lt.fwd;
-      tm.tp_comm += double(layers) * lt.tp_fwd;
-    } else if (l.recompute == RecomputeGranularity::selective) {
-      tm.backward += double(layers) * lt.attn_core;
-    }
-    const GroupLink tpl = group_link(c, 1, l.tp);
-    if (first) {
-      // Embedding lookup + position add + dropout (memory bound) and the vocab-parallel all-reduce.
-      const double bytes = 4 * e * double(T) * double(sh.h);
-      tm.forward += bytes / g.hbm_bw + allreduce_time(double(T) * double(sh.h) * e, l.tp, tpl);
-      tm.backward += 2 * bytes / g.hbm_bw;
-    }
-    if (last) {
-      // Final LayerNorm, logits GEMM, vocab-parallel cross-entropy on fp32 logits.
-      const double ln = 2 * e * double(T) * double(sh.h) / g.hbm_bw;
-      const double logits = double(T) * double(sh.V) / t;  // logit elements on this tensor rank
-      tm.forward += ln + gemm_time(g, peak, T, sh.V / l.tp, sh.h) + c.software.ce_bytes_fwd * logits / g.hbm_bw +
-                    3 * allreduce_time(double(T) * 4.0, l.tp, tpl);
-      tm.backward += 2 * ln + gemm_time(g, peak, T, sh.h, sh.V / l.tp) + gemm_time(g, peak, sh.h, sh.V / l.tp, T) +
-                     c.software.ce_bytes_bwd * logits / g.hbm_bw;
-    }
-    // Exposed p2p per microbatch: an activation and a gradient per chunk, sent
-    // blocking (Megatron pairs send/recv in one batched call; the transfer is on the
-    // critical path of the steady state).
-    tm.p2p = l.pp > 1 ? double(c.software.p2p_steps_per_microbatch) * double(l.vp) * p2p_one : 0;
-    if (l.pp > 1 && l.vp > 1 && c.software.p2p_overlap) {
-      // overlap_p2p_comm: each transfer runs beside the next chunk's compute; the latency
-      // and what one chunk's forward cannot cover stay on the critical path.
-      const double chunk = tm.forward / double(l.vp);
-      const double one = std::max(pp_link.alpha, p2p_one - chunk);
-      tm.p2p = double(c.software.p2p_steps_per_microbatch) * double(l.vp) * one;
-    }
-    const double share = compute_share(c, l);
-    tm.forward *= share;
-    tm.backward *= share;
-    out.time.push_back(tm);
+    out.mem.push_back(stage_memory(l, c, x, st, releases));
+    out.time.push_back(stage_time(l, c, x, st));
   }
   return out;
 }
