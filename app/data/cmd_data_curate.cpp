@@ -485,6 +485,7 @@ struct CurateRun {
                                 });
     ojson out = {{"documents", counts.at("documents")}, {"text_bytes", counts.at("in").at("text_bytes")}};
     add(s.name, "tokenize", counts.at("in"), out);
+    funnel[s.name].back()["tokens_out"] = counts.at("tokens");  // exact: what preprocess wrote
     tokens[s.name] = counts.at("tokens").get<int64_t>();
     prefixes[s.name] = full;
   }

@@ -477,6 +477,7 @@ td.num { text-align: right; font-variant-numeric: tabular-nums; }
 th { background: #f0f0f0; }
 pre { background: #fff; border: 1px solid #ddd; padding: 10px; font-size: 12px; overflow-x: auto; }
 .note { color: #666; font-size: 13px; }
+.bar { background: #1f77b4; height: 10px; display: inline-block; vertical-align: middle; }
 )";
 
 struct PlotDef {
@@ -629,12 +630,79 @@ void write_recipe(std::ostream& h, const fs::path& run_dir) {
 }
 }
 
+// The corpus funnel of `mtnlg data curate` (curate_report.json in its work_dir): per
+// source, documents and text bytes into and out of every stage, with the share of the
+// source's documents still there as a bar, tokens after tokenizing; then the blend
+// (tokens, weight, epochs).
+// Returns the funnel rows written (0 when the directory holds no curation report).
+int64_t write_curation(std::ostream& h, const fs::path& dir) {
+  const fs::path file = dir / "curate_report.json";
+  std::error_code ec;
+  if (!fs::exists(file, ec)) return 0;
+  std::ifstream in(file, std::ios::binary);
+  json rep;
+  try {
+    rep = json::parse(in);
+  } catch (const json::exception& e) {
+    throw_input("{}: not valid JSON ({})", file.string(), e.what());
+  }
+  if (!rep.contains("funnel") || !rep["funnel"].is_object() || !rep.contains("blend") || !rep["blend"].is_array())
+    throw_input("{}: no funnel or blend (written by mtnlg data curate?)", file.string());
+  auto cell = [](const json& v) { return v.is_number() ? format_number(v.get<double>()) : std::string("&ndash;"); };
+  int64_t rows = 0;
+  h << "<h2>Corpus funnel</h2>\n<p class=\"sub\">" << html_escape(rep.value("pipeline", std::string())) << "</p>\n";
+  h << "<table class=\"funnel\">\n<tr><th>source</th><th>stage</th><th>documents in</th><th>documents out</th>"
+       "<th>kept of the source</th><th>text bytes in</th><th>text bytes out</th><th>tokens out</th></tr>\n";
+  for (const auto& [src, stages] : rep["funnel"].items()) {
+    double first = -1;
+    for (const auto& e : stages) {
+      const json& din = e["documents_in"];
+      const json& dout = e["documents_out"];
+      if (first < 0 && din.is_number()) first = din.get<double>();
+      const double share = first > 0 && dout.is_number() ? dout.get<double>() / first : 0.0;
+      h << "<tr><td>" << html_escape(src) << "</td><td>" << html_escape(e.value("stage", std::string())) << "</td><td class=\"num\">"
+        << cell(din) << "</td><td class=\"num\">" << cell(dout) << "</td><td><span class=\"bar\" style=\"width:"
+        << fmt::format("{:.0f}", 120 * std::min(1.0, share)) << "px\"></span> " << fmt::format("{:.1f}%", 100 * share)
+        << "</td><td class=\"num\">" << cell(e["text_bytes_in"]) << "</td><td class=\"num\">" << cell(e["text_bytes_out"])
+        << "</td><td class=\"num\">" << cell(e.value("tokens_out", json())) << "</td></tr>\n";
+      ++rows;
+    }
+  }
+  h << "</table>\n<h2>Blend</h2>\n<table class=\"blend\">\n<tr><th>source</th><th>tokens</th><th>weight</th><th>epochs</th></tr>\n";
+  for (const auto& r : rep["blend"])
+    h << "<tr><td>" << html_escape(r.value("source", std::string())) << "</td><td class=\"num\">" << cell(r["tokens"])
+      << "</td><td class=\"num\">" << fmt::format("{:.4f}", r.value("weight", 0.0)) << "</td><td class=\"num\">"
+      << fmt::format("{:.3f}", r.value("epochs", 0.0)) << "</td></tr>\n";
+  h << "</table>\n<p class=\"note\">Training tokens the epochs are computed for: "
+    << cell(rep.value("train_tokens", json())) << ".</p>\n";
+  return rows;
+}
+
+// A directory of `mtnlg data curate` without a training run: the funnel page alone.
+std::string render_curation_page(const fs::path& dir, ReportSummary* summary) {
+  std::string title = dir.filename().string();
+  if (title.empty() || title == ".") title = fs::absolute(dir).lexically_normal().parent_path().filename().string();
+  std::ostringstream h;
+  h << "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+    << "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
+    << "<title>mtnlg report: " << html_escape(title) << "</title>\n<style>" << kStyle << "</style>\n</head>\n<body>\n<main>\n";
+  h << "<h1>Corpus curation: " << html_escape(title) << "</h1>\n";
+  h << "<p class=\"sub\">" << html_escape((dir / "curate_report.json").string()) << " &middot; mtnlg " << MTNLG_VERSION
+    << "</p>\n";
+  const int64_t rows = write_curation(h, dir);
+  h << "</main>\n</body>\n</html>\n";
+  if (summary) summary->funnel_rows = rows;
+  return h.str();
+}
+
 }  // namespace
 
 std::string render_report_html(const fs::path& run_dir, ReportSummary* summary) {
   std::error_code ec;
   if (!fs::is_directory(run_dir, ec))
     throw_input("{}: not a directory (pass the run's logging.dir, e.g. runs/cpu-demo)", run_dir.string());
+  if (!fs::exists(run_dir / "metrics.jsonl", ec) && fs::exists(run_dir / "curate_report.json", ec))
+    return render_curation_page(run_dir, summary);
   const Metrics m = read_metrics(run_dir / "metrics.jsonl");
 
   // x axis: consumed tokens (the schedules run on tokens and batch sizes ramp, so
@@ -672,6 +740,7 @@ std::string render_report_html(const fs::path& run_dir, ReportSummary* summary) 
   }
   h << "<h2>Evaluation results</h2>\n";
   write_eval_table(h, evals);
+  const int64_t funnel_rows = write_curation(h, run_dir);  // a run directory that is also a curate work_dir
   h << "<h2>Resolved recipe</h2>\n";
   write_recipe(h, run_dir);
   h << "</main>\n</body>\n</html>\n";
@@ -680,6 +749,7 @@ std::string render_report_html(const fs::path& run_dir, ReportSummary* summary) 
     summary->iterations = m.rows;
     summary->plots = nplots;
     summary->eval_rows = static_cast<int64_t>(evals.size());
+    summary->funnel_rows = funnel_rows;
   }
   return h.str();
 }

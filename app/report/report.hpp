@@ -97,6 +97,7 @@ struct ReportSummary {
   int64_t iterations = 0;
   int64_t plots = 0;
   int64_t eval_rows = 0;
+  int64_t funnel_rows = 0;  // rows of the corpus funnel (a `data curate` work_dir)
 };
 
 // The whole page as a string (throws like read_metrics).

@@ -174,6 +174,22 @@ TEST_CASE("mtnlg data curate: mixed corpus, planted truth, blend trains, kill -9
   INFO(tr.out);
   CHECK(tr.exit_code == 0);
   CHECK(test::read_losses(d / "run").size() == 3);
+  // The report page of the work_dir: the funnel per source and stage, and the blend.
+  auto page = test::run_mtnlg("report " + W.string() + " --output " + (d / "funnel.html").string());
+  INFO(page.out);
+  REQUIRE(page.exit_code == 0);
+  const std::string html = test::read_file(d / "funnel.html");
+  CHECK_THAT(html, Contains("<h2>Corpus funnel</h2>"));
+  CHECK_THAT(html, Contains("<tr><td>web</td><td>extract</td><td class=\"num\">42</td><td class=\"num\">36</td>"));
+  for (const auto& [src, stages] : rep["funnel"].items())
+    for (const auto& e : stages)
+      CHECK_THAT(html, Contains("<tr><td>" + src + "</td><td>" + e["stage"].get<std::string>() + "</td>"));
+  CHECK_THAT(html, Contains("<h2>Blend</h2>"));
+  for (const auto& b : rep["blend"]) {  // the tokenize row carries the exact token count of the blend
+    const std::string src = b["source"].get<std::string>();
+    CHECK(rep["funnel"][src].back()["stage"] == "tokenize");
+    CHECK(rep["funnel"][src].back()["tokens_out"] == b["tokens"]);
+  }
 
   // A kill -9 right after dedup wrote its files (before its manifest), then a re-run.
   const auto want = outputs(W);
