@@ -16,15 +16,19 @@
 #include <zlib.h>
 
 #include <csignal>
+#include <cstring>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
+#include <span>
 #include <set>
 
 #include "app/commands.hpp"
+#include "app/process/rank_job.hpp"
 #include "core/atomic_file.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
@@ -32,6 +36,7 @@
 #include "data/curation/decontaminate.hpp"
 #include "data/curation/dedup.hpp"
 #include "data/curation/quality.hpp"
+#include "data/curation/ranks.hpp"
 #include "data/extract/extract.hpp"
 #include "data/indexed_dataset.hpp"
 #include "data/preprocess.hpp"
@@ -247,50 +252,104 @@ ojson count_jsonl(const std::string& path) {
   return {{"documents", docs}, {"text_bytes", bytes}};
 }
 
+// The same JSON on every rank: rank 0's (stage counts, which only rank 0 computes).
+ojson broadcast_json(curation::RankComm& comm, const ojson& j) {
+  if (comm.size() == 1) return j;
+  // all_to_all moves whole 4-byte words: the text's length (8 bytes), then the text
+  // padded with spaces to a word.
+  std::string msg;
+  if (comm.rank() == 0) {
+    const std::string text = j.dump();
+    const uint64_t n = text.size();
+    msg.assign(reinterpret_cast<const char*>(&n), sizeof n);
+    msg += text;
+    msg.resize((msg.size() + 3) / 4 * 4, ' ');
+  }
+  std::vector<std::span<const char>> send(static_cast<size_t>(comm.size()));
+  if (comm.rank() == 0)
+    for (auto& s : send) s = std::span<const char>(msg.data(), msg.size());
+  const std::vector<char> got = comm.all_to_all(send);  // only rank 0 sent: its bytes
+  uint64_t n = 0;
+  if (got.size() < sizeof n) throw_runtime("curate: rank 0's stage counts did not arrive");
+  std::memcpy(&n, got.data(), sizeof n);
+  return ojson::parse(std::string(got.begin() + sizeof n, got.begin() + static_cast<std::ptrdiff_t>(sizeof n + n)));
+}
+
+// The stages' bookkeeping. Across ranks, rank 0 owns the files: it checks each stage's
+// manifest, runs the stage (all ranks run a collective one: dedup), writes the manifest
+// and tells every rank the stage's counts, so every rank walks the same pipeline; each
+// step's failure is agreed on, so no rank waits for a peer that has stopped.
 struct Curator {
   Pipeline p;
+  curation::RankComm* comm = nullptr;
   int64_t ran = 0, skipped = 0;
   std::string kill_after;  // testing aid: MTNLG_TEST_CURATE_KILL
 
+  bool lead() const { return comm->rank() == 0; }
+
   // Runs `fn` unless the stage's manifest matches; returns the manifest's "counts".
+  // `collective`: every rank runs fn (its result on rank 0 is the counts).
   template <typename F>
   ojson stage(const std::string& id, const std::string& manifest, const ojson& params,
-              const std::vector<std::string>& inputs, const std::vector<std::string>& outputs, F&& fn) {
-    ojson m;
-    m["stage"] = id;
-    m["params"] = params;
-    m["inputs"] = file_entries(inputs);
-    if (fs::exists(manifest)) {
-      try {
-        std::ifstream f(manifest);
-        const ojson old = ojson::parse(f);
-        bool same = old.at("stage") == m["stage"] && old.at("params") == m["params"] && old.at("inputs") == m["inputs"];
-        if (same) {
-          const ojson& outs = old.at("outputs");
-          same = outs.size() == outputs.size();
-          for (size_t i = 0; same && i < outputs.size(); ++i)
-            same = fs::exists(outputs[i]) && outs[i] == file_entry(outputs[i]);
-        }
-        if (same) {
-          ++skipped;
-          log::info("curate: {}: up to date (manifest {} matches), skipped", id, manifest);
-          return old.at("counts");
-        }
-      } catch (const std::exception&) {
-        // An unreadable manifest is a stage to redo.
+              const std::vector<std::string>& inputs, const std::vector<std::string>& outputs, F&& fn,
+              bool collective = false) {
+    ojson m, counts;
+    int64_t run = 0;
+    curation::agree(*comm, "checking stage " + id, [&] {
+      if (!lead()) return;
+      m["stage"] = id;
+      m["params"] = params;
+      m["inputs"] = file_entries(inputs);
+      if (const auto old = matching_manifest(manifest, m, outputs)) {
+        counts = old->at("counts");
+        log::info("curate: {}: up to date (manifest {} matches), skipped", id, manifest);
+      } else {
+        run = 1;
       }
+    });
+    comm->all_reduce_max(&run, 1);
+    if (!run) {
+      ++skipped;
+      return broadcast_json(*comm, counts);
     }
-    log::info("curate: {}: running", id);
-    fs::create_directories(fs::path(manifest).parent_path());
-    m["counts"] = fn();
-    if (kill_after == id) {  // testing aid: die like kill -9 after the outputs, before the manifest
-      std::fflush(nullptr);
-      std::raise(SIGKILL);
-    }
-    m["outputs"] = file_entries(outputs);
-    write_file_atomic(manifest, m.dump(2) + "\n");
+    curation::agree(*comm, "running stage " + id, [&] {
+      if (lead()) {
+        log::info("curate: {}: running", id);
+        fs::create_directories(fs::path(manifest).parent_path());
+      }
+      if (lead() || collective) counts = fn();
+      if (!lead()) return;
+      if (kill_after == id) {  // testing aid: die like kill -9 after the outputs, before the manifest
+        std::fflush(nullptr);
+        std::raise(SIGKILL);
+      }
+      m["counts"] = counts;
+      m["outputs"] = file_entries(outputs);
+      write_file_atomic(manifest, m.dump(2) + "\n");
+    });
     ++ran;
-    return m["counts"];
+    return broadcast_json(*comm, counts);
+  }
+
+ private:
+  // The manifest of an earlier run when it still matches (same stage, parameters, inputs
+  // and outputs as they are now); an unreadable manifest is a stage to redo.
+  static std::optional<ojson> matching_manifest(const std::string& manifest, const ojson& m,
+                                                const std::vector<std::string>& outputs) {
+    if (!fs::exists(manifest)) return std::nullopt;
+    try {
+      std::ifstream f(manifest);
+      ojson old = ojson::parse(f);
+      bool same = old.at("stage") == m["stage"] && old.at("params") == m["params"] && old.at("inputs") == m["inputs"];
+      if (same) {
+        const ojson& outs = old.at("outputs");
+        same = outs.size() == outputs.size();
+        for (size_t i = 0; same && i < outputs.size(); ++i) same = fs::exists(outputs[i]) && outs[i] == file_entry(outputs[i]);
+      }
+      if (same) return old;
+    } catch (const std::exception&) {
+    }
+    return std::nullopt;
   }
 };
 
@@ -412,54 +471,55 @@ struct CurateRun {
   // 3. Dedup across every source at once (priority order decides the survivor).
   void dedup() {
     Pipeline& p = c.p;
-  std::vector<std::string> ins, outs;
-  for (const auto& s : p.sources) {
-    ins.push_back(cur[s.name]);
-    outs.push_back((W / "3-dedup" / (s.name + ".jsonl")).string());
-  }
-  ojson params = {{"threshold", p.dopt.threshold}, {"priority", p.dopt.priority}, {"ngram", p.dopt.ngram},
-                  {"num_perm", p.dopt.num_perm}, {"seed", p.dopt.seed}};
-  const auto counts = c.stage("dedup", (W / "3-dedup" / "dedup.manifest.json").string(), params, ins, outs, [&] {
-    curation::DedupOptions o = p.dopt;
-    o.inputs = ins;
-    o.output_dir = (W / "3-dedup").string();
-    o.workers = 1;
-    o.progress = progress;
-    curation::run_dedup(o);
-    ojson k;
-    for (size_t i = 0; i < ins.size(); ++i)
-      k[p.sources[i].name] = {{"in", count_jsonl(ins[i])}, {"out", count_jsonl(outs[i])}};
-    return k;
-  });
-  for (size_t i = 0; i < p.sources.size(); ++i) {
-    const auto& k = counts.at(p.sources[i].name);
-    add(p.sources[i].name, "dedup", k.at("in"), k.at("out"));
-    cur[p.sources[i].name] = outs[i];
-  }
+    std::vector<std::string> ins, outs;
+    for (const auto& s : p.sources) {
+      ins.push_back(cur[s.name]);
+      outs.push_back((W / "3-dedup" / (s.name + ".jsonl")).string());
+    }
+    ojson params = {{"threshold", p.dopt.threshold}, {"priority", p.dopt.priority}, {"ngram", p.dopt.ngram},
+                    {"num_perm", p.dopt.num_perm}, {"seed", p.dopt.seed}};
+    const auto counts = c.stage("dedup", (W / "3-dedup" / "dedup.manifest.json").string(), params, ins, outs, [&] {
+      curation::DedupOptions o = p.dopt;
+      o.inputs = ins;
+      o.output_dir = (W / "3-dedup").string();
+      o.workers = 1;
+      o.progress = progress;
+      curation::run_dedup(o, c.comm);  // across every rank
+      if (!c.lead()) return ojson();   // rank 0 renamed the outputs into place and counts them
+      ojson k;
+      for (size_t i = 0; i < ins.size(); ++i)
+        k[p.sources[i].name] = {{"in", count_jsonl(ins[i])}, {"out", count_jsonl(outs[i])}};
+      return k;
+    }, /*collective=*/true);
+    for (size_t i = 0; i < p.sources.size(); ++i) {
+      const auto& k = counts.at(p.sources[i].name);
+      add(p.sources[i].name, "dedup", k.at("in"), k.at("out"));
+      cur[p.sources[i].name] = outs[i];
+    }
   }
   // 4. Decontamination against the eval tasks' n-grams.
   void decontaminate() {
     Pipeline& p = c.p;
-  for (const auto& s : p.sources) {
-    const std::string out = (W / "4-decontam" / (s.name + ".jsonl")).string();
-    ojson params = {{"ngram", p.copt.ngram}, {"mode", p.copt.mode}, {"max_hits", p.copt.max_hits}};
-    std::vector<std::string> ins = {cur[s.name]};
-    for (const auto& e : fs::recursive_directory_iterator(p.copt.tasks_dir))
-      if (e.is_regular_file()) ins.push_back(e.path().string());
-    std::sort(ins.begin() + 1, ins.end());
-    const auto counts = c.stage("decontaminate/" + s.name, (W / "4-decontam" / (s.name + ".manifest.json")).string(),
-                                params, ins, {out}, [&] {
-                                  curation::DecontamOptions o = p.copt;
-                                  o.input = cur[s.name];
-                                  o.output = out;
-                                  o.report = out + ".report.json";
-                                  o.progress = false;
-                                  curation::run_decontaminate(o);
-                                  return ojson{{"in", count_jsonl(cur[s.name])}, {"out", count_jsonl(out)}};
-                                });
-    add(s.name, "decontaminate", counts.at("in"), counts.at("out"));
-    cur[s.name] = out;
-  }
+    for (const auto& s : p.sources) {
+      const std::string out = (W / "4-decontam" / (s.name + ".jsonl")).string();
+      ojson params = {{"ngram", p.copt.ngram}, {"mode", p.copt.mode}, {"max_hits", p.copt.max_hits}};
+      std::vector<std::string> ins = {cur[s.name]};
+      for (const auto& e : fs::recursive_directory_iterator(p.copt.tasks_dir))
+        if (e.is_regular_file()) ins.push_back(e.path().string());
+      std::sort(ins.begin() + 1, ins.end());
+      const auto counts = c.stage("decontaminate/" + s.name, (W / "4-decontam" / (s.name + ".manifest.json")).string(),
+                                  params, ins, {out}, [&] {
+                                    curation::DecontamOptions o = p.copt;
+                                    o.input = cur[s.name];
+                                    o.output = out;
+                                    o.report = out + ".report.json";
+                                    o.progress = false;
+                                    curation::run_decontaminate(o);
+                                    return ojson{{"in", count_jsonl(cur[s.name])}, {"out", count_jsonl(out)}};
+                                  });
+      add(s.name, "decontaminate", counts.at("in"), counts.at("out"));
+      cur[s.name] = out;
+    }
   }
   // 5. Tokenize into Megatron's indexed files.
   void tokenize() {
@@ -561,23 +621,35 @@ struct CurateRun {
   }
 };
 
-void run_curate(const std::string& file, bool progress) {
+void run_curate_on(WorldRankComm& comm, const std::string& file, bool progress) {
   CurateRun r;
-  r.c.p = load_pipeline(file);
+  r.c.comm = &comm;
+  curation::agree(comm, "reading the pipeline", [&] { r.c.p = load_pipeline(file); });
   if (const char* k = std::getenv("MTNLG_TEST_CURATE_KILL")) r.c.kill_after = k;
   r.W = r.c.p.work_dir;
   r.file = file;
-  r.progress = progress;
-  fs::create_directories(r.W);
+  r.progress = progress && comm.rank() == 0;
+  curation::agree(comm, "creating the work_dir", [&] {
+    if (comm.rank() == 0) fs::create_directories(r.W);
+  });
   r.sources();
   r.quality();
   if (r.c.p.dedup) r.dedup();
   if (r.c.p.decontam) r.decontaminate();
   r.tokenize();
+  if (comm.rank() != 0) return;  // rank 0 writes the blend and the report
   r.write_blend();
   r.write_report();
   log::info("curate: {} stages run, {} up to date; blend {}{}", r.c.ran, r.c.skipped, (r.W / "blend.yaml").string(),
             r.c.p.recipe.empty() ? std::string() : fmt::format(", recipe {}", (r.W / "train.yaml").string()));
+}
+
+// One process, or every rank of an mpirun/srun job (the dedup stage runs across them).
+void run_curate(const std::string& file, bool progress) {
+  run_on_ranks(parallel::detect_launch(), [&](WorldRankComm& comm) {
+    run_curate_on(comm, file, progress);
+    return 0;
+  });
 }
 
 }  // namespace
@@ -595,7 +667,8 @@ void register_data_curate(CLI::App& data) {
   c->footer(
       "Outputs under work_dir: 1-source/, 2-quality/, 3-dedup/, 4-decontam/, 5-tokens/ (each stage's files and "
       "<name>.manifest.json), blend.yaml, train.yaml (with blend.recipe), curate_report.json and .md. Paths in the "
-      "pipeline file are relative to its directory. Runs in one process.");
+      "pipeline file are relative to its directory. Under mpirun/srun the dedup stage runs across the ranks and rank 0 "
+      "runs the others; the outputs are the same bytes for any rank count.");
   c->callback([file, no_progress] { run_curate(*file, !*no_progress); });
 }
 

@@ -1,7 +1,8 @@
 // [e2e] `mtnlg data curate`: a small mixed corpus (a WARC source, two JSONL sources of
 // the synthetic curation corpus, near-duplicates of web pages planted in another source,
 // planted eval passages) through every stage; counts against the planted truth, the
-// blend trains, a kill -9 mid-run resumes to the same bytes, a third run redoes nothing.
+// blend trains, 3 ranks under mpirun write the same bytes as one process, a kill -9
+// mid-run resumes to the same bytes, a third run redoes nothing.
 #include <catch2/catch.hpp>
 
 #include <filesystem>
@@ -191,8 +192,16 @@ TEST_CASE("mtnlg data curate: mixed corpus, planted truth, blend trains, kill -9
     CHECK(rep["funnel"][src].back()["tokens_out"] == b["tokens"]);
   }
 
-  // A kill -9 right after dedup wrote its files (before its manifest), then a re-run.
   const auto want = outputs(W);
+  // 3 ranks (dedup across them, the other stages on rank 0): the same bytes.
+  fs::remove_all(d / "work");
+  auto ranks3 = test::run_command("sh " + src + "/test/mpi/mpirun.sh 3 " + std::string(MTNLG_BINARY) +
+                                  " data curate --no-progress " + (d / "pipe.yaml").string());
+  INFO(ranks3.out);
+  REQUIRE(ranks3.exit_code == 0);
+  CHECK(outputs(W) == want);
+
+  // A kill -9 right after dedup wrote its files (before its manifest), then a re-run.
   fs::remove_all(d / "work");
   auto killed = test::run_command("MTNLG_TEST_CURATE_KILL=dedup " + std::string(MTNLG_BINARY) + " data curate --no-progress " +
                                   (d / "pipe.yaml").string());
