@@ -630,6 +630,19 @@ void write_recipe(std::ostream& h, const fs::path& run_dir) {
 }
 }
 
+// The page's name: the directory's own name (its parent's for ".").
+std::string page_title(const fs::path& dir) {
+  std::string title = dir.filename().string();
+  if (title.empty() || title == ".") title = fs::absolute(dir).lexically_normal().parent_path().filename().string();
+  return title;
+}
+
+void write_page_head(std::ostream& h, const std::string& title) {
+  h << "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+    << "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
+    << "<title>mtnlg report: " << html_escape(title) << "</title>\n<style>" << kStyle << "</style>\n</head>\n<body>\n<main>\n";
+}
+
 // The corpus funnel of `mtnlg data curate` (curate_report.json in its work_dir): per
 // source, documents and text bytes into and out of every stage, with the share of the
 // source's documents still there as a bar, tokens after tokenizing; then the blend
@@ -680,12 +693,9 @@ int64_t write_curation(std::ostream& h, const fs::path& dir) {
 
 // A directory of `mtnlg data curate` without a training run: the funnel page alone.
 std::string render_curation_page(const fs::path& dir, ReportSummary* summary) {
-  std::string title = dir.filename().string();
-  if (title.empty() || title == ".") title = fs::absolute(dir).lexically_normal().parent_path().filename().string();
+  const std::string title = page_title(dir);
   std::ostringstream h;
-  h << "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
-    << "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
-    << "<title>mtnlg report: " << html_escape(title) << "</title>\n<style>" << kStyle << "</style>\n</head>\n<body>\n<main>\n";
+  write_page_head(h, title);
   h << "<h1>Corpus curation: " << html_escape(title) << "</h1>\n";
   h << "<p class=\"sub\">" << html_escape((dir / "curate_report.json").string()) << " &middot; mtnlg " << MTNLG_VERSION
     << "</p>\n";
@@ -719,13 +729,10 @@ std::string render_report_html(const fs::path& run_dir, ReportSummary* summary) 
   }
   const auto facts = summary_facts(m, run_dir);
   const auto evals = read_eval_results(run_dir);
-  std::string title = run_dir.filename().string();
-  if (title.empty() || title == ".") title = fs::absolute(run_dir).lexically_normal().parent_path().filename().string();
+  const std::string title = page_title(run_dir);
 
   std::ostringstream h;
-  h << "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
-    << "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
-    << "<title>mtnlg report: " << html_escape(title) << "</title>\n<style>" << kStyle << "</style>\n</head>\n<body>\n<main>\n";
+  write_page_head(h, title);
   h << "<h1>Training run: " << html_escape(title) << "</h1>\n";
   h << "<p class=\"sub\">" << html_escape(m.source) << " &middot; x axis: " << x_label << " &middot; mtnlg "
     << MTNLG_VERSION << "</p>\n";
