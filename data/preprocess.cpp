@@ -493,8 +493,10 @@ BatchResult process_batch(const Batch& b, const PreprocessOptions& opt, const To
 
 }  // namespace
 
-PreprocessResult preprocess_jsonl(const PreprocessOptions& opt) {
-  const auto t0 = std::chrono::steady_clock::now();
+namespace {
+
+// The options' own checks (the inputs are checked by check_preprocess_inputs).
+void check_preprocess_options(const PreprocessOptions& opt) {
   if (opt.json_keys.empty()) throw_input("--json-keys: at least one key is needed");
   if (opt.workers < 1) throw_input("--workers: {} is not valid (expected >= 1)", opt.workers);
   {
@@ -516,6 +518,103 @@ PreprocessResult preprocess_jsonl(const PreprocessOptions& opt) {
     if (!parent.empty() && !std::filesystem::is_directory(parent, ec))
       throw_input("--output-prefix {}: directory {} does not exist", opt.output_prefix, parent.string());
   }
+}
+
+// Reads the pieces one after the other into batches of at most batch_lines lines; a
+// batch holds lines of one piece only and carries the input bytes read for it.
+class BatchReader {
+ public:
+  BatchReader(const std::vector<InputPiece>& pieces, int64_t batch_lines) : pieces_(pieces), batch_lines_(batch_lines) {}
+  bool next(Batch& b) {
+    b.lines.clear();
+    while (true) {
+      if (!reader_) {
+        if (next_piece_ == pieces_.size()) return false;
+        const InputPiece& p = pieces_[next_piece_++];
+        reader_ = (p.begin == 0 && p.end < 0) ? std::make_unique<LineReader>(p.path)
+                                             : std::make_unique<LineReader>(p.path, p.begin, p.end);
+        reader_file_ = p.path;
+        bytes_batched_ = 0;
+      }
+      b.file = reader_file_;
+      b.first_line = reader_->line_number() + 1;
+      std::string line;
+      while (static_cast<int64_t>(b.lines.size()) < batch_lines_ && reader_->next(line))
+        b.lines.push_back(std::move(line));
+      bytes_pending_ += reader_->bytes_read() - bytes_batched_;
+      bytes_batched_ = reader_->bytes_read();
+      if (!b.lines.empty()) {
+        b.input_bytes = bytes_pending_;
+        bytes_pending_ = 0;
+        return true;
+      }
+      reader_.reset();  // this piece is done
+    }
+  }
+  // Bytes read after the last batch's lines (the end of the last piece).
+  int64_t pending_bytes() const { return bytes_pending_; }
+
+ private:
+  const std::vector<InputPiece>& pieces_;
+  int64_t batch_lines_;
+  size_t next_piece_ = 0;
+  std::unique_ptr<LineReader> reader_;
+  std::string reader_file_;
+  int64_t bytes_batched_ = 0;  // reader_->bytes_read() at the end of the last batch
+  int64_t bytes_pending_ = 0;  // read by a reader after its last line (counted with the next batch)
+};
+
+// Tokenizes every batch (on opt.workers threads) and hands the results to `consume`
+// in reading order, so the output does not depend on scheduling.
+template <typename Consume>
+void tokenize_batches(BatchReader& reader, const PreprocessOptions& opt, const Tokenizer& tok, Consume&& consume) {
+  if (opt.workers == 1) {
+    Batch b;
+    while (reader.next(b)) consume(process_batch(b, opt, tok));
+  } else {
+    // In-order pipeline: at most 2*workers batches in flight; results are consumed in
+    // submission order, so the output does not depend on scheduling.
+    std::deque<std::future<BatchResult>> inflight;
+    std::exception_ptr failure;
+    {
+      Pool pool(opt.workers);
+      try {
+        while (true) {
+          auto b = std::make_shared<Batch>();
+          if (!reader.next(*b)) break;
+          auto promise = std::make_shared<std::promise<BatchResult>>();
+          inflight.push_back(promise->get_future());
+          pool.submit([b, promise, &opt, &tok] {
+            try {
+              promise->set_value(process_batch(*b, opt, tok));
+            } catch (...) {
+              promise->set_exception(std::current_exception());
+            }
+          });
+          while (static_cast<int64_t>(inflight.size()) >= 2 * opt.workers) {
+            consume(inflight.front().get());
+            inflight.pop_front();
+          }
+        }
+        while (!inflight.empty()) {
+          consume(inflight.front().get());
+          inflight.pop_front();
+        }
+      } catch (...) {
+        failure = std::current_exception();
+        for (auto& f : inflight)  // jobs reference locals: let them finish first
+          if (f.valid()) f.wait();
+      }
+    }
+    if (failure) std::rethrow_exception(failure);
+  }
+}
+
+}  // namespace
+
+PreprocessResult preprocess_jsonl(const PreprocessOptions& opt) {
+  const auto t0 = std::chrono::steady_clock::now();
+  check_preprocess_options(opt);
   check_preprocess_inputs(opt.inputs, opt.output_prefix, opt.json_keys);
   std::vector<InputPiece> pieces;
   if (opt.pieces) {
@@ -558,80 +657,9 @@ PreprocessResult preprocess_jsonl(const PreprocessOptions& opt) {
     if (opt.on_progress) opt.on_progress(r.documents, toks, r.input_bytes);
   };
 
-  // The pieces are read one after the other; a batch holds lines of one piece only.
-  size_t next_piece = 0;
-  std::unique_ptr<LineReader> reader;
-  std::string reader_file;
-  int64_t bytes_batched = 0;  // reader->bytes_read() at the end of the last batch
-  int64_t bytes_pending = 0;  // read by a reader after its last line (counted with the next batch)
-  auto read_batch = [&](Batch& b) {
-    b.lines.clear();
-    while (true) {
-      if (!reader) {
-        if (next_piece == pieces.size()) return false;
-        const InputPiece& p = pieces[next_piece++];
-        reader = (p.begin == 0 && p.end < 0) ? std::make_unique<LineReader>(p.path)
-                                             : std::make_unique<LineReader>(p.path, p.begin, p.end);
-        reader_file = p.path;
-        bytes_batched = 0;
-      }
-      b.file = reader_file;
-      b.first_line = reader->line_number() + 1;
-      std::string line;
-      while (static_cast<int64_t>(b.lines.size()) < opt.batch_lines && reader->next(line))
-        b.lines.push_back(std::move(line));
-      bytes_pending += reader->bytes_read() - bytes_batched;
-      bytes_batched = reader->bytes_read();
-      if (!b.lines.empty()) {
-        b.input_bytes = bytes_pending;
-        bytes_pending = 0;
-        return true;
-      }
-      reader.reset();  // this piece is done
-    }
-  };
-
-  if (opt.workers == 1) {
-    Batch b;
-    while (read_batch(b)) consume(process_batch(b, opt, *tok));
-  } else {
-    // In-order pipeline: at most 2*workers batches in flight; results are consumed in
-    // submission order, so the output does not depend on scheduling.
-    std::deque<std::future<BatchResult>> inflight;
-    std::exception_ptr failure;
-    {
-      Pool pool(opt.workers);
-      try {
-        while (true) {
-          auto b = std::make_shared<Batch>();
-          if (!read_batch(*b)) break;
-          auto promise = std::make_shared<std::promise<BatchResult>>();
-          inflight.push_back(promise->get_future());
-          pool.submit([b, promise, &opt, &tok] {
-            try {
-              promise->set_value(process_batch(*b, opt, *tok));
-            } catch (...) {
-              promise->set_exception(std::current_exception());
-            }
-          });
-          while (static_cast<int64_t>(inflight.size()) >= 2 * opt.workers) {
-            consume(inflight.front().get());
-            inflight.pop_front();
-          }
-        }
-        while (!inflight.empty()) {
-          consume(inflight.front().get());
-          inflight.pop_front();
-        }
-      } catch (...) {
-        failure = std::current_exception();
-        for (auto& f : inflight)  // jobs reference locals: let them finish first
-          if (f.valid()) f.wait();
-      }
-    }
-    if (failure) std::rethrow_exception(failure);
-  }
-  if (bytes_pending > 0 && opt.on_progress) opt.on_progress(0, 0, bytes_pending);
+  BatchReader reader(pieces, opt.batch_lines);
+  tokenize_batches(reader, opt, *tok, consume);
+  if (reader.pending_bytes() > 0 && opt.on_progress) opt.on_progress(0, 0, reader.pending_bytes());
   progress.finish();
   // All pairs complete under temporary names before any is renamed into place.
   const auto t_flush = std::chrono::steady_clock::now();
