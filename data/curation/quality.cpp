@@ -146,7 +146,7 @@ nlohmann::json BinaryMetrics::to_json() const {
 
 namespace {
 
-// Positions of the global training order per block of one exchange (see train_quality).
+// Positions of the global training order per block of one exchange (see QualityTrain).
 constexpr int64_t kTrainBlock = 4096;
 
 }  // namespace
@@ -156,24 +156,89 @@ void QualityModel::assign(float bias, const float* weights) {
   std::memcpy(weights_.data(), weights, weights_.size() * sizeof(float));
 }
 
-// Across ranks (comm of size W; one process: W = 1, the same code). Rank r featurizes
-// the r-th line-aligned byte range of --positive and of --negative and keeps those
-// examples only. Example indices (the held-out split's key) and line numbers are the
-// whole files', from the all-reduced line and document counts. The training set in one
-// process is the examples in index order (positives, then negatives) less the held-out
-// ones; across ranks that order is the ranks' segments: positives of rank 0, 1, ...,
-// then negatives of rank 0, 1, .... Every rank computes the same shuffle per epoch; SGD
-// runs on rank 0, which receives the examples it does not hold in the shuffled order,
-// kTrainBlock positions per exchange, so the updates are the same sequence of the same
-// float operations for any W: the model file is the same bytes. Rank 0 holds its own
-// share plus one block; after training it sends the weights to every rank, each
-// evaluates its own examples and the confusion counts are summed.
-nlohmann::json train_quality(const QualityTrainOptions& opt, RankComm* comm_in) {
+namespace {
+
+struct Example {
+  std::vector<uint32_t> f;
+  int label;
+};
+
+// One run of quality training on this rank (comm of size W; one process: W = 1, the
+// same code). Rank r featurizes the r-th line-aligned byte range of --positive and of
+// --negative and keeps those examples only. Example indices (the held-out split's key)
+// and line numbers are the whole files', from the all-reduced line and document counts.
+// The training set in one process is the examples in index order (positives, then
+// negatives) less the held-out ones; across ranks that order is the ranks' segments:
+// positives of rank 0, 1, ..., then negatives of rank 0, 1, .... Every rank computes the
+// same shuffle per epoch; SGD runs on rank 0, which receives the examples it does not
+// hold in the shuffled order, kTrainBlock positions per exchange, so the updates are
+// the same sequence of the same float operations for any W: the model file is the same
+// bytes. Rank 0 holds its own share plus one block; after training it sends the
+// weights to every rank, each evaluates its own examples and the confusion counts are
+// summed.
+//
+// train_quality calls the stages in order; every rank calls the same collectives in the
+// same order. State that only one stage uses stays local to it.
+struct QualityTrain {
+  QualityTrain(const QualityTrainOptions& o, RankComm* comm_in);
+
+  // The stages, in order.
+  void check_options();
+  void count_shares();
+  void featurize();
+  void place_segments();
+  void train();
+  void share_weights();
+  void save();
+
+  // Parts of the stages.
+  void shuffle(int64_t ep);
+  void train_block(int64_t lo, int64_t hi, double lr, double& loss);
+  std::vector<char> exchange_block(int64_t lo, int64_t hi);
+  void train_received(const std::vector<char>& got, int64_t lo, int64_t hi, double lr, double& loss);
+  std::pair<int64_t, int64_t> locate(int64_t t) const;
+  BinaryMetrics evaluate(const std::vector<Example>& set);
+  int64_t& cnt(int64_t f, int64_t q, int64_t what) { return counts[static_cast<size_t>((f * W + q) * 2 + what)]; }
+
+  // The run's parameters.
+  const QualityTrainOptions& opt;
   SoloRankComm solo;
-  RankComm& comm = comm_in ? *comm_in : solo;
-  const int64_t W = comm.size(), R = comm.rank();
-  const std::string* paths[2] = {&opt.positive, &opt.negative};  // file 0 = label 1
-  // Checks on rank 0 only, so that a bad option is reported once.
+  RankComm& comm;
+  const int64_t W, R;
+  const std::string* paths[2];  // file 0 = label 1
+  QualityModel model;           // made once the options are checked
+
+  // Shares (count_shares): lines and documents of every rank's range of both files,
+  // [file][rank][lines, docs], and this rank's ranges.
+  int64_t range[2][2] = {{0, -1}, {0, -1}};
+  std::vector<int64_t> counts;
+  int64_t docs[2] = {0, 0};
+
+  // Examples (featurize, place_segments): this rank's, positives then negatives, each in
+  // file order; training examples per segment (file f, rank q) = segment f * W + q, in
+  // global order.
+  std::vector<Example> train_set, held;
+  int64_t local_train[2] = {0, 0};
+  std::vector<int64_t> seg, seg_start;
+  int64_t n_train = 0, n_held = 0;
+
+  // Training: the shuffled order of the training positions, the epochs' report lines.
+  std::vector<size_t> order;
+  nlohmann::json epochs = nlohmann::json::array();
+  std::vector<uint32_t> remote_f;  // scratch: one received example's features
+  nlohmann::json report;
+};
+
+QualityTrain::QualityTrain(const QualityTrainOptions& o, RankComm* comm_in)
+    : opt(o),
+      comm(comm_in ? *comm_in : solo),
+      W(comm.size()),
+      R(comm.rank()),
+      paths{&opt.positive, &opt.negative},
+      counts(static_cast<size_t>(4 * W), 0) {}
+
+// --- options: checked on rank 0 only, so that a bad option is reported once --------
+void QualityTrain::check_options() {
   agree(comm, "checking the options", [&] {
     if (R != 0) return;
     if (opt.epochs < 1) throw_input("--epochs {} must be at least 1", opt.epochs);
@@ -183,14 +248,11 @@ nlohmann::json train_quality(const QualityTrainOptions& opt, RankComm* comm_in) 
     for (const std::string* p : paths)
       if (!fs::is_regular_file(*p)) throw_input("{}: no such file", *p);
   });
-  QualityModel model(opt.bucket_bits, mix_key(opt.seed, 0x5175616c));
+  model = QualityModel(opt.bucket_bits, mix_key(opt.seed, 0x5175616c));
+}
 
-  // Lines and documents of every rank's range of both files: [file][rank][lines, docs].
-  int64_t range[2][2] = {{0, -1}, {0, -1}};
-  std::vector<int64_t> counts(static_cast<size_t>(4 * W), 0);
-  auto cnt = [&](int64_t f, int64_t q, int64_t what) -> int64_t& {
-    return counts[static_cast<size_t>((f * W + q) * 2 + what)];
-  };
+// --- shares: rank q reads the q-th line-aligned byte range of both files ----------
+void QualityTrain::count_shares() {
   agree(comm, "reading its share", [&] {
     for (int64_t f = 0; f < 2; ++f) {
       std::tie(range[f][0], range[f][1]) = data::line_aligned_range(*paths[f], W, R);
@@ -200,17 +262,12 @@ nlohmann::json train_quality(const QualityTrainOptions& opt, RankComm* comm_in) 
     }
   });
   comm.all_reduce_sum(counts.data(), 4 * W);
-  int64_t docs[2] = {0, 0};
   for (int64_t f = 0; f < 2; ++f)
     for (int64_t q = 0; q < W; ++q) docs[f] += cnt(f, q, 1);
+}
 
-  struct Example {
-    std::vector<uint32_t> f;
-    int label;
-  };
-  // This rank's examples, positives then negatives, each in file order.
-  std::vector<Example> train, held;
-  int64_t local_train[2] = {0, 0};
+// --- features: this rank's examples, training or held out -------------------------
+void QualityTrain::featurize() {
   agree(comm, "reading its share", [&] {
     for (int64_t f = 0; f < 2; ++f) {
       int64_t lines_before = 0, idx = f == 0 ? 0 : docs[0];
@@ -229,19 +286,22 @@ nlohmann::json train_quality(const QualityTrainOptions& opt, RankComm* comm_in) 
         // Held-out membership is a pure function of (seed, example index).
         const bool is_held = philox_uniform(mix_key(opt.seed, 0x686f6c64), 0, static_cast<uint64_t>(idx++)) < opt.holdout;
         if (!is_held) ++local_train[f];
-        (is_held ? held : train).push_back(std::move(e));
+        (is_held ? held : train_set).push_back(std::move(e));
       }
     }
   });
-  // Training examples per segment (file f, rank q) = segment f * W + q, in global order.
-  std::vector<int64_t> seg(static_cast<size_t>(2 * W), 0);
+}
+
+// --- segments: where each rank's training examples sit in the global order --------
+void QualityTrain::place_segments() {
+  seg.assign(static_cast<size_t>(2 * W), 0);
   seg[static_cast<size_t>(R)] = local_train[0];
   seg[static_cast<size_t>(W + R)] = local_train[1];
   comm.all_reduce_sum(seg.data(), 2 * W);
-  std::vector<int64_t> seg_start(static_cast<size_t>(2 * W + 1), 0);
+  seg_start.assign(static_cast<size_t>(2 * W + 1), 0);
   for (int64_t s = 0; s < 2 * W; ++s) seg_start[static_cast<size_t>(s + 1)] = seg_start[static_cast<size_t>(s)] + seg[static_cast<size_t>(s)];
-  const int64_t n_train = seg_start.back();
-  int64_t n_held = static_cast<int64_t>(held.size());
+  n_train = seg_start.back();
+  n_held = static_cast<int64_t>(held.size());
   comm.all_reduce_sum(&n_held, 1);
   agree(comm, "checking the documents", [&] {
     if (R != 0) return;
@@ -249,124 +309,152 @@ nlohmann::json train_quality(const QualityTrainOptions& opt, RankComm* comm_in) 
       throw_input("quality train: need documents in both --positive ({}) and --negative ({})", docs[0], docs[1]);
     if (n_train == 0) throw_input("quality train: no training documents left after the --holdout split");
   });
-  // Global training position -> (rank holding it, its index in that rank's `train`).
-  auto locate = [&](int64_t t) {
-    const int64_t s = std::upper_bound(seg_start.begin(), seg_start.end(), t) - seg_start.begin() - 1;
-    const int64_t q = s % W, f = s / W;
-    const int64_t first = f == 0 ? 0 : seg[static_cast<size_t>(q)];  // q's positives come first
-    return std::pair<int64_t, int64_t>(q, first + (t - seg_start[static_cast<size_t>(s)]));
-  };
+}
 
-  std::vector<size_t> order(static_cast<size_t>(n_train));
+// Global training position -> (rank holding it, its index in that rank's `train_set`).
+std::pair<int64_t, int64_t> QualityTrain::locate(int64_t t) const {
+  const int64_t s = std::upper_bound(seg_start.begin(), seg_start.end(), t) - seg_start.begin() - 1;
+  const int64_t q = s % W, f = s / W;
+  const int64_t first = f == 0 ? 0 : seg[static_cast<size_t>(q)];  // q's positives come first
+  return std::pair<int64_t, int64_t>(q, first + (t - seg_start[static_cast<size_t>(s)]));
+}
+
+// --- training: SGD on rank 0, the epochs in blocks of kTrainBlock positions --------
+void QualityTrain::train() {
+  order.resize(static_cast<size_t>(n_train));
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  const uint64_t shuffle_key = mix_key(opt.seed, 0x73687566);
-  nlohmann::json epochs = nlohmann::json::array();
   Progress prog(W > 1 ? fmt::format("quality: train ({} ranks)", W) : "quality: train", opt.epochs * n_train, "docs",
                 opt.progress && R == 0);
-  std::vector<uint32_t> remote_f;
   for (int64_t ep = 0; ep < opt.epochs; ++ep) {
-    for (size_t i = order.size(); i > 1; --i) {  // Fisher-Yates (every rank: the same order)
-      auto j = static_cast<size_t>(philox_bits(shuffle_key, static_cast<uint64_t>(ep), i) % i);
-      std::swap(order[i - 1], order[j]);
-    }
+    shuffle(ep);
     double lr = opt.lr / (1.0 + static_cast<double>(ep));  // decays per epoch
     double loss = 0;
-    for (int64_t lo = 0; lo < n_train; lo += kTrainBlock) {
-      const int64_t hi = std::min(n_train, lo + kTrainBlock);
-      if (W == 1) {
-        for (int64_t i = lo; i < hi; ++i) {
-          const auto& e = train[order[static_cast<size_t>(i)]];
-          loss += model.sgd_step(e.f, e.label, lr);
-        }
-        continue;
-      }
-      // Ranks other than 0 send their examples of this block, in block order, as
-      // (label, n, n features) words; rank 0 reads each rank's stream in turn.
-      std::vector<std::vector<uint32_t>> out(static_cast<size_t>(W));
-      if (R != 0)
-        for (int64_t i = lo; i < hi; ++i) {
-          const auto [q, at] = locate(static_cast<int64_t>(order[static_cast<size_t>(i)]));
-          if (q != R) continue;
-          const auto& e = train[static_cast<size_t>(at)];
-          out[0].push_back(static_cast<uint32_t>(e.label));
-          out[0].push_back(static_cast<uint32_t>(e.f.size()));
-          out[0].insert(out[0].end(), e.f.begin(), e.f.end());
-        }
-      std::vector<std::span<const char>> send;
-      for (auto& v : out) send.emplace_back(reinterpret_cast<const char*>(v.data()), v.size() * 4);
-      const std::vector<char> got = comm.all_to_all(send);
-      if (R != 0) continue;
-      auto word = [&](size_t w) {
-        uint32_t v;
-        std::memcpy(&v, got.data() + w * 4, 4);
-        return v;
-      };
-      // Where each rank's stream starts in `got`: skip the records of the ranks before.
-      std::vector<int64_t> records(static_cast<size_t>(W), 0);
-      for (int64_t i = lo; i < hi; ++i) ++records[static_cast<size_t>(locate(static_cast<int64_t>(order[static_cast<size_t>(i)])).first)];
-      std::vector<size_t> cursor(static_cast<size_t>(W), 0);
-      size_t w = 0;
-      for (int64_t q = 1; q < W; ++q) {
-        cursor[static_cast<size_t>(q)] = w;
-        for (int64_t k = 0; k < records[static_cast<size_t>(q)]; ++k) w += 2 + word(w + 1);
-      }
-      MTNLG_CHECK(w * 4 == got.size(), "quality train: {} bytes received for a block, {} expected", got.size(), w * 4);
-      for (int64_t i = lo; i < hi; ++i) {
-        const auto [q, at] = locate(static_cast<int64_t>(order[static_cast<size_t>(i)]));
-        if (q == 0) {
-          const auto& e = train[static_cast<size_t>(at)];
-          loss += model.sgd_step(e.f, e.label, lr);
-          continue;
-        }
-        size_t& c = cursor[static_cast<size_t>(q)];
-        const int label = static_cast<int>(word(c));
-        const size_t n = word(c + 1);
-        remote_f.resize(n);
-        if (n) std::memcpy(remote_f.data(), got.data() + (c + 2) * 4, n * 4);
-        c += 2 + n;
-        loss += model.sgd_step(remote_f, label, lr);
-      }
-    }
+    for (int64_t lo = 0; lo < n_train; lo += kTrainBlock) train_block(lo, std::min(n_train, lo + kTrainBlock), lr, loss);
     prog.add(n_train);
     epochs.push_back({{"epoch", ep + 1}, {"lr", lr}, {"train_loss", loss / static_cast<double>(n_train)}});
   }
   prog.finish();
-  if (W > 1) {  // rank 0's weights (and bias) to every rank
-    std::vector<float> params;
-    std::vector<std::span<const char>> send(static_cast<size_t>(W));
-    if (R == 0) {
-      params.push_back(model.bias());
-      params.insert(params.end(), model.weights().begin(), model.weights().end());
-      for (int64_t q = 1; q < W; ++q)
-        send[static_cast<size_t>(q)] = std::span<const char>(reinterpret_cast<const char*>(params.data()), params.size() * 4);
-    }
-    const std::vector<char> got = comm.all_to_all(send);
-    if (R != 0) {
-      MTNLG_CHECK(got.size() == (model.weights().size() + 1) * 4, "quality train: {} bytes of weights received", got.size());
-      std::vector<float> p(model.weights().size() + 1);
-      std::memcpy(p.data(), got.data(), got.size());
-      model.assign(p[0], p.data() + 1);
-    }
+}
+
+// Fisher-Yates (every rank: the same order).
+void QualityTrain::shuffle(int64_t ep) {
+  const uint64_t shuffle_key = mix_key(opt.seed, 0x73687566);
+  for (size_t i = order.size(); i > 1; --i) {
+    auto j = static_cast<size_t>(philox_bits(shuffle_key, static_cast<uint64_t>(ep), i) % i);
+    std::swap(order[i - 1], order[j]);
   }
-  auto evaluate = [&](const std::vector<Example>& set) {
-    int64_t m[4] = {0, 0, 0, 0};  // tp, fp, tn, fn
-    for (auto& e : set) {
-      bool pred = model.score_features(e.f) >= 0.5;
-      if (pred && e.label) ++m[0];
-      else if (pred) ++m[1];
-      else if (e.label) ++m[3];
-      else ++m[2];
+}
+
+// Positions [lo, hi) of the shuffled order; `loss` adds each step's loss in order (the
+// epoch's sum is the same float operations for any W).
+void QualityTrain::train_block(int64_t lo, int64_t hi, double lr, double& loss) {
+  if (W == 1) {
+    for (int64_t i = lo; i < hi; ++i) {
+      const auto& e = train_set[order[static_cast<size_t>(i)]];
+      loss += model.sgd_step(e.f, e.label, lr);
     }
-    comm.all_reduce_sum(m, 4);
-    BinaryMetrics b;
-    b.tp = m[0];
-    b.fp = m[1];
-    b.tn = m[2];
-    b.fn = m[3];
-    return b;
+    return;
+  }
+  const std::vector<char> got = exchange_block(lo, hi);
+  if (R != 0) return;
+  train_received(got, lo, hi, lr, loss);
+}
+
+// Ranks other than 0 send their examples of this block, in block order, as
+// (label, n, n features) words; rank 0 receives them all.
+std::vector<char> QualityTrain::exchange_block(int64_t lo, int64_t hi) {
+  std::vector<std::vector<uint32_t>> out(static_cast<size_t>(W));
+  if (R != 0)
+    for (int64_t i = lo; i < hi; ++i) {
+      const auto [q, at] = locate(static_cast<int64_t>(order[static_cast<size_t>(i)]));
+      if (q != R) continue;
+      const auto& e = train_set[static_cast<size_t>(at)];
+      out[0].push_back(static_cast<uint32_t>(e.label));
+      out[0].push_back(static_cast<uint32_t>(e.f.size()));
+      out[0].insert(out[0].end(), e.f.begin(), e.f.end());
+    }
+  std::vector<std::span<const char>> send;
+  for (auto& v : out) send.emplace_back(reinterpret_cast<const char*>(v.data()), v.size() * 4);
+  return comm.all_to_all(send);
+}
+
+// Rank 0: the block's SGD steps in order, on its own examples and on those received in
+// `got`, where it reads each rank's stream in turn.
+void QualityTrain::train_received(const std::vector<char>& got, int64_t lo, int64_t hi, double lr, double& loss) {
+  auto word = [&](size_t w) {
+    uint32_t v;
+    std::memcpy(&v, got.data() + w * 4, 4);
+    return v;
   };
-  const BinaryMetrics train_m = evaluate(train), held_m = evaluate(held);
-  nlohmann::json report;
+  // Where each rank's stream starts in `got`: skip the records of the ranks before.
+  std::vector<int64_t> records(static_cast<size_t>(W), 0);
+  for (int64_t i = lo; i < hi; ++i) ++records[static_cast<size_t>(locate(static_cast<int64_t>(order[static_cast<size_t>(i)])).first)];
+  std::vector<size_t> cursor(static_cast<size_t>(W), 0);
+  size_t w = 0;
+  for (int64_t q = 1; q < W; ++q) {
+    cursor[static_cast<size_t>(q)] = w;
+    for (int64_t k = 0; k < records[static_cast<size_t>(q)]; ++k) w += 2 + word(w + 1);
+  }
+  MTNLG_CHECK(w * 4 == got.size(), "quality train: {} bytes received for a block, {} expected", got.size(), w * 4);
+  for (int64_t i = lo; i < hi; ++i) {
+    const auto [q, at] = locate(static_cast<int64_t>(order[static_cast<size_t>(i)]));
+    if (q == 0) {
+      const auto& e = train_set[static_cast<size_t>(at)];
+      loss += model.sgd_step(e.f, e.label, lr);
+      continue;
+    }
+    size_t& c = cursor[static_cast<size_t>(q)];
+    const int label = static_cast<int>(word(c));
+    const size_t n = word(c + 1);
+    remote_f.resize(n);
+    if (n) std::memcpy(remote_f.data(), got.data() + (c + 2) * 4, n * 4);
+    c += 2 + n;
+    loss += model.sgd_step(remote_f, label, lr);
+  }
+}
+
+// --- weights: rank 0's weights (and bias) to every rank ---------------------------
+void QualityTrain::share_weights() {
+  if (W == 1) return;
+  std::vector<float> params;
+  std::vector<std::span<const char>> send(static_cast<size_t>(W));
+  if (R == 0) {
+    params.push_back(model.bias());
+    params.insert(params.end(), model.weights().begin(), model.weights().end());
+    for (int64_t q = 1; q < W; ++q)
+      send[static_cast<size_t>(q)] = std::span<const char>(reinterpret_cast<const char*>(params.data()), params.size() * 4);
+  }
+  const std::vector<char> got = comm.all_to_all(send);
+  if (R != 0) {
+    MTNLG_CHECK(got.size() == (model.weights().size() + 1) * 4, "quality train: {} bytes of weights received", got.size());
+    std::vector<float> p(model.weights().size() + 1);
+    std::memcpy(p.data(), got.data(), got.size());
+    model.assign(p[0], p.data() + 1);
+  }
+}
+
+// The confusion counts of a set of examples, summed over the ranks.
+BinaryMetrics QualityTrain::evaluate(const std::vector<Example>& set) {
+  int64_t m[4] = {0, 0, 0, 0};  // tp, fp, tn, fn
+  for (auto& e : set) {
+    bool pred = model.score_features(e.f) >= 0.5;
+    if (pred && e.label) ++m[0];
+    else if (pred) ++m[1];
+    else if (e.label) ++m[3];
+    else ++m[2];
+  }
+  comm.all_reduce_sum(m, 4);
+  BinaryMetrics b;
+  b.tp = m[0];
+  b.fp = m[1];
+  b.tn = m[2];
+  b.fn = m[3];
+  return b;
+}
+
+// --- model and report (rank 0) ------------------------------------------------------
+void QualityTrain::save() {
+  const BinaryMetrics train_m = evaluate(train_set), held_m = evaluate(held);
   agree(comm, "writing the model", [&] {
     if (R != 0) return;
     model.save(opt.model);
@@ -384,7 +472,20 @@ nlohmann::json train_quality(const QualityTrainOptions& opt, RankComm* comm_in) 
               {"held_out_metrics", held_m.to_json()}};
     write_file_atomic(opt.report.empty() ? opt.model + ".report.json" : opt.report, report.dump(2) + "\n");
   });
-  return report;
+}
+
+}  // namespace
+
+nlohmann::json train_quality(const QualityTrainOptions& opt, RankComm* comm_in) {
+  QualityTrain run(opt, comm_in);
+  run.check_options();
+  run.count_shares();
+  run.featurize();
+  run.place_segments();
+  run.train();
+  run.share_weights();
+  run.save();
+  return std::move(run.report);
 }
 
 nlohmann::json score_quality(const std::string& input, const std::string& model_path, const std::string& output,
