@@ -1,4 +1,4 @@
-// `mtnlg checkpoint inspect|convert|export|import|logits`
+// `mtnlg checkpoint inspect|convert|export|import|logits|verify-resume`
 #include <algorithm>
 #include <climits>
 #include <cstdio>
@@ -6,6 +6,7 @@
 #include <map>
 
 #include "app/checkpoint/checkpoint_tools.hpp"
+#include "app/checkpoint/verify_resume.hpp"
 #include "app/commands.hpp"
 #include "app/eval/eval_runner.hpp"
 #include "app/process/placement.hpp"
@@ -106,7 +107,8 @@ void write_logits(const std::string& input, const std::vector<int32_t>& toks, co
 }  // namespace
 
 void register_checkpoint(CLI::App& app) {
-  auto* cmd = app.add_subcommand("checkpoint", "Inspect, convert (tp/pp), export to / import from Hugging Face GPT-2");
+  auto* cmd = app.add_subcommand(
+      "checkpoint", "Inspect, convert (tp/pp), export to / import from Hugging Face GPT-2, verify a resume under another layout");
   cmd->require_subcommand(1);
 
   struct Args {
@@ -159,6 +161,43 @@ void register_checkpoint(CLI::App& app) {
   lg->add_option("--output", a->output, "Output .safetensors file")->required();
   lg->add_option("--device", a->device, "auto|cpu|cuda|test: where the forward runs")->capture_default_str();
   lg->callback([a] { write_logits(a->input, parse_token_ids(a->tokens), a->output, a->device); });
+
+  auto v = std::make_shared<VerifyResumeOptions>();
+  auto* vr = cmd->add_subcommand(
+      "verify-resume",
+      "Train K iterations from a checkpoint under layout A and under layout B (each a child `mtnlg train`) and compare "
+      "their losses and grad norms iteration by iteration: exit 0 when they agree within --tolerance, 1 when not");
+  vr->add_option("checkpoint", v->checkpoint, "Checkpoint root (uses `latest`) or an iter_XXXXXXX directory; only read")
+      ->required();
+  vr->add_option("--recipe", v->recipe, "The recipe the checkpoint was trained with (its model must match)")->required();
+  vr->add_option("--layout-a", v->layout_a,
+                 "First layout: tp=T,pp=P,dp=D[,zero1=0|1][,sp=0|1] (tp/pp/dp default 1; zero1 = "
+                 "parallel.use_distributed_optimizer, sp = parallel.sequence_parallel, as the recipe when not given)")
+      ->capture_default_str();
+  vr->add_option("--layout-b", v->layout_b, "Second layout, e.g. \"tp=2,pp=2,dp=2,zero1=1\"")->required();
+  vr->add_option("--iters", v->iters, "Iterations to train from the checkpoint under each layout")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  vr->add_option("--set", v->sets,
+                 "Override a recipe key for both runs (section.key=value, as `mtnlg train --set`); repeatable; the "
+                 "layout's keys win");
+  vr->add_option("--launcher", v->launcher,
+                 "Command line that starts a multi-process run, {n} = tp x pp x dp (a one-process layout runs plainly)")
+      ->capture_default_str();
+  vr->add_option("--tolerance", v->tolerance, "Largest relative difference |A-B|/max(|A|,|B|) of loss and grad norm")
+      ->capture_default_str();
+  vr->add_option("--work-dir", v->work_dir,
+                 "Where the runs write WORK/layout-a and WORK/layout-b (metrics.jsonl, train.log); default: a fresh "
+                 "directory under $TMPDIR");
+  vr->footer(
+      "Each run loads the checkpoint (resolved once to its iteration directory) with its own logging.dir and "
+      "checkpoint.save under the work directory, so the checkpoint is never written; it stops after K iterations "
+      "with training.exit_interval, keeping the recipe's LR schedule. Validation and TensorBoard are off, "
+      "metrics.jsonl logs every iteration. A missing or incompatible checkpoint (another model than the recipe), a "
+      "layout that does not divide the model or the batch, or a bad option is exit 2 before any run starts. "
+      "Example:\n  mtnlg checkpoint verify-resume runs/x/checkpoints --recipe x.yaml --layout-a tp=1,pp=1,dp=1 "
+      "--layout-b tp=2,pp=2,dp=2,zero1=1 --launcher \"mpirun -np {n}\"");
+  vr->callback([v] { verify_resume(*v); });
 }
 
 }  // namespace mtnlg::app

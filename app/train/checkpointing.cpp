@@ -36,6 +36,21 @@ void throw_stopped_without_checkpoint(const std::string& why, int64_t iteration)
 bool stop_signal_received() { return g_stop != 0; }
 void reset_stop_signal() { g_stop = 0; }
 
+void check_same_network(const std::string& dir, const model::ckpt::TrainState& st, const Recipe& r) {
+  Recipe saved = parse_recipe(st.recipe_yaml, dir + "/metadata.json");
+  auto same = [&](const char* what, int64_t a, int64_t b) {
+    if (a != b)
+      throw_input("{}: checkpoint has model.{} = {} but the recipe says {}; a checkpoint continues the same network", dir,
+                  what, a, b);
+  };
+  same("num_layers", saved.model.num_layers, r.model.num_layers);
+  same("hidden_size", saved.model.hidden_size, r.model.hidden_size);
+  same("num_attention_heads", saved.model.num_attention_heads, r.model.num_attention_heads);
+  same("ffn_hidden_size", saved.model.ffn_hidden_size, r.model.ffn_hidden_size);
+  same("vocab_size", saved.model.vocab_size, r.model.vocab_size);
+  same("max_position_embeddings", saved.model.max_position_embeddings, r.model.max_position_embeddings);
+}
+
 CheckpointManager::CheckpointManager(const Recipe& r, const parallel::ProcessGroups& g, model::ckpt::Layout layout)
     : r_(r), g_(g), layout_(layout), root_(r.checkpoint.save) {}
 
@@ -58,19 +73,7 @@ std::optional<model::ckpt::TrainState> CheckpointManager::resume(model::ParamSto
   if (auto miss = model::ckpt::missing_files(dir, st); !miss.empty())
     throw_input("{}: {} is missing ({} shard files of layout tp={} pp={} dp={} are absent)", dir, miss.front(), miss.size(),
                 st.layout.tp, st.layout.pp, st.layout.dp);
-  // The model must be the same network; the layout may differ.
-  Recipe saved = parse_recipe(st.recipe_yaml, dir + "/metadata.json");
-  auto same = [&](const char* what, int64_t a, int64_t b) {
-    if (a != b)
-      throw_input("{}: checkpoint has model.{} = {} but the recipe says {}; a checkpoint continues the same network", dir,
-                  what, a, b);
-  };
-  same("num_layers", saved.model.num_layers, r_.model.num_layers);
-  same("hidden_size", saved.model.hidden_size, r_.model.hidden_size);
-  same("num_attention_heads", saved.model.num_attention_heads, r_.model.num_attention_heads);
-  same("ffn_hidden_size", saved.model.ffn_hidden_size, r_.model.ffn_hidden_size);
-  same("vocab_size", saved.model.vocab_size, r_.model.vocab_size);
-  same("max_position_embeddings", saved.model.max_position_embeddings, r_.model.max_position_embeddings);
+  check_same_network(dir, st, r_);
   model::ckpt::OptimShard shard{optim.shard_begin(), optim.shard_end(), &optim.exp_avg(), &optim.exp_avg_sq()};
   model::ckpt::load_into(dir, store, &shard, &optim.exp_avg(), &optim.exp_avg_sq());
   optim.set_steps_taken(st.optimizer_steps);

@@ -29,6 +29,12 @@ void install_stop_signal_handlers();
 bool stop_signal_received();
 void reset_stop_signal();  // tests
 
+// The checkpoint in `dir` (metadata `st`) holds the network `r` describes (layers, hidden,
+// heads, ffn, vocabulary, positions); the layout may differ. InputError naming the first
+// model key that differs. Resume calls it on every rank; `checkpoint verify-resume` before
+// it starts any run.
+void check_same_network(const std::string& dir, const model::ckpt::TrainState& st, const Recipe& r);
+
 class CheckpointManager {
  public:
   CheckpointManager(const Recipe& r, const parallel::ProcessGroups& g, model::ckpt::Layout layout);
