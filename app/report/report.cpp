@@ -282,51 +282,40 @@ std::vector<Pt> thin(const std::vector<Pt>& pts, double plot_width) {
 
 }  // namespace
 
-std::string render_svg_plot(const PlotSpec& spec) {
-  const double W = spec.width, H = spec.height;
-  const double ml = 74, mr = 18, mt = 34, mb = 50;
-  const double px0 = ml, px1 = W - mr, py0 = mt, py1 = H - mb;
-  std::ostringstream o;
-  o << fmt::format(
-      "<svg class=\"plot\" width=\"{0}\" height=\"{1}\" viewBox=\"0 0 {0} {1}\" role=\"img\" aria-label=\"{2}\" "
-      "font-family=\"Helvetica, Arial, sans-serif\">\n",
-      spec.width, spec.height, html_escape(spec.title));
-  o << fmt::format("<rect x=\"0\" y=\"0\" width=\"{}\" height=\"{}\" fill=\"#ffffff\"/>\n", spec.width, spec.height);
-  o << fmt::format(
-      "<text class=\"title\" x=\"{}\" y=\"22\" text-anchor=\"middle\" font-size=\"15\" font-weight=\"600\" "
-      "fill=\"#222\">{}</text>\n",
-      fmt_coord(W / 2), html_escape(spec.title));
+namespace {
 
-  // Data ranges over finite values only.
-  double xlo = min_finite(spec.x), xhi = max_finite(spec.x);
-  double ylo = kNaN, yhi = kNaN;
+// A plot's drawing area (pixels) and data window, and the mapping between them.
+struct PlotFrame {
+  double W, H, px0, px1, py0, py1;
+  double xlo, xhi, ylo, yhi;
+  double sx(double x) const { return px0 + (x - xlo) / (xhi - xlo) * (px1 - px0); }
+  double sy(double y) const { return py1 - (y - ylo) / (yhi - ylo) * (py1 - py0); }
+};
+
+// The frame of a spec: margins, and the data ranges over finite values only (NaN when
+// the plot has no finite point).
+PlotFrame plot_frame(const PlotSpec& spec) {
+  PlotFrame f{};
+  f.W = spec.width;
+  f.H = spec.height;
+  const double ml = 74, mr = 18, mt = 34, mb = 50;
+  f.px0 = ml, f.px1 = f.W - mr, f.py0 = mt, f.py1 = f.H - mb;
+  f.xlo = min_finite(spec.x), f.xhi = max_finite(spec.x);
+  f.ylo = kNaN, f.yhi = kNaN;
   for (const auto& s : spec.series)
     for (size_t i = 0; i < s.y.size() && i < spec.x.size(); ++i) {
       const double y = s.y[i] * spec.y_scale;
       if (!std::isfinite(y) || !std::isfinite(spec.x[i])) continue;
-      if (!(y >= ylo)) ylo = y;
-      if (!(y <= yhi)) yhi = y;
+      if (!(y >= f.ylo)) f.ylo = y;
+      if (!(y <= f.yhi)) f.yhi = y;
     }
-  const bool have_data = std::isfinite(xlo) && std::isfinite(ylo);
-  // Axis lines and labels are drawn even without data, so an empty plot still reads as one.
-  o << fmt::format("<line x1=\"{0}\" y1=\"{1}\" x2=\"{0}\" y2=\"{2}\" stroke=\"#444\"/>\n", px0, py0, py1);
-  o << fmt::format("<line x1=\"{0}\" y1=\"{2}\" x2=\"{1}\" y2=\"{2}\" stroke=\"#444\"/>\n", px0, px1, py1);
-  o << fmt::format(
-      "<text class=\"xlabel\" x=\"{}\" y=\"{}\" text-anchor=\"middle\" font-size=\"12\" fill=\"#333\">{}</text>\n",
-      fmt_coord((px0 + px1) / 2), fmt_coord(H - 10), html_escape(spec.x_label));
-  o << fmt::format(
-      "<text class=\"ylabel\" transform=\"rotate(-90)\" x=\"{}\" y=\"16\" text-anchor=\"middle\" font-size=\"12\" "
-      "fill=\"#333\">{}</text>\n",
-      fmt_coord(-(py0 + py1) / 2), html_escape(spec.y_label));
-  if (!have_data) {
-    o << fmt::format(
-        "<text class=\"nodata\" x=\"{}\" y=\"{}\" text-anchor=\"middle\" font-size=\"13\" fill=\"#888\">no finite "
-        "values logged</text>\n</svg>\n",
-        fmt_coord((px0 + px1) / 2), fmt_coord((py0 + py1) / 2));
-    return o.str();
-  }
-  // Degenerate ranges (one point, a constant series) get a symmetric pad so the data
-  // sits mid-plot instead of dividing by zero.
+  return f;
+}
+
+// Degenerate ranges (one point, a constant series) get a symmetric pad so the data
+// sits mid-plot instead of dividing by zero; others 5% of y.
+void pad_ranges(PlotFrame& f) {
+  double &xlo = f.xlo, &xhi = f.xhi, &ylo = f.ylo, &yhi = f.yhi;
   if (xhi == xlo) {
     const double d = xlo != 0 ? std::fabs(xlo) * 0.05 : 1.0;
     xlo -= d;
@@ -342,9 +331,38 @@ std::string render_svg_plot(const PlotSpec& spec) {
     ylo = (ylo >= 0 && ylo - pad < 0) ? 0.0 : ylo - pad;
     yhi += pad;
   }
-  auto sx = [&](double x) { return px0 + (x - xlo) / (xhi - xlo) * (px1 - px0); };
-  auto sy = [&](double y) { return py1 - (y - ylo) / (yhi - ylo) * (py1 - py0); };
+}
 
+// The svg element, background, title, axis lines and axis labels.
+void write_plot_frame(std::ostream& o, const PlotSpec& spec, const PlotFrame& f) {
+  const double W = f.W, H = f.H, px0 = f.px0, px1 = f.px1, py0 = f.py0, py1 = f.py1;
+  o << fmt::format(
+      "<svg class=\"plot\" width=\"{0}\" height=\"{1}\" viewBox=\"0 0 {0} {1}\" role=\"img\" aria-label=\"{2}\" "
+      "font-family=\"Helvetica, Arial, sans-serif\">\n",
+      spec.width, spec.height, html_escape(spec.title));
+  o << fmt::format("<rect x=\"0\" y=\"0\" width=\"{}\" height=\"{}\" fill=\"#ffffff\"/>\n", spec.width, spec.height);
+  o << fmt::format(
+      "<text class=\"title\" x=\"{}\" y=\"22\" text-anchor=\"middle\" font-size=\"15\" font-weight=\"600\" "
+      "fill=\"#222\">{}</text>\n",
+      fmt_coord(W / 2), html_escape(spec.title));
+
+  // Axis lines and labels are drawn even without data, so an empty plot still reads as one.
+  o << fmt::format("<line x1=\"{0}\" y1=\"{1}\" x2=\"{0}\" y2=\"{2}\" stroke=\"#444\"/>\n", px0, py0, py1);
+  o << fmt::format("<line x1=\"{0}\" y1=\"{2}\" x2=\"{1}\" y2=\"{2}\" stroke=\"#444\"/>\n", px0, px1, py1);
+  o << fmt::format(
+      "<text class=\"xlabel\" x=\"{}\" y=\"{}\" text-anchor=\"middle\" font-size=\"12\" fill=\"#333\">{}</text>\n",
+      fmt_coord((px0 + px1) / 2), fmt_coord(H - 10), html_escape(spec.x_label));
+  o << fmt::format(
+      "<text class=\"ylabel\" transform=\"rotate(-90)\" x=\"{}\" y=\"16\" text-anchor=\"middle\" font-size=\"12\" "
+      "fill=\"#333\">{}</text>\n",
+      fmt_coord(-(py0 + py1) / 2), html_escape(spec.y_label));
+}
+
+void write_ticks(std::ostream& o, const PlotFrame& f) {
+  const double px0 = f.px0, px1 = f.px1, py1 = f.py1;
+  auto sx = [&](double x) { return f.sx(x); };
+  auto sy = [&](double y) { return f.sy(y); };
+  const double xlo = f.xlo, xhi = f.xhi, ylo = f.ylo, yhi = f.yhi;
   for (double t : nice_ticks(ylo, yhi, 5)) {
     const double y = sy(t);
     o << fmt::format("<line class=\"grid\" x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"#e6e6e6\"/>\n", px0 + 1,
@@ -364,6 +382,12 @@ std::string render_svg_plot(const PlotSpec& spec) {
         fmt_coord(x), py1 + 18, format_number(t));
   }
 
+}
+
+void write_series(std::ostream& o, const PlotSpec& spec, const PlotFrame& f) {
+  const double px0 = f.px0, px1 = f.px1;
+  auto sx = [&](double x) { return f.sx(x); };
+  auto sy = [&](double y) { return f.sy(y); };
   // Series: one polyline per run of finite points.
   for (const auto& s : spec.series) {
     std::vector<std::vector<Pt>> runs(1);
@@ -393,6 +417,12 @@ std::string render_svg_plot(const PlotSpec& spec) {
     }
   }
 
+}
+
+// Returns the pixel columns marked.
+std::set<long> write_marks(std::ostream& o, const PlotSpec& spec, const PlotFrame& f) {
+  const double py1 = f.py1;
+  auto sx = [&](double x) { return f.sx(x); };
   // Marks (e.g. iterations whose loss was not finite) as red ticks rising from the x axis.
   std::set<long> mark_cols;
   for (double mx : spec.marks_x) {
@@ -404,6 +434,11 @@ std::string render_svg_plot(const PlotSpec& spec) {
                      fmt_coord(x), py1, py1 - 10);
   }
 
+  return mark_cols;
+}
+
+void write_legend(std::ostream& o, const PlotSpec& spec, const PlotFrame& f, const std::set<long>& mark_cols) {
+  const double px1 = f.px1, py0 = f.py0;
   // Legend, top right inside the plot, only when it tells something the title does not.
   std::vector<std::pair<std::string, std::string>> legend;
   if (spec.series.size() > 1)
@@ -420,6 +455,26 @@ std::string render_svg_plot(const PlotSpec& spec) {
                      html_escape(label));
     ly += 15;
   }
+}
+
+}  // namespace
+
+std::string render_svg_plot(const PlotSpec& spec) {
+  PlotFrame f = plot_frame(spec);
+  std::ostringstream o;
+  write_plot_frame(o, spec, f);
+  if (!(std::isfinite(f.xlo) && std::isfinite(f.ylo))) {
+    o << fmt::format(
+        "<text class=\"nodata\" x=\"{}\" y=\"{}\" text-anchor=\"middle\" font-size=\"13\" fill=\"#888\">no finite "
+        "values logged</text>\n</svg>\n",
+        fmt_coord((f.px0 + f.px1) / 2), fmt_coord((f.py0 + f.py1) / 2));
+    return o.str();
+  }
+  pad_ranges(f);
+  write_ticks(o, f);
+  write_series(o, spec, f);
+  const std::set<long> mark_cols = write_marks(o, spec, f);
+  write_legend(o, spec, f, mark_cols);
   o << "</svg>\n";
   return o.str();
 }
