@@ -151,6 +151,110 @@ VerifyLayout parse_verify_layout(const std::string& text, const std::string& opt
   return l;
 }
 
+namespace {
+
+// A layout's recipe: the user's recipe and --set, the layout's keys, then what every
+// verification run needs (its own output dir, load the checkpoint, stop at stop_at). An
+// impossible layout is exit 2 before any run (the work dir made for it removed).
+void prepare_side(Side& s, const VerifyResumeOptions& o, const std::string& ckpt_dir, int64_t stop_at,
+                  const fs::path& work, bool made_work) {
+  try {
+    s.layout = parse_verify_layout(s.text, s.option);
+  } catch (const InputError&) {
+    std::error_code ec;
+    if (made_work) fs::remove_all(work, ec);
+    throw;
+  }
+  s.sets = o.sets;
+  for (auto& x : s.layout.sets()) s.sets.push_back(x);
+  for (auto& x : std::vector<std::string>{
+           "logging.dir=" + s.dir.string(), "logging.log_interval=1", "logging.tensorboard=false",
+           "checkpoint.load=" + ckpt_dir, "checkpoint.save=" + (s.dir / "checkpoints").string(),
+           "checkpoint.save_interval=0", "checkpoint.keep_last=1", fmt::format("training.exit_interval={}", stop_at),
+           "training.eval_interval=0"})
+    s.sets.push_back(x);
+  try {
+    s.recipe = load_recipe(o.recipe, s.sets);
+    validate_layout(s.recipe, s.layout.world());
+  } catch (const InputError& e) {
+    std::error_code ec;
+    if (made_work) fs::remove_all(work, ec);
+    throw InputError(fmt::format("{} \"{}\": {}", s.option, s.text, e.what()));
+  }
+}
+
+// One layout's run: a child `mtnlg train` of this binary (through the launcher when it
+// has more than one process), its output in s.dir/train.log.
+void run_side(const Side& s, const VerifyResumeOptions& o, int64_t first_iteration, int64_t stop_at) {
+  const std::string self = fs::read_symlink("/proc/self/exe").string();
+  fresh_run_dir(s.dir);
+  const int64_t n = s.layout.world();
+  std::string prefix;
+  if (n > 1) {
+    prefix = o.launcher;
+    for (size_t p; (p = prefix.find("{n}")) != std::string::npos;) prefix.replace(p, 3, std::to_string(n));
+    prefix += " ";
+  }
+  std::string cmd = prefix + shell_quote(self) + " train " + shell_quote(o.recipe);
+  for (auto& x : s.sets) cmd += " --set " + shell_quote(x);
+  const fs::path log = s.dir / "train.log";
+  std::printf("layout %s: %s, %lld process%s, iterations %lld..%lld (log %s)\n", s.name,
+              describe(s.recipe, n).c_str(), static_cast<long long>(n), n > 1 ? "es" : "",
+              static_cast<long long>(first_iteration), static_cast<long long>(stop_at), log.c_str());
+  std::fflush(stdout);
+  std::ofstream(log) << "$ " << cmd << "\n";
+  const int status = std::system((cmd + " >> " + shell_quote(log.string()) + " 2>&1 < /dev/null").c_str());
+  std::error_code ec;
+  fs::remove_all(s.dir / "checkpoints", ec);  // written only because exit_interval saves; not needed
+  if (status == -1 || !WIFEXITED(status))
+    throw_runtime("layout {} ({}): the run did not finish ({}); see {}", s.name, s.text,
+                  status == -1 ? "could not start /bin/sh" : "killed by a signal", log.string());
+  if (const int code = WEXITSTATUS(status); code != 0) {
+    const std::string msg = fmt::format("layout {} ({}): the run exited {}: {} (see {})", s.name, s.text, code,
+                                        error_line(log), log.string());
+    if (code == 2) throw InputError(msg);
+    throw RuntimeError(msg);
+  }
+}
+
+// The two runs' iterations side by side; RuntimeError naming the first iteration whose
+// loss or grad norm differs by more than the tolerance (relative).
+void compare_runs(const std::vector<Row>& a, const std::vector<Row>& b, double tolerance, const fs::path& work) {
+  std::printf("\n%9s %6s %16s %16s %9s %14s %14s %9s\n", "iteration", "batch", "loss A", "loss B", "|diff|", "grad norm A",
+              "grad norm B", "|diff|");
+  double worst_loss = 0, worst_norm = 0;
+  int64_t worst_loss_it = 0, worst_norm_it = 0, first_bad = -1;
+  std::string first_bad_what;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const Row &x = a[i], &y = b[i];
+    std::printf("%9lld %6lld %16.9f %16.9f %9.2e %14.7e %14.7e %9.2e\n", static_cast<long long>(x.iteration),
+                static_cast<long long>(x.batch), x.loss, y.loss, std::fabs(x.loss - y.loss), x.grad_norm, y.grad_norm,
+                std::fabs(x.grad_norm - y.grad_norm));
+    const double rl = relative(x.loss, y.loss), rg = relative(x.grad_norm, y.grad_norm);
+    if (!(rl <= worst_loss)) worst_loss = rl, worst_loss_it = x.iteration;
+    if (!(rg <= worst_norm)) worst_norm = rg, worst_norm_it = x.iteration;
+    if (first_bad >= 0) continue;
+    if (x.iteration != y.iteration || x.batch != y.batch)
+      first_bad_what = fmt::format("layout B logged iteration {} with batch {}, layout A iteration {} with batch {}",
+                                   y.iteration, y.batch, x.iteration, x.batch);
+    else if (!(rl <= tolerance))
+      first_bad_what = fmt::format("loss {:.9f} vs {:.9f}, relative difference {:.2e}", x.loss, y.loss, rl);
+    else if (!(rg <= tolerance))
+      first_bad_what =
+          fmt::format("grad norm {:.7e} vs {:.7e}, relative difference {:.2e}", x.grad_norm, y.grad_norm, rg);
+    if (!first_bad_what.empty()) first_bad = x.iteration;
+  }
+  std::printf("\nlargest relative difference: loss %.2e (iteration %lld), grad norm %.2e (iteration %lld); tolerance %.1e\n",
+              worst_loss, static_cast<long long>(worst_loss_it), worst_norm, static_cast<long long>(worst_norm_it),
+              tolerance);
+  std::fflush(stdout);
+  if (first_bad >= 0)
+    throw_runtime("layouts differ from iteration {}: {} (tolerance {:.1e}; runs in {})", first_bad, first_bad_what,
+                  tolerance, work.string());
+}
+
+}  // namespace
+
 void verify_resume(const VerifyResumeOptions& o) {
   if (o.iters < 1) throw_input("--iters {}: must be at least 1", o.iters);
   if (!(o.tolerance >= 0) || !std::isfinite(o.tolerance))
@@ -191,31 +295,7 @@ void verify_resume(const VerifyResumeOptions& o) {
   // ... then each layout on top of it: an impossible layout is exit 2 before any run.
   Side sides[2] = {{"A", "--layout-a", o.layout_a, {}, {}, work / "layout-a", {}},
                    {"B", "--layout-b", o.layout_b, {}, {}, work / "layout-b", {}}};
-  for (Side& s : sides) {
-    try {
-      s.layout = parse_verify_layout(s.text, s.option);
-    } catch (const InputError&) {
-      std::error_code ec;
-      if (made_work) fs::remove_all(work, ec);
-      throw;
-    }
-    s.sets = o.sets;
-    for (auto& x : s.layout.sets()) s.sets.push_back(x);
-    for (auto& x : std::vector<std::string>{
-             "logging.dir=" + s.dir.string(), "logging.log_interval=1", "logging.tensorboard=false",
-             "checkpoint.load=" + ckpt_dir, "checkpoint.save=" + (s.dir / "checkpoints").string(),
-             "checkpoint.save_interval=0", "checkpoint.keep_last=1", fmt::format("training.exit_interval={}", stop_at),
-             "training.eval_interval=0"})
-      s.sets.push_back(x);
-    try {
-      s.recipe = load_recipe(o.recipe, s.sets);
-      validate_layout(s.recipe, s.layout.world());
-    } catch (const InputError& e) {
-      std::error_code ec;
-      if (made_work) fs::remove_all(work, ec);
-      throw InputError(fmt::format("{} \"{}\": {}", s.option, s.text, e.what()));
-    }
-  }
+  for (Side& s : sides) prepare_side(s, o, ckpt_dir, stop_at, work, made_work);
 
   std::printf("checkpoint %s: iteration %lld, saved with tp=%lld pp=%lld dp=%lld%s\n", ckpt_dir.c_str(),
               static_cast<long long>(st.iteration), static_cast<long long>(st.layout.tp),
@@ -225,74 +305,14 @@ void verify_resume(const VerifyResumeOptions& o) {
                 static_cast<long long>(run_iters), static_cast<long long>(iters), static_cast<long long>(o.iters));
   std::fflush(stdout);
 
-  const std::string self = fs::read_symlink("/proc/self/exe").string();
-  for (Side& s : sides) {
-    fresh_run_dir(s.dir);
-    const int64_t n = s.layout.world();
-    std::string prefix;
-    if (n > 1) {
-      prefix = o.launcher;
-      for (size_t p; (p = prefix.find("{n}")) != std::string::npos;) prefix.replace(p, 3, std::to_string(n));
-      prefix += " ";
-    }
-    std::string cmd = prefix + shell_quote(self) + " train " + shell_quote(o.recipe);
-    for (auto& x : s.sets) cmd += " --set " + shell_quote(x);
-    const fs::path log = s.dir / "train.log";
-    std::printf("layout %s: %s, %lld process%s, iterations %lld..%lld (log %s)\n", s.name,
-                describe(s.recipe, n).c_str(), static_cast<long long>(n), n > 1 ? "es" : "",
-                static_cast<long long>(st.iteration + 1), static_cast<long long>(stop_at), log.c_str());
-    std::fflush(stdout);
-    std::ofstream(log) << "$ " << cmd << "\n";
-    const int status = std::system((cmd + " >> " + shell_quote(log.string()) + " 2>&1 < /dev/null").c_str());
-    std::error_code ec;
-    fs::remove_all(s.dir / "checkpoints", ec);  // written only because exit_interval saves; not needed
-    if (status == -1 || !WIFEXITED(status))
-      throw_runtime("layout {} ({}): the run did not finish ({}); see {}", s.name, s.text,
-                    status == -1 ? "could not start /bin/sh" : "killed by a signal", log.string());
-    if (const int code = WEXITSTATUS(status); code != 0) {
-      const std::string msg = fmt::format("layout {} ({}): the run exited {}: {} (see {})", s.name, s.text, code,
-                                          error_line(log), log.string());
-      if (code == 2) throw InputError(msg);
-      throw RuntimeError(msg);
-    }
-  }
+  for (const Side& s : sides) run_side(s, o, st.iteration + 1, stop_at);
 
   const std::vector<Row> a = read_rows(sides[0].dir), b = read_rows(sides[1].dir);
   if (a.size() != static_cast<size_t>(iters) || b.size() != static_cast<size_t>(iters))
     throw_runtime("expected {} iterations from each run, layout A logged {} and layout B {} (see {}/*/metrics.jsonl)",
                   iters, a.size(), b.size(), work.string());
 
-  std::printf("\n%9s %6s %16s %16s %9s %14s %14s %9s\n", "iteration", "batch", "loss A", "loss B", "|diff|", "grad norm A",
-              "grad norm B", "|diff|");
-  double worst_loss = 0, worst_norm = 0;
-  int64_t worst_loss_it = 0, worst_norm_it = 0, first_bad = -1;
-  std::string first_bad_what;
-  for (size_t i = 0; i < a.size(); ++i) {
-    const Row &x = a[i], &y = b[i];
-    std::printf("%9lld %6lld %16.9f %16.9f %9.2e %14.7e %14.7e %9.2e\n", static_cast<long long>(x.iteration),
-                static_cast<long long>(x.batch), x.loss, y.loss, std::fabs(x.loss - y.loss), x.grad_norm, y.grad_norm,
-                std::fabs(x.grad_norm - y.grad_norm));
-    const double rl = relative(x.loss, y.loss), rg = relative(x.grad_norm, y.grad_norm);
-    if (!(rl <= worst_loss)) worst_loss = rl, worst_loss_it = x.iteration;
-    if (!(rg <= worst_norm)) worst_norm = rg, worst_norm_it = x.iteration;
-    if (first_bad >= 0) continue;
-    if (x.iteration != y.iteration || x.batch != y.batch)
-      first_bad_what = fmt::format("layout B logged iteration {} with batch {}, layout A iteration {} with batch {}",
-                                   y.iteration, y.batch, x.iteration, x.batch);
-    else if (!(rl <= o.tolerance))
-      first_bad_what = fmt::format("loss {:.9f} vs {:.9f}, relative difference {:.2e}", x.loss, y.loss, rl);
-    else if (!(rg <= o.tolerance))
-      first_bad_what =
-          fmt::format("grad norm {:.7e} vs {:.7e}, relative difference {:.2e}", x.grad_norm, y.grad_norm, rg);
-    if (!first_bad_what.empty()) first_bad = x.iteration;
-  }
-  std::printf("\nlargest relative difference: loss %.2e (iteration %lld), grad norm %.2e (iteration %lld); tolerance %.1e\n",
-              worst_loss, static_cast<long long>(worst_loss_it), worst_norm, static_cast<long long>(worst_norm_it),
-              o.tolerance);
-  std::fflush(stdout);
-  if (first_bad >= 0)
-    throw_runtime("layouts differ from iteration {}: {} (tolerance {:.1e}; runs in {})", first_bad, first_bad_what,
-                  o.tolerance, work.string());
+  compare_runs(a, b, o.tolerance, work);
   std::printf("ok: %lld iterations from iteration %lld agree within %.1e under %s and %s (runs in %s)\n",
               static_cast<long long>(iters), static_cast<long long>(st.iteration), o.tolerance,
               describe(sides[0].recipe, sides[0].layout.world()).c_str(),
