@@ -139,14 +139,70 @@ std::vector<int64_t> assign_inputs(const std::vector<std::string>& inputs, int64
   return mine;
 }
 
+namespace {
+
+// The charset of an HTML body, in order of authority: a byte-order mark (removed from
+// `body`), the HTTP header, <meta>, valid UTF-8, libuchardet's guess, windows-1252;
+// counted by where it came from.
+std::string body_charset(std::string_view& body, const std::string& http_charset, Utf8Converter& conv, Counts& c) {
+  if (body.substr(0, 3) == "\xEF\xBB\xBF") {
+    body.remove_prefix(3);
+    ++c[kCsBom];
+    return "UTF-8";
+  }
+  if (body.substr(0, 2) == "\xFF\xFE" || body.substr(0, 2) == "\xFE\xFF") {
+    const std::string cs = body[0] == '\xFF' ? "UTF-16LE" : "UTF-16BE";
+    body.remove_prefix(2);
+    ++c[kCsBom];
+    return cs;
+  }
+  if (!http_charset.empty()) {
+    ++c[kCsHttp];
+    return normalize_charset(http_charset);
+  }
+  if (const std::string m = meta_charset(body); !m.empty()) {
+    ++c[kCsMeta];
+    return normalize_charset(m);
+  }
+  if (valid_utf8(body)) {
+    ++c[kCsUtf8];
+    return "UTF-8";
+  }
+  if (std::string cs = conv.detect(body); !cs.empty()) {
+    ++c[kCsDetected];
+    return cs;
+  }
+  ++c[kCsDefault];
+  return "WINDOWS-1252";
+}
+
+// --languages and --min-language-score: whether a page's language is kept (a dropped
+// one is counted, and tallied by language for the report).
+struct LanguageFilter {
+  explicit LanguageFilter(const ExtractOptions& opt)
+      : all(std::find(opt.languages.begin(), opt.languages.end(), "all") != opt.languages.end()),
+        keep(opt.languages.begin(), opt.languages.end()),
+        min_score(opt.min_language_score) {}
+  bool kept(const Language& lang, Counts& c, std::map<std::string, int64_t>& dropped) const {
+    if (all || (keep.count(lang.code) && !(lang.score < min_score))) return true;
+    ++c[kLanguageDropped];
+    ++dropped[lang.code];
+    return false;
+  }
+  bool all;
+  std::set<std::string> keep;
+  double min_score;
+};
+
+}  // namespace
+
 Counts extract_file(const std::string& input, const std::string& output, const ExtractOptions& opt,
                     std::map<std::string, int64_t>& dropped_languages, const FileProgress& progress) {
   Counts c{};
   WarcReader reader(input, opt.max_record_bytes);
   ShardWriter out(output, opt.compress == "zstd");
   Utf8Converter conv;
-  const bool all_languages = std::find(opt.languages.begin(), opt.languages.end(), "all") != opt.languages.end();
-  const std::set<std::string> keep(opt.languages.begin(), opt.languages.end());
+  const LanguageFilter languages(opt);
   WarcRecord rec;
   int64_t reported_bytes = 0;
   auto report_bytes = [&] {
@@ -187,32 +243,8 @@ Counts extract_file(const std::string& input, const std::string& output, const E
           continue;
         }
         ++c[kPages];
-        // The charset: BOM, HTTP header, <meta>, valid UTF-8, libuchardet, windows-1252.
-        std::string cs;
         std::string_view body = http.body;
-        if (body.substr(0, 3) == "\xEF\xBB\xBF") {
-          cs = "UTF-8";
-          body.remove_prefix(3);
-          ++c[kCsBom];
-        } else if (body.substr(0, 2) == "\xFF\xFE" || body.substr(0, 2) == "\xFE\xFF") {
-          cs = body[0] == '\xFF' ? "UTF-16LE" : "UTF-16BE";
-          body.remove_prefix(2);
-          ++c[kCsBom];
-        } else if (!http.charset.empty()) {
-          cs = normalize_charset(http.charset);
-          ++c[kCsHttp];
-        } else if (const std::string m = meta_charset(body); !m.empty()) {
-          cs = normalize_charset(m);
-          ++c[kCsMeta];
-        } else if (valid_utf8(body)) {
-          cs = "UTF-8";
-          ++c[kCsUtf8];
-        } else if (cs = conv.detect(body); !cs.empty()) {
-          ++c[kCsDetected];
-        } else {
-          cs = "WINDOWS-1252";
-          ++c[kCsDefault];
-        }
+        const std::string cs = body_charset(body, http.charset, conv, c);
         std::string html;
         try {
           html = conv.convert(body, cs, &c[kReplacedBytes]);
@@ -226,11 +258,7 @@ Counts extract_file(const std::string& input, const std::string& output, const E
           all += '\n';
         }
         lang = identify_language(all);
-        if (!all_languages && (!keep.count(lang.code) || lang.score < opt.min_language_score)) {
-          ++c[kLanguageDropped];
-          ++dropped_languages[lang.code];
-          continue;
-        }
+        if (!languages.kept(lang, c, dropped_languages)) continue;
         classify_blocks(page.blocks, opt.blocks, lang.code == "en");
         text = main_text(page.blocks);
       } else if (type == "conversion") {
@@ -238,11 +266,7 @@ Counts extract_file(const std::string& input, const std::string& output, const E
         ++c[kPages];
         text = conv.convert(rec.block, "UTF-8", &c[kReplacedBytes]);
         lang = identify_language(text);
-        if (!all_languages && (!keep.count(lang.code) || lang.score < opt.min_language_score)) {
-          ++c[kLanguageDropped];
-          ++dropped_languages[lang.code];
-          continue;
-        }
+        if (!languages.kept(lang, c, dropped_languages)) continue;
       } else {
         ++c[kOtherType];
         continue;
