@@ -21,6 +21,11 @@ struct LoggingConfig {
   // Peak TFLOP/s per device for MFU. 0 = the GPU's dense bf16 peak on CUDA, and on the
   // CPU the sgemm rate measured at start-up (the log names which).
   double peak_tflops = 0;
+  // Straggler detection (docs/RELIABILITY.md): a rank whose compute time per step exceeds
+  // the median of its peers by this factor for straggler_intervals log intervals in a
+  // row is named once. Either 0 turns it off.
+  double straggler_margin = 1.2;
+  int64_t straggler_intervals = 3;
 };
 
 }  // namespace mtnlg

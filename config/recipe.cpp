@@ -379,6 +379,8 @@ const Table& table() {
                      int_field("log_interval", [](Recipe& r) -> int64_t& { return r.logging.log_interval; }, 1),
                      bool_field("tensorboard", [](Recipe& r) -> bool& { return r.logging.tensorboard; }),
                      dbl_field("peak_tflops", [](Recipe& r) -> double& { return r.logging.peak_tflops; }, 0.0, 1e9),
+                     dbl_field("straggler_margin", [](Recipe& r) -> double& { return r.logging.straggler_margin; }, 0.0, 1e6),
+                     int_field("straggler_intervals", [](Recipe& r) -> int64_t& { return r.logging.straggler_intervals; }, 0),
                  }});
     return t;
   }();

@@ -8,6 +8,7 @@
 #include <string_view>
 
 #include "core/error.hpp"
+#include "parallel/comm_time.hpp"
 #include "parallel/nccl_communicator.hpp"
 #include "parallel/watchdog.hpp"
 
@@ -223,5 +224,12 @@ ProcessGroups place_groups(const ProcessGroups& g, Device dev) {
   throw_runtime("tensors on CUDA need NCCL groups, but this build has no NCCL (libnccl was not found at configure time)");
 #endif
 }
+
+namespace {
+thread_local double t_comm_blocked = 0;  // per thread: a background thread's waits are not the step's
+}  // namespace
+
+double comm_blocked_seconds() { return t_comm_blocked; }
+void add_comm_blocked_seconds(double s) { t_comm_blocked += s; }
 
 }  // namespace mtnlg::parallel

@@ -29,6 +29,7 @@
 #include "core/error.hpp"
 #include "core/half.hpp"
 #include "parallel/communicator.hpp"
+#include "parallel/comm_time.hpp"
 #include "parallel/watchdog.hpp"
 
 namespace mtnlg::parallel {
@@ -428,6 +429,7 @@ class MpiRequest final : public Request {
       if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
   }
   void wait() override {
+    const CommBlockedScope blocked;  // straggler detection: time not spent computing
     if (reqs_.empty()) return;
     watched_wait(reqs_, MPI_STATUSES_IGNORE, desc_);
     reqs_.clear();
@@ -477,6 +479,7 @@ class MpiCommunicator final : public Communicator {
   // in train/eval) it runs as the nonblocking MPI call plus watched_wait; off, as the
   // blocking call.
   void do_all_reduce(void* d, int64_t n, DType dt, ReduceOp op) override {
+    const CommBlockedScope blocked;  // straggler detection: time not spent computing
     const int64_t es = dtype_size(dt);
     const OpDesc desc = collective("all_reduce");
     std::vector<MPI_Request> reqs;
@@ -494,6 +497,7 @@ class MpiCommunicator final : public Communicator {
     count_all_reduce(n * es);
   }
   void do_all_reduce_i64(int64_t* d, int64_t n, ReduceOp op) override {
+    const CommBlockedScope blocked;  // straggler detection: time not spent computing
     const OpDesc desc = collective("all_reduce");
     std::vector<MPI_Request> reqs;
     for (int64_t off = 0; off < n; off += kChunk) {
@@ -509,6 +513,7 @@ class MpiCommunicator final : public Communicator {
     count_all_reduce(n * static_cast<int64_t>(sizeof(int64_t)));
   }
   void do_reduce_scatter(const void* in, void* out, int64_t n, DType dt) override {
+    const CommBlockedScope blocked;  // straggler detection: time not spent computing
     check_count(n, "reduce_scatter");
     if (n == 0) return;
     const OpDesc desc = collective("reduce_scatter");
@@ -531,6 +536,7 @@ class MpiCommunicator final : public Communicator {
     count_scatter_gather(static_cast<int64_t>(in_bytes));
   }
   void do_all_gather(const void* in, void* out, int64_t n, DType dt) override {
+    const CommBlockedScope blocked;  // straggler detection: time not spent computing
     check_count(n, "all_gather");
     if (n == 0) return;
     const OpDesc desc = collective("all_gather");
@@ -556,6 +562,7 @@ class MpiCommunicator final : public Communicator {
     count_scatter_gather(static_cast<int64_t>(out_bytes));
   }
   void do_broadcast(void* data, int64_t n, DType dt, int64_t root) override {
+    const CommBlockedScope blocked;  // straggler detection: time not spent computing
     check_peer(root, "broadcast root", true);
     const OpDesc desc = collective("broadcast");
     const int64_t es = dtype_size(dt);
@@ -573,6 +580,7 @@ class MpiCommunicator final : public Communicator {
     count_broadcast(n * es);
   }
   void do_send(const void* data, int64_t n, DType dt, int64_t peer, int tag) override {
+    const CommBlockedScope blocked;  // straggler detection: time not spent computing
     check_peer(peer, "send", false);
     const OpDesc desc = p2p("send", peer, tag);
     const int64_t es = dtype_size(dt);
@@ -619,6 +627,7 @@ class MpiCommunicator final : public Communicator {
     return std::make_unique<MpiRequest>(std::move(reqs), std::move(desc), true);
   }
   void do_recv(void* data, int64_t n, DType dt, int64_t peer, int tag) override {
+    const CommBlockedScope blocked;  // straggler detection: time not spent computing
     check_peer(peer, "recv", false);
     const OpDesc desc = p2p("recv", peer, tag);
     const int64_t es = dtype_size(dt);
@@ -642,6 +651,7 @@ class MpiCommunicator final : public Communicator {
     }
   }
   void barrier() override {
+    const CommBlockedScope blocked;  // straggler detection: time not spent computing
     const OpDesc desc = collective("barrier");
     if (!watched()) {
       check(MPI_Barrier(comm_), "MPI_Barrier", name_);

@@ -616,6 +616,36 @@ std::string held_out_plot(const Metrics& m) {
   return render_svg_plot(p);
 }
 
+// Straggler detection's rows (logging.straggler_margin): each rank named in a
+// `straggler_rank` row with the logged iterations it stayed named at, as ranges
+// ("rank 2 at iterations 4-10"); "none" when detection ran and named nobody.
+std::string straggler_text(const Metrics& m) {
+  const auto iter = m.column("iteration");
+  const auto flagged = m.column("straggler_rank");
+  std::map<int64_t, std::vector<std::pair<double, double>>> ranges;  // rank -> [first, last] runs
+  double prev_rank = kNaN;
+  for (size_t i = 0; i < flagged.size(); ++i) {
+    if (std::isfinite(flagged[i])) {
+      auto& v = ranges[static_cast<int64_t>(flagged[i])];
+      if (flagged[i] == prev_rank && !v.empty()) v.back().second = iter[i];
+      else v.push_back({iter[i], iter[i]});
+    }
+    prev_rank = flagged[i];
+  }
+  if (ranges.empty()) return "none";
+  std::string out;
+  for (const auto& [rank, runs] : ranges) {
+    if (!out.empty()) out += "; ";
+    out += fmt::format("rank {} at iteration{} ", rank, runs.size() > 1 || runs[0].first != runs[0].second ? "s" : "");
+    for (size_t k = 0; k < runs.size(); ++k) {
+      if (k) out += ", ";
+      out += format_number(runs[k].first);
+      if (runs[k].second != runs[k].first) out += "-" + format_number(runs[k].second);
+    }
+  }
+  return out;
+}
+
 // The summary table's rows.
 std::vector<std::pair<std::string, std::string>> summary_facts(const Metrics& m, const fs::path& run_dir) {
   const auto iter = m.column("iteration");
@@ -650,6 +680,7 @@ std::vector<std::pair<std::string, std::string>> summary_facts(const Metrics& m,
   if (m.has("skipped")) facts.emplace_back("Skipped iterations", format_number(last_finite(m.column("skipped"))));
   if (m.has("nan_iterations"))
     facts.emplace_back("Non-finite iterations", format_number(last_finite(m.column("nan_iterations"))));
+  if (m.has("slowest_rank")) facts.emplace_back("Stragglers flagged", straggler_text(m));
   if (max_finite(m.column("peak_memory_bytes")) > 0)
     facts.emplace_back("Peak memory", format_bytes(max_finite(m.column("peak_memory_bytes"))));
   for (const char* k : {"bytes_sent_tp", "bytes_sent_pp", "bytes_sent_dp"})

@@ -50,9 +50,10 @@ void register_train(CLI::App& app) {
       "Collective watchdog: a host-side collective or transfer waiting longer than "
       "parallel.distributed_timeout_minutes (default 10; MTNLG_COLLECTIVE_TIMEOUT=seconds overrides, 0 = off) ends "
       "the job, naming the rank that did not arrive.\n"
-      "Testing aid: MTNLG_FAULT_INJECT=rank=R:iteration=I:mode=throw|abort|kill|stop|sigterm|sigusr1|nan makes global "
+      "Testing aid: MTNLG_FAULT_INJECT=rank=R:iteration=I:mode=throw|abort|kill|stop|sigterm|sigusr1|nan|slow makes global "
       "rank R, at the start of iteration I, throw an error, abort(), SIGKILL or SIGSTOP itself, raise SIGTERM/SIGUSR1, "
-      "or (nan) produce non-finite gradients from then on.");
+      "or (nan) produce non-finite gradients from then on, or (slow, with :ms=N, default 300) sleep N ms at the start of "
+      "every iteration from then on (a straggler).");
   cmd->callback([] {
     Recipe r = load_recipe(a.recipe, a.sets);  // InputError -> exit 2 before any process group exists
     parallel::LaunchInfo info = parallel::detect_launch();

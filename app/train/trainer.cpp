@@ -3,16 +3,20 @@
 #include <cblas.h>
 #include <omp.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cmath>
+#include <cstring>
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <optional>
 #include <sstream>
+#include <thread>
 #include <nlohmann/json.hpp>
 
 #include "app/process/blas_core.hpp"
@@ -31,7 +35,9 @@
 #include "model/gpt.hpp"
 #include "model/partition.hpp"
 #include "planner/cost_model.hpp"
+#include "parallel/comm_time.hpp"
 #include "parallel/grad_buckets.hpp"
+#include "parallel/watchdog.hpp"
 #include "parallel/loss_scaler.hpp"
 #include "parallel/optimizer.hpp"
 #include "schedules/batch_schedule.hpp"
@@ -115,6 +121,11 @@ class MetricsWriter {
                         {"tensor_bytes_send_buffers_peak", s.mem_send_buffers_peak},
                         {"tensor_bytes_workspace_peak", s.mem_workspace_peak}};
     if (r.training.precision == Precision::fp16) j["loss_scale"] = loss_scale;
+    if (s.slowest_rank >= 0) {  // straggler detection (logging.straggler_margin)
+      j["slowest_rank"] = s.slowest_rank;
+      j["slowest_ratio"] = s.slowest_ratio;
+      if (s.straggler_rank >= 0) j["straggler_rank"] = s.straggler_rank;
+    }
     if (s.host_reads || s.host_uploads) {  // a device run: its host round trips
       j["host_reads"] = s.host_reads;
       j["host_uploads"] = s.host_uploads;
@@ -131,12 +142,14 @@ class MetricsWriter {
 };
 
 // ---- testing aid: MTNLG_FAULT_INJECT="rank=R:iteration=I:mode=throw|abort|kill" ---------
+// mode=slow (with an optional :ms=N, default 300) makes rank R sleep N ms at the start of
+// every iteration from I on: a straggler, for the straggler detection's tests.
 // Global rank R fails at the start of iteration I (1-based): throw a RuntimeError (the
 // normal error path: message, MPI_Abort), std::abort(), or raise(SIGKILL) on itself (a
 // dead process with no goodbye), or raise(SIGSTOP) (a rank that stops answering, which
 // only the collective watchdog ends). Tests use it to prove a failing rank ends the job.
 struct FaultInjection {
-  int64_t rank = -1, iteration = -1;
+  int64_t rank = -1, iteration = -1, ms = 300;
   std::string mode;
   bool active() const { return rank >= 0; }
 };
@@ -147,7 +160,7 @@ FaultInjection fault_injection_from_env() {
   if (!env || !*env) return f;
   const std::string spec(env);
   auto bad = [&](const std::string& why) {
-    throw_input("MTNLG_FAULT_INJECT=\"{}\": {}; expected rank=R:iteration=I:mode=throw|abort|kill|stop|sigterm|sigusr1|nan|overflow",
+    throw_input("MTNLG_FAULT_INJECT=\"{}\": {}; expected rank=R:iteration=I:mode=throw|abort|kill|stop|sigterm|sigusr1|nan|overflow|slow[:ms=N]",
                 spec, why);
   };
   std::stringstream ss(spec);
@@ -157,14 +170,14 @@ FaultInjection fault_injection_from_env() {
     std::string key = part.substr(0, eq), val = part.substr(eq + 1);
     if (key == "mode") {
       if (val != "throw" && val != "abort" && val != "kill" && val != "stop" && val != "sigterm" && val != "sigusr1" && val != "nan" &&
-          val != "overflow")
+          val != "overflow" && val != "slow")
         bad("unknown mode '" + val + "'");
       f.mode = val;
-    } else if (key == "rank" || key == "iteration") {
+    } else if (key == "rank" || key == "iteration" || key == "ms") {
       char* end = nullptr;
       long long x = std::strtoll(val.c_str(), &end, 10);
       if (val.empty() || *end != '\0' || x < 0) bad("'" + val + "' is not a whole number");
-      (key == "rank" ? f.rank : f.iteration) = x;
+      (key == "rank" ? f.rank : key == "iteration" ? f.iteration : f.ms) = x;
     } else {
       bad("unknown key '" + key + "'");
     }
@@ -186,7 +199,13 @@ bool inject_overflow(const FaultInjection& f, int64_t rank, int64_t iteration) {
 }
 
 void maybe_inject_fault(const FaultInjection& f, int64_t rank, int64_t iteration) {
-  if (!f.active() || f.rank != rank || f.iteration != iteration || f.mode == "nan" || f.mode == "overflow") return;
+  if (f.active() && f.mode == "slow" && f.rank == rank && iteration >= f.iteration) {  // every iteration from I on
+    std::this_thread::sleep_for(std::chrono::milliseconds(f.ms));
+    return;
+  }
+  if (!f.active() || f.rank != rank || f.iteration != iteration || f.mode == "nan" || f.mode == "overflow" ||
+      f.mode == "slow")
+    return;
   // Slurm's preemption / time-limit signals, delivered to this process for real.
   if (f.mode == "sigterm" || f.mode == "sigusr1") {
     std::raise(f.mode == "sigterm" ? SIGTERM : SIGUSR1);
@@ -277,6 +296,105 @@ class CommReport {
   std::ofstream out_;
 };
 
+// Straggler detection (logging.straggler_margin / straggler_intervals, docs/RELIABILITY.md).
+// Every iteration each rank adds its compute time (the step's wall time less the time it
+// sat blocked in communication: a slow rank makes its peers wait inside collectives, so
+// wall times are all the slowest one's); nothing is exchanged then. At a log iteration
+// one all-reduce over the world of a [world] vector (each rank fills its own slot with
+// its mean over the interval) gives every rank every rank's time. A rank whose time
+// exceeds the median of the other ranks' by the margin for `intervals` log intervals in
+// a row is named in one warning (rank 0 prints it), once per episode: the episode ends
+// when it falls back under the margin. A rank must also be slower by at least
+// kMinExcessS: below that, scheduling and timer noise on a shared CPU (milliseconds per
+// step) would name ranks at random when the steps themselves take milliseconds.
+class StragglerDetector {
+ public:
+  static constexpr double kMinExcessS = 0.05;
+
+  StragglerDetector(const LoggingConfig& c, const parallel::ProcessGroups& g)
+      : g_(g), margin_(c.straggler_margin), intervals_(c.straggler_intervals) {
+    const int64_t world = g.world ? g.world->size() : 1;
+    enabled_ = margin_ > 0 && intervals_ > 0 && world > 1;
+    if (!enabled_) return;
+    times_.assign(static_cast<size_t>(world), 0.0);
+    run_.assign(static_cast<size_t>(world), 0);
+    warned_.assign(static_cast<size_t>(world), false);
+    // Every rank's host name, once at set-up (a sum of [world * 8] int64 where each rank
+    // fills its own 64 bytes), for the warning.
+    constexpr int64_t kWords = 8;
+    std::vector<int64_t> names(static_cast<size_t>(world * kWords), 0);
+    char buf[kWords * 8 + 1] = {};
+    if (::gethostname(buf, sizeof buf - 1) != 0) buf[0] = '\0';
+    std::memcpy(names.data() + g.rank * kWords, buf, kWords * 8);
+    g.world->all_reduce(names.data(), static_cast<int64_t>(names.size()), parallel::ReduceOp::sum);
+    for (int64_t r = 0; r < world; ++r) {
+      char h[kWords * 8 + 1] = {};
+      std::memcpy(h, names.data() + r * kWords, kWords * 8);
+      hosts_.emplace_back(h);
+    }
+  }
+  bool enabled() const { return enabled_; }
+  void add(double compute_s) {
+    sum_ += compute_s;
+    ++count_;
+  }
+  // At a log iteration (every rank): fills s.slowest_rank / s.slowest_ratio and warns.
+  void at_log(IterationStats& s) {
+    if (!enabled_ || count_ == 0) return;
+    const size_t world = times_.size();
+    std::fill(times_.begin(), times_.end(), 0.0);
+    times_[static_cast<size_t>(g_.rank)] = sum_ / static_cast<double>(count_);
+    sum_ = 0;
+    count_ = 0;
+    g_.world->all_reduce(times_.data(), static_cast<int64_t>(world), parallel::ReduceOp::sum);
+    std::vector<double> peers;
+    double worst = -1, worst_flagged = -1;
+    for (size_t r = 0; r < world; ++r) {
+      peers.clear();
+      for (size_t q = 0; q < world; ++q)
+        if (q != r) peers.push_back(times_[q]);
+      std::sort(peers.begin(), peers.end());
+      const size_t m = peers.size();
+      const double median = m % 2 ? peers[m / 2] : 0.5 * (peers[m / 2 - 1] + peers[m / 2]);
+      const double ratio = median > 0 ? times_[r] / median : 0.0;
+      if (ratio > worst) {
+        worst = ratio;
+        s.slowest_rank = static_cast<int64_t>(r);
+        s.slowest_ratio = ratio;
+      }
+      if (ratio <= margin_ || times_[r] - median < kMinExcessS) {  // back in line: the episode (if any) is over
+        run_[r] = 0;
+        warned_[r] = false;
+        continue;
+      }
+      if (++run_[r] >= intervals_ && !warned_[r]) {
+        warned_[r] = true;
+        if (g_.rank == 0)
+          log::warn("straggler: {} has been slower than the median of its peers by more than {:.0f}% for {} log "
+                    "intervals in a row (iteration {}: compute {:.1f} ms per iteration vs {:.1f} ms, {:.2f}x)",
+                    parallel::describe_rank(static_cast<int64_t>(r), hosts_[r]), 100 * (margin_ - 1), run_[r],
+                    s.iteration, 1e3 * times_[r], 1e3 * median, ratio);
+      }
+      if (warned_[r] && ratio > worst_flagged) {
+        worst_flagged = ratio;
+        s.straggler_rank = static_cast<int64_t>(r);
+      }
+    }
+  }
+
+ private:
+  const parallel::ProcessGroups& g_;
+  double margin_;
+  int64_t intervals_;
+  bool enabled_ = false;
+  double sum_ = 0;
+  int64_t count_ = 0;
+  std::vector<double> times_;
+  std::vector<int64_t> run_;
+  std::vector<bool> warned_;
+  std::vector<std::string> hosts_;
+};
+
 // ---- one training run: set-up, a step, logging, and the loop ---------------------------
 // Set-up (the constructor) builds, in this order: model, optimizer, data, outputs, the
 // executor with the data-parallel gradients, then checkpoints (resume) and validation.
@@ -296,7 +414,7 @@ class Trainer {
   void set_up_step();
   void set_up_checkpoints();
   IterationStats train_step(const data::Batch& batch, double lr, std::chrono::steady_clock::time_point t0);
-  void training_log(const IterationStats& s, const data::Batch& batch);
+  void training_log(IterationStats& s, const data::Batch& batch);
   bool stop_after_step();  // checkpoints, stop signals and exit conditions after a step
   void save_now();
 
@@ -328,6 +446,7 @@ class Trainer {
   std::optional<MetricsWriter> metrics_;
   std::optional<CommReport> comm_report_;
   std::shared_ptr<MemoryReport> memory_report_;
+  std::optional<StragglerDetector> straggler_;
   std::unique_ptr<tb::TensorBoardWriter> tensorboard_;
   double peak_tflops_ = 0;
   std::string peak_what_;
@@ -429,6 +548,7 @@ void Trainer::set_up_output() {
   metrics_.emplace(r.logging.dir, rank0_);
   comm_report_.emplace(r.logging.dir, g_, opts_.comm_report);
   memory_report_ = std::make_shared<MemoryReport>(r.logging.dir, g_, opts_.memory_report);
+  straggler_.emplace(r.logging, g_);  // collective when on (host names): every rank builds it
   if (rank0_ && r.logging.tensorboard) tensorboard_ = std::make_unique<tb::TensorBoardWriter>(r.logging.dir);
   peak_tflops_ = r.logging.peak_tflops;
   peak_what_ = "logging.peak_tflops";
@@ -621,14 +741,17 @@ IterationStats Trainer::train_step(const data::Batch& batch, double lr, std::chr
 
 // Logging of one step: the comm report (every rank), the caller's hook, and every
 // logging.log_interval iterations metrics.jsonl, TensorBoard and the log line.
-void Trainer::training_log(const IterationStats& s, const data::Batch& batch) {
+void Trainer::training_log(IterationStats& s, const data::Batch& batch) {
   comm_report_->write(s.iteration, s.global_batch_size, batch.micro_batches, overlap_dp_ ? ddp_->num_buckets() : 0,
                       overlap_dp_ ? ddp_->started_early() : 0);
   memory_report_->write(s);
+  const int64_t total_iters = run_.iterations;
+  const bool log_now = s.iteration % r_.logging.log_interval == 0 || s.iteration == total_iters;
+  straggler_->add(s.compute_time_s);
+  if (log_now) straggler_->at_log(s);  // every rank: one small all-reduce over the world
   if (opts_.on_iteration) opts_.on_iteration(s);
   summary_.iterations.push_back(s);
-  const int64_t total_iters = run_.iterations;
-  if (s.iteration % r_.logging.log_interval != 0 && s.iteration != total_iters) return;
+  if (!log_now) return;
   metrics_->write(s, r_, s.loss_scale);
   if (tensorboard_)
     tensorboard_->log_iteration({{"loss", s.loss},
@@ -715,7 +838,9 @@ TrainSummary Trainer::run() {
     comm_report_->reset();  // every group's byte counter, this iteration only
     maybe_inject_fault(fault_, g_.rank, iteration_ + 1);
 
-    const IterationStats s = train_step(batch, lr, t0);
+    const double blocked0 = parallel::comm_blocked_seconds();
+    IterationStats s = train_step(batch, lr, t0);
+    s.compute_time_s = s.step_time_s - (parallel::comm_blocked_seconds() - blocked0);
     training_log(s, batch);
     for (size_t k = 0; k < per_source_.size() && k < batch.per_source_samples.size(); ++k)
       per_source_[k] += batch.per_source_samples[k];

@@ -37,6 +37,16 @@ struct IterationStats {
   int64_t mem_activations_peak = 0, mem_saved_activations_peak = 0, mem_workspace_peak = 0;
   int64_t mem_send_buffers_peak = 0;  // pipeline send buffers not yet waited for (PipelineExecutor)
   int64_t world_size = 1;  // processes in the job (metrics.jsonl: `plan --calibrate` reads the layout from it)
+  // This rank's compute time: step_time_s less the time blocked in communication.
+  double compute_time_s = 0;
+  // Straggler detection, at log iterations only (-1: off or not a log iteration): the rank
+  // with the longest mean compute time over the log interval, and that time over the
+  // median of the other ranks'.
+  int64_t slowest_rank = -1;
+  double slowest_ratio = 0;
+  // The slowest rank among those named as stragglers (in a flagged episode) at this log
+  // iteration; -1 when none is.
+  int64_t straggler_rank = -1;
 };
 
 struct TrainOptions {

@@ -332,3 +332,28 @@ TEST_CASE("the report renders in headless Chromium as a non-blank page", "[e2e][
   CHECK(r.exit_code == 0);
   CHECK(std::filesystem::exists(png));
 }
+
+TEST_CASE("the report names the ranks flagged as stragglers and their iterations", "[report]") {
+  TempDir tmp("report-straggler");
+  std::string lines;
+  for (int it = 1; it <= 12; ++it) {
+    // rank 2 named at 4..6 and again at 9..10, rank 3 at 12; detection ran on every row.
+    const int flagged = (it >= 4 && it <= 6) || it == 9 || it == 10 ? 2 : it == 12 ? 3 : -1;
+    lines += fmt::format("{{\"iteration\": {}, \"loss\": 3.0, \"slowest_rank\": {}, \"slowest_ratio\": 1.5{}}}\n", it,
+                         flagged >= 0 ? flagged : 1, flagged >= 0 ? fmt::format(", \"straggler_rank\": {}", flagged) : "");
+  }
+  write_file(tmp / "metrics.jsonl", lines);
+  const std::string html = rep::render_report_html(tmp.path(), nullptr);
+  CHECK_THAT(html, Catch::Matchers::Contains("Stragglers flagged"));
+  CHECK_THAT(html, Catch::Matchers::Contains("rank 2 at iterations 4-6, 9-10; rank 3 at iteration 12"));
+
+  TempDir clean("report-straggler-none");
+  write_file(clean / "metrics.jsonl", "{\"iteration\": 1, \"loss\": 3.0, \"slowest_rank\": 0, \"slowest_ratio\": 1.01}\n");
+  const std::string none = rep::render_report_html(clean.path(), nullptr);
+  CHECK_THAT(none, Catch::Matchers::Contains("Stragglers flagged"));
+  CHECK(none.find("rank 0 at") == std::string::npos);
+
+  TempDir off("report-straggler-off");  // a run without detection: no row
+  write_file(off / "metrics.jsonl", "{\"iteration\": 1, \"loss\": 3.0}\n");
+  CHECK(rep::render_report_html(off.path(), nullptr).find("Stragglers") == std::string::npos);
+}
