@@ -640,7 +640,10 @@ std::string straggler_text(const Metrics& m) {
     for (size_t k = 0; k < runs.size(); ++k) {
       if (k) out += ", ";
       out += format_number(runs[k].first);
-      if (runs[k].second != runs[k].first) out += "-" + format_number(runs[k].second);
+      if (runs[k].second != runs[k].first) {
+        out += '-';  // not "-" + ...: GCC 12 -Wrestrict false positive (PR105651)
+        out += format_number(runs[k].second);
+      }
     }
   }
   return out;
