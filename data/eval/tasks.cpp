@@ -346,7 +346,8 @@ Doc make_doc(const TaskInfo& task, const json& row, const TaskOptions& opt, cons
     if (ans != "1" && ans != "2") throw_input("{}: field 'answer' is '{}', expected \"1\" or \"2\"", where, ans);
     d.gold = ans == "1" ? 0 : 1;
     d.choice_contexts = {s.substr(0, us) + o1, s.substr(0, us) + o2};
-    d.target = " " + py_strip(s.substr(us + 1));
+    d.target = " ";  // appended, not " " + ...: GCC 12 -Wrestrict false positive (PR105651)
+    d.target += py_strip(s.substr(us + 1));
     d.choices = {d.target, d.target};
     d.norm_choices = {o1, o2};
     d.text = d.choice_contexts[static_cast<size_t>(d.gold)];

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <map>
 #include <catch2/catch.hpp>
+#include <fmt/format.h>
 #include <filesystem>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -90,7 +91,7 @@ TEST_CASE("e2e quality train: 1, 2, 3 and 4 ranks give a byte-identical model an
                " --bucket-bits 14 --epochs 3 --holdout 0.1 --seed 3 --no-progress";
       },
       [&](int np, const test::RunResult& r) {
-        if (np > 1) CHECK_THAT(r.out, Catch::Matchers::Contains("(" + std::to_string(np) + " ranks)"));
+        if (np > 1) CHECK_THAT(r.out, Catch::Matchers::Contains(fmt::format("({} ranks)", np)));
         auto rep = nlohmann::json::parse(test::read_file(model(np) + ".report.json"));
         CHECK(rep["model"] == model(np));
         rep.erase("model");

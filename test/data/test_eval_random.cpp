@@ -1,6 +1,7 @@
 // CPython random.Random twin (data/eval/py_random.hpp): the spec's test vectors
 // (eval-harness.md §3.3) exactly, and a longer comparison against CPython itself.
 #include <catch2/catch.hpp>
+#include <fmt/format.h>
 
 #include "core/error.hpp"
 #include "data/eval/py_random.hpp"
@@ -59,7 +60,10 @@ TEST_CASE("py_random: agrees with CPython on seeds, pool/set sampling and big ra
   std::string ours = "[";
   auto list = [&](const std::vector<int64_t>& v) {
     std::string s = "[";
-    for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (i) s += ',';
+      s += std::to_string(v[i]);
+    }
     return s + "]";
   };
   bool first = true;
@@ -74,7 +78,7 @@ TEST_CASE("py_random: agrees with CPython on seeds, pool/set sampling and big ra
     int64_t a = static_cast<int64_t>(r.getrandbits(45));
     uint64_t b = r.getrandbits(64);
     int64_t c = static_cast<int64_t>(r.randbelow(1000000000000ull));
-    parts.push_back("[" + std::to_string(a) + "," + std::to_string(b) + "," + std::to_string(c) + "]");
+    parts.push_back(fmt::format("[{},{},{}]", a, b, c));
     for (auto& p : parts) {
       ours += (first ? "" : ",") + p;
       first = false;

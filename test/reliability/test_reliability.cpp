@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <fmt/format.h>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -145,7 +146,7 @@ TEST_CASE("reliability 1: damaged index caches are rebuilt, impossible checkpoin
     r = train(d.str() + "/c" + std::to_string(k++), data);
     CHECK(r.exit_code == 0);
     CHECK_THAT(r.out, Contains("index cache") && Contains("damaged") && Contains("rebuilding"));
-    CHECK(test::read_losses(d / ("c" + std::to_string(k - 1))) == want);
+    CHECK(test::read_losses(d / fmt::format("c{}", k - 1)) == want);
     CHECK(test::read_file(cache) == original);  // rebuilt in place
   }
 
