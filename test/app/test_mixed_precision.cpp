@@ -79,13 +79,9 @@ struct Row {
 };
 std::vector<Row> read_rows(const fs::path& run) {
   std::vector<Row> rows;
-  std::ifstream in(run / "metrics.jsonl");
-  for (std::string line; std::getline(in, line);) {
-    auto j = nlohmann::json::parse(line);
-    if (!j.contains("loss")) continue;
+  for (const auto& j : test::read_iteration_records(run))
     rows.push_back({j["loss"].is_null() ? NAN : j["loss"].get<double>(), j.value("loss_scale", 1.0),
                     j.value("skipped", int64_t{0}), j.value("nan_iterations", int64_t{0})});
-  }
   return rows;
 }
 

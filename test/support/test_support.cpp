@@ -70,13 +70,19 @@ RunResult run_train(const std::string& recipe, const std::string& logdir, const 
   return run_command(train_command(recipe, logdir, sets, np, env));
 }
 
-std::vector<double> read_losses(const std::filesystem::path& run_dir) {
-  std::vector<double> out;
+std::vector<nlohmann::json> read_iteration_records(const std::filesystem::path& run_dir) {
+  std::vector<nlohmann::json> out;
   std::ifstream f(run_dir / "metrics.jsonl");
   for (std::string line; std::getline(f, line);) {
-    const auto j = nlohmann::json::parse(line);
-    if (j.contains("loss")) out.push_back(j["loss"].get<double>());  // not the validation/test records
+    auto j = nlohmann::json::parse(line);
+    if (j.contains("loss")) out.push_back(std::move(j));  // not the validation/test records
   }
+  return out;
+}
+
+std::vector<double> read_losses(const std::filesystem::path& run_dir) {
+  std::vector<double> out;
+  for (const auto& j : read_iteration_records(run_dir)) out.push_back(j["loss"].get<double>());
   return out;
 }
 

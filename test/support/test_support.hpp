@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -50,6 +51,9 @@ bool python_has(const std::string& module);
 void write_file(const std::filesystem::path& p, const std::string& text);
 // The `loss` of every training row of RUN_DIR/metrics.jsonl, in order (validation and
 // test records, which have no `loss`, are skipped).
+// The training iterations' records of RUN_DIR/metrics.jsonl (those with a loss; not
+// the validation/test records).
+std::vector<nlohmann::json> read_iteration_records(const std::filesystem::path& run_dir);
 std::vector<double> read_losses(const std::filesystem::path& run_dir);
 std::string read_file(const std::filesystem::path& p);
 
