@@ -7,6 +7,16 @@
 
 namespace mtnlg {
 
+// How the attention core (softmax(Q K^T / sqrt(d)) V, causal) is computed:
+//   flash    the log-sum-exp form: the [s, s] probabilities never leave a row/tile; the
+//            backward recomputes them (CPU row kernel, CUDA scalar fp32 kernel);
+//   unfused  Megatron's form: Q K^T and P V as batched GEMMs (tensor cores on CUDA) with a
+//            fused scale + causal mask + softmax kernel between; the [b, a, s, s]
+//            probabilities are kept for the backward unless selective recompute redoes them;
+//   auto     unfused on CUDA, flash on the CPU.
+enum class AttentionBackend { automatic, flash, unfused };
+std::string to_string(AttentionBackend a);
+
 struct ModelConfig {
   int64_t num_layers = 0;
   int64_t hidden_size = 0;
@@ -20,6 +30,7 @@ struct ModelConfig {
   double hidden_dropout = 0.1;
   double attention_dropout = 0.1;
   double layernorm_epsilon = 1e-5;
+  AttentionBackend attention_backend = AttentionBackend::automatic;
 
   int64_t head_dim() const { return hidden_size / num_attention_heads; }
   // Vocabulary padded to a multiple of make_vocab_size_divisible_by * tp (Megatron).

@@ -44,6 +44,14 @@ std::string to_string(RecomputeGranularity r) {
   }
   return "?";
 }
+std::string to_string(AttentionBackend a) {
+  switch (a) {
+    case AttentionBackend::automatic: return "auto";
+    case AttentionBackend::flash: return "flash";
+    case AttentionBackend::unfused: return "unfused";
+  }
+  return "?";
+}
 std::string to_string(LrDecayStyle s) {
   switch (s) {
     case LrDecayStyle::cosine: return "cosine";
@@ -223,6 +231,8 @@ const Table& table() {
                      dbl_field("hidden_dropout", [](Recipe& r) -> double& { return r.model.hidden_dropout; }, 0.0, 0.99),
                      dbl_field("attention_dropout", [](Recipe& r) -> double& { return r.model.attention_dropout; }, 0.0, 0.99),
                      dbl_field("layernorm_epsilon", [](Recipe& r) -> double& { return r.model.layernorm_epsilon; }, 0.0, 1.0),
+                     enum_field<AttentionBackend>("attention_backend", [](Recipe& r) -> AttentionBackend& { return r.model.attention_backend; },
+                                                  {AttentionBackend::automatic, AttentionBackend::flash, AttentionBackend::unfused}),
                  }});
     Field pipeline_layers{
         "pipeline_layers",

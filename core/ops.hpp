@@ -60,7 +60,9 @@ void dropout_backward(Tensor& dinp, const Tensor& dout, double p, uint64_t key, 
 // ---- causal self-attention -------------------------------------------------------------
 // qkv[B,T,H*3*D] laid out per head as [q | k | v] (Megatron's layout, so that a
 // column-parallel shard is a contiguous block of heads); out[B,T,H*D];
-// probs[B,H,T,T] saved (softmax before dropout) for backward.
+// probs[B,H,T,T] saved (softmax before dropout) for backward. The unfused form of
+// model.attention_backend: on CUDA batched cuBLASLt GEMMs around a softmax kernel
+// (core/cuda/attention.cu), on the CPU the row kernel below.
 void attention_forward(Tensor& out, Tensor& probs, const Tensor& qkv, int64_t heads, const AttentionDropout& drop);
 // dqkv = ; uses probs from forward.
 void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& probs, int64_t heads,
@@ -69,9 +71,9 @@ void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, con
 // Log-sum-exp variant (core/ops/attention.cpp): saves lse[B,H,T] = log sum_{j<=i}
 // exp(q_i.k_j/sqrt(D)) per row instead of probs[B,H,T,T], so activation memory is O(T)
 // instead of O(T^2) per head; the backward recomputes the probabilities from qkv and
-// lse and also needs the forward's `out`. On CUDA this is the only attention (a fused
-// flash-attention kernel; lse must be f32 there); on the CPU it runs the reference
-// above. Same dropout mask as attention_forward. dqkv = .
+// lse and also needs the forward's `out`: the flash form of model.attention_backend (on
+// CUDA a fused kernel, lse must be f32 there; on the CPU the same row kernel as above).
+// Same dropout mask as attention_forward. dqkv = .
 void attention_forward_lse(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t heads, const AttentionDropout& drop);
 void attention_backward_lse(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
                             int64_t heads, const AttentionDropout& drop);

@@ -24,6 +24,7 @@ GptConfig GptConfig::from_recipe(const Recipe& r) {
   c.attention_dropout = r.model.attention_dropout;
   c.layernorm_eps = r.model.layernorm_epsilon;
   c.recompute = r.parallel.recompute_granularity;
+  c.attention = r.model.attention_backend;
   c.sequence_parallel = r.parallel.sequence_parallel && r.tp() > 1;
   c.seed = static_cast<uint64_t>(r.training.seed);
   c.dtype = compute_dtype(r.training.precision);
@@ -102,7 +103,8 @@ void declare_chunk_params(ParamStore& store, const GptConfig& c, const ChunkSpec
 struct GptChunk::LayerActs {
   Tensor x_in;                       // [R, C] layer input (always kept)
   Tensor ln1, mean1, rstd1, ln1_full;
-  Tensor qkv, att, lse;              // attention output and its log-sum-exp (wide)
+  Tensor qkv, att, lse;              // attention output and its log-sum-exp (wide, flash form)
+  Tensor probs;                      // [B, H/tp, T, T] softmax probabilities (unfused form)
   Tensor x2;                         // residual after attention [R, C]
   Tensor ln2, mean2, rstd2, ln2_full;
   Tensor fc1, gel;
@@ -121,8 +123,8 @@ struct GptChunk::Saved {
       if (t.defined()) b += t.nbytes();
     };
     for (auto& l : layers) {
-      for (auto* t : {&l.x_in, &l.ln1, &l.mean1, &l.rstd1, &l.qkv, &l.att, &l.lse, &l.x2, &l.ln2, &l.mean2, &l.rstd2,
-                      &l.fc1, &l.gel})
+      for (auto* t : {&l.x_in, &l.ln1, &l.mean1, &l.rstd1, &l.qkv, &l.att, &l.lse, &l.probs, &l.x2, &l.ln2, &l.mean2,
+                      &l.rstd2, &l.fc1, &l.gel})
         add(*t);
       if (l.ln1_full.defined() && l.ln1_full.raw() != l.ln1.raw()) add(l.ln1_full);
       if (l.ln2_full.defined() && l.ln2_full.raw() != l.ln2.raw()) add(l.ln2_full);
@@ -142,6 +144,9 @@ GptChunk::GptChunk(const GptConfig& cfg, ChunkSpec spec, ParamStore& store, cons
   tp_ = groups.tp ? groups.tp->size() : 1;
   tp_rank_ = groups.tp ? groups.tp->rank() : 0;
   heads_local_ = cfg.heads / tp_;
+  attention_ = cfg.attention != AttentionBackend::automatic ? cfg.attention
+               : dev_ == Device::cuda                       ? AttentionBackend::unfused
+                                                            : AttentionBackend::flash;
   ffn_local_ = cfg.ffn / tp_;
   vocab_local_ = cfg.padded_vocab_size / tp_;
   vocab_start_ = tp_rank_ * vocab_local_;
@@ -264,8 +269,7 @@ void GptChunk::layer_forward(int64_t li, const Tensor& x, Tensor& y, LayerActs& 
     ops::attention_cached_forward(a.att, mb.kv->k[static_cast<size_t>(li)], mb.kv->v[static_cast<size_t>(li)], a.qkv,
                                   heads_local_, mb.kv->length);
   } else {
-    a.lse = Tensor::empty({B, heads_local_, T}, wide, dev_);
-    ops::attention_forward_lse(a.att, a.lse, a.qkv, heads_local_, attention_dropout(mb, layer));
+    attention_core_forward(a, mb, layer);
   }
   Tensor proj_partial = Tensor::empty({N, C}, dt, dev_);
   ops::matmul_forward(proj_partial, a.att, p.proj_w, nullptr);
@@ -326,16 +330,47 @@ void GptChunk::layer_backward(int64_t li, const Tensor& dy, Tensor& dx, LayerAct
   Tensor dproj_full = tp::leave_row_parallel_backward(tpc, sp, dproj);
   Tensor datt = Tensor::empty({N, C / tp_}, dt, dev_);
   ops::matmul_backward(&datt, &p.d_proj_w, nullptr, dproj_full, a.att, p.proj_w);
-  // The backward recomputes the probabilities from qkv and lse (flash attention), so
-  // "selective" recompute costs nothing extra: no [B, H, T, T] tensor is ever kept.
-  Tensor dqkv = Tensor::empty({B, T, 3 * C / tp_}, dt, dev_);
-  ops::attention_backward_lse(dqkv, datt.view({B, T, C / tp_}), a.qkv, a.att.view({B, T, C / tp_}), a.lse, heads_local_,
-                              attention_dropout(mb, layer));
+  Tensor dqkv = attention_core_backward(datt.view({B, T, C / tp_}), a, mb, layer);
   Tensor dln1_full = Tensor::empty({N, C}, dt, dev_);
   ops::matmul_backward(&dln1_full, &p.d_qkv_w, &p.d_qkv_b, dqkv, a.ln1_full, p.qkv_w);
   Tensor dln1 = tp::enter_column_parallel_backward(tpc, sp, dln1_full);
   dx = dx2;  // residual
   ops::layernorm_backward(dx, p.d_ln1_w, p.d_ln1_b, dln1, a.x_in, p.ln1_w, a.mean1, a.rstd1, /*accumulate=*/true);
+}
+
+// The attention core, att = softmax(mask(Q K^T / sqrt(d))) V, in the chunk's form. Flash
+// keeps the rows' log-sum-exp and its backward recomputes the probabilities, so
+// "selective" recompute costs nothing extra there. Unfused keeps the [B, H/tp, T, T]
+// probabilities, except under selective recompute, where the backward redoes the core's
+// forward (Megatron's selective recompute: Korthikanti et al. 2022, Section 5).
+void GptChunk::attention_core_forward(LayerActs& a, const MicroBatch& mb, int64_t layer) {
+  const int64_t B = a.qkv.dim(0), T = a.qkv.dim(1);
+  if (attention_ == AttentionBackend::flash) {
+    a.lse = Tensor::empty({B, heads_local_, T}, stats_dtype(), dev_);
+    ops::attention_forward_lse(a.att, a.lse, a.qkv, heads_local_, attention_dropout(mb, layer));
+    return;
+  }
+  a.probs = Tensor::empty({B, heads_local_, T, T}, a.qkv.dtype(), dev_);
+  ops::attention_forward(a.att, a.probs, a.qkv, heads_local_, attention_dropout(mb, layer));
+  if (cfg_.recompute == RecomputeGranularity::selective) a.probs = Tensor();
+}
+
+Tensor GptChunk::attention_core_backward(const Tensor& datt, LayerActs& a, const MicroBatch& mb, int64_t layer) {
+  const int64_t B = a.qkv.dim(0), T = a.qkv.dim(1);
+  Tensor dqkv = Tensor::empty(a.qkv.shape(), a.qkv.dtype(), dev_);
+  const ops::AttentionDropout drop = attention_dropout(mb, layer);
+  if (attention_ == AttentionBackend::flash) {
+    ops::attention_backward_lse(dqkv, datt, a.qkv, a.att.view(datt.shape()), a.lse, heads_local_, drop);
+    return dqkv;
+  }
+  Tensor probs = a.probs;
+  if (!probs.defined()) {  // selective recompute: redo the core's forward
+    probs = Tensor::empty({B, heads_local_, T, T}, a.qkv.dtype(), dev_);
+    Tensor scratch = Tensor::empty(a.att.shape(), a.att.dtype(), dev_);
+    ops::attention_forward(scratch, probs, a.qkv, heads_local_, drop);
+  }
+  ops::attention_backward(dqkv, datt, a.qkv, probs, heads_local_, drop);
+  return dqkv;
 }
 
 // A forward call is one of four modes, told apart by the MicroBatch:

@@ -38,6 +38,7 @@ struct GptConfig {
   int64_t num_layers_total = 0;
   double init_std = 0.02, hidden_dropout = 0.0, attention_dropout = 0.0, layernorm_eps = 1e-5;
   RecomputeGranularity recompute = RecomputeGranularity::none;
+  AttentionBackend attention = AttentionBackend::automatic;  // resolved per device by GptChunk
   bool sequence_parallel = false;
   uint64_t seed = 1234;
   DType dtype = DType::f32;  // activations and the compute copy of the weights
@@ -136,6 +137,9 @@ class GptChunk {
   const GptConfig& config() const { return cfg_; }
   const ChunkSpec& spec() const { return spec_; }
   DType activation_dtype() const { return cfg_.dtype; }
+  // The attention form this chunk runs: the recipe's, with auto resolved for its device
+  // (unfused on CUDA, flash on the CPU).
+  AttentionBackend attention_backend() const { return attention_; }
   // Where this chunk's weights, activations and statistics live (the store's device).
   Device device() const { return dev_; }
   // Activation bytes currently held for micro batches in flight.
@@ -167,6 +171,9 @@ class GptChunk {
   // Statistics (LayerNorm mean/rstd, attention lse, loss terms): f64 for f64 models, else f32.
   DType stats_dtype() const { return cfg_.dtype == DType::f64 ? DType::f64 : DType::f32; }
   void layer_backward(int64_t li, const Tensor& dy, Tensor& dx, LayerActs& a, const MicroBatch& mb);
+  // The attention core of layer_forward / layer_backward in the chunk's form.
+  void attention_core_forward(LayerActs& a, const MicroBatch& mb, int64_t layer);
+  Tensor attention_core_backward(const Tensor& datt, LayerActs& a, const MicroBatch& mb, int64_t layer);
   uint64_t dropout_key(const MicroBatch& mb, int64_t layer, int64_t site) const;
   // First mask index of this rank's rows of the residual stream ([local rows, hidden]);
   // forward and backward call it so their masks are the same draws.
@@ -183,6 +190,7 @@ class GptChunk {
   std::map<int64_t, std::unique_ptr<Saved>> saved_;
   std::function<void(int64_t)> grad_ready_;
   Device dev_ = Device::cpu;
+  AttentionBackend attention_ = AttentionBackend::flash;
   std::vector<std::vector<int64_t>> layer_param_offsets_;  // per layer, in the store
   std::vector<int64_t> head_param_offsets_, embedding_param_offsets_;
   void report_ready(const std::vector<int64_t>& offsets, const MicroBatch& mb) const {

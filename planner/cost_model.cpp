@@ -168,6 +168,9 @@ int64_t element_bytes(Precision p) { return p == Precision::fp32 ? 4 : 2; }
 
 struct Shape {
   int64_t l, h, a, s, f, V, maxpos;
+  // mtnlg's trainer runs the unfused attention form (model.attention_backend): the
+  // [b, a/t, s, s] probabilities exist and are kept unless selective recompute redoes them.
+  bool unfused = false;
 };
 Shape shape_of(const Recipe& r, int64_t tp) {
   const auto& m = r.model;
@@ -217,7 +220,7 @@ LayerTime layer_time(const Shape& sh, const Layout& l, const Cluster& c, Precisi
   const double w_qkv = gemm_time(g, peak, h, 3 * h / t, T), w_proj = gemm_time(g, peak, h / t, h, T),
                w_fc1 = gemm_time(g, peak, h, sh.f / t, T), w_fc2 = gemm_time(g, peak, sh.f / t, h, T);
   const double lin_b = d_qkv + d_proj + d_fc1 + d_fc2 + w_qkv + w_proj + w_fc1 + w_fc2;
-  const bool flash = c.software.flash_attention;
+  const bool flash = c.software.trainer_activations ? !sh.unfused : c.software.flash_attention;
   const bool fused = c.software.fused_attention && g.attn_fwd_flops > 0 && g.attn_bwd_flops > 0;
   double att_f = 0, att_b = 0;
   if (fused) {
@@ -318,10 +321,16 @@ double trainer_chunk_saved_bytes(const Shape& sh, const Layout& l, Precision pre
     layer = R * C * e;  // the layer input only
   } else {
     // x_in, ln1, x2, ln2 [R, C]; qkv [N, 3C/t]; att [N, C/t]; fc1, gel [N, f/t]; under SP the
-    // all-gathered ln1, ln2 [N, C]; LayerNorm mean/rstd 4 x [R] and the attention's
-    // log-sum-exp [b, a/t, s] in fp32. Selective keeps the same: no [s, s] tensor exists.
+    // all-gathered ln1, ln2 [N, C]; LayerNorm mean/rstd 4 x [R] in fp32; then the attention
+    // core's: flash, the log-sum-exp [b, a/t, s] in fp32 (selective keeps the same: no
+    // [s, s] tensor exists); unfused, the probabilities [b, a/t, s, s] in the compute dtype,
+    // nothing under selective (the backward redoes them).
+    const double bas = double(l.micro_batch) * double(sh.a) / t * double(sh.s);
+    const double core = !sh.unfused                                  ? w * bas
+                        : l.recompute == RecomputeGranularity::none ? e * bas * double(sh.s)
+                                                                     : 0.0;
     layer = e * (4 * R * C + N * 3 * C / t + N * C / t + 2 * N * double(sh.f) / t) + (sp ? 2 * N * C * e : 0.0) +
-            w * (4 * R + double(l.micro_batch) * double(sh.a) / t * double(sh.s));
+            w * 4 * R + core;
   }
   double b = double(layers) * layer + 2 * N * 4;  // + token ids and targets (i32)
   if (head)  // chunk output, final LayerNorm (+ gathered under SP) and its statistics, logits, max / sum-exp
@@ -371,6 +380,12 @@ double trainer_stage_send_bytes(const Layout& l, int64_t st, int64_t m, double m
 }
 
 }  // namespace
+
+bool trainer_unfused_attention(const Recipe& r, const Cluster& c) {
+  if (!c.software.trainer_activations) return false;
+  const AttentionBackend a = r.model.attention_backend;
+  return a == AttentionBackend::unfused || (a == AttentionBackend::automatic && c.gpu.name.rfind("cpu", 0) != 0);
+}
 
 double gemm_seconds(const GpuSpec& g, int64_t M, int64_t N, int64_t K, int64_t batch) {
   return gemm_time(g, g.peak_flops, M, N, K, batch);
@@ -585,7 +600,8 @@ struct StageInputs {
 };
 
 StageInputs stage_inputs(const Recipe& r, const Layout& l, const Cluster& c) {
-  const Shape sh = shape_of(r, l.tp);
+  Shape sh = shape_of(r, l.tp);
+  sh.unfused = trainer_unfused_attention(r, c);
   const Precision prec = r.training.precision;
   const double e = double(element_bytes(prec));
   const double t = double(l.tp), d = double(l.dp);

@@ -191,6 +191,11 @@ struct Cluster {
   SoftwareProfile software = software_profile("megatron-lm");
 };
 
+// Whether the plan counts mtnlg's unfused attention form (software profile with
+// trainer_activations): the recipe's model.attention_backend, auto being unfused on a GPU
+// and flash on the "cpu" profile (as model/gpt.cpp resolves it per device).
+bool trainer_unfused_attention(const Recipe& r, const Cluster& c);
+
 // ---- calibration ----------------------------------------------------------------------
 
 // One measured run: its recipe, its layout and the measured seconds per iteration at the

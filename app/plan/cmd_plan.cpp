@@ -554,7 +554,11 @@ nlohmann::json estimate_json(const cost::Estimate& e, const cost::Cluster& c) {
 void print_human(const Recipe& r, const cost::Estimate& e, const cost::Cluster& c) {
   std::printf("plan: %s on %lld x %s (%lld per node)\n", r.name.c_str(), static_cast<long long>(e.layout.gpus()),
               c.gpu.name.c_str(), static_cast<long long>(c.gpus_per_node));
-  std::printf("software: %s\n", c.software.name.c_str());
+  if (c.software.trainer_activations)
+    std::printf("software: %s (attention: %s)\n", c.software.name.c_str(),
+                cost::trainer_unfused_attention(r, c) ? "unfused" : "flash");
+  else
+    std::printf("software: %s\n", c.software.name.c_str());
   std::printf("layout: %s, %lld microbatches per iteration\n", e.layout.describe().c_str(),
               static_cast<long long>(e.microbatches));
   std::printf("\n%6s %6s %10s %10s %10s %10s %10s %10s %10s %10s\n", "stage", "layers", "total GiB", "weights", "grads",

@@ -570,9 +570,10 @@ void Trainer::set_up_output() {
             dp_, g_.topo.world(), v_ > 1 ? fmt::format(" interleaved v={}", v_) : "",
             cfg_.sequence_parallel ? " +sequence-parallel" : "", human_count(static_cast<double>(total_params_)),
             human_count(static_cast<double>(store_.numel())));
-  log::info("model: {} layers, hidden {}, {} heads, seq {}, vocab {} (padded {}) | {} on {} | recompute {}{}",
+  log::info("model: {} layers, hidden {}, {} heads, seq {}, vocab {} (padded {}) | {} on {} | attention {} | recompute {}{}",
             r.model.num_layers, r.model.hidden_size, r.model.num_attention_heads, T_, r.model.vocab_size,
-            cfg_.padded_vocab_size, to_string(r.training.precision), describe_device(device_), to_string(r.parallel.recompute_granularity),
+            cfg_.padded_vocab_size, to_string(r.training.precision), describe_device(device_),
+            to_string(chunks_.front()->attention_backend()), to_string(r.parallel.recompute_granularity),
             optim_->zero1() ? " | ZeRO-1 distributed optimizer" : "");
   log::info("run: {} iterations, {} samples, {} tokens | data: {} | MFU peak {:.3f} TFLOP/s ({}); TFLOP/s and MFU count "
             "model FLOPs 72*B*s*l*h^2*(1+s/(6h)+V/(12*l*h)) per iteration (recompute not counted)",

@@ -1,4 +1,6 @@
-// Fused causal self-attention, forward and backward, flash-attention style: the
+// Causal self-attention on CUDA in its two forms (model.attention_backend): the unfused
+// form (batched cuBLASLt GEMMs around a softmax kernel, probabilities kept; its own
+// section below) and, first, the flash form: the
 // [T,T] score matrix is never written to HBM. CPU reference: core/ops/attention.cpp
 // (ops::attention_forward_lse / attention_backward_lse), which save the per-row log-sum-exp
 // lse[b,h,i] = log sum_j exp(s_ij) (s = q.k / sqrt(D), j <= i) instead of probs.
@@ -390,6 +392,177 @@ void attention_backward(void* dqkv, const void* dout, const void* qkv, const voi
 
 }  // namespace mtnlg::cuda::k
 
+// ---- Unfused attention (model.attention_backend: unfused): Megatron's form on tensor
+// cores. Per sample b, with the heads as a strided batch read straight from the packed
+// qkv rows (head h's q, k, v start at h*3D, 3D apart; row stride 3HD):
+//   forward   S = scale * Q K^T                    batched GEMM, [H, T, T] into probs
+//             P = softmax(causal mask(S)) in place  one warp per row, fp32 arithmetic
+//             P' = dropout(P) (p > 0 only)          into a scratch [B, H, T, T]
+//             out = P' V                            batched GEMM, into out's head columns
+//   backward  dV = P'^T dO, dP' = dO V^T            P' recomputed from P and the mask
+//             dS = scale * P (dP - rowsum(P dP))    in place over dP, zero above the diagonal
+//             dQ = dS K, dK = dS^T Q                 into dqkv's q and k columns
+// The scores and probabilities are stored in the activation dtype (as Megatron's fused
+// scale-mask-softmax does); the GEMMs accumulate in fp32. dqkv is WRITTEN. The dropout
+// mask is the flash form's (same index, same draws), so both forms give the same model.
+
+namespace mtnlg::cuda::k {
+
+namespace {
+
+// Row r of the [rows = B*H*T, T] score matrix: sample b, head h, query i.
+struct RowIndex {
+  int64_t b, h, i;
+};
+__device__ __forceinline__ RowIndex row_index(int64_t r, int64_t Tn, int64_t H) {
+  const int64_t bh = r / Tn;
+  return RowIndex{bh / H, bh % H, r % Tn};
+}
+
+// probs[r, :] = softmax over j <= i of the scaled scores it holds, 0 for j > i; with
+// dropout, dropped[r, j] = kept ? probs * dscale : 0. One warp per row.
+template <typename V>
+__global__ void __launch_bounds__(kThreads)
+    causal_softmax_kernel(V* probs, V* dropped, int64_t rows, Geometry g, Drop dr) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t r = blockIdx.x * int64_t(kWarps) + warp;
+  if (r >= rows) return;
+  const RowIndex x = row_index(r, g.T, g.H);
+  V* row = probs + r * g.T;
+  float m = -INFINITY;
+  for (int64_t j = lane; j <= x.i; j += 32) m = fmaxf(m, to_f(row[j]));
+  m = warp_max(m);
+  float sum = 0.0f;
+  for (int64_t j = lane; j <= x.i; j += 32) sum += expf(to_f(row[j]) - m);
+  const float inv = 1.0f / warp_sum(sum);
+  for (int64_t j = lane; j < g.T; j += 32) {
+    const float p = j <= x.i ? expf(to_f(row[j]) - m) * inv : 0.0f;
+    row[j] = from_f<V>(p);
+    if (dropped) dropped[r * g.T + j] = from_f<V>(j <= x.i && kept(dr, g, x.b, x.h, x.i, j) ? p * dr.dscale : 0.0f);
+  }
+}
+
+// dropped = dropout(probs) with the forward's mask (the backward's P').
+template <typename V>
+__global__ void attention_dropout_kernel(V* dropped, const V* probs, int64_t rows, Geometry g, Drop dr) {
+  const int64_t n = rows * g.T;
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t j = e % g.T;
+    const RowIndex x = row_index(e / g.T, g.T, g.H);
+    dropped[e] = from_f<V>(j <= x.i && kept(dr, g, x.b, x.h, x.i, j) ? to_f(probs[e]) * dr.dscale : 0.0f);
+  }
+}
+
+// dp[r, :] (holding dO V^T) becomes dS = scale * P (dP - sum_j P dP), dP the gradient
+// through the dropout mask; zeros above the diagonal. One warp per row.
+template <typename V>
+__global__ void __launch_bounds__(kThreads)
+    causal_softmax_backward_kernel(V* dp, const V* probs, int64_t rows, Geometry g, Drop dr) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t r = blockIdx.x * int64_t(kWarps) + warp;
+  if (r >= rows) return;
+  const RowIndex x = row_index(r, g.T, g.H);
+  V* row = dp + r * g.T;
+  const V* P = probs + r * g.T;
+  auto grad = [&](int64_t j) {
+    const float d = to_f(row[j]);
+    return dr.on ? (kept(dr, g, x.b, x.h, x.i, j) ? d * dr.dscale : 0.0f) : d;
+  };
+  float dot = 0.0f;
+  for (int64_t j = lane; j <= x.i; j += 32) dot += to_f(P[j]) * grad(j);
+  dot = warp_sum(dot);
+  for (int64_t j = lane; j < g.T; j += 32) row[j] = from_f<V>(j <= x.i ? to_f(P[j]) * (grad(j) - dot) * g.scale : 0.0f);
+}
+
+Geometry unfused_geometry(int64_t B, int64_t T, int64_t H, int64_t D) {
+  if (D < 1) fail("attention: empty head");
+  return Geometry{B, T, H, D, static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)))};
+}
+
+unsigned row_blocks(int64_t rows) {
+  const int64_t blocks = (rows + kWarps - 1) / kWarps;
+  if (blocks > INT32_MAX) fail("attention: batch x heads x positions exceeds the softmax kernel's grid");
+  return static_cast<unsigned>(blocks);
+}
+
+// Element offsets of sample b's pieces: qkv rows, out/dout rows, the [H, T, T] matrices.
+struct UnfusedLayout {
+  int64_t row, ldo, TT;  // qkv row stride 3HD, out row stride HD, T*T
+  int64_t qkv(const Geometry& g, int64_t b, int part) const { return b * g.T * row + part * g.D; }
+  int64_t out(const Geometry& g, int64_t b) const { return b * g.T * ldo; }
+  int64_t mat(const Geometry& g, int64_t b) const { return b * g.H * TT; }
+};
+UnfusedLayout unfused_layout(const Geometry& g) { return {3 * g.H * g.D, g.H * g.D, g.T * g.T}; }
+
+template <typename V>
+void unfused_forward(V* out, V* probs, V* dropped, const V* qkv, const Geometry& g, const Drop& dr, DType dt) {
+  const UnfusedLayout L = unfused_layout(g);
+  const int64_t T = g.T, D = g.D, H = g.H, rows = g.B * H * T;
+  for (int64_t b = 0; b < g.B; ++b)  // S^T (col-major [T_j, T_i]) = K_cm^T Q_cm
+    gemm_strided_batched(true, false, T, T, D, g.scale, qkv + L.qkv(g, b, 1), L.row, 3 * D, qkv + L.qkv(g, b, 0), L.row,
+                         3 * D, probs + L.mat(g, b), T, L.TT, H, dt);
+  MTNLG_LAUNCH(row_blocks(rows), kThreads, 0, stream(), causal_softmax_kernel<V>)(probs, dr.on ? dropped : nullptr, rows,
+                                                                                  g, dr);
+  MTNLG_CUDA_LAUNCH_CHECK("causal_softmax_kernel");
+  const V* pv = dr.on ? dropped : probs;
+  for (int64_t b = 0; b < g.B; ++b)  // out_cm [D, T_i] = V_cm P'_cm
+    gemm_strided_batched(false, false, D, T, T, 1.0f, qkv + L.qkv(g, b, 2), L.row, 3 * D, pv + L.mat(g, b), T, L.TT,
+                         out + L.out(g, b), L.ldo, D, H, dt);
+}
+
+template <typename V>
+void unfused_backward(V* dqkv, const V* dout, const V* qkv, const V* probs, V* scratch, const Geometry& g,
+                      const Drop& dr, DType dt) {
+  const UnfusedLayout L = unfused_layout(g);
+  const int64_t T = g.T, D = g.D, H = g.H, rows = g.B * H * T;
+  const V* pv = probs;
+  if (dr.on) {
+    MTNLG_LAUNCH(grid_for(rows * T, 256), 256, 0, stream(), attention_dropout_kernel<V>)(scratch, probs, rows, g, dr);
+    MTNLG_CUDA_LAUNCH_CHECK("attention_dropout_kernel");
+    pv = scratch;
+  }
+  for (int64_t b = 0; b < g.B; ++b)  // dV_cm [D, T_j] = dO_cm P'_cm^T
+    gemm_strided_batched(false, true, D, T, T, 1.0f, dout + L.out(g, b), L.ldo, D, pv + L.mat(g, b), T, L.TT,
+                         dqkv + L.qkv(g, b, 2), L.row, 3 * D, H, dt);
+  for (int64_t b = 0; b < g.B; ++b)  // dP'_cm [T_j, T_i] = V_cm^T dO_cm (over P' once dV is done)
+    gemm_strided_batched(true, false, T, T, D, 1.0f, qkv + L.qkv(g, b, 2), L.row, 3 * D, dout + L.out(g, b), L.ldo, D,
+                         scratch + L.mat(g, b), T, L.TT, H, dt);
+  MTNLG_LAUNCH(row_blocks(rows), kThreads, 0, stream(), causal_softmax_backward_kernel<V>)(scratch, probs, rows, g, dr);
+  MTNLG_CUDA_LAUNCH_CHECK("causal_softmax_backward_kernel");
+  for (int64_t b = 0; b < g.B; ++b) {
+    // dQ_cm [D, T_i] = K_cm dS_cm ; dK_cm [D, T_j] = Q_cm dS_cm^T
+    gemm_strided_batched(false, false, D, T, T, 1.0f, qkv + L.qkv(g, b, 1), L.row, 3 * D, scratch + L.mat(g, b), T, L.TT,
+                         dqkv + L.qkv(g, b, 0), L.row, 3 * D, H, dt);
+    gemm_strided_batched(false, true, D, T, T, 1.0f, qkv + L.qkv(g, b, 0), L.row, 3 * D, scratch + L.mat(g, b), T, L.TT,
+                         dqkv + L.qkv(g, b, 1), L.row, 3 * D, H, dt);
+  }
+}
+
+}  // namespace
+
+void attention_unfused_forward(void* out, void* probs, void* dropped, const void* qkv, DType dt, int64_t B, int64_t T,
+                               int64_t H, int64_t D, const ops::AttentionDropout& drop) {
+  if (B * T * H == 0) return;
+  const Geometry g = unfused_geometry(B, T, H, D);
+  const Drop dr = make_drop(drop, H);
+  MTNLG_DT_SWITCH(dt, V,
+                  unfused_forward<V>(static_cast<V*>(out), static_cast<V*>(probs), static_cast<V*>(dropped),
+                                     static_cast<const V*>(qkv), g, dr, dt));
+}
+
+void attention_unfused_backward(void* dqkv, const void* dout, const void* qkv, const void* probs, void* scratch,
+                                DType dt, int64_t B, int64_t T, int64_t H, int64_t D,
+                                const ops::AttentionDropout& drop) {
+  if (B * T * H == 0) return;
+  const Geometry g = unfused_geometry(B, T, H, D);
+  const Drop dr = make_drop(drop, H);
+  MTNLG_DT_SWITCH(dt, V,
+                  unfused_backward<V>(static_cast<V*>(dqkv), static_cast<const V*>(dout), static_cast<const V*>(qkv),
+                                      static_cast<const V*>(probs), static_cast<V*>(scratch), g, dr, dt));
+}
+
+}  // namespace mtnlg::cuda::k
+
 // ---- KV-cache attention (generation): forward only, no dropout. ---------------------
 // 1) the new positions' keys and values are copied into the caches at [past, past + T);
 // 2) a block per query row (b, i, h) walks cache positions [0, past + i], its warps taking
@@ -495,11 +668,14 @@ namespace mtnlg::cuda {
 using namespace detail;
 
 namespace {
-void attn_shape(const char* op, const Tensor& qkv, int64_t heads, int64_t& B, int64_t& T, int64_t& D) {
+// `limited`: the kernel keeps a head in registers / shared memory (flash and KV-cache
+// forms); the unfused form's GEMMs take any head size.
+void attn_shape(const char* op, const Tensor& qkv, int64_t heads, int64_t& B, int64_t& T, int64_t& D,
+                bool limited = true) {
   B = qkv.dim(0);
   T = qkv.dim(1);
   D = qkv.dim(2) / (3 * heads);
-  if (D > kAttnMaxHeadDim)
+  if (limited && D > kAttnMaxHeadDim)
     throw_runtime("{}: head size {} exceeds the CUDA kernel's limit of {}", op, D, kAttnMaxHeadDim);
 }
 }  // namespace
@@ -522,11 +698,26 @@ void attention_backward_lse(Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
   k::attention_backward(dqkv.raw(), dout.raw(), qkv.raw(), out.raw(), f(lse), dt, B, T, heads, D, drop);
 }
 
-void attention_forward_probs(Tensor&, Tensor&, const Tensor&, int64_t, const ops::AttentionDropout&) {
-  throw_runtime("attention_forward: the probs [B,H,T,T] form is CPU-only; on CUDA call ops::attention_forward_lse");
+void attention_forward_probs(Tensor& out, Tensor& probs, const Tensor& qkv, int64_t heads,
+                             const ops::AttentionDropout& drop) {
+  const char* op = "attention_forward";
+  const DType dt = cuda_dtype(op, "qkv", qkv.dtype());
+  int64_t B, T, D;
+  attn_shape(op, qkv, heads, B, T, D, /*limited=*/false);
+  Tensor dropped;  // P' for the P V product, only when dropout is on
+  if (drop.p > 0) dropped = Tensor::empty(probs.shape(), probs.dtype(), probs.device());
+  k::attention_unfused_forward(out.raw(), probs.raw(), dropped.defined() ? dropped.raw() : nullptr, qkv.raw(), dt, B, T,
+                               heads, D, drop);
 }
-void attention_backward_probs(Tensor&, const Tensor&, const Tensor&, const Tensor&, int64_t, const ops::AttentionDropout&) {
-  throw_runtime("attention_backward: the probs [B,H,T,T] form is CPU-only; on CUDA call ops::attention_backward_lse");
+
+void attention_backward_probs(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& probs, int64_t heads,
+                              const ops::AttentionDropout& drop) {
+  const char* op = "attention_backward";
+  const DType dt = cuda_dtype(op, "qkv", qkv.dtype());
+  int64_t B, T, D;
+  attn_shape(op, qkv, heads, B, T, D, /*limited=*/false);
+  Tensor scratch = Tensor::empty(probs.shape(), probs.dtype(), probs.device());  // P', then dP and dS in place
+  k::attention_unfused_backward(dqkv.raw(), dout.raw(), qkv.raw(), probs.raw(), scratch.raw(), dt, B, T, heads, D, drop);
 }
 
 void attention_cached_forward(Tensor& out, Tensor& k_cache, Tensor& v_cache, const Tensor& qkv, int64_t heads,

@@ -24,6 +24,7 @@
 #include <climits>
 #include <map>
 #include <mutex>
+#include <utility>
 
 #include "core/cuda/common.cuh"
 
@@ -63,7 +64,7 @@ struct Desc {
   }
 };
 
-using AlgoKey = std::array<int64_t, 16>;
+using AlgoKey = std::array<int64_t, 20>;
 std::mutex g_algo_mu;
 constexpr int kHeuristics = 8;  // candidates asked for per key
 // The heuristic's candidates for a call's key, best first; n = 0 when cuBLASLt has none.
@@ -88,13 +89,12 @@ cublasHandle_t gemm_ex_handle() {
 // The same product through classic cuBLAS (any alignment or shape cuBLAS takes; fp32
 // compute, CUBLAS_DEFAULT_MATH, so never TF32): when cuBLASLt offers no algorithm, or
 // none of its candidates runs.
-void gemm_ex(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* A, DType adt, int64_t lda, const void* B,
-             int64_t ldb, void* D, DType ddt, int64_t ldd, float beta) {
+void gemm_ex(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const void* A, DType adt, int64_t lda,
+             const void* B, int64_t ldb, void* D, DType ddt, int64_t ldd, float beta) {
   for (int64_t v : {m, n, k, lda, ldb, ldd})
     if (v > INT32_MAX) fail("a matmul dimension exceeds cuBLAS's 32-bit sizes");
   const cublasHandle_t h = gemm_ex_handle();
   CUBLAS_CHECK(cublasSetStream(h, stream()));
-  const float alpha = 1.0f;
   CUBLAS_CHECK(cublasGemmEx(h, ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(m),
                             static_cast<int>(n), static_cast<int>(k), &alpha, A, cuda_type(adt), static_cast<int>(lda), B,
                             cuda_type(adt), static_cast<int>(ldb), &beta, D, cuda_type(ddt), static_cast<int>(ldd),
@@ -103,17 +103,34 @@ void gemm_ex(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* A, D
   ++g_fallbacks;
 }
 
-// Column-major D[m,n] = op(A) op(B) + beta D (+ bias[m]). A is stored [k,m] when ta
+// A strided batch of the same product: matrix i of A, B and D starts i * stride elements
+// after the first (count 1: a single matrix).
+struct Batch {
+  int64_t count = 1, a = 0, b = 0, d = 0;
+};
+
+// The batch through the fallback, one cublasGemmEx per matrix.
+void gemm_ex_batched(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const void* A, DType adt,
+                     int64_t lda, const void* B, int64_t ldb, void* D, DType ddt, int64_t ldd, float beta,
+                     const Batch& batch) {
+  const int64_t ea = dtype_size(adt), ed = dtype_size(ddt);
+  for (int64_t i = 0; i < batch.count; ++i)
+    gemm_ex(ta, tb, m, n, k, alpha, static_cast<const char*>(A) + i * batch.a * ea, adt, lda,
+            static_cast<const char*>(B) + i * batch.b * ea, ldb, static_cast<char*>(D) + i * batch.d * ed, ddt, ldd, beta);
+}
+
+// Column-major D[m,n] = alpha op(A) op(B) + beta D (+ bias[m]), for each matrix of `batch`. A is stored [k,m] when ta
 // else [m,k]; B is stored [n,k] when tb else [k,n]. cuBLASLt's heuristic is asked for up
 // to kHeuristics candidates per (shape, types, alignments); they are tried in order and
 // the first that runs moves to the front. Returns false, doing nothing, when a bias was
 // asked for and no candidate takes it (the caller retries without it); without a bias,
 // no runnable candidate means cublasGemmEx.
 bool lt_matmul(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* A, DType adt, int64_t lda, const void* B,
-               int64_t ldb, void* D, DType ddt, int64_t ldd, float beta, const void* bias) {
+               int64_t ldb, void* D, DType ddt, int64_t ldd, float beta, const void* bias, float alpha = 1.0f,
+               const Batch& batch = Batch{}) {
   if (!g_use_lt) {
     if (bias) return false;
-    gemm_ex(ta, tb, m, n, k, A, adt, lda, B, ldb, D, ddt, ldd, beta);
+    gemm_ex_batched(ta, tb, m, n, k, alpha, A, adt, lda, B, ldb, D, ddt, ldd, beta, batch);
     return true;
   }
   Desc ds;
@@ -132,9 +149,19 @@ bool lt_matmul(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* A,
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ds.a, at, ta ? k : m, ta ? m : k, lda));
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ds.b, at, tb ? n : k, tb ? k : n, ldb));
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ds.d, dtt, m, n, ldd));
+  if (batch.count > 1) {
+    const int32_t count = static_cast<int32_t>(batch.count);
+    const std::pair<cublasLtMatrixLayout_t, int64_t> strided[] = {{ds.a, batch.a}, {ds.b, batch.b}, {ds.d, batch.d}};
+    for (const auto& [layout, stride] : strided) {
+      CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
+      CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
+                                                    sizeof(stride)));
+    }
+  }
 
   const AlgoKey key{ta, tb, m, n, k, static_cast<int64_t>(adt), static_cast<int64_t>(ddt), lda, ldb, ldd,
-                    bias != nullptr, alignment(A), alignment(B), alignment(D), beta != 0.0f, backend_device()};
+                    bias != nullptr, alignment(A), alignment(B), alignment(D), beta != 0.0f, backend_device(),
+                    batch.count, batch.a, batch.b, batch.d};
   Candidates algos;
   {
     std::lock_guard<std::mutex> lock(g_algo_mu);
@@ -162,7 +189,6 @@ bool lt_matmul(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* A,
     }
     algos = it->second;
   }
-  const float alpha = 1.0f;
   for (int i = 0; i < algos.n; ++i) {
     const cublasStatus_t st = cublasLtMatmul(cublaslt(), ds.op, &alpha, A, ds.a, B, ds.b, &beta, D, ds.d, D, ds.d,
                                              &algos.algo[i], cublas_workspace(),
@@ -183,7 +209,7 @@ bool lt_matmul(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* A,
     g_algos[key].n = 0;
   }
   if (bias) return false;
-  gemm_ex(ta, tb, m, n, k, A, adt, lda, B, ldb, D, ddt, ldd, beta);
+  gemm_ex_batched(ta, tb, m, n, k, alpha, A, adt, lda, B, ldb, D, ddt, ldd, beta, batch);
   return true;
 }
 
@@ -218,6 +244,14 @@ void gemm_dinp(void* dinp, const void* dout, const void* w, DType dt, int64_t N,
   }
   // dinp^T [C,N] = w^T [C x OC col-major, no transpose] @ dout^T [OC x N]: m=C, n=N, k=OC.
   lt_matmul(false, false, C, N, OC, w, dt, C, dout, OC, dinp, dt, C, accumulate ? 1.0f : 0.0f, nullptr);
+}
+
+void gemm_strided_batched(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const void* A, int64_t lda,
+                          int64_t stride_a, const void* B, int64_t ldb, int64_t stride_b, void* D, int64_t ldd,
+                          int64_t stride_d, int64_t count, DType dt) {
+  if (m <= 0 || n <= 0 || count <= 0) return;
+  if (k == 0) fail("gemm_strided_batched: empty inner dimension");
+  lt_matmul(ta, tb, m, n, k, A, dt, lda, B, ldb, D, dt, ldd, 0.0f, nullptr, alpha, Batch{count, stride_a, stride_b, stride_d});
 }
 
 void gemm_dw(float* dw, const void* dout, const void* inp, DType dt, int64_t N, int64_t C, int64_t OC) {

@@ -12,8 +12,8 @@
 //     dloss): f32;
 //   optimizer param/grad/m/v: f32 (the master copy); f64 is CPU-only.
 // In fp32 training all of these are f32, so the model's CPU allocations carry over.
-// The probs form of attention (ops::attention_forward/backward) is CPU-only: on CUDA
-// call ops::attention_forward_lse / attention_backward_lse.
+// Attention comes in both forms: probs (unfused: batched GEMMs + softmax kernel, any head
+// size) and lse (flash: one fused scalar kernel, head size <= kAttnMaxHeadDim).
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -50,7 +50,6 @@ void attention_backward_lse(Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
                             int64_t heads, const ops::AttentionDropout& drop);
 void attention_cached_forward(Tensor& out, Tensor& k_cache, Tensor& v_cache, const Tensor& qkv, int64_t heads,
                               int64_t past);
-// Throw RuntimeError: the [B,H,T,T] probs form is not implemented on CUDA.
 void attention_forward_probs(Tensor& out, Tensor& probs, const Tensor& qkv, int64_t heads,
                              const ops::AttentionDropout& drop);
 void attention_backward_probs(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& probs, int64_t heads,
@@ -76,7 +75,7 @@ void adamw_flat(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const o
                 const std::vector<ops::AdamWSegment>& segments, Tensor* copy_out);
 
 // ---- limits and switches of the kernels ---------------------------------------------
-// Largest head size the attention kernels take.
+// Largest head size the flash and KV-cache attention kernels take.
 constexpr int64_t kAttnMaxHeadDim = 256;
 // Whether matmuls go through cuBLASLt (default true); off, every one takes the
 // cublasGemmEx fallback. Returns the previous setting (tests run both paths).

@@ -28,7 +28,7 @@ struct Small {
   std::vector<int32_t> tokens;
   int64_t B = 3;
 
-  Small(DType dt, Device dev, RecomputeGranularity rc) {
+  Small(DType dt, Device dev, RecomputeGranularity rc, AttentionBackend att = AttentionBackend::automatic) {
     cfg.vocab_size = 1000;
     cfg.padded_vocab_size = 1024;
     cfg.hidden = 256;
@@ -41,6 +41,7 @@ struct Small {
     cfg.hidden_dropout = 0.1;
     cfg.attention_dropout = 0.1;
     cfg.recompute = rc;
+    cfg.attention = att;
     cfg.dtype = dt;
     ChunkSpec spec{0, 2, true, true, ""};
     declare_chunk_params(store, cfg, spec, 0, 1);
@@ -91,10 +92,22 @@ double normwise(const Tensor& a, const Tensor& b) {
 // gradient is (plus 0.2% of its norm), and within 2% normwise of the CPU's bf16.
 TEST_CASE("gpt on the GPU: loss and every parameter gradient equal the CPU run (fp32 1e-5, bf16 1e-2)", "[gpu]") {
   if (!test::gpu_ready()) return;
+  struct Case {
+    RecomputeGranularity rc;
+    AttentionBackend att;
+  };
+  const Case cases[] = {{RecomputeGranularity::none, AttentionBackend::unfused},
+                        {RecomputeGranularity::selective, AttentionBackend::unfused},
+                        {RecomputeGranularity::full, AttentionBackend::unfused},
+                        {RecomputeGranularity::none, AttentionBackend::flash},
+                        {RecomputeGranularity::full, AttentionBackend::flash}};
   for (DType dt : {DType::f32, DType::bf16}) {
-    for (RecomputeGranularity rc : {RecomputeGranularity::none, RecomputeGranularity::full}) {
-      INFO(to_string(dt) << " recompute " << static_cast<int>(rc));
-      Small cpu(dt, Device::cpu, rc), gpu(dt, Device::cuda, rc);
+    for (const Case& k : cases) {
+      const RecomputeGranularity rc = k.rc;
+      INFO(to_string(dt) << " recompute " << to_string(rc) << " attention " << to_string(k.att));
+      // The CPU reference runs its own (flash) form; both forms compute the same function.
+      Small cpu(dt, Device::cpu, rc), gpu(dt, Device::cuda, rc, k.att);
+      REQUIRE(gpu.chunk->attention_backend() == k.att);
       const double lc = cpu.loss_and_grad(), lg = gpu.loss_and_grad();
       const double rtol = test::rtol_for(dt);
       CHECK(std::abs(lg - lc) <= rtol * std::abs(lc));
@@ -106,7 +119,7 @@ TEST_CASE("gpt on the GPU: loss and every parameter gradient equal the CPU run (
         }
         continue;
       }
-      Small exact(DType::f32, Device::cpu, rc);
+      Small exact(DType::f32, Device::cpu, rc, AttentionBackend::unfused);
       exact.loss_and_grad();
       for (const auto& p : cpu.store.infos()) {
         const Tensor g = gg.flat(p.offset, p.numel), c = cpu.store.grads().flat(p.offset, p.numel),
@@ -119,5 +132,15 @@ TEST_CASE("gpt on the GPU: loss and every parameter gradient equal the CPU run (
       }
     }
   }
+}
+
+// auto: unfused on CUDA (no cuDNN path is built), flash on the CPU; an explicit choice
+// holds on either device.
+TEST_CASE("gpt attention backend: auto resolves per device, explicit choices hold", "[gpu]") {
+  if (!test::gpu_ready()) return;
+  CHECK(Small(DType::f32, Device::cuda, RecomputeGranularity::none).chunk->attention_backend() == AttentionBackend::unfused);
+  CHECK(Small(DType::f32, Device::cpu, RecomputeGranularity::none).chunk->attention_backend() == AttentionBackend::flash);
+  CHECK(Small(DType::f32, Device::cuda, RecomputeGranularity::none, AttentionBackend::flash).chunk->attention_backend() ==
+        AttentionBackend::flash);
 }
 #endif

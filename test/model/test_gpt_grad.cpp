@@ -21,7 +21,7 @@ struct Tiny {
   std::vector<int32_t> tokens;
   int64_t B = 2;
 
-  explicit Tiny(RecomputeGranularity rc, double dropout = 0.0) {
+  explicit Tiny(RecomputeGranularity rc, double dropout = 0.0, AttentionBackend att = AttentionBackend::flash) {
     cfg.vocab_size = 11;
     cfg.padded_vocab_size = 16;
     cfg.hidden = 8;
@@ -34,6 +34,7 @@ struct Tiny {
     cfg.hidden_dropout = dropout;
     cfg.attention_dropout = dropout;
     cfg.recompute = rc;
+    cfg.attention = att;
     cfg.dtype = DType::f64;
     ChunkSpec spec{0, 2, true, true, ""};
     declare_chunk_params(store, cfg, spec, 0, 1);
@@ -76,8 +77,11 @@ struct Tiny {
 }  // namespace
 
 TEST_CASE("gpt: every parameter gradient matches finite differences (fp64)", "[model]") {
+  for (const auto att : {AttentionBackend::flash, AttentionBackend::unfused})
   for (double p : {0.0, 0.2}) {
-    Tiny m(RecomputeGranularity::none, p);
+    INFO("attention " << to_string(att));
+    Tiny m(RecomputeGranularity::none, p, att);
+    REQUIRE(m.chunk->attention_backend() == att);
     double L = m.loss_and_grad();
     CHECK(std::isfinite(L));
     CHECK(L > 0);
@@ -113,11 +117,41 @@ TEST_CASE("gpt: every parameter gradient matches finite differences (fp64)", "[m
   }
 }
 
+// Every recompute mode under either attention form gives the no-recompute flash run's
+// loss and gradients: bit for bit within a form, to rounding across the two forms (they
+// sum in different orders).
 TEST_CASE("gpt: selective and full recompute give the same loss and gradients", "[model]") {
   Tiny base(RecomputeGranularity::none, 0.1);
   double L0 = base.loss_and_grad();
+  for (auto att : {AttentionBackend::flash, AttentionBackend::unfused})
+  for (auto rc : {RecomputeGranularity::none, RecomputeGranularity::selective, RecomputeGranularity::full}) {
+    INFO("attention " << to_string(att) << " recompute " << to_string(rc));
+    Tiny m(rc, 0.1, att);
+    const double tol = att == AttentionBackend::flash ? 0.0 : 1e-13;
+    double L = m.loss_and_grad();
+    CHECK(std::fabs(L - L0) <= tol);
+    double maxdiff = 0;
+    for (int64_t i = 0; i < m.store.numel(); ++i)
+      maxdiff = std::max(maxdiff, std::fabs(m.store.grads().data<double>()[i] - base.store.grads().data<double>()[i]));
+    CHECK(maxdiff <= tol);
+  }
+}
+
+TEST_CASE("gpt: unfused attention under selective recompute keeps no probabilities, without it keeps them", "[model]") {
+  Tiny keep(RecomputeGranularity::none, 0.0, AttentionBackend::unfused),
+      redo(RecomputeGranularity::selective, 0.0, AttentionBackend::unfused),
+      flash(RecomputeGranularity::none, 0.0, AttentionBackend::flash);
+  for (Tiny* m : {&keep, &redo, &flash}) m->chunk->forward(0, m->mb(), Tensor());
+  const int64_t B = 2, H = 2, T = 5, layers = 2, lse = B * H * T * 8, probs = B * H * T * T * 8;
+  CHECK(keep.chunk->saved_bytes() - redo.chunk->saved_bytes() == layers * probs);
+  CHECK(flash.chunk->saved_bytes() - redo.chunk->saved_bytes() == layers * lse);
+}
+
+TEST_CASE("gpt: recompute within one attention form is bit-exact", "[model]") {
+  Tiny base(RecomputeGranularity::none, 0.1, AttentionBackend::unfused);
+  double L0 = base.loss_and_grad();
   for (auto rc : {RecomputeGranularity::selective, RecomputeGranularity::full}) {
-    Tiny m(rc, 0.1);
+    Tiny m(rc, 0.1, AttentionBackend::unfused);
     double L = m.loss_and_grad();
     CHECK(L == L0);
     double maxdiff = 0;

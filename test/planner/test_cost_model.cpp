@@ -321,6 +321,7 @@ TEST_CASE("cost: the mtnlg profile times flash-style attention, where selective 
   const Cluster meg{gpu_spec("a100-80g"), 8, software_profile("megatron-lm")};
   const Cluster ours{gpu_spec("a100-80g"), 8, software_profile("mtnlg")};
   Recipe none = gpt(48, 6144, 64, 8, 1, 4, "none"), sel = gpt(48, 6144, 64, 8, 1, 4, "selective");
+  none.model.attention_backend = sel.model.attention_backend = AttentionBackend::flash;
   const Layout ln = layout_from_recipe(none, 8), ls = layout_from_recipe(sel, 8);
   CHECK(estimate(sel, ls, ours).iteration_time == Approx(estimate(none, ln, ours).iteration_time));
   CHECK(estimate(sel, ls, meg).iteration_time > estimate(none, ln, meg).iteration_time);
@@ -328,6 +329,25 @@ TEST_CASE("cost: the mtnlg profile times flash-style attention, where selective 
   CHECK(estimate(none, ln, ours).stage_times[0].forward < estimate(none, ln, meg).stage_times[0].forward);
   // Activations: no 5as/h term, so "none" keeps far less than Korthikanti's count.
   CHECK(estimate(none, ln, ours).stages[0].activations < 0.5 * estimate(none, ln, meg).stages[0].activations);
+}
+
+TEST_CASE("cost: the mtnlg profile's unfused attention (auto on a GPU) is Megatron's: probabilities kept or redone", "[cost]") {
+  const Cluster meg{gpu_spec("a100-80g"), 8, software_profile("megatron-lm")};
+  const Cluster ours{gpu_spec("a100-80g"), 8, software_profile("mtnlg")};
+  Recipe none = gpt(48, 6144, 64, 8, 1, 4, "none"), sel = gpt(48, 6144, 64, 8, 1, 4, "selective");
+  REQUIRE(none.model.attention_backend == AttentionBackend::automatic);
+  CHECK(trainer_unfused_attention(none, ours));
+  CHECK_FALSE(trainer_unfused_attention(none, meg));
+  CHECK_FALSE(trainer_unfused_attention(none, Cluster{gpu_spec("cpu"), 1, software_profile("mtnlg")}));
+  const Layout ln = layout_from_recipe(none, 8), ls = layout_from_recipe(sel, 8);
+  // Selective recompute redoes the attention core: slower than none, as Megatron's.
+  CHECK(estimate(sel, ls, ours).iteration_time > estimate(none, ln, ours).iteration_time);
+  // The forward's attention and softmax traffic are Megatron's.
+  CHECK(estimate(none, ln, ours).stage_times[0].forward == Approx(estimate(none, ln, meg).stage_times[0].forward));
+  // Without recompute the [b, a/t, s, s] probabilities are kept: far more than selective keeps.
+  const double keep = estimate(none, ln, ours).stages[0].activations, redo = estimate(sel, ls, ours).stages[0].activations;
+  const double probs = 48.0 * 1 * 64 / 8 * 2048.0 * 2048.0 * 2;  // layers x b x a/t x s^2 x bf16
+  CHECK(keep - redo == Approx(probs).epsilon(1e-9));
 }
 
 TEST_CASE("cost: the trainer's MFU peak comes from the GPU table by CUDA device name", "[cost]") {

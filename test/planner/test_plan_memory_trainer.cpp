@@ -1,7 +1,9 @@
 // `mtnlg plan --software mtnlg --json` memory per stage against what the trainer actually
 // allocates on the CPU (`mtnlg train --memory-report`: every rank's tensor bytes by role,
 // counted where Storage is allocated, core/mem_account.hpp), for tiny layouts covering
-// tp, pp, dp, ZeRO-1, sequence parallelism, interleaving and the three recompute modes:
+// tp, pp, dp, ZeRO-1, sequence parallelism, interleaving, the three recompute modes and
+// both attention forms (flash: log-sum-exp kept; unfused: probabilities kept, or redone
+// under selective recompute):
 //  - weights, gradients, optimizer state: equal to the byte (ZeRO-1: the planner gives the
 //    largest shard, ceil(P/d); the last dp rank's shard can be smaller);
 //  - the activations the chunks keep for their backward (the executor's peak of saved
@@ -52,7 +54,12 @@ double transient_bound(const Recipe& r, const nlohmann::json& plan, double send_
   const double t = double(L["tp"].get<int64_t>()), b = double(r.training.micro_batch_size);
   const double N = b * double(r.model.seq_length), C = double(r.model.hidden_size), e = 4, w = 4;
   const double f = 4 * C, a = double(r.model.num_attention_heads), V = double(r.model.padded_vocab_size(int64_t(t)));
-  const double layer = e * (8 * N * C + N * 3 * C / t + N * C / t + 2 * N * f / t) + w * (4 * N + b * a / t * double(r.model.seq_length));
+  const double s = double(r.model.seq_length);
+  // the unfused attention form's probabilities and, with dropout, their dropped copy
+  const double probs = r.model.attention_backend == AttentionBackend::unfused
+                           ? e * b * a / t * s * s * (r.model.attention_dropout > 0 ? 2 : 1)
+                           : 0.0;
+  const double layer = e * (8 * N * C + N * 3 * C / t + N * C / t + 2 * N * f / t) + w * (4 * N + b * a / t * s) + probs;
   const double head = e * (3 * N * C + N * V / t) + w * 6 * N;
   return std::max(layer, head) + send_buffers;
 }
@@ -77,6 +84,12 @@ TEST_CASE("planner memory per rank equals the trainer's tensor bytes by role", "
       {"tp2-dp2-sp-selective", 4,
        "--set parallel.tensor_model_parallel_size=2 --set parallel.sequence_parallel=true "
        "--set parallel.recompute_granularity=selective"},
+      {"single-unfused", 1, "--set model.attention_backend=unfused"},
+      {"single-unfused-selective", 1,
+       "--set model.attention_backend=unfused --set parallel.recompute_granularity=selective"},
+      {"tp2-pp2-unfused", 4,
+       "--set model.attention_backend=unfused --set parallel.tensor_model_parallel_size=2 "
+       "--set parallel.pipeline_model_parallel_size=2"},
       {"pp4-interleaved", 4,
        "--set parallel.pipeline_model_parallel_size=4 --set parallel.num_layers_per_virtual_pipeline_stage=1"},
   };
