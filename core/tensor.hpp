@@ -62,8 +62,30 @@ struct DeviceAllocatorHooks {
   // Page-locked host memory (cached by exact size: checkpoint snapshots repeat sizes).
   void* (*host_alloc)(int64_t bytes) = nullptr;
   void (*host_free)(void* p, int64_t bytes) = nullptr;
+  // +1 / -1 as a training step starts / ends (DeviceStepScope).
+  void (*step_scope)(int delta) = nullptr;
 };
 DeviceAllocatorHooks& cuda_allocator_hooks();
+
+// Held by the trainer around each step (forward, backward, reductions, update): while one
+// is alive, device memory the caching allocator cannot serve fails at once instead of
+// releasing its cache, because that release waits for the whole device and, with
+// collectives in flight whose peers wait for this rank, would never return
+// (core/cuda/device.hpp). Nestable; a no-op without CUDA.
+class DeviceStepScope {
+ public:
+  DeviceStepScope() : hook_(cuda_allocator_hooks().step_scope) {
+    if (hook_) hook_(+1);
+  }
+  ~DeviceStepScope() {
+    if (hook_) hook_(-1);
+  }
+  DeviceStepScope(const DeviceStepScope&) = delete;
+  DeviceStepScope& operator=(const DeviceStepScope&) = delete;
+
+ private:
+  void (*hook_)(int) = nullptr;
+};
 
 // Host allocations of a training step are the same sizes every step. glibc's defaults
 // return every block above 128 KiB to the kernel (mmap/munmap) and trim the heap eagerly,

@@ -308,8 +308,7 @@ void GptChunk::layer_backward(int64_t li, const Tensor& dy, Tensor& dx, LayerAct
   const uint64_t row_base = hidden_dropout_base(mb, R);
 
   // MLP branch: y = x2 + dropout(fc2(gelu(fc1(ln2(x2)))) + b)
-  Tensor dfc2 = Tensor::empty({R, C}, dt, dev_);
-  ops::dropout_backward(dfc2, dy, cfg_.hidden_dropout, dropout_key(mb, layer, kMlpOut), row_base);
+  Tensor dfc2 = hidden_dropout_grad(dy, mb, layer, kMlpOut, row_base);
   ops::bias_add_backward(p.d_fc2_b, dfc2);
   Tensor dfc2_full = tp::leave_row_parallel_backward(tpc, sp, dfc2);
   Tensor dgel = Tensor::empty({N, ffn_local_}, dt, dev_);
@@ -324,8 +323,8 @@ void GptChunk::layer_backward(int64_t li, const Tensor& dy, Tensor& dx, LayerAct
   ops::layernorm_backward(dx2, p.d_ln2_w, p.d_ln2_b, dln2, a.x2, p.ln2_w, a.mean2, a.rstd2, /*accumulate=*/true);
 
   // Attention branch: x2 = x + dropout(proj(attn(qkv(ln1(x)))) + b)
-  Tensor dproj = Tensor::empty({R, C}, dt, dev_);
-  ops::dropout_backward(dproj, dx2, cfg_.hidden_dropout, dropout_key(mb, layer, kAttnOut), row_base);
+  // (dproj may be dx2 itself: every read of it comes before dx2 accumulates in place below)
+  Tensor dproj = hidden_dropout_grad(dx2, mb, layer, kAttnOut, row_base);
   ops::bias_add_backward(p.d_proj_b, dproj);
   Tensor dproj_full = tp::leave_row_parallel_backward(tpc, sp, dproj);
   Tensor datt = Tensor::empty({N, C / tp_}, dt, dev_);
@@ -336,6 +335,16 @@ void GptChunk::layer_backward(int64_t li, const Tensor& dy, Tensor& dx, LayerAct
   Tensor dln1 = tp::enter_column_parallel_backward(tpc, sp, dln1_full);
   dx = dx2;  // residual
   ops::layernorm_backward(dx, p.d_ln1_w, p.d_ln1_b, dln1, a.x_in, p.ln1_w, a.mean1, a.rstd1, /*accumulate=*/true);
+}
+
+// The gradient through a hidden-dropout site: `g` itself at p = 0 (no copy), else the
+// masked and rescaled copy.
+Tensor GptChunk::hidden_dropout_grad(const Tensor& g, const MicroBatch& mb, int64_t layer, int64_t site,
+                                     uint64_t row_base) const {
+  if (cfg_.hidden_dropout <= 0) return g;
+  Tensor d = Tensor::empty(g.shape(), g.dtype(), dev_);
+  ops::dropout_backward(d, g, cfg_.hidden_dropout, dropout_key(mb, layer, site), row_base);
+  return d;
 }
 
 // The attention core, att = softmax(mask(Q K^T / sqrt(d))) V, in the chunk's form. Flash

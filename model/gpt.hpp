@@ -175,6 +175,7 @@ class GptChunk {
   void attention_core_forward(LayerActs& a, const MicroBatch& mb, int64_t layer);
   Tensor attention_core_backward(const Tensor& datt, LayerActs& a, const MicroBatch& mb, int64_t layer);
   uint64_t dropout_key(const MicroBatch& mb, int64_t layer, int64_t site) const;
+  Tensor hidden_dropout_grad(const Tensor& g, const MicroBatch& mb, int64_t layer, int64_t site, uint64_t row_base) const;
   // First mask index of this rank's rows of the residual stream ([local rows, hidden]);
   // forward and backward call it so their masks are the same draws.
   uint64_t hidden_dropout_base(const MicroBatch& mb, int64_t local_rows) const;

@@ -36,6 +36,17 @@ DistributedAdamW::DistributedAdamW(const OptimizerConfig& cfg, std::vector<Param
     shard_begin_ = 0;
     shard_end_ = numel_;
   }
+  // The gradient norm's ranges: the counted segments clipped to this rank's part, runs of
+  // adjacent ones merged, so the norm is a few launches however many parameters there are.
+  for (const auto& seg : segments_) {
+    if (!seg.count_in_norm) continue;
+    const int64_t b = std::max(shard_begin_, seg.offset), e = std::min(shard_end_, seg.offset + seg.numel);
+    if (b >= e) continue;
+    if (!norm_ranges_.empty() && norm_ranges_.back().second == b)
+      norm_ranges_.back().second = e;
+    else
+      norm_ranges_.emplace_back(b, e);
+  }
   mem::RoleScope role(mem::Role::optimizer);  // the ZeRO-1 gather buffer above stays workspace
   m_ = zeros(shard_end_ - shard_begin_);
   v_ = zeros(shard_end_ - shard_begin_);
@@ -60,12 +71,7 @@ void DistributedAdamW::grad_norm_sq(const Tensor& grads, Tensor& acc) {
   // then summed over the model-parallel group, and over dp for ZeRO shards.
   MTNLG_CHECK(acc.numel() == 1 && acc.dtype() == DType::f64, "grad_norm_sq: acc must be f64 [1]");
   ops::fill(acc, 0.0);
-  for (auto& seg : segments_) {
-    if (!seg.count_in_norm) continue;
-    int64_t b = std::max(shard_begin_, seg.offset), e = std::min(shard_end_, seg.offset + seg.numel);
-    if (b >= e) continue;
-    ops::sum_squares_accumulate(acc, grads.flat(b, e - b));
-  }
+  for (const auto& [b, e] : norm_ranges_) ops::sum_squares_accumulate(acc, grads.flat(b, e - b));
   if (groups_.mp && groups_.mp->size() > 1) groups_.mp->all_reduce(acc.raw(), 1, DType::f64, ReduceOp::sum);
   if (zero1_) groups_.dp->all_reduce(acc.raw(), 1, DType::f64, ReduceOp::sum);
 }

@@ -18,6 +18,7 @@
 // group (and the data-parallel group for ZeRO shards). clip coeff = max/(norm+1e-6).
 #pragma once
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "config/training.hpp"
@@ -83,6 +84,7 @@ class DistributedAdamW {
 
   OptimizerConfig cfg_;
   std::vector<ParamSegment> segments_;
+  std::vector<std::pair<int64_t, int64_t>> norm_ranges_;  // [begin, end) counted in the gradient norm
   int64_t numel_, padded_, shard_begin_ = 0, shard_end_ = 0, bucket_size_;
   ProcessGroups groups_;
   bool zero1_;

@@ -651,6 +651,7 @@ void Trainer::save_now() {
 // optimizer -> loss-scaler update. Advances the counters; returns the step's stats
 // (step time measured from t0, the start of the iteration).
 IterationStats Trainer::train_step(const data::Batch& batch, double lr, std::chrono::steady_clock::time_point t0) {
+  const DeviceStepScope step_memory;  // no cache release (a device-wide wait) with collectives in flight
   const uint64_t seed = static_cast<uint64_t>(r_.training.seed);
   const int64_t gbs = batch.global_batch_size;
   store_.zero_grads();

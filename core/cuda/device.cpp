@@ -5,6 +5,7 @@
 #include <cublas_api.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -65,6 +66,8 @@ constexpr int64_t kSmallLimit = 1 << 20, kSmallGranule = 512, kLargeGranule = 2 
 
 class CachingAllocator {
  public:
+  std::atomic<int> step_depth_{0};  // live DeviceStepScopes (no cache release while > 0)
+
   void* alloc(int64_t bytes) {
     const int64_t size = exact_allocations() ? std::max<int64_t>(bytes, 1) : allocation_size_class(bytes);
     std::lock_guard<std::mutex> lock(mu_);
@@ -77,15 +80,20 @@ class CachingAllocator {
       ++stats_.cache_hits;
     } else {
       cudaError_t e = cudaMalloc(&p, static_cast<size_t>(size));
-      if (e == cudaErrorMemoryAllocation) {
+      const bool in_step = step_depth_.load() > 0;
+      if (e == cudaErrorMemoryAllocation && !in_step) {
         cudaGetLastError();  // clear the sticky-free error state of the failed call
         release_cached_locked();
         e = cudaMalloc(&p, static_cast<size_t>(size));
       }
       if (e != cudaSuccess) {
         cudaGetLastError();
-        throw_runtime("CUDA out of memory: cannot allocate {} bytes (size class {}) on device {}: {} bytes in use, {} "
-                      "reserved, peak {} ({})",
+        throw_runtime("CUDA out of memory{}: cannot allocate {} bytes (size class {}) on device {}: {} bytes in use, {} "
+                      "reserved, peak {} ({}); lower training.micro_batch_size, or set "
+                      "parallel.recompute_granularity: selective or full",
+                      in_step ? " during a training step (the cache is not released mid-step: that would wait on "
+                                "collectives in flight)"
+                              : "",
                       bytes, size, backend_device(), stats_.current_bytes, stats_.reserved_bytes, stats_.peak_bytes,
                       cudaGetErrorString(e));
       }
@@ -422,6 +430,7 @@ void init_backend(int device) {
   h.copy = hook_copy;
   h.host_alloc = [](int64_t bytes) { return pinned_cache().alloc(bytes); };
   h.host_free = [](void* p, int64_t bytes) { pinned_cache().free(p, bytes); };
+  h.step_scope = [](int delta) { allocator().step_depth_ += delta; };
 }
 
 bool backend_ready() { return g_backend != nullptr; }

@@ -76,9 +76,13 @@ class CublasLtHandle {
 // ---- caching allocator -----------------------------------------------------------
 // Requests are rounded to a size class (512 B granules up to 1 MiB, 2 MiB granules
 // above) and served from that class's free list when it has a block; otherwise from
-// cudaMalloc. When cudaMalloc fails, every cached block is released and the call is
-// retried once; a second failure throws RuntimeError naming the request and the
-// counters. Thread-safe (one mutex).
+// cudaMalloc. When cudaMalloc fails outside a training step, every cached block is
+// released and the call is retried once; a second failure throws RuntimeError naming the
+// request and the counters. Inside a step (a DeviceStepScope, core/tensor.hpp, is alive)
+// it throws at once: releasing means cudaFree, which waits for the whole device, and with
+// NCCL collectives in flight whose peers wait for this rank's next launch that wait never
+// ends; the rank fails instead and the job's abort path takes the peers down.
+// Thread-safe (one mutex).
 struct MemoryStats {
   int64_t current_bytes = 0;   // held by live allocations (rounded sizes)
   int64_t peak_bytes = 0;      // max of current_bytes since start / reset_peak_memory()
@@ -91,6 +95,7 @@ struct MemoryStats {
 MemoryStats memory_stats();
 void reset_peak_memory();
 void empty_cache();  // cudaFree every cached (free) block
+
 int64_t allocation_size_class(int64_t bytes);
 // Exact mode: every block is exactly its request (no size classes), so an overrun
 // reaches the end of the cudaMalloc'd block (on the emulator: a guard page; on a GPU:

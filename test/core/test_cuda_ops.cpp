@@ -10,9 +10,11 @@
 
 #include <cmath>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <random>
+#include <string>
 
 #include "core/cuda/cuda_check.hpp"
 #include "core/cuda/device.hpp"
@@ -139,6 +141,35 @@ TEST_CASE("cuda allocator: a block used on a side stream is not reused before th
   }
   CHECK(reused);
   CHECK(cuda::memory_stats().pending_blocks == 0);
+}
+
+// Out of memory: outside a step the cache is released and the request retried; inside
+// one (DeviceStepScope) the request fails at once with the cache untouched, since the
+// release waits for the whole device. The emulator's device size makes it reachable.
+TEST_CASE("cuda allocator: out of memory releases the cache only outside a training step", "[gpu]") {
+  if (!gpu_ready() || !emulated_device()) return;
+  cuda::empty_cache();
+  size_t free_b = 0, total_b = 0;
+  REQUIRE(cudaMemGetInfo(&free_b, &total_b) == cudaSuccess);
+  const int64_t in_use = static_cast<int64_t>(total_b - free_b), mib = 1 << 20;
+  const char* old = std::getenv("MTNLG_EMU_MEMORY_BYTES");
+  const std::string restore = old ? old : "";
+  setenv("MTNLG_EMU_MEMORY_BYTES", std::to_string(in_use + 5 * mib).c_str(), 1);
+  { Tensor a = Tensor::empty({3 * mib / 4}, DType::f32, Device::cuda); }  // 3 MiB, now cached
+  REQUIRE(cuda::memory_stats().reserved_bytes >= 3 * mib);
+  {
+    const DeviceStepScope step;
+    // 4 MiB fits only if the cached 3 MiB goes back to the device: not inside a step.
+    CHECK_THROWS_WITH(Tensor::empty({mib}, DType::f32, Device::cuda),
+                      Catch::Matchers::Contains("during a training step") && Catch::Matchers::Contains("micro_batch_size"));
+    CHECK(cuda::memory_stats().reserved_bytes >= 3 * mib);  // cache kept
+  }
+  { Tensor b = Tensor::empty({mib}, DType::f32, Device::cuda); }  // outside: release, retry, served
+  cuda::empty_cache();
+  if (old)
+    setenv("MTNLG_EMU_MEMORY_BYTES", restore.c_str(), 1);
+  else
+    unsetenv("MTNLG_EMU_MEMORY_BYTES");
 }
 
 TEST_CASE("cuda uploads: small host-to-device copies are staged and asynchronous, and exact", "[gpu]") {
