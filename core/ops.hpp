@@ -39,6 +39,16 @@ void matmul_forward(Tensor& out, const Tensor& inp, const Tensor& w, const Tenso
 // outputs may be null to skip it.
 void matmul_backward(Tensor* dinp, Tensor* dw, Tensor* dbias, const Tensor& dout, const Tensor& inp, const Tensor& w,
                      bool accumulate_dinp = false);
+// The MLP's first half fused: pre = inp @ w^T + bias, out = gelu(pre); both are written
+// (pre is what the backward needs). On CUDA one cuBLASLt GEMM with the GELU_AUX_BIAS
+// epilogue when offered, else the GEMM then the GELU kernel; on the CPU the two ops.
+void matmul_bias_gelu_forward(Tensor& out, Tensor& pre, const Tensor& inp, const Tensor& w, const Tensor& bias);
+// Its backward through the following linear layer's input: with that layer's weight w
+// [OC, C], dout [N, OC] and pre [N, C], dpre = (dout @ w) * gelu'(pre) (written) and
+// dbias += the column sums of dpre (the bias of the GELU's input layer; fp32 gradients
+// accumulate). On CUDA one GEMM with the DGELU_BGRAD epilogue when offered; on the CPU
+// matmul_backward, gelu_backward and bias_add_backward.
+void matmul_dgelu_backward(Tensor& dpre, Tensor& dbias, const Tensor& dout, const Tensor& w, const Tensor& pre);
 
 // ---- layernorm -------------------------------------------------------------------------
 // out[N,C] = (inp - mean)*rstd*w + b; saves mean[N], rstd[N] for backward.

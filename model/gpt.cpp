@@ -285,9 +285,8 @@ void GptChunk::layer_forward(int64_t li, const Tensor& x, Tensor& y, LayerActs& 
   ops::layernorm_forward(a.ln2, a.mean2, a.rstd2, a.x2, p.ln2_w, p.ln2_b, cfg_.layernorm_eps);
   a.ln2_full = tp::enter_column_parallel_forward(tpc, sp, a.ln2);
   a.fc1 = Tensor::empty({N, ffn_local_}, dt, dev_);
-  ops::matmul_forward(a.fc1, a.ln2_full, p.fc1_w, &p.fc1_b);
   a.gel = Tensor::empty({N, ffn_local_}, dt, dev_);
-  ops::gelu_forward(a.gel, a.fc1);
+  ops::matmul_bias_gelu_forward(a.gel, a.fc1, a.ln2_full, p.fc1_w, p.fc1_b);
   Tensor fc2_partial = Tensor::empty({N, C}, dt, dev_);
   ops::matmul_forward(fc2_partial, a.gel, p.fc2_w, nullptr);
   Tensor fc2 = tp::leave_row_parallel_forward(tpc, sp, fc2_partial);
@@ -311,12 +310,11 @@ void GptChunk::layer_backward(int64_t li, const Tensor& dy, Tensor& dx, LayerAct
   Tensor dfc2 = hidden_dropout_grad(dy, mb, layer, kMlpOut, row_base);
   ops::bias_add_backward(p.d_fc2_b, dfc2);
   Tensor dfc2_full = tp::leave_row_parallel_backward(tpc, sp, dfc2);
-  Tensor dgel = Tensor::empty({N, ffn_local_}, dt, dev_);
-  ops::matmul_backward(&dgel, &p.d_fc2_w, nullptr, dfc2_full, a.gel, p.fc2_w);
-  Tensor dfc1 = dgel;  // gelu backward in place
-  ops::gelu_backward(dfc1, a.fc1, dgel);
+  ops::matmul_backward(nullptr, &p.d_fc2_w, nullptr, dfc2_full, a.gel, p.fc2_w);
+  Tensor dfc1 = Tensor::empty({N, ffn_local_}, dt, dev_);  // through fc2's input and the GELU, with fc1's bias grad
+  ops::matmul_dgelu_backward(dfc1, p.d_fc1_b, dfc2_full, p.fc2_w, a.fc1);
   Tensor dln2_full = Tensor::empty({N, C}, dt, dev_);
-  ops::matmul_backward(&dln2_full, &p.d_fc1_w, &p.d_fc1_b, dfc1, a.ln2_full, p.fc1_w);
+  ops::matmul_backward(&dln2_full, &p.d_fc1_w, nullptr, dfc1, a.ln2_full, p.fc1_w);
   Tensor dln2 = tp::enter_column_parallel_backward(tpc, sp, dln2_full);
   Tensor dx2 = Tensor::empty({R, C}, dt, dev_);
   ops::copy(dx2, dy);

@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <climits>
 #include <map>
 #include <mutex>
@@ -33,6 +34,8 @@ namespace mtnlg::cuda::k {
 namespace {
 
 bool g_bias_epilogue = true;
+bool g_gelu_epilogue = true;
+std::atomic<int64_t> g_gelu_fused{0};  // GEMMs that ran a GELU epilogue
 
 cudaDataType_t cuda_type(DType dt) {
   switch (dt) {
@@ -64,7 +67,7 @@ struct Desc {
   }
 };
 
-using AlgoKey = std::array<int64_t, 20>;
+using AlgoKey = std::array<int64_t, 23>;
 std::mutex g_algo_mu;
 constexpr int kHeuristics = 8;  // candidates asked for per key
 // The heuristic's candidates for a call's key, best first; n = 0 when cuBLASLt has none.
@@ -103,6 +106,18 @@ void gemm_ex(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, con
   ++g_fallbacks;
 }
 
+// What cuBLASLt does after the product (CUBLASLT_EPILOGUE_*): DEFAULT, BIAS (bias[m] added),
+// GELU_AUX_BIAS (bias added, the sum kept in aux, gelu of it stored) or DGELU_BGRAD (D
+// multiplied by gelu'(aux), its row sums written to bias in bias_type).
+struct Epilogue {
+  cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_DEFAULT;
+  const void* bias = nullptr;
+  DType bias_type = DType::f32;
+  void* aux = nullptr;
+  int64_t aux_ld = 0;
+  bool any() const { return epi != CUBLASLT_EPILOGUE_DEFAULT; }
+};
+
 // A strided batch of the same product: matrix i of A, B and D starts i * stride elements
 // after the first (count 1: a single matrix).
 struct Batch {
@@ -119,17 +134,18 @@ void gemm_ex_batched(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float al
             static_cast<const char*>(B) + i * batch.b * ea, ldb, static_cast<char*>(D) + i * batch.d * ed, ddt, ldd, beta);
 }
 
-// Column-major D[m,n] = alpha op(A) op(B) + beta D (+ bias[m]), for each matrix of `batch`. A is stored [k,m] when ta
+// Column-major D[m,n] = alpha op(A) op(B) + beta D, then the epilogue, for each matrix of
+// `batch`. A is stored [k,m] when ta
 // else [m,k]; B is stored [n,k] when tb else [k,n]. cuBLASLt's heuristic is asked for up
-// to kHeuristics candidates per (shape, types, alignments); they are tried in order and
-// the first that runs moves to the front. Returns false, doing nothing, when a bias was
-// asked for and no candidate takes it (the caller retries without it); without a bias,
-// no runnable candidate means cublasGemmEx.
+// to kHeuristics candidates per (shape, types, alignments, epilogue); they are tried in
+// order and the first that runs moves to the front. Returns false, doing nothing, when an
+// epilogue was asked for and no candidate takes it (the caller does its work separately);
+// without one, no runnable candidate means cublasGemmEx.
 bool lt_matmul(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* A, DType adt, int64_t lda, const void* B,
-               int64_t ldb, void* D, DType ddt, int64_t ldd, float beta, const void* bias, float alpha = 1.0f,
-               const Batch& batch = Batch{}) {
+               int64_t ldb, void* D, DType ddt, int64_t ldd, float beta, const Epilogue& ep = Epilogue{},
+               float alpha = 1.0f, const Batch& batch = Batch{}) {
   if (!g_use_lt) {
-    if (bias) return false;
+    if (ep.any()) return false;
     gemm_ex_batched(ta, tb, m, n, k, alpha, A, adt, lda, B, ldb, D, ddt, ldd, beta, batch);
     return true;
   }
@@ -138,12 +154,17 @@ bool lt_matmul(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* A,
   const cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)));
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)));
-  if (bias) {
-    const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
-    const cudaDataType_t bt = cuda_type(ddt);
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+  if (ep.any()) {
+    const cudaDataType_t bt = cuda_type(ep.bias_type);
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep.epi, sizeof(ep.epi)));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &ep.bias, sizeof(ep.bias)));
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof(bt)));
+    if (ep.aux) {
+      const cudaDataType_t auxt = cuda_type(ddt);
+      CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &ep.aux, sizeof(ep.aux)));
+      CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ep.aux_ld, sizeof(ep.aux_ld)));
+      CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &auxt, sizeof(auxt)));
+    }
   }
   const cudaDataType_t at = cuda_type(adt), dtt = cuda_type(ddt);
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ds.a, at, ta ? k : m, ta ? m : k, lda));
@@ -160,8 +181,9 @@ bool lt_matmul(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* A,
   }
 
   const AlgoKey key{ta, tb, m, n, k, static_cast<int64_t>(adt), static_cast<int64_t>(ddt), lda, ldb, ldd,
-                    bias != nullptr, alignment(A), alignment(B), alignment(D), beta != 0.0f, backend_device(),
-                    batch.count, batch.a, batch.b, batch.d};
+                    static_cast<int64_t>(ep.epi), alignment(A), alignment(B), alignment(D), beta != 0.0f,
+                    backend_device(), batch.count, batch.a, batch.b, batch.d, static_cast<int64_t>(ep.bias_type),
+                    ep.aux_ld, ep.aux ? alignment(ep.aux) : 0};
   Candidates algos;
   {
     std::lock_guard<std::mutex> lock(g_algo_mu);
@@ -208,7 +230,7 @@ bool lt_matmul(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* A,
     std::lock_guard<std::mutex> lock(g_algo_mu);
     g_algos[key].n = 0;
   }
-  if (bias) return false;
+  if (ep.any()) return false;
   gemm_ex_batched(ta, tb, m, n, k, alpha, A, adt, lda, B, ldb, D, ddt, ldd, beta, batch);
   return true;
 }
@@ -231,8 +253,10 @@ void gemm_forward(void* out, const void* inp, const void* w, const void* bias, D
   }
   // out^T [OC,N] = w [as C x OC col-major]^T @ inp^T [C x N]: m=OC, n=N, k=C.
   const bool fuse = bias && g_bias_epilogue && alignment(bias) >= 16;
-  if (fuse && lt_matmul(true, false, OC, N, C, w, dt, C, inp, C, out, dt, OC, 0.0f, bias)) return;
-  lt_matmul(true, false, OC, N, C, w, dt, C, inp, C, out, dt, OC, 0.0f, nullptr);
+  if (fuse && lt_matmul(true, false, OC, N, C, w, dt, C, inp, C, out, dt, OC, 0.0f,
+                        Epilogue{CUBLASLT_EPILOGUE_BIAS, bias, dt}))
+    return;
+  lt_matmul(true, false, OC, N, C, w, dt, C, inp, C, out, dt, OC, 0.0f);
   if (bias) bias_add_forward(out, bias, dt, N, OC);
 }
 
@@ -243,7 +267,7 @@ void gemm_dinp(void* dinp, const void* dout, const void* w, DType dt, int64_t N,
     return;
   }
   // dinp^T [C,N] = w^T [C x OC col-major, no transpose] @ dout^T [OC x N]: m=C, n=N, k=OC.
-  lt_matmul(false, false, C, N, OC, w, dt, C, dout, OC, dinp, dt, C, accumulate ? 1.0f : 0.0f, nullptr);
+  lt_matmul(false, false, C, N, OC, w, dt, C, dout, OC, dinp, dt, C, accumulate ? 1.0f : 0.0f);
 }
 
 void gemm_strided_batched(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const void* A, int64_t lda,
@@ -251,13 +275,38 @@ void gemm_strided_batched(bool ta, bool tb, int64_t m, int64_t n, int64_t k, flo
                           int64_t stride_d, int64_t count, DType dt) {
   if (m <= 0 || n <= 0 || count <= 0) return;
   if (k == 0) fail("gemm_strided_batched: empty inner dimension");
-  lt_matmul(ta, tb, m, n, k, A, dt, lda, B, ldb, D, dt, ldd, 0.0f, nullptr, alpha, Batch{count, stride_a, stride_b, stride_d});
+  lt_matmul(ta, tb, m, n, k, A, dt, lda, B, ldb, D, dt, ldd, 0.0f, Epilogue{}, alpha,
+            Batch{count, stride_a, stride_b, stride_d});
+}
+
+// pre = inp @ w^T + bias and out = gelu(pre) in one GEMM (GELU_AUX_BIAS: pre is the aux
+// matrix, [OC, N] column-major = [N, OC] row-major). False when not taken: the switch is
+// off, the bias is not 16-byte aligned, OC is not a multiple of 8 (cuBLASLt's aux leading
+// dimension), or cuBLASLt has no algorithm for it.
+bool gemm_forward_gelu(void* out, void* pre, const void* inp, const void* w, const void* bias, DType dt, int64_t N,
+                       int64_t C, int64_t OC) {
+  if (!g_gelu_epilogue || N <= 0 || C <= 0 || OC % 8 != 0 || alignment(bias) < 16) return false;
+  const bool ran = lt_matmul(true, false, OC, N, C, w, dt, C, inp, C, out, dt, OC, 0.0f,
+                             Epilogue{CUBLASLT_EPILOGUE_GELU_AUX_BIAS, bias, dt, pre, OC});
+  g_gelu_fused += ran ? 1 : 0;
+  return ran;
+}
+
+// dpre = (dout @ w) * gelu'(pre) and dbias_out[c] = sum_n dpre[n, c] (written, fp32) in
+// one GEMM (DGELU_BGRAD). w [OC, C]; dout [N, OC]; pre, dpre [N, C]. False when not taken.
+bool gemm_dinp_dgelu(void* dpre, float* dbias_out, const void* dout, const void* w, const void* pre, DType dt, int64_t N,
+                     int64_t C, int64_t OC) {
+  if (!g_gelu_epilogue || N <= 0 || OC <= 0 || C % 8 != 0) return false;
+  const bool ran = lt_matmul(false, false, C, N, OC, w, dt, C, dout, OC, dpre, dt, C, 0.0f,
+                             Epilogue{CUBLASLT_EPILOGUE_DGELU_BGRAD, dbias_out, DType::f32, const_cast<void*>(pre), C});
+  g_gelu_fused += ran ? 1 : 0;
+  return ran;
 }
 
 void gemm_dw(float* dw, const void* dout, const void* inp, DType dt, int64_t N, int64_t C, int64_t OC) {
   if (N <= 0 || C <= 0 || OC <= 0) return;
   // dw^T [C,OC] = inp^T [C x N] @ dout [N x OC] (dout^T stored OC x N, transposed): m=C, n=OC, k=N.
-  lt_matmul(false, true, C, OC, N, inp, dt, C, dout, OC, dw, DType::f32, C, 1.0f, nullptr);
+  lt_matmul(false, true, C, OC, N, inp, dt, C, dout, OC, dw, DType::f32, C, 1.0f);
 }
 
 }  // namespace mtnlg::cuda::k
@@ -338,11 +387,19 @@ bool set_gemm_bias_epilogue(bool on) {
   return old;
 }
 
+bool set_gemm_gelu_epilogue(bool on) {
+  const bool old = k::g_gelu_epilogue;
+  k::g_gelu_epilogue = on;
+  return old;
+}
+
 bool set_gemm_lt(bool on) {
   const bool old = k::g_use_lt;
   k::g_use_lt = on;
   return old;
 }
+
+int64_t gemm_gelu_fused() { return k::g_gelu_fused.load(); }
 
 int64_t gemm_fallbacks() {
   std::lock_guard<std::mutex> lock(k::g_algo_mu);
@@ -364,6 +421,27 @@ void matmul_backward(Tensor* dinp, Tensor* dw, Tensor* dbias, const Tensor& dout
   if (dinp && dinp->defined()) k::gemm_dinp(dinp->raw(), dout.raw(), w.raw(), dt, N, C, OC, accumulate_dinp);
   if (dw && dw->defined()) k::gemm_dw(f(*dw), dout.raw(), inp.raw(), dt, N, C, OC);
   if (dbias && dbias->defined()) k::bias_add_backward(f(*dbias), dout.raw(), dt, N, OC);
+}
+
+void matmul_bias_gelu_forward(Tensor& out, Tensor& pre, const Tensor& inp, const Tensor& w, const Tensor& bias) {
+  const DType dt = cuda_dtype("matmul_bias_gelu_forward", "out", out.dtype());
+  const int64_t OC = w.dim(0), C = w.dim(1), N = C ? inp.numel() / C : 0;
+  if (k::gemm_forward_gelu(out.raw(), pre.raw(), inp.raw(), w.raw(), bias.raw(), dt, N, C, OC)) return;
+  matmul_forward(pre, inp, w, &bias);
+  gelu_forward(out, pre);
+}
+
+void matmul_dgelu_backward(Tensor& dpre, Tensor& dbias, const Tensor& dout, const Tensor& w, const Tensor& pre) {
+  const DType dt = cuda_dtype("matmul_dgelu_backward", "dout", dout.dtype());
+  const int64_t OC = w.dim(0), C = w.dim(1), N = C ? pre.numel() / C : 0;
+  Tensor db = Tensor::empty({C}, DType::f32, Device::cuda);  // the epilogue writes; dbias accumulates
+  if (k::gemm_dinp_dgelu(dpre.raw(), f(db), dout.raw(), w.raw(), pre.raw(), dt, N, C, OC)) {
+    add(dbias, dbias, db);
+    return;
+  }
+  matmul_backward(&dpre, nullptr, nullptr, dout, pre, w, false);
+  gelu_backward(dpre, pre, dpre);
+  bias_add_backward(dbias, dpre);
 }
 
 void bias_add_forward(Tensor& x, const Tensor& b) {

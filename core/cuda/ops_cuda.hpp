@@ -37,6 +37,8 @@ void convert(Tensor& dst, const Tensor& src);
 void matmul_forward(Tensor& out, const Tensor& inp, const Tensor& w, const Tensor* bias);
 void matmul_backward(Tensor* dinp, Tensor* dw, Tensor* dbias, const Tensor& dout, const Tensor& inp, const Tensor& w,
                      bool accumulate_dinp);
+void matmul_bias_gelu_forward(Tensor& out, Tensor& pre, const Tensor& inp, const Tensor& w, const Tensor& bias);
+void matmul_dgelu_backward(Tensor& dpre, Tensor& dbias, const Tensor& dout, const Tensor& w, const Tensor& pre);
 void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& inp, const Tensor& w, const Tensor& b,
                        double eps);
 void layernorm_backward(Tensor& dinp, Tensor& dw, Tensor& db, const Tensor& dout, const Tensor& inp, const Tensor& w,
@@ -84,6 +86,12 @@ bool set_gemm_lt(bool on);
 // off, or when the heuristic offers no algorithm with the epilogue, the bias is added by
 // a separate kernel after the GEMM. Returns the previous setting.
 bool set_gemm_bias_epilogue(bool on);
+// Whether matmul_bias_gelu_forward / matmul_dgelu_backward use cuBLASLt's GELU_AUX_BIAS
+// and DGELU_BGRAD epilogues (default true); off, or when not offered, they run the GEMM
+// and the separate GELU / bias-gradient kernels. Returns the previous setting.
+bool set_gemm_gelu_epilogue(bool on);
+// GEMMs that ran with a GELU epilogue (forward or backward) since start-up.
+int64_t gemm_gelu_fused();
 // Matmuls run by the cublasGemmEx fallback since start-up.
 int64_t gemm_fallbacks();
 

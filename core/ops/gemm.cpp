@@ -118,6 +118,39 @@ void matmul_backward(Tensor* dinp, Tensor* dw, Tensor* dbias, const Tensor& dout
   });
 }
 
+void matmul_bias_gelu_forward(Tensor& out, Tensor& pre, const Tensor& inp, const Tensor& w, const Tensor& bias) {
+  const bool cuda = same_device("matmul_bias_gelu_forward", {&out, &pre, &inp, &w, &bias});
+  expect_numel("matmul_bias_gelu_forward", "out", out, pre.numel());
+  if (cuda) {  // the shapes and dtypes as matmul_forward checks them
+    act_dtype("matmul_bias_gelu_forward", {{"out", &out}, {"pre", &pre}, {"inp", &inp}, {"w", &w}, {"bias", &bias}});
+    expect_ndim("matmul_bias_gelu_forward", "w", w, 2);
+    const int64_t OC = w.dim(0), C = w.dim(1), N = C ? inp.numel() / C : 0;
+    expect_numel("matmul_bias_gelu_forward", "inp", inp, N * C);
+    expect_numel("matmul_bias_gelu_forward", "pre", pre, N * OC);
+    expect_numel("matmul_bias_gelu_forward", "bias", bias, OC);
+  }
+  MTNLG_CUDA_DISPATCH(cuda, matmul_bias_gelu_forward(out, pre, inp, w, bias));
+  matmul_forward(pre, inp, w, &bias);
+  gelu_forward(out, pre);
+}
+
+void matmul_dgelu_backward(Tensor& dpre, Tensor& dbias, const Tensor& dout, const Tensor& w, const Tensor& pre) {
+  const bool cuda = same_device("matmul_dgelu_backward", {&dpre, &dbias, &dout, &w, &pre});
+  expect_numel("matmul_dgelu_backward", "dpre", dpre, pre.numel());
+  if (cuda) {
+    act_dtype("matmul_dgelu_backward", {{"dout", &dout}, {"w", &w}, {"pre", &pre}, {"dpre", &dpre}}, {{"dbias", &dbias}});
+    expect_ndim("matmul_dgelu_backward", "w", w, 2);
+    const int64_t OC = w.dim(0), C = w.dim(1), N = C ? pre.numel() / C : 0;
+    expect_numel("matmul_dgelu_backward", "pre", pre, N * C);
+    expect_numel("matmul_dgelu_backward", "dout", dout, N * OC);
+    expect_numel("matmul_dgelu_backward", "dbias", dbias, C);
+  }
+  MTNLG_CUDA_DISPATCH(cuda, matmul_dgelu_backward(dpre, dbias, dout, w, pre));
+  matmul_backward(&dpre, nullptr, nullptr, dout, pre, w, false);
+  gelu_backward(dpre, pre, dpre);
+  bias_add_backward(dbias, dpre);
+}
+
 void bias_add_forward(Tensor& x, const Tensor& b) {
   const bool cuda = same_device("bias_add_forward", {&x, &b});
   const DType dt = act_dtype("bias_add_forward", {{"x", &x}, {"b", &b}});

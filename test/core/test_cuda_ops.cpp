@@ -336,6 +336,51 @@ TEST_CASE("cuda matmul forward/backward vs CPU (all three shapes; cuBLASLt with 
   }
 }
 
+// The MLP's fused first half and its backward (GELU_AUX_BIAS / DGELU_BGRAD epilogues), and
+// the same ops with the epilogues off (the GEMM, then the GELU and bias-gradient kernels);
+// OC or C not a multiple of 8 takes the unfused path whatever the switch. pre, out, dpre
+// within the dtype's bound of the CPU (chained GEMM + GELU: 2 x in low precision); the
+// bias gradient accumulates onto a random start.
+TEST_CASE("cuda matmul + bias + GELU fused forward and its dGELU/bias-gradient backward vs CPU", "[gpu]") {
+  if (!gpu_ready()) return;
+  std::mt19937_64 g(21);
+  struct S {
+    int64_t N, C, OC;
+  };
+  for (S s : {S{5, 16, 64}, S{33, 40, 24}, S{7, 13, 20}, S{64, 96, 160}}) {
+    for (DType dt : kTypes) {
+      for (bool epilogue : {true, false}) {
+        INFO("N " << s.N << " C " << s.C << " OC " << s.OC << " " << to_string(dt) << " epilogue " << epilogue);
+        const bool old = cuda::set_gemm_gelu_epilogue(epilogue);
+        const int64_t fused0 = cuda::gemm_gelu_fused();
+        Tensor inp = randn({s.N, s.C}, g), w = randn({s.OC, s.C}, g, 0.3), bias = randn({s.OC}, g, 0.5);
+        Tensor pre = cpu_zeros({s.N, s.OC}), out = cpu_zeros({s.N, s.OC});
+        Tensor ri = rounded(inp, dt), rw = rounded(w, dt), rb = rounded(bias, dt);
+        ops::matmul_bias_gelu_forward(out, pre, ri, rw, rb);
+        Tensor gpre = poisoned({s.N, s.OC}, dt), gout = poisoned({s.N, s.OC}, dt);
+        ops::matmul_bias_gelu_forward(gout, gpre, to_gpu(inp, dt), to_gpu(w, dt), to_gpu(bias, dt));
+        const double low = dt == DType::f32 ? kRtolF32 : 2 * kRtolLow;
+        check_close("pre", gpre, pre, rtol_for(dt));
+        check_close("out", gout, out, low);
+        // backward through a next layer w2 [C2, OC]: dpre = (dout @ w2) * gelu'(pre)
+        const int64_t C2 = s.C + 3;
+        Tensor w2 = randn({C2, s.OC}, g, 0.3), dout = randn({s.N, C2}, g), db0 = randn({s.OC}, g);
+        Tensor rpre = rounded(pre, dt), rw2 = rounded(w2, dt), rd = rounded(dout, dt);
+        Tensor dpre = cpu_zeros({s.N, s.OC}), db = db0.clone();
+        ops::matmul_dgelu_backward(dpre, db, rd, rw2, rpre);
+        Tensor gdpre = poisoned({s.N, s.OC}, dt), gdb = to_gpu(db0);
+        ops::matmul_dgelu_backward(gdpre, gdb, to_gpu(dout, dt), to_gpu(w2, dt), to_gpu(rpre, dt));
+        check_close("dpre", gdpre, dpre, low);
+        check_close("dbias", gdb, db, low);
+        // both GEMMs fused exactly when the switch is on and OC is a multiple of 8 (the
+        // emulated cuBLASLt offers the epilogues; a GPU may decline and fall back)
+        if (emulated_device()) CHECK(cuda::gemm_gelu_fused() - fused0 == (epilogue && s.OC % 8 == 0 ? 2 : 0));
+        cuda::set_gemm_gelu_epilogue(old);
+      }
+    }
+  }
+}
+
 TEST_CASE("cuda matmul on unaligned views (odd element offsets)", "[gpu]") {
   if (!gpu_ready()) return;
   std::mt19937_64 g(3);
