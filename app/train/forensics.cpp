@@ -75,8 +75,8 @@ uint64_t tensor_hash(const Tensor& t) {
 
 // What every rank learns from the replay (one all-reduce over the world).
 struct Forensics::Gathered {
-  std::vector<int64_t> differ;  // ranks whose replayed gradients (hash or norm) differ from their first run
-  bool loss_same = true;
+  std::vector<int64_t> differ;  // ranks whose replayed gradients (their hash) differ from their first run
+  bool loss_same = true, norm_same = true;  // on every rank
   int64_t bad_layer = INT64_MAX;  // the first non-finite activation in the job (-1: the embedding)
   int64_t bad_layer_rank = -1, bad_sample = -1;
   std::vector<double> mb_losses;  // [dp * micro batches]: dp rank d's micro batch k at d * M + k
@@ -133,10 +133,11 @@ Forensics::Gathered Forensics::gather(const StepRead& first, const StepRead& aga
                                       int64_t m) const {
   const int64_t world = g_.topo.world(), dp = g_.topo.dp();
   const auto& mine = mb_losses_;
-  // Per rank 3 slots (differs, first bad layer + 2 or 0, its sample + 1), then the losses.
-  std::vector<double> v(static_cast<size_t>(3 * world + dp * m), 0.0);
-  const bool differs = h1 != h2 || bits_of(first.norm_sq) != bits_of(again.norm_sq);
-  v[static_cast<size_t>(3 * g_.rank)] = differs ? 1.0 : 0.0;
+  // Per rank 3 slots (gradients differ, first bad layer + 2 or 0, its sample + 1), then
+  // the losses, then how many ranks' norms differ.
+  std::vector<double> v(static_cast<size_t>(3 * world + dp * m + 1), 0.0);
+  v[static_cast<size_t>(3 * g_.rank)] = h1 != h2 ? 1.0 : 0.0;
+  v.back() = bits_of(first.norm_sq) != bits_of(again.norm_sq) ? 1.0 : 0.0;
   if (first_bad_layer_ != INT64_MAX) {
     v[static_cast<size_t>(3 * g_.rank + 1)] = static_cast<double>(first_bad_layer_ + 2);
     v[static_cast<size_t>(3 * g_.rank + 2)] = static_cast<double>(first_bad_sample_ + 1);
@@ -155,7 +156,8 @@ Forensics::Gathered Forensics::gather(const StepRead& first, const StepRead& aga
       out.bad_sample = static_cast<int64_t>(v[static_cast<size_t>(3 * q + 2)]) - 1;
     }
   }
-  out.mb_losses.assign(v.begin() + 3 * world, v.end());
+  out.mb_losses.assign(v.begin() + 3 * world, v.end() - 1);
+  out.norm_same = v.back() == 0;
   return out;
 }
 
@@ -206,7 +208,7 @@ std::string Forensics::ranks_text(const std::vector<int64_t>& ranks) const {
 ForensicsAction Forensics::decide(const Trigger& t, const Gathered& g, const StepRead& first, const StepRead& again) const {
   ForensicsAction a;
   a.read = first;
-  a.verdict = g.differ.empty() && g.loss_same ? "persistent" : "transient";
+  a.verdict = g.differ.empty() && g.loss_same && g.norm_same ? "persistent" : "transient";
   const bool replay_clean = !again.nonfinite && std::isfinite(again.loss) &&
                             !(t.what == "loss spike" && again.loss > r_.training.loss_spike_threshold * t.mean);
   switch (r_.training.spike_policy) {
@@ -324,7 +326,7 @@ std::string Forensics::report(int64_t iteration, const data::Batch& batch, const
     found += "; first non-finite activation: " +
              (g.bad_layer == INT64_MAX ? std::string("none") : layer_text(g.bad_layer) + fmt::format(" output (rank {})", g.bad_layer_rank));
   } else {
-    found = g.differ.empty() ? std::string("transient (the replay's loss differs; no rank's gradients differ)")
+    found = g.differ.empty() ? std::string("transient (the replay's loss or gradient norm differs; no rank's gradients do)")
                              : "transient (recomputed gradients differ from the first run on " + ranks_text(g.differ) +
                                    ": suspect hardware)";
   }
