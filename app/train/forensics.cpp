@@ -80,6 +80,7 @@ struct Forensics::Gathered {
   int64_t bad_layer = INT64_MAX;  // the first non-finite activation in the job (-1: the embedding)
   int64_t bad_layer_rank = -1, bad_sample = -1;
   std::vector<double> mb_losses;  // [dp * micro batches]: dp rank d's micro batch k at d * M + k
+  std::vector<std::pair<double, double>> norms;  // per rank: its gradient norm in the first run and the replay
 };
 
 Forensics::Forensics(const Recipe& r, const parallel::ProcessGroups& g, std::shared_ptr<const data::SampleSource> src,
@@ -107,14 +108,11 @@ Forensics::Trigger Forensics::check(const StepRead& first, bool overflow_handled
     tr.what = "non-finite loss or gradient";
     return tr;
   }
-  if (t.check_for_nan_in_loss_and_grad && world && !first.nonfinite) {
+  if (t.check_for_nan_in_loss_and_grad && world && g_.topo.dp() > 1 && !first.nonfinite) {
     // Replicas hold the same reduced gradients, so their norms must agree bit for bit.
-    int64_t disagree = 0;
-    if (g_.dp && g_.dp->size() > 1) {
-      double mm[2] = {first.norm_sq, -first.norm_sq};
-      g_.dp->all_reduce(mm, 2, parallel::ReduceOp::max);
-      disagree = mm[0] != -mm[1] ? 1 : 0;
-    }
+    double mm[2] = {first.norm_sq, -first.norm_sq};
+    g_.dp->all_reduce(mm, 2, parallel::ReduceOp::max);
+    int64_t disagree = mm[0] != -mm[1] ? 1 : 0;
     g_.world->all_reduce(&disagree, 1, parallel::ReduceOp::max);
     if (disagree) {
       tr.what = "the data-parallel replicas' gradient norms disagree";
@@ -133,30 +131,37 @@ Forensics::Gathered Forensics::gather(const StepRead& first, const StepRead& aga
                                       int64_t m) const {
   const int64_t world = g_.topo.world(), dp = g_.topo.dp();
   const auto& mine = mb_losses_;
-  // Per rank 3 slots (gradients differ, first bad layer + 2 or 0, its sample + 1), then
-  // the losses, then how many ranks' norms differ.
-  std::vector<double> v(static_cast<size_t>(3 * world + dp * m + 1), 0.0);
-  v[static_cast<size_t>(3 * g_.rank)] = h1 != h2 ? 1.0 : 0.0;
-  v.back() = bits_of(first.norm_sq) != bits_of(again.norm_sq) ? 1.0 : 0.0;
+  // Per rank kSlots slots (gradients differ, first bad layer + 2 or 0, its sample + 1, its
+  // gradient norm in the first run and in the replay), then the micro batches' losses,
+  // then how many ranks' norms differ.
+  constexpr int64_t kSlots = 5;
+  std::vector<double> v(static_cast<size_t>(kSlots * world + dp * m + 1), 0.0);
+  double* me = v.data() + kSlots * g_.rank;
+  me[0] = h1 != h2 ? 1.0 : 0.0;
   if (first_bad_layer_ != INT64_MAX) {
-    v[static_cast<size_t>(3 * g_.rank + 1)] = static_cast<double>(first_bad_layer_ + 2);
-    v[static_cast<size_t>(3 * g_.rank + 2)] = static_cast<double>(first_bad_sample_ + 1);
+    me[1] = static_cast<double>(first_bad_layer_ + 2);
+    me[2] = static_cast<double>(first_bad_sample_ + 1);
   }
+  me[3] = std::sqrt(first.norm_sq);
+  me[4] = std::sqrt(again.norm_sq);
+  v.back() = bits_of(first.norm_sq) != bits_of(again.norm_sq) ? 1.0 : 0.0;
   if (g_.is_last_stage() && g_.coord.tp == 0 && static_cast<int64_t>(mine.size()) == m)
-    for (int64_t k = 0; k < m; ++k) v[static_cast<size_t>(3 * world + g_.coord.dp * m + k)] = mine[static_cast<size_t>(k)];
+    for (int64_t k = 0; k < m; ++k) v[static_cast<size_t>(kSlots * world + g_.coord.dp * m + k)] = mine[static_cast<size_t>(k)];
   if (g_.world && world > 1) g_.world->all_reduce(v.data(), static_cast<int64_t>(v.size()), parallel::ReduceOp::sum);
   Gathered out;
   out.loss_same = bits_of(first.loss) == bits_of(again.loss);
   for (int64_t q = 0; q < world; ++q) {
-    if (v[static_cast<size_t>(3 * q)] != 0) out.differ.push_back(q);
-    const auto layer = static_cast<int64_t>(v[static_cast<size_t>(3 * q + 1)]) - 2;
+    const double* at = v.data() + kSlots * q;
+    if (at[0] != 0) out.differ.push_back(q);
+    out.norms.push_back({at[3], at[4]});
+    const auto layer = static_cast<int64_t>(at[1]) - 2;
     if (layer >= -1 && layer < out.bad_layer) {
       out.bad_layer = layer;
       out.bad_layer_rank = q;
-      out.bad_sample = static_cast<int64_t>(v[static_cast<size_t>(3 * q + 2)]) - 1;
+      out.bad_sample = static_cast<int64_t>(at[2]) - 1;
     }
   }
-  out.mb_losses.assign(v.begin() + 3 * world, v.end() - 1);
+  out.mb_losses.assign(v.begin() + kSlots * world, v.end() - 1);
   out.norm_same = v.back() == 0;
   return out;
 }
@@ -277,13 +282,14 @@ std::string Forensics::report(int64_t iteration, const data::Batch& batch, const
                               const StepRead& first, const StepRead& again, const ForensicsAction& a) const {
   const auto& tr = r_.training;
   const bool persistent = a.verdict == "persistent";
+  const auto num = [](double x) { return std::isfinite(x) ? nlohmann::json(x) : nlohmann::json(nullptr); };
   nlohmann::json ranks = nlohmann::json::array();
   for (int64_t q : g.differ) {
     const auto c = g_.topo.coord(q);
-    ranks.push_back({{"rank", q}, {"tp", c.tp}, {"pp", c.pp}, {"dp", c.dp}});
+    const auto [n1, n2] = g.norms[static_cast<size_t>(q)];
+    ranks.push_back({{"rank", q}, {"tp", c.tp}, {"pp", c.pp}, {"dp", c.dp}, {"grad_norm", num(n1)}, {"replay_grad_norm", num(n2)}});
   }
   const nlohmann::json samples = persistent ? name_samples(batch, g, t) : nlohmann::json::array();
-  const auto num = [](double x) { return std::isfinite(x) ? nlohmann::json(x) : nlohmann::json(nullptr); };
   const std::string action = a.kind == ForensicsAction::stop   ? "stop"
                              : a.kind == ForensicsAction::skip ? "skip"
                                                                : "rerun";
