@@ -109,12 +109,12 @@ Forensics::Trigger Forensics::check(const StepRead& first, bool overflow_handled
     return tr;
   }
   if (t.check_for_nan_in_loss_and_grad && world && g_.topo.dp() > 1 && !first.nonfinite) {
-    // Replicas hold the same reduced gradients, so their norms must agree bit for bit.
+    // Replicas hold the same reduced gradients, and the norm is reduced over the
+    // model-parallel group, so every rank of a healthy job holds the same bits: one
+    // all-reduce (max) of (norm, -norm) over the world, on the host (the world group).
     double mm[2] = {first.norm_sq, -first.norm_sq};
-    g_.dp->all_reduce(mm, 2, parallel::ReduceOp::max);
-    int64_t disagree = mm[0] != -mm[1] ? 1 : 0;
-    g_.world->all_reduce(&disagree, 1, parallel::ReduceOp::max);
-    if (disagree) {
+    g_.world->all_reduce(mm, 2, parallel::ReduceOp::max);
+    if (mm[0] != -mm[1]) {
       tr.what = "the data-parallel replicas' gradient norms disagree";
       return tr;
     }
