@@ -14,7 +14,8 @@
 //    transient, rank 1 named, and spike_policy rerun continues bit-identical to a run
 //    without the fault; the clean run with checks on every step reports nothing;
 //  - mpirun dp=4, one bit flipped in rank 2's parameters (mode=bitflip_param): the
-//    parameter hash names rank 2 at the next check and stops the run.
+//    parameter hash names rank 2 at the next check and stops the run; with dp=2 there is
+//    no majority and both replicas are named.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -232,6 +233,14 @@ TEST_CASE("forensics: a bit flipped in one replica's parameters is named by the 
   REQUIRE(ev.size() == 1);
   CHECK(ev[0]["ranks"].size() == 1);
   CHECK(ev[0]["ranks"][0]["rank"] == 2);
+  CHECK(ev[0]["outvoted"] == true);
+  // Two replicas cannot outvote each other: both are named.
+  test::TempDir two("forensics-param-dp2");
+  const auto r2 = train(recipe, two,
+                        "--set training.train_iters=8 --set training.num_threads=1 --set training.param_hash_interval=2", 2,
+                        "MTNLG_FAULT_INJECT=rank=1:iteration=3:mode=bitflip_param");
+  CHECK(r2.exit_code != 0);
+  CHECK(r2.out.find("no majority, one of: rank 0 (tp=0,pp=0,dp=0), rank 1 (tp=0,pp=0,dp=1)") != std::string::npos);
 }
 
 TEST_CASE("forensics: recipe keys are checked", "[e2e][forensics]") {
