@@ -27,6 +27,14 @@ std::string to_string(Precision p) {
   }
   return "?";
 }
+std::string to_string(SpikePolicy p) {
+  switch (p) {
+    case SpikePolicy::stop: return "stop";
+    case SpikePolicy::skip: return "skip";
+    case SpikePolicy::rerun: return "rerun";
+  }
+  return "?";
+}
 std::string to_string(DeviceKind d) {
   switch (d) {
     case DeviceKind::automatic: return "auto";
@@ -305,6 +313,12 @@ const Table& table() {
                      int_field("eval_iters", [](Recipe& r) -> int64_t& { return r.training.eval_iters; }, 0),
                      int_field("num_threads", [](Recipe& r) -> int64_t& { return r.training.num_threads; }, 0, 4096),
                      int_field("max_nonfinite_in_a_row", [](Recipe& r) -> int64_t& { return r.training.max_nonfinite_in_a_row; }, 1),
+                     bool_field("check_for_nan_in_loss_and_grad", [](Recipe& r) -> bool& { return r.training.check_for_nan_in_loss_and_grad; }),
+                     dbl_field("loss_spike_threshold", [](Recipe& r) -> double& { return r.training.loss_spike_threshold; }, 0.0, 1e6),
+                     int_field("loss_spike_window", [](Recipe& r) -> int64_t& { return r.training.loss_spike_window; }, 1, 100000),
+                     enum_field<SpikePolicy>("spike_policy", [](Recipe& r) -> SpikePolicy& { return r.training.spike_policy; },
+                                             {SpikePolicy::stop, SpikePolicy::skip, SpikePolicy::rerun}),
+                     int_field("param_hash_interval", [](Recipe& r) -> int64_t& { return r.training.param_hash_interval; }, 0),
                  }});
     t.push_back({"optimizer",
                  {
@@ -551,6 +565,10 @@ void validate(const Recipe& r) {
   if (t.exit_interval > 0 && r.checkpoint.save.empty())
     invalid(r, "training.exit_interval stops the run with a checkpoint, so it needs checkpoint.save (the directory to "
                "resume from)");
+  if (t.loss_spike_threshold > 0 && t.loss_spike_threshold <= 1)
+    invalid(r, fmt::format("training.loss_spike_threshold ({}) is a ratio to the running mean of the loss: 0 (off) or "
+                           "above 1, e.g. 2.0",
+                           t.loss_spike_threshold));
   int64_t tp = p.tensor_model_parallel_size, pp = p.pipeline_model_parallel_size;
   if (m.num_attention_heads % tp != 0)
     invalid(r, fmt::format("model.num_attention_heads ({}) must be divisible by parallel.tensor_model_parallel_size ({})",

@@ -14,11 +14,16 @@ enum class LrDecayStyle { cosine, linear, constant };
 // has CUDA and the machine a GPU, else the CPU. test: the test device (host memory
 // treated as a device, core/tensor.hpp) that CI uses to run the device code path.
 enum class DeviceKind { automatic, cpu, cuda, test };
+// What the trainer does after it has replayed a step with a non-finite loss or gradient
+// or a loss spike (app/train/forensics.hpp): stop with the report, drop the batch's
+// update and go on (counted as skipped), or redo the step.
+enum class SpikePolicy { stop, skip, rerun };
 
 
 std::string to_string(Precision p);
 std::string to_string(LrDecayStyle s);
 std::string to_string(DeviceKind d);
+std::string to_string(SpikePolicy p);
 
 struct RampupBatchSize {
   int64_t start = 0;
@@ -42,6 +47,16 @@ struct TrainingConfig {
   int64_t eval_iters = 10;
   int64_t num_threads = 0;  // CPU threads per process; 0 = all cores
   int64_t max_nonfinite_in_a_row = 10;
+  // Spike and NaN forensics (Megatron's names where it has them): replay a step whose
+  // loss or gradient is non-finite, or whose loss exceeds loss_spike_threshold times the
+  // mean of the last loss_spike_window losses (0 = off), classify it and act by
+  // spike_policy; every param_hash_interval iterations compare a hash of each
+  // data-parallel replica's parameters (0 = off).
+  bool check_for_nan_in_loss_and_grad = false;
+  double loss_spike_threshold = 0;
+  int64_t loss_spike_window = 10;
+  SpikePolicy spike_policy = SpikePolicy::stop;
+  int64_t param_hash_interval = 0;
 };
 
 struct OptimizerConfig {

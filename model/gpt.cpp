@@ -398,6 +398,7 @@ ForwardResult GptChunk::forward(int64_t mb_id, const MicroBatch& mb, const Tenso
   s.layers.resize(layers_.size());
   place_tokens(mb, B, T, inference, s);
   Tensor x = spec_.has_embedding ? embed(mb, s.tokens, B, T, past) : checked_input(input, B, T);
+  if (observer_ && !inference && spec_.has_embedding) observer_(-1, mb, x);
   x = run_layers(x, mb, inference, s);
   if (mb.kv) mb.kv->length = past + T;
 
@@ -478,6 +479,7 @@ Tensor GptChunk::run_layers(Tensor x, const MicroBatch& mb, bool inference, Save
     Tensor y;
     LayerActs& a = s.layers[li];
     layer_forward(static_cast<int64_t>(li), x, y, a, mb);
+    if (observer_ && !inference) observer_(spec_.first_layer + static_cast<int64_t>(li), mb, y);
     if (inference) {
       a = LayerActs{};
     } else if (full_recompute) {

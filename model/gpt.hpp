@@ -149,6 +149,12 @@ class GptChunk {
   // reduction (parallel::DataParallelGrads) starts full buckets from it.
   void set_grad_ready_hook(std::function<void(int64_t)> hook) { grad_ready_ = std::move(hook); }
   void drop_saved();  // forget activations of micro batches in flight (eval, aborted steps)
+  // Called during a training forward with the embedding's output (layer -1) and each
+  // layer's output (the layer's index in the whole model): the trainer's spike forensics
+  // looks for the first non-finite activation, and fault injection poisons one. The
+  // default (none) costs nothing.
+  using LayerObserver = std::function<void(int64_t layer, const MicroBatch& mb, Tensor& out)>;
+  void set_layer_observer(LayerObserver f) { observer_ = std::move(f); }
 
  private:
   struct LayerActs;
@@ -190,6 +196,7 @@ class GptChunk {
   Tensor wte_, wpe_, lnf_w_, lnf_b_, d_wte_, d_wpe_, d_lnf_w_, d_lnf_b_;
   std::map<int64_t, std::unique_ptr<Saved>> saved_;
   std::function<void(int64_t)> grad_ready_;
+  LayerObserver observer_;
   Device dev_ = Device::cpu;
   AttentionBackend attention_ = AttentionBackend::flash;
   std::vector<std::vector<int64_t>> layer_param_offsets_;  // per layer, in the store

@@ -649,6 +649,34 @@ std::string straggler_text(const Metrics& m) {
   return out;
 }
 
+// Spike and NaN forensics' events (RUN_DIR/forensics.jsonl, written by the trainer): one
+// piece each, "iteration 12: loss spike, persistent: sample 45 (source 1, documents 37),
+// skip"; "" when the file is absent (forensics off or nothing found).
+std::string forensics_text(const fs::path& run_dir) {
+  std::ifstream in(run_dir / "forensics.jsonl");
+  std::string out;
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_discarded() || !j.is_object()) continue;
+    std::string who;
+    for (const auto& q : j.value("ranks", nlohmann::json::array()))
+      who += fmt::format("{}rank {}", who.empty() ? "" : ", ", q.value("rank", int64_t{-1}));
+    for (const auto& sm : j.value("samples", nlohmann::json::array())) {
+      std::string docs;
+      for (const auto& d : sm.value("documents", nlohmann::json::array())) {
+        if (!docs.empty()) docs += ',';
+        docs += std::to_string(d.get<int64_t>());
+      }
+      who += fmt::format("{}sample {} (source {}, documents {})", who.empty() ? "" : ", ", sm.value("sample", int64_t{-1}),
+                         sm.value("source_name", std::string()), docs.empty() ? "-" : docs);
+    }
+    if (!out.empty()) out += "; ";
+    out += fmt::format("iteration {}: {}, {}{}{}, {}", j.value("iteration", int64_t{0}), j.value("trigger", std::string()),
+                       j.value("verdict", std::string()), who.empty() ? "" : ": ", who, j.value("action", std::string()));
+  }
+  return out;
+}
+
 // The summary table's rows.
 std::vector<std::pair<std::string, std::string>> summary_facts(const Metrics& m, const fs::path& run_dir) {
   const auto iter = m.column("iteration");
@@ -684,6 +712,8 @@ std::vector<std::pair<std::string, std::string>> summary_facts(const Metrics& m,
   if (m.has("nan_iterations"))
     facts.emplace_back("Non-finite iterations", format_number(last_finite(m.column("nan_iterations"))));
   if (m.has("slowest_rank")) facts.emplace_back("Stragglers flagged", straggler_text(m));
+  if (const std::string f = forensics_text(run_dir); !f.empty()) facts.emplace_back("Spikes and NaNs (forensics)", f);
+  else if (m.has("anomalies")) facts.emplace_back("Spikes and NaNs (forensics)", "none");
   if (max_finite(m.column("peak_memory_bytes")) > 0)
     facts.emplace_back("Peak memory", format_bytes(max_finite(m.column("peak_memory_bytes"))));
   for (const char* k : {"bytes_sent_tp", "bytes_sent_pp", "bytes_sent_dp"})

@@ -50,10 +50,18 @@ void register_train(CLI::App& app) {
       "Collective watchdog: a host-side collective or transfer waiting longer than "
       "parallel.distributed_timeout_minutes (default 10; MTNLG_COLLECTIVE_TIMEOUT=seconds overrides, 0 = off) ends "
       "the job, naming the rank that did not arrive.\n"
-      "Testing aid: MTNLG_FAULT_INJECT=rank=R:iteration=I:mode=throw|abort|kill|stop|sigterm|sigusr1|nan|slow makes global "
-      "rank R, at the start of iteration I, throw an error, abort(), SIGKILL or SIGSTOP itself, raise SIGTERM/SIGUSR1, "
-      "or (nan) produce non-finite gradients from then on, or (slow, with :ms=N, default 300) sleep N ms at the start of "
-      "every iteration from then on (a straggler).");
+      "Spike and NaN forensics: training.check_for_nan_in_loss_and_grad, training.loss_spike_threshold (with "
+      "loss_spike_window) replay a step with a non-finite loss or gradient or a loss spike, classify it persistent "
+      "(naming samples, sources, documents and the first non-finite layer) or transient (naming the rank), and act by "
+      "training.spike_policy (stop|skip|rerun); training.param_hash_interval compares the data-parallel replicas' "
+      "parameters. Events go to LOGDIR/forensics.jsonl. See docs/RELIABILITY.md.\n"
+      "Testing aid: MTNLG_FAULT_INJECT=rank=R:iteration=I:mode=throw|abort|kill|stop|sigterm|sigusr1|nan|overflow|slow|"
+      "bitflip_grad|bitflip_param|poison makes global rank R, at the start of iteration I, throw an error, abort(), "
+      "SIGKILL or SIGSTOP itself, raise SIGTERM/SIGUSR1, or (nan) produce non-finite gradients from then on, or "
+      "(overflow) +inf gradients at that iteration, or (slow, with :ms=N, default 300) sleep N ms at the start of every "
+      "iteration from then on (a straggler), or (bitflip_grad, bitflip_param, with :bit=N, default 30) flip one bit of "
+      "its gradient after the data-parallel reduction or of its parameters, or (poison, with :layer=L, default 0; -1 "
+      "the embedding) make layer L's output non-finite for its first micro batch.");
   cmd->callback([] {
     Recipe r = load_recipe(a.recipe, a.sets);  // InputError -> exit 2 before any process group exists
     parallel::LaunchInfo info = parallel::detect_launch();

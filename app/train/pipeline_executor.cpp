@@ -1,5 +1,6 @@
 #include "app/train/pipeline_executor.hpp"
 
+#include <cmath>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -72,12 +73,30 @@ model::MicroBatch PipelineExecutor::micro_batch(const data::Batch& b, int64_t k,
   return mb;
 }
 
+// The accumulator's growth since the previous record is this micro batch's loss sum and
+// token count (the last stage runs its forwards in micro-batch order).
+void PipelineExecutor::record_micro_batch_loss(int64_t microbatch, const Tensor& loss_acc) {
+  const Tensor acc = loss_acc.to(Device::cpu);
+  const double sum = acc.data<double>()[0], tokens = acc.data<double>()[1];
+  double& out = (*mb_losses_)[static_cast<size_t>(microbatch)];
+  if (!std::isfinite(mb_loss_sum_)) out = -1.0;  // the sum is already non-finite: this micro batch cannot be told
+  else out = tokens > mb_loss_tokens_ ? (sum - mb_loss_sum_) / (tokens - mb_loss_tokens_) : std::nan("");
+  mb_loss_sum_ = sum;
+  mb_loss_tokens_ = tokens;
+}
+
 void PipelineExecutor::run_batch(const data::Batch& batch, int64_t consumed_before, uint64_t step_key, double loss_scale,
                                  Tensor& loss_acc) {
   const int64_t m = batch.micro_batches;
   peak_act_ = 0;
   peak_send_ = 0;
   if (eod_ >= 0) build_loss_masks(batch);
+  if (mb_losses_) {
+    mb_losses_->assign(static_cast<size_t>(m), std::nan(""));
+    const Tensor acc = loss_acc.to(Device::cpu);
+    mb_loss_sum_ = acc.data<double>()[0];
+    mb_loss_tokens_ = acc.data<double>()[1];
+  }
   const int64_t p = g_.topo.pp(), r = g_.coord.pp, v = static_cast<int64_t>(chunks_.size());
   const std::vector<schedules::PipeAction> table = schedules::schedule_for(p, r, m, v);
   // Sends are nonblocking; each buffer stays alive in `pending` until its request is
@@ -139,6 +158,7 @@ void PipelineExecutor::run_batch(const data::Batch& batch, int64_t consumed_befo
           res = chunk.forward(a.microbatch, mb, take(act_in, key));
         }
         if (res.output.defined()) act_out[key] = res.output;
+        if (mb_losses_ && chunk.spec().has_head) record_micro_batch_loss(a.microbatch, loss_acc);
         held = 0;
         for (auto& c : chunks_) held += c->saved_bytes();
         peak_act_ = std::max(peak_act_, held);

@@ -37,6 +37,12 @@ class PipelineExecutor {
   // Largest bytes held at once during the last batch by sends not yet waited for (their
   // buffers: chunk outputs and input gradients; see schedules::send_release_points).
   int64_t peak_send_buffer_bytes() const { return peak_send_; }
+  // Spike forensics, while it replays a step: when set, the last stage fills `out` with
+  // each of this rank's micro batches' mean token loss (NaN where not run here; -1 after
+  // the accumulated sum has gone non-finite, when a micro batch's own loss cannot be told)
+  // by reading the loss accumulator after each forward (a host read per micro batch; the
+  // arithmetic of the step is unchanged). Null (the default): nothing is read.
+  void set_micro_batch_losses(std::vector<double>* out) { mb_losses_ = out; }
 
  private:
   model::MicroBatch micro_batch(const data::Batch& b, int64_t k, int64_t consumed_before, uint64_t step_key,
@@ -45,6 +51,7 @@ class PipelineExecutor {
   // Megatron's GPT dataset), and the global batch's count of tokens that remain, which
   // normalises the loss gradient (so the gradient is that of the reported per-token loss).
   void build_loss_masks(const data::Batch& b);
+  void record_micro_batch_loss(int64_t microbatch, const Tensor& loss_acc);
 
   const Recipe& r_;
   parallel::ProcessGroups g_;
@@ -54,6 +61,8 @@ class PipelineExecutor {
   int32_t eod_ = -1;  // <|endoftext|> with data.eod_mask_loss, else -1
   std::vector<std::vector<float>> masks_;
   double counted_tokens_ = 0;  // global batch tokens that count (eod_mask_loss)
+  std::vector<double>* mb_losses_ = nullptr;
+  double mb_loss_sum_ = 0, mb_loss_tokens_ = 0;  // the accumulator at the previous record
 };
 
 }  // namespace mtnlg::app

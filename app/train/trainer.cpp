@@ -21,6 +21,7 @@
 
 #include "app/process/blas_core.hpp"
 #include "app/train/checkpointing.hpp"
+#include "app/train/forensics.hpp"
 #include "app/process/preflight.hpp"
 #include "app/train/pipeline_executor.hpp"
 #include "app/process/placement.hpp"
@@ -126,6 +127,10 @@ class MetricsWriter {
       j["slowest_ratio"] = s.slowest_ratio;
       if (s.straggler_rank >= 0) j["straggler_rank"] = s.straggler_rank;
     }
+    if (r.training.check_for_nan_in_loss_and_grad || r.training.loss_spike_threshold > 0) {  // spike forensics
+      j["anomalies"] = s.anomalies_total;
+      if (!s.anomaly.empty()) j["anomaly"] = s.anomaly;
+    }
     if (s.host_reads || s.host_uploads) {  // a device run: its host round trips
       j["host_reads"] = s.host_reads;
       j["host_uploads"] = s.host_uploads;
@@ -148,8 +153,15 @@ class MetricsWriter {
 // normal error path: message, MPI_Abort), std::abort(), or raise(SIGKILL) on itself (a
 // dead process with no goodbye), or raise(SIGSTOP) (a rank that stops answering, which
 // only the collective watchdog ends). Tests use it to prove a failing rank ends the job.
+// mode=bitflip_grad / bitflip_param (with an optional :bit=N, default 30) flips bit N of
+// the middle element of rank R's gradients (after the data-parallel reduction, in the
+// step's first run only: a transient fault) or of its fp32 master parameters (at the
+// start of iteration I); mode=poison (with :layer=L, default 0) makes the output of layer
+// L (-1: the embedding) non-finite for the first micro batch of rank R at iteration I,
+// in the first run and in a replay alike (a sample whose numerics blow up: persistent).
+// The spike forensics' tests use them.
 struct FaultInjection {
-  int64_t rank = -1, iteration = -1, ms = 300;
+  int64_t rank = -1, iteration = -1, ms = 300, bit = 30, layer = 0;
   std::string mode;
   bool active() const { return rank >= 0; }
 };
@@ -160,7 +172,8 @@ FaultInjection fault_injection_from_env() {
   if (!env || !*env) return f;
   const std::string spec(env);
   auto bad = [&](const std::string& why) {
-    throw_input("MTNLG_FAULT_INJECT=\"{}\": {}; expected rank=R:iteration=I:mode=throw|abort|kill|stop|sigterm|sigusr1|nan|overflow|slow[:ms=N]",
+    throw_input("MTNLG_FAULT_INJECT=\"{}\": {}; expected rank=R:iteration=I:mode=throw|abort|kill|stop|sigterm|sigusr1|nan|overflow|slow[:ms=N]|"
+                "bitflip_grad[:bit=N]|bitflip_param[:bit=N]|poison[:layer=L]",
                 spec, why);
   };
   std::stringstream ss(spec);
@@ -170,14 +183,15 @@ FaultInjection fault_injection_from_env() {
     std::string key = part.substr(0, eq), val = part.substr(eq + 1);
     if (key == "mode") {
       if (val != "throw" && val != "abort" && val != "kill" && val != "stop" && val != "sigterm" && val != "sigusr1" && val != "nan" &&
-          val != "overflow" && val != "slow")
+          val != "overflow" && val != "slow" && val != "bitflip_grad" && val != "bitflip_param" && val != "poison")
         bad("unknown mode '" + val + "'");
       f.mode = val;
-    } else if (key == "rank" || key == "iteration" || key == "ms") {
+    } else if (key == "rank" || key == "iteration" || key == "ms" || key == "bit" || key == "layer") {
       char* end = nullptr;
       long long x = std::strtoll(val.c_str(), &end, 10);
-      if (val.empty() || *end != '\0' || x < 0) bad("'" + val + "' is not a whole number");
-      (key == "rank" ? f.rank : key == "iteration" ? f.iteration : f.ms) = x;
+      if (val.empty() || *end != '\0' || (x < 0 && !(key == "layer" && x == -1))) bad("'" + val + "' is not a whole number");
+      if (key == "bit" && x > 31) bad("bit " + val + " is not a bit of a 32-bit float (0..31)");
+      (key == "rank" ? f.rank : key == "iteration" ? f.iteration : key == "ms" ? f.ms : key == "bit" ? f.bit : f.layer) = x;
     } else {
       bad("unknown key '" + key + "'");
     }
@@ -198,13 +212,26 @@ bool inject_overflow(const FaultInjection& f, int64_t rank, int64_t iteration) {
   return f.active() && f.mode == "overflow" && f.rank == rank && iteration == f.iteration;
 }
 
+// The modes that fire at one iteration on one rank inside the step (bitflip_*, poison).
+bool inject_at(const FaultInjection& f, const char* mode, int64_t rank, int64_t iteration) {
+  return f.active() && f.mode == mode && f.rank == rank && iteration == f.iteration;
+}
+
+// Flips bit `bit` of the middle element of an fp32 buffer (on any device).
+void flip_bit(Tensor& t, int64_t bit) {
+  Tensor h = t.to(Device::cpu);
+  auto* p = static_cast<uint32_t*>(h.raw()) + h.numel() / 2;
+  *p ^= 1u << bit;
+  t.copy_from(h);
+}
+
 void maybe_inject_fault(const FaultInjection& f, int64_t rank, int64_t iteration) {
   if (f.active() && f.mode == "slow" && f.rank == rank && iteration >= f.iteration) {  // every iteration from I on
     std::this_thread::sleep_for(std::chrono::milliseconds(f.ms));
     return;
   }
   if (!f.active() || f.rank != rank || f.iteration != iteration || f.mode == "nan" || f.mode == "overflow" ||
-      f.mode == "slow")
+      f.mode == "slow" || f.mode.starts_with("bitflip") || f.mode == "poison")
     return;
   // Slurm's preemption / time-limit signals, delivered to this process for real.
   if (f.mode == "sigterm" || f.mode == "sigusr1") {
@@ -417,6 +444,8 @@ class Trainer {
   void training_log(IterationStats& s, const data::Batch& batch);
   bool stop_after_step();  // checkpoints, stop signals and exit conditions after a step
   void save_now();
+  void set_up_forensics();
+  StepRead replay_step(const data::Batch& batch, double loss_scale);  // spike forensics
 
   const Recipe& r_;
   parallel::ProcessGroups g_;  // tensor groups placed on the training device in set_up_model
@@ -464,6 +493,9 @@ class Trainer {
   // checkpoints, validation
   std::optional<CheckpointManager> ckpt_;
   std::optional<Validation> validation_;
+  // spike and NaN forensics (app/train/forensics.hpp); the message of a stop it asked for
+  std::optional<Forensics> forensics_;
+  std::string forensics_stop_;
 };
 
 Trainer::Trainer(const Recipe& r, const parallel::ProcessGroups& g, const TrainOptions& opts)
@@ -488,6 +520,7 @@ Trainer::Trainer(const Recipe& r, const parallel::ProcessGroups& g, const TrainO
   set_up_output();
   set_up_step();
   set_up_checkpoints();
+  set_up_forensics();
 }
 
 // This rank's chunks.
@@ -623,6 +656,44 @@ void Trainer::set_up_checkpoints() {
   validation_.emplace(r_, g_, store_, cfg_, specs_, cache_dir_, iteration_);  // training.eval_interval
 }
 
+// Spike and NaN forensics, and the layer observer it shares with the poison fault: the
+// chunks get one only when either is on, so a run without them pays nothing.
+void Trainer::set_up_forensics() {
+  forensics_.emplace(r_, g_, source_, *exec_);
+  const bool poison = fault_.active() && fault_.mode == "poison" && fault_.rank == g_.rank;
+  if (!forensics_->watches_steps() && !poison) return;
+  for (auto& c : chunks_)
+    c->set_layer_observer([this, poison](int64_t layer, const model::MicroBatch& mb, Tensor& out) {
+      if (poison && layer == fault_.layer && iteration_ + 1 == fault_.iteration &&
+          mb.sample_offset == consumed_ + g_.coord.dp * r_.training.micro_batch_size)
+        ops::fill(out, std::nan(""));
+      forensics_->observe(layer, mb, out);
+    });
+}
+
+// The step's forward/backward again, from the same weights (the update has not run) with
+// the same keys, ending in the same host read (app/train/forensics.hpp). The nan fault
+// fires again (a persistent fault); bitflip_grad does not (a transient one).
+StepRead Trainer::replay_step(const data::Batch& batch, double loss_scale) {
+  store_.zero_grads();
+  ops::fill(step_stats_, 0.0);
+  Tensor loss_acc = step_stats_.flat(0, 2), norm_sq = step_stats_.flat(2, 1);
+  ddp_->begin(store_.grads());
+  exec_->run_batch(batch, consumed_, mix_key(static_cast<uint64_t>(r_.training.seed), static_cast<uint64_t>(iteration_), 0xD0),
+                   loss_scale, loss_acc);
+  exec_->reduce_shared_grads(store_);
+  ddp_->finish();
+  if (inject_nan(fault_, g_.rank, iteration_ + 1)) ops::fill(store_.grads(), std::nan(""));
+  optim_->prepare(store_.grads());
+  optim_->grad_norm_sq(store_.grads(), norm_sq);
+  const Tensor stats = step_stats_.to(Device::cpu);
+  const double* st = stats.data<double>();
+  const bool contributes = g_.is_last_stage() && g_.coord.tp == 0;
+  double agreed[3] = {contributes ? st[0] : 0.0, contributes ? st[1] : 0.0, std::isfinite(st[2]) ? 0.0 : 1.0};
+  if (g_.world && g_.world->size() > 1) g_.world->all_reduce(agreed, 3, parallel::ReduceOp::sum);
+  return {agreed[1] > 0 ? agreed[0] / agreed[1] : 0.0, st[2], agreed[2] > 0};
+}
+
 void Trainer::save_now() {
   model::ckpt::TrainState st;
   st.iteration = iteration_;
@@ -654,6 +725,7 @@ IterationStats Trainer::train_step(const data::Batch& batch, double lr, std::chr
   const DeviceStepScope step_memory;  // no cache release (a device-wide wait) with collectives in flight
   const uint64_t seed = static_cast<uint64_t>(r_.training.seed);
   const int64_t gbs = batch.global_batch_size;
+  if (inject_at(fault_, "bitflip_param", g_.rank, iteration_ + 1)) flip_bit(store_.params(), fault_.bit);
   store_.zero_grads();
   const double loss_scale = scaler_ ? scaler_->scale() : 1.0;
   const int64_t reads_before = device_to_host_copies(), uploads_before = host_to_device_copies();
@@ -668,6 +740,7 @@ IterationStats Trainer::train_step(const data::Batch& batch, double lr, std::chr
   ddp_->finish();  // every dp bucket summed (ZeRO-1 reduce-scatters in optim.prepare instead)
   if (inject_nan(fault_, g_.rank, iteration_ + 1)) ops::fill(store_.grads(), std::nan(""));
   if (inject_overflow(fault_, g_.rank, iteration_ + 1)) ops::fill(store_.grads(), INFINITY);
+  if (inject_at(fault_, "bitflip_grad", g_.rank, iteration_ + 1)) flip_bit(store_.grads(), fault_.bit);
   optim_->prepare(store_.grads());
   optim_->grad_norm_sq(store_.grads(), norm_sq);
   // The step's one host round trip: loss, tokens and the squared gradient norm together.
@@ -679,12 +752,18 @@ IterationStats Trainer::train_step(const data::Batch& batch, double lr, std::chr
   const bool contributes = g_.is_last_stage() && g_.coord.tp == 0;
   double agreed[3] = {contributes ? st[0] : 0.0, contributes ? st[1] : 0.0, std::isfinite(st[2]) ? 0.0 : 1.0};
   if (g_.world && g_.world->size() > 1) g_.world->all_reduce(agreed, 3, parallel::ReduceOp::sum);
-  const double loss = agreed[1] > 0 ? agreed[0] / agreed[1] : 0.0;
+  // Spike and NaN forensics may replay the step, and drop or redo its update.
+  const ForensicsAction fa = forensics_->after_read(
+      iteration_ + 1, batch, {agreed[1] > 0 ? agreed[0] / agreed[1] : 0.0, st[2], agreed[2] > 0},
+      scaler_ && loss_scale > r_.optimizer.min_loss_scale, store_.grads(), [&] { return replay_step(batch, loss_scale); });
+  const bool dropped = fa.kind == ForensicsAction::skip || fa.kind == ForensicsAction::stop;
+  if (fa.kind == ForensicsAction::stop) forensics_stop_ = fa.message;
+  const double loss = fa.read.loss;
   parallel::StepResult update = optim_->apply(store_.params(), store_.grads(), lr, &store_.weights(), loss_scale,
-                                              std::sqrt(st[2]), agreed[2] > 0);
-  const bool nonfinite = update.skipped || !std::isfinite(loss);
-  const bool overflow_handled = scaler_ && update.skipped && loss_scale > r_.optimizer.min_loss_scale;
-  if (scaler_) scaler_->update(update.skipped);
+                                              std::sqrt(fa.read.norm_sq), fa.read.nonfinite || dropped);
+  const bool nonfinite = (update.skipped && !dropped) || fa.read.nonfinite || !std::isfinite(loss);
+  const bool overflow_handled = scaler_ && nonfinite && loss_scale > r_.optimizer.min_loss_scale;
+  if (scaler_) scaler_->update(nonfinite);  // not a dropped spike: that is no overflow
   if (nonfinite) {
     ++skipped_total_;
     if (!overflow_handled) {
@@ -694,8 +773,10 @@ IterationStats Trainer::train_step(const data::Batch& batch, double lr, std::chr
   } else {
     nonfinite_in_a_row_ = 0;
   }
+  if (dropped && !nonfinite) ++skipped_total_;  // a loss spike whose batch was dropped
   consumed_ += gbs;
   ++iteration_;
+  forensics_->after_update(iteration_, store_.weights());
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   IterationStats s;
@@ -706,7 +787,9 @@ IterationStats Trainer::train_step(const data::Batch& batch, double lr, std::chr
   s.loss = loss;
   s.lr = lr;
   s.grad_norm = update.grad_norm;
-  s.skipped = nonfinite;
+  s.skipped = nonfinite || dropped;
+  s.anomaly = fa.verdict;
+  s.anomalies_total = forensics_->events();
   s.skipped_total = skipped_total_;
   s.nan_total = nan_total_;
   s.loss_scale = loss_scale;
@@ -786,6 +869,13 @@ void Trainer::training_log(IterationStats& s, const data::Batch& batch) {
 // After a step: too many non-finite steps in a row (save, then fail), a stop signal or
 // training.exit_duration_mins (save, then stop: returns true), the save interval.
 bool Trainer::stop_after_step() {
+  if (!forensics_stop_.empty()) {  // training.spike_policy: the update was dropped, the weights are the last good ones
+    if (ckpt_->enabled()) {
+      save_now();
+      ckpt_->finish();
+    }
+    throw_runtime("{}", forensics_stop_);
+  }
   if (nonfinite_in_a_row_ >= r_.training.max_nonfinite_in_a_row) {
     if (ckpt_->enabled()) {  // updates were skipped, so the weights are still the last good ones
       save_now();

@@ -47,6 +47,10 @@ struct IterationStats {
   // The slowest rank among those named as stragglers (in a flagged episode) at this log
   // iteration; -1 when none is.
   int64_t straggler_rank = -1;
+  // Spike and NaN forensics (app/train/forensics.hpp): this step's verdict ("" when it
+  // found nothing, else "persistent" or "transient") and the steps it replayed so far.
+  std::string anomaly;
+  int64_t anomalies_total = 0;
 };
 
 struct TrainOptions {
