@@ -23,6 +23,7 @@
 #include "app/train/checkpointing.hpp"
 #include "app/process/preflight.hpp"
 #include "app/train/pipeline_executor.hpp"
+#include "app/train/step_timing.hpp"
 #include "app/process/placement.hpp"
 #include "app/train/validation.hpp"
 #include "core/log.hpp"
@@ -86,7 +87,7 @@ double measure_cpu_sgemm_tflops() {
 
 class MetricsWriter {
  public:
-  MetricsWriter(const std::string& dir, bool active) : active_(active) {
+  MetricsWriter(const std::string& dir, bool active, const parallel::Topology& topo) : active_(active), topo_(topo) {
     if (!active_) return;
     std::filesystem::create_directories(dir);
     out_.open(std::filesystem::path(dir) / "metrics.jsonl", std::ios::app);
@@ -126,6 +127,7 @@ class MetricsWriter {
       j["slowest_ratio"] = s.slowest_ratio;
       if (s.straggler_rank >= 0) j["straggler_rank"] = s.straggler_rank;
     }
+    if (!s.step_parts.empty()) j["step_parts"] = step_parts_json(s.step_parts, topo_);  // logging.step_timing
     if (s.host_reads || s.host_uploads) {  // a device run: its host round trips
       j["host_reads"] = s.host_reads;
       j["host_uploads"] = s.host_uploads;
@@ -138,12 +140,16 @@ class MetricsWriter {
 
  private:
   bool active_;
+  parallel::Topology topo_;
   std::ofstream out_;
 };
 
 // ---- testing aid: MTNLG_FAULT_INJECT="rank=R:iteration=I:mode=throw|abort|kill" ---------
 // mode=slow (with an optional :ms=N, default 300) makes rank R sleep N ms at the start of
 // every iteration from I on: a straggler, for the straggler detection's tests.
+// mode=slow_dp sleeps N ms inside rank R's data-parallel gradient reduction from I on (a
+// throttled link: the sleep counts as time blocked in dp communication, in the step's
+// parts and for straggler detection alike): the time explainer's tests.
 // Global rank R fails at the start of iteration I (1-based): throw a RuntimeError (the
 // normal error path: message, MPI_Abort), std::abort(), or raise(SIGKILL) on itself (a
 // dead process with no goodbye), or raise(SIGSTOP) (a rank that stops answering, which
@@ -160,7 +166,8 @@ FaultInjection fault_injection_from_env() {
   if (!env || !*env) return f;
   const std::string spec(env);
   auto bad = [&](const std::string& why) {
-    throw_input("MTNLG_FAULT_INJECT=\"{}\": {}; expected rank=R:iteration=I:mode=throw|abort|kill|stop|sigterm|sigusr1|nan|overflow|slow[:ms=N]",
+    throw_input("MTNLG_FAULT_INJECT=\"{}\": {}; expected rank=R:iteration=I:mode=throw|abort|kill|stop|sigterm|sigusr1|nan|overflow|"
+                "slow|slow_dp[:ms=N]",
                 spec, why);
   };
   std::stringstream ss(spec);
@@ -170,7 +177,7 @@ FaultInjection fault_injection_from_env() {
     std::string key = part.substr(0, eq), val = part.substr(eq + 1);
     if (key == "mode") {
       if (val != "throw" && val != "abort" && val != "kill" && val != "stop" && val != "sigterm" && val != "sigusr1" && val != "nan" &&
-          val != "overflow" && val != "slow")
+          val != "overflow" && val != "slow" && val != "slow_dp")
         bad("unknown mode '" + val + "'");
       f.mode = val;
     } else if (key == "rank" || key == "iteration" || key == "ms") {
@@ -198,13 +205,18 @@ bool inject_overflow(const FaultInjection& f, int64_t rank, int64_t iteration) {
   return f.active() && f.mode == "overflow" && f.rank == rank && iteration == f.iteration;
 }
 
+// mode=slow_dp: this rank's extra milliseconds in the dp reduction this iteration (0: none).
+int64_t injected_delay_ms(const FaultInjection& f, const char* mode, int64_t rank, int64_t iteration) {
+  return f.active() && f.mode == mode && f.rank == rank && iteration >= f.iteration ? f.ms : 0;
+}
+
 void maybe_inject_fault(const FaultInjection& f, int64_t rank, int64_t iteration) {
   if (f.active() && f.mode == "slow" && f.rank == rank && iteration >= f.iteration) {  // every iteration from I on
     std::this_thread::sleep_for(std::chrono::milliseconds(f.ms));
     return;
   }
   if (!f.active() || f.rank != rank || f.iteration != iteration || f.mode == "nan" || f.mode == "overflow" ||
-      f.mode == "slow")
+      f.mode.starts_with("slow"))
     return;
   // Slurm's preemption / time-limit signals, delivered to this process for real.
   if (f.mode == "sigterm" || f.mode == "sigusr1") {
@@ -447,6 +459,7 @@ class Trainer {
   std::optional<CommReport> comm_report_;
   std::shared_ptr<MemoryReport> memory_report_;
   std::optional<StragglerDetector> straggler_;
+  std::optional<StepTiming> step_timing_;  // logging.step_timing
   std::unique_ptr<tb::TensorBoardWriter> tensorboard_;
   double peak_tflops_ = 0;
   std::string peak_what_;
@@ -545,10 +558,11 @@ void Trainer::set_up_output() {
     std::filesystem::create_directories(r.logging.dir);
     write_file_checked((std::filesystem::path(r.logging.dir) / "recipe.resolved.yaml").string(), to_yaml(r), "logging.dir");
   }
-  metrics_.emplace(r.logging.dir, rank0_);
+  metrics_.emplace(r.logging.dir, rank0_, g_.topo);
   comm_report_.emplace(r.logging.dir, g_, opts_.comm_report);
   memory_report_ = std::make_shared<MemoryReport>(r.logging.dir, g_, opts_.memory_report);
   straggler_.emplace(r.logging, g_);  // collective when on (host names): every rank builds it
+  step_timing_.emplace(r.logging, g_);
   if (rank0_ && r.logging.tensorboard) tensorboard_ = std::make_unique<tb::TensorBoardWriter>(r.logging.dir);
   peak_tflops_ = r.logging.peak_tflops;
   peak_what_ = "logging.peak_tflops";
@@ -623,6 +637,7 @@ void Trainer::set_up_checkpoints() {
 }
 
 void Trainer::save_now() {
+  const parallel::StepPartScope part(parallel::StepPart::checkpoint);
   model::ckpt::TrainState st;
   st.iteration = iteration_;
   st.consumed_samples = consumed_;
@@ -663,11 +678,18 @@ IterationStats Trainer::train_step(const data::Batch& batch, double lr, std::chr
   // Grad reductions the model leaves to the end of the step: the tied word embedding
   // between first and last stage, and sequence-parallel partial grads over tp.
   exec_->reduce_shared_grads(store_);
+  if (const int64_t ms = injected_delay_ms(fault_, "slow_dp", g_.rank, iteration_ + 1)) {  // a throttled dp link
+    const parallel::CommBlockedScope blocked(parallel::StepPart::dp);  // waiting on the link, not computing
+    std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+  }
   ddp_->finish();  // every dp bucket summed (ZeRO-1 reduce-scatters in optim.prepare instead)
   if (inject_nan(fault_, g_.rank, iteration_ + 1)) ops::fill(store_.grads(), std::nan(""));
   if (inject_overflow(fault_, g_.rank, iteration_ + 1)) ops::fill(store_.grads(), INFINITY);
+  std::optional<parallel::StepPartScope> part(parallel::StepPart::optimizer);  // the step's parts
   optim_->prepare(store_.grads());
   optim_->grad_norm_sq(store_.grads(), norm_sq);
+  part.reset();
+  part.emplace(parallel::StepPart::host_sync);
   // The step's one host round trip: loss, tokens and the squared gradient norm together.
   const Tensor stats = step_stats_.to(Device::cpu);
   const double* st = stats.data<double>();
@@ -678,6 +700,8 @@ IterationStats Trainer::train_step(const data::Batch& batch, double lr, std::chr
   double agreed[3] = {contributes ? st[0] : 0.0, contributes ? st[1] : 0.0, std::isfinite(st[2]) ? 0.0 : 1.0};
   if (g_.world && g_.world->size() > 1) g_.world->all_reduce(agreed, 3, parallel::ReduceOp::sum);
   const double loss = agreed[1] > 0 ? agreed[0] / agreed[1] : 0.0;
+  part.reset();
+  part.emplace(parallel::StepPart::optimizer);
   parallel::StepResult update = optim_->apply(store_.params(), store_.grads(), lr, &store_.weights(), loss_scale,
                                               std::sqrt(st[2]), agreed[2] > 0);
   const bool nonfinite = update.skipped || !std::isfinite(loss);
@@ -692,6 +716,7 @@ IterationStats Trainer::train_step(const data::Batch& batch, double lr, std::chr
   } else {
     nonfinite_in_a_row_ = 0;
   }
+  part.reset();
   consumed_ += gbs;
   ++iteration_;
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -749,6 +774,7 @@ void Trainer::training_log(IterationStats& s, const data::Batch& batch) {
   const bool log_now = s.iteration % r_.logging.log_interval == 0 || s.iteration == total_iters;
   straggler_->add(s.compute_time_s);
   if (log_now) straggler_->at_log(s);  // every rank: one small all-reduce over the world
+  if (log_now) s.step_parts = step_timing_->at_log();  // every rank: one all-reduce over the world
   if (opts_.on_iteration) opts_.on_iteration(s);
   summary_.iterations.push_back(s);
   if (!log_now) return;
@@ -828,12 +854,15 @@ bool Trainer::stop_after_step() {
 TrainSummary Trainer::run() {
   const int64_t total_iters = run_.iterations;
   loader_->prefetch(consumed_, schedules::global_batch_size(r_.training, T_, consumed_));
+  step_timing_->start();
   while (iteration_ < total_iters) {
     const auto t0 = std::chrono::steady_clock::now();
     const int64_t gbs = schedules::global_batch_size(r_.training, T_, consumed_);
+    std::optional<parallel::StepPartScope> data_part(parallel::StepPart::data);
     data::Batch batch = loader_->get(consumed_, gbs);
     const int64_t after = consumed_ + gbs;
     if (iteration_ + 1 < total_iters) loader_->prefetch(after, schedules::global_batch_size(r_.training, T_, after));
+    data_part.reset();
     const double lr = schedules::learning_rate(r_.optimizer, after * T_, run_.tokens);
     comm_report_->reset();  // every group's byte counter, this iteration only
     maybe_inject_fault(fault_, g_.rank, iteration_ + 1);
@@ -841,11 +870,18 @@ TrainSummary Trainer::run() {
     const double blocked0 = parallel::comm_blocked_seconds();
     IterationStats s = train_step(batch, lr, t0);
     s.compute_time_s = s.step_time_s - (parallel::comm_blocked_seconds() - blocked0);
+    step_timing_->after_step();
     training_log(s, batch);
     for (size_t k = 0; k < per_source_.size() && k < batch.per_source_samples.size(); ++k)
       per_source_[k] += batch.per_source_samples[k];
-    validation_->after_iteration(iteration_, consumed_ * T_, tensorboard_.get(), opts_.quiet);
-    ckpt_->poll();
+    {
+      const parallel::StepPartScope part(parallel::StepPart::validation);
+      validation_->after_iteration(iteration_, consumed_ * T_, tensorboard_.get(), opts_.quiet);
+    }
+    {
+      const parallel::StepPartScope part(parallel::StepPart::checkpoint);
+      ckpt_->poll();
+    }
     if (stop_after_step()) {
       summary_.interrupted = true;
       break;

@@ -47,6 +47,10 @@ struct IterationStats {
   // The slowest rank among those named as stragglers (in a flagged episode) at this log
   // iteration; -1 when none is.
   int64_t straggler_rank = -1;
+  // logging.step_timing, at log iterations only (else empty): every rank's step parts,
+  // seconds per iteration averaged over the log interval, [world x parallel::kStepParts]
+  // rank-major (app/train/step_timing.hpp).
+  std::vector<double> step_parts;
 };
 
 struct TrainOptions {
