@@ -2,7 +2,8 @@
 // synthetic parts, and three imbalances planted in real runs under mpirun, each of which
 // `mtnlg report --explain` must name as the largest gap: a slowed rank (MTNLG_FAULT_INJECT
 // mode=slow), a pipeline stage with extra layers (parallel.pipeline_layers) and a
-// throttled dp reduction (mode=slow_dp). Bad input: a directory without metrics, or
+// throttled dp reduction (mode=slow_dp); the report page with the section renders in
+// headless Chromium. Bad input: a directory without metrics, or
 // metrics without step parts, is one line and exit 2.
 #include <catch2/catch.hpp>
 
@@ -143,6 +144,16 @@ TEST_CASE("report --explain names each planted imbalance as the largest gap", "[
     const std::string html = test::read_file(run.path() / "report.html");
     CHECK(html.find("Where the time went") != std::string::npos);
     CHECK(html.find("<svg class=\"plot explain\"") != std::string::npos);
+    const auto png = run / "report.png";
+    const auto shot = test::run_command(test::python() + " " + test::source_dir() + "/scripts/render-check.py " +
+                                        (run / "report.html").string() + " --png " + png.string() +
+                                        " --window-size 1200,3000 --min-colours 16 --min-ink 0.01");
+    INFO(shot.out);
+    if (shot.exit_code == 77) {
+      WARN("chromium not installed (Debian package `chromium`): render check skipped");
+      return;
+    }
+    CHECK(shot.exit_code == 0);
   }
 }
 
