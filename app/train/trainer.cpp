@@ -205,9 +205,12 @@ bool inject_overflow(const FaultInjection& f, int64_t rank, int64_t iteration) {
   return f.active() && f.mode == "overflow" && f.rank == rank && iteration == f.iteration;
 }
 
-// mode=slow_dp: this rank's extra milliseconds in the dp reduction this iteration (0: none).
-int64_t injected_delay_ms(const FaultInjection& f, const char* mode, int64_t rank, int64_t iteration) {
-  return f.active() && f.mode == mode && f.rank == rank && iteration >= f.iteration ? f.ms : 0;
+// mode=slow_dp: from that iteration on, this rank's dp reduction takes ms longer (a
+// throttled link: blocked in dp communication, not computing).
+void inject_slow_dp(const FaultInjection& f, int64_t rank, int64_t iteration) {
+  if (!f.active() || f.mode != "slow_dp" || f.rank != rank || iteration < f.iteration) return;
+  const parallel::CommBlockedScope blocked(parallel::StepPart::dp);
+  std::this_thread::sleep_for(std::chrono::milliseconds(f.ms));
 }
 
 void maybe_inject_fault(const FaultInjection& f, int64_t rank, int64_t iteration) {
@@ -678,10 +681,7 @@ IterationStats Trainer::train_step(const data::Batch& batch, double lr, std::chr
   // Grad reductions the model leaves to the end of the step: the tied word embedding
   // between first and last stage, and sequence-parallel partial grads over tp.
   exec_->reduce_shared_grads(store_);
-  if (const int64_t ms = injected_delay_ms(fault_, "slow_dp", g_.rank, iteration_ + 1)) {  // a throttled dp link
-    const parallel::CommBlockedScope blocked(parallel::StepPart::dp);  // waiting on the link, not computing
-    std::this_thread::sleep_for(std::chrono::milliseconds(ms));
-  }
+  inject_slow_dp(fault_, g_.rank, iteration_ + 1);
   ddp_->finish();  // every dp bucket summed (ZeRO-1 reduce-scatters in optim.prepare instead)
   if (inject_nan(fault_, g_.rank, iteration_ + 1)) ops::fill(store_.grads(), std::nan(""));
   if (inject_overflow(fault_, g_.rank, iteration_ + 1)) ops::fill(store_.grads(), INFINITY);
