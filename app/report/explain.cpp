@@ -65,6 +65,7 @@ std::string rank_name(const RankParts& r) {
 struct Measured {
   std::vector<RankParts> ranks;
   int64_t records = 0, first = 0, last = 0, global_batch = 0;
+  double dp_bytes = 0;
 };
 
 // Each rank's mean parts over the records with step_parts (the first left out when
@@ -100,6 +101,7 @@ Measured read_parts(const fs::path& run_dir) {
   m.first = recs[from].value("iteration", int64_t{0});
   m.last = recs.back().value("iteration", int64_t{0});
   m.global_batch = recs.back().value("global_batch_size", int64_t{0});
+  m.dp_bytes = recs.back().value("bytes_sent_dp", 0.0);
   return m;
 }
 
@@ -132,18 +134,19 @@ std::vector<PlannedStage> plan_stage_parts(const cost::Estimate& e) {
   return out;
 }
 
+// The planner's GPU or profile (a bad --gpu or profile file is the user's error: exit 2);
+// a recipe the planner cannot read leaves the plan empty, with the reason in `source`.
 std::vector<PlannedStage> make_plan(const fs::path& run_dir, const ExplainOptions& o, const Measured& m,
                                     std::string& source) {
-  const fs::path recipe = run_dir / "recipe.resolved.yaml";
+  const int64_t world = static_cast<int64_t>(m.ranks.size());
+  std::string profile = o.gpu_profile;
+  if (profile.empty() && o.gpu.empty() && fs::exists(run_dir / "gpu-profile.json")) profile = (run_dir / "gpu-profile.json").string();
+  const std::string gpu = o.gpu.empty() ? "cpu" : o.gpu;
+  const cost::GpuSpec spec = profile.empty() ? cost::gpu_spec(gpu) : load_gpu_profile(profile);
+  const int64_t per_node = o.gpus_per_node > 0 ? o.gpus_per_node : (profile.empty() && gpu != "cpu" ? 8 : world);
   try {
-    Recipe r = load_recipe(recipe.string());
+    Recipe r = load_recipe((run_dir / "recipe.resolved.yaml").string());
     if (m.global_batch > 0) r.training.global_batch_size = m.global_batch;  // the batch the steps ran (ramp)
-    const int64_t world = static_cast<int64_t>(m.ranks.size());
-    std::string profile = o.gpu_profile;
-    if (profile.empty() && o.gpu.empty() && fs::exists(run_dir / "gpu-profile.json")) profile = (run_dir / "gpu-profile.json").string();
-    const std::string gpu = o.gpu.empty() ? "cpu" : o.gpu;
-    const cost::GpuSpec spec = profile.empty() ? cost::gpu_spec(gpu) : load_gpu_profile(profile);
-    const int64_t per_node = o.gpus_per_node > 0 ? o.gpus_per_node : (profile.empty() && gpu != "cpu" ? 8 : world);
     const cost::Cluster c{spec, per_node, cost::software_profile("mtnlg")};
     const cost::Layout l = cost::layout_from_recipe(r, world);
     const cost::Estimate e = cost::estimate(r, l, c, {.with_run = false});
@@ -173,6 +176,7 @@ struct Gaps {
   std::vector<PartSeconds> stage_mean;  // measured, per pipeline stage: mean over its ranks
   std::vector<double> stage_total;
   double period = 0;  // mean over ranks of the time per iteration
+  double dp_bytes = 0;  // rank 0's dp bytes per iteration
   std::array<bool, kStepParts> absorbed{};  // parts a cause finding already explains
 
   Gaps(const std::vector<RankParts>& r, const std::vector<PlannedStage>& p) : ranks(r), plan(p) {
@@ -265,6 +269,25 @@ void stage_imbalance(Gaps& g, std::vector<Finding>& out) {
     g.absorbed[idx(p)] = true;
 }
 
+// The dp finding's cause: the rate its bytes moved at, against the rate the plan's dp
+// time implies for the same bytes; whether every rank of the stage waits alike.
+std::string dp_rates(const Gaps& g, size_t stage) {
+  const size_t dp = idx(StepPart::dp);
+  std::vector<double> t;
+  for (const auto& r : g.ranks)
+    if (static_cast<size_t>(r.pp) == stage) t.push_back(r.s[dp]);
+  const double lo = *std::min_element(t.begin(), t.end()), hi = *std::max_element(t.begin(), t.end());
+  std::string out = t.size() > 1 && lo > 0.8 * hi ? ": every rank of the stage waits in it alike (the reduction is slow, not a late rank)"
+                                                  : "";
+  const double measured = g.stage_mean[stage][dp];
+  if (g.dp_bytes <= 0 || measured <= 0) return out;
+  out += fmt::format("{} rank 0 moves {} per iteration in it, {}/s", out.empty() ? ":" : ";", format_bytes(g.dp_bytes),
+                     format_bytes(g.dp_bytes / measured));
+  if (stage < g.plan.size() && g.plan[stage].s[dp] > 0)
+    out += fmt::format(", where the plan assumed {}/s", format_bytes(g.dp_bytes / g.plan[stage].s[dp]));
+  return out;
+}
+
 // Every part not yet explained whose share of some stage's step exceeds the plan's by 2
 // points or more: the stage where it exceeds most.
 void part_gaps(const Gaps& g, std::vector<Finding>& out) {
@@ -277,18 +300,20 @@ void part_gaps(const Gaps& g, std::vector<Finding>& out) {
       if (d > gap) best = s, gap = d;
     }
     if (gap < 0.02) continue;
-    out.push_back({gap, fmt::format("{} {} of the step{}{}", label(i), pct(g.measured_share(best, i)),
+    out.push_back({gap, fmt::format("{} {} of the step{}{}{}", label(i), pct(g.measured_share(best, i)),
                                     g.stage_mean.size() > 1 ? fmt::format(" on pipeline stage {}", best) : "",
-                                    g.expected(best, i))});
+                                    g.expected(best, i), i == idx(StepPart::dp) ? dp_rates(g, best) : "")});
   }
 }
 
 }  // namespace
 
-std::vector<Finding> find_gaps(const std::vector<RankParts>& ranks, const std::vector<PlannedStage>& plan) {
+std::vector<Finding> find_gaps(const std::vector<RankParts>& ranks, const std::vector<PlannedStage>& plan,
+                               double dp_bytes) {
   std::vector<Finding> out;
   if (ranks.empty()) return out;
   Gaps g(ranks, plan);
+  g.dp_bytes = dp_bytes;
   if (g.period <= 0) return out;
   slow_rank(g, out);
   stage_imbalance(g, out);
@@ -309,7 +334,8 @@ Explanation explain_run(const fs::path& run_dir, const ExplainOptions& o) {
   e.last_iteration = m.last;
   e.ranks = m.ranks;
   e.plan = make_plan(run_dir, o, m, e.plan_source);
-  e.findings = find_gaps(e.ranks, e.plan);
+  e.dp_bytes = m.dp_bytes;
+  e.findings = find_gaps(e.ranks, e.plan, e.dp_bytes);
   return e;
 }
 
@@ -408,12 +434,11 @@ std::string explain_svg(const Explanation& e) {
 }
 
 std::string explain_html_section(const fs::path& run_dir, const ExplainOptions& o) {
-  Explanation e;
-  try {
-    e = explain_run(run_dir, o);
-  } catch (const InputError&) {
-    return "";  // no step parts in this run
-  }
+  std::ifstream in(run_dir / "metrics.jsonl", std::ios::binary);
+  bool any = false;
+  for (std::string line; !any && std::getline(in, line);) any = line.find("\"step_parts\"") != std::string::npos;
+  if (!any) return "";  // a run without step parts: no section
+  const Explanation e = explain_run(run_dir, o);
   std::ostringstream h;
   h << "<h2>Where the time went</h2>\n<p class=\"note\">" << html_escape(e.plan_source) << "</p>\n<ol class=\"gaps\">\n";
   for (const auto& f : e.findings) h << "<li>" << html_escape(f.text) << "</li>\n";

@@ -58,6 +58,7 @@ struct Explanation {
   std::vector<PlannedStage> plan;  // per pipeline stage; empty when no plan could be made
   std::string plan_source;         // how the plan was obtained, or why there is none
   std::vector<Finding> findings;   // largest first
+  double dp_bytes = 0;             // rank 0's bytes sent in the dp reduction, last record
 };
 
 // Throws InputError (exit 2, one line) when RUN_DIR has no metrics.jsonl or no record
@@ -65,8 +66,10 @@ struct Explanation {
 Explanation explain_run(const std::filesystem::path& run_dir, const ExplainOptions& o = {});
 
 // The findings computed from measured and planned parts (explain_run's last step; tests
-// call it on synthetic parts).
-std::vector<Finding> find_gaps(const std::vector<RankParts>& ranks, const std::vector<PlannedStage>& plan);
+// call it on synthetic parts). `dp_bytes`: what rank 0 sent in the dp reduction per
+// iteration (metrics.jsonl's bytes_sent_dp, ring model), for the dp finding's rates.
+std::vector<Finding> find_gaps(const std::vector<RankParts>& ranks, const std::vector<PlannedStage>& plan,
+                               double dp_bytes = 0);
 
 // `mtnlg report --explain`: the findings, then one line per rank and per planned stage.
 std::string explain_text(const Explanation& e);

@@ -96,7 +96,10 @@ TEST_CASE("explain: a slow rank, an imbalanced stage and a slow dp reduction, ea
     const auto plan = {planned(0, {{StepPart::forward, 0.1}, {StepPart::backward, 0.2}, {StepPart::dp, 0.02}})};
     const auto f = rep::find_gaps(r, plan);
     REQUIRE(!f.empty());
-    CHECK(f[0].text == "dp reduce exposed 40% of the step; the plan expected 6%");
+    CHECK(f[0].text == "dp reduce exposed 40% of the step; the plan expected 6%: every rank of the stage waits in it "
+                       "alike (the reduction is slow, not a late rank)");
+    CHECK(rep::find_gaps(r, plan, 2e6)[0].text.find("; rank 0 moves 1.91 MiB per iteration in it, 9.54 MiB/s, where the plan "
+                                                     "assumed 95.4 MiB/s") != std::string::npos);
     CHECK(rep::find_gaps(r, {planned(0, {{StepPart::forward, 0.1}, {StepPart::backward, 0.2}, {StepPart::dp, 0.2}})})
               .empty());
   }
@@ -169,5 +172,18 @@ TEST_CASE("report --explain on a directory without metrics or without step parts
   INFO(r.out);
   CHECK(r.exit_code == 2);
   CHECK(r.out.find("no step_parts records") != std::string::npos);
+  CHECK(std::count(r.out.begin(), r.out.end(), '\n') == 1);
+  // Parts but no recipe: the measured side alone, and the plan says why it is missing.
+  test::write_file(dir / "metrics.jsonl", "{\"iteration\": 1, \"loss\": 10.0, \"step_parts\": {\"ranks\": [{\"rank\": 0, "
+                                          "\"forward\": 0.01, \"backward\": 0.02}]}}\n");
+  r = test::run_mtnlg("report --explain " + dir.str());
+  INFO(r.out);
+  CHECK(r.exit_code == 0);
+  CHECK(r.out.find("no plan: ") != std::string::npos);
+  // An unknown planner GPU is the user's error.
+  r = test::run_mtnlg("report --explain " + dir.str() + " --gpu nosuch");
+  INFO(r.out);
+  CHECK(r.exit_code == 2);
+  CHECK(r.out.find("nosuch") != std::string::npos);
   CHECK(std::count(r.out.begin(), r.out.end(), '\n') == 1);
 }
