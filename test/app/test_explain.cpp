@@ -180,6 +180,16 @@ TEST_CASE("report --explain on a directory without metrics or without step parts
   INFO(r.out);
   CHECK(r.exit_code == 0);
   CHECK(r.out.find("no plan: ") != std::string::npos);
+  // logging.step_timing: false writes no parts, so there is nothing to explain.
+  test::TempDir off("explain-off");
+  const std::string recipe = test::source_dir() + "/recipes/tiny-mock.yaml";
+  const auto t = test::run_train(recipe, off.str(), "--set training.train_iters=2 --set logging.step_timing=false");
+  INFO(t.out);
+  REQUIRE(t.exit_code == 0);
+  CHECK(test::read_file(off / "metrics.jsonl").find("step_parts") == std::string::npos);
+  CHECK(test::run_mtnlg("report --explain " + off.str()).exit_code == 2);
+  CHECK(test::run_mtnlg("report " + off.str()).exit_code == 0);  // the page, without the section
+  CHECK(test::read_file(off / "report.html").find("Where the time went") == std::string::npos);
   // An unknown planner GPU is the user's error.
   r = test::run_mtnlg("report --explain " + dir.str() + " --gpu nosuch");
   INFO(r.out);
