@@ -26,6 +26,10 @@ struct LoggingConfig {
   // row is named once. Either 0 turns it off.
   double straggler_margin = 1.2;
   int64_t straggler_intervals = 3;
+  // Each rank times its step in parts (compute, exposed communication per group, bubble,
+  // optimizer, data, checkpoint, host syncs); metrics.jsonl carries them per rank and
+  // `mtnlg report --explain` compares them with the plan (docs/OPERATIONS.md).
+  bool step_timing = true;
 };
 
 }  // namespace mtnlg

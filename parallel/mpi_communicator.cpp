@@ -421,15 +421,15 @@ void watchdog_init() {
 class MpiRequest final : public Request {
  public:
   // `collective`: requests of a nonblocking collective, which MPI does not allow to free.
-  MpiRequest(std::vector<MPI_Request> reqs, OpDesc desc, bool collective = false)
-      : reqs_(std::move(reqs)), desc_(std::move(desc)), collective_(collective) {}
+  MpiRequest(std::vector<MPI_Request> reqs, OpDesc desc, StepPart part, bool collective = false)
+      : reqs_(std::move(reqs)), desc_(std::move(desc)), part_(part), collective_(collective) {}
   ~MpiRequest() override {
     if (!mpi_up() || collective_) return;
     for (auto& r : reqs_)
       if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
   }
   void wait() override {
-    const CommBlockedScope blocked;  // straggler detection: time not spent computing
+    const CommBlockedScope blocked(part_);  // straggler detection; the step's parts
     if (reqs_.empty()) return;
     watched_wait(reqs_, MPI_STATUSES_IGNORE, desc_);
     reqs_.clear();
@@ -438,6 +438,7 @@ class MpiRequest final : public Request {
  private:
   std::vector<MPI_Request> reqs_;
   OpDesc desc_;
+  StepPart part_;  // what waiting on it is in the step's parts
   bool collective_;
 };
 
@@ -462,6 +463,8 @@ class MpiCommunicator final : public Communicator {
     MPI_Group_free(&mine);
     MPI_Group_free(&world);
     info_->name = name_;
+    part_ = comm_step_part(name_);
+    recv_part_ = comm_step_part(name_, true);
     info_->world_ranks.assign(out.begin(), out.end());
     g_wd.groups.push_back(info_.get());
   }
@@ -479,7 +482,7 @@ class MpiCommunicator final : public Communicator {
   // in train/eval) it runs as the nonblocking MPI call plus watched_wait; off, as the
   // blocking call.
   void do_all_reduce(void* d, int64_t n, DType dt, ReduceOp op) override {
-    const CommBlockedScope blocked;  // straggler detection: time not spent computing
+    const CommBlockedScope blocked(part_);  // straggler detection; the step's parts
     const int64_t es = dtype_size(dt);
     const OpDesc desc = collective("all_reduce");
     std::vector<MPI_Request> reqs;
@@ -497,7 +500,7 @@ class MpiCommunicator final : public Communicator {
     count_all_reduce(n * es);
   }
   void do_all_reduce_i64(int64_t* d, int64_t n, ReduceOp op) override {
-    const CommBlockedScope blocked;  // straggler detection: time not spent computing
+    const CommBlockedScope blocked(part_);  // straggler detection; the step's parts
     const OpDesc desc = collective("all_reduce");
     std::vector<MPI_Request> reqs;
     for (int64_t off = 0; off < n; off += kChunk) {
@@ -513,7 +516,7 @@ class MpiCommunicator final : public Communicator {
     count_all_reduce(n * static_cast<int64_t>(sizeof(int64_t)));
   }
   void do_reduce_scatter(const void* in, void* out, int64_t n, DType dt) override {
-    const CommBlockedScope blocked;  // straggler detection: time not spent computing
+    const CommBlockedScope blocked(part_);  // straggler detection; the step's parts
     check_count(n, "reduce_scatter");
     if (n == 0) return;
     const OpDesc desc = collective("reduce_scatter");
@@ -536,7 +539,7 @@ class MpiCommunicator final : public Communicator {
     count_scatter_gather(static_cast<int64_t>(in_bytes));
   }
   void do_all_gather(const void* in, void* out, int64_t n, DType dt) override {
-    const CommBlockedScope blocked;  // straggler detection: time not spent computing
+    const CommBlockedScope blocked(part_);  // straggler detection; the step's parts
     check_count(n, "all_gather");
     if (n == 0) return;
     const OpDesc desc = collective("all_gather");
@@ -562,7 +565,7 @@ class MpiCommunicator final : public Communicator {
     count_scatter_gather(static_cast<int64_t>(out_bytes));
   }
   void do_broadcast(void* data, int64_t n, DType dt, int64_t root) override {
-    const CommBlockedScope blocked;  // straggler detection: time not spent computing
+    const CommBlockedScope blocked(part_);  // straggler detection; the step's parts
     check_peer(root, "broadcast root", true);
     const OpDesc desc = collective("broadcast");
     const int64_t es = dtype_size(dt);
@@ -580,7 +583,7 @@ class MpiCommunicator final : public Communicator {
     count_broadcast(n * es);
   }
   void do_send(const void* data, int64_t n, DType dt, int64_t peer, int tag) override {
-    const CommBlockedScope blocked;  // straggler detection: time not spent computing
+    const CommBlockedScope blocked(part_);  // straggler detection; the step's parts
     check_peer(peer, "send", false);
     const OpDesc desc = p2p("send", peer, tag);
     const int64_t es = dtype_size(dt);
@@ -610,7 +613,7 @@ class MpiCommunicator final : public Communicator {
       reqs.push_back(r);
     }
     count_send(n * es);
-    return std::make_unique<MpiRequest>(std::move(reqs), p2p("isend", peer, tag));
+    return std::make_unique<MpiRequest>(std::move(reqs), p2p("isend", peer, tag), part_);
   }
   std::unique_ptr<Request> do_iall_reduce(void* data, int64_t n, DType dt, ReduceOp op) override {
     const int64_t es = dtype_size(dt);
@@ -624,10 +627,10 @@ class MpiCommunicator final : public Communicator {
       reqs.push_back(r);
     }
     count_all_reduce(n * es);
-    return std::make_unique<MpiRequest>(std::move(reqs), std::move(desc), true);
+    return std::make_unique<MpiRequest>(std::move(reqs), std::move(desc), part_, true);
   }
   void do_recv(void* data, int64_t n, DType dt, int64_t peer, int tag) override {
-    const CommBlockedScope blocked;  // straggler detection: time not spent computing
+    const CommBlockedScope blocked(recv_part_);  // straggler detection; the step's parts (a pp receive: the bubble)
     check_peer(peer, "recv", false);
     const OpDesc desc = p2p("recv", peer, tag);
     const int64_t es = dtype_size(dt);
@@ -651,7 +654,7 @@ class MpiCommunicator final : public Communicator {
     }
   }
   void barrier() override {
-    const CommBlockedScope blocked;  // straggler detection: time not spent computing
+    const CommBlockedScope blocked(part_);  // straggler detection; the step's parts
     const OpDesc desc = collective("barrier");
     if (!watched()) {
       check(MPI_Barrier(comm_), "MPI_Barrier", name_);
@@ -704,6 +707,9 @@ class MpiCommunicator final : public Communicator {
   std::string name_;
   std::shared_ptr<GroupInfo> info_;
   int64_t rank_ = 0, size_ = 1;
+  // The step's part its blocked time is charged to, and that of its receives
+  // (parallel/step_parts.hpp: on "pp" a receive is the pipeline bubble).
+  StepPart part_ = StepPart::other, recv_part_ = StepPart::other;
 };
 
 bool g_initialised_here = false;  // MPI_Init was called by mpi_init_world (not by a host program)

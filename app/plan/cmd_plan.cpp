@@ -17,6 +17,7 @@
 #include <optional>
 
 #include "app/commands.hpp"
+#include "app/plan/gpu_profile.hpp"
 #include "core/atomic_file.hpp"
 #include "core/error.hpp"
 #include "config/recipe.hpp"
@@ -94,6 +95,8 @@ nlohmann::json gpu_json(const cost::GpuSpec& g) {
           {"attn_dim_half", g.attn_dim_half}};
 }
 
+}  // namespace
+
 cost::GpuSpec load_gpu_profile(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw_input("--gpu-profile {}: cannot open", path);
@@ -140,6 +143,8 @@ cost::GpuSpec load_gpu_profile(const std::string& path) {
   }
   return g;
 }
+
+namespace {
 
 // The measured seconds per iteration of a run: the median step_time_s of metrics.jsonl's
 // records at the recipe's full global batch, the first logged record left out (start-up)

@@ -826,7 +826,7 @@ std::string render_curation_page(const fs::path& dir, ReportSummary* summary) {
 
 }  // namespace
 
-std::string render_report_html(const fs::path& run_dir, ReportSummary* summary) {
+std::string render_report_html(const fs::path& run_dir, ReportSummary* summary, const ExplainOptions& explain) {
   std::error_code ec;
   if (!fs::is_directory(run_dir, ec))
     throw_input("{}: not a directory (pass the run's logging.dir, e.g. runs/cpu-demo)", run_dir.string());
@@ -859,6 +859,7 @@ std::string render_report_html(const fs::path& run_dir, ReportSummary* summary) 
   for (const auto& [k, v] : facts) h << "<tr><th>" << html_escape(k) << "</th><td>" << html_escape(v) << "</td></tr>\n";
   h << "</table>\n";
   h << "<h2>Training curves</h2>\n<div class=\"plots\">\n" << plots << "</div>\n";
+  h << explain_html_section(run_dir, explain);  // logging.step_timing: the parts against the plan
   if (!not_logged.empty()) {
     h << "<p class=\"note\">Not logged in this run: ";
     for (size_t i = 0; i < not_logged.size(); ++i) h << (i ? ", " : "") << html_escape(not_logged[i]);
@@ -880,9 +881,9 @@ std::string render_report_html(const fs::path& run_dir, ReportSummary* summary) 
   return h.str();
 }
 
-ReportSummary write_report(const fs::path& run_dir, const fs::path& output) {
+ReportSummary write_report(const fs::path& run_dir, const fs::path& output, const ExplainOptions& explain) {
   ReportSummary s;
-  const std::string html = render_report_html(run_dir, &s);
+  const std::string html = render_report_html(run_dir, &s, explain);
   s.output = output.empty() ? run_dir / "report.html" : output;
   std::error_code ec;
   if (s.output.has_parent_path()) fs::create_directories(s.output.parent_path(), ec);

@@ -12,6 +12,8 @@
 #include <string_view>
 #include <vector>
 
+#include "app/report/explain.hpp"
+
 namespace mtnlg::app::report {
 
 // metrics.jsonl as columns. Every column has `rows` entries; a value that is missing,
@@ -100,10 +102,13 @@ struct ReportSummary {
   int64_t funnel_rows = 0;  // rows of the corpus funnel (a `data curate` work_dir)
 };
 
-// The whole page as a string (throws like read_metrics).
-std::string render_report_html(const std::filesystem::path& run_dir, ReportSummary* summary = nullptr);
+// The whole page as a string (throws like read_metrics). `explain`: the planner the
+// "Where the time went" section compares with (app/report/explain.hpp).
+std::string render_report_html(const std::filesystem::path& run_dir, ReportSummary* summary = nullptr,
+                               const ExplainOptions& explain = {});
 // Writes the page to `output` (empty: RUN_DIR/report.html) through a temporary name and
 // a rename, so a reader never sees half a file.
-ReportSummary write_report(const std::filesystem::path& run_dir, const std::filesystem::path& output);
+ReportSummary write_report(const std::filesystem::path& run_dir, const std::filesystem::path& output,
+                           const ExplainOptions& explain = {});
 
 }  // namespace mtnlg::app::report

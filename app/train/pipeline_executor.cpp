@@ -8,6 +8,7 @@
 #include "core/mem_account.hpp"
 #include "core/ops.hpp"
 #include "model/tp_regions.hpp"
+#include "parallel/step_parts.hpp"
 #include "schedules/pipeline_schedule.hpp"
 
 namespace mtnlg::app {
@@ -152,6 +153,7 @@ void PipelineExecutor::run_batch(const data::Batch& batch, int64_t consumed_befo
         mb.loss_acc = &loss_acc;
         model::ForwardResult res;
         {
+          const parallel::StepPartScope part(parallel::StepPart::forward);
           // What the forward allocates is counted as activations (the saved tensors and
           // the forward's temporaries); the backward's allocations stay workspace.
           mem::RoleScope role(mem::Role::activations);
@@ -181,6 +183,7 @@ void PipelineExecutor::run_batch(const data::Batch& batch, int64_t consumed_befo
         // The chunk's last micro batch: its parameter gradients become final as this
         // backward passes them (the chunk reports them to its grad-ready hook).
         mb.last_backward = ++backwards_done[static_cast<size_t>(a.chunk)] == m;
+        const parallel::StepPartScope part(parallel::StepPart::backward);
         Tensor dx = chunk.backward(a.microbatch, mb, take(grad_in, key));
         if (dx.defined() && !(chunk.spec().has_embedding)) grad_out[key] = dx;
         break;

@@ -24,6 +24,7 @@
 #include "app/train/forensics.hpp"
 #include "app/process/preflight.hpp"
 #include "app/train/pipeline_executor.hpp"
+#include "app/train/step_timing.hpp"
 #include "app/process/placement.hpp"
 #include "app/train/validation.hpp"
 #include "core/log.hpp"
@@ -87,7 +88,7 @@ double measure_cpu_sgemm_tflops() {
 
 class MetricsWriter {
  public:
-  MetricsWriter(const std::string& dir, bool active) : active_(active) {
+  MetricsWriter(const std::string& dir, bool active, const parallel::Topology& topo) : active_(active), topo_(topo) {
     if (!active_) return;
     std::filesystem::create_directories(dir);
     out_.open(std::filesystem::path(dir) / "metrics.jsonl", std::ios::app);
@@ -131,6 +132,7 @@ class MetricsWriter {
       j["anomalies"] = s.anomalies_total;
       if (!s.anomaly.empty()) j["anomaly"] = s.anomaly;
     }
+    if (!s.step_parts.empty()) j["step_parts"] = step_parts_json(s.step_parts, topo_);  // logging.step_timing
     if (s.host_reads || s.host_uploads) {  // a device run: its host round trips
       j["host_reads"] = s.host_reads;
       j["host_uploads"] = s.host_uploads;
@@ -143,12 +145,16 @@ class MetricsWriter {
 
  private:
   bool active_;
+  parallel::Topology topo_;
   std::ofstream out_;
 };
 
 // ---- testing aid: MTNLG_FAULT_INJECT="rank=R:iteration=I:mode=throw|abort|kill" ---------
 // mode=slow (with an optional :ms=N, default 300) makes rank R sleep N ms at the start of
 // every iteration from I on: a straggler, for the straggler detection's tests.
+// mode=slow_dp sleeps N ms inside rank R's data-parallel gradient reduction from I on (a
+// throttled link: the sleep counts as time blocked in dp communication, in the step's
+// parts and for straggler detection alike): the time explainer's tests.
 // Global rank R fails at the start of iteration I (1-based): throw a RuntimeError (the
 // normal error path: message, MPI_Abort), std::abort(), or raise(SIGKILL) on itself (a
 // dead process with no goodbye), or raise(SIGSTOP) (a rank that stops answering, which
@@ -172,8 +178,8 @@ FaultInjection fault_injection_from_env() {
   if (!env || !*env) return f;
   const std::string spec(env);
   auto bad = [&](const std::string& why) {
-    throw_input("MTNLG_FAULT_INJECT=\"{}\": {}; expected rank=R:iteration=I:mode=throw|abort|kill|stop|sigterm|sigusr1|nan|overflow|slow[:ms=N]|"
-                "bitflip_grad[:bit=N]|bitflip_param[:bit=N]|poison[:layer=L]",
+    throw_input("MTNLG_FAULT_INJECT=\"{}\": {}; expected rank=R:iteration=I:mode=throw|abort|kill|stop|sigterm|sigusr1|nan|overflow|"
+                "slow|slow_dp[:ms=N]|bitflip_grad[:bit=N]|bitflip_param[:bit=N]|poison[:layer=L]",
                 spec, why);
   };
   std::stringstream ss(spec);
@@ -183,7 +189,8 @@ FaultInjection fault_injection_from_env() {
     std::string key = part.substr(0, eq), val = part.substr(eq + 1);
     if (key == "mode") {
       if (val != "throw" && val != "abort" && val != "kill" && val != "stop" && val != "sigterm" && val != "sigusr1" && val != "nan" &&
-          val != "overflow" && val != "slow" && val != "bitflip_grad" && val != "bitflip_param" && val != "poison")
+          val != "overflow" && val != "slow" && val != "slow_dp" && val != "bitflip_grad" && val != "bitflip_param" &&
+          val != "poison")
         bad("unknown mode '" + val + "'");
       f.mode = val;
     } else if (key == "rank" || key == "iteration" || key == "ms" || key == "bit" || key == "layer") {
@@ -225,13 +232,21 @@ void flip_bit(Tensor& t, int64_t bit) {
   t.copy_from(h);
 }
 
+// mode=slow_dp: from that iteration on, this rank's dp reduction takes ms longer (a
+// throttled link: blocked in dp communication, not computing).
+void inject_slow_dp(const FaultInjection& f, int64_t rank, int64_t iteration) {
+  if (!f.active() || f.mode != "slow_dp" || f.rank != rank || iteration < f.iteration) return;
+  const parallel::CommBlockedScope blocked(parallel::StepPart::dp);
+  std::this_thread::sleep_for(std::chrono::milliseconds(f.ms));
+}
+
 void maybe_inject_fault(const FaultInjection& f, int64_t rank, int64_t iteration) {
   if (f.active() && f.mode == "slow" && f.rank == rank && iteration >= f.iteration) {  // every iteration from I on
     std::this_thread::sleep_for(std::chrono::milliseconds(f.ms));
     return;
   }
   if (!f.active() || f.rank != rank || f.iteration != iteration || f.mode == "nan" || f.mode == "overflow" ||
-      f.mode == "slow" || f.mode.starts_with("bitflip") || f.mode == "poison")
+      f.mode.starts_with("slow") || f.mode.starts_with("bitflip") || f.mode == "poison")
     return;
   // Slurm's preemption / time-limit signals, delivered to this process for real.
   if (f.mode == "sigterm" || f.mode == "sigusr1") {
@@ -476,6 +491,7 @@ class Trainer {
   std::optional<CommReport> comm_report_;
   std::shared_ptr<MemoryReport> memory_report_;
   std::optional<StragglerDetector> straggler_;
+  std::optional<StepTiming> step_timing_;  // logging.step_timing
   std::unique_ptr<tb::TensorBoardWriter> tensorboard_;
   double peak_tflops_ = 0;
   std::string peak_what_;
@@ -578,10 +594,11 @@ void Trainer::set_up_output() {
     std::filesystem::create_directories(r.logging.dir);
     write_file_checked((std::filesystem::path(r.logging.dir) / "recipe.resolved.yaml").string(), to_yaml(r), "logging.dir");
   }
-  metrics_.emplace(r.logging.dir, rank0_);
+  metrics_.emplace(r.logging.dir, rank0_, g_.topo);
   comm_report_.emplace(r.logging.dir, g_, opts_.comm_report);
   memory_report_ = std::make_shared<MemoryReport>(r.logging.dir, g_, opts_.memory_report);
   straggler_.emplace(r.logging, g_);  // collective when on (host names): every rank builds it
+  step_timing_.emplace(r.logging, g_);
   if (rank0_ && r.logging.tensorboard) tensorboard_ = std::make_unique<tb::TensorBoardWriter>(r.logging.dir);
   peak_tflops_ = r.logging.peak_tflops;
   peak_what_ = "logging.peak_tflops";
@@ -695,6 +712,7 @@ StepRead Trainer::replay_step(const data::Batch& batch, double loss_scale) {
 }
 
 void Trainer::save_now() {
+  const parallel::StepPartScope part(parallel::StepPart::checkpoint);
   model::ckpt::TrainState st;
   st.iteration = iteration_;
   st.consumed_samples = consumed_;
@@ -737,12 +755,16 @@ IterationStats Trainer::train_step(const data::Batch& batch, double lr, std::chr
   // Grad reductions the model leaves to the end of the step: the tied word embedding
   // between first and last stage, and sequence-parallel partial grads over tp.
   exec_->reduce_shared_grads(store_);
+  inject_slow_dp(fault_, g_.rank, iteration_ + 1);
   ddp_->finish();  // every dp bucket summed (ZeRO-1 reduce-scatters in optim.prepare instead)
   if (inject_nan(fault_, g_.rank, iteration_ + 1)) ops::fill(store_.grads(), std::nan(""));
   if (inject_overflow(fault_, g_.rank, iteration_ + 1)) ops::fill(store_.grads(), INFINITY);
   if (inject_at(fault_, "bitflip_grad", g_.rank, iteration_ + 1)) flip_bit(store_.grads(), fault_.bit);
+  std::optional<parallel::StepPartScope> part(parallel::StepPart::optimizer);  // the step's parts
   optim_->prepare(store_.grads());
   optim_->grad_norm_sq(store_.grads(), norm_sq);
+  part.reset();
+  part.emplace(parallel::StepPart::host_sync);
   // The step's one host round trip: loss, tokens and the squared gradient norm together.
   const Tensor stats = step_stats_.to(Device::cpu);
   const double* st = stats.data<double>();
@@ -759,6 +781,8 @@ IterationStats Trainer::train_step(const data::Batch& batch, double lr, std::chr
   const bool dropped = fa.kind == ForensicsAction::skip || fa.kind == ForensicsAction::stop;
   if (fa.kind == ForensicsAction::stop) forensics_stop_ = fa.message;
   const double loss = fa.read.loss;
+  part.reset();
+  part.emplace(parallel::StepPart::optimizer);
   parallel::StepResult update = optim_->apply(store_.params(), store_.grads(), lr, &store_.weights(), loss_scale,
                                               std::sqrt(fa.read.norm_sq), fa.read.nonfinite || dropped);
   const bool nonfinite = (update.skipped && !dropped) || fa.read.nonfinite || !std::isfinite(loss);
@@ -774,6 +798,7 @@ IterationStats Trainer::train_step(const data::Batch& batch, double lr, std::chr
     nonfinite_in_a_row_ = 0;
   }
   if (dropped && !nonfinite) ++skipped_total_;  // a loss spike whose batch was dropped
+  part.reset();
   consumed_ += gbs;
   ++iteration_;
   forensics_->after_update(iteration_, store_.weights());
@@ -834,6 +859,7 @@ void Trainer::training_log(IterationStats& s, const data::Batch& batch) {
   const bool log_now = s.iteration % r_.logging.log_interval == 0 || s.iteration == total_iters;
   straggler_->add(s.compute_time_s);
   if (log_now) straggler_->at_log(s);  // every rank: one small all-reduce over the world
+  if (log_now) s.step_parts = step_timing_->at_log();  // every rank: one all-reduce over the world
   if (opts_.on_iteration) opts_.on_iteration(s);
   summary_.iterations.push_back(s);
   if (!log_now) return;
@@ -920,12 +946,15 @@ bool Trainer::stop_after_step() {
 TrainSummary Trainer::run() {
   const int64_t total_iters = run_.iterations;
   loader_->prefetch(consumed_, schedules::global_batch_size(r_.training, T_, consumed_));
+  step_timing_->start();
   while (iteration_ < total_iters) {
     const auto t0 = std::chrono::steady_clock::now();
     const int64_t gbs = schedules::global_batch_size(r_.training, T_, consumed_);
+    std::optional<parallel::StepPartScope> data_part(parallel::StepPart::data);
     data::Batch batch = loader_->get(consumed_, gbs);
     const int64_t after = consumed_ + gbs;
     if (iteration_ + 1 < total_iters) loader_->prefetch(after, schedules::global_batch_size(r_.training, T_, after));
+    data_part.reset();
     const double lr = schedules::learning_rate(r_.optimizer, after * T_, run_.tokens);
     comm_report_->reset();  // every group's byte counter, this iteration only
     maybe_inject_fault(fault_, g_.rank, iteration_ + 1);
@@ -933,11 +962,18 @@ TrainSummary Trainer::run() {
     const double blocked0 = parallel::comm_blocked_seconds();
     IterationStats s = train_step(batch, lr, t0);
     s.compute_time_s = s.step_time_s - (parallel::comm_blocked_seconds() - blocked0);
+    step_timing_->after_step();
     training_log(s, batch);
     for (size_t k = 0; k < per_source_.size() && k < batch.per_source_samples.size(); ++k)
       per_source_[k] += batch.per_source_samples[k];
-    validation_->after_iteration(iteration_, consumed_ * T_, tensorboard_.get(), opts_.quiet);
-    ckpt_->poll();
+    {
+      const parallel::StepPartScope part(parallel::StepPart::validation);
+      validation_->after_iteration(iteration_, consumed_ * T_, tensorboard_.get(), opts_.quiet);
+    }
+    {
+      const parallel::StepPartScope part(parallel::StepPart::checkpoint);
+      ckpt_->poll();
+    }
     if (stop_after_step()) {
       summary_.interrupted = true;
       break;

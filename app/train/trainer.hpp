@@ -51,6 +51,10 @@ struct IterationStats {
   // found nothing, else "persistent" or "transient") and the steps it replayed so far.
   std::string anomaly;
   int64_t anomalies_total = 0;
+  // logging.step_timing, at log iterations only (else empty): every rank's step parts,
+  // seconds per iteration averaged over the log interval, [world x parallel::kStepParts]
+  // rank-major (app/train/step_timing.hpp).
+  std::vector<double> step_parts;
 };
 
 struct TrainOptions {

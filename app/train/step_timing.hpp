@@ -1,0 +1,44 @@
+// The time explainer's measuring side (logging.step_timing, docs/OPERATIONS.md). Every
+// rank's training thread runs the step-parts clock (parallel/step_parts.hpp); after each
+// step the trainer adds what the clock charged since the previous step, so an
+// iteration's parts cover the time from the end of the previous step to the end of this
+// one (its logging, validation and checkpoint stalls included) and sum to it. At a log
+// iteration one all-reduce over the world of a [world x parts] vector, where each rank
+// fills its own row with its mean over the log interval, gives every rank every rank's
+// parts; rank 0 writes them into metrics.jsonl as "step_parts".
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "config/output.hpp"
+#include "parallel/communicator.hpp"
+#include "parallel/step_parts.hpp"
+
+namespace mtnlg::app {
+
+class StepTiming {
+ public:
+  StepTiming(const LoggingConfig& c, const parallel::ProcessGroups& g);
+  bool enabled() const { return enabled_; }
+  // Starts the clock (before the first step; the set-up is not a step's).
+  void start();
+  // After a step: adds what the clock charged since the previous call.
+  void after_step();
+  // At a log iteration (every rank, collective when on): the world's mean parts per
+  // iteration over the interval, [world x kStepParts] seconds, rank-major; empty when off.
+  std::vector<double> at_log();
+
+ private:
+  const parallel::ProcessGroups& g_;
+  bool enabled_ = false;
+  parallel::StepPartTimes sum_{};
+  int64_t count_ = 0;
+};
+
+// metrics.jsonl's "step_parts": {"ranks": [{"rank": R, "tp_rank", "pp_rank", "dp_rank",
+// "<part>": seconds per iteration, ...}, ...]} from at_log()'s vector.
+nlohmann::json step_parts_json(const std::vector<double>& parts, const parallel::Topology& topo);
+
+}  // namespace mtnlg::app

@@ -1,0 +1,77 @@
+// The step-parts clock (parallel/step_parts.hpp): every moment charged to exactly one
+// part, the innermost scope winning, weak scopes only over `other`, nothing when off.
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <numeric>
+#include <string>
+#include <thread>
+
+#include "parallel/comm_time.hpp"
+#include "parallel/step_parts.hpp"
+
+using namespace mtnlg::parallel;
+
+namespace {
+void sleep_ms(int ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); }
+double at(const StepPartTimes& t, StepPart p) { return t[static_cast<size_t>(p)]; }
+}  // namespace
+
+TEST_CASE("step parts: nested scopes charge the innermost part and sum to the wall time", "[step_parts]") {
+  set_step_parts_enabled(true);
+  const auto t0 = std::chrono::steady_clock::now();
+  {
+    const StepPartScope fwd(StepPart::forward);
+    sleep_ms(20);
+    {
+      const CommBlockedScope tp(StepPart::tp);  // a tp all-reduce inside the forward
+      sleep_ms(20);
+    }
+    {
+      const CommBlockedScope world(StepPart::host_sync);  // weak: stays forward time
+      sleep_ms(10);
+    }
+  }
+  {
+    const CommBlockedScope world(StepPart::host_sync);  // over `other`: a host sync
+    sleep_ms(10);
+  }
+  sleep_ms(5);  // no scope: other
+  const StepPartTimes t = read_step_parts();
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  CHECK(at(t, StepPart::forward) >= 0.030);
+  CHECK(at(t, StepPart::tp) >= 0.020);
+  CHECK(at(t, StepPart::tp) < 0.030);
+  CHECK(at(t, StepPart::host_sync) >= 0.010);
+  CHECK(at(t, StepPart::host_sync) < 0.020);
+  CHECK(at(t, StepPart::other) >= 0.005);
+  const double sum = std::accumulate(t.begin(), t.end(), 0.0);
+  CHECK(sum <= wall + 1e-9);
+  CHECK(sum >= wall - 0.002);  // what ran between set-up and t0, and after the read
+  // A second read holds only what came after the first.
+  sleep_ms(2);
+  const StepPartTimes t2 = read_step_parts();
+  CHECK(at(t2, StepPart::forward) == 0.0);
+  CHECK(at(t2, StepPart::other) >= 0.002);
+
+  set_step_parts_enabled(false);
+  {
+    const StepPartScope fwd(StepPart::forward);
+    sleep_ms(2);
+  }
+  const StepPartTimes off = read_step_parts();
+  CHECK(std::accumulate(off.begin(), off.end(), 0.0) == 0.0);
+}
+
+TEST_CASE("step parts: communicator groups map to parts, pp receives to the bubble", "[step_parts]") {
+  CHECK(comm_step_part("tp") == StepPart::tp);
+  CHECK(comm_step_part("pp") == StepPart::pp);
+  CHECK(comm_step_part("pp", true) == StepPart::bubble);
+  CHECK(comm_step_part("dp", true) == StepPart::dp);
+  CHECK(comm_step_part("embedding") == StepPart::embedding);
+  CHECK(comm_step_part("mp") == StepPart::mp);
+  CHECK(comm_step_part("world") == StepPart::host_sync);
+  CHECK(comm_step_part("eval-tp") == StepPart::other);
+  CHECK(std::string(step_part_name(StepPart::host_sync)) == "host_sync");
+  CHECK(std::string(step_part_label(StepPart::dp)) == "dp reduce exposed");
+}
