@@ -237,7 +237,7 @@ def main():
     ap.add_argument("--tiny", action="store_true", help="tiny shapes, few iterations (the CI smoke test)")
     ap.add_argument("--cpu", action="store_true", help="run on the CPU (mtnlg's CPU build, torch on the CPU)")
     ap.add_argument("--rows", default="", help="comma-separated row names to run (default: all)")
-    ap.add_argument("--systems", default="", help="comma-separated systems to run (default: all): " + ", ".join(SYSTEMS))
+    ap.add_argument("--systems", default="", help="comma-separated systems to run (default: all): " + ", ".join(SYSTEMS + ["attention"]))
     ap.add_argument("--warmup", type=int)
     ap.add_argument("--iters", type=int)
     ap.add_argument("--threads", type=int, default=0, help="CPU threads (0: the library default)")
@@ -288,8 +288,9 @@ def main():
     results = {"device": device_name, "torch": a.torch["version"], "peak_tflops": a.peak_tflops, "peak": peak_what, "precision": a.precision,
                "warmup": a.warmup, "iters": a.iters, "date": time.strftime("%Y-%m-%d %H:%M:%S"), "rows": {}, "attention": []}
 
+    chosen = a.systems.split(",") if a.systems else SYSTEMS + ["attention"]
     # Attention micro-benchmark first: seconds, and the shapes of the rows below.
-    att_shapes = [(s[4], s[3], s[2], s[1] // s[2]) for s in shapes.values()]
+    att_shapes = [(s[4], s[3], s[2], s[1] // s[2]) for s in shapes.values()] if "attention" in chosen else []
     spec = ";".join(",".join(map(str, sh)) for sh in att_shapes)
     rc, o, e = run(torch_cmd(a) + ["--attention", spec, f"--warmup={a.warmup}", f"--iters={max(a.iters, 10)}"], budget)
     torch_att = [json.loads(l) for l in o.splitlines() if l.startswith("{")]
@@ -317,7 +318,6 @@ def main():
         "llm.c": lambda shape, desc: bench_llmc(a, shape, desc, out, budget),
         "torch.compile": lambda shape, desc: bench_torch(a, shape, True, budget),
     }
-    chosen = a.systems.split(",") if a.systems else SYSTEMS
     # torch.compile last, over every row: its compilation is the longest part, and when the
     # budget runs out it is the column to lose (rerun it alone with --systems torch.compile).
     for phase in (["mtnlg unfused", "mtnlg flash", "PyTorch eager", "llm.c"], ["torch.compile"]):
