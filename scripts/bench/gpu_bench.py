@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -75,10 +76,15 @@ def run(cmd, budget, env=None, cwd=None):
     t = budget.left()
     if t < 5:
         return "skipped", "", "time budget spent"
+    # Its own process group, so that a timeout also ends its children (torch.compile's workers).
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd,
+                         start_new_session=True)
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=t, env=env, cwd=cwd)
-        return p.returncode, p.stdout, p.stderr
+        out, err = p.communicate(timeout=t)
+        return p.returncode, out, err
     except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.communicate()
         return "timeout", "", f"over {t:.0f} s"
 
 
