@@ -283,6 +283,10 @@ def main():
         else:
             sys.exit(f"gpu_bench: no known peak for {device_name}: pass --peak-tflops (PEAK_TFLOPS=)")
 
+    unknown = [x for x in a.rows.split(",") if a.rows and x not in [r[0] for r in ROWS]] + [
+        x for x in a.systems.split(",") if a.systems and x not in SYSTEMS + ["attention"]]
+    if unknown:
+        sys.exit(f"gpu_bench: unknown row or system {unknown}: rows {[r[0] for r in ROWS]}, systems {SYSTEMS + ['attention']}")
     rows = [r for r in ROWS if not a.rows or r[0] in a.rows.split(",")]
     shapes = {}
     for name, L, C, H, T, B, desc in rows:
@@ -297,11 +301,13 @@ def main():
     chosen = a.systems.split(",") if a.systems else SYSTEMS + ["attention"]
     # Attention micro-benchmark first: seconds, and the shapes of the rows below.
     att_shapes = [(s[4], s[3], s[2], s[1] // s[2]) for s in shapes.values()] if "attention" in chosen else []
-    spec = ";".join(",".join(map(str, sh)) for sh in att_shapes)
-    rc, o, e = run(torch_cmd(a) + ["--attention", spec, f"--warmup={a.warmup}", f"--iters={max(a.iters, 10)}"], budget)
-    torch_att = [json.loads(l) for l in o.splitlines() if l.startswith("{")]
-    if rc != 0:
-        print(f"gpu_bench: PyTorch attention benchmark: {failure(rc, o, e)}", file=sys.stderr)
+    torch_att = []
+    if att_shapes:
+        spec = ";".join(",".join(map(str, sh)) for sh in att_shapes)
+        rc, o, e = run(torch_cmd(a) + ["--attention", spec, f"--warmup={a.warmup}", f"--iters={max(a.iters, 10)}"], budget)
+        torch_att = [json.loads(l) for l in o.splitlines() if l.startswith("{")]
+        if rc != 0:
+            print(f"gpu_bench: PyTorch attention benchmark: {failure(rc, o, e)}", file=sys.stderr)
     for i, (B, T, H, D) in enumerate(att_shapes):
         entry = {"shape": (B, T, H, D), "torch": torch_att[i] if i < len(torch_att) else None, "mtnlg": {}}
         if a.attn_bench:
