@@ -1,59 +1,251 @@
 #!/usr/bin/env python3
-"""PyTorch CPU reference for the train-step benchmark: the same GPT (pre-LN, learned
-positions, tanh GELU, tied output layer) and AdamW, timing one optimizer step.
-usage: torch_gpt_step.py LAYERS HIDDEN HEADS SEQ BATCH VOCAB STEPS THREADS
-Prints one line: `torch step_s <median seconds>`."""
-import math, statistics, sys, time
-import torch
+"""PyTorch peer of mtnlg's train step: the same GPT (pre-LN, learned positions, tanh GELU,
+tied output layer) and AdamW with gradient clipping, timing whole optimizer steps.
 
-L, C, H, T, B, V, STEPS, THREADS = map(int, sys.argv[1:9])
-torch.set_num_threads(THREADS)
-torch.manual_seed(0)
-MASK = ~torch.ones(T, T, dtype=torch.bool).tril()
+  torch_gpt_step.py LAYERS HIDDEN HEADS SEQ BATCH VOCAB STEPS THREADS
+      scripts/bench/train_step_bench.sh's CPU reference: fp32, the attention written out
+      (Debian's torch 1.13 has no fused SDPA), default AdamW. Prints one line
+      `torch step_s <median seconds>` (the first step excluded).
+
+  torch_gpt_step.py --attention "B,T,H,D;..." [--device cuda|cpu] [--bf16] [--warmup N] [--iters N]
+      causal attention alone (forward, forward + backward) on mtnlg's packed qkv layout:
+      FlashAttention through scaled_dot_product_attention on CUDA; one JSON line a shape.
+
+  torch_gpt_step.py --layers L --hidden C --heads H --seq T --batch B --vocab V
+                    [--device cuda|cpu] [--bf16] [--sdpa] [--fused-adamw] [--compile]
+                    [--warmup N] [--iters N] [--threads N]
+      scripts/bench/gpu_bench.sh's peer. --bf16 is autocast over fp32 weights (mtnlg's bf16
+      also keeps fp32 master weights), --sdpa scaled_dot_product_attention(is_causal=True),
+      --fused-adamw AdamW(fused=True), --compile torch.compile of the model. Prints one JSON
+      line: median step seconds of the --iters steps after --warmup, tokens/s, the parameter
+      count and what actually ran (a feature this torch lacks falls back, and says so).
+"""
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+
+def causal_attention(q, k, v, mask):
+    """q, k, v [B, H, T, D]; mask None: scaled_dot_product_attention, else the explicit
+    form with mask [>=T, >=T] True above the diagonal."""
+    if mask is None:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    T = q.shape[2]
+    s = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    return torch.softmax(s.masked_fill(mask[:T, :T], float("-inf")), -1) @ v
 
 
 class Block(torch.nn.Module):
-    def __init__(self):
+    def __init__(self, C, H, T, sdpa):
         super().__init__()
+        self.H, self.sdpa = H, sdpa
         self.ln1, self.ln2 = torch.nn.LayerNorm(C), torch.nn.LayerNorm(C)
         self.qkv, self.proj = torch.nn.Linear(C, 3 * C), torch.nn.Linear(C, C)
         self.fc1, self.fc2 = torch.nn.Linear(C, 4 * C), torch.nn.Linear(4 * C, C)
+        if not sdpa:
+            self.register_buffer("mask", ~torch.ones(T, T, dtype=torch.bool).tril(), persistent=False)
 
     def forward(self, x):
-        q, k, v = self.qkv(self.ln1(x)).view(B, T, H, 3, C // H).unbind(3)
+        B, T, C = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(B, T, self.H, 3, C // self.H).unbind(3)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        s = (q @ k.transpose(-1, -2)) / math.sqrt(C // H)  # Debian's torch 1.13 has no fused SDPA
-        a = torch.softmax(s.masked_fill(MASK, float("-inf")), -1) @ v
+        a = causal_attention(q, k, v, None if self.sdpa else self.mask)
         x = x + self.proj(a.transpose(1, 2).reshape(B, T, C))
-        return x + self.fc2(torch.nn.functional.gelu(self.fc1(self.ln2(x)), approximate="tanh"))
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x)), approximate="tanh"))
 
 
 class GPT(torch.nn.Module):
-    def __init__(self):
+    def __init__(self, L, C, H, T, V, sdpa=False):
         super().__init__()
+        self.V = V
         self.wte, self.wpe = torch.nn.Embedding(V, C), torch.nn.Embedding(T, C)
-        self.blocks = torch.nn.ModuleList(Block() for _ in range(L))
+        self.blocks = torch.nn.ModuleList(Block(C, H, T, sdpa) for _ in range(L))
         self.lnf = torch.nn.LayerNorm(C)
 
     def forward(self, idx, tgt):
-        x = self.wte(idx) + self.wpe(torch.arange(T))
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
         for b in self.blocks:
             x = b(x)
         logits = self.lnf(x) @ self.wte.weight.T
-        return torch.nn.functional.cross_entropy(logits.view(-1, V), tgt.view(-1))
+        return F.cross_entropy(logits.view(-1, self.V).float(), tgt.view(-1))
 
 
-m = GPT()
-opt = torch.optim.AdamW(m.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
-idx = torch.randint(0, 50257, (B, T))
-tgt = torch.randint(0, 50257, (B, T))
-times = []
-for s in range(STEPS):
+def make_adamw(params, fused):
+    """AdamW as mtnlg's recipes set it; fused when asked and this torch/device has it."""
+    kw = dict(lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
+    if fused:
+        try:
+            return torch.optim.AdamW(params, fused=True, **kw), "fused"
+        except TypeError:  # torch < 2.0
+            return torch.optim.AdamW(params, **kw), "default (no fused AdamW in this torch)"
+        except (RuntimeError, ValueError):  # no fused kernel for this device
+            return torch.optim.AdamW(params, **kw), "default (fused AdamW unsupported on this device)"
+    return torch.optim.AdamW(params, **kw), "default"
+
+
+def run_steps(model, opt, idx, tgt, steps, sync, autocast):
+    """Times `steps` optimizer steps; returns each step's seconds."""
+    times = []
+    for _ in range(steps):
+        sync()
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        with autocast():
+            loss = model(idx, tgt)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return times, float(loss)
+
+
+def flash_only():
+    """A context that restricts scaled_dot_product_attention to FlashAttention, and its name."""
+    try:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        return (lambda: sdpa_kernel([SDPBackend.FLASH_ATTENTION])), "flash SDPA"
+    except ImportError:  # torch 2.0-2.2
+        ctx = lambda: torch.backends.cuda.sdp_kernel(enable_flash=True, enable_math=False, enable_mem_efficient=False)  # noqa: E731
+        return ctx, "flash SDPA"
+
+
+def attention_bench(shapes, dev, dtype, warmup, iters):
+    """Causal attention alone, forward and forward + backward, on mtnlg's packed layout
+    qkv[B, T, H, 3, D] (the gradient flows into qkv, as in the model). One JSON line a shape."""
+    import contextlib
+
+    sdpa = hasattr(F, "scaled_dot_product_attention")
+    ctx, name = flash_only() if sdpa and dev.type == "cuda" else (contextlib.nullcontext, "SDPA (default backend)")
+    if not sdpa:
+        name = "explicit (no SDPA in this torch)"
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    for B, T, H, D in shapes:
+        qkv = (torch.rand(B, T, H, 3, D, device=dev) * 2 - 1).to(dtype).requires_grad_()
+        dout = (torch.rand(B, H, T, D, device=dev) * 2 - 1).to(dtype)
+        mask = None if sdpa else ~torch.ones(T, T, dtype=torch.bool, device=dev).tril()
+
+        def fwd():
+            q, k, v = qkv.unbind(3)
+            with ctx():
+                return causal_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask)
+
+        def fwd_bwd():
+            qkv.grad = None
+            fwd().backward(dout)
+
+        res = {}
+        for key, fn in (("fwd_ms", fwd), ("fwd_bwd_ms", fwd_bwd)):
+            times = []
+            for i in range(warmup + iters):
+                sync()
+                t0 = time.perf_counter()
+                if key == "fwd_ms":
+                    with torch.no_grad():
+                        fn()
+                else:
+                    fn()
+                sync()
+                if i >= warmup:
+                    times.append((time.perf_counter() - t0) * 1e3)
+            res[key] = statistics.median(times)
+        print(json.dumps({"backend": name, "B": B, "T": T, "H": H, "D": D, "torch": torch.__version__, **res}), flush=True)
+
+
+def legacy_main(argv):
+    L, C, H, T, B, V, STEPS, THREADS = map(int, argv[:8])
+    torch.set_num_threads(THREADS)
+    torch.manual_seed(0)
+    m = GPT(L, C, H, T, V)
+    opt, _ = make_adamw(m.parameters(), False)
+    idx = torch.randint(0, min(V, 50257), (B, T))
+    tgt = torch.randint(0, min(V, 50257), (B, T))
+    times, _ = run_steps(m, opt, idx, tgt, STEPS, lambda: None, torch.enable_grad)
+    print(f"torch step_s {statistics.median(times[1:]):.4f}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description="PyTorch GPT train-step peer (JSON line out)")
+    for k in ("layers", "hidden", "heads", "seq", "batch", "vocab"):
+        ap.add_argument(f"--{k}", type=int)
+    ap.add_argument("--attention", metavar="B,T,H,D[;B,T,H,D...]", help="time causal attention alone at these shapes")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--bf16", action="store_true")
+    ap.add_argument("--sdpa", action="store_true")
+    ap.add_argument("--fused-adamw", action="store_true")
+    ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--compile-backend", default="inductor")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--threads", type=int, default=0)
+    a = ap.parse_args()
+    if a.threads > 0:
+        torch.set_num_threads(a.threads)
+    dev = torch.device(a.device)
+    if a.attention:
+        shapes = [tuple(int(x) for x in sh.split(",")) for sh in a.attention.split(";")]
+        attention_bench(shapes, dev, torch.bfloat16 if a.bf16 else torch.float32, a.warmup, a.iters)
+        return 0
+    missing = [k for k in ("layers", "hidden", "heads", "seq", "batch", "vocab") if getattr(a, k) is None]
+    if missing:
+        ap.error("missing --" + ", --".join(missing))
+    ran = {"torch": torch.__version__, "device": a.device}
+    if a.compile and not hasattr(torch, "compile"):
+        print(json.dumps({**ran, "error": f"torch {torch.__version__} has no torch.compile"}))
+        return 3
+    sdpa = a.sdpa and hasattr(F, "scaled_dot_product_attention")
+    ran["attention"] = "sdpa" if sdpa else "explicit" + (" (no SDPA in this torch)" if a.sdpa else "")
+    torch.manual_seed(0)
+    if dev.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False
+    try:  # initialise on the device (torch >= 2.0): a 1.5B model's CPU initialisation takes a while
+        with dev:
+            model = GPT(a.layers, a.hidden, a.heads, a.seq, a.vocab, sdpa)
+    except (AttributeError, TypeError):  # torch.device is no context manager in torch 1.x
+        model = GPT(a.layers, a.hidden, a.heads, a.seq, a.vocab, sdpa).to(dev)
+    opt, ran["adamw"] = make_adamw(model.parameters(), a.fused_adamw)
+    step_model = model
+    if a.compile:
+        step_model = torch.compile(model, backend=a.compile_backend)
+        ran["compile"] = a.compile_backend
+    if a.bf16:
+        autocast = lambda: torch.autocast(device_type=dev.type, dtype=torch.bfloat16)  # noqa: E731
+        ran["precision"] = "bf16 autocast, fp32 weights"
+    else:
+        autocast = torch.enable_grad
+        ran["precision"] = "fp32"
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    idx = torch.randint(0, a.vocab, (a.batch, a.seq), device=dev)
+    tgt = torch.randint(0, a.vocab, (a.batch, a.seq), device=dev)
     t0 = time.perf_counter()
-    opt.zero_grad(set_to_none=True)
-    loss = m(idx, tgt)
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
-    opt.step()
-    times.append(time.perf_counter() - t0)
-print(f"torch step_s {statistics.median(times[1:]):.4f}")
+    run_steps(step_model, opt, idx, tgt, a.warmup, sync, autocast)
+    warm_s = time.perf_counter() - t0
+    times, loss = run_steps(step_model, opt, idx, tgt, a.iters, sync, autocast)
+    step = statistics.median(times)
+    out = {
+        **ran,
+        "step_s": step,
+        "tokens_per_s": a.batch * a.seq / step,
+        "params": sum(p.numel() for p in model.parameters()),
+        "warmup_s": warm_s,
+        "loss": loss,
+        "steps_s": times,
+    }
+    if dev.type == "cuda":
+        out["peak_memory_bytes"] = torch.cuda.max_memory_allocated()
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) >= 9 and not sys.argv[1].startswith("-"):
+        legacy_main(sys.argv[1:])
+    else:
+        sys.exit(main())

@@ -4,7 +4,9 @@
 # shared libraries they need, into .gpu/ with ../shared/scripts/gpu-bundle.sh.
 # scripts/gpu/run-gpu-tests.sh is copied along; on the GPU machine run
 #   bash .gpu/run-gpu-tests.sh
-# (docs/GPU.md). Environment: MTNLG_CUDA_ARCH (default 90), JOBS (default 2).
+# (docs/GPU.md). Environment: MTNLG_CUDA_ARCH (default 90), JOBS (default 2),
+# MTNLG_BUNDLE=bench: mtnlg and attn_bench only, for scripts/bench/gpu_bench.sh (the
+# tests' bundle is close to the 64 MiB a device call carries).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
@@ -18,10 +20,17 @@ bundle=${MTNLG_GPU_BUNDLE_SCRIPT:-$root/../shared/scripts/gpu-bundle.sh}
 cmake -S . -B build-gpu -G Ninja -DMTNLG_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$arch" \
   -DCMAKE_CUDA_STANDARD_REQUIRED=OFF -DCMAKE_BUILD_TYPE=Release >/dev/null
 start=$(date +%s)
-nice ninja -C build-gpu -j"$jobs" mtnlg test_core test_parallel test_model
+if [ "${MTNLG_BUNDLE:-tests}" = bench ]; then
+  targets=(mtnlg attn_bench)
+  bins=(build-gpu/mtnlg build-gpu/bench/attn_bench)
+else
+  targets=(mtnlg test_core test_parallel test_model)
+  bins=(build-gpu/mtnlg build-gpu/test/test_core build-gpu/test/test_parallel build-gpu/test/test_model)
+fi
+nice ninja -C build-gpu -j"$jobs" "${targets[@]}"
 echo "build-bundle: built in $(( $(date +%s) - start )) s (-j$jobs, sm_$arch)"
 
-bash "$bundle" build-gpu build-gpu/mtnlg build-gpu/test/test_core build-gpu/test/test_parallel build-gpu/test/test_model
+bash "$bundle" build-gpu "${bins[@]}"
 # Host symbols are not needed on the GPU machine (device line info stays in the fatbin);
 # stripping keeps the bundle under the 64 MiB a device session can carry (openblas
 # alone is ~35 MiB).
@@ -33,3 +42,4 @@ echo "build-bundle: .gpu is ${size_mb} MiB"
 echo "build-bundle: .gpu/ is ready; on the GPU machine, from the repository root:"
 echo "  bash .gpu/run-gpu-tests.sh      # every [gpu] case, sync-checked, sanitizers"
 echo "  bash .gpu/train-proof.sh        # mtnlg train on the GPU against the CPU, resume, 1.3B memory"
+echo "  bash scripts/bench/gpu_bench.sh  # speed table (bundle built with MTNLG_BUNDLE=bench)"

@@ -1,0 +1,65 @@
+#!/usr/bin/env python3
+"""Checks the output of scripts/bench/gpu_bench.sh --tiny --cpu (the ctest bench.gpu-bench-tiny):
+every model row has every system; mtnlg (both backends) and PyTorch eager have numeric
+tokens/s and MFUs, the mtnlg rows a numeric ratio to PyTorch; torch.compile is numeric or
+says why not (n/a); llm.c says "not run"; the attention table has one row per model with
+numbers ("fwd+bwd (fwd)" ms) for mtnlg's two forms and PyTorch. No timing thresholds.
+  usage: check_gpu_bench.py OUTPUT.txt    (exit 0 and "gpu_bench table: ok" when it holds)"""
+import re
+import sys
+
+MODELS = ["GPT-2 124M", "GPT-2 350M", "GPT-2 1.5B", "GPT 1.3B"]
+SYSTEMS = ["mtnlg unfused", "mtnlg flash", "PyTorch eager", "torch.compile", "llm.c"]
+NUM = re.compile(r"^[\d,]+(\.\d+)?%?$")
+PAIR = re.compile(r"^\d+\.\d+ \(\d+\.\d+\)$")  # "fwd+bwd (fwd)" milliseconds
+
+
+def cells(line):
+    return [c.strip() for c in line.strip().strip("|").split("|")]
+
+
+def main():
+    text = open(sys.argv[1]).read()
+    errors = []
+    rows = {}
+    att = []
+    for line in text.splitlines():
+        if not line.startswith("| ") or line.startswith("| model") or line.startswith("| shape"):
+            continue
+        c = cells(line)
+        if len(c) == 9:
+            rows[(c[0], c[2])] = c
+        elif len(c) == 6:
+            att.append(c)
+    for m in MODELS:
+        for s in SYSTEMS:
+            c = rows.get((m, s))
+            if c is None:
+                errors.append(f"missing row: {m} / {s}")
+                continue
+            tok, mfu72, mfu6n, vs_t = c[3], c[4], c[5], c[6]
+            if s.startswith("mtnlg") or s == "PyTorch eager":
+                for what, v in (("tokens/s", tok), ("MFU72", mfu72), ("MFU6N", mfu6n)):
+                    if not NUM.match(v):
+                        errors.append(f"{m} / {s}: {what} is not a number: {v!r}")
+                if s.startswith("mtnlg") and not NUM.match(vs_t):
+                    errors.append(f"{m} / {s}: ratio to PyTorch is not a number: {vs_t!r}")
+            elif s == "torch.compile":
+                if not (NUM.match(tok) or tok.startswith("n/a")):
+                    errors.append(f"{m} / {s}: neither a number nor n/a: {tok!r}")
+            elif not tok.startswith("not run"):
+                errors.append(f"{m} / llm.c: expected 'not run' without LLMC_BIN: {tok!r}")
+    if len(att) != len(MODELS):
+        errors.append(f"attention table: {len(att)} rows, expected {len(MODELS)}")
+    for c in att:
+        for what, v in (("mtnlg unfused", c[1]), ("mtnlg flash", c[2]), ("PyTorch", c[3]), ("ratio", c[5])):
+            if not (NUM.match(v) or (what != "ratio" and PAIR.match(v))):
+                errors.append(f"attention {c[0]}: {what} is not a number: {v!r}")
+    for e in errors:
+        print("FAIL", e)
+    print("gpu_bench table: ok" if not errors else f"gpu_bench table: {len(errors)} problem(s)")
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

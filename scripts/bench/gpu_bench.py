@@ -1,0 +1,409 @@
+#!/usr/bin/env python3
+"""One table of training speed: mtnlg (each attention backend) against PyTorch eager (SDPA,
+fused AdamW), torch.compile and llm.c, plus an attention micro-benchmark. Run through
+scripts/bench/gpu_bench.sh, which finds the binaries; see there for the usage.
+
+Every system trains the same GPT (pre-LN, learned positions, tanh GELU, tied output layer,
+vocabulary 50257 padded to 50304, no dropout, AdamW with clipping) on random tokens, one
+micro batch per step, bf16 with fp32 master weights. A row's tokens/s is
+batch x sequence / the median step time of --iters steps after --warmup (mtnlg: its
+metrics.jsonl; PyTorch: scripts/bench/torch_gpt_step.py; llm.c: its per-step "ms").
+
+MFU, two conventions, both against the same peak (--peak-tflops):
+  MFU72  Megatron's model FLOPs, 72 l h^2 (1 + s/(6h) + V/(12 l h)) per token, the one
+         mtnlg logs: the attention scores and values are counted dense, s^2 per head, as
+         if the causal mask skipped nothing (Megatron's and mtnlg's convention).
+  MFU6N  llm.c's, 6 N + 6 l h s per token, N every parameter (tied embedding once, the
+         position table included): the attention term is the causal half of the dense one.
+"""
+import argparse
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+VOCAB, VOCAB_PADDED = 50257, 50304
+
+# name, layers, hidden, heads, sequence, micro batch on an 80 GB GPU, llm.c model descriptor
+ROWS = [
+    ("GPT-2 124M", 12, 768, 12, 1024, 16, "d12"),
+    ("GPT-2 350M", 24, 1024, 16, 1024, 16, "d24"),
+    ("GPT-2 1.5B", 48, 1600, 25, 1024, 4, "d48"),
+    ("GPT 1.3B", 24, 2048, 16, 2048, 2, "gpt3:c2048"),
+]
+# --tiny: the same rows at CPU-test shapes (layers, hidden, heads, sequence, batch); the
+# 1.5B row keeps an odd head count, the 1.3B row twice the sequence.
+TINY = {
+    "GPT-2 124M": (2, 64, 4, 32, 2),
+    "GPT-2 350M": (2, 96, 4, 32, 2),
+    "GPT-2 1.5B": (2, 80, 5, 32, 2),
+    "GPT 1.3B": (2, 64, 4, 64, 2),
+}
+TINY_VOCAB = 512
+SYSTEMS = ["mtnlg unfused", "mtnlg flash", "PyTorch eager", "torch.compile", "llm.c"]
+
+
+def flops72(L, C, T, V):
+    return 72.0 * L * C * C * (1 + T / (6.0 * C) + V / (12.0 * L * C))
+
+
+def params(L, C, T, V):
+    return V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C
+
+
+def flops6n(L, C, T, V):
+    return 6.0 * params(L, C, T, V) + 6.0 * L * C * T
+
+
+class Budget:
+    """The whole run's wall-clock allowance; each run gets what is left (at most per_run)."""
+
+    def __init__(self, total, per_run):
+        self.end, self.per_run = time.time() + total, per_run
+
+    def left(self):
+        return min(self.per_run, self.end - time.time())
+
+
+def run(cmd, budget, env=None, cwd=None):
+    """(returncode or 'timeout' or 'skipped', stdout, stderr)."""
+    t = budget.left()
+    if t < 5:
+        return "skipped", "", "time budget spent"
+    # Its own process group, so that a timeout also ends its children (torch.compile's workers).
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd,
+                         start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=t)
+        return p.returncode, out, err
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.communicate()
+        return "timeout", "", f"over {t:.0f} s"
+
+
+def failure(rc, out, err):
+    """One table cell saying why a run has no number (no '|': it goes into a Markdown table)."""
+    if rc in ("skipped", "timeout"):
+        return f"{rc} ({err})"
+    tail = [l for l in (err + out).strip().splitlines() if l.strip()]
+    return f"failed (exit {rc}: {tail[-1][:100] if tail else 'no output'})".replace("|", "/")
+
+
+def median_of(xs):
+    return statistics.median(xs) if xs else None
+
+
+def mtnlg_recipe(path, shape, a, backend, run_dir):
+    L, C, H, T, B, V = shape
+    text = f"""# gpu_bench.py: mtnlg's side of one row, random tokens
+model:
+  num_layers: {L}
+  hidden_size: {C}
+  num_attention_heads: {H}
+  seq_length: {T}
+  max_position_embeddings: {T}
+  vocab_size: {V}
+  make_vocab_size_divisible_by: {128 if V == VOCAB else 8}
+  hidden_dropout: 0.0
+  attention_dropout: 0.0
+  attention_backend: {backend}
+training:
+  device: {a.device}
+  precision: {a.precision}
+  micro_batch_size: {B}
+  global_batch_size: {B}
+  train_iters: {a.warmup + a.iters}
+  num_threads: {a.threads}
+optimizer:
+  lr: 1.0e-4
+  min_lr: 1.0e-5
+  weight_decay: 0.1
+  adam_beta1: 0.9
+  adam_beta2: 0.95
+  clip_grad: 1.0
+data:
+  mock: true
+logging:
+  dir: {run_dir}
+  log_interval: 1
+  tensorboard: false
+  peak_tflops: {a.peak_tflops}
+"""
+    path.write_text(text)
+
+
+def bench_mtnlg(a, shape, backend, out, budget):
+    run_dir = out / f"mtnlg-{backend}-{shape[0]}x{shape[1]}x{shape[3]}"
+    recipe = run_dir.with_suffix(".yaml")
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    mtnlg_recipe(recipe, shape, a, backend, run_dir)
+    rc, o, e = run([a.mtnlg, "train", str(recipe), "--quiet"], budget)
+    (run_dir.parent / (run_dir.name + ".log")).write_text(o + e)
+    if rc != 0:
+        return {"error": failure(rc, o, e)}
+    rows = [json.loads(l) for l in open(run_dir / "metrics.jsonl")]
+    timed = [r for r in rows if r.get("iteration", 0) > a.warmup and "tokens_per_s" in r]
+    if not timed:
+        return {"error": "no timed iterations in metrics.jsonl"}
+    return {
+        "tokens_per_s": median_of([r["tokens_per_s"] for r in timed]),
+        "mfu72_logged": median_of([r["mfu"] for r in timed]),
+        "step_s": median_of([r["step_time_s"] for r in timed]),
+        "peak_memory_bytes": max(r.get("peak_memory_bytes", 0) for r in timed),
+    }
+
+
+def torch_cmd(a):
+    return [a.python, str(HERE / "torch_gpt_step.py"), "--device", a.device] + (["--bf16"] if a.precision == "bf16" else []) + (
+        ["--threads", str(a.threads)] if a.threads else []
+    )
+
+
+def bench_torch(a, shape, compiled, budget):
+    L, C, H, T, B, V = shape
+    cmd = torch_cmd(a) + [f"--layers={L}", f"--hidden={C}", f"--heads={H}", f"--seq={T}", f"--batch={B}", f"--vocab={V}"]
+    cmd += ["--sdpa", "--fused-adamw", f"--warmup={a.warmup}", f"--iters={a.iters}"]
+    if compiled:
+        if not a.torch["compile"]:
+            return {"error": f"n/a: torch {a.torch['version']} has no torch.compile"}
+        cmd += ["--compile", f"--compile-backend={a.compile_backend}"]
+    rc, o, e = run(cmd, budget)
+    lines = [l for l in o.splitlines() if l.startswith("{")]
+    res = json.loads(lines[-1]) if lines else {}
+    if rc == 3 and "error" in res:
+        return {"error": "n/a: " + res["error"]}
+    if rc != 0 or not res:
+        return {"error": failure(rc, o, e)}
+    notes = [res["attention"], "AdamW " + res["adamw"]]
+    if compiled:
+        notes.append(f"compile backend {res.get('compile')}, {res['warmup_s']:.0f} s warm-up excluded")
+    return {"tokens_per_s": res["tokens_per_s"], "step_s": res["step_s"], "note": "; ".join(notes),
+            "peak_memory_bytes": res.get("peak_memory_bytes", 0)}
+
+
+def llmc_tokens(path, n):
+    """A token shard in llm.c's format: 256 int32 header (magic 20240520, version 1, count), uint16 tokens."""
+    import random
+    import struct
+
+    rnd = random.Random(0)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<256i", 20240520, 1, n, *([0] * 253)))
+        f.write(struct.pack(f"<{n}H", *(rnd.randrange(VOCAB) for _ in range(n))))
+
+
+def bench_llmc(a, shape, descriptor, out, budget):
+    if not a.llmc:
+        return {"error": "not run (set LLMC_BIN to a train_gpt2cu)"}
+    if a.tiny:
+        return {"error": "not run (--tiny: llm.c has no tiny CPU mode)"}
+    L, C, H, T, B, V = shape
+    shard = out / f"llmc-tokens-{B}x{T}.bin"
+    if not shard.exists():
+        llmc_tokens(shard, (a.warmup + a.iters + 4) * B * T + 1)
+    steps = a.warmup + a.iters
+    cmd = [a.llmc, "-i", str(shard), "-j", str(shard), "-e", descriptor, "-b", str(B), "-t", str(T), "-d", str(B * T),
+           "-x", str(steps), "-v", "1000000", "-m", "1", "-s", "0", "-h", "0", "-n", "0", "-y", "0", "-r", "0",
+           "-z", "0", "-u", "0", "-l", "1e-4", "-c", "0.1"] + a.llmc_flags.split()
+    rc, o, e = run(cmd, budget, cwd=str(out))
+    (out / f"llmc-{descriptor.replace(':', '_')}.log").write_text(o + e)
+    if rc != 0:
+        return {"error": failure(rc, o, e)}
+    ms = {int(m.group(1)): float(m.group(2)) for m in re.finditer(r"step\s+(\d+)/\d+ \|.*?\|\s*([\d.]+) ms \|", o)}
+    timed = [v for k, v in ms.items() if k > a.warmup]
+    if not timed:
+        return {"error": "no step lines in llm.c's output"}
+    step = statistics.median(timed) / 1e3
+    return {"tokens_per_s": B * T / step, "step_s": step, "note": f"-e {descriptor} -r 0"}
+
+
+PROBE = """import json, torch
+print(json.dumps({"version": torch.__version__, "compile": hasattr(torch, "compile"),
+                  "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}))"""
+
+
+def fmt(x, digits=0):
+    return "-" if x is None else f"{x:,.{digits}f}"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--mtnlg", required=True)
+    ap.add_argument("--attn-bench", default="", help="mtnlg's attn_bench binary (empty: no mtnlg attention timing)")
+    ap.add_argument("--python", default=sys.executable, help="the Python with torch for the PyTorch side")
+    ap.add_argument("--llmc", default="", help="a prebuilt llm.c train_gpt2cu (empty: the column says not run)")
+    ap.add_argument("--llmc-flags", default="", help="extra train_gpt2cu options")
+    ap.add_argument("--tiny", action="store_true", help="tiny shapes, few iterations (the CI smoke test)")
+    ap.add_argument("--cpu", action="store_true", help="run on the CPU (mtnlg's CPU build, torch on the CPU)")
+    ap.add_argument("--rows", default="", help="comma-separated row names to run (default: all)")
+    ap.add_argument("--systems", default="", help="comma-separated systems to run (default: all): " + ", ".join(SYSTEMS + ["attention"]))
+    ap.add_argument("--warmup", type=int)
+    ap.add_argument("--iters", type=int)
+    ap.add_argument("--threads", type=int, default=0, help="CPU threads (0: the library default)")
+    ap.add_argument("--precision", choices=["bf16", "fp32"])
+    ap.add_argument("--peak-tflops", type=float, default=0, help="the MFU peak (default: the GPU's dense bf16 peak)")
+    ap.add_argument("--compile-backend", default="")
+    ap.add_argument("--budget", type=float, default=540, help="seconds for the whole run; later runs are skipped")
+    ap.add_argument("--per-run", type=float, default=240, help="seconds at most for one run")
+    ap.add_argument("--out", default="gpu-bench-out", help="folder for recipes, run dirs, logs and results.json")
+    a = ap.parse_args()
+    a.device = "cpu" if a.cpu else "cuda"
+    a.warmup = a.warmup if a.warmup is not None else (1 if a.tiny else 3)
+    a.iters = a.iters if a.iters is not None else (3 if a.tiny else 10)
+    # On the CPU, Debian's torch runs bf16 autocast on a slow path; the smoke test is fp32 on both sides.
+    a.precision = a.precision or ("fp32" if a.cpu else "bf16")
+    # inductor on the CPU compiles C++ for minutes; the tiny mode only checks the column runs.
+    a.compile_backend = a.compile_backend or ("eager" if a.tiny else "inductor")
+    out = Path(a.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    budget = Budget(a.budget, a.per_run)
+
+    probe = subprocess.run([a.python, "-c", PROBE], capture_output=True, text=True)
+    if probe.returncode != 0:
+        sys.exit(f"gpu_bench: {a.python} cannot import torch: {probe.stderr.strip()[-300:]}")
+    a.torch = json.loads(probe.stdout)
+    device_name, peak_what = "cpu", "--peak-tflops"
+    if not a.cpu:
+        device_name = a.torch["gpu"] or sys.exit("gpu_bench: torch sees no CUDA device (--cpu for the CPU smoke test)")
+    if a.peak_tflops <= 0:
+        n = device_name.lower()
+        if a.cpu:
+            a.peak_tflops, peak_what = 1.0, "nominal: a CPU smoke test, its MFU columns mean nothing"
+        elif ("h100" in n or "h200" in n) and "pcie" not in n and "nvl" not in n:
+            a.peak_tflops, peak_what = 989.0, "H100/H200 SXM dense bf16 peak, data sheet"
+        elif "a100" in n and "pcie" not in n:
+            a.peak_tflops, peak_what = 312.0, "A100 SXM dense bf16 peak, data sheet"
+        else:
+            sys.exit(f"gpu_bench: no known peak for {device_name}: pass --peak-tflops (PEAK_TFLOPS=)")
+
+    unknown = [x for x in a.rows.split(",") if a.rows and x not in [r[0] for r in ROWS]] + [
+        x for x in a.systems.split(",") if a.systems and x not in SYSTEMS + ["attention"]]
+    if unknown:
+        sys.exit(f"gpu_bench: unknown row or system {unknown}: rows {[r[0] for r in ROWS]}, systems {SYSTEMS + ['attention']}")
+    rows = [r for r in ROWS if not a.rows or r[0] in a.rows.split(",")]
+    shapes = {}
+    for name, L, C, H, T, B, desc in rows:
+        if a.tiny:
+            L, C, H, T, B = TINY[name]
+        shapes[name] = (L, C, H, T, B, TINY_VOCAB if a.tiny else VOCAB)
+
+    t_start = time.time()
+    results = {"device": device_name, "torch": a.torch["version"], "peak_tflops": a.peak_tflops, "peak": peak_what, "precision": a.precision,
+               "warmup": a.warmup, "iters": a.iters, "date": time.strftime("%Y-%m-%d %H:%M:%S"), "rows": {}, "attention": []}
+
+    chosen = a.systems.split(",") if a.systems else SYSTEMS + ["attention"]
+    # Attention micro-benchmark first: seconds, and the shapes of the rows below.
+    att_shapes = [(s[4], s[3], s[2], s[1] // s[2]) for s in shapes.values()] if "attention" in chosen else []
+    torch_att = []
+    if att_shapes:
+        spec = ";".join(",".join(map(str, sh)) for sh in att_shapes)
+        rc, o, e = run(torch_cmd(a) + ["--attention", spec, f"--warmup={a.warmup}", f"--iters={max(a.iters, 10)}"], budget)
+        torch_att = [json.loads(l) for l in o.splitlines() if l.startswith("{")]
+        if rc != 0:
+            print(f"gpu_bench: PyTorch attention benchmark: {failure(rc, o, e)}", file=sys.stderr)
+    for i, (B, T, H, D) in enumerate(att_shapes):
+        entry = {"shape": (B, T, H, D), "torch": torch_att[i] if i < len(torch_att) else None, "mtnlg": {}}
+        if a.attn_bench:
+            dt = "bf16" if a.precision == "bf16" and not a.cpu else "f32"  # the CPU op is f32 only
+            env = dict(os.environ, OMP_NUM_THREADS=str(a.threads)) if a.threads else None
+            rc, o2, e2 = run([a.attn_bench, str(B), str(T), str(H), str(D), str(a.warmup), str(max(a.iters, 10)), a.device, dt],
+                             budget, env=env)
+            for l in o2.splitlines():
+                if l.startswith("{"):
+                    r = json.loads(l)
+                    entry["mtnlg"][r["backend"]] = r
+            if rc != 0:
+                entry["error"] = failure(rc, o2, e2)
+        results["attention"].append(entry)
+
+    runners = {
+        "mtnlg unfused": lambda shape, desc: bench_mtnlg(a, shape, "unfused", out, budget),
+        "mtnlg flash": lambda shape, desc: bench_mtnlg(a, shape, "flash", out, budget),
+        "PyTorch eager": lambda shape, desc: bench_torch(a, shape, False, budget),
+        "llm.c": lambda shape, desc: bench_llmc(a, shape, desc, out, budget),
+        "torch.compile": lambda shape, desc: bench_torch(a, shape, True, budget),
+    }
+    # torch.compile last, over every row: its compilation is the longest part, and when the
+    # budget runs out it is the column to lose (rerun it alone with --systems torch.compile).
+    for phase in (["mtnlg unfused", "mtnlg flash", "PyTorch eager", "llm.c"], ["torch.compile"]):
+        for name, *_rest, desc in rows:
+            shape = shapes[name]
+            L, C, H, T, B, V = shape
+            Vp = VOCAB_PADDED if V == VOCAB else V
+            row = results["rows"].setdefault(
+                name, {"shape": {"layers": L, "hidden": C, "heads": H, "seq": T, "batch": B, "vocab": Vp}, "systems": {}})
+            for k in phase:
+                v = runners[k](shape, desc) if k in chosen else {"error": "not selected (--systems)"}
+                if "tokens_per_s" in v:
+                    v["mfu72"] = v["tokens_per_s"] * flops72(L, C, T, Vp) / (a.peak_tflops * 1e12)
+                    v["mfu6n"] = v["tokens_per_s"] * flops6n(L, C, T, Vp) / (a.peak_tflops * 1e12)
+                row["systems"][k] = v
+            print(f"gpu_bench: {name}: {', '.join(phase)} done ({time.time() - t_start:.0f} s)", file=sys.stderr, flush=True)
+
+    results["elapsed_s"] = time.time() - t_start
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    print_tables(results, a)
+
+
+def print_tables(res, a):
+    print(f"gpu_bench {res['date']} | {res['device']} | torch {res['torch']} | {res['precision']} | median of {res['iters']} steps after "
+          f"{res['warmup']} warm-up | peak {res['peak_tflops']:g} TFLOP/s ({res['peak']})")
+    print("MFU72: 72*l*h^2*(1+s/(6h)+V/(12*l*h)) per token, attention counted dense (no causal halving; Megatron's and "
+          "mtnlg's log line). MFU6N: llm.c's 6*N + 6*l*h*s per token (the causal half).")
+    print("ratios: this row's tokens/s over the best PyTorch row (eager, compile) and over llm.c's.")
+    print()
+    print("| model | shape (l, h, heads, s, batch) | system | tokens/s | MFU72 | MFU6N | vs PyTorch | vs llm.c | note |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---|")
+    for name, row in res["rows"].items():
+        s = row["shape"]
+        shape = f"{s['layers']}, {s['hidden']}, {s['heads']}, {s['seq']}, {s['batch']}"
+        sy = row["systems"]
+        torch_best = max((sy[k].get("tokens_per_s") or 0 for k in ("PyTorch eager", "torch.compile")), default=0) or None
+        llmc = sy["llm.c"].get("tokens_per_s")
+        for k in SYSTEMS:
+            v = sy[k]
+            if "tokens_per_s" not in v:
+                print(f"| {name} | {shape} | {k} | {v['error']} | - | - | - | - | |")
+                continue
+            vs_t = vs_l = "-"
+            if k.startswith("mtnlg"):
+                vs_t = f"{v['tokens_per_s'] / torch_best:.2f}" if torch_best else "n/a"
+                vs_l = f"{v['tokens_per_s'] / llmc:.2f}" if llmc else "n/a"
+            note = [v["note"]] if v.get("note") else []
+            if "mfu72_logged" in v:
+                note.insert(0, f"logged MFU {100 * v['mfu72_logged']:.2f}%")
+            if v.get("peak_memory_bytes") and a.device == "cuda":
+                note.append(f"peak {v['peak_memory_bytes'] / 2**30:.1f} GiB")
+            note = "; ".join(note)
+            print(f"| {name} | {shape} | {k} | {fmt(v['tokens_per_s'])} | {100 * v['mfu72']:.2f}% | {100 * v['mfu6n']:.2f}% | "
+                  f"{vs_t} | {vs_l} | {note} |")
+    print()
+    print("Attention alone, causal, the gradient into the packed qkv: forward + backward ms (forward ms), medians;")
+    print("the ratio is mtnlg's faster form over PyTorch, forward + backward.")
+    print()
+    print("| shape (B, T, heads, head dim) | mtnlg unfused | mtnlg flash | PyTorch | PyTorch kernel | mtnlg best / PyTorch |")
+    print("|---|---:|---:|---:|---|---:|")
+    miss = "not run (no attn_bench binary)" if not a.attn_bench else "failed"
+
+    def both(r):
+        return f"{r['fwd_bwd_ms']:.3f} ({r['fwd_ms']:.3f})" if r else None
+
+    for e in res["attention"]:
+        t, m = e["torch"], e["mtnlg"]
+        fb = [m[k]["fwd_bwd_ms"] for k in ("unfused", "flash") if k in m]
+        ratio = f"{min(fb) / t['fwd_bwd_ms']:.2f}" if fb and t else "n/a"
+        print(f"| {', '.join(map(str, e['shape']))} | {both(m.get('unfused')) or e.get('error', miss)} | "
+              f"{both(m.get('flash')) or e.get('error', miss)} | {both(t) or 'failed'} | {t['backend'] if t else '-'} | {ratio} |")
+    print()
+    print(f"gpu_bench: {res['elapsed_s']:.0f} s; recipes, logs and results.json in {Path(a.out).resolve()}")
+
+
+if __name__ == "__main__":
+    main()
