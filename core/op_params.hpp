@@ -4,6 +4,8 @@
 #pragma once
 #include <cstdint>
 
+#include "core/tensor.hpp"
+
 namespace mtnlg::ops {
 
 // Dropout on the attention probabilities.
@@ -29,6 +31,24 @@ struct AdamWParams {
 struct AdamWSegment {
   int64_t offset = 0, numel = 0;
   bool weight_decay = true;
+};
+
+// The rows of a batch grouped by token for embedding_backward: `rows` i32 [N], the row
+// indices sorted by (token, row); `starts` i32 [runs + 1], where each distinct token's run
+// begins in `rows` (starts[runs] = N). Host-built (ops::embedding_grad_order) as one
+// buffer [runs, starts..., rows...] and viewed on whichever device it was placed.
+struct EmbeddingGradOrder {
+  Tensor rows, starts;
+  int64_t runs = 0;
+  // Views into a placed buffer of ops::embedding_grad_order for n ids; `runs` is read
+  // from the host copy (its first element).
+  static EmbeddingGradOrder from(const Tensor& placed, const Tensor& host, int64_t n) {
+    EmbeddingGradOrder o;
+    o.runs = host.data<int32_t>()[0];
+    o.starts = placed.flat(1, o.runs + 1);
+    o.rows = placed.flat(o.runs + 2, n);
+    return o;
+  }
 };
 
 }  // namespace mtnlg::ops

@@ -99,8 +99,16 @@ void attention_cached_forward(Tensor& out, Tensor& k_cache, Tensor& v_cache, con
 // ---- embeddings (vocab-parallel: this rank holds rows [vocab_start, vocab_start+V_local)) --
 // out[N,C] = table[tok - vocab_start] for ids in range, 0 otherwise.
 void embedding_forward(Tensor& out, const Tensor& tokens /* i32 [N] */, const Tensor& table, int64_t vocab_start);
-// dtable += dout rows for ids in range.
-void embedding_backward(Tensor& dtable, const Tensor& tokens, const Tensor& dout, int64_t vocab_start);
+// dtable += dout rows for ids in range, each element adding its rows in row order (so
+// every device and `order` give the same bits). `order` (optional): the rows grouped by
+// token, from embedding_grad_order on the same ids and placed beside them; on CUDA it
+// lets a block own each (token, column tile) instead of one thread per column walking
+// every row; the CPU does not need it.
+void embedding_backward(Tensor& dtable, const Tensor& tokens, const Tensor& dout, int64_t vocab_start,
+                        const EmbeddingGradOrder* order = nullptr);
+// The grouping of n token ids for embedding_backward, as one host i32 buffer (see
+// EmbeddingGradOrder::from for its layout) to upload with the ids.
+Tensor embedding_grad_order(const int32_t* tokens, int64_t n);
 // Rows of x are tokens in (sample, position) order; x holds global rows
 // [row_start, row_start+rows) of a micro batch whose sequences have seq_len tokens.
 // x[r,:] += pos[(row_start+r) % seq_len, :] ; dpos[...] += dx[r,:] (ordered by row).

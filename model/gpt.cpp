@@ -115,6 +115,7 @@ struct GptChunk::LayerActs {
 struct GptChunk::Saved {
   std::vector<LayerActs> layers;
   Tensor tokens, targets;  // i32 [N]
+  ops::EmbeddingGradOrder order;  // rows grouped by token (CUDA first stage, training)
   Tensor x_out;            // chunk output before the head [R, C]
   Tensor lnf, meanf, rstdf, lnf_full, logits, rowmax, sumexp;
   int64_t mbs = 0;
@@ -437,6 +438,8 @@ void GptChunk::check_forward_call(const MicroBatch& mb, int64_t B, int64_t T, in
 // there, side by side in one buffer, and place it on the model's device in one upload
 // (none on the CPU; on CUDA an asynchronous copy through pinned staging memory,
 // core/cuda/device.hpp). Inference calls carry inputs only (labels 0).
+// On CUDA the first stage's training calls also carry the ids' grouping by token for the
+// embedding backward (ops::embedding_grad_order), in the same upload.
 void GptChunk::place_tokens(const MicroBatch& mb, int64_t B, int64_t T, bool inference, Saved& s) const {
   const int64_t N = B * T, stride = inference ? T : T + 1;
   Tensor ids = Tensor::empty({2 * N}, DType::i32, Device::cpu);
@@ -447,9 +450,18 @@ void GptChunk::place_tokens(const MicroBatch& mb, int64_t B, int64_t T, bool inf
       in[b * T + t] = mb.tokens[b * stride + t];
       label[b * T + t] = inference ? 0 : mb.tokens[b * stride + t + 1];
     }
+  Tensor order;
+  if (!inference && spec_.has_embedding && dev_ == Device::cuda) {
+    order = ops::embedding_grad_order(in, N);
+    Tensor both = Tensor::empty({2 * N + order.numel()}, DType::i32, Device::cpu);
+    std::copy(in, in + 2 * N, both.data<int32_t>());
+    std::copy(order.data<int32_t>(), order.data<int32_t>() + order.numel(), both.data<int32_t>() + 2 * N);
+    ids = both;
+  }
   const Tensor placed = ids.on(dev_);
   s.tokens = placed.flat(0, N);
   s.targets = placed.flat(N, N);
+  if (order.defined()) s.order = ops::EmbeddingGradOrder::from(placed.flat(2 * N, order.numel()), order, N);
 }
 
 // First stage: vocab-parallel lookup (the sum of the tp ranks' masked lookups), positions
@@ -650,7 +662,7 @@ Tensor GptChunk::backward(int64_t mb_id, const MicroBatch& mb, const Tensor& dou
   ops::dropout_backward(dx, dx, cfg_.hidden_dropout, dropout_key(mb, -1, kEmbedding), hidden_dropout_base(mb, R));
   ops::position_backward(d_wpe_, dx, row_start, T);
   Tensor dfull = tp::leave_row_parallel_backward(tpc, sp, dx);
-  ops::embedding_backward(d_wte_, s.tokens, dfull, vocab_start_);
+  ops::embedding_backward(d_wte_, s.tokens, dfull, vocab_start_, s.order.rows.defined() ? &s.order : nullptr);
   report_ready(embedding_param_offsets_, mb);
   return Tensor();
 }

@@ -460,6 +460,8 @@ class Trainer {
   bool stop_after_step();  // checkpoints, stop signals and exit conditions after a step
   void save_now();
   void set_up_forensics();
+  void forward_backward(const data::Batch& batch, double loss_scale);
+  StepRead read_step();
   StepRead replay_step(const data::Batch& batch, double loss_scale);  // spike forensics
 
   const Recipe& r_;
@@ -688,27 +690,48 @@ void Trainer::set_up_forensics() {
     });
 }
 
-// The step's forward/backward again, from the same weights (the update has not run) with
-// the same keys, ending in the same host read (app/train/forensics.hpp). The nan fault
-// fires again (a persistent fault); bitflip_grad does not (a transient one).
-StepRead Trainer::replay_step(const data::Batch& batch, double loss_scale) {
+// The step's forward and backward with every gradient reduction: what train_step runs
+// first, and what a forensics replay runs again from the same weights (the update has
+// not run) with the same keys.
+void Trainer::forward_backward(const data::Batch& batch, double loss_scale) {
   store_.zero_grads();
   ops::fill(step_stats_, 0.0);
-  Tensor loss_acc = step_stats_.flat(0, 2), norm_sq = step_stats_.flat(2, 1);
   ddp_->begin(store_.grads());
+  mem::reset_peaks();  // per-iteration peaks in the stats
+  Tensor loss_acc = step_stats_.flat(0, 2);
   exec_->run_batch(batch, consumed_, mix_key(static_cast<uint64_t>(r_.training.seed), static_cast<uint64_t>(iteration_), 0xD0),
                    loss_scale, loss_acc);
+  // Grad reductions the model leaves to the end of the step: the tied word embedding
+  // between first and last stage, and sequence-parallel partial grads over tp.
   exec_->reduce_shared_grads(store_);
-  ddp_->finish();
-  if (inject_nan(fault_, g_.rank, iteration_ + 1)) ops::fill(store_.grads(), std::nan(""));
+  inject_slow_dp(fault_, g_.rank, iteration_ + 1);
+  ddp_->finish();  // every dp bucket summed (ZeRO-1 reduce-scatters in optim.prepare instead)
+}
+
+// The step's one host round trip: loss, tokens and the squared gradient norm together.
+// Every rank learns the batch loss (the last stage's tp-rank-0 ranks contribute) and
+// whether the norm was non-finite anywhere: skipping must be unanimous, replicas that
+// updated while another skipped would silently diverge.
+StepRead Trainer::read_step() {
+  Tensor norm_sq = step_stats_.flat(2, 1);
   optim_->prepare(store_.grads());
   optim_->grad_norm_sq(store_.grads(), norm_sq);
+  const parallel::StepPartScope part(parallel::StepPart::host_sync);
   const Tensor stats = step_stats_.to(Device::cpu);
   const double* st = stats.data<double>();
   const bool contributes = g_.is_last_stage() && g_.coord.tp == 0;
   double agreed[3] = {contributes ? st[0] : 0.0, contributes ? st[1] : 0.0, std::isfinite(st[2]) ? 0.0 : 1.0};
   if (g_.world && g_.world->size() > 1) g_.world->all_reduce(agreed, 3, parallel::ReduceOp::sum);
   return {agreed[1] > 0 ? agreed[0] / agreed[1] : 0.0, st[2], agreed[2] > 0};
+}
+
+// A forensics replay: the nan fault fires again (a persistent fault); bitflip_grad does
+// not (a transient one).
+StepRead Trainer::replay_step(const data::Batch& batch, double loss_scale) {
+  forward_backward(batch, loss_scale);
+  if (inject_nan(fault_, g_.rank, iteration_ + 1)) ops::fill(store_.grads(), std::nan(""));
+  const parallel::StepPartScope part(parallel::StepPart::optimizer);
+  return read_step();
 }
 
 void Trainer::save_now() {
@@ -741,48 +764,23 @@ void Trainer::save_now() {
 // (step time measured from t0, the start of the iteration).
 IterationStats Trainer::train_step(const data::Batch& batch, double lr, std::chrono::steady_clock::time_point t0) {
   const DeviceStepScope step_memory;  // no cache release (a device-wide wait) with collectives in flight
-  const uint64_t seed = static_cast<uint64_t>(r_.training.seed);
   const int64_t gbs = batch.global_batch_size;
   if (inject_at(fault_, "bitflip_param", g_.rank, iteration_ + 1)) flip_bit(store_.params(), fault_.bit);
-  store_.zero_grads();
   const double loss_scale = scaler_ ? scaler_->scale() : 1.0;
   const int64_t reads_before = device_to_host_copies(), uploads_before = host_to_device_copies();
-  ops::fill(step_stats_, 0.0);
-  Tensor loss_acc = step_stats_.flat(0, 2), norm_sq = step_stats_.flat(2, 1);
-  ddp_->begin(store_.grads());
-  mem::reset_peaks();  // per-iteration peaks in the stats
-  exec_->run_batch(batch, consumed_, mix_key(seed, static_cast<uint64_t>(iteration_), 0xD0), loss_scale, loss_acc);
-  // Grad reductions the model leaves to the end of the step: the tied word embedding
-  // between first and last stage, and sequence-parallel partial grads over tp.
-  exec_->reduce_shared_grads(store_);
-  inject_slow_dp(fault_, g_.rank, iteration_ + 1);
-  ddp_->finish();  // every dp bucket summed (ZeRO-1 reduce-scatters in optim.prepare instead)
+  forward_backward(batch, loss_scale);
   if (inject_nan(fault_, g_.rank, iteration_ + 1)) ops::fill(store_.grads(), std::nan(""));
   if (inject_overflow(fault_, g_.rank, iteration_ + 1)) ops::fill(store_.grads(), INFINITY);
   if (inject_at(fault_, "bitflip_grad", g_.rank, iteration_ + 1)) flip_bit(store_.grads(), fault_.bit);
   std::optional<parallel::StepPartScope> part(parallel::StepPart::optimizer);  // the step's parts
-  optim_->prepare(store_.grads());
-  optim_->grad_norm_sq(store_.grads(), norm_sq);
-  part.reset();
-  part.emplace(parallel::StepPart::host_sync);
-  // The step's one host round trip: loss, tokens and the squared gradient norm together.
-  const Tensor stats = step_stats_.to(Device::cpu);
-  const double* st = stats.data<double>();
-  // Every rank learns the batch loss (the last stage's tp-rank-0 ranks contribute) and
-  // whether the norm was non-finite anywhere: skipping must be unanimous, replicas that
-  // updated while another skipped would silently diverge.
-  const bool contributes = g_.is_last_stage() && g_.coord.tp == 0;
-  double agreed[3] = {contributes ? st[0] : 0.0, contributes ? st[1] : 0.0, std::isfinite(st[2]) ? 0.0 : 1.0};
-  if (g_.world && g_.world->size() > 1) g_.world->all_reduce(agreed, 3, parallel::ReduceOp::sum);
+  const StepRead first = read_step();
   // Spike and NaN forensics may replay the step, and drop or redo its update.
-  const ForensicsAction fa = forensics_->after_read(
-      iteration_ + 1, batch, {agreed[1] > 0 ? agreed[0] / agreed[1] : 0.0, st[2], agreed[2] > 0},
-      scaler_ && loss_scale > r_.optimizer.min_loss_scale, store_.grads(), [&] { return replay_step(batch, loss_scale); });
+  const ForensicsAction fa =
+      forensics_->after_read(iteration_ + 1, batch, first, scaler_ && loss_scale > r_.optimizer.min_loss_scale,
+                             store_.grads(), [&] { return replay_step(batch, loss_scale); });
   const bool dropped = fa.kind == ForensicsAction::skip || fa.kind == ForensicsAction::stop;
   if (fa.kind == ForensicsAction::stop) forensics_stop_ = fa.message;
   const double loss = fa.read.loss;
-  part.reset();
-  part.emplace(parallel::StepPart::optimizer);
   parallel::StepResult update = optim_->apply(store_.params(), store_.grads(), lr, &store_.weights(), loss_scale,
                                               std::sqrt(fa.read.norm_sq), fa.read.nonfinite || dropped);
   const bool nonfinite = (update.skipped && !dropped) || fa.read.nonfinite || !std::isfinite(loss);

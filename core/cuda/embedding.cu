@@ -5,7 +5,12 @@
 // `out`, position_forward adds in place. Determinism without atomics: every output
 // element of a backward is owned by one thread, which adds its inputs in row order, so
 // position_backward and embedding_backward reproduce the CPU's fp32 bits exactly (same
-// order, same starting value).
+// order, same starting value). embedding_backward with the host-built grouping of rows by
+// token (ops::EmbeddingGradOrder) runs a block per (token, column tile): the same sums in
+// the same order, with as many blocks as distinct tokens times column tiles instead of
+// C / 256.
+#include <climits>
+
 #include "core/cuda/common.cuh"
 
 namespace mtnlg::cuda::k {
@@ -59,7 +64,33 @@ __global__ void embedding_backward_kernel(float* dtable, const int32_t* tok, con
   }
 }
 
+// The same sums by token run: block x owns run x of the grouping (its rows in row order),
+// block y a tile of columns; each thread one column of that token's row in dtable.
+template <typename T>
+__global__ void embedding_backward_runs_kernel(float* dtable, const int32_t* tok, const int32_t* rows,
+                                               const int32_t* starts, const T* dout, int64_t C, int64_t vstart,
+                                               int64_t vlocal) {
+  const int64_t c = blockIdx.y * int64_t(blockDim.x) + threadIdx.x;
+  const int64_t b = starts[blockIdx.x], e = starts[blockIdx.x + 1];
+  const int64_t id = static_cast<int64_t>(tok[rows[b]]) - vstart;
+  if (c >= C || id < 0 || id >= vlocal) return;
+  float acc = dtable[id * C + c];
+  for (int64_t k = b; k < e; ++k) acc += to_f(dout[static_cast<int64_t>(rows[k]) * C + c]);
+  dtable[id * C + c] = acc;
+}
+
 }  // namespace
+
+void embedding_backward_runs(float* dtable, const int32_t* tok, const int32_t* rows, const int32_t* starts,
+                             int64_t runs, const void* dout, DType dt, int64_t C, int64_t vstart, int64_t vlocal) {
+  if (runs <= 0 || C <= 0) return;
+  if (runs > INT32_MAX || col_blocks(C, kThreads) > 65535) fail("embedding_backward: grid too large");
+  const dim3 grid(static_cast<unsigned>(runs), col_blocks(C, kThreads));
+  MTNLG_DT_SWITCH(dt, T,
+                  MTNLG_LAUNCH(grid, kThreads, 0, stream(), embedding_backward_runs_kernel<T>)(
+                      dtable, tok, rows, starts, static_cast<const T*>(dout), C, vstart, vlocal));
+  MTNLG_CUDA_LAUNCH_CHECK("embedding_backward_runs_kernel");
+}
 
 void position_forward(void* x, const void* pos, DType dt, int64_t rows, int64_t C, int64_t row_start, int64_t seq_len) {
   if (rows * C <= 0) return;
@@ -112,10 +143,16 @@ void embedding_forward(Tensor& out, const Tensor& tokens, const Tensor& table, i
   k::embedding_forward(out.raw(), ip(tokens), table.raw(), dt, N, C, vocab_start, table.dim(0));
 }
 
-void embedding_backward(Tensor& dtable, const Tensor& tokens, const Tensor& dout, int64_t vocab_start) {
+void embedding_backward(Tensor& dtable, const Tensor& tokens, const Tensor& dout, int64_t vocab_start,
+                        const ops::EmbeddingGradOrder* order) {
   const char* op = "embedding_backward";
   const DType dt = cuda_dtype(op, "dout", dout.dtype());
   const int64_t C = dtable.dim(1), N = tokens.numel();
+  if (order) {
+    k::embedding_backward_runs(f(dtable), ip(tokens), ip(order->rows), ip(order->starts), order->runs, dout.raw(), dt, C,
+                               vocab_start, dtable.dim(0));
+    return;
+  }
   k::embedding_backward(f(dtable), ip(tokens), dout.raw(), dt, N, C, vocab_start, dtable.dim(0));
 }
 

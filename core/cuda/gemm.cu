@@ -15,7 +15,8 @@
 // (the first that runs is kept in front); when cuBLASLt has none, or none runs, the GEMM
 // goes to cublasGemmEx (same fp32 compute) instead of failing. The
 // bias epilogue is used when the bias pointer is 16-byte aligned and the heuristic offers
-// an algorithm for it; otherwise the GEMM runs plain and bias_add_forward adds the bias.
+// an algorithm for it; otherwise the GEMM runs plain and a kernel adds the bias — for
+// bf16/fp16 outputs to the fp32 product, rounding once, as the epilogue and the CPU do.
 #include <cublasLt.h>
 #include <cublas_v2.h>
 
@@ -242,7 +243,8 @@ void zero(void* x, DType dt, int64_t n) {
 
 }  // namespace
 
-void bias_add_forward(void* x, const void* b, DType dt, int64_t N, int64_t C);  // below
+void bias_add_forward(void* x, const void* b, DType dt, int64_t N, int64_t C);                  // below
+void bias_add_round(void* out, const float* acc, const void* b, DType dt, int64_t N, int64_t C);  // below
 
 void gemm_forward(void* out, const void* inp, const void* w, const void* bias, DType dt, int64_t N, int64_t C, int64_t OC) {
   if (N <= 0 || OC <= 0) return;
@@ -256,6 +258,12 @@ void gemm_forward(void* out, const void* inp, const void* w, const void* bias, D
   if (fuse && lt_matmul(true, false, OC, N, C, w, dt, C, inp, C, out, dt, OC, 0.0f,
                         Epilogue{CUBLASLT_EPILOGUE_BIAS, bias, dt}))
     return;
+  if (bias && dt != DType::f32) {  // the product in fp32, then bias and one rounding (as the epilogue)
+    DeviceBuffer<float> acc(N * OC);
+    lt_matmul(true, false, OC, N, C, w, dt, C, inp, C, acc.data(), DType::f32, OC, 0.0f);
+    bias_add_round(out, acc.data(), bias, dt, N, OC);
+    return;
+  }
   lt_matmul(true, false, OC, N, C, w, dt, C, inp, C, out, dt, OC, 0.0f);
   if (bias) bias_add_forward(out, bias, dt, N, OC);
 }
@@ -330,6 +338,13 @@ __global__ void bias_add_kernel(T* x, const T* b, int64_t N, int64_t C) {
 }
 
 template <typename T>
+__global__ void bias_add_round_kernel(T* out, const float* acc, const T* b, int64_t N, int64_t C) {
+  const int64_t n = N * C;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    out[i] = from_f<T>(acc[i] + to_f(b[i % C]));
+}
+
+template <typename T>
 __global__ void colsum_partial_kernel(float* partial, const T* x, int64_t N, int64_t C) {
   const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (c >= C) return;
@@ -357,6 +372,14 @@ void bias_add_forward(void* x, const void* b, DType dt, int64_t N, int64_t C) {
                   MTNLG_LAUNCH(grid_for(N * C, kThreads), kThreads, 0, stream(), bias_add_kernel<T>)(
                       static_cast<T*>(x), static_cast<const T*>(b), N, C));
   MTNLG_CUDA_LAUNCH_CHECK("bias_add_kernel");
+}
+
+void bias_add_round(void* out, const float* acc, const void* b, DType dt, int64_t N, int64_t C) {
+  if (N * C <= 0) return;
+  MTNLG_DT_SWITCH(dt, T,
+                  MTNLG_LAUNCH(grid_for(N * C, kThreads), kThreads, 0, stream(), bias_add_round_kernel<T>)(
+                      static_cast<T*>(out), acc, static_cast<const T*>(b), N, C));
+  MTNLG_CUDA_LAUNCH_CHECK("bias_add_round_kernel");
 }
 
 void bias_add_backward(float* db, const void* dout, DType dt, int64_t N, int64_t C) {

@@ -58,7 +58,8 @@ void attention_backward_probs(Tensor& dqkv, const Tensor& dout, const Tensor& qk
                               const ops::AttentionDropout& drop);
 
 void embedding_forward(Tensor& out, const Tensor& tokens, const Tensor& table, int64_t vocab_start);
-void embedding_backward(Tensor& dtable, const Tensor& tokens, const Tensor& dout, int64_t vocab_start);
+void embedding_backward(Tensor& dtable, const Tensor& tokens, const Tensor& dout, int64_t vocab_start,
+                        const ops::EmbeddingGradOrder* order);
 void position_forward(Tensor& x, const Tensor& pos, int64_t row_start, int64_t seq_len);
 void position_backward(Tensor& dpos, const Tensor& dx, int64_t row_start, int64_t seq_len);
 void bias_add_forward(Tensor& x, const Tensor& b);

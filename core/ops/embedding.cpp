@@ -5,6 +5,8 @@
 #include "core/ops.hpp"
 
 #include <algorithm>
+#include <numeric>
+#include <vector>
 
 #include "core/ops/common.hpp"
 
@@ -104,14 +106,34 @@ void embedding_forward(Tensor& out, const Tensor& tokens, const Tensor& table, i
   });
 }
 
-void embedding_backward(Tensor& dtable, const Tensor& tokens, const Tensor& dout, int64_t vocab_start) {
+Tensor embedding_grad_order(const int32_t* tokens, int64_t n) {
+  std::vector<int32_t> rows(static_cast<size_t>(n));
+  std::iota(rows.begin(), rows.end(), 0);
+  std::stable_sort(rows.begin(), rows.end(), [&](int32_t a, int32_t b) { return tokens[a] < tokens[b]; });
+  std::vector<int32_t> starts;
+  for (int64_t i = 0; i < n; ++i)
+    if (i == 0 || tokens[rows[static_cast<size_t>(i)]] != tokens[rows[static_cast<size_t>(i - 1)]])
+      starts.push_back(static_cast<int32_t>(i));
+  const int64_t runs = static_cast<int64_t>(starts.size());
+  starts.push_back(static_cast<int32_t>(n));
+  Tensor out = Tensor::empty({1 + (runs + 1) + n}, DType::i32, Device::cpu);
+  int32_t* o = out.data<int32_t>();
+  o[0] = static_cast<int32_t>(runs);
+  std::copy(starts.begin(), starts.end(), o + 1);
+  std::copy(rows.begin(), rows.end(), o + 1 + runs + 1);
+  return out;
+}
+
+void embedding_backward(Tensor& dtable, const Tensor& tokens, const Tensor& dout, int64_t vocab_start,
+                        const EmbeddingGradOrder* order) {
   const bool cuda = same_device("embedding_backward", {&dtable, &tokens, &dout});
   const DType dt = act_dtype("embedding_backward", {{"dout", &dout}}, {{"dtable", &dtable}});
   expect_i32("embedding_backward", "tokens", tokens);
   expect_ndim("embedding_backward", "dtable", dtable, 2);
   int64_t C = dtable.dim(1), N = tokens.numel();
   expect_numel("embedding_backward", "dout", dout, N * C);
-  MTNLG_CUDA_DISPATCH(cuda, embedding_backward(dtable, tokens, dout, vocab_start));
+  if (order) expect_numel("embedding_backward", "order.rows", order->rows, N);
+  MTNLG_CUDA_DISPATCH(cuda, embedding_backward(dtable, tokens, dout, vocab_start, order));
   if (is_low(dt)) {
     Widened wd;
     return embedding_backward(dtable, tokens, wd.in(dout), vocab_start);

@@ -198,6 +198,21 @@ TEST_CASE("ops: embeddings, positions (fp64 finite differences)", "[ops]") {
   check_grad("position", pos, dpos, loss);
 }
 
+// The grouping of ids by token that the CUDA embedding backward walks: runs of equal ids
+// in ascending id, rows ascending within a run; [runs, starts..., rows...].
+TEST_CASE("ops: embedding_grad_order groups rows by token, in row order", "[ops]") {
+  const int32_t ids[] = {7, 8, 9, 12, 8, 3, 7};
+  const Tensor o = ops::embedding_grad_order(ids, 7);
+  const int32_t want[] = {5, /*starts*/ 0, 1, 3, 5, 6, 7, /*rows*/ 5, 0, 6, 1, 4, 2, 3};
+  REQUIRE(o.numel() == 14);
+  for (int i = 0; i < 14; ++i) CHECK(o.data<int32_t>()[i] == want[i]);
+  const ops::EmbeddingGradOrder view = ops::EmbeddingGradOrder::from(o, o, 7);
+  CHECK(view.runs == 5);
+  CHECK(view.starts.numel() == 6);
+  CHECK(view.rows.data<int32_t>()[0] == 5);
+  CHECK(ops::embedding_grad_order(ids, 0).data<int32_t>()[0] == 0);
+}
+
 TEST_CASE("ops: bias add (fp64 finite differences)", "[ops]") {
   std::mt19937_64 g(8);
   Tensor x = randn({5, 70}, g), b = randn({70}, g), R = randn({5, 70}, g), y = Tensor::empty({5, 70}, DType::f64);
