@@ -54,6 +54,11 @@ void matmul_dgelu_backward(Tensor& dpre, Tensor& dbias, const Tensor& dout, cons
 // out[N,C] = (inp - mean)*rstd*w + b; saves mean[N], rstd[N] for backward.
 void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& inp, const Tensor& w, const Tensor& b,
                        double eps);
+// The residual add and the next LayerNorm in one pass: sum = a + b (stored in the
+// activation dtype), out = layernorm(sum) with mean/rstd saved, exactly as add() then
+// layernorm_forward() (the same roundings; on CUDA one kernel reads a and b once).
+void add_layernorm_forward(Tensor& sum, Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& a, const Tensor& b,
+                           const Tensor& w, const Tensor& bias, double eps);
 // dinp = (accumulate? +=: =), dw +=, db +=
 void layernorm_backward(Tensor& dinp, Tensor& dw, Tensor& db, const Tensor& dout, const Tensor& inp, const Tensor& w,
                         const Tensor& mean, const Tensor& rstd, bool accumulate_dinp = false);

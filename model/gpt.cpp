@@ -278,13 +278,11 @@ void GptChunk::layer_forward(int64_t li, const Tensor& x, Tensor& y, LayerActs& 
   Tensor proj = tp::leave_row_parallel_forward(tpc, sp, proj_partial);
   ops::bias_add_forward(proj, p.proj_b);
   ops::dropout_forward(proj, proj, cfg_.hidden_dropout, dropout_key(mb, layer, kAttnOut), row_base);
-  a.x2 = Tensor::empty({R, C}, dt, dev_);
-  ops::add(a.x2, x, proj);
-
+  a.x2 = Tensor::empty({R, C}, dt, dev_);  // the residual stream after attention, and its LayerNorm
   a.ln2 = Tensor::empty({R, C}, dt, dev_);
   a.mean2 = Tensor::empty({R}, wide, dev_);
   a.rstd2 = Tensor::empty({R}, wide, dev_);
-  ops::layernorm_forward(a.ln2, a.mean2, a.rstd2, a.x2, p.ln2_w, p.ln2_b, cfg_.layernorm_eps);
+  ops::add_layernorm_forward(a.x2, a.ln2, a.mean2, a.rstd2, x, proj, p.ln2_w, p.ln2_b, cfg_.layernorm_eps);
   a.ln2_full = tp::enter_column_parallel_forward(tpc, sp, a.ln2);
   a.fc1 = Tensor::empty({N, ffn_local_}, dt, dev_);
   a.gel = Tensor::empty({N, ffn_local_}, dt, dev_);

@@ -4,7 +4,8 @@
 // stream), dw and db ACCUMULATE (fp32). mean and rstd are saved in fp32 whatever the
 // activation dtype.
 //
-// Forward and dinp: one warp per row, two passes over the row (mean, then the
+// Forward (optionally with the residual add before it: add_layernorm_forward) and dinp:
+// one warp per row, two passes over the row (mean, then the
 // variance of the deviations, as the CPU does, which avoids E[x^2]-E[x]^2
 // cancellation); rows are short enough (C <= a few 10^4) that the re-reads hit L1/L2.
 // dw/db: deterministic two-stage column sums over fixed 256-row chunks (no atomics).
@@ -18,15 +19,25 @@ constexpr int kThreads = 256;  // 8 warps = 8 rows per block
 constexpr int kRowsPerBlock = kThreads / 32;
 constexpr int64_t kRowChunk = 256;
 
+// With `res_a` and `res_b`, the input row is their sum, stored into `inp` (rounded to T)
+// by the first pass; the LayerNorm then reads the stored sum, as add() then this kernel
+// would (the same bits; each lane re-reads only the elements it wrote).
 template <typename T>
-__global__ void layernorm_forward_kernel(T* out, float* mean, float* rstd, const T* inp, const T* w, const T* b, int64_t N,
-                                         int64_t C, float eps) {
+__global__ void layernorm_forward_kernel(T* out, float* mean, float* rstd, T* inp, const T* w, const T* b, int64_t N,
+                                         int64_t C, float eps, const T* res_a, const T* res_b) {
   const int lane = threadIdx.x & 31;
   const int64_t row = blockIdx.x * int64_t(kRowsPerBlock) + threadIdx.x / 32;
   if (row >= N) return;
-  const T* x = inp + row * C;
+  T* x = inp + row * C;
   float s = 0;
-  for (int64_t c = lane; c < C; c += 32) s += to_f(x[c]);
+  if (res_a) {
+    for (int64_t c = lane; c < C; c += 32) {
+      x[c] = from_f<T>(to_f(res_a[row * C + c]) + to_f(res_b[row * C + c]));
+      s += to_f(x[c]);
+    }
+  } else {
+    for (int64_t c = lane; c < C; c += 32) s += to_f(x[c]);
+  }
   const float m = warp_sum(s) / static_cast<float>(C);
   float v = 0;
   for (int64_t c = lane; c < C; c += 32) {
@@ -110,9 +121,21 @@ void layernorm_forward(void* out, float* mean, float* rstd, const void* inp, con
   if (N <= 0) return;
   MTNLG_DT_SWITCH(dt, T,
                   MTNLG_LAUNCH(row_blocks(N), kThreads, 0, stream(), layernorm_forward_kernel<T>)(
-                      static_cast<T*>(out), mean, rstd, static_cast<const T*>(inp), static_cast<const T*>(w),
-                      static_cast<const T*>(b), N, C, static_cast<float>(eps)));
+                      static_cast<T*>(out), mean, rstd, static_cast<T*>(const_cast<void*>(inp)),
+                      static_cast<const T*>(w), static_cast<const T*>(b), N, C, static_cast<float>(eps), nullptr,
+                      nullptr));
   MTNLG_CUDA_LAUNCH_CHECK("layernorm_forward_kernel");
+}
+
+void add_layernorm_forward(void* sum, void* out, float* mean, float* rstd, const void* a, const void* b, const void* w,
+                           const void* bias, DType dt, int64_t N, int64_t C, double eps) {
+  if (N <= 0) return;
+  MTNLG_DT_SWITCH(dt, T,
+                  MTNLG_LAUNCH(row_blocks(N), kThreads, 0, stream(), layernorm_forward_kernel<T>)(
+                      static_cast<T*>(out), mean, rstd, static_cast<T*>(sum), static_cast<const T*>(w),
+                      static_cast<const T*>(bias), N, C, static_cast<float>(eps), static_cast<const T*>(a),
+                      static_cast<const T*>(b)));
+  MTNLG_CUDA_LAUNCH_CHECK("layernorm_forward_kernel (residual)");
 }
 
 void layernorm_backward(void* dinp, float* dw, float* db, const void* dout, const void* inp, const void* w,
@@ -151,6 +174,13 @@ void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& in
   const DType dt = cuda_dtype(op, "out", out.dtype());
   const int64_t C = w.numel(), N = C ? inp.numel() / C : 0;
   k::layernorm_forward(out.raw(), f(mean), f(rstd), inp.raw(), w.raw(), b.raw(), dt, N, C, eps);
+}
+
+void add_layernorm_forward(Tensor& sum, Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& a, const Tensor& b,
+                           const Tensor& w, const Tensor& bias, double eps) {
+  const DType dt = cuda_dtype("add_layernorm_forward", "out", out.dtype());
+  const int64_t C = w.numel(), N = C ? sum.numel() / C : 0;
+  k::add_layernorm_forward(sum.raw(), out.raw(), f(mean), f(rstd), a.raw(), b.raw(), w.raw(), bias.raw(), dt, N, C, eps);
 }
 
 void layernorm_backward(Tensor& dinp, Tensor& dw, Tensor& db, const Tensor& dout, const Tensor& inp, const Tensor& w,

@@ -113,6 +113,26 @@ void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& in
   });
 }
 
+void add_layernorm_forward(Tensor& sum, Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& a, const Tensor& b,
+                           const Tensor& w, const Tensor& bias, double eps) {
+  const bool cuda = same_device("add_layernorm_forward", {&sum, &out, &mean, &rstd, &a, &b, &w, &bias});
+  expect_numel("add_layernorm_forward", "a", a, sum.numel());
+  expect_numel("add_layernorm_forward", "b", b, sum.numel());
+  if (cuda) {  // the checks layernorm_forward makes, before the fused kernel
+    act_dtype("add_layernorm_forward", {{"out", &out}, {"sum", &sum}, {"a", &a}, {"b", &b}, {"w", &w}, {"bias", &bias}},
+              {{"mean", &mean}, {"rstd", &rstd}});
+    const int64_t C = w.numel(), N = C ? sum.numel() / C : 0;
+    expect_numel("add_layernorm_forward", "sum", sum, N * C);
+    expect_numel("add_layernorm_forward", "bias", bias, C);
+    expect_numel("add_layernorm_forward", "out", out, N * C);
+    expect_numel("add_layernorm_forward", "mean", mean, N);
+    expect_numel("add_layernorm_forward", "rstd", rstd, N);
+  }
+  MTNLG_CUDA_DISPATCH(cuda, add_layernorm_forward(sum, out, mean, rstd, a, b, w, bias, eps));
+  add(sum, a, b);
+  layernorm_forward(out, mean, rstd, sum, w, bias, eps);
+}
+
 void layernorm_backward(Tensor& dinp, Tensor& dw, Tensor& db, const Tensor& dout, const Tensor& inp, const Tensor& w,
                         const Tensor& mean, const Tensor& rstd, bool accumulate_dinp) {
   const bool cuda = same_device("layernorm_backward", {&dinp, &dw, &db, &dout, &inp, &w, &mean, &rstd});

@@ -459,6 +459,38 @@ TEST_CASE("cuda layernorm forward/backward vs CPU", "[gpu]") {
   }
 }
 
+// The residual add fused into the LayerNorm: against the CPU (within the dtype's bound)
+// and bit for bit against add() then layernorm_forward() on the device.
+TEST_CASE("cuda residual add + layernorm forward vs CPU and vs the two ops", "[gpu]") {
+  if (!gpu_ready()) return;
+  std::mt19937_64 g(23);
+  for (auto [N, C] : {std::pair<int64_t, int64_t>{1, 1}, {7, 33}, {129, 256}}) {
+    for (DType dt : kTypes) {
+      INFO("N " << N << " C " << C << " " << to_string(dt));
+      Tensor a = randn({N, C}, g), b = randn({N, C}, g), w = randn({C}, g), bias = randn({C}, g);
+      Tensor ra = rounded(a, dt), rb = rounded(b, dt), rw = rounded(w, dt), rbias = rounded(bias, dt);
+      Tensor sum = cpu_zeros({N, C}), out = cpu_zeros({N, C}), mean = cpu_zeros({N}), rstd = cpu_zeros({N});
+      ops::add_layernorm_forward(sum, out, mean, rstd, ra, rb, rw, rbias, 1e-5);
+      Tensor ga = to_gpu(a, dt), gb = to_gpu(b, dt), gw = to_gpu(w, dt), gbias = to_gpu(bias, dt);
+      Tensor gsum = poisoned({N, C}, dt), gout = poisoned({N, C}, dt), gmean = poisoned({N}, DType::f32),
+             grstd = poisoned({N}, DType::f32);
+      ops::add_layernorm_forward(gsum, gout, gmean, grstd, ga, gb, gw, gbias, 1e-5);
+      check_close("sum", gsum, sum, rtol_for(dt));
+      check_close("out", gout, out, rtol_for(dt));
+      check_close("mean", gmean, mean, rtol_for(dt));
+      check_close("rstd", grstd, rstd, rtol_for(dt));
+      Tensor s2 = poisoned({N, C}, dt), o2 = poisoned({N, C}, dt), m2 = poisoned({N}, DType::f32),
+             r2 = poisoned({N}, DType::f32);
+      ops::add(s2, ga, gb);
+      ops::layernorm_forward(o2, m2, r2, s2, gw, gbias, 1e-5);
+      for (auto [x, y] : {std::pair<Tensor*, Tensor*>{&gsum, &s2}, {&gout, &o2}, {&gmean, &m2}, {&grstd, &r2}}) {
+        Tensor hx = x->to(Device::cpu), hy = y->to(Device::cpu);
+        CHECK(std::memcmp(hx.raw(), hy.raw(), static_cast<size_t>(hx.nbytes())) == 0);
+      }
+    }
+  }
+}
+
 TEST_CASE("cuda gelu forward/backward vs CPU", "[gpu]") {
   if (!gpu_ready()) return;
   std::mt19937_64 g(5);
