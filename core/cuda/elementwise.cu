@@ -2,10 +2,13 @@
 // core/ops/elementwise.cpp.
 //
 // Gradient contract: gelu_backward and dropout (used for dropout_backward too) WRITE
-// their outputs. All loops are grid-stride over int64 indices; arithmetic in fp32.
+// their outputs. All loops are grid-stride over int64 indices; arithmetic in fp32; add,
+// GELU and dropout move 16-byte packs when their pointers allow (map2 below).
 // Dropout uses the CPU's counter mapping exactly (cpu::keep() in core/ops/common.hpp): element e is
 // kept iff philox_uniform(key, 0, base + e) >= float(p), and kept values are multiplied
 // by float(1/(1-p)), so fp32 outputs are bit-identical to the CPU's.
+#include <cstdint>
+
 #include "core/cuda/common.cuh"
 #include "core/rng.hpp"
 
@@ -27,12 +30,6 @@ __global__ void fill_i32_kernel(int32_t* x, int64_t n, int32_t v) {
 }
 
 template <typename T>
-__global__ void add_kernel(T* out, const T* a, const T* b, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    out[i] = from_f<T>(to_f(a[i]) + to_f(b[i]));
-}
-
-template <typename T>
 __global__ void scale_kernel(T* x, int64_t n, float s) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     x[i] = from_f<T>(to_f(x[i]) * s);
@@ -48,35 +45,73 @@ __global__ void fill_f64_kernel(double* x, int64_t n, double v) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) x[i] = v;
 }
 
+// The memory-bound elementwise ops as one loop: out[i] = f(i, a[i], b[i]) in fp32 (b is a
+// again for one-input ops), over n elements. With `packed` (every pointer 16-byte
+// aligned) each thread moves 16 bytes per load and store — 4 floats or 8 bf16/fp16 — and
+// the tail past the last whole pack runs element by element; f sees the same (i, values)
+// either way, so the same bits.
 template <typename T>
-__global__ void gelu_forward_kernel(T* out, const T* inp, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    const float x = to_f(inp[i]);
-    const float u = kGeluC * (x + 0.044715f * x * x * x);
-    out[i] = from_f<T>(0.5f * x * (1.0f + tanhf(u)));
+struct alignas(16) Pack16 {
+  T v[16 / sizeof(T)];
+};
+
+template <typename T, typename F>
+__global__ void map2_kernel(T* out, const T* a, const T* b, int64_t n, bool packed, F f) {
+  const int64_t tid = blockIdx.x * int64_t(blockDim.x) + threadIdx.x, stride = int64_t(gridDim.x) * blockDim.x;
+  int64_t done = 0;
+  if (packed) {
+    constexpr int P = static_cast<int>(16 / sizeof(T));
+    const int64_t packs = n / P;
+    for (int64_t j = tid; j < packs; j += stride) {
+      const Pack16<T> x = reinterpret_cast<const Pack16<T>*>(a)[j], y = reinterpret_cast<const Pack16<T>*>(b)[j];
+      Pack16<T> z;
+      for (int k = 0; k < P; ++k) z.v[k] = from_f<T>(f(j * P + k, to_f(x.v[k]), to_f(y.v[k])));
+      reinterpret_cast<Pack16<T>*>(out)[j] = z;
+    }
+    done = packs * P;
   }
+  for (int64_t i = done + tid; i < n; i += stride) out[i] = from_f<T>(f(i, to_f(a[i]), to_f(b[i])));
 }
 
-template <typename T>
-__global__ void gelu_backward_kernel(T* dinp, const T* inp, const T* dout, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    const float x = to_f(inp[i]);
+struct AddOp {
+  __device__ __forceinline__ float operator()(int64_t, float x, float y) const { return x + y; }
+};
+
+struct GeluOp {  // y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+  __device__ __forceinline__ float operator()(int64_t, float x, float) const {
+    const float u = kGeluC * (x + 0.044715f * x * x * x);
+    return 0.5f * x * (1.0f + tanhf(u));
+  }
+};
+
+struct GeluBackwardOp {  // (x = the GELU's input, g = the gradient of its output)
+  __device__ __forceinline__ float operator()(int64_t, float x, float g) const {
     const float u = kGeluC * (x + 0.044715f * x * x * x);
     const float th = tanhf(u);
     const float sech2 = 1.0f - th * th;
     const float du = kGeluC * (1.0f + float(3 * 0.044715) * x * x);
-    dinp[i] = from_f<T>(to_f(dout[i]) * (0.5f * (1.0f + th) + 0.5f * x * sech2 * du));
+    return g * (0.5f * (1.0f + th) + 0.5f * x * sech2 * du);
   }
-}
+};
 
-template <typename T>
-__global__ void dropout_kernel(T* out, const T* inp, int64_t n, float p, float s, uint64_t key, uint64_t base) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    const bool kept = philox_uniform(key, 0, base + static_cast<uint64_t>(i)) >= p;
-    out[i] = kept ? from_f<T>(to_f(inp[i]) * s) : from_f<T>(0.0f);
+struct DropoutOp {
+  float p, s;
+  uint64_t key, base;
+  __device__ __forceinline__ float operator()(int64_t i, float x, float) const {
+    return philox_uniform(key, 0, base + static_cast<uint64_t>(i)) >= p ? x * s : 0.0f;
   }
-}
+};
 
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+template <typename T, typename F>
+void map2(T* out, const T* a, const T* b, int64_t n, F f, const char* name) {
+  const bool packed = aligned16(out) && aligned16(a) && aligned16(b);
+  constexpr int64_t P = static_cast<int64_t>(16 / sizeof(T));
+  const int64_t work = packed ? n / P + n % P : n;
+  MTNLG_LAUNCH(grid_for(work, kThreads), kThreads, 0, stream(), map2_kernel<T, F>)(out, a, b, n, packed, f);
+  MTNLG_CUDA_LAUNCH_CHECK(name);
+}
 
 }  // namespace
 
@@ -94,10 +129,7 @@ void fill_i32(int32_t* x, int64_t n, int32_t value) {
 
 void add(void* out, const void* a, const void* b, DType dt, int64_t n) {
   if (n <= 0) return;
-  MTNLG_DT_SWITCH(dt, T,
-                  MTNLG_LAUNCH(grid_for(n, kThreads), kThreads, 0, stream(), add_kernel<T>)(
-                      static_cast<T*>(out), static_cast<const T*>(a), static_cast<const T*>(b), n));
-  MTNLG_CUDA_LAUNCH_CHECK("add_kernel");
+  MTNLG_DT_SWITCH(dt, T, map2(static_cast<T*>(out), static_cast<const T*>(a), static_cast<const T*>(b), n, AddOp{}, "add"));
 }
 
 void scale(void* x, DType dt, int64_t n, float s) {
@@ -124,17 +156,15 @@ void fill_f64(double* x, int64_t n, double value) {
 void gelu_forward(void* out, const void* inp, DType dt, int64_t n) {
   if (n <= 0) return;
   MTNLG_DT_SWITCH(dt, T,
-                  MTNLG_LAUNCH(grid_for(n, kThreads), kThreads, 0, stream(), gelu_forward_kernel<T>)(
-                      static_cast<T*>(out), static_cast<const T*>(inp), n));
-  MTNLG_CUDA_LAUNCH_CHECK("gelu_forward_kernel");
+                  map2(static_cast<T*>(out), static_cast<const T*>(inp), static_cast<const T*>(inp), n, GeluOp{},
+                       "gelu_forward"));
 }
 
 void gelu_backward(void* dinp, const void* inp, const void* dout, DType dt, int64_t n) {
   if (n <= 0) return;
   MTNLG_DT_SWITCH(dt, T,
-                  MTNLG_LAUNCH(grid_for(n, kThreads), kThreads, 0, stream(), gelu_backward_kernel<T>)(
-                      static_cast<T*>(dinp), static_cast<const T*>(inp), static_cast<const T*>(dout), n));
-  MTNLG_CUDA_LAUNCH_CHECK("gelu_backward_kernel");
+                  map2(static_cast<T*>(dinp), static_cast<const T*>(inp), static_cast<const T*>(dout), n,
+                       GeluBackwardOp{}, "gelu_backward"));
 }
 
 void dropout(void* out, const void* inp, DType dt, int64_t n, double p, uint64_t key, uint64_t base) {
@@ -148,9 +178,8 @@ void dropout(void* out, const void* inp, DType dt, int64_t n, double p, uint64_t
   }
   const float fp = static_cast<float>(p), s = static_cast<float>(1.0 / (1.0 - p));  // as the CPU rounds them
   MTNLG_DT_SWITCH(dt, T,
-                  MTNLG_LAUNCH(grid_for(n, kThreads), kThreads, 0, stream(), dropout_kernel<T>)(
-                      static_cast<T*>(out), static_cast<const T*>(inp), n, fp, s, key, base));
-  MTNLG_CUDA_LAUNCH_CHECK("dropout_kernel");
+                  map2(static_cast<T*>(out), static_cast<const T*>(inp), static_cast<const T*>(inp), n,
+                       DropoutOp{fp, s, key, base}, "dropout"));
 }
 
 }  // namespace mtnlg::cuda::k

@@ -491,6 +491,43 @@ TEST_CASE("cuda residual add + layernorm forward vs CPU and vs the two ops", "[g
   }
 }
 
+// add, GELU and dropout move 16-byte packs when every pointer is 16-byte aligned and go
+// element by element otherwise: both paths (aligned buffers; views one element in) and a
+// tail past the last whole pack (n = 1003) give the CPU's values, dropout its exact mask.
+TEST_CASE("cuda elementwise ops on packed and unpacked paths vs CPU", "[gpu]") {
+  if (!gpu_ready()) return;
+  std::mt19937_64 g(24);
+  const int64_t n = 1003;
+  for (DType dt : kTypes) {
+    for (int64_t off : {0, 1}) {
+      INFO(to_string(dt) << " offset " << off);
+      Tensor a = randn({n}, g), b = randn({n}, g);
+      Tensor ra = rounded(a, dt), rb = rounded(b, dt);
+      Tensor ga_buf = to_gpu(randn({n + 1}, g), dt), gb_buf = to_gpu(randn({n + 1}, g), dt);
+      Tensor ga = ga_buf.flat(off, n), gb = gb_buf.flat(off, n);
+      ga.copy_from(to_gpu(a, dt));
+      gb.copy_from(to_gpu(b, dt));
+      Tensor out_buf = poisoned({n + 1}, dt);
+      Tensor gout = out_buf.flat(off, n);
+      Tensor ref = cpu_zeros({n});
+      ops::add(ref, ra, rb);
+      ops::add(gout, ga, gb);
+      check_close("add", gout, ref, rtol_for(dt));
+      ops::gelu_forward(ref, ra);
+      ops::gelu_forward(gout, ga);
+      check_close("gelu", gout, ref, rtol_for(dt));
+      ops::gelu_backward(ref, ra, rb);
+      ops::gelu_backward(gout, ga, gb);
+      check_close("gelu_backward", gout, ref, rtol_for(dt));
+      ops::dropout_forward(ref, ra, 0.3, 99, 17);
+      ops::dropout_forward(gout, ga, 0.3, 99, 17);
+      check_close("dropout", gout, ref, rtol_for(dt));
+      Tensor back = to_cpu_f32(gout);
+      for (int64_t i = 0; i < n; ++i) CHECK((back.data<float>()[i] == 0) == (ref.data<float>()[i] == 0));
+    }
+  }
+}
+
 TEST_CASE("cuda gelu forward/backward vs CPU", "[gpu]") {
   if (!gpu_ready()) return;
   std::mt19937_64 g(5);
