@@ -354,59 +354,179 @@ nlohmann::json make_quality(const SynthOptions& o) {
 
 }  // namespace
 
-nlohmann::json make_synthetic_corpus(const SynthOptions& o) {
-  if (o.docs < 1) throw_input("--docs {} must be at least 1", o.docs);
-  if (o.kind == "quality") return make_quality(o);
-  if (o.kind != "dedup") throw_input("--kind {}: expected dedup or quality", o.kind);
+namespace {
+
+void check_dedup_options(const SynthOptions& o) {
   if (o.sources < 1 || o.sources > 64) throw_input("--sources {} must be in [1, 64]", o.sources);
   if (o.min_words < 10 || o.max_words < o.min_words) throw_input("--min-words/--max-words: need 10 <= min <= max");
   if (o.near_dup_fraction < 0 || o.partial_fraction < 0 || o.near_dup_fraction + o.partial_fraction >= 1)
     throw_input("--near-dup-fraction + --partial-fraction must be in [0, 1)");
   if (o.contaminate < 0 || o.contaminate > o.docs) throw_input("--contaminate {} must be in [0, --docs]", o.contaminate);
   if (o.contaminate > 0 && o.task_rows < 1) throw_input("--task-rows must be positive with --contaminate");
+}
+
+// A task field long enough to plant (>= 13 words): its row, name and text.
+struct Field {
+  size_t row;
+  std::string field, text;
+};
+
+// Writes the eval tasks (tasks/NAME/validation.jsonl); returns each task's plantable fields.
+std::map<std::string, std::vector<Field>> write_tasks(Generator& g, const fs::path& out) {
+  std::map<std::string, std::vector<Field>> long_fields;
+  std::map<std::string, std::unique_ptr<AtomicWriter>> writers;
+  std::map<std::string, int64_t> row_no;
+  std::vector<Word> words;
+  for (const TaskRow& tr : g.make_tasks()) {
+    auto& w = writers[tr.task];
+    if (!w) {
+      fs::create_directories(out / "tasks" / tr.task);
+      w = std::make_unique<AtomicWriter>((out / "tasks" / tr.task / "validation.jsonl").string());
+    }
+    w->write_line(tr.row.dump());
+    const int64_t rn = row_no[tr.task]++;
+    for (auto& [k, v] : tr.row.items()) {
+      if (!v.is_string() || k == "parse_premise" || k == "ctx") continue;
+      normalize_words(v.get<std::string>(), words);
+      if (words.size() >= 13) long_fields[tr.task].push_back(Field{static_cast<size_t>(rn), k, v.get<std::string>()});
+    }
+  }
+  for (auto& [k, w] : writers) w->close();
+  return long_fields;
+}
+
+// Contaminated positions: the first `contaminate` distinct draws -> their order (tasks
+// are assigned round-robin by it).
+std::map<int64_t, int64_t> contaminated_positions(const SynthOptions& o) {
+  std::map<int64_t, int64_t> contaminated;
+  Rng r(o.seed, kContam, 0);
+  while (static_cast<int64_t>(contaminated.size()) < o.contaminate) {
+    const int64_t p = r.below(o.docs);
+    if (!contaminated.count(p)) contaminated.emplace(p, static_cast<int64_t>(contaminated.size()));
+  }
+  return contaminated;
+}
+
+// Document p as drawn: its text, kind, cluster and (near-duplicates, partials) the
+// document it was made from with their word-shingle Jaccard.
+struct Drawn {
+  std::string text, kind;
+  int64_t cluster = 0, of = -1;
+  double jaccard = 1.0;
+};
+
+struct Scratch {
+  std::vector<Word> wa, wb;
+  std::vector<uint64_t> sa, sb;
+};
+
+double jaccard_of(const std::string& a, const std::string& b, int64_t ngram, Scratch& x) {
+  normalize_words(a, x.wa);
+  shingle_hashes(x.wa, ngram, x.sa);
+  normalize_words(b, x.wb);
+  shingle_hashes(x.wb, ngram, x.sb);
+  return exact_jaccard(x.sa, x.sb);
+}
+
+// A near-duplicate of base document `of`: weaker versions of the change until the
+// Jaccard target holds, exact as the last resort.
+Drawn draw_variant(Generator& g, const SynthOptions& o, int64_t p, Scratch& x) {
+  static const char* op_names[] = {"exact", "case", "edit", "reorder", "boilerplate", "edit+boilerplate"};
+  Drawn d;
+  d.of = g.base_of(p, true);
+  d.cluster = d.of;
+  const Doc base = g.base_doc(d.of);
+  const std::string src = render(base);
+  normalize_words(src, x.wb);
+  shingle_hashes(x.wb, o.ngram, x.sb);
+  Rng r(o.seed, kVariant, static_cast<uint64_t>(p));
+  const double u = r.uniform();
+  int op = u < 0.15 ? 0 : u < 0.3 ? 1 : u < 0.55 ? 2 : u < 0.7 ? 3 : u < 0.85 ? 4 : 5;
+  for (double intensity = 1.0;; intensity *= 0.5) {
+    d.text = g.variant(base, r, op, intensity);
+    normalize_words(d.text, x.wa);
+    shingle_hashes(x.wa, o.ngram, x.sa);
+    d.jaccard = exact_jaccard(x.sa, x.sb);
+    if (d.jaccard >= o.min_jaccard) break;
+    if (intensity < 0.2) op = 0;
+  }
+  d.kind = op_names[op];
+  return d;
+}
+
+Drawn draw_document(Generator& g, const SynthOptions& o, int64_t p, Scratch& x) {
+  Drawn d;
+  d.cluster = p;
+  switch (g.kind(p)) {
+    case Generator::Kind::Original:
+      d.text = render(g.original(p));
+      d.kind = "original";
+      break;
+    case Generator::Kind::Partial:
+      d.of = g.base_of(p, false);
+      d.text = render(g.partial(p));
+      d.kind = "partial";
+      d.jaccard = jaccard_of(d.text, render(g.original(d.of)), o.ngram, x);
+      break;
+    case Generator::Kind::Variant:
+      d = draw_variant(g, o, p, x);
+      break;
+  }
+  return d;
+}
+
+// Plants a 13-20 word passage of one of `fields` after a sentence end near a random point
+// of `text` (or at its end); returns the truth row's task-side fields.
+nlohmann::json plant_passage(std::string& text, const std::vector<Field>& fields, const SynthOptions& o, int64_t p,
+                             Scratch& x) {
+  Rng r(o.seed, kPlant, static_cast<uint64_t>(p));
+  const Field& f = fields[static_cast<size_t>(r.below(static_cast<int64_t>(fields.size())))];
+  normalize_words(f.text, x.wa);
+  const int64_t w = std::min<int64_t>(static_cast<int64_t>(x.wa.size()), r.range(13, 20));
+  const int64_t start = r.below(static_cast<int64_t>(x.wa.size()) - w + 1);
+  const std::string passage = f.text.substr(x.wa[start].begin, x.wa[start + w - 1].end - x.wa[start].begin);
+  const size_t at = text.find(". ", static_cast<size_t>(r.below(static_cast<int64_t>(text.size()))));
+  if (at == std::string::npos)
+    text += " " + passage + ".";
+  else
+    text.insert(at + 2, passage + ". ");
+  return {{"row", f.row}, {"field", f.field}, {"passage", passage}};
+}
+
+nlohmann::json dedup_summary(const SynthOptions& o, const std::vector<std::string>& names,
+                             const std::map<std::string, int64_t>& kinds, const std::vector<std::string>& task_names) {
+  return {{"kind", "dedup"},
+          {"docs", o.docs},
+          {"seed", o.seed},
+          {"sources", names},
+          {"kinds", kinds},
+          {"contaminated", o.contaminate},
+          {"tasks", task_names},
+          {"params",
+           {{"near_dup_fraction", o.near_dup_fraction},
+            {"partial_fraction", o.partial_fraction},
+            {"ngram", o.ngram},
+            {"min_jaccard", o.min_jaccard},
+            {"min_words", o.min_words},
+            {"max_words", o.max_words}}}};
+}
+
+}  // namespace
+
+// The dedup corpus: the eval tasks, then each document drawn, given a source, possibly
+// contaminated with a task passage, and written with its truth rows.
+nlohmann::json make_synthetic_corpus(const SynthOptions& o) {
+  if (o.docs < 1) throw_input("--docs {} must be at least 1", o.docs);
+  if (o.kind == "quality") return make_quality(o);
+  if (o.kind != "dedup") throw_input("--kind {}: expected dedup or quality", o.kind);
+  check_dedup_options(o);
   fs::create_directories(o.output_dir);
   Generator g(o);
   const fs::path out(o.output_dir);
-
-  // Eval tasks and the passages that can be planted (fields of >= 13 words).
-  std::vector<TaskRow> task_rows = g.make_tasks();
-  struct Field {
-    size_t row;
-    std::string field, text;
-  };
-  std::map<std::string, std::vector<Field>> long_fields;
-  {
-    std::map<std::string, std::unique_ptr<AtomicWriter>> writers;
-    std::map<std::string, int64_t> row_no;
-    std::vector<Word> words;
-    for (size_t i = 0; i < task_rows.size(); ++i) {
-      auto& tr = task_rows[i];
-      auto& w = writers[tr.task];
-      if (!w) {
-        fs::create_directories(out / "tasks" / tr.task);
-        w = std::make_unique<AtomicWriter>((out / "tasks" / tr.task / "validation.jsonl").string());
-      }
-      w->write_line(tr.row.dump());
-      int64_t rn = row_no[tr.task]++;
-      for (auto& [k, v] : tr.row.items()) {
-        if (!v.is_string() || k == "parse_premise" || k == "ctx") continue;
-        normalize_words(v.get<std::string>(), words);
-        if (words.size() >= 13) long_fields[tr.task].push_back(Field{static_cast<size_t>(rn), k, v.get<std::string>()});
-      }
-    }
-    for (auto& [k, w] : writers) w->close();
-  }
+  const std::map<std::string, std::vector<Field>> long_fields = write_tasks(g, out);
   std::vector<std::string> task_names;
   for (auto& [k, v] : long_fields) task_names.push_back(k);
-  // Contaminated positions: the first `contaminate` distinct draws; tasks round-robin.
-  std::map<int64_t, int64_t> contaminated;  // position -> k
-  {
-    Rng r(o.seed, kContam, 0);
-    for (int64_t k = 0; static_cast<int64_t>(contaminated.size()) < o.contaminate; ++k) {
-      int64_t p = r.below(o.docs);
-      if (!contaminated.count(p)) contaminated.emplace(p, static_cast<int64_t>(contaminated.size()));
-    }
-  }
+  const std::map<int64_t, int64_t> contaminated = contaminated_positions(o);
 
   std::vector<std::string> names;
   std::vector<std::unique_ptr<AtomicWriter>> writers;
@@ -418,103 +538,34 @@ nlohmann::json make_synthetic_corpus(const SynthOptions& o) {
   AtomicWriter truth((out / "truth_dedup.jsonl").string());
   AtomicWriter ctruth((out / "truth_contamination.jsonl").string());
   std::map<std::string, int64_t> kinds;
-  std::vector<Word> wa, wb;
-  std::vector<uint64_t> sa, sb;
+  Scratch x;
   Progress prog("synth-corpus", o.docs, "docs", o.progress);
-  static const char* op_names[] = {"exact", "case", "edit", "reorder", "boilerplate", "edit+boilerplate"};
   for (int64_t p = 0; p < o.docs; ++p) {
-    std::string text, kind_name;
-    int64_t cluster = p, of = -1;
-    double jac = 1.0;
-    switch (g.kind(p)) {
-      case Generator::Kind::Original:
-        text = render(g.original(p));
-        kind_name = "original";
-        break;
-      case Generator::Kind::Partial: {
-        of = g.base_of(p, false);
-        text = render(g.partial(p));
-        kind_name = "partial";
-        std::string src = render(g.original(of));
-        normalize_words(text, wa);
-        shingle_hashes(wa, o.ngram, sa);
-        normalize_words(src, wb);
-        shingle_hashes(wb, o.ngram, sb);
-        jac = exact_jaccard(sa, sb);
-        break;
-      }
-      case Generator::Kind::Variant: {
-        of = g.base_of(p, true);
-        cluster = of;
-        Doc d = g.base_doc(of);
-        std::string src = render(d);
-        normalize_words(src, wb);
-        shingle_hashes(wb, o.ngram, sb);
-        Rng r(o.seed, kVariant, static_cast<uint64_t>(p));
-        double u = r.uniform();
-        int op = u < 0.15 ? 0 : u < 0.3 ? 1 : u < 0.55 ? 2 : u < 0.7 ? 3 : u < 0.85 ? 4 : 5;
-        // Weaker versions of the change until the Jaccard target holds; exact as the last resort.
-        for (double intensity = 1.0;; intensity *= 0.5) {
-          text = g.variant(d, r, op, intensity);
-          normalize_words(text, wa);
-          shingle_hashes(wa, o.ngram, sa);
-          jac = exact_jaccard(sa, sb);
-          if (jac >= o.min_jaccard) break;
-          if (intensity < 0.2) op = 0;
-        }
-        kind_name = op_names[op];
-        break;
-      }
-    }
-    int64_t src = static_cast<int64_t>(Rng(o.seed, kSource, static_cast<uint64_t>(p)).below(o.sources));
-    int64_t line = ++lines[static_cast<size_t>(src)];
+    Drawn d = draw_document(g, o, p, x);
+    const int64_t src = static_cast<int64_t>(Rng(o.seed, kSource, static_cast<uint64_t>(p)).below(o.sources));
+    const int64_t line = ++lines[static_cast<size_t>(src)];
     if (auto it = contaminated.find(p); it != contaminated.end()) {
       const std::string& task = task_names[static_cast<size_t>(it->second) % task_names.size()];
-      Rng r(o.seed, kPlant, static_cast<uint64_t>(p));
-      const auto& fields = long_fields.at(task);
-      const Field& f = fields[static_cast<size_t>(r.below(static_cast<int64_t>(fields.size())))];
-      normalize_words(f.text, wa);
-      int64_t w = std::min<int64_t>(static_cast<int64_t>(wa.size()), r.range(13, 20));
-      int64_t start = r.below(static_cast<int64_t>(wa.size()) - w + 1);
-      std::string passage = f.text.substr(wa[start].begin, wa[start + w - 1].end - wa[start].begin);
-      // Insert after a sentence end near a random point (or append).
-      size_t at = text.find(". ", static_cast<size_t>(r.below(static_cast<int64_t>(text.size()))));
-      if (at == std::string::npos)
-        text += " " + passage + ".";
-      else
-        text.insert(at + 2, passage + ". ");
+      const nlohmann::json planted = plant_passage(d.text, long_fields.at(task), o, p, x);
       ctruth.write_line(nlohmann::json{{"source", names[src]}, {"line", line}, {"doc", p}, {"task", task},
-                                       {"row", f.row}, {"field", f.field}, {"passage", passage}}
+                                       {"row", planted["row"]}, {"field", planted["field"]}, {"passage", planted["passage"]}}
                             .dump());
     }
-    writers[static_cast<size_t>(src)]->write_line(nlohmann::json{{"text", text}, {"id", "doc" + std::to_string(p)}}.dump());
-    nlohmann::json t = {{"source", names[src]}, {"line", line}, {"doc", p}, {"cluster", cluster}, {"kind", kind_name}};
-    if (of >= 0) {
-      t["of"] = of;
-      t["jaccard"] = std::round(jac * 1e4) / 1e4;
+    writers[static_cast<size_t>(src)]->write_line(nlohmann::json{{"text", d.text}, {"id", "doc" + std::to_string(p)}}.dump());
+    nlohmann::json t = {{"source", names[src]}, {"line", line}, {"doc", p}, {"cluster", d.cluster}, {"kind", d.kind}};
+    if (d.of >= 0) {
+      t["of"] = d.of;
+      t["jaccard"] = std::round(d.jaccard * 1e4) / 1e4;
     }
     truth.write_line(t.dump());
-    ++kinds[kind_name];
+    ++kinds[d.kind];
     prog.add(1);
   }
   prog.finish();
   for (auto& w : writers) w->close();
   truth.close();
   ctruth.close();
-  nlohmann::json summary = {{"kind", "dedup"},
-                            {"docs", o.docs},
-                            {"seed", o.seed},
-                            {"sources", names},
-                            {"kinds", kinds},
-                            {"contaminated", o.contaminate},
-                            {"tasks", task_names},
-                            {"params",
-                             {{"near_dup_fraction", o.near_dup_fraction},
-                              {"partial_fraction", o.partial_fraction},
-                              {"ngram", o.ngram},
-                              {"min_jaccard", o.min_jaccard},
-                              {"min_words", o.min_words},
-                              {"max_words", o.max_words}}}};
+  const nlohmann::json summary = dedup_summary(o, names, kinds, task_names);
   write_file_atomic((out / "synth.json").string(), summary.dump(2) + "\n");
   return summary;
 }
