@@ -167,8 +167,9 @@ std::vector<double> geo(double lo, double hi, int n, bool zero) {
 
 }  // namespace
 
-KernelFit calibrate_kernels(const GpuSpec& base, const std::vector<GemmSample>& gemms,
-                            const std::vector<AttentionSample>& attention) {
+namespace {
+
+void check_kernel_samples(const std::vector<GemmSample>& gemms, const std::vector<AttentionSample>& attention) {
   if (gemms.empty() && attention.empty()) throw_input("calibrate: the benchmark file has no GEMM and no attention samples");
   for (auto& x : gemms)
     if (!(x.seconds > 0) || x.m <= 0 || x.n <= 0 || x.k <= 0 || x.batch <= 0)
@@ -176,110 +177,123 @@ KernelFit calibrate_kernels(const GpuSpec& base, const std::vector<GemmSample>& 
   for (auto& x : attention)
     if (!(x.fwd_seconds > 0) || !(x.bwd_seconds > 0) || x.seq <= 0 || x.head_dim <= 0 || x.batch_heads <= 0)
       throw_input("calibrate: attention seq {} head dim {}: sizes and seconds must be positive", x.seq, x.head_dim);
-  KernelFit fit;
-  fit.gpu = base;
-  GpuSpec& g = fit.gpu;
-  if (!gemms.empty()) {
-    // Grid over the three constants of the curve; least squares on log(pred / meas).
-    double best = 1e300;
-    GpuSpec trial = base;
-    for (double kh : geo(8, 8192, 31, true))
-      for (double ov : geo(0.3e-6, 60e-6, 25, false))
-        for (double eff = 0.20; eff <= 1.0001; eff += 0.005) {
-          trial.gemm_k_half = kh;
-          trial.kernel_overhead = ov;
-          trial.gemm_eff_max = eff;
-          double l = 0;
-          for (auto& x : gemms) {
-            const double d = std::log(gemm_seconds(trial, x.m, x.n, x.k, x.batch) / x.seconds);
-            l += d * d;
-            if (l >= best) break;
-          }
-          if (l < best) {
-            best = l;
-            g.gemm_k_half = kh;
-            g.kernel_overhead = ov;
-            g.gemm_eff_max = eff;
-          }
-        }
-    // Refine the grid's best by coordinate search on the logs (step halved when no move helps).
-    auto gemm_loss = [&](const GpuSpec& t) {
-      double l = 0;
-      for (auto& x : gemms) {
-        const double d = std::log(gemm_seconds(t, x.m, x.n, x.k, x.batch) / x.seconds);
-        l += d * d;
-      }
-      return l;
-    };
-    double step = 0.2;
-    for (int it = 0; it < 200 && step > 1e-4; ++it) {
-      bool moved = false;
-      for (int p = 0; p < 3; ++p)
-        for (double dir : {1.0, -1.0}) {
-          GpuSpec t = g;
-          double* v = p == 0 ? &t.gemm_eff_max : p == 1 ? &t.gemm_k_half : &t.kernel_overhead;
-          *v = (*v > 0 ? *v : 1.0) * std::exp(dir * step);
-          if (t.gemm_eff_max > 1.0) continue;
-          const double l = gemm_loss(t);
-          if (l < best) {
-            best = l;
-            g = t;
-            moved = true;
-          }
-        }
-      if (!moved) step *= 0.5;
-    }
-    std::vector<double> meas;
-    for (auto& x : gemms) {
-      fit.gemm_predicted.push_back(gemm_seconds(g, x.m, x.n, x.k, x.batch));
-      meas.push_back(x.seconds);
-    }
-    fit.gemm_rms = rms_log(fit.gemm_predicted, meas);
+}
+
+// Sum of squared log(predicted / measured) over the GEMM samples; stops adding once past
+// `stop` (a grid point that cannot win).
+double gemm_loss(const GpuSpec& t, const std::vector<GemmSample>& gemms, double stop = 1e300) {
+  double l = 0;
+  for (auto& x : gemms) {
+    const double d = std::log(gemm_seconds(t, x.m, x.n, x.k, x.batch) / x.seconds);
+    l += d * d;
+    if (l >= stop) break;
   }
-  if (!attention.empty()) {
-    // For given half-points the best rate is the geometric mean of the samples' implied
-    // rates (the kernel overhead, fitted above or the base's, taken off first).
-    auto implied = [&](const AttentionSample& x, bool bwd, double sh, double dh) {
-      const double work = 4.0 * double(x.seq) * double(x.seq) * double(x.head_dim) * double(x.batch_heads) * 0.5 *
-                          (bwd ? 2.5 : 1.0);
-      const double t = std::max((bwd ? x.bwd_seconds : x.fwd_seconds) - g.kernel_overhead, 1e-12);
-      const double ramp = double(x.seq) / (double(x.seq) + sh);
-      const double dim = (double(x.head_dim) / (double(x.head_dim) + dh)) / (128.0 / (128.0 + dh));
-      return work / t / (ramp * dim);
-    };
-    double best = 1e300;
-    for (double sh : geo(16, 16384, 41, true))
-      for (double dh : geo(4, 4096, 31, true)) {
-        double l = 0, rates[2] = {0, 0};
-        for (int bwd = 0; bwd < 2; ++bwd) {
-          double mean = 0;
-          for (auto& x : attention) mean += std::log(implied(x, bwd != 0, sh, dh));
-          mean /= double(attention.size());
-          rates[bwd] = std::exp(mean);
-          for (auto& x : attention) {
-            const double d = std::log(implied(x, bwd != 0, sh, dh)) - mean;
-            l += d * d;
-          }
-        }
+  return l;
+}
+
+// The GEMM curve's three constants (efficiency ceiling, reduction-length half point,
+// per-kernel overhead): a grid, then coordinate search on the logs from its best point
+// (step halved when no move helps). Writes them into g and the fit's predictions.
+void fit_gemm_curve(GpuSpec& g, const std::vector<GemmSample>& gemms, KernelFit& fit) {
+  double best = 1e300;
+  GpuSpec trial = g;
+  for (double kh : geo(8, 8192, 31, true))
+    for (double ov : geo(0.3e-6, 60e-6, 25, false))
+      for (double eff = 0.20; eff <= 1.0001; eff += 0.005) {
+        trial.gemm_k_half = kh;
+        trial.kernel_overhead = ov;
+        trial.gemm_eff_max = eff;
+        const double l = gemm_loss(trial, gemms, best);
         if (l < best) {
           best = l;
-          g.attn_seq_half = sh;
-          g.attn_dim_half = dh;
-          g.attn_fwd_flops = rates[0];
-          g.attn_bwd_flops = rates[1];
+          g.gemm_k_half = kh;
+          g.kernel_overhead = ov;
+          g.gemm_eff_max = eff;
         }
       }
-    std::vector<double> pred, meas;
-    for (auto& x : attention) {
-      fit.attention_fwd_predicted.push_back(attention_seconds(g, x.seq, x.head_dim, x.batch_heads, false));
-      fit.attention_bwd_predicted.push_back(attention_seconds(g, x.seq, x.head_dim, x.batch_heads, true));
-      pred.push_back(fit.attention_fwd_predicted.back());
-      pred.push_back(fit.attention_bwd_predicted.back());
-      meas.push_back(x.fwd_seconds);
-      meas.push_back(x.bwd_seconds);
-    }
-    fit.attention_rms = rms_log(pred, meas);
+  double step = 0.2;
+  for (int it = 0; it < 200 && step > 1e-4; ++it) {
+    bool moved = false;
+    for (int p = 0; p < 3; ++p)
+      for (double dir : {1.0, -1.0}) {
+        GpuSpec t = g;
+        double* v = p == 0 ? &t.gemm_eff_max : p == 1 ? &t.gemm_k_half : &t.kernel_overhead;
+        *v = (*v > 0 ? *v : 1.0) * std::exp(dir * step);
+        if (t.gemm_eff_max > 1.0) continue;
+        const double l = gemm_loss(t, gemms);
+        if (l < best) {
+          best = l;
+          g = t;
+          moved = true;
+        }
+      }
+    if (!moved) step *= 0.5;
   }
+  std::vector<double> meas;
+  for (auto& x : gemms) {
+    fit.gemm_predicted.push_back(gemm_seconds(g, x.m, x.n, x.k, x.batch));
+    meas.push_back(x.seconds);
+  }
+  fit.gemm_rms = rms_log(fit.gemm_predicted, meas);
+}
+
+// The attention rate a sample implies for given half points (the kernel overhead taken
+// off first), in the units of attn_fwd_flops / attn_bwd_flops.
+double implied_attention_rate(const GpuSpec& g, const AttentionSample& x, bool bwd, double sh, double dh) {
+  const double work =
+      4.0 * double(x.seq) * double(x.seq) * double(x.head_dim) * double(x.batch_heads) * 0.5 * (bwd ? 2.5 : 1.0);
+  const double t = std::max((bwd ? x.bwd_seconds : x.fwd_seconds) - g.kernel_overhead, 1e-12);
+  const double ramp = double(x.seq) / (double(x.seq) + sh);
+  const double dim = (double(x.head_dim) / (double(x.head_dim) + dh)) / (128.0 / (128.0 + dh));
+  return work / t / (ramp * dim);
+}
+
+// The attention constants: for given half points the best rate is the geometric mean of
+// the samples' implied rates, so a grid over the two half points decides.
+void fit_attention(GpuSpec& g, const std::vector<AttentionSample>& attention, KernelFit& fit) {
+  double best = 1e300;
+  for (double sh : geo(16, 16384, 41, true))
+    for (double dh : geo(4, 4096, 31, true)) {
+      double l = 0, rates[2] = {0, 0};
+      for (int bwd = 0; bwd < 2; ++bwd) {
+        double mean = 0;
+        for (auto& x : attention) mean += std::log(implied_attention_rate(g, x, bwd != 0, sh, dh));
+        mean /= double(attention.size());
+        rates[bwd] = std::exp(mean);
+        for (auto& x : attention) {
+          const double d = std::log(implied_attention_rate(g, x, bwd != 0, sh, dh)) - mean;
+          l += d * d;
+        }
+      }
+      if (l < best) {
+        best = l;
+        g.attn_seq_half = sh;
+        g.attn_dim_half = dh;
+        g.attn_fwd_flops = rates[0];
+        g.attn_bwd_flops = rates[1];
+      }
+    }
+  std::vector<double> pred, meas;
+  for (auto& x : attention) {
+    fit.attention_fwd_predicted.push_back(attention_seconds(g, x.seq, x.head_dim, x.batch_heads, false));
+    fit.attention_bwd_predicted.push_back(attention_seconds(g, x.seq, x.head_dim, x.batch_heads, true));
+    pred.push_back(fit.attention_fwd_predicted.back());
+    pred.push_back(fit.attention_bwd_predicted.back());
+    meas.push_back(x.fwd_seconds);
+    meas.push_back(x.bwd_seconds);
+  }
+  fit.attention_rms = rms_log(pred, meas);
+}
+
+}  // namespace
+
+KernelFit calibrate_kernels(const GpuSpec& base, const std::vector<GemmSample>& gemms,
+                            const std::vector<AttentionSample>& attention) {
+  check_kernel_samples(gemms, attention);
+  KernelFit fit;
+  fit.gpu = base;
+  if (!gemms.empty()) fit_gemm_curve(fit.gpu, gemms, fit);
+  if (!attention.empty()) fit_attention(fit.gpu, attention, fit);
   return fit;
 }
 
