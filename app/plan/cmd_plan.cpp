@@ -381,40 +381,40 @@ std::vector<std::string> layout_sets(const Recipe& r, const cost::Layout& l) {
 }
 
 // A batch script for `gpus` GPUs in layout e.layout; see the file comment.
-std::string sbatch_script(const PlanArgs& a, const Recipe& r, const cost::Estimate& e, const cost::Cluster& c) {
+// The job's --time and the comment that explains it: the predicted run time plus 10% and
+// 15 minutes for start-up, checkpoint loading and the final save; capped, since the job
+// requeues itself at the limit and resumes.
+struct JobTime {
+  bool known = false;
+  std::string time, note;
+};
+JobTime sbatch_time(const cost::Estimate& e) {
+  JobTime j;
+  j.known = e.run_iterations > 0 && e.run_seconds > 0;
+  const double wanted = j.known ? e.run_seconds * 1.1 + 900.0 : kMaxJobSeconds;
+  const bool capped = wanted > kMaxJobSeconds;
+  j.time = slurm_time(std::min(wanted, kMaxJobSeconds));
+  if (!j.known)
+    j.note = "the recipe sets no run length, so the default cap is used";
+  else if (capped)
+    j.note = fmt::format("the run needs about {:.1f} days: capped at {}; at the limit the job checkpoints, exits 75 "
+                         "and requeues itself (about {} jobs in all)",
+                         e.run_seconds / 86400.0, slurm_time(kMaxJobSeconds),
+                         static_cast<int64_t>(std::ceil(wanted / (kMaxJobSeconds - 600.0))));
+  else
+    j.note = fmt::format("predicted {:.1f} hours plus 10% and 15 minutes for start-up and saves", e.run_seconds / 3600.0);
+  return j;
+}
+
+// The script's comment header and #SBATCH lines.
+std::string sbatch_header(const PlanArgs& a, const Recipe& r, const cost::Estimate& e, const cost::Cluster& c,
+                          const std::string& cmdline, int64_t nodes, int64_t per_node) {
   const cost::Layout& l = e.layout;
   const int64_t gpus = l.gpus();
-  const int64_t per_node = std::min(gpus, c.gpus_per_node);
-  if (gpus % per_node != 0)
-    throw_input("--sbatch: {} GPUs is not a whole number of nodes of {} GPUs (--gpus-per-node)", gpus, c.gpus_per_node);
-  const int64_t nodes = gpus / per_node;
-  // Predicted run time plus 10% and 15 minutes for start-up, checkpoint loading and the
-  // final save; capped, since the job requeues itself at the limit and resumes.
-  const bool known = e.run_iterations > 0 && e.run_seconds > 0;
-  const double wanted = known ? e.run_seconds * 1.1 + 900.0 : kMaxJobSeconds;
-  const bool capped = wanted > kMaxJobSeconds;
-  const std::string time = slurm_time(std::min(wanted, kMaxJobSeconds));
-  std::string time_note;
-  if (!known)
-    time_note = "the recipe sets no run length, so the default cap is used";
-  else if (capped)
-    time_note = fmt::format("the run needs about {:.1f} days: capped at {}; at the limit the job checkpoints, exits 75 "
-                            "and requeues itself (about {} jobs in all)",
-                            e.run_seconds / 86400.0, slurm_time(kMaxJobSeconds),
-                            static_cast<int64_t>(std::ceil(wanted / (kMaxJobSeconds - 600.0))));
-  else
-    time_note = fmt::format("predicted {:.1f} hours plus 10% and 15 minutes for start-up and saves",
-                            e.run_seconds / 3600.0);
-  std::string cmdline = fmt::format("mtnlg plan {} --gpus {} --gpu {}", a.recipe, gpus, c.gpu.name);
-  if (c.gpus_per_node != 8) cmdline += fmt::format(" --gpus-per-node {}", c.gpus_per_node);
-  for (auto& s : a.sets) cmdline += " --set " + s;
-  if (a.search) cmdline += " --search";
-  cmdline += " --sbatch " + a.sbatch;
-
-  std::string extra_sets;  // the user's --set overrides, then the layout's (the layout wins)
-  for (auto& s : a.sets) extra_sets += fmt::format("    --set {} \\\n", shell_quote(s));
-  for (auto& s : layout_sets(r, l)) extra_sets += fmt::format("    --set {} \\\n", shell_quote(s));
-
+  const JobTime jt = sbatch_time(e);
+  const bool known = jt.known;
+  const std::string& time = jt.time;
+  const std::string& time_note = jt.note;
   std::string o;
   o += "#!/bin/bash\n";
   o += fmt::format("# {} on {} x {}: layout {}\n", r.name, gpus, c.gpu.name, l.describe());
@@ -442,6 +442,14 @@ std::string sbatch_script(const PlanArgs& a, const Recipe& r, const cost::Estima
   o += "#  --signal=USR1@600: every task gets SIGUSR1 ten minutes before the time limit; mtnlg finishes the\n";
   o += "#  iteration, saves a checkpoint and exits 75, and this script requeues the job. --requeue: a\n";
   o += "#  preempted job, or one whose node failed, goes back to the queue with the same job id.)\n";
+  return o;
+}
+
+// The script's body: site settings, the layout check, srun of `mtnlg train` with the
+// layout's overrides, and the requeue on exit code 75.
+std::string sbatch_body(const PlanArgs& a, const Recipe& r, const cost::Layout& l, int64_t nodes, int64_t per_node,
+                        const std::string& extra_sets) {
+  std::string o;
   o += "\nset -uo pipefail\n\n";
   o += "# --- site settings ----------------------------------------------------------------\n";
   o += "MTNLG_ROOT=${MTNLG_ROOT:-${SLURM_SUBMIT_DIR:-$PWD}}   # repo checkout; relative paths resolve here\n";
@@ -486,6 +494,25 @@ std::string sbatch_script(const PlanArgs& a, const Recipe& r, const cost::Estima
   o += "  run scontrol requeue \"${SLURM_JOB_ID:-}\"\n  exit 0\nfi\n";
   o += fmt::format("echo \"{}: mtnlg exited with $rc\"\nexit $rc\n", r.name);
   return o;
+}
+
+std::string sbatch_script(const PlanArgs& a, const Recipe& r, const cost::Estimate& e, const cost::Cluster& c) {
+  const cost::Layout& l = e.layout;
+  const int64_t gpus = l.gpus();
+  const int64_t per_node = std::min(gpus, c.gpus_per_node);
+  if (gpus % per_node != 0)
+    throw_input("--sbatch: {} GPUs is not a whole number of nodes of {} GPUs (--gpus-per-node)", gpus, c.gpus_per_node);
+  const int64_t nodes = gpus / per_node;
+  std::string cmdline = fmt::format("mtnlg plan {} --gpus {} --gpu {}", a.recipe, gpus, c.gpu.name);
+  if (c.gpus_per_node != 8) cmdline += fmt::format(" --gpus-per-node {}", c.gpus_per_node);
+  for (auto& s : a.sets) cmdline += " --set " + s;
+  if (a.search) cmdline += " --search";
+  cmdline += " --sbatch " + a.sbatch;
+
+  std::string extra_sets;  // the user's --set overrides, then the layout's (the layout wins)
+  for (auto& s : a.sets) extra_sets += fmt::format("    --set {} \\\n", shell_quote(s));
+  for (auto& s : layout_sets(r, l)) extra_sets += fmt::format("    --set {} \\\n", shell_quote(s));
+  return sbatch_header(a, r, e, c, cmdline, nodes, per_node) + sbatch_body(a, r, l, nodes, per_node, extra_sets);
 }
 
 void write_sbatch(const std::string& path, const std::string& text) {
