@@ -244,13 +244,95 @@ bool test_all(std::vector<MPI_Request>& reqs, MPI_Status* st, const OpDesc& d) {
 
 // The wait that passed the timeout: ask, judge, report, abort. Returns only when the
 // operation completes after all (a late rank arrived while we were asking).
+// Sends this round's question (where are you?) to every other rank over the side channel.
+void ask_everyone(int64_t round, const OpDesc& d) {
+  if (g_wd.side == MPI_COMM_NULL) return;
+  Query& q = g_wd.queries.emplace_back();
+  q.round = round;
+  q.group_root = d.group->world_ranks.front();
+  copy_name(q.group, d.group->name);
+  for (int64_t r = 0; r < g_wd.world; ++r) {
+    if (r == g_wd.me) continue;
+    MPI_Request req = MPI_REQUEST_NULL;
+    if (MPI_Isend(&q, static_cast<int>(sizeof q), MPI_BYTE, static_cast<int>(r), kQueryTag, g_wd.side, &req) == MPI_SUCCESS)
+      MPI_Request_free(&req);  // the buffer lives in g_wd.queries
+  }
+}
+
+// Takes the replies to `round` that have arrived into `got`; returns how many were new.
+int64_t take_replies(int64_t round, std::vector<std::optional<Reply>>& got) {
+  int64_t added = 0;
+  for (;;) {
+    int flag = 0;
+    MPI_Status rs;
+    if (g_wd.side == MPI_COMM_NULL || MPI_Iprobe(MPI_ANY_SOURCE, kReplyTag, g_wd.side, &flag, &rs) != MPI_SUCCESS || !flag) break;
+    Reply r;
+    if (MPI_Recv(&r, static_cast<int>(sizeof r), MPI_BYTE, rs.MPI_SOURCE, kReplyTag, g_wd.side, MPI_STATUS_IGNORE) != MPI_SUCCESS) break;
+    auto& slot = got[static_cast<size_t>(rs.MPI_SOURCE)];
+    if (r.round == round && !slot) {
+      slot = r;
+      ++added;
+    }
+  }
+  return added;
+}
+
+// Who is where, judged from the replies. Collective: a member arrived when it has started
+// collective #seq on this group. Point-to-point: the peer is the one we wait for.
+struct Verdict {
+  std::vector<int64_t> missing_silent, missing_elsewhere, arrived, silent_anywhere;
+};
+Verdict judge(const std::vector<std::optional<Reply>>& got, const OpDesc& d) {
+  Verdict v;
+  std::vector<int64_t> members;
+  if (d.peer >= 0) members.push_back(d.group->world_ranks[static_cast<size_t>(d.peer)]);
+  else members = d.group->world_ranks;
+  for (int64_t m : members) {
+    const auto& r = got[static_cast<size_t>(m)];
+    if (m == g_wd.me) v.arrived.push_back(m);
+    else if (!r) v.missing_silent.push_back(m);
+    else if (d.peer < 0 && r->seq_on_group >= d.seq) v.arrived.push_back(m);
+    else v.missing_elsewhere.push_back(m);
+  }
+  for (int64_t r = 0; r < g_wd.world; ++r)
+    if (!got[static_cast<size_t>(r)]) v.silent_anywhere.push_back(r);
+  return v;
+}
+
+// The one-line report: the rank that did not arrive and where it is instead.
+std::string timeout_line(const Verdict& v, const std::vector<std::optional<Reply>>& got, const OpDesc& d,
+                         double waited, double timeout) {
+  const std::string what = d.peer >= 0 ? fmt::format("{} (rank {} waits for it, tag {}, group {})", d.op, g_wd.me, d.tag, d.group->name)
+                                       : fmt::format("collective #{} ({}, group {})", d.seq, d.op, d.group->name);
+  std::string line;
+  if (!v.missing_silent.empty() || !v.missing_elsewhere.empty()) {
+    const bool silent = !v.missing_silent.empty();
+    const int64_t culprit = silent ? v.missing_silent.front() : v.missing_elsewhere.front();
+    line = fmt::format("error: {} did not arrive at {} after {:.1f} s: ", describe_rank(culprit, host_of(culprit)), what, waited);
+    line += silent ? "it does not answer (stopped, hung outside MPI, or dead)" : where(*got[static_cast<size_t>(culprit)]);
+    std::vector<int64_t> others;
+    for (int64_t m : v.missing_silent) if (m != culprit) others.push_back(m);
+    for (int64_t m : v.missing_elsewhere) if (m != culprit) others.push_back(m);
+    if (!others.empty()) line += fmt::format("; also missing: rank{} {}", others.size() > 1 ? "s" : "", fmt::join(others, ", "));
+    if (!silent && !v.silent_anywhere.empty()) {
+      line += fmt::format("; {} does not answer", describe_rank(v.silent_anywhere.front(), host_of(v.silent_anywhere.front())));
+      if (v.silent_anywhere.size() > 1) line += fmt::format(" (nor do {} more)", v.silent_anywhere.size() - 1);
+    }
+  } else {
+    line = fmt::format("error: {} did not complete after {:.1f} s although every rank of the group is in it (MPI itself is stuck)",
+                       what, waited);
+  }
+  line += fmt::format(" [seen by {}, collective timeout {:.0f} s]", describe_rank(g_wd.me, host_of(g_wd.me)), timeout);
+  return line;
+}
+
 void on_timeout(std::vector<MPI_Request>& reqs, MPI_Status* st, const OpDesc& d, Clock::time_point start, double timeout) {
   const double grace = std::clamp(timeout / 4, 1.0, 10.0);
   const auto late = [&] {
     std::fprintf(stderr, "mtnlg: warning: rank %lld: %s on group %s completed after %.1f s (collective timeout %.1f s)\n",
                  static_cast<long long>(g_wd.me), d.op, d.group->name.c_str(), seconds_since(start), timeout);
   };
-  // Ask every other rank where it is.
+  // Ask every other rank where it is; answer their questions while waiting for replies.
   const int64_t round = ++g_wd.round;
   std::vector<std::optional<Reply>> got(static_cast<size_t>(g_wd.world));
   {
@@ -260,83 +342,23 @@ void on_timeout(std::vector<MPI_Request>& reqs, MPI_Status* st, const OpDesc& d,
     fill_waiting(self);
     got[static_cast<size_t>(g_wd.me)] = self;
   }
-  if (g_wd.side != MPI_COMM_NULL) {
-    Query& q = g_wd.queries.emplace_back();
-    q.round = round;
-    q.group_root = d.group->world_ranks.front();
-    copy_name(q.group, d.group->name);
-    for (int64_t r = 0; r < g_wd.world; ++r) {
-      if (r == g_wd.me) continue;
-      MPI_Request req = MPI_REQUEST_NULL;
-      if (MPI_Isend(&q, static_cast<int>(sizeof q), MPI_BYTE, static_cast<int>(r), kQueryTag, g_wd.side, &req) == MPI_SUCCESS)
-        MPI_Request_free(&req);  // the buffer lives in g_wd.queries
-    }
-  }
+  ask_everyone(round, d);
   int64_t answered = 1;
   const auto asked = Clock::now();
   while (answered < g_wd.world && seconds_since(asked) < grace) {
     if (test_all(reqs, st, d)) return late();
     serve_queries();
-    for (;;) {
-      int flag = 0;
-      MPI_Status rs;
-      if (g_wd.side == MPI_COMM_NULL || MPI_Iprobe(MPI_ANY_SOURCE, kReplyTag, g_wd.side, &flag, &rs) != MPI_SUCCESS || !flag) break;
-      Reply r;
-      if (MPI_Recv(&r, static_cast<int>(sizeof r), MPI_BYTE, rs.MPI_SOURCE, kReplyTag, g_wd.side, MPI_STATUS_IGNORE) != MPI_SUCCESS) break;
-      auto& slot = got[static_cast<size_t>(rs.MPI_SOURCE)];
-      if (r.round == round && !slot) {
-        slot = r;
-        ++answered;
-      }
-    }
+    answered += take_replies(round, got);
     sleep_us(200);
   }
-
-  // Judge. Collective: a member arrived when it has started collective #seq on this
-  // group. Point-to-point: the peer is the one we wait for.
-  std::vector<int64_t> members;
-  if (d.peer >= 0) members.push_back(d.group->world_ranks[static_cast<size_t>(d.peer)]);
-  else members = d.group->world_ranks;
-  std::vector<int64_t> missing_silent, missing_elsewhere, arrived;
-  for (int64_t m : members) {
-    const auto& r = got[static_cast<size_t>(m)];
-    if (m == g_wd.me) arrived.push_back(m);
-    else if (!r) missing_silent.push_back(m);
-    else if (d.peer < 0 && r->seq_on_group >= d.seq) arrived.push_back(m);
-    else missing_elsewhere.push_back(m);
-  }
-  std::vector<int64_t> silent_anywhere;
-  for (int64_t r = 0; r < g_wd.world; ++r)
-    if (!got[static_cast<size_t>(r)]) silent_anywhere.push_back(r);
-
-  const double waited = seconds_since(start);
-  const std::string what = d.peer >= 0 ? fmt::format("{} (rank {} waits for it, tag {}, group {})", d.op, g_wd.me, d.tag, d.group->name)
-                                       : fmt::format("collective #{} ({}, group {})", d.seq, d.op, d.group->name);
-  std::string line;
-  if (!missing_silent.empty() || !missing_elsewhere.empty()) {
-    const bool silent = !missing_silent.empty();
-    const int64_t culprit = silent ? missing_silent.front() : missing_elsewhere.front();
-    line = fmt::format("error: {} did not arrive at {} after {:.1f} s: ", describe_rank(culprit, host_of(culprit)), what, waited);
-    line += silent ? "it does not answer (stopped, hung outside MPI, or dead)" : where(*got[static_cast<size_t>(culprit)]);
-    std::vector<int64_t> others;
-    for (int64_t m : missing_silent) if (m != culprit) others.push_back(m);
-    for (int64_t m : missing_elsewhere) if (m != culprit) others.push_back(m);
-    if (!others.empty()) line += fmt::format("; also missing: rank{} {}", others.size() > 1 ? "s" : "", fmt::join(others, ", "));
-    if (!silent && !silent_anywhere.empty()) {
-      line += fmt::format("; {} does not answer", describe_rank(silent_anywhere.front(), host_of(silent_anywhere.front())));
-      if (silent_anywhere.size() > 1) line += fmt::format(" (nor do {} more)", silent_anywhere.size() - 1);
-    }
-  } else {
-    line = fmt::format("error: {} did not complete after {:.1f} s although every rank of the group is in it (MPI itself is stuck)",
-                       what, waited);
-  }
-  line += fmt::format(" [seen by {}, collective timeout {:.0f} s]", describe_rank(g_wd.me, host_of(g_wd.me)), timeout);
+  const Verdict v = judge(got, d);
+  const std::string line = timeout_line(v, got, d, seconds_since(start), timeout);
 
   // One report is enough. The lowest arrived rank reports at once when it knows the
   // cause (a silent member) or when nobody is silent (a mismatch: nobody knows more).
   // Everyone else keeps answering for a while, then reports and aborts too.
-  const bool knows_cause = !missing_silent.empty() || silent_anywhere.empty();
-  const bool first = d.peer >= 0 || (!arrived.empty() && *std::min_element(arrived.begin(), arrived.end()) == g_wd.me);
+  const bool knows_cause = !v.missing_silent.empty() || v.silent_anywhere.empty();
+  const bool first = d.peer >= 0 || (!v.arrived.empty() && *std::min_element(v.arrived.begin(), v.arrived.end()) == g_wd.me);
   if (!(knows_cause && first)) {
     const auto t = Clock::now();
     while (seconds_since(t) < 2 * grace) {
