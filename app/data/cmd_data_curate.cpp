@@ -104,73 +104,59 @@ void check_keys(const Pipeline& p, const YAML::Node& n, const std::string& where
   }
 }
 
-Pipeline load_pipeline(const std::string& file) {
-  Pipeline p;
-  p.file = file;
-  YAML::Node root;
-  try {
-    root = YAML::LoadFile(file);
-  } catch (const YAML::BadFile&) {
-    throw_input("{}: cannot read the pipeline file", file);
-  } catch (const YAML::Exception& e) {
-    throw_input("{}:{}:{}: {}", file, e.mark.line + 1, e.mark.column + 1, e.msg);
+// One entry of sources: its name (unique), inputs, extraction and quality settings, weight.
+SourceSpec load_source(Pipeline& p, const YAML::Node& s, const std::string& f, std::set<std::string>& names) {
+  check_keys(p, s, f, {"name", "warc", "jsonl", "extract", "quality", "weight"});
+  SourceSpec src;
+  if (!s["name"] || !s["name"].IsScalar()) bad(p, f + ".name", "missing");
+  src.name = s["name"].as<std::string>();
+  for (char c : src.name)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_'))
+      bad(p, f + ".name", fmt::format("'{}': use letters, digits, - and _", src.name));
+  if (!names.insert(src.name).second) bad(p, f + ".name", fmt::format("'{}' is used twice", src.name));
+  for (const char* kind : {"warc", "jsonl"}) {
+    if (!s[kind]) continue;
+    auto& list = std::string(kind) == "warc" ? src.warc : src.jsonl;
+    const YAML::Node l = s[kind];
+    if (l.IsScalar()) list.push_back(path_field(p, l, f + "." + kind));
+    else
+      for (size_t k = 0; k < l.size(); ++k) list.push_back(path_field(p, l[k], fmt::format("{}.{}[{}]", f, kind, k)));
   }
-  check_keys(p, root, "", {"work_dir", "sources", "dedup", "decontaminate", "tokenizer", "blend"});
-  p.work_dir = path_field(p, root["work_dir"], "work_dir");
-  if (!root["sources"] || !root["sources"].IsSequence() || root["sources"].size() == 0)
-    bad(p, "sources", "expected a list of sources");
-  std::set<std::string> names;
-  for (size_t i = 0; i < root["sources"].size(); ++i) {
-    const YAML::Node s = root["sources"][i];
-    const std::string f = fmt::format("sources[{}]", i);
-    check_keys(p, s, f, {"name", "warc", "jsonl", "extract", "quality", "weight"});
-    SourceSpec src;
-    if (!s["name"] || !s["name"].IsScalar()) bad(p, f + ".name", "missing");
-    src.name = s["name"].as<std::string>();
-    for (char c : src.name)
-      if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_'))
-        bad(p, f + ".name", fmt::format("'{}': use letters, digits, - and _", src.name));
-    if (!names.insert(src.name).second) bad(p, f + ".name", fmt::format("'{}' is used twice", src.name));
-    for (const char* kind : {"warc", "jsonl"}) {
-      if (!s[kind]) continue;
-      auto& list = std::string(kind) == "warc" ? src.warc : src.jsonl;
-      const YAML::Node l = s[kind];
-      if (l.IsScalar()) list.push_back(path_field(p, l, f + "." + kind));
-      else
-        for (size_t k = 0; k < l.size(); ++k) list.push_back(path_field(p, l[k], fmt::format("{}.{}[{}]", f, kind, k)));
+  if (src.warc.empty() == src.jsonl.empty()) bad(p, f, "give exactly one of warc: or jsonl: (a list of files)");
+  for (const auto& in : src.warc.empty() ? src.jsonl : src.warc)
+    if (!fs::is_regular_file(in)) bad(p, f, fmt::format("input {}: no such file", in));
+  if (const YAML::Node x = s["extract"]) {
+    if (src.warc.empty()) bad(p, f + ".extract", "only for warc: sources");
+    check_keys(p, x, f + ".extract", {"languages", "min_chars", "min_language_score", "skip_bad_records", "max_record_bytes"});
+    if (x["languages"]) {
+      src.xopt.languages.clear();
+      for (const auto& l : x["languages"]) src.xopt.languages.push_back(l.as<std::string>());
     }
-    if (src.warc.empty() == src.jsonl.empty()) bad(p, f, "give exactly one of warc: or jsonl: (a list of files)");
-    for (const auto& in : src.warc.empty() ? src.jsonl : src.warc)
-      if (!fs::is_regular_file(in)) bad(p, f, fmt::format("input {}: no such file", in));
-    if (const YAML::Node x = s["extract"]) {
-      if (src.warc.empty()) bad(p, f + ".extract", "only for warc: sources");
-      check_keys(p, x, f + ".extract", {"languages", "min_chars", "min_language_score", "skip_bad_records", "max_record_bytes"});
-      if (x["languages"]) {
-        src.xopt.languages.clear();
-        for (const auto& l : x["languages"]) src.xopt.languages.push_back(l.as<std::string>());
-      }
-      if (x["min_chars"]) src.xopt.min_chars = scalar<int64_t>(p, x["min_chars"], f + ".extract.min_chars");
-      if (x["min_language_score"])
-        src.xopt.min_language_score = scalar<double>(p, x["min_language_score"], f + ".extract.min_language_score");
-      if (x["skip_bad_records"]) src.xopt.skip_bad_records = scalar<bool>(p, x["skip_bad_records"], f + ".extract.skip_bad_records");
-      if (x["max_record_bytes"]) src.xopt.max_record_bytes = scalar<int64_t>(p, x["max_record_bytes"], f + ".extract.max_record_bytes");
-    }
-    if (const YAML::Node q = s["quality"]) {
-      check_keys(p, q, f + ".quality", {"model", "mode", "threshold", "alpha", "seed"});
-      src.quality = true;
-      src.qopt.model = path_field(p, q["model"], f + ".quality.model");
-      if (!fs::is_regular_file(src.qopt.model)) bad(p, f + ".quality.model", src.qopt.model + ": no such file");
-      if (q["mode"]) src.qopt.mode = q["mode"].as<std::string>();
-      if (src.qopt.mode != "threshold" && src.qopt.mode != "pareto")
-        bad(p, f + ".quality.mode", fmt::format("'{}' is not threshold or pareto", src.qopt.mode));
-      if (q["threshold"]) src.qopt.threshold = scalar<double>(p, q["threshold"], f + ".quality.threshold");
-      if (q["alpha"]) src.qopt.alpha = scalar<double>(p, q["alpha"], f + ".quality.alpha");
-      if (q["seed"]) src.qopt.seed = scalar<uint64_t>(p, q["seed"], f + ".quality.seed");
-    }
-    if (s["weight"]) src.weight = scalar<double>(p, s["weight"], f + ".weight");
-    if (!(src.weight > 0)) bad(p, f + ".weight", "must be > 0");
-    p.sources.push_back(std::move(src));
+    if (x["min_chars"]) src.xopt.min_chars = scalar<int64_t>(p, x["min_chars"], f + ".extract.min_chars");
+    if (x["min_language_score"])
+      src.xopt.min_language_score = scalar<double>(p, x["min_language_score"], f + ".extract.min_language_score");
+    if (x["skip_bad_records"]) src.xopt.skip_bad_records = scalar<bool>(p, x["skip_bad_records"], f + ".extract.skip_bad_records");
+    if (x["max_record_bytes"]) src.xopt.max_record_bytes = scalar<int64_t>(p, x["max_record_bytes"], f + ".extract.max_record_bytes");
   }
+  if (const YAML::Node q = s["quality"]) {
+    check_keys(p, q, f + ".quality", {"model", "mode", "threshold", "alpha", "seed"});
+    src.quality = true;
+    src.qopt.model = path_field(p, q["model"], f + ".quality.model");
+    if (!fs::is_regular_file(src.qopt.model)) bad(p, f + ".quality.model", src.qopt.model + ": no such file");
+    if (q["mode"]) src.qopt.mode = q["mode"].as<std::string>();
+    if (src.qopt.mode != "threshold" && src.qopt.mode != "pareto")
+      bad(p, f + ".quality.mode", fmt::format("'{}' is not threshold or pareto", src.qopt.mode));
+    if (q["threshold"]) src.qopt.threshold = scalar<double>(p, q["threshold"], f + ".quality.threshold");
+    if (q["alpha"]) src.qopt.alpha = scalar<double>(p, q["alpha"], f + ".quality.alpha");
+    if (q["seed"]) src.qopt.seed = scalar<uint64_t>(p, q["seed"], f + ".quality.seed");
+  }
+  if (s["weight"]) src.weight = scalar<double>(p, s["weight"], f + ".weight");
+  if (!(src.weight > 0)) bad(p, f + ".weight", "must be > 0");
+  return src;
+}
+
+// The dedup: and decontaminate: sections (each optional).
+void load_cleaning(Pipeline& p, const YAML::Node& root, const std::set<std::string>& names) {
   if (const YAML::Node d = root["dedup"]) {
     check_keys(p, d, "dedup", {"threshold", "priority", "ngram", "num_perm", "seed"});
     p.dedup = true;
@@ -196,6 +182,27 @@ Pipeline load_pipeline(const std::string& file) {
       bad(p, "decontaminate.mode", fmt::format("'{}' is not remove or cut", p.copt.mode));
     if (d["max_hits"]) p.copt.max_hits = scalar<int64_t>(p, d["max_hits"], "decontaminate.max_hits");
   }
+}
+
+Pipeline load_pipeline(const std::string& file) {
+  Pipeline p;
+  p.file = file;
+  YAML::Node root;
+  try {
+    root = YAML::LoadFile(file);
+  } catch (const YAML::BadFile&) {
+    throw_input("{}: cannot read the pipeline file", file);
+  } catch (const YAML::Exception& e) {
+    throw_input("{}:{}:{}: {}", file, e.mark.line + 1, e.mark.column + 1, e.msg);
+  }
+  check_keys(p, root, "", {"work_dir", "sources", "dedup", "decontaminate", "tokenizer", "blend"});
+  p.work_dir = path_field(p, root["work_dir"], "work_dir");
+  if (!root["sources"] || !root["sources"].IsSequence() || root["sources"].size() == 0)
+    bad(p, "sources", "expected a list of sources");
+  std::set<std::string> names;
+  for (size_t i = 0; i < root["sources"].size(); ++i)
+    p.sources.push_back(load_source(p, root["sources"][i], fmt::format("sources[{}]", i), names));
+  load_cleaning(p, root, names);
   const YAML::Node t = root["tokenizer"];
   if (!t) bad(p, "tokenizer", "missing (vocab_file, merge_file)");
   check_keys(p, t, "tokenizer", {"vocab_file", "merge_file", "append_eod"});

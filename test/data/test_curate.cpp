@@ -232,3 +232,36 @@ TEST_CASE("mtnlg data curate: mixed corpus, planted truth, blend trains, kill -9
   CHECK(bad2.exit_code == 2);
   CHECK_THAT(bad2.out, Contains("sources[0].qualty: unknown key"));
 }
+
+// A pipeline file's mistakes: one line naming the file and the field, exit 2, before any
+// stage runs.
+TEST_CASE("mtnlg data curate: a bad pipeline file is one line naming the field", "[curate]") {
+  test::TempDir dir("curate-bad");
+  const fs::path in = dir.path() / "a.jsonl";
+  std::ofstream(in) << "{\"text\": \"hello\"}\n";
+  const std::string tok = "tokenizer: {vocab_file: " + test::source_dir() + "/third_party/gpt2/vocab.json, merge_file: " +
+                          test::source_dir() + "/third_party/gpt2/merges.txt}\n";
+  const std::string src = "  - {name: web, jsonl: " + in.string() + "}\n";
+  struct Case {
+    const char* what;
+    std::string yaml, expect;
+  } cases[] = {
+      {"unknown key", "work_dir: w\nsources:\n" + src + "dedupe: {}\n" + tok, "dedupe: unknown key"},
+      {"name twice", "work_dir: w\nsources:\n" + src + src + tok, "sources[1].name"},
+      {"priority not a source", "work_dir: w\nsources:\n" + src + "dedup: {priority: [books]}\n" + tok, "dedup.priority"},
+      {"no input", "work_dir: w\nsources:\n  - {name: web}\n" + tok, "exactly one of warc: or jsonl:"},
+      {"bad weight", "work_dir: w\nsources:\n  - {name: web, jsonl: " + in.string() + ", weight: 0}\n" + tok,
+       "sources[0].weight"},
+      {"no tokenizer", "work_dir: w\nsources:\n" + src, "tokenizer"},
+  };
+  for (const auto& c : cases) {
+    INFO(c.what << "\n" << c.yaml);
+    const fs::path file = dir.path() / "pipeline.yaml";
+    std::ofstream(file) << c.yaml;
+    const auto r = test::run_mtnlg("data curate " + file.string() + " 2>&1");
+    INFO(r.out);
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.out, Contains(c.expect) && Contains("pipeline.yaml"));
+    CHECK(!fs::exists(dir.path() / "w"));
+  }
+}
