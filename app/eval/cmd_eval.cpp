@@ -30,7 +30,8 @@ struct EvalArgs {
   bool no_progress = false;
 };
 
-void run(const EvalArgs& a) {
+// The command line as evaluation options (each mistake one line, exit 2, before any work).
+EvalOptions eval_options(const EvalArgs& a) {
   // Found before an evaluation that may take hours, not after it.
   if (!a.output.empty()) check_writable_file(a.output, "--output");
   if (!a.log_samples.empty()) check_writable_file(a.log_samples, "--log-samples");
@@ -81,40 +82,49 @@ void run(const EvalArgs& a) {
   o.bootstrap_iters = a.bootstrap_iters;
   o.progress = !a.no_progress;
   o.model_args = a.checkpoint.empty() ? "random_init=" + a.random_init : "checkpoint=" + a.checkpoint;
+  return o;
+}
 
+// Under mpirun/srun: the checkpoint's model split tp x pp across the ranks
+// (--set parallel.tensor_model_parallel_size=... chooses the layout). False on the ranks
+// other than 0, which neither print nor write.
+bool run_parallel_eval(const EvalArgs& a, const parallel::LaunchInfo& launch, const EvalOptions& o,
+                       const data::Tokenizer& tok, EvalReport& rep) {
+  if (a.checkpoint.empty()) throw_input("eval under mpirun/srun needs --checkpoint");
+  const std::string dir = model::ckpt::resolve(a.checkpoint);
+  Recipe r = parse_recipe(model::ckpt::read_metadata(dir).recipe_yaml, dir + "/metadata.json", a.sets);
+  validate_layout(r, launch.world_size);
+  parallel::set_collective_timeout(r.parallel.distributed_timeout_minutes * 60);
+  auto world = parallel::init_world(launch);
+  log::context().rank = static_cast<int>(launch.rank);
+  log::context().world = static_cast<int>(launch.world_size);
+  try {
+    auto groups = parallel::make_groups(world, parallel::Topology::from_world(launch.world_size, r.tp(), r.pp()));
+    ParallelScorer scorer(r, dir, groups, select_device(parse_device_kind(a.device, "--device"), "--device"));
+    log::info("eval: {} split tp={} pp={} over {} ranks", dir, r.tp(), r.pp(), launch.world_size);
+    rep = run_eval(scorer.config(), std::ref(scorer), tok, o);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "mtnlg: error on rank %lld: %s\n", static_cast<long long>(launch.rank), e.what());
+    std::fflush(stderr);
+    parallel::abort_world(e.exit_code());
+  }
+  parallel::finalize_world();
+  return launch.rank == 0;
+}
+
+void run(const EvalArgs& a) {
+  const EvalOptions o = eval_options(a);
   auto tok = load_gpt2_tokenizer(a.vocab, a.merges);
   EvalReport rep;
   const parallel::LaunchInfo launch = parallel::detect_launch();
   if (launch.world_size > 1) {
-    // Under mpirun/srun: the checkpoint's model split tp x pp across the ranks
-    // (--set parallel.tensor_model_parallel_size=... chooses the layout).
-    if (a.checkpoint.empty()) throw_input("eval under mpirun/srun needs --checkpoint");
-    const std::string dir = model::ckpt::resolve(a.checkpoint);
-    Recipe r = parse_recipe(model::ckpt::read_metadata(dir).recipe_yaml, dir + "/metadata.json", a.sets);
-    validate_layout(r, launch.world_size);
-    parallel::set_collective_timeout(r.parallel.distributed_timeout_minutes * 60);
-    auto world = parallel::init_world(launch);
-    log::context().rank = static_cast<int>(launch.rank);
-    log::context().world = static_cast<int>(launch.world_size);
-    try {
-      auto groups = parallel::make_groups(world, parallel::Topology::from_world(launch.world_size, r.tp(), r.pp()));
-      ParallelScorer scorer(r, dir, groups, select_device(parse_device_kind(a.device, "--device"), "--device"));
-      log::info("eval: {} split tp={} pp={} over {} ranks", dir, r.tp(), r.pp(), launch.world_size);
-      rep = run_eval(scorer.config(), std::ref(scorer), *tok, o);
-    } catch (const Error& e) {
-      std::fprintf(stderr, "mtnlg: error on rank %lld: %s\n", static_cast<long long>(launch.rank), e.what());
-      std::fflush(stderr);
-      parallel::abort_world(e.exit_code());
-    }
-    parallel::finalize_world();
-    if (launch.rank != 0) return;  // rank 0 prints and writes
+    if (!run_parallel_eval(a, launch, o, *tok, rep)) return;
   } else {
     model::LoadedModel lm = load_eval_model(a.checkpoint, a.random_init, a.sets);
     lm.store.place(select_device(parse_device_kind(a.device, "--device"), "--device"));
     auto chunk = model::whole_model_chunk(lm.cfg, lm.store);
     rep = run_eval(*chunk, *tok, o);
   }
-
   std::fputs(results_table(rep).c_str(), stdout);
   log::info("{} requests in {:.1f} s ({:.1f} requests/s)", rep.requests, rep.seconds,
             rep.seconds > 0 ? static_cast<double>(rep.requests) / rep.seconds : 0.0);
