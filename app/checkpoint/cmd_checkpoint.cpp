@@ -106,18 +106,19 @@ void write_logits(const std::string& input, const std::vector<int32_t>& toks, co
 
 }  // namespace
 
-void register_checkpoint(CLI::App& app) {
-  auto* cmd = app.add_subcommand(
-      "checkpoint", "Inspect, convert (tp/pp), export to / import from Hugging Face GPT-2, verify a resume under another layout");
-  cmd->require_subcommand(1);
+namespace {
 
-  struct Args {
-    std::string input, output, format = "hf-gpt2", recipe;
-    int64_t tp = 1, pp = 1;
-    bool tensors = false;
-    std::string tokens, device = "auto";
-  };
-  auto a = std::make_shared<Args>();
+// The options the file-converting subcommands share.
+struct CheckpointArgs {
+  std::string input, output, format = "hf-gpt2", recipe;
+  int64_t tp = 1, pp = 1;
+  bool tensors = false;
+  std::string tokens, device = "auto";
+};
+
+// inspect, convert, export, import, logits: each a callback on a named function.
+void register_file_tools(CLI::App* cmd) {
+  auto a = std::make_shared<CheckpointArgs>();
 
   auto* ins = cmd->add_subcommand("inspect", "Layout, iteration, tensors, sizes and checksum status of a checkpoint");
   ins->add_option("checkpoint", a->input, "Checkpoint root (uses `latest`) or an iter_XXXXXXX directory")->required();
@@ -161,7 +162,9 @@ void register_checkpoint(CLI::App& app) {
   lg->add_option("--output", a->output, "Output .safetensors file")->required();
   lg->add_option("--device", a->device, "auto|cpu|cuda|test: where the forward runs")->capture_default_str();
   lg->callback([a] { write_logits(a->input, parse_token_ids(a->tokens), a->output, a->device); });
+}
 
+void register_verify_resume(CLI::App* cmd) {
   auto v = std::make_shared<VerifyResumeOptions>();
   auto* vr = cmd->add_subcommand(
       "verify-resume",
@@ -198,6 +201,16 @@ void register_checkpoint(CLI::App& app) {
       "Example:\n  mtnlg checkpoint verify-resume runs/x/checkpoints --recipe x.yaml --layout-a tp=1,pp=1,dp=1 "
       "--layout-b tp=2,pp=2,dp=2,zero1=1 --launcher \"mpirun -np {n}\"");
   vr->callback([v] { verify_resume(*v); });
+}
+
+}  // namespace
+
+void register_checkpoint(CLI::App& app) {
+  auto* cmd = app.add_subcommand(
+      "checkpoint", "Inspect, convert (tp/pp), export to / import from Hugging Face GPT-2, verify a resume under another layout");
+  cmd->require_subcommand(1);
+  register_file_tools(cmd);
+  register_verify_resume(cmd);
 }
 
 }  // namespace mtnlg::app
