@@ -11,6 +11,7 @@
 #include <set>
 
 #include "data/extract/extract.hpp"
+#include "data/extract/strip.hpp"
 #include "test/support/test_support.hpp"
 
 using namespace mtnlg;
@@ -265,6 +266,89 @@ TEST_CASE("extract: the block classifier keeps wordy text and drops link lists a
   classify_blocks(page.blocks, {}, true);
   const std::string text = main_text(page.blocks);
   CHECK(text == para + "\nShort line in the article.\n" + para);
+}
+
+TEST_CASE("extract: script and style contents and comments go before the parse, the blocks stay the same",
+          "[extract]") {
+  const std::string main = "<p>The main text of the page, which is long enough to be kept by the classifier.</p>";
+  // (html, what strip_raw_text leaves of it)
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"<script>var a = 1 < 2;</script>" + main, "<script></script>" + main},
+      {"<SCRIPT type=x>if (a</b) x();</SCRIPT >" + main, "<SCRIPT type=x></SCRIPT >" + main},
+      // The first "</script" then a space, '/' or '>' ends script data, in a string too.
+      {"<script>s = '</scripts>'; t = '</script>';</script>" + main, "<script></script>';</script>" + main},
+      // Escaped states: "<!--" then "<script" hide the inner "</script>".
+      {"<script><!-- document.write('<script>x()</script>'); --></script>" + main, "<script></script>" + main},
+      {"<script><!--></script>" + main, "<script></script>" + main},
+      // A quoted attribute value may hold '>', and "<script>" in one is not a tag.
+      {"<script data-x=\"a>b\" data-y='<script>'>code</script>" + main,
+       "<script data-x=\"a>b\" data-y='<script>'></script>" + main},
+      {"<div title=\"<style>\">" + main + "</div><style>p>a{}</style>",
+       "<div title=\"<style>\">" + main + "</div><style></style>"},
+      {"<!-- <p>commented out</p> -->" + main + "<!-->" + "<!--->x<!-- a --!>", main + "x"},
+      // Text elements: a "<script>" in them is text; </textarea> ends one.
+      {"<title>Tags like <script> in a title</title><textarea><style>kept</textarea>" + main,
+       "<title>Tags like <script> in a title</title><textarea><style>kept</textarea>" + main},
+      // Foreign content is copied: <style/> closes itself there.
+      {"<svg><style/><svg><text>t</text></svg></svg>" + main + "<style>x</style>",
+       "<svg><style/><svg><text>t</text></svg></svg>" + main + "<style></style>"},
+      // In <select> the parser ignores a <style> tag: nothing is removed there.
+      {"<select><style><option>o</select>" + main, "<select><style><option>o</select>" + main},
+      {"<frameset><script>x</script></frameset>", "<frameset><script>x</script></frameset>"},
+      {main + "<script>never closed " + main, main + "<script>"},
+      {"<p>1 < 2 and 3 <> 4</p><scriptx>t</scriptx>" + main, "<p>1 < 2 and 3 <> 4</p><scriptx>t</scriptx>" + main},
+  };
+  std::string out;
+  for (const auto& [html, want] : cases) {
+    INFO(html);
+    CHECK(strip_raw_text(html, out) == html.size() - want.size());
+    CHECK(out == want);
+    const auto a = parse_html_blocks(html, false), b = parse_html_blocks(html, true);
+    REQUIRE(a.blocks.size() == b.blocks.size());
+    for (size_t i = 0; i < a.blocks.size(); ++i) CHECK(a.blocks[i].text == b.blocks[i].text);
+    CHECK(a.title == b.title);
+  }
+}
+
+TEST_CASE("extract: pages parsed one after another, in the arena and above its size, give the same blocks",
+          "[extract]") {
+  const std::string para = "<p>The bright orchard was painted by the teachers of the river, and they agreed on it.</p>";
+  std::string small = "<html><body><nav><a href=/>Home</a></nav>", big;
+  for (int i = 0; i < 20; ++i) small += para;
+  small += "</body></html>";
+  big = "<html><body><!--";
+  big.append(size_t{1} << 21, 'x');  // 2 MiB: over the arena's limit, parsed with malloc
+  big += "-->" + small.substr(12);
+  const auto a = parse_html_blocks(small), b = parse_html_blocks(big), c = parse_html_blocks(small);
+  REQUIRE(a.blocks.size() == 21);
+  for (const auto* other : {&b, &c}) {
+    REQUIRE(other->blocks.size() == a.blocks.size());
+    for (size_t i = 0; i < a.blocks.size(); ++i) {
+      CHECK(other->blocks[i].text == a.blocks[i].text);
+      CHECK(other->blocks[i].stopwords == a.blocks[i].stopwords);
+    }
+  }
+  CHECK(a.blocks[1].words == 16);
+  CHECK(a.blocks[1].stopwords == 10);  // The was by the of the and they on it
+}
+
+TEST_CASE("extract: the language sample is the whole text of a small page, the longest blocks of a large one",
+          "[extract]") {
+  auto block = [](std::string t) {
+    Block b;
+    b.text = std::move(t);
+    return b;
+  };
+  std::vector<Block> small = {block("Home"), block("A short paragraph of text."), block("Footer")};
+  CHECK(language_sample(small, 2048) == "Home\nA short paragraph of text.\nFooter\n");
+  // Large: the two longest blocks in document order, the second cut at a space.
+  std::vector<Block> large = {block("Menu"), block(std::string(1500, 'a')), block("Link"),
+                              block("b " + std::string(600, 'c') + " dd"), block("")};
+  for (int i = 0; i < 500; ++i) large.back().text += "\xC3\xA9";  // 1000 bytes of "é", no space
+  const std::string s = language_sample(large, 2048);
+  std::string e273;
+  for (int i = 0; i < 273; ++i) e273 += "\xC3\xA9";  // 547 bytes left: cut before a whole character
+  CHECK(s == std::string(1500, 'a') + "\n" + e273 + "\n");
 }
 
 TEST_CASE("extract: inputs are dealt to ranks disjointly, the same way for the same sizes", "[extract]") {
