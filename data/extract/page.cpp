@@ -155,6 +155,8 @@ struct Walker {
   ParsedPage page;
   Block cur;
   int link = 0, pre = 0, heading = 0, boiler = 0, article = 0;
+  const std::vector<std::string_view>* runs = nullptr;  // the text runs behind placeholders
+  std::string expanded;
   const StopwordTable& stop = english_stopword_table();
 
   // Words and stop words of the current block: ASCII-lowered words with edge punctuation
@@ -195,6 +197,33 @@ struct Walker {
   }
 
   void text(const char* s) {
+    if (runs && !runs->empty()) {
+      expand(s);
+      append_text(expanded);
+    } else {
+      append_text(s);
+    }
+  }
+
+  // `s` with each placeholder of strip_raw_text replaced by its text run, as the parser
+  // would have read it.
+  void expand(std::string_view s) {
+    expanded.clear();
+    size_t from = 0;  // s[from, i) not yet copied
+    for (size_t i = 0; i < s.size(); ++i) {
+      const auto c = static_cast<unsigned char>(s[i]);
+      if (c != 0xEE && c != 0xEF) continue;
+      const size_t k = placeholder_at(s, i);
+      if (k >= runs->size()) continue;
+      expanded.append(s, from, i - from);
+      append_as_parsed(expanded, (*runs)[k]);
+      i += kPlaceholderBytes - 1;
+      from = i + 1;
+    }
+    expanded.append(s, from, s.size() - from);
+  }
+
+  void append_text(std::string_view s) {
     if (cur.text.empty()) {
       cur.heading = heading > 0;
       cur.boilerplate_context = boiler > 0;
@@ -203,14 +232,14 @@ struct Walker {
     if (pre > 0) {
       cur.text += s;
     } else {
-      for (const char* p = s; *p;) {
-        if (space(*p)) {
+      for (size_t p = 0; p < s.size();) {
+        if (space(s[p])) {
           if (!cur.text.empty() && cur.text.back() != ' ') cur.text += ' ';
           ++p;
         } else {
-          const char* e = p + 1;
-          while (*e && !space(*e)) ++e;
-          cur.text.append(p, static_cast<size_t>(e - p));
+          size_t e = p + 1;
+          while (e < s.size() && !space(s[e])) ++e;
+          cur.text.append(s, p, e - p);
           p = e;
         }
       }
@@ -347,7 +376,7 @@ class ParseArena {
   size_t cur_ = 0, used_ = 0;
 };
 
-ParsedPage parse_gumbo_blocks(std::string_view html) {
+ParsedPage parse_gumbo_blocks(std::string_view html, const std::vector<std::string_view>* runs) {
   GumboOptions opt = kGumboDefaultOptions;
   opt.max_errors = 0;  // parse errors are not collected (HTML5 recovers from all of them)
   thread_local ParseArena arena;
@@ -368,6 +397,7 @@ ParsedPage parse_gumbo_blocks(std::string_view html) {
     }
   } release{opt, gumbo_parse_with_options(&opt, html.data(), html.size()), in_arena};
   Walker w;
+  w.runs = runs;
   w.walk(release.out->document);
   w.flush();
   return std::move(w.page);
@@ -376,13 +406,14 @@ ParsedPage parse_gumbo_blocks(std::string_view html) {
 }  // namespace
 
 ParsedPage parse_html_blocks(std::string_view html, bool strip) {
-  thread_local std::string stripped;  // reused: its capacity is kept for the next page
-  if (strip) {
-    strip_raw_text(html, stripped);
-    html = stripped;
+  thread_local std::string stripped;  // reused: their capacity is kept for the next page
+  thread_local std::vector<std::string_view> runs;
+  if (strip) strip_raw_text(html, stripped, &runs);
+  ParsedPage page = parse_gumbo_blocks(strip ? std::string_view(stripped) : html, strip ? &runs : nullptr);
+  if (stripped.capacity() > (size_t{4} << 20)) {  // memory stays bounded
+    std::string().swap(stripped);
+    std::vector<std::string_view>().swap(runs);
   }
-  ParsedPage page = parse_gumbo_blocks(html);
-  if (stripped.capacity() > (size_t{4} << 20)) std::string().swap(stripped);  // memory stays bounded
   return page;
 }
 

@@ -41,8 +41,9 @@ struct ParsedPage {
   std::vector<Block> blocks;
   std::string title;
 };
-// `strip`: the contents of <script>, <style> and comments are removed first (strip.hpp),
-// which leaves the blocks as they are and saves the parser most of a typical page.
+// `strip`: the contents of <script>, <style> and comments are removed first and the text
+// runs stand in as placeholders during the parse (strip.hpp); the blocks are the same,
+// and the parser is spared most of the bytes of a page.
 ParsedPage parse_html_blocks(std::string_view html_utf8, bool strip = true);
 
 // Classifies the blocks in place; `use_stopwords` false for a language without a

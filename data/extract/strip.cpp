@@ -1,6 +1,8 @@
 // Removing script and style contents and comments before the HTML5 parse: see strip.hpp.
 #include "data/extract/strip.hpp"
 
+#include <algorithm>
+#include <cstdint>
 #include <cstring>
 
 namespace mtnlg::extract {
@@ -13,6 +15,9 @@ char lower(char c) { return (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' +
 bool alpha(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); }
 bool ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f'; }
 bool name_end(char c) { return ws(c) || c == '/' || c == '>'; }
+bool alnum(char c) { return alpha(c) || (c >= '0' && c <= '9'); }
+
+constexpr size_t kMinRun = 16;  // shorter text stays: a placeholder is 6 bytes
 
 // Whether `s` at `i` holds `name` (lower case) in any case, followed by the end of a tag name.
 bool name_at(std::string_view s, size_t i, std::string_view name) {
@@ -103,15 +108,55 @@ size_t foreign_end(std::string_view s, size_t i, std::string_view name) {
   return s.size();
 }
 
+// Whether `s` holds a private-use character U+E000..U+F8FF (UTF-8 EE xx xx, EF 80..A3 xx).
+bool has_private_use(std::string_view s) {
+  for (size_t i = 0; i + 1 < s.size(); ++i) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c == 0xEE || (c == 0xEF && static_cast<unsigned char>(s[i + 1]) < 0xA4)) return true;
+  }
+  return false;
+}
+
+// The two private-use characters that stand for text run `k`.
+void append_placeholder(std::string& out, size_t k) {
+  for (const size_t v : {k / kPlaceholderBase, k % kPlaceholderBase}) {
+    const auto cp = static_cast<unsigned>(0xE000 + v);
+    out += static_cast<char>(0xE0 | (cp >> 12));
+    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  }
+}
+
 struct Stripper {
   std::string_view s;
   std::string& out;
+  std::vector<std::string_view>* runs;  // null: text is not replaced
   size_t copied = 0;  // s[0, copied) is in `out` or was dropped
   bool in_select = false;
 
   void drop(size_t from, size_t to) {
     out.append(s, copied, from - copied);
     copied = to;
+  }
+
+  // Text s[from, to) in the data state: its pieces of kMinRun bytes or more that hold no
+  // character reference, NUL or leading/trailing whitespace become placeholders.
+  void text(size_t from, size_t to) {
+    for (size_t p = from; p < to;) {
+      while (p < to && ws(s[p])) ++p;
+      size_t q = p;
+      while (q < to && s[q] != '&' && s[q] != '\0') ++q;
+      size_t e = q;  // the piece is s[p, e), trimmed
+      while (e > p && ws(s[e - 1])) --e;
+      if (e - p >= kMinRun && runs->size() < kPlaceholderBase * kPlaceholderBase) {
+        drop(p, e);
+        append_placeholder(out, runs->size());
+        runs->push_back(s.substr(p, e - p));
+      }
+      // A reference's name or number and the NULs stay as they are.
+      while (q < to && (s[q] == '&' || s[q] == '#' || s[q] == ';' || s[q] == '\0' || alnum(s[q]))) ++q;
+      p = q;
+    }
   }
 
   // A start tag whose name starts at `i`: where to read on from, after its contents when
@@ -141,8 +186,12 @@ struct Stripper {
 
   size_t run() {
     const size_t n = s.size();
-    size_t removed = 0;
-    for (size_t i = s.find('<'); i != npos && i + 1 < n; i = s.find('<', i)) {
+    size_t removed = 0, i = 0;
+    for (;;) {
+      const size_t lt = s.find('<', i);
+      if (runs) text(i, lt == npos ? n : lt);
+      if (lt == npos || lt + 1 >= n) break;
+      i = lt;
       const char c = s[i + 1];
       if (alpha(c)) {
         i = start_tag(i + 1);
@@ -161,7 +210,7 @@ struct Stripper {
         ++i;  // a '<' that is text
       }
     }
-    removed = copied - out.size();
+    removed = copied - out.size();  // (placeholders are counted against the text they replace)
     out.append(s, copied, n - copied);
     return removed;
   }
@@ -169,10 +218,68 @@ struct Stripper {
 
 }  // namespace
 
-size_t strip_raw_text(std::string_view html, std::string& out) {
+size_t strip_raw_text(std::string_view html, std::string& out, std::vector<std::string_view>* runs) {
   out.clear();
   out.reserve(html.size());
-  return Stripper{html, out}.run();
+  if (runs) {
+    runs->clear();
+    if (has_private_use(html)) runs = nullptr;  // a placeholder could not be told from the page's own text
+  }
+  return Stripper{html, out, runs}.run();
+}
+
+size_t placeholder_at(std::string_view s, size_t i) {
+  auto pua = [&](size_t k) -> long {
+    if (k + 3 > s.size()) return -1;
+    const auto a = static_cast<unsigned char>(s[k]), b = static_cast<unsigned char>(s[k + 1]),
+               c = static_cast<unsigned char>(s[k + 2]);
+    if ((a & 0xF0) != 0xE0) return -1;
+    const unsigned cp = ((a & 0x0Fu) << 12) | ((b & 0x3Fu) << 6) | (c & 0x3Fu);
+    return cp >= 0xE000 && cp < 0xE000 + kPlaceholderBase ? static_cast<long>(cp - 0xE000) : -1;
+  };
+  const long hi = pua(i), lo = hi < 0 ? -1 : pua(i + 3);
+  return lo < 0 ? npos : static_cast<size_t>(hi) * kPlaceholderBase + static_cast<size_t>(lo);
+}
+
+namespace {
+
+// Whether the code point of the UTF-8 sequence s[i, i + len) is one the parser replaces
+// by U+FFFD: C0 controls but tab, LF, FF, CR; DEL and C1; U+FDD0..U+FDEF; U+xFFFE, U+xFFFF.
+bool replaced_by_parser(std::string_view s, size_t i, size_t len) {
+  uint32_t cp = static_cast<unsigned char>(s[i]);
+  if (len > 1) cp &= 0xFFu >> (len + 1);
+  for (size_t k = 1; k < len; ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3Fu);
+  return (cp >= 0x1 && cp <= 0x8) || cp == 0xB || (cp >= 0xE && cp <= 0x1F) || (cp >= 0x7F && cp <= 0x9F) ||
+         (cp >= 0xFDD0 && cp <= 0xFDEF) || (cp & 0xFFFF) == 0xFFFE || (cp & 0xFFFF) == 0xFFFF;
+}
+
+size_t utf8_length(unsigned char c) { return c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4; }
+
+}  // namespace
+
+void append_as_parsed(std::string& out, std::string_view run) {
+  size_t from = 0;  // run[from, i) not yet copied
+  for (size_t i = 0; i < run.size();) {
+    const auto c = static_cast<unsigned char>(run[i]);
+    const size_t len = std::min(utf8_length(c), run.size() - i);
+    // Only these lead bytes can start a code point that changes.
+    const bool maybe = c < 0x20 || c == 0x7F || c == 0xC2 || c == 0xEF || (c >= 0xF0 && c <= 0xF4);
+    if (!maybe || (c < 0x20 && (c == '\t' || c == '\n' || c == '\f'))) {
+      i += len;
+      continue;
+    }
+    out.append(run, from, i - from);
+    if (c == '\r') {
+      out += '\n';
+      i += (i + 1 < run.size() && run[i + 1] == '\n') ? 2 : 1;
+    } else {
+      if (replaced_by_parser(run, i, len)) out += "\xEF\xBF\xBD";
+      else out.append(run, i, len);
+      i += len;
+    }
+    from = i;
+  }
+  out.append(run, from, run.size() - from);
 }
 
 }  // namespace mtnlg::extract

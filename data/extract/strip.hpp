@@ -6,6 +6,7 @@
 #pragma once
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace mtnlg::extract {
 
@@ -19,6 +20,23 @@ namespace mtnlg::extract {
 // close itself) are copied as they are up to their end tag; inside <select> (where the
 // parser ignores a <style> tag) and after <frameset> nothing is removed. Returns the number
 // of bytes removed.
-size_t strip_raw_text(std::string_view html, std::string& out);
+//
+// With `runs`, the text in the data state is also taken out of the parse: each piece of
+// text of 16 bytes or more (without leading or trailing whitespace, character references
+// or NULs, which the parser would change) is replaced by two private-use characters that
+// number it, and `runs` gets the piece (a view of `html`). The parser then builds the same
+// tree (a placeholder is text, and not whitespace, as the piece is) in a fraction of the
+// time; the walker puts the pieces back (placeholder_at). A page that holds private-use
+// characters itself is left without placeholders.
+size_t strip_raw_text(std::string_view html, std::string& out, std::vector<std::string_view>* runs = nullptr);
+
+// Two placeholder characters (UTF-8) at s[i]: the number of their run, else npos.
+constexpr size_t kPlaceholderBase = 6400;  // U+E000..U+F8FF
+constexpr size_t kPlaceholderBytes = 6;
+size_t placeholder_at(std::string_view s, size_t i);
+
+// Appends a run's text as the parser would have given it: CR LF and CR as LF, and the code
+// points it replaces by U+FFFD (controls, noncharacters) replaced. `run` is valid UTF-8.
+void append_as_parsed(std::string& out, std::string_view run);
 
 }  // namespace mtnlg::extract

@@ -297,10 +297,23 @@ TEST_CASE("extract: script and style contents and comments go before the parse, 
       {"<frameset><script>x</script></frameset>", "<frameset><script>x</script></frameset>"},
       {main + "<script>never closed " + main, main + "<script>"},
       {"<p>1 < 2 and 3 <> 4</p><scriptx>t</scriptx>" + main, "<p>1 < 2 and 3 <> 4</p><scriptx>t</scriptx>" + main},
+      // Text the parser changes or moves: references, CR LF in <pre>, text foster-parented
+      // out of a table, a NUL, a private-use character of the page's own.
+      {"<p>Fish &amp; chips &ampere; and more &#x41;&#66;C, all of them here together.</p>" + main, ""},
+      {"<pre>\r\nFirst line of the preformatted text\r\nsecond line of it\rthird line here</pre>" + main, ""},
+      {"<table>Text that is not in a cell of the table<tr><td>A cell with some text in it</td></tr>"
+       "Trailing text after the row of the table</table>" + main, ""},
+      {std::string("<p>A paragraph with a NUL \0 in it, which the parser drops from the text.</p>", 76) + main, ""},
+      {"<p>Controls \x01 \x7F \xC2\x81 and noncharacters \xEF\xB7\x90 \xEF\xBF\xBE \xF0\x9F\xBF\xBF in a run of "
+       "text, and \xC2\xA9 \xEF\xBF\xBD \xF0\x9F\x98\x80 that stay.</p>" + main, ""},
+      {"<p>A private-use character \xEE\x80\x81 in the text of the page itself.</p>" + main, ""},
+      {"<select><option>The first option of the select element</option></select><b>Bold text run</b> and "
+       "<i>italic text that is long</i>" + main, ""},
   };
   std::string out;
-  for (const auto& [html, want] : cases) {
+  for (const auto& [html, want_or_empty] : cases) {
     INFO(html);
+    const std::string& want = want_or_empty.empty() ? html : want_or_empty;
     CHECK(strip_raw_text(html, out) == html.size() - want.size());
     CHECK(out == want);
     const auto a = parse_html_blocks(html, false), b = parse_html_blocks(html, true);
@@ -308,6 +321,26 @@ TEST_CASE("extract: script and style contents and comments go before the parse, 
     for (size_t i = 0; i < a.blocks.size(); ++i) CHECK(a.blocks[i].text == b.blocks[i].text);
     CHECK(a.title == b.title);
   }
+}
+
+TEST_CASE("extract: text runs stand in as numbered placeholders, without their edges and references",
+          "[extract]") {
+  std::string out;
+  std::vector<std::string_view> runs;
+  const std::string html = "<p>  A run of text long enough &amp; a second run of text </p><i>short</i>";
+  strip_raw_text(html, out, &runs);
+  REQUIRE(runs.size() == 2);
+  CHECK(runs[0] == "A run of text long enough");
+  CHECK(runs[1] == "a second run of text");
+  REQUIRE(out.size() == std::string("<p>  ").size() + 6 + std::string(" &amp; ").size() + 6 + 17);
+  CHECK(placeholder_at(out, 5) == 0);
+  CHECK(placeholder_at(out, 5 + 6 + 7) == 1);
+  CHECK(placeholder_at(out, 0) == std::string::npos);
+  CHECK(out.substr(5 + 6, 7) == " &amp; ");
+  CHECK(out.substr(out.size() - 17) == " </p><i>short</i>");
+  // A page with private-use characters of its own gets none.
+  strip_raw_text("<p>\xEF\x80\x80 and a run of text long enough</p>", out, &runs);
+  CHECK(runs.empty());
 }
 
 TEST_CASE("extract: pages parsed one after another, in the arena and above its size, give the same blocks",
