@@ -149,7 +149,12 @@ int64_t code_points(std::string_view s) {
   return n;
 }
 
-bool space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
+constexpr std::array<bool, 256> kSpace = [] {
+  std::array<bool, 256> t{};
+  for (unsigned char c : {' ', '\t', '\n', '\r', '\f', '\v'}) t[c] = true;
+  return t;
+}();
+bool space(char c) { return kSpace[static_cast<unsigned char>(c)]; }
 
 struct Walker {
   ParsedPage page;

@@ -17,6 +17,9 @@ bool ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c ==
 bool name_end(char c) { return ws(c) || c == '/' || c == '>'; }
 bool alnum(char c) { return alpha(c) || (c >= '0' && c <= '9'); }
 
+constexpr uint64_t kAmps = 0x2626262626262626ULL;  // '&' in every byte
+bool has_zero_byte(uint64_t x) { return ((x - 0x0101010101010101ULL) & ~x & 0x8080808080808080ULL) != 0; }
+
 constexpr size_t kMinRun = 16;  // shorter text stays: a placeholder is 6 bytes
 
 // Whether `s` at `i` holds `name` (lower case) in any case, followed by the end of a tag name.
@@ -145,6 +148,9 @@ struct Stripper {
     for (size_t p = from; p < to;) {
       while (p < to && ws(s[p])) ++p;
       size_t q = p;
+      uint64_t x;  // eight bytes at a time while none is '&' or NUL
+      while (q + 8 <= to && (std::memcpy(&x, s.data() + q, 8), !has_zero_byte(x) && !has_zero_byte(x ^ kAmps)))
+        q += 8;
       while (q < to && s[q] != '&' && s[q] != '\0') ++q;
       size_t e = q;  // the piece is s[p, e), trimmed
       while (e > p && ws(s[e - 1])) --e;
@@ -260,6 +266,13 @@ size_t utf8_length(unsigned char c) { return c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0
 void append_as_parsed(std::string& out, std::string_view run) {
   size_t from = 0;  // run[from, i) not yet copied
   for (size_t i = 0; i < run.size();) {
+    // Eight bytes at a time while all are printable ASCII (0x20..0x7E): nothing changes.
+    uint64_t x;
+    while (i + 8 <= run.size() && (std::memcpy(&x, run.data() + i, 8),
+                                   (((x - 0x2020202020202020ULL) | x | ((x ^ 0x7F7F7F7F7F7F7F7FULL) - 0x0101010101010101ULL)) &
+                                    0x8080808080808080ULL) == 0))
+      i += 8;
+    if (i >= run.size()) break;
     const auto c = static_cast<unsigned char>(run[i]);
     const size_t len = std::min(utf8_length(c), run.size() - i);
     // Only these lead bytes can start a code point that changes.

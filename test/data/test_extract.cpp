@@ -323,6 +323,42 @@ TEST_CASE("extract: script and style contents and comments go before the parse, 
   }
 }
 
+TEST_CASE("extract: every fixture page gives the same blocks with and without the pass before the parse",
+          "[extract]") {
+  int pages = 0;
+  for (const char* name : {"pages.warc.gz", "bad-mixed.warc.gz"}) {
+    WarcReader reader(fixture(name), 1 << 20);
+    WarcRecord rec;
+    for (;;) {
+      try {
+        if (!reader.next(rec)) break;
+      } catch (const WarcError&) {
+        if (!reader.resync()) break;
+        continue;
+      }
+      if (rec.type() != "response") continue;
+      std::string body;
+      try {
+        body = parse_http_response(rec.block, "test").body;
+      } catch (const WarcError&) {
+        continue;
+      }
+      if (!valid_utf8(body)) continue;
+      INFO(rec.header("WARC-Target-URI"));
+      const auto a = parse_html_blocks(body, false), b = parse_html_blocks(body, true);
+      REQUIRE(a.blocks.size() == b.blocks.size());
+      for (size_t i = 0; i < a.blocks.size(); ++i) {
+        CHECK(a.blocks[i].text == b.blocks[i].text);
+        CHECK(a.blocks[i].link_chars == b.blocks[i].link_chars);
+        CHECK(a.blocks[i].boilerplate_context == b.blocks[i].boilerplate_context);
+      }
+      CHECK(a.title == b.title);
+      ++pages;
+    }
+  }
+  CHECK(pages >= 40);
+}
+
 TEST_CASE("extract: text runs stand in as numbered placeholders, without their edges and references",
           "[extract]") {
   std::string out;
