@@ -17,8 +17,8 @@ namespace mtnlg::extract {
 namespace {
 
 // Bytes of a page's text that CLD2 reads (language_sample): its time grows with the text
-// (~0.03 ms a KB). With 2 KiB no decision changes on the fixtures and 243 real Debian
-// HTML pages; with 1 KiB three did (two English pages became French).
+// (~270 instructions a byte). With 2 KiB no decision changed on the fixtures and 243
+// pages of real Debian HTML; with 1 KiB three did (two English pages became French).
 constexpr size_t kLanguageSampleBytes = 2048;
 
 constexpr const char* kCounterNames[kCounters] = {
