@@ -111,11 +111,29 @@ size_t foreign_end(std::string_view s, size_t i, std::string_view name) {
   return s.size();
 }
 
-// Whether `s` holds a private-use character U+E000..U+F8FF (UTF-8 EE xx xx, EF 80..A3 xx).
+// Whether a numeric character reference at s[i] ("&#" then digits, or "&#x" then hex
+// digits) names a private-use code point.
+bool private_use_reference(std::string_view s, size_t i) {
+  size_t k = i + 2;
+  const bool hex = k < s.size() && (s[k] == 'x' || s[k] == 'X');
+  k += hex;
+  uint32_t v = 0;
+  for (; k < s.size() && v <= 0x10FFFF; ++k) {
+    const char c = lower(s[k]);
+    const int d = (c >= '0' && c <= '9') ? c - '0' : (hex && c >= 'a' && c <= 'f') ? c - 'a' + 10 : -1;
+    if (d < 0) break;
+    v = v * (hex ? 16 : 10) + static_cast<uint32_t>(d);
+  }
+  return v >= 0xE000 && v < 0xE000 + kPlaceholderBase;
+}
+
+// Whether the page's text can hold a private-use character U+E000..U+F8FF: as UTF-8 (EE xx
+// xx, EF 80..A3 xx) or as a numeric character reference.
 bool has_private_use(std::string_view s) {
   for (size_t i = 0; i + 1 < s.size(); ++i) {
     const auto c = static_cast<unsigned char>(s[i]);
     if (c == 0xEE || (c == 0xEF && static_cast<unsigned char>(s[i + 1]) < 0xA4)) return true;
+    if (c == '&' && s[i + 1] == '#' && private_use_reference(s, i)) return true;
   }
   return false;
 }

@@ -27,7 +27,7 @@ namespace mtnlg::extract {
 // number it, and `runs` gets the piece (a view of `html`). The parser then builds the same
 // tree (a placeholder is text, and not whitespace, as the piece is) in a fraction of the
 // time; the walker puts the pieces back (placeholder_at). A page that holds private-use
-// characters itself is left without placeholders.
+// characters itself (or numeric references to them) is left without placeholders.
 size_t strip_raw_text(std::string_view html, std::string& out, std::vector<std::string_view>* runs = nullptr);
 
 // Two placeholder characters (UTF-8) at s[i]: the number of their run, else npos.

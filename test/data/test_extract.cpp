@@ -307,6 +307,7 @@ TEST_CASE("extract: script and style contents and comments go before the parse, 
       {"<p>Controls \x01 \x7F \xC2\x81 and noncharacters \xEF\xB7\x90 \xEF\xBF\xBE \xF0\x9F\xBF\xBF in a run of "
        "text, and \xC2\xA9 \xEF\xBF\xBD \xF0\x9F\x98\x80 that stay.</p>" + main, ""},
       {"<p>A private-use character \xEE\x80\x81 in the text of the page itself.</p>" + main, ""},
+      {"<p>Private-use references &#xE000;&#xE000; and &#57344;&#57345; in the text of the page.</p>" + main, ""},
       {"<select><option>The first option of the select element</option></select><b>Bold text run</b> and "
        "<i>italic text that is long</i>" + main, ""},
   };
@@ -377,6 +378,10 @@ TEST_CASE("extract: text runs stand in as numbered placeholders, without their e
   // A page with private-use characters of its own gets none.
   strip_raw_text("<p>\xEF\x80\x80 and a run of text long enough</p>", out, &runs);
   CHECK(runs.empty());
+  strip_raw_text("<p>&#xe001; and a run of text long enough</p>", out, &runs);
+  CHECK(runs.empty());
+  strip_raw_text("<p>&#xE0; &#233; and a run of text long enough</p>", out, &runs);
+  CHECK(runs.size() == 1);
 }
 
 TEST_CASE("extract: pages parsed one after another, in the arena and above its size, give the same blocks",
