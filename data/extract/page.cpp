@@ -1,6 +1,8 @@
 // One web page to clean text: see page.hpp and docs/specs/justext.md.
 #include "data/extract/page.hpp"
 
+#include "data/extract/strip.hpp"
+
 #include <cld2/public/compact_lang_det.h>
 #include <gumbo.h>
 #include <iconv.h>
@@ -8,8 +10,10 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -46,6 +50,37 @@ const std::unordered_set<std::string_view>& english_stopwords() {
       "won't", "didn't", "doesn't", "there's", "that's", "i'm", "you're", "we're", "they're", "let", "get",
       "got", "two", "first", "new", "way", "use", "used", "any", "because", "own"};
   return set;
+}
+
+// Stop-word lookup without hashing: the words by (length, first letter), each list a few
+// entries long; `w` is lower-case.
+class StopwordTable {
+ public:
+  explicit StopwordTable(const std::unordered_set<std::string_view>& words) {
+    for (auto w : words) slots_[slot(w)].push_back(w);
+  }
+  bool contains(std::string_view w) const {
+    if (w.size() > kMaxLen || w[0] < 'a' || w[0] > 'z') return false;
+    for (auto s : slots_[slot(w)])
+      if (std::memcmp(s.data(), w.data(), w.size()) == 0) return true;
+    return false;
+  }
+
+ private:
+  static constexpr size_t kMaxLen = 15;
+  static size_t slot(std::string_view w) { return w.size() * 26 + static_cast<size_t>(w[0] - 'a'); }
+  std::array<std::vector<std::string_view>, (kMaxLen + 1) * 26> slots_;
+};
+
+const StopwordTable& english_stopword_table() {
+  static const StopwordTable table(english_stopwords());
+  return table;
+}
+
+// ASCII punctuation, as std::ispunct in the "C" locale.
+bool punct(char ch) {
+  const auto c = static_cast<unsigned char>(ch);
+  return (c >= 33 && c <= 47) || (c >= 58 && c <= 64) || (c >= 91 && c <= 96) || (c >= 123 && c <= 126);
 }
 
 // Class/id words that mark page furniture rather than content.
@@ -114,38 +149,51 @@ int64_t code_points(std::string_view s) {
   return n;
 }
 
-bool space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
+constexpr std::array<bool, 256> kSpace = [] {
+  std::array<bool, 256> t{};
+  for (unsigned char c : {' ', '\t', '\n', '\r', '\f', '\v'}) t[c] = true;
+  return t;
+}();
+bool space(char c) { return kSpace[static_cast<unsigned char>(c)]; }
 
 struct Walker {
   ParsedPage page;
   Block cur;
   int link = 0, pre = 0, heading = 0, boiler = 0, article = 0;
-  const std::unordered_set<std::string_view>& stop = english_stopwords();
+  const std::vector<std::string_view>* runs = nullptr;  // the text runs behind placeholders
+  std::string expanded;
+  const StopwordTable& stop = english_stopword_table();
+
+  // Words and stop words of the current block: ASCII-lowered words with edge punctuation
+  // stripped (a word longer than any stop word is not looked up).
+  void count_words() {
+    const std::string& t = cur.text;
+    char w[16];
+    size_t i = 0;
+    while (i < t.size()) {
+      while (i < t.size() && space(t[i])) ++i;
+      size_t j = i;
+      while (j < t.size() && !space(t[j])) ++j;
+      if (j > i) {
+        ++cur.words;
+        size_t a = i, b = j;
+        while (a < b && punct(t[a]) && t[a] != '\'') ++a;
+        while (b > a && punct(t[b - 1])) --b;
+        if (b > a && b - a < sizeof(w)) {
+          for (size_t k = a; k < b; ++k) w[k - a] = lower(t[k]);
+          if (stop.contains(std::string_view(w, b - a))) ++cur.stopwords;
+        }
+      }
+      i = j;
+    }
+  }
 
   void flush() {
     // Trim the trailing space of collapsed text.
     while (!cur.text.empty() && cur.text.back() == ' ') cur.text.pop_back();
     if (!cur.text.empty()) {
       cur.chars = code_points(cur.text);
-      // Words and stop words: ASCII-lowered words with edge punctuation stripped.
-      size_t i = 0;
-      const std::string& t = cur.text;
-      std::string w;
-      while (i < t.size()) {
-        while (i < t.size() && space(t[i])) ++i;
-        size_t j = i;
-        while (j < t.size() && !space(t[j])) ++j;
-        if (j > i) {
-          ++cur.words;
-          size_t a = i, b = j;
-          while (a < b && std::ispunct(static_cast<unsigned char>(t[a])) && t[a] != '\'') ++a;
-          while (b > a && std::ispunct(static_cast<unsigned char>(t[b - 1]))) --b;
-          w.assign(t, a, b - a);
-          for (auto& c : w) c = lower(c);
-          if (!w.empty() && stop.count(w)) ++cur.stopwords;
-        }
-        i = j;
-      }
+      count_words();
       page.blocks.push_back(std::move(cur));
     }
     cur = Block{};
@@ -154,6 +202,33 @@ struct Walker {
   }
 
   void text(const char* s) {
+    if (runs && !runs->empty()) {
+      expand(s);
+      append_text(expanded);
+    } else {
+      append_text(s);
+    }
+  }
+
+  // `s` with each placeholder of strip_raw_text replaced by its text run, as the parser
+  // would have read it.
+  void expand(std::string_view s) {
+    expanded.clear();
+    size_t from = 0;  // s[from, i) not yet copied
+    for (size_t i = 0; i < s.size(); ++i) {
+      const auto c = static_cast<unsigned char>(s[i]);
+      if (c != 0xEE && c != 0xEF) continue;
+      const size_t k = placeholder_at(s, i);
+      if (k >= runs->size()) continue;
+      expanded.append(s, from, i - from);
+      append_as_parsed(expanded, (*runs)[k]);
+      i += kPlaceholderBytes - 1;
+      from = i + 1;
+    }
+    expanded.append(s, from, s.size() - from);
+  }
+
+  void append_text(std::string_view s) {
     if (cur.text.empty()) {
       cur.heading = heading > 0;
       cur.boilerplate_context = boiler > 0;
@@ -162,11 +237,15 @@ struct Walker {
     if (pre > 0) {
       cur.text += s;
     } else {
-      for (const char* p = s; *p; ++p) {
-        if (space(*p)) {
+      for (size_t p = 0; p < s.size();) {
+        if (space(s[p])) {
           if (!cur.text.empty() && cur.text.back() != ' ') cur.text += ' ';
+          ++p;
         } else {
-          cur.text += *p;
+          size_t e = p + 1;
+          while (e < s.size() && !space(s[e])) ++e;
+          cur.text.append(s, p, e - p);
+          p = e;
         }
       }
     }
@@ -256,17 +335,91 @@ BlockClass neighbour(const std::vector<Block>& b, size_t i, int dir, bool skip_n
   return BlockClass::bad;
 }
 
-}  // namespace
+// Gumbo allocates every node, string and vector on its own and frees them one by one
+// (malloc and free were ~6% of the run). A page of up to kArenaMaxInput bytes is
+// parsed into this bump arena instead: frees are no-ops and the whole tree goes at once.
+// Gumbo allocates about 10x the input over a parse, so the arena stays under ~10 MiB;
+// larger pages use malloc, and at most kKeptChunks chunks are kept between pages.
+class ParseArena {
+ public:
+  static constexpr size_t kArenaMaxInput = size_t{1} << 20;
+  static constexpr size_t kChunk = size_t{256} << 10;
+  static constexpr size_t kKeptChunks = 16;  // 4 MiB kept for the next page
+  void* allocate(size_t n) {
+    n = (n + 15) & ~size_t{15};
+    if (cur_ >= chunks_.size() || used_ + n > chunks_[cur_].size) next_chunk(n);
+    void* p = chunks_[cur_].data.get() + used_;
+    used_ += n;
+    return p;
+  }
+  // Drops everything allocated since the last reset; keeps up to kKeptChunks chunks.
+  void reset() {
+    std::erase_if(chunks_, [](const Chunk& c) { return c.size != kChunk; });
+    if (chunks_.size() > kKeptChunks) chunks_.resize(kKeptChunks);
+    cur_ = 0;
+    used_ = 0;
+  }
+  static void* gumbo_alloc(void* self, size_t n) { return static_cast<ParseArena*>(self)->allocate(n); }
+  static void gumbo_free(void*, void*) {}
 
-ParsedPage parse_html_blocks(std::string_view html) {
+ private:
+  struct Chunk {
+    std::unique_ptr<char[]> data;
+    size_t size;
+  };
+  void next_chunk(size_t n) {
+    if (cur_ < chunks_.size() && used_ > 0) ++cur_;  // the current chunk is full
+    while (cur_ < chunks_.size() && chunks_[cur_].size < n) ++cur_;
+    if (cur_ >= chunks_.size()) {
+      const size_t size = std::max(n, kChunk);
+      chunks_.push_back({std::make_unique_for_overwrite<char[]>(size), size});
+      cur_ = chunks_.size() - 1;
+    }
+    used_ = 0;
+  }
+  std::vector<Chunk> chunks_;
+  size_t cur_ = 0, used_ = 0;
+};
+
+ParsedPage parse_gumbo_blocks(std::string_view html, const std::vector<std::string_view>* runs) {
   GumboOptions opt = kGumboDefaultOptions;
   opt.max_errors = 0;  // parse errors are not collected (HTML5 recovers from all of them)
-  GumboOutput* out = gumbo_parse_with_options(&opt, html.data(), html.size());
+  thread_local ParseArena arena;
+  const bool in_arena = html.size() <= ParseArena::kArenaMaxInput;
+  if (in_arena) {
+    arena.reset();
+    opt.allocator = &ParseArena::gumbo_alloc;
+    opt.deallocator = &ParseArena::gumbo_free;
+    opt.userdata = &arena;
+  }
+  struct Release {  // the tree goes when the blocks are out, or on an exception
+    GumboOptions& opt;
+    GumboOutput* out;
+    bool in_arena;
+    ~Release() {
+      if (in_arena) arena.reset();
+      else gumbo_destroy_output(&opt, out);
+    }
+  } release{opt, gumbo_parse_with_options(&opt, html.data(), html.size()), in_arena};
   Walker w;
-  w.walk(out->document);
+  w.runs = runs;
+  w.walk(release.out->document);
   w.flush();
-  gumbo_destroy_output(&opt, out);
   return std::move(w.page);
+}
+
+}  // namespace
+
+ParsedPage parse_html_blocks(std::string_view html, bool strip) {
+  thread_local std::string stripped;  // reused: their capacity is kept for the next page
+  thread_local std::vector<std::string_view> runs;
+  if (strip) strip_raw_text(html, stripped, &runs);
+  ParsedPage page = parse_gumbo_blocks(strip ? std::string_view(stripped) : html, strip ? &runs : nullptr);
+  if (stripped.capacity() > (size_t{4} << 20)) {  // memory stays bounded
+    std::string().swap(stripped);
+    std::vector<std::string_view>().swap(runs);
+  }
+  return page;
 }
 
 void classify_blocks(std::vector<Block>& blocks, const BlockParams& p, bool use_stopwords) {
@@ -359,6 +512,39 @@ std::string extract_main_text(std::string_view html, const BlockParams& p) {
   return main_text(page.blocks);
 }
 
+std::string language_sample(const std::vector<Block>& blocks, size_t max_bytes) {
+  size_t total = 0;
+  for (const auto& b : blocks) total += b.text.size() + 1;
+  std::vector<std::pair<size_t, size_t>> pick;  // (block, bytes of it in the sample)
+  if (total <= max_bytes) {
+    for (size_t i = 0; i < blocks.size(); ++i) pick.emplace_back(i, blocks[i].text.size());
+  } else {
+    std::vector<size_t> by_size(blocks.size());
+    for (size_t i = 0; i < blocks.size(); ++i) by_size[i] = i;
+    std::stable_sort(by_size.begin(), by_size.end(),
+                     [&](size_t a, size_t b) { return blocks[a].text.size() > blocks[b].text.size(); });
+    size_t taken = 0;
+    for (size_t i : by_size) {
+      if (taken >= max_bytes) break;
+      pick.emplace_back(i, std::min(blocks[i].text.size(), max_bytes - taken));
+      taken += blocks[i].text.size() + 1;
+    }
+    std::sort(pick.begin(), pick.end());
+  }
+  std::string out;
+  for (auto [i, n] : pick) {
+    const std::string& t = blocks[i].text;
+    if (n < t.size()) {  // the block that fills the sample: cut at a space, else a character
+      const size_t sp = t.rfind(' ', n);
+      n = (sp != std::string::npos && sp > 0) ? sp : n;
+      while (n > 0 && (static_cast<unsigned char>(t[n]) & 0xC0) == 0x80) --n;
+    }
+    out.append(t, 0, n);
+    out += '\n';
+  }
+  return out;
+}
+
 Language identify_language(std::string_view text) {
   CLD2::Language lang3[3];
   int percent3[3];
@@ -425,6 +611,12 @@ bool valid_utf8(std::string_view s) {
   const size_t n = s.size();
   size_t i = 0;
   while (i < n) {
+    // Eight ASCII bytes at a time.
+    uint64_t word;
+    if (i + 8 <= n && (std::memcpy(&word, p + i, 8), (word & 0x8080808080808080ULL) == 0)) {
+      i += 8;
+      continue;
+    }
     const unsigned char c = p[i];
     if (c < 0x80) {
       ++i;

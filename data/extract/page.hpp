@@ -41,7 +41,10 @@ struct ParsedPage {
   std::vector<Block> blocks;
   std::string title;
 };
-ParsedPage parse_html_blocks(std::string_view html_utf8);
+// `strip`: the contents of <script>, <style> and comments are removed first and the text
+// runs stand in as placeholders during the parse (strip.hpp); the blocks are the same,
+// and the parser is spared most of the bytes of a page.
+ParsedPage parse_html_blocks(std::string_view html_utf8, bool strip = true);
 
 // Classifies the blocks in place; `use_stopwords` false for a language without a
 // stop-word list (only length, link density and context count then).
@@ -52,6 +55,12 @@ std::string main_text(const std::vector<Block>& blocks);
 
 // Convenience for tests and benchmarks: parse, classify (English stop words), join.
 std::string extract_main_text(std::string_view html_utf8, const BlockParams& p = {});
+
+// The text CLD2 sees for a page: every block's text joined by '\n' when that is at most
+// `max_bytes`; else the longest blocks, in document order, up to about `max_bytes` (the
+// last one cut at a space). CLD2's time grows with the text; a few KB of the page's
+// longest (main-text) blocks decide the language as well as the whole page does.
+std::string language_sample(const std::vector<Block>& blocks, size_t max_bytes);
 
 // Language of UTF-8 text by CLD2: ISO code ("en", "de", "ja", "un" when unknown) and
 // the share of the text bytes in it (0..1).

@@ -7,23 +7,27 @@
 # readability's covers only HTML -> main text (lxml parse + Document.summary + text),
 # on bodies already in memory, so the ratio is conservative for mtnlg.
 #
-#   scripts/bench/extract_bench.sh [BUILD_DIR] [REPEAT]
-# Prints a table; the numbers in docs/PERFORMANCE.md come from this script.
+#   scripts/bench/extract_bench.sh [BUILD_DIR] [REPEAT] [WARC]
+# Prints a table; the numbers in docs/PERFORMANCE.md come from this script. WARC (a
+# .warc.gz of one gzip member per record) replaces the fixture, e.g. the real Debian HTML
+# that `test/data/debian_pages_warc.py OUT.warc.gz` gathers; the page count is then the
+# `pages` of mtnlg's report (HTML responses with status 200).
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 build="${1:-$repo/build}"
 repeat="${2:-50}"
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
-fixture="$repo/test/fixtures/warc/pages.warc.gz"
+fixture="${3:-$repo/test/fixtures/warc/pages.warc.gz}"
 for _ in $(seq "$repeat"); do cat "$fixture"; done > "$tmp/bench.warc.gz"
-pages=$((36 * repeat))  # HTML responses with status 200 (the 404 and the PNG are read too)
 bytes=$(stat -c %s "$tmp/bench.warc.gz")
 
 t0=$(date +%s.%N)
 taskset -c 0 "$build/mtnlg" data extract --input "$tmp/bench.warc.gz" --output "$tmp/out" --no-progress --languages all > "$tmp/ours.log"
 t1=$(date +%s.%N)
 ours_s=$(echo "$t1 - $t0" | bc -l)
+# HTML responses with status 200 (for the fixture 36 a copy; the 404 and the PNG are read too)
+pages=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["totals"]["pages"])' "$tmp/out/extract_report.json")
 rss=$( { /usr/bin/time -f "%M" taskset -c 0 "$build/mtnlg" data extract --input "$tmp/bench.warc.gz" --output "$tmp/out2" --no-progress --languages all > /dev/null; } 2>&1 | tail -1)
 peer=$(taskset -c 0 /usr/bin/python3 "$repo/scripts/bench/extract_peer.py" speed --warc "$fixture" --repeat "$repeat")
 peer_s=$(echo "$peer" | python3 -c 'import json,sys; print(json.load(sys.stdin)["seconds"])')

@@ -11,6 +11,7 @@
 #include <set>
 
 #include "data/extract/extract.hpp"
+#include "data/extract/strip.hpp"
 #include "test/support/test_support.hpp"
 
 using namespace mtnlg;
@@ -265,6 +266,163 @@ TEST_CASE("extract: the block classifier keeps wordy text and drops link lists a
   classify_blocks(page.blocks, {}, true);
   const std::string text = main_text(page.blocks);
   CHECK(text == para + "\nShort line in the article.\n" + para);
+}
+
+TEST_CASE("extract: script and style contents and comments go before the parse, the blocks stay the same",
+          "[extract]") {
+  const std::string main = "<p>The main text of the page, which is long enough to be kept by the classifier.</p>";
+  // (html, what strip_raw_text leaves of it)
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"<script>var a = 1 < 2;</script>" + main, "<script></script>" + main},
+      {"<SCRIPT type=x>if (a</b) x();</SCRIPT >" + main, "<SCRIPT type=x></SCRIPT >" + main},
+      // The first "</script" then a space, '/' or '>' ends script data, in a string too.
+      {"<script>s = '</scripts>'; t = '</script>';</script>" + main, "<script></script>';</script>" + main},
+      // Escaped states: "<!--" then "<script" hide the inner "</script>".
+      {"<script><!-- document.write('<script>x()</script>'); --></script>" + main, "<script></script>" + main},
+      {"<script><!--></script>" + main, "<script></script>" + main},
+      // A quoted attribute value may hold '>', and "<script>" in one is not a tag.
+      {"<script data-x=\"a>b\" data-y='<script>'>code</script>" + main,
+       "<script data-x=\"a>b\" data-y='<script>'></script>" + main},
+      {"<div title=\"<style>\">" + main + "</div><style>p>a{}</style>",
+       "<div title=\"<style>\">" + main + "</div><style></style>"},
+      {"<!-- <p>commented out</p> -->" + main + "<!-->" + "<!--->x<!-- a --!>", main + "x"},
+      // Text elements: a "<script>" in them is text; </textarea> ends one.
+      {"<title>Tags like <script> in a title</title><textarea><style>kept</textarea>" + main,
+       "<title>Tags like <script> in a title</title><textarea><style>kept</textarea>" + main},
+      // Foreign content is copied: <style/> closes itself there.
+      {"<svg><style/><svg><text>t</text></svg></svg>" + main + "<style>x</style>",
+       "<svg><style/><svg><text>t</text></svg></svg>" + main + "<style></style>"},
+      // In <select> the parser ignores a <style> tag: nothing is removed there.
+      {"<select><style><option>o</select>" + main, "<select><style><option>o</select>" + main},
+      {"<frameset><script>x</script></frameset>", "<frameset><script>x</script></frameset>"},
+      {main + "<script>never closed " + main, main + "<script>"},
+      {"<p>1 < 2 and 3 <> 4</p><scriptx>t</scriptx>" + main, "<p>1 < 2 and 3 <> 4</p><scriptx>t</scriptx>" + main},
+      // Text the parser changes or moves: references, CR LF in <pre>, text foster-parented
+      // out of a table, a NUL, a private-use character of the page's own.
+      {"<p>Fish &amp; chips &ampere; and more &#x41;&#66;C, all of them here together.</p>" + main, ""},
+      {"<pre>\r\nFirst line of the preformatted text\r\nsecond line of it\rthird line here</pre>" + main, ""},
+      {"<table>Text that is not in a cell of the table<tr><td>A cell with some text in it</td></tr>"
+       "Trailing text after the row of the table</table>" + main, ""},
+      {std::string("<p>A paragraph with a NUL \0 in it, which the parser drops from the text.</p>", 76) + main, ""},
+      {"<p>Controls \x01 \x7F \xC2\x81 and noncharacters \xEF\xB7\x90 \xEF\xBF\xBE \xF0\x9F\xBF\xBF in a run of "
+       "text, and \xC2\xA9 \xEF\xBF\xBD \xF0\x9F\x98\x80 that stay.</p>" + main, ""},
+      {"<p>A private-use character \xEE\x80\x81 in the text of the page itself.</p>" + main, ""},
+      {"<p>Private-use references &#xE000;&#xE000; and &#57344;&#57345; in the text of the page.</p>" + main, ""},
+      {"<select><option>The first option of the select element</option></select><b>Bold text run</b> and "
+       "<i>italic text that is long</i>" + main, ""},
+  };
+  std::string out;
+  for (const auto& [html, want_or_empty] : cases) {
+    INFO(html);
+    const std::string& want = want_or_empty.empty() ? html : want_or_empty;
+    CHECK(strip_raw_text(html, out) == html.size() - want.size());
+    CHECK(out == want);
+    const auto a = parse_html_blocks(html, false), b = parse_html_blocks(html, true);
+    REQUIRE(a.blocks.size() == b.blocks.size());
+    for (size_t i = 0; i < a.blocks.size(); ++i) CHECK(a.blocks[i].text == b.blocks[i].text);
+    CHECK(a.title == b.title);
+  }
+}
+
+TEST_CASE("extract: every fixture page gives the same blocks with and without the pass before the parse",
+          "[extract]") {
+  int pages = 0;
+  for (const char* name : {"pages.warc.gz", "bad-mixed.warc.gz"}) {
+    WarcReader reader(fixture(name), 1 << 20);
+    WarcRecord rec;
+    for (;;) {
+      try {
+        if (!reader.next(rec)) break;
+      } catch (const WarcError&) {
+        if (!reader.resync()) break;
+        continue;
+      }
+      if (rec.type() != "response") continue;
+      std::string body;
+      try {
+        body = parse_http_response(rec.block, "test").body;
+      } catch (const WarcError&) {
+        continue;
+      }
+      if (!valid_utf8(body)) continue;
+      INFO(rec.header("WARC-Target-URI"));
+      const auto a = parse_html_blocks(body, false), b = parse_html_blocks(body, true);
+      REQUIRE(a.blocks.size() == b.blocks.size());
+      for (size_t i = 0; i < a.blocks.size(); ++i) {
+        CHECK(a.blocks[i].text == b.blocks[i].text);
+        CHECK(a.blocks[i].link_chars == b.blocks[i].link_chars);
+        CHECK(a.blocks[i].boilerplate_context == b.blocks[i].boilerplate_context);
+      }
+      CHECK(a.title == b.title);
+      ++pages;
+    }
+  }
+  CHECK(pages >= 40);
+}
+
+TEST_CASE("extract: text runs stand in as numbered placeholders, without their edges and references",
+          "[extract]") {
+  std::string out;
+  std::vector<std::string_view> runs;
+  const std::string html = "<p>  A run of text long enough &amp; a second run of text </p><i>short</i>";
+  strip_raw_text(html, out, &runs);
+  REQUIRE(runs.size() == 2);
+  CHECK(runs[0] == "A run of text long enough");
+  CHECK(runs[1] == "a second run of text");
+  REQUIRE(out.size() == std::string("<p>  ").size() + 6 + std::string(" &amp; ").size() + 6 + 17);
+  CHECK(placeholder_at(out, 5) == 0);
+  CHECK(placeholder_at(out, 5 + 6 + 7) == 1);
+  CHECK(placeholder_at(out, 0) == std::string::npos);
+  CHECK(out.substr(5 + 6, 7) == " &amp; ");
+  CHECK(out.substr(out.size() - 17) == " </p><i>short</i>");
+  // A page with private-use characters of its own gets none.
+  strip_raw_text("<p>\xEF\x80\x80 and a run of text long enough</p>", out, &runs);
+  CHECK(runs.empty());
+  strip_raw_text("<p>&#xe001; and a run of text long enough</p>", out, &runs);
+  CHECK(runs.empty());
+  strip_raw_text("<p>&#xE0; &#233; and a run of text long enough</p>", out, &runs);
+  CHECK(runs.size() == 1);
+}
+
+TEST_CASE("extract: pages parsed one after another, in the arena and above its size, give the same blocks",
+          "[extract]") {
+  const std::string para = "<p>The bright orchard was painted by the teachers of the river, and they agreed on it.</p>";
+  std::string small = "<html><body><nav><a href=/>Home</a></nav>", big;
+  for (int i = 0; i < 20; ++i) small += para;
+  small += "</body></html>";
+  big = "<html><body><!--";
+  big.append(size_t{1} << 21, 'x');  // 2 MiB: over the arena's limit, parsed with malloc
+  big += "-->" + small.substr(12);
+  const auto a = parse_html_blocks(small), b = parse_html_blocks(big), c = parse_html_blocks(small);
+  REQUIRE(a.blocks.size() == 21);
+  for (const auto* other : {&b, &c}) {
+    REQUIRE(other->blocks.size() == a.blocks.size());
+    for (size_t i = 0; i < a.blocks.size(); ++i) {
+      CHECK(other->blocks[i].text == a.blocks[i].text);
+      CHECK(other->blocks[i].stopwords == a.blocks[i].stopwords);
+    }
+  }
+  CHECK(a.blocks[1].words == 16);
+  CHECK(a.blocks[1].stopwords == 10);  // The was by the of the and they on it
+}
+
+TEST_CASE("extract: the language sample is the whole text of a small page, the longest blocks of a large one",
+          "[extract]") {
+  auto block = [](std::string t) {
+    Block b;
+    b.text = std::move(t);
+    return b;
+  };
+  std::vector<Block> small = {block("Home"), block("A short paragraph of text."), block("Footer")};
+  CHECK(language_sample(small, 2048) == "Home\nA short paragraph of text.\nFooter\n");
+  // Large: the two longest blocks in document order, the second cut at a space.
+  std::vector<Block> large = {block("Menu"), block(std::string(1500, 'a')), block("Link"),
+                              block("b " + std::string(600, 'c') + " dd"), block("")};
+  for (int i = 0; i < 500; ++i) large.back().text += "\xC3\xA9";  // 1000 bytes of "é", no space
+  const std::string s = language_sample(large, 2048);
+  std::string e273;
+  for (int i = 0; i < 273; ++i) e273 += "\xC3\xA9";  // 547 bytes left: cut before a whole character
+  CHECK(s == std::string(1500, 'a') + "\n" + e273 + "\n");
 }
 
 TEST_CASE("extract: inputs are dealt to ranks disjointly, the same way for the same sizes", "[extract]") {

@@ -1,0 +1,316 @@
+// Removing script and style contents and comments before the HTML5 parse: see strip.hpp.
+#include "data/extract/strip.hpp"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+namespace mtnlg::extract {
+
+namespace {
+
+constexpr size_t npos = std::string_view::npos;
+
+char lower(char c) { return (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c; }
+bool alpha(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); }
+bool ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f'; }
+bool name_end(char c) { return ws(c) || c == '/' || c == '>'; }
+bool alnum(char c) { return alpha(c) || (c >= '0' && c <= '9'); }
+
+constexpr uint64_t kAmps = 0x2626262626262626ULL;  // '&' in every byte
+bool has_zero_byte(uint64_t x) { return ((x - 0x0101010101010101ULL) & ~x & 0x8080808080808080ULL) != 0; }
+
+constexpr size_t kMinRun = 16;  // shorter text stays: a placeholder is 6 bytes
+
+// Whether `s` at `i` holds `name` (lower case) in any case, followed by the end of a tag name.
+bool name_at(std::string_view s, size_t i, std::string_view name) {
+  if (i + name.size() >= s.size()) return false;  // a name that runs to the end ends no tag
+  for (size_t k = 0; k < name.size(); ++k)
+    if (lower(s[i + k]) != name[k]) return false;
+  return name_end(s[i + name.size()]);
+}
+
+// Just past the '>' of a tag whose name ends before `i`, reading the attributes as the
+// tokenizer does (a quoted value may hold '>'); s.size() when the tag is not closed.
+size_t tag_end(std::string_view s, size_t i) {
+  const size_t n = s.size();
+  while (i < n) {
+    if (s[i] == '>') return i + 1;
+    if (ws(s[i]) || s[i] == '/') {
+      ++i;
+      continue;
+    }
+    ++i;  // an attribute name (its first character may be '=')
+    while (i < n && !name_end(s[i]) && s[i] != '=') ++i;
+    while (i < n && ws(s[i])) ++i;
+    if (i >= n || s[i] != '=') continue;
+    ++i;
+    while (i < n && ws(s[i])) ++i;
+    if (i < n && (s[i] == '"' || s[i] == '\'')) {
+      const size_t q = s.find(s[i], i + 1);
+      if (q == npos) return n;
+      i = q + 1;
+    } else {
+      while (i < n && !ws(s[i]) && s[i] != '>') ++i;
+    }
+  }
+  return n;
+}
+
+// Where "</name" (then whitespace, '/' or '>') starts at or after `i`; s.size() if nowhere.
+size_t find_end_tag(std::string_view s, size_t i, std::string_view name) {
+  for (size_t p = s.find("</", i); p != npos; p = s.find("</", p + 1))
+    if (name_at(s, p + 2, name)) return p;
+  return s.size();
+}
+
+// Where script data starting at `i` ends: the "</script" that ends it outside the escaped
+// states ("<!--" escapes; in it a "<script" escapes twice, until "</script"; "-->" ends
+// both), as the HTML5 tokenizer reads it; s.size() if it runs to the end.
+size_t script_end(std::string_view s, size_t i) {
+  enum { kData, kEscaped, kDoubleEscaped } state = kData;
+  for (const size_t n = s.size(); i < n; ++i) {
+    const char c = s[i];
+    if (c == '>' && state != kData && i >= 2 && s[i - 1] == '-' && s[i - 2] == '-') {
+      state = kData;
+    } else if (c == '<' && state == kData && s.compare(i, 4, "<!--") == 0) {
+      state = kEscaped;
+      i += 3;  // "<!-->" ends at once: the '>' sees the two dashes before it
+    } else if (c == '<' && i + 1 < n && s[i + 1] == '/' && name_at(s, i + 2, "script")) {
+      if (state != kDoubleEscaped) return i;
+      state = kEscaped;
+    } else if (c == '<' && state == kEscaped && name_at(s, i + 1, "script")) {
+      state = kDoubleEscaped;
+    }
+  }
+  return s.size();
+}
+
+// Just past a comment whose "<!--" ends before `i` ("<!-->", "<!--->", "-->", "--!>").
+size_t comment_end(std::string_view s, size_t i) {
+  if (s.compare(i, 1, ">") == 0) return i + 1;
+  if (s.compare(i, 2, "->") == 0) return i + 2;
+  for (size_t p = s.find("--", i); p != npos; p = s.find("--", p + 1)) {
+    if (s.compare(p + 2, 1, ">") == 0) return p + 3;
+    if (s.compare(p + 2, 2, "!>") == 0) return p + 4;
+  }
+  return s.size();
+}
+
+// Just past the end tag of a foreign (<svg>, <math>) element whose start tag ends before
+// `i`, counting the same elements nested in it; s.size() when it is not closed.
+size_t foreign_end(std::string_view s, size_t i, std::string_view name) {
+  int depth = 1;
+  for (size_t p = s.find('<', i); p != npos; p = s.find('<', p + 1)) {
+    if (name_at(s, p + 1, name)) {
+      ++depth;
+    } else if (s.compare(p, 2, "</") == 0 && name_at(s, p + 2, name) && --depth == 0) {
+      return tag_end(s, p + 2 + name.size());
+    }
+  }
+  return s.size();
+}
+
+// Whether a numeric character reference at s[i] ("&#" then digits, or "&#x" then hex
+// digits) names a private-use code point.
+bool private_use_reference(std::string_view s, size_t i) {
+  size_t k = i + 2;
+  const bool hex = k < s.size() && (s[k] == 'x' || s[k] == 'X');
+  k += hex;
+  uint32_t v = 0;
+  for (; k < s.size() && v <= 0x10FFFF; ++k) {
+    const char c = lower(s[k]);
+    const int d = (c >= '0' && c <= '9') ? c - '0' : (hex && c >= 'a' && c <= 'f') ? c - 'a' + 10 : -1;
+    if (d < 0) break;
+    v = v * (hex ? 16 : 10) + static_cast<uint32_t>(d);
+  }
+  return v >= 0xE000 && v < 0xE000 + kPlaceholderBase;
+}
+
+// Whether the page's text can hold a private-use character U+E000..U+F8FF: as UTF-8 (EE xx
+// xx, EF 80..A3 xx) or as a numeric character reference.
+bool has_private_use(std::string_view s) {
+  for (size_t i = 0; i + 1 < s.size(); ++i) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c == 0xEE || (c == 0xEF && static_cast<unsigned char>(s[i + 1]) < 0xA4)) return true;
+    if (c == '&' && s[i + 1] == '#' && private_use_reference(s, i)) return true;
+  }
+  return false;
+}
+
+// The two private-use characters that stand for text run `k`.
+void append_placeholder(std::string& out, size_t k) {
+  for (const size_t v : {k / kPlaceholderBase, k % kPlaceholderBase}) {
+    const auto cp = static_cast<unsigned>(0xE000 + v);
+    out += static_cast<char>(0xE0 | (cp >> 12));
+    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  }
+}
+
+struct Stripper {
+  std::string_view s;
+  std::string& out;
+  std::vector<std::string_view>* runs;  // null: text is not replaced
+  size_t copied = 0;  // s[0, copied) is in `out` or was dropped
+  bool in_select = false;
+
+  void drop(size_t from, size_t to) {
+    out.append(s, copied, from - copied);
+    copied = to;
+  }
+
+  // Text s[from, to) in the data state: its pieces of kMinRun bytes or more that hold no
+  // character reference, NUL or leading/trailing whitespace become placeholders.
+  void text(size_t from, size_t to) {
+    for (size_t p = from; p < to;) {
+      while (p < to && ws(s[p])) ++p;
+      size_t q = p;
+      uint64_t x;  // eight bytes at a time while none is '&' or NUL
+      while (q + 8 <= to && (std::memcpy(&x, s.data() + q, 8), !has_zero_byte(x) && !has_zero_byte(x ^ kAmps)))
+        q += 8;
+      while (q < to && s[q] != '&' && s[q] != '\0') ++q;
+      size_t e = q;  // the piece is s[p, e), trimmed
+      while (e > p && ws(s[e - 1])) --e;
+      if (e - p >= kMinRun && runs->size() < kPlaceholderBase * kPlaceholderBase) {
+        drop(p, e);
+        append_placeholder(out, runs->size());
+        runs->push_back(s.substr(p, e - p));
+      }
+      // A reference's name or number and the NULs stay as they are.
+      while (q < to && (s[q] == '&' || s[q] == '#' || s[q] == ';' || s[q] == '\0' || alnum(s[q]))) ++q;
+      p = q;
+    }
+  }
+
+  // A start tag whose name starts at `i`: where to read on from, after its contents when
+  // they are text, foreign content or removed. npos: copy the rest as it is.
+  size_t start_tag(size_t i) {
+    size_t e = i;
+    while (e < s.size() && !name_end(s[e])) ++e;
+    const size_t end = tag_end(s, e);
+    if (name_at(s, i, "script")) {
+      const size_t stop = script_end(s, end);
+      drop(end, stop);
+      return stop;
+    }
+    if (name_at(s, i, "style")) {
+      const size_t stop = find_end_tag(s, end, "style");
+      if (!in_select) drop(end, stop);
+      return stop;
+    }
+    for (const char* raw : {"title", "textarea", "xmp", "iframe", "noembed", "noframes"})
+      if (name_at(s, i, raw)) return find_end_tag(s, end, raw);
+    for (const char* foreign : {"svg", "math"})
+      if (name_at(s, i, foreign)) return foreign_end(s, end, foreign);
+    if (name_at(s, i, "select")) in_select = true;
+    if (name_at(s, i, "plaintext") || name_at(s, i, "frameset")) return npos;
+    return end;
+  }
+
+  size_t run() {
+    const size_t n = s.size();
+    size_t removed = 0, i = 0;
+    for (;;) {
+      const size_t lt = s.find('<', i);
+      if (runs) text(i, lt == npos ? n : lt);
+      if (lt == npos || lt + 1 >= n) break;
+      i = lt;
+      const char c = s[i + 1];
+      if (alpha(c)) {
+        i = start_tag(i + 1);
+        if (i == npos) break;
+      } else if (c == '/' && i + 2 < n && alpha(s[i + 2])) {
+        if (name_at(s, i + 2, "select")) in_select = false;
+        i = tag_end(s, i + 2);
+      } else if (s.compare(i, 4, "<!--") == 0) {
+        const size_t e = comment_end(s, i + 4);
+        drop(i, e);
+        i = e;
+      } else if (c == '!' || c == '?' || c == '/') {  // doctype, bogus comment: up to '>'
+        const size_t gt = s.find('>', i + 2);
+        i = gt == npos ? n : gt + 1;
+      } else {
+        ++i;  // a '<' that is text
+      }
+    }
+    removed = copied - out.size();  // (placeholders are counted against the text they replace)
+    out.append(s, copied, n - copied);
+    return removed;
+  }
+};
+
+}  // namespace
+
+size_t strip_raw_text(std::string_view html, std::string& out, std::vector<std::string_view>* runs) {
+  out.clear();
+  out.reserve(html.size());
+  if (runs) {
+    runs->clear();
+    if (has_private_use(html)) runs = nullptr;  // a placeholder could not be told from the page's own text
+  }
+  return Stripper{html, out, runs}.run();
+}
+
+size_t placeholder_at(std::string_view s, size_t i) {
+  auto pua = [&](size_t k) -> long {
+    if (k + 3 > s.size()) return -1;
+    const auto a = static_cast<unsigned char>(s[k]), b = static_cast<unsigned char>(s[k + 1]),
+               c = static_cast<unsigned char>(s[k + 2]);
+    if ((a & 0xF0) != 0xE0) return -1;
+    const unsigned cp = ((a & 0x0Fu) << 12) | ((b & 0x3Fu) << 6) | (c & 0x3Fu);
+    return cp >= 0xE000 && cp < 0xE000 + kPlaceholderBase ? static_cast<long>(cp - 0xE000) : -1;
+  };
+  const long hi = pua(i), lo = hi < 0 ? -1 : pua(i + 3);
+  return lo < 0 ? npos : static_cast<size_t>(hi) * kPlaceholderBase + static_cast<size_t>(lo);
+}
+
+namespace {
+
+// Whether the code point of the UTF-8 sequence s[i, i + len) is one the parser replaces
+// by U+FFFD: C0 controls but tab, LF, FF, CR; DEL and C1; U+FDD0..U+FDEF; U+xFFFE, U+xFFFF.
+bool replaced_by_parser(std::string_view s, size_t i, size_t len) {
+  uint32_t cp = static_cast<unsigned char>(s[i]);
+  if (len > 1) cp &= 0xFFu >> (len + 1);
+  for (size_t k = 1; k < len; ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3Fu);
+  return (cp >= 0x1 && cp <= 0x8) || cp == 0xB || (cp >= 0xE && cp <= 0x1F) || (cp >= 0x7F && cp <= 0x9F) ||
+         (cp >= 0xFDD0 && cp <= 0xFDEF) || (cp & 0xFFFF) == 0xFFFE || (cp & 0xFFFF) == 0xFFFF;
+}
+
+size_t utf8_length(unsigned char c) { return c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4; }
+
+}  // namespace
+
+void append_as_parsed(std::string& out, std::string_view run) {
+  size_t from = 0;  // run[from, i) not yet copied
+  for (size_t i = 0; i < run.size();) {
+    // Eight bytes at a time while all are printable ASCII (0x20..0x7E): nothing changes.
+    uint64_t x;
+    while (i + 8 <= run.size() && (std::memcpy(&x, run.data() + i, 8),
+                                   (((x - 0x2020202020202020ULL) | x | ((x ^ 0x7F7F7F7F7F7F7F7FULL) - 0x0101010101010101ULL)) &
+                                    0x8080808080808080ULL) == 0))
+      i += 8;
+    if (i >= run.size()) break;
+    const auto c = static_cast<unsigned char>(run[i]);
+    const size_t len = std::min(utf8_length(c), run.size() - i);
+    // Only these lead bytes can start a code point that changes.
+    const bool maybe = c < 0x20 || c == 0x7F || c == 0xC2 || c == 0xEF || (c >= 0xF0 && c <= 0xF4);
+    if (!maybe || (c < 0x20 && (c == '\t' || c == '\n' || c == '\f'))) {
+      i += len;
+      continue;
+    }
+    out.append(run, from, i - from);
+    if (c == '\r') {
+      out += '\n';
+      i += (i + 1 < run.size() && run[i + 1] == '\n') ? 2 : 1;
+    } else {
+      if (replaced_by_parser(run, i, len)) out += "\xEF\xBF\xBD";
+      else out.append(run, i, len);
+      i += len;
+    }
+    from = i;
+  }
+  out.append(run, from, run.size() - from);
+}
+
+}  // namespace mtnlg::extract

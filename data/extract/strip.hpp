@@ -1,0 +1,42 @@
+// A pass over the HTML before the HTML5 parse that removes what can hold no text of the
+// page: the contents of <script> and <style> elements and comments. Common Crawl pages are
+// often mostly inline scripts, JSON and CSS, and the parser otherwise tokenizes every byte
+// of them one character at a time. The result parses to the same tree, less those texts
+// and comment nodes (docs/specs/justext.md, "Before the parse").
+#pragma once
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace mtnlg::extract {
+
+// Appends `html` to `out` (cleared first) with the contents of <script> and <style> and
+// every comment removed. It reads the markup as the HTML5 tokenizer does where that
+// matters: tag names case-insensitively; attribute values in quotes may hold '>'; the
+// text of <title>, <textarea>, <xmp>, <iframe>, <noembed>, <noframes> and everything after
+// <plaintext> is copied as it is (a "<script>" there is text); script data ends at the
+// first "</script" followed by whitespace, '/' or '>' outside the escaped states that
+// "<!--" and a nested "<script" open; <svg> and <math> (foreign content, where <style/> can
+// close itself) are copied as they are up to their end tag; inside <select> (where the
+// parser ignores a <style> tag) and after <frameset> nothing is removed. Returns the number
+// of bytes removed.
+//
+// With `runs`, the text in the data state is also taken out of the parse: each piece of
+// text of 16 bytes or more (without leading or trailing whitespace, character references
+// or NULs, which the parser would change) is replaced by two private-use characters that
+// number it, and `runs` gets the piece (a view of `html`). The parser then builds the same
+// tree (a placeholder is text, and not whitespace, as the piece is) in a fraction of the
+// time; the walker puts the pieces back (placeholder_at). A page that holds private-use
+// characters itself (or numeric references to them) is left without placeholders.
+size_t strip_raw_text(std::string_view html, std::string& out, std::vector<std::string_view>* runs = nullptr);
+
+// Two placeholder characters (UTF-8) at s[i]: the number of their run, else npos.
+constexpr size_t kPlaceholderBase = 6400;  // U+E000..U+F8FF
+constexpr size_t kPlaceholderBytes = 6;
+size_t placeholder_at(std::string_view s, size_t i);
+
+// Appends a run's text as the parser would have given it: CR LF and CR as LF, and the code
+// points it replaces by U+FFFD (controls, noncharacters) replaced. `run` is valid UTF-8.
+void append_as_parsed(std::string& out, std::string_view run);
+
+}  // namespace mtnlg::extract
