@@ -17,32 +17,18 @@ recipe="${RECIPE:-$repo/recipes/tiny-mock.yaml}"
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 
-# Median tokens/s of rank 0's metrics, the first 3 steps (warm-up) excluded.
-tokens_per_s() {
-  local on="$1" dir="$2"
-  shift 2
-  sh "$repo/test/mpi/mpirun.sh" 4 "$build/mtnlg" train "$recipe" --quiet --set training.train_iters="$iters" \
-    --set training.num_threads=1 --set logging.log_interval=1 --set logging.step_timing="$on" \
-    --set logging.dir="$dir" "$@" >/dev/null 2>&1
-  /usr/bin/python3 -c "
-import json, statistics
-rows = [json.loads(l) for l in open('$dir/metrics.jsonl') if 'tokens_per_s' in l]
-print(f\"{statistics.median(r['tokens_per_s'] for r in rows[3:]):.1f}\")"
-}
-med() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+# shellcheck source=scripts/bench/ab_train.sh
+. "$repo/scripts/bench/ab_train.sh"
 
 read -r -a sets <<<"${EXTRA:-}"
-printf '%-10s %12s %12s %8s   %s\n' "layout" "on (tok/s)" "off (tok/s)" "on/off" "rounds on | off"
+ab_header
 for layout in dp4 tp2pp2; do
   lay=()
   [ "$layout" = tp2pp2 ] && lay=(--set parallel.tensor_model_parallel_size=2 --set parallel.pipeline_model_parallel_size=2)
   on_all=() off_all=()
   for r in $(seq "$rounds"); do
-    on_all+=("$(tokens_per_s true "$tmp/$layout-on-$r" "${lay[@]}" "${sets[@]}")")
-    off_all+=("$(tokens_per_s false "$tmp/$layout-off-$r" "${lay[@]}" "${sets[@]}")")
+    on_all+=("$(ab_tokens_per_s 4 "$tmp/$layout-on-$r" --set logging.step_timing=true "${lay[@]}" "${sets[@]}")")
+    off_all+=("$(ab_tokens_per_s 4 "$tmp/$layout-off-$r" --set logging.step_timing=false "${lay[@]}" "${sets[@]}")")
   done
-  on=$(med "${on_all[@]}")
-  off=$(med "${off_all[@]}")
-  printf '%-10s %12s %12s %8s   %s | %s\n' "$layout" "$on" "$off" "$(/usr/bin/python3 -c "print(f'{$on/$off:.3f}')")" \
-    "${on_all[*]}" "${off_all[*]}"
+  ab_row "$layout" "${on_all[*]}" "${off_all[*]}"
 done

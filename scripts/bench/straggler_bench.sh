@@ -15,28 +15,14 @@ recipe="${RECIPE:-$repo/recipes/tiny-mock.yaml}"
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 
-# Median tokens/s of rank 0's metrics, the first 3 steps (warm-up) excluded.
-tokens_per_s() {
-  local margin="$1" dir="$2"
-  shift 2
-  sh "$repo/test/mpi/mpirun.sh" 4 "$build/mtnlg" train "$recipe" --quiet --set training.train_iters="$iters" \
-    --set training.num_threads=1 --set logging.log_interval=1 --set logging.straggler_margin="$margin" \
-    --set logging.dir="$dir" "$@" >/dev/null 2>&1
-  /usr/bin/python3 -c "
-import json, statistics
-rows = [json.loads(l) for l in open('$dir/metrics.jsonl') if 'tokens_per_s' in l]
-print(f\"{statistics.median(r['tokens_per_s'] for r in rows[3:]):.1f}\")"
-}
-med() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+# shellcheck source=scripts/bench/ab_train.sh
+. "$repo/scripts/bench/ab_train.sh"
 
 read -r -a sets <<<"${EXTRA:-}"
 on_all=() off_all=()
 for r in $(seq "$rounds"); do
-  on_all+=("$(tokens_per_s 1.2 "$tmp/on-$r" "${sets[@]}")")
-  off_all+=("$(tokens_per_s 0 "$tmp/off-$r" "${sets[@]}")")
+  on_all+=("$(ab_tokens_per_s 4 "$tmp/on-$r" --set logging.straggler_margin=1.2 "${sets[@]}")")
+  off_all+=("$(ab_tokens_per_s 4 "$tmp/off-$r" --set logging.straggler_margin=0 "${sets[@]}")")
 done
-on=$(med "${on_all[@]}")
-off=$(med "${off_all[@]}")
-printf '%-12s %12s %12s %8s   %s\n' "dp4" "on (tok/s)" "off (tok/s)" "on/off" "rounds on | off"
-printf '%-12s %12s %12s %8s   %s | %s\n' "" "$on" "$off" "$(/usr/bin/python3 -c "print(f'{$on/$off:.3f}')")" \
-  "${on_all[*]}" "${off_all[*]}"
+ab_header
+ab_row dp4 "${on_all[*]}" "${off_all[*]}"

@@ -1,0 +1,32 @@
+# Shared by the on/off overhead benchmarks (straggler_bench.sh, step_timing_bench.sh,
+# forensics_bench.sh): source it after setting repo, build, iters and recipe.
+#   ab_tokens_per_s NP DIR [ARGS...]  one `mtnlg train` of NP ranks under test/mpi/mpirun.sh
+#                                     (1 thread each, log every step, metrics in DIR, ARGS
+#                                     appended); prints rank 0's median tokens/s after the
+#                                     first 3 steps (warm-up)
+#   ab_median VALUES...               the median of the values
+#   ab_row LABEL ON_VALUES OFF_VALUES one table row: medians, their ratio, every round
+ab_tokens_per_s() {
+  local np="$1" dir="$2"
+  shift 2
+  sh "$repo/test/mpi/mpirun.sh" "$np" "$build/mtnlg" train "$recipe" --quiet --set training.train_iters="$iters" \
+    --set training.num_threads=1 --set logging.log_interval=1 --set logging.dir="$dir" "$@" >/dev/null 2>&1
+  /usr/bin/python3 -c "
+import json, statistics
+rows = [json.loads(l) for l in open('$dir/metrics.jsonl') if 'tokens_per_s' in l]
+print(f\"{statistics.median(r['tokens_per_s'] for r in rows[3:]):.1f}\")"
+}
+
+ab_median() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+
+ab_row() {
+  local label="$1" on_list="$2" off_list="$3" on off
+  # shellcheck disable=SC2086
+  on=$(ab_median $on_list)
+  # shellcheck disable=SC2086
+  off=$(ab_median $off_list)
+  printf '%-12s %12s %12s %8s   %s | %s\n' "$label" "$on" "$off" "$(/usr/bin/python3 -c "print(f'{$on/$off:.3f}')")" \
+    "$on_list" "$off_list"
+}
+
+ab_header() { printf '%-12s %12s %12s %8s   %s\n' "layout" "on (tok/s)" "off (tok/s)" "on/off" "rounds on | off"; }
