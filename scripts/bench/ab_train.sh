@@ -1,11 +1,23 @@
 # Shared by the on/off overhead benchmarks (straggler_bench.sh, step_timing_bench.sh,
-# forensics_bench.sh): source it after setting repo, build, iters and recipe.
+# forensics_bench.sh): source it after setting repo (the checkout), then
+#   ab_init BUILD_DIR ITERS           build (default $repo/build), iters, rounds ($ROUNDS,
+#                                     default 5), recipe ($RECIPE, default tiny-mock) and
+#                                     a temporary directory tmp removed on exit
 #   ab_tokens_per_s NP DIR [ARGS...]  one `mtnlg train` of NP ranks under test/mpi/mpirun.sh
 #                                     (1 thread each, log every step, metrics in DIR, ARGS
 #                                     appended); prints rank 0's median tokens/s after the
 #                                     first 3 steps (warm-up)
 #   ab_median VALUES...               the median of the values
 #   ab_row LABEL ON_VALUES OFF_VALUES one table row: medians, their ratio, every round
+ab_init() {
+  build="${1:-$repo/build}"
+  iters="$2"
+  rounds="${ROUNDS:-5}"
+  recipe="${RECIPE:-$repo/recipes/tiny-mock.yaml}"
+  tmp="$(mktemp -d)"
+  trap 'rm -rf "$tmp"' EXIT
+}
+
 ab_tokens_per_s() {
   local np="$1" dir="$2"
   shift 2

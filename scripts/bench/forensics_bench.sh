@@ -11,15 +11,9 @@
 #   env:   ROUNDS (default 5), RECIPE (default recipes/tiny-mock.yaml), EXTRA (more --set)
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-build="${1:-$repo/build}"
-iters="${2:-40}"
-rounds="${ROUNDS:-5}"
-recipe="${RECIPE:-$repo/recipes/tiny-mock.yaml}"
-tmp="$(mktemp -d)"
-trap 'rm -rf "$tmp"' EXIT
-
 # shellcheck source=scripts/bench/ab_train.sh
 . "$repo/scripts/bench/ab_train.sh"
+ab_init "${1:-}" "${2:-40}"
 
 read -r -a sets <<<"${EXTRA:-}"
 checks=(--set training.check_for_nan_in_loss_and_grad=true --set training.loss_spike_threshold=3

@@ -8,15 +8,9 @@
 #   env:   ROUNDS (default 5), RECIPE (default recipes/tiny-mock.yaml), EXTRA (more --set)
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-build="${1:-$repo/build}"
-iters="${2:-30}"
-rounds="${ROUNDS:-5}"
-recipe="${RECIPE:-$repo/recipes/tiny-mock.yaml}"
-tmp="$(mktemp -d)"
-trap 'rm -rf "$tmp"' EXIT
-
 # shellcheck source=scripts/bench/ab_train.sh
 . "$repo/scripts/bench/ab_train.sh"
+ab_init "${1:-}" "${2:-30}"
 
 read -r -a sets <<<"${EXTRA:-}"
 on_all=() off_all=()

@@ -8,6 +8,7 @@
 #ifdef MTNLG_HAVE_CUDA
 #include <catch2/catch.hpp>
 
+#include <array>
 #include <cmath>
 #include <condition_variable>
 #include <cstdlib>
@@ -15,6 +16,7 @@
 #include <mutex>
 #include <random>
 #include <string>
+#include <vector>
 
 #include "core/cuda/cuda_check.hpp"
 #include "core/cuda/device.hpp"
@@ -590,77 +592,60 @@ TEST_CASE("cuda dropout masks are bit-identical to the CPU's", "[gpu]") {
 // p 0.2, on query 0 of every head). An inherent property of the flash backward.
 static double dqkv_rtol(DType dt, double p) { return dt == DType::f32 ? kRtolF32 : (p > 0 ? 4 : 2) * kRtolLow; }
 
-TEST_CASE("cuda fused attention (lse form) vs CPU", "[gpu]") {
+// Both attention forms against the CPU, one case table: the flash form (lse saved) on
+// odd T (partial tiles), T > 32 (several key/query tiles), D = 1, D not a multiple of 32,
+// D > 128 (more than 4 columns per lane) and the limit 256; the unfused form (probs saved,
+// batched GEMMs over the packed qkv rows around the softmax kernel) on head sizes 64 and
+// 128 (the real ones), an odd one and one above the flash kernels' limit. Dropout on and
+// off; heads offset as a tp = 2 rank would pass them. Each side's backward starts from its
+// own forward (the CPU's outputs rounded to the storage type, as the GPU stores them).
+// Unfused bounds: probs and out are one low-precision op past the rounded scores
+// (2 x kRtolLow: the scores are stored in the activation dtype before the softmax, as
+// Megatron does); dqkv chains two more.
+namespace {
+struct AttentionForm {
+  const char* name;
+  bool unfused;
+  std::vector<std::array<int64_t, 4>> shapes;  // B, T, H, D
+};
+}  // namespace
+
+TEST_CASE("cuda attention, flash (lse) and unfused (probs) forms, vs CPU", "[gpu]") {
   if (!gpu_ready()) return;
   std::mt19937_64 g(7);
-  struct S {
-    int64_t B, T, H, D;
+  const AttentionForm forms[] = {
+      {"flash", false, {{1, 1, 1, 1}, {2, 17, 3, 8}, {1, 64, 2, 64}, {2, 45, 2, 160}, {1, 33, 1, 256}}},
+      {"unfused", true, {{1, 1, 1, 8}, {2, 17, 3, 64}, {1, 33, 2, 128}, {2, 9, 2, 24}, {1, 5, 1, 264}}},
   };
-  // Odd T (partial tiles), T > 32 (several key/query tiles), D = 1, D not a multiple of
-  // 32, D > 128 (more than 4 columns per lane) and the limit 256.
-  for (S s : {S{1, 1, 1, 1}, S{2, 17, 3, 8}, S{1, 64, 2, 64}, S{2, 45, 2, 160}, S{1, 33, 1, 256}}) {
-    for (double p : {0.0, 0.2}) {
-      for (DType dt : kTypes) {
-        INFO("B " << s.B << " T " << s.T << " H " << s.H << " D " << s.D << " p " << p << " " << to_string(dt));
-        // heads_total and offsets as a tp=2 rank 1 would pass them
-        ops::AttentionDropout drop{p, 0x1234ull, 3, s.H, 2 * s.H};
-        Tensor qkv = randn({s.B, s.T, 3 * s.H * s.D}, g), dout = randn({s.B, s.T, s.H * s.D}, g);
-        Tensor rq = rounded(qkv, dt), rdo = rounded(dout, dt);
-        Tensor out = cpu_zeros({s.B, s.T, s.H * s.D}), lse = cpu_zeros({s.B, s.H, s.T});
-        ops::attention_forward_lse(out, lse, rq, s.H, drop);
-        Tensor gq = to_gpu(qkv, dt), gdo = to_gpu(dout, dt);
-        Tensor gout = poisoned({s.B, s.T, s.H * s.D}, dt), glse = poisoned({s.B, s.H, s.T}, DType::f32);
-        ops::attention_forward_lse(gout, glse, gq, s.H, drop);
-        check_close("out", gout, out, rtol_for(dt));
-        check_close("lse", glse, lse, rtol_for(dt));
-        // backward from each side's own forward: the CPU one from CPU out (rounded to the
-        // storage type, as the GPU's out is stored) and lse
-        Tensor dqkv = cpu_zeros(qkv.shape());
-        ops::attention_backward_lse(dqkv, rdo, rq, rounded(out, dt), lse, s.H, drop);
-        Tensor gdqkv = poisoned(qkv.shape(), dt);
-        ops::attention_backward_lse(gdqkv, gdo, gq, gout, glse, s.H, drop);
-        check_close("dqkv", gdqkv, dqkv, dqkv_rtol(dt, p));
-      }
-    }
-  }
-}
-
-// The unfused form (model.attention_backend: unfused): batched GEMMs over the packed qkv
-// rows around the softmax kernel. Head sizes 64 and 128 (the real ones), an odd head size
-// and one above the flash kernels' limit; odd T; dropout on and off; heads offset as a
-// tp = 2 rank would pass them. The backward on each side starts from its own probs.
-// Bounds: probs and out are one low-precision op past the rounded scores (2 x kRtolLow:
-// the scores are stored in the activation dtype before the softmax, as Megatron does);
-// dqkv chains two more.
-TEST_CASE("cuda unfused attention (probs form, batched GEMMs) vs CPU", "[gpu]") {
-  if (!gpu_ready()) return;
-  std::mt19937_64 g(11);
-  struct S {
-    int64_t B, T, H, D;
-  };
-  for (S s : {S{1, 1, 1, 8}, S{2, 17, 3, 64}, S{1, 33, 2, 128}, S{2, 9, 2, 24}, S{1, 5, 1, 264}}) {
-    for (double p : {0.0, 0.2}) {
-      for (DType dt : kTypes) {
-        INFO("B " << s.B << " T " << s.T << " H " << s.H << " D " << s.D << " p " << p << " " << to_string(dt));
-        ops::AttentionDropout drop{p, 0x1234ull, 3, s.H, 2 * s.H};
-        Tensor qkv = randn({s.B, s.T, 3 * s.H * s.D}, g), dout = randn({s.B, s.T, s.H * s.D}, g);
-        Tensor rq = rounded(qkv, dt), rdo = rounded(dout, dt);
-        Tensor out = cpu_zeros({s.B, s.T, s.H * s.D}), probs = cpu_zeros({s.B, s.H, s.T, s.T});
-        ops::attention_forward(out, probs, rq, s.H, drop);
-        Tensor gq = to_gpu(qkv, dt), gdo = to_gpu(dout, dt);
-        Tensor gout = poisoned({s.B, s.T, s.H * s.D}, dt), gprobs = poisoned({s.B, s.H, s.T, s.T}, dt);
-        ops::attention_forward(gout, gprobs, gq, s.H, drop);
-        const double low = dt == DType::f32 ? kRtolF32 : 2 * kRtolLow;
-        check_close("probs", gprobs, probs, low);
-        check_close("out", gout, out, low);
-        Tensor dqkv = cpu_zeros(qkv.shape());
-        ops::attention_backward(dqkv, rdo, rq, rounded(probs, dt), s.H, drop);
-        Tensor gdqkv = poisoned(qkv.shape(), dt);
-        ops::attention_backward(gdqkv, gdo, gq, gprobs, s.H, drop);
-        check_close("dqkv", gdqkv, dqkv, dt == DType::f32 ? kRtolF32 : 4 * kRtolLow);
-      }
-    }
-  }
+  for (const AttentionForm& form : forms)
+    for (const auto& [B, T, H, D] : form.shapes)
+      for (double p : {0.0, 0.2})
+        for (DType dt : kTypes) {
+          INFO(form.name << " B " << B << " T " << T << " H " << H << " D " << D << " p " << p << " " << to_string(dt));
+          const ops::AttentionDropout drop{p, 0x1234ull, 3, H, 2 * H};
+          Tensor qkv = randn({B, T, 3 * H * D}, g), dout = randn({B, T, H * D}, g);
+          Tensor rq = rounded(qkv, dt), rdo = rounded(dout, dt), gq = to_gpu(qkv, dt), gdo = to_gpu(dout, dt);
+          const Shape stat_shape = form.unfused ? Shape{B, H, T, T} : Shape{B, H, T};
+          const DType stat_dt = form.unfused ? dt : DType::f32;
+          Tensor out = cpu_zeros({B, T, H * D}), stat = cpu_zeros(stat_shape);
+          Tensor gout = poisoned({B, T, H * D}, dt), gstat = poisoned(stat_shape, stat_dt);
+          Tensor dqkv = cpu_zeros(qkv.shape()), gdqkv = poisoned(qkv.shape(), dt);
+          if (form.unfused) {
+            ops::attention_forward(out, stat, rq, H, drop);
+            ops::attention_forward(gout, gstat, gq, H, drop);
+            ops::attention_backward(dqkv, rdo, rq, rounded(stat, dt), H, drop);
+            ops::attention_backward(gdqkv, gdo, gq, gstat, H, drop);
+          } else {
+            ops::attention_forward_lse(out, stat, rq, H, drop);
+            ops::attention_forward_lse(gout, gstat, gq, H, drop);
+            ops::attention_backward_lse(dqkv, rdo, rq, rounded(out, dt), stat, H, drop);
+            ops::attention_backward_lse(gdqkv, gdo, gq, gout, gstat, H, drop);
+          }
+          const double low = dt == DType::f32 ? kRtolF32 : (form.unfused ? 2 * kRtolLow : kRtolLow);
+          check_close("out", gout, out, low);
+          check_close(form.unfused ? "probs" : "lse", gstat, stat, low);
+          check_close("dqkv", gdqkv, dqkv, form.unfused ? (dt == DType::f32 ? kRtolF32 : 4 * kRtolLow) : dqkv_rtol(dt, p));
+        }
 }
 
 // Both forms compute the same function: the unfused form's out and dqkv equal the
