@@ -705,6 +705,8 @@ void run_plan(const PlanArgs& a) {
     if (!ramp_note.empty())
       j["warnings"].push_back(ramp_note + " (mtnlg train would reject this; ramp microbatches are rounded up here)");
     j["recipe"] = r.name;
+    if (c.software.trainer_activations)  // the attention form this trainer runs for the plan
+      j["attention_backend"] = cost::trainer_unfused_attention(r, c) ? "unfused" : "flash";
     if (a.search) j["search"] = search_json;
     if (!a.sbatch.empty()) j["sbatch"] = a.sbatch;  // written below
     std::printf("%s\n", j.dump(2).c_str());

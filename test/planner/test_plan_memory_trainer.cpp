@@ -110,6 +110,8 @@ TEST_CASE("planner memory per rank equals the trainer's tensor bytes by role", "
       INFO(plan.out);
       REQUIRE(plan.exit_code == 0);
       const auto pj = nlohmann::json::parse(plan.out);
+      // the form the plan counts: the recipe's, auto being flash on the cpu profile
+      CHECK(pj["attention_backend"] == (c.sets.find("attention_backend=unfused") != std::string::npos ? "unfused" : "flash"));
       std::vector<std::string> set_list;
       {
         std::istringstream in(sets);
