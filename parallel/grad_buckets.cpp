@@ -1,9 +1,11 @@
-// GradBucketer: bucket layout, readiness counting, nonblocking all-reduce per bucket.
+// GradBucketer: bucket layout, readiness counting, nonblocking all-reduce per bucket;
+// DataParallelGrads: the step's reductions in their order.
 #include "parallel/grad_buckets.hpp"
 
 #include <algorithm>
 
 #include "core/error.hpp"
+#include "core/ops.hpp"
 
 namespace mtnlg::parallel {
 
@@ -97,27 +99,79 @@ std::vector<GradRange> DataParallelGrads::ranges(const std::vector<DpParam>& ps)
   return r;
 }
 
-DataParallelGrads::DataParallelGrads(std::vector<DpParam> params, std::shared_ptr<Communicator> dp, int64_t bucket_size)
-    : params_(std::move(params)), bucketer_(ranges(params_), std::move(dp), bucket_size) {}
+namespace {
+bool several(const std::shared_ptr<Communicator>& c) { return c && c->size() > 1; }
+}  // namespace
+
+DataParallelGrads::DataParallelGrads(std::vector<DpParam> params, const ProcessGroups& groups, bool sequence_parallel,
+                                     int64_t bucket_size, std::optional<Zero1Shard> zero1)
+    : params_(std::move(params)), dp_(groups.dp), tp_(groups.tp), embedding_(groups.embedding),
+      sp_shared_(sequence_parallel && several(groups.tp)),
+      emb_shared_(groups.topo.pp() > 1 && several(groups.embedding)),
+      zero1_(several(groups.dp) ? std::move(zero1) : std::nullopt),
+      bucketer_(ranges(params_), zero1_ ? nullptr : groups.dp, bucket_size) {
+  deferred_.reserve(params_.size());
+  for (const auto& p : params_) deferred_.push_back((p.word_embedding && emb_shared_) || (p.sp_partial && sp_shared_));
+  if (zero1_) {
+    const int64_t padded = zero1_->buffer.numel(), n = dp_->size();
+    MTNLG_CHECK(zero1_->buffer.dtype() == DType::f32 && padded % n == 0 && zero1_->shard_begin <= zero1_->shard_end &&
+                    zero1_->shard_end - zero1_->shard_begin <= padded / n,
+                "ZeRO-1: a buffer of {} elements does not hold {} equal shards of [{}, {})", padded, n,
+                zero1_->shard_begin, zero1_->shard_end);
+  }
+}
 
 void DataParallelGrads::begin(Tensor& grads) {
   if (!active()) return;
+  MTNLG_CHECK(!in_step_, "data-parallel gradients: begin() while the previous step is not finished");
   MTNLG_CHECK(grads.dtype() == DType::f32, "data-parallel gradients must be f32, got {}", to_string(grads.dtype()));
-  bucketer_.begin(static_cast<float*>(grads.raw()));  // device memory: only the communicator touches it
+  grads_ = grads;
+  if (overlapped()) bucketer_.begin(static_cast<float*>(grads.raw()));  // device memory: only the communicator touches it
   in_step_ = true;
 }
 
 void DataParallelGrads::param_ready(int64_t offset) {
-  if (!in_step_) return;
+  if (!in_step_ || !overlapped()) return;
   auto it = std::lower_bound(params_.begin(), params_.end(), offset,
                              [](const DpParam& p, int64_t off) { return p.offset < off; });
   MTNLG_CHECK(it != params_.end() && it->offset == offset, "data-parallel gradients: no parameter starts at offset {}", offset);
-  if (!it->deferred && it->numel > 0) bucketer_.mark_ready(it->offset, it->numel);
+  if (!deferred_[static_cast<size_t>(it - params_.begin())] && it->numel > 0) bucketer_.mark_ready(it->offset, it->numel);
+}
+
+// Sequence-parallel partial gradients over tp (in parameter order), then the tied word
+// embedding between the first and the last stage.
+void DataParallelGrads::reduce_shared() {
+  if (sp_shared_)
+    for (const auto& p : params_)
+      if (p.sp_partial && p.numel > 0) tp_->all_reduce(grads_.flat(p.offset, p.numel).raw(), p.numel, DType::f32, ReduceOp::sum);
+  if (emb_shared_)
+    for (const auto& p : params_)
+      if (p.word_embedding && p.numel > 0)
+        embedding_->all_reduce(grads_.flat(p.offset, p.numel).raw(), p.numel, DType::f32, ReduceOp::sum);
+}
+
+// ZeRO-1: the whole buffer, zero-padded to dp equal shards, reduce-scattered so that
+// this rank's shard of `grads_` holds the sum over dp.
+void DataParallelGrads::reduce_scatter_shard() {
+  Tensor& buf = zero1_->buffer;
+  const int64_t numel = grads_.numel(), padded = buf.numel();
+  MTNLG_CHECK(numel <= padded, "ZeRO-1: gradient buffer of {} elements, the shard buffer holds {}", numel, padded);
+  const int64_t shard = padded / dp_->size(), mine = dp_->rank() * shard;
+  const int64_t begin = zero1_->shard_begin, len = zero1_->shard_end - zero1_->shard_begin;
+  Tensor head = buf.flat(0, numel), pad = buf.flat(numel, padded - numel);
+  ops::copy(head, grads_);
+  ops::fill(pad, 0.0);
+  dp_->reduce_scatter(buf.raw(), buf.flat(mine, shard).raw(), shard, DType::f32);
+  Tensor dst = grads_.flat(begin, len);
+  ops::copy(dst, buf.flat(mine, len));
 }
 
 void DataParallelGrads::finish() {
   if (!in_step_) return;
-  bucketer_.finish();
+  reduce_shared();
+  if (overlapped()) bucketer_.finish();
+  if (zero1_) reduce_scatter_shard();
+  grads_ = Tensor();
   in_step_ = false;
 }
 

@@ -1,6 +1,6 @@
-// Data-parallel gradient buckets reduced as soon as they are ready (the overlap of
-// Megatron's DistributedDataParallel, for the CPU/MPI path; not used with ZeRO-1, which
-// keeps one reduce-scatter after the backward).
+// Data-parallel gradient reduction: the gradient buckets reduced as soon as they are
+// ready (the overlap of Megatron's DistributedDataParallel), and DataParallelGrads, the
+// one owner of every reduction a step's gradients go through before the optimizer.
 //
 // The flat gradient buffer (model/params.hpp) is cut into buckets of whole parameters,
 // walking the parameters in REVERSE declaration order (the backward produces the last
@@ -23,6 +23,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "core/tensor.hpp"
@@ -73,40 +74,68 @@ class GradBucketer {
   int64_t started_early_ = 0;
 };
 
-// The one owner of data-parallel gradient reduction without ZeRO-1 (whose optimizer
-// reduce-scatters on its own): the bucket layout over the flat fp32 gradient buffer,
-// which parameters are final during the backward, and the overlap. The model reports
-// each parameter whose gradient is final for the step (its chunk's last micro batch
-// has passed that layer backwards: GptChunk's grad-ready hook), so a full bucket starts
-// its all-reduce while the backward of earlier layers goes on. `deferred` parameters
-// are changed after the backward by other reductions (the tied word embedding between
-// first and last stage, sequence-parallel partial gradients over tp): only finish()
-// reduces their buckets, after those. Inactive (nothing communicated) when dp is 1.
+// The one owner of a step's gradient reductions, in this order:
+//   1. during the backward (without ZeRO-1): the model reports each parameter whose
+//      gradient is final for the step (its chunk's last micro batch has passed that
+//      layer backwards: GptChunk's grad-ready hook, param_ready here), and a full bucket
+//      starts its all-reduce over dp while the backward of earlier layers goes on;
+//   2. finish(), after the last backward: the shared gradients, changed by reductions
+//      outside dp: sequence-parallel partial gradients all-reduced over tp, then the
+//      tied word embedding between the first and the last stage (the embedding group).
+//      Their parameters are "deferred": their buckets start only after this;
+//   3. finish() then completes dp: without ZeRO-1 it starts the buckets not started yet
+//      and waits for all; with ZeRO-1 it reduce-scatters the whole buffer so this rank's
+//      shard holds the sum over dp (the rest of the buffer is not reduced; the optimizer
+//      reads and updates only the shard).
+// Nothing is communicated for a group of one.
 struct DpParam {
   int64_t offset = 0, numel = 0;
-  bool deferred = false;
+  bool word_embedding = false;  // the tied word embedding (first and last stage)
+  bool sp_partial = false;      // under sequence parallelism its gradient is partial per tp rank
+};
+
+// ZeRO-1: this rank's shard [shard_begin, shard_end) of the flat buffer and the padded
+// f32 buffer of dp equal shards the reduce-scatter goes through (the optimizer's, which
+// its parameter all-gather reuses: DistributedAdamW::zero1_buffer).
+struct Zero1Shard {
+  int64_t shard_begin = 0, shard_end = 0;
+  Tensor buffer;
 };
 
 class DataParallelGrads {
  public:
-  DataParallelGrads(std::vector<DpParam> params, std::shared_ptr<Communicator> dp, int64_t bucket_size);
+  // `zero1`: reduce-scatter into the shard instead of all-reducing buckets.
+  DataParallelGrads(std::vector<DpParam> params, const ProcessGroups& groups, bool sequence_parallel, int64_t bucket_size,
+                    std::optional<Zero1Shard> zero1 = std::nullopt);
 
-  bool active() const { return bucketer_.active(); }
+  // Whether any reduction runs (some group of the step has more than one rank).
+  bool active() const { return overlapped() || zero1_ || sp_shared_ || emb_shared_; }
   // A step over `grads` (f32, the whole flat buffer).
   void begin(Tensor& grads);
   // The gradient of the parameter starting at `offset` is final for this step. Deferred
-  // parameters, and every call on an inactive object, are ignored.
+  // parameters, and every call without overlapped buckets, are ignored.
   void param_ready(int64_t offset);
-  // Starts what was not started and waits: the gradients are summed over dp.
+  // The shared gradients, then the rest of dp, waited for (the order above).
   void finish();
 
-  int64_t num_buckets() const { return bucketer_.num_buckets(); }
-  int64_t started_early() const { return bucketer_.started_early(); }
+  // The overlapped buckets (0 under ZeRO-1 or without dp) and how many of them the last
+  // step started before finish().
+  int64_t overlapped_buckets() const { return overlapped() ? bucketer_.num_buckets() : 0; }
+  int64_t started_early() const { return overlapped() ? bucketer_.started_early() : 0; }
 
  private:
+  bool overlapped() const { return bucketer_.active(); }
   static std::vector<GradRange> ranges(const std::vector<DpParam>& ps);
+  void reduce_shared();
+  void reduce_scatter_shard();
+
   std::vector<DpParam> params_;
+  std::vector<char> deferred_;  // per parameter
+  std::shared_ptr<Communicator> dp_, tp_, embedding_;
+  bool sp_shared_ = false, emb_shared_ = false;
+  std::optional<Zero1Shard> zero1_;
   GradBucketer bucketer_;
+  Tensor grads_;
   bool in_step_ = false;
 };
 

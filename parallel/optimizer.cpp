@@ -52,20 +52,6 @@ DistributedAdamW::DistributedAdamW(const OptimizerConfig& cfg, std::vector<Param
   v_ = zeros(shard_end_ - shard_begin_);
 }
 
-void DistributedAdamW::prepare(Tensor& grads) {
-  MTNLG_CHECK(grads.numel() == numel_, "optimizer: gradient buffer of {} elements, expected {}", grads.numel(), numel_);
-  auto* dp = groups_.dp.get();
-  if (!dp || dp->size() == 1 || !zero1_) return;  // without ZeRO-1 the caller's DataParallelGrads reduced them
-  // Reduce-scatter into this rank's shard (padded so every shard has the same size).
-  const int64_t shard = padded_ / dp->size(), mine = dp->rank() * shard, len = shard_end_ - shard_begin_;
-  Tensor head = gather_buf_.flat(0, numel_), pad = gather_buf_.flat(numel_, padded_ - numel_);
-  ops::copy(head, grads);
-  ops::fill(pad, 0.0);
-  dp->reduce_scatter(gather_buf_.raw(), gather_buf_.flat(mine, shard).raw(), shard, DType::f32);
-  Tensor dst = grads.flat(shard_begin_, len);
-  ops::copy(dst, gather_buf_.flat(mine, len));
-}
-
 void DistributedAdamW::grad_norm_sq(const Tensor& grads, Tensor& acc) {
   // The squared norm of this rank's part first (each element counted once in the job),
   // then summed over the model-parallel group, and over dp for ZeRO shards.
@@ -77,7 +63,7 @@ void DistributedAdamW::grad_norm_sq(const Tensor& grads, Tensor& acc) {
 }
 
 StepResult DistributedAdamW::step(Tensor& params, Tensor& grads, double lr, Tensor* weights, double loss_scale) {
-  prepare(grads);
+  MTNLG_CHECK(grads.numel() == numel_, "optimizer: gradient buffer of {} elements, expected {}", grads.numel(), numel_);
   Tensor acc = Tensor::empty({1}, DType::f64, grads.device());
   grad_norm_sq(grads, acc);
   const double norm = std::sqrt(acc.to(Device::cpu).data<double>()[0]);

@@ -1,13 +1,13 @@
-// Data-parallel gradient reduction, global gradient-norm clipping and AdamW, with or
-// without ZeRO-1 (Megatron's distributed optimizer), over the flat parameter and
-// gradient buffers of one rank (model/params.hpp lays them out).
-//
-// Without ZeRO-1: the gradients arrive summed over the data-parallel group (the
-// caller's parallel::DataParallelGrads reduces them in buckets during the backward),
-// and every rank updates the whole buffer.
-// With ZeRO-1: the buffer is split into dp equal shards; gradients are reduce-scattered
-// so rank r receives the summed shard r, updates only that shard (Adam m and v exist
-// only for it), then the parameters are all-gathered.
+// Global gradient-norm clipping and AdamW, with or without ZeRO-1 (Megatron's
+// distributed optimizer), over the flat parameter and gradient buffers of one rank
+// (model/params.hpp lays them out). The gradients arrive reduced over the data-parallel
+// group by parallel::DataParallelGrads (parallel/grad_buckets.hpp), the one owner of
+// that reduction:
+// Without ZeRO-1: the whole buffer is summed over dp, and every rank updates all of it.
+// With ZeRO-1: the buffer is split into dp equal shards (shard_begin/shard_end); rank r's
+// shard r is summed over dp (DataParallelGrads reduce-scatters it through this
+// optimizer's zero1_buffer), rank r updates only that shard (Adam m and v exist only for
+// it), then the parameters are all-gathered.
 //
 // Gradients arrive already scaled so that their sum over data-parallel ranks is the
 // gradient of the batch-mean loss (the model weights each token by 1/global tokens).
@@ -46,18 +46,16 @@ class DistributedAdamW {
   DistributedAdamW(const OptimizerConfig& cfg, std::vector<ParamSegment> segments, int64_t numel,
                    const ProcessGroups& groups, bool zero1, int64_t bucket_size, Device dev = Device::cpu);
 
-  // Reduces `grads` over dp, clips, updates `params` (the fp32 master) with learning
-  // rate `lr` and writes the compute copy `weights` (bf16/f16, or the master itself).
+  // Clips the reduced `grads`, updates `params` (the fp32 master) with learning rate
+  // `lr` and writes the compute copy `weights` (bf16/f16, or the master itself).
   // `loss_scale`: the gradients are the loss gradient times it (fp16); the norm is
   // reported and clipped unscaled and the update divides it out. A non-finite norm on
   // any rank skips the step everywhere (the fp16 overflow check). Reads the norm from the
-  // device once: prepare + grad_norm_sq + apply for a caller with nothing else to read.
+  // device once: grad_norm_sq + apply for a caller with nothing else to read.
   StepResult step(Tensor& params, Tensor& grads, double lr, Tensor* weights = nullptr, double loss_scale = 1.0);
 
-  // The same step in three parts, for the trainer, which reads the norm together with
+  // The same step in two parts, for the trainer, which reads the norm together with
   // the loss in its one host round trip per step:
-  // ZeRO-1: reduce-scatters the gradients into this rank's shard (nothing without it).
-  void prepare(Tensor& grads);
   // acc (f64 [1], on the device) := the squared gradient norm of the whole model (each
   // element counted once), reduced over the model-parallel group (and dp under ZeRO-1)
   // on the device. Collective.
@@ -71,17 +69,20 @@ class DistributedAdamW {
   int64_t steps_taken() const { return step_; }
   void set_steps_taken(int64_t s) { step_ = s; }
   bool zero1() const { return zero1_; }
-  int64_t bucket_size() const { return bucket_size_; }  // elements per dp gradient bucket (DataParallelGrads)
+  // Elements per dp gradient bucket (the recipe's, or Megatron's default): DataParallelGrads takes it from here.
+  int64_t bucket_size() const { return bucket_size_; }
   // This rank's optimizer shard [shard_begin, shard_end) of the flat buffer (whole buffer without ZeRO-1).
   int64_t shard_begin() const { return shard_begin_; }
   int64_t shard_end() const { return shard_end_; }
+  // ZeRO-1: the padded f32 buffer of dp equal shards (the gradients' reduce-scatter and
+  // the parameters' all-gather go through it); undefined without ZeRO-1.
+  Tensor& zero1_buffer() { return gather_buf_; }
   Tensor& exp_avg() { return m_; }
   Tensor& exp_avg_sq() { return v_; }
   // Bytes of optimizer state this rank holds (fp32 m and v).
   int64_t state_bytes() const { return m_.nbytes() + v_.nbytes(); }
 
  private:
-
   OptimizerConfig cfg_;
   std::vector<ParamSegment> segments_;
   std::vector<std::pair<int64_t, int64_t>> norm_ranges_;  // [begin, end) counted in the gradient norm
@@ -90,7 +91,7 @@ class DistributedAdamW {
   bool zero1_;
   int64_t step_ = 0;
   Tensor m_, v_;
-  Tensor gather_buf_;  // ZeRO-1: padded copy of params / grads for the collectives
+  Tensor gather_buf_;  // ZeRO-1: padded copy of params / grads for the collectives (zero1_buffer)
   Device dev_;
 };
 

@@ -138,7 +138,7 @@ struct SoftwareProfile {
   // model-parallel group (and over dp with ZeRO-1, parallel/optimizer.cpp), and under
   // sequence parallelism one tp all-reduce per replicated parameter's gradient (6 per
   // layer, the position embedding on the first stage, the final LayerNorm's 2 on the last,
-  // PipelineExecutor::reduce_shared_grads).
+  // parallel::DataParallelGrads::finish).
   bool trainer_step_collectives = false;
   // Megatron-Core (2024-25) mechanisms, each a term of the model (docs/PLANNER.md
   // "Software profiles", megatron-core):

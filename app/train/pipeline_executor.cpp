@@ -7,7 +7,6 @@
 
 #include "core/mem_account.hpp"
 #include "core/ops.hpp"
-#include "model/tp_regions.hpp"
 #include "parallel/step_parts.hpp"
 #include "schedules/pipeline_schedule.hpp"
 
@@ -199,21 +198,6 @@ void PipelineExecutor::run_batch(const data::Batch& batch, int64_t consumed_befo
   }
   for (size_t i : due[table.size()]) finish(i);
   MTNLG_CHECK(pending.empty(), "{} pipeline send(s) never waited for", pending.size());
-}
-
-void PipelineExecutor::reduce_shared_grads(model::ParamStore& store) {
-  if (g_.tp && g_.tp->size() > 1 && r_.parallel.sequence_parallel) {
-    for (auto& p : store.infos())
-      if (p.sp_grad_reduce) {
-        Tensor gr = store.grads().flat(p.offset, p.numel);
-        model::tp::all_reduce(g_.tp.get(), gr);
-      }
-  }
-  if (g_.topo.pp() > 1 && g_.embedding && g_.embedding->size() > 1 && store.has("embedding.word_embeddings.weight")) {
-    auto& p = store.info("embedding.word_embeddings.weight");
-    Tensor gr = store.grads().flat(p.offset, p.numel);
-    g_.embedding->all_reduce(gr.raw(), p.numel, DType::f32, parallel::ReduceOp::sum);
-  }
 }
 
 }  // namespace mtnlg::app

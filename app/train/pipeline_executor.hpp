@@ -28,10 +28,6 @@ class PipelineExecutor {
   // stage adds its (unscaled) sum of token losses and the tokens counted to `loss_acc`
   // (f64 [2] on the model's device); nothing is read back to the host here.
   void run_batch(const data::Batch& batch, int64_t consumed_before, uint64_t step_key, double loss_scale, Tensor& loss_acc);
-  // After the last backward of a step: all-reduce the tied word-embedding gradient
-  // between the first and last stage, and (sequence parallel) the partial gradients of
-  // replicated parameters over tp.
-  void reduce_shared_grads(model::ParamStore& store);
   // Largest activation memory held at once during the last batch (bytes).
   int64_t peak_activation_bytes() const { return peak_act_; }
   // Largest bytes held at once during the last batch by sends not yet waited for (their

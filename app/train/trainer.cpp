@@ -161,7 +161,8 @@ class MetricsWriter {
 // only the collective watchdog ends). Tests use it to prove a failing rank ends the job.
 // mode=bitflip_grad / bitflip_param (with an optional :bit=N, default 30) flips bit N of
 // the middle element of rank R's gradients (after the data-parallel reduction, in the
-// step's first run only: a transient fault) or of its fp32 master parameters (at the
+// step's first run only: a transient fault; under ZeRO-1 only rank R's shard is read
+// after it, so a flip outside the shard changes nothing) or of its fp32 master parameters (at the
 // start of iteration I); mode=poison (with :layer=L, default 0) makes the output of layer
 // L (-1: the embedding) non-finite for the first micro batch of rank R at iteration I,
 // in the first run and in a replay alike (a sample whose numerics blow up: persistent).
@@ -500,7 +501,6 @@ class Trainer {
   // the step
   std::optional<PipelineExecutor> exec_;
   std::optional<parallel::DataParallelGrads> ddp_;
-  bool overlap_dp_ = false;
   // The step's statistics on the device, read once per step: [loss sum, tokens, squared grad norm].
   Tensor step_stats_;
   // progress (saved in checkpoints)
@@ -637,22 +637,21 @@ void Trainer::set_up_output() {
             peak_tflops_, peak_what_);
 }
 
-// The pipeline executor and the data-parallel gradient reduction (without ZeRO-1): one
-// owner of the buckets and the overlap. The chunks report each parameter whose gradient
-// is final during the last micro batch's backward; the tied embedding (pp > 1) and
-// sequence-parallel partial gradients are deferred until reduce_shared_grads has run.
+// The pipeline executor and the step's gradient reductions, one owner of all of them
+// (parallel::DataParallelGrads): the dp buckets and their overlap, the tied embedding and
+// sequence-parallel partial gradients, ZeRO-1's reduce-scatter into the optimizer's shard.
+// The chunks report each parameter whose gradient is final during the last micro batch's
+// backward.
 void Trainer::set_up_step() {
   exec_.emplace(r_, g_, chunks_);
   step_stats_ = Tensor::empty({3}, DType::f64, device_);
-  const bool emb_shared = pp_ > 1 && g_.embedding && g_.embedding->size() > 1;
-  const bool sp_shared = tp_ > 1 && r_.parallel.sequence_parallel;
   std::vector<parallel::DpParam> dp_params;
-  for (const auto& p : store_.infos())
-    dp_params.push_back({p.offset, p.numel, (p.word_embedding && emb_shared) || (p.sp_grad_reduce && sp_shared)});
-  ddp_.emplace(std::move(dp_params), optim_->zero1() ? nullptr : g_.dp, optim_->bucket_size());
+  for (const auto& p : store_.infos()) dp_params.push_back({p.offset, p.numel, p.word_embedding, p.sp_grad_reduce});
+  std::optional<parallel::Zero1Shard> zero1;
+  if (optim_->zero1()) zero1 = parallel::Zero1Shard{optim_->shard_begin(), optim_->shard_end(), optim_->zero1_buffer()};
+  ddp_.emplace(std::move(dp_params), g_, r_.parallel.sequence_parallel, optim_->bucket_size(), std::move(zero1));
   parallel::DataParallelGrads* ddp = &*ddp_;
   for (auto& c : chunks_) c->set_grad_ready_hook([ddp](int64_t offset) { ddp->param_ready(offset); });
-  overlap_dp_ = ddp_->active();
 }
 
 // Resume (weights, optimizer, counters, scaler), then validation from that iteration.
@@ -701,11 +700,10 @@ void Trainer::forward_backward(const data::Batch& batch, double loss_scale) {
   Tensor loss_acc = step_stats_.flat(0, 2);
   exec_->run_batch(batch, consumed_, mix_key(static_cast<uint64_t>(r_.training.seed), static_cast<uint64_t>(iteration_), 0xD0),
                    loss_scale, loss_acc);
-  // Grad reductions the model leaves to the end of the step: the tied word embedding
-  // between first and last stage, and sequence-parallel partial grads over tp.
-  exec_->reduce_shared_grads(store_);
   inject_slow_dp(fault_, g_.rank, iteration_ + 1);
-  ddp_->finish();  // every dp bucket summed (ZeRO-1 reduce-scatters in optim.prepare instead)
+  // The shared gradients (tied embedding, sequence-parallel partials), then every dp
+  // bucket summed, or under ZeRO-1 this rank's shard reduce-scattered.
+  ddp_->finish();
 }
 
 // The step's one host round trip: loss, tokens and the squared gradient norm together.
@@ -714,7 +712,6 @@ void Trainer::forward_backward(const data::Batch& batch, double loss_scale) {
 // updated while another skipped would silently diverge.
 StepRead Trainer::read_step() {
   Tensor norm_sq = step_stats_.flat(2, 1);
-  optim_->prepare(store_.grads());
   optim_->grad_norm_sq(store_.grads(), norm_sq);
   const parallel::StepPartScope part(parallel::StepPart::host_sync);
   const Tensor stats = step_stats_.to(Device::cpu);
@@ -759,9 +756,10 @@ void Trainer::save_now() {
   last_saved_ = iteration_;
 }
 
-// One step: batch -> executor -> shared-grad reduction -> data-parallel finish ->
-// optimizer -> loss-scaler update. Advances the counters; returns the step's stats
-// (step time measured from t0, the start of the iteration).
+// One step: batch -> executor (the dp buckets start as the backward finishes them) ->
+// the rest of the gradient reductions -> optimizer -> loss-scaler update. Advances the
+// counters; returns the step's stats (step time measured from t0, the start of the
+// iteration).
 IterationStats Trainer::train_step(const data::Batch& batch, double lr, std::chrono::steady_clock::time_point t0) {
   const DeviceStepScope step_memory;  // no cache release (a device-wide wait) with collectives in flight
   const int64_t gbs = batch.global_batch_size;
@@ -850,8 +848,8 @@ IterationStats Trainer::train_step(const data::Batch& batch, double lr, std::chr
 // Logging of one step: the comm report (every rank), the caller's hook, and every
 // logging.log_interval iterations metrics.jsonl, TensorBoard and the log line.
 void Trainer::training_log(IterationStats& s, const data::Batch& batch) {
-  comm_report_->write(s.iteration, s.global_batch_size, batch.micro_batches, overlap_dp_ ? ddp_->num_buckets() : 0,
-                      overlap_dp_ ? ddp_->started_early() : 0);
+  comm_report_->write(s.iteration, s.global_batch_size, batch.micro_batches, ddp_->overlapped_buckets(),
+                      ddp_->started_early());
   memory_report_->write(s);
   const int64_t total_iters = run_.iterations;
   const bool log_now = s.iteration % r_.logging.log_interval == 0 || s.iteration == total_iters;
