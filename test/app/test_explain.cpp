@@ -127,9 +127,11 @@ TEST_CASE("report --explain names each planted imbalance as the largest gap", "[
   }
   SECTION("a pipeline stage with extra layers (parallel.pipeline_layers [1, 7])") {
     test::TempDir run("explain-stage");
+    // hidden 256: each layer's compute (ms) well above the scheduling noise of a loaded
+    // 2-core machine, so the 7-layer stage's share is not lost in it
     const auto p = run_planted(run, 2,
-                               "--set model.num_layers=8 --set parallel.pipeline_model_parallel_size=2 "
-                               "--set parallel.pipeline_layers=[1,7]",
+                               "--set model.num_layers=8 --set model.hidden_size=256 "
+                               "--set parallel.pipeline_model_parallel_size=2 --set parallel.pipeline_layers=[1,7]",
                                "");
     REQUIRE(p.train.exit_code == 0);
     REQUIRE(p.explain.exit_code == 0);
