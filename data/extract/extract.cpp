@@ -339,7 +339,7 @@ Counts extract_file(const std::string& input, const std::string& output, const E
         ++c[kConversion];
         ++c[kPages];
         text = conv.convert(rec.block, "UTF-8", &c[kReplacedBytes]);
-        lang = identify_language(text);
+        lang = identify_language(language_sample(text, kLanguageSampleBytes));
         if (!languages.kept(lang, c, dropped_languages)) continue;
       } else {
         ++c[kOtherType];

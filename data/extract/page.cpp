@@ -545,6 +545,17 @@ std::string language_sample(const std::vector<Block>& blocks, size_t max_bytes) 
   return out;
 }
 
+std::string language_sample(const std::string& text, size_t max_bytes) {
+  if (text.size() <= max_bytes) return text;
+  std::vector<Block> lines;
+  for (size_t at = 0; at < text.size();) {
+    const size_t nl = std::min(text.find('\n', at), text.size());
+    lines.emplace_back().text.assign(text, at, nl - at);
+    at = nl + 1;
+  }
+  return language_sample(lines, max_bytes);
+}
+
 Language identify_language(std::string_view text) {
   CLD2::Language lang3[3];
   int percent3[3];

@@ -61,6 +61,8 @@ std::string extract_main_text(std::string_view html_utf8, const BlockParams& p =
 // last one cut at a space). CLD2's time grows with the text; a few KB of the page's
 // longest (main-text) blocks decide the language as well as the whole page does.
 std::string language_sample(const std::vector<Block>& blocks, size_t max_bytes);
+// The same for plain text (a WET conversion record): its lines as the blocks.
+std::string language_sample(const std::string& text, size_t max_bytes);
 
 // Language of UTF-8 text by CLD2: ISO code ("en", "de", "ja", "un" when unknown) and
 // the share of the text bytes in it (0..1).

@@ -423,6 +423,10 @@ TEST_CASE("extract: the language sample is the whole text of a small page, the l
   std::string e273;
   for (int i = 0; i < 273; ++i) e273 += "\xC3\xA9";  // 547 bytes left: cut before a whole character
   CHECK(s == std::string(1500, 'a') + "\n" + e273 + "\n");
+  // Plain text (WET): whole when short, else its lines as the blocks.
+  CHECK(language_sample(std::string("one line\ntwo"), 2048) == "one line\ntwo");
+  const std::string wet = "Menu\n" + std::string(1500, 'a') + "\nLink\nb " + std::string(600, 'c') + " dd";
+  CHECK(language_sample(wet, 2048) == std::string(1500, 'a') + "\nb\n");  // the second line cut at its last space in reach
 }
 
 TEST_CASE("extract: inputs are dealt to ranks disjointly, the same way for the same sizes", "[extract]") {
