@@ -196,13 +196,7 @@ void preprocess_ranks(data::PreprocessOptions opt, const parallel::LaunchInfo& i
   if (r == 0) print_preprocess_result(res, fmt::format(" ({} ranks)", W));
 }
 
-}  // namespace
-
-void register_data(CLI::App& app) {
-  auto* data = app.add_subcommand("data", "Prepare and curate training data");
-  data->require_subcommand(1);
-
-  // --- preprocess ---------------------------------------------------------------------
+void register_preprocess(CLI::App* data) {
   auto* pre = data->add_subcommand(
       "preprocess", "Tokenize JSONL (.jsonl, .jsonl.gz, .jsonl.zst) into Megatron .bin/.idx files, one pair per json key");
   static data::PreprocessOptions popt;
@@ -247,8 +241,9 @@ void register_data(CLI::App& app) {
     }
     print_preprocess_result(data::preprocess_jsonl(popt), "");
   });
+}
 
-  // --- merge --------------------------------------------------------------------------
+void register_merge(CLI::App* data) {
   auto* mrg = data->add_subcommand(
       "merge", "Concatenate Megatron .bin/.idx datasets into one (the same bytes as preprocessing their inputs in order)");
   static std::vector<std::string> merge_inputs;
@@ -268,8 +263,9 @@ void register_data(CLI::App& app) {
                 merge_output.c_str(), static_cast<long long>(res.inputs), static_cast<long long>(res.documents),
                 static_cast<long long>(res.sequences), static_cast<long long>(res.tokens), res.dtype.c_str());
   });
+}
 
-  // --- inspect ------------------------------------------------------------------------
+void register_inspect(CLI::App* data) {
   auto* ins = data->add_subcommand("inspect", "Documents and tokens per data prefix, or a recipe's blend table");
   static InspectArgs iargs;
   ins->add_option("prefixes", iargs.prefixes, "Data prefixes (PREFIX.bin + PREFIX.idx)");
@@ -284,7 +280,16 @@ void register_data(CLI::App& app) {
     if (!iargs.prefixes.empty()) inspect_prefixes(iargs);
     if (!iargs.recipe.empty()) inspect_recipe(iargs);
   });
+}
 
+}  // namespace
+
+void register_data(CLI::App& app) {
+  auto* data = app.add_subcommand("data", "Prepare and curate training data");
+  data->require_subcommand(1);
+  register_preprocess(data);
+  register_merge(data);
+  register_inspect(data);
   register_data_curation(*data);
   register_data_samples(*data);
   register_data_extract(*data);

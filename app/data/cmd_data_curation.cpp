@@ -198,10 +198,7 @@ void register_dedup(CLI::App& data) {
   });
 }
 
-void register_quality(CLI::App& data) {
-  auto* q = data.add_subcommand("quality", "Train / apply a linear quality classifier (hashed unigrams + bigrams, logistic regression)");
-  q->require_subcommand(1);
-
+void register_quality_train(CLI::App* q) {
   auto t = std::make_shared<curation::QualityTrainOptions>();
   auto t_np = std::make_shared<bool>(false);
   auto* train = q->add_subcommand("train", "Train on curated (positive) vs raw (negative) JSONL; writes the model and MODEL.report.json "
@@ -237,7 +234,9 @@ void register_quality(CLI::App& data) {
               m["recall"].get<double>(), t->model,
               info.world_size > 1 ? fmt::format(" ({} ranks)", info.world_size) : std::string());
   });
+}
 
+void register_quality_score(CLI::App* q) {
   struct ScoreArgs {
     std::string input, model, output, key = "text";
   };
@@ -264,7 +263,9 @@ void register_quality(CLI::App& data) {
     auto r = curation::score_quality(s->input, s->model, s->output, s->key);
     log::info("quality score: {} documents, mean score {:.4f} -> {}", r["documents"].get<int64_t>(), r["mean_score"].get<double>(), s->output);
   });
+}
 
+void register_quality_filter(CLI::App* q) {
   auto f = std::make_shared<curation::QualityFilterOptions>();
   auto* filter = q->add_subcommand("filter", "Keep documents by score: a threshold, or GPT-3's Pareto sampling "
                                              "(keep if pareto(alpha) > 1 - score); writes OUTPUT.report.json");
@@ -294,6 +295,14 @@ void register_quality(CLI::App& data) {
     log::info("quality filter: {} documents, kept {}, removed {} -> {}", r["documents"].get<int64_t>(), r["kept"].get<int64_t>(),
               r["removed"].get<int64_t>(), f->output);
   });
+}
+
+void register_quality(CLI::App& data) {
+  auto* q = data.add_subcommand("quality", "Train / apply a linear quality classifier (hashed unigrams + bigrams, logistic regression)");
+  q->require_subcommand(1);
+  register_quality_train(q);
+  register_quality_score(q);
+  register_quality_filter(q);
 }
 
 void register_decontaminate(CLI::App& data) {
