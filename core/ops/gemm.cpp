@@ -73,13 +73,26 @@ namespace mtnlg::ops {
 
 using namespace detail;
 
+namespace {
+// A linear layer's sizes from its weight [OC, C]: N rows of the input `in` ([N, C]) and
+// of the output side `out` ([N, OC]), both element counts checked.
+struct LinearShape {
+  int64_t N, C, OC;
+};
+LinearShape linear_shape(const char* op, const Tensor& w, const char* in_name, const Tensor& in, const char* out_name,
+                         const Tensor& out) {
+  expect_ndim(op, "w", w, 2);
+  const int64_t OC = w.dim(0), C = w.dim(1), N = C ? in.numel() / C : 0;
+  expect_numel(op, in_name, in, N * C);
+  expect_numel(op, out_name, out, N * OC);
+  return {N, C, OC};
+}
+}  // namespace
+
 void matmul_forward(Tensor& out, const Tensor& inp, const Tensor& w, const Tensor* bias) {
   const bool cuda = same_device("matmul_forward", {&out, &inp, &w, bias});
   const DType dt = act_dtype("matmul_forward", {{"out", &out}, {"inp", &inp}, {"w", &w}, {"bias", bias}});
-  expect_ndim("matmul_forward", "w", w, 2);
-  int64_t OC = w.dim(0), C = w.dim(1), N = C ? inp.numel() / C : 0;
-  expect_numel("matmul_forward", "inp", inp, N * C);
-  expect_numel("matmul_forward", "out", out, N * OC);
+  const auto [N, C, OC] = linear_shape("matmul_forward", w, "inp", inp, "out", out);
   if (bias && bias->defined()) expect_numel("matmul_forward", "bias", *bias, OC);
   MTNLG_CUDA_DISPATCH(cuda, matmul_forward(out, inp, w, bias));
   if (is_low(dt)) {
@@ -98,10 +111,7 @@ void matmul_backward(Tensor* dinp, Tensor* dw, Tensor* dbias, const Tensor& dout
   const bool cuda = same_device("matmul_backward", {dinp, dw, dbias, &dout, &inp, &w});
   const DType dt = act_dtype("matmul_backward", {{"dout", &dout}, {"inp", &inp}, {"w", &w}, {"dinp", dinp}},
                              {{"dw", dw}, {"dbias", dbias}});
-  expect_ndim("matmul_backward", "w", w, 2);
-  int64_t OC = w.dim(0), C = w.dim(1), N = C ? inp.numel() / C : 0;
-  expect_numel("matmul_backward", "inp", inp, N * C);
-  expect_numel("matmul_backward", "dout", dout, N * OC);
+  const auto [N, C, OC] = linear_shape("matmul_backward", w, "inp", inp, "dout", dout);
   if (dinp && dinp->defined()) expect_numel("matmul_backward", "dinp", *dinp, N * C);
   if (dw && dw->defined()) expect_numel("matmul_backward", "dw", *dw, OC * C);
   if (dbias && dbias->defined()) expect_numel("matmul_backward", "dbias", *dbias, OC);
@@ -119,32 +129,22 @@ void matmul_backward(Tensor* dinp, Tensor* dw, Tensor* dbias, const Tensor& dout
 }
 
 void matmul_bias_gelu_forward(Tensor& out, Tensor& pre, const Tensor& inp, const Tensor& w, const Tensor& bias) {
-  const bool cuda = same_device("matmul_bias_gelu_forward", {&out, &pre, &inp, &w, &bias});
-  expect_numel("matmul_bias_gelu_forward", "out", out, pre.numel());
-  if (cuda) {  // the shapes and dtypes as matmul_forward checks them
-    act_dtype("matmul_bias_gelu_forward", {{"out", &out}, {"pre", &pre}, {"inp", &inp}, {"w", &w}, {"bias", &bias}});
-    expect_ndim("matmul_bias_gelu_forward", "w", w, 2);
-    const int64_t OC = w.dim(0), C = w.dim(1), N = C ? inp.numel() / C : 0;
-    expect_numel("matmul_bias_gelu_forward", "inp", inp, N * C);
-    expect_numel("matmul_bias_gelu_forward", "pre", pre, N * OC);
-    expect_numel("matmul_bias_gelu_forward", "bias", bias, OC);
-  }
+  const char* op = "matmul_bias_gelu_forward";
+  const bool cuda = same_device(op, {&out, &pre, &inp, &w, &bias});
+  act_dtype(op, {{"out", &out}, {"pre", &pre}, {"inp", &inp}, {"w", &w}, {"bias", &bias}});
+  expect_numel(op, "bias", bias, linear_shape(op, w, "inp", inp, "pre", pre).OC);
+  expect_numel(op, "out", out, pre.numel());
   MTNLG_CUDA_DISPATCH(cuda, matmul_bias_gelu_forward(out, pre, inp, w, bias));
   matmul_forward(pre, inp, w, &bias);
   gelu_forward(out, pre);
 }
 
 void matmul_dgelu_backward(Tensor& dpre, Tensor& dbias, const Tensor& dout, const Tensor& w, const Tensor& pre) {
-  const bool cuda = same_device("matmul_dgelu_backward", {&dpre, &dbias, &dout, &w, &pre});
-  expect_numel("matmul_dgelu_backward", "dpre", dpre, pre.numel());
-  if (cuda) {
-    act_dtype("matmul_dgelu_backward", {{"dout", &dout}, {"w", &w}, {"pre", &pre}, {"dpre", &dpre}}, {{"dbias", &dbias}});
-    expect_ndim("matmul_dgelu_backward", "w", w, 2);
-    const int64_t OC = w.dim(0), C = w.dim(1), N = C ? pre.numel() / C : 0;
-    expect_numel("matmul_dgelu_backward", "pre", pre, N * C);
-    expect_numel("matmul_dgelu_backward", "dout", dout, N * OC);
-    expect_numel("matmul_dgelu_backward", "dbias", dbias, C);
-  }
+  const char* op = "matmul_dgelu_backward";
+  const bool cuda = same_device(op, {&dpre, &dbias, &dout, &w, &pre});
+  act_dtype(op, {{"dout", &dout}, {"w", &w}, {"pre", &pre}, {"dpre", &dpre}}, {{"dbias", &dbias}});
+  expect_numel(op, "dbias", dbias, linear_shape(op, w, "pre", pre, "dout", dout).C);
+  expect_numel(op, "dpre", dpre, pre.numel());
   MTNLG_CUDA_DISPATCH(cuda, matmul_dgelu_backward(dpre, dbias, dout, w, pre));
   matmul_backward(&dpre, nullptr, nullptr, dout, pre, w, false);
   gelu_backward(dpre, pre, dpre);

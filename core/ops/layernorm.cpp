@@ -4,6 +4,7 @@
 #include "core/ops.hpp"
 
 #include <cmath>
+#include <utility>
 
 #include "core/ops/common.hpp"
 
@@ -115,19 +116,16 @@ void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& in
 
 void add_layernorm_forward(Tensor& sum, Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& a, const Tensor& b,
                            const Tensor& w, const Tensor& bias, double eps) {
-  const bool cuda = same_device("add_layernorm_forward", {&sum, &out, &mean, &rstd, &a, &b, &w, &bias});
-  expect_numel("add_layernorm_forward", "a", a, sum.numel());
-  expect_numel("add_layernorm_forward", "b", b, sum.numel());
-  if (cuda) {  // the checks layernorm_forward makes, before the fused kernel
-    act_dtype("add_layernorm_forward", {{"out", &out}, {"sum", &sum}, {"a", &a}, {"b", &b}, {"w", &w}, {"bias", &bias}},
-              {{"mean", &mean}, {"rstd", &rstd}});
-    const int64_t C = w.numel(), N = C ? sum.numel() / C : 0;
-    expect_numel("add_layernorm_forward", "sum", sum, N * C);
-    expect_numel("add_layernorm_forward", "bias", bias, C);
-    expect_numel("add_layernorm_forward", "out", out, N * C);
-    expect_numel("add_layernorm_forward", "mean", mean, N);
-    expect_numel("add_layernorm_forward", "rstd", rstd, N);
-  }
+  const char* op = "add_layernorm_forward";
+  const bool cuda = same_device(op, {&sum, &out, &mean, &rstd, &a, &b, &w, &bias});
+  act_dtype(op, {{"out", &out}, {"sum", &sum}, {"a", &a}, {"b", &b}, {"w", &w}, {"bias", &bias}},
+            {{"mean", &mean}, {"rstd", &rstd}});
+  const int64_t C = w.numel(), N = C ? sum.numel() / C : 0;
+  for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"sum", &sum}, {"a", &a}, {"b", &b}, {"out", &out}})
+    expect_numel(op, name, *t, N * C);
+  expect_numel(op, "bias", bias, C);
+  expect_numel(op, "mean", mean, N);
+  expect_numel(op, "rstd", rstd, N);
   MTNLG_CUDA_DISPATCH(cuda, add_layernorm_forward(sum, out, mean, rstd, a, b, w, bias, eps));
   add(sum, a, b);
   layernorm_forward(out, mean, rstd, sum, w, bias, eps);
