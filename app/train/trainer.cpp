@@ -696,7 +696,6 @@ void Trainer::forward_backward(const data::Batch& batch, double loss_scale) {
   store_.zero_grads();
   ops::fill(step_stats_, 0.0);
   ddp_->begin(store_.grads());
-  mem::reset_peaks();  // per-iteration peaks in the stats
   Tensor loss_acc = step_stats_.flat(0, 2);
   exec_->run_batch(batch, consumed_, mix_key(static_cast<uint64_t>(r_.training.seed), static_cast<uint64_t>(iteration_), 0xD0),
                    loss_scale, loss_acc);
@@ -766,6 +765,7 @@ IterationStats Trainer::train_step(const data::Batch& batch, double lr, std::chr
   if (inject_at(fault_, "bitflip_param", g_.rank, iteration_ + 1)) flip_bit(store_.params(), fault_.bit);
   const double loss_scale = scaler_ ? scaler_->scale() : 1.0;
   const int64_t reads_before = device_to_host_copies(), uploads_before = host_to_device_copies();
+  mem::reset_peaks();  // per-iteration peaks in the stats (a forensics replay stays inside them)
   forward_backward(batch, loss_scale);
   if (inject_nan(fault_, g_.rank, iteration_ + 1)) ops::fill(store_.grads(), std::nan(""));
   if (inject_overflow(fault_, g_.rank, iteration_ + 1)) ops::fill(store_.grads(), INFINITY);
