@@ -30,20 +30,36 @@ bool name_at(std::string_view s, size_t i, std::string_view name) {
   return name_end(s[i + name.size()]);
 }
 
+// An attribute of a start tag: s[begin, name_end) its name, s[begin, end) all of it.
+struct AttributeSpan {
+  size_t begin, name_end, end;
+};
+
 // Just past the '>' of a tag whose name ends before `i`, reading the attributes as the
-// tokenizer does (a quoted value may hold '>'); s.size() when the tag is not closed.
-size_t tag_end(std::string_view s, size_t i) {
+// tokenizer does (a quoted value may hold '>'; after a quoted value the next attribute may
+// start at once); s.size() when the tag is not closed (`closed` says which). `attrs`, when
+// given, gets each attribute's span.
+size_t tag_end(std::string_view s, size_t i, std::vector<AttributeSpan>* attrs = nullptr, bool* closed = nullptr) {
   const size_t n = s.size();
+  if (closed) *closed = false;
   while (i < n) {
-    if (s[i] == '>') return i + 1;
+    if (s[i] == '>') {
+      if (closed) *closed = true;
+      return i + 1;
+    }
     if (ws(s[i]) || s[i] == '/') {
       ++i;
       continue;
     }
+    const size_t begin = i;
     ++i;  // an attribute name (its first character may be '=')
     while (i < n && !name_end(s[i]) && s[i] != '=') ++i;
+    const size_t name_stop = i;
     while (i < n && ws(s[i])) ++i;
-    if (i >= n || s[i] != '=') continue;
+    if (i >= n || s[i] != '=') {
+      if (attrs) attrs->push_back({begin, name_stop, name_stop});
+      continue;
+    }
     ++i;
     while (i < n && ws(s[i])) ++i;
     if (i < n && (s[i] == '"' || s[i] == '\'')) {
@@ -53,8 +69,25 @@ size_t tag_end(std::string_view s, size_t i) {
     } else {
       while (i < n && !ws(s[i]) && s[i] != '>') ++i;
     }
+    if (attrs) attrs->push_back({begin, name_stop, i});
   }
   return n;
+}
+
+// Whether the block walk or the tree builder reads an attribute of this name (lower case
+// or not): the walk reads hidden, aria-hidden, class, id and role; the tree builder reads
+// type (<input type=hidden> in a table), color, face and size (<font> leaving foreign
+// content), encoding (<annotation-xml>) and prompt and action (<isindex>, which makes text).
+bool attribute_kept(std::string_view name) {
+  static constexpr std::string_view kKept[] = {"hidden", "aria-hidden", "class", "id",       "role",   "type",
+                                               "color",  "face",        "size",  "encoding", "prompt", "action"};
+  char low[12];
+  if (name.size() > sizeof(low)) return false;
+  for (size_t k = 0; k < name.size(); ++k) low[k] = lower(name[k]);
+  const std::string_view l(low, name.size());
+  for (const auto k : kKept)
+    if (l == k) return true;
+  return false;
 }
 
 // Where "</name" (then whitespace, '/' or '>') starts at or after `i`; s.size() if nowhere.
@@ -152,8 +185,10 @@ struct Stripper {
   std::string_view s;
   std::string& out;
   std::vector<std::string_view>* runs;  // null: text is not replaced
+  bool drop_attributes = false;
   size_t copied = 0;  // s[0, copied) is in `out` or was dropped
   bool in_select = false;
+  std::vector<AttributeSpan> attrs;  // reused from tag to tag
 
   void drop(size_t from, size_t to) {
     out.append(s, copied, from - copied);
@@ -188,7 +223,18 @@ struct Stripper {
   size_t start_tag(size_t i) {
     size_t e = i;
     while (e < s.size() && !name_end(s[e])) ++e;
-    const size_t end = tag_end(s, e);
+    size_t end;
+    if (drop_attributes) {
+      attrs.clear();
+      bool closed = false;
+      end = tag_end(s, e, &attrs, &closed);
+      // A tag the file ends inside is not emitted at all: leave it as it is.
+      if (closed)
+        for (const auto& a : attrs)
+          if (!attribute_kept(s.substr(a.begin, a.name_end - a.begin))) drop(a.begin, a.end);
+    } else {
+      end = tag_end(s, e);
+    }
     if (name_at(s, i, "script")) {
       const size_t stop = script_end(s, end);
       drop(end, stop);
@@ -242,14 +288,15 @@ struct Stripper {
 
 }  // namespace
 
-size_t strip_raw_text(std::string_view html, std::string& out, std::vector<std::string_view>* runs) {
+size_t strip_raw_text(std::string_view html, std::string& out, std::vector<std::string_view>* runs,
+                      bool drop_attributes) {
   out.clear();
   out.reserve(html.size());
   if (runs) {
     runs->clear();
     if (has_private_use(html)) runs = nullptr;  // a placeholder could not be told from the page's own text
   }
-  return Stripper{html, out, runs}.run();
+  return Stripper{html, out, runs, drop_attributes, 0, false, {}}.run();
 }
 
 size_t placeholder_at(std::string_view s, size_t i) {

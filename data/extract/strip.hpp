@@ -28,7 +28,13 @@ namespace mtnlg::extract {
 // tree (a placeholder is text, and not whitespace, as the piece is) in a fraction of the
 // time; the walker puts the pieces back (placeholder_at). A page that holds private-use
 // characters itself (or numeric references to them) is left without placeholders.
-size_t strip_raw_text(std::string_view html, std::string& out, std::vector<std::string_view>* runs = nullptr);
+//
+// With `drop_attributes`, the attributes of start tags that neither the block walk nor the
+// tree builder reads (href, src, style, data-*, ...: all but hidden, aria-hidden, class,
+// id, role, type, color, face, size, encoding, prompt, action) are removed too; the tree
+// is the same less those attributes. A tag the input ends inside keeps all of them.
+size_t strip_raw_text(std::string_view html, std::string& out, std::vector<std::string_view>* runs = nullptr,
+                      bool drop_attributes = false);
 
 // Two placeholder characters (UTF-8) at s[i]: the number of their run, else npos.
 constexpr size_t kPlaceholderBase = 6400;  // U+E000..U+F8FF
