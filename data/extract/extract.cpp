@@ -16,11 +16,6 @@ namespace mtnlg::extract {
 
 namespace {
 
-// Bytes of a page's text that CLD2 reads (language_sample): its time grows with the text
-// (~270 instructions a byte). With 2 KiB no decision changed on the fixtures and 243
-// pages of real Debian HTML; with 1 KiB three did (two English pages became French).
-constexpr size_t kLanguageSampleBytes = 2048;
-
 constexpr const char* kCounterNames[kCounters] = {
     "records", "response_records", "conversion_records", "other_records", "http_not_200", "not_html", "pages",
     "no_main_text", "language_dropped", "documents", "characters", "bytes_replaced", "charset_from_bom",
@@ -331,7 +326,7 @@ Counts extract_file(const std::string& input, const std::string& output, const E
           throw WarcError(e.cause(), fmt::format("{}: charset: {}", where, e.what()));
         }
         ParsedPage page = parse_html_blocks(html);
-        lang = identify_language(language_sample(page.blocks, kLanguageSampleBytes));
+        lang = page_language(page.blocks);
         if (!languages.kept(lang, c, dropped_languages)) continue;
         classify_blocks(page.blocks, opt.blocks, lang.code == "en");
         text = main_text(page.blocks);
@@ -339,7 +334,7 @@ Counts extract_file(const std::string& input, const std::string& output, const E
         ++c[kConversion];
         ++c[kPages];
         text = conv.convert(rec.block, "UTF-8", &c[kReplacedBytes]);
-        lang = identify_language(language_sample(text, kLanguageSampleBytes));
+        lang = page_language(text);
         if (!languages.kept(lang, c, dropped_languages)) continue;
       } else {
         ++c[kOtherType];

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cerrno>
 #include <cstring>
 #include <memory>
@@ -52,35 +53,50 @@ const std::unordered_set<std::string_view>& english_stopwords() {
   return set;
 }
 
-// Stop-word lookup without hashing: the words by (length, first letter), each list a few
-// entries long; `w` is lower-case.
+// Stop-word lookup: each word (at most 15 bytes, lower case) zero-padded to 16 bytes and
+// read as two 64-bit words, in an open-addressing table a quarter full. A lookup is a
+// multiply, a shift and usually one compare (a list per (length, first letter) with
+// memcmp on each entry cost ~100 instructions a word). The text holds no NUL (the parser
+// drops them), so the padding cannot match a word's own bytes.
 class StopwordTable {
  public:
+  static constexpr size_t kMaxLen = 15;
+  // A word as two 64-bit words: its bytes (lower case) in memory order, zeros after.
+  struct Key {
+    uint64_t lo = 0, hi = 0;
+    bool empty() const { return lo == 0 && hi == 0; }
+  };
   explicit StopwordTable(const std::unordered_set<std::string_view>& words) {
-    for (auto w : words) slots_[slot(w)].push_back(w);
+    for (auto w : words) {
+      if (w.empty() || w.size() > kMaxLen) continue;
+      char padded[16] = {};
+      std::memcpy(padded, w.data(), w.size());
+      Key k;
+      std::memcpy(&k.lo, padded, 8);
+      std::memcpy(&k.hi, padded + 8, 8);
+      size_t i = hash(k);
+      while (!table_[i].empty()) i = (i + 1) & kMask;
+      table_[i] = k;
+    }
   }
-  bool contains(std::string_view w) const {
-    if (w.size() > kMaxLen || w[0] < 'a' || w[0] > 'z') return false;
-    for (auto s : slots_[slot(w)])
-      if (std::memcmp(s.data(), w.data(), w.size()) == 0) return true;
-    return false;
+  bool contains(const Key& k) const {
+    for (size_t i = hash(k);; i = (i + 1) & kMask) {
+      if (table_[i].empty()) return false;
+      if (table_[i].lo == k.lo && table_[i].hi == k.hi) return true;
+    }
   }
 
  private:
-  static constexpr size_t kMaxLen = 15;
-  static size_t slot(std::string_view w) { return w.size() * 26 + static_cast<size_t>(w[0] - 'a'); }
-  std::array<std::vector<std::string_view>, (kMaxLen + 1) * 26> slots_;
+  static constexpr size_t kBits = 10, kMask = (size_t{1} << kBits) - 1;
+  static size_t hash(const Key& k) {
+    return static_cast<size_t>(((k.lo * 0x9E3779B97F4A7C15ULL) ^ (k.hi * 0xC2B2AE3D27D4EB4FULL)) >> (64 - kBits));
+  }
+  std::array<Key, size_t{1} << kBits> table_{};
 };
 
 const StopwordTable& english_stopword_table() {
   static const StopwordTable table(english_stopwords());
   return table;
-}
-
-// ASCII punctuation, as std::ispunct in the "C" locale.
-bool punct(char ch) {
-  const auto c = static_cast<unsigned char>(ch);
-  return (c >= 33 && c <= 47) || (c >= 58 && c <= 64) || (c >= 91 && c <= 96) || (c >= 123 && c <= 126);
 }
 
 // Class/id words that mark page furniture rather than content.
@@ -156,6 +172,53 @@ constexpr std::array<bool, 256> kSpace = [] {
 }();
 bool space(char c) { return kSpace[static_cast<unsigned char>(c)]; }
 
+// Byte classes for counting words: whitespace (as kSpace), ASCII punctuation (as punct),
+// anything else (letters, digits, UTF-8 bytes). Punctuation is std::ispunct's in the "C" locale.
+constexpr uint8_t kOtherByte = 0, kSpaceByte = 1, kPunctByte = 2;
+constexpr std::array<uint8_t, 256> kByteClass = [] {
+  std::array<uint8_t, 256> t{};
+  for (int c = 0; c < 256; ++c) {
+    if (kSpace[static_cast<size_t>(c)]) t[static_cast<size_t>(c)] = kSpaceByte;
+    else if ((c >= 33 && c <= 47) || (c >= 58 && c <= 64) || (c >= 91 && c <= 96) || (c >= 123 && c <= 126))
+      t[static_cast<size_t>(c)] = kPunctByte;
+  }
+  return t;
+}();
+
+// ASCII upper case to lower case in each byte of x; other bytes (UTF-8 too) unchanged.
+uint64_t lower8(uint64_t x) {
+  constexpr uint64_t kOnes = 0x0101010101010101ULL, kHigh = 0x8080808080808080ULL;
+  const uint64_t seven = x & ~kHigh;
+  const uint64_t ge_a = seven + kOnes * (0x80 - 'A'), gt_z = seven + kOnes * (0x80 - 'Z' - 1);
+  const uint64_t upper = ge_a & ~gt_z & ~x & kHigh;
+  return x | (upper >> 2);
+}
+
+// The stop-word key of w[0, len) (len <= 15), lower case: 16 bytes read at once when the
+// text has them (`end` is its end), byte by byte otherwise.
+StopwordTable::Key padded_lower(const unsigned char* w, size_t len, const unsigned char* end) {
+  StopwordTable::Key k;
+  if (end - w >= 16) {
+    std::memcpy(&k.lo, w, 8);
+    std::memcpy(&k.hi, w + 8, 8);
+  } else {
+    unsigned char buf[16] = {};
+    std::memcpy(buf, w, len);
+    std::memcpy(&k.lo, buf, 8);
+    std::memcpy(&k.hi, buf + 8, 8);
+  }
+  static_assert(std::endian::native == std::endian::little, "keys are bytes in memory order");
+  if (len < 8) {
+    k.lo &= (uint64_t{1} << (8 * len)) - 1;
+    k.hi = 0;
+  } else if (len < 16) {
+    k.hi &= (uint64_t{1} << (8 * (len - 8))) - 1;
+  }
+  k.lo = lower8(k.lo);
+  k.hi = lower8(k.hi);
+  return k;
+}
+
 struct Walker {
   ParsedPage page;
   Block cur;
@@ -164,35 +227,34 @@ struct Walker {
   std::string expanded;
   const StopwordTable& stop = english_stopword_table();
 
-  // Words and stop words of the current block: ASCII-lowered words with edge punctuation
-  // stripped (a word longer than any stop word is not looked up).
+  // Words, stop words and code points of the current block in one pass: words are split
+  // at whitespace, ASCII-lowered, with edge punctuation stripped (a leading apostrophe
+  // stays); a word longer than any stop word is not looked up.
   void count_words() {
-    const std::string& t = cur.text;
-    char w[16];
-    size_t i = 0;
-    while (i < t.size()) {
-      while (i < t.size() && space(t[i])) ++i;
+    const auto* t = reinterpret_cast<const unsigned char*>(cur.text.data());
+    const size_t n = cur.text.size();
+    int64_t words = 0, stopwords = 0, continuation = 0;
+    for (size_t i = 0; i < n;) {
+      while (i < n && kByteClass[t[i]] == kSpaceByte) ++i;
+      if (i == n) break;
       size_t j = i;
-      while (j < t.size() && !space(t[j])) ++j;
-      if (j > i) {
-        ++cur.words;
-        size_t a = i, b = j;
-        while (a < b && punct(t[a]) && t[a] != '\'') ++a;
-        while (b > a && punct(t[b - 1])) --b;
-        if (b > a && b - a < sizeof(w)) {
-          for (size_t k = a; k < b; ++k) w[k - a] = lower(t[k]);
-          if (stop.contains(std::string_view(w, b - a))) ++cur.stopwords;
-        }
-      }
+      for (; j < n && kByteClass[t[j]] != kSpaceByte; ++j) continuation += (t[j] & 0xC0) == 0x80;
+      ++words;
+      size_t a = i, b = j;
+      while (a < b && kByteClass[t[a]] == kPunctByte && t[a] != '\'') ++a;
+      while (b > a && kByteClass[t[b - 1]] == kPunctByte) --b;
+      if (b > a && b - a <= StopwordTable::kMaxLen) stopwords += stop.contains(padded_lower(t + a, b - a, t + n));
       i = j;
     }
+    cur.words = words;
+    cur.stopwords = stopwords;
+    cur.chars = static_cast<int64_t>(n) - continuation;
   }
 
   void flush() {
     // Trim the trailing space of collapsed text.
     while (!cur.text.empty() && cur.text.back() == ' ') cur.text.pop_back();
     if (!cur.text.empty()) {
-      cur.chars = code_points(cur.text);
       count_words();
       page.blocks.push_back(std::move(cur));
     }
@@ -413,7 +475,7 @@ ParsedPage parse_gumbo_blocks(std::string_view html, const std::vector<std::stri
 ParsedPage parse_html_blocks(std::string_view html, bool strip) {
   thread_local std::string stripped;  // reused: their capacity is kept for the next page
   thread_local std::vector<std::string_view> runs;
-  if (strip) strip_raw_text(html, stripped, &runs);
+  if (strip) strip_raw_text(html, stripped, &runs, true);
   ParsedPage page = parse_gumbo_blocks(strip ? std::string_view(stripped) : html, strip ? &runs : nullptr);
   if (stripped.capacity() > (size_t{4} << 20)) {  // memory stays bounded
     std::string().swap(stripped);
@@ -569,6 +631,22 @@ Language identify_language(std::string_view text) {
   l.reliable = reliable;
   return l;
 }
+
+namespace {
+
+template <class Text>
+Language sampled_language(const Text& text) {
+  const std::string first = language_sample(text, kLanguageFirstSampleBytes);
+  const Language l = identify_language(first);
+  if (l.reliable && l.score >= kLanguageFirstSampleScore) return l;
+  std::string full = language_sample(text, kLanguageSampleBytes);
+  return full.size() > first.size() ? identify_language(full) : l;
+}
+
+}  // namespace
+
+Language page_language(const std::vector<Block>& blocks) { return sampled_language(blocks); }
+Language page_language(const std::string& text) { return sampled_language(text); }
 
 // --- charsets ----------------------------------------------------------------------------
 

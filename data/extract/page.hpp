@@ -73,6 +73,17 @@ struct Language {
 };
 Language identify_language(std::string_view utf8_text);
 
+// The language of a page (its blocks) or of a WET record (its text): CLD2 on the 1 KiB
+// language_sample first; that answer stands when CLD2 calls it reliable and puts at least
+// 95% of the sample in that language; otherwise CLD2 on the 2 KiB sample decides (the
+// score is then that sample's share). CLD2's time grows with its input (~290
+// instructions a byte); docs/specs/justext.md "Language" has the measurements behind
+// the sizes.
+constexpr size_t kLanguageFirstSampleBytes = 1024, kLanguageSampleBytes = 2048;
+constexpr double kLanguageFirstSampleScore = 0.95;
+Language page_language(const std::vector<Block>& blocks);
+Language page_language(const std::string& text);
+
 // Charsets. `normalize_charset` maps an HTTP/HTML label to the name iconv uses, following
 // the web's aliases (iso-8859-1 and us-ascii mean windows-1252, shift_jis means
 // Windows-31J, ...); "" for an empty label.
