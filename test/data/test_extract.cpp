@@ -449,6 +449,43 @@ TEST_CASE("extract: the language sample is the whole text of a small page, the l
   CHECK(language_sample(wet, 2048) == std::string(1500, 'a') + "\nb\n");  // the second line cut at its last space in reach
 }
 
+TEST_CASE("extract: a page's language comes from 1 KiB when CLD2 is sure of it, else from 2 KiB", "[extract]") {
+  auto block = [](std::string t) {
+    Block b;
+    b.text = std::move(t);
+    return b;
+  };
+  const std::string en =
+      "The committee met on Tuesday to discuss the new budget for the library, and after a long debate the "
+      "members agreed that the reading rooms would stay open in the evenings through the winter months. ";
+  const std::string fr =
+      "Le conseil municipal s'est reuni mardi pour discuter du nouveau budget de la bibliotheque, et apres un "
+      "long debat les membres ont decide que les salles de lecture resteraient ouvertes le soir pendant l'hiver. ";
+  // English throughout: the 1 KiB answer stands.
+  std::vector<Block> english;
+  for (int i = 0; i < 12; ++i) english.push_back(block(en + en.substr(0, static_cast<size_t>(i))));
+  const Language first = identify_language(language_sample(english, kLanguageFirstSampleBytes));
+  REQUIRE(first.reliable);
+  REQUIRE(first.score >= kLanguageFirstSampleScore);
+  const Language got = page_language(english);
+  CHECK(got.code == "en");
+  CHECK(got.score == first.score);
+  // Half French in the first kilobyte: not sure enough, so the 2 KiB sample decides.
+  std::vector<Block> mixed;
+  for (int i = 0; i < 6; ++i) mixed.push_back(block((i % 2 ? fr : en) + std::string(static_cast<size_t>(40 - i), 'x')));
+  for (int i = 0; i < 12; ++i) mixed.push_back(block(fr.substr(0, 150)));
+  const Language mixed_first = identify_language(language_sample(mixed, kLanguageFirstSampleBytes));
+  REQUIRE_FALSE((mixed_first.reliable && mixed_first.score >= kLanguageFirstSampleScore));
+  const Language full = identify_language(language_sample(mixed, kLanguageSampleBytes));
+  const Language mixed_got = page_language(mixed);
+  CHECK(mixed_got.code == full.code);
+  CHECK(mixed_got.score == full.score);
+  // Plain text (a WET record) the same way, its lines as the blocks.
+  std::string wet;
+  for (const auto& b : english) wet += b.text + "\n";
+  CHECK(page_language(wet).code == "en");
+}
+
 TEST_CASE("extract: inputs are dealt to ranks disjointly, the same way for the same sizes", "[extract]") {
   std::vector<std::string> in = {fixture("pages.warc.gz"), fixture("charsets.warc"), fixture("bad-oversize.warc"),
                                  fixture("sample.warc.wet.gz"), fixture("bad-http.warc")};
