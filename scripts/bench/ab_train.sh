@@ -3,7 +3,7 @@
 #   ab_init BUILD_DIR ITERS           build (default $repo/build), iters, rounds ($ROUNDS,
 #                                     default 5), recipe ($RECIPE, default tiny-mock) and
 #                                     a temporary directory tmp removed on exit
-#   ab_tokens_per_s NP DIR [ARGS...]  one `mtnlg train` of NP ranks under test/mpi/mpirun.sh
+#   ab_tokens_per_s NP DIR [ARGS...]  one `mtnlg train` of NP ranks under test/support/mpi/mpirun.sh
 #                                     (1 thread each, log every step, metrics in DIR, ARGS
 #                                     appended); prints rank 0's median tokens/s after the
 #                                     first 3 steps (warm-up)
@@ -21,7 +21,7 @@ ab_init() {
 ab_tokens_per_s() {
   local np="$1" dir="$2"
   shift 2
-  sh "$repo/test/mpi/mpirun.sh" "$np" "$build/mtnlg" train "$recipe" --quiet --set training.train_iters="$iters" \
+  sh "$repo/test/support/mpi/mpirun.sh" "$np" "$build/mtnlg" train "$recipe" --quiet --set training.train_iters="$iters" \
     --set training.num_threads=1 --set logging.log_interval=1 --set logging.dir="$dir" "$@" >/dev/null 2>&1
   /usr/bin/python3 -c "
 import json, statistics

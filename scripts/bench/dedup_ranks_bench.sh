@@ -3,7 +3,7 @@
 # docs/CURATION.md. Generates (once) a corpus per size with `mtnlg data synth-corpus`
 # (4 sources, 15% planted near-duplicates, 150-400 words a document), then runs dedup
 #   - with 1 rank (plain process, --workers THREADS), and
-#   - under test/mpi/mpirun.sh with 2 ranks (--workers THREADS/2 each: the same cores),
+#   - under test/support/mpi/mpirun.sh with 2 ranks (--workers THREADS/2 each: the same cores),
 #   - and, with BUDGET set, with 2 ranks and --memory-per-rank BUDGET,
 # each rank wrapped in /usr/bin/time -v for its peak RSS. One row per run: documents,
 # ranks, wall seconds (the report's total), documents/s, peak RSS of the largest rank
@@ -26,7 +26,7 @@ SIZES=${*:-1000000}
 RANKS=${RANKS:-1 2}
 BUDGET=${BUDGET:-}
 MTNLG=$(cd "$(dirname "$BUILD/mtnlg")" && pwd)/mtnlg
-MPIRUN=$(cd "$(dirname "$0")/../.." && pwd)/test/mpi/mpirun.sh
+MPIRUN=$(cd "$(dirname "$0")/../.." && pwd)/test/support/mpi/mpirun.sh
 [ -x "$MTNLG" ] || { echo "no $MTNLG (build the mtnlg target first)" >&2; exit 2; }
 SOURCES="pile_cc books3 wikipedia stackexchange"
 

@@ -60,7 +60,7 @@ train() {
     elif [ "$np" = 1 ]; then
       "$bin" train "$tmp/$name.yaml" --quiet --set logging.dir="$dir" >/dev/null
     else
-      sh "$repo/test/mpi/mpirun.sh" "$np" "$bin" train "$tmp/$name.yaml" --quiet --set logging.dir="$dir" >/dev/null
+      sh "$repo/test/support/mpi/mpirun.sh" "$np" "$bin" train "$tmp/$name.yaml" --quiet --set logging.dir="$dir" >/dev/null
     fi
     local t
     t=$(step_of "$dir")

@@ -20,7 +20,7 @@ trap 'rm -rf "$tmp"' EXIT
 step_time() {
   local timeout="$1" dir="$2"
   shift 2
-  MTNLG_COLLECTIVE_TIMEOUT="$timeout" sh "$repo/test/mpi/mpirun.sh" 4 "$build/mtnlg" train "$recipe" --quiet \
+  MTNLG_COLLECTIVE_TIMEOUT="$timeout" sh "$repo/test/support/mpi/mpirun.sh" 4 "$build/mtnlg" train "$recipe" --quiet \
     --set training.train_iters="$iters" --set training.num_threads=1 --set logging.dir="$dir" "$@" >/dev/null 2>&1
   /usr/bin/python3 -c "
 import json, statistics

@@ -173,7 +173,7 @@ TEST_CASE("python3-protobuf reads back what the writer wrote", "[oracle][tensorb
   written.push_back({"train-vs-tokens/global_batch_size", 32, 131072});
   written.push_back({"train-vs-tokens/loss", 7.5, 131072});
 
-  auto r = run_command(python() + " " + source_dir() + "/test/oracle/read_tfevents.py " + path);
+  auto r = run_command(python() + " " + source_dir() + "/test/core/read_tfevents.py " + path);
   INFO(r.out);
   REQUIRE(r.exit_code == 0);
   std::vector<W> read, tb_read;
@@ -238,7 +238,7 @@ TEST_CASE("the python reader rejects a file with a corrupted byte", "[oracle][te
   std::string bytes_on_disk = read_file(path);
   bytes_on_disk[bytes_on_disk.size() - 6] ^= 0x01;  // inside the last record's float
   write_file(path, bytes_on_disk);
-  auto r = run_command(python() + " " + source_dir() + "/test/oracle/read_tfevents.py " + path);
+  auto r = run_command(python() + " " + source_dir() + "/test/core/read_tfevents.py " + path);
   CHECK(r.exit_code == 1);
   CHECK_THAT(r.out, Catch::Matchers::Contains("data CRC mismatch"));
 }

@@ -195,7 +195,7 @@ TEST_CASE("mtnlg data curate: mixed corpus, planted truth, blend trains, kill -9
   const auto want = outputs(W);
   // 3 ranks (dedup across them, the other stages on rank 0): the same bytes.
   fs::remove_all(d / "work");
-  auto ranks3 = test::run_command("sh " + src + "/test/mpi/mpirun.sh 3 " + std::string(MTNLG_BINARY) +
+  auto ranks3 = test::run_command("sh " + src + "/test/support/mpi/mpirun.sh 3 " + std::string(MTNLG_BINARY) +
                                   " data curate --no-progress " + (d / "pipe.yaml").string());
   INFO(ranks3.out);
   REQUIRE(ranks3.exit_code == 0);

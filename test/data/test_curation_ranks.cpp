@@ -32,7 +32,7 @@ int64_t count_files(const fs::path& dir) {
 
 test::RunResult run_np(int np, const std::string& args) {
   if (np == 1) return test::run_command(std::string(MTNLG_BINARY) + " " + args);
-  return test::run_command("sh " + test::source_dir() + "/test/mpi/mpirun.sh " + std::to_string(np) + " " +
+  return test::run_command("sh " + test::source_dir() + "/test/support/mpi/mpirun.sh " + std::to_string(np) + " " +
                            MTNLG_BINARY + " " + args);
 }
 
@@ -391,7 +391,7 @@ TEST_CASE("e2e dedup: 1, 2, 3 and 4 ranks give byte-identical outputs and report
   // stops, the failing rank names its error, the others name rank 1, exit 1 (not bad
   // input), and neither an output nor a temporary file is left.
   {
-    auto w = test::run_command("MTNLG_TEST_DEDUP_FAIL_WRITE_RANK=1 sh " + test::source_dir() + "/test/mpi/mpirun.sh 3 " +
+    auto w = test::run_command("MTNLG_TEST_DEDUP_FAIL_WRITE_RANK=1 sh " + test::source_dir() + "/test/support/mpi/mpirun.sh 3 " +
                                MTNLG_BINARY + " " + common + " --output-dir " + d + "/wfail");
     INFO(w.out);
     CHECK(w.exit_code == 1);

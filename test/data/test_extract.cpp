@@ -565,7 +565,7 @@ TEST_CASE("data extract: 1, 2 and 3 ranks write the same shards and report", "[m
     const std::string args = "data extract --no-progress --skip-bad-records --max-record-bytes 4096 --compress zstd "
                              "--input " + inputs + " --output " + out;
     auto r = np == 1 ? test::run_command(std::string(MTNLG_BINARY) + " " + args)
-                     : test::run_command("sh " + test::source_dir() + "/test/mpi/mpirun.sh " + std::to_string(np) + " " +
+                     : test::run_command("sh " + test::source_dir() + "/test/support/mpi/mpirun.sh " + std::to_string(np) + " " +
                                          MTNLG_BINARY + " " + args);
     INFO(r.out);
     REQUIRE(r.exit_code == 0);
@@ -583,7 +583,7 @@ TEST_CASE("data extract: 1, 2 and 3 ranks write the same shards and report", "[m
     }
   }
   // A bad record on one rank stops every rank with its code; no shard is left.
-  auto bad = test::run_command("sh " + test::source_dir() + "/test/mpi/mpirun.sh 3 " + MTNLG_BINARY +
+  auto bad = test::run_command("sh " + test::source_dir() + "/test/support/mpi/mpirun.sh 3 " + MTNLG_BINARY +
                                " data extract --no-progress --max-record-bytes 4096 --input " + inputs + " --output " +
                                (dir / "bad").string());
   CHECK(bad.exit_code == 2);

@@ -82,7 +82,7 @@ case "$step" in
     common=(--set training.train_iters=4 --set model.hidden_dropout=0 --set model.attention_dropout=0)
     train one cuda fp32 "${common[@]}"
     # one emulated GPU per rank, as on an 8-GPU node
-    MTNLG_EMU_DEVICES=8 "$repo/test/mpi/mpirun.sh" 8 "$bin" train recipes/tiny-mock.yaml --set training.device=cuda \
+    MTNLG_EMU_DEVICES=8 "$repo/test/support/mpi/mpirun.sh" 8 "$bin" train recipes/tiny-mock.yaml --set training.device=cuda \
       --set training.precision=fp32 --set logging.dir="$out/eight" --set logging.log_interval=1 "${common[@]}" \
       --set parallel.tensor_model_parallel_size=2 --set parallel.pipeline_model_parallel_size=2 \
       --set parallel.use_distributed_optimizer=true --set parallel.sequence_parallel=true >"$out/eight.log" 2>&1 ||

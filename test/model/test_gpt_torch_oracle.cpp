@@ -1,6 +1,6 @@
 // Outside oracle: mtnlg's GPT against PyTorch (Debian python3-torch) on the same
 // weights: loss, every gradient, and weights after 3 AdamW steps with clipping and
-// weight decay. The comparison is done by test/oracle/torch_gpt.py.
+// weight decay. The comparison is done by test/model/torch_gpt.py.
 #include <catch2/catch.hpp>
 
 #include "core/safetensors.hpp"
@@ -93,7 +93,7 @@ TEST_CASE("gpt: loss, gradients and AdamW steps equal PyTorch's", "[oracle]") {
   for (auto& p : store.infos()) a3.push_back({p.name, store.param(p.name).clone()});
   safetensors::write((dir / "after3.safetensors").string(), a3);
 
-  auto res = test::run_command(test::python() + " " + test::source_dir() + "/test/oracle/torch_gpt.py " + dir.str());
+  auto res = test::run_command(test::python() + " " + test::source_dir() + "/test/model/torch_gpt.py " + dir.str());
   INFO(res.out);
   CHECK(res.exit_code == 0);
   CHECK(res.out.find("PASS") != std::string::npos);

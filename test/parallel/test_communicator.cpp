@@ -1,5 +1,5 @@
 // Local (size-1) communicator, byte accounting and launch discovery. Multi-rank
-// behaviour is tested under mpirun in test/mpi/.
+// behaviour is tested under mpirun in test/parallel/mpi/.
 #include <catch2/catch.hpp>
 #include <map>
 #include <string>

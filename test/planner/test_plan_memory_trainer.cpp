@@ -26,12 +26,13 @@
 #include "config/recipe.hpp"
 #include "schedules/pipeline_schedule.hpp"
 #include "test/support/test_support.hpp"
+#include "test/support/layouts.hpp"
 
 using namespace mtnlg;
 
 namespace {
 
-std::string mpirun(int np) { return "sh " + test::source_dir() + "/test/mpi/mpirun.sh " + std::to_string(np) + " "; }
+std::string mpirun(int np) { return "sh " + test::source_dir() + "/test/support/mpi/mpirun.sh " + std::to_string(np) + " "; }
 
 nlohmann::json last_line(const std::filesystem::path& p) {
   std::ifstream in(p);
@@ -67,32 +68,9 @@ double transient_bound(const Recipe& r, const nlohmann::json& plan, double send_
 }  // namespace
 
 TEST_CASE("planner memory per rank equals the trainer's tensor bytes by role", "[e2e][memory]") {
-  struct Case {
-    const char* name;
-    int np;
-    std::string sets;
-  } cases[] = {
-      {"single-none", 1, ""},
-      {"single-selective", 1, "--set parallel.recompute_granularity=selective"},
-      {"single-full", 1, "--set parallel.recompute_granularity=full"},
-      {"tp2", 2, "--set parallel.tensor_model_parallel_size=2"},
-      {"pp2", 2, "--set parallel.pipeline_model_parallel_size=2"},
-      {"dp2-zero1", 2, "--set parallel.use_distributed_optimizer=true"},
-      {"tp2-pp2-full", 4,
-       "--set parallel.tensor_model_parallel_size=2 --set parallel.pipeline_model_parallel_size=2 "
-       "--set parallel.recompute_granularity=full"},
-      {"tp2-dp2-sp-selective", 4,
-       "--set parallel.tensor_model_parallel_size=2 --set parallel.sequence_parallel=true "
-       "--set parallel.recompute_granularity=selective"},
-      {"single-unfused", 1, "--set model.attention_backend=unfused"},
-      {"single-unfused-selective", 1,
-       "--set model.attention_backend=unfused --set parallel.recompute_granularity=selective"},
-      {"tp2-pp2-unfused", 4,
-       "--set model.attention_backend=unfused --set parallel.tensor_model_parallel_size=2 "
-       "--set parallel.pipeline_model_parallel_size=2"},
-      {"pp4-interleaved", 4,
-       "--set parallel.pipeline_model_parallel_size=4 --set parallel.num_layers_per_virtual_pipeline_stage=1"},
-  };
+  const auto cases = test::layouts({"single-none", "single-selective", "single-full", "tp2", "pp2", "dp2-zero1",
+                                     "tp2-pp2-full", "tp2-dp2-sp-selective", "single-unfused",
+                                     "single-unfused-selective", "tp2-pp2-unfused", "pp4-v2"});
   const std::string recipe = test::source_dir() + "/recipes/tiny-ramp.yaml";
   // Iterations 1-2 run the ramp's batch 8, iteration 3 the full batch 16 the planner assumes.
   const std::string common = " --set training.train_iters=3 --set training.num_threads=1";

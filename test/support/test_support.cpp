@@ -57,7 +57,7 @@ void write_file(const std::filesystem::path& p, const std::string& text) {
   f << text;
 }
 
-std::string mpirun(int np) { return "sh " + source_dir() + "/test/mpi/mpirun.sh " + std::to_string(np) + " "; }
+std::string mpirun(int np) { return "sh " + source_dir() + "/test/support/mpi/mpirun.sh " + std::to_string(np) + " "; }
 
 std::string train_command(const std::string& recipe, const std::string& logdir, const std::string& sets, int np,
                           const std::string& env) {

@@ -31,7 +31,7 @@ struct RunResult {
 RunResult run_command(const std::string& cmdline);
 // Runs the mtnlg binary with the given argument string.
 RunResult run_mtnlg(const std::string& args);
-// "sh SOURCE/test/mpi/mpirun.sh NP " (the container-safe mpirun flags), for command lines.
+// "sh SOURCE/test/support/mpi/mpirun.sh NP " (the container-safe mpirun flags), for command lines.
 std::string mpirun(int np);
 // `ENV mtnlg train RECIPE --quiet --set logging.dir=LOGDIR SETS`, plainly when np == 1,
 // else under mpirun(np). `env` ("VAR=value ...") is prepended to the command line. The

@@ -4,7 +4,7 @@
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 
-#include "test/mpi/mpi_test_world.hpp"
+#include "test/support/mpi/mpi_test_world.hpp"
 
 namespace mtnlg::test {
 std::shared_ptr<parallel::Communicator>& mpi_test_world() {

@@ -26,7 +26,7 @@ TEST_CASE("eval: tp2 x pp2 under mpirun equals the single process", "[mpi]") {
                                "/one.json --log-samples " + d.str() + "/one.jsonl");
   INFO(one.out);
   REQUIRE(one.exit_code == 0);
-  auto par = test::run_command("OMP_NUM_THREADS=1 sh " + src + "/test/mpi/mpirun.sh 4 " + MTNLG_BINARY + common +
+  auto par = test::run_command("OMP_NUM_THREADS=1 sh " + src + "/test/support/mpi/mpirun.sh 4 " + MTNLG_BINARY + common +
                                " --set parallel.tensor_model_parallel_size=2 --set parallel.pipeline_model_parallel_size=2"
                                " --output " + d.str() + "/par.json --log-samples " + d.str() + "/par.jsonl");
   INFO(par.out);

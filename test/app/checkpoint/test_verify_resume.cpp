@@ -55,7 +55,7 @@ TEST_CASE("checkpoint verify-resume: one process and tp2 x pp2 x dp2 with ZeRO-1
   const auto before = model::ckpt::inspect(root);
 
   // The container-safe mpirun of the other multi-rank tests (test::mpirun), as a template.
-  const std::string launcher = "--launcher 'sh " + test::source_dir() + "/test/mpi/mpirun.sh {n}'";
+  const std::string launcher = "--launcher 'sh " + test::source_dir() + "/test/support/mpi/mpirun.sh {n}'";
   auto r = run(verify(root, kRamp,
                       kSets + " --layout-a tp=1,pp=1,dp=1 --layout-b tp=2,pp=2,dp=2,zero1=1 --iters 3 --tolerance 1e-6 " +
                           launcher + " --work-dir " + d.str() + "/work"));

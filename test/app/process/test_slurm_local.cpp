@@ -70,7 +70,7 @@ TEST_CASE("srun -n 8 (tp2 x pp2 x dp2) on a local Slurm reproduces the single-pr
   LocalSlurm slurm;
   INFO("start.sh: " << slurm.log());
   REQUIRE(slurm.started());
-  // Open MPI inside the tasks: the same transport settings as test/mpi/mpirun.sh
+  // Open MPI inside the tasks: the same transport settings as test/support/mpi/mpirun.sh
   // (shared memory without CMA single-copy, no network probing); srun exports them.
   // yield_when_idle: 8 ranks share 2 cores, and without mpirun --oversubscribe Open MPI
   // busy-polls, which made each iteration ~100x slower (2 s instead of 20 ms).

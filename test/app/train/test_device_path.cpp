@@ -132,7 +132,7 @@ TEST_CASE("test device: eval under mpirun (tp2 x pp2) gives the CPU's log-likeli
   Recipe r = load_recipe(src + "/test/fixtures/eval/tiny-model.yaml");
   model::LoadedModel m = model::make_random_model(model::GptConfig::from_recipe(r), 11);
   app::save_whole_model(d.str() + "/ckpt", r, m.store, 0);
-  const std::string common = "OMP_NUM_THREADS=1 sh " + src + "/test/mpi/mpirun.sh 4 " + MTNLG_BINARY + " eval --checkpoint " +
+  const std::string common = "OMP_NUM_THREADS=1 sh " + src + "/test/support/mpi/mpirun.sh 4 " + MTNLG_BINARY + " eval --checkpoint " +
                              d.str() + "/ckpt --tasks piqa,lambada_openai --data-dir " + src +
                              "/test/fixtures/eval --no-progress --vocab-file " + src +
                              "/third_party/gpt2/vocab.json --merge-file " + src +

@@ -16,6 +16,7 @@
 #include "data/indexed_dataset.hpp"
 #include "model/checkpoint.hpp"
 #include "test/support/test_support.hpp"
+#include "test/support/layouts.hpp"
 
 using namespace mtnlg;
 namespace fs = std::filesystem;
@@ -256,21 +257,7 @@ TEST_CASE("mixed precision: bf16 layouts agree with the single-process bf16 run"
   REQUIRE(train(corpus().recipe, ref_dir, sets).exit_code == 0);
   const auto ref = read_rows(ref_dir.path());
   REQUIRE(ref.size() == 30);
-  struct Layout {
-    const char* name;
-    int np;
-    const char* sets;
-  };
-  const Layout layouts[] = {
-      {"tp2", 2, "--set parallel.tensor_model_parallel_size=2"},
-      {"pp2", 2, "--set parallel.pipeline_model_parallel_size=2"},
-      {"dp2", 2, ""},
-      {"pp2-v2", 2, "--set parallel.pipeline_model_parallel_size=2 --set parallel.num_layers_per_virtual_pipeline_stage=1"},
-      {"tp2-pp2-dp2-zero1", 8,
-       "--set parallel.tensor_model_parallel_size=2 --set parallel.pipeline_model_parallel_size=2 "
-       "--set parallel.use_distributed_optimizer=true"},
-      {"tp2-dp2-sp", 4, "--set parallel.tensor_model_parallel_size=2 --set parallel.sequence_parallel=true"},
-  };
+  const auto layouts = test::layouts({"tp2", "pp2", "dp2", "pp2-v2", "tp2-pp2-dp2-zero1", "tp2-dp2-sp"});
   for (const auto& l : layouts) {
     test::TempDir d(std::string("mp-layout-") + l.name);
     REQUIRE(train(corpus().recipe, d, sets + " " + l.sets, l.np).exit_code == 0);

@@ -2,7 +2,7 @@
 # Runs PROGRAM under `mpirun -np NP` with flags that work in a container and on a
 # laptop: oversubscription (more ranks than cores), shared memory + self transports
 # only (no network probing), no CPU binding, and --allow-run-as-root only as root.
-# usage: test/mpi/mpirun.sh NP PROGRAM [ARGS...]
+# usage: test/support/mpi/mpirun.sh NP PROGRAM [ARGS...]
 set -eu
 np=$1
 shift

@@ -9,7 +9,7 @@
 #include "core/error.hpp"
 #include "core/half.hpp"
 #include "parallel/communicator.hpp"
-#include "test/mpi/mpi_test_world.hpp"
+#include "test/support/mpi/mpi_test_world.hpp"
 
 using namespace mtnlg;
 using namespace mtnlg::parallel;

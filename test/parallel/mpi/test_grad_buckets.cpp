@@ -7,7 +7,7 @@
 
 #include "core/error.hpp"
 #include "parallel/grad_buckets.hpp"
-#include "test/mpi/mpi_test_world.hpp"
+#include "test/support/mpi/mpi_test_world.hpp"
 
 using namespace mtnlg;
 using namespace mtnlg::parallel;

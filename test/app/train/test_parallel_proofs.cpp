@@ -31,7 +31,7 @@ std::string join_sets(const std::vector<std::string>& sets) {
   return s;
 }
 
-using test::mpirun;  // "sh test/mpi/mpirun.sh NP "
+using test::mpirun;  // "sh test/support/mpi/mpirun.sh NP "
 
 // One iteration's line of bytes_rank<R>.jsonl.
 struct RankBytes {

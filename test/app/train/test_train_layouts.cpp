@@ -2,13 +2,14 @@
 // with the batch ramp on, gives the same loss at every iteration under every
 // (tp, pp, dp, virtual stages, ZeRO-1, sequence parallel, recompute) layout as the
 // single-process run, within 1e-5 relative. Each layout runs the real binary under
-// mpirun (test/mpi/mpirun.sh) and the losses are read back from metrics.jsonl.
+// mpirun (test/support/mpi/mpirun.sh) and the losses are read back from metrics.jsonl.
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "test/support/test_support.hpp"
+#include "test/support/layouts.hpp"
 
 using namespace mtnlg;
 
@@ -28,28 +29,8 @@ std::vector<double> run_layout(const std::string& tag, int np, const std::string
 TEST_CASE("train: every parallel layout reproduces the single-process losses", "[mpi]") {
   const std::vector<double> ref = run_layout("ref", 1, "");
   REQUIRE(ref.size() == 10);
-  struct Layout {
-    const char* name;
-    int np;
-    const char* sets;
-  };
-  const Layout layouts[] = {
-      {"tp2", 2, "--set parallel.tensor_model_parallel_size=2"},
-      {"tp4", 4, "--set parallel.tensor_model_parallel_size=4"},
-      {"pp2", 2, "--set parallel.pipeline_model_parallel_size=2"},
-      {"pp4", 4, "--set parallel.pipeline_model_parallel_size=4"},
-      {"pp4-v2", 4, "--set parallel.pipeline_model_parallel_size=4 --set parallel.num_layers_per_virtual_pipeline_stage=1"},
-      {"dp2", 2, ""},
-      {"dp4", 4, ""},
-      {"tp2-pp2-dp2", 8, "--set parallel.tensor_model_parallel_size=2 --set parallel.pipeline_model_parallel_size=2"},
-      {"tp2-pp2-dp2-zero1", 8,
-       "--set parallel.tensor_model_parallel_size=2 --set parallel.pipeline_model_parallel_size=2 "
-       "--set parallel.use_distributed_optimizer=true"},
-      {"tp2-dp2-sp", 4, "--set parallel.tensor_model_parallel_size=2 --set parallel.sequence_parallel=true"},
-      {"tp2-pp2-dp2-recompute", 8,
-       "--set parallel.tensor_model_parallel_size=2 --set parallel.pipeline_model_parallel_size=2 "
-       "--set parallel.recompute_granularity=full"},
-  };
+  const auto layouts = test::layouts({"tp2", "tp4", "pp2", "pp4", "pp4-v2", "dp2", "dp4", "tp2-pp2-dp2",
+                                      "tp2-pp2-dp2-zero1", "tp2-dp2-sp", "tp2-pp2-dp2-recompute"});
   for (const auto& l : layouts) {
     auto got = run_layout(l.name, l.np, l.sets);
     INFO(l.name);

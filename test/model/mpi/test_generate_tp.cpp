@@ -9,7 +9,7 @@
 #include "model/inference.hpp"
 #include "test/model/tiny_gpt.hpp"
 #include "parallel/topology.hpp"
-#include "test/mpi/mpi_test_world.hpp"
+#include "test/support/mpi/mpi_test_world.hpp"
 
 using namespace mtnlg;
 using namespace mtnlg::model;

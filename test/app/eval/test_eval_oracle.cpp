@@ -1,5 +1,5 @@
 // Outside oracle for `mtnlg eval`: every request's log-likelihood and is_greedy, and
-// every task's accuracy, against a PyTorch computation (test/oracle/torch_eval.py) of
+// every task's accuracy, against a PyTorch computation (test/app/eval/torch_eval.py) of
 // the same weights. A tiny GPT with GPT-2's vocabulary (hidden 32, 2 layers), all nine
 // tasks on the fixtures, 1-shot, with a 48-token window so that many requests are
 // left-truncated, and batches of 3 so that right padding is exercised.
@@ -70,7 +70,7 @@ TEST_CASE("eval: log-likelihoods, is_greedy and accuracies equal PyTorch's", "[o
   for (auto& p : lm.store.infos()) w.push_back({p.name, lm.store.param(p.name).clone()});
   safetensors::write((dir / "model.safetensors").string(), w,
                      {{"layers", "2"}, {"hidden", "32"}, {"heads", "4"}, {"vocab", "50257"}, {"eps", "1e-05"}});
-  auto res = test::run_command(test::python() + " " + test::source_dir() + "/test/oracle/torch_eval.py " + dir.str());
+  auto res = test::run_command(test::python() + " " + test::source_dir() + "/test/app/eval/torch_eval.py " + dir.str());
   INFO(res.out);
   CHECK(res.exit_code == 0);
   CHECK(res.out.find("PASS") != std::string::npos);

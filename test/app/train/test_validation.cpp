@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "test/support/test_support.hpp"
+#include "test/support/layouts.hpp"
 
 using namespace mtnlg;
 
@@ -38,7 +39,7 @@ test::RunResult run_layout(const test::TempDir& dir, int np, const std::string& 
   const std::string args = " train " + test::source_dir() + "/recipes/tiny-ramp.yaml" + (quiet ? " --quiet" : "") +
                            " --set logging.dir=" + dir.str() + " --set training.num_threads=1" + kEval + " " + sets;
   const std::string cmd = np == 1 ? std::string(MTNLG_BINARY) + args
-                                  : "sh " + test::source_dir() + "/test/mpi/mpirun.sh " + std::to_string(np) + " " +
+                                  : "sh " + test::source_dir() + "/test/support/mpi/mpirun.sh " + std::to_string(np) + " " +
                                         MTNLG_BINARY + args;
   return test::run_command(cmd);
 }
@@ -116,15 +117,7 @@ TEST_CASE("train: validation loss is the same on every layout", "[mpi]") {
   REQUIRE(r.exit_code == 0);
   const auto ref = read_held_out(ref_dir.path());
   REQUIRE(ref.size() == 4);
-  struct Layout {
-    const char* name;
-    int np;
-    const char* sets;
-  };
-  const Layout layouts[] = {
-      {"tp2-pp2-dp2", 8, "--set parallel.tensor_model_parallel_size=2 --set parallel.pipeline_model_parallel_size=2"},
-      {"pp4-v2", 4, "--set parallel.pipeline_model_parallel_size=4 --set parallel.num_layers_per_virtual_pipeline_stage=1"},
-  };
+  const auto layouts = test::layouts({"tp2-pp2-dp2", "pp4-v2"});
   for (const auto& l : layouts) {
     test::TempDir dir(std::string("validation-") + l.name);
     auto got_run = run_layout(dir, l.np, l.sets);

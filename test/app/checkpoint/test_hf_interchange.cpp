@@ -43,7 +43,7 @@ TEST_CASE("checkpoint: Hugging Face export matches PyTorch and import round-trip
   Tensor tt = Tensor::empty({B, T}, DType::i32);
   std::copy(toks.begin(), toks.end(), tt.data<int32_t>());
   safetensors::write(d.str() + "/ref.safetensors", {{"tokens", tt}, {"logits", real}});
-  auto py = test::run_command(test::python() + " " + test::source_dir() + "/test/oracle/torch_hf_gpt2.py " + d.str() + "/hf " +
+  auto py = test::run_command(test::python() + " " + test::source_dir() + "/test/app/checkpoint/torch_hf_gpt2.py " + d.str() + "/hf " +
                               d.str() + "/ref.safetensors");
   INFO(py.out);
   CHECK(py.exit_code == 0);

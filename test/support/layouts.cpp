@@ -1,0 +1,64 @@
+#include "test/support/layouts.hpp"
+
+#include <stdexcept>
+
+namespace mtnlg::test {
+
+namespace {
+
+const std::string kTp2 = "--set parallel.tensor_model_parallel_size=2";
+const std::string kTp4 = "--set parallel.tensor_model_parallel_size=4";
+const std::string kPp2 = "--set parallel.pipeline_model_parallel_size=2";
+const std::string kPp4 = "--set parallel.pipeline_model_parallel_size=4";
+const std::string kV = "--set parallel.num_layers_per_virtual_pipeline_stage=1";  // interleaved: one layer a chunk
+const std::string kZero1 = "--set parallel.use_distributed_optimizer=true";
+const std::string kSp = "--set parallel.sequence_parallel=true";
+const std::string kFull = "--set parallel.recompute_granularity=full";
+const std::string kSelective = "--set parallel.recompute_granularity=selective";
+const std::string kUnfused = "--set model.attention_backend=unfused";
+
+}  // namespace
+
+const std::vector<Layout>& all_layouts() {
+  static const std::vector<Layout> all = {
+      {"single-none", 1, ""},
+      {"single-selective", 1, kSelective},
+      {"single-full", 1, kFull},
+      {"single-unfused", 1, kUnfused},
+      {"single-unfused-selective", 1, kUnfused + " " + kSelective},
+      {"tp2", 2, kTp2},
+      {"tp4", 4, kTp4},
+      {"pp2", 2, kPp2},
+      {"pp4", 4, kPp4},
+      {"pp2-v2", 2, kPp2 + " " + kV},
+      {"pp4-v2", 4, kPp4 + " " + kV},
+      {"dp2", 2, ""},
+      {"dp4", 4, ""},
+      {"dp2-zero1", 2, kZero1},
+      {"tp2-dp2-sp", 4, kTp2 + " " + kSp},
+      {"tp2-dp2-sp-selective", 4, kTp2 + " " + kSp + " " + kSelective},
+      {"tp2-pp2-full", 4, kTp2 + " " + kPp2 + " " + kFull},
+      {"tp2-pp2-unfused", 4, kUnfused + " " + kTp2 + " " + kPp2},
+      {"tp2-pp2-dp2", 8, kTp2 + " " + kPp2},
+      {"tp2-pp2-dp2-zero1", 8, kTp2 + " " + kPp2 + " " + kZero1},
+      {"tp2-pp2-dp2-recompute", 8, kTp2 + " " + kPp2 + " " + kFull},
+  };
+  return all;
+}
+
+std::vector<Layout> layouts(std::initializer_list<std::string_view> names) {
+  std::vector<Layout> out;
+  for (auto name : names) {
+    bool found = false;
+    for (const auto& l : all_layouts())
+      if (l.name == name) {
+        out.push_back(l);
+        found = true;
+        break;
+      }
+    if (!found) throw std::invalid_argument("no test layout named " + std::string(name));
+  }
+  return out;
+}
+
+}  // namespace mtnlg::test
