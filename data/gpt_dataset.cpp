@@ -95,6 +95,43 @@ void tile_and_shuffle(std::vector<int32_t>& out, int64_t begin, int64_t end, int
 
 }  // namespace
 
+namespace {
+
+// sample_idx: for samples 0..total, the (position in doc_idx, offset in that document)
+// where each starts; a sample takes seq_length + 1 tokens and overlaps the next by one.
+std::vector<int64_t> walk_samples(std::span<const int32_t> sizes, const std::vector<int32_t>& doc_idx,
+                                  int64_t seq_length, int64_t total) {
+  constexpr int64_t kExtra = 1;
+  std::vector<int64_t> sample_idx(static_cast<size_t>(2 * (total + 1)));
+  int64_t si = 1, doc_pos = 0, offset = 0;  // sample 0 starts at (0, 0)
+  const int64_t ndoc = static_cast<int64_t>(doc_idx.size());
+  while (si <= total) {
+    int64_t remaining = seq_length + kExtra;
+    while (remaining != 0) {
+      const int64_t doc_len = sizes[static_cast<size_t>(doc_idx[static_cast<size_t>(doc_pos)])] - offset;
+      remaining -= doc_len;
+      if (remaining <= 0) {
+        offset += remaining + doc_len - kExtra;
+        remaining = 0;
+      } else {
+        if (doc_pos == ndoc - 1) {
+          MTNLG_CHECK(si == total, "ran out of documents at sample {} of {}", si, total);
+          offset = sizes[static_cast<size_t>(doc_idx[static_cast<size_t>(doc_pos)])] - kExtra;
+          break;
+        }
+        ++doc_pos;
+        offset = 0;
+      }
+    }
+    sample_idx[static_cast<size_t>(2 * si)] = doc_pos;
+    sample_idx[static_cast<size_t>(2 * si + 1)] = offset;
+    ++si;
+  }
+  return sample_idx;
+}
+
+}  // namespace
+
 GptIndices build_gpt_indices(std::span<const int32_t> sizes, int64_t doc_begin, int64_t doc_end, int64_t seq_length,
                              int64_t num_samples, uint32_t seed, const std::string& what) {
   MTNLG_CHECK(seq_length > 0 && num_samples >= 0 && doc_begin >= 0 && doc_end <= static_cast<int64_t>(sizes.size()),
@@ -146,34 +183,7 @@ GptIndices build_gpt_indices(std::span<const int32_t> sizes, int64_t doc_begin, 
 
   // 4. sample_idx: walk the documents taking S+1 tokens per sample, overlapping by one.
   const int64_t total = (E * T - kExtra) / seq_length;
-  r.sample_idx.resize(static_cast<size_t>(2 * (total + 1)));
-  int64_t si = 0, doc_pos = 0, offset = 0;
-  r.sample_idx[0] = 0;
-  r.sample_idx[1] = 0;
-  ++si;
-  const int64_t ndoc = static_cast<int64_t>(r.doc_idx.size());
-  while (si <= total) {
-    int64_t remaining = seq_length + kExtra;
-    while (remaining != 0) {
-      const int64_t doc_len = sizes[static_cast<size_t>(r.doc_idx[static_cast<size_t>(doc_pos)])] - offset;
-      remaining -= doc_len;
-      if (remaining <= 0) {
-        offset += remaining + doc_len - kExtra;
-        remaining = 0;
-      } else {
-        if (doc_pos == ndoc - 1) {
-          MTNLG_CHECK(si == total, "ran out of documents at sample {} of {}", si, total);
-          offset = sizes[static_cast<size_t>(r.doc_idx[static_cast<size_t>(doc_pos)])] - kExtra;
-          break;
-        }
-        ++doc_pos;
-        offset = 0;
-      }
-    }
-    r.sample_idx[static_cast<size_t>(2 * si)] = doc_pos;
-    r.sample_idx[static_cast<size_t>(2 * si + 1)] = offset;
-    ++si;
-  }
+  r.sample_idx = walk_samples(sizes, r.doc_idx, seq_length, total);
 
   // 5. shuffle_idx.
   const int64_t first = separate ? ((E - 1) * T - kExtra) / seq_length : total;

@@ -358,7 +358,16 @@ std::shared_ptr<const Tokenizer> Tokenizer::from_files(const std::string& vocab_
   std::shared_ptr<Tokenizer> t(new Tokenizer());
   t->serial_ = g_serial.fetch_add(1);
   const std::vector<int> u2b = unicode_to_byte_table();
+  std::vector<bool> special;
+  t->read_vocab(vocab_json, u2b, special);
+  t->index_vocab(vocab_json, special);
+  t->build_pairs(special);
+  t->check_merges(merges_txt, vocab_json, u2b);
+  return t;
+}
 
+// vocab.json: token -> id, every id 0..n-1 once, <|endoftext|> among them.
+void Tokenizer::read_vocab(const std::string& vocab_json, const std::vector<int>& u2b, std::vector<bool>& special) {
   nlohmann::json vocab;
   try {
     vocab = nlohmann::json::parse(read_whole(vocab_json, "vocab file"));
@@ -368,8 +377,9 @@ std::shared_ptr<const Tokenizer> Tokenizer::from_files(const std::string& vocab_
   if (!vocab.is_object() || vocab.empty())
     throw_input("{}: expected a JSON object mapping tokens to ids (GPT-2 vocab.json / encoder.json)", vocab_json);
   const size_t nv = vocab.size();
-  t->id_to_bytes_.assign(nv, std::string());
-  std::vector<bool> seen(nv, false), special(nv, false);
+  id_to_bytes_.assign(nv, std::string());
+  std::vector<bool> seen(nv, false);
+  special.assign(nv, false);
   std::string bytes;
   for (auto it = vocab.begin(); it != vocab.end(); ++it) {
     if (!it.value().is_number_integer())
@@ -378,45 +388,55 @@ std::shared_ptr<const Tokenizer> Tokenizer::from_files(const std::string& vocab_
     if (id < 0 || id >= static_cast<int64_t>(nv) || seen[static_cast<size_t>(id)])
       throw_input("{}: token '{}' has id {} (ids must be 0..{} without repeats)", vocab_json, it.key(), id, nv - 1);
     seen[static_cast<size_t>(id)] = true;
-    if (it.key() == t->eod_text_) {
-      t->eod_ = static_cast<int32_t>(id);
+    if (it.key() == eod_text_) {
+      eod_ = static_cast<int32_t>(id);
       special[static_cast<size_t>(id)] = true;
-      t->id_to_bytes_[static_cast<size_t>(id)] = it.key();
+      id_to_bytes_[static_cast<size_t>(id)] = it.key();
       continue;
     }
     if (!vocab_key_to_bytes(it.key(), u2b, bytes))
       throw_input("{}: token '{}' uses characters outside GPT-2's byte alphabet", vocab_json, it.key());
-    t->id_to_bytes_[static_cast<size_t>(id)] = bytes;
+    id_to_bytes_[static_cast<size_t>(id)] = bytes;
   }
-  if (t->eod_ < 0) throw_input("{}: no '<|endoftext|>' token (not a GPT-2 vocabulary)", vocab_json);
+  if (eod_ < 0) throw_input("{}: no '<|endoftext|>' token (not a GPT-2 vocabulary)", vocab_json);
+}
 
-  t->bytes_to_id_ = std::make_unique<BytesMap>(nv);
-  for (int b = 0; b < 256; ++b) t->byte_id_[b] = -1;
+// Bytes -> id for every ordinary token; each of the 256 bytes must be a token.
+void Tokenizer::index_vocab(const std::string& vocab_json, const std::vector<bool>& special) {
+  const size_t nv = id_to_bytes_.size();
+  bytes_to_id_ = std::make_unique<BytesMap>(nv);
+  for (int b = 0; b < 256; ++b) byte_id_[b] = -1;
   for (size_t id = 0; id < nv; ++id) {
     if (special[id]) continue;
-    const std::string& s = t->id_to_bytes_[id];
-    t->bytes_to_id_->insert(&s, static_cast<int32_t>(id));
-    if (s.size() == 1) t->byte_id_[static_cast<uint8_t>(s[0])] = static_cast<int32_t>(id);
+    const std::string& s = id_to_bytes_[id];
+    bytes_to_id_->insert(&s, static_cast<int32_t>(id));
+    if (s.size() == 1) byte_id_[static_cast<uint8_t>(s[0])] = static_cast<int32_t>(id);
   }
   for (int b = 0; b < 256; ++b)
-    if (t->byte_id_[b] < 0) throw_input("{}: byte 0x{:02X} has no token (not a byte-level BPE vocabulary)", vocab_json, b);
+    if (byte_id_[b] < 0) throw_input("{}: byte 0x{:02X} has no token (not a byte-level BPE vocabulary)", vocab_json, b);
+}
 
-  // Every split of every token whose halves are tokens is a mergeable pair (tiktoken's
-  // rule); its rank is the merged token's id.
+// Every split of every token whose halves are tokens is a mergeable pair (tiktoken's
+// rule); its rank is the merged token's id.
+void Tokenizer::build_pairs(const std::vector<bool>& special) {
+  const size_t nv = id_to_bytes_.size();
   size_t npairs = 0;
-  for (size_t id = 0; id < nv; ++id) npairs += special[id] ? 0 : t->id_to_bytes_[id].size();
-  t->pairs_ = std::make_unique<PairTable>(npairs);
+  for (size_t id = 0; id < nv; ++id) npairs += special[id] ? 0 : id_to_bytes_[id].size();
+  pairs_ = std::make_unique<PairTable>(npairs);
   for (size_t id = 0; id < nv; ++id) {
     if (special[id]) continue;
-    const std::string& s = t->id_to_bytes_[id];
+    const std::string& s = id_to_bytes_[id];
     for (size_t k = 1; k < s.size(); ++k) {
-      const int32_t a = t->bytes_to_id_->find(s.data(), k);
-      const int32_t b = a < 0 ? -1 : t->bytes_to_id_->find(s.data() + k, s.size() - k);
-      if (a >= 0 && b >= 0) t->pairs_->insert(a, b, static_cast<int32_t>(id));
+      const int32_t a = bytes_to_id_->find(s.data(), k);
+      const int32_t b = a < 0 ? -1 : bytes_to_id_->find(s.data() + k, s.size() - k);
+      if (a >= 0 && b >= 0) pairs_->insert(a, b, static_cast<int32_t>(id));
     }
   }
+}
 
-  // merges.txt must agree with the vocabulary: each line "A B" with A, B and AB tokens.
+// merges.txt must agree with the vocabulary: each line "A B" with A, B and AB tokens.
+void Tokenizer::check_merges(const std::string& merges_txt, const std::string& vocab_json,
+                             const std::vector<int>& u2b) const {
   const std::string merges = read_whole(merges_txt, "merges file");
   std::istringstream ms(merges);
   std::string line, ab, a, b;
@@ -430,16 +450,15 @@ std::shared_ptr<const Tokenizer> Tokenizer::from_files(const std::string& vocab_
       throw_input("{}:{}: expected two tokens separated by one space, got '{}'", merges_txt, lineno, line);
     if (!vocab_key_to_bytes(line.substr(0, sp), u2b, a) || !vocab_key_to_bytes(line.substr(sp + 1), u2b, b))
       throw_input("{}:{}: '{}' uses characters outside GPT-2's byte alphabet", merges_txt, lineno, line);
-    const int32_t ia = t->bytes_to_id_->find(a.data(), a.size());
-    const int32_t ib = t->bytes_to_id_->find(b.data(), b.size());
+    const int32_t ia = bytes_to_id_->find(a.data(), a.size());
+    const int32_t ib = bytes_to_id_->find(b.data(), b.size());
     ab = a + b;
-    const int32_t iab = t->bytes_to_id_->find(ab.data(), ab.size());
+    const int32_t iab = bytes_to_id_->find(ab.data(), ab.size());
     if (ia < 0 || ib < 0 || iab < 0)
       throw_input("{}:{}: merge '{}' refers to a token missing from {}", merges_txt, lineno, line, vocab_json);
     ++nmerges;
   }
   if (nmerges == 0) throw_input("{}: no merges found", merges_txt);
-  return t;
 }
 
 std::optional<int32_t> Tokenizer::token_id(std::string_view bytes) const {

@@ -56,6 +56,11 @@ class Tokenizer {
   void encode_piece(std::string_view piece, std::vector<int32_t>& out) const;
   void encode_ordinary(std::string_view text, std::vector<int32_t>& out) const;
   void bpe(const uint8_t* p, int64_t n, std::vector<int32_t>& out) const;
+  // The steps of from_files; `special[id]` marks <|endoftext|>.
+  void read_vocab(const std::string& vocab_json, const std::vector<int>& u2b, std::vector<bool>& special);
+  void index_vocab(const std::string& vocab_json, const std::vector<bool>& special);
+  void build_pairs(const std::vector<bool>& special);
+  void check_merges(const std::string& merges_txt, const std::string& vocab_json, const std::vector<int>& u2b) const;
 
   std::vector<std::string> id_to_bytes_;
   std::unique_ptr<BytesMap> bytes_to_id_;

@@ -49,42 +49,16 @@ double loss(const std::vector<double>& pred, const std::vector<Observation>& run
   return s;
 }
 
-}  // namespace
-
-CalibrationResult calibrate(const GpuSpec& base, const std::vector<Observation>& runs, int64_t gpus_per_node,
-                            const SoftwareProfile& software) {
-  if (runs.empty()) throw_input("calibrate: no measured runs");
-  for (auto& o : runs)
-    if (!(o.step_time_s > 0) || !std::isfinite(o.step_time_s))
-      throw_input("calibrate: {}: no positive step time", o.label);
-  // As many free multipliers as the runs can determine: the communication latency when a
-  // run has several processes (one such run fixes it: nothing else makes those runs
-  // slower than their single-process counterparts), with a second multi-process run the
-  // compute slots (a run whose processes compute more than they communicate tells how much
-  // slower they compute side by side), and with the remaining runs the compute rate, then
-  // bandwidth, then overhead.
-  size_t multi = 0;
-  int64_t most = 1;
-  for (auto& o : runs)
-    if (o.layout.gpus() > 1) ++multi, most = std::max(most, std::min<int64_t>(o.layout.gpus(), gpus_per_node));
-  const bool latency_free = multi > 0 && runs.size() >= 2;
-  const bool slots_free = multi > 1 && runs.size() >= 3;
-  const size_t comm_params = (latency_free ? 1 : 0) + (slots_free ? 1 : 0);
-  const int free_hw = static_cast<int>(std::min<size_t>(3, runs.size() - comm_params));
-  const double slots0 = !slots_free ? 0.0 : base.compute_slots > 0 ? base.compute_slots : double(most);
-  bool is_free[kParams] = {true, free_hw > 1, free_hw > 2, latency_free, slots_free};
-  // Coarse grid over the free log-multipliers (factors e^-4 .. e^4; the latency e^-2 .. e^10:
-  // on a loaded machine a message waits for a time slice, milliseconds against the
-  // microseconds of an idle one; the slots e^-3 .. e^1), then coordinate search with halving
-  // steps from the best grid point, within e^+-6 (latency e^-4 .. e^12, slots e^-4 .. e^3)
-  // so that a constant the runs cannot see (a roofline term that never binds) does not run
-  // away.
+// Coarse grid over the free log-multipliers (factors e^-4 .. e^4; the latency e^-2 .. e^10:
+// on a loaded machine a message waits for a time slice, milliseconds against the
+// microseconds of an idle one; the slots e^-3 .. e^1), then coordinate search with halving
+// steps from the best grid point, within e^+-6 (latency e^-4 .. e^12, slots e^-4 .. e^3)
+// so that a constant the runs cannot see (a roofline term that never binds) does not run
+// away. `x` starts at 0 (no change) and ends at the best point found.
+template <class Loss>
+void search_multipliers(const Loss& eval, const bool (&is_free)[kParams], double (&x)[kParams]) {
   const double lo[kParams] = {-4, -4, -4, -2, -3}, hi[kParams] = {4, 4, 4, 10, 1};
   const double lo_b[kParams] = {-6, -6, -6, -4, -4}, hi_b[kParams] = {6, 6, 6, 12, 3};
-  auto eval = [&](const double y[kParams]) {
-    return loss(predict(scaled(base, y, slots0), runs, gpus_per_node, software), runs);
-  };
-  double x[kParams] = {0, 0, 0, 0, 0};
   double best = eval(x);
   int n[kParams];
   for (int k = 0; k < kParams; ++k) n[k] = is_free[k] ? static_cast<int>(hi[k] - lo[k]) + 1 : 1;
@@ -122,6 +96,37 @@ CalibrationResult calibrate(const GpuSpec& base, const std::vector<Observation>&
     }
     if (!improved) step *= 0.5;
   }
+}
+
+}  // namespace
+
+CalibrationResult calibrate(const GpuSpec& base, const std::vector<Observation>& runs, int64_t gpus_per_node,
+                            const SoftwareProfile& software) {
+  if (runs.empty()) throw_input("calibrate: no measured runs");
+  for (auto& o : runs)
+    if (!(o.step_time_s > 0) || !std::isfinite(o.step_time_s))
+      throw_input("calibrate: {}: no positive step time", o.label);
+  // As many free multipliers as the runs can determine: the communication latency when a
+  // run has several processes (one such run fixes it: nothing else makes those runs
+  // slower than their single-process counterparts), with a second multi-process run the
+  // compute slots (a run whose processes compute more than they communicate tells how much
+  // slower they compute side by side), and with the remaining runs the compute rate, then
+  // bandwidth, then overhead.
+  size_t multi = 0;
+  int64_t most = 1;
+  for (auto& o : runs)
+    if (o.layout.gpus() > 1) ++multi, most = std::max(most, std::min<int64_t>(o.layout.gpus(), gpus_per_node));
+  const bool latency_free = multi > 0 && runs.size() >= 2;
+  const bool slots_free = multi > 1 && runs.size() >= 3;
+  const size_t comm_params = (latency_free ? 1 : 0) + (slots_free ? 1 : 0);
+  const int free_hw = static_cast<int>(std::min<size_t>(3, runs.size() - comm_params));
+  const double slots0 = !slots_free ? 0.0 : base.compute_slots > 0 ? base.compute_slots : double(most);
+  bool is_free[kParams] = {true, free_hw > 1, free_hw > 2, latency_free, slots_free};
+  auto eval = [&](const double y[kParams]) {
+    return loss(predict(scaled(base, y, slots0), runs, gpus_per_node, software), runs);
+  };
+  double x[kParams] = {0, 0, 0, 0, 0};
+  search_multipliers(eval, is_free, x);
   CalibrationResult r;
   r.gpu = scaled(base, x, slots0);
   r.compute_scale = std::exp(x[0]);

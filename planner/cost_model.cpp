@@ -778,6 +778,62 @@ struct IterParts {
   double pipeline = 0, dp = 0, opt = 0, bubble = 0;
 };
 
+// One stage's data-parallel gradient reduction (and, under the distributed optimizer, the
+// parameter all-gather): what is exposed after the last backward. `m` microbatches.
+double stage_dp_time(const Recipe& r, const Layout& l, const Cluster& c, const StageMemory& mem, const StageTime& tm,
+                     int64_t m) {
+  const GroupLink dpl = group_link(c, l.tp, l.dp);
+  const double e = double(element_bytes(r.training.precision));
+  const double ge = r.training.precision == Precision::fp32 ? 4.0 : c.software.grad_reduce_bytes;
+  if (c.software.dp_overlap && l.dp > 1) {
+    // --overlap-grad-reduce / --overlap-param-gather: buckets of max(40M, 1M x dp)
+    // parameters; the gradient reduction runs during the last microbatch's backward of
+    // this stage, the parameter all-gather during the first microbatch's forward. Exposed:
+    // what the window cannot cover, at least the last (first) bucket.
+    // Interleaved (Megatron-Core schedules.py, grad_sync_func / param_sync_func): each
+    // model chunk's gradients are reduced as soon as its last backward is done and its
+    // parameters gathered before its first forward; the v chunks finish p chunk-steps apart,
+    // so all but the last (first) chunk's share overlap (v-1)/v x p microbatches' compute.
+    const double v = double(l.vp);
+    const double span = l.vp > 1 ? std::max(1.0, (v - 1.0) / v * double(std::min<int64_t>(l.pp, m))) : 1.0;
+    const double bucket = std::min(mem.params, std::max(c.software.dp_bucket_params, 1e6 * double(l.dp)));
+    const double last = l.vp > 1 ? std::max(bucket, mem.params / v) : bucket;  // waits for the window's end
+    if (l.distributed_optimizer) {
+      const double rs = reduce_scatter_time(mem.params * ge, l.dp, dpl);
+      const double ag = reduce_scatter_time(mem.params * e, l.dp, dpl);
+      return std::max(reduce_scatter_time(last * ge, l.dp, dpl), rs - span * tm.backward) +
+             std::max(reduce_scatter_time(last * e, l.dp, dpl), ag - span * tm.forward);
+    }
+    return std::max(allreduce_time(last * ge, l.dp, dpl), allreduce_time(mem.params * ge, l.dp, dpl) - span * tm.backward);
+  }
+  if (l.distributed_optimizer)
+    return reduce_scatter_time(mem.params * ge, l.dp, dpl) + reduce_scatter_time(mem.params * e, l.dp, dpl);
+  return allreduce_time(mem.params * ge, l.dp, dpl);
+}
+
+// This trainer's per-step small collectives (SoftwareProfile::trainer_step_collectives):
+// the sequence-parallel partial gradients of the slowest stage, the grad norm and the
+// step's loss, tokens and skip flag.
+double trainer_collectives_time(const Recipe& r, const Layout& l, const Cluster& c) {
+  const Shape sh = shape_of(r, l.tp);
+  double sp_max = 0;
+  if (l.sequence_parallel && l.tp > 1) {
+    const GroupLink tpl = group_link(c, 1, l.tp);
+    for (int64_t st = 0; st < l.pp; ++st) {
+      const double layers = double(l.stage_layers[static_cast<size_t>(st)]);
+      double t_sp = 6 * layers * small_allreduce_time(4.0 * double(sh.h), l.tp, tpl);
+      if (st == 0) t_sp += allreduce_time(4.0 * double(sh.maxpos) * double(sh.h), l.tp, tpl);
+      if (st == l.pp - 1) t_sp += 2 * small_allreduce_time(4.0 * double(sh.h), l.tp, tpl);
+      sp_max = std::max(sp_max, t_sp);
+    }
+  }
+  double small = 0;
+  small += small_allreduce_time(8.0, l.tp * l.pp, group_link(c, 1, l.tp * l.pp));  // grad norm, model parallel
+  if (l.distributed_optimizer) small += small_allreduce_time(8.0, l.dp, group_link(c, l.tp, l.dp));  // over the shards
+  small += small_allreduce_time(24.0, l.gpus(), group_link(c, 1, l.gpus()));  // loss, tokens, skip flag
+  return sp_max + small;
+}
+
 IterParts iteration_parts(const Recipe& r, const Layout& l, const Cluster& c_in, const Computed& cs, int64_t batch) {
   const Cluster c = effective(c_in);
   // Ramp batches that do not divide by micro x dp are rounded up to whole microbatches.
@@ -797,42 +853,9 @@ IterParts iteration_parts(const Recipe& r, const Layout& l, const Cluster& c_in,
   p.bubble = fill * slot_avg / p.pipeline;
   // Data-parallel gradient reduction after the last backward (not overlapped), the
   // tied-embedding all-reduce between first and last stage, then the optimizer step.
-  const CommBytes cb = comm_bytes_per_iteration(r, l, batch);
-  (void)cb;
-  const GroupLink dpl = group_link(c, l.tp, l.dp);
   double dp_max = 0, opt_max = 0;
-  const double e = double(element_bytes(r.training.precision));
   for (auto& mem : cs.mem) {
-    double tdp = 0;
-    const double ge = r.training.precision == Precision::fp32 ? 4.0 : c.software.grad_reduce_bytes;
-    if (c.software.dp_overlap && l.dp > 1) {
-      // --overlap-grad-reduce / --overlap-param-gather: buckets of max(40M, 1M x dp)
-      // parameters; the gradient reduction runs during the last microbatch's backward of
-      // this stage, the parameter all-gather during the first microbatch's forward. Exposed:
-      // what the window cannot cover, at least the last (first) bucket.
-      // Interleaved (Megatron-Core schedules.py, grad_sync_func / param_sync_func): each
-      // model chunk's gradients are reduced as soon as its last backward is done and its
-      // parameters gathered before its first forward; the v chunks finish p chunk-steps apart,
-      // so all but the last (first) chunk's share overlap (v-1)/v x p microbatches' compute.
-      const StageTime& tm = cs.time[static_cast<size_t>(mem.stage)];
-      const double v = double(l.vp);
-      const double span = l.vp > 1 ? std::max(1.0, (v - 1.0) / v * double(std::min<int64_t>(l.pp, m))) : 1.0;
-      const double bucket = std::min(mem.params, std::max(c.software.dp_bucket_params, 1e6 * double(l.dp)));
-      const double last = l.vp > 1 ? std::max(bucket, mem.params / v) : bucket;  // waits for the window's end
-      if (l.distributed_optimizer) {
-        const double rs = reduce_scatter_time(mem.params * ge, l.dp, dpl);
-        const double ag = reduce_scatter_time(mem.params * e, l.dp, dpl);
-        tdp = std::max(reduce_scatter_time(last * ge, l.dp, dpl), rs - span * tm.backward) +
-              std::max(reduce_scatter_time(last * e, l.dp, dpl), ag - span * tm.forward);
-      } else {
-        tdp = std::max(allreduce_time(last * ge, l.dp, dpl), allreduce_time(mem.params * ge, l.dp, dpl) - span * tm.backward);
-      }
-    } else if (l.distributed_optimizer) {
-      tdp = reduce_scatter_time(mem.params * ge, l.dp, dpl) + reduce_scatter_time(mem.params * e, l.dp, dpl);
-    } else {
-      tdp = allreduce_time(mem.params * ge, l.dp, dpl);
-    }
-    dp_max = std::max(dp_max, tdp);
+    dp_max = std::max(dp_max, stage_dp_time(r, l, c, mem, cs.time[static_cast<size_t>(mem.stage)], m));
     // Adam over the local shard: read grad, master, m, v; write master, m, v, 16-bit
     // weight (~34 bytes/param) plus a read of the grads for the global norm.
     const double local = mem.params / (l.distributed_optimizer ? double(l.dp) : 1.0);
@@ -842,26 +865,7 @@ IterParts iteration_parts(const Recipe& r, const Layout& l, const Cluster& c_in,
     const Shape sh = shape_of(r, l.tp);
     dp_max += allreduce_time(double(sh.V) * double(sh.h) / double(l.tp) * 4.0, 2, {c.gpu.ib_bw, c.gpu.ib_alpha});
   }
-  if (c.software.trainer_step_collectives) {
-    // This trainer's per-step small collectives (SoftwareProfile::trainer_step_collectives).
-    const Shape sh = shape_of(r, l.tp);
-    double sp_max = 0;
-    if (l.sequence_parallel && l.tp > 1) {
-      const GroupLink tpl = group_link(c, 1, l.tp);
-      for (int64_t st = 0; st < l.pp; ++st) {
-        const double layers = double(l.stage_layers[static_cast<size_t>(st)]);
-        double t_sp = 6 * layers * small_allreduce_time(4.0 * double(sh.h), l.tp, tpl);
-        if (st == 0) t_sp += allreduce_time(4.0 * double(sh.maxpos) * double(sh.h), l.tp, tpl);
-        if (st == l.pp - 1) t_sp += 2 * small_allreduce_time(4.0 * double(sh.h), l.tp, tpl);
-        sp_max = std::max(sp_max, t_sp);
-      }
-    }
-    double small = 0;
-    small += small_allreduce_time(8.0, l.tp * l.pp, group_link(c, 1, l.tp * l.pp));  // grad norm, model parallel
-    if (l.distributed_optimizer) small += small_allreduce_time(8.0, l.dp, dpl);      // grad norm over the shards
-    small += small_allreduce_time(24.0, l.gpus(), group_link(c, 1, l.gpus()));       // loss, tokens, skip flag
-    dp_max += sp_max + small;
-  }
+  if (c.software.trainer_step_collectives) dp_max += trainer_collectives_time(r, l, c);
   p.dp = dp_max;
   p.opt = opt_max;
   return p;

@@ -164,8 +164,16 @@ void export_hf_gpt2(const std::string& in, const std::string& out_dir) {
   write_file_checked(out_dir + "/config.json", cfg.dump(2) + "\n", "--output");
 }
 
-std::string import_hf_gpt2(const std::string& in_dir, const std::string& out, const std::string& recipe_path) {
-  const auto lock = claim_new_checkpoint_root(out, "--output");
+namespace {
+
+// A Hugging Face GPT-2 directory's dimensions (config.json).
+struct HfGpt2Dims {
+  int64_t C = 0, L = 0, H = 0, V = 0, P = 0, F = 0;  // hidden, layers, heads, vocab, positions, ffn
+};
+
+// config.json's dimensions, and the recipe: the one given (its model section must agree)
+// or one built from them.
+Recipe hf_gpt2_recipe(const std::string& in_dir, const std::string& recipe_path, HfGpt2Dims& d) {
   nlohmann::json cfg;
   {
     std::ifstream f(in_dir + "/config.json");
@@ -180,8 +188,8 @@ std::string import_hf_gpt2(const std::string& in_dir, const std::string& out, co
     if (!cfg.contains(k) || !cfg[k].is_number_integer()) throw_input("{}/config.json: '{}' missing or not an integer", in_dir, k);
     return cfg[k].get<int64_t>();
   };
-  const int64_t C = get("n_embd"), L = get("n_layer"), H = get("n_head"), V = get("vocab_size"), P = get("n_positions");
-  const int64_t F = cfg.contains("n_inner") && cfg["n_inner"].is_number_integer() ? cfg["n_inner"].get<int64_t>() : 4 * C;
+  d.C = get("n_embd"), d.L = get("n_layer"), d.H = get("n_head"), d.V = get("vocab_size"), d.P = get("n_positions");
+  d.F = cfg.contains("n_inner") && cfg["n_inner"].is_number_integer() ? cfg["n_inner"].get<int64_t>() : 4 * d.C;
   Recipe r;
   if (!recipe_path.empty()) {
     r = load_recipe(recipe_path);
@@ -190,13 +198,20 @@ std::string import_hf_gpt2(const std::string& in_dir, const std::string& out, co
         "model: {{num_layers: {}, hidden_size: {}, num_attention_heads: {}, ffn_hidden_size: {}, seq_length: {}, "
         "max_position_embeddings: {}, vocab_size: {}, layernorm_epsilon: {}}}\n"
         "training: {{micro_batch_size: 1, global_batch_size: 1, train_iters: 1}}\ndata: {{mock: true}}\n",
-        L, C, H, F, P, P, V, cfg.value("layer_norm_epsilon", 1e-5));
+        d.L, d.C, d.H, d.F, d.P, d.P, d.V, cfg.value("layer_norm_epsilon", 1e-5));
     r = parse_recipe(y, in_dir + "/config.json");
   }
-  if (r.model.num_layers != L || r.model.hidden_size != C || r.model.num_attention_heads != H || r.model.ffn_hidden_size != F ||
-      r.model.vocab_size != V || r.model.max_position_embeddings != P)
+  if (r.model.num_layers != d.L || r.model.hidden_size != d.C || r.model.num_attention_heads != d.H ||
+      r.model.ffn_hidden_size != d.F || r.model.vocab_size != d.V || r.model.max_position_embeddings != d.P)
     throw_input("{}: recipe model section does not match {}/config.json (layers {}, hidden {}, heads {}, ffn {}, vocab {}, positions {})",
-                recipe_path, in_dir, L, C, H, F, V, P);
+                recipe_path, in_dir, d.L, d.C, d.H, d.F, d.V, d.P);
+  return r;
+}
+
+// model.safetensors into `store` (one chunk, all layers): Conv1D weights transposed, the
+// fused c_attn split into Megatron's per-head [q k v] rows.
+void copy_hf_gpt2_weights(const std::string& in_dir, const HfGpt2Dims& d, model::ParamStore& store) {
+  const int64_t C = d.C, L = d.L, H = d.H, V = d.V, P = d.P, F = d.F;
   safetensors::File f = safetensors::read(in_dir + "/model.safetensors");
   auto get_t = [&](const std::string& name, Shape shape) -> Tensor {
     std::string n = name;
@@ -213,10 +228,6 @@ std::string import_hf_gpt2(const std::string& in_dir, const std::string& out, co
     }
     return t;
   };
-  model::GptConfig gc = model::GptConfig::from_recipe(r);
-  model::ParamStore store;
-  model::declare_chunk_params(store, gc, {0, L, true, true, ""}, 0, 1);
-  store.finalize(DType::f32);
   auto put = [&](const std::string& ours, const Tensor& src) {
     Tensor dst = store.param(ours);
     ops::copy(dst, src);
@@ -237,8 +248,8 @@ std::string import_hf_gpt2(const std::string& in_dir, const std::string& out, co
     Tensor qkv = store.param(p + "attention.qkv.weight"), qkvb = store.param(p + "attention.qkv.bias");
     for (int64_t hd = 0; hd < H; ++hd)
       for (int64_t part = 0; part < 3; ++part)
-        for (int64_t d = 0; d < D; ++d) {
-          int64_t ours = hd * 3 * D + part * D + d, theirs = part * C + hd * D + d;
+        for (int64_t k = 0; k < D; ++k) {
+          int64_t ours = hd * 3 * D + part * D + k, theirs = part * C + hd * D + k;
           qkvb.data<float>()[ours] = cb.data<float>()[theirs];
           for (int64_t i = 0; i < C; ++i) qkv.data<float>()[ours * C + i] = cw.data<float>()[i * 3 * C + theirs];
         }
@@ -253,6 +264,19 @@ std::string import_hf_gpt2(const std::string& in_dir, const std::string& out, co
   }
   put("final_layernorm.weight", get_t("ln_f.weight", {C}));
   put("final_layernorm.bias", get_t("ln_f.bias", {C}));
+}
+
+}  // namespace
+
+std::string import_hf_gpt2(const std::string& in_dir, const std::string& out, const std::string& recipe_path) {
+  const auto lock = claim_new_checkpoint_root(out, "--output");
+  HfGpt2Dims d;
+  const Recipe r = hf_gpt2_recipe(in_dir, recipe_path, d);
+  model::GptConfig gc = model::GptConfig::from_recipe(r);
+  model::ParamStore store;
+  model::declare_chunk_params(store, gc, {0, d.L, true, true, ""}, 0, 1);
+  store.finalize(DType::f32);
+  copy_hf_gpt2_weights(in_dir, d, store);
   return save_whole_model(out, r, store, 0);
 }
 

@@ -638,6 +638,56 @@ void write_svg(const cost::Estimate& e, const std::string& path, const std::stri
   write_plan_output("--svg", path, svg);
 }
 
+// --search: the best `top` layouts of `gpus` GPUs, printed as a table (unless --json) and
+// kept in `search_json`; the estimate of the best one.
+cost::Estimate search_layouts(const PlanArgs& a, const Recipe& r, const cost::Cluster& c, int64_t gpus,
+                              nlohmann::json& search_json) {
+  auto res = cost::search(r, gpus, c, static_cast<size_t>(std::max<int64_t>(1, a.top)));
+  if (res.best.empty()) {
+    std::string why;
+    for (auto& [k, v] : res.rejected) why += fmt::format("{}{}: {}", why.empty() ? "" : "; ", k, v);
+    throw_input("{}: no layout of {} GPUs ({}) fits; {} layouts rejected ({})", a.recipe, gpus, c.gpu.name,
+                res.considered, why);
+  }
+  cost::Estimate best = cost::estimate(r, res.best.front().layout, c);
+  search_json["considered"] = res.considered;
+  search_json["feasible"] = res.feasible;
+  search_json["rejected"] = res.rejected;
+  nlohmann::json ranked = nlohmann::json::array();
+  for (auto& e : res.best)
+    ranked.push_back({{"layout", layout_json(e.layout)},
+                      {"iteration_time_s", e.iteration_time},
+                      {"tokens_per_s", e.tokens_per_s},
+                      {"tflops_per_gpu", e.tflops_per_gpu},
+                      {"mfu", e.mfu},
+                      {"peak_memory_gib", e.peak_memory / kGiB}});
+  search_json["ranked"] = ranked;
+  if (!a.json) {
+    std::printf("search: %lld layouts of %lld GPUs considered, %lld feasible\n", static_cast<long long>(res.considered),
+                static_cast<long long>(gpus), static_cast<long long>(res.feasible));
+    std::printf("%4s %-62s %12s %10s %8s %8s\n", "rank", "layout", "tokens/s", "iter s", "MFU", "mem GiB");
+    int i = 1;
+    for (auto& e : res.best)
+      std::printf("%4d %-62s %12.0f %10.3f %7.1f%% %8.1f\n", i++, e.layout.describe().c_str(), e.tokens_per_s,
+                  e.iteration_time, 100 * e.mfu, e.peak_memory / kGiB);
+    std::printf("rejected:\n");
+    for (auto& [k, v] : res.rejected) std::printf("  %8lld  %s\n", static_cast<long long>(v), k.c_str());
+    std::printf("\nbest layout in detail:\n");
+  }
+  return best;
+}
+
+// The GPUs planned for: --gpus, or tp x pp x --dp, else one model replica.
+int64_t plan_gpus(const PlanArgs& a, const Recipe& r) {
+  int64_t gpus = a.gpus;
+  if (a.dp > 0) {
+    if (gpus > 0 && gpus != r.tp() * r.pp() * a.dp)
+      throw_input("--gpus {} does not equal tp x pp x dp = {} x {} x {}", gpus, r.tp(), r.pp(), a.dp);
+    gpus = r.tp() * r.pp() * a.dp;
+  }
+  return gpus > 0 ? gpus : r.tp() * r.pp();
+}
+
 void run_plan(const PlanArgs& a) {
   if (!a.calibrate.empty()) return run_calibrate(a);
   if (a.recipe.empty()) throw_input("plan: a RECIPE file is required (or --calibrate RUN_DIR)");
@@ -649,48 +699,11 @@ void run_plan(const PlanArgs& a) {
   cost::Cluster c{a.gpu_profile.empty() ? cost::gpu_spec(a.gpu) : load_gpu_profile(a.gpu_profile), a.gpus_per_node,
                   cost::software_profile(a.software)};
   if (a.gpus_per_node < 1) throw_input("--gpus-per-node {}: must be at least 1", a.gpus_per_node);
-  int64_t gpus = a.gpus;
-  if (a.dp > 0) {
-    if (gpus > 0 && gpus != r.tp() * r.pp() * a.dp)
-      throw_input("--gpus {} does not equal tp x pp x dp = {} x {} x {}", gpus, r.tp(), r.pp(), a.dp);
-    gpus = r.tp() * r.pp() * a.dp;
-  }
-  if (gpus <= 0) gpus = r.tp() * r.pp();  // no --gpus: one model replica
+  const int64_t gpus = plan_gpus(a, r);
   cost::Estimate est;
   nlohmann::json search_json;
   if (a.search) {
-    auto res = cost::search(r, gpus, c, static_cast<size_t>(std::max<int64_t>(1, a.top)));
-    if (res.best.empty()) {
-      std::string why;
-      for (auto& [k, v] : res.rejected) why += fmt::format("{}{}: {}", why.empty() ? "" : "; ", k, v);
-      throw_input("{}: no layout of {} GPUs ({}) fits; {} layouts rejected ({})", a.recipe, gpus, c.gpu.name,
-                  res.considered, why);
-    }
-    est = cost::estimate(r, res.best.front().layout, c);
-    search_json["considered"] = res.considered;
-    search_json["feasible"] = res.feasible;
-    search_json["rejected"] = res.rejected;
-    nlohmann::json ranked = nlohmann::json::array();
-    for (auto& e : res.best)
-      ranked.push_back({{"layout", layout_json(e.layout)},
-                        {"iteration_time_s", e.iteration_time},
-                        {"tokens_per_s", e.tokens_per_s},
-                        {"tflops_per_gpu", e.tflops_per_gpu},
-                        {"mfu", e.mfu},
-                        {"peak_memory_gib", e.peak_memory / kGiB}});
-    search_json["ranked"] = ranked;
-    if (!a.json) {
-      std::printf("search: %lld layouts of %lld GPUs considered, %lld feasible\n", static_cast<long long>(res.considered),
-                  static_cast<long long>(gpus), static_cast<long long>(res.feasible));
-      std::printf("%4s %-62s %12s %10s %8s %8s\n", "rank", "layout", "tokens/s", "iter s", "MFU", "mem GiB");
-      int i = 1;
-      for (auto& e : res.best)
-        std::printf("%4d %-62s %12.0f %10.3f %7.1f%% %8.1f\n", i++, e.layout.describe().c_str(), e.tokens_per_s,
-                    e.iteration_time, 100 * e.mfu, e.peak_memory / kGiB);
-      std::printf("rejected:\n");
-      for (auto& [k, v] : res.rejected) std::printf("  %8lld  %s\n", static_cast<long long>(v), k.c_str());
-      std::printf("\nbest layout in detail:\n");
-    }
+    est = search_layouts(a, r, c, gpus, search_json);
   } else {
     cost::Layout l = cost::layout_from_recipe(r, gpus);
     if (l.vp > 1 && !c.software.interleaved_schedule)

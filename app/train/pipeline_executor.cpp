@@ -85,6 +85,109 @@ void PipelineExecutor::record_micro_batch_loss(int64_t microbatch, const Tensor&
   mb_loss_tokens_ = tokens;
 }
 
+struct PipelineExecutor::BatchRun {
+  static constexpr int kTagActivation = 0, kTagGradient = 1;
+  using Key = std::pair<int64_t, int64_t>;  // (microbatch, chunk)
+
+  BatchRun(PipelineExecutor& ex, const data::Batch& batch, int64_t consumed_before, uint64_t step_key, double loss_scale,
+           Tensor& loss_acc)
+      : ex(ex), batch(batch), consumed_before(consumed_before), step_key(step_key), loss_scale(loss_scale),
+        loss_acc(loss_acc), C(ex.r_.model.hidden_size), R(ex.chunks_[0]->local_rows(batch.micro_batch_size)),
+        act(ex.chunks_[0]->activation_dtype()), backwards_done(ex.chunks_.size(), 0) {}
+
+  PipelineExecutor& ex;
+  const data::Batch& batch;
+  int64_t consumed_before;
+  uint64_t step_key;
+  double loss_scale;
+  Tensor& loss_acc;
+  const int64_t C, R;  // a stage boundary tensor is [R, C] in `act`, the activation dtype
+  const DType act;
+  std::map<Key, Tensor> act_in, act_out, grad_in, grad_out;
+  std::map<size_t, std::pair<std::unique_ptr<parallel::Request>, Tensor>> pending;  // by send action index
+  int64_t send_held = 0;                   // bytes of the buffers in `pending`
+  std::vector<int64_t> backwards_done;     // per chunk: which backward is its last
+
+  static Tensor take(std::map<Key, Tensor>& map, Key key) {
+    auto it = map.find(key);
+    if (it == map.end()) return Tensor();
+    Tensor t = it->second;
+    map.erase(it);
+    return t;
+  }
+
+  void recv(const schedules::PipeAction& a, int tag, std::map<Key, Tensor>& into) {
+    Tensor t = Tensor::empty({R, C}, act, ex.chunks_[a.chunk]->device());
+    ex.g_.pp->recv(t.raw(), t.numel(), act, a.peer_stage, tag);
+    into[{a.microbatch, a.chunk}] = t;
+  }
+
+  void send(size_t ai, const schedules::PipeAction& a, int tag, std::map<Key, Tensor>& from, const char* what) {
+    Tensor t = take(from, {a.microbatch, a.chunk});
+    MTNLG_CHECK(t.defined(), "{} of micro batch {} chunk {} before its {}", what, a.microbatch, a.chunk,
+                tag == kTagActivation ? "forward" : "backward");
+    auto req = ex.g_.pp->isend(t.raw(), t.numel(), t.dtype(), a.peer_stage, tag);
+    send_held += t.nbytes();
+    ex.peak_send_ = std::max(ex.peak_send_, send_held);
+    pending.emplace(ai, std::make_pair(std::move(req), std::move(t)));
+  }
+
+  void finish(size_t i) {
+    auto it = pending.find(i);
+    MTNLG_CHECK(it != pending.end(), "pipeline send {} released twice", i);
+    it->second.first->wait();
+    send_held -= it->second.second.nbytes();
+    pending.erase(it);  // drops this reference to the buffer
+  }
+
+  void forward(const schedules::PipeAction& a) {
+    auto& chunk = *ex.chunks_[a.chunk];
+    const Key key{a.microbatch, a.chunk};
+    auto mb = ex.micro_batch(batch, a.microbatch, consumed_before, step_key, loss_scale);
+    mb.loss_acc = &loss_acc;
+    model::ForwardResult res;
+    {
+      const parallel::StepPartScope part(parallel::StepPart::forward);
+      // What the forward allocates is counted as activations (the saved tensors and
+      // the forward's temporaries); the backward's allocations stay workspace.
+      mem::RoleScope role(mem::Role::activations);
+      res = chunk.forward(a.microbatch, mb, take(act_in, key));
+    }
+    if (res.output.defined()) act_out[key] = res.output;
+    if (ex.mb_losses_ && chunk.spec().has_head) ex.record_micro_batch_loss(a.microbatch, loss_acc);
+    int64_t held = 0;
+    for (auto& c : ex.chunks_) held += c->saved_bytes();
+    ex.peak_act_ = std::max(ex.peak_act_, held);
+  }
+
+  void backward(const schedules::PipeAction& a) {
+    auto& chunk = *ex.chunks_[a.chunk];
+    const Key key{a.microbatch, a.chunk};
+    auto mb = ex.micro_batch(batch, a.microbatch, consumed_before, step_key, loss_scale);
+    // The chunk's last micro batch: its parameter gradients become final as this
+    // backward passes them (the chunk reports them to its grad-ready hook).
+    mb.last_backward = ++backwards_done[static_cast<size_t>(a.chunk)] == batch.micro_batches;
+    const parallel::StepPartScope part(parallel::StepPart::backward);
+    Tensor dx = chunk.backward(a.microbatch, mb, take(grad_in, key));
+    if (dx.defined() && !(chunk.spec().has_embedding)) grad_out[key] = dx;
+  }
+
+  void run(size_t ai, const schedules::PipeAction& a) {
+    switch (a.op) {
+      case schedules::PipeOp::recv_forward: {
+        mem::RoleScope role(mem::Role::activations);  // kept as the chunk's saved input
+        recv(a, kTagActivation, act_in);
+        break;
+      }
+      case schedules::PipeOp::forward: forward(a); break;
+      case schedules::PipeOp::send_forward: send(ai, a, kTagActivation, act_out, "send_forward"); break;
+      case schedules::PipeOp::recv_backward: recv(a, kTagGradient, grad_in); break;
+      case schedules::PipeOp::backward: backward(a); break;
+      case schedules::PipeOp::send_backward: send(ai, a, kTagGradient, grad_out, "send_backward"); break;
+    }
+  }
+};
+
 void PipelineExecutor::run_batch(const data::Batch& batch, int64_t consumed_before, uint64_t step_key, double loss_scale,
                                  Tensor& loss_acc) {
   const int64_t m = batch.micro_batches;
@@ -107,97 +210,13 @@ void PipelineExecutor::run_batch(const data::Batch& batch, int64_t consumed_befo
   for (size_t i = 0; i < release.size(); ++i)
     if (release[i] >= 0) due[static_cast<size_t>(release[i])].push_back(i);
 
-  // Tensors in flight, keyed by (microbatch, chunk).
-  const int64_t C = r_.model.hidden_size, R = chunks_[0]->local_rows(batch.micro_batch_size);
-  const DType act = chunks_[0]->activation_dtype();  // stage boundaries carry activations in it
-  std::map<std::pair<int64_t, int64_t>, Tensor> act_in, act_out, grad_in, grad_out;
-  std::map<size_t, std::pair<std::unique_ptr<parallel::Request>, Tensor>> pending;  // by send action index
-  int64_t send_held = 0;  // bytes of the buffers in `pending`
-  auto post = [&](size_t i, std::unique_ptr<parallel::Request> req, Tensor t) {
-    send_held += t.nbytes();
-    peak_send_ = std::max(peak_send_, send_held);
-    pending.emplace(i, std::make_pair(std::move(req), std::move(t)));
-  };
-  auto finish = [&](size_t i) {
-    auto it = pending.find(i);
-    MTNLG_CHECK(it != pending.end(), "pipeline send {} released twice", i);
-    it->second.first->wait();
-    send_held -= it->second.second.nbytes();
-    pending.erase(it);  // drops this reference to the buffer
-  };
-  constexpr int kTagActivation = 0, kTagGradient = 1;
-  auto take = [](auto& map, std::pair<int64_t, int64_t> key) {
-    auto it = map.find(key);
-    if (it == map.end()) return Tensor();
-    Tensor t = it->second;
-    map.erase(it);
-    return t;
-  };
-  int64_t held = 0;
-  std::vector<int64_t> backwards_done(chunks_.size(), 0);  // per chunk: which backward is its last
+  BatchRun run(*this, batch, consumed_before, step_key, loss_scale, loss_acc);
   for (size_t ai = 0; ai < table.size(); ++ai) {
-    const auto& a = table[ai];
-    const auto key = std::make_pair(a.microbatch, a.chunk);
-    auto& chunk = *chunks_[a.chunk];
-    switch (a.op) {
-      case schedules::PipeOp::recv_forward: {
-        mem::RoleScope role(mem::Role::activations);  // kept as the chunk's saved input
-        Tensor t = Tensor::empty({R, C}, act, chunk.device());
-        g_.pp->recv(t.raw(), t.numel(), act, a.peer_stage, kTagActivation);
-        act_in[key] = t;
-        break;
-      }
-      case schedules::PipeOp::forward: {
-        auto mb = micro_batch(batch, a.microbatch, consumed_before, step_key, loss_scale);
-        mb.loss_acc = &loss_acc;
-        model::ForwardResult res;
-        {
-          const parallel::StepPartScope part(parallel::StepPart::forward);
-          // What the forward allocates is counted as activations (the saved tensors and
-          // the forward's temporaries); the backward's allocations stay workspace.
-          mem::RoleScope role(mem::Role::activations);
-          res = chunk.forward(a.microbatch, mb, take(act_in, key));
-        }
-        if (res.output.defined()) act_out[key] = res.output;
-        if (mb_losses_ && chunk.spec().has_head) record_micro_batch_loss(a.microbatch, loss_acc);
-        held = 0;
-        for (auto& c : chunks_) held += c->saved_bytes();
-        peak_act_ = std::max(peak_act_, held);
-        break;
-      }
-      case schedules::PipeOp::send_forward: {
-        Tensor t = take(act_out, key);
-        MTNLG_CHECK(t.defined(), "send_forward of micro batch {} chunk {} before its forward", a.microbatch, a.chunk);
-        post(ai, g_.pp->isend(t.raw(), t.numel(), t.dtype(), a.peer_stage, kTagActivation), t);
-        break;
-      }
-      case schedules::PipeOp::recv_backward: {
-        Tensor t = Tensor::empty({R, C}, act, chunk.device());
-        g_.pp->recv(t.raw(), t.numel(), act, a.peer_stage, kTagGradient);
-        grad_in[key] = t;
-        break;
-      }
-      case schedules::PipeOp::backward: {
-        auto mb = micro_batch(batch, a.microbatch, consumed_before, step_key, loss_scale);
-        // The chunk's last micro batch: its parameter gradients become final as this
-        // backward passes them (the chunk reports them to its grad-ready hook).
-        mb.last_backward = ++backwards_done[static_cast<size_t>(a.chunk)] == m;
-        const parallel::StepPartScope part(parallel::StepPart::backward);
-        Tensor dx = chunk.backward(a.microbatch, mb, take(grad_in, key));
-        if (dx.defined() && !(chunk.spec().has_embedding)) grad_out[key] = dx;
-        break;
-      }
-      case schedules::PipeOp::send_backward: {
-        Tensor t = take(grad_out, key);
-        MTNLG_CHECK(t.defined(), "send_backward of micro batch {} chunk {} before its backward", a.microbatch, a.chunk);
-        post(ai, g_.pp->isend(t.raw(), t.numel(), t.dtype(), a.peer_stage, kTagGradient), t);
-        break;
-      }
-    }
-    for (size_t i : due[ai]) finish(i);
+    run.run(ai, table[ai]);
+    for (size_t i : due[ai]) run.finish(i);
   }
-  for (size_t i : due[table.size()]) finish(i);
-  MTNLG_CHECK(pending.empty(), "{} pipeline send(s) never waited for", pending.size());
+  for (size_t i : due[table.size()]) run.finish(i);
+  MTNLG_CHECK(run.pending.empty(), "{} pipeline send(s) never waited for", run.pending.size());
 }
 
 }  // namespace mtnlg::app

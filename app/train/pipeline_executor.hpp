@@ -48,6 +48,9 @@ class PipelineExecutor {
   // normalises the loss gradient (so the gradient is that of the reported per-token loss).
   void build_loss_masks(const data::Batch& b);
   void record_micro_batch_loss(int64_t microbatch, const Tensor& loss_acc);
+  // One batch's schedule run: the tensors in flight between actions and the sends not yet
+  // waited for (pipeline_executor.cpp).
+  struct BatchRun;
 
   const Recipe& r_;
   parallel::ProcessGroups g_;

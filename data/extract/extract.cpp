@@ -268,6 +268,60 @@ struct LanguageFilter {
   double min_score;
 };
 
+// One record to its document: the main text of a 200 HTML response, or a WET conversion
+// record's text, with its language; counted in `c` on the way.
+struct RecordExtractor {
+  const ExtractOptions& opt;
+  Counts& c;
+  std::map<std::string, int64_t>& dropped_languages;
+  Utf8Converter conv;
+  LanguageFilter languages{opt};
+
+  // False when the record gives no document (another type, not a 200 HTML page, a
+  // language not kept). Throws WarcError.
+  bool document(const WarcRecord& rec, const std::string& where, std::string& text, Language& lang) {
+    const std::string_view type = rec.type();
+    if (type == "response") return response(rec, where, text, lang);
+    if (type == "conversion") {
+      ++c[kConversion];
+      ++c[kPages];
+      text = conv.convert(rec.block, "UTF-8", &c[kReplacedBytes]);
+      lang = page_language(text);
+      return languages.kept(lang, c, dropped_languages);
+    }
+    ++c[kOtherType];
+    return false;
+  }
+
+  bool response(const WarcRecord& rec, const std::string& where, std::string& text, Language& lang) {
+    ++c[kResponse];
+    const HttpResponse http = parse_http_response(rec.block, where);
+    if (http.status != 200) {
+      ++c[kNotOk];
+      return false;
+    }
+    if (!(is_html_type(http.content_type) || (http.content_type.empty() && looks_like_html(http.body)))) {
+      ++c[kNotHtml];
+      return false;
+    }
+    ++c[kPages];
+    std::string_view body = http.body;
+    const std::string cs = body_charset(body, http.charset, conv, c);
+    std::string html;
+    try {
+      html = conv.convert(body, cs, &c[kReplacedBytes]);
+    } catch (const WarcError& e) {
+      throw WarcError(e.cause(), fmt::format("{}: charset: {}", where, e.what()));
+    }
+    ParsedPage page = parse_html_blocks(html);
+    lang = page_language(page.blocks);
+    if (!languages.kept(lang, c, dropped_languages)) return false;
+    classify_blocks(page.blocks, opt.blocks, lang.code == "en");
+    text = main_text(page.blocks);
+    return true;
+  }
+};
+
 }  // namespace
 
 Counts extract_file(const std::string& input, const std::string& output, const ExtractOptions& opt,
@@ -275,8 +329,7 @@ Counts extract_file(const std::string& input, const std::string& output, const E
   Counts c{};
   WarcReader reader(input, opt.max_record_bytes);
   ShardWriter out(output, opt.compress == "zstd");
-  Utf8Converter conv;
-  const LanguageFilter languages(opt);
+  RecordExtractor records{opt, c, dropped_languages};
   WarcRecord rec;
   int64_t reported_bytes = 0;
   auto report_bytes = [&] {
@@ -300,46 +353,11 @@ Counts extract_file(const std::string& input, const std::string& output, const E
     }
     ++c[kRecords];
     report_bytes();
-    const std::string_view type = rec.type();
     const std::string where = fmt::format("{}: record {} at byte {}", input, rec.ordinal, rec.offset);
     std::string text;
     Language lang;
     try {
-      if (type == "response") {
-        ++c[kResponse];
-        const HttpResponse http = parse_http_response(rec.block, where);
-        if (http.status != 200) {
-          ++c[kNotOk];
-          continue;
-        }
-        if (!(is_html_type(http.content_type) || (http.content_type.empty() && looks_like_html(http.body)))) {
-          ++c[kNotHtml];
-          continue;
-        }
-        ++c[kPages];
-        std::string_view body = http.body;
-        const std::string cs = body_charset(body, http.charset, conv, c);
-        std::string html;
-        try {
-          html = conv.convert(body, cs, &c[kReplacedBytes]);
-        } catch (const WarcError& e) {
-          throw WarcError(e.cause(), fmt::format("{}: charset: {}", where, e.what()));
-        }
-        ParsedPage page = parse_html_blocks(html);
-        lang = page_language(page.blocks);
-        if (!languages.kept(lang, c, dropped_languages)) continue;
-        classify_blocks(page.blocks, opt.blocks, lang.code == "en");
-        text = main_text(page.blocks);
-      } else if (type == "conversion") {
-        ++c[kConversion];
-        ++c[kPages];
-        text = conv.convert(rec.block, "UTF-8", &c[kReplacedBytes]);
-        lang = page_language(text);
-        if (!languages.kept(lang, c, dropped_languages)) continue;
-      } else {
-        ++c[kOtherType];
-        continue;
-      }
+      if (!records.document(rec, where, text, lang)) continue;
     } catch (const WarcError& e) {
       bad(e);
       continue;

@@ -186,10 +186,39 @@ bool WarcReader::read_exact(std::string& out, size_t n) {
   return true;
 }
 
+// A record in four steps: its version line, its header fields, its Content-Length, its
+// block and closing CRLF CRLF. Every fault but an oversize block leaves the reader
+// failed (resync() finds the next record); an oversize block is skipped first.
 bool WarcReader::next(WarcRecord& rec) {
   in_record_ = false;
+  if (!read_version_line(rec)) return false;
+  read_header_fields(rec);
+  const int64_t len = content_length(rec);
+  if (len > max_record_bytes_) skip_oversize_block(rec, len);
+  if (!read_exact(rec.block, static_cast<size_t>(len)))
+    fail_record(rec, "truncated",
+                fmt::format("block cut short: Content-Length {} but only {} bytes follow", len, rec.block.size()));
   std::string line;
-  // Blank lines between records are tolerated (some writers add them).
+  for (int k = 0; k < 2; ++k) {  // the record ends with CRLF CRLF
+    if (!read_line(line, 64)) fail_record(rec, "truncated", "the file ends before the record's closing CRLF CRLF");
+    if (!line.empty())
+      fail_record(rec, "header",
+                  fmt::format("expected CRLF CRLF after the {}-byte block (is Content-Length right?), found '{}'", len,
+                              shown(line)));
+  }
+  in_record_ = false;
+  return true;
+}
+
+void WarcReader::fail_record(const WarcRecord& rec, const std::string& cause, const std::string& what) {
+  failed_ = true;
+  fail(cause, rec.ordinal, rec.offset, what);
+}
+
+// The record's first line (blank lines between records are tolerated: some writers add
+// them); false at a clean end of the file.
+bool WarcReader::read_version_line(WarcRecord& rec) {
+  std::string line;
   for (;;) {
     if (pos_ == buf_.size() && !fill()) return false;
     const int64_t off = record_offset();
@@ -203,100 +232,66 @@ bool WarcReader::next(WarcRecord& rec) {
     in_record_ = true;
     break;
   }
-  const int64_t n = rec.ordinal, off = rec.offset;
-  if (line.rfind("WARC/", 0) != 0) {
-    failed_ = true;
-    fail("header", n, off, fmt::format("expected the version line 'WARC/1.0' or 'WARC/1.1', found '{}'", shown(line)));
-  }
-  if (line != "WARC/1.0" && line != "WARC/1.1") {
-    failed_ = true;
-    fail("header", n, off, fmt::format("unsupported version '{}' (1.0 and 1.1 are read)", shown(line)));
-  }
+  if (line.rfind("WARC/", 0) != 0)
+    fail_record(rec, "header", fmt::format("expected the version line 'WARC/1.0' or 'WARC/1.1', found '{}'", shown(line)));
+  if (line != "WARC/1.0" && line != "WARC/1.1")
+    fail_record(rec, "header", fmt::format("unsupported version '{}' (1.0 and 1.1 are read)", shown(line)));
   rec.version = line;
+  return true;
+}
+
+// "Name: value" lines up to the blank line; a line starting with a space or tab
+// continues the previous value.
+void WarcReader::read_header_fields(WarcRecord& rec) {
+  std::string line;
   for (;;) {
-    if (!read_line(line, kMaxHeaderLine)) {
-      failed_ = true;
-      fail("truncated", n, off, "the file ends inside the record's header");
-    }
+    if (!read_line(line, kMaxHeaderLine)) fail_record(rec, "truncated", "the file ends inside the record's header");
     if (line.empty()) break;
-    if (line.size() >= kMaxHeaderLine) {
-      failed_ = true;
-      fail("header", n, off, "a header line longer than 64 KiB");
-    }
+    if (line.size() >= kMaxHeaderLine) fail_record(rec, "header", "a header line longer than 64 KiB");
     if ((line[0] == ' ' || line[0] == '\t') && !rec.headers.empty()) {  // folded continuation
       rec.headers.back().second += " ";
       rec.headers.back().second += trim(line);
       continue;
     }
     const size_t colon = line.find(':');
-    if (colon == std::string::npos || colon == 0) {
-      failed_ = true;
-      fail("header", n, off, fmt::format("header line '{}' is not 'Name: value'", shown(line)));
-    }
-    if (static_cast<int>(rec.headers.size()) >= kMaxHeaders) {
-      failed_ = true;
-      fail("header", n, off, "more than 1024 header fields");
-    }
+    if (colon == std::string::npos || colon == 0)
+      fail_record(rec, "header", fmt::format("header line '{}' is not 'Name: value'", shown(line)));
+    if (static_cast<int>(rec.headers.size()) >= kMaxHeaders) fail_record(rec, "header", "more than 1024 header fields");
     rec.headers.emplace_back(std::string(trim(std::string_view(line).substr(0, colon))),
                              std::string(trim(std::string_view(line).substr(colon + 1))));
   }
-  if (rec.type().empty()) {
-    failed_ = true;
-    fail("header", n, off, "WARC-Type: missing");
-  }
+  if (rec.type().empty()) fail_record(rec, "header", "WARC-Type: missing");
+}
+
+int64_t WarcReader::content_length(const WarcRecord& rec) {
   const std::string_view cl = rec.header("Content-Length");
-  if (cl.empty()) {
-    failed_ = true;
-    fail("header", n, off, "Content-Length: missing");
-  }
+  if (cl.empty()) fail_record(rec, "header", "Content-Length: missing");
   int64_t len = 0;
   for (char c : cl) {
-    if (c < '0' || c > '9' || len > (int64_t{1} << 50)) {
-      failed_ = true;
-      fail("header", n, off, fmt::format("Content-Length: '{}' is not a byte count", shown(cl)));
-    }
+    if (c < '0' || c > '9' || len > (int64_t{1} << 50))
+      fail_record(rec, "header", fmt::format("Content-Length: '{}' is not a byte count", shown(cl)));
     len = len * 10 + (c - '0');
   }
-  if (len > max_record_bytes_) {
-    // Skip the block so the next record can be read; the caller decides whether to go on.
-    int64_t left = len;
-    while (left > 0) {
-      if (pos_ == buf_.size() && !fill()) {
-        failed_ = true;
-        fail("truncated", n, off, fmt::format("the file ends inside the block (Content-Length {})", len));
-      }
-      const int64_t take = std::min<int64_t>(left, static_cast<int64_t>(buf_.size() - pos_));
-      pos_ += static_cast<size_t>(take);
-      left -= take;
-    }
-    std::string end;
-    read_line(end, 4);
-    read_line(end, 4);
-    in_record_ = false;
-    fail("oversize", n, off,
-         fmt::format("Content-Length {} is over the record size cap of {} bytes (--max-record-bytes)", len,
-                     max_record_bytes_));
+  return len;
+}
+
+// Skips the block so the next record can be read, then fails the record as oversize (the
+// caller decides whether to go on; the reader is not failed: it is at the next record).
+void WarcReader::skip_oversize_block(const WarcRecord& rec, int64_t len) {
+  for (int64_t left = len; left > 0;) {
+    if (pos_ == buf_.size() && !fill())
+      fail_record(rec, "truncated", fmt::format("the file ends inside the block (Content-Length {})", len));
+    const int64_t take = std::min<int64_t>(left, static_cast<int64_t>(buf_.size() - pos_));
+    pos_ += static_cast<size_t>(take);
+    left -= take;
   }
-  if (!read_exact(rec.block, static_cast<size_t>(len))) {
-    failed_ = true;
-    fail("truncated", n, off,
-         fmt::format("block cut short: Content-Length {} but only {} bytes follow", len, rec.block.size()));
-  }
-  // The record ends with CRLF CRLF.
-  for (int k = 0; k < 2; ++k) {
-    if (!read_line(line, 64)) {
-      failed_ = true;
-      fail("truncated", n, off, "the file ends before the record's closing CRLF CRLF");
-    }
-    if (!line.empty()) {
-      failed_ = true;
-      fail("header", n, off,
-           fmt::format("expected CRLF CRLF after the {}-byte block (is Content-Length right?), found '{}'", len,
-                       shown(line)));
-    }
-  }
+  std::string end;
+  read_line(end, 4);
+  read_line(end, 4);
   in_record_ = false;
-  return true;
+  fail("oversize", rec.ordinal, rec.offset,
+       fmt::format("Content-Length {} is over the record size cap of {} bytes (--max-record-bytes)", len,
+                   max_record_bytes_));
 }
 
 void WarcReader::seek_raw(int64_t off) {

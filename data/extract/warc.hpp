@@ -72,6 +72,12 @@ class WarcReader {
   void seek_raw(int64_t off);                    // restart reading at a raw byte offset
   int64_t find_raw(int64_t from, std::string_view pat, bool line_start);
   [[noreturn]] void fail(const std::string& cause, int64_t ordinal, int64_t offset, const std::string& what) const;
+  [[noreturn]] void fail_record(const WarcRecord& rec, const std::string& cause, const std::string& what);
+  // The steps of next().
+  bool read_version_line(WarcRecord& rec);
+  void read_header_fields(WarcRecord& rec);
+  int64_t content_length(const WarcRecord& rec);
+  [[noreturn]] void skip_oversize_block(const WarcRecord& rec, int64_t len);
 
   std::string path_;
   int64_t max_record_bytes_;
