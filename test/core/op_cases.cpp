@@ -116,6 +116,14 @@ Output output(const std::string& name, const Tensor& t, double rtol, Cmp cmp) {
   return o;
 }
 
+// dqkv bound: two chained low-precision ops (2 x kRtolLow); with dropout, 4 x. The GPU
+// backward takes D = rowsum(dout * out) from the STORED out (bf16/f16), the CPU reference
+// rowsum(P * dP) exactly. Without dropout a one-hot row's out is a stored v, exact; with
+// it, out = v / (1 - p) is rounded, and for such a row dq = scale * (dP - D) * k carries
+// that rounding whole (measured on the emulated backend: 1.6 x the 2 x kRtolLow bound at
+// p 0.2, on query 0 of every head). An inherent property of the flash backward.
+double dqkv_rtol(DType dt, double p) { return dt == DType::f32 ? kRtolF32 : (p > 0 ? 4 : 2) * kRtolLow; }
+
 bool cuda_available() {
 #ifdef MTNLG_HAVE_CUDA
   if (cuda::device_count() > 0) {
@@ -564,13 +572,6 @@ Entry elementwise_views_entry() {
 
 // ---- attention -----------------------------------------------------------------------------
 
-// dqkv bound: two chained low-precision ops (2 x kRtolLow); with dropout, 4 x. The GPU
-// backward takes D = rowsum(dout * out) from the STORED out (bf16/f16), the CPU reference
-// rowsum(P * dP) exactly. Without dropout a one-hot row's out is a stored v, exact; with
-// it, out = v / (1 - p) is rounded, and for such a row dq = scale * (dP - D) * k carries
-// that rounding whole (measured on the emulated backend: 1.6 x the 2 x kRtolLow bound at
-// p 0.2, on query 0 of every head). An inherent property of the flash backward.
-double dqkv_rtol(DType dt, double p) { return dt == DType::f32 ? kRtolF32 : (p > 0 ? 4 : 2) * kRtolLow; }
 
 // Both attention forms: the flash form (lse saved) on odd T (partial tiles), T > 32
 // (several key/query tiles), D = 1, D not a multiple of 32, D > 128 (more than 4 columns

@@ -128,6 +128,10 @@ struct Entry {
   std::function<FdProblem(Ctx&, const Case&)> fd;    // null: no finite differences
 };
 
+// The flash attention backward's dqkv bound against the CPU (why: op_cases.cpp); also
+// used by the real-shape case in test_cuda_ops.cpp.
+double dqkv_rtol(DType dt, double p);
+
 // Every entry, in a fixed order.
 const std::vector<Entry>& registry();
 
