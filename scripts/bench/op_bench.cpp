@@ -3,7 +3,7 @@
 //
 //   op_bench [cpu|cuda] [--all] [--op NAME] [--warmup N] [--iters N]
 //
-// By default the cases marked for the benchmark (the largest shape of each entry in f32
+// By default the cases marked for the benchmark (mostly each entry's largest shape in f32
 // and bf16); --all times every device case, --op one entry. Activations are stored in the
 // case's dtype on either device (the op as the trainer runs it). Each timed iteration ends
 // with a device synchronisation; the median is printed with GB/s (the bytes of the case's

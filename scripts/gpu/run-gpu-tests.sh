@@ -66,7 +66,7 @@ if [ -n "$san" ] && [ -x "$bundle/bin/test_core" ]; then
   want racecheck && step "racecheck reductions" timeout "$lim" "$san" --tool racecheck --error-exitcode 9 \
     "$bundle/bin/test_core" "cuda ops table: cross_entropy vs CPU"
   want racecheck && step "racecheck KV-cache attention" timeout "$lim" "$san" --tool racecheck --error-exitcode 9 \
-    "$bundle/bin/test_core" "cuda KV-cache attention*"
+    "$bundle/bin/test_core" "cuda ops table: attention_cached vs CPU"
 else
   echo "run-gpu-tests: compute-sanitizer not found; memcheck/racecheck skipped"
 fi

@@ -346,6 +346,25 @@ Entry matmul_entry() {
   return e;
 }
 
+// The matmul on views at odd element offsets (inputs, weight, bias and output).
+Entry matmul_views_entry() {
+  Entry e{"matmul_views", {}, nullptr, nullptr};
+  for (DType dt : kTypes) e.cases.push_back(device_case(shape_label({{"N", 9}, {"C", 11}, {"OC", 7}}, dt), dt, {9, 11, 7}));
+  e.prepare = [](Ctx& c, const Case& k) {
+    const int64_t N = k.n[0], C = k.n[1], OC = k.n[2];
+    Tensor inp = c.act({N * C + 1}).flat(1, N * C).view({N, C}), w = c.act({OC * C + 3}).flat(3, OC * C).view({OC, C}),
+           bias = c.act({OC + 1}).flat(1, OC);
+    Tensor out = c.out({N * OC + 1}).flat(1, N * OC).view({N, OC});
+    Run r;
+    r.flops = 2.0 * N * C * OC;
+    r.exec = [=]() mutable { ops::matmul_forward(out, inp, w, &bias); };
+    const DType dt = k.dt;
+    r.collect = [=] { return std::vector<Output>{output("forward on views", out, rtol_for(dt))}; };
+    return r;
+  };
+  return e;
+}
+
 // ---- layernorm, residual add + layernorm -----------------------------------------------------
 
 Entry layernorm_entry() {
@@ -664,6 +683,54 @@ Entry attention_entry() {
   return e;
 }
 
+// Attention over a key/value cache: a prefill, two one-token steps and a chunk, each
+// step's output and both caches (after every step) against the other device.
+Entry attention_cached_entry() {
+  Entry e{"attention_cached", {}, nullptr, nullptr};
+  for (auto [B, H, D, cap] : {std::array<int64_t, 4>{1, 1, 8, 8}, {3, 4, 64, 80}, {2, 2, 256, 40}})
+    for (DType dt : kTypes)
+      e.cases.push_back(device_case(shape_label({{"B", B}, {"H", H}, {"D", D}, {"capacity", cap}}, dt), dt, {B, H, D, cap}, {},
+                                    D == 64 && dt != DType::f16));
+  e.prepare = [](Ctx& c, const Case& k) {
+    const int64_t B = k.n[0], H = k.n[1], D = k.n[2], cap = k.n[3];
+    Tensor kc = c.out({B, H, cap, D}), vc = c.out({B, H, cap, D});
+    ops::fill(kc, 0.0);
+    ops::fill(vc, 0.0);
+    struct Step {
+      int64_t past, T;
+      Tensor qkv, out, k, v;
+    };
+    std::vector<Step> steps;
+    int64_t past = 0;
+    for (int64_t T : {std::min<int64_t>(5, cap), int64_t{1}, int64_t{1}, std::min<int64_t>(3, cap - 7)}) {
+      if (T <= 0 || past + T > cap) break;
+      steps.push_back({past, T, c.act({B, T, 3 * H * D}), c.out({B, T, H * D}), c.out({B, H, cap, D}), c.out({B, H, cap, D})});
+      past += T;
+    }
+    Run r;
+    r.exec = [=]() mutable {
+      for (Step& s : steps) {
+        ops::attention_cached_forward(s.out, kc, vc, s.qkv, H, s.past);
+        s.k.copy_from(kc);  // the caches as this step left them
+        s.v.copy_from(vc);
+      }
+    };
+    const DType dt = k.dt;
+    r.collect = [=] {
+      std::vector<Output> o;
+      for (const Step& s : steps) {
+        const std::string at = " (past " + std::to_string(s.past) + " T " + std::to_string(s.T) + ")";
+        o.push_back(output("out" + at, s.out, rtol_for(dt)));
+        o.push_back(output("k cache" + at, s.k, rtol_for(dt)));
+        o.push_back(output("v cache" + at, s.v, rtol_for(dt)));
+      }
+      return o;
+    };
+    return r;
+  };
+  return e;
+}
+
 // ---- embeddings, positions, biases ---------------------------------------------------------
 
 const std::array<int64_t, 3> kEmbShapes[] = {{1, 1, 1}, {37, 19, 11}, {600, 300, 50}};  // N, C, V
@@ -861,10 +928,22 @@ Entry adamw_entry() {
 
 const std::vector<Entry>& registry() {
   static const std::vector<Entry> entries = {
-      utility_entry(),   convert_entry(),   matmul_entry(),        layernorm_entry(),
-      add_layernorm_entry(), gelu_entry(), dropout_entry(),       elementwise_views_entry(),
-      attention_entry(), embedding_entry(), position_entry(),     bias_add_entry(),
-      cross_entropy_entry(), adamw_entry(),
+      utility_entry(),
+      convert_entry(),
+      matmul_entry(),
+      matmul_views_entry(),
+      layernorm_entry(),
+      add_layernorm_entry(),
+      gelu_entry(),
+      dropout_entry(),
+      elementwise_views_entry(),
+      attention_entry(),
+      attention_cached_entry(),
+      embedding_entry(),
+      position_entry(),
+      bias_add_entry(),
+      cross_entropy_entry(),
+      adamw_entry(),
   };
   return entries;
 }

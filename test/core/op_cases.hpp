@@ -100,7 +100,8 @@ struct Output {
 Output output(const std::string& name, const Tensor& t, double rtol, Cmp cmp = Cmp::close);
 
 // One prepared run: `exec` runs the op(s) (forward and backward) on tensors built by
-// `prepare`; `collect` returns the outputs after exec ran once. flops: per exec, 0 where
+// `prepare`; `collect` returns the outputs after exec ran once (and may add to the
+// checks of the Ctx it was prepared with, which must outlive it). flops: per exec, 0 where
 // the op is memory bound (the speed line then shows GB/s from Ctx::bytes).
 struct Run {
   std::function<void()> exec;

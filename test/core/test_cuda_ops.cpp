@@ -1,13 +1,13 @@
 // CUDA checks beside the op table: each op family's CUDA-vs-CPU cases (shapes, dtypes,
 // tolerances) are entries of test/core/op_cases.cpp, driven by test/core/test_op_table.cpp
 // ("cuda ops table: <op> vs CPU", [gpu]). Here: the allocator, uploads and pinned memory,
-// and what the table cannot express -- the fused GEMM epilogues counted, a bias epilogue's
-// single rounding, unaligned views, the two attention forms against each other, real
-// shapes ([large]), the KV cache over several steps, rejected arguments, the step
-// statistics, the flat AdamW and mixed precision. Metric and helpers in cuda_test_util.hpp
-// (rtol 1e-5 for fp32, 1e-2 for bf16/fp16 storage); outputs are NaN-poisoned. Cases are
-// tagged [gpu] (ctest label gpu); without a device they WARN and return unless
-// MTNLG_REQUIRE_GPU=1. The whole file compiles to nothing in CPU-only builds.
+// and what the table cannot express -- the fused GEMM epilogues counted, a bias
+// epilogue's single rounding, the two attention forms against each other, real shapes
+// ([large]), rejected arguments, the step statistics, the flat AdamW and mixed
+// precision. Metric and helpers in cuda_test_util.hpp (rtol 1e-5 for fp32, 1e-2 for
+// bf16/fp16 storage); outputs are NaN-poisoned. Cases are tagged [gpu] (ctest label
+// gpu); without a device they WARN and return unless MTNLG_REQUIRE_GPU=1. The whole
+// file compiles to nothing in CPU-only builds.
 #ifdef MTNLG_HAVE_CUDA
 #include <catch2/catch.hpp>
 
@@ -325,26 +325,6 @@ TEST_CASE("cuda matmul bias without the epilogue rounds once, as the epilogue do
   }
 }
 
-TEST_CASE("cuda matmul on unaligned views (odd element offsets)", "[gpu]") {
-  if (!gpu_ready()) return;
-  std::mt19937_64 g(3);
-  const int64_t N = 9, C = 11, OC = 7;
-  for (DType dt : kTypes) {
-    INFO(to_string(dt));
-    Tensor inp = randn({N * C + 1}, g), w = randn({OC * C + 3}, g), bias = randn({OC + 1}, g);
-    Tensor ri = rounded(inp, dt).flat(1, N * C).view({N, C}), rw = rounded(w, dt).flat(3, OC * C).view({OC, C}),
-           rb = rounded(bias, dt).flat(1, OC);
-    Tensor ref = cpu_zeros({N, OC});
-    ops::matmul_forward(ref, ri, rw, &rb);
-    Tensor gi = to_gpu(inp, dt).flat(1, N * C).view({N, C}), gw = to_gpu(w, dt).flat(3, OC * C).view({OC, C}),
-           gb = to_gpu(bias, dt).flat(1, OC);
-    Tensor outbuf = poisoned({N * OC + 1}, dt);
-    Tensor out = outbuf.flat(1, N * OC).view({N, OC});
-    ops::matmul_forward(out, gi, gw, &gb);
-    check_close("forward on views", out, ref, rtol_for(dt));
-  }
-}
-
 // ---- attention -----------------------------------------------------------------------------
 
 // Both forms compute the same function: the unfused form's out and dqkv equal the
@@ -430,38 +410,6 @@ TEST_CASE("cuda cross-entropy at a real shape (vocab 50304 x 16384 tokens, bf16)
   ops::xent_backward(dl, rl, targets, rmax, sumexp, dloss, 0, valid);
   ops::xent_backward(gl, gl, gt, grmax, gsum, to_gpu(dloss), 0, valid);
   check_close("dlogits", gl, dl, kRtolLow);
-}
-
-TEST_CASE("cuda KV-cache attention (prefill, one-token steps, a chunk) vs CPU", "[gpu]") {
-  if (!gpu_ready()) return;
-  std::mt19937_64 g(23);
-  struct S {
-    int64_t B, H, D, cap;
-  };
-  for (S s : {S{1, 1, 8, 8}, S{3, 4, 64, 80}, S{2, 2, 256, 40}}) {
-    for (DType dt : kTypes) {
-      INFO("B " << s.B << " H " << s.H << " D " << s.D << " capacity " << s.cap << " " << to_string(dt));
-      Tensor kc = cpu_zeros({s.B, s.H, s.cap, s.D}), vc = cpu_zeros({s.B, s.H, s.cap, s.D});
-      Tensor gk = to_gpu(kc, dt), gv = to_gpu(kc, dt);
-      int64_t past = 0;
-      for (int64_t T : {std::min<int64_t>(5, s.cap), int64_t{1}, int64_t{1}, std::min<int64_t>(3, s.cap - 7)}) {
-        if (T <= 0 || past + T > s.cap) break;
-        INFO("past " << past << " T " << T);
-        Tensor qkv = randn({s.B, T, 3 * s.H * s.D}, g);
-        Tensor rq = rounded(qkv, dt);
-        Tensor out = cpu_zeros({s.B, T, s.H * s.D});
-        // The CPU op on the rounded inputs and the rounded cache the GPU holds.
-        Tensor rk = to_cpu_f32(gk), rv = to_cpu_f32(gv);
-        ops::attention_cached_forward(out, rk, rv, rq, s.H, past);
-        Tensor gout = poisoned({s.B, T, s.H * s.D}, dt);
-        ops::attention_cached_forward(gout, gk, gv, to_gpu(qkv, dt), s.H, past);
-        check_close("out", gout, out, rtol_for(dt));
-        check_close("k cache", gk, rk, rtol_for(dt));
-        check_close("v cache", gv, rv, rtol_for(dt));
-        past += T;
-      }
-    }
-  }
 }
 
 TEST_CASE("cuda attention rejects what it cannot run", "[gpu]") {
