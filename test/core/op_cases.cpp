@@ -108,7 +108,7 @@ Tensor Ctx::out(const Shape& s, DType dt_out) {
 Tensor Ctx::stored(const Tensor& t) { return !cuda() && !fd_mode(*this) ? rounded_to(t, dt) : t; }
 
 Output output(const std::string& name, const Tensor& t, double rtol, Cmp cmp) {
-  Output o{name, {}, cmp, rtol, false};
+  Output o{name, {}, cmp, rtol, false, t.dtype(), true};
   Tensor h = t.dtype() == DType::f64 ? t.to(Device::cpu) : converted(t, DType::f32).to(Device::cpu);
   o.values.resize(static_cast<size_t>(h.numel()));
   for (int64_t i = 0; i < h.numel(); ++i)
@@ -176,6 +176,19 @@ Case device_case(std::string label, DType dt, std::vector<int64_t> n, std::vecto
   return c;
 }
 
+// CPU low-precision cases (bf16 and f16), at the shapes test_low_precision.cpp used.
+void add_low_cases(Entry& e, const std::string& label, std::vector<int64_t> n, std::vector<double> x = {}) {
+  for (DType dt : {DType::bf16, DType::f16}) {
+    Case c;
+    c.label = label + " " + to_string(dt) + " (cpu storage)";
+    c.dt = dt;
+    c.n = n;
+    c.x = x;
+    c.low = true;
+    e.cases.push_back(std::move(c));
+  }
+}
+
 // Finite-difference cases keep the seeds of the inputs their tolerance was set on.
 Case fd_case(std::string label, uint64_t seed, std::vector<int64_t> n, std::vector<double> x = {}) {
   Case c;
@@ -194,6 +207,7 @@ Entry utility_entry() {
   Entry e{"utility", {}, nullptr, nullptr};
   for (int64_t n : {1, 7, 1000, 300001})
     for (DType dt : kTypes) e.cases.push_back(device_case(shape_label({{"n", n}}, dt), dt, {n}, {}, n == 300001));
+  add_low_cases(e, "n 192", {192});
   e.prepare = [](Ctx& c, const Case& k) {
     const int64_t n = k.n[0];
     Tensor a = c.act({n}), b = c.act({n});
@@ -212,9 +226,11 @@ Entry utility_entry() {
     c.expect(finite, "all_finite on finite values");
     const DType dt = k.dt;
     r.collect = [=] {
-      Output s{"sum_squares", {*ss}, Cmp::scalar_rel, 1e-9, false};
-      return std::vector<Output>{output("add", sum, rtol_for(dt)), output("scale", scaled, rtol_for(dt)),
-                                 output("copy", cp, 1e-12), output("fill", f, 1e-12), s};
+      Output s{"sum_squares", {*ss}, Cmp::scalar_rel, 1e-9, false, DType::f64, true};
+      std::vector<Output> o{output("add", sum, rtol_for(dt)), output("scale", scaled, rtol_for(dt)),
+                            output("copy", cp, 1e-12), output("fill", f, 1e-12), s};
+      o[1].rounded_once = false;  // the add's store, then the scale's
+      return o;
     };
     return r;
   };
@@ -279,6 +295,7 @@ Entry matmul_entry() {
       for (int64_t mode : {0, 1, 2})
         e.cases.push_back(device_case(shape_label({{"N", N}, {"C", C}, {"OC", OC}}, dt) + " " + modes[mode], dt,
                                       {N, C, OC, mode}, {}, N == 64 && mode == 0 && dt != DType::f16));
+  add_low_cases(e, "N 12 C 16 OC 24", {12, 16, 24, 0});
   e.cases.push_back(fd_case("with bias", 1, {1}));
   e.cases.push_back(fd_case("without bias", 1, {0}));
   // Forward with and without bias; backward with dinp written and accumulated, dw and
@@ -374,6 +391,7 @@ Entry layernorm_entry() {
       for (int64_t acc : {0, 1})
         e.cases.push_back(device_case(shape_label({{"N", N}, {"C", C}}, dt) + (acc ? " accumulate" : ""), dt, {N, C, acc},
                                       {}, N == 300 && !acc && dt != DType::f16));
+  add_low_cases(e, "N 12 C 16", {12, 16, 0});
   e.cases.push_back(fd_case("N 4 C 9", 2, {}));
   e.prepare = [](Ctx& c, const Case& k) {
     const int64_t N = k.n[0], C = k.n[1];
@@ -454,6 +472,7 @@ Entry gelu_entry() {
   Entry e{"gelu", {}, nullptr, nullptr};
   for (int64_t n : {1, 31, 100003})
     for (DType dt : kTypes) e.cases.push_back(device_case(shape_label({{"n", n}}, dt), dt, {n}, {}, n == 100003 && dt != DType::f16));
+  add_low_cases(e, "n 192", {192});
   e.cases.push_back(fd_case("n 31", 3, {}));
   e.prepare = [](Ctx& c, const Case& k) {
     const int64_t n = k.n[0];
@@ -497,23 +516,27 @@ Entry dropout_entry() {
         e.cases.push_back(device_case(l.str(), DType::f32, {n, base, 0xfeedbeefll}, {p}, n == (1 << 18) && p == 0.1 && base == 3));
       }
   e.cases.push_back(device_case("n 4096 p 0.3 base 17 bf16", DType::bf16, {4096, 17, 99}, {0.3}, true));
+  add_low_cases(e, "n 192 p 0.25 base 1000", {192, 1000, 99}, {0.25});
   e.cases.push_back(fd_case("n 1000 p 0.3", 4, {}));
   e.prepare = [](Ctx& c, const Case& k) {
     const int64_t n = k.n[0];
     const uint64_t base = static_cast<uint64_t>(k.n[1]), key = static_cast<uint64_t>(k.n[2]);
     const double p = k.x[0];
     Tensor x = c.act({n}), out = c.out({n});
-    Tensor xb = x.clone();
+    Tensor xb = x.clone(), xf = x.clone();
     Run r;
     r.exec = [=]() mutable {
       ops::dropout_forward(out, x, p, key, base);
+      ops::dropout_forward(xf, xf, p, key, base);
       ops::dropout_backward(xb, xb, p, key, base);  // in place, as the model calls it
     };
     const DType dt = k.dt;
     Ctx* cp = &c;
     r.collect = [=] {
       cp->expect(same_bits(out, xb), "dropout backward (in place) == forward");
+      cp->expect(same_bits(out, xf), "dropout forward in place == forward");
       std::vector<Output> o{output("dropout", out, dt == DType::f32 ? 0.0 : kRtolLow),
+                            output("dropout forward in place", xf, dt == DType::f32 ? 0.0 : kRtolLow),
                             output("dropout backward in place", xb, dt == DType::f32 ? 0.0 : kRtolLow)};
       for (Output& x1 : o) {
         if (dt == DType::f32) x1.cmp = Cmp::bits;
@@ -615,6 +638,7 @@ Entry attention_entry() {
             << to_string(dt);
           e.cases.push_back(device_case(l.str(), dt, {form, B, T, H, D}, {p}, T >= 33 && D >= 64 && p == 0 && dt != DType::f16));
         }
+  add_low_cases(e, "flash B 2 T 6 H 2 D 4 p 0.2", {0, 2, 6, 2, 4}, {0.2});
   e.cases.push_back(fd_case("unfused p 0", 5, {}, {0.0}));
   e.cases.push_back(fd_case("unfused p 0.25", 5, {}, {0.25}));
   e.prepare = [](Ctx& c, const Case& k) {
@@ -743,9 +767,10 @@ Entry embedding_entry() {
   for (const auto& [N, C, V] : kEmbShapes)
     for (DType dt : kTypes)
       e.cases.push_back(device_case(shape_label({{"N", N}, {"C", C}, {"V", V}}, dt), dt, {N, C, V}, {}, N == 600 && dt != DType::f16));
+  add_low_cases(e, "N 12 C 16 V 20 vocab start 3", {12, 16, 20, 3});
   e.cases.push_back(fd_case("with positions", 6, {}));
   e.prepare = [](Ctx& c, const Case& k) {
-    const int64_t N = k.n[0], C = k.n[1], V = k.n[2], vstart = 5;
+    const int64_t N = k.n[0], C = k.n[1], V = k.n[2], vstart = k.n.size() > 3 ? k.n[3] : 5;
     Tensor tok = c.ids({N}, 0, static_cast<int>(vstart + V + 3));
     Tensor table = c.act({V, C}), dout = c.act({N, C}), dtab = c.f32({V, C});
     Tensor dtab0 = dtab.clone(), out = c.out({N, C});
@@ -797,10 +822,13 @@ Entry position_entry() {
   for (const auto& [N, C, V] : kEmbShapes)
     for (DType dt : kTypes)
       e.cases.push_back(device_case(shape_label({{"N", N}, {"C", C}}, dt), dt, {N, C}, {}, N == 600 && dt != DType::f16));
+  add_low_cases(e, "N 12 C 16 seq 4 row start 3 table 8", {12, 16, 4, 3, 8});
   e.prepare = [](Ctx& c, const Case& k) {
     const int64_t N = k.n[0], C = k.n[1];
-    const int64_t T = std::max<int64_t>(1, N / 3 + 1), row_start = T > 2 ? 2 : 0;
-    Tensor pos = c.act({T + 2, C}), dpos = c.f32({T + 2, C}), x = c.act({N, C}), dout = c.act({N, C});
+    const bool given = k.n.size() > 2;  // seq_len, row_start, table rows
+    const int64_t T = given ? k.n[2] : std::max<int64_t>(1, N / 3 + 1), row_start = given ? k.n[3] : T > 2 ? 2 : 0;
+    const int64_t rows = given ? k.n[4] : T + 2;
+    Tensor pos = c.act({rows, C}), dpos = c.f32({rows, C}), x = c.act({N, C}), dout = c.act({N, C});
     Run r;
     r.exec = [=]() mutable {
       ops::position_forward(x, pos, row_start, T);
@@ -818,6 +846,7 @@ Entry bias_add_entry() {
   for (const auto& [N, C, V] : kEmbShapes)
     for (DType dt : kTypes)
       e.cases.push_back(device_case(shape_label({{"N", N}, {"C", C}}, dt), dt, {N, C}, {}, N == 600 && dt != DType::f16));
+  add_low_cases(e, "N 12 C 16", {12, 16});
   e.cases.push_back(fd_case("N 5 C 70", 8, {}));
   e.prepare = [](Ctx& c, const Case& k) {
     const int64_t N = k.n[0], C = k.n[1];
@@ -855,14 +884,17 @@ Entry cross_entropy_entry() {
     for (DType dt : kTypes)
       e.cases.push_back(device_case(shape_label({{"N", N}, {"V", V}, {"valid", valid}}, dt), dt, {N, V, valid}, {},
                                     N == 64 && dt != DType::f16));
+  add_low_cases(e, "N 12 V 20 valid 17 vocab start 2", {12, 20, 17, 2});
   e.cases.push_back(fd_case("N 4 V 10 valid 8", 7, {}));
   e.prepare = [](Ctx& c, const Case& k) {
-    const int64_t N = k.n[0], V = k.n[1], valid = k.n[2], vstart = 100;
+    const int64_t N = k.n[0], V = k.n[1], valid = k.n[2], vstart = k.n.size() > 3 ? k.n[3] : 100;
     Tensor logits = c.act({N, V}, 3.0);
-    Tensor targets = c.ids({N}, 90, static_cast<int>(vstart + valid + 5));
+    Tensor targets = c.ids({N}, static_cast<int>(std::max<int64_t>(0, vstart - 10)), static_cast<int>(vstart + valid + 5));
     Tensor dloss = c.f32({N});
     Tensor rmax = c.out({N}, DType::f32), sumexp = c.out({N}, DType::f32), tl = c.out({N}, DType::f32);
-    Tensor dl = c.cuda() ? logits : c.out({N, V});
+    // in place (dlogits over the logits) as the model does, except in the f32 CPU reference
+    const bool in_place = c.cuda() || (c.store != DType::f32 && c.store != DType::f64);
+    Tensor dl = in_place ? logits : c.out({N, V});
     Run r;
     r.exec = [=]() mutable {
       ops::xent_rowmax(rmax, logits, valid);

@@ -5,6 +5,10 @@
 //   - CUDA vs CPU (test/core/test_op_table.cpp, tag [gpu]; on the emulated backend in
 //     CI): an entry's `prepare` runs once on each device on the same deterministic
 //     inputs and the outputs are compared with the metric of cuda_test_util.hpp;
+//   - bf16/f16 storage on the CPU (test/core/test_op_table.cpp, tag [low_precision]):
+//     `prepare` with low-precision activations against the f32 run on the same rounded
+//     inputs: each low-precision output is the f32 result rounded once (bit for bit),
+//     statistics and parameter gradients (f32) are equal;
 //   - a speed line (scripts/bench/op_bench.cpp, CMake target op_bench): `prepare` once,
 //     then its `exec` timed on the chosen device.
 // This file and op_cases.cpp use no Catch2 (op_bench links them without it): extra
@@ -45,6 +49,7 @@ struct Case {
   bool fd = false;         // finite differences (fp64 CPU, `fd`)
   bool device = false;     // CUDA vs CPU (`prepare`)
   bool bench = false;      // op_bench's default set
+  bool low = false;        // CPU bf16/f16 storage vs the CPU f32 op rounded once (`prepare`)
   uint64_t seed = 0;       // the inputs' seed; 0: case_seed()
 };
 
@@ -95,6 +100,10 @@ struct Output {
   Cmp cmp = Cmp::close;
   double rtol = 0;
   bool same_zeros = false;  // also: zero exactly where the other device has zero (dropout masks)
+  DType stored = DType::f32;  // the dtype the output was held in
+  // In a bf16/f16 run on the CPU: the f32 run's value rounded once at the store (false
+  // where the entry chains two stores, e.g. a scale after an add).
+  bool rounded_once = true;
 };
 // A device tensor (any float dtype) as host values; `rtol` per the comparison.
 Output output(const std::string& name, const Tensor& t, double rtol, Cmp cmp = Cmp::close);

@@ -2,6 +2,8 @@
 // and mechanism, registered at start-up from the table, one DYNAMIC_SECTION per case so
 // a failure names the op and the case:
 //   "ops table: <op> (fp64 finite differences)"  [ops]  every case marked fd
+//   "ops table: <op> in bf16/f16 is the f32 op rounded once (CPU)"
+//                                                  [low_precision]  every case marked low
 //   "cuda ops table: <op> vs CPU"                  [gpu]  every case marked device
 // The CUDA driver exists in CUDA builds only (CPU builds exclude CUDA code); without a
 // device it WARNs and returns unless MTNLG_REQUIRE_GPU=1 (cuda_test_util.hpp).
@@ -14,6 +16,7 @@
 #include <memory>
 #include <string>
 
+#include "core/half.hpp"
 #include "test/core/op_cases.hpp"
 #ifdef MTNLG_HAVE_CUDA
 #include "test/core/cuda_test_util.hpp"
@@ -64,6 +67,47 @@ void run_fd(const Entry& e) {
       const FdProblem p = e.fd(c, k);
       assert_checks(c.checks, "cpu f64");
       for (const FdParam& fp : p.params) check_grad(fp, p.loss, p.tol);
+    }
+  }
+}
+
+// A bf16/f16 CPU run against the f32 CPU run on the same rounded inputs: each
+// low-precision output equals the f32 value rounded once (the same bits), every f32
+// output (statistics, parameter gradients) the same value.
+void run_low(const Entry& e) {
+  for (size_t i = 0; i < e.cases.size(); ++i) {
+    const Case& k = e.cases[i];
+    if (!k.low) continue;
+    DYNAMIC_SECTION(e.name << ": " << k.label) {
+      const uint64_t seed = case_seed(e, i);
+      Ctx ref(Device::cpu, k.dt, DType::f32, seed), low(Device::cpu, k.dt, k.dt, seed);
+      Run rr = e.prepare(ref, k);
+      rr.exec();
+      const std::vector<Output> ro = rr.collect();
+      Run lr = e.prepare(low, k);
+      lr.exec();
+      const std::vector<Output> lo = lr.collect();
+      assert_checks(ref.checks, "cpu f32");
+      assert_checks(low.checks, "cpu low precision");
+      REQUIRE(ro.size() == lo.size());
+      for (size_t j = 0; j < ro.size(); ++j) {
+        const Output &a = lo[j], &r = ro[j];
+        INFO(r.name << " held in " << to_string(a.stored));
+        REQUIRE(a.values.size() == r.values.size());
+        int64_t bad = 0;
+        if (a.stored == DType::bf16 || a.stored == DType::f16) {
+          if (!r.rounded_once) continue;
+          for (size_t q = 0; q < r.values.size(); ++q) {
+            const float f = static_cast<float>(r.values[q]);
+            const double want = a.stored == DType::bf16 ? half::bf16_to_f32(half::f32_to_bf16(f))
+                                                        : half::f16_to_f32(half::f32_to_f16(f));
+            bad += std::memcmp(&want, &a.values[q], sizeof want) != 0;
+          }
+        } else {
+          for (size_t q = 0; q < r.values.size(); ++q) bad += !(a.values[q] == r.values[q]);
+        }
+        CHECK(bad == 0);
+      }
     }
   }
 }
@@ -149,9 +193,11 @@ struct Registrar {
   std::deque<Catch::AutoReg> regs;
   Registrar() {
     for (const Entry& e : registry()) {
-      bool fd = false, device = false;
-      for (const Case& k : e.cases) fd |= k.fd, device |= k.device;
+      bool fd = false, device = false, low = false;
+      for (const Case& k : e.cases) fd |= k.fd, device |= k.device, low |= k.low;
       if (fd && e.fd) add(e, "ops table: " + e.name + " (fp64 finite differences)", "[ops]", run_fd);
+      if (low && e.prepare)
+        add(e, "ops table: " + e.name + " in bf16/f16 is the f32 op rounded once (CPU)", "[low_precision]", run_low);
 #ifdef MTNLG_HAVE_CUDA
       if (device && e.prepare) add(e, "cuda ops table: " + e.name + " vs CPU", "[gpu]", run_device);
 #else
