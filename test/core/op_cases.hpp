@@ -1,4 +1,4 @@
-// The op table: every op family's cases in one place, driven by three mechanisms that
+// The op table: every op family's cases in one place, driven by four mechanisms that
 // iterate the same entries (as ggml's test-backend-ops does):
 //   - finite differences on the CPU in fp64 (test/core/test_op_table.cpp, tag [ops]):
 //     an entry's `fd` builds a scalar loss and the gradients its backward gives;
@@ -13,8 +13,10 @@
 //     then its `exec` timed on the chosen device.
 // This file and op_cases.cpp use no Catch2 (op_bench links them without it): extra
 // assertions an entry makes are collected in Ctx::checks and asserted by the driver.
-// Cases too special for the table (counted fused GEMMs, MTNLG_EMU_LT_FAIL, allocator,
-// real-shape [large] runs) stay TEST_CASEs in test_cuda_ops.cpp and test_ops_grad.cpp.
+// Cases too special for the table (counted fused GEMMs, the allocator, real-shape
+// [large] runs, the two attention forms against each other, reference values, dtype-role
+// errors) stay TEST_CASEs in test_cuda_ops.cpp, test_ops_grad.cpp and
+// test_low_precision.cpp.
 #pragma once
 #include <cstdint>
 #include <functional>
