@@ -62,11 +62,11 @@ if [ -n "$san" ] && [ -x "$bundle/bin/test_core" ]; then
   want memcheck && [ -x "$bundle/bin/test_model" ] && step "memcheck test_model [gpu]" timeout "$lim" "$san" \
     --tool memcheck --error-exitcode 9 --leak-check no "$bundle/bin/test_model" "[gpu]"
   want racecheck && step "racecheck attention" timeout "$lim" "$san" --tool racecheck --error-exitcode 9 \
-    "$bundle/bin/test_core" "cuda attention, flash (lse) and unfused (probs) forms, vs CPU"
+    "$bundle/bin/test_core" "cuda ops table: attention vs CPU"
   want racecheck && step "racecheck reductions" timeout "$lim" "$san" --tool racecheck --error-exitcode 9 \
-    "$bundle/bin/test_core" "cuda vocab-parallel cross-entropy pieces vs CPU"
+    "$bundle/bin/test_core" "cuda ops table: cross_entropy vs CPU"
   want racecheck && step "racecheck KV-cache attention" timeout "$lim" "$san" --tool racecheck --error-exitcode 9 \
-    "$bundle/bin/test_core" "cuda KV-cache attention*"
+    "$bundle/bin/test_core" "cuda ops table: attention_cached vs CPU"
 else
   echo "run-gpu-tests: compute-sanitizer not found; memcheck/racecheck skipped"
 fi

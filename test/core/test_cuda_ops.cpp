@@ -1,10 +1,13 @@
-// Every CUDA op against its CPU reference (docs/ARCHITECTURE.md "Invariants") on fresh random
-// inputs, at several shapes including odd sizes and every launch branch, in fp32
-// (rtol 1e-5) and bf16/fp16 storage (rtol 1e-2); metric and helpers in
-// cuda_test_util.hpp. Outputs are NaN-poisoned before each run; accumulated outputs
-// start from the same random values on both devices. Cases are tagged [gpu] (ctest
-// label gpu); without a device they WARN and return unless MTNLG_REQUIRE_GPU=1.
-// The whole file compiles to nothing in CPU-only builds.
+// CUDA checks beside the op table: each op family's CUDA-vs-CPU cases (shapes, dtypes,
+// tolerances) are entries of test/core/op_cases.cpp, driven by test/core/test_op_table.cpp
+// ("cuda ops table: <op> vs CPU", [gpu]). Here: the allocator, uploads and pinned memory,
+// and what the table cannot express -- the fused GEMM epilogues counted, a bias
+// epilogue's single rounding, the two attention forms against each other, real shapes
+// ([large]), rejected arguments, the step statistics, the flat AdamW and mixed
+// precision. Metric and helpers in cuda_test_util.hpp (rtol 1e-5 for fp32, 1e-2 for
+// bf16/fp16 storage); outputs are NaN-poisoned. Cases are tagged [gpu] (ctest label
+// gpu); without a device they WARN and return unless MTNLG_REQUIRE_GPU=1. The whole
+// file compiles to nothing in CPU-only builds.
 #ifdef MTNLG_HAVE_CUDA
 #include <catch2/catch.hpp>
 
@@ -24,6 +27,7 @@
 #include "core/error.hpp"
 #include "core/ops.hpp"
 #include "test/core/cuda_test_util.hpp"
+#include "test/core/op_cases.hpp"
 
 using namespace mtnlg;
 using namespace mtnlg::test;
@@ -228,47 +232,12 @@ TEST_CASE("cuda pinned host tensors: device-to-host copies into them, cached by 
 
 // ---- utility ops -----------------------------------------------------------------------
 
-TEST_CASE("cuda fill, copy, add, scale, convert, sum_squares, all_finite", "[gpu]") {
+TEST_CASE("cuda all_finite finds inf and NaN, sum_squares is deterministic, i32 fill", "[gpu]") {
   if (!gpu_ready()) return;
   std::mt19937_64 g(1);
-  for (int64_t n : {1, 7, 1000, 300001}) {
-    INFO("n = " << n);
-    Tensor a = randn({n}, g), b = randn({n}, g);
-    for (DType dt : kTypes) {
-      INFO("dtype " << to_string(dt));
-      Tensor ar = rounded(a, dt), br = rounded(b, dt);
-      Tensor ga = to_gpu(a, dt), gb = to_gpu(b, dt);
-      Tensor out = poisoned({n}, dt);
-      ops::add(out, ga, gb);
-      Tensor ref = cpu_zeros({n});
-      ops::add(ref, ar, br);
-      check_close("add", out, ref, rtol_for(dt));
-      ops::scale(out, -0.5);
-      ops::scale(ref, -0.5);
-      check_close("scale", out, ref, rtol_for(dt));
-      Tensor cp = poisoned({n}, dt);
-      ops::copy(cp, ga);
-      check_close("copy", cp, ar, 0.0 + 1e-12);
-      const double ss = ops::sum_squares(ga), ss_ref = ops::sum_squares(ar);
-      CHECK(std::fabs(ss - ss_ref) <= 1e-9 * ss_ref);
-      CHECK(ops::all_finite(ga));
-    }
-    Tensor f = poisoned({n}, DType::f32);
-    ops::fill(f, 2.5);
-    Tensor fr = Tensor::empty({n});
-    ops::fill(fr, 2.5);
-    check_close("fill", f, fr, 1e-12);
-  }
-  // conversions: every pair, exact on values representable in the target
-  Tensor x = randn({4097}, g);
-  for (DType from : kTypes)
-    for (DType to : kTypes) {
-      INFO(to_string(from) << " -> " << to_string(to));
-      Tensor src = to_gpu(x, from);
-      Tensor dst = poisoned({4097}, to);
-      ops::convert(dst, src);
-      check_close("convert", dst, rounded(rounded(x, from), to), 1e-12);
-    }
+  // (add, scale, copy, fill, sum_squares, all_finite on finite values and the conversions
+  // between every pair of float dtypes: the op table's "utility" and "convert" entries,
+  // test/core/op_cases.cpp)
   // non-finite detection
   Tensor y = randn({1 << 16}, g);
   y.data<float>()[12345] = INFINITY;
@@ -287,56 +256,6 @@ TEST_CASE("cuda fill, copy, add, scale, convert, sum_squares, all_finite", "[gpu
 }
 
 // ---- matmul ------------------------------------------------------------------------------
-
-TEST_CASE("cuda matmul forward/backward vs CPU (all three shapes; cuBLASLt with and without the bias epilogue, and the cublasGemmEx fallback)", "[gpu]") {
-  if (!gpu_ready()) return;
-  std::mt19937_64 g(2);
-  struct S {
-    int64_t N, C, OC;
-  };
-  for (S s : {S{1, 1, 1}, S{7, 13, 5}, S{64, 96, 160}, S{129, 257, 33}}) {
-    for (DType dt : kTypes) {
-      for (int mode : {0, 1, 2}) {  // 0 cuBLASLt + bias epilogue, 1 cuBLASLt, 2 cublasGemmEx
-        const bool epilogue = mode == 0;
-        INFO("N " << s.N << " C " << s.C << " OC " << s.OC << " dtype " << to_string(dt) << " mode " << mode);
-        const bool old = cuda::set_gemm_bias_epilogue(epilogue);
-        const bool old_lt = cuda::set_gemm_lt(mode != 2);
-        const int64_t fallbacks = cuda::gemm_fallbacks();
-        Tensor inp = randn({s.N, s.C}, g), w = randn({s.OC, s.C}, g, 0.2), bias = randn({s.OC}, g);
-        Tensor dout = randn({s.N, s.OC}, g), dinp0 = randn({s.N, s.C}, g), dw0 = randn({s.OC, s.C}, g),
-               db0 = randn({s.OC}, g);
-        Tensor ri = rounded(inp, dt), rw = rounded(w, dt), rb = rounded(bias, dt), rd = rounded(dout, dt),
-               rdi0 = rounded(dinp0, dt);
-        // forward with and without bias
-        Tensor ref = cpu_zeros({s.N, s.OC});
-        ops::matmul_forward(ref, ri, rw, &rb);
-        Tensor gi = to_gpu(inp, dt), gw = to_gpu(w, dt), gb = to_gpu(bias, dt), gd = to_gpu(dout, dt);
-        Tensor out = poisoned({s.N, s.OC}, dt);
-        ops::matmul_forward(out, gi, gw, &gb);
-        check_close("forward+bias", out, ref, rtol_for(dt));
-        ops::matmul_forward(ref, ri, rw, nullptr);
-        out = poisoned({s.N, s.OC}, dt);
-        ops::matmul_forward(out, gi, gw, nullptr);
-        check_close("forward", out, ref, rtol_for(dt));
-        // backward: dinp written, dw and dbias accumulated (fp32)
-        for (bool acc : {false, true}) {
-          INFO("accumulate dinp " << acc);
-          Tensor rdinp = rdi0.clone(), rdw = dw0.clone(), rdb = db0.clone();
-          ops::matmul_backward(&rdinp, &rdw, &rdb, rd, ri, rw, acc);
-          Tensor gdinp = acc ? to_gpu(dinp0, dt) : poisoned({s.N, s.C}, dt);
-          Tensor gdw = to_gpu(dw0), gdb = to_gpu(db0);
-          ops::matmul_backward(&gdinp, &gdw, &gdb, gd, gi, gw, acc);
-          check_close("dinp", gdinp, rdinp, rtol_for(dt));
-          check_close("dw", gdw, rdw, rtol_for(dt));
-          check_close("dbias", gdb, rdb, rtol_for(dt));
-        }
-        if (mode == 2) CHECK(cuda::gemm_fallbacks() > fallbacks);  // the fallback really ran
-        cuda::set_gemm_bias_epilogue(old);
-        cuda::set_gemm_lt(old_lt);
-      }
-    }
-  }
-}
 
 // The MLP's fused first half and its backward (GELU_AUX_BIAS / DGELU_BGRAD epilogues), and
 // the same ops with the epilogues off (the GEMM, then the GELU and bias-gradient kernels);
@@ -406,247 +325,7 @@ TEST_CASE("cuda matmul bias without the epilogue rounds once, as the epilogue do
   }
 }
 
-TEST_CASE("cuda matmul on unaligned views (odd element offsets)", "[gpu]") {
-  if (!gpu_ready()) return;
-  std::mt19937_64 g(3);
-  const int64_t N = 9, C = 11, OC = 7;
-  for (DType dt : kTypes) {
-    INFO(to_string(dt));
-    Tensor inp = randn({N * C + 1}, g), w = randn({OC * C + 3}, g), bias = randn({OC + 1}, g);
-    Tensor ri = rounded(inp, dt).flat(1, N * C).view({N, C}), rw = rounded(w, dt).flat(3, OC * C).view({OC, C}),
-           rb = rounded(bias, dt).flat(1, OC);
-    Tensor ref = cpu_zeros({N, OC});
-    ops::matmul_forward(ref, ri, rw, &rb);
-    Tensor gi = to_gpu(inp, dt).flat(1, N * C).view({N, C}), gw = to_gpu(w, dt).flat(3, OC * C).view({OC, C}),
-           gb = to_gpu(bias, dt).flat(1, OC);
-    Tensor outbuf = poisoned({N * OC + 1}, dt);
-    Tensor out = outbuf.flat(1, N * OC).view({N, OC});
-    ops::matmul_forward(out, gi, gw, &gb);
-    check_close("forward on views", out, ref, rtol_for(dt));
-  }
-}
-
-// ---- layernorm, gelu, dropout -----------------------------------------------------------------
-
-TEST_CASE("cuda layernorm forward/backward vs CPU", "[gpu]") {
-  if (!gpu_ready()) return;
-  std::mt19937_64 g(4);
-  struct S {
-    int64_t N, C;
-  };
-  for (S s : {S{1, 1}, S{5, 7}, S{33, 768}, S{300, 1000}}) {  // N > 256: several dw/db chunks
-    for (DType dt : kTypes) {
-      for (bool acc : {false, true}) {
-        INFO("N " << s.N << " C " << s.C << " " << to_string(dt) << " accumulate " << acc);
-        Tensor x = randn({s.N, s.C}, g, 2.0), w = randn({s.C}, g), b = randn({s.C}, g), dy = randn({s.N, s.C}, g);
-        Tensor dx0 = randn({s.N, s.C}, g), dw0 = randn({s.C}, g), db0 = randn({s.C}, g);
-        Tensor rx = rounded(x, dt), rw = rounded(w, dt), rb = rounded(b, dt), rdy = rounded(dy, dt);
-        Tensor out = cpu_zeros({s.N, s.C}), mean = cpu_zeros({s.N}), rstd = cpu_zeros({s.N});
-        ops::layernorm_forward(out, mean, rstd, rx, rw, rb, 1e-5);
-        Tensor gx = to_gpu(x, dt), gw = to_gpu(w, dt), gb = to_gpu(b, dt), gdy = to_gpu(dy, dt);
-        Tensor gout = poisoned({s.N, s.C}, dt), gmean = poisoned({s.N}, DType::f32), grstd = poisoned({s.N}, DType::f32);
-        ops::layernorm_forward(gout, gmean, grstd, gx, gw, gb, 1e-5);
-        check_close("out", gout, out, rtol_for(dt));
-        check_close("mean", gmean, mean, kRtolF32);
-        check_close("rstd", grstd, rstd, kRtolF32);
-        Tensor rdx = rounded(dx0, dt), rdw = dw0.clone(), rdb = db0.clone();
-        ops::layernorm_backward(rdx, rdw, rdb, rdy, rx, rw, mean, rstd, acc);
-        Tensor gdx = acc ? to_gpu(dx0, dt) : poisoned({s.N, s.C}, dt), gdw = to_gpu(dw0), gdb = to_gpu(db0);
-        ops::layernorm_backward(gdx, gdw, gdb, gdy, gx, gw, gmean, grstd, acc);
-        check_close("dinp", gdx, rdx, rtol_for(dt));
-        check_close("dw", gdw, rdw, rtol_for(dt));
-        check_close("db", gdb, rdb, rtol_for(dt));
-      }
-    }
-  }
-}
-
-// The residual add fused into the LayerNorm: against the CPU (within the dtype's bound)
-// and bit for bit against add() then layernorm_forward() on the device.
-TEST_CASE("cuda residual add + layernorm forward vs CPU and vs the two ops", "[gpu]") {
-  if (!gpu_ready()) return;
-  std::mt19937_64 g(23);
-  for (auto [N, C] : {std::pair<int64_t, int64_t>{1, 1}, {7, 33}, {129, 256}}) {
-    for (DType dt : kTypes) {
-      INFO("N " << N << " C " << C << " " << to_string(dt));
-      Tensor a = randn({N, C}, g), b = randn({N, C}, g), w = randn({C}, g), bias = randn({C}, g);
-      Tensor ra = rounded(a, dt), rb = rounded(b, dt), rw = rounded(w, dt), rbias = rounded(bias, dt);
-      Tensor sum = cpu_zeros({N, C}), out = cpu_zeros({N, C}), mean = cpu_zeros({N}), rstd = cpu_zeros({N});
-      ops::add_layernorm_forward(sum, out, mean, rstd, ra, rb, rw, rbias, 1e-5);
-      Tensor ga = to_gpu(a, dt), gb = to_gpu(b, dt), gw = to_gpu(w, dt), gbias = to_gpu(bias, dt);
-      Tensor gsum = poisoned({N, C}, dt), gout = poisoned({N, C}, dt), gmean = poisoned({N}, DType::f32),
-             grstd = poisoned({N}, DType::f32);
-      ops::add_layernorm_forward(gsum, gout, gmean, grstd, ga, gb, gw, gbias, 1e-5);
-      check_close("sum", gsum, sum, rtol_for(dt));
-      check_close("out", gout, out, rtol_for(dt));
-      check_close("mean", gmean, mean, rtol_for(dt));
-      check_close("rstd", grstd, rstd, rtol_for(dt));
-      Tensor s2 = poisoned({N, C}, dt), o2 = poisoned({N, C}, dt), m2 = poisoned({N}, DType::f32),
-             r2 = poisoned({N}, DType::f32);
-      ops::add(s2, ga, gb);
-      ops::layernorm_forward(o2, m2, r2, s2, gw, gbias, 1e-5);
-      for (auto [x, y] : {std::pair<Tensor*, Tensor*>{&gsum, &s2}, {&gout, &o2}, {&gmean, &m2}, {&grstd, &r2}}) {
-        Tensor hx = x->to(Device::cpu), hy = y->to(Device::cpu);
-        CHECK(std::memcmp(hx.raw(), hy.raw(), static_cast<size_t>(hx.nbytes())) == 0);
-      }
-    }
-  }
-}
-
-// add, GELU and dropout move 16-byte packs when every pointer is 16-byte aligned and go
-// element by element otherwise: both paths (aligned buffers; views one element in) and a
-// tail past the last whole pack (n = 1003) give the CPU's values, dropout its exact mask.
-TEST_CASE("cuda elementwise ops on packed and unpacked paths vs CPU", "[gpu]") {
-  if (!gpu_ready()) return;
-  std::mt19937_64 g(24);
-  const int64_t n = 1003;
-  for (DType dt : kTypes) {
-    for (int64_t off : {0, 1}) {
-      INFO(to_string(dt) << " offset " << off);
-      Tensor a = randn({n}, g), b = randn({n}, g);
-      Tensor ra = rounded(a, dt), rb = rounded(b, dt);
-      Tensor ga_buf = to_gpu(randn({n + 1}, g), dt), gb_buf = to_gpu(randn({n + 1}, g), dt);
-      Tensor ga = ga_buf.flat(off, n), gb = gb_buf.flat(off, n);
-      ga.copy_from(to_gpu(a, dt));
-      gb.copy_from(to_gpu(b, dt));
-      Tensor out_buf = poisoned({n + 1}, dt);
-      Tensor gout = out_buf.flat(off, n);
-      Tensor ref = cpu_zeros({n});
-      ops::add(ref, ra, rb);
-      ops::add(gout, ga, gb);
-      check_close("add", gout, ref, rtol_for(dt));
-      ops::gelu_forward(ref, ra);
-      ops::gelu_forward(gout, ga);
-      check_close("gelu", gout, ref, rtol_for(dt));
-      ops::gelu_backward(ref, ra, rb);
-      ops::gelu_backward(gout, ga, gb);
-      check_close("gelu_backward", gout, ref, rtol_for(dt));
-      ops::dropout_forward(ref, ra, 0.3, 99, 17);
-      ops::dropout_forward(gout, ga, 0.3, 99, 17);
-      check_close("dropout", gout, ref, rtol_for(dt));
-      Tensor back = to_cpu_f32(gout);
-      for (int64_t i = 0; i < n; ++i) CHECK((back.data<float>()[i] == 0) == (ref.data<float>()[i] == 0));
-    }
-  }
-}
-
-TEST_CASE("cuda gelu forward/backward vs CPU", "[gpu]") {
-  if (!gpu_ready()) return;
-  std::mt19937_64 g(5);
-  for (int64_t n : {1, 31, 100003}) {
-    for (DType dt : kTypes) {
-      INFO("n " << n << " " << to_string(dt));
-      Tensor x = randn({n}, g, 3.0), dy = randn({n}, g);
-      Tensor rx = rounded(x, dt), rdy = rounded(dy, dt);
-      Tensor out = cpu_zeros({n}), dx = cpu_zeros({n});
-      ops::gelu_forward(out, rx);
-      ops::gelu_backward(dx, rx, rdy);
-      Tensor gout = poisoned({n}, dt), gdx = poisoned({n}, dt);
-      ops::gelu_forward(gout, to_gpu(x, dt));
-      ops::gelu_backward(gdx, to_gpu(x, dt), to_gpu(dy, dt));
-      check_close("gelu", gout, out, rtol_for(dt));
-      check_close("gelu'", gdx, dx, rtol_for(dt));
-    }
-  }
-}
-
-TEST_CASE("cuda dropout masks are bit-identical to the CPU's", "[gpu]") {
-  if (!gpu_ready()) return;
-  std::mt19937_64 g(6);
-  for (int64_t n : {1, 5, 4099, 1 << 18}) {
-    for (double p : {0.0, 0.1, 0.5}) {
-      for (uint64_t base : {uint64_t{0}, uint64_t{3}, uint64_t{1} << 40}) {
-        INFO("n " << n << " p " << p << " base " << base);
-        Tensor x = randn({n}, g);
-        Tensor ref = cpu_zeros({n});
-        ops::dropout_forward(ref, x, p, 0xfeedbeefull, base);
-        Tensor gx = to_gpu(x);
-        Tensor out = poisoned({n}, DType::f32);
-        ops::dropout_forward(out, gx, p, 0xfeedbeefull, base);
-        Tensor back = out.to(Device::cpu);
-        CHECK(std::memcmp(back.raw(), ref.raw(), static_cast<size_t>(ref.nbytes())) == 0);
-        ops::dropout_backward(gx, gx, p, 0xfeedbeefull, base);  // in place, as the model calls it
-        Tensor back2 = gx.to(Device::cpu);
-        CHECK(std::memcmp(back2.raw(), ref.raw(), static_cast<size_t>(ref.nbytes())) == 0);
-      }
-    }
-  }
-  // low precision: same mask (zeros where the CPU has zeros), values within rounding
-  Tensor x = randn({4096}, g);
-  Tensor ref = cpu_zeros({4096});
-  ops::dropout_forward(ref, rounded(x, DType::bf16), 0.3, 99, 17);
-  Tensor out = poisoned({4096}, DType::bf16);
-  ops::dropout_forward(out, to_gpu(x, DType::bf16), 0.3, 99, 17);
-  Tensor o = to_cpu_f32(out);
-  for (int64_t i = 0; i < 4096; ++i) CHECK((o.data<float>()[i] == 0) == (ref.data<float>()[i] == 0));
-  check_close("bf16 dropout", out, ref, kRtolLow);
-}
-
 // ---- attention -----------------------------------------------------------------------------
-
-// dqkv bound: two chained low-precision ops (2 x kRtolLow); with dropout, 4 x. The GPU
-// backward takes D = rowsum(dout * out) from the STORED out (bf16/f16), the CPU reference
-// rowsum(P * dP) exactly. Without dropout a one-hot row's out is a stored v, exact; with
-// it, out = v / (1 - p) is rounded, and for such a row dq = scale * (dP - D) * k carries
-// that rounding whole (measured on the emulated backend: 1.6 x the 2 x kRtolLow bound at
-// p 0.2, on query 0 of every head). An inherent property of the flash backward.
-static double dqkv_rtol(DType dt, double p) { return dt == DType::f32 ? kRtolF32 : (p > 0 ? 4 : 2) * kRtolLow; }
-
-// Both attention forms against the CPU, one case table: the flash form (lse saved) on
-// odd T (partial tiles), T > 32 (several key/query tiles), D = 1, D not a multiple of 32,
-// D > 128 (more than 4 columns per lane) and the limit 256; the unfused form (probs saved,
-// batched GEMMs over the packed qkv rows around the softmax kernel) on head sizes 64 and
-// 128 (the real ones), an odd one and one above the flash kernels' limit. Dropout on and
-// off; heads offset as a tp = 2 rank would pass them. Each side's backward starts from its
-// own forward (the CPU's outputs rounded to the storage type, as the GPU stores them).
-// Unfused bounds: probs and out are one low-precision op past the rounded scores
-// (2 x kRtolLow: the scores are stored in the activation dtype before the softmax, as
-// Megatron does); dqkv chains two more.
-namespace {
-struct AttentionForm {
-  const char* name;
-  bool unfused;
-  std::vector<std::array<int64_t, 4>> shapes;  // B, T, H, D
-};
-}  // namespace
-
-TEST_CASE("cuda attention, flash (lse) and unfused (probs) forms, vs CPU", "[gpu]") {
-  if (!gpu_ready()) return;
-  std::mt19937_64 g(7);
-  const AttentionForm forms[] = {
-      {"flash", false, {{1, 1, 1, 1}, {2, 17, 3, 8}, {1, 64, 2, 64}, {2, 45, 2, 160}, {1, 33, 1, 256}}},
-      {"unfused", true, {{1, 1, 1, 8}, {2, 17, 3, 64}, {1, 33, 2, 128}, {2, 9, 2, 24}, {1, 5, 1, 264}}},
-  };
-  for (const AttentionForm& form : forms)
-    for (const auto& [B, T, H, D] : form.shapes)
-      for (double p : {0.0, 0.2})
-        for (DType dt : kTypes) {
-          INFO(form.name << " B " << B << " T " << T << " H " << H << " D " << D << " p " << p << " " << to_string(dt));
-          const ops::AttentionDropout drop{p, 0x1234ull, 3, H, 2 * H};
-          Tensor qkv = randn({B, T, 3 * H * D}, g), dout = randn({B, T, H * D}, g);
-          Tensor rq = rounded(qkv, dt), rdo = rounded(dout, dt), gq = to_gpu(qkv, dt), gdo = to_gpu(dout, dt);
-          const Shape stat_shape = form.unfused ? Shape{B, H, T, T} : Shape{B, H, T};
-          const DType stat_dt = form.unfused ? dt : DType::f32;
-          Tensor out = cpu_zeros({B, T, H * D}), stat = cpu_zeros(stat_shape);
-          Tensor gout = poisoned({B, T, H * D}, dt), gstat = poisoned(stat_shape, stat_dt);
-          Tensor dqkv = cpu_zeros(qkv.shape()), gdqkv = poisoned(qkv.shape(), dt);
-          if (form.unfused) {
-            ops::attention_forward(out, stat, rq, H, drop);
-            ops::attention_forward(gout, gstat, gq, H, drop);
-            ops::attention_backward(dqkv, rdo, rq, rounded(stat, dt), H, drop);
-            ops::attention_backward(gdqkv, gdo, gq, gstat, H, drop);
-          } else {
-            ops::attention_forward_lse(out, stat, rq, H, drop);
-            ops::attention_forward_lse(gout, gstat, gq, H, drop);
-            ops::attention_backward_lse(dqkv, rdo, rq, rounded(out, dt), stat, H, drop);
-            ops::attention_backward_lse(gdqkv, gdo, gq, gout, gstat, H, drop);
-          }
-          const double low = dt == DType::f32 ? kRtolF32 : (form.unfused ? 2 * kRtolLow : kRtolLow);
-          check_close("out", gout, out, low);
-          check_close(form.unfused ? "probs" : "lse", gstat, stat, low);
-          check_close("dqkv", gdqkv, dqkv, form.unfused ? (dt == DType::f32 ? kRtolF32 : 4 * kRtolLow) : dqkv_rtol(dt, p));
-        }
-}
 
 // Both forms compute the same function: the unfused form's out and dqkv equal the
 // flash form's on the device (fp32), dropout included (the same mask).
@@ -704,7 +383,7 @@ TEST_CASE("cuda fused attention at real shapes (T 1024 and 2048, B x H 416 and 6
     ops::attention_backward_lse(dqkv, rdo, rq, rounded(out, s.dt), lse, s.H, drop);
     Tensor gdqkv = poisoned(qkv.shape(), s.dt);
     ops::attention_backward_lse(gdqkv, gdo, gq, gout, glse, s.H, drop);
-    check_close("dqkv", gdqkv, dqkv, dqkv_rtol(s.dt, s.p));
+    check_close("dqkv", gdqkv, dqkv, optable::dqkv_rtol(s.dt, s.p));
   }
 }
 
@@ -733,38 +412,6 @@ TEST_CASE("cuda cross-entropy at a real shape (vocab 50304 x 16384 tokens, bf16)
   check_close("dlogits", gl, dl, kRtolLow);
 }
 
-TEST_CASE("cuda KV-cache attention (prefill, one-token steps, a chunk) vs CPU", "[gpu]") {
-  if (!gpu_ready()) return;
-  std::mt19937_64 g(23);
-  struct S {
-    int64_t B, H, D, cap;
-  };
-  for (S s : {S{1, 1, 8, 8}, S{3, 4, 64, 80}, S{2, 2, 256, 40}}) {
-    for (DType dt : kTypes) {
-      INFO("B " << s.B << " H " << s.H << " D " << s.D << " capacity " << s.cap << " " << to_string(dt));
-      Tensor kc = cpu_zeros({s.B, s.H, s.cap, s.D}), vc = cpu_zeros({s.B, s.H, s.cap, s.D});
-      Tensor gk = to_gpu(kc, dt), gv = to_gpu(kc, dt);
-      int64_t past = 0;
-      for (int64_t T : {std::min<int64_t>(5, s.cap), int64_t{1}, int64_t{1}, std::min<int64_t>(3, s.cap - 7)}) {
-        if (T <= 0 || past + T > s.cap) break;
-        INFO("past " << past << " T " << T);
-        Tensor qkv = randn({s.B, T, 3 * s.H * s.D}, g);
-        Tensor rq = rounded(qkv, dt);
-        Tensor out = cpu_zeros({s.B, T, s.H * s.D});
-        // The CPU op on the rounded inputs and the rounded cache the GPU holds.
-        Tensor rk = to_cpu_f32(gk), rv = to_cpu_f32(gv);
-        ops::attention_cached_forward(out, rk, rv, rq, s.H, past);
-        Tensor gout = poisoned({s.B, T, s.H * s.D}, dt);
-        ops::attention_cached_forward(gout, gk, gv, to_gpu(qkv, dt), s.H, past);
-        check_close("out", gout, out, rtol_for(dt));
-        check_close("k cache", gk, rk, rtol_for(dt));
-        check_close("v cache", gv, rv, rtol_for(dt));
-        past += T;
-      }
-    }
-  }
-}
-
 TEST_CASE("cuda attention rejects what it cannot run", "[gpu]") {
   if (!gpu_ready()) return;
   Tensor qkv = Tensor::empty({1, 4, 3 * 264}, DType::f32, Device::cuda), out = Tensor::empty({1, 4, 264}, DType::f32, Device::cuda);
@@ -775,106 +422,7 @@ TEST_CASE("cuda attention rejects what it cannot run", "[gpu]") {
   CHECK_THROWS_WITH(ops::attention_forward_lse(ob, lb, qb, 1, {}), Catch::Matchers::Contains("f32"));
 }
 
-// ---- embeddings, positions, biases ---------------------------------------------------------
-
-TEST_CASE("cuda embedding, position and bias ops vs CPU", "[gpu]") {
-  if (!gpu_ready()) return;
-  std::mt19937_64 g(8);
-  struct S {
-    int64_t N, C, V;
-  };
-  for (S s : {S{1, 1, 1}, S{37, 19, 11}, S{600, 300, 50}}) {
-    for (DType dt : kTypes) {
-      INFO("N " << s.N << " C " << s.C << " V " << s.V << " " << to_string(dt));
-      const int64_t vstart = 5;
-      Tensor tok = i32_cpu({s.N}, g, 0, static_cast<int>(vstart + s.V + 3));  // some ids outside this shard
-      Tensor table = randn({s.V, s.C}, g), dout = randn({s.N, s.C}, g), dt0 = randn({s.V, s.C}, g);
-      Tensor rt = rounded(table, dt), rdo = rounded(dout, dt);
-      Tensor out = cpu_zeros({s.N, s.C});
-      ops::embedding_forward(out, tok, rt, vstart);
-      Tensor gout = poisoned({s.N, s.C}, dt), gtok = tok.to(Device::cuda);
-      ops::embedding_forward(gout, gtok, to_gpu(table, dt), vstart);
-      check_close("embedding", gout, out, 1e-12);
-      Tensor dtab = dt0.clone(), gdtab = to_gpu(dt0);
-      ops::embedding_backward(dtab, tok, rdo, vstart);
-      ops::embedding_backward(gdtab, gtok, to_gpu(dout, dt), vstart);
-      if (dt == DType::f32) {  // same order, same bits
-        Tensor back = gdtab.to(Device::cpu);
-        CHECK(std::memcmp(back.raw(), dtab.raw(), static_cast<size_t>(dtab.nbytes())) == 0);
-      }
-      check_close("dtable", gdtab, dtab, rtol_for(dt));
-      // by token runs (the grouping the model uploads with the ids): the same bits as the
-      // column walk, for every dtype
-      const Tensor host_order = ops::embedding_grad_order(tok.data<int32_t>(), s.N);
-      const ops::EmbeddingGradOrder order =
-          ops::EmbeddingGradOrder::from(host_order.to(Device::cuda), host_order, s.N);
-      Tensor gdtab2 = to_gpu(dt0);
-      ops::embedding_backward(gdtab2, gtok, to_gpu(dout, dt), vstart, &order);
-      {
-        Tensor a = gdtab.to(Device::cpu), b = gdtab2.to(Device::cpu);
-        CHECK(std::memcmp(a.raw(), b.raw(), static_cast<size_t>(a.nbytes())) == 0);
-      }
-      // positions: rows start mid-sequence and wrap around several sequences
-      const int64_t T = std::max<int64_t>(1, s.N / 3 + 1), row_start = T > 2 ? 2 : 0;
-      Tensor pos = randn({T + 2, s.C}, g), dpos0 = randn({T + 2, s.C}, g), x = randn({s.N, s.C}, g);
-      Tensor rx = rounded(x, dt);
-      ops::position_forward(rx, rounded(pos, dt), row_start, T);
-      Tensor gx = to_gpu(x, dt);
-      ops::position_forward(gx, to_gpu(pos, dt), row_start, T);
-      check_close("position", gx, rx, rtol_for(dt));
-      Tensor dpos = dpos0.clone(), gdpos = to_gpu(dpos0);
-      ops::position_backward(dpos, rdo, row_start, T);
-      ops::position_backward(gdpos, to_gpu(dout, dt), row_start, T);
-      check_close("dpos", gdpos, dpos, rtol_for(dt));
-      // bias
-      Tensor b = randn({s.C}, g), db0 = randn({s.C}, g);
-      Tensor rx2 = rounded(x, dt);
-      ops::bias_add_forward(rx2, rounded(b, dt));
-      Tensor gx2 = to_gpu(x, dt);
-      ops::bias_add_forward(gx2, to_gpu(b, dt));
-      check_close("bias", gx2, rx2, rtol_for(dt));
-      Tensor db = db0.clone(), gdb = to_gpu(db0);
-      ops::bias_add_backward(db, rdo);
-      ops::bias_add_backward(gdb, to_gpu(dout, dt));
-      check_close("dbias", gdb, db, rtol_for(dt));
-    }
-  }
-}
-
 // ---- cross-entropy -----------------------------------------------------------------------
-
-TEST_CASE("cuda vocab-parallel cross-entropy pieces vs CPU", "[gpu]") {
-  if (!gpu_ready()) return;
-  std::mt19937_64 g(9);
-  struct S {
-    int64_t N, V, valid;
-  };
-  for (S s : {S{1, 1, 1}, S{13, 50, 47}, S{64, 2053, 2048}, S{3, 40000, 40000}}) {
-    for (DType dt : kTypes) {
-      INFO("N " << s.N << " V " << s.V << " valid " << s.valid << " " << to_string(dt));
-      const int64_t vstart = 100;
-      Tensor logits = randn({s.N, s.V}, g, 3.0);
-      Tensor targets = i32_cpu({s.N}, g, 90, static_cast<int>(vstart + s.valid + 5));
-      Tensor dloss = randn({s.N}, g);
-      Tensor rl = rounded(logits, dt);
-      Tensor rmax = cpu_zeros({s.N}), sumexp = cpu_zeros({s.N}), tl = cpu_zeros({s.N});
-      ops::xent_rowmax(rmax, rl, s.valid);
-      ops::xent_sumexp_target(sumexp, tl, rl, targets, rmax, vstart, s.valid);
-      Tensor dl = cpu_zeros({s.N, s.V});
-      ops::xent_backward(dl, rl, targets, rmax, sumexp, dloss, vstart, s.valid);
-      Tensor gl = to_gpu(logits, dt), gt = targets.to(Device::cuda);
-      Tensor grmax = poisoned({s.N}, DType::f32), gsum = poisoned({s.N}, DType::f32), gtl = poisoned({s.N}, DType::f32);
-      ops::xent_rowmax(grmax, gl, s.valid);
-      check_close("rowmax", grmax, rmax, 1e-12);
-      ops::xent_sumexp_target(gsum, gtl, gl, gt, grmax, vstart, s.valid);
-      check_close("sumexp", gsum, sumexp, kRtolF32);
-      check_close("target logit", gtl, tl, 1e-12);
-      // in place (dlogits aliases logits), as the model does
-      ops::xent_backward(gl, gl, gt, grmax, gsum, to_gpu(dloss), vstart, s.valid);
-      check_close("dlogits", gl, dl, rtol_for(dt));
-    }
-  }
-}
 
 TEST_CASE("cuda step statistics: loss and squared-norm accumulators stay on the device and match the CPU", "[gpu]") {
   if (!gpu_ready()) return;
@@ -911,22 +459,14 @@ TEST_CASE("cuda step statistics: loss and squared-norm accumulators stay on the 
 
 // ---- optimizer and mixed precision ------------------------------------------------------------
 
-TEST_CASE("cuda AdamW: per-op step and the flat multi-segment kernel vs CPU", "[gpu]") {
+TEST_CASE("cuda AdamW: the flat multi-segment kernel vs CPU", "[gpu]") {
   if (!gpu_ready()) return;
   std::mt19937_64 g(10);
   const int64_t n = 10007;
   Tensor p = randn({n}, g), gr = randn({n}, g), m = randn({n}, g, 0.1), v = randn({n}, g, 0.1);
   for (int64_t i = 0; i < n; ++i) v.data<float>()[i] = std::fabs(v.data<float>()[i]);
   ops::AdamWParams ap{1e-3, 0.9, 0.95, 1e-8, 0.1, 7, 0.5};
-  {  // ops::adamw_step (one segment, decay on)
-    Tensor rp = p.clone(), rm = m.clone(), rv = v.clone();
-    ops::adamw_step(rp, gr, rm, rv, ap);
-    Tensor gp = to_gpu(p), gm = to_gpu(m), gv = to_gpu(v);
-    ops::adamw_step(gp, to_gpu(gr), gm, gv, ap);
-    check_close("param", gp, rp, kRtolF32);
-    check_close("m", gm, rm, kRtolF32);
-    check_close("v", gv, rv, kRtolF32);
-  }
+  // (ops::adamw_step alone, one segment with decay: the op table's "adamw" entry)
   // flat: three segments (decay, no decay, decay) with a gap that must stay untouched
   std::vector<ops::AdamWSegment> segs{{0, 4000, true}, {4000, 1000, false}, {6000, 4007, true}};
   Tensor rp = p.clone(), rm = m.clone(), rv = v.clone();
