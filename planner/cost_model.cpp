@@ -203,6 +203,51 @@ struct LayerTime {
   double tp_bwd = 0;
 };
 
+// One layer's GEMM times that tensor-parallel communication can hide under.
+struct TpGemms {
+  double f_qkv, f_proj, f_fc1, f_fc2;  // forward
+  double d_qkv, d_proj, d_fc1, d_fc2;  // data gradients
+  double w_qkv, w_fc1;                 // weight gradients of the column-parallel layers
+};
+
+// Tensor-parallel communication of one layer into r.tp_fwd / r.tp_bwd: 2 all-reduces
+// forward and 2 backward of b*s*h elements (`bytes`; SP: all-gather + reduce-scatter
+// pairs with the same ring volume), less what the software overlaps with the GEMMs.
+void layer_tp_comm(LayerTime& r, const Layout& l, const Cluster& c, double bytes, const TpGemms& g) {
+  const int64_t t = l.tp;
+  const GroupLink k = group_link(c, 1, t);
+  if (l.sequence_parallel && c.software.tp_comm_overlap) {
+    // --tp-comm-overlap: each all-gather / reduce-scatter (one of them C seconds alone) is
+    // split into t chunks pipelined with the GEMM that consumes or produces it; the GEMM's
+    // first chunk (1/t of it) cannot hide communication, the other (t-1)/t can.
+    const double C = reduce_scatter_time(bytes, t, k);
+    const double cover = double(t - 1) / double(t);
+    auto exposed = [&](double gemm) { return std::max(0.0, C - cover * gemm); };
+    // Forward: all-gather before QKV and fc1, reduce-scatter after the projection and fc2.
+    r.tp_fwd = exposed(g.f_qkv) + exposed(g.f_proj) + exposed(g.f_fc1) + exposed(g.f_fc2);
+    // Backward: all-gather of the output gradient under the projection's and fc2's data
+    // gradients; re-gather of the LayerNorm outputs (only the 1/t shard is kept) under the
+    // QKV and fc1 data gradients, and the reduce-scatter of their input gradients under
+    // their weight gradients.
+    r.tp_bwd = exposed(g.d_proj) + exposed(g.d_fc2) + exposed(g.d_qkv) + exposed(g.d_fc1) + exposed(g.w_qkv) +
+               exposed(g.w_fc1);
+    return;
+  }
+  const double tp_one = allreduce_time(bytes, t, k);
+  r.tp_fwd = 2 * tp_one;
+  r.tp_bwd = 2 * tp_one;
+  if (c.software.async_tp_grad_comm) {
+    // Backward of the column-parallel QKV and fc1 (SoftwareProfile::async_tp_grad_comm).
+    auto beside = [](double comm, double gemm) { return std::max(0.0, comm - gemm); };
+    if (l.sequence_parallel) {
+      const double C = reduce_scatter_time(bytes, t, k);  // one all-gather or reduce-scatter
+      r.tp_bwd = 2 * C + beside(C, g.d_qkv) + beside(C, g.d_fc1) + beside(C, g.w_qkv) + beside(C, g.w_fc1);
+    } else {
+      r.tp_bwd = beside(tp_one, g.w_qkv) + beside(tp_one, g.w_fc1);
+    }
+  }
+}
+
 LayerTime layer_time(const Shape& sh, const Layout& l, const Cluster& c, Precision prec) {
   const GpuSpec& g = c.gpu;
   const double peak = prec == Precision::fp32 ? g.peak_flops * 0.5 : g.peak_flops;  // fp32 runs use TF32
@@ -245,41 +290,9 @@ LayerTime layer_time(const Shape& sh, const Layout& l, const Cluster& c, Precisi
   const double attn_elem_f = softmax_bytes / g.hbm_bw;
   // Kernel launches not covered by the GEMMs above (LN, dropout, softmax, GeLU, adds, copies).
   const double launches_f = 12 * g.kernel_overhead;
-  // Tensor-parallel communication: 2 all-reduces forward and 2 backward of b*s*h
-  // elements (SP: all-gather + reduce-scatter pairs with the same ring volume).
-  if (t > 1) {
-    const GroupLink k = group_link(c, 1, t);
-    const double bytes = double(T) * double(h) * e;
-    if (l.sequence_parallel && c.software.tp_comm_overlap) {
-      // --tp-comm-overlap: each all-gather / reduce-scatter (one of them C seconds alone) is
-      // split into t chunks pipelined with the GEMM that consumes or produces it; the GEMM's
-      // first chunk (1/t of it) cannot hide communication, the other (t-1)/t can.
-      const double C = reduce_scatter_time(bytes, t, k);
-      const double cover = double(t - 1) / double(t);
-      auto exposed = [&](double gemm) { return std::max(0.0, C - cover * gemm); };
-      // Forward: all-gather before QKV and fc1, reduce-scatter after the projection and fc2.
-      r.tp_fwd = exposed(f_qkv) + exposed(f_proj) + exposed(f_fc1) + exposed(f_fc2);
-      // Backward: all-gather of the output gradient under the projection's and fc2's data
-      // gradients; re-gather of the LayerNorm outputs (only the 1/t shard is kept) under the
-      // QKV and fc1 data gradients, and the reduce-scatter of their input gradients under
-      // their weight gradients.
-      r.tp_bwd = exposed(d_proj) + exposed(d_fc2) + exposed(d_qkv) + exposed(d_fc1) + exposed(w_qkv) + exposed(w_fc1);
-    } else {
-      const double tp_one = allreduce_time(bytes, t, k);
-      r.tp_fwd = 2 * tp_one;
-      r.tp_bwd = 2 * tp_one;
-      if (c.software.async_tp_grad_comm) {
-        // Backward of the column-parallel QKV and fc1 (SoftwareProfile::async_tp_grad_comm).
-        auto beside = [](double comm, double gemm) { return std::max(0.0, comm - gemm); };
-        if (l.sequence_parallel) {
-          const double C = reduce_scatter_time(bytes, t, k);  // one all-gather or reduce-scatter
-          r.tp_bwd = 2 * C + beside(C, d_qkv) + beside(C, d_fc1) + beside(C, w_qkv) + beside(C, w_fc1);
-        } else {
-          r.tp_bwd = beside(tp_one, w_qkv) + beside(tp_one, w_fc1);
-        }
-      }
-    }
-  }
+  if (t > 1)
+    layer_tp_comm(r, l, c, double(T) * double(h) * e,
+                  {f_qkv, f_proj, f_fc1, f_fc2, d_qkv, d_proj, d_fc1, d_fc2, w_qkv, w_fc1});
   // What selective recompute redoes: the attention core (Megatron-Core checkpoints the fused
   // kernel's forward too); this trainer's flash-style backward already recomputes it.
   r.attn_core = flash ? 0.0 : att_f + attn_elem_f;

@@ -85,6 +85,31 @@ std::vector<double> Metrics::column(const std::string& key) const {
   return it->second;
 }
 
+namespace {
+
+// One line of metrics.jsonl into `j`: an object with a numeric "iteration". False for a
+// last line without its newline that does not parse (one still being written: the run is
+// live; a warning says so); any other bad line is an InputError naming file and line.
+bool parse_metrics_line(const std::string& line, const std::string& name, int64_t lineno, bool complete, json& j) {
+  try {
+    j = json::parse(line);
+  } catch (const json::parse_error& e) {
+    if (!complete) {
+      log::warn("{}:{}: incomplete last line ignored (the run may still be writing it)", name, lineno);
+      return false;
+    }
+    throw_input("{}:{}: not valid JSON: {}", name, lineno, strip_json_prefix(e.what()));
+  }
+  if (!j.is_object())
+    throw_input("{}:{}: expected one JSON object per line, got a JSON {}", name, lineno, j.type_name());
+  auto it = j.find("iteration");
+  if (it == j.end() || !it->is_number())
+    throw_input("{}:{}: no numeric \"iteration\" key (each line is one logged iteration)", name, lineno);
+  return true;
+}
+
+}  // namespace
+
 Metrics read_metrics(const fs::path& file) {
   const std::string name = file.string();
   std::error_code ec;
@@ -109,22 +134,8 @@ Metrics read_metrics(const fs::path& file) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.find_first_not_of(" \t") == std::string::npos) continue;
     json j;
-    try {
-      j = json::parse(line);
-    } catch (const json::parse_error& e) {
-      if (!complete) {
-        // The trainer writes whole lines; a last line without its newline is one
-        // still being written (the run is live). Report what is there.
-        log::warn("{}:{}: incomplete last line ignored (the run may still be writing it)", name, lineno);
-        break;
-      }
-      throw_input("{}:{}: not valid JSON: {}", name, lineno, strip_json_prefix(e.what()));
-    }
-    if (!j.is_object())
-      throw_input("{}:{}: expected one JSON object per line, got a JSON {}", name, lineno, j.type_name());
+    if (!parse_metrics_line(line, name, lineno, complete, j)) break;
     auto it = j.find("iteration");
-    if (it == j.end() || !it->is_number())
-      throw_input("{}:{}: no numeric \"iteration\" key (each line is one logged iteration)", name, lineno);
     auto number = [&](const char* k) {
       auto f = j.find(k);
       return f != j.end() && f->is_number() ? f->get<double>() : kNaN;

@@ -833,6 +833,29 @@ std::string inflate_body(const std::string& in, bool raw_deflate_ok, const std::
 
 }  // namespace
 
+namespace {
+
+// A chunked transfer-encoded body's data; a body cut short keeps what came.
+std::string dechunk(const std::string& body) {
+  std::string out;
+  size_t p = 0;
+  for (;;) {
+    const size_t nl = body.find('\n', p);
+    if (nl == std::string::npos) break;
+    const size_t size = std::strtoull(body.c_str() + p, nullptr, 16);
+    p = nl + 1;
+    if (size == 0) break;
+    out.append(body, p, std::min(size, body.size() - std::min(p, body.size())));
+    p += size;
+    if (p < body.size() && body[p] == '\r') ++p;
+    if (p < body.size() && body[p] == '\n') ++p;
+    if (p >= body.size()) break;
+  }
+  return out;
+}
+
+}  // namespace
+
 HttpResponse parse_http_response(std::string_view block, const std::string& where) {
   HttpResponse r;
   size_t pos = 0;
@@ -891,23 +914,7 @@ HttpResponse parse_http_response(std::string_view block, const std::string& wher
     }
   }
   std::string body(pos < block.size() ? block.substr(pos) : std::string_view());
-  if (transfer_encoding.find("chunked") != std::string::npos) {
-    std::string out;
-    size_t p = 0;
-    for (;;) {
-      const size_t nl = body.find('\n', p);
-      if (nl == std::string::npos) break;  // cut short: keep what came
-      const size_t size = std::strtoull(body.c_str() + p, nullptr, 16);
-      p = nl + 1;
-      if (size == 0) break;
-      out.append(body, p, std::min(size, body.size() - std::min(p, body.size())));
-      p += size;
-      if (p < body.size() && body[p] == '\r') ++p;
-      if (p < body.size() && body[p] == '\n') ++p;
-      if (p >= body.size()) break;
-    }
-    body = std::move(out);
-  }
+  if (transfer_encoding.find("chunked") != std::string::npos) body = dechunk(body);
   if (content_encoding == "gzip" || content_encoding == "x-gzip" || content_encoding == "deflate")
     body = inflate_body(body, content_encoding == "deflate", where);
   else if (!content_encoding.empty() && content_encoding != "identity")
