@@ -35,6 +35,16 @@ model::PipelineSplit pipeline_split(const Recipe& r) {
   return s;
 }
 
+data::BlendSpec blend_spec(const Recipe& r) {
+  data::BlendSpec s;
+  s.blend = r.data.blend;
+  s.split = r.data.split;
+  s.seq_length = r.model.seq_length;
+  s.vocab_size = r.model.vocab_size;
+  s.seed = r.training.seed;
+  return s;
+}
+
 model::LoadedModel load_for_inference(const std::string& path) {
   const std::string dir = model::ckpt::resolve(path);
   const model::ckpt::TrainState st = model::ckpt::read_metadata(dir);

@@ -586,7 +586,7 @@ void Trainer::set_up_data() {
   if (r_.data.mock)
     source_ = data::make_mock_source(r_.model.vocab_size, T_, static_cast<uint64_t>(r_.training.seed));
   else
-    source_ = data::make_blend_source(r_, 0, run_.samples, cache_dir_);
+    source_ = data::make_blend_source(blend_spec(r_), 0, run_.samples, cache_dir_);
   loader_.emplace(source_, r_.training.micro_batch_size, g_.coord.dp, dp_);
 }
 
