@@ -104,11 +104,11 @@ std::unique_ptr<SampleSource> make_mock_source(int64_t vocab_size, int64_t seq_l
   return std::make_unique<MockSource>(vocab_size, seq_length, seed);
 }
 
-std::unique_ptr<SampleSource> make_blend_source(const Recipe& r, int split_index, int64_t num_samples,
+std::unique_ptr<SampleSource> make_blend_source(const BlendSpec& spec, int split_index, int64_t num_samples,
                                                 const std::string& cache_dir) {
   MTNLG_CHECK(split_index >= 0 && split_index < 3, "split index {}", split_index);
   MTNLG_CHECK(num_samples >= 0, "num_samples {}", num_samples);
-  const auto& blend = r.data.blend;
+  const auto& blend = spec.blend;
   std::vector<double> raw;
   for (const auto& s : blend) raw.push_back(s.weight);
   const auto w = normalize_weights(raw);
@@ -120,15 +120,15 @@ std::unique_ptr<SampleSource> make_blend_source(const Recipe& r, int split_index
     if (!indexed_dataset_exists(blend[i].prefix))
       throw_input("data.blend[{}].prefix: '{}' not found (needs {} and {}; run `mtnlg data preprocess`)", i,
                   blend[i].prefix, idx_path(blend[i].prefix), bin_path(blend[i].prefix));
-  if (r.training.seed < 0 || r.training.seed > 0xffffffffll)
+  if (spec.seed < 0 || spec.seed > 0xffffffffll)
     throw_input("training.seed: {} is not valid for data shuffling (numpy's RandomState takes 0..4294967295)",
-                r.training.seed);
+                spec.seed);
   auto config = [&](int64_t n) {
     GptDatasetConfig cfg;
-    cfg.seq_length = r.model.seq_length;
+    cfg.seq_length = spec.seq_length;
     cfg.num_samples = n;
-    cfg.seed = static_cast<uint32_t>(r.training.seed);
-    cfg.split = r.data.split;
+    cfg.seed = static_cast<uint32_t>(spec.seed);
+    cfg.split = spec.split;
     cfg.split_index = split_index;
     cfg.cache_dir = cache_dir;
     return cfg;
@@ -146,12 +146,11 @@ std::unique_ptr<SampleSource> make_blend_source(const Recipe& r, int split_index
     names.push_back(blend[i].prefix);
   }
   auto b = std::make_unique<BlendedDataset>(std::move(sources), w, num_samples);
-  return std::make_unique<BlendSource>(std::move(b), std::move(names), r.model.seq_length, r.model.vocab_size);
+  return std::make_unique<BlendSource>(std::move(b), std::move(names), spec.seq_length, spec.vocab_size);
 }
 
-std::array<int64_t, 3> split_num_samples(const Recipe& r) {
-  const auto run = schedules::run_length(r.training, r.model.seq_length);
-  const auto& t = r.training;
+std::array<int64_t, 3> split_num_samples(const TrainingConfig& t, int64_t seq_length) {
+  const auto run = schedules::run_length(t, seq_length);
   const int64_t evals = t.eval_interval > 0 ? run.iterations / t.eval_interval + 1 : 1;
   return {run.samples, evals * t.eval_iters * t.global_batch_size, t.eval_iters * t.global_batch_size};
 }

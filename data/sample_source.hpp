@@ -2,8 +2,8 @@
 // and this data-parallel rank's slice of each global batch (Loader).
 //  - Mock source: tokens are a pure function of (seed, index) (Philox), so every layout
 //    and a resumed run see the same data without files.
-//  - Blend source: the recipe's data.blend over Megatron .bin/.idx prefixes, one split
-//    part, with Megatron's index and blend semantics (gpt_dataset.hpp, blended_dataset.hpp).
+//  - Blend source: a blend (the recipe's data.blend) over Megatron .bin/.idx prefixes, one
+//    split part, with Megatron's index and blend semantics (gpt_dataset.hpp, blended_dataset.hpp).
 //  - Loader: Megatron's sampler. The global batch starting at consumed_samples covers
 //    indices [consumed, consumed+gbs); micro batch k of dp rank r takes
 //    consumed + k*mbs*dp + r*mbs ... +mbs. Resume needs only consumed_samples.
@@ -16,7 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "config/recipe.hpp"
+#include "config/data.hpp"
+#include "config/training.hpp"
 
 namespace mtnlg::data {
 
@@ -39,7 +40,17 @@ class SampleSource {
 // size() is 2^62; indices wrap modulo size().
 std::unique_ptr<SampleSource> make_mock_source(int64_t vocab_size, int64_t seq_length, uint64_t seed);
 
-// The recipe's data, split part `split_index` (0 train, 1 valid, 2 test), built for
+// What a blend source is built from (the app makes it from a recipe: app::blend_spec in
+// app/process/module_configs.hpp).
+struct BlendSpec {
+  std::vector<mtnlg::BlendSource> blend;  // data.blend
+  std::string split;                      // data.split
+  int64_t seq_length = 0;                 // model.seq_length
+  int64_t vocab_size = 0;                 // model.vocab_size
+  int64_t seed = 0;                       // training.seed: the shuffles' seed, 0..2^32-1
+};
+
+// The blend of `spec`, split part `split_index` (0 train, 1 valid, 2 test), built for
 // `num_samples` samples; index caches under cache_dir ("" = none). Throws InputError for
 // a missing prefix, a split that leaves a part empty or without tokens.
 //  - A single source without a weight (data.path, or a blend of one entry without
@@ -50,15 +61,16 @@ std::unique_ptr<SampleSource> make_mock_source(int64_t vocab_size, int64_t seq_l
 //    each source built for ceil(ceil(n w) 1.005) samples, interleaved;
 //    size() == num_samples.
 // sample() beyond size() is a RuntimeError.
-std::unique_ptr<SampleSource> make_blend_source(const Recipe& r, int split_index, int64_t num_samples,
+std::unique_ptr<SampleSource> make_blend_source(const BlendSpec& spec, int split_index, int64_t num_samples,
                                                 const std::string& cache_dir);
 
-// Samples Megatron asks each split part for (train, valid, test):
+// Samples Megatron asks each split part for (train, valid, test), for a run of `t` at
+// `seq_length` tokens per sample:
 //   train = the run's samples (schedules::run_length)
 //   valid = (iterations / eval_interval + 1) * eval_iters * global_batch_size
 //           (eval_interval 0: one evaluation, eval_iters * global_batch_size)
 //   test  = eval_iters * global_batch_size
-std::array<int64_t, 3> split_num_samples(const Recipe& r);
+std::array<int64_t, 3> split_num_samples(const TrainingConfig& t, int64_t seq_length);
 
 // Whether split part k (0 train, 1 valid, 2 test) exists: Megatron-Core builds no
 // dataset for a part whose fraction is 0.

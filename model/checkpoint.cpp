@@ -13,7 +13,6 @@
 
 #include "core/atomic_file.hpp"
 #include "core/log.hpp"
-#include "config/recipe.hpp"
 #include "core/safetensors.hpp"
 #include "core/ops.hpp"
 #include "core/crc32c.hpp"
@@ -485,16 +484,9 @@ void load_into(const std::string& dir, ParamStore& store, const OptimShard* opt,
   }
 }
 
-LoadedModel load_for_inference(const std::string& path) {
-  std::string dir = resolve(path);
-  TrainState st = read_metadata(dir);
-  Recipe r = parse_recipe(st.recipe_yaml, dir + "/metadata.json");
-  r.parallel.tensor_model_parallel_size = 1;
-  r.parallel.pipeline_model_parallel_size = 1;
-  r.parallel.pipeline_layers.clear();
-  r.parallel.num_layers_per_virtual_pipeline_stage = 0;
+LoadedModel load_whole_model(const std::string& dir, const GptConfig& cfg) {
   LoadedModel m;
-  m.cfg = GptConfig::from_recipe(r);
+  m.cfg = cfg;
   m.cfg.hidden_dropout = 0;
   m.cfg.attention_dropout = 0;
   m.cfg.recompute = RecomputeGranularity::none;

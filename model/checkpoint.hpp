@@ -93,8 +93,11 @@ TrainState read_metadata(const std::string& dir);
 void load_into(const std::string& dir, ParamStore& store, const OptimShard* opt = nullptr, Tensor* exp_avg = nullptr,
                Tensor* exp_avg_sq = nullptr);
 
-// The whole model (tp = 1, pp = 1, fp32) from a checkpoint root or iteration directory.
-LoadedModel load_for_inference(const std::string& path);
+// The whole model (tp = 1, pp = 1, fp32) from iteration directory `dir` (resolve()),
+// declared by `cfg`: the config of the run that wrote it (its stored recipe,
+// TrainState::recipe_yaml) at tp = 1. Dropout and recompute are turned off and the
+// weights computed in fp32. app::load_for_inference reads the recipe and calls this.
+LoadedModel load_whole_model(const std::string& dir, const GptConfig& cfg);
 
 struct TensorReport {
   std::string file, name, dtype;

@@ -10,28 +10,6 @@
 
 namespace mtnlg::model {
 
-GptConfig GptConfig::from_recipe(const Recipe& r) {
-  GptConfig c;
-  c.vocab_size = r.model.vocab_size;
-  c.padded_vocab_size = r.model.padded_vocab_size(r.tp());
-  c.hidden = r.model.hidden_size;
-  c.heads = r.model.num_attention_heads;
-  c.ffn = r.model.ffn_hidden_size;
-  c.seq_length = r.model.seq_length;
-  c.max_positions = r.model.max_position_embeddings;
-  c.num_layers_total = r.model.num_layers;
-  c.init_std = r.model.init_method_std;
-  c.hidden_dropout = r.model.hidden_dropout;
-  c.attention_dropout = r.model.attention_dropout;
-  c.layernorm_eps = r.model.layernorm_epsilon;
-  c.recompute = r.parallel.recompute_granularity;
-  c.attention = r.model.attention_backend;
-  c.sequence_parallel = r.parallel.sequence_parallel && r.tp() > 1;
-  c.seed = static_cast<uint64_t>(r.training.seed);
-  c.dtype = compute_dtype(r.training.precision);
-  return c;
-}
-
 DType compute_dtype(Precision p) {
   switch (p) {
     case Precision::bf16: return DType::bf16;

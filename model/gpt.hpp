@@ -23,14 +23,18 @@
 #include <memory>
 #include <vector>
 
+#include "config/model.hpp"
+#include "config/parallel.hpp"
+#include "config/training.hpp"
 #include "core/ops.hpp"
-#include "config/recipe.hpp"
 #include "core/tensor.hpp"
 #include "model/params.hpp"
 #include "parallel/communicator.hpp"
 
 namespace mtnlg::model {
 
+// What the model is built from. The app makes it from a recipe (app::gpt_config in
+// app/process/module_configs.hpp); model/ never sees the recipe itself.
 struct GptConfig {
   int64_t vocab_size = 0;         // real vocabulary (50257 for GPT-2)
   int64_t padded_vocab_size = 0;  // multiple of make_vocab_size_divisible_by * tp
@@ -42,8 +46,6 @@ struct GptConfig {
   bool sequence_parallel = false;
   uint64_t seed = 1234;
   DType dtype = DType::f32;  // activations and the compute copy of the weights
-
-  static GptConfig from_recipe(const Recipe& r);
 };
 
 // The activation / compute-weight dtype of a training precision (fp32 -> f32, bf16 ->

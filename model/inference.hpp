@@ -25,7 +25,7 @@ struct LoadedModel {
   GptConfig cfg;
   ParamStore store;
 };
-// Loads a model from a checkpoint directory (the lead's load_for_inference fits here).
+// Loads a model from a checkpoint directory (app::load_for_inference fits here).
 using ModelLoader = std::function<LoadedModel(const std::string& ckpt_dir)>;
 
 // Declares the full model and draws random weights (ParamStore::initialize with `seed`),

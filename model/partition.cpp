@@ -2,24 +2,24 @@
 
 namespace mtnlg::model {
 
-int64_t virtual_chunks(const Recipe& r) {
-  const int64_t k = r.parallel.num_layers_per_virtual_pipeline_stage;
+int64_t virtual_chunks(const PipelineSplit& p) {
+  const int64_t k = p.num_layers_per_virtual_pipeline_stage;
   if (k <= 0) return 1;
-  return r.model.num_layers / r.pp() / k;
+  return p.num_layers / p.pipeline_model_parallel_size / k;
 }
 
-std::vector<ChunkSpec> partition_chunks(const Recipe& r, int64_t pp_rank) {
-  const int64_t pp = r.pp(), v = virtual_chunks(r);
+std::vector<ChunkSpec> partition_chunks(const PipelineSplit& p, int64_t pp_rank) {
+  const int64_t pp = p.pipeline_model_parallel_size, v = virtual_chunks(p);
   MTNLG_CHECK(pp_rank >= 0 && pp_rank < pp, "pipeline rank {} outside [0, {})", pp_rank, pp);
   std::vector<ChunkSpec> chunks;
   for (int64_t c = 0; c < v; ++c) {
     ChunkSpec s;
-    const auto& explicit_layers = r.parallel.pipeline_layers;
+    const auto& explicit_layers = p.pipeline_layers;
     if (!explicit_layers.empty()) {
       for (int64_t st = 0; st < pp_rank; ++st) s.first_layer += explicit_layers[static_cast<size_t>(st)];
       s.num_layers = explicit_layers[static_cast<size_t>(pp_rank)];
     } else {
-      const int64_t per = r.model.num_layers / (pp * v);
+      const int64_t per = p.num_layers / (pp * v);
       s.first_layer = (c * pp + pp_rank) * per;
       s.num_layers = per;
     }

@@ -4,6 +4,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "app/process/module_configs.hpp"
 #include "app/process/preflight.hpp"
 #include "app/train/trainer.hpp"
 #include "core/log.hpp"
@@ -26,8 +27,9 @@ Recipe recipe_of(const model::ckpt::TrainState& st, const std::string& dir) {
 
 // Declares the parameters (pp_rank, tp_rank) holds under recipe r (all virtual chunks).
 void declare_rank(model::ParamStore& store, const Recipe& r, int64_t tp_rank, int64_t pp_rank) {
-  model::GptConfig cfg = model::GptConfig::from_recipe(r);
-  for (const auto& s : model::partition_chunks(r, pp_rank)) model::declare_chunk_params(store, cfg, s, tp_rank, r.tp());
+  model::GptConfig cfg = gpt_config(r);
+  for (const auto& s : model::partition_chunks(pipeline_split(r), pp_rank))
+    model::declare_chunk_params(store, cfg, s, tp_rank, r.tp());
   store.finalize(DType::f32);
 }
 
@@ -105,7 +107,7 @@ std::string save_whole_model(const std::string& root, const Recipe& r, const mod
 // [q (all heads) | k | v], each head-major. Conv1D stores weights [in, out].
 
 void export_hf_gpt2(const std::string& in, const std::string& out_dir) {
-  model::LoadedModel m = model::ckpt::load_for_inference(in);
+  model::LoadedModel m = load_for_inference(in);
   const auto& c = m.cfg;
   const int64_t C = c.hidden, H = c.heads, D = C / H, F = c.ffn, V = c.vocab_size, L = c.num_layers_total;
   std::vector<safetensors::Entry> out;
@@ -272,7 +274,7 @@ std::string import_hf_gpt2(const std::string& in_dir, const std::string& out, co
   const auto lock = claim_new_checkpoint_root(out, "--output");
   HfGpt2Dims d;
   const Recipe r = hf_gpt2_recipe(in_dir, recipe_path, d);
-  model::GptConfig gc = model::GptConfig::from_recipe(r);
+  model::GptConfig gc = gpt_config(r);
   model::ParamStore store;
   model::declare_chunk_params(store, gc, {0, d.L, true, true, ""}, 0, 1);
   store.finalize(DType::f32);

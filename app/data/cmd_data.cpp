@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "app/commands.hpp"
+#include "app/process/module_configs.hpp"
 #include "app/process/rank_job.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
@@ -81,8 +82,8 @@ void inspect_recipe(const InspectArgs& a) {
     // split leaving a part empty or a source shorter than one sample shows up now.
     std::string cache = r.data.cache_dir;
     if (cache.empty()) cache = (r.logging.dir.empty() ? "runs/" + r.name : r.logging.dir) + "/index-cache";
-    const int64_t n = data::split_num_samples(r)[0];  // what the trainer asks for
-    auto src = data::make_blend_source(r, 0, n, cache);
+    const int64_t n = data::split_num_samples(r.training, r.model.seq_length)[0];  // what the trainer asks for
+    auto src = data::make_blend_source(blend_spec(r), 0, n, cache);
     std::vector<int64_t> per(src->source_names().size(), 0);
     for (int64_t i = 0; i < src->size(); ++i) ++per[static_cast<size_t>(src->source_of(i))];
     std::printf("train split: %lld samples of %lld tokens, index cache %s\n", static_cast<long long>(n),

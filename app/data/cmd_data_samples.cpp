@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "app/commands.hpp"
+#include "app/process/module_configs.hpp"
 #include "core/error.hpp"
 #include "config/recipe.hpp"
 #include "data/sample_source.hpp"
@@ -53,7 +54,8 @@ void run_samples(const SamplesArgs& a) {
     if (!data::split_part_present(r.data.split, part))
       throw_input("{}: data.split \"{}\" has no {} part", a.recipe, r.data.split, a.part);
     const std::string cache = r.data.cache_dir.empty() ? r.logging.dir + "/index-cache" : r.data.cache_dir;
-    src = data::make_blend_source(r, part, data::split_num_samples(r)[static_cast<size_t>(part)], cache);
+    const int64_t n = data::split_num_samples(r.training, r.model.seq_length)[static_cast<size_t>(part)];
+    src = data::make_blend_source(blend_spec(r), part, n, cache);
   }
   if (to > src->size())
     throw_input("--range {}: the {} part holds {} samples for this recipe (indices 0..{})", a.range, a.part, src->size(),

@@ -1,6 +1,6 @@
 // Eval runner: tasks -> requests -> batched scoring -> harness metrics (eval_runner.hpp).
 #include "app/eval/eval_runner.hpp"
-#include "model/checkpoint.hpp"
+#include "app/process/module_configs.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -310,10 +310,10 @@ std::string results_table(const EvalReport& rep) {
 model::LoadedModel load_eval_model(const std::string& checkpoint, const std::string& random_recipe,
                                    const std::vector<std::string>& overrides) {
   if (!checkpoint.empty() && !random_recipe.empty()) throw_input("give either --checkpoint or --random-init, not both");
-  if (!checkpoint.empty()) return model::ckpt::load_for_inference(checkpoint);
+  if (!checkpoint.empty()) return load_for_inference(checkpoint);
   if (random_recipe.empty()) throw_input("one of --checkpoint DIR or --random-init RECIPE is required");
   Recipe r = load_recipe(random_recipe, overrides);
-  model::GptConfig cfg = model::GptConfig::from_recipe(r);
+  model::GptConfig cfg = gpt_config(r);
   cfg.padded_vocab_size = r.model.padded_vocab_size(1);
   cfg.sequence_parallel = false;
   cfg.hidden_dropout = cfg.attention_dropout = 0;

@@ -6,7 +6,7 @@
 //
 // Model acquisition is separate (load_eval_model): `--random-init RECIPE` builds a
 // random-weight model (a testing aid); `--checkpoint DIR` goes through the checkpoint
-// loader (model::ckpt::load_for_inference).
+// loader (app::load_for_inference, app/process/module_configs.hpp).
 #pragma once
 #include <cstdint>
 #include <functional>

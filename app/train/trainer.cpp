@@ -25,6 +25,7 @@
 #include "app/process/preflight.hpp"
 #include "app/train/pipeline_executor.hpp"
 #include "app/train/step_timing.hpp"
+#include "app/process/module_configs.hpp"
 #include "app/process/placement.hpp"
 #include "app/train/validation.hpp"
 #include "core/log.hpp"
@@ -543,8 +544,8 @@ Trainer::Trainer(const Recipe& r, const parallel::ProcessGroups& g, const TrainO
 
 // This rank's chunks.
 void Trainer::set_up_model() {
-  cfg_ = model::GptConfig::from_recipe(r_);
-  specs_ = model::partition_chunks(r_, g_.coord.pp);
+  cfg_ = gpt_config(r_);
+  specs_ = model::partition_chunks(pipeline_split(r_), g_.coord.pp);
   v_ = static_cast<int64_t>(specs_.size());
   for (const auto& s : specs_) model::declare_chunk_params(store_, cfg_, s, g_.coord.tp, tp_);
   // fp32 master weights and gradients; the compute copy in the activation dtype; all on
@@ -585,7 +586,7 @@ void Trainer::set_up_data() {
   if (r_.data.mock)
     source_ = data::make_mock_source(r_.model.vocab_size, T_, static_cast<uint64_t>(r_.training.seed));
   else
-    source_ = data::make_blend_source(r_, 0, run_.samples, cache_dir_);
+    source_ = data::make_blend_source(blend_spec(r_), 0, run_.samples, cache_dir_);
   loader_.emplace(source_, r_.training.micro_batch_size, g_.coord.dp, dp_);
 }
 

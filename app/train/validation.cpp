@@ -1,6 +1,7 @@
 // Validation and test loss during training (see validation.hpp).
 #include "app/train/validation.hpp"
 
+#include "app/process/module_configs.hpp"
 #include "app/train/pipeline_executor.hpp"
 
 #include <cmath>
@@ -29,7 +30,7 @@ std::shared_ptr<const data::SampleSource> make_part(const Recipe& r, int part, i
     return data::make_mock_source(r.model.vocab_size, r.model.seq_length,
                                   static_cast<uint64_t>(r.training.seed) ^ (part == 1 ? kValidMockSeed : kTestMockSeed));
   try {
-    return data::make_blend_source(r, part, n, cache);
+    return data::make_blend_source(blend_spec(r), part, n, cache);
   } catch (const InputError& e) {
     // A part the split leaves without documents (small data): no evaluation of it, as
     // Megatron has no dataset for it. Broken data already failed for the train part.
@@ -46,7 +47,7 @@ Validation::Validation(const Recipe& r, const parallel::ProcessGroups& g, model:
     : r_(r), g_(g) {
   const auto& t = r.training;
   if (t.eval_interval <= 0 || t.eval_iters <= 0) return;
-  const auto n = data::split_num_samples(r);
+  const auto n = data::split_num_samples(r.training, r.model.seq_length);
   valid_ = make_part(r, 1, n[1], cache_dir);
   test_ = make_part(r, 2, n[2], cache_dir);
   if (!valid_ && !test_) return;

@@ -4,6 +4,8 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "config/model.hpp"
+#include "config/training.hpp"
 #include "core/error.hpp"
 #include "data/blended_dataset.hpp"
 #include "data/sample_source.hpp"
@@ -25,11 +27,14 @@ void make_dataset(const std::string& prefix, int64_t docs, int64_t len, int32_t 
   w.finalize();
 }
 
-Recipe blend_recipe(const std::vector<BlendSource>& blend, int64_t seq) {
-  Recipe r;
-  r.model.seq_length = seq;
-  r.data.blend = blend;
-  r.data.split = "90,5,5";
+// A blend at the recipe defaults' vocabulary and seed.
+BlendSpec blend_spec(const std::vector<mtnlg::BlendSource>& blend, int64_t seq) {
+  BlendSpec r;
+  r.blend = blend;
+  r.split = "90,5,5";
+  r.seq_length = seq;
+  r.vocab_size = ModelConfig{}.vocab_size;
+  r.seed = TrainingConfig{}.seed;
   return r;
 }
 
@@ -86,7 +91,7 @@ TEST_CASE("blend source from a recipe: sizes, sources, samples", "[data]") {
   const std::string a = (tmp / "a_text_document").string(), b = (tmp / "b_text_document").string();
   make_dataset(a, 200, 40, 0);
   make_dataset(b, 100, 50, 20000);
-  Recipe r = blend_recipe({{0.7, a}, {0.3, b}}, 16);
+  BlendSpec r = blend_spec({{0.7, a}, {0.3, b}}, 16);
   auto src = make_blend_source(r, 0, 300, (tmp / "cache").string());
   CHECK(src->size() == 300);
   CHECK(src->seq_length() == 16);
@@ -116,7 +121,7 @@ TEST_CASE("blend source: missing prefix, empty split part, unweighted entry in a
   TempDir tmp("blend");
   const std::string a = (tmp / "a").string();
   make_dataset(a, 20, 10, 0);
-  auto expect = [](const Recipe& r, int part, const std::string& what) {
+  auto expect = [](const BlendSpec& r, int part, const std::string& what) {
     try {
       make_blend_source(r, part, 10, "");
       FAIL("expected InputError");
@@ -124,25 +129,25 @@ TEST_CASE("blend source: missing prefix, empty split part, unweighted entry in a
       CHECK_THAT(e.what(), Catch::Matchers::Contains(what));
     }
   };
-  expect(blend_recipe({{1, a}, {1, (tmp / "missing").string()}}, 8), 0, "data.blend[1].prefix");
-  Recipe r = blend_recipe({{1, a}}, 8);
-  r.data.split = "100,0,0";
+  expect(blend_spec({{1, a}, {1, (tmp / "missing").string()}}, 8), 0, "data.blend[1].prefix");
+  BlendSpec r = blend_spec({{1, a}}, 8);
+  r.split = "100,0,0";
   expect(r, 1, "empty");
   // 18 train documents of 10 tokens = 180 tokens < 501: Megatron wraps, so does mtnlg.
-  CHECK(make_blend_source(blend_recipe({{1, a}}, 500), 0, 10, "")->size() == 10);
-  Recipe two = blend_recipe({{1, a}, {1, a}}, 8);
-  two.data.blend[1].weighted = false;
+  CHECK(make_blend_source(blend_spec({{1, a}}, 500), 0, 10, "")->size() == 10);
+  BlendSpec two = blend_spec({{1, a}, {1, a}}, 8);
+  two.blend[1].weighted = false;
   expect(two, 0, "has no weight");
-  expect(blend_recipe({}, 8), 0, "data.blend");
+  expect(blend_spec({}, 8), 0, "data.blend");
 }
 
 TEST_CASE("single source without weight: Megatron's unweighted order, no blend surplus", "[data]") {
   TempDir tmp("single");
   const std::string a = (tmp / "a").string();
   make_dataset(a, 100, 33, 0);
-  Recipe weighted = blend_recipe({{1.0, a}}, 16);
-  Recipe unweighted = weighted;
-  unweighted.data.blend[0].weighted = false;
+  BlendSpec weighted = blend_spec({{1.0, a}}, 16);
+  BlendSpec unweighted = weighted;
+  unweighted.blend[0].weighted = false;
   // Train part: 90 documents, 2970 tokens, 185 samples per epoch. 185 samples fit one
   // epoch; the weighted build asks for ceil(185 * 1.005) = 186, two epochs: another shuffle.
   auto u = make_blend_source(unweighted, 0, 185, "");
@@ -232,7 +237,7 @@ TEST_CASE("loader: per-source counts cover the whole global batch of a blend", "
   const std::string a = (tmp / "a").string(), b = (tmp / "b").string();
   make_dataset(a, 100, 30, 0);
   make_dataset(b, 100, 30, 5000);
-  std::shared_ptr<const SampleSource> src = make_blend_source(blend_recipe({{3, a}, {1, b}}, 8), 0, 64, "");
+  std::shared_ptr<const SampleSource> src = make_blend_source(blend_spec({{3, a}, {1, b}}, 8), 0, 64, "");
   Loader l(src, 1, 1, 2);
   Batch x = l.get(0, 16);
   CHECK(x.per_source_samples == std::vector<int64_t>{12, 4});

@@ -8,25 +8,26 @@
 using namespace mtnlg;
 
 namespace {
-Recipe recipe(const std::string& parallel) {
-  return parse_recipe("model: {num_layers: 8, hidden_size: 32, num_attention_heads: 4, seq_length: 16, vocab_size: 64}\n"
-                      "training: {micro_batch_size: 1, global_batch_size: 8, train_iters: 1}\n"
-                      "data: {mock: true}\nparallel: " +
-                          parallel + "\n",
-                      "test.yaml");
+// 8 layers over `pp` stages, `k` layers per virtual stage (0 = no interleaving), or the
+// explicit `layers` per stage.
+model::PipelineSplit split(int64_t pp, int64_t k = 0, std::vector<int64_t> layers = {}) {
+  model::PipelineSplit s;
+  s.num_layers = 8;
+  s.pipeline_model_parallel_size = pp;
+  s.num_layers_per_virtual_pipeline_stage = k;
+  s.pipeline_layers = std::move(layers);
+  return s;
 }
 }  // namespace
 
 TEST_CASE("partition: every layer once, virtual stage c*pp + r, embedding first and head last", "[partition]") {
   struct Case {
-    const char* parallel;
-    int64_t pp, v;
+    int64_t pp, layers_per_virtual_stage, v;
   };
-  for (const Case& k : {Case{"{pipeline_model_parallel_size: 1}", 1, 1}, Case{"{pipeline_model_parallel_size: 4}", 4, 1},
-                        Case{"{pipeline_model_parallel_size: 2, num_layers_per_virtual_pipeline_stage: 2}", 2, 2},
-                        Case{"{pipeline_model_parallel_size: 4, num_layers_per_virtual_pipeline_stage: 1}", 4, 2}}) {
-    INFO(k.parallel);
-    const Recipe r = recipe(k.parallel);
+  for (const Case& k : {Case{1, 0, 1}, Case{4, 0, 1}, Case{2, 2, 2}, Case{4, 1, 2}}) {
+    INFO("pipeline_model_parallel_size " << k.pp << ", num_layers_per_virtual_pipeline_stage "
+                                         << k.layers_per_virtual_stage);
+    const model::PipelineSplit r = split(k.pp, k.layers_per_virtual_stage);
     CHECK(model::virtual_chunks(r) == k.v);
     std::vector<int> owner(8, 0);
     int embeddings = 0, heads = 0;
@@ -50,7 +51,7 @@ TEST_CASE("partition: every layer once, virtual stage c*pp + r, embedding first 
 }
 
 TEST_CASE("partition: an explicit pipeline_layers list is followed", "[partition]") {
-  const Recipe r = recipe("{pipeline_model_parallel_size: 3, pipeline_layers: [2, 4, 2]}");
+  const model::PipelineSplit r = split(3, 0, {2, 4, 2});
   const int64_t first[] = {0, 2, 6}, count[] = {2, 4, 2};
   for (int64_t rank = 0; rank < 3; ++rank) {
     const auto chunks = model::partition_chunks(r, rank);

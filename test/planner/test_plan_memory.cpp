@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "app/process/module_configs.hpp"
 #include "config/recipe.hpp"
 #include "model/gpt.hpp"
 #include "model/params.hpp"
@@ -20,7 +21,7 @@ namespace {
 
 // What one GPU of pipeline rank `st` holds: the trainer's declaration, chunk by chunk.
 int64_t trainer_params(const Recipe& r, const cost::Layout& l, int64_t st) {
-  model::GptConfig cfg = model::GptConfig::from_recipe(r);
+  model::GptConfig cfg = app::gpt_config(r);
   model::ParamStore store;
   const int64_t per_chunk = l.stage_layers[static_cast<size_t>(st)] / l.vp;
   int64_t first = 0;

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "app/process/module_configs.hpp"
 #include "core/safetensors.hpp"
 #include "model/checkpoint.hpp"
 #include "model/inference.hpp"
@@ -154,7 +155,7 @@ TEST_CASE("checkpoint: kill -9 during a save leaves the previous checkpoint and 
   REQUIRE(seen);
   REQUIRE(WIFSIGNALED(status));
   REQUIRE(model::ckpt::latest_iteration(root) == 5);
-  auto m = model::ckpt::load_for_inference(root);
+  auto m = app::load_for_inference(root);
   CHECK(m.store.numel() > 0);
   // and training resumes from it: iterations 6..40 follow in metrics.jsonl
   auto r = train(1, d.str(), "--set checkpoint.load=" + root + " --set training.train_iters=40");
@@ -178,7 +179,7 @@ TEST_CASE("checkpoint: K non-finite steps in a row stop the run with an error an
   auto st = model::ckpt::read_metadata(model::ckpt::resolve(root));
   CHECK(st.skipped_total == 3);
   CHECK(st.optimizer_steps == 5);  // the skipped steps did not update
-  auto m = model::ckpt::load_for_inference(root);
+  auto m = app::load_for_inference(root);
   for (int64_t i = 0; i < m.store.numel(); ++i) REQUIRE(std::isfinite(m.store.params().data<float>()[i]));
 }
 
@@ -261,7 +262,7 @@ TEST_CASE("checkpoint logits: the model's logits for given tokens, on the CPU an
   REQUIRE(la.shape() == Shape{1, 8, 256});  // tiny-ramp's vocabulary, unpadded
   REQUIRE(a.tensors.at("tokens").data<int32_t>()[1] == 141);
   // The same logits in process (load_for_inference + logits_at), and on the test device.
-  model::LoadedModel m = model::ckpt::load_for_inference(ck);
+  model::LoadedModel m = app::load_for_inference(ck);
   auto chunk = model::whole_model_chunk(m.cfg, m.store);
   const std::vector<int32_t> ids{3, 141, 59, 26, 5, 35, 89, 79};
   std::vector<int64_t> rows{0, 1, 2, 3, 4, 5, 6, 7};

@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include "app/checkpoint/checkpoint_tools.hpp"
+#include "app/process/module_configs.hpp"
 #include "core/safetensors.hpp"
 #include "model/checkpoint.hpp"
 #include "model/inference.hpp"
@@ -19,7 +20,7 @@ TEST_CASE("checkpoint: Hugging Face export matches PyTorch and import round-trip
       "make_vocab_size_divisible_by: 128}\ntraining: {micro_batch_size: 1, global_batch_size: 1, train_iters: 1}\n"
       "data: {mock: true}\n",
       "hf.yaml");
-  model::GptConfig cfg = model::GptConfig::from_recipe(r);
+  model::GptConfig cfg = app::gpt_config(r);
   model::LoadedModel m = model::make_random_model(cfg, 7);
   // non-trivial norms and biases
   for (auto& p : m.store.infos())
@@ -52,7 +53,7 @@ TEST_CASE("checkpoint: Hugging Face export matches PyTorch and import round-trip
   auto im2 = test::run_mtnlg("checkpoint import --format hf-gpt2 --input " + d.str() + "/hf --output " + d.str() + "/back");
   INFO(im2.out);
   REQUIRE(im2.exit_code == 0);
-  model::LoadedModel back = model::ckpt::load_for_inference(d.str() + "/back");
+  model::LoadedModel back = app::load_for_inference(d.str() + "/back");
   REQUIRE(back.store.numel() == m.store.numel());
   for (auto& p : m.store.infos()) {
     Tensor a = m.store.param(p.name), b = back.store.param(p.name);

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "app/checkpoint/checkpoint_tools.hpp"
+#include "app/process/module_configs.hpp"
 #include "model/inference.hpp"
 #include "test/support/test_support.hpp"
 
@@ -16,7 +17,7 @@ TEST_CASE("eval: tp2 x pp2 under mpirun equals the single process", "[mpi]") {
   if (!std::filesystem::exists(src + "/third_party/gpt2/vocab.json")) FAIL("third_party/gpt2 missing: run scripts/fetch-gpt2-vocab.sh");
   test::TempDir d("eval-par");
   Recipe r = load_recipe(src + "/test/fixtures/eval/tiny-model.yaml");
-  model::GptConfig cfg = model::GptConfig::from_recipe(r);
+  model::GptConfig cfg = app::gpt_config(r);
   model::LoadedModel m = model::make_random_model(cfg, 11);
   app::save_whole_model(d.str() + "/ckpt", r, m.store, 0);
   const std::string common = " eval --checkpoint " + d.str() + "/ckpt --tasks piqa,hellaswag,lambada_openai,winogrande --data-dir " +

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "app/checkpoint/checkpoint_tools.hpp"
+#include "app/process/module_configs.hpp"
 #include "model/checkpoint.hpp"
 #include "model/inference.hpp"
 #include "test/support/test_support.hpp"
@@ -130,7 +131,7 @@ TEST_CASE("test device: eval under mpirun (tp2 x pp2) gives the CPU's log-likeli
   if (!fs::exists(src + "/third_party/gpt2/vocab.json")) FAIL("third_party/gpt2 missing: run scripts/fetch-gpt2-vocab.sh");
   test::TempDir d("dev-eval");
   Recipe r = load_recipe(src + "/test/fixtures/eval/tiny-model.yaml");
-  model::LoadedModel m = model::make_random_model(model::GptConfig::from_recipe(r), 11);
+  model::LoadedModel m = model::make_random_model(app::gpt_config(r), 11);
   app::save_whole_model(d.str() + "/ckpt", r, m.store, 0);
   const std::string common = "OMP_NUM_THREADS=1 sh " + src + "/test/support/mpi/mpirun.sh 4 " + MTNLG_BINARY + " eval --checkpoint " +
                              d.str() + "/ckpt --tasks piqa,lambada_openai --data-dir " + src +

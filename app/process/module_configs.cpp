@@ -1,0 +1,56 @@
+#include "app/process/module_configs.hpp"
+
+#include "model/checkpoint.hpp"
+
+namespace mtnlg::app {
+
+model::GptConfig gpt_config(const Recipe& r) {
+  model::GptConfig c;
+  c.vocab_size = r.model.vocab_size;
+  c.padded_vocab_size = r.model.padded_vocab_size(r.tp());
+  c.hidden = r.model.hidden_size;
+  c.heads = r.model.num_attention_heads;
+  c.ffn = r.model.ffn_hidden_size;
+  c.seq_length = r.model.seq_length;
+  c.max_positions = r.model.max_position_embeddings;
+  c.num_layers_total = r.model.num_layers;
+  c.init_std = r.model.init_method_std;
+  c.hidden_dropout = r.model.hidden_dropout;
+  c.attention_dropout = r.model.attention_dropout;
+  c.layernorm_eps = r.model.layernorm_epsilon;
+  c.recompute = r.parallel.recompute_granularity;
+  c.attention = r.model.attention_backend;
+  c.sequence_parallel = r.parallel.sequence_parallel && r.tp() > 1;
+  c.seed = static_cast<uint64_t>(r.training.seed);
+  c.dtype = model::compute_dtype(r.training.precision);
+  return c;
+}
+
+model::PipelineSplit pipeline_split(const Recipe& r) {
+  model::PipelineSplit s;
+  s.num_layers = r.model.num_layers;
+  s.pipeline_model_parallel_size = r.pp();
+  s.num_layers_per_virtual_pipeline_stage = r.parallel.num_layers_per_virtual_pipeline_stage;
+  s.pipeline_layers = r.parallel.pipeline_layers;
+  return s;
+}
+
+data::BlendSpec blend_spec(const Recipe& r) {
+  data::BlendSpec s;
+  s.blend = r.data.blend;
+  s.split = r.data.split;
+  s.seq_length = r.model.seq_length;
+  s.vocab_size = r.model.vocab_size;
+  s.seed = r.training.seed;
+  return s;
+}
+
+model::LoadedModel load_for_inference(const std::string& path) {
+  const std::string dir = model::ckpt::resolve(path);
+  const model::ckpt::TrainState st = model::ckpt::read_metadata(dir);
+  Recipe r = parse_recipe(st.recipe_yaml, dir + "/metadata.json");
+  r.parallel.tensor_model_parallel_size = 1;  // one rank's padded vocabulary, no sequence parallelism
+  return model::ckpt::load_whole_model(dir, gpt_config(r));
+}
+
+}  // namespace mtnlg::app
