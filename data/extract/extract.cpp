@@ -271,11 +271,14 @@ struct LanguageFilter {
 // One record to its document: the main text of a 200 HTML response, or a WET conversion
 // record's text, with its language; counted in `c` on the way.
 struct RecordExtractor {
+  RecordExtractor(const ExtractOptions& opt, Counts& c, std::map<std::string, int64_t>& dropped_languages)
+      : opt(opt), c(c), dropped_languages(dropped_languages), languages(opt) {}
+
   const ExtractOptions& opt;
   Counts& c;
   std::map<std::string, int64_t>& dropped_languages;
   Utf8Converter conv;
-  LanguageFilter languages{opt};
+  LanguageFilter languages;
 
   // False when the record gives no document (another type, not a 200 HTML page, a
   // language not kept). Throws WarcError.
@@ -329,7 +332,7 @@ Counts extract_file(const std::string& input, const std::string& output, const E
   Counts c{};
   WarcReader reader(input, opt.max_record_bytes);
   ShardWriter out(output, opt.compress == "zstd");
-  RecordExtractor records{opt, c, dropped_languages};
+  RecordExtractor records(opt, c, dropped_languages);
   WarcRecord rec;
   int64_t reported_bytes = 0;
   auto report_bytes = [&] {
