@@ -71,6 +71,22 @@ void run_fd(const Entry& e) {
   }
 }
 
+// Case `k` of entry `e` run on a reference context and another, each context's own
+// checks asserted; their outputs, the same count.
+std::pair<std::vector<Output>, std::vector<Output>> run_both(const Entry& e, const Case& k, Ctx& ref, const char* ref_what,
+                                                             Ctx& other, const char* other_what) {
+  Run rr = e.prepare(ref, k);
+  rr.exec();
+  std::vector<Output> ro = rr.collect();
+  Run otr = e.prepare(other, k);
+  otr.exec();
+  std::vector<Output> oo = otr.collect();
+  assert_checks(ref.checks, ref_what);
+  assert_checks(other.checks, other_what);
+  REQUIRE(ro.size() == oo.size());
+  return {std::move(ro), std::move(oo)};
+}
+
 // A bf16/f16 CPU run against the f32 CPU run on the same rounded inputs: each
 // low-precision output equals the f32 value rounded once (the same bits), every f32
 // output (statistics, parameter gradients) the same value.
@@ -81,15 +97,7 @@ void run_low(const Entry& e) {
     DYNAMIC_SECTION(e.name << ": " << k.label) {
       const uint64_t seed = case_seed(e, i);
       Ctx ref(Device::cpu, k.dt, DType::f32, seed), low(Device::cpu, k.dt, k.dt, seed);
-      Run rr = e.prepare(ref, k);
-      rr.exec();
-      const std::vector<Output> ro = rr.collect();
-      Run lr = e.prepare(low, k);
-      lr.exec();
-      const std::vector<Output> lo = lr.collect();
-      assert_checks(ref.checks, "cpu f32");
-      assert_checks(low.checks, "cpu low precision");
-      REQUIRE(ro.size() == lo.size());
+      const auto [ro, lo] = run_both(e, k, ref, "cpu f32", low, "cpu low precision");
       for (size_t j = 0; j < ro.size(); ++j) {
         const Output &a = lo[j], &r = ro[j];
         INFO(r.name << " held in " << to_string(a.stored));
@@ -165,15 +173,7 @@ void run_device(const Entry& e) {
     DYNAMIC_SECTION(e.name << ": " << k.label) {
       const uint64_t seed = case_seed(e, i);
       Ctx ref(Device::cpu, k.dt, DType::f32, seed), dev(Device::cuda, k.dt, k.dt, seed);
-      Run rr = e.prepare(ref, k);
-      rr.exec();
-      const std::vector<Output> ro = rr.collect();
-      Run dr = e.prepare(dev, k);
-      dr.exec();
-      const std::vector<Output> dout = dr.collect();
-      assert_checks(ref.checks, "cpu");
-      assert_checks(dev.checks, "cuda");
-      REQUIRE(ro.size() == dout.size());
+      const auto [ro, dout] = run_both(e, k, ref, "cpu", dev, "cuda");
       for (size_t j = 0; j < ro.size(); ++j) compare(dout[j], ro[j]);
     }
   }
