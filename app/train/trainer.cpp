@@ -439,10 +439,284 @@ class StragglerDetector {
   std::vector<std::string> hosts_;
 };
 
+// ---- the trainer's parts: each built complete by its constructor ----------------------
+// The Trainer's member initializer list builds them in dependency order (see Trainer).
+
+// The layout checked against the world (validate_layout), then the testing aid
+// MTNLG_FAULT_INJECT read (InputError when malformed): set-up's first two checks.
+FaultInjection checked_fault_injection(const Recipe& r, const parallel::ProcessGroups& g) {
+  validate_layout(r, g.topo.world());
+  return fault_injection_from_env();
+}
+
+// CPU threads per process: the recipe's, or the cores shared out among the ranks on
+// this node (mpirun -np 8 on 2 cores must not run 16 spinning OpenMP threads). Sets
+// them for OpenMP and OpenBLAS; returns the count.
+int set_cpu_threads(const Recipe& r) {
+  const int threads = static_cast<int>(r.training.num_threads > 0 ? r.training.num_threads : default_threads());
+  omp_set_num_threads(threads);
+  openblas_set_num_threads(threads);
+  return threads;
+}
+
+// This rank's chunks' parameters, declared (no buffers yet).
+model::ParamStore declared_params(const model::GptConfig& cfg, const std::vector<model::ChunkSpec>& specs,
+                                  const parallel::ProcessGroups& g) {
+  model::ParamStore store;
+  for (const auto& s : specs) model::declare_chunk_params(store, cfg, s, g.coord.tp, g.topo.tp());
+  return store;
+}
+
+// This rank's model: its chunks' parameters in one ParamStore (fp32 master weights and
+// gradients, the compute copy in the activation dtype) on the training device
+// (training.device), and the chunks. The process groups are placed on that device here
+// (NCCL tensor groups on GPUs) before the chunks are built: `groups` is what every
+// later part talks over. Not copyable or movable: the chunks hold references to `store`.
+struct TrainModel {
+  TrainModel(const Recipe& r, const parallel::ProcessGroups& unplaced)
+      : cfg(gpt_config(r)),
+        specs(model::partition_chunks(pipeline_split(r), unplaced.coord.pp)),
+        store(declared_params(cfg, specs, unplaced)),
+        device(select_device(r.training.device, "training.device")),
+        groups(parallel::place_groups(unplaced, device)) {
+    store.finalize(DType::f32, cfg.dtype, device);
+    store.initialize(cfg.seed, cfg.init_std, cfg.num_layers_total);
+    for (auto& s : specs) chunks.push_back(std::make_unique<model::GptChunk>(cfg, s, store, groups));
+  }
+  TrainModel(const TrainModel&) = delete;
+  TrainModel& operator=(const TrainModel&) = delete;
+  int64_t v() const { return static_cast<int64_t>(specs.size()); }  // virtual chunks on this rank
+
+  model::GptConfig cfg;
+  std::vector<model::ChunkSpec> specs;
+  model::ParamStore store;
+  Device device;
+  parallel::ProcessGroups groups;
+  std::vector<std::unique_ptr<model::GptChunk>> chunks;
+};
+
+// Whether a parameter counts in the gradient norm and the model size: not a tp rank's
+// copy of a tp-replicated one (tp rank > 0), nor a later stage's copy of the tied word
+// embedding.
+bool counted_once(const model::ParamInfo& p, const parallel::ProcessGroups& g) {
+  const bool dup_tp = p.tp_replicated && g.coord.tp != 0;
+  const bool dup_embedding = p.word_embedding && g.topo.pp() > 1 && g.coord.pp != 0;
+  return !dup_tp && !dup_embedding;
+}
+
+std::vector<parallel::ParamSegment> param_segments(const model::ParamStore& store, const parallel::ProcessGroups& g) {
+  std::vector<parallel::ParamSegment> segs;
+  for (const auto& p : store.infos()) {
+    parallel::ParamSegment s;
+    s.offset = p.offset;
+    s.numel = p.numel;
+    s.weight_decay = p.weight_decay;
+    s.count_in_norm = counted_once(p, g);
+    segs.push_back(s);
+  }
+  return segs;
+}
+
+// The model's size: the tp x pp ranks of data-parallel replica 0 (a host sum over world).
+int64_t model_size(const model::ParamStore& store, const parallel::ProcessGroups& g) {
+  int64_t local_params = 0;
+  for (const auto& p : store.infos())
+    if (counted_once(p, g)) local_params += p.numel;
+  int64_t total = g.coord.dp == 0 ? local_params : 0;
+  if (g.world && g.world->size() > 1) g.world->all_reduce(&total, 1, parallel::ReduceOp::sum);
+  return total;
+}
+
+// fp16: dynamic loss scaling (Megatron's rules); bf16 and fp32 need none.
+std::optional<parallel::DynamicLossScaler> loss_scaler_if_fp16(const Recipe& r) {
+  if (r.training.precision != Precision::fp16) return std::nullopt;
+  return parallel::DynamicLossScaler(parallel::loss_scaler_config(r.optimizer));
+}
+
+struct TrainOptimizer {
+  TrainOptimizer(const Recipe& r, const TrainModel& m)
+      : adamw(r.optimizer, param_segments(m.store, m.groups), m.store.numel(), m.groups,
+              r.parallel.use_distributed_optimizer, r.parallel.ddp_bucket_size, m.store.device()),
+        scaler(loss_scaler_if_fp16(r)),
+        total_params(model_size(m.store, m.groups)) {}
+
+  parallel::DistributedAdamW adamw;
+  // Optional because it exists for fp16 only: its absence is how the step, the log line
+  // and checkpoints know there is no loss scale.
+  std::optional<parallel::DynamicLossScaler> scaler;
+  int64_t total_params;
+};
+
+std::shared_ptr<const data::SampleSource> training_source(const Recipe& r, int64_t seq, int64_t samples,
+                                                          const std::string& cache_dir) {
+  if (r.data.mock) return data::make_mock_source(r.model.vocab_size, seq, static_cast<uint64_t>(r.training.seed));
+  return data::make_blend_source(blend_spec(r), 0, samples, cache_dir);
+}
+
+// The run's length, the training samples and this data-parallel rank's loader.
+struct TrainData {
+  TrainData(const Recipe& r, const parallel::ProcessGroups& g)
+      : run(schedules::run_length(r.training, r.model.seq_length)),
+        cache_dir(r.data.cache_dir.empty() ? r.logging.dir + "/index-cache" : r.data.cache_dir),
+        source(training_source(r, r.model.seq_length, run.samples, cache_dir)),
+        loader(source, r.training.micro_batch_size, g.coord.dp, g.topo.dp()) {}
+
+  schedules::RunLength run;
+  std::string cache_dir;
+  std::shared_ptr<const data::SampleSource> source;
+  data::Loader loader;
+};
+
+// Rank 0 creates logging.dir and writes recipe.resolved.yaml into it; returns logging.dir.
+const std::string& run_dir_with_recipe(const Recipe& r, bool rank0) {
+  if (rank0) {
+    std::filesystem::create_directories(r.logging.dir);
+    write_file_checked((std::filesystem::path(r.logging.dir) / "recipe.resolved.yaml").string(), to_yaml(r), "logging.dir");
+  }
+  return r.logging.dir;
+}
+
+std::unique_ptr<tb::TensorBoardWriter> tensorboard_if_on(const Recipe& r, bool rank0) {
+  if (!rank0 || !r.logging.tensorboard) return nullptr;
+  return std::make_unique<tb::TensorBoardWriter>(r.logging.dir);
+}
+
+// The MFU denominator (TFLOP/s) and where it came from.
+struct MfuPeak {
+  double tflops = 0;
+  std::string what;
+};
+
+MfuPeak mfu_peak(const Recipe& r, const parallel::ProcessGroups& g, Device device) {
+  MfuPeak peak{r.logging.peak_tflops, "logging.peak_tflops"};
+  if (peak.tflops <= 0 && device == Device::cuda) {
+    // GPUs: the data-sheet dense bf16 peak whatever the precision (Megatron's MFU
+    // convention), so fp32 and bf16 runs are compared against one number.
+    const GpuPeak p = gpu_peak(describe_device(device));
+    peak = {p.tflops, p.what};
+    if (peak.tflops <= 0 && g.rank == 0)
+      log::warn("MFU is not reported: {}; set logging.peak_tflops to this GPU's dense bf16 peak (TFLOP/s)", p.what);
+  } else if (peak.tflops <= 0) {
+    peak.tflops = measure_cpu_sgemm_tflops();
+    if (g.world && g.world->size() > 1) g.world->all_reduce(&peak.tflops, 1, parallel::ReduceOp::max);
+    peak.what = "measured CPU sgemm rate, " + blas_description();
+  }
+  return peak;
+}
+
+// The banner: the run, the layout, the model and the data, once at set-up.
+void log_banner(const Recipe& r, const TrainModel& m, const TrainOptimizer& o, const TrainData& d, const MfuPeak& peak) {
+  const parallel::Topology& t = m.groups.topo;
+  log::info("mtnlg train: {} | layout tp={} pp={} dp={} (world {}){}{} | {} parameters ({} on this rank)", r.name, t.tp(),
+            t.pp(), t.dp(), t.world(), m.v() > 1 ? fmt::format(" interleaved v={}", m.v()) : "",
+            m.cfg.sequence_parallel ? " +sequence-parallel" : "", human_count(static_cast<double>(o.total_params)),
+            human_count(static_cast<double>(m.store.numel())));
+  log::info("model: {} layers, hidden {}, {} heads, seq {}, vocab {} (padded {}) | {} on {} | attention {} | recompute {}{}",
+            r.model.num_layers, r.model.hidden_size, r.model.num_attention_heads, r.model.seq_length, r.model.vocab_size,
+            m.cfg.padded_vocab_size, to_string(r.training.precision), describe_device(m.device),
+            to_string(m.chunks.front()->attention_backend()), to_string(r.parallel.recompute_granularity),
+            o.adamw.zero1() ? " | ZeRO-1 distributed optimizer" : "");
+  log::info("run: {} iterations, {} samples, {} tokens | data: {} | MFU peak {:.3f} TFLOP/s ({}); TFLOP/s and MFU count "
+            "model FLOPs 72*B*s*l*h^2*(1+s/(6h)+V/(12*l*h)) per iteration (recompute not counted)",
+            d.run.iterations,
+            human_count(static_cast<double>(d.run.samples)), human_count(static_cast<double>(d.run.tokens)),
+            r.data.mock                                            ? std::string("mock tokens")
+            : r.data.blend.size() == 1 && !r.data.blend[0].weighted ? "one unweighted source " + r.data.blend[0].prefix
+                                                                    : fmt::format("blend of {} sources", r.data.blend.size()),
+            peak.tflops, peak.what);
+}
+
+// The run directory's files and reports, straggler detection, step timing, TensorBoard,
+// the MFU peak, then the banner (unless quiet).
+struct TrainOutputs {
+  TrainOutputs(const Recipe& r, const TrainModel& m, const TrainOptimizer& o, const TrainData& d, const TrainOptions& opts)
+      : metrics(run_dir_with_recipe(r, m.groups.rank == 0), m.groups.rank == 0, m.groups.topo),
+        comm_report(r.logging.dir, m.groups, opts.comm_report),
+        memory_report(r.logging.dir, m.groups, opts.memory_report),
+        straggler(r.logging, m.groups),  // collective when on (host names): every rank builds it
+        step_timing(r.logging, m.groups),
+        tensorboard(tensorboard_if_on(r, m.groups.rank == 0)),
+        peak(mfu_peak(r, m.groups, m.device)) {
+    if (!opts.quiet) log_banner(r, m, o, d, peak);
+  }
+
+  MetricsWriter metrics;  // rank 0's metrics.jsonl
+  CommReport comm_report;
+  MemoryReport memory_report;
+  StragglerDetector straggler;
+  StepTiming step_timing;  // logging.step_timing
+  std::unique_ptr<tb::TensorBoardWriter> tensorboard;  // null unless on (rank 0 only)
+  MfuPeak peak;
+};
+
+std::vector<parallel::DpParam> dp_params(const model::ParamStore& store) {
+  std::vector<parallel::DpParam> params;
+  for (const auto& p : store.infos()) params.push_back({p.offset, p.numel, p.word_embedding, p.sp_grad_reduce});
+  return params;
+}
+
+// A value, absent unless the optimizer is ZeRO-1's distributed one.
+std::optional<parallel::Zero1Shard> zero1_shard(parallel::DistributedAdamW& adamw) {
+  if (!adamw.zero1()) return std::nullopt;
+  return parallel::Zero1Shard{adamw.shard_begin(), adamw.shard_end(), adamw.zero1_buffer()};
+}
+
+// The pipeline executor and the step's gradient reductions, one owner of all of them
+// (parallel::DataParallelGrads): the dp buckets and their overlap, the tied embedding and
+// sequence-parallel partial gradients, ZeRO-1's reduce-scatter into the optimizer's shard.
+// The chunks report each parameter whose gradient is final during the last micro batch's
+// backward (the hooks installed here). Not copyable or movable: the hooks point at `ddp`.
+struct TrainStep {
+  TrainStep(const Recipe& r, TrainModel& m, TrainOptimizer& o)
+      : exec(r, m.groups, m.chunks),
+        stats(Tensor::empty({3}, DType::f64, m.device)),
+        ddp(dp_params(m.store), m.groups, r.parallel.sequence_parallel, o.adamw.bucket_size(), zero1_shard(o.adamw)) {
+    parallel::DataParallelGrads* grads = &ddp;
+    for (auto& c : m.chunks) c->set_grad_ready_hook([grads](int64_t offset) { grads->param_ready(offset); });
+  }
+  TrainStep(const TrainStep&) = delete;
+  TrainStep& operator=(const TrainStep&) = delete;
+
+  PipelineExecutor exec;
+  // The step's statistics on the device, read once per step: [loss sum, tokens, squared grad norm].
+  Tensor stats;
+  parallel::DataParallelGrads ddp;
+};
+
+// The stop signals' handlers (app/train/checkpointing.hpp) go in first, then the
+// checkpoint manager.
+CheckpointManager checkpoints_with_stop_handlers(const Recipe& r, const parallel::ProcessGroups& g,
+                                                 model::ckpt::Layout layout) {
+  install_stop_signal_handlers();
+  return CheckpointManager(r, g, layout);
+}
+
+// The progress a run starts from (saved in checkpoints): zeros, or the resumed checkpoint's.
+struct StartPoint {
+  int64_t consumed = 0, iteration = 0, skipped_total = 0, nan_total = 0;
+  std::vector<int64_t> per_source;  // samples drawn from each blend source
+};
+
+// Resume (weights, optimizer, counters, the fp16 scaler), then the compute copy of the
+// (initialised or loaded) master weights.
+StartPoint resume_or_start(CheckpointManager& ckpt, TrainModel& m, TrainOptimizer& o, size_t sources) {
+  StartPoint p;
+  p.per_source.assign(sources, 0);
+  if (auto st = ckpt.resume(m.store, o.adamw)) {
+    p.consumed = st->consumed_samples;
+    p.iteration = st->iteration;
+    p.skipped_total = st->skipped_total;
+    p.nan_total = st->nan_total;
+    if (st->per_source_samples.size() == p.per_source.size()) p.per_source = st->per_source_samples;
+    // An fp16 checkpoint carries its scaler; from a bf16/fp32 one the scaler starts fresh.
+    if (o.scaler && st->loss_scaler)
+      o.scaler->load_state({st->loss_scale, st->loss_scale_good_steps, st->loss_scale_hysteresis, st->loss_scale_skipped});
+  }
+  m.store.sync_weights();
+  return p;
+}
+
 // ---- one training run: set-up, a step, logging, and the loop ---------------------------
-// Set-up (the constructor) builds, in this order: model, optimizer, data, outputs, the
-// executor with the data-parallel gradients, then checkpoints (resume) and validation.
-// Members are declared in that order, so they are destroyed in the reverse one.
 class Trainer {
  public:
   Trainer(const Recipe& r, const parallel::ProcessGroups& g, const TrainOptions& opts);
@@ -451,242 +725,89 @@ class Trainer {
   TrainSummary run();  // the loop
 
  private:
-  void set_up_model();
-  void set_up_optimizer();
-  void set_up_data();
-  void set_up_output();
-  void set_up_step();
-  void set_up_checkpoints();
+  void install_layer_observer();
   IterationStats train_step(const data::Batch& batch, double lr, std::chrono::steady_clock::time_point t0);
   void training_log(IterationStats& s, const data::Batch& batch);
   bool stop_after_step();  // checkpoints, stop signals and exit conditions after a step
   void save_now();
-  void set_up_forensics();
   void forward_backward(const data::Batch& batch, double loss_scale);
   StepRead read_step();
   StepRead replay_step(const data::Batch& batch, double loss_scale);  // spike forensics
 
+  // Set-up is the member initializer list: members are declared in the order they are
+  // built, each from the ones above it (so they are destroyed in the reverse order).
+  // That order is the set-up's: its side effects (files, log lines) and its collectives
+  // (the same order on every rank) follow it.
   const Recipe& r_;
-  parallel::ProcessGroups g_;  // tensor groups placed on the training device in set_up_model
   const TrainOptions& opts_;
   const std::chrono::steady_clock::time_point t_start_;
-  FaultInjection fault_;
-  int64_t tp_, pp_, dp_, T_;
-  bool rank0_;
-  TrainPreflight preflight_;
-  // model
-  model::GptConfig cfg_;
-  std::vector<model::ChunkSpec> specs_;
-  int64_t v_ = 0;
-  Device device_ = Device::cpu;
-  model::ParamStore store_;
-  std::vector<std::unique_ptr<model::GptChunk>> chunks_;
-  // optimizer
-  std::optional<parallel::DistributedAdamW> optim_;
-  std::optional<parallel::DynamicLossScaler> scaler_;
-  int64_t total_params_ = 0;
-  // data
-  schedules::RunLength run_;
-  std::shared_ptr<const data::SampleSource> source_;
-  std::string cache_dir_;
-  std::optional<data::Loader> loader_;
-  // output
-  std::optional<MetricsWriter> metrics_;
-  std::optional<CommReport> comm_report_;
-  std::shared_ptr<MemoryReport> memory_report_;
-  std::optional<StragglerDetector> straggler_;
-  std::optional<StepTiming> step_timing_;  // logging.step_timing
-  std::unique_ptr<tb::TensorBoardWriter> tensorboard_;
-  double peak_tflops_ = 0;
-  std::string peak_what_;
-  // the step
-  std::optional<PipelineExecutor> exec_;
-  std::optional<parallel::DataParallelGrads> ddp_;
-  // The step's statistics on the device, read once per step: [loss sum, tokens, squared grad norm].
-  Tensor step_stats_;
-  // progress (saved in checkpoints)
+  const FaultInjection fault_;  // after the layout check
+  const int64_t tp_, pp_, dp_, T_;
+  const bool rank0_;
+  // Outputs writable, checkpoint root locked and not overwritten (app/process/preflight.hpp).
+  const TrainPreflight preflight_;
+  const int threads_;  // set before the model is built
+  TrainModel model_;
+  const parallel::ProcessGroups& g_;  // model_.groups: placed on the training device
+  TrainOptimizer optim_;
+  TrainData data_;
+  TrainOutputs out_;
+  TrainStep step_;
   TrainSummary summary_;
-  int64_t consumed_ = 0, iteration_ = 0, skipped_total_ = 0, nan_total_ = 0, nonfinite_in_a_row_ = 0;
+  CheckpointManager ckpt_;
+  const StartPoint start_;  // resumed from ckpt_ (weights, optimizer, scaler too), or zeros
+  // progress (saved in checkpoints)
+  int64_t consumed_, iteration_, skipped_total_, nan_total_, nonfinite_in_a_row_ = 0;
   std::vector<int64_t> per_source_;
-  int64_t last_saved_ = 0;
-  // checkpoints, validation
-  std::optional<CheckpointManager> ckpt_;
-  std::optional<Validation> validation_;
+  int64_t last_saved_;
+  Validation validation_;  // training.eval_interval, from the resumed iteration
   // spike and NaN forensics (app/train/forensics.hpp); the message of a stop it asked for
-  std::optional<Forensics> forensics_;
+  Forensics forensics_;
   std::string forensics_stop_;
 };
 
 Trainer::Trainer(const Recipe& r, const parallel::ProcessGroups& g, const TrainOptions& opts)
-    : r_(r), g_(g), opts_(opts), t_start_(std::chrono::steady_clock::now()) {
-  validate_layout(r, g.topo.world());
-  fault_ = fault_injection_from_env();  // testing aid; InputError when malformed
-  tp_ = g.topo.tp(), pp_ = g.topo.pp(), dp_ = g.topo.dp();
-  T_ = r.model.seq_length;
-  rank0_ = g.rank == 0;
-  // Outputs writable, checkpoint root locked and not overwritten (app/process/preflight.hpp).
-  preflight_ = preflight_train(r, g);
-
-  // CPU threads per process: the recipe's, or the cores shared out among the ranks on
-  // this node (mpirun -np 8 on 2 cores must not run 16 spinning OpenMP threads).
-  const int threads = static_cast<int>(r.training.num_threads > 0 ? r.training.num_threads : default_threads());
-  omp_set_num_threads(threads);
-  openblas_set_num_threads(threads);
-
-  set_up_model();
-  set_up_optimizer();
-  set_up_data();
-  set_up_output();
-  set_up_step();
-  set_up_checkpoints();
-  set_up_forensics();
-}
-
-// This rank's chunks.
-void Trainer::set_up_model() {
-  cfg_ = gpt_config(r_);
-  specs_ = model::partition_chunks(pipeline_split(r_), g_.coord.pp);
-  v_ = static_cast<int64_t>(specs_.size());
-  for (const auto& s : specs_) model::declare_chunk_params(store_, cfg_, s, g_.coord.tp, tp_);
-  // fp32 master weights and gradients; the compute copy in the activation dtype; all on
-  // the training device (training.device).
-  device_ = select_device(r_.training.device, "training.device");
-  g_ = parallel::place_groups(g_, device_);  // NCCL tensor groups on GPUs
-  store_.finalize(DType::f32, cfg_.dtype, device_);
-  store_.initialize(cfg_.seed, cfg_.init_std, cfg_.num_layers_total);
-  for (auto& s : specs_) chunks_.push_back(std::make_unique<model::GptChunk>(cfg_, s, store_, g_));
-}
-
-void Trainer::set_up_optimizer() {
-  std::vector<parallel::ParamSegment> segs;
-  int64_t local_params = 0;
-  for (auto& p : store_.infos()) {
-    parallel::ParamSegment s;
-    s.offset = p.offset;
-    s.numel = p.numel;
-    s.weight_decay = p.weight_decay;
-    bool dup_tp = p.tp_replicated && g_.coord.tp != 0;
-    bool dup_embedding = p.word_embedding && pp_ > 1 && g_.coord.pp != 0;
-    s.count_in_norm = !dup_tp && !dup_embedding;
-    if (s.count_in_norm) local_params += p.numel;
-    segs.push_back(s);
-  }
-  optim_.emplace(r_.optimizer, segs, store_.numel(), g_, r_.parallel.use_distributed_optimizer,
-                 r_.parallel.ddp_bucket_size, store_.device());
-  // fp16: dynamic loss scaling (Megatron's rules); bf16 and fp32 need none.
-  if (r_.training.precision == Precision::fp16) scaler_.emplace(parallel::loss_scaler_config(r_.optimizer));
-  // The model's size: the tp x pp ranks of data-parallel replica 0 (a host sum over world).
-  total_params_ = g_.coord.dp == 0 ? local_params : 0;
-  if (g_.world && g_.world->size() > 1) g_.world->all_reduce(&total_params_, 1, parallel::ReduceOp::sum);
-}
-
-void Trainer::set_up_data() {
-  run_ = schedules::run_length(r_.training, T_);
-  cache_dir_ = r_.data.cache_dir.empty() ? r_.logging.dir + "/index-cache" : r_.data.cache_dir;
-  if (r_.data.mock)
-    source_ = data::make_mock_source(r_.model.vocab_size, T_, static_cast<uint64_t>(r_.training.seed));
-  else
-    source_ = data::make_blend_source(blend_spec(r_), 0, run_.samples, cache_dir_);
-  loader_.emplace(source_, r_.training.micro_batch_size, g_.coord.dp, dp_);
-}
-
-// The run directory's files, the MFU peak, and the banner.
-void Trainer::set_up_output() {
-  const Recipe& r = r_;
-  if (rank0_) {
-    std::filesystem::create_directories(r.logging.dir);
-    write_file_checked((std::filesystem::path(r.logging.dir) / "recipe.resolved.yaml").string(), to_yaml(r), "logging.dir");
-  }
-  metrics_.emplace(r.logging.dir, rank0_, g_.topo);
-  comm_report_.emplace(r.logging.dir, g_, opts_.comm_report);
-  memory_report_ = std::make_shared<MemoryReport>(r.logging.dir, g_, opts_.memory_report);
-  straggler_.emplace(r.logging, g_);  // collective when on (host names): every rank builds it
-  step_timing_.emplace(r.logging, g_);
-  if (rank0_ && r.logging.tensorboard) tensorboard_ = std::make_unique<tb::TensorBoardWriter>(r.logging.dir);
-  peak_tflops_ = r.logging.peak_tflops;
-  peak_what_ = "logging.peak_tflops";
-  if (peak_tflops_ <= 0 && device_ == Device::cuda) {
-    // GPUs: the data-sheet dense bf16 peak whatever the precision (Megatron's MFU
-    // convention), so fp32 and bf16 runs are compared against one number.
-    const GpuPeak p = gpu_peak(describe_device(device_));
-    peak_tflops_ = p.tflops;
-    peak_what_ = p.what;
-    if (peak_tflops_ <= 0 && rank0_)
-      log::warn("MFU is not reported: {}; set logging.peak_tflops to this GPU's dense bf16 peak (TFLOP/s)", p.what);
-  } else if (peak_tflops_ <= 0) {
-    peak_tflops_ = measure_cpu_sgemm_tflops();
-    if (g_.world && g_.world->size() > 1) g_.world->all_reduce(&peak_tflops_, 1, parallel::ReduceOp::max);
-    peak_what_ = "measured CPU sgemm rate, " + blas_description();
-  }
-  if (opts_.quiet) return;
-  log::info("mtnlg train: {} | layout tp={} pp={} dp={} (world {}){}{} | {} parameters ({} on this rank)", r.name, tp_, pp_,
-            dp_, g_.topo.world(), v_ > 1 ? fmt::format(" interleaved v={}", v_) : "",
-            cfg_.sequence_parallel ? " +sequence-parallel" : "", human_count(static_cast<double>(total_params_)),
-            human_count(static_cast<double>(store_.numel())));
-  log::info("model: {} layers, hidden {}, {} heads, seq {}, vocab {} (padded {}) | {} on {} | attention {} | recompute {}{}",
-            r.model.num_layers, r.model.hidden_size, r.model.num_attention_heads, T_, r.model.vocab_size,
-            cfg_.padded_vocab_size, to_string(r.training.precision), describe_device(device_),
-            to_string(chunks_.front()->attention_backend()), to_string(r.parallel.recompute_granularity),
-            optim_->zero1() ? " | ZeRO-1 distributed optimizer" : "");
-  log::info("run: {} iterations, {} samples, {} tokens | data: {} | MFU peak {:.3f} TFLOP/s ({}); TFLOP/s and MFU count "
-            "model FLOPs 72*B*s*l*h^2*(1+s/(6h)+V/(12*l*h)) per iteration (recompute not counted)",
-            run_.iterations,
-            human_count(static_cast<double>(run_.samples)), human_count(static_cast<double>(run_.tokens)),
-            r.data.mock                                            ? std::string("mock tokens")
-            : r.data.blend.size() == 1 && !r.data.blend[0].weighted ? "one unweighted source " + r.data.blend[0].prefix
-                                                                    : fmt::format("blend of {} sources", r.data.blend.size()),
-            peak_tflops_, peak_what_);
-}
-
-// The pipeline executor and the step's gradient reductions, one owner of all of them
-// (parallel::DataParallelGrads): the dp buckets and their overlap, the tied embedding and
-// sequence-parallel partial gradients, ZeRO-1's reduce-scatter into the optimizer's shard.
-// The chunks report each parameter whose gradient is final during the last micro batch's
-// backward.
-void Trainer::set_up_step() {
-  exec_.emplace(r_, g_, chunks_);
-  step_stats_ = Tensor::empty({3}, DType::f64, device_);
-  std::vector<parallel::DpParam> dp_params;
-  for (const auto& p : store_.infos()) dp_params.push_back({p.offset, p.numel, p.word_embedding, p.sp_grad_reduce});
-  std::optional<parallel::Zero1Shard> zero1;
-  if (optim_->zero1()) zero1 = parallel::Zero1Shard{optim_->shard_begin(), optim_->shard_end(), optim_->zero1_buffer()};
-  ddp_.emplace(std::move(dp_params), g_, r_.parallel.sequence_parallel, optim_->bucket_size(), std::move(zero1));
-  parallel::DataParallelGrads* ddp = &*ddp_;
-  for (auto& c : chunks_) c->set_grad_ready_hook([ddp](int64_t offset) { ddp->param_ready(offset); });
-}
-
-// Resume (weights, optimizer, counters, scaler), then validation from that iteration.
-void Trainer::set_up_checkpoints() {
-  install_stop_signal_handlers();
-  ckpt_.emplace(r_, g_, model::ckpt::Layout{tp_, pp_, dp_, v_, optim_->zero1()});
-  per_source_.assign(source_->source_names().size(), 0);
-  if (auto st = ckpt_->resume(store_, *optim_)) {
-    consumed_ = st->consumed_samples;
-    iteration_ = st->iteration;
-    skipped_total_ = st->skipped_total;
-    nan_total_ = st->nan_total;
-    if (st->per_source_samples.size() == per_source_.size()) per_source_ = st->per_source_samples;
-    // An fp16 checkpoint carries its scaler; from a bf16/fp32 one the scaler starts fresh.
-    if (scaler_ && st->loss_scaler)
-      scaler_->load_state({st->loss_scale, st->loss_scale_good_steps, st->loss_scale_hysteresis, st->loss_scale_skipped});
-  }
-  store_.sync_weights();  // the compute copy of the (initialised or loaded) master weights
-  last_saved_ = iteration_;
-  validation_.emplace(r_, g_, store_, cfg_, specs_, cache_dir_, iteration_);  // training.eval_interval
+    : r_(r),
+      opts_(opts),
+      t_start_(std::chrono::steady_clock::now()),
+      fault_(checked_fault_injection(r, g)),
+      tp_(g.topo.tp()),
+      pp_(g.topo.pp()),
+      dp_(g.topo.dp()),
+      T_(r.model.seq_length),
+      rank0_(g.rank == 0),
+      preflight_(preflight_train(r, g)),
+      threads_(set_cpu_threads(r)),
+      model_(r, g),
+      g_(model_.groups),
+      optim_(r, model_),
+      data_(r, g_),
+      out_(r, model_, optim_, data_, opts),
+      step_(r, model_, optim_),
+      ckpt_(checkpoints_with_stop_handlers(r, g_, model::ckpt::Layout{tp_, pp_, dp_, model_.v(), optim_.adamw.zero1()})),
+      start_(resume_or_start(ckpt_, model_, optim_, data_.source->source_names().size())),
+      consumed_(start_.consumed),
+      iteration_(start_.iteration),
+      skipped_total_(start_.skipped_total),
+      nan_total_(start_.nan_total),
+      per_source_(start_.per_source),
+      last_saved_(iteration_),
+      validation_(r, g_, model_.store, model_.cfg, model_.specs, data_.cache_dir, iteration_),
+      forensics_(r, g_, data_.source, step_.exec) {
+  install_layer_observer();  // the observer calls back into this Trainer: installed once it is whole
 }
 
 // Spike and NaN forensics, and the layer observer it shares with the poison fault: the
 // chunks get one only when either is on, so a run without them pays nothing.
-void Trainer::set_up_forensics() {
-  forensics_.emplace(r_, g_, source_, *exec_);
+void Trainer::install_layer_observer() {
   const bool poison = fault_.active() && fault_.mode == "poison" && fault_.rank == g_.rank;
-  if (!forensics_->watches_steps() && !poison) return;
-  for (auto& c : chunks_)
+  if (!forensics_.watches_steps() && !poison) return;
+  for (auto& c : model_.chunks)
     c->set_layer_observer([this, poison](int64_t layer, const model::MicroBatch& mb, Tensor& out) {
       if (poison && layer == fault_.layer && iteration_ + 1 == fault_.iteration &&
           mb.sample_offset == consumed_ + g_.coord.dp * r_.training.micro_batch_size)
         ops::fill(out, std::nan(""));
-      forensics_->observe(layer, mb, out);
+      forensics_.observe(layer, mb, out);
     });
 }
 
@@ -694,16 +815,16 @@ void Trainer::set_up_forensics() {
 // first, and what a forensics replay runs again from the same weights (the update has
 // not run) with the same keys.
 void Trainer::forward_backward(const data::Batch& batch, double loss_scale) {
-  store_.zero_grads();
-  ops::fill(step_stats_, 0.0);
-  ddp_->begin(store_.grads());
-  Tensor loss_acc = step_stats_.flat(0, 2);
-  exec_->run_batch(batch, consumed_, mix_key(static_cast<uint64_t>(r_.training.seed), static_cast<uint64_t>(iteration_), 0xD0),
+  model_.store.zero_grads();
+  ops::fill(step_.stats, 0.0);
+  step_.ddp.begin(model_.store.grads());
+  Tensor loss_acc = step_.stats.flat(0, 2);
+  step_.exec.run_batch(batch, consumed_, mix_key(static_cast<uint64_t>(r_.training.seed), static_cast<uint64_t>(iteration_), 0xD0),
                    loss_scale, loss_acc);
   inject_slow_dp(fault_, g_.rank, iteration_ + 1);
   // The shared gradients (tied embedding, sequence-parallel partials), then every dp
   // bucket summed, or under ZeRO-1 this rank's shard reduce-scattered.
-  ddp_->finish();
+  step_.ddp.finish();
 }
 
 // The step's one host round trip: loss, tokens and the squared gradient norm together.
@@ -711,10 +832,10 @@ void Trainer::forward_backward(const data::Batch& batch, double loss_scale) {
 // whether the norm was non-finite anywhere: skipping must be unanimous, replicas that
 // updated while another skipped would silently diverge.
 StepRead Trainer::read_step() {
-  Tensor norm_sq = step_stats_.flat(2, 1);
-  optim_->grad_norm_sq(store_.grads(), norm_sq);
+  Tensor norm_sq = step_.stats.flat(2, 1);
+  optim_.adamw.grad_norm_sq(model_.store.grads(), norm_sq);
   const parallel::StepPartScope part(parallel::StepPart::host_sync);
-  const Tensor stats = step_stats_.to(Device::cpu);
+  const Tensor stats = step_.stats.to(Device::cpu);
   const double* st = stats.data<double>();
   const bool contributes = g_.is_last_stage() && g_.coord.tp == 0;
   double agreed[3] = {contributes ? st[0] : 0.0, contributes ? st[1] : 0.0, std::isfinite(st[2]) ? 0.0 : 1.0};
@@ -726,7 +847,7 @@ StepRead Trainer::read_step() {
 // not (a transient one).
 StepRead Trainer::replay_step(const data::Batch& batch, double loss_scale) {
   forward_backward(batch, loss_scale);
-  if (inject_nan(fault_, g_.rank, iteration_ + 1)) ops::fill(store_.grads(), std::nan(""));
+  if (inject_nan(fault_, g_.rank, iteration_ + 1)) ops::fill(model_.store.grads(), std::nan(""));
   const parallel::StepPartScope part(parallel::StepPart::optimizer);
   return read_step();
 }
@@ -737,22 +858,22 @@ void Trainer::save_now() {
   st.iteration = iteration_;
   st.consumed_samples = consumed_;
   st.consumed_tokens = consumed_ * T_;
-  st.optimizer_steps = optim_->steps_taken();
+  st.optimizer_steps = optim_.adamw.steps_taken();
   st.per_source_samples = per_source_;
   st.skipped_total = skipped_total_;
   st.nan_total = nan_total_;
   st.seed = static_cast<uint64_t>(r_.training.seed);
-  if (scaler_) {
-    const auto ss = scaler_->state();
+  if (optim_.scaler) {
+    const auto ss = optim_.scaler->state();
     st.loss_scaler = true;
     st.loss_scale = ss.scale;
     st.loss_scale_good_steps = ss.growth_tracker;
     st.loss_scale_hysteresis = ss.hysteresis_tracker;
     st.loss_scale_skipped = ss.skipped_steps;
   }
-  st.layout = {tp_, pp_, dp_, v_, optim_->zero1()};
+  st.layout = {tp_, pp_, dp_, model_.v(), optim_.adamw.zero1()};
   st.recipe_yaml = to_yaml(r_);
-  ckpt_->save(st, store_, *optim_);
+  ckpt_.save(st, model_.store, optim_.adamw);
   last_saved_ = iteration_;
 }
 
@@ -763,28 +884,28 @@ void Trainer::save_now() {
 IterationStats Trainer::train_step(const data::Batch& batch, double lr, std::chrono::steady_clock::time_point t0) {
   const DeviceStepScope step_memory;  // no cache release (a device-wide wait) with collectives in flight
   const int64_t gbs = batch.global_batch_size;
-  if (inject_at(fault_, "bitflip_param", g_.rank, iteration_ + 1)) flip_bit(store_.params(), fault_.bit);
-  const double loss_scale = scaler_ ? scaler_->scale() : 1.0;
+  if (inject_at(fault_, "bitflip_param", g_.rank, iteration_ + 1)) flip_bit(model_.store.params(), fault_.bit);
+  const double loss_scale = optim_.scaler ? optim_.scaler->scale() : 1.0;
   const int64_t reads_before = device_to_host_copies(), uploads_before = host_to_device_copies();
   mem::reset_peaks();  // per-iteration peaks in the stats (a forensics replay stays inside them)
   forward_backward(batch, loss_scale);
-  if (inject_nan(fault_, g_.rank, iteration_ + 1)) ops::fill(store_.grads(), std::nan(""));
-  if (inject_overflow(fault_, g_.rank, iteration_ + 1)) ops::fill(store_.grads(), INFINITY);
-  if (inject_at(fault_, "bitflip_grad", g_.rank, iteration_ + 1)) flip_bit(store_.grads(), fault_.bit);
+  if (inject_nan(fault_, g_.rank, iteration_ + 1)) ops::fill(model_.store.grads(), std::nan(""));
+  if (inject_overflow(fault_, g_.rank, iteration_ + 1)) ops::fill(model_.store.grads(), INFINITY);
+  if (inject_at(fault_, "bitflip_grad", g_.rank, iteration_ + 1)) flip_bit(model_.store.grads(), fault_.bit);
   std::optional<parallel::StepPartScope> part(parallel::StepPart::optimizer);  // the step's parts
   const StepRead first = read_step();
   // Spike and NaN forensics may replay the step, and drop or redo its update.
   const ForensicsAction fa =
-      forensics_->after_read(iteration_ + 1, batch, first, scaler_ && loss_scale > r_.optimizer.min_loss_scale,
-                             store_.grads(), [&] { return replay_step(batch, loss_scale); });
+      forensics_.after_read(iteration_ + 1, batch, first, optim_.scaler && loss_scale > r_.optimizer.min_loss_scale,
+                             model_.store.grads(), [&] { return replay_step(batch, loss_scale); });
   const bool dropped = fa.kind == ForensicsAction::skip || fa.kind == ForensicsAction::stop;
   if (fa.kind == ForensicsAction::stop) forensics_stop_ = fa.message;
   const double loss = fa.read.loss;
-  parallel::StepResult update = optim_->apply(store_.params(), store_.grads(), lr, &store_.weights(), loss_scale,
+  parallel::StepResult update = optim_.adamw.apply(model_.store.params(), model_.store.grads(), lr, &model_.store.weights(), loss_scale,
                                               std::sqrt(fa.read.norm_sq), fa.read.nonfinite || dropped);
   const bool nonfinite = (update.skipped && !dropped) || fa.read.nonfinite || !std::isfinite(loss);
-  const bool overflow_handled = scaler_ && nonfinite && loss_scale > r_.optimizer.min_loss_scale;
-  if (scaler_) scaler_->update(nonfinite);  // not a dropped spike: that is no overflow
+  const bool overflow_handled = optim_.scaler && nonfinite && loss_scale > r_.optimizer.min_loss_scale;
+  if (optim_.scaler) optim_.scaler->update(nonfinite);  // not a dropped spike: that is no overflow
   if (nonfinite) {
     ++skipped_total_;
     if (!overflow_handled) {
@@ -798,7 +919,7 @@ IterationStats Trainer::train_step(const data::Batch& batch, double lr, std::chr
   part.reset();
   consumed_ += gbs;
   ++iteration_;
-  forensics_->after_update(iteration_, store_.weights());
+  forensics_.after_update(iteration_, model_.store.weights());
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   IterationStats s;
@@ -811,17 +932,17 @@ IterationStats Trainer::train_step(const data::Batch& batch, double lr, std::chr
   s.grad_norm = update.grad_norm;
   s.skipped = nonfinite || dropped;
   s.anomaly = fa.verdict;
-  s.anomalies_total = forensics_->events();
+  s.anomalies_total = forensics_.events();
   s.skipped_total = skipped_total_;
   s.nan_total = nan_total_;
   s.loss_scale = loss_scale;
   s.step_time_s = dt;
   s.tokens_per_s = static_cast<double>(gbs * T_) / dt;
-  const double flops = parallel::model_flops(r_.model, cfg_.padded_vocab_size, gbs);
+  const double flops = parallel::model_flops(r_.model, model_.cfg.padded_vocab_size, gbs);
   s.tflops_per_gpu = flops / dt / static_cast<double>(g_.topo.world()) / 1e12;
-  s.mfu = peak_tflops_ > 0 ? s.tflops_per_gpu / peak_tflops_ : 0.0;
-  if (device_ == Device::cuda) {  // the caching allocator's peak and what it holds
-    const DeviceMemory m = device_memory(device_);
+  s.mfu = out_.peak.tflops > 0 ? s.tflops_per_gpu / out_.peak.tflops : 0.0;
+  if (model_.device == Device::cuda) {  // the caching allocator's peak and what it holds
+    const DeviceMemory m = device_memory(model_.device);
     s.peak_memory_bytes = m.peak_bytes;
     s.reserved_memory_bytes = m.reserved_bytes;
   } else {
@@ -840,8 +961,8 @@ IterationStats Trainer::train_step(const data::Batch& batch, double lr, std::chr
   s.mem_optimizer = ms[mem::Role::optimizer].live;
   s.mem_activations_peak = ms[mem::Role::activations].peak;
   s.mem_workspace_peak = ms[mem::Role::workspace].peak;
-  s.mem_saved_activations_peak = exec_->peak_activation_bytes();
-  s.mem_send_buffers_peak = exec_->peak_send_buffer_bytes();
+  s.mem_saved_activations_peak = step_.exec.peak_activation_bytes();
+  s.mem_send_buffers_peak = step_.exec.peak_send_buffer_bytes();
   s.world_size = g_.topo.world();
   return s;
 }
@@ -849,20 +970,20 @@ IterationStats Trainer::train_step(const data::Batch& batch, double lr, std::chr
 // Logging of one step: the comm report (every rank), the caller's hook, and every
 // logging.log_interval iterations metrics.jsonl, TensorBoard and the log line.
 void Trainer::training_log(IterationStats& s, const data::Batch& batch) {
-  comm_report_->write(s.iteration, s.global_batch_size, batch.micro_batches, ddp_->overlapped_buckets(),
-                      ddp_->started_early());
-  memory_report_->write(s);
-  const int64_t total_iters = run_.iterations;
+  out_.comm_report.write(s.iteration, s.global_batch_size, batch.micro_batches, step_.ddp.overlapped_buckets(),
+                      step_.ddp.started_early());
+  out_.memory_report.write(s);
+  const int64_t total_iters = data_.run.iterations;
   const bool log_now = s.iteration % r_.logging.log_interval == 0 || s.iteration == total_iters;
-  straggler_->add(s.compute_time_s);
-  if (log_now) straggler_->at_log(s);  // every rank: one small all-reduce over the world
-  if (log_now) s.step_parts = step_timing_->at_log();  // every rank: one all-reduce over the world
+  out_.straggler.add(s.compute_time_s);
+  if (log_now) out_.straggler.at_log(s);  // every rank: one small all-reduce over the world
+  if (log_now) s.step_parts = out_.step_timing.at_log();  // every rank: one all-reduce over the world
   if (opts_.on_iteration) opts_.on_iteration(s);
   summary_.iterations.push_back(s);
   if (!log_now) return;
-  metrics_->write(s, r_, s.loss_scale);
-  if (tensorboard_)
-    tensorboard_->log_iteration({{"loss", s.loss},
+  out_.metrics.write(s, r_, s.loss_scale);
+  if (out_.tensorboard)
+    out_.tensorboard->log_iteration({{"loss", s.loss},
                                  {"lr", s.lr},
                                  {"global_batch_size", static_cast<double>(s.global_batch_size)},
                                  {"tokens_per_s", s.tokens_per_s},
@@ -881,7 +1002,7 @@ void Trainer::training_log(IterationStats& s, const data::Batch& batch) {
         "grad norm: {:.3f}{} | skipped: {} | nan: {} | mem: {} MiB{} | comm MB tp/pp/dp: {:.3f}/{:.3f}/{:.3f}{}",
         s.iteration, total_iters, s.consumed_tokens, s.step_time_s * 1e3, s.tokens_per_s, s.tflops_per_gpu, 100 * s.mfu,
         s.lr, s.global_batch_size, s.loss, s.grad_norm,
-        scaler_ ? fmt::format(" | loss scale: {:.1f}", s.loss_scale) : "", s.skipped_total, s.nan_total,
+        optim_.scaler ? fmt::format(" | loss scale: {:.1f}", s.loss_scale) : "", s.skipped_total, s.nan_total,
         s.peak_memory_bytes >> 20,
         s.reserved_memory_bytes ? fmt::format(" (reserved {} MiB)", s.reserved_memory_bytes >> 20) : std::string(),
         s.bytes_tp / 1e6, s.bytes_pp / 1e6,
@@ -893,16 +1014,16 @@ void Trainer::training_log(IterationStats& s, const data::Batch& batch) {
 // training.exit_duration_mins (save, then stop: returns true), the save interval.
 bool Trainer::stop_after_step() {
   if (!forensics_stop_.empty()) {  // training.spike_policy: the update was dropped, the weights are the last good ones
-    if (ckpt_->enabled()) {
+    if (ckpt_.enabled()) {
       save_now();
-      ckpt_->finish();
+      ckpt_.finish();
     }
     throw_runtime("{}", forensics_stop_);
   }
   if (nonfinite_in_a_row_ >= r_.training.max_nonfinite_in_a_row) {
-    if (ckpt_->enabled()) {  // updates were skipped, so the weights are still the last good ones
+    if (ckpt_.enabled()) {  // updates were skipped, so the weights are still the last good ones
       save_now();
-      ckpt_->finish();
+      ckpt_.finish();
     }
     throw_runtime("iteration {}: {} non-finite losses/gradients in a row (training.max_nonfinite_in_a_row); lower the lr "
                   "or check the data",
@@ -913,14 +1034,14 @@ bool Trainer::stop_after_step() {
   int64_t stop = stop_signal_received() ? 1 : 0;
   if (g_.world && g_.world->size() > 1) g_.world->all_reduce(&stop, 1, parallel::ReduceOp::max);
   if (stop) {
-    if (!ckpt_->enabled()) throw_stopped_without_checkpoint("a stop signal", iteration_);
+    if (!ckpt_.enabled()) throw_stopped_without_checkpoint("a stop signal", iteration_);
     log::info("stop signal received: saving and exiting after iteration {}", iteration_);
-    if (ckpt_->enabled() && last_saved_ != iteration_) save_now();
+    if (ckpt_.enabled() && last_saved_ != iteration_) save_now();
     return true;
   }
-  if (r_.checkpoint.save_interval > 0 && iteration_ % r_.checkpoint.save_interval == 0 && ckpt_->enabled()) save_now();
-  if (r_.training.exit_interval > 0 && iteration_ % r_.training.exit_interval == 0 && iteration_ < run_.iterations) {
-    if (!ckpt_->enabled()) throw_stopped_without_checkpoint("training.exit_interval", iteration_);
+  if (r_.checkpoint.save_interval > 0 && iteration_ % r_.checkpoint.save_interval == 0 && ckpt_.enabled()) save_now();
+  if (r_.training.exit_interval > 0 && iteration_ % r_.training.exit_interval == 0 && iteration_ < data_.run.iterations) {
+    if (!ckpt_.enabled()) throw_stopped_without_checkpoint("training.exit_interval", iteration_);
     log::info("exiting after iteration {} (training.exit_interval = {})", iteration_, r_.training.exit_interval);
     if (last_saved_ != iteration_) save_now();
     return true;
@@ -929,9 +1050,9 @@ bool Trainer::stop_after_step() {
     double mins = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start_).count() / 60.0;
     if (g_.world && g_.world->size() > 1) g_.world->all_reduce(&mins, 1, parallel::ReduceOp::max);
     if (mins >= r_.training.exit_duration_mins) {
-      if (!ckpt_->enabled()) throw_stopped_without_checkpoint("training.exit_duration_mins", iteration_);
+      if (!ckpt_.enabled()) throw_stopped_without_checkpoint("training.exit_duration_mins", iteration_);
       log::info("exiting after {:.1f} minutes (training.exit_duration_mins = {})", mins, r_.training.exit_duration_mins);
-      if (ckpt_->enabled() && last_saved_ != iteration_) save_now();
+      if (ckpt_.enabled() && last_saved_ != iteration_) save_now();
       return true;
     }
   }
@@ -941,44 +1062,44 @@ bool Trainer::stop_after_step() {
 // The loop: fetch the batch (prefetching the next), step, log, validate, then
 // checkpoints and exit conditions; at the end the final save and validation.
 TrainSummary Trainer::run() {
-  const int64_t total_iters = run_.iterations;
-  loader_->prefetch(consumed_, schedules::global_batch_size(r_.training, T_, consumed_));
-  step_timing_->start();
+  const int64_t total_iters = data_.run.iterations;
+  data_.loader.prefetch(consumed_, schedules::global_batch_size(r_.training, T_, consumed_));
+  out_.step_timing.start();
   while (iteration_ < total_iters) {
     const auto t0 = std::chrono::steady_clock::now();
     const int64_t gbs = schedules::global_batch_size(r_.training, T_, consumed_);
     std::optional<parallel::StepPartScope> data_part(parallel::StepPart::data);
-    data::Batch batch = loader_->get(consumed_, gbs);
+    data::Batch batch = data_.loader.get(consumed_, gbs);
     const int64_t after = consumed_ + gbs;
-    if (iteration_ + 1 < total_iters) loader_->prefetch(after, schedules::global_batch_size(r_.training, T_, after));
+    if (iteration_ + 1 < total_iters) data_.loader.prefetch(after, schedules::global_batch_size(r_.training, T_, after));
     data_part.reset();
-    const double lr = schedules::learning_rate(r_.optimizer, after * T_, run_.tokens);
-    comm_report_->reset();  // every group's byte counter, this iteration only
+    const double lr = schedules::learning_rate(r_.optimizer, after * T_, data_.run.tokens);
+    out_.comm_report.reset();  // every group's byte counter, this iteration only
     maybe_inject_fault(fault_, g_.rank, iteration_ + 1);
 
     const double blocked0 = parallel::comm_blocked_seconds();
     IterationStats s = train_step(batch, lr, t0);
     s.compute_time_s = s.step_time_s - (parallel::comm_blocked_seconds() - blocked0);
-    step_timing_->after_step();
+    out_.step_timing.after_step();
     training_log(s, batch);
     for (size_t k = 0; k < per_source_.size() && k < batch.per_source_samples.size(); ++k)
       per_source_[k] += batch.per_source_samples[k];
     {
       const parallel::StepPartScope part(parallel::StepPart::validation);
-      validation_->after_iteration(iteration_, consumed_ * T_, tensorboard_.get(), opts_.quiet);
+      validation_.after_iteration(iteration_, consumed_ * T_, out_.tensorboard.get(), opts_.quiet);
     }
     {
       const parallel::StepPartScope part(parallel::StepPart::checkpoint);
-      ckpt_->poll();
+      ckpt_.poll();
     }
     if (stop_after_step()) {
       summary_.interrupted = true;
       break;
     }
   }
-  if (ckpt_->enabled() && last_saved_ != iteration_) save_now();
-  ckpt_->finish();
-  if (!summary_.interrupted) validation_->at_end(iteration_, consumed_ * T_, tensorboard_.get(), opts_.quiet);
+  if (ckpt_.enabled() && last_saved_ != iteration_) save_now();
+  ckpt_.finish();
+  if (!summary_.interrupted) validation_.at_end(iteration_, consumed_ * T_, out_.tensorboard.get(), opts_.quiet);
   summary_.consumed_samples = consumed_;
   summary_.consumed_tokens = consumed_ * T_;
   if (!opts_.quiet && !summary_.iterations.empty()) {
