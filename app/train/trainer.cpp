@@ -727,6 +727,9 @@ class Trainer {
  private:
   void install_layer_observer();
   IterationStats train_step(const data::Batch& batch, double lr, std::chrono::steady_clock::time_point t0);
+  // The step's memory (device or RSS peak, tensor bytes by role) and traffic (bytes per
+  // group, host reads and uploads since the counts given) into `s`.
+  void record_memory_and_traffic(IterationStats& s, int64_t reads_before, int64_t uploads_before) const;
   void training_log(IterationStats& s, const data::Batch& batch);
   bool stop_after_step();  // checkpoints, stop signals and exit conditions after a step
   void save_now();
@@ -941,6 +944,12 @@ IterationStats Trainer::train_step(const data::Batch& batch, double lr, std::chr
   const double flops = parallel::model_flops(r_.model, model_.cfg.padded_vocab_size, gbs);
   s.tflops_per_gpu = flops / dt / static_cast<double>(g_.topo.world()) / 1e12;
   s.mfu = out_.peak.tflops > 0 ? s.tflops_per_gpu / out_.peak.tflops : 0.0;
+  record_memory_and_traffic(s, reads_before, uploads_before);
+  s.world_size = g_.topo.world();
+  return s;
+}
+
+void Trainer::record_memory_and_traffic(IterationStats& s, int64_t reads_before, int64_t uploads_before) const {
   if (model_.device == Device::cuda) {  // the caching allocator's peak and what it holds
     const DeviceMemory m = device_memory(model_.device);
     s.peak_memory_bytes = m.peak_bytes;
@@ -963,8 +972,6 @@ IterationStats Trainer::train_step(const data::Batch& batch, double lr, std::chr
   s.mem_workspace_peak = ms[mem::Role::workspace].peak;
   s.mem_saved_activations_peak = step_.exec.peak_activation_bytes();
   s.mem_send_buffers_peak = step_.exec.peak_send_buffer_bytes();
-  s.world_size = g_.topo.world();
-  return s;
 }
 
 // Logging of one step: the comm report (every rank), the caller's hook, and every
