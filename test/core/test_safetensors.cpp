@@ -1,5 +1,5 @@
 // safetensors I/O: round trip, and the untrusted-input path — every file of the fuzz
-// corpus (test/fuzz/corpus, grown by scripts/fuzz.sh with libFuzzer) must parse or
+// corpus (test/core/fuzz/corpus, grown by scripts/fuzz.sh with libFuzzer) must parse or
 // throw InputError; hand-made hostile headers must be rejected before any allocation.
 #include <catch2/catch.hpp>
 #include <cstring>
@@ -51,7 +51,7 @@ TEST_CASE("safetensors: hostile headers are rejected with the file named", "[saf
 
 TEST_CASE("safetensors: every fuzz-corpus input parses or throws InputError", "[safetensors]") {
   int n = 0, ok = 0;
-  for (auto& e : std::filesystem::directory_iterator(test::source_dir() + "/test/fuzz/corpus")) {
+  for (auto& e : std::filesystem::directory_iterator(test::source_dir() + "/test/core/fuzz/corpus")) {
     std::string bytes = test::read_file(e.path());
     try {
       auto f = safetensors::parse(bytes, e.path().string());

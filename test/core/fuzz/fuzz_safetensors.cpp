@@ -1,7 +1,7 @@
 // libFuzzer harness for the checkpoint reader's untrusted-input path: safetensors
 // parsing (header length, JSON header, dtypes, shapes, offsets) must either return a
 // File or throw InputError — never crash, hang or allocate beyond the input's size.
-// Build and run: scripts/fuzz.sh [SECONDS]. The corpus in test/fuzz/corpus/ is replayed
+// Build and run: scripts/fuzz.sh [SECONDS]. The corpus in test/core/fuzz/corpus/ is replayed
 // by the unit test test/core/test_safetensors.cpp on every test run.
 #include <cstddef>
 #include <cstdint>
