@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <memory>
+#include <sstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -13,6 +14,14 @@
 #include "test/support/test_support.hpp"
 
 namespace mtnlg::test {
+
+// The lines of a text file (without their newlines).
+inline std::vector<std::string> lines_of(const std::filesystem::path& p) {
+  std::vector<std::string> out;
+  std::istringstream in(read_file(p));
+  for (std::string l; std::getline(in, l);) out.push_back(l);
+  return out;
+}
 
 inline std::string last_line(std::string s) {
   while (!s.empty() && (s.back() == '\n' || s.back() == '\r')) s.pop_back();

@@ -10,6 +10,7 @@
 #include "data/curation/decontaminate.hpp"
 #include "data/curation/synth_corpus.hpp"
 #include "data/curation/text.hpp"
+#include "test/data/data_test_util.hpp"
 #include "test/support/test_support.hpp"
 
 using namespace mtnlg;
@@ -18,13 +19,6 @@ using Catch::Matchers::Contains;
 using nlohmann::json;
 
 namespace {
-
-std::vector<std::string> lines_of(const std::filesystem::path& p) {
-  std::vector<std::string> out;
-  std::istringstream in(test::read_file(p));
-  for (std::string l; std::getline(in, l);) out.push_back(l);
-  return out;
-}
 
 json make_corpus(const std::filesystem::path& dir, int64_t contaminate) {
   SynthOptions s;
@@ -45,7 +39,7 @@ TEST_CASE("decontamination removes exactly the documents with planted passages",
   std::string src = summary["sources"][0];
   std::set<int64_t> planted;
   std::map<std::string, int64_t> per_task;
-  for (auto& l : lines_of(dir / "truth_contamination.jsonl")) {
+  for (auto& l : test::lines_of(dir / "truth_contamination.jsonl")) {
     json t = json::parse(l);
     planted.insert(t["line"].get<int64_t>());
     ++per_task[t["task"]];
@@ -71,7 +65,7 @@ TEST_CASE("decontamination removes exactly the documents with planted passages",
     CHECK(rep["tasks"][task]["ngrams_matched"].get<int64_t>() >= n);
   }
   // Kept lines are the input's other lines, byte-identical and in order.
-  auto in = lines_of(o.input), out = lines_of(o.output);
+  auto in = test::lines_of(o.input), out = test::lines_of(o.output);
   std::vector<std::string> expect;
   for (size_t i = 0; i < in.size(); ++i)
     if (!planted.count(static_cast<int64_t>(i) + 1)) expect.push_back(in[i]);
@@ -131,7 +125,7 @@ TEST_CASE("decontamination: cut mode geometry, fragments, too-common n-grams", "
   o.progress = false;
   DecontamResult r = run_decontaminate(o);
   CHECK(r.cut == 1);
-  auto out = lines_of(o.output);
+  auto out = test::lines_of(o.output);
   REQUIRE(out.size() == 3);  // two fragments + the unrelated line
   json f1 = json::parse(out[0]), f2 = json::parse(out[1]);
   CHECK(f1["meta"] == 1);  // other fields kept
@@ -143,7 +137,7 @@ TEST_CASE("decontamination: cut mode geometry, fragments, too-common n-grams", "
   o.min_fragment = 350;
   o.output = (dir / "out2.jsonl").string();
   run_decontaminate(o);
-  CHECK(lines_of(o.output).size() == 1);
+  CHECK(test::lines_of(o.output).size() == 1);
 
   // The same passage in 12 documents: ignored as too common (> --max-hits 10), unless 0.
   std::string many;

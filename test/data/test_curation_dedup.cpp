@@ -10,6 +10,7 @@
 #include "data/curation/dedup.hpp"
 #include "data/curation/synth_corpus.hpp"
 #include "data/curation/text.hpp"
+#include "test/data/data_test_util.hpp"
 #include "test/support/test_support.hpp"
 
 using namespace mtnlg;
@@ -18,13 +19,6 @@ using Catch::Matchers::Contains;
 using nlohmann::json;
 
 namespace {
-
-std::vector<std::string> lines_of(const std::filesystem::path& p) {
-  std::vector<std::string> out;
-  std::istringstream in(test::read_file(p));
-  for (std::string l; std::getline(in, l);) out.push_back(l);
-  return out;
-}
 
 using DocKey = std::pair<std::string, int64_t>;  // (source, line)
 
@@ -56,7 +50,7 @@ TEST_CASE("dedup finds the planted near-duplicates (precision and recall >= 0.95
   std::map<DocKey, int64_t> cluster;
   std::map<int64_t, int64_t> cluster_size;
   std::map<std::string, int64_t> kinds;
-  for (auto& l : lines_of(dir / "corpus" / "truth_dedup.jsonl")) {
+  for (auto& l : test::lines_of(dir / "corpus" / "truth_dedup.jsonl")) {
     json t = json::parse(l);
     cluster[{t["source"], t["line"]}] = t["cluster"];
     ++cluster_size[t["cluster"].get<int64_t>()];
@@ -79,7 +73,7 @@ TEST_CASE("dedup finds the planted near-duplicates (precision and recall >= 0.95
   // Predicted: the components listed in dedup_clusters.jsonl.
   int64_t pred_pairs = 0, tp = 0;
   int64_t removed_listed = 0;
-  for (auto& l : lines_of(dir / "out" / "dedup_clusters.jsonl")) {
+  for (auto& l : test::lines_of(dir / "out" / "dedup_clusters.jsonl")) {
     json c = json::parse(l);
     std::vector<DocKey> members = {{c["kept"]["source"], c["kept"]["line"]}};
     for (auto& m : c["removed"]) members.emplace_back(m["source"], m["line"]);
@@ -102,7 +96,7 @@ TEST_CASE("dedup finds the planted near-duplicates (precision and recall >= 0.95
   int64_t kept = 0;
   for (auto& s : summary["sources"]) {
     std::string name = s.get<std::string>() + ".jsonl";
-    auto in = lines_of(dir / "corpus" / name), out = lines_of(dir / "out" / name);
+    auto in = test::lines_of(dir / "corpus" / name), out = test::lines_of(dir / "out" / name);
     size_t j = 0;
     for (size_t i = 0; i < in.size() && j < out.size(); ++i)
       if (in[i] == out[j]) ++j;
@@ -134,7 +128,7 @@ TEST_CASE("dedup survivor follows --priority, then input order and line", "[cura
   o.workers = 1;
   run_dedup(o);
   int64_t checked = 0;
-  for (auto& l : lines_of(dir / "a" / "dedup_clusters.jsonl")) {
+  for (auto& l : test::lines_of(dir / "a" / "dedup_clusters.jsonl")) {
     json c = json::parse(l);
     bool has_top = c["kept"]["source"] == names[2];
     for (auto& m : c["removed"]) {
