@@ -93,15 +93,13 @@ void tile_and_shuffle(std::vector<int32_t>& out, int64_t begin, int64_t end, int
   rng.shuffle(std::span<int32_t>(out.data() + start, out.size() - start));
 }
 
-}  // namespace
-
-namespace {
+// add_extra_token_to_sequence: a sample's labels need seq_length + 1 tokens.
+constexpr int64_t kExtra = 1;
 
 // sample_idx: for samples 0..total, the (position in doc_idx, offset in that document)
 // where each starts; a sample takes seq_length + 1 tokens and overlaps the next by one.
 std::vector<int64_t> walk_samples(std::span<const int32_t> sizes, const std::vector<int32_t>& doc_idx,
                                   int64_t seq_length, int64_t total) {
-  constexpr int64_t kExtra = 1;
   std::vector<int64_t> sample_idx(static_cast<size_t>(2 * (total + 1)));
   int64_t si = 1, doc_pos = 0, offset = 0;  // sample 0 starts at (0, 0)
   const int64_t ndoc = static_cast<int64_t>(doc_idx.size());
@@ -136,7 +134,6 @@ GptIndices build_gpt_indices(std::span<const int32_t> sizes, int64_t doc_begin, 
                              int64_t num_samples, uint32_t seed, const std::string& what) {
   MTNLG_CHECK(seq_length > 0 && num_samples >= 0 && doc_begin >= 0 && doc_end <= static_cast<int64_t>(sizes.size()),
               "bad index build arguments");
-  constexpr int64_t kExtra = 1;  // add_extra_token_to_sequence: labels need S+1 tokens
   GptIndices r;
   if (doc_end <= doc_begin) throw_input("{}: the split leaves this part empty (0 documents)", what);
   int64_t T = 0;

@@ -53,6 +53,15 @@ const std::unordered_set<std::string_view>& english_stopwords() {
   return set;
 }
 
+// ASCII upper case to lower case in each byte of x; other bytes (UTF-8 too) unchanged.
+uint64_t lower8(uint64_t x) {
+  constexpr uint64_t kOnes = 0x0101010101010101ULL, kHigh = 0x8080808080808080ULL;
+  const uint64_t seven = x & ~kHigh;
+  const uint64_t ge_a = seven + kOnes * (0x80 - 'A'), gt_z = seven + kOnes * (0x80 - 'Z' - 1);
+  const uint64_t upper = ge_a & ~gt_z & ~x & kHigh;
+  return x | (upper >> 2);
+}
+
 // Stop-word lookup: each word (at most 15 bytes, lower case) zero-padded to 16 bytes and
 // read as two 64-bit words, in an open-addressing table a quarter full. A lookup is a
 // multiply, a shift and usually one compare (a list per (length, first letter) with
@@ -69,15 +78,36 @@ class StopwordTable {
   explicit StopwordTable(const std::unordered_set<std::string_view>& words) {
     for (auto w : words) {
       if (w.empty() || w.size() > kMaxLen) continue;
-      char padded[16] = {};
-      std::memcpy(padded, w.data(), w.size());
-      Key k;
-      std::memcpy(&k.lo, padded, 8);
-      std::memcpy(&k.hi, padded + 8, 8);
+      const auto* p = reinterpret_cast<const unsigned char*>(w.data());
+      const Key k = key(p, w.size(), p + w.size());
       size_t i = hash(k);
       while (!table_[i].empty()) i = (i + 1) & kMask;
       table_[i] = k;
     }
+  }
+  // The key of w[0, len) (1 <= len <= kMaxLen), lower-cased: 16 bytes read at once when
+  // the text has them (`end` is its end), else through a zeroed buffer.
+  static Key key(const unsigned char* w, size_t len, const unsigned char* end) {
+    Key k;
+    if (end - w >= 16) {
+      std::memcpy(&k.lo, w, 8);
+      std::memcpy(&k.hi, w + 8, 8);
+    } else {
+      unsigned char buf[16] = {};
+      std::memcpy(buf, w, len);
+      std::memcpy(&k.lo, buf, 8);
+      std::memcpy(&k.hi, buf + 8, 8);
+    }
+    static_assert(std::endian::native == std::endian::little, "keys are bytes in memory order");
+    if (len < 8) {
+      k.lo &= (uint64_t{1} << (8 * len)) - 1;
+      k.hi = 0;
+    } else if (len < 16) {
+      k.hi &= (uint64_t{1} << (8 * (len - 8))) - 1;
+    }
+    k.lo = lower8(k.lo);
+    k.hi = lower8(k.hi);
+    return k;
   }
   bool contains(const Key& k) const {
     for (size_t i = hash(k);; i = (i + 1) & kMask) {
@@ -172,8 +202,8 @@ constexpr std::array<bool, 256> kSpace = [] {
 }();
 bool space(char c) { return kSpace[static_cast<unsigned char>(c)]; }
 
-// Byte classes for counting words: whitespace (as kSpace), ASCII punctuation (as punct),
-// anything else (letters, digits, UTF-8 bytes). Punctuation is std::ispunct's in the "C" locale.
+// Byte classes for counting words: whitespace (as kSpace), ASCII punctuation (std::ispunct's
+// in the "C" locale), anything else (letters, digits, UTF-8 bytes).
 constexpr uint8_t kOtherByte = 0, kSpaceByte = 1, kPunctByte = 2;
 constexpr std::array<uint8_t, 256> kByteClass = [] {
   std::array<uint8_t, 256> t{};
@@ -184,40 +214,6 @@ constexpr std::array<uint8_t, 256> kByteClass = [] {
   }
   return t;
 }();
-
-// ASCII upper case to lower case in each byte of x; other bytes (UTF-8 too) unchanged.
-uint64_t lower8(uint64_t x) {
-  constexpr uint64_t kOnes = 0x0101010101010101ULL, kHigh = 0x8080808080808080ULL;
-  const uint64_t seven = x & ~kHigh;
-  const uint64_t ge_a = seven + kOnes * (0x80 - 'A'), gt_z = seven + kOnes * (0x80 - 'Z' - 1);
-  const uint64_t upper = ge_a & ~gt_z & ~x & kHigh;
-  return x | (upper >> 2);
-}
-
-// The stop-word key of w[0, len) (len <= 15), lower case: 16 bytes read at once when the
-// text has them (`end` is its end), byte by byte otherwise.
-StopwordTable::Key padded_lower(const unsigned char* w, size_t len, const unsigned char* end) {
-  StopwordTable::Key k;
-  if (end - w >= 16) {
-    std::memcpy(&k.lo, w, 8);
-    std::memcpy(&k.hi, w + 8, 8);
-  } else {
-    unsigned char buf[16] = {};
-    std::memcpy(buf, w, len);
-    std::memcpy(&k.lo, buf, 8);
-    std::memcpy(&k.hi, buf + 8, 8);
-  }
-  static_assert(std::endian::native == std::endian::little, "keys are bytes in memory order");
-  if (len < 8) {
-    k.lo &= (uint64_t{1} << (8 * len)) - 1;
-    k.hi = 0;
-  } else if (len < 16) {
-    k.hi &= (uint64_t{1} << (8 * (len - 8))) - 1;
-  }
-  k.lo = lower8(k.lo);
-  k.hi = lower8(k.hi);
-  return k;
-}
 
 struct Walker {
   ParsedPage page;
@@ -243,7 +239,8 @@ struct Walker {
       size_t a = i, b = j;
       while (a < b && kByteClass[t[a]] == kPunctByte && t[a] != '\'') ++a;
       while (b > a && kByteClass[t[b - 1]] == kPunctByte) --b;
-      if (b > a && b - a <= StopwordTable::kMaxLen) stopwords += stop.contains(padded_lower(t + a, b - a, t + n));
+      if (b > a && b - a <= StopwordTable::kMaxLen)
+        stopwords += stop.contains(StopwordTable::key(t + a, b - a, t + n));
       i = j;
     }
     cur.words = words;
