@@ -182,10 +182,13 @@ void append_placeholder(std::string& out, size_t k) {
 }
 
 struct Stripper {
+  Stripper(std::string_view s, std::string& out, std::vector<std::string_view>* runs, bool drop_attributes)
+      : s(s), out(out), runs(runs), drop_attributes(drop_attributes) {}
+
   std::string_view s;
   std::string& out;
   std::vector<std::string_view>* runs;  // null: text is not replaced
-  bool drop_attributes = false;
+  bool drop_attributes;
   size_t copied = 0;  // s[0, copied) is in `out` or was dropped
   bool in_select = false;
   std::vector<AttributeSpan> attrs;  // reused from tag to tag
@@ -296,7 +299,7 @@ size_t strip_raw_text(std::string_view html, std::string& out, std::vector<std::
     runs->clear();
     if (has_private_use(html)) runs = nullptr;  // a placeholder could not be told from the page's own text
   }
-  return Stripper{html, out, runs, drop_attributes, 0, false, {}}.run();
+  return Stripper(html, out, runs, drop_attributes).run();
 }
 
 size_t placeholder_at(std::string_view s, size_t i) {
