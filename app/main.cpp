@@ -4,8 +4,8 @@
 #include <cstdlib>
 #include <exception>
 
-#include "app/process/blas_core.hpp"
 #include "app/commands.hpp"
+#include "core/blas_core.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "config/recipe.hpp"
@@ -13,12 +13,13 @@
 
 int main(int argc, char** argv) {
   // Before anything else: may re-execute this binary with a faster OpenBLAS kernel.
-  mtnlg::app::ensure_fast_blas_core(argv);
+  mtnlg::select_blas_core(argv);
   mtnlg::configure_host_allocator();
   if (const char* d = std::getenv("MTNLG_DEBUG"))  // 1, or a boolean spelling
     mtnlg::log::context().debug = std::string(d) == "1" || mtnlg::parse_bool(d).value_or(false);
   CLI::App app{"mtnlg: train, evaluate and plan GPT models with 3D parallelism (Megatron-Turing NLG style)", "mtnlg"};
-  app.set_version_flag("--version", std::string("mtnlg ") + MTNLG_VERSION);
+  // The BLAS line lets a test (or a user) see which kernels this binary multiplies with.
+  app.set_version_flag("--version", std::string("mtnlg ") + MTNLG_VERSION + "\nCPU matmul: " + mtnlg::blas_description());
   app.require_subcommand(1);
   app.fallthrough(false);
   mtnlg::app::register_train(app);

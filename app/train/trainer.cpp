@@ -19,7 +19,6 @@
 #include <thread>
 #include <nlohmann/json.hpp>
 
-#include "app/process/blas_core.hpp"
 #include "app/train/checkpointing.hpp"
 #include "app/train/forensics.hpp"
 #include "app/process/preflight.hpp"
@@ -28,6 +27,7 @@
 #include "app/process/module_configs.hpp"
 #include "app/process/placement.hpp"
 #include "app/train/validation.hpp"
+#include "core/blas_core.hpp"
 #include "core/log.hpp"
 #include "core/mem_account.hpp"
 #include "core/progress.hpp"
@@ -599,7 +599,7 @@ MfuPeak mfu_peak(const Recipe& r, const parallel::ProcessGroups& g, Device devic
   } else if (peak.tflops <= 0) {
     peak.tflops = measure_cpu_sgemm_tflops();
     if (g.world && g.world->size() > 1) g.world->all_reduce(&peak.tflops, 1, parallel::ReduceOp::max);
-    peak.what = "measured CPU sgemm rate, " + blas_description();
+    peak.what = "measured CPU sgemm rate, " + mtnlg::blas_description();
   }
   return peak;
 }

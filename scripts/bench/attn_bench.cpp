@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "core/blas_core.hpp"
 #include "core/ops.hpp"
 #include "core/tensor.hpp"
 #ifdef MTNLG_HAVE_CUDA
@@ -115,6 +116,8 @@ int run(int argc, char** argv) {
 }
 
 int main(int argc, char** argv) {
+  mtnlg::select_blas_core(argv);  // the kernels mtnlg itself would use
+  std::fprintf(stderr, "attn_bench: CPU matmul: %s\n", mtnlg::blas_description().c_str());
   try {
     return run(argc, argv);
   } catch (const std::exception& e) {

@@ -18,12 +18,15 @@
 #include <string>
 #include <vector>
 
+#include "core/blas_core.hpp"
 #include "test/core/op_cases.hpp"
 
 using namespace mtnlg;
 using namespace mtnlg::optable;
 
 int main(int argc, char** argv) {
+  select_blas_core(argv);  // the kernels mtnlg itself would use
+  std::fprintf(stderr, "op_bench: CPU matmul: %s\n", blas_description().c_str());
   Device dev = Device::cpu;
   bool all = false;
   std::string only;

@@ -262,6 +262,11 @@ TEST_CASE("checkpoint logits: the model's logits for given tokens, on the CPU an
   REQUIRE(la.shape() == Shape{1, 8, 256});  // tiny-ramp's vocabulary, unpadded
   REQUIRE(a.tensors.at("tokens").data<int32_t>()[1] == 141);
   // The same logits in process (load_for_inference + logits_at), and on the test device.
+  // Bitwise across processes, which holds because both sides run the same code on the same
+  // kernels with the same thread split: this test binary and mtnlg select OpenBLAS's core in
+  // one place (core/blas_core.hpp; `reliability 10` shows they agree), both use every core
+  // of this machine, and OpenBLAS's sgemm and mtnlg's CPU kernels split rows, never a
+  // reduction, between threads.
   model::LoadedModel m = app::load_for_inference(ck);
   auto chunk = model::whole_model_chunk(m.cfg, m.store);
   const std::vector<int32_t> ids{3, 141, 59, 26, 5, 35, 89, 79};

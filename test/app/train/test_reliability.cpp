@@ -18,7 +18,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "app/process/blas_core.hpp"
+#include "core/blas_core.hpp"
 #include "data/indexed_dataset.hpp"
 #include "model/checkpoint.hpp"
 #include "test/support/test_support.hpp"
@@ -481,7 +481,7 @@ TEST_CASE("reliability 8: a bad collective timeout is exit 2 naming the key or t
 }
 
 TEST_CASE("reliability 9: OpenBLAS's generic kernel is replaced and the banner names the BLAS core", "[e2e]") {
-  const std::string want = app::blas_core_for_cpu();
+  const std::string want = blas_core_for_cpu();
   if (want.empty()) {
     WARN("skipped: this CPU has neither AVX2 nor AVX-512");
     return;
@@ -504,5 +504,43 @@ TEST_CASE("reliability 9: OpenBLAS's generic kernel is replaced and the banner n
   CHECK(r.exit_code == 0);
   CHECK_THAT(r.out, Contains("measured CPU sgemm rate, OpenBLAS "));
   CHECK_THAT(r.out, !Contains("generic kernels"));
-  if (!app::blas_core_is_generic(app::blas_loaded_core())) CHECK_THAT(r.out, !Contains("selected by mtnlg"));
+  if (!blas_core_is_generic(blas_loaded_core())) CHECK_THAT(r.out, !Contains("selected by mtnlg"));
+}
+
+namespace {
+// "CPU matmul: OpenBLAS <core>..." in a process's output -> <core> ("" when absent).
+std::string reported_core(const std::string& out) {
+  const std::string key = "CPU matmul: OpenBLAS ";
+  const size_t at = out.find(key);
+  if (at == std::string::npos) return "";
+  const size_t from = at + key.size();
+  return out.substr(from, out.find_first_of(" \n", from) - from);
+}
+}  // namespace
+
+// Run by the case below in a fresh copy of this test binary: the core it computes with.
+TEST_CASE("blas probe: this test process's OpenBLAS core", "[.][blas-probe]") {
+  std::printf("CPU matmul: %s\n", blas_description().c_str());
+}
+
+// A test that compares its in-process reference with what the mtnlg it starts computed
+// bit for bit needs both on the same kernels: both mains select the core in one place
+// (core/blas_core.hpp). Shown twice: as this suite runs, and as on a fresh machine with no
+// OPENBLAS_CORETYPE, where Debian's OpenBLAS may not know the CPU and load "Prescott".
+TEST_CASE("reliability 9b: a test process and the mtnlg it starts multiply with the same OpenBLAS core", "[e2e]") {
+  const std::string self = blas_loaded_core();
+  auto v = test::run_mtnlg("--version");
+  INFO(v.out);
+  REQUIRE(v.exit_code == 0);
+  CHECK(reported_core(v.out) == self);
+  const std::string fresh = "env -u OPENBLAS_CORETYPE -u MTNLG_TEST_BLAS_CORE ";
+  auto probe = test::run_command(fresh + fs::read_symlink("/proc/self/exe").string() + " \"[blas-probe]\"");
+  auto bin = test::run_command(fresh + MTNLG_BINARY + " --version");
+  INFO(probe.out << "\n" << bin.out);
+  REQUIRE(probe.exit_code == 0);
+  REQUIRE(bin.exit_code == 0);
+  const std::string a = reported_core(probe.out), b = reported_core(bin.out);
+  CHECK(!a.empty());
+  CHECK(a == b);
+  if (!blas_core_for_cpu().empty()) CHECK_FALSE(blas_core_is_generic(a));
 }

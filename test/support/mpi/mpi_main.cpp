@@ -4,6 +4,7 @@
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 
+#include "core/blas_core.hpp"
 #include "test/support/mpi/mpi_test_world.hpp"
 
 namespace mtnlg::test {
@@ -14,6 +15,7 @@ std::shared_ptr<parallel::Communicator>& mpi_test_world() {
 }  // namespace mtnlg::test
 
 int main(int argc, char** argv) {
+  mtnlg::select_blas_core(argv);  // before MPI starts: the kernels mtnlg itself would use
   using namespace mtnlg::parallel;
   int64_t failed = 0;
   try {

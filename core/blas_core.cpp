@@ -1,4 +1,4 @@
-#include "app/process/blas_core.hpp"
+#include "core/blas_core.hpp"
 
 #include <unistd.h>
 
@@ -9,11 +9,24 @@
 
 extern "C" char* openblas_get_corename(void);
 
-namespace mtnlg::app {
+namespace mtnlg {
 
 namespace {
-constexpr const char* kMarker = "MTNLG_BLAS_REEXEC";  // set on the re-executed process: the library chose this
+// Set for the re-executed process only, to the core the library chose at first; read once
+// and removed, so that the processes this one starts do not inherit it (they inherit
+// OPENBLAS_CORETYPE and load the selected core directly).
+constexpr const char* kMarker = "MTNLG_BLAS_REEXEC";
+
+const std::string& library_choice() {  // "" unless this process was re-executed
+  static const std::string chose = [] {
+    const char* m = std::getenv(kMarker);
+    std::string s = m ? m : "";
+    ::unsetenv(kMarker);
+    return s;
+  }();
+  return chose;
 }
+}  // namespace
 
 std::string blas_core_for_cpu() {
 #if defined(__x86_64__)
@@ -36,13 +49,13 @@ bool blas_core_is_generic(const std::string& core) {
 }
 
 std::string blas_loaded_core() {
-  if (const char* t = std::getenv("MTNLG_TEST_BLAS_CORE"); t && *t && !std::getenv(kMarker)) return t;
+  if (const char* t = std::getenv("MTNLG_TEST_BLAS_CORE"); t && *t && library_choice().empty()) return t;
   const char* c = openblas_get_corename();
   return c ? c : "unknown";
 }
 
-void ensure_fast_blas_core(char** argv) {
-  if (std::getenv(kMarker)) return;  // already re-executed once
+void select_blas_core(char** argv) {
+  if (!library_choice().empty()) return;  // already re-executed once
   const std::string loaded = blas_loaded_core(), want = blas_core_for_cpu();
   if (want.empty() || !blas_core_is_generic(loaded)) return;
   if (const char* user = std::getenv("OPENBLAS_CORETYPE"); user && *user) {
@@ -54,8 +67,10 @@ void ensure_fast_blas_core(char** argv) {
   ::setenv("OPENBLAS_CORETYPE", want.c_str(), 1);
   ::setenv(kMarker, loaded.c_str(), 1);
   ::execv("/proc/self/exe", argv);
-  // exec failed (no /proc): carry on with the slow kernels, but say so
+  // exec failed (no /proc): carry on with the slow kernels, but say so (and leave the
+  // environment as it was, so that this process's children load what it loaded)
   ::unsetenv(kMarker);
+  ::unsetenv("OPENBLAS_CORETYPE");
   log::warn("OpenBLAS chose its generic {} kernels on a CPU with {} support and re-running with OPENBLAS_CORETYPE={} "
             "failed ({}): set OPENBLAS_CORETYPE={} yourself for several times the sgemm speed",
             loaded, want, want, std::strerror(errno), want);
@@ -64,11 +79,11 @@ void ensure_fast_blas_core(char** argv) {
 std::string blas_description() {
   const char* c = openblas_get_corename();
   std::string s = std::string("OpenBLAS ") + (c ? c : "unknown");
-  if (const char* was = std::getenv(kMarker); was && *was)
-    s += std::string(" (selected by mtnlg: the library chose ") + was + ")";
+  if (!library_choice().empty())
+    s += " (selected by mtnlg: the library chose " + library_choice() + ")";
   else if (blas_core_is_generic(c ? c : "") && !blas_core_for_cpu().empty())
     s += " (generic kernels: slow on this CPU)";
   return s;
 }
 
-}  // namespace mtnlg::app
+}  // namespace mtnlg
