@@ -206,6 +206,31 @@ cublasStatus_t destroy_checked(void* h, uint64_t magic, const char* fn) {
 
 // Validates one call's descriptors; returns CUBLAS_STATUS_SUCCESS or the status cuBLASLt
 // would return, with a detail in `why`.
+// What cuBLASLt 13 documents that it takes, for the compute type mtnlg asks for
+// (CUBLAS_COMPUTE_32F with an f32 scale) and the storage types the emulator has; a call
+// outside it gets the status the real library answers (docs/specs/cuda-emulation.md).
+//   A/B type -> D (= C) type: f32 -> f32; bf16 -> bf16 or f32; f16 -> f16 or f32.
+//   Epilogues: every one the emulator runs (BIAS, GELU[_AUX][_BIAS], DGELU[_BGRAD],
+//   BGRADA/B) on every row.
+//   Bias (and bias-gradient) vector type: D's type. The documented exceptions (IMMA
+//   kernels, FP8 outputs) are types the emulator does not have. Another type set through
+//   BIAS_DATA_TYPE: CUBLAS_STATUS_INVALID_VALUE.
+//   GELU aux matrix type: D's type, and EPILOGUE_AUX_DATA_TYPE left unset (-1): a
+//   non-default aux type is documented for FP8 outputs only. Set to anything for these
+//   types: CUBLAS_STATUS_INVALID_VALUE (an H200 with CUDA 13.0 answered so to a bf16
+//   GELU_AUX_BIAS call that set it to bf16, D's own type).
+struct AcceptedTypes {
+  int32_t ab, d;
+};
+constexpr AcceptedTypes kAccepted[] = {{CUDA_R_32F, CUDA_R_32F}, {CUDA_R_16BF, CUDA_R_16BF}, {CUDA_R_16BF, CUDA_R_32F},
+                                       {CUDA_R_16F, CUDA_R_16F}, {CUDA_R_16F, CUDA_R_32F}};
+
+bool accepted_types(int32_t ab, int32_t d) {
+  for (const AcceptedTypes& t : kAccepted)
+    if (t.ab == ab && t.d == d) return true;
+  return false;
+}
+
 cublasStatus_t validate(const Desc& d, const Layout& a, const Layout& b, const Layout& c, const Layout& dd, std::string& why) {
   if (d.compute != CUBLAS_COMPUTE_32F || d.scale != CUDA_R_32F) {
     why = "only CUBLAS_COMPUTE_32F with fp32 scale is emulated (mtnlg never enables TF32)";
@@ -242,7 +267,7 @@ cublasStatus_t validate(const Desc& d, const Layout& a, const Layout& b, const L
     why = fmt_str("A is %s but B is %s", type_name(a.type), type_name(b.type));
     return CUBLAS_STATUS_NOT_SUPPORTED;
   }
-  if (dd.type != a.type && dd.type != CUDA_R_32F) {
+  if (!accepted_types(a.type, dd.type)) {
     why = fmt_str("D is %s for %s inputs (D must be the inputs' type or f32)", type_name(dd.type), type_name(a.type));
     return CUBLAS_STATUS_NOT_SUPPORTED;
   }
@@ -268,10 +293,15 @@ cublasStatus_t validate(const Desc& d, const Layout& a, const Layout& b, const L
     why = fmt_str("epilogue %s needs CUBLASLT_MATMUL_DESC_BIAS_POINTER", epi_name(d.epi));
     return CUBLAS_STATUS_INVALID_VALUE;
   }
-  const int32_t bt = d.bias_type < 0 ? dd.type : d.bias_type;
-  if ((has_bias(d.epi) || is_bgrad(d.epi)) && bt != dd.type && bt != CUDA_R_32F) {
-    why = fmt_str("bias type %s for a %s output", type_name(bt), type_name(dd.type));
-    return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (d.bias_type >= 0 && d.bias_type != dd.type) {
+    why = fmt_str("BIAS_DATA_TYPE %s for a %s output (the bias vector has D's type outside FP8 and IMMA kernels)",
+                  type_name(d.bias_type), type_name(dd.type));
+    return CUBLAS_STATUS_INVALID_VALUE;
+  }
+  if (d.aux_type >= 0) {
+    why = fmt_str("EPILOGUE_AUX_DATA_TYPE set (to %s) for a %s output: a non-default aux type is for FP8 outputs only",
+                  type_name(d.aux_type), type_name(dd.type));
+    return CUBLAS_STATUS_INVALID_VALUE;
   }
   if (has_aux(d.epi)) {
     if (!d.aux) {
@@ -506,6 +536,7 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmul
   *returned = 0;
   const cublasStatus_t st = validate(*d, *a, *b, *c, *dd, why);
   if (st != CUBLAS_STATUS_SUCCESS) return st == CUBLAS_STATUS_INVALID_VALUE ? st : CUBLAS_STATUS_NOT_SUPPORTED;
+  if (d->epi != CUBLASLT_EPILOGUE_DEFAULT && lt_refuse_epilogues()) return CUBLAS_STATUS_INVALID_VALUE;
   // Vectorised kernels want operands aligned to at least one element (16 bytes for the
   // epilogue's bias vector); below that cuBLASLt has no algorithm.
   const uint32_t elt = static_cast<uint32_t>(type_bytes(a->type));

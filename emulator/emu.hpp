@@ -67,6 +67,9 @@ void set_last_error(cudaError_t e);
 // Fault injection for tests (environment, read at each call):
 //   MTNLG_EMU_LT_FAIL=1   every cuBLASLt heuristic candidate fails to run
 //                         (CUBLAS_STATUS_NOT_SUPPORTED), so the cublasGemmEx fallback runs.
+//   MTNLG_EMU_LT_FAIL=epilogues   the heuristic answers CUBLAS_STATUS_INVALID_VALUE to
+//                         every call with an epilogue (as a GPU's cuBLASLt may refuse one).
 bool lt_candidates_fail();
+bool lt_refuse_epilogues();
 
 }  // namespace mtnlg::emu

@@ -472,7 +472,12 @@ void set_last_error(cudaError_t e) { tl_last_error = e; }
 
 bool lt_candidates_fail() {
   const char* v = std::getenv("MTNLG_EMU_LT_FAIL");
-  return v && *v && std::strcmp(v, "0") != 0;
+  return v && *v && std::strcmp(v, "0") != 0 && std::strcmp(v, "epilogues") != 0;
+}
+
+bool lt_refuse_epilogues() {
+  const char* v = std::getenv("MTNLG_EMU_LT_FAIL");
+  return v && std::strcmp(v, "epilogues") == 0;
 }
 
 // ---- internal.hpp ---------------------------------------------------------------------

@@ -7,6 +7,7 @@
 #include "planner/cost_model.hpp"
 #ifdef MTNLG_HAVE_CUDA
 #include "core/cuda/device.hpp"
+#include "core/cuda/ops_cuda.hpp"
 #endif
 
 namespace mtnlg::app {
@@ -73,6 +74,15 @@ DeviceMemory device_memory(Device d) {
   (void)d;
 #endif
   return m;
+}
+
+int64_t gemm_fallbacks(Device d) {
+#ifdef MTNLG_HAVE_CUDA
+  if (d == Device::cuda) return cuda::gemm_fallbacks();
+#else
+  (void)d;
+#endif
+  return 0;
 }
 
 GpuPeak gpu_peak(const std::string& device_name) {

@@ -27,6 +27,10 @@ struct DeviceMemory {
   int64_t peak_bytes = 0, reserved_bytes = 0;
 };
 DeviceMemory device_memory(Device d);
+// Matmuls on this process's GPU since the start that did not run as asked: an optional
+// cuBLASLt epilogue refused (its GEMM and separate kernels ran instead), or a GEMM that
+// cuBLASLt refused run by cublasGemmEx. 0 off CUDA.
+int64_t gemm_fallbacks(Device d);
 
 // The MFU denominator on a GPU: the dense bf16 tensor-core peak (TFLOP/s) of this
 // process's GPU from the planner's table, with a description for the banner; 0 and the

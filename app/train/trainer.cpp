@@ -134,6 +134,7 @@ class MetricsWriter {
       if (!s.anomaly.empty()) j["anomaly"] = s.anomaly;
     }
     if (!s.step_parts.empty()) j["step_parts"] = step_parts_json(s.step_parts, topo_);  // logging.step_timing
+    if (s.gemm_fallbacks >= 0) j["gemm_fallbacks"] = s.gemm_fallbacks;  // CUDA runs
     if (s.host_reads || s.host_uploads) {  // a device run: its host round trips
       j["host_reads"] = s.host_reads;
       j["host_uploads"] = s.host_uploads;
@@ -954,6 +955,7 @@ void Trainer::record_memory_and_traffic(IterationStats& s, int64_t reads_before,
     const DeviceMemory m = device_memory(model_.device);
     s.peak_memory_bytes = m.peak_bytes;
     s.reserved_memory_bytes = m.reserved_bytes;
+    s.gemm_fallbacks = gemm_fallbacks(model_.device);
   } else {
     s.peak_memory_bytes = peak_rss_bytes();
   }
@@ -1006,12 +1008,13 @@ void Trainer::training_log(IterationStats& s, const data::Batch& batch) {
     log::info(
         " iteration {:>7}/{:<7} | consumed tokens: {:>10} | elapsed time per iteration (ms): {:8.1f} | tokens/s: {:9.1f} | "
         "TFLOP/s/GPU: {:6.3f} | MFU: {:5.1f}% | learning rate: {:.3E} | global batch size: {:5} | lm loss: {:.6E} | "
-        "grad norm: {:.3f}{} | skipped: {} | nan: {} | mem: {} MiB{} | comm MB tp/pp/dp: {:.3f}/{:.3f}/{:.3f}{}",
+        "grad norm: {:.3f}{} | skipped: {} | nan: {} | mem: {} MiB{}{} | comm MB tp/pp/dp: {:.3f}/{:.3f}/{:.3f}{}",
         s.iteration, total_iters, s.consumed_tokens, s.step_time_s * 1e3, s.tokens_per_s, s.tflops_per_gpu, 100 * s.mfu,
         s.lr, s.global_batch_size, s.loss, s.grad_norm,
         optim_.scaler ? fmt::format(" | loss scale: {:.1f}", s.loss_scale) : "", s.skipped_total, s.nan_total,
         s.peak_memory_bytes >> 20,
         s.reserved_memory_bytes ? fmt::format(" (reserved {} MiB)", s.reserved_memory_bytes >> 20) : std::string(),
+        s.gemm_fallbacks >= 0 ? fmt::format(" | gemm fallbacks: {}", s.gemm_fallbacks) : std::string(),
         s.bytes_tp / 1e6, s.bytes_pp / 1e6,
         s.bytes_dp / 1e6,  // rank 0's bytes sent this iteration (ring model, parallel/communicator.hpp)
         eta_text(summary_.iterations, total_iters - s.iteration));

@@ -29,6 +29,9 @@ struct IterationStats {
   // Copies this step made from device memory to the host (host round trips; the design
   // is one) and from the host to the device (token and mask uploads). 0 on the CPU.
   int64_t host_reads = 0, host_uploads = 0;
+  // CUDA: matmuls since the start that cuBLASLt did not run as asked (an epilogue it
+  // refused, or cublasGemmEx instead; app/process/placement.hpp). -1 off CUDA.
+  int64_t gemm_fallbacks = -1;
   // Tensor bytes this rank holds by role (core/mem_account.hpp): weights, gradients and
   // optimizer state live after the step; the peaks of activations (everything the forward
   // passes allocate) and of workspace (everything else) during this iteration; and the peak

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "core/error.hpp"
+#include "core/log.hpp"
 #include "core/parse.hpp"
 
 namespace mtnlg::cuda {
@@ -28,6 +29,8 @@ void report_gpu_error(const char* api, int64_t code, const char* what, const cha
 }
 
 void fail(const char* msg) { throw RuntimeError(msg); }
+
+void warn(const char* msg) { log::warn("{}", msg); }
 
 bool sync_check_enabled() {
 #ifdef MTNLG_CUDA_SYNC_CHECK

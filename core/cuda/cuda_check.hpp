@@ -28,6 +28,9 @@ namespace mtnlg::cuda {
 // Throws mtnlg::RuntimeError(msg). For .cu files, which cannot include core/error.hpp.
 [[noreturn]] void fail(const char* msg);
 
+// log::warn(msg) (rank-prefixed, stderr). For .cu files: the host logger stays out of nvcc.
+void warn(const char* msg);
+
 // The global rank printed in error messages (-1 = unknown, not printed). Set once by
 // whoever knows it (the trainer, NcclCommunicator). Diagnostic only.
 void set_error_rank(int64_t rank);

@@ -12,11 +12,31 @@
 // Gradient contract: dw ACCUMULATES, dinp is WRITTEN unless `accumulate`.
 //
 // Algorithms: up to 8 heuristic candidates per (shape, types, alignments), tried in order
-// (the first that runs is kept in front); when cuBLASLt has none, or none runs, the GEMM
-// goes to cublasGemmEx (same fp32 compute) instead of failing. The
-// bias epilogue is used when the bias pointer is 16-byte aligned and the heuristic offers
-// an algorithm for it; otherwise the GEMM runs plain and a kernel adds the bias — for
-// bf16/fp16 outputs to the fp32 product, rounding once, as the epilogue and the CPU do.
+// (the first that runs is kept in front); when cuBLASLt refuses the problem (any status
+// from the heuristic) or none of its candidates runs, the GEMM goes to cublasGemmEx (same
+// fp32 compute) instead of failing. The bias epilogue is used when the bias pointer is
+// 16-byte aligned and the heuristic offers an algorithm for it; otherwise the GEMM runs
+// plain and a kernel adds the bias — for bf16/fp16 outputs to the fp32 product, rounding
+// once, as the epilogue and the CPU do.
+//
+// Epilogues are optional fusions: a refusal of one (heuristic or matmul status) never
+// ends a run. The caller runs the plain GEMM and its separate kernels, the refusal is
+// warned about once per problem and counted in gemm_fallbacks() (metrics.jsonl).
+//
+// Attributes are set as cuBLASLt 13 documents them for these types (docs/specs/
+// cuda-emulation.md has the table the emulator checks): the bias vector's type is left at
+// its default, D's type, which is the only one documented for f32/bf16/fp16 outputs, and
+// the GELU aux matrix's type is never set (a non-default aux type is documented for FP8
+// outputs only; a bf16 GELU_AUX_BIAS call that set it to bf16 was refused with
+// CUBLAS_STATUS_INVALID_VALUE on an H200). So the bias-gradient epilogue DGELU_BGRAD,
+// whose bias gradient would have D's type where mtnlg keeps it in fp32, is not used:
+// bf16/fp16 take DGELU and the column-sum kernel.
+//
+// The GELU epilogues serve bf16/fp16 only. fp32 is the precision whose contract is the
+// CPU's function to ~1e-5, and the library's GELU derivative is not that: on an H200 the
+// fused f32 backward's dpre was 1.0002x the 1e-5 bound where the GEMM and mtnlg's own
+// GELU kernel are well inside it (the same shape, the same test); at bf16's 2^-8 rounding
+// the difference is invisible.
 #include <cublasLt.h>
 #include <cublas_v2.h>
 
@@ -24,8 +44,10 @@
 #include <array>
 #include <atomic>
 #include <climits>
+#include <cstdio>
 #include <map>
 #include <mutex>
+#include <set>
 #include <utility>
 
 #include "core/cuda/common.cuh"
@@ -68,18 +90,20 @@ struct Desc {
   }
 };
 
-using AlgoKey = std::array<int64_t, 23>;
+using AlgoKey = std::array<int64_t, 22>;
 std::mutex g_algo_mu;
+std::set<AlgoKey> g_warned;  // problems whose refusal was warned about
 constexpr int kHeuristics = 8;  // candidates asked for per key
 // The heuristic's candidates for a call's key, best first; n = 0 when cuBLASLt has none.
 // (A fixed array, not a std::vector: nvcc 13 hits an internal error on the latter here.)
 struct Candidates {
   int n = 0;
   cublasLtMatmulAlgo_t algo[kHeuristics];
+  cublasStatus_t refusal = CUBLAS_STATUS_SUCCESS;  // when n == 0: why (SUCCESS: every candidate failed to run)
 };
 std::map<AlgoKey, Candidates> g_algos;
 bool g_use_lt = true;           // false: every matmul takes the cublasGemmEx fallback (tests)
-int64_t g_fallbacks = 0;        // matmuls run by the fallback
+int64_t g_fallbacks = 0;        // matmuls not run as asked: an epilogue refused, or cublasGemmEx
 
 cublasHandle_t gemm_ex_handle() {
   static cublasHandle_t h = [] {  // created on the first fallback, kept for the process (device.hpp)
@@ -108,12 +132,11 @@ void gemm_ex(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, con
 }
 
 // What cuBLASLt does after the product (CUBLASLT_EPILOGUE_*): DEFAULT, BIAS (bias[m] added),
-// GELU_AUX_BIAS (bias added, the sum kept in aux, gelu of it stored) or DGELU_BGRAD (D
-// multiplied by gelu'(aux), its row sums written to bias in bias_type).
+// GELU_AUX_BIAS (bias added, the sum kept in aux, gelu of it stored) or DGELU (D
+// multiplied by gelu'(aux)). The bias and the aux matrix have D's type.
 struct Epilogue {
   cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_DEFAULT;
   const void* bias = nullptr;
-  DType bias_type = DType::f32;
   void* aux = nullptr;
   int64_t aux_ld = 0;
   bool any() const { return epi != CUBLASLT_EPILOGUE_DEFAULT; }
@@ -124,6 +147,31 @@ struct Epilogue {
 struct Batch {
   int64_t count = 1, a = 0, b = 0, d = 0;
 };
+
+const char* epilogue_name(cublasLtEpilogue_t e) {
+  switch (e) {
+    case CUBLASLT_EPILOGUE_BIAS: return "BIAS";
+    case CUBLASLT_EPILOGUE_GELU_AUX_BIAS: return "GELU_AUX_BIAS";
+    case CUBLASLT_EPILOGUE_DGELU: return "DGELU";
+    default: return "no";
+  }
+}
+
+// A refused problem (the caller holds g_algo_mu): counted with every call, warned about
+// once per problem with what runs instead.
+void note_refusal(const AlgoKey& key, const Epilogue& ep, DType dt, int64_t m, int64_t n, int64_t k, cublasStatus_t st) {
+  if (ep.any()) ++g_fallbacks;  // a required GEMM is counted by cublasGemmEx, per call
+  if (!g_warned.insert(key).second) return;
+  char msg[512];
+  std::snprintf(msg, sizeof msg,
+                "cuBLASLt refused a %s GEMM (m %lld, n %lld, k %lld) with the %s epilogue: %s; running %s instead "
+                "(warned once per shape, counted in gemm_fallbacks)",
+                to_string(dt).c_str(), static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(k),
+                epilogue_name(ep.epi),
+                st == CUBLAS_STATUS_SUCCESS ? "none of its algorithms ran" : cublasGetStatusString(st),
+                ep.any() ? "the GEMM and separate kernels" : "cublasGemmEx");
+  warn(msg);
+}
 
 // The batch through the fallback, one cublasGemmEx per matrix.
 void gemm_ex_batched(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const void* A, DType adt,
@@ -156,15 +204,12 @@ bool lt_matmul(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* A,
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)));
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)));
   if (ep.any()) {
-    const cudaDataType_t bt = cuda_type(ep.bias_type);
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep.epi, sizeof(ep.epi)));
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &ep.bias, sizeof(ep.bias)));
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof(bt)));
-    if (ep.aux) {
-      const cudaDataType_t auxt = cuda_type(ddt);
+    if (ep.bias)  // its type attribute stays unset: D's type (see the header)
+      CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &ep.bias, sizeof(ep.bias)));
+    if (ep.aux) {  // the aux matrix has D's type: its type attribute stays unset (FP8 only)
       CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &ep.aux, sizeof(ep.aux)));
       CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ep.aux_ld, sizeof(ep.aux_ld)));
-      CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &auxt, sizeof(auxt)));
     }
   }
   const cudaDataType_t at = cuda_type(adt), dtt = cuda_type(ddt);
@@ -183,7 +228,7 @@ bool lt_matmul(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* A,
 
   const AlgoKey key{ta, tb, m, n, k, static_cast<int64_t>(adt), static_cast<int64_t>(ddt), lda, ldb, ldd,
                     static_cast<int64_t>(ep.epi), alignment(A), alignment(B), alignment(D), beta != 0.0f,
-                    backend_device(), batch.count, batch.a, batch.b, batch.d, static_cast<int64_t>(ep.bias_type),
+                    backend_device(), batch.count, batch.a, batch.b, batch.d,
                     ep.aux_ld, ep.aux ? alignment(ep.aux) : 0};
   Candidates algos;
   {
@@ -201,13 +246,17 @@ bool lt_matmul(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* A,
       CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(ds.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d, 4));
       cublasLtMatmulHeuristicResult_t res[kHeuristics] = {};
       int found = 0;
+      // Any status other than success is a refusal of this problem (NOT_SUPPORTED: no
+      // kernel; INVALID_VALUE: an attribute it does not take for these types), never an
+      // error: the problem is remembered with no candidate and runs another way.
       const cublasStatus_t st =
           cublasLtMatmulAlgoGetHeuristic(cublaslt(), ds.op, ds.a, ds.b, ds.d, ds.d, ds.pref, kHeuristics, res, &found);
-      if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED) CUBLAS_CHECK(st);
       Candidates list;
+      list.refusal = st;
       if (st == CUBLAS_STATUS_SUCCESS)
         for (int i = 0; i < found && i < kHeuristics; ++i)
           if (res[i].state == CUBLAS_STATUS_SUCCESS) list.algo[list.n++] = res[i].algo;
+      if (st == CUBLAS_STATUS_SUCCESS && list.n == 0) list.refusal = CUBLAS_STATUS_NOT_SUPPORTED;
       it = g_algos.emplace(key, list).first;
     }
     algos = it->second;
@@ -227,9 +276,10 @@ bool lt_matmul(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* A,
     if (st != CUBLAS_STATUS_NOT_SUPPORTED && st != CUBLAS_STATUS_INVALID_VALUE && st != CUBLAS_STATUS_ARCH_MISMATCH)
       CUBLAS_CHECK(st);  // a real failure, not "this candidate cannot run here"
   }
-  if (algos.n > 0) {  // none of the candidates ran: do not try them again for this key
+  {
     std::lock_guard<std::mutex> lock(g_algo_mu);
-    g_algos[key].n = 0;
+    if (algos.n > 0) g_algos[key].n = 0;  // none of the candidates ran: do not try them again for this key
+    note_refusal(key, ep, adt, m, n, k, algos.n > 0 ? CUBLAS_STATUS_SUCCESS : algos.refusal);
   }
   if (ep.any()) return false;
   gemm_ex_batched(ta, tb, m, n, k, alpha, A, adt, lda, B, ldb, D, ddt, ldd, beta, batch);
@@ -256,7 +306,7 @@ void gemm_forward(void* out, const void* inp, const void* w, const void* bias, D
   // out^T [OC,N] = w [as C x OC col-major]^T @ inp^T [C x N]: m=OC, n=N, k=C.
   const bool fuse = bias && g_bias_epilogue && alignment(bias) >= 16;
   if (fuse && lt_matmul(true, false, OC, N, C, w, dt, C, inp, C, out, dt, OC, 0.0f,
-                        Epilogue{CUBLASLT_EPILOGUE_BIAS, bias, dt}))
+                        Epilogue{CUBLASLT_EPILOGUE_BIAS, bias}))
     return;
   if (bias && dt != DType::f32) {  // the product in fp32, then bias and one rounding (as the epilogue)
     DeviceBuffer<float> acc(N * OC);
@@ -293,20 +343,20 @@ void gemm_strided_batched(bool ta, bool tb, int64_t m, int64_t n, int64_t k, flo
 // dimension), or cuBLASLt has no algorithm for it.
 bool gemm_forward_gelu(void* out, void* pre, const void* inp, const void* w, const void* bias, DType dt, int64_t N,
                        int64_t C, int64_t OC) {
-  if (!g_gelu_epilogue || N <= 0 || C <= 0 || OC % 8 != 0 || alignment(bias) < 16) return false;
+  if (!g_gelu_epilogue || dt == DType::f32 || N <= 0 || C <= 0 || OC % 8 != 0 || alignment(bias) < 16) return false;
   const bool ran = lt_matmul(true, false, OC, N, C, w, dt, C, inp, C, out, dt, OC, 0.0f,
-                             Epilogue{CUBLASLT_EPILOGUE_GELU_AUX_BIAS, bias, dt, pre, OC});
+                             Epilogue{CUBLASLT_EPILOGUE_GELU_AUX_BIAS, bias, pre, OC});
   g_gelu_fused += ran ? 1 : 0;
   return ran;
 }
 
-// dpre = (dout @ w) * gelu'(pre) and dbias_out[c] = sum_n dpre[n, c] (written, fp32) in
-// one GEMM (DGELU_BGRAD). w [OC, C]; dout [N, OC]; pre, dpre [N, C]. False when not taken.
-bool gemm_dinp_dgelu(void* dpre, float* dbias_out, const void* dout, const void* w, const void* pre, DType dt, int64_t N,
-                     int64_t C, int64_t OC) {
-  if (!g_gelu_epilogue || N <= 0 || OC <= 0 || C % 8 != 0) return false;
+// dpre = (dout @ w) * gelu'(pre) in one GEMM (DGELU: pre is the aux matrix; bf16/fp16
+// only, see the header). w [OC, C]; dout [N, OC]; pre, dpre [N, C]. False when not taken.
+bool gemm_dinp_dgelu(void* dpre, const void* dout, const void* w, const void* pre, DType dt, int64_t N, int64_t C,
+                     int64_t OC) {
+  if (!g_gelu_epilogue || dt == DType::f32 || N <= 0 || OC <= 0 || C % 8 != 0) return false;
   const bool ran = lt_matmul(false, false, C, N, OC, w, dt, C, dout, OC, dpre, dt, C, 0.0f,
-                             Epilogue{CUBLASLT_EPILOGUE_DGELU_BGRAD, dbias_out, DType::f32, const_cast<void*>(pre), C});
+                             Epilogue{CUBLASLT_EPILOGUE_DGELU, nullptr, const_cast<void*>(pre), C});
   g_gelu_fused += ran ? 1 : 0;
   return ran;
 }
@@ -457,9 +507,8 @@ void matmul_bias_gelu_forward(Tensor& out, Tensor& pre, const Tensor& inp, const
 void matmul_dgelu_backward(Tensor& dpre, Tensor& dbias, const Tensor& dout, const Tensor& w, const Tensor& pre) {
   const DType dt = cuda_dtype("matmul_dgelu_backward", "dout", dout.dtype());
   const int64_t OC = w.dim(0), C = w.dim(1), N = C ? pre.numel() / C : 0;
-  Tensor db = Tensor::empty({C}, DType::f32, Device::cuda);  // the epilogue writes; dbias accumulates
-  if (k::gemm_dinp_dgelu(dpre.raw(), f(db), dout.raw(), w.raw(), pre.raw(), dt, N, C, OC)) {
-    add(dbias, dbias, db);
+  if (k::gemm_dinp_dgelu(dpre.raw(), dout.raw(), w.raw(), pre.raw(), dt, N, C, OC)) {
+    bias_add_backward(dbias, dpre);  // from the stored dpre, as the separate kernels do (see the header)
     return;
   }
   matmul_backward(&dpre, nullptr, nullptr, dout, pre, w, false);

@@ -90,12 +90,15 @@ bool set_gemm_lt(bool on);
 // a separate kernel after the GEMM. Returns the previous setting.
 bool set_gemm_bias_epilogue(bool on);
 // Whether matmul_bias_gelu_forward / matmul_dgelu_backward use cuBLASLt's GELU_AUX_BIAS
-// and DGELU_BGRAD epilogues (default true); off, or when not offered, they run the GEMM
-// and the separate GELU / bias-gradient kernels. Returns the previous setting.
+// and DGELU epilogues (then the bias-gradient kernel) for bf16/fp16 (default true); off,
+// when refused, and always for f32 (core/cuda/gemm.cu says why), they run the GEMM and
+// the separate GELU / bias-gradient kernels. Returns the previous setting.
 bool set_gemm_gelu_epilogue(bool on);
 // GEMMs that ran with a GELU epilogue (forward or backward) since start-up.
 int64_t gemm_gelu_fused();
-// Matmuls run by the cublasGemmEx fallback since start-up.
+// Matmuls since start-up that did not run as asked: each call whose optional epilogue
+// cuBLASLt refused (the GEMM and separate kernels ran instead; warned once per shape),
+// and each matmul run by the cublasGemmEx fallback.
 int64_t gemm_fallbacks();
 
 }  // namespace mtnlg::cuda

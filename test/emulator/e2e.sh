@@ -6,7 +6,10 @@
 #   STEP:
 #     train       tiny GPT, 6 iterations, dropout 0.1: cuda vs cpu in fp32 (every loss and
 #                 grad norm within 1e-4 relative) with recompute none, selective and full,
-#                 and in bf16 (within 2e-2)
+#                 and in bf16 (within 2e-2); and bf16 again with every cuBLASLt epilogue
+#                 refused (MTNLG_EMU_LT_FAIL=epilogues): the run goes on with separate
+#                 kernels, within 2e-2 of the CPU, each refused shape warned about once and
+#                 every refusal counted in metrics.jsonl's gemm_fallbacks
 #     checkpoint  4 iterations on cuda, saved, resumed for 4 on the cpu; and the other way:
 #                 both equal the straight 8-iteration run of the resuming device (1e-4)
 #     layout      mpirun -np 8, tp2 x pp2 x dp2, ZeRO-1 and sequence parallel, on the
@@ -64,6 +67,23 @@ case "$step" in
     done
     train cpu16 cpu bf16 && train gpu16 cuda bf16 && compare gpu16 cpu16 2e-2
     grep -q "reserved" "$out/gpu16.log" || { echo "  the cuda log line names no allocator memory"; fails=$((fails + 1)); }
+    export MTNLG_EMU_LT_FAIL=epilogues
+    train gpu16-refused cuda bf16 && compare gpu16-refused cpu16 2e-2
+    unset MTNLG_EMU_LT_FAIL
+    python3 - "$out" <<'EOF' || fails=$((fails + 1))
+import json, sys
+out = sys.argv[1]
+def last(name):
+    return [json.loads(l) for l in open(f"{out}/{name}/metrics.jsonl")][-1]
+log = open(f"{out}/gpu16-refused.log").read().splitlines()
+warned = [l for l in log if "cuBLASLt refused" in l]
+ok = (last("gpu16")["gemm_fallbacks"] == 0 and last("gpu16-refused")["gemm_fallbacks"] > 0
+      and 0 < len(warned) == len(set(warned)) and "gemm fallbacks: " in "\n".join(log))
+print(f"  refused epilogues: {len(warned)} shapes warned once each, gemm_fallbacks "
+      f"{last('gpu16-refused')['gemm_fallbacks']} (without refusals {last('gpu16')['gemm_fallbacks']}) "
+      f"{'ok' if ok else 'FAILED'}")
+sys.exit(0 if ok else 1)
+EOF
     ;;
   checkpoint)
     for pair in "cuda cpu" "cpu cuda"; do

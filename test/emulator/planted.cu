@@ -3,13 +3,15 @@
 //     barrier-early-return, shuffles, block-reduce, stream-order, pinned-copy-at-execution
 //   planted bugs (each must be caught; ctest matches the emulator's message):
 //     oob-write, oob-write-far, host-read, divergent-barrier, shuffle-bad-mask, over-limit-launch,
-//     smem-limit-launch, missing-wait, host-pointer-arg, pinned-overwrite
+//     smem-limit-launch, missing-wait, host-pointer-arg, pinned-overwrite, lt-gelu-aux-type
 // Compiled like core/cuda/*.cu: as C++ with emulator/cuda_emu.hpp force-included.
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
+
+#include <cublasLt.h>
 
 #include "core/cuda/common.cuh"
 
@@ -20,6 +22,15 @@ namespace {
     cudaError_t e_ = (x);                                                                \
     if (e_ != cudaSuccess) {                                                             \
       std::fprintf(stderr, "%s failed: %s\n", #x, cudaGetErrorString(e_));               \
+      std::exit(3);                                                                      \
+    }                                                                                    \
+  } while (0)
+
+#define LT_OK(x)                                                                         \
+  do {                                                                                   \
+    cublasStatus_t s_ = (x);                                                             \
+    if (s_ != CUBLAS_STATUS_SUCCESS) {                                                   \
+      std::fprintf(stderr, "%s failed: status %d\n", #x, int(s_));                        \
       std::exit(3);                                                                      \
     }                                                                                    \
   } while (0)
@@ -203,6 +214,59 @@ int run(const std::string& c) {
     MTNLG_LAUNCH(1, 16, 0, nullptr, bad_mask_kernel)(x);
     CHECK_OK(cudaDeviceSynchronize());
     return 1;
+  } else if (c == "lt-gelu-aux-type") {
+    // The call a real H200 (CUDA 13.0) refused: bf16 matmul + bias + GELU with the aux
+    // (pre-activation) matrix, its type attribute set to bf16 and the bias type to bf16,
+    // m 64 (OC) n 5 (tokens) k 16 (C), A transposed, exactly as mtnlg asked for it. The
+    // emulator must give the same answer: CUBLAS_STATUS_INVALID_VALUE (7), not an algorithm.
+    const int64_t m = 64, nn = 5, k = 16;
+    __nv_bfloat16 *w = dalloc<__nv_bfloat16>(m * k), *x = dalloc<__nv_bfloat16>(k * nn), *out = dalloc<__nv_bfloat16>(m * nn),
+                  *pre = dalloc<__nv_bfloat16>(m * nn), *bias = dalloc<__nv_bfloat16>(m);
+    cublasLtHandle_t h = nullptr;
+    LT_OK(cublasLtCreate(&h));
+    auto heuristic = [&](bool set_types) {
+      cublasLtMatmulDesc_t op = nullptr;
+      cublasLtMatrixLayout_t la = nullptr, lb = nullptr, ld = nullptr;
+      cublasLtMatmulPreference_t pref = nullptr;
+      LT_OK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+      const cublasOperation_t tA = CUBLAS_OP_T, tB = CUBLAS_OP_N;
+      const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+      const cudaDataType_t bf = CUDA_R_16BF;
+      const int64_t aux_ld = m;
+      LT_OK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &tA, sizeof tA));
+      LT_OK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tB, sizeof tB));
+      LT_OK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+      LT_OK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+      if (set_types) LT_OK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bf, sizeof bf));
+      LT_OK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &pre, sizeof pre));
+      LT_OK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld));
+      if (set_types) LT_OK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &bf, sizeof bf));
+      LT_OK(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, k, m, k));
+      LT_OK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, k, nn, k));
+      LT_OK(cublasLtMatrixLayoutCreate(&ld, CUDA_R_16BF, m, nn, m));
+      LT_OK(cublasLtMatmulPreferenceCreate(&pref));
+      const uint64_t ws = 1 << 20;
+      LT_OK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+      cublasLtMatmulHeuristicResult_t res[8] = {};
+      int found = 0;
+      const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(h, op, la, lb, ld, ld, pref, 8, res, &found);
+      cublasLtMatmulPreferenceDestroy(pref);
+      cublasLtMatrixLayoutDestroy(ld);
+      cublasLtMatrixLayoutDestroy(lb);
+      cublasLtMatrixLayoutDestroy(la);
+      cublasLtMatmulDescDestroy(op);
+      return std::make_pair(st, found);
+    };
+    const auto [plain_st, plain_found] = heuristic(false);
+    expect(plain_st == CUBLAS_STATUS_SUCCESS && plain_found > 0,
+           "the same GELU_AUX_BIAS call with the bias and aux types left at their default (D's) gets algorithms");
+    const auto [st, found] = heuristic(true);
+    std::printf("lt-gelu-aux-type: cublasLtMatmulAlgoGetHeuristic status %d (%s), %d algorithms\n", int(st),
+                cublasGetStatusString(st), found);
+    cublasLtDestroy(h);
+    (void)w, (void)x, (void)out;
+    if (st == CUBLAS_STATUS_INVALID_VALUE && found == 0 && fails == 0) std::printf("caught: the call the H200 refused\n");
+    return 0;
   } else if (c == "over-limit-launch") {
     float* x = dalloc<float>(4096);
     MTNLG_LAUNCH(1, 2048, 0, nullptr, fill_kernel)(x, 4096, 1.0f);  // planted: 2048 threads
