@@ -50,12 +50,16 @@ void Communicator::count_broadcast(int64_t s) {
 void LocalCommunicator::do_all_reduce(void*, int64_t, DType, ReduceOp) {}
 void LocalCommunicator::do_all_reduce_i64(int64_t*, int64_t, ReduceOp) {}
 
-void LocalCommunicator::do_reduce_scatter(const void* in, void* out, int64_t n, DType dt) {
-  if (in != out && n > 0) std::memmove(out, in, static_cast<size_t>(n * dtype_size(dt)));
+void LocalCommunicator::copy(void* dst, const void* src, int64_t n, DType dt) const {
+  if (src == dst || n <= 0) return;
+  const auto bytes = static_cast<size_t>(n * dtype_size(dt));
+  if (copy_)
+    copy_(dst, src, bytes);
+  else
+    std::memmove(dst, src, bytes);
 }
-void LocalCommunicator::do_all_gather(const void* in, void* out, int64_t n, DType dt) {
-  if (in != out && n > 0) std::memmove(out, in, static_cast<size_t>(n * dtype_size(dt)));
-}
+void LocalCommunicator::do_reduce_scatter(const void* in, void* out, int64_t n, DType dt) { copy(out, in, n, dt); }
+void LocalCommunicator::do_all_gather(const void* in, void* out, int64_t n, DType dt) { copy(out, in, n, dt); }
 void LocalCommunicator::do_broadcast(void*, int64_t, DType, int64_t root) {
   if (root != 0) throw_runtime("broadcast on the size-1 '{}' group from root {}: only root 0 exists", name_, root);
 }
@@ -79,7 +83,7 @@ std::unique_ptr<Request> LocalCommunicator::do_iall_reduce(void*, int64_t, DType
 }
 std::shared_ptr<Communicator> LocalCommunicator::split(int64_t color, int64_t, const std::string& name) {
   if (color < 0) return nullptr;
-  return std::make_shared<LocalCommunicator>(name);
+  return std::make_shared<LocalCommunicator>(name, copy_);
 }
 
 // ---- launch -----------------------------------------------------------------------

@@ -68,6 +68,8 @@ class Communicator {
   virtual int64_t size() const = 0;
   // "world", "tp", "pp", "dp", "embedding", "mp", or what split() was given.
   virtual std::string name() const = 0;
+  // What carries the traffic: "local" (a group of one: nothing moves), "mpi" or "nccl".
+  virtual const char* backend() const = 0;
 
   // Payloads carry their dtype: f32, f64, bf16 or f16 (bf16/f16 sums are taken in fp32
   // and rounded to nearest even at each step, as NCCL does). Tensor- and pipeline-
@@ -141,12 +143,16 @@ class Communicator {
 
 // A group of one: all_reduce and barrier do nothing, reduce_scatter / all_gather copy
 // n elements, broadcast needs root 0, send/isend/recv throw RuntimeError (no peer exists).
+// The copy is a host memmove unless the group carries device memory (`copy` is then the
+// device's; make_nccl_communicator gives a group of one on the GPU that one).
 class LocalCommunicator final : public Communicator {
  public:
-  explicit LocalCommunicator(std::string name = "world") : name_(std::move(name)) {}
+  using Copy = void (*)(void* dst, const void* src, size_t bytes);
+  explicit LocalCommunicator(std::string name = "world", Copy copy = nullptr) : name_(std::move(name)), copy_(copy) {}
   int64_t rank() const override { return 0; }
   int64_t size() const override { return 1; }
   std::string name() const override { return name_; }
+  const char* backend() const override { return "local"; }
   void barrier() override {}
   std::shared_ptr<Communicator> split(int64_t color, int64_t key, const std::string& name) override;
 
@@ -162,7 +168,9 @@ class LocalCommunicator final : public Communicator {
   std::unique_ptr<Request> do_iall_reduce(void* data, int64_t n, DType dt, ReduceOp op) override;  // done at once
 
  private:
+  void copy(void* dst, const void* src, int64_t n, DType dt) const;
   std::string name_;
+  Copy copy_;
 };
 
 // World + sub-groups for this rank, as a value that travels explicitly (no globals).
@@ -194,7 +202,7 @@ struct ProcessGroups {
 // The groups for tensors on `dev`: unchanged for the CPU and the test device; for CUDA,
 // NCCL groups with the same ranks replace tp, pp, dp, embedding and mp (each group's
 // NCCL unique id is made on its rank 0 and sent over the MPI group it replaces, which
-// is the bootstrap). Collective over world: every rank calls it. RuntimeError for CUDA
+// is the bootstrap); a group of one becomes a local group with device copies (no NCCL). Collective over world: every rank calls it. RuntimeError for CUDA
 // in a build without NCCL.
 ProcessGroups place_groups(const ProcessGroups& g, Device dev);
 

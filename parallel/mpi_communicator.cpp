@@ -497,6 +497,7 @@ class MpiCommunicator final : public Communicator {
   int64_t rank() const override { return rank_; }
   int64_t size() const override { return size_; }
   std::string name() const override { return name_; }
+  const char* backend() const override { return "mpi"; }
 
 
   // Each collective below is one logical operation (its number N for the watchdog),

@@ -91,6 +91,7 @@ class NcclCommunicator final : public Communicator {
   int64_t rank() const override { return rank_; }
   int64_t size() const override { return size_; }
   std::string name() const override { return name_; }
+  const char* backend() const override { return "nccl"; }
 
 
   void do_all_reduce(void* d, int64_t n, DType dt, ReduceOp op) override {
@@ -219,9 +220,20 @@ NcclComm init_comm(Communicator& boot) {
 
 }  // namespace
 
-std::shared_ptr<Communicator> make_nccl_communicator(Communicator& bootstrap, const std::string& name) {
+namespace {
+// A group of one's copies (reduce_scatter / all_gather out of place), queued on the compute
+// stream as NCCL's would be.
+void device_copy(void* dst, const void* src, size_t bytes) {
+  CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, cuda::stream()));
+}
+}  // namespace
+
+std::shared_ptr<Communicator> make_nccl_communicator(Communicator& bootstrap, const std::string& name, bool even_for_one) {
   if (!cuda::backend_ready())
     throw_runtime("NCCL group '{}': call cuda::init_backend(device) before creating NCCL communicators", name);
+  // A group of one moves nothing: no NCCL communicator (whose set-up probes the device,
+  // and costs three communicators per group) is made for it.
+  if (bootstrap.size() == 1 && !even_for_one) return std::make_shared<LocalCommunicator>(name, device_copy);
   NcclComm coll = init_comm(bootstrap);
   NcclComm up = init_comm(bootstrap);
   NcclComm down = init_comm(bootstrap);

@@ -41,8 +41,11 @@ inline bool have_nccl() {
 
 #ifdef MTNLG_HAVE_NCCL
 // Collective over `bootstrap` (every rank calls it): creates an NCCL group with the same
-// ranks, named `name`. Requires cuda::init_backend() on every rank first.
-std::shared_ptr<Communicator> make_nccl_communicator(Communicator& bootstrap, const std::string& name);
+// ranks, named `name`. Requires cuda::init_backend() on every rank first. A bootstrap of
+// one rank gets a LocalCommunicator whose copies are device copies instead (no NCCL set-up
+// for a group of one), unless `even_for_one` (the single-GPU test of the NCCL backend).
+std::shared_ptr<Communicator> make_nccl_communicator(Communicator& bootstrap, const std::string& name,
+                                                     bool even_for_one = false);
 #endif
 
 }  // namespace mtnlg::parallel

@@ -31,7 +31,8 @@ TEST_CASE("nccl communicator: size-1 group on one GPU", "[gpu]") {
   if (!test::gpu_ready()) return;
   REQUIRE(have_nccl());
   LocalCommunicator boot("world");
-  auto c = make_nccl_communicator(boot, "dp");
+  auto c = make_nccl_communicator(boot, "dp", /*even_for_one=*/true);
+  CHECK(std::string(c->backend()) == "nccl");
   CHECK(c->rank() == 0);
   CHECK(c->size() == 1);
   CHECK(c->name() == "dp");
@@ -62,5 +63,43 @@ TEST_CASE("nccl communicator: size-1 group on one GPU", "[gpu]") {
   CHECK(sub->size() == 1);
   CHECK(c->split(-1, 0, "none") == nullptr);
   CHECK(c->bytes_sent() == 0);  // size-1 groups move nothing
+}
+
+// A training run on one GPU sets up no NCCL at all: every group of one placed on the GPU
+// is a local group whose out-of-place copies are device copies (on the emulator a host
+// copy of device memory would be caught as a host read).
+TEST_CASE("nccl communicator: a group of one on the GPU is local, with device copies", "[gpu]") {
+  if (!test::gpu_ready()) return;
+  LocalCommunicator boot("world");
+  auto c = make_nccl_communicator(boot, "dp");
+  CHECK(std::string(c->backend()) == "local");
+  CHECK(c->name() == "dp");
+  Tensor x = seq_tensor(333, 2.0f).to(Device::cuda);
+  Tensor y = Tensor::empty({333}, DType::f32, Device::cuda);
+  ops::fill(y, 0.0);
+  c->reduce_scatter(dev(x), dev(y), 333);
+  test::check_close("reduce_scatter", y, seq_tensor(333, 2.0f), 1e-12);
+  ops::fill(y, 0.0);
+  c->all_gather(dev(x), dev(y), 333);
+  test::check_close("all_gather", y, seq_tensor(333, 2.0f), 1e-12);
+  auto sub = c->split(0, 0, "tp");
+  REQUIRE(sub);
+  ops::fill(y, 0.0);
+  sub->all_gather(dev(x), dev(y), 333);
+  test::check_close("all_gather after split", y, seq_tensor(333, 2.0f), 1e-12);
+
+  ProcessGroups g;
+  g.world = std::make_shared<LocalCommunicator>("world");
+  g.tp = std::make_shared<LocalCommunicator>("tp");
+  g.pp = std::make_shared<LocalCommunicator>("pp");
+  g.dp = std::make_shared<LocalCommunicator>("dp");
+  g.embedding = std::make_shared<LocalCommunicator>("embedding");
+  g.mp = std::make_shared<LocalCommunicator>("mp");
+  const ProcessGroups placed = place_groups(g, Device::cuda);
+  for (const auto& grp : {placed.tp, placed.pp, placed.dp, placed.embedding, placed.mp}) {
+    REQUIRE(grp);
+    INFO(grp->name());
+    CHECK(std::string(grp->backend()) == "local");
+  }
 }
 #endif  // MTNLG_HAVE_NCCL
