@@ -299,6 +299,11 @@ struct StageMemory {
   double send_buffers = 0; // of which p2p sends not yet completed (the most at once)
   double workspace = 0;    // CUDA context, cuBLAS workspace, allocator slack
   double total = 0;
+  // Of the total, what a caching allocator holds in use at its peak (what mtnlg reports as
+  // peak_memory_bytes on a GPU): every tensor above, the p2p buffers, the layer a full
+  // recompute re-materializes and the cuBLAS workspace. Not in it: the CUDA context and
+  // libraries, NCCL's own buffers, and the allocator's fragmentation.
+  double allocator = 0;
 };
 
 // ---- time -----------------------------------------------------------------------------
@@ -315,6 +320,7 @@ struct Estimate {
   std::vector<StageMemory> stages;
   std::vector<StageTime> stage_times;
   double peak_memory = 0;  // bytes, the most loaded GPU
+  double allocator_peak = 0;  // bytes, the most any GPU's caching allocator holds in use (StageMemory::allocator)
   bool fits = false;
   int64_t microbatches = 0;
   double iteration_time = 0;  // at the full global batch

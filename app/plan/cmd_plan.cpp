@@ -546,6 +546,7 @@ nlohmann::json estimate_json(const cost::Estimate& e, const cost::Cluster& c) {
   j["bubble_fraction"] = e.bubble_fraction;
   j["microbatches"] = e.microbatches;
   j["peak_memory_gib"] = e.peak_memory / kGiB;
+  j["allocator_peak_gib"] = e.allocator_peak / kGiB;
   j["gpu_memory_gib"] = c.gpu.memory_bytes / kGiB;
   j["fits"] = e.fits;
   j["time_breakdown_s"] = {{"pipeline", e.pipeline_time}, {"data_parallel", e.dp_time}, {"optimizer", e.optimizer_time}};
@@ -573,7 +574,8 @@ nlohmann::json estimate_json(const cost::Estimate& e, const cost::Cluster& c) {
                         {"logits_gib", m.logits / kGiB},
                         {"comm_buffers_gib", m.comm_buffers / kGiB},
                         {"send_buffers_gib", m.send_buffers / kGiB},
-                        {"workspace_gib", m.workspace / kGiB}}},
+                        {"workspace_gib", m.workspace / kGiB},
+                        {"allocator_gib", m.allocator / kGiB}}},
                       {"forward_s", t.forward},
                       {"backward_s", t.backward},
                       {"tp_comm_s", t.tp_comm},
@@ -602,6 +604,9 @@ void print_human(const Recipe& r, const cost::Estimate& e, const cost::Cluster& 
                 m.workspace / kGiB);
   std::printf("\npeak memory      %.2f GiB of %.2f GiB: %s\n", e.peak_memory / kGiB, c.gpu.memory_bytes / kGiB,
               e.fits ? "fits" : "DOES NOT FIT");
+  std::printf("allocator peak   %.2f GiB in tensors and buffers (the training log's mem; the rest is the CUDA context, "
+              "NCCL's buffers and fragmentation)\n",
+              e.allocator_peak / kGiB);
   std::printf("iteration time   %.3f s (pipeline %.3f, data-parallel reduce %.3f, optimizer %.3f)\n", e.iteration_time,
               e.pipeline_time, e.dp_time, e.optimizer_time);
   std::printf("bubble           %.1f%% of the pipeline phase\n", 100.0 * e.bubble_fraction);
