@@ -158,6 +158,8 @@ inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 inline float __expf(float x) { return std::exp(x); }
 inline float __logf(float x) { return std::log(x); }
 inline float __fdividef(float a, float b) { return a / b; }
+// Round-to-nearest product, never contracted into an FMA (g++ here contracts nothing anyway).
+inline float __fmul_rn(float a, float b) { return a * b; }
 
 // nvcc's template overload (the kernel itself as the key), for host-compiled kernels.
 template <typename T>

@@ -154,17 +154,21 @@ __global__ void __launch_bounds__(kThreads) attn_forward_kernel(T* out, float* l
 }
 
 // ---- backward ------------------------------------------------------------------------
+// delta_i = dO_i . O_i, one thread per row, summed over d in ascending order exactly as
+// dot() sums dp_ij = dO_i . V_j in the kernels below. Where row i attends to one key only
+// (the first row of a causal mask), O_i is V_j bit for bit, so dp - delta is exactly 0:
+// the gradient of a softmax over one element, which the CPU and fp64 give as 0. A
+// lane-strided sum rounds differently and left a residual of a few ulps of dO . V there,
+// which dq carries into an element whose true value is 0 (seen on an H200).
 template <typename T>
 __global__ void attn_delta_kernel(float* delta, const T* dout, const T* out, Geometry g) {
-  const int lane = threadIdx.x & 31;
-  const int64_t row = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32;  // (b, h, i) flattened as bh*T + i
+  const int64_t row = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;  // (b, h, i) flattened as bh*T + i
   if (row >= g.B * g.H * g.T) return;
   const int64_t bh = row / g.T, i = row % g.T, b = bh / g.H, h = bh % g.H;
   const int64_t off = (b * g.T + i) * g.H * g.D + h * g.D;
   float s = 0;
-  for (int64_t d = lane; d < g.D; d += 32) s += to_f(dout[off + d]) * to_f(out[off + d]);
-  s = warp_sum(s);
-  if (lane == 0) delta[row] = s;
+  for (int64_t d = 0; d < g.D; ++d) s += to_f(dout[off + d]) * to_f(out[off + d]);
+  delta[row] = s;
 }
 
 template <typename T>
@@ -374,7 +378,7 @@ void attention_backward(void* dqkv, const void* dout, const void* qkv, const voi
   DeviceBuffer<float> delta(B * H * T);
   const size_t smem_dq = sizeof(float) * static_cast<size_t>(2 * kBlockRows * D + 2 * kTile * (D + 1));
   const size_t smem_dkv = sizeof(float) * static_cast<size_t>(2 * kBlockRows * D + 2 * kTile * (D + 1) + 2 * kTile);
-  const unsigned delta_blocks = static_cast<unsigned>((B * H * T + 7) / 8);
+  const unsigned delta_blocks = static_cast<unsigned>((B * H * T + 255) / 256);
   MTNLG_DT_SWITCH(dt, V, {
     MTNLG_LAUNCH(delta_blocks, 256, 0, stream(), attn_delta_kernel<V>)(delta.data(), static_cast<const V*>(dout),
                                                             static_cast<const V*>(out), g);
