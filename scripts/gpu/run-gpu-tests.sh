@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs the [gpu] test cases of a bundle made by scripts/gpu/build-bundle.sh on a GPU
-# machine (CUDA toolkit and driver present; no Debian packages, no MPI, no network).
+# machine (CUDA toolkit and driver present; no Debian packages, no MPI, no network), every
+# [gpu] case also sync-checked: a longer look than scripts/gpu/proof.sh's, for debugging.
 #
-#   usage: bash .gpu/run-gpu-tests.sh [BUNDLE_DIR]      (default: the script's folder)
+#   usage: bash scripts/gpu/run-gpu-tests.sh [BUNDLE_DIR]      (default: .gpu, unpacked)
 #
 # Steps, each with its own pass/fail line in the summary:
 #   1. every [gpu] case of each test binary, MTNLG_REQUIRE_GPU=1 (no device = failure);
@@ -17,7 +18,7 @@
 # each step's limit in seconds (default 540).
 # Exit status: 0 when every step that ran passed.
 set -uo pipefail
-bundle=${1:-$(cd "$(dirname "$0")" && pwd)}
+bundle=${1:-$(cd "$(dirname "$0")/../.." && pwd)/.gpu}
 export LD_LIBRARY_PATH="$bundle/lib:/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_LIBRARY_PATH:-}"
 export MTNLG_REQUIRE_GPU=1
 nvidia-smi -L || echo "run-gpu-tests: nvidia-smi failed (no driver?)"

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # End-to-end proofs of `mtnlg train` on a GPU, with the bundle's mtnlg
-# (scripts/gpu/build-bundle.sh). Run from the repository root on the GPU machine:
+# (scripts/gpu/build-bundle.sh, unpacked into .gpu/). Run from the repository root on the
+# GPU machine (scripts/gpu/proof.sh runs it as one of its steps):
 #
-#   bash .gpu/train-proof.sh [STEPS]        (default: "tiny resume hf infer curve mem13b")
+#   bash scripts/gpu/train-proof.sh [STEPS]        (default: "tiny resume hf infer curve mem13b")
 #
 #   tiny    recipes/tiny-mock.yaml, 20 iterations, dropout 0.1: the GPU in fp32 against
 #           the CPU in fp32 (every iteration's loss within 1e-4 relative: one step agrees
@@ -30,7 +31,7 @@
 #           resumed on the GPU must equal the straight GPU run bit for bit.
 #   mem13b  recipes/gpt-1.3b.yaml (seq 2048, bf16, micro batch 1, full recompute) for 3
 #           iterations: the allocator's peak against `mtnlg plan --software mtnlg
-#           --gpu h100-80g`'s prediction (within 10%).
+#           --gpu h100-80g`'s allocator peak (within 10%).
 # Each step prints PASS/FAIL and the numbers; the exit status is the number of failures.
 #
 # MTNLG_PROOF_BIN=path/to/mtnlg runs the steps with that binary instead of the bundle's:
@@ -39,7 +40,8 @@
 # MTNLG_PROOF_SETS adds --set options to every training run (the emulated device is not
 # in the planner's GPU table, so CI gives it logging.peak_tflops for the MFU check).
 set -uo pipefail
-bundle=$(cd "$(dirname "$0")" && pwd)
+here=$(cd "$(dirname "$0")" && pwd)
+bundle=$(cd "$here/../.." && pwd)/.gpu
 export LD_LIBRARY_PATH="$bundle/lib:/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_LIBRARY_PATH:-}"
 mtnlg="${MTNLG_PROOF_BIN:-$bundle/bin/mtnlg}"
 steps=" ${1:-tiny resume hf infer curve mem13b} "
@@ -114,7 +116,7 @@ if [[ "$steps" == *" hf "* ]]; then
   "$mtnlg" checkpoint export --format hf-gpt2 --input "$out/ckpt" --output "$out/hf" || rc=1
   "$mtnlg" checkpoint logits --input "$out/ckpt" --device cuda --output "$out/ref.safetensors" \
     --tokens 3,141,59,265,358,97,93,238,462,64,33,83,279,50,288,41,97,169,399,375,105,82,97,494,459 || rc=1
-  [ $rc -eq 0 ] && { python3 "$bundle/hf-check.py" "$out/hf" "$out/ref.safetensors" 1e-3 || rc=1; }
+  [ $rc -eq 0 ] && { python3 "$here/hf-check.py" "$out/hf" "$out/ref.safetensors" 1e-3 || rc=1; }
   step hf $rc
 fi
 
@@ -209,7 +211,7 @@ if [[ "$steps" == *" mem13b "* ]]; then
     python3 - "$out/gpt13b/metrics.jsonl" "$out/plan13b.json" <<'EOF' || rc=1
 import json, sys
 peak = max(json.loads(l)["peak_memory_bytes"] for l in open(sys.argv[1])) / 2**30
-plan = json.load(open(sys.argv[2]))["peak_memory_gib"]
+plan = json.load(open(sys.argv[2]))["allocator_peak_gib"]
 err = (peak - plan) / plan
 print(f"  measured allocator peak {peak:.2f} GiB, planned {plan:.2f} GiB, error {100 * err:+.1f}% (bound 10%)")
 sys.exit(0 if abs(err) <= 0.10 else 1)
