@@ -3,9 +3,9 @@
 # at 2048, bf16, tokens/s and MFU (Megatron's 72-form and llm.c's 6N form) for mtnlg with
 # each attention backend (unfused, flash), PyTorch eager (SDPA, fused AdamW), torch.compile
 # and llm.c, with the ratios; then mtnlg's attention op alone against PyTorch's flash SDPA.
-# Written for one device call of at most 10 minutes: a 540 s budget (--budget) skips the
-# runs that no longer fit, torch.compile's last (not yet timed on a GPU: no GPU was lent to
-# the session that wrote it). The details are in scripts/bench/gpu_bench.py.
+# Written for a GPU machine whose commands may run at most 10 minutes: a 540 s budget
+# (--budget) skips the runs that no longer fit, torch.compile's last. The details are in
+# scripts/bench/gpu_bench.py.
 #
 #   on the GPU machine, from the repository root, with the bundle of
 #   `MTNLG_BUNDLE=bench scripts/gpu/build-bundle.sh` carried as .gpu/:

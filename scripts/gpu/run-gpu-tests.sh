@@ -13,8 +13,8 @@
 #      --tool racecheck over the shared-memory kernels (attention, reductions),
 #      when compute-sanitizer is available.
 # MTNLG_GPU_STEPS picks steps (default "tests sync memcheck racecheck"; "memcheck-large"
-# adds memcheck over the real-shape [large] cases; a session whose
-# commands are limited to 10 minutes can run them one per call); MTNLG_GPU_TIMEOUT is
+# adds memcheck over the real-shape [large] cases; where commands are limited to 10
+# minutes, run them one per command); MTNLG_GPU_TIMEOUT is
 # each step's limit in seconds (default 540).
 # Exit status: 0 when every step that ran passed.
 set -uo pipefail

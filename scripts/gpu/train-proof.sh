@@ -21,7 +21,7 @@
 #           fp32: every log-likelihood within 1e-4, no accuracy flips, the same 40 tokens.
 #           Needs third_party/gpt2 (scripts/fetch-gpt2-vocab.sh; carry it).
 #   curve   GPT-2 124M on the demo corpus (demo-data/ from scripts/make-demo-corpus.sh:
-#           the device call carries it), seq 256, batch 8, 200 iterations, dropout 0.1:
+#           carry it to the GPU machine), seq 256, batch 8, 200 iterations, dropout 0.1:
 #           the GPU in bf16 against the CPU in fp32 (all host cores, run side by side),
 #           same recipe and seed. Bound: every iteration's loss within 3% of the CPU's
 #           and the mean of iterations 151-200 within 1% (the CPU's bf16-vs-fp32 runs
@@ -36,7 +36,7 @@
 #
 # MTNLG_PROOF_BIN=path/to/mtnlg runs the steps with that binary instead of the bundle's:
 # CI runs `tiny resume infer` with the emulated build's mtnlg-emu (the CUDA path on the
-# CPU, docs/specs/cuda-emulation.md), so a GPU session meets steps that already work.
+# CPU, docs/specs/cuda-emulation.md), so the steps are known to work before a GPU runs them.
 # MTNLG_PROOF_SETS adds --set options to every training run (the emulated device is not
 # in the planner's GPU table, so CI gives it logging.peak_tflops for the MFU check).
 set -uo pipefail

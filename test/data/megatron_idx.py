@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """Independent reader/writer of Megatron's MMap indexed dataset (.bin/.idx, version 1),
-written from the layout in /work/docs/specs/megatron.md section 2 with numpy only.
+written from the layout in docs/specs/megatron.md section 2 with numpy only.
 Used by the [oracle] tests to cross-check mtnlg's reader and writer.
 
   megatron_idx.py dump PREFIX          -> JSON on stdout: dtype code, sequence lengths,

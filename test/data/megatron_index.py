@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """Reference GPT sample-index build with numpy, written from the description in
-/work/docs/specs/megatron.md section 3 (not from Megatron's code). The [oracle]
+docs/specs/megatron.md section 3 (not from Megatron's code). The [oracle]
 tests compare mtnlg's C++ build with it.
 
   megatron_index.py build ARGS.json  -> JSON {doc_idx, sample_idx, shuffle_idx, epochs, separate}

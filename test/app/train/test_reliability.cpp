@@ -122,7 +122,7 @@ TEST_CASE("reliability 1: damaged index caches are rebuilt, impossible checkpoin
   {
     std::string s = original;
     const int64_t far = int64_t{1} << 40;
-    std::memcpy(s.data() + shf_at, &far, 8);  // the segfault of the issue: a sample far out of range
+    std::memcpy(s.data() + shf_at, &far, 8);  // the segfault once seen: a sample far out of range
     damaged.push_back({"shuffle index out of range", reseal(s)});
   }
   {
