@@ -92,7 +92,7 @@ struct Desc {
 
 using AlgoKey = std::array<int64_t, 22>;
 std::mutex g_algo_mu;
-std::set<AlgoKey> g_warned;  // problems whose refusal was warned about
+std::set<std::array<int64_t, 6>> g_warned;  // shapes (type, m, n, k, epilogue, batch) whose refusal was warned about
 constexpr int kHeuristics = 8;  // candidates asked for per key
 // The heuristic's candidates for a call's key, best first; n = 0 when cuBLASLt has none.
 // (A fixed array, not a std::vector: nvcc 13 hits an internal error on the latter here.)
@@ -158,10 +158,10 @@ const char* epilogue_name(cublasLtEpilogue_t e) {
 }
 
 // A refused problem (the caller holds g_algo_mu): counted with every call, warned about
-// once per problem with what runs instead.
-void note_refusal(const AlgoKey& key, const Epilogue& ep, DType dt, int64_t m, int64_t n, int64_t k, cublasStatus_t st) {
+// once per shape (the cache's keys also tell pointer alignments apart) with what runs instead.
+void note_refusal(const Epilogue& ep, DType dt, int64_t m, int64_t n, int64_t k, int64_t batch, cublasStatus_t st) {
   if (ep.any()) ++g_fallbacks;  // a required GEMM is counted by cublasGemmEx, per call
-  if (!g_warned.insert(key).second) return;
+  if (!g_warned.insert({static_cast<int64_t>(dt), m, n, k, static_cast<int64_t>(ep.epi), batch}).second) return;
   char msg[512];
   std::snprintf(msg, sizeof msg,
                 "cuBLASLt refused a %s GEMM (m %lld, n %lld, k %lld) with the %s epilogue: %s; running %s instead "
@@ -279,7 +279,7 @@ bool lt_matmul(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* A,
   {
     std::lock_guard<std::mutex> lock(g_algo_mu);
     if (algos.n > 0) g_algos[key].n = 0;  // none of the candidates ran: do not try them again for this key
-    note_refusal(key, ep, adt, m, n, k, algos.n > 0 ? CUBLAS_STATUS_SUCCESS : algos.refusal);
+    note_refusal(ep, adt, m, n, k, batch.count, algos.n > 0 ? CUBLAS_STATUS_SUCCESS : algos.refusal);
   }
   if (ep.any()) return false;
   gemm_ex_batched(ta, tb, m, n, k, alpha, A, adt, lda, B, ldb, D, ddt, ldd, beta, batch);
