@@ -11,6 +11,7 @@
 #include <map>
 
 #include "core/error.hpp"
+#include "model/flops.hpp"
 #include "schedules/batch_schedule.hpp"
 #include "schedules/pipeline_schedule.hpp"
 
@@ -516,31 +517,6 @@ Layout layout_from_recipe(const Recipe& r, int64_t gpus) {
   return l;
 }
 
-// ---- FLOPs --------------------------------------------------------------------------------
-
-double parameter_count(const ModelConfig& m, int64_t V) {
-  const double l = double(m.num_layers), h = double(m.hidden_size), s = double(m.seq_length);
-  return 12 * l * h * h * (1 + 13 / (12 * h) + (double(V) + s) / (12 * l * h));
-}
-
-double model_flops(const ModelConfig& m, int64_t V, int64_t B) {
-  const double l = double(m.num_layers), h = double(m.hidden_size), s = double(m.seq_length);
-  return 72 * double(B) * l * s * h * h * (1 + s / (6 * h) + double(V) / (12 * h * l));
-}
-
-double hardware_flops(const ModelConfig& m, int64_t V, int64_t B, RecomputeGranularity rc) {
-  const double l = double(m.num_layers), h = double(m.hidden_size), s = double(m.seq_length);
-  switch (rc) {
-    case RecomputeGranularity::full:
-      return 96 * double(B) * s * l * h * h * (1 + s / (6 * h) + double(V) / (16 * l * h));
-    case RecomputeGranularity::selective:
-      return 72 * double(B) * l * s * h * h * (1 + s / (3 * h) + double(V) / (12 * h * l));
-    case RecomputeGranularity::none:
-      break;
-  }
-  return model_flops(m, V, B);
-}
-
 // ---- communication bytes ------------------------------------------------------------------
 
 CommBytes comm_bytes_per_iteration(const Recipe& r, const Layout& l, int64_t B) {
@@ -922,8 +898,8 @@ Estimate estimate(const Recipe& r, const Layout& l, const Cluster& c, const Esti
   const int64_t V = r.model.padded_vocab_size(l.tp);
   const double n = double(l.gpus());
   est.tokens_per_s = double(B) * s / est.iteration_time;
-  est.tflops_per_gpu = hardware_flops(r.model, V, B, l.recompute) / (est.iteration_time * n) / 1e12;
-  est.model_tflops_per_gpu = model_flops(r.model, V, B) / (est.iteration_time * n) / 1e12;
+  est.tflops_per_gpu = model::hardware_flops(r.model, V, B, l.recompute) / (est.iteration_time * n) / 1e12;
+  est.model_tflops_per_gpu = model::model_flops(r.model, V, B) / (est.iteration_time * n) / 1e12;
   est.mfu = est.model_tflops_per_gpu * 1e12 / c.gpu.peak_flops;
   est.hfu = est.tflops_per_gpu * 1e12 / c.gpu.peak_flops;
   est.comm = comm_bytes_per_iteration(r, l, B);

@@ -340,12 +340,6 @@ struct Estimate {
   double run_gpu_hours = 0;
 };
 
-// FLOPs per iteration for `global_batch` sequences (planner.md).
-double model_flops(const ModelConfig& m, int64_t vocab, int64_t global_batch);  // 72-form
-double hardware_flops(const ModelConfig& m, int64_t vocab, int64_t global_batch, RecomputeGranularity rc);
-// Parameter count (Narayanan eq. 2 with the padded vocabulary).
-double parameter_count(const ModelConfig& m, int64_t vocab);
-
 // Options that only the search or tests change.
 struct EstimateOptions {
   bool with_run = true;  // also simulate the batch ramp for the whole run
@@ -387,11 +381,3 @@ double makespan(const std::vector<TimelineOp>& ops);
 std::string timeline_svg(const std::vector<TimelineOp>& ops, int64_t pp, const std::string& title);
 
 }  // namespace mtnlg::cost
-
-// The trainer reports TFLOP/s and compares its byte counters through these names.
-namespace mtnlg::parallel {
-using cost::comm_bytes_per_iteration;
-using cost::CommBytes;
-using cost::hardware_flops;
-using cost::model_flops;
-}  // namespace mtnlg::parallel

@@ -28,6 +28,7 @@
 #include "app/process/placement.hpp"
 #include "app/train/validation.hpp"
 #include "core/blas_core.hpp"
+#include "model/flops.hpp"
 #include "core/log.hpp"
 #include "core/mem_account.hpp"
 #include "core/progress.hpp"
@@ -942,7 +943,7 @@ IterationStats Trainer::train_step(const data::Batch& batch, double lr, std::chr
   s.loss_scale = loss_scale;
   s.step_time_s = dt;
   s.tokens_per_s = static_cast<double>(gbs * T_) / dt;
-  const double flops = parallel::model_flops(r_.model, model_.cfg.padded_vocab_size, gbs);
+  const double flops = model::model_flops(r_.model, model_.cfg.padded_vocab_size, gbs);
   s.tflops_per_gpu = flops / dt / static_cast<double>(g_.topo.world()) / 1e12;
   s.mfu = out_.peak.tflops > 0 ? s.tflops_per_gpu / out_.peak.tflops : 0.0;
   record_memory_and_traffic(s, reads_before, uploads_before);
