@@ -17,7 +17,7 @@
 #include <optional>
 
 #include "app/commands.hpp"
-#include "app/plan/gpu_profile.hpp"
+#include "planner/gpu_profile.hpp"
 #include "core/atomic_file.hpp"
 #include "core/error.hpp"
 #include "config/recipe.hpp"
@@ -68,83 +68,6 @@ struct PlanArgs {
   std::string profile_out;             // --profile-out FILE (default RUN_DIR/gpu-profile.json)
   std::string step_stat = "median";    // --step-stat median|min: a run's step time from its iterations
 };
-
-// ---- GPU profile files (--gpu-profile, written by --calibrate) --------------------------------
-
-constexpr const char* kProfileFormat = "mtnlg-gpu-profile/1";
-
-nlohmann::json gpu_json(const cost::GpuSpec& g) {
-  return {{"format", kProfileFormat},
-          {"name", g.name},
-          {"description", g.description},
-          {"peak_flops", g.peak_flops},
-          {"gemm_eff_max", g.gemm_eff_max},
-          {"sm_count", g.sm_count},
-          {"memory_bytes", g.memory_bytes},
-          {"hbm_bw", g.hbm_bw},
-          {"nvlink_bus_bw", g.nvlink_bus_bw},
-          {"ib_bw", g.ib_bw},
-          {"nvlink_alpha", g.nvlink_alpha},
-          {"ib_alpha", g.ib_alpha},
-          {"kernel_overhead", g.kernel_overhead},
-          {"compute_slots", g.compute_slots},
-          {"gemm_k_half", g.gemm_k_half},
-          {"attn_fwd_flops", g.attn_fwd_flops},
-          {"attn_bwd_flops", g.attn_bwd_flops},
-          {"attn_seq_half", g.attn_seq_half},
-          {"attn_dim_half", g.attn_dim_half}};
-}
-
-}  // namespace
-
-cost::GpuSpec load_gpu_profile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw_input("--gpu-profile {}: cannot open", path);
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(in);
-  } catch (const std::exception& e) {
-    throw_input("--gpu-profile {}: not JSON ({})", path, e.what());
-  }
-  if (!j.is_object() || j.value("format", "") != kProfileFormat)
-    throw_input("--gpu-profile {}: not a GPU profile (\"format\": \"{}\" missing)", path, kProfileFormat);
-  cost::GpuSpec g;
-  auto num = [&](const char* k) {
-    if (!j.contains(k) || !j[k].is_number() || !(j[k].get<double>() > 0))
-      throw_input("--gpu-profile {}: field {} must be a positive number", path, k);
-    return j[k].get<double>();
-  };
-  g.name = j.value("name", std::string("profile"));
-  g.description = j.value("description", std::string("GPU profile ") + path);
-  g.peak_flops = num("peak_flops");
-  g.gemm_eff_max = num("gemm_eff_max");
-  g.sm_count = static_cast<int64_t>(num("sm_count"));
-  g.memory_bytes = num("memory_bytes");
-  g.hbm_bw = num("hbm_bw");
-  g.nvlink_bus_bw = num("nvlink_bus_bw");
-  g.ib_bw = num("ib_bw");
-  g.nvlink_alpha = num("nvlink_alpha");
-  g.ib_alpha = num("ib_alpha");
-  g.kernel_overhead = num("kernel_overhead");
-  if (j.contains("compute_slots")) {  // optional (0: one device per process)
-    if (!j["compute_slots"].is_number() || j["compute_slots"].get<double>() < 0)
-      throw_input("--gpu-profile {}: field compute_slots must be a number >= 0", path);
-    g.compute_slots = j["compute_slots"].get<double>();
-  }
-  // Optional (profiles written before the GEMM curve and the fused-attention rates): the
-  // curve's default K/(K+64), no fused-attention entry.
-  for (auto [key, field] : {std::pair{"gemm_k_half", &g.gemm_k_half}, std::pair{"attn_fwd_flops", &g.attn_fwd_flops},
-                            std::pair{"attn_bwd_flops", &g.attn_bwd_flops}, std::pair{"attn_seq_half", &g.attn_seq_half},
-                            std::pair{"attn_dim_half", &g.attn_dim_half}}) {
-    if (!j.contains(key)) continue;
-    if (!j[key].is_number() || j[key].get<double>() < 0)
-      throw_input("--gpu-profile {}: field {} must be a number >= 0", path, key);
-    *field = j[key].get<double>();
-  }
-  return g;
-}
-
-namespace {
 
 // The measured seconds per iteration of a run: the median step_time_s of metrics.jsonl's
 // records at the recipe's full global batch, the first logged record left out (start-up)
@@ -230,7 +153,7 @@ void run_calibrate_kernels(const PlanArgs& a, const cost::GpuSpec& base) {
   }
   const cost::KernelFit fit = cost::calibrate_kernels(base, gemms, attn);
   const std::string out = a.profile_out.empty() ? path + ".gpu-profile.json" : a.profile_out;
-  nlohmann::json pj = gpu_json(fit.gpu);
+  nlohmann::json pj = cost::gpu_profile_json(fit.gpu);
   pj["name"] = base.name + "-calibrated";
   pj["description"] = fmt::format("{} with the GEMM curve and attention rates measured on {} ({})", base.name,
                                   j.value("device", std::string("?")), path);
@@ -265,7 +188,7 @@ void run_calibrate_kernels(const PlanArgs& a, const cost::GpuSpec& base) {
 
 void run_calibrate(const PlanArgs& a) {
   namespace fs = std::filesystem;
-  const cost::GpuSpec base = a.gpu_profile.empty() ? cost::gpu_spec(a.gpu) : load_gpu_profile(a.gpu_profile);
+  const cost::GpuSpec base = a.gpu_profile.empty() ? cost::gpu_spec(a.gpu) : cost::load_gpu_profile(a.gpu_profile);
   if (a.calibrate.size() == 1 && fs::is_regular_file(a.calibrate.front())) return run_calibrate_kernels(a, base);
   std::vector<cost::Observation> runs;
   for (auto& dir : a.calibrate) {
@@ -280,7 +203,7 @@ void run_calibrate(const PlanArgs& a) {
   }
   const cost::CalibrationResult res = cost::calibrate(base, runs, a.gpus_per_node, cost::software_profile(a.software));
   const std::string out = a.profile_out.empty() ? a.calibrate.front() + "/gpu-profile.json" : a.profile_out;
-  nlohmann::json j = gpu_json(res.gpu);
+  nlohmann::json j = cost::gpu_profile_json(res.gpu);
   j["name"] = base.name + "-calibrated";
   j["description"] = fmt::format("{} fitted to {} run(s) by mtnlg plan --calibrate", base.name, runs.size());
   nlohmann::json fit = {{"base", base.name},
@@ -701,7 +624,7 @@ void run_plan(const PlanArgs& a) {
   if (a.tp > 0) sets.push_back(fmt::format("parallel.tensor_model_parallel_size={}", a.tp));
   if (a.pp > 0) sets.push_back(fmt::format("parallel.pipeline_model_parallel_size={}", a.pp));
   Recipe r = load_recipe(a.recipe, sets);
-  cost::Cluster c{a.gpu_profile.empty() ? cost::gpu_spec(a.gpu) : load_gpu_profile(a.gpu_profile), a.gpus_per_node,
+  cost::Cluster c{a.gpu_profile.empty() ? cost::gpu_spec(a.gpu) : cost::load_gpu_profile(a.gpu_profile), a.gpus_per_node,
                   cost::software_profile(a.software)};
   if (a.gpus_per_node < 1) throw_input("--gpus-per-node {}: must be at least 1", a.gpus_per_node);
   const int64_t gpus = plan_gpus(a, r);

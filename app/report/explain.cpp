@@ -11,7 +11,7 @@
 #include <numeric>
 #include <sstream>
 
-#include "app/plan/gpu_profile.hpp"
+#include "planner/gpu_profile.hpp"
 #include "app/report/report.hpp"
 #include "config/recipe.hpp"
 #include "core/error.hpp"
@@ -142,7 +142,7 @@ std::vector<PlannedStage> make_plan(const fs::path& run_dir, const ExplainOption
   std::string profile = o.gpu_profile;
   if (profile.empty() && o.gpu.empty() && fs::exists(run_dir / "gpu-profile.json")) profile = (run_dir / "gpu-profile.json").string();
   const std::string gpu = o.gpu.empty() ? "cpu" : o.gpu;
-  const cost::GpuSpec spec = profile.empty() ? cost::gpu_spec(gpu) : load_gpu_profile(profile);
+  const cost::GpuSpec spec = profile.empty() ? cost::gpu_spec(gpu) : cost::load_gpu_profile(profile);
   const int64_t per_node = o.gpus_per_node > 0 ? o.gpus_per_node : (profile.empty() && gpu != "cpu" ? 8 : world);
   try {
     Recipe r = load_recipe((run_dir / "recipe.resolved.yaml").string());
