@@ -29,11 +29,11 @@ class SampleSource {
   virtual int64_t size() const = 0;  // samples available
   virtual int64_t seq_length() const = 0;
   virtual void sample(int64_t index, int32_t* out /* seq_length+1 */) const = 0;
-  virtual int source_of(int64_t index) const { return 0; }  // blend source of a sample
+  virtual int source_of(int64_t /*index*/) const { return 0; }  // blend source of a sample
   virtual std::vector<std::string> source_names() const { return {"mock"}; }
   // Document (sequence) ids of the source's .idx that a sample's tokens come from, in
   // order; empty for the mock source.
-  virtual std::vector<int64_t> documents_of(int64_t index) const { return {}; }
+  virtual std::vector<int64_t> documents_of(int64_t /*index*/) const { return {}; }
 };
 
 // Mock: token k of sample i is uniform in [0, vocab_size) from Philox keyed by the seed.

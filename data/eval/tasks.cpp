@@ -75,7 +75,7 @@ Doc multiple_choice(std::string text, std::vector<std::string> answers, int64_t 
   return d;
 }
 
-Doc make_race(const json& row, const TaskOptions& opt, const std::string& where) {
+Doc make_race(const json& row, const TaskOptions& /*opt: RACE has no per-run options*/, const std::string& where) {
   const std::string article = get_str(row, "article", where);
   const json& problems = field(row, "problems", where);
   if (!problems.is_array() || problems.empty()) throw_input("{}: field 'problems' must be a non-empty list", where);
