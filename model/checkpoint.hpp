@@ -39,7 +39,7 @@ struct TrainState {
   int64_t iteration = 0, consumed_samples = 0, consumed_tokens = 0, optimizer_steps = 0;
   std::vector<int64_t> per_source_samples;
   int64_t skipped_total = 0, nan_total = 0;
-  // fp16 dynamic loss scaler (parallel/loss_scaler.hpp); loss_scaler false for bf16/fp32 runs.
+  // fp16 dynamic loss scaler (optimizer/loss_scaler.hpp); loss_scaler false for bf16/fp32 runs.
   bool loss_scaler = false;
   double loss_scale = 1.0;
   int64_t loss_scale_good_steps = 0, loss_scale_hysteresis = 0, loss_scale_skipped = 0;

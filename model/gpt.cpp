@@ -6,7 +6,7 @@
 #include "core/ops.hpp"
 #include "core/rng.hpp"
 #include "model/tp_regions.hpp"
-#include "parallel/step_parts.hpp"
+#include "core/step_parts.hpp"
 
 namespace mtnlg::model {
 
@@ -621,7 +621,7 @@ Tensor GptChunk::backward(int64_t mb_id, const MicroBatch& mb, const Tensor& dou
   for (int64_t li = static_cast<int64_t>(layers_.size()) - 1; li >= 0; --li) {
     LayerActs& a = s.layers[li];
     if (full_recompute) {  // re-run this layer's forward from its saved input
-      const parallel::StepPartScope part(parallel::StepPart::recompute);
+      const timing::StepPartScope part(timing::StepPart::recompute);
       Tensor y;
       Tensor x_in = a.x_in;
       layer_forward(li, x_in, y, a, mb);

@@ -5,12 +5,12 @@
 // collectives, so their wall times all equal the slowest one's). NCCL work is
 // asynchronous on the device and not counted.
 //
-// The same scope charges its time to the step's parts (parallel/step_parts.hpp): the
+// The same scope charges its time to the step's parts (core/step_parts.hpp): the
 // communicator passes the part of its group.
 #pragma once
 #include <chrono>
 
-#include "parallel/step_parts.hpp"
+#include "core/step_parts.hpp"
 
 namespace mtnlg::parallel {
 
@@ -21,14 +21,14 @@ void add_comm_blocked_seconds(double s);
 // (world collectives weakly: inside a checkpoint they stay checkpoint time).
 class CommBlockedScope {
  public:
-  explicit CommBlockedScope(StepPart part = StepPart::other)
-      : part_(part, part == StepPart::host_sync || part == StepPart::other), t0_(std::chrono::steady_clock::now()) {}
+  explicit CommBlockedScope(timing::StepPart part = timing::StepPart::other)
+      : part_(part, part == timing::StepPart::host_sync || part == timing::StepPart::other), t0_(std::chrono::steady_clock::now()) {}
   CommBlockedScope(const CommBlockedScope&) = delete;
   CommBlockedScope& operator=(const CommBlockedScope&) = delete;
   ~CommBlockedScope() { add_comm_blocked_seconds(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count()); }
 
  private:
-  StepPartScope part_;
+  timing::StepPartScope part_;
   std::chrono::steady_clock::time_point t0_;
 };
 

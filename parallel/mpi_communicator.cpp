@@ -443,7 +443,7 @@ void watchdog_init() {
 class MpiRequest final : public Request {
  public:
   // `collective`: requests of a nonblocking collective, which MPI does not allow to free.
-  MpiRequest(std::vector<MPI_Request> reqs, OpDesc desc, StepPart part, bool collective = false)
+  MpiRequest(std::vector<MPI_Request> reqs, OpDesc desc, timing::StepPart part, bool collective = false)
       : reqs_(std::move(reqs)), desc_(std::move(desc)), part_(part), collective_(collective) {}
   ~MpiRequest() override {
     if (!mpi_up() || collective_) return;
@@ -460,7 +460,7 @@ class MpiRequest final : public Request {
  private:
   std::vector<MPI_Request> reqs_;
   OpDesc desc_;
-  StepPart part_;  // what waiting on it is in the step's parts
+  timing::StepPart part_;  // what waiting on it is in the step's parts
   bool collective_;
 };
 
@@ -485,8 +485,8 @@ class MpiCommunicator final : public Communicator {
     MPI_Group_free(&mine);
     MPI_Group_free(&world);
     info_->name = name_;
-    part_ = comm_step_part(name_);
-    recv_part_ = comm_step_part(name_, true);
+    part_ = timing::comm_step_part(name_);
+    recv_part_ = timing::comm_step_part(name_, true);
     info_->world_ranks.assign(out.begin(), out.end());
     g_wd.groups.push_back(info_.get());
   }
@@ -731,8 +731,8 @@ class MpiCommunicator final : public Communicator {
   std::shared_ptr<GroupInfo> info_;
   int64_t rank_ = 0, size_ = 1;
   // The step's part its blocked time is charged to, and that of its receives
-  // (parallel/step_parts.hpp: on "pp" a receive is the pipeline bubble).
-  StepPart part_ = StepPart::other, recv_part_ = StepPart::other;
+  // (core/step_parts.hpp: on "pp" a receive is the pipeline bubble).
+  timing::StepPart part_ = timing::StepPart::other, recv_part_ = timing::StepPart::other;
 };
 
 bool g_initialised_here = false;  // MPI_Init was called by mpi_init_world (not by a host program)

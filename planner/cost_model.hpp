@@ -135,7 +135,7 @@ struct SoftwareProfile {
   // few microseconds each; on a loaded CPU each waits for the peer processes to be
   // scheduled, docs/PLANNER.md "Shown on this machine's CPU"): the world all-reduce of
   // loss, tokens and the skip flag (app/train/trainer.cpp), the gradient norm over the
-  // model-parallel group (and over dp with ZeRO-1, parallel/optimizer.cpp), and under
+  // model-parallel group (and over dp with ZeRO-1, optimizer/distributed_adamw.cpp), and under
   // sequence parallelism one tp all-reduce per replicated parameter's gradient (6 per
   // layer, the position embedding on the first stage, the final LayerNorm's 2 on the last,
   // parallel::DataParallelGrads::finish).

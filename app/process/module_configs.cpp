@@ -4,6 +4,25 @@
 
 namespace mtnlg::app {
 
+optimizer::AdamWConfig adamw_config(const OptimizerConfig& o) {
+  optimizer::AdamWConfig c;
+  c.beta1 = o.adam_beta1;
+  c.beta2 = o.adam_beta2;
+  c.eps = o.adam_eps;
+  c.weight_decay = o.weight_decay;
+  c.clip_grad = o.clip_grad;
+  return c;
+}
+
+optimizer::LossScalerConfig loss_scaler_config(const OptimizerConfig& o) {
+  optimizer::LossScalerConfig c;
+  c.initial_scale = o.initial_loss_scale;
+  c.window = o.loss_scale_window;
+  c.hysteresis = o.hysteresis;
+  c.min_scale = o.min_loss_scale;
+  return c;
+}
+
 model::GptConfig gpt_config(const Recipe& r) {
   model::GptConfig c;
   c.vocab_size = r.model.vocab_size;

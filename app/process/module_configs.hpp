@@ -10,6 +10,7 @@
 #include "model/gpt.hpp"
 #include "model/inference.hpp"
 #include "model/partition.hpp"
+#include "optimizer/config.hpp"
 
 namespace mtnlg::app {
 
@@ -20,6 +21,11 @@ model::GptConfig gpt_config(const Recipe& r);
 // The layers over r's pipeline: model.num_layers, pipeline_model_parallel_size,
 // num_layers_per_virtual_pipeline_stage and the explicit parallel.pipeline_layers.
 model::PipelineSplit pipeline_split(const Recipe& r);
+
+// The optimizer's settings from the recipe's optimizer section: AdamW's betas, eps, weight
+// decay and clipping; the fp16 loss scaler's initial scale, window, hysteresis and floor.
+optimizer::AdamWConfig adamw_config(const OptimizerConfig& o);
+optimizer::LossScalerConfig loss_scaler_config(const OptimizerConfig& o);
 
 // The blend source's inputs: data.blend and data.split, model.seq_length and
 // model.vocab_size, training.seed.

@@ -20,8 +20,8 @@
 namespace mtnlg::app::report {
 
 namespace fs = std::filesystem;
-using parallel::StepPart;
-using parallel::kStepParts;
+using timing::StepPart;
+using timing::kStepParts;
 
 double RankParts::total() const { return std::accumulate(s.begin(), s.end(), 0.0); }
 double PlannedStage::total() const { return std::accumulate(s.begin(), s.end(), 0.0); }
@@ -29,8 +29,8 @@ double PlannedStage::total() const { return std::accumulate(s.begin(), s.end(), 
 namespace {
 
 constexpr size_t idx(StepPart p) { return static_cast<size_t>(p); }
-const char* label(size_t i) { return parallel::step_part_label(static_cast<StepPart>(i)); }
-const char* name(size_t i) { return parallel::step_part_name(static_cast<StepPart>(i)); }
+const char* label(size_t i) { return timing::step_part_label(static_cast<StepPart>(i)); }
+const char* name(size_t i) { return timing::step_part_name(static_cast<StepPart>(i)); }
 
 // Parts that are waiting on other ranks (or on the link): not a rank's own work.
 bool is_wait(size_t i) {

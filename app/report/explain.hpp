@@ -21,11 +21,11 @@
 #include <string>
 #include <vector>
 
-#include "parallel/step_parts.hpp"
+#include "core/step_parts.hpp"
 
 namespace mtnlg::app::report {
 
-using PartSeconds = std::array<double, parallel::kStepParts>;
+using PartSeconds = std::array<double, timing::kStepParts>;
 
 struct RankParts {
   int64_t rank = 0, tp = 0, pp = 0, dp = 0;

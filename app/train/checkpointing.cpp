@@ -59,7 +59,7 @@ CheckpointManager::~CheckpointManager() {
 }
 
 std::optional<model::ckpt::TrainState> CheckpointManager::resume(model::ParamStore& store,
-                                                                  parallel::DistributedAdamW& optim) {
+                                                                  optimizer::DistributedAdamW& optim) {
   const std::string& path = r_.checkpoint.load;
   if (path.empty()) return std::nullopt;
   namespace fs = std::filesystem;
@@ -84,7 +84,7 @@ std::optional<model::ckpt::TrainState> CheckpointManager::resume(model::ParamSto
 }
 
 double CheckpointManager::save(const model::ckpt::TrainState& st, const model::ParamStore& store,
-                               parallel::DistributedAdamW& optim) {
+                               optimizer::DistributedAdamW& optim) {
   if (!enabled()) return 0;
   auto t0 = std::chrono::steady_clock::now();
   finish();  // one save in flight at a time

@@ -7,7 +7,7 @@
 
 #include "core/mem_account.hpp"
 #include "core/ops.hpp"
-#include "parallel/step_parts.hpp"
+#include "core/step_parts.hpp"
 #include "schedules/pipeline_schedule.hpp"
 
 namespace mtnlg::app {
@@ -147,7 +147,7 @@ struct PipelineExecutor::BatchRun {
     mb.loss_acc = &loss_acc;
     model::ForwardResult res;
     {
-      const parallel::StepPartScope part(parallel::StepPart::forward);
+      const timing::StepPartScope part(timing::StepPart::forward);
       // What the forward allocates is counted as activations (the saved tensors and
       // the forward's temporaries); the backward's allocations stay workspace.
       mem::RoleScope role(mem::Role::activations);
@@ -167,7 +167,7 @@ struct PipelineExecutor::BatchRun {
     // The chunk's last micro batch: its parameter gradients become final as this
     // backward passes them (the chunk reports them to its grad-ready hook).
     mb.last_backward = ++backwards_done[static_cast<size_t>(a.chunk)] == batch.micro_batches;
-    const parallel::StepPartScope part(parallel::StepPart::backward);
+    const timing::StepPartScope part(timing::StepPart::backward);
     Tensor dx = chunk.backward(a.microbatch, mb, take(grad_in, key));
     if (dx.defined() && !(chunk.spec().has_embedding)) grad_out[key] = dx;
   }

@@ -6,24 +6,24 @@ namespace mtnlg::app {
 StepTiming::StepTiming(const LoggingConfig& c, const parallel::ProcessGroups& g) : g_(g), enabled_(c.step_timing) {}
 
 void StepTiming::start() {
-  parallel::set_step_parts_enabled(enabled_);
+  timing::set_step_parts_enabled(enabled_);
   sum_ = {};
   count_ = 0;
 }
 
 void StepTiming::after_step() {
   if (!enabled_) return;
-  const parallel::StepPartTimes t = parallel::read_step_parts();
-  for (int i = 0; i < parallel::kStepParts; ++i) sum_[static_cast<size_t>(i)] += t[static_cast<size_t>(i)];
+  const timing::StepPartTimes t = timing::read_step_parts();
+  for (int i = 0; i < timing::kStepParts; ++i) sum_[static_cast<size_t>(i)] += t[static_cast<size_t>(i)];
   ++count_;
 }
 
 std::vector<double> StepTiming::at_log() {
   if (!enabled_ || count_ == 0) return {};
   const int64_t world = g_.world ? g_.world->size() : 1;
-  std::vector<double> all(static_cast<size_t>(world * parallel::kStepParts), 0.0);
-  double* mine = all.data() + g_.rank * parallel::kStepParts;
-  for (int i = 0; i < parallel::kStepParts; ++i) mine[i] = sum_[static_cast<size_t>(i)] / static_cast<double>(count_);
+  std::vector<double> all(static_cast<size_t>(world * timing::kStepParts), 0.0);
+  double* mine = all.data() + g_.rank * timing::kStepParts;
+  for (int i = 0; i < timing::kStepParts; ++i) mine[i] = sum_[static_cast<size_t>(i)] / static_cast<double>(count_);
   sum_ = {};
   count_ = 0;
   if (world > 1) g_.world->all_reduce(all.data(), static_cast<int64_t>(all.size()), parallel::ReduceOp::sum);
@@ -32,12 +32,12 @@ std::vector<double> StepTiming::at_log() {
 
 nlohmann::json step_parts_json(const std::vector<double>& parts, const parallel::Topology& topo) {
   nlohmann::json ranks = nlohmann::json::array();
-  const int64_t world = static_cast<int64_t>(parts.size()) / parallel::kStepParts;
+  const int64_t world = static_cast<int64_t>(parts.size()) / timing::kStepParts;
   for (int64_t r = 0; r < world; ++r) {
     const parallel::Coord c = topo.coord(r);
     nlohmann::json j = {{"rank", r}, {"tp_rank", c.tp}, {"pp_rank", c.pp}, {"dp_rank", c.dp}};
-    for (int i = 0; i < parallel::kStepParts; ++i)
-      j[parallel::step_part_name(static_cast<parallel::StepPart>(i))] = parts[static_cast<size_t>(r * parallel::kStepParts + i)];
+    for (int i = 0; i < timing::kStepParts; ++i)
+      j[timing::step_part_name(static_cast<timing::StepPart>(i))] = parts[static_cast<size_t>(r * timing::kStepParts + i)];
     ranks.push_back(std::move(j));
   }
   return {{"ranks", std::move(ranks)}};

@@ -1,5 +1,5 @@
 // The time explainer's measuring side (logging.step_timing, docs/OPERATIONS.md). Every
-// rank's training thread runs the step-parts clock (parallel/step_parts.hpp); after each
+// rank's training thread runs the step-parts clock (core/step_parts.hpp); after each
 // step the trainer adds what the clock charged since the previous step, so an
 // iteration's parts cover the time from the end of the previous step to the end of this
 // one (its logging, validation and checkpoint stalls included) and sum to it. At a log
@@ -14,7 +14,7 @@
 
 #include "config/output.hpp"
 #include "parallel/communicator.hpp"
-#include "parallel/step_parts.hpp"
+#include "core/step_parts.hpp"
 
 namespace mtnlg::app {
 
@@ -33,7 +33,7 @@ class StepTiming {
  private:
   const parallel::ProcessGroups& g_;
   bool enabled_ = false;
-  parallel::StepPartTimes sum_{};
+  timing::StepPartTimes sum_{};
   int64_t count_ = 0;
 };
 

@@ -42,8 +42,8 @@
 #include "parallel/comm_time.hpp"
 #include "parallel/grad_buckets.hpp"
 #include "parallel/watchdog.hpp"
-#include "parallel/loss_scaler.hpp"
-#include "parallel/optimizer.hpp"
+#include "optimizer/loss_scaler.hpp"
+#include "optimizer/distributed_adamw.hpp"
 #include "schedules/batch_schedule.hpp"
 #include "schedules/lr_schedule.hpp"
 
@@ -240,7 +240,7 @@ void flip_bit(Tensor& t, int64_t bit) {
 // throttled link: blocked in dp communication, not computing).
 void inject_slow_dp(const FaultInjection& f, int64_t rank, int64_t iteration) {
   if (!f.active() || f.mode != "slow_dp" || f.rank != rank || iteration < f.iteration) return;
-  const parallel::CommBlockedScope blocked(parallel::StepPart::dp);
+  const parallel::CommBlockedScope blocked(timing::StepPart::dp);
   std::this_thread::sleep_for(std::chrono::milliseconds(f.ms));
 }
 
@@ -506,10 +506,10 @@ bool counted_once(const model::ParamInfo& p, const parallel::ProcessGroups& g) {
   return !dup_tp && !dup_embedding;
 }
 
-std::vector<parallel::ParamSegment> param_segments(const model::ParamStore& store, const parallel::ProcessGroups& g) {
-  std::vector<parallel::ParamSegment> segs;
+std::vector<optimizer::ParamSegment> param_segments(const model::ParamStore& store, const parallel::ProcessGroups& g) {
+  std::vector<optimizer::ParamSegment> segs;
   for (const auto& p : store.infos()) {
-    parallel::ParamSegment s;
+    optimizer::ParamSegment s;
     s.offset = p.offset;
     s.numel = p.numel;
     s.weight_decay = p.weight_decay;
@@ -530,22 +530,22 @@ int64_t model_size(const model::ParamStore& store, const parallel::ProcessGroups
 }
 
 // fp16: dynamic loss scaling (Megatron's rules); bf16 and fp32 need none.
-std::optional<parallel::DynamicLossScaler> loss_scaler_if_fp16(const Recipe& r) {
+std::optional<optimizer::DynamicLossScaler> loss_scaler_if_fp16(const Recipe& r) {
   if (r.training.precision != Precision::fp16) return std::nullopt;
-  return parallel::DynamicLossScaler(parallel::loss_scaler_config(r.optimizer));
+  return optimizer::DynamicLossScaler(loss_scaler_config(r.optimizer));
 }
 
 struct TrainOptimizer {
   TrainOptimizer(const Recipe& r, const TrainModel& m)
-      : adamw(r.optimizer, param_segments(m.store, m.groups), m.store.numel(), m.groups,
+      : adamw(adamw_config(r.optimizer), param_segments(m.store, m.groups), m.store.numel(), m.groups,
               r.parallel.use_distributed_optimizer, r.parallel.ddp_bucket_size, m.store.device()),
         scaler(loss_scaler_if_fp16(r)),
         total_params(model_size(m.store, m.groups)) {}
 
-  parallel::DistributedAdamW adamw;
+  optimizer::DistributedAdamW adamw;
   // Optional because it exists for fp16 only: its absence is how the step, the log line
   // and checkpoints know there is no loss scale.
-  std::optional<parallel::DynamicLossScaler> scaler;
+  std::optional<optimizer::DynamicLossScaler> scaler;
   int64_t total_params;
 };
 
@@ -658,7 +658,7 @@ std::vector<parallel::DpParam> dp_params(const model::ParamStore& store) {
 }
 
 // A value, absent unless the optimizer is ZeRO-1's distributed one.
-std::optional<parallel::Zero1Shard> zero1_shard(parallel::DistributedAdamW& adamw) {
+std::optional<parallel::Zero1Shard> zero1_shard(optimizer::DistributedAdamW& adamw) {
   if (!adamw.zero1()) return std::nullopt;
   return parallel::Zero1Shard{adamw.shard_begin(), adamw.shard_end(), adamw.zero1_buffer()};
 }
@@ -839,7 +839,7 @@ void Trainer::forward_backward(const data::Batch& batch, double loss_scale) {
 StepRead Trainer::read_step() {
   Tensor norm_sq = step_.stats.flat(2, 1);
   optim_.adamw.grad_norm_sq(model_.store.grads(), norm_sq);
-  const parallel::StepPartScope part(parallel::StepPart::host_sync);
+  const timing::StepPartScope part(timing::StepPart::host_sync);
   const Tensor stats = step_.stats.to(Device::cpu);
   const double* st = stats.data<double>();
   const bool contributes = g_.is_last_stage() && g_.coord.tp == 0;
@@ -853,12 +853,12 @@ StepRead Trainer::read_step() {
 StepRead Trainer::replay_step(const data::Batch& batch, double loss_scale) {
   forward_backward(batch, loss_scale);
   if (inject_nan(fault_, g_.rank, iteration_ + 1)) ops::fill(model_.store.grads(), std::nan(""));
-  const parallel::StepPartScope part(parallel::StepPart::optimizer);
+  const timing::StepPartScope part(timing::StepPart::optimizer);
   return read_step();
 }
 
 void Trainer::save_now() {
-  const parallel::StepPartScope part(parallel::StepPart::checkpoint);
+  const timing::StepPartScope part(timing::StepPart::checkpoint);
   model::ckpt::TrainState st;
   st.iteration = iteration_;
   st.consumed_samples = consumed_;
@@ -897,7 +897,7 @@ IterationStats Trainer::train_step(const data::Batch& batch, double lr, std::chr
   if (inject_nan(fault_, g_.rank, iteration_ + 1)) ops::fill(model_.store.grads(), std::nan(""));
   if (inject_overflow(fault_, g_.rank, iteration_ + 1)) ops::fill(model_.store.grads(), INFINITY);
   if (inject_at(fault_, "bitflip_grad", g_.rank, iteration_ + 1)) flip_bit(model_.store.grads(), fault_.bit);
-  std::optional<parallel::StepPartScope> part(parallel::StepPart::optimizer);  // the step's parts
+  std::optional<timing::StepPartScope> part(timing::StepPart::optimizer);  // the step's parts
   const StepRead first = read_step();
   // Spike and NaN forensics may replay the step, and drop or redo its update.
   const ForensicsAction fa =
@@ -906,7 +906,7 @@ IterationStats Trainer::train_step(const data::Batch& batch, double lr, std::chr
   const bool dropped = fa.kind == ForensicsAction::skip || fa.kind == ForensicsAction::stop;
   if (fa.kind == ForensicsAction::stop) forensics_stop_ = fa.message;
   const double loss = fa.read.loss;
-  parallel::StepResult update = optim_.adamw.apply(model_.store.params(), model_.store.grads(), lr, &model_.store.weights(), loss_scale,
+  optimizer::StepResult update = optim_.adamw.apply(model_.store.params(), model_.store.grads(), lr, &model_.store.weights(), loss_scale,
                                               std::sqrt(fa.read.norm_sq), fa.read.nonfinite || dropped);
   const bool nonfinite = (update.skipped && !dropped) || fa.read.nonfinite || !std::isfinite(loss);
   const bool overflow_handled = optim_.scaler && nonfinite && loss_scale > r_.optimizer.min_loss_scale;
@@ -1079,7 +1079,7 @@ TrainSummary Trainer::run() {
   while (iteration_ < total_iters) {
     const auto t0 = std::chrono::steady_clock::now();
     const int64_t gbs = schedules::global_batch_size(r_.training, T_, consumed_);
-    std::optional<parallel::StepPartScope> data_part(parallel::StepPart::data);
+    std::optional<timing::StepPartScope> data_part(timing::StepPart::data);
     data::Batch batch = data_.loader.get(consumed_, gbs);
     const int64_t after = consumed_ + gbs;
     if (iteration_ + 1 < total_iters) data_.loader.prefetch(after, schedules::global_batch_size(r_.training, T_, after));
@@ -1096,11 +1096,11 @@ TrainSummary Trainer::run() {
     for (size_t k = 0; k < per_source_.size() && k < batch.per_source_samples.size(); ++k)
       per_source_[k] += batch.per_source_samples[k];
     {
-      const parallel::StepPartScope part(parallel::StepPart::validation);
+      const timing::StepPartScope part(timing::StepPart::validation);
       validation_.after_iteration(iteration_, consumed_ * T_, out_.tensorboard.get(), opts_.quiet);
     }
     {
-      const parallel::StepPartScope part(parallel::StepPart::checkpoint);
+      const timing::StepPartScope part(timing::StepPart::checkpoint);
       ckpt_.poll();
     }
     if (stop_after_step()) {

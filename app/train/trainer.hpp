@@ -55,7 +55,7 @@ struct IterationStats {
   std::string anomaly;
   int64_t anomalies_total = 0;
   // logging.step_timing, at log iterations only (else empty): every rank's step parts,
-  // seconds per iteration averaged over the log interval, [world x parallel::kStepParts]
+  // seconds per iteration averaged over the log interval, [world x timing::kStepParts]
   // rank-major (app/train/step_timing.hpp).
   std::vector<double> step_parts;
 };

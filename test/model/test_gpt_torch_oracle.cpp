@@ -5,7 +5,7 @@
 
 #include "core/safetensors.hpp"
 #include "model/gpt.hpp"
-#include "parallel/optimizer.hpp"
+#include "optimizer/distributed_adamw.hpp"
 #include "test/support/test_support.hpp"
 
 using namespace mtnlg;
@@ -41,12 +41,12 @@ TEST_CASE("gpt: loss, gradients and AdamW steps equal PyTorch's", "[oracle]") {
   Tensor tokens = Tensor::empty({B, T + 1}, DType::i32);
   for (int64_t i = 0; i < tokens.numel(); ++i) tokens.data<int32_t>()[i] = static_cast<int32_t>((i * 31 + (i / 7) * 3) % 50);
 
-  OptimizerConfig oc;
-  oc.lr = 1e-2;
+  optimizer::AdamWConfig oc;
+  const double lr = 1e-2;
   oc.weight_decay = 0.1;
-  oc.adam_beta1 = 0.9;
-  oc.adam_beta2 = 0.95;
-  oc.adam_eps = 1e-8;
+  oc.beta1 = 0.9;
+  oc.beta2 = 0.95;
+  oc.eps = 1e-8;
   oc.clip_grad = 1.0;
   std::map<std::string, std::string> meta = {{"layers", "2"},   {"hidden", "32"},   {"heads", "4"},    {"vocab", "50"},
                                              {"seq", "16"},     {"eps", "1e-05"},   {"lr", "0.01"},    {"wd", "0.1"},
@@ -80,13 +80,13 @@ TEST_CASE("gpt: loss, gradients and AdamW steps equal PyTorch's", "[oracle]") {
   for (auto& p : store.infos()) s0.push_back({"grad." + p.name, store.grad(p.name).clone()});
   safetensors::write((dir / "step0.safetensors").string(), s0);
 
-  std::vector<parallel::ParamSegment> segs;
+  std::vector<optimizer::ParamSegment> segs;
   for (auto& p : store.infos()) segs.push_back({{p.offset, p.numel, p.weight_decay}, true});
-  parallel::DistributedAdamW opt(oc, segs, store.numel(), groups, false, 0);
+  optimizer::DistributedAdamW opt(oc, segs, store.numel(), groups, false, 0);
   Tensor losses = Tensor::empty({3}, DType::f64);
   for (int it = 0; it < 3; ++it) {
     losses.data<double>()[it] = step();
-    opt.step(store.params(), store.grads(), oc.lr);
+    opt.step(store.params(), store.grads(), lr);
   }
   std::vector<safetensors::Entry> a3;
   a3.push_back({"losses", losses});

@@ -16,7 +16,7 @@
 #include "test/support/test_support.hpp"
 
 using namespace mtnlg;
-using parallel::StepPart;
+using timing::StepPart;
 namespace fs = std::filesystem;
 namespace rep = mtnlg::app::report;
 

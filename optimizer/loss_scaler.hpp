@@ -19,22 +19,9 @@
 #pragma once
 #include <cstdint>
 
-#include "config/training.hpp"
+#include "optimizer/config.hpp"
 
-namespace mtnlg::parallel {
-
-struct LossScalerConfig {
-  double initial_scale = 4294967296.0;  // 2^32
-  int64_t window = 1000;                // clean steps before growing
-  int64_t hysteresis = 2;               // overflows tolerated before backing off
-  double min_scale = 1.0;
-  double growth_factor = 2.0;
-  double backoff_factor = 0.5;
-};
-
-// From the recipe's optimizer section (initial_loss_scale, loss_scale_window,
-// hysteresis, min_loss_scale).
-LossScalerConfig loss_scaler_config(const OptimizerConfig& opt);
+namespace mtnlg::optimizer {
 
 class DynamicLossScaler {
  public:
@@ -68,4 +55,4 @@ class DynamicLossScaler {
   int64_t skipped_ = 0;
 };
 
-}  // namespace mtnlg::parallel
+}  // namespace mtnlg::optimizer

@@ -1,4 +1,4 @@
-// The step-parts clock (parallel/step_parts.hpp): every moment charged to exactly one
+// The step-parts clock (core/step_parts.hpp): every moment charged to exactly one
 // part, the innermost scope winning, weak scopes only over `other`, nothing when off.
 #include <catch2/catch.hpp>
 
@@ -7,10 +7,9 @@
 #include <string>
 #include <thread>
 
-#include "parallel/comm_time.hpp"
-#include "parallel/step_parts.hpp"
+#include "core/step_parts.hpp"
 
-using namespace mtnlg::parallel;
+using namespace mtnlg::timing;
 
 namespace {
 void sleep_ms(int ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); }
@@ -24,16 +23,16 @@ TEST_CASE("step parts: nested scopes charge the innermost part and sum to the wa
     const StepPartScope fwd(StepPart::forward);
     sleep_ms(20);
     {
-      const CommBlockedScope tp(StepPart::tp);  // a tp all-reduce inside the forward
+      const StepPartScope tp(StepPart::tp);  // a tp all-reduce inside the forward
       sleep_ms(20);
     }
     {
-      const CommBlockedScope world(StepPart::host_sync);  // weak: stays forward time
+      const StepPartScope world(StepPart::host_sync, /*weak=*/true);  // stays forward time
       sleep_ms(10);
     }
   }
   {
-    const CommBlockedScope world(StepPart::host_sync);  // over `other`: a host sync
+    const StepPartScope world(StepPart::host_sync, /*weak=*/true);  // over `other`: a host sync
     sleep_ms(10);
   }
   sleep_ms(5);  // no scope: other

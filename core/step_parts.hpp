@@ -16,7 +16,7 @@
 #include <cstdint>
 #include <string>
 
-namespace mtnlg::parallel {
+namespace mtnlg::timing {
 
 enum class StepPart : uint8_t {
   forward,     // forward compute (less the tp communication inside it)
@@ -98,4 +98,4 @@ class StepPartScope {
 // blocking receive (on "pp": the bubble).
 StepPart comm_step_part(const std::string& group, bool recv = false);
 
-}  // namespace mtnlg::parallel
+}  // namespace mtnlg::timing

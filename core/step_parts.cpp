@@ -1,6 +1,6 @@
-#include "parallel/step_parts.hpp"
+#include "core/step_parts.hpp"
 
-namespace mtnlg::parallel {
+namespace mtnlg::timing {
 
 namespace {
 constexpr const char* kNames[kStepParts] = {"forward", "backward", "recompute", "tp",        "pp",
@@ -62,4 +62,4 @@ StepPart comm_step_part(const std::string& group, bool recv) {
   return StepPart::other;
 }
 
-}  // namespace mtnlg::parallel
+}  // namespace mtnlg::timing

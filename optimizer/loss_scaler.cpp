@@ -1,21 +1,12 @@
-// DynamicLossScaler: see parallel/loss_scaler.hpp for the rules.
-#include "parallel/loss_scaler.hpp"
+// DynamicLossScaler: see optimizer/loss_scaler.hpp for the rules.
+#include "optimizer/loss_scaler.hpp"
 
 #include <algorithm>
 #include <cmath>
 
 #include "core/error.hpp"
 
-namespace mtnlg::parallel {
-
-LossScalerConfig loss_scaler_config(const OptimizerConfig& opt) {
-  LossScalerConfig c;
-  c.initial_scale = opt.initial_loss_scale;
-  c.window = opt.loss_scale_window;
-  c.hysteresis = opt.hysteresis;
-  c.min_scale = opt.min_loss_scale;
-  return c;
-}
+namespace mtnlg::optimizer {
 
 DynamicLossScaler::DynamicLossScaler(const LossScalerConfig& cfg)
     : cfg_(cfg), scale_(cfg.initial_scale), hysteresis_tracker_(cfg.hysteresis) {
@@ -65,4 +56,4 @@ void DynamicLossScaler::load_state(const State& s) {
   skipped_ = s.skipped_steps;
 }
 
-}  // namespace mtnlg::parallel
+}  // namespace mtnlg::optimizer

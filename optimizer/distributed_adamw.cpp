@@ -1,4 +1,4 @@
-#include "parallel/optimizer.hpp"
+#include "optimizer/distributed_adamw.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -7,10 +7,10 @@
 #include "core/mem_account.hpp"
 #include "core/ops.hpp"
 
-namespace mtnlg::parallel {
+namespace mtnlg::optimizer {
 
-DistributedAdamW::DistributedAdamW(const OptimizerConfig& cfg, std::vector<ParamSegment> segments, int64_t numel,
-                                   const ProcessGroups& groups, bool zero1, int64_t bucket_size, Device dev)
+DistributedAdamW::DistributedAdamW(const AdamWConfig& cfg, std::vector<ParamSegment> segments, int64_t numel,
+                                   const parallel::ProcessGroups& groups, bool zero1, int64_t bucket_size, Device dev)
     : cfg_(cfg), segments_(std::move(segments)), numel_(numel), bucket_size_(bucket_size), groups_(groups), zero1_(zero1),
       dev_(dev) {
   // The update takes its segments in buffer order.
@@ -58,8 +58,8 @@ void DistributedAdamW::grad_norm_sq(const Tensor& grads, Tensor& acc) {
   MTNLG_CHECK(acc.numel() == 1 && acc.dtype() == DType::f64, "grad_norm_sq: acc must be f64 [1]");
   ops::fill(acc, 0.0);
   for (const auto& [b, e] : norm_ranges_) ops::sum_squares_accumulate(acc, grads.flat(b, e - b));
-  if (groups_.mp && groups_.mp->size() > 1) groups_.mp->all_reduce(acc.raw(), 1, DType::f64, ReduceOp::sum);
-  if (zero1_) groups_.dp->all_reduce(acc.raw(), 1, DType::f64, ReduceOp::sum);
+  if (groups_.mp && groups_.mp->size() > 1) groups_.mp->all_reduce(acc.raw(), 1, DType::f64, parallel::ReduceOp::sum);
+  if (zero1_) groups_.dp->all_reduce(acc.raw(), 1, DType::f64, parallel::ReduceOp::sum);
 }
 
 StepResult DistributedAdamW::step(Tensor& params, Tensor& grads, double lr, Tensor* weights, double loss_scale) {
@@ -70,7 +70,7 @@ StepResult DistributedAdamW::step(Tensor& params, Tensor& grads, double lr, Tens
   // Skipping must be unanimous: replicas that updated while another skipped would
   // silently diverge. (Normally the dp reduction already spreads a NaN everywhere.)
   int64_t nonfinite = std::isfinite(norm) ? 0 : 1;
-  if (groups_.world && groups_.world->size() > 1) groups_.world->all_reduce(&nonfinite, 1, ReduceOp::max);
+  if (groups_.world && groups_.world->size() > 1) groups_.world->all_reduce(&nonfinite, 1, parallel::ReduceOp::max);
   return apply(params, grads, lr, weights, loss_scale, norm, nonfinite != 0);
 }
 
@@ -105,7 +105,7 @@ StepResult DistributedAdamW::apply(Tensor& params, Tensor& grads, double lr, Ten
     Tensor p = params.flat(shard_begin_, len), g = grads.flat(shard_begin_, len);
     Tensor m = m_.flat(0, len), v = v_.flat(0, len);
     Tensor w = copy && !zero1_ ? weights->flat(shard_begin_, len) : Tensor();
-    const ops::AdamWParams ap{lr, cfg_.adam_beta1, cfg_.adam_beta2, cfg_.adam_eps, cfg_.weight_decay, step_,
+    const ops::AdamWParams ap{lr, cfg_.beta1, cfg_.beta2, cfg_.eps, cfg_.weight_decay, step_,
                               coeff / loss_scale};
     ops::adamw_flat(p, g, m, v, ap, part, w.defined() ? &w : nullptr);
   }
@@ -121,4 +121,4 @@ StepResult DistributedAdamW::apply(Tensor& params, Tensor& grads, double lr, Ten
   return res;
 }
 
-}  // namespace mtnlg::parallel
+}  // namespace mtnlg::optimizer

@@ -21,12 +21,12 @@
 #include <utility>
 #include <vector>
 
-#include "config/training.hpp"
+#include "optimizer/config.hpp"
 #include "core/ops.hpp"
 #include "core/tensor.hpp"
 #include "parallel/communicator.hpp"
 
-namespace mtnlg::parallel {
+namespace mtnlg::optimizer {
 
 // A parameter tensor's run of the flat buffers: offset, numel and weight decay as the
 // update takes them, plus whether the gradient norm counts it on this rank.
@@ -43,8 +43,8 @@ class DistributedAdamW {
  public:
   // The optimizer state (Adam m and v, fp32) and the ZeRO-1 buffer live on `dev`, the
   // device of the parameter buffers.
-  DistributedAdamW(const OptimizerConfig& cfg, std::vector<ParamSegment> segments, int64_t numel,
-                   const ProcessGroups& groups, bool zero1, int64_t bucket_size, Device dev = Device::cpu);
+  DistributedAdamW(const AdamWConfig& cfg, std::vector<ParamSegment> segments, int64_t numel,
+                   const parallel::ProcessGroups& groups, bool zero1, int64_t bucket_size, Device dev = Device::cpu);
 
   // Clips the reduced `grads`, updates `params` (the fp32 master) with learning rate
   // `lr` and writes the compute copy `weights` (bf16/f16, or the master itself).
@@ -83,11 +83,11 @@ class DistributedAdamW {
   int64_t state_bytes() const { return m_.nbytes() + v_.nbytes(); }
 
  private:
-  OptimizerConfig cfg_;
+  AdamWConfig cfg_;
   std::vector<ParamSegment> segments_;
   std::vector<std::pair<int64_t, int64_t>> norm_ranges_;  // [begin, end) counted in the gradient norm
   int64_t numel_, padded_, shard_begin_ = 0, shard_end_ = 0, bucket_size_;
-  ProcessGroups groups_;
+  parallel::ProcessGroups groups_;
   bool zero1_;
   int64_t step_ = 0;
   Tensor m_, v_;
@@ -95,4 +95,4 @@ class DistributedAdamW {
   Device dev_;
 };
 
-}  // namespace mtnlg::parallel
+}  // namespace mtnlg::optimizer
