@@ -21,6 +21,30 @@
 
 namespace mtnlg::extract {
 
+// Class/id words that mark page furniture rather than content.
+static bool boilerplate_word(std::string_view w) {
+  static const std::unordered_set<std::string_view> words = {
+      "cookie", "cookies", "consent", "gdpr", "nav", "navbar", "navigation", "menu", "footer", "sidebar",
+      "breadcrumb", "breadcrumbs", "share", "sharing", "social", "banner", "advert", "advertisement", "ads",
+      "promo", "newsletter", "subscribe", "skip", "toolbar", "masthead", "sitemap", "pagination", "related"};
+  return words.count(w) != 0;
+}
+
+bool furniture_attribute(std::string_view v) {
+  std::string word;
+  for (size_t i = 0; i <= v.size(); ++i) {
+    char c = i < v.size() ? v[i] : ' ';
+    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
+    if ((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9')) {
+      word += c;
+    } else {
+      if (!word.empty() && boilerplate_word(word)) return true;
+      word.clear();
+    }
+  }
+  return false;
+}
+
 namespace {
 
 char lower(char c) { return (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c; }
@@ -127,29 +151,6 @@ class StopwordTable {
 const StopwordTable& english_stopword_table() {
   static const StopwordTable table(english_stopwords());
   return table;
-}
-
-// Class/id words that mark page furniture rather than content.
-bool boilerplate_word(std::string_view w) {
-  static const std::unordered_set<std::string_view> words = {
-      "cookie", "cookies", "consent", "gdpr", "nav", "navbar", "navigation", "menu", "footer", "sidebar",
-      "breadcrumb", "breadcrumbs", "share", "sharing", "social", "banner", "advert", "advertisement", "ads",
-      "promo", "newsletter", "subscribe", "skip", "toolbar", "masthead", "sitemap", "pagination", "related"};
-  return words.count(w) != 0;
-}
-
-bool boilerplate_attr(std::string_view v) {
-  std::string word;
-  for (size_t i = 0; i <= v.size(); ++i) {
-    const char c = i < v.size() ? lower(v[i]) : ' ';
-    if ((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9')) {
-      word += c;
-    } else {
-      if (!word.empty() && boilerplate_word(word)) return true;
-      word.clear();
-    }
-  }
-  return false;
 }
 
 bool is_skipped(GumboTag t) {
@@ -358,8 +359,8 @@ struct Walker {
     const bool page_or_content = t == GUMBO_TAG_HTML || t == GUMBO_TAG_BODY || t == GUMBO_TAG_MAIN || t == GUMBO_TAG_ARTICLE;
     const bool ctx = t == GUMBO_TAG_NAV || t == GUMBO_TAG_FOOTER || t == GUMBO_TAG_ASIDE ||
                      (t == GUMBO_TAG_HEADER && article == 0) ||
-                     (!page_or_content && (boilerplate_attr(attr(e, "class") ? attr(e, "class") : "") ||
-                                           boilerplate_attr(attr(e, "id") ? attr(e, "id") : ""))) ||
+                     (!page_or_content && (furniture_attribute(attr(e, "class") ? attr(e, "class") : "") ||
+                                           furniture_attribute(attr(e, "id") ? attr(e, "id") : ""))) ||
                      [&] {
                        const char* role = attr(e, "role");
                        return role && (std::strcmp(role, "navigation") == 0 || std::strcmp(role, "banner") == 0 ||

@@ -37,6 +37,10 @@ struct Block {
   BlockClass initial = BlockClass::bad, final_class = BlockClass::bad;
 };
 
+// Whether a class or id value has a word (letters and digits, lower-cased) that marks page
+// furniture: cookie, consent, nav, menu, footer, sidebar, breadcrumb, share, banner, ...
+bool furniture_attribute(std::string_view class_or_id);
+
 // The blocks of an HTML document (UTF-8), in document order, its block-level elements
 // (each one's parent, in document order; the blocks' `node`s index it) and its <title>.
 struct ParsedPage {
