@@ -1,5 +1,6 @@
 // `data extract`: the WARC reader, the page pipeline and the command, on the generated
-// fixtures of test/fixtures/warc/ (scripts/make-warc-fixtures.py).
+// fixtures of test/fixtures/warc/ (scripts/make-warc-fixtures.py: the pages the classifier
+// is tuned on) and test/fixtures/warc-eval/ (scripts/make-extract-eval.py: pages it is measured on).
 #include <catch2/catch.hpp>
 #include <zstd.h>
 
