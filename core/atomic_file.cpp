@@ -74,6 +74,22 @@ void write_file_atomic(const std::string& path, const std::function<void(AtomicF
   f.commit();
 }
 
+bool atomic_temp_name(std::string_view name, long* pid) {
+  // NAME.tmp.<digits>.<digits>, NAME not empty
+  auto digits_before = [&](size_t end, size_t* start) {  // the run of digits ending at `end`
+    size_t b = end;
+    while (b > 0 && name[b - 1] >= '0' && name[b - 1] <= '9') --b;
+    *start = b;
+    return b < end;
+  };
+  size_t n_start = 0, p_start = 0;
+  if (!digits_before(name.size(), &n_start) || n_start == 0 || name[n_start - 1] != '.') return false;
+  if (!digits_before(n_start - 1, &p_start) || p_start < 6 || name.substr(p_start - 5, 5) != ".tmp.") return false;
+  if (n_start - 1 - p_start > 9) return false;  // not a pid
+  if (pid) *pid = std::stol(std::string(name.substr(p_start, n_start - 1 - p_start)));
+  return true;
+}
+
 void fsync_directory(const std::string& dir) {
   const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return;  // e.g. a write-only directory: the rename itself succeeded

@@ -54,6 +54,11 @@ void write_file_atomic(const std::string& path, std::string_view content);
 // removed, the final name is untouched and the exception propagates.
 void write_file_atomic(const std::string& path, const std::function<void(AtomicFile&)>& writer);
 
+// Whether `filename` (without its directory) is a temporary name of this class,
+// NAME.tmp.<pid>.<n>; `pid` gets the writer's process id. A process killed in a write
+// (kill -9, a lost node) leaves such a file behind: its owner removes it on the next run.
+bool atomic_temp_name(std::string_view filename, long* pid = nullptr);
+
 // fsyncs a directory so that a rename inside it survives a crash. Best effort: file
 // systems that cannot sync a directory (EINVAL) and unreadable directories are skipped.
 void fsync_directory(const std::string& dir);

@@ -5,9 +5,13 @@ Everything here is generated (no network, no copied pages): English main texts f
 seeded sentence grammar, wrapped in four boilerplate page templates (menus, link lists,
 sidebars, cookie banners, newsletter boxes, footers); short German and French pages;
 charset cases (Latin-1, Windows-1252, Shift-JIS, undeclared Latin-1, UTF-8 with BOM);
-a WET file; and malformed files (truncated block, missing Content-Length, gzip member cut
-short, corrupt gzip member, oversize record, unknown encoding, bad HTTP). The known main
-text of every page is in pages_truth.jsonl / charsets_truth.jsonl. Deterministic: the
+a WET file; malformed files (truncated block, missing Content-Length, gzip member cut
+short, corrupt gzip member, oversize record, unknown encoding, bad HTTP); and 16 more English
+pages in the same templates whose articles hold short-line structures (key-value runs,
+lists, tables, definition lists, dialogue, a contact block, a repeated-sentence opening).
+The known main text of every page is in pages_truth.jsonl / charsets_truth.jsonl /
+structured_truth.jsonl. These are the pages the block classifier is tuned on; it is
+measured on the separate pages of scripts/make-extract-eval.py. Deterministic: the
 same bytes on every run (gzip mtime 0, fixed dates and record ids).
 
     /usr/bin/python3 scripts/make-warc-fixtures.py [OUT_DIR]
@@ -85,8 +89,8 @@ def related():
             for _ in range(6)]
 
 
-def page_blog(title, paras):
-    body = "".join(f"<p>{p}</p>" for p in paras)
+def page_blog(title, paras, raw=None):
+    body = raw if raw is not None else "".join(f"<p>{p}</p>" for p in paras)
     return f"""<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{title} | The Town Blog</title>
 <style>body{{font-family:serif}}</style><script>var track = 1;</script></head><body>
 <div class="cookie-banner">We use cookies to give you the best experience on our website. By continuing to browse the site you are agreeing to our use of cookies. <a href="/privacy">Learn more</a> <button>Accept</button></div>
@@ -99,9 +103,9 @@ def page_blog(title, paras):
 </body></html>"""
 
 
-def page_news(title, paras):
+def page_news(title, paras, raw=None):
     # Layout by anonymous classes: the classifier must rely on text statistics alone.
-    body = "".join(f'<div class="t7">{p}</div>' for p in paras)
+    body = raw if raw is not None else "".join(f'<div class="t7">{p}</div>' for p in paras)
     return f"""<html><head><title>{title}</title></head><body>
 <div class="a1"><a href="/">Daily Courier</a> | {' | '.join(f'<a href="/s/{m}">{m}</a>' for m in MENU)}</div>
 <div class="a2"><span>Breaking:</span> <a href="/live">Live updates from the council meeting</a></div>
@@ -112,8 +116,8 @@ def page_news(title, paras):
 </body></html>"""
 
 
-def page_docs(title, paras):
-    body = "".join(f"<p>{p}</p>" for p in paras)
+def page_docs(title, paras, raw=None):
+    body = raw if raw is not None else "".join(f"<p>{p}</p>" for p in paras)
     toc = links([f"Chapter {i}" for i in range(1, 9)], "toc")
     return f"""<!DOCTYPE html><html><head><title>{title} - Handbook</title></head><body>
 <div id="breadcrumb"><a href="/">Handbook</a> &raquo; <a href="/guides">Guides</a> &raquo; {title}</div>
@@ -124,8 +128,8 @@ def page_docs(title, paras):
 </body></html>"""
 
 
-def page_forum(title, paras):
-    body = "".join(f"<p>{p}</p>" for p in paras)
+def page_forum(title, paras, raw=None):
+    body = raw if raw is not None else "".join(f"<p>{p}</p>" for p in paras)
     return f"""<html><head><title>{title} - Community forum</title></head><body>
 <div id="top"><a href="/login">Log in</a> <a href="/register">Register</a> <a href="/search">Search</a> <a href="/faq">FAQ</a></div>
 <div id="cmp-box">This site stores small files on your device. You can change which ones we keep at any time in the settings.</div>
@@ -177,6 +181,78 @@ def gz_member(data):
 def write(name, data):
     with open(os.path.join(OUT, name), "wb") as f:
         f.write(data)
+
+
+# --- structured.warc.gz: articles with short-line structures, in the same four templates ---
+# (the tuning pages for keeping short blocks inside the main content; the evaluation pages
+# of scripts/make-extract-eval.py are other templates and other text)
+def structure(kind, para_tag):
+    """(html, truth lines) of one structure of a town-life article."""
+    if kind == "kv":
+        lines = [f"Opening hours: {rng.randint(7, 10)}:00 to {rng.randint(16, 20)}:00", f"Address: {rng.randint(1, 90)} {rng.choice(['Market', 'Mill', 'Station', 'Church'])} Street",
+                 f"Admission: {rng.choice(['free', '2 pounds', '5 pounds for adults'])}", f"Phone: 01{rng.randint(100, 999)} {rng.randint(100000, 999999)}",
+                 f"Parking: {rng.choice(['none', 'behind the hall', 'on the square'])}", f"Season: {rng.choice(['April to October', 'all year', 'summer only'])}"]
+        return "<p>" + "<br>".join(lines) + "</p>", lines
+    if kind == "list":
+        items = rng.sample(["Take the bus to the harbour.", "Walk past the old mill.", "Cross the bridge.", "Turn left at the bakery.",
+                            "Follow the signs to the museum.", "Ring the bell at the gate.", "Wait by the fountain."], rng.randint(4, 6))
+        intro = "How to get there:"
+        return f"<{para_tag}>{intro}</{para_tag}><ul>" + "".join(f"<li>{i}</li>" for i in items) + "</ul>", [intro] + items
+    if kind == "table":
+        rows = [[d, f"{rng.randint(7, 10)}:00", f"{rng.randint(16, 20)}:00"] for d in rng.sample(["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"], 4)]
+        head = ["Day", "Opens", "Closes"]
+        return ("<table><tr>" + "".join(f"<th>{c}</th>" for c in head) + "</tr>" +
+                "".join("<tr>" + "".join(f"<td>{c}</td>" for c in r) + "</tr>" for r in rows) + "</table>"), head + [c for r in rows for c in r]
+    if kind == "dl":
+        terms = rng.sample([("Orchard", "A garden of fruit trees."), ("Mill", "A building where grain is ground."), ("Harbour", "A sheltered place for boats."),
+                            ("Council", "The people who run the town."), ("Lantern", "A lamp with a case.")], 3)
+        return "<dl>" + "".join(f"<dt>{t}</dt><dd>{d}</dd>" for t, d in terms) + "</dl>", [x for td in terms for x in td]
+    if kind == "dialogue":
+        pairs = rng.sample([("Kim: Why did you stay?", "Sam: Because of the garden."), ("Kim: Was it hard?", "Sam: Only in winter."),
+                            ("Kim: Who helped you?", "Sam: The neighbours did."), ("Kim: Would you do it again?", "Sam: Every year.")], 3)
+        lines = [x for pq in pairs for x in pq]
+        return "".join(f"<{para_tag}>{l}</{para_tag}>" for l in lines), lines
+    if kind == "contact":
+        lines = ["Write to us:", f"Email: {rng.choice(NOUNS)}@town.test", f"Phone: 01{rng.randint(100, 999)} {rng.randint(100000, 999999)}", "Post: The Town Hall, Market Square"]
+        return "".join(f"<{para_tag}>{l}</{para_tag}>" for l in lines), lines
+    s = sentence()
+    t = " ".join([s] * 3)
+    return f"<{para_tag}>{t}</{para_tag}>", [t]
+
+
+def structured_pages():
+    members, truth = [], []
+    kinds = ["kv", "list", "table", "dl", "dialogue", "contact"]
+    for i in range(16):
+        tpl = TEMPLATES_PAGE[i % 4]
+        tag = "div" if tpl is page_news else "p"
+        title = f"The {rng.choice(ADJS)} {rng.choice(NOUNS)}"
+        # Structures at the article's edges (first after the title, last before the
+        # footer) and next to each other, not only between two long paragraphs.
+        ks = rng.sample(kinds, rng.randint(3, 4))
+        parts = [structure("repeated", tag)] if i % 3 == 0 else []
+        if i % 2 == 0:
+            parts.append(structure(ks.pop(), tag))
+        for k in ks[:-1]:
+            p = paragraph(rng.randint(3, 5))
+            parts.append((f"<{tag}>{p}</{tag}>", [p]))
+            parts.append(structure(k, tag))
+            if rng.random() < 0.5:
+                parts.append(structure(rng.choice(kinds), tag))
+        p = paragraph(rng.randint(2, 4))
+        parts.append((f"<{tag}>{p}</{tag}>", [p]))
+        if i % 4 != 3:
+            parts.append(structure(ks[-1], tag))
+        html = tpl(title, None, raw="".join(h for h, _ in parts))
+        url = f"http://structured{i % 4}.test/page/{i}"
+        r, rec = response(url, http(html.encode("utf-8")))
+        members.append(gz_member(rec))
+        truth.append({"warc_record_id": r, "url": url, "template": tpl.__name__, "title": title,
+                      "text": "\n".join(t for _, ts in parts for t in ts), "language": "en"})
+    write("structured.warc.gz", b"".join(members))
+    with open(os.path.join(OUT, "structured_truth.jsonl"), "w") as f:
+        for t in truth:
+            f.write(json.dumps(t, ensure_ascii=False) + "\n")
 
 
 def main():
@@ -295,6 +371,9 @@ def main():
     m.append(gz_member(good(16)))
     m.append(m3[: len(m3) // 2])
     write("bad-mixed.warc.gz", b"".join(m))
+
+    # Last, so that the files above stay the same bytes: the structured tuning pages.
+    structured_pages()
 
 
 if __name__ == "__main__":

@@ -10,11 +10,16 @@
 // (<stage dir>/<name>.manifest.json: parameters, inputs' and outputs' sizes and CRC-32,
 // counts). A re-run skips a stage whose manifest matches the parameters and the files
 // on disk and redoes the rest, so a killed run resumes; every stage is deterministic,
-// so the resumed run's files are the same bytes as an uninterrupted one's.
+// so the resumed run's files are the same bytes as an uninterrupted one's. A run first
+// removes the temporary files that an interrupted one left in the work_dir.
 #include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
 #include <zlib.h>
 
+#include <signal.h>
+
+#include <algorithm>
+#include <cerrno>
 #include <csignal>
 #include <cstring>
 #include <cstdio>
@@ -628,6 +633,63 @@ struct CurateRun {
   }
 };
 
+// Whether a process of this id is running on this machine.
+bool process_alive(long pid) { return pid > 0 && (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH); }
+
+// Removes what writes that were cut short (kill -9, a lost node) left under the work_dir:
+// core's atomic writes' NAME.tmp.<pid>.<n>, the dedup stage's NAME.tmp.<pid>.dedup and its
+// .dedup-spill-rank<r>-<pid>/ directories, in the work_dir and its stage directories. The
+// files of a writer still running on this machine are left alone. Returns how many went.
+int64_t remove_stale_temporaries(const fs::path& W) {
+  auto dedup_temp = [](const std::string& n, long* pid) {
+    const size_t t = n.rfind(".tmp."), d = n.rfind(".dedup");
+    if (t == std::string::npos || t == 0 || d == std::string::npos || d + 6 != n.size() || d <= t + 5) return false;
+    const std::string digits = n.substr(t + 5, d - t - 5);
+    if (digits.size() > 9 || digits.find_first_not_of("0123456789") != std::string::npos) return false;
+    *pid = std::stol(digits);
+    return true;
+  };
+  auto spill_dir = [](const std::string& n, long* pid) {
+    if (n.rfind(".dedup-spill-rank", 0) != 0) return false;
+    const size_t dash = n.rfind('-');
+    const std::string digits = n.substr(dash + 1);
+    if (dash < 17 || digits.empty() || digits.size() > 9 || digits.find_first_not_of("0123456789") != std::string::npos)
+      return false;
+    *pid = std::stol(digits);
+    return true;
+  };
+  std::vector<fs::path> stale;
+  std::vector<fs::path> dirs = {W};
+  for (const char* d : {"1-source", "2-quality", "3-dedup", "4-decontam", "5-tokens"})
+    if (fs::is_directory(W / d)) dirs.push_back(W / d);
+  for (size_t i = 0; i < dirs.size(); ++i) {
+    for (const auto& e : fs::directory_iterator(dirs[i])) {
+      const std::string n = e.path().filename().string();
+      long pid = 0;
+      if (e.is_directory()) {
+        if (spill_dir(n, &pid)) {
+          if (!process_alive(pid)) stale.push_back(e.path());
+        } else if (i > 0 && n.size() > 7 && n.compare(n.size() - 7, 7, ".shards") == 0) {
+          dirs.push_back(e.path());  // a source's extraction shards
+        }
+      } else if ((atomic_temp_name(n, &pid) || dedup_temp(n, &pid)) && !process_alive(pid)) {
+        stale.push_back(e.path());
+      }
+    }
+  }
+  std::sort(stale.begin(), stale.end());
+  for (const auto& f : stale) {
+    log::info("curate: removing {}, left by an interrupted run", f.string());
+    fs::remove_all(f);
+  }
+  // A source's shard directory exists only while its extraction runs: one left empty goes.
+  for (size_t i = 1; i < dirs.size(); ++i) {
+    std::error_code ec;
+    if (dirs[i].extension() == ".shards" && fs::is_empty(dirs[i], ec) && !ec) fs::remove(dirs[i], ec);
+  }
+  return static_cast<int64_t>(stale.size());
+}
+
 void run_curate_on(WorldRankComm& comm, const std::string& file, bool progress) {
   CurateRun r;
   r.c.comm = &comm;
@@ -637,7 +699,9 @@ void run_curate_on(WorldRankComm& comm, const std::string& file, bool progress) 
   r.file = file;
   r.progress = progress && comm.rank() == 0;
   curation::agree(comm, "creating the work_dir", [&] {
-    if (comm.rank() == 0) fs::create_directories(r.W);
+    if (comm.rank() != 0) return;
+    fs::create_directories(r.W);
+    remove_stale_temporaries(r.W);
   });
   r.sources();
   r.quality();

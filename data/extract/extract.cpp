@@ -319,7 +319,7 @@ struct RecordExtractor {
     ParsedPage page = parse_html_blocks(html);
     lang = page_language(page.blocks);
     if (!languages.kept(lang, c, dropped_languages)) return false;
-    classify_blocks(page.blocks, opt.blocks, lang.code == "en");
+    classify_blocks(page, opt.blocks, lang.code == "en");
     text = main_text(page.blocks);
     return true;
   }

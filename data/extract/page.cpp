@@ -21,6 +21,30 @@
 
 namespace mtnlg::extract {
 
+// Class/id words that mark page furniture rather than content.
+static bool boilerplate_word(std::string_view w) {
+  static const std::unordered_set<std::string_view> words = {
+      "cookie", "cookies", "consent", "gdpr", "nav", "navbar", "navigation", "menu", "footer", "sidebar",
+      "breadcrumb", "breadcrumbs", "share", "sharing", "social", "banner", "advert", "advertisement", "ads",
+      "promo", "newsletter", "subscribe", "skip", "toolbar", "masthead", "sitemap", "pagination", "related"};
+  return words.count(w) != 0;
+}
+
+bool furniture_attribute(std::string_view v) {
+  std::string word;
+  for (size_t i = 0; i <= v.size(); ++i) {
+    char c = i < v.size() ? v[i] : ' ';
+    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
+    if ((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9')) {
+      word += c;
+    } else {
+      if (!word.empty() && boilerplate_word(word)) return true;
+      word.clear();
+    }
+  }
+  return false;
+}
+
 namespace {
 
 char lower(char c) { return (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c; }
@@ -129,29 +153,6 @@ const StopwordTable& english_stopword_table() {
   return table;
 }
 
-// Class/id words that mark page furniture rather than content.
-bool boilerplate_word(std::string_view w) {
-  static const std::unordered_set<std::string_view> words = {
-      "cookie", "cookies", "consent", "gdpr", "nav", "navbar", "navigation", "menu", "footer", "sidebar",
-      "breadcrumb", "breadcrumbs", "share", "sharing", "social", "banner", "advert", "advertisement", "ads",
-      "promo", "newsletter", "subscribe", "skip", "toolbar", "masthead", "sitemap", "pagination", "related"};
-  return words.count(w) != 0;
-}
-
-bool boilerplate_attr(std::string_view v) {
-  std::string word;
-  for (size_t i = 0; i <= v.size(); ++i) {
-    const char c = i < v.size() ? lower(v[i]) : ' ';
-    if ((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9')) {
-      word += c;
-    } else {
-      if (!word.empty() && boilerplate_word(word)) return true;
-      word.clear();
-    }
-  }
-  return false;
-}
-
 bool is_skipped(GumboTag t) {
   switch (t) {
     case GUMBO_TAG_SCRIPT: case GUMBO_TAG_STYLE: case GUMBO_TAG_NOSCRIPT: case GUMBO_TAG_TEMPLATE:
@@ -219,6 +220,7 @@ struct Walker {
   ParsedPage page;
   Block cur;
   int link = 0, pre = 0, heading = 0, boiler = 0, article = 0;
+  std::vector<int32_t> open;  // the block-level elements open, innermost last
   const std::vector<std::string_view>* runs = nullptr;  // the text runs behind placeholders
   std::string expanded;
   const StopwordTable& stop = english_stopword_table();
@@ -291,6 +293,7 @@ struct Walker {
     if (cur.text.empty()) {
       cur.heading = heading > 0;
       cur.boilerplate_context = boiler > 0;
+      cur.node = open.empty() ? -1 : open.back();
     }
     const size_t before = cur.text.size();
     if (pre > 0) {
@@ -351,9 +354,13 @@ struct Walker {
     if (const char* h = attr(e, "hidden"); h) return;
     if (const char* ah = attr(e, "aria-hidden"); ah && std::strcmp(ah, "true") == 0) return;
     const bool block = is_block(t);
+    // Class and id words describe the page on <html> and <body> ("navigation-with-keyboard",
+    // "has-sidebar") and the content on <main> and <article>: furniture elsewhere only.
+    const bool page_or_content = t == GUMBO_TAG_HTML || t == GUMBO_TAG_BODY || t == GUMBO_TAG_MAIN || t == GUMBO_TAG_ARTICLE;
     const bool ctx = t == GUMBO_TAG_NAV || t == GUMBO_TAG_FOOTER || t == GUMBO_TAG_ASIDE ||
-                     (t == GUMBO_TAG_HEADER && article == 0) || boilerplate_attr(attr(e, "class") ? attr(e, "class") : "") ||
-                     boilerplate_attr(attr(e, "id") ? attr(e, "id") : "") ||
+                     (t == GUMBO_TAG_HEADER && article == 0) ||
+                     (!page_or_content && (furniture_attribute(attr(e, "class") ? attr(e, "class") : "") ||
+                                           furniture_attribute(attr(e, "id") ? attr(e, "id") : ""))) ||
                      [&] {
                        const char* role = attr(e, "role");
                        return role && (std::strcmp(role, "navigation") == 0 || std::strcmp(role, "banner") == 0 ||
@@ -361,6 +368,12 @@ struct Walker {
                      }();
     const bool art = t == GUMBO_TAG_ARTICLE || t == GUMBO_TAG_MAIN;
     if (block) flush();
+    // Block-level elements that can hold text are the nodes of the content container.
+    const bool node = block && t != GUMBO_TAG_BR && t != GUMBO_TAG_HR;
+    if (node) {
+      open.push_back(static_cast<int32_t>(page.parent.size()));
+      page.parent.push_back(open.size() > 1 ? open[open.size() - 2] : -1);
+    }
     link += t == GUMBO_TAG_A;
     pre += t == GUMBO_TAG_PRE;
     heading += is_heading(t);
@@ -377,6 +390,7 @@ struct Walker {
     boiler -= ctx;
     article -= art;
     if (block) flush();
+    if (node) open.pop_back();
     if (!block && t != GUMBO_TAG_A && !cur.text.empty() && cur.text.back() != ' ') {
       // Inline elements keep words apart only where the source had spaces; nothing to add.
     }
@@ -481,10 +495,85 @@ ParsedPage parse_html_blocks(std::string_view html, bool strip) {
   return page;
 }
 
-void classify_blocks(std::vector<Block>& blocks, const BlockParams& p, bool use_stopwords) {
+namespace {
+
+double link_density(const Block& b) {
+  return b.chars > 0 ? static_cast<double>(b.link_chars) / static_cast<double>(b.chars) : 0.0;
+}
+
+// Bad whatever its place: page furniture by context, mostly link text, a copyright line,
+// or a short block with link text (a byline, a "read more").
+bool hard_bad(const Block& b, const BlockParams& p) {
+  return b.boilerplate_context || link_density(b) > p.max_link_density ||
+         b.text.find("\xC2\xA9") != std::string::npos || (b.chars < p.length_low && b.link_chars > 0);
+}
+
+// The content container: the deepest element holding more than half of the good
+// characters and at least two good blocks (with one good block on the page: its
+// element's parent); then, while another child of the container's parent holds a block
+// that was good on its own (long and wordy: the article goes on in a sibling, as in
+// nested sections), the parent. -1 when no block is good.
+int32_t content_container(const ParsedPage& page) {
+  const auto& blocks = page.blocks;
+  const auto& parent = page.parent;
+  std::vector<int64_t> good_chars(parent.size(), 0);
+  std::vector<int32_t> good_blocks(parent.size(), 0);
+  int64_t total = 0;
+  int32_t blocks_good = 0, last_good = -1;
+  for (const auto& b : blocks) {
+    if (b.final_class != BlockClass::good || b.node < 0) continue;
+    total += b.chars;
+    ++blocks_good;
+    last_good = b.node;
+    for (int32_t n = b.node; n >= 0; n = parent[static_cast<size_t>(n)]) {
+      good_chars[static_cast<size_t>(n)] += b.chars;
+      ++good_blocks[static_cast<size_t>(n)];
+    }
+  }
+  if (blocks_good == 0) return -1;
+  int32_t c = -1;
+  if (blocks_good == 1) {
+    c = parent[static_cast<size_t>(last_good)] >= 0 ? parent[static_cast<size_t>(last_good)] : last_good;
+  } else {
+    // The nodes holding more than half form a chain from the top: the deepest is the one
+    // with the largest index (a child comes after its parent in document order).
+    for (size_t n = 0; n < parent.size(); ++n)
+      if (2 * good_chars[n] > total && good_blocks[n] >= 2) c = static_cast<int32_t>(n);
+  }
+  if (c < 0) return -1;
+  // Widen over siblings holding text good on its own.
+  std::vector<char> solo_good(parent.size(), 0);  // the element holds an initially good block
+  for (const auto& b : blocks)
+    if (b.initial == BlockClass::good && b.node >= 0)
+      for (int32_t n = b.node; n >= 0 && !solo_good[static_cast<size_t>(n)]; n = parent[static_cast<size_t>(n)])
+        solo_good[static_cast<size_t>(n)] = 1;
+  for (;;) {
+    const int32_t up = parent[static_cast<size_t>(c)];
+    if (up < 0) break;
+    bool sibling = false;
+    for (size_t n = static_cast<size_t>(c) + 1; n < parent.size() && !sibling; ++n)
+      sibling = parent[n] == up && solo_good[n];
+    for (size_t n = static_cast<size_t>(up) + 1; n < static_cast<size_t>(c) && !sibling; ++n)
+      sibling = parent[n] == up && solo_good[n];
+    if (!sibling) break;
+    c = up;
+  }
+  return c;
+}
+
+bool inside(const ParsedPage& page, int32_t node, int32_t container) {
+  for (int32_t n = node; n >= container; n = page.parent[static_cast<size_t>(n)])
+    if (n == container) return true;
+  return false;
+}
+
+}  // namespace
+
+void classify_blocks(ParsedPage& page, const BlockParams& p, bool use_stopwords) {
+  auto& blocks = page.blocks;
   // 1. Each block on its own.
   for (auto& b : blocks) {
-    const double ld = b.chars > 0 ? static_cast<double>(b.link_chars) / static_cast<double>(b.chars) : 0.0;
+    const double ld = link_density(b);
     const double sd = b.words > 0 ? static_cast<double>(b.stopwords) / static_cast<double>(b.words) : 0.0;
     BlockClass c;
     if (b.boilerplate_context || ld > p.max_link_density || b.text.find("\xC2\xA9") != std::string::npos) {
@@ -542,8 +631,7 @@ void classify_blocks(std::vector<Block>& blocks, const BlockParams& p, bool use_
   for (size_t i = 0; i < blocks.size(); ++i) {
     auto& b = blocks[i];
     if (!b.heading || b.final_class != BlockClass::bad || b.boilerplate_context) continue;
-    const double ld = b.chars > 0 ? static_cast<double>(b.link_chars) / static_cast<double>(b.chars) : 0.0;
-    if (ld > p.max_link_density) continue;
+    if (link_density(b) > p.max_link_density) continue;
     int64_t dist = 0;
     for (size_t k = i + 1; k < blocks.size() && dist <= p.max_heading_distance; ++k) {
       if (blocks[k].final_class == BlockClass::good) {
@@ -552,6 +640,32 @@ void classify_blocks(std::vector<Block>& blocks, const BlockParams& p, bool use_
       }
       dist += blocks[k].chars;
     }
+  }
+  // 6. The content container: inside it, a run of blocks bad only for their length or
+  // their stop words (a key-value run, table cells, list items, code, short lines)
+  // that has a good block of the container on either side is good. jusText's context
+  // step for short blocks, with the container's edges instead of the page's and the
+  // blocks of low stop-word density taken as short ones.
+  const int32_t c = content_container(page);
+  if (c < 0) return;
+  size_t first = blocks.size(), last = 0;  // the container's blocks: contiguous in document order
+  for (size_t i = 0; i < blocks.size(); ++i)
+    if (blocks[i].node >= c && inside(page, blocks[i].node, c)) {
+      first = std::min(first, i);
+      last = i;
+    }
+  for (size_t i = first; i <= last && first < blocks.size();) {
+    if (blocks[i].final_class == BlockClass::good || hard_bad(blocks[i], p)) {
+      ++i;
+      continue;
+    }
+    size_t j = i;  // the run [i, j)
+    while (j <= last && blocks[j].final_class != BlockClass::good && !hard_bad(blocks[j], p)) ++j;
+    const bool good_before = i > first && blocks[i - 1].final_class == BlockClass::good;
+    const bool good_after = j <= last && blocks[j].final_class == BlockClass::good;
+    if (good_before || good_after)
+      for (size_t k = i; k < j; ++k) blocks[k].final_class = BlockClass::good;
+    i = j;
   }
 }
 
@@ -567,7 +681,7 @@ std::string main_text(const std::vector<Block>& blocks) {
 
 std::string extract_main_text(std::string_view html, const BlockParams& p) {
   auto page = parse_html_blocks(html);
-  classify_blocks(page.blocks, p, true);
+  classify_blocks(page, p, true);
   return main_text(page.blocks);
 }
 

@@ -33,12 +33,19 @@ struct Block {
   int64_t words = 0, stopwords = 0;
   bool heading = false;       // <h1>..<h6>
   bool boilerplate_context = false;  // inside nav/footer/aside, a page header, or a class/id such as "cookie", "menu"
+  int32_t node = -1;          // the innermost block-level element holding the text (ParsedPage::parent)
   BlockClass initial = BlockClass::bad, final_class = BlockClass::bad;
 };
 
-// The blocks of an HTML document (UTF-8), in document order, and its <title>.
+// Whether a class or id value has a word (letters and digits, lower-cased) that marks page
+// furniture: cookie, consent, nav, menu, footer, sidebar, breadcrumb, share, banner, ...
+bool furniture_attribute(std::string_view class_or_id);
+
+// The blocks of an HTML document (UTF-8), in document order, its block-level elements
+// (each one's parent, in document order; the blocks' `node`s index it) and its <title>.
 struct ParsedPage {
   std::vector<Block> blocks;
+  std::vector<int32_t> parent;  // -1: the outermost element
   std::string title;
 };
 // `strip`: the contents of <script>, <style> and comments are removed first and the text
@@ -47,8 +54,13 @@ struct ParsedPage {
 ParsedPage parse_html_blocks(std::string_view html_utf8, bool strip = true);
 
 // Classifies the blocks in place; `use_stopwords` false for a language without a
-// stop-word list (only length, link density and context count then).
-void classify_blocks(std::vector<Block>& blocks, const BlockParams& p, bool use_stopwords);
+// stop-word list (only length, link density and context count then). jusText's steps
+// first (each block alone, then its neighbours), then the content container: the
+// deepest element holding most of the good text (widened to its parent while a sibling
+// holds good text of its own); inside it, a run of blocks that are bad only for being
+// short or for their stop words, next to a good block of the container, is good
+// (docs/specs/justext.md, "The content container").
+void classify_blocks(ParsedPage& page, const BlockParams& p, bool use_stopwords);
 
 // The kept (good) blocks joined by '\n'.
 std::string main_text(const std::vector<Block>& blocks);

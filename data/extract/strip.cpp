@@ -1,6 +1,8 @@
 // Removing script and style contents and comments before the HTML5 parse: see strip.hpp.
 #include "data/extract/strip.hpp"
 
+#include "data/extract/page.hpp"
+
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -88,6 +90,26 @@ bool attribute_kept(std::string_view name) {
   for (const auto k : kKept)
     if (l == k) return true;
   return false;
+}
+
+// 0 for an attribute named class, 1 for id (in any case), else -1.
+int class_or_id(std::string_view name) {
+  if (name.size() == 5 && lower(name[0]) == 'c' && lower(name[1]) == 'l' && lower(name[2]) == 'a' &&
+      lower(name[3]) == 's' && lower(name[4]) == 's')
+    return 0;
+  if (name.size() == 2 && lower(name[0]) == 'i' && lower(name[1]) == 'd') return 1;
+  return -1;
+}
+
+// The value of an attribute as written (without its quotes); "" when it has none.
+std::string_view attribute_value(std::string_view s, const AttributeSpan& a) {
+  size_t i = a.name_end;
+  while (i < a.end && ws(s[i])) ++i;
+  if (i >= a.end || s[i] != '=') return {};
+  ++i;
+  while (i < a.end && ws(s[i])) ++i;
+  if (i < a.end && (s[i] == '"' || s[i] == '\'')) return s.substr(i + 1, a.end - i - 2);
+  return s.substr(i, a.end - i);
 }
 
 // Where "</name" (then whitespace, '/' or '>') starts at or after `i`; s.size() if nowhere.
@@ -232,9 +254,29 @@ struct Stripper {
       bool closed = false;
       end = tag_end(s, e, &attrs, &closed);
       // A tag the file ends inside is not emitted at all: leave it as it is.
-      if (closed)
-        for (const auto& a : attrs)
-          if (!attribute_kept(s.substr(a.begin, a.name_end - a.begin))) drop(a.begin, a.end);
+      if (closed) {
+        bool seen[2] = {false, false};  // class, id
+        for (const auto& a : attrs) {
+          const std::string_view name = s.substr(a.begin, a.name_end - a.begin);
+          const int which = class_or_id(name);
+          if (which < 0) {
+            if (!attribute_kept(name)) drop(a.begin, a.end);
+            continue;
+          }
+          // The walk asks of class and id only whether a word marks furniture: the first
+          // one (the parser drops repeats) becomes class="nav" / id="nav" when it does
+          // and goes when it does not. A value with a character reference stays as it is.
+          if (seen[which]) {
+            drop(a.begin, a.end);
+            continue;
+          }
+          seen[which] = true;
+          const std::string_view v = attribute_value(s, a);
+          if (v.find('&') != npos) continue;
+          drop(a.begin, a.end);
+          if (furniture_attribute(v)) out += which == 0 ? "class=\"nav\"" : "id=\"nav\"";
+        }
+      }
     } else {
       end = tag_end(s, e);
     }

@@ -32,7 +32,10 @@ namespace mtnlg::extract {
 // With `drop_attributes`, the attributes of start tags that neither the block walk nor the
 // tree builder reads (href, src, style, data-*, ...: all but hidden, aria-hidden, class,
 // id, role, type, color, face, size, encoding, prompt, action) are removed too; the tree
-// is the same less those attributes. A tag the input ends inside keeps all of them.
+// is the same less those attributes. Of class and id, which the walk only tests for a
+// furniture word (furniture_attribute), the first becomes class="nav" / id="nav" when it
+// has one and goes when it has none (repeats go: the parser ignores them; a value with a
+// character reference stays as written). A tag the input ends inside keeps all of them.
 size_t strip_raw_text(std::string_view html, std::string& out, std::vector<std::string_view>* runs = nullptr,
                       bool drop_attributes = false);
 

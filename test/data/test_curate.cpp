@@ -4,6 +4,7 @@
 // blend trains, 3 ranks under mpirun write the same bytes as one process, a kill -9
 // mid-run resumes to the same bytes, a third run redoes nothing.
 #include <catch2/catch.hpp>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -207,10 +208,34 @@ TEST_CASE("mtnlg data curate: mixed corpus, planted truth, blend trains, kill -9
                                   (d / "pipe.yaml").string());
   CHECK(killed.exit_code != 0);
   CHECK_FALSE(fs::exists(W / "blend.yaml"));
+  // What writes cut short by a kill leave behind (the writer's pid is in the name; no
+  // process has pid 999999999): the re-run removes it. A temporary file of a writer
+  // still running (this test's pid) and a file that only looks similar stay.
+  const std::string dead = "999999999", alive = std::to_string(::getpid());
+  const std::vector<fs::path> stale = {W / ("blend.yaml.tmp." + dead + ".0"),
+                                       W / "1-source" / ("web.manifest.json.tmp." + dead + ".3"),
+                                       W / "3-dedup" / ("web.jsonl.tmp." + dead + ".dedup"),
+                                       W / "3-dedup" / (".dedup-spill-rank0-" + dead) / "band-0.bin",
+                                       W / "1-source" / "web.shards" / ("web.jsonl.tmp." + dead + ".7")};
+  for (const auto& f : stale) {
+    fs::create_directories(f.parent_path());
+    test::write_file(f, "partial");
+  }
+  const fs::path live = W / ("curate_report.md.tmp." + alive + ".0"), similar = W / "notes.tmp.txt";
+  test::write_file(live, "being written");
+  test::write_file(similar, "mine");
   auto resumed = test::run_mtnlg("data curate --no-progress " + (d / "pipe.yaml").string());
   INFO(resumed.out);
   REQUIRE(resumed.exit_code == 0);
-  CHECK_THAT(resumed.out, Contains("source/web: up to date") && Contains("dedup: running"));
+  CHECK_THAT(resumed.out, Contains("source/web: up to date") && Contains("dedup: running") &&
+                              Contains("left by an interrupted run"));
+  for (const auto& f : stale) CHECK_FALSE(fs::exists(f));
+  CHECK_FALSE(fs::exists(W / "3-dedup" / (".dedup-spill-rank0-" + dead)));
+  CHECK(fs::exists(live));
+  CHECK(fs::exists(similar));
+  fs::remove(live);
+  fs::remove(similar);
+  CHECK_FALSE(fs::exists(W / "1-source" / "web.shards"));  // emptied, so removed too
   CHECK(outputs(W) == want);
   // Nothing to redo; a changed parameter redoes its stage and those after it only.
   auto again = test::run_mtnlg("data curate --no-progress " + (d / "pipe.yaml").string());
