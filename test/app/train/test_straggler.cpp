@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "app/train/straggler.hpp"
 #include "test/support/test_support.hpp"
 
 using namespace mtnlg;
@@ -91,4 +92,39 @@ TEST_CASE("straggler detection names a slowed rank once and only it; a clean run
     CHECK(r.out.find("straggler") == std::string::npos);
     for (const auto& row : read_rows(run.path())) CHECK(row.flagged == -1);
   }
+}
+
+// The decision alone (app/train/straggler.hpp), on given per-rank times: the slowest
+// rank is reported every interval; a rank is named once per episode, only after
+// `intervals` intervals in a row over the margin and by at least kMinExcessS; the
+// episode ends when it falls back in line.
+TEST_CASE("straggler tracker: margin, intervals in a row, once per episode, the minimum excess", "[straggler]") {
+  app::StragglerTracker t(4, /*margin=*/1.2, /*intervals=*/2);
+  const std::vector<double> even{1.0, 1.0, 1.0, 1.0}, slow2{1.0, 1.0, 1.5, 1.0};
+  auto v = t.update(even);
+  CHECK(v.named.empty());
+  CHECK(v.straggler_rank == -1);
+  v = t.update(slow2);  // first interval over the margin: not yet
+  CHECK(v.slowest_rank == 2);
+  CHECK(v.slowest_ratio == Approx(1.5));
+  CHECK(v.named.empty());
+  v = t.update(slow2);  // second in a row: named
+  REQUIRE(v.named.size() == 1);
+  CHECK(v.named[0].rank == 2);
+  CHECK(v.named[0].intervals == 2);
+  CHECK(v.named[0].median == Approx(1.0));
+  CHECK(v.straggler_rank == 2);
+  v = t.update(slow2);  // the same episode: not named again, still the straggler
+  CHECK(v.named.empty());
+  CHECK(v.straggler_rank == 2);
+  v = t.update(even);  // back in line: the episode is over
+  CHECK(v.straggler_rank == -1);
+  t.update(slow2);
+  v = t.update(slow2);  // a new episode is named again
+  REQUIRE(v.named.size() == 1);
+  // Over the margin but by less than kMinExcessS (millisecond steps): never named.
+  app::StragglerTracker fast(2 + 1, 1.2, 1);
+  const std::vector<double> ms{0.010, 0.010, 0.020};
+  CHECK(fast.update(ms).named.empty());
+  CHECK(fast.update(ms).slowest_rank == 2);
 }

@@ -1,0 +1,130 @@
+#include "app/train/run_reports.hpp"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "app/process/preflight.hpp"
+#include "app/train/step_timing.hpp"
+#include "core/error.hpp"
+
+namespace mtnlg::app {
+
+MetricsWriter::MetricsWriter(const std::string& dir, bool active, const parallel::Topology& topo)
+    : active_(active), topo_(topo) {
+  if (!active_) return;
+  std::filesystem::create_directories(dir);
+  out_.open(std::filesystem::path(dir) / "metrics.jsonl", std::ios::app);
+  if (!out_) throw_runtime("{}/metrics.jsonl: cannot open for writing", dir);
+}
+
+void MetricsWriter::write(const IterationStats& s, const Recipe& r, double loss_scale) {
+  if (!active_) return;
+  nlohmann::json j = {{"iteration", s.iteration},
+                      {"consumed_samples", s.consumed_samples},
+                      {"consumed_tokens", s.consumed_tokens},
+                      {"loss", s.loss},
+                      {"lr", s.lr},
+                      {"global_batch_size", s.global_batch_size},
+                      {"grad_norm", s.grad_norm},
+                      {"step_time_s", s.step_time_s},
+                      {"world_size", s.world_size},
+                      {"tokens_per_s", s.tokens_per_s},
+                      {"tflops_per_gpu", s.tflops_per_gpu},
+                      {"mfu", s.mfu},
+                      {"skipped", s.skipped_total},
+                      {"nan_iterations", s.nan_total},
+                      {"peak_memory_bytes", s.peak_memory_bytes},
+                      {"reserved_memory_bytes", s.reserved_memory_bytes},
+                      {"bytes_sent_tp", s.bytes_tp},
+                      {"bytes_sent_pp", s.bytes_pp},
+                      {"bytes_sent_dp", s.bytes_dp},
+                      {"tensor_bytes_weights", s.mem_weights},
+                      {"tensor_bytes_grads", s.mem_grads},
+                      {"tensor_bytes_optimizer", s.mem_optimizer},
+                      {"tensor_bytes_activations_peak", s.mem_activations_peak},
+                      {"tensor_bytes_saved_activations_peak", s.mem_saved_activations_peak},
+                      {"tensor_bytes_send_buffers_peak", s.mem_send_buffers_peak},
+                      {"tensor_bytes_workspace_peak", s.mem_workspace_peak}};
+  if (r.training.precision == Precision::fp16) j["loss_scale"] = loss_scale;
+  if (s.slowest_rank >= 0) {  // straggler detection (logging.straggler_margin)
+    j["slowest_rank"] = s.slowest_rank;
+    j["slowest_ratio"] = s.slowest_ratio;
+    if (s.straggler_rank >= 0) j["straggler_rank"] = s.straggler_rank;
+  }
+  if (r.training.check_for_nan_in_loss_and_grad || r.training.loss_spike_threshold > 0) {  // spike forensics
+    j["anomalies"] = s.anomalies_total;
+    if (!s.anomaly.empty()) j["anomaly"] = s.anomaly;
+  }
+  if (!s.step_parts.empty()) j["step_parts"] = step_parts_json(s.step_parts, topo_);  // logging.step_timing
+  if (s.gemm_fallbacks >= 0) j["gemm_fallbacks"] = s.gemm_fallbacks;  // CUDA runs
+  if (s.host_reads || s.host_uploads) {  // a device run: its host round trips
+    j["host_reads"] = s.host_reads;
+    j["host_uploads"] = s.host_uploads;
+  }
+  if (!std::isfinite(s.loss)) j["loss"] = nullptr;
+  out_ << j.dump() << "\n";
+  out_.flush();
+  if (!out_) throw_write_failed("metrics.jsonl", "logging.dir");
+}
+
+MemoryReport::MemoryReport(const std::string& dir, const parallel::ProcessGroups& g, bool active) : g_(g) {
+  if (!active) return;
+  std::filesystem::create_directories(dir);
+  auto path = std::filesystem::path(dir) / fmt::format("memory_rank{}.jsonl", g.rank);
+  out_.open(path, std::ios::trunc);
+  if (!out_) throw_runtime("{}: cannot open for writing", path.string());
+}
+
+void MemoryReport::write(const IterationStats& s) {
+  if (!out_.is_open()) return;
+  nlohmann::json j = {{"iteration", s.iteration},
+                      {"rank", g_.rank},
+                      {"tp_rank", g_.coord.tp},
+                      {"pp_rank", g_.coord.pp},
+                      {"dp_rank", g_.coord.dp},
+                      {"weights", s.mem_weights},
+                      {"grads", s.mem_grads},
+                      {"optimizer", s.mem_optimizer},
+                      {"activations_peak", s.mem_activations_peak},
+                      {"saved_activations_peak", s.mem_saved_activations_peak},
+                      {"send_buffers_peak", s.mem_send_buffers_peak},
+                      {"workspace_peak", s.mem_workspace_peak}};
+  out_ << j.dump() << "\n";
+  out_.flush();
+  if (!out_) throw_write_failed(fmt::format("memory_rank{}.jsonl", g_.rank), "logging.dir");
+}
+
+CommReport::CommReport(const std::string& dir, const parallel::ProcessGroups& g, bool active) : g_(g) {
+  if (!active) return;
+  std::filesystem::create_directories(dir);
+  auto path = std::filesystem::path(dir) / fmt::format("bytes_rank{}.jsonl", g.rank);
+  out_.open(path, std::ios::trunc);
+  if (!out_) throw_runtime("{}: cannot open for writing", path.string());
+}
+
+void CommReport::reset() const {
+  for (auto* c : {g_.tp.get(), g_.pp.get(), g_.dp.get(), g_.embedding.get(), g_.mp.get(), g_.world.get()})
+    if (c) c->reset_bytes();
+}
+
+void CommReport::write(int64_t iteration, int64_t global_batch, int64_t micro_batches, int64_t dp_buckets,
+                       int64_t dp_buckets_early) {
+  if (!out_.is_open()) return;
+  auto b = [](const std::shared_ptr<parallel::Communicator>& c) -> int64_t { return c ? c->bytes_sent() : 0; };
+  nlohmann::json j = {{"iteration", iteration},        {"rank", g_.rank},
+                      {"tp_rank", g_.coord.tp},        {"pp_rank", g_.coord.pp},
+                      {"dp_rank", g_.coord.dp},        {"global_batch_size", global_batch},
+                      {"micro_batches", micro_batches}, {"tp", b(g_.tp)},
+                      {"pp", b(g_.pp)},                {"dp", b(g_.dp)},
+                      {"embedding", b(g_.embedding)},  {"mp", b(g_.mp)},
+                      {"world", b(g_.world)},          {"dp_buckets", dp_buckets},
+                      {"dp_buckets_started_early", dp_buckets_early}};
+  out_ << j.dump() << "\n";
+  out_.flush();
+  if (!out_) throw_write_failed(fmt::format("bytes_rank{}.jsonl", g_.rank), "logging.dir");
+}
+
+}  // namespace mtnlg::app
