@@ -14,8 +14,8 @@ void register_recipe(CLI::App& app);
 void register_train(CLI::App& app);
 void register_data(CLI::App& app);
 // `mtnlg data` subcommands are split across the files of app/data/: preprocess/inspect (cmd_data.cpp) and
-// the corpus curation ones, dedup/quality/decontaminate (cmd_data_curation.cpp).
-void register_data_curation(CLI::App& data_cmd);
+// the curation stages one command each, dedup/quality/decontaminate/synth-corpus (cmd_data_stages.cpp).
+void register_data_stages(CLI::App& data_cmd);
 // `mtnlg data samples` (cmd_data_samples.cpp): the sample stream without training.
 void register_data_samples(CLI::App& data_cmd);
 // `mtnlg data extract` (cmd_data_extract.cpp): WARC/WET -> JSONL text shards.

@@ -1,4 +1,4 @@
-// `mtnlg data preprocess|inspect` (the curation subcommands live in cmd_data_curation.cpp).
+// `mtnlg data preprocess|inspect` (the curation stages live in cmd_data_stages.cpp, the whole pipeline in cmd_data_curate.cpp).
 //   preprocess: JSONL(.gz|.zst) -> Megatron .bin/.idx per json key (data/preprocess.hpp)
 //   merge: several .bin/.idx prefixes -> one dataset, in the order given (data/merge.hpp)
 //   preprocess under mpirun/srun: rank r tokenizes its share of the inputs (whole files
@@ -291,7 +291,7 @@ void register_data(CLI::App& app) {
   register_preprocess(data);
   register_merge(data);
   register_inspect(data);
-  register_data_curation(*data);
+  register_data_stages(*data);
   register_data_samples(*data);
   register_data_extract(*data);
   register_data_curate(*data);

@@ -2,7 +2,7 @@
 // to stop together when a rank fails.
 //
 // data/ does not link the MPI layer: app/ implements RankComm over the world
-// communicator (WorldRankComm in app/data/cmd_data_curation.cpp); one process uses
+// communicator (WorldRankComm in app/process/rank_job.hpp); one process uses
 // SoloRankComm, a group of one, so a single process runs the same code as N ranks.
 #pragma once
 #include <fmt/format.h>

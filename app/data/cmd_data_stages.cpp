@@ -1,4 +1,5 @@
-// `mtnlg data dedup|quality|decontaminate|synth-corpus`: corpus curation commands.
+// `mtnlg data dedup|quality|decontaminate|synth-corpus`: the curation stages, one command
+// each (the whole pipeline in one recipe is `data curate`, cmd_data_curate.cpp).
 // The algorithms live in data/curation/ (docs/CURATION.md); this file only maps
 // command-line options onto their option structs and prints a one-line summary.
 #include <fmt/format.h>
@@ -380,7 +381,7 @@ void register_synth(CLI::App& data) {
 
 }  // namespace
 
-void register_data_curation(CLI::App& data_cmd) {
+void register_data_stages(CLI::App& data_cmd) {
   register_dedup(data_cmd);
   register_quality(data_cmd);
   register_decontaminate(data_cmd);
