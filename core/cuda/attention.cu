@@ -702,7 +702,7 @@ void attention_backward_lse(Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
   k::attention_backward(dqkv.raw(), dout.raw(), qkv.raw(), out.raw(), f(lse), dt, B, T, heads, D, drop);
 }
 
-void attention_forward_probs(Tensor& out, Tensor& probs, const Tensor& qkv, int64_t heads,
+void attention_forward(Tensor& out, Tensor& probs, const Tensor& qkv, int64_t heads,
                              const ops::AttentionDropout& drop) {
   const char* op = "attention_forward";
   const DType dt = cuda_dtype(op, "qkv", qkv.dtype());
@@ -714,7 +714,7 @@ void attention_forward_probs(Tensor& out, Tensor& probs, const Tensor& qkv, int6
                                heads, D, drop);
 }
 
-void attention_backward_probs(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& probs, int64_t heads,
+void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& probs, int64_t heads,
                               const ops::AttentionDropout& drop) {
   const char* op = "attention_backward";
   const DType dt = cuda_dtype(op, "qkv", qkv.dtype());

@@ -19,65 +19,51 @@
 #include <vector>
 
 #include "core/op_params.hpp"
+#include "core/ops.hpp"
 #include "core/tensor.hpp"
 
 namespace mtnlg::cuda {
 
-void fill(Tensor& x, double value);
-void copy(Tensor& dst, const Tensor& src);
-void add(Tensor& out, const Tensor& a, const Tensor& b);
-void scale(Tensor& x, double s);
-double sum_squares(const Tensor& x);  // synchronises
-void sum_squares_accumulate(Tensor& acc, const Tensor& x);
-void xent_loss_accumulate(Tensor& acc, const Tensor& rowmax, const Tensor& sumexp, const Tensor& target_logit,
-                          const Tensor* mask);
-bool all_finite(const Tensor& x);     // synchronises
-void convert(Tensor& dst, const Tensor& src);
-
-void matmul_forward(Tensor& out, const Tensor& inp, const Tensor& w, const Tensor* bias);
-void matmul_backward(Tensor* dinp, Tensor* dw, Tensor* dbias, const Tensor& dout, const Tensor& inp, const Tensor& w,
-                     bool accumulate_dinp);
-void matmul_bias_gelu_forward(Tensor& out, Tensor& pre, const Tensor& inp, const Tensor& w, const Tensor& bias);
-void matmul_dgelu_backward(Tensor& dpre, Tensor& dbias, const Tensor& dout, const Tensor& w, const Tensor& pre);
-void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& inp, const Tensor& w, const Tensor& b,
-                       double eps);
-void add_layernorm_forward(Tensor& sum, Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& a, const Tensor& b,
-                           const Tensor& w, const Tensor& bias, double eps);
-void layernorm_backward(Tensor& dinp, Tensor& dw, Tensor& db, const Tensor& dout, const Tensor& inp, const Tensor& w,
-                        const Tensor& mean, const Tensor& rstd, bool accumulate_dinp);
-void gelu_forward(Tensor& out, const Tensor& inp);
-void gelu_backward(Tensor& dinp, const Tensor& inp, const Tensor& dout);
-void dropout_forward(Tensor& out, const Tensor& inp, double p, uint64_t key, uint64_t base_index);
-
-void attention_forward_lse(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t heads, const ops::AttentionDropout& drop);
-void attention_backward_lse(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
-                            int64_t heads, const ops::AttentionDropout& drop);
-void attention_cached_forward(Tensor& out, Tensor& k_cache, Tensor& v_cache, const Tensor& qkv, int64_t heads,
-                              int64_t past);
-void attention_forward_probs(Tensor& out, Tensor& probs, const Tensor& qkv, int64_t heads,
-                             const ops::AttentionDropout& drop);
-void attention_backward_probs(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& probs, int64_t heads,
-                              const ops::AttentionDropout& drop);
-
-void embedding_forward(Tensor& out, const Tensor& tokens, const Tensor& table, int64_t vocab_start);
-void embedding_backward(Tensor& dtable, const Tensor& tokens, const Tensor& dout, int64_t vocab_start,
-                        const ops::EmbeddingGradOrder* order);
-void position_forward(Tensor& x, const Tensor& pos, int64_t row_start, int64_t seq_len);
-void position_backward(Tensor& dpos, const Tensor& dx, int64_t row_start, int64_t seq_len);
-void bias_add_forward(Tensor& x, const Tensor& b);
-void bias_add_backward(Tensor& db, const Tensor& dout);
-
-void xent_rowmax(Tensor& rowmax, const Tensor& logits, int64_t valid_local);
-void xent_sumexp_target(Tensor& sumexp, Tensor& target_logit, const Tensor& logits, const Tensor& targets,
-                        const Tensor& rowmax, int64_t vocab_start, int64_t valid_local);
-void xent_backward(Tensor& dlogits, const Tensor& logits, const Tensor& targets, const Tensor& rowmax,
-                   const Tensor& sumexp, const Tensor& dloss, int64_t vocab_start, int64_t valid_local);
-
-// The flat multi-segment form of ops::adamw_flat: one launch over the whole fp32 master
-// buffer; `copy_out` (bf16 or f16) receives the low-precision weights the next forward
-// uses.
-void adamw_flat(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const ops::AdamWParams& p,
-                const std::vector<ops::AdamWSegment>& segments, Tensor* copy_out);
+// Every op of core/ops.hpp with a CUDA implementation, declared from its one declaration
+// there (same name, same parameters; the defaults stay on the ops:: side, whose
+// dispatchers pass every argument). Adding an op: its declaration in core/ops.hpp, its
+// CPU file, its CUDA file, and its name on this list.
+#define MTNLG_CUDA_OP(name) decltype(::mtnlg::ops::name) name;
+MTNLG_CUDA_OP(fill)
+MTNLG_CUDA_OP(copy)
+MTNLG_CUDA_OP(add)
+MTNLG_CUDA_OP(scale)
+MTNLG_CUDA_OP(sum_squares)  // synchronises (the sum comes back to the host)
+MTNLG_CUDA_OP(sum_squares_accumulate)
+MTNLG_CUDA_OP(xent_loss_accumulate)
+MTNLG_CUDA_OP(all_finite)  // synchronises
+MTNLG_CUDA_OP(convert)
+MTNLG_CUDA_OP(matmul_forward)
+MTNLG_CUDA_OP(matmul_backward)
+MTNLG_CUDA_OP(matmul_bias_gelu_forward)
+MTNLG_CUDA_OP(matmul_dgelu_backward)
+MTNLG_CUDA_OP(layernorm_forward)
+MTNLG_CUDA_OP(add_layernorm_forward)
+MTNLG_CUDA_OP(layernorm_backward)
+MTNLG_CUDA_OP(gelu_forward)
+MTNLG_CUDA_OP(gelu_backward)
+MTNLG_CUDA_OP(dropout_forward)
+MTNLG_CUDA_OP(attention_forward)  // the probs form: batched GEMMs + a softmax kernel, any head size
+MTNLG_CUDA_OP(attention_backward)
+MTNLG_CUDA_OP(attention_forward_lse)  // the lse form: one fused kernel, head size <= kAttnMaxHeadDim
+MTNLG_CUDA_OP(attention_backward_lse)
+MTNLG_CUDA_OP(attention_cached_forward)
+MTNLG_CUDA_OP(embedding_forward)
+MTNLG_CUDA_OP(embedding_backward)
+MTNLG_CUDA_OP(position_forward)
+MTNLG_CUDA_OP(position_backward)
+MTNLG_CUDA_OP(bias_add_forward)
+MTNLG_CUDA_OP(bias_add_backward)
+MTNLG_CUDA_OP(xent_rowmax)
+MTNLG_CUDA_OP(xent_sumexp_target)
+MTNLG_CUDA_OP(xent_backward)
+MTNLG_CUDA_OP(adamw_flat)  // one launch over the whole fp32 master; copy_out gets the bf16/f16 weights
+#undef MTNLG_CUDA_OP
 
 // ---- limits and switches of the kernels ---------------------------------------------
 // Largest head size the flash and KV-cache attention kernels take.

@@ -237,7 +237,7 @@ int64_t heads_total(const AttentionDropout& d, int64_t heads) { return d.heads_t
 }  // namespace
 
 void attention_forward(Tensor& out, Tensor& probs, const Tensor& qkv, int64_t heads, const AttentionDropout& drop) {
-  MTNLG_CUDA_DISPATCH(same_device("attention_forward", {&out, &probs, &qkv}), attention_forward_probs(out, probs, qkv, heads, drop));
+  MTNLG_CUDA_DISPATCH(same_device("attention_forward", {&out, &probs, &qkv}), attention_forward(out, probs, qkv, heads, drop));
   same_float_dtype("attention_forward", {&out, &probs, &qkv});
   int64_t B, T, D;
   attention_shape("attention_forward", qkv, heads, B, T, D);
@@ -252,7 +252,7 @@ void attention_forward(Tensor& out, Tensor& probs, const Tensor& qkv, int64_t he
 
 void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& probs, int64_t heads,
                         const AttentionDropout& drop) {
-  MTNLG_CUDA_DISPATCH(same_device("attention_backward", {&dqkv, &dout, &qkv, &probs}), attention_backward_probs(dqkv, dout, qkv, probs, heads, drop));
+  MTNLG_CUDA_DISPATCH(same_device("attention_backward", {&dqkv, &dout, &qkv, &probs}), attention_backward(dqkv, dout, qkv, probs, heads, drop));
   same_float_dtype("attention_backward", {&dqkv, &dout, &qkv, &probs});
   int64_t B, T, D;
   attention_shape("attention_backward", qkv, heads, B, T, D);
