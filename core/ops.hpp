@@ -97,7 +97,7 @@ void attention_backward_lse(Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
 // [0, past); the op writes the keys/values of the new positions [past, past + T) from
 // qkv[B, T, H*3*D] into them, then query past + i attends to positions [0, past + i]
 // (causal within the new block). out[B, T, H*D] is written. No dropout, no backward:
-// with past = 0 it equals attention_forward_lse's output (test/core/test_attention_lse.cpp).
+// with past = 0 it equals attention_forward_lse's output (test/core/ops/test_attention_lse.cpp).
 void attention_cached_forward(Tensor& out, Tensor& k_cache, Tensor& v_cache, const Tensor& qkv, int64_t heads,
                               int64_t past);
 

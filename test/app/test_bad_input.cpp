@@ -2,34 +2,18 @@
 // message that names the place (file:line:col, field) and what would be valid.
 #include <catch2/catch.hpp>
 
+#include "test/support/bad_input.hpp"
 #include "test/support/test_support.hpp"
 
 using namespace mtnlg;
 using Catch::Matchers::Contains;
 
 namespace {
-const char* kGood = R"(model:
-  num_layers: 2
-  hidden_size: 32
-  num_attention_heads: 4
-  seq_length: 16
-  vocab_size: 100
-  make_vocab_size_divisible_by: 8
-training:
-  micro_batch_size: 2
-  global_batch_size: 8
-  train_iters: 2
-data:
-  mock: true
-)";
+const std::string kGood = test::tiny_recipe_yaml(2);
 
 void expect_exit2(const std::string& args, std::initializer_list<const char*> phrases) {
-  auto r = test::run_mtnlg(args);
-  INFO(args << "\n" << r.out);
-  CHECK(r.exit_code == 2);
-  for (auto* p : phrases) CHECK_THAT(r.out, Contains(p));
-  // one line of error, not a stack of them
-  CHECK(std::count(r.out.begin(), r.out.end(), '\n') <= 2);
+  INFO(args);
+  test::expect_exit2(test::run_mtnlg(args), phrases, test::ErrorLines::one);
 }
 }  // namespace
 

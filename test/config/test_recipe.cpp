@@ -3,26 +3,14 @@
 
 #include "core/error.hpp"
 #include "config/recipe.hpp"
+#include "test/support/bad_input.hpp"
 #include "test/support/test_support.hpp"
 
 using namespace mtnlg;
 using Catch::Matchers::Contains;
 
 namespace {
-const char* kTiny = R"(model:
-  num_layers: 2
-  hidden_size: 32
-  num_attention_heads: 4
-  seq_length: 16
-  vocab_size: 100
-  make_vocab_size_divisible_by: 8
-training:
-  micro_batch_size: 2
-  global_batch_size: 8
-  train_iters: 10
-data:
-  mock: true
-)";
+const std::string kTiny = test::tiny_recipe_yaml(10);
 
 std::string error_of(const std::string& text, std::vector<std::string> sets = {}) {
   try {

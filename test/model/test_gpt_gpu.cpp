@@ -3,7 +3,7 @@
 // from the same initialisation, one on each device; one forward and backward of the
 // same micro batch (with dropout, whose masks are bit-identical on both devices), then
 // the loss and every parameter gradient compared with the CUDA tests' metric
-// (test/core/cuda_test_util.hpp): fp32 within 1e-5, bf16 within 1e-2, per parameter.
+// (test/core/cuda/cuda_test_util.hpp): fp32 within 1e-5, bf16 within 1e-2, per parameter.
 #include <catch2/catch.hpp>
 
 #ifdef MTNLG_HAVE_CUDA
@@ -13,7 +13,7 @@
 
 #include "core/ops.hpp"
 #include "model/gpt.hpp"
-#include "test/core/cuda_test_util.hpp"
+#include "test/core/cuda/cuda_test_util.hpp"
 
 using namespace mtnlg;
 using namespace mtnlg::model;

@@ -13,7 +13,7 @@
 #include "core/ops.hpp"
 #include "parallel/communicator.hpp"
 #include "parallel/nccl_communicator.hpp"
-#include "test/core/cuda_test_util.hpp"
+#include "test/core/cuda/cuda_test_util.hpp"
 
 using namespace mtnlg;
 using namespace mtnlg::parallel;

@@ -21,6 +21,7 @@
 #include "core/blas_core.hpp"
 #include "data/indexed_dataset.hpp"
 #include "model/checkpoint.hpp"
+#include "test/support/bad_input.hpp"
 #include "test/support/test_support.hpp"
 
 using namespace mtnlg;
@@ -39,11 +40,7 @@ test::RunResult train(const std::string& dir, const std::string& extra, const st
   return r;
 }
 
-void expect_exit2(const test::RunResult& r, std::initializer_list<const char*> phrases) {
-  INFO(r.out);
-  CHECK(r.exit_code == 2);
-  for (auto* p : phrases) CHECK_THAT(r.out, Contains(p));
-}
+using test::expect_exit2;
 
 // A small real dataset: 200 documents of 40 tokens below `vocab`.
 std::string make_dataset(const test::TempDir& d, int max_id = 255) {

@@ -2,8 +2,8 @@
 // grouping, AdamW against the textbook update, the flat AdamW's segments, and the
 // conversions' rounding. Each op's fp64 finite-difference checks (loss = sum(out * R) for
 // a fixed random R, each backward against (L(x+h) - L(x-h)) / 2h) and its forward against
-// naive formulas are cases of the op table: test/core/op_cases.cpp, driven by
-// test/core/test_op_table.cpp ("ops table: <op> (fp64 finite differences)", [ops]).
+// naive formulas are cases of the op table: test/core/ops/op_cases.cpp, driven by
+// test/core/ops/test_op_table.cpp ("ops table: <op> (fp64 finite differences)", [ops]).
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <vector>

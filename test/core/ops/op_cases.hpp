@@ -1,11 +1,11 @@
 // The op table: every op family's cases in one place, driven by four mechanisms that
 // iterate the same entries (as ggml's test-backend-ops does):
-//   - finite differences on the CPU in fp64 (test/core/test_op_table.cpp, tag [ops]):
+//   - finite differences on the CPU in fp64 (test/core/ops/test_op_table.cpp, tag [ops]):
 //     an entry's `fd` builds a scalar loss and the gradients its backward gives;
-//   - CUDA vs CPU (test/core/test_op_table.cpp, tag [gpu]; on the emulated backend in
+//   - CUDA vs CPU (test/core/ops/test_op_table.cpp, tag [gpu]; on the emulated backend in
 //     CI): an entry's `prepare` runs once on each device on the same deterministic
 //     inputs and the outputs are compared with the metric of cuda_test_util.hpp;
-//   - bf16/f16 storage on the CPU (test/core/test_op_table.cpp, tag [low_precision]):
+//   - bf16/f16 storage on the CPU (test/core/ops/test_op_table.cpp, tag [low_precision]):
 //     `prepare` with low-precision activations against the f32 run on the same rounded
 //     inputs: each low-precision output is the f32 result rounded once (bit for bit),
 //     statistics and parameter gradients (f32) are equal;

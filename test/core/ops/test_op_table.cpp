@@ -1,4 +1,4 @@
-// The drivers of the op table (test/core/op_cases.hpp): one Catch2 test case per entry
+// The drivers of the op table (test/core/ops/op_cases.hpp): one Catch2 test case per entry
 // and mechanism, registered at start-up from the table, one DYNAMIC_SECTION per case so
 // a failure names the op and the case:
 //   "ops table: <op> (fp64 finite differences)"  [ops]  every case marked fd
@@ -17,9 +17,9 @@
 #include <string>
 
 #include "core/half.hpp"
-#include "test/core/op_cases.hpp"
+#include "test/core/ops/op_cases.hpp"
 #ifdef MTNLG_HAVE_CUDA
-#include "test/core/cuda_test_util.hpp"
+#include "test/core/cuda/cuda_test_util.hpp"
 #endif
 
 using namespace mtnlg;

@@ -2,7 +2,7 @@
 // low-precision activations equals the f32 op on the same (already rounded) inputs,
 // rounded to nearest even once at the store -- fp32 arithmetic, low-precision storage,
 // the contract the CUDA kernels keep (checked per op by the op table,
-// test/core/test_op_table.cpp). Statistics and parameter gradients stay f32, and mixing
+// test/core/ops/test_op_table.cpp). Statistics and parameter gradients stay f32, and mixing
 // the roles up is an error naming the tensor.
 #include <catch2/catch.hpp>
 
@@ -57,7 +57,7 @@ TEST_CASE("half: conversions round to nearest even and keep inf/NaN", "[low_prec
 }
 
 // Every op family's "bf16/f16 storage is the f32 op rounded once" comparison is a case of
-// the op table (test/core/op_cases.cpp, "ops table: <op> in bf16/f16 is the f32 op
+// the op table (test/core/ops/op_cases.cpp, "ops table: <op> in bf16/f16 is the f32 op
 // rounded once (CPU)", at the shapes this file used). Here: mixing the dtype roles up is
 // an error naming the tensor, and AdamW's compute copy.
 TEST_CASE("low precision: statistics and parameter gradients must be f32; AdamW writes the compute copy", "[low_precision]") {

@@ -3,7 +3,7 @@
 // the outputs with their tolerance; `fd` is the fp64 finite-difference problem. The
 // shapes and tolerances are those of the per-op tests they replace (odd sizes, every
 // launch branch, accumulating outputs starting from random values).
-#include "test/core/op_cases.hpp"
+#include "test/core/ops/op_cases.hpp"
 
 #include <array>
 #include <cmath>

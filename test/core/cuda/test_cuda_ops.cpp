@@ -1,5 +1,5 @@
 // CUDA checks beside the op table: each op family's CUDA-vs-CPU cases (shapes, dtypes,
-// tolerances) are entries of test/core/op_cases.cpp, driven by test/core/test_op_table.cpp
+// tolerances) are entries of test/core/ops/op_cases.cpp, driven by test/core/ops/test_op_table.cpp
 // ("cuda ops table: <op> vs CPU", [gpu]). Here: the allocator, uploads and pinned memory,
 // and what the table cannot express -- the fused GEMM epilogues counted, a bias
 // epilogue's single rounding, the two attention forms against each other, real shapes
@@ -27,8 +27,8 @@
 #include "core/cuda/ops_cuda.hpp"
 #include "core/error.hpp"
 #include "core/ops.hpp"
-#include "test/core/cuda_test_util.hpp"
-#include "test/core/op_cases.hpp"
+#include "test/core/cuda/cuda_test_util.hpp"
+#include "test/core/ops/op_cases.hpp"
 
 using namespace mtnlg;
 using namespace mtnlg::test;
@@ -238,7 +238,7 @@ TEST_CASE("cuda all_finite finds inf and NaN, sum_squares is deterministic, i32 
   std::mt19937_64 g(1);
   // (add, scale, copy, fill, sum_squares, all_finite on finite values and the conversions
   // between every pair of float dtypes: the op table's "utility" and "convert" entries,
-  // test/core/op_cases.cpp)
+  // test/core/ops/op_cases.cpp)
   // non-finite detection
   Tensor y = randn({1 << 16}, g);
   y.data<float>()[12345] = INFINITY;
