@@ -6,6 +6,7 @@
 #include "core/safetensors.hpp"
 #include "model/gpt.hpp"
 #include "optimizer/distributed_adamw.hpp"
+#include "test/model/tiny_gpt.hpp"
 #include "test/support/test_support.hpp"
 
 using namespace mtnlg;
@@ -14,15 +15,8 @@ using namespace mtnlg::model;
 TEST_CASE("gpt: loss, gradients and AdamW steps equal PyTorch's", "[oracle]") {
   if (!test::python_has("torch")) FAIL("Debian's python3-torch is missing (scripts/install-deps.sh installs it)");
   test::TempDir dir("torch-oracle");
-  GptConfig cfg;
-  cfg.vocab_size = 50;
-  cfg.padded_vocab_size = 64;
-  cfg.hidden = 32;
-  cfg.heads = 4;
-  cfg.ffn = 128;
-  cfg.seq_length = 16;
+  GptConfig cfg = test::tiny_gpt_config();  // with this test's position table and init
   cfg.max_positions = 20;
-  cfg.num_layers_total = 2;
   cfg.init_std = 0.05;
   ChunkSpec spec{0, 2, true, true, ""};
   ParamStore store;

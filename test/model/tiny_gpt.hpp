@@ -1,4 +1,4 @@
-// A GPT small enough for inference tests (test/model, test/model/mpi): 2 layers, hidden 32,
+// A GPT small enough for inference and oracle tests (test/model, test/model/mpi): 2 layers, hidden 32,
 // 4 heads, a 50-token vocabulary padded to 64 (so tp = 2 leaves one shard with padding
 // rows), weights large enough that greedy tokens depend on the context.
 #pragma once
