@@ -168,7 +168,10 @@ def torch_cmd(a):
 
 def bench_torch(a, shape, compiled, budget):
     L, C, H, T, B, V = shape
-    cmd = torch_cmd(a) + [f"--layers={L}", f"--hidden={C}", f"--heads={H}", f"--seq={T}", f"--batch={B}", f"--vocab={V}"]
+    # The padded vocabulary mtnlg computes with (make_vocab_size_divisible_by), tokens below the real one.
+    Vp = VOCAB_PADDED if V == VOCAB else V
+    cmd = torch_cmd(a) + [f"--layers={L}", f"--hidden={C}", f"--heads={H}", f"--seq={T}", f"--batch={B}", f"--vocab={Vp}",
+                          f"--valid-vocab={V}"]
     cmd += ["--sdpa", "--fused-adamw", f"--warmup={a.warmup}", f"--iters={a.iters}"]
     if compiled:
         if not a.torch["compile"]:

@@ -14,7 +14,9 @@ tied output layer) and AdamW with gradient clipping, timing whole optimizer step
   torch_gpt_step.py --layers L --hidden C --heads H --seq T --batch B --vocab V
                     [--device cuda|cpu] [--bf16] [--sdpa] [--fused-adamw] [--compile]
                     [--warmup N] [--iters N] [--threads N]
-      scripts/bench/gpu_bench.sh's peer. --bf16 is autocast over fp32 weights (mtnlg's bf16
+      scripts/bench/gpu_bench.sh's peer, as a practitioner writes it: the vocabulary padded to
+      a multiple of 64 (--vocab, as mtnlg pads it; an odd 50257-wide output layer leaves its
+      GEMMs unaligned) with tokens drawn below --valid-vocab. --bf16 is autocast over fp32 weights (mtnlg's bf16
       also keeps fp32 master weights), --sdpa scaled_dot_product_attention(is_causal=True),
       --fused-adamw AdamW(fused=True), --compile torch.compile of the model. Prints one JSON
       line: median step seconds of the --iters steps after --warmup, tokens/s, the parameter
@@ -73,7 +75,9 @@ class GPT(torch.nn.Module):
         for b in self.blocks:
             x = b(x)
         logits = self.lnf(x) @ self.wte.weight.T
-        return F.cross_entropy(logits.view(-1, self.V).float(), tgt.view(-1))
+        # As a plain training loop writes it: under autocast the loss's log-softmax runs in
+        # fp32 by itself; an explicit .float() would add a B x T x V fp32 copy and its gradient.
+        return F.cross_entropy(logits.view(-1, self.V), tgt.view(-1))
 
 
 def make_adamw(params, fused):
@@ -176,6 +180,7 @@ def main():
     for k in ("layers", "hidden", "heads", "seq", "batch", "vocab"):
         ap.add_argument(f"--{k}", type=int)
     ap.add_argument("--attention", metavar="B,T,H,D[;B,T,H,D...]", help="time causal attention alone at these shapes")
+    ap.add_argument("--valid-vocab", type=int, default=0, help="tokens are drawn below this (default: --vocab)")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--bf16", action="store_true")
     ap.add_argument("--sdpa", action="store_true")
@@ -222,8 +227,10 @@ def main():
         autocast = torch.enable_grad
         ran["precision"] = "fp32"
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
-    idx = torch.randint(0, a.vocab, (a.batch, a.seq), device=dev)
-    tgt = torch.randint(0, a.vocab, (a.batch, a.seq), device=dev)
+    valid = a.valid_vocab if a.valid_vocab > 0 else a.vocab
+    ran["vocab"] = f"{a.vocab} ({valid} used)"
+    idx = torch.randint(0, valid, (a.batch, a.seq), device=dev)
+    tgt = torch.randint(0, valid, (a.batch, a.seq), device=dev)
     t0 = time.perf_counter()
     run_steps(step_model, opt, idx, tgt, a.warmup, sync, autocast)
     warm_s = time.perf_counter() - t0
