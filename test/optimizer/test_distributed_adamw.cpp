@@ -12,15 +12,11 @@
 #include "core/half.hpp"
 #include "core/tensor.hpp"
 #include "optimizer/distributed_adamw.hpp"
+#include "test/support/process_groups.hpp"
 
 using namespace mtnlg;
 
 namespace {
-parallel::ProcessGroups one_process() {
-  parallel::ProcessGroups g;
-  for (auto* c : {&g.world, &g.tp, &g.pp, &g.dp, &g.mp}) *c = std::make_shared<parallel::LocalCommunicator>("world");
-  return g;
-}
 Tensor filled(const std::vector<float>& v) {
   Tensor t = Tensor::empty({static_cast<int64_t>(v.size())});
   for (size_t i = 0; i < v.size(); ++i) t.data<float>()[i] = v[i];
@@ -37,7 +33,7 @@ TEST_CASE("distributed adamw: two steps equal AdamW written out, clipping by the
   cfg.clip_grad = 1.0;
   // two segments: [0, 3) with weight decay (a weight), [3, 5) without (a bias)
   std::vector<optimizer::ParamSegment> segs{{{0, 3, true}, true}, {{3, 2, false}, true}};
-  optimizer::DistributedAdamW opt(cfg, segs, 5, one_process(), /*zero1=*/false, 0);
+  optimizer::DistributedAdamW opt(cfg, segs, 5, test::single_process_groups(), /*zero1=*/false, 0);
   Tensor p = filled({0.5f, -1.0f, 2.0f, 0.25f, -0.75f});
   const std::vector<std::vector<float>> gs{{3.0f, -4.0f, 0.0f, 1.0f, 2.0f}, {0.1f, 0.2f, -0.3f, 0.05f, 0.0f}};
   std::vector<double> ref(p.data<float>(), p.data<float>() + 5), m(5, 0.0), v(5, 0.0);
@@ -66,7 +62,7 @@ TEST_CASE("distributed adamw: two steps equal AdamW written out, clipping by the
 }
 
 TEST_CASE("distributed adamw: a non-finite gradient skips the step; the compute copy follows the master", "[optimizer]") {
-  optimizer::DistributedAdamW opt(optimizer::AdamWConfig{}, {{{0, 4, true}, true}}, 4, one_process(), false, 0);
+  optimizer::DistributedAdamW opt(optimizer::AdamWConfig{}, {{{0, 4, true}, true}}, 4, test::single_process_groups(), false, 0);
   Tensor p = filled({1.0f, 2.0f, 3.0f, 4.0f});
   Tensor g = filled({0.1f, NAN, 0.1f, 0.1f});
   const optimizer::StepResult r = opt.step(p, g, 0.1);

@@ -7,16 +7,12 @@
 #include <nlohmann/json.hpp>
 
 #include "app/train/run_reports.hpp"
+#include "test/support/process_groups.hpp"
 #include "test/support/test_support.hpp"
 
 using namespace mtnlg;
 
 namespace {
-parallel::ProcessGroups one_process() {
-  parallel::ProcessGroups g;
-  for (auto* c : {&g.world, &g.tp, &g.pp, &g.dp, &g.mp}) *c = std::make_shared<parallel::LocalCommunicator>("world");
-  return g;
-}
 nlohmann::json only_line(const std::filesystem::path& p) {
   const std::string text = test::read_file(p);
   REQUIRE(std::count(text.begin(), text.end(), '\n') == 1);
@@ -50,7 +46,7 @@ TEST_CASE("run reports: metrics.jsonl, memory_rank0.jsonl and bytes_rank0.jsonl 
   CHECK(g["gemm_fallbacks"] == 3);
   CHECK_FALSE(std::filesystem::exists(d.path() / "off" / "metrics.jsonl"));
 
-  const parallel::ProcessGroups groups = one_process();
+  const parallel::ProcessGroups groups = test::single_process_groups();
   app::MemoryReport mem(d.str(), groups, true);
   mem.write(s);
   CHECK(only_line(d.path() / "memory_rank0.jsonl")["weights"] == 4096);
