@@ -44,6 +44,8 @@
 #include <array>
 #include <atomic>
 #include <climits>
+#include <cstdlib>
+#include <string>
 #include <cstdio>
 #include <map>
 #include <mutex>
@@ -57,7 +59,12 @@ namespace mtnlg::cuda::k {
 namespace {
 
 bool g_bias_epilogue = true;
-bool g_gelu_epilogue = true;
+// MTNLG_GELU_EPILOGUE=0 turns the GELU epilogues off for a whole run (the A/B of
+// scripts/bench/gpu_bench.sh); set_gemm_gelu_epilogue() for tests.
+bool g_gelu_epilogue = [] {
+  const char* v = std::getenv("MTNLG_GELU_EPILOGUE");
+  return !(v && std::string(v) == "0");
+}();
 std::atomic<int64_t> g_gelu_fused{0};  // GEMMs that ran a GELU epilogue
 
 cudaDataType_t cuda_type(DType dt) {

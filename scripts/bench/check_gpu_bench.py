@@ -9,7 +9,7 @@ import re
 import sys
 
 MODELS = ["GPT-2 124M", "GPT-2 350M", "GPT-2 1.5B", "GPT 1.3B"]
-SYSTEMS = ["mtnlg unfused", "mtnlg flash", "PyTorch eager", "torch.compile", "llm.c"]
+SYSTEMS = ["mtnlg unfused", "mtnlg unfused (GELU kernel)", "mtnlg flash", "PyTorch eager", "torch.compile", "llm.c"]
 NUM = re.compile(r"^[\d,]+(\.\d+)?%?$")
 PAIR = re.compile(r"^\d+\.\d+ \(\d+\.\d+\)$")  # "fwd+bwd (fwd)" milliseconds
 

@@ -46,7 +46,10 @@ TINY = {
     "GPT 1.3B": (2, 64, 4, 64, 2),
 }
 TINY_VOCAB = 512
-SYSTEMS = ["mtnlg unfused", "mtnlg flash", "PyTorch eager", "torch.compile", "llm.c"]
+# "mtnlg unfused (GELU kernel)": the same run with cuBLASLt's GELU epilogues off
+# (MTNLG_GELU_EPILOGUE=0: the GEMM, then mtnlg's GELU and bias-gradient kernels), the A/B
+# that says whether the fusion is worth having on this GPU.
+SYSTEMS = ["mtnlg unfused", "mtnlg unfused (GELU kernel)", "mtnlg flash", "PyTorch eager", "torch.compile", "llm.c"]
 
 
 def flops72(L, C, T, V):
@@ -139,12 +142,12 @@ logging:
     path.write_text(text)
 
 
-def bench_mtnlg(a, shape, backend, out, budget):
-    run_dir = out / f"mtnlg-{backend}-{shape[0]}x{shape[1]}x{shape[3]}"
+def bench_mtnlg(a, shape, backend, out, budget, tag="", env=None):
+    run_dir = out / f"mtnlg-{backend}{tag}-{shape[0]}x{shape[1]}x{shape[3]}"
     recipe = run_dir.with_suffix(".yaml")
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     mtnlg_recipe(recipe, shape, a, backend, run_dir)
-    rc, o, e = run([a.mtnlg, "train", str(recipe), "--quiet"], budget)
+    rc, o, e = run([a.mtnlg, "train", str(recipe), "--quiet"], budget, env=None if env is None else {**os.environ, **env})
     (run_dir.parent / (run_dir.name + ".log")).write_text(o + e)
     if rc != 0:
         return {"error": failure(rc, o, e)}
@@ -328,6 +331,8 @@ def main():
 
     runners = {
         "mtnlg unfused": lambda shape, desc: bench_mtnlg(a, shape, "unfused", out, budget),
+        "mtnlg unfused (GELU kernel)": lambda shape, desc: bench_mtnlg(a, shape, "unfused", out, budget, "-gelukernel",
+                                                                      {"MTNLG_GELU_EPILOGUE": "0"}),
         "mtnlg flash": lambda shape, desc: bench_mtnlg(a, shape, "flash", out, budget),
         "PyTorch eager": lambda shape, desc: bench_torch(a, shape, False, budget),
         "llm.c": lambda shape, desc: bench_llmc(a, shape, desc, out, budget),
@@ -335,7 +340,7 @@ def main():
     }
     # torch.compile last, over every row: its compilation is the longest part, and when the
     # budget runs out it is the column to lose (rerun it alone with --systems torch.compile).
-    for phase in (["mtnlg unfused", "mtnlg flash", "PyTorch eager", "llm.c"], ["torch.compile"]):
+    for phase in (["mtnlg unfused", "mtnlg unfused (GELU kernel)", "mtnlg flash", "PyTorch eager", "llm.c"], ["torch.compile"]):
         for name, *_rest, desc in rows:
             shape = shapes[name]
             L, C, H, T, B, V = shape

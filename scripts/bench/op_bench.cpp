@@ -1,4 +1,4 @@
-// The op table's speed line (test/core/op_cases.hpp): each case's forward and backward
+// The op table's speed line (test/core/ops/op_cases.hpp): each case's forward and backward
 // (the entry's `exec`) timed on one device, one row per case:
 //
 //   op_bench [cpu|cuda] [--all] [--op NAME] [--warmup N] [--iters N]
@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "core/blas_core.hpp"
-#include "test/core/op_cases.hpp"
+#include "test/core/ops/op_cases.hpp"
 
 using namespace mtnlg;
 using namespace mtnlg::optable;
