@@ -43,6 +43,12 @@ void set_step_parts_enabled(bool on) {
 
 bool step_parts_enabled() { return detail::step_clock().on; }
 
+void set_device_marker(DeviceMarker m) {
+  auto& c = detail::step_clock();
+  c.mark = m;
+  if (m) m(c.current);  // the device's first mark: what runs from here on
+}
+
 StepPartTimes read_step_parts() {
   auto& c = detail::step_clock();
   if (!c.on) return {};

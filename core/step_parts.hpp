@@ -52,12 +52,21 @@ bool step_parts_enabled();
 // per part since the previous read (or since the clock was switched on), zeroing them.
 StepPartTimes read_step_parts();
 
+// The device's clock beside the host's: a marker, when set (a CUDA run, core/cuda/
+// step_events.hpp), is called with the part that starts at every change of this thread's
+// current part, so that the device can mark the point in its stream where that part's
+// work begins; the device time between two marks is the time the device spent on the
+// work the host queued in that part (and waiting for it). Null: no device marks.
+using DeviceMarker = void (*)(StepPart starting);
+void set_device_marker(DeviceMarker m);
+
 namespace detail {
 struct StepClock {
   StepPartTimes acc{};
   std::chrono::steady_clock::time_point since{};
   StepPart current = StepPart::other;
   bool on = false;
+  DeviceMarker mark = nullptr;
 };
 StepClock& step_clock();
 inline void charge(StepClock& c, std::chrono::steady_clock::time_point now) {
@@ -78,6 +87,7 @@ class StepPartScope {
     detail::charge(c, std::chrono::steady_clock::now());
     prev_ = c.current;
     c.current = part;
+    if (c.mark && part != prev_) c.mark(part);
   }
   StepPartScope(const StepPartScope&) = delete;
   StepPartScope& operator=(const StepPartScope&) = delete;
@@ -85,6 +95,7 @@ class StepPartScope {
     if (!active_) return;
     auto& c = detail::step_clock();
     detail::charge(c, std::chrono::steady_clock::now());
+    if (c.mark && c.current != prev_) c.mark(prev_);
     c.current = prev_;
   }
 

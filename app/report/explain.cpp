@@ -68,17 +68,18 @@ struct Measured {
   double dp_bytes = 0;
 };
 
-// Each rank's mean parts over the records with step_parts (the first left out when
-// there are several: start-up). Throws InputError when there are none.
-Measured read_parts(const fs::path& run_dir) {
+// Each rank's mean parts over the records with `key` (step_parts, or step_parts_gpu: the
+// GPU's clock), the first left out when there are several (start-up). Throws InputError
+// when there are no step_parts records.
+Measured read_parts(const fs::path& run_dir, const std::string& key) {
   const fs::path file = run_dir / "metrics.jsonl";
   std::ifstream in(file, std::ios::binary);
   if (!in) throw_input("{}: not found (mtnlg train writes metrics.jsonl into logging.dir; pass a run directory)", file.string());
   std::vector<nlohmann::json> recs;
   for (std::string line; std::getline(in, line);) {
-    if (line.find("\"step_parts\"") == std::string::npos) continue;
+    if (line.find("\"" + key + "\"") == std::string::npos) continue;
     auto j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_object() && j.contains("step_parts") && j["step_parts"].contains("ranks")) recs.push_back(std::move(j));
+    if (j.is_object() && j.contains(key) && j[key].contains("ranks")) recs.push_back(std::move(j));
   }
   if (recs.empty())
     throw_input("{}: no step_parts records (the run was made with logging.step_timing: false or by an older mtnlg)",
@@ -86,7 +87,7 @@ Measured read_parts(const fs::path& run_dir) {
   Measured m;
   const size_t from = recs.size() > 1 ? 1 : 0;
   for (size_t k = from; k < recs.size(); ++k) {
-    const auto& rs = recs[k]["step_parts"]["ranks"];
+    const auto& rs = recs[k][key]["ranks"];
     if (m.ranks.size() < rs.size()) m.ranks.resize(rs.size());
     for (size_t r = 0; r < rs.size(); ++r) {
       auto& out = m.ranks[r];
@@ -326,8 +327,16 @@ Explanation explain_run(const fs::path& run_dir, const ExplainOptions& o) {
   std::error_code ec;
   if (!fs::is_directory(run_dir, ec))
     throw_input("{}: not a directory (pass the run's logging.dir, e.g. runs/cpu-demo)", run_dir.string());
-  const Measured m = read_parts(run_dir);
+  // A GPU run's own clock says where the GPU's time went; the host's only where the host
+  // waited for it (mostly "host_sync" around asynchronous launches).
+  Measured m;
   Explanation e;
+  try {
+    m = read_parts(run_dir, "step_parts_gpu");
+    e.clock = "GPU";
+  } catch (const InputError&) {
+    m = read_parts(run_dir, "step_parts");
+  }
   e.run_dir = run_dir.string();
   e.records = m.records;
   e.first_iteration = m.first;
@@ -380,8 +389,9 @@ std::string explain_text(const Explanation& e) {
   std::ostringstream o;
   double period = 0;
   for (const auto& r : e.ranks) period += r.total() / double(e.ranks.size());
-  o << fmt::format("where the time went: {} ({} ranks, {} logged record(s), iterations {}-{}): {:.1f} ms per iteration\n",
-                   e.run_dir, e.ranks.size(), e.records, e.first_iteration, e.last_iteration, 1e3 * period);
+  o << fmt::format("where the time went: {} ({} ranks, {} logged record(s), iterations {}-{}): {:.1f} ms per iteration{}\n",
+                   e.run_dir, e.ranks.size(), e.records, e.first_iteration, e.last_iteration, 1e3 * period,
+                   e.clock == "GPU" ? ", by the GPU's clock (CUDA events)" : "");
   o << e.plan_source << "\n";
   o << "largest gaps:\n";
   if (e.findings.empty()) o << "  none: every part within 2 points of the plan, no slow rank or stage\n";

@@ -59,6 +59,9 @@ struct Explanation {
   std::string plan_source;         // how the plan was obtained, or why there is none
   std::vector<Finding> findings;   // largest first
   double dp_bytes = 0;             // rank 0's bytes sent in the dp reduction, last record
+  // Whose clock the parts are: "host" (the training thread's), or on a GPU run "GPU" (CUDA
+  // events on the compute stream: what the GPU spent in each part, step_parts_gpu).
+  std::string clock = "host";
 };
 
 // Throws InputError (exit 2, one line) when RUN_DIR has no metrics.jsonl or no record

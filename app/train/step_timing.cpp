@@ -1,12 +1,25 @@
 #include "app/train/step_timing.hpp"
 
+#ifdef MTNLG_HAVE_CUDA
+#include "core/cuda/step_events.hpp"
+#endif
 
 namespace mtnlg::app {
 
-StepTiming::StepTiming(const LoggingConfig& c, const parallel::ProcessGroups& g) : g_(g), enabled_(c.step_timing) {}
+StepTiming::StepTiming(const LoggingConfig& c, const parallel::ProcessGroups& g)
+    : g_(g), enabled_(c.step_timing), device_(c.step_timing && g.device == Device::cuda) {}
+
+StepTiming::~StepTiming() {
+#ifdef MTNLG_HAVE_CUDA
+  if (device_) cuda::stop_device_step_parts();
+#endif
+}
 
 void StepTiming::start() {
   timing::set_step_parts_enabled(enabled_);
+#ifdef MTNLG_HAVE_CUDA
+  if (device_) cuda::start_device_step_parts();
+#endif
   sum_ = {};
   count_ = 0;
 }
@@ -18,16 +31,25 @@ void StepTiming::after_step() {
   ++count_;
 }
 
-std::vector<double> StepTiming::at_log() {
-  if (!enabled_ || count_ == 0) return {};
+std::vector<double> StepTiming::gathered(const timing::StepPartTimes& sum) const {
   const int64_t world = g_.world ? g_.world->size() : 1;
   std::vector<double> all(static_cast<size_t>(world * timing::kStepParts), 0.0);
   double* mine = all.data() + g_.rank * timing::kStepParts;
-  for (int i = 0; i < timing::kStepParts; ++i) mine[i] = sum_[static_cast<size_t>(i)] / static_cast<double>(count_);
-  sum_ = {};
-  count_ = 0;
+  for (int i = 0; i < timing::kStepParts; ++i) mine[i] = sum[static_cast<size_t>(i)] / static_cast<double>(count_);
   if (world > 1) g_.world->all_reduce(all.data(), static_cast<int64_t>(all.size()), parallel::ReduceOp::sum);
   return all;
+}
+
+StepTiming::Parts StepTiming::at_log() {
+  if (!enabled_ || count_ == 0) return {};
+  Parts p;
+  p.host = gathered(sum_);
+#ifdef MTNLG_HAVE_CUDA
+  if (device_) p.gpu = gathered(cuda::read_device_step_parts());
+#endif
+  sum_ = {};
+  count_ = 0;
+  return p;
 }
 
 nlohmann::json step_parts_json(const std::vector<double>& parts, const parallel::Topology& topo) {

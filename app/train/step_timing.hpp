@@ -5,7 +5,10 @@
 // one (its logging, validation and checkpoint stalls included) and sum to it. At a log
 // iteration one all-reduce over the world of a [world x parts] vector, where each rank
 // fills its own row with its mean over the log interval, gives every rank every rank's
-// parts; rank 0 writes them into metrics.jsonl as "step_parts".
+// parts; rank 0 writes them into metrics.jsonl as "step_parts". On a GPU the device's
+// clock runs beside it (core/cuda/step_events.hpp: CUDA events at every change of part):
+// at a log iteration the GPU seconds per part over the interval are read (one wait for
+// the GPU, outside any step) and gathered the same way, "step_parts_gpu".
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -27,12 +30,18 @@ class StepTiming {
   // After a step: adds what the clock charged since the previous call.
   void after_step();
   // At a log iteration (every rank, collective when on): the world's mean parts per
-  // iteration over the interval, [world x kStepParts] seconds, rank-major; empty when off.
-  std::vector<double> at_log();
+  // iteration over the interval, [world x kStepParts] seconds, rank-major, the host's and
+  // (on a GPU, else empty) the device's; both empty when off.
+  struct Parts {
+    std::vector<double> host, gpu;
+  };
+  Parts at_log();
+  ~StepTiming();
 
  private:
+  std::vector<double> gathered(const timing::StepPartTimes& sum) const;
   const parallel::ProcessGroups& g_;
-  bool enabled_ = false;
+  bool enabled_ = false, device_ = false;
   timing::StepPartTimes sum_{};
   int64_t count_ = 0;
 };

@@ -630,7 +630,11 @@ void Trainer::training_log(IterationStats& s, const data::Batch& batch) {
   const bool log_now = s.iteration % r_.logging.log_interval == 0 || s.iteration == total_iters;
   out_.straggler.add(s.compute_time_s);
   if (log_now) out_.straggler.at_log(s);  // every rank: one small all-reduce over the world
-  if (log_now) s.step_parts = out_.step_timing.at_log();  // every rank: one all-reduce over the world
+  if (log_now) {  // every rank: an all-reduce over the world (two on a GPU)
+    StepTiming::Parts parts = out_.step_timing.at_log();
+    s.step_parts = std::move(parts.host);
+    s.step_parts_gpu = std::move(parts.gpu);
+  }
   if (opts_.on_iteration) opts_.on_iteration(s);
   summary_.iterations.push_back(s);
   if (!log_now) return;

@@ -58,6 +58,8 @@ struct IterationStats {
   // seconds per iteration averaged over the log interval, [world x timing::kStepParts]
   // rank-major (app/train/step_timing.hpp).
   std::vector<double> step_parts;
+  // On a GPU the same from the device's clock (CUDA events): where the GPU's time went.
+  std::vector<double> step_parts_gpu;
 };
 
 struct TrainOptions {

@@ -6,6 +6,7 @@
 #include <numeric>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "core/step_parts.hpp"
 
@@ -73,4 +74,31 @@ TEST_CASE("step parts: communicator groups map to parts, pp receives to the bubb
   CHECK(comm_step_part("eval-tp") == StepPart::other);
   CHECK(std::string(step_part_name(StepPart::host_sync)) == "host_sync");
   CHECK(std::string(step_part_label(StepPart::dp)) == "dp reduce exposed");
+}
+
+namespace {
+std::vector<StepPart> g_marks;
+void record_mark(StepPart p) { g_marks.push_back(p); }
+}  // namespace
+
+// The device's clock is fed by marks at every change of the current part (a CUDA run
+// records an event at each on the compute stream): the first mark on setting the marker,
+// then one per change, none where a scope does not change the part.
+TEST_CASE("step parts: the device marker sees every change of part, in order", "[step_parts]") {
+  set_step_parts_enabled(true);
+  g_marks.clear();
+  set_device_marker(record_mark);
+  {
+    const StepPartScope fwd(StepPart::forward);
+    { const StepPartScope tp(StepPart::tp); }
+    { const StepPartScope again(StepPart::forward); }  // no change: no mark
+    { const StepPartScope weak(StepPart::host_sync, /*weak=*/true); }  // not over `other`: no scope
+  }
+  { const StepPartScope opt(StepPart::optimizer); }
+  set_device_marker(nullptr);
+  { const StepPartScope bwd(StepPart::backward); }  // no marker: nothing
+  set_step_parts_enabled(false);
+  const std::vector<StepPart> want{StepPart::other,   StepPart::forward,   StepPart::tp,   StepPart::forward,
+                                   StepPart::other,   StepPart::optimizer, StepPart::other};
+  CHECK(g_marks == want);
 }

@@ -1,0 +1,68 @@
+#include "core/cuda/step_events.hpp"
+
+#include <cuda_runtime.h>
+
+#include <vector>
+
+#include "core/cuda/cuda_check.hpp"
+#include "core/cuda/device.hpp"
+
+namespace mtnlg::cuda {
+
+namespace {
+
+// The marks since the last read, in stream order; events are kept for reuse.
+struct DeviceMarks {
+  std::vector<cudaEvent_t> pool;  // created, not in use
+  std::vector<std::pair<cudaEvent_t, timing::StepPart>> marks;
+};
+thread_local DeviceMarks t_marks;
+
+cudaEvent_t take_event() {
+  auto& m = t_marks;
+  if (!m.pool.empty()) {
+    cudaEvent_t e = m.pool.back();
+    m.pool.pop_back();
+    return e;
+  }
+  cudaEvent_t e = nullptr;
+  CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDefault));
+  return e;
+}
+
+void mark(timing::StepPart starting) {
+  cudaEvent_t e = take_event();
+  CUDA_CHECK(cudaEventRecord(e, stream()));
+  t_marks.marks.emplace_back(e, starting);
+}
+
+}  // namespace
+
+void start_device_step_parts() { timing::set_device_marker(mark); }
+
+void stop_device_step_parts() {
+  timing::set_device_marker(nullptr);
+  auto& m = t_marks;
+  for (auto& [e, part] : m.marks) m.pool.push_back(e);
+  m.marks.clear();
+  for (cudaEvent_t e : m.pool) cudaEventDestroy(e);
+  m.pool.clear();
+}
+
+timing::StepPartTimes read_device_step_parts() {
+  timing::StepPartTimes out{};
+  auto& m = t_marks;
+  if (m.marks.size() < 2) return out;
+  CUDA_CHECK(cudaEventSynchronize(m.marks.back().first));
+  for (size_t i = 0; i + 1 < m.marks.size(); ++i) {
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, m.marks[i].first, m.marks[i + 1].first));
+    out[static_cast<size_t>(m.marks[i].second)] += static_cast<double>(ms) * 1e-3;
+  }
+  // The last mark starts the next interval; the others go back to the pool.
+  for (size_t i = 0; i + 1 < m.marks.size(); ++i) m.pool.push_back(m.marks[i].first);
+  m.marks.erase(m.marks.begin(), m.marks.end() - 1);
+  return out;
+}
+
+}  // namespace mtnlg::cuda
