@@ -30,6 +30,10 @@ struct LoggingConfig {
   // optimizer, data, checkpoint, host syncs); metrics.jsonl carries them per rank and
   // `mtnlg report --explain` compares them with the plan (docs/OPERATIONS.md).
   bool step_timing = true;
+  // On a GPU: the GPU time of each op family (GEMMs, attention, LayerNorm, cross-entropy,
+  // the optimizer, ...) from CUDA events around every op, per iteration at log iterations
+  // (metrics.jsonl "gpu_profile"). Costs two events per op: for a few steps, not a run.
+  bool gpu_profile = false;
 };
 
 }  // namespace mtnlg

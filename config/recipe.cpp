@@ -406,6 +406,7 @@ const Table& table() {
                      dbl_field("straggler_margin", [](Recipe& r) -> double& { return r.logging.straggler_margin; }, 0.0, 1e6),
                      int_field("straggler_intervals", [](Recipe& r) -> int64_t& { return r.logging.straggler_intervals; }, 0),
                      bool_field("step_timing", [](Recipe& r) -> bool& { return r.logging.step_timing; }),
+                     bool_field("gpu_profile", [](Recipe& r) -> bool& { return r.logging.gpu_profile; }),
                  }});
     return t;
   }();

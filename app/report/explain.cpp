@@ -345,6 +345,16 @@ Explanation explain_run(const fs::path& run_dir, const ExplainOptions& o) {
   e.plan = make_plan(run_dir, o, m, e.plan_source);
   e.dp_bytes = m.dp_bytes;
   e.findings = find_gaps(e.ranks, e.plan, e.dp_bytes);
+  std::ifstream in(run_dir / "metrics.jsonl", std::ios::binary);
+  for (std::string line; std::getline(in, line);) {
+    if (line.find("\"gpu_profile\"") == std::string::npos) continue;
+    const auto j = nlohmann::json::parse(line, nullptr, false);
+    if (!j.is_object() || !j.contains("gpu_profile") || !j["gpu_profile"].is_object()) continue;
+    e.op_families.clear();
+    for (const auto& [family, seconds] : j["gpu_profile"].items())
+      if (seconds.is_number()) e.op_families.emplace_back(family, seconds.get<double>());
+  }
+  std::stable_sort(e.op_families.begin(), e.op_families.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
   return e;
 }
 
@@ -397,6 +407,14 @@ std::string explain_text(const Explanation& e) {
   if (e.findings.empty()) o << "  none: every part within 2 points of the plan, no slow rank or stage\n";
   for (size_t k = 0; k < e.findings.size(); ++k) o << fmt::format("  {}. {}\n", k + 1, e.findings[k].text);
   write_table(o, e, shown_parts(e));
+  if (!e.op_families.empty()) {
+    double total = 0;
+    for (const auto& f : e.op_families) total += f.second;
+    o << "GPU time by op family (logging.gpu_profile, ms per iteration, last record):";
+    for (const auto& [family, s] : e.op_families)
+      o << fmt::format(" {} {:.1f} ({:.0f}%)", family, 1e3 * s, total > 0 ? 100 * s / total : 0.0);
+    o << "\n";
+  }
   return o.str();
 }
 

@@ -62,6 +62,9 @@ struct Explanation {
   // Whose clock the parts are: "host" (the training thread's), or on a GPU run "GPU" (CUDA
   // events on the compute stream: what the GPU spent in each part, step_parts_gpu).
   std::string clock = "host";
+  // logging.gpu_profile: GPU seconds per iteration by op family, the last record that has
+  // them (rank 0's), largest first; empty when the run did not profile.
+  std::vector<std::pair<std::string, double>> op_families;
 };
 
 // Throws InputError (exit 2, one line) when RUN_DIR has no metrics.jsonl or no record

@@ -60,6 +60,11 @@ void MetricsWriter::write(const IterationStats& s, const Recipe& r, double loss_
   }
   if (!s.step_parts.empty()) j["step_parts"] = step_parts_json(s.step_parts, topo_);  // logging.step_timing
   if (!s.step_parts_gpu.empty()) j["step_parts_gpu"] = step_parts_json(s.step_parts_gpu, topo_);  // ... on a GPU
+  if (!s.gpu_profile.empty()) {  // logging.gpu_profile
+    nlohmann::json fam = nlohmann::json::object();
+    for (const auto& [family, seconds] : s.gpu_profile) fam[family] = seconds;
+    j["gpu_profile"] = fam;
+  }
   if (s.gemm_fallbacks >= 0) j["gemm_fallbacks"] = s.gemm_fallbacks;  // CUDA runs
   if (s.host_reads || s.host_uploads) {  // a device run: its host round trips
     j["host_reads"] = s.host_reads;

@@ -7,11 +7,15 @@
 namespace mtnlg::app {
 
 StepTiming::StepTiming(const LoggingConfig& c, const parallel::ProcessGroups& g)
-    : g_(g), enabled_(c.step_timing), device_(c.step_timing && g.device == Device::cuda) {}
+    : g_(g),
+      enabled_(c.step_timing),
+      device_(c.step_timing && g.device == Device::cuda),
+      ops_(c.gpu_profile && g.device == Device::cuda) {}
 
 StepTiming::~StepTiming() {
 #ifdef MTNLG_HAVE_CUDA
   if (device_) cuda::stop_device_step_parts();
+  if (ops_) cuda::set_op_profile(false);
 #endif
 }
 
@@ -19,12 +23,15 @@ void StepTiming::start() {
   timing::set_step_parts_enabled(enabled_);
 #ifdef MTNLG_HAVE_CUDA
   if (device_) cuda::start_device_step_parts();
+  if (ops_) cuda::set_op_profile(true);
 #endif
   sum_ = {};
   count_ = 0;
+  op_steps_ = 0;
 }
 
 void StepTiming::after_step() {
+  ++op_steps_;
   if (!enabled_) return;
   const timing::StepPartTimes t = timing::read_step_parts();
   for (int i = 0; i < timing::kStepParts; ++i) sum_[static_cast<size_t>(i)] += t[static_cast<size_t>(i)];
@@ -41,8 +48,15 @@ std::vector<double> StepTiming::gathered(const timing::StepPartTimes& sum) const
 }
 
 StepTiming::Parts StepTiming::at_log() {
-  if (!enabled_ || count_ == 0) return {};
   Parts p;
+#ifdef MTNLG_HAVE_CUDA
+  if (ops_ && op_steps_ > 0) {
+    p.ops = cuda::read_op_profile();
+    for (auto& [family, s] : p.ops) s /= static_cast<double>(op_steps_);
+    op_steps_ = 0;
+  }
+#endif
+  if (!enabled_ || count_ == 0) return p;
   p.host = gathered(sum_);
 #ifdef MTNLG_HAVE_CUDA
   if (device_) p.gpu = gathered(cuda::read_device_step_parts());

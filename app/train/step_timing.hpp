@@ -11,6 +11,8 @@
 // the GPU, outside any step) and gathered the same way, "step_parts_gpu".
 #pragma once
 #include <cstdint>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -34,6 +36,8 @@ class StepTiming {
   // (on a GPU, else empty) the device's; both empty when off.
   struct Parts {
     std::vector<double> host, gpu;
+    // logging.gpu_profile on a GPU: this rank's GPU seconds per iteration of each op family.
+    std::vector<std::pair<std::string, double>> ops;
   };
   Parts at_log();
   ~StepTiming();
@@ -41,9 +45,9 @@ class StepTiming {
  private:
   std::vector<double> gathered(const timing::StepPartTimes& sum) const;
   const parallel::ProcessGroups& g_;
-  bool enabled_ = false, device_ = false;
+  bool enabled_ = false, device_ = false, ops_ = false;
   timing::StepPartTimes sum_{};
-  int64_t count_ = 0;
+  int64_t count_ = 0, op_steps_ = 0;
 };
 
 // metrics.jsonl's "step_parts": {"ranks": [{"rank": R, "tp_rank", "pp_rank", "dp_rank",

@@ -634,6 +634,7 @@ void Trainer::training_log(IterationStats& s, const data::Batch& batch) {
     StepTiming::Parts parts = out_.step_timing.at_log();
     s.step_parts = std::move(parts.host);
     s.step_parts_gpu = std::move(parts.gpu);
+    s.gpu_profile = std::move(parts.ops);
   }
   if (opts_.on_iteration) opts_.on_iteration(s);
   summary_.iterations.push_back(s);

@@ -6,6 +6,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "config/recipe.hpp"
@@ -60,6 +61,8 @@ struct IterationStats {
   std::vector<double> step_parts;
   // On a GPU the same from the device's clock (CUDA events): where the GPU's time went.
   std::vector<double> step_parts_gpu;
+  // logging.gpu_profile, at log iterations: this rank's GPU seconds per iteration by op family.
+  std::vector<std::pair<std::string, double>> gpu_profile;
 };
 
 struct TrainOptions {

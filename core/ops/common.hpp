@@ -23,10 +23,15 @@
 
 #ifdef MTNLG_HAVE_CUDA
 #include "core/cuda/ops_cuda.hpp"
+#include "core/cuda/step_events.hpp"
 // The one dispatch line of an op, after its shape and dtype checks:
-// `if (tensors are on CUDA) return cuda::<call>;`.
-#define MTNLG_CUDA_DISPATCH(on_cuda, call) \
-  if (on_cuda) return ::mtnlg::cuda::call
+// `if (tensors are on CUDA) return cuda::<call>;`, timed for logging.gpu_profile under
+// this file's family (core/cuda/step_events.hpp: nothing but a branch when off).
+#define MTNLG_CUDA_DISPATCH(on_cuda, call)                  \
+  if (on_cuda) {                                            \
+    const ::mtnlg::cuda::OpScope mtnlg_op_scope_(__FILE__); \
+    return ::mtnlg::cuda::call;                             \
+  }
 #else
 // same_device() throws for CUDA tensors in a CPU-only build.
 #define MTNLG_CUDA_DISPATCH(on_cuda, call) (void)(on_cuda)

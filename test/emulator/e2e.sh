@@ -10,7 +10,8 @@
 #                 refused (MTNLG_EMU_LT_FAIL=epilogues): the run goes on with separate
 #                 kernels, within 2e-2 of the CPU, each refused shape warned about once and
 #                 every refusal counted in metrics.jsonl's gemm_fallbacks; the bf16 cuda run
-#                 with logging.step_timing writes the GPU's step parts (CUDA events) too
+#                 with logging.step_timing writes the GPU's step parts (CUDA events) too,
+#                 and with logging.gpu_profile the GPU time by op family
 #     checkpoint  4 iterations on cuda, saved, resumed for 4 on the cpu; and the other way:
 #                 both equal the straight 8-iteration run of the resuming device (1e-4)
 #     layout      mpirun -np 8, tp2 x pp2 x dp2, ZeRO-1 and sequence parallel, on the
@@ -66,7 +67,7 @@ case "$step" in
         train "gpu32-$rc" cuda fp32 --set parallel.recompute_granularity=$rc &&
         compare "gpu32-$rc" "cpu32-$rc" 1e-4
     done
-    train cpu16 cpu bf16 && train gpu16 cuda bf16 --set logging.step_timing=true && compare gpu16 cpu16 2e-2
+    train cpu16 cpu bf16 && train gpu16 cuda bf16 --set logging.step_timing=true --set logging.gpu_profile=true && compare gpu16 cpu16 2e-2
     grep -q "reserved" "$out/gpu16.log" || { echo "  the cuda log line names no allocator memory"; fails=$((fails + 1)); }
     export MTNLG_EMU_LT_FAIL=epilogues
     train gpu16-refused cuda bf16 && compare gpu16-refused cpu16 2e-2
@@ -84,6 +85,9 @@ ok = (last("gpu16")["gemm_fallbacks"] == 0 and last("gpu16-refused")["gemm_fallb
 # the device's time to the parts, forward and backward work among them
 gpu_parts = last("gpu16").get("step_parts_gpu", {}).get("ranks", [{}])[0]
 ok = ok and gpu_parts.get("forward", 0) > 0 and gpu_parts.get("backward", 0) > 0 and "step_parts" in last("gpu16")
+# logging.gpu_profile: the GPU time by op family, the GEMMs and attention among them
+fam = last("gpu16").get("gpu_profile", {})
+ok = ok and fam.get("gemm", 0) > 0 and fam.get("attention", 0) > 0 and "gpu_profile" not in last("gpu16-refused")
 print(f"  refused epilogues: {len(warned)} shapes warned once each, gemm_fallbacks "
       f"{last('gpu16-refused')['gemm_fallbacks']} (without refusals {last('gpu16')['gemm_fallbacks']}) "
       f"{'ok' if ok else 'FAILED'}")
