@@ -4,7 +4,7 @@
 // shuffle and the perplexity bootstrap all draw from it, so the same seed gives the
 // same documents and the same stderr as the Python harness, draw for draw.
 //
-// Test vectors (eval-harness.md §3.3) are checked in test/data/test_eval_random.cpp.
+// Test vectors (eval-harness.md §3.3) are checked in test/data/eval/test_py_random.cpp.
 #pragma once
 #include <cstdint>
 #include <cstddef>

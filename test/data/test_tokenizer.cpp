@@ -6,7 +6,7 @@
 
 #include "core/error.hpp"
 #include "data/tokenizer.hpp"
-#include "test/data/data_test_util.hpp"
+#include "test/support/data_util.hpp"
 
 using namespace mtnlg;
 using namespace mtnlg::data;

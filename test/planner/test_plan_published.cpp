@@ -1,4 +1,4 @@
-// `mtnlg plan --json` against every published run in test/data/published_runs.tsv
+// `mtnlg plan --json` against every published run in test/planner/published_runs.tsv
 // (Narayanan et al. 2021 Table 1, Korthikanti et al. 2022 Tables 3+5, MT-NLG's system
 // performance rows; citations in the file): median relative error <= 5%; every Narayanan
 // Table 1 row within 10%; worst over all rows <= 10% (docs/PLANNER.md "Validation").
@@ -42,7 +42,7 @@ std::vector<std::string> split_tabs(const std::string& line) {
 }
 
 std::vector<Row> published_rows() {
-  std::ifstream in(source_dir() + "/test/data/published_runs.tsv");
+  std::ifstream in(source_dir() + "/test/planner/published_runs.tsv");
   REQUIRE(in);
   std::vector<Row> rows;
   std::string line;
@@ -142,7 +142,7 @@ TEST_CASE("plan predicts every published run: median error <= 5%, Narayanan rows
 
 namespace {
 
-// test/data/published_runs_mcore.tsv: Megatron-Core's H100 weak-scaling table (sequence 4096,
+// test/planner/published_runs_mcore.tsv: Megatron-Core's H100 weak-scaling table (sequence 4096,
 // vocabulary 131072, dp 48, distributed optimizer, SP when tp > 1, no recompute).
 struct McoreRow {
   std::string id, where;
@@ -151,7 +151,7 @@ struct McoreRow {
 };
 
 std::vector<McoreRow> mcore_rows() {
-  std::ifstream in(source_dir() + "/test/data/published_runs_mcore.tsv");
+  std::ifstream in(source_dir() + "/test/planner/published_runs_mcore.tsv");
   REQUIRE(in);
   std::vector<McoreRow> rows;
   std::string line;

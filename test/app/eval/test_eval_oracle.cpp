@@ -8,7 +8,7 @@
 #include "app/eval/eval_runner.hpp"
 #include "core/safetensors.hpp"
 #include "data/eval/requests.hpp"
-#include "test/data/data_test_util.hpp"
+#include "test/support/data_util.hpp"
 
 using namespace mtnlg;
 

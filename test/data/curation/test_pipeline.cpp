@@ -2,7 +2,7 @@
 // source through the stages to a blend; a second run finds every stage up to date; a bad
 // pipeline file is an InputError naming the file and field; interrupted writes' temporary
 // files are removed unless their writer still runs. (The `mtnlg data curate` command with
-// WARC sources, kills and mpirun: test/data/test_curate.cpp.)
+// WARC sources, kills and mpirun: test/app/data/test_data_curate.cpp.)
 #include <catch2/catch.hpp>
 
 #include <unistd.h>

@@ -13,7 +13,7 @@
 #include "core/error.hpp"
 #include "data/merge.hpp"
 #include "data/preprocess.hpp"
-#include "test/data/data_test_util.hpp"
+#include "test/support/data_util.hpp"
 
 using namespace mtnlg;
 using namespace mtnlg::data;
@@ -64,11 +64,7 @@ bool same_files(const std::string& a, const std::string& b) {
          test::read_file(a + ".idx") == test::read_file(b + ".idx");
 }
 
-int64_t count_files(const fs::path& dir) {
-  int64_t n = 0;
-  for (auto& e : fs::directory_iterator(dir)) n += e.is_regular_file();
-  return n;
-}
+using test::count_files;
 
 }  // namespace
 

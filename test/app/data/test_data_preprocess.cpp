@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "data/indexed_dataset.hpp"
-#include "test/data/data_test_util.hpp"
+#include "test/support/data_util.hpp"
 
 using namespace mtnlg;
 using namespace mtnlg::data;
@@ -28,11 +28,7 @@ void write_zst(const fs::path& p, const std::string& data) {
   test::write_file(p, out);
 }
 
-int64_t count_files(const fs::path& dir) {
-  int64_t n = 0;
-  for (auto& e : fs::directory_iterator(dir)) n += e.is_regular_file();
-  return n;
-}
+using test::count_files;
 
 }  // namespace
 

@@ -11,6 +11,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "test/support/data_util.hpp"
 #include "test/support/test_support.hpp"
 
 using namespace mtnlg;
@@ -20,14 +21,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::vector<json> read_jsonl(const fs::path& path) {
-  std::vector<json> out;
-  std::ifstream f(path);
-  std::string line;
-  while (std::getline(f, line))
-    if (!line.empty()) out.push_back(json::parse(line));
-  return out;
-}
+using test::read_jsonl;
 
 // Every file of the work directory that must not depend on interruptions: data, token
 // files, blend, recipe, report (the sub-commands' reports carry timings and are left out).

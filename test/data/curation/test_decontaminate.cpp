@@ -10,7 +10,7 @@
 #include "data/curation/decontaminate.hpp"
 #include "data/curation/synth_corpus.hpp"
 #include "data/curation/text.hpp"
-#include "test/data/data_test_util.hpp"
+#include "test/support/data_util.hpp"
 #include "test/support/test_support.hpp"
 
 using namespace mtnlg;

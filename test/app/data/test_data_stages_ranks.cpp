@@ -16,6 +16,7 @@
 #include <sstream>
 
 #include "core/progress.hpp"
+#include "test/support/data_util.hpp"
 #include "test/support/test_support.hpp"
 
 using namespace mtnlg;
@@ -24,11 +25,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-int64_t count_files(const fs::path& dir) {
-  int64_t n = 0;
-  for (auto& e : fs::directory_iterator(dir)) n += e.is_regular_file();
-  return n;
-}
+using test::count_files;
 
 test::RunResult run_np(int np, const std::string& args) {
   if (np == 1) return test::run_command(std::string(MTNLG_BINARY) + " " + args);

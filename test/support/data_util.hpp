@@ -1,8 +1,10 @@
-// Shared helpers for the data tests: GPT-2 vocab files, the npm tools dir, and the JSONL
-// corpus the preprocess/merge tests feed through the binary.
+// Shared helpers for the data tests and the data commands' tests: GPT-2 vocab files, the
+// npm tools dir, the JSONL corpus the preprocess/merge tests feed through the binary, and
+// reading what the commands wrote (JSONL records, files in a folder).
 #pragma once
 #include <zlib.h>
 
+#include <cstdint>
 #include <filesystem>
 #include <memory>
 #include <sstream>
@@ -14,6 +16,22 @@
 #include "test/support/test_support.hpp"
 
 namespace mtnlg::test {
+
+// Regular files directly in `dir` (what a command left behind).
+inline int64_t count_files(const std::filesystem::path& dir) {
+  int64_t n = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) n += e.is_regular_file();
+  return n;
+}
+
+// The records of a JSONL file, one JSON value per non-empty line.
+inline std::vector<nlohmann::json> read_jsonl(const std::filesystem::path& path) {
+  std::vector<nlohmann::json> out;
+  std::istringstream in(read_file(path));
+  for (std::string l; std::getline(in, l);)
+    if (!l.empty()) out.push_back(nlohmann::json::parse(l));
+  return out;
+}
 
 // The lines of a text file (without their newlines).
 inline std::vector<std::string> lines_of(const std::filesystem::path& p) {

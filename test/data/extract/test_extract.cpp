@@ -13,6 +13,7 @@
 
 #include "data/extract/extract.hpp"
 #include "data/extract/strip.hpp"
+#include "test/support/data_util.hpp"
 #include "test/support/test_support.hpp"
 
 using namespace mtnlg;
@@ -25,14 +26,7 @@ namespace {
 
 std::string fixture(const std::string& name) { return test::source_dir() + "/test/fixtures/warc/" + name; }
 
-std::vector<json> read_jsonl(const std::string& path) {
-  std::vector<json> out;
-  std::ifstream f(path);
-  std::string line;
-  while (std::getline(f, line))
-    if (!line.empty()) out.push_back(json::parse(line));
-  return out;
-}
+using test::read_jsonl;
 
 // Token F1 as scripts/bench/extract_peer.py computes it (lower-cased runs of letters and digits).
 double token_f1(const std::string& got, const std::string& want) {
@@ -753,7 +747,7 @@ TEST_CASE("data extract vs readability-lxml: F1 on the tuning and evaluation pag
 TEST_CASE("data extract on real Debian HTML: English documentation kept, man pages in other languages dropped",
           "[oracle][extract]") {
   test::TempDir dir("extract-debian");
-  auto mk = test::run_command("/usr/bin/python3 " + test::source_dir() + "/test/data/debian_pages_warc.py " +
+  auto mk = test::run_command("/usr/bin/python3 " + test::source_dir() + "/test/data/extract/debian_pages_warc.py " +
                               (dir / "debian.warc.gz").string());
   INFO(mk.out);
   REQUIRE(mk.exit_code == 0);

@@ -8,7 +8,7 @@
 #include "data/eval/metrics.hpp"
 #include "data/eval/requests.hpp"
 #include "data/eval/tasks.hpp"
-#include "test/data/data_test_util.hpp"
+#include "test/support/data_util.hpp"
 
 using namespace mtnlg::data::eval;
 using Catch::Matchers::Contains;
@@ -102,7 +102,7 @@ TEST_CASE("eval tasks: py_capitalize and py_strip equal Python's on all of Unico
     WARN("skipped: no python3");
     return;
   }
-  const std::string py = mtnlg::test::python() + " " + mtnlg::test::source_dir() + "/test/data/py_case_oracle.py";
+  const std::string py = mtnlg::test::python() + " " + mtnlg::test::source_dir() + "/test/data/eval/py_case_oracle.py";
   auto r = mtnlg::test::run_command(py + " 'ΟΔΟΣ ΟΔΟΣ.' \"ΑΣ'Σ\" 'aΣ\u0301b' 'İSTANBUL' 'ŉ ǉ ǈ ﬁ' 'Σ' 'aΣ' '\u00a0 ΣΑΣ \u2003'");
   REQUIRE(r.exit_code == 0);
   std::istringstream in(r.out);
