@@ -10,7 +10,7 @@
 #   scripts/bench/extract_bench.sh [BUILD_DIR] [REPEAT] [WARC]
 # Prints a table; the numbers in docs/PERFORMANCE.md come from this script. WARC (a
 # .warc.gz of one gzip member per record) replaces the fixture, e.g. the real Debian HTML
-# that `test/data/debian_pages_warc.py OUT.warc.gz` gathers; the page count is then the
+# that `test/data/extract/debian_pages_warc.py OUT.warc.gz` gathers; the page count is then the
 # `pages` of mtnlg's report (HTML responses with status 200).
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
