@@ -279,11 +279,12 @@ struct Walker {
     for (size_t i = 0; i < s.size(); ++i) {
       const auto c = static_cast<unsigned char>(s[i]);
       if (c != 0xEE && c != 0xEF) continue;
-      const size_t k = placeholder_at(s, i);
+      size_t bytes = 0;
+      const size_t k = placeholder_at(s, i, &bytes);
       if (k >= runs->size()) continue;
       expanded.append(s, from, i - from);
       append_as_parsed(expanded, (*runs)[k]);
-      i += kPlaceholderBytes - 1;
+      i += bytes - 1;
       from = i + 1;
     }
     expanded.append(s, from, s.size() - from);

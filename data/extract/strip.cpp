@@ -22,7 +22,7 @@ bool alnum(char c) { return alpha(c) || (c >= '0' && c <= '9'); }
 constexpr uint64_t kAmps = 0x2626262626262626ULL;  // '&' in every byte
 bool has_zero_byte(uint64_t x) { return ((x - 0x0101010101010101ULL) & ~x & 0x8080808080808080ULL) != 0; }
 
-constexpr size_t kMinRun = 16;  // shorter text stays: a placeholder is 6 bytes
+constexpr size_t kMinRun = 2;  // a piece of one byte is one character already
 
 // Whether `s` at `i` holds `name` (lower case) in any case, followed by the end of a tag name.
 bool name_at(std::string_view s, size_t i, std::string_view name) {
@@ -193,13 +193,19 @@ bool has_private_use(std::string_view s) {
   return false;
 }
 
-// The two private-use characters that stand for text run `k`.
+// The private-use character(s) that stand for text run `k` (strip.hpp).
 void append_placeholder(std::string& out, size_t k) {
-  for (const size_t v : {k / kPlaceholderBase, k % kPlaceholderBase}) {
+  auto put = [&](size_t v) {
     const auto cp = static_cast<unsigned>(0xE000 + v);
     out += static_cast<char>(0xE0 | (cp >> 12));
     out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
     out += static_cast<char>(0x80 | (cp & 0x3F));
+  };
+  if (k < kPlaceholderSingle) {
+    put(k);
+  } else {
+    put(kPlaceholderSingle + (k - kPlaceholderSingle) / kPlaceholderBase);
+    put((k - kPlaceholderSingle) % kPlaceholderBase);
   }
 }
 
@@ -232,7 +238,7 @@ struct Stripper {
       while (q < to && s[q] != '&' && s[q] != '\0') ++q;
       size_t e = q;  // the piece is s[p, e), trimmed
       while (e > p && ws(s[e - 1])) --e;
-      if (e - p >= kMinRun && runs->size() < kPlaceholderBase * kPlaceholderBase) {
+      if (e - p >= kMinRun && runs->size() < kPlaceholderRuns) {
         drop(p, e);
         append_placeholder(out, runs->size());
         runs->push_back(s.substr(p, e - p));
@@ -344,7 +350,7 @@ size_t strip_raw_text(std::string_view html, std::string& out, std::vector<std::
   return Stripper(html, out, runs, drop_attributes).run();
 }
 
-size_t placeholder_at(std::string_view s, size_t i) {
+size_t placeholder_at(std::string_view s, size_t i, size_t* bytes) {
   auto pua = [&](size_t k) -> long {
     if (k + 3 > s.size()) return -1;
     const auto a = static_cast<unsigned char>(s[k]), b = static_cast<unsigned char>(s[k + 1]),
@@ -353,8 +359,17 @@ size_t placeholder_at(std::string_view s, size_t i) {
     const unsigned cp = ((a & 0x0Fu) << 12) | ((b & 0x3Fu) << 6) | (c & 0x3Fu);
     return cp >= 0xE000 && cp < 0xE000 + kPlaceholderBase ? static_cast<long>(cp - 0xE000) : -1;
   };
-  const long hi = pua(i), lo = hi < 0 ? -1 : pua(i + 3);
-  return lo < 0 ? npos : static_cast<size_t>(hi) * kPlaceholderBase + static_cast<size_t>(lo);
+  const long hi = pua(i);
+  if (hi < 0) return npos;
+  if (static_cast<size_t>(hi) < kPlaceholderSingle) {
+    if (bytes) *bytes = 3;
+    return static_cast<size_t>(hi);
+  }
+  const long lo = pua(i + 3);
+  if (lo < 0) return npos;
+  if (bytes) *bytes = 6;
+  return kPlaceholderSingle + (static_cast<size_t>(hi) - kPlaceholderSingle) * kPlaceholderBase +
+         static_cast<size_t>(lo);
 }
 
 namespace {

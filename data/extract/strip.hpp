@@ -22,12 +22,14 @@ namespace mtnlg::extract {
 // of bytes removed.
 //
 // With `runs`, the text in the data state is also taken out of the parse: each piece of
-// text of 16 bytes or more (without leading or trailing whitespace, character references
-// or NULs, which the parser would change) is replaced by two private-use characters that
-// number it, and `runs` gets the piece (a view of `html`). The parser then builds the same
-// tree (a placeholder is text, and not whitespace, as the piece is) in a fraction of the
-// time; the walker puts the pieces back (placeholder_at). A page that holds private-use
-// characters itself (or numeric references to them) is left without placeholders.
+// text of 2 bytes or more (without leading or trailing whitespace, character references
+// or NULs, which the parser would change) is replaced by one private-use character that
+// numbers it (two from the 6,337th piece on), and `runs` gets the piece (a view of
+// `html`). The parser then builds the same tree (a placeholder is text, and not
+// whitespace, as the piece is) in a fraction of the time: it reads one character where
+// the piece had many. The walker puts the pieces back (placeholder_at). A page that holds
+// private-use characters itself (or numeric references to them) is left without
+// placeholders.
 //
 // With `drop_attributes`, the attributes of start tags that neither the block walk nor the
 // tree builder reads (href, src, style, data-*, ...: all but hidden, aria-hidden, class,
@@ -39,10 +41,16 @@ namespace mtnlg::extract {
 size_t strip_raw_text(std::string_view html, std::string& out, std::vector<std::string_view>* runs = nullptr,
                       bool drop_attributes = false);
 
-// Two placeholder characters (UTF-8) at s[i]: the number of their run, else npos.
-constexpr size_t kPlaceholderBase = 6400;  // U+E000..U+F8FF
-constexpr size_t kPlaceholderBytes = 6;
-size_t placeholder_at(std::string_view s, size_t i);
+// The placeholders: U+E000 + k for piece k < kPlaceholderSingle, else the two characters
+// U+E000 + kPlaceholderSingle + (k - kPlaceholderSingle) / 6400 and U+E000 + (k -
+// kPlaceholderSingle) % 6400; all in U+E000..U+F8FF (three bytes of UTF-8 each).
+constexpr size_t kPlaceholderBase = 6400;   // U+E000..U+F8FF
+constexpr size_t kPlaceholderSingle = 6336;  // pieces with a one-character placeholder
+constexpr size_t kPlaceholderRuns =         // pieces a page can have; the text after them stays
+    kPlaceholderSingle + (kPlaceholderBase - kPlaceholderSingle) * kPlaceholderBase;
+// The number of the piece whose placeholder starts at s[i], its length in bytes in
+// `bytes`; npos when none starts there.
+size_t placeholder_at(std::string_view s, size_t i, size_t* bytes = nullptr);
 
 // Appends a run's text as the parser would have given it: CR LF and CR as LF, and the code
 // points it replaces by U+FFFD (controls, noncharacters) replaced. `run` is valid UTF-8.

@@ -512,17 +512,41 @@ TEST_CASE("extract: text runs stand in as numbered placeholders, without their e
           "[extract]") {
   std::string out;
   std::vector<std::string_view> runs;
-  const std::string html = "<p>  A run of text long enough &amp; a second run of text </p><i>short</i>";
+  const std::string html = "<p>  A run of text long enough &amp; a second run of text </p><i>ab</i><b>c</b>";
   strip_raw_text(html, out, &runs);
-  REQUIRE(runs.size() == 2);
+  REQUIRE(runs.size() == 3);  // "c" is one character already
   CHECK(runs[0] == "A run of text long enough");
   CHECK(runs[1] == "a second run of text");
-  REQUIRE(out.size() == std::string("<p>  ").size() + 6 + std::string(" &amp; ").size() + 6 + 17);
-  CHECK(placeholder_at(out, 5) == 0);
-  CHECK(placeholder_at(out, 5 + 6 + 7) == 1);
+  CHECK(runs[2] == "ab");
+  REQUIRE(out.size() == std::string("<p>  ").size() + 3 + std::string(" &amp; ").size() + 3 + 8 + 3 + 12);
+  size_t bytes = 0;
+  CHECK(placeholder_at(out, 5, &bytes) == 0);
+  CHECK(bytes == 3);
+  CHECK(placeholder_at(out, 5 + 3 + 7) == 1);
   CHECK(placeholder_at(out, 0) == std::string::npos);
-  CHECK(out.substr(5 + 6, 7) == " &amp; ");
-  CHECK(out.substr(out.size() - 17) == " </p><i>short</i>");
+  CHECK(out.substr(5 + 3, 7) == " &amp; ");
+  CHECK(out.substr(out.size() - 12 - 3 - 8, 8) == " </p><i>");
+  CHECK(out.substr(out.size() - 12) == "</i><b>c</b>");
+  // From the 6,337th piece on a placeholder is two characters.
+  std::string many;
+  for (size_t k = 0; k < kPlaceholderSingle + 2 * kPlaceholderBase; ++k) {
+    many += "<b>w";
+    many += std::to_string(k);
+    many += "</b>";
+  }
+  strip_raw_text(many, out, &runs);
+  REQUIRE(runs.size() == kPlaceholderSingle + 2 * kPlaceholderBase);
+  size_t k = 0;
+  for (size_t i = 0; i < out.size(); ++i) {
+    const size_t got = placeholder_at(out, i, &bytes);
+    if (got == std::string::npos) continue;
+    REQUIRE(got == k);
+    REQUIRE(bytes == (k < kPlaceholderSingle ? 3u : 6u));
+    CHECK(runs[k].substr(1) == std::to_string(k));
+    ++k;
+    i += bytes - 1;
+  }
+  CHECK(k == runs.size());
   // A page with private-use characters of its own gets none.
   strip_raw_text("<p>\xEF\x80\x80 and a run of text long enough</p>", out, &runs);
   CHECK(runs.empty());
