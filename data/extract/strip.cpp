@@ -76,29 +76,40 @@ size_t tag_end(std::string_view s, size_t i, std::vector<AttributeSpan>* attrs =
   return n;
 }
 
-// Whether the block walk or the tree builder reads an attribute of this name (lower case
-// or not): the walk reads hidden, aria-hidden, class, id and role; the tree builder reads
-// type (<input type=hidden> in a table), color, face and size (<font> leaving foreign
-// content), encoding (<annotation-xml>) and prompt and action (<isindex>, which makes text).
-bool attribute_kept(std::string_view name) {
-  static constexpr std::string_view kKept[] = {"hidden", "aria-hidden", "class", "id",       "role",   "type",
-                                               "color",  "face",        "size",  "encoding", "prompt", "action"};
-  char low[12];
-  if (name.size() > sizeof(low)) return false;
-  for (size_t k = 0; k < name.size(); ++k) low[k] = lower(name[k]);
-  const std::string_view l(low, name.size());
-  for (const auto k : kKept)
-    if (l == k) return true;
-  return false;
+// Whether `s` (any case) is `lower_name` (lower case).
+bool iequals(std::string_view s, std::string_view lower_name) {
+  if (s.size() != lower_name.size()) return false;
+  for (size_t k = 0; k < s.size(); ++k)
+    if (lower(s[k]) != lower_name[k]) return false;
+  return true;
 }
 
-// 0 for an attribute named class, 1 for id (in any case), else -1.
-int class_or_id(std::string_view name) {
-  if (name.size() == 5 && lower(name[0]) == 'c' && lower(name[1]) == 'l' && lower(name[2]) == 'a' &&
-      lower(name[3]) == 's' && lower(name[4]) == 's')
-    return 0;
-  if (name.size() == 2 && lower(name[0]) == 'i' && lower(name[1]) == 'd') return 1;
+// The attributes the block walk or the tree builder reads, by name: an index into this
+// list for an attribute of that name (in any case), else -1.
+constexpr std::string_view kReadAttributes[] = {"class", "id",       "hidden", "aria-hidden", "role",   "type",
+                                                "color", "face",     "size",   "encoding",    "prompt", "action"};
+enum : int { kClass = 0, kId = 1 };
+int read_attribute(std::string_view name) {
+  for (size_t k = 0; k < std::size(kReadAttributes); ++k)
+    if (iequals(name, kReadAttributes[k])) return static_cast<int>(k);
   return -1;
+}
+
+// Whether attribute `which` (not class or id) with this value, as written, on a start tag
+// named `tag`, can change the tree or the blocks: the walk reads hidden (any value),
+// aria-hidden="true" and the roles navigation, banner, contentinfo and dialog; the tree
+// builder reads type=hidden on <input> (in a table, and for frameset-ok), color, face and
+// size on <font> (leaving foreign content), encoding on <annotation-xml> and prompt and
+// action on <isindex>. A value with a character reference may decode to anything: it stays.
+bool attribute_read(int which, std::string_view value, std::string_view tag) {
+  const std::string_view name = kReadAttributes[static_cast<size_t>(which)];
+  if (name == "hidden" || value.find('&') != npos) return true;
+  if (name == "aria-hidden") return value == "true";
+  if (name == "role") return value == "navigation" || value == "banner" || value == "contentinfo" || value == "dialog";
+  if (name == "type") return iequals(tag, "input") && iequals(value, "hidden");
+  if (name == "color" || name == "face" || name == "size") return iequals(tag, "font");
+  if (name == "encoding") return iequals(tag, "annotation-xml");
+  return iequals(tag, "isindex");  // prompt, action
 }
 
 // The value of an attribute as written (without its quotes); "" when it has none.
@@ -249,6 +260,43 @@ struct Stripper {
     }
   }
 
+  // Writes the start tag whose name is `name` (a view of `s`) and which ends before `end`
+  // (`attrs` holds its attributes) with only what the walk and the tree builder read of
+  // it: its name, the first occurrence of each attribute they read (the parser drops
+  // repeats) where its value can matter (attribute_read), one space before each, and a
+  // '/' that makes it self-closing. Of class and id the walk asks only whether a word
+  // marks furniture: both go, and one id=nav (class=nav when the id stays) stands for
+  // them when one does; a value with a character reference stays as it is written.
+  void canonical_start_tag(std::string_view name, size_t end) {
+    const size_t name_end = static_cast<size_t>(name.data() - s.data()) + name.size();
+    out.append(s, copied, name_end - copied);
+    copied = end;
+    uint32_t seen = 0;  // by index in kReadAttributes
+    bool furniture = false, raw[2] = {false, false};
+    for (const auto& a : attrs) {
+      const int which = read_attribute(s.substr(a.begin, a.name_end - a.begin));
+      if (which < 0 || (seen >> which & 1)) continue;
+      seen |= uint32_t{1} << which;
+      const std::string_view v = attribute_value(s, a);
+      if (which == kClass || which == kId) {
+        raw[which] = v.find('&') != npos;
+        if (!raw[which]) {
+          furniture = furniture || furniture_attribute(v);
+          continue;
+        }
+      } else if (!attribute_read(which, v, name)) {
+        continue;
+      }
+      out += ' ';
+      out.append(s, a.begin, a.end - a.begin);
+    }
+    if (furniture) out += raw[kId] ? " class=nav" : " id=nav";
+    // Self-closing: a '/' right before the '>' that is in no value ("<a href=x/>" is not).
+    const size_t last = attrs.empty() ? name_end : attrs.back().end;
+    if (end - 2 >= last && s[end - 2] == '/') out += out.back() == '"' || out.back() == '\'' ? "/" : " /";
+    out += '>';
+  }
+
   // A start tag whose name starts at `i`: where to read on from, after its contents when
   // they are text, foreign content or removed. npos: copy the rest as it is.
   size_t start_tag(size_t i) {
@@ -260,29 +308,7 @@ struct Stripper {
       bool closed = false;
       end = tag_end(s, e, &attrs, &closed);
       // A tag the file ends inside is not emitted at all: leave it as it is.
-      if (closed) {
-        bool seen[2] = {false, false};  // class, id
-        for (const auto& a : attrs) {
-          const std::string_view name = s.substr(a.begin, a.name_end - a.begin);
-          const int which = class_or_id(name);
-          if (which < 0) {
-            if (!attribute_kept(name)) drop(a.begin, a.end);
-            continue;
-          }
-          // The walk asks of class and id only whether a word marks furniture: the first
-          // one (the parser drops repeats) becomes class="nav" / id="nav" when it does
-          // and goes when it does not. A value with a character reference stays as it is.
-          if (seen[which]) {
-            drop(a.begin, a.end);
-            continue;
-          }
-          seen[which] = true;
-          const std::string_view v = attribute_value(s, a);
-          if (v.find('&') != npos) continue;
-          drop(a.begin, a.end);
-          if (furniture_attribute(v)) out += which == 0 ? "class=\"nav\"" : "id=\"nav\"";
-        }
-      }
+      if (closed) canonical_start_tag(s.substr(i, e - i), end);
     } else {
       end = tag_end(s, e);
     }
@@ -319,7 +345,13 @@ struct Stripper {
         if (i == npos) break;
       } else if (c == '/' && i + 2 < n && alpha(s[i + 2])) {
         if (name_at(s, i + 2, "select")) in_select = false;
-        i = tag_end(s, i + 2);
+        size_t e = i + 2;
+        while (e < n && !name_end(s[e])) ++e;
+        bool closed = false;
+        const size_t end = tag_end(s, e, nullptr, &closed);
+        // An end tag's attributes and '/' are ignored by the parser: they go.
+        if (drop_attributes && closed && end - 1 > e) drop(e, end - 1);
+        i = end;
       } else if (s.compare(i, 4, "<!--") == 0) {
         const size_t e = comment_end(s, i + 4);
         drop(i, e);

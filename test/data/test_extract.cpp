@@ -441,6 +441,10 @@ TEST_CASE("extract: script and style contents and comments go before the parse, 
       {"<div role=navigation onclick=\"go('>')\" =odd href>Navigation links of the page</div>"
        "<section class=footer  data-a=\"1\"  data-b='2' >The footer text of the page</section>" + main, ""},
       {main + "<a href=\"never closed", ""},
+      {"<div role=main ROLE=navigation>Text of the main part of the page</div><p aria-hidden=false>Text that "
+       "is shown</p><ul class=menu id=x><li id=\"r&#101;lated\" class=\"item\">Item</li></ul>" + main, ""},
+      {"<table><tr><td>A cell of the table with text</td></tr><INPUT TYPE=HIDDEN class=x><input type=text "
+       "class=nav></table><font color=red><svg><font color=blue>Text out of the svg</font></svg></font>" + main, ""},
   };
   std::string out;
   for (const auto& [html, want_or_empty] : cases) {
@@ -499,10 +503,24 @@ TEST_CASE("extract: attributes the walk and the tree builder never read go befor
   strip_raw_text("<a href=\"/x\"CLASS=nav title='a > b'>x</a><div data-x=1 hidden id=m =odd>y</div>"
                  "<input Type=hidden src=x/><a href=\"open", out, &runs, true);
   // "x/" is the value; class and id keep only whether they mark furniture.
-  CHECK(out == "<a class=\"nav\" >x</a><div  hidden  >y</div><input Type=hidden ><a href=\"open");
+  CHECK(out == "<a id=nav>x</a><div hidden>y</div><input Type=hidden><a href=\"open");
   strip_raw_text("<div class=\"main-col\" ID='site-footer' class=nav>a</div><p class=\"x&#110;av\"id=\"related\"class=\"y\">b</p>",
                  out, &runs, true);
-  CHECK(out == "<div  id=\"nav\" >a</div><p class=\"x&#110;av\"id=\"nav\">b</p>");  // repeats go, references stay
+  CHECK(out == "<div id=nav>a</div><p class=\"x&#110;av\" id=nav>b</p>");  // repeats go, references stay
+  strip_raw_text("<p id=\"r&#101;lated\" class=menu>c</p>", out, &runs, true);
+  CHECK(out == "<p id=\"r&#101;lated\" class=nav>c</p>");  // the id stays as written: the mark is a class
+  // Values that can matter stay: the walk's roles and aria-hidden="true", type=hidden on
+  // <input> only, font attributes on <font>, prompt on <isindex>; the first of a name counts.
+  strip_raw_text("<div role=main role=navigation aria-hidden=false>a</div><nav role=\"banner\" aria-hidden=\"true\">b</nav>"
+                 "<button type=submit><input type=text><INPUT TYPE=HIDDEN><font color=red size=2 hidden>c</font>"
+                 "<b color=red>d</b><isindex prompt=\"Find\" action=x>",
+                 out, &runs, true);
+  CHECK(out == "<div>a</div><nav role=\"banner\" aria-hidden=\"true\">b</nav><button><input><INPUT TYPE=HIDDEN>"
+               "<font color=red size=2 hidden>c</font><b>d</b><isindex prompt=\"Find\" action=x>");
+  // Self-closing stays (a space before it after an unquoted value); end tags lose what the
+  // parser ignores in them.
+  strip_raw_text("<br/><br style=x /><input type=hidden /><a href=x/>e</a ><hr class=\"nav\"/></div id=x>", out, &runs, true);
+  CHECK(out == "<br /><br /><input type=hidden /><a>e</a><hr id=nav /></div>");
   // Without the option they all stay.
   strip_raw_text("<a href=x class=c>x</a>", out, &runs);
   CHECK(out == "<a href=x class=c>x</a>");
