@@ -421,9 +421,9 @@ class ParseArena {
   static constexpr size_t kKeptChunks = 16;  // 4 MiB kept for the next page
   void* allocate(size_t n) {
     n = (n + 15) & ~size_t{15};
-    if (cur_ >= chunks_.size() || used_ + n > chunks_[cur_].size) next_chunk(n);
-    void* p = chunks_[cur_].data.get() + used_;
-    used_ += n;
+    if (static_cast<size_t>(end_ - ptr_) < n) next_chunk(n);
+    void* p = ptr_;
+    ptr_ += n;
     return p;
   }
   // Drops everything allocated since the last reset; keeps up to kKeptChunks chunks.
@@ -431,7 +431,8 @@ class ParseArena {
     std::erase_if(chunks_, [](const Chunk& c) { return c.size != kChunk; });
     if (chunks_.size() > kKeptChunks) chunks_.resize(kKeptChunks);
     cur_ = 0;
-    used_ = 0;
+    ptr_ = end_ = nullptr;
+    if (!chunks_.empty()) use(0);
   }
   static void* gumbo_alloc(void* self, size_t n) { return static_cast<ParseArena*>(self)->allocate(n); }
   static void gumbo_free(void*, void*) {}
@@ -441,18 +442,27 @@ class ParseArena {
     std::unique_ptr<char[]> data;
     size_t size;
   };
+  // Makes chunk k the one allocated from.
+  void use(size_t k) {
+    cur_ = k;
+    ptr_ = chunks_[k].data.get();
+    end_ = ptr_ + chunks_[k].size;
+  }
+  // The next chunk with room for n bytes (the current one is full), a new one if none.
   void next_chunk(size_t n) {
-    if (cur_ < chunks_.size() && used_ > 0) ++cur_;  // the current chunk is full
-    while (cur_ < chunks_.size() && chunks_[cur_].size < n) ++cur_;
-    if (cur_ >= chunks_.size()) {
+    size_t k = ptr_ == nullptr ? 0 : cur_ + 1;
+    while (k < chunks_.size() && chunks_[k].size < n) ++k;
+    if (k >= chunks_.size()) {
       const size_t size = std::max(n, kChunk);
       chunks_.push_back({std::make_unique_for_overwrite<char[]>(size), size});
-      cur_ = chunks_.size() - 1;
+      k = chunks_.size() - 1;
     }
-    used_ = 0;
+    use(k);
   }
   std::vector<Chunk> chunks_;
-  size_t cur_ = 0, used_ = 0;
+  size_t cur_ = 0;
+  char* ptr_ = nullptr;  // the free part of chunk cur_: [ptr_, end_)
+  char* end_ = nullptr;
 };
 
 ParsedPage parse_gumbo_blocks(std::string_view html, const std::vector<std::string_view>* runs) {
