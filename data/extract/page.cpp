@@ -21,30 +21,6 @@
 
 namespace mtnlg::extract {
 
-// Class/id words that mark page furniture rather than content.
-static bool boilerplate_word(std::string_view w) {
-  static const std::unordered_set<std::string_view> words = {
-      "cookie", "cookies", "consent", "gdpr", "nav", "navbar", "navigation", "menu", "footer", "sidebar",
-      "breadcrumb", "breadcrumbs", "share", "sharing", "social", "banner", "advert", "advertisement", "ads",
-      "promo", "newsletter", "subscribe", "skip", "toolbar", "masthead", "sitemap", "pagination", "related"};
-  return words.count(w) != 0;
-}
-
-bool furniture_attribute(std::string_view v) {
-  std::string word;
-  for (size_t i = 0; i <= v.size(); ++i) {
-    char c = i < v.size() ? v[i] : ' ';
-    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
-    if ((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9')) {
-      word += c;
-    } else {
-      if (!word.empty() && boilerplate_word(word)) return true;
-      word.clear();
-    }
-  }
-  return false;
-}
-
 namespace {
 
 char lower(char c) { return (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c; }
@@ -86,12 +62,13 @@ uint64_t lower8(uint64_t x) {
   return x | (upper >> 2);
 }
 
-// Stop-word lookup: each word (at most 15 bytes, lower case) zero-padded to 16 bytes and
-// read as two 64-bit words, in an open-addressing table a quarter full. A lookup is a
-// multiply, a shift and usually one compare (a list per (length, first letter) with
-// memcmp on each entry cost ~100 instructions a word). The text holds no NUL (the parser
-// drops them), so the padding cannot match a word's own bytes.
-class StopwordTable {
+// Word lookup (stop words, furniture words): each word (at most 15 bytes, lower case)
+// zero-padded to 16 bytes and read as two 64-bit words, in an open-addressing table a
+// quarter full. A lookup is a multiply, a shift and usually one compare (a list per
+// (length, first letter) with memcmp on each entry cost ~100 instructions a word). The
+// text holds no NUL (the parser drops them), so the padding cannot match a word's own
+// bytes.
+class WordTable {
  public:
   static constexpr size_t kMaxLen = 15;
   // A word as two 64-bit words: its bytes (lower case) in memory order, zeros after.
@@ -99,7 +76,7 @@ class StopwordTable {
     uint64_t lo = 0, hi = 0;
     bool empty() const { return lo == 0 && hi == 0; }
   };
-  explicit StopwordTable(const std::unordered_set<std::string_view>& words) {
+  explicit WordTable(const std::unordered_set<std::string_view>& words) {
     for (auto w : words) {
       if (w.empty() || w.size() > kMaxLen) continue;
       const auto* p = reinterpret_cast<const unsigned char*>(w.data());
@@ -148,10 +125,42 @@ class StopwordTable {
   std::array<Key, size_t{1} << kBits> table_{};
 };
 
-const StopwordTable& english_stopword_table() {
-  static const StopwordTable table(english_stopwords());
+const WordTable& english_stopword_table() {
+  static const WordTable table(english_stopwords());
   return table;
 }
+
+// Class/id words that mark page furniture rather than content.
+const WordTable& furniture_words() {
+  static const WordTable table(std::unordered_set<std::string_view>{
+      "cookie", "cookies", "consent", "gdpr", "nav", "navbar", "navigation", "menu", "footer", "sidebar",
+      "breadcrumb", "breadcrumbs", "share", "sharing", "social", "banner", "advert", "advertisement", "ads",
+      "promo", "newsletter", "subscribe", "skip", "toolbar", "masthead", "sitemap", "pagination", "related"});
+  return table;
+}
+
+bool alnum_byte(unsigned char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9'); }
+
+}  // namespace
+
+bool furniture_attribute(std::string_view v) {
+  const auto* t = reinterpret_cast<const unsigned char*>(v.data());
+  const size_t n = v.size();
+  const WordTable& words = furniture_words();
+  for (size_t i = 0; i < n;) {
+    if (!alnum_byte(t[i])) {
+      ++i;
+      continue;
+    }
+    size_t j = i + 1;  // a word: ASCII letters and digits, lower-cased
+    while (j < n && alnum_byte(t[j])) ++j;
+    if (j - i <= WordTable::kMaxLen && words.contains(WordTable::key(t + i, j - i, t + n))) return true;
+    i = j;
+  }
+  return false;
+}
+
+namespace {
 
 bool is_skipped(GumboTag t) {
   switch (t) {
@@ -223,7 +232,7 @@ struct Walker {
   std::vector<int32_t> open;  // the block-level elements open, innermost last
   const std::vector<std::string_view>* runs = nullptr;  // the text runs behind placeholders
   std::string expanded;
-  const StopwordTable& stop = english_stopword_table();
+  const WordTable& stop = english_stopword_table();
 
   // Words, stop words and code points of the current block in one pass: words are split
   // at whitespace, ASCII-lowered, with edge punctuation stripped (a leading apostrophe
@@ -241,8 +250,8 @@ struct Walker {
       size_t a = i, b = j;
       while (a < b && kByteClass[t[a]] == kPunctByte && t[a] != '\'') ++a;
       while (b > a && kByteClass[t[b - 1]] == kPunctByte) --b;
-      if (b > a && b - a <= StopwordTable::kMaxLen)
-        stopwords += stop.contains(StopwordTable::key(t + a, b - a, t + n));
+      if (b > a && b - a <= WordTable::kMaxLen)
+        stopwords += stop.contains(WordTable::key(t + a, b - a, t + n));
       i = j;
     }
     cur.words = words;
@@ -315,10 +324,37 @@ struct Walker {
     if (link > 0) cur.link_chars += code_points(std::string_view(cur.text).substr(before));
   }
 
-  static const char* attr(const GumboElement& e, const char* name) {
-    const GumboAttribute* a = gumbo_get_attribute(&e.attributes, name);
-    return a ? a->value : nullptr;
-  }
+  // The values of the attributes the walk reads (the first of each name, in any case, as
+  // gumbo_get_attribute finds it), in one pass over the element's attributes.
+  struct ReadAttributes {
+    const char *hidden = nullptr, *aria_hidden = nullptr, *cls = nullptr, *id = nullptr, *role = nullptr;
+    explicit ReadAttributes(const GumboElement& e) {
+      for (unsigned k = 0; k < e.attributes.length; ++k) {
+        const auto* at = static_cast<const GumboAttribute*>(e.attributes.data[k]);
+        const char*& slot = slot_of(at->name);
+        if (&slot != &ignored && !slot) slot = at->value;
+      }
+    }
+
+   private:
+    const char* ignored = nullptr;
+    static bool named(const char* name, std::string_view lower_name) {
+      size_t k = 0;
+      for (; k < lower_name.size(); ++k)
+        if (name[k] == '\0' || lower(name[k]) != lower_name[k]) return false;
+      return name[k] == '\0';
+    }
+    const char*& slot_of(const char* name) {
+      switch (lower(name[0])) {
+        case 'h': return named(name, "hidden") ? hidden : ignored;
+        case 'a': return named(name, "aria-hidden") ? aria_hidden : ignored;
+        case 'c': return named(name, "class") ? cls : ignored;
+        case 'i': return named(name, "id") ? id : ignored;
+        case 'r': return named(name, "role") ? role : ignored;
+        default: return ignored;
+      }
+    }
+  };
 
   void walk(const GumboNode* n) {
     if (n->type == GUMBO_NODE_TEXT || n->type == GUMBO_NODE_CDATA) {
@@ -352,21 +388,18 @@ struct Walker {
       return;
     }
     if (is_skipped(t)) return;
-    if (const char* h = attr(e, "hidden"); h) return;
-    if (const char* ah = attr(e, "aria-hidden"); ah && std::strcmp(ah, "true") == 0) return;
+    const ReadAttributes a(e);
+    if (a.hidden) return;
+    if (a.aria_hidden && std::strcmp(a.aria_hidden, "true") == 0) return;
     const bool block = is_block(t);
     // Class and id words describe the page on <html> and <body> ("navigation-with-keyboard",
     // "has-sidebar") and the content on <main> and <article>: furniture elsewhere only.
     const bool page_or_content = t == GUMBO_TAG_HTML || t == GUMBO_TAG_BODY || t == GUMBO_TAG_MAIN || t == GUMBO_TAG_ARTICLE;
     const bool ctx = t == GUMBO_TAG_NAV || t == GUMBO_TAG_FOOTER || t == GUMBO_TAG_ASIDE ||
                      (t == GUMBO_TAG_HEADER && article == 0) ||
-                     (!page_or_content && (furniture_attribute(attr(e, "class") ? attr(e, "class") : "") ||
-                                           furniture_attribute(attr(e, "id") ? attr(e, "id") : ""))) ||
-                     [&] {
-                       const char* role = attr(e, "role");
-                       return role && (std::strcmp(role, "navigation") == 0 || std::strcmp(role, "banner") == 0 ||
-                                       std::strcmp(role, "contentinfo") == 0 || std::strcmp(role, "dialog") == 0);
-                     }();
+                     (!page_or_content && ((a.cls && furniture_attribute(a.cls)) || (a.id && furniture_attribute(a.id)))) ||
+                     (a.role && (std::strcmp(a.role, "navigation") == 0 || std::strcmp(a.role, "banner") == 0 ||
+                                 std::strcmp(a.role, "contentinfo") == 0 || std::strcmp(a.role, "dialog") == 0));
     const bool art = t == GUMBO_TAG_ARTICLE || t == GUMBO_TAG_MAIN;
     if (block) flush();
     // Block-level elements that can hold text are the nodes of the content container.

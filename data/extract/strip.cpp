@@ -196,7 +196,13 @@ bool private_use_reference(std::string_view s, size_t i) {
 // Whether the page's text can hold a private-use character U+E000..U+F8FF: as UTF-8 (EE xx
 // xx, EF 80..A3 xx) or as a numeric character reference.
 bool has_private_use(std::string_view s) {
+  constexpr uint64_t kEF = 0xEFEFEFEFEFEFEFEFULL, kOnes = 0x0101010101010101ULL;
   for (size_t i = 0; i + 1 < s.size(); ++i) {
+    // Eight bytes at a time while none is 0xEE, 0xEF or '&'.
+    uint64_t x;
+    while (i + 9 < s.size() &&
+           (std::memcpy(&x, s.data() + i, 8), !has_zero_byte((x | kOnes) ^ kEF) && !has_zero_byte(x ^ kAmps)))
+      i += 8;
     const auto c = static_cast<unsigned char>(s[i]);
     if (c == 0xEE || (c == 0xEF && static_cast<unsigned char>(s[i + 1]) < 0xA4)) return true;
     if (c == '&' && s[i + 1] == '#' && private_use_reference(s, i)) return true;
@@ -312,23 +318,36 @@ struct Stripper {
     } else {
       end = tag_end(s, e);
     }
-    if (name_at(s, i, "script")) {
-      const size_t stop = script_end(s, end);
-      drop(end, stop);
-      return stop;
+    switch (lower(s[i])) {  // the names below, by first letter
+      case 's':
+        if (name_at(s, i, "script")) {
+          const size_t stop = script_end(s, end);
+          drop(end, stop);
+          return stop;
+        }
+        if (name_at(s, i, "style")) {
+          const size_t stop = find_end_tag(s, end, "style");
+          if (!in_select) drop(end, stop);
+          return stop;
+        }
+        if (name_at(s, i, "svg")) return foreign_end(s, end, "svg");
+        if (name_at(s, i, "select")) in_select = true;
+        return end;
+      case 't':
+        for (const char* raw : {"title", "textarea"})
+          if (name_at(s, i, raw)) return find_end_tag(s, end, raw);
+        return end;
+      case 'x': return name_at(s, i, "xmp") ? find_end_tag(s, end, "xmp") : end;
+      case 'i': return name_at(s, i, "iframe") ? find_end_tag(s, end, "iframe") : end;
+      case 'n':
+        for (const char* raw : {"noembed", "noframes"})
+          if (name_at(s, i, raw)) return find_end_tag(s, end, raw);
+        return end;
+      case 'm': return name_at(s, i, "math") ? foreign_end(s, end, "math") : end;
+      case 'p': return name_at(s, i, "plaintext") ? npos : end;
+      case 'f': return name_at(s, i, "frameset") ? npos : end;
+      default: return end;
     }
-    if (name_at(s, i, "style")) {
-      const size_t stop = find_end_tag(s, end, "style");
-      if (!in_select) drop(end, stop);
-      return stop;
-    }
-    for (const char* raw : {"title", "textarea", "xmp", "iframe", "noembed", "noframes"})
-      if (name_at(s, i, raw)) return find_end_tag(s, end, raw);
-    for (const char* foreign : {"svg", "math"})
-      if (name_at(s, i, foreign)) return foreign_end(s, end, foreign);
-    if (name_at(s, i, "select")) in_select = true;
-    if (name_at(s, i, "plaintext") || name_at(s, i, "frameset")) return npos;
-    return end;
   }
 
   size_t run() {
