@@ -199,11 +199,24 @@ bool is_heading(GumboTag t) {
          t == GUMBO_TAG_H6;
 }
 
+// Code points of UTF-8 text: its bytes less the continuation bytes (10xxxxxx), counted
+// eight at a time.
 int64_t code_points(std::string_view s) {
-  int64_t n = 0;
-  for (unsigned char c : s) n += (c & 0xC0) != 0x80;
-  return n;
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  const size_t n = s.size();
+  int64_t continuation = 0;
+  size_t i = 0;
+  for (uint64_t x; i + 8 <= n; i += 8) {
+    std::memcpy(&x, p + i, 8);
+    continuation += std::popcount(x & ~(x << 1) & 0x8080808080808080ULL);
+  }
+  for (; i < n; ++i) continuation += (p[i] & 0xC0) == 0x80;
+  return static_cast<int64_t>(n) - continuation;
 }
+
+// Where the first whitespace byte (kSpace) at or after `i` is; n if none. Eight bytes at a
+// time while none is under 0x21 (whitespace is; so are the other control characters).
+size_t next_space(const unsigned char* t, size_t i, size_t n);
 
 constexpr std::array<bool, 256> kSpace = [] {
   std::array<bool, 256> t{};
@@ -211,6 +224,19 @@ constexpr std::array<bool, 256> kSpace = [] {
   return t;
 }();
 bool space(char c) { return kSpace[static_cast<unsigned char>(c)]; }
+
+size_t next_space(const unsigned char* t, size_t i, size_t n) {
+  for (;;) {
+    for (uint64_t x; i + 8 <= n; i += 8) {
+      std::memcpy(&x, t + i, 8);
+      if (((x - 0x2121212121212121ULL) & ~x & 0x8080808080808080ULL) != 0) break;  // a byte under 0x21
+    }
+    const size_t stop = std::min(n, i + 8);
+    for (; i < stop; ++i)
+      if (kSpace[t[i]]) return i;
+    if (i >= n) return n;
+  }
+}
 
 // Byte classes for counting words: whitespace (as kSpace), ASCII punctuation (std::ispunct's
 // in the "C" locale), anything else (letters, digits, UTF-8 bytes).
@@ -231,21 +257,20 @@ struct Walker {
   int link = 0, pre = 0, heading = 0, boiler = 0, article = 0;
   std::vector<int32_t> open;  // the block-level elements open, innermost last
   const std::vector<std::string_view>* runs = nullptr;  // the text runs behind placeholders
-  std::string expanded;
+  std::string parsed;  // a text run as parsed, when that differs from the run
   const WordTable& stop = english_stopword_table();
 
-  // Words, stop words and code points of the current block in one pass: words are split
-  // at whitespace, ASCII-lowered, with edge punctuation stripped (a leading apostrophe
-  // stays); a word longer than any stop word is not looked up.
+  // Words, stop words and code points of the current block: words are split at
+  // whitespace, ASCII-lowered, with edge punctuation stripped (a leading apostrophe stays);
+  // a word longer than any stop word is not looked up.
   void count_words() {
     const auto* t = reinterpret_cast<const unsigned char*>(cur.text.data());
     const size_t n = cur.text.size();
-    int64_t words = 0, stopwords = 0, continuation = 0;
+    int64_t words = 0, stopwords = 0;
     for (size_t i = 0; i < n;) {
       while (i < n && kByteClass[t[i]] == kSpaceByte) ++i;
       if (i == n) break;
-      size_t j = i;
-      for (; j < n && kByteClass[t[j]] != kSpaceByte; ++j) continuation += (t[j] & 0xC0) == 0x80;
+      const size_t j = next_space(t, i, n);
       ++words;
       size_t a = i, b = j;
       while (a < b && kByteClass[t[a]] == kPunctByte && t[a] != '\'') ++a;
@@ -256,7 +281,7 @@ struct Walker {
     }
     cur.words = words;
     cur.stopwords = stopwords;
-    cur.chars = static_cast<int64_t>(n) - continuation;
+    cur.chars = code_points(cur.text);
   }
 
   void flush() {
@@ -271,34 +296,30 @@ struct Walker {
     cur.boilerplate_context = boiler > 0;
   }
 
-  void text(const char* s) {
-    if (runs && !runs->empty()) {
-      expand(s);
-      append_text(expanded);
-    } else {
+  // A text node's text, each placeholder of strip_raw_text replaced by its text run as
+  // the parser would have read it.
+  void text(std::string_view s) {
+    if (!runs || runs->empty()) {
       append_text(s);
+      return;
     }
-  }
-
-  // `s` with each placeholder of strip_raw_text replaced by its text run, as the parser
-  // would have read it.
-  void expand(std::string_view s) {
-    expanded.clear();
-    size_t from = 0;  // s[from, i) not yet copied
+    size_t from = 0;  // s[from, i) not yet appended
     for (size_t i = 0; i < s.size(); ++i) {
       const auto c = static_cast<unsigned char>(s[i]);
       if (c != 0xEE && c != 0xEF) continue;
       size_t bytes = 0;
       const size_t k = placeholder_at(s, i, &bytes);
       if (k >= runs->size()) continue;
-      expanded.append(s, from, i - from);
-      append_as_parsed(expanded, (*runs)[k]);
+      append_text(s.substr(from, i - from));
+      append_text(as_parsed((*runs)[k], parsed));
       i += bytes - 1;
       from = i + 1;
     }
-    expanded.append(s, from, s.size() - from);
+    append_text(s.substr(from));
   }
 
+  // Appends text to the current block, whitespace runs collapsed to one space (none at
+  // the start) outside <pre>. Appending a text in pieces gives what appending it whole does.
   void append_text(std::string_view s) {
     if (cur.text.empty()) {
       cur.heading = heading > 0;
@@ -309,16 +330,19 @@ struct Walker {
     if (pre > 0) {
       cur.text += s;
     } else {
-      for (size_t p = 0; p < s.size();) {
-        if (space(s[p])) {
+      const auto* t = reinterpret_cast<const unsigned char*>(s.data());
+      const size_t n = s.size();
+      for (size_t p = 0; p < n;) {
+        if (kSpace[t[p]]) {
           if (!cur.text.empty() && cur.text.back() != ' ') cur.text += ' ';
           ++p;
-        } else {
-          size_t e = p + 1;
-          while (e < s.size() && !space(s[e])) ++e;
-          cur.text.append(s, p, e - p);
-          p = e;
+          continue;
         }
+        // Words with single spaces between them go in at once.
+        size_t e = next_space(t, p, n);
+        while (e + 1 < n && t[e] == ' ' && !kSpace[t[e + 1]]) e = next_space(t, e + 1, n);
+        cur.text.append(s, p, e - p);
+        p = e;
       }
     }
     if (link > 0) cur.link_chars += code_points(std::string_view(cur.text).substr(before));

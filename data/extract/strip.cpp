@@ -439,6 +439,36 @@ size_t utf8_length(unsigned char c) { return c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0
 
 }  // namespace
 
+namespace {
+
+// Where the first byte of `run` at or after `i` that may start a code point the parser
+// changes is (append_as_parsed); run.size() if none.
+size_t first_changed(std::string_view run, size_t i) {
+  while (i < run.size()) {
+    // Eight bytes at a time while all are printable ASCII (0x20..0x7E): nothing changes.
+    uint64_t x;
+    while (i + 8 <= run.size() && (std::memcpy(&x, run.data() + i, 8),
+                                   (((x - 0x2020202020202020ULL) | x | ((x ^ 0x7F7F7F7F7F7F7F7FULL) - 0x0101010101010101ULL)) &
+                                    0x8080808080808080ULL) == 0))
+      i += 8;
+    if (i >= run.size()) break;
+    const auto c = static_cast<unsigned char>(run[i]);
+    const bool maybe = c < 0x20 || c == 0x7F || c == 0xC2 || c == 0xEF || (c >= 0xF0 && c <= 0xF4);
+    if (maybe && !(c < 0x20 && (c == '\t' || c == '\n' || c == '\f'))) return i;
+    i += std::min(utf8_length(c), run.size() - i);
+  }
+  return run.size();
+}
+
+}  // namespace
+
+std::string_view as_parsed(std::string_view run, std::string& scratch) {
+  if (first_changed(run, 0) == run.size()) return run;
+  scratch.clear();
+  append_as_parsed(scratch, run);
+  return scratch;
+}
+
 void append_as_parsed(std::string& out, std::string_view run) {
   size_t from = 0;  // run[from, i) not yet copied
   for (size_t i = 0; i < run.size();) {

@@ -55,5 +55,8 @@ size_t placeholder_at(std::string_view s, size_t i, size_t* bytes = nullptr);
 // Appends a run's text as the parser would have given it: CR LF and CR as LF, and the code
 // points it replaces by U+FFFD (controls, noncharacters) replaced. `run` is valid UTF-8.
 void append_as_parsed(std::string& out, std::string_view run);
+// The run as the parser would have given it: `run` itself when nothing changes, else
+// `scratch` holding it.
+std::string_view as_parsed(std::string_view run, std::string& scratch);
 
 }  // namespace mtnlg::extract
