@@ -256,7 +256,7 @@ struct Walker {
   Block cur;
   int link = 0, pre = 0, heading = 0, boiler = 0, article = 0;
   std::vector<int32_t> open;  // the block-level elements open, innermost last
-  const std::vector<std::string_view>* runs = nullptr;  // the text runs behind placeholders
+  const std::vector<TextRun>* runs = nullptr;  // the text runs behind placeholders
   std::string parsed;  // a text run as parsed, when that differs from the run
   const WordTable& stop = english_stopword_table();
 
@@ -311,7 +311,10 @@ struct Walker {
       const size_t k = placeholder_at(s, i, &bytes);
       if (k >= runs->size()) continue;
       append_text(s.substr(from, i - from));
-      append_text(as_parsed((*runs)[k], parsed));
+      const TextRun& run = (*runs)[k];
+      link += run.link;  // the text of an <a> the pass took out with it
+      append_text(as_parsed(run.text, parsed));
+      link -= run.link;
       i += bytes - 1;
       from = i + 1;
     }
@@ -522,7 +525,7 @@ class ParseArena {
   char* end_ = nullptr;
 };
 
-ParsedPage parse_gumbo_blocks(std::string_view html, const std::vector<std::string_view>* runs) {
+ParsedPage parse_gumbo_blocks(std::string_view html, const std::vector<TextRun>* runs) {
   GumboOptions opt = kGumboDefaultOptions;
   opt.max_errors = 0;  // parse errors are not collected (HTML5 recovers from all of them)
   thread_local ParseArena arena;
@@ -553,12 +556,12 @@ ParsedPage parse_gumbo_blocks(std::string_view html, const std::vector<std::stri
 
 ParsedPage parse_html_blocks(std::string_view html, bool strip) {
   thread_local std::string stripped;  // reused: their capacity is kept for the next page
-  thread_local std::vector<std::string_view> runs;
+  thread_local std::vector<TextRun> runs;
   if (strip) strip_raw_text(html, stripped, &runs, true);
   ParsedPage page = parse_gumbo_blocks(strip ? std::string_view(stripped) : html, strip ? &runs : nullptr);
   if (stripped.capacity() > (size_t{4} << 20)) {  // memory stays bounded
     std::string().swap(stripped);
-    std::vector<std::string_view>().swap(runs);
+    std::vector<TextRun>().swap(runs);
   }
   return page;
 }

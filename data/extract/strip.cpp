@@ -4,6 +4,7 @@
 #include "data/extract/page.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstring>
 
@@ -226,17 +227,159 @@ void append_placeholder(std::string& out, size_t k) {
   }
 }
 
+// Whether two tag names are the same (ASCII case-insensitively, as the tokenizer lowers them).
+bool same_name(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  for (size_t k = 0; k < a.size(); ++k)
+    if (lower(a[k]) != lower(b[k])) return false;
+  return true;
+}
+
+// The bytes of run k's placeholder (append_placeholder).
+size_t placeholder_bytes(size_t k) { return k < kPlaceholderSingle ? 3 : 6; }
+
+// What the pass needs to know of a tag name to take inline elements out of the parse.
+enum class TagKind : uint8_t {
+  other,
+  a,
+  inline_element,  // formatting or plain phrasing elements the walk does not read: <b>, <span>, ...
+  table,
+  cell,        // td, th, caption: the tree builder reads their content as in the body
+  table_part,  // tr, tbody, thead, tfoot, col, colgroup: text there is moved out of the table
+  pre,
+  unsafe,  // svg, math (foreign content), template, object, applet, marquee (markers)
+};
+
+// A name of up to 8 bytes as one integer (its bytes in order, zeros after).
+constexpr uint64_t pack(std::string_view name) {
+  uint64_t v = 0;
+  for (size_t k = 0; k < name.size(); ++k) v |= uint64_t{static_cast<unsigned char>(name[k])} << (8 * k);
+  return v;
+}
+
+TagKind tag_kind(std::string_view name) {
+  struct Entry {
+    uint64_t name;
+    uint8_t size;
+    TagKind kind;
+  };
+  constexpr TagKind I = TagKind::inline_element;
+  static constexpr std::pair<std::string_view, TagKind> kNames[] = {
+      {"a", TagKind::a},       {"b", I},           {"i", I},           {"q", I},
+      {"s", I},                {"u", I},           {"em", I},          {"tt", I},
+      {"td", TagKind::cell},   {"th", TagKind::cell}, {"tr", TagKind::table_part}, {"big", I},
+      {"bdi", I},              {"bdo", I},         {"col", TagKind::table_part}, {"dfn", I},
+      {"kbd", I},              {"pre", TagKind::pre}, {"sub", I},       {"sup", I},
+      {"svg", TagKind::unsafe}, {"var", I},        {"abbr", I},        {"cite", I},
+      {"code", I},             {"data", I},        {"mark", I},        {"math", TagKind::unsafe},
+      {"samp", I},             {"span", I},        {"time", I},        {"label", I},
+      {"small", I},            {"table", TagKind::table}, {"tbody", TagKind::table_part},
+      {"tfoot", TagKind::table_part}, {"thead", TagKind::table_part}, {"applet", TagKind::unsafe},
+      {"object", TagKind::unsafe}, {"strike", I},  {"strong", I},      {"acronym", I},
+      {"caption", TagKind::cell}, {"marquee", TagKind::unsafe}, {"colgroup", TagKind::table_part},
+      {"template", TagKind::unsafe}};
+  // An open-addressing table of the names, 128 slots.
+  static const std::array<Entry, 128> kTable = [] {
+    std::array<Entry, 128> t{};
+    for (const auto& [n, kind] : kNames) {
+      size_t h = static_cast<size_t>((pack(n) * 0x9E3779B97F4A7C15ULL) >> 57);
+      while (t[h].size != 0) h = (h + 1) & 127;
+      t[h] = {pack(n), static_cast<uint8_t>(n.size()), kind};
+    }
+    return t;
+  }();
+  if (name.empty() || name.size() > 8) return TagKind::other;
+  uint64_t v = 0;
+  for (size_t k = 0; k < name.size(); ++k) v |= uint64_t{static_cast<unsigned char>(lower(name[k]))} << (8 * k);
+  for (size_t h = static_cast<size_t>((v * 0x9E3779B97F4A7C15ULL) >> 57);; h = (h + 1) & 127) {
+    if (kTable[h].size == 0) return TagKind::other;
+    if (kTable[h].name == v) return kTable[h].kind;
+  }
+}
+
 struct Stripper {
-  Stripper(std::string_view s, std::string& out, std::vector<std::string_view>* runs, bool drop_attributes)
+  Stripper(std::string_view s, std::string& out, std::vector<TextRun>* runs, bool drop_attributes)
       : s(s), out(out), runs(runs), drop_attributes(drop_attributes) {}
 
   std::string_view s;
   std::string& out;
-  std::vector<std::string_view>* runs;  // null: text is not replaced
+  std::vector<TextRun>* runs;  // null: text is not replaced
   bool drop_attributes;
   size_t copied = 0;  // s[0, copied) is in `out` or was dropped
   bool in_select = false;
   std::vector<AttributeSpan> attrs;  // reused from tag to tag
+
+  // Taking inline elements out (strip.hpp). What the tree builder may have open, as far
+  // as the tags tell, erring on the side of leaving an element in: one entry per <table>
+  // start tag, true while a cell or caption of it is open; <pre> start tags less end tags;
+  // whether an <a> may be in the list of active formatting elements (one not taken out,
+  // not yet followed by </a>), and whether a marker or scope boundary came after it (its
+  // </a> may then leave it there: no <a> is taken out for the rest of the page).
+  std::vector<bool> tables;
+  int pre = 0;
+  bool a_open = false, a_stuck = false, unsafe = false;
+  // The inline elements whose start tag was written last, innermost last: where the tag
+  // starts in `out`, where `out` ended after it, and the number of runs then.
+  struct OpenInline {
+    std::string_view name;
+    size_t out_begin, out_end, runs;
+  };
+  std::vector<OpenInline> open_inline;
+
+  bool in_table_part() const { return !tables.empty() && !tables.back(); }
+
+  // A start tag of this kind (its attributes written when `bare` is false).
+  void start_of(TagKind kind, std::string_view name, size_t out_begin, bool bare) {
+    const bool boundary = kind == TagKind::table || kind == TagKind::cell || kind == TagKind::unsafe;
+    if (boundary && a_open) a_stuck = true;
+    if (boundary && pre > 0) unsafe = true;  // a </pre> may then leave the <pre> open
+    switch (kind) {
+      case TagKind::table: tables.push_back(false); break;
+      case TagKind::cell: if (!tables.empty()) tables.back() = true; break;
+      case TagKind::table_part: if (!tables.empty()) tables.back() = false; break;
+      case TagKind::pre: ++pre; break;
+      case TagKind::unsafe: unsafe = true; break;
+      default: break;
+    }
+    const bool collapsible = (kind == TagKind::inline_element || (kind == TagKind::a && !a_open && !a_stuck)) &&
+                             bare && runs && drop_attributes && !unsafe && pre == 0 && !in_table_part();
+    if (kind == TagKind::a) a_open = true;
+    if (collapsible) open_inline.push_back({name, out_begin, out.size(), runs->size()});
+    else open_inline.clear();
+  }
+
+  // An end tag whose name is s[name_begin, name_end) and which starts at `lt` and ends
+  // before `end`: takes the element out when it holds one text piece and nothing else.
+  // True when it did (the end tag is dropped).
+  bool end_of(size_t name_begin, size_t name_end, size_t lt, size_t end) {
+    const std::string_view name = s.substr(name_begin, name_end - name_begin);
+    const TagKind kind = tag_kind(name);
+    switch (kind) {
+      case TagKind::table: if (!tables.empty()) tables.pop_back(); break;
+      case TagKind::cell:
+      case TagKind::table_part: if (!tables.empty()) tables.back() = false; break;
+      case TagKind::pre: pre = std::max(0, pre - 1); break;
+      case TagKind::a: if (!a_stuck) a_open = false; break;
+      default: break;
+    }
+    if (open_inline.empty() || (kind != TagKind::a && kind != TagKind::inline_element)) {
+      open_inline.clear();
+      return false;
+    }
+    const OpenInline e = open_inline.back();
+    open_inline.pop_back();
+    // Since the start tag: all of the page read, one run, and nothing but its placeholder written.
+    const bool one_piece = copied == lt && runs->size() == e.runs + 1 &&
+                           out.size() - e.out_end == placeholder_bytes(e.runs);
+    if (!one_piece || !same_name(name, e.name)) {
+      open_inline.clear();
+      return false;
+    }
+    out.erase(e.out_begin, e.out_end - e.out_begin);
+    if (kind == TagKind::a) runs->back().link = true;
+    drop(lt, end);
+    return true;
+  }
 
   void drop(size_t from, size_t to) {
     out.append(s, copied, from - copied);
@@ -258,7 +401,7 @@ struct Stripper {
       if (e - p >= kMinRun && runs->size() < kPlaceholderRuns) {
         drop(p, e);
         append_placeholder(out, runs->size());
-        runs->push_back(s.substr(p, e - p));
+        runs->push_back({s.substr(p, e - p)});
       }
       // A reference's name or number and the NULs stay as they are.
       while (q < to && (s[q] == '&' || s[q] == '#' || s[q] == ';' || s[q] == '\0' || alnum(s[q]))) ++q;
@@ -273,9 +416,10 @@ struct Stripper {
   // '/' that makes it self-closing. Of class and id the walk asks only whether a word
   // marks furniture: both go, and one id=nav (class=nav when the id stays) stands for
   // them when one does; a value with a character reference stays as it is written.
-  void canonical_start_tag(std::string_view name, size_t end) {
+  bool canonical_start_tag(std::string_view name, size_t end) {
     const size_t name_end = static_cast<size_t>(name.data() - s.data()) + name.size();
     out.append(s, copied, name_end - copied);
+    const size_t after_name = out.size();
     copied = end;
     uint32_t seen = 0;  // by index in kReadAttributes
     bool furniture = false, raw[2] = {false, false};
@@ -301,6 +445,7 @@ struct Stripper {
     const size_t last = attrs.empty() ? name_end : attrs.back().end;
     if (end - 2 >= last && s[end - 2] == '/') out += out.back() == '"' || out.back() == '\'' ? "/" : " /";
     out += '>';
+    return out.size() == after_name + 1;  // bare: the name and '>' only
   }
 
   // A start tag whose name starts at `i`: where to read on from, after its contents when
@@ -309,15 +454,18 @@ struct Stripper {
     size_t e = i;
     while (e < s.size() && !name_end(s[e])) ++e;
     size_t end;
+    bool bare = false;
+    const size_t out_begin = out.size() + (i - 1 - copied);  // where the tag's '<' will be in `out`
     if (drop_attributes) {
       attrs.clear();
       bool closed = false;
       end = tag_end(s, e, &attrs, &closed);
       // A tag the file ends inside is not emitted at all: leave it as it is.
-      if (closed) canonical_start_tag(s.substr(i, e - i), end);
+      if (closed) bare = canonical_start_tag(s.substr(i, e - i), end);
     } else {
       end = tag_end(s, e);
     }
+    start_of(tag_kind(s.substr(i, e - i)), s.substr(i, e - i), out_begin, bare);
     switch (lower(s[i])) {  // the names below, by first letter
       case 's':
         if (name_at(s, i, "script")) {
@@ -369,7 +517,7 @@ struct Stripper {
         bool closed = false;
         const size_t end = tag_end(s, e, nullptr, &closed);
         // An end tag's attributes and '/' are ignored by the parser: they go.
-        if (drop_attributes && closed && end - 1 > e) drop(e, end - 1);
+        if (!(closed && end_of(i + 2, e, i, end)) && drop_attributes && closed && end - 1 > e) drop(e, end - 1);
         i = end;
       } else if (s.compare(i, 4, "<!--") == 0) {
         const size_t e = comment_end(s, i + 4);
@@ -390,8 +538,7 @@ struct Stripper {
 
 }  // namespace
 
-size_t strip_raw_text(std::string_view html, std::string& out, std::vector<std::string_view>* runs,
-                      bool drop_attributes) {
+size_t strip_raw_text(std::string_view html, std::string& out, std::vector<TextRun>* runs, bool drop_attributes) {
   out.clear();
   out.reserve(html.size());
   if (runs) {

@@ -24,8 +24,7 @@ namespace mtnlg::extract {
 // With `runs`, the text in the data state is also taken out of the parse: each piece of
 // text of 2 bytes or more (without leading or trailing whitespace, character references
 // or NULs, which the parser would change) is replaced by one private-use character that
-// numbers it (two from the 6,337th piece on), and `runs` gets the piece (a view of
-// `html`). The parser then builds the same tree (a placeholder is text, and not
+// numbers it (two from the 6,337th piece on), and `runs` gets the piece. The parser then builds the same tree (a placeholder is text, and not
 // whitespace, as the piece is) in a fraction of the time: it reads one character where
 // the piece had many. The walker puts the pieces back (placeholder_at). A page that holds
 // private-use characters itself (or numeric references to them) is left without
@@ -38,7 +37,21 @@ namespace mtnlg::extract {
 // furniture word (furniture_attribute), the first becomes class="nav" / id="nav" when it
 // has one and goes when it has none (repeats go: the parser ignores them; a value with a
 // character reference stays as written). A tag the input ends inside keeps all of them.
-size_t strip_raw_text(std::string_view html, std::string& out, std::vector<std::string_view>* runs = nullptr,
+//
+// With both, an inline element holding nothing but one piece of text (<a>, <span>, <b>,
+// <code>, ... without attributes, as in "<a href=x>Home</a>") is taken out of the parse
+// with its tags: its piece's placeholder stands where the element was (a run marked
+// `link` for an <a>). The pass keeps track of what makes that change the tree or the
+// blocks, and leaves the element where it can: inside <pre> (the walk reads whitespace
+// there as the parser splits it), directly in a table outside a cell (text is moved out
+// of the table where an element is not), an <a> while another <a> may still be open (a
+// new <a> closes it), and after foreign content, <template>, <object>, <applet> or
+// <marquee>.
+struct TextRun {
+  std::string_view text;  // a view of the page
+  bool link = false;      // the text of an <a> taken out of the parse
+};
+size_t strip_raw_text(std::string_view html, std::string& out, std::vector<TextRun>* runs = nullptr,
                       bool drop_attributes = false);
 
 // The placeholders: U+E000 + k for piece k < kPlaceholderSingle, else the two characters

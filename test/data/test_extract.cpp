@@ -499,7 +499,7 @@ TEST_CASE("extract: every fixture page gives the same blocks with and without th
 
 TEST_CASE("extract: attributes the walk and the tree builder never read go before the parse", "[extract]") {
   std::string out;
-  std::vector<std::string_view> runs;
+  std::vector<TextRun> runs;
   strip_raw_text("<a href=\"/x\"CLASS=nav title='a > b'>x</a><div data-x=1 hidden id=m =odd>y</div>"
                  "<input Type=hidden src=x/><a href=\"open", out, &runs, true);
   // "x/" is the value; class and id keep only whether they mark furniture.
@@ -526,16 +526,81 @@ TEST_CASE("extract: attributes the walk and the tree builder never read go befor
   CHECK(out == "<a href=x class=c>x</a>");
 }
 
+TEST_CASE("extract: inline elements holding one piece of text go before the parse where the blocks stay the same",
+          "[extract]") {
+  const std::string main = "<p>The main text of the page, which is long enough to be kept by the classifier.</p>";
+  // (html, whether the pass takes out the element named by `probe`, probe)
+  struct Case {
+    std::string html;
+    bool taken;
+    std::string probe;
+  };
+  const std::vector<Case> cases = {
+      {"<p>Read the <a href=/x class=c>manual page</a> for the details of it.</p>", true, "<a"},
+      {"<p><b><a href=x>bold link</a></b> <code>some code</code> and <SPAN>upper case</span></p>", true, "<b"},
+      {"<ul><li><a>Home</a></li>\n<li><a>News</a></li></ul><p>a<b>bc</b>d <i>ef</i>g</p>", true, "<i"},
+      // Attributes the walk reads keep the element.
+      {"<p>text <span hidden>hidden span</span> <span class=menu>menu span</span> <a role=navigation>nav</a></p>",
+       false, "<span"},
+      // <pre>: the walk reads whitespace between elements there as the parser splits it.
+      {"<pre>first line\n<b>bold words</b>\n<i>italic words</i>\nlast line</pre><p><b>after pre</b> x</p>", false,
+       "<i"},
+      {"<pre><table><tr><td></pre><b>bold after</b> <i>it</i></td></tr></table></pre><b>later</b> <i>on</i>", false,
+       "<i"},
+      // Directly in a table text is moved out of it, an element with its whitespace is not.
+      {"<table><b>bold text</b> <i>italic text</i><tr><td>cell text here</td></tr></table>", false, "<i"},
+      {"<table><tr><td>cell</td></tr> <a href=x>link in the table</a> <b>bold</b></table>", false, "<b"},
+      {"<table><caption><b>caption text</b></caption><tr><td><b>bold cell</b> <i>italic cell</i></td></tr></table>"
+       "<p><b>after the table</b> <i>text</i></p>",
+       true, "<i"},
+      // A new <a> closes one still open: none is taken out while one may be.
+      {"<a href=1>open link <div>block in the link</div> <A href=2>second link</a> text after", false, "<A>"},
+      {"<div><a href=x>unclosed link</div><p><span>span text</span> more <A>another link</a> words</p>", false,
+       "<A>"},
+      {"<table><tr><td><a href=x>open link in a cell<td><a href=y>next cell link</a></table><A>after</a> x", false,
+       "<A>"},
+      {"<b><b><b><b>nested bold</b></b></b></b> text <b>x y</b> <b class=nav>z w</b> <b>v u</b>", true, "<b>v"},
+      {"<svg><a>svg link</a></svg><A href=x>after svg</a>", false, "<A>"},
+      {"<head><title>t</title><b>bold in head</b> <i>it</i></head><body>body text</body></html><b>after</b>", true,
+       "<i"},
+      {"<p><font color=red>red</font> <font>plain font</font> <nobr>no break</nobr></p>", false, "<nobr"},
+  };
+  std::string out;
+  std::vector<TextRun> runs;
+  for (const auto& c : cases) {
+    const std::string html = c.html + main;
+    INFO(html);
+    strip_raw_text(html, out, &runs, true);
+    CHECK((out.find(c.probe) == std::string::npos) == c.taken);
+    const auto a = parse_html_blocks(html, false), b = parse_html_blocks(html, true);
+    REQUIRE(a.blocks.size() == b.blocks.size());
+    for (size_t i = 0; i < a.blocks.size(); ++i) {
+      CHECK(a.blocks[i].text == b.blocks[i].text);
+      CHECK(a.blocks[i].link_chars == b.blocks[i].link_chars);
+      CHECK(a.blocks[i].words == b.blocks[i].words);
+      CHECK(a.blocks[i].boilerplate_context == b.blocks[i].boilerplate_context);
+      CHECK(a.blocks[i].node == b.blocks[i].node);
+    }
+    CHECK(a.parent == b.parent);
+  }
+  // The <a> taken out leaves its text marked as link text.
+  strip_raw_text("<p>Read the <a href=/x>manual page</a> now</p>", out, &runs, true);
+  REQUIRE(runs.size() == 3);
+  CHECK(runs[1].text == "manual page");
+  CHECK(runs[1].link);
+  CHECK_FALSE(runs[0].link);
+}
+
 TEST_CASE("extract: text runs stand in as numbered placeholders, without their edges and references",
           "[extract]") {
   std::string out;
-  std::vector<std::string_view> runs;
+  std::vector<TextRun> runs;
   const std::string html = "<p>  A run of text long enough &amp; a second run of text </p><i>ab</i><b>c</b>";
   strip_raw_text(html, out, &runs);
   REQUIRE(runs.size() == 3);  // "c" is one character already
-  CHECK(runs[0] == "A run of text long enough");
-  CHECK(runs[1] == "a second run of text");
-  CHECK(runs[2] == "ab");
+  CHECK(runs[0].text == "A run of text long enough");
+  CHECK(runs[1].text == "a second run of text");
+  CHECK(runs[2].text == "ab");
   REQUIRE(out.size() == std::string("<p>  ").size() + 3 + std::string(" &amp; ").size() + 3 + 8 + 3 + 12);
   size_t bytes = 0;
   CHECK(placeholder_at(out, 5, &bytes) == 0);
@@ -560,7 +625,7 @@ TEST_CASE("extract: text runs stand in as numbered placeholders, without their e
     if (got == std::string::npos) continue;
     REQUIRE(got == k);
     REQUIRE(bytes == (k < kPlaceholderSingle ? 3u : 6u));
-    CHECK(runs[k].substr(1) == std::to_string(k));
+    CHECK(runs[k].text.substr(1) == std::to_string(k));
     ++k;
     i += bytes - 1;
   }
