@@ -323,8 +323,12 @@ struct Stripper {
   struct OpenInline {
     std::string_view name;
     size_t out_begin, out_end, runs;
+    std::string_view text_only;  // text_only when its start tag came
   };
   std::vector<OpenInline> open_inline;
+  // The name of the <li>, <dt>, <dd> or <p> whose start tag is the last tag so far with
+  // only text after it (elements taken out count as text); empty when there is none.
+  std::string_view text_only;
 
   bool in_table_part() const { return !tables.empty() && !tables.back(); }
 
@@ -344,9 +348,47 @@ struct Stripper {
     const bool collapsible = (kind == TagKind::inline_element || (kind == TagKind::a && !a_open && !a_stuck)) &&
                              bare && runs && drop_attributes && !unsafe && pre == 0 && !in_table_part();
     if (kind == TagKind::a) a_open = true;
-    if (collapsible) open_inline.push_back({name, out_begin, out.size(), runs->size()});
+    if (collapsible) open_inline.push_back({name, out_begin, out.size(), runs->size(), text_only});
     else open_inline.clear();
+    const bool list_or_p = same_name(name, "li") || same_name(name, "dt") || same_name(name, "dd") || same_name(name, "p");
+    text_only = list_or_p ? name : std::string_view();
   }
+
+  // The name of the tag that starts at s[at] ("" when none does) and whether it is an end tag.
+  std::string_view tag_at(size_t at, bool& end_tag) const {
+    end_tag = at + 1 < s.size() && s[at + 1] == '/';
+    size_t b = at + 1 + end_tag;
+    if (at >= s.size() || s[at] != '<' || b >= s.size() || !alpha(s[b])) return {};
+    size_t e = b;
+    while (e < s.size() && !name_end(s[e])) ++e;
+    return e < s.size() ? s.substr(b, e - b) : std::string_view();
+  }
+
+  // Whether the end tag `name`, followed at once by the tag at `next`, does nothing that
+  // the next tag does not do itself (the tree is the same without it): </td> and </th>
+  // before a cell's start tag or </tr> (either closes the cell, in every insertion mode),
+  // </tr> before <tr>; and, when the element's start tag is the last tag and only text
+  // follows it (the element is the current node), </li> before <li>, </dt> and </dd>
+  // before <dt> or <dd>, </p> before a start tag that closes a <p> in button scope.
+  bool implied_end(std::string_view name, size_t next) const {
+    bool next_end = false;
+    const std::string_view y = tag_at(next, next_end);
+    if (y.empty() || unsafe) return false;
+    if (same_name(name, "td") || same_name(name, "th"))
+      return next_end ? same_name(y, "tr") : same_name(y, "td") || same_name(y, "th");
+    if (same_name(name, "tr")) return !next_end && same_name(y, "tr");
+    if (next_end || text_only.empty() || !same_name(name, text_only)) return false;
+    if (same_name(name, "li")) return same_name(y, "li");
+    if (same_name(name, "dt") || same_name(name, "dd")) return same_name(y, "dt") || same_name(y, "dd");
+    static constexpr std::string_view kClosesP[] = {
+        "address", "article", "aside",  "blockquote", "center", "details", "dir", "div", "dl", "fieldset",
+        "figcaption", "figure", "footer", "header",  "hgroup", "menu",    "main", "nav", "ol", "p",
+        "section", "summary", "ul",     "h1",         "h2",     "h3",      "h4",  "h5",  "h6"};
+    for (const auto c : kClosesP)
+      if (same_name(y, c)) return true;
+    return false;
+  }
+
 
   // An end tag whose name is s[name_begin, name_end) and which starts at `lt` and ends
   // before `end`: takes the element out when it holds one text piece and nothing else.
@@ -362,23 +404,25 @@ struct Stripper {
       case TagKind::a: if (!a_stuck) a_open = false; break;
       default: break;
     }
-    if (open_inline.empty() || (kind != TagKind::a && kind != TagKind::inline_element)) {
-      open_inline.clear();
-      return false;
+    if (!open_inline.empty() && (kind == TagKind::a || kind == TagKind::inline_element)) {
+      const OpenInline e = open_inline.back();
+      open_inline.pop_back();
+      // Since the start tag: all of the page read, one run, and nothing but its placeholder written.
+      const bool one_piece = copied == lt && runs->size() == e.runs + 1 &&
+                             out.size() - e.out_end == placeholder_bytes(e.runs);
+      if (one_piece && same_name(name, e.name)) {
+        out.erase(e.out_begin, e.out_end - e.out_begin);
+        if (kind == TagKind::a) runs->back().link = true;
+        text_only = e.text_only;  // the element is text now
+        drop(lt, end);
+        return true;
+      }
     }
-    const OpenInline e = open_inline.back();
-    open_inline.pop_back();
-    // Since the start tag: all of the page read, one run, and nothing but its placeholder written.
-    const bool one_piece = copied == lt && runs->size() == e.runs + 1 &&
-                           out.size() - e.out_end == placeholder_bytes(e.runs);
-    if (!one_piece || !same_name(name, e.name)) {
-      open_inline.clear();
-      return false;
-    }
-    out.erase(e.out_begin, e.out_end - e.out_begin);
-    if (kind == TagKind::a) runs->back().link = true;
-    drop(lt, end);
-    return true;
+    open_inline.clear();
+    const bool implied = drop_attributes && implied_end(name, end);
+    text_only = {};
+    if (implied) drop(lt, end);
+    return implied;
   }
 
   void drop(size_t from, size_t to) {

@@ -591,6 +591,55 @@ TEST_CASE("extract: inline elements holding one piece of text go before the pars
   CHECK_FALSE(runs[0].link);
 }
 
+TEST_CASE("extract: end tags the next tag implies go before the parse, the blocks stay the same", "[extract]") {
+  const std::string main = "<p>The main text of the page, which is long enough to be kept by the classifier.</p>";
+  // (html, what strip_raw_text leaves of it with attributes dropped, text as placeholders)
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"<ul><li>one item</li><li>two<li>three</li></ul>", "<ul><li>P<li>P<li>P</li></ul>"},
+      {"<dl><dt>term</dt><dd>definition</dd><dt>t2</dt><dd>d2</dd></dl>", "<dl><dt>P<dd>P<dt>P<dd>P</dd></dl>"},
+      {"<table><tr><td>a</td><td>bc</td></tr><tr><th>cd</th><td>d</td></tr></table>",
+       "<table><tr><td>a<td>P<tr><th>P<td>d</tr></table>"},
+      {"<p>para one</p><div>block</div><p>para two</p><h2>head</h2><p>three</p><table></table>",
+       "<p>P<div>P</div><p>P<h2>P</h2><p>P</p><table></table>"},
+      // The element is not the current node, or whitespace comes first: the end tag stays.
+      {"<ul><li><section>in a section</section></li><li>next</li></ul>",
+       "<ul><li><section>P</section></li><li>P</li></ul>"},
+      {"<p>text</b></p><p>xy</p>\n<p>ab</p>", "<p>P</b></p><p>P</p>\n<p>P"},
+      {"<li>ab</li>\n<li>cd</li>", "<li>P</li>\n<li>P</li>"},
+      {"<p>ab<b>bold</b></p><p>x <i>it</i>y</p><div>c</div>", "<p>PP<p>x Py<div>c</div>"},
+      {"<table><tr><td>a<select><option>opt</td><td>b</td></tr></table><p>z</p>",
+       "<table><tr><td>a<select><option>P<td>b</tr></table><p>z"},
+      {"<p>a<button><p>in button</p><div>c</div></button></p><p>x</p>",
+       "<p>a<button><p>P<div>c</div></button></p><p>x"},
+  };
+  std::string out;
+  std::vector<TextRun> runs;
+  for (const auto& [html_part, want] : cases) {
+    const std::string html = html_part + main;
+    INFO(html);
+    strip_raw_text(html, out, &runs, true);
+    std::string shown;  // placeholders as 'P'
+    for (size_t i = 0; i < out.size(); ++i) {
+      size_t bytes = 0;
+      if (placeholder_at(out, i, &bytes) != std::string::npos) {
+        shown += 'P';
+        i += bytes - 1;
+      } else {
+        shown += out[i];
+      }
+    }
+    CHECK(shown == want + "<p>P</p>");
+    const auto a = parse_html_blocks(html, false), b = parse_html_blocks(html, true);
+    REQUIRE(a.blocks.size() == b.blocks.size());
+    for (size_t i = 0; i < a.blocks.size(); ++i) {
+      CHECK(a.blocks[i].text == b.blocks[i].text);
+      CHECK(a.blocks[i].link_chars == b.blocks[i].link_chars);
+      CHECK(a.blocks[i].node == b.blocks[i].node);
+    }
+    CHECK(a.parent == b.parent);
+  }
+}
+
 TEST_CASE("extract: text runs stand in as numbered placeholders, without their edges and references",
           "[extract]") {
   std::string out;
