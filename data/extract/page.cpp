@@ -214,8 +214,8 @@ int64_t code_points(std::string_view s) {
   return static_cast<int64_t>(n) - continuation;
 }
 
-// Where the first whitespace byte (kSpace) at or after `i` is; n if none. Eight bytes at a
-// time while none is under 0x21 (whitespace is; so are the other control characters).
+// Where the first whitespace byte (kSpace) at or after `i` is; n if none; eight bytes at a
+// time.
 size_t next_space(const unsigned char* t, size_t i, size_t n);
 
 constexpr std::array<bool, 256> kSpace = [] {
@@ -225,17 +225,25 @@ constexpr std::array<bool, 256> kSpace = [] {
 }();
 bool space(char c) { return kSpace[static_cast<unsigned char>(c)]; }
 
+// 0x80 in each byte of x that is whitespace (kSpace: 0x09..0x0D, 0x20), 0 elsewhere; exact
+// (no carries between bytes).
+uint64_t whitespace_mask(uint64_t x) {
+  constexpr uint64_t k7F = 0x7F7F7F7F7F7F7F7FULL, k80 = 0x8080808080808080ULL;
+  const uint64_t sp = x ^ 0x2020202020202020ULL;
+  const uint64_t is_space = ~(((sp & k7F) + k7F) | sp | k7F);
+  const uint64_t low = x & k7F;
+  const uint64_t ge9 = low + 0x7777777777777777ULL, ge14 = low + 0x7272727272727272ULL;
+  return (is_space | (ge9 & ~ge14 & ~x)) & k80;
+}
+
 size_t next_space(const unsigned char* t, size_t i, size_t n) {
-  for (;;) {
-    for (uint64_t x; i + 8 <= n; i += 8) {
-      std::memcpy(&x, t + i, 8);
-      if (((x - 0x2121212121212121ULL) & ~x & 0x8080808080808080ULL) != 0) break;  // a byte under 0x21
-    }
-    const size_t stop = std::min(n, i + 8);
-    for (; i < stop; ++i)
-      if (kSpace[t[i]]) return i;
-    if (i >= n) return n;
+  for (uint64_t x; i + 8 <= n; i += 8) {
+    std::memcpy(&x, t + i, 8);
+    if (const uint64_t m = whitespace_mask(x)) return i + static_cast<size_t>(std::countr_zero(m)) / 8;
   }
+  for (; i < n; ++i)
+    if (kSpace[t[i]]) return i;
+  return n;
 }
 
 // Byte classes for counting words: whitespace (as kSpace), ASCII punctuation (std::ispunct's
@@ -267,18 +275,30 @@ struct Walker {
     const auto* t = reinterpret_cast<const unsigned char*>(cur.text.data());
     const size_t n = cur.text.size();
     int64_t words = 0, stopwords = 0;
-    for (size_t i = 0; i < n;) {
-      while (i < n && kByteClass[t[i]] == kSpaceByte) ++i;
-      if (i == n) break;
-      const size_t j = next_space(t, i, n);
+    // The words are the non-empty gaps between whitespace bytes, found eight bytes at a time.
+    size_t from = 0;  // where the current gap starts
+    auto word = [&](size_t a, size_t b) {
+      if (a >= b) return;
       ++words;
-      size_t a = i, b = j;
       while (a < b && kByteClass[t[a]] == kPunctByte && t[a] != '\'') ++a;
       while (b > a && kByteClass[t[b - 1]] == kPunctByte) --b;
-      if (b > a && b - a <= WordTable::kMaxLen)
-        stopwords += stop.contains(WordTable::key(t + a, b - a, t + n));
-      i = j;
+      if (b > a && b - a <= WordTable::kMaxLen) stopwords += stop.contains(WordTable::key(t + a, b - a, t + n));
+    };
+    size_t i = 0;
+    for (uint64_t x; i + 8 <= n; i += 8) {
+      std::memcpy(&x, t + i, 8);
+      for (uint64_t m = whitespace_mask(x); m != 0; m &= m - 1) {
+        const size_t at = i + static_cast<size_t>(std::countr_zero(m)) / 8;
+        word(from, at);
+        from = at + 1;
+      }
     }
+    for (; i < n; ++i)
+      if (kSpace[t[i]]) {
+        word(from, i);
+        from = i + 1;
+      }
+    word(from, n);
     cur.words = words;
     cur.stopwords = stopwords;
     cur.chars = code_points(cur.text);
@@ -319,6 +339,23 @@ struct Walker {
       from = i + 1;
     }
     append_text(s.substr(from));
+  }
+
+  // Appends `s` to `out` with its placeholders replaced by their runs as parsed.
+  void expand_into(std::string& out, std::string_view s) {
+    size_t from = 0;  // s[from, i) not yet appended
+    for (size_t i = 0; runs && i < s.size(); ++i) {
+      const auto c = static_cast<unsigned char>(s[i]);
+      if (c != 0xEE && c != 0xEF) continue;
+      size_t bytes = 0;
+      const size_t k = placeholder_at(s, i, &bytes);
+      if (k >= runs->size()) continue;
+      out.append(s, from, i - from);
+      out += as_parsed((*runs)[k].text, parsed);
+      i += bytes - 1;
+      from = i + 1;
+    }
+    out.append(s, from, s.size() - from);
   }
 
   // Appends text to the current block, whitespace runs collapsed to one space (none at
@@ -403,7 +440,7 @@ struct Walker {
     if (t == GUMBO_TAG_TITLE && page.title.empty()) {
       for (unsigned i = 0; i < e.children.length; ++i) {
         const auto* c = static_cast<const GumboNode*>(e.children.data[i]);
-        if (c->type == GUMBO_NODE_TEXT) page.title += c->v.text.text;
+        if (c->type == GUMBO_NODE_TEXT) expand_into(page.title, c->v.text.text);
       }
       return;
     }

@@ -329,6 +329,44 @@ struct Stripper {
   // The name of the <li>, <dt>, <dd> or <p> whose start tag is the last tag so far with
   // only text after it (elements taken out count as text); empty when there is none.
   std::string_view text_only;
+  // Whether the tree builder has left its initial insertion mode (a tag, a doctype or text
+  // that is not whitespace came), and the whitespace-only text right before the tag now
+  // read, when a tag came right before it: [ws_begin, ws_end).
+  bool past_initial = false;
+  size_t ws_begin = npos, ws_end = npos;
+
+  // Whether an element that holds no text and only makes one of its own in the tree (a
+  // <meta>, <link>, <base>, or an emptied <script> or <style>) can go with its tags: text
+  // around it is then one text node where it was two, which changes nothing the walk reads
+  // except inside <pre> (whitespace nodes there), in a table outside a cell (text moved
+  // out of the table with the whitespace next to it) or before the initial insertion
+  // mode is left (a <meta> first makes the page quirks mode).
+  bool element_can_go(bool was_past_initial) const {
+    return drop_attributes && was_past_initial && pre == 0 && !unsafe && !in_table_part();
+  }
+
+  // Whether whitespace-only text right before a start tag named `name` (without hidden or
+  // aria-hidden: the walk leaves those early) can go: the tag opens a block the walk
+  // flushes at, and the parser always inserts it (in the body, a cell, a caption, a table
+  // by moving it out), so the whitespace would end the block before it, where trailing
+  // whitespace is dropped, or sit in a table, head or select where the walk reads none.
+  bool whitespace_can_go(std::string_view name) const {
+    static constexpr std::string_view kBlocks[] = {
+        "address", "article", "aside",  "blockquote", "center", "details", "dir",     "div",   "dl",    "fieldset",
+        "figcaption", "figure", "footer", "header",  "hgroup", "menu",    "main",    "nav",   "ol",    "p",
+        "section", "summary", "ul",     "h1",         "h2",     "h3",      "h4",      "h5",    "h6",    "li",
+        "dd",      "dt",      "hr",     "br",         "table"};
+    if (!drop_attributes || pre > 0 || unsafe) return false;
+    for (const auto& a : attrs) {
+      const int which = read_attribute(s.substr(a.begin, a.name_end - a.begin));
+      if (which >= 0 && (kReadAttributes[static_cast<size_t>(which)] == "hidden" ||
+                         kReadAttributes[static_cast<size_t>(which)] == "aria-hidden"))
+        return false;
+    }
+    for (const auto b : kBlocks)
+      if (same_name(name, b)) return true;
+    return false;
+  }
 
   bool in_table_part() const { return !tables.empty() && !tables.back(); }
 
@@ -494,40 +532,70 @@ struct Stripper {
 
   // A start tag whose name starts at `i`: where to read on from, after its contents when
   // they are text, foreign content or removed. npos: copy the rest as it is.
+  // Drops the element whose start tag was just written at out[out_begin, ...) and whose
+  // end tag starts at `stop` (a </script> or </style>): where to read on from.
+  size_t drop_element(size_t out_begin, size_t stop) {
+    bool closed = false;
+    size_t e = stop + 2;
+    while (e < s.size() && !name_end(s[e])) ++e;
+    const size_t after = tag_end(s, e, nullptr, &closed);
+    if (!closed) return stop;
+    out.resize(out_begin);
+    copied = after;
+    return after;
+  }
+
   size_t start_tag(size_t i) {
     size_t e = i;
     while (e < s.size() && !name_end(s[e])) ++e;
+    const std::string_view name = s.substr(i, e - i);
     size_t end;
-    bool bare = false;
-    const size_t out_begin = out.size() + (i - 1 - copied);  // where the tag's '<' will be in `out`
+    bool bare = false, closed = false;
+    const bool was_past_initial = past_initial;
+    past_initial = true;
     if (drop_attributes) {
       attrs.clear();
-      bool closed = false;
       end = tag_end(s, e, &attrs, &closed);
-      // A tag the file ends inside is not emitted at all: leave it as it is.
-      if (closed) bare = canonical_start_tag(s.substr(i, e - i), end);
+      if (closed && ws_end == i - 1 && whitespace_can_go(name)) drop(ws_begin, ws_end);
     } else {
       end = tag_end(s, e);
     }
-    start_of(tag_kind(s.substr(i, e - i)), s.substr(i, e - i), out_begin, bare);
+    const size_t out_begin = out.size() + (i - 1 - copied);  // where the tag's '<' will be in `out`
+    // A tag the file ends inside is not emitted at all: leave it as it is.
+    if (drop_attributes && closed) bare = canonical_start_tag(name, end);
+    start_of(tag_kind(name), name, out_begin, bare);
+    const bool can_go = closed && element_can_go(was_past_initial);
     switch (lower(s[i])) {  // the names below, by first letter
       case 's':
         if (name_at(s, i, "script")) {
           const size_t stop = script_end(s, end);
           drop(end, stop);
-          return stop;
+          return can_go && stop < s.size() ? drop_element(out_begin, stop) : stop;
         }
         if (name_at(s, i, "style")) {
           const size_t stop = find_end_tag(s, end, "style");
-          if (!in_select) drop(end, stop);
-          return stop;
+          if (in_select) return stop;
+          drop(end, stop);
+          return can_go && stop < s.size() ? drop_element(out_begin, stop) : stop;
         }
         if (name_at(s, i, "svg")) return foreign_end(s, end, "svg");
         if (name_at(s, i, "select")) in_select = true;
         return end;
+      case 'm':
+        if (name_at(s, i, "meta") && can_go) out.resize(out_begin);
+        return name_at(s, i, "math") ? foreign_end(s, end, "math") : end;
+      case 'l':
+      case 'b':
+        if ((name_at(s, i, "link") || name_at(s, i, "base")) && can_go) out.resize(out_begin);
+        return end;
       case 't':
-        for (const char* raw : {"title", "textarea"})
-          if (name_at(s, i, raw)) return find_end_tag(s, end, raw);
+        if (name_at(s, i, "title")) {
+          // Its text is RCDATA: no tags, references decoded; pieces of it can be placeholders.
+          const size_t stop = find_end_tag(s, end, "title");
+          if (runs) text(end, stop);
+          return stop;
+        }
+        if (name_at(s, i, "textarea")) return find_end_tag(s, end, "textarea");
         return end;
       case 'x': return name_at(s, i, "xmp") ? find_end_tag(s, end, "xmp") : end;
       case 'i': return name_at(s, i, "iframe") ? find_end_tag(s, end, "iframe") : end;
@@ -535,7 +603,6 @@ struct Stripper {
         for (const char* raw : {"noembed", "noframes"})
           if (name_at(s, i, raw)) return find_end_tag(s, end, raw);
         return end;
-      case 'm': return name_at(s, i, "math") ? foreign_end(s, end, "math") : end;
       case 'p': return name_at(s, i, "plaintext") ? npos : end;
       case 'f': return name_at(s, i, "frameset") ? npos : end;
       default: return end;
@@ -545,16 +612,32 @@ struct Stripper {
   size_t run() {
     const size_t n = s.size();
     size_t removed = 0, i = 0;
+    bool after_tag = false;  // s[i] follows a tag
     for (;;) {
       const size_t lt = s.find('<', i);
-      if (runs) text(i, lt == npos ? n : lt);
+      const size_t to = lt == npos ? n : lt;
+      // Whitespace-only text between two tags (whitespace_can_go); text that is not
+      // whitespace leaves the initial insertion mode.
+      size_t k = i;
+      while (k < to && ws(s[k])) ++k;
+      ws_begin = ws_end = npos;
+      if (k == to && after_tag && to > i) {
+        ws_begin = i;
+        ws_end = to;
+      }
+      if (k < to) past_initial = true;
+      if (runs) text(i, to);
       if (lt == npos || lt + 1 >= n) break;
       i = lt;
+      after_tag = false;
       const char c = s[i + 1];
       if (alpha(c)) {
         i = start_tag(i + 1);
         if (i == npos) break;
+        after_tag = true;
       } else if (c == '/' && i + 2 < n && alpha(s[i + 2])) {
+        past_initial = true;
+        after_tag = true;
         if (name_at(s, i + 2, "select")) in_select = false;
         size_t e = i + 2;
         while (e < n && !name_end(s[e])) ++e;
@@ -568,6 +651,7 @@ struct Stripper {
         drop(i, e);
         i = e;
       } else if (c == '!' || c == '?' || c == '/') {  // doctype, bogus comment: up to '>'
+        if (c == '!' && i + 9 <= n && same_name(s.substr(i + 2, 7), "doctype")) past_initial = true;
         const size_t gt = s.find('>', i + 2);
         i = gt == npos ? n : gt + 1;
       } else {

@@ -604,8 +604,8 @@ TEST_CASE("extract: end tags the next tag implies go before the parse, the block
       // The element is not the current node, or whitespace comes first: the end tag stays.
       {"<ul><li><section>in a section</section></li><li>next</li></ul>",
        "<ul><li><section>P</section></li><li>P</li></ul>"},
-      {"<p>text</b></p><p>xy</p>\n<p>ab</p>", "<p>P</b></p><p>P</p>\n<p>P"},
-      {"<li>ab</li>\n<li>cd</li>", "<li>P</li>\n<li>P</li>"},
+      {"<p>text</b></p><p>xy</p>\n<p>ab</p>", "<p>P</b></p><p>P</p><p>P"},
+      {"<li>ab</li>\n<li>cd</li>", "<li>P</li><li>P</li>"},  // (the whitespace goes: whitespace_can_go)
       {"<p>ab<b>bold</b></p><p>x <i>it</i>y</p><div>c</div>", "<p>PP<p>x Py<div>c</div>"},
       {"<table><tr><td>a<select><option>opt</td><td>b</td></tr></table><p>z</p>",
        "<table><tr><td>a<select><option>P<td>b</tr></table><p>z"},
@@ -638,6 +638,62 @@ TEST_CASE("extract: end tags the next tag implies go before the parse, the block
     }
     CHECK(a.parent == b.parent);
   }
+}
+
+TEST_CASE("extract: whitespace before blocks, head elements and the title's text go before the parse, the blocks "
+          "stay the same",
+          "[extract]") {
+  const std::string main = "<p>The main text of the page, which is long enough to be kept by the classifier.</p>";
+  // (html, what strip_raw_text leaves of it with attributes dropped, text as placeholders)
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"<!DOCTYPE html>\n<html>\n<head>\n<meta charset=utf-8>\n<title>A page title &amp; more of it</title>\n"
+       "<link rel=stylesheet href=x>\n<script src=a></script>\n<style>p{}</style>\n</head>\n<body>\n<div>\n<p>ab</p>\n"
+       "</div>\n",
+       "<!DOCTYPE html>\n<html>\n<head>\n\n<title>P &amp; P</title>\n\n\n\n</head>\n<body><div><p>P</p>\n</div>"},
+      // Kept: inside <pre>, before a tag the walk leaves early or the parser may ignore,
+      // in a table outside a cell, before the initial insertion mode is left, in <select>.
+      {"<pre>a\n<div>bc</div>\n<script></script>\nd</pre>", "<pre>a\n<div>P</div>\n<script></script>\nd</pre>"},
+      {"<p>x\n<span hidden>yz</span>\n<div hidden>zw</div>\n<td>cell</td>\n<div>c</div>",
+       "<p>x\n<span hidden>P</span>\n<div hidden>P</div>\n<td>P</td><div>c</div>"},
+      {"<table> <meta>xy<tr><td>c</td></tr> <script></script><style></style></table>",
+       "<table> <meta>P<tr><td>c</tr> <script></script><style></style></table>"},
+      {"<select><style>x</style><option>op</option></select>", "<select><style>x</style><option>P</option></select>"},
+      {"<p>ab<script>s</script>cd <style>q</style>ef</p>", "<p>PP P</p>"},
+  };
+  std::string out;
+  std::vector<TextRun> runs;
+  for (const auto& [html_part, want] : cases) {
+    const std::string html = html_part + main;
+    INFO(html);
+    strip_raw_text(html, out, &runs, true);
+    std::string shown;  // placeholders as 'P'
+    for (size_t i = 0; i < out.size(); ++i) {
+      size_t bytes = 0;
+      if (placeholder_at(out, i, &bytes) != std::string::npos) {
+        shown += 'P';
+        i += bytes - 1;
+      } else {
+        shown += out[i];
+      }
+    }
+    CHECK(shown == want + "<p>P</p>");
+    const auto a = parse_html_blocks(html, false), b = parse_html_blocks(html, true);
+    REQUIRE(a.blocks.size() == b.blocks.size());
+    for (size_t i = 0; i < a.blocks.size(); ++i) {
+      CHECK(a.blocks[i].text == b.blocks[i].text);
+      CHECK(a.blocks[i].link_chars == b.blocks[i].link_chars);
+      CHECK(a.blocks[i].node == b.blocks[i].node);
+    }
+    CHECK(a.parent == b.parent);
+    CHECK(a.title == b.title);
+  }
+  // A <meta> first of all keeps the page in quirks mode, where a <table> does not close a <p>.
+  const std::string quirks = "<meta charset=utf-8><p>A paragraph with a table in it<table><tr><td>cell text of the "
+                             "table</td></tr></table> and text after</p>" + main;
+  strip_raw_text(quirks, out, &runs, true);
+  CHECK(out.rfind("<meta>", 0) == 0);
+  const auto a = parse_html_blocks(quirks, false), b = parse_html_blocks(quirks, true);
+  CHECK(a.parent == b.parent);
 }
 
 TEST_CASE("extract: text runs stand in as numbered placeholders, without their edges and references",
