@@ -2,12 +2,14 @@
 // fixtures of test/fixtures/warc/ (scripts/make-warc-fixtures.py: the pages the classifier
 // is tuned on) and test/fixtures/warc-eval/ (scripts/make-extract-eval.py: pages it is measured on).
 #include <catch2/catch.hpp>
+#include <zlib.h>
 #include <zstd.h>
 
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <regex>
 #include <set>
 
@@ -108,6 +110,90 @@ TEST_CASE("WARC reader: gzip member per record, WARC/1.1 and 1.0, offsets", "[ex
     ++records;
   }
   CHECK(records == 7);
+}
+
+TEST_CASE("WARC reader: members read whole and members streamed give the same records at the same offsets",
+          "[extract]") {
+  // A member whole in memory is decompressed by libdeflate; one over 2 MiB compressed, one
+  // with a header CRC, and the bytes of a corrupt one are streamed through zlib.
+  std::mt19937 rng(7);
+  auto random_bytes = [&](size_t n) {
+    std::string b(n, '\0');
+    for (auto& c : b) c = static_cast<char>(rng());
+    return b;
+  };
+  auto record = [](int n, const std::string& block) {
+    return "WARC/1.1\r\nWARC-Type: resource\r\nWARC-Record-ID: <urn:test:" + std::to_string(n) +
+           ">\r\nContent-Length: " + std::to_string(block.size()) + "\r\n\r\n" + block + "\r\n\r\n";
+  };
+  auto member = [](const std::string& data, bool header_crc) {
+    z_stream z{};
+    REQUIRE(deflateInit2(&z, 6, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY) == Z_OK);
+    gz_header h{};
+    h.hcrc = header_crc;
+    REQUIRE(deflateSetHeader(&z, &h) == Z_OK);
+    std::string out(deflateBound(&z, data.size()) + 64, '\0');
+    z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(data.data()));
+    z.avail_in = static_cast<uInt>(data.size());
+    z.next_out = reinterpret_cast<Bytef*>(out.data());
+    z.avail_out = static_cast<uInt>(out.size());
+    REQUIRE(deflate(&z, Z_FINISH) == Z_STREAM_END);
+    out.resize(z.total_out);
+    deflateEnd(&z);
+    return out;
+  };
+  std::string text;
+  while (text.size() < 20000) text += "The orchard was painted by the teachers of the river, and they agreed on it. ";
+  // Streamed: 5 MiB compressed, 9 MiB decompressed, a header CRC; whole: the others (the
+  // 1 MiB one after more bytes are read).
+  const std::vector<std::string> blocks = {"a small block",      text, random_bytes(5 << 20), std::string(9 << 20, 'x'),
+                                           random_bytes(1 << 20), "with a header CRC", text.substr(0, 999), "last"};
+  const std::vector<std::vector<int>> members = {{0}, {1}, {2}, {3}, {4}, {5}, {6, 7}};
+  std::string file;
+  std::vector<int64_t> offsets;
+  for (size_t m = 0; m < members.size(); ++m) {
+    std::string data;
+    for (int k : members[m]) {
+      offsets.push_back(static_cast<int64_t>(file.size()));
+      data += record(k, blocks[static_cast<size_t>(k)]);
+    }
+    file += member(data, m == 5);
+  }
+  test::TempDir dir("warc-members");
+  const std::string path = (dir.path() / "m.warc.gz").string();
+  auto read_all = [&](const std::string& bytes, std::string* error_cause) {
+    std::ofstream(path, std::ios::binary) << bytes;
+    WarcReader r(path, 16 << 20);
+    std::vector<WarcRecord> got;
+    WarcRecord rec;
+    for (;;) {
+      try {
+        if (!r.next(rec)) break;
+        got.push_back(rec);
+      } catch (const WarcError& e) {
+        *error_cause = e.cause();
+        if (!r.resync()) break;
+      }
+    }
+    return got;
+  };
+  std::string cause;
+  const auto got = read_all(file, &cause);
+  CHECK(cause.empty());
+  REQUIRE(got.size() == blocks.size());
+  for (size_t k = 0; k < got.size(); ++k) {
+    INFO(k);
+    CHECK(got[k].block == blocks[k]);
+    CHECK(got[k].ordinal == static_cast<int64_t>(k) + 1);
+    CHECK(got[k].offset == offsets[k]);
+  }
+  // A corrupt member between good ones: its record is a gzip fault, the next one is read.
+  std::string bad = member(record(7, text), false);
+  bad[bad.size() / 2] = static_cast<char>(bad[bad.size() / 2] ^ 0x55);
+  const auto after = read_all(file + bad + member(record(8, "after the corrupt member"), false), &cause);
+  CHECK(cause == "gzip");
+  REQUIRE(after.size() == blocks.size() + 1);
+  CHECK(after.back().block == "after the corrupt member");
 }
 
 TEST_CASE("WARC reader: every malformed file is an error naming file, record, offset and cause", "[extract]") {
