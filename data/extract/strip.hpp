@@ -1,8 +1,9 @@
 // A pass over the HTML before the HTML5 parse that removes what can hold no text of the
 // page: the contents of <script> and <style> elements and comments. Common Crawl pages are
 // often mostly inline scripts, JSON and CSS, and the parser otherwise tokenizes every byte
-// of them one character at a time. The result parses to the same tree, less those texts
-// and comment nodes (docs/specs/justext.md, "Before the parse").
+// of them one character at a time. With its options it also takes the text, the
+// attributes nothing reads and the tags whose absence changes no block out of the parse;
+// the walk then finds the same blocks (docs/specs/justext.md, "Before the parse").
 #pragma once
 #include <string>
 #include <string_view>
@@ -21,31 +22,36 @@ namespace mtnlg::extract {
 // parser ignores a <style> tag) and after <frameset> nothing is removed. Returns the number
 // of bytes removed.
 //
-// With `runs`, the text in the data state is also taken out of the parse: each piece of
-// text of 2 bytes or more (without leading or trailing whitespace, character references
-// or NULs, which the parser would change) is replaced by one private-use character that
-// numbers it (two from the 6,337th piece on), and `runs` gets the piece. The parser then builds the same tree (a placeholder is text, and not
-// whitespace, as the piece is) in a fraction of the time: it reads one character where
-// the piece had many. The walker puts the pieces back (placeholder_at). A page that holds
+// With `runs`, the text in the data state (and a <title>'s) is also taken out of the
+// parse: each piece of text of 2 bytes or more (without leading or trailing whitespace,
+// character references or NULs, which the parser would change) is replaced by one
+// private-use character that numbers it (two from the 6,337th piece on), and `runs` gets
+// the piece. The parser then builds the same tree (a placeholder is text, and not
+// whitespace, as the piece is) in a fraction of the time: it reads one character where the
+// piece had many. The walker puts the pieces back (placeholder_at). A page that holds
 // private-use characters itself (or numeric references to them) is left without
 // placeholders.
 //
-// With `drop_attributes`, the attributes of start tags that neither the block walk nor the
-// tree builder reads (href, src, style, data-*, ...: all but hidden, aria-hidden, class,
-// id, role, type, color, face, size, encoding, prompt, action) are removed too; the tree
-// is the same less those attributes. Of class and id, which the walk only tests for a
-// furniture word (furniture_attribute), the first becomes class="nav" / id="nav" when it
-// has one and goes when it has none (repeats go: the parser ignores them; a value with a
-// character reference stays as written). A tag the input ends inside keeps all of them.
+// With `drop_attributes`, each start tag is written with only what the block walk or the
+// tree builder reads of it: hidden, aria-hidden="true", the walk's roles, type=hidden on
+// <input>, color/face/size on <font>, encoding on <annotation-xml>, prompt and action on
+// <isindex> (the first of each name: the parser ignores repeats; a value with a character
+// reference stays as written), one space before each; class and id, which the walk only
+// tests for a furniture word (furniture_attribute), become one id=nav (class=nav when the
+// id stays) when one has such a word and go when none has. End tags lose what the parser
+// ignores in them. A tag the input ends inside is left as it is.
 //
-// With both, an inline element holding nothing but one piece of text (<a>, <span>, <b>,
-// <code>, ... without attributes, as in "<a href=x>Home</a>") is taken out of the parse
-// with its tags: its piece's placeholder stands where the element was (a run marked
-// `link` for an <a>). The pass keeps track of what makes that change the tree or the
-// blocks, and leaves the element where it can: inside <pre> (the walk reads whitespace
-// there as the parser splits it), directly in a table outside a cell (text is moved out
-// of the table where an element is not), an <a> while another <a> may still be open (a
-// new <a> closes it), and after foreign content, <template>, <object>, <applet> or
+// With both, tags whose absence leaves the blocks the same go too (docs/specs/justext.md,
+// "Before the parse"): an inline element holding nothing but one piece of text (<a>,
+// <span>, <b>, <code>, ... without attributes left, as in "<a href=x>Home</a>") becomes its
+// piece's placeholder (a run marked `link` for an <a>); end tags the next tag implies
+// (</td><td>, </li><li> after text only, </p><div> after text only, ...); whitespace-only
+// text before a block's start tag; <meta>, <link>, <base> and emptied <script> and <style>.
+// The pass keeps track of what would make that change the blocks and leaves them where it
+// could: inside <pre> (the walk reads whitespace there as the parser splits it), directly
+// in a table outside a cell (text is moved out of the table where an element is not), an
+// <a> while another <a> may still be open (a new <a> closes it), before the tree builder
+// leaves its initial mode, after foreign content, <template>, <object>, <applet> or
 // <marquee>.
 struct TextRun {
   std::string_view text;  // a view of the page
