@@ -86,18 +86,18 @@ class WordTable {
       table_[i] = k;
     }
   }
-  // The key of w[0, len) (1 <= len <= kMaxLen), lower-cased: 16 bytes read at once when
-  // the text has them (`end` is its end), else through a zeroed buffer.
+  // The key of w[0, len) (1 <= len <= kMaxLen), lower-cased: 16 or 8 bytes read at once
+  // when the text has them (`end` is its end), else byte by byte (a copy through a buffer
+  // stalls the loads on the stores, and short blocks have most words near their end).
   static Key key(const unsigned char* w, size_t len, const unsigned char* end) {
     Key k;
     if (end - w >= 16) {
       std::memcpy(&k.lo, w, 8);
       std::memcpy(&k.hi, w + 8, 8);
+    } else if (len <= 8 && end - w >= 8) {
+      std::memcpy(&k.lo, w, 8);
     } else {
-      unsigned char buf[16] = {};
-      std::memcpy(buf, w, len);
-      std::memcpy(&k.lo, buf, 8);
-      std::memcpy(&k.hi, buf + 8, 8);
+      for (size_t b = 0; b < len; ++b) (b < 8 ? k.lo : k.hi) |= uint64_t{w[b]} << (8 * (b % 8));
     }
     static_assert(std::endian::native == std::endian::little, "keys are bytes in memory order");
     if (len < 8) {
