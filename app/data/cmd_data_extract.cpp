@@ -7,9 +7,11 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <mutex>
 #include <thread>
 
 #include "app/commands.hpp"
@@ -76,24 +78,33 @@ void extract_one_process(const extract::ExtractOptions& opt) {
   for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int64_t>(i);
   std::atomic<int64_t> bytes{0}, docs{0};
   std::exception_ptr err;
-  std::atomic<bool> finished{false};
+  bool finished = false;
+  std::mutex m;
+  std::condition_variable done;
   // The work on a helper thread; this thread draws the progress line (bytes with an ETA,
-  // documents/s beside them).
+  // documents/s beside them) every 100 ms, and goes on as soon as the work ends.
   std::thread worker([&] {
     try {
       extract_files(opt, all, run, {&bytes, &docs});
     } catch (...) {
       err = std::current_exception();
     }
-    finished = true;
+    {
+      std::lock_guard<std::mutex> lock(m);
+      finished = true;
+    }
+    done.notify_one();
   });
   {
     Progress bar("extract " + std::to_string(opt.inputs.size()) + " file(s)", total_bytes(opt.inputs), "B",
                  opt.progress);
     bar.set_secondary_unit("docs");
     int64_t shown_b = 0, shown_d = 0;
-    while (!finished) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> lock(m);
+        if (done.wait_for(lock, std::chrono::milliseconds(100), [&] { return finished; })) break;
+      }
       const int64_t b = bytes, d = docs;
       bar.add(b - shown_b, d - shown_d);
       shown_b = b;

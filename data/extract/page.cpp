@@ -21,30 +21,6 @@
 
 namespace mtnlg::extract {
 
-// Class/id words that mark page furniture rather than content.
-static bool boilerplate_word(std::string_view w) {
-  static const std::unordered_set<std::string_view> words = {
-      "cookie", "cookies", "consent", "gdpr", "nav", "navbar", "navigation", "menu", "footer", "sidebar",
-      "breadcrumb", "breadcrumbs", "share", "sharing", "social", "banner", "advert", "advertisement", "ads",
-      "promo", "newsletter", "subscribe", "skip", "toolbar", "masthead", "sitemap", "pagination", "related"};
-  return words.count(w) != 0;
-}
-
-bool furniture_attribute(std::string_view v) {
-  std::string word;
-  for (size_t i = 0; i <= v.size(); ++i) {
-    char c = i < v.size() ? v[i] : ' ';
-    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
-    if ((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9')) {
-      word += c;
-    } else {
-      if (!word.empty() && boilerplate_word(word)) return true;
-      word.clear();
-    }
-  }
-  return false;
-}
-
 namespace {
 
 char lower(char c) { return (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c; }
@@ -86,12 +62,13 @@ uint64_t lower8(uint64_t x) {
   return x | (upper >> 2);
 }
 
-// Stop-word lookup: each word (at most 15 bytes, lower case) zero-padded to 16 bytes and
-// read as two 64-bit words, in an open-addressing table a quarter full. A lookup is a
-// multiply, a shift and usually one compare (a list per (length, first letter) with
-// memcmp on each entry cost ~100 instructions a word). The text holds no NUL (the parser
-// drops them), so the padding cannot match a word's own bytes.
-class StopwordTable {
+// Word lookup (stop words, furniture words): each word (at most 15 bytes, lower case)
+// zero-padded to 16 bytes and read as two 64-bit words, in an open-addressing table a
+// quarter full. A lookup is a multiply, a shift and usually one compare (a list per
+// (length, first letter) with memcmp on each entry cost ~100 instructions a word). The
+// text holds no NUL (the parser drops them), so the padding cannot match a word's own
+// bytes.
+class WordTable {
  public:
   static constexpr size_t kMaxLen = 15;
   // A word as two 64-bit words: its bytes (lower case) in memory order, zeros after.
@@ -99,7 +76,7 @@ class StopwordTable {
     uint64_t lo = 0, hi = 0;
     bool empty() const { return lo == 0 && hi == 0; }
   };
-  explicit StopwordTable(const std::unordered_set<std::string_view>& words) {
+  explicit WordTable(const std::unordered_set<std::string_view>& words) {
     for (auto w : words) {
       if (w.empty() || w.size() > kMaxLen) continue;
       const auto* p = reinterpret_cast<const unsigned char*>(w.data());
@@ -109,18 +86,18 @@ class StopwordTable {
       table_[i] = k;
     }
   }
-  // The key of w[0, len) (1 <= len <= kMaxLen), lower-cased: 16 bytes read at once when
-  // the text has them (`end` is its end), else through a zeroed buffer.
+  // The key of w[0, len) (1 <= len <= kMaxLen), lower-cased: 16 or 8 bytes read at once
+  // when the text has them (`end` is its end), else byte by byte (a copy through a buffer
+  // stalls the loads on the stores, and short blocks have most words near their end).
   static Key key(const unsigned char* w, size_t len, const unsigned char* end) {
     Key k;
     if (end - w >= 16) {
       std::memcpy(&k.lo, w, 8);
       std::memcpy(&k.hi, w + 8, 8);
+    } else if (len <= 8 && end - w >= 8) {
+      std::memcpy(&k.lo, w, 8);
     } else {
-      unsigned char buf[16] = {};
-      std::memcpy(buf, w, len);
-      std::memcpy(&k.lo, buf, 8);
-      std::memcpy(&k.hi, buf + 8, 8);
+      for (size_t b = 0; b < len; ++b) (b < 8 ? k.lo : k.hi) |= uint64_t{w[b]} << (8 * (b % 8));
     }
     static_assert(std::endian::native == std::endian::little, "keys are bytes in memory order");
     if (len < 8) {
@@ -148,10 +125,42 @@ class StopwordTable {
   std::array<Key, size_t{1} << kBits> table_{};
 };
 
-const StopwordTable& english_stopword_table() {
-  static const StopwordTable table(english_stopwords());
+const WordTable& english_stopword_table() {
+  static const WordTable table(english_stopwords());
   return table;
 }
+
+// Class/id words that mark page furniture rather than content.
+const WordTable& furniture_words() {
+  static const WordTable table(std::unordered_set<std::string_view>{
+      "cookie", "cookies", "consent", "gdpr", "nav", "navbar", "navigation", "menu", "footer", "sidebar",
+      "breadcrumb", "breadcrumbs", "share", "sharing", "social", "banner", "advert", "advertisement", "ads",
+      "promo", "newsletter", "subscribe", "skip", "toolbar", "masthead", "sitemap", "pagination", "related"});
+  return table;
+}
+
+bool alnum_byte(unsigned char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9'); }
+
+}  // namespace
+
+bool furniture_attribute(std::string_view v) {
+  const auto* t = reinterpret_cast<const unsigned char*>(v.data());
+  const size_t n = v.size();
+  const WordTable& words = furniture_words();
+  for (size_t i = 0; i < n;) {
+    if (!alnum_byte(t[i])) {
+      ++i;
+      continue;
+    }
+    size_t j = i + 1;  // a word: ASCII letters and digits, lower-cased
+    while (j < n && alnum_byte(t[j])) ++j;
+    if (j - i <= WordTable::kMaxLen && words.contains(WordTable::key(t + i, j - i, t + n))) return true;
+    i = j;
+  }
+  return false;
+}
+
+namespace {
 
 bool is_skipped(GumboTag t) {
   switch (t) {
@@ -190,11 +199,24 @@ bool is_heading(GumboTag t) {
          t == GUMBO_TAG_H6;
 }
 
+// Code points of UTF-8 text: its bytes less the continuation bytes (10xxxxxx), counted
+// eight at a time.
 int64_t code_points(std::string_view s) {
-  int64_t n = 0;
-  for (unsigned char c : s) n += (c & 0xC0) != 0x80;
-  return n;
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  const size_t n = s.size();
+  int64_t continuation = 0;
+  size_t i = 0;
+  for (uint64_t x; i + 8 <= n; i += 8) {
+    std::memcpy(&x, p + i, 8);
+    continuation += std::popcount(x & ~(x << 1) & 0x8080808080808080ULL);
+  }
+  for (; i < n; ++i) continuation += (p[i] & 0xC0) == 0x80;
+  return static_cast<int64_t>(n) - continuation;
 }
+
+// Where the first whitespace byte (kSpace) at or after `i` is; n if none; eight bytes at a
+// time.
+size_t next_space(const unsigned char* t, size_t i, size_t n);
 
 constexpr std::array<bool, 256> kSpace = [] {
   std::array<bool, 256> t{};
@@ -202,6 +224,27 @@ constexpr std::array<bool, 256> kSpace = [] {
   return t;
 }();
 bool space(char c) { return kSpace[static_cast<unsigned char>(c)]; }
+
+// 0x80 in each byte of x that is whitespace (kSpace: 0x09..0x0D, 0x20), 0 elsewhere; exact
+// (no carries between bytes).
+uint64_t whitespace_mask(uint64_t x) {
+  constexpr uint64_t k7F = 0x7F7F7F7F7F7F7F7FULL, k80 = 0x8080808080808080ULL;
+  const uint64_t sp = x ^ 0x2020202020202020ULL;
+  const uint64_t is_space = ~(((sp & k7F) + k7F) | sp | k7F);
+  const uint64_t low = x & k7F;
+  const uint64_t ge9 = low + 0x7777777777777777ULL, ge14 = low + 0x7272727272727272ULL;
+  return (is_space | (ge9 & ~ge14 & ~x)) & k80;
+}
+
+size_t next_space(const unsigned char* t, size_t i, size_t n) {
+  for (uint64_t x; i + 8 <= n; i += 8) {
+    std::memcpy(&x, t + i, 8);
+    if (const uint64_t m = whitespace_mask(x)) return i + static_cast<size_t>(std::countr_zero(m)) / 8;
+  }
+  for (; i < n; ++i)
+    if (kSpace[t[i]]) return i;
+  return n;
+}
 
 // Byte classes for counting words: whitespace (as kSpace), ASCII punctuation (std::ispunct's
 // in the "C" locale), anything else (letters, digits, UTF-8 bytes).
@@ -221,33 +264,44 @@ struct Walker {
   Block cur;
   int link = 0, pre = 0, heading = 0, boiler = 0, article = 0;
   std::vector<int32_t> open;  // the block-level elements open, innermost last
-  const std::vector<std::string_view>* runs = nullptr;  // the text runs behind placeholders
-  std::string expanded;
-  const StopwordTable& stop = english_stopword_table();
+  const std::vector<TextRun>* runs = nullptr;  // the text runs behind placeholders
+  std::string parsed;  // a text run as parsed, when that differs from the run
+  const WordTable& stop = english_stopword_table();
 
-  // Words, stop words and code points of the current block in one pass: words are split
-  // at whitespace, ASCII-lowered, with edge punctuation stripped (a leading apostrophe
-  // stays); a word longer than any stop word is not looked up.
+  // Words, stop words and code points of the current block: words are split at
+  // whitespace, ASCII-lowered, with edge punctuation stripped (a leading apostrophe stays);
+  // a word longer than any stop word is not looked up.
   void count_words() {
     const auto* t = reinterpret_cast<const unsigned char*>(cur.text.data());
     const size_t n = cur.text.size();
-    int64_t words = 0, stopwords = 0, continuation = 0;
-    for (size_t i = 0; i < n;) {
-      while (i < n && kByteClass[t[i]] == kSpaceByte) ++i;
-      if (i == n) break;
-      size_t j = i;
-      for (; j < n && kByteClass[t[j]] != kSpaceByte; ++j) continuation += (t[j] & 0xC0) == 0x80;
+    int64_t words = 0, stopwords = 0;
+    // The words are the non-empty gaps between whitespace bytes, found eight bytes at a time.
+    size_t from = 0;  // where the current gap starts
+    auto word = [&](size_t a, size_t b) {
+      if (a >= b) return;
       ++words;
-      size_t a = i, b = j;
       while (a < b && kByteClass[t[a]] == kPunctByte && t[a] != '\'') ++a;
       while (b > a && kByteClass[t[b - 1]] == kPunctByte) --b;
-      if (b > a && b - a <= StopwordTable::kMaxLen)
-        stopwords += stop.contains(StopwordTable::key(t + a, b - a, t + n));
-      i = j;
+      if (b > a && b - a <= WordTable::kMaxLen) stopwords += stop.contains(WordTable::key(t + a, b - a, t + n));
+    };
+    size_t i = 0;
+    for (uint64_t x; i + 8 <= n; i += 8) {
+      std::memcpy(&x, t + i, 8);
+      for (uint64_t m = whitespace_mask(x); m != 0; m &= m - 1) {
+        const size_t at = i + static_cast<size_t>(std::countr_zero(m)) / 8;
+        word(from, at);
+        from = at + 1;
+      }
     }
+    for (; i < n; ++i)
+      if (kSpace[t[i]]) {
+        word(from, i);
+        from = i + 1;
+      }
+    word(from, n);
     cur.words = words;
     cur.stopwords = stopwords;
-    cur.chars = static_cast<int64_t>(n) - continuation;
+    cur.chars = code_points(cur.text);
   }
 
   void flush() {
@@ -262,33 +316,50 @@ struct Walker {
     cur.boilerplate_context = boiler > 0;
   }
 
-  void text(const char* s) {
-    if (runs && !runs->empty()) {
-      expand(s);
-      append_text(expanded);
-    } else {
+  // A text node's text, each placeholder of strip_raw_text replaced by its text run as
+  // the parser would have read it.
+  void text(std::string_view s) {
+    if (!runs || runs->empty()) {
       append_text(s);
+      return;
     }
-  }
-
-  // `s` with each placeholder of strip_raw_text replaced by its text run, as the parser
-  // would have read it.
-  void expand(std::string_view s) {
-    expanded.clear();
-    size_t from = 0;  // s[from, i) not yet copied
+    size_t from = 0;  // s[from, i) not yet appended
     for (size_t i = 0; i < s.size(); ++i) {
       const auto c = static_cast<unsigned char>(s[i]);
       if (c != 0xEE && c != 0xEF) continue;
-      const size_t k = placeholder_at(s, i);
+      size_t bytes = 0;
+      const size_t k = placeholder_at(s, i, &bytes);
       if (k >= runs->size()) continue;
-      expanded.append(s, from, i - from);
-      append_as_parsed(expanded, (*runs)[k]);
-      i += kPlaceholderBytes - 1;
+      append_text(s.substr(from, i - from));
+      const TextRun& run = (*runs)[k];
+      link += run.link;  // the text of an <a> the pass took out with it
+      append_text(as_parsed(run.text, parsed));
+      link -= run.link;
+      i += bytes - 1;
       from = i + 1;
     }
-    expanded.append(s, from, s.size() - from);
+    append_text(s.substr(from));
   }
 
+  // Appends `s` to `out` with its placeholders replaced by their runs as parsed.
+  void expand_into(std::string& out, std::string_view s) {
+    size_t from = 0;  // s[from, i) not yet appended
+    for (size_t i = 0; runs && i < s.size(); ++i) {
+      const auto c = static_cast<unsigned char>(s[i]);
+      if (c != 0xEE && c != 0xEF) continue;
+      size_t bytes = 0;
+      const size_t k = placeholder_at(s, i, &bytes);
+      if (k >= runs->size()) continue;
+      out.append(s, from, i - from);
+      out += as_parsed((*runs)[k].text, parsed);
+      i += bytes - 1;
+      from = i + 1;
+    }
+    out.append(s, from, s.size() - from);
+  }
+
+  // Appends text to the current block, whitespace runs collapsed to one space (none at
+  // the start) outside <pre>. Appending a text in pieces gives what appending it whole does.
   void append_text(std::string_view s) {
     if (cur.text.empty()) {
       cur.heading = heading > 0;
@@ -299,25 +370,55 @@ struct Walker {
     if (pre > 0) {
       cur.text += s;
     } else {
-      for (size_t p = 0; p < s.size();) {
-        if (space(s[p])) {
+      const auto* t = reinterpret_cast<const unsigned char*>(s.data());
+      const size_t n = s.size();
+      for (size_t p = 0; p < n;) {
+        if (kSpace[t[p]]) {
           if (!cur.text.empty() && cur.text.back() != ' ') cur.text += ' ';
           ++p;
-        } else {
-          size_t e = p + 1;
-          while (e < s.size() && !space(s[e])) ++e;
-          cur.text.append(s, p, e - p);
-          p = e;
+          continue;
         }
+        // Words with single spaces between them go in at once.
+        size_t e = next_space(t, p, n);
+        while (e + 1 < n && t[e] == ' ' && !kSpace[t[e + 1]]) e = next_space(t, e + 1, n);
+        cur.text.append(s, p, e - p);
+        p = e;
       }
     }
     if (link > 0) cur.link_chars += code_points(std::string_view(cur.text).substr(before));
   }
 
-  static const char* attr(const GumboElement& e, const char* name) {
-    const GumboAttribute* a = gumbo_get_attribute(&e.attributes, name);
-    return a ? a->value : nullptr;
-  }
+  // The values of the attributes the walk reads (the first of each name, in any case, as
+  // gumbo_get_attribute finds it), in one pass over the element's attributes.
+  struct ReadAttributes {
+    const char *hidden = nullptr, *aria_hidden = nullptr, *cls = nullptr, *id = nullptr, *role = nullptr;
+    explicit ReadAttributes(const GumboElement& e) {
+      for (unsigned k = 0; k < e.attributes.length; ++k) {
+        const auto* at = static_cast<const GumboAttribute*>(e.attributes.data[k]);
+        const char*& slot = slot_of(at->name);
+        if (&slot != &ignored && !slot) slot = at->value;
+      }
+    }
+
+   private:
+    const char* ignored = nullptr;
+    static bool named(const char* name, std::string_view lower_name) {
+      size_t k = 0;
+      for (; k < lower_name.size(); ++k)
+        if (name[k] == '\0' || lower(name[k]) != lower_name[k]) return false;
+      return name[k] == '\0';
+    }
+    const char*& slot_of(const char* name) {
+      switch (lower(name[0])) {
+        case 'h': return named(name, "hidden") ? hidden : ignored;
+        case 'a': return named(name, "aria-hidden") ? aria_hidden : ignored;
+        case 'c': return named(name, "class") ? cls : ignored;
+        case 'i': return named(name, "id") ? id : ignored;
+        case 'r': return named(name, "role") ? role : ignored;
+        default: return ignored;
+      }
+    }
+  };
 
   void walk(const GumboNode* n) {
     if (n->type == GUMBO_NODE_TEXT || n->type == GUMBO_NODE_CDATA) {
@@ -339,7 +440,7 @@ struct Walker {
     if (t == GUMBO_TAG_TITLE && page.title.empty()) {
       for (unsigned i = 0; i < e.children.length; ++i) {
         const auto* c = static_cast<const GumboNode*>(e.children.data[i]);
-        if (c->type == GUMBO_NODE_TEXT) page.title += c->v.text.text;
+        if (c->type == GUMBO_NODE_TEXT) expand_into(page.title, c->v.text.text);
       }
       return;
     }
@@ -351,21 +452,18 @@ struct Walker {
       return;
     }
     if (is_skipped(t)) return;
-    if (const char* h = attr(e, "hidden"); h) return;
-    if (const char* ah = attr(e, "aria-hidden"); ah && std::strcmp(ah, "true") == 0) return;
+    const ReadAttributes a(e);
+    if (a.hidden) return;
+    if (a.aria_hidden && std::strcmp(a.aria_hidden, "true") == 0) return;
     const bool block = is_block(t);
     // Class and id words describe the page on <html> and <body> ("navigation-with-keyboard",
     // "has-sidebar") and the content on <main> and <article>: furniture elsewhere only.
     const bool page_or_content = t == GUMBO_TAG_HTML || t == GUMBO_TAG_BODY || t == GUMBO_TAG_MAIN || t == GUMBO_TAG_ARTICLE;
     const bool ctx = t == GUMBO_TAG_NAV || t == GUMBO_TAG_FOOTER || t == GUMBO_TAG_ASIDE ||
                      (t == GUMBO_TAG_HEADER && article == 0) ||
-                     (!page_or_content && (furniture_attribute(attr(e, "class") ? attr(e, "class") : "") ||
-                                           furniture_attribute(attr(e, "id") ? attr(e, "id") : ""))) ||
-                     [&] {
-                       const char* role = attr(e, "role");
-                       return role && (std::strcmp(role, "navigation") == 0 || std::strcmp(role, "banner") == 0 ||
-                                       std::strcmp(role, "contentinfo") == 0 || std::strcmp(role, "dialog") == 0);
-                     }();
+                     (!page_or_content && ((a.cls && furniture_attribute(a.cls)) || (a.id && furniture_attribute(a.id)))) ||
+                     (a.role && (std::strcmp(a.role, "navigation") == 0 || std::strcmp(a.role, "banner") == 0 ||
+                                 std::strcmp(a.role, "contentinfo") == 0 || std::strcmp(a.role, "dialog") == 0));
     const bool art = t == GUMBO_TAG_ARTICLE || t == GUMBO_TAG_MAIN;
     if (block) flush();
     // Block-level elements that can hold text are the nodes of the content container.
@@ -420,9 +518,9 @@ class ParseArena {
   static constexpr size_t kKeptChunks = 16;  // 4 MiB kept for the next page
   void* allocate(size_t n) {
     n = (n + 15) & ~size_t{15};
-    if (cur_ >= chunks_.size() || used_ + n > chunks_[cur_].size) next_chunk(n);
-    void* p = chunks_[cur_].data.get() + used_;
-    used_ += n;
+    if (static_cast<size_t>(end_ - ptr_) < n) next_chunk(n);
+    void* p = ptr_;
+    ptr_ += n;
     return p;
   }
   // Drops everything allocated since the last reset; keeps up to kKeptChunks chunks.
@@ -430,7 +528,8 @@ class ParseArena {
     std::erase_if(chunks_, [](const Chunk& c) { return c.size != kChunk; });
     if (chunks_.size() > kKeptChunks) chunks_.resize(kKeptChunks);
     cur_ = 0;
-    used_ = 0;
+    ptr_ = end_ = nullptr;
+    if (!chunks_.empty()) use(0);
   }
   static void* gumbo_alloc(void* self, size_t n) { return static_cast<ParseArena*>(self)->allocate(n); }
   static void gumbo_free(void*, void*) {}
@@ -440,21 +539,30 @@ class ParseArena {
     std::unique_ptr<char[]> data;
     size_t size;
   };
+  // Makes chunk k the one allocated from.
+  void use(size_t k) {
+    cur_ = k;
+    ptr_ = chunks_[k].data.get();
+    end_ = ptr_ + chunks_[k].size;
+  }
+  // The next chunk with room for n bytes (the current one is full), a new one if none.
   void next_chunk(size_t n) {
-    if (cur_ < chunks_.size() && used_ > 0) ++cur_;  // the current chunk is full
-    while (cur_ < chunks_.size() && chunks_[cur_].size < n) ++cur_;
-    if (cur_ >= chunks_.size()) {
+    size_t k = ptr_ == nullptr ? 0 : cur_ + 1;
+    while (k < chunks_.size() && chunks_[k].size < n) ++k;
+    if (k >= chunks_.size()) {
       const size_t size = std::max(n, kChunk);
       chunks_.push_back({std::make_unique_for_overwrite<char[]>(size), size});
-      cur_ = chunks_.size() - 1;
+      k = chunks_.size() - 1;
     }
-    used_ = 0;
+    use(k);
   }
   std::vector<Chunk> chunks_;
-  size_t cur_ = 0, used_ = 0;
+  size_t cur_ = 0;
+  char* ptr_ = nullptr;  // the free part of chunk cur_: [ptr_, end_)
+  char* end_ = nullptr;
 };
 
-ParsedPage parse_gumbo_blocks(std::string_view html, const std::vector<std::string_view>* runs) {
+ParsedPage parse_gumbo_blocks(std::string_view html, const std::vector<TextRun>* runs) {
   GumboOptions opt = kGumboDefaultOptions;
   opt.max_errors = 0;  // parse errors are not collected (HTML5 recovers from all of them)
   thread_local ParseArena arena;
@@ -485,12 +593,12 @@ ParsedPage parse_gumbo_blocks(std::string_view html, const std::vector<std::stri
 
 ParsedPage parse_html_blocks(std::string_view html, bool strip) {
   thread_local std::string stripped;  // reused: their capacity is kept for the next page
-  thread_local std::vector<std::string_view> runs;
+  thread_local std::vector<TextRun> runs;
   if (strip) strip_raw_text(html, stripped, &runs, true);
   ParsedPage page = parse_gumbo_blocks(strip ? std::string_view(stripped) : html, strip ? &runs : nullptr);
   if (stripped.capacity() > (size_t{4} << 20)) {  // memory stays bounded
     std::string().swap(stripped);
-    std::vector<std::string_view>().swap(runs);
+    std::vector<TextRun>().swap(runs);
   }
   return page;
 }

@@ -48,9 +48,10 @@ struct ParsedPage {
   std::vector<int32_t> parent;  // -1: the outermost element
   std::string title;
 };
-// `strip`: the contents of <script>, <style> and comments are removed first and the text
-// runs stand in as placeholders during the parse (strip.hpp); the blocks are the same,
-// and the parser is spared most of the bytes of a page.
+// `strip`: the contents of <script>, <style> and comments are removed first, the text
+// runs stand in as placeholders during the parse, and tags whose absence leaves the blocks
+// the same go (strip.hpp); the blocks are the same, and the parser is spared most of the
+// bytes and tags of a page.
 ParsedPage parse_html_blocks(std::string_view html_utf8, bool strip = true);
 
 // Classifies the blocks in place; `use_stopwords` false for a language without a

@@ -4,6 +4,7 @@
 #include "data/extract/page.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstring>
 
@@ -22,7 +23,7 @@ bool alnum(char c) { return alpha(c) || (c >= '0' && c <= '9'); }
 constexpr uint64_t kAmps = 0x2626262626262626ULL;  // '&' in every byte
 bool has_zero_byte(uint64_t x) { return ((x - 0x0101010101010101ULL) & ~x & 0x8080808080808080ULL) != 0; }
 
-constexpr size_t kMinRun = 16;  // shorter text stays: a placeholder is 6 bytes
+constexpr size_t kMinRun = 2;  // a piece of one byte is one character already
 
 // Whether `s` at `i` holds `name` (lower case) in any case, followed by the end of a tag name.
 bool name_at(std::string_view s, size_t i, std::string_view name) {
@@ -76,29 +77,40 @@ size_t tag_end(std::string_view s, size_t i, std::vector<AttributeSpan>* attrs =
   return n;
 }
 
-// Whether the block walk or the tree builder reads an attribute of this name (lower case
-// or not): the walk reads hidden, aria-hidden, class, id and role; the tree builder reads
-// type (<input type=hidden> in a table), color, face and size (<font> leaving foreign
-// content), encoding (<annotation-xml>) and prompt and action (<isindex>, which makes text).
-bool attribute_kept(std::string_view name) {
-  static constexpr std::string_view kKept[] = {"hidden", "aria-hidden", "class", "id",       "role",   "type",
-                                               "color",  "face",        "size",  "encoding", "prompt", "action"};
-  char low[12];
-  if (name.size() > sizeof(low)) return false;
-  for (size_t k = 0; k < name.size(); ++k) low[k] = lower(name[k]);
-  const std::string_view l(low, name.size());
-  for (const auto k : kKept)
-    if (l == k) return true;
-  return false;
+// Whether `s` (any case) is `lower_name` (lower case).
+bool iequals(std::string_view s, std::string_view lower_name) {
+  if (s.size() != lower_name.size()) return false;
+  for (size_t k = 0; k < s.size(); ++k)
+    if (lower(s[k]) != lower_name[k]) return false;
+  return true;
 }
 
-// 0 for an attribute named class, 1 for id (in any case), else -1.
-int class_or_id(std::string_view name) {
-  if (name.size() == 5 && lower(name[0]) == 'c' && lower(name[1]) == 'l' && lower(name[2]) == 'a' &&
-      lower(name[3]) == 's' && lower(name[4]) == 's')
-    return 0;
-  if (name.size() == 2 && lower(name[0]) == 'i' && lower(name[1]) == 'd') return 1;
+// The attributes the block walk or the tree builder reads, by name: an index into this
+// list for an attribute of that name (in any case), else -1.
+constexpr std::string_view kReadAttributes[] = {"class", "id",       "hidden", "aria-hidden", "role",   "type",
+                                                "color", "face",     "size",   "encoding",    "prompt", "action"};
+enum : int { kClass = 0, kId = 1 };
+int read_attribute(std::string_view name) {
+  for (size_t k = 0; k < std::size(kReadAttributes); ++k)
+    if (iequals(name, kReadAttributes[k])) return static_cast<int>(k);
   return -1;
+}
+
+// Whether attribute `which` (not class or id) with this value, as written, on a start tag
+// named `tag`, can change the tree or the blocks: the walk reads hidden (any value),
+// aria-hidden="true" and the roles navigation, banner, contentinfo and dialog; the tree
+// builder reads type=hidden on <input> (in a table, and for frameset-ok), color, face and
+// size on <font> (leaving foreign content), encoding on <annotation-xml> and prompt and
+// action on <isindex>. A value with a character reference may decode to anything: it stays.
+bool attribute_read(int which, std::string_view value, std::string_view tag) {
+  const std::string_view name = kReadAttributes[static_cast<size_t>(which)];
+  if (name == "hidden" || value.find('&') != npos) return true;
+  if (name == "aria-hidden") return value == "true";
+  if (name == "role") return value == "navigation" || value == "banner" || value == "contentinfo" || value == "dialog";
+  if (name == "type") return iequals(tag, "input") && iequals(value, "hidden");
+  if (name == "color" || name == "face" || name == "size") return iequals(tag, "font");
+  if (name == "encoding") return iequals(tag, "annotation-xml");
+  return iequals(tag, "isindex");  // prompt, action
 }
 
 // The value of an attribute as written (without its quotes); "" when it has none.
@@ -185,7 +197,13 @@ bool private_use_reference(std::string_view s, size_t i) {
 // Whether the page's text can hold a private-use character U+E000..U+F8FF: as UTF-8 (EE xx
 // xx, EF 80..A3 xx) or as a numeric character reference.
 bool has_private_use(std::string_view s) {
+  constexpr uint64_t kEF = 0xEFEFEFEFEFEFEFEFULL, kOnes = 0x0101010101010101ULL;
   for (size_t i = 0; i + 1 < s.size(); ++i) {
+    // Eight bytes at a time while none is 0xEE, 0xEF or '&'.
+    uint64_t x;
+    while (i + 9 < s.size() &&
+           (std::memcpy(&x, s.data() + i, 8), !has_zero_byte((x | kOnes) ^ kEF) && !has_zero_byte(x ^ kAmps)))
+      i += 8;
     const auto c = static_cast<unsigned char>(s[i]);
     if (c == 0xEE || (c == 0xEF && static_cast<unsigned char>(s[i + 1]) < 0xA4)) return true;
     if (c == '&' && s[i + 1] == '#' && private_use_reference(s, i)) return true;
@@ -193,27 +211,257 @@ bool has_private_use(std::string_view s) {
   return false;
 }
 
-// The two private-use characters that stand for text run `k`.
+// The private-use character(s) that stand for text run `k` (strip.hpp).
 void append_placeholder(std::string& out, size_t k) {
-  for (const size_t v : {k / kPlaceholderBase, k % kPlaceholderBase}) {
+  auto put = [&](size_t v) {
     const auto cp = static_cast<unsigned>(0xE000 + v);
     out += static_cast<char>(0xE0 | (cp >> 12));
     out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
     out += static_cast<char>(0x80 | (cp & 0x3F));
+  };
+  if (k < kPlaceholderSingle) {
+    put(k);
+  } else {
+    put(kPlaceholderSingle + (k - kPlaceholderSingle) / kPlaceholderBase);
+    put((k - kPlaceholderSingle) % kPlaceholderBase);
+  }
+}
+
+// Whether two tag names are the same (ASCII case-insensitively, as the tokenizer lowers them).
+bool same_name(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  for (size_t k = 0; k < a.size(); ++k)
+    if (lower(a[k]) != lower(b[k])) return false;
+  return true;
+}
+
+// The bytes of run k's placeholder (append_placeholder).
+size_t placeholder_bytes(size_t k) { return k < kPlaceholderSingle ? 3 : 6; }
+
+// What the pass needs to know of a tag name to take inline elements out of the parse.
+enum class TagKind : uint8_t {
+  other,
+  a,
+  inline_element,  // formatting or plain phrasing elements the walk does not read: <b>, <span>, ...
+  table,
+  cell,        // td, th, caption: the tree builder reads their content as in the body
+  table_part,  // tr, tbody, thead, tfoot, col, colgroup: text there is moved out of the table
+  pre,
+  unsafe,  // svg, math (foreign content), template, object, applet, marquee (markers)
+};
+
+// A name of up to 8 bytes as one integer (its bytes in order, zeros after).
+constexpr uint64_t pack(std::string_view name) {
+  uint64_t v = 0;
+  for (size_t k = 0; k < name.size(); ++k) v |= uint64_t{static_cast<unsigned char>(name[k])} << (8 * k);
+  return v;
+}
+
+TagKind tag_kind(std::string_view name) {
+  struct Entry {
+    uint64_t name;
+    uint8_t size;
+    TagKind kind;
+  };
+  constexpr TagKind I = TagKind::inline_element;
+  static constexpr std::pair<std::string_view, TagKind> kNames[] = {
+      {"a", TagKind::a},       {"b", I},           {"i", I},           {"q", I},
+      {"s", I},                {"u", I},           {"em", I},          {"tt", I},
+      {"td", TagKind::cell},   {"th", TagKind::cell}, {"tr", TagKind::table_part}, {"big", I},
+      {"bdi", I},              {"bdo", I},         {"col", TagKind::table_part}, {"dfn", I},
+      {"kbd", I},              {"pre", TagKind::pre}, {"sub", I},       {"sup", I},
+      {"svg", TagKind::unsafe}, {"var", I},        {"abbr", I},        {"cite", I},
+      {"code", I},             {"data", I},        {"mark", I},        {"math", TagKind::unsafe},
+      {"samp", I},             {"span", I},        {"time", I},        {"label", I},
+      {"small", I},            {"table", TagKind::table}, {"tbody", TagKind::table_part},
+      {"tfoot", TagKind::table_part}, {"thead", TagKind::table_part}, {"applet", TagKind::unsafe},
+      {"object", TagKind::unsafe}, {"strike", I},  {"strong", I},      {"acronym", I},
+      {"caption", TagKind::cell}, {"marquee", TagKind::unsafe}, {"colgroup", TagKind::table_part},
+      {"template", TagKind::unsafe}};
+  // An open-addressing table of the names, 128 slots.
+  static const std::array<Entry, 128> kTable = [] {
+    std::array<Entry, 128> t{};
+    for (const auto& [n, kind] : kNames) {
+      size_t h = static_cast<size_t>((pack(n) * 0x9E3779B97F4A7C15ULL) >> 57);
+      while (t[h].size != 0) h = (h + 1) & 127;
+      t[h] = {pack(n), static_cast<uint8_t>(n.size()), kind};
+    }
+    return t;
+  }();
+  if (name.empty() || name.size() > 8) return TagKind::other;
+  uint64_t v = 0;
+  for (size_t k = 0; k < name.size(); ++k) v |= uint64_t{static_cast<unsigned char>(lower(name[k]))} << (8 * k);
+  for (size_t h = static_cast<size_t>((v * 0x9E3779B97F4A7C15ULL) >> 57);; h = (h + 1) & 127) {
+    if (kTable[h].size == 0) return TagKind::other;
+    if (kTable[h].name == v) return kTable[h].kind;
   }
 }
 
 struct Stripper {
-  Stripper(std::string_view s, std::string& out, std::vector<std::string_view>* runs, bool drop_attributes)
+  Stripper(std::string_view s, std::string& out, std::vector<TextRun>* runs, bool drop_attributes)
       : s(s), out(out), runs(runs), drop_attributes(drop_attributes) {}
 
   std::string_view s;
   std::string& out;
-  std::vector<std::string_view>* runs;  // null: text is not replaced
+  std::vector<TextRun>* runs;  // null: text is not replaced
   bool drop_attributes;
   size_t copied = 0;  // s[0, copied) is in `out` or was dropped
   bool in_select = false;
   std::vector<AttributeSpan> attrs;  // reused from tag to tag
+
+  // Taking inline elements out (strip.hpp). What the tree builder may have open, as far
+  // as the tags tell, erring on the side of leaving an element in: one entry per <table>
+  // start tag, true while a cell or caption of it is open; <pre> start tags less end tags;
+  // whether an <a> may be in the list of active formatting elements (one not taken out,
+  // not yet followed by </a>), and whether a marker or scope boundary came after it (its
+  // </a> may then leave it there: no <a> is taken out for the rest of the page).
+  std::vector<bool> tables;
+  int pre = 0;
+  bool a_open = false, a_stuck = false, unsafe = false;
+  // The inline elements whose start tag was written last, innermost last: where the tag
+  // starts in `out`, where `out` ended after it, and the number of runs then.
+  struct OpenInline {
+    std::string_view name;
+    size_t out_begin, out_end, runs;
+    std::string_view text_only;  // text_only when its start tag came
+  };
+  std::vector<OpenInline> open_inline;
+  // The name of the <li>, <dt>, <dd> or <p> whose start tag is the last tag so far with
+  // only text after it (elements taken out count as text); empty when there is none.
+  std::string_view text_only;
+  // Whether the tree builder has left its initial insertion mode (a tag, a doctype or text
+  // that is not whitespace came), and the whitespace-only text right before the tag now
+  // read, when a tag came right before it: [ws_begin, ws_end).
+  bool past_initial = false;
+  size_t ws_begin = npos, ws_end = npos;
+
+  // Whether an element that holds no text and only makes one of its own in the tree (a
+  // <meta>, <link>, <base>, or an emptied <script> or <style>) can go with its tags: text
+  // around it is then one text node where it was two, which changes nothing the walk reads
+  // except inside <pre> (whitespace nodes there), in a table outside a cell (text moved
+  // out of the table with the whitespace next to it) or before the initial insertion
+  // mode is left (a <meta> first makes the page quirks mode).
+  bool element_can_go(bool was_past_initial) const {
+    return drop_attributes && was_past_initial && pre == 0 && !unsafe && !in_table_part();
+  }
+
+  // Whether whitespace-only text right before a start tag named `name` (without hidden or
+  // aria-hidden: the walk leaves those early) can go: the tag opens a block the walk
+  // flushes at, and the parser always inserts it (in the body, a cell, a caption, a table
+  // by moving it out), so the whitespace would end the block before it, where trailing
+  // whitespace is dropped, or sit in a table, head or select where the walk reads none.
+  bool whitespace_can_go(std::string_view name) const {
+    static constexpr std::string_view kBlocks[] = {
+        "address", "article", "aside",  "blockquote", "center", "details", "dir",     "div",   "dl",    "fieldset",
+        "figcaption", "figure", "footer", "header",  "hgroup", "menu",    "main",    "nav",   "ol",    "p",
+        "section", "summary", "ul",     "h1",         "h2",     "h3",      "h4",      "h5",    "h6",    "li",
+        "dd",      "dt",      "hr",     "br",         "table"};
+    if (!drop_attributes || pre > 0 || unsafe) return false;
+    for (const auto& a : attrs) {
+      const int which = read_attribute(s.substr(a.begin, a.name_end - a.begin));
+      if (which >= 0 && (kReadAttributes[static_cast<size_t>(which)] == "hidden" ||
+                         kReadAttributes[static_cast<size_t>(which)] == "aria-hidden"))
+        return false;
+    }
+    for (const auto b : kBlocks)
+      if (same_name(name, b)) return true;
+    return false;
+  }
+
+  bool in_table_part() const { return !tables.empty() && !tables.back(); }
+
+  // A start tag of this kind (its attributes written when `bare` is false).
+  void start_of(TagKind kind, std::string_view name, size_t out_begin, bool bare) {
+    const bool boundary = kind == TagKind::table || kind == TagKind::cell || kind == TagKind::unsafe;
+    if (boundary && a_open) a_stuck = true;
+    if (boundary && pre > 0) unsafe = true;  // a </pre> may then leave the <pre> open
+    switch (kind) {
+      case TagKind::table: tables.push_back(false); break;
+      case TagKind::cell: if (!tables.empty()) tables.back() = true; break;
+      case TagKind::table_part: if (!tables.empty()) tables.back() = false; break;
+      case TagKind::pre: ++pre; break;
+      case TagKind::unsafe: unsafe = true; break;
+      default: break;
+    }
+    const bool collapsible = (kind == TagKind::inline_element || (kind == TagKind::a && !a_open && !a_stuck)) &&
+                             bare && runs && drop_attributes && !unsafe && pre == 0 && !in_table_part();
+    if (kind == TagKind::a) a_open = true;
+    if (collapsible) open_inline.push_back({name, out_begin, out.size(), runs->size(), text_only});
+    else open_inline.clear();
+    const bool list_or_p = same_name(name, "li") || same_name(name, "dt") || same_name(name, "dd") || same_name(name, "p");
+    text_only = list_or_p ? name : std::string_view();
+  }
+
+  // The name of the tag that starts at s[at] ("" when none does) and whether it is an end tag.
+  std::string_view tag_at(size_t at, bool& end_tag) const {
+    end_tag = at + 1 < s.size() && s[at + 1] == '/';
+    size_t b = at + 1 + end_tag;
+    if (at >= s.size() || s[at] != '<' || b >= s.size() || !alpha(s[b])) return {};
+    size_t e = b;
+    while (e < s.size() && !name_end(s[e])) ++e;
+    return e < s.size() ? s.substr(b, e - b) : std::string_view();
+  }
+
+  // Whether the end tag `name`, followed at once by the tag at `next`, does nothing that
+  // the next tag does not do itself (the tree is the same without it): </td> and </th>
+  // before a cell's start tag or </tr> (either closes the cell, in every insertion mode),
+  // </tr> before <tr>; and, when the element's start tag is the last tag and only text
+  // follows it (the element is the current node), </li> before <li>, </dt> and </dd>
+  // before <dt> or <dd>, </p> before a start tag that closes a <p> in button scope.
+  bool implied_end(std::string_view name, size_t next) const {
+    bool next_end = false;
+    const std::string_view y = tag_at(next, next_end);
+    if (y.empty() || unsafe) return false;
+    if (same_name(name, "td") || same_name(name, "th"))
+      return next_end ? same_name(y, "tr") : same_name(y, "td") || same_name(y, "th");
+    if (same_name(name, "tr")) return !next_end && same_name(y, "tr");
+    if (next_end || text_only.empty() || !same_name(name, text_only)) return false;
+    if (same_name(name, "li")) return same_name(y, "li");
+    if (same_name(name, "dt") || same_name(name, "dd")) return same_name(y, "dt") || same_name(y, "dd");
+    static constexpr std::string_view kClosesP[] = {
+        "address", "article", "aside",  "blockquote", "center", "details", "dir", "div", "dl", "fieldset",
+        "figcaption", "figure", "footer", "header",  "hgroup", "menu",    "main", "nav", "ol", "p",
+        "section", "summary", "ul",     "h1",         "h2",     "h3",      "h4",  "h5",  "h6"};
+    for (const auto c : kClosesP)
+      if (same_name(y, c)) return true;
+    return false;
+  }
+
+
+  // An end tag whose name is s[name_begin, name_end) and which starts at `lt` and ends
+  // before `end`: takes the element out when it holds one text piece and nothing else.
+  // True when it did (the end tag is dropped).
+  bool end_of(size_t name_begin, size_t name_end, size_t lt, size_t end) {
+    const std::string_view name = s.substr(name_begin, name_end - name_begin);
+    const TagKind kind = tag_kind(name);
+    switch (kind) {
+      case TagKind::table: if (!tables.empty()) tables.pop_back(); break;
+      case TagKind::cell:
+      case TagKind::table_part: if (!tables.empty()) tables.back() = false; break;
+      case TagKind::pre: pre = std::max(0, pre - 1); break;
+      case TagKind::a: if (!a_stuck) a_open = false; break;
+      default: break;
+    }
+    if (!open_inline.empty() && (kind == TagKind::a || kind == TagKind::inline_element)) {
+      const OpenInline e = open_inline.back();
+      open_inline.pop_back();
+      // Since the start tag: all of the page read, one run, and nothing but its placeholder written.
+      const bool one_piece = copied == lt && runs->size() == e.runs + 1 &&
+                             out.size() - e.out_end == placeholder_bytes(e.runs);
+      if (one_piece && same_name(name, e.name)) {
+        out.erase(e.out_begin, e.out_end - e.out_begin);
+        if (kind == TagKind::a) runs->back().link = true;
+        text_only = e.text_only;  // the element is text now
+        drop(lt, end);
+        return true;
+      }
+    }
+    open_inline.clear();
+    const bool implied = drop_attributes && implied_end(name, end);
+    text_only = {};
+    if (implied) drop(lt, end);
+    return implied;
+  }
 
   void drop(size_t from, size_t to) {
     out.append(s, copied, from - copied);
@@ -232,10 +480,10 @@ struct Stripper {
       while (q < to && s[q] != '&' && s[q] != '\0') ++q;
       size_t e = q;  // the piece is s[p, e), trimmed
       while (e > p && ws(s[e - 1])) --e;
-      if (e - p >= kMinRun && runs->size() < kPlaceholderBase * kPlaceholderBase) {
+      if (e - p >= kMinRun && runs->size() < kPlaceholderRuns) {
         drop(p, e);
         append_placeholder(out, runs->size());
-        runs->push_back(s.substr(p, e - p));
+        runs->push_back({s.substr(p, e - p)});
       }
       // A reference's name or number and the NULs stay as they are.
       while (q < to && (s[q] == '&' || s[q] == '#' || s[q] == ';' || s[q] == '\0' || alnum(s[q]))) ++q;
@@ -243,82 +491,167 @@ struct Stripper {
     }
   }
 
+  // Writes the start tag whose name is `name` (a view of `s`) and which ends before `end`
+  // (`attrs` holds its attributes) with only what the walk and the tree builder read of
+  // it: its name, the first occurrence of each attribute they read (the parser drops
+  // repeats) where its value can matter (attribute_read), one space before each, and a
+  // '/' that makes it self-closing. Of class and id the walk asks only whether a word
+  // marks furniture: both go, and one id=nav (class=nav when the id stays) stands for
+  // them when one does; a value with a character reference stays as it is written.
+  bool canonical_start_tag(std::string_view name, size_t end) {
+    const size_t name_end = static_cast<size_t>(name.data() - s.data()) + name.size();
+    out.append(s, copied, name_end - copied);
+    const size_t after_name = out.size();
+    copied = end;
+    uint32_t seen = 0;  // by index in kReadAttributes
+    bool furniture = false, raw[2] = {false, false};
+    for (const auto& a : attrs) {
+      const int which = read_attribute(s.substr(a.begin, a.name_end - a.begin));
+      if (which < 0 || (seen >> which & 1)) continue;
+      seen |= uint32_t{1} << which;
+      const std::string_view v = attribute_value(s, a);
+      if (which == kClass || which == kId) {
+        raw[which] = v.find('&') != npos;
+        if (!raw[which]) {
+          furniture = furniture || furniture_attribute(v);
+          continue;
+        }
+      } else if (!attribute_read(which, v, name)) {
+        continue;
+      }
+      out += ' ';
+      out.append(s, a.begin, a.end - a.begin);
+    }
+    if (furniture) out += raw[kId] ? " class=nav" : " id=nav";
+    // Self-closing: a '/' right before the '>' that is in no value ("<a href=x/>" is not).
+    const size_t last = attrs.empty() ? name_end : attrs.back().end;
+    if (end - 2 >= last && s[end - 2] == '/') out += out.back() == '"' || out.back() == '\'' ? "/" : " /";
+    out += '>';
+    return out.size() == after_name + 1;  // bare: the name and '>' only
+  }
+
   // A start tag whose name starts at `i`: where to read on from, after its contents when
   // they are text, foreign content or removed. npos: copy the rest as it is.
+  // Drops the element whose start tag was just written at out[out_begin, ...) and whose
+  // end tag starts at `stop` (a </script> or </style>): where to read on from.
+  size_t drop_element(size_t out_begin, size_t stop) {
+    bool closed = false;
+    size_t e = stop + 2;
+    while (e < s.size() && !name_end(s[e])) ++e;
+    const size_t after = tag_end(s, e, nullptr, &closed);
+    if (!closed) return stop;
+    out.resize(out_begin);
+    copied = after;
+    return after;
+  }
+
   size_t start_tag(size_t i) {
     size_t e = i;
     while (e < s.size() && !name_end(s[e])) ++e;
+    const std::string_view name = s.substr(i, e - i);
     size_t end;
+    bool bare = false, closed = false;
+    const bool was_past_initial = past_initial;
+    past_initial = true;
     if (drop_attributes) {
       attrs.clear();
-      bool closed = false;
       end = tag_end(s, e, &attrs, &closed);
-      // A tag the file ends inside is not emitted at all: leave it as it is.
-      if (closed) {
-        bool seen[2] = {false, false};  // class, id
-        for (const auto& a : attrs) {
-          const std::string_view name = s.substr(a.begin, a.name_end - a.begin);
-          const int which = class_or_id(name);
-          if (which < 0) {
-            if (!attribute_kept(name)) drop(a.begin, a.end);
-            continue;
-          }
-          // The walk asks of class and id only whether a word marks furniture: the first
-          // one (the parser drops repeats) becomes class="nav" / id="nav" when it does
-          // and goes when it does not. A value with a character reference stays as it is.
-          if (seen[which]) {
-            drop(a.begin, a.end);
-            continue;
-          }
-          seen[which] = true;
-          const std::string_view v = attribute_value(s, a);
-          if (v.find('&') != npos) continue;
-          drop(a.begin, a.end);
-          if (furniture_attribute(v)) out += which == 0 ? "class=\"nav\"" : "id=\"nav\"";
-        }
-      }
+      if (closed && ws_end == i - 1 && whitespace_can_go(name)) drop(ws_begin, ws_end);
     } else {
       end = tag_end(s, e);
     }
-    if (name_at(s, i, "script")) {
-      const size_t stop = script_end(s, end);
-      drop(end, stop);
-      return stop;
+    const size_t out_begin = out.size() + (i - 1 - copied);  // where the tag's '<' will be in `out`
+    // A tag the file ends inside is not emitted at all: leave it as it is.
+    if (drop_attributes && closed) bare = canonical_start_tag(name, end);
+    start_of(tag_kind(name), name, out_begin, bare);
+    const bool can_go = closed && element_can_go(was_past_initial);
+    switch (lower(s[i])) {  // the names below, by first letter
+      case 's':
+        if (name_at(s, i, "script")) {
+          const size_t stop = script_end(s, end);
+          drop(end, stop);
+          return can_go && stop < s.size() ? drop_element(out_begin, stop) : stop;
+        }
+        if (name_at(s, i, "style")) {
+          const size_t stop = find_end_tag(s, end, "style");
+          if (in_select) return stop;
+          drop(end, stop);
+          return can_go && stop < s.size() ? drop_element(out_begin, stop) : stop;
+        }
+        if (name_at(s, i, "svg")) return foreign_end(s, end, "svg");
+        if (name_at(s, i, "select")) in_select = true;
+        return end;
+      case 'm':
+        if (name_at(s, i, "meta") && can_go) out.resize(out_begin);
+        return name_at(s, i, "math") ? foreign_end(s, end, "math") : end;
+      case 'l':
+      case 'b':
+        if ((name_at(s, i, "link") || name_at(s, i, "base")) && can_go) out.resize(out_begin);
+        return end;
+      case 't':
+        if (name_at(s, i, "title")) {
+          // Its text is RCDATA: no tags, references decoded; pieces of it can be placeholders.
+          const size_t stop = find_end_tag(s, end, "title");
+          if (runs) text(end, stop);
+          return stop;
+        }
+        if (name_at(s, i, "textarea")) return find_end_tag(s, end, "textarea");
+        return end;
+      case 'x': return name_at(s, i, "xmp") ? find_end_tag(s, end, "xmp") : end;
+      case 'i': return name_at(s, i, "iframe") ? find_end_tag(s, end, "iframe") : end;
+      case 'n':
+        for (const char* raw : {"noembed", "noframes"})
+          if (name_at(s, i, raw)) return find_end_tag(s, end, raw);
+        return end;
+      case 'p': return name_at(s, i, "plaintext") ? npos : end;
+      case 'f': return name_at(s, i, "frameset") ? npos : end;
+      default: return end;
     }
-    if (name_at(s, i, "style")) {
-      const size_t stop = find_end_tag(s, end, "style");
-      if (!in_select) drop(end, stop);
-      return stop;
-    }
-    for (const char* raw : {"title", "textarea", "xmp", "iframe", "noembed", "noframes"})
-      if (name_at(s, i, raw)) return find_end_tag(s, end, raw);
-    for (const char* foreign : {"svg", "math"})
-      if (name_at(s, i, foreign)) return foreign_end(s, end, foreign);
-    if (name_at(s, i, "select")) in_select = true;
-    if (name_at(s, i, "plaintext") || name_at(s, i, "frameset")) return npos;
-    return end;
   }
 
   size_t run() {
     const size_t n = s.size();
     size_t removed = 0, i = 0;
+    bool after_tag = false;  // s[i] follows a tag
     for (;;) {
       const size_t lt = s.find('<', i);
-      if (runs) text(i, lt == npos ? n : lt);
+      const size_t to = lt == npos ? n : lt;
+      // Whitespace-only text between two tags (whitespace_can_go); text that is not
+      // whitespace leaves the initial insertion mode.
+      size_t k = i;
+      while (k < to && ws(s[k])) ++k;
+      ws_begin = ws_end = npos;
+      if (k == to && after_tag && to > i) {
+        ws_begin = i;
+        ws_end = to;
+      }
+      if (k < to) past_initial = true;
+      if (runs) text(i, to);
       if (lt == npos || lt + 1 >= n) break;
       i = lt;
+      after_tag = false;
       const char c = s[i + 1];
       if (alpha(c)) {
         i = start_tag(i + 1);
         if (i == npos) break;
+        after_tag = true;
       } else if (c == '/' && i + 2 < n && alpha(s[i + 2])) {
+        past_initial = true;
+        after_tag = true;
         if (name_at(s, i + 2, "select")) in_select = false;
-        i = tag_end(s, i + 2);
+        size_t e = i + 2;
+        while (e < n && !name_end(s[e])) ++e;
+        bool closed = false;
+        const size_t end = tag_end(s, e, nullptr, &closed);
+        // An end tag's attributes and '/' are ignored by the parser: they go.
+        if (!(closed && end_of(i + 2, e, i, end)) && drop_attributes && closed && end - 1 > e) drop(e, end - 1);
+        i = end;
       } else if (s.compare(i, 4, "<!--") == 0) {
         const size_t e = comment_end(s, i + 4);
         drop(i, e);
         i = e;
       } else if (c == '!' || c == '?' || c == '/') {  // doctype, bogus comment: up to '>'
+        if (c == '!' && i + 9 <= n && same_name(s.substr(i + 2, 7), "doctype")) past_initial = true;
         const size_t gt = s.find('>', i + 2);
         i = gt == npos ? n : gt + 1;
       } else {
@@ -333,8 +666,7 @@ struct Stripper {
 
 }  // namespace
 
-size_t strip_raw_text(std::string_view html, std::string& out, std::vector<std::string_view>* runs,
-                      bool drop_attributes) {
+size_t strip_raw_text(std::string_view html, std::string& out, std::vector<TextRun>* runs, bool drop_attributes) {
   out.clear();
   out.reserve(html.size());
   if (runs) {
@@ -344,7 +676,7 @@ size_t strip_raw_text(std::string_view html, std::string& out, std::vector<std::
   return Stripper(html, out, runs, drop_attributes).run();
 }
 
-size_t placeholder_at(std::string_view s, size_t i) {
+size_t placeholder_at(std::string_view s, size_t i, size_t* bytes) {
   auto pua = [&](size_t k) -> long {
     if (k + 3 > s.size()) return -1;
     const auto a = static_cast<unsigned char>(s[k]), b = static_cast<unsigned char>(s[k + 1]),
@@ -353,8 +685,17 @@ size_t placeholder_at(std::string_view s, size_t i) {
     const unsigned cp = ((a & 0x0Fu) << 12) | ((b & 0x3Fu) << 6) | (c & 0x3Fu);
     return cp >= 0xE000 && cp < 0xE000 + kPlaceholderBase ? static_cast<long>(cp - 0xE000) : -1;
   };
-  const long hi = pua(i), lo = hi < 0 ? -1 : pua(i + 3);
-  return lo < 0 ? npos : static_cast<size_t>(hi) * kPlaceholderBase + static_cast<size_t>(lo);
+  const long hi = pua(i);
+  if (hi < 0) return npos;
+  if (static_cast<size_t>(hi) < kPlaceholderSingle) {
+    if (bytes) *bytes = 3;
+    return static_cast<size_t>(hi);
+  }
+  const long lo = pua(i + 3);
+  if (lo < 0) return npos;
+  if (bytes) *bytes = 6;
+  return kPlaceholderSingle + (static_cast<size_t>(hi) - kPlaceholderSingle) * kPlaceholderBase +
+         static_cast<size_t>(lo);
 }
 
 namespace {
@@ -372,6 +713,36 @@ bool replaced_by_parser(std::string_view s, size_t i, size_t len) {
 size_t utf8_length(unsigned char c) { return c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4; }
 
 }  // namespace
+
+namespace {
+
+// Where the first byte of `run` at or after `i` that may start a code point the parser
+// changes is (append_as_parsed); run.size() if none.
+size_t first_changed(std::string_view run, size_t i) {
+  while (i < run.size()) {
+    // Eight bytes at a time while all are printable ASCII (0x20..0x7E): nothing changes.
+    uint64_t x;
+    while (i + 8 <= run.size() && (std::memcpy(&x, run.data() + i, 8),
+                                   (((x - 0x2020202020202020ULL) | x | ((x ^ 0x7F7F7F7F7F7F7F7FULL) - 0x0101010101010101ULL)) &
+                                    0x8080808080808080ULL) == 0))
+      i += 8;
+    if (i >= run.size()) break;
+    const auto c = static_cast<unsigned char>(run[i]);
+    const bool maybe = c < 0x20 || c == 0x7F || c == 0xC2 || c == 0xEF || (c >= 0xF0 && c <= 0xF4);
+    if (maybe && !(c < 0x20 && (c == '\t' || c == '\n' || c == '\f'))) return i;
+    i += std::min(utf8_length(c), run.size() - i);
+  }
+  return run.size();
+}
+
+}  // namespace
+
+std::string_view as_parsed(std::string_view run, std::string& scratch) {
+  if (first_changed(run, 0) == run.size()) return run;
+  scratch.clear();
+  append_as_parsed(scratch, run);
+  return scratch;
+}
 
 void append_as_parsed(std::string& out, std::string_view run) {
   size_t from = 0;  // run[from, i) not yet copied

@@ -1,8 +1,9 @@
 // WARC reader (docs/specs/warc.md): WARC/1.0 and WARC/1.1 records from a plain `.warc`
 // file or a `.warc.gz` made of gzip members (one member per record, as Common Crawl
-// writes them; several records in one member are read too). One record is in memory
-// at a time, its block capped at `max_record_bytes`, so memory does not grow with the
-// file.
+// writes them; several records in one member are read too). A member is decompressed
+// whole by libdeflate when it is small enough, else streamed by zlib. One record is in
+// memory at a time, its block capped at `max_record_bytes`, so memory does not grow with
+// the file.
 //
 // Every framing fault is a `WarcError` naming the file, the record's ordinal, the byte
 // offset where the record starts (for gzip: the compressed offset of the member that
@@ -11,6 +12,7 @@
 // start that can be found (the next gzip member, or the next "WARC/1." line of a plain
 // file) so `--skip-bad-records` can carry on.
 #pragma once
+#include <libdeflate.h>
 #include <zlib.h>
 
 #include <cstdint>
@@ -66,6 +68,8 @@ class WarcReader {
  private:
   // Buffered decompressed stream.
   bool fill();                                   // more bytes into buf_; false at EOF
+  bool whole_member();                           // the gzip member at zs_.next_in by libdeflate, if it can
+  bool more_raw();                               // more compressed bytes after the unread ones; false at EOF
   bool read_line(std::string& line, size_t max); // without the CRLF/LF; false at EOF before any byte
   bool read_exact(std::string& out, size_t n);   // false when the stream ended first
   int64_t record_offset() const;                 // of the byte at pos_
@@ -84,8 +88,10 @@ class WarcReader {
   std::FILE* f_ = nullptr;
   bool gzip_ = false, eof_raw_ = false, member_open_ = false;
   int64_t file_bytes_ = 0, raw_pos_ = 0;         // raw bytes read from the file
-  z_stream zs_{};
+  z_stream zs_{};                                // zs_.next_in, avail_in: the compressed bytes read, not yet used
   std::vector<unsigned char> raw_;
+  std::unique_ptr<libdeflate_decompressor, void (*)(libdeflate_decompressor*)> deflate_{nullptr, nullptr};
+  std::vector<char> member_out_;                 // a whole member's bytes (whole_member)
   std::string buf_;                              // decompressed bytes not yet consumed: buf_[pos_..]
   size_t pos_ = 0;
   int64_t out_pos_ = 0;                          // decompressed bytes before buf_[0]
