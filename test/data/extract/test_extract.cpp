@@ -30,6 +30,38 @@ std::string fixture(const std::string& name) { return test::source_dir() + "/tes
 
 using test::read_jsonl;
 
+// The pass before the parse changes nothing the classifier reads: the blocks of `html`
+// parsed with and without it are the same (text, link characters, words, furniture
+// context, node, the tree of nodes, the title).
+void check_same_blocks(const std::string& html) {
+  const auto a = parse_html_blocks(html, false), b = parse_html_blocks(html, true);
+  REQUIRE(a.blocks.size() == b.blocks.size());
+  for (size_t i = 0; i < a.blocks.size(); ++i) {
+    CHECK(a.blocks[i].text == b.blocks[i].text);
+    CHECK(a.blocks[i].link_chars == b.blocks[i].link_chars);
+    CHECK(a.blocks[i].words == b.blocks[i].words);
+    CHECK(a.blocks[i].boilerplate_context == b.blocks[i].boilerplate_context);
+    CHECK(a.blocks[i].node == b.blocks[i].node);
+  }
+  CHECK(a.parent == b.parent);
+  CHECK(a.title == b.title);
+}
+
+// strip_raw_text's output with each placeholder shown as 'P', as a person reads it.
+std::string with_placeholders_shown(const std::string& out) {
+  std::string shown;
+  for (size_t i = 0; i < out.size(); ++i) {
+    size_t bytes = 0;
+    if (placeholder_at(out, i, &bytes) != std::string::npos) {
+      shown += 'P';
+      i += bytes - 1;
+    } else {
+      shown += out[i];
+    }
+  }
+  return shown;
+}
+
 // Token F1 as scripts/bench/extract_peer.py computes it (lower-cased runs of letters and digits).
 double token_f1(const std::string& got, const std::string& want) {
   auto words = [](const std::string& s) {
@@ -561,16 +593,7 @@ TEST_CASE("extract: every fixture page gives the same blocks with and without th
       }
       if (!valid_utf8(body)) continue;
       INFO(rec.header("WARC-Target-URI"));
-      const auto a = parse_html_blocks(body, false), b = parse_html_blocks(body, true);
-      REQUIRE(a.blocks.size() == b.blocks.size());
-      for (size_t i = 0; i < a.blocks.size(); ++i) {
-        CHECK(a.blocks[i].text == b.blocks[i].text);
-        CHECK(a.blocks[i].link_chars == b.blocks[i].link_chars);
-        CHECK(a.blocks[i].boilerplate_context == b.blocks[i].boilerplate_context);
-        CHECK(a.blocks[i].node == b.blocks[i].node);
-      }
-      CHECK(a.parent == b.parent);
-      CHECK(a.title == b.title);
+      check_same_blocks(body);
       ++pages;
     }
   }
@@ -652,16 +675,7 @@ TEST_CASE("extract: inline elements holding one piece of text go before the pars
     INFO(html);
     strip_raw_text(html, out, &runs, true);
     CHECK((out.find(c.probe) == std::string::npos) == c.taken);
-    const auto a = parse_html_blocks(html, false), b = parse_html_blocks(html, true);
-    REQUIRE(a.blocks.size() == b.blocks.size());
-    for (size_t i = 0; i < a.blocks.size(); ++i) {
-      CHECK(a.blocks[i].text == b.blocks[i].text);
-      CHECK(a.blocks[i].link_chars == b.blocks[i].link_chars);
-      CHECK(a.blocks[i].words == b.blocks[i].words);
-      CHECK(a.blocks[i].boilerplate_context == b.blocks[i].boilerplate_context);
-      CHECK(a.blocks[i].node == b.blocks[i].node);
-    }
-    CHECK(a.parent == b.parent);
+    check_same_blocks(html);
   }
   // The <a> taken out leaves its text marked as link text.
   strip_raw_text("<p>Read the <a href=/x>manual page</a> now</p>", out, &runs, true);
@@ -698,25 +712,8 @@ TEST_CASE("extract: end tags the next tag implies go before the parse, the block
     const std::string html = html_part + main;
     INFO(html);
     strip_raw_text(html, out, &runs, true);
-    std::string shown;  // placeholders as 'P'
-    for (size_t i = 0; i < out.size(); ++i) {
-      size_t bytes = 0;
-      if (placeholder_at(out, i, &bytes) != std::string::npos) {
-        shown += 'P';
-        i += bytes - 1;
-      } else {
-        shown += out[i];
-      }
-    }
-    CHECK(shown == want + "<p>P</p>");
-    const auto a = parse_html_blocks(html, false), b = parse_html_blocks(html, true);
-    REQUIRE(a.blocks.size() == b.blocks.size());
-    for (size_t i = 0; i < a.blocks.size(); ++i) {
-      CHECK(a.blocks[i].text == b.blocks[i].text);
-      CHECK(a.blocks[i].link_chars == b.blocks[i].link_chars);
-      CHECK(a.blocks[i].node == b.blocks[i].node);
-    }
-    CHECK(a.parent == b.parent);
+    CHECK(with_placeholders_shown(out) == want + "<p>P</p>");
+    check_same_blocks(html);
   }
 }
 
@@ -746,26 +743,8 @@ TEST_CASE("extract: whitespace before blocks, head elements and the title's text
     const std::string html = html_part + main;
     INFO(html);
     strip_raw_text(html, out, &runs, true);
-    std::string shown;  // placeholders as 'P'
-    for (size_t i = 0; i < out.size(); ++i) {
-      size_t bytes = 0;
-      if (placeholder_at(out, i, &bytes) != std::string::npos) {
-        shown += 'P';
-        i += bytes - 1;
-      } else {
-        shown += out[i];
-      }
-    }
-    CHECK(shown == want + "<p>P</p>");
-    const auto a = parse_html_blocks(html, false), b = parse_html_blocks(html, true);
-    REQUIRE(a.blocks.size() == b.blocks.size());
-    for (size_t i = 0; i < a.blocks.size(); ++i) {
-      CHECK(a.blocks[i].text == b.blocks[i].text);
-      CHECK(a.blocks[i].link_chars == b.blocks[i].link_chars);
-      CHECK(a.blocks[i].node == b.blocks[i].node);
-    }
-    CHECK(a.parent == b.parent);
-    CHECK(a.title == b.title);
+    CHECK(with_placeholders_shown(out) == want + "<p>P</p>");
+    check_same_blocks(html);
   }
   // A <meta> first of all keeps the page in quirks mode, where a <table> does not close a <p>.
   const std::string quirks = "<meta charset=utf-8><p>A paragraph with a table in it<table><tr><td>cell text of the "
