@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Cost of measuring the step's parts (logging.step_timing; parallel/step_parts.hpp,
+# Cost of measuring the step's parts (logging.step_timing; core/step_parts.hpp,
 # app/train/step_timing.cpp): the same 4-rank CPU training run with the parts on (a clock
 # charge at every scope change: forward, backward, recompute, optimizer, data, checkpoint,
 # host sync, and every blocking MPI call; at each log iteration one all-reduce of a
