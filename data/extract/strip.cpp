@@ -716,19 +716,30 @@ size_t utf8_length(unsigned char c) { return c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0
 
 namespace {
 
+// The first index at or after `i` that does not start eight printable ASCII bytes
+// (0x20..0x7E, tested eight at a time), where a code point the parser changes may begin.
+size_t skip_printable_ascii(std::string_view run, size_t i) {
+  uint64_t x;
+  while (i + 8 <= run.size() &&
+         (std::memcpy(&x, run.data() + i, 8),
+          (((x - 0x2020202020202020ULL) | x | ((x ^ 0x7F7F7F7F7F7F7F7FULL) - 0x0101010101010101ULL)) & 0x8080808080808080ULL) == 0))
+    i += 8;
+  return i;
+}
+
+// The only lead bytes that can start a code point the parser changes (controls, DEL,
+// C1 controls after 0xC2, noncharacters and U+FFFD-adjacent forms after 0xEF, astral
+// planes' noncharacters after 0xF0..0xF4).
+bool may_start_changed(unsigned char c) { return c < 0x20 || c == 0x7F || c == 0xC2 || c == 0xEF || (c >= 0xF0 && c <= 0xF4); }
+
 // Where the first byte of `run` at or after `i` that may start a code point the parser
 // changes is (append_as_parsed); run.size() if none.
 size_t first_changed(std::string_view run, size_t i) {
   while (i < run.size()) {
-    // Eight bytes at a time while all are printable ASCII (0x20..0x7E): nothing changes.
-    uint64_t x;
-    while (i + 8 <= run.size() && (std::memcpy(&x, run.data() + i, 8),
-                                   (((x - 0x2020202020202020ULL) | x | ((x ^ 0x7F7F7F7F7F7F7F7FULL) - 0x0101010101010101ULL)) &
-                                    0x8080808080808080ULL) == 0))
-      i += 8;
+    i = skip_printable_ascii(run, i);  // nothing changes there
     if (i >= run.size()) break;
     const auto c = static_cast<unsigned char>(run[i]);
-    const bool maybe = c < 0x20 || c == 0x7F || c == 0xC2 || c == 0xEF || (c >= 0xF0 && c <= 0xF4);
+    const bool maybe = may_start_changed(c);
     if (maybe && !(c < 0x20 && (c == '\t' || c == '\n' || c == '\f'))) return i;
     i += std::min(utf8_length(c), run.size() - i);
   }
@@ -747,17 +758,12 @@ std::string_view as_parsed(std::string_view run, std::string& scratch) {
 void append_as_parsed(std::string& out, std::string_view run) {
   size_t from = 0;  // run[from, i) not yet copied
   for (size_t i = 0; i < run.size();) {
-    // Eight bytes at a time while all are printable ASCII (0x20..0x7E): nothing changes.
-    uint64_t x;
-    while (i + 8 <= run.size() && (std::memcpy(&x, run.data() + i, 8),
-                                   (((x - 0x2020202020202020ULL) | x | ((x ^ 0x7F7F7F7F7F7F7F7FULL) - 0x0101010101010101ULL)) &
-                                    0x8080808080808080ULL) == 0))
-      i += 8;
+    i = skip_printable_ascii(run, i);  // nothing changes there
     if (i >= run.size()) break;
     const auto c = static_cast<unsigned char>(run[i]);
     const size_t len = std::min(utf8_length(c), run.size() - i);
     // Only these lead bytes can start a code point that changes.
-    const bool maybe = c < 0x20 || c == 0x7F || c == 0xC2 || c == 0xEF || (c >= 0xF0 && c <= 0xF4);
+    const bool maybe = may_start_changed(c);
     if (!maybe || (c < 0x20 && (c == '\t' || c == '\n' || c == '\f'))) {
       i += len;
       continue;
