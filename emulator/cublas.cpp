@@ -331,8 +331,7 @@ void execute(const MatmulCall& call) {
   const int64_t m = static_cast<int64_t>(call.dd.rows), n = static_cast<int64_t>(call.dd.cols);
   const bool ta = d.ta == CUBLAS_OP_T, tb = d.tb == CUBLAS_OP_T;
   const int64_t k = static_cast<int64_t>(ta ? call.a.rows : call.a.cols);
-  const int32_t bt = d.bias_type < 0 ? call.dd.type : d.bias_type;
-  const int32_t auxt = d.aux_type < 0 ? call.dd.type : d.aux_type;
+  const int32_t bt = call.dd.type, auxt = call.dd.type;  // validate(): the bias and aux matrix have D's type
   const Mat A{call.A, call.a.type, int64_t(call.a.rows), int64_t(call.a.cols), call.a.ld, call.a.batch > 1 ? call.a.stride : 0};
   const Mat B{call.B, call.b.type, int64_t(call.b.rows), int64_t(call.b.cols), call.b.ld, call.b.batch > 1 ? call.b.stride : 0};
   const Mat C{call.C, call.c.type, m, n, call.c.ld, call.c.batch > 1 ? call.c.stride : 0};
@@ -387,7 +386,7 @@ void check_extents(const MatmulCall& call, bool read_c) {
   if (read_c) check_device_range(call.C, extent_bytes(call.c), "cublasLtMatmul: matrix C (rows, cols, ld, batch stride)");
   check_device_range(call.D, extent_bytes(call.dd), "cublasLtMatmul: matrix D (rows, cols, ld, batch stride)");
   const Desc& d = call.d;
-  const int32_t bt = d.bias_type < 0 ? call.dd.type : d.bias_type;
+  const int32_t bt = call.dd.type;  // validate(): the bias vector and the aux matrix have D's type
   const int64_t batches = call.dd.batch;
   if (has_bias(d.epi) || is_bgrad(d.epi)) {
     const int64_t len = d.epi == CUBLASLT_EPILOGUE_BGRADB ? int64_t(call.dd.cols) : int64_t(call.dd.rows);
@@ -395,9 +394,8 @@ void check_extents(const MatmulCall& call, bool read_c) {
                        "cublasLtMatmul: bias vector (CUBLASLT_MATMUL_DESC_BIAS_POINTER)");
   }
   if (has_aux(d.epi)) {
-    const int32_t auxt = d.aux_type < 0 ? call.dd.type : d.aux_type;
     check_device_range(d.aux,
-                       type_bytes(auxt) * size_t((int64_t(call.dd.cols) - 1) * d.aux_ld + int64_t(call.dd.rows) +
+                       type_bytes(bt) * size_t((int64_t(call.dd.cols) - 1) * d.aux_ld + int64_t(call.dd.rows) +
                                                  (batches - 1) * d.aux_batch_stride),
                        "cublasLtMatmul: epilogue aux matrix (EPILOGUE_AUX_POINTER, AUX_LD)");
   }
