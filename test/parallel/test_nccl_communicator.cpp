@@ -14,6 +14,7 @@
 #include "parallel/communicator.hpp"
 #include "parallel/nccl_communicator.hpp"
 #include "test/core/cuda/cuda_test_util.hpp"
+#include "test/support/process_groups.hpp"
 
 using namespace mtnlg;
 using namespace mtnlg::parallel;
@@ -88,14 +89,7 @@ TEST_CASE("nccl communicator: a group of one on the GPU is local, with device co
   sub->all_gather(dev(x), dev(y), 333);
   test::check_close("all_gather after split", y, seq_tensor(333, 2.0f), 1e-12);
 
-  ProcessGroups g;
-  g.world = std::make_shared<LocalCommunicator>("world");
-  g.tp = std::make_shared<LocalCommunicator>("tp");
-  g.pp = std::make_shared<LocalCommunicator>("pp");
-  g.dp = std::make_shared<LocalCommunicator>("dp");
-  g.embedding = std::make_shared<LocalCommunicator>("embedding");
-  g.mp = std::make_shared<LocalCommunicator>("mp");
-  const ProcessGroups placed = place_groups(g, Device::cuda);
+  const ProcessGroups placed = place_groups(test::single_process_groups(), Device::cuda);
   for (const auto& grp : {placed.tp, placed.pp, placed.dp, placed.embedding, placed.mp}) {
     REQUIRE(grp);
     INFO(grp->name());
