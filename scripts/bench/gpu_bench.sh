@@ -32,8 +32,9 @@ if [ -z "${ATTN_BENCH+set}" ]; then
     if [ -x "$c" ]; then ATTN_BENCH="$c"; break; fi
   done
 fi
-# The bundle's shared libraries (OpenBLAS, the CUDA runtime it was built with).
-[ -d "$bindir/../lib" ] && export LD_LIBRARY_PATH="$(cd "$bindir/../lib" && pwd):/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_LIBRARY_PATH:-}"
+# The bundle's shared libraries, the toolkit's, and NCCL/cuDNN from PyTorch's site-packages.
+source "$repo/scripts/gpu/libs.sh"
+gpu_library_path "$bindir"
 exec "${PYTHON:-python3}" "$repo/scripts/bench/gpu_bench.py" --mtnlg "$MTNLG_BIN" --attn-bench "${ATTN_BENCH:-}" \
   --python "${PYTHON:-python3}" --llmc "${LLMC_BIN:-}" --llmc-flags "${LLMC_FLAGS:-}" \
   --peak-tflops "${PEAK_TFLOPS:-0}" "$@"

@@ -64,18 +64,10 @@ bin() {  # the path of a binary: BINDIR/NAME, BINDIR/test/NAME or BINDIR/bench/N
   for p in "$bindir/$1" "$bindir/test/$1" "$bindir/bench/$1"; do [ -x "$p" ] && { echo "$p"; return; }; done
   echo "$bindir/$1"  # missing: the step fails naming it
 }
-libs=()
-[ -d "$bindir/../lib" ] && libs+=("$(cd "$bindir/../lib" && pwd)")
-for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib; do
-  [ -d "$d" ] && libs+=("$d")
-done
-# PyTorch's wheels carry NCCL, cuDNN and the CUDA libraries under site-packages/nvidia/*/lib.
-while read -r site; do
-  for d in "$site"/nvidia/*/lib; do [ -d "$d" ] && libs+=("$d"); done
-done < <(python3 -c 'import site; print("\n".join(site.getsitepackages()))' 2>/dev/null)
-LD_LIBRARY_PATH="$(IFS=:; echo "${libs[*]}")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export LD_LIBRARY_PATH MTNLG_REQUIRE_GPU=1
-san=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
+source "$repo/scripts/gpu/libs.sh"
+gpu_library_path "$bindir"
+export MTNLG_REQUIRE_GPU=1
+san=$(gpu_sanitizer)
 san=${san:-compute-sanitizer}
 
 {

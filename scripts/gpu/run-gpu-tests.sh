@@ -19,7 +19,8 @@
 # Exit status: 0 when every step that ran passed.
 set -uo pipefail
 bundle=${1:-$(cd "$(dirname "$0")/../.." && pwd)/.gpu}
-export LD_LIBRARY_PATH="$bundle/lib:/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_LIBRARY_PATH:-}"
+source "$(dirname "$0")/libs.sh"
+gpu_library_path "$bundle/bin"
 export MTNLG_REQUIRE_GPU=1
 nvidia-smi -L || echo "run-gpu-tests: nvidia-smi failed (no driver?)"
 
@@ -52,7 +53,7 @@ if want sync; then
   done
 fi
 
-san=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1 || true)
+san=$(gpu_sanitizer)
 if [ -n "$san" ] && [ -x "$bundle/bin/test_core" ]; then
   want memcheck && step "memcheck test_core [gpu]" timeout "$lim" "$san" --tool memcheck --error-exitcode 9 --leak-check no \
     "$bundle/bin/test_core" "[gpu]~[large]"

@@ -42,7 +42,8 @@
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 bundle=$(cd "$here/../.." && pwd)/.gpu
-export LD_LIBRARY_PATH="$bundle/lib:/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_LIBRARY_PATH:-}"
+source "$here/libs.sh"
+gpu_library_path "$bundle/bin"
 mtnlg="${MTNLG_PROOF_BIN:-$bundle/bin/mtnlg}"
 steps=" ${1:-tiny resume hf infer curve mem13b} "
 out=${MTNLG_PROOF_DIR:-/tmp/mtnlg-proof}
