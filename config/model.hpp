@@ -8,12 +8,14 @@
 namespace mtnlg {
 
 // How the attention core (softmax(Q K^T / sqrt(d)) V, causal) is computed:
-//   flash    the log-sum-exp form: the [s, s] probabilities never leave a row/tile; the
-//            backward recomputes them (CPU row kernel, CUDA scalar fp32 kernel);
+//   flash    the log-sum-exp form: the [s, s] probabilities never reach memory; the
+//            backward recomputes them (CPU row kernel; on CUDA cuDNN's fused attention,
+//            bf16/fp16, head sizes that are multiples of 8 up to 128);
 //   unfused  Megatron's form: Q K^T and P V as batched GEMMs (tensor cores on CUDA) with a
 //            fused scale + causal mask + softmax kernel between; the [b, a, s, s]
 //            probabilities are kept for the backward unless selective recompute redoes them;
-//   auto     unfused on CUDA, flash on the CPU.
+//   auto     flash on the CPU; on CUDA flash where cuDNN loads and takes the shape, else
+//            unfused (the banner says which and why).
 enum class AttentionBackend { automatic, flash, unfused };
 std::string to_string(AttentionBackend a);
 

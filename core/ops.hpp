@@ -14,6 +14,7 @@
 // `accumulate`. Shapes: N = rows (batch*sequence), C = channels.
 #pragma once
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "core/op_params.hpp"
@@ -89,6 +90,12 @@ void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, con
 // lse and also needs the forward's `out`: the flash form of model.attention_backend (on
 // CUDA a fused kernel, lse must be f32 there; on the CPU the same row kernel as above).
 // Same dropout mask as attention_forward. dqkv = .
+// Whether the lse form runs this problem on `device`: always on the CPU and the test
+// device; on CUDA when cuDNN's fused attention takes it (bf16/fp16, head size a multiple
+// of 8 up to 128, cuDNN loaded and planning this shape: core/cuda/cudnn_attention.hpp).
+// When it does not, `why` says what refused it; when it does, `why` names the engine.
+bool attention_lse_supported(Device device, DType dt, int64_t B, int64_t T, int64_t heads, int64_t head_dim,
+                             double dropout_p, std::string* why);
 void attention_forward_lse(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t heads, const AttentionDropout& drop);
 void attention_backward_lse(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
                             int64_t heads, const AttentionDropout& drop);

@@ -124,9 +124,7 @@ GptChunk::GptChunk(const GptConfig& cfg, ChunkSpec spec, ParamStore& store, cons
   tp_ = groups.tp ? groups.tp->size() : 1;
   tp_rank_ = groups.tp ? groups.tp->rank() : 0;
   heads_local_ = cfg.heads / tp_;
-  attention_ = cfg.attention != AttentionBackend::automatic ? cfg.attention
-               : dev_ == Device::cuda                       ? AttentionBackend::unfused
-                                                            : AttentionBackend::flash;
+  resolve_attention();
   ffn_local_ = cfg.ffn / tp_;
   vocab_local_ = cfg.padded_vocab_size / tp_;
   vocab_start_ = tp_rank_ * vocab_local_;
@@ -311,6 +309,34 @@ void GptChunk::layer_backward(int64_t li, const Tensor& dy, Tensor& dx, LayerAct
   Tensor dln1 = tp::enter_column_parallel_backward(tpc, sp, dln1_full);
   dx = dx2;  // residual
   ops::layernorm_backward(dx, p.d_ln1_w, p.d_ln1_b, dln1, a.x_in, p.ln1_w, a.mean1, a.rstd1, /*accumulate=*/true);
+}
+
+// model.attention_backend on this chunk's device. auto: flash on the CPU and the test
+// device; on CUDA flash (cuDNN's fused attention) where cuDNN takes this problem, else
+// unfused. flash on CUDA that cuDNN refuses is the recipe's error.
+void GptChunk::resolve_attention() {
+  const int64_t D = cfg_.hidden / cfg_.heads;
+  std::string why;
+  const bool flash_runs = cfg_.attention == AttentionBackend::unfused
+                              ? false
+                              : ops::attention_lse_supported(dev_, cfg_.dtype, std::max<int64_t>(cfg_.micro_batch_size, 1),
+                                                             cfg_.seq_length, heads_local_, D, cfg_.attention_dropout, &why);
+  switch (cfg_.attention) {
+    case AttentionBackend::unfused:
+      attention_ = AttentionBackend::unfused;
+      attention_note_ = "unfused";
+      return;
+    case AttentionBackend::flash:
+      if (!flash_runs)
+        throw_input("model.attention_backend: flash does not run here ({}); use unfused or auto", why);
+      attention_ = AttentionBackend::flash;
+      break;
+    case AttentionBackend::automatic:
+      attention_ = flash_runs ? AttentionBackend::flash : AttentionBackend::unfused;
+      break;
+  }
+  attention_note_ = attention_ == AttentionBackend::flash ? fmt::format("flash ({})", why)
+                                                          : fmt::format("unfused (flash: {})", why);
 }
 
 // The gradient through a hidden-dropout site: `g` itself at p = 0 (no copy), else the

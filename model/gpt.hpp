@@ -43,6 +43,7 @@ struct GptConfig {
   double init_std = 0.02, hidden_dropout = 0.0, attention_dropout = 0.0, layernorm_eps = 1e-5;
   RecomputeGranularity recompute = RecomputeGranularity::none;
   AttentionBackend attention = AttentionBackend::automatic;  // resolved per device by GptChunk
+  int64_t micro_batch_size = 1;  // the training micro batch (the shape auto tries the flash form on)
   bool sequence_parallel = false;
   uint64_t seed = 1234;
   DType dtype = DType::f32;  // activations and the compute copy of the weights
@@ -142,6 +143,9 @@ class GptChunk {
   // The attention form this chunk runs: the recipe's, with auto resolved for its device
   // (unfused on CUDA, flash on the CPU).
   AttentionBackend attention_backend() const { return attention_; }
+  // The form and why: "flash (cuDNN fused attention, cuDNN 9.19.0 (libcudnn.so.9))",
+  // "unfused (flash: <what refused it>)", "flash (the CPU's row kernel)", "unfused".
+  const std::string& attention_note() const { return attention_note_; }
   // Where this chunk's weights, activations and statistics live (the store's device).
   Device device() const { return dev_; }
   // Activation bytes currently held for micro batches in flight.
@@ -201,6 +205,8 @@ class GptChunk {
   LayerObserver observer_;
   Device dev_ = Device::cpu;
   AttentionBackend attention_ = AttentionBackend::flash;
+  std::string attention_note_;
+  void resolve_attention();
   std::vector<std::vector<int64_t>> layer_param_offsets_;  // per layer, in the store
   std::vector<int64_t> head_param_offsets_, embedding_param_offsets_;
   void report_ready(const std::vector<int64_t>& offsets, const MicroBatch& mb) const {

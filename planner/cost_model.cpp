@@ -399,7 +399,13 @@ double trainer_stage_send_bytes(const Layout& l, int64_t st, int64_t m, double m
 bool trainer_unfused_attention(const Recipe& r, const Cluster& c) {
   if (!c.software.trainer_activations) return false;
   const AttentionBackend a = r.model.attention_backend;
-  return a == AttentionBackend::unfused || (a == AttentionBackend::automatic && c.gpu.name.rfind("cpu", 0) != 0);
+  if (a != AttentionBackend::automatic) return a == AttentionBackend::unfused;
+  if (c.gpu.name.rfind("cpu", 0) == 0) return false;
+  // On a GPU, auto is cuDNN's fused (flash) attention where cuDNN takes the problem:
+  // bf16/fp16 and head sizes that are multiples of 8 up to 128 (cuDNN assumed present;
+  // the trainer's banner says when it is not).
+  const int64_t d = r.model.head_dim();
+  return r.training.precision == Precision::fp32 || d % 8 != 0 || d > 128;
 }
 
 double gemm_seconds(const GpuSpec& g, int64_t M, int64_t N, int64_t K, int64_t batch) {

@@ -192,8 +192,9 @@ struct Cluster {
 };
 
 // Whether the plan counts mtnlg's unfused attention form (software profile with
-// trainer_activations): the recipe's model.attention_backend, auto being unfused on a GPU
-// and flash on the "cpu" profile (as model/gpt.cpp resolves it per device).
+// trainer_activations): the recipe's model.attention_backend; auto is flash on the "cpu"
+// profile and, on a GPU, flash (cuDNN's fused attention) for bf16/fp16 with head sizes that
+// are multiples of 8 up to 128, unfused otherwise (as model/gpt.cpp resolves it).
 bool trainer_unfused_attention(const Recipe& r, const Cluster& c);
 
 // ---- calibration ----------------------------------------------------------------------

@@ -39,6 +39,7 @@ model::GptConfig gpt_config(const Recipe& r) {
   c.layernorm_eps = r.model.layernorm_epsilon;
   c.recompute = r.parallel.recompute_granularity;
   c.attention = r.model.attention_backend;
+  c.micro_batch_size = r.training.micro_batch_size;
   c.sequence_parallel = r.parallel.sequence_parallel && r.tp() > 1;
   c.seed = static_cast<uint64_t>(r.training.seed);
   c.dtype = model::compute_dtype(r.training.precision);

@@ -259,7 +259,7 @@ void log_banner(const Recipe& r, const TrainModel& m, const TrainOptimizer& o, c
   log::info("model: {} layers, hidden {}, {} heads, seq {}, vocab {} (padded {}) | {} on {} | attention {} | recompute {}{}",
             r.model.num_layers, r.model.hidden_size, r.model.num_attention_heads, r.model.seq_length, r.model.vocab_size,
             m.cfg.padded_vocab_size, to_string(r.training.precision), describe_device(m.device),
-            to_string(m.chunks.front()->attention_backend()), to_string(r.parallel.recompute_granularity),
+            m.chunks.front()->attention_note(), to_string(r.parallel.recompute_granularity),
             o.adamw.zero1() ? " | ZeRO-1 distributed optimizer" : "");
   log::info("run: {} iterations, {} samples, {} tokens | data: {} | MFU peak {:.3f} TFLOP/s ({}); TFLOP/s and MFU count "
             "model FLOPs 72*B*s*l*h^2*(1+s/(6h)+V/(12*l*h)) per iteration (recompute not counted)",

@@ -13,7 +13,8 @@
 //   optimizer param/grad/m/v: f32 (the master copy); f64 is CPU-only.
 // In fp32 training all of these are f32, so the model's CPU allocations carry over.
 // Attention comes in both forms: probs (unfused: batched GEMMs + softmax kernel, any head
-// size) and lse (flash: one fused scalar kernel, head size <= kAttnMaxHeadDim).
+// size) and lse (flash: cuDNN's fused attention, bf16/fp16, head sizes that are multiples
+// of 8 up to 128; core/cuda/cudnn_attention.hpp).
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -50,7 +51,7 @@ MTNLG_CUDA_OP(gelu_backward)
 MTNLG_CUDA_OP(dropout_forward)
 MTNLG_CUDA_OP(attention_forward)  // the probs form: batched GEMMs + a softmax kernel, any head size
 MTNLG_CUDA_OP(attention_backward)
-MTNLG_CUDA_OP(attention_forward_lse)  // the lse form: one fused kernel, head size <= kAttnMaxHeadDim
+MTNLG_CUDA_OP(attention_forward_lse)  // the lse form: cuDNN fused attention (cudnn_attention.hpp)
 MTNLG_CUDA_OP(attention_backward_lse)
 MTNLG_CUDA_OP(attention_cached_forward)
 MTNLG_CUDA_OP(embedding_forward)
@@ -66,7 +67,7 @@ MTNLG_CUDA_OP(adamw_flat)  // one launch over the whole fp32 master; copy_out ge
 #undef MTNLG_CUDA_OP
 
 // ---- limits and switches of the kernels ---------------------------------------------
-// Largest head size the flash and KV-cache attention kernels take.
+// Largest head size the KV-cache attention kernel takes.
 constexpr int64_t kAttnMaxHeadDim = 256;
 // Whether matmuls go through cuBLASLt (default true); off, every one takes the
 // cublasGemmEx fallback. Returns the previous setting (tests run both paths).

@@ -13,6 +13,9 @@
 #include <vector>
 
 #include "core/ops/common.hpp"
+#ifdef MTNLG_HAVE_CUDA
+#include "core/cuda/cudnn_attention.hpp"
+#endif
 
 namespace mtnlg::cpu {
 namespace {
@@ -264,6 +267,23 @@ void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, con
   });
 }
 
+
+bool attention_lse_supported(Device device, DType dt, int64_t B, int64_t T, int64_t heads, int64_t head_dim,
+                             double dropout_p, std::string* why) {
+  if (device != Device::cuda) {
+    if (why) *why = "the CPU's row kernel";
+    return true;
+  }
+#ifdef MTNLG_HAVE_CUDA
+  if (!cuda::fused_attention_supported(dt, B, T, heads, head_dim, dropout_p, why)) return false;
+  if (why) *why = "cuDNN fused attention, " + cuda::cudnn_description();
+  return true;
+#else
+  (void)dt, (void)B, (void)T, (void)heads, (void)head_dim, (void)dropout_p;
+  if (why) *why = "a build without CUDA";
+  return false;
+#endif
+}
 
 void attention_forward_lse(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t heads, const AttentionDropout& drop) {
   const char* op = "attention_forward_lse";

@@ -28,7 +28,8 @@ struct Small {
   std::vector<int32_t> tokens;
   int64_t B = 3;
 
-  Small(DType dt, Device dev, RecomputeGranularity rc, AttentionBackend att = AttentionBackend::automatic) {
+  Small(DType dt, Device dev, RecomputeGranularity rc, AttentionBackend att = AttentionBackend::automatic,
+        double attention_dropout = 0.1) {
     cfg.vocab_size = 1000;
     cfg.padded_vocab_size = 1024;
     cfg.hidden = 256;
@@ -39,7 +40,7 @@ struct Small {
     cfg.num_layers_total = 2;
     cfg.init_std = 0.02;
     cfg.hidden_dropout = 0.1;
-    cfg.attention_dropout = 0.1;
+    cfg.attention_dropout = attention_dropout;
     cfg.recompute = rc;
     cfg.attention = att;
     cfg.dtype = dt;
@@ -117,8 +118,15 @@ TEST_CASE("gpt on the GPU: loss and every parameter gradient equal the CPU run (
     for (const Case& k : cases) {
       const RecomputeGranularity rc = k.rc;
       INFO(to_string(dt) << " recompute " << to_string(rc) << " attention " << to_string(k.att));
+      // The flash form on CUDA is cuDNN's: bf16/fp16 only, and its own dropout mask, so
+      // those cases run without attention dropout on both devices.
+      if (k.att == AttentionBackend::flash && dt == DType::f32) {
+        CHECK_THROWS_AS(Small(dt, Device::cuda, rc, k.att), InputError);
+        continue;
+      }
+      const double att_drop = k.att == AttentionBackend::flash ? 0.0 : 0.1;
       // The CPU reference runs its own (flash) form; both forms compute the same function.
-      Small cpu(dt, Device::cpu, rc), gpu(dt, Device::cuda, rc, k.att);
+      Small cpu(dt, Device::cpu, rc, AttentionBackend::automatic, att_drop), gpu(dt, Device::cuda, rc, k.att, att_drop);
       REQUIRE(gpu.chunk->attention_backend() == k.att);
       const double lc = cpu.loss_and_grad(), lg = gpu.loss_and_grad();
       const double rtol = test::rtol_for(dt);
@@ -131,7 +139,7 @@ TEST_CASE("gpt on the GPU: loss and every parameter gradient equal the CPU run (
         }
         continue;
       }
-      Small exact(DType::f32, Device::cpu, rc, AttentionBackend::unfused);
+      Small exact(DType::f32, Device::cpu, rc, AttentionBackend::unfused, att_drop);
       exact.loss_and_grad();
       for (const auto& p : cpu.store.infos()) {
         const Tensor g = gg.flat(p.offset, p.numel), c = cpu.store.grads().flat(p.offset, p.numel),
@@ -146,13 +154,18 @@ TEST_CASE("gpt on the GPU: loss and every parameter gradient equal the CPU run (
   }
 }
 
-// auto: unfused on CUDA (no cuDNN path is built), flash on the CPU; an explicit choice
-// holds on either device.
+// auto: flash on the CPU; on CUDA flash (cuDNN's fused attention) for bf16/fp16, unfused
+// for fp32 (cuDNN does not take it); an explicit choice holds where it runs.
 TEST_CASE("gpt attention backend: auto resolves per device, explicit choices hold", "[gpu]") {
   if (!test::gpu_ready()) return;
   CHECK(Small(DType::f32, Device::cuda, RecomputeGranularity::none).chunk->attention_backend() == AttentionBackend::unfused);
   CHECK(Small(DType::f32, Device::cpu, RecomputeGranularity::none).chunk->attention_backend() == AttentionBackend::flash);
-  CHECK(Small(DType::f32, Device::cuda, RecomputeGranularity::none, AttentionBackend::flash).chunk->attention_backend() ==
-        AttentionBackend::flash);
+  const Small bf16(DType::bf16, Device::cuda, RecomputeGranularity::none);
+  CHECK(bf16.chunk->attention_backend() == AttentionBackend::flash);
+  CHECK_THAT(bf16.chunk->attention_note(), Catch::Matchers::Contains("cuDNN"));
+  CHECK(Small(DType::bf16, Device::cuda, RecomputeGranularity::none, AttentionBackend::unfused).chunk->attention_backend() ==
+        AttentionBackend::unfused);
+  CHECK_THROWS_WITH(Small(DType::f32, Device::cuda, RecomputeGranularity::none, AttentionBackend::flash),
+                    Catch::Matchers::Contains("model.attention_backend"));
 }
 #endif

@@ -1,0 +1,635 @@
+// cuDNN's fused flash attention through the graph (backend) API: the loader, a small
+// graph builder over backend descriptors, the forward and backward SDPA graphs, a plan
+// cache per shape, and the two Tensor-level calls (core/cuda/cudnn_attention.hpp).
+//
+// The graphs are the operation patterns cuDNN's runtime fusion engine recognises as
+// fused attention (docs/specs/cudnn-sdpa.md lists them op by op, with every tensor's
+// dims, strides and type). Layout: mtnlg's qkv rows hold, per head, q then k then v
+// (Megatron), so Q, K and V are strided views of one buffer: dims [B, H, T, D], strides
+// [T*3HD, 3D, 3HD, 1], K and V at offsets D and 2D; out and dout are [B, T, H*D]
+// (strides [T*HD, D, HD, 1]); the statistics are [B, H, T, 1] fp32.
+#include <cudnn_graph.h>
+
+#include <array>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
+#include <vector>
+
+#ifndef MTNLG_CUDA_EMULATE
+#include <dlfcn.h>
+#endif
+
+#include "core/cuda/common.cuh"
+#include "core/cuda/cudnn_attention.hpp"
+
+namespace mtnlg::cuda {
+
+namespace {
+
+// ---- the library, loaded once ---------------------------------------------------------
+struct Api {
+  decltype(&cudnnGetVersion) version = nullptr;
+  decltype(&cudnnGetErrorString) error_string = nullptr;
+  decltype(&cudnnGetLastErrorString) last_error = nullptr;
+  decltype(&cudnnCreate) create = nullptr;
+  decltype(&cudnnSetStream) set_stream = nullptr;
+  decltype(&cudnnBackendCreateDescriptor) create_desc = nullptr;
+  decltype(&cudnnBackendDestroyDescriptor) destroy_desc = nullptr;
+  decltype(&cudnnBackendSetAttribute) set_attr = nullptr;
+  decltype(&cudnnBackendGetAttribute) get_attr = nullptr;
+  decltype(&cudnnBackendFinalize) finalize = nullptr;
+  decltype(&cudnnBackendExecute) execute = nullptr;
+  std::string lib;      // which library answered
+  std::string failure;  // empty when loaded
+};
+
+#ifdef MTNLG_CUDA_EMULATE
+// The emulated backend defines the functions (emulator/cudnn.cpp).
+void bind(Api& a) {
+  a.version = &cudnnGetVersion;
+  a.error_string = &cudnnGetErrorString;
+  a.last_error = &cudnnGetLastErrorString;
+  a.create = &cudnnCreate;
+  a.set_stream = &cudnnSetStream;
+  a.create_desc = &cudnnBackendCreateDescriptor;
+  a.destroy_desc = &cudnnBackendDestroyDescriptor;
+  a.set_attr = &cudnnBackendSetAttribute;
+  a.get_attr = &cudnnBackendGetAttribute;
+  a.finalize = &cudnnBackendFinalize;
+  a.execute = &cudnnBackendExecute;
+  a.lib = "emulated cuDNN";
+}
+#else
+template <typename F>
+void sym(void* h, F& f, const char* name, std::string& failure) {
+  f = reinterpret_cast<F>(dlsym(h, name));
+  if (!f && failure.empty()) failure = std::string(name) + " missing";
+}
+void bind(Api& a) {
+  void* h = nullptr;
+  std::string tried;
+  for (const char* name : {"libcudnn.so.9", "libcudnn_graph.so.9"}) {
+    h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+    if (h) {
+      a.lib = name;
+      break;
+    }
+    const char* e = dlerror();
+    if (!tried.empty()) tried += "; ";
+    tried += e ? e : name;
+  }
+  if (!h) {
+    a.failure = "libcudnn.so.9 does not load (" + tried + ")";
+    return;
+  }
+  sym(h, a.version, "cudnnGetVersion", a.failure);
+  sym(h, a.error_string, "cudnnGetErrorString", a.failure);
+  sym(h, a.last_error, "cudnnGetLastErrorString", a.failure);
+  sym(h, a.create, "cudnnCreate", a.failure);
+  sym(h, a.set_stream, "cudnnSetStream", a.failure);
+  sym(h, a.create_desc, "cudnnBackendCreateDescriptor", a.failure);
+  sym(h, a.destroy_desc, "cudnnBackendDestroyDescriptor", a.failure);
+  sym(h, a.set_attr, "cudnnBackendSetAttribute", a.failure);
+  sym(h, a.get_attr, "cudnnBackendGetAttribute", a.failure);
+  sym(h, a.finalize, "cudnnBackendFinalize", a.failure);
+  sym(h, a.execute, "cudnnBackendExecute", a.failure);
+}
+#endif
+
+const Api& api() {
+  static const Api a = [] {
+    Api a;
+    if (const char* e = std::getenv("MTNLG_CUDNN"); e && std::string(e) == "0") {
+      a.failure = "switched off (MTNLG_CUDNN=0)";
+      return a;
+    }
+    bind(a);
+    if (a.failure.empty() && a.version() / 10000 != 9)
+      a.failure = fmt::format("{} is version {}, mtnlg needs cuDNN 9", a.lib, a.version());
+    return a;
+  }();
+  return a;
+}
+
+// A cuDNN refusal: the call, the status and cuDNN's own last message.
+struct Refused : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+void check(cudnnStatus_t s, const char* what) {
+  if (s == CUDNN_STATUS_SUCCESS) return;
+  char msg[512] = {0};
+  if (api().last_error) api().last_error(msg, sizeof msg);
+  throw Refused(fmt::format("cuDNN {}: {}{}{}", what, api().error_string(s), msg[0] ? ": " : "", msg));
+}
+
+// Deprecated in cuDNN 9's headers, and still how a graph and a plan get their handle.
+constexpr auto kGraphHandle = static_cast<cudnnBackendAttributeName_t>(800);  // CUDNN_ATTR_OPERATIONGRAPH_HANDLE
+constexpr auto kPlanHandle = static_cast<cudnnBackendAttributeName_t>(400);   // CUDNN_ATTR_EXECUTION_PLAN_HANDLE
+
+// ---- descriptors --------------------------------------------------------------------
+class Desc {
+ public:
+  explicit Desc(cudnnBackendDescriptorType_t t) { check(api().create_desc(t, &d_), "create descriptor"); }
+  ~Desc() {
+    if (d_) api().destroy_desc(d_);
+  }
+  Desc(const Desc&) = delete;
+  Desc& operator=(const Desc&) = delete;
+  cudnnBackendDescriptor_t get() const { return d_; }
+
+  Desc& set(cudnnBackendAttributeName_t n, cudnnBackendAttributeType_t t, int64_t count, const void* v) {
+    check(api().set_attr(d_, n, t, count, v), "set attribute");
+    return *this;
+  }
+  Desc& i64(cudnnBackendAttributeName_t n, int64_t v) { return set(n, CUDNN_TYPE_INT64, 1, &v); }
+  Desc& i64s(cudnnBackendAttributeName_t n, const std::array<int64_t, 4>& v) {
+    return set(n, CUDNN_TYPE_INT64, 4, v.data());
+  }
+  Desc& dtype(cudnnBackendAttributeName_t n, cudnnDataType_t v) { return set(n, CUDNN_TYPE_DATA_TYPE, 1, &v); }
+  Desc& boolean(cudnnBackendAttributeName_t n, bool b) {
+    const bool v = b;
+    return set(n, CUDNN_TYPE_BOOLEAN, 1, &v);
+  }
+  Desc& desc(cudnnBackendAttributeName_t n, const Desc& o) {
+    cudnnBackendDescriptor_t v = o.get();
+    return set(n, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &v);
+  }
+  Desc& handle(cudnnBackendAttributeName_t n, cudnnHandle_t h) { return set(n, CUDNN_TYPE_HANDLE, 1, &h); }
+  Desc& finalize() {
+    check(api().finalize(d_), "finalize");
+    return *this;
+  }
+
+ private:
+  cudnnBackendDescriptor_t d_ = nullptr;
+};
+
+using Dims = std::array<int64_t, 4>;
+
+// Tensor unique ids of the graphs' inputs and outputs (the variant pack's keys).
+enum Uid : int64_t {
+  kQ = 1, kK, kV, kO, kStats, kdO, kdQ, kdK, kdV, kdQAccum, kSeed, kOffset,
+  kScale = 20, kLowest, kDropScale, kDropKeep, kOne,  // by-value scalars
+  kFirstVirtual = 100,
+};
+
+// One graph under construction: every descriptor it creates lives as long as it does.
+class Graph {
+ public:
+  const Desc& tensor(int64_t uid, cudnnDataType_t dt, Dims dim, Dims stride, bool is_virtual = false,
+                     bool by_value = false, cudnnBackendTensorReordering_t reorder = CUDNN_TENSOR_REORDERING_NONE) {
+    Desc& t = keep(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
+    t.i64(CUDNN_ATTR_TENSOR_UNIQUE_ID, uid)
+        .dtype(CUDNN_ATTR_TENSOR_DATA_TYPE, dt)
+        .i64s(CUDNN_ATTR_TENSOR_DIMENSIONS, dim)
+        .i64s(CUDNN_ATTR_TENSOR_STRIDES, stride)
+        .i64(CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, 16)
+        .boolean(CUDNN_ATTR_TENSOR_IS_VIRTUAL, is_virtual);
+    if (by_value) t.boolean(CUDNN_ATTR_TENSOR_IS_BY_VALUE, true);
+    if (reorder != CUDNN_TENSOR_REORDERING_NONE)
+      t.set(CUDNN_ATTR_TENSOR_REORDERING_MODE, CUDNN_TYPE_TENSOR_REORDERING_MODE, 1, &reorder);
+    return t.finalize();
+  }
+  // An intermediate the engine keeps on chip.
+  const Desc& virt(Dims dim, Dims stride, cudnnDataType_t dt = CUDNN_DATA_FLOAT) {
+    return tensor(next_uid_++, dt, dim, stride, /*is_virtual=*/true);
+  }
+  // A host float passed by value (its value is in the variant pack).
+  const Desc& scalar(int64_t uid) { return tensor(uid, CUDNN_DATA_FLOAT, {1, 1, 1, 1}, {1, 1, 1, 1}, false, true); }
+
+  // y = mode(x[, b[, t]]); math in `prec`; GEN_INDEX takes `axis`.
+  void pointwise(cudnnPointwiseMode_t mode, const Desc& x, const Desc* b, const Desc* t, const Desc& y,
+                 cudnnDataType_t prec = CUDNN_DATA_FLOAT, int64_t axis = -1) {
+    Desc& pw = keep(CUDNN_BACKEND_POINTWISE_DESCRIPTOR);
+    pw.set(CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode).dtype(CUDNN_ATTR_POINTWISE_MATH_PREC, prec);
+    if (axis >= 0) pw.i64(CUDNN_ATTR_POINTWISE_AXIS, axis);
+    pw.finalize();
+    Desc& op = keep(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR);
+    op.desc(CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, pw).desc(CUDNN_ATTR_OPERATION_POINTWISE_XDESC, x);
+    if (b) op.desc(CUDNN_ATTR_OPERATION_POINTWISE_BDESC, *b);
+    if (t) op.desc(CUDNN_ATTR_OPERATION_POINTWISE_TDESC, *t);
+    op.desc(CUDNN_ATTR_OPERATION_POINTWISE_YDESC, y);
+    add(op.finalize());
+  }
+  void matmul(const Desc& a, const Desc& b, const Desc& c) {
+    Desc& mm = keep(CUDNN_BACKEND_MATMUL_DESCRIPTOR);
+    mm.dtype(CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_DATA_FLOAT).finalize();
+    Desc& op = keep(CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR);
+    op.desc(CUDNN_ATTR_OPERATION_MATMUL_ADESC, a)
+        .desc(CUDNN_ATTR_OPERATION_MATMUL_BDESC, b)
+        .desc(CUDNN_ATTR_OPERATION_MATMUL_CDESC, c)
+        .desc(CUDNN_ATTR_OPERATION_MATMUL_DESC, mm);
+    add(op.finalize());
+  }
+  void reduction(cudnnReduceTensorOp_t how, const Desc& x, const Desc& y) {
+    Desc& r = keep(CUDNN_BACKEND_REDUCTION_DESCRIPTOR);
+    r.set(CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &how)
+        .dtype(CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_DATA_FLOAT)
+        .finalize();
+    Desc& op = keep(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR);
+    op.desc(CUDNN_ATTR_OPERATION_REDUCTION_XDESC, x)
+        .desc(CUDNN_ATTR_OPERATION_REDUCTION_YDESC, y)
+        .desc(CUDNN_ATTR_OPERATION_REDUCTION_DESC, r);
+    add(op.finalize());
+  }
+  // y = Bernoulli(keep) draws of the Philox stream (seed, offset).
+  void rng(const Desc& seed, const Desc& offset, const Desc& y, double keep_probability) {
+    Desc& r = keep(CUDNN_BACKEND_RNG_DESCRIPTOR);
+    const cudnnRngDistribution_t dist = CUDNN_RNG_DISTRIBUTION_BERNOULLI;
+    r.set(CUDNN_ATTR_RNG_DISTRIBUTION, CUDNN_TYPE_RNG_DISTRIBUTION, 1, &dist)
+        .set(CUDNN_ATTR_RNG_BERNOULLI_DIST_PROBABILITY, CUDNN_TYPE_DOUBLE, 1, &keep_probability)
+        .finalize();
+    Desc& op = keep(CUDNN_BACKEND_OPERATION_RNG_DESCRIPTOR);
+    op.desc(CUDNN_ATTR_OPERATION_RNG_YDESC, y)
+        .desc(CUDNN_ATTR_OPERATION_RNG_SEED, seed)
+        .desc(CUDNN_ATTR_OPERATION_RNG_OFFSET_DESC, offset)
+        .desc(CUDNN_ATTR_OPERATION_RNG_DESC, r);
+    add(op.finalize());
+  }
+  void reshape(const Desc& x, const Desc& y) {
+    Desc& op = keep(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR);
+    op.desc(CUDNN_ATTR_OPERATION_RESHAPE_XDESC, x).desc(CUDNN_ATTR_OPERATION_RESHAPE_YDESC, y);
+    add(op.finalize());
+  }
+
+  // The operation graph, the heuristic's engine configurations (mode A), and the first
+  // one cuDNN finalizes into an execution plan.
+  std::unique_ptr<Desc> plan(cudnnHandle_t h, int64_t* workspace) {
+    Desc& g = keep(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
+    std::vector<cudnnBackendDescriptor_t> ops;
+    for (const Desc* o : ops_) ops.push_back(o->get());
+    g.set(CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, static_cast<int64_t>(ops.size()), ops.data())
+        .handle(kGraphHandle, h)
+        .finalize();
+    Desc& heur = keep(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
+    const cudnnBackendHeurMode_t mode = CUDNN_HEUR_MODE_A;
+    heur.desc(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, g)
+        .set(CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode)
+        .finalize();
+    int64_t count = 0;
+    check(api().get_attr(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, nullptr),
+          "engine heuristic");
+    if (count <= 0) throw Refused("cuDNN has no engine for this graph");
+    std::vector<std::unique_ptr<Desc>> cfgs;
+    std::vector<cudnnBackendDescriptor_t> raw;
+    for (int64_t i = 0; i < count; ++i) {
+      cfgs.push_back(std::make_unique<Desc>(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR));
+      raw.push_back(cfgs.back()->get());
+    }
+    int64_t got = 0;
+    check(api().get_attr(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &got,
+                         raw.data()),
+          "engine heuristic results");
+    std::string last = "cuDNN has no engine for this graph";
+    for (int64_t i = 0; i < got; ++i) {
+      try {
+        auto p = std::make_unique<Desc>(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
+        p->handle(kPlanHandle, h).desc(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, *cfgs[i]).finalize();
+        int64_t n = 0;
+        check(api().get_attr(p->get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &n, workspace),
+              "plan workspace size");
+        for (auto& c : cfgs) owned_.push_back(std::move(c));
+        return p;
+      } catch (const Refused& e) {
+        last = e.what();
+      }
+    }
+    throw Refused(last);
+  }
+
+ private:
+  Desc& keep(cudnnBackendDescriptorType_t t) {
+    owned_.push_back(std::make_unique<Desc>(t));
+    return *owned_.back();
+  }
+  void add(const Desc& op) { ops_.push_back(&op); }
+
+  std::vector<std::unique_ptr<Desc>> owned_;
+  std::vector<const Desc*> ops_;
+  int64_t next_uid_ = kFirstVirtual;
+};
+
+cudnnDataType_t cudnn_type(DType dt) { return dt == DType::bf16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF; }
+
+struct Shape {
+  DType dt;
+  int64_t B, T, H, D;
+  Dims qkv_stride() const { return {T * 3 * H * D, 3 * D, 3 * H * D, 1}; }   // Q, K, V as [B, H, T, D]
+  Dims qkv_t_stride() const { return {T * 3 * H * D, 3 * D, 1, 3 * H * D}; } // K^T, V^T as [B, H, D, T]
+  Dims out_stride() const { return {T * H * D, D, H * D, 1}; }                // out, dout as [B, H, T, D]
+  Dims scores() const { return {B, H, T, T}; }
+  Dims scores_stride() const { return {H * T * T, T * T, T, 1}; }
+  Dims scores_t_stride() const { return {H * T * T, T * T, 1, T}; }
+  Dims rows() const { return {B, H, T, 1}; }
+  Dims rows_stride() const { return {H * T, T, 1, 1}; }
+};
+
+// The causal mask on scores s: s where row >= column, the lowest float elsewhere.
+// `index_type` is the type the two index tensors are generated in.
+const Desc& causal(Graph& g, const Shape& sh, const Desc& s, cudnnDataType_t index_type) {
+  const Desc& row = g.virt(sh.scores(), sh.scores_stride(), index_type);
+  const Desc& col = g.virt(sh.scores(), sh.scores_stride(), index_type);
+  g.pointwise(CUDNN_POINTWISE_GEN_INDEX, s, nullptr, nullptr, row, index_type, 2);
+  g.pointwise(CUDNN_POINTWISE_GEN_INDEX, s, nullptr, nullptr, col, index_type, 3);
+  const Desc& keep = g.virt(sh.scores(), sh.scores_stride(), CUDNN_DATA_BOOLEAN);
+  g.pointwise(CUDNN_POINTWISE_CMP_GE, row, &col, nullptr, keep, CUDNN_DATA_BOOLEAN);
+  const Desc& lowest = g.scalar(kLowest);
+  const Desc& masked = g.virt(sh.scores(), sh.scores_stride());
+  g.pointwise(CUDNN_POINTWISE_BINARY_SELECT, s, &lowest, &keep, masked);
+  return masked;
+}
+
+// y = op(x, b) into a new intermediate of the scores' shape (of type `dt`).
+const Desc& scores_op(Graph& g, const Shape& sh, cudnnPointwiseMode_t mode, const Desc& x, const Desc* b,
+                      cudnnDataType_t dt = CUDNN_DATA_FLOAT) {
+  const Desc& y = g.virt(sh.scores(), sh.scores_stride(), dt);
+  g.pointwise(mode, x, b, nullptr, y);
+  return y;
+}
+
+const Desc& seed_tensor(Graph& g) { return g.tensor(kSeed, CUDNN_DATA_INT64, {1, 1, 1, 1}, {1, 1, 1, 1}); }
+const Desc& offset_tensor(Graph& g) { return g.tensor(kOffset, CUDNN_DATA_INT64, {1, 1, 1, 1}, {1, 1, 1, 1}); }
+
+// Forward: S = scale Q K^T; causal mask; softmax with its statistics
+// (Stats = max + log(sum exp(S - max)), P = exp(S - max) / sum); P' = P * mask / (1 - p);
+// O = P' V. The last op before P V writes P' in the I/O type (the matmul's A type).
+void build_forward(Graph& g, const Shape& sh, double p) {
+  const cudnnDataType_t io = cudnn_type(sh.dt);
+  const Desc& q = g.tensor(kQ, io, {sh.B, sh.H, sh.T, sh.D}, sh.qkv_stride());
+  const Desc& kt = g.tensor(kK, io, {sh.B, sh.H, sh.D, sh.T}, sh.qkv_t_stride());
+  const Desc& v = g.tensor(kV, io, {sh.B, sh.H, sh.T, sh.D}, sh.qkv_stride());
+  const Desc& o = g.tensor(kO, io, {sh.B, sh.H, sh.T, sh.D}, sh.out_stride());
+  const Desc& stats = g.tensor(kStats, CUDNN_DATA_FLOAT, sh.rows(), sh.rows_stride());
+
+  const Desc& s = g.virt(sh.scores(), sh.scores_stride());
+  g.matmul(q, kt, s);
+  const Desc& scale = g.scalar(kScale);
+  const Desc& s1 = scores_op(g, sh, CUDNN_POINTWISE_MUL, s, &scale);
+  const Desc& s2 = causal(g, sh, s1, CUDNN_DATA_FLOAT);
+
+  const Desc& m = g.virt(sh.rows(), sh.rows_stride());
+  g.reduction(CUDNN_REDUCE_TENSOR_MAX, s2, m);
+  const Desc& centred = scores_op(g, sh, CUDNN_POINTWISE_SUB, s2, &m);
+  const Desc& e = scores_op(g, sh, CUDNN_POINTWISE_EXP, centred, nullptr);
+  const Desc& z = g.virt(sh.rows(), sh.rows_stride());
+  g.reduction(CUDNN_REDUCE_TENSOR_ADD, e, z);
+  const Desc& logz = g.virt(sh.rows(), sh.rows_stride());
+  g.pointwise(CUDNN_POINTWISE_LOG, z, nullptr, nullptr, logz);
+  g.pointwise(CUDNN_POINTWISE_ADD, m, &logz, nullptr, stats);
+  const Desc* probs = nullptr;
+  if (p > 0) {
+    const Desc& softmax = scores_op(g, sh, CUDNN_POINTWISE_DIV, e, &z);
+    const Desc& mask = g.virt(sh.scores(), sh.scores_stride());
+    g.rng(seed_tensor(g), offset_tensor(g), mask, 1.0 - p);
+    const Desc& kept = scores_op(g, sh, CUDNN_POINTWISE_MUL, softmax, &mask);
+    const Desc& dscale = g.scalar(kDropScale);
+    probs = &scores_op(g, sh, CUDNN_POINTWISE_MUL, kept, &dscale, io);
+  } else {
+    probs = &scores_op(g, sh, CUDNN_POINTWISE_DIV, e, &z, io);
+  }
+  g.matmul(*probs, v, o);
+}
+
+// Backward (the forward's P recomputed from the statistics):
+//   rowsum = sum_d dO O (times 1 - p: the dropout-free P . dP' sum)
+//   P = exp(causal(scale Q K^T) - Stats); P' = P * mask / (1 - p)
+//   dV = P'^T dO
+//   dS = scale * P * (dO V^T * mask - rowsum) / (1 - p)
+//   dK = dS^T Q;  dQ = dS K (into an fp32 accumulator when the engine wants one)
+void build_backward(Graph& g, const Shape& sh, double p, bool dq_accumulator) {
+  const cudnnDataType_t io = cudnn_type(sh.dt);
+  const Dims bhtd{sh.B, sh.H, sh.T, sh.D}, bhdt{sh.B, sh.H, sh.D, sh.T};
+  const Desc& q = g.tensor(kQ, io, bhtd, sh.qkv_stride());
+  const Desc& kt = g.tensor(kK, io, bhdt, sh.qkv_t_stride());
+  const Desc& vt = g.tensor(kV, io, bhdt, sh.qkv_t_stride());
+  const Desc& o = g.tensor(kO, io, bhtd, sh.out_stride());
+  const Desc& dout = g.tensor(kdO, io, bhtd, sh.out_stride());
+  const Desc& stats = g.tensor(kStats, CUDNN_DATA_FLOAT, sh.rows(), sh.rows_stride());
+  const Desc& dq = g.tensor(kdQ, io, bhtd, sh.qkv_stride());
+  const Desc& dk = g.tensor(kdK, io, bhtd, sh.qkv_stride());
+  const Desc& dv = g.tensor(kdV, io, bhtd, sh.qkv_stride());
+  const Desc& scale = g.scalar(kScale);
+
+  const Desc* mask = nullptr;
+  if (p > 0) {
+    mask = &g.virt(sh.scores(), sh.scores_stride());
+    g.rng(seed_tensor(g), offset_tensor(g), *mask, 1.0 - p);
+  }
+  // rowsum
+  const Desc& dout_o = g.virt(bhtd, {sh.H * sh.T * sh.D, sh.T * sh.D, sh.H * sh.D, 1});
+  g.pointwise(CUDNN_POINTWISE_MUL, dout, &o, nullptr, dout_o);
+  const Desc& rowsum0 = g.virt(sh.rows(), sh.rows_stride());
+  g.reduction(CUDNN_REDUCE_TENSOR_ADD, dout_o, rowsum0);
+  const Desc& keep_or_one = g.scalar(p > 0 ? kDropKeep : kOne);
+  const Desc& rowsum = g.virt(sh.rows(), sh.rows_stride());
+  g.pointwise(CUDNN_POINTWISE_MUL, rowsum0, &keep_or_one, nullptr, rowsum);
+
+  // P and P'
+  const Desc& s = g.virt(sh.scores(), sh.scores_stride());
+  g.matmul(q, kt, s);
+  const Desc& s1 = scores_op(g, sh, CUDNN_POINTWISE_MUL, s, &scale);
+  const Desc& s2 = causal(g, sh, s1, CUDNN_DATA_INT32);
+  const Desc& centred = scores_op(g, sh, CUDNN_POINTWISE_SUB, s2, &stats);
+  const Desc& probs = scores_op(g, sh, CUDNN_POINTWISE_EXP, centred, nullptr);
+  const Desc* dropped = &probs;
+  const Desc* dscale = nullptr;
+  if (p > 0) {
+    dscale = &g.scalar(kDropScale);
+    const Desc& kept = scores_op(g, sh, CUDNN_POINTWISE_MUL, probs, mask);
+    dropped = &scores_op(g, sh, CUDNN_POINTWISE_MUL, kept, dscale);
+  }
+  const Desc& dropped_t = g.virt({sh.B, sh.H, sh.T, sh.T}, sh.scores_t_stride(), io);
+  g.reshape(*dropped, dropped_t);
+  g.matmul(dropped_t, dout, dv);
+
+  // dS
+  const Desc& dp = g.virt(sh.scores(), sh.scores_stride());
+  g.matmul(dout, vt, dp);
+  const Desc& mask_or_one = p > 0 ? *mask : g.scalar(kOne);
+  const Desc& dp1 = scores_op(g, sh, CUDNN_POINTWISE_MUL, dp, &mask_or_one);
+  const Desc& dp2 = scores_op(g, sh, CUDNN_POINTWISE_SUB, dp1, &rowsum);
+  const Desc* ds = &scores_op(g, sh, CUDNN_POINTWISE_MUL, dp2, &probs);
+  if (p > 0) ds = &scores_op(g, sh, CUDNN_POINTWISE_MUL, *ds, dscale);
+  const Desc& ds_scaled = scores_op(g, sh, CUDNN_POINTWISE_MUL, *ds, &scale);
+  const Desc& ds_t = g.virt({sh.B, sh.H, sh.T, sh.T}, sh.scores_t_stride(), io);
+  g.reshape(ds_scaled, ds_t);
+  g.matmul(ds_t, q, dk);
+
+  // dQ = dS K, with K back in [B, H, T, D] order
+  const Desc& k = g.virt(bhtd, sh.qkv_stride(), io);
+  g.reshape(kt, k);
+  if (dq_accumulator) {
+    const Desc& acc = g.tensor(kdQAccum, CUDNN_DATA_FLOAT, bhtd, {sh.H * sh.T * sh.D, sh.T * sh.D, sh.D, 1}, false,
+                               false, CUDNN_TENSOR_REORDERING_F16x16);
+    g.matmul(ds_scaled, k, acc);
+    g.pointwise(CUDNN_POINTWISE_IDENTITY, acc, nullptr, nullptr, dq);
+  } else {
+    g.matmul(ds_scaled, k, dq);
+  }
+}
+
+// ---- plans, one per (direction, shape, dropout) -------------------------------------
+struct Plan {
+  Graph graph;
+  std::unique_ptr<Desc> plan;
+  int64_t workspace = 0;
+  bool dq_accumulator = false;
+  float scale = 1, lowest = 0, drop_scale = 1, drop_keep = 1, one = 1;
+};
+using PlanKey = std::tuple<bool, DType, int64_t, int64_t, int64_t, int64_t, double>;
+
+struct Library {
+  std::mutex mu;
+  cudnnHandle_t handle = nullptr;
+  std::map<PlanKey, std::unique_ptr<Plan>> plans;
+  std::map<PlanKey, std::string> refused;  // shapes cuDNN would not plan, and why
+};
+Library& library() {
+  static Library* l = new Library();  // lives to exit (descriptors are not destroyed after the driver)
+  return *l;
+}
+
+// The dQ accumulator: cuDNN's engines take an fp32 dQ buffer instead of a [B, H, T, T]
+// workspace for dP when that workspace would exceed 256 MiB.
+bool wants_dq_accumulator(const Shape& sh) {
+  const int64_t t64 = (sh.T + 63) / 64 * 64;
+  return sh.B * sh.H * t64 * t64 * 2 > (int64_t{256} << 20);
+}
+
+Plan& plan_for(bool forward, const Shape& sh, double p) {
+  const Api& a = api();
+  if (!a.failure.empty()) throw Refused("cuDNN " + a.failure);
+  Library& lib = library();
+  const PlanKey key{forward, sh.dt, sh.B, sh.T, sh.H, sh.D, p};
+  if (auto it = lib.plans.find(key); it != lib.plans.end()) return *it->second;
+  if (auto it = lib.refused.find(key); it != lib.refused.end()) throw Refused(it->second);
+  try {
+    if (sh.dt != DType::bf16 && sh.dt != DType::f16)
+      throw Refused(fmt::format("cuDNN's fused attention takes bf16 or fp16, not {}", to_string(sh.dt)));
+    if (!lib.handle) check(a.create(&lib.handle), "create handle");
+    auto pl = std::make_unique<Plan>();
+    pl->dq_accumulator = !forward && wants_dq_accumulator(sh);
+    if (forward)
+      build_forward(pl->graph, sh, p);
+    else
+      build_backward(pl->graph, sh, p, pl->dq_accumulator);
+    pl->plan = pl->graph.plan(lib.handle, &pl->workspace);
+    pl->scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(sh.D)));
+    pl->lowest = std::numeric_limits<float>::lowest();
+    pl->drop_scale = p > 0 ? static_cast<float>(1.0 / (1.0 - p)) : 1.0f;
+    pl->drop_keep = static_cast<float>(1.0 - p);
+    return *lib.plans.emplace(key, std::move(pl)).first->second;
+  } catch (const Refused& e) {
+    lib.refused.emplace(key, e.what());
+    throw;
+  }
+}
+
+__global__ void seed_offset_kernel(int64_t* dst, int64_t seed, int64_t offset) {
+  dst[0] = seed;
+  dst[1] = offset;
+}
+
+// Runs `pl` with the variant pack `uids` -> `ptrs` (plus the by-value scalars), on the
+// backend stream, with workspace from the caching allocator.
+void execute(Plan& pl, std::vector<int64_t> uids, std::vector<void*> ptrs, const ops::AttentionDropout& drop,
+             int64_t T) {
+  Library& lib = library();
+  check(api().set_stream(lib.handle, stream()), "set stream");
+  uids.insert(uids.end(), {kScale, kLowest, kDropScale, kDropKeep, kOne});
+  ptrs.insert(ptrs.end(), {&pl.scale, &pl.lowest, &pl.drop_scale, &pl.drop_keep, &pl.one});
+  DeviceBuffer<int64_t> seed_offset;
+  if (drop.p > 0) {
+    // cuDNN's Philox stream: seed = the dropout key; the counter offset starts these
+    // rows' (sample, head) block where the CPU's mask index does.
+    seed_offset = DeviceBuffer<int64_t>(2);
+    const int64_t offset = (drop.sample_offset * drop.heads_total + drop.head_offset) * T * T;
+    MTNLG_LAUNCH(1, 1, 0, stream(), seed_offset_kernel)(seed_offset.data(), static_cast<int64_t>(drop.key), offset);
+    MTNLG_CUDA_LAUNCH_CHECK("seed_offset_kernel");
+    uids.insert(uids.end(), {kSeed, kOffset});
+    ptrs.insert(ptrs.end(), {seed_offset.data(), seed_offset.data() + 1});
+  }
+  DeviceBuffer<char> workspace(std::max<int64_t>(pl.workspace, 1));
+  Desc pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
+  void* ws = workspace.data();
+  pack.set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, static_cast<int64_t>(uids.size()), uids.data())
+      .set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, static_cast<int64_t>(ptrs.size()), ptrs.data())
+      .set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ws)
+      .finalize();
+  check(api().execute(lib.handle, pl.plan->get(), pack.get()), "execute");
+}
+
+Shape shape_of(const char* op, const Tensor& qkv, int64_t heads) {
+  const int64_t D = qkv.dim(2) / (3 * heads);
+  if (D * 3 * heads != qkv.dim(2)) throw_runtime("{}: qkv's {} columns are not 3 x {} heads", op, qkv.dim(2), heads);
+  return Shape{qkv.dtype(), qkv.dim(0), qkv.dim(1), heads, D};
+}
+
+char* at(const Tensor& t, int64_t elements) {
+  return static_cast<char*>(const_cast<void*>(t.raw())) + elements * static_cast<int64_t>(dtype_size(t.dtype()));
+}
+
+}  // namespace
+
+bool fused_attention_supported(DType dt, int64_t B, int64_t T, int64_t H, int64_t D, double dropout_p,
+                               std::string* why) {
+  std::lock_guard<std::mutex> lock(library().mu);
+  const Shape sh{dt, B, T, H, D};
+  try {
+    plan_for(true, sh, dropout_p);
+    plan_for(false, sh, dropout_p);
+    return true;
+  } catch (const Refused& e) {
+    if (why) *why = e.what();
+    return false;
+  }
+}
+
+void cudnn_attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t heads,
+                             const ops::AttentionDropout& drop) {
+  std::lock_guard<std::mutex> lock(library().mu);
+  const Shape sh = shape_of("attention_forward_lse", qkv, heads);
+  try {
+    Plan& pl = plan_for(true, sh, drop.p);
+    execute(pl, {kQ, kK, kV, kO, kStats},
+            {at(qkv, 0), at(qkv, sh.D), at(qkv, 2 * sh.D), at(out, 0), at(lse, 0)}, drop, sh.T);
+  } catch (const Refused& e) {
+    throw_runtime("attention_forward_lse on CUDA (B {}, T {}, heads {}, head size {}): {}", sh.B, sh.T, sh.H, sh.D,
+                  e.what());
+  }
+}
+
+void cudnn_attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
+                              int64_t heads, const ops::AttentionDropout& drop) {
+  std::lock_guard<std::mutex> lock(library().mu);
+  const Shape sh = shape_of("attention_backward_lse", qkv, heads);
+  try {
+    Plan& pl = plan_for(false, sh, drop.p);
+    std::vector<int64_t> uids{kQ, kK, kV, kO, kdO, kStats, kdQ, kdK, kdV};
+    std::vector<void*> ptrs{at(qkv, 0),  at(qkv, sh.D),  at(qkv, 2 * sh.D),  at(out, 0),         at(dout, 0),
+                            at(lse, 0),  at(dqkv, 0),    at(dqkv, sh.D),     at(dqkv, 2 * sh.D)};
+    DeviceBuffer<float> acc;
+    if (pl.dq_accumulator) {
+      acc = DeviceBuffer<float>(sh.B * sh.H * sh.T * sh.D);
+      CUDA_CHECK(cudaMemsetAsync(acc.data(), 0, static_cast<size_t>(acc.size()) * sizeof(float), stream()));
+      uids.push_back(kdQAccum);
+      ptrs.push_back(acc.data());
+    }
+    execute(pl, std::move(uids), std::move(ptrs), drop, sh.T);
+  } catch (const Refused& e) {
+    throw_runtime("attention_backward_lse on CUDA (B {}, T {}, heads {}, head size {}): {}", sh.B, sh.T, sh.H, sh.D,
+                  e.what());
+  }
+}
+
+std::string cudnn_description() {
+  const Api& a = api();
+  if (!a.failure.empty()) return "cuDNN unavailable: " + a.failure;
+  const size_t v = a.version();
+  return fmt::format("cuDNN {}.{}.{} ({})", v / 10000, v / 100 % 100, v % 100, a.lib);
+}
+
+}  // namespace mtnlg::cuda

@@ -1,0 +1,475 @@
+// Emulated cuDNN graph (backend) API: the subset mtnlg calls for fused attention
+// (core/cuda/cudnn_attention.cu), with the library's validation where it is documented,
+// executed on the CPU by mtnlg's own attention ops when the stream runs.
+//
+// Model (docs/specs/cuda-emulation.md, "cuDNN"): descriptors keep their attributes; a
+// descriptor must be finalized before it is used as another's attribute, and is frozen
+// after. An operation graph is recognised when its operations are, in order, one of the
+// two fused-attention patterns of docs/specs/cudnn-sdpa.md (forward, backward; each with
+// or without dropout; the backward with or without the fp32 dQ accumulator): the
+// heuristic then offers one engine configuration, any other graph none. The plan's
+// finalize applies cuDNN's support surface for fused attention (I/O bf16 or fp16, one
+// type for all, fp32 statistics, head size a multiple of 8 up to 128, unit innermost
+// strides, 16-byte alignment) and answers CUDNN_STATUS_NOT_SUPPORTED outside it.
+// Execution reads the variant pack (every non-virtual tensor's pointer, device memory of
+// the right extent; the by-value scalars from host memory; a workspace of the size the
+// plan reported) and runs ops::attention_forward_lse / attention_backward_lse on CPU
+// copies. The dropout mask is the CPU op's Philox draw at index offset + ((b*H + h)*T +
+// i)*T + j (not cuDNN's generator: not modelled).
+#include <cudnn_graph.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/ops.hpp"
+#include "core/tensor.hpp"
+#include "emulator/emu.hpp"
+#include "emulator/internal.hpp"
+
+struct cudnnContext {
+  cudaStream_t stream = nullptr;
+};
+
+namespace mtnlg::emu {
+namespace {
+
+constexpr uint64_t kMagic = 0x63756e6e31ull;
+thread_local std::string tl_last_error;
+
+cudnnStatus_t refuse(cudnnStatus_t s, const std::string& why) {
+  tl_last_error = why;
+  return s;
+}
+
+struct Desc;
+struct Pattern {  // a recognised fused-attention graph
+  bool forward = false, dropout = false, accumulator = false;
+  double keep = 1;
+  // The roles' tensors (descriptors of the graph's non-virtual tensors).
+  const Desc *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr, *stats = nullptr, *dout = nullptr,
+             *dq = nullptr, *dk = nullptr, *dv = nullptr, *acc = nullptr, *seed = nullptr, *offset = nullptr,
+             *scale = nullptr;
+};
+
+struct Desc {
+  uint64_t magic = kMagic;
+  cudnnBackendDescriptorType_t type;
+  bool finalized = false;
+  std::map<int, std::pair<cudnnBackendAttributeType_t, std::vector<char>>> attrs;
+  // An engine configuration and a plan point at their graph's pattern.
+  const Desc* graph = nullptr;
+  Pattern pattern;  // an operation graph's, after finalize
+  std::string unsupported;  // a plan's refusal reason (empty: supported)
+
+  bool has(int n) const { return attrs.count(n) != 0; }
+  template <typename T>
+  std::vector<T> get(int n) const {
+    auto it = attrs.find(n);
+    if (it == attrs.end()) return {};
+    std::vector<T> v(it->second.second.size() / sizeof(T));
+    std::memcpy(v.data(), it->second.second.data(), v.size() * sizeof(T));
+    return v;
+  }
+  template <typename T>
+  T one(int n, T fallback = T{}) const {
+    auto it = attrs.find(n);
+    if (it == attrs.end() || it->second.second.size() < sizeof(T)) return fallback;
+    T v;
+    std::memcpy(&v, it->second.second.data(), sizeof(T));
+    return v;
+  }
+  const Desc* ref(int n) const { return static_cast<const Desc*>(one<void*>(n, nullptr)); }
+  std::vector<const Desc*> refs(int n) const {
+    std::vector<const Desc*> r;
+    for (void* p : get<void*>(n)) r.push_back(static_cast<const Desc*>(p));
+    return r;
+  }
+  // Tensor attributes.
+  int64_t uid() const { return one<int64_t>(CUDNN_ATTR_TENSOR_UNIQUE_ID, -1); }
+  cudnnDataType_t dtype() const { return one<cudnnDataType_t>(CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_DATA_FLOAT); }
+  std::vector<int64_t> dims() const { return get<int64_t>(CUDNN_ATTR_TENSOR_DIMENSIONS); }
+  std::vector<int64_t> strides() const { return get<int64_t>(CUDNN_ATTR_TENSOR_STRIDES); }
+  bool is_virtual() const { return one<bool>(CUDNN_ATTR_TENSOR_IS_VIRTUAL, false); }
+  bool by_value() const { return one<bool>(CUDNN_ATTR_TENSOR_IS_BY_VALUE, false); }
+};
+
+Desc* as_desc(cudnnBackendDescriptor_t d) {
+  auto* p = static_cast<Desc*>(d);
+  if (!p || p->magic != kMagic) fatal("cudnnBackend*: not a live descriptor (destroyed, or never created)");
+  return p;
+}
+
+size_t type_size(cudnnBackendAttributeType_t t) {
+  switch (t) {
+    case CUDNN_TYPE_HANDLE:
+    case CUDNN_TYPE_VOID_PTR:
+    case CUDNN_TYPE_BACKEND_DESCRIPTOR: return sizeof(void*);
+    case CUDNN_TYPE_BOOLEAN: return sizeof(bool);
+    case CUDNN_TYPE_INT64:
+    case CUDNN_TYPE_DOUBLE: return 8;
+    case CUDNN_TYPE_FLOAT:
+    case CUDNN_TYPE_INT32: return 4;
+    case CUDNN_TYPE_DATA_TYPE:
+    case CUDNN_TYPE_POINTWISE_MODE:
+    case CUDNN_TYPE_HEUR_MODE:
+    case CUDNN_TYPE_REDUCTION_OPERATOR_TYPE:
+    case CUDNN_TYPE_RNG_DISTRIBUTION:
+    case CUDNN_TYPE_TENSOR_REORDERING_MODE: return sizeof(int);
+    default: fatal(fmt_str("cudnnBackendSetAttribute: attribute type %d is not emulated", int(t)));
+  }
+}
+
+// ---- recognition ----------------------------------------------------------------------
+// One token per operation: "mm", "red:<op>", "rng", "reshape", "pw:<mode>[:axis]".
+std::string token(const Desc& op) {
+  switch (op.type) {
+    case CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR: return "mm";
+    case CUDNN_BACKEND_OPERATION_RNG_DESCRIPTOR: return "rng";
+    case CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR: return "reshape";
+    case CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR: {
+      const Desc* r = op.ref(CUDNN_ATTR_OPERATION_REDUCTION_DESC);
+      const auto how = r ? r->one<cudnnReduceTensorOp_t>(CUDNN_ATTR_REDUCTION_OPERATOR) : CUDNN_REDUCE_TENSOR_ADD;
+      return how == CUDNN_REDUCE_TENSOR_MAX ? "red:max" : how == CUDNN_REDUCE_TENSOR_ADD ? "red:add" : "red:?";
+    }
+    case CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR: {
+      const Desc* pw = op.ref(CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR);
+      if (!pw) return "pw:?";
+      const auto mode = pw->one<cudnnPointwiseMode_t>(CUDNN_ATTR_POINTWISE_MODE);
+      switch (mode) {
+        case CUDNN_POINTWISE_MUL: return "mul";
+        case CUDNN_POINTWISE_ADD: return "add";
+        case CUDNN_POINTWISE_SUB: return "sub";
+        case CUDNN_POINTWISE_DIV: return "div";
+        case CUDNN_POINTWISE_EXP: return "exp";
+        case CUDNN_POINTWISE_LOG: return "log";
+        case CUDNN_POINTWISE_IDENTITY: return "id";
+        case CUDNN_POINTWISE_CMP_GE: return "ge";
+        case CUDNN_POINTWISE_BINARY_SELECT: return "select";
+        case CUDNN_POINTWISE_GEN_INDEX: return fmt_str("index%lld", (long long)pw->one<int64_t>(CUDNN_ATTR_POINTWISE_AXIS, -1));
+        default: return fmt_str("pw%d", int(mode));
+      }
+    }
+    default: return fmt_str("op%d", int(op.type));
+  }
+}
+
+const char* const kCausal = " index2 index3 ge select";
+std::string fwd_tokens(bool dropout) {
+  return std::string("mm mul") + kCausal + " red:max sub exp red:add log add div" +
+         (dropout ? " rng mul mul" : "") + " mm";
+}
+std::string bwd_tokens(bool dropout, bool acc) {
+  return std::string(dropout ? "rng " : "") + "mul red:add mul mm mul" + kCausal + " sub exp" +
+         (dropout ? " mul mul" : "") + " reshape mm mm mul sub mul" + (dropout ? " mul" : "") +
+         " mul reshape mm reshape mm" + (acc ? " id" : "");
+}
+
+const Desc* X(const Desc* op) { return op->ref(CUDNN_ATTR_OPERATION_POINTWISE_XDESC); }
+const Desc* B(const Desc* op) { return op->ref(CUDNN_ATTR_OPERATION_POINTWISE_BDESC); }
+const Desc* Y(const Desc* op) { return op->ref(CUDNN_ATTR_OPERATION_POINTWISE_YDESC); }
+const Desc* MA(const Desc* op) { return op->ref(CUDNN_ATTR_OPERATION_MATMUL_ADESC); }
+const Desc* MB(const Desc* op) { return op->ref(CUDNN_ATTR_OPERATION_MATMUL_BDESC); }
+const Desc* MC(const Desc* op) { return op->ref(CUDNN_ATTR_OPERATION_MATMUL_CDESC); }
+
+// Fills `p` when the graph's operations are one of the patterns; false otherwise.
+bool recognise(const std::vector<const Desc*>& ops, Pattern& p) {
+  std::string sig;
+  for (const Desc* o : ops) {
+    if (!sig.empty()) sig += ' ';
+    sig += token(*o);
+  }
+  std::vector<const Desc*> mms;
+  const Desc* rng = nullptr;
+  for (const Desc* o : ops) {
+    if (o->type == CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR) mms.push_back(o);
+    if (o->type == CUDNN_BACKEND_OPERATION_RNG_DESCRIPTOR) rng = o;
+  }
+  for (bool drop : {false, true}) {
+    if (sig == fwd_tokens(drop)) {
+      p.forward = true;
+      p.dropout = drop;
+      p.q = MA(mms[0]);
+      p.k = MB(mms[0]);
+      p.scale = B(ops[1]);
+      p.v = MB(mms[1]);
+      p.o = MC(mms[1]);
+      p.stats = Y(ops[11]);  // add(max, log sum)
+    }
+    for (bool acc : {false, true}) {
+      if (sig != bwd_tokens(drop, acc)) continue;
+      const size_t first = drop ? 1 : 0;
+      p.forward = false;
+      p.dropout = drop;
+      p.accumulator = acc;
+      p.dout = X(ops[first]);
+      p.o = B(ops[first]);
+      p.q = MA(mms[0]);
+      p.k = MB(mms[0]);
+      p.scale = B(ops[first + 4]);
+      p.stats = B(ops[first + 9]);  // sub(select, stats)
+      p.dv = MC(mms[1]);
+      p.v = MB(mms[2]);
+      p.dk = MC(mms[3]);
+      p.dq = acc ? Y(ops.back()) : MC(mms[4]);
+      p.acc = acc ? MC(mms[4]) : nullptr;
+    }
+  }
+  if (!p.q) return false;
+  if (p.dropout) {
+    const Desc* r = rng->ref(CUDNN_ATTR_OPERATION_RNG_DESC);
+    p.seed = rng->ref(CUDNN_ATTR_OPERATION_RNG_SEED);
+    p.offset = rng->ref(CUDNN_ATTR_OPERATION_RNG_OFFSET_DESC);
+    p.keep = r ? r->one<double>(CUDNN_ATTR_RNG_BERNOULLI_DIST_PROBABILITY, 1.0) : 1.0;
+  }
+  return true;
+}
+
+// cuDNN's support surface for fused attention (what the plan's finalize checks).
+std::string support(const Pattern& p) {
+  const cudnnDataType_t io = p.q->dtype();
+  if (io != CUDNN_DATA_HALF && io != CUDNN_DATA_BFLOAT16) return "fused attention takes fp16 or bf16 Q, K, V";
+  for (const Desc* t : {p.k, p.v, p.o, p.dout, p.dq, p.dk, p.dv})
+    if (t && t->dtype() != io) return "fused attention needs one I/O type for Q, K, V, O and their gradients";
+  if (p.stats->dtype() != CUDNN_DATA_FLOAT) return "fused attention's statistics are fp32";
+  const auto qd = p.q->dims();
+  if (qd.size() != 4) return "fused attention takes 4-d tensors";
+  const int64_t d = qd[3];
+  if (d % 8 != 0 || d > 128) return fmt_str("head dimension %lld: must be a multiple of 8 up to 128", (long long)d);
+  for (const Desc* t : {p.q, p.o, p.dout, p.dq, p.dk, p.dv})
+    if (t && t->strides().back() != 1) return "fused attention needs unit stride in the head dimension";
+  if (p.k->strides()[2] != 1) return "fused attention needs K^T with unit stride in the head dimension";
+  for (const Desc* t : {p.q, p.k, p.v, p.o, p.stats, p.dout, p.dq, p.dk, p.dv})
+    if (t && t->one<int64_t>(CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, 0) < 16) return "fused attention needs 16-byte alignment";
+  if (p.dropout && (!p.seed || !p.offset)) return "dropout needs seed and offset tensors";
+  return "";
+}
+
+// ---- execution ------------------------------------------------------------------------
+DType mtnlg_dtype(cudnnDataType_t t) { return t == CUDNN_DATA_BFLOAT16 ? DType::bf16 : DType::f16; }
+
+struct Call {
+  Pattern p;
+  std::map<int64_t, void*> ptr;
+  int64_t seed = 0, offset = 0;
+};
+
+void* need(const Call& c, const Desc* t) {
+  auto it = c.ptr.find(t->uid());
+  if (it == c.ptr.end()) fatal(fmt_str("cudnnBackendExecute: no pointer for tensor uid %lld", (long long)t->uid()));
+  return it->second;
+}
+
+void run(const Call& c) {
+  const Pattern& p = c.p;
+  const auto d = p.q->dims();
+  const int64_t Bn = d[0], H = d[1], T = d[2], D = d[3];
+  const DType dt = mtnlg_dtype(p.q->dtype());
+  const int64_t es = dtype_size(dt), row = 3 * H * D;
+  auto packed = [&](const Desc* a, const Desc* b, const Desc* v, const char* what) {
+    char* base = static_cast<char*>(need(c, a));
+    if (need(c, b) != base + D * es || need(c, v) != base + 2 * D * es || a->strides()[2] != row)
+      fatal(fmt_str("cudnnBackendExecute: the emulated cuDNN computes only Megatron's packed %s rows "
+                    "(per head q, k, v; see docs/specs/cuda-emulation.md)", what));
+    check_device_range(base, size_t(Bn * T * row * es), "cudnnBackendExecute: q, k, v rows");
+    return base;
+  };
+  ops::AttentionDropout drop;
+  if (p.dropout) {
+    if (c.offset % (T * T) != 0) fatal("cudnnBackendExecute: the emulated dropout needs an offset that is a multiple of T*T");
+    drop.p = 1.0 - p.keep;
+    drop.key = static_cast<uint64_t>(c.seed);
+    drop.heads_total = H;
+    drop.head_offset = c.offset / (T * T);
+  }
+  Tensor qkv = Tensor::empty({Bn, T, row}, dt, Device::cpu);
+  std::memcpy(qkv.raw(), packed(p.q, p.k, p.v, "qkv"), size_t(qkv.nbytes()));
+  Tensor out = Tensor::empty({Bn, T, H * D}, dt, Device::cpu);
+  Tensor lse = Tensor::empty({Bn, H, T}, DType::f32, Device::cpu);
+  char* o = static_cast<char*>(need(c, p.o));
+  char* st = static_cast<char*>(need(c, p.stats));
+  check_device_range(o, size_t(out.nbytes()), "cudnnBackendExecute: O");
+  check_device_range(st, size_t(lse.nbytes()), "cudnnBackendExecute: Stats");
+  if (p.forward) {
+    ops::attention_forward_lse(out, lse, qkv, H, drop);
+    std::memcpy(o, out.raw(), size_t(out.nbytes()));
+    std::memcpy(st, lse.raw(), size_t(lse.nbytes()));
+    return;
+  }
+  std::memcpy(out.raw(), o, size_t(out.nbytes()));
+  std::memcpy(lse.raw(), st, size_t(lse.nbytes()));
+  Tensor dout = Tensor::empty({Bn, T, H * D}, dt, Device::cpu);
+  char* dO = static_cast<char*>(need(c, p.dout));
+  check_device_range(dO, size_t(dout.nbytes()), "cudnnBackendExecute: dO");
+  std::memcpy(dout.raw(), dO, size_t(dout.nbytes()));
+  Tensor dqkv = Tensor::empty({Bn, T, row}, dt, Device::cpu);
+  ops::attention_backward_lse(dqkv, dout, qkv, out, lse, H, drop);
+  std::memcpy(packed(p.dq, p.dk, p.dv, "dqkv"), dqkv.raw(), size_t(dqkv.nbytes()));
+  if (p.acc) {  // the accumulator holds dQ in fp32 (its engine-private order is not modelled)
+    float* acc = static_cast<float*>(need(c, p.acc));
+    check_device_range(acc, size_t(Bn * H * T * D * 4), "cudnnBackendExecute: dQ accumulator");
+    std::memset(acc, 0, size_t(Bn * H * T * D * 4));
+  }
+}
+
+}  // namespace
+}  // namespace mtnlg::emu
+
+using namespace mtnlg::emu;
+
+extern "C" {
+
+size_t cudnnGetVersion(void) { return CUDNN_VERSION; }
+
+const char* cudnnGetErrorString(cudnnStatus_t s) {
+  switch (s) {
+    case CUDNN_STATUS_SUCCESS: return "CUDNN_STATUS_SUCCESS";
+    case CUDNN_STATUS_BAD_PARAM: return "CUDNN_STATUS_BAD_PARAM";
+    case CUDNN_STATUS_NOT_SUPPORTED: return "CUDNN_STATUS_NOT_SUPPORTED";
+    case CUDNN_STATUS_NOT_INITIALIZED: return "CUDNN_STATUS_NOT_INITIALIZED";
+    default: return "CUDNN_STATUS_(other)";
+  }
+}
+
+void cudnnGetLastErrorString(char* message, size_t max_size) {
+  if (!message || max_size == 0) return;
+  std::snprintf(message, max_size, "%s", tl_last_error.c_str());
+  tl_last_error.clear();
+}
+
+cudnnStatus_t cudnnCreate(cudnnHandle_t* handle) {
+  *handle = new cudnnContext();
+  return CUDNN_STATUS_SUCCESS;
+}
+cudnnStatus_t cudnnDestroy(cudnnHandle_t handle) {
+  delete handle;
+  return CUDNN_STATUS_SUCCESS;
+}
+cudnnStatus_t cudnnSetStream(cudnnHandle_t handle, cudaStream_t s) {
+  handle->stream = s;
+  return CUDNN_STATUS_SUCCESS;
+}
+
+cudnnStatus_t cudnnBackendCreateDescriptor(cudnnBackendDescriptorType_t t, cudnnBackendDescriptor_t* d) {
+  auto* p = new Desc();
+  p->type = t;
+  *d = p;
+  return CUDNN_STATUS_SUCCESS;
+}
+
+cudnnStatus_t cudnnBackendDestroyDescriptor(cudnnBackendDescriptor_t d) {
+  Desc* p = as_desc(d);
+  p->magic = 0;
+  delete p;
+  return CUDNN_STATUS_SUCCESS;
+}
+
+cudnnStatus_t cudnnBackendSetAttribute(cudnnBackendDescriptor_t d, cudnnBackendAttributeName_t n,
+                                       cudnnBackendAttributeType_t t, int64_t count, const void* v) {
+  Desc* p = as_desc(d);
+  if (p->finalized) return refuse(CUDNN_STATUS_BAD_PARAM, "attribute set on a finalized descriptor");
+  if (count < 0 || (count > 0 && !v)) return refuse(CUDNN_STATUS_BAD_PARAM, "attribute without values");
+  if (t == CUDNN_TYPE_BACKEND_DESCRIPTOR)
+    for (int64_t i = 0; i < count; ++i) {
+      const Desc* o = as_desc(static_cast<void* const*>(v)[i]);
+      if (!o->finalized) return refuse(CUDNN_STATUS_BAD_PARAM, "a descriptor attribute that is not finalized");
+    }
+  const size_t bytes = type_size(t) * size_t(count);
+  p->attrs[int(n)] = {t, std::vector<char>(static_cast<const char*>(v), static_cast<const char*>(v) + bytes)};
+  return CUDNN_STATUS_SUCCESS;
+}
+
+cudnnStatus_t cudnnBackendFinalize(cudnnBackendDescriptor_t d) {
+  Desc* p = as_desc(d);
+  if (p->finalized) return refuse(CUDNN_STATUS_BAD_PARAM, "descriptor finalized twice");
+  switch (p->type) {
+    case CUDNN_BACKEND_TENSOR_DESCRIPTOR: {
+      const auto dims = p->dims(), strides = p->strides();
+      if (p->uid() < 0 || dims.empty() || dims.size() != strides.size() || !p->has(CUDNN_ATTR_TENSOR_DATA_TYPE) ||
+          !p->has(CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT))
+        return refuse(CUDNN_STATUS_BAD_PARAM, "tensor needs uid, data type, dims, strides and alignment");
+      break;
+    }
+    case CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR: {
+      if (!p->has(CUDNN_ATTR_OPERATIONGRAPH_OPS)) return refuse(CUDNN_STATUS_BAD_PARAM, "graph without operations");
+      recognise(p->refs(CUDNN_ATTR_OPERATIONGRAPH_OPS), p->pattern);
+      break;
+    }
+    case CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR:
+      if (!p->ref(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH)) return refuse(CUDNN_STATUS_BAD_PARAM, "heuristic without graph");
+      break;
+    case CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR: {
+      const Desc* cfg = p->ref(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG);
+      if (!cfg || !cfg->graph) return refuse(CUDNN_STATUS_BAD_PARAM, "plan without an engine configuration");
+      p->graph = cfg->graph;
+      const std::string why = support(p->graph->pattern);
+      if (!why.empty()) return refuse(CUDNN_STATUS_NOT_SUPPORTED, why);
+      break;
+    }
+    default: break;
+  }
+  p->finalized = true;
+  return CUDNN_STATUS_SUCCESS;
+}
+
+cudnnStatus_t cudnnBackendGetAttribute(cudnnBackendDescriptor_t const d, cudnnBackendAttributeName_t n,
+                                       cudnnBackendAttributeType_t t, int64_t requested, int64_t* count, void* out) {
+  Desc* p = as_desc(d);
+  if (!p->finalized) return refuse(CUDNN_STATUS_BAD_PARAM, "attribute read from a descriptor that is not finalized");
+  if (p->type == CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR && n == CUDNN_ATTR_ENGINEHEUR_RESULTS &&
+      t == CUDNN_TYPE_BACKEND_DESCRIPTOR) {
+    const Desc* g = p->ref(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH);
+    const int64_t offered = g->pattern.q ? 1 : 0;
+    if (count) *count = requested == 0 ? offered : std::min(requested, offered);
+    for (int64_t i = 0; i < std::min(requested, offered); ++i) {
+      Desc* cfg = as_desc(static_cast<void**>(out)[i]);
+      if (cfg->type != CUDNN_BACKEND_ENGINECFG_DESCRIPTOR)
+        return refuse(CUDNN_STATUS_BAD_PARAM, "heuristic results go into engine configuration descriptors");
+      cfg->graph = g;
+      cfg->finalized = true;
+    }
+    return CUDNN_STATUS_SUCCESS;
+  }
+  if (p->type == CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR && n == CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE &&
+      t == CUDNN_TYPE_INT64 && requested >= 1) {
+    *static_cast<int64_t*>(out) = 64 << 10;  // some workspace, so that its passing is checked
+    if (count) *count = 1;
+    return CUDNN_STATUS_SUCCESS;
+  }
+  fatal(fmt_str("cudnnBackendGetAttribute: attribute %d of descriptor type %d is not emulated", int(n), int(p->type)));
+}
+
+cudnnStatus_t cudnnBackendExecute(cudnnHandle_t handle, cudnnBackendDescriptor_t plan, cudnnBackendDescriptor_t pack) {
+  const Desc* pl = as_desc(plan);
+  const Desc* vp = as_desc(pack);
+  if (!pl->finalized || !vp->finalized) return refuse(CUDNN_STATUS_BAD_PARAM, "execute with an unfinalized plan or pack");
+  Call c;
+  c.p = pl->graph->pattern;
+  const auto uids = vp->get<int64_t>(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS);
+  const auto ptrs = vp->get<void*>(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS);
+  if (uids.size() != ptrs.size()) return refuse(CUDNN_STATUS_BAD_PARAM, "variant pack: ids and pointers differ in number");
+  for (size_t i = 0; i < uids.size(); ++i) c.ptr[uids[i]] = ptrs[i];
+  void* ws = vp->one<void*>(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, nullptr);
+  check_device_range(ws, 64 << 10, "cudnnBackendExecute: workspace (smaller than the plan's workspace size)");
+  // By-value scalars are read now (host memory); the scale must be 1/sqrt(D) for the CPU op.
+  const float scale = *static_cast<const float*>(need(c, c.p.scale));
+  const int64_t D = c.p.q->dims()[3];
+  if (std::abs(scale * std::sqrt(float(D)) - 1.0f) > 1e-6f)
+    fatal("cudnnBackendExecute: the emulated fused attention computes the scale 1/sqrt(head size) only");
+  cudaStream_t s = handle->stream;
+  enqueue(s, Op{c.p.forward ? "cudnn fused attention forward" : "cudnn fused attention backward", [c]() mutable {
+                  if (c.p.dropout) {
+                    std::memcpy(&c.seed, need(c, c.p.seed), 8);
+                    std::memcpy(&c.offset, need(c, c.p.offset), 8);
+                  }
+                  run(c);
+                  return true;
+                }});
+  return CUDNN_STATUS_SUCCESS;
+}
+
+}  // extern "C"
