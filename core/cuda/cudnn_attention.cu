@@ -10,6 +10,7 @@
 // (strides [T*HD, D, HD, 1]); the statistics are [B, H, T, 1] fp32.
 #include <cudnn_graph.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdlib>
 #include <map>
@@ -191,14 +192,21 @@ class Graph {
     if (by_value) t.boolean(CUDNN_ATTR_TENSOR_IS_BY_VALUE, true);
     if (reorder != CUDNN_TENSOR_REORDERING_NONE)
       t.set(CUDNN_ATTR_TENSOR_REORDERING_MODE, CUDNN_TYPE_TENSOR_REORDERING_MODE, 1, &reorder);
+    if (!is_virtual) io_uids_.push_back(uid);
     return t.finalize();
   }
   // An intermediate the engine keeps on chip.
   const Desc& virt(Dims dim, Dims stride, cudnnDataType_t dt = CUDNN_DATA_FLOAT) {
     return tensor(next_uid_++, dt, dim, stride, /*is_virtual=*/true);
   }
-  // A host float passed by value (its value is in the variant pack).
-  const Desc& scalar(int64_t uid) { return tensor(uid, CUDNN_DATA_FLOAT, {1, 1, 1, 1}, {1, 1, 1, 1}, false, true); }
+  // A host float passed by value (its value is in the variant pack); one descriptor per
+  // uid however often the graph uses it.
+  const Desc& scalar(int64_t uid) {
+    if (auto it = scalars_.find(uid); it != scalars_.end()) return *it->second;
+    return *(scalars_[uid] = &tensor(uid, CUDNN_DATA_FLOAT, {1, 1, 1, 1}, {1, 1, 1, 1}, false, true));
+  }
+  // The uids of the graph's non-virtual tensors (what its variant pack must name).
+  const std::vector<int64_t>& io_uids() const { return io_uids_; }
 
   // y = mode(x[, b[, t]]); math in `prec`; GEN_INDEX takes `axis`.
   void pointwise(cudnnPointwiseMode_t mode, const Desc& x, const Desc* b, const Desc* t, const Desc& y,
@@ -309,6 +317,8 @@ class Graph {
 
   std::vector<std::unique_ptr<Desc>> owned_;
   std::vector<const Desc*> ops_;
+  std::map<int64_t, const Desc*> scalars_;
+  std::vector<int64_t> io_uids_;
   int64_t next_uid_ = kFirstVirtual;
 };
 
@@ -539,8 +549,14 @@ void execute(Plan& pl, std::vector<int64_t> uids, std::vector<void*> ptrs, const
              int64_t T) {
   Library& lib = library();
   check(api().set_stream(lib.handle, stream()), "set stream");
-  uids.insert(uids.end(), {kScale, kLowest, kDropScale, kDropKeep, kOne});
-  ptrs.insert(ptrs.end(), {&pl.scale, &pl.lowest, &pl.drop_scale, &pl.drop_keep, &pl.one});
+  const std::vector<int64_t>& graph_uids = pl.graph.io_uids();
+  auto in_graph = [&](int64_t uid) { return std::find(graph_uids.begin(), graph_uids.end(), uid) != graph_uids.end(); };
+  for (const auto& [uid, value] : {std::pair<int64_t, float*>{kScale, &pl.scale}, {kLowest, &pl.lowest},
+                                   {kDropScale, &pl.drop_scale}, {kDropKeep, &pl.drop_keep}, {kOne, &pl.one}})
+    if (in_graph(uid)) {
+      uids.push_back(uid);
+      ptrs.push_back(value);
+    }
   DeviceBuffer<int64_t> seed_offset;
   if (drop.p > 0) {
     // cuDNN's Philox stream: seed = the dropout key; the counter offset starts these
