@@ -95,8 +95,9 @@ def make_adamw(params, fused):
 
 
 def run_steps(model, opt, idx, tgt, steps, sync, autocast):
-    """Times `steps` optimizer steps; returns each step's seconds."""
-    times = []
+    """Times `steps` optimizer steps (none is allowed); returns each step's seconds and the
+    last loss (None without a step)."""
+    times, loss = [], None
     for _ in range(steps):
         sync()
         t0 = time.perf_counter()
@@ -108,7 +109,7 @@ def run_steps(model, opt, idx, tgt, steps, sync, autocast):
         opt.step()
         sync()
         times.append(time.perf_counter() - t0)
-    return times, float(loss)
+    return times, None if loss is None else float(loss)
 
 
 def flash_only():
