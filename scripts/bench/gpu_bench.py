@@ -51,6 +51,19 @@ TINY_VOCAB = 512
 # that says whether the fusion is worth having on this GPU.
 SYSTEMS = ["mtnlg unfused", "mtnlg unfused (GELU kernel)", "mtnlg flash", "PyTorch eager", "torch.compile", "llm.c"]
 
+# The switches measured as A/B pairs on one row (--ab; scripts/gpu/proof.sh runs them on the
+# same machine as the rest of the proof and puts each ratio in its summary). A switch is one
+# line: its name, then side A and side B, each (label, `--set` overrides of mtnlg train,
+# environment); the ratio reported is B's tokens/s over A's. A later switch, e.g.
+#   ("cuda-graphs", ("off", [], {"MTNLG_CUDA_GRAPHS": "0"}), ("on", [], {"MTNLG_CUDA_GRAPHS": "1"})),
+# is one more line here; scripts/gpu/check_proof.py reads this list.
+SWITCHES = [
+    # on CUDA the flash form is whatever the binary computes it with (cuDNN's fused attention once built)
+    ("attention", ("unfused", ["model.attention_backend=unfused"], {}), ("flash", ["model.attention_backend=flash"], {})),
+    # cuBLASLt's GELU epilogues against the GEMM + mtnlg's GELU and bias-gradient kernels (bf16/fp16)
+    ("gelu", ("epilogue", [], {}), ("kernel", [], {"MTNLG_GELU_EPILOGUE": "0"})),
+]
+
 
 def flops72(L, C, T, V):
     return 72.0 * L * C * C * (1 + T / (6.0 * C) + V / (12.0 * L * C))
@@ -187,12 +200,13 @@ logging:
     path.write_text(text)
 
 
-def bench_mtnlg(a, shape, backend, out, budget, tag="", env=None):
-    run_dir = out / f"mtnlg-{backend}{tag}-{shape[0]}x{shape[1]}x{shape[3]}"
+def bench_mtnlg(a, shape, backend, out, budget, tag="", env=None, sets=(), name=None):
+    run_dir = out / f"{name or 'mtnlg-' + backend}{tag}-{shape[0]}x{shape[1]}x{shape[3]}"
     recipe = run_dir.with_suffix(".yaml")
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     mtnlg_recipe(recipe, shape, a, backend, run_dir)
-    rc, o, e = run([a.mtnlg, "train", str(recipe), "--quiet"], budget, env=None if env is None else {**os.environ, **env})
+    cmd = [a.mtnlg, "train", str(recipe), "--quiet"] + [x for kv in sets for x in ("--set", kv)]
+    rc, o, e = run(cmd, budget, env=None if not env else {**os.environ, **env})
     (run_dir.parent / (run_dir.name + ".log")).write_text(o + e)
     if rc != 0:
         return {"error": failure(rc, o, e)}
@@ -291,6 +305,45 @@ def bench_llmc(a, shape, descriptor, out, budget):
     return {"tokens_per_s": B * T / step, "step_s": step, "note": f"-e {descriptor} -r 0"}
 
 
+def run_ab(a, shapes, out):
+    """--ab: every switch of SWITCHES on the first selected row, mtnlg only (no torch needed).
+    Rounds alternate the order (A B, then B A, ...) and go over all the switches before the
+    next round, so that drift on the machine cancels and a budget that runs out still
+    leaves each switch a round. One line per switch, "ab NAME B/A RATIO | ...", and
+    results-ab.json; the exit status is the number of switches without a ratio."""
+    budget = Budget(a.budget, a.per_run)
+    name = next(iter(shapes))
+    shape = shapes[name]
+    got = {sw[0]: {sw[1][0]: [], sw[2][0]: []} for sw in SWITCHES}
+    errs = {sw[0]: {} for sw in SWITCHES}
+    for r in range(a.ab_rounds):
+        for sw_name, side_a, side_b in SWITCHES:
+            for label, sets, env in ((side_a, side_b) if r % 2 == 0 else (side_b, side_a)):
+                v = bench_mtnlg(a, shape, "unfused", out, budget, f"-r{r + 1}", env, sets, f"ab-{sw_name}-{label}")
+                if "tokens_per_s" in v:
+                    got[sw_name][label].append(v["tokens_per_s"])
+                else:
+                    errs[sw_name][label] = v["error"]
+    results, missing = {"row": name, "shape": shape, "rounds": a.ab_rounds, "warmup": a.warmup, "iters": a.iters,
+                        "switches": {}}, 0
+    L, C, H, T, B, V = shape
+    for sw_name, side_a, side_b in SWITCHES:
+        la, lb = side_a[0], side_b[0]
+        ta, tb = median_of(got[sw_name][la]), median_of(got[sw_name][lb])
+        ratio = tb / ta if ta and tb else None
+        results["switches"][sw_name] = {"a": la, "b": lb, la: got[sw_name][la], lb: got[sw_name][lb], "ratio": ratio,
+                                        "errors": errs[sw_name]}
+        sides = "; ".join(f"{lab} {fmt(t)} tok/s" if t else f"{lab}: {errs[sw_name].get(lab, 'no run')}"
+                          for lab, t in ((la, ta), (lb, tb)))
+        rounds = f"{len(got[sw_name][la])}+{len(got[sw_name][lb])} runs"
+        print(f"ab {sw_name:<12} {lb + '/' + la:<18} {f'{ratio:.3f}' if ratio else 'n/a':>6} | {sides} "
+              f"({name}: {L}x{C}, s {T}, batch {B}; {rounds}, median of {a.iters} steps after {a.warmup}, order alternated)",
+              flush=True)
+        missing += ratio is None
+    (out / "results-ab.json").write_text(json.dumps(results, indent=1))
+    return missing
+
+
 PROBE = """import json, torch
 print(json.dumps({"version": torch.__version__, "compile": hasattr(torch, "compile"),
                   "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}))"""
@@ -324,6 +377,9 @@ def main():
     ap.add_argument("--compile-floor", type=float, default=20,
                     help="seconds below which a torch.compile row is skipped rather than started")
     ap.add_argument("--per-run", type=float, default=240, help="seconds at most for one run")
+    ap.add_argument("--ab", action="store_true",
+                    help="instead of the table: each switch of SWITCHES as an A/B pair on the first --rows row (mtnlg only)")
+    ap.add_argument("--ab-rounds", type=int, default=2, help="--ab: runs per side of each switch, the order alternated")
     ap.add_argument("--out", default="gpu-bench-out", help="folder for recipes, run dirs, logs and results.json")
     a = ap.parse_args()
     a.device = "cpu" if a.cpu else "cuda"
@@ -335,11 +391,24 @@ def main():
     a.compile_backend = a.compile_backend or ("eager" if a.tiny else "inductor")
     out = Path(a.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
+    unknown = [x for x in a.rows.split(",") if a.rows and x not in [r[0] for r in ROWS]] + [
+        x for x in a.systems.split(",") if a.systems and x not in SYSTEMS + ["attention"]]
+    if unknown:
+        sys.exit(f"gpu_bench: unknown row or system {unknown}: rows {[r[0] for r in ROWS]}, systems {SYSTEMS + ['attention']}")
+    rows = [r for r in ROWS if not a.rows or r[0] in a.rows.split(",")]
+    shapes = {}
+    for name, L, C, H, T, B, desc in rows:
+        if a.tiny:
+            L, C, H, T, B = TINY[name]
+        shapes[name] = (L, C, H, T, B, TINY_VOCAB if a.tiny else VOCAB)
     chosen = a.systems.split(",") if a.systems else SYSTEMS + ["attention"]
     # torch.compile's own budget (CompileBudget): the other runs cannot spend it.
     compile_total = 0.0
     if "torch.compile" in chosen:
         compile_total = min(a.budget, 0.4 * a.budget if a.compile_budget is None else a.compile_budget)
+    if a.ab:  # mtnlg alone: no torch; the trainer's own peak on a GPU (its log line's MFU is not used)
+        a.peak_tflops = a.peak_tflops if a.peak_tflops > 0 else (1.0 if a.cpu else 0)
+        return run_ab(a, shapes, out)
     budget = Budget(a.budget - compile_total, a.per_run)
     compile_budget = CompileBudget(compile_total, a.per_run, a.compile_floor)
     overall_end = time.time() + a.budget
@@ -361,17 +430,6 @@ def main():
             a.peak_tflops, peak_what = 312.0, "A100 SXM dense bf16 peak, data sheet"
         else:
             sys.exit(f"gpu_bench: no known peak for {device_name}: pass --peak-tflops (PEAK_TFLOPS=)")
-
-    unknown = [x for x in a.rows.split(",") if a.rows and x not in [r[0] for r in ROWS]] + [
-        x for x in a.systems.split(",") if a.systems and x not in SYSTEMS + ["attention"]]
-    if unknown:
-        sys.exit(f"gpu_bench: unknown row or system {unknown}: rows {[r[0] for r in ROWS]}, systems {SYSTEMS + ['attention']}")
-    rows = [r for r in ROWS if not a.rows or r[0] in a.rows.split(",")]
-    shapes = {}
-    for name, L, C, H, T, B, desc in rows:
-        if a.tiny:
-            L, C, H, T, B = TINY[name]
-        shapes[name] = (L, C, H, T, B, TINY_VOCAB if a.tiny else VOCAB)
 
     t_start = time.time()
     results = {"device": device_name, "torch": a.torch["version"], "peak_tflops": a.peak_tflops, "peak": peak_what, "precision": a.precision,
@@ -526,4 +584,4 @@ def print_tables(res, a):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
