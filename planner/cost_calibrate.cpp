@@ -49,19 +49,26 @@ double loss(const std::vector<double>& pred, const std::vector<Observation>& run
   return s;
 }
 
-// Coarse grid over the free log-multipliers (factors e^-4 .. e^4; the latency e^-2 .. e^10:
-// on a loaded machine a message waits for a time slice, milliseconds against the
-// microseconds of an idle one; the slots e^-3 .. e^1), then coordinate search with halving
-// steps from the best grid point, within e^+-6 (latency e^-4 .. e^12, slots e^-4 .. e^3)
-// so that a constant the runs cannot see (a roofline term that never binds) does not run
-// away. `x` starts at 0 (no change) and ends at the best point found.
+// The log-multipliers' search ranges: the coarse grid (factors e^-4 .. e^4; the latency
+// e^-2 .. e^10: on a loaded machine a message waits for a time slice, milliseconds against
+// the microseconds of an idle one; the slots e^-3 .. e^1) and the bounds of the coordinate
+// search (e^+-6, latency e^-4 .. e^12, slots e^-4 .. e^3), so that a constant the runs
+// cannot see (a roofline term that never binds) does not run away. A physical fit narrows
+// the bounds (and with them the grid) to physical ranges.
+struct SearchBounds {
+  double lo[kParams] = {-4, -4, -4, -2, -3}, hi[kParams] = {4, 4, 4, 10, 1};
+  double lo_b[kParams] = {-6, -6, -6, -4, -4}, hi_b[kParams] = {6, 6, 6, 12, 3};
+};
+
+// Coarse grid over the free log-multipliers, then coordinate search with halving steps from
+// the best grid point, within the bounds. `x` starts at 0 (no change; brought inside the
+// bounds) and ends at the best point found.
 template <class Loss>
-void search_multipliers(const Loss& eval, const bool (&is_free)[kParams], double (&x)[kParams]) {
-  const double lo[kParams] = {-4, -4, -4, -2, -3}, hi[kParams] = {4, 4, 4, 10, 1};
-  const double lo_b[kParams] = {-6, -6, -6, -4, -4}, hi_b[kParams] = {6, 6, 6, 12, 3};
+void search_multipliers(const Loss& eval, const bool (&is_free)[kParams], const SearchBounds& b, double (&x)[kParams]) {
+  for (int k = 0; k < kParams; ++k) x[k] = is_free[k] ? std::clamp(x[k], b.lo_b[k], b.hi_b[k]) : x[k];
   double best = eval(x);
   int n[kParams];
-  for (int k = 0; k < kParams; ++k) n[k] = is_free[k] ? static_cast<int>(hi[k] - lo[k]) + 1 : 1;
+  for (int k = 0; k < kParams; ++k) n[k] = is_free[k] ? static_cast<int>(b.hi[k] - b.lo[k]) + 1 : 1;
   for (int i = 0; i < n[0]; ++i)
     for (int j = 0; j < n[1]; ++j)
       for (int k = 0; k < n[2]; ++k)
@@ -69,7 +76,7 @@ void search_multipliers(const Loss& eval, const bool (&is_free)[kParams], double
           for (int w = 0; w < n[4]; ++w) {
             const int idx[kParams] = {i, j, k, q, w};
             double y[kParams];
-            for (int d = 0; d < kParams; ++d) y[d] = is_free[d] ? lo[d] + idx[d] : 0.0;
+            for (int d = 0; d < kParams; ++d) y[d] = is_free[d] ? std::clamp(b.lo[d] + idx[d], b.lo_b[d], b.hi_b[d]) : x[d];
             const double l = eval(y);
             if (l < best) {
               best = l;
@@ -84,7 +91,7 @@ void search_multipliers(const Loss& eval, const bool (&is_free)[kParams], double
       for (double dir : {+1.0, -1.0}) {
         double y[kParams];
         std::copy(x, x + kParams, y);
-        y[k] = std::clamp(y[k] + dir * step, lo_b[k], hi_b[k]);
+        y[k] = std::clamp(y[k] + dir * step, b.lo_b[k], b.hi_b[k]);
         const double l = eval(y);
         if (l < best - 1e-15) {
           best = l;
@@ -122,11 +129,34 @@ CalibrationResult calibrate(const GpuSpec& base, const std::vector<Observation>&
   const int free_hw = static_cast<int>(std::min<size_t>(3, runs.size() - comm_params));
   const double slots0 = !slots_free ? 0.0 : base.compute_slots > 0 ? base.compute_slots : double(most);
   bool is_free[kParams] = {true, free_hw > 1, free_hw > 2, latency_free, slots_free};
+  // A physical base (a GPU with its data sheet's bandwidth): the GEMM efficiency stays a
+  // fraction of peak (<= 1), the bandwidth at most the data sheet's, the kernel overhead in
+  // kKernelOverheadRange; and the hardware multipliers are regularised toward the base's
+  // sourced constants (a Gaussian prior on their logs, widths kCalibrationPriorWidth against
+  // kCalibrationRunSigma per run), so that directions the runs cannot tell apart (a slower
+  // GEMM against a faster memory) stay where the sources put them. The `cpu` entry is only
+  // a starting point: its fits stay free.
+  const bool physical = base.hbm_peak_bw > 0;
+  SearchBounds bounds;
+  double prior_w[kParams] = {0, 0, 0, 0, 0};
+  if (physical) {
+    const double b_lo[3] = {-6, -6, std::log(kKernelOverheadRange[0] / base.kernel_overhead)};
+    const double b_hi[3] = {std::log(1.0 / base.gemm_eff_max), std::log(base.hbm_peak_bw / base.hbm_bw),
+                            std::log(kKernelOverheadRange[1] / base.kernel_overhead)};
+    for (int k = 0; k < 3; ++k) {
+      bounds.lo_b[k] = b_lo[k];
+      bounds.hi_b[k] = std::max(b_lo[k], b_hi[k]);
+      const double w = kCalibrationRunSigma / kCalibrationPriorWidth[k];
+      prior_w[k] = w * w;
+    }
+  }
   auto eval = [&](const double y[kParams]) {
-    return loss(predict(scaled(base, y, slots0), runs, gpus_per_node, software), runs);
+    double l = loss(predict(scaled(base, y, slots0), runs, gpus_per_node, software), runs);
+    for (int k = 0; k < kParams; ++k) l += prior_w[k] * y[k] * y[k];
+    return l;
   };
   double x[kParams] = {0, 0, 0, 0, 0};
-  search_multipliers(eval, is_free, x);
+  search_multipliers(eval, is_free, bounds, x);
   CalibrationResult r;
   r.gpu = scaled(base, x, slots0);
   r.compute_scale = std::exp(x[0]);
@@ -135,6 +165,13 @@ CalibrationResult calibrate(const GpuSpec& base, const std::vector<Observation>&
   r.latency_scale = std::exp(x[3]);
   r.compute_slots = r.gpu.compute_slots;
   r.free_parameters = free_hw + static_cast<int>(comm_params);
+  r.physical = physical;
+  if (physical) {
+    const char* names[3] = {"GEMM efficiency (at most 1 of peak)", "memory bandwidth (at most the data sheet's)",
+                            "kernel overhead"};
+    for (int k = 0; k < 3; ++k)
+      if (is_free[k] && (x[k] >= bounds.hi_b[k] - 1e-9 || x[k] <= bounds.lo_b[k] + 1e-9)) r.at_bound.push_back(names[k]);
+  }
   r.predicted = predict(r.gpu, runs, gpus_per_node, software);
   double s = 0;
   for (size_t i = 0; i < runs.size(); ++i) {

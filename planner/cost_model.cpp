@@ -26,17 +26,18 @@ constexpr double kCublasWorkspace = 32.0 * 1024 * 1024;  // the cuBLASLt workspa
 const std::vector<GpuSpec>& gpu_table() {
   // Fields: name, description, peak, gemm_eff_max, SMs, memory, HBM, NVLink bus, IB per GPU,
   // NVLink alpha, IB alpha, kernel overhead, compute slots, gemm_k_half, fused attention
-  // forward / backward FLOP/s (head dim 128, long sequences), attn_seq_half, attn_dim_half.
+  // forward / backward FLOP/s (head dim 128, long sequences), attn_seq_half, attn_dim_half,
+  // the data sheet's HBM bandwidth (hbm_peak_bw).
   static const std::vector<GpuSpec> table = {
       {"a100-80g", "NVIDIA A100 SXM 80GB, NVLink3 (DGX A100: 8x HDR 200 Gb/s HCAs)",
        312e12, 0.78, 108, 80.0 * kGiB, 0.85 * 2.039e12, 230e9, 23e9, 5e-6, 10e-6, 4e-6, 0, 64,
-       0.60 * 312e12, 0.50 * 312e12, 410, 124},
+       0.60 * 312e12, 0.50 * 312e12, 410, 124, 2.039e12},
       {"h100-80g", "NVIDIA H100 SXM 80GB, NVLink4 (DGX H100: 8x NDR 400 Gb/s HCAs)",
        989e12, 0.875, 132, 79.6 * kGiB, 0.85 * 3.35e12, 378e9, 46e9, 4e-6, 8e-6, 3e-6, 0, 512,
-       570e12, 550e12, 410, 124},
+       570e12, 550e12, 410, 124, 3.35e12},
       {"h200-141g", "NVIDIA H200 SXM 141GB, NVLink4 (8x NDR 400 Gb/s HCAs)",
        989e12, 0.875, 132, 140.4 * kGiB, 0.85 * 4.8e12, 378e9, 46e9, 4e-6, 8e-6, 3e-6, 0, 512,
-       570e12, 550e12, 410, 124},
+       570e12, 550e12, 410, 124, 4.8e12},
       // A starting point for `plan --calibrate` on CPU runs (fp32 OpenBLAS, MPI over shared
       // memory); its numbers only set the ratios the fit starts from, see docs/PLANNER.md.
       {"cpu", "this machine's CPU cores (fp32 OpenBLAS, MPI in shared memory): calibrate before use",

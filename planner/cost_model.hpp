@@ -53,6 +53,12 @@ struct GpuSpec {
   double attn_bwd_flops = 0;
   double attn_seq_half = 0;
   double attn_dim_half = 0;
+  // The data sheet's HBM bandwidth (bytes/s); 0 when there is none (the `cpu` starting
+  // point). A GPU with it is a physical description: `plan --calibrate RUN_DIR` keeps its
+  // fit inside physical ranges (gemm_eff_max <= 1, hbm_bw <= this, kernel overhead within
+  // kKernelOverheadRange) and regularises it toward these constants (docs/PLANNER.md
+  // "Calibration").
+  double hbm_peak_bw = 0;
 };
 
 // Throws InputError listing the valid names when `name` is unknown. Accepts the short
@@ -217,13 +223,28 @@ struct CalibrationResult {
   std::vector<double> predicted;  // per observation, seconds
   double rms_relative_error = 0;  // the fit's residual: sqrt(mean((pred/meas - 1)^2))
   int free_parameters = 0;        // how many of the four multipliers were fitted (<= observations)
+  // Physical fit (the base has hbm_peak_bw): the multipliers were bounded to physical ranges
+  // and pulled toward 1 by the prior below; `at_bound` names each constant the fit left at
+  // a physical limit (the data wanted it beyond: a mechanism the model lacks).
+  bool physical = false;
+  std::vector<std::string> at_bound;
 };
+// The prior of a physical fit: the widths (natural log of the multiplier, one standard
+// deviation) of the base's GEMM efficiency, HBM bandwidth and kernel overhead, against a
+// run's relative model-and-measurement error kCalibrationRunSigma. The fit minimises
+// sum_runs (log(pred/meas) / run_sigma)^2 + sum_constants (log(multiplier) / width)^2.
+constexpr double kCalibrationRunSigma = 0.03;
+constexpr double kCalibrationPriorWidth[3] = {0.25, 0.25, 0.7};
+// The range a GPU's per-kernel overhead is kept in by a physical fit (seconds): launch and
+// tail of a kernel on one stream, back to back (~1 us) to a launch-bound host (tens of us).
+constexpr double kKernelOverheadRange[2] = {0.5e-6, 100e-6};
 // Fits the GPU constants to measured runs: when at least two runs are given and one of
 // them has several processes, the communication latency, and with a second multi-process
 // run (and another run left) the compute slots; with the other runs, one: the
 // compute rate, two: compute and memory bandwidth, three or more: also the per-kernel
 // overhead; the others keep `base`'s values. Least squares on log(pred/meas) by grid and
-// coordinate search.
+// coordinate search; for a physical base (hbm_peak_bw > 0) bounded and regularised
+// (CalibrationResult::physical).
 CalibrationResult calibrate(const GpuSpec& base, const std::vector<Observation>& runs, int64_t gpus_per_node = 8,
                             const SoftwareProfile& software = software_profile("megatron-lm"));
 

@@ -213,6 +213,8 @@ void run_calibrate(const PlanArgs& a) {
                         {"latency_scale", res.latency_scale},
                         {"compute_slots", res.compute_slots},
                         {"free_parameters", res.free_parameters},
+                        {"physical", res.physical},
+                        {"at_bound", res.at_bound},
                         {"rms_relative_error", res.rms_relative_error}};
   nlohmann::json rj = nlohmann::json::array();
   for (size_t i = 0; i < runs.size(); ++i)
@@ -242,6 +244,13 @@ void run_calibrate(const PlanArgs& a) {
               res.gpu.kernel_overhead * 1e6);
   if (res.latency_scale != 1.0)
     std::printf("     communication latency x%.3g (%.3g us per step)\n", res.latency_scale, res.gpu.nvlink_alpha * 1e6);
+  if (res.physical) {
+    std::printf("     physical ranges: GEMM efficiency <= 1, bandwidth <= the data sheet's %.3g GB/s (%.2f of it), "
+                "kernel overhead %.2g..%.3g us; regularised toward %s\n",
+                base.hbm_peak_bw / 1e9, res.gpu.hbm_bw / base.hbm_peak_bw, cost::kKernelOverheadRange[0] * 1e6,
+                cost::kKernelOverheadRange[1] * 1e6, base.name.c_str());
+    for (auto& b : res.at_bound) std::printf("     at its physical limit: %s\n", b.c_str());
+  }
   if (res.compute_slots > 0)
     std::printf("     compute slots %.3g (processes of a node that compute at full speed at once)\n", res.compute_slots);
   std::printf("residual: %.2f%% rms relative error\n", 100.0 * res.rms_relative_error);

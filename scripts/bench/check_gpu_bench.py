@@ -4,7 +4,9 @@ every model row has every system; mtnlg (both backends) and PyTorch eager have n
 tokens/s and MFUs, the mtnlg rows a numeric ratio to PyTorch; torch.compile is numeric or
 says why not (n/a); llm.c says "not run"; the attention table has one row per model with
 numbers ("fwd+bwd (fwd)" ms) for mtnlg's two forms and PyTorch. No timing thresholds.
-  usage: check_gpu_bench.py OUTPUT.txt    (exit 0 and "gpu_bench table: ok" when it holds)"""
+  usage: check_gpu_bench.py OUTPUT.txt    (exit 0 and "gpu_bench table: ok" when it holds)
+         check_gpu_bench.py --ab OUTPUT.txt   (gpu_bench.sh --ab: a line "ab NAME B/A RATIO | ..."
+                                              with a number for every switch of gpu_bench.SWITCHES)"""
 import re
 import sys
 
@@ -18,7 +20,29 @@ def cells(line):
     return [c.strip() for c in line.strip().strip("|").split("|")]
 
 
+def check_ab(path):
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from gpu_bench import SWITCHES
+
+    lines = open(path).read().splitlines()
+    errors = []
+    for name, (a, *_), (b, *_) in SWITCHES:
+        got = [l.split() for l in lines if l.startswith(f"ab {name} ")]
+        if not got:
+            errors.append(f"no line for the switch {name}")
+        elif got[0][2] != f"{b}/{a}" or not NUM.match(got[0][3]):
+            errors.append(f"switch {name}: expected 'ab {name} {b}/{a} RATIO', got {' '.join(got[0])!r}")
+    for e in errors:
+        print("FAIL", e)
+    print("gpu_bench ab: ok" if not errors else f"gpu_bench ab: {len(errors)} problem(s)")
+    return 1 if errors else 0
+
+
 def main():
+    if sys.argv[1] == "--ab":
+        return check_ab(sys.argv[2])
     text = open(sys.argv[1]).read()
     errors = []
     rows = {}

@@ -51,6 +51,19 @@ TINY_VOCAB = 512
 # that says whether the fusion is worth having on this GPU.
 SYSTEMS = ["mtnlg unfused", "mtnlg unfused (GELU kernel)", "mtnlg flash", "PyTorch eager", "torch.compile", "llm.c"]
 
+# The switches measured as A/B pairs on one row (--ab; scripts/gpu/proof.sh runs them on the
+# same machine as the rest of the proof and puts each ratio in its summary). A switch is one
+# line: its name, then side A and side B, each (label, `--set` overrides of mtnlg train,
+# environment); the ratio reported is B's tokens/s over A's. A later switch, e.g.
+#   ("cuda-graphs", ("off", [], {"MTNLG_CUDA_GRAPHS": "0"}), ("on", [], {"MTNLG_CUDA_GRAPHS": "1"})),
+# is one more line here; scripts/gpu/check_proof.py reads this list.
+SWITCHES = [
+    # on CUDA the flash form is whatever the binary computes it with (cuDNN's fused attention once built)
+    ("attention", ("unfused", ["model.attention_backend=unfused"], {}), ("flash", ["model.attention_backend=flash"], {})),
+    # cuBLASLt's GELU epilogues against the GEMM + mtnlg's GELU and bias-gradient kernels (bf16/fp16)
+    ("gelu", ("epilogue", [], {}), ("kernel", [], {"MTNLG_GELU_EPILOGUE": "0"})),
+]
+
 
 def flops72(L, C, T, V):
     return 72.0 * L * C * C * (1 + T / (6.0 * C) + V / (12.0 * L * C))
@@ -65,18 +78,62 @@ def flops6n(L, C, T, V):
 
 
 class Budget:
-    """The whole run's wall-clock allowance; each run gets what is left (at most per_run)."""
+    """A wall-clock allowance; each run gets what is left (at most per_run). `clock` is
+    replaceable for the tests (scripts/bench/test_gpu_bench_budget.py)."""
 
-    def __init__(self, total, per_run):
-        self.end, self.per_run = time.time() + total, per_run
+    def __init__(self, total, per_run, clock=time.time):
+        self.clock = clock
+        self.end, self.per_run = clock() + total, per_run
 
     def left(self):
-        return min(self.per_run, self.end - time.time())
+        return min(self.per_run, self.end - self.clock())
 
 
-def run(cmd, budget, env=None, cwd=None):
-    """(returncode or 'timeout' or 'skipped', stdout, stderr)."""
-    t = budget.left()
+class CompileBudget:
+    """torch.compile's own time, apart from the other systems' (whose runs cannot eat it):
+    its rows run after every other run, smallest model first, and each row may use a fair
+    share of what is left of this allowance (what is left / the rows still to run; the
+    last row gets all of it), at least `floor` while that much is left, at most per_run.
+    Compilation happens in the excluded warm-up
+    (torch_gpt_step.py times it apart), so a row's allowance pays for its compilation and
+    its timed steps. A row whose share is under `floor` seconds is skipped, saying so,
+    instead of being started to time out."""
+
+    def __init__(self, total, per_run, floor=20.0, clock=time.time):
+        self.total, self.per_run, self.floor, self.clock = total, per_run, floor, clock
+        self.end = None
+        self.used = []  # (row, allowance s, seconds used, compile s or None, outcome)
+
+    def start(self, total=None):
+        """Begins the column: its clock runs from now, over `total` (default: the allowance)."""
+        if total is not None:
+            self.total = total
+        self.end = self.clock() + self.total
+
+    def left(self):
+        return max(0.0, self.end - self.clock())
+
+    def share(self, rows_left):
+        """This row's allowance: its fair share, raised to the floor while that much is
+        left (a small model's row, which runs first, is not starved by a large share
+        count), at most per_run; under the floor only when less than that is left."""
+        fair = self.left() / max(1, rows_left)
+        return min(self.per_run, max(fair, min(self.floor, self.left())))
+
+    def record(self, row, allowance, seconds, compile_s, outcome):
+        self.used.append((row, allowance, seconds, compile_s, outcome))
+
+
+def compile_order(rows):
+    """torch.compile's rows, the cheapest to compile first (compilation grows with the
+    layer count, then with the width): what runs out of budget is the largest model."""
+    return sorted(rows, key=lambda r: (r[1], r[2]))
+
+
+def run(cmd, budget, env=None, cwd=None, seconds=None):
+    """(returncode or 'timeout' or 'skipped', stdout, stderr). `seconds`: this run's limit
+    instead of what `budget` has left. A run that times out keeps what it printed."""
+    t = budget.left() if seconds is None else seconds
     if t < 5:
         return "skipped", "", "time budget spent"
     # Its own process group, so that a timeout also ends its children (torch.compile's workers).
@@ -87,14 +144,15 @@ def run(cmd, budget, env=None, cwd=None):
         return p.returncode, out, err
     except subprocess.TimeoutExpired:
         os.killpg(p.pid, signal.SIGKILL)
-        p.communicate()
-        return "timeout", "", f"over {t:.0f} s"
+        out, err = p.communicate()
+        return "timeout", out, (err or "") + f"\nover {t:.0f} s"
 
 
 def failure(rc, out, err):
     """One table cell saying why a run has no number (no '|': it goes into a Markdown table)."""
     if rc in ("skipped", "timeout"):
-        return f"{rc} ({err})"
+        last = [l for l in err.strip().splitlines() if l.strip()]
+        return f"{rc} ({last[-1] if last else ''})".replace("|", "/")
     tail = [l for l in (err + out).strip().splitlines() if l.strip()]
     return f"failed (exit {rc}: {tail[-1][:100] if tail else 'no output'})".replace("|", "/")
 
@@ -142,15 +200,18 @@ logging:
     path.write_text(text)
 
 
-def bench_mtnlg(a, shape, backend, out, budget, tag="", env=None):
-    run_dir = out / f"mtnlg-{backend}{tag}-{shape[0]}x{shape[1]}x{shape[3]}"
+def bench_mtnlg(a, shape, backend, out, budget, tag="", env=None, sets=(), name=None):
+    run_dir = out / f"{name or 'mtnlg-' + backend}{tag}-{shape[0]}x{shape[1]}x{shape[3]}"
     recipe = run_dir.with_suffix(".yaml")
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     mtnlg_recipe(recipe, shape, a, backend, run_dir)
-    rc, o, e = run([a.mtnlg, "train", str(recipe), "--quiet"], budget, env=None if env is None else {**os.environ, **env})
+    cmd = [a.mtnlg, "train", str(recipe), "--quiet"] + [x for kv in sets for x in ("--set", kv)]
+    rc, o, e = run(cmd, budget, env=None if not env else {**os.environ, **env})
     (run_dir.parent / (run_dir.name + ".log")).write_text(o + e)
     if rc != 0:
         return {"error": failure(rc, o, e)}
+    if not (run_dir / "metrics.jsonl").exists():
+        return {"error": "failed (no metrics.jsonl)"}
     rows = [json.loads(l) for l in open(run_dir / "metrics.jsonl")]
     timed = [r for r in rows if r.get("iteration", 0) > a.warmup and "tokens_per_s" in r]
     if not timed:
@@ -169,7 +230,11 @@ def torch_cmd(a):
     )
 
 
-def bench_torch(a, shape, compiled, budget):
+FIRST_STEP = re.compile(r"^torch_gpt_step: first step ([\d.]+) s", re.M)
+
+
+def bench_torch(a, shape, compiled, budget, seconds=None):
+    """One PyTorch run. `seconds`: its limit (torch.compile's share of its own budget)."""
     L, C, H, T, B, V = shape
     # The padded vocabulary mtnlg computes with (make_vocab_size_divisible_by), tokens below the real one.
     Vp = VOCAB_PADDED if V == VOCAB else V
@@ -180,18 +245,28 @@ def bench_torch(a, shape, compiled, budget):
         if not a.torch["compile"]:
             return {"error": f"n/a: torch {a.torch['version']} has no torch.compile"}
         cmd += ["--compile", f"--compile-backend={a.compile_backend}"]
-    rc, o, e = run(cmd, budget)
+    rc, o, e = run(cmd, budget, seconds=seconds)
     lines = [l for l in o.splitlines() if l.startswith("{")]
     res = json.loads(lines[-1]) if lines else {}
     if rc == 3 and "error" in res:
         return {"error": "n/a: " + res["error"]}
     if rc != 0 or not res:
-        return {"error": failure(rc, o, e)}
+        v = {"error": failure(rc, o, e)}
+        first = FIRST_STEP.search(e)  # the first step (the compilation) ended before the limit
+        if compiled and rc == "timeout":
+            v["compile_s"] = float(first.group(1)) if first else None
+            v["error"] = (f"timeout (own budget {seconds:.0f} s: compiled in {first.group(1)} s, the steps did not finish)" if first
+                          else f"timeout (own budget {seconds:.0f} s: still compiling)")
+        return v
     notes = [res["attention"], "AdamW " + res["adamw"]]
+    v = {"tokens_per_s": res["tokens_per_s"], "step_s": res["step_s"], "peak_memory_bytes": res.get("peak_memory_bytes", 0)}
     if compiled:
-        notes.append(f"compile backend {res.get('compile')}, {res['warmup_s']:.0f} s warm-up excluded")
-    return {"tokens_per_s": res["tokens_per_s"], "step_s": res["step_s"], "note": "; ".join(notes),
-            "peak_memory_bytes": res.get("peak_memory_bytes", 0)}
+        v["compile_s"] = res.get("first_step_s")
+        v["warmup_s"] = res.get("warmup_s")
+        notes.append(f"compile backend {res.get('compile')}: first step (compilation) {res.get('first_step_s', 0):.1f} s, "
+                     f"warm-up {res['warmup_s']:.0f} s, both excluded")
+    v["note"] = "; ".join(notes)
+    return v
 
 
 def llmc_tokens(path, n):
@@ -230,6 +305,45 @@ def bench_llmc(a, shape, descriptor, out, budget):
     return {"tokens_per_s": B * T / step, "step_s": step, "note": f"-e {descriptor} -r 0"}
 
 
+def run_ab(a, shapes, out):
+    """--ab: every switch of SWITCHES on the first selected row, mtnlg only (no torch needed).
+    Rounds alternate the order (A B, then B A, ...) and go over all the switches before the
+    next round, so that drift on the machine cancels and a budget that runs out still
+    leaves each switch a round. One line per switch, "ab NAME B/A RATIO | ...", and
+    results-ab.json; the exit status is the number of switches without a ratio."""
+    budget = Budget(a.budget, a.per_run)
+    name = next(iter(shapes))
+    shape = shapes[name]
+    got = {sw[0]: {sw[1][0]: [], sw[2][0]: []} for sw in SWITCHES}
+    errs = {sw[0]: {} for sw in SWITCHES}
+    for r in range(a.ab_rounds):
+        for sw_name, side_a, side_b in SWITCHES:
+            for label, sets, env in ((side_a, side_b) if r % 2 == 0 else (side_b, side_a)):
+                v = bench_mtnlg(a, shape, "unfused", out, budget, f"-r{r + 1}", env, sets, f"ab-{sw_name}-{label}")
+                if "tokens_per_s" in v:
+                    got[sw_name][label].append(v["tokens_per_s"])
+                else:
+                    errs[sw_name][label] = v["error"]
+    results, missing = {"row": name, "shape": shape, "rounds": a.ab_rounds, "warmup": a.warmup, "iters": a.iters,
+                        "switches": {}}, 0
+    L, C, H, T, B, V = shape
+    for sw_name, side_a, side_b in SWITCHES:
+        la, lb = side_a[0], side_b[0]
+        ta, tb = median_of(got[sw_name][la]), median_of(got[sw_name][lb])
+        ratio = tb / ta if ta and tb else None
+        results["switches"][sw_name] = {"a": la, "b": lb, la: got[sw_name][la], lb: got[sw_name][lb], "ratio": ratio,
+                                        "errors": errs[sw_name]}
+        sides = "; ".join(f"{lab} {fmt(t)} tok/s" if t else f"{lab}: {errs[sw_name].get(lab, 'no run')}"
+                          for lab, t in ((la, ta), (lb, tb)))
+        rounds = f"{len(got[sw_name][la])}+{len(got[sw_name][lb])} runs"
+        print(f"ab {sw_name:<12} {lb + '/' + la:<18} {f'{ratio:.3f}' if ratio else 'n/a':>6} | {sides} "
+              f"({name}: {L}x{C}, s {T}, batch {B}; {rounds}, median of {a.iters} steps after {a.warmup}, order alternated)",
+              flush=True)
+        missing += ratio is None
+    (out / "results-ab.json").write_text(json.dumps(results, indent=1))
+    return missing
+
+
 PROBE = """import json, torch
 print(json.dumps({"version": torch.__version__, "compile": hasattr(torch, "compile"),
                   "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}))"""
@@ -257,7 +371,15 @@ def main():
     ap.add_argument("--peak-tflops", type=float, default=0, help="the MFU peak (default: the GPU's dense bf16 peak)")
     ap.add_argument("--compile-backend", default="")
     ap.add_argument("--budget", type=float, default=540, help="seconds for the whole run; later runs are skipped")
+    ap.add_argument("--compile-budget", type=float, default=None,
+                    help="seconds of --budget kept for torch.compile's rows (default 40%%); the other runs share the "
+                         "rest, and what they leave unused goes to torch.compile too")
+    ap.add_argument("--compile-floor", type=float, default=20,
+                    help="seconds below which a torch.compile row is skipped rather than started")
     ap.add_argument("--per-run", type=float, default=240, help="seconds at most for one run")
+    ap.add_argument("--ab", action="store_true",
+                    help="instead of the table: each switch of SWITCHES as an A/B pair on the first --rows row (mtnlg only)")
+    ap.add_argument("--ab-rounds", type=int, default=2, help="--ab: runs per side of each switch, the order alternated")
     ap.add_argument("--out", default="gpu-bench-out", help="folder for recipes, run dirs, logs and results.json")
     a = ap.parse_args()
     a.device = "cpu" if a.cpu else "cuda"
@@ -269,7 +391,27 @@ def main():
     a.compile_backend = a.compile_backend or ("eager" if a.tiny else "inductor")
     out = Path(a.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    budget = Budget(a.budget, a.per_run)
+    unknown = [x for x in a.rows.split(",") if a.rows and x not in [r[0] for r in ROWS]] + [
+        x for x in a.systems.split(",") if a.systems and x not in SYSTEMS + ["attention"]]
+    if unknown:
+        sys.exit(f"gpu_bench: unknown row or system {unknown}: rows {[r[0] for r in ROWS]}, systems {SYSTEMS + ['attention']}")
+    rows = [r for r in ROWS if not a.rows or r[0] in a.rows.split(",")]
+    shapes = {}
+    for name, L, C, H, T, B, desc in rows:
+        if a.tiny:
+            L, C, H, T, B = TINY[name]
+        shapes[name] = (L, C, H, T, B, TINY_VOCAB if a.tiny else VOCAB)
+    chosen = a.systems.split(",") if a.systems else SYSTEMS + ["attention"]
+    # torch.compile's own budget (CompileBudget): the other runs cannot spend it.
+    compile_total = 0.0
+    if "torch.compile" in chosen:
+        compile_total = min(a.budget, 0.4 * a.budget if a.compile_budget is None else a.compile_budget)
+    if a.ab:  # mtnlg alone: no torch; the trainer's own peak on a GPU (its log line's MFU is not used)
+        a.peak_tflops = a.peak_tflops if a.peak_tflops > 0 else (1.0 if a.cpu else 0)
+        return run_ab(a, shapes, out)
+    budget = Budget(a.budget - compile_total, a.per_run)
+    compile_budget = CompileBudget(compile_total, a.per_run, a.compile_floor)
+    overall_end = time.time() + a.budget
 
     probe = subprocess.run([a.python, "-c", PROBE], capture_output=True, text=True)
     if probe.returncode != 0:
@@ -289,22 +431,10 @@ def main():
         else:
             sys.exit(f"gpu_bench: no known peak for {device_name}: pass --peak-tflops (PEAK_TFLOPS=)")
 
-    unknown = [x for x in a.rows.split(",") if a.rows and x not in [r[0] for r in ROWS]] + [
-        x for x in a.systems.split(",") if a.systems and x not in SYSTEMS + ["attention"]]
-    if unknown:
-        sys.exit(f"gpu_bench: unknown row or system {unknown}: rows {[r[0] for r in ROWS]}, systems {SYSTEMS + ['attention']}")
-    rows = [r for r in ROWS if not a.rows or r[0] in a.rows.split(",")]
-    shapes = {}
-    for name, L, C, H, T, B, desc in rows:
-        if a.tiny:
-            L, C, H, T, B = TINY[name]
-        shapes[name] = (L, C, H, T, B, TINY_VOCAB if a.tiny else VOCAB)
-
     t_start = time.time()
     results = {"device": device_name, "torch": a.torch["version"], "peak_tflops": a.peak_tflops, "peak": peak_what, "precision": a.precision,
                "warmup": a.warmup, "iters": a.iters, "date": time.strftime("%Y-%m-%d %H:%M:%S"), "rows": {}, "attention": []}
 
-    chosen = a.systems.split(",") if a.systems else SYSTEMS + ["attention"]
     # Attention micro-benchmark first: seconds, and the shapes of the rows below.
     att_shapes = [(s[4], s[3], s[2], s[1] // s[2]) for s in shapes.values()] if "attention" in chosen else []
     torch_att = []
@@ -336,24 +466,55 @@ def main():
         "mtnlg flash": lambda shape, desc: bench_mtnlg(a, shape, "flash", out, budget),
         "PyTorch eager": lambda shape, desc: bench_torch(a, shape, False, budget),
         "llm.c": lambda shape, desc: bench_llmc(a, shape, desc, out, budget),
-        "torch.compile": lambda shape, desc: bench_torch(a, shape, True, budget),
     }
-    # torch.compile last, over every row: its compilation is the longest part, and when the
-    # budget runs out it is the column to lose (rerun it alone with --systems torch.compile).
-    for phase in (["mtnlg unfused", "mtnlg unfused (GELU kernel)", "mtnlg flash", "PyTorch eager", "llm.c"], ["torch.compile"]):
-        for name, *_rest, desc in rows:
-            shape = shapes[name]
-            L, C, H, T, B, V = shape
-            Vp = VOCAB_PADDED if V == VOCAB else V
-            row = results["rows"].setdefault(
-                name, {"shape": {"layers": L, "hidden": C, "heads": H, "seq": T, "batch": B, "vocab": Vp}, "systems": {}})
-            for k in phase:
-                v = runners[k](shape, desc) if k in chosen else {"error": "not selected (--systems)"}
-                if "tokens_per_s" in v:
-                    v["mfu72"] = v["tokens_per_s"] * flops72(L, C, T, Vp) / (a.peak_tflops * 1e12)
-                    v["mfu6n"] = v["tokens_per_s"] * flops6n(L, C, T, Vp) / (a.peak_tflops * 1e12)
-                row["systems"][k] = v
-            print(f"gpu_bench: {name}: {', '.join(phase)} done ({time.time() - t_start:.0f} s)", file=sys.stderr, flush=True)
+    others = ["mtnlg unfused", "mtnlg unfused (GELU kernel)", "mtnlg flash", "PyTorch eager", "llm.c"]
+
+    def row_entry(name):
+        L, C, H, T, B, V = shapes[name]
+        Vp = VOCAB_PADDED if V == VOCAB else V
+        return results["rows"].setdefault(
+            name, {"shape": {"layers": L, "hidden": C, "heads": H, "seq": T, "batch": B, "vocab": Vp}, "systems": {}})
+
+    def put(name, k, v):
+        L, C, H, T, B, V = shapes[name]
+        Vp = VOCAB_PADDED if V == VOCAB else V
+        if "tokens_per_s" in v:
+            v["mfu72"] = v["tokens_per_s"] * flops72(L, C, T, Vp) / (a.peak_tflops * 1e12)
+            v["mfu6n"] = v["tokens_per_s"] * flops6n(L, C, T, Vp) / (a.peak_tflops * 1e12)
+        row_entry(name)["systems"][k] = v
+
+    for name, *_rest, desc in rows:
+        row_entry(name)
+        for k in others:
+            put(name, k, runners[k](shapes[name], desc) if k in chosen else {"error": "not selected (--systems)"})
+        print(f"gpu_bench: {name}: {', '.join(others)} done ({time.time() - t_start:.0f} s)", file=sys.stderr, flush=True)
+
+    # torch.compile last, on its own budget (CompileBudget): what the other runs left of
+    # the whole budget, at least --compile-budget; smallest model first, each row a fair
+    # share of what is left. Rerun the column alone with --systems torch.compile.
+    compile_rows = compile_order([(name, *shapes[name]) for name, *_ in rows])
+    compile_budget.start(max(compile_total, overall_end - time.time()) if "torch.compile" in chosen else 0.0)
+    for i, (name, *shape) in enumerate(compile_rows):
+        if "torch.compile" not in chosen:
+            put(name, "torch.compile", {"error": "not selected (--systems)"})
+            continue
+        if not a.torch["compile"]:
+            put(name, "torch.compile", {"error": f"n/a: torch {a.torch['version']} has no torch.compile"})
+            continue
+        share, t0 = compile_budget.share(len(compile_rows) - i), time.time()
+        if share < compile_budget.floor:
+            v = {"error": f"skipped (torch.compile's own budget: {compile_budget.left():.0f} s left of "
+                          f"{compile_budget.total:.0f} s, under the {compile_budget.floor:.0f} s a row needs at least)"}
+        else:
+            v = bench_torch(a, tuple(shape), True, budget, seconds=share)
+        outcome = "timed" if "tokens_per_s" in v else v["error"].split(" ")[0]
+        compile_budget.record(name, share, time.time() - t0, v.get("compile_s"), outcome)
+        put(name, "torch.compile", v)
+        print(f"gpu_bench: {name}: torch.compile {outcome} ({share:.0f} s allowed, {time.time() - t0:.0f} s used; "
+              f"{time.time() - t_start:.0f} s)", file=sys.stderr, flush=True)
+    results["compile_budget"] = {"reserved_s": compile_total, "total_s": compile_budget.total,
+                                 "rows": [{"row": r, "allowed_s": al, "used_s": u, "compile_s": c, "outcome": o}
+                                          for r, al, u, c, o in compile_budget.used]}
 
     results["elapsed_s"] = time.time() - t_start
     (out / "results.json").write_text(json.dumps(results, indent=1))
@@ -392,6 +553,15 @@ def print_tables(res, a):
             note = "; ".join(note)
             print(f"| {name} | {shape} | {k} | {fmt(v['tokens_per_s'])} | {100 * v['mfu72']:.2f}% | {100 * v['mfu6n']:.2f}% | "
                   f"{vs_t} | {vs_l} | {note} |")
+    cb = res.get("compile_budget")
+    if cb and cb["rows"]:
+        print()
+        used = "; ".join(f"{r['row']}: {r['allowed_s']:.0f} s allowed, {r['used_s']:.0f} s used"
+                         + (f" (compilation {r['compile_s']:.1f} s)" if r.get("compile_s") else "")
+                         + ("" if r["outcome"] == "timed" else f", {r['outcome']}") for r in cb["rows"])
+        print(f"torch.compile: its own budget, {cb['total_s']:.0f} s ({cb['reserved_s']:.0f} s reserved by --compile-budget, "
+              f"the rest left by the other runs), smallest model first, each row a fair share of what was left; "
+              f"compilation is in the excluded warm-up. {used}.")
     print()
     print("Attention alone, causal, the gradient into the packed qkv: forward + backward ms (forward ms), medians;")
     print("the ratio is mtnlg's faster form over PyTorch, forward + backward.")
@@ -414,4 +584,4 @@ def print_tables(res, a):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

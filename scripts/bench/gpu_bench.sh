@@ -4,8 +4,10 @@
 # each attention backend (unfused, flash), PyTorch eager (SDPA, fused AdamW), torch.compile
 # and llm.c, with the ratios; then mtnlg's attention op alone against PyTorch's flash SDPA.
 # Written for a GPU machine whose commands may run at most 10 minutes: a 540 s budget
-# (--budget) skips the runs that no longer fit, torch.compile's last. The details are in
-# scripts/bench/gpu_bench.py.
+# (--budget) skips the runs that no longer fit. torch.compile has its own part of it
+# (--compile-budget, default 40%, plus whatever the other runs leave): its rows run last,
+# smallest model first, each a fair share; its compilation is timed apart and excluded.
+# The details are in scripts/bench/gpu_bench.py.
 #
 #   on the GPU machine, from the repository root, with the bundle of
 #   `MTNLG_BUNDLE=bench scripts/gpu/build-bundle.sh` carried as .gpu/:
@@ -18,7 +20,7 @@
 # LLMC_BIN: a prebuilt llm.c train_gpt2cu (never fetched here; without it the llm.c column
 # says "not run"), LLMC_FLAGS: extra train_gpt2cu options, PEAK_TFLOPS: the MFU peak for a
 # GPU outside the table (H100/H200 SXM 989, A100 SXM 312). Other options pass through to
-# gpu_bench.py (--warmup, --iters, --budget, --per-run, --precision).
+# gpu_bench.py (--warmup, --iters, --budget, --compile-budget, --per-run, --precision).
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$repo"

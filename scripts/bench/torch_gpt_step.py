@@ -20,7 +20,8 @@ tied output layer) and AdamW with gradient clipping, timing whole optimizer step
       also keeps fp32 master weights), --sdpa scaled_dot_product_attention(is_causal=True),
       --fused-adamw AdamW(fused=True), --compile torch.compile of the model. Prints one JSON
       line: median step seconds of the --iters steps after --warmup, tokens/s, the parameter
-      count and what actually ran (a feature this torch lacks falls back, and says so).
+      count, the first step's seconds apart (first_step_s: under --compile, the compilation;
+      also said on stderr as soon as it is done), the whole warm-up's, and what actually ran (a feature this torch lacks falls back, and says so).
 """
 import argparse
 import json
@@ -94,8 +95,9 @@ def make_adamw(params, fused):
 
 
 def run_steps(model, opt, idx, tgt, steps, sync, autocast):
-    """Times `steps` optimizer steps; returns each step's seconds."""
-    times = []
+    """Times `steps` optimizer steps (none is allowed); returns each step's seconds and the
+    last loss (None without a step)."""
+    times, loss = [], None
     for _ in range(steps):
         sync()
         t0 = time.perf_counter()
@@ -107,7 +109,7 @@ def run_steps(model, opt, idx, tgt, steps, sync, autocast):
         opt.step()
         sync()
         times.append(time.perf_counter() - t0)
-    return times, float(loss)
+    return times, None if loss is None else float(loss)
 
 
 def flash_only():
@@ -231,8 +233,16 @@ def main():
     ran["vocab"] = f"{a.vocab} ({valid} used)"
     idx = torch.randint(0, valid, (a.batch, a.seq), device=dev)
     tgt = torch.randint(0, valid, (a.batch, a.seq), device=dev)
+    # The first step apart: under --compile it is where torch.compile traces and compiles
+    # (forward at the first call, backward at the first backward). Said on stderr at once,
+    # so that a caller that stops this run at its time limit knows whether it got past it.
+    # Under --compile the first step is always a warm-up step, whatever --warmup says.
+    n_first = 1 if a.compile or a.warmup > 0 else 0
     t0 = time.perf_counter()
-    run_steps(step_model, opt, idx, tgt, a.warmup, sync, autocast)
+    run_steps(step_model, opt, idx, tgt, n_first, sync, autocast)
+    first_s = time.perf_counter() - t0
+    print(f"torch_gpt_step: first step {first_s:.1f} s" + (" (compilation)" if a.compile else ""), file=sys.stderr, flush=True)
+    run_steps(step_model, opt, idx, tgt, max(0, a.warmup - n_first), sync, autocast)
     warm_s = time.perf_counter() - t0
     times, loss = run_steps(step_model, opt, idx, tgt, a.iters, sync, autocast)
     step = statistics.median(times)
@@ -241,6 +251,7 @@ def main():
         "step_s": step,
         "tokens_per_s": a.batch * a.seq / step,
         "params": sum(p.numel() for p in model.parameters()),
+        "first_step_s": first_s,
         "warmup_s": warm_s,
         "loss": loss,
         "steps_s": times,

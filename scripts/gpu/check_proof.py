@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Checks what scripts/gpu/proof.sh left in its --out folder: every step reported with a
-verdict, the count line, and one archive holding every step's log. Used by the CI test
+verdict, the count line, one "ab NAME B/A RATIO" line for each A/B switch of
+scripts/bench/gpu_bench.py's SWITCHES, and one archive holding every step's log. Used by the CI test
 gpu.proof-dry-run (a GPU-less machine, where every step must be reported as failed) and
 usable after a real run.
 
@@ -11,7 +12,10 @@ import tarfile
 from pathlib import Path
 
 STEPS = ["core", "core-large", "model", "parallel", "memcheck-core", "racecheck-attn", "memcheck-train",
-         "train-proof", "bench"]
+         "train-proof", "ab", "bench"]
+# The A/B switches: the list gpu_bench.py measures (one line each there, one line each here).
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+from gpu_bench import SWITCHES  # noqa: E402
 
 
 def main():
@@ -29,6 +33,15 @@ def main():
             problems.append(f"step {s} has no verdict line")
         elif expect_fail and verdicts[s] != "FAIL":
             problems.append(f"step {s} says {verdicts[s]} on a machine without a GPU")
+    # Every switch has its line: "ab NAME B/A RATIO | ..." (RATIO a number, or n/a without a GPU).
+    for name, (a, *_), (b, *_) in SWITCHES:
+        lines = [l.split() for l in summary if l.startswith(f"ab {name} ")]
+        if not lines:
+            problems.append(f"no A/B line for the switch {name}")
+        elif lines[0][2] != f"{b}/{a}" or not (lines[0][3] == "n/a" or lines[0][3].replace(".", "", 1).isdigit()):
+            problems.append(f"A/B line for {name} is not 'ab {name} {b}/{a} RATIO': {' '.join(lines[0])!r}")
+        elif expect_fail and lines[0][3] != "n/a":
+            problems.append(f"A/B switch {name} has a ratio on a machine without a GPU")
     failed = sum(v == "FAIL" for v in verdicts.values())
     if f"{failed} of {len(STEPS)} steps failed" not in "\n".join(summary):
         problems.append(f"no line '{failed} of {len(STEPS)} steps failed'")

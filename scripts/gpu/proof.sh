@@ -20,7 +20,12 @@
 #   memcheck-train  compute-sanitizer memcheck over a bf16 `mtnlg train` of tiny-mock
 #                   (3 iterations): ERROR SUMMARY: 0 errors
 #   train-proof     scripts/gpu/train-proof.sh "tiny resume hf infer mem13b"
-# Phase B then runs scripts/bench/gpu_bench.sh alone with what is left of the budget.
+# Phase B then runs, alone, on the same machine:
+#   ab              gpu_bench.sh --ab: every switch of gpu_bench.py's SWITCHES (attention
+#                   unfused/flash, GELU epilogue/kernel, ...) as an A/B pair on the GPT-2
+#                   124M row, few steps, order alternated; one "ab NAME B/A RATIO" line each
+#                   in the summary (at most 100 s, 40% of what phase A left)
+#   bench           scripts/bench/gpu_bench.sh with what is left of the budget.
 # Every [gpu] case runs with MTNLG_REQUIRE_GPU=1: no device is a failure, not a skip.
 #
 # Output in --out (default proof-out): summary.txt (the GPU, then one line per step: PASS or
@@ -110,6 +115,20 @@ start train-proof env MTNLG_PROOF_BIN="$(bin mtnlg)" MTNLG_PROOF_DIR="$logs/trai
 for name in "${steps[@]}"; do wait "${pid[$name]}" 2>/dev/null; done
 
 # ---- phase B: speed, alone ----------------------------------------------------------------
+# The A/B switches first, small (one row, few steps): each is a ratio in the summary.
+if want ab; then
+  steps+=(ab)
+  left=$(( budget - (SECONDS - t_start) - 15 ))
+  ab_budget=$(( left * 2 / 5 < 100 ? left * 2 / 5 : 100 ))
+  [ "$ab_budget" -lt 20 ] || [ "$dry" = 1 ] && ab_budget=20
+  ab_args=(--ab --rows "GPT-2 124M" --warmup 2 --iters 4 --ab-rounds 2 --out "$out/bench-ab" --budget "$ab_budget")
+  [ "$dry" = 1 ] && ab_args+=(--warmup 0 --iters 1 --ab-rounds 1)
+  echo "[$((SECONDS - t_start))s] phase B: A/B switches (alone, ${ab_budget} s)"
+  t0=$SECONDS
+  MTNLG_BIN="$(bin mtnlg)" ATTN_BENCH="" timeout --kill-after=10 "$(( ab_budget + 10 ))" \
+    bash scripts/bench/gpu_bench.sh "${ab_args[@]}" >"$logs/ab.log" 2>&1
+  echo "$? $((SECONDS - t0))" >"$logs/ab.rc"
+fi
 if want bench; then
   steps+=(bench)
   left=$(( budget - (SECONDS - t_start) - 15 ))
@@ -137,6 +156,7 @@ verdict() {  # verdict NAME -> "PASS|FAIL rc seconds | telling line"
                  line=$(grep -m1 "RACECHECK SUMMARY" "$log" 2>/dev/null) ;;
     train-proof) line=$(grep -E "^(PASS|FAIL) |train-proof:" "$log" 2>/dev/null | tr '\n' ' ') ;;
     bench) line=$(grep -m1 -E "^gpu_bench: " "$log" 2>/dev/null) ;;
+    ab) line=$(grep -E "^ab " "$log" 2>/dev/null | cut -d'|' -f1 | tr -s ' ' | sed 's/ $//' | paste -sd';') ;;
     *) grep -qE "All tests passed|test cases: +[0-9]+ \| +[0-9]+ passed" "$log" 2>/dev/null || ok=0
        line=$(grep -E "All tests passed|test cases:" "$log" 2>/dev/null | tail -1) ;;
   esac
@@ -152,6 +172,8 @@ for name in "${steps[@]}"; do
   [[ "$v" == *" PASS rc "* ]] || fails=$((fails + 1))
 done
 echo "$fails of ${#steps[@]} steps failed, $((SECONDS - t_start)) s" >>"$out/summary.txt"
+# The A/B ratios, one line a switch (B's tokens/s over A's, same machine, same run).
+grep -E '^ab ' "$logs/ab.log" 2>/dev/null >>"$out/summary.txt"
 grep -q '^|' "$logs/bench.log" 2>/dev/null && { echo; grep -E '^(\||#|[A-Z])' "$logs/bench.log"; } >>"$out/summary.txt"
 tar -cJf "$out/logs.tar.xz" -C "$out" logs 2>/dev/null || tar -czf "$out/logs.tar.gz" -C "$out" logs
 rm -rf "$logs"
