@@ -58,7 +58,7 @@ SYSTEMS = ["mtnlg unfused", "mtnlg unfused (GELU kernel)", "mtnlg flash", "PyTor
 #   ("cuda-graphs", ("off", [], {"MTNLG_CUDA_GRAPHS": "0"}), ("on", [], {"MTNLG_CUDA_GRAPHS": "1"})),
 # is one more line here; scripts/gpu/check_proof.py reads this list.
 SWITCHES = [
-    # on CUDA the flash form is whatever the binary computes it with (cuDNN's fused attention once built)
+    # on CUDA the flash form is cuDNN's fused attention (docs/specs/cudnn-sdpa.md)
     ("attention", ("unfused", ["model.attention_backend=unfused"], {}), ("flash", ["model.attention_backend=flash"], {})),
     # cuBLASLt's GELU epilogues against the GEMM + mtnlg's GELU and bias-gradient kernels (bf16/fp16)
     ("gelu", ("epilogue", [], {}), ("kernel", [], {"MTNLG_GELU_EPILOGUE": "0"})),

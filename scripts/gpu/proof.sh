@@ -72,6 +72,9 @@ bin() {  # the path of a binary: BINDIR/NAME, BINDIR/test/NAME or BINDIR/bench/N
 source "$repo/scripts/gpu/libs.sh"
 gpu_library_path "$bindir"
 export MTNLG_REQUIRE_GPU=1
+# cuDNN reports why it refuses a graph on stderr (the fused attention's graphs are new to
+# every cuDNN version they meet: a refusal must be readable from the logs).
+export CUDNN_LOGERR_DBG=1 CUDNN_LOGDEST_DBG=stderr
 san=$(gpu_sanitizer)
 san=${san:-compute-sanitizer}
 
