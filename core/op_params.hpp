@@ -19,6 +19,17 @@ struct AttentionDropout {
   int64_t heads_total = 0;
 };
 
+// What happens to a residual branch before it joins the residual stream
+// (ops::residual_layernorm_forward): its bias added (when `bias` is given), then hidden
+// dropout with probability p (none when p <= 0), the mask drawn as dropout_forward's:
+// element e of the branch uses key and base_index + e.
+struct ResidualBranch {
+  const Tensor* bias = nullptr;  // [C], the activation dtype
+  double p = 0.0;
+  uint64_t key = 0;
+  uint64_t base_index = 0;
+};
+
 // AdamW hyperparameters of one update.
 struct AdamWParams {
   double lr, beta1, beta2, eps, weight_decay;

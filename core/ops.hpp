@@ -55,14 +55,31 @@ void matmul_dgelu_backward(Tensor& dpre, Tensor& dbias, const Tensor& dout, cons
 // out[N,C] = (inp - mean)*rstd*w + b; saves mean[N], rstd[N] for backward.
 void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& inp, const Tensor& w, const Tensor& b,
                        double eps);
-// The residual add and the next LayerNorm in one pass: sum = a + b (stored in the
-// activation dtype), out = layernorm(sum) with mean/rstd saved, exactly as add() then
-// layernorm_forward() (the same roundings; on CUDA one kernel reads a and b once).
+// A residual branch joining the stream and the LayerNorm that reads the stream, in one
+// pass over each row:
+//   sum = x + dropout(branch + br.bias)   (stored in the activation dtype: the next residual)
+//   out = layernorm(sum; w, b), mean/rstd saved
+// with the same roundings as bias_add_forward(), dropout_forward(), add() and
+// layernorm_forward() one after the other (each intermediate rounded to the activation
+// dtype), so the results are those of the four ops bit for bit, on the CPU and on CUDA
+// (one kernel there). sum may alias x.
+void residual_layernorm_forward(Tensor& sum, Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& x,
+                                const Tensor& branch, const ResidualBranch& br, const Tensor& w, const Tensor& b,
+                                double eps);
+// The same without a LayerNorm after it: sum = x + dropout(branch + br.bias), one pass.
+void residual_add_forward(Tensor& sum, const Tensor& x, const Tensor& branch, const ResidualBranch& br);
+// residual_layernorm_forward without bias and dropout: sum = a + b, out = layernorm(sum).
 void add_layernorm_forward(Tensor& sum, Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& a, const Tensor& b,
                            const Tensor& w, const Tensor& bias, double eps);
 // dinp = (accumulate? +=: =), dw +=, db +=
 void layernorm_backward(Tensor& dinp, Tensor& dw, Tensor& db, const Tensor& dout, const Tensor& inp, const Tensor& w,
                         const Tensor& mean, const Tensor& rstd, bool accumulate_dinp = false);
+// The backward of a LayerNorm on the residual stream: the stream's gradient is the
+// residual's plus the LayerNorm's, dinp = dresidual + layernorm'(dout) (written; may
+// alias dresidual), dw +=, db +=. The same bits as copy(dinp, dresidual) then
+// layernorm_backward(..., accumulate_dinp = true), without the copy.
+void residual_layernorm_backward(Tensor& dinp, Tensor& dw, Tensor& db, const Tensor& dresidual, const Tensor& dout,
+                                 const Tensor& inp, const Tensor& w, const Tensor& mean, const Tensor& rstd);
 
 // ---- GELU (tanh approximation, as GPT-2 and Megatron) ------------------------------
 void gelu_forward(Tensor& out, const Tensor& inp);

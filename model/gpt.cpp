@@ -225,7 +225,16 @@ ops::AttentionDropout GptChunk::attention_dropout(const MicroBatch& mb, int64_t 
           cfg_.heads};
 }
 
-void GptChunk::layer_forward(int64_t li, const Tensor& x, Tensor& y, LayerActs& a, const MicroBatch& mb) {
+GptChunk::NextNorm GptChunk::next_norm(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& w, const Tensor& b,
+                                       int64_t rows) const {
+  out = Tensor::empty({rows, cfg_.hidden}, cfg_.dtype, dev_);
+  mean = Tensor::empty({rows}, stats_dtype(), dev_);
+  rstd = Tensor::empty({rows}, stats_dtype(), dev_);
+  return {&out, &mean, &rstd, &w, &b};
+}
+
+void GptChunk::layer_forward(int64_t li, const Tensor& x, Tensor& y, LayerActs& a, const MicroBatch& mb,
+                             const NextNorm* next) {
   auto& p = layers_[li];
   const int64_t layer = spec_.first_layer + li;
   const int64_t C = cfg_.hidden, T = seq_len(mb), B = mb.micro_batch_size, N = B * T, R = x.dim(0);
@@ -235,10 +244,12 @@ void GptChunk::layer_forward(int64_t li, const Tensor& x, Tensor& y, LayerActs& 
   const uint64_t row_base = hidden_dropout_base(mb, R);
 
   a.x_in = x;
-  a.ln1 = Tensor::empty({R, C}, dt, dev_);
-  a.mean1 = Tensor::empty({R}, wide, dev_);
-  a.rstd1 = Tensor::empty({R}, wide, dev_);
-  ops::layernorm_forward(a.ln1, a.mean1, a.rstd1, x, p.ln1_w, p.ln1_b, cfg_.layernorm_eps);
+  if (!a.ln1.defined()) {  // else the previous layer's last residual add computed it
+    a.ln1 = Tensor::empty({R, C}, dt, dev_);
+    a.mean1 = Tensor::empty({R}, wide, dev_);
+    a.rstd1 = Tensor::empty({R}, wide, dev_);
+    ops::layernorm_forward(a.ln1, a.mean1, a.rstd1, x, p.ln1_w, p.ln1_b, cfg_.layernorm_eps);
+  }
   a.ln1_full = tp::enter_column_parallel_forward(tpc, sp, a.ln1);
   a.qkv = Tensor::empty({B, T, 3 * C / tp_}, dt, dev_);
   ops::matmul_forward(a.qkv, a.ln1_full, p.qkv_w, &p.qkv_b);
@@ -252,13 +263,14 @@ void GptChunk::layer_forward(int64_t li, const Tensor& x, Tensor& y, LayerActs& 
   Tensor proj_partial = Tensor::empty({N, C}, dt, dev_);
   ops::matmul_forward(proj_partial, a.att, p.proj_w, nullptr);
   Tensor proj = tp::leave_row_parallel_forward(tpc, sp, proj_partial);
-  ops::bias_add_forward(proj, p.proj_b);
-  ops::dropout_forward(proj, proj, cfg_.hidden_dropout, dropout_key(mb, layer, kAttnOut), row_base);
-  a.x2 = Tensor::empty({R, C}, dt, dev_);  // the residual stream after attention, and its LayerNorm
+  // x2 = x + dropout(proj + b), the residual stream after attention, and its LayerNorm: one op
+  const ops::ResidualBranch attn_out{&p.proj_b, cfg_.hidden_dropout, dropout_key(mb, layer, kAttnOut), row_base};
+  a.x2 = Tensor::empty({R, C}, dt, dev_);
   a.ln2 = Tensor::empty({R, C}, dt, dev_);
   a.mean2 = Tensor::empty({R}, wide, dev_);
   a.rstd2 = Tensor::empty({R}, wide, dev_);
-  ops::add_layernorm_forward(a.x2, a.ln2, a.mean2, a.rstd2, x, proj, p.ln2_w, p.ln2_b, cfg_.layernorm_eps);
+  ops::residual_layernorm_forward(a.x2, a.ln2, a.mean2, a.rstd2, x, proj, attn_out, p.ln2_w, p.ln2_b,
+                                  cfg_.layernorm_eps);
   a.ln2_full = tp::enter_column_parallel_forward(tpc, sp, a.ln2);
   a.fc1 = Tensor::empty({N, ffn_local_}, dt, dev_);
   a.gel = Tensor::empty({N, ffn_local_}, dt, dev_);
@@ -266,10 +278,14 @@ void GptChunk::layer_forward(int64_t li, const Tensor& x, Tensor& y, LayerActs& 
   Tensor fc2_partial = Tensor::empty({N, C}, dt, dev_);
   ops::matmul_forward(fc2_partial, a.gel, p.fc2_w, nullptr);
   Tensor fc2 = tp::leave_row_parallel_forward(tpc, sp, fc2_partial);
-  ops::bias_add_forward(fc2, p.fc2_b);
-  ops::dropout_forward(fc2, fc2, cfg_.hidden_dropout, dropout_key(mb, layer, kMlpOut), row_base);
+  // y = x2 + dropout(fc2 + b), with the LayerNorm that reads y when there is one: one op
+  const ops::ResidualBranch mlp_out{&p.fc2_b, cfg_.hidden_dropout, dropout_key(mb, layer, kMlpOut), row_base};
   y = Tensor::empty({R, C}, dt, dev_);
-  ops::add(y, a.x2, fc2);
+  if (next)
+    ops::residual_layernorm_forward(y, *next->out, *next->mean, *next->rstd, a.x2, fc2, mlp_out, *next->w, *next->b,
+                                    cfg_.layernorm_eps);
+  else
+    ops::residual_add_forward(y, a.x2, fc2, mlp_out);
   a.filled = true;
 }
 
@@ -292,9 +308,8 @@ void GptChunk::layer_backward(int64_t li, const Tensor& dy, Tensor& dx, LayerAct
   Tensor dln2_full = Tensor::empty({N, C}, dt, dev_);
   ops::matmul_backward(&dln2_full, &p.d_fc1_w, nullptr, dfc1, a.ln2_full, p.fc1_w);
   Tensor dln2 = tp::enter_column_parallel_backward(tpc, sp, dln2_full);
-  Tensor dx2 = Tensor::empty({R, C}, dt, dev_);
-  ops::copy(dx2, dy);
-  ops::layernorm_backward(dx2, p.d_ln2_w, p.d_ln2_b, dln2, a.x2, p.ln2_w, a.mean2, a.rstd2, /*accumulate=*/true);
+  Tensor dx2 = Tensor::empty({R, C}, dt, dev_);  // dy (the residual) + ln2's backward, one op
+  ops::residual_layernorm_backward(dx2, p.d_ln2_w, p.d_ln2_b, dy, dln2, a.x2, p.ln2_w, a.mean2, a.rstd2);
 
   // Attention branch: x2 = x + dropout(proj(attn(qkv(ln1(x)))) + b)
   // (dproj may be dx2 itself: every read of it comes before dx2 accumulates in place below)
@@ -307,8 +322,8 @@ void GptChunk::layer_backward(int64_t li, const Tensor& dy, Tensor& dx, LayerAct
   Tensor dln1_full = Tensor::empty({N, C}, dt, dev_);
   ops::matmul_backward(&dln1_full, &p.d_qkv_w, &p.d_qkv_b, dqkv, a.ln1_full, p.qkv_w);
   Tensor dln1 = tp::enter_column_parallel_backward(tpc, sp, dln1_full);
-  dx = dx2;  // residual
-  ops::layernorm_backward(dx, p.d_ln1_w, p.d_ln1_b, dln1, a.x_in, p.ln1_w, a.mean1, a.rstd1, /*accumulate=*/true);
+  dx = dx2;  // dx2 (the residual) + ln1's backward, in place
+  ops::residual_layernorm_backward(dx, p.d_ln1_w, p.d_ln1_b, dx2, dln1, a.x_in, p.ln1_w, a.mean1, a.rstd1);
 }
 
 // model.attention_backend on this chunk's device. auto: flash on the CPU and the test
@@ -488,12 +503,27 @@ Tensor GptChunk::checked_input(const Tensor& input, int64_t B, int64_t T) const 
 
 // The chunk's layers; what each keeps for the backward: everything (no recompute or
 // selective), only its input (full recompute), nothing (inference).
+// A layer's last residual add computes the LayerNorm that reads its output in the same
+// pass: the next layer's input LayerNorm, after the last layer the final one when the
+// head follows (training and eval). Not while a layer observer runs: it may change a
+// layer's output (the poison fault) before the next layer reads it.
 Tensor GptChunk::run_layers(Tensor x, const MicroBatch& mb, bool inference, Saved& s) {
   const bool full_recompute = cfg_.recompute == RecomputeGranularity::full;
+  const bool fuse = !observer_ || inference;
+  const int64_t R = x.dim(0);
   for (size_t li = 0; li < layers_.size(); ++li) {
     Tensor y;
     LayerActs& a = s.layers[li];
-    layer_forward(static_cast<int64_t>(li), x, y, a, mb);
+    NextNorm next{}, *nextp = nullptr;
+    if (fuse && li + 1 < layers_.size()) {
+      LayerActs& n = s.layers[li + 1];
+      next = next_norm(n.ln1, n.mean1, n.rstd1, layers_[li + 1].ln1_w, layers_[li + 1].ln1_b, R);
+      nextp = &next;
+    } else if (fuse && spec_.has_head && !inference) {
+      next = next_norm(s.lnf, s.meanf, s.rstdf, lnf_w_, lnf_b_, R);
+      nextp = &next;
+    }
+    layer_forward(static_cast<int64_t>(li), x, y, a, mb, nextp);
     if (observer_ && !inference) observer_(spec_.first_layer + static_cast<int64_t>(li), mb, y);
     if (inference) {
       a = LayerActs{};
@@ -516,10 +546,12 @@ void GptChunk::head_loss(const Tensor& x, const MicroBatch& mb, Saved& s, Forwar
   auto* tpc = groups_.tp.get();
   const bool sp = cfg_.sequence_parallel;
   s.x_out = x;
-  s.lnf = Tensor::empty({R, C}, dt, dev_);
-  s.meanf = Tensor::empty({R}, wide, dev_);
-  s.rstdf = Tensor::empty({R}, wide, dev_);
-  ops::layernorm_forward(s.lnf, s.meanf, s.rstdf, x, lnf_w_, lnf_b_, cfg_.layernorm_eps);
+  if (!s.lnf.defined()) {  // else the last layer's residual add computed it (run_layers)
+    s.lnf = Tensor::empty({R, C}, dt, dev_);
+    s.meanf = Tensor::empty({R}, wide, dev_);
+    s.rstdf = Tensor::empty({R}, wide, dev_);
+    ops::layernorm_forward(s.lnf, s.meanf, s.rstdf, x, lnf_w_, lnf_b_, cfg_.layernorm_eps);
+  }
   s.lnf_full = tp::enter_column_parallel_forward(tpc, sp, s.lnf);
   s.logits = Tensor::empty({N, vocab_local_}, dt, dev_);
   ops::matmul_forward(s.logits, s.lnf_full, wte_, nullptr);

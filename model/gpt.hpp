@@ -177,7 +177,18 @@ class GptChunk {
   Tensor checked_input(const Tensor& input, int64_t B, int64_t T) const;
   Tensor run_layers(Tensor x, const MicroBatch& mb, bool inference, Saved& s);
   void head_loss(const Tensor& x, const MicroBatch& mb, Saved& s, ForwardResult& res);
-  void layer_forward(int64_t li, const Tensor& x, Tensor& y, LayerActs& a, const MicroBatch& mb);
+  // The LayerNorm that reads a layer's output y, computed in the same pass as y's
+  // residual add (ops::residual_layernorm_forward): the next layer's input LayerNorm, or
+  // the final LayerNorm on the last stage. run_layers allocates it.
+  struct NextNorm {
+    Tensor *out, *mean, *rstd;
+    const Tensor *w, *b;
+  };
+  NextNorm next_norm(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& w, const Tensor& b, int64_t rows) const;
+  // Without `next`, y alone (ops::residual_add_forward). The layer's own input LayerNorm is
+  // computed here unless a.ln1 already holds it (the previous layer's `next`).
+  void layer_forward(int64_t li, const Tensor& x, Tensor& y, LayerActs& a, const MicroBatch& mb,
+                     const NextNorm* next = nullptr);
   int64_t seq_len(const MicroBatch& mb) const { return mb.seq_len > 0 ? mb.seq_len : cfg_.seq_length; }
   Tensor head_logits(const Tensor& x, const std::vector<int64_t>& rows);
   // Statistics (LayerNorm mean/rstd, attention lse, loss terms): f64 for f64 models, else f32.

@@ -1,15 +1,18 @@
-// LayerNorm forward/backward. CPU reference: core/ops/layernorm.cpp.
+// LayerNorm forward/backward and the residual-stream forms. CPU reference:
+// core/ops/layernorm.cpp.
 //
-// Gradient contract: dinp WRITTEN (or += with accumulate_dinp, used for the residual
-// stream), dw and db ACCUMULATE (fp32). mean and rstd are saved in fp32 whatever the
-// activation dtype.
+// Gradient contract: dinp WRITTEN (or, with a residual gradient dres, dres + the
+// LayerNorm's gradient: the residual stream's backward, dres may be dinp), dw and db
+// ACCUMULATE (fp32). mean and rstd are saved in fp32 whatever the activation dtype.
 //
-// Forward (optionally with the residual add before it: add_layernorm_forward) and dinp:
-// one warp per row, two passes over the row (mean, then the
-// variance of the deviations, as the CPU does, which avoids E[x^2]-E[x]^2
-// cancellation); rows are short enough (C <= a few 10^4) that the re-reads hit L1/L2.
+// Forward (optionally with the residual branch before it: the branch's bias, hidden
+// dropout and the residual add, residual_layernorm_forward) and dinp: one warp per row,
+// two passes over the row (mean, then the variance of the deviations, as the CPU does,
+// which avoids E[x^2]-E[x]^2 cancellation); rows are short enough (C <= a few 10^4)
+// that the re-reads hit L1/L2.
 // dw/db: deterministic two-stage column sums over fixed 256-row chunks (no atomics).
 #include "core/cuda/common.cuh"
+#include "core/rng.hpp"
 
 namespace mtnlg::cuda::k {
 
@@ -19,25 +22,47 @@ constexpr int kThreads = 256;  // 8 warps = 8 rows per block
 constexpr int kRowsPerBlock = kThreads / 32;
 constexpr int64_t kRowChunk = 256;
 
-// With `res_a` and `res_b`, the input row is their sum, stored into `inp` (rounded to T)
-// by the first pass; the LayerNorm then reads the stored sum, as add() then this kernel
-// would (the same bits; each lane re-reads only the elements it wrote).
+// The residual branch that joins the stream before the LayerNorm: the row's input is
+// sum = x + dropout(branch + bias) (bias optional, no dropout when p <= 0), each step
+// rounded to T as bias_add_forward, dropout_forward and add() store it (the dropout
+// product through __fmul_rn so that nvcc cannot contract it with the add into an FMA:
+// the CPU rounds it first).
+template <typename T>
+struct Residual {
+  const T* x = nullptr;  // null: the kernel reads its input as it is
+  const T* branch = nullptr;
+  const T* bias = nullptr;
+  float p = 0, scale = 1;
+  uint64_t key = 0, base = 0;
+};
+
+// With a residual, the first pass stores the sum into `inp` (rounded to T); the LayerNorm
+// then reads the stored sum, as the separate ops would (the same bits; each lane re-reads
+// only the elements it wrote). out null: the sum only (residual_add_forward).
 template <typename T>
 __global__ void layernorm_forward_kernel(T* out, float* mean, float* rstd, T* inp, const T* w, const T* b, int64_t N,
-                                         int64_t C, float eps, const T* res_a, const T* res_b) {
+                                         int64_t C, float eps, Residual<T> res) {
   const int lane = threadIdx.x & 31;
   const int64_t row = blockIdx.x * int64_t(kRowsPerBlock) + threadIdx.x / 32;
   if (row >= N) return;
   T* x = inp + row * C;
   float s = 0;
-  if (res_a) {
+  if (res.x) {
     for (int64_t c = lane; c < C; c += 32) {
-      x[c] = from_f<T>(to_f(res_a[row * C + c]) + to_f(res_b[row * C + c]));
+      const int64_t e = row * C + c;
+      T v = res.branch[e];
+      if (res.bias) v = from_f<T>(to_f(v) + to_f(res.bias[c]));
+      if (res.p > 0)
+        v = philox_uniform(res.key, 0, res.base + static_cast<uint64_t>(e)) >= res.p
+                ? from_f<T>(__fmul_rn(to_f(v), res.scale))
+                : from_f<T>(0.0f);
+      x[c] = from_f<T>(to_f(res.x[e]) + to_f(v));
       s += to_f(x[c]);
     }
   } else {
     for (int64_t c = lane; c < C; c += 32) s += to_f(x[c]);
   }
+  if (!out) return;  // uniform over the grid: no lane is left in a warp_sum
   const float m = warp_sum(s) / static_cast<float>(C);
   float v = 0;
   for (int64_t c = lane; c < C; c += 32) {
@@ -54,8 +79,8 @@ __global__ void layernorm_forward_kernel(T* out, float* mean, float* rstd, T* in
 }
 
 template <typename T>
-__global__ void layernorm_dinp_kernel(T* dinp, const T* dout, const T* inp, const T* w, const float* mean, const float* rstd,
-                                      int64_t N, int64_t C, bool accumulate) {
+__global__ void layernorm_dinp_kernel(T* dinp, const T* dres, const T* dout, const T* inp, const T* w, const float* mean,
+                                      const float* rstd, int64_t N, int64_t C) {
   const int lane = threadIdx.x & 31;
   const int64_t row = blockIdx.x * int64_t(kRowsPerBlock) + threadIdx.x / 32;
   if (row >= N) return;
@@ -76,11 +101,12 @@ __global__ void layernorm_dinp_kernel(T* dinp, const T* dout, const T* inp, cons
   const float dnorm_mean = warp_sum(a) / static_cast<float>(C);
   const float dnorm_norm_mean = warp_sum(an) / static_cast<float>(C);
   T* dx = dinp + row * C;
+  const T* dr = dres ? dres + row * C : nullptr;
   for (int64_t c = lane; c < C; c += 32) {
     const float norm = (to_f(x[c]) - m) * r;
     const float dnorm = __fmul_rn(to_f(w[c]), to_f(dy[c]));  // rounded, never fused into what follows (below)
     float g = (dnorm - dnorm_mean - norm * dnorm_norm_mean) * r;
-    if (accumulate) g += to_f(dx[c]);
+    if (dr) g += to_f(dr[c]);
     dx[c] = from_f<T>(g);
   }
 }
@@ -126,29 +152,34 @@ void layernorm_forward(void* out, float* mean, float* rstd, const void* inp, con
   MTNLG_DT_SWITCH(dt, T,
                   MTNLG_LAUNCH(row_blocks(N), kThreads, 0, stream(), layernorm_forward_kernel<T>)(
                       static_cast<T*>(out), mean, rstd, static_cast<T*>(const_cast<void*>(inp)),
-                      static_cast<const T*>(w), static_cast<const T*>(b), N, C, static_cast<float>(eps), nullptr,
-                      nullptr));
+                      static_cast<const T*>(w), static_cast<const T*>(b), N, C, static_cast<float>(eps), Residual<T>{}));
   MTNLG_CUDA_LAUNCH_CHECK("layernorm_forward_kernel");
 }
 
-void add_layernorm_forward(void* sum, void* out, float* mean, float* rstd, const void* a, const void* b, const void* w,
-                           const void* bias, DType dt, int64_t N, int64_t C, double eps) {
+// out null: the residual sum only. bias null: no bias; p <= 0: no dropout.
+void residual_layernorm_forward(void* sum, void* out, float* mean, float* rstd, const void* x, const void* branch,
+                                const void* bias, double p, uint64_t key, uint64_t base, const void* w, const void* b,
+                                DType dt, int64_t N, int64_t C, double eps) {
   if (N <= 0) return;
+  const float fp = p > 0 ? static_cast<float>(p) : 0.0f;
+  const float scale = p > 0 ? static_cast<float>(1.0 / (1.0 - p)) : 1.0f;  // as dropout_forward rounds them
   MTNLG_DT_SWITCH(dt, T,
                   MTNLG_LAUNCH(row_blocks(N), kThreads, 0, stream(), layernorm_forward_kernel<T>)(
                       static_cast<T*>(out), mean, rstd, static_cast<T*>(sum), static_cast<const T*>(w),
-                      static_cast<const T*>(bias), N, C, static_cast<float>(eps), static_cast<const T*>(a),
-                      static_cast<const T*>(b)));
+                      static_cast<const T*>(b), N, C, static_cast<float>(eps),
+                      Residual<T>{static_cast<const T*>(x), static_cast<const T*>(branch), static_cast<const T*>(bias),
+                                  fp, scale, key, base}));
   MTNLG_CUDA_LAUNCH_CHECK("layernorm_forward_kernel (residual)");
 }
 
-void layernorm_backward(void* dinp, float* dw, float* db, const void* dout, const void* inp, const void* w,
-                        const float* mean, const float* rstd, DType dt, int64_t N, int64_t C, bool accumulate_dinp) {
+// dres null: dinp written; else dinp = dres + the LayerNorm's gradient.
+void layernorm_backward(void* dinp, const void* dres, float* dw, float* db, const void* dout, const void* inp,
+                        const void* w, const float* mean, const float* rstd, DType dt, int64_t N, int64_t C) {
   if (N <= 0) return;
   MTNLG_DT_SWITCH(dt, T,
                   MTNLG_LAUNCH(row_blocks(N), kThreads, 0, stream(), layernorm_dinp_kernel<T>)(
-                      static_cast<T*>(dinp), static_cast<const T*>(dout), static_cast<const T*>(inp),
-                      static_cast<const T*>(w), mean, rstd, N, C, accumulate_dinp));
+                      static_cast<T*>(dinp), static_cast<const T*>(dres), static_cast<const T*>(dout),
+                      static_cast<const T*>(inp), static_cast<const T*>(w), mean, rstd, N, C));
   MTNLG_CUDA_LAUNCH_CHECK("layernorm_dinp_kernel");
   const int64_t chunks = (N + kRowChunk - 1) / kRowChunk;
   DeviceBuffer<float> partial(2 * chunks * C);
@@ -180,11 +211,20 @@ void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& in
   k::layernorm_forward(out.raw(), f(mean), f(rstd), inp.raw(), w.raw(), b.raw(), dt, N, C, eps);
 }
 
-void add_layernorm_forward(Tensor& sum, Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& a, const Tensor& b,
-                           const Tensor& w, const Tensor& bias, double eps) {
-  const DType dt = cuda_dtype("add_layernorm_forward", "out", out.dtype());
+void residual_layernorm_forward(Tensor& sum, Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& x,
+                                const Tensor& branch, const ops::ResidualBranch& br, const Tensor& w, const Tensor& b,
+                                double eps) {
+  const DType dt = cuda_dtype("residual_layernorm_forward", "out", out.dtype());
   const int64_t C = w.numel(), N = C ? sum.numel() / C : 0;
-  k::add_layernorm_forward(sum.raw(), out.raw(), f(mean), f(rstd), a.raw(), b.raw(), w.raw(), bias.raw(), dt, N, C, eps);
+  k::residual_layernorm_forward(sum.raw(), out.raw(), f(mean), f(rstd), x.raw(), branch.raw(), p(br.bias), br.p, br.key,
+                                br.base_index, w.raw(), b.raw(), dt, N, C, eps);
+}
+
+void residual_add_forward(Tensor& sum, const Tensor& x, const Tensor& branch, const ops::ResidualBranch& br) {
+  const DType dt = cuda_dtype("residual_add_forward", "sum", sum.dtype());
+  const int64_t C = sum.dim(-1), N = C ? sum.numel() / C : 0;
+  k::residual_layernorm_forward(sum.raw(), nullptr, nullptr, nullptr, x.raw(), branch.raw(), p(br.bias), br.p, br.key,
+                                br.base_index, nullptr, nullptr, dt, N, C, 0.0);
 }
 
 void layernorm_backward(Tensor& dinp, Tensor& dw, Tensor& db, const Tensor& dout, const Tensor& inp, const Tensor& w,
@@ -192,8 +232,16 @@ void layernorm_backward(Tensor& dinp, Tensor& dw, Tensor& db, const Tensor& dout
   const char* op = "layernorm_backward";
   const DType dt = cuda_dtype(op, "dinp", dinp.dtype());
   const int64_t C = w.numel(), N = C ? inp.numel() / C : 0;
-  k::layernorm_backward(dinp.raw(), f(dw), f(db), dout.raw(), inp.raw(), w.raw(), f(mean), f(rstd), dt, N, C,
-                        accumulate_dinp);
+  k::layernorm_backward(dinp.raw(), accumulate_dinp ? dinp.raw() : nullptr, f(dw), f(db), dout.raw(), inp.raw(), w.raw(),
+                        f(mean), f(rstd), dt, N, C);
+}
+
+void residual_layernorm_backward(Tensor& dinp, Tensor& dw, Tensor& db, const Tensor& dresidual, const Tensor& dout,
+                                 const Tensor& inp, const Tensor& w, const Tensor& mean, const Tensor& rstd) {
+  const DType dt = cuda_dtype("residual_layernorm_backward", "dinp", dinp.dtype());
+  const int64_t C = w.numel(), N = C ? inp.numel() / C : 0;
+  k::layernorm_backward(dinp.raw(), dresidual.raw(), f(dw), f(db), dout.raw(), inp.raw(), w.raw(), f(mean), f(rstd), dt,
+                        N, C);
 }
 
 }  // namespace mtnlg::cuda

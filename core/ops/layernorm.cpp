@@ -1,44 +1,87 @@
-// LayerNorm forward/backward: checks once, one CUDA dispatch line
-// (core/cuda/layernorm.cu), the CPU implementation (two passes per row: mean, then the
-// variance of the deviations). mean/rstd are wide (f32, f64 for f64 activations).
+// LayerNorm forward/backward and their residual-stream forms (the branch's bias, dropout
+// and residual add fused into the LayerNorm's row pass; the residual gradient added in the
+// LayerNorm backward's): checks once, one CUDA dispatch line (core/cuda/layernorm.cu),
+// the CPU implementation (two passes per row: mean, then the variance of the deviations).
+// mean/rstd are wide (f32, f64 for f64 activations).
 #include "core/ops.hpp"
 
 #include <cmath>
 #include <utility>
 
+#include "core/half.hpp"
 #include "core/ops/common.hpp"
 
 namespace mtnlg::cpu {
 namespace {
 
+// One row: mean, then the variance of the deviations, then the normalised output.
+template <typename T>
+inline void layernorm_row(T* y, T* mean, T* rstd, const T* x, const T* w, const T* b, int64_t C, double eps) {
+  double m = 0;
+  for (int64_t c = 0; c < C; ++c) m += x[c];
+  m /= C;
+  double v = 0;
+  for (int64_t c = 0; c < C; ++c) {
+    double d = x[c] - m;
+    v += d * d;
+  }
+  v /= C;
+  T s = static_cast<T>(1.0 / std::sqrt(v + eps));
+  T mt = static_cast<T>(m);
+#pragma omp simd
+  for (int64_t c = 0; c < C; ++c) y[c] = (x[c] - mt) * s * w[c] + b[c];
+  *mean = mt;
+  *rstd = s;
+}
+
 template <typename T>
 void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* w, const T* b, int64_t N, int64_t C, double eps) {
 #pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < N; ++i) layernorm_row(out + i * C, mean + i, rstd + i, inp + i * C, w, b, C, eps);
+}
+
+// What the activation dtype keeps of a value: bf16/f16 run the f32 kernels on widened
+// copies, and each value the unfused ops would have stored (the branch after its bias,
+// after dropout, the residual sum) is rounded to the activation dtype here, where they
+// would have rounded it.
+struct Round {
+  DType dt;
+  float operator()(float v) const {
+    if (dt == DType::bf16) return half::bf16_to_f32(half::f32_to_bf16(v));
+    if (dt == DType::f16) return half::f16_to_f32(half::f32_to_f16(v));
+    return v;
+  }
+  double operator()(double v) const { return v; }
+};
+
+// sum = x + dropout(branch + bias) row by row, then (with `out`) the row's LayerNorm read
+// from the stored sum while it is in cache. sum may alias x or branch (each element is
+// read before it is written).
+template <typename T>
+void residual_forward(T* sum, T* out, T* mean, T* rstd, const T* x, const T* branch, const T* bias, double p,
+                      uint64_t key, uint64_t base, const T* w, const T* b, int64_t N, int64_t C, double eps, Round q) {
+  const T s = static_cast<T>(1.0 / (1.0 - p));  // as dropout_forward rounds it
+  const bool drop = p > 0;
+#pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < N; ++i) {
-    const T* x = inp + i * C;
-    double m = 0;
-    for (int64_t c = 0; c < C; ++c) m += x[c];
-    m /= C;
-    double v = 0;
+    const T* xr = x + i * C;
+    const T* br = branch + i * C;
+    T* sr = sum + i * C;
+    const uint64_t e0 = base + static_cast<uint64_t>(i * C);
     for (int64_t c = 0; c < C; ++c) {
-      double d = x[c] - m;
-      v += d * d;
+      T v = bias ? q(br[c] + bias[c]) : br[c];
+      if (drop) v = keep(key, e0 + static_cast<uint64_t>(c), p) ? q(v * s) : T(0);
+      sr[c] = q(xr[c] + v);
     }
-    v /= C;
-    T s = static_cast<T>(1.0 / std::sqrt(v + eps));
-    T mt = static_cast<T>(m);
-    T* y = out + i * C;
-#pragma omp simd
-    for (int64_t c = 0; c < C; ++c) y[c] = (x[c] - mt) * s * w[c] + b[c];
-    mean[i] = mt;
-    rstd[i] = s;
+    if (out) layernorm_row(out + i * C, mean + i, rstd + i, sr, w, b, C, eps);
   }
 }
 
 template <typename T>
-void layernorm_backward(T* dinp, T* dw, T* db, const T* dout, const T* inp, const T* w, const T* mean, const T* rstd,
-                        int64_t N, int64_t C, bool accumulate_dinp) {
-  // dinp: per row. dw/db: per column (ordered sum over rows, thread-count independent).
+void layernorm_backward(T* dinp, T* dw, T* db, const T* dres, const T* dout, const T* inp, const T* w, const T* mean,
+                        const T* rstd, int64_t N, int64_t C) {
+  // dinp (+ dres when given; it may be dinp itself): per row. dw/db: per column (ordered
+  // sum over rows, thread-count independent).
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < N; ++i) {
     const T* x = inp + i * C;
@@ -54,11 +97,12 @@ void layernorm_backward(T* dinp, T* dw, T* db, const T* dout, const T* inp, cons
     dnorm_mean /= C;
     dnorm_norm_mean /= C;
     T* dx = dinp + i * C;
+    const T* dr = dres ? dres + i * C : nullptr;
     for (int64_t c = 0; c < C; ++c) {
       double norm = (x[c] - m) * s;
       double dnorm = static_cast<double>(w[c]) * dy[c];
       T g = static_cast<T>((dnorm - dnorm_mean - norm * dnorm_norm_mean) * s);
-      dx[c] = accumulate_dinp ? dx[c] + g : g;
+      dx[c] = dr ? dr[c] + g : g;
     }
   }
   constexpr int64_t kCols = 64;
@@ -114,48 +158,116 @@ void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& in
   });
 }
 
+namespace {
+
+// The residual forms' CPU path on tensors that are f32 or f64 (bf16/f16 arrive widened;
+// `act` is the activation dtype the intermediates are rounded to). out null: no LayerNorm.
+void residual_cpu(Tensor& sum, Tensor* out, Tensor* mean, Tensor* rstd, const Tensor& x, const Tensor& branch,
+                  const Tensor* bias, const ResidualBranch& br, const Tensor* w, const Tensor* b, double eps, DType act) {
+  const int64_t C = sum.dim(-1), N = C ? sum.numel() / C : 0;
+  by_dtype(sum.dtype(), [&](auto z) {
+    using T = decltype(z);
+    cpu::residual_forward<T>(sum.kernel_data<T>(), ptr<T>(out), ptr<T>(mean), ptr<T>(rstd), x.kernel_data<T>(),
+                             branch.kernel_data<T>(), ptr<T>(bias), br.p, br.key, br.base_index, ptr<T>(w), ptr<T>(b),
+                             N, C, eps, cpu::Round{act});
+  });
+}
+
+// The checks of both residual forms (out null: residual_add_forward); the activation dtype.
+DType residual_checks(const char* op, Tensor& sum, Tensor* out, Tensor* mean, Tensor* rstd, const Tensor& x,
+                      const Tensor& branch, const ResidualBranch& br, const Tensor* w, const Tensor* b, bool& cuda) {
+  const Tensor* bias = br.bias;
+  cuda = same_device(op, {&sum, out, mean, rstd, &x, &branch, bias, w, b});
+  const DType dt = act_dtype(op, {{"sum", &sum}, {"out", out}, {"x", &x}, {"branch", &branch}, {"bias", bias}, {"w", w}, {"b", b}},
+                             {{"mean", mean}, {"rstd", rstd}});
+  MTNLG_CHECK(sum.ndim() >= 1, "{}: sum must have a channel dimension", op);
+  const int64_t C = sum.dim(-1), N = C ? sum.numel() / C : 0;
+  expect_numel(op, "x", x, N * C);
+  expect_numel(op, "branch", branch, N * C);
+  if (bias) expect_numel(op, "bias", *bias, C);
+  if (out) {
+    expect_numel(op, "out", *out, N * C);
+    expect_numel(op, "w", *w, C);
+    expect_numel(op, "b", *b, C);
+    expect_numel(op, "mean", *mean, N);
+    expect_numel(op, "rstd", *rstd, N);
+  }
+  return dt;
+}
+
+}  // namespace
+
+void residual_layernorm_forward(Tensor& sum, Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& x,
+                                const Tensor& branch, const ResidualBranch& br, const Tensor& w, const Tensor& b,
+                                double eps) {
+  const char* op = "residual_layernorm_forward";
+  bool cuda = false;
+  const DType dt = residual_checks(op, sum, &out, &mean, &rstd, x, branch, br, &w, &b, cuda);
+  MTNLG_CUDA_DISPATCH(cuda, residual_layernorm_forward(sum, out, mean, rstd, x, branch, br, w, b, eps));
+  Widened wd;  // passes f32/f64 through
+  residual_cpu(wd.out(sum), &wd.out(out), &mean, &rstd, wd.in(x), wd.in(branch), wd.in(br.bias), br, &wd.in(w),
+               &wd.in(b), eps, dt);
+  wd.store();
+}
+
+void residual_add_forward(Tensor& sum, const Tensor& x, const Tensor& branch, const ResidualBranch& br) {
+  const char* op = "residual_add_forward";
+  bool cuda = false;
+  const DType dt = residual_checks(op, sum, nullptr, nullptr, nullptr, x, branch, br, nullptr, nullptr, cuda);
+  MTNLG_CUDA_DISPATCH(cuda, residual_add_forward(sum, x, branch, br));
+  Widened wd;
+  residual_cpu(wd.out(sum), nullptr, nullptr, nullptr, wd.in(x), wd.in(branch), wd.in(br.bias), br, nullptr, nullptr,
+               0.0, dt);
+  wd.store();
+}
+
 void add_layernorm_forward(Tensor& sum, Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& a, const Tensor& b,
                            const Tensor& w, const Tensor& bias, double eps) {
-  const char* op = "add_layernorm_forward";
-  const bool cuda = same_device(op, {&sum, &out, &mean, &rstd, &a, &b, &w, &bias});
-  act_dtype(op, {{"out", &out}, {"sum", &sum}, {"a", &a}, {"b", &b}, {"w", &w}, {"bias", &bias}},
-            {{"mean", &mean}, {"rstd", &rstd}});
-  const int64_t C = w.numel(), N = C ? sum.numel() / C : 0;
-  for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"sum", &sum}, {"a", &a}, {"b", &b}, {"out", &out}})
-    expect_numel(op, name, *t, N * C);
-  expect_numel(op, "bias", bias, C);
+  residual_layernorm_forward(sum, out, mean, rstd, a, b, ResidualBranch{}, w, bias, eps);
+}
+
+namespace {
+
+// layernorm_backward's checks, dispatch and CPU path; dres null: dinp written, else
+// dinp = dres + the LayerNorm's gradient (dres may be dinp).
+void ln_backward(const char* op, Tensor& dinp, Tensor& dw, Tensor& db, const Tensor* dres, const Tensor& dout,
+                 const Tensor& inp, const Tensor& w, const Tensor& mean, const Tensor& rstd) {
+  const bool cuda = same_device(op, {&dinp, &dw, &db, dres, &dout, &inp, &w, &mean, &rstd});
+  const DType dt = act_dtype(op, {{"dinp", &dinp}, {"dresidual", dres}, {"dout", &dout}, {"inp", &inp}, {"w", &w}},
+                             {{"dw", &dw}, {"db", &db}, {"mean", &mean}, {"rstd", &rstd}});
+  int64_t C = w.numel(), N = C ? inp.numel() / C : 0;
+  expect_numel(op, "inp", inp, N * C);
+  expect_numel(op, "dinp", dinp, N * C);
+  if (dres) expect_numel(op, "dresidual", *dres, N * C);
+  expect_numel(op, "dout", dout, N * C);
+  expect_numel(op, "dw", dw, C);
+  expect_numel(op, "db", db, C);
   expect_numel(op, "mean", mean, N);
   expect_numel(op, "rstd", rstd, N);
-  MTNLG_CUDA_DISPATCH(cuda, add_layernorm_forward(sum, out, mean, rstd, a, b, w, bias, eps));
-  add(sum, a, b);
-  layernorm_forward(out, mean, rstd, sum, w, bias, eps);
+  MTNLG_CUDA_DISPATCH(cuda && dres, residual_layernorm_backward(dinp, dw, db, *dres, dout, inp, w, mean, rstd));
+  MTNLG_CUDA_DISPATCH(cuda, layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, false));
+  Widened wd;  // passes f32/f64 through; dres (which dinp may alias) is copied before dinp is written back
+  const Tensor* r = wd.in(dres);
+  Tensor& dx = wd.out(dinp);
+  by_dtype(is_low(dt) ? DType::f32 : dt, [&](auto z) {
+    using T = decltype(z);
+    cpu::layernorm_backward<T>(dx.kernel_data<T>(), dw.kernel_data<T>(), db.kernel_data<T>(), ptr<T>(r),
+                               wd.in(dout).kernel_data<T>(), wd.in(inp).kernel_data<T>(), wd.in(w).kernel_data<T>(),
+                               mean.kernel_data<T>(), rstd.kernel_data<T>(), N, C);
+  });
+  wd.store();
 }
+
+}  // namespace
 
 void layernorm_backward(Tensor& dinp, Tensor& dw, Tensor& db, const Tensor& dout, const Tensor& inp, const Tensor& w,
                         const Tensor& mean, const Tensor& rstd, bool accumulate_dinp) {
-  const bool cuda = same_device("layernorm_backward", {&dinp, &dw, &db, &dout, &inp, &w, &mean, &rstd});
-  const DType dt = act_dtype("layernorm_backward", {{"dinp", &dinp}, {"dout", &dout}, {"inp", &inp}, {"w", &w}},
-                             {{"dw", &dw}, {"db", &db}, {"mean", &mean}, {"rstd", &rstd}});
-  int64_t C = w.numel(), N = C ? inp.numel() / C : 0;
-  expect_numel("layernorm_backward", "inp", inp, N * C);
-  expect_numel("layernorm_backward", "dinp", dinp, N * C);
-  expect_numel("layernorm_backward", "dout", dout, N * C);
-  expect_numel("layernorm_backward", "dw", dw, C);
-  expect_numel("layernorm_backward", "db", db, C);
-  expect_numel("layernorm_backward", "mean", mean, N);
-  expect_numel("layernorm_backward", "rstd", rstd, N);
-  MTNLG_CUDA_DISPATCH(cuda, layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, accumulate_dinp));
-  if (is_low(dt)) {
-    Widened wd;
-    layernorm_backward(wd.out(dinp, accumulate_dinp), dw, db, wd.in(dout), wd.in(inp), wd.in(w), mean, rstd,
-                       accumulate_dinp);
-    return wd.store();
-  }
-  by_dtype(dt, [&](auto z) {
-    using T = decltype(z);
-    cpu::layernorm_backward<T>(dinp.kernel_data<T>(), dw.kernel_data<T>(), db.kernel_data<T>(), dout.kernel_data<T>(), inp.kernel_data<T>(), w.kernel_data<T>(),
-                               mean.kernel_data<T>(), rstd.kernel_data<T>(), N, C, accumulate_dinp);
-  });
+  ln_backward("layernorm_backward", dinp, dw, db, accumulate_dinp ? &dinp : nullptr, dout, inp, w, mean, rstd);
+}
+
+void residual_layernorm_backward(Tensor& dinp, Tensor& dw, Tensor& db, const Tensor& dresidual, const Tensor& dout,
+                                 const Tensor& inp, const Tensor& w, const Tensor& mean, const Tensor& rstd) {
+  ln_backward("residual_layernorm_backward", dinp, dw, db, &dresidual, dout, inp, w, mean, rstd);
 }
 
 }  // namespace mtnlg::ops

@@ -466,6 +466,115 @@ Entry add_layernorm_entry() {
   return e;
 }
 
+// The residual branch (bias, hidden dropout, residual add) fused into the LayerNorm that
+// reads the sum, and the LayerNorm backward that adds the residual's gradient: against
+// the other device, and bit for bit against the unfused ops on the same device
+// (bias_add_forward, dropout_forward, add, layernorm_forward; copy then
+// layernorm_backward accumulating), in f32 and, on the CPU, in bf16/f16 storage.
+// n: {N, C, with bias, dropout key}; x: {p}.
+Entry residual_layernorm_entry() {
+  Entry e{"residual_layernorm", {}, nullptr, nullptr};
+  for (auto [N, C] : {std::array<int64_t, 2>{1, 1}, {7, 33}, {129, 256}})
+    for (DType dt : kTypes)
+      for (auto [bias, p] : {std::pair<int64_t, double>{0, 0.0}, {1, 0.3}}) {
+        std::ostringstream l;
+        l << shape_label({{"N", N}, {"C", C}}, dt) << (bias ? " bias" : "") << " p " << p;
+        e.cases.push_back(device_case(l.str(), dt, {N, C, bias, 0x5eed}, {p}, N == 129 && bias && dt != DType::f16));
+      }
+  add_low_cases(e, "N 12 C 16 bias p 0.25", {12, 16, 1, 0x5eed}, {0.25});
+  add_low_cases(e, "N 12 C 16", {12, 16, 0, 0x5eed}, {0.0});
+  e.cases.push_back(fd_case("N 4 C 9 bias p 0.3", 21, {}));
+  e.prepare = [](Ctx& c, const Case& k) {
+    const int64_t N = k.n[0], C = k.n[1];
+    const bool with_bias = k.n[2] != 0;
+    const double p = k.x[0];
+    const uint64_t key = static_cast<uint64_t>(k.n[3]), base = 1000;
+    // forward inputs: the branch smaller than the stream, as a layer's output is
+    Tensor x = c.act({N, C}), branch = c.act({N, C}, 0.5), bias = c.act({C}, 0.1), w = c.act({C}), b = c.act({C});
+    Tensor sum = c.out({N, C}), out = c.out({N, C}), mean = c.out({N}, DType::f32), rstd = c.out({N}, DType::f32);
+    Tensor sum_only = c.out({N, C});
+    // backward inputs: its own rows and their statistics (so that a bf16/f16 run's
+    // backward sees the same values as the f32 run's)
+    Tensor xb = c.act({N, C}, 2.0), dres = c.act({N, C}), dy = c.act({N, C});
+    Tensor mb = c.out({N}, DType::f32), rb = c.out({N}, DType::f32), scratch = c.out({N, C});
+    ops::layernorm_forward(scratch, mb, rb, xb, w, b, 1e-5);
+    Tensor dw0 = c.f32({C}), db0 = c.f32({C});
+    Tensor dx = c.out({N, C}), dw = dw0.clone(), db = db0.clone();
+    Run r;
+    r.exec = [=]() mutable {
+      const ops::ResidualBranch brx{with_bias ? &bias : nullptr, p, key, base};
+      ops::residual_layernorm_forward(sum, out, mean, rstd, x, branch, brx, w, b, 1e-5);
+      ops::residual_add_forward(sum_only, x, branch, brx);
+      ops::residual_layernorm_backward(dx, dw, db, dres, dy, xb, w, mb, rb);
+    };
+    const DType dt = k.dt;
+    const bool low = k.low;
+    Ctx* cp = &c;
+    r.collect = [=]() mutable {
+      // the unfused sequence on the same device and storage
+      Tensor t = cp->out({N, C}), s2 = cp->out({N, C}), o2 = cp->out({N, C});
+      Tensor m2 = cp->out({N}, DType::f32), r2 = cp->out({N}, DType::f32);
+      ops::copy(t, branch);
+      if (with_bias) ops::bias_add_forward(t, bias);
+      ops::dropout_forward(t, t, p, key, base);
+      ops::add(s2, x, t);
+      ops::layernorm_forward(o2, m2, r2, s2, w, b, 1e-5);
+      Tensor d2 = cp->out({N, C}), dw2 = dw0.clone(), db2 = db0.clone();
+      ops::copy(d2, dres);
+      ops::layernorm_backward(d2, dw2, db2, dy, xb, w, mb, rb, /*accumulate=*/true);
+      const char* names[] = {"sum", "out", "mean", "rstd", "sum (no LayerNorm)", "dinp", "dw", "db"};
+      const Tensor* fused[] = {&sum, &out, &mean, &rstd, &sum_only, &dx, &dw, &db};
+      const Tensor* two[] = {&s2, &o2, &m2, &r2, &s2, &d2, &dw2, &db2};
+      for (int i = 0; i < 8; ++i)
+        cp->expect(same_bits(*fused[i], *two[i]), std::string(names[i]) + ": fused bits == the unfused ops");
+      // The CUDA kernel rounds to the activation dtype where the unfused ops store (the
+      // branch after its bias, after dropout, the sum: up to three roundings before the
+      // LayerNorm reads it), the f32 CPU reference rounds the inputs only: two chained
+      // low-precision steps' bound for the forward with bias or dropout (as attention's
+      // dqkv), one step's without. The backward rounds once.
+      const double fwd = dt == DType::f32 ? kRtolF32 : (with_bias || p > 0 ? 2 * kRtolLow : kRtolLow);
+      std::vector<Output> o;
+      if (!low)  // a bf16/f16 CPU run's forward chains roundings the f32 run does not: checked bit for bit above
+        o = {output("sum", sum, fwd),   output("out", out, fwd), output("mean", mean, fwd), output("rstd", rstd, fwd),
+             output("sum (no LayerNorm)", sum_only, fwd)};
+      for (Output q : {output("dinp", dx, rtol_for(dt)), output("dw", dw, rtol_for(dt)), output("db", db, rtol_for(dt))})
+        o.push_back(std::move(q));
+      return o;
+    };
+    return r;
+  };
+  // loss = <out, R1> + <sum, R2>: the sum feeds the next residual and the LayerNorm; the
+  // sum's gradient is R2 + the LayerNorm's (residual_layernorm_backward), x takes it as
+  // is, the branch through dropout, the bias as the branch's column sums.
+  e.fd = [](Ctx& c, const Case&) {
+    const int64_t N = 4, C = 9;
+    const double p = 0.3;
+    const uint64_t key = 77, base = 40;
+    Tensor x = c.act({N, C}, 2.0), branch = c.act({N, C}), bias = c.act({C}), w = c.act({C}), b = c.act({C});
+    Tensor R1 = c.act({N, C}), R2 = c.act({N, C});
+    Tensor sum = Tensor::empty({N, C}, DType::f64), out = Tensor::empty({N, C}, DType::f64);
+    Tensor mean = Tensor::empty({N}, DType::f64), rstd = Tensor::empty({N}, DType::f64);
+    auto loss = [=]() mutable {
+      ops::residual_layernorm_forward(sum, out, mean, rstd, x, branch, ops::ResidualBranch{&bias, p, key, base}, w, b,
+                                      1e-5);
+      return dot(out, R1) + dot(sum, R2);
+    };
+    loss();
+    Tensor dsum = Tensor::empty({N, C}, DType::f64), dbranch = Tensor::empty({N, C}, DType::f64);
+    Tensor dw = Tensor::zeros({C}, DType::f64), db = Tensor::zeros({C}, DType::f64), dbias = Tensor::zeros({C}, DType::f64);
+    ops::residual_layernorm_backward(dsum, dw, db, R2, R1, sum, w, mean, rstd);
+    ops::dropout_backward(dbranch, dsum, p, key, base);
+    ops::bias_add_backward(dbias, dbranch);
+    return FdProblem{loss,
+                     {{"residual x", x, dsum},
+                      {"residual branch", branch, dbranch},
+                      {"residual bias", bias, dbias},
+                      {"residual layernorm dw", w, dw},
+                      {"residual layernorm db", b, db}}};
+  };
+  return e;
+}
+
 // ---- GELU, dropout, the packed elementwise paths -------------------------------------------
 
 Entry gelu_entry() {
@@ -968,6 +1077,7 @@ const std::vector<Entry>& registry() {
       matmul_views_entry(),
       layernorm_entry(),
       add_layernorm_entry(),
+      residual_layernorm_entry(),
       gelu_entry(),
       dropout_entry(),
       elementwise_views_entry(),
