@@ -319,14 +319,29 @@ TEST_CASE("cost: the mtnlg profile times flash-style attention, where selective 
   CHECK(estimate(none, ln, ours).stages[0].activations < 0.5 * estimate(none, ln, meg).stages[0].activations);
 }
 
-TEST_CASE("cost: the mtnlg profile's unfused attention (auto on a GPU) is Megatron's: probabilities kept or redone", "[cost]") {
+TEST_CASE("cost: auto on a GPU is cuDNN's flash form where cuDNN takes it, unfused elsewhere (as the trainer resolves it)", "[cost]") {
+  const Cluster ours{gpu_spec("a100-80g"), 8, software_profile("mtnlg")};
+  Recipe r = gpt(48, 6144, 64, 8, 1, 4, "none");  // head size 96
+  REQUIRE(r.model.attention_backend == AttentionBackend::automatic);
+  REQUIRE(r.training.precision != Precision::fp32);
+  CHECK_FALSE(trainer_unfused_attention(r, ours));  // bf16/fp16, head size a multiple of 8 up to 128
+  CHECK_FALSE(trainer_unfused_attention(r, Cluster{gpu_spec("cpu"), 1, software_profile("mtnlg")}));
+  Recipe f32 = r;
+  f32.training.precision = Precision::fp32;  // cuDNN's fused attention takes no fp32
+  CHECK(trainer_unfused_attention(f32, ours));
+  Recipe wide = gpt(48, 6144, 32, 8, 1, 4, "none");  // head size 192
+  CHECK(trainer_unfused_attention(wide, ours));
+  r.model.attention_backend = AttentionBackend::unfused;
+  CHECK(trainer_unfused_attention(r, ours));
+}
+
+TEST_CASE("cost: the mtnlg profile's unfused attention is Megatron's: probabilities kept or redone", "[cost]") {
   const Cluster meg{gpu_spec("a100-80g"), 8, software_profile("megatron-lm")};
   const Cluster ours{gpu_spec("a100-80g"), 8, software_profile("mtnlg")};
   Recipe none = gpt(48, 6144, 64, 8, 1, 4, "none"), sel = gpt(48, 6144, 64, 8, 1, 4, "selective");
-  REQUIRE(none.model.attention_backend == AttentionBackend::automatic);
+  none.model.attention_backend = sel.model.attention_backend = AttentionBackend::unfused;
   CHECK(trainer_unfused_attention(none, ours));
   CHECK_FALSE(trainer_unfused_attention(none, meg));
-  CHECK_FALSE(trainer_unfused_attention(none, Cluster{gpu_spec("cpu"), 1, software_profile("mtnlg")}));
   const Layout ln = layout_from_recipe(none, 8), ls = layout_from_recipe(sel, 8);
   // Selective recompute redoes the attention core: slower than none, as Megatron's.
   CHECK(estimate(sel, ls, ours).iteration_time > estimate(none, ln, ours).iteration_time);
