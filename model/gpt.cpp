@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <mutex>
 
+#include "core/log.hpp"
 #include "core/ops.hpp"
 #include "core/rng.hpp"
 #include "model/tp_regions.hpp"
@@ -369,9 +371,28 @@ Tensor GptChunk::hidden_dropout_grad(const Tensor& g, const MicroBatch& mb, int6
 // "selective" recompute costs nothing extra there. Unfused keeps the [B, H/tp, T, T]
 // probabilities, except under selective recompute, where the backward redoes the core's
 // forward (Megatron's selective recompute: Korthikanti et al. 2022, Section 5).
+//
+// On CUDA the flash form is cuDNN's, planned per shape: the training shape is planned when
+// the chunk is built; a call of another shape that cuDNN does not take runs unfused (with
+// a warning, once), and inference calls (scoring: a new length per batch, nothing kept for
+// a backward) run unfused rather than plan every length. The backward follows the form
+// its forward took (a.lse or a.probs).
+bool GptChunk::flash_for_call(const MicroBatch& mb, int64_t B, int64_t T) const {
+  if (attention_ != AttentionBackend::flash) return false;
+  if (dev_ != Device::cuda) return true;
+  if (mb.kv || mb.logit_rows) return false;
+  std::string why;
+  if (ops::attention_lse_supported(dev_, cfg_.dtype, B, T, heads_local_, cfg_.hidden / cfg_.heads,
+                                   cfg_.attention_dropout, &why))
+    return true;
+  static std::once_flag warned;
+  std::call_once(warned, [&] { log::warn("attention: a call of shape B {} T {} runs unfused ({})", B, T, why); });
+  return false;
+}
+
 void GptChunk::attention_core_forward(LayerActs& a, const MicroBatch& mb, int64_t layer) {
   const int64_t B = a.qkv.dim(0), T = a.qkv.dim(1);
-  if (attention_ == AttentionBackend::flash) {
+  if (flash_for_call(mb, B, T)) {
     a.lse = Tensor::empty({B, heads_local_, T}, stats_dtype(), dev_);
     ops::attention_forward_lse(a.att, a.lse, a.qkv, heads_local_, attention_dropout(mb, layer));
     return;
@@ -385,7 +406,7 @@ Tensor GptChunk::attention_core_backward(const Tensor& datt, LayerActs& a, const
   const int64_t B = a.qkv.dim(0), T = a.qkv.dim(1);
   Tensor dqkv = Tensor::empty(a.qkv.shape(), a.qkv.dtype(), dev_);
   const ops::AttentionDropout drop = attention_dropout(mb, layer);
-  if (attention_ == AttentionBackend::flash) {
+  if (a.lse.defined()) {  // the forward took the flash form
     ops::attention_backward_lse(dqkv, datt, a.qkv, a.att.view(datt.shape()), a.lse, heads_local_, drop);
     return dqkv;
   }

@@ -218,6 +218,7 @@ class GptChunk {
   AttentionBackend attention_ = AttentionBackend::flash;
   std::string attention_note_;
   void resolve_attention();
+  bool flash_for_call(const MicroBatch& mb, int64_t B, int64_t T) const;
   std::vector<std::vector<int64_t>> layer_param_offsets_;  // per layer, in the store
   std::vector<int64_t> head_param_offsets_, embedding_param_offsets_;
   void report_ready(const std::vector<int64_t>& offsets, const MicroBatch& mb) const {
