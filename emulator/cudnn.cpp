@@ -16,11 +16,14 @@
 // plan reported) and runs ops::attention_forward_lse / attention_backward_lse on CPU
 // copies. The dropout mask is the CPU op's Philox draw at index offset + ((b*H + h)*T +
 // i)*T + j (not cuDNN's generator: not modelled).
+// Fault injection: MTNLG_EMU_CUDNN_FAIL=plans makes every plan's finalize answer
+// CUDNN_STATUS_NOT_SUPPORTED (a cuDNN that takes none of these graphs).
 #include <cudnn_graph.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <string>
@@ -406,6 +409,8 @@ cudnnStatus_t cudnnBackendFinalize(cudnnBackendDescriptor_t d) {
       const Desc* cfg = p->ref(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG);
       if (!cfg || !cfg->graph) return refuse(CUDNN_STATUS_BAD_PARAM, "plan without an engine configuration");
       p->graph = cfg->graph;
+      if (const char* f = std::getenv("MTNLG_EMU_CUDNN_FAIL"); f && std::string(f) == "plans")
+        return refuse(CUDNN_STATUS_NOT_SUPPORTED, "no engine takes this graph (MTNLG_EMU_CUDNN_FAIL=plans)");
       const std::string why = support(p->graph->pattern);
       if (!why.empty()) return refuse(CUDNN_STATUS_NOT_SUPPORTED, why);
       break;

@@ -9,6 +9,8 @@
 #ifdef MTNLG_HAVE_CUDA
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <string>
 #include <memory>
 
 #include "core/ops.hpp"
@@ -152,6 +154,24 @@ TEST_CASE("gpt on the GPU: loss and every parameter gradient equal the CPU run (
       }
     }
   }
+}
+
+// A cuDNN that plans none of the graphs (the emulated one under MTNLG_EMU_CUDNN_FAIL=plans,
+// ctest emulator.cudnn-refuses-plans): auto trains unfused and says why, the same model as
+// the CPU's; an explicit flash is the recipe's error. Hidden: it runs only under that
+// variable.
+TEST_CASE("gpt attention backend: a cuDNN that refuses the graphs leaves auto unfused", "[.cudnn-refused]") {
+  if (!test::gpu_ready()) return;
+  const char* f = std::getenv("MTNLG_EMU_CUDNN_FAIL");
+  REQUIRE((f && std::string(f) == "plans"));
+  Small gpu(DType::bf16, Device::cuda, RecomputeGranularity::none, AttentionBackend::automatic, 0.0);
+  CHECK(gpu.chunk->attention_backend() == AttentionBackend::unfused);
+  CHECK_THAT(gpu.chunk->attention_note(), Catch::Matchers::Contains("CUDNN_STATUS_NOT_SUPPORTED"));
+  Small cpu(DType::bf16, Device::cpu, RecomputeGranularity::none, AttentionBackend::automatic, 0.0);
+  const double lc = cpu.loss_and_grad(), lg = gpu.loss_and_grad();
+  CHECK(std::abs(lg - lc) <= test::rtol_for(DType::bf16) * std::abs(lc));
+  CHECK_THROWS_WITH(Small(DType::bf16, Device::cuda, RecomputeGranularity::none, AttentionBackend::flash),
+                    Catch::Matchers::Contains("model.attention_backend"));
 }
 
 // auto: flash on the CPU; on CUDA flash (cuDNN's fused attention) for bf16/fp16, unfused
