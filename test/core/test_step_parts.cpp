@@ -18,8 +18,10 @@ double at(const StepPartTimes& t, StepPart p) { return t[static_cast<size_t>(p)]
 }  // namespace
 
 TEST_CASE("step parts: nested scopes charge the innermost part and sum to the wall time", "[step_parts]") {
-  set_step_parts_enabled(true);
+  // t0 before the clock starts and the wall's end after its read: the parts' sum can then
+  // only fall short of the wall (by what runs outside the clock), never pass it.
   const auto t0 = std::chrono::steady_clock::now();
+  set_step_parts_enabled(true);
   {
     const StepPartScope fwd(StepPart::forward);
     sleep_ms(20);
@@ -47,7 +49,7 @@ TEST_CASE("step parts: nested scopes charge the innermost part and sum to the wa
   CHECK(at(t, StepPart::other) >= 0.005);
   const double sum = std::accumulate(t.begin(), t.end(), 0.0);
   CHECK(sum <= wall + 1e-9);
-  CHECK(sum >= wall - 0.002);  // what ran between set-up and t0, and after the read
+  CHECK(sum >= wall - 0.002);  // what ran before the clock started and after its read
   // A second read holds only what came after the first.
   sleep_ms(2);
   const StepPartTimes t2 = read_step_parts();
