@@ -6,6 +6,9 @@
 
 #include "app/commands.hpp"
 #include "core/blas_core.hpp"
+#ifdef MTNLG_HAVE_CUDA
+#include "core/cuda/cudnn_attention.hpp"
+#endif
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "config/recipe.hpp"
@@ -18,8 +21,16 @@ int main(int argc, char** argv) {
   if (const char* d = std::getenv("MTNLG_DEBUG"))  // 1, or a boolean spelling
     mtnlg::log::context().debug = std::string(d) == "1" || mtnlg::parse_bool(d).value_or(false);
   CLI::App app{"mtnlg: train, evaluate and plan GPT models with 3D parallelism (Megatron-Turing NLG style)", "mtnlg"};
-  // The BLAS line lets a test (or a user) see which kernels this binary multiplies with.
-  app.set_version_flag("--version", std::string("mtnlg ") + MTNLG_VERSION + "\nCPU matmul: " + mtnlg::blas_description());
+  // The BLAS line lets a test (or a user) see which kernels this binary multiplies with;
+  // a CUDA build adds whether cuDNN (the flash attention form on GPUs) loads here. The
+  // text is made only when asked for: loading cuDNN costs every other command nothing.
+  app.set_version_flag("--version", [] {
+    std::string v = std::string("mtnlg ") + MTNLG_VERSION + "\nCPU matmul: " + mtnlg::blas_description();
+#ifdef MTNLG_HAVE_CUDA
+    v += "\nattention (flash form on CUDA): " + mtnlg::cuda::cudnn_description();
+#endif
+    return v;
+  });
   app.require_subcommand(1);
   app.fallthrough(false);
   mtnlg::app::register_train(app);

@@ -541,3 +541,16 @@ TEST_CASE("reliability 9b: a test process and the mtnlg it starts multiply with 
   CHECK(a == b);
   if (!blas_core_for_cpu().empty()) CHECK_FALSE(blas_core_is_generic(a));
 }
+
+#ifdef MTNLG_HAVE_CUDA
+// A CUDA build says whether cuDNN (the flash attention form on GPUs) loads on this machine,
+// and why not when it does not.
+TEST_CASE("mtnlg --version names cuDNN's state in a CUDA build", "[e2e]") {
+  auto v = test::run_command(std::string("MTNLG_CUDNN=0 ") + MTNLG_BINARY + " --version");
+  INFO(v.out);
+  REQUIRE(v.exit_code == 0);
+  CHECK_THAT(v.out, Catch::Matchers::Contains("attention (flash form on CUDA): cuDNN unavailable: switched off (MTNLG_CUDNN=0)"));
+  auto w = test::run_mtnlg("--version");
+  CHECK_THAT(w.out, Catch::Matchers::Contains("attention (flash form on CUDA): cuDNN"));
+}
+#endif
