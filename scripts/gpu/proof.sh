@@ -82,6 +82,8 @@ san=${san:-compute-sanitizer}
   echo "mtnlg GPU proof, commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown), $(date -u '+%Y-%m-%d %H:%M UTC')"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || echo "no GPU (nvidia-smi: none)"
   echo "binaries: $bindir; libraries: $LD_LIBRARY_PATH"
+  # the OpenBLAS core, and whether cuDNN (the flash attention form) loads, and which
+  "$(bin mtnlg)" --version 2>&1 | tail -n +2 || echo "mtnlg --version failed"
 } >"$out/summary.txt"
 
 # ---- phase A: correctness, concurrently ---------------------------------------------------
