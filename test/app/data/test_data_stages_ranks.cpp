@@ -16,6 +16,7 @@
 #include <sstream>
 
 #include "core/progress.hpp"
+#include "test/support/bad_input.hpp"
 #include "test/support/data_util.hpp"
 #include "test/support/test_support.hpp"
 
@@ -115,11 +116,8 @@ TEST_CASE("e2e quality train: 1, 2, 3 and 4 ranks give a byte-identical model an
   test::write_file(tmp / "bad.jsonl", bad);
   auto r = run_np(3, "data quality train --positive " + d + "/q/positive.jsonl --negative " + d + "/bad.jsonl --model " +
                          d + "/bad.bin --bucket-bits 14 --no-progress");
-  INFO(r.out);
-  CHECK(r.exit_code == 2);
-  CHECK_THAT(r.out, Catch::Matchers::Contains("bad.jsonl:" + std::to_string(line_no)) &&
-                        Catch::Matchers::Contains("error on rank 2") &&
-                        Catch::Matchers::Contains("stopped because rank 2 failed"));
+  const std::string where = "bad.jsonl:" + std::to_string(line_no);
+  test::expect_exit2(r, {where.c_str(), "error on rank 2", "stopped because rank 2 failed"});
   CHECK_FALSE(fs::exists(tmp / "bad.bin"));
   CHECK_FALSE(fs::exists(tmp / "bad.bin.report.json"));
   // A bad option is reported once (by rank 0), with exit 2.
@@ -193,10 +191,8 @@ TEST_CASE("e2e quality filter and score: 1, 2, 3 and 4 ranks give byte-identical
   test::write_file(tmp / "bad.jsonl", bad);
   auto r = run_np(3, "data quality filter --input " + d + "/bad.jsonl --model " + d + "/m.bin --output " + d +
                          "/bad-out.jsonl");
-  INFO(r.out);
-  CHECK(r.exit_code == 2);
-  CHECK_THAT(r.out, Catch::Matchers::Contains("bad.jsonl:" + std::to_string(line_no)) &&
-                        Catch::Matchers::Contains("rank 2"));
+  const std::string where = "bad.jsonl:" + std::to_string(line_no);
+  test::expect_exit2(r, {where.c_str(), "rank 2"});
   CHECK(count_files(tmp.path()) == before + 1);  // only bad.jsonl
 }
 
@@ -261,10 +257,8 @@ TEST_CASE("e2e decontaminate: 1, 2, 3 and 4 ranks give identical output and repo
   test::write_file(tmp / "bad.jsonl", bad);
   auto r = run_np(3, "data decontaminate --input " + d + "/bad.jsonl --tasks-dir " + d + "/s/tasks --output " + d +
                          "/bad-out.jsonl --no-progress");
-  INFO(r.out);
-  CHECK(r.exit_code == 2);
-  CHECK_THAT(r.out, Catch::Matchers::Contains("bad.jsonl:" + std::to_string(line_no)) &&
-                        Catch::Matchers::Contains("stopped because rank 2 failed"));
+  const std::string where = "bad.jsonl:" + std::to_string(line_no);
+  test::expect_exit2(r, {where.c_str(), "stopped because rank 2 failed"});
   CHECK(count_files(tmp.path()) == before + 1);  // only bad.jsonl
 
   // Progress: one line on rank 0 over both passes of all ranks' bytes (the total is
@@ -402,10 +396,8 @@ TEST_CASE("e2e dedup: 1, 2, 3 and 4 ranks give byte-identical outputs and report
   const auto [bad, line_no] = with_bad_line_near_end(test::read_file(tmp / "s/wikipedia.jsonl"), "{\"text\": 12}");
   test::write_file(tmp / "s/wikipedia.jsonl", bad);
   auto r = run_np(3, common + " --output-dir " + d + "/bad");
-  INFO(r.out);
-  CHECK(r.exit_code == 2);
-  CHECK_THAT(r.out, Catch::Matchers::Contains("wikipedia.jsonl:" + std::to_string(line_no)) &&
-                        Catch::Matchers::Contains("rank 2"));
+  const std::string where = "wikipedia.jsonl:" + std::to_string(line_no);
+  test::expect_exit2(r, {where.c_str(), "rank 2"});
   CHECK((!fs::exists(tmp / "bad") || fs::is_empty(tmp / "bad")));
 
   // Bad --memory-per-rank: exit 2 naming the option.
