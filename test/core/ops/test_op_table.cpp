@@ -58,17 +58,24 @@ void check_grad(const FdParam& fp, const std::function<double()>& loss, double t
   CHECK(worst < tol);
 }
 
-void run_fd(const Entry& e) {
+// `body(case, seed)` in a section of its own for every case of `e` marked by `flag`
+// (fd, low, device): what each of the table's three runs walks.
+template <typename Body>
+void each_case(const Entry& e, bool Case::*flag, Body body) {
   for (size_t i = 0; i < e.cases.size(); ++i) {
     const Case& k = e.cases[i];
-    if (!k.fd) continue;
-    DYNAMIC_SECTION(e.name << ": " << k.label) {
-      Ctx c(Device::cpu, DType::f64, DType::f64, case_seed(e, i));
-      const FdProblem p = e.fd(c, k);
-      assert_checks(c.checks, "cpu f64");
-      for (const FdParam& fp : p.params) check_grad(fp, p.loss, p.tol);
-    }
+    if (!(k.*flag)) continue;
+    DYNAMIC_SECTION(e.name << ": " << k.label) { body(k, case_seed(e, i)); }
   }
+}
+
+void run_fd(const Entry& e) {
+  each_case(e, &Case::fd, [&](const Case& k, uint64_t seed) {
+    Ctx c(Device::cpu, DType::f64, DType::f64, seed);
+    const FdProblem p = e.fd(c, k);
+    assert_checks(c.checks, "cpu f64");
+    for (const FdParam& fp : p.params) check_grad(fp, p.loss, p.tol);
+  });
 }
 
 // Case `k` of entry `e` run on a reference context and another, each context's own
@@ -91,33 +98,28 @@ std::pair<std::vector<Output>, std::vector<Output>> run_both(const Entry& e, con
 // low-precision output equals the f32 value rounded once (the same bits), every f32
 // output (statistics, parameter gradients) the same value.
 void run_low(const Entry& e) {
-  for (size_t i = 0; i < e.cases.size(); ++i) {
-    const Case& k = e.cases[i];
-    if (!k.low) continue;
-    DYNAMIC_SECTION(e.name << ": " << k.label) {
-      const uint64_t seed = case_seed(e, i);
-      Ctx ref(Device::cpu, k.dt, DType::f32, seed), low(Device::cpu, k.dt, k.dt, seed);
-      const auto [ro, lo] = run_both(e, k, ref, "cpu f32", low, "cpu low precision");
-      for (size_t j = 0; j < ro.size(); ++j) {
-        const Output &a = lo[j], &r = ro[j];
-        INFO(r.name << " held in " << to_string(a.stored));
-        REQUIRE(a.values.size() == r.values.size());
-        int64_t bad = 0;
-        if (a.stored == DType::bf16 || a.stored == DType::f16) {
-          if (!r.rounded_once) continue;
-          for (size_t q = 0; q < r.values.size(); ++q) {
-            const float f = static_cast<float>(r.values[q]);
-            const double want = a.stored == DType::bf16 ? half::bf16_to_f32(half::f32_to_bf16(f))
-                                                        : half::f16_to_f32(half::f32_to_f16(f));
-            bad += std::memcmp(&want, &a.values[q], sizeof want) != 0;
-          }
-        } else {
-          for (size_t q = 0; q < r.values.size(); ++q) bad += !(a.values[q] == r.values[q]);
+  each_case(e, &Case::low, [&](const Case& k, uint64_t seed) {
+    Ctx ref(Device::cpu, k.dt, DType::f32, seed), low(Device::cpu, k.dt, k.dt, seed);
+    const auto [ro, lo] = run_both(e, k, ref, "cpu f32", low, "cpu low precision");
+    for (size_t j = 0; j < ro.size(); ++j) {
+      const Output &a = lo[j], &r = ro[j];
+      INFO(r.name << " held in " << to_string(a.stored));
+      REQUIRE(a.values.size() == r.values.size());
+      int64_t bad = 0;
+      if (a.stored == DType::bf16 || a.stored == DType::f16) {
+        if (!r.rounded_once) continue;
+        for (size_t q = 0; q < r.values.size(); ++q) {
+          const float f = static_cast<float>(r.values[q]);
+          const double want = a.stored == DType::bf16 ? half::bf16_to_f32(half::f32_to_bf16(f))
+                                                      : half::f16_to_f32(half::f32_to_f16(f));
+          bad += std::memcmp(&want, &a.values[q], sizeof want) != 0;
         }
-        CHECK(bad == 0);
+      } else {
+        for (size_t q = 0; q < r.values.size(); ++q) bad += !(a.values[q] == r.values[q]);
       }
+      CHECK(bad == 0);
     }
-  }
+  });
 }
 
 #ifdef MTNLG_HAVE_CUDA
@@ -167,16 +169,11 @@ void run_device(const Entry& e) {
   // Catch2 runs the test case once per section: the backend is set up on the first pass.
   static const bool ready = test::gpu_ready();
   if (!ready) return;
-  for (size_t i = 0; i < e.cases.size(); ++i) {
-    const Case& k = e.cases[i];
-    if (!k.device) continue;
-    DYNAMIC_SECTION(e.name << ": " << k.label) {
-      const uint64_t seed = case_seed(e, i);
-      Ctx ref(Device::cpu, k.dt, DType::f32, seed), dev(Device::cuda, k.dt, k.dt, seed);
-      const auto [ro, dout] = run_both(e, k, ref, "cpu", dev, "cuda");
-      for (size_t j = 0; j < ro.size(); ++j) compare(dout[j], ro[j]);
-    }
-  }
+  each_case(e, &Case::device, [&](const Case& k, uint64_t seed) {
+    Ctx ref(Device::cpu, k.dt, DType::f32, seed), dev(Device::cuda, k.dt, k.dt, seed);
+    const auto [ro, dout] = run_both(e, k, ref, "cpu", dev, "cuda");
+    for (size_t j = 0; j < ro.size(); ++j) compare(dout[j], ro[j]);
+  });
 }
 #endif
 
