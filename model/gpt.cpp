@@ -191,7 +191,7 @@ KvCache GptChunk::make_kv_cache(int64_t batch, int64_t capacity) const {
   KvCache c;
   c.batch = batch;
   c.capacity = capacity;
-  const int64_t D = cfg_.hidden / cfg_.heads;
+  const int64_t D = cfg_.head_dim();
   for (size_t l = 0; l < layers_.size(); ++l) {
     // empty + fill, not Tensor::zeros: zeros is host-only (a CUDA tensor is filled on its stream)
     for (auto* list : {&c.k, &c.v}) {
@@ -332,12 +332,11 @@ void GptChunk::layer_backward(int64_t li, const Tensor& dy, Tensor& dx, LayerAct
 // device; on CUDA flash (cuDNN's fused attention) where cuDNN takes this problem, else
 // unfused. flash on CUDA that cuDNN refuses is the recipe's error.
 void GptChunk::resolve_attention() {
-  const int64_t D = cfg_.hidden / cfg_.heads;
   std::string why;
-  const bool flash_runs = cfg_.attention == AttentionBackend::unfused
-                              ? false
-                              : ops::attention_lse_supported(dev_, cfg_.dtype, std::max<int64_t>(cfg_.micro_batch_size, 1),
-                                                             cfg_.seq_length, heads_local_, D, cfg_.attention_dropout, &why);
+  const bool flash_runs = cfg_.attention != AttentionBackend::unfused &&
+                          ops::attention_lse_supported(dev_, cfg_.dtype, std::max<int64_t>(cfg_.micro_batch_size, 1),
+                                                       cfg_.seq_length, heads_local_, cfg_.head_dim(),
+                                                       cfg_.attention_dropout, &why);
   switch (cfg_.attention) {
     case AttentionBackend::unfused:
       attention_ = AttentionBackend::unfused;
@@ -381,10 +380,15 @@ bool GptChunk::flash_for_call(const MicroBatch& mb, int64_t B, int64_t T) const 
   if (attention_ != AttentionBackend::flash) return false;
   if (dev_ != Device::cuda) return true;
   if (mb.kv || mb.logit_rows) return false;
+  // Per layer and micro batch: the answer only (the plans are cached); the reason is
+  // asked for once cuDNN has refused.
+  auto supported = [&](std::string* why) {
+    return ops::attention_lse_supported(dev_, cfg_.dtype, B, T, heads_local_, cfg_.head_dim(), cfg_.attention_dropout,
+                                        why);
+  };
+  if (supported(nullptr)) return true;
   std::string why;
-  if (ops::attention_lse_supported(dev_, cfg_.dtype, B, T, heads_local_, cfg_.hidden / cfg_.heads,
-                                   cfg_.attention_dropout, &why))
-    return true;
+  supported(&why);
   static std::once_flag warned;
   std::call_once(warned, [&] { log::warn("attention: a call of shape B {} T {} runs unfused ({})", B, T, why); });
   return false;

@@ -47,6 +47,8 @@ struct GptConfig {
   bool sequence_parallel = false;
   uint64_t seed = 1234;
   DType dtype = DType::f32;  // activations and the compute copy of the weights
+
+  int64_t head_dim() const { return hidden / heads; }
 };
 
 // The activation / compute-weight dtype of a training precision (fp32 -> f32, bf16 ->
@@ -141,7 +143,7 @@ class GptChunk {
   const ChunkSpec& spec() const { return spec_; }
   DType activation_dtype() const { return cfg_.dtype; }
   // The attention form this chunk runs: the recipe's, with auto resolved for its device
-  // (unfused on CUDA, flash on the CPU).
+  // (flash on the CPU; on CUDA flash where cuDNN takes the training shape, else unfused).
   AttentionBackend attention_backend() const { return attention_; }
   // The form and why: "flash (cuDNN fused attention, cuDNN 9.19.0 (libcudnn.so.9))",
   // "unfused (flash: <what refused it>)", "flash (the CPU's row kernel)", "unfused".
