@@ -45,19 +45,22 @@ struct AdamWSegment {
 };
 
 // The rows of a batch grouped by token for embedding_backward: `rows` i32 [N], the row
-// indices sorted by (token, row); `starts` i32 [runs + 1], where each distinct token's run
-// begins in `rows` (starts[runs] = N). Host-built (ops::embedding_grad_order) as one
-// buffer [runs, starts..., rows...] and viewed on whichever device it was placed.
+// indices sorted by (token, row); `starts` i32 [N + 1], where each distinct token's run
+// begins in `rows` (starts[runs] = N, and so is every entry after it); `count` i32 [1],
+// the number of runs. Host-built (ops::embedding_grad_order) as one buffer
+// [runs, starts..., rows...] of 2N + 2 ids whatever the ids are, so a buffer placed once
+// serves every batch of N ids (a replayed CUDA graph reads the run count where the
+// capture did); the CUDA kernel is launched for N runs and the blocks past `count` return.
 struct EmbeddingGradOrder {
-  Tensor rows, starts;
-  int64_t runs = 0;
-  // Views into a placed buffer of ops::embedding_grad_order for n ids; `runs` is read
-  // from the host copy (its first element).
-  static EmbeddingGradOrder from(const Tensor& placed, const Tensor& host, int64_t n) {
+  Tensor count, rows, starts;
+  int64_t max_runs = 0;  // N: the launch's bound on the runs
+  // Views into a placed buffer of ops::embedding_grad_order for n ids.
+  static EmbeddingGradOrder from(const Tensor& placed, int64_t n) {
     EmbeddingGradOrder o;
-    o.runs = host.data<int32_t>()[0];
-    o.starts = placed.flat(1, o.runs + 1);
-    o.rows = placed.flat(o.runs + 2, n);
+    o.max_runs = n;
+    o.count = placed.flat(0, 1);
+    o.starts = placed.flat(1, n + 1);
+    o.rows = placed.flat(n + 2, n);
     return o;
   }
 };

@@ -135,8 +135,8 @@ void embedding_forward(Tensor& out, const Tensor& tokens /* i32 [N] */, const Te
 // every row; the CPU does not need it.
 void embedding_backward(Tensor& dtable, const Tensor& tokens, const Tensor& dout, int64_t vocab_start,
                         const EmbeddingGradOrder* order = nullptr);
-// The grouping of n token ids for embedding_backward, as one host i32 buffer (see
-// EmbeddingGradOrder::from for its layout) to upload with the ids.
+// The grouping of n token ids for embedding_backward, as one host i32 buffer of 2n + 2
+// (see EmbeddingGradOrder for its layout) to upload with the ids.
 Tensor embedding_grad_order(const int32_t* tokens, int64_t n);
 // Rows of x are tokens in (sample, position) order; x holds global rows
 // [row_start, row_start+rows) of a micro batch whose sequences have seq_len tokens.

@@ -65,11 +65,14 @@ __global__ void embedding_backward_kernel(float* dtable, const int32_t* tok, con
 }
 
 // The same sums by token run: block x owns run x of the grouping (its rows in row order),
-// block y a tile of columns; each thread one column of that token's row in dtable.
+// block y a tile of columns; each thread one column of that token's row in dtable. The
+// grid covers the most runs there can be; the run count is read on the device, so the
+// launch does not depend on the batch (CUDA graphs replay it as captured).
 template <typename T>
 __global__ void embedding_backward_runs_kernel(float* dtable, const int32_t* tok, const int32_t* rows,
-                                               const int32_t* starts, const T* dout, int64_t C, int64_t vstart,
-                                               int64_t vlocal) {
+                                               const int32_t* starts, const int32_t* count, const T* dout, int64_t C,
+                                               int64_t vstart, int64_t vlocal) {
+  if (static_cast<int64_t>(blockIdx.x) >= static_cast<int64_t>(*count)) return;
   const int64_t c = blockIdx.y * int64_t(blockDim.x) + threadIdx.x;
   const int64_t b = starts[blockIdx.x], e = starts[blockIdx.x + 1];
   const int64_t id = static_cast<int64_t>(tok[rows[b]]) - vstart;
@@ -82,13 +85,14 @@ __global__ void embedding_backward_runs_kernel(float* dtable, const int32_t* tok
 }  // namespace
 
 void embedding_backward_runs(float* dtable, const int32_t* tok, const int32_t* rows, const int32_t* starts,
-                             int64_t runs, const void* dout, DType dt, int64_t C, int64_t vstart, int64_t vlocal) {
-  if (runs <= 0 || C <= 0) return;
-  if (runs > INT32_MAX || col_blocks(C, kThreads) > 65535) fail("embedding_backward: grid too large");
-  const dim3 grid(static_cast<unsigned>(runs), col_blocks(C, kThreads));
+                             const int32_t* count, int64_t max_runs, const void* dout, DType dt, int64_t C,
+                             int64_t vstart, int64_t vlocal) {
+  if (max_runs <= 0 || C <= 0) return;
+  if (max_runs > INT32_MAX || col_blocks(C, kThreads) > 65535) fail("embedding_backward: grid too large");
+  const dim3 grid(static_cast<unsigned>(max_runs), col_blocks(C, kThreads));
   MTNLG_DT_SWITCH(dt, T,
                   MTNLG_LAUNCH(grid, kThreads, 0, stream(), embedding_backward_runs_kernel<T>)(
-                      dtable, tok, rows, starts, static_cast<const T*>(dout), C, vstart, vlocal));
+                      dtable, tok, rows, starts, count, static_cast<const T*>(dout), C, vstart, vlocal));
   MTNLG_CUDA_LAUNCH_CHECK("embedding_backward_runs_kernel");
 }
 
@@ -149,8 +153,8 @@ void embedding_backward(Tensor& dtable, const Tensor& tokens, const Tensor& dout
   const DType dt = cuda_dtype(op, "dout", dout.dtype());
   const int64_t C = dtable.dim(1), N = tokens.numel();
   if (order) {
-    k::embedding_backward_runs(f(dtable), ip(tokens), ip(order->rows), ip(order->starts), order->runs, dout.raw(), dt, C,
-                               vocab_start, dtable.dim(0));
+    k::embedding_backward_runs(f(dtable), ip(tokens), ip(order->rows), ip(order->starts), ip(order->count),
+                               order->max_runs, dout.raw(), dt, C, vocab_start, dtable.dim(0));
     return;
   }
   k::embedding_backward(f(dtable), ip(tokens), dout.raw(), dt, N, C, vocab_start, dtable.dim(0));

@@ -115,12 +115,12 @@ Tensor embedding_grad_order(const int32_t* tokens, int64_t n) {
     if (i == 0 || tokens[rows[static_cast<size_t>(i)]] != tokens[rows[static_cast<size_t>(i - 1)]])
       starts.push_back(static_cast<int32_t>(i));
   const int64_t runs = static_cast<int64_t>(starts.size());
-  starts.push_back(static_cast<int32_t>(n));
-  Tensor out = Tensor::empty({1 + (runs + 1) + n}, DType::i32, Device::cpu);
+  starts.resize(static_cast<size_t>(n + 1), static_cast<int32_t>(n));  // starts[runs..n] = n
+  Tensor out = Tensor::empty({2 * n + 2}, DType::i32, Device::cpu);
   int32_t* o = out.data<int32_t>();
   o[0] = static_cast<int32_t>(runs);
   std::copy(starts.begin(), starts.end(), o + 1);
-  std::copy(rows.begin(), rows.end(), o + 1 + runs + 1);
+  std::copy(rows.begin(), rows.end(), o + n + 2);
   return out;
 }
 

@@ -13,17 +13,22 @@
 using namespace mtnlg;
 
 // The grouping of ids by token that the CUDA embedding backward walks: runs of equal ids
-// in ascending id, rows ascending within a run; [runs, starts..., rows...].
+// in ascending id, rows ascending within a run; [runs, starts..., rows...], the starts
+// padded with N to N + 1 entries so the buffer's size depends on N alone.
 TEST_CASE("ops: embedding_grad_order groups rows by token, in row order", "[ops]") {
   const int32_t ids[] = {7, 8, 9, 12, 8, 3, 7};
   const Tensor o = ops::embedding_grad_order(ids, 7);
-  const int32_t want[] = {5, /*starts*/ 0, 1, 3, 5, 6, 7, /*rows*/ 5, 0, 6, 1, 4, 2, 3};
-  REQUIRE(o.numel() == 14);
-  for (int i = 0; i < 14; ++i) CHECK(o.data<int32_t>()[i] == want[i]);
-  const ops::EmbeddingGradOrder view = ops::EmbeddingGradOrder::from(o, o, 7);
-  CHECK(view.runs == 5);
-  CHECK(view.starts.numel() == 6);
+  const int32_t want[] = {5, /*starts*/ 0, 1, 3, 5, 6, 7, 7, 7, /*rows*/ 5, 0, 6, 1, 4, 2, 3};
+  REQUIRE(o.numel() == 16);
+  for (int i = 0; i < 16; ++i) CHECK(o.data<int32_t>()[i] == want[i]);
+  const ops::EmbeddingGradOrder view = ops::EmbeddingGradOrder::from(o, 7);
+  CHECK(view.max_runs == 7);
+  CHECK(view.count.data<int32_t>()[0] == 5);
+  CHECK(view.starts.numel() == 8);
   CHECK(view.rows.data<int32_t>()[0] == 5);
+  const int32_t same[] = {4, 4, 4, 4, 4, 4, 4};  // one run: the size stays 2N + 2
+  CHECK(ops::embedding_grad_order(same, 7).numel() == 16);
+  CHECK(ops::embedding_grad_order(same, 7).data<int32_t>()[0] == 1);
   CHECK(ops::embedding_grad_order(ids, 0).data<int32_t>()[0] == 0);
 }
 
