@@ -96,6 +96,7 @@ struct GptChunk::Saved {
   std::vector<LayerActs> layers;
   Tensor tokens, targets;  // i32 [N]
   ops::EmbeddingGradOrder order;  // rows grouped by token (CUDA first stage, training)
+  Tensor dloss, mask;      // loss gradient and mask per token (last stage, training; PlacedInputs)
   Tensor x_out;            // chunk output before the head [R, C]
   Tensor lnf, meanf, rstdf, lnf_full, logits, rowmax, sumexp;
   int64_t mbs = 0;
@@ -479,31 +480,71 @@ void GptChunk::check_forward_call(const MicroBatch& mb, int64_t B, int64_t T, in
 // The micro batch's token ids arrive in host memory: split them into inputs and labels
 // there, side by side in one buffer, and place it on the model's device in one upload
 // (none on the CPU; on CUDA an asynchronous copy through pinned staging memory,
-// core/cuda/device.hpp). Inference calls carry inputs only (labels 0).
-// On CUDA the first stage's training calls also carry the ids' grouping by token for the
-// embedding backward (ops::embedding_grad_order), in the same upload.
+// core/cuda/device.hpp). Inference calls carry inputs only (labels 0). Training calls
+// place a PlacedInputs (host_inputs: the ids with, on CUDA's first stage, their grouping
+// for the embedding backward, and the last stage's loss weights), or take the caller's.
 void GptChunk::place_tokens(const MicroBatch& mb, int64_t B, int64_t T, bool inference, Saved& s) const {
-  const int64_t N = B * T, stride = inference ? T : T + 1;
-  Tensor ids = Tensor::empty({2 * N}, DType::i32, Device::cpu);
-  int32_t* in = ids.data<int32_t>();
+  const int64_t N = B * T;
+  if (inference) {
+    Tensor ids = Tensor::zeros({2 * N}, DType::i32, Device::cpu);
+    std::copy(mb.tokens, mb.tokens + N, ids.data<int32_t>());
+    const Tensor placed = ids.on(dev_);
+    s.tokens = placed.flat(0, N);
+    s.targets = placed.flat(N, N);
+    return;
+  }
+  PlacedInputs own;
+  if (!mb.placed) {
+    const PlacedInputs host = host_inputs(mb);
+    own.ids = host.ids.on(dev_);
+    if (host.dloss.defined()) own.dloss = host.dloss.on(dev_);
+    if (host.mask.defined()) own.mask = host.mask.on(dev_);
+  }
+  const PlacedInputs& in = mb.placed ? *mb.placed : own;
+  const bool order = spec_.has_embedding && dev_ == Device::cuda;
+  auto fits = [&](const Tensor& t, int64_t n) { return t.defined() && t.numel() == n && t.device() == dev_; };
+  MTNLG_CHECK(fits(in.ids, 2 * N + (order ? 2 * N + 2 : 0)) && (!spec_.has_head || fits(in.dloss, N)) &&
+                  (!spec_.has_head || !mb.loss_mask || fits(in.mask, N)),
+              "placed inputs do not fit a micro batch of {} x {} tokens on this chunk", B, T);
+  s.tokens = in.ids.flat(0, N);
+  s.targets = in.ids.flat(N, N);
+  if (order) s.order = ops::EmbeddingGradOrder::from(in.ids.flat(2 * N, 2 * N + 2), N);
+  s.dloss = in.dloss;
+  s.mask = in.mask;
+}
+
+PlacedInputs GptChunk::host_inputs(const MicroBatch& mb) const {
+  const int64_t T = seq_len(mb), B = mb.micro_batch_size, N = B * T;
+  const bool order = spec_.has_embedding && dev_ == Device::cuda;
+  PlacedInputs h;
+  h.ids = Tensor::empty({2 * N + (order ? 2 * N + 2 : 0)}, DType::i32, Device::cpu);
+  int32_t* in = h.ids.data<int32_t>();
   int32_t* label = in + N;
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < T; ++t) {
-      in[b * T + t] = mb.tokens[b * stride + t];
-      label[b * T + t] = inference ? 0 : mb.tokens[b * stride + t + 1];
+      in[b * T + t] = mb.tokens[b * (T + 1) + t];
+      label[b * T + t] = mb.tokens[b * (T + 1) + t + 1];
     }
-  Tensor order;
-  if (!inference && spec_.has_embedding && dev_ == Device::cuda) {
-    order = ops::embedding_grad_order(in, N);
-    Tensor both = Tensor::empty({2 * N + order.numel()}, DType::i32, Device::cpu);
-    std::copy(in, in + 2 * N, both.data<int32_t>());
-    std::copy(order.data<int32_t>(), order.data<int32_t>() + order.numel(), both.data<int32_t>() + 2 * N);
-    ids = both;
+  if (order) {
+    const Tensor o = ops::embedding_grad_order(in, N);
+    std::copy(o.data<int32_t>(), o.data<int32_t>() + o.numel(), in + 2 * N);
   }
-  const Tensor placed = ids.on(dev_);
-  s.tokens = placed.flat(0, N);
-  s.targets = placed.flat(N, N);
-  if (order.defined()) s.order = ops::EmbeddingGradOrder::from(placed.flat(2 * N, order.numel()), order, N);
+  if (spec_.has_head) {
+    // The loss gradient per token, loss_weight x mask, rounded once to the statistics dtype.
+    h.dloss = Tensor::empty({N}, stats_dtype(), Device::cpu);
+    for (int64_t i = 0; i < N; ++i) {
+      const double g = mb.loss_weight * (mb.loss_mask ? mb.loss_mask[i] : 1.0);
+      if (h.dloss.dtype() == DType::f64)
+        h.dloss.data<double>()[i] = g;
+      else
+        h.dloss.data<float>()[i] = static_cast<float>(g);
+    }
+    if (mb.loss_mask) {
+      h.mask = Tensor::empty({N}, DType::f32, Device::cpu);
+      std::copy(mb.loss_mask, mb.loss_mask + N, h.mask.data<float>());
+    }
+  }
+  return h;
 }
 
 // First stage: vocab-parallel lookup (the sum of the tp ranks' masked lookups), positions
@@ -591,15 +632,8 @@ void GptChunk::head_loss(const Tensor& x, const MicroBatch& mb, Saved& s, Forwar
     tp::all_reduce(tpc, s.sumexp);
     tp::all_reduce(tpc, target_logit);
   }
-  // Token weights (eod_mask_loss) arrive in host memory; placed once per micro batch.
-  Tensor mask;
-  if (mb.loss_mask) {
-    Tensor h = Tensor::empty({N}, DType::f32, Device::cpu);
-    std::copy(mb.loss_mask, mb.loss_mask + N, h.data<float>());
-    mask = h.on(dev_);
-  }
   if (mb.loss_acc && !mb.want_token_scores) {  // training: the loss stays on the device
-    ops::xent_loss_accumulate(*mb.loss_acc, s.rowmax, s.sumexp, target_logit, mask.defined() ? &mask : nullptr);
+    ops::xent_loss_accumulate(*mb.loss_acc, s.rowmax, s.sumexp, target_logit, s.mask.defined() ? &s.mask : nullptr);
     return;
   }
   // Eval: the loss terms are read on the host (one copy each off a device).
@@ -672,20 +706,7 @@ Tensor GptChunk::backward(int64_t mb_id, const MicroBatch& mb, const Tensor& dou
 
   Tensor dx;
   if (spec_.has_head) {
-    Tensor dloss = Tensor::empty({N}, stats_dtype(), dev_);
-    if (!mb.loss_mask) {
-      ops::fill(dloss, mb.loss_weight);
-    } else {  // per-token weights: built on the host, then placed
-      Tensor dloss_h = Tensor::empty({N}, stats_dtype(), Device::cpu);
-      for (int64_t i = 0; i < N; ++i) {
-        double g = mb.loss_weight * mb.loss_mask[i];
-        if (dloss_h.dtype() == DType::f64)
-          dloss_h.data<double>()[i] = g;
-        else
-          dloss_h.data<float>()[i] = static_cast<float>(g);
-      }
-      dloss.copy_from(dloss_h);
-    }
+    const Tensor& dloss = s.dloss;  // loss_weight x mask, placed with the inputs
     Tensor dlogits = s.logits;  // in place
     ops::xent_backward(dlogits, s.logits, s.targets, s.rowmax, s.sumexp, dloss, vocab_start_, vocab_valid_);
     Tensor dlnf_full = Tensor::empty({N, C}, dt, dev_);

@@ -72,6 +72,7 @@ void declare_chunk_params(ParamStore& store, const GptConfig& cfg, const ChunkSp
 // dropout masks and thus the run are keyed by it). loss_scale multiplies dloss: 1 /
 // (tokens contributing to the global batch) so gradients sum to the batch mean.
 struct KvCache;
+struct PlacedInputs;
 
 struct MicroBatch {
   const int32_t* tokens = nullptr;
@@ -88,6 +89,9 @@ struct MicroBatch {
   // The chunk's last micro batch of the step: as its backward passes a layer, that
   // layer's parameter gradients are final (reported to the grad-ready hook).
   bool last_backward = false;
+  // Training: this micro batch's inputs already on the model's device (a CUDA graph's
+  // replay reads them where its capture did). Null: forward places them itself.
+  const PlacedInputs* placed = nullptr;
 
   // ---- inference (forward only; the model must have no dropout) ----
   // Tokens per sample in this call; 0 = cfg.seq_length.
@@ -107,6 +111,16 @@ struct MicroBatch {
 struct KvCache {
   int64_t batch = 0, capacity = 0, length = 0;
   std::vector<Tensor> k, v;
+};
+
+// A training micro batch's inputs on the model's device, in buffers whose sizes depend on
+// the micro batch's shape alone: `ids` i32, the input ids [N], the labels [N] and, on the
+// first stage of a CUDA model, their grouping by token for the embedding backward
+// (ops::embedding_grad_order, 2N + 2); on the last stage `dloss`, the loss gradient per
+// token (loss_weight x mask) [N] in the statistics dtype, and with MicroBatch::loss_mask
+// `mask` f32 [N] (1 = counts).
+struct PlacedInputs {
+  Tensor ids, dloss, mask;
 };
 
 struct ForwardResult {
@@ -133,6 +147,10 @@ class GptChunk {
   // from the loss). Returns the gradient w.r.t. the input (empty on the first chunk).
   // Parameter gradients accumulate into the store (fp32); activations are cfg.dtype.
   Tensor backward(int64_t mb_id, const MicroBatch& mb, const Tensor& dout);
+
+  // The host side of a training micro batch's PlacedInputs: what forward uploads when
+  // MicroBatch::placed is null, and what a graph's caller copies into its own before a replay.
+  PlacedInputs host_inputs(const MicroBatch& mb) const;
 
   // Rows of the residual stream this rank holds for a micro batch of `mbs` samples of
   // `seq_len` tokens (0 = cfg.seq_length).
