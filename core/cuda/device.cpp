@@ -64,6 +64,17 @@ namespace {
 
 constexpr int64_t kSmallLimit = 1 << 20, kSmallGranule = 512, kLargeGranule = 2 << 20;
 
+}  // namespace
+
+// A graph pool's blocks (device.hpp, GraphPool).
+struct GraphPool::State {
+  std::unordered_map<int64_t, std::vector<void*>> free;  // size class -> blocks free in the pool
+  std::vector<std::pair<void*, int64_t>> blocks;         // every block the pool holds
+  int64_t bytes = 0, live_bytes = 0;
+};
+
+namespace {
+
 class CachingAllocator {
  public:
   std::atomic<int> step_depth_{0};  // live DeviceStepScopes (no cache release while > 0)
@@ -71,6 +82,7 @@ class CachingAllocator {
   void* alloc(int64_t bytes) {
     const int64_t size = exact_allocations() ? std::max<int64_t>(bytes, 1) : allocation_size_class(bytes);
     std::lock_guard<std::mutex> lock(mu_);
+    if (capture_) return alloc_in_pool_locked(size, bytes);
     collect_pending_locked(/*wait=*/false);
     void* p = nullptr;
     auto it = free_.find(size);
@@ -111,12 +123,21 @@ class CachingAllocator {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = live_.find(static_cast<char*>(p));
     if (it == live_.end()) return;  // not ours (defensive: never double-free into the cache)
+    GraphPool::State* pool = it->second.pool;
+    if (!pool && capture_) adopt_locked(p, it->second.size);
+    if (pool || capture_) {  // the block stays reserved for the graphs: back to their pool
+      GraphPool::State* into = pool ? pool : capture_;
+      into->live_bytes -= pool ? it->second.size : 0;
+      poison_locked(p, it->second.size);
+      into->free[it->second.size].push_back(p);
+      live_.erase(it);
+      return;
+    }
     stats_.current_bytes -= it->second.size;
     if (it->second.streams.empty()) {
       // Exact mode poisons the block in stream order: a later user that reads before
       // writing sees NaN, not the previous tensor's values. (No throw: a destructor path.)
-      if (exact_allocations() && backend_ready() && cudaMemsetAsync(p, 0xFF, static_cast<size_t>(it->second.size), stream()) != cudaSuccess)
-        cudaGetLastError();
+      poison_locked(p, it->second.size);
       free_[it->second.size].push_back(p);
     } else {
       // Used on side streams: reusable once the work queued there so far is done. free()
@@ -155,6 +176,36 @@ class CachingAllocator {
     release_cached_locked();
   }
 
+  // ---- graph pools (GraphPool, CudaGraph) ----
+  void begin_capture(GraphPool::State* pool) {
+    std::lock_guard<std::mutex> lock(mu_);
+    MTNLG_CHECK(!capture_, "a CUDA graph capture is already running: captures do not nest");
+    capture_ = pool;
+  }
+  void end_capture() {
+    std::lock_guard<std::mutex> lock(mu_);
+    capture_ = nullptr;
+  }
+  // The pool's free blocks go back to the cache; blocks still held by tensors become
+  // ordinary blocks, freed as usual.
+  void release_pool(GraphPool::State* pool) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (capture_ == pool) capture_ = nullptr;
+    for (auto& [p, size] : pool->blocks) {
+      auto it = live_.find(static_cast<char*>(p));
+      if (it != live_.end()) {
+        it->second.pool = nullptr;  // still in use: counted until its tensor frees it
+      } else {
+        free_[size].push_back(p);
+        stats_.current_bytes -= size;
+      }
+      stats_.graph_pool_bytes -= size;
+    }
+    pool->blocks.clear();
+    pool->free.clear();
+    pool->bytes = pool->live_bytes = 0;
+  }
+
   MemoryStats stats() {
     std::lock_guard<std::mutex> lock(mu_);
     MemoryStats s = stats_;
@@ -170,7 +221,53 @@ class CachingAllocator {
   struct Block {
     int64_t size = 0;
     std::vector<cudaStream_t> streams;  // side streams that used the block (record_stream)
+    GraphPool::State* pool = nullptr;   // the graph pool it belongs to, if any
   };
+
+  // Exact mode poisons a freed block in stream order: a later user that reads before
+  // writing sees NaN, not the previous tensor's values (during a capture the poisoning is
+  // part of the graph). No throw: a destructor path.
+  void poison_locked(void* p, int64_t size) {
+    if (exact_allocations() && backend_ready() && cudaMemsetAsync(p, 0xFF, static_cast<size_t>(size), stream()) != cudaSuccess)
+      cudaGetLastError();
+  }
+
+  // During a capture: from the captured pool's free blocks, else a new block for it (the
+  // capture is relaxed, so cudaMalloc is allowed; nothing is released to make room).
+  void* alloc_in_pool_locked(int64_t size, int64_t bytes) {
+    GraphPool::State& pool = *capture_;
+    void* p = nullptr;
+    auto it = pool.free.find(size);
+    if (it != pool.free.end() && !it->second.empty()) {
+      p = it->second.back();
+      it->second.pop_back();
+      ++stats_.cache_hits;
+    } else {
+      const cudaError_t e = cudaMalloc(&p, static_cast<size_t>(size));
+      if (e != cudaSuccess) {
+        cudaGetLastError();
+        throw_runtime("CUDA out of memory while capturing a CUDA graph: cannot allocate {} bytes (size class {}): {} "
+                      "bytes in use, {} reserved ({}); set training.enable_cuda_graph: false, or lower "
+                      "training.micro_batch_size",
+                      bytes, size, stats_.current_bytes, stats_.reserved_bytes, cudaGetErrorString(e));
+      }
+      ++stats_.device_allocs;
+      stats_.reserved_bytes += size;
+      adopt_locked(p, size);
+    }
+    live_[static_cast<char*>(p)] = Block{size, {}, &pool};
+    pool.live_bytes += size;
+    return p;
+  }
+
+  // A block joins the captured pool (counted in use for the pool's life).
+  void adopt_locked(void* p, int64_t size) {
+    capture_->blocks.emplace_back(p, size);
+    capture_->bytes += size;
+    stats_.graph_pool_bytes += size;
+    if (!live_.count(static_cast<char*>(p))) stats_.current_bytes += size;  // a new block (a freed one was counted)
+    stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.current_bytes);
+  }
   struct Pending {
     void* p = nullptr;
     int64_t size = 0;
@@ -239,6 +336,7 @@ class CachingAllocator {
   std::vector<Pending> pending_;                          // freed, side-stream work outstanding
   std::vector<cudaEvent_t> events_;                       // recycled events
   MemoryStats stats_;
+  GraphPool::State* capture_ = nullptr;                   // the pool a running capture allocates from
 };
 
 // Host-to-device uploads of small buffers (token ids, masks) without a host wait: the
@@ -384,6 +482,77 @@ void device_free(void* p) { allocator().free(p); }
 void record_stream(const void* p, cudaStream_t s) { allocator().record_stream(p, s); }
 int64_t async_uploads() { return staging().async_uploads(); }
 int64_t pinned_host_bytes() { return pinned_cache().pinned_bytes(); }
+
+// ---- CUDA graphs ------------------------------------------------------------------
+
+namespace {
+thread_local bool t_capturing = false;
+std::atomic<int64_t> g_graph_launches{0};
+}  // namespace
+
+GraphPool::GraphPool() : state_(new State) {}
+GraphPool::~GraphPool() {
+  allocator().release_pool(state_);
+  delete state_;
+}
+int64_t GraphPool::bytes() const { return state_->bytes; }
+int64_t GraphPool::live_bytes() const { return state_->live_bytes; }
+
+CudaGraph::CudaGraph(GraphPool& pool, const std::function<void()>& work) {
+  const cudaStream_t s = stream();
+  allocator().begin_capture(pool.state_);
+  t_capturing = true;
+  auto stop = [&](cudaGraph_t* g) {  // ends the capture whatever happened; the runtime's answer
+    const cudaError_t e = cudaStreamEndCapture(s, g);
+    t_capturing = false;
+    allocator().end_capture();
+    return e;
+  };
+  cudaError_t e = cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed);
+  if (e != cudaSuccess) {
+    t_capturing = false;
+    allocator().end_capture();
+    cudaGetLastError();
+    throw_runtime("cannot start a CUDA graph capture on the compute stream: {}", cudaGetErrorString(e));
+  }
+  try {
+    work();
+  } catch (...) {
+    cudaGraph_t g = nullptr;
+    stop(&g);
+    if (g) cudaGraphDestroy(g);
+    cudaGetLastError();
+    throw;
+  }
+  cudaGraph_t graph = nullptr;
+  e = stop(&graph);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    if (graph) cudaGraphDestroy(graph);
+    throw_runtime("CUDA graph capture failed: {} ({}): the captured work synchronised, queried, copied through "
+                  "pageable host memory or used another stream",
+                  cudaGetErrorString(e), cudaGetErrorName(e));
+  }
+  e = cudaGraphInstantiate(&exec_, graph, 0);
+  cudaGraphDestroy(graph);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    exec_ = nullptr;
+    throw_runtime("cannot instantiate the captured CUDA graph: {}", cudaGetErrorString(e));
+  }
+}
+
+CudaGraph::~CudaGraph() {
+  if (exec_) cudaGraphExecDestroy(exec_);
+}
+
+void CudaGraph::launch() const {
+  CUDA_CHECK(cudaGraphLaunch(exec_, stream()));
+  ++g_graph_launches;
+}
+
+bool capturing() { return t_capturing; }
+int64_t graph_launches() { return g_graph_launches.load(); }
 
 // ---- backend ---------------------------------------------------------------------
 

@@ -22,6 +22,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <functional>
 #include <utility>
 
 namespace mtnlg::cuda {
@@ -91,6 +92,7 @@ struct MemoryStats {
   int64_t cache_hits = 0;      // requests served from a free list
   int64_t deferred_frees = 0;  // frees of blocks used on a side stream (record_stream)
   int64_t pending_blocks = 0;  // of those, blocks whose side-stream work is not known done yet
+  int64_t graph_pool_bytes = 0;  // held by CUDA graph pools (GraphPool), counted in current_bytes
 };
 MemoryStats memory_stats();
 void reset_peak_memory();
@@ -143,6 +145,56 @@ class DeviceBuffer {
   int64_t n_ = 0;
   T* p_ = nullptr;
 };
+
+// ---- CUDA graphs ------------------------------------------------------------------
+// A private pool of the caching allocator for work captured into CUDA graphs. While a
+// capture runs (CudaGraph's constructor), every allocation is served from the pool being
+// captured into, and every block freed is kept by that pool, whether the pool handed it
+// out or not: a replay writes and reads the very addresses the capture used, so none of
+// them may be handed to other work while the pool lives. Captures that share a pool must
+// be replayed in the order they were captured, on the backend stream (a block one capture
+// freed may be another's). The pool's blocks count as in use (memory_stats().current_bytes)
+// for as long as the pool lives; destroying it (after its graphs) returns the free ones to
+// the cache. A block of the pool still held by a tensor when the pool goes becomes an
+// ordinary block.
+class GraphPool {
+ public:
+  GraphPool();
+  ~GraphPool();
+  GraphPool(const GraphPool&) = delete;
+  GraphPool& operator=(const GraphPool&) = delete;
+  int64_t bytes() const;       // device memory the pool holds
+  int64_t live_bytes() const;  // of those, blocks handed out and not freed yet
+  struct State;
+
+ private:
+  friend class CudaGraph;
+  State* state_;
+};
+
+// The work `work` queues on the backend stream, captured into a CUDA graph and
+// instantiated; nothing of it runs during the capture. The capture is in relaxed mode
+// (cudaStreamCaptureModeRelaxed), so that the pool may grow by cudaMalloc while it runs;
+// the work itself must not synchronise, query or copy through pageable host memory (the
+// runtime refuses that during a capture) and must queue nothing on other streams.
+// Kernel arguments are fixed at capture: what changes between replays must be read from
+// device memory the caller rewrites before launch(). A failed capture throws
+// RuntimeError naming the runtime's error; nothing stays captured.
+class CudaGraph {
+ public:
+  CudaGraph(GraphPool& pool, const std::function<void()>& work);
+  ~CudaGraph();
+  CudaGraph(const CudaGraph&) = delete;
+  CudaGraph& operator=(const CudaGraph&) = delete;
+  void launch() const;  // one replay, queued on the backend stream
+
+ private:
+  cudaGraphExec_t exec_ = nullptr;
+};
+// True while this thread captures (the step-parts marks and op profile stay off then).
+bool capturing();
+// CudaGraph::launch calls since start-up.
+int64_t graph_launches();
 
 // ---- backend ---------------------------------------------------------------------
 // Number of visible devices; 0 when there is none or no driver (never throws).

@@ -34,6 +34,7 @@ cudaEvent_t take_event() {
 }
 
 void mark(timing::StepPart starting) {
+  if (capturing()) return;  // a captured record is no timing point; the graph's launch is marked instead
   cudaEvent_t e = take_event();
   CUDA_CHECK(cudaEventRecord(e, stream()));
   t_marks.marks.emplace_back(e, starting);
@@ -58,7 +59,7 @@ void set_op_profile(bool on) { t_ops.on = on; }
 bool op_profile_on() { return t_ops.on; }
 
 OpScope::OpScope(const char* file) : file_(file) {
-  if (!t_ops.on) return;
+  if (!t_ops.on || capturing()) return;
   cudaEvent_t e = take_event();
   CUDA_CHECK(cudaEventRecord(e, stream()));
   start_ = e;
