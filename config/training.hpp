@@ -57,6 +57,11 @@ struct TrainingConfig {
   int64_t loss_spike_window = 10;
   SpikePolicy spike_policy = SpikePolicy::stop;
   int64_t param_hash_interval = 0;
+  // On a GPU, each micro batch's forward and backward run as CUDA graphs (captured once per
+  // micro-batch shape, then replayed): one launch instead of hundreds of kernel launches.
+  // Megatron's --enable-cuda-graph. Layouts it does not cover are refused at start-up
+  // (app/train/micro_batch_graphs.hpp says which and why).
+  bool enable_cuda_graph = false;
 };
 
 struct OptimizerConfig {

@@ -4,6 +4,7 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "core/mem_account.hpp"
 #include "core/ops.hpp"
@@ -107,6 +108,7 @@ struct PipelineExecutor::BatchRun {
   std::map<size_t, std::pair<std::unique_ptr<parallel::Request>, Tensor>> pending;  // by send action index
   int64_t send_held = 0;                   // bytes of the buffers in `pending`
   std::vector<int64_t> backwards_done;     // per chunk: which backward is its last
+  std::set<int64_t> graphed;               // micro batches whose forward ran as a CUDA graph
 
   static Tensor take(std::map<Key, Tensor>& map, Key key) {
     auto it = map.find(key);
@@ -151,11 +153,15 @@ struct PipelineExecutor::BatchRun {
       // What the forward allocates is counted as activations (the saved tensors and
       // the forward's temporaries); the backward's allocations stay workspace.
       mem::RoleScope role(mem::Role::activations);
-      res = chunk.forward(a.microbatch, mb, take(act_in, key));
+      const bool last = a.microbatch + 1 == batch.micro_batches;
+      if (ex.graphs_ && !(last && ex.graphs_eager_last_) && ex.graphs_->forward(a.microbatch, mb))
+        graphed.insert(a.microbatch);
+      else
+        res = chunk.forward(a.microbatch, mb, take(act_in, key));
     }
     if (res.output.defined()) act_out[key] = res.output;
     if (ex.mb_losses_ && chunk.spec().has_head) ex.record_micro_batch_loss(a.microbatch, loss_acc);
-    int64_t held = 0;
+    int64_t held = graphed.count(a.microbatch) ? ex.graphs_->saved_bytes() : 0;
     for (auto& c : ex.chunks_) held += c->saved_bytes();
     ex.peak_act_ = std::max(ex.peak_act_, held);
   }
@@ -168,6 +174,10 @@ struct PipelineExecutor::BatchRun {
     // backward passes them (the chunk reports them to its grad-ready hook).
     mb.last_backward = ++backwards_done[static_cast<size_t>(a.chunk)] == batch.micro_batches;
     const timing::StepPartScope part(timing::StepPart::backward);
+    if (graphed.erase(a.microbatch)) {  // its forward ran as a graph: so does its backward
+      ex.graphs_->backward(a.microbatch);
+      return;
+    }
     Tensor dx = chunk.backward(a.microbatch, mb, take(grad_in, key));
     if (dx.defined() && !(chunk.spec().has_embedding)) grad_out[key] = dx;
   }
@@ -187,6 +197,13 @@ struct PipelineExecutor::BatchRun {
     }
   }
 };
+
+void PipelineExecutor::enable_cuda_graphs(bool eager_last_micro_batch) {
+  MTNLG_CHECK(chunks_.size() == 1 && g_.topo.pp() == 1 && g_.topo.tp() == 1,
+              "CUDA graphs need one chunk on one GPU per replica (cuda_graph_refusal checks the recipe first)");
+  graphs_ = std::make_unique<MicroBatchGraphs>(*chunks_.front());
+  graphs_eager_last_ = eager_last_micro_batch;
+}
 
 void PipelineExecutor::run_batch(const data::Batch& batch, int64_t consumed_before, uint64_t step_key, double loss_scale,
                                  Tensor& loss_acc) {

@@ -6,6 +6,7 @@
 #include <memory>
 #include <vector>
 
+#include "app/train/micro_batch_graphs.hpp"
 #include "config/recipe.hpp"
 #include "data/sample_source.hpp"
 #include "model/gpt.hpp"
@@ -39,6 +40,11 @@ class PipelineExecutor {
   // by reading the loss accumulator after each forward (a host read per micro batch; the
   // arithmetic of the step is unchanged). Null (the default): nothing is read.
   void set_micro_batch_losses(std::vector<double>* out) { mb_losses_ = out; }
+  // training.enable_cuda_graph (app/train/micro_batch_graphs.hpp; the layout is checked by
+  // cuda_graph_refusal first): micro batches run through CUDA graphs, but the step's last
+  // one when `eager_last_micro_batch` (its backward starts the overlapped dp reduction).
+  void enable_cuda_graphs(bool eager_last_micro_batch);
+  const MicroBatchGraphs* cuda_graphs() const { return graphs_.get(); }
 
  private:
   model::MicroBatch micro_batch(const data::Batch& b, int64_t k, int64_t consumed_before, uint64_t step_key,
@@ -61,6 +67,8 @@ class PipelineExecutor {
   std::vector<std::vector<float>> masks_;
   double counted_tokens_ = 0;  // global batch tokens that count (eod_mask_loss)
   std::vector<double>* mb_losses_ = nullptr;
+  std::unique_ptr<MicroBatchGraphs> graphs_;
+  bool graphs_eager_last_ = false;
   double mb_loss_sum_ = 0, mb_loss_tokens_ = 0;  // the accumulator at the previous record
 };
 

@@ -66,6 +66,7 @@ void MetricsWriter::write(const IterationStats& s, const Recipe& r, double loss_
     j["gpu_profile"] = fam;
   }
   if (s.gemm_fallbacks >= 0) j["gemm_fallbacks"] = s.gemm_fallbacks;  // CUDA runs
+  if (s.cuda_graph_replays >= 0) j["cuda_graph_replays"] = s.cuda_graph_replays;  // training.enable_cuda_graph
   if (s.host_reads || s.host_uploads) {  // a device run: its host round trips
     j["host_reads"] = s.host_reads;
     j["host_uploads"] = s.host_uploads;

@@ -23,6 +23,7 @@
 #include "app/train/fault_injection.hpp"
 #include "app/train/forensics.hpp"
 #include "app/process/preflight.hpp"
+#include "app/train/micro_batch_graphs.hpp"
 #include "app/train/pipeline_executor.hpp"
 #include "app/train/run_reports.hpp"
 #include "app/train/step_timing.hpp"
@@ -256,11 +257,12 @@ void log_banner(const Recipe& r, const TrainModel& m, const TrainOptimizer& o, c
             t.pp(), t.dp(), t.world(), m.v() > 1 ? fmt::format(" interleaved v={}", m.v()) : "",
             m.cfg.sequence_parallel ? " +sequence-parallel" : "", human_count(static_cast<double>(o.total_params)),
             human_count(static_cast<double>(m.store.numel())));
-  log::info("model: {} layers, hidden {}, {} heads, seq {}, vocab {} (padded {}) | {} on {} | attention {} | recompute {}{}",
+  log::info("model: {} layers, hidden {}, {} heads, seq {}, vocab {} (padded {}) | {} on {} | attention {} | recompute {}{}{}",
             r.model.num_layers, r.model.hidden_size, r.model.num_attention_heads, r.model.seq_length, r.model.vocab_size,
             m.cfg.padded_vocab_size, to_string(r.training.precision), describe_device(m.device),
             m.chunks.front()->attention_note(), to_string(r.parallel.recompute_granularity),
-            o.adamw.zero1() ? " | ZeRO-1 distributed optimizer" : "");
+            o.adamw.zero1() ? " | ZeRO-1 distributed optimizer" : "",
+            r.training.enable_cuda_graph ? " | CUDA graphs per micro batch" : "");
   log::info("run: {} iterations, {} samples, {} tokens | data: {} | MFU peak {:.3f} TFLOP/s ({}); TFLOP/s and MFU count "
             "model FLOPs 72*B*s*l*h^2*(1+s/(6h)+V/(12*l*h)) per iteration (recompute not counted)",
             d.run.iterations,
@@ -370,7 +372,7 @@ class Trainer {
   TrainSummary run();  // the loop
 
  private:
-  void install_layer_observer();
+  bool install_layer_observer();
   IterationStats train_step(const data::Batch& batch, double lr, std::chrono::steady_clock::time_point t0);
   // The step's memory (device or RSS peak, tensor bytes by role) and traffic (bytes per
   // group, host reads and uploads since the counts given) into `s`.
@@ -442,14 +444,21 @@ Trainer::Trainer(const Recipe& r, const parallel::ProcessGroups& g, const TrainO
       last_saved_(iteration_),
       validation_(r, g_, model_.store, model_.cfg, model_.specs, data_.cache_dir, iteration_),
       forensics_(r, g_, data_.source, step_.exec) {
-  install_layer_observer();  // the observer calls back into this Trainer: installed once it is whole
+  const bool observer = install_layer_observer();  // it calls back into this Trainer: installed once it is whole
+  if (r.training.enable_cuda_graph) {
+    const std::string why = cuda_graph_refusal(r, model_.device, observer);
+    if (!why.empty()) throw_input("training.enable_cuda_graph: {}", why);
+    // With an overlapped data-parallel reduction the last micro batch's backward starts it.
+    step_.exec.enable_cuda_graphs(/*eager_last_micro_batch=*/step_.ddp.overlapped_buckets() > 0);
+  }
 }
 
 // Spike and NaN forensics, and the layer observer it shares with the poison fault: the
-// chunks get one only when either is on, so a run without them pays nothing.
-void Trainer::install_layer_observer() {
+// chunks get one only when either is on, so a run without them pays nothing. Whether it
+// installed one.
+bool Trainer::install_layer_observer() {
   const bool poison = fault_.active() && fault_.mode == "poison" && fault_.rank == g_.rank;
-  if (!forensics_.watches_steps() && !poison) return;
+  if (!forensics_.watches_steps() && !poison) return false;
   for (auto& c : model_.chunks)
     c->set_layer_observer([this, poison](int64_t layer, const model::MicroBatch& mb, Tensor& out) {
       if (poison && layer == fault_.layer && iteration_ + 1 == fault_.iteration &&
@@ -457,6 +466,7 @@ void Trainer::install_layer_observer() {
         ops::fill(out, std::nan(""));
       forensics_.observe(layer, mb, out);
     });
+  return true;
 }
 
 // The step's forward and backward with every gradient reduction: what train_step runs
@@ -600,6 +610,7 @@ void Trainer::record_memory_and_traffic(IterationStats& s, int64_t reads_before,
     s.peak_memory_bytes = m.peak_bytes;
     s.reserved_memory_bytes = m.reserved_bytes;
     s.gemm_fallbacks = gemm_fallbacks(model_.device);
+    if (const MicroBatchGraphs* graphs = step_.exec.cuda_graphs()) s.cuda_graph_replays = graphs->replays();
   } else {
     s.peak_memory_bytes = peak_rss_bytes();
   }
@@ -657,13 +668,14 @@ void Trainer::training_log(IterationStats& s, const data::Batch& batch) {
     log::info(
         " iteration {:>7}/{:<7} | consumed tokens: {:>10} | elapsed time per iteration (ms): {:8.1f} | tokens/s: {:9.1f} | "
         "TFLOP/s/GPU: {:6.3f} | MFU: {:5.1f}% | learning rate: {:.3E} | global batch size: {:5} | lm loss: {:.6E} | "
-        "grad norm: {:.3f}{} | skipped: {} | nan: {} | mem: {} MiB{}{} | comm MB tp/pp/dp: {:.3f}/{:.3f}/{:.3f}{}",
+        "grad norm: {:.3f}{} | skipped: {} | nan: {} | mem: {} MiB{}{}{} | comm MB tp/pp/dp: {:.3f}/{:.3f}/{:.3f}{}",
         s.iteration, total_iters, s.consumed_tokens, s.step_time_s * 1e3, s.tokens_per_s, s.tflops_per_gpu, 100 * s.mfu,
         s.lr, s.global_batch_size, s.loss, s.grad_norm,
         optim_.scaler ? fmt::format(" | loss scale: {:.1f}", s.loss_scale) : "", s.skipped_total, s.nan_total,
         s.peak_memory_bytes >> 20,
         s.reserved_memory_bytes ? fmt::format(" (reserved {} MiB)", s.reserved_memory_bytes >> 20) : std::string(),
         s.gemm_fallbacks >= 0 ? fmt::format(" | gemm fallbacks: {}", s.gemm_fallbacks) : std::string(),
+        s.cuda_graph_replays >= 0 ? fmt::format(" | graph replays: {}", s.cuda_graph_replays) : std::string(),
         s.bytes_tp / 1e6, s.bytes_pp / 1e6,
         s.bytes_dp / 1e6,  // rank 0's bytes sent this iteration (ring model, parallel/communicator.hpp)
         eta_text(summary_.iterations, total_iters - s.iteration));

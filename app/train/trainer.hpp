@@ -33,6 +33,9 @@ struct IterationStats {
   // CUDA: matmuls since the start that cuBLASLt did not run as asked (an epilogue it
   // refused, or cublasGemmEx instead; app/process/placement.hpp). -1 off CUDA.
   int64_t gemm_fallbacks = -1;
+  // training.enable_cuda_graph: CUDA graph launches since the start (a micro batch's forward
+  // and backward are one each; app/train/micro_batch_graphs.hpp). -1 when off.
+  int64_t cuda_graph_replays = -1;
   // Tensor bytes this rank holds by role (core/mem_account.hpp): weights, gradients and
   // optimizer state live after the step; the peaks of activations (everything the forward
   // passes allocate) and of workspace (everything else) during this iteration; and the peak

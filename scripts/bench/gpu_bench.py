@@ -54,14 +54,16 @@ SYSTEMS = ["mtnlg unfused", "mtnlg unfused (GELU kernel)", "mtnlg flash", "PyTor
 # The switches measured as A/B pairs on one row (--ab; scripts/gpu/proof.sh runs them on the
 # same machine as the rest of the proof and puts each ratio in its summary). A switch is one
 # line: its name, then side A and side B, each (label, `--set` overrides of mtnlg train,
-# environment); the ratio reported is B's tokens/s over A's. A later switch, e.g.
-#   ("cuda-graphs", ("off", [], {"MTNLG_CUDA_GRAPHS": "0"}), ("on", [], {"MTNLG_CUDA_GRAPHS": "1"})),
-# is one more line here; scripts/gpu/check_proof.py reads this list.
+# environment); the ratio reported is B's tokens/s over A's. A later switch is one more
+# line here; scripts/gpu/check_proof.py reads this list. The rows' mtnlg runs use CUDA graphs
+# on a GPU (--cuda-graph on, the default); each switch's sides set what they compare.
 SWITCHES = [
     # on CUDA the flash form is cuDNN's fused attention (docs/specs/cudnn-sdpa.md)
     ("attention", ("unfused", ["model.attention_backend=unfused"], {}), ("flash", ["model.attention_backend=flash"], {})),
     # cuBLASLt's GELU epilogues against the GEMM + mtnlg's GELU and bias-gradient kernels (bf16/fp16)
     ("gelu", ("epilogue", [], {}), ("kernel", [], {"MTNLG_GELU_EPILOGUE": "0"})),
+    # each micro batch's forward and backward replayed from CUDA graphs against launched op by op
+    ("cuda_graph", ("eager", ["training.enable_cuda_graph=false"], {}), ("graphs", ["training.enable_cuda_graph=true"], {})),
 ]
 
 
@@ -182,6 +184,7 @@ training:
   global_batch_size: {B}
   train_iters: {a.warmup + a.iters}
   num_threads: {a.threads}
+  enable_cuda_graph: {"true" if a.device == "cuda" and a.cuda_graph == "on" else "false"}
 optimizer:
   lr: 1.0e-4
   min_lr: 1.0e-5
@@ -368,6 +371,8 @@ def main():
     ap.add_argument("--iters", type=int)
     ap.add_argument("--threads", type=int, default=0, help="CPU threads (0: the library default)")
     ap.add_argument("--precision", choices=["bf16", "fp32"])
+    ap.add_argument("--cuda-graph", choices=["on", "off"], default="on",
+                    help="mtnlg's rows on a GPU with training.enable_cuda_graph (default on; the A/B measures both)")
     ap.add_argument("--peak-tflops", type=float, default=0, help="the MFU peak (default: the GPU's dense bf16 peak)")
     ap.add_argument("--compile-backend", default="")
     ap.add_argument("--budget", type=float, default=540, help="seconds for the whole run; later runs are skipped")

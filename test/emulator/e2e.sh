@@ -16,6 +16,12 @@
 #                 both equal the straight 8-iteration run of the resuming device (1e-4)
 #     layout      mpirun -np 8, tp2 x pp2 x dp2, ZeRO-1 and sequence parallel, on the
 #                 emulated NCCL: every loss within 1e-5 of the single-process cuda run
+#     graphs      training.enable_cuda_graph: micro batches replayed from CUDA graphs give
+#                 the eager cuda run's losses and grad norms bit for bit (fp32 with recompute
+#                 none and full, bf16, fp16 with loss scaling; the loss-mask path), with the
+#                 graph launches counted in metrics.jsonl; under mpirun dp2 (the last micro
+#                 batch eager, for the overlapped reduction) too; layouts graphs do not
+#                 cover (dropout, the CPU) exit 2 naming the key
 # (eval and generate on cuda vs cpu: scripts/gpu/train-proof.sh's infer step, which CI
 # runs on the emulated build as the test emulator.train-proof)
 # Exit status 0 when the step passes; every comparison prints its worst difference.
@@ -117,6 +123,55 @@ EOF
       --set parallel.use_distributed_optimizer=true --set parallel.sequence_parallel=true >"$out/eight.log" 2>&1 ||
       { echo "  mpirun -np 8 failed"; tail -20 "$out/eight.log"; fails=$((fails + 1)); }
     compare eight one 1e-5
+    ;;
+  graphs)
+    nodrop=(--set model.hidden_dropout=0 --set model.attention_dropout=0 --set data.eod_mask_loss=true)
+    for c in "fp32 none" "fp32 full" "bf16 selective" "fp16 none"; do
+      set -- $c
+      train "eager-$1-$2" cuda "$1" "${nodrop[@]}" --set parallel.recompute_granularity="$2" &&
+        train "graph-$1-$2" cuda "$1" "${nodrop[@]}" --set parallel.recompute_granularity="$2" \
+          --set training.enable_cuda_graph=true &&
+        compare "graph-$1-$2" "eager-$1-$2" 0
+    done
+    # dp2: each rank's step has 2 micro batches, the last one eager
+    for mode in eager graph; do
+      extra=()
+      [ $mode = graph ] && extra=(--set training.enable_cuda_graph=true)
+      MTNLG_EMU_DEVICES=2 "$repo/test/support/mpi/mpirun.sh" 2 "$bin" train recipes/tiny-mock.yaml \
+        --set training.device=cuda --set training.precision=bf16 --set training.train_iters=6 "${nodrop[@]}" \
+        --set logging.dir="$out/dp2-$mode" --set logging.log_interval=1 "${extra[@]}" >"$out/dp2-$mode.log" 2>&1 ||
+        { echo "  mpirun -np 2 ($mode) failed"; tail -20 "$out/dp2-$mode.log"; fails=$((fails + 1)); }
+    done
+    compare dp2-graph dp2-eager 0
+    python3 - "$out" <<'EOF' || fails=$((fails + 1))
+import json, sys
+out = sys.argv[1]
+def last(name):
+    return [json.loads(l) for l in open(f"{out}/{name}/metrics.jsonl")][-1]
+# 6 steps x 4 micro batches: the first eager (warm-up), the other 23 a forward and a
+# backward launch each; dp2: 6 x 2, the last of each step eager: 5 graphed
+want = {"graph-fp32-none": 46, "graph-fp32-full": 46, "graph-bf16-selective": 46, "graph-fp16-none": 46, "dp2-graph": 10}
+ok = True
+for name, n in want.items():
+    got = last(name).get("cuda_graph_replays")
+    captured = "captured (forward and backward" in open(f"{out}/{name}.log").read()
+    print(f"  {name}: {got} graph launches (want {n}), capture logged: {captured}")
+    ok = ok and got == n and captured
+ok = ok and "cuda_graph_replays" not in last("eager-bf16-selective")
+sys.exit(0 if ok else 1)
+EOF
+    for c in "cuda model.hidden_dropout=0.1" "cpu model.hidden_dropout=0"; do
+      set -- $c
+      "$bin" train recipes/tiny-mock.yaml --set training.device="$1" --set training.train_iters=1 --set "$2" \
+        --set model.attention_dropout=0 --set training.enable_cuda_graph=true --set logging.dir="$out/refused-$1" \
+        >"$out/refused-$1.log" 2>&1
+      rc=$?
+      if [ $rc -eq 2 ] && grep -q "training.enable_cuda_graph" "$out/refused-$1.log"; then
+        echo "  refused on $1 ($2): $(grep -o 'training.enable_cuda_graph.*' "$out/refused-$1.log" | head -1 | cut -c1-110)"
+      else
+        echo "  enable_cuda_graph on $1 ($2): exit $rc, not refused"; fails=$((fails + 1))
+      fi
+    done
     ;;
   *) echo "e2e.sh: unknown step '$step'" >&2; exit 2 ;;
 esac

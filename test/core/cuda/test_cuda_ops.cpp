@@ -17,6 +17,7 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <random>
 #include <string>
@@ -177,6 +178,84 @@ TEST_CASE("cuda allocator: out of memory releases the cache only outside a train
     setenv("MTNLG_EMU_MEMORY_BYTES", restore.c_str(), 1);
   else
     unsetenv("MTNLG_EMU_MEMORY_BYTES");
+}
+
+// CUDA graphs (device.hpp: GraphPool, CudaGraph): work captured once and replayed reads its
+// inputs where the capture did and allocates nothing; the pool keeps every block the
+// capture touched away from other work; a capture that synchronises is refused and leaves
+// the allocator as it was.
+TEST_CASE("cuda graphs: capture once, replay with new inputs; the pool's blocks stay the graph's", "[gpu]") {
+  if (!gpu_ready()) return;
+  cuda::synchronize();
+  const int64_t n = 1000;
+  Tensor x = Tensor::empty({n}, DType::f32, Device::cuda), y = Tensor::empty({n}, DType::f32, Device::cuda);
+  Tensor host = Tensor::empty({n}, DType::f32);
+  auto set_x = [&](float v) {
+    for (int64_t i = 0; i < n; ++i) host.data<float>()[i] = v + static_cast<float>(i);
+    x.copy_from(host);
+  };
+  set_x(1.0f);
+  const auto before = cuda::memory_stats();
+  const int64_t launches = cuda::graph_launches();
+  std::vector<const void*> captured;
+  auto pool = std::make_unique<cuda::GraphPool>();
+  {
+    cuda::CudaGraph g(*pool, [&] {
+      CHECK(cuda::capturing());
+      Tensor t = Tensor::empty({n}, DType::f32, Device::cuda);  // from the pool
+      captured.push_back(t.raw());
+      ops::add(t, x, x);  // t = 2x
+      Tensor u = Tensor::empty({n}, DType::f32, Device::cuda);
+      captured.push_back(u.raw());
+      ops::add(u, t, x);  // u = 3x
+      ops::copy(y, u);
+    });
+    CHECK_FALSE(cuda::capturing());
+    ops::fill(y, -1.0);
+    CHECK(y.to(Device::cpu).data<float>()[5] == -1.0f);  // nothing ran during the capture
+    CHECK(pool->bytes() > 0);
+    CHECK(pool->live_bytes() == 0);
+    CHECK(cuda::memory_stats().graph_pool_bytes - before.graph_pool_bytes == pool->bytes());
+    for (float v : {1.0f, 10.0f, -3.0f}) {
+      set_x(v);
+      const int64_t allocs = cuda::memory_stats().device_allocs;
+      g.launch();
+      const Tensor got = y.to(Device::cpu);
+      CHECK(cuda::memory_stats().device_allocs == allocs);  // a replay allocates nothing
+      for (int64_t i : {int64_t{0}, int64_t{7}, n - 1}) CHECK(got.data<float>()[i] == 3.0f * (v + static_cast<float>(i)));
+    }
+    // A block of the pool is never handed to other work while the pool lives, even though
+    // the capture freed it: the next replay writes it.
+    for (int k = 0; k < 4; ++k) {
+      Tensor other = Tensor::empty({n}, DType::f32, Device::cuda);
+      CHECK(std::find(captured.begin(), captured.end(), other.raw()) == captured.end());
+    }
+    CHECK(cuda::graph_launches() == launches + 3);
+  }
+  pool.reset();  // its graph went first; its blocks return to the cache
+  CHECK(cuda::memory_stats().graph_pool_bytes == before.graph_pool_bytes);
+  CHECK(cuda::memory_stats().current_bytes == before.current_bytes);
+}
+
+TEST_CASE("cuda graphs: a capture that synchronises is refused and leaves nothing captured", "[gpu]") {
+  if (!gpu_ready()) return;
+  Tensor x = Tensor::empty({16}, DType::f32, Device::cuda);
+  cuda::GraphPool pool;
+  try {
+    cuda::CudaGraph g(pool, [&] {
+      ops::fill(x, 2.0);
+      (void)x.to(Device::cpu);  // a device-to-host read waits for the stream: not during a capture
+    });
+    FAIL("the capture was not refused");
+  } catch (const RuntimeError& e) {
+    INFO(e.what());
+    CHECK((std::string(e.what()).find("captur") != std::string::npos));
+  }
+  CHECK_FALSE(cuda::capturing());
+  ops::fill(x, 3.0);  // the stream works as before, and the allocator allocates as before
+  Tensor z = Tensor::empty({16}, DType::f32, Device::cuda);
+  ops::copy(z, x);
+  CHECK(z.to(Device::cpu).data<float>()[15] == 3.0f);
 }
 
 TEST_CASE("cuda uploads: small host-to-device copies are staged and asynchronous, and exact", "[gpu]") {

@@ -1,0 +1,136 @@
+#include "app/train/micro_batch_graphs.hpp"
+
+#include "core/error.hpp"
+#include "core/log.hpp"
+#include "core/mem_account.hpp"
+
+#ifdef MTNLG_HAVE_CUDA
+#include "core/cuda/device.hpp"
+#include "core/cuda/step_events.hpp"
+#endif
+
+namespace mtnlg::app {
+
+std::string cuda_graph_refusal(const Recipe& r, Device device, bool observer) {
+#ifndef MTNLG_HAVE_CUDA
+  (void)device;
+  return "this mtnlg was built without CUDA";
+#else
+  if (device != Device::cuda) return "training runs on the CPU here (graphs are a GPU feature)";
+  if (r.parallel.tensor_model_parallel_size != 1 || r.parallel.pipeline_model_parallel_size != 1)
+    return "graphs cover one GPU per model replica (parallel.tensor_model_parallel_size and "
+           "parallel.pipeline_model_parallel_size 1)";
+  if (r.model.hidden_dropout > 0 || r.model.attention_dropout > 0)
+    return "dropout keys change every micro batch and are kernel arguments, which a graph fixes: set "
+           "model.hidden_dropout and model.attention_dropout to 0";
+  if (observer)
+    return "spike forensics and the poison fault watch each layer's output on the host: turn off "
+           "training.check_for_nan_in_loss_and_grad and training.loss_spike_threshold";
+  (void)r;
+  return "";
+#endif
+}
+
+#ifdef MTNLG_HAVE_CUDA
+
+struct MicroBatchGraphs::Shape {
+  int64_t seen = 0;       // micro batches of this shape so far
+  bool eager = false;     // its capture failed: eager from then on
+  model::PlacedInputs in; // what the graphs read: overwritten before every forward launch
+  int64_t saved = 0;      // activation bytes between the two graphs
+  // Destroyed before the pool they allocate from (members go in reverse order).
+  std::unique_ptr<cuda::GraphPool> pool;
+  std::unique_ptr<cuda::CudaGraph> fwd, bwd;
+};
+
+MicroBatchGraphs::MicroBatchGraphs(model::GptChunk& chunk) : chunk_(chunk) {}
+MicroBatchGraphs::~MicroBatchGraphs() = default;
+
+namespace {
+// Device buffers shaped like `host`, or the host's values copied into them.
+Tensor device_like(const Tensor& host) {
+  return host.defined() ? Tensor::empty(host.shape(), host.dtype(), Device::cuda) : Tensor();
+}
+void refill(Tensor& dst, const Tensor& host) {
+  if (host.defined()) dst.copy_from(host);
+}
+}  // namespace
+
+bool MicroBatchGraphs::capture(Shape& sh, int64_t mb_id, const model::MicroBatch& mb) {
+  model::MicroBatch m = mb;
+  m.placed = &sh.in;
+  try {
+    sh.pool = std::make_unique<cuda::GraphPool>();
+    sh.fwd = std::make_unique<cuda::CudaGraph>(*sh.pool, [&] { chunk_.forward(mb_id, m, Tensor()); });
+    sh.saved = chunk_.saved_bytes();
+    sh.bwd = std::make_unique<cuda::CudaGraph>(*sh.pool, [&] { chunk_.backward(mb_id, m, Tensor()); });
+    MTNLG_CHECK(sh.pool->live_bytes() == 0,
+                "{} bytes allocated during the capture are still held after the backward: a tensor outlived its graph",
+                sh.pool->live_bytes());
+  } catch (const RuntimeError& e) {
+    chunk_.drop_saved();  // a forward captured without its backward
+    sh.bwd.reset();
+    sh.fwd.reset();
+    sh.pool.reset();
+    sh.eager = true;
+    note_ = fmt::format("CUDA graphs off for micro batches of {} samples: {}", mb.micro_batch_size, e.what());
+    log::warn("{}; they run eagerly", note_);
+    return false;
+  }
+  note_ = fmt::format("CUDA graphs: micro batches of {} samples captured (forward and backward, {:.1f} MiB pool)",
+                      mb.micro_batch_size, static_cast<double>(sh.pool->bytes()) / (1 << 20));
+  log::info("{}", note_);
+  return true;
+}
+
+bool MicroBatchGraphs::forward(int64_t mb_id, const model::MicroBatch& mb) {
+  if (cuda::op_profile_on()) return false;  // logging.gpu_profile times ops one by one
+  const Key key{mb.micro_batch_size, mb.loss_mask != nullptr};
+  auto& slot = shapes_[key];
+  if (!slot) slot = std::make_unique<Shape>();
+  Shape& sh = *slot;
+  if (sh.eager || sh.seen++ == 0) return false;  // the first of a shape warms up eagerly
+  const model::PlacedInputs host = chunk_.host_inputs(mb);
+  if (!sh.fwd) {
+    sh.in = {device_like(host.ids), device_like(host.dloss), device_like(host.mask)};
+    refill(sh.in.ids, host.ids);
+    refill(sh.in.dloss, host.dloss);
+    refill(sh.in.mask, host.mask);
+    if (!capture(sh, mb_id, mb)) return false;
+  } else {
+    refill(sh.in.ids, host.ids);
+    refill(sh.in.dloss, host.dloss);
+    refill(sh.in.mask, host.mask);
+  }
+  sh.fwd->launch();
+  ++replays_;
+  // A replay allocates no tensor: its pool stands for what the eager forward and backward
+  // would hold, counted as activations (the caller's role scope) until the backward.
+  pool_role_ = mem::on_alloc(sh.pool->bytes());
+  last_saved_ = sh.saved;
+  pending_ = &sh;
+  pending_id_ = mb_id;
+  return true;
+}
+
+void MicroBatchGraphs::backward(int64_t mb_id) {
+  MTNLG_CHECK(pending_ && pending_id_ == mb_id, "backward graph of micro batch {} without its forward graph", mb_id);
+  pending_->bwd->launch();
+  ++replays_;
+  mem::on_free(pending_->pool->bytes(), pool_role_);
+  pending_ = nullptr;
+  pending_id_ = -1;
+}
+
+#else  // no CUDA: never constructed (cuda_graph_refusal refuses), defined for the link
+
+struct MicroBatchGraphs::Shape {};
+MicroBatchGraphs::MicroBatchGraphs(model::GptChunk& chunk) : chunk_(chunk) {}
+MicroBatchGraphs::~MicroBatchGraphs() = default;
+bool MicroBatchGraphs::capture(Shape&, int64_t, const model::MicroBatch&) { return false; }
+bool MicroBatchGraphs::forward(int64_t, const model::MicroBatch&) { return false; }
+void MicroBatchGraphs::backward(int64_t mb_id) { throw_runtime("backward graph of micro batch {} without CUDA", mb_id); }
+
+#endif
+
+}  // namespace mtnlg::app

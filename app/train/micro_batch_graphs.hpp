@@ -1,0 +1,75 @@
+// training.enable_cuda_graph: a micro batch's forward and its backward each run as one
+// CUDA graph instead of a few hundred kernel launches (core/cuda/device.hpp, CudaGraph).
+//
+// Per micro-batch shape (samples, whether a loss mask is used), in this order:
+//   1. the first micro batch of the shape runs eagerly: it warms what is made on first
+//      use (cuBLASLt algorithms, cuDNN plans, the allocator's free lists);
+//   2. the next one is captured: its forward into one graph, then its backward into
+//      another, both allocating from one private pool (cuda::GraphPool); nothing runs
+//      during the captures, so the two graphs are then launched for this micro batch;
+//   3. every later one copies its inputs (token ids, labels, the embedding grouping, the
+//      loss gradient and mask: model::PlacedInputs) into the buffers the capture read,
+//      and launches the two graphs.
+// Kernel arguments are fixed at capture, so everything that changes between micro batches
+// must come from device memory: the inputs above do; dropout keys do not (they are kernel
+// arguments), hence graphs need dropout 0. The forward and backward graphs share the pool
+// and are launched in capture order (the saved activations are pool blocks the forward
+// graph writes and the backward graph reads), which the layouts below guarantee.
+//
+// Covered: one GPU per model replica (tensor and pipeline parallel size 1), any data
+// parallel size; no dropout; no spike forensics or poison fault (their layer observer
+// runs host code between layers). With data parallelism the step's last micro batch runs
+// eagerly, since its backward starts the gradient reduction bucket by bucket as layers
+// finish. Steps that profile op families (logging.gpu_profile) run eagerly. A capture
+// the CUDA runtime refuses is reported once and the shape runs eagerly from then on.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "config/recipe.hpp"
+#include "core/mem_account.hpp"
+#include "model/gpt.hpp"
+
+namespace mtnlg::app {
+
+// Why training.enable_cuda_graph cannot run this recipe ("" = it can). `device` is where
+// training runs, `observer` whether the chunks get a layer observer (forensics, poison).
+std::string cuda_graph_refusal(const Recipe& r, Device device, bool observer);
+
+class MicroBatchGraphs {
+ public:
+  explicit MicroBatchGraphs(model::GptChunk& chunk);
+  ~MicroBatchGraphs();
+  MicroBatchGraphs(const MicroBatchGraphs&) = delete;
+  MicroBatchGraphs& operator=(const MicroBatchGraphs&) = delete;
+
+  // Runs micro batch `mb`'s forward and queues its backward through graphs, or returns
+  // false: then the caller runs chunk.forward and chunk.backward itself (warm-up, a shape
+  // whose capture failed). After true, backward() launches the backward graph.
+  bool forward(int64_t mb_id, const model::MicroBatch& mb);
+  void backward(int64_t mb_id);
+
+  // Activation bytes the forward graph leaves for the backward graph (measured at capture).
+  int64_t saved_bytes() const { return last_saved_; }
+  int64_t replays() const { return replays_; }
+  // What happened, for the log: "" until a shape is captured or refused.
+  const std::string& note() const { return note_; }
+
+ private:
+  struct Shape;
+  using Key = std::pair<int64_t, bool>;  // (samples, loss mask)
+  bool capture(Shape& sh, int64_t mb_id, const model::MicroBatch& mb);
+
+  model::GptChunk& chunk_;
+  std::map<Key, std::unique_ptr<Shape>> shapes_;
+  Shape* pending_ = nullptr;  // the shape whose backward graph is due
+  int64_t pending_id_ = -1;
+  int64_t last_saved_ = 0, replays_ = 0;
+  mem::Role pool_role_ = mem::Role::workspace;  // what the pending pool's bytes were counted as
+  std::string note_;
+};
+
+}  // namespace mtnlg::app
