@@ -563,6 +563,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, con
                               const void* C, cublasLtMatrixLayout_t Cd, void* D, cublasLtMatrixLayout_t Dd,
                               const cublasLtMatmulAlgo_t* algo, void* workspace, size_t workspace_bytes,
                               cudaStream_t stream) {
+  UseCollector uses;  // the operands checked below become the op's uses (a graph's replay rechecks them)
   const Desc* d = checked<Desc>(desc, kDescMagic);
   const Layout *a = checked<Layout>(Ad, kLayoutMagic), *b = checked<Layout>(Bd, kLayoutMagic),
                *c = checked<Layout>(Cd, kLayoutMagic), *dd = checked<Layout>(Dd, kLayoutMagic);
@@ -649,6 +650,7 @@ cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperat
                             cublasComputeType_t compute, cublasGemmAlgo_t) {
   if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
   if (m < 0 || n < 0 || k < 0 || !alpha || !beta) return CUBLAS_STATUS_INVALID_VALUE;
+  UseCollector uses;  // the operands checked below become the op's uses (a graph's replay rechecks them)
   Layout a, b, c;
   a.type = Atype;
   a.rows = static_cast<uint64_t>(ta == CUBLAS_OP_T ? k : m);

@@ -459,7 +459,11 @@ cudnnStatus_t cudnnBackendExecute(cudnnHandle_t handle, cudnnBackendDescriptor_t
   if (uids.size() != ptrs.size()) return refuse(CUDNN_STATUS_BAD_PARAM, "variant pack: ids and pointers differ in number");
   for (size_t i = 0; i < uids.size(); ++i) c.ptr[uids[i]] = ptrs[i];
   void* ws = vp->one<void*>(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, nullptr);
+  UseCollector uses;  // the op's device memory, rechecked by a graph's replay
   check_device_range(ws, 64 << 10, "cudnnBackendExecute: workspace (smaller than the plan's workspace size)");
+  for (const auto& [uid, p] : c.ptr)  // the tensors' extents are checked when the op runs
+    if (is_device_pointer(p))
+      check_device_range(p, 1, fmt_str("cudnnBackendExecute: tensor uid %lld", static_cast<long long>(uid)).c_str());
   // By-value scalars are read now (host memory); the scale must be 1/sqrt(D) for the CPU op.
   const float scale = *static_cast<const float*>(need(c, c.p.scale));
   const int64_t D = c.p.q->dims()[3];

@@ -1,7 +1,8 @@
 // The emulated CUDA backend's internal interface: what the runtime (runtime.cpp), the
-// SIMT executor (simt.cpp), cuBLASLt/cuBLAS (cublas.cpp) and NCCL (nccl.cpp) share.
-// Nothing outside emulator/ includes this; mtnlg's own code sees only the CUDA, cuBLAS
-// and NCCL headers of the toolkit, whose functions this library defines.
+// SIMT executor (simt.cpp), cuBLASLt/cuBLAS (cublas.cpp), cuDNN (cudnn.cpp) and NCCL
+// (nccl.cpp) share. Nothing outside emulator/ includes this but the emulator's own tests
+// (test/emulator/); mtnlg's own code sees only the CUDA, cuBLAS and NCCL headers of the
+// toolkit, whose functions this library defines.
 //
 // Model. Each stream is a FIFO of Ops. Nothing runs when it is enqueued: a stream runs
 // only when a synchronisation forces it (cudaStreamSynchronize, cudaEventSynchronize,
@@ -12,6 +13,11 @@
 // (NaN-filled) memory instead of passing by luck. The one exception is communication:
 // while an NCCL op waits for a peer, every stream may run (as every stream does on a
 // GPU), so no emulated-only deadlock appears.
+//
+// A stream that captures a CUDA graph (cudaStreamBeginCapture) queues nothing: every op
+// enqueued on it is recorded into the graph, and cudaGraphLaunch queues copies of the
+// recorded ops, in order, on the stream it is given (docs/specs/cuda-emulation.md,
+// "Stream capture and graphs").
 //
 // Device memory lives in its own mappings, inaccessible (PROT_NONE) except while the
 // emulator runs queued work: a host dereference of a device pointer faults and the
@@ -25,12 +31,24 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 namespace mtnlg::emu {
 
 // Prints "mtnlg cuda-emulator: <msg>" to stderr and aborts the process (the emulated
 // equivalent of a device fault: the context is lost).
 [[noreturn]] void fatal(const std::string& msg);
+
+// Memory an op reads or writes, noted when it is enqueued, so that a replay of a CUDA
+// graph that captured the op can check that the memory is still allocated (the same
+// allocation, not a later one at the same address).
+struct MemoryUse {
+  const void* p = nullptr;
+  size_t bytes = 0;     // 0: the pointer alone (a kernel's argument, whose extent is unknown)
+  uint64_t alloc = 0;   // the device allocation's number; 0 for pinned host memory
+  bool pinned = false;  // cudaHostAlloc'd host memory (an async copy's host side)
+  std::string what;
+};
 
 // One unit of queued work.
 struct Op {
@@ -45,13 +63,48 @@ struct Op {
   // has finished `wait_seq` ops; the scheduler runs that stream up to there first.
   cudaStream_t wait_stream = nullptr;
   uint64_t wait_seq = 0;
+  // Optional: builds `step` when the op is queued to run (by enqueue(), and again by every
+  // cudaGraphLaunch of a graph that captured it), for an op whose state must be fresh for
+  // each execution or whose place in an order is taken when it is queued (NCCL's
+  // per-communicator order). When set, enqueue() replaces `step` with arm().
+  std::function<std::function<bool()>()> arm{};
+  // Device (and pinned) memory the op uses; see MemoryUse. Filled by enqueue() from the
+  // ranges check_device_range accepted inside the caller's UseCollector, by launch()
+  // from a kernel's pointer arguments, and by the async copies.
+  std::vector<MemoryUse> uses{};
 };
 
-// Appends `op` to stream `s` (nullptr: the legacy default stream). Never runs it.
+// Appends `op` to stream `s` (nullptr: the legacy default stream). Never runs it. While
+// `s` captures a CUDA graph (cudaStreamBeginCapture) the op is recorded into the graph
+// instead; on a capture that a refused call invalidated, or on the legacy stream while a
+// blocking stream captures, it is dropped and the error is set (cudaGetLastError).
 void enqueue(cudaStream_t s, Op op);
 
-// Runs `s` until everything enqueued on it so far has finished.
+// Runs `s` until everything enqueued on it so far has finished (a fatal error while `s`
+// captures a graph: nothing recorded there can run).
 void force(cudaStream_t s);
+
+// While one lives on a thread, the ranges check_device_range accepts on that thread are
+// collected; take() hands them to an op's `uses`. A library declares one at the top of a
+// call that checks its operands and then enqueues an op.
+class UseCollector {
+ public:
+  UseCollector();
+  ~UseCollector();
+  UseCollector(const UseCollector&) = delete;
+  UseCollector& operator=(const UseCollector&) = delete;
+  std::vector<MemoryUse> take();
+  void add(MemoryUse u) { uses_.push_back(std::move(u)); }
+
+ private:
+  UseCollector* outer_;
+  std::vector<MemoryUse> uses_;
+};
+
+// CUDA graphs (stream capture): how many cudaGraphLaunch calls were accepted, and how
+// many recorded ops they queued, since the process started.
+int64_t graph_launches();
+int64_t graph_ops_replayed();
 
 // Checks that [p, p + bytes) lies inside one live device allocation; otherwise a fatal
 // error "<what>: ... " naming the nearest allocation. bytes == 0 checks nothing.

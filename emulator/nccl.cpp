@@ -261,6 +261,7 @@ ncclResult_t enqueue_op(Kind kind, ncclComm_t comm, const void* in, void* out, s
   const size_t b = count * type_bytes(type);
   const size_t n = static_cast<size_t>(comm->size);
   const std::string name = kind_name(kind);
+  UseCollector uses;  // the buffers checked below become the op's uses (a graph's replay rechecks them)
   // Buffers must be device memory of the op's extent (NCCL reads and writes them from the GPU).
   switch (kind) {
     case Kind::all_reduce:
@@ -284,20 +285,27 @@ ncclResult_t enqueue_op(Kind kind, ncclComm_t comm, const void* in, void* out, s
   }
   if ((kind != Kind::send && kind != Kind::recv) && comm->size > 1 && comm->mpi == MPI_COMM_NULL)
     fatal("NCCL communicator without its MPI group");
-  auto cop = std::make_shared<CommOp>();
-  cop->kind = kind;
-  cop->comm = comm;
-  cop->seq = comm->enqueued++;
-  cop->in = in;
-  cop->out = out;
-  cop->count = count;
-  cop->type = type;
-  cop->op = op;
-  cop->peer = peer;
+  CommOp proto;
+  proto.kind = kind;
+  proto.comm = comm;
+  proto.in = in;
+  proto.out = out;
+  proto.count = count;
+  proto.type = type;
+  proto.op = op;
+  proto.peer = peer;
   Op o;
   o.name = fmt_str("%s (%zu x %d bytes, rank %d of %d)", name.c_str(), count, int(type_bytes(type)), comm->rank, comm->size);
   o.communication = true;
-  o.step = [cop] { return cop->step(); };
+  // Armed when queued to run: its place in the communicator's order is taken then (a
+  // captured op takes none until a graph launch queues it, and one each time), and each
+  // execution has its own buffers and request.
+  o.arm = [proto, name] {
+    if (proto.comm->destroyed) fatal(fmt_str("%s replayed (cudaGraphLaunch) on a destroyed communicator", name.c_str()));
+    auto cop = std::make_shared<CommOp>(proto);
+    cop->seq = proto.comm->enqueued++;
+    return std::function<bool()>([cop] { return cop->step(); });
+  };
   enqueue(stream, std::move(o));
   return ncclSuccess;
 }

@@ -1,7 +1,8 @@
 // The emulated CUDA runtime: device memory, pinned host memory, streams, events, the
 // scheduler that runs queued work when a synchronisation forces it, kernel launches
-// (checked against sm_90's limits), the fault handler, and the device queries. See
-// emu.hpp for the model and its guarantees.
+// (checked against sm_90's limits), stream capture into CUDA graphs and their replay,
+// the fault handler, and the device queries. See emu.hpp for the model and its
+// guarantees, docs/specs/cuda-emulation.md for what each call accepts and refuses.
 #include <signal.h>
 #include <sys/mman.h>
 #include <ucontext.h>
@@ -15,9 +16,11 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "emulator/cuda_emu.hpp"
@@ -26,12 +29,17 @@
 
 #undef warpSize  // the kernels' macro; cudaDeviceProp has a field of that name
 
+namespace mtnlg::emu {
+struct Capture;
+}
+
 struct CUstream_st {
   int id = 0;
   unsigned flags = 0;
   std::deque<mtnlg::emu::Op> q;
   uint64_t enqueued = 0, completed = 0;
   bool busy = false;  // its front op is running (or waiting for a dependency)
+  mtnlg::emu::Capture* cap = nullptr;  // the graph capture in progress on it (cudaStreamBeginCapture)
 };
 
 struct CUevent_st {
@@ -42,9 +50,42 @@ struct CUevent_st {
   double t_ms = 0;
   int queries = 0;
   bool destroyed = false;
+  uint64_t cap_id = 0;  // the capture its latest record was captured into (0: an ordinary record)
+};
+
+// A graph made by stream capture: the ops recorded, in stream order (the emulator models
+// single-stream capture only, so the graph is a chain).
+struct CUgraph_st {
+  uint64_t id = 0;
+  int stream_id = 0;       // the stream that captured it
+  std::vector<mtnlg::emu::Op> ops;
+  bool capturing = true;   // a capture is still recording into it
+  bool destroyed = false;  // kept (empty) after cudaGraphDestroy, so a stale handle is recognised
+};
+
+// An instantiated graph: its own copy of the graph's ops (the graph may be destroyed).
+struct CUgraphExec_st {
+  uint64_t id = 0;
+  uint64_t graph_id = 0;
+  int stream_id = 0;
+  std::vector<mtnlg::emu::Op> ops;
+  bool destroyed = false;
+  CUstream_st* last_stream = nullptr;  // where the latest launch was queued, and up to which op
+  uint64_t last_seq = 0;
 };
 
 namespace mtnlg::emu {
+
+// Stream capture (cudaStreamBeginCapture .. cudaStreamEndCapture).
+struct Capture {
+  uint64_t id = 0;
+  CUstream_st* s = nullptr;
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeGlobal;
+  std::thread::id thread;
+  bool invalidated = false;
+  std::string why;  // the refused call that invalidated it
+  CUgraph_st* graph = nullptr;
+};
 
 namespace {
 
@@ -99,6 +140,15 @@ CUstream_st* g_null = nullptr;
 int g_next_stream_id = 0;
 std::unordered_map<const void*, int> g_max_dyn_smem;  // cudaFuncSetAttribute
 const char* volatile g_running_kernel = nullptr;
+
+std::vector<Capture*> g_captures;  // the captures in progress (invalidated ones too, until ended)
+uint64_t g_next_capture_id = 1;
+uint64_t g_next_graph_id = 1;
+std::set<const CUgraph_st*> g_graphs;         // every graph ever made (destroyed ones kept, empty)
+std::set<const CUgraphExec_st*> g_graph_execs;  // every exec ever made (likewise)
+int64_t g_graph_launches = 0;
+int64_t g_graph_ops_replayed = 0;
+thread_local cudaStreamCaptureMode tl_capture_mode = cudaStreamCaptureModeGlobal;  // cudaThreadExchangeStreamCaptureMode
 
 thread_local cudaError_t tl_last_error = cudaSuccess;
 thread_local std::string tl_last_detail;
@@ -158,8 +208,11 @@ std::string alloc_desc(const Alloc& a) {
 }
 
 // The pointer arguments of the launch being prepared on this thread (check_kernel_pointer
-// collects them; launch() hands them to the op, which checks their slack afterwards).
-thread_local std::vector<const void*> tl_launch_pointers;
+// collects them; launch() hands them to the op, which checks their slack afterwards and
+// keeps them as the op's uses for a graph's replay).
+thread_local std::vector<MemoryUse> tl_launch_pointers;
+// The innermost UseCollector of this thread (emu.hpp).
+thread_local UseCollector* tl_uses = nullptr;
 
 // A kernel must not have written into the slack between its allocation's end and the
 // guard page (still 0xFF).
@@ -271,6 +324,115 @@ CUstream_st* resolve(cudaStream_t s) {
 
 bool valid_stream(CUstream_st* s) { return std::find(g_streams.begin(), g_streams.end(), s) != g_streams.end(); }
 
+// ---- stream capture: who may do what while a capture is in progress --------------------
+
+// The CUDA runtime's own message for the capture-related codes (cudaGetErrorString).
+const char* capture_error_text(cudaError_t e) {
+  switch (e) {
+    case cudaErrorIllegalState: return "the operation cannot be performed in the present state";
+    case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
+    case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
+    case cudaErrorStreamCaptureMerge: return "operation would result in a merge of separate capture sequences";
+    case cudaErrorStreamCaptureUnmatched: return "capture was not ended in the same stream as it began";
+    case cudaErrorStreamCaptureUnjoined: return "capturing stream has unjoined work";
+    case cudaErrorStreamCaptureIsolation: return "dependency created on uncaptured work in another stream";
+    case cudaErrorStreamCaptureImplicit: return "operation would make the legacy stream depend on a capturing blocking stream";
+    case cudaErrorCapturedEvent: return "operation not permitted on an event last recorded in a capturing stream";
+    case cudaErrorStreamCaptureWrongThread: return "attempt to terminate a thread-local capture sequence from another thread";
+    default: return nullptr;
+  }
+}
+
+const char* mode_name(cudaStreamCaptureMode m) {
+  switch (m) {
+    case cudaStreamCaptureModeGlobal: return "global";
+    case cudaStreamCaptureModeThreadLocal: return "thread-local";
+    case cudaStreamCaptureModeRelaxed: return "relaxed";
+  }
+  return "?";
+}
+
+std::string capture_desc(const Capture* c) {
+  return fmt_str("the capture on stream %d (graph #%llu, mode %s)", c->s->id,
+                 static_cast<unsigned long long>(c->graph->id), mode_name(c->mode));
+}
+
+Capture* open_capture(uint64_t id) {
+  for (Capture* c : g_captures)
+    if (c->id == id) return c;
+  return nullptr;
+}
+
+// The captures that forbid this thread's "potentially unsafe" calls (cudaMalloc, ...), by
+// the rules of cudaThreadExchangeStreamCaptureMode: in the thread's mode global, its own
+// captures not begun relaxed and other threads' captures begun global; in thread-local,
+// its own captures not begun relaxed; in relaxed, none.
+std::vector<Capture*> unsafe_blockers() {
+  std::vector<Capture*> out;
+  const std::thread::id me = std::this_thread::get_id();
+  for (Capture* c : g_captures) {
+    const bool mine = c->thread == me;
+    bool blocks = false;
+    if (tl_capture_mode == cudaStreamCaptureModeGlobal)
+      blocks = (mine && c->mode != cudaStreamCaptureModeRelaxed) || (!mine && c->mode == cudaStreamCaptureModeGlobal);
+    else if (tl_capture_mode == cudaStreamCaptureModeThreadLocal)
+      blocks = mine && c->mode != cudaStreamCaptureModeRelaxed;
+    if (blocks) out.push_back(c);
+  }
+  return out;
+}
+
+// The captures on blocking streams (created without cudaStreamNonBlocking): while one is
+// in progress, the legacy default stream may not be used (it would depend on the capture).
+std::vector<Capture*> blocking_captures() {
+  std::vector<Capture*> out;
+  for (Capture* c : g_captures)
+    if (!(c->s->flags & cudaStreamNonBlocking)) out.push_back(c);
+  return out;
+}
+
+// Refuses a call that is invalid during the captures `caps`: invalidates each (so that
+// cudaStreamEndCapture answers cudaErrorStreamCaptureInvalidated and no graph) and sets
+// the last error.
+cudaError_t refuse(cudaError_t e, const std::vector<Capture*>& caps, const std::string& what) {
+  std::string d = fmt_str("%s: %s", capture_error_text(e), what.c_str());
+  for (Capture* c : caps) {
+    d += "; " + capture_desc(c) + (c->invalidated ? " was already invalidated" : " is invalidated");
+    if (!c->invalidated) {
+      c->invalidated = true;
+      c->why = what;
+    }
+  }
+  return fail(e, d);
+}
+
+cudaError_t invalidated_capture(const Capture* c, const char* what) {
+  return fail(cudaErrorStreamCaptureInvalidated,
+              fmt_str("%s: %s on stream %d, whose capture (graph #%llu) was invalidated by an earlier call: %s",
+                      capture_error_text(cudaErrorStreamCaptureInvalidated), what, c->s->id,
+                      static_cast<unsigned long long>(c->graph->id), c->why.c_str()));
+}
+
+// Queues `op` on `s`, or records it while `s` captures. The one path every queued op
+// takes (kernels, copies, host functions, cuBLAS, cuDNN, NCCL).
+cudaError_t submit(CUstream_st* s, Op&& op) {
+  if (Capture* c = s->cap) {
+    if (c->invalidated) return invalidated_capture(c, op.name.c_str());
+    c->graph->ops.push_back(std::move(op));
+    return cudaSuccess;
+  }
+  if (s == g_null) {
+    const std::vector<Capture*> b = blocking_captures();
+    if (!b.empty())
+      return refuse(cudaErrorStreamCaptureImplicit, b,
+                    fmt_str("%s on the legacy default stream while a blocking stream captures", op.name.c_str()));
+  }
+  if (op.arm) op.step = op.arm();
+  s->q.push_back(std::move(op));
+  ++s->enqueued;
+  return cudaSuccess;
+}
+
 void run_until(CUstream_st* s, uint64_t seq);
 
 void pop_front(CUstream_st* s) {
@@ -360,6 +522,19 @@ Mem classify(const void* p) {
 }
 const char* mem_name(Mem m) { return m == Mem::device ? "device" : m == Mem::pinned ? "pinned host" : "pageable host"; }
 
+// cudaMemcpy and cudaMemset: work on the legacy default stream that the host waits for.
+// Refused while a blocking stream captures (the legacy stream would depend on it), and,
+// as potentially unsafe calls, where this thread's capture mode forbids them.
+cudaError_t refuse_synchronous(const char* api) {
+  if (std::vector<Capture*> b = blocking_captures(); !b.empty())
+    return refuse(cudaErrorStreamCaptureImplicit, b,
+                  fmt_str("%s (synchronous, on the legacy default stream) while a blocking stream captures", api));
+  if (std::vector<Capture*> b = unsafe_blockers(); !b.empty())
+    return refuse(cudaErrorStreamCaptureUnsupported, b,
+                  fmt_str("%s (synchronous: the host waits for it, and no graph records it) during a capture", api));
+  return cudaSuccess;
+}
+
 cudaError_t memcpy_impl(void* dst, const void* src, size_t n, cudaMemcpyKind kind, cudaStream_t stream, bool sync,
                         const char* api) {
   CUstream_st* s = resolve(stream);
@@ -375,11 +550,24 @@ cudaError_t memcpy_impl(void* dst, const void* src, size_t n, cudaMemcpyKind kin
     return fail(cudaErrorInvalidValue, fmt_str("%s: copy kind %d does not match the pointers (destination is %s "
                                                "memory, source is %s memory)",
                                                api, static_cast<int>(kind), mem_name(d), mem_name(sr)));
+  UseCollector uses;
   if (want_dst_dev) check_device_range(dst, n, api);
   if (want_src_dev) check_device_range(src, n, api);
+  if (sync) {
+    if (cudaError_t e = refuse_synchronous(api); e != cudaSuccess) return e;
+  } else if (s->cap && (d == Mem::pageable || sr == Mem::pageable)) {
+    // A graph's copy node reads and writes its host side when the graph runs: only pinned
+    // memory stays valid (and unstaged) for that.
+    return refuse(cudaErrorStreamCaptureUnsupported, {s->cap},
+                  fmt_str("%s of %zu bytes %s pageable host memory (%p) on stream %d, which captures: a graph can "
+                          "copy only device or pinned (cudaHostAlloc) memory",
+                          api, n, d == Mem::pageable ? "into" : "from", d == Mem::pageable ? dst : src, s->id));
+  }
   if (sync) run_all();  // cudaMemcpy: the legacy default stream waits for the device
   Op op;
   op.name = api;
+  if (d == Mem::pinned) op.uses.push_back({dst, n, 0, true, std::string(api) + ": pinned destination"});
+  if (sr == Mem::pinned) op.uses.push_back({src, n, 0, true, std::string(api) + ": pinned source"});
   if (sr == Mem::pageable) {
     // Pageable sources are staged at the call, as the driver does: the caller may reuse them.
     auto staged = std::make_shared<std::vector<char>>(static_cast<const char*>(src), static_cast<const char*>(src) + n);
@@ -393,22 +581,30 @@ cudaError_t memcpy_impl(void* dst, const void* src, size_t n, cudaMemcpyKind kin
       return true;
     };
   }
-  enqueue(s, std::move(op));
+  for (MemoryUse& u : uses.take()) op.uses.push_back(std::move(u));
+  if (cudaError_t e = submit(s, std::move(op)); e != cudaSuccess) return e;
   // A copy into pageable host memory returns when it is done; so does cudaMemcpy.
   if (sync || (!want_dst_dev && d == Mem::pageable)) run_until(s, s->enqueued);
   return cudaSuccess;
 }
 
 cudaError_t memset_impl(void* dst, int value, size_t n, cudaStream_t stream, bool sync) {
+  const char* api = sync ? "cudaMemset" : "cudaMemsetAsync";
   CUstream_st* s = resolve(stream);
-  if (!valid_stream(s)) return fail(cudaErrorInvalidResourceHandle, "cudaMemsetAsync: invalid stream");
+  if (!valid_stream(s)) return fail(cudaErrorInvalidResourceHandle, fmt_str("%s: invalid stream", api));
   if (n == 0) return cudaSuccess;
-  check_device_range(dst, n, "cudaMemset");
-  if (sync) run_all();
-  enqueue(s, Op{"cudaMemset", [dst, value, n] {
-                  std::memset(dst, value, n);
-                  return true;
-                }});
+  UseCollector uses;
+  check_device_range(dst, n, api);
+  if (sync) {
+    if (cudaError_t e = refuse_synchronous(api); e != cudaSuccess) return e;
+    run_all();
+  }
+  Op op{api, [dst, value, n] {
+          std::memset(dst, value, n);
+          return true;
+        }};
+  op.uses = uses.take();
+  if (cudaError_t e = submit(s, std::move(op)); e != cudaSuccess) return e;
   if (sync) run_until(s, s->enqueued);
   return cudaSuccess;
 }
@@ -428,14 +624,28 @@ void enqueue(cudaStream_t stream, Op op) {
   std::lock_guard<std::recursive_mutex> lock(g_mu);
   CUstream_st* s = resolve(stream);
   if (!valid_stream(s)) fatal(fmt_str("%s enqueued on a stream that does not exist (destroyed?)", op.name.c_str()));
-  s->q.push_back(std::move(op));
-  ++s->enqueued;
+  if (op.uses.empty() && tl_uses) op.uses = tl_uses->take();
+  submit(s, std::move(op));  // a refusal sets the last error (the caller's API returns void or its own status)
 }
 
 void force(cudaStream_t stream) {
   std::lock_guard<std::recursive_mutex> lock(g_mu);
   CUstream_st* s = resolve(stream);
+  if (s->cap) fatal(fmt_str("force: stream %d is capturing a graph: its recorded work cannot run", s->id));
   run_until(s, s->enqueued);
+}
+
+UseCollector::UseCollector() : outer_(tl_uses) { tl_uses = this; }
+UseCollector::~UseCollector() { tl_uses = outer_; }
+std::vector<MemoryUse> UseCollector::take() { return std::exchange(uses_, {}); }
+
+int64_t graph_launches() {
+  std::lock_guard<std::recursive_mutex> lock(g_mu);
+  return g_graph_launches;
+}
+int64_t graph_ops_replayed() {
+  std::lock_guard<std::recursive_mutex> lock(g_mu);
+  return g_graph_ops_replayed;
 }
 
 void check_device_range(const void* p, size_t bytes, const char* what) {
@@ -452,6 +662,7 @@ void check_device_range(const void* p, size_t bytes, const char* what) {
   if (a + bytes > end)
     fatal(fmt_str("%s: [%p, +%zu bytes) runs %llu bytes past the end of %s", what, p, bytes,
                   static_cast<unsigned long long>(a + bytes - end), alloc_desc(*al).c_str()));
+  if (tl_uses && g_depth == 0) tl_uses->add({p, bytes, al->id, false, what});  // not an op's own check as it runs
 }
 
 bool is_device_pointer(const void* p) {
@@ -503,6 +714,9 @@ void set_thread_kernel(const char* name, const uint3* block) {
 
 void launch(const LaunchSpec& spec, std::function<void()> body) {
   std::lock_guard<std::recursive_mutex> lock(g_mu);
+  // This launch's pointer arguments (check_kernel_pointer); taken here, so a refused
+  // launch leaves none behind for the next.
+  std::vector<MemoryUse> ptr_uses = std::exchange(tl_launch_pointers, {});
   CUstream_st* s = resolve(spec.stream);
   const dim3 b = spec.block, g = spec.grid;
   const uint64_t threads = static_cast<uint64_t>(b.x) * b.y * b.z;
@@ -534,21 +748,22 @@ void launch(const LaunchSpec& spec, std::function<void()> body) {
   }
   Op op;
   op.name = std::string("kernel ") + spec.name;
-  op.step = [spec, body = std::move(body), ptrs = std::move(tl_launch_pointers)] {
+  std::vector<const void*> ptrs;
+  for (const MemoryUse& u : ptr_uses) ptrs.push_back(u.p);
+  op.step = [spec, body = std::move(body), ptrs = std::move(ptrs)] {
     run_grid(spec, body);
     for (const void* p : ptrs) check_slack(spec.name, p);
     return true;
   };
-  tl_launch_pointers.clear();
-  s->q.push_back(std::move(op));
-  ++s->enqueued;
+  op.uses = std::move(ptr_uses);
+  submit(s, std::move(op));  // a refusal (capture rules) sets the error cudaGetLastError returns
 }
 
 void check_kernel_pointer(const char* kernel, int index, const void* p) {
   if (!p) return;
   std::lock_guard<std::recursive_mutex> lock(g_mu);
-  if (find_alloc(reinterpret_cast<uintptr_t>(p))) {
-    tl_launch_pointers.push_back(p);
+  if (const Alloc* a = find_alloc(reinterpret_cast<uintptr_t>(p))) {
+    tl_launch_pointers.push_back({p, 0, a->id, false, fmt_str("kernel %s: pointer argument #%d", kernel, index)});
     return;
   }
   fatal(fmt_str("launch of kernel %s: pointer argument #%d (%p) is not device memory (a host pointer, freed memory, "
@@ -568,6 +783,9 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
   install_handler();
   if (!p) return fail(cudaErrorInvalidValue, "cudaMalloc: null output pointer");
   *p = nullptr;
+  // Potentially unsafe during a capture: no graph records the allocation.
+  if (std::vector<Capture*> b = unsafe_blockers(); !b.empty())
+    return refuse(cudaErrorStreamCaptureUnsupported, b, fmt_str("cudaMalloc(%zu bytes) during a capture", bytes));
   if (bytes == 0) return cudaSuccess;
   if (g_device_bytes + static_cast<int64_t>(bytes) > device_budget())
     return fail(cudaErrorMemoryAllocation,
@@ -603,6 +821,11 @@ cudaError_t cudaFree(void* p) {
   Lock lock(g_mu);
   if (!p) return cudaSuccess;
   auto it = g_allocs.find(reinterpret_cast<uintptr_t>(p));
+  // cudaFree synchronises the device, which includes the capturing streams: refused in
+  // every capture mode.
+  if (!g_captures.empty())
+    return refuse(cudaErrorStreamCaptureUnsupported, g_captures,
+                  fmt_str("cudaFree(%p) during a capture (it synchronises the device)", p));
   if (it == g_allocs.end())
     return fail(cudaErrorInvalidValue, fmt_str("cudaFree(%p): not the start of a live device allocation", p));
   run_all();  // cudaFree synchronises the device
@@ -620,20 +843,26 @@ cudaError_t cudaFree(void* p) {
   return cudaSuccess;
 }
 
-cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned int) {
+static cudaError_t host_alloc(void** p, size_t bytes, const char* api) {
   Lock lock(g_mu);
   install_handler();
-  if (!p) return fail(cudaErrorInvalidValue, "cudaHostAlloc: null output pointer");
+  if (!p) return fail(cudaErrorInvalidValue, fmt_str("%s: null output pointer", api));
+  if (std::vector<Capture*> b = unsafe_blockers(); !b.empty())
+    return refuse(cudaErrorStreamCaptureUnsupported, b, fmt_str("%s(%zu bytes) during a capture", api, bytes));
   void* m = mmap(nullptr, std::max<size_t>(bytes, 1), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (m == MAP_FAILED) return fail(cudaErrorMemoryAllocation, "cudaHostAlloc: out of host memory");
   g_pinned[reinterpret_cast<uintptr_t>(m)] = std::max<size_t>(bytes, 1);
   *p = m;
   return cudaSuccess;
 }
-cudaError_t cudaMallocHost(void** p, size_t bytes) { return cudaHostAlloc(p, bytes, 0); }
+cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned int) { return host_alloc(p, bytes, "cudaHostAlloc"); }
+cudaError_t cudaMallocHost(void** p, size_t bytes) { return host_alloc(p, bytes, "cudaMallocHost"); }
 cudaError_t cudaFreeHost(void* p) {
   Lock lock(g_mu);
   if (!p) return cudaSuccess;
+  if (!g_captures.empty())
+    return refuse(cudaErrorStreamCaptureUnsupported, g_captures,
+                  fmt_str("cudaFreeHost(%p) during a capture (it synchronises the device)", p));
   auto it = g_pinned.find(reinterpret_cast<uintptr_t>(p));
   if (it == g_pinned.end()) return fail(cudaErrorInvalidValue, "cudaFreeHost: not a pinned allocation");
   run_all();
@@ -677,27 +906,72 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   Lock lock(g_mu);
   CUstream_st* s = resolve(stream);
   if (!valid_stream(s) || s == g_null) return fail(cudaErrorInvalidResourceHandle, "cudaStreamDestroy: invalid stream");
+  if (s->cap)
+    return refuse(cudaErrorStreamCaptureUnsupported, {s->cap},
+                  fmt_str("cudaStreamDestroy of stream %d, which captures (end the capture first)", s->id));
   run_until(s, s->enqueued);  // its work still completes
   g_streams.erase(std::find(g_streams.begin(), g_streams.end(), s));
   // Events recorded on it keep pointing here: keep the (empty) object.
+  return cudaSuccess;
+}
+// cudaStreamSynchronize and cudaStreamQuery: what a capturing stream holds is not work
+// scheduled to run, so neither may ask about it; nor about the legacy stream, which
+// encompasses the blocking streams, while one of those captures.
+static cudaError_t refuse_stream_wait(CUstream_st* s, const char* api) {
+  if (s->cap) return refuse(cudaErrorStreamCaptureUnsupported, {s->cap}, fmt_str("%s of stream %d, which captures", api, s->id));
+  if (s == g_null)
+    if (std::vector<Capture*> b = blocking_captures(); !b.empty())
+      return refuse(cudaErrorStreamCaptureImplicit, b,
+                    fmt_str("%s of the legacy default stream while a blocking stream captures", api));
   return cudaSuccess;
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   Lock lock(g_mu);
   CUstream_st* s = resolve(stream);
   if (!valid_stream(s)) return fail(cudaErrorInvalidResourceHandle, "cudaStreamSynchronize: invalid stream");
+  if (cudaError_t e = refuse_stream_wait(s, "cudaStreamSynchronize"); e != cudaSuccess) return e;
   run_until(s, s->enqueued);
   return cudaSuccess;
 }
 cudaError_t cudaStreamQuery(cudaStream_t stream) {
   Lock lock(g_mu);
   CUstream_st* s = resolve(stream);
+  if (!valid_stream(s)) return fail(cudaErrorInvalidResourceHandle, "cudaStreamQuery: invalid stream");
+  if (cudaError_t e = refuse_stream_wait(s, "cudaStreamQuery"); e != cudaSuccess) return e;
   return s->completed >= s->enqueued ? cudaSuccess : cudaErrorNotReady;
 }
-cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t e, unsigned int) {
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t e, unsigned int flags) {
   Lock lock(g_mu);
   CUstream_st* s = resolve(stream);
   if (!valid_stream(s) || !e) return fail(cudaErrorInvalidResourceHandle, "cudaStreamWaitEvent: invalid handle");
+  if (e->cap_id) {  // the event's latest record was captured
+    if (Capture* c = open_capture(e->cap_id)) {
+      if (c->s == s) return c->invalidated ? invalidated_capture(c, "cudaStreamWaitEvent") : cudaSuccess;  // stream order holds
+      fatal(fmt_str("cudaStreamWaitEvent: stream %d waits on an event recorded in %s; on a GPU this joins stream %d "
+                    "to the capture (fork/join): cross-stream capture is not modelled by the emulator",
+                    s->id, capture_desc(c).c_str(), s->id));
+    }
+    return fail(cudaErrorInvalidValue,
+                fmt_str("cudaStreamWaitEvent: stream %d waits on an event whose latest record was captured into a "
+                        "graph (the capture has ended): the record is no point of any stream's work",
+                        s->id));
+  }
+  if (Capture* c = s->cap) {
+    if (c->invalidated) return invalidated_capture(c, "cudaStreamWaitEvent");
+    if (!e->s) return cudaSuccess;  // never recorded: nothing to wait for
+    if (flags & cudaEventWaitExternal)
+      fatal(fmt_str("cudaStreamWaitEvent(cudaEventWaitExternal) on stream %d, which captures: an external event "
+                    "wait node is not modelled by the emulator",
+                    s->id));
+    return refuse(cudaErrorStreamCaptureIsolation, {c},
+                  fmt_str("cudaStreamWaitEvent: stream %d, which captures, waits on an event recorded outside the "
+                          "capture (on stream %d)",
+                          s->id, e->s->id));
+  }
+  if (s == g_null)
+    if (std::vector<Capture*> b = blocking_captures(); !b.empty())
+      return refuse(cudaErrorStreamCaptureImplicit, b,
+                    "cudaStreamWaitEvent on the legacy default stream while a blocking stream captures");
   if (!e->s || event_done(e)) return cudaSuccess;
   Op op;
   op.name = "cudaStreamWaitEvent";
@@ -709,11 +983,13 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t e, unsigned int
   return cudaSuccess;
 }
 cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void* data) {
-  enqueue(stream, Op{"cudaLaunchHostFunc", [fn, data] {
-                       fn(data);
-                       return true;
-                     }});
-  return cudaSuccess;
+  Lock lock(g_mu);
+  CUstream_st* s = resolve(stream);
+  if (!valid_stream(s)) return fail(cudaErrorInvalidResourceHandle, "cudaLaunchHostFunc: invalid stream");
+  return submit(s, Op{"cudaLaunchHostFunc", [fn, data] {
+                        fn(data);
+                        return true;
+                      }});
 }
 
 cudaError_t cudaEventCreate(cudaEvent_t* e) { return cudaEventCreateWithFlags(e, 0); }
@@ -734,8 +1010,24 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t stream) {
   Lock lock(g_mu);
   CUstream_st* s = resolve(stream);
   if (!e || e->destroyed || !valid_stream(s)) return fail(cudaErrorInvalidResourceHandle, "cudaEventRecord: invalid handle");
+  if (Capture* c = s->cap) {
+    // Captured: the event now stands for a point in the graph (for waits in the same
+    // capture), not for a point of any stream's work; it takes no time.
+    if (c->invalidated) return invalidated_capture(c, "cudaEventRecord");
+    ++e->gen;
+    e->queries = 0;
+    e->cap_id = c->id;
+    e->s = nullptr;
+    e->seq = 0;
+    return cudaSuccess;
+  }
+  if (s == g_null)
+    if (std::vector<Capture*> b = blocking_captures(); !b.empty())
+      return refuse(cudaErrorStreamCaptureImplicit, b,
+                    "cudaEventRecord on the legacy default stream while a blocking stream captures");
   const uint64_t gen = ++e->gen;
   e->queries = 0;
+  e->cap_id = 0;
   s->q.push_back(Op{"cudaEventRecord", [e, gen] {
                       if (e->gen == gen) e->t_ms = now_ms();
                       return true;
@@ -745,9 +1037,29 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t stream) {
   e->seq = s->enqueued;
   return cudaSuccess;
 }
+// cudaEventQuery, cudaEventSynchronize, cudaEventElapsedTime on an event whose latest
+// record was captured: cudaErrorCapturedEvent while the capture is open (invalidating
+// it), cudaErrorInvalidValue once it has ended (the record became part of a graph).
+// On an ordinary event, a query or a wait is a potentially unsafe call during a capture.
+static cudaError_t refuse_event_use(cudaEvent_t e, const char* api, bool unsafe_call) {
+  if (e->cap_id) {
+    if (Capture* c = open_capture(e->cap_id))
+      return refuse(cudaErrorCapturedEvent, {c}, fmt_str("%s on an event recorded in %s", api, capture_desc(c).c_str()));
+    return fail(cudaErrorInvalidValue,
+                fmt_str("%s: the event's latest record was captured into a graph (the capture has ended): it marks "
+                        "no point of any stream's work; record it outside a capture (or with cudaEventRecordExternal, "
+                        "not modelled)",
+                        api));
+  }
+  if (unsafe_call)
+    if (std::vector<Capture*> b = unsafe_blockers(); !b.empty())
+      return refuse(cudaErrorStreamCaptureUnsupported, b, fmt_str("%s during a capture", api));
+  return cudaSuccess;
+}
 cudaError_t cudaEventQuery(cudaEvent_t e) {
   Lock lock(g_mu);
   if (!e) return fail(cudaErrorInvalidResourceHandle, "cudaEventQuery: null event");
+  if (cudaError_t r = refuse_event_use(e, "cudaEventQuery", true); r != cudaSuccess) return r;
   if (event_done(e)) return cudaSuccess;
   // Not forced by a query: a poller sees "not ready" for a while, then the work runs
   // (it would finish eventually on a GPU too).
@@ -758,12 +1070,15 @@ cudaError_t cudaEventQuery(cudaEvent_t e) {
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
   Lock lock(g_mu);
   if (!e) return fail(cudaErrorInvalidResourceHandle, "cudaEventSynchronize: null event");
+  if (cudaError_t r = refuse_event_use(e, "cudaEventSynchronize", true); r != cudaSuccess) return r;
   if (e->s) run_until(e->s, e->seq);
   return cudaSuccess;
 }
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b) {
   Lock lock(g_mu);
   if (!a || !b || !ms) return fail(cudaErrorInvalidValue, "cudaEventElapsedTime: null argument");
+  for (cudaEvent_t e : {a, b})
+    if (cudaError_t r = refuse_event_use(e, "cudaEventElapsedTime", false); r != cudaSuccess) return r;
   if ((a->flags | b->flags) & cudaEventDisableTiming)
     return fail(cudaErrorInvalidResourceHandle, "cudaEventElapsedTime: an event was created with cudaEventDisableTiming");
   if (!a->s || !b->s) return fail(cudaErrorInvalidResourceHandle, "cudaEventElapsedTime: an event was never recorded");
@@ -775,6 +1090,9 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b) {
 cudaError_t cudaDeviceSynchronize() {
   Lock lock(g_mu);
   resolve(nullptr);
+  // The device encompasses every capturing stream: refused in every capture mode.
+  if (!g_captures.empty())
+    return refuse(cudaErrorStreamCaptureUnsupported, g_captures, "cudaDeviceSynchronize during a capture");
   run_all();
   return cudaSuccess;
 }
@@ -795,12 +1113,23 @@ const char* cudaGetErrorName(cudaError_t e) {
     case cudaErrorNotReady: return "cudaErrorNotReady";
     case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
     case cudaErrorNoDevice: return "cudaErrorNoDevice";
+    case cudaErrorIllegalState: return "cudaErrorIllegalState";
+    case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
+    case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
+    case cudaErrorStreamCaptureMerge: return "cudaErrorStreamCaptureMerge";
+    case cudaErrorStreamCaptureUnmatched: return "cudaErrorStreamCaptureUnmatched";
+    case cudaErrorStreamCaptureUnjoined: return "cudaErrorStreamCaptureUnjoined";
+    case cudaErrorStreamCaptureIsolation: return "cudaErrorStreamCaptureIsolation";
+    case cudaErrorStreamCaptureImplicit: return "cudaErrorStreamCaptureImplicit";
+    case cudaErrorCapturedEvent: return "cudaErrorCapturedEvent";
+    case cudaErrorStreamCaptureWrongThread: return "cudaErrorStreamCaptureWrongThread";
     default: return "cudaError (emulated)";
   }
 }
 const char* cudaGetErrorString(cudaError_t e) {
   // The emulator's message for the latest failure of this thread names what failed.
   if (e != cudaSuccess && e == tl_last_error && !tl_last_detail.empty()) return tl_last_detail.c_str();
+  if (const char* text = capture_error_text(e)) return text;  // the runtime's own words
   if (e != cudaSuccess && !tl_last_detail.empty()) {
     static thread_local std::string s;
     s = std::string(cudaGetErrorName(e)) + " (emulated; last detail: " + tl_last_detail + ")";
@@ -894,4 +1223,271 @@ cudaError_t cudaFuncSetAttribute(const void* fn, cudaFuncAttribute attr, int val
     return cudaSuccess;
   }
   return cudaSuccess;  // other attributes (carveout, ...) are hints
+}
+
+// ---- stream capture and CUDA graphs -------------------------------------------------------
+//
+// One stream captures into one graph (a chain of the recorded ops); cudaGraphLaunch
+// queues a copy of each op, in order, on the stream it is given. What is refused, and
+// with which code, is listed in docs/specs/cuda-emulation.md ("Stream capture and graphs").
+
+cudaError_t cudaThreadExchangeStreamCaptureMode(cudaStreamCaptureMode* mode) {
+  if (!mode) return fail(cudaErrorInvalidValue, "cudaThreadExchangeStreamCaptureMode: null mode");
+  if (*mode != cudaStreamCaptureModeGlobal && *mode != cudaStreamCaptureModeThreadLocal &&
+      *mode != cudaStreamCaptureModeRelaxed)
+    return fail(cudaErrorInvalidValue, fmt_str("cudaThreadExchangeStreamCaptureMode: mode %d", static_cast<int>(*mode)));
+  std::swap(*mode, tl_capture_mode);
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode) {
+  Lock lock(g_mu);
+  if (stream == cudaStreamPerThread)
+    fatal("cudaStreamBeginCapture on cudaStreamPerThread: the emulator runs the per-thread default stream as the "
+          "legacy one, so its capture is not modelled; capture on a stream of cudaStreamCreate");
+  CUstream_st* s = resolve(stream);
+  if (s == g_null)
+    return fail(cudaErrorStreamCaptureUnsupported,
+                fmt_str("%s: cudaStreamBeginCapture on the legacy default stream (a graph cannot be captured there)",
+                        capture_error_text(cudaErrorStreamCaptureUnsupported)));
+  if (!valid_stream(s)) return fail(cudaErrorInvalidResourceHandle, "cudaStreamBeginCapture: invalid stream");
+  if (mode != cudaStreamCaptureModeGlobal && mode != cudaStreamCaptureModeThreadLocal &&
+      mode != cudaStreamCaptureModeRelaxed)
+    return fail(cudaErrorInvalidValue, fmt_str("cudaStreamBeginCapture: capture mode %d", static_cast<int>(mode)));
+  if (s->cap)
+    return fail(cudaErrorIllegalState, fmt_str("%s: cudaStreamBeginCapture on stream %d, which is already capturing (%s)",
+                                               capture_error_text(cudaErrorIllegalState), s->id,
+                                               capture_desc(s->cap).c_str()));
+  auto* g = new CUgraph_st;
+  g->id = g_next_graph_id++;
+  g->stream_id = s->id;
+  g_graphs.insert(g);
+  auto* c = new Capture;
+  c->id = g_next_capture_id++;
+  c->s = s;
+  c->mode = mode;
+  c->thread = std::this_thread::get_id();
+  c->graph = g;
+  s->cap = c;
+  g_captures.push_back(c);
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* pGraph) {
+  Lock lock(g_mu);
+  CUstream_st* s = resolve(stream);
+  if (!valid_stream(s)) return fail(cudaErrorInvalidResourceHandle, "cudaStreamEndCapture: invalid stream");
+  if (!pGraph) return fail(cudaErrorInvalidValue, "cudaStreamEndCapture: null graph pointer");
+  Capture* c = s->cap;
+  if (!c)
+    return fail(cudaErrorIllegalState, fmt_str("%s: cudaStreamEndCapture on stream %d, which is not capturing",
+                                               capture_error_text(cudaErrorIllegalState), s->id));
+  if (c->mode != cudaStreamCaptureModeRelaxed && c->thread != std::this_thread::get_id())
+    return fail(cudaErrorStreamCaptureWrongThread,
+                fmt_str("%s: cudaStreamEndCapture of %s from another thread than the one that began it",
+                        capture_error_text(cudaErrorStreamCaptureWrongThread), capture_desc(c).c_str()));
+  s->cap = nullptr;
+  g_captures.erase(std::find(g_captures.begin(), g_captures.end(), c));
+  CUgraph_st* g = c->graph;
+  g->capturing = false;
+  const std::unique_ptr<Capture> ended(c);
+  if (c->invalidated) {
+    *pGraph = nullptr;
+    g->destroyed = true;
+    g->ops.clear();
+    return fail(cudaErrorStreamCaptureInvalidated,
+                fmt_str("%s: cudaStreamEndCapture on stream %d returns no graph: the capture was invalidated by: %s",
+                        capture_error_text(cudaErrorStreamCaptureInvalidated), s->id, c->why.c_str()));
+  }
+  *pGraph = g;
+  return cudaSuccess;
+}
+
+// cudaStreamIsCapturing and cudaStreamGetCaptureInfo: asking about the legacy stream
+// while a blocking stream captures is refused (without invalidating the capture).
+static cudaError_t capture_status(cudaStream_t stream, cudaStreamCaptureStatus* st, const char* api) {
+  if (!st) return fail(cudaErrorInvalidValue, fmt_str("%s: null status pointer", api));
+  CUstream_st* s = resolve(stream);
+  if (!valid_stream(s)) return fail(cudaErrorInvalidResourceHandle, fmt_str("%s: invalid stream", api));
+  if (s == g_null && !blocking_captures().empty())
+    return fail(cudaErrorStreamCaptureImplicit,
+                fmt_str("%s: %s of the legacy default stream while a blocking stream captures",
+                        capture_error_text(cudaErrorStreamCaptureImplicit), api));
+  *st = !s->cap ? cudaStreamCaptureStatusNone
+                : s->cap->invalidated ? cudaStreamCaptureStatusInvalidated : cudaStreamCaptureStatusActive;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* st) {
+  Lock lock(g_mu);
+  return capture_status(stream, st, "cudaStreamIsCapturing");
+}
+
+cudaError_t cudaStreamGetCaptureInfo(cudaStream_t stream, cudaStreamCaptureStatus* st, unsigned long long* id,
+                                     cudaGraph_t* graph, const cudaGraphNode_t** deps, const cudaGraphEdgeData** edges,
+                                     size_t* num_deps) {
+  Lock lock(g_mu);
+  if (edges && !deps)
+    return fail(cudaErrorInvalidValue, "cudaStreamGetCaptureInfo: edge data asked for without the dependencies");
+  if (cudaError_t e = capture_status(stream, st, "cudaStreamGetCaptureInfo"); e != cudaSuccess) return e;
+  if (*st != cudaStreamCaptureStatusActive) return cudaSuccess;  // the other outputs are valid only while active
+  const Capture* c = resolve(stream)->cap;
+  if (deps || edges)
+    fatal("cudaStreamGetCaptureInfo: the capture's node handles (dependencies_out, edgeData_out) are not modelled by "
+          "the emulator (its graphs have no nodes to edit)");
+  if (id) *id = c->id;
+  if (graph) *graph = c->graph;
+  if (num_deps) *num_deps = c->graph->ops.empty() ? 0 : 1;  // a chain: the next op depends on the last one
+  return cudaSuccess;
+}
+
+// A graph or exec handle: null is an invalid value; one the emulator never made is a
+// dangling or corrupt pointer (fatal: on a GPU, undefined behaviour).
+static bool known_graph(const CUgraph_st* g, const char* api) {
+  if (!g) return false;
+  if (!g_graphs.count(g)) fatal(fmt_str("%s: %p is no graph this process made (a dangling or corrupt handle)", api, static_cast<const void*>(g)));
+  return true;
+}
+static bool known_exec(const CUgraphExec_st* x, const char* api) {
+  if (!x) return false;
+  if (!g_graph_execs.count(x))
+    fatal(fmt_str("%s: %p is no executable graph this process made (a dangling or corrupt handle)", api, static_cast<const void*>(x)));
+  return true;
+}
+
+static cudaError_t instantiate(cudaGraphExec_t* out, cudaGraph_t g, unsigned long long flags, const char* api) {
+  Lock lock(g_mu);
+  if (!out) return fail(cudaErrorInvalidValue, fmt_str("%s: null output pointer", api));
+  if (!known_graph(g, api)) return fail(cudaErrorInvalidValue, fmt_str("%s: null graph", api));
+  if (g->destroyed) return fail(cudaErrorInvalidResourceHandle, fmt_str("%s: graph #%llu was destroyed", api, static_cast<unsigned long long>(g->id)));
+  if (flags & cudaGraphInstantiateFlagDeviceLaunch)
+    fatal(fmt_str("%s: cudaGraphInstantiateFlagDeviceLaunch (a graph launched from the device) is not modelled by the "
+                  "emulator",
+                  api));
+  const unsigned long long known = cudaGraphInstantiateFlagAutoFreeOnLaunch | cudaGraphInstantiateFlagUseNodePriority;
+  if (flags & ~known)  // cudaGraphInstantiateFlagUpload belongs to cudaGraphInstantiateWithParams
+    return fail(cudaErrorInvalidValue, fmt_str("%s: flags 0x%llx", api, flags));
+  auto* x = new CUgraphExec_st;
+  x->id = g_graph_execs.size() + 1;
+  x->graph_id = g->id;
+  x->stream_id = g->stream_id;
+  x->ops = g->ops;  // the exec's own copy: the graph may be destroyed or captured into further
+  g_graph_execs.insert(x);
+  *out = x;
+  return cudaSuccess;
+}
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* out, cudaGraph_t g, unsigned long long flags) {
+  return instantiate(out, g, flags, "cudaGraphInstantiate");
+}
+cudaError_t cudaGraphInstantiateWithFlags(cudaGraphExec_t* out, cudaGraph_t g, unsigned long long flags) {
+  return instantiate(out, g, flags, "cudaGraphInstantiateWithFlags");
+}
+
+static std::string exec_desc(const CUgraphExec_st* x) {
+  return fmt_str("graph #%llu (exec #%llu, captured on stream %d, %zu ops)", static_cast<unsigned long long>(x->graph_id),
+                 static_cast<unsigned long long>(x->id), x->stream_id, x->ops.size());
+}
+
+// A replayed op must find its memory where the capture found it: the same device
+// allocation (not a later one at the same address), the same pinned buffer.
+static void check_replay_use(const CUgraphExec_st* x, size_t i, const Op& op, const MemoryUse& u) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(u.p);
+  const std::string where = fmt_str("cudaGraphLaunch of %s: op %zu (%s), %s, at %p", exec_desc(x).c_str(), i,
+                                    op.name.c_str(), u.what.c_str(), u.p);
+  if (u.pinned) {
+    if (is_pinned_host_pointer(u.p) && is_pinned_host_pointer(static_cast<const char*>(u.p) + u.bytes - 1)) return;
+    fatal(where + fmt_str(": the pinned host memory (%zu bytes) it copies was freed with cudaFreeHost after the capture",
+                          u.bytes));
+  }
+  const Alloc* now = find_alloc(a);
+  if (now && now->id == u.alloc && (u.bytes == 0 || a + u.bytes <= reinterpret_cast<uintptr_t>(now->user) + now->bytes))
+    return;
+  std::string was = fmt_str("device allocation #%llu", static_cast<unsigned long long>(u.alloc));
+  for (auto it = g_freed.rbegin(); it != g_freed.rend(); ++it)
+    if (it->id == u.alloc) {
+      was = alloc_desc(*it);
+      break;
+    }
+  fatal(where + ": " + was + " was freed with cudaFree after the capture, so the replay would use freed memory" +
+        (now ? " (the address now lies in " + alloc_desc(*now) + ")" : std::string()));
+}
+
+cudaError_t cudaGraphLaunch(cudaGraphExec_t x, cudaStream_t stream) {
+  Lock lock(g_mu);
+  if (!known_exec(x, "cudaGraphLaunch")) return fail(cudaErrorInvalidValue, "cudaGraphLaunch: null executable graph");
+  if (x->destroyed)
+    return fail(cudaErrorInvalidResourceHandle,
+                fmt_str("cudaGraphLaunch: executable graph #%llu was destroyed (cudaGraphExecDestroy)",
+                        static_cast<unsigned long long>(x->id)));
+  CUstream_st* s = resolve(stream);
+  if (!valid_stream(s)) return fail(cudaErrorInvalidResourceHandle, "cudaGraphLaunch: invalid stream");
+  if (s->cap)
+    fatal(fmt_str("cudaGraphLaunch of %s into stream %d, which is capturing: on a GPU the graph becomes a child-graph "
+                  "node of the capture; not modelled by the emulator",
+                  exec_desc(x).c_str(), s->id));
+  if (s == g_null)
+    if (std::vector<Capture*> b = blocking_captures(); !b.empty())
+      return refuse(cudaErrorStreamCaptureImplicit, b,
+                    "cudaGraphLaunch on the legacy default stream while a blocking stream captures");
+  for (size_t i = 0; i < x->ops.size(); ++i)
+    for (const MemoryUse& u : x->ops[i].uses) check_replay_use(x, i, x->ops[i], u);
+  // A launch is ordered behind the exec's previous launch, whichever stream that was on.
+  CUstream_st* prev = x->last_stream;
+  if (prev && prev != s && valid_stream(prev) && prev->completed < x->last_seq) {
+    Op w;
+    w.name = "cudaGraphLaunch: the previous launch of the same executable graph";
+    w.step = [] { return true; };
+    w.wait_stream = prev;
+    w.wait_seq = x->last_seq;
+    s->q.push_back(std::move(w));
+    ++s->enqueued;
+  }
+  for (const Op& recorded : x->ops) {
+    Op op = recorded;  // the same arguments on every replay, as a graph's nodes have
+    if (op.arm) op.step = op.arm();
+    s->q.push_back(std::move(op));
+    ++s->enqueued;
+  }
+  x->last_stream = s;
+  x->last_seq = s->enqueued;
+  ++g_graph_launches;
+  g_graph_ops_replayed += static_cast<int64_t>(x->ops.size());
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphUpload(cudaGraphExec_t x, cudaStream_t stream) {
+  Lock lock(g_mu);
+  if (!known_exec(x, "cudaGraphUpload")) return fail(cudaErrorInvalidValue, "cudaGraphUpload: null executable graph");
+  if (x->destroyed) return fail(cudaErrorInvalidResourceHandle, "cudaGraphUpload: the executable graph was destroyed");
+  CUstream_st* s = resolve(stream);
+  if (!valid_stream(s)) return fail(cudaErrorInvalidResourceHandle, "cudaGraphUpload: invalid stream");
+  if (s->cap) fatal(fmt_str("cudaGraphUpload into stream %d, which is capturing: not modelled by the emulator", s->id));
+  return cudaSuccess;  // nothing to upload: the ops are on the host already
+}
+
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t x) {
+  Lock lock(g_mu);
+  if (!known_exec(x, "cudaGraphExecDestroy")) return fail(cudaErrorInvalidValue, "cudaGraphExecDestroy: null executable graph");
+  if (x->destroyed)
+    fatal(fmt_str("cudaGraphExecDestroy: executable graph #%llu destroyed twice (undefined behaviour on a GPU)",
+                  static_cast<unsigned long long>(x->id)));
+  x->destroyed = true;  // queued replays hold their own copies of the ops and still run
+  x->ops.clear();
+  x->ops.shrink_to_fit();
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphDestroy(cudaGraph_t g) {
+  Lock lock(g_mu);
+  if (!known_graph(g, "cudaGraphDestroy")) return fail(cudaErrorInvalidValue, "cudaGraphDestroy: null graph");
+  if (g->destroyed)
+    fatal(fmt_str("cudaGraphDestroy: graph #%llu destroyed twice (undefined behaviour on a GPU)",
+                  static_cast<unsigned long long>(g->id)));
+  if (g->capturing)
+    fatal(fmt_str("cudaGraphDestroy: graph #%llu is still being captured into (on stream %d); end the capture first",
+                  static_cast<unsigned long long>(g->id), g->stream_id));
+  g->destroyed = true;  // its execs hold their own copies of the ops
+  g->ops.clear();
+  g->ops.shrink_to_fit();
+  return cudaSuccess;
 }

@@ -3,7 +3,9 @@
 //     barrier-early-return, shuffles, block-reduce, stream-order, pinned-copy-at-execution
 //   planted bugs (each must be caught; ctest matches the emulator's message):
 //     oob-write, oob-write-far, host-read, divergent-barrier, shuffle-bad-mask, over-limit-launch,
-//     smem-limit-launch, missing-wait, host-pointer-arg, pinned-overwrite, lt-gelu-aux-type
+//     smem-limit-launch, missing-wait, host-pointer-arg, pinned-overwrite, lt-gelu-aux-type,
+//     graph-replay-freed, graph-replay-freed-pinned, graph-cross-stream, graph-launch-into-capture
+//   (the semantics of CUDA graphs are test/emulator/graphs.cu's Catch2 cases)
 // Compiled like core/cuda/*.cu: as C++ with emulator/cuda_emu.hpp force-included.
 #include <cmath>
 #include <cstdio>
@@ -283,6 +285,55 @@ int run(const std::string& c) {
     MTNLG_LAUNCH(1, 64, 64 * 1024, nullptr, smem_kernel)(x);
     e = cudaGetLastError();
     expect(e == cudaSuccess && to_host(x, 64)[5] == 1.0f, "the same launch after cudaFuncSetAttribute runs");
+  } else if (c == "graph-replay-freed" || c == "graph-replay-freed-pinned") {
+    // Planted: a graph captured with a buffer is replayed after the buffer was freed (a
+    // GPU would read or write whatever the address holds by then).
+    float* x = dalloc<float>(n);
+    float* y = dalloc<float>(n);
+    float* pinned = nullptr;
+    CHECK_OK(cudaHostAlloc(reinterpret_cast<void**>(&pinned), n * sizeof(float), cudaHostAllocDefault));
+    cudaStream_t s;
+    CHECK_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    CHECK_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    CHECK_OK(cudaMemcpyAsync(y, pinned, n * sizeof(float), cudaMemcpyHostToDevice, s));
+    MTNLG_LAUNCH(4, 256, 0, s, fill_kernel)(x, n, 1.0f);
+    cudaGraph_t g;
+    CHECK_OK(cudaStreamEndCapture(s, &g));
+    cudaGraphExec_t exec;
+    CHECK_OK(cudaGraphInstantiate(&exec, g, 0));
+    CHECK_OK(cudaGraphLaunch(exec, s));
+    CHECK_OK(cudaStreamSynchronize(s));
+    if (c == "graph-replay-freed") CHECK_OK(cudaFree(x));
+    else CHECK_OK(cudaFreeHost(pinned));
+    CHECK_OK(cudaGraphLaunch(exec, s));  // planted
+    CHECK_OK(cudaStreamSynchronize(s));
+    return 1;  // not reached: the launch checks the recorded memory
+  } else if (c == "graph-cross-stream") {
+    // Planted: a fork into a second stream during a capture (joins it to the capture on a
+    // GPU); the emulator does not model it and must say so rather than run it unrecorded.
+    cudaStream_t a, b;
+    CHECK_OK(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking));
+    CHECK_OK(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking));
+    cudaEvent_t e;
+    CHECK_OK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    CHECK_OK(cudaStreamBeginCapture(a, cudaStreamCaptureModeGlobal));
+    CHECK_OK(cudaEventRecord(e, a));
+    CHECK_OK(cudaStreamWaitEvent(b, e, 0));  // planted
+    return 1;
+  } else if (c == "graph-launch-into-capture") {
+    cudaStream_t a, b;
+    CHECK_OK(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking));
+    CHECK_OK(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking));
+    float* x = dalloc<float>(n);
+    CHECK_OK(cudaStreamBeginCapture(a, cudaStreamCaptureModeGlobal));
+    MTNLG_LAUNCH(4, 256, 0, a, fill_kernel)(x, n, 1.0f);
+    cudaGraph_t g;
+    CHECK_OK(cudaStreamEndCapture(a, &g));
+    cudaGraphExec_t exec;
+    CHECK_OK(cudaGraphInstantiate(&exec, g, 0));
+    CHECK_OK(cudaStreamBeginCapture(b, cudaStreamCaptureModeGlobal));
+    CHECK_OK(cudaGraphLaunch(exec, b));  // planted: a child graph in a capture
+    return 1;
   } else if (c == "host-pointer-arg") {
     std::vector<float> host(n);
     MTNLG_LAUNCH(4, 256, 0, nullptr, fill_kernel)(host.data(), n, 1.0f);  // planted
