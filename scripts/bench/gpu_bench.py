@@ -65,6 +65,8 @@ SWITCHES = [
     # each micro batch's forward and backward replayed from CUDA graphs against launched op by op
     ("cuda_graph", ("eager", ["training.enable_cuda_graph=false"], {}), ("graphs", ["training.enable_cuda_graph=true"], {})),
 ]
+# Switches that exist on a GPU only: on the CPU (--cpu) their line says so instead of a ratio.
+GPU_ONLY = {"cuda_graph": "a GPU feature (training.enable_cuda_graph)"}
 
 
 def flops72(L, C, T, V):
@@ -313,7 +315,8 @@ def run_ab(a, shapes, out):
     Rounds alternate the order (A B, then B A, ...) and go over all the switches before the
     next round, so that drift on the machine cancels and a budget that runs out still
     leaves each switch a round. One line per switch, "ab NAME B/A RATIO | ...", and
-    results-ab.json; the exit status is the number of switches without a ratio."""
+    results-ab.json; the exit status is the number of switches without a ratio (a GPU_ONLY
+    switch on the CPU is not run and not counted)."""
     budget = Budget(a.budget, a.per_run)
     name = next(iter(shapes))
     shape = shapes[name]
@@ -321,6 +324,8 @@ def run_ab(a, shapes, out):
     errs = {sw[0]: {} for sw in SWITCHES}
     for r in range(a.ab_rounds):
         for sw_name, side_a, side_b in SWITCHES:
+            if a.device != "cuda" and sw_name in GPU_ONLY:
+                continue
             for label, sets, env in ((side_a, side_b) if r % 2 == 0 else (side_b, side_a)):
                 v = bench_mtnlg(a, shape, "unfused", out, budget, f"-r{r + 1}", env, sets, f"ab-{sw_name}-{label}")
                 if "tokens_per_s" in v:
@@ -332,6 +337,10 @@ def run_ab(a, shapes, out):
     L, C, H, T, B, V = shape
     for sw_name, side_a, side_b in SWITCHES:
         la, lb = side_a[0], side_b[0]
+        if a.device != "cuda" and sw_name in GPU_ONLY:
+            print(f"ab {sw_name:<12} {lb + '/' + la:<18} {'n/a':>6} | not run on the CPU: {GPU_ONLY[sw_name]}", flush=True)
+            results["switches"][sw_name] = {"a": la, "b": lb, "ratio": None, "errors": {}, "skipped": GPU_ONLY[sw_name]}
+            continue
         ta, tb = median_of(got[sw_name][la]), median_of(got[sw_name][lb])
         ratio = tb / ta if ta and tb else None
         results["switches"][sw_name] = {"a": la, "b": lb, la: got[sw_name][la], lb: got[sw_name][lb], "ratio": ratio,
