@@ -21,6 +21,11 @@ DType compute_dtype(Precision p) {
   return DType::f32;
 }
 
+int64_t logits_chunk_rows(int64_t rows, int64_t vocab_local, int64_t elements) {
+  if (rows <= 0) return 1;
+  return std::clamp<int64_t>(elements / std::max<int64_t>(vocab_local, 1), 1, rows);
+}
+
 void declare_chunk_params(ParamStore& store, const GptConfig& c, const ChunkSpec& spec, int64_t tp_rank, int64_t tp_size) {
   const int64_t C = c.hidden, V = c.padded_vocab_size, F = c.ffn;
   auto add = [&](std::string name, Shape global, int64_t split_dim, InitKind init, bool wd) {
@@ -98,7 +103,8 @@ struct GptChunk::Saved {
   ops::EmbeddingGradOrder order;  // rows grouped by token (CUDA first stage, training)
   Tensor dloss, mask;      // loss gradient and mask per token (last stage, training; PlacedInputs)
   Tensor x_out;            // chunk output before the head [R, C]
-  Tensor lnf, meanf, rstdf, lnf_full, logits, rowmax, sumexp;
+  Tensor lnf, meanf, rstdf;  // the final LayerNorm (its output only until head_loss has used it)
+  Tensor dlnf_full;        // the gradient of its (tp-gathered) output [N, C], from head_loss
   int64_t mbs = 0;
   int64_t bytes() const {
     int64_t b = 0;
@@ -112,8 +118,7 @@ struct GptChunk::Saved {
       if (l.ln1_full.defined() && l.ln1_full.raw() != l.ln1.raw()) add(l.ln1_full);
       if (l.ln2_full.defined() && l.ln2_full.raw() != l.ln2.raw()) add(l.ln2_full);
     }
-    for (auto* t : {&tokens, &targets, &x_out, &lnf, &meanf, &rstdf, &logits, &rowmax, &sumexp}) add(*t);
-    if (lnf_full.defined() && lnf_full.raw() != lnf.raw()) add(lnf_full);  // gathered under SP
+    for (auto* t : {&tokens, &targets, &x_out, &lnf, &meanf, &rstdf, &dlnf_full}) add(*t);
     return b;
   }
 };
@@ -603,13 +608,20 @@ Tensor GptChunk::run_layers(Tensor x, const MicroBatch& mb, bool inference, Save
   return x;
 }
 
-// Last stage: final LayerNorm, logits against the (tied) word embedding shard, the
-// vocab-parallel cross-entropy statistics. Training adds the loss to mb.loss_acc on the
-// device; eval reads the loss terms on the host (and per-token scores when asked).
+// Last stage: the final LayerNorm, then the logits against the (tied) word embedding shard
+// and the vocab-parallel cross-entropy statistics, a chunk of rows at a time
+// (logits_chunk_rows: the logits of all N rows are never held at once). Training adds each
+// chunk's loss to mb.loss_acc and, unless no backward follows (MicroBatch::forward_only),
+// the loss gradient being known already (PlacedInputs::dloss), runs the chunk's backward
+// through the logits at once: the logits' gradient in place, the tied embedding's
+// gradient, and those rows of the final LayerNorm's output gradient, which is all the
+// backward keeps of the head (dlnf_full). Without loss_acc the loss terms are read on the
+// host (and per-token scores when asked).
 void GptChunk::head_loss(const Tensor& x, const MicroBatch& mb, Saved& s, ForwardResult& res) {
   const int64_t C = cfg_.hidden, R = x.dim(0), N = s.tokens.numel();
   const DType dt = cfg_.dtype, wide = stats_dtype();
   auto* tpc = groups_.tp.get();
+  const bool tp_split = tpc && tpc->size() > 1;
   const bool sp = cfg_.sequence_parallel;
   s.x_out = x;
   if (!s.lnf.defined()) {  // else the last layer's residual add computed it (run_layers)
@@ -618,26 +630,42 @@ void GptChunk::head_loss(const Tensor& x, const MicroBatch& mb, Saved& s, Forwar
     s.rstdf = Tensor::empty({R}, wide, dev_);
     ops::layernorm_forward(s.lnf, s.meanf, s.rstdf, x, lnf_w_, lnf_b_, cfg_.layernorm_eps);
   }
-  s.lnf_full = tp::enter_column_parallel_forward(tpc, sp, s.lnf);
-  s.logits = Tensor::empty({N, vocab_local_}, dt, dev_);
-  ops::matmul_forward(s.logits, s.lnf_full, wte_, nullptr);
-  s.rowmax = Tensor::empty({N}, wide, dev_);
-  s.sumexp = Tensor::empty({N}, wide, dev_);
-  Tensor target_logit = Tensor::empty({N}, wide, dev_);
-  ops::xent_rowmax(s.rowmax, s.logits, vocab_valid_);
-  if (tpc && tpc->size() > 1) tp::all_reduce(tpc, s.rowmax, parallel::ReduceOp::max);
-  // A shard with no real vocabulary reports -inf; the global max is finite.
-  ops::xent_sumexp_target(s.sumexp, target_logit, s.logits, s.targets, s.rowmax, vocab_start_, vocab_valid_);
-  if (tpc && tpc->size() > 1) {
-    tp::all_reduce(tpc, s.sumexp);
-    tp::all_reduce(tpc, target_logit);
+  const Tensor lnf_full = tp::enter_column_parallel_forward(tpc, sp, s.lnf);
+  s.lnf = Tensor();  // the backward needs only its statistics
+  const bool device_loss = mb.loss_acc && !mb.want_token_scores;  // else read on the host
+  const bool backward = !mb.forward_only && !mb.want_token_scores;
+  if (backward) s.dlnf_full = Tensor::empty({N, C}, dt, dev_);
+  Tensor rowmax = Tensor::empty({N}, wide, dev_), sumexp = Tensor::empty({N}, wide, dev_),
+         target_logit = Tensor::empty({N}, wide, dev_);
+  const int64_t step = logits_chunk_rows(N, vocab_local_, cfg_.logits_chunk_elements);
+  for (int64_t r0 = 0; r0 < N; r0 += step) {
+    const int64_t n = std::min(step, N - r0);
+    const Tensor in = lnf_full.rows(r0, n), targets = s.targets.flat(r0, n);
+    Tensor logits = Tensor::empty({n, vocab_local_}, dt, dev_);
+    ops::matmul_forward(logits, in, wte_, nullptr);
+    Tensor mx = rowmax.flat(r0, n), se = sumexp.flat(r0, n), tl = target_logit.flat(r0, n);
+    ops::xent_rowmax(mx, logits, vocab_valid_);
+    if (tp_split) tp::all_reduce(tpc, mx, parallel::ReduceOp::max);
+    // A shard with no real vocabulary reports -inf; the global max is finite.
+    ops::xent_sumexp_target(se, tl, logits, targets, mx, vocab_start_, vocab_valid_);
+    if (tp_split) {
+      tp::all_reduce(tpc, se);
+      tp::all_reduce(tpc, tl);
+    }
+    if (device_loss) {  // training: the loss stays on the device
+      const Tensor mask = s.mask.defined() ? s.mask.flat(r0, n) : Tensor();
+      ops::xent_loss_accumulate(*mb.loss_acc, mx, se, tl, mask.defined() ? &mask : nullptr);
+    }
+    if (!backward) continue;
+    ops::xent_backward(logits, logits, targets, mx, se, s.dloss.flat(r0, n), vocab_start_, vocab_valid_);
+    Tensor dlnf_rows = s.dlnf_full.rows(r0, n);
+    ops::matmul_backward(&dlnf_rows, &d_wte_, nullptr, logits, in, wte_);
   }
-  if (mb.loss_acc && !mb.want_token_scores) {  // training: the loss stays on the device
-    ops::xent_loss_accumulate(*mb.loss_acc, s.rowmax, s.sumexp, target_logit, s.mask.defined() ? &s.mask : nullptr);
-    return;
-  }
-  // Eval: the loss terms are read on the host (one copy each off a device).
-  const Tensor rowmax_h = s.rowmax.on(Device::cpu), sumexp_h = s.sumexp.on(Device::cpu),
+  s.dloss = Tensor();
+  s.mask = Tensor();
+  if (device_loss) return;
+  // Otherwise the loss terms are read on the host (one copy each off a device).
+  const Tensor rowmax_h = rowmax.on(Device::cpu), sumexp_h = sumexp.on(Device::cpu),
                target_h = target_logit.on(Device::cpu);
   double loss_sum = 0, count = 0;
   for (int64_t i = 0; i < N; ++i) {
@@ -697,7 +725,7 @@ Tensor GptChunk::backward(int64_t mb_id, const MicroBatch& mb, const Tensor& dou
   std::unique_ptr<Saved> saved = std::move(it->second);
   saved_.erase(it);
   Saved& s = *saved;
-  const int64_t C = cfg_.hidden, T = cfg_.seq_length, B = s.mbs, N = B * T;
+  const int64_t C = cfg_.hidden, T = cfg_.seq_length, B = s.mbs;
   const DType dt = cfg_.dtype;
   const bool sp = cfg_.sequence_parallel;
   auto* tpc = groups_.tp.get();
@@ -706,13 +734,11 @@ Tensor GptChunk::backward(int64_t mb_id, const MicroBatch& mb, const Tensor& dou
 
   Tensor dx;
   if (spec_.has_head) {
-    const Tensor& dloss = s.dloss;  // loss_weight x mask, placed with the inputs
-    Tensor dlogits = s.logits;  // in place
-    ops::xent_backward(dlogits, s.logits, s.targets, s.rowmax, s.sumexp, dloss, vocab_start_, vocab_valid_);
-    Tensor dlnf_full = Tensor::empty({N, C}, dt, dev_);
-    ops::matmul_backward(&dlnf_full, &d_wte_, nullptr, dlogits, s.lnf_full, wte_);
-    s.logits = Tensor();
-    Tensor dlnf = tp::enter_column_parallel_backward(tpc, sp, dlnf_full);
+    // The head's backward through the logits ran in the forward (head_loss).
+    MTNLG_CHECK(s.dlnf_full.defined(), "backward of micro batch {} after a forward that computed no loss gradient",
+                mb_id);
+    Tensor dlnf = tp::enter_column_parallel_backward(tpc, sp, s.dlnf_full);
+    s.dlnf_full = Tensor();
     dx = Tensor::empty({R, C}, dt, dev_);
     ops::layernorm_backward(dx, d_lnf_w_, d_lnf_b_, dlnf, s.x_out, lnf_w_, s.meanf, s.rstdf);
     report_ready(head_param_offsets_, mb);

@@ -47,9 +47,17 @@ struct GptConfig {
   bool sequence_parallel = false;
   uint64_t seed = 1234;
   DType dtype = DType::f32;  // activations and the compute copy of the weights
+  // The most logits the last stage computes at once (rows x this rank's vocabulary shard):
+  // the loss and its backward through the logits run a chunk of rows at a time
+  // (logits_chunk_rows). 2^28: 512 MiB in bf16.
+  int64_t logits_chunk_elements = int64_t{1} << 28;
 
   int64_t head_dim() const { return hidden / heads; }
 };
+
+// Rows of logits the last stage computes at once for `rows` rows over a vocabulary shard of
+// `vocab_local` columns: as many as `elements` allow, at least one, all when they fit.
+int64_t logits_chunk_rows(int64_t rows, int64_t vocab_local, int64_t elements);
 
 // The activation / compute-weight dtype of a training precision (fp32 -> f32, bf16 ->
 // bf16, fp16 -> f16). Master weights, gradients and statistics stay fp32.
@@ -81,7 +89,10 @@ struct MicroBatch {
   uint64_t step_key = 0;  // dropout key for this iteration
   double loss_weight = 1.0;  // d(total loss)/d(sum of this micro batch's token losses)
   const float* loss_mask = nullptr;  // optional [B*T], 1 = counts (eod_mask_loss)
-  bool want_token_scores = false;    // last stage: fill ForwardResult::token_* (eval)
+  bool want_token_scores = false;    // last stage: fill ForwardResult::token_* (eval; no backward follows)
+  // Validation and scoring: no backward follows, so the last stage computes the loss only
+  // (a training forward also runs the head's backward through the logits, GptChunk::head_loss).
+  bool forward_only = false;
   // Training: the last stage adds (sum of token losses, tokens counted) to this f64 [2]
   // tensor on the model's device and reads nothing back (the trainer reads it once per
   // step). Null: the loss terms are read on the host into ForwardResult (eval).

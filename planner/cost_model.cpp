@@ -12,6 +12,7 @@
 
 #include "core/error.hpp"
 #include "model/flops.hpp"
+#include "model/gpt.hpp"
 #include "schedules/batch_schedule.hpp"
 #include "schedules/pipeline_schedule.hpp"
 
@@ -349,9 +350,18 @@ double trainer_chunk_saved_bytes(const Shape& sh, const Layout& l, Precision pre
             w * 4 * R + core;
   }
   double b = double(layers) * layer + 2 * N * 4;  // + token ids and targets (i32)
-  if (head)  // chunk output, final LayerNorm (+ gathered under SP) and its statistics, logits, max / sum-exp
-    b += 2 * R * C * e + (sp ? N * C * e : 0.0) + 2 * R * w + N * double(sh.V) / t * e + 2 * N * w;
+  if (head)  // chunk output, the final LayerNorm's statistics and its output's gradient (all N rows under SP);
+    b += R * C * e + 2 * R * w + N * C * e;  // the logits live only chunk by chunk (trainer_logits_bytes)
   return b;
+}
+
+// The last stage's logits while its head runs: one chunk of rows at a time
+// (model::logits_chunk_rows), in the compute dtype, with the cross-entropy statistics of
+// all rows (max, sum of exp, target logit, fp32).
+double trainer_logits_bytes(const Shape& sh, const Layout& l, Precision prec) {
+  const int64_t N = l.micro_batch * sh.s, V_local = sh.V / l.tp;
+  const int64_t rows = model::logits_chunk_rows(N, V_local, model::GptConfig{}.logits_chunk_elements);
+  return double(rows) * double(V_local) * double(element_bytes(prec)) + 3.0 * double(N) * 4.0;
 }
 
 // The most bytes pipeline rank `st` keeps at once: its schedule table walked with each
@@ -674,6 +684,7 @@ StageMemory stage_memory(const Layout& l, const Cluster& c, const StageInputs& x
     // Everything the trainer keeps (head and token ids included); the layer a full
     // recompute re-materializes lives in the backward's workspace.
     mem.activations = trainer_stage_activation_bytes(sh, l, prec, st, m_full);
+    if (last) mem.logits = trainer_logits_bytes(sh, l, prec);
     rematerialized = 0;
     if (l.recompute == RecomputeGranularity::full && layers > 0) {
       Layout kept_all = l;

@@ -48,6 +48,7 @@ std::vector<model::ScoreResult> ParallelScorer::operator()(const std::vector<con
   mb.micro_batch_size = B;
   mb.loss_weight = 0;
   mb.want_token_scores = true;
+  mb.forward_only = true;
   Tensor input;
   const int64_t R = chunk_->local_rows(B);
   if (!g_.is_first_stage()) {

@@ -88,6 +88,7 @@ ValidationResult Validation::evaluate(int part, int64_t first) {
       mb.sample_offset = consumed + m * mbs * dp + g_.coord.dp * mbs;
       mb.loss_weight = 1.0 / static_cast<double>(gbs * T);
       mb.loss_acc = &acc;
+      mb.forward_only = true;
       std::vector<float> mask;
       if (eod >= 0) {
         double unused = 0;

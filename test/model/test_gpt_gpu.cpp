@@ -31,7 +31,7 @@ struct Small {
   int64_t B = 3;
 
   Small(DType dt, Device dev, RecomputeGranularity rc, AttentionBackend att = AttentionBackend::automatic,
-        double attention_dropout = 0.1) {
+        double attention_dropout = 0.1, int64_t logits_chunk_elements = int64_t{1} << 28) {
     cfg.vocab_size = 1000;
     cfg.padded_vocab_size = 1024;
     cfg.hidden = 256;
@@ -46,6 +46,7 @@ struct Small {
     cfg.recompute = rc;
     cfg.attention = att;
     cfg.dtype = dt;
+    cfg.logits_chunk_elements = logits_chunk_elements;
     ChunkSpec spec{0, 2, true, true, ""};
     declare_chunk_params(store, cfg, spec, 0, 1);
     store.finalize(DType::f32, dt, Device::cpu);
@@ -110,16 +111,19 @@ TEST_CASE("gpt on the GPU: loss and every parameter gradient equal the CPU run (
   struct Case {
     RecomputeGranularity rc;
     AttentionBackend att;
+    int64_t logits_chunk = int64_t{1} << 28;  // the GPU's; the CPU reference computes its logits in one chunk
   };
   const Case cases[] = {{RecomputeGranularity::none, AttentionBackend::unfused},
                         {RecomputeGranularity::selective, AttentionBackend::unfused},
                         {RecomputeGranularity::full, AttentionBackend::unfused},
                         {RecomputeGranularity::none, AttentionBackend::flash},
-                        {RecomputeGranularity::full, AttentionBackend::flash}};
+                        {RecomputeGranularity::full, AttentionBackend::flash},
+                        {RecomputeGranularity::none, AttentionBackend::unfused, 100 * 1024}};  // 100-row chunks
   for (DType dt : {DType::f32, DType::bf16}) {
     for (const Case& k : cases) {
       const RecomputeGranularity rc = k.rc;
-      INFO(to_string(dt) << " recompute " << to_string(rc) << " attention " << to_string(k.att));
+      INFO(to_string(dt) << " recompute " << to_string(rc) << " attention " << to_string(k.att) << " logits chunk "
+                         << k.logits_chunk);
       // The flash form on CUDA is cuDNN's: bf16/fp16 only, and its own dropout mask, so
       // those cases run without attention dropout on both devices.
       if (k.att == AttentionBackend::flash && dt == DType::f32) {
@@ -128,7 +132,8 @@ TEST_CASE("gpt on the GPU: loss and every parameter gradient equal the CPU run (
       }
       const double att_drop = k.att == AttentionBackend::flash ? 0.0 : 0.1;
       // The CPU reference runs its own (flash) form; both forms compute the same function.
-      Small cpu(dt, Device::cpu, rc, AttentionBackend::automatic, att_drop), gpu(dt, Device::cuda, rc, k.att, att_drop);
+      Small cpu(dt, Device::cpu, rc, AttentionBackend::automatic, att_drop),
+          gpu(dt, Device::cuda, rc, k.att, att_drop, k.logits_chunk);
       REQUIRE(gpu.chunk->attention_backend() == k.att);
       const double lc = cpu.loss_and_grad(), lg = gpu.loss_and_grad();
       const double rtol = test::rtol_for(dt);

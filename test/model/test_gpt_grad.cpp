@@ -21,7 +21,8 @@ struct Tiny {
   std::vector<int32_t> tokens;
   int64_t B = 2;
 
-  explicit Tiny(RecomputeGranularity rc, double dropout = 0.0, AttentionBackend att = AttentionBackend::flash) {
+  explicit Tiny(RecomputeGranularity rc, double dropout = 0.0, AttentionBackend att = AttentionBackend::flash,
+                int64_t logits_chunk_elements = int64_t{1} << 28) {
     cfg.vocab_size = 11;
     cfg.padded_vocab_size = 16;
     cfg.hidden = 8;
@@ -36,6 +37,7 @@ struct Tiny {
     cfg.recompute = rc;
     cfg.attention = att;
     cfg.dtype = DType::f64;
+    cfg.logits_chunk_elements = logits_chunk_elements;
     ChunkSpec spec{0, 2, true, true, ""};
     declare_chunk_params(store, cfg, spec, 0, 1);
     store.finalize(DType::f64);
@@ -62,7 +64,9 @@ struct Tiny {
     return m;
   }
   double loss() {
-    auto r = chunk->forward(0, mb(), Tensor());
+    MicroBatch m = mb();
+    m.forward_only = true;
+    auto r = chunk->forward(0, m, Tensor());
     chunk->drop_saved();
     return r.loss_sum / r.loss_tokens;
   }
@@ -159,6 +163,35 @@ TEST_CASE("gpt: recompute within one attention form is bit-exact", "[model]") {
       maxdiff = std::max(maxdiff, std::fabs(m.store.grads().data<double>()[i] - base.store.grads().data<double>()[i]));
     CHECK(maxdiff == 0.0);
   }
+}
+
+// The last stage computes its logits a chunk of rows at a time and runs their backward in
+// the forward: 10 rows over a 16-column vocabulary in chunks of 3, 3, 3 and 1 rows give the
+// one-chunk run's loss and gradients (the tied embedding's gradient sums its chunks in
+// another order: rounding only), eval's loss too, and neither keeps logits for the backward.
+TEST_CASE("gpt: the head in chunks of logit rows equals the head in one", "[model]") {
+  CHECK(logits_chunk_rows(10, 16, 48) == 3);
+  CHECK(logits_chunk_rows(10, 16, int64_t{1} << 28) == 10);
+  CHECK(logits_chunk_rows(10, 16, 1) == 1);
+  for (double p : {0.0, 0.2}) {
+    INFO("dropout " << p);
+    Tiny one(RecomputeGranularity::none, p), chunked(RecomputeGranularity::none, p, AttentionBackend::flash, 48);
+    const double L1 = one.loss_and_grad(), Lc = chunked.loss_and_grad();
+    CHECK(std::fabs(Lc - L1) <= 1e-14 * std::fabs(L1));
+    double maxdiff = 0, scale = 0;
+    for (int64_t i = 0; i < one.store.numel(); ++i) {
+      maxdiff = std::max(maxdiff, std::fabs(chunked.store.grads().data<double>()[i] - one.store.grads().data<double>()[i]));
+      scale = std::max(scale, std::fabs(one.store.grads().data<double>()[i]));
+    }
+    CHECK(maxdiff <= 1e-13 * scale);
+    CHECK(std::fabs(chunked.loss() - one.loss()) <= 1e-14 * std::fabs(L1));  // eval: the loss terms only
+  }
+  Tiny one(RecomputeGranularity::none), chunked(RecomputeGranularity::none, 0.0, AttentionBackend::flash, 48);
+  one.chunk->forward(0, one.mb(), Tensor());
+  chunked.chunk->forward(0, chunked.mb(), Tensor());
+  // what the backward keeps of the head (the chunk output, the final LayerNorm's statistics
+  // and its output's gradient) does not depend on the chunking
+  CHECK(one.chunk->saved_bytes() == chunked.chunk->saved_bytes());
 }
 
 TEST_CASE("gpt: padded vocabulary never enters the loss", "[model]") {
