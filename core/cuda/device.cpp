@@ -232,8 +232,8 @@ class CachingAllocator {
       cudaGetLastError();
   }
 
-  // During a capture: from the captured pool's free blocks, else a new block for it (the
-  // capture is relaxed, so cudaMalloc is allowed; nothing is released to make room).
+  // During a capture: from the captured pool's free blocks, else a new block for it
+  // (nothing is released to make room).
   void* alloc_in_pool_locked(int64_t size, int64_t bytes) {
     GraphPool::State& pool = *capture_;
     void* p = nullptr;
@@ -243,7 +243,13 @@ class CachingAllocator {
       it->second.pop_back();
       ++stats_.cache_hits;
     } else {
+      // The capture is in global mode, where the runtime refuses cudaMalloc (it may
+      // synchronise): this thread relaxes the mode for the one call, as the pool's growth
+      // is ordered by the capture itself.
+      cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+      cudaThreadExchangeStreamCaptureMode(&mode);
       const cudaError_t e = cudaMalloc(&p, static_cast<size_t>(size));
+      cudaThreadExchangeStreamCaptureMode(&mode);
       if (e != cudaSuccess) {
         cudaGetLastError();
         throw_runtime("CUDA out of memory while capturing a CUDA graph: cannot allocate {} bytes (size class {}): {} "
@@ -508,7 +514,7 @@ CudaGraph::CudaGraph(GraphPool& pool, const std::function<void()>& work) {
     allocator().end_capture();
     return e;
   };
-  cudaError_t e = cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed);
+  cudaError_t e = cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal);
   if (e != cudaSuccess) {
     t_capturing = false;
     allocator().end_capture();

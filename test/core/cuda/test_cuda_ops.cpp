@@ -252,6 +252,17 @@ TEST_CASE("cuda graphs: a capture that synchronises is refused and leaves nothin
     CHECK((std::string(e.what()).find("captur") != std::string::npos));
   }
   CHECK_FALSE(cuda::capturing());
+  // So is an allocation from the driver outside the pool (the capture is in global mode).
+  try {
+    cuda::CudaGraph g(pool, [&] {
+      void* raw = nullptr;
+      CUDA_CHECK(cudaMalloc(&raw, 256));
+    });
+    FAIL("the capture was not refused");
+  } catch (const RuntimeError& e) {
+    INFO(e.what());
+    CHECK((std::string(e.what()).find("captur") != std::string::npos));
+  }
   ops::fill(x, 3.0);  // the stream works as before, and the allocator allocates as before
   Tensor z = Tensor::empty({16}, DType::f32, Device::cuda);
   ops::copy(z, x);
