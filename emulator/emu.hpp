@@ -122,6 +122,9 @@ void set_last_error(cudaError_t e);
 //                         (CUBLAS_STATUS_NOT_SUPPORTED), so the cublasGemmEx fallback runs.
 //   MTNLG_EMU_LT_FAIL=epilogues   the heuristic answers CUBLAS_STATUS_INVALID_VALUE to
 //                         every call with an epilogue (as a GPU's cuBLASLt may refuse one).
+//   MTNLG_EMU_CAPTURE_FAIL=1   every stream capture ends invalidated
+//                         (cudaErrorStreamCaptureInvalidated, no graph), as if a library
+//                         had made a call the runtime refuses during capture.
 bool lt_candidates_fail();
 bool lt_refuse_epilogues();
 

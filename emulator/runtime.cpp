@@ -1291,6 +1291,12 @@ cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* pGraph) {
   CUgraph_st* g = c->graph;
   g->capturing = false;
   const std::unique_ptr<Capture> ended(c);
+  // Fault injection: a capture some library invalidated behind mtnlg's back (what a real
+  // cuDNN or cuBLAS that synchronised inside the captured work would leave).
+  if (const char* v = std::getenv("MTNLG_EMU_CAPTURE_FAIL"); v && *v && std::strcmp(v, "0") != 0 && !c->invalidated) {
+    c->invalidated = true;
+    c->why = "MTNLG_EMU_CAPTURE_FAIL (fault injection)";
+  }
   if (c->invalidated) {
     *pGraph = nullptr;
     g->destroyed = true;

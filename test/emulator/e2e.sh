@@ -20,8 +20,10 @@
 #                 the eager cuda run's losses and grad norms bit for bit (fp32 with recompute
 #                 none and full, bf16, fp16 with loss scaling; the loss-mask path), with the
 #                 graph launches counted in metrics.jsonl; under mpirun dp2 (the last micro
-#                 batch eager, for the overlapped reduction) too; layouts graphs do not
-#                 cover (dropout, the CPU) exit 2 naming the key
+#                 batch eager, for the overlapped reduction) too; a capture the runtime
+#                 invalidates (MTNLG_EMU_CAPTURE_FAIL) is warned about once and the run
+#                 goes on eagerly with the same numbers; layouts graphs do not cover
+#                 (dropout, the CPU) exit 2 naming the key
 # (eval and generate on cuda vs cpu: scripts/gpu/train-proof.sh's infer step, which CI
 # runs on the emulated build as the test emulator.train-proof)
 # Exit status 0 when the step passes; every comparison prints its worst difference.
@@ -147,6 +149,9 @@ EOF
         { echo "  mpirun -np 2 ($mode) failed"; tail -20 "$out/dp2-$mode.log"; fails=$((fails + 1)); }
     done
     compare dp2-graph dp2-eager 0
+    # a capture the runtime invalidates (fault injection): warned once, then eager, same numbers
+    MTNLG_EMU_CAPTURE_FAIL=1 train "graph-refused" cuda bf16 "${nodrop[@]}" --set parallel.recompute_granularity=selective \
+      --set training.enable_cuda_graph=true && compare graph-refused eager-bf16-selective 0
     python3 - "$out" <<'EOF' || fails=$((fails + 1))
 import json, sys
 out = sys.argv[1]
@@ -162,6 +167,10 @@ for name, n in want.items():
     print(f"  {name}: {got} graph launches (want {n}), capture logged: {captured}")
     ok = ok and got == n and captured
 ok = ok and "cuda_graph_replays" not in last("eager-bf16-selective")
+warned = [l for l in open(f"{out}/graph-refused.log") if "CUDA graphs off for micro batches" in l]
+print(f"  graph-refused: {last('graph-refused').get('cuda_graph_replays')} graph launches, "
+      f"{len(warned)} warning(s): {warned[0].strip()[:160] if warned else '-'}")
+ok = ok and last("graph-refused").get("cuda_graph_replays") == 0 and len(warned) == 1 and "StreamCaptureInvalidated" in warned[0]
 sys.exit(0 if ok else 1)
 EOF
     for c in "cuda model.hidden_dropout=0.1" "cpu model.hidden_dropout=0"; do
