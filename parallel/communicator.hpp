@@ -117,6 +117,10 @@ class Communicator {
   // last reset_bytes().
   int64_t bytes_sent() const { return static_cast<int64_t>(bytes_ + 0.5); }
   void reset_bytes() { bytes_ = 0; }
+  // The same, unrounded, and the bytes of collectives queued again without a call (a CUDA
+  // graph's replay of collectives it captured: what they counted at capture).
+  double bytes_counted() const { return bytes_; }
+  void count_replayed(double bytes) { bytes_ += bytes; }
 
  protected:
   // What a backend implements (the public calls above forward to these, so the typed

@@ -17,9 +17,9 @@ std::string cuda_graph_refusal(const Recipe& r, Device device, bool observer) {
   return "this mtnlg was built without CUDA";
 #else
   if (device != Device::cuda) return "training runs on the CPU here (graphs are a GPU feature)";
-  if (r.parallel.tensor_model_parallel_size != 1 || r.parallel.pipeline_model_parallel_size != 1)
-    return "graphs cover one GPU per model replica (parallel.tensor_model_parallel_size and "
-           "parallel.pipeline_model_parallel_size 1)";
+  if (r.parallel.pipeline_model_parallel_size != 1)
+    return "graphs cover one pipeline stage (parallel.pipeline_model_parallel_size 1): a stage's micro batches "
+           "in flight would each need their own graphs and buffers";
   if (r.model.hidden_dropout > 0 || r.model.attention_dropout > 0)
     return "dropout keys change every micro batch and are kernel arguments, which a graph fixes: set "
            "model.hidden_dropout and model.attention_dropout to 0";
@@ -38,12 +38,13 @@ struct MicroBatchGraphs::Shape {
   bool eager = false;     // its capture failed: eager from then on
   model::PlacedInputs in; // what the graphs read: overwritten before every forward launch
   int64_t saved = 0;      // activation bytes between the two graphs
+  double fwd_bytes = 0, bwd_bytes = 0;  // tensor-parallel bytes each graph's collectives count
   // Destroyed before the pool they allocate from (members go in reverse order).
   std::unique_ptr<cuda::GraphPool> pool;
   std::unique_ptr<cuda::CudaGraph> fwd, bwd;
 };
 
-MicroBatchGraphs::MicroBatchGraphs(model::GptChunk& chunk) : chunk_(chunk) {}
+MicroBatchGraphs::MicroBatchGraphs(model::GptChunk& chunk, parallel::Communicator* tp) : chunk_(chunk), tp_(tp) {}
 MicroBatchGraphs::~MicroBatchGraphs() = default;
 
 namespace {
@@ -60,10 +61,15 @@ bool MicroBatchGraphs::capture(Shape& sh, int64_t mb_id, const model::MicroBatch
   model::MicroBatch m = mb;
   m.placed = &sh.in;
   try {
+    const auto counted = [&] { return tp_ ? tp_->bytes_counted() : 0.0; };
     sh.pool = std::make_unique<cuda::GraphPool>();
+    const double b0 = counted();
     sh.fwd = std::make_unique<cuda::CudaGraph>(*sh.pool, [&] { chunk_.forward(mb_id, m, Tensor()); });
+    const double b1 = counted();
     sh.saved = chunk_.saved_bytes();
     sh.bwd = std::make_unique<cuda::CudaGraph>(*sh.pool, [&] { chunk_.backward(mb_id, m, Tensor()); });
+    sh.fwd_bytes = b1 - b0;
+    sh.bwd_bytes = counted() - b1;
     MTNLG_CHECK(sh.pool->live_bytes() == 0,
                 "{} bytes allocated during the capture are still held after the backward: a tensor outlived its graph",
                 sh.pool->live_bytes());
@@ -91,6 +97,7 @@ bool MicroBatchGraphs::forward(int64_t mb_id, const model::MicroBatch& mb) {
   Shape& sh = *slot;
   if (sh.eager || sh.seen++ == 0) return false;  // the first of a shape warms up eagerly
   const model::PlacedInputs host = chunk_.host_inputs(mb);
+  pending_counted_ = !sh.fwd;  // a capture counts its collectives' bytes itself
   if (!sh.fwd) {
     sh.in = {device_like(host.ids), device_like(host.dloss), device_like(host.mask)};
     refill(sh.in.ids, host.ids);
@@ -101,6 +108,7 @@ bool MicroBatchGraphs::forward(int64_t mb_id, const model::MicroBatch& mb) {
     refill(sh.in.ids, host.ids);
     refill(sh.in.dloss, host.dloss);
     refill(sh.in.mask, host.mask);
+    if (tp_) tp_->count_replayed(sh.fwd_bytes);  // the capture counted its own micro batch's
   }
   sh.fwd->launch();
   ++replays_;
@@ -117,6 +125,7 @@ void MicroBatchGraphs::backward(int64_t mb_id) {
   MTNLG_CHECK(pending_ && pending_id_ == mb_id, "backward graph of micro batch {} without its forward graph", mb_id);
   pending_->bwd->launch();
   ++replays_;
+  if (tp_ && !pending_counted_) tp_->count_replayed(pending_->bwd_bytes);
   mem::on_free(pending_->pool->bytes(), pool_role_);
   pending_ = nullptr;
   pending_id_ = -1;
@@ -125,7 +134,7 @@ void MicroBatchGraphs::backward(int64_t mb_id) {
 #else  // no CUDA: never constructed (cuda_graph_refusal refuses), defined for the link
 
 struct MicroBatchGraphs::Shape {};
-MicroBatchGraphs::MicroBatchGraphs(model::GptChunk& chunk) : chunk_(chunk) {}
+MicroBatchGraphs::MicroBatchGraphs(model::GptChunk& chunk, parallel::Communicator* tp) : chunk_(chunk), tp_(tp) {}
 MicroBatchGraphs::~MicroBatchGraphs() = default;
 bool MicroBatchGraphs::capture(Shape&, int64_t, const model::MicroBatch&) { return false; }
 bool MicroBatchGraphs::forward(int64_t, const model::MicroBatch&) { return false; }

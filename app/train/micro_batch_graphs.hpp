@@ -16,9 +16,11 @@
 // and are launched in capture order (the saved activations are pool blocks the forward
 // graph writes and the backward graph reads), which the layouts below guarantee.
 //
-// Covered: one GPU per model replica (tensor and pipeline parallel size 1), any data
-// parallel size; no dropout; no spike forensics or poison fault (their layer observer
-// runs host code between layers). With data parallelism the step's last micro batch runs
+// Covered: one pipeline stage (pipeline parallel size 1, no virtual stages), any tensor
+// parallel size (its NCCL collectives run on the compute stream and are captured with the
+// rest; a replay counts the bytes they counted at capture) and any data parallel size; no
+// dropout; no spike forensics or poison fault (their layer observer runs host code
+// between layers). With data parallelism the step's last micro batch runs
 // eagerly, since its backward starts the gradient reduction bucket by bucket as layers
 // finish. Steps that profile op families (logging.gpu_profile) run eagerly. A capture
 // the CUDA runtime refuses is reported once and the shape runs eagerly from then on.
@@ -41,7 +43,8 @@ std::string cuda_graph_refusal(const Recipe& r, Device device, bool observer);
 
 class MicroBatchGraphs {
  public:
-  explicit MicroBatchGraphs(model::GptChunk& chunk);
+  // `tp`: the chunk's tensor-parallel group (null or a group of one: no collectives).
+  MicroBatchGraphs(model::GptChunk& chunk, parallel::Communicator* tp);
   ~MicroBatchGraphs();
   MicroBatchGraphs(const MicroBatchGraphs&) = delete;
   MicroBatchGraphs& operator=(const MicroBatchGraphs&) = delete;
@@ -64,9 +67,11 @@ class MicroBatchGraphs {
   bool capture(Shape& sh, int64_t mb_id, const model::MicroBatch& mb);
 
   model::GptChunk& chunk_;
+  parallel::Communicator* tp_;
   std::map<Key, std::unique_ptr<Shape>> shapes_;
   Shape* pending_ = nullptr;  // the shape whose backward graph is due
   int64_t pending_id_ = -1;
+  bool pending_counted_ = false;  // its bytes were counted by its capture
   int64_t last_saved_ = 0, replays_ = 0;
   mem::Role pool_role_ = mem::Role::workspace;  // what the pending pool's bytes were counted as
   std::string note_;

@@ -20,7 +20,8 @@
 #                 the eager cuda run's losses and grad norms bit for bit (fp32 with recompute
 #                 none and full, bf16, fp16 with loss scaling; the loss-mask path), with the
 #                 graph launches counted in metrics.jsonl; under mpirun dp2 (the last micro
-#                 batch eager, for the overlapped reduction) too; a capture the runtime
+#                 batch eager, for the overlapped reduction) and tp2 with sequence
+#                 parallelism (NCCL captured, the same bytes counted) too; a capture the runtime
 #                 invalidates (MTNLG_EMU_CAPTURE_FAIL) is warned about once and the run
 #                 goes on eagerly with the same numbers; layouts graphs do not cover
 #                 (dropout, the CPU) exit 2 naming the key
@@ -139,16 +140,23 @@ EOF
           --set training.enable_cuda_graph=true &&
         compare "graph-$1-$2" "eager-$1-$2" 0
     done
-    # dp2: each rank's step has 2 micro batches, the last one eager
-    for mode in eager graph; do
-      extra=()
-      [ $mode = graph ] && extra=(--set training.enable_cuda_graph=true)
-      MTNLG_EMU_DEVICES=2 "$repo/test/support/mpi/mpirun.sh" 2 "$bin" train recipes/tiny-mock.yaml \
-        --set training.device=cuda --set training.precision=bf16 --set training.train_iters=6 "${nodrop[@]}" \
-        --set logging.dir="$out/dp2-$mode" --set logging.log_interval=1 "${extra[@]}" >"$out/dp2-$mode.log" 2>&1 ||
-        { echo "  mpirun -np 2 ($mode) failed"; tail -20 "$out/dp2-$mode.log"; fails=$((fails + 1)); }
+    # dp2: each rank's step has 2 micro batches, the last one eager; tp2 with sequence
+    # parallelism: the tensor-parallel collectives captured with the rest, 4 micro batches
+    for layout in "dp2" "tp2 --set parallel.tensor_model_parallel_size=2 --set parallel.sequence_parallel=true"; do
+      set -- $layout
+      name=$1
+      shift
+      for mode in eager graph; do
+        extra=()
+        [ $mode = graph ] && extra=(--set training.enable_cuda_graph=true)
+        MTNLG_EMU_DEVICES=2 "$repo/test/support/mpi/mpirun.sh" 2 "$bin" train recipes/tiny-mock.yaml \
+          --set training.device=cuda --set training.precision=bf16 --set training.train_iters=6 "${nodrop[@]}" \
+          --set logging.dir="$out/$name-$mode" --set logging.log_interval=1 "$@" "${extra[@]}" \
+          >"$out/$name-$mode.log" 2>&1 ||
+          { echo "  mpirun -np 2 $name ($mode) failed"; tail -20 "$out/$name-$mode.log"; fails=$((fails + 1)); }
+      done
+      compare "$name-graph" "$name-eager" 0
     done
-    compare dp2-graph dp2-eager 0
     # a capture the runtime invalidates (fault injection): warned once, then eager, same numbers
     MTNLG_EMU_CAPTURE_FAIL=1 train "graph-refused" cuda bf16 "${nodrop[@]}" --set parallel.recompute_granularity=selective \
       --set training.enable_cuda_graph=true && compare graph-refused eager-bf16-selective 0
@@ -159,7 +167,8 @@ def last(name):
     return [json.loads(l) for l in open(f"{out}/{name}/metrics.jsonl")][-1]
 # 6 steps x 4 micro batches: the first eager (warm-up), the other 23 a forward and a
 # backward launch each; dp2: 6 x 2, the last of each step eager: 5 graphed
-want = {"graph-fp32-none": 46, "graph-fp32-full": 46, "graph-bf16-selective": 46, "graph-fp16-none": 46, "dp2-graph": 10}
+want = {"graph-fp32-none": 46, "graph-fp32-full": 46, "graph-bf16-selective": 46, "graph-fp16-none": 46, "dp2-graph": 10,
+        "tp2-graph": 46}
 ok = True
 for name, n in want.items():
     got = last(name).get("cuda_graph_replays")
@@ -167,6 +176,10 @@ for name, n in want.items():
     print(f"  {name}: {got} graph launches (want {n}), capture logged: {captured}")
     ok = ok and got == n and captured
 ok = ok and "cuda_graph_replays" not in last("eager-bf16-selective")
+# a replay counts the tensor-parallel bytes its capture counted: the same traffic as eager
+tp_bytes = [[json.loads(l)["bytes_sent_tp"] for l in open(f"{out}/tp2-{m}/metrics.jsonl")] for m in ("eager", "graph")]
+print(f"  tp2 bytes sent per iteration: eager {tp_bytes[0]}, graphs {tp_bytes[1]}")
+ok = ok and tp_bytes[0] == tp_bytes[1] and tp_bytes[0][-1] > 0
 warned = [l for l in open(f"{out}/graph-refused.log") if "CUDA graphs off for micro batches" in l]
 print(f"  graph-refused: {last('graph-refused').get('cuda_graph_replays')} graph launches, "
       f"{len(warned)} warning(s): {warned[0].strip()[:160] if warned else '-'}")
