@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 
+#include "core/rng.hpp"
 #include "core/tensor.hpp"
 
 namespace mtnlg::ops {
@@ -17,6 +18,9 @@ struct AttentionDropout {
   int64_t sample_offset = 0;
   int64_t head_offset = 0;
   int64_t heads_total = 0;
+  // On CUDA, where key and sample_offset come from when set: key = dkey.key(key),
+  // sample_offset = dkey.offset(sample_offset) (a CUDA graph's replay).
+  DeviceKey dkey{};
 };
 
 // What happens to a residual branch before it joins the residual stream
@@ -28,6 +32,7 @@ struct ResidualBranch {
   double p = 0.0;
   uint64_t key = 0;
   uint64_t base_index = 0;
+  DeviceKey dkey{};  // on CUDA, key and base_index from device memory when set
 };
 
 // AdamW hyperparameters of one update.

@@ -86,9 +86,12 @@ void gelu_forward(Tensor& out, const Tensor& inp);
 void gelu_backward(Tensor& dinp, const Tensor& inp, const Tensor& dout);  // dinp =
 
 // ---- dropout (counter-based: element e of the mask is a pure function of key and
-// base_index + e, identical on CPU and CUDA and under any parallel layout) -----------
-void dropout_forward(Tensor& out, const Tensor& inp, double p, uint64_t key, uint64_t base_index);
-void dropout_backward(Tensor& dinp, const Tensor& dout, double p, uint64_t key, uint64_t base_index);  // dinp =
+// base_index + e, identical on CPU and CUDA and under any parallel layout). On CUDA a set
+// `dkey` gives the key and base_index from device memory instead (core/rng.hpp) ---------
+void dropout_forward(Tensor& out, const Tensor& inp, double p, uint64_t key, uint64_t base_index,
+                     const DeviceKey& dkey = {});
+void dropout_backward(Tensor& dinp, const Tensor& dout, double p, uint64_t key, uint64_t base_index,
+                      const DeviceKey& dkey = {});  // dinp =
 
 // ---- causal self-attention -------------------------------------------------------------
 // qkv[B,T,H*3*D] laid out per head as [q | k | v] (Megatron's layout, so that a

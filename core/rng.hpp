@@ -71,4 +71,17 @@ MTNLG_HD uint64_t mix64(uint64_t x) {
 }
 MTNLG_HD uint64_t mix_key(uint64_t a, uint64_t b, uint64_t c = 0) { return mix64(mix64(mix64(a) ^ b) ^ c); }
 
+// A dropout key and mask offset a kernel takes from device memory where it runs, instead
+// of the values its caller computed: `dev` holds the step's key and the micro batch's first
+// sample, and key = mix_key(dev[0], a, b), offset = dev[1] * per_sample + add, the same
+// expressions the caller's values come from. A CUDA graph replays kernel arguments as
+// captured, so per-micro-batch keys reach a replay this way. With `dev` null the
+// caller's values stand (and the CPU always uses them).
+struct DeviceKey {
+  const uint64_t* dev = nullptr;
+  uint64_t a = 0, b = 0, per_sample = 0, add = 0;
+  MTNLG_HD uint64_t key(uint64_t given) const { return dev ? mix_key(dev[0], a, b) : given; }
+  MTNLG_HD uint64_t offset(uint64_t given) const { return dev ? dev[1] * per_sample + add : given; }
+};
+
 }  // namespace mtnlg

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <mutex>
 
 #include "core/log.hpp"
@@ -102,6 +103,8 @@ struct GptChunk::Saved {
   Tensor tokens, targets;  // i32 [N]
   ops::EmbeddingGradOrder order;  // rows grouped by token (CUDA first stage, training)
   Tensor dloss, mask;      // loss gradient and mask per token (last stage, training; PlacedInputs)
+  Tensor keys;             // CUDA: the placed (step key, first sample), keys_dev pointing at them
+  const uint64_t* keys_dev = nullptr;
   Tensor x_out;            // chunk output before the head [R, C]
   Tensor lnf, meanf, rstdf;  // the final LayerNorm (its output only until head_loss has used it)
   Tensor dlnf_full;        // the gradient of its (tp-gathered) output [N, C], from head_loss
@@ -222,6 +225,13 @@ namespace {
 enum Site : int64_t { kEmbedding = 0, kAttention = 1, kAttnOut = 2, kMlpOut = 3 };
 }
 
+DeviceKey GptChunk::hidden_dropout_dkey(const MicroBatch& mb, int64_t layer, int64_t site, int64_t local_rows) const {
+  if (!mb.keys_dev) return {};
+  const int64_t row_start = cfg_.sequence_parallel ? tp_rank_ * local_rows : 0;  // as hidden_dropout_base
+  return {mb.keys_dev, static_cast<uint64_t>(layer + 1), static_cast<uint64_t>(site),
+          static_cast<uint64_t>(cfg_.seq_length * cfg_.hidden), static_cast<uint64_t>(row_start * cfg_.hidden)};
+}
+
 uint64_t GptChunk::hidden_dropout_base(const MicroBatch& mb, int64_t local_rows) const {
   // Global row of this rank's first row (sequence parallelism shards rows over tp).
   const int64_t row_start = cfg_.sequence_parallel ? tp_rank_ * local_rows : 0;
@@ -229,8 +239,10 @@ uint64_t GptChunk::hidden_dropout_base(const MicroBatch& mb, int64_t local_rows)
 }
 
 ops::AttentionDropout GptChunk::attention_dropout(const MicroBatch& mb, int64_t layer) const {
+  const DeviceKey dkey = mb.keys_dev ? DeviceKey{mb.keys_dev, static_cast<uint64_t>(layer + 1), kAttention, 1, 0}
+                                     : DeviceKey{};
   return {cfg_.attention_dropout, dropout_key(mb, layer, kAttention), mb.sample_offset, tp_rank_ * heads_local_,
-          cfg_.heads};
+          cfg_.heads, dkey};
 }
 
 GptChunk::NextNorm GptChunk::next_norm(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& w, const Tensor& b,
@@ -272,7 +284,8 @@ void GptChunk::layer_forward(int64_t li, const Tensor& x, Tensor& y, LayerActs& 
   ops::matmul_forward(proj_partial, a.att, p.proj_w, nullptr);
   Tensor proj = tp::leave_row_parallel_forward(tpc, sp, proj_partial);
   // x2 = x + dropout(proj + b), the residual stream after attention, and its LayerNorm: one op
-  const ops::ResidualBranch attn_out{&p.proj_b, cfg_.hidden_dropout, dropout_key(mb, layer, kAttnOut), row_base};
+  const ops::ResidualBranch attn_out{&p.proj_b, cfg_.hidden_dropout, dropout_key(mb, layer, kAttnOut), row_base,
+                                     hidden_dropout_dkey(mb, layer, kAttnOut, R)};
   a.x2 = Tensor::empty({R, C}, dt, dev_);
   a.ln2 = Tensor::empty({R, C}, dt, dev_);
   a.mean2 = Tensor::empty({R}, wide, dev_);
@@ -287,7 +300,8 @@ void GptChunk::layer_forward(int64_t li, const Tensor& x, Tensor& y, LayerActs& 
   ops::matmul_forward(fc2_partial, a.gel, p.fc2_w, nullptr);
   Tensor fc2 = tp::leave_row_parallel_forward(tpc, sp, fc2_partial);
   // y = x2 + dropout(fc2 + b), with the LayerNorm that reads y when there is one: one op
-  const ops::ResidualBranch mlp_out{&p.fc2_b, cfg_.hidden_dropout, dropout_key(mb, layer, kMlpOut), row_base};
+  const ops::ResidualBranch mlp_out{&p.fc2_b, cfg_.hidden_dropout, dropout_key(mb, layer, kMlpOut), row_base,
+                                    hidden_dropout_dkey(mb, layer, kMlpOut, R)};
   y = Tensor::empty({R, C}, dt, dev_);
   if (next)
     ops::residual_layernorm_forward(y, *next->out, *next->mean, *next->rstd, a.x2, fc2, mlp_out, *next->w, *next->b,
@@ -367,7 +381,8 @@ Tensor GptChunk::hidden_dropout_grad(const Tensor& g, const MicroBatch& mb, int6
                                      uint64_t row_base) const {
   if (cfg_.hidden_dropout <= 0) return g;
   Tensor d = Tensor::empty(g.shape(), g.dtype(), dev_);
-  ops::dropout_backward(d, g, cfg_.hidden_dropout, dropout_key(mb, layer, site), row_base);
+  ops::dropout_backward(d, g, cfg_.hidden_dropout, dropout_key(mb, layer, site), row_base,
+                        hidden_dropout_dkey(mb, layer, site, g.dim(0)));
   return d;
 }
 
@@ -437,7 +452,8 @@ Tensor GptChunk::attention_core_backward(const Tensor& datt, LayerActs& a, const
 //                logits of logit_rows on the last stage.
 // Each reads as: check the call, place the token ids, embed (first stage) or take the
 // input, run the layers, then the mode's ending.
-ForwardResult GptChunk::forward(int64_t mb_id, const MicroBatch& mb, const Tensor& input) {
+ForwardResult GptChunk::forward(int64_t mb_id, const MicroBatch& call, const Tensor& input) {
+  MicroBatch mb = call;  // with keys_dev once the inputs are placed
   const int64_t T = seq_len(mb), B = mb.micro_batch_size;
   const bool inference = mb.kv || mb.logit_rows;  // keeps nothing for a backward, no labels
   const int64_t past = mb.kv ? mb.kv->length : 0;
@@ -447,6 +463,7 @@ ForwardResult GptChunk::forward(int64_t mb_id, const MicroBatch& mb, const Tenso
   s.mbs = B;
   s.layers.resize(layers_.size());
   place_tokens(mb, B, T, inference, s);
+  mb.keys_dev = s.keys_dev;
   Tensor x = spec_.has_embedding ? embed(mb, s.tokens, B, T, past) : checked_input(input, B, T);
   if (observer_ && !inference && spec_.has_embedding) observer_(-1, mb, x);
   x = run_layers(x, mb, inference, s);
@@ -508,21 +525,32 @@ void GptChunk::place_tokens(const MicroBatch& mb, int64_t B, int64_t T, bool inf
   const PlacedInputs& in = mb.placed ? *mb.placed : own;
   const bool order = spec_.has_embedding && dev_ == Device::cuda;
   auto fits = [&](const Tensor& t, int64_t n) { return t.defined() && t.numel() == n && t.device() == dev_; };
-  MTNLG_CHECK(fits(in.ids, 2 * N + (order ? 2 * N + 2 : 0)) && (!spec_.has_head || fits(in.dloss, N)) &&
+  MTNLG_CHECK(fits(in.ids, placed_ids(N)) && (!spec_.has_head || fits(in.dloss, N)) &&
                   (!spec_.has_head || !mb.loss_mask || fits(in.mask, N)),
               "placed inputs do not fit a micro batch of {} x {} tokens on this chunk", B, T);
   s.tokens = in.ids.flat(0, N);
   s.targets = in.ids.flat(N, N);
   if (order) s.order = ops::EmbeddingGradOrder::from(in.ids.flat(2 * N, 2 * N + 2), N);
+  if (dev_ == Device::cuda) {  // two u64 at an even i32 index of a 256-byte aligned buffer
+    s.keys = in.ids.flat(keys_at(N), 4);
+    s.keys_dev = reinterpret_cast<const uint64_t*>(s.keys.raw());
+  }
   s.dloss = in.dloss;
   s.mask = in.mask;
 }
+
+int64_t GptChunk::keys_at(int64_t N) const {
+  const int64_t end = 2 * N + (spec_.has_embedding && dev_ == Device::cuda ? 2 * N + 2 : 0);
+  return (end + 1) / 2 * 2;
+}
+
+int64_t GptChunk::placed_ids(int64_t N) const { return dev_ == Device::cuda ? keys_at(N) + 4 : 2 * N; }
 
 PlacedInputs GptChunk::host_inputs(const MicroBatch& mb) const {
   const int64_t T = seq_len(mb), B = mb.micro_batch_size, N = B * T;
   const bool order = spec_.has_embedding && dev_ == Device::cuda;
   PlacedInputs h;
-  h.ids = Tensor::empty({2 * N + (order ? 2 * N + 2 : 0)}, DType::i32, Device::cpu);
+  h.ids = Tensor::zeros({placed_ids(N)}, DType::i32, Device::cpu);
   int32_t* in = h.ids.data<int32_t>();
   int32_t* label = in + N;
   for (int64_t b = 0; b < B; ++b)
@@ -533,6 +561,10 @@ PlacedInputs GptChunk::host_inputs(const MicroBatch& mb) const {
   if (order) {
     const Tensor o = ops::embedding_grad_order(in, N);
     std::copy(o.data<int32_t>(), o.data<int32_t>() + o.numel(), in + 2 * N);
+  }
+  if (dev_ == Device::cuda) {
+    const uint64_t keys[2] = {mb.step_key, static_cast<uint64_t>(mb.sample_offset)};
+    std::memcpy(in + keys_at(N), keys, sizeof keys);
   }
   if (spec_.has_head) {
     // The loss gradient per token, loss_weight x mask, rounded once to the statistics dtype.
@@ -561,7 +593,8 @@ Tensor GptChunk::embed(const MicroBatch& mb, const Tensor& tokens, int64_t B, in
   ops::embedding_forward(partial, tokens, wte_, vocab_start_);
   Tensor x = tp::leave_row_parallel_forward(groups_.tp.get(), sp, partial);
   ops::position_forward(x, past > 0 ? wpe_.rows(past, T) : wpe_, row_start, T);  // row b*T + t: position past + t
-  ops::dropout_forward(x, x, cfg_.hidden_dropout, dropout_key(mb, -1, kEmbedding), hidden_dropout_base(mb, R));
+  ops::dropout_forward(x, x, cfg_.hidden_dropout, dropout_key(mb, -1, kEmbedding), hidden_dropout_base(mb, R),
+                       hidden_dropout_dkey(mb, -1, kEmbedding, R));
   return x;
 }
 
@@ -719,12 +752,14 @@ Tensor GptChunk::head_logits(const Tensor& x, const std::vector<int64_t>& rows) 
   return out;
 }
 
-Tensor GptChunk::backward(int64_t mb_id, const MicroBatch& mb, const Tensor& dout) {
+Tensor GptChunk::backward(int64_t mb_id, const MicroBatch& call, const Tensor& dout) {
   auto it = saved_.find(mb_id);
   MTNLG_CHECK(it != saved_.end(), "backward of micro batch {} without its forward", mb_id);
   std::unique_ptr<Saved> saved = std::move(it->second);
   saved_.erase(it);
   Saved& s = *saved;
+  MicroBatch mb = call;
+  mb.keys_dev = s.keys_dev;  // the forward's placed keys
   const int64_t C = cfg_.hidden, T = cfg_.seq_length, B = s.mbs;
   const DType dt = cfg_.dtype;
   const bool sp = cfg_.sequence_parallel;
@@ -765,7 +800,8 @@ Tensor GptChunk::backward(int64_t mb_id, const MicroBatch& mb, const Tensor& dou
 
   if (!spec_.has_embedding) return dx;
   // Embedding: x = dropout(allreduce(lookup) + pos)
-  ops::dropout_backward(dx, dx, cfg_.hidden_dropout, dropout_key(mb, -1, kEmbedding), hidden_dropout_base(mb, R));
+  ops::dropout_backward(dx, dx, cfg_.hidden_dropout, dropout_key(mb, -1, kEmbedding), hidden_dropout_base(mb, R),
+                        hidden_dropout_dkey(mb, -1, kEmbedding, R));
   ops::position_backward(d_wpe_, dx, row_start, T);
   Tensor dfull = tp::leave_row_parallel_backward(tpc, sp, dx);
   ops::embedding_backward(d_wte_, s.tokens, dfull, vocab_start_, s.order.rows.defined() ? &s.order : nullptr);

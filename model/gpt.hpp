@@ -103,6 +103,9 @@ struct MicroBatch {
   // Training: this micro batch's inputs already on the model's device (a CUDA graph's
   // replay reads them where its capture did). Null: forward places them itself.
   const PlacedInputs* placed = nullptr;
+  // Set by GptChunk itself on CUDA: the placed copy of (step_key, sample_offset), from
+  // which the dropout kernels take their keys (core/rng.hpp, DeviceKey).
+  const uint64_t* keys_dev = nullptr;
 
   // ---- inference (forward only; the model must have no dropout) ----
   // Tokens per sample in this call; 0 = cfg.seq_length.
@@ -127,7 +130,9 @@ struct KvCache {
 // A training micro batch's inputs on the model's device, in buffers whose sizes depend on
 // the micro batch's shape alone: `ids` i32, the input ids [N], the labels [N] and, on the
 // first stage of a CUDA model, their grouping by token for the embedding backward
-// (ops::embedding_grad_order, 2N + 2); on the last stage `dloss`, the loss gradient per
+// (ops::embedding_grad_order, 2N + 2), and on a CUDA model then the step's dropout key and
+// the micro batch's first sample as two u64 (at an even index: GptChunk::keys_at); on the
+// last stage `dloss`, the loss gradient per
 // token (loss_weight x mask) [N] in the statistics dtype, and with MicroBatch::loss_mask
 // `mask` f32 [N] (1 = counts).
 struct PlacedInputs {
@@ -233,6 +238,12 @@ class GptChunk {
   // First mask index of this rank's rows of the residual stream ([local rows, hidden]);
   // forward and backward call it so their masks are the same draws.
   uint64_t hidden_dropout_base(const MicroBatch& mb, int64_t local_rows) const;
+  // The same key and base as DeviceKey (from mb.keys_dev), for the CUDA kernels; inert
+  // without keys_dev.
+  DeviceKey hidden_dropout_dkey(const MicroBatch& mb, int64_t layer, int64_t site, int64_t local_rows) const;
+  // Where the placed ids hold the dropout key words (CUDA), and their total length, for N ids.
+  int64_t keys_at(int64_t N) const;
+  int64_t placed_ids(int64_t N) const;
   ops::AttentionDropout attention_dropout(const MicroBatch& mb, int64_t layer) const;
 
   GptConfig cfg_;

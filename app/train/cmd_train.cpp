@@ -56,7 +56,7 @@ void register_train(CLI::App& app) {
       "training.spike_policy (stop|skip|rerun); training.param_hash_interval compares the data-parallel replicas' "
       "parameters. Events go to LOGDIR/forensics.jsonl. See docs/RELIABILITY.md.\n"
       "CUDA graphs: training.enable_cuda_graph runs each micro batch's forward and backward on the GPU as two graphs "
-      "(captured after one eager micro batch per shape, then replayed); one pipeline stage (any tensor and data parallel size), no dropout, no "
+      "(captured after one eager micro batch per shape, then replayed); one pipeline stage (any tensor and data parallel size), no "
       "spike forensics, else exit 2. The log line counts the launches (graph replays). See docs/RECIPES.md.\n"
       "Testing aid: MTNLG_FAULT_INJECT=rank=R:iteration=I:mode=throw|abort|kill|stop|sigterm|sigusr1|nan|overflow|slow|"
       "bitflip_grad|bitflip_param|poison makes global rank R, at the start of iteration I, throw an error, abort(), "

@@ -20,9 +20,6 @@ std::string cuda_graph_refusal(const Recipe& r, Device device, bool observer) {
   if (r.parallel.pipeline_model_parallel_size != 1)
     return "graphs cover one pipeline stage (parallel.pipeline_model_parallel_size 1): a stage's micro batches "
            "in flight would each need their own graphs and buffers";
-  if (r.model.hidden_dropout > 0 || r.model.attention_dropout > 0)
-    return "dropout keys change every micro batch and are kernel arguments, which a graph fixes: set "
-           "model.hidden_dropout and model.attention_dropout to 0";
   if (observer)
     return "spike forensics and the poison fault watch each layer's output on the host: turn off "
            "training.check_for_nan_in_loss_and_grad and training.loss_spike_threshold";

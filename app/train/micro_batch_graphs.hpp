@@ -11,16 +11,16 @@
 //      loss gradient and mask: model::PlacedInputs) into the buffers the capture read,
 //      and launches the two graphs.
 // Kernel arguments are fixed at capture, so everything that changes between micro batches
-// must come from device memory: the inputs above do; dropout keys do not (they are kernel
-// arguments), hence graphs need dropout 0. The forward and backward graphs share the pool
+// must come from device memory: the inputs above do, the step's dropout key and the micro
+// batch's first sample among them (the dropout kernels derive their keys and mask offsets
+// from those on the device: DeviceKey, core/rng.hpp). The forward and backward graphs share the pool
 // and are launched in capture order (the saved activations are pool blocks the forward
 // graph writes and the backward graph reads), which the layouts below guarantee.
 //
 // Covered: one pipeline stage (pipeline parallel size 1, no virtual stages), any tensor
 // parallel size (its NCCL collectives run on the compute stream and are captured with the
 // rest; a replay counts the bytes they counted at capture) and any data parallel size; no
-// dropout; no spike forensics or poison fault (their layer observer runs host code
-// between layers). With data parallelism the step's last micro batch runs
+// no spike forensics or poison fault (their layer observer runs host code between layers). With data parallelism the step's last micro batch runs
 // eagerly, since its backward starts the gradient reduction bucket by bucket as layers
 // finish. Steps that profile op families (logging.gpu_profile) run eagerly. A capture
 // the CUDA runtime refuses is reported once and the shape runs eagerly from then on.

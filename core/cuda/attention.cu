@@ -32,12 +32,13 @@ struct Drop {
   uint64_t key;
   int64_t sample_offset, head_offset, heads_total;
   bool on;
+  DeviceKey dkey;  // key and sample_offset from device memory when set
 };
 
 __device__ __forceinline__ bool kept(const Drop& dr, const Geometry& g, int64_t b, int64_t h, int64_t i, int64_t j) {
-  const uint64_t base =
-      static_cast<uint64_t>(((dr.sample_offset + b) * dr.heads_total + dr.head_offset + h) * g.T * g.T);
-  return philox_uniform(dr.key, 0, base + static_cast<uint64_t>(i * g.T + j)) >= dr.p;
+  const int64_t sample = static_cast<int64_t>(dr.dkey.offset(static_cast<uint64_t>(dr.sample_offset)));
+  const uint64_t base = static_cast<uint64_t>(((sample + b) * dr.heads_total + dr.head_offset + h) * g.T * g.T);
+  return philox_uniform(dr.dkey.key(dr.key), 0, base + static_cast<uint64_t>(i * g.T + j)) >= dr.p;
 }
 
 Drop make_drop(const ops::AttentionDropout& d, int64_t H) {
@@ -49,6 +50,7 @@ Drop make_drop(const ops::AttentionDropout& d, int64_t H) {
   r.sample_offset = d.sample_offset;
   r.head_offset = d.head_offset;
   r.heads_total = d.heads_total ? d.heads_total : H;
+  r.dkey = d.dkey;
   return r;
 }
 

@@ -538,9 +538,12 @@ Plan& plan_for(bool forward, const Shape& sh, double p) {
   }
 }
 
-__global__ void seed_offset_kernel(int64_t* dst, int64_t seed, int64_t offset) {
-  dst[0] = seed;
-  dst[1] = offset;
+// seed = the dropout key, offset = (sample * heads_total + head_offset) * T * T, the key
+// and the sample taken from device memory when `dkey` says so.
+__global__ void seed_offset_kernel(int64_t* dst, uint64_t key, int64_t sample, int64_t heads_total, int64_t head_offset,
+                                   int64_t TT, DeviceKey dkey) {
+  dst[0] = static_cast<int64_t>(dkey.key(key));
+  dst[1] = (static_cast<int64_t>(dkey.offset(static_cast<uint64_t>(sample))) * heads_total + head_offset) * TT;
 }
 
 // Runs `pl` with the variant pack `uids` -> `ptrs` (plus the by-value scalars), on the
@@ -562,8 +565,8 @@ void execute(Plan& pl, std::vector<int64_t> uids, std::vector<void*> ptrs, const
     // cuDNN's Philox stream: seed = the dropout key; the counter offset starts these
     // rows' (sample, head) block where the CPU's mask index does.
     seed_offset = DeviceBuffer<int64_t>(2);
-    const int64_t offset = (drop.sample_offset * drop.heads_total + drop.head_offset) * T * T;
-    MTNLG_LAUNCH(1, 1, 0, stream(), seed_offset_kernel)(seed_offset.data(), static_cast<int64_t>(drop.key), offset);
+    MTNLG_LAUNCH(1, 1, 0, stream(), seed_offset_kernel)(seed_offset.data(), drop.key, drop.sample_offset,
+                                                         drop.heads_total, drop.head_offset, T * T, drop.dkey);
     MTNLG_CUDA_LAUNCH_CHECK("seed_offset_kernel");
     uids.insert(uids.end(), {kSeed, kOffset});
     ptrs.insert(ptrs.end(), {seed_offset.data(), seed_offset.data() + 1});

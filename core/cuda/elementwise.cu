@@ -97,8 +97,9 @@ struct GeluBackwardOp {  // (x = the GELU's input, g = the gradient of its outpu
 struct DropoutOp {
   float p, s;
   uint64_t key, base;
+  DeviceKey dkey;  // key and base from device memory when set
   __device__ __forceinline__ float operator()(int64_t i, float x, float) const {
-    return philox_uniform(key, 0, base + static_cast<uint64_t>(i)) >= p ? x * s : 0.0f;
+    return philox_uniform(dkey.key(key), 0, dkey.offset(base) + static_cast<uint64_t>(i)) >= p ? x * s : 0.0f;
   }
 };
 
@@ -167,7 +168,8 @@ void gelu_backward(void* dinp, const void* inp, const void* dout, DType dt, int6
                        GeluBackwardOp{}, "gelu_backward"));
 }
 
-void dropout(void* out, const void* inp, DType dt, int64_t n, double p, uint64_t key, uint64_t base) {
+void dropout(void* out, const void* inp, DType dt, int64_t n, double p, uint64_t key, uint64_t base,
+             const DeviceKey& dkey) {
   if (n <= 0) return;
   if (p <= 0) {
     if (out != inp) {
@@ -179,7 +181,7 @@ void dropout(void* out, const void* inp, DType dt, int64_t n, double p, uint64_t
   const float fp = static_cast<float>(p), s = static_cast<float>(1.0 / (1.0 - p));  // as the CPU rounds them
   MTNLG_DT_SWITCH(dt, T,
                   map2(static_cast<T*>(out), static_cast<const T*>(inp), static_cast<const T*>(inp), n,
-                       DropoutOp{fp, s, key, base}, "dropout"));
+                       DropoutOp{fp, s, key, base, dkey}, "dropout"));
 }
 
 }  // namespace mtnlg::cuda::k
@@ -224,9 +226,10 @@ void gelu_backward(Tensor& dinp, const Tensor& inp, const Tensor& dout) {
   k::gelu_backward(dinp.raw(), inp.raw(), dout.raw(), dt, inp.numel());
 }
 
-void dropout_forward(Tensor& out, const Tensor& inp, double p_drop, uint64_t key, uint64_t base_index) {
+void dropout_forward(Tensor& out, const Tensor& inp, double p_drop, uint64_t key, uint64_t base_index,
+                     const DeviceKey& dkey) {
   const DType dt = cuda_dtype("dropout_forward", "out", out.dtype());
-  k::dropout(out.raw(), inp.raw(), dt, inp.numel(), p_drop, key, base_index);
+  k::dropout(out.raw(), inp.raw(), dt, inp.numel(), p_drop, key, base_index, dkey);
 }
 
 }  // namespace mtnlg::cuda

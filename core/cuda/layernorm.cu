@@ -34,6 +34,7 @@ struct Residual {
   const T* bias = nullptr;
   float p = 0, scale = 1;
   uint64_t key = 0, base = 0;
+  DeviceKey dkey;  // key and base from device memory when set
 };
 
 // With a residual, the first pass stores the sum into `inp` (rounded to T); the LayerNorm
@@ -48,12 +49,13 @@ __global__ void layernorm_forward_kernel(T* out, float* mean, float* rstd, T* in
   T* x = inp + row * C;
   float s = 0;
   if (res.x) {
+    const uint64_t key = res.dkey.key(res.key), base = res.dkey.offset(res.base);
     for (int64_t c = lane; c < C; c += 32) {
       const int64_t e = row * C + c;
       T v = res.branch[e];
       if (res.bias) v = from_f<T>(to_f(v) + to_f(res.bias[c]));
       if (res.p > 0)
-        v = philox_uniform(res.key, 0, res.base + static_cast<uint64_t>(e)) >= res.p
+        v = philox_uniform(key, 0, base + static_cast<uint64_t>(e)) >= res.p
                 ? from_f<T>(__fmul_rn(to_f(v), res.scale))
                 : from_f<T>(0.0f);
       x[c] = from_f<T>(to_f(res.x[e]) + to_f(v));
@@ -158,8 +160,8 @@ void layernorm_forward(void* out, float* mean, float* rstd, const void* inp, con
 
 // out null: the residual sum only. bias null: no bias; p <= 0: no dropout.
 void residual_layernorm_forward(void* sum, void* out, float* mean, float* rstd, const void* x, const void* branch,
-                                const void* bias, double p, uint64_t key, uint64_t base, const void* w, const void* b,
-                                DType dt, int64_t N, int64_t C, double eps) {
+                                const void* bias, double p, uint64_t key, uint64_t base, const DeviceKey& dkey,
+                                const void* w, const void* b, DType dt, int64_t N, int64_t C, double eps) {
   if (N <= 0) return;
   const float fp = p > 0 ? static_cast<float>(p) : 0.0f;
   const float scale = p > 0 ? static_cast<float>(1.0 / (1.0 - p)) : 1.0f;  // as dropout_forward rounds them
@@ -168,7 +170,7 @@ void residual_layernorm_forward(void* sum, void* out, float* mean, float* rstd, 
                       static_cast<T*>(out), mean, rstd, static_cast<T*>(sum), static_cast<const T*>(w),
                       static_cast<const T*>(b), N, C, static_cast<float>(eps),
                       Residual<T>{static_cast<const T*>(x), static_cast<const T*>(branch), static_cast<const T*>(bias),
-                                  fp, scale, key, base}));
+                                  fp, scale, key, base, dkey}));
   MTNLG_CUDA_LAUNCH_CHECK("layernorm_forward_kernel (residual)");
 }
 
@@ -217,14 +219,14 @@ void residual_layernorm_forward(Tensor& sum, Tensor& out, Tensor& mean, Tensor& 
   const DType dt = cuda_dtype("residual_layernorm_forward", "out", out.dtype());
   const int64_t C = w.numel(), N = C ? sum.numel() / C : 0;
   k::residual_layernorm_forward(sum.raw(), out.raw(), f(mean), f(rstd), x.raw(), branch.raw(), p(br.bias), br.p, br.key,
-                                br.base_index, w.raw(), b.raw(), dt, N, C, eps);
+                                br.base_index, br.dkey, w.raw(), b.raw(), dt, N, C, eps);
 }
 
 void residual_add_forward(Tensor& sum, const Tensor& x, const Tensor& branch, const ops::ResidualBranch& br) {
   const DType dt = cuda_dtype("residual_add_forward", "sum", sum.dtype());
   const int64_t C = sum.dim(-1), N = C ? sum.numel() / C : 0;
   k::residual_layernorm_forward(sum.raw(), nullptr, nullptr, nullptr, x.raw(), branch.raw(), p(br.bias), br.p, br.key,
-                                br.base_index, nullptr, nullptr, dt, N, C, 0.0);
+                                br.base_index, br.dkey, nullptr, nullptr, dt, N, C, 0.0);
 }
 
 void layernorm_backward(Tensor& dinp, Tensor& dw, Tensor& db, const Tensor& dout, const Tensor& inp, const Tensor& w,

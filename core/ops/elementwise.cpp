@@ -234,7 +234,7 @@ void gelu_backward(Tensor& dinp, const Tensor& inp, const Tensor& dout) {
   });
 }
 
-void dropout_forward(Tensor& out, const Tensor& inp, double p, uint64_t key, uint64_t base_index) {
+void dropout_forward(Tensor& out, const Tensor& inp, double p, uint64_t key, uint64_t base_index, const DeviceKey& dkey) {
   const bool cuda = same_device("dropout_forward", {&out, &inp});
   const DType dt = act_dtype("dropout_forward", {{"out", &out}, {"inp", &inp}});
   expect_numel("dropout_forward", "out", out, inp.numel());
@@ -242,7 +242,7 @@ void dropout_forward(Tensor& out, const Tensor& inp, double p, uint64_t key, uin
     if (out.raw() != inp.raw()) copy(out, inp);
     return;
   }
-  MTNLG_CUDA_DISPATCH(cuda, dropout_forward(out, inp, p, key, base_index));
+  MTNLG_CUDA_DISPATCH(cuda, dropout_forward(out, inp, p, key, base_index, dkey));
   if (is_low(dt)) {
     Widened wd;
     dropout_forward(wd.out(out), wd.in(inp), p, key, base_index);
@@ -254,9 +254,10 @@ void dropout_forward(Tensor& out, const Tensor& inp, double p, uint64_t key, uin
   });
 }
 
-void dropout_backward(Tensor& dinp, const Tensor& dout, double p, uint64_t key, uint64_t base_index) {
+void dropout_backward(Tensor& dinp, const Tensor& dout, double p, uint64_t key, uint64_t base_index,
+                      const DeviceKey& dkey) {
   // The mask and scale are the same as forward: dinp = dout * mask / (1-p).
-  dropout_forward(dinp, dout, p, key, base_index);
+  dropout_forward(dinp, dout, p, key, base_index, dkey);
 }
 
 }  // namespace mtnlg::ops

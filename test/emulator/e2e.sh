@@ -18,13 +18,14 @@
 #                 emulated NCCL: every loss within 1e-5 of the single-process cuda run
 #     graphs      training.enable_cuda_graph: micro batches replayed from CUDA graphs give
 #                 the eager cuda run's losses and grad norms bit for bit (fp32 with recompute
-#                 none and full, bf16, fp16 with loss scaling; the loss-mask path), with the
+#                 none and full, bf16, fp16 with loss scaling; the loss-mask path; hidden and
+#                 attention dropout, unfused and cuDNN's, keys from device memory), with the
 #                 graph launches counted in metrics.jsonl; under mpirun dp2 (the last micro
 #                 batch eager, for the overlapped reduction) and tp2 with sequence
 #                 parallelism (NCCL captured, the same bytes counted) too; a capture the runtime
 #                 invalidates (MTNLG_EMU_CAPTURE_FAIL) is warned about once and the run
-#                 goes on eagerly with the same numbers; layouts graphs do not cover
-#                 (dropout, the CPU) exit 2 naming the key
+#                 goes on eagerly with the same numbers; what graphs do not cover (spike
+#                 forensics, the CPU) exits 2 naming the key
 # (eval and generate on cuda vs cpu: scripts/gpu/train-proof.sh's infer step, which CI
 # runs on the emulated build as the test emulator.train-proof)
 # Exit status 0 when the step passes; every comparison prints its worst difference.
@@ -133,13 +134,26 @@ EOF
   graphs)
     nodrop=(--set model.hidden_dropout=0 --set model.attention_dropout=0 --set data.eod_mask_loss=true
       --set optimizer.initial_loss_scale=1024)
-    for c in "fp32 none" "fp32 full" "bf16 selective" "fp16 none"; do
+    # PRECISION RECOMPUTE DROPOUT: with dropout the kernels take their keys from device
+    # memory (bf16: the flash form, cuDNN's dropout; fp32: the unfused form's)
+    for c in "fp32 none 0" "fp32 full 0" "bf16 selective 0" "fp16 none 0" "fp32 selective 0.1" "bf16 none 0.1"; do
       set -- $c
-      train "eager-$1-$2" cuda "$1" "${nodrop[@]}" --set parallel.recompute_granularity="$2" &&
-        train "graph-$1-$2" cuda "$1" "${nodrop[@]}" --set parallel.recompute_granularity="$2" \
+      id="$1-$2$([ "$3" = 0 ] || echo -drop)"
+      drop=(--set model.hidden_dropout="$3" --set model.attention_dropout="$3")
+      train "eager-$id" cuda "$1" "${nodrop[@]}" "${drop[@]}" --set parallel.recompute_granularity="$2" &&
+        train "graph-$id" cuda "$1" "${nodrop[@]}" "${drop[@]}" --set parallel.recompute_granularity="$2" \
           --set training.enable_cuda_graph=true &&
-        compare "graph-$1-$2" "eager-$1-$2" 0
+        compare "graph-$id" "eager-$id" 0
     done
+    # the dropout runs do drop: not the numbers of the runs without
+    python3 - "$out" <<'EOF' || fails=$((fails + 1))
+import json, sys
+out = sys.argv[1]
+a = [json.loads(l)["loss"] for l in open(f"{out}/eager-fp32-selective-drop/metrics.jsonl")]
+b = [json.loads(l)["loss"] for l in open(f"{out}/eager-fp32-none/metrics.jsonl")]  # recompute changes no bits
+print(f"  dropout 0.1 against 0 (fp32): last loss {a[-1]:.6f} vs {b[-1]:.6f}")
+sys.exit(0 if a != b else 1)
+EOF
     # dp2: each rank's step has 2 micro batches, the last one eager; tp2 with sequence
     # parallelism: the tensor-parallel collectives captured with the rest, 4 micro batches
     for layout in "dp2" "tp2 --set parallel.tensor_model_parallel_size=2 --set parallel.sequence_parallel=true"; do
@@ -168,7 +182,7 @@ def last(name):
 # 6 steps x 4 micro batches: the first eager (warm-up), the other 23 a forward and a
 # backward launch each; dp2: 6 x 2, the last of each step eager: 5 graphed
 want = {"graph-fp32-none": 46, "graph-fp32-full": 46, "graph-bf16-selective": 46, "graph-fp16-none": 46, "dp2-graph": 10,
-        "tp2-graph": 46}
+        "tp2-graph": 46, "graph-fp32-selective-drop": 46, "graph-bf16-none-drop": 46}
 ok = True
 for name, n in want.items():
     got = last(name).get("cuda_graph_replays")
@@ -186,7 +200,7 @@ print(f"  graph-refused: {last('graph-refused').get('cuda_graph_replays')} graph
 ok = ok and last("graph-refused").get("cuda_graph_replays") == 0 and len(warned) == 1 and "StreamCaptureInvalidated" in warned[0]
 sys.exit(0 if ok else 1)
 EOF
-    for c in "cuda model.hidden_dropout=0.1" "cpu model.hidden_dropout=0"; do
+    for c in "cuda training.check_for_nan_in_loss_and_grad=true" "cpu model.hidden_dropout=0"; do
       set -- $c
       "$bin" train recipes/tiny-mock.yaml --set training.device="$1" --set training.train_iters=1 --set "$2" \
         --set model.attention_dropout=0 --set training.enable_cuda_graph=true --set logging.dir="$out/refused-$1" \

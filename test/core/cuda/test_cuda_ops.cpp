@@ -28,6 +28,7 @@
 #include "core/cuda/ops_cuda.hpp"
 #include "core/error.hpp"
 #include "core/ops.hpp"
+#include "core/rng.hpp"
 #include "test/core/cuda/cuda_test_util.hpp"
 #include "test/core/ops/op_cases.hpp"
 
@@ -415,6 +416,70 @@ TEST_CASE("cuda matmul bias without the epilogue rounds once, as the epilogue do
     cuda::set_gemm_bias_epilogue(old);
     Tensor x = fused.to(Device::cpu), y = plain.to(Device::cpu);
     CHECK(std::memcmp(x.raw(), y.raw(), static_cast<size_t>(x.nbytes())) == 0);
+  }
+}
+
+// Dropout keys read on the device (DeviceKey: a CUDA graph's replay takes its micro batch's
+// keys from memory): every dropout site gives the bits of the same key passed as arguments.
+TEST_CASE("cuda dropout keys from device memory equal the keys passed as arguments", "[gpu]") {
+  if (!gpu_ready()) return;
+  std::mt19937_64 g(31);
+  const uint64_t step = 0xABCDEF12345ull, sample = 6, a = 3, b = 2;
+  const int64_t N = 24, C = 40, per_sample = 4 * C, add = 2 * C;
+  const uint64_t key = mix_key(step, a, b), base = sample * per_sample + add;
+  Tensor keys_host = Tensor::empty({4}, DType::i32);
+  const uint64_t words[2] = {step, sample};
+  std::memcpy(keys_host.raw(), words, sizeof words);
+  const Tensor keys = keys_host.to(Device::cuda);
+  const DeviceKey dkey{static_cast<const uint64_t*>(keys.raw()), a, b, per_sample, add};
+  auto same = [](const Tensor& x, const Tensor& y) {
+    const Tensor hx = x.to(Device::cpu), hy = y.to(Device::cpu);
+    return std::memcmp(hx.raw(), hy.raw(), static_cast<size_t>(hx.nbytes())) == 0;
+  };
+  for (DType dt : {DType::f32, DType::bf16}) {
+    INFO(to_string(dt));
+    const Tensor x = to_gpu(randn({N, C}, g), dt), br = to_gpu(randn({N, C}, g), dt), bias = to_gpu(randn({C}, g), dt);
+    const Tensor w = to_gpu(randn({C}, g), dt), lb = to_gpu(randn({C}, g), dt);
+    Tensor o1 = poisoned({N, C}, dt), o2 = poisoned({N, C}, dt);
+    ops::dropout_forward(o1, x, 0.3, key, base);
+    ops::dropout_forward(o2, x, 0.3, 0, 0, dkey);  // the argument values are ignored
+    CHECK(same(o1, o2));
+    Tensor s1 = poisoned({N, C}, dt), s2 = poisoned({N, C}, dt), n1 = poisoned({N, C}, dt), n2 = poisoned({N, C}, dt);
+    Tensor m1 = poisoned({N}, DType::f32), m2 = poisoned({N}, DType::f32), r1 = poisoned({N}, DType::f32),
+           r2 = poisoned({N}, DType::f32);
+    ops::residual_layernorm_forward(s1, n1, m1, r1, x, br, ops::ResidualBranch{&bias, 0.3, key, base}, w, lb, 1e-5);
+    ops::residual_layernorm_forward(s2, n2, m2, r2, x, br, ops::ResidualBranch{&bias, 0.3, 0, 0, dkey}, w, lb, 1e-5);
+    CHECK(same(s1, s2));
+    CHECK(same(n1, n2));
+  }
+  // attention: the key and the sample offset; both forms (the flash form is cuDNN's, with
+  // its own mask, bf16)
+  const int64_t B = 2, T = 16, H = 2, D = 8;
+  const DeviceKey akey{static_cast<const uint64_t*>(keys.raw()), a, b, 1, 0};
+  const ops::AttentionDropout by_args{0.2, key, static_cast<int64_t>(sample), 0, H};
+  const ops::AttentionDropout by_dev{0.2, 0, 0, 0, H, akey};
+  const Tensor qkv = to_gpu(randn({B, T, 3 * H * D}, g, 0.5), DType::bf16);
+  const Tensor dout = to_gpu(randn({B, T, H * D}, g), DType::bf16);
+  Tensor o1 = poisoned({B, T, H * D}, DType::bf16), o2 = poisoned({B, T, H * D}, DType::bf16);
+  Tensor p1 = poisoned({B, H, T, T}, DType::bf16), p2 = poisoned({B, H, T, T}, DType::bf16);
+  ops::attention_forward(o1, p1, qkv, H, by_args);
+  ops::attention_forward(o2, p2, qkv, H, by_dev);
+  CHECK(same(o1, o2));
+  Tensor d1 = poisoned({B, T, 3 * H * D}, DType::bf16), d2 = poisoned({B, T, 3 * H * D}, DType::bf16);
+  ops::attention_backward(d1, dout, qkv, p1, H, by_args);
+  ops::attention_backward(d2, dout, qkv, p2, H, by_dev);
+  CHECK(same(d1, d2));
+  std::string why;
+  if (ops::attention_lse_supported(Device::cuda, DType::bf16, B, T, H, D, 0.2, &why)) {
+    Tensor l1 = poisoned({B, H, T}, DType::f32), l2 = poisoned({B, H, T}, DType::f32);
+    ops::attention_forward_lse(o1, l1, qkv, H, by_args);
+    ops::attention_forward_lse(o2, l2, qkv, H, by_dev);
+    CHECK(same(o1, o2));
+    ops::attention_backward_lse(d1, dout, qkv, o1, l1, H, by_args);
+    ops::attention_backward_lse(d2, dout, qkv, o2, l2, H, by_dev);
+    CHECK(same(d1, d2));
+  } else {
+    WARN("the flash form does not run here: " << why);
   }
 }
 
