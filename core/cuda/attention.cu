@@ -36,9 +36,19 @@ struct Drop {
 };
 
 __device__ __forceinline__ bool kept(const Drop& dr, const Geometry& g, int64_t b, int64_t h, int64_t i, int64_t j) {
-  const int64_t sample = static_cast<int64_t>(dr.dkey.offset(static_cast<uint64_t>(dr.sample_offset)));
-  const uint64_t base = static_cast<uint64_t>(((sample + b) * dr.heads_total + dr.head_offset + h) * g.T * g.T);
-  return philox_uniform(dr.dkey.key(dr.key), 0, base + static_cast<uint64_t>(i * g.T + j)) >= dr.p;
+  const uint64_t base =
+      static_cast<uint64_t>(((dr.sample_offset + b) * dr.heads_total + dr.head_offset + h) * g.T * g.T);
+  return philox_uniform(dr.key, 0, base + static_cast<uint64_t>(i * g.T + j)) >= dr.p;
+}
+
+// The key and sample offset taken from device memory where dkey says so: once per thread,
+// at a kernel's start.
+__device__ __forceinline__ Drop resolved(Drop dr) {
+  if (!dr.on || !dr.dkey.dev) return dr;
+  dr.key = dr.dkey.key(dr.key);
+  dr.sample_offset = static_cast<int64_t>(dr.dkey.offset(static_cast<uint64_t>(dr.sample_offset)));
+  dr.dkey.dev = nullptr;
+  return dr;
 }
 
 Drop make_drop(const ops::AttentionDropout& d, int64_t H) {
@@ -90,7 +100,8 @@ __device__ __forceinline__ RowIndex row_index(int64_t r, int64_t Tn, int64_t H) 
 // dropout, dropped[r, j] = kept ? probs * dscale : 0. One warp per row.
 template <typename V>
 __global__ void __launch_bounds__(kThreads)
-    causal_softmax_kernel(V* probs, V* dropped, int64_t rows, Geometry g, Drop dr) {
+    causal_softmax_kernel(V* probs, V* dropped, int64_t rows, Geometry g, Drop drop) {
+  const Drop dr = resolved(drop);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t r = blockIdx.x * int64_t(kWarps) + warp;
   if (r >= rows) return;
@@ -111,7 +122,8 @@ __global__ void __launch_bounds__(kThreads)
 
 // dropped = dropout(probs) with the forward's mask (the backward's P').
 template <typename V>
-__global__ void attention_dropout_kernel(V* dropped, const V* probs, int64_t rows, Geometry g, Drop dr) {
+__global__ void attention_dropout_kernel(V* dropped, const V* probs, int64_t rows, Geometry g, Drop drop) {
+  const Drop dr = resolved(drop);
   const int64_t n = rows * g.T;
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
     const int64_t j = e % g.T;
@@ -124,7 +136,8 @@ __global__ void attention_dropout_kernel(V* dropped, const V* probs, int64_t row
 // through the dropout mask; zeros above the diagonal. One warp per row.
 template <typename V>
 __global__ void __launch_bounds__(kThreads)
-    causal_softmax_backward_kernel(V* dp, const V* probs, int64_t rows, Geometry g, Drop dr) {
+    causal_softmax_backward_kernel(V* dp, const V* probs, int64_t rows, Geometry g, Drop drop) {
+  const Drop dr = resolved(drop);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t r = blockIdx.x * int64_t(kWarps) + warp;
   if (r >= rows) return;
