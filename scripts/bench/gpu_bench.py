@@ -221,12 +221,18 @@ def bench_mtnlg(a, shape, backend, out, budget, tag="", env=None, sets=(), name=
     timed = [r for r in rows if r.get("iteration", 0) > a.warmup and "tokens_per_s" in r]
     if not timed:
         return {"error": "no timed iterations in metrics.jsonl"}
-    return {
+    got = {
         "tokens_per_s": median_of([r["tokens_per_s"] for r in timed]),
         "mfu72_logged": median_of([r["mfu"] for r in timed]),
         "step_s": median_of([r["step_time_s"] for r in timed]),
         "peak_memory_bytes": max(r.get("peak_memory_bytes", 0) for r in timed),
     }
+    if "cuda_graph_replays" in rows[-1]:  # training.enable_cuda_graph: whether graphs ran, or why not
+        got["cuda_graph_replays"] = rows[-1]["cuda_graph_replays"]
+        refused = [l for l in (o + e).splitlines() if "CUDA graphs off" in l]
+        if refused:
+            got["cuda_graph_refused"] = refused[0].strip()[:200]
+    return got
 
 
 def torch_cmd(a):
@@ -564,6 +570,9 @@ def print_tables(res, a):
                 note.insert(0, f"logged MFU {100 * v['mfu72_logged']:.2f}%")
             if v.get("peak_memory_bytes") and a.device == "cuda":
                 note.append(f"peak {v['peak_memory_bytes'] / 2**30:.1f} GiB")
+            if "cuda_graph_replays" in v:
+                note.append(f"CUDA graphs: {v['cuda_graph_replays']} launches"
+                            + (f" ({v['cuda_graph_refused']})" if v.get("cuda_graph_refused") else ""))
             note = "; ".join(note)
             print(f"| {name} | {shape} | {k} | {fmt(v['tokens_per_s'])} | {100 * v['mfu72']:.2f}% | {100 * v['mfu6n']:.2f}% | "
                   f"{vs_t} | {vs_l} | {note} |")
