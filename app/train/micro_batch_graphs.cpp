@@ -94,19 +94,14 @@ bool MicroBatchGraphs::forward(int64_t mb_id, const model::MicroBatch& mb) {
   Shape& sh = *slot;
   if (sh.eager || sh.seen++ == 0) return false;  // the first of a shape warms up eagerly
   const model::PlacedInputs host = chunk_.host_inputs(mb);
-  pending_counted_ = !sh.fwd;  // a capture counts its collectives' bytes itself
-  if (!sh.fwd) {
-    sh.in = {device_like(host.ids), device_like(host.dloss), device_like(host.mask)};
-    refill(sh.in.ids, host.ids);
-    refill(sh.in.dloss, host.dloss);
-    refill(sh.in.mask, host.mask);
-    if (!capture(sh, mb_id, mb)) return false;
-  } else {
-    refill(sh.in.ids, host.ids);
-    refill(sh.in.dloss, host.dloss);
-    refill(sh.in.mask, host.mask);
-    if (tp_) tp_->count_replayed(sh.fwd_bytes);  // the capture counted its own micro batch's
-  }
+  const bool first = !sh.fwd;
+  if (first) sh.in = {device_like(host.ids), device_like(host.dloss), device_like(host.mask)};
+  refill(sh.in.ids, host.ids);  // queued before the capture or the launch that reads them
+  refill(sh.in.dloss, host.dloss);
+  refill(sh.in.mask, host.mask);
+  if (first && !capture(sh, mb_id, mb)) return false;
+  pending_counted_ = first;  // a capture counts its collectives' bytes itself
+  if (!first && tp_) tp_->count_replayed(sh.fwd_bytes);
   sh.fwd->launch();
   ++replays_;
   // A replay allocates no tensor: its pool stands for what the eager forward and backward
