@@ -243,7 +243,7 @@ class CachingAllocator {
       it->second.pop_back();
       ++stats_.cache_hits;
     } else {
-      // The capture is in global mode, where the runtime refuses cudaMalloc (it may
+      // The capture's mode (thread-local) has the runtime refuse cudaMalloc (it may
       // synchronise): this thread relaxes the mode for the one call, as the pool's growth
       // is ordered by the capture itself.
       cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
@@ -514,7 +514,7 @@ CudaGraph::CudaGraph(GraphPool& pool, const std::function<void()>& work) {
     allocator().end_capture();
     return e;
   };
-  cudaError_t e = cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal);
+  cudaError_t e = cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
   if (e != cudaSuccess) {
     t_capturing = false;
     allocator().end_capture();

@@ -173,11 +173,13 @@ class GraphPool {
 };
 
 // The work `work` queues on the backend stream, captured into a CUDA graph and
-// instantiated; nothing of it runs during the capture. The capture is in global mode
-// (cudaStreamCaptureModeGlobal): the work must not synchronise, query events, allocate
-// from the driver or copy through pageable host memory (the runtime refuses each, and the
-// capture fails) and must queue nothing on other streams. Only the pool's own growth calls
-// cudaMalloc, with the mode relaxed for that call.
+// instantiated; nothing of it runs during the capture. The capture is in thread-local mode
+// (cudaStreamCaptureModeThreadLocal): this thread's work must not synchronise, query
+// events, allocate from the driver or copy through pageable host memory (the runtime
+// refuses each, and the capture fails) and must queue nothing on other streams; other
+// threads (NCCL's, a checkpoint writer's) are not held to that while it runs, as global
+// mode would. Only the pool's own growth calls cudaMalloc, with the mode relaxed for that
+// call.
 // Kernel arguments are fixed at capture: what changes between replays must be read from
 // device memory the caller rewrites before launch(). A failed capture throws
 // RuntimeError naming the runtime's error; nothing stays captured.

@@ -253,7 +253,8 @@ TEST_CASE("cuda graphs: a capture that synchronises is refused and leaves nothin
     CHECK((std::string(e.what()).find("captur") != std::string::npos));
   }
   CHECK_FALSE(cuda::capturing());
-  // So is an allocation from the driver outside the pool (the capture is in global mode).
+  // So is an allocation from the driver outside the pool (this thread's, the capture being
+  // thread-local).
   try {
     cuda::CudaGraph g(pool, [&] {
       void* raw = nullptr;
