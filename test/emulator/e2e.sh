@@ -24,8 +24,8 @@
 #                 batch eager, for the overlapped reduction) and tp2 with sequence
 #                 parallelism (NCCL captured, the same bytes counted) too; a capture the runtime
 #                 invalidates (MTNLG_EMU_CAPTURE_FAIL) is warned about once and the run
-#                 goes on eagerly with the same numbers; what graphs do not cover (spike
-#                 forensics, the CPU) exits 2 naming the key
+#                 goes on eagerly with the same numbers; what graphs do not cover (pipeline
+#                 stages, spike forensics, the CPU) exits 2 naming the key
 # (eval and generate on cuda vs cpu: scripts/gpu/train-proof.sh's infer step, which CI
 # runs on the emulated build as the test emulator.train-proof)
 # Exit status 0 when the step passes; every comparison prints its worst difference.
@@ -200,6 +200,16 @@ print(f"  graph-refused: {last('graph-refused').get('cuda_graph_replays')} graph
 ok = ok and last("graph-refused").get("cuda_graph_replays") == 0 and len(warned) == 1 and "StreamCaptureInvalidated" in warned[0]
 sys.exit(0 if ok else 1)
 EOF
+    # pp2 (mpirun): every rank refuses, naming the key
+    MTNLG_EMU_DEVICES=2 "$repo/test/support/mpi/mpirun.sh" 2 "$bin" train recipes/tiny-mock.yaml \
+      --set training.device=cuda --set training.train_iters=1 --set parallel.pipeline_model_parallel_size=2 \
+      --set training.enable_cuda_graph=true --set logging.dir="$out/refused-pp2" >"$out/refused-pp2.log" 2>&1
+    rc=$?
+    if [ $rc -eq 2 ] && grep -q "training.enable_cuda_graph: graphs cover one pipeline stage" "$out/refused-pp2.log"; then
+      echo "  refused under pp2: $(grep -o 'training.enable_cuda_graph.*' "$out/refused-pp2.log" | head -1 | cut -c1-110)"
+    else
+      echo "  enable_cuda_graph under pp2: exit $rc, not refused"; tail -5 "$out/refused-pp2.log"; fails=$((fails + 1))
+    fi
     for c in "cuda training.check_for_nan_in_loss_and_grad=true" "cpu model.hidden_dropout=0"; do
       set -- $c
       "$bin" train recipes/tiny-mock.yaml --set training.device="$1" --set training.train_iters=1 --set "$2" \
