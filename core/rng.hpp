@@ -71,17 +71,19 @@ MTNLG_HD uint64_t mix64(uint64_t x) {
 }
 MTNLG_HD uint64_t mix_key(uint64_t a, uint64_t b, uint64_t c = 0) { return mix64(mix64(mix64(a) ^ b) ^ c); }
 
-// A dropout key and mask offset a kernel takes from device memory where it runs, instead
-// of the values its caller computed: `dev` holds the step's key and the micro batch's first
-// sample, and key = mix_key(dev[0], a, b), offset = dev[1] * per_sample + add, the same
-// expressions the caller's values come from. A CUDA graph replays kernel arguments as
-// captured, so per-micro-batch keys reach a replay this way. With `dev` null the
-// caller's values stand (and the CPU always uses them).
+// A dropout site's key and mask offset from the step's key and the micro batch's first
+// sample: key = mix_key(step, a, b), offset = sample * per_sample + add. The caller derives
+// the values its ops take with derive_*; a kernel may instead derive them where it runs
+// from `dev` (device memory holding step and sample): a CUDA graph replays kernel
+// arguments as captured, so per-micro-batch keys reach a replay this way. With `dev` null
+// the caller's values stand (and the CPU always uses them).
 struct DeviceKey {
   const uint64_t* dev = nullptr;
   uint64_t a = 0, b = 0, per_sample = 0, add = 0;
-  MTNLG_HD uint64_t key(uint64_t given) const { return dev ? mix_key(dev[0], a, b) : given; }
-  MTNLG_HD uint64_t offset(uint64_t given) const { return dev ? dev[1] * per_sample + add : given; }
+  MTNLG_HD uint64_t derive_key(uint64_t step) const { return mix_key(step, a, b); }
+  MTNLG_HD uint64_t derive_offset(uint64_t sample) const { return sample * per_sample + add; }
+  MTNLG_HD uint64_t key(uint64_t given) const { return dev ? derive_key(dev[0]) : given; }
+  MTNLG_HD uint64_t offset(uint64_t given) const { return dev ? derive_offset(dev[1]) : given; }
 };
 
 }  // namespace mtnlg

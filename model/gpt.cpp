@@ -217,32 +217,28 @@ int64_t GptChunk::saved_bytes() const {
   return b;
 }
 
-uint64_t GptChunk::dropout_key(const MicroBatch& mb, int64_t layer, int64_t site) const {
-  return mix_key(mb.step_key, static_cast<uint64_t>(layer + 1), static_cast<uint64_t>(site));
-}
-
 namespace {
 enum Site : int64_t { kEmbedding = 0, kAttention = 1, kAttnOut = 2, kMlpOut = 3 };
 }
 
-DeviceKey GptChunk::hidden_dropout_dkey(const MicroBatch& mb, int64_t layer, int64_t site, int64_t local_rows) const {
-  if (!mb.keys_dev) return {};
-  const int64_t row_start = cfg_.sequence_parallel ? tp_rank_ * local_rows : 0;  // as hidden_dropout_base
-  return {mb.keys_dev, static_cast<uint64_t>(layer + 1), static_cast<uint64_t>(site),
-          static_cast<uint64_t>(cfg_.seq_length * cfg_.hidden), static_cast<uint64_t>(row_start * cfg_.hidden)};
+// key = mix_key(step key, layer + 1, site), base = sample_offset * per_sample + add.
+GptChunk::DropSite GptChunk::drop_site(const MicroBatch& mb, int64_t layer, int64_t site, uint64_t per_sample,
+                                       uint64_t add) const {
+  const DeviceKey k{mb.keys_dev, static_cast<uint64_t>(layer + 1), static_cast<uint64_t>(site), per_sample, add};
+  return {k.derive_key(mb.step_key), k.derive_offset(static_cast<uint64_t>(mb.sample_offset)), k};
 }
 
-uint64_t GptChunk::hidden_dropout_base(const MicroBatch& mb, int64_t local_rows) const {
-  // Global row of this rank's first row (sequence parallelism shards rows over tp).
+GptChunk::DropSite GptChunk::hidden_drop(const MicroBatch& mb, int64_t layer, int64_t site, int64_t local_rows) const {
+  // Mask element (global row, column): sample_offset * T * C + row * C + column, with this
+  // rank's first global row (sequence parallelism shards rows over tp).
   const int64_t row_start = cfg_.sequence_parallel ? tp_rank_ * local_rows : 0;
-  return static_cast<uint64_t>((mb.sample_offset * cfg_.seq_length + row_start) * cfg_.hidden);
+  return drop_site(mb, layer, site, static_cast<uint64_t>(cfg_.seq_length * cfg_.hidden),
+                   static_cast<uint64_t>(row_start * cfg_.hidden));
 }
 
 ops::AttentionDropout GptChunk::attention_dropout(const MicroBatch& mb, int64_t layer) const {
-  const DeviceKey dkey = mb.keys_dev ? DeviceKey{mb.keys_dev, static_cast<uint64_t>(layer + 1), kAttention, 1, 0}
-                                     : DeviceKey{};
-  return {cfg_.attention_dropout, dropout_key(mb, layer, kAttention), mb.sample_offset, tp_rank_ * heads_local_,
-          cfg_.heads, dkey};
+  const DropSite d = drop_site(mb, layer, kAttention, 1, 0);  // its base: the first sample
+  return {cfg_.attention_dropout, d.key, static_cast<int64_t>(d.base), tp_rank_ * heads_local_, cfg_.heads, d.dkey};
 }
 
 GptChunk::NextNorm GptChunk::next_norm(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& w, const Tensor& b,
@@ -261,8 +257,6 @@ void GptChunk::layer_forward(int64_t li, const Tensor& x, Tensor& y, LayerActs& 
   const DType dt = x.dtype(), wide = stats_dtype();
   const bool sp = cfg_.sequence_parallel;
   auto* tpc = groups_.tp.get();
-  const uint64_t row_base = hidden_dropout_base(mb, R);
-
   a.x_in = x;
   if (!a.ln1.defined()) {  // else the previous layer's last residual add computed it
     a.ln1 = Tensor::empty({R, C}, dt, dev_);
@@ -284,8 +278,8 @@ void GptChunk::layer_forward(int64_t li, const Tensor& x, Tensor& y, LayerActs& 
   ops::matmul_forward(proj_partial, a.att, p.proj_w, nullptr);
   Tensor proj = tp::leave_row_parallel_forward(tpc, sp, proj_partial);
   // x2 = x + dropout(proj + b), the residual stream after attention, and its LayerNorm: one op
-  const ops::ResidualBranch attn_out{&p.proj_b, cfg_.hidden_dropout, dropout_key(mb, layer, kAttnOut), row_base,
-                                     hidden_dropout_dkey(mb, layer, kAttnOut, R)};
+  const DropSite attn_drop = hidden_drop(mb, layer, kAttnOut, R);
+  const ops::ResidualBranch attn_out{&p.proj_b, cfg_.hidden_dropout, attn_drop.key, attn_drop.base, attn_drop.dkey};
   a.x2 = Tensor::empty({R, C}, dt, dev_);
   a.ln2 = Tensor::empty({R, C}, dt, dev_);
   a.mean2 = Tensor::empty({R}, wide, dev_);
@@ -300,8 +294,8 @@ void GptChunk::layer_forward(int64_t li, const Tensor& x, Tensor& y, LayerActs& 
   ops::matmul_forward(fc2_partial, a.gel, p.fc2_w, nullptr);
   Tensor fc2 = tp::leave_row_parallel_forward(tpc, sp, fc2_partial);
   // y = x2 + dropout(fc2 + b), with the LayerNorm that reads y when there is one: one op
-  const ops::ResidualBranch mlp_out{&p.fc2_b, cfg_.hidden_dropout, dropout_key(mb, layer, kMlpOut), row_base,
-                                    hidden_dropout_dkey(mb, layer, kMlpOut, R)};
+  const DropSite mlp_drop = hidden_drop(mb, layer, kMlpOut, R);
+  const ops::ResidualBranch mlp_out{&p.fc2_b, cfg_.hidden_dropout, mlp_drop.key, mlp_drop.base, mlp_drop.dkey};
   y = Tensor::empty({R, C}, dt, dev_);
   if (next)
     ops::residual_layernorm_forward(y, *next->out, *next->mean, *next->rstd, a.x2, fc2, mlp_out, *next->w, *next->b,
@@ -318,10 +312,8 @@ void GptChunk::layer_backward(int64_t li, const Tensor& dy, Tensor& dx, LayerAct
   const DType dt = dy.dtype();
   const bool sp = cfg_.sequence_parallel;
   auto* tpc = groups_.tp.get();
-  const uint64_t row_base = hidden_dropout_base(mb, R);
-
   // MLP branch: y = x2 + dropout(fc2(gelu(fc1(ln2(x2)))) + b)
-  Tensor dfc2 = hidden_dropout_grad(dy, mb, layer, kMlpOut, row_base);
+  Tensor dfc2 = hidden_dropout_grad(dy, mb, layer, kMlpOut);
   ops::bias_add_backward(p.d_fc2_b, dfc2);
   Tensor dfc2_full = tp::leave_row_parallel_backward(tpc, sp, dfc2);
   ops::matmul_backward(nullptr, &p.d_fc2_w, nullptr, dfc2_full, a.gel, p.fc2_w);
@@ -335,7 +327,7 @@ void GptChunk::layer_backward(int64_t li, const Tensor& dy, Tensor& dx, LayerAct
 
   // Attention branch: x2 = x + dropout(proj(attn(qkv(ln1(x)))) + b)
   // (dproj may be dx2 itself: every read of it comes before dx2 accumulates in place below)
-  Tensor dproj = hidden_dropout_grad(dx2, mb, layer, kAttnOut, row_base);
+  Tensor dproj = hidden_dropout_grad(dx2, mb, layer, kAttnOut);
   ops::bias_add_backward(p.d_proj_b, dproj);
   Tensor dproj_full = tp::leave_row_parallel_backward(tpc, sp, dproj);
   Tensor datt = Tensor::empty({N, C / tp_}, dt, dev_);
@@ -377,12 +369,11 @@ void GptChunk::resolve_attention() {
 
 // The gradient through a hidden-dropout site: `g` itself at p = 0 (no copy), else the
 // masked and rescaled copy.
-Tensor GptChunk::hidden_dropout_grad(const Tensor& g, const MicroBatch& mb, int64_t layer, int64_t site,
-                                     uint64_t row_base) const {
+Tensor GptChunk::hidden_dropout_grad(const Tensor& g, const MicroBatch& mb, int64_t layer, int64_t site) const {
   if (cfg_.hidden_dropout <= 0) return g;
   Tensor d = Tensor::empty(g.shape(), g.dtype(), dev_);
-  ops::dropout_backward(d, g, cfg_.hidden_dropout, dropout_key(mb, layer, site), row_base,
-                        hidden_dropout_dkey(mb, layer, site, g.dim(0)));
+  const DropSite drop = hidden_drop(mb, layer, site, g.dim(0));
+  ops::dropout_backward(d, g, cfg_.hidden_dropout, drop.key, drop.base, drop.dkey);
   return d;
 }
 
@@ -593,8 +584,8 @@ Tensor GptChunk::embed(const MicroBatch& mb, const Tensor& tokens, int64_t B, in
   ops::embedding_forward(partial, tokens, wte_, vocab_start_);
   Tensor x = tp::leave_row_parallel_forward(groups_.tp.get(), sp, partial);
   ops::position_forward(x, past > 0 ? wpe_.rows(past, T) : wpe_, row_start, T);  // row b*T + t: position past + t
-  ops::dropout_forward(x, x, cfg_.hidden_dropout, dropout_key(mb, -1, kEmbedding), hidden_dropout_base(mb, R),
-                       hidden_dropout_dkey(mb, -1, kEmbedding, R));
+  const DropSite drop = hidden_drop(mb, -1, kEmbedding, R);
+  ops::dropout_forward(x, x, cfg_.hidden_dropout, drop.key, drop.base, drop.dkey);
   return x;
 }
 
@@ -800,8 +791,8 @@ Tensor GptChunk::backward(int64_t mb_id, const MicroBatch& call, const Tensor& d
 
   if (!spec_.has_embedding) return dx;
   // Embedding: x = dropout(allreduce(lookup) + pos)
-  ops::dropout_backward(dx, dx, cfg_.hidden_dropout, dropout_key(mb, -1, kEmbedding), hidden_dropout_base(mb, R),
-                        hidden_dropout_dkey(mb, -1, kEmbedding, R));
+  const DropSite drop = hidden_drop(mb, -1, kEmbedding, R);
+  ops::dropout_backward(dx, dx, cfg_.hidden_dropout, drop.key, drop.base, drop.dkey);
   ops::position_backward(d_wpe_, dx, row_start, T);
   Tensor dfull = tp::leave_row_parallel_backward(tpc, sp, dx);
   ops::embedding_backward(d_wte_, s.tokens, dfull, vocab_start_, s.order.rows.defined() ? &s.order : nullptr);

@@ -233,14 +233,17 @@ class GptChunk {
   // The attention core of layer_forward / layer_backward in the chunk's form.
   void attention_core_forward(LayerActs& a, const MicroBatch& mb, int64_t layer);
   Tensor attention_core_backward(const Tensor& datt, LayerActs& a, const MicroBatch& mb, int64_t layer);
-  uint64_t dropout_key(const MicroBatch& mb, int64_t layer, int64_t site) const;
-  Tensor hidden_dropout_grad(const Tensor& g, const MicroBatch& mb, int64_t layer, int64_t site, uint64_t row_base) const;
-  // First mask index of this rank's rows of the residual stream ([local rows, hidden]);
-  // forward and backward call it so their masks are the same draws.
-  uint64_t hidden_dropout_base(const MicroBatch& mb, int64_t local_rows) const;
-  // The same key and base as DeviceKey (from mb.keys_dev), for the CUDA kernels; inert
-  // without keys_dev.
-  DeviceKey hidden_dropout_dkey(const MicroBatch& mb, int64_t layer, int64_t site, int64_t local_rows) const;
+  // One dropout site's mask for a micro batch: the key and first mask index the ops take,
+  // and the same to be derived on the device from mb.keys_dev (inert without it).
+  struct DropSite {
+    uint64_t key = 0, base = 0;
+    DeviceKey dkey;
+  };
+  DropSite drop_site(const MicroBatch& mb, int64_t layer, int64_t site, uint64_t per_sample, uint64_t add) const;
+  // A hidden-dropout site over this rank's `local_rows` rows of the residual stream
+  // ([local rows, hidden]); forward and backward ask it, so their masks are the same draws.
+  DropSite hidden_drop(const MicroBatch& mb, int64_t layer, int64_t site, int64_t local_rows) const;
+  Tensor hidden_dropout_grad(const Tensor& g, const MicroBatch& mb, int64_t layer, int64_t site) const;
   // Where the placed ids hold the dropout key words (CUDA), and their total length, for N ids.
   int64_t keys_at(int64_t N) const;
   int64_t placed_ids(int64_t N) const;
