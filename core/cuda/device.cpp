@@ -84,13 +84,8 @@ class CachingAllocator {
     std::lock_guard<std::mutex> lock(mu_);
     if (capture_) return alloc_in_pool_locked(size, bytes);
     collect_pending_locked(/*wait=*/false);
-    void* p = nullptr;
-    auto it = free_.find(size);
-    if (it != free_.end() && !it->second.empty()) {
-      p = it->second.back();
-      it->second.pop_back();
-      ++stats_.cache_hits;
-    } else {
+    void* p = take_free_locked(free_, size);
+    if (!p) {
       cudaError_t e = cudaMalloc(&p, static_cast<size_t>(size));
       const bool in_step = step_depth_.load() > 0;
       if (e == cudaErrorMemoryAllocation && !in_step) {
@@ -123,13 +118,15 @@ class CachingAllocator {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = live_.find(static_cast<char*>(p));
     if (it == live_.end()) return;  // not ours (defensive: never double-free into the cache)
-    GraphPool::State* pool = it->second.pool;
-    if (!pool && capture_) adopt_locked(p, it->second.size);
-    if (pool || capture_) {  // the block stays reserved for the graphs: back to their pool
-      GraphPool::State* into = pool ? pool : capture_;
-      into->live_bytes -= pool ? it->second.size : 0;
+    if (GraphPool::State* pool = it->second.pool ? it->second.pool : capture_) {
+      // The block stays reserved for the graphs: back to its pool, or, freed during a
+      // capture, into the captured pool.
+      if (it->second.pool)
+        pool->live_bytes -= it->second.size;
+      else
+        adopt_locked(p, it->second.size);
       poison_locked(p, it->second.size);
-      into->free[it->second.size].push_back(p);
+      pool->free[it->second.size].push_back(p);
       live_.erase(it);
       return;
     }
@@ -232,17 +229,22 @@ class CachingAllocator {
       cudaGetLastError();
   }
 
+  // A free block of `size` from `lists` (a cache hit), or null.
+  void* take_free_locked(std::unordered_map<int64_t, std::vector<void*>>& lists, int64_t size) {
+    auto it = lists.find(size);
+    if (it == lists.end() || it->second.empty()) return nullptr;
+    void* p = it->second.back();
+    it->second.pop_back();
+    ++stats_.cache_hits;
+    return p;
+  }
+
   // During a capture: from the captured pool's free blocks, else a new block for it
   // (nothing is released to make room).
   void* alloc_in_pool_locked(int64_t size, int64_t bytes) {
     GraphPool::State& pool = *capture_;
-    void* p = nullptr;
-    auto it = pool.free.find(size);
-    if (it != pool.free.end() && !it->second.empty()) {
-      p = it->second.back();
-      it->second.pop_back();
-      ++stats_.cache_hits;
-    } else {
+    void* p = take_free_locked(pool.free, size);
+    if (!p) {
       // The capture's mode (thread-local) has the runtime refuse cudaMalloc (it may
       // synchronise): this thread relaxes the mode for the one call, as the pool's growth
       // is ordered by the capture itself.
@@ -506,32 +508,36 @@ int64_t GraphPool::live_bytes() const { return state_->live_bytes; }
 
 CudaGraph::CudaGraph(GraphPool& pool, const std::function<void()>& work) {
   const cudaStream_t s = stream();
-  allocator().begin_capture(pool.state_);
-  t_capturing = true;
-  auto stop = [&](cudaGraph_t* g) {  // ends the capture whatever happened; the runtime's answer
-    const cudaError_t e = cudaStreamEndCapture(s, g);
-    t_capturing = false;
-    allocator().end_capture();
-    return e;
-  };
-  cudaError_t e = cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
-  if (e != cudaSuccess) {
-    t_capturing = false;
-    allocator().end_capture();
-    cudaGetLastError();
-    throw_runtime("cannot start a CUDA graph capture on the compute stream: {}", cudaGetErrorString(e));
-  }
-  try {
-    work();
-  } catch (...) {
-    cudaGraph_t g = nullptr;
-    stop(&g);
-    if (g) cudaGraphDestroy(g);
-    cudaGetLastError();
-    throw;
-  }
   cudaGraph_t graph = nullptr;
-  e = stop(&graph);
+  cudaError_t e = cudaSuccess;
+  {
+    // While the work is captured: the allocator serves the pool, and this thread says so.
+    // Set before the runtime's capture begins (a nested capture throws here, with nothing
+    // begun), cleared however the capture ends.
+    struct Capturing {
+      explicit Capturing(GraphPool::State* p) {
+        allocator().begin_capture(p);
+        t_capturing = true;
+      }
+      ~Capturing() {
+        t_capturing = false;
+        allocator().end_capture();
+      }
+    } capturing(pool.state_);
+    e = cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      throw_runtime("cannot start a CUDA graph capture on the compute stream: {}", cudaGetErrorString(e));
+    }
+    try {
+      work();
+    } catch (...) {
+      if (cudaStreamEndCapture(s, &graph) == cudaSuccess && graph) cudaGraphDestroy(graph);
+      cudaGetLastError();
+      throw;
+    }
+    e = cudaStreamEndCapture(s, &graph);
+  }
   if (e != cudaSuccess) {
     cudaGetLastError();
     if (graph) cudaGraphDestroy(graph);
