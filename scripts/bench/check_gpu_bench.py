@@ -21,6 +21,14 @@ def cells(line):
     return [c.strip() for c in line.strip().strip("|").split("|")]
 
 
+def verdict(what, errors):
+    """Prints each problem and the one line the ctest matches; the exit status."""
+    for e in errors:
+        print("FAIL", e)
+    print(f"{what}: ok" if not errors else f"{what}: {len(errors)} problem(s)")
+    return 1 if errors else 0
+
+
 def check_ab(path):
     from pathlib import Path
 
@@ -37,10 +45,7 @@ def check_ab(path):
             continue  # --cpu: a switch of the GPU's own says so
         elif got[0][2] != f"{b}/{a}" or not NUM.match(got[0][3]):
             errors.append(f"switch {name}: expected 'ab {name} {b}/{a} RATIO', got {' '.join(got[0])!r}")
-    for e in errors:
-        print("FAIL", e)
-    print("gpu_bench ab: ok" if not errors else f"gpu_bench ab: {len(errors)} problem(s)")
-    return 1 if errors else 0
+    return verdict("gpu_bench ab", errors)
 
 
 def main():
@@ -82,10 +87,7 @@ def main():
         for what, v in (("mtnlg unfused", c[1]), ("mtnlg flash", c[2]), ("PyTorch", c[3]), ("ratio", c[5])):
             if not (NUM.match(v) or (what != "ratio" and PAIR.match(v))):
                 errors.append(f"attention {c[0]}: {what} is not a number: {v!r}")
-    for e in errors:
-        print("FAIL", e)
-    print("gpu_bench table: ok" if not errors else f"gpu_bench table: {len(errors)} problem(s)")
-    return 1 if errors else 0
+    return verdict("gpu_bench table", errors)
 
 
 if __name__ == "__main__":
