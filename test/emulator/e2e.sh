@@ -200,28 +200,25 @@ print(f"  graph-refused: {last('graph-refused').get('cuda_graph_replays')} graph
 ok = ok and last("graph-refused").get("cuda_graph_replays") == 0 and len(warned) == 1 and "StreamCaptureInvalidated" in warned[0]
 sys.exit(0 if ok else 1)
 EOF
-    # pp2 (mpirun): every rank refuses, naming the key
-    MTNLG_EMU_DEVICES=2 "$repo/test/support/mpi/mpirun.sh" 2 "$bin" train recipes/tiny-mock.yaml \
-      --set training.device=cuda --set training.train_iters=1 --set parallel.pipeline_model_parallel_size=2 \
-      --set training.enable_cuda_graph=true --set logging.dir="$out/refused-pp2" >"$out/refused-pp2.log" 2>&1
-    rc=$?
-    if [ $rc -eq 2 ] && grep -q "training.enable_cuda_graph: graphs cover one pipeline stage" "$out/refused-pp2.log"; then
-      echo "  refused under pp2: $(grep -o 'training.enable_cuda_graph.*' "$out/refused-pp2.log" | head -1 | cut -c1-110)"
-    else
-      echo "  enable_cuda_graph under pp2: exit $rc, not refused"; tail -5 "$out/refused-pp2.log"; fails=$((fails + 1))
-    fi
-    for c in "cuda training.check_for_nan_in_loss_and_grad=true" "cpu model.hidden_dropout=0"; do
-      set -- $c
-      "$bin" train recipes/tiny-mock.yaml --set training.device="$1" --set training.train_iters=1 --set "$2" \
-        --set model.attention_dropout=0 --set training.enable_cuda_graph=true --set logging.dir="$out/refused-$1" \
-        >"$out/refused-$1.log" 2>&1
-      rc=$?
-      if [ $rc -eq 2 ] && grep -q "training.enable_cuda_graph" "$out/refused-$1.log"; then
-        echo "  refused on $1 ($2): $(grep -o 'training.enable_cuda_graph.*' "$out/refused-$1.log" | head -1 | cut -c1-110)"
+    # what graphs do not cover: exit 2 and the key named (pp2 under mpirun: every rank)
+    refused() {  # refused NAME PATTERN COMMAND...
+      local name=$1 pattern=$2
+      shift 2
+      "$@" --set training.train_iters=1 --set training.enable_cuda_graph=true --set logging.dir="$out/refused-$name" \
+        >"$out/refused-$name.log" 2>&1
+      local rc=$?
+      if [ $rc -eq 2 ] && grep -q "training.enable_cuda_graph: $pattern" "$out/refused-$name.log"; then
+        echo "  refused ($name): $(grep -o 'training.enable_cuda_graph.*' "$out/refused-$name.log" | head -1 | cut -c1-110)"
       else
-        echo "  enable_cuda_graph on $1 ($2): exit $rc, not refused"; fails=$((fails + 1))
+        echo "  enable_cuda_graph ($name): exit $rc, not refused as expected"; tail -5 "$out/refused-$name.log"
+        fails=$((fails + 1))
       fi
-    done
+    }
+    refused pp2 "graphs cover one pipeline stage" env MTNLG_EMU_DEVICES=2 "$repo/test/support/mpi/mpirun.sh" 2 "$bin" \
+      train recipes/tiny-mock.yaml --set training.device=cuda --set parallel.pipeline_model_parallel_size=2
+    refused forensics "spike forensics" "$bin" train recipes/tiny-mock.yaml --set training.device=cuda \
+      --set training.check_for_nan_in_loss_and_grad=true
+    refused cpu "training runs on the CPU" "$bin" train recipes/tiny-mock.yaml --set training.device=cpu
     ;;
   *) echo "e2e.sh: unknown step '$step'" >&2; exit 2 ;;
 esac
