@@ -103,8 +103,8 @@ struct GptChunk::Saved {
   Tensor tokens, targets;  // i32 [N]
   ops::EmbeddingGradOrder order;  // rows grouped by token (CUDA first stage, training)
   Tensor dloss, mask;      // loss gradient and mask per token (last stage, training; PlacedInputs)
-  Tensor keys;             // CUDA: the placed (step key, first sample), keys_dev pointing at them
-  const uint64_t* keys_dev = nullptr;
+  Tensor keys;             // CUDA: the placed (step key, first sample) the pass's keys_dev points at
+  Pass pass;               // the forward's call, for the backward (its dropout keys)
   Tensor x_out;            // chunk output before the head [R, C]
   Tensor lnf, meanf, rstdf;  // the final LayerNorm (its output only until head_loss has used it)
   Tensor dlnf_full;        // the gradient of its (tp-gathered) output [N, C], from head_loss
@@ -222,22 +222,22 @@ enum Site : int64_t { kEmbedding = 0, kAttention = 1, kAttnOut = 2, kMlpOut = 3 
 }
 
 // key = mix_key(step key, layer + 1, site), base = sample_offset * per_sample + add.
-GptChunk::DropSite GptChunk::drop_site(const MicroBatch& mb, int64_t layer, int64_t site, uint64_t per_sample,
+GptChunk::DropSite GptChunk::drop_site(const Pass& p, int64_t layer, int64_t site, uint64_t per_sample,
                                        uint64_t add) const {
-  const DeviceKey k{mb.keys_dev, static_cast<uint64_t>(layer + 1), static_cast<uint64_t>(site), per_sample, add};
-  return {k.derive_key(mb.step_key), k.derive_offset(static_cast<uint64_t>(mb.sample_offset)), k};
+  const DeviceKey k{p.keys_dev, static_cast<uint64_t>(layer + 1), static_cast<uint64_t>(site), per_sample, add};
+  return {k.derive_key(p.step_key), k.derive_offset(static_cast<uint64_t>(p.sample_offset)), k};
 }
 
-GptChunk::DropSite GptChunk::hidden_drop(const MicroBatch& mb, int64_t layer, int64_t site, int64_t local_rows) const {
+GptChunk::DropSite GptChunk::hidden_drop(const Pass& p, int64_t layer, int64_t site, int64_t local_rows) const {
   // Mask element (global row, column): sample_offset * T * C + row * C + column, with this
   // rank's first global row (sequence parallelism shards rows over tp).
   const int64_t row_start = cfg_.sequence_parallel ? tp_rank_ * local_rows : 0;
-  return drop_site(mb, layer, site, static_cast<uint64_t>(cfg_.seq_length * cfg_.hidden),
+  return drop_site(p, layer, site, static_cast<uint64_t>(cfg_.seq_length * cfg_.hidden),
                    static_cast<uint64_t>(row_start * cfg_.hidden));
 }
 
-ops::AttentionDropout GptChunk::attention_dropout(const MicroBatch& mb, int64_t layer) const {
-  const DropSite d = drop_site(mb, layer, kAttention, 1, 0);  // its base: the first sample
+ops::AttentionDropout GptChunk::attention_dropout(const Pass& p, int64_t layer) const {
+  const DropSite d = drop_site(p, layer, kAttention, 1, 0);  // its base: the first sample
   return {cfg_.attention_dropout, d.key, static_cast<int64_t>(d.base), tp_rank_ * heads_local_, cfg_.heads, d.dkey};
 }
 
@@ -249,11 +249,11 @@ GptChunk::NextNorm GptChunk::next_norm(Tensor& out, Tensor& mean, Tensor& rstd, 
   return {&out, &mean, &rstd, &w, &b};
 }
 
-void GptChunk::layer_forward(int64_t li, const Tensor& x, Tensor& y, LayerActs& a, const MicroBatch& mb,
+void GptChunk::layer_forward(int64_t li, const Tensor& x, Tensor& y, LayerActs& a, const Pass& pass,
                              const NextNorm* next) {
   auto& p = layers_[li];
   const int64_t layer = spec_.first_layer + li;
-  const int64_t C = cfg_.hidden, T = seq_len(mb), B = mb.micro_batch_size, N = B * T, R = x.dim(0);
+  const int64_t C = cfg_.hidden, T = pass.seq, B = pass.batch, N = B * T, R = x.dim(0);
   const DType dt = x.dtype(), wide = stats_dtype();
   const bool sp = cfg_.sequence_parallel;
   auto* tpc = groups_.tp.get();
@@ -268,17 +268,17 @@ void GptChunk::layer_forward(int64_t li, const Tensor& x, Tensor& y, LayerActs& 
   a.qkv = Tensor::empty({B, T, 3 * C / tp_}, dt, dev_);
   ops::matmul_forward(a.qkv, a.ln1_full, p.qkv_w, &p.qkv_b);
   a.att = Tensor::empty({N, C / tp_}, dt, dev_);
-  if (mb.kv) {  // over the cached positions too; appends this call's keys and values
-    ops::attention_cached_forward(a.att, mb.kv->k[static_cast<size_t>(li)], mb.kv->v[static_cast<size_t>(li)], a.qkv,
-                                  heads_local_, mb.kv->length);
+  if (pass.kv) {  // over the cached positions too; appends this call's keys and values
+    ops::attention_cached_forward(a.att, pass.kv->k[static_cast<size_t>(li)], pass.kv->v[static_cast<size_t>(li)],
+                                  a.qkv, heads_local_, pass.kv->length);
   } else {
-    attention_core_forward(a, mb, layer);
+    attention_core_forward(a, pass, layer);
   }
   Tensor proj_partial = Tensor::empty({N, C}, dt, dev_);
   ops::matmul_forward(proj_partial, a.att, p.proj_w, nullptr);
   Tensor proj = tp::leave_row_parallel_forward(tpc, sp, proj_partial);
   // x2 = x + dropout(proj + b), the residual stream after attention, and its LayerNorm: one op
-  const DropSite attn_drop = hidden_drop(mb, layer, kAttnOut, R);
+  const DropSite attn_drop = hidden_drop(pass, layer, kAttnOut, R);
   const ops::ResidualBranch attn_out{&p.proj_b, cfg_.hidden_dropout, attn_drop.key, attn_drop.base, attn_drop.dkey};
   a.x2 = Tensor::empty({R, C}, dt, dev_);
   a.ln2 = Tensor::empty({R, C}, dt, dev_);
@@ -294,7 +294,7 @@ void GptChunk::layer_forward(int64_t li, const Tensor& x, Tensor& y, LayerActs& 
   ops::matmul_forward(fc2_partial, a.gel, p.fc2_w, nullptr);
   Tensor fc2 = tp::leave_row_parallel_forward(tpc, sp, fc2_partial);
   // y = x2 + dropout(fc2 + b), with the LayerNorm that reads y when there is one: one op
-  const DropSite mlp_drop = hidden_drop(mb, layer, kMlpOut, R);
+  const DropSite mlp_drop = hidden_drop(pass, layer, kMlpOut, R);
   const ops::ResidualBranch mlp_out{&p.fc2_b, cfg_.hidden_dropout, mlp_drop.key, mlp_drop.base, mlp_drop.dkey};
   y = Tensor::empty({R, C}, dt, dev_);
   if (next)
@@ -305,15 +305,15 @@ void GptChunk::layer_forward(int64_t li, const Tensor& x, Tensor& y, LayerActs& 
   a.filled = true;
 }
 
-void GptChunk::layer_backward(int64_t li, const Tensor& dy, Tensor& dx, LayerActs& a, const MicroBatch& mb) {
+void GptChunk::layer_backward(int64_t li, const Tensor& dy, Tensor& dx, LayerActs& a, const Pass& pass) {
   auto& p = layers_[li];
   const int64_t layer = spec_.first_layer + li;
-  const int64_t C = cfg_.hidden, T = cfg_.seq_length, B = mb.micro_batch_size, N = B * T, R = dy.dim(0);
+  const int64_t C = cfg_.hidden, T = pass.seq, B = pass.batch, N = B * T, R = dy.dim(0);
   const DType dt = dy.dtype();
   const bool sp = cfg_.sequence_parallel;
   auto* tpc = groups_.tp.get();
   // MLP branch: y = x2 + dropout(fc2(gelu(fc1(ln2(x2)))) + b)
-  Tensor dfc2 = hidden_dropout_grad(dy, mb, layer, kMlpOut);
+  Tensor dfc2 = hidden_dropout_grad(dy, pass, layer, kMlpOut);
   ops::bias_add_backward(p.d_fc2_b, dfc2);
   Tensor dfc2_full = tp::leave_row_parallel_backward(tpc, sp, dfc2);
   ops::matmul_backward(nullptr, &p.d_fc2_w, nullptr, dfc2_full, a.gel, p.fc2_w);
@@ -327,12 +327,12 @@ void GptChunk::layer_backward(int64_t li, const Tensor& dy, Tensor& dx, LayerAct
 
   // Attention branch: x2 = x + dropout(proj(attn(qkv(ln1(x)))) + b)
   // (dproj may be dx2 itself: every read of it comes before dx2 accumulates in place below)
-  Tensor dproj = hidden_dropout_grad(dx2, mb, layer, kAttnOut);
+  Tensor dproj = hidden_dropout_grad(dx2, pass, layer, kAttnOut);
   ops::bias_add_backward(p.d_proj_b, dproj);
   Tensor dproj_full = tp::leave_row_parallel_backward(tpc, sp, dproj);
   Tensor datt = Tensor::empty({N, C / tp_}, dt, dev_);
   ops::matmul_backward(&datt, &p.d_proj_w, nullptr, dproj_full, a.att, p.proj_w);
-  Tensor dqkv = attention_core_backward(datt.view({B, T, C / tp_}), a, mb, layer);
+  Tensor dqkv = attention_core_backward(datt.view({B, T, C / tp_}), a, pass, layer);
   Tensor dln1_full = Tensor::empty({N, C}, dt, dev_);
   ops::matmul_backward(&dln1_full, &p.d_qkv_w, &p.d_qkv_b, dqkv, a.ln1_full, p.qkv_w);
   Tensor dln1 = tp::enter_column_parallel_backward(tpc, sp, dln1_full);
@@ -369,10 +369,10 @@ void GptChunk::resolve_attention() {
 
 // The gradient through a hidden-dropout site: `g` itself at p = 0 (no copy), else the
 // masked and rescaled copy.
-Tensor GptChunk::hidden_dropout_grad(const Tensor& g, const MicroBatch& mb, int64_t layer, int64_t site) const {
+Tensor GptChunk::hidden_dropout_grad(const Tensor& g, const Pass& p, int64_t layer, int64_t site) const {
   if (cfg_.hidden_dropout <= 0) return g;
   Tensor d = Tensor::empty(g.shape(), g.dtype(), dev_);
-  const DropSite drop = hidden_drop(mb, layer, site, g.dim(0));
+  const DropSite drop = hidden_drop(p, layer, site, g.dim(0));
   ops::dropout_backward(d, g, cfg_.hidden_dropout, drop.key, drop.base, drop.dkey);
   return d;
 }
@@ -385,13 +385,14 @@ Tensor GptChunk::hidden_dropout_grad(const Tensor& g, const MicroBatch& mb, int6
 //
 // On CUDA the flash form is cuDNN's, planned per shape: the training shape is planned when
 // the chunk is built; a call of another shape that cuDNN does not take runs unfused (with
-// a warning, once), and inference calls (scoring: a new length per batch, nothing kept for
-// a backward) run unfused rather than plan every length. The backward follows the form
-// its forward took (a.lse or a.probs).
-bool GptChunk::flash_for_call(const MicroBatch& mb, int64_t B, int64_t T) const {
+// a warning, once), and inference calls (eval's batched scoring: a new length per batch,
+// generation: one token at a time; nothing kept for a backward) run unfused rather than
+// plan every length. The backward follows the form its forward took (a.lse or a.probs).
+bool GptChunk::flash_for_call(const Pass& p) const {
   if (attention_ != AttentionBackend::flash) return false;
   if (dev_ != Device::cuda) return true;
-  if (mb.kv || mb.logit_rows) return false;
+  if (p.purpose == Purpose::infer) return false;
+  const int64_t B = p.batch, T = p.seq;
   // Per layer and micro batch: the answer only (the plans are cached); the reason is
   // asked for once cuDNN has refused.
   auto supported = [&](std::string* why) {
@@ -406,22 +407,22 @@ bool GptChunk::flash_for_call(const MicroBatch& mb, int64_t B, int64_t T) const 
   return false;
 }
 
-void GptChunk::attention_core_forward(LayerActs& a, const MicroBatch& mb, int64_t layer) {
+void GptChunk::attention_core_forward(LayerActs& a, const Pass& p, int64_t layer) {
   const int64_t B = a.qkv.dim(0), T = a.qkv.dim(1);
-  if (flash_for_call(mb, B, T)) {
+  if (flash_for_call(p)) {
     a.lse = Tensor::empty({B, heads_local_, T}, stats_dtype(), dev_);
-    ops::attention_forward_lse(a.att, a.lse, a.qkv, heads_local_, attention_dropout(mb, layer));
+    ops::attention_forward_lse(a.att, a.lse, a.qkv, heads_local_, attention_dropout(p, layer));
     return;
   }
   a.probs = Tensor::empty({B, heads_local_, T, T}, a.qkv.dtype(), dev_);
-  ops::attention_forward(a.att, a.probs, a.qkv, heads_local_, attention_dropout(mb, layer));
+  ops::attention_forward(a.att, a.probs, a.qkv, heads_local_, attention_dropout(p, layer));
   if (cfg_.recompute == RecomputeGranularity::selective) a.probs = Tensor();
 }
 
-Tensor GptChunk::attention_core_backward(const Tensor& datt, LayerActs& a, const MicroBatch& mb, int64_t layer) {
+Tensor GptChunk::attention_core_backward(const Tensor& datt, LayerActs& a, const Pass& p, int64_t layer) {
   const int64_t B = a.qkv.dim(0), T = a.qkv.dim(1);
   Tensor dqkv = Tensor::empty(a.qkv.shape(), a.qkv.dtype(), dev_);
-  const ops::AttentionDropout drop = attention_dropout(mb, layer);
+  const ops::AttentionDropout drop = attention_dropout(p, layer);
   if (a.lse.defined()) {  // the forward took the flash form
     ops::attention_backward_lse(dqkv, datt, a.qkv, a.att.view(datt.shape()), a.lse, heads_local_, drop);
     return dqkv;
@@ -436,126 +437,169 @@ Tensor GptChunk::attention_core_backward(const Tensor& datt, LayerActs& a, const
   return dqkv;
 }
 
-// A forward call is one of four modes, told apart by the MicroBatch:
-//   training     the loss (last stage) or the output, activations kept for backward;
-//   eval         the same, with the loss terms read on the host (loss_acc null);
-//   inference    (kv and/or logit_rows) nothing kept: the hidden states, or the
-//                logits of logit_rows on the last stage.
-// Each reads as: check the call, place the token ids, embed (first stage) or take the
-// input, run the layers, then the mode's ending.
-ForwardResult GptChunk::forward(int64_t mb_id, const MicroBatch& call, const Tensor& input) {
-  MicroBatch mb = call;  // with keys_dev once the inputs are placed
-  const int64_t T = seq_len(mb), B = mb.micro_batch_size;
-  const bool inference = mb.kv || mb.logit_rows;  // keeps nothing for a backward, no labels
-  const int64_t past = mb.kv ? mb.kv->length : 0;
-  check_forward_call(mb, B, T, past);
+// ---- the three purposes' entries ----------------------------------------------------
+
+ForwardResult GptChunk::forward(int64_t mb_id, const TrainMicroBatch& mb, const Tensor& input) {
+  return forward(mb_id, mb, stage_inputs(mb).on(dev_), input);
+}
+
+ForwardResult GptChunk::forward(int64_t mb_id, const TrainMicroBatch& mb, const PlacedInputs& placed,
+                                const Tensor& input) {
+  Pass p;
+  p.purpose = Purpose::train;
+  p.batch = mb.micro_batch_size;
+  p.seq = cfg_.seq_length;
+  p.step_key = mb.step_key;
+  p.sample_offset = mb.sample_offset;
+  p.train = &mb;
+  check_call(p);
   auto saved = std::make_unique<Saved>();
   Saved& s = *saved;
-  s.mbs = B;
+  s.mbs = p.batch;
   s.layers.resize(layers_.size());
-  place_tokens(mb, B, T, inference, s);
-  mb.keys_dev = s.keys_dev;
-  Tensor x = spec_.has_embedding ? embed(mb, s.tokens, B, T, past) : checked_input(input, B, T);
-  if (observer_ && !inference && spec_.has_embedding) observer_(-1, mb, x);
-  x = run_layers(x, mb, inference, s);
-  if (mb.kv) mb.kv->length = past + T;
-
+  take_placed(placed, p, s);
+  Tensor x = spec_.has_embedding ? embed(p, s.tokens) : checked_input(input, p);
+  if (observer_ && spec_.has_embedding) observer_(-1, mb, x);
+  x = run_layers(x, p, s);
   ForwardResult res;
-  if (mb.logit_rows) {  // inference on the last stage: logits of the asked rows
-    res.logits = head_logits(x, *mb.logit_rows);
-    return res;
-  }
-  if (!spec_.has_head || inference) {  // not the last stage, or inference: the hidden states
+  if (spec_.has_head)
+    head_train(x, mb, s, res);
+  else
     res.output = x;
-    if (!inference) saved_[mb_id] = std::move(saved);
-    return res;
-  }
-  head_loss(x, mb, s, res);
+  p.train = nullptr;  // the caller's micro batch does not outlive this call
+  s.pass = p;
   saved_[mb_id] = std::move(saved);
   return res;
 }
 
-void GptChunk::check_forward_call(const MicroBatch& mb, int64_t B, int64_t T, int64_t past) const {
-  if (mb.kv || mb.logit_rows) {
-    MTNLG_CHECK(cfg_.hidden_dropout == 0 && cfg_.attention_dropout == 0 && !cfg_.sequence_parallel,
-                "inference runs the model without dropout and without sequence parallelism");
-    MTNLG_CHECK(!mb.logit_rows || spec_.has_head, "logit rows asked of a chunk without the output layer");
-  }
-  if (mb.kv) {
-    MTNLG_CHECK(mb.kv->batch == B && mb.kv->k.size() == layers_.size() && past + T <= mb.kv->capacity,
+ForwardResult GptChunk::score(const ScoreMicroBatch& mb, const Tensor& input) {
+  Pass p;
+  p.purpose = Purpose::score;
+  p.batch = mb.micro_batch_size;
+  p.seq = cfg_.seq_length;
+  check_call(p);
+  Saved s;
+  s.mbs = p.batch;
+  s.layers.resize(layers_.size());
+  place_teacher_forced(mb.tokens, p, s);
+  Tensor x = spec_.has_embedding ? embed(p, s.tokens) : checked_input(input, p);
+  x = run_layers(x, p, s);
+  ForwardResult res;
+  if (spec_.has_head)
+    head_score(x, mb, s, res);
+  else
+    res.output = x;
+  return res;
+}
+
+ForwardResult GptChunk::infer(const InferenceCall& call, const Tensor& input) {
+  Pass p;
+  p.purpose = Purpose::infer;
+  p.batch = call.batch;
+  p.seq = call.seq_len > 0 ? call.seq_len : cfg_.seq_length;
+  p.kv = call.kv;
+  p.past = call.kv ? call.kv->length : 0;
+  check_call(p);
+  MTNLG_CHECK(!call.logit_rows || spec_.has_head, "logit rows asked of a chunk without the output layer");
+  Saved s;
+  s.mbs = p.batch;
+  s.layers.resize(layers_.size());
+  place_unlabelled(call.tokens, p, s);
+  Tensor x = spec_.has_embedding ? embed(p, s.tokens) : checked_input(input, p);
+  x = run_layers(x, p, s);
+  if (call.kv) call.kv->length = p.past + p.seq;
+  ForwardResult res;
+  if (call.logit_rows)  // the last stage: logits of the asked rows
+    res.logits = head_logits(x, *call.logit_rows);
+  else
+    res.output = x;  // the hidden states (before the final norm)
+  return res;
+}
+
+void GptChunk::check_call(const Pass& p) const {
+  if (p.purpose != Purpose::train)
+    MTNLG_CHECK(cfg_.hidden_dropout == 0 && cfg_.attention_dropout == 0,
+                "scoring and inference run the model without dropout");
+  if (p.purpose == Purpose::infer)
+    MTNLG_CHECK(!cfg_.sequence_parallel, "inference runs the model without sequence parallelism");
+  if (p.kv) {
+    MTNLG_CHECK(p.kv->batch == p.batch && p.kv->k.size() == layers_.size() && p.past + p.seq <= p.kv->capacity,
                 "KV cache of batch {}, {} layers, {} + {} of {} positions does not fit this call (batch {}, {} layers)",
-                mb.kv->batch, mb.kv->k.size(), past, T, mb.kv->capacity, B, layers_.size());
+                p.kv->batch, p.kv->k.size(), p.past, p.seq, p.kv->capacity, p.batch, layers_.size());
   }
-  if (past + T > cfg_.max_positions)
-    throw_input("a sequence of {} tokens exceeds the model's {} positions", past + T, cfg_.max_positions);
+  if (p.past + p.seq > cfg_.max_positions)
+    throw_input("a sequence of {} tokens exceeds the model's {} positions", p.past + p.seq, cfg_.max_positions);
 }
 
-// The micro batch's token ids arrive in host memory: split them into inputs and labels
-// there, side by side in one buffer, and place it on the model's device in one upload
-// (none on the CPU; on CUDA an asynchronous copy through pinned staging memory,
-// core/cuda/device.hpp). Inference calls carry inputs only (labels 0). Training calls
-// place a PlacedInputs (host_inputs: the ids with, on CUDA's first stage, their grouping
-// for the embedding backward, and the last stage's loss weights), or take the caller's.
-void GptChunk::place_tokens(const MicroBatch& mb, int64_t B, int64_t T, bool inference, Saved& s) const {
-  const int64_t N = B * T;
-  if (inference) {
-    Tensor ids = Tensor::zeros({2 * N}, DType::i32, Device::cpu);
-    std::copy(mb.tokens, mb.tokens + N, ids.data<int32_t>());
-    const Tensor placed = ids.on(dev_);
-    s.tokens = placed.flat(0, N);
-    s.targets = placed.flat(N, N);
-    return;
+// ---- placing the token ids ------------------------------------------------------------
+// The ids arrive in host memory: inputs and labels side by side in one buffer, placed on
+// the model's device in one upload (none on the CPU; on CUDA an asynchronous copy through
+// pinned staging memory, core/cuda/device.hpp).
+
+PlacedLayout PlacedLayout::make(int64_t tokens, bool grad_order, bool keys) {
+  PlacedLayout l;
+  l.tokens = tokens;
+  l.inputs = 0;
+  l.labels = tokens;
+  int64_t end = 2 * tokens;
+  if (grad_order) {
+    l.grad_order = end;
+    end += 2 * tokens + kGradOrderExtra;
   }
-  PlacedInputs own;
-  if (!mb.placed) {
-    const PlacedInputs host = host_inputs(mb);
-    own.ids = host.ids.on(dev_);
-    if (host.dloss.defined()) own.dloss = host.dloss.on(dev_);
-    if (host.mask.defined()) own.mask = host.mask.on(dev_);
+  if (keys) {  // two u64 at an even i32 index of a 256-byte aligned buffer
+    l.keys = (end + 1) / 2 * 2;
+    end = l.keys + kKeyWords;
   }
-  const PlacedInputs& in = mb.placed ? *mb.placed : own;
-  const bool order = spec_.has_embedding && dev_ == Device::cuda;
-  auto fits = [&](const Tensor& t, int64_t n) { return t.defined() && t.numel() == n && t.device() == dev_; };
-  MTNLG_CHECK(fits(in.ids, placed_ids(N)) && (!spec_.has_head || fits(in.dloss, N)) &&
-                  (!spec_.has_head || !mb.loss_mask || fits(in.mask, N)),
-              "placed inputs do not fit a micro batch of {} x {} tokens on this chunk", B, T);
-  s.tokens = in.ids.flat(0, N);
-  s.targets = in.ids.flat(N, N);
-  if (order) s.order = ops::EmbeddingGradOrder::from(in.ids.flat(2 * N, 2 * N + 2), N);
-  if (dev_ == Device::cuda) {  // two u64 at an even i32 index of a 256-byte aligned buffer
-    s.keys = in.ids.flat(keys_at(N), 4);
-    s.keys_dev = reinterpret_cast<const uint64_t*>(s.keys.raw());
-  }
-  s.dloss = in.dloss;
-  s.mask = in.mask;
+  l.total = end;
+  return l;
 }
 
-int64_t GptChunk::keys_at(int64_t N) const {
-  const int64_t end = 2 * N + (spec_.has_embedding && dev_ == Device::cuda ? 2 * N + 2 : 0);
-  return (end + 1) / 2 * 2;
+PlacedInputs PlacedInputs::empty_like(Device dev) const {
+  auto like = [&](const Tensor& t) { return t.defined() ? Tensor::empty(t.shape(), t.dtype(), dev) : Tensor(); };
+  return {layout, like(ids), like(dloss), like(mask)};
 }
 
-int64_t GptChunk::placed_ids(int64_t N) const { return dev_ == Device::cuda ? keys_at(N) + 4 : 2 * N; }
+PlacedInputs PlacedInputs::on(Device dev) const {
+  auto put = [&](const Tensor& t) { return t.defined() ? t.on(dev) : Tensor(); };
+  return {layout, put(ids), put(dloss), put(mask)};
+}
 
-PlacedInputs GptChunk::host_inputs(const MicroBatch& mb) const {
-  const int64_t T = seq_len(mb), B = mb.micro_batch_size, N = B * T;
-  const bool order = spec_.has_embedding && dev_ == Device::cuda;
+void PlacedInputs::copy_from(const PlacedInputs& src) {
+  MTNLG_CHECK(src.layout.total == layout.total && src.layout.tokens == layout.tokens &&
+                  src.dloss.defined() == dloss.defined() && src.mask.defined() == mask.defined(),
+              "placed inputs of {} tokens refilled from ones of {} tokens or another layout", layout.tokens,
+              src.layout.tokens);
+  ids.copy_from(src.ids);
+  if (dloss.defined()) dloss.copy_from(src.dloss);
+  if (mask.defined()) mask.copy_from(src.mask);
+}
+
+// Training on CUDA adds the first stage's grouping by token and the dropout keys.
+PlacedLayout GptChunk::train_layout(int64_t tokens) const {
+  const bool cuda = dev_ == Device::cuda;
+  return PlacedLayout::make(tokens, spec_.has_embedding && cuda, cuda);
+}
+
+PlacedInputs GptChunk::stage_inputs(const TrainMicroBatch& mb) const {
+  const int64_t T = cfg_.seq_length, B = mb.micro_batch_size, N = B * T;
   PlacedInputs h;
-  h.ids = Tensor::zeros({placed_ids(N)}, DType::i32, Device::cpu);
-  int32_t* in = h.ids.data<int32_t>();
-  int32_t* label = in + N;
+  h.layout = train_layout(N);
+  h.ids = Tensor::zeros({h.layout.total}, DType::i32, Device::cpu);
+  int32_t* ids = h.ids.data<int32_t>();
+  int32_t* in = ids + h.layout.inputs;
+  int32_t* label = ids + h.layout.labels;
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < T; ++t) {
       in[b * T + t] = mb.tokens[b * (T + 1) + t];
       label[b * T + t] = mb.tokens[b * (T + 1) + t + 1];
     }
-  if (order) {
+  if (h.layout.grad_order >= 0) {
     const Tensor o = ops::embedding_grad_order(in, N);
-    std::copy(o.data<int32_t>(), o.data<int32_t>() + o.numel(), in + 2 * N);
+    std::copy(o.data<int32_t>(), o.data<int32_t>() + o.numel(), ids + h.layout.grad_order);
   }
-  if (dev_ == Device::cuda) {
+  if (h.layout.keys >= 0) {
     const uint64_t keys[2] = {mb.step_key, static_cast<uint64_t>(mb.sample_offset)};
-    std::memcpy(in + keys_at(N), keys, sizeof keys);
+    std::memcpy(ids + h.layout.keys, keys, sizeof keys);
   }
   if (spec_.has_head) {
     // The loss gradient per token, loss_weight x mask, rounded once to the statistics dtype.
@@ -575,52 +619,106 @@ PlacedInputs GptChunk::host_inputs(const MicroBatch& mb) const {
   return h;
 }
 
+void GptChunk::take_placed(const PlacedInputs& in, Pass& p, Saved& s) const {
+  const int64_t N = p.tokens();
+  const PlacedLayout want = train_layout(N);
+  auto fits = [&](const Tensor& t, int64_t n) { return t.defined() && t.numel() == n && t.device() == dev_; };
+  const bool masked = p.train && p.train->loss_mask;
+  MTNLG_CHECK(in.layout.total == want.total && in.layout.keys == want.keys && in.layout.grad_order == want.grad_order &&
+                  fits(in.ids, want.total) && (!spec_.has_head || fits(in.dloss, N)) &&
+                  (!spec_.has_head || !masked || fits(in.mask, N)),
+              "placed inputs do not fit a micro batch of {} x {} tokens on this chunk", p.batch, p.seq);
+  s.tokens = in.inputs();
+  s.targets = in.labels();
+  if (want.grad_order >= 0)
+    s.order = ops::EmbeddingGradOrder::from(in.ids.flat(want.grad_order, 2 * N + PlacedLayout::kGradOrderExtra), N);
+  if (want.keys >= 0) {
+    s.keys = in.ids.flat(want.keys, PlacedLayout::kKeyWords);
+    p.keys_dev = reinterpret_cast<const uint64_t*>(s.keys.raw());
+  }
+  s.dloss = in.dloss;
+  s.mask = in.mask;
+}
+
+// Scoring: [B, T + 1] tokens split into inputs and labels, as training does.
+void GptChunk::place_teacher_forced(const int32_t* tokens, const Pass& p, Saved& s) const {
+  const int64_t T = p.seq, N = p.tokens();
+  const PlacedLayout l = PlacedLayout::make(N, false, false);
+  Tensor ids = Tensor::zeros({l.total}, DType::i32, Device::cpu);
+  int32_t* in = ids.data<int32_t>() + l.inputs;
+  int32_t* label = ids.data<int32_t>() + l.labels;
+  for (int64_t b = 0; b < p.batch; ++b)
+    for (int64_t t = 0; t < T; ++t) {
+      in[b * T + t] = tokens[b * (T + 1) + t];
+      label[b * T + t] = tokens[b * (T + 1) + t + 1];
+    }
+  const Tensor placed = ids.on(dev_);
+  s.tokens = placed.flat(l.inputs, N);
+  s.targets = placed.flat(l.labels, N);
+}
+
+// Inference: [B, T] inputs, no labels (zeros).
+void GptChunk::place_unlabelled(const int32_t* tokens, const Pass& p, Saved& s) const {
+  const int64_t N = p.tokens();
+  const PlacedLayout l = PlacedLayout::make(N, false, false);
+  Tensor ids = Tensor::zeros({l.total}, DType::i32, Device::cpu);
+  std::copy(tokens, tokens + N, ids.data<int32_t>() + l.inputs);
+  const Tensor placed = ids.on(dev_);
+  s.tokens = placed.flat(l.inputs, N);
+  s.targets = placed.flat(l.labels, N);
+}
+
+// ---- the layer stack ------------------------------------------------------------------
+
 // First stage: vocab-parallel lookup (the sum of the tp ranks' masked lookups), positions
 // past .. past + T - 1, embedding dropout; this rank's rows of the residual stream.
-Tensor GptChunk::embed(const MicroBatch& mb, const Tensor& tokens, int64_t B, int64_t T, int64_t past) {
+Tensor GptChunk::embed(const Pass& p, const Tensor& tokens) {
   const bool sp = cfg_.sequence_parallel;
+  const int64_t B = p.batch, T = p.seq, past = p.past;
   const int64_t R = local_rows(B, T), row_start = sp ? tp_rank_ * R : 0;
   Tensor partial = Tensor::empty({B * T, cfg_.hidden}, cfg_.dtype, dev_);
   ops::embedding_forward(partial, tokens, wte_, vocab_start_);
   Tensor x = tp::leave_row_parallel_forward(groups_.tp.get(), sp, partial);
   ops::position_forward(x, past > 0 ? wpe_.rows(past, T) : wpe_, row_start, T);  // row b*T + t: position past + t
-  const DropSite drop = hidden_drop(mb, -1, kEmbedding, R);
+  const DropSite drop = hidden_drop(p, -1, kEmbedding, R);
   ops::dropout_forward(x, x, cfg_.hidden_dropout, drop.key, drop.base, drop.dkey);
   return x;
 }
 
-Tensor GptChunk::checked_input(const Tensor& input, int64_t B, int64_t T) const {
-  const int64_t R = local_rows(B, T), C = cfg_.hidden;
+Tensor GptChunk::checked_input(const Tensor& input, const Pass& p) const {
+  const int64_t R = local_rows(p.batch, p.seq), C = cfg_.hidden;
   MTNLG_CHECK(input.defined() && input.dim(0) == R && input.dim(1) == C, "chunk input must be [{}, {}], got {}", R, C,
               shape_str(input.shape()));
   return input;
 }
 
-// The chunk's layers; what each keeps for the backward: everything (no recompute or
-// selective), only its input (full recompute), nothing (inference).
+// The chunk's layers; what each keeps: for training everything (no recompute or
+// selective) or only its input (full recompute), for scoring and inference nothing.
 // A layer's last residual add computes the LayerNorm that reads its output in the same
 // pass: the next layer's input LayerNorm, after the last layer the final one when the
-// head follows (training and eval). Not while a layer observer runs: it may change a
-// layer's output (the poison fault) before the next layer reads it.
-Tensor GptChunk::run_layers(Tensor x, const MicroBatch& mb, bool inference, Saved& s) {
+// loss head follows (training and scoring). Not while a layer observer runs: it may
+// change a layer's output (the poison fault) before the next layer reads it.
+Tensor GptChunk::run_layers(Tensor x, const Pass& p, Saved& s) {
+  const bool train = p.purpose == Purpose::train;
   const bool full_recompute = cfg_.recompute == RecomputeGranularity::full;
-  const bool fuse = !observer_ || inference;
+  const bool observe = observer_ && train;
+  const bool loss_head = spec_.has_head && p.purpose != Purpose::infer;
   const int64_t R = x.dim(0);
   for (size_t li = 0; li < layers_.size(); ++li) {
     Tensor y;
     LayerActs& a = s.layers[li];
     NextNorm next{}, *nextp = nullptr;
-    if (fuse && li + 1 < layers_.size()) {
+    if (!observe && li + 1 < layers_.size()) {
       LayerActs& n = s.layers[li + 1];
       next = next_norm(n.ln1, n.mean1, n.rstd1, layers_[li + 1].ln1_w, layers_[li + 1].ln1_b, R);
       nextp = &next;
-    } else if (fuse && spec_.has_head && !inference) {
+    } else if (!observe && loss_head) {
       next = next_norm(s.lnf, s.meanf, s.rstdf, lnf_w_, lnf_b_, R);
       nextp = &next;
     }
-    layer_forward(static_cast<int64_t>(li), x, y, a, mb, nextp);
-    if (observer_ && !inference) observer_(spec_.first_layer + static_cast<int64_t>(li), mb, y);
-    if (inference) {
+    layer_forward(static_cast<int64_t>(li), x, y, a, p, nextp);
+    if (observe) observer_(spec_.first_layer + static_cast<int64_t>(li), *p.train, y);
+    if (!train) {
       a = LayerActs{};
     } else if (full_recompute) {
       Tensor keep = a.x_in;
@@ -632,21 +730,13 @@ Tensor GptChunk::run_layers(Tensor x, const MicroBatch& mb, bool inference, Save
   return x;
 }
 
-// Last stage: the final LayerNorm, then the logits against the (tied) word embedding shard
-// and the vocab-parallel cross-entropy statistics, a chunk of rows at a time
-// (logits_chunk_rows: the logits of all N rows are never held at once). Training adds each
-// chunk's loss to mb.loss_acc and, unless no backward follows (MicroBatch::forward_only),
-// the loss gradient being known already (PlacedInputs::dloss), runs the chunk's backward
-// through the logits at once: the logits' gradient in place, the tied embedding's
-// gradient, and those rows of the final LayerNorm's output gradient, which is all the
-// backward keeps of the head (dlnf_full). Without loss_acc the loss terms are read on the
-// host (and per-token scores when asked).
-void GptChunk::head_loss(const Tensor& x, const MicroBatch& mb, Saved& s, ForwardResult& res) {
+// ---- the heads ------------------------------------------------------------------------
+
+GptChunk::LossStats GptChunk::head_loss_stats(const Tensor& x, Saved& s, const LogitsChunkFn& each) {
   const int64_t C = cfg_.hidden, R = x.dim(0), N = s.tokens.numel();
   const DType dt = cfg_.dtype, wide = stats_dtype();
   auto* tpc = groups_.tp.get();
   const bool tp_split = tpc && tpc->size() > 1;
-  const bool sp = cfg_.sequence_parallel;
   s.x_out = x;
   if (!s.lnf.defined()) {  // else the last layer's residual add computed it (run_layers)
     s.lnf = Tensor::empty({R, C}, dt, dev_);
@@ -654,20 +744,16 @@ void GptChunk::head_loss(const Tensor& x, const MicroBatch& mb, Saved& s, Forwar
     s.rstdf = Tensor::empty({R}, wide, dev_);
     ops::layernorm_forward(s.lnf, s.meanf, s.rstdf, x, lnf_w_, lnf_b_, cfg_.layernorm_eps);
   }
-  const Tensor lnf_full = tp::enter_column_parallel_forward(tpc, sp, s.lnf);
+  const Tensor lnf_full = tp::enter_column_parallel_forward(tpc, cfg_.sequence_parallel, s.lnf);
   s.lnf = Tensor();  // the backward needs only its statistics
-  const bool device_loss = mb.loss_acc && !mb.want_token_scores;  // else read on the host
-  const bool backward = !mb.forward_only && !mb.want_token_scores;
-  if (backward) s.dlnf_full = Tensor::empty({N, C}, dt, dev_);
-  Tensor rowmax = Tensor::empty({N}, wide, dev_), sumexp = Tensor::empty({N}, wide, dev_),
-         target_logit = Tensor::empty({N}, wide, dev_);
+  LossStats st{Tensor::empty({N}, wide, dev_), Tensor::empty({N}, wide, dev_), Tensor::empty({N}, wide, dev_)};
   const int64_t step = logits_chunk_rows(N, vocab_local_, cfg_.logits_chunk_elements);
   for (int64_t r0 = 0; r0 < N; r0 += step) {
     const int64_t n = std::min(step, N - r0);
     const Tensor in = lnf_full.rows(r0, n), targets = s.targets.flat(r0, n);
     Tensor logits = Tensor::empty({n, vocab_local_}, dt, dev_);
     ops::matmul_forward(logits, in, wte_, nullptr);
-    Tensor mx = rowmax.flat(r0, n), se = sumexp.flat(r0, n), tl = target_logit.flat(r0, n);
+    Tensor mx = st.rowmax.flat(r0, n), se = st.sumexp.flat(r0, n), tl = st.target_logit.flat(r0, n);
     ops::xent_rowmax(mx, logits, vocab_valid_);
     if (tp_split) tp::all_reduce(tpc, mx, parallel::ReduceOp::max);
     // A shard with no real vocabulary reports -inf; the global max is finite.
@@ -676,34 +762,72 @@ void GptChunk::head_loss(const Tensor& x, const MicroBatch& mb, Saved& s, Forwar
       tp::all_reduce(tpc, se);
       tp::all_reduce(tpc, tl);
     }
-    if (device_loss) {  // training: the loss stays on the device
+    each(r0, n, logits, in, st);
+  }
+  return st;
+}
+
+// Training: each chunk's loss goes to mb.loss_acc (or is read on the host without it) and,
+// the loss gradient being known already (PlacedInputs::dloss), the chunk's backward through
+// the logits runs at once: the logits' gradient in place, the tied embedding's gradient,
+// and those rows of the final LayerNorm's output gradient, which is all the backward keeps
+// of the head (dlnf_full).
+void GptChunk::head_train(const Tensor& x, const TrainMicroBatch& mb, Saved& s, ForwardResult& res) {
+  const int64_t N = s.tokens.numel();
+  s.dlnf_full = Tensor::empty({N, cfg_.hidden}, cfg_.dtype, dev_);
+  const LossStats st = head_loss_stats(x, s, [&](int64_t r0, int64_t n, Tensor& logits, const Tensor& in,
+                                                const LossStats& part) {
+    const Tensor mx = part.rowmax.flat(r0, n), se = part.sumexp.flat(r0, n), tl = part.target_logit.flat(r0, n);
+    if (mb.loss_acc) {  // the loss stays on the device
       const Tensor mask = s.mask.defined() ? s.mask.flat(r0, n) : Tensor();
       ops::xent_loss_accumulate(*mb.loss_acc, mx, se, tl, mask.defined() ? &mask : nullptr);
     }
-    if (!backward) continue;
-    ops::xent_backward(logits, logits, targets, mx, se, s.dloss.flat(r0, n), vocab_start_, vocab_valid_);
+    ops::xent_backward(logits, logits, s.targets.flat(r0, n), mx, se, s.dloss.flat(r0, n), vocab_start_,
+                       vocab_valid_);
     Tensor dlnf_rows = s.dlnf_full.rows(r0, n);
     ops::matmul_backward(&dlnf_rows, &d_wte_, nullptr, logits, in, wte_);
-  }
+  });
   s.dloss = Tensor();
   s.mask = Tensor();
-  if (device_loss) return;
-  // Otherwise the loss terms are read on the host (one copy each off a device).
-  const Tensor rowmax_h = rowmax.on(Device::cpu), sumexp_h = sumexp.on(Device::cpu),
-               target_h = target_logit.on(Device::cpu);
+  if (!mb.loss_acc) read_loss_terms(st, mb.loss_mask, false, res);
+}
+
+// Scoring: the loss terms into mb.loss_acc (validation) or read on the host (eval, with
+// per-token scores when asked). Nothing of the head is kept.
+void GptChunk::head_score(const Tensor& x, const ScoreMicroBatch& mb, Saved& s, ForwardResult& res) {
+  Tensor mask;
+  if (mb.loss_mask && mb.loss_acc && !mb.token_scores) {
+    const int64_t N = s.tokens.numel();
+    Tensor h = Tensor::empty({N}, DType::f32, Device::cpu);
+    std::copy(mb.loss_mask, mb.loss_mask + N, h.data<float>());
+    mask = h.on(dev_);
+  }
+  const bool device_loss = mb.loss_acc && !mb.token_scores;
+  const LossStats st = head_loss_stats(x, s, [&](int64_t r0, int64_t n, Tensor&, const Tensor&, const LossStats& part) {
+    if (!device_loss) return;
+    const Tensor m = mask.defined() ? mask.flat(r0, n) : Tensor();
+    ops::xent_loss_accumulate(*mb.loss_acc, part.rowmax.flat(r0, n), part.sumexp.flat(r0, n),
+                              part.target_logit.flat(r0, n), m.defined() ? &m : nullptr);
+  });
+  if (!device_loss) read_loss_terms(st, mb.loss_mask, mb.token_scores, res);
+}
+
+void GptChunk::read_loss_terms(const LossStats& st, const float* loss_mask, bool token_scores,
+                               ForwardResult& res) const {
+  // One copy of each off a device.
+  const Tensor rowmax_h = st.rowmax.on(Device::cpu), sumexp_h = st.sumexp.on(Device::cpu),
+               target_h = st.target_logit.on(Device::cpu);
+  const int64_t N = rowmax_h.numel();
+  const bool f64 = rowmax_h.dtype() == DType::f64;
+  auto at = [&](const Tensor& t, int64_t i) { return f64 ? t.data<double>()[i] : double{t.data<float>()[i]}; };
   double loss_sum = 0, count = 0;
   for (int64_t i = 0; i < N; ++i) {
-    const double m = mb.loss_mask ? mb.loss_mask[i] : 1.0;
-    double mx, se, tl;
-    if (wide == DType::f64) {
-      mx = rowmax_h.data<double>()[i], se = sumexp_h.data<double>()[i], tl = target_h.data<double>()[i];
-    } else {
-      mx = rowmax_h.data<float>()[i], se = sumexp_h.data<float>()[i], tl = target_h.data<float>()[i];
-    }
+    const double m = loss_mask ? loss_mask[i] : 1.0;
+    const double mx = at(rowmax_h, i), se = at(sumexp_h, i), tl = at(target_h, i);
     const double li = std::log(se) + mx - tl;
     loss_sum += m * li;
     count += m;
-    if (mb.want_token_scores) {
+    if (token_scores) {
       res.token_logprob.push_back(-li);
       res.token_greedy.push_back(tl >= mx ? 1 : 0);  // the label's logit is the global maximum
     }
@@ -743,14 +867,13 @@ Tensor GptChunk::head_logits(const Tensor& x, const std::vector<int64_t>& rows) 
   return out;
 }
 
-Tensor GptChunk::backward(int64_t mb_id, const MicroBatch& call, const Tensor& dout) {
+Tensor GptChunk::backward(int64_t mb_id, const Tensor& dout, bool last_backward) {
   auto it = saved_.find(mb_id);
   MTNLG_CHECK(it != saved_.end(), "backward of micro batch {} without its forward", mb_id);
   std::unique_ptr<Saved> saved = std::move(it->second);
   saved_.erase(it);
   Saved& s = *saved;
-  MicroBatch mb = call;
-  mb.keys_dev = s.keys_dev;  // the forward's placed keys
+  const Pass& p = s.pass;  // the forward's call, with its placed keys
   const int64_t C = cfg_.hidden, T = cfg_.seq_length, B = s.mbs;
   const DType dt = cfg_.dtype;
   const bool sp = cfg_.sequence_parallel;
@@ -767,7 +890,7 @@ Tensor GptChunk::backward(int64_t mb_id, const MicroBatch& call, const Tensor& d
     s.dlnf_full = Tensor();
     dx = Tensor::empty({R, C}, dt, dev_);
     ops::layernorm_backward(dx, d_lnf_w_, d_lnf_b_, dlnf, s.x_out, lnf_w_, s.meanf, s.rstdf);
-    report_ready(head_param_offsets_, mb);
+    report_ready(head_param_offsets_, last_backward);
   } else {
     MTNLG_CHECK(dout.defined() && dout.dim(0) == R, "chunk backward needs the output gradient [{}, {}]", R, C);
     dx = dout;
@@ -780,23 +903,23 @@ Tensor GptChunk::backward(int64_t mb_id, const MicroBatch& call, const Tensor& d
       const timing::StepPartScope part(timing::StepPart::recompute);
       Tensor y;
       Tensor x_in = a.x_in;
-      layer_forward(li, x_in, y, a, mb);
+      layer_forward(li, x_in, y, a, p);
     }
     Tensor dprev;
-    layer_backward(li, dx, dprev, a, mb);
-    report_ready(layer_param_offsets_[static_cast<size_t>(li)], mb);
+    layer_backward(li, dx, dprev, a, p);
+    report_ready(layer_param_offsets_[static_cast<size_t>(li)], last_backward);
     a = LayerActs{};  // free as we go
     dx = dprev;
   }
 
   if (!spec_.has_embedding) return dx;
   // Embedding: x = dropout(allreduce(lookup) + pos)
-  const DropSite drop = hidden_drop(mb, -1, kEmbedding, R);
+  const DropSite drop = hidden_drop(p, -1, kEmbedding, R);
   ops::dropout_backward(dx, dx, cfg_.hidden_dropout, drop.key, drop.base, drop.dkey);
   ops::position_backward(d_wpe_, dx, row_start, T);
   Tensor dfull = tp::leave_row_parallel_backward(tpc, sp, dx);
   ops::embedding_backward(d_wte_, s.tokens, dfull, vocab_start_, s.order.rows.defined() ? &s.order : nullptr);
-  report_ready(embedding_param_offsets_, mb);
+  report_ready(embedding_param_offsets_, last_backward);
   return Tensor();
 }
 

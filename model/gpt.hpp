@@ -11,8 +11,9 @@
 // parallelism the rows (tokens) of the residual stream are split across tp ranks.
 // Rows are (sample, position) in sample-major order.
 //
-// The same forward serves training, eval and generation. Inference calls (a KvCache,
-// or MicroBatch::logit_rows) are forward only: nothing is kept for a backward. With a
+// One layer stack serves training, scoring and inference, each through its own entry
+// (forward/backward, score, infer) with its own input type and its own head. Scoring and
+// inference are forward only: nothing is kept for a backward. With a
 // KvCache the new tokens sit at positions cache.length.., attend to the cached keys
 // and values as well as causally to each other, and are appended to the cache — a
 // prompt is prefilled in one call, then each generated token is one call.
@@ -75,47 +76,57 @@ struct ChunkSpec {
 // Declares the chunk's parameters (this tp rank's shards) in `store`.
 void declare_chunk_params(ParamStore& store, const GptConfig& cfg, const ChunkSpec& spec, int64_t tp_rank, int64_t tp_size);
 
-// One micro batch's data: tokens[b, 0..T] for b < micro_batch_size; inputs are
-// tokens[:, :T], labels tokens[:, 1:]. sample_offset = global index of sample 0 (the
-// dropout masks and thus the run are keyed by it). loss_scale multiplies dloss: 1 /
-// (tokens contributing to the global batch) so gradients sum to the batch mean.
+// The chunk serves three purposes, each with its own input and its own head, over the
+// same layer stack:
+//   training   TrainMicroBatch -> forward + backward; the last stage's loss goes to the
+//              device accumulator and the head's backward runs inside the forward;
+//   scoring    ScoreMicroBatch -> forward only over teacher-forced tokens: the loss terms
+//              (validation) or per-token log-probabilities (eval across tp x pp ranks);
+//   inference  InferenceCall -> forward only over inputs without labels: the hidden states,
+//              or the logits of some rows (eval's batched scoring, generation with a KvCache).
 struct KvCache;
-struct PlacedInputs;
 
-struct MicroBatch {
+// One training micro batch: tokens[b, 0..T] for b < micro_batch_size; inputs are
+// tokens[:, :T], labels tokens[:, 1:]. sample_offset = global index of sample 0 (the
+// dropout masks and thus the run are keyed by it, with step_key). loss_weight multiplies
+// the loss gradient: 1 / (tokens contributing to the global batch), so gradients sum to
+// the batch mean (times the fp16 loss scale).
+struct TrainMicroBatch {
   const int32_t* tokens = nullptr;
   int64_t micro_batch_size = 0;
   int64_t sample_offset = 0;
-  uint64_t step_key = 0;  // dropout key for this iteration
-  double loss_weight = 1.0;  // d(total loss)/d(sum of this micro batch's token losses)
+  uint64_t step_key = 0;             // dropout key for this iteration
+  double loss_weight = 1.0;          // d(total loss)/d(sum of this micro batch's token losses)
   const float* loss_mask = nullptr;  // optional [B*T], 1 = counts (eod_mask_loss)
-  bool want_token_scores = false;    // last stage: fill ForwardResult::token_* (eval; no backward follows)
-  // Validation and scoring: no backward follows, so the last stage computes the loss only
-  // (a training forward also runs the head's backward through the logits, GptChunk::head_loss).
-  bool forward_only = false;
-  // Training: the last stage adds (sum of token losses, tokens counted) to this f64 [2]
-  // tensor on the model's device and reads nothing back (the trainer reads it once per
-  // step). Null: the loss terms are read on the host into ForwardResult (eval).
+  // The last stage adds (sum of token losses, tokens counted) to this f64 [2] tensor on the
+  // model's device and reads nothing back (the trainer reads it once per step). Null: the
+  // loss terms are read on the host into ForwardResult (tests and oracles).
   Tensor* loss_acc = nullptr;
-  // The chunk's last micro batch of the step: as its backward passes a layer, that
-  // layer's parameter gradients are final (reported to the grad-ready hook).
-  bool last_backward = false;
-  // Training: this micro batch's inputs already on the model's device (a CUDA graph's
-  // replay reads them where its capture did). Null: forward places them itself.
-  const PlacedInputs* placed = nullptr;
-  // Set by GptChunk itself on CUDA: the placed copy of (step_key, sample_offset), from
-  // which the dropout kernels take their keys (core/rng.hpp, DeviceKey).
-  const uint64_t* keys_dev = nullptr;
+};
 
-  // ---- inference (forward only; the model must have no dropout) ----
-  // Tokens per sample in this call; 0 = cfg.seq_length.
-  int64_t seq_len = 0;
+// One scoring micro batch: teacher-forced tokens[b, 0..T] as in training, forward only, on
+// a model without dropout. The last stage adds the loss terms to `loss_acc` when given
+// (validation), else reads them on the host into ForwardResult, with per-token scores when
+// asked (eval across pipeline stages).
+struct ScoreMicroBatch {
+  const int32_t* tokens = nullptr;
+  int64_t micro_batch_size = 0;
+  const float* loss_mask = nullptr;  // optional [B*T], 1 = counts
+  Tensor* loss_acc = nullptr;
+  bool token_scores = false;  // fill ForwardResult::token_logprob / token_greedy
+};
+
+// One inference call on a model without dropout or sequence parallelism: inputs only,
+// tokens[b, 0..seq_len) (no labels).
+struct InferenceCall {
+  const int32_t* tokens = nullptr;
+  int64_t batch = 0;
+  int64_t seq_len = 0;  // tokens per sample in this call; 0 = cfg.seq_length
   // Optional key/value cache of this chunk's layers: the call's tokens are at positions
   // kv->length .. kv->length + seq_len - 1 and kv->length advances by seq_len.
   KvCache* kv = nullptr;
-  // Last stage: instead of the loss, ForwardResult::logits for these rows (b*T + t);
-  // an inference call without them returns the chunk output (before the final norm).
-  // With a cache or logit rows, `tokens` is [B, T] (inputs only, no labels).
+  // Last stage: ForwardResult::logits for these rows (b*T + t). Without them the call
+  // returns the chunk output (before the final norm).
   const std::vector<int64_t>* logit_rows = nullptr;
 };
 
@@ -127,27 +138,54 @@ struct KvCache {
   std::vector<Tensor> k, v;
 };
 
-// A training micro batch's inputs on the model's device, in buffers whose sizes depend on
-// the micro batch's shape alone: `ids` i32, the input ids [N], the labels [N] and, on the
-// first stage of a CUDA model, their grouping by token for the embedding backward
-// (ops::embedding_grad_order, 2N + 2), and on a CUDA model then the step's dropout key and
-// the micro batch's first sample as two u64 (at an even index: GptChunk::keys_at); on the
-// last stage `dloss`, the loss gradient per
-// token (loss_weight x mask) [N] in the statistics dtype, and with MicroBatch::loss_mask
-// `mask` f32 [N] (1 = counts).
-struct PlacedInputs {
-  Tensor ids, dloss, mask;
+// Where each input sits in the one i32 buffer a micro batch's token ids are placed in (one
+// upload). Its sizes depend on the micro batch's shape alone, so a CUDA graph's buffers fit
+// every later micro batch of the shape. -1: not part of this layout.
+struct PlacedLayout {
+  int64_t tokens = 0;       // N = B x T
+  int64_t inputs = 0;       // the input ids [N]
+  int64_t labels = 0;       // the labels [N] (zeros for inference)
+  int64_t grad_order = -1;  // the first stage's grouping by token for the embedding backward
+                            // (ops::embedding_grad_order, 2N + 2; CUDA training)
+  int64_t keys = -1;        // the step's dropout key and the micro batch's first sample, two
+                            // u64 at an even index (CUDA training: DeviceKey, core/rng.hpp)
+  int64_t total = 0;        // i32 elements in all
+
+  static PlacedLayout make(int64_t tokens, bool grad_order, bool keys);
+  static constexpr int64_t kGradOrderExtra = 2;  // grad_order holds 2N + this
+  static constexpr int64_t kKeyWords = 4;        // two u64 as i32
 };
 
+// A training micro batch's inputs in one place, host or device: `ids` in the PlacedLayout,
+// and on the last stage `dloss`, the loss gradient per token (loss_weight x mask) [N] in
+// the statistics dtype, and with TrainMicroBatch::loss_mask `mask` f32 [N] (1 = counts).
+// GptChunk::stage_inputs builds them on the host; on() puts them on the model's device
+// (the eager forward), copy_from refills device buffers (a CUDA graph's, which the replay
+// reads where its capture did).
+struct PlacedInputs {
+  PlacedLayout layout;
+  Tensor ids, dloss, mask;
+
+  Tensor inputs() const { return ids.flat(layout.inputs, layout.tokens); }
+  Tensor labels() const { return ids.flat(layout.labels, layout.tokens); }
+  // Buffers of the same layout, shapes and dtypes on `dev` (uninitialised).
+  PlacedInputs empty_like(Device dev) const;
+  // This on `dev` (one upload per tensor).
+  PlacedInputs on(Device dev) const;
+  // Copies `src` (same layout) into these buffers, queued on the stream.
+  void copy_from(const PlacedInputs& src);
+};
+
+// What a forward call returns; which fields are set depends on the purpose and the stage.
 struct ForwardResult {
-  Tensor output;           // activations to send on (empty on the last stage)
-  double loss_sum = 0.0;   // sum of token losses (last stage, without MicroBatch::loss_acc)
-  double loss_tokens = 0;  // tokens counted (last stage, without MicroBatch::loss_acc)
-  // With MicroBatch::want_token_scores, per token (row b*T+t): log p(label) over the real
+  Tensor output;           // activations to send on (not the last stage; inference without logit rows)
+  double loss_sum = 0.0;   // sum of token losses (last stage, without a loss accumulator)
+  double loss_tokens = 0;  // tokens counted (last stage, without a loss accumulator)
+  // With ScoreMicroBatch::token_scores, per token (row b*T+t): log p(label) over the real
   // vocabulary, and whether the label's logit is the largest one (greedy).
   std::vector<double> token_logprob;
   std::vector<uint8_t> token_greedy;
-  // With MicroBatch::logit_rows (last stage): [rows, padded vocab] in the activation
+  // With InferenceCall::logit_rows (last stage): [rows, padded vocab] in the activation
   // dtype on the chunk's device, gathered over tp; columns >= vocab_size are padding.
   Tensor logits;
 };
@@ -157,21 +195,31 @@ class GptChunk {
   GptChunk(const GptConfig& cfg, ChunkSpec spec, ParamStore& store, const parallel::ProcessGroups& groups);
   ~GptChunk();
 
+  // ---- training ----
   // input: [rows, hidden] activations from the previous stage (ignored on the first).
-  ForwardResult forward(int64_t mb_id, const MicroBatch& mb, const Tensor& input);
+  // Activations are kept for the backward under `mb_id`. The first form places the micro
+  // batch's inputs itself (stage_inputs, then PlacedInputs::on); the second reads them
+  // from `placed` (a CUDA graph's buffers), which must stay alive until the backward.
+  ForwardResult forward(int64_t mb_id, const TrainMicroBatch& mb, const Tensor& input);
+  ForwardResult forward(int64_t mb_id, const TrainMicroBatch& mb, const PlacedInputs& placed, const Tensor& input);
   // dout: gradient w.r.t. this chunk's output (ignored on the last chunk, which starts
   // from the loss). Returns the gradient w.r.t. the input (empty on the first chunk).
   // Parameter gradients accumulate into the store (fp32); activations are cfg.dtype.
-  Tensor backward(int64_t mb_id, const MicroBatch& mb, const Tensor& dout);
+  // last_backward: the chunk's last micro batch of the step; as its backward passes a
+  // layer, that layer's parameter gradients are final (reported to the grad-ready hook).
+  Tensor backward(int64_t mb_id, const Tensor& dout, bool last_backward = false);
+  // A training micro batch's inputs on the host, in this chunk's layout: what forward
+  // places, and what a CUDA graph's caller copies into its buffers before a replay.
+  PlacedInputs stage_inputs(const TrainMicroBatch& mb) const;
 
-  // The host side of a training micro batch's PlacedInputs: what forward uploads when
-  // MicroBatch::placed is null, and what a graph's caller copies into its own before a replay.
-  PlacedInputs host_inputs(const MicroBatch& mb) const;
+  // ---- scoring and inference (forward only, nothing kept) ----
+  ForwardResult score(const ScoreMicroBatch& mb, const Tensor& input);
+  ForwardResult infer(const InferenceCall& call, const Tensor& input);
 
   // Rows of the residual stream this rank holds for a micro batch of `mbs` samples of
   // `seq_len` tokens (0 = cfg.seq_length).
   int64_t local_rows(int64_t mbs, int64_t seq_len = 0) const;
-  // An empty cache for `batch` samples of up to `capacity` positions (MicroBatch::kv).
+  // An empty cache for `batch` samples of up to `capacity` positions (InferenceCall::kv).
   KvCache make_kv_cache(int64_t batch, int64_t capacity) const;
   const GptConfig& config() const { return cfg_; }
   const ChunkSpec& spec() const { return spec_; }
@@ -187,7 +235,7 @@ class GptChunk {
   // Activation bytes currently held for micro batches in flight.
   int64_t saved_bytes() const;
   // Called with a parameter's offset in the store once its gradient is final for the
-  // step (during the backward of a MicroBatch with last_backward): the data-parallel
+  // step (during a backward with last_backward): the data-parallel
   // reduction (parallel::DataParallelGrads) starts full buckets from it.
   void set_grad_ready_hook(std::function<void(int64_t)> hook) { grad_ready_ = std::move(hook); }
   void drop_saved();  // forget activations of micro batches in flight (eval, aborted steps)
@@ -195,7 +243,7 @@ class GptChunk {
   // layer's output (the layer's index in the whole model): the trainer's spike forensics
   // looks for the first non-finite activation, and fault injection poisons one. The
   // default (none) costs nothing.
-  using LayerObserver = std::function<void(int64_t layer, const MicroBatch& mb, Tensor& out)>;
+  using LayerObserver = std::function<void(int64_t layer, const TrainMicroBatch& mb, Tensor& out)>;
   void set_layer_observer(LayerObserver f) { observer_ = std::move(f); }
 
  private:
@@ -206,13 +254,47 @@ class GptChunk {
     Tensor d_ln1_w, d_ln1_b, d_qkv_w, d_qkv_b, d_proj_w, d_proj_b, d_ln2_w, d_ln2_b, d_fc1_w, d_fc1_b, d_fc2_w, d_fc2_b;
   };
 
-  // The parts of forward(), in order.
-  void check_forward_call(const MicroBatch& mb, int64_t B, int64_t T, int64_t past) const;
-  void place_tokens(const MicroBatch& mb, int64_t B, int64_t T, bool inference, Saved& s) const;
-  Tensor embed(const MicroBatch& mb, const Tensor& tokens, int64_t B, int64_t T, int64_t past);
-  Tensor checked_input(const Tensor& input, int64_t B, int64_t T) const;
-  Tensor run_layers(Tensor x, const MicroBatch& mb, bool inference, Saved& s);
-  void head_loss(const Tensor& x, const MicroBatch& mb, Saved& s, ForwardResult& res);
+  // One forward call as the layer stack sees it, whatever its purpose: its shape, its
+  // cache, and the dropout keys (training: the step key, the micro batch's first sample,
+  // and on CUDA their placed copy, from which the dropout kernels derive theirs).
+  enum class Purpose { train, score, infer };
+  struct Pass {
+    Purpose purpose = Purpose::train;
+    int64_t batch = 0, seq = 0, past = 0;
+    KvCache* kv = nullptr;
+    uint64_t step_key = 0;
+    int64_t sample_offset = 0;
+    const uint64_t* keys_dev = nullptr;
+    const TrainMicroBatch* train = nullptr;  // the layer observer's argument (training forward)
+    int64_t tokens() const { return batch * seq; }
+  };
+
+  // The parts of a forward call, in order: check it, place the token ids, embed (first
+  // stage) or take the input, run the layers, then the purpose's head.
+  void check_call(const Pass& p) const;
+  PlacedLayout train_layout(int64_t tokens) const;
+  void take_placed(const PlacedInputs& in, Pass& p, Saved& s) const;
+  void place_unlabelled(const int32_t* tokens, const Pass& p, Saved& s) const;
+  void place_teacher_forced(const int32_t* tokens, const Pass& p, Saved& s) const;
+  Tensor embed(const Pass& p, const Tensor& tokens);
+  Tensor checked_input(const Tensor& input, const Pass& p) const;
+  Tensor run_layers(Tensor x, const Pass& p, Saved& s);
+  void head_train(const Tensor& x, const TrainMicroBatch& mb, Saved& s, ForwardResult& res);
+  void head_score(const Tensor& x, const ScoreMicroBatch& mb, Saved& s, ForwardResult& res);
+  Tensor head_logits(const Tensor& x, const std::vector<int64_t>& rows);
+  // The loss statistics of the last stage: the final LayerNorm (unless the last layer's
+  // residual add computed it), the logits a chunk of rows at a time against this rank's
+  // vocabulary shard (logits_chunk_rows), their row max, sum of exp and target logit
+  // reduced over tp. `each` sees every chunk while its logits exist (rows r0 .. r0 + n,
+  // the final LayerNorm's rows `in`); the statistics fill `st`.
+  struct LossStats {
+    Tensor rowmax, sumexp, target_logit;
+  };
+  using LogitsChunkFn =
+      std::function<void(int64_t r0, int64_t n, Tensor& logits, const Tensor& in, const LossStats& st)>;
+  LossStats head_loss_stats(const Tensor& x, Saved& s, const LogitsChunkFn& each);
+  // The loss terms read on the host (tests, eval): the sums, and per token when asked.
+  void read_loss_terms(const LossStats& st, const float* loss_mask, bool token_scores, ForwardResult& res) const;
   // The LayerNorm that reads a layer's output y, computed in the same pass as y's
   // residual add (ops::residual_layernorm_forward): the next layer's input LayerNorm, or
   // the final LayerNorm on the last stage. run_layers allocates it.
@@ -223,31 +305,26 @@ class GptChunk {
   NextNorm next_norm(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& w, const Tensor& b, int64_t rows) const;
   // Without `next`, y alone (ops::residual_add_forward). The layer's own input LayerNorm is
   // computed here unless a.ln1 already holds it (the previous layer's `next`).
-  void layer_forward(int64_t li, const Tensor& x, Tensor& y, LayerActs& a, const MicroBatch& mb,
+  void layer_forward(int64_t li, const Tensor& x, Tensor& y, LayerActs& a, const Pass& p,
                      const NextNorm* next = nullptr);
-  int64_t seq_len(const MicroBatch& mb) const { return mb.seq_len > 0 ? mb.seq_len : cfg_.seq_length; }
-  Tensor head_logits(const Tensor& x, const std::vector<int64_t>& rows);
   // Statistics (LayerNorm mean/rstd, attention lse, loss terms): f64 for f64 models, else f32.
   DType stats_dtype() const { return cfg_.dtype == DType::f64 ? DType::f64 : DType::f32; }
-  void layer_backward(int64_t li, const Tensor& dy, Tensor& dx, LayerActs& a, const MicroBatch& mb);
+  void layer_backward(int64_t li, const Tensor& dy, Tensor& dx, LayerActs& a, const Pass& p);
   // The attention core of layer_forward / layer_backward in the chunk's form.
-  void attention_core_forward(LayerActs& a, const MicroBatch& mb, int64_t layer);
-  Tensor attention_core_backward(const Tensor& datt, LayerActs& a, const MicroBatch& mb, int64_t layer);
+  void attention_core_forward(LayerActs& a, const Pass& p, int64_t layer);
+  Tensor attention_core_backward(const Tensor& datt, LayerActs& a, const Pass& p, int64_t layer);
   // One dropout site's mask for a micro batch: the key and first mask index the ops take,
-  // and the same to be derived on the device from mb.keys_dev (inert without it).
+  // and the same to be derived on the device from p.keys_dev (inert without it).
   struct DropSite {
     uint64_t key = 0, base = 0;
     DeviceKey dkey;
   };
-  DropSite drop_site(const MicroBatch& mb, int64_t layer, int64_t site, uint64_t per_sample, uint64_t add) const;
+  DropSite drop_site(const Pass& p, int64_t layer, int64_t site, uint64_t per_sample, uint64_t add) const;
   // A hidden-dropout site over this rank's `local_rows` rows of the residual stream
   // ([local rows, hidden]); forward and backward ask it, so their masks are the same draws.
-  DropSite hidden_drop(const MicroBatch& mb, int64_t layer, int64_t site, int64_t local_rows) const;
-  Tensor hidden_dropout_grad(const Tensor& g, const MicroBatch& mb, int64_t layer, int64_t site) const;
-  // Where the placed ids hold the dropout key words (CUDA), and their total length, for N ids.
-  int64_t keys_at(int64_t N) const;
-  int64_t placed_ids(int64_t N) const;
-  ops::AttentionDropout attention_dropout(const MicroBatch& mb, int64_t layer) const;
+  DropSite hidden_drop(const Pass& p, int64_t layer, int64_t site, int64_t local_rows) const;
+  Tensor hidden_dropout_grad(const Tensor& g, const Pass& p, int64_t layer, int64_t site) const;
+  ops::AttentionDropout attention_dropout(const Pass& p, int64_t layer) const;
 
   GptConfig cfg_;
   ChunkSpec spec_;
@@ -263,11 +340,11 @@ class GptChunk {
   AttentionBackend attention_ = AttentionBackend::flash;
   std::string attention_note_;
   void resolve_attention();
-  bool flash_for_call(const MicroBatch& mb, int64_t B, int64_t T) const;
+  bool flash_for_call(const Pass& p) const;
   std::vector<std::vector<int64_t>> layer_param_offsets_;  // per layer, in the store
   std::vector<int64_t> head_param_offsets_, embedding_param_offsets_;
-  void report_ready(const std::vector<int64_t>& offsets, const MicroBatch& mb) const {
-    if (mb.last_backward && grad_ready_)
+  void report_ready(const std::vector<int64_t>& offsets, bool last_backward) const {
+    if (last_backward && grad_ready_)
       for (int64_t o : offsets) grad_ready_(o);
   }
 };

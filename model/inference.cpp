@@ -44,13 +44,13 @@ Tensor logits_at(GptChunk& m, const int32_t* tokens, int64_t B, int64_t T, const
                  KvCache* kv) {
   MTNLG_CHECK(m.spec().has_embedding && m.spec().has_head, "inference needs the whole model in one chunk");
   check_tokens(m.config(), tokens, B * T);
-  MicroBatch mb;
-  mb.tokens = tokens;
-  mb.micro_batch_size = B;
-  mb.seq_len = T;
-  mb.kv = kv;
-  mb.logit_rows = &rows;
-  const Tensor lg = m.forward(0, mb, Tensor()).logits.on(Device::cpu);
+  InferenceCall call;
+  call.tokens = tokens;
+  call.batch = B;
+  call.seq_len = T;
+  call.kv = kv;
+  call.logit_rows = &rows;
+  const Tensor lg = m.infer(call, Tensor()).logits.on(Device::cpu);
   if (lg.dtype() == DType::f32) return lg;
   Tensor f = Tensor::empty(lg.shape(), DType::f32, Device::cpu);
   ops::convert(f, lg);

@@ -2,7 +2,7 @@
 // eval and generation: `mtnlg eval` scores many requests teacher-forced, batched
 // (score_batch); `mtnlg generate` prefills the prompt into a KvCache once, then runs one
 // token per step (generate). There is no second model here: both call
-// GptChunk::forward with MicroBatch::logit_rows (and a KvCache for generation) and read
+// GptChunk::infer with InferenceCall::logit_rows (and a KvCache for generation) and read
 // the logits they asked for on the host. Only the first cfg.vocab_size logit columns
 // are real; the padded ones are never looked at.
 #pragma once
@@ -40,7 +40,7 @@ std::unique_ptr<GptChunk> whole_model_chunk(const GptConfig& cfg, ParamStore& st
                                             const parallel::ProcessGroups& groups = {});
 
 // Logits [rows, padded vocab] of `m` for rows b*T + t of `tokens` [B, T] (row-major),
-// as f32 on the host: one forward with MicroBatch::logit_rows (and `kv`, when given).
+// as f32 on the host: one GptChunk::infer with InferenceCall::logit_rows (and `kv`, when given).
 Tensor logits_at(GptChunk& m, const int32_t* tokens, int64_t B, int64_t T, const std::vector<int64_t>& rows,
                  KvCache* kv = nullptr);
 

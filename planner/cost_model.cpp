@@ -66,8 +66,9 @@ const std::vector<SoftwareProfile>& software_table() {
        0.75, true, 4, 4, false},
       {"mtnlg",
        "this trainer (mtnlg train): megatron-lm's execution model, activations as model/gpt.cpp keeps them "
-       "(flash-style attention, the exact schedule's in-flight microbatches)",
-       1.0, true, 2, 4, true, true, true, true},
+       "(flash-style attention, the exact schedule's in-flight microbatches), the head's backward in the forward",
+       1.0, true, 2, 4, true, true, true, true, false, false, false, 40e6, false, 12, 12, false,
+       /*head_backward_in_forward=*/true},
       {"megatron-core",
        "Megatron-Core 0.8+ (2024-25) with Transformer Engine: fused (cuDNN/flash) attention, tensor-parallel "
        "communication overlapped with the GEMMs (--tp-comm-overlap), gradient reduce-scatter and parameter "
@@ -754,10 +755,15 @@ StageTime stage_time(const Layout& l, const Cluster& c, const StageInputs& x, in
     // Final LayerNorm, logits GEMM, vocab-parallel cross-entropy on fp32 logits.
     const double ln = 2 * e * double(T) * double(sh.h) / g.hbm_bw;
     const double logits = double(T) * double(sh.V) / t;  // logit elements on this tensor rank
-    tm.forward += ln + gemm_time(g, peak, T, sh.V / l.tp, sh.h) + c.software.ce_bytes_fwd * logits / g.hbm_bw +
-                  3 * allreduce_time(double(T) * 4.0, l.tp, tpl);
-    tm.backward += 2 * ln + gemm_time(g, peak, T, sh.h, sh.V / l.tp) + gemm_time(g, peak, sh.h, sh.V / l.tp, T) +
-                   c.software.ce_bytes_bwd * logits / g.hbm_bw;
+    const double head_fwd = ln + gemm_time(g, peak, T, sh.V / l.tp, sh.h) +
+                            c.software.ce_bytes_fwd * logits / g.hbm_bw + 3 * allreduce_time(double(T) * 4.0, l.tp, tpl);
+    // The backward through the logits (their gradient, the tied embedding's gradient and the
+    // final LayerNorm's output gradient), then the final LayerNorm's backward.
+    const double head_logits_bwd = gemm_time(g, peak, T, sh.h, sh.V / l.tp) + gemm_time(g, peak, sh.h, sh.V / l.tp, T) +
+                                   c.software.ce_bytes_bwd * logits / g.hbm_bw;
+    tm.forward += head_fwd;
+    (c.software.head_backward_in_forward ? tm.forward : tm.backward) += head_logits_bwd;
+    tm.backward += 2 * ln;
   }
   // Exposed p2p per microbatch: an activation and a gradient per chunk, sent
   // blocking (Megatron pairs send/recv in one batched call; the transfer is on the

@@ -185,6 +185,13 @@ struct SoftwareProfile {
   // the output gradient (backward of the row-parallel reduce-scatter) stays synchronous.
   // Exposed: what outlasts the GEMM it runs beside. Off: every backward collective exposed.
   bool async_tp_grad_comm = false;
+  // Where the last stage's head runs its backward: in the forward (this trainer: the loss
+  // gradient is known once the logits are, so model::GptChunk's training head runs the
+  // backward through each chunk of logit rows as soon as its loss is computed, and the
+  // logits are never kept), or in the backward (Megatron: the logits are kept and their
+  // gradient is computed when the backward reaches the head). The time is the same; only
+  // the split between the step's forward and backward parts moves.
+  bool head_backward_in_forward = false;
 };
 
 // Throws InputError listing the valid names when `name` is unknown.

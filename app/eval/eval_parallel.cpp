@@ -43,20 +43,17 @@ std::vector<model::ScoreResult> ParallelScorer::operator()(const std::vector<con
     std::copy(q.input.begin(), q.input.end(), tokens.begin() + b * (T + 1));
     tokens[b * (T + 1) + n] = q.targets.back();
   }
-  model::MicroBatch mb;
+  model::ScoreMicroBatch mb;
   mb.tokens = tokens.data();
   mb.micro_batch_size = B;
-  mb.loss_weight = 0;
-  mb.want_token_scores = true;
-  mb.forward_only = true;
+  mb.token_scores = true;
   Tensor input;
   const int64_t R = chunk_->local_rows(B);
   if (!g_.is_first_stage()) {
     input = Tensor::empty({R, C}, chunk_->activation_dtype(), chunk_->device());
     g_.pp->recv(input.raw(), input.numel(), input.dtype(), g_.coord.pp - 1, 0);
   }
-  model::ForwardResult fr = chunk_->forward(0, mb, input);
-  chunk_->drop_saved();
+  model::ForwardResult fr = chunk_->score(mb, input);
   if (!g_.is_last_stage()) {
     auto req = g_.pp->isend(fr.output.raw(), fr.output.numel(), fr.output.dtype(), g_.coord.pp + 1, 0);
     req->wait();

@@ -91,7 +91,7 @@ bool Forensics::watches_steps() const {
   return r_.training.check_for_nan_in_loss_and_grad || r_.training.loss_spike_threshold > 0;
 }
 
-void Forensics::observe(int64_t layer, const model::MicroBatch& mb, const Tensor& out) {
+void Forensics::observe(int64_t layer, const model::TrainMicroBatch& mb, const Tensor& out) {
   if (!observing_ || layer >= first_bad_layer_ || all_finite(out)) return;
   first_bad_layer_ = layer;
   first_bad_sample_ = mb.sample_offset;

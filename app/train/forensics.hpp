@@ -70,7 +70,7 @@ class Forensics {
   // replicas' hashes of `weights` are compared; a mismatch is reported and thrown.
   void after_update(int64_t iteration, const Tensor& weights);
   // The chunks' layer observer: while replaying, notes the first non-finite activation.
-  void observe(int64_t layer, const model::MicroBatch& mb, const Tensor& out);
+  void observe(int64_t layer, const model::TrainMicroBatch& mb, const Tensor& out);
   int64_t events() const { return events_; }
 
  private:

@@ -44,27 +44,15 @@ struct MicroBatchGraphs::Shape {
 MicroBatchGraphs::MicroBatchGraphs(model::GptChunk& chunk, parallel::Communicator* tp) : chunk_(chunk), tp_(tp) {}
 MicroBatchGraphs::~MicroBatchGraphs() = default;
 
-namespace {
-// Device buffers shaped like `host`, or the host's values copied into them.
-Tensor device_like(const Tensor& host) {
-  return host.defined() ? Tensor::empty(host.shape(), host.dtype(), Device::cuda) : Tensor();
-}
-void refill(Tensor& dst, const Tensor& host) {
-  if (host.defined()) dst.copy_from(host);
-}
-}  // namespace
-
-bool MicroBatchGraphs::capture(Shape& sh, int64_t mb_id, const model::MicroBatch& mb) {
-  model::MicroBatch m = mb;
-  m.placed = &sh.in;
+bool MicroBatchGraphs::capture(Shape& sh, int64_t mb_id, const model::TrainMicroBatch& mb) {
   try {
     const auto counted = [&] { return tp_ ? tp_->bytes_counted() : 0.0; };
     sh.pool = std::make_unique<cuda::GraphPool>();
     const double b0 = counted();
-    sh.fwd = std::make_unique<cuda::CudaGraph>(*sh.pool, [&] { chunk_.forward(mb_id, m, Tensor()); });
+    sh.fwd = std::make_unique<cuda::CudaGraph>(*sh.pool, [&] { chunk_.forward(mb_id, mb, sh.in, Tensor()); });
     const double b1 = counted();
     sh.saved = chunk_.saved_bytes();
-    sh.bwd = std::make_unique<cuda::CudaGraph>(*sh.pool, [&] { chunk_.backward(mb_id, m, Tensor()); });
+    sh.bwd = std::make_unique<cuda::CudaGraph>(*sh.pool, [&] { chunk_.backward(mb_id, Tensor()); });
     sh.fwd_bytes = b1 - b0;
     sh.bwd_bytes = counted() - b1;
     MTNLG_CHECK(sh.pool->live_bytes() == 0,
@@ -86,19 +74,17 @@ bool MicroBatchGraphs::capture(Shape& sh, int64_t mb_id, const model::MicroBatch
   return true;
 }
 
-bool MicroBatchGraphs::forward(int64_t mb_id, const model::MicroBatch& mb) {
+bool MicroBatchGraphs::forward(int64_t mb_id, const model::TrainMicroBatch& mb) {
   if (cuda::op_profile_on()) return false;  // logging.gpu_profile times ops one by one
   const Key key{mb.micro_batch_size, mb.loss_mask != nullptr};
   auto& slot = shapes_[key];
   if (!slot) slot = std::make_unique<Shape>();
   Shape& sh = *slot;
   if (sh.eager || sh.seen++ == 0) return false;  // the first of a shape warms up eagerly
-  const model::PlacedInputs host = chunk_.host_inputs(mb);
+  const model::PlacedInputs host = chunk_.stage_inputs(mb);
   const bool first = !sh.fwd;
-  if (first) sh.in = {device_like(host.ids), device_like(host.dloss), device_like(host.mask)};
-  refill(sh.in.ids, host.ids);  // queued before the capture or the launch that reads them
-  refill(sh.in.dloss, host.dloss);
-  refill(sh.in.mask, host.mask);
+  if (first) sh.in = host.empty_like(Device::cuda);
+  sh.in.copy_from(host);  // queued before the capture or the launch that reads them
   if (first && !capture(sh, mb_id, mb)) return false;
   pending_counted_ = first;  // a capture counts its collectives' bytes itself
   if (!first && tp_) tp_->count_replayed(sh.fwd_bytes);
@@ -128,8 +114,8 @@ void MicroBatchGraphs::backward(int64_t mb_id) {
 struct MicroBatchGraphs::Shape {};
 MicroBatchGraphs::MicroBatchGraphs(model::GptChunk& chunk, parallel::Communicator* tp) : chunk_(chunk), tp_(tp) {}
 MicroBatchGraphs::~MicroBatchGraphs() = default;
-bool MicroBatchGraphs::capture(Shape&, int64_t, const model::MicroBatch&) { return false; }
-bool MicroBatchGraphs::forward(int64_t, const model::MicroBatch&) { return false; }
+bool MicroBatchGraphs::capture(Shape&, int64_t, const model::TrainMicroBatch&) { return false; }
+bool MicroBatchGraphs::forward(int64_t, const model::TrainMicroBatch&) { return false; }
 void MicroBatchGraphs::backward(int64_t mb_id) { throw_runtime("backward graph of micro batch {} without CUDA", mb_id); }
 
 #endif

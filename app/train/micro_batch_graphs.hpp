@@ -8,8 +8,8 @@
 //      another, both allocating from one private pool (cuda::GraphPool); nothing runs
 //      during the captures, so the two graphs are then launched for this micro batch;
 //   3. every later one copies its inputs (token ids, labels, the embedding grouping, the
-//      loss gradient and mask: model::PlacedInputs) into the buffers the capture read,
-//      and launches the two graphs.
+//      loss gradient and mask: the chunk's model::PlacedInputs, GptChunk::stage_inputs)
+//      into the buffers the capture read, and launches the two graphs.
 // Kernel arguments are fixed at capture, so everything that changes between micro batches
 // must come from device memory: the inputs above do, the step's dropout key and the micro
 // batch's first sample among them (the dropout kernels derive their keys and mask offsets
@@ -52,7 +52,7 @@ class MicroBatchGraphs {
   // Runs micro batch `mb`'s forward and queues its backward through graphs, or returns
   // false: then the caller runs chunk.forward and chunk.backward itself (warm-up, a shape
   // whose capture failed). After true, backward() launches the backward graph.
-  bool forward(int64_t mb_id, const model::MicroBatch& mb);
+  bool forward(int64_t mb_id, const model::TrainMicroBatch& mb);
   void backward(int64_t mb_id);
 
   // Activation bytes the forward graph leaves for the backward graph (measured at capture).
@@ -64,7 +64,7 @@ class MicroBatchGraphs {
  private:
   struct Shape;
   using Key = std::pair<int64_t, bool>;  // (samples, loss mask)
-  bool capture(Shape& sh, int64_t mb_id, const model::MicroBatch& mb);
+  bool capture(Shape& sh, int64_t mb_id, const model::TrainMicroBatch& mb);
 
   model::GptChunk& chunk_;
   parallel::Communicator* tp_;

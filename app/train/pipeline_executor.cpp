@@ -56,10 +56,10 @@ void PipelineExecutor::build_loss_masks(const data::Batch& b) {
   counted_tokens_ = sum / static_cast<double>(g_.topo.tp() * g_.topo.pp());
 }
 
-model::MicroBatch PipelineExecutor::micro_batch(const data::Batch& b, int64_t k, int64_t consumed_before,
+model::TrainMicroBatch PipelineExecutor::micro_batch(const data::Batch& b, int64_t k, int64_t consumed_before,
                                                 uint64_t step_key, double loss_scale) const {
   const int64_t T = r_.model.seq_length, mbs = b.micro_batch_size, dp = g_.topo.dp();
-  model::MicroBatch mb;
+  model::TrainMicroBatch mb;
   mb.tokens = b.tokens.data() + k * mbs * (T + 1);
   mb.micro_batch_size = mbs;
   // Megatron's sampler: micro batch k of the step takes mbs*dp consecutive samples and
@@ -169,16 +169,15 @@ struct PipelineExecutor::BatchRun {
   void backward(const schedules::PipeAction& a) {
     auto& chunk = *ex.chunks_[a.chunk];
     const Key key{a.microbatch, a.chunk};
-    auto mb = ex.micro_batch(batch, a.microbatch, consumed_before, step_key, loss_scale);
     // The chunk's last micro batch: its parameter gradients become final as this
     // backward passes them (the chunk reports them to its grad-ready hook).
-    mb.last_backward = ++backwards_done[static_cast<size_t>(a.chunk)] == batch.micro_batches;
+    const bool last = ++backwards_done[static_cast<size_t>(a.chunk)] == batch.micro_batches;
     const timing::StepPartScope part(timing::StepPart::backward);
     if (graphed.erase(a.microbatch)) {  // its forward ran as a graph: so does its backward
       ex.graphs_->backward(a.microbatch);
       return;
     }
-    Tensor dx = chunk.backward(a.microbatch, mb, take(grad_in, key));
+    Tensor dx = chunk.backward(a.microbatch, take(grad_in, key), last);
     if (dx.defined() && !(chunk.spec().has_embedding)) grad_out[key] = dx;
   }
 

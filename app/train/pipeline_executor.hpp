@@ -47,7 +47,7 @@ class PipelineExecutor {
   const MicroBatchGraphs* cuda_graphs() const { return graphs_.get(); }
 
  private:
-  model::MicroBatch micro_batch(const data::Batch& b, int64_t k, int64_t consumed_before, uint64_t step_key,
+  model::TrainMicroBatch micro_batch(const data::Batch& b, int64_t k, int64_t consumed_before, uint64_t step_key,
                                 double loss_scale) const;
   // data.eod_mask_loss: per micro batch, 0 where the input token is <|endoftext|> (as
   // Megatron's GPT dataset), and the global batch's count of tokens that remain, which

@@ -460,7 +460,7 @@ bool Trainer::install_layer_observer() {
   const bool poison = fault_.active() && fault_.mode == "poison" && fault_.rank == g_.rank;
   if (!forensics_.watches_steps() && !poison) return false;
   for (auto& c : model_.chunks)
-    c->set_layer_observer([this, poison](int64_t layer, const model::MicroBatch& mb, Tensor& out) {
+    c->set_layer_observer([this, poison](int64_t layer, const model::TrainMicroBatch& mb, Tensor& out) {
       if (poison && layer == fault_.layer && iteration_ + 1 == fault_.iteration &&
           mb.sample_offset == consumed_ + g_.coord.dp * r_.training.micro_batch_size)
         ops::fill(out, std::nan(""));

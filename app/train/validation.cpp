@@ -82,13 +82,10 @@ ValidationResult Validation::evaluate(int part, int64_t first) {
     const int64_t consumed = first + it * gbs;
     const data::Batch batch = loader.build(consumed, gbs);
     for (int64_t m = 0; m < batch.micro_batches; ++m) {
-      model::MicroBatch mb;
+      model::ScoreMicroBatch mb;
       mb.tokens = batch.tokens.data() + m * mbs * (T + 1);
       mb.micro_batch_size = mbs;
-      mb.sample_offset = consumed + m * mbs * dp + g_.coord.dp * mbs;
-      mb.loss_weight = 1.0 / static_cast<double>(gbs * T);
       mb.loss_acc = &acc;
-      mb.forward_only = true;
       std::vector<float> mask;
       if (eod >= 0) {
         double unused = 0;
@@ -104,8 +101,7 @@ ValidationResult Validation::evaluate(int part, int64_t first) {
           x = Tensor::empty({R, C}, act, dev);
           g_.pp->recv(x.raw(), x.numel(), act, (rank - 1 + pp) % pp, kTagValidation);
         }
-        model::ForwardResult fr = chunk.forward(m, mb, x);
-        chunk.drop_saved();
+        model::ForwardResult fr = chunk.score(mb, x);
         if (!chunk.spec().has_head) {
           auto req = g_.pp->isend(fr.output.raw(), fr.output.numel(), act, (rank + 1) % pp, kTagValidation);
           req->wait();

@@ -48,6 +48,7 @@
 #include <string>
 #include <cstdio>
 #include <map>
+#include <tuple>
 #include <mutex>
 #include <set>
 #include <utility>
@@ -97,7 +98,25 @@ struct Desc {
   }
 };
 
-using AlgoKey = std::array<int64_t, 22>;
+// Everything cuBLASLt's heuristic answer depends on: the problem, its layouts, the
+// epilogue, the pointers' alignments, beta, the device and the batch strides.
+struct AlgoKey {
+  int64_t ta, tb, m, n, k;
+  int64_t a_type, d_type;
+  int64_t lda, ldb, ldd;
+  int64_t epilogue;
+  int64_t align_a, align_b, align_d;  // bytes (alignment())
+  int64_t beta_nonzero;
+  int64_t device;
+  int64_t batch_count, batch_a, batch_b, batch_d;
+  int64_t aux_ld, align_aux;
+
+  auto tie() const {
+    return std::tie(ta, tb, m, n, k, a_type, d_type, lda, ldb, ldd, epilogue, align_a, align_b, align_d, beta_nonzero,
+                    device, batch_count, batch_a, batch_b, batch_d, aux_ld, align_aux);
+  }
+  bool operator<(const AlgoKey& o) const { return tie() < o.tie(); }
+};
 std::mutex g_algo_mu;
 std::set<std::array<int64_t, 6>> g_warned;  // shapes (type, m, n, k, epilogue, batch) whose refusal was warned about
 constexpr int kHeuristics = 8;  // candidates asked for per key
@@ -233,10 +252,28 @@ bool lt_matmul(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* A,
     }
   }
 
-  const AlgoKey key{ta, tb, m, n, k, static_cast<int64_t>(adt), static_cast<int64_t>(ddt), lda, ldb, ldd,
-                    static_cast<int64_t>(ep.epi), alignment(A), alignment(B), alignment(D), beta != 0.0f,
-                    backend_device(), batch.count, batch.a, batch.b, batch.d,
-                    ep.aux_ld, ep.aux ? alignment(ep.aux) : 0};
+  const AlgoKey key{.ta = ta,
+                    .tb = tb,
+                    .m = m,
+                    .n = n,
+                    .k = k,
+                    .a_type = static_cast<int64_t>(adt),
+                    .d_type = static_cast<int64_t>(ddt),
+                    .lda = lda,
+                    .ldb = ldb,
+                    .ldd = ldd,
+                    .epilogue = static_cast<int64_t>(ep.epi),
+                    .align_a = alignment(A),
+                    .align_b = alignment(B),
+                    .align_d = alignment(D),
+                    .beta_nonzero = beta != 0.0f,
+                    .device = backend_device(),
+                    .batch_count = batch.count,
+                    .batch_a = batch.a,
+                    .batch_b = batch.b,
+                    .batch_d = batch.d,
+                    .aux_ld = ep.aux_ld,
+                    .align_aux = ep.aux ? alignment(ep.aux) : 0};
   Candidates algos;
   {
     std::lock_guard<std::mutex> lock(g_algo_mu);
@@ -245,8 +282,8 @@ bool lt_matmul(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* A,
       CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&ds.pref));
       const uint64_t ws = static_cast<uint64_t>(cublas_workspace_bytes());
       CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(ds.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
-      const uint32_t al_a = static_cast<uint32_t>(key[11]), al_b = static_cast<uint32_t>(key[12]),
-                     al_d = static_cast<uint32_t>(key[13]);
+      const uint32_t al_a = static_cast<uint32_t>(key.align_a), al_b = static_cast<uint32_t>(key.align_b),
+                     al_d = static_cast<uint32_t>(key.align_d);
       CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(ds.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, 4));
       CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(ds.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, 4));
       CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(ds.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d, 4));

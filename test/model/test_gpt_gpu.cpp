@@ -60,7 +60,7 @@ struct Small {
   }
 
   double loss_and_grad() {
-    MicroBatch m;
+    TrainMicroBatch m;
     m.tokens = tokens.data();
     m.micro_batch_size = B;
     m.sample_offset = 5;
@@ -68,7 +68,7 @@ struct Small {
     m.loss_weight = 1.0 / static_cast<double>(B * cfg.seq_length);
     store.zero_grads();
     auto r = chunk->forward(0, m, Tensor());
-    chunk->backward(0, m, Tensor());
+    chunk->backward(0, Tensor());
     return r.loss_sum / r.loss_tokens;
   }
 };

@@ -54,8 +54,8 @@ struct Tiny {
     for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>((i * 7 + 3) % 11);
   }
 
-  MicroBatch mb() const {
-    MicroBatch m;
+  TrainMicroBatch mb() const {
+    TrainMicroBatch m;
     m.tokens = tokens.data();
     m.micro_batch_size = B;
     m.sample_offset = 4;
@@ -63,17 +63,15 @@ struct Tiny {
     m.loss_weight = 1.0 / (B * cfg.seq_length);
     return m;
   }
-  double loss() {
-    MicroBatch m = mb();
-    m.forward_only = true;
-    auto r = chunk->forward(0, m, Tensor());
+  double loss() {  // the training forward's loss (its dropout masks), no backward
+    auto r = chunk->forward(0, mb(), Tensor());
     chunk->drop_saved();
     return r.loss_sum / r.loss_tokens;
   }
   double loss_and_grad() {
     store.zero_grads();
     auto r = chunk->forward(0, mb(), Tensor());
-    chunk->backward(0, mb(), Tensor());
+    chunk->backward(0, Tensor());
     return r.loss_sum / r.loss_tokens;
   }
 };

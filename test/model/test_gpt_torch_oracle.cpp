@@ -55,14 +55,14 @@ TEST_CASE("gpt: loss, gradients and AdamW steps equal PyTorch's", "[oracle]") {
     store.zero_grads();
     double loss = 0;
     for (int64_t k = 0; k < B / mbs; ++k) {
-      MicroBatch mb;
+      TrainMicroBatch mb;
       mb.tokens = tokens.data<int32_t>() + k * mbs * (T + 1);
       mb.micro_batch_size = mbs;
       mb.sample_offset = k * mbs;
       mb.loss_weight = 1.0 / static_cast<double>(B * T);
       auto r = chunk.forward(k, mb, Tensor());
       loss += r.loss_sum / static_cast<double>(B * T);
-      chunk.backward(k, mb, Tensor());
+      chunk.backward(k, Tensor());
     }
     return loss;
   };

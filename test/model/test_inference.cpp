@@ -67,7 +67,7 @@ TEST_CASE("inference: scoring through GptChunk gives log-probs that sum to its t
   const int64_t B = 2, T = cfg.seq_length;
   std::vector<int32_t> tokens(static_cast<size_t>(B * (T + 1)));
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>((i * 13 + 5) % cfg.vocab_size);
-  MicroBatch mb;
+  TrainMicroBatch mb;
   mb.tokens = tokens.data();
   mb.micro_batch_size = B;
   auto fr = chunk->forward(0, mb, Tensor());
