@@ -26,6 +26,16 @@
 #                 invalidates (MTNLG_EMU_CAPTURE_FAIL) is warned about once and the run
 #                 goes on eagerly with the same numbers; what graphs do not cover (pipeline
 #                 stages, spike forensics, the CPU) exits 2 naming the key
+#     watchdog    the NCCL watchdog (parallel/flight_recorder.hpp) under mpirun on the emulated
+#                 NCCL, MTNLG_COLLECTIVE_TIMEOUT=25 s (MTNLG_E2E_WD_TIMEOUT): tp2 x pp2 x dp2
+#                 where rank 5 stops entering collectives at iteration 3 (MTNLG_FAULT_INJECT
+#                 mode=hang): every rank exits 3, its flight recorder dumped, within the
+#                 timeout + 30 s, and `report --explain` names rank 5, its group and
+#                 collective; the checkpoint of iteration 2 resumes bit for bit against a
+#                 straight run; an asynchronous ncclRemoteError on one rank
+#                 (MTNLG_EMU_NCCL_FAULT) ends every rank within 10 s; tp2 x dp2 with CUDA
+#                 graphs: the hang is caught in a graph replay; a slow but live rank
+#                 (sleeps shorter than the timeout) is not aborted
 # (eval and generate on cuda vs cpu: scripts/gpu/train-proof.sh's infer step, which CI
 # runs on the emulated build as the test emulator.train-proof)
 # Exit status 0 when the step passes; every comparison prints its worst difference.
@@ -219,6 +229,95 @@ EOF
     refused forensics "spike forensics" "$bin" train recipes/tiny-mock.yaml --set training.device=cuda \
       --set training.check_for_nan_in_loss_and_grad=true
     refused cpu "training runs on the CPU" "$bin" train recipes/tiny-mock.yaml --set training.device=cpu
+    ;;
+  watchdog)
+    T=${MTNLG_E2E_WD_TIMEOUT:-25}
+    common=(--set training.device=cuda --set training.precision=fp32 --set model.hidden_dropout=0
+      --set model.attention_dropout=0 --set logging.log_interval=1)
+    l8=(--set parallel.tensor_model_parallel_size=2 --set parallel.pipeline_model_parallel_size=2)
+    l4=(--set parallel.tensor_model_parallel_size=2)
+    # wd NAME NP ARGS...: mpirun under the watchdog's timeout; start and end in $out/NAME.secs
+    wd() {
+      local name=$1 np=$2
+      shift 2
+      local t0 t1
+      t0=$(date +%s.%N)
+      MTNLG_COLLECTIVE_TIMEOUT=$T MTNLG_EMU_DEVICES=$np "$repo/test/support/mpi/mpirun.sh" "$np" "$bin" train \
+        recipes/tiny-mock.yaml "${common[@]}" --set logging.dir="$out/$name" "$@" >"$out/$name.log" 2>&1
+      local rc=$?
+      t1=$(date +%s.%N)
+      echo "$t0 $t1" >"$out/$name.secs"
+      return $rc
+    }
+    # tripped NAME NP BOUND CULPRIT [DEAD]: every rank (but a DEAD one) said it exits 3 and left
+    # its dump, the last dump within BOUND s of the trouble's start (the first operation left
+    # waiting), report.txt written, and `report --explain` names CULPRIT with its coordinates
+    tripped() {
+      python3 - "$out" "$bin" "$@" <<'EOF' || fails=$((fails + 1))
+import glob, json, re, subprocess, sys
+out, binary, name, np, bound, culprit = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), float(sys.argv[5]), int(sys.argv[6])
+dead = int(sys.argv[7]) if len(sys.argv) > 7 else -1
+log = open(f"{out}/{name}.log").read()
+t0, t1 = map(float, open(f"{out}/{name}.secs").read().split())
+exits = sorted(set(int(r) for r in re.findall(r"mtnlg: rank (\d+)[^\n]*NCCL watchdog: communicators aborted, exiting with status 3", log)))
+dumps = [json.load(open(f)) for f in glob.glob(f"{out}/{name}/flight_recorder/rank*.json")]
+pending = [o["t_enqueued"] for d in dumps for o in d["ops"] if o["state"] != "completed"]
+start = min(pending) if pending else min(d["time"] for d in dumps)
+last = max(d["time"] for d in dumps) if dumps else float("inf")
+verdict = subprocess.run([binary, "report", "--explain", f"{out}/{name}"], capture_output=True, text=True)
+lines = verdict.stdout.splitlines()
+said = lines[1].strip() if verdict.returncode == 0 and len(lines) > 1 else verdict.stderr.strip()
+report = "".join(open(f).read() for f in glob.glob(f"{out}/{name}/flight_recorder/report.txt"))
+named = re.search(rf"rank {culprit} \(tp=\d,pp=\d,dp=\d\) (is the culprit|failed on its own)|rank {culprit} left no flight record", said)
+want = [r for r in range(np) if r != dead]
+print(f"  {name}: ranks that exited 3: {exits}; {len(dumps)} dumps; the last {last - start:.1f} s after the trouble began "
+      f"(bound {bound:g} s); mpirun ran {t1 - t0:.0f} s")
+print(f"    verdict: {said[:500]}")
+ok = exits == want and len(dumps) == len(want) and last - start <= bound and named is not None and report.strip() == said
+print(f"    {'ok' if ok else 'FAILED'}")
+sys.exit(0 if ok else 1)
+EOF
+    }
+
+    # 1. The hang: rank 5 (tp=1, pp=1, dp=0) stops entering collectives at iteration 3; the
+    # checkpoint of iteration 2 was committed before it.
+    MTNLG_FAULT_INJECT=rank=5:iteration=3:mode=hang wd hang 8 "${l8[@]}" --set training.train_iters=6 --set checkpoint.save="$out/ck-hang" --set checkpoint.save_interval=2
+    rc=$?
+    echo "  hang: mpirun exited $rc (want 3)"
+    [ $rc -eq 3 ] || { tail -20 "$out/hang.log"; fails=$((fails + 1)); }
+    grep -q "MTNLG_FAULT_INJECT hang" "$out/hang.log" || { echo "  hang: the fault did not fire"; fails=$((fails + 1)); }
+    tripped hang 8 $((T + 30)) 5
+    # nothing half-written: iteration 2 committed, no partial directory left
+    if [ "$(cat "$out/ck-hang/latest" 2>/dev/null)" = "iter_0000002" ] && [ -z "$(ls -d "$out"/ck-hang/*.partial 2>/dev/null)" ]; then
+      echo "  hang: checkpoint iter_0000002 committed, nothing partial"
+    else
+      echo "  hang: checkpoint: latest=$(cat "$out/ck-hang/latest" 2>/dev/null), $(ls "$out/ck-hang" | tr '\n' ' ')"
+      fails=$((fails + 1))
+    fi
+    # 2. It resumes bit for bit: iterations 3 and 4 from that checkpoint against a straight run.
+    wd straight 8 "${l8[@]}" --set training.train_iters=4 || { echo "  straight run failed"; tail -5 "$out/straight.log"; fails=$((fails + 1)); }
+    wd resumed 8 "${l8[@]}" --set training.train_iters=4 --set checkpoint.load="$out/ck-hang" ||
+      { echo "  resumed run failed"; tail -5 "$out/resumed.log"; fails=$((fails + 1)); }
+    compare resumed straight 0 3
+    # 3. An asynchronous ncclRemoteError on rank 2's 60th NCCL operation: every rank out within 10 s.
+    MTNLG_EMU_NCCL_FAULT=rank=2:op=60:error=remote wd async 4 "${l4[@]}" --set training.train_iters=6
+    echo "  async: mpirun exited $? (want 3)"
+    grep -q "MTNLG_EMU_NCCL_FAULT" "$out/async.log" || { echo "  async: the fault did not fire"; fails=$((fails + 1)); }
+    tripped async 4 10 2
+    # 4. CUDA graphs (one stage: tp2 x dp2): rank 1 stops entering at iteration 3, where every
+    # micro batch but the last runs as graph replays.
+    MTNLG_FAULT_INJECT=rank=1:iteration=3:mode=hang wd graphs 4 "${l4[@]}" --set training.train_iters=6 \
+      --set training.enable_cuda_graph=true
+    echo "  graphs: mpirun exited $? (want 3)"
+    tripped graphs 4 $((T + 30)) 1
+    grep -q '"replay": true' "$out"/graphs/flight_recorder/rank0.json ||
+      { echo "  graphs: no graph replay in rank 0's flight recorder"; fails=$((fails + 1)); }
+    # 5. A slow but live rank: 3 s per iteration, well inside the timeout: no abort, no dump.
+    MTNLG_FAULT_INJECT=rank=3:iteration=2:mode=slow:ms=3000 wd slow 4 "${l4[@]}" --set training.train_iters=4
+    rc=$?
+    n=$(ls "$out/slow/flight_recorder"/rank*.json 2>/dev/null | wc -l)
+    echo "  slow: mpirun exited $rc (want 0), $n dumps (want 0)"
+    [ $rc -eq 0 ] && [ "$n" -eq 0 ] || { tail -5 "$out/slow.log"; fails=$((fails + 1)); }
     ;;
   *) echo "e2e.sh: unknown step '$step'" >&2; exit 2 ;;
 esac
