@@ -111,6 +111,13 @@ int Watchdog::add_comm(WatchedComm c) {
   return static_cast<int>(s_->comms.size() - 1);
 }
 
+void Watchdog::drop_comm(int comm) {
+  std::lock_guard lock(s_->mu);
+  auto& c = s_->comms.at(static_cast<size_t>(comm)).c;
+  c.async_error = nullptr;
+  c.abort = nullptr;
+}
+
 void Watchdog::before_op() {
   if (!hang_.load(std::memory_order_relaxed) && !tripped_.load(std::memory_order_relaxed)) return;
   if (hang_) {
@@ -203,6 +210,7 @@ std::string heartbeat_path(const std::string& dir, const std::string& token, int
 }
 std::string marker_path(const std::string& dir, const std::string& token) { return fmt::format("{}/abort_{}", dir, token); }
 std::string dump_path(const std::string& dir, int64_t rank) { return fmt::format("{}/rank{}.json", dir, rank); }
+std::string verdict_done_path(const std::string& dir, const std::string& token) { return fmt::format("{}/done_{}", dir, token); }
 
 double mtime(const std::string& path) {  // -1: no such file
   struct stat st {};
@@ -220,11 +228,15 @@ std::string host_name() {
   if (gethostname(h, sizeof h - 1) != 0) return "";
   return h;
 }
-std::string members_text(const std::vector<int64_t>& m) {
+std::string join(const std::vector<int64_t>& m, const char* sep) {
   std::string s;
-  for (int64_t r : m) s += (s.empty() ? "" : ",") + std::to_string(r);
+  for (int64_t r : m) {
+    if (!s.empty()) s += sep;
+    s += std::to_string(r);
+  }
   return s;
 }
+std::string members_text(const std::vector<int64_t>& m) { return join(m, ","); }
 }  // namespace
 
 void Watchdog::configure(const WatchdogOptions& o) {
@@ -427,6 +439,13 @@ void Watchdog::trip(const std::string& reason, bool origin) {
     } catch (const std::exception& e) {
       std::fprintf(stderr, "mtnlg: NCCL watchdog: no verdict: %s\n", e.what());
     }
+    if (std::FILE* d = std::fopen(verdict_done_path(dir(), opt_.token).c_str(), "w")) std::fclose(d);
+  } else {
+    // The first rank writes the verdict: stay until it has (a launcher ends the job when
+    // the first process exits), at most grace_s more.
+    const double t1 = wall_now();
+    while (mtime(verdict_done_path(dir(), opt_.token)) < 0 && wall_now() - t1 < opt_.grace_s)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   std::vector<std::function<void()>> aborts;
   {
@@ -576,7 +595,26 @@ HangVerdict explain_hang_dumps(const std::vector<std::string>& texts) {
   for (auto& [c, w] : waiters)
     if (best < 0 || better(c, best)) best = c;
   std::string text;
-  if (best >= 0) {
+  // A failure one rank saw itself (an asynchronous NCCL error) or a dead peer names its
+  // rank: the others' lags are then only where each happened to be.
+  const bool async = v.origin_reason.rfind("NCCL asynchronous error", 0) == 0;
+  int64_t dead_peer = -1;
+  if (v.origin_reason.rfind("dead peer: rank ", 0) == 0) dead_peer = std::stoll(v.origin_reason.substr(16));
+  if (async && by_rank.count(v.origin_rank)) {
+    v.culprit = v.origin_rank;
+    auto& d = by_rank.at(v.origin_rank);
+    v.culprit_coord = d.j.value("coord", "");
+    v.culprit_context = d.j.value("context", "");
+    const size_t g = v.origin_reason.find(" on group ");
+    if (g != std::string::npos) v.group = v.origin_reason.substr(g + 10, v.origin_reason.find(' ', g + 10) - (g + 10));
+    v.waiting.assign(waiters[v.culprit].begin(), waiters[v.culprit].end());
+    text = fmt::format("rank {} ({}) failed on its own: {}; it was at {}", v.culprit, v.culprit_coord, v.origin_reason,
+                       v.culprit_context);
+  } else if (dead_peer >= 0) {
+    v.culprit = dead_peer;
+    text = fmt::format("rank {} died: {}", dead_peer, v.origin_reason);
+    if (auto it = by_rank.find(dead_peer); it != by_rank.end()) text += "; it was at " + it->second.j.value("context", "");
+  } else if (best >= 0) {
     v.culprit = best;
     const Edge* e0 = nullptr;
     for (const Edge& e : edges)
@@ -604,8 +642,7 @@ HangVerdict explain_hang_dumps(const std::vector<std::string>& texts) {
       v.culprit_coord = it->second.j.value("coord", "");
       v.culprit_context = it->second.j.value("context", "");
     }
-    std::string waiting;
-    for (int64_t w : v.waiting) waiting += (waiting.empty() ? "" : ", ") + std::to_string(w);
+    const std::string waiting = join(v.waiting, ", ");
     std::string entered;
     if (it != by_rank.end()) {
       const auto c = it->second.counts.find(comm_key(*e0->comm));
@@ -620,11 +657,10 @@ HangVerdict explain_hang_dumps(const std::vector<std::string>& texts) {
     if (it == by_rank.end())
       text += "; it left no flight record (the process died)";
     else
-      text += "; it was at " + v.culprit_context + " (" + it->second.j.value("reason", "") + ")";
+      text += "; it was at " + v.culprit_context;
     text += fmt::format("; the waiters were at {}", e0->op->at("context").get<std::string>());
     if (!other.empty()) {
-      std::string o;
-      for (int64_t x : other) o += (o.empty() ? "" : ", ") + std::to_string(x);
+      const std::string o = join(std::vector<int64_t>(other.begin(), other.end()), ", ");
       text += fmt::format("; rank{} {} wait{} for it too, in other operations", other.size() > 1 ? "s" : "", o,
                           other.size() > 1 ? "" : "s");
     }

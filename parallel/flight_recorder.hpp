@@ -118,8 +118,10 @@ class Watchdog {
   void set_probe_factory(ProbeFactory f);
   bool has_probe_factory() const;
 
-  // Registers a communicator; returns its id. Kept for the process's life.
+  // Registers a communicator; returns its id. Its rows outlive it; drop_comm (its
+  // destructor) stops the polling of its error and its abort.
   int add_comm(WatchedComm c);
+  void drop_comm(int comm);
 
   // Called by the training thread before it enqueues an operation: parks the thread for
   // good once the watchdog has tripped, or after inject_hang() (a rank that stops

@@ -236,6 +236,12 @@ class NcclCommunicator final : public Communicator {
     }
   }
 
+  ~NcclCommunicator() override {
+    for (int id : ids_) device_watchdog().drop_comm(id);
+  }
+  NcclCommunicator(const NcclCommunicator&) = delete;
+  NcclCommunicator& operator=(const NcclCommunicator&) = delete;
+
   int64_t rank() const override { return rank_; }
   int64_t size() const override { return size_; }
   std::string name() const override { return name_; }

@@ -35,6 +35,7 @@
 #include "model/flops.hpp"
 #include "core/log.hpp"
 #include "core/mem_account.hpp"
+#include "core/parse.hpp"
 #include "core/progress.hpp"
 #include "core/ops.hpp"
 #include "core/rng.hpp"
@@ -179,9 +180,20 @@ int64_t model_size(const model::ParamStore& store, const parallel::ProcessGroups
 // timeout > 0: started once the groups are placed, stopped with the trainer. The token
 // that tells this run's files from an earlier run's in the same directory is rank 0's
 // clock, shared over world.
+// MTNLG_NCCL_WATCHDOG=0 turns it off alone (the benchmarks' A/B; the MPI watchdog stays).
+bool nccl_watchdog_switch() {
+  const char* v = std::getenv("MTNLG_NCCL_WATCHDOG");
+  if (!v || !*v) return true;
+  const std::string t(v);
+  const std::optional<bool> b = t == "1" ? std::optional<bool>(true) : t == "0" ? std::optional<bool>(false) : parse_bool(t);
+  if (!b) throw_input("environment variable MTNLG_NCCL_WATCHDOG=\"{}\": expected 1 or 0 (or true/false)", v);
+  return *b;
+}
+
 struct DeviceWatchdogRun {
   DeviceWatchdogRun(const Recipe& r, const parallel::ProcessGroups& g)
-      : on(g.device == Device::cuda && g.topo.world() > 1 && parallel::collective_timeout() > 0) {
+      : on(g.device == Device::cuda && g.topo.world() > 1 && parallel::collective_timeout() > 0 &&
+           nccl_watchdog_switch()) {
     if (!on) return;
     double t = g.rank == 0 ? parallel::wall_now() : 0.0;
     g.world->all_reduce(&t, 1, parallel::ReduceOp::sum);

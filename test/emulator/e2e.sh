@@ -28,7 +28,7 @@
 #                 stages, spike forensics, the CPU) exits 2 naming the key
 #     watchdog    the NCCL watchdog (parallel/flight_recorder.hpp) under mpirun on the emulated
 #                 NCCL, MTNLG_COLLECTIVE_TIMEOUT=25 s (MTNLG_E2E_WD_TIMEOUT): tp2 x pp2 x dp2
-#                 where rank 5 stops entering collectives at iteration 3 (MTNLG_FAULT_INJECT
+#                 where rank 5 stops entering collectives at iteration 4 (MTNLG_FAULT_INJECT
 #                 mode=hang): every rank exits 3, its flight recorder dumped, within the
 #                 timeout + 30 s, and `report --explain` names rank 5, its group and
 #                 collective; the checkpoint of iteration 2 resumes bit for bit against a
@@ -279,16 +279,17 @@ sys.exit(0 if ok else 1)
 EOF
     }
 
-    # 1. The hang: rank 5 (tp=1, pp=1, dp=0) stops entering collectives at iteration 3; the
-    # checkpoint of iteration 2 was committed before it.
-    MTNLG_FAULT_INJECT=rank=5:iteration=3:mode=hang wd hang 8 "${l8[@]}" --set training.train_iters=6 --set checkpoint.save="$out/ck-hang" --set checkpoint.save_interval=2
+    # 1. The hang: rank 5 (tp=1, pp=1, dp=0) stops entering collectives at iteration 4; the
+    # checkpoint of iteration 2 was committed after iteration 3.
+    MTNLG_FAULT_INJECT=rank=5:iteration=4:mode=hang wd hang 8 "${l8[@]}" --set training.train_iters=6 --set checkpoint.save="$out/ck-hang" --set checkpoint.save_interval=2
     rc=$?
     echo "  hang: mpirun exited $rc (want 3)"
     [ $rc -eq 3 ] || { tail -20 "$out/hang.log"; fails=$((fails + 1)); }
     grep -q "MTNLG_FAULT_INJECT hang" "$out/hang.log" || { echo "  hang: the fault did not fire"; fails=$((fails + 1)); }
     tripped hang 8 $((T + 30)) 5
     # nothing half-written: iteration 2 committed, no partial directory left
-    if [ "$(cat "$out/ck-hang/latest" 2>/dev/null)" = "iter_0000002" ] && [ -z "$(ls -d "$out"/ck-hang/*.partial 2>/dev/null)" ]; then
+    if [ "$(cat "$out/ck-hang/latest" 2>/dev/null)" = 2 ] && [ -d "$out/ck-hang/iter_0000002" ] &&
+      [ -z "$(ls -d "$out"/ck-hang/*.partial 2>/dev/null)" ]; then
       echo "  hang: checkpoint iter_0000002 committed, nothing partial"
     else
       echo "  hang: checkpoint: latest=$(cat "$out/ck-hang/latest" 2>/dev/null), $(ls "$out/ck-hang" | tr '\n' ' ')"

@@ -239,7 +239,10 @@ TEST_CASE("flight recorder: the verdict names the rank the others wait for", "[p
     w[r]->record(down[r], "recv", 1, 2048, DType::f32, probe(false));  // never sent
   }
   std::vector<std::string> dumps;
-  for (int r = 0; r < 4; ++r) dumps.push_back(w[r]->dump_json(r == 2 ? "timeout: operation #3 all_reduce" : "rank 2: timeout"));
+  for (int r = 0; r < 4; ++r) {
+    CHECK(w[r]->check(wall_now()).reason.empty());  // the probes polled: completed rows become so
+    dumps.push_back(w[r]->dump_json(r == 2 ? "timeout: operation #3 all_reduce" : "rank 2: timeout"));
+  }
   HangVerdict v = explain_hang_dumps(dumps);
   CHECK(v.found);
   CHECK(v.culprit == 3);
