@@ -612,7 +612,7 @@ HangVerdict explain_hang_dumps(const std::vector<std::string>& texts) {
                        v.culprit_context);
   } else if (dead_peer >= 0) {
     v.culprit = dead_peer;
-    text = fmt::format("rank {} died: {}", dead_peer, v.origin_reason);
+    text = fmt::format("rank {} died ({})", dead_peer, v.origin_reason.substr(11));
     if (auto it = by_rank.find(dead_peer); it != by_rank.end()) text += "; it was at " + it->second.j.value("context", "");
   } else if (best >= 0) {
     v.culprit = best;

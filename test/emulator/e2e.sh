@@ -33,7 +33,8 @@
 #                 timeout + 30 s, and `report --explain` names rank 5, its group and
 #                 collective; the checkpoint of iteration 2 resumes bit for bit against a
 #                 straight run; an asynchronous ncclRemoteError on one rank
-#                 (MTNLG_EMU_NCCL_FAULT) ends every rank within 10 s; tp2 x dp2 with CUDA
+#                 (MTNLG_EMU_NCCL_FAULT) and a killed rank (its heartbeat goes stale) end
+#                 every rank within 10 s; tp2 x dp2 with CUDA
 #                 graphs: the hang is caught in a graph replay; a slow but live rank
 #                 (sleeps shorter than the timeout) is not aborted
 # (eval and generate on cuda vs cpu: scripts/gpu/train-proof.sh's infer step, which CI
@@ -263,12 +264,15 @@ exits = sorted(set(int(r) for r in re.findall(r"mtnlg: rank (\d+)[^\n]*NCCL watc
 dumps = [json.load(open(f)) for f in glob.glob(f"{out}/{name}/flight_recorder/rank*.json")]
 pending = [o["t_enqueued"] for d in dumps for o in d["ops"] if o["state"] != "completed"]
 start = min(pending) if pending else min(d["time"] for d in dumps)
+if dead >= 0:  # it died within a second of its heartbeat's last refresh
+    import os
+    start = max(os.path.getmtime(f) for f in glob.glob(f"{out}/{name}/flight_recorder/heartbeat_*_rank{dead}"))
 last = max(d["time"] for d in dumps) if dumps else float("inf")
 verdict = subprocess.run([binary, "report", "--explain", f"{out}/{name}"], capture_output=True, text=True)
 lines = verdict.stdout.splitlines()
 said = lines[1].strip() if verdict.returncode == 0 and len(lines) > 1 else verdict.stderr.strip()
 report = "".join(open(f).read() for f in glob.glob(f"{out}/{name}/flight_recorder/report.txt"))
-named = re.search(rf"rank {culprit} \(tp=\d,pp=\d,dp=\d\) (is the culprit|failed on its own)|rank {culprit} left no flight record", said)
+named = re.search(rf"rank {culprit} \(tp=\d,pp=\d,dp=\d\) (is the culprit|failed on its own)|rank {culprit} (left no flight record|died)", said)
 want = [r for r in range(np) if r != dead]
 print(f"  {name}: ranks that exited 3: {exits}; {len(dumps)} dumps; the last {last - start:.1f} s after the trouble began "
       f"(bound {bound:g} s); mpirun ran {t1 - t0:.0f} s")
@@ -313,7 +317,22 @@ EOF
     tripped graphs 4 $((T + 30)) 1
     grep -q '"replay": true' "$out"/graphs/flight_recorder/rank0.json ||
       { echo "  graphs: no graph replay in rank 0's flight recorder"; fails=$((fails + 1)); }
-    # 5. A slow but live rank: 3 s per iteration, well inside the timeout: no abort, no dump.
+    # 5. A killed rank (SIGKILL at iteration 3): the survivors find its heartbeat stale and
+    # end within 10 s of its death. OpenMPI's mpirun would end the job itself at once; told
+    # not to (orte_abort_on_non_zero_status 0) it leaves the survivors to the watchdog, but
+    # then never returns, so it is stopped once every survivor has exited.
+    (MTNLG_FAULT_INJECT=rank=1:iteration=3:mode=kill OMPI_MCA_orte_abort_on_non_zero_status=0 \
+      wd killed 4 "${l4[@]}" --set training.train_iters=6) &
+    wd_pid=$!
+    for _ in $(seq 240); do
+      [ "$(grep -c 'exiting with status 3' "$out/killed.log" 2>/dev/null)" -ge 3 ] && break
+      sleep 0.5
+    done
+    sleep 1
+    for p in $(pgrep -P "$wd_pid"); do kill "$p" 2>/dev/null; done  # the subshell's mpirun
+    wait "$wd_pid"
+    tripped killed 4 10 1 1
+    # 6. A slow but live rank: 3 s per iteration, well inside the timeout: no abort, no dump.
     MTNLG_FAULT_INJECT=rank=3:iteration=2:mode=slow:ms=3000 wd slow 4 "${l4[@]}" --set training.train_iters=4
     rc=$?
     n=$(ls "$out/slow/flight_recorder"/rank*.json 2>/dev/null | wc -l)

@@ -291,6 +291,25 @@ TEST_CASE("flight recorder: an asynchronous error with nobody behind names its r
   CHECK_THAT(v.text, Catch::StartsWith("rank 1 (r1) failed on its own: NCCL asynchronous error ncclSystemError"));
 }
 
+TEST_CASE("flight recorder: a dead peer is named from the survivors' dumps", "[parallel]") {
+  const RunDir rd("fr-dead");
+  const std::string dir = rd;
+  std::vector<std::string> dumps;
+  for (int r = 0; r < 3; ++r) {  // rank 3 of 4 died: no dump
+    Watchdog w;
+    w.configure(options(dir, r, 4));
+    w.add_comm(comm("dp", "coll", {0, 1, 2, 3}, r));
+    dumps.push_back(w.dump_json(r == 0 ? "dead peer: rank 3 (tp=1,pp=0,dp=1) stopped its heartbeat 5.2 s ago (the process died or was stopped)"
+                                       : "rank 0: dead peer: rank 3 ..."));
+    w.stop();
+  }
+  const HangVerdict v = explain_hang_dumps(dumps);
+  CHECK(v.culprit == 3);
+  CHECK(v.missing == std::vector<int64_t>{3});
+  CHECK_THAT(v.text, Catch::StartsWith("rank 3 died (rank 3 (tp=1,pp=0,dp=1) stopped its heartbeat 5.2 s ago"));
+  CHECK_THAT(v.text, Catch::EndsWith("Dumps from 3 of 4 ranks (none from rank 3)."));
+}
+
 TEST_CASE("flight recorder: bad dumps are input errors", "[parallel]") {
   CHECK_THROWS_AS(explain_hang_dumps({"{not json"}), InputError);
   const RunDir rd("fr-none");
