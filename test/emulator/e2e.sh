@@ -325,7 +325,8 @@ EOF
       wd killed 4 "${l4[@]}" --set training.train_iters=6) &
     wd_pid=$!
     for _ in $(seq 240); do
-      [ "$(grep -c 'exiting with status 3' "$out/killed.log" 2>/dev/null)" -ge 3 ] && break
+      n=$(grep -c 'exiting with status 3' "$out/killed.log" 2>/dev/null)
+      [ "${n:-0}" -ge 3 ] && break
       sleep 0.5
     done
     sleep 1
