@@ -74,6 +74,7 @@ struct Watchdog::State {
   bool has_factory = false;
   std::vector<CommRec> comms;
   std::deque<Row> ring;
+  size_t done_prefix = 0;  // leading rows of `ring` known complete: a poll starts after them
   uint64_t next_id = 0;
   OpContext ctx;
   std::vector<CapturedOp> captured;
@@ -147,7 +148,10 @@ void Watchdog::record_row(int comm, const char* op, int64_t peer, int64_t bytes,
   if (!r.probe) r.state = OpState::completed;  // nothing to watch (recorded for the counts only)
   s_->ring.push_back(std::move(r));
   // Trim completed rows from the front; a pending row stays however old it is.
-  while (s_->ring.size() > opt_.ring && s_->ring.front().state == OpState::completed) s_->ring.pop_front();
+  while (s_->ring.size() > opt_.ring && s_->ring.front().state == OpState::completed) {
+    s_->ring.pop_front();
+    if (s_->done_prefix > 0) --s_->done_prefix;
+  }
 }
 
 void Watchdog::record(int comm, const char* op, int64_t peer, int64_t bytes, DType dt, std::shared_ptr<OpProbe> probe) {
@@ -280,7 +284,8 @@ Watchdog::Trip Watchdog::check(double now) {
   {
     std::lock_guard lock(s_->mu);
     const State::Row* oldest = nullptr;
-    for (State::Row& r : s_->ring) {
+    for (size_t i = s_->done_prefix; i < s_->ring.size(); ++i) {
+      State::Row& r = s_->ring[i];
       if (r.state == OpState::completed) continue;
       const OpState now_state = r.probe ? r.probe->poll() : OpState::completed;
       if (now_state != r.state) {
@@ -293,6 +298,7 @@ Watchdog::Trip Watchdog::check(double now) {
       }
       if (r.state != OpState::completed && (!oldest || r.t_enq < oldest->t_enq)) oldest = &r;
     }
+    while (s_->done_prefix < s_->ring.size() && s_->ring[s_->done_prefix].state == OpState::completed) ++s_->done_prefix;
     if (oldest && opt_.timeout_s > 0 && now - oldest->t_enq > opt_.timeout_s) {
       const auto& c = s_->comms[static_cast<size_t>(oldest->comm)].c;
       return {fmt::format("timeout: {} #{} {}{} on group {} ({} channel, ranks {}), {} bytes {}, enqueued at {}, still {} "
