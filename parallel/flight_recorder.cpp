@@ -328,14 +328,15 @@ Watchdog::Trip Watchdog::check(double now) {
 }
 
 void Watchdog::loop() {
-  while (!s_->stop.load()) {
-    if (dump_requested_.exchange(false)) {
+  for (;;) {
+    if (dump_requested_.exchange(false)) {  // also when stopping: a request is never lost
       try {
         dump("live dump (SIGUSR1)");
       } catch (const std::exception& e) {
         std::fprintf(stderr, "mtnlg: rank %lld: flight recorder dump failed: %s\n", static_cast<long long>(opt_.rank), e.what());
       }
     }
+    if (s_->stop.load()) break;
     Trip t = check(wall_now());
     if (!t.reason.empty()) trip(t.reason, t.origin);
     std::this_thread::sleep_for(std::chrono::duration<double>(opt_.poll_s));

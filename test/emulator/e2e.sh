@@ -35,8 +35,9 @@
 #                 straight run; an asynchronous ncclRemoteError on one rank
 #                 (MTNLG_EMU_NCCL_FAULT) and a killed rank (its heartbeat goes stale) end
 #                 every rank within 10 s; tp2 x dp2 with CUDA
-#                 graphs: the hang is caught in a graph replay; a slow but live rank
-#                 (sleeps shorter than the timeout) is not aborted
+#                 graphs: the hang is caught in a graph replay; SIGUSR1 writes a live
+#                 dump; a slow but live rank (sleeps shorter than the timeout) is not
+#                 aborted
 # (eval and generate on cuda vs cpu: scripts/gpu/train-proof.sh's infer step, which CI
 # runs on the emulated build as the test emulator.train-proof)
 # Exit status 0 when the step passes; every comparison prints its worst difference.
@@ -333,7 +334,23 @@ EOF
     for p in $(pgrep -P "$wd_pid"); do kill "$p" 2>/dev/null; done  # the subshell's mpirun
     wait "$wd_pid"
     tripped killed 4 10 1 1
-    # 6. A slow but live rank: 3 s per iteration, well inside the timeout: no abort, no dump.
+    # 6. SIGUSR1 (save and stop) also writes a live dump; a bad MTNLG_NCCL_WATCHDOG is exit 2.
+    MTNLG_FAULT_INJECT=rank=0:iteration=2:mode=sigusr1 wd usr1 2 "${l4[@]}" --set training.train_iters=4 \
+      --set checkpoint.save="$out/ck-usr1"
+    rc=$?
+    if [ $rc -eq 0 ] && grep -q '"reason": "live dump (SIGUSR1)"' "$out/usr1/flight_recorder/rank0.json" 2>/dev/null; then
+      echo "  usr1: saved and stopped (exit 0), rank 0's live dump written"
+    else
+      echo "  usr1: exit $rc, no live dump"; tail -5 "$out/usr1.log"; fails=$((fails + 1))
+    fi
+    MTNLG_NCCL_WATCHDOG=maybe wd badswitch 2 "${l4[@]}" --set training.train_iters=1
+    rc=$?
+    if [ $rc -eq 2 ] && grep -q 'MTNLG_NCCL_WATCHDOG="maybe": expected 1 or 0' "$out/badswitch.log"; then
+      echo "  MTNLG_NCCL_WATCHDOG=maybe: exit 2, named"
+    else
+      echo "  MTNLG_NCCL_WATCHDOG=maybe: exit $rc"; tail -5 "$out/badswitch.log"; fails=$((fails + 1))
+    fi
+    # 7. A slow but live rank: 3 s per iteration, well inside the timeout: no abort, no dump.
     MTNLG_FAULT_INJECT=rank=3:iteration=2:mode=slow:ms=3000 wd slow 4 "${l4[@]}" --set training.train_iters=4
     rc=$?
     n=$(ls "$out/slow/flight_recorder"/rank*.json 2>/dev/null | wc -l)
