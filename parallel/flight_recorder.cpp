@@ -328,6 +328,12 @@ Watchdog::Trip Watchdog::check(double now) {
 }
 
 void Watchdog::loop() {
+  std::function<void()> init;
+  {
+    std::lock_guard lock(s_->mu);
+    init = s_->factory.thread_init;
+  }
+  if (init) init();
   for (;;) {
     if (dump_requested_.exchange(false)) {  // also when stopping: a request is never lost
       try {

@@ -1,5 +1,5 @@
-// The device-collective watchdog and its flight recorder (docs/RELIABILITY.md, "Hangs on
-// the GPU path"): what ends a run whose NCCL collective never completes, or fails, with a
+// The device-collective watchdog and its flight recorder (docs/RELIABILITY.md, class 11):
+// what ends a run whose NCCL collective never completes, or fails, with a
 // report naming the rank, instead of a silent hang.
 //
 // The recorder. Every operation a watched communicator (the NCCL groups of
@@ -21,9 +21,11 @@
 // (parallel.distributed_timeout_minutes, the MPI watchdog's key), on an asynchronous
 // error, on a peer's marker or on a dead peer. Tripping, in this order: the marker
 // RUN_DIR/flight_recorder/abort_<token> (first rank wins), one line on stderr, this
-// rank's dump RUN_DIR/flight_recorder/rank<R>.json, a wait (at most `grace_s`) for every
-// rank's dump; the rank that wrote the marker then reads all dumps and writes the verdict
-// (explain_hang) to RUN_DIR/flight_recorder/report.txt and stderr; then every watched
+// rank's dump RUN_DIR/flight_recorder/rank<R>.json, a wait (at most `grace_s`) for the
+// dumps of the ranks still alive; the rank that wrote the marker then reads all dumps and
+// writes the verdict (explain_hang) to RUN_DIR/flight_recorder/report.txt and stderr (the
+// others wait for it, at most `grace_s`: a launcher ends the job when the first process
+// exits); then every watched
 // communicator is aborted (ncclCommAbort) and the process ends with kExitCode. The
 // training thread, if it asks to enqueue another operation meanwhile, is parked (it
 // must not touch an aborted communicator). Checkpoints are committed by rename
@@ -110,10 +112,12 @@ class Watchdog {
   bool enabled() const { return enabled_.load(std::memory_order_relaxed); }
 
   // The backend's probe factory: makes a probe and marks the start on `stream` now;
-  // `end` marks the end (after the operation is enqueued).
+  // `end` marks the end (after the operation is enqueued); `thread_init` (optional) runs
+  // first on the watchdog thread (CUDA: makes the process's device current there).
   struct ProbeFactory {
     std::function<std::shared_ptr<OpProbe>(void* stream)> begin;
     std::function<void(OpProbe&, void* stream)> end;
+    std::function<void()> thread_init;
   };
   void set_probe_factory(ProbeFactory f);
   bool has_probe_factory() const;

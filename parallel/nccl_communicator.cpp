@@ -173,6 +173,9 @@ void install_probe_factory() {
     Watchdog::ProbeFactory f;
     f.begin = [](void* s) -> std::shared_ptr<OpProbe> { return std::make_shared<EventProbe>(static_cast<cudaStream_t>(s)); };
     f.end = [](OpProbe& p, void* s) { static_cast<EventProbe&>(p).mark_end(static_cast<cudaStream_t>(s)); };
+    int device = 0;
+    CUDA_CHECK(cudaGetDevice(&device));
+    f.thread_init = [device] { cudaSetDevice(device); };  // the events' and communicators' device
     device_watchdog().set_probe_factory(std::move(f));
   });
 }
