@@ -69,6 +69,7 @@ struct ncclComm {
     std::vector<int> inbox;  // creator: (rank, world rank) pairs received
     std::vector<MPI_Request> reqs;
     int stage = 0;  // 0: exchanging with the creator, 1: creator answering, 2: done
+    bool stalled = false;  // MTNLG_EMU_NCCL_FAULT init=N: this rank never joins
   } init;
 };
 
@@ -290,9 +291,12 @@ ncclResult_t check_comm(ncclComm_t c, const char* fn) {
 // operation queued to run (counted over every communicator, from 1) sets its
 // communicator's asynchronous error to ncclRemoteError or ncclSystemError; that
 // operation and every later one of the communicator never complete (until an abort).
+// MTNLG_EMU_NCCL_FAULT="rank=R:init=N": on world rank R, the N-th communicator
+// initialisation (ncclCommInitRank(Config), from 1) never joins its group: its own and
+// its peers' initialisations stay in progress (a process that never reaches NCCL's set-up).
 struct Fault {
   int rank = -1;
-  long long op = 0;
+  long long op = 0, init = 0;
   ncclResult_t error = ncclSuccess;
 };
 const Fault& nccl_fault() {
@@ -302,7 +306,8 @@ const Fault& nccl_fault() {
     if (!v || !*v) return x;
     const std::string spec(v);
     auto bad = [&](const char* why) {
-      fatal(fmt_str("MTNLG_EMU_NCCL_FAULT=\"%s\": %s; expected rank=R:op=N:error=remote|system", spec.c_str(), why));
+      fatal(fmt_str("MTNLG_EMU_NCCL_FAULT=\"%s\": %s; expected rank=R:op=N:error=remote|system or rank=R:init=N",
+                    spec.c_str(), why));
     };
     size_t at = 0;
     while (at <= spec.size()) {
@@ -312,11 +317,12 @@ const Fault& nccl_fault() {
       if (eq == std::string::npos) bad("a part is not key=value");
       const std::string key = part.substr(0, eq), val = part.substr(eq + 1);
       char* e = nullptr;
-      if (key == "rank" || key == "op") {
+      if (key == "rank" || key == "op" || key == "init") {
         const long long n = std::strtoll(val.c_str(), &e, 10);
-        if (val.empty() || *e || n < 0) bad("rank and op are whole numbers");
+        if (val.empty() || *e || n < 0) bad("rank, op and init are whole numbers");
         if (key == "rank") x.rank = static_cast<int>(n);
-        else x.op = n;
+        else if (key == "op") x.op = n;
+        else x.init = n;
       } else if (key == "error") {
         if (val == "remote") x.error = ncclRemoteError;
         else if (val == "system") x.error = ncclSystemError;
@@ -326,12 +332,14 @@ const Fault& nccl_fault() {
       }
       at = end + 1;
     }
-    if (x.rank < 0 || x.op < 1 || x.error == ncclSuccess) bad("rank, op (>= 1) and error are all required");
+    const bool op_fault = x.op >= 1 && x.error != ncclSuccess, init_fault = x.init >= 1 && x.op == 0 && x.error == ncclSuccess;
+    if (x.rank < 0 || !(op_fault || init_fault)) bad("rank with op (>= 1) and error, or rank with init (>= 1), is required");
     return x;
   }();
   return f;
 }
 long long g_ops_armed = 0;
+long long g_inits = 0;
 
 ncclResult_t enqueue_op(Kind kind, ncclComm_t comm, const void* in, void* out, size_t count, ncclDataType_t type,
                         ncclRedOp_t op, int peer, cudaStream_t stream) {
@@ -451,6 +459,7 @@ namespace {
 bool advance_init(ncclComm* c) {
   auto& in = c->init;
   if (!in.pending) return true;
+  if (in.stalled) return false;
   auto all_done = [&] {
     if (in.reqs.empty()) return true;
     int done = 0;
@@ -525,6 +534,15 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* out, int nranks, ncclUniqueId ui
   in.tag = kBootTag + id.counter % 4096;
   in.members.assign(static_cast<size_t>(nranks), -1);
   const int me = world_rank();
+  const Fault& f = nccl_fault();
+  if (f.init >= 1 && ++g_inits == f.init && f.rank == me) {
+    std::fprintf(stderr, "mtnlg cuda-emulator: MTNLG_EMU_NCCL_FAULT: communicator initialisation %lld of this process never "
+                 "joins its group\n", f.init);
+    std::fflush(stderr);
+    in.stalled = true;
+    if (blocking) fatal("ncclCommInitRank: a blocking initialisation with MTNLG_EMU_NCCL_FAULT init= would hang");
+    return ncclInProgress;
+  }
   if (me == id.creator) {
     if (rank != 0) fatal("ncclCommInitRank: the process that created the unique id must be rank 0");
     in.inbox.resize(2 * static_cast<size_t>(nranks - 1));

@@ -36,7 +36,8 @@
 #                 (MTNLG_EMU_NCCL_FAULT) and a killed rank (its heartbeat goes stale) end
 #                 every rank within 10 s; tp2 x dp2 with CUDA
 #                 graphs: the hang is caught in a graph replay; SIGUSR1 writes a live
-#                 dump; a slow but live rank (sleeps shorter than the timeout) is not
+#                 dump; a rank that never joins an NCCL communicator's initialisation
+#                 ends the run after the timeout; a slow but live rank (sleeps shorter than the timeout) is not
 #                 aborted
 # (eval and generate on cuda vs cpu: scripts/gpu/train-proof.sh's infer step, which CI
 # runs on the emulated build as the test emulator.train-proof)
@@ -349,6 +350,19 @@ EOF
       echo "  MTNLG_NCCL_WATCHDOG=maybe: exit 2, named"
     else
       echo "  MTNLG_NCCL_WATCHDOG=maybe: exit $rc"; tail -5 "$out/badswitch.log"; fails=$((fails + 1))
+    fi
+    # 8. Initialisation has the deadline too: rank 1 never joins its second NCCL
+    # communicator (MTNLG_EMU_NCCL_FAULT init=2): every rank ends, naming the group, within
+    # the timeout + 30 s, instead of waiting in ncclCommInitRank forever.
+    MTNLG_EMU_NCCL_FAULT=rank=1:init=2 wd init 2 "${l4[@]}" --set training.train_iters=1
+    rc=$?
+    read -r t0 t1 <"$out/init.secs"
+    secs=$(python3 -c "print(round($t1 - $t0))")
+    if [ $rc -ne 0 ] && grep -q "initialisation of NCCL group 'tp' .*still in progress after .* a peer never joined" "$out/init.log" &&
+      [ "$secs" -le $((T + 30)) ]; then
+      echo "  init: exit $rc after $secs s: $(grep -o "initialisation of NCCL group 'tp'.*joined" "$out/init.log" | head -1)"
+    else
+      echo "  init: exit $rc after $secs s, not the initialisation deadline"; tail -5 "$out/init.log"; fails=$((fails + 1))
     fi
     # 7. A slow but live rank: 3 s per iteration, well inside the timeout: no abort, no dump.
     MTNLG_FAULT_INJECT=rank=3:iteration=2:mode=slow:ms=3000 wd slow 4 "${l4[@]}" --set training.train_iters=4
