@@ -122,6 +122,12 @@ void set_last_error(cudaError_t e);
 //                         (CUBLAS_STATUS_NOT_SUPPORTED), so the cublasGemmEx fallback runs.
 //   MTNLG_EMU_LT_FAIL=epilogues   the heuristic answers CUBLAS_STATUS_INVALID_VALUE to
 //                         every call with an epilogue (as a GPU's cuBLASLt may refuse one).
+//   MTNLG_EMU_NCCL_FAULT=rank=R:op=N:error=remote|system   on world rank R the N-th NCCL
+//                         operation queued to run fails asynchronously (nccl.cpp): its
+//                         communicator's ncclCommGetAsyncError reports the error and its
+//                         operations never complete, until ncclCommAbort.
+//   MTNLG_EMU_NCCL_FAULT=rank=R:init=N   rank R's N-th communicator initialisation never
+//                         joins its group (non-blocking: ncclInProgress on every member).
 //   MTNLG_EMU_CAPTURE_FAIL=1   every stream capture ends invalidated
 //                         (cudaErrorStreamCaptureInvalidated, no graph), as if a library
 //                         had made a call the runtime refuses during capture.

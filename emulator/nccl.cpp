@@ -18,6 +18,19 @@
 //   - Reductions gather every rank's contribution and combine them in rank order
 //     (bf16 and f16 add in fp32 and round after each addition, NCCL's arithmetic), so
 //     every rank gets bit-identical results.
+//   - Non-blocking communicators (ncclCommInitRankConfig with config->blocking = 0): the
+//     init call posts its exchange with the creator as nonblocking MPI messages and
+//     returns ncclInProgress; ncclCommGetAsyncError advances it (on the calling thread,
+//     which must be the one that talks to MPI) and says ncclSuccess once the group
+//     exists. A creator or member that never calls leaves the others in ncclInProgress.
+//   - Failure: ncclCommGetAsyncError reads the communicator's asynchronous error without
+//     any lock (a watchdog thread polls it); MTNLG_EMU_NCCL_FAULT injects one. A failed
+//     communicator completes no further operation (its streams stall in it, as a GPU's
+//     kernels would). ncclCommAbort, from any thread, marks the communicator aborted:
+//     every operation of it, queued or waiting for peers, finishes at once without
+//     touching its output, so the threads of this process blocked on it are released;
+//     any later call on it is ncclInvalidUsage. Peers in other processes learn of it as
+//     on a GPU cluster, from their own watchdogs (timeout, or the run's abort marker).
 #ifndef OMPI_SKIP_MPICXX
 #define OMPI_SKIP_MPICXX 1  // the C API only
 #endif
@@ -28,8 +41,11 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "emulator/emu.hpp"
@@ -41,6 +57,20 @@ struct ncclComm {
   uint64_t enqueued = 0;  // ops enqueued on this comm
   uint64_t posted = 0;    // ops that have posted their MPI call (in enqueue order)
   bool destroyed = false;
+  // Read by other threads without a lock (ncclCommGetAsyncError, ncclCommAbort).
+  std::atomic<int> async_error{ncclSuccess};
+  std::atomic<bool> aborted{false};
+  // Non-blocking initialisation in progress (ncclCommInitRankConfig, blocking = 0).
+  struct Init {
+    bool pending = false;
+    int creator = 0, tag = 0;
+    int msg[2] = {0, 0};
+    std::vector<int> members;
+    std::vector<int> inbox;  // creator: (rank, world rank) pairs received
+    std::vector<MPI_Request> reqs;
+    int stage = 0;  // 0: exchanging with the creator, 1: creator answering, 2: done
+    bool stalled = false;  // MTNLG_EMU_NCCL_FAULT init=N: this rank never joins
+  } init;
 };
 
 namespace mtnlg::emu {
@@ -227,8 +257,11 @@ struct CommOp {
     }
   }
 
-  // Op::step: post when the comm's earlier ops have posted, then test.
+  // Op::step: post when the comm's earlier ops have posted, then test. An aborted
+  // communicator's ops finish at once (output untouched); a failed one's never do.
   bool step() {
+    if (comm->aborted.load()) return true;
+    if (comm->async_error.load() != ncclSuccess) return false;
     if (!posted) {
       if (comm->posted != seq) return false;  // an earlier op of this comm has not posted yet
       post();
@@ -247,8 +280,66 @@ struct CommOp {
 ncclResult_t check_comm(ncclComm_t c, const char* fn) {
   if (!c) return nccl_fail(ncclInvalidArgument, fmt_str("%s: null communicator", fn));
   if (c->destroyed) fatal(fmt_str("%s on a destroyed communicator", fn));
+  if (c->aborted.load()) return nccl_fail(ncclInvalidUsage, fmt_str("%s on an aborted communicator", fn));
+  if (c->init.pending)
+    return nccl_fail(ncclInvalidUsage, fmt_str("%s on a communicator whose non-blocking initialisation is still in "
+                                               "progress (poll ncclCommGetAsyncError until ncclSuccess first)", fn));
   return ncclSuccess;
 }
+
+// MTNLG_EMU_NCCL_FAULT="rank=R:op=N:error=remote|system": on world rank R, the N-th NCCL
+// operation queued to run (counted over every communicator, from 1) sets its
+// communicator's asynchronous error to ncclRemoteError or ncclSystemError; that
+// operation and every later one of the communicator never complete (until an abort).
+// MTNLG_EMU_NCCL_FAULT="rank=R:init=N": on world rank R, the N-th communicator
+// initialisation (ncclCommInitRank(Config), from 1) never joins its group: its own and
+// its peers' initialisations stay in progress (a process that never reaches NCCL's set-up).
+struct Fault {
+  int rank = -1;
+  long long op = 0, init = 0;
+  ncclResult_t error = ncclSuccess;
+};
+const Fault& nccl_fault() {
+  static const Fault f = [] {
+    Fault x;
+    const char* v = std::getenv("MTNLG_EMU_NCCL_FAULT");
+    if (!v || !*v) return x;
+    const std::string spec(v);
+    auto bad = [&](const char* why) {
+      fatal(fmt_str("MTNLG_EMU_NCCL_FAULT=\"%s\": %s; expected rank=R:op=N:error=remote|system or rank=R:init=N",
+                    spec.c_str(), why));
+    };
+    size_t at = 0;
+    while (at <= spec.size()) {
+      const size_t end = std::min(spec.find(':', at), spec.size());
+      const std::string part = spec.substr(at, end - at);
+      const size_t eq = part.find('=');
+      if (eq == std::string::npos) bad("a part is not key=value");
+      const std::string key = part.substr(0, eq), val = part.substr(eq + 1);
+      char* e = nullptr;
+      if (key == "rank" || key == "op" || key == "init") {
+        const long long n = std::strtoll(val.c_str(), &e, 10);
+        if (val.empty() || *e || n < 0) bad("rank, op and init are whole numbers");
+        if (key == "rank") x.rank = static_cast<int>(n);
+        else if (key == "op") x.op = n;
+        else x.init = n;
+      } else if (key == "error") {
+        if (val == "remote") x.error = ncclRemoteError;
+        else if (val == "system") x.error = ncclSystemError;
+        else bad("error is remote or system");
+      } else {
+        bad("unknown key");
+      }
+      at = end + 1;
+    }
+    const bool op_fault = x.op >= 1 && x.error != ncclSuccess, init_fault = x.init >= 1 && x.op == 0 && x.error == ncclSuccess;
+    if (x.rank < 0 || !(op_fault || init_fault)) bad("rank with op (>= 1) and error, or rank with init (>= 1), is required");
+    return x;
+  }();
+  return f;
+}
+long long g_ops_armed = 0;
+long long g_inits = 0;
 
 ncclResult_t enqueue_op(Kind kind, ncclComm_t comm, const void* in, void* out, size_t count, ncclDataType_t type,
                         ncclRedOp_t op, int peer, cudaStream_t stream) {
@@ -304,6 +395,13 @@ ncclResult_t enqueue_op(Kind kind, ncclComm_t comm, const void* in, void* out, s
     if (proto.comm->destroyed) fatal(fmt_str("%s replayed (cudaGraphLaunch) on a destroyed communicator", name.c_str()));
     auto cop = std::make_shared<CommOp>(proto);
     cop->seq = proto.comm->enqueued++;
+    const Fault& f = nccl_fault();
+    if (f.rank >= 0 && ++g_ops_armed == f.op && f.rank == world_rank()) {
+      std::fprintf(stderr, "mtnlg cuda-emulator: MTNLG_EMU_NCCL_FAULT: %s (operation %lld of this process) fails with %s\n",
+                   name.c_str(), f.op, ncclGetErrorString(f.error));
+      std::fflush(stderr);
+      proto.comm->async_error.store(f.error);
+    }
     return std::function<bool()>([cop] { return cop->step(); });
   };
   enqueue(stream, std::move(o));
@@ -349,9 +447,76 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
   return ncclSuccess;
 }
 
-ncclResult_t ncclCommInitRank(ncclComm_t* out, int nranks, ncclUniqueId uid, int rank) {
+}  // extern "C"
+
+namespace mtnlg::emu {
+namespace {
+
+// One step of a non-blocking initialisation (see the file comment): returns true once
+// the communicator is ready. Members send (rank, world rank) to the creator and wait for
+// the member list; the creator collects them all, answers, and then every member builds
+// the MPI group (MPI_Comm_create_group, collective over the members only).
+bool advance_init(ncclComm* c) {
+  auto& in = c->init;
+  if (!in.pending) return true;
+  if (in.stalled) return false;
+  auto all_done = [&] {
+    if (in.reqs.empty()) return true;
+    int done = 0;
+    MPI_Testall(static_cast<int>(in.reqs.size()), in.reqs.data(), &done, MPI_STATUSES_IGNORE);
+    if (done) in.reqs.clear();
+    return done != 0;
+  };
+  const int n = c->size;
+  const bool creator = world_rank() == in.creator;
+  if (in.stage == 0) {
+    if (!all_done()) return false;
+    if (creator) {
+      in.members.assign(static_cast<size_t>(n), -1);
+      in.members[0] = world_rank();
+      for (int i = 1; i < n; ++i) {
+        const int r = in.inbox[2 * static_cast<size_t>(i - 1)], w = in.inbox[2 * static_cast<size_t>(i - 1) + 1];
+        if (r < 1 || r >= n || in.members[static_cast<size_t>(r)] != -1)
+          fatal(fmt_str("ncclCommInitRank: two processes claim rank %d", r));
+        in.members[static_cast<size_t>(r)] = w;
+      }
+      in.reqs.resize(static_cast<size_t>(n - 1));
+      for (int i = 1; i < n; ++i)
+        MPI_Isend(in.members.data(), n, MPI_INT, in.members[static_cast<size_t>(i)], in.tag, MPI_COMM_WORLD,
+                  &in.reqs[static_cast<size_t>(i - 1)]);
+    }
+    in.stage = 1;
+  }
+  if (in.stage == 1) {
+    if (!all_done()) return false;
+    MPI_Group world, group;
+    MPI_Comm_group(MPI_COMM_WORLD, &world);
+    MPI_Group_incl(world, n, in.members.data(), &group);
+    if (MPI_Comm_create_group(MPI_COMM_WORLD, group, in.tag, &c->mpi) != MPI_SUCCESS)
+      fatal("ncclCommInitRank: MPI_Comm_create_group failed");
+    MPI_Group_free(&group);
+    MPI_Group_free(&world);
+    int r = -1;
+    MPI_Comm_rank(c->mpi, &r);
+    if (r != c->rank) fatal("ncclCommInitRank: the MPI group's rank order differs from NCCL's");
+    in.stage = 2;
+    in.pending = false;
+  }
+  return true;
+}
+
+}  // namespace
+}  // namespace mtnlg::emu
+
+extern "C" {
+
+ncclResult_t ncclCommInitRankConfig(ncclComm_t* out, int nranks, ncclUniqueId uid, int rank, ncclConfig_t* config) {
   if (!out || nranks < 1 || rank < 0 || rank >= nranks)
     return nccl_fail(ncclInvalidArgument, fmt_str("ncclCommInitRank: rank %d of %d", rank, nranks));
+  if (config && (config->size != sizeof(ncclConfig_t) || config->magic != 0xcafebeef))
+    return nccl_fail(ncclInvalidArgument, "ncclCommInitRankConfig: the config was not set from NCCL_CONFIG_INITIALIZER");
+  // NCCL_CONFIG_UNDEF_INT (unset) means blocking, NCCL's default.
+  const bool blocking = !config || config->blocking != 0;
   Id id;
   std::memcpy(&id, uid.internal, sizeof id);
   if (id.magic != kIdMagic)
@@ -359,41 +524,47 @@ ncclResult_t ncclCommInitRank(ncclComm_t* out, int nranks, ncclUniqueId uid, int
   auto* c = new ncclComm;
   c->rank = rank;
   c->size = nranks;
-  if (nranks > 1) {
-    if (!mpi_up())
-      fatal("ncclCommInitRank: the emulated NCCL runs over MPI, and MPI is not initialised (launch with mpirun or srun)");
-    const int me = world_rank();
-    const int tag = kBootTag + id.counter % 4096;
-    std::vector<int> members(static_cast<size_t>(nranks), -1);
-    if (me == id.creator) {
-      if (rank != 0) fatal("ncclCommInitRank: the process that created the unique id must be rank 0");
-      members[0] = me;
-      for (int i = 1; i < nranks; ++i) {
-        int msg[2];
-        MPI_Recv(msg, 2, MPI_INT, MPI_ANY_SOURCE, tag, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-        if (msg[0] < 1 || msg[0] >= nranks || members[static_cast<size_t>(msg[0])] != -1)
-          fatal(fmt_str("ncclCommInitRank: two processes claim rank %d", msg[0]));
-        members[static_cast<size_t>(msg[0])] = msg[1];
-      }
-      for (int i = 1; i < nranks; ++i) MPI_Send(members.data(), nranks, MPI_INT, members[static_cast<size_t>(i)], tag, MPI_COMM_WORLD);
-    } else {
-      const int msg[2] = {rank, me};
-      MPI_Send(msg, 2, MPI_INT, id.creator, tag, MPI_COMM_WORLD);
-      MPI_Recv(members.data(), nranks, MPI_INT, id.creator, tag, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-    }
-    MPI_Group world, group;
-    MPI_Comm_group(MPI_COMM_WORLD, &world);
-    MPI_Group_incl(world, nranks, members.data(), &group);
-    if (MPI_Comm_create_group(MPI_COMM_WORLD, group, tag, &c->mpi) != MPI_SUCCESS)
-      fatal("ncclCommInitRank: MPI_Comm_create_group failed");
-    MPI_Group_free(&group);
-    MPI_Group_free(&world);
-    int r = -1;
-    MPI_Comm_rank(c->mpi, &r);
-    if (r != rank) fatal("ncclCommInitRank: the MPI group's rank order differs from NCCL's");
-  }
   *out = c;
+  if (nranks == 1) return ncclSuccess;
+  if (!mpi_up())
+    fatal("ncclCommInitRank: the emulated NCCL runs over MPI, and MPI is not initialised (launch with mpirun or srun)");
+  auto& in = c->init;
+  in.pending = true;
+  in.creator = id.creator;
+  in.tag = kBootTag + id.counter % 4096;
+  in.members.assign(static_cast<size_t>(nranks), -1);
+  const int me = world_rank();
+  const Fault& f = nccl_fault();
+  if (f.init >= 1 && ++g_inits == f.init && f.rank == me) {
+    std::fprintf(stderr, "mtnlg cuda-emulator: MTNLG_EMU_NCCL_FAULT: communicator initialisation %lld of this process never "
+                 "joins its group\n", f.init);
+    std::fflush(stderr);
+    in.stalled = true;
+    if (blocking) fatal("ncclCommInitRank: a blocking initialisation with MTNLG_EMU_NCCL_FAULT init= would hang");
+    return ncclInProgress;
+  }
+  if (me == id.creator) {
+    if (rank != 0) fatal("ncclCommInitRank: the process that created the unique id must be rank 0");
+    in.inbox.resize(2 * static_cast<size_t>(nranks - 1));
+    in.reqs.resize(static_cast<size_t>(nranks - 1));
+    for (int i = 1; i < nranks; ++i)
+      MPI_Irecv(&in.inbox[2 * static_cast<size_t>(i - 1)], 2, MPI_INT, MPI_ANY_SOURCE, in.tag, MPI_COMM_WORLD,
+                &in.reqs[static_cast<size_t>(i - 1)]);
+  } else {
+    in.msg[0] = rank;
+    in.msg[1] = me;
+    in.reqs.resize(2);
+    MPI_Isend(in.msg, 2, MPI_INT, id.creator, in.tag, MPI_COMM_WORLD, &in.reqs[0]);
+    MPI_Irecv(in.members.data(), nranks, MPI_INT, id.creator, in.tag, MPI_COMM_WORLD, &in.reqs[1]);
+  }
+  if (!blocking) return advance_init(c) ? ncclSuccess : ncclInProgress;
+  while (!advance_init(c)) {
+  }
   return ncclSuccess;
+}
+
+ncclResult_t ncclCommInitRank(ncclComm_t* out, int nranks, ncclUniqueId uid, int rank) {
+  return ncclCommInitRankConfig(out, nranks, uid, rank, nullptr);
 }
 
 ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* out, ncclConfig_t*) {
@@ -420,21 +591,29 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* out,
   return ncclSuccess;
 }
 
+// NCCL finalises a communicator before freeing it: operations still queued are flushed
+// (they complete if every peer issued them too), so the streams run.
+ncclResult_t ncclCommFinalize(ncclComm_t comm) {
+  if (ncclResult_t r = check_comm(comm, "ncclCommFinalize"); r != ncclSuccess) return r;
+  if (comm->posted != comm->enqueued) cudaDeviceSynchronize();
+  if (comm->posted != comm->enqueued)
+    fatal(fmt_str("ncclCommFinalize: %llu operations of the communicator never started",
+                  static_cast<unsigned long long>(comm->enqueued - comm->posted)));
+  return ncclSuccess;
+}
 ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   if (!comm) return ncclSuccess;
   if (comm->destroyed) fatal("ncclCommDestroy: communicator destroyed twice");
-  // NCCL finalises a communicator before freeing it: operations still queued are
-  // flushed (they complete if every peer issued them too), so run the streams.
-  if (comm->posted != comm->enqueued) cudaDeviceSynchronize();
-  if (comm->posted != comm->enqueued)
-    fatal(fmt_str("ncclCommDestroy: %llu operations of the communicator never started",
-                  static_cast<unsigned long long>(comm->enqueued - comm->posted)));
+  if (comm->aborted.load()) fatal("ncclCommDestroy on an aborted communicator (ncclCommAbort already freed it)");
+  if (ncclResult_t r = ncclCommFinalize(comm); r != ncclSuccess) return r;
   if (comm->mpi != MPI_COMM_NULL && mpi_up()) MPI_Comm_free(&comm->mpi);
   comm->destroyed = true;  // kept (leaked) so that a use after destroy is caught
   return ncclSuccess;
 }
+// From any thread: the communicator's operations finish at once (see the file comment).
+// Its MPI group is left to the process's end (MPI is the training thread's).
 ncclResult_t ncclCommAbort(ncclComm_t comm) {
-  if (comm) comm->destroyed = true;
+  if (comm) comm->aborted.store(true);
   return ncclSuccess;
 }
 
@@ -448,9 +627,16 @@ ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* rank) {
   *rank = comm->rank;
   return ncclSuccess;
 }
+// A non-blocking initialisation advances here (the caller's thread talks to MPI); once
+// ready, the asynchronous error is read without any lock (a watchdog thread polls it).
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* e) {
-  if (ncclResult_t r = check_comm(comm, "ncclCommGetAsyncError"); r != ncclSuccess) return r;
-  *e = ncclSuccess;
+  if (!comm || !e) return nccl_fail(ncclInvalidArgument, "ncclCommGetAsyncError: null argument");
+  if (comm->destroyed) fatal("ncclCommGetAsyncError on a destroyed communicator");
+  if (comm->init.pending) {
+    *e = advance_init(comm) ? ncclSuccess : ncclInProgress;
+    return ncclSuccess;
+  }
+  *e = static_cast<ncclResult_t>(comm->async_error.load());
   return ncclSuccess;
 }
 

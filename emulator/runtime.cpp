@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -37,7 +38,10 @@ struct CUstream_st {
   int id = 0;
   unsigned flags = 0;
   std::deque<mtnlg::emu::Op> q;
-  uint64_t enqueued = 0, completed = 0;
+  uint64_t enqueued = 0;
+  // Ops finished; atomic because an event query from another thread reads it without the
+  // emulator's lock (see cudaEventQuery).
+  std::atomic<uint64_t> completed{0};
   bool busy = false;  // its front op is running (or waiting for a dependency)
   mtnlg::emu::Capture* cap = nullptr;  // the graph capture in progress on it (cudaStreamBeginCapture)
 };
@@ -51,6 +55,7 @@ struct CUevent_st {
   int queries = 0;
   bool destroyed = false;
   uint64_t cap_id = 0;  // the capture its latest record was captured into (0: an ordinary record)
+  std::thread::id recorder;  // the thread of the latest record: only it has a query run work
 };
 
 // A graph made by stream capture: the ops recorded, in stream order (the emulator models
@@ -1028,6 +1033,7 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t stream) {
   const uint64_t gen = ++e->gen;
   e->queries = 0;
   e->cap_id = 0;
+  e->recorder = std::this_thread::get_id();
   s->q.push_back(Op{"cudaEventRecord", [e, gen] {
                       if (e->gen == gen) e->t_ms = now_ms();
                       return true;
@@ -1057,12 +1063,23 @@ static cudaError_t refuse_event_use(cudaEvent_t e, const char* api, bool unsafe_
   return cudaSuccess;
 }
 cudaError_t cudaEventQuery(cudaEvent_t e) {
-  Lock lock(g_mu);
   if (!e) return fail(cudaErrorInvalidResourceHandle, "cudaEventQuery: null event");
+  std::unique_lock<std::recursive_mutex> lock(g_mu, std::try_to_lock);
+  if (!lock.owns_lock()) {
+    // Another thread runs queued work (or waits in it for an NCCL peer): a query never
+    // waits for the emulator's lock, as a GPU's never waits for the device. It answers
+    // from the event's stream progress (the record itself happened before this query on
+    // the caller's side: a watchdog polls events it was handed after their record).
+    if (e->cap_id) return cudaErrorNotReady;
+    return event_done(e) ? cudaSuccess : cudaErrorNotReady;
+  }
   if (cudaError_t r = refuse_event_use(e, "cudaEventQuery", true); r != cudaSuccess) return r;
   if (event_done(e)) return cudaSuccess;
   // Not forced by a query: a poller sees "not ready" for a while, then the work runs
-  // (it would finish eventually on a GPU too).
+  // (it would finish eventually on a GPU too). Only on the thread that recorded the
+  // event: a watchdog thread polling another thread's work never runs it (that work may
+  // hold NCCL calls, which go to MPI from the training thread only).
+  if (std::this_thread::get_id() != e->recorder) return cudaErrorNotReady;
   if (++e->queries < 64) return cudaErrorNotReady;
   run_until(e->s, e->seq);
   return cudaSuccess;

@@ -215,8 +215,8 @@ ProcessGroups place_groups(const ProcessGroups& g, Device dev) {
 #ifdef MTNLG_HAVE_NCCL
   // Every rank creates the groups in the same order; a rank outside a group (embedding
   // on middle stages) has nullptr there and takes no part in its creation.
-  auto nccl = [](const std::shared_ptr<Communicator>& mpi) -> std::shared_ptr<Communicator> {
-    return mpi ? make_nccl_communicator(*mpi, mpi->name()) : nullptr;
+  auto nccl = [&](const std::shared_ptr<Communicator>& mpi) -> std::shared_ptr<Communicator> {
+    return mpi ? make_nccl_communicator(*mpi, mpi->name(), false, g.rank) : nullptr;
   };
   out.tp = nccl(g.tp);
   out.pp = nccl(g.pp);

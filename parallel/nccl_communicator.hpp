@@ -44,8 +44,15 @@ inline bool have_nccl() {
 // ranks, named `name`. Requires cuda::init_backend() on every rank first. A bootstrap of
 // one rank gets a LocalCommunicator whose copies are device copies instead (no NCCL set-up
 // for a group of one), unless `even_for_one` (the single-GPU test of the NCCL backend).
+// The three NCCL communicators are non-blocking (ncclCommInitRankConfig, blocking = 0):
+// initialisation waits for ncclCommGetAsyncError to report success, at most the
+// collective timeout (parallel/watchdog.hpp), then aborts and throws naming the group.
+// Every operation goes through the device watchdog (parallel/flight_recorder.hpp): it is
+// recorded with CUDA events around it while the watchdog runs, and the group's
+// communicators can be aborted from its thread. `world_rank` (>= 0) names the members'
+// world ranks in the flight recorder (one small all-reduce over the bootstrap).
 std::shared_ptr<Communicator> make_nccl_communicator(Communicator& bootstrap, const std::string& name,
-                                                     bool even_for_one = false);
+                                                     bool even_for_one = false, int64_t world_rank = -1);
 #endif
 
 }  // namespace mtnlg::parallel

@@ -29,7 +29,9 @@ void register_report(CLI::App& app) {
   cmd->add_option("--output,-o", opt->output, "HTML file to write (default: RUN_DIR/report.html)");
   cmd->add_flag("--explain", opt->explain,
                 "Print where the time went instead (each rank's step parts from metrics.jsonl, logging.step_timing) against "
-                "the planner's prediction for the run's recipe and layout, largest gaps first; no page is written");
+                "the planner's prediction for the run's recipe and layout, largest gaps first; no page is written. When the "
+                "run's NCCL watchdog left flight recorder dumps (RUN_DIR/flight_recorder), first what ended the run: the "
+                "culprit rank, the group and collective it never entered, the stage and micro batch it was on");
   cmd->add_option("--gpu", opt->plan.gpu,
                   "Planner GPU entry to compare with (a100-80g|h100-80g|h200-141g|cpu; default: RUN_DIR/gpu-profile.json "
                   "when present, else cpu)");
@@ -38,7 +40,7 @@ void register_report(CLI::App& app) {
                   "Processes per node for the plan (default: the whole run on one node for cpu and profiles, 8 for GPUs)");
   cmd->callback([opt] {
     if (opt->explain) {
-      const std::string text = report::explain_text(report::explain_run(opt->run_dir, opt->plan));
+      const std::string text = report::explain_command_text(opt->run_dir, opt->plan);
       std::fwrite(text.data(), 1, text.size(), stdout);
       return;
     }

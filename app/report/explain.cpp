@@ -16,6 +16,7 @@
 #include "config/recipe.hpp"
 #include "core/error.hpp"
 #include "planner/cost_model.hpp"
+#include "parallel/flight_recorder.hpp"
 
 namespace mtnlg::app::report {
 
@@ -473,6 +474,23 @@ std::string explain_html_section(const fs::path& run_dir, const ExplainOptions& 
   if (e.findings.empty()) h << "<li>none: every part within 2 points of the plan, no slow rank or stage</li>\n";
   h << "</ol>\n<div class=\"plots\">\n" << explain_svg(e) << "</div>\n";
   return h.str();
+}
+
+std::string explain_command_text(const fs::path& run_dir, const ExplainOptions& o) {
+  std::error_code ec;
+  bool dumps = false;
+  if (fs::is_directory(run_dir / "flight_recorder", ec))
+    for (const auto& e : fs::directory_iterator(run_dir / "flight_recorder"))
+      dumps = dumps || (e.path().filename().string().rfind("rank", 0) == 0 && e.path().extension() == ".json");
+  if (!dumps) return explain_text(explain_run(run_dir, o));
+  const parallel::HangVerdict v = parallel::explain_hang(run_dir.string());
+  std::string out = "What ended the run (flight recorder, " + (run_dir / "flight_recorder").string() + "):\n  " + v.text + "\n\n";
+  try {
+    out += explain_text(explain_run(run_dir, o));
+  } catch (const InputError& e) {
+    out += std::string("Where the time went: not available: ") + e.what() + "\n";
+  }
+  return out;
 }
 
 }  // namespace mtnlg::app::report

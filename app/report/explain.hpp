@@ -79,6 +79,13 @@ std::vector<Finding> find_gaps(const std::vector<RankParts>& ranks, const std::v
 
 // `mtnlg report --explain`: the findings, then one line per rank and per planned stage.
 std::string explain_text(const Explanation& e);
+// `mtnlg report --explain RUN_DIR`'s whole text: when the run left flight recorder dumps
+// (RUN_DIR/flight_recorder/rank<R>.json, the device watchdog's, parallel/flight_recorder.hpp)
+// first the hang or failure verdict naming the culprit rank, its group and collective, and
+// the stage and micro batch it was on; then where the time went (explain_text), which a
+// run that died early may lack (then one line says why). Without dumps: explain_text of
+// explain_run, its errors included.
+std::string explain_command_text(const std::filesystem::path& run_dir, const ExplainOptions& o = {});
 // One <svg>: a horizontal stacked bar per rank (ms per iteration by part) and one per
 // planned stage, with a legend.
 std::string explain_svg(const Explanation& e);

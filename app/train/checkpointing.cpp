@@ -6,15 +6,21 @@
 #include <filesystem>
 
 #include "core/log.hpp"
+#include "parallel/flight_recorder.hpp"
 
 namespace mtnlg::app {
 
 namespace {
 volatile std::sig_atomic_t g_stop = 0;
-extern "C" void on_stop_signal(int) { g_stop = 1; }
+// SIGUSR1 also asks the device watchdog for a live flight-recorder dump (an atomic store).
+extern "C" void on_stop_signal(int sig) {
+  g_stop = 1;
+  if (sig == SIGUSR1) parallel::device_watchdog().request_dump();
+}
 }  // namespace
 
 void install_stop_signal_handlers() {
+  parallel::device_watchdog();  // made now: the handler must not be the first to touch it
   struct sigaction sa {};
   sa.sa_handler = on_stop_signal;
   sigemptyset(&sa.sa_mask);

@@ -10,6 +10,7 @@
 #include "core/error.hpp"
 #include "core/step_parts.hpp"
 #include "parallel/comm_time.hpp"
+#include "parallel/flight_recorder.hpp"
 
 namespace mtnlg::app {
 
@@ -19,7 +20,7 @@ FaultInjection fault_injection_from_env() {
   if (!env || !*env) return f;
   const std::string spec(env);
   auto bad = [&](const std::string& why) {
-    throw_input("MTNLG_FAULT_INJECT=\"{}\": {}; expected rank=R:iteration=I:mode=throw|abort|kill|stop|sigterm|sigusr1|nan|overflow|"
+    throw_input("MTNLG_FAULT_INJECT=\"{}\": {}; expected rank=R:iteration=I:mode=throw|abort|kill|stop|hang|sigterm|sigusr1|nan|overflow|"
                 "slow|slow_dp[:ms=N]|bitflip_grad[:bit=N]|bitflip_param[:bit=N]|poison[:layer=L]",
                 spec, why);
   };
@@ -29,7 +30,7 @@ FaultInjection fault_injection_from_env() {
     if (eq == std::string::npos) bad("'" + part + "' is not key=value");
     std::string key = part.substr(0, eq), val = part.substr(eq + 1);
     if (key == "mode") {
-      if (val != "throw" && val != "abort" && val != "kill" && val != "stop" && val != "sigterm" && val != "sigusr1" && val != "nan" &&
+      if (val != "throw" && val != "abort" && val != "kill" && val != "stop" && val != "hang" && val != "sigterm" && val != "sigusr1" && val != "nan" &&
           val != "overflow" && val != "slow" && val != "slow_dp" && val != "bitflip_grad" && val != "bitflip_param" &&
           val != "poison")
         bad("unknown mode '" + val + "'");
@@ -92,6 +93,12 @@ void maybe_inject_fault(const FaultInjection& f, int64_t rank, int64_t iteration
   // Slurm's preemption / time-limit signals, delivered to this process for real.
   if (f.mode == "sigterm" || f.mode == "sigusr1") {
     std::raise(f.mode == "sigterm" ? SIGTERM : SIGUSR1);
+    return;
+  }
+  // A rank that stops entering collectives (a stuck loader, a wedged stage): its next
+  // device-group operation parks the training thread; the watchdogs end the run.
+  if (f.mode == "hang") {
+    parallel::device_watchdog().inject_hang();
     return;
   }
   std::fprintf(stderr, "mtnlg: rank %lld: MTNLG_FAULT_INJECT %s at iteration %lld\n", static_cast<long long>(rank),

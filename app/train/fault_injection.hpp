@@ -12,6 +12,9 @@
 // normal error path: message, MPI_Abort), std::abort(), or raise(SIGKILL) on itself (a
 // dead process with no goodbye), or raise(SIGSTOP) (a rank that stops answering, which
 // only the collective watchdog ends). Tests use it to prove a failing rank ends the job.
+// mode=hang makes rank R stop entering collectives of its device (NCCL) groups from
+// iteration I on: its next one parks the training thread for good, while the process
+// stays alive (the device watchdog's case, parallel/flight_recorder.hpp).
 // mode=bitflip_grad / bitflip_param (with an optional :bit=N, default 30) flips bit N of
 // the middle element of rank R's gradients (after the data-parallel reduction, in the
 // step's first run only: a transient fault; under ZeRO-1 only rank R's shard is read
@@ -52,7 +55,7 @@ bool inject_at(const FaultInjection& f, const char* mode, int64_t rank, int64_t 
 void flip_bit(Tensor& t, int64_t bit);
 // mode=slow_dp: from that iteration on, this rank's dp reduction takes ms longer.
 void inject_slow_dp(const FaultInjection& f, int64_t rank, int64_t iteration);
-// At the start of an iteration: slow, sigterm/sigusr1, throw, abort, kill, stop.
+// At the start of an iteration: slow, sigterm/sigusr1, throw, abort, kill, stop, hang.
 void maybe_inject_fault(const FaultInjection& f, int64_t rank, int64_t iteration);
 
 }  // namespace mtnlg::app

@@ -3,6 +3,7 @@
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "core/mem_account.hpp"
+#include "parallel/flight_recorder.hpp"
 
 #ifdef MTNLG_HAVE_CUDA
 #include "core/cuda/device.hpp"
@@ -36,6 +37,9 @@ struct MicroBatchGraphs::Shape {
   model::PlacedInputs in; // what the graphs read: overwritten before every forward launch
   int64_t saved = 0;      // activation bytes between the two graphs
   double fwd_bytes = 0, bwd_bytes = 0;  // tensor-parallel bytes each graph's collectives count
+  // The NCCL operations each graph captured: every launch records them again in the
+  // device watchdog's flight recorder, with one probe around the launch.
+  std::vector<parallel::CapturedOp> fwd_ops, bwd_ops;
   // Destroyed before the pool they allocate from (members go in reverse order).
   std::unique_ptr<cuda::GraphPool> pool;
   std::unique_ptr<cuda::CudaGraph> fwd, bwd;
@@ -48,11 +52,15 @@ bool MicroBatchGraphs::capture(Shape& sh, int64_t mb_id, const model::TrainMicro
   try {
     const auto counted = [&] { return tp_ ? tp_->bytes_counted() : 0.0; };
     sh.pool = std::make_unique<cuda::GraphPool>();
+    parallel::Watchdog& wd = parallel::device_watchdog();
+    wd.take_captured();
     const double b0 = counted();
     sh.fwd = std::make_unique<cuda::CudaGraph>(*sh.pool, [&] { chunk_.forward(mb_id, mb, sh.in, Tensor()); });
+    sh.fwd_ops = wd.take_captured();
     const double b1 = counted();
     sh.saved = chunk_.saved_bytes();
     sh.bwd = std::make_unique<cuda::CudaGraph>(*sh.pool, [&] { chunk_.backward(mb_id, Tensor()); });
+    sh.bwd_ops = wd.take_captured();
     sh.fwd_bytes = b1 - b0;
     sh.bwd_bytes = counted() - b1;
     MTNLG_CHECK(sh.pool->live_bytes() == 0,
@@ -88,7 +96,7 @@ bool MicroBatchGraphs::forward(int64_t mb_id, const model::TrainMicroBatch& mb) 
   if (first && !capture(sh, mb_id, mb)) return false;
   pending_counted_ = first;  // a capture counts its collectives' bytes itself
   if (!first && tp_) tp_->count_replayed(sh.fwd_bytes);
-  sh.fwd->launch();
+  parallel::device_watchdog().replay(sh.fwd_ops, cuda::stream(), [&] { sh.fwd->launch(); });
   ++replays_;
   // A replay allocates no tensor: its pool stands for what the eager forward and backward
   // would hold, counted as activations (the caller's role scope) until the backward.
@@ -101,7 +109,7 @@ bool MicroBatchGraphs::forward(int64_t mb_id, const model::TrainMicroBatch& mb) 
 
 void MicroBatchGraphs::backward(int64_t mb_id) {
   MTNLG_CHECK(pending_ && pending_id_ == mb_id, "backward graph of micro batch {} without its forward graph", mb_id);
-  pending_->bwd->launch();
+  parallel::device_watchdog().replay(pending_->bwd_ops, cuda::stream(), [&] { pending_->bwd->launch(); });
   ++replays_;
   if (tp_ && !pending_counted_) tp_->count_replayed(pending_->bwd_bytes);
   mem::on_free(pending_->pool->bytes(), pool_role_);

@@ -9,6 +9,7 @@
 #include "core/mem_account.hpp"
 #include "core/ops.hpp"
 #include "core/step_parts.hpp"
+#include "parallel/flight_recorder.hpp"
 #include "schedules/pipeline_schedule.hpp"
 
 namespace mtnlg::app {
@@ -85,6 +86,20 @@ void PipelineExecutor::record_micro_batch_loss(int64_t microbatch, const Tensor&
   mb_loss_sum_ = sum;
   mb_loss_tokens_ = tokens;
 }
+
+namespace {
+const char* pipe_op_name(schedules::PipeOp op) {
+  switch (op) {
+    case schedules::PipeOp::recv_forward: return "recv_forward";
+    case schedules::PipeOp::forward: return "forward";
+    case schedules::PipeOp::send_forward: return "send_forward";
+    case schedules::PipeOp::recv_backward: return "recv_backward";
+    case schedules::PipeOp::backward: return "backward";
+    case schedules::PipeOp::send_backward: return "send_backward";
+  }
+  return "pipeline";
+}
+}  // namespace
 
 struct PipelineExecutor::BatchRun {
   static constexpr int kTagActivation = 0, kTagGradient = 1;
@@ -182,6 +197,8 @@ struct PipelineExecutor::BatchRun {
   }
 
   void run(size_t ai, const schedules::PipeAction& a) {
+    // Where this rank is, for the flight recorder's rows (parallel/flight_recorder.hpp).
+    parallel::device_watchdog().set_phase(a.microbatch, a.chunk, pipe_op_name(a.op));
     switch (a.op) {
       case schedules::PipeOp::recv_forward: {
         mem::RoleScope role(mem::Role::activations);  // kept as the chunk's saved input

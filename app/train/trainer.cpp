@@ -35,6 +35,7 @@
 #include "model/flops.hpp"
 #include "core/log.hpp"
 #include "core/mem_account.hpp"
+#include "core/parse.hpp"
 #include "core/progress.hpp"
 #include "core/ops.hpp"
 #include "core/rng.hpp"
@@ -44,6 +45,7 @@
 #include "model/partition.hpp"
 #include "planner/cost_model.hpp"
 #include "parallel/comm_time.hpp"
+#include "parallel/flight_recorder.hpp"
 #include "parallel/grad_buckets.hpp"
 #include "parallel/watchdog.hpp"
 #include "optimizer/loss_scaler.hpp"
@@ -172,6 +174,46 @@ int64_t model_size(const model::ParamStore& store, const parallel::ProcessGroups
   if (g.world && g.world->size() > 1) g.world->all_reduce(&total, 1, parallel::ReduceOp::sum);
   return total;
 }
+
+// The device collectives' watchdog and flight recorder (parallel/flight_recorder.hpp) for
+// runs whose tensor groups are NCCL's (CUDA, more than one process) with a collective
+// timeout > 0: started once the groups are placed, stopped with the trainer. The token
+// that tells this run's files from an earlier run's in the same directory is rank 0's
+// clock, shared over world.
+// MTNLG_NCCL_WATCHDOG=0 turns it off alone (the benchmarks' A/B; the MPI watchdog stays).
+bool nccl_watchdog_switch() {
+  const char* v = std::getenv("MTNLG_NCCL_WATCHDOG");
+  if (!v || !*v) return true;
+  const std::string t(v);
+  const std::optional<bool> b = t == "1" ? std::optional<bool>(true) : t == "0" ? std::optional<bool>(false) : parse_bool(t);
+  if (!b) throw_input("environment variable MTNLG_NCCL_WATCHDOG=\"{}\": expected 1 or 0 (or true/false)", v);
+  return *b;
+}
+
+struct DeviceWatchdogRun {
+  DeviceWatchdogRun(const Recipe& r, const parallel::ProcessGroups& g)
+      : on(g.device == Device::cuda && g.topo.world() > 1 && parallel::collective_timeout() > 0 &&
+           nccl_watchdog_switch()) {
+    if (!on) return;
+    double t = g.rank == 0 ? parallel::wall_now() : 0.0;
+    g.world->all_reduce(&t, 1, parallel::ReduceOp::sum);
+    parallel::WatchdogOptions o;
+    o.timeout_s = parallel::collective_timeout();
+    o.run_dir = r.logging.dir;
+    o.token = fmt::format("{:x}", static_cast<uint64_t>(t * 1e6));
+    o.rank = g.rank;
+    o.world = g.topo.world();
+    o.stage = g.coord.pp;
+    o.coord = fmt::format("tp={},pp={},dp={}", g.coord.tp, g.coord.pp, g.coord.dp);
+    parallel::device_watchdog().start(o);
+  }
+  ~DeviceWatchdogRun() {
+    if (on) parallel::device_watchdog().stop();
+  }
+  DeviceWatchdogRun(const DeviceWatchdogRun&) = delete;
+  DeviceWatchdogRun& operator=(const DeviceWatchdogRun&) = delete;
+  const bool on;
+};
 
 // fp16: dynamic loss scaling (Megatron's rules); bf16 and fp32 need none.
 std::optional<optimizer::DynamicLossScaler> loss_scaler_if_fp16(const Recipe& r) {
@@ -399,6 +441,7 @@ class Trainer {
   const int threads_;  // set before the model is built
   TrainModel model_;
   const parallel::ProcessGroups& g_;  // model_.groups: placed on the training device
+  DeviceWatchdogRun watchdog_;        // NCCL groups: their watchdog and flight recorder
   TrainOptimizer optim_;
   TrainData data_;
   TrainOutputs out_;
@@ -430,6 +473,7 @@ Trainer::Trainer(const Recipe& r, const parallel::ProcessGroups& g, const TrainO
       threads_(set_cpu_threads(r)),
       model_(r, g),
       g_(model_.groups),
+      watchdog_(r, g_),
       optim_(r, model_),
       data_(r, g_),
       out_(r, model_, optim_, data_, opts),
@@ -482,7 +526,9 @@ void Trainer::forward_backward(const data::Batch& batch, double loss_scale) {
   inject_slow_dp(fault_, g_.rank, iteration_ + 1);
   // The shared gradients (tied embedding, sequence-parallel partials), then every dp
   // bucket summed, or under ZeRO-1 this rank's shard reduce-scattered.
+  parallel::device_watchdog().set_phase(-1, -1, "gradient reduction");
   step_.ddp.finish();
+  parallel::device_watchdog().set_phase(-1, -1, "optimizer");
 }
 
 // The step's one host round trip: loss, tokens and the squared gradient norm together.
@@ -746,6 +792,7 @@ TrainSummary Trainer::run() {
     data_part.reset();
     const double lr = schedules::learning_rate(r_.optimizer, after * T_, data_.run.tokens);
     out_.comm_report.reset();  // every group's byte counter, this iteration only
+    parallel::device_watchdog().set_iteration(iteration_ + 1);
     maybe_inject_fault(fault_, g_.rank, iteration_ + 1);
 
     const double blocked0 = parallel::comm_blocked_seconds();

@@ -26,6 +26,19 @@
 #                 invalidates (MTNLG_EMU_CAPTURE_FAIL) is warned about once and the run
 #                 goes on eagerly with the same numbers; what graphs do not cover (pipeline
 #                 stages, spike forensics, the CPU) exits 2 naming the key
+#     watchdog    the NCCL watchdog (parallel/flight_recorder.hpp) under mpirun on the emulated
+#                 NCCL, MTNLG_COLLECTIVE_TIMEOUT=25 s (MTNLG_E2E_WD_TIMEOUT): tp2 x pp2 x dp2
+#                 where rank 5 stops entering collectives at iteration 4 (MTNLG_FAULT_INJECT
+#                 mode=hang): every rank exits 3, its flight recorder dumped, within the
+#                 timeout + 30 s, and `report --explain` names rank 5, its group and
+#                 collective; the checkpoint of iteration 2 resumes bit for bit against a
+#                 straight run; an asynchronous ncclRemoteError on one rank
+#                 (MTNLG_EMU_NCCL_FAULT) and a killed rank (its heartbeat goes stale) end
+#                 every rank within 10 s; tp2 x dp2 with CUDA
+#                 graphs: the hang is caught in a graph replay; SIGUSR1 writes a live
+#                 dump; a rank that never joins an NCCL communicator's initialisation
+#                 ends the run after the timeout; a slow but live rank (sleeps shorter than the timeout) is not
+#                 aborted
 # (eval and generate on cuda vs cpu: scripts/gpu/train-proof.sh's infer step, which CI
 # runs on the emulated build as the test emulator.train-proof)
 # Exit status 0 when the step passes; every comparison prints its worst difference.
@@ -219,6 +232,144 @@ EOF
     refused forensics "spike forensics" "$bin" train recipes/tiny-mock.yaml --set training.device=cuda \
       --set training.check_for_nan_in_loss_and_grad=true
     refused cpu "training runs on the CPU" "$bin" train recipes/tiny-mock.yaml --set training.device=cpu
+    ;;
+  watchdog)
+    T=${MTNLG_E2E_WD_TIMEOUT:-25}
+    common=(--set training.device=cuda --set training.precision=fp32 --set model.hidden_dropout=0
+      --set model.attention_dropout=0 --set logging.log_interval=1)
+    l8=(--set parallel.tensor_model_parallel_size=2 --set parallel.pipeline_model_parallel_size=2)
+    l4=(--set parallel.tensor_model_parallel_size=2)
+    # wd NAME NP ARGS...: mpirun under the watchdog's timeout; start and end in $out/NAME.secs
+    wd() {
+      local name=$1 np=$2
+      shift 2
+      local t0 t1
+      t0=$(date +%s.%N)
+      MTNLG_COLLECTIVE_TIMEOUT=$T MTNLG_EMU_DEVICES=$np "$repo/test/support/mpi/mpirun.sh" "$np" "$bin" train \
+        recipes/tiny-mock.yaml "${common[@]}" --set logging.dir="$out/$name" "$@" >"$out/$name.log" 2>&1
+      local rc=$?
+      t1=$(date +%s.%N)
+      echo "$t0 $t1" >"$out/$name.secs"
+      return $rc
+    }
+    # tripped NAME NP BOUND CULPRIT [DEAD]: every rank (but a DEAD one) said it exits 3 and left
+    # its dump, the last dump within BOUND s of the trouble's start (the first operation left
+    # waiting), report.txt written, and `report --explain` names CULPRIT with its coordinates
+    tripped() {
+      python3 - "$out" "$bin" "$@" <<'EOF' || fails=$((fails + 1))
+import glob, json, re, subprocess, sys
+out, binary, name, np, bound, culprit = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), float(sys.argv[5]), int(sys.argv[6])
+dead = int(sys.argv[7]) if len(sys.argv) > 7 else -1
+log = open(f"{out}/{name}.log").read()
+t0, t1 = map(float, open(f"{out}/{name}.secs").read().split())
+exits = sorted(set(int(r) for r in re.findall(r"mtnlg: rank (\d+)[^\n]*NCCL watchdog: communicators aborted, exiting with status 3", log)))
+dumps = [json.load(open(f)) for f in glob.glob(f"{out}/{name}/flight_recorder/rank*.json")]
+pending = [o["t_enqueued"] for d in dumps for o in d["ops"] if o["state"] != "completed"]
+start = min(pending) if pending else min(d["time"] for d in dumps)
+if dead >= 0:  # it died within a second of its heartbeat's last refresh
+    import os
+    start = max(os.path.getmtime(f) for f in glob.glob(f"{out}/{name}/flight_recorder/heartbeat_*_rank{dead}"))
+last = max(d["time"] for d in dumps) if dumps else float("inf")
+verdict = subprocess.run([binary, "report", "--explain", f"{out}/{name}"], capture_output=True, text=True)
+lines = verdict.stdout.splitlines()
+said = lines[1].strip() if verdict.returncode == 0 and len(lines) > 1 else verdict.stderr.strip()
+report = "".join(open(f).read() for f in glob.glob(f"{out}/{name}/flight_recorder/report.txt"))
+named = re.search(rf"rank {culprit} \(tp=\d,pp=\d,dp=\d\) (is the culprit|failed on its own)|rank {culprit} (left no flight record|died)", said)
+want = [r for r in range(np) if r != dead]
+print(f"  {name}: ranks that exited 3: {exits}; {len(dumps)} dumps; the last {last - start:.1f} s after the trouble began "
+      f"(bound {bound:g} s); mpirun ran {t1 - t0:.0f} s")
+print(f"    verdict: {said[:500]}")
+ok = exits == want and len(dumps) == len(want) and last - start <= bound and named is not None and report.strip() == said
+print(f"    {'ok' if ok else 'FAILED'}")
+sys.exit(0 if ok else 1)
+EOF
+    }
+
+    # 1. The hang: rank 5 (tp=1, pp=1, dp=0) stops entering collectives at iteration 4; the
+    # checkpoint of iteration 2 was committed after iteration 3.
+    MTNLG_FAULT_INJECT=rank=5:iteration=4:mode=hang wd hang 8 "${l8[@]}" --set training.train_iters=6 --set checkpoint.save="$out/ck-hang" --set checkpoint.save_interval=2
+    rc=$?
+    echo "  hang: mpirun exited $rc (want 3)"
+    [ $rc -eq 3 ] || { tail -20 "$out/hang.log"; fails=$((fails + 1)); }
+    grep -q "MTNLG_FAULT_INJECT hang" "$out/hang.log" || { echo "  hang: the fault did not fire"; fails=$((fails + 1)); }
+    tripped hang 8 $((T + 30)) 5
+    # nothing half-written: iteration 2 committed, no partial directory left
+    if [ "$(cat "$out/ck-hang/latest" 2>/dev/null)" = 2 ] && [ -d "$out/ck-hang/iter_0000002" ] &&
+      [ -z "$(ls -d "$out"/ck-hang/*.partial 2>/dev/null)" ]; then
+      echo "  hang: checkpoint iter_0000002 committed, nothing partial"
+    else
+      echo "  hang: checkpoint: latest=$(cat "$out/ck-hang/latest" 2>/dev/null), $(ls "$out/ck-hang" | tr '\n' ' ')"
+      fails=$((fails + 1))
+    fi
+    # 2. It resumes bit for bit: iterations 3 and 4 from that checkpoint against a straight run.
+    wd straight 8 "${l8[@]}" --set training.train_iters=4 || { echo "  straight run failed"; tail -5 "$out/straight.log"; fails=$((fails + 1)); }
+    wd resumed 8 "${l8[@]}" --set training.train_iters=4 --set checkpoint.load="$out/ck-hang" ||
+      { echo "  resumed run failed"; tail -5 "$out/resumed.log"; fails=$((fails + 1)); }
+    compare resumed straight 0 3
+    # 3. An asynchronous ncclRemoteError on rank 2's 60th NCCL operation: every rank out within 10 s.
+    MTNLG_EMU_NCCL_FAULT=rank=2:op=60:error=remote wd async 4 "${l4[@]}" --set training.train_iters=6
+    echo "  async: mpirun exited $? (want 3)"
+    grep -q "MTNLG_EMU_NCCL_FAULT" "$out/async.log" || { echo "  async: the fault did not fire"; fails=$((fails + 1)); }
+    tripped async 4 10 2
+    # 4. CUDA graphs (one stage: tp2 x dp2): rank 1 stops entering at iteration 3, where every
+    # micro batch but the last runs as graph replays.
+    MTNLG_FAULT_INJECT=rank=1:iteration=3:mode=hang wd graphs 4 "${l4[@]}" --set training.train_iters=6 \
+      --set training.enable_cuda_graph=true
+    echo "  graphs: mpirun exited $? (want 3)"
+    tripped graphs 4 $((T + 30)) 1
+    grep -q '"replay": true' "$out"/graphs/flight_recorder/rank0.json ||
+      { echo "  graphs: no graph replay in rank 0's flight recorder"; fails=$((fails + 1)); }
+    # 5. A killed rank (SIGKILL at iteration 3): the survivors find its heartbeat stale and
+    # end within 10 s of its death. OpenMPI's mpirun would end the job itself at once; told
+    # not to (orte_abort_on_non_zero_status 0) it leaves the survivors to the watchdog, but
+    # then never returns, so it is stopped once every survivor has exited.
+    (MTNLG_FAULT_INJECT=rank=1:iteration=3:mode=kill OMPI_MCA_orte_abort_on_non_zero_status=0 \
+      wd killed 4 "${l4[@]}" --set training.train_iters=6) &
+    wd_pid=$!
+    for _ in $(seq 240); do
+      n=$(grep -c 'exiting with status 3' "$out/killed.log" 2>/dev/null)
+      [ "${n:-0}" -ge 3 ] && break
+      sleep 0.5
+    done
+    sleep 1
+    for p in $(pgrep -P "$wd_pid"); do kill "$p" 2>/dev/null; done  # the subshell's mpirun
+    wait "$wd_pid"
+    tripped killed 4 10 1 1
+    # 6. SIGUSR1 (save and stop) also writes a live dump; a bad MTNLG_NCCL_WATCHDOG is exit 2.
+    MTNLG_FAULT_INJECT=rank=0:iteration=2:mode=sigusr1 wd usr1 2 "${l4[@]}" --set training.train_iters=4 \
+      --set checkpoint.save="$out/ck-usr1"
+    rc=$?
+    if [ $rc -eq 0 ] && grep -q '"reason": "live dump (SIGUSR1)"' "$out/usr1/flight_recorder/rank0.json" 2>/dev/null; then
+      echo "  usr1: saved and stopped (exit 0), rank 0's live dump written"
+    else
+      echo "  usr1: exit $rc, no live dump"; tail -5 "$out/usr1.log"; fails=$((fails + 1))
+    fi
+    MTNLG_NCCL_WATCHDOG=maybe wd badswitch 2 "${l4[@]}" --set training.train_iters=1
+    rc=$?
+    if [ $rc -eq 2 ] && grep -q 'MTNLG_NCCL_WATCHDOG="maybe": expected 1 or 0' "$out/badswitch.log"; then
+      echo "  MTNLG_NCCL_WATCHDOG=maybe: exit 2, named"
+    else
+      echo "  MTNLG_NCCL_WATCHDOG=maybe: exit $rc"; tail -5 "$out/badswitch.log"; fails=$((fails + 1))
+    fi
+    # 8. Initialisation has the deadline too: rank 1 never joins its second NCCL
+    # communicator (MTNLG_EMU_NCCL_FAULT init=2): every rank ends, naming the group, within
+    # the timeout + 30 s, instead of waiting in ncclCommInitRank forever.
+    MTNLG_EMU_NCCL_FAULT=rank=1:init=2 wd init 2 "${l4[@]}" --set training.train_iters=1
+    rc=$?
+    read -r t0 t1 <"$out/init.secs"
+    secs=$(python3 -c "print(round($t1 - $t0))")
+    if [ $rc -ne 0 ] && grep -q "initialisation of NCCL group 'tp' .*still in progress after .* a peer never joined" "$out/init.log" &&
+      [ "$secs" -le $((T + 30)) ]; then
+      echo "  init: exit $rc after $secs s: $(grep -o "initialisation of NCCL group 'tp'.*joined" "$out/init.log" | head -1)"
+    else
+      echo "  init: exit $rc after $secs s, not the initialisation deadline"; tail -5 "$out/init.log"; fails=$((fails + 1))
+    fi
+    # 7. A slow but live rank: 3 s per iteration, well inside the timeout: no abort, no dump.
+    MTNLG_FAULT_INJECT=rank=3:iteration=2:mode=slow:ms=3000 wd slow 4 "${l4[@]}" --set training.train_iters=4
+    rc=$?
+    n=$(ls "$out/slow/flight_recorder"/rank*.json 2>/dev/null | wc -l)
+    echo "  slow: mpirun exited $rc (want 0), $n dumps (want 0)"
+    [ $rc -eq 0 ] && [ "$n" -eq 0 ] || { tail -5 "$out/slow.log"; fails=$((fails + 1)); }
     ;;
   *) echo "e2e.sh: unknown step '$step'" >&2; exit 2 ;;
 esac

@@ -6,15 +6,18 @@
 #ifdef MTNLG_HAVE_NCCL
 #include <catch2/catch.hpp>
 
+#include <nlohmann/json.hpp>
 #include <vector>
 
 #include "core/cuda/device.hpp"
 #include "core/error.hpp"
 #include "core/ops.hpp"
 #include "parallel/communicator.hpp"
+#include "parallel/flight_recorder.hpp"
 #include "parallel/nccl_communicator.hpp"
 #include "test/core/cuda/cuda_test_util.hpp"
 #include "test/support/process_groups.hpp"
+#include "test/support/test_support.hpp"
 
 using namespace mtnlg;
 using namespace mtnlg::parallel;
@@ -95,5 +98,45 @@ TEST_CASE("nccl communicator: a group of one on the GPU is local, with device co
     INFO(grp->name());
     CHECK(std::string(grp->backend()) == "local");
   }
+}
+
+// The device watchdog on a real (one-rank) NCCL group: every operation gets a row with CUDA
+// events around it, the rows complete once the stream has run, the group's three NCCL
+// communicators are registered under its name with the members' world ranks, and the
+// destroyed group stops being polled.
+TEST_CASE("nccl communicator: operations recorded by the device watchdog", "[gpu]") {
+  if (!test::gpu_ready()) return;
+  test::TempDir dir("nccl-watchdog");
+  Watchdog& w = device_watchdog();
+  WatchdogOptions o;
+  o.run_dir = dir.str();
+  o.token = "gpu";
+  o.timeout_s = 600;
+  w.configure(o);
+  {
+    LocalCommunicator boot("world");
+    auto c = make_nccl_communicator(boot, "dp", /*even_for_one=*/true, /*world_rank=*/0);
+    Tensor x = seq_tensor(100, 1.0f).to(Device::cuda);
+    c->all_reduce(dev(x), 100, ReduceOp::sum);
+    c->broadcast(dev(x), 100, 0);
+    nlohmann::json j = nlohmann::json::parse(w.dump_json(""));
+    const size_t n = j["ops"].size();
+    REQUIRE(n >= 2);
+    CHECK(j["ops"][n - 2]["op"] == "all_reduce");
+    CHECK(j["ops"][n - 1]["op"] == "broadcast");
+    CHECK(j["ops"][n - 1]["bytes"] == 400);
+    cuda::synchronize();
+    w.check(wall_now());
+    j = nlohmann::json::parse(w.dump_json(""));
+    CHECK(j["ops"][n - 2]["state"] == "completed");
+    CHECK(j["ops"][n - 1]["state"] == "completed");
+    const auto& comm = j["comms"][j["ops"][n - 1]["comm"].get<size_t>()];
+    CHECK(comm["group"] == "dp");
+    CHECK(comm["channel"] == "coll");
+    CHECK(comm["members"] == std::vector<int64_t>{0});
+    CHECK(w.check(wall_now()).reason.empty());  // no asynchronous error
+  }
+  CHECK(w.check(wall_now()).reason.empty());  // the destroyed group is no longer polled
+  w.stop();
 }
 #endif  // MTNLG_HAVE_NCCL

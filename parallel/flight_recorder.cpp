@@ -1,0 +1,715 @@
+// The device-collective watchdog and flight recorder (see flight_recorder.hpp). Backend
+// free: the NCCL communicator supplies the probes (CUDA events) and the abort calls.
+#include "parallel/flight_recorder.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "core/atomic_file.hpp"
+#include "core/error.hpp"
+#include "parallel/watchdog.hpp"
+
+namespace mtnlg::parallel {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+const char* op_state_name(OpState s) {
+  switch (s) {
+    case OpState::enqueued: return "enqueued";
+    case OpState::started: return "started";
+    case OpState::completed: return "completed";
+  }
+  return "?";
+}
+
+double wall_now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+std::string describe_context(const OpContext& c, int64_t stage) {
+  std::string s = c.iteration >= 0 ? fmt::format("iteration {}", c.iteration) : std::string("before the first iteration");
+  s += fmt::format(", stage {}", stage);
+  if (c.chunk >= 0) s += fmt::format(" (chunk {})", c.chunk);
+  if (c.micro_batch >= 0) s += fmt::format(", micro batch {}", c.micro_batch);
+  s += fmt::format(", {}", c.phase);
+  return s;
+}
+
+struct Watchdog::State {
+  struct CommRec {
+    WatchedComm c;
+    uint64_t coll = 0;                  // collectives entered
+    std::map<int64_t, uint64_t> p2p;    // point-to-point operations entered, per peer (group rank)
+  };
+  struct Row {
+    uint64_t id = 0;
+    int comm = 0;
+    uint64_t seq = 0;
+    const char* op = "";
+    int64_t peer = -1, bytes = 0;
+    DType dt = DType::f32;
+    OpState state = OpState::enqueued;
+    double t_enq = 0, t_start = 0, t_done = 0;
+    OpContext ctx;
+    bool replay = false;
+    std::shared_ptr<OpProbe> probe;
+  };
+  mutable std::mutex mu;
+  ProbeFactory factory;
+  bool has_factory = false;
+  std::vector<CommRec> comms;
+  std::deque<Row> ring;
+  size_t done_prefix = 0;  // leading rows of `ring` known complete: a poll starts after them
+  uint64_t next_id = 0;
+  OpContext ctx;
+  std::vector<CapturedOp> captured;
+  std::thread thread;
+  std::atomic<bool> stop{false};
+  double last_heartbeat = 0;
+};
+
+Watchdog::Watchdog() : s_(std::make_unique<State>()) {}
+Watchdog::~Watchdog() {
+  if (s_->thread.joinable()) {  // a process that never called stop(): end the thread quietly
+    s_->stop = true;
+    s_->thread.join();
+  }
+}
+
+Watchdog& device_watchdog() {
+  static Watchdog* w = new Watchdog;  // never destroyed: the thread may outlive static destruction order
+  return *w;
+}
+
+void Watchdog::set_probe_factory(ProbeFactory f) {
+  std::lock_guard lock(s_->mu);
+  s_->factory = std::move(f);
+  s_->has_factory = true;
+}
+bool Watchdog::has_probe_factory() const {
+  std::lock_guard lock(s_->mu);
+  return s_->has_factory;
+}
+
+int Watchdog::add_comm(WatchedComm c) {
+  std::lock_guard lock(s_->mu);
+  s_->comms.push_back({std::move(c), 0, {}});
+  return static_cast<int>(s_->comms.size() - 1);
+}
+
+void Watchdog::drop_comm(int comm) {
+  std::lock_guard lock(s_->mu);
+  auto& c = s_->comms.at(static_cast<size_t>(comm)).c;
+  c.async_error = nullptr;
+  c.abort = nullptr;
+}
+
+void Watchdog::before_op() {
+  if (!hang_.load(std::memory_order_relaxed) && !tripped_.load(std::memory_order_relaxed)) return;
+  if (hang_) {
+    std::fprintf(stderr, "mtnlg: rank %lld: MTNLG_FAULT_INJECT hang: this rank enters no further collective\n",
+                 static_cast<long long>(opt_.rank));
+    std::fflush(stderr);
+  }
+  for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));  // the watchdog thread ends the process
+}
+
+void Watchdog::record_row(int comm, const char* op, int64_t peer, int64_t bytes, DType dt,
+                          std::shared_ptr<OpProbe> probe, bool replay) {
+  // Called with s_->mu held.
+  auto& c = s_->comms.at(static_cast<size_t>(comm));
+  State::Row r;
+  r.id = s_->next_id++;
+  r.comm = comm;
+  r.seq = peer >= 0 ? ++c.p2p[peer] : ++c.coll;
+  r.op = op;
+  r.peer = peer;
+  r.bytes = bytes;
+  r.dt = dt;
+  r.t_enq = wall_now();
+  r.ctx = s_->ctx;
+  r.replay = replay;
+  r.probe = std::move(probe);
+  if (!r.probe) r.state = OpState::completed;  // nothing to watch (recorded for the counts only)
+  s_->ring.push_back(std::move(r));
+  // Trim completed rows from the front; a pending row stays however old it is.
+  while (s_->ring.size() > opt_.ring && s_->ring.front().state == OpState::completed) {
+    s_->ring.pop_front();
+    if (s_->done_prefix > 0) --s_->done_prefix;
+  }
+}
+
+void Watchdog::record(int comm, const char* op, int64_t peer, int64_t bytes, DType dt, std::shared_ptr<OpProbe> probe) {
+  std::lock_guard lock(s_->mu);
+  record_row(comm, op, peer, bytes, dt, std::move(probe), false);
+}
+
+void Watchdog::note_captured(int comm, const char* op, int64_t peer, int64_t bytes, DType dt) {
+  std::lock_guard lock(s_->mu);
+  s_->captured.push_back({comm, op, peer, bytes, dt});
+}
+
+std::vector<CapturedOp> Watchdog::take_captured() {
+  std::lock_guard lock(s_->mu);
+  return std::exchange(s_->captured, {});
+}
+
+void Watchdog::replay(const std::vector<CapturedOp>& ops, void* stream, const std::function<void()>& launch) {
+  if (!enabled() || ops.empty() || !has_probe_factory()) {
+    launch();
+    return;
+  }
+  before_op();
+  ProbeFactory f;
+  {
+    std::lock_guard lock(s_->mu);
+    f = s_->factory;
+  }
+  std::shared_ptr<OpProbe> probe = f.begin(stream);
+  launch();
+  f.end(*probe, stream);
+  std::lock_guard lock(s_->mu);
+  for (const CapturedOp& o : ops) record_row(o.comm, o.op, o.peer, o.bytes, o.dtype, probe, true);
+}
+
+void Watchdog::set_context(const OpContext& c) {
+  std::lock_guard lock(s_->mu);
+  s_->ctx = c;
+}
+void Watchdog::set_iteration(int64_t iteration) {
+  std::lock_guard lock(s_->mu);
+  s_->ctx = OpContext{iteration, -1, -1, "data"};
+}
+void Watchdog::set_phase(int64_t micro_batch, int64_t chunk, const char* phase) {
+  std::lock_guard lock(s_->mu);
+  s_->ctx.micro_batch = micro_batch;
+  s_->ctx.chunk = chunk;
+  s_->ctx.phase = phase;
+}
+OpContext Watchdog::context() const {
+  std::lock_guard lock(s_->mu);
+  return s_->ctx;
+}
+
+std::string Watchdog::dir() const { return (fs::path(opt_.run_dir) / "flight_recorder").string(); }
+
+namespace {
+std::string heartbeat_path(const std::string& dir, const std::string& token, int64_t rank) {
+  return fmt::format("{}/heartbeat_{}_rank{}", dir, token, rank);
+}
+std::string marker_path(const std::string& dir, const std::string& token) { return fmt::format("{}/abort_{}", dir, token); }
+std::string dump_path(const std::string& dir, int64_t rank) { return fmt::format("{}/rank{}.json", dir, rank); }
+std::string verdict_done_path(const std::string& dir, const std::string& token) { return fmt::format("{}/done_{}", dir, token); }
+
+double mtime(const std::string& path) {  // -1: no such file
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return -1;
+  return static_cast<double>(st.st_mtim.tv_sec) + 1e-9 * static_cast<double>(st.st_mtim.tv_nsec);
+}
+std::string read_text(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+std::string host_name() {
+  char h[256] = {};
+  if (gethostname(h, sizeof h - 1) != 0) return "";
+  return h;
+}
+std::string join(const std::vector<int64_t>& m, const char* sep) {
+  std::string s;
+  for (int64_t r : m) {
+    if (!s.empty()) s += sep;
+    s += std::to_string(r);
+  }
+  return s;
+}
+std::string members_text(const std::vector<int64_t>& m) { return join(m, ","); }
+}  // namespace
+
+void Watchdog::configure(const WatchdogOptions& o) {
+  MTNLG_CHECK(!s_->thread.joinable(), "the device watchdog is already running");
+  opt_ = o;
+  fs::create_directories(dir());
+  // The heartbeat exists before the thread runs: a peer that sees none yet does not judge.
+  std::FILE* f = std::fopen(heartbeat_path(dir(), opt_.token, opt_.rank).c_str(), "w");
+  if (!f) throw_runtime("{}: cannot write the watchdog's heartbeat (logging.dir must be writable)", dir());
+  std::fclose(f);
+  s_->last_heartbeat = wall_now();
+  s_->stop = false;
+  enabled_ = true;
+}
+
+void Watchdog::start(const WatchdogOptions& o) {
+  configure(o);
+  s_->thread = std::thread([this] { loop(); });
+}
+
+void Watchdog::stop() {
+  if (!enabled_) return;
+  if (s_->thread.joinable()) {
+    s_->stop = true;
+    s_->thread.join();
+  }
+  enabled_ = false;
+  std::error_code ec;
+  fs::remove(heartbeat_path(dir(), opt_.token, opt_.rank), ec);  // ended normally: no longer judged
+}
+
+Watchdog::Trip Watchdog::check(double now) {
+  // Heartbeat: this rank's file is refreshed every second; peers' are judged.
+  if (now - s_->last_heartbeat >= 1.0) {
+    ::utimensat(AT_FDCWD, heartbeat_path(dir(), opt_.token, opt_.rank).c_str(), nullptr, 0);
+    s_->last_heartbeat = now;
+  }
+  if (double t = mtime(marker_path(dir(), opt_.token)); t >= 0)
+    return {"rank " + read_text(marker_path(dir(), opt_.token)), false};
+  std::vector<std::pair<std::string, std::function<std::string()>>> errors;
+  {
+    std::lock_guard lock(s_->mu);
+    const State::Row* oldest = nullptr;
+    for (size_t i = s_->done_prefix; i < s_->ring.size(); ++i) {
+      State::Row& r = s_->ring[i];
+      if (r.state == OpState::completed) continue;
+      const OpState now_state = r.probe ? r.probe->poll() : OpState::completed;
+      if (now_state != r.state) {
+        if (r.t_start == 0 && now_state != OpState::enqueued) r.t_start = now;
+        if (now_state == OpState::completed) {
+          r.t_done = now;
+          r.probe.reset();
+        }
+        r.state = now_state;
+      }
+      if (r.state != OpState::completed && (!oldest || r.t_enq < oldest->t_enq)) oldest = &r;
+    }
+    while (s_->done_prefix < s_->ring.size() && s_->ring[s_->done_prefix].state == OpState::completed) ++s_->done_prefix;
+    if (oldest && opt_.timeout_s > 0 && now - oldest->t_enq > opt_.timeout_s) {
+      const auto& c = s_->comms[static_cast<size_t>(oldest->comm)].c;
+      return {fmt::format("timeout: {} #{} {}{} on group {} ({} channel, ranks {}), {} bytes {}, enqueued at {}, still {} "
+                          "after {:.1f} s (parallel.distributed_timeout_minutes: {:.1f} s)",
+                          oldest->replay ? "graph-replayed" : "operation", oldest->seq, oldest->op,
+                          oldest->peer >= 0 ? fmt::format(" with group rank {}", oldest->peer) : "", c.group, c.channel,
+                          members_text(c.members), oldest->bytes, to_string(oldest->dt),
+                          describe_context(oldest->ctx, opt_.stage), op_state_name(oldest->state), now - oldest->t_enq,
+                          opt_.timeout_s),
+              true};
+    }
+    for (const auto& c : s_->comms)
+      if (c.c.async_error) errors.emplace_back(fmt::format("group {} ({} channel, ranks {})", c.c.group, c.c.channel, members_text(c.c.members)), c.c.async_error);
+  }
+  for (auto& [what, probe] : errors)
+    if (std::string e = probe(); !e.empty()) return {fmt::format("NCCL asynchronous error {} on {}", e, what), true};
+  // Peers' heartbeats: a file that stopped changing belongs to a dead (or stopped) process.
+  for (int64_t r = 0; r < opt_.world; ++r) {
+    if (r == opt_.rank) continue;
+    const double t = mtime(heartbeat_path(dir(), opt_.token, r));
+    if (t >= 0 && now - t > opt_.dead_after_s)
+      return {fmt::format("dead peer: {} stopped its heartbeat {:.1f} s ago (the process died or was stopped)",
+                          describe_rank(r, ""), now - t),
+              true};
+  }
+  return {};
+}
+
+void Watchdog::loop() {
+  std::function<void()> init;
+  {
+    std::lock_guard lock(s_->mu);
+    init = s_->factory.thread_init;
+  }
+  if (init) init();
+  for (;;) {
+    if (dump_requested_.exchange(false)) {  // also when stopping: a request is never lost
+      try {
+        dump("live dump (SIGUSR1)");
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "mtnlg: rank %lld: flight recorder dump failed: %s\n", static_cast<long long>(opt_.rank), e.what());
+      }
+    }
+    if (s_->stop.load()) break;
+    Trip t = check(wall_now());
+    if (!t.reason.empty()) trip(t.reason, t.origin);
+    std::this_thread::sleep_for(std::chrono::duration<double>(opt_.poll_s));
+  }
+}
+
+std::string Watchdog::dump_json(const std::string& reason) const {
+  std::lock_guard lock(s_->mu);
+  json j;
+  j["token"] = opt_.token;
+  j["rank"] = opt_.rank;
+  j["world"] = opt_.world;
+  j["coord"] = opt_.coord;
+  j["host"] = host_name();
+  j["time"] = wall_now();
+  j["reason"] = reason;
+  j["tripped"] = tripped_.load();
+  j["timeout_s"] = opt_.timeout_s;
+  j["context"] = describe_context(s_->ctx, opt_.stage);
+  j["iteration"] = s_->ctx.iteration;
+  j["micro_batch"] = s_->ctx.micro_batch;
+  j["stage"] = opt_.stage;
+  j["phase"] = s_->ctx.phase;
+  j["comms"] = json::array();
+  for (size_t i = 0; i < s_->comms.size(); ++i) {
+    const auto& c = s_->comms[i];
+    json p = json::object();
+    for (auto [peer, n] : c.p2p) p[std::to_string(peer)] = n;
+    j["comms"].push_back({{"id", i},
+                          {"group", c.c.group},
+                          {"channel", c.c.channel},
+                          {"members", c.c.members},
+                          {"group_rank", c.c.group_rank},
+                          {"entered", c.coll},
+                          {"entered_p2p", p}});
+  }
+  j["ops"] = json::array();
+  for (const auto& r : s_->ring)
+    j["ops"].push_back({{"comm", r.comm},
+                        {"seq", r.seq},
+                        {"op", r.op},
+                        {"peer", r.peer},
+                        {"bytes", r.bytes},
+                        {"dtype", to_string(r.dt)},
+                        {"state", op_state_name(r.state)},
+                        {"t_enqueued", r.t_enq},
+                        {"t_started", r.t_start},
+                        {"t_completed", r.t_done},
+                        {"context", describe_context(r.ctx, opt_.stage)},
+                        {"replay", r.replay}});
+  return j.dump(1);
+}
+
+std::string Watchdog::dump(const std::string& reason) {
+  const std::string path = dump_path(dir(), opt_.rank);
+  AtomicFile f(path);
+  f.write(dump_json(reason));
+  f.commit();
+  return path;
+}
+
+void Watchdog::trip(const std::string& reason, bool origin) {
+  tripped_ = true;  // the training thread parks at its next operation
+  const std::string me = describe_rank(opt_.rank, "");
+  if (origin) {  // the first rank to trip writes the marker the others poll for
+    const std::string m = marker_path(dir(), opt_.token);
+    const int fd = ::open(m.c_str(), O_CREAT | O_EXCL | O_WRONLY, 0644);
+    if (fd >= 0) {
+      const std::string text = fmt::format("{}: {}", opt_.rank, reason);
+      [[maybe_unused]] ssize_t n = ::write(fd, text.data(), text.size());
+      ::close(fd);
+    } else {
+      origin = false;  // another rank was first: it writes the verdict
+    }
+  }
+  std::fprintf(stderr, "mtnlg: %s: NCCL watchdog: %s; aborting the NCCL communicators (flight recorder: %s)\n", me.c_str(),
+               reason.c_str(), dump_path(dir(), opt_.rank).c_str());
+  std::fflush(stderr);
+  try {
+    dump(reason);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "mtnlg: %s: flight recorder dump failed: %s\n", me.c_str(), e.what());
+  }
+  // Wait for the dumps of the ranks still alive (their heartbeat fresh), at most grace_s.
+  const double t0 = wall_now();
+  for (;;) {
+    bool all = true;
+    for (int64_t r = 0; r < opt_.world && all; ++r) {
+      if (r == opt_.rank) continue;
+      const double hb = mtime(heartbeat_path(dir(), opt_.token, r));
+      if (hb < 0 || wall_now() - hb > opt_.dead_after_s) continue;  // dead, or ended: no dump to wait for
+      const std::string text = read_text(dump_path(dir(), r));
+      if (text.find(fmt::format("\"token\": \"{}\"", opt_.token)) == std::string::npos ||
+          text.find("\"tripped\": true") == std::string::npos)
+        all = false;
+    }
+    if (all || wall_now() - t0 > opt_.grace_s) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  if (origin) {
+    try {
+      const HangVerdict v = explain_hang(opt_.run_dir);
+      AtomicFile f((fs::path(dir()) / "report.txt").string());
+      f.write_line(v.text);
+      f.commit();
+      std::fprintf(stderr, "mtnlg: NCCL watchdog verdict: %s\n", v.text.c_str());
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "mtnlg: NCCL watchdog: no verdict: %s\n", e.what());
+    }
+    if (std::FILE* d = std::fopen(verdict_done_path(dir(), opt_.token).c_str(), "w")) std::fclose(d);
+  } else {
+    // The first rank writes the verdict: stay until it has (a launcher ends the job when
+    // the first process exits), at most grace_s more.
+    const double t1 = wall_now();
+    while (mtime(verdict_done_path(dir(), opt_.token)) < 0 && wall_now() - t1 < opt_.grace_s)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  std::vector<std::function<void()>> aborts;
+  {
+    std::lock_guard lock(s_->mu);
+    for (const auto& c : s_->comms)
+      if (c.c.abort) aborts.push_back(c.c.abort);
+  }
+  for (auto& a : aborts) a();
+  std::fprintf(stderr, "mtnlg: %s: NCCL watchdog: communicators aborted, exiting with status %d\n", me.c_str(), kExitCode);
+  std::fflush(stderr);
+  ::_exit(kExitCode);
+}
+
+// ---- the verdict ------------------------------------------------------------------------
+
+namespace {
+
+struct RankDump {
+  json j;
+  int64_t rank = -1;
+  // group instance key -> (collectives entered, point-to-point entered per peer group rank)
+  struct Counts {
+    uint64_t coll = 0;
+    std::map<int64_t, uint64_t> p2p;
+    const json* comm = nullptr;
+  };
+  std::map<std::string, Counts> counts;
+  std::map<int64_t, std::string> key_of;  // comm id -> key
+};
+
+std::string comm_key(const json& c) {
+  std::string m;
+  for (const auto& x : c.at("members")) m += std::to_string(x.get<int64_t>()) + ",";
+  return c.at("group").get<std::string>() + "/" + c.at("channel").get<std::string>() + "/" + m;
+}
+
+struct Edge {
+  int64_t from = -1, to = -1;
+  const json* op = nullptr;
+  const json* comm = nullptr;
+};
+
+}  // namespace
+
+HangVerdict explain_hang_dumps(const std::vector<std::string>& texts) {
+  HangVerdict v;
+  std::vector<RankDump> all;
+  for (const std::string& t : texts) {
+    RankDump d;
+    try {
+      d.j = json::parse(t);
+    } catch (const std::exception& e) {
+      throw_input("flight recorder dump: not valid JSON: {}", e.what());
+    }
+    all.push_back(std::move(d));
+  }
+  if (all.empty()) return v;
+  // The newest run's dumps only (a run directory reused by a later run keeps older ones).
+  std::string token;
+  double newest = -1;
+  for (const auto& d : all)
+    if (d.j.value("time", 0.0) > newest) {
+      newest = d.j.value("time", 0.0);
+      token = d.j.value("token", "");
+    }
+  std::map<int64_t, RankDump> by_rank;
+  for (auto& d : all) {
+    if (d.j.value("token", "") != token) continue;
+    d.rank = d.j.at("rank").get<int64_t>();
+    by_rank[d.rank] = std::move(d);
+  }
+  for (auto& [r, d] : by_rank) {
+    for (const auto& c : d.j.at("comms")) {
+      RankDump::Counts& k = d.counts[comm_key(c)];
+      k.coll = c.value("entered", uint64_t{0});
+      for (auto it = c.at("entered_p2p").begin(); it != c.at("entered_p2p").end(); ++it)
+        k.p2p[std::stoll(it.key())] = it.value().get<uint64_t>();
+      k.comm = &c;
+      d.key_of[c.at("id").get<int64_t>()] = comm_key(c);
+    }
+  }
+  v.found = true;
+  v.dumps = static_cast<int64_t>(by_rank.size());
+  v.world = by_rank.begin()->second.j.value("world", int64_t{0});
+  for (int64_t r = 0; r < v.world; ++r)
+    if (!by_rank.count(r)) v.missing.push_back(r);
+  // The origin: the rank that wrote the marker (its reason is not a peer's).
+  double first = 1e300;
+  for (auto& [r, d] : by_rank) {
+    const std::string why = d.j.value("reason", "");
+    if (why.rfind("rank ", 0) == 0 || why.rfind("live dump", 0) == 0) continue;
+    if (d.j.value("time", 0.0) < first) {
+      first = d.j.value("time", 0.0);
+      v.origin_rank = r;
+      v.origin_reason = why;
+    }
+  }
+  // Who waits for whom: a pending operation waits for every member (the peer, for
+  // point-to-point) that has entered fewer operations on that communicator.
+  std::vector<Edge> edges;
+  std::set<int64_t> waits_for_someone;
+  for (auto& [r, d] : by_rank) {
+    std::map<std::string, const json*> first_pending;  // per communicator, its oldest pending op
+    for (const auto& op : d.j.at("ops")) {
+      if (op.at("state").get<std::string>() == "completed") continue;
+      const std::string key = d.key_of.at(op.at("comm").get<int64_t>()) + (op.at("peer").get<int64_t>() >= 0 ? "p" + std::to_string(op.at("peer").get<int64_t>()) : "");
+      if (!first_pending.count(key)) first_pending[key] = &op;
+    }
+    for (auto& [key, op] : first_pending) {
+      const std::string ck = d.key_of.at(op->at("comm").get<int64_t>());
+      const json& comm = *d.counts.at(ck).comm;
+      const auto& members = comm.at("members");
+      const uint64_t seq = op->at("seq").get<uint64_t>();
+      const int64_t peer = op->at("peer").get<int64_t>();
+      const int64_t my_group_rank = comm.at("group_rank").get<int64_t>();
+      for (size_t gi = 0; gi < members.size(); ++gi) {
+        const int64_t m = members[gi].get<int64_t>();
+        if (m == r || (peer >= 0 && static_cast<int64_t>(gi) != peer)) continue;
+        auto it = by_rank.find(m);
+        bool behind = it == by_rank.end();
+        if (!behind) {
+          const auto c = it->second.counts.find(ck);
+          if (c == it->second.counts.end()) behind = true;
+          else if (peer >= 0) {
+            auto p = c->second.p2p.find(my_group_rank);
+            behind = (p == c->second.p2p.end() ? 0 : p->second) < seq;
+          } else {
+            behind = c->second.coll < seq;
+          }
+        }
+        if (behind) {
+          edges.push_back({r, m, op, &comm});
+          waits_for_someone.insert(r);
+        }
+      }
+    }
+  }
+  std::map<int64_t, std::set<int64_t>> waiters;
+  for (const Edge& e : edges) waiters[e.to].insert(e.from);
+  int64_t best = -1;
+  auto better = [&](int64_t a, int64_t b) {  // a root beats a non-root, then more waiters, then the lower rank
+    const bool ra = !waits_for_someone.count(a), rb = !waits_for_someone.count(b);
+    if (ra != rb) return ra;
+    if (waiters[a].size() != waiters[b].size()) return waiters[a].size() > waiters[b].size();
+    return a < b;
+  };
+  for (auto& [c, w] : waiters)
+    if (best < 0 || better(c, best)) best = c;
+  std::string text;
+  // A failure one rank saw itself (an asynchronous NCCL error) or a dead peer names its
+  // rank: the others' lags are then only where each happened to be.
+  const bool async = v.origin_reason.rfind("NCCL asynchronous error", 0) == 0;
+  int64_t dead_peer = -1;
+  if (v.origin_reason.rfind("dead peer: rank ", 0) == 0) dead_peer = std::stoll(v.origin_reason.substr(16));
+  if (async && by_rank.count(v.origin_rank)) {
+    v.culprit = v.origin_rank;
+    auto& d = by_rank.at(v.origin_rank);
+    v.culprit_coord = d.j.value("coord", "");
+    v.culprit_context = d.j.value("context", "");
+    const size_t g = v.origin_reason.find(" on group ");
+    if (g != std::string::npos) v.group = v.origin_reason.substr(g + 10, v.origin_reason.find(' ', g + 10) - (g + 10));
+    v.waiting.assign(waiters[v.culprit].begin(), waiters[v.culprit].end());
+    text = fmt::format("rank {} ({}) failed on its own: {}; it was at {}", v.culprit, v.culprit_coord, v.origin_reason,
+                       v.culprit_context);
+  } else if (dead_peer >= 0) {
+    v.culprit = dead_peer;
+    text = fmt::format("rank {} died ({})", dead_peer, v.origin_reason.substr(11));
+    if (auto it = by_rank.find(dead_peer); it != by_rank.end()) text += "; it was at " + it->second.j.value("context", "");
+  } else if (best >= 0) {
+    v.culprit = best;
+    const Edge* e0 = nullptr;
+    for (const Edge& e : edges)
+      if (e.to == best && (!e0 || e.op->at("t_enqueued").get<double>() < e0->op->at("t_enqueued").get<double>())) e0 = &e;
+    v.group = e0->comm->at("group").get<std::string>();
+    v.channel = e0->comm->at("channel").get<std::string>();
+    v.op = e0->op->at("op").get<std::string>();
+    v.seq = e0->op->at("seq").get<uint64_t>();
+    v.bytes = e0->op->at("bytes").get<int64_t>();
+    v.dtype = e0->op->at("dtype").get<std::string>();
+    for (const auto& m : e0->comm->at("members")) v.members.push_back(m.get<int64_t>());
+    // Waiting in that very operation; the culprit's other waiters are listed apart.
+    std::set<int64_t> same, other;
+    for (const Edge& e : edges)
+      if (e.to == best) {
+        const bool collective = e.op->at("peer").get<int64_t>() < 0 && e0->op->at("peer").get<int64_t>() < 0;
+        const bool in_op = e.from == e0->from || (collective && comm_key(*e.comm) == comm_key(*e0->comm) &&
+                                                  e.op->at("seq") == e0->op->at("seq"));
+        (in_op ? same : other).insert(e.from);
+      }
+    for (int64_t x : same) other.erase(x);
+    v.waiting.assign(same.begin(), same.end());
+    auto it = by_rank.find(best);
+    if (it != by_rank.end()) {
+      v.culprit_coord = it->second.j.value("coord", "");
+      v.culprit_context = it->second.j.value("context", "");
+    }
+    const std::string waiting = join(v.waiting, ", ");
+    std::string entered;
+    if (it != by_rank.end()) {
+      const auto c = it->second.counts.find(comm_key(*e0->comm));
+      if (c != it->second.counts.end())
+        entered = e0->op->at("peer").get<int64_t>() >= 0 ? "" : fmt::format(" (it entered {} there)", c->second.coll);
+    }
+    text = fmt::format("rank {}{} is the culprit: rank{} {} wait{} for it in {} #{} ({} bytes {}) on group {} (ranks {}, {} "
+                       "channel), which rank {} never entered{}",
+                       best, v.culprit_coord.empty() ? "" : " (" + v.culprit_coord + ")", v.waiting.size() > 1 ? "s" : "",
+                       waiting, v.waiting.size() > 1 ? "" : "s", v.op, v.seq, v.bytes, v.dtype, v.group,
+                       members_text(v.members), v.channel, best, entered);
+    if (it == by_rank.end())
+      text += "; it left no flight record (the process died)";
+    else
+      text += "; it was at " + v.culprit_context;
+    text += fmt::format("; the waiters were at {}", e0->op->at("context").get<std::string>());
+    if (!other.empty()) {
+      const std::string o = join(std::vector<int64_t>(other.begin(), other.end()), ", ");
+      text += fmt::format("; rank{} {} wait{} for it too, in other operations", other.size() > 1 ? "s" : "", o,
+                          other.size() > 1 ? "" : "s");
+    }
+  } else if (!v.missing.empty()) {
+    v.culprit = v.missing.front();
+    text = fmt::format("rank {} left no flight record (the process died); no operation was waiting on a missing peer", v.culprit);
+  } else if (v.origin_rank >= 0) {
+    v.culprit = v.origin_rank;
+    auto& d = by_rank.at(v.origin_rank);
+    v.culprit_coord = d.j.value("coord", "");
+    v.culprit_context = d.j.value("context", "");
+    text = fmt::format("rank {} ({}) failed on its own: {}; it was at {}", v.culprit, v.culprit_coord, v.origin_reason,
+                       v.culprit_context);
+  } else {
+    text = "no rank waits for another in the flight recorder dumps (a live dump?)";
+  }
+  if (v.origin_rank >= 0)
+    text += fmt::format(". The watchdog tripped first on rank {}: {}", v.origin_rank, v.origin_reason);
+  text += fmt::format(". Dumps from {} of {} ranks", v.dumps, v.world);
+  if (!v.missing.empty()) text += fmt::format(" (none from rank {})", members_text(v.missing));
+  text += ".";
+  v.text = text;
+  return v;
+}
+
+HangVerdict explain_hang(const std::string& run_dir) {
+  const fs::path d = fs::path(run_dir) / "flight_recorder";
+  std::vector<std::string> texts;
+  std::error_code ec;
+  if (fs::is_directory(d, ec))
+    for (const auto& e : fs::directory_iterator(d)) {
+      const std::string n = e.path().filename().string();
+      if (n.rfind("rank", 0) == 0 && e.path().extension() == ".json") texts.push_back(read_text(e.path().string()));
+    }
+  if (texts.empty()) throw_input("{}: no flight recorder dumps (rank<R>.json)", d.string());
+  return explain_hang_dumps(texts);
+}
+
+}  // namespace mtnlg::parallel
