@@ -327,11 +327,11 @@ struct Walker {
     cur.words = words;
     cur.stopwords = stopwords;
     cur.chars = code_points(cur.text);
-    // CJK code points (lead bytes E3..ED: U+3000..U+D7FF) count twice in the length tests:
-    // a character there carries about what a word of two or three letters does elsewhere.
+    // CJK code points (lead bytes E3..ED: U+3000..U+D7FF) count three times in the length
+    // tests: a character there carries about what a short word does elsewhere.
     int64_t cjk = 0;
     for (size_t k = 0; k < n; ++k) cjk += t[k] >= 0xE3 && t[k] <= 0xED;
-    cur.length = cur.chars + cjk;
+    cur.length = cur.chars + 2 * cjk;
   }
 
   void flush() {
@@ -508,6 +508,8 @@ struct Walker {
                      (a.role && (std::strcmp(a.role, "navigation") == 0 || std::strcmp(a.role, "banner") == 0 ||
                                  std::strcmp(a.role, "contentinfo") == 0 || std::strcmp(a.role, "dialog") == 0));
     const bool art = t == GUMBO_TAG_ARTICLE || t == GUMBO_TAG_MAIN;
+    // Furniture inside a heading ("[edit]", an anchor or share link) is not its text.
+    if (ctx && heading > 0 && !block) return;
     if (block) flush();
     // Block-level elements that can hold text are the nodes of the content container.
     const bool node = block && t != GUMBO_TAG_BR && t != GUMBO_TAG_HR;
@@ -515,7 +517,8 @@ struct Walker {
       open.push_back(static_cast<int32_t>(page.parent.size()));
       page.parent.push_back(open.size() > 1 ? open[open.size() - 2] : -1);
       const bool page_element = t == GUMBO_TAG_HTML || t == GUMBO_TAG_BODY || t == GUMBO_TAG_MAIN;
-      page.marks.push_back(page_element ? 0 : (marks & kMarkComment));
+      page.marks.push_back(static_cast<uint8_t>((page_element ? 0 : (marks & kMarkComment)) |
+                                                (t == GUMBO_TAG_TR ? kNodeRow : 0)));
     }
     link += t == GUMBO_TAG_A;
     pre += t == GUMBO_TAG_PRE;
@@ -740,6 +743,12 @@ void mark_comments(ParsedPage& page) {
   }
 }
 
+bool inside(const ParsedPage& page, int32_t node, int32_t container) {
+  for (int32_t n = node; n >= container; n = page.parent[static_cast<size_t>(n)])
+    if (n == container) return true;
+  return false;
+}
+
 int32_t content_container(const ParsedPage& page) {
   const auto& blocks = page.blocks;
   const auto& parent = page.parent;
@@ -758,6 +767,21 @@ int32_t content_container(const ParsedPage& page) {
     }
   }
   if (blocks_good == 0) return -1;
+  // The anchor: the first good block after the page's first <h1> (not furniture) that is
+  // prose on its own (good or near-good before its neighbours were looked at); the
+  // container holds it. The article starts under its title; a page of posts (a question
+  // and its answers, a forum thread) whose one long post holds most of the text keeps its
+  // other posts.
+  int32_t anchor = -1;
+  bool after_h1 = false;
+  for (const auto& b : blocks) {
+    after_h1 = after_h1 || (b.h1 && !b.boilerplate_context);
+    if (after_h1 && !b.heading && b.final_class == BlockClass::good && b.node >= 0 &&
+        (b.initial == BlockClass::good || b.initial == BlockClass::neargood)) {
+      anchor = b.node;
+      break;
+    }
+  }
   int32_t c = -1;
   if (blocks_good == 1) {
     c = parent[static_cast<size_t>(last_good)] >= 0 ? parent[static_cast<size_t>(last_good)] : last_good;
@@ -765,7 +789,9 @@ int32_t content_container(const ParsedPage& page) {
     // The nodes holding more than half form a chain from the top: the deepest is the one
     // with the largest index (a child comes after its parent in document order).
     for (size_t n = 0; n < parent.size(); ++n)
-      if (2 * good_chars[n] > total && good_blocks[n] >= 2) c = static_cast<int32_t>(n);
+      if (2 * good_chars[n] > total && good_blocks[n] >= 2 &&
+          (anchor < 0 || inside(page, anchor, static_cast<int32_t>(n))))
+        c = static_cast<int32_t>(n);
   }
   if (c < 0) return -1;
   // Widen over siblings holding text good on its own.
@@ -788,11 +814,6 @@ int32_t content_container(const ParsedPage& page) {
   return c;
 }
 
-bool inside(const ParsedPage& page, int32_t node, int32_t container) {
-  for (int32_t n = node; n >= container; n = page.parent[static_cast<size_t>(n)])
-    if (n == container) return true;
-  return false;
-}
 
 }  // namespace
 
@@ -800,8 +821,8 @@ void classify_blocks(ParsedPage& page, const BlockParams& p, bool use_stopwords)
   auto& blocks = page.blocks;
   mark_comments(page);
   const std::vector<int32_t> listings = mark_listing_cards(page);
-  // Text repeated on other pages of the site is boilerplate, as long as some text good on
-  // its own is not repeated (a page fetched twice, or one whose article is on two pages,
+  // Text repeated on other pages of the site is boilerplate, as long as some text that is
+  // not short (length_low), furniture or a comment is not repeated (a page fetched twice, or one whose article is on two pages,
   // keeps its article).
   bool repeated = false;
   for (const auto& b : blocks)
@@ -809,10 +830,8 @@ void classify_blocks(ParsedPage& page, const BlockParams& p, bool use_stopwords)
   if (repeated) {
     bool fresh_good = false;
     for (const auto& b : blocks)
-      fresh_good = fresh_good || (!hard_bad(b, p, true) && b.length > p.length_high &&
-                                  (b.pre || !use_stopwords ||
-                                   (b.words > 0 && static_cast<double>(b.stopwords) / static_cast<double>(b.words) >=
-                                                       p.stopwords_high)));
+      fresh_good = fresh_good || (!b.repeated && !b.boilerplate_context && !(b.comment && !p.keep_comments) &&
+                                  b.length >= p.length_low);
     repeated = fresh_good;
   }
   // 1. Each block on its own.
@@ -887,6 +906,21 @@ void classify_blocks(ParsedPage& page, const BlockParams& p, bool use_stopwords)
     };
     if ((i > 0 && sibling(i - 1)) || (i + 1 < blocks.size() && sibling(i + 1))) b.final_class = BlockClass::good;
   }
+  // 4b'. The lead: the first near-good block within max_heading_distance after the page's
+  // first <h1> (not furniture) is good, as a heading before good text is.
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    if (!blocks[i].h1 || blocks[i].boilerplate_context) continue;
+    int64_t dist = 0;
+    for (size_t k = i + 1; k < blocks.size() && dist <= p.max_heading_distance; ++k) {
+      if (blocks[k].heading) break;
+      if (blocks[k].initial == BlockClass::neargood || blocks[k].initial == BlockClass::good) {
+        blocks[k].final_class = BlockClass::good;
+        break;
+      }
+      dist += blocks[k].chars;
+    }
+    break;
+  }
   // 4c. A listing's intro: the near-good and good text of the element around the listing,
   // before the listing (docs/specs/justext.md, "Listing pages").
   for (const int32_t l : listings) {
@@ -960,8 +994,15 @@ void classify_blocks(ParsedPage& page, const BlockParams& p, bool use_stopwords)
     }
     size_t j = i;  // the run [i, j)
     while (j <= last && blocks[j].final_class != BlockClass::good && !hard_bad(blocks[j], p, repeated)) ++j;
-    const bool good_before = i > first && blocks[i - 1].final_class == BlockClass::good;
-    const bool good_after = j <= last && blocks[j].final_class == BlockClass::good;
+    // A good block in another cell of the same table row does not count: a column of short
+    // lines beside a column of text is a sidebar (a forum post's user card, a layout's menu).
+    auto same_column = [&](size_t a, size_t b) {
+      int32_t x = blocks[a].node, y = blocks[b].node;
+      while (x != y && x >= 0 && y >= 0) (x > y ? x : y) = page.parent[static_cast<size_t>(x > y ? x : y)];
+      return !(x >= 0 && x == y && (page.marks[static_cast<size_t>(x)] & kNodeRow));
+    };
+    const bool good_before = i > first && blocks[i - 1].final_class == BlockClass::good && same_column(i - 1, i);
+    const bool good_after = j <= last && blocks[j].final_class == BlockClass::good && same_column(j, j - 1);
     if (good_before || good_after)
       for (size_t k = i; k < j; ++k) blocks[k].final_class = BlockClass::good;
     i = j;

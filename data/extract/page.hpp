@@ -26,7 +26,7 @@ struct BlockParams {
   // Structure (docs/specs/justext.md, "Structure"): text repeated on another page of the
   // same site at least this long (code points) is boilerplate; comment and review
   // sections are left out unless `keep_comments`.
-  int64_t repeat_min_chars = 50;
+  int64_t repeat_min_chars = 70;
   bool keep_comments = false;
 };
 
@@ -35,7 +35,7 @@ enum class BlockClass { bad, shortb, neargood, good };
 struct Block {
   std::string text;           // whitespace collapsed (kept inside <pre>)
   int64_t chars = 0;          // code points
-  int64_t length = 0;         // code points, those of CJK scripts (U+3000..U+D7FF) counted twice: the length tests
+  int64_t length = 0;         // code points, those of CJK scripts (U+3000..U+D7FF) counted three times: the length tests
   int64_t link_chars = 0;     // code points inside <a>
   int64_t words = 0, stopwords = 0;
   bool heading = false;       // <h1>..<h6>
@@ -56,6 +56,7 @@ struct Block {
 // holding "comment" or "review" but not "commentary" or "preview"; schema.org's Comment,
 // UserComments and Review types; docs/specs/justext.md, "Structure").
 constexpr uint8_t kMarkFurniture = 1, kMarkComment = 2;
+constexpr uint8_t kNodeRow = 0x80;  // ParsedPage::marks: the element is a table row
 uint8_t attribute_marks(std::string_view value);
 inline bool furniture_attribute(std::string_view class_or_id) { return attribute_marks(class_or_id) & kMarkFurniture; }
 
@@ -64,7 +65,7 @@ inline bool furniture_attribute(std::string_view class_or_id) { return attribute
 struct ParsedPage {
   std::vector<Block> blocks;
   std::vector<int32_t> parent;  // -1: the outermost element
-  std::vector<uint8_t> marks;   // per element: kMarkComment when its class, id, itemprop or itemtype marks one
+  std::vector<uint8_t> marks;   // per element: kMarkComment (its class, id, itemprop or itemtype), kNodeRow (<tr>)
   std::string title;
   std::string lang;             // <html lang>, as written
 };
