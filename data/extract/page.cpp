@@ -757,7 +757,8 @@ int32_t content_container(const ParsedPage& page) {
   int64_t total = 0;
   int32_t blocks_good = 0, last_good = -1;
   for (const auto& b : blocks) {
-    if (b.final_class != BlockClass::good || b.node < 0) continue;
+    // Prose: good or near-good on its own, whatever its neighbours made of it.
+    if ((b.initial != BlockClass::good && b.initial != BlockClass::neargood) || b.node < 0) continue;
     total += b.chars;
     ++blocks_good;
     last_good = b.node;
@@ -987,6 +988,10 @@ void classify_blocks(ParsedPage& page, const BlockParams& p, bool use_stopwords)
       first = std::min(first, i);
       last = i;
     }
+  // Prose inside the container is the article's, whatever its neighbours: a near-good
+  // block there is good (a one-paragraph answer or post between user cards).
+  for (size_t i = first; i <= last && first < blocks.size(); ++i)
+    if (blocks[i].initial == BlockClass::neargood) blocks[i].final_class = BlockClass::good;
   for (size_t i = first; i <= last && first < blocks.size();) {
     if (blocks[i].final_class == BlockClass::good || hard_bad(blocks[i], p, repeated)) {
       ++i;
@@ -1001,10 +1006,10 @@ void classify_blocks(ParsedPage& page, const BlockParams& p, bool use_stopwords)
       while (x != y && x >= 0 && y >= 0) (x > y ? x : y) = page.parent[static_cast<size_t>(x > y ? x : y)];
       return !(x >= 0 && x == y && (page.marks[static_cast<size_t>(x)] & kNodeRow));
     };
-    const bool good_before = i > first && blocks[i - 1].final_class == BlockClass::good && same_column(i - 1, i);
-    const bool good_after = j <= last && blocks[j].final_class == BlockClass::good && same_column(j, j - 1);
-    if (good_before || good_after)
-      for (size_t k = i; k < j; ++k) blocks[k].final_class = BlockClass::good;
+    if (i > first && blocks[i - 1].final_class == BlockClass::good)
+      for (size_t k = i; k < j && same_column(i - 1, k); ++k) blocks[k].final_class = BlockClass::good;
+    if (j <= last && blocks[j].final_class == BlockClass::good)
+      for (size_t k = j; k > i && same_column(j, k - 1); --k) blocks[k - 1].final_class = BlockClass::good;
     i = j;
   }
   // 7. Outside the container only headings that lead into kept text stay: a box of prose
