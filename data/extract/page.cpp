@@ -1006,9 +1006,14 @@ void classify_blocks(ParsedPage& page, const BlockParams& p, bool use_stopwords)
       while (x != y && x >= 0 && y >= 0) (x > y ? x : y) = page.parent[static_cast<size_t>(x > y ? x : y)];
       return !(x >= 0 && x == y && (page.marks[static_cast<size_t>(x)] & kNodeRow));
     };
-    if (i > first && blocks[i - 1].final_class == BlockClass::good)
+    const bool before = i > first && blocks[i - 1].final_class == BlockClass::good;
+    const bool after = j <= last && blocks[j].final_class == BlockClass::good;
+    // A single line with good text on one side only (a post's date line, a signature) is
+    // the post's furniture more often than its text; a run of lines is a list or a table.
+    const bool single = j == i + 1 && !blocks[i].heading && blocks[i].initial == BlockClass::shortb;
+    if (before && (!single || after))
       for (size_t k = i; k < j && same_column(i - 1, k); ++k) blocks[k].final_class = BlockClass::good;
-    if (j <= last && blocks[j].final_class == BlockClass::good)
+    if (after && (!single || before))
       for (size_t k = j; k > i && same_column(j, k - 1); --k) blocks[k - 1].final_class = BlockClass::good;
     i = j;
   }
