@@ -758,7 +758,8 @@ int32_t content_container(const ParsedPage& page) {
   int32_t blocks_good = 0, last_good = -1;
   for (const auto& b : blocks) {
     // Prose: good or near-good on its own, whatever its neighbours made of it.
-    if ((b.initial != BlockClass::good && b.initial != BlockClass::neargood) || b.node < 0) continue;
+    // Comments kept on request are not the article: they do not place its container.
+    if ((b.initial != BlockClass::good && b.initial != BlockClass::neargood) || b.node < 0 || b.comment) continue;
     total += b.chars;
     ++blocks_good;
     last_good = b.node;
@@ -798,7 +799,7 @@ int32_t content_container(const ParsedPage& page) {
   // Widen over siblings holding text good on its own.
   std::vector<char> solo_good(parent.size(), 0);  // the element holds an initially good block
   for (const auto& b : blocks)
-    if (b.initial == BlockClass::good && b.node >= 0)
+    if (b.initial == BlockClass::good && b.node >= 0 && !b.comment)
       for (int32_t n = b.node; n >= 0 && !solo_good[static_cast<size_t>(n)]; n = parent[static_cast<size_t>(n)])
         solo_good[static_cast<size_t>(n)] = 1;
   for (;;) {
@@ -1019,10 +1020,16 @@ void classify_blocks(ParsedPage& page, const BlockParams& p, bool use_stopwords)
   }
   // 7. Outside the container only headings that lead into kept text stay: a box of prose
   // beside the article (an about-us box, a newsletter or donation pitch, a consent text
-  // without a telling class) is not the article however wordy it is.
-  for (size_t i = 0; i < blocks.size(); ++i)
-    if ((i < first || i > last) && blocks[i].final_class == BlockClass::good && !blocks[i].heading)
-      blocks[i].final_class = BlockClass::bad;
+  // without a telling class) is not the article however wordy it is. Comments kept on
+  // request are the exception: their prose is kept wherever the section is.
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    auto& b = blocks[i];
+    if (p.keep_comments && b.comment) {
+      if (b.initial == BlockClass::good || b.initial == BlockClass::neargood) b.final_class = BlockClass::good;
+      continue;
+    }
+    if ((i < first || i > last) && b.final_class == BlockClass::good && !b.heading) b.final_class = BlockClass::bad;
+  }
   for (size_t i = 0; i < blocks.size(); ++i) {
     auto& b = blocks[i];
     if (!b.heading || b.final_class != BlockClass::good || (i >= first && i <= last)) continue;
