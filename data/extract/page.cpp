@@ -760,11 +760,11 @@ int32_t content_container(const ParsedPage& page) {
     // Prose: good or near-good on its own, whatever its neighbours made of it.
     // Comments kept on request are not the article: they do not place its container.
     if ((b.initial != BlockClass::good && b.initial != BlockClass::neargood) || b.node < 0 || b.comment) continue;
-    total += b.chars;
+    total += b.length;  // CJK text weighs as in the length tests
     ++blocks_good;
     last_good = b.node;
     for (int32_t n = b.node; n >= 0; n = parent[static_cast<size_t>(n)]) {
-      good_chars[static_cast<size_t>(n)] += b.chars;
+      good_chars[static_cast<size_t>(n)] += b.length;
       ++good_blocks[static_cast<size_t>(n)];
     }
   }
@@ -796,12 +796,18 @@ int32_t content_container(const ParsedPage& page) {
         c = static_cast<int32_t>(n);
   }
   if (c < 0) return -1;
-  // Widen over siblings holding text good on its own.
-  std::vector<char> solo_good(parent.size(), 0);  // the element holds an initially good block
+  // Widen over siblings that go on with the article: holding a block good on its own and
+  // another prose block (not a heading). A box of one paragraph (an about-us box, a
+  // pitch, a consent text) does not widen it.
+  std::vector<int32_t> prose(parent.size(), 0);
+  std::vector<char> solo_good(parent.size(), 0);  // the element holds an initially good block and more prose
+  for (const auto& b : blocks)
+    if ((b.initial == BlockClass::good || b.initial == BlockClass::neargood) && !b.heading && b.node >= 0 && !b.comment)
+      for (int32_t n = b.node; n >= 0; n = parent[static_cast<size_t>(n)]) ++prose[static_cast<size_t>(n)];
   for (const auto& b : blocks)
     if (b.initial == BlockClass::good && b.node >= 0 && !b.comment)
       for (int32_t n = b.node; n >= 0 && !solo_good[static_cast<size_t>(n)]; n = parent[static_cast<size_t>(n)])
-        solo_good[static_cast<size_t>(n)] = 1;
+        solo_good[static_cast<size_t>(n)] = prose[static_cast<size_t>(n)] >= 2;
   for (;;) {
     const int32_t up = parent[static_cast<size_t>(c)];
     if (up < 0) break;
