@@ -76,12 +76,15 @@ struct ParsedPage {
 ParsedPage parse_html_blocks(std::string_view html_utf8, bool strip = true);
 
 // Classifies the blocks in place; `use_stopwords` false for a language without a
-// stop-word list (only length, link density and context count then). jusText's steps
-// first (each block alone, then its neighbours), then the content container: the
-// deepest element holding most of the good text (widened to its parent while a sibling
-// holds good text of its own); inside it, a run of blocks that are bad only for being
-// short or for their stop words, next to a good block of the container, is good
-// (docs/specs/justext.md, "The content container").
+// stop-word list (only length, link density and context count then). The page's
+// structure first (comment and review sections, teaser cards of listings, text the
+// caller marked `repeated`: docs/specs/justext.md, "Structure"), then jusText's steps
+// (each block alone, then its neighbours; <pre> text good), groups of paragraphs, the
+// lead under the <h1>, a listing's intro, then the content container: the deepest
+// element holding most of the prose and the first prose after the <h1> (widened over
+// siblings that go on with the article); inside it near-good prose and runs of short or
+// low-stop-word blocks next to its good text are good, outside it only headings leading
+// into kept text stay (docs/specs/justext.md, "The content container").
 void classify_blocks(ParsedPage& page, const BlockParams& p, bool use_stopwords);
 
 // The kept (good) blocks joined by '\n'.
