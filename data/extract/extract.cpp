@@ -186,6 +186,8 @@ void check_extract_options(const ExtractOptions& opt) {
     throw_input("--compress: '{}' is not none or zstd", opt.compress);
   if (opt.languages.empty()) throw_input("--languages: empty (give ISO codes such as en,de or 'all')");
   if (opt.max_record_bytes < 1024) throw_input("--max-record-bytes: {} is under 1024", opt.max_record_bytes);
+  if (opt.min_language_chars < 0) throw_input("--min-language-chars: {} is negative", opt.min_language_chars);
+  if (opt.blocks.repeat_min_chars < 1) throw_input("--repeat-min-chars: {} is under 1", opt.blocks.repeat_min_chars);
   std::set<std::string> dup;
   for (const auto& in : opt.inputs) {
     std::error_code ec;

@@ -904,8 +904,15 @@ TEST_CASE("mtnlg data extract end to end: help, errors, report, skip-bad-records
   auto help = test::run_mtnlg("data extract --help");
   CHECK(help.exit_code == 0);
   for (const char* o : {"--input", "--output", "--languages", "--compress", "--skip-bad-records", "--max-record-bytes",
-                        "--min-language-score", "--no-progress", "mpirun"})
+                        "--min-language-score", "--no-progress", "mpirun", "--keep-comments", "--min-language-chars",
+                        "--repeat-min-chars"})
     CHECK_THAT(help.out, Contains(o));
+  for (const auto& [flag, what] : {std::pair<std::string, std::string>{"--min-language-chars -1", "--min-language-chars: -1 is negative"},
+                                   {"--repeat-min-chars 0", "--repeat-min-chars: 0 is under 1"}}) {
+    auto r = test::run_mtnlg("data extract " + flag + " --input " + fixture("pages.warc.gz") + " --output " + d + "/bad-opt");
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.out, Contains(what));
+  }
   auto ok = test::run_mtnlg("data extract --input " + fixture("pages.warc.gz") + " " + fixture("sample.warc.wet.gz") +
                             " --output " + d + "/o");
   INFO(ok.out);
@@ -913,6 +920,9 @@ TEST_CASE("mtnlg data extract end to end: help, errors, report, skip-bad-records
   CHECK_THAT(ok.out, Contains("docs/s") && Contains("100.0%"));  // the progress line
   const auto rep = json::parse(test::read_file(dir / "o" / "extract_report.json"));
   CHECK(rep["totals"]["documents"] == 34);
+  CHECK(rep["totals"]["language_unclassifiable"] == 0);
+  CHECK(rep["options"]["keep_comments"] == false);
+  CHECK(rep["options"]["min_language_chars"] == 50);
   CHECK(rep["files"].size() == 2);
   CHECK(fs::exists(dir / "o" / "pages.jsonl"));
   CHECK(fs::exists(dir / "o" / "sample.jsonl"));
