@@ -404,7 +404,7 @@ struct RecordExtractor {
 // pages of a window are counted together; what earlier windows held is remembered (up to
 // kMaxRemembered keys), so a page is compared with every earlier page of its site and
 // with the window's later ones. A URL seen before adds nothing (a page fetched twice is
-// not boilerplate of itself).
+// not boilerplate of itself); a URL without a host (file://) belongs to no site.
 class SiteRepetition {
  public:
   explicit SiteRepetition(int64_t min_chars) : min_chars_(min_chars) {}
@@ -412,9 +412,13 @@ class SiteRepetition {
     std::unordered_map<uint64_t, int32_t> count;  // key -> pages of the window
     std::vector<std::vector<uint64_t>> keys(window.size());
     std::vector<char> counted(window.size(), 0);
+    std::vector<char> site(window.size(), 0);  // a page with a host (a file:// URL has none: no site)
     for (size_t i = 0; i < window.size(); ++i) {
       if (!window[i].page) continue;
-      const uint64_t host = fnv1a(url_host(window[i].url));
+      const std::string h = url_host(window[i].url);
+      site[i] = !h.empty();
+      if (!site[i]) continue;
+      const uint64_t host = fnv1a(h);
       for (const auto& b : window[i].parsed.blocks)
         if (!b.heading && b.chars >= min_chars_) keys[i].push_back(fnv1a(b.text, host));
       std::sort(keys[i].begin(), keys[i].end());
@@ -426,7 +430,7 @@ class SiteRepetition {
         for (uint64_t k : keys[i]) ++count[k];
     }
     for (size_t i = 0; i < window.size(); ++i) {
-      if (!window[i].page) continue;
+      if (!site[i]) continue;
       const uint64_t host = fnv1a(url_host(window[i].url));
       for (auto& b : window[i].parsed.blocks) {
         if (b.heading || b.chars < min_chars_) continue;

@@ -836,11 +836,17 @@ void classify_blocks(ParsedPage& page, const BlockParams& p, bool use_stopwords)
   for (const auto& b : blocks)
     if (b.repeated) repeated = true;
   if (repeated) {
-    bool fresh_good = false;
+    // Of the blocks that are not short, furniture or comments: how many, how many repeated.
+    int64_t prose = 0, shared = 0;
     for (const auto& b : blocks)
-      fresh_good = fresh_good || (!b.repeated && !b.boilerplate_context && !(b.comment && !p.keep_comments) &&
-                                  b.length >= p.length_low);
-    repeated = fresh_good;
+      if (!b.boilerplate_context && !(b.comment && !p.keep_comments) && b.length >= p.length_low) {
+        ++prose;
+        shared += b.repeated;
+      }
+    // A near copy of another page (a mirror, a print version: six or more of its blocks and
+    // three quarters of them on the other page) is the dedup stage's, not boilerplate: a
+    // site's boxes of prose are a few paragraphs.
+    repeated = shared < prose && !(shared >= 6 && 4 * shared >= 3 * prose);
   }
   // 1. Each block on its own.
   for (auto& b : blocks) {
