@@ -10,14 +10,16 @@ the tests and the benchmark generate the pages where they run). Two sets:
   * heldout: the pages the numbers in docs/PERFORMANCE.md are measured on, never tuned on.
 
 The sets are drawn from disjoint halves of every pool: sentence templates and their
-fillers, the non-English sentences, the boilerplate prose, the semantic class names, the
-prefix and alphabet of the hashed class names, the markup variants of each template
-(wrappers, where the cookie banner sits, how comments and reviews are marked up, which
-heading levels and list tags are used), and another random seed.
+fillers, the user-comment sentences, the non-English sentences, the boilerplate prose,
+the semantic class names, the names in lists, the man page's options, the prefix and
+alphabet of the hashed class names; some markup differs by set too (the news article's
+wrapper, how comment sections are marked: only the held-out set has Disqus threads, the
+order of the boxes of the boilerplate-heavy template); and another random seed.
 
 14 templates, 16 pages each (12 English, 4 in German, French, Spanish, Russian, Chinese,
-Japanese or Arabic; pages of one template come from two sites, 8 pages a site, so site
-furniture repeats across a site's pages as it does in a crawl):
+Japanese or Arabic; the English pages of a template come from two sites of 6 pages, the
+others from two sites of 2, so site furniture repeats across a site's pages as it does in
+a crawl; the pages are shuffled):
 
   news, blog (with comments), forum (a Q&A page or a threaded forum), docs, wiki, product
   (with reviews, specs, "customers also bought"), mailing (a list archive message), listing
