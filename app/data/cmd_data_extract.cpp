@@ -202,8 +202,18 @@ void register_data_extract(CLI::App& data) {
       ->expected(1, -1);
   c->add_option("--output", o->output_dir, "Output directory (created if missing)")->required();
   c->add_option("--languages", *langs,
-                "Comma-separated ISO 639 codes of the languages kept (CLD2 on the page's text), or 'all'")
+                "Comma-separated ISO 639 codes of the languages kept, or 'all'. The language is CLD2's on the "
+                "page's MAIN text, with the page's Content-Language or <html lang> as the prior")
       ->capture_default_str();
+  c->add_option("--min-language-chars", o->min_language_chars,
+                "With a language filter: a page whose main text has fewer code points than this, or whose language "
+                "CLD2 cannot tell (unreliable, under 50%, not backed by the declaration), is dropped as "
+                "unclassifiable (counted as language_unclassifiable)")
+      ->capture_default_str();
+  c->add_flag("--keep-comments", o->blocks.keep_comments,
+              "Keep user comments and product reviews (sections whose class, id, itemprop or itemtype says comment "
+              "or review) in the main text; by default they are left out. Answers of a Q&A page are main text "
+              "either way, the comments under them are comments");
   c->add_option("--min-language-score", o->min_language_score,
                 "Drop pages whose top language covers less than this share of their text (0..1)")
       ->capture_default_str();
@@ -227,6 +237,10 @@ void register_data_extract(CLI::App& data) {
       ->capture_default_str();
   c->add_option("--max-link-density", o->blocks.max_link_density,
                 "Block classifier: blocks with a larger share of link text are boilerplate")
+      ->capture_default_str();
+  c->add_option("--repeat-min-chars", o->blocks.repeat_min_chars,
+                "Block classifier: a block of at least this many code points whose text is on another page of the "
+                "same site (host) in the same input is boilerplate")
       ->capture_default_str();
   c->add_flag("--no-progress", *no_progress, "Do not draw the progress line");
   c->footer(

@@ -9,6 +9,8 @@
 #include <filesystem>
 #include <map>
 #include <set>
+#include <unordered_map>
+#include <unordered_set>
 
 #include "core/atomic_file.hpp"
 
@@ -18,7 +20,7 @@ namespace {
 
 constexpr const char* kCounterNames[kCounters] = {
     "records", "response_records", "conversion_records", "other_records", "http_not_200", "not_html", "pages",
-    "no_main_text", "language_dropped", "documents", "characters", "bytes_replaced", "charset_from_bom",
+    "no_main_text", "language_dropped", "language_unclassifiable", "documents", "characters", "bytes_replaced", "charset_from_bom",
     "charset_from_http", "charset_from_meta", "charset_utf8_valid", "charset_detected", "charset_default",
     "bad_truncated", "bad_gzip", "bad_header", "bad_oversize", "bad_encoding", "bad_http"};
 
@@ -131,9 +133,8 @@ void append_json_string(std::string& out, std::string_view s) {
 // One output line, byte for byte what nlohmann::ordered_json::dump writes for these keys
 // (built by hand: the JSON library was ~4% of the run); strings that are not valid UTF-8
 // (a URL, say) go through nlohmann, which replaces the bad bytes.
-std::string document_line(const std::string& text, const WarcRecord& rec, const Language& lang) {
-  const std::string_view url = rec.header("WARC-Target-URI"), id = rec.header("WARC-Record-ID"),
-                         date = rec.header("WARC-Date");
+std::string document_line(const std::string& text, std::string_view url, std::string_view id, std::string_view date,
+                          const Language& lang) {
   if (!valid_utf8(text) || !valid_utf8(url) || !valid_utf8(id) || !valid_utf8(date) || !valid_utf8(lang.code)) {
     nlohmann::ordered_json j;
     j["text"] = text;
@@ -185,6 +186,8 @@ void check_extract_options(const ExtractOptions& opt) {
     throw_input("--compress: '{}' is not none or zstd", opt.compress);
   if (opt.languages.empty()) throw_input("--languages: empty (give ISO codes such as en,de or 'all')");
   if (opt.max_record_bytes < 1024) throw_input("--max-record-bytes: {} is under 1024", opt.max_record_bytes);
+  if (opt.min_language_chars < 0) throw_input("--min-language-chars: {} is negative", opt.min_language_chars);
+  if (opt.blocks.repeat_min_chars < 1) throw_input("--repeat-min-chars: {} is under 1", opt.blocks.repeat_min_chars);
   std::set<std::string> dup;
   for (const auto& in : opt.inputs) {
     std::error_code ec;
@@ -268,8 +271,36 @@ struct LanguageFilter {
   double min_score;
 };
 
-// One record to its document: the main text of a 200 HTML response, or a WET conversion
-// record's text, with its language; counted in `c` on the way.
+// The host of a URL, lower case ("" when it has none).
+std::string url_host(std::string_view url) {
+  const size_t scheme = url.find("://");
+  if (scheme == std::string_view::npos) return "";
+  url.remove_prefix(scheme + 3);
+  url = url.substr(0, url.find_first_of("/?#"));
+  if (const size_t at = url.rfind('@'); at != std::string_view::npos) url.remove_prefix(at + 1);
+  std::string h(url.substr(0, url.find(':')));
+  for (auto& ch : h) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  return h;
+}
+
+uint64_t fnv1a(std::string_view s, uint64_t h = 0xCBF29CE484222325ULL) {
+  for (unsigned char ch : s) h = (h ^ ch) * 0x100000001B3ULL;
+  return h;
+}
+
+// A record on its way out: a WET record's document, or a page parsed and waiting for
+// the window (the pages of a site seen together) before it is classified.
+struct Pending {
+  std::string url, id, date;
+  bool page = false;         // an HTML page (else `text` and `lang` are the document)
+  ParsedPage parsed;
+  std::string declared;      // Content-Language, else <html lang> (declared_language)
+  std::string text;
+  Language lang;
+};
+
+// One record to its pending document: the parsed page of a 200 HTML response, or a WET
+// conversion record's text with its language; counted in `c` on the way.
 struct RecordExtractor {
   RecordExtractor(const ExtractOptions& opt, Counts& c, std::map<std::string, int64_t>& dropped_languages)
       : opt(opt), c(c), dropped_languages(dropped_languages), languages(opt) {}
@@ -280,23 +311,26 @@ struct RecordExtractor {
   Utf8Converter conv;
   LanguageFilter languages;
 
-  // False when the record gives no document (another type, not a 200 HTML page, a
-  // language not kept). Throws WarcError.
-  bool document(const WarcRecord& rec, const std::string& where, std::string& text, Language& lang) {
+  // False when the record gives nothing (another type, not a 200 HTML page, a WET record
+  // in a language not kept). Throws WarcError.
+  bool record(const WarcRecord& rec, const std::string& where, Pending& out) {
     const std::string_view type = rec.type();
-    if (type == "response") return response(rec, where, text, lang);
+    out.url = std::string(rec.header("WARC-Target-URI"));
+    out.id = std::string(rec.header("WARC-Record-ID"));
+    out.date = std::string(rec.header("WARC-Date"));
+    if (type == "response") return response(rec, where, out);
     if (type == "conversion") {
       ++c[kConversion];
       ++c[kPages];
-      text = conv.convert(rec.block, "UTF-8", &c[kReplacedBytes]);
-      lang = page_language(text);
-      return languages.kept(lang, c, dropped_languages);
+      out.text = conv.convert(rec.block, "UTF-8", &c[kReplacedBytes]);
+      out.lang = page_language(out.text);
+      return languages.kept(out.lang, c, dropped_languages);
     }
     ++c[kOtherType];
     return false;
   }
 
-  bool response(const WarcRecord& rec, const std::string& where, std::string& text, Language& lang) {
+  bool response(const WarcRecord& rec, const std::string& where, Pending& out) {
     ++c[kResponse];
     const HttpResponse http = parse_http_response(rec.block, where);
     if (http.status != 200) {
@@ -316,13 +350,104 @@ struct RecordExtractor {
     } catch (const WarcError& e) {
       throw WarcError(e.cause(), fmt::format("{}: charset: {}", where, e.what()));
     }
-    ParsedPage page = parse_html_blocks(html);
-    lang = page_language(page.blocks);
-    if (!languages.kept(lang, c, dropped_languages)) return false;
-    classify_blocks(page, opt.blocks, lang.code == "en");
-    text = main_text(page.blocks);
+    out.page = true;
+    out.parsed = parse_html_blocks(html);
+    out.declared = declared_language(http.content_language);
+    if (out.declared.empty()) out.declared = declared_language(out.parsed.lang);
     return true;
   }
+
+  // A page of the window to its document: classified with English stop words when it
+  // looks English (its declared language, else English stop words are at least 15% of
+  // the words of its blocks: a test that costs nothing, where CLD2 on the page would cost
+  // as much as CLD2 on the main text), then the language of its main text decides (once
+  // more classified when that turns out to be the other side of English); false when it
+  // has no main text or its language is not kept.
+  bool finish(Pending& pg) {
+    ParsedPage& page = pg.parsed;
+    bool english = pg.declared == "en";
+    if (pg.declared.empty()) {
+      int64_t words = 0, stopwords = 0;
+      for (const auto& b : page.blocks)
+        if (!b.boilerplate_context) {
+          words += b.words;
+          stopwords += b.stopwords;
+        }
+      english = stopwords * 100 >= words * 15 && words > 0;
+    }
+    classify_blocks(page, opt.blocks, english);
+    TextLanguage tl = main_text_language(page.blocks, pg.declared, opt.min_language_chars);
+    // Classified the other way when the main text's language is the other side of English,
+    // or when English stop words left too little text to tell (an undeclared page in
+    // another language).
+    if ((!tl.unclassifiable && (tl.lang.code == "en") != english) || (tl.unclassifiable && english)) {
+      classify_blocks(page, opt.blocks, !english);
+      TextLanguage other = main_text_language(page.blocks, pg.declared, opt.min_language_chars);
+      if (tl.unclassifiable && (other.unclassifiable || other.lang.code == "en"))
+        classify_blocks(page, opt.blocks, english);  // nothing better: the first reading stands
+      else
+        tl = other;
+    }
+    pg.text = main_text(page.blocks);
+    pg.lang = tl.lang;
+    if (pg.text.empty()) return true;  // counted as no main text by the caller
+    if (!languages.all && tl.unclassifiable) {
+      ++c[kLanguageUnclassifiable];
+      return false;
+    }
+    return languages.kept(pg.lang, c, dropped_languages);
+  }
+};
+
+// Text repeated across the pages of one site (host) in one input: block texts of at
+// least repeat_min_chars code points (headings aside), hashed with their host. The
+// pages of a window are counted together; what earlier windows held is remembered (up to
+// kMaxRemembered keys), so a page is compared with every earlier page of its site and
+// with the window's later ones. A URL seen before adds nothing (a page fetched twice is
+// not boilerplate of itself); a URL without a host (file://) belongs to no site.
+class SiteRepetition {
+ public:
+  explicit SiteRepetition(int64_t min_chars) : min_chars_(min_chars) {}
+  void mark(std::vector<Pending>& window) {
+    std::unordered_map<uint64_t, int32_t> count;  // key -> pages of the window
+    std::vector<std::vector<uint64_t>> keys(window.size());
+    std::vector<char> counted(window.size(), 0);
+    std::vector<char> site(window.size(), 0);  // a page with a host (a file:// URL has none: no site)
+    for (size_t i = 0; i < window.size(); ++i) {
+      if (!window[i].page) continue;
+      const std::string h = url_host(window[i].url);
+      site[i] = !h.empty();
+      if (!site[i]) continue;
+      const uint64_t host = fnv1a(h);
+      for (const auto& b : window[i].parsed.blocks)
+        if (!b.heading && b.chars >= min_chars_) keys[i].push_back(fnv1a(b.text, host));
+      std::sort(keys[i].begin(), keys[i].end());
+      keys[i].erase(std::unique(keys[i].begin(), keys[i].end()), keys[i].end());
+      const uint64_t url = fnv1a(window[i].url);
+      counted[i] = !urls_.count(url);
+      if (counted[i] && urls_.size() < kMaxRemembered) urls_.insert(url);
+      if (counted[i])
+        for (uint64_t k : keys[i]) ++count[k];
+    }
+    for (size_t i = 0; i < window.size(); ++i) {
+      if (!site[i]) continue;
+      const uint64_t host = fnv1a(url_host(window[i].url));
+      for (auto& b : window[i].parsed.blocks) {
+        if (b.heading || b.chars < min_chars_) continue;
+        const uint64_t k = fnv1a(b.text, host);
+        const auto it = count.find(k);
+        const int32_t others = (it == count.end() ? 0 : it->second) - counted[i] + (seen_.count(k) ? 1 : 0);
+        b.repeated = others >= 1;
+      }
+    }
+    for (const auto& [k, n] : count)
+      if (seen_.size() < kMaxRemembered) seen_.insert(k);
+  }
+
+ private:
+  static constexpr size_t kMaxRemembered = size_t{1} << 19;
+  int64_t min_chars_;
+  std::unordered_set<uint64_t> seen_, urls_;
 };
 
 }  // namespace
@@ -333,6 +458,25 @@ Counts extract_file(const std::string& input, const std::string& output, const E
   WarcReader reader(input, opt.max_record_bytes);
   ShardWriter out(output, opt.compress == "zstd");
   RecordExtractor records(opt, c, dropped_languages);
+  SiteRepetition repetition(opt.blocks.repeat_min_chars);
+  std::vector<Pending> window;
+  size_t window_bytes = 0;
+  auto flush_window = [&] {
+    repetition.mark(window);
+    for (auto& pg : window) {
+      if (pg.page && !records.finish(pg)) continue;
+      if (static_cast<int64_t>(pg.text.size()) < opt.min_chars) {
+        ++c[kNoText];
+        continue;
+      }
+      out.line(document_line(pg.text, pg.url, pg.id, pg.date, pg.lang));
+      ++c[kKept];
+      c[kCharsOut] += static_cast<int64_t>(pg.text.size());
+      if (progress.documents) ++*progress.documents;
+    }
+    window.clear();
+    window_bytes = 0;
+  };
   WarcRecord rec;
   int64_t reported_bytes = 0;
   auto report_bytes = [&] {
@@ -357,23 +501,19 @@ Counts extract_file(const std::string& input, const std::string& output, const E
     ++c[kRecords];
     report_bytes();
     const std::string where = fmt::format("{}: record {} at byte {}", input, rec.ordinal, rec.offset);
-    std::string text;
-    Language lang;
+    Pending pg;
     try {
-      if (!records.document(rec, where, text, lang)) continue;
+      if (!records.record(rec, where, pg)) continue;
     } catch (const WarcError& e) {
       bad(e);
       continue;
     }
-    if (static_cast<int64_t>(text.size()) < opt.min_chars) {
-      ++c[kNoText];
-      continue;
-    }
-    out.line(document_line(text, rec, lang));
-    ++c[kKept];
-    c[kCharsOut] += static_cast<int64_t>(text.size());
-    if (progress.documents) ++*progress.documents;
+    for (const auto& b : pg.parsed.blocks) window_bytes += b.text.size() + sizeof(Block);
+    window_bytes += pg.text.size();
+    window.push_back(std::move(pg));
+    if (window.size() >= kWindowPages || window_bytes >= kWindowBytes) flush_window();
   }
+  flush_window();
   report_bytes();
   if (progress.bytes) *progress.bytes += reader.file_bytes() - reported_bytes;  // the rest (e.g. after the last record)
   out.commit();
@@ -397,6 +537,9 @@ nlohmann::ordered_json extract_report(const ExtractOptions& opt, const std::vect
   o["stopwords_high"] = opt.blocks.stopwords_high;
   o["max_link_density"] = opt.blocks.max_link_density;
   o["max_heading_distance"] = opt.blocks.max_heading_distance;
+  o["repeat_min_chars"] = opt.blocks.repeat_min_chars;
+  o["keep_comments"] = opt.blocks.keep_comments;
+  o["min_language_chars"] = opt.min_language_chars;
   rep["options"] = o;
   Counts total{};
   nlohmann::ordered_json files = nlohmann::ordered_json::array();

@@ -22,6 +22,7 @@ struct ExtractOptions {
   std::string output_dir;
   std::vector<std::string> languages = {"en"};  // ISO codes kept; {"all"} keeps every language
   double min_language_score = 0.0;              // share of the text in the top language
+  int64_t min_language_chars = 50;              // main texts shorter (code points) are unclassifiable
   int64_t min_chars = 1;                        // shorter main texts are dropped (counted)
   std::string compress = "none";                // none | zstd
   int64_t max_record_bytes = 64 << 20;
@@ -32,7 +33,8 @@ struct ExtractOptions {
 
 // Counters of one input file, summed over files (and ranks) for the report.
 enum Counter : int {
-  kRecords, kResponse, kConversion, kOtherType, kNotOk, kNotHtml, kPages, kNoText, kLanguageDropped, kKept,
+  kRecords, kResponse, kConversion, kOtherType, kNotOk, kNotHtml, kPages, kNoText, kLanguageDropped,
+  kLanguageUnclassifiable, kKept,
   kCharsOut, kReplacedBytes, kCsBom, kCsHttp, kCsMeta, kCsUtf8, kCsDetected, kCsDefault,
   kBadTruncated, kBadGzip, kBadHeader, kBadOversize, kBadEncoding, kBadHttp, kCounters
 };
@@ -43,6 +45,11 @@ struct FileProgress {
   std::atomic<int64_t>* bytes = nullptr;      // input bytes read (compressed for gzip)
   std::atomic<int64_t>* documents = nullptr;  // documents written
 };
+
+// Pages wait in a window of up to kWindowPages pages (or kWindowBytes of block text) so
+// that the pages of one site are compared (text repeated across them is boilerplate);
+// documents come out in the input's order.
+constexpr size_t kWindowPages = 512, kWindowBytes = size_t{64} << 20;
 
 // Extracts one input into `output` (written through a temporary name, renamed at the
 // end). `dropped_languages`: documents dropped per language code. Throws WarcError

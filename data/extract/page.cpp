@@ -135,18 +135,35 @@ const WordTable& furniture_words() {
   static const WordTable table(std::unordered_set<std::string_view>{
       "cookie", "cookies", "consent", "gdpr", "nav", "navbar", "navigation", "menu", "footer", "sidebar",
       "breadcrumb", "breadcrumbs", "share", "sharing", "social", "banner", "advert", "advertisement", "ads",
-      "promo", "newsletter", "subscribe", "skip", "toolbar", "masthead", "sitemap", "pagination", "related"});
+      "promo", "newsletter", "subscribe", "skip", "toolbar", "masthead", "sitemap", "pagination", "related",
+      "signature", "donate", "donation", "paywall", "editsection"});
+  return table;
+}
+
+// Class/id/itemprop/itemtype words that mark user-generated sections: comments and reviews.
+const WordTable& comment_words() {
+  static const WordTable table(std::unordered_set<std::string_view>{
+      "comment", "comments", "commentlist", "kommentar", "kommentare", "commentaire", "commentaires", "comentario",
+      "comentarios", "commenti", "commento", "disqus", "talkback", "review", "reviews", "bewertung",
+      "bewertungen", "opiniones", "recensioni", "usercomments"});
   return table;
 }
 
 bool alnum_byte(unsigned char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9'); }
 
+// Whether the word w (lower case) holds `part` and is not `except` (nor holds it).
+bool holds(std::string_view w, std::string_view part, std::string_view except) {
+  return w.find(part) != std::string_view::npos && w.find(except) == std::string_view::npos;
+}
+
 }  // namespace
 
-bool furniture_attribute(std::string_view v) {
+uint8_t attribute_marks(std::string_view v) {
   const auto* t = reinterpret_cast<const unsigned char*>(v.data());
   const size_t n = v.size();
-  const WordTable& words = furniture_words();
+  const WordTable& furniture = furniture_words();
+  const WordTable& comments = comment_words();
+  uint8_t marks = 0;
   for (size_t i = 0; i < n;) {
     if (!alnum_byte(t[i])) {
       ++i;
@@ -154,10 +171,18 @@ bool furniture_attribute(std::string_view v) {
     }
     size_t j = i + 1;  // a word: ASCII letters and digits, lower-cased
     while (j < n && alnum_byte(t[j])) ++j;
-    if (j - i <= WordTable::kMaxLen && words.contains(WordTable::key(t + i, j - i, t + n))) return true;
+    if (j - i <= WordTable::kMaxLen) {
+      const auto k = WordTable::key(t + i, j - i, t + n);
+      if (furniture.contains(k)) marks |= kMarkFurniture;
+      if (comments.contains(k)) marks |= kMarkComment;
+    }
+    if (!(marks & kMarkComment) && j - i >= 6) {  // "commentlist", "customerReviews"
+      const std::string w = lower_str(v.substr(i, j - i));
+      if (holds(w, "comment", "commentary") || holds(w, "review", "preview")) marks |= kMarkComment;
+    }
     i = j;
   }
-  return false;
+  return marks;
 }
 
 namespace {
@@ -262,7 +287,7 @@ constexpr std::array<uint8_t, 256> kByteClass = [] {
 struct Walker {
   ParsedPage page;
   Block cur;
-  int link = 0, pre = 0, heading = 0, boiler = 0, article = 0;
+  int link = 0, pre = 0, heading = 0, h1 = 0, boiler = 0, article = 0;
   std::vector<int32_t> open;  // the block-level elements open, innermost last
   const std::vector<TextRun>* runs = nullptr;  // the text runs behind placeholders
   std::string parsed;  // a text run as parsed, when that differs from the run
@@ -302,6 +327,11 @@ struct Walker {
     cur.words = words;
     cur.stopwords = stopwords;
     cur.chars = code_points(cur.text);
+    // CJK code points (lead bytes E3..ED: U+3000..U+D7FF) count three times in the length
+    // tests: a character there carries about what a short word does elsewhere.
+    int64_t cjk = 0;
+    for (size_t k = 0; k < n; ++k) cjk += t[k] >= 0xE3 && t[k] <= 0xED;
+    cur.length = cur.chars + 2 * cjk;
   }
 
   void flush() {
@@ -313,6 +343,8 @@ struct Walker {
     }
     cur = Block{};
     cur.heading = heading > 0;
+    cur.h1 = h1 > 0;
+    cur.pre = pre > 0;
     cur.boilerplate_context = boiler > 0;
   }
 
@@ -363,6 +395,8 @@ struct Walker {
   void append_text(std::string_view s) {
     if (cur.text.empty()) {
       cur.heading = heading > 0;
+      cur.h1 = h1 > 0;
+      cur.pre = pre > 0;
       cur.boilerplate_context = boiler > 0;
       cur.node = open.empty() ? -1 : open.back();
     }
@@ -391,7 +425,8 @@ struct Walker {
   // The values of the attributes the walk reads (the first of each name, in any case, as
   // gumbo_get_attribute finds it), in one pass over the element's attributes.
   struct ReadAttributes {
-    const char *hidden = nullptr, *aria_hidden = nullptr, *cls = nullptr, *id = nullptr, *role = nullptr;
+    const char *hidden = nullptr, *aria_hidden = nullptr, *cls = nullptr, *id = nullptr, *role = nullptr,
+               *itemprop = nullptr, *itemtype = nullptr, *lang = nullptr;
     explicit ReadAttributes(const GumboElement& e) {
       for (unsigned k = 0; k < e.attributes.length; ++k) {
         const auto* at = static_cast<const GumboAttribute*>(e.attributes.data[k]);
@@ -413,7 +448,8 @@ struct Walker {
         case 'h': return named(name, "hidden") ? hidden : ignored;
         case 'a': return named(name, "aria-hidden") ? aria_hidden : ignored;
         case 'c': return named(name, "class") ? cls : ignored;
-        case 'i': return named(name, "id") ? id : ignored;
+        case 'i': return named(name, "id") ? id : named(name, "itemprop") ? itemprop : named(name, "itemtype") ? itemtype : ignored;
+        case 'l': return named(name, "lang") ? lang : ignored;
         case 'r': return named(name, "role") ? role : ignored;
         default: return ignored;
       }
@@ -459,32 +495,48 @@ struct Walker {
     // Class and id words describe the page on <html> and <body> ("navigation-with-keyboard",
     // "has-sidebar") and the content on <main> and <article>: furniture elsewhere only.
     const bool page_or_content = t == GUMBO_TAG_HTML || t == GUMBO_TAG_BODY || t == GUMBO_TAG_MAIN || t == GUMBO_TAG_ARTICLE;
+    // The marks of class, id, itemprop and itemtype together (the pass before the parse
+    // folds the four into one attribute with the same marks). A comment mark counts on
+    // <article> (a comment is often one) but not on the page's <html>, <body> or <main>
+    // ("comments-open").
+    uint8_t marks = 0;
+    for (const char* v : {a.cls, a.id, a.itemprop, a.itemtype})
+      if (v) marks |= attribute_marks(v);
+    if (t == GUMBO_TAG_HTML && a.lang && page.lang.empty()) page.lang = a.lang;
     const bool ctx = t == GUMBO_TAG_NAV || t == GUMBO_TAG_FOOTER || t == GUMBO_TAG_ASIDE ||
-                     (t == GUMBO_TAG_HEADER && article == 0) ||
-                     (!page_or_content && ((a.cls && furniture_attribute(a.cls)) || (a.id && furniture_attribute(a.id)))) ||
+                     (t == GUMBO_TAG_HEADER && article == 0) || (!page_or_content && (marks & kMarkFurniture)) ||
                      (a.role && (std::strcmp(a.role, "navigation") == 0 || std::strcmp(a.role, "banner") == 0 ||
                                  std::strcmp(a.role, "contentinfo") == 0 || std::strcmp(a.role, "dialog") == 0));
     const bool art = t == GUMBO_TAG_ARTICLE || t == GUMBO_TAG_MAIN;
+    // Furniture inside a heading ("[edit]", an anchor or share link) is not its text.
+    if (ctx && heading > 0 && !block) return;
     if (block) flush();
     // Block-level elements that can hold text are the nodes of the content container.
     const bool node = block && t != GUMBO_TAG_BR && t != GUMBO_TAG_HR;
     if (node) {
       open.push_back(static_cast<int32_t>(page.parent.size()));
       page.parent.push_back(open.size() > 1 ? open[open.size() - 2] : -1);
+      const bool page_element = t == GUMBO_TAG_HTML || t == GUMBO_TAG_BODY || t == GUMBO_TAG_MAIN;
+      page.marks.push_back(static_cast<uint8_t>((page_element ? 0 : (marks & kMarkComment)) |
+                                                (t == GUMBO_TAG_TR ? kNodeRow : 0)));
     }
     link += t == GUMBO_TAG_A;
     pre += t == GUMBO_TAG_PRE;
     heading += is_heading(t);
+    h1 += t == GUMBO_TAG_H1;
     boiler += ctx;
     article += art;
     if (block) {
       cur.heading = heading > 0;
+      cur.h1 = h1 > 0;
+      cur.pre = pre > 0;
       cur.boilerplate_context = boiler > 0;
     }
     for (unsigned i = 0; i < e.children.length; ++i) walk(static_cast<const GumboNode*>(e.children.data[i]));
     link -= t == GUMBO_TAG_A;
     pre -= t == GUMBO_TAG_PRE;
     heading -= is_heading(t);
+    h1 -= t == GUMBO_TAG_H1;
     boiler -= ctx;
     article -= art;
     if (block) flush();
@@ -609,18 +661,94 @@ double link_density(const Block& b) {
   return b.chars > 0 ? static_cast<double>(b.link_chars) / static_cast<double>(b.chars) : 0.0;
 }
 
-// Bad whatever its place: page furniture by context, mostly link text, a copyright line,
-// or a short block with link text (a byline, a "read more").
-bool hard_bad(const Block& b, const BlockParams& p) {
-  return b.boilerplate_context || link_density(b) > p.max_link_density ||
-         b.text.find("\xC2\xA9") != std::string::npos || (b.chars < p.length_low && b.link_chars > 0);
+// The most link text a block may have: a heading's may be larger (an "[edit]" or anchor
+// link beside its words).
+double link_limit(const Block& b, const BlockParams& p) {
+  return b.heading ? std::max(p.max_link_density, p.max_heading_link_density) : p.max_link_density;
 }
 
-// The content container: the deepest element holding more than half of the good
-// characters and at least two good blocks (with one good block on the page: its
-// element's parent); then, while another child of the container's parent holds a block
-// that was good on its own (long and wordy: the article goes on in a sibling, as in
-// nested sections), the parent. -1 when no block is good.
+// Left out by the page's structure: a comment or review section (unless kept), a teaser
+// card of a listing, text repeated on other pages of the site (when that applies: the
+// `repeated` argument).
+bool structural_bad(const Block& b, const BlockParams& p, bool repeated) {
+  return (b.comment && !p.keep_comments) || b.listing ||
+         (repeated && b.repeated && !b.heading && b.chars >= p.repeat_min_chars);
+}
+
+// Bad whatever its place: page furniture by context, left out by structure, mostly link
+// text, a copyright line, or a short block with link text (a byline, a "read more").
+bool hard_bad(const Block& b, const BlockParams& p, bool repeated) {
+  return b.boilerplate_context || structural_bad(b, p, repeated) || link_density(b) > link_limit(b, p) ||
+         b.text.find("\xC2\xA9") != std::string::npos || (b.length < p.length_low && b.link_chars > 0);
+}
+
+// Per element: its first block, how many blocks it holds and their characters outside
+// links. An element is a teaser card when it holds 2..5 blocks, the first of them a
+// headline (mostly link text, at most 200 characters) and at most 400 characters outside
+// links in all; when at least three children of one element are cards and they are at
+// least half of its children holding text, the element is a listing and the cards' blocks
+// are marked (docs/specs/justext.md, "Listing pages").
+std::vector<int32_t> mark_listing_cards(ParsedPage& page) {
+  auto& blocks = page.blocks;
+  const size_t n = page.parent.size();
+  std::vector<int32_t> first(n, -1), count(n, 0);
+  std::vector<int64_t> plain(n, 0);
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    blocks[i].listing = false;
+    for (int32_t e = blocks[i].node; e >= 0; e = page.parent[static_cast<size_t>(e)]) {
+      const auto k = static_cast<size_t>(e);
+      if (first[k] < 0) first[k] = static_cast<int32_t>(i);
+      ++count[k];
+      plain[k] += blocks[i].chars - blocks[i].link_chars;
+    }
+  }
+  std::vector<int32_t> cards(n, 0), children(n, 0);
+  std::vector<char> card(n, 0);
+  for (size_t e = 0; e < n; ++e) {
+    if (count[e] == 0) continue;
+    const int32_t up = page.parent[e];
+    if (up >= 0) ++children[static_cast<size_t>(up)];
+    const Block& head = blocks[static_cast<size_t>(first[e])];
+    card[e] = count[e] >= 2 && count[e] <= 5 && plain[e] <= 400 && head.chars <= 200 && link_density(head) >= 0.8;
+    if (card[e] && up >= 0) ++cards[static_cast<size_t>(up)];
+  }
+  std::vector<int32_t> listings;
+  for (auto& b : blocks)
+    for (int32_t e = b.node; e >= 0; e = page.parent[static_cast<size_t>(e)]) {
+      const int32_t up = page.parent[static_cast<size_t>(e)];
+      if (card[static_cast<size_t>(e)] && up >= 0 && cards[static_cast<size_t>(up)] >= 3 &&
+          2 * cards[static_cast<size_t>(up)] >= children[static_cast<size_t>(up)]) {
+        b.listing = true;
+        if (listings.empty() || listings.back() != up) listings.push_back(up);
+        break;
+      }
+    }
+  return listings;
+}
+
+// Comment and review sections: a block is in one when an element around it carries a
+// comment mark and does not hold an <h1> (an element holding the page's title is the
+// article, whatever its class says: a review site's review).
+void mark_comments(ParsedPage& page) {
+  const size_t n = page.parent.size();
+  std::vector<char> has_h1(n, 0);
+  for (const auto& b : page.blocks)
+    if (b.h1)
+      for (int32_t e = b.node; e >= 0 && !has_h1[static_cast<size_t>(e)]; e = page.parent[static_cast<size_t>(e)])
+        has_h1[static_cast<size_t>(e)] = 1;
+  for (auto& b : page.blocks) {
+    b.comment = false;
+    for (int32_t e = b.node; e >= 0 && !b.comment; e = page.parent[static_cast<size_t>(e)])
+      b.comment = (page.marks[static_cast<size_t>(e)] & kMarkComment) && !has_h1[static_cast<size_t>(e)];
+  }
+}
+
+bool inside(const ParsedPage& page, int32_t node, int32_t container) {
+  for (int32_t n = node; n >= container; n = page.parent[static_cast<size_t>(n)])
+    if (n == container) return true;
+  return false;
+}
+
 int32_t content_container(const ParsedPage& page) {
   const auto& blocks = page.blocks;
   const auto& parent = page.parent;
@@ -629,16 +757,33 @@ int32_t content_container(const ParsedPage& page) {
   int64_t total = 0;
   int32_t blocks_good = 0, last_good = -1;
   for (const auto& b : blocks) {
-    if (b.final_class != BlockClass::good || b.node < 0) continue;
-    total += b.chars;
+    // Prose: good or near-good on its own, whatever its neighbours made of it.
+    // Comments kept on request are not the article: they do not place its container.
+    if ((b.initial != BlockClass::good && b.initial != BlockClass::neargood) || b.node < 0 || b.comment) continue;
+    total += b.length;  // CJK text weighs as in the length tests
     ++blocks_good;
     last_good = b.node;
     for (int32_t n = b.node; n >= 0; n = parent[static_cast<size_t>(n)]) {
-      good_chars[static_cast<size_t>(n)] += b.chars;
+      good_chars[static_cast<size_t>(n)] += b.length;
       ++good_blocks[static_cast<size_t>(n)];
     }
   }
   if (blocks_good == 0) return -1;
+  // The anchor: the first good block after the page's first <h1> (not furniture) that is
+  // prose on its own (good or near-good before its neighbours were looked at); the
+  // container holds it. The article starts under its title; a page of posts (a question
+  // and its answers, a forum thread) whose one long post holds most of the text keeps its
+  // other posts.
+  int32_t anchor = -1;
+  bool after_h1 = false;
+  for (const auto& b : blocks) {
+    after_h1 = after_h1 || (b.h1 && !b.boilerplate_context);
+    if (after_h1 && !b.heading && b.final_class == BlockClass::good && b.node >= 0 &&
+        (b.initial == BlockClass::good || b.initial == BlockClass::neargood)) {
+      anchor = b.node;
+      break;
+    }
+  }
   int32_t c = -1;
   if (blocks_good == 1) {
     c = parent[static_cast<size_t>(last_good)] >= 0 ? parent[static_cast<size_t>(last_good)] : last_good;
@@ -646,15 +791,23 @@ int32_t content_container(const ParsedPage& page) {
     // The nodes holding more than half form a chain from the top: the deepest is the one
     // with the largest index (a child comes after its parent in document order).
     for (size_t n = 0; n < parent.size(); ++n)
-      if (2 * good_chars[n] > total && good_blocks[n] >= 2) c = static_cast<int32_t>(n);
+      if (2 * good_chars[n] > total && good_blocks[n] >= 2 &&
+          (anchor < 0 || inside(page, anchor, static_cast<int32_t>(n))))
+        c = static_cast<int32_t>(n);
   }
   if (c < 0) return -1;
-  // Widen over siblings holding text good on its own.
-  std::vector<char> solo_good(parent.size(), 0);  // the element holds an initially good block
+  // Widen over siblings that go on with the article: holding a block good on its own and
+  // another prose block (not a heading). A box of one paragraph (an about-us box, a
+  // pitch, a consent text) does not widen it.
+  std::vector<int32_t> prose(parent.size(), 0);
+  std::vector<char> solo_good(parent.size(), 0);  // the element holds an initially good block and more prose
   for (const auto& b : blocks)
-    if (b.initial == BlockClass::good && b.node >= 0)
+    if ((b.initial == BlockClass::good || b.initial == BlockClass::neargood) && !b.heading && b.node >= 0 && !b.comment)
+      for (int32_t n = b.node; n >= 0; n = parent[static_cast<size_t>(n)]) ++prose[static_cast<size_t>(n)];
+  for (const auto& b : blocks)
+    if (b.initial == BlockClass::good && b.node >= 0 && !b.comment)
       for (int32_t n = b.node; n >= 0 && !solo_good[static_cast<size_t>(n)]; n = parent[static_cast<size_t>(n)])
-        solo_good[static_cast<size_t>(n)] = 1;
+        solo_good[static_cast<size_t>(n)] = prose[static_cast<size_t>(n)] >= 2;
   for (;;) {
     const int32_t up = parent[static_cast<size_t>(c)];
     if (up < 0) break;
@@ -669,29 +822,48 @@ int32_t content_container(const ParsedPage& page) {
   return c;
 }
 
-bool inside(const ParsedPage& page, int32_t node, int32_t container) {
-  for (int32_t n = node; n >= container; n = page.parent[static_cast<size_t>(n)])
-    if (n == container) return true;
-  return false;
-}
 
 }  // namespace
 
 void classify_blocks(ParsedPage& page, const BlockParams& p, bool use_stopwords) {
   auto& blocks = page.blocks;
+  mark_comments(page);
+  const std::vector<int32_t> listings = mark_listing_cards(page);
+  // Text repeated on other pages of the site is boilerplate, as long as some text that is
+  // not short (length_low), furniture or a comment is not repeated (a page fetched twice, or one whose article is on two pages,
+  // keeps its article).
+  bool repeated = false;
+  for (const auto& b : blocks)
+    if (b.repeated) repeated = true;
+  if (repeated) {
+    // Of the blocks that are not short, furniture or comments: how many, how many repeated.
+    int64_t prose = 0, shared = 0;
+    for (const auto& b : blocks)
+      if (!b.boilerplate_context && !(b.comment && !p.keep_comments) && b.length >= p.length_low) {
+        ++prose;
+        shared += b.repeated;
+      }
+    // A near copy of another page (a mirror, a print version: six or more of its blocks and
+    // three quarters of them on the other page) is the dedup stage's, not boilerplate: a
+    // site's boxes of prose are a few paragraphs.
+    repeated = shared < prose && !(shared >= 6 && 4 * shared >= 3 * prose);
+  }
   // 1. Each block on its own.
   for (auto& b : blocks) {
     const double ld = link_density(b);
     const double sd = b.words > 0 ? static_cast<double>(b.stopwords) / static_cast<double>(b.words) : 0.0;
     BlockClass c;
-    if (b.boilerplate_context || ld > p.max_link_density || b.text.find("\xC2\xA9") != std::string::npos) {
+    if (b.boilerplate_context || structural_bad(b, p, repeated) || ld > link_limit(b, p) ||
+        b.text.find("\xC2\xA9") != std::string::npos) {
       c = BlockClass::bad;
-    } else if (b.chars < p.length_low) {
+    } else if (b.pre && b.length > p.length_high) {
+      c = BlockClass::good;  // code, a man page, a message: <pre> text is written, not generated furniture
+    } else if (b.length < p.length_low) {
       c = b.link_chars > 0 ? BlockClass::bad : BlockClass::shortb;
     } else if (!use_stopwords) {
-      c = b.chars > p.length_high ? BlockClass::good : BlockClass::neargood;
+      c = b.length > p.length_high ? BlockClass::good : BlockClass::neargood;
     } else if (sd >= p.stopwords_high) {
-      c = b.chars > p.length_high ? BlockClass::good : BlockClass::neargood;
+      c = b.length > p.length_high ? BlockClass::good : BlockClass::neargood;
     } else if (sd >= p.stopwords_low) {
       c = BlockClass::neargood;
     } else {
@@ -735,18 +907,85 @@ void classify_blocks(ParsedPage& page, const BlockParams& p, bool use_stopwords)
     const BlockClass prev = neighbour(blocks, i, -1, true, true), next = neighbour(blocks, i, +1, true, true);
     b.final_class = (prev == BlockClass::bad && next == BlockClass::bad) ? BlockClass::bad : BlockClass::good;
   }
-  // 5. A heading (not page furniture) just before good text is kept with it.
+  // 4b. Paragraphs come in groups, boxes of boilerplate alone: a near-good block next to
+  // another near-good or good block of the same parent element is good.
   for (size_t i = 0; i < blocks.size(); ++i) {
     auto& b = blocks[i];
-    if (!b.heading || b.final_class != BlockClass::bad || b.boilerplate_context) continue;
-    if (link_density(b) > p.max_link_density) continue;
+    if (b.initial != BlockClass::neargood || b.final_class == BlockClass::good || b.node < 0) continue;
+    const int32_t up = page.parent[static_cast<size_t>(b.node)];
+    auto sibling = [&](size_t k) {
+      const Block& o = blocks[k];
+      return o.node >= 0 && o.node != b.node && page.parent[static_cast<size_t>(o.node)] == up &&
+             (o.initial == BlockClass::neargood || o.initial == BlockClass::good);
+    };
+    if ((i > 0 && sibling(i - 1)) || (i + 1 < blocks.size() && sibling(i + 1))) b.final_class = BlockClass::good;
+  }
+  // 4b'. The lead: the first near-good block within max_heading_distance after the page's
+  // first <h1> (not furniture) is good, as a heading before good text is.
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    if (!blocks[i].h1 || blocks[i].boilerplate_context) continue;
     int64_t dist = 0;
     for (size_t k = i + 1; k < blocks.size() && dist <= p.max_heading_distance; ++k) {
-      if (blocks[k].final_class == BlockClass::good) {
-        b.final_class = BlockClass::good;
+      if (blocks[k].heading) break;
+      if (blocks[k].initial == BlockClass::neargood || blocks[k].initial == BlockClass::good) {
+        blocks[k].final_class = BlockClass::good;
         break;
       }
       dist += blocks[k].chars;
+    }
+    break;
+  }
+  // 4c. A listing's intro: the near-good and good text of the element around the listing,
+  // before the listing (docs/specs/justext.md, "Listing pages").
+  for (const int32_t l : listings) {
+    const int32_t around = page.parent[static_cast<size_t>(l)];
+    if (around < 0) continue;
+    for (auto& b : blocks) {
+      if (b.listing) break;  // the first card: the intro is before it
+      if (b.node >= 0 && b.initial == BlockClass::neargood && inside(page, b.node, around) && !inside(page, b.node, l))
+        b.final_class = BlockClass::good;
+    }
+  }
+  // 5. A heading (not page furniture) just before good text is kept with it.
+  auto keep_headings = [&] {
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      auto& b = blocks[i];
+      if (!b.heading || b.final_class != BlockClass::bad || hard_bad(b, p, repeated)) continue;
+      int64_t dist = 0;
+      for (size_t k = i + 1; k < blocks.size() && dist <= p.max_heading_distance; ++k) {
+        if (blocks[k].final_class == BlockClass::good) {
+          b.final_class = BlockClass::good;
+          break;
+        }
+        dist += blocks[k].chars;
+      }
+    }
+  };
+  keep_headings();
+  // 5b. No good text at all: an element whose own lines (text split by <br>, or its child
+  // blocks) hold at least 400 characters in three or more blocks that are bad only for
+  // their length or stop words is the article: a message or a poem written in short lines.
+  if (std::none_of(blocks.begin(), blocks.end(), [](const Block& b) { return b.final_class == BlockClass::good; })) {
+    const size_t n = page.parent.size();
+    std::vector<int64_t> soft(n, 0);
+    std::vector<int32_t> count(n, 0);
+    for (const auto& b : blocks) {
+      if (b.heading || b.node < 0 || hard_bad(b, p, repeated)) continue;
+      for (int32_t e : {b.node, page.parent[static_cast<size_t>(b.node)]})
+        if (e >= 0) {
+          soft[static_cast<size_t>(e)] += b.length;
+          ++count[static_cast<size_t>(e)];
+        }
+    }
+    int32_t best = -1;
+    for (size_t e = 0; e < n; ++e)
+      if (count[e] >= 3 && soft[e] >= 2 * p.length_high && (best < 0 || soft[e] > soft[static_cast<size_t>(best)]))
+        best = static_cast<int32_t>(e);
+    if (best >= 0) {
+      for (auto& b : blocks)
+        if (b.node >= 0 && !b.heading && !hard_bad(b, p, repeated) && inside(page, b.node, best))
+          b.final_class = BlockClass::good;
+      keep_headings();
     }
   }
   // 6. The content container: inside it, a run of blocks bad only for their length or
@@ -762,18 +1001,57 @@ void classify_blocks(ParsedPage& page, const BlockParams& p, bool use_stopwords)
       first = std::min(first, i);
       last = i;
     }
+  // Prose inside the container is the article's, whatever its neighbours: a near-good
+  // block there is good (a one-paragraph answer or post between user cards).
+  for (size_t i = first; i <= last && first < blocks.size(); ++i)
+    if (blocks[i].initial == BlockClass::neargood) blocks[i].final_class = BlockClass::good;
   for (size_t i = first; i <= last && first < blocks.size();) {
-    if (blocks[i].final_class == BlockClass::good || hard_bad(blocks[i], p)) {
+    if (blocks[i].final_class == BlockClass::good || hard_bad(blocks[i], p, repeated)) {
       ++i;
       continue;
     }
     size_t j = i;  // the run [i, j)
-    while (j <= last && blocks[j].final_class != BlockClass::good && !hard_bad(blocks[j], p)) ++j;
-    const bool good_before = i > first && blocks[i - 1].final_class == BlockClass::good;
-    const bool good_after = j <= last && blocks[j].final_class == BlockClass::good;
-    if (good_before || good_after)
-      for (size_t k = i; k < j; ++k) blocks[k].final_class = BlockClass::good;
+    while (j <= last && blocks[j].final_class != BlockClass::good && !hard_bad(blocks[j], p, repeated)) ++j;
+    // A good block in another cell of the same table row does not count: a column of short
+    // lines beside a column of text is a sidebar (a forum post's user card, a layout's menu).
+    auto same_column = [&](size_t a, size_t b) {
+      int32_t x = blocks[a].node, y = blocks[b].node;
+      while (x != y && x >= 0 && y >= 0) (x > y ? x : y) = page.parent[static_cast<size_t>(x > y ? x : y)];
+      return !(x >= 0 && x == y && (page.marks[static_cast<size_t>(x)] & kNodeRow));
+    };
+    const bool before = i > first && blocks[i - 1].final_class == BlockClass::good;
+    const bool after = j <= last && blocks[j].final_class == BlockClass::good;
+    // A single line with good text on one side only (a post's date line, a signature) is
+    // the post's furniture more often than its text; a run of lines is a list or a table.
+    const bool single = j == i + 1 && !blocks[i].heading && blocks[i].initial == BlockClass::shortb;
+    if (before && (!single || after))
+      for (size_t k = i; k < j && same_column(i - 1, k); ++k) blocks[k].final_class = BlockClass::good;
+    if (after && (!single || before))
+      for (size_t k = j; k > i && same_column(j, k - 1); --k) blocks[k - 1].final_class = BlockClass::good;
     i = j;
+  }
+  // 7. Outside the container only headings that lead into kept text stay: a box of prose
+  // beside the article (an about-us box, a newsletter or donation pitch, a consent text
+  // without a telling class) is not the article however wordy it is. Comments kept on
+  // request are the exception: their prose is kept wherever the section is.
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    auto& b = blocks[i];
+    if (p.keep_comments && b.comment) {
+      if (b.initial == BlockClass::good || b.initial == BlockClass::neargood) b.final_class = BlockClass::good;
+      continue;
+    }
+    if ((i < first || i > last) && b.final_class == BlockClass::good && !b.heading) b.final_class = BlockClass::bad;
+  }
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    auto& b = blocks[i];
+    if (!b.heading || b.final_class != BlockClass::good || (i >= first && i <= last)) continue;
+    bool leads = false;
+    int64_t dist = 0;
+    for (size_t k = i + 1; k < blocks.size() && dist <= p.max_heading_distance && !leads; ++k) {
+      leads = blocks[k].final_class == BlockClass::good && !blocks[k].heading;
+      dist += blocks[k].heading ? 0 : blocks[k].chars;
+    }
+    if (!leads) b.final_class = BlockClass::bad;
   }
 }
 
@@ -866,6 +1144,81 @@ Language sampled_language(const Text& text) {
 
 Language page_language(const std::vector<Block>& blocks) { return sampled_language(blocks); }
 Language page_language(const std::string& text) { return sampled_language(text); }
+
+std::string declared_language(std::string_view v) {
+  while (!v.empty() && space(v.front())) v.remove_prefix(1);
+  while (!v.empty() && space(v.back())) v.remove_suffix(1);
+  if (v.find(',') != std::string_view::npos) return "";  // several: no prior
+  size_t n = 0;
+  while (n < v.size() && ((v[n] >= 'a' && v[n] <= 'z') || (v[n] >= 'A' && v[n] <= 'Z'))) ++n;
+  if (n < 2 || n > 3 || (n < v.size() && v[n] != '-' && v[n] != '_')) return "";
+  return lower_str(v.substr(0, n));
+}
+
+namespace {
+
+// CLD2's three languages of a sample: codes and percentages.
+struct Top3 {
+  std::string code[3];
+  int percent[3] = {0, 0, 0};
+  bool reliable = false;
+};
+Top3 top3_language(std::string_view text) {
+  CLD2::Language lang3[3];
+  int percent3[3];
+  int text_bytes = 0;
+  Top3 t;
+  CLD2::DetectLanguageSummary(text.data(), static_cast<int>(std::min<size_t>(text.size(), 1 << 30)), true, lang3,
+                              percent3, &text_bytes, &t.reliable);
+  for (int k = 0; k < 3; ++k) {
+    t.code[k] = lang3[k] == CLD2::UNKNOWN_LANGUAGE ? "un" : CLD2::LanguageCode(lang3[k]);
+    t.percent[k] = lang3[k] == CLD2::UNKNOWN_LANGUAGE ? 0 : percent3[k];
+  }
+  return t;
+}
+
+// The primary subtag of a CLD2 code ("zh-Hant" -> "zh"; CLD2's "iw" is "he").
+std::string primary(const std::string& code) {
+  std::string p = code.substr(0, code.find('-'));
+  return p == "iw" ? "he" : p;
+}
+
+}  // namespace
+
+TextLanguage main_text_language(const std::vector<Block>& blocks, const std::string& declared, int64_t min_chars) {
+  std::vector<Block> kept;
+  int64_t chars = 0;
+  for (const auto& b : blocks)
+    if (b.final_class == BlockClass::good) {
+      kept.emplace_back().text = b.text;
+      chars += b.chars;
+    }
+  TextLanguage out;
+  if (chars < min_chars) {
+    out.lang.code = "un";
+    out.unclassifiable = true;
+    return out;
+  }
+  // As page_language: the 1 KiB sample, then the 2 KiB one unless that was sure.
+  const std::string first = language_sample(kept, kLanguageFirstSampleBytes);
+  Top3 t = top3_language(first);
+  if (!(t.reliable && t.percent[0] >= 100 * kLanguageFirstSampleScore)) {
+    const std::string full = language_sample(kept, kLanguageSampleBytes);
+    if (full.size() > first.size()) t = top3_language(full);
+  }
+  out.lang = {t.code[0], t.percent[0] / 100.0, t.reliable};
+  const bool unsure = !t.reliable || t.percent[0] < 70;
+  if (!declared.empty() && primary(t.code[0]) != declared && unsure)
+    for (int k = 1; k < 3; ++k)
+      if (primary(t.code[k]) == declared && t.percent[k] >= 20) {
+        out.lang = {t.code[k], t.percent[k] / 100.0, false};
+        return out;
+      }
+  if (!t.reliable && t.percent[0] < 50 && (declared.empty() || primary(out.lang.code) != declared))
+    out.unclassifiable = true;
+  if (out.lang.code == "un") out.unclassifiable = true;
+  return out;
+}
 
 // --- charsets ----------------------------------------------------------------------------
 
@@ -1116,6 +1469,7 @@ HttpResponse parse_http_response(std::string_view block, const std::string& wher
     if (name == "content-type") content_type = std::string(v);
     else if (name == "content-encoding") content_encoding = lower_str(v);
     else if (name == "transfer-encoding") transfer_encoding = lower_str(v);
+    else if (name == "content-language") r.content_language = std::string(v);
   }
   if (!ended && pos < block.size())
     throw WarcError("http", fmt::format("{}: HTTP headers: no blank line before the body", where));

@@ -22,6 +22,12 @@ struct BlockParams {
   double stopwords_high = 0.32;     // ... of a "good" one
   double max_link_density = 0.2;    // more link text than this: "bad"
   int64_t max_heading_distance = 200;  // characters from a heading to good text
+  double max_heading_link_density = 0.5;  // a heading with an "[edit]" link is still a heading
+  // Structure (docs/specs/justext.md, "Structure"): text repeated on another page of the
+  // same site at least this long (code points) is boilerplate; comment and review
+  // sections are left out unless `keep_comments`.
+  int64_t repeat_min_chars = 70;
+  bool keep_comments = false;
 };
 
 enum class BlockClass { bad, shortb, neargood, good };
@@ -29,24 +35,39 @@ enum class BlockClass { bad, shortb, neargood, good };
 struct Block {
   std::string text;           // whitespace collapsed (kept inside <pre>)
   int64_t chars = 0;          // code points
+  int64_t length = 0;         // code points, those of CJK scripts (U+3000..U+D7FF) counted three times: the length tests
   int64_t link_chars = 0;     // code points inside <a>
   int64_t words = 0, stopwords = 0;
   bool heading = false;       // <h1>..<h6>
+  bool h1 = false;            // <h1>
+  bool pre = false;           // inside <pre>
+  bool repeated = false;      // set by the caller: the text is on another page of the same site
+  bool comment = false;       // classify_blocks: inside a comment or review section
+  bool listing = false;       // classify_blocks: inside a teaser card of a listing
   bool boilerplate_context = false;  // inside nav/footer/aside, a page header, or a class/id such as "cookie", "menu"
   int32_t node = -1;          // the innermost block-level element holding the text (ParsedPage::parent)
   BlockClass initial = BlockClass::bad, final_class = BlockClass::bad;
 };
 
-// Whether a class or id value has a word (letters and digits, lower-cased) that marks page
-// furniture: cookie, consent, nav, menu, footer, sidebar, breadcrumb, share, banner, ...
-bool furniture_attribute(std::string_view class_or_id);
+// What the words (letters and digits, lower-cased) of a class, id, itemprop or itemtype
+// value mark: page furniture (cookie, consent, nav, menu, footer, sidebar, breadcrumb,
+// share, banner, signature, ...) and user-generated sections (comment, comments,
+// kommentare, commentaires, comentarios, disqus, review, reviews, bewertungen, a word
+// holding "comment" or "review" but not "commentary" or "preview"; schema.org's Comment,
+// UserComments and Review types; docs/specs/justext.md, "Structure").
+constexpr uint8_t kMarkFurniture = 1, kMarkComment = 2;
+constexpr uint8_t kNodeRow = 0x80;  // ParsedPage::marks: the element is a table row
+uint8_t attribute_marks(std::string_view value);
+inline bool furniture_attribute(std::string_view class_or_id) { return attribute_marks(class_or_id) & kMarkFurniture; }
 
 // The blocks of an HTML document (UTF-8), in document order, its block-level elements
 // (each one's parent, in document order; the blocks' `node`s index it) and its <title>.
 struct ParsedPage {
   std::vector<Block> blocks;
   std::vector<int32_t> parent;  // -1: the outermost element
+  std::vector<uint8_t> marks;   // per element: kMarkComment (its class, id, itemprop or itemtype), kNodeRow (<tr>)
   std::string title;
+  std::string lang;             // <html lang>, as written
 };
 // `strip`: the contents of <script>, <style> and comments are removed first, the text
 // runs stand in as placeholders during the parse, and tags whose absence leaves the blocks
@@ -55,12 +76,15 @@ struct ParsedPage {
 ParsedPage parse_html_blocks(std::string_view html_utf8, bool strip = true);
 
 // Classifies the blocks in place; `use_stopwords` false for a language without a
-// stop-word list (only length, link density and context count then). jusText's steps
-// first (each block alone, then its neighbours), then the content container: the
-// deepest element holding most of the good text (widened to its parent while a sibling
-// holds good text of its own); inside it, a run of blocks that are bad only for being
-// short or for their stop words, next to a good block of the container, is good
-// (docs/specs/justext.md, "The content container").
+// stop-word list (only length, link density and context count then). The page's
+// structure first (comment and review sections, teaser cards of listings, text the
+// caller marked `repeated`: docs/specs/justext.md, "Structure"), then jusText's steps
+// (each block alone, then its neighbours; <pre> text good), groups of paragraphs, the
+// lead under the <h1>, a listing's intro, then the content container: the deepest
+// element holding most of the prose and the first prose after the <h1> (widened over
+// siblings that go on with the article); inside it near-good prose and runs of short or
+// low-stop-word blocks next to its good text are good, outside it only headings leading
+// into kept text stay (docs/specs/justext.md, "The content container").
 void classify_blocks(ParsedPage& page, const BlockParams& p, bool use_stopwords);
 
 // The kept (good) blocks joined by '\n'.
@@ -97,6 +121,22 @@ constexpr double kLanguageFirstSampleScore = 0.95;
 Language page_language(const std::vector<Block>& blocks);
 Language page_language(const std::string& text);
 
+// The language of a page's MAIN text (its good blocks), with the page's declared language
+// (`declared`: Content-Language or <html lang>, declared_language's form) as the prior:
+// CLD2 on the main text's sample (as page_language); the declared language wins over
+// CLD2's first answer when it is among CLD2's three with at least 20% of the text and
+// CLD2 is unsure (not reliable, or under 70% for its first). `unclassifiable` when the
+// main text has fewer than `min_chars` code points, when CLD2 knows no language, or when
+// it is not reliable, under 50% for its first and the declaration does not back it (docs/specs/justext.md, "Language").
+struct TextLanguage {
+  Language lang;
+  bool unclassifiable = false;
+};
+TextLanguage main_text_language(const std::vector<Block>& blocks, const std::string& declared, int64_t min_chars);
+// The primary subtag of a Content-Language or lang value, lower case ("zh-CN" -> "zh");
+// "" when there is none or several languages are listed.
+std::string declared_language(std::string_view value);
+
 // Charsets. `normalize_charset` maps an HTTP/HTML label to the name iconv uses, following
 // the web's aliases (iso-8859-1 and us-ascii mean windows-1252, shift_jis means
 // Windows-31J, ...); "" for an empty label.
@@ -128,6 +168,7 @@ struct HttpResponse {
   int status = 0;
   std::string content_type;       // media type, lower case, without parameters
   std::string charset;            // the Content-Type charset parameter, as written
+  std::string content_language;   // the Content-Language header, as written
   std::string body;               // chunked transfer coding and gzip/deflate content coding undone
 };
 // Throws WarcError("http") naming the part at fault; `where` prefixes the message

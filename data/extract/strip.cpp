@@ -87,9 +87,11 @@ bool iequals(std::string_view s, std::string_view lower_name) {
 
 // The attributes the block walk or the tree builder reads, by name: an index into this
 // list for an attribute of that name (in any case), else -1.
-constexpr std::string_view kReadAttributes[] = {"class", "id",       "hidden", "aria-hidden", "role",   "type",
-                                                "color", "face",     "size",   "encoding",    "prompt", "action"};
-enum : int { kClass = 0, kId = 1 };
+constexpr std::string_view kReadAttributes[] = {"class",  "id",       "itemprop", "itemtype", "hidden", "aria-hidden",
+                                                "role",   "type",     "color",    "face",     "size",   "encoding",
+                                                "prompt", "action",   "lang"};
+// The first four: the walk asks only what their words mark (attribute_marks).
+enum : int { kClass = 0, kId = 1, kMarked = 4 };
 int read_attribute(std::string_view name) {
   for (size_t k = 0; k < std::size(kReadAttributes); ++k)
     if (iequals(name, kReadAttributes[k])) return static_cast<int>(k);
@@ -110,6 +112,7 @@ bool attribute_read(int which, std::string_view value, std::string_view tag) {
   if (name == "type") return iequals(tag, "input") && iequals(value, "hidden");
   if (name == "color" || name == "face" || name == "size") return iequals(tag, "font");
   if (name == "encoding") return iequals(tag, "annotation-xml");
+  if (name == "lang") return iequals(tag, "html");
   return iequals(tag, "isindex");  // prompt, action
 }
 
@@ -504,16 +507,17 @@ struct Stripper {
     const size_t after_name = out.size();
     copied = end;
     uint32_t seen = 0;  // by index in kReadAttributes
-    bool furniture = false, raw[2] = {false, false};
+    uint8_t marks = 0;
+    bool raw[kMarked] = {false, false, false, false};
     for (const auto& a : attrs) {
       const int which = read_attribute(s.substr(a.begin, a.name_end - a.begin));
       if (which < 0 || (seen >> which & 1)) continue;
       seen |= uint32_t{1} << which;
       const std::string_view v = attribute_value(s, a);
-      if (which == kClass || which == kId) {
+      if (which < kMarked) {
         raw[which] = v.find('&') != npos;
         if (!raw[which]) {
-          furniture = furniture || furniture_attribute(v);
+          marks |= attribute_marks(v);
           continue;
         }
       } else if (!attribute_read(which, v, name)) {
@@ -522,7 +526,10 @@ struct Stripper {
       out += ' ';
       out.append(s, a.begin, a.end - a.begin);
     }
-    if (furniture) out += raw[kId] ? " class=nav" : " id=nav";
+    if (marks) {  // one attribute with the same marks: "nav" furniture, "comments" a comment section
+      out += raw[kId] ? " class=" : " id=";
+      out += marks == kMarkFurniture ? "nav" : marks == kMarkComment ? "comments" : "\"nav comments\"";
+    }
     // Self-closing: a '/' right before the '>' that is in no value ("<a href=x/>" is not).
     const size_t last = attrs.empty() ? name_end : attrs.back().end;
     if (end - 2 >= last && s[end - 2] == '/') out += out.back() == '"' || out.back() == '\'' ? "/" : " /";

@@ -36,9 +36,11 @@ namespace mtnlg::extract {
 // tree builder reads of it: hidden, aria-hidden="true", the walk's roles, type=hidden on
 // <input>, color/face/size on <font>, encoding on <annotation-xml>, prompt and action on
 // <isindex> (the first of each name: the parser ignores repeats; a value with a character
-// reference stays as written), one space before each; class and id, which the walk only
-// tests for a furniture word (furniture_attribute), become one id=nav (class=nav when the
-// id stays) when one has such a word and go when none has. End tags lose what the parser
+// reference stays as written), lang on <html>, one space before each; class, id, itemprop
+// and itemtype, of which the walk only asks what their words mark (attribute_marks),
+// become one id standing for their marks together (id=nav furniture, id=comments a
+// comment section, id="nav comments" both; class= when the id stays) or go when they mark
+// nothing. End tags lose what the parser
 // ignores in them. A tag the input ends inside is left as it is.
 //
 // With both, tags whose absence leaves the blocks the same go too (docs/specs/justext.md,

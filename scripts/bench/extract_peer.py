@@ -10,6 +10,16 @@
         dropped every other one and kept the truth's `nonascii_words` (when it lists
         any). Exits 1 when a check fails or mtnlg's mean F1 is under --min-f1 or (unless
         --allow-below-peer) under readability's.
+    extract_peer.py web --warc W --truth T --ours ALL.jsonl [--ours-en EN.jsonl]
+                        [--min-f1 0.95] [--min-template-f1 0.90] [--comments] [--per-page] [--no-peer]
+        The web page sets of scripts/make-extract-web.py: F1 on EVERY page (all languages;
+        OURS from `--languages all`), per template and overall, beside readability's; a
+        page whose gold text is empty (a listing page without an intro) scores 1 when
+        nothing is extracted and 0 otherwise. With --ours-en (`--languages en` on the same
+        WARC): every kept page must be English. --comments scores against
+        `text_with_comments` (what --keep-comments gives); --no-peer skips readability (the
+        test's way: mtnlg's bounds need only the standard library). Exits 1 when a bound or
+        a check fails.
     extract_peer.py speed --warc W [--repeat N]
         Pages/s of readability (parse + main-content + text) on the response records of W,
         one core; prints one JSON line.
@@ -24,9 +34,6 @@ import json
 import re
 import sys
 import time
-
-from lxml import html as lxml_html
-from readability import Document
 
 WORD = re.compile(r"\w+", re.UNICODE)
 
@@ -58,6 +65,8 @@ def read_warc(path):
 
 
 def readability_text(body):
+    from lxml import html as lxml_html  # imported here: `web --no-peer` needs neither
+    from readability import Document
     doc = Document(body)
     summary = doc.summary(html_partial=True)
     return lxml_html.fromstring(summary).text_content()
@@ -133,6 +142,77 @@ def quality(a):
     return 1 if problems else 0
 
 
+def score(got, want):
+    if not WORD.search(want):
+        return (1.0, 1.0, 1.0) if not WORD.search(got) else (0.0, 0.0, 0.0)
+    return f1(got, want)
+
+
+def web(a):
+    truth = {}
+    with open(a.truth) as f:
+        for line in f:
+            t = json.loads(line)
+            truth[t["warc_record_id"]] = t
+    ours = {}
+    with open(a.ours) as f:
+        for line in f:
+            d = json.loads(line)
+            ours[d["warc_record_id"]] = d["text"]
+    problems = []
+    if a.ours_en:
+        with open(a.ours_en) as f:
+            for line in f:
+                d = json.loads(line)
+                t = truth.get(d["warc_record_id"])
+                if t and t["language"] != "en":
+                    problems.append(f"{t['url']} ({t['language']}, cookie banner in {t['cookie_language']}) kept as English")
+    key = "text_with_comments" if a.comments else "text"
+    rows = collections.defaultdict(lambda: {"n": 0, "ours": [0.0, 0.0, 0.0], "peer": [0.0, 0.0, 0.0]})
+    for rid, body in read_warc(a.warc):
+        if rid not in truth:
+            continue
+        t = truth[rid]
+        try:
+            peer = "" if a.no_peer else readability_text(body)
+        except Exception:  # readability raises on documents it finds empty
+            peer = ""
+        page = {}
+        for k, got in (("ours", ours.get(rid, "")), ("peer", peer)):
+            s = score(got, t[key])
+            page[k] = s
+            for row in (rows[t["template"]], rows["lang:" + t["language"]], rows["all"]):
+                row[k] = [x + y for x, y in zip(row[k], s)]
+        for row in (rows[t["template"]], rows["lang:" + t["language"]], rows["all"]):
+            row["n"] += 1
+        if a.per_page:
+            o, p = page["ours"], page["peer"]
+            print(f"page {t['url']:<52} {t['language']} mtnlg P {o[0]:.3f} R {o[1]:.3f} F1 {o[2]:.3f} | readability F1 {p[2]:.3f}")
+    print(f"{'template':<12} {'pages':>5} | {'mtnlg P':>7} {'R':>6} {'F1':>6} | {'readability P':>13} {'R':>6} {'F1':>6}")
+    names = sorted(k for k in rows if k != "all" and not k.startswith("lang:"))
+    names += sorted(k for k in rows if k.startswith("lang:")) + ["all"]
+    result = {}
+    for name in names:
+        r = rows[name]
+        n = r["n"]
+        o = [x / n for x in r["ours"]]
+        p = [x / n for x in r["peer"]]
+        result[name] = (o[2], p[2])
+        print(f"{name:<12} {n:>5} | {o[0]:>7.3f} {o[1]:>6.3f} {o[2]:>6.3f} | {p[0]:>13.3f} {p[1]:>6.3f} {p[2]:>6.3f}")
+    n = rows["all"]["n"]
+    ours_f1, peer_f1 = result["all"]
+    print(json.dumps({"pages": n, "mtnlg_f1": round(ours_f1, 4), "readability_f1": round(peer_f1, 4),
+                      "min_template_f1": round(min(result[k][0] for k in result if k != "all" and not k.startswith("lang:")), 4)}))
+    if n == 0 or ours_f1 < a.min_f1:
+        problems.append(f"mtnlg F1 {ours_f1:.3f} overall (needs >= {a.min_f1})")
+    for k, (o, _) in result.items():
+        if k != "all" and not k.startswith("lang:") and o < a.min_template_f1:
+            problems.append(f"mtnlg F1 {o:.3f} on template {k} (needs >= {a.min_template_f1})")
+    for p in problems:
+        print(f"FAIL: {p}", file=sys.stderr)
+    return 1 if problems else 0
+
+
 def speed(a):
     pages = [body for _, body in read_warc(a.warc)]
     t0 = time.perf_counter()
@@ -159,11 +239,21 @@ def main():
     q.add_argument("--min-f1", type=float, default=0.9)
     q.add_argument("--allow-below-peer", action="store_true")
     q.add_argument("--per-page", action="store_true")
+    w = sub.add_parser("web")
+    w.add_argument("--warc", required=True)
+    w.add_argument("--truth", required=True)
+    w.add_argument("--ours", required=True)
+    w.add_argument("--ours-en")
+    w.add_argument("--min-f1", type=float, default=0.95)
+    w.add_argument("--min-template-f1", type=float, default=0.90)
+    w.add_argument("--comments", action="store_true")
+    w.add_argument("--per-page", action="store_true")
+    w.add_argument("--no-peer", action="store_true", help="skip readability (its columns read 0)")
     s = sub.add_parser("speed")
     s.add_argument("--warc", required=True)
     s.add_argument("--repeat", type=int, default=1)
     a = ap.parse_args()
-    return quality(a) if a.cmd == "quality" else speed(a)
+    return {"quality": quality, "web": web, "speed": speed}[a.cmd](a)
 
 
 if __name__ == "__main__":

@@ -904,8 +904,15 @@ TEST_CASE("mtnlg data extract end to end: help, errors, report, skip-bad-records
   auto help = test::run_mtnlg("data extract --help");
   CHECK(help.exit_code == 0);
   for (const char* o : {"--input", "--output", "--languages", "--compress", "--skip-bad-records", "--max-record-bytes",
-                        "--min-language-score", "--no-progress", "mpirun"})
+                        "--min-language-score", "--no-progress", "mpirun", "--keep-comments", "--min-language-chars",
+                        "--repeat-min-chars"})
     CHECK_THAT(help.out, Contains(o));
+  for (const auto& [flag, what] : {std::pair<std::string, std::string>{"--min-language-chars -1", "--min-language-chars: -1 is negative"},
+                                   {"--repeat-min-chars 0", "--repeat-min-chars: 0 is under 1"}}) {
+    auto r = test::run_mtnlg("data extract " + flag + " --input " + fixture("pages.warc.gz") + " --output " + d + "/bad-opt");
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.out, Contains(what));
+  }
   auto ok = test::run_mtnlg("data extract --input " + fixture("pages.warc.gz") + " " + fixture("sample.warc.wet.gz") +
                             " --output " + d + "/o");
   INFO(ok.out);
@@ -913,6 +920,9 @@ TEST_CASE("mtnlg data extract end to end: help, errors, report, skip-bad-records
   CHECK_THAT(ok.out, Contains("docs/s") && Contains("100.0%"));  // the progress line
   const auto rep = json::parse(test::read_file(dir / "o" / "extract_report.json"));
   CHECK(rep["totals"]["documents"] == 34);
+  CHECK(rep["totals"]["language_unclassifiable"] == 0);
+  CHECK(rep["options"]["keep_comments"] == false);
+  CHECK(rep["options"]["min_language_chars"] == 50);
   CHECK(rep["files"].size() == 2);
   CHECK(fs::exists(dir / "o" / "pages.jsonl"));
   CHECK(fs::exists(dir / "o" / "sample.jsonl"));
@@ -1047,4 +1057,232 @@ TEST_CASE("data extract on real Debian HTML: English documentation kept, man pag
   CHECK(english_kept >= static_cast<int>(plan["english"].size()) * 9 / 10);
   const auto rep = json::parse(test::read_file(dir / "o" / "extract_report.json"));
   CHECK(rep["totals"]["language_dropped"].get<int64_t>() >= static_cast<int64_t>(plan["other"].size()) * 9 / 10);
+}
+
+TEST_CASE("data extract on the held-out web pages: F1 >= 0.95 overall, >= 0.90 per template, no other language as "
+          "English, comments kept on request",
+          "[.][extract-web]") {
+  // scripts/make-extract-web.py writes the pages where the test runs (nothing committed);
+  // extract_peer.py web scores them (token F1 per template; --no-peer: without readability,
+  // whose scores docs/PERFORMANCE.md gives beside these) and exits 1 below the bounds.
+  test::TempDir dir("extract-web");
+  const std::string src = test::source_dir();
+  for (const std::string which : {"heldout", "dev"}) {
+    INFO("page set " << which);
+    auto mk = test::run_command("/usr/bin/python3 " + src + "/scripts/make-extract-web.py " + which + " " + dir.str());
+    INFO(mk.out);
+    REQUIRE(mk.exit_code == 0);
+    const std::string warc = (dir / ("web-" + which + ".warc.gz")).string(), stem = "web-" + which;
+    const std::string truth = (dir / (stem + "_truth.jsonl")).string();
+    REQUIRE(read_jsonl(truth).size() == 224);
+    auto shard = [&](const std::string& run) { return (dir / (which + "-" + run) / (stem + ".jsonl")).string(); };
+    for (const auto& [run, flags] : {std::pair<std::string, std::string>{"all", "--languages all"},
+                                     {"en", "--languages en"}, {"kc", "--languages all --keep-comments"}}) {
+      auto r = test::run_mtnlg("data extract --no-progress " + flags + " --input " + warc + " --output " +
+                               (dir / (which + "-" + run)).string());
+      REQUIRE(r.exit_code == 0);
+    }
+    // F1 >= 0.95 overall and >= 0.90 per template; no page in another language kept when
+    // English is asked, whatever its cookie banner says.
+    auto q = test::run_command("/usr/bin/python3 " + src + "/scripts/bench/extract_peer.py web --no-peer --warc " + warc +
+                               " --truth " + truth + " --ours " + shard("all") + " --ours-en " + shard("en") +
+                               " --min-f1 0.95 --min-template-f1 0.90");
+    INFO(q.out);
+    CHECK(q.exit_code == 0);
+    // --keep-comments: the same bounds against the text with the comments and reviews.
+    auto c = test::run_command("/usr/bin/python3 " + src + "/scripts/bench/extract_peer.py web --no-peer --comments --warc " +
+                               warc + " --truth " + truth + " --ours " + shard("kc") + " --min-f1 0.95 --min-template-f1 0.90");
+    INFO(c.out);
+    CHECK(c.exit_code == 0);
+    int english = 0;
+    for (const auto& d : read_jsonl(shard("en"))) {
+      CHECK(d["language"] == "en");
+      ++english;
+    }
+    CHECK(english >= 160);  // of 168 English pages: listing pages without an intro have no main text
+  }
+}
+
+namespace {
+
+const std::string kPara3 =
+    "The committee met again on Thursday, and after a long discussion they agreed that the library should stay open "
+    "in the evenings, at least until the end of the year, because so many students had asked for it.";
+
+// A plain WARC of HTTP 200 text/html responses: (url, extra HTTP headers, html).
+std::string web_warc(const std::vector<std::tuple<std::string, std::string, std::string>>& pages) {
+  std::string out;
+  int n = 0;
+  for (const auto& [url, headers, html] : pages) {
+    const std::string block = "HTTP/1.1 200 OK\r\nContent-Type: text/html; charset=utf-8\r\n" + headers + "\r\n" + html;
+    out += "WARC/1.1\r\nWARC-Type: response\r\nWARC-Record-ID: <urn:test:" + std::to_string(++n) +
+           ">\r\nWARC-Target-URI: " + url + "\r\nWARC-Date: 2024-01-01T00:00:00Z\r\nContent-Length: " +
+           std::to_string(block.size()) + "\r\n\r\n" + block + "\r\n\r\n";
+  }
+  return out;
+}
+
+std::string classified_with(const std::string& html, const BlockParams& p) {
+  auto page = parse_html_blocks(html);
+  classify_blocks(page, p, true);
+  return main_text(page.blocks);
+}
+
+}  // namespace
+
+TEST_CASE("extract: class, id, itemprop and itemtype words mark furniture and comment sections", "[extract]") {
+  CHECK(attribute_marks("site-footer") == kMarkFurniture);
+  CHECK(attribute_marks("comments-area") == kMarkComment);
+  CHECK(attribute_marks("commentlist") == kMarkComment);      // a word holding "comment"
+  CHECK(attribute_marks("customerReviews") == kMarkComment);  // ... or "review"
+  CHECK(attribute_marks("https://schema.org/Comment") == kMarkComment);
+  CHECK(attribute_marks("disqus_thread") == kMarkComment);
+  CHECK(attribute_marks("kommentare") == kMarkComment);
+  CHECK(attribute_marks("comment-nav") == (kMarkFurniture | kMarkComment));
+  CHECK(attribute_marks("commentary") == 0);
+  CHECK(attribute_marks("image-preview") == 0);
+  CHECK(attribute_marks("css-1x2y3z article-body") == 0);
+  CHECK(furniture_attribute("signature"));
+  // The pass before the parse folds the four into one attribute with the same marks; the
+  // blocks (and so the comment marks and the <html lang>) stay the same.
+  for (const std::string html :
+       {"<html lang=de-AT><body><div itemprop=comment><p>x y z</p></div><div itemtype='https://schema.org/Review' "
+        "class=nav><p>a b</p></div><section id=comments class=x><p>c</p></section></body></html>",
+        "<html><body><div class='a &amp; comment' id=menu><p>x</p></div><p itemprop=reviewBody>y</p></body></html>"}) {
+    INFO(html);
+    check_same_blocks(html);
+    const auto a = parse_html_blocks(html, false), b = parse_html_blocks(html, true);
+    CHECK(a.marks == b.marks);
+    CHECK(a.lang == b.lang);
+  }
+  CHECK(parse_html_blocks("<html lang=de-AT><body><p>x</p></body></html>").lang == "de-AT");
+}
+
+TEST_CASE("extract: comments and reviews are left out unless kept; answers stay; an element with the h1 is the article",
+          "[extract]") {
+  const std::string article = "<article><h1>The library</h1><p>" + kPara + "</p><p>" + kPara2 + "</p></article>";
+  for (const std::string& comments :
+       {"<section id=comments><h2>3 comments</h2><ol><li><p>" + kPara3 + "</p></li></ol></section>",
+        "<div class=x><div itemprop=comment itemscope itemtype=https://schema.org/Comment><p>" + kPara3 + "</p></div></div>",
+        "<div id=disqus_thread><p>" + kPara3 + "</p></div>",
+        "<div class=customer-reviews><div><p>" + kPara3 + "</p><p>12 people found this helpful</p></div></div>"}) {
+    const std::string html = "<html><body>" + article + comments + "</body></html>";
+    INFO(html);
+    CHECK(classified_text(html) == "The library\n" + kPara + "\n" + kPara2);
+    BlockParams keep;
+    keep.keep_comments = true;
+    CHECK_THAT(classified_with(html, keep), Contains(kPara3));
+  }
+  // A review site's review: the element holding the title is the article whatever its class.
+  const std::string review = "<html><body><div class=review-body><h1>Camera review</h1><p>" + kPara + "</p><p>" + kPara2 +
+                             "</p></div></body></html>";
+  CHECK(classified_text(review) == "Camera review\n" + kPara + "\n" + kPara2);
+  // Q&A: the question and every answer are main text, the comments under them are not.
+  const std::string qa = "<html><body><div><h1>How do I keep the library open?</h1><div id=question><p>" + kPara +
+                         "</p><div class=comments><ul><li>" + kPara3 + "</li></ul></div></div><div id=answers>"
+                         "<div class=answer itemprop=suggestedAnswer><p>" + kPara2 + "</p></div>"
+                         "<div class=answer itemprop=suggestedAnswer><p>" + kPara + " Twice.</p></div></div></div></body></html>";
+  const std::string t = classified_text(qa);
+  CHECK_THAT(t, Contains(kPara2));
+  CHECK_THAT(t, Contains(kPara + " Twice."));
+  CHECK_FALSE(t.find(kPara3) != std::string::npos);
+}
+
+TEST_CASE("extract: a listing page keeps its intro and none of its teasers; without an intro it has no main text",
+          "[extract]") {
+  std::string cards;
+  for (int i = 0; i < 6; ++i)
+    cards += "<div><h2><a href=/s/" + std::to_string(i) + ">Headline number " + std::to_string(i) +
+             " about the library</a></h2><p>The committee met again on Thursday and agreed that the library should "
+             "stay open in the evenings.</p><span>3 May 2024</span></div>";
+  const std::string intro = "All the news about the library and the people who keep it open, from the council "
+                            "meetings to the readers who come every day.";
+  CHECK(classified_text("<html><body><div><h1>Library news</h1><p>" + intro + "</p><div>" + cards +
+                        "</div></div></body></html>") == "Library news\n" + intro);
+  CHECK(classified_text("<html><body><div><h1>Library news</h1><div>" + cards + "</div></div></body></html>").empty());
+  // A section heading that is a link over a real section is not a teaser card.
+  std::string sections;
+  for (int i = 0; i < 3; ++i) sections += "<div><h2><a href=#s" + std::to_string(i) + ">Part</a></h2><p>" + kPara + "</p><p>" + kPara2 + "</p></div>";
+  CHECK_THAT(classified_text("<html><body><div>" + sections + "</div></body></html>"), Contains(kPara2));
+}
+
+TEST_CASE("extract: a man page in one <pre> and a list of names in the container are kept", "[extract]") {
+  std::string man = "LS(1)    User Commands    LS(1)\n\nNAME\n       ls - list directory contents\n\nOPTIONS\n";
+  for (const char* o : {"-a, --all", "-l", "-h, --human-readable", "-r, --reverse", "-R, --recursive", "-t"})
+    man += std::string("       ") + o + "\n              do not ignore entries, sort by time, print sizes\n\n";
+  const std::string html = "<html><body><h1>Man page of LS</h1><pre>" + man + "</pre><hr><a href=/>Home</a></body></html>";
+  CHECK_THAT(classified_text(html), Contains("-h, --human-readable"));
+  CHECK_THAT(classified_text(html), Contains("Man page of LS"));
+  // A changelog-style list of names after the prose of a wiki page.
+  const std::string wiki = "<html><body><div id=content><h1>The library</h1><p>" + kPara + "</p><h2>Contributors" +
+                           "<span class=mw-editsection>[<a href=?edit>edit</a>]</span></h2><ul><li>Anna Berg</li>"
+                           "<li>Jonas Falk</li><li>Mei Lin</li><li>Carlos Vidal</li></ul></div>"
+                           "<div id=footer><a href=/>Privacy</a></div></body></html>";
+  CHECK(classified_text(wiki) == "The library\n" + kPara + "\nContributors\nAnna Berg\nJonas Falk\nMei Lin\nCarlos Vidal");
+}
+
+TEST_CASE("extract: text repeated on other pages of the site is boilerplate; a page fetched twice keeps its text",
+          "[extract]") {
+  test::TempDir dir("extract-repeat");
+  // A pitch inside the article's element: kept by the classifier on its own, dropped where
+  // the site repeats it.
+  const std::string pitch = "<div class=x9><p>We are a small team of writers and editors who believe that good reporting "
+                            "should be free for everyone to read, and our work is paid for by our readers.</p></div>";
+  auto page = [&](const std::string& body) {
+    return "<html><body><div><h1>Title</h1><div><p>" + body + "</p>" + pitch + "</div></div></body></html>";
+  };
+  const std::string warc = (dir / "site.warc").string();
+  test::write_file(warc, web_warc({{"http://a.test/1", "", page(kPara)},
+                                   {"http://a.test/2", "", page(kPara2)},
+                                   {"http://b.test/1", "", page(kPara3)},   // another site: keeps its box
+                                   {"http://a.test/1", "", page(kPara)}}));  // fetched twice
+  ExtractOptions opt;
+  const auto e = run_extract(warc, opt, dir / "o");
+  REQUIRE(e.docs.size() == 4);
+  CHECK(e.docs[0]["text"] == "Title\n" + kPara);
+  CHECK(e.docs[1]["text"] == "Title\n" + kPara2);
+  CHECK_THAT(e.docs[2]["text"].get<std::string>(), Contains("small team of writers"));
+  CHECK_THAT(e.docs[3]["text"].get<std::string>(), Contains(kPara));  // all of it repeated: nothing is dropped
+}
+
+TEST_CASE("extract: the language is the main text's, the declared one its prior; a short main text is unclassifiable",
+          "[extract]") {
+  test::TempDir dir("extract-lang");
+  const std::string zh = "市议会周二决定在今年秋天结束之前修复横跨河流的那座老桥。许多居民多年来一直抱怨街道的噪音和路面的糟糕状况。"
+                         "据市政府介绍，这项工程的费用将比最初的预算高出将近一倍。";
+  const std::string banner = "<div class=x1 role=dialog><p>We use cookies and similar technologies to give you the best "
+                             "possible experience on our website, to analyse how it is used and to show you content and "
+                             "advertising that may interest you. By clicking accept you agree to it.</p></div>";
+  const std::string banner_plain = "<div class=x1><p>We use cookies and similar technologies to give you the best "
+                                   "possible experience on our website, to analyse how it is used and to show you "
+                                   "content and advertising that may interest you. By clicking accept you agree.</p></div>";
+  const std::string warc = (dir / "lang.warc").string();
+  test::write_file(warc, web_warc({
+      {"http://zh.test/1", "", "<html><body>" + banner + "<div><h1>老桥</h1><p>" + zh + "</p><p>" + zh + "</p></div></body></html>"},
+      {"http://zh2.test/1", "", "<html lang=zh-CN><body><div><h1>老桥</h1><p>" + zh + "</p></div>" + banner_plain + "</body></html>"},
+      {"http://zh3.test/1", "", "<html><body><div><h1>老桥</h1><p>市议会周二决定在今年秋天结束之前修复横跨河流的那座老桥。</p></div></body></html>"},
+      {"http://en.test/2", "Content-Language: en\r\n", "<html><body><div><h1>Library</h1><p>" + kPara + "</p><p>" + kPara2 +
+                                                        "</p></div></body></html>"},
+  }));
+  ExtractOptions opt;
+  opt.languages = {"en"};
+  auto e = run_extract(warc, opt, dir / "en");
+  REQUIRE(e.docs.size() == 1);
+  CHECK(e.docs[0]["url"] == "http://en.test/2");
+  CHECK(e.counts[kLanguageUnclassifiable] == 1);  // zh3: its main text has fewer than 50 code points
+  CHECK(e.counts[kLanguageDropped] == 2);
+  CHECK(e.languages["zh"] == 2);
+  opt.languages = {"all"};
+  e = run_extract(warc, opt, dir / "all");
+  REQUIRE(e.docs.size() == 4);  // without a language filter a short main text is kept
+  CHECK(e.docs[0]["language"] == "zh");
+  CHECK(e.docs[0]["text"] == "老桥\n" + zh + "\n" + zh);
+  CHECK(e.docs[1]["language"] == "zh");
+  CHECK_THAT(e.docs[1]["text"].get<std::string>(), !Contains("cookies"));  // outside the container
+  CHECK(e.docs[3]["language"] == "en");
+  // The declared language decides between CLD2's candidates when CLD2 is unsure.
+  CHECK(declared_language("zh-CN") == "zh");
+  CHECK(declared_language(" de ") == "de");
+  CHECK(declared_language("en, de").empty());
+  CHECK(declared_language("x-klingon").empty());
 }
