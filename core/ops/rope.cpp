@@ -97,8 +97,9 @@ op_checks::QkvShape rope_checks(const char* op, const Tensor& out, const Tensor&
 void rope_cpu(Tensor& out, const Tensor& in, const op_checks::QkvShape& s, int64_t rot, const RopeParams& p,
               int64_t past, int sign, DType dt) {
   Widened wd;  // passes f32/f64 through; bf16/f16 rotate an f32 copy, rounded once at the store
-  Tensor& o = wd.out(out, /*read=*/true);
-  if (out.raw() != in.raw()) copy(o, wd.in(in));
+  const bool in_place = out.raw() == in.raw();
+  Tensor& o = wd.out(out, /*read=*/in_place);  // out of place, its old values are not read
+  if (!in_place) copy(o, wd.in(in));
   by_dtype(is_low(dt) ? DType::f32 : dt, [&](auto z) {
     using T = decltype(z);
     cpu::rope_inplace<T>(o.kernel_data<T>(), s, rot, p, past, sign);
