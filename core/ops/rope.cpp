@@ -61,9 +61,11 @@ namespace mtnlg::ops {
 using namespace detail;
 
 int64_t rope_rot_dim(const RopeParams& p, int64_t head_dim) {
+  // Nearest integer, so that a percent written in decimal counts (0.28 of 50 is 14.000000000000002).
   const double r = static_cast<double>(head_dim) * p.percent;
-  const auto rot = static_cast<int64_t>(r);
-  if (!(p.percent > 0 && p.percent <= 1) || static_cast<double>(rot) != r || rot <= 0 || rot % 2 != 0)
+  const auto rot = static_cast<int64_t>(std::llround(r));
+  if (!(p.percent > 0 && p.percent <= 1) || std::fabs(r - static_cast<double>(rot)) > 1e-9 * r || rot <= 0 ||
+      rot % 2 != 0)
     throw_runtime("rope: head size {} x rotary_percent {} is not a positive even number of dims", head_dim, p.percent);
   return rot;
 }

@@ -118,6 +118,8 @@ TEST_CASE("ops: shapes and dtype roles are checked once, before the dispatch, th
     ops::RopeParams rp;
     rp.percent = 0.3;  // 1.2 dims of a head of 4
     CHECK_THROWS_WITH(ops::rope_forward(qout, qkv, 4, 2, rp, 0), Catch::Contains("not a positive even number of dims"));
+    rp.percent = 0.28;
+    CHECK(ops::rope_rot_dim(rp, 50) == 14);  // 50 x 0.28 is 14.000000000000002 in double
     rp.percent = 1.0;
     CHECK_THROWS_WITH(ops::rope_forward(qout, qkv, 3, 2, rp, 0),
                       Catch::Contains("rope_forward: heads 3 is not a positive multiple of the query groups 2"));
