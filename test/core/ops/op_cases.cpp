@@ -1198,6 +1198,19 @@ Entry rope_entry() {
     double undo = 0;
     for (int64_t i = 0; i < qkv.numel(); ++i) undo = std::max(undo, std::fabs(back.data<double>()[i] - x[i]));
     c.expect(undo < 1e-13, "rope backward of rope forward is the input, max error " + str(undo));
+    // q.k after the rotation depends on the positions' difference only: attention over
+    // rotated q and k is the same at any offset (past 0 and past + 37 here)
+    auto attend = [&](int64_t at) {
+      Tensor rq = Tensor::empty({B, T, W}, DType::f64), o = Tensor::empty({B, T, H * D}, DType::f64);
+      Tensor l = Tensor::empty({B, H, T}, DType::f64);
+      ops::rope_forward(rq, qkv, H, G, p, at);
+      ops::attention_forward_lse(o, l, rq, H, ops::AttentionDropout{}, G);
+      return o;
+    };
+    const Tensor a0 = attend(0), a1 = attend(past + 37);
+    double shift = 0;
+    for (int64_t i = 0; i < a0.numel(); ++i) shift = std::max(shift, std::fabs(a0.data<double>()[i] - a1.data<double>()[i]));
+    c.expect(shift < 1e-12, "attention over rotated q, k is the same at another position offset, max error " + str(shift));
     // Llama 3.1's scaling at its own constants (rot 128, base 500000; the three regimes),
     // against values computed independently (Python, in double)
     ops::RopeParams l3;
