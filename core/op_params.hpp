@@ -2,6 +2,8 @@
 // the CUDA backend (core/cuda/ops_cuda.hpp) takes the same types without including the
 // op set it serves.
 #pragma once
+#include <math.h>
+
 #include <cstdint>
 
 #include "core/rng.hpp"
@@ -33,6 +35,39 @@ struct ResidualBranch {
   uint64_t key = 0;
   uint64_t base_index = 0;
   DeviceKey dkey{};  // on CUDA, key and base_index from device memory when set
+};
+
+// Rotary position embedding (ops::rope_forward / rope_backward; docs/specs/llama-ops.md):
+// Megatron-Core's rotary_base, rotary_percent, rotary_interleaved and Llama 3.1's
+// frequency scaling (use_rope_scaling, rope_scaling_factor; the low/high frequency
+// factors and the original context length at Llama 3.1's values unless set).
+struct RopeParams {
+  double base = 10000.0;    // theta
+  double percent = 1.0;     // rotate the first head_dim * percent dims of each head (even)
+  bool interleaved = false; // pairs (2i, 2i+1); false: rotate-half, pairs (i, i + rot_dim/2)
+  bool scaling = false;     // Llama 3.1's frequency scaling
+  double factor = 8.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  double original_max_positions = 8192.0;
+
+  // inv_freq[i] = base^(-2i / rot_dim), i < rot_dim / 2, in double; with `scaling`, the
+  // wavelength w = 2 pi / f decides: w < original / high_freq_factor keeps f, w > original
+  // / low_freq_factor takes f / factor, and between them s = (original / w -
+  // low_freq_factor) / (high_freq_factor - low_freq_factor) blends (1 - s) f / factor + s f.
+  // Host and device code (the kernels compute it per pair; the model through
+  // ops::rope_inv_freq).
+  MTNLG_HD double inv_freq(int64_t i, int64_t rot_dim) const {
+    const double f = 1.0 / ::pow(base, static_cast<double>(2 * i) / static_cast<double>(rot_dim));
+    if (!scaling) return f;
+    const double wavelen = 2.0 * 3.14159265358979323846 / f;
+    const double low_wavelen = original_max_positions / low_freq_factor;
+    const double high_wavelen = original_max_positions / high_freq_factor;
+    if (wavelen < high_wavelen) return f;
+    if (wavelen > low_wavelen) return f / factor;
+    const double s = (original_max_positions / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor);
+    return (1.0 - s) * f / factor + s * f;
+  }
 };
 
 // AdamW hyperparameters of one update.

@@ -81,6 +81,48 @@ void layernorm_backward(Tensor& dinp, Tensor& dw, Tensor& db, const Tensor& dout
 void residual_layernorm_backward(Tensor& dinp, Tensor& dw, Tensor& db, const Tensor& dresidual, const Tensor& dout,
                                  const Tensor& inp, const Tensor& w, const Tensor& mean, const Tensor& rstd);
 
+// ---- RMSNorm (the Llama family's normalisation; core/ops/layernorm.cpp, the LayerNorm's
+// kernels without the mean and the bias) ---------------------------------------------------
+// out[N,C] = inp * rstd * w, rstd = 1/sqrt(mean(inp^2) + eps); saves rstd[N] (wide) for
+// backward. No bias.
+void rmsnorm_forward(Tensor& out, Tensor& rstd, const Tensor& inp, const Tensor& w, double eps);
+// residual_layernorm_forward with an RMSNorm: sum = x + dropout(branch + br.bias) (stored in
+// the activation dtype), out = rmsnorm(sum; w), rstd saved; the same bits as the unfused
+// ops (bias_add_forward, dropout_forward, add, rmsnorm_forward) one after the other, on
+// the CPU and on CUDA. sum may alias x.
+void residual_rmsnorm_forward(Tensor& sum, Tensor& out, Tensor& rstd, const Tensor& x, const Tensor& branch,
+                              const ResidualBranch& br, const Tensor& w, double eps);
+// dinp = (accumulate? +=: =), dw +=
+void rmsnorm_backward(Tensor& dinp, Tensor& dw, const Tensor& dout, const Tensor& inp, const Tensor& w,
+                      const Tensor& rstd, bool accumulate_dinp = false);
+// dinp = dresidual + rmsnorm'(dout) (written; may alias dresidual), dw +=: the same bits as
+// copy(dinp, dresidual) then rmsnorm_backward(..., accumulate_dinp = true).
+void residual_rmsnorm_backward(Tensor& dinp, Tensor& dw, const Tensor& dresidual, const Tensor& dout,
+                               const Tensor& inp, const Tensor& w, const Tensor& rstd);
+
+// ---- SwiGLU (core/ops/swiglu.cpp): inp[N, 2F] = [gate | up] per row, out[N, F] =
+// silu(gate) * up; dinp = d[gate | up] (written) ---------------------------------------------
+void swiglu_forward(Tensor& out, const Tensor& inp);
+void swiglu_backward(Tensor& dinp, const Tensor& dout, const Tensor& inp);
+
+// ---- rotary position embedding (core/ops/rope.cpp) ----------------------------------------
+// Rotates the q and k heads of the attention's packed qkv [B, T, G*(H/G+2)*D] (the layout
+// of attention_forward below; v passes through): position past + t of each sample, the
+// first rot_dim = D * p.percent dims of each head in pairs by angle position * inv_freq[i]
+// (rope_inv_freq), rotate-half or interleaved pairing (RopeParams). cos/sin in fp32 (fp64
+// for f64 tensors). out may alias qkv (then only the rotated dims are written).
+void rope_forward(Tensor& out, const Tensor& qkv, int64_t heads, int64_t groups, const RopeParams& p, int64_t past);
+// The backward is the rotation by -angle of dq and dk (dv passes through): dqkv = (written;
+// may alias dout).
+void rope_backward(Tensor& dqkv, const Tensor& dout, int64_t heads, int64_t groups, const RopeParams& p, int64_t past);
+// rot_dim of a head of `head_dim` (head_dim * p.percent, which must be a positive even
+// integer: RuntimeError otherwise).
+int64_t rope_rot_dim(const RopeParams& p, int64_t head_dim);
+// The rot_dim / 2 inverse frequencies inv_freq[i] = base^(-2i / rot_dim), with Llama 3.1's
+// scaling applied when p.scaling (RopeParams::inv_freq): what the kernels use, for the model
+// and the tests.
+std::vector<double> rope_inv_freq(const RopeParams& p, int64_t rot_dim);
+
 // ---- GELU (tanh approximation, as GPT-2 and Megatron) ------------------------------
 void gelu_forward(Tensor& out, const Tensor& inp);
 void gelu_backward(Tensor& dinp, const Tensor& inp, const Tensor& dout);  // dinp =
@@ -94,15 +136,18 @@ void dropout_backward(Tensor& dinp, const Tensor& dout, double p, uint64_t key, 
                       const DeviceKey& dkey = {});  // dinp =
 
 // ---- causal self-attention -------------------------------------------------------------
-// qkv[B,T,H*3*D] laid out per head as [q | k | v] (Megatron's layout, so that a
-// column-parallel shard is a contiguous block of heads); out[B,T,H*D];
-// probs[B,H,T,T] saved (softmax before dropout) for backward. The unfused form of
-// model.attention_backend: on CUDA batched cuBLASLt GEMMs around a softmax kernel
+// qkv[B,T,G*(H/G+2)*D] with `groups` G key/value heads (grouped-query attention; H % G ==
+// 0; groups 0 means G = H), laid out per group as [q_0 .. q_{H/G-1} | k | v] (Megatron's
+// layout, so that a column-parallel shard is a contiguous block of whole groups); G == H
+// is per head [q | k | v]. Query head h attends with its group's k and v, g = h / (H/G).
+// out[B,T,H*D]; probs[B,H,T,T] saved (softmax before dropout) for backward. The unfused
+// form of model.attention_backend: on CUDA batched cuBLASLt GEMMs around a softmax kernel
 // (core/cuda/attention.cu), on the CPU the row kernel below.
-void attention_forward(Tensor& out, Tensor& probs, const Tensor& qkv, int64_t heads, const AttentionDropout& drop);
-// dqkv = ; uses probs from forward.
+void attention_forward(Tensor& out, Tensor& probs, const Tensor& qkv, int64_t heads, const AttentionDropout& drop,
+                       int64_t groups = 0);
+// dqkv = ; uses probs from forward. A group's dk and dv are the sums over its query heads.
 void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& probs, int64_t heads,
-                        const AttentionDropout& drop);
+                        const AttentionDropout& drop, int64_t groups = 0);
 
 // Log-sum-exp variant (core/ops/attention.cpp): saves lse[B,H,T] = log sum_{j<=i}
 // exp(q_i.k_j/sqrt(D)) per row instead of probs[B,H,T,T], so activation memory is O(T)
@@ -114,19 +159,22 @@ void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, con
 // device; on CUDA when cuDNN's fused attention takes it (bf16/fp16, head size a multiple
 // of 8 up to 128, cuDNN loaded and planning this shape: core/cuda/cudnn_attention.hpp).
 // When it does not, `why` says what refused it; when it does, `why` names the engine.
+// Grouped-query attention (groups != heads) is refused on CUDA for now: cuDNN's graph is
+// planned with one head count for q, k and v.
 bool attention_lse_supported(Device device, DType dt, int64_t B, int64_t T, int64_t heads, int64_t head_dim,
-                             double dropout_p, std::string* why);
-void attention_forward_lse(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t heads, const AttentionDropout& drop);
+                             double dropout_p, std::string* why, int64_t groups = 0);
+void attention_forward_lse(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t heads, const AttentionDropout& drop,
+                           int64_t groups = 0);
 void attention_backward_lse(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
-                            int64_t heads, const AttentionDropout& drop);
+                            int64_t heads, const AttentionDropout& drop, int64_t groups = 0);
 // Forward only, over a key/value cache (generation: prefill a prompt, then one token per
-// step). k_cache/v_cache [B, H, capacity, D] in the activation dtype hold positions
-// [0, past); the op writes the keys/values of the new positions [past, past + T) from
-// qkv[B, T, H*3*D] into them, then query past + i attends to positions [0, past + i]
+// step). k_cache/v_cache [B, G, capacity, D] (one per query group) in the activation dtype
+// hold positions [0, past); the op writes the keys/values of the new positions
+// [past, past + T) from qkv[B, T, G*(H/G+2)*D] into them, then query past + i attends to positions [0, past + i]
 // (causal within the new block). out[B, T, H*D] is written. No dropout, no backward:
 // with past = 0 it equals attention_forward_lse's output (test/core/ops/test_attention_lse.cpp).
 void attention_cached_forward(Tensor& out, Tensor& k_cache, Tensor& v_cache, const Tensor& qkv, int64_t heads,
-                              int64_t past);
+                              int64_t past, int64_t groups = 0);
 
 // ---- embeddings (vocab-parallel: this rank holds rows [vocab_start, vocab_start+V_local)) --
 // out[N,C] = table[tok - vocab_start] for ids in range, 0 otherwise.

@@ -7,6 +7,9 @@
 // generation. CPU reference: core/ops/attention.cpp.
 //
 // Gradient contract: dqkv is WRITTEN (every q, k and v element of every position).
+// Grouped-query attention (G query groups, H/G query heads each; qkv rows hold per group
+// [q_0 .. q_{H/G-1} | k | v]): query head h = g*(H/G) + qi uses its group's k and v; a
+// group's dK and dV sum over its query heads (GEMMs with beta 1 after the first).
 // Dropout on the attention probabilities uses the CPU's mask index
 // ((sample_offset+b)*heads_total + head_offset+h)*T*T + i*T + j, so masks match the
 // CPU and any tensor-parallel split of heads.
@@ -26,6 +29,7 @@ constexpr int kPer = static_cast<int>(kAttnMaxHeadDim / 32);  // head columns pe
 struct Geometry {
   int64_t B, T, H, D;
   float scale;
+  int64_t G = 0;  // query groups (the unfused form; H/G query heads each)
 };
 struct Drop {
   float p, dscale;
@@ -69,8 +73,10 @@ Drop make_drop(const ops::AttentionDropout& d, int64_t H) {
 }  // namespace mtnlg::cuda::k
 
 // ---- Unfused attention (model.attention_backend: unfused): Megatron's form on tensor
-// cores. Per sample b, with the heads as a strided batch read straight from the packed
-// qkv rows (head h's q, k, v start at h*3D, 3D apart; row stride 3HD):
+// cores. Per sample b and query index qi within a group, with the G groups as a strided
+// batch read straight from the packed qkv rows (group g's query qi, k, v start at
+// g*(Q+2)*D + qi*D, + Q*D, + (Q+1)*D, (Q+2)*D apart for Q = H/G query heads per group;
+// row stride G(Q+2)D; with G == H one batch of H heads, q, k, v 3D apart):
 //   forward   S = scale * Q K^T                    batched GEMM, [H, T, T] into probs
 //             P = softmax(causal mask(S)) in place  one warp per row, fp32 arithmetic
 //             P' = dropout(P) (p > 0 only)          into a scratch [B, H, T, T]
@@ -79,7 +85,9 @@ Drop make_drop(const ops::AttentionDropout& d, int64_t H) {
 //             dS = scale * P (dP - rowsum(P dP))    in place over dP, zero above the diagonal
 //             dQ = dS K, dK = dS^T Q                 into dqkv's q and k columns
 // The scores and probabilities are stored in the activation dtype (as Megatron's fused
-// scale-mask-softmax does); the GEMMs accumulate in fp32. dqkv is WRITTEN. The dropout
+// scale-mask-softmax does); the GEMMs accumulate in fp32. dqkv is WRITTEN; dK and dV of a
+// group add its query heads' products in qi order (beta 1 after qi 0, each add rounded
+// to the activation dtype). The dropout
 // mask is the CPU's (same index, same draws), so the unfused form on CUDA and both forms
 // on the CPU give the same model.
 
@@ -154,9 +162,9 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t j = lane; j < g.T; j += 32) row[j] = from_f<V>(j <= x.i ? to_f(P[j]) * (grad(j) - dot) * g.scale : 0.0f);
 }
 
-Geometry unfused_geometry(int64_t B, int64_t T, int64_t H, int64_t D) {
+Geometry unfused_geometry(int64_t B, int64_t T, int64_t H, int64_t G, int64_t D) {
   if (D < 1) fail("attention: empty head");
-  return Geometry{B, T, H, D, static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)))};
+  return Geometry{B, T, H, D, static_cast<float>(1.0 / std::sqrt(static_cast<double>(D))), G};
 }
 
 unsigned row_blocks(int64_t rows) {
@@ -165,65 +173,78 @@ unsigned row_blocks(int64_t rows) {
   return static_cast<unsigned>(blocks);
 }
 
-// Element offsets of sample b's pieces: qkv rows, out/dout rows, the [H, T, T] matrices.
+// Element offsets of sample b's pieces and the strides between the groups of one batched
+// GEMM (query index qi of every group): qkv rows, out/dout rows, the [H, T, T] matrices.
 struct UnfusedLayout {
-  int64_t row, ldo, TT;  // qkv row stride 3HD, out row stride HD, T*T
-  int64_t qkv(const Geometry& g, int64_t b, int part) const { return b * g.T * row + part * g.D; }
-  int64_t out(const Geometry& g, int64_t b) const { return b * g.T * ldo; }
-  int64_t mat(const Geometry& g, int64_t b) const { return b * g.H * TT; }
+  int64_t Q, row, ldo, TT;  // query heads per group, qkv row stride G(Q+2)D, out row stride HD, T*T
+  int64_t gs(const Geometry& g) const { return (Q + 2) * g.D; }  // group to group in a qkv row
+  int64_t q(const Geometry& g, int64_t b, int64_t qi) const { return b * g.T * row + qi * g.D; }
+  int64_t k(const Geometry& g, int64_t b) const { return b * g.T * row + Q * g.D; }
+  int64_t v(const Geometry& g, int64_t b) const { return b * g.T * row + (Q + 1) * g.D; }
+  int64_t out(const Geometry& g, int64_t b, int64_t qi) const { return b * g.T * ldo + qi * g.D; }
+  int64_t mat(const Geometry& g, int64_t b, int64_t qi) const { return b * g.H * TT + qi * TT; }
 };
-UnfusedLayout unfused_layout(const Geometry& g) { return {3 * g.H * g.D, g.H * g.D, g.T * g.T}; }
+UnfusedLayout unfused_layout(const Geometry& g) {
+  const int64_t Q = g.H / g.G;
+  return {Q, g.G * (Q + 2) * g.D, g.H * g.D, g.T * g.T};
+}
 
 template <typename V>
 void unfused_forward(V* out, V* probs, V* dropped, const V* qkv, const Geometry& g, const Drop& dr, DType dt) {
   const UnfusedLayout L = unfused_layout(g);
-  const int64_t T = g.T, D = g.D, H = g.H, rows = g.B * H * T;
+  const int64_t T = g.T, D = g.D, H = g.H, G = g.G, Q = L.Q, rows = g.B * H * T, gs = L.gs(g);
   for (int64_t b = 0; b < g.B; ++b)  // S^T (col-major [T_j, T_i]) = K_cm^T Q_cm
-    gemm_strided_batched(true, false, T, T, D, g.scale, qkv + L.qkv(g, b, 1), L.row, 3 * D, qkv + L.qkv(g, b, 0), L.row,
-                         3 * D, probs + L.mat(g, b), T, L.TT, H, dt);
+    for (int64_t qi = 0; qi < Q; ++qi)
+      gemm_strided_batched(true, false, T, T, D, g.scale, qkv + L.k(g, b), L.row, gs, qkv + L.q(g, b, qi), L.row, gs,
+                           probs + L.mat(g, b, qi), T, Q * L.TT, G, dt);
   MTNLG_LAUNCH(row_blocks(rows), kThreads, 0, stream(), causal_softmax_kernel<V>)(probs, dr.on ? dropped : nullptr, rows,
                                                                                   g, dr);
   MTNLG_CUDA_LAUNCH_CHECK("causal_softmax_kernel");
   const V* pv = dr.on ? dropped : probs;
   for (int64_t b = 0; b < g.B; ++b)  // out_cm [D, T_i] = V_cm P'_cm
-    gemm_strided_batched(false, false, D, T, T, 1.0f, qkv + L.qkv(g, b, 2), L.row, 3 * D, pv + L.mat(g, b), T, L.TT,
-                         out + L.out(g, b), L.ldo, D, H, dt);
+    for (int64_t qi = 0; qi < Q; ++qi)
+      gemm_strided_batched(false, false, D, T, T, 1.0f, qkv + L.v(g, b), L.row, gs, pv + L.mat(g, b, qi), T, Q * L.TT,
+                           out + L.out(g, b, qi), L.ldo, Q * D, G, dt);
 }
 
 template <typename V>
 void unfused_backward(V* dqkv, const V* dout, const V* qkv, const V* probs, V* scratch, const Geometry& g,
                       const Drop& dr, DType dt) {
   const UnfusedLayout L = unfused_layout(g);
-  const int64_t T = g.T, D = g.D, H = g.H, rows = g.B * H * T;
+  const int64_t T = g.T, D = g.D, H = g.H, G = g.G, Q = L.Q, rows = g.B * H * T, gs = L.gs(g);
   const V* pv = probs;
   if (dr.on) {
     MTNLG_LAUNCH(grid_for(rows * T, 256), 256, 0, stream(), attention_dropout_kernel<V>)(scratch, probs, rows, g, dr);
     MTNLG_CUDA_LAUNCH_CHECK("attention_dropout_kernel");
     pv = scratch;
   }
-  for (int64_t b = 0; b < g.B; ++b)  // dV_cm [D, T_j] = dO_cm P'_cm^T
-    gemm_strided_batched(false, true, D, T, T, 1.0f, dout + L.out(g, b), L.ldo, D, pv + L.mat(g, b), T, L.TT,
-                         dqkv + L.qkv(g, b, 2), L.row, 3 * D, H, dt);
+  for (int64_t b = 0; b < g.B; ++b)  // dV_cm [D, T_j] = sum over qi of dO_cm P'_cm^T
+    for (int64_t qi = 0; qi < Q; ++qi)
+      gemm_strided_batched(false, true, D, T, T, 1.0f, dout + L.out(g, b, qi), L.ldo, Q * D, pv + L.mat(g, b, qi), T,
+                           Q * L.TT, dqkv + L.v(g, b), L.row, gs, G, dt, qi ? 1.0f : 0.0f);
   for (int64_t b = 0; b < g.B; ++b)  // dP'_cm [T_j, T_i] = V_cm^T dO_cm (over P' once dV is done)
-    gemm_strided_batched(true, false, T, T, D, 1.0f, qkv + L.qkv(g, b, 2), L.row, 3 * D, dout + L.out(g, b), L.ldo, D,
-                         scratch + L.mat(g, b), T, L.TT, H, dt);
+    for (int64_t qi = 0; qi < Q; ++qi)
+      gemm_strided_batched(true, false, T, T, D, 1.0f, qkv + L.v(g, b), L.row, gs, dout + L.out(g, b, qi), L.ldo, Q * D,
+                           scratch + L.mat(g, b, qi), T, Q * L.TT, G, dt);
   MTNLG_LAUNCH(row_blocks(rows), kThreads, 0, stream(), causal_softmax_backward_kernel<V>)(scratch, probs, rows, g, dr);
   MTNLG_CUDA_LAUNCH_CHECK("causal_softmax_backward_kernel");
   for (int64_t b = 0; b < g.B; ++b) {
-    // dQ_cm [D, T_i] = K_cm dS_cm ; dK_cm [D, T_j] = Q_cm dS_cm^T
-    gemm_strided_batched(false, false, D, T, T, 1.0f, qkv + L.qkv(g, b, 1), L.row, 3 * D, scratch + L.mat(g, b), T, L.TT,
-                         dqkv + L.qkv(g, b, 0), L.row, 3 * D, H, dt);
-    gemm_strided_batched(false, true, D, T, T, 1.0f, qkv + L.qkv(g, b, 0), L.row, 3 * D, scratch + L.mat(g, b), T, L.TT,
-                         dqkv + L.qkv(g, b, 1), L.row, 3 * D, H, dt);
+    // dQ_cm [D, T_i] = K_cm dS_cm ; dK_cm [D, T_j] = sum over qi of Q_cm dS_cm^T
+    for (int64_t qi = 0; qi < Q; ++qi)
+      gemm_strided_batched(false, false, D, T, T, 1.0f, qkv + L.k(g, b), L.row, gs, scratch + L.mat(g, b, qi), T,
+                           Q * L.TT, dqkv + L.q(g, b, qi), L.row, gs, G, dt);
+    for (int64_t qi = 0; qi < Q; ++qi)
+      gemm_strided_batched(false, true, D, T, T, 1.0f, qkv + L.q(g, b, qi), L.row, gs, scratch + L.mat(g, b, qi), T,
+                           Q * L.TT, dqkv + L.k(g, b), L.row, gs, G, dt, qi ? 1.0f : 0.0f);
   }
 }
 
 }  // namespace
 
 void attention_unfused_forward(void* out, void* probs, void* dropped, const void* qkv, DType dt, int64_t B, int64_t T,
-                               int64_t H, int64_t D, const ops::AttentionDropout& drop) {
+                               int64_t H, int64_t G, int64_t D, const ops::AttentionDropout& drop) {
   if (B * T * H == 0) return;
-  const Geometry g = unfused_geometry(B, T, H, D);
+  const Geometry g = unfused_geometry(B, T, H, G, D);
   const Drop dr = make_drop(drop, H);
   MTNLG_DT_SWITCH(dt, V,
                   unfused_forward<V>(static_cast<V*>(out), static_cast<V*>(probs), static_cast<V*>(dropped),
@@ -231,10 +252,10 @@ void attention_unfused_forward(void* out, void* probs, void* dropped, const void
 }
 
 void attention_unfused_backward(void* dqkv, const void* dout, const void* qkv, const void* probs, void* scratch,
-                                DType dt, int64_t B, int64_t T, int64_t H, int64_t D,
+                                DType dt, int64_t B, int64_t T, int64_t H, int64_t G, int64_t D,
                                 const ops::AttentionDropout& drop) {
   if (B * T * H == 0) return;
-  const Geometry g = unfused_geometry(B, T, H, D);
+  const Geometry g = unfused_geometry(B, T, H, G, D);
   const Drop dr = make_drop(drop, H);
   MTNLG_DT_SWITCH(dt, V,
                   unfused_backward<V>(static_cast<V*>(dqkv), static_cast<const V*>(dout), static_cast<const V*>(qkv),
@@ -254,33 +275,35 @@ namespace mtnlg::cuda::k {
 
 namespace {
 
+// Group g's k and v of each new position into the caches [B, G, cap, D] (Q = H/G).
 template <typename T>
-__global__ void kv_append_kernel(T* k_cache, T* v_cache, const T* qkv, int64_t B, int64_t Tn, int64_t H, int64_t D,
-                                 int64_t cap, int64_t past) {
-  const int64_t n = B * Tn * H * D;
+__global__ void kv_append_kernel(T* k_cache, T* v_cache, const T* qkv, int64_t B, int64_t Tn, int64_t G, int64_t Q,
+                                 int64_t D, int64_t cap, int64_t past) {
+  const int64_t n = B * Tn * G * D;
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t d = e % D, h = (e / D) % H, i = (e / (D * H)) % Tn, b = e / (D * H * Tn);
-    const T* src = qkv + (b * Tn + i) * H * 3 * D + h * 3 * D;
-    const int64_t dst = ((b * H + h) * cap + past + i) * D + d;
-    k_cache[dst] = src[D + d];
-    v_cache[dst] = src[2 * D + d];
+    const int64_t d = e % D, g = (e / D) % G, i = (e / (D * G)) % Tn, b = e / (D * G * Tn);
+    const T* src = qkv + (b * Tn + i) * G * (Q + 2) * D + g * (Q + 2) * D + Q * D;
+    const int64_t dst = ((b * G + g) * cap + past + i) * D + d;
+    k_cache[dst] = src[d];
+    v_cache[dst] = src[D + d];
   }
 }
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
-    attn_cached_kernel(T* out, const T* k_cache, const T* v_cache, const T* qkv, int64_t Tn, int64_t H, int64_t D,
-                       int64_t cap, int64_t past, float scale) {
+    attn_cached_kernel(T* out, const T* k_cache, const T* v_cache, const T* qkv, int64_t Tn, int64_t H, int64_t G,
+                       int64_t D, int64_t cap, int64_t past, float scale) {
   __shared__ float q_sh[kAttnMaxHeadDim];
   __shared__ float m_sh[kWarps], l_sh[kWarps];
   __shared__ float o_sh[kWarps][kAttnMaxHeadDim];
   const int64_t r = blockIdx.x, h = r % H, i = (r / H) % Tn, b = r / (H * Tn);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const T* q = qkv + (b * Tn + i) * H * 3 * D + h * 3 * D;
+  const int64_t Q = H / G, g = h / Q;
+  const T* q = qkv + (b * Tn + i) * G * (Q + 2) * D + g * (Q + 2) * D + (h % Q) * D;
   for (int64_t d = threadIdx.x; d < D; d += blockDim.x) q_sh[d] = to_f(q[d]);
   __syncthreads();
-  const T* kc = k_cache + (b * H + h) * cap * D;
-  const T* vc = v_cache + (b * H + h) * cap * D;
+  const T* kc = k_cache + (b * G + g) * cap * D;
+  const T* vc = v_cache + (b * G + g) * cap * D;
   const int64_t n = past + i + 1;
   float m = -INFINITY, l = 0.0f, acc[kPer];
   for (int c = 0; c < kPer; ++c) acc[c] = 0.0f;
@@ -323,17 +346,18 @@ __global__ void __launch_bounds__(kThreads)
 }  // namespace
 
 void attention_cached_forward(void* out, void* k_cache, void* v_cache, const void* qkv, DType dt, int64_t B, int64_t T,
-                              int64_t H, int64_t D, int64_t capacity, int64_t past) {
+                              int64_t H, int64_t G, int64_t D, int64_t capacity, int64_t past) {
   if (B * T * H * D == 0) return;
   if (D > kAttnMaxHeadDim) fail("attention_cached_forward: head size above the kernel's limit");
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
   MTNLG_DT_SWITCH(dt, V, {
-    MTNLG_LAUNCH(grid_for(B * T * H * D, 256), 256, 0, stream(), kv_append_kernel<V>)(
-        static_cast<V*>(k_cache), static_cast<V*>(v_cache), static_cast<const V*>(qkv), B, T, H, D, capacity, past);
+    MTNLG_LAUNCH(grid_for(B * T * G * D, 256), 256, 0, stream(), kv_append_kernel<V>)(
+        static_cast<V*>(k_cache), static_cast<V*>(v_cache), static_cast<const V*>(qkv), B, T, G, H / G, D, capacity,
+        past);
     MTNLG_CUDA_LAUNCH_CHECK("kv_append_kernel");
     MTNLG_LAUNCH(static_cast<unsigned>(B * T * H), kThreads, 0, stream(), attn_cached_kernel<V>)(
         static_cast<V*>(out), static_cast<const V*>(k_cache), static_cast<const V*>(v_cache),
-        static_cast<const V*>(qkv), T, H, D, capacity, past, scale);
+        static_cast<const V*>(qkv), T, H, G, D, capacity, past, scale);
     MTNLG_CUDA_LAUNCH_CHECK("attn_cached_kernel");
   });
 }
@@ -348,61 +372,68 @@ namespace mtnlg::cuda {
 using namespace detail;
 
 namespace {
-// `limited`: the kernel keeps a head in registers / shared memory (flash and KV-cache
-// forms); the unfused form's GEMMs take any head size.
-void attn_shape(const char* op, const Tensor& qkv, int64_t heads, int64_t& B, int64_t& T, int64_t& D,
-                bool limited = true) {
-  B = qkv.dim(0);
-  T = qkv.dim(1);
-  D = qkv.dim(2) / (3 * heads);
-  if (limited && D > kAttnMaxHeadDim)
-    throw_runtime("{}: head size {} exceeds the CUDA kernel's limit of {}", op, D, kAttnMaxHeadDim);
+// The geometry (the dispatcher checked it); `limited`: the kernel keeps a head in
+// registers / shared memory (flash and KV-cache forms); the unfused form's GEMMs take any
+// head size.
+op_checks::QkvShape attn_shape(const char* op, const Tensor& qkv, int64_t heads, int64_t groups, bool limited = true) {
+  const op_checks::QkvShape s = op_checks::qkv_shape(op, qkv, heads, groups);
+  if (limited && s.D > kAttnMaxHeadDim)
+    throw_runtime("{}: head size {} exceeds the CUDA kernel's limit of {}", op, s.D, kAttnMaxHeadDim);
+  return s;
+}
+// cuDNN's fused graph is planned with one head count for q, k and v.
+void need_mha(const char* op, int64_t heads, int64_t groups) {
+  if (groups != 0 && groups != heads)
+    throw_runtime("{}: grouped-query attention ({} query groups for {} heads) is not on cuDNN's fused path yet; "
+                  "use the unfused form",
+                  op, groups, heads);
 }
 }  // namespace
 
-void attention_forward_lse(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t heads, const ops::AttentionDropout& drop) {
+void attention_forward_lse(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t heads, const ops::AttentionDropout& drop,
+                           int64_t groups) {
   cuda_dtype("attention_forward_lse", "qkv", qkv.dtype());
+  need_mha("attention_forward_lse", heads, groups);
   cudnn_attention_forward(out, lse, qkv, heads, drop);
 }
 
 void attention_backward_lse(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
-                            int64_t heads, const ops::AttentionDropout& drop) {
+                            int64_t heads, const ops::AttentionDropout& drop, int64_t groups) {
   cuda_dtype("attention_backward_lse", "qkv", qkv.dtype());
+  need_mha("attention_backward_lse", heads, groups);
   if (!out.defined()) throw_runtime("attention_backward_lse: the CUDA backward needs the forward's out");
   cudnn_attention_backward(dqkv, dout, qkv, out, lse, heads, drop);
 }
 
-void attention_forward(Tensor& out, Tensor& probs, const Tensor& qkv, int64_t heads,
-                             const ops::AttentionDropout& drop) {
+void attention_forward(Tensor& out, Tensor& probs, const Tensor& qkv, int64_t heads, const ops::AttentionDropout& drop,
+                       int64_t groups) {
   const char* op = "attention_forward";
   const DType dt = cuda_dtype(op, "qkv", qkv.dtype());
-  int64_t B, T, D;
-  attn_shape(op, qkv, heads, B, T, D, /*limited=*/false);
+  const op_checks::QkvShape s = attn_shape(op, qkv, heads, groups, /*limited=*/false);
   Tensor dropped;  // P' for the P V product, only when dropout is on
   if (drop.p > 0) dropped = Tensor::empty(probs.shape(), probs.dtype(), probs.device());
-  k::attention_unfused_forward(out.raw(), probs.raw(), dropped.defined() ? dropped.raw() : nullptr, qkv.raw(), dt, B, T,
-                               heads, D, drop);
+  k::attention_unfused_forward(out.raw(), probs.raw(), dropped.defined() ? dropped.raw() : nullptr, qkv.raw(), dt, s.B,
+                               s.T, s.H, s.G, s.D, drop);
 }
 
 void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& probs, int64_t heads,
-                              const ops::AttentionDropout& drop) {
+                        const ops::AttentionDropout& drop, int64_t groups) {
   const char* op = "attention_backward";
   const DType dt = cuda_dtype(op, "qkv", qkv.dtype());
-  int64_t B, T, D;
-  attn_shape(op, qkv, heads, B, T, D, /*limited=*/false);
+  const op_checks::QkvShape s = attn_shape(op, qkv, heads, groups, /*limited=*/false);
   Tensor scratch = Tensor::empty(probs.shape(), probs.dtype(), probs.device());  // P', then dP and dS in place
-  k::attention_unfused_backward(dqkv.raw(), dout.raw(), qkv.raw(), probs.raw(), scratch.raw(), dt, B, T, heads, D, drop);
+  k::attention_unfused_backward(dqkv.raw(), dout.raw(), qkv.raw(), probs.raw(), scratch.raw(), dt, s.B, s.T, s.H, s.G,
+                                s.D, drop);
 }
 
 void attention_cached_forward(Tensor& out, Tensor& k_cache, Tensor& v_cache, const Tensor& qkv, int64_t heads,
-                              int64_t past) {
+                              int64_t past, int64_t groups) {
   const char* op = "attention_cached_forward";
   const DType dt = cuda_dtype(op, "qkv", qkv.dtype());
-  int64_t B, T, D;
-  attn_shape(op, qkv, heads, B, T, D);
-  if (B * T * heads > INT32_MAX) throw_runtime("{}: batch x positions x heads exceeds the kernel's grid", op);
-  k::attention_cached_forward(out.raw(), k_cache.raw(), v_cache.raw(), qkv.raw(), dt, B, T, heads, D, k_cache.dim(2),
-                              past);
+  const op_checks::QkvShape s = attn_shape(op, qkv, heads, groups);
+  if (s.B * s.T * s.H > INT32_MAX) throw_runtime("{}: batch x positions x heads exceeds the kernel's grid", op);
+  k::attention_cached_forward(out.raw(), k_cache.raw(), v_cache.raw(), qkv.raw(), dt, s.B, s.T, s.H, s.G, s.D,
+                              k_cache.dim(2), past);
 }
 
 }  // namespace mtnlg::cuda

@@ -85,12 +85,13 @@ inline unsigned grid_for(int64_t n, int threads, int64_t cap = 8192) {
 // its rows): ceil(C / threads) blocks, uncapped.
 inline unsigned col_blocks(int64_t C, int threads) { return static_cast<unsigned>((C + threads - 1) / threads); }
 
-// Column-major strided-batched D_i = alpha op(A_i) op(B_i) (beta 0), i < count, through
+// Column-major strided-batched D_i = alpha op(A_i) op(B_i) + beta D_i, i < count, through
 // cuBLASLt (core/cuda/gemm.cu: fp32 accumulation, its candidate list and fallback), all
 // three matrices of storage dtype dt; matrix i starts i * stride elements after the first.
+// beta 0 never reads D.
 void gemm_strided_batched(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const void* A, int64_t lda,
                           int64_t stride_a, const void* B, int64_t ldb, int64_t stride_b, void* D, int64_t ldd,
-                          int64_t stride_d, int64_t count, DType dt);
+                          int64_t stride_d, int64_t count, DType dt, float beta = 0.0f);
 
 }  // namespace mtnlg::cuda::k
 

@@ -374,10 +374,10 @@ void gemm_dinp(void* dinp, const void* dout, const void* w, DType dt, int64_t N,
 
 void gemm_strided_batched(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const void* A, int64_t lda,
                           int64_t stride_a, const void* B, int64_t ldb, int64_t stride_b, void* D, int64_t ldd,
-                          int64_t stride_d, int64_t count, DType dt) {
+                          int64_t stride_d, int64_t count, DType dt, float beta) {
   if (m <= 0 || n <= 0 || count <= 0) return;
   if (k == 0) fail("gemm_strided_batched: empty inner dimension");
-  lt_matmul(ta, tb, m, n, k, A, dt, lda, B, ldb, D, dt, ldd, 0.0f, Epilogue{}, alpha,
+  lt_matmul(ta, tb, m, n, k, A, dt, lda, B, ldb, D, dt, ldd, beta, Epilogue{}, alpha,
             Batch{count, stride_a, stride_b, stride_d});
 }
 

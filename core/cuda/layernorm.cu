@@ -1,9 +1,13 @@
-// LayerNorm forward/backward and the residual-stream forms. CPU reference:
+// LayerNorm and RMSNorm forward/backward and the residual-stream forms. CPU reference:
 // core/ops/layernorm.cpp.
 //
 // Gradient contract: dinp WRITTEN (or, with a residual gradient dres, dres + the
-// LayerNorm's gradient: the residual stream's backward, dres may be dinp), dw and db
+// norm's gradient: the residual stream's backward, dres may be dinp), dw and db
 // ACCUMULATE (fp32). mean and rstd are saved in fp32 whatever the activation dtype.
+//
+// RMSNorm runs the same kernels with mean null: the mean taken as 0 (the second pass
+// then sums x^2), no bias, no dnorm_mean term, no db; the LayerNorm's arithmetic is
+// unchanged.
 //
 // Forward (optionally with the residual branch before it: the branch's bias, hidden
 // dropout and the residual add, residual_layernorm_forward) and dinp: one warp per row,
@@ -39,7 +43,8 @@ struct Residual {
 
 // With a residual, the first pass stores the sum into `inp` (rounded to T); the LayerNorm
 // then reads the stored sum, as the separate ops would (the same bits; each lane re-reads
-// only the elements it wrote). out null: the sum only (residual_add_forward).
+// only the elements it wrote). out null: the sum only (residual_add_forward). mean null
+// (with out): an RMSNorm, b unused.
 template <typename T>
 __global__ void layernorm_forward_kernel(T* out, float* mean, float* rstd, T* inp, const T* w, const T* b, int64_t N,
                                          int64_t C, float eps, Residual<T> res) {
@@ -61,11 +66,12 @@ __global__ void layernorm_forward_kernel(T* out, float* mean, float* rstd, T* in
       x[c] = from_f<T>(to_f(res.x[e]) + to_f(v));
       s += to_f(x[c]);
     }
-  } else {
+  } else if (mean) {  // an RMSNorm needs no mean
     for (int64_t c = lane; c < C; c += 32) s += to_f(x[c]);
   }
   if (!out) return;  // uniform over the grid: no lane is left in a warp_sum
-  const float m = warp_sum(s) / static_cast<float>(C);
+  const bool rms = mean == nullptr;  // uniform too
+  const float m = rms ? 0.0f : warp_sum(s) / static_cast<float>(C);
   float v = 0;
   for (int64_t c = lane; c < C; c += 32) {
     const float d = to_f(x[c]) - m;
@@ -73,9 +79,12 @@ __global__ void layernorm_forward_kernel(T* out, float* mean, float* rstd, T* in
   }
   const float r = 1.0f / sqrtf(warp_sum(v) / static_cast<float>(C) + eps);
   T* y = out + row * C;
-  for (int64_t c = lane; c < C; c += 32) y[c] = from_f<T>((to_f(x[c]) - m) * r * to_f(w[c]) + to_f(b[c]));
+  if (rms)
+    for (int64_t c = lane; c < C; c += 32) y[c] = from_f<T>(to_f(x[c]) * r * to_f(w[c]));
+  else
+    for (int64_t c = lane; c < C; c += 32) y[c] = from_f<T>((to_f(x[c]) - m) * r * to_f(w[c]) + to_f(b[c]));
   if (lane == 0) {
-    mean[row] = m;
+    if (!rms) mean[row] = m;
     rstd[row] = r;
   }
 }
@@ -88,7 +97,7 @@ __global__ void layernorm_dinp_kernel(T* dinp, const T* dres, const T* dout, con
   if (row >= N) return;
   const T* x = inp + row * C;
   const T* dy = dout + row * C;
-  const float m = mean[row], r = rstd[row];
+  const float m = mean ? mean[row] : 0.0f, r = rstd[row];  // mean null: an RMSNorm
   float a = 0, an = 0;  // sums of dnorm and dnorm*norm
   for (int64_t c = lane; c < C; c += 32) {
     const float norm = (to_f(x[c]) - m) * r;
@@ -100,7 +109,7 @@ __global__ void layernorm_dinp_kernel(T* dinp, const T* dres, const T* dout, con
   // second loop's dnorm - dnorm_mean into an FMA with the exact product, leaving the
   // product's rounding error times rstd where the true value is 0 (a row of one element:
   // -4.5e-6 with rstd = 1/sqrt(eps) on an H200, exactly 0 on the CPU).
-  const float dnorm_mean = warp_sum(a) / static_cast<float>(C);
+  const float dnorm_mean = mean ? warp_sum(a) / static_cast<float>(C) : 0.0f;
   const float dnorm_norm_mean = warp_sum(an) / static_cast<float>(C);
   T* dx = dinp + row * C;
   const T* dr = dres ? dres + row * C : nullptr;
@@ -123,11 +132,11 @@ __global__ void layernorm_dwdb_partial_kernel(float* pw, float* pb, const T* dou
     float aw = 0, ab = 0;
     for (int64_t i = chunk * kRowChunk; i < r1; ++i) {
       const float dy = to_f(dout[i * C + c]);
-      aw += (to_f(inp[i * C + c]) - mean[i]) * rstd[i] * dy;
+      aw += (to_f(inp[i * C + c]) - (mean ? mean[i] : 0.0f)) * rstd[i] * dy;
       ab += dy;
     }
     pw[chunk * C + c] = aw;
-    pb[chunk * C + c] = ab;
+    if (pb) pb[chunk * C + c] = ab;
   }
 }
 
@@ -138,10 +147,10 @@ __global__ void layernorm_dwdb_final_kernel(float* dw, float* db, const float* p
   float aw = 0, ab = 0;
   for (int64_t k = 0; k < chunks; ++k) {
     aw += pw[k * C + c];
-    ab += pb[k * C + c];
+    if (pb) ab += pb[k * C + c];
   }
   dw[c] += aw;
-  db[c] += ab;
+  if (db) db[c] += ab;
 }
 
 unsigned row_blocks(int64_t N) { return static_cast<unsigned>((N + kRowsPerBlock - 1) / kRowsPerBlock); }
@@ -174,7 +183,8 @@ void residual_layernorm_forward(void* sum, void* out, float* mean, float* rstd, 
   MTNLG_CUDA_LAUNCH_CHECK("layernorm_forward_kernel (residual)");
 }
 
-// dres null: dinp written; else dinp = dres + the LayerNorm's gradient.
+// dres null: dinp written; else dinp = dres + the norm's gradient. mean and db null: an
+// RMSNorm.
 void layernorm_backward(void* dinp, const void* dres, float* dw, float* db, const void* dout, const void* inp,
                         const void* w, const float* mean, const float* rstd, DType dt, int64_t N, int64_t C) {
   if (N <= 0) return;
@@ -184,15 +194,16 @@ void layernorm_backward(void* dinp, const void* dres, float* dw, float* db, cons
                       static_cast<const T*>(inp), static_cast<const T*>(w), mean, rstd, N, C));
   MTNLG_CUDA_LAUNCH_CHECK("layernorm_dinp_kernel");
   const int64_t chunks = (N + kRowChunk - 1) / kRowChunk;
-  DeviceBuffer<float> partial(2 * chunks * C);
+  DeviceBuffer<float> partial((db ? 2 : 1) * chunks * C);
   const unsigned cb = col_blocks(C, kThreads);
   const dim3 grid(cb, static_cast<unsigned>(std::min<int64_t>(chunks, 65535)));
   MTNLG_DT_SWITCH(dt, T,
                   MTNLG_LAUNCH(grid, kThreads, 0, stream(), layernorm_dwdb_partial_kernel<T>)(
-                      partial.data(), partial.data() + chunks * C, static_cast<const T*>(dout),
+                      partial.data(), db ? partial.data() + chunks * C : nullptr, static_cast<const T*>(dout),
                       static_cast<const T*>(inp), mean, rstd, N, C));
   MTNLG_CUDA_LAUNCH_CHECK("layernorm_dwdb_partial_kernel");
-  MTNLG_LAUNCH(cb, kThreads, 0, stream(), layernorm_dwdb_final_kernel)(dw, db, partial.data(), partial.data() + chunks * C, chunks, C);
+  MTNLG_LAUNCH(cb, kThreads, 0, stream(), layernorm_dwdb_final_kernel)(dw, db, partial.data(),
+                                                                       db ? partial.data() + chunks * C : nullptr, chunks, C);
   MTNLG_CUDA_LAUNCH_CHECK("layernorm_dwdb_final_kernel");
 }
 
@@ -222,6 +233,20 @@ void residual_layernorm_forward(Tensor& sum, Tensor& out, Tensor& mean, Tensor& 
                                 br.base_index, br.dkey, w.raw(), b.raw(), dt, N, C, eps);
 }
 
+void rmsnorm_forward(Tensor& out, Tensor& rstd, const Tensor& inp, const Tensor& w, double eps) {
+  const DType dt = cuda_dtype("rmsnorm_forward", "out", out.dtype());
+  const int64_t C = w.numel(), N = C ? inp.numel() / C : 0;
+  k::layernorm_forward(out.raw(), nullptr, f(rstd), inp.raw(), w.raw(), nullptr, dt, N, C, eps);
+}
+
+void residual_rmsnorm_forward(Tensor& sum, Tensor& out, Tensor& rstd, const Tensor& x, const Tensor& branch,
+                              const ops::ResidualBranch& br, const Tensor& w, double eps) {
+  const DType dt = cuda_dtype("residual_rmsnorm_forward", "out", out.dtype());
+  const int64_t C = w.numel(), N = C ? sum.numel() / C : 0;
+  k::residual_layernorm_forward(sum.raw(), out.raw(), nullptr, f(rstd), x.raw(), branch.raw(), p(br.bias), br.p, br.key,
+                                br.base_index, br.dkey, w.raw(), nullptr, dt, N, C, eps);
+}
+
 void residual_add_forward(Tensor& sum, const Tensor& x, const Tensor& branch, const ops::ResidualBranch& br) {
   const DType dt = cuda_dtype("residual_add_forward", "sum", sum.dtype());
   const int64_t C = sum.dim(-1), N = C ? sum.numel() / C : 0;
@@ -244,6 +269,22 @@ void residual_layernorm_backward(Tensor& dinp, Tensor& dw, Tensor& db, const Ten
   const int64_t C = w.numel(), N = C ? inp.numel() / C : 0;
   k::layernorm_backward(dinp.raw(), dresidual.raw(), f(dw), f(db), dout.raw(), inp.raw(), w.raw(), f(mean), f(rstd), dt,
                         N, C);
+}
+
+void rmsnorm_backward(Tensor& dinp, Tensor& dw, const Tensor& dout, const Tensor& inp, const Tensor& w,
+                      const Tensor& rstd, bool accumulate_dinp) {
+  const DType dt = cuda_dtype("rmsnorm_backward", "dinp", dinp.dtype());
+  const int64_t C = w.numel(), N = C ? inp.numel() / C : 0;
+  k::layernorm_backward(dinp.raw(), accumulate_dinp ? dinp.raw() : nullptr, f(dw), nullptr, dout.raw(), inp.raw(),
+                        w.raw(), nullptr, f(rstd), dt, N, C);
+}
+
+void residual_rmsnorm_backward(Tensor& dinp, Tensor& dw, const Tensor& dresidual, const Tensor& dout,
+                               const Tensor& inp, const Tensor& w, const Tensor& rstd) {
+  const DType dt = cuda_dtype("residual_rmsnorm_backward", "dinp", dinp.dtype());
+  const int64_t C = w.numel(), N = C ? inp.numel() / C : 0;
+  k::layernorm_backward(dinp.raw(), dresidual.raw(), f(dw), nullptr, dout.raw(), inp.raw(), w.raw(), nullptr, f(rstd),
+                        dt, N, C);
 }
 
 }  // namespace mtnlg::cuda

@@ -5,6 +5,11 @@
 // probs form ([B,H,T,T] saved, CPU only) that the tests use as an independent
 // reference, and the KV-cache form for generation. bf16/f16 activations run the f32
 // kernels through Widened with lse in f32, as on CUDA.
+//
+// Grouped-query attention: qkv rows hold G groups, each its H/G query heads, then one key
+// and one value head ([q_0 .. q_{H/G-1} | k | v]; G == H is the per-head [q | k | v]).
+// Query head h reads the key and value of its group g = h / (H/G). The backward sums a
+// group's dK and dV over its query heads, in head order (one thread owns a group).
 #include "core/ops.hpp"
 
 #include <algorithm>
@@ -54,22 +59,35 @@ T softmax_row(const T* q, const T* k0, int64_t kstride, int64_t n, int64_t D, T 
 // Causal attention, both saved forms in one kernel: row i's softmax lives in `probs`
 // (the [B,H,T,T] form, zeros above the diagonal) or in a per-(b,h) scratch row; `lse`
 // (when given) saves m_i + log sum_j exp(s_ij - m_i), the log-sum-exp form's statistic.
+// Where head h's q, k and v start in a qkv row (offsets from the row's start).
+struct HeadCols {
+  int64_t q, k, v;
+};
+inline HeadCols head_cols(int64_t h, int64_t Q, int64_t D) {
+  const int64_t g0 = (h / Q) * (Q + 2) * D;
+  return {g0 + (h % Q) * D, g0 + Q * D, g0 + (Q + 1) * D};
+}
+
 template <typename T>
-void attention_forward_rows(T* out, T* probs, T* lse, const T* qkv, int64_t B, int64_t Tn, int64_t H, int64_t D, double p,
-                            uint64_t key, int64_t sample_offset, int64_t head_offset, int64_t heads_total) {
-  const int64_t row = H * 3 * D;  // qkv row stride
+void attention_forward_rows(T* out, T* probs, T* lse, const T* qkv, int64_t B, int64_t Tn, int64_t H, int64_t G,
+                            int64_t D, double p, uint64_t key, int64_t sample_offset, int64_t head_offset,
+                            int64_t heads_total) {
+  const int64_t Q = H / G, row = G * (Q + 2) * D;  // query heads per group, qkv row stride
   const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(D)));
   const T dscale = p > 0 ? static_cast<T>(1.0 / (1.0 - p)) : T(1);
 #pragma omp parallel for collapse(2) schedule(static)
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t h = 0; h < H; ++h) {
-      const T* base = qkv + b * Tn * row + h * 3 * D;
+      const HeadCols hc = head_cols(h, Q, D);
+      const T* base = qkv + b * Tn * row + hc.q;  // this head's queries
+      const T* kbase = qkv + b * Tn * row + hc.k;
+      const T* vbase = qkv + b * Tn * row + hc.v;
       std::vector<T> scratch(probs ? 0 : static_cast<size_t>(Tn));
       const uint64_t mask_base = attention_mask_base(sample_offset + b, head_offset + h, heads_total, Tn);
       for (int64_t i = 0; i < Tn; ++i) {
         const T* q = base + i * row;
         T* Pi = probs ? probs + ((b * H + h) * Tn + i) * Tn : scratch.data();
-        const T row_lse = softmax_row(q, base + D, row, i + 1, D, scale, Pi);
+        const T row_lse = softmax_row(q, kbase, row, i + 1, D, scale, Pi);
         if (lse) lse[(b * H + h) * Tn + i] = row_lse;
         if (probs)
           for (int64_t j = i + 1; j < Tn; ++j) Pi[j] = 0;
@@ -78,7 +96,7 @@ void attention_forward_rows(T* out, T* probs, T* lse, const T* qkv, int64_t B, i
         for (int64_t j = 0; j <= i; ++j) {
           T pj = Pi[j];
           if (p > 0) pj = keep(key, mask_base + i * Tn + j, p) ? pj * dscale : T(0);
-          const T* v = base + j * row + 2 * D;
+          const T* v = vbase + j * row;
 #pragma omp simd
           for (int64_t d = 0; d < D; ++d) o[d] += pj * v[d];
         }
@@ -91,59 +109,66 @@ void attention_forward_rows(T* out, T* probs, T* lse, const T* qkv, int64_t B, i
 // recomputed as exp(s_ij - lse_i) (flash attention's backward). dqkv is written (=).
 template <typename T>
 void attention_backward_rows(T* dqkv, const T* dout, const T* qkv, const T* probs, const T* lse, int64_t B, int64_t Tn,
-                             int64_t H, int64_t D, double p, uint64_t key, int64_t sample_offset, int64_t head_offset,
-                             int64_t heads_total) {
-  const int64_t row = H * 3 * D;
+                             int64_t H, int64_t G, int64_t D, double p, uint64_t key, int64_t sample_offset,
+                             int64_t head_offset, int64_t heads_total) {
+  const int64_t Q = H / G, row = G * (Q + 2) * D;
   const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(D)));
   const T dscale = p > 0 ? static_cast<T>(1.0 / (1.0 - p)) : T(1);
 #pragma omp parallel for collapse(2) schedule(static)
   for (int64_t b = 0; b < B; ++b) {
-    for (int64_t h = 0; h < H; ++h) {
-      const T* base = qkv + b * Tn * row + h * 3 * D;
-      T* dbase = dqkv + b * Tn * row + h * 3 * D;
-      const uint64_t mask_base = attention_mask_base(sample_offset + b, head_offset + h, heads_total, Tn);
-      for (int64_t i = 0; i < Tn; ++i)
-        for (int64_t d = 0; d < 3 * D; ++d) dbase[i * row + d] = 0;
-      std::vector<T> scratch(probs ? 0 : static_cast<size_t>(Tn)), dP(static_cast<size_t>(Tn));
-      for (int64_t i = 0; i < Tn; ++i) {
-        const T* q = base + i * row;
-        const T* Pi = probs ? probs + ((b * H + h) * Tn + i) * Tn : scratch.data();
-        if (!probs) {  // recompute row i from the saved log-sum-exp
-          const T l = lse[(b * H + h) * Tn + i];
-          for (int64_t j = 0; j <= i; ++j) {
-            const T* k = base + j * row + D;
-            T s = 0;
+    for (int64_t g = 0; g < G; ++g) {
+      for (int64_t i = 0; i < Tn; ++i)  // the group's columns: its dq's, dk, dv
+        for (int64_t d = 0; d < (Q + 2) * D; ++d) dqkv[b * Tn * row + g * (Q + 2) * D + i * row + d] = 0;
+      for (int64_t h = g * Q; h < (g + 1) * Q; ++h) {  // dk, dv sum over the group's heads in order
+        const HeadCols hc = head_cols(h, Q, D);
+        const T* base = qkv + b * Tn * row + hc.q;
+        const T* kbase = qkv + b * Tn * row + hc.k;
+        const T* vbase = qkv + b * Tn * row + hc.v;
+        T* dbase = dqkv + b * Tn * row + hc.q;
+        T* dkbase = dqkv + b * Tn * row + hc.k;
+        T* dvbase = dqkv + b * Tn * row + hc.v;
+        const uint64_t mask_base = attention_mask_base(sample_offset + b, head_offset + h, heads_total, Tn);
+        std::vector<T> scratch(probs ? 0 : static_cast<size_t>(Tn)), dP(static_cast<size_t>(Tn));
+        for (int64_t i = 0; i < Tn; ++i) {
+          const T* q = base + i * row;
+          const T* Pi = probs ? probs + ((b * H + h) * Tn + i) * Tn : scratch.data();
+          if (!probs) {  // recompute row i from the saved log-sum-exp
+            const T l = lse[(b * H + h) * Tn + i];
+            for (int64_t j = 0; j <= i; ++j) {
+              const T* k = kbase + j * row;
+              T s = 0;
 #pragma omp simd reduction(+ : s)
-            for (int64_t d = 0; d < D; ++d) s += q[d] * k[d];
-            scratch[static_cast<size_t>(j)] = std::exp(s * scale - l);
+              for (int64_t d = 0; d < D; ++d) s += q[d] * k[d];
+              scratch[static_cast<size_t>(j)] = std::exp(s * scale - l);
+            }
           }
-        }
-        const T* dO = dout + (b * Tn + i) * H * D + h * D;
-        // dP'_ij = dO_i . v_j ; dv_j += P'_ij dO_i ; dP = dP' * mask * dscale
-        T dot = 0;
-        for (int64_t j = 0; j <= i; ++j) {
-          const T* v = base + j * row + 2 * D;
-          T* dv = dbase + j * row + 2 * D;
-          const bool kept = p <= 0 || keep(key, mask_base + i * Tn + j, p);
-          const T pj = kept ? Pi[j] * dscale : T(0);
-          T g = 0;
-#pragma omp simd reduction(+ : g)
-          for (int64_t d = 0; d < D; ++d) {
-            g += dO[d] * v[d];
-            dv[d] += pj * dO[d];
+          const T* dO = dout + (b * Tn + i) * H * D + h * D;
+          // dP'_ij = dO_i . v_j ; dv_j += P'_ij dO_i ; dP = dP' * mask * dscale
+          T dot = 0;
+          for (int64_t j = 0; j <= i; ++j) {
+            const T* v = vbase + j * row;
+            T* dv = dvbase + j * row;
+            const bool kept = p <= 0 || keep(key, mask_base + i * Tn + j, p);
+            const T pj = kept ? Pi[j] * dscale : T(0);
+            T gv = 0;
+#pragma omp simd reduction(+ : gv)
+            for (int64_t d = 0; d < D; ++d) {
+              gv += dO[d] * v[d];
+              dv[d] += pj * dO[d];
+            }
+            dP[j] = kept ? gv * dscale : T(0);
+            dot += Pi[j] * dP[j];
           }
-          dP[j] = kept ? g * dscale : T(0);
-          dot += Pi[j] * dP[j];
-        }
-        T* dq = dbase + i * row;
-        for (int64_t j = 0; j <= i; ++j) {
-          const T ds = Pi[j] * (dP[j] - dot) * scale;
-          const T* k = base + j * row + D;
-          T* dk = dbase + j * row + D;
+          T* dq = dbase + i * row;
+          for (int64_t j = 0; j <= i; ++j) {
+            const T ds = Pi[j] * (dP[j] - dot) * scale;
+            const T* k = kbase + j * row;
+            T* dk = dkbase + j * row;
 #pragma omp simd
-          for (int64_t d = 0; d < D; ++d) {
-            dq[d] += ds * k[d];
-            dk[d] += ds * q[d];
+            for (int64_t d = 0; d < D; ++d) {
+              dq[d] += ds * k[d];
+              dk[d] += ds * q[d];
+            }
           }
         }
       }
@@ -153,44 +178,19 @@ void attention_backward_rows(T* dqkv, const T* dout, const T* qkv, const T* prob
 
 
 template <typename T>
-void attention_forward(T* out, T* probs, const T* qkv, int64_t B, int64_t Tn, int64_t H, int64_t D, double p,
-                       uint64_t key, int64_t sample_offset, int64_t head_offset, int64_t heads_total) {
-  attention_forward_rows<T>(out, probs, nullptr, qkv, B, Tn, H, D, p, key, sample_offset, head_offset, heads_total);
-}
-
-template <typename T>
-void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* probs, int64_t B, int64_t Tn, int64_t H, int64_t D,
-                        double p, uint64_t key, int64_t sample_offset, int64_t head_offset, int64_t heads_total) {
-  attention_backward_rows<T>(dqkv, dout, qkv, probs, nullptr, B, Tn, H, D, p, key, sample_offset, head_offset, heads_total);
-}
-
-template <typename T>
-void attention_forward_lse(T* out, T* lse, const T* qkv, int64_t B, int64_t Tn, int64_t H, int64_t D, double p,
-                           uint64_t key, int64_t sample_offset, int64_t head_offset, int64_t heads_total) {
-  attention_forward_rows<T>(out, nullptr, lse, qkv, B, Tn, H, D, p, key, sample_offset, head_offset, heads_total);
-}
-
-template <typename T>
-void attention_backward_lse(T* dqkv, const T* dout, const T* qkv, const T* lse, int64_t B, int64_t Tn, int64_t H,
-                            int64_t D, double p, uint64_t key, int64_t sample_offset, int64_t head_offset,
-                            int64_t heads_total) {
-  attention_backward_rows<T>(dqkv, dout, qkv, nullptr, lse, B, Tn, H, D, p, key, sample_offset, head_offset, heads_total);
-}
-
-template <typename T>
-void attention_cached_forward(T* out, T* k_cache, T* v_cache, const T* qkv, int64_t B, int64_t Tn, int64_t H, int64_t D,
-                              int64_t capacity, int64_t past) {
-  const int64_t row = H * 3 * D;
-  // 1) append the new keys and values at positions [past, past + Tn)
+void attention_cached_forward(T* out, T* k_cache, T* v_cache, const T* qkv, int64_t B, int64_t Tn, int64_t H, int64_t G,
+                              int64_t D, int64_t capacity, int64_t past) {
+  const int64_t Q = H / G, row = G * (Q + 2) * D;
+  // 1) append the new keys and values of each group at positions [past, past + Tn)
 #pragma omp parallel for collapse(2) schedule(static)
   for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < H; ++h) {
-      T* kc = k_cache + ((b * H + h) * capacity) * D;
-      T* vc = v_cache + ((b * H + h) * capacity) * D;
+    for (int64_t g = 0; g < G; ++g) {
+      T* kc = k_cache + ((b * G + g) * capacity) * D;
+      T* vc = v_cache + ((b * G + g) * capacity) * D;
       for (int64_t i = 0; i < Tn; ++i) {
-        const T* src = qkv + (b * Tn + i) * row + h * 3 * D;
-        std::copy(src + D, src + 2 * D, kc + (past + i) * D);
-        std::copy(src + 2 * D, src + 3 * D, vc + (past + i) * D);
+        const T* src = qkv + (b * Tn + i) * row + g * (Q + 2) * D + Q * D;  // the group's k, then v
+        std::copy(src, src + D, kc + (past + i) * D);
+        std::copy(src + D, src + 2 * D, vc + (past + i) * D);
       }
     }
   // 2) query past + i attends to cache positions [0, past + i] through softmax_row, as
@@ -203,9 +203,9 @@ void attention_cached_forward(T* out, T* k_cache, T* v_cache, const T* qkv, int6
     for (int64_t b = 0; b < B; ++b)
       for (int64_t h = 0; h < H; ++h)
         for (int64_t i = 0; i < Tn; ++i) {
-          const T* q = qkv + (b * Tn + i) * row + h * 3 * D;
-          const T* kc = k_cache + ((b * H + h) * capacity) * D;
-          const T* vc = v_cache + ((b * H + h) * capacity) * D;
+          const T* q = qkv + (b * Tn + i) * row + head_cols(h, Q, D).q;
+          const T* kc = k_cache + ((b * G + h / Q) * capacity) * D;
+          const T* vc = v_cache + ((b * G + h / Q) * capacity) * D;
           const int64_t n = past + i + 1;
           softmax_row(q, kc, D, n, D, scale, s.data());
           T* o = out + (b * Tn + i) * H * D + h * D;
@@ -228,51 +228,62 @@ namespace mtnlg::ops {
 using namespace detail;
 
 namespace {
-void attention_shape(const char* op, const Tensor& qkv, int64_t heads, int64_t& B, int64_t& T, int64_t& D) {
-  if (qkv.ndim() != 3) throw_runtime("{}: qkv must be [B,T,3C], got {}", op, shape_str(qkv.shape()));
-  if (heads <= 0 || qkv.dim(2) % (3 * heads) != 0)
-    throw_runtime("{}: qkv width {} is not 3 x heads ({}) x head size", op, qkv.dim(2), heads);
-  B = qkv.dim(0);
-  T = qkv.dim(1);
-  D = qkv.dim(2) / (3 * heads);
-}
 int64_t heads_total(const AttentionDropout& d, int64_t heads) { return d.heads_total ? d.heads_total : heads; }
-}  // namespace
 
-void attention_forward(Tensor& out, Tensor& probs, const Tensor& qkv, int64_t heads, const AttentionDropout& drop) {
-  MTNLG_CUDA_DISPATCH(same_device("attention_forward", {&out, &probs, &qkv}), attention_forward(out, probs, qkv, heads, drop));
-  same_float_dtype("attention_forward", {&out, &probs, &qkv});
-  int64_t B, T, D;
-  attention_shape("attention_forward", qkv, heads, B, T, D);
-  expect_numel("attention_forward", "out", out, B * T * heads * D);
-  expect_numel("attention_forward", "probs", probs, B * heads * T * T);
+// The row kernels' call for a wide dtype (f32/f64): out, and probs or lse (the other null).
+void forward_cpu(Tensor& out, Tensor* probs, Tensor* lse, const Tensor& qkv, const op_checks::QkvShape& s,
+                 const AttentionDropout& drop) {
   by_dtype(out.dtype(), [&](auto z) {
     using V = decltype(z);
-    cpu::attention_forward<V>(out.kernel_data<V>(), probs.kernel_data<V>(), qkv.kernel_data<V>(), B, T, heads, D, drop.p, drop.key,
-                              drop.sample_offset, drop.head_offset, heads_total(drop, heads));
+    cpu::attention_forward_rows<V>(out.kernel_data<V>(), ptr<V>(probs), ptr<V>(lse), qkv.kernel_data<V>(), s.B, s.T, s.H,
+                                   s.G, s.D, drop.p, drop.key, drop.sample_offset, drop.head_offset,
+                                   heads_total(drop, s.H));
   });
+}
+void backward_cpu(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor* probs, const Tensor* lse,
+                  const op_checks::QkvShape& s, const AttentionDropout& drop) {
+  by_dtype(dqkv.dtype(), [&](auto z) {
+    using V = decltype(z);
+    cpu::attention_backward_rows<V>(dqkv.kernel_data<V>(), dout.kernel_data<V>(), qkv.kernel_data<V>(), ptr<V>(probs),
+                                    ptr<V>(lse), s.B, s.T, s.H, s.G, s.D, drop.p, drop.key, drop.sample_offset,
+                                    drop.head_offset, heads_total(drop, s.H));
+  });
+}
+}  // namespace
+
+void attention_forward(Tensor& out, Tensor& probs, const Tensor& qkv, int64_t heads, const AttentionDropout& drop,
+                       int64_t groups) {
+  const char* op = "attention_forward";
+  MTNLG_CUDA_DISPATCH(same_device(op, {&out, &probs, &qkv}), attention_forward(out, probs, qkv, heads, drop, groups));
+  same_float_dtype(op, {&out, &probs, &qkv});
+  const op_checks::QkvShape s = op_checks::qkv_shape(op, qkv, heads, groups);
+  expect_numel(op, "out", out, s.B * s.T * s.H * s.D);
+  expect_numel(op, "probs", probs, s.B * s.H * s.T * s.T);
+  forward_cpu(out, &probs, nullptr, qkv, s, drop);
 }
 
 void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& probs, int64_t heads,
-                        const AttentionDropout& drop) {
-  MTNLG_CUDA_DISPATCH(same_device("attention_backward", {&dqkv, &dout, &qkv, &probs}), attention_backward(dqkv, dout, qkv, probs, heads, drop));
-  same_float_dtype("attention_backward", {&dqkv, &dout, &qkv, &probs});
-  int64_t B, T, D;
-  attention_shape("attention_backward", qkv, heads, B, T, D);
-  expect_numel("attention_backward", "dqkv", dqkv, qkv.numel());
-  by_dtype(dqkv.dtype(), [&](auto z) {
-    using V = decltype(z);
-    cpu::attention_backward<V>(dqkv.kernel_data<V>(), dout.kernel_data<V>(), qkv.kernel_data<V>(), probs.kernel_data<V>(), B, T, heads, D, drop.p,
-                               drop.key, drop.sample_offset, drop.head_offset, heads_total(drop, heads));
-  });
+                        const AttentionDropout& drop, int64_t groups) {
+  const char* op = "attention_backward";
+  MTNLG_CUDA_DISPATCH(same_device(op, {&dqkv, &dout, &qkv, &probs}),
+                      attention_backward(dqkv, dout, qkv, probs, heads, drop, groups));
+  same_float_dtype(op, {&dqkv, &dout, &qkv, &probs});
+  const op_checks::QkvShape s = op_checks::qkv_shape(op, qkv, heads, groups);
+  expect_numel(op, "dqkv", dqkv, qkv.numel());
+  backward_cpu(dqkv, dout, qkv, &probs, nullptr, s, drop);
 }
 
 
 bool attention_lse_supported(Device device, DType dt, int64_t B, int64_t T, int64_t heads, int64_t head_dim,
-                             double dropout_p, std::string* why) {
+                             double dropout_p, std::string* why, int64_t groups) {
   if (device != Device::cuda) {
     if (why) *why = "the CPU's row kernel";
     return true;
+  }
+  if (groups != 0 && groups != heads) {
+    if (why) *why = "grouped-query attention (" + std::to_string(groups) + " query groups for " + std::to_string(heads) +
+                    " heads) is not on cuDNN's fused path yet";
+    return false;
   }
 #ifdef MTNLG_HAVE_CUDA
   if (!cuda::fused_attention_supported(dt, B, T, heads, head_dim, dropout_p, why)) return false;
@@ -285,78 +296,69 @@ bool attention_lse_supported(Device device, DType dt, int64_t B, int64_t T, int6
 #endif
 }
 
-void attention_forward_lse(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t heads, const AttentionDropout& drop) {
+void attention_forward_lse(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t heads, const AttentionDropout& drop,
+                           int64_t groups) {
   const char* op = "attention_forward_lse";
   const bool cuda = same_device(op, {&out, &lse, &qkv});
   const DType dt = act_dtype(op, {{"out", &out}, {"qkv", &qkv}}, {{"lse", &lse}});
-  int64_t B, T, D;
-  attention_shape(op, qkv, heads, B, T, D);
-  expect_numel(op, "out", out, B * T * heads * D);
-  expect_numel(op, "lse", lse, B * heads * T);
-  MTNLG_CUDA_DISPATCH(cuda, attention_forward_lse(out, lse, qkv, heads, drop));
+  const op_checks::QkvShape s = op_checks::qkv_shape(op, qkv, heads, groups);
+  expect_numel(op, "out", out, s.B * s.T * s.H * s.D);
+  expect_numel(op, "lse", lse, s.B * s.H * s.T);
+  MTNLG_CUDA_DISPATCH(cuda, attention_forward_lse(out, lse, qkv, heads, drop, groups));
   if (is_low(dt)) {
     Widened w;
-    attention_forward_lse(w.out(out), lse, w.in(qkv), heads, drop);
+    attention_forward_lse(w.out(out), lse, w.in(qkv), heads, drop, groups);
     return w.store();
   }
-  by_dtype(dt, [&](auto z) {
-    using V = decltype(z);
-    cpu::attention_forward_lse<V>(out.kernel_data<V>(), lse.kernel_data<V>(), qkv.kernel_data<V>(), B, T, heads, D, drop.p, drop.key,
-                                  drop.sample_offset, drop.head_offset, heads_total(drop, heads));
-  });
+  forward_cpu(out, nullptr, &lse, qkv, s, drop);
 }
 
 void attention_backward_lse(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
-                            int64_t heads, const AttentionDropout& drop) {
+                            int64_t heads, const AttentionDropout& drop, int64_t groups) {
   const char* op = "attention_backward_lse";
   const bool cuda = same_device(op, {&dqkv, &dout, &qkv, &out, &lse});
   const DType dt =
       act_dtype(op, {{"dqkv", &dqkv}, {"dout", &dout}, {"qkv", &qkv}, {"out", &out}}, {{"lse", &lse}});
-  int64_t B, T, D;
-  attention_shape(op, qkv, heads, B, T, D);
+  const op_checks::QkvShape s = op_checks::qkv_shape(op, qkv, heads, groups);
   expect_numel(op, "dqkv", dqkv, qkv.numel());
-  expect_numel(op, "dout", dout, B * T * heads * D);
-  expect_numel(op, "lse", lse, B * heads * T);
-  if (out.defined()) expect_numel(op, "out", out, B * T * heads * D);
-  MTNLG_CUDA_DISPATCH(cuda, attention_backward_lse(dqkv, dout, qkv, out, lse, heads, drop));
+  expect_numel(op, "dout", dout, s.B * s.T * s.H * s.D);
+  expect_numel(op, "lse", lse, s.B * s.H * s.T);
+  if (out.defined()) expect_numel(op, "out", out, s.B * s.T * s.H * s.D);
+  MTNLG_CUDA_DISPATCH(cuda, attention_backward_lse(dqkv, dout, qkv, out, lse, heads, drop, groups));
   if (is_low(dt)) {
     Widened w;
-    attention_backward_lse(w.out(dqkv), w.in(dout), w.in(qkv), out.defined() ? w.in(out) : out, lse, heads, drop);
+    attention_backward_lse(w.out(dqkv), w.in(dout), w.in(qkv), out.defined() ? w.in(out) : out, lse, heads, drop,
+                           groups);
     return w.store();
   }
-  by_dtype(dt, [&](auto z) {
-    using V = decltype(z);
-    cpu::attention_backward_lse<V>(dqkv.kernel_data<V>(), dout.kernel_data<V>(), qkv.kernel_data<V>(), lse.kernel_data<V>(), B, T, heads, D, drop.p,
-                                   drop.key, drop.sample_offset, drop.head_offset, heads_total(drop, heads));
-  });
+  backward_cpu(dqkv, dout, qkv, nullptr, &lse, s, drop);
 }
 
 void attention_cached_forward(Tensor& out, Tensor& k_cache, Tensor& v_cache, const Tensor& qkv, int64_t heads,
-                              int64_t past) {
+                              int64_t past, int64_t groups) {
   const char* op = "attention_cached_forward";
   const bool cuda = same_device(op, {&out, &k_cache, &v_cache, &qkv});
   const DType dt = act_dtype(op, {{"out", &out}, {"k_cache", &k_cache}, {"v_cache", &v_cache}, {"qkv", &qkv}});
-  int64_t B, T, D;
-  attention_shape(op, qkv, heads, B, T, D);
-  if (k_cache.ndim() != 4 || v_cache.shape() != k_cache.shape() || k_cache.dim(0) != B || k_cache.dim(1) != heads ||
-      k_cache.dim(3) != D)
-    throw_runtime("{}: the caches must be [B, H, capacity, D] = [{}, {}, capacity, {}], got {} and {}", op, B, heads, D,
-                  shape_str(k_cache.shape()), shape_str(v_cache.shape()));
+  const op_checks::QkvShape s = op_checks::qkv_shape(op, qkv, heads, groups);
+  if (k_cache.ndim() != 4 || v_cache.shape() != k_cache.shape() || k_cache.dim(0) != s.B || k_cache.dim(1) != s.G ||
+      k_cache.dim(3) != s.D)
+    throw_runtime("{}: the caches must be [B, groups, capacity, D] = [{}, {}, capacity, {}], got {} and {}", op, s.B,
+                  s.G, s.D, shape_str(k_cache.shape()), shape_str(v_cache.shape()));
   const int64_t cap = k_cache.dim(2);
-  if (past < 0 || past + T > cap)
-    throw_runtime("{}: {} cached + {} new positions exceed the cache capacity {}", op, past, T, cap);
-  expect_numel(op, "out", out, B * T * heads * D);
-  MTNLG_CUDA_DISPATCH(cuda, attention_cached_forward(out, k_cache, v_cache, qkv, heads, past));
+  if (past < 0 || past + s.T > cap)
+    throw_runtime("{}: {} cached + {} new positions exceed the cache capacity {}", op, past, s.T, cap);
+  expect_numel(op, "out", out, s.B * s.T * s.H * s.D);
+  MTNLG_CUDA_DISPATCH(cuda, attention_cached_forward(out, k_cache, v_cache, qkv, heads, past, groups));
   if (is_low(dt)) {  // the cache is read and extended: widen it whole, store it back
     Widened w;
     attention_cached_forward(w.out(out), w.out(k_cache, /*read=*/true), w.out(v_cache, /*read=*/true), w.in(qkv), heads,
-                             past);
+                             past, groups);
     return w.store();
   }
   by_dtype(dt, [&](auto z) {
     using V = decltype(z);
-    cpu::attention_cached_forward<V>(out.kernel_data<V>(), k_cache.kernel_data<V>(), v_cache.kernel_data<V>(), qkv.kernel_data<V>(), B, T, heads, D,
-                                     cap, past);
+    cpu::attention_cached_forward<V>(out.kernel_data<V>(), k_cache.kernel_data<V>(), v_cache.kernel_data<V>(),
+                                     qkv.kernel_data<V>(), s.B, s.T, s.H, s.G, s.D, cap, past);
   });
 }
 

@@ -12,7 +12,12 @@
 // exp, target logit, dloss) and parameter gradients are "wide": f64 when the
 // activations are f64, f32 otherwise.
 #pragma once
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
 #include <deque>
+#include <type_traits>
 #include <initializer_list>
 #include <utility>
 #include <vector>
@@ -102,6 +107,33 @@ T* ptr(const Tensor* t) {
 }  // namespace mtnlg::ops::detail
 
 namespace mtnlg::cpu {
+// exp(x) for float in plain arithmetic, so loops that call it vectorise (glibc's vector
+// math is only declared under -ffast-math). Cephes' polynomial on [-ln2/2, ln2/2] after
+// x = n ln2 + r; about 1 ulp, input clamped to the finite range.
+inline float exp_vec(float x) {
+  x = std::min(88.3762626647949f, std::max(-87.3365447505531f, x));
+  const float m = 12582912.0f;                    // 1.5 * 2^23: adding it rounds to an integer
+  const float n = (x * 1.44269504088896341f + m) - m;
+  const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
+  float p = 1.9875691500E-4f;
+  p = p * r + 1.3981999507E-3f;
+  p = p * r + 8.3334519073E-3f;
+  p = p * r + 4.1665795894E-2f;
+  p = p * r + 1.6666665459E-1f;
+  p = p * r + 5.0000001201E-1f;
+  const float y = p * r * r + r + 1.0f;
+  return y * std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);
+}
+
+// exp for the CPU kernels' float (exp_vec, vectorises) and double (std::exp).
+template <typename T>
+inline T exp_any(T v) {
+  if constexpr (std::is_same_v<T, float>)
+    return exp_vec(v);
+  else
+    return std::exp(v);
+}
+
 // Dropout keep-mask of the CPU kernels (core/cuda/elementwise.cu and attention.cu draw
 // the same bits): element e is kept when its uniform draw >= p.
 inline bool keep(uint64_t key, uint64_t e, double p) { return philox_uniform(key, 0, e) >= static_cast<float>(p); }

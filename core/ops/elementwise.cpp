@@ -18,35 +18,10 @@ namespace {
 
 constexpr double kGeluC = 0.7978845608028654;  // sqrt(2/pi)
 
-// exp(x) for float in plain arithmetic, so loops that call it vectorise (glibc's vector
-// math is only declared under -ffast-math). Cephes' polynomial on [-ln2/2, ln2/2] after
-// x = n ln2 + r; about 1 ulp, input clamped to the finite range.
-inline float exp_vec(float x) {
-  x = std::min(88.3762626647949f, std::max(-87.3365447505531f, x));
-  const float m = 12582912.0f;                    // 1.5 * 2^23: adding it rounds to an integer
-  const float n = (x * 1.44269504088896341f + m) - m;
-  const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
-  float p = 1.9875691500E-4f;
-  p = p * r + 1.3981999507E-3f;
-  p = p * r + 8.3334519073E-3f;
-  p = p * r + 4.1665795894E-2f;
-  p = p * r + 1.6666665459E-1f;
-  p = p * r + 5.0000001201E-1f;
-  const float y = p * r * r + r + 1.0f;
-  return y * std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);
-}
-
 // GELU with 0.5 (1 + tanh(u)) written as the logistic s = 1 / (1 + exp(-2u)) (the same
 // function, without the cancellation of 1 + tanh near -1): y = x s, and
-// dy/dx = s + 2 x s (1 - s) du/dx. Float uses exp_vec (vectorises); double std::exp.
-template <typename T>
-inline T exp_any(T v) {
-  if constexpr (std::is_same_v<T, float>)
-    return exp_vec(v);
-  else
-    return std::exp(v);
-}
-
+// dy/dx = s + 2 x s (1 - s) du/dx. Float uses exp_vec (vectorises; core/ops/common.hpp);
+// double std::exp.
 template <typename T>
 void gelu_forward(T* out, const T* inp, int64_t n) {
 #pragma omp parallel for simd schedule(static)

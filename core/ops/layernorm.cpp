@@ -1,8 +1,15 @@
-// LayerNorm forward/backward and their residual-stream forms (the branch's bias, dropout
-// and residual add fused into the LayerNorm's row pass; the residual gradient added in the
-// LayerNorm backward's): checks once, one CUDA dispatch line (core/cuda/layernorm.cu),
-// the CPU implementation (two passes per row: mean, then the variance of the deviations).
+// LayerNorm and RMSNorm forward/backward and their residual-stream forms (the branch's
+// bias, dropout and residual add fused into the norm's row pass; the residual gradient
+// added in the norm backward's): checks once, one CUDA dispatch line per op
+// (core/cuda/layernorm.cu), the CPU implementation (LayerNorm: two passes per row, the
+// mean, then the variance of the deviations; RMSNorm: the mean of the squares).
 // mean/rstd are wide (f32, f64 for f64 activations).
+//
+// RMSNorm is the LayerNorm's kernels with the mean taken as 0 and no bias:
+//   y = x * rstd * w,  rstd = 1/sqrt(mean(x^2) + eps);
+//   dx = rstd * (w*dy - norm * mean(w*dy*norm)),  norm = x * rstd,  dw += sum_rows norm*dy.
+// Gradient contract (both norms): dinp WRITTEN (or dres + the norm's gradient, or
+// accumulated when asked), dw and db ACCUMULATE.
 #include "core/ops.hpp"
 
 #include <cmath>
@@ -34,10 +41,28 @@ inline void layernorm_row(T* y, T* mean, T* rstd, const T* x, const T* w, const 
   *rstd = s;
 }
 
+// One row of an RMSNorm: the mean of the squares, then the scaled output.
+template <typename T>
+inline void rmsnorm_row(T* y, T* rstd, const T* x, const T* w, int64_t C, double eps) {
+  double v = 0;
+  for (int64_t c = 0; c < C; ++c) v += static_cast<double>(x[c]) * x[c];
+  v /= C;
+  T s = static_cast<T>(1.0 / std::sqrt(v + eps));
+#pragma omp simd
+  for (int64_t c = 0; c < C; ++c) y[c] = x[c] * s * w[c];
+  *rstd = s;
+}
+
+// mean null: an RMSNorm (b unused).
 template <typename T>
 void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* w, const T* b, int64_t N, int64_t C, double eps) {
 #pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < N; ++i) layernorm_row(out + i * C, mean + i, rstd + i, inp + i * C, w, b, C, eps);
+  for (int64_t i = 0; i < N; ++i) {
+    if (mean)
+      layernorm_row(out + i * C, mean + i, rstd + i, inp + i * C, w, b, C, eps);
+    else
+      rmsnorm_row(out + i * C, rstd + i, inp + i * C, w, C, eps);
+  }
 }
 
 // What the activation dtype keeps of a value: bf16/f16 run the f32 kernels on widened
@@ -54,9 +79,9 @@ struct Round {
   double operator()(double v) const { return v; }
 };
 
-// sum = x + dropout(branch + bias) row by row, then (with `out`) the row's LayerNorm read
-// from the stored sum while it is in cache. sum may alias x or branch (each element is
-// read before it is written).
+// sum = x + dropout(branch + bias) row by row, then (with `out`) the row's LayerNorm (an
+// RMSNorm when mean is null) read from the stored sum while it is in cache. sum may alias
+// x or branch (each element is read before it is written).
 template <typename T>
 void residual_forward(T* sum, T* out, T* mean, T* rstd, const T* x, const T* branch, const T* bias, double p,
                       uint64_t key, uint64_t base, const T* w, const T* b, int64_t N, int64_t C, double eps, Round q) {
@@ -73,7 +98,8 @@ void residual_forward(T* sum, T* out, T* mean, T* rstd, const T* x, const T* bra
       if (drop) v = keep(key, e0 + static_cast<uint64_t>(c), p) ? q(v * s) : T(0);
       sr[c] = q(xr[c] + v);
     }
-    if (out) layernorm_row(out + i * C, mean + i, rstd + i, sr, w, b, C, eps);
+    if (out && mean) layernorm_row(out + i * C, mean + i, rstd + i, sr, w, b, C, eps);
+    if (out && !mean) rmsnorm_row(out + i * C, rstd + i, sr, w, C, eps);
   }
 }
 
@@ -81,12 +107,13 @@ template <typename T>
 void layernorm_backward(T* dinp, T* dw, T* db, const T* dres, const T* dout, const T* inp, const T* w, const T* mean,
                         const T* rstd, int64_t N, int64_t C) {
   // dinp (+ dres when given; it may be dinp itself): per row. dw/db: per column (ordered
-  // sum over rows, thread-count independent).
+  // sum over rows, thread-count independent). mean null: an RMSNorm (the mean taken as 0,
+  // no dnorm_mean term, no db).
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < N; ++i) {
     const T* x = inp + i * C;
     const T* dy = dout + i * C;
-    T m = mean[i], s = rstd[i];
+    T m = mean ? mean[i] : T(0), s = rstd[i];
     double dnorm_mean = 0, dnorm_norm_mean = 0;
     for (int64_t c = 0; c < C; ++c) {
       double norm = (x[c] - m) * s;
@@ -94,7 +121,7 @@ void layernorm_backward(T* dinp, T* dw, T* db, const T* dres, const T* dout, con
       dnorm_mean += dnorm;
       dnorm_norm_mean += dnorm * norm;
     }
-    dnorm_mean /= C;
+    dnorm_mean = mean ? dnorm_mean / C : 0.0;
     dnorm_norm_mean /= C;
     T* dx = dinp + i * C;
     const T* dr = dres ? dres + i * C : nullptr;
@@ -114,7 +141,7 @@ void layernorm_backward(T* dinp, T* dw, T* db, const T* dres, const T* dout, con
     for (int64_t i = 0; i < N; ++i) {
       const T* x = inp + i * C;
       const T* dy = dout + i * C;
-      T m = mean[i], s = rstd[i];
+      T m = mean ? mean[i] : T(0), s = rstd[i];
       for (int64_t c = c0; c < c1; ++c) {
         accw[c - c0] += (x[c] - m) * s * dy[c];
         accb[c - c0] += dy[c];
@@ -122,7 +149,7 @@ void layernorm_backward(T* dinp, T* dw, T* db, const T* dres, const T* dout, con
     }
     for (int64_t c = c0; c < c1; ++c) {
       dw[c] += accw[c - c0];
-      db[c] += accb[c - c0];
+      if (db) db[c] += accb[c - c0];
     }
   }
 }
@@ -158,10 +185,32 @@ void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& in
   });
 }
 
+void rmsnorm_forward(Tensor& out, Tensor& rstd, const Tensor& inp, const Tensor& w, double eps) {
+  const char* op = "rmsnorm_forward";
+  const bool cuda = same_device(op, {&out, &rstd, &inp, &w});
+  const DType dt = act_dtype(op, {{"out", &out}, {"inp", &inp}, {"w", &w}}, {{"rstd", &rstd}});
+  int64_t C = w.numel(), N = C ? inp.numel() / C : 0;
+  expect_numel(op, "inp", inp, N * C);
+  expect_numel(op, "out", out, N * C);
+  expect_numel(op, "rstd", rstd, N);
+  MTNLG_CUDA_DISPATCH(cuda, rmsnorm_forward(out, rstd, inp, w, eps));
+  if (is_low(dt)) {
+    Widened wd;
+    rmsnorm_forward(wd.out(out), rstd, wd.in(inp), wd.in(w), eps);
+    return wd.store();
+  }
+  by_dtype(dt, [&](auto z) {
+    using T = decltype(z);
+    cpu::layernorm_forward<T>(out.kernel_data<T>(), nullptr, rstd.kernel_data<T>(), inp.kernel_data<T>(),
+                              w.kernel_data<T>(), nullptr, N, C, eps);
+  });
+}
+
 namespace {
 
 // The residual forms' CPU path on tensors that are f32 or f64 (bf16/f16 arrive widened;
-// `act` is the activation dtype the intermediates are rounded to). out null: no LayerNorm.
+// `act` is the activation dtype the intermediates are rounded to). out null: no norm;
+// mean null: an RMSNorm.
 void residual_cpu(Tensor& sum, Tensor* out, Tensor* mean, Tensor* rstd, const Tensor& x, const Tensor& branch,
                   const Tensor* bias, const ResidualBranch& br, const Tensor* w, const Tensor* b, double eps, DType act) {
   const int64_t C = sum.dim(-1), N = C ? sum.numel() / C : 0;
@@ -173,7 +222,8 @@ void residual_cpu(Tensor& sum, Tensor* out, Tensor* mean, Tensor* rstd, const Te
   });
 }
 
-// The checks of both residual forms (out null: residual_add_forward); the activation dtype.
+// The checks of the residual forms (out null: residual_add_forward; mean and b null: the
+// RMSNorm's); the activation dtype.
 DType residual_checks(const char* op, Tensor& sum, Tensor* out, Tensor* mean, Tensor* rstd, const Tensor& x,
                       const Tensor& branch, const ResidualBranch& br, const Tensor* w, const Tensor* b, bool& cuda) {
   const Tensor* bias = br.bias;
@@ -188,8 +238,8 @@ DType residual_checks(const char* op, Tensor& sum, Tensor* out, Tensor* mean, Te
   if (out) {
     expect_numel(op, "out", *out, N * C);
     expect_numel(op, "w", *w, C);
-    expect_numel(op, "b", *b, C);
-    expect_numel(op, "mean", *mean, N);
+    if (b) expect_numel(op, "b", *b, C);
+    if (mean) expect_numel(op, "mean", *mean, N);
     expect_numel(op, "rstd", *rstd, N);
   }
   return dt;
@@ -207,6 +257,18 @@ void residual_layernorm_forward(Tensor& sum, Tensor& out, Tensor& mean, Tensor& 
   Widened wd;  // passes f32/f64 through
   residual_cpu(wd.out(sum), &wd.out(out), &mean, &rstd, wd.in(x), wd.in(branch), wd.in(br.bias), br, &wd.in(w),
                &wd.in(b), eps, dt);
+  wd.store();
+}
+
+void residual_rmsnorm_forward(Tensor& sum, Tensor& out, Tensor& rstd, const Tensor& x, const Tensor& branch,
+                              const ResidualBranch& br, const Tensor& w, double eps) {
+  const char* op = "residual_rmsnorm_forward";
+  bool cuda = false;
+  const DType dt = residual_checks(op, sum, &out, nullptr, &rstd, x, branch, br, &w, nullptr, cuda);
+  MTNLG_CUDA_DISPATCH(cuda, residual_rmsnorm_forward(sum, out, rstd, x, branch, br, w, eps));
+  Widened wd;  // passes f32/f64 through
+  residual_cpu(wd.out(sum), &wd.out(out), nullptr, &rstd, wd.in(x), wd.in(branch), wd.in(br.bias), br, &wd.in(w),
+               nullptr, eps, dt);
   wd.store();
 }
 
@@ -228,46 +290,63 @@ void add_layernorm_forward(Tensor& sum, Tensor& out, Tensor& mean, Tensor& rstd,
 
 namespace {
 
-// layernorm_backward's checks, dispatch and CPU path; dres null: dinp written, else
-// dinp = dres + the LayerNorm's gradient (dres may be dinp).
-void ln_backward(const char* op, Tensor& dinp, Tensor& dw, Tensor& db, const Tensor* dres, const Tensor& dout,
-                 const Tensor& inp, const Tensor& w, const Tensor& mean, const Tensor& rstd) {
-  const bool cuda = same_device(op, {&dinp, &dw, &db, dres, &dout, &inp, &w, &mean, &rstd});
+// The norm backwards' checks and CPU path; dres null: dinp written, else dinp = dres +
+// the norm's gradient (dres may be dinp). db and mean null: the RMSNorm's. Returns false
+// (nothing done) when the tensors are on CUDA: the caller dispatches.
+bool ln_backward(const char* op, Tensor& dinp, Tensor& dw, Tensor* db, const Tensor* dres, const Tensor& dout,
+                 const Tensor& inp, const Tensor& w, const Tensor* mean, const Tensor& rstd) {
+  const bool cuda = same_device(op, {&dinp, &dw, db, dres, &dout, &inp, &w, mean, &rstd});
   const DType dt = act_dtype(op, {{"dinp", &dinp}, {"dresidual", dres}, {"dout", &dout}, {"inp", &inp}, {"w", &w}},
-                             {{"dw", &dw}, {"db", &db}, {"mean", &mean}, {"rstd", &rstd}});
+                             {{"dw", &dw}, {"db", db}, {"mean", mean}, {"rstd", &rstd}});
   int64_t C = w.numel(), N = C ? inp.numel() / C : 0;
   expect_numel(op, "inp", inp, N * C);
   expect_numel(op, "dinp", dinp, N * C);
   if (dres) expect_numel(op, "dresidual", *dres, N * C);
   expect_numel(op, "dout", dout, N * C);
   expect_numel(op, "dw", dw, C);
-  expect_numel(op, "db", db, C);
-  expect_numel(op, "mean", mean, N);
+  if (db) expect_numel(op, "db", *db, C);
+  if (mean) expect_numel(op, "mean", *mean, N);
   expect_numel(op, "rstd", rstd, N);
-  MTNLG_CUDA_DISPATCH(cuda && dres, residual_layernorm_backward(dinp, dw, db, *dres, dout, inp, w, mean, rstd));
-  MTNLG_CUDA_DISPATCH(cuda, layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, false));
+  if (cuda) return false;
   Widened wd;  // passes f32/f64 through; dres (which dinp may alias) is copied before dinp is written back
   const Tensor* r = wd.in(dres);
   Tensor& dx = wd.out(dinp);
   by_dtype(is_low(dt) ? DType::f32 : dt, [&](auto z) {
     using T = decltype(z);
-    cpu::layernorm_backward<T>(dx.kernel_data<T>(), dw.kernel_data<T>(), db.kernel_data<T>(), ptr<T>(r),
+    cpu::layernorm_backward<T>(dx.kernel_data<T>(), dw.kernel_data<T>(), ptr<T>(db), ptr<T>(r),
                                wd.in(dout).kernel_data<T>(), wd.in(inp).kernel_data<T>(), wd.in(w).kernel_data<T>(),
-                               mean.kernel_data<T>(), rstd.kernel_data<T>(), N, C);
+                               ptr<T>(mean), rstd.kernel_data<T>(), N, C);
   });
   wd.store();
+  return true;
 }
 
 }  // namespace
 
 void layernorm_backward(Tensor& dinp, Tensor& dw, Tensor& db, const Tensor& dout, const Tensor& inp, const Tensor& w,
                         const Tensor& mean, const Tensor& rstd, bool accumulate_dinp) {
-  ln_backward("layernorm_backward", dinp, dw, db, accumulate_dinp ? &dinp : nullptr, dout, inp, w, mean, rstd);
+  const bool cpu = ln_backward("layernorm_backward", dinp, dw, &db, accumulate_dinp ? &dinp : nullptr, dout, inp, w,
+                               &mean, rstd);
+  MTNLG_CUDA_DISPATCH(!cpu, layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, accumulate_dinp));
 }
 
 void residual_layernorm_backward(Tensor& dinp, Tensor& dw, Tensor& db, const Tensor& dresidual, const Tensor& dout,
                                  const Tensor& inp, const Tensor& w, const Tensor& mean, const Tensor& rstd) {
-  ln_backward("residual_layernorm_backward", dinp, dw, db, &dresidual, dout, inp, w, mean, rstd);
+  const bool cpu = ln_backward("residual_layernorm_backward", dinp, dw, &db, &dresidual, dout, inp, w, &mean, rstd);
+  MTNLG_CUDA_DISPATCH(!cpu, residual_layernorm_backward(dinp, dw, db, dresidual, dout, inp, w, mean, rstd));
+}
+
+void rmsnorm_backward(Tensor& dinp, Tensor& dw, const Tensor& dout, const Tensor& inp, const Tensor& w,
+                      const Tensor& rstd, bool accumulate_dinp) {
+  const bool cpu = ln_backward("rmsnorm_backward", dinp, dw, nullptr, accumulate_dinp ? &dinp : nullptr, dout, inp, w,
+                               nullptr, rstd);
+  MTNLG_CUDA_DISPATCH(!cpu, rmsnorm_backward(dinp, dw, dout, inp, w, rstd, accumulate_dinp));
+}
+
+void residual_rmsnorm_backward(Tensor& dinp, Tensor& dw, const Tensor& dresidual, const Tensor& dout,
+                               const Tensor& inp, const Tensor& w, const Tensor& rstd) {
+  const bool cpu = ln_backward("residual_rmsnorm_backward", dinp, dw, nullptr, &dresidual, dout, inp, w, nullptr, rstd);
+  MTNLG_CUDA_DISPATCH(!cpu, residual_rmsnorm_backward(dinp, dw, dresidual, dout, inp, w, rstd));
 }
 
 }  // namespace mtnlg::ops

@@ -106,6 +106,32 @@ TEST_CASE("ops: shapes and dtype roles are checked once, before the dispatch, th
     Tensor logits = t({4, 10}), rowmax = t({4}), sumexp = t({4}), tl = t({3}), targets = t({4}, DType::i32);
     CHECK_THROWS_WITH(ops::xent_sumexp_target(sumexp, tl, logits, targets, rowmax, 0, 10),
                       Catch::Contains("xent_sumexp_target: target_logit has 3"));
+    // the Llama family's ops
+    CHECK_THROWS_WITH(ops::rmsnorm_forward(out, mean, inp, w, 1e-5), Catch::Contains("rmsnorm_forward: rstd has 3"));
+    Tensor dw = t({8}), rstd3 = t({3});
+    CHECK_THROWS_WITH(ops::rmsnorm_backward(inp, dw, out, inp, w, rstd3), Catch::Contains("rmsnorm_backward: rstd has 3"));
+    Tensor odd = t({4, 7}), half = t({4, 3});
+    CHECK_THROWS_WITH(ops::swiglu_forward(half, odd), Catch::Contains("swiglu_forward: inp width 7 is not 2 x F"));
+    CHECK_THROWS_WITH(ops::swiglu_backward(inp, out, inp), Catch::Contains("swiglu_backward: dout has 32"));
+    // qkv [B 1, T 2, G 2 x (H/G 2 + 2) x D 4 = 32]
+    Tensor qkv = t({1, 2, 32}), qout = t({1, 2, 32});
+    ops::RopeParams rp;
+    rp.percent = 0.3;  // 1.2 dims of a head of 4
+    CHECK_THROWS_WITH(ops::rope_forward(qout, qkv, 4, 2, rp, 0), Catch::Contains("not a positive even number of dims"));
+    rp.percent = 0.28;
+    CHECK(ops::rope_rot_dim(rp, 50) == 14);  // 50 x 0.28 is 14.000000000000002 in double
+    rp.percent = 1.0;
+    CHECK_THROWS_WITH(ops::rope_forward(qout, qkv, 3, 2, rp, 0),
+                      Catch::Contains("rope_forward: heads 3 is not a positive multiple of the query groups 2"));
+    rp.scaling = true;
+    rp.high_freq_factor = 0.5;
+    CHECK_THROWS_WITH(ops::rope_backward(qout, qkv, 4, 2, rp, 0), Catch::Contains("rope_backward: rope scaling needs"));
+    Tensor att = t({1, 2, 16}), lse = t({1, 4, 2});
+    CHECK_THROWS_WITH(ops::attention_forward_lse(att, lse, qkv, 4, ops::AttentionDropout{}, 3),
+                      Catch::Contains("attention_forward_lse: heads 4 is not a positive multiple of the query groups 3"));
+    Tensor kc = t({1, 4, 8, 4}), vc = t({1, 4, 8, 4});  // one per head, where the groups' are [1, 2, 8, 4]
+    CHECK_THROWS_WITH(ops::attention_cached_forward(att, kc, vc, qkv, 4, 0, 2),
+                      Catch::Contains("the caches must be [B, groups, capacity, D] = [1, 2, capacity, 4]"));
   }
 }
 

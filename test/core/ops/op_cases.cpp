@@ -575,6 +575,178 @@ Entry residual_layernorm_entry() {
   return e;
 }
 
+// ---- RMSNorm, residual add + RMSNorm ------------------------------------------------------------
+
+// RMSNorm forward and backward (dinp written and accumulated, dw accumulated), and the
+// residual forms (bias, hidden dropout, residual add fused into the norm; the residual
+// gradient added in its backward): against the other device, and the fused forms bit for
+// bit against the unfused ops on the same device (bias_add_forward, dropout_forward, add,
+// rmsnorm_forward; copy then rmsnorm_backward accumulating). n: {N, C, with bias}; x: {p}.
+Entry rmsnorm_entry() {
+  Entry e{"rmsnorm", {}, nullptr, nullptr};
+  // Not C = 1: a one-element row's dinp is r w dy (1 - x^2 r^2) = r w dy eps / (x^2 + eps),
+  // a cancellation that fp32 (CUDA) and double (the CPU's sums) resolve differently.
+  for (auto [N, C] : {std::array<int64_t, 2>{1, 2}, {7, 33}, {300, 1000}})  // N > 256: several dw chunks
+    for (DType dt : kTypes)
+      for (auto [bias, p] : {std::pair<int64_t, double>{0, 0.0}, {1, 0.3}}) {
+        std::ostringstream l;
+        l << shape_label({{"N", N}, {"C", C}}, dt) << (bias ? " bias" : "") << " p " << p;
+        e.cases.push_back(device_case(l.str(), dt, {N, C, bias}, {p}, N == 300 && !bias && dt != DType::f16));
+      }
+  add_low_cases(e, "N 12 C 16 bias p 0.25", {12, 16, 1}, {0.25});
+  add_low_cases(e, "N 12 C 16", {12, 16, 0}, {0.0});
+  e.cases.push_back(fd_case("N 4 C 9", 31, {0}));
+  e.cases.push_back(fd_case("residual N 4 C 9 bias p 0.3", 32, {1}));
+  e.prepare = [](Ctx& c, const Case& k) {
+    const int64_t N = k.n[0], C = k.n[1];
+    const bool with_bias = k.n[2] != 0;
+    const double p = k.x[0];
+    const uint64_t key = 0x5eed, base = 1000;
+    Tensor x = c.act({N, C}), branch = c.act({N, C}, 0.5), bias = c.act({C}, 0.1), w = c.act({C});
+    Tensor xn = c.act({N, C}, 2.0), dy = c.act({N, C}), dres = c.act({N, C}), dx0 = c.act({N, C});
+    Tensor dw0 = c.f32({C});
+    Tensor out = c.out({N, C}), rstd = c.out({N}, DType::f32);                       // plain forward
+    Tensor sum = c.out({N, C}), rout = c.out({N, C}), rrstd = c.out({N}, DType::f32);  // residual forward
+    // backward inputs: the plain forward's rows and statistics, as stored
+    Tensor dx = c.out({N, C}), dxa = dx0.clone(), dxr = c.out({N, C});
+    Tensor dw = dw0.clone(), dwa = dw0.clone(), dwr = dw0.clone();
+    Run r;
+    r.exec = [=]() mutable {
+      const ops::ResidualBranch brx{with_bias ? &bias : nullptr, p, key, base};
+      ops::rmsnorm_forward(out, rstd, xn, w, 1e-5);
+      ops::residual_rmsnorm_forward(sum, rout, rrstd, x, branch, brx, w, 1e-5);
+      ops::rmsnorm_backward(dx, dw, dy, xn, w, rstd);
+      ops::rmsnorm_backward(dxa, dwa, dy, xn, w, rstd, /*accumulate_dinp=*/true);
+      ops::residual_rmsnorm_backward(dxr, dwr, dres, dy, xn, w, rstd);
+    };
+    const DType dt = k.dt;
+    const bool low = k.low;
+    Ctx* cp = &c;
+    r.collect = [=]() mutable {
+      // the unfused sequences on the same device and storage
+      Tensor t = cp->out({N, C}), s2 = cp->out({N, C}), o2 = cp->out({N, C}), r2 = cp->out({N}, DType::f32);
+      ops::copy(t, branch);
+      if (with_bias) ops::bias_add_forward(t, bias);
+      ops::dropout_forward(t, t, p, key, base);
+      ops::add(s2, x, t);
+      ops::rmsnorm_forward(o2, r2, s2, w, 1e-5);
+      Tensor d2 = cp->out({N, C}), dw2 = dw0.clone();
+      ops::copy(d2, dres);
+      ops::rmsnorm_backward(d2, dw2, dy, xn, w, rstd, /*accumulate=*/true);
+      const char* names[] = {"sum", "out", "rstd", "dinp", "dw"};
+      const Tensor* fused[] = {&sum, &rout, &rrstd, &dxr, &dwr};
+      const Tensor* two[] = {&s2, &o2, &r2, &d2, &dw2};
+      for (int i = 0; i < 5; ++i)
+        cp->expect(same_bits(*fused[i], *two[i]), std::string("residual ") + names[i] + ": fused bits == the unfused ops");
+      // As residual_layernorm's: two chained low-precision steps for the residual forward
+      // with bias or dropout; the plain forward and the backwards round once. A bf16/f16
+      // CPU run's residual forward chains roundings the f32 run does not: checked bit for
+      // bit above.
+      const double fwd = dt == DType::f32 ? kRtolF32 : (with_bias || p > 0 ? 2 * kRtolLow : kRtolLow);
+      std::vector<Output> o{output("out", out, rtol_for(dt)),       output("rstd", rstd, kRtolF32),
+                            output("dinp", dx, rtol_for(dt)),       output("dinp (accumulate)", dxa, rtol_for(dt)),
+                            output("dw", dw, rtol_for(dt)),         output("dw (accumulate dinp)", dwa, rtol_for(dt)),
+                            output("residual dinp", dxr, rtol_for(dt)), output("residual dw", dwr, rtol_for(dt))};
+      if (!low)
+        for (Output q : {output("residual sum", sum, fwd), output("residual out", rout, fwd),
+                         output("residual rstd", rrstd, fwd)})
+          o.push_back(std::move(q));
+      return o;
+    };
+    return r;
+  };
+  e.fd = [](Ctx& c, const Case& k) {
+    const int64_t N = 4, C = 9;
+    const double eps = 1e-5;
+    if (k.n[0] == 0) {  // the plain norm, and its forward against the formula
+      Tensor x = c.act({N, C}, 2.0), w = c.act({C}), R = c.act({N, C});
+      Tensor out = Tensor::empty({N, C}, DType::f64), rstd = Tensor::empty({N}, DType::f64);
+      auto loss = [=]() mutable {
+        ops::rmsnorm_forward(out, rstd, x, w, eps);
+        return dot(out, R);
+      };
+      loss();
+      double ms = 0;
+      for (int64_t cc = 0; cc < C; ++cc) ms += x.data<double>()[C + cc] * x.data<double>()[C + cc];
+      const double r1 = 1.0 / std::sqrt(ms / C + eps);
+      c.expect(approx(rstd.data<double>()[1], r1, 1e-14), "rmsnorm rstd of row 1 vs 1/sqrt(mean(x^2) + eps)");
+      c.expect(approx(out.data<double>()[C + 4], x.data<double>()[C + 4] * r1 * w.data<double>()[4], 1e-14),
+               "rmsnorm out[1, 4] vs x * rstd * w");
+      Tensor dx = Tensor::zeros({N, C}, DType::f64), dw = Tensor::zeros({C}, DType::f64);
+      ops::rmsnorm_backward(dx, dw, R, x, w, rstd);
+      Tensor dw2 = dw.clone();  // dw accumulates
+      Tensor dx2 = Tensor::zeros({N, C}, DType::f64);
+      ops::rmsnorm_backward(dx2, dw2, R, x, w, rstd);
+      c.expect(approx(dw2.data<double>()[2], 2 * dw.data<double>()[2]), "rmsnorm dw accumulates");
+      return FdProblem{loss, {{"rmsnorm dinp", x, dx}, {"rmsnorm dw", w, dw}}};
+    }
+    // loss = <out, R1> + <sum, R2>, as residual_layernorm's
+    const double p = 0.3;
+    const uint64_t key = 77, base = 40;
+    Tensor x = c.act({N, C}, 2.0), branch = c.act({N, C}), bias = c.act({C}), w = c.act({C});
+    Tensor R1 = c.act({N, C}), R2 = c.act({N, C});
+    Tensor sum = Tensor::empty({N, C}, DType::f64), out = Tensor::empty({N, C}, DType::f64);
+    Tensor rstd = Tensor::empty({N}, DType::f64);
+    auto loss = [=]() mutable {
+      ops::residual_rmsnorm_forward(sum, out, rstd, x, branch, ops::ResidualBranch{&bias, p, key, base}, w, eps);
+      return dot(out, R1) + dot(sum, R2);
+    };
+    loss();
+    Tensor dsum = Tensor::empty({N, C}, DType::f64), dbranch = Tensor::empty({N, C}, DType::f64);
+    Tensor dw = Tensor::zeros({C}, DType::f64), dbias = Tensor::zeros({C}, DType::f64);
+    ops::residual_rmsnorm_backward(dsum, dw, R2, R1, sum, w, rstd);
+    ops::dropout_backward(dbranch, dsum, p, key, base);
+    ops::bias_add_backward(dbias, dbranch);
+    return FdProblem{loss,
+                     {{"residual rmsnorm x", x, dsum},
+                      {"residual rmsnorm branch", branch, dbranch},
+                      {"residual rmsnorm bias", bias, dbias},
+                      {"residual rmsnorm dw", w, dw}}};
+  };
+  return e;
+}
+
+// ---- SwiGLU ----------------------------------------------------------------------------------
+
+Entry swiglu_entry() {
+  Entry e{"swiglu", {}, nullptr, nullptr};
+  for (auto [N, F] : {std::array<int64_t, 2>{1, 1}, {7, 33}, {512, 1376}})
+    for (DType dt : kTypes)
+      e.cases.push_back(device_case(shape_label({{"N", N}, {"F", F}}, dt), dt, {N, F}, {}, N == 512 && dt != DType::f16));
+  add_low_cases(e, "N 12 F 16", {12, 16});
+  e.cases.push_back(fd_case("N 3 F 7", 33, {}));
+  e.prepare = [](Ctx& c, const Case& k) {
+    const int64_t N = k.n[0], F = k.n[1];
+    Tensor inp = c.act({N, 2 * F}, 2.0), dy = c.act({N, F});
+    Tensor out = c.out({N, F}), dinp = c.out({N, 2 * F});
+    Run r;
+    r.exec = [=]() mutable {
+      ops::swiglu_forward(out, inp);
+      ops::swiglu_backward(dinp, dy, inp);
+    };
+    const DType dt = k.dt;
+    r.collect = [=] {
+      return std::vector<Output>{output("swiglu", out, rtol_for(dt)), output("d[gate | up]", dinp, rtol_for(dt))};
+    };
+    return r;
+  };
+  e.fd = [](Ctx& c, const Case&) {
+    const int64_t N = 3, F = 7;
+    Tensor inp = c.act({N, 2 * F}, 2.0), R = c.act({N, F}), out = Tensor::empty({N, F}, DType::f64);
+    auto loss = [=]() mutable {
+      ops::swiglu_forward(out, inp);
+      return dot(out, R);
+    };
+    loss();
+    const double g = inp.data<double>()[2 * F + 3], u = inp.data<double>()[2 * F + F + 3];
+    c.expect(approx(out.data<double>()[F + 3], g / (1 + std::exp(-g)) * u, 1e-14), "swiglu out[1, 3] vs silu(gate) * up");
+    Tensor dinp = Tensor::empty({N, 2 * F}, DType::f64);
+    ops::swiglu_backward(dinp, R, inp);
+    return FdProblem{loss, {{"swiglu d[gate | up]", inp, dinp}}};
+  };
+  return e;
+}
+
 // ---- GELU, dropout, the packed elementwise paths -------------------------------------------
 
 Entry gelu_entry() {
@@ -734,7 +906,11 @@ Entry elementwise_views_entry() {
 // side's backward starts from its own forward (the CPU's outputs rounded to the storage
 // type, as the GPU stores them). Unfused bounds: probs and out are one low-precision op
 // past the rounded scores (2 x kRtolLow: the scores are stored in the activation dtype
-// before the softmax, as Megatron does); dqkv chains two more.
+// before the softmax, as Megatron does); dqkv chains two more. Grouped-query attention
+// (n[5] = groups < heads, MQA at 1) on the unfused form only: cuDNN's fused path refuses
+// it for now (attention_lse_supported); the CPU's flash form has its low-precision and
+// finite-difference cases, and equals the unfused form and a multi-head attention over
+// K and V repeated per head (the fd cases' checks).
 Entry attention_entry() {
   Entry e{"attention", {}, nullptr, nullptr};
   const std::vector<std::array<int64_t, 4>> flash = {{1, 1, 1, 8}, {2, 17, 3, 8}, {1, 64, 2, 64}, {2, 45, 2, 96}, {1, 70, 1, 128}};
@@ -749,15 +925,26 @@ Entry attention_entry() {
             << to_string(dt);
           e.cases.push_back(device_case(l.str(), dt, {form, B, T, H, D}, {p}, T >= 33 && D >= 64 && p == 0 && dt != DType::f16));
         }
+  for (const auto& [B, T, H, D, G] : {std::array<int64_t, 5>{2, 17, 4, 16, 2}, {1, 33, 6, 64, 2}, {2, 9, 3, 24, 1}})
+    for (double p : {0.0, 0.2})
+      for (DType dt : kTypes) {
+        std::ostringstream l;
+        l << "unfused GQA B " << B << " T " << T << " H " << H << " G " << G << " D " << D << " p " << p << " "
+          << to_string(dt);
+        e.cases.push_back(device_case(l.str(), dt, {1, B, T, H, D, G}, {p}, T == 33 && p == 0 && dt != DType::f16));
+      }
   add_low_cases(e, "flash B 2 T 6 H 2 D 4 p 0.2", {0, 2, 6, 2, 4}, {0.2});
+  add_low_cases(e, "flash GQA B 2 T 6 H 4 G 2 D 4 p 0.2", {0, 2, 6, 4, 4, 2}, {0.2});
   e.cases.push_back(fd_case("unfused p 0", 5, {}, {0.0}));
   e.cases.push_back(fd_case("unfused p 0.25", 5, {}, {0.25}));
+  e.cases.push_back(fd_case("unfused GQA H 4 G 2 p 0.25", 51, {4, 2}, {0.25}));
+  e.cases.push_back(fd_case("unfused MQA H 3 G 1 p 0", 52, {3, 1}, {0.0}));
   e.prepare = [](Ctx& c, const Case& k) {
     const bool unf = k.n[0] != 0;
-    const int64_t B = k.n[1], T = k.n[2], H = k.n[3], D = k.n[4];
+    const int64_t B = k.n[1], T = k.n[2], H = k.n[3], D = k.n[4], G = k.n.size() > 5 ? k.n[5] : H;
     const double p = k.x[0];
     const ops::AttentionDropout drop{p, 0x1234ull, 3, H, 2 * H};
-    Tensor qkv = c.act({B, T, 3 * H * D}), dout = c.act({B, T, H * D});
+    Tensor qkv = c.act({B, T, G * (H / G + 2) * D}), dout = c.act({B, T, H * D});
     const Shape stat_shape = unf ? Shape{B, H, T, T} : Shape{B, H, T};
     Tensor out = c.out({B, T, H * D}), stat = c.out(stat_shape, unf ? c.store : DType::f32), dqkv = c.out(qkv.shape());
     const bool round = !c.cuda();
@@ -767,11 +954,11 @@ Entry attention_entry() {
     r.flops = 6.0 * B * H * T * T * D;  // 2 GEMMs forward, 4 backward, half of each under the causal mask
     r.exec = [=]() mutable {
       if (unf) {
-        ops::attention_forward(out, stat, qkv, H, drop);
-        ops::attention_backward(dqkv, dout, qkv, stored(stat), H, drop);
+        ops::attention_forward(out, stat, qkv, H, drop, G);
+        ops::attention_backward(dqkv, dout, qkv, stored(stat), H, drop, G);
       } else {
-        ops::attention_forward_lse(out, stat, qkv, H, drop);
-        ops::attention_backward_lse(dqkv, dout, qkv, stored(out), stat, H, drop);
+        ops::attention_forward_lse(out, stat, qkv, H, drop, G);
+        ops::attention_backward_lse(dqkv, dout, qkv, stored(out), stat, H, drop, G);
       }
     };
     r.collect = [=] {
@@ -784,18 +971,24 @@ Entry attention_entry() {
   };
   e.fd = [](Ctx& c, const Case& k) {
     const double p = k.x[0];
-    const int64_t B = 2, T = 5, H = 2, D = 3;
-    Tensor qkv = c.act({B, T, 3 * H * D}), R = c.act({B, T, H * D});
+    const int64_t B = 2, T = 5, D = 3, H = k.n.empty() ? 2 : k.n[0], G = k.n.empty() ? H : k.n[1], Q = H / G;
+    const int64_t W = G * (Q + 2) * D;
+    Tensor qkv = c.act({B, T, W}), R = c.act({B, T, H * D});
     Tensor out = Tensor::empty({B, T, H * D}, DType::f64), probs = Tensor::empty({B, H, T, T}, DType::f64);
-    const ops::AttentionDropout drop{p, 99, 3, 1, 4};
+    const ops::AttentionDropout drop{p, 99, 3, 1, 2 * H};
     auto loss = [=]() mutable {
-      ops::attention_forward(out, probs, qkv, H, drop);
+      ops::attention_forward(out, probs, qkv, H, drop, G);
       return dot(out, R);
     };
     loss();
+    // column of head h's q (part 0), its group's k (1) or v (2), dim d, in a qkv row
+    auto col = [=](int64_t h, int64_t part, int64_t d) {
+      const int64_t g = h / Q;
+      return g * (Q + 2) * D + (part == 0 ? h % Q : Q + part - 1) * D + d;
+    };
     if (p == 0) {  // forward vs a naive softmax(QK^T/sqrt(D))V for one (b, h, i)
-      const int64_t b = 1, h = 1, i = 3;
-      auto at = [&](int64_t t, int64_t part, int64_t d) { return qkv.data<double>()[(b * T + t) * 3 * H * D + h * 3 * D + part * D + d]; };
+      const int64_t b = 1, h = H - 1, i = 3;
+      auto at = [&](int64_t t, int64_t part, int64_t d) { return qkv.data<double>()[(b * T + t) * W + col(h, part, d)]; };
       std::vector<double> s(i + 1);
       double mx = -1e300, sum = 0;
       for (int64_t j = 0; j <= i; ++j) {
@@ -812,7 +1005,44 @@ Entry attention_entry() {
       }
     }
     Tensor dqkv = Tensor::empty(qkv.shape(), DType::f64);
-    ops::attention_backward(dqkv, R, qkv, probs, H, drop);
+    ops::attention_backward(dqkv, R, qkv, probs, H, drop, G);
+    if (G != H) {
+      // Grouped-query attention is multi-head attention over K and V repeated for each
+      // query head of a group: the same out and dq, and a group's dk/dv the sum of its
+      // heads' (the same dropout mask: it is indexed by query head).
+      Tensor mha = Tensor::empty({B, T, 3 * H * D}, DType::f64);
+      for (int64_t r = 0; r < B * T; ++r)
+        for (int64_t h = 0; h < H; ++h)
+          for (int64_t part = 0; part < 3; ++part)
+            for (int64_t d = 0; d < D; ++d)
+              mha.data<double>()[r * 3 * H * D + h * 3 * D + part * D + d] = qkv.data<double>()[r * W + col(h, part, d)];
+      Tensor out2 = Tensor::empty({B, T, H * D}, DType::f64), probs2 = Tensor::empty({B, H, T, T}, DType::f64);
+      Tensor dmha = Tensor::empty(mha.shape(), DType::f64);
+      ops::attention_forward(out2, probs2, mha, H, drop);
+      ops::attention_backward(dmha, R, mha, probs2, H, drop);
+      double worst_out = 0, worst_d = 0;
+      for (int64_t i = 0; i < out.numel(); ++i)
+        worst_out = std::max(worst_out, std::fabs(out.data<double>()[i] - out2.data<double>()[i]));
+      Tensor summed = Tensor::zeros(qkv.shape(), DType::f64);
+      for (int64_t r = 0; r < B * T; ++r)
+        for (int64_t h = 0; h < H; ++h)
+          for (int64_t part = 0; part < 3; ++part)
+            for (int64_t d = 0; d < D; ++d)
+              summed.data<double>()[r * W + col(h, part, d)] += dmha.data<double>()[r * 3 * H * D + h * 3 * D + part * D + d];
+      for (int64_t i = 0; i < dqkv.numel(); ++i)
+        worst_d = std::max(worst_d, std::fabs(dqkv.data<double>()[i] - summed.data<double>()[i]));
+      c.expect(worst_out < 1e-14, "GQA out == MHA over repeated K/V, max error " + str(worst_out));
+      c.expect(worst_d < 1e-13, "GQA dqkv == MHA's with dk/dv summed per group, max error " + str(worst_d));
+      // the flash form (lse) on the CPU: the same out and dqkv
+      Tensor out3 = Tensor::empty({B, T, H * D}, DType::f64), lse = Tensor::empty({B, H, T}, DType::f64);
+      Tensor d3 = Tensor::empty(qkv.shape(), DType::f64);
+      ops::attention_forward_lse(out3, lse, qkv, H, drop, G);
+      ops::attention_backward_lse(d3, R, qkv, out3, lse, H, drop, G);
+      double wl = 0;
+      for (int64_t i = 0; i < out.numel(); ++i) wl = std::max(wl, std::fabs(out.data<double>()[i] - out3.data<double>()[i]));
+      for (int64_t i = 0; i < dqkv.numel(); ++i) wl = std::max(wl, std::fabs(dqkv.data<double>()[i] - d3.data<double>()[i]));
+      c.expect(wl < 1e-12, "GQA flash form == unfused form on the CPU, max error " + str(wl));
+    }
     return FdProblem{loss, {{p == 0 ? "attention" : "attention+dropout", qkv, dqkv}}};
   };
   return e;
@@ -826,9 +1056,14 @@ Entry attention_cached_entry() {
     for (DType dt : kTypes)
       e.cases.push_back(device_case(shape_label({{"B", B}, {"H", H}, {"D", D}, {"capacity", cap}}, dt), dt, {B, H, D, cap}, {},
                                     D == 64 && dt != DType::f16));
+  // grouped-query attention: the caches hold the groups' keys and values only
+  for (auto [B, H, G, D, cap] : {std::array<int64_t, 5>{2, 4, 2, 16, 12}, {1, 6, 1, 64, 20}})
+    for (DType dt : kTypes)
+      e.cases.push_back(device_case(shape_label({{"B", B}, {"H", H}, {"G", G}, {"D", D}, {"capacity", cap}}, dt), dt,
+                                    {B, H, D, cap, G}));
   e.prepare = [](Ctx& c, const Case& k) {
-    const int64_t B = k.n[0], H = k.n[1], D = k.n[2], cap = k.n[3];
-    Tensor kc = c.out({B, H, cap, D}), vc = c.out({B, H, cap, D});
+    const int64_t B = k.n[0], H = k.n[1], D = k.n[2], cap = k.n[3], G = k.n.size() > 4 ? k.n[4] : H;
+    Tensor kc = c.out({B, G, cap, D}), vc = c.out({B, G, cap, D});
     ops::fill(kc, 0.0);
     ops::fill(vc, 0.0);
     struct Step {
@@ -839,13 +1074,14 @@ Entry attention_cached_entry() {
     int64_t past = 0;
     for (int64_t T : {std::min<int64_t>(5, cap), int64_t{1}, int64_t{1}, std::min<int64_t>(3, cap - 7)}) {
       if (T <= 0 || past + T > cap) break;
-      steps.push_back({past, T, c.act({B, T, 3 * H * D}), c.out({B, T, H * D}), c.out({B, H, cap, D}), c.out({B, H, cap, D})});
+      steps.push_back({past, T, c.act({B, T, G * (H / G + 2) * D}), c.out({B, T, H * D}), c.out({B, G, cap, D}),
+                       c.out({B, G, cap, D})});
       past += T;
     }
     Run r;
     r.exec = [=]() mutable {
       for (Step& s : steps) {
-        ops::attention_cached_forward(s.out, kc, vc, s.qkv, H, s.past);
+        ops::attention_cached_forward(s.out, kc, vc, s.qkv, H, s.past, G);
         s.k.copy_from(kc);  // the caches as this step left them
         s.v.copy_from(vc);
       }
@@ -862,6 +1098,131 @@ Entry attention_cached_entry() {
       return o;
     };
     return r;
+  };
+  return e;
+}
+
+// ---- rotary position embedding -------------------------------------------------------------------
+
+// n: {B, T, H, G, D, interleaved, scaling, past}; x: {rotary_percent, base}. The forward out of
+// place and in place (the same bits on each device), the backward out of place.
+ops::RopeParams rope_params(const Case& k) {
+  ops::RopeParams p;
+  p.interleaved = k.n[5] != 0;
+  p.scaling = k.n[6] != 0;
+  p.percent = k.x[0];
+  p.base = k.x[1];
+  return p;
+}
+
+Entry rope_entry() {
+  Entry e{"rope", {}, nullptr, nullptr};
+  struct Shape8 {
+    std::array<int64_t, 8> n;
+    double percent, base;
+  };
+  const Shape8 shapes[] = {{{2, 5, 2, 2, 8, 0, 0, 0}, 1.0, 10000.0},
+                           {{1, 7, 4, 2, 16, 1, 0, 3}, 1.0, 10000.0},
+                           {{2, 9, 6, 2, 32, 0, 1, 100}, 0.5, 500000.0},
+                           {{2, 128, 8, 2, 128, 0, 1, 8000}, 1.0, 500000.0}};
+  for (const auto& s : shapes)
+    for (DType dt : kTypes) {
+      std::ostringstream l;
+      l << "B " << s.n[0] << " T " << s.n[1] << " H " << s.n[2] << " G " << s.n[3] << " D " << s.n[4]
+        << (s.n[5] ? " interleaved" : " rotate-half") << (s.n[6] ? " llama3 scaling" : "") << " past " << s.n[7]
+        << " percent " << s.percent << " base " << s.base << " " << to_string(dt);
+      e.cases.push_back(device_case(l.str(), dt, {s.n.begin(), s.n.end()}, {s.percent, s.base},
+                                    s.n[1] == 128 && dt != DType::f16));
+    }
+  add_low_cases(e, "B 2 T 5 H 4 G 2 D 8 rotate-half past 2", {2, 5, 4, 2, 8, 0, 0, 2}, {1.0, 10000.0});
+  add_low_cases(e, "B 1 T 6 H 2 G 1 D 16 interleaved scaling percent 0.5", {1, 6, 2, 1, 16, 1, 1, 0}, {0.5, 500000.0});
+  e.cases.push_back(fd_case("rotate-half H 2 G 2 D 6 past 2", 41, {2, 3, 2, 2, 6, 0, 0, 2}, {1.0, 10000.0}));
+  e.cases.push_back(
+      fd_case("interleaved H 4 G 2 D 8 percent 0.5 scaling past 5", 42, {1, 4, 4, 2, 8, 1, 1, 5}, {0.5, 10.0}));
+  e.prepare = [](Ctx& c, const Case& k) {
+    const int64_t B = k.n[0], T = k.n[1], H = k.n[2], G = k.n[3], D = k.n[4], past = k.n[7];
+    const ops::RopeParams p = rope_params(k);
+    const Shape qs{B, T, G * (H / G + 2) * D};
+    Tensor qkv = c.act(qs), dout = c.act(qs);
+    Tensor out = c.out(qs), dqkv = c.out(qs), inplace = qkv.clone();
+    Run r;
+    r.exec = [=]() mutable {
+      ops::rope_forward(out, qkv, H, G, p, past);
+      ops::rope_backward(dqkv, dout, H, G, p, past);
+    };
+    const DType dt = k.dt;
+    Ctx* cp = &c;
+    r.collect = [=]() mutable {
+      ops::rope_forward(inplace, inplace, H, G, p, past);
+      cp->expect(same_bits(inplace, out), "rope in place == out of place, bit for bit");
+      return std::vector<Output>{output("rope", out, rtol_for(dt)), output("rope backward", dqkv, rtol_for(dt))};
+    };
+    return r;
+  };
+  e.fd = [](Ctx& c, const Case& k) {
+    const int64_t B = k.n[0], T = k.n[1], H = k.n[2], G = k.n[3], D = k.n[4], past = k.n[7], Q = H / G;
+    const ops::RopeParams p = rope_params(k);
+    const int64_t W = G * (Q + 2) * D, rot = ops::rope_rot_dim(p, D), half = rot / 2;
+    Tensor qkv = c.act({B, T, W}), R = c.act({B, T, W}), out = Tensor::empty({B, T, W}, DType::f64);
+    auto loss = [=]() mutable {
+      ops::rope_forward(out, qkv, H, G, p, past);
+      return dot(out, R);
+    };
+    loss();
+    const double* x = qkv.data<double>();
+    const double* y = out.data<double>();
+    const std::vector<double> inv = ops::rope_inv_freq(p, rot);
+    // Every element against the rotation written out, the values and the unrotated dims unchanged.
+    double worst = 0;
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t g = 0; g < G; ++g)
+          for (int64_t blk = 0; blk < Q + 2; ++blk)
+            for (int64_t d = 0; d < D; ++d) {
+              const int64_t e0 = (b * T + t) * W + (g * (Q + 2) + blk) * D;
+              double want = x[e0 + d];
+              if (blk <= Q && d < rot) {
+                const int64_t i = p.interleaved ? d / 2 : d % half;
+                const bool first = p.interleaved ? d % 2 == 0 : d < half;
+                const int64_t mate = p.interleaved ? (first ? d + 1 : d - 1) : (first ? d + half : d - half);
+                const double a = static_cast<double>(past + t) * inv[static_cast<size_t>(i)];
+                want = first ? x[e0 + d] * std::cos(a) - x[e0 + mate] * std::sin(a)
+                             : x[e0 + d] * std::cos(a) + x[e0 + mate] * std::sin(a);
+              }
+              worst = std::max(worst, std::fabs(y[e0 + d] - want));
+            }
+    c.expect(worst < 1e-13, "rope vs the rotation written out, max error " + str(worst));
+    // the backward undoes the forward (a rotation's inverse is its transpose)
+    Tensor back = Tensor::empty({B, T, W}, DType::f64);
+    ops::rope_backward(back, out, H, G, p, past);
+    double undo = 0;
+    for (int64_t i = 0; i < qkv.numel(); ++i) undo = std::max(undo, std::fabs(back.data<double>()[i] - x[i]));
+    c.expect(undo < 1e-13, "rope backward of rope forward is the input, max error " + str(undo));
+    // q.k after the rotation depends on the positions' difference only: attention over
+    // rotated q and k is the same at any offset (past 0 and past + 37 here)
+    auto attend = [&](int64_t at) {
+      Tensor rq = Tensor::empty({B, T, W}, DType::f64), o = Tensor::empty({B, T, H * D}, DType::f64);
+      Tensor l = Tensor::empty({B, H, T}, DType::f64);
+      ops::rope_forward(rq, qkv, H, G, p, at);
+      ops::attention_forward_lse(o, l, rq, H, ops::AttentionDropout{}, G);
+      return o;
+    };
+    const Tensor a0 = attend(0), a1 = attend(past + 37);
+    double shift = 0;
+    for (int64_t i = 0; i < a0.numel(); ++i) shift = std::max(shift, std::fabs(a0.data<double>()[i] - a1.data<double>()[i]));
+    c.expect(shift < 1e-12, "attention over rotated q, k is the same at another position offset, max error " + str(shift));
+    // Llama 3.1's scaling at its own constants (rot 128, base 500000; the three regimes),
+    // against values computed independently (Python, in double)
+    ops::RopeParams l3;
+    l3.base = 500000.0;
+    l3.scaling = true;
+    const std::vector<double> f = ops::rope_inv_freq(l3, 128);
+    c.expect(approx(f[20], 0.016560440080994446, 1e-13), "llama3 inv_freq[20]: high frequency, unchanged");
+    c.expect(approx(f[32], 0.0005248461609929547, 1e-13), "llama3 inv_freq[32]: blended");
+    c.expect(approx(f[50], 4.411534674558404e-06, 1e-13), "llama3 inv_freq[50]: low frequency, / factor 8");
+    Tensor dqkv = Tensor::empty({B, T, W}, DType::f64);
+    ops::rope_backward(dqkv, R, H, G, p, past);
+    return FdProblem{loss, {{"rope", qkv, dqkv}}};
   };
   return e;
 }
@@ -1078,11 +1439,14 @@ const std::vector<Entry>& registry() {
       layernorm_entry(),
       add_layernorm_entry(),
       residual_layernorm_entry(),
+      rmsnorm_entry(),
+      swiglu_entry(),
       gelu_entry(),
       dropout_entry(),
       elementwise_views_entry(),
       attention_entry(),
       attention_cached_entry(),
+      rope_entry(),
       embedding_entry(),
       position_entry(),
       bias_add_entry(),

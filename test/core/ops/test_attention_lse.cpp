@@ -71,37 +71,45 @@ Tensor time_slice(const Tensor& x, int64_t t0, int64_t n) {
 
 // The forward-only cached op is checked against the full-sequence op: a prefill of the
 // whole block, and the same positions fed in pieces (3, 1, 3) over one cache, give the
-// outputs of attention_forward_lse over the whole sequence.
+// outputs of attention_forward_lse over the whole sequence; with grouped-query attention
+// (G < H groups, MQA at 1) too, the caches [B, G, capacity, D] holding the groups' keys.
 TEST_CASE("attention_cached_forward: prefill and pieces over a cache equal the full-sequence op", "[attention]") {
+  const auto hg = GENERATE(values<std::pair<int64_t, int64_t>>({{3, 3}, {4, 2}, {3, 1}}));
+  const int64_t H = hg.first, G = hg.second;
+  INFO("heads " << H << " groups " << G);
   std::mt19937_64 g(7);
-  const int64_t B = 2, T = 7, H = 3, D = 4;
-  Tensor qkv = randn({B, T, 3 * H * D}, g);
+  const int64_t B = 2, T = 7, D = 4, W = G * (H / G + 2) * D;
+  Tensor qkv = randn({B, T, W}, g);
   Tensor ref = Tensor::empty({B, T, H * D}, DType::f64), lse = Tensor::empty({B, H, T}, DType::f64);
-  ops::attention_forward_lse(ref, lse, qkv, H, ops::AttentionDropout{});
+  ops::attention_forward_lse(ref, lse, qkv, H, ops::AttentionDropout{}, G);
 
-  Tensor k = Tensor::zeros({B, H, T + 2, D}, DType::f64), v = Tensor::zeros({B, H, T + 2, D}, DType::f64);
+  Tensor k = Tensor::zeros({B, G, T + 2, D}, DType::f64), v = Tensor::zeros({B, G, T + 2, D}, DType::f64);
   Tensor out = Tensor::empty({B, T, H * D}, DType::f64);
-  ops::attention_cached_forward(out, k, v, qkv, H, 0);
+  ops::attention_cached_forward(out, k, v, qkv, H, 0, G);
   CHECK(max_diff(out, ref) < 1e-14);
 
-  Tensor k2 = Tensor::zeros({B, H, T, D}, DType::f64), v2 = Tensor::zeros({B, H, T, D}, DType::f64);
+  Tensor k2 = Tensor::zeros({B, G, T, D}, DType::f64), v2 = Tensor::zeros({B, G, T, D}, DType::f64);
   int64_t past = 0;
   for (int64_t n : {3, 1, 3}) {
     Tensor o = Tensor::empty({B, n, H * D}, DType::f64);
-    ops::attention_cached_forward(o, k2, v2, time_slice(qkv, past, n), H, past);
+    ops::attention_cached_forward(o, k2, v2, time_slice(qkv, past, n), H, past, G);
     CHECK(max_diff(o, time_slice(ref, past, n)) < 1e-14);
     past += n;
   }
   // the cache holds the keys and values it was given
   double kd = 0;
-  for (int64_t bh = 0; bh < B * H; ++bh)
+  for (int64_t bh = 0; bh < B * G; ++bh)
     for (int64_t i = 0; i < T * D; ++i)
       kd = std::max(kd, std::fabs(k.data<double>()[bh * (T + 2) * D + i] - k2.data<double>()[bh * T * D + i]));
   CHECK(kd == 0.0);
-  Tensor one = Tensor::empty({B, 1, 3 * H * D}, DType::f64), o1 = Tensor::empty({B, 1, H * D}, DType::f64);
-  CHECK_THROWS(ops::attention_cached_forward(o1, k2, v2, one, H, T));  // past + 1 > capacity
-  Tensor kf = Tensor::zeros({B, H, T, D});                               // f32 cache, f64 qkv
-  CHECK_THROWS(ops::attention_cached_forward(o1, kf, v2, one, H, 0));
+  // the group's k holds position t's key: row t's k columns of group G - 1
+  const int64_t t = 5;
+  CHECK(k2.data<double>()[((B - 1) * G + G - 1) * T * D + t * D + 1] ==
+        qkv.data<double>()[((B - 1) * T + t) * W + (G - 1) * (H / G + 2) * D + (H / G) * D + 1]);
+  Tensor one = Tensor::empty({B, 1, W}, DType::f64), o1 = Tensor::empty({B, 1, H * D}, DType::f64);
+  CHECK_THROWS(ops::attention_cached_forward(o1, k2, v2, one, H, T, G));  // past + 1 > capacity
+  Tensor kf = Tensor::zeros({B, G, T, D});                                  // f32 cache, f64 qkv
+  CHECK_THROWS(ops::attention_cached_forward(o1, kf, v2, one, H, 0, G));
 }
 
 // bf16 storage: the op equals the f32 op on the widened inputs, rounded once at the
