@@ -70,12 +70,6 @@ inline size_t char_len_at(std::string_view s, size_t i) {
   return b < 0x80 ? 1 : b < 0xE0 ? 2 : b < 0xF0 ? 3 : 4;
 }
 
-void append_cp(std::string& out, int32_t cp) {
-  utf8proc_uint8_t buf[4];
-  const auto n = utf8proc_encode_char(cp, buf);
-  out.append(reinterpret_cast<const char*>(buf), static_cast<size_t>(n));
-}
-
 // Unicode White_Space (Rust's char::is_whitespace, the regex crate's \s).
 inline bool is_white_space(int32_t c) {
   return (c >= 0x09 && c <= 0x0D) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200A) ||
@@ -270,6 +264,42 @@ struct MergeVal {
   int32_t rank, id;
 };
 
+// (left id, right id) -> merge, open addressing with linear probing; last insert wins.
+class MergeTable {
+ public:
+  void reserve(size_t n) {
+    size_t cap = 16;
+    while (cap < 2 * n) cap <<= 1;
+    keys_.assign(cap, kEmpty);
+    vals_.assign(cap, MergeVal{0, 0});
+    mask_ = cap - 1;
+  }
+  void put(int32_t a, int32_t b, MergeVal v) {
+    const uint64_t k = key(a, b);
+    size_t i = slot(k);
+    while (keys_[i] != kEmpty && keys_[i] != k) i = (i + 1) & mask_;
+    keys_[i] = k;
+    vals_[i] = v;
+  }
+  const MergeVal* get(int32_t a, int32_t b) const {
+    const uint64_t k = key(a, b);
+    for (size_t i = slot(k);; i = (i + 1) & mask_) {
+      if (keys_[i] == k) return &vals_[i];
+      if (keys_[i] == kEmpty) return nullptr;
+    }
+  }
+
+ private:
+  static constexpr uint64_t kEmpty = ~0ull;
+  static uint64_t key(int32_t a, int32_t b) {
+    return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
+  }
+  size_t slot(uint64_t k) const { return static_cast<size_t>((k * 0x9E3779B97F4A7C15ull) >> 20) & mask_; }
+  std::vector<uint64_t> keys_;
+  std::vector<MergeVal> vals_;
+  size_t mask_ = 0;
+};
+
 }  // namespace
 
 struct HfTokenizer::Impl {
@@ -279,7 +309,8 @@ struct HfTokenizer::Impl {
   bool byte_level = false;  // the pre-tokenizer ends with ByteLevel: vocab keys are raw bytes
   StrMap vocab;             // raw bytes (byte-level) or text -> id
   StrMap file_vocab;        // as written in the file (merges, token_to_id)
-  std::unordered_map<uint64_t, MergeVal> merges;
+  MergeTable merges;
+  std::array<int32_t, 256> byte_id{};  // byte-level: the id of each single byte (-1: none)
   bool byte_fallback = false, ignore_merges = false, fuse_unk = false;
   int32_t unk = -1;
   std::array<int32_t, 256> fallback_id{};  // <0xXX>
@@ -560,6 +591,11 @@ std::shared_ptr<const HfTokenizer> HfTokenizer::from_file(const std::string& pat
   }
   const json& merges = L.member(model, "model", "merges");
   if (!merges.is_array()) L.fail("model.merges", "expected a list");
+  m.merges.reserve(merges.size());
+  for (int b = 0; b < 256; ++b) {
+    auto f = m.vocab.find(std::string(1, static_cast<char>(b)));
+    m.byte_id[static_cast<size_t>(b)] = f == m.vocab.end() ? -1 : f->second;
+  }
   for (size_t i = 0; i < merges.size(); ++i) {
     const json& e = merges[i];
     const std::string where = fmt::format("model.merges[{}]", i);
@@ -580,8 +616,7 @@ std::shared_ptr<const HfTokenizer> HfTokenizer::from_file(const std::string& pat
     auto fa = m.file_vocab.find(a), fb = m.file_vocab.find(b), fab = m.file_vocab.find(a + b);
     if (fa == m.file_vocab.end() || fb == m.file_vocab.end() || fab == m.file_vocab.end())
       L.fail(where, fmt::format("'{}', '{}' or '{}{}' is not in model.vocab", a, b, a, b));
-    const uint64_t key = (static_cast<uint64_t>(static_cast<uint32_t>(fa->second)) << 32) | static_cast<uint32_t>(fb->second);
-    m.merges.insert_or_assign(key, MergeVal{static_cast<int32_t>(i), fab->second});
+    m.merges.put(fa->second, fb->second, MergeVal{static_cast<int32_t>(i), fab->second});
   }
 
   // Added tokens.
@@ -933,34 +968,94 @@ void HfTokenizer::Impl::pretokenize(const Seg& seg, std::deque<std::string>& are
 
 namespace {
 
-// Per-thread cache of piece -> ids, for one tokenizer at a time.
-struct PieceCache {
-  uint64_t serial = 0;
-  std::unordered_map<std::string, std::vector<int32_t>, StrHash, std::equal_to<>> map;
-};
-
-PieceCache& piece_cache(uint64_t serial) {
-  thread_local PieceCache c;
-  if (c.serial != serial || c.map.size() > (1u << 18)) {
-    c.map.clear();
-    c.serial = serial;
+inline uint64_t hash_bytes(std::string_view s) {
+  uint64_t h = 0x243F6A8885A308D3ull ^ (s.size() * 0x9E3779B97F4A7C15ull);
+  size_t i = 0;
+  for (; i + 8 <= s.size(); i += 8) {
+    uint64_t w;
+    std::memcpy(&w, s.data() + i, 8);
+    h = (h ^ w) * 0x9E3779B97F4A7C15ull;
+    h ^= h >> 29;
   }
-  return c;
+  if (i < s.size()) {
+    uint64_t w = 0;
+    std::memcpy(&w, s.data() + i, s.size() - i);
+    h = (h ^ w) * 0x9E3779B97F4A7C15ull;
+    h ^= h >> 29;
+  }
+  return h * 0xBF58476D1CE4E5B9ull;
 }
+
+// Per-thread cache of piece -> ids, for one tokenizer at a time: open addressing over
+// two arenas (piece bytes, ids); emptied when half full.
+class PieceCache {
+ public:
+  static constexpr size_t kMaxPiece = 128;
+  const int32_t* find(std::string_view p, uint64_t h, uint32_t& n) const {
+    for (size_t i = h & kMask;; i = (i + 1) & kMask) {
+      const Entry& e = table_[i];
+      if (e.len == 0) return nullptr;
+      if (e.hash == h && e.len == p.size() && std::memcmp(keys_.data() + e.key, p.data(), p.size()) == 0) {
+        n = e.n;
+        return ids_.data() + e.ids;
+      }
+    }
+  }
+  void put(std::string_view p, uint64_t h, const int32_t* ids, size_t n) {
+    if (used_ * 2 >= kSize || n > 0xFFFF) {
+      if (n > 0xFFFF) return;
+      clear();
+    }
+    size_t i = h & kMask;
+    while (table_[i].len != 0) i = (i + 1) & kMask;
+    table_[i] = Entry{h, static_cast<uint32_t>(keys_.size()), static_cast<uint32_t>(ids_.size()), static_cast<uint16_t>(p.size()),
+                      static_cast<uint16_t>(n)};
+    keys_.append(p);
+    ids_.insert(ids_.end(), ids, ids + n);
+    ++used_;
+  }
+  void reset_for(uint64_t serial) {
+    if (serial != serial_) {
+      clear();
+      serial_ = serial;
+    }
+  }
+
+ private:
+  static constexpr size_t kSize = size_t{1} << 18, kMask = kSize - 1;
+  struct Entry {
+    uint64_t hash = 0;
+    uint32_t key = 0, ids = 0;
+    uint16_t len = 0, n = 0;  // len 0: empty slot (empty pieces are never cached)
+  };
+  void clear() {
+    std::fill(table_.begin(), table_.end(), Entry{});
+    keys_.clear();
+    ids_.clear();
+    used_ = 0;
+  }
+  std::vector<Entry> table_ = std::vector<Entry>(kSize);
+  std::string keys_;
+  std::vector<int32_t> ids_;
+  size_t used_ = 0;
+  uint64_t serial_ = 0;
+};
 
 }  // namespace
 
 void HfTokenizer::Impl::model(std::string_view piece, std::vector<int32_t>& out) const {
-  if (piece.size() <= 64) {
-    PieceCache& c = piece_cache(serial);
-    auto f = c.map.find(piece);
-    if (f != c.map.end()) {
-      out.insert(out.end(), f->second.begin(), f->second.end());
+  if (piece.size() <= PieceCache::kMaxPiece) {
+    thread_local PieceCache cache;
+    cache.reset_for(serial);
+    const uint64_t h = hash_bytes(piece);
+    uint32_t n = 0;
+    if (const int32_t* ids = cache.find(piece, h, n)) {
+      out.insert(out.end(), ids, ids + n);
       return;
     }
     const size_t before = out.size();
     bpe(piece, out);
-    c.map.emplace(std::string(piece), std::vector<int32_t>(out.begin() + static_cast<std::ptrdiff_t>(before), out.end()));
+    cache.put(piece, h, out.data() + before, out.size() - before);
     return;
   }
   bpe(piece, out);
@@ -987,13 +1082,19 @@ void HfTokenizer::Impl::bpe(std::string_view w, std::vector<int32_t>& out) const
   auto add = [&](int32_t id) { sy.push_back({id, 0, 0, true}); };
   for (size_t i = 0; i < w.size();) {
     const size_t n = byte_level ? 1 : char_len_at(w, i);
-    auto f = vocab.find(w.substr(i, n));
-    if (f != vocab.end()) {
+    int32_t id = -1;
+    if (byte_level) {
+      id = byte_id[static_cast<unsigned char>(w[i])];
+    } else {
+      auto f = vocab.find(w.substr(i, n));
+      if (f != vocab.end()) id = f->second;
+    }
+    if (id >= 0) {
       if (pending_unk >= 0) {
         add(pending_unk);
         pending_unk = -1;
       }
-      add(f->second);
+      add(id);
     } else {
       bool done = false;
       if (byte_fallback) {
@@ -1017,10 +1118,7 @@ void HfTokenizer::Impl::bpe(std::string_view w, std::vector<int32_t>& out) const
     sy[static_cast<size_t>(k)].prev = k - 1;
     sy[static_cast<size_t>(k)].next = k + 1 < n ? k + 1 : -1;
   }
-  auto lookup = [&](int32_t a, int32_t b) -> const MergeVal* {
-    auto f = merges.find((static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b));
-    return f == merges.end() ? nullptr : &f->second;
-  };
+  auto lookup = [&](int32_t a, int32_t b) -> const MergeVal* { return merges.get(a, b); };
   if (n <= 24) {
     // Few symbols: scan for the lowest-ranked adjacent pair (leftmost on ties) each round.
     while (true) {
