@@ -20,8 +20,7 @@
 #include "core/error.hpp"
 #include "core/progress.hpp"
 #include "data/indexed_dataset.hpp"
-#include "data/hf_tokenizer.hpp"
-#include "data/tokenizer.hpp"
+#include "data/text_tokenizer.hpp"
 
 namespace mtnlg::data {
 
@@ -455,24 +454,7 @@ DocTokenizer load_doc_tokenizer(const PreprocessOptions& opt) {
   }
   t.hf = HfTokenizer::from_file(opt.tokenizer_file);
   t.vocab_size = t.hf->vocab_size();
-  std::string eod = opt.eod_token;
-  std::string from = "--eod-token";
-  if (eod.empty()) {
-    if (auto e = hf_config_eos_token(opt.tokenizer_file)) {
-      eod = *e;
-      from = "eos_token of the tokenizer_config.json beside it";
-    }
-  }
-  if (eod.empty()) {
-    if (opt.append_eod)
-      throw_input("{}: --append-eod needs the end-of-document token: pass --eod-token TEXT or put a "
-                  "tokenizer_config.json with eos_token beside the tokenizer.json",
-                  opt.tokenizer_file);
-    return t;
-  }
-  auto id = t.hf->token_to_id(eod);
-  if (!id) throw_input("{}: end-of-document token '{}' ({}) is not a token of the file", opt.tokenizer_file, eod, from);
-  t.eod = *id;
+  if (opt.append_eod || !opt.eod_token.empty()) t.eod = hf_eod_id(*t.hf, opt.eod_token);
   return t;
 }
 

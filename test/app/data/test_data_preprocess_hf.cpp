@@ -117,7 +117,7 @@ TEST_CASE("e2e preprocess --tokenizer: bad input exits 2 with one line naming it
   // No tokenizer_config.json beside this copy: --append-eod needs --eod-token.
   j["normalizer"] = nullptr;
   test::write_file(tmp / "t.json", j.dump());
-  expect2(" --tokenizer " + (tmp / "t.json").string() + " --append-eod", "--append-eod needs the end-of-document token");
+  expect2(" --tokenizer " + (tmp / "t.json").string() + " --append-eod", "t.json: no end-of-document token: pass --eod-token");
   expect2(" --tokenizer " + (tmp / "t.json").string() + " --append-eod --eod-token '<|nope|>'",
           "end-of-document token '<|nope|>' (--eod-token) is not a token");
   expect2(" --tokenizer " + path + test::gpt2_vocab_args(), "give either --tokenizer or --vocab-file/--merge-file");
