@@ -619,17 +619,22 @@ std::shared_ptr<const HfTokenizer> HfTokenizer::from_file(const std::string& pat
     m.merges.put(fa->second, fb->second, MergeVal{static_cast<int32_t>(i), fab->second});
   }
 
-  // Added tokens.
+  // Added tokens. Their ids are the library's, not the file's "id" (which it only checks
+  // with a warning): a token already added keeps its id (the later entry's flags win), a
+  // token of the model's vocabulary gets that id, any other the next id after the model's
+  // vocabulary size and the added ids so far.
   if (j.contains("added_tokens") && !j["added_tokens"].is_null()) {
     const json& list = j["added_tokens"];
     if (!list.is_array()) L.fail("added_tokens", "expected a list");
+    std::unordered_map<std::string, AddedToken*> by_content;
+    const auto model_size = static_cast<int64_t>(m.file_vocab.size());
+    int64_t max_added = -1;
     for (size_t i = 0; i < list.size(); ++i) {
       const std::string where = fmt::format("added_tokens[{}]", i);
       const json& a = list[i];
       AddedToken t;
       const json& id = L.member(a, where, "id");
       if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX) L.fail(where + ".id", "expected a non-negative id");
-      t.id = static_cast<int32_t>(id.get<int64_t>());
       t.content = L.str(a, where, "content");
       t.special = L.flag(a, where, "special", false);
       t.single_word = L.flag(a, where, "single_word", false);
@@ -638,8 +643,22 @@ std::shared_ptr<const HfTokenizer> HfTokenizer::from_file(const std::string& pat
       t.normalized = L.flag(a, where, "normalized", !t.special);
       if (t.content.empty()) continue;  // the library ignores empty tokens
       if (!utf8_valid(t.content)) L.fail(where + ".content", "not valid UTF-8");
+      if (auto f = by_content.find(t.content); f != by_content.end()) {
+        t.id = f->second->id;
+        *f->second = std::move(t);
+        continue;
+      }
+      if (auto f = m.file_vocab.find(t.content); f != m.file_vocab.end()) {
+        t.id = f->second;
+      } else {
+        const int64_t next = max_added < 0 ? model_size : (max_added >= model_size || model_size == 0 ? max_added + 1 : model_size);
+        if (next > INT32_MAX) L.fail(where, "too many ids");
+        t.id = static_cast<int32_t>(next);
+      }
+      max_added = std::max<int64_t>(max_added, t.id);
       max_id = std::max(max_id, t.id);
       m.added.push_back(std::move(t));
+      by_content[m.added.back().content] = &m.added.back();
     }
   }
   m.id_token.assign(static_cast<size_t>(max_id + 1), std::string());

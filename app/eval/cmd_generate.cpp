@@ -45,7 +45,8 @@ void run(const GenArgs& a) {
   if (a.s.top_p <= 0 || a.s.top_p > 1) throw_input("--top-p must be in (0, 1], got {}", a.s.top_p);
   if (a.s.top_k < 0) throw_input("--top-k must be >= 0, got {}", a.s.top_k);
   // A tokenizer.json prompt gets the file's special tokens (BOS), as transformers encodes it.
-  auto tok = load_text_tokenizer(a.vocab, a.merges, a.tokenizer, a.eod_token, /*add_special_tokens=*/true);
+  auto tok = load_text_tokenizer(a.vocab, a.merges, a.tokenizer, a.eod_token, /*add_special_tokens=*/true,
+                                 a.checkpoint);
   model::LoadedModel lm = load_eval_model(a.checkpoint, a.random_init, a.sets);
   lm.store.place(select_device(parse_device_kind(a.device, "--device"), "--device"));
   auto chunk = model::whole_model_chunk(lm.cfg, lm.store);
@@ -116,7 +117,7 @@ void register_generate(CLI::App& app) {
   cmd->add_option("--vocab-file", a.vocab, "GPT-2 vocab.json (default third_party/gpt2/vocab.json)");
   cmd->add_option("--merge-file", a.merges, "GPT-2 merges.txt (default third_party/gpt2/merges.txt)");
   cmd->add_option("--tokenizer", a.tokenizer,
-                  "A Hugging Face tokenizer.json instead of GPT-2's files (docs/specs/hf-tokenizer.md): the prompt gets "
+                  "A Hugging Face tokenizer.json instead of GPT-2's files (docs/specs/hf-tokenizer.md; default: the checkpoint root's tokenizer.json, which `checkpoint import` copies there, else GPT-2's files): the prompt gets "
                   "its BOS where the file's template adds one, and the text is its decoder's");
   cmd->add_option("--eod-token", a.eod_token,
                   "With --tokenizer: the token that stops generation (default: eos_token of the tokenizer_config.json "

@@ -341,9 +341,21 @@ std::shared_ptr<const data::Tokenizer> load_gpt2_tokenizer(const std::string& vo
               "(third_party/gpt2/vocab.json)");
 }
 
+std::string checkpoint_tokenizer(const std::string& checkpoint) {
+  namespace fs = std::filesystem;
+  if (checkpoint.empty()) return "";
+  std::error_code ec;
+  for (fs::path p : {fs::path(checkpoint), fs::path(checkpoint).parent_path()})
+    if (!p.empty() && fs::is_regular_file(p / "tokenizer.json", ec)) return (p / "tokenizer.json").string();
+  return "";
+}
+
 std::shared_ptr<const data::TextTokenizer> load_text_tokenizer(const std::string& vocab, const std::string& merges,
-                                                               const std::string& tokenizer_json,
-                                                               const std::string& eod_token, bool add_special_tokens) {
+                                                               const std::string& tokenizer_json_arg,
+                                                               const std::string& eod_token, bool add_special_tokens,
+                                                               const std::string& checkpoint) {
+  std::string tokenizer_json = tokenizer_json_arg;
+  if (tokenizer_json.empty() && vocab.empty() && merges.empty()) tokenizer_json = checkpoint_tokenizer(checkpoint);
   if (tokenizer_json.empty()) {
     if (!eod_token.empty()) throw_input("--eod-token: only with --tokenizer (GPT-2's is <|endoftext|>)");
     return std::make_shared<data::Gpt2TextTokenizer>(load_gpt2_tokenizer(vocab, merges));

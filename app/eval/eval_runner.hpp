@@ -77,8 +77,13 @@ std::shared_ptr<const data::Tokenizer> load_gpt2_tokenizer(const std::string& vo
 // `--tokenizer tokenizer.json` (with its end-of-document token: `eod_token`, or the
 // tokenizer_config.json beside it) when given, else GPT-2's files as above.
 // `add_special_tokens`: whether a tokenizer.json's template (BOS) applies to each encode.
+// With none of them given, a tokenizer.json in the checkpoint root (`checkpoint import`
+// puts it there) is used.
 std::shared_ptr<const data::TextTokenizer> load_text_tokenizer(const std::string& vocab, const std::string& merges,
                                                                const std::string& tokenizer_json,
-                                                               const std::string& eod_token, bool add_special_tokens);
+                                                               const std::string& eod_token, bool add_special_tokens,
+                                                               const std::string& checkpoint = "");
+// The tokenizer.json of a checkpoint (ROOT/tokenizer.json, for ROOT or ROOT/iter_X), or "".
+std::string checkpoint_tokenizer(const std::string& checkpoint);
 
 }  // namespace mtnlg::app
