@@ -272,7 +272,6 @@ void copy_hf_gpt2_weights(const std::string& in_dir, const HfGpt2Dims& d, model:
 }  // namespace
 
 std::string import_hf_gpt2(const std::string& in_dir, const std::string& out, const std::string& recipe_path) {
-  const auto lock = claim_new_checkpoint_root(out, "--output");
   HfGpt2Dims d;
   const Recipe r = hf_gpt2_recipe(in_dir, recipe_path, d);
   // A tokenizer.json beside the model comes along (with its tokenizer_config.json, which
@@ -288,6 +287,7 @@ std::string import_hf_gpt2(const std::string& in_dir, const std::string& out, co
       throw_input("{}: {} token ids, more than the model's vocab_size {} in config.json", tok_json.string(),
                   tok->vocab_size(), d.V);
   }
+  const auto lock = claim_new_checkpoint_root(out, "--output");
   model::GptConfig gc = gpt_config(r);
   model::ParamStore store;
   model::declare_chunk_params(store, gc, {0, d.L, true, true, ""}, 0, 1);
