@@ -280,7 +280,9 @@ TEST_CASE("hf tokenizer: threads share one tokenizer and agree", "[data]") {
   CHECK(ok == std::vector<int>{1, 1, 1, 1});
 }
 
-TEST_CASE("hf tokenizer: ids equal Hugging Face tokenizers on the 6 MB corpus", "[data][oracle]") {
+// Its own ctest entry (data.oracle-hf-corpus, label oracle): four runs of the library over
+// 6 MB take minutes on a loaded machine, so it gets a timeout of its own.
+TEST_CASE("hf tokenizer: ids equal Hugging Face tokenizers on the 6 MB corpus", "[data][hf_corpus][.]") {
   for (std::string name : {"gpt2", "llama3", "qwen3", "llama2"}) {
     DYNAMIC_SECTION(name) {
       MTNLG_REQUIRE_HF(path, name);
