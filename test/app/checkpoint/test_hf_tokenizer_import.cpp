@@ -101,6 +101,17 @@ TEST_CASE("e2e checkpoint import: tokenizer.json comes along and generate uses i
   REQUIRE(g2.exit_code == 0);
   CHECK(g1.out == g2.out);
   CHECK_THAT(g1.out, Catch::Matchers::Contains("the the"));
+  // eval: the checkpoint's tokenizer.json too (an empty context is its EOS), the same
+  // results as naming it.
+  const std::string ev = "eval --checkpoint " + d.str() + "/back --tasks boolq --limit 3 --no-progress --device cpu --data-dir " +
+                         test::source_dir() + "/test/fixtures/eval";
+  auto e1 = test::run_mtnlg(ev + " --output " + d.str() + "/e1.json");
+  auto e2 = test::run_mtnlg(ev + " --tokenizer " + hf + "/tokenizer.json --output " + d.str() + "/e2.json");
+  INFO(e1.out << "\n" << e2.out);
+  REQUIRE(e1.exit_code == 0);
+  REQUIRE(e2.exit_code == 0);
+  CHECK(nlohmann::json::parse(test::read_file(d.path() / "e1.json"))["results"] ==
+        nlohmann::json::parse(test::read_file(d.path() / "e2.json"))["results"]);
   auto g3 = test::run_mtnlg(gen + " --tokenizer " + hf + "/tokenizer.json --eod-token '<|nope|>'");
   CHECK(g3.exit_code == 2);
   CHECK_THAT(g3.out, Catch::Matchers::Contains("end-of-document token '<|nope|>' (--eod-token) is not a token"));
