@@ -20,7 +20,7 @@
 #include "core/error.hpp"
 #include "core/progress.hpp"
 #include "data/indexed_dataset.hpp"
-#include "data/tokenizer.hpp"
+#include "data/text_tokenizer.hpp"
 
 namespace mtnlg::data {
 
@@ -432,7 +432,33 @@ class Pool {
   bool stop_ = false;
 };
 
-BatchResult process_batch(const Batch& b, const PreprocessOptions& opt, const Tokenizer& tok) {
+// The tokenizer of a run: GPT-2's two files or a tokenizer.json.
+struct DocTokenizer {
+  std::shared_ptr<const Tokenizer> gpt2;
+  std::shared_ptr<const HfTokenizer> hf;
+  int32_t eod = -1;
+  int64_t vocab_size = 0;
+  void encode(std::string_view text, std::vector<int32_t>& out, bool allow_special) const {
+    if (hf) hf->encode(text, out, true);
+    else gpt2->encode(text, out, allow_special);
+  }
+};
+
+DocTokenizer load_doc_tokenizer(const PreprocessOptions& opt) {
+  DocTokenizer t;
+  if (opt.tokenizer_file.empty()) {
+    t.gpt2 = Tokenizer::from_files(opt.vocab_file, opt.merge_file);
+    t.eod = t.gpt2->eod();
+    t.vocab_size = t.gpt2->vocab_size();
+    return t;
+  }
+  t.hf = HfTokenizer::from_file(opt.tokenizer_file);
+  t.vocab_size = t.hf->vocab_size();
+  if (opt.append_eod || !opt.eod_token.empty()) t.eod = hf_eod_id(*t.hf, opt.eod_token);
+  return t;
+}
+
+BatchResult process_batch(const Batch& b, const PreprocessOptions& opt, const DocTokenizer& tok) {
   const size_t nk = opt.json_keys.size();
   BatchResult r;
   r.input_bytes = b.input_bytes;
@@ -483,7 +509,7 @@ BatchResult process_batch(const Batch& b, const PreprocessOptions& opt, const To
     for (size_t k = 0; k < nk; ++k) {
       const size_t before = r.ids[k].size();
       tok.encode(values[k], r.ids[k], opt.allow_special_tokens);
-      if (opt.append_eod && r.ids[k].size() > before) r.ids[k].push_back(tok.eod());
+      if (opt.append_eod && r.ids[k].size() > before) r.ids[k].push_back(tok.eod);
       r.doc_lens[k].push_back(static_cast<int64_t>(r.ids[k].size() - before));
     }
     ++r.documents;
@@ -509,6 +535,17 @@ void check_preprocess_options(const PreprocessOptions& opt) {
                   most);
   }
   if (opt.output_prefix.empty()) throw_input("--output-prefix: must not be empty");
+  if (opt.tokenizer_file.empty()) {
+    if (opt.vocab_file.empty() || opt.merge_file.empty())
+      throw_input("no tokenizer: give --tokenizer tokenizer.json, or GPT-2's --vocab-file and --merge-file");
+    if (!opt.eod_token.empty()) throw_input("--eod-token: only with --tokenizer (GPT-2's is <|endoftext|>)");
+  } else {
+    if (!opt.vocab_file.empty() || !opt.merge_file.empty())
+      throw_input("--tokenizer {}: give either --tokenizer or --vocab-file/--merge-file, not both", opt.tokenizer_file);
+    if (opt.allow_special_tokens)
+      throw_input("--allow-special-tokens: only for GPT-2's files; a tokenizer.json's added tokens are always matched in "
+                  "the text, as Hugging Face's library does");
+  }
   for (size_t a = 0; a < opt.json_keys.size(); ++a)
     for (size_t b = a + 1; b < opt.json_keys.size(); ++b)
       if (opt.json_keys[a] == opt.json_keys[b]) throw_input("--json-keys: '{}' given twice", opt.json_keys[a]);
@@ -567,7 +604,7 @@ class BatchReader {
 // Tokenizes every batch (on opt.workers threads) and hands the results to `consume`
 // in reading order, so the output does not depend on scheduling.
 template <typename Consume>
-void tokenize_batches(BatchReader& reader, const PreprocessOptions& opt, const Tokenizer& tok, Consume&& consume) {
+void tokenize_batches(BatchReader& reader, const PreprocessOptions& opt, const DocTokenizer& tok, Consume&& consume) {
   if (opt.workers == 1) {
     Batch b;
     while (reader.next(b)) consume(process_batch(b, opt, tok));
@@ -622,11 +659,11 @@ PreprocessResult preprocess_jsonl(const PreprocessOptions& opt) {
   } else {
     for (const auto& in : opt.inputs) pieces.push_back({in, 0, -1});
   }
-  auto tok = Tokenizer::from_files(opt.vocab_file, opt.merge_file);
+  const DocTokenizer tok = load_doc_tokenizer(opt);
   const auto t_loaded = std::chrono::steady_clock::now();
 
   PreprocessResult res;
-  const DType dtype = dtype_for_vocab(tok->vocab_size());
+  const DType dtype = dtype_for_vocab(tok.vocab_size);
   std::vector<std::unique_ptr<IndexedDatasetWriter>> writers;
   for (const auto& k : opt.json_keys) {
     res.prefixes.push_back(preprocess_output_prefix(opt.output_prefix, k));
@@ -658,7 +695,7 @@ PreprocessResult preprocess_jsonl(const PreprocessOptions& opt) {
   };
 
   BatchReader reader(pieces, opt.batch_lines);
-  tokenize_batches(reader, opt, *tok, consume);
+  tokenize_batches(reader, opt, tok, consume);
   if (reader.pending_bytes() > 0 && opt.on_progress) opt.on_progress(0, 0, reader.pending_bytes());
   progress.finish();
   // All pairs complete under temporary names before any is renamed into place.

@@ -1,7 +1,10 @@
 // `mtnlg data preprocess`: JSONL (plain, .gz, .zst) -> Megatron .bin/.idx per json key,
 // the same output as Megatron's tools/preprocess_data.py without --split-sentences:
 // each document is one sequence, --append-eod appends <|endoftext|> to non-empty
-// documents, empty documents repeat the previous document boundary.
+// documents, empty documents repeat the previous document boundary. The tokenizer is
+// GPT-2's (vocab.json + merges.txt) or a Hugging Face tokenizer.json (data/hf_tokenizer.hpp,
+// as Megatron's HuggingFaceTokenizer: each document encoded with the file's
+// post-processor, so BOS where its template adds one, and its EOS as end of document).
 //
 // Parallelism: the reader cuts the input into batches of lines, N workers parse and
 // tokenize batches, and one writer appends the results strictly in input order, so the
@@ -64,13 +67,17 @@ struct InputPiece {
 struct PreprocessOptions {
   std::vector<std::string> inputs;  // read in this order into one dataset per key
   std::string output_prefix;
-  std::string vocab_file;
+  std::string vocab_file;      // GPT-2: vocab.json + merges.txt, or
   std::string merge_file;
+  std::string tokenizer_file;  // a Hugging Face tokenizer.json
+  // tokenizer.json: the end-of-document token's text; empty: eos_token of the
+  // tokenizer_config.json beside it (needed with append_eod).
+  std::string eod_token;
   std::vector<std::string> json_keys{"text"};
   bool append_eod = false;
   int64_t workers = 1;
   bool skip_bad_lines = false;       // malformed lines are counted and skipped instead of fatal
-  bool allow_special_tokens = false;  // "<|endoftext|>" in text -> 50256 (Megatron: plain text)
+  bool allow_special_tokens = false;  // GPT-2: "<|endoftext|>" in text -> 50256 (Megatron: plain text)
   bool progress = true;
   int64_t batch_lines = 512;  // lines per work item
   // When set, only these pieces of the inputs, in this order (split_inputs: a multi-rank

@@ -17,6 +17,8 @@ pkgs=(
   python3-protobuf                          # oracle decoder for TensorBoard event files (test/core/read_tfevents.py)
   libboost-context-dev                      # fibers for the emulated CUDA backend's SIMT executor (-DMTNLG_CUDA=EMULATE)
   libgumbo-dev libcld2-dev libuchardet-dev  # Common Crawl extraction: HTML5 parsing, language ID, charset detection
+  libpcre2-dev                              # tokenizer.json: the Split regexes (Unicode classes, possessive, lookahead) by PCRE2's JIT
+  libutf8proc-dev                           # tokenizer.json: NFC/NFKC normalizers
   libdeflate-dev                            # Common Crawl extraction: whole gzip members of .warc.gz (zlib streams the large ones)
   python3-readability                       # peer extractor the boilerplate removal is compared with
   slurm-wlm munge                           # one-machine Slurm for the srun test (scripts/slurm-local/; brings slurmd's mpi_pmix plugin; libpmix2 comes with openmpi-bin)

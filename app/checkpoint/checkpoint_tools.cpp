@@ -11,6 +11,7 @@
 #include "core/progress.hpp"
 #include "core/ops.hpp"
 #include "core/safetensors.hpp"
+#include "data/hf_tokenizer.hpp"
 #include "model/checkpoint.hpp"
 #include "model/partition.hpp"
 #include "model/gpt.hpp"
@@ -271,15 +272,33 @@ void copy_hf_gpt2_weights(const std::string& in_dir, const HfGpt2Dims& d, model:
 }  // namespace
 
 std::string import_hf_gpt2(const std::string& in_dir, const std::string& out, const std::string& recipe_path) {
-  const auto lock = claim_new_checkpoint_root(out, "--output");
   HfGpt2Dims d;
   const Recipe r = hf_gpt2_recipe(in_dir, recipe_path, d);
+  // A tokenizer.json beside the model comes along (with its tokenizer_config.json, which
+  // names the EOS): eval and generate find it in the checkpoint root. Checked first, so
+  // that a file mtnlg cannot run stops the import before anything is written.
+  namespace fs = std::filesystem;
+  const fs::path tok_json = fs::path(in_dir) / "tokenizer.json";
+  std::error_code ec;
+  const bool with_tokenizer = fs::is_regular_file(tok_json, ec);
+  if (with_tokenizer) {
+    auto tok = data::HfTokenizer::from_file(tok_json.string());
+    if (tok->vocab_size() > d.V)
+      throw_input("{}: {} token ids, more than the model's vocab_size {} in config.json", tok_json.string(),
+                  tok->vocab_size(), d.V);
+  }
+  const auto lock = claim_new_checkpoint_root(out, "--output");
   model::GptConfig gc = gpt_config(r);
   model::ParamStore store;
   model::declare_chunk_params(store, gc, {0, d.L, true, true, ""}, 0, 1);
   store.finalize(DType::f32);
   copy_hf_gpt2_weights(in_dir, d, store);
-  return save_whole_model(out, r, store, 0);
+  const std::string dir = save_whole_model(out, r, store, 0);
+  if (with_tokenizer)
+    for (const char* f : {"tokenizer.json", "tokenizer_config.json"})
+      if (fs::is_regular_file(fs::path(in_dir) / f, ec))
+        fs::copy_file(fs::path(in_dir) / f, fs::path(out) / f, fs::copy_options::overwrite_existing);
+  return dir;
 }
 
 }  // namespace mtnlg::app

@@ -22,6 +22,8 @@ void export_hf_gpt2(const std::string& in, const std::string& out_dir);
 // Reads DIR/config.json + DIR/model.safetensors (Hugging Face GPT-2) and writes a
 // checkpoint root `out` (iteration 0, tp = pp = 1) whose recipe is `recipe_path` (its
 // model section must match config.json) or, without one, a recipe built from config.json.
+// A tokenizer.json in DIR (and its tokenizer_config.json) is checked (it must load, and
+// fit the vocabulary) and copied into `out`, where eval and generate find it.
 std::string import_hf_gpt2(const std::string& in_dir, const std::string& out, const std::string& recipe_path);
 
 // A complete one-shard checkpoint (tp = pp = dp = 1, no optimizer state) of `store`,

@@ -3,6 +3,7 @@
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <map>
 
 #include "app/checkpoint/checkpoint_tools.hpp"
@@ -144,7 +145,9 @@ void register_file_tools(CLI::App* cmd) {
     std::printf("wrote %s/config.json and %s/model.safetensors\n", a->output.c_str(), a->output.c_str());
   });
 
-  auto* im = cmd->add_subcommand("import", "Import a Hugging Face GPT-2 directory as an mtnlg checkpoint (iteration 0)");
+  auto* im = cmd->add_subcommand("import", "Import a Hugging Face GPT-2 directory as an mtnlg checkpoint (iteration 0); "
+                                           "its tokenizer.json (+ tokenizer_config.json), when there, is copied beside it "
+                                           "for eval and generate");
   im->add_option("--format", a->format, "Input format")->check(CLI::IsMember({"hf-gpt2"}))->capture_default_str();
   im->add_option("--input", a->input, "Directory with config.json and model.safetensors")->required();
   im->add_option("--output", a->output, "Output checkpoint root")->required();
@@ -152,6 +155,8 @@ void register_file_tools(CLI::App* cmd) {
   im->callback([a] {
     std::string d = import_hf_gpt2(a->input, a->output, a->recipe);
     std::printf("wrote %s\n", d.c_str());
+    if (std::filesystem::exists(std::filesystem::path(a->output) / "tokenizer.json"))
+      std::printf("copied tokenizer.json to %s (eval and generate use it)\n", a->output.c_str());
   });
 
   auto* lg = cmd->add_subcommand(

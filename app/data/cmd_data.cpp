@@ -209,20 +209,29 @@ void register_preprocess(CLI::App* data) {
   pre->add_option("--output-prefix", popt.output_prefix,
                   "Output prefix P: writes P_<key>_document.bin/.idx for each json key")
       ->required();
-  pre->add_option("--vocab-file", popt.vocab_file, "GPT-2 vocab.json (encoder.json); scripts/fetch-gpt2-vocab.sh gets it")
-      ->required();
-  pre->add_option("--merge-file", popt.merge_file, "GPT-2 merges.txt (vocab.bpe)")->required();
+  pre->add_option("--vocab-file", popt.vocab_file,
+                  "GPT-2 vocab.json (encoder.json); scripts/fetch-gpt2-vocab.sh gets it (with --merge-file, or --tokenizer)");
+  pre->add_option("--merge-file", popt.merge_file, "GPT-2 merges.txt (vocab.bpe)");
+  pre->add_option("--tokenizer", popt.tokenizer_file,
+                  "A Hugging Face tokenizer.json (Llama 3, Qwen, ...; docs/specs/hf-tokenizer.md) instead of GPT-2's "
+                  "files: the same ids as Hugging Face's tokenizers library, BOS where the file's template adds one, "
+                  "and int32 .bin files when the vocabulary has 65,500 ids or more");
+  pre->add_option("--eod-token", popt.eod_token,
+                  "With --tokenizer: the end-of-document token --append-eod appends (default: eos_token of the "
+                  "tokenizer_config.json beside the tokenizer.json)");
   pre->add_option("--json-keys", popt.json_keys, "JSON fields to tokenize, each into its own output pair")
       ->expected(1, -1)
       ->capture_default_str();
-  pre->add_flag("--append-eod", popt.append_eod, "Append <|endoftext|> (50256) to each non-empty document");
+  pre->add_flag("--append-eod", popt.append_eod,
+                "Append the end-of-document token to each non-empty document (GPT-2: <|endoftext|> = 50256)");
   pre->add_option("--workers", popt.workers, "Tokenizer threads; the output is identical for any count")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   pre->add_flag("--skip-bad-lines", popt.skip_bad_lines,
                 "Skip lines that are not JSON objects with the keys (counted and reported) instead of failing");
   pre->add_flag("--allow-special-tokens", popt.allow_special_tokens,
-                "Map the text <|endoftext|> to token 50256 (default: tokenize it as text, like Megatron)");
+                "GPT-2: map the text <|endoftext|> to token 50256 (default: tokenize it as text, like Megatron); a "
+                "tokenizer.json always matches its added tokens in the text, as Hugging Face's library does");
   static bool no_progress = false;
   pre->add_flag("--no-progress", no_progress, "Do not draw the progress bar");
   pre->footer(

@@ -24,7 +24,7 @@ namespace {
 
 struct EvalArgs {
   std::string checkpoint, random_init, tasks, data_dir, output, log_samples, harness = "0.3", lambada = "plain";
-  std::string vocab, merges, device = "auto";
+  std::string vocab, merges, tokenizer, eod_token, device = "auto";
   std::vector<std::string> sets, task_fewshot;
   int64_t num_fewshot = 0, limit = -1, batch_size = 8, max_length = 0, bootstrap_iters = 100000;
   bool no_progress = false;
@@ -89,7 +89,7 @@ EvalOptions eval_options(const EvalArgs& a) {
 // (--set parallel.tensor_model_parallel_size=... chooses the layout). False on the ranks
 // other than 0, which neither print nor write.
 bool run_parallel_eval(const EvalArgs& a, const parallel::LaunchInfo& launch, const EvalOptions& o,
-                       const data::Tokenizer& tok, EvalReport& rep) {
+                       const data::TextTokenizer& tok, EvalReport& rep) {
   if (a.checkpoint.empty()) throw_input("eval under mpirun/srun needs --checkpoint");
   const std::string dir = model::ckpt::resolve(a.checkpoint);
   Recipe r = parse_recipe(model::ckpt::read_metadata(dir).recipe_yaml, dir + "/metadata.json", a.sets);
@@ -114,7 +114,9 @@ bool run_parallel_eval(const EvalArgs& a, const parallel::LaunchInfo& launch, co
 
 void run(const EvalArgs& a) {
   const EvalOptions o = eval_options(a);
-  auto tok = load_gpt2_tokenizer(a.vocab, a.merges);
+  // The harness encodes contexts and continuations without special tokens.
+  auto tok = load_text_tokenizer(a.vocab, a.merges, a.tokenizer, a.eod_token, /*add_special_tokens=*/false,
+                                 a.checkpoint);
   EvalReport rep;
   const parallel::LaunchInfo launch = parallel::detect_launch();
   if (launch.world_size > 1) {
@@ -171,6 +173,12 @@ void register_eval(CLI::App& app) {
   cmd->add_option("--log-samples", a.log_samples, "Write one JSON line per evaluated document to this file");
   cmd->add_option("--vocab-file", a.vocab, "GPT-2 vocab.json (default third_party/gpt2/vocab.json)");
   cmd->add_option("--merge-file", a.merges, "GPT-2 merges.txt (default third_party/gpt2/merges.txt)");
+  cmd->add_option("--tokenizer", a.tokenizer,
+                  "A Hugging Face tokenizer.json instead of GPT-2's files (docs/specs/hf-tokenizer.md; default: the checkpoint root's tokenizer.json, which `checkpoint import` copies there, else GPT-2's files); contexts and "
+                  "continuations are encoded without its special tokens, as the harness does");
+  cmd->add_option("--eod-token", a.eod_token,
+                  "With --tokenizer: the end-of-text token (an empty context is this token); default: eos_token of the "
+                  "tokenizer_config.json beside it");
   cmd->add_flag("--no-progress", a.no_progress, "Do not draw the progress bar");
   cmd->callback([] { run(a); });
 }

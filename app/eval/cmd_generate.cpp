@@ -3,6 +3,7 @@
 // sampled (temperature, top-k, top-p), seeded; stops at <|endoftext|> or after
 // --max-new-tokens. The prompt is plain text (e.g. the MT-NLG blog's few-shot prompts
 // with '#' separated examples) from --prompt or --prompt-file.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <ctime>
@@ -21,7 +22,7 @@ namespace mtnlg::app {
 namespace {
 
 struct GenArgs {
-  std::string checkpoint, random_init, prompt, prompt_file, vocab, merges;
+  std::string checkpoint, random_init, prompt, prompt_file, vocab, merges, tokenizer, eod_token;
   std::vector<std::string> sets;
   model::SamplingOptions s;
   std::string device = "auto";
@@ -43,7 +44,9 @@ void run(const GenArgs& a) {
   if (a.s.temperature < 0) throw_input("--temperature must be >= 0, got {}", a.s.temperature);
   if (a.s.top_p <= 0 || a.s.top_p > 1) throw_input("--top-p must be in (0, 1], got {}", a.s.top_p);
   if (a.s.top_k < 0) throw_input("--top-k must be >= 0, got {}", a.s.top_k);
-  auto tok = load_gpt2_tokenizer(a.vocab, a.merges);
+  // A tokenizer.json prompt gets the file's special tokens (BOS), as transformers encodes it.
+  auto tok = load_text_tokenizer(a.vocab, a.merges, a.tokenizer, a.eod_token, /*add_special_tokens=*/true,
+                                 a.checkpoint);
   model::LoadedModel lm = load_eval_model(a.checkpoint, a.random_init, a.sets);
   lm.store.place(select_device(parse_device_kind(a.device, "--device"), "--device"));
   auto chunk = model::whole_model_chunk(lm.cfg, lm.store);
@@ -57,13 +60,24 @@ void run(const GenArgs& a) {
   auto t1 = t0;
   std::clock_t c1 = std::clock();  // process CPU time, all threads: steadier than wall time on a loaded machine
   int64_t n = 0;
+  // Printed as it comes: the decode of all tokens so far, less what is printed, held back
+  // while it ends in U+FFFD (a character whose bytes are split across tokens).
+  std::vector<int32_t> out_ids;
+  size_t printed = 0;
   model::generate(*chunk, ids, s, [&](int32_t t) {
     if (n++ == 0) t1 = Clock::now(), c1 = std::clock();
     if (t == s.stop_token) return;
-    const std::string piece = tok->decode(std::span<const int32_t>(&t, 1));
-    std::fwrite(piece.data(), 1, piece.size(), stdout);
+    out_ids.push_back(t);
+    const std::string text = tok->decode(out_ids);
+    if (text.size() >= 3 && text.compare(text.size() - 3, 3, "\xEF\xBF\xBD") == 0) return;
+    if (text.size() > printed) std::fwrite(text.data() + printed, 1, text.size() - printed, stdout);
+    printed = std::max(printed, text.size());
     std::fflush(stdout);
   });
+  if (!out_ids.empty()) {  // what was held back at the end
+    const std::string text = tok->decode(out_ids);
+    if (text.size() > printed) std::fwrite(text.data() + printed, 1, text.size() - printed, stdout);
+  }
   std::fputc('\n', stdout);
   if (a.timing) {  // prefill (+ the first token), then the decode steps
     const double pre = std::chrono::duration<double>(t1 - t0).count();
@@ -102,6 +116,12 @@ void register_generate(CLI::App& app) {
   cmd->add_flag("--timing", a.timing, "Print the prefill time and the decode speed (tokens/s) to stderr");
   cmd->add_option("--vocab-file", a.vocab, "GPT-2 vocab.json (default third_party/gpt2/vocab.json)");
   cmd->add_option("--merge-file", a.merges, "GPT-2 merges.txt (default third_party/gpt2/merges.txt)");
+  cmd->add_option("--tokenizer", a.tokenizer,
+                  "A Hugging Face tokenizer.json instead of GPT-2's files (docs/specs/hf-tokenizer.md; default: the checkpoint root's tokenizer.json, which `checkpoint import` copies there, else GPT-2's files): the prompt gets "
+                  "its BOS where the file's template adds one, and the text is its decoder's");
+  cmd->add_option("--eod-token", a.eod_token,
+                  "With --tokenizer: the token that stops generation (default: eos_token of the tokenizer_config.json "
+                  "beside it)");
   cmd->callback([] { run(a); });
 }
 

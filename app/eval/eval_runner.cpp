@@ -62,7 +62,7 @@ std::vector<TaskData> load_tasks(const EvalOptions& opt) {
 
 // 2) one request per (task, instance, choice), tokenized in parallel (the tokenizer is
 // thread-safe) into its model window; the first error is an InputError.
-std::vector<Req> make_requests(const std::vector<TaskData>& tds, const data::Tokenizer& tok, const EvalOptions& opt,
+std::vector<Req> make_requests(const std::vector<TaskData>& tds, const data::TextTokenizer& tok, const EvalOptions& opt,
                                int64_t max_length) {
   std::vector<Req> reqs;
   for (size_t t = 0; t < tds.size(); ++t)
@@ -191,13 +191,13 @@ ojson task_metrics(const TaskData& td, const TaskScores& sc, const EvalOptions& 
 
 }  // namespace
 
-EvalReport run_eval(model::GptChunk& model, const data::Tokenizer& tok, const EvalOptions& opt) {
+EvalReport run_eval(model::GptChunk& model, const data::TextTokenizer& tok, const EvalOptions& opt) {
   return run_eval(
       model.config(), [&](const std::vector<const model::ScoreRequest*>& reqs) { return model::score_batch(model, reqs); },
       tok, opt);
 }
 
-EvalReport run_eval(const model::GptConfig& cfg, const ScoreFn& score, const data::Tokenizer& tok, const EvalOptions& opt) {
+EvalReport run_eval(const model::GptConfig& cfg, const ScoreFn& score, const data::TextTokenizer& tok, const EvalOptions& opt) {
   const auto t0 = std::chrono::steady_clock::now();
   const int64_t max_length = opt.max_length > 0 ? opt.max_length : cfg.seq_length;
   if (max_length > cfg.max_positions)
@@ -339,6 +339,32 @@ std::shared_ptr<const data::Tokenizer> load_gpt2_tokenizer(const std::string& vo
       return data::Tokenizer::from_files((d / "vocab.json").string(), (d / "merges.txt").string());
   throw_input("GPT-2 vocabulary not found: pass --vocab-file/--merge-file or run scripts/fetch-gpt2-vocab.sh "
               "(third_party/gpt2/vocab.json)");
+}
+
+std::string checkpoint_tokenizer(const std::string& checkpoint) {
+  namespace fs = std::filesystem;
+  if (checkpoint.empty()) return "";
+  std::error_code ec;
+  for (fs::path p : {fs::path(checkpoint), fs::path(checkpoint).parent_path()})
+    if (!p.empty() && fs::is_regular_file(p / "tokenizer.json", ec)) return (p / "tokenizer.json").string();
+  return "";
+}
+
+std::shared_ptr<const data::TextTokenizer> load_text_tokenizer(const std::string& vocab, const std::string& merges,
+                                                               const std::string& tokenizer_json_arg,
+                                                               const std::string& eod_token, bool add_special_tokens,
+                                                               const std::string& checkpoint) {
+  std::string tokenizer_json = tokenizer_json_arg;
+  if (tokenizer_json.empty() && vocab.empty() && merges.empty()) tokenizer_json = checkpoint_tokenizer(checkpoint);
+  if (tokenizer_json.empty()) {
+    if (!eod_token.empty()) throw_input("--eod-token: only with --tokenizer (GPT-2's is <|endoftext|>)");
+    return std::make_shared<data::Gpt2TextTokenizer>(load_gpt2_tokenizer(vocab, merges));
+  }
+  if (!vocab.empty() || !merges.empty())
+    throw_input("--tokenizer {}: give either --tokenizer or --vocab-file/--merge-file, not both", tokenizer_json);
+  auto t = data::HfTokenizer::from_file(tokenizer_json);
+  const int32_t eod = data::hf_eod_id(*t, eod_token);
+  return std::make_shared<data::HfTextTokenizer>(t, eod, add_special_tokens);
 }
 
 }  // namespace mtnlg::app

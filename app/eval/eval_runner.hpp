@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "data/eval/tasks.hpp"
-#include "data/tokenizer.hpp"
+#include "data/text_tokenizer.hpp"
 #include "model/inference.hpp"
 
 namespace mtnlg::app {
@@ -56,8 +56,12 @@ struct EvalReport {
 using ScoreFn = std::function<std::vector<model::ScoreResult>(const std::vector<const model::ScoreRequest*>&)>;
 
 // In-process scoring through `model` (the whole model: model::whole_model_chunk).
-EvalReport run_eval(model::GptChunk& model, const data::Tokenizer& tok, const EvalOptions& opt);
-EvalReport run_eval(const model::GptConfig& cfg, const ScoreFn& score, const data::Tokenizer& tok, const EvalOptions& opt);
+EvalReport run_eval(model::GptChunk& model, const data::TextTokenizer& tok, const EvalOptions& opt);
+EvalReport run_eval(const model::GptConfig& cfg, const ScoreFn& score, const data::TextTokenizer& tok, const EvalOptions& opt);
+inline EvalReport run_eval(model::GptChunk& model, const data::Tokenizer& tok, const EvalOptions& opt) {
+  return run_eval(model, data::Gpt2TextTokenizer(std::shared_ptr<const data::Tokenizer>(std::shared_ptr<const data::Tokenizer>(), &tok)),
+                  opt);
+}
 
 // v0.3 results file (eval-harness.md §5) plus "n-shot" and "n-samples".
 nlohmann::ordered_json results_json(const EvalReport& rep, const EvalOptions& opt);
@@ -70,5 +74,16 @@ model::LoadedModel load_eval_model(const std::string& checkpoint, const std::str
 // GPT-2 vocab.json / merges.txt: the given paths, else third_party/gpt2 under the
 // current directory or next to the binary's source tree.
 std::shared_ptr<const data::Tokenizer> load_gpt2_tokenizer(const std::string& vocab, const std::string& merges);
+// `--tokenizer tokenizer.json` (with its end-of-document token: `eod_token`, or the
+// tokenizer_config.json beside it) when given, else GPT-2's files as above.
+// `add_special_tokens`: whether a tokenizer.json's template (BOS) applies to each encode.
+// With none of them given, a tokenizer.json in the checkpoint root (`checkpoint import`
+// puts it there) is used.
+std::shared_ptr<const data::TextTokenizer> load_text_tokenizer(const std::string& vocab, const std::string& merges,
+                                                               const std::string& tokenizer_json,
+                                                               const std::string& eod_token, bool add_special_tokens,
+                                                               const std::string& checkpoint = "");
+// The tokenizer.json of a checkpoint (ROOT/tokenizer.json, for ROOT or ROOT/iter_X), or "".
+std::string checkpoint_tokenizer(const std::string& checkpoint);
 
 }  // namespace mtnlg::app

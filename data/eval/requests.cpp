@@ -5,7 +5,7 @@
 
 namespace mtnlg::data::eval {
 
-TokenizedPair tokenize_pair(const Tokenizer& tok, const std::string& context, const std::string& continuation,
+TokenizedPair tokenize_pair(const TextTokenizer& tok, const std::string& context, const std::string& continuation,
                             HarnessVersion version) {
   TokenizedPair p;
   if (version == HarnessVersion::v0_3 || context.empty()) {

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "data/eval/tasks.hpp"
-#include "data/tokenizer.hpp"
+#include "data/text_tokenizer.hpp"
 
 namespace mtnlg::data::eval {
 
@@ -18,8 +18,13 @@ struct TokenizedPair {
 // v0.3: context and continuation encoded separately; an empty context is [EOT].
 // v0.4: the context's trailing whitespace moves to the continuation, continuation ids =
 // encode(ctx+cont)[len(encode(ctx)):]; an empty context is [EOT].
-TokenizedPair tokenize_pair(const Tokenizer& tok, const std::string& context, const std::string& continuation,
+TokenizedPair tokenize_pair(const TextTokenizer& tok, const std::string& context, const std::string& continuation,
                             HarnessVersion version);
+inline TokenizedPair tokenize_pair(const Tokenizer& tok, const std::string& context, const std::string& continuation,
+                                   HarnessVersion version) {
+  return tokenize_pair(Gpt2TextTokenizer(std::shared_ptr<const Tokenizer>(std::shared_ptr<const Tokenizer>(), &tok)), context,
+                       continuation, version);
+}
 
 struct Window {
   std::vector<int32_t> input;    // (context+continuation)[-(max_length+1):][:-1]

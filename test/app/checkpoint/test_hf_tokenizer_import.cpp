@@ -1,0 +1,118 @@
+// `checkpoint import` of a Hugging Face directory with a tokenizer.json: the file (and its
+// tokenizer_config.json) is checked and copied into the checkpoint root, and `generate
+// --checkpoint` then tokenizes with it, as with `--tokenizer` given; a file that cannot
+// run or does not fit the model stops the import (exit 2) before anything is written.
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "app/checkpoint/checkpoint_tools.hpp"
+#include "app/process/module_configs.hpp"
+#include "model/inference.hpp"
+#include "test/support/test_support.hpp"
+
+using namespace mtnlg;
+namespace fs = std::filesystem;
+
+namespace {
+
+// A byte-level BPE over GPT-2's alphabet: ids 0..255 the bytes, three merges, and
+// <|eos|> as an added special token.
+nlohmann::json tiny_byte_level() {
+  nlohmann::json vocab = nlohmann::json::object();
+  int n = 0;
+  for (int b = 0; b < 256; ++b) {
+    const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE;
+    const int cp = printable ? b : 256 + n++;
+    std::string s;
+    if (cp < 0x80) {
+      s.push_back(static_cast<char>(cp));
+    } else {
+      s.push_back(static_cast<char>(0xC0 | (cp >> 6)));
+      s.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+    }
+    vocab[s] = b;
+  }
+  vocab["\xC4\xA0t"] = 256;  // "Ġt"
+  vocab["he"] = 257;
+  vocab["\xC4\xA0the"] = 258;
+  nlohmann::json bl = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}};
+  return {{"version", "1.0"},
+          {"truncation", nullptr},
+          {"padding", nullptr},
+          {"added_tokens",
+           {{{"id", 259}, {"content", "<|eos|>"}, {"single_word", false}, {"lstrip", false}, {"rstrip", false},
+             {"normalized", false}, {"special", true}}}},
+          {"normalizer", nullptr},
+          {"pre_tokenizer", bl},
+          {"post_processor", bl},
+          {"decoder", bl},
+          {"model",
+           {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr}, {"byte_fallback", false}, {"vocab", vocab},
+            {"merges", {"\xC4\xA0 t", "h e", "\xC4\xA0t he"}}}}};
+}
+
+}  // namespace
+
+TEST_CASE("e2e checkpoint import: tokenizer.json comes along and generate uses it", "[e2e]") {
+  test::TempDir d("hf-tok");
+  Recipe r = parse_recipe(
+      "model: {num_layers: 2, hidden_size: 32, num_attention_heads: 4, seq_length: 16, vocab_size: 300, "
+      "make_vocab_size_divisible_by: 128}\ntraining: {micro_batch_size: 1, global_batch_size: 1, train_iters: 1}\n"
+      "data: {mock: true}\n",
+      "hf.yaml");
+  model::LoadedModel m = model::make_random_model(app::gpt_config(r), 11);
+  app::save_whole_model(d.str() + "/ckpt", r, m.store, 0);
+  auto ex = test::run_mtnlg("checkpoint export --format hf-gpt2 --input " + d.str() + "/ckpt --output " + d.str() + "/hf");
+  INFO(ex.out);
+  REQUIRE(ex.exit_code == 0);
+  const std::string hf = d.str() + "/hf";
+
+  // Refused before anything is written: an unsupported component, then more ids than the model has.
+  nlohmann::json bad = tiny_byte_level();
+  bad["normalizer"] = {{"type", "Lowercase"}};
+  test::write_file(hf + "/tokenizer.json", bad.dump());
+  auto r1 = test::run_mtnlg("checkpoint import --input " + hf + " --output " + d.str() + "/x");
+  CHECK(r1.exit_code == 2);
+  CHECK_THAT(r1.out, Catch::Matchers::Contains("tokenizer.json: normalizer.type: unsupported normalizer 'Lowercase'"));
+  bad = tiny_byte_level();
+  bad["model"]["vocab"]["zz"] = 350;
+  test::write_file(hf + "/tokenizer.json", bad.dump());
+  auto r2 = test::run_mtnlg("checkpoint import --input " + hf + " --output " + d.str() + "/x");
+  CHECK(r2.exit_code == 2);
+  CHECK_THAT(r2.out, Catch::Matchers::Contains("351 token ids, more than the model's vocab_size 300"));
+  CHECK_FALSE(fs::exists(d.path() / "x"));
+
+  test::write_file(hf + "/tokenizer.json", tiny_byte_level().dump());
+  test::write_file(hf + "/tokenizer_config.json", R"({"eos_token": {"content": "<|eos|>"}})");
+  auto im = test::run_mtnlg("checkpoint import --input " + hf + " --output " + d.str() + "/back");
+  INFO(im.out);
+  REQUIRE(im.exit_code == 0);
+  CHECK_THAT(im.out, Catch::Matchers::Contains("copied tokenizer.json"));
+  CHECK(test::read_file(d.path() / "back" / "tokenizer.json") == test::read_file(hf + "/tokenizer.json"));
+  CHECK(fs::exists(d.path() / "back" / "tokenizer_config.json"));
+
+  // generate: the checkpoint's tokenizer.json by default, the same as naming it.
+  const std::string gen = "generate --checkpoint " + d.str() + "/back --prompt 'the the' --max-new-tokens 8 --greedy --device cpu";
+  auto g1 = test::run_mtnlg(gen);
+  auto g2 = test::run_mtnlg(gen + " --tokenizer " + hf + "/tokenizer.json");
+  INFO(g1.out << "\n" << g2.out);
+  REQUIRE(g1.exit_code == 0);
+  REQUIRE(g2.exit_code == 0);
+  CHECK(g1.out == g2.out);
+  CHECK_THAT(g1.out, Catch::Matchers::Contains("the the"));
+  // eval: the checkpoint's tokenizer.json too (an empty context is its EOS), the same
+  // results as naming it.
+  const std::string ev = "eval --checkpoint " + d.str() + "/back --tasks boolq --limit 3 --no-progress --device cpu --data-dir " +
+                         test::source_dir() + "/test/fixtures/eval";
+  auto e1 = test::run_mtnlg(ev + " --output " + d.str() + "/e1.json");
+  auto e2 = test::run_mtnlg(ev + " --tokenizer " + hf + "/tokenizer.json --output " + d.str() + "/e2.json");
+  INFO(e1.out << "\n" << e2.out);
+  REQUIRE(e1.exit_code == 0);
+  REQUIRE(e2.exit_code == 0);
+  CHECK(nlohmann::json::parse(test::read_file(d.path() / "e1.json"))["results"] ==
+        nlohmann::json::parse(test::read_file(d.path() / "e2.json"))["results"]);
+  auto g3 = test::run_mtnlg(gen + " --tokenizer " + hf + "/tokenizer.json --eod-token '<|nope|>'");
+  CHECK(g3.exit_code == 2);
+  CHECK_THAT(g3.out, Catch::Matchers::Contains("end-of-document token '<|nope|>' (--eod-token) is not a token"));
+}
