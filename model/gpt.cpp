@@ -458,9 +458,7 @@ ForwardResult GptChunk::forward(int64_t mb_id, const TrainMicroBatch& mb, const 
   s.mbs = p.batch;
   s.layers.resize(layers_.size());
   take_placed(placed, p, s);
-  Tensor x = spec_.has_embedding ? embed(p, s.tokens) : checked_input(input, p);
-  if (observer_ && spec_.has_embedding) observer_(-1, mb, x);
-  x = run_layers(x, p, s);
+  const Tensor x = stack_forward(p, s, input);
   ForwardResult res;
   if (spec_.has_head)
     head_train(x, mb, s, res);
@@ -482,8 +480,7 @@ ForwardResult GptChunk::score(const ScoreMicroBatch& mb, const Tensor& input) {
   s.mbs = p.batch;
   s.layers.resize(layers_.size());
   place_teacher_forced(mb.tokens, p, s);
-  Tensor x = spec_.has_embedding ? embed(p, s.tokens) : checked_input(input, p);
-  x = run_layers(x, p, s);
+  const Tensor x = stack_forward(p, s, input);
   ForwardResult res;
   if (spec_.has_head)
     head_score(x, mb, s, res);
@@ -505,8 +502,7 @@ ForwardResult GptChunk::infer(const InferenceCall& call, const Tensor& input) {
   s.mbs = p.batch;
   s.layers.resize(layers_.size());
   place_unlabelled(call.tokens, p, s);
-  Tensor x = spec_.has_embedding ? embed(p, s.tokens) : checked_input(input, p);
-  x = run_layers(x, p, s);
+  const Tensor x = stack_forward(p, s, input);
   if (call.kv) call.kv->length = p.past + p.seq;
   ForwardResult res;
   if (call.logit_rows)  // the last stage: logits of the asked rows
@@ -514,6 +510,14 @@ ForwardResult GptChunk::infer(const InferenceCall& call, const Tensor& input) {
   else
     res.output = x;  // the hidden states (before the final norm)
   return res;
+}
+
+// The shared part of every purpose: embed the placed tokens (first stage) or take the
+// previous stage's output, then run the layers.
+Tensor GptChunk::stack_forward(const Pass& p, Saved& s, const Tensor& input) {
+  Tensor x = spec_.has_embedding ? embed(p, s.tokens) : checked_input(input, p);
+  if (observer_ && p.train && spec_.has_embedding) observer_(-1, *p.train, x);
+  return run_layers(x, p, s);
 }
 
 void GptChunk::check_call(const Pass& p) const {

@@ -279,6 +279,7 @@ class GptChunk {
   Tensor embed(const Pass& p, const Tensor& tokens);
   Tensor checked_input(const Tensor& input, const Pass& p) const;
   Tensor run_layers(Tensor x, const Pass& p, Saved& s);
+  Tensor stack_forward(const Pass& p, Saved& s, const Tensor& input);
   void head_train(const Tensor& x, const TrainMicroBatch& mb, Saved& s, ForwardResult& res);
   void head_score(const Tensor& x, const ScoreMicroBatch& mb, Saved& s, ForwardResult& res);
   Tensor head_logits(const Tensor& x, const std::vector<int64_t>& rows);
