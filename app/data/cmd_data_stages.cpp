@@ -18,6 +18,7 @@
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "core/progress.hpp"
+#include "core/switches.hpp"
 #include "data/curation/decontaminate.hpp"
 #include "data/curation/dedup.hpp"
 #include "data/curation/quality.hpp"
@@ -171,12 +172,7 @@ void register_dedup(CLI::App& data) {
     o->progress = !*no_progress;
     if (!memory->empty()) o->memory_per_rank = curation::parse_byte_size(*memory, "--memory-per-rank");
     // Testing aid: a write failure on one rank (tests prove it leaves no output).
-    if (const char* f = std::getenv("MTNLG_TEST_DEDUP_FAIL_WRITE_RANK"); f && *f) {
-      char* end = nullptr;
-      o->fail_write_rank = std::strtoll(f, &end, 10);
-      if (*end != '\0' || o->fail_write_rank < 0)
-        throw_input("MTNLG_TEST_DEDUP_FAIL_WRITE_RANK=\"{}\": expected a rank number", f);
-    }
+    if (const auto f = switches::integer(Switch::test_dedup_fail_write_rank)) o->fail_write_rank = *f;
     const parallel::LaunchInfo info = parallel::detect_launch();
     // "; 36 band-key runs (576.0 MiB) spilled" when the budget made the ranks spill.
     auto spilled = [](const curation::DedupResult& r) -> std::string {

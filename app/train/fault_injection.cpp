@@ -9,15 +9,16 @@
 
 #include "core/error.hpp"
 #include "core/step_parts.hpp"
+#include "core/switches.hpp"
 #include "parallel/comm_time.hpp"
 
 namespace mtnlg::app {
 
 FaultInjection fault_injection_from_env() {
   FaultInjection f;
-  const char* env = std::getenv("MTNLG_FAULT_INJECT");
-  if (!env || !*env) return f;
-  const std::string spec(env);
+  const auto env = switches::text(Switch::fault_inject);
+  if (!env) return f;
+  const std::string& spec = *env;
   auto bad = [&](const std::string& why) {
     throw_input("MTNLG_FAULT_INJECT=\"{}\": {}; expected rank=R:iteration=I:mode=throw|abort|kill|stop|sigterm|sigusr1|nan|overflow|"
                 "slow|slow_dp[:ms=N]|bitflip_grad[:bit=N]|bitflip_param[:bit=N]|poison[:layer=L]",

@@ -13,8 +13,10 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/cuda/backend_kind.hpp"
 #include "core/cuda/cuda_check.hpp"
 #include "core/error.hpp"
+#include "core/switches.hpp"
 #include "core/tensor.hpp"
 
 namespace mtnlg::cuda {
@@ -464,15 +466,8 @@ void hook_copy(void* dst, const void* src, int64_t bytes, int kind) {
 }  // namespace
 
 bool exact_allocations() {
-  static const bool on = [] {
-    const char* v = std::getenv("MTNLG_CUDA_EXACT_ALLOC");
-    if (v && *v) return std::strcmp(v, "0") != 0;
-    // Default: on under the emulated CUDA backend (its device says so), off on a GPU.
-    cudaDeviceProp prop{};
-    int dev = 0;
-    return cudaGetDevice(&dev) == cudaSuccess && cudaGetDeviceProperties(&prop, dev) == cudaSuccess &&
-           std::strncmp(prop.name, "mtnlg emulated", 14) == 0;
-  }();
+  // Default: on under the emulated CUDA backend, off on a GPU.
+  static const bool on = switches::flag(Switch::cuda_exact_alloc).value_or(emulated_backend());
   return on;
 }
 
