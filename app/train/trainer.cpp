@@ -391,7 +391,7 @@ class Trainer {
   const Recipe& r_;
   const TrainOptions& opts_;
   const std::chrono::steady_clock::time_point t_start_;
-  const FaultInjection fault_;  // after the layout check
+  const FaultInjector fault_;  // MTNLG_FAULT_INJECT, read after the layout check
   const int64_t tp_, pp_, dp_, T_;
   const bool rank0_;
   // Outputs writable, checkpoint root locked and not overwritten (app/process/preflight.hpp).
@@ -420,7 +420,7 @@ Trainer::Trainer(const Recipe& r, const parallel::ProcessGroups& g, const TrainO
     : r_(r),
       opts_(opts),
       t_start_(std::chrono::steady_clock::now()),
-      fault_(checked_fault_injection(r, g)),
+      fault_(checked_fault_injection(r, g), g.rank),
       tp_(g.topo.tp()),
       pp_(g.topo.pp()),
       dp_(g.topo.dp()),
@@ -457,11 +457,11 @@ Trainer::Trainer(const Recipe& r, const parallel::ProcessGroups& g, const TrainO
 // chunks get one only when either is on, so a run without them pays nothing. Whether it
 // installed one.
 bool Trainer::install_layer_observer() {
-  const bool poison = fault_.active() && fault_.mode == "poison" && fault_.rank == g_.rank;
+  const bool poison = fault_.poisons();
   if (!forensics_.watches_steps() && !poison) return false;
   for (auto& c : model_.chunks)
     c->set_layer_observer([this, poison](int64_t layer, const model::MicroBatch& mb, Tensor& out) {
-      if (poison && layer == fault_.layer && iteration_ + 1 == fault_.iteration &&
+      if (poison && fault_.poisons(layer, iteration_ + 1) &&
           mb.sample_offset == consumed_ + g_.coord.dp * r_.training.micro_batch_size)
         ops::fill(out, std::nan(""));
       forensics_.observe(layer, mb, out);
@@ -479,7 +479,7 @@ void Trainer::forward_backward(const data::Batch& batch, double loss_scale) {
   Tensor loss_acc = step_.stats.flat(0, 2);
   step_.exec.run_batch(batch, consumed_, mix_key(static_cast<uint64_t>(r_.training.seed), static_cast<uint64_t>(iteration_), 0xD0),
                    loss_scale, loss_acc);
-  inject_slow_dp(fault_, g_.rank, iteration_ + 1);
+  fault_.dp_reduction(iteration_ + 1);
   // The shared gradients (tied embedding, sequence-parallel partials), then every dp
   // bucket summed, or under ZeRO-1 this rank's shard reduce-scattered.
   step_.ddp.finish();
@@ -505,7 +505,7 @@ StepRead Trainer::read_step() {
 // not (a transient one).
 StepRead Trainer::replay_step(const data::Batch& batch, double loss_scale) {
   forward_backward(batch, loss_scale);
-  if (inject_nan(fault_, g_.rank, iteration_ + 1)) ops::fill(model_.store.grads(), std::nan(""));
+  fault_.gradients(iteration_ + 1, model_.store.grads(), /*replay=*/true);
   const timing::StepPartScope part(timing::StepPart::optimizer);
   return read_step();
 }
@@ -542,14 +542,12 @@ void Trainer::save_now() {
 IterationStats Trainer::train_step(const data::Batch& batch, double lr, std::chrono::steady_clock::time_point t0) {
   const DeviceStepScope step_memory;  // no cache release (a device-wide wait) with collectives in flight
   const int64_t gbs = batch.global_batch_size;
-  if (inject_at(fault_, "bitflip_param", g_.rank, iteration_ + 1)) flip_bit(model_.store.params(), fault_.bit);
+  fault_.step_start(iteration_ + 1, model_.store.params());
   const double loss_scale = optim_.scaler ? optim_.scaler->scale() : 1.0;
   const int64_t reads_before = device_to_host_copies(), uploads_before = host_to_device_copies();
   mem::reset_peaks();  // per-iteration peaks in the stats (a forensics replay stays inside them)
   forward_backward(batch, loss_scale);
-  if (inject_nan(fault_, g_.rank, iteration_ + 1)) ops::fill(model_.store.grads(), std::nan(""));
-  if (inject_overflow(fault_, g_.rank, iteration_ + 1)) ops::fill(model_.store.grads(), INFINITY);
-  if (inject_at(fault_, "bitflip_grad", g_.rank, iteration_ + 1)) flip_bit(model_.store.grads(), fault_.bit);
+  fault_.gradients(iteration_ + 1, model_.store.grads(), /*replay=*/false);
   std::optional<timing::StepPartScope> part(timing::StepPart::optimizer);  // the step's parts
   const StepRead first = read_step();
   // Spike and NaN forensics may replay the step, and drop or redo its update.
@@ -746,7 +744,7 @@ TrainSummary Trainer::run() {
     data_part.reset();
     const double lr = schedules::learning_rate(r_.optimizer, after * T_, data_.run.tokens);
     out_.comm_report.reset();  // every group's byte counter, this iteration only
-    maybe_inject_fault(fault_, g_.rank, iteration_ + 1);
+    fault_.iteration_start(iteration_ + 1);
 
     const double blocked0 = parallel::comm_blocked_seconds();
     IterationStats s = train_step(batch, lr, t0);
