@@ -379,6 +379,10 @@ class Trainer {
   void record_memory_and_traffic(IterationStats& s, int64_t reads_before, int64_t uploads_before) const;
   void training_log(IterationStats& s, const data::Batch& batch);
   bool stop_after_step();  // checkpoints, stop signals and exit conditions after a step
+  struct StopCause;
+  std::optional<StopCause> failure_stop() const;
+  std::optional<StopCause> signal_stop() const;
+  std::optional<StopCause> scheduled_stop() const;
   void save_now();
   void forward_backward(const data::Batch& batch, double loss_scale);
   StepRead read_step();
@@ -679,53 +683,72 @@ void Trainer::training_log(IterationStats& s, const data::Batch& batch) {
         eta_text(summary_.iterations, total_iters - s.iteration));
 }
 
-// After a step: too many non-finite steps in a row (save, then fail), a stop signal or
-// training.exit_duration_mins (save, then stop: returns true), the save interval.
+// Why the run ends after a step: a failure (the spike policy's stop, too many non-finite
+// steps in a row), or a stop asked for (a signal, training.exit_interval,
+// training.exit_duration_mins).
+struct Trainer::StopCause {
+  bool failure = false;
+  std::string asked_by;  // a stop's setting, for throw_stopped_without_checkpoint
+  std::string message;   // the error, or the log line
+};
+
+std::optional<Trainer::StopCause> Trainer::failure_stop() const {
+  if (!forensics_stop_.empty())  // training.spike_policy: the update was dropped, the weights are the last good ones
+    return StopCause{true, "", forensics_stop_};
+  if (nonfinite_in_a_row_ >= r_.training.max_nonfinite_in_a_row)  // updates were skipped: the weights are good
+    return StopCause{true, "",
+                     fmt::format("iteration {}: {} non-finite losses/gradients in a row (training.max_nonfinite_in_a_row); "
+                                 "lower the lr or check the data",
+                                 iteration_, nonfinite_in_a_row_)};
+  return std::nullopt;
+}
+
+// Slurm's preemption (SIGTERM) and time-limit warning (--signal=USR1@...): every rank
+// learns whether any rank got one, so they all stop after the same iteration.
+std::optional<Trainer::StopCause> Trainer::signal_stop() const {
+  int64_t stop = stop_signal_received() ? 1 : 0;
+  if (g_.world && g_.world->size() > 1) g_.world->all_reduce(&stop, 1, parallel::ReduceOp::max);
+  if (!stop) return std::nullopt;
+  return StopCause{false, "a stop signal", fmt::format("stop signal received: saving and exiting after iteration {}", iteration_)};
+}
+
+// training.exit_interval, then training.exit_duration_mins (the longest-running rank's minutes).
+std::optional<Trainer::StopCause> Trainer::scheduled_stop() const {
+  if (r_.training.exit_interval > 0 && iteration_ % r_.training.exit_interval == 0 && iteration_ < data_.run.iterations)
+    return StopCause{false, "training.exit_interval",
+                     fmt::format("exiting after iteration {} (training.exit_interval = {})", iteration_,
+                                 r_.training.exit_interval)};
+  if (r_.training.exit_duration_mins <= 0) return std::nullopt;
+  double mins = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start_).count() / 60.0;
+  if (g_.world && g_.world->size() > 1) g_.world->all_reduce(&mins, 1, parallel::ReduceOp::max);
+  if (mins < r_.training.exit_duration_mins) return std::nullopt;
+  return StopCause{false, "training.exit_duration_mins",
+                   fmt::format("exiting after {:.1f} minutes (training.exit_duration_mins = {})", mins,
+                               r_.training.exit_duration_mins)};
+}
+
+// After a step: a failure (save the last good weights, then fail), a stop signal, the save
+// interval, an exit interval or duration (save, then stop: returns true). Every stop and
+// every failure leaves through the one exit path at the end.
 bool Trainer::stop_after_step() {
-  if (!forensics_stop_.empty()) {  // training.spike_policy: the update was dropped, the weights are the last good ones
+  std::optional<StopCause> cause = failure_stop();
+  if (!cause) cause = signal_stop();
+  if (!cause) {
+    if (r_.checkpoint.save_interval > 0 && iteration_ % r_.checkpoint.save_interval == 0 && ckpt_.enabled()) save_now();
+    cause = scheduled_stop();
+  }
+  if (!cause) return false;
+  if (cause->failure) {
     if (ckpt_.enabled()) {
       save_now();
       ckpt_.finish();
     }
-    throw_runtime("{}", forensics_stop_);
+    throw_runtime("{}", cause->message);
   }
-  if (nonfinite_in_a_row_ >= r_.training.max_nonfinite_in_a_row) {
-    if (ckpt_.enabled()) {  // updates were skipped, so the weights are still the last good ones
-      save_now();
-      ckpt_.finish();
-    }
-    throw_runtime("iteration {}: {} non-finite losses/gradients in a row (training.max_nonfinite_in_a_row); lower the lr "
-                  "or check the data",
-                  iteration_, nonfinite_in_a_row_);
-  }
-  // Slurm's preemption (SIGTERM) and time-limit warning (--signal=USR1@...): every rank
-  // learns whether any rank got one, so they all stop after the same iteration.
-  int64_t stop = stop_signal_received() ? 1 : 0;
-  if (g_.world && g_.world->size() > 1) g_.world->all_reduce(&stop, 1, parallel::ReduceOp::max);
-  if (stop) {
-    if (!ckpt_.enabled()) throw_stopped_without_checkpoint("a stop signal", iteration_);
-    log::info("stop signal received: saving and exiting after iteration {}", iteration_);
-    if (ckpt_.enabled() && last_saved_ != iteration_) save_now();
-    return true;
-  }
-  if (r_.checkpoint.save_interval > 0 && iteration_ % r_.checkpoint.save_interval == 0 && ckpt_.enabled()) save_now();
-  if (r_.training.exit_interval > 0 && iteration_ % r_.training.exit_interval == 0 && iteration_ < data_.run.iterations) {
-    if (!ckpt_.enabled()) throw_stopped_without_checkpoint("training.exit_interval", iteration_);
-    log::info("exiting after iteration {} (training.exit_interval = {})", iteration_, r_.training.exit_interval);
-    if (last_saved_ != iteration_) save_now();
-    return true;
-  }
-  if (r_.training.exit_duration_mins > 0) {
-    double mins = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start_).count() / 60.0;
-    if (g_.world && g_.world->size() > 1) g_.world->all_reduce(&mins, 1, parallel::ReduceOp::max);
-    if (mins >= r_.training.exit_duration_mins) {
-      if (!ckpt_.enabled()) throw_stopped_without_checkpoint("training.exit_duration_mins", iteration_);
-      log::info("exiting after {:.1f} minutes (training.exit_duration_mins = {})", mins, r_.training.exit_duration_mins);
-      if (ckpt_.enabled() && last_saved_ != iteration_) save_now();
-      return true;
-    }
-  }
-  return false;
+  if (!ckpt_.enabled()) throw_stopped_without_checkpoint(cause->asked_by, iteration_);
+  log::info("{}", cause->message);
+  if (last_saved_ != iteration_) save_now();
+  return true;
 }
 
 // The loop: fetch the batch (prefetching the next), step, log, validate, then
