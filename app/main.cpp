@@ -11,24 +11,43 @@
 #endif
 #include "core/error.hpp"
 #include "core/log.hpp"
+#include "core/switches.hpp"
 #include "config/recipe.hpp"
 #include "core/tensor.hpp"
 
+namespace {
+
+// The one-line message of an error that ends the process, and its exit code.
+int report(const mtnlg::Error& e) {
+  int rank = mtnlg::log::context().rank;
+  if (mtnlg::log::context().world > 1)
+    std::fprintf(stderr, "mtnlg: error on rank %d: %s\n", rank, e.what());
+  else
+    std::fprintf(stderr, "mtnlg: error: %s\n", e.what());
+  return e.exit_code();
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
-  // Before anything else: may re-execute this binary with a faster OpenBLAS kernel.
-  mtnlg::select_blas_core(argv);
+  // Before anything else: the environment switches read and checked (a malformed one, or
+  // an OpenBLAS core this CPU cannot run, is exit 2), then OpenBLAS's core, which may
+  // re-execute this binary with a faster one.
+  mtnlg::start_process(argv);
   mtnlg::configure_host_allocator();
-  if (const char* d = std::getenv("MTNLG_DEBUG"))  // 1, or a boolean spelling
-    mtnlg::log::context().debug = std::string(d) == "1" || mtnlg::parse_bool(d).value_or(false);
+  mtnlg::log::context().debug = mtnlg::switches::on(mtnlg::Switch::debug);
   CLI::App app{"mtnlg: train, evaluate and plan GPT models with 3D parallelism (Megatron-Turing NLG style)", "mtnlg"};
+  const CLI::Option* verbose = app.add_flag("--verbose")->description(
+      "With --version: also list the environment switches set (MTNLG_*, OPENBLAS_CORETYPE; docs/OPERATIONS.md)");
   // The BLAS line lets a test (or a user) see which kernels this binary multiplies with;
   // a CUDA build adds whether cuDNN (the flash attention form on GPUs) loads here. The
   // text is made only when asked for: loading cuDNN costs every other command nothing.
-  app.set_version_flag("--version", [] {
+  app.set_version_flag("--version", [verbose] {
     std::string v = std::string("mtnlg ") + MTNLG_VERSION + "\nCPU matmul: " + mtnlg::blas_description();
 #ifdef MTNLG_HAVE_CUDA
     v += "\nattention (flash form on CUDA): " + mtnlg::cuda::cudnn_description();
 #endif
+    if (verbose->count() > 0) v += "\n" + mtnlg::describe_environment();
     return v;
   });
   app.require_subcommand(1);
@@ -53,12 +72,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "mtnlg: %s (see mtnlg --help)\n", e.what());
     return 2;
   } catch (const mtnlg::Error& e) {
-    int rank = mtnlg::log::context().rank;
-    if (mtnlg::log::context().world > 1)
-      std::fprintf(stderr, "mtnlg: error on rank %d: %s\n", rank, e.what());
-    else
-      std::fprintf(stderr, "mtnlg: error: %s\n", e.what());
-    return e.exit_code();
+    return report(e);
   } catch (const std::bad_alloc&) {
     std::fprintf(stderr, "mtnlg: error: out of memory\n");
     return 1;

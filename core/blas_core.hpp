@@ -15,6 +15,10 @@
 
 namespace mtnlg {
 
+// Whether this CPU has a vector feature (GCC's __builtin_cpu_supports names: avx, avx2,
+// fma, avx512f, avx512bw, avx512vl, avx512dq, avx512bf16); MTNLG_TEST_CPU_FEATURES pretends
+// a CPU with only the features it lists.
+bool cpu_has(const std::string& feature);
 // Kernel family for this CPU's vector units: "SkylakeX" (AVX-512 F/BW/VL/DQ), "Haswell"
 // (AVX2 + FMA), or "" (nothing better than what OpenBLAS detects).
 std::string blas_core_for_cpu();
@@ -22,6 +26,11 @@ std::string blas_core_for_cpu();
 bool blas_core_is_generic(const std::string& core);
 // The core OpenBLAS loaded (MTNLG_TEST_BLAS_CORE pretends another, for tests).
 std::string blas_loaded_core();
+// OPENBLAS_CORETYPE, when set, names a core this CPU can run: InputError otherwise, naming
+// what the core needs and the core this CPU can run (OpenBLAS would run the kernels
+// anyway and the process die of an illegal instruction, exit 132, at its first matmul).
+// Called by check_environment (core/switches.hpp), first in every main.
+void check_blas_coretype();
 // Re-executes with OPENBLAS_CORETYPE set when that is needed (see above); returns otherwise.
 // Call it first in main(), before any thread starts.
 void select_blas_core(char** argv);

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "core/ops.hpp"
+#include "core/switches.hpp"
 #include "core/tensor.hpp"
 #include "emulator/emu.hpp"
 #include "emulator/internal.hpp"
@@ -409,7 +410,7 @@ cudnnStatus_t cudnnBackendFinalize(cudnnBackendDescriptor_t d) {
       const Desc* cfg = p->ref(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG);
       if (!cfg || !cfg->graph) return refuse(CUDNN_STATUS_BAD_PARAM, "plan without an engine configuration");
       p->graph = cfg->graph;
-      if (const char* f = std::getenv("MTNLG_EMU_CUDNN_FAIL"); f && std::string(f) == "plans")
+      if (::mtnlg::switches::text(::mtnlg::Switch::emu_cudnn_fail) == "plans")
         return refuse(CUDNN_STATUS_NOT_SUPPORTED, "no engine takes this graph (MTNLG_EMU_CUDNN_FAIL=plans)");
       const std::string why = support(p->graph->pattern);
       if (!why.empty()) return refuse(CUDNN_STATUS_NOT_SUPPORTED, why);

@@ -24,6 +24,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/switches.hpp"
 #include "emulator/cuda_emu.hpp"
 #include "emulator/emu.hpp"
 #include "emulator/internal.hpp"
@@ -103,11 +104,6 @@ size_t page() {
   return p;
 }
 
-int64_t env_i64(const char* name, int64_t dflt) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::atoll(v) : dflt;
-}
-
 struct Alloc {
   char* map = nullptr;   // the mapping: data pages, then one guard page
   size_t map_len = 0;
@@ -160,12 +156,12 @@ thread_local std::string tl_last_detail;
 thread_local const char* tl_kernel = nullptr;
 thread_local const uint3* tl_kernel_block = nullptr;
 
-int64_t device_budget() { return env_i64("MTNLG_EMU_MEMORY_BYTES", int64_t{16} << 30); }
+int64_t device_budget() { return *::mtnlg::switches::integer(::mtnlg::Switch::emu_memory_bytes); }
 
 cudaError_t fail(cudaError_t e, const std::string& detail) {
   tl_last_error = e;
   tl_last_detail = detail;
-  if (std::getenv("MTNLG_EMU_VERBOSE")) std::fprintf(stderr, "mtnlg cuda-emulator: %s\n", detail.c_str());
+  if (::mtnlg::switches::on(::mtnlg::Switch::emu_verbose)) std::fprintf(stderr, "mtnlg cuda-emulator: %s\n", detail.c_str());
   return e;
 }
 
@@ -481,7 +477,7 @@ void run_front(CUstream_st* s) {
   if (op.wait_stream) {
     if (op.wait_stream->completed < op.wait_seq) run_until(op.wait_stream, op.wait_seq);
   } else if (op.communication) {
-    const double timeout_ms = static_cast<double>(env_i64("MTNLG_EMU_COMM_TIMEOUT_S", 300)) * 1000.0;
+    const double timeout_ms = static_cast<double>(*::mtnlg::switches::integer(::mtnlg::Switch::emu_comm_timeout_s)) * 1000.0;
     double last = now_ms();
     while (!op.step()) {
       if (progress_others()) {
@@ -686,15 +682,9 @@ bool is_pinned_host_pointer(const void* p) {
 
 void set_last_error(cudaError_t e) { tl_last_error = e; }
 
-bool lt_candidates_fail() {
-  const char* v = std::getenv("MTNLG_EMU_LT_FAIL");
-  return v && *v && std::strcmp(v, "0") != 0 && std::strcmp(v, "epilogues") != 0;
-}
+bool lt_candidates_fail() { return ::mtnlg::switches::text(::mtnlg::Switch::emu_lt_fail) == "1"; }
 
-bool lt_refuse_epilogues() {
-  const char* v = std::getenv("MTNLG_EMU_LT_FAIL");
-  return v && std::strcmp(v, "epilogues") == 0;
-}
+bool lt_refuse_epilogues() { return ::mtnlg::switches::text(::mtnlg::Switch::emu_lt_fail) == "epilogues"; }
 
 // ---- internal.hpp ---------------------------------------------------------------------
 
@@ -1156,7 +1146,7 @@ const char* cudaGetErrorString(cudaError_t e) {
 }
 
 cudaError_t cudaGetDeviceCount(int* n) {
-  *n = static_cast<int>(env_i64("MTNLG_EMU_DEVICES", 1));
+  *n = static_cast<int>(*::mtnlg::switches::integer(::mtnlg::Switch::emu_devices));
   return cudaSuccess;
 }
 cudaError_t cudaSetDevice(int d) {
@@ -1310,7 +1300,7 @@ cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* pGraph) {
   const std::unique_ptr<Capture> ended(c);
   // Fault injection: a capture some library invalidated behind mtnlg's back (what a real
   // cuDNN or cuBLAS that synchronised inside the captured work would leave).
-  if (const char* v = std::getenv("MTNLG_EMU_CAPTURE_FAIL"); v && *v && std::strcmp(v, "0") != 0 && !c->invalidated) {
+  if (::mtnlg::switches::on(::mtnlg::Switch::emu_capture_fail) && !c->invalidated) {
     c->invalidated = true;
     c->why = "MTNLG_EMU_CAPTURE_FAIL (fault injection)";
   }

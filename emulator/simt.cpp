@@ -28,6 +28,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/switches.hpp"
 #include "emulator/cuda_emu.hpp"
 #include "emulator/emu.hpp"
 #include "emulator/internal.hpp"
@@ -251,7 +252,7 @@ class Pool {
  public:
   Pool() {
     int n = static_cast<int>(std::thread::hardware_concurrency());
-    if (const char* e = std::getenv("MTNLG_EMU_THREADS")) n = std::atoi(e);
+    if (const auto e = ::mtnlg::switches::integer(::mtnlg::Switch::emu_threads)) n = static_cast<int>(std::min<int64_t>(*e, 64));
     n = std::clamp(n, 1, 64);
     for (int i = 1; i < n; ++i) workers_.emplace_back([this] { loop(); });
   }

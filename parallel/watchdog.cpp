@@ -12,6 +12,7 @@
 #include <string>
 
 #include "core/error.hpp"
+#include "core/switches.hpp"
 
 namespace mtnlg::parallel {
 
@@ -33,13 +34,7 @@ void read_env() {
   auto& s = settings();
   if (s.env_read) return;
   s.env_read = true;
-  const char* v = std::getenv("MTNLG_COLLECTIVE_TIMEOUT");
-  if (!v || !*v) return;
-  char* end = nullptr;
-  const double x = std::strtod(v, &end);
-  if (end == v || *end != '\0' || !std::isfinite(x) || x < 0 || x > 1e9)
-    throw_input("environment variable MTNLG_COLLECTIVE_TIMEOUT=\"{}\": expected seconds, a number >= 0 (0 = off)", v);
-  s.env = x;
+  s.env = switches::number(Switch::collective_timeout);
 }
 
 }  // namespace

@@ -5,7 +5,9 @@
 # GPU tests run only where a GPU is present; the same [gpu] cases, and the CUDA path end to
 # end, run everywhere on the emulated CUDA backend (label emulator, docs/GPU.md).
 #   usage: scripts/test.sh [BUILD_DIR]      (default: build)
-#   env:   MTNLG_TEST_LABELS="unit|e2e" to run a subset; CTEST_PARALLEL_LEVEL (default 2)
+#   env:   MTNLG_TEST_LABELS="unit|e2e" to run a subset; CTEST_PARALLEL_LEVEL (default 2);
+#          MTNLG_CHECK_NOCUDA=0 skips the compile of the build without CUDA (BUILD_DIR-nocuda,
+#          scripts/check-nocuda-build.sh: warning-free with -Werror), =all makes it the whole tree
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${1:-$repo/build}"
@@ -18,6 +20,9 @@ fi
 scripts/setup-npm-tools.sh >/dev/null
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release
 cmake --build "$build" -j "${MTNLG_BUILD_JOBS:-2}"
+if [ "${MTNLG_CHECK_NOCUDA:-1}" != 0 ]; then
+  scripts/check-nocuda-build.sh "$build-nocuda"
+fi
 cd "$build"
 labels="${MTNLG_TEST_LABELS:-}"
 args=(--output-on-failure --timeout 900 -j "${CTEST_PARALLEL_LEVEL:-2}")

@@ -244,12 +244,8 @@ void register_preprocess(CLI::App* data) {
       "of ranks. The output directory must be shared by all ranks.");
   pre->callback([] {
     popt.progress = !no_progress;
-    const parallel::LaunchInfo info = parallel::detect_launch();
-    if (info.world_size > 1) {
-      preprocess_ranks(popt, info);
-      return;
-    }
-    print_preprocess_result(data::preprocess_jsonl(popt), "");
+    one_or_several_ranks([] { print_preprocess_result(data::preprocess_jsonl(popt), ""); },
+                         [](const parallel::LaunchInfo& info) { preprocess_ranks(popt, info); });
   });
 }
 

@@ -261,12 +261,7 @@ void register_data_extract(CLI::App& data) {
         cur += ch;
       }
     }
-    const parallel::LaunchInfo info = parallel::detect_launch();
-    if (info.world_size > 1) {
-      extract_ranks(*o, info);
-      return;
-    }
-    extract_one_process(*o);
+    one_or_several_ranks([&] { extract_one_process(*o); }, [&](const parallel::LaunchInfo& info) { extract_ranks(*o, info); });
   });
 }
 

@@ -18,6 +18,7 @@
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "core/progress.hpp"
+#include "core/switches.hpp"
 #include "data/curation/decontaminate.hpp"
 #include "data/curation/dedup.hpp"
 #include "data/curation/quality.hpp"
@@ -29,6 +30,9 @@
 namespace mtnlg::app {
 
 namespace {
+
+// " (N ranks)" after a summary line of a multi-rank run, nothing after one process's.
+std::string ranks_note(int64_t ranks) { return ranks > 1 ? fmt::format(" ({} ranks)", ranks) : std::string(); }
 
 nlohmann::json filter_quality_ranks(const curation::QualityFilterOptions& opt, const parallel::LaunchInfo& info,
                                     bool progress) {
@@ -171,13 +175,7 @@ void register_dedup(CLI::App& data) {
     o->progress = !*no_progress;
     if (!memory->empty()) o->memory_per_rank = curation::parse_byte_size(*memory, "--memory-per-rank");
     // Testing aid: a write failure on one rank (tests prove it leaves no output).
-    if (const char* f = std::getenv("MTNLG_TEST_DEDUP_FAIL_WRITE_RANK"); f && *f) {
-      char* end = nullptr;
-      o->fail_write_rank = std::strtoll(f, &end, 10);
-      if (*end != '\0' || o->fail_write_rank < 0)
-        throw_input("MTNLG_TEST_DEDUP_FAIL_WRITE_RANK=\"{}\": expected a rank number", f);
-    }
-    const parallel::LaunchInfo info = parallel::detect_launch();
+    if (const auto f = switches::integer(Switch::test_dedup_fail_write_rank)) o->fail_write_rank = *f;
     // "; 36 band-key runs (576.0 MiB) spilled" when the budget made the ranks spill.
     auto spilled = [](const curation::DedupResult& r) -> std::string {
       const auto& run = r.report["run"];
@@ -185,17 +183,17 @@ void register_dedup(CLI::App& data) {
       if (runs == 0) return "";
       return fmt::format("; {} band-key runs ({:.1f} MiB) spilled", runs, run["key_bytes_spilled"].get<double>() / 1048576.0);
     };
-    if (info.world_size > 1) {
-      const auto r = run_on_ranks(info, [&](curation::RankComm& comm) { return curation::run_dedup(*o, &comm); });
-      if (info.rank == 0)
-        log::info("dedup: {} documents, kept {}, removed {} ({} duplicate groups, {} empty kept); report "
-                  "{}/dedup_report.json ({} ranks{})",
-                  r.documents, r.kept, r.removed, r.components, r.empty, o->output_dir, info.world_size, spilled(r));
-      return;
-    }
-    auto r = curation::run_dedup(*o);
-    log::info("dedup: {} documents, kept {}, removed {} ({} duplicate groups, {} empty kept); report {}/dedup_report.json{}",
-              r.documents, r.kept, r.removed, r.components, r.empty, o->output_dir, spilled(r));
+    one_or_several_ranks(
+        [&] { return curation::run_dedup(*o); },
+        [&](const parallel::LaunchInfo& info) {
+          return run_on_ranks(info, [&](curation::RankComm& comm) { return curation::run_dedup(*o, &comm); });
+        },
+        [&](const curation::DedupResult& r, int64_t ranks) {
+          log::info("dedup: {} documents, kept {}, removed {} ({} duplicate groups, {} empty kept); report "
+                    "{}/dedup_report.json{}",
+                    r.documents, r.kept, r.removed, r.components, r.empty, o->output_dir,
+                    ranks > 1 ? fmt::format(" ({} ranks{})", ranks, spilled(r)) : spilled(r));
+        });
   });
 }
 
@@ -221,19 +219,17 @@ void register_quality_train(CLI::App* q) {
       "are the same bytes for any number of ranks (all ranks must see the inputs and the model's directory).");
   train->callback([t, t_np] {
     t->progress = !*t_np;
-    const parallel::LaunchInfo info = parallel::detect_launch();
-    nlohmann::json rep;
-    if (info.world_size > 1) {
-      rep = run_on_ranks(info, [&](curation::RankComm& comm) { return curation::train_quality(*t, &comm); });
-      if (info.rank != 0) return;
-    } else {
-      rep = curation::train_quality(*t);
-    }
-    const auto& m = rep["held_out_metrics"];
-    log::info("quality train: held-out {} docs: accuracy {:.4f}, precision {:.4f}, recall {:.4f}; model {}{}",
-              m["documents"].get<int64_t>(), m["accuracy"].get<double>(), m["precision"].get<double>(),
-              m["recall"].get<double>(), t->model,
-              info.world_size > 1 ? fmt::format(" ({} ranks)", info.world_size) : std::string());
+    one_or_several_ranks(
+        [&] { return curation::train_quality(*t); },
+        [&](const parallel::LaunchInfo& info) {
+          return run_on_ranks(info, [&](curation::RankComm& comm) { return curation::train_quality(*t, &comm); });
+        },
+        [&](const nlohmann::json& rep, int64_t ranks) {
+          const auto& m = rep["held_out_metrics"];
+          log::info("quality train: held-out {} docs: accuracy {:.4f}, precision {:.4f}, recall {:.4f}; model {}{}",
+                    m["documents"].get<int64_t>(), m["accuracy"].get<double>(), m["precision"].get<double>(),
+                    m["recall"].get<double>(), t->model, ranks_note(ranks));
+        });
   });
 }
 
@@ -253,16 +249,15 @@ void register_quality_score(CLI::App* q) {
       "Under mpirun or srun each rank scores a line-aligned byte range of the input and rank 0 joins the parts: "
       "the output is the same bytes for any number of ranks (the output directory must be shared).");
   score->callback([s, s_np] {
-    const parallel::LaunchInfo info = parallel::detect_launch();
-    if (info.world_size > 1) {
-      auto r = score_quality_ranks(s->input, s->model, s->output, s->key, info, !*s_np);
-      if (info.rank == 0)
-        log::info("quality score: {} documents, mean score {:.4f} -> {} ({} ranks)", r["documents"].get<int64_t>(),
-                  r["mean_score"].get<double>(), s->output, info.world_size);
-      return;
-    }
-    auto r = curation::score_quality(s->input, s->model, s->output, s->key);
-    log::info("quality score: {} documents, mean score {:.4f} -> {}", r["documents"].get<int64_t>(), r["mean_score"].get<double>(), s->output);
+    one_or_several_ranks(
+        [&] { return curation::score_quality(s->input, s->model, s->output, s->key); },
+        [&](const parallel::LaunchInfo& info) {
+          return score_quality_ranks(s->input, s->model, s->output, s->key, info, !*s_np);
+        },
+        [&](const nlohmann::json& r, int64_t ranks) {
+          log::info("quality score: {} documents, mean score {:.4f} -> {}{}", r["documents"].get<int64_t>(),
+                    r["mean_score"].get<double>(), s->output, ranks_note(ranks));
+        });
   });
 }
 
@@ -284,17 +279,13 @@ void register_quality_filter(CLI::App* q) {
       "Under mpirun or srun each rank filters a line-aligned byte range of the input and rank 0 joins the parts: "
       "output and report are the same bytes for any number of ranks (the output directory must be shared).");
   filter->callback([f, f_np] {
-    const parallel::LaunchInfo info = parallel::detect_launch();
-    if (info.world_size > 1) {
-      auto r = filter_quality_ranks(*f, info, !*f_np);
-      if (info.rank == 0)
-        log::info("quality filter: {} documents, kept {}, removed {} -> {} ({} ranks)", r["documents"].get<int64_t>(),
-                  r["kept"].get<int64_t>(), r["removed"].get<int64_t>(), f->output, info.world_size);
-      return;
-    }
-    auto r = curation::filter_quality(*f);
-    log::info("quality filter: {} documents, kept {}, removed {} -> {}", r["documents"].get<int64_t>(), r["kept"].get<int64_t>(),
-              r["removed"].get<int64_t>(), f->output);
+    one_or_several_ranks(
+        [&] { return curation::filter_quality(*f); },
+        [&](const parallel::LaunchInfo& info) { return filter_quality_ranks(*f, info, !*f_np); },
+        [&](const nlohmann::json& r, int64_t ranks) {
+          log::info("quality filter: {} documents, kept {}, removed {} -> {}{}", r["documents"].get<int64_t>(),
+                    r["kept"].get<int64_t>(), r["removed"].get<int64_t>(), f->output, ranks_note(ranks));
+        });
   });
 }
 
@@ -333,17 +324,13 @@ void register_decontaminate(CLI::App& data) {
       "any number of ranks (the output directory must be shared).");
   c->callback([o, no_progress] {
     o->progress = !*no_progress;
-    const parallel::LaunchInfo info = parallel::detect_launch();
-    if (info.world_size > 1) {
-      auto r = decontaminate_ranks(*o, info);
-      if (info.rank == 0)
-        log::info("decontaminate: {} documents, removed {}, cut {}, {} lines written -> {} ({} ranks)", r.documents,
-                  r.removed, r.cut, r.written, o->output, info.world_size);
-      return;
-    }
-    auto r = curation::run_decontaminate(*o);
-    log::info("decontaminate: {} documents, removed {}, cut {}, {} lines written -> {}", r.documents, r.removed, r.cut,
-              r.written, o->output);
+    one_or_several_ranks(
+        [&] { return curation::run_decontaminate(*o); },
+        [&](const parallel::LaunchInfo& info) { return decontaminate_ranks(*o, info); },
+        [&](const curation::DecontamResult& r, int64_t ranks) {
+          log::info("decontaminate: {} documents, removed {}, cut {}, {} lines written -> {}{}", r.documents, r.removed,
+                    r.cut, r.written, o->output, ranks_note(ranks));
+        });
   });
 }
 

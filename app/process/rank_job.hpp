@@ -75,6 +75,30 @@ auto run_on_ranks(const parallel::LaunchInfo& info, F&& fn) {
   std::abort();  // not reached: both branches end the process
 }
 
+// The frame of every data command that runs in one process or on every rank of an
+// mpirun/srun job: `one()` in a single process, `several(info)` on every rank when the
+// launcher started more than one. With `report`, report(result, ranks) then prints the
+// command's summary once: in the single process (ranks = 1) or on rank 0 (ranks = the
+// world size).
+template <typename One, typename Several>
+void one_or_several_ranks(One&& one, Several&& several) {
+  const parallel::LaunchInfo info = parallel::detect_launch();
+  if (info.world_size > 1)
+    several(info);
+  else
+    one();
+}
+template <typename One, typename Several, typename Report>
+void one_or_several_ranks(One&& one, Several&& several, Report&& report) {
+  const parallel::LaunchInfo info = parallel::detect_launch();
+  if (info.world_size > 1) {
+    const auto result = several(info);
+    if (info.rank == 0) report(result, info.world_size);
+  } else {
+    report(one(), int64_t{1});
+  }
+}
+
 class RankJob {
  public:
   // `output`: the output path (or prefix) whose parts are OUTPUT.part<r>of<N>.

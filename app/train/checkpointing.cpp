@@ -7,6 +7,7 @@
 
 #include "core/log.hpp"
 #include "parallel/flight_recorder.hpp"
+#include "core/switches.hpp"
 
 namespace mtnlg::app {
 
@@ -110,7 +111,7 @@ double CheckpointManager::save(const model::ckpt::TrainState& st, const model::P
   writer_done_ = false;
   writer_error_.clear();
   pending_iteration_ = st.iteration;
-  const int delay_ms = std::getenv("MTNLG_TEST_SAVE_DELAY_MS") ? std::atoi(std::getenv("MTNLG_TEST_SAVE_DELAY_MS")) : 0;
+  const int64_t delay_ms = *switches::integer(Switch::test_save_delay_ms);
   writer_ = std::thread([this, snap, part, st, rank0, delay_ms] {
     try {
       model::ckpt::write_snapshot(part, *snap);

@@ -1,6 +1,7 @@
 #include "app/train/fault_injection.hpp"
 
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -8,7 +9,9 @@
 #include <thread>
 
 #include "core/error.hpp"
+#include "core/ops.hpp"
 #include "core/step_parts.hpp"
+#include "core/switches.hpp"
 #include "parallel/comm_time.hpp"
 #include "parallel/flight_recorder.hpp"
 
@@ -16,9 +19,9 @@ namespace mtnlg::app {
 
 FaultInjection fault_injection_from_env() {
   FaultInjection f;
-  const char* env = std::getenv("MTNLG_FAULT_INJECT");
-  if (!env || !*env) return f;
-  const std::string spec(env);
+  const auto env = switches::text(Switch::fault_inject);
+  if (!env) return f;
+  const std::string& spec = *env;
   auto bad = [&](const std::string& why) {
     throw_input("MTNLG_FAULT_INJECT=\"{}\": {}; expected rank=R:iteration=I:mode=throw|abort|kill|stop|hang|sigterm|sigusr1|nan|overflow|"
                 "slow|slow_dp[:ms=N]|bitflip_grad[:bit=N]|bitflip_param[:bit=N]|poison[:layer=L]",
@@ -111,6 +114,17 @@ void maybe_inject_fault(const FaultInjection& f, int64_t rank, int64_t iteration
   }
   if (f.mode == "abort") std::abort();
   throw_runtime("rank {}: fault injected by MTNLG_FAULT_INJECT at iteration {}", rank, iteration);
+}
+
+void FaultInjector::step_start(int64_t iteration, Tensor& params) const {
+  if (inject_at(f_, "bitflip_param", rank_, iteration)) flip_bit(params, f_.bit);
+}
+
+void FaultInjector::gradients(int64_t iteration, Tensor& grads, bool replay) const {
+  if (inject_nan(f_, rank_, iteration)) ops::fill(grads, std::nan(""));
+  if (replay) return;
+  if (inject_overflow(f_, rank_, iteration)) ops::fill(grads, INFINITY);
+  if (inject_at(f_, "bitflip_grad", rank_, iteration)) flip_bit(grads, f_.bit);
 }
 
 FaultInjection checked_fault_injection(const Recipe& r, const parallel::ProcessGroups& g) {

@@ -26,6 +26,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "config/recipe.hpp"
 #include "core/tensor.hpp"
@@ -57,5 +58,30 @@ void flip_bit(Tensor& t, int64_t bit);
 void inject_slow_dp(const FaultInjection& f, int64_t rank, int64_t iteration);
 // At the start of an iteration: slow, sigterm/sigusr1, throw, abort, kill, stop, hang.
 void maybe_inject_fault(const FaultInjection& f, int64_t rank, int64_t iteration);
+
+// The trainer's side of MTNLG_FAULT_INJECT: one object for this rank, called at the named
+// points of an iteration (1-based), each firing the modes that belong to it. A rank the
+// fault is not for, or no fault, makes every point a no-op.
+class FaultInjector {
+ public:
+  FaultInjector(FaultInjection f, int64_t rank) : f_(std::move(f)), rank_(rank) {}
+  // Before the iteration's step: slow, sigterm/sigusr1, throw, abort, kill, stop.
+  void iteration_start(int64_t iteration) const { maybe_inject_fault(f_, rank_, iteration); }
+  // The step's start: bitflip_param flips a bit of the fp32 master parameters.
+  void step_start(int64_t iteration, Tensor& params) const;
+  // Inside the gradient reduction, after the backward: slow_dp.
+  void dp_reduction(int64_t iteration) const { inject_slow_dp(f_, rank_, iteration); }
+  // The step's reduced gradients: nan, overflow, bitflip_grad; in a forensics replay only
+  // nan fires again (a persistent fault; a flipped bit is a transient one).
+  void gradients(int64_t iteration, Tensor& grads, bool replay) const;
+  // poison: whether this rank's layer observer must be installed, and whether layer
+  // `layer`'s output at `iteration` is the one to poison (the caller picks the micro batch).
+  bool poisons() const { return f_.active() && f_.mode == "poison" && f_.rank == rank_; }
+  bool poisons(int64_t layer, int64_t iteration) const { return poisons() && layer == f_.layer && iteration == f_.iteration; }
+
+ private:
+  FaultInjection f_;
+  int64_t rank_;
+};
 
 }  // namespace mtnlg::app

@@ -14,7 +14,7 @@ namespace mtnlg::app {
 
 std::string cuda_graph_refusal(const Recipe& r, Device device, bool observer) {
 #ifndef MTNLG_HAVE_CUDA
-  (void)device;
+  (void)r, (void)device, (void)observer;
   return "this mtnlg was built without CUDA";
 #else
   if (device != Device::cuda) return "training runs on the CPU here (graphs are a GPU feature)";

@@ -7,7 +7,7 @@
 #include <fstream>
 #include <string>
 
-#include "app/train/trainer.hpp"
+#include "app/train/iteration_stats.hpp"
 #include "config/recipe.hpp"
 #include "parallel/communicator.hpp"
 #include "parallel/topology.hpp"

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "app/train/trainer.hpp"
+#include "app/train/iteration_stats.hpp"
 #include "config/recipe.hpp"
 #include "parallel/communicator.hpp"
 

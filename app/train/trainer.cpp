@@ -421,6 +421,10 @@ class Trainer {
   void record_memory_and_traffic(IterationStats& s, int64_t reads_before, int64_t uploads_before) const;
   void training_log(IterationStats& s, const data::Batch& batch);
   bool stop_after_step();  // checkpoints, stop signals and exit conditions after a step
+  struct StopCause;
+  std::optional<StopCause> failure_stop() const;
+  std::optional<StopCause> signal_stop() const;
+  std::optional<StopCause> scheduled_stop() const;
   void save_now();
   void forward_backward(const data::Batch& batch, double loss_scale);
   StepRead read_step();
@@ -433,7 +437,7 @@ class Trainer {
   const Recipe& r_;
   const TrainOptions& opts_;
   const std::chrono::steady_clock::time_point t_start_;
-  const FaultInjection fault_;  // after the layout check
+  const FaultInjector fault_;  // MTNLG_FAULT_INJECT, read after the layout check
   const int64_t tp_, pp_, dp_, T_;
   const bool rank0_;
   // Outputs writable, checkpoint root locked and not overwritten (app/process/preflight.hpp).
@@ -463,7 +467,7 @@ Trainer::Trainer(const Recipe& r, const parallel::ProcessGroups& g, const TrainO
     : r_(r),
       opts_(opts),
       t_start_(std::chrono::steady_clock::now()),
-      fault_(checked_fault_injection(r, g)),
+      fault_(checked_fault_injection(r, g), g.rank),
       tp_(g.topo.tp()),
       pp_(g.topo.pp()),
       dp_(g.topo.dp()),
@@ -501,11 +505,11 @@ Trainer::Trainer(const Recipe& r, const parallel::ProcessGroups& g, const TrainO
 // chunks get one only when either is on, so a run without them pays nothing. Whether it
 // installed one.
 bool Trainer::install_layer_observer() {
-  const bool poison = fault_.active() && fault_.mode == "poison" && fault_.rank == g_.rank;
+  const bool poison = fault_.poisons();
   if (!forensics_.watches_steps() && !poison) return false;
   for (auto& c : model_.chunks)
     c->set_layer_observer([this, poison](int64_t layer, const model::TrainMicroBatch& mb, Tensor& out) {
-      if (poison && layer == fault_.layer && iteration_ + 1 == fault_.iteration &&
+      if (poison && fault_.poisons(layer, iteration_ + 1) &&
           mb.sample_offset == consumed_ + g_.coord.dp * r_.training.micro_batch_size)
         ops::fill(out, std::nan(""));
       forensics_.observe(layer, mb, out);
@@ -523,7 +527,7 @@ void Trainer::forward_backward(const data::Batch& batch, double loss_scale) {
   Tensor loss_acc = step_.stats.flat(0, 2);
   step_.exec.run_batch(batch, consumed_, mix_key(static_cast<uint64_t>(r_.training.seed), static_cast<uint64_t>(iteration_), 0xD0),
                    loss_scale, loss_acc);
-  inject_slow_dp(fault_, g_.rank, iteration_ + 1);
+  fault_.dp_reduction(iteration_ + 1);
   // The shared gradients (tied embedding, sequence-parallel partials), then every dp
   // bucket summed, or under ZeRO-1 this rank's shard reduce-scattered.
   parallel::device_watchdog().set_phase(-1, -1, "gradient reduction");
@@ -551,7 +555,7 @@ StepRead Trainer::read_step() {
 // not (a transient one).
 StepRead Trainer::replay_step(const data::Batch& batch, double loss_scale) {
   forward_backward(batch, loss_scale);
-  if (inject_nan(fault_, g_.rank, iteration_ + 1)) ops::fill(model_.store.grads(), std::nan(""));
+  fault_.gradients(iteration_ + 1, model_.store.grads(), /*replay=*/true);
   const timing::StepPartScope part(timing::StepPart::optimizer);
   return read_step();
 }
@@ -588,14 +592,12 @@ void Trainer::save_now() {
 IterationStats Trainer::train_step(const data::Batch& batch, double lr, std::chrono::steady_clock::time_point t0) {
   const DeviceStepScope step_memory;  // no cache release (a device-wide wait) with collectives in flight
   const int64_t gbs = batch.global_batch_size;
-  if (inject_at(fault_, "bitflip_param", g_.rank, iteration_ + 1)) flip_bit(model_.store.params(), fault_.bit);
+  fault_.step_start(iteration_ + 1, model_.store.params());
   const double loss_scale = optim_.scaler ? optim_.scaler->scale() : 1.0;
   const int64_t reads_before = device_to_host_copies(), uploads_before = host_to_device_copies();
   mem::reset_peaks();  // per-iteration peaks in the stats (a forensics replay stays inside them)
   forward_backward(batch, loss_scale);
-  if (inject_nan(fault_, g_.rank, iteration_ + 1)) ops::fill(model_.store.grads(), std::nan(""));
-  if (inject_overflow(fault_, g_.rank, iteration_ + 1)) ops::fill(model_.store.grads(), INFINITY);
-  if (inject_at(fault_, "bitflip_grad", g_.rank, iteration_ + 1)) flip_bit(model_.store.grads(), fault_.bit);
+  fault_.gradients(iteration_ + 1, model_.store.grads(), /*replay=*/false);
   std::optional<timing::StepPartScope> part(timing::StepPart::optimizer);  // the step's parts
   const StepRead first = read_step();
   // Spike and NaN forensics may replay the step, and drop or redo its update.
@@ -727,53 +729,72 @@ void Trainer::training_log(IterationStats& s, const data::Batch& batch) {
         eta_text(summary_.iterations, total_iters - s.iteration));
 }
 
-// After a step: too many non-finite steps in a row (save, then fail), a stop signal or
-// training.exit_duration_mins (save, then stop: returns true), the save interval.
+// Why the run ends after a step: a failure (the spike policy's stop, too many non-finite
+// steps in a row), or a stop asked for (a signal, training.exit_interval,
+// training.exit_duration_mins).
+struct Trainer::StopCause {
+  bool failure = false;
+  std::string asked_by;  // a stop's setting, for throw_stopped_without_checkpoint
+  std::string message;   // the error, or the log line
+};
+
+std::optional<Trainer::StopCause> Trainer::failure_stop() const {
+  if (!forensics_stop_.empty())  // training.spike_policy: the update was dropped, the weights are the last good ones
+    return StopCause{true, "", forensics_stop_};
+  if (nonfinite_in_a_row_ >= r_.training.max_nonfinite_in_a_row)  // updates were skipped: the weights are good
+    return StopCause{true, "",
+                     fmt::format("iteration {}: {} non-finite losses/gradients in a row (training.max_nonfinite_in_a_row); "
+                                 "lower the lr or check the data",
+                                 iteration_, nonfinite_in_a_row_)};
+  return std::nullopt;
+}
+
+// Slurm's preemption (SIGTERM) and time-limit warning (--signal=USR1@...): every rank
+// learns whether any rank got one, so they all stop after the same iteration.
+std::optional<Trainer::StopCause> Trainer::signal_stop() const {
+  int64_t stop = stop_signal_received() ? 1 : 0;
+  if (g_.world && g_.world->size() > 1) g_.world->all_reduce(&stop, 1, parallel::ReduceOp::max);
+  if (!stop) return std::nullopt;
+  return StopCause{false, "a stop signal", fmt::format("stop signal received: saving and exiting after iteration {}", iteration_)};
+}
+
+// training.exit_interval, then training.exit_duration_mins (the longest-running rank's minutes).
+std::optional<Trainer::StopCause> Trainer::scheduled_stop() const {
+  if (r_.training.exit_interval > 0 && iteration_ % r_.training.exit_interval == 0 && iteration_ < data_.run.iterations)
+    return StopCause{false, "training.exit_interval",
+                     fmt::format("exiting after iteration {} (training.exit_interval = {})", iteration_,
+                                 r_.training.exit_interval)};
+  if (r_.training.exit_duration_mins <= 0) return std::nullopt;
+  double mins = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start_).count() / 60.0;
+  if (g_.world && g_.world->size() > 1) g_.world->all_reduce(&mins, 1, parallel::ReduceOp::max);
+  if (mins < r_.training.exit_duration_mins) return std::nullopt;
+  return StopCause{false, "training.exit_duration_mins",
+                   fmt::format("exiting after {:.1f} minutes (training.exit_duration_mins = {})", mins,
+                               r_.training.exit_duration_mins)};
+}
+
+// After a step: a failure (save the last good weights, then fail), a stop signal, the save
+// interval, an exit interval or duration (save, then stop: returns true). Every stop and
+// every failure leaves through the one exit path at the end.
 bool Trainer::stop_after_step() {
-  if (!forensics_stop_.empty()) {  // training.spike_policy: the update was dropped, the weights are the last good ones
+  std::optional<StopCause> cause = failure_stop();
+  if (!cause) cause = signal_stop();
+  if (!cause) {
+    if (r_.checkpoint.save_interval > 0 && iteration_ % r_.checkpoint.save_interval == 0 && ckpt_.enabled()) save_now();
+    cause = scheduled_stop();
+  }
+  if (!cause) return false;
+  if (cause->failure) {
     if (ckpt_.enabled()) {
       save_now();
       ckpt_.finish();
     }
-    throw_runtime("{}", forensics_stop_);
+    throw_runtime("{}", cause->message);
   }
-  if (nonfinite_in_a_row_ >= r_.training.max_nonfinite_in_a_row) {
-    if (ckpt_.enabled()) {  // updates were skipped, so the weights are still the last good ones
-      save_now();
-      ckpt_.finish();
-    }
-    throw_runtime("iteration {}: {} non-finite losses/gradients in a row (training.max_nonfinite_in_a_row); lower the lr "
-                  "or check the data",
-                  iteration_, nonfinite_in_a_row_);
-  }
-  // Slurm's preemption (SIGTERM) and time-limit warning (--signal=USR1@...): every rank
-  // learns whether any rank got one, so they all stop after the same iteration.
-  int64_t stop = stop_signal_received() ? 1 : 0;
-  if (g_.world && g_.world->size() > 1) g_.world->all_reduce(&stop, 1, parallel::ReduceOp::max);
-  if (stop) {
-    if (!ckpt_.enabled()) throw_stopped_without_checkpoint("a stop signal", iteration_);
-    log::info("stop signal received: saving and exiting after iteration {}", iteration_);
-    if (ckpt_.enabled() && last_saved_ != iteration_) save_now();
-    return true;
-  }
-  if (r_.checkpoint.save_interval > 0 && iteration_ % r_.checkpoint.save_interval == 0 && ckpt_.enabled()) save_now();
-  if (r_.training.exit_interval > 0 && iteration_ % r_.training.exit_interval == 0 && iteration_ < data_.run.iterations) {
-    if (!ckpt_.enabled()) throw_stopped_without_checkpoint("training.exit_interval", iteration_);
-    log::info("exiting after iteration {} (training.exit_interval = {})", iteration_, r_.training.exit_interval);
-    if (last_saved_ != iteration_) save_now();
-    return true;
-  }
-  if (r_.training.exit_duration_mins > 0) {
-    double mins = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start_).count() / 60.0;
-    if (g_.world && g_.world->size() > 1) g_.world->all_reduce(&mins, 1, parallel::ReduceOp::max);
-    if (mins >= r_.training.exit_duration_mins) {
-      if (!ckpt_.enabled()) throw_stopped_without_checkpoint("training.exit_duration_mins", iteration_);
-      log::info("exiting after {:.1f} minutes (training.exit_duration_mins = {})", mins, r_.training.exit_duration_mins);
-      if (ckpt_.enabled() && last_saved_ != iteration_) save_now();
-      return true;
-    }
-  }
-  return false;
+  if (!ckpt_.enabled()) throw_stopped_without_checkpoint(cause->asked_by, iteration_);
+  log::info("{}", cause->message);
+  if (last_saved_ != iteration_) save_now();
+  return true;
 }
 
 // The loop: fetch the batch (prefetching the next), step, log, validate, then
@@ -793,7 +814,7 @@ TrainSummary Trainer::run() {
     const double lr = schedules::learning_rate(r_.optimizer, after * T_, data_.run.tokens);
     out_.comm_report.reset();  // every group's byte counter, this iteration only
     parallel::device_watchdog().set_iteration(iteration_ + 1);
-    maybe_inject_fault(fault_, g_.rank, iteration_ + 1);
+    fault_.iteration_start(iteration_ + 1);
 
     const double blocked0 = parallel::comm_blocked_seconds();
     IterationStats s = train_step(batch, lr, t0);

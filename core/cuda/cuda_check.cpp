@@ -8,7 +8,7 @@
 
 #include "core/error.hpp"
 #include "core/log.hpp"
-#include "core/parse.hpp"
+#include "core/switches.hpp"
 
 namespace mtnlg::cuda {
 
@@ -36,13 +36,7 @@ bool sync_check_enabled() {
 #ifdef MTNLG_CUDA_SYNC_CHECK
   return true;
 #else
-  static const bool on = [] {
-    // The recipe's boolean spellings (true/yes/on, false/no/off), plus 1 and 0; "false"
-    // used to switch it on (anything but "0" did).
-    const char* v = std::getenv("MTNLG_CUDA_SYNC_CHECK");
-    if (!v || *v == '\0' || std::strcmp(v, "0") == 0) return false;
-    return std::strcmp(v, "1") == 0 || parse_bool(v).value_or(false);
-  }();
+  static const bool on = switches::on(Switch::cuda_sync_check);  // 1/0 or a boolean spelling
   return on;
 #endif
 }

@@ -25,6 +25,7 @@
 
 #include "core/cuda/common.cuh"
 #include "core/cuda/cudnn_attention.hpp"
+#include "core/switches.hpp"
 
 namespace mtnlg::cuda {
 
@@ -103,7 +104,7 @@ void bind(Api& a) {
 const Api& api() {
   static const Api a = [] {
     Api a;
-    if (const char* e = std::getenv("MTNLG_CUDNN"); e && std::string(e) == "0") {
+    if (!switches::on(Switch::cudnn)) {
       a.failure = "switched off (MTNLG_CUDNN=0)";
       return a;
     }

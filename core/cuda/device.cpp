@@ -13,8 +13,10 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/cuda/backend_kind.hpp"
 #include "core/cuda/cuda_check.hpp"
 #include "core/error.hpp"
+#include "core/switches.hpp"
 #include "core/tensor.hpp"
 
 namespace mtnlg::cuda {
@@ -453,26 +455,21 @@ Backend& backend() {
   return *g_backend;
 }
 
-void hook_copy(void* dst, const void* src, int64_t bytes, int kind) {
-  if (kind == 0 && bytes <= UploadStaging::kSlotBytes) return staging().upload(dst, src, bytes);
-  const cudaMemcpyKind k = kind == 0 ? cudaMemcpyHostToDevice : kind == 1 ? cudaMemcpyDeviceToHost : cudaMemcpyDeviceToDevice;
+void hook_copy(void* dst, const void* src, int64_t bytes, CopyKind kind) {
+  if (kind == CopyKind::host_to_device && bytes <= UploadStaging::kSlotBytes) return staging().upload(dst, src, bytes);
+  const cudaMemcpyKind k = kind == CopyKind::host_to_device   ? cudaMemcpyHostToDevice
+                           : kind == CopyKind::device_to_host ? cudaMemcpyDeviceToHost
+                                                              : cudaMemcpyDeviceToDevice;
   CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), k, stream()));
   // Host memory is pageable and owned by the caller: wait so it may be reused at once.
-  if (kind != 2) CUDA_CHECK(cudaStreamSynchronize(stream()));
+  if (kind != CopyKind::device_to_device) CUDA_CHECK(cudaStreamSynchronize(stream()));
 }
 
 }  // namespace
 
 bool exact_allocations() {
-  static const bool on = [] {
-    const char* v = std::getenv("MTNLG_CUDA_EXACT_ALLOC");
-    if (v && *v) return std::strcmp(v, "0") != 0;
-    // Default: on under the emulated CUDA backend (its device says so), off on a GPU.
-    cudaDeviceProp prop{};
-    int dev = 0;
-    return cudaGetDevice(&dev) == cudaSuccess && cudaGetDeviceProperties(&prop, dev) == cudaSuccess &&
-           std::strncmp(prop.name, "mtnlg emulated", 14) == 0;
-  }();
+  // Default: on under the emulated CUDA backend, off on a GPU.
+  static const bool on = switches::flag(Switch::cuda_exact_alloc).value_or(emulated_backend());
   return on;
 }
 

@@ -54,6 +54,7 @@
 #include <utility>
 
 #include "core/cuda/common.cuh"
+#include "core/switches.hpp"
 
 namespace mtnlg::cuda::k {
 
@@ -62,10 +63,10 @@ namespace {
 bool g_bias_epilogue = true;
 // MTNLG_GELU_EPILOGUE=0 turns the GELU epilogues off for a whole run (the A/B of
 // scripts/bench/gpu_bench.sh); set_gemm_gelu_epilogue() for tests.
-bool g_gelu_epilogue = [] {
-  const char* v = std::getenv("MTNLG_GELU_EPILOGUE");
-  return !(v && std::string(v) == "0");
-}();
+bool& gelu_epilogue() {  // read at the first use, after main checked the environment
+  static bool on = switches::on(Switch::gelu_epilogue);
+  return on;
+}
 std::atomic<int64_t> g_gelu_fused{0};  // GEMMs that ran a GELU epilogue
 
 cudaDataType_t cuda_type(DType dt) {
@@ -387,7 +388,7 @@ void gemm_strided_batched(bool ta, bool tb, int64_t m, int64_t n, int64_t k, flo
 // dimension), or cuBLASLt has no algorithm for it.
 bool gemm_forward_gelu(void* out, void* pre, const void* inp, const void* w, const void* bias, DType dt, int64_t N,
                        int64_t C, int64_t OC) {
-  if (!g_gelu_epilogue || dt == DType::f32 || N <= 0 || C <= 0 || OC % 8 != 0 || alignment(bias) < 16) return false;
+  if (!gelu_epilogue() || dt == DType::f32 || N <= 0 || C <= 0 || OC % 8 != 0 || alignment(bias) < 16) return false;
   const bool ran = lt_matmul(true, false, OC, N, C, w, dt, C, inp, C, out, dt, OC, 0.0f,
                              Epilogue{CUBLASLT_EPILOGUE_GELU_AUX_BIAS, bias, pre, OC});
   g_gelu_fused += ran ? 1 : 0;
@@ -398,7 +399,7 @@ bool gemm_forward_gelu(void* out, void* pre, const void* inp, const void* w, con
 // only, see the header). w [OC, C]; dout [N, OC]; pre, dpre [N, C]. False when not taken.
 bool gemm_dinp_dgelu(void* dpre, const void* dout, const void* w, const void* pre, DType dt, int64_t N, int64_t C,
                      int64_t OC) {
-  if (!g_gelu_epilogue || dt == DType::f32 || N <= 0 || OC <= 0 || C % 8 != 0) return false;
+  if (!gelu_epilogue() || dt == DType::f32 || N <= 0 || OC <= 0 || C % 8 != 0) return false;
   const bool ran = lt_matmul(false, false, C, N, OC, w, dt, C, dout, OC, dpre, dt, C, 0.0f,
                              Epilogue{CUBLASLT_EPILOGUE_DGELU, nullptr, const_cast<void*>(pre), C});
   g_gelu_fused += ran ? 1 : 0;
@@ -505,8 +506,8 @@ bool set_gemm_bias_epilogue(bool on) {
 }
 
 bool set_gemm_gelu_epilogue(bool on) {
-  const bool old = k::g_gelu_epilogue;
-  k::g_gelu_epilogue = on;
+  const bool old = k::gelu_epilogue();
+  k::gelu_epilogue() = on;
   return old;
 }
 

@@ -209,7 +209,8 @@ void gelu_backward(Tensor& dinp, const Tensor& inp, const Tensor& dout) {
   });
 }
 
-void dropout_forward(Tensor& out, const Tensor& inp, double p, uint64_t key, uint64_t base_index, const DeviceKey& dkey) {
+void dropout_forward(Tensor& out, const Tensor& inp, double p, uint64_t key, uint64_t base_index,
+                     [[maybe_unused]] const DeviceKey& dkey) {  // CUDA only
   const bool cuda = same_device("dropout_forward", {&out, &inp});
   const DType dt = act_dtype("dropout_forward", {{"out", &out}, {"inp", &inp}});
   expect_numel("dropout_forward", "out", out, inp.numel());

@@ -24,6 +24,7 @@
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "core/progress.hpp"
+#include "core/switches.hpp"
 #include "data/curation/decontaminate.hpp"
 #include "data/curation/dedup.hpp"
 #include "data/curation/quality.hpp"
@@ -683,7 +684,7 @@ void run_pipeline(RankComm& comm, const std::string& file, bool progress) {
   CurateRun r;
   r.c.comm = &comm;
   curation::agree(comm, "reading the pipeline", [&] { r.c.p = load_pipeline(file); });
-  if (const char* k = std::getenv("MTNLG_TEST_CURATE_KILL")) r.c.kill_after = k;
+  if (const auto k = switches::text(Switch::test_curate_kill)) r.c.kill_after = *k;
   r.W = r.c.p.work_dir;
   r.file = file;
   r.progress = progress && comm.rank() == 0;

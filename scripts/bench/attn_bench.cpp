@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "core/blas_core.hpp"
+#include "core/switches.hpp"
 #include "core/ops.hpp"
 #include "core/tensor.hpp"
 #ifdef MTNLG_HAVE_CUDA
@@ -116,7 +117,7 @@ int run(int argc, char** argv) {
 }
 
 int main(int argc, char** argv) {
-  mtnlg::select_blas_core(argv);  // the kernels mtnlg itself would use
+  mtnlg::start_process(argv);  // the switches checked, the kernels mtnlg itself would use
   std::fprintf(stderr, "attn_bench: CPU matmul: %s\n", mtnlg::blas_description().c_str());
   try {
     return run(argc, argv);

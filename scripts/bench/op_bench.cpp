@@ -19,13 +19,14 @@
 #include <vector>
 
 #include "core/blas_core.hpp"
+#include "core/switches.hpp"
 #include "test/core/ops/op_cases.hpp"
 
 using namespace mtnlg;
 using namespace mtnlg::optable;
 
 int main(int argc, char** argv) {
-  select_blas_core(argv);  // the kernels mtnlg itself would use
+  start_process(argv);  // the switches checked, the kernels mtnlg itself would use
   std::fprintf(stderr, "op_bench: CPU matmul: %s\n", blas_description().c_str());
   Device dev = Device::cpu;
   bool all = false;

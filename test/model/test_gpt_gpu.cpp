@@ -167,8 +167,7 @@ TEST_CASE("gpt on the GPU: loss and every parameter gradient equal the CPU run (
 // variable.
 TEST_CASE("gpt attention backend: a cuDNN that refuses the graphs leaves auto unfused", "[.cudnn-refused]") {
   if (!test::gpu_ready()) return;
-  const char* f = std::getenv("MTNLG_EMU_CUDNN_FAIL");
-  REQUIRE((f && std::string(f) == "plans"));
+  REQUIRE(switches::text(Switch::emu_cudnn_fail) == "plans");
   Small gpu(DType::bf16, Device::cuda, RecomputeGranularity::none, AttentionBackend::automatic, 0.0);
   CHECK(gpu.chunk->attention_backend() == AttentionBackend::unfused);
   CHECK_THAT(gpu.chunk->attention_note(), Catch::Matchers::Contains("CUDNN_STATUS_NOT_SUPPORTED"));

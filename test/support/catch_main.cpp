@@ -9,9 +9,10 @@
 #include <cstring>
 
 #include "core/blas_core.hpp"
+#include "core/switches.hpp"
 
 int main(int argc, char** argv) {
-  mtnlg::select_blas_core(argv);  // may re-execute this binary (same pid, arguments, environment)
+  mtnlg::start_process(argv);  // may re-execute this binary (same pid, arguments, environment)
   const char* slash = std::strrchr(argv[0], '/');
   std::fprintf(stderr, "%s: CPU matmul: %s\n", slash ? slash + 1 : argv[0], mtnlg::blas_description().c_str());
   return Catch::Session().run(argc, argv);

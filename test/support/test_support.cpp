@@ -11,6 +11,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "core/switches.hpp"
+
 namespace mtnlg::test {
 
 TempDir::TempDir(const std::string& tag) {
@@ -22,7 +24,7 @@ TempDir::TempDir(const std::string& tag) {
 }
 
 TempDir::~TempDir() {
-  if (!std::getenv("MTNLG_KEEP_TMP")) {
+  if (!switches::on(Switch::keep_tmp)) {
     std::error_code ec;
     std::filesystem::remove_all(path_, ec);
   }

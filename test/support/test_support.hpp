@@ -9,7 +9,7 @@
 
 namespace mtnlg::test {
 
-// A fresh directory under the build tree, removed on destruction unless MTNLG_KEEP_TMP is set.
+// A fresh directory under the build tree, removed on destruction unless MTNLG_KEEP_TMP=1.
 class TempDir {
  public:
   explicit TempDir(const std::string& tag);

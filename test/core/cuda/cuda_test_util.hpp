@@ -18,8 +18,10 @@
 #include <string>
 #include <vector>
 
+#include "core/cuda/backend_kind.hpp"
 #include "core/cuda/device.hpp"
 #include "core/ops.hpp"
+#include "core/switches.hpp"
 #include "core/tensor.hpp"
 
 namespace mtnlg::test {
@@ -33,20 +35,14 @@ inline double rtol_for(DType dt) { return dt == DType::f32 ? kRtolF32 : kRtolLow
 // and let the case return, so an accidental run elsewhere does not break.
 // True on the emulated CUDA backend (the [gpu] cases run on the CPU there, so the
 // [large] cases scale their shapes down while keeping what they exercise).
-inline bool emulated_device() {
-  cudaDeviceProp p{};
-  int d = 0;
-  return cudaGetDevice(&d) == cudaSuccess && cudaGetDeviceProperties(&p, d) == cudaSuccess &&
-         std::string(p.name).rfind("mtnlg emulated", 0) == 0;
-}
+inline bool emulated_device() { return cuda::emulated_backend(); }
 
 inline bool gpu_ready() {
   if (cuda::device_count() > 0) {
     cuda::init_backend(0);
     return true;
   }
-  const char* req = std::getenv("MTNLG_REQUIRE_GPU");
-  if (req && std::string(req) == "1") FAIL("MTNLG_REQUIRE_GPU=1 but no CUDA device is visible (nvidia-smi -L?)");
+  if (switches::on(Switch::require_gpu)) FAIL("MTNLG_REQUIRE_GPU=1 but no CUDA device is visible (nvidia-smi -L?)");
   WARN("no CUDA device visible: [gpu] case skipped (set MTNLG_REQUIRE_GPU=1 to make this a failure)");
   return false;
 }

@@ -161,9 +161,9 @@ TEST_CASE("cuda allocator: out of memory releases the cache only outside a train
   size_t free_b = 0, total_b = 0;
   REQUIRE(cudaMemGetInfo(&free_b, &total_b) == cudaSuccess);
   const int64_t in_use = static_cast<int64_t>(total_b - free_b), mib = 1 << 20;
-  const char* old = std::getenv("MTNLG_EMU_MEMORY_BYTES");
-  const std::string restore = old ? old : "";
-  setenv("MTNLG_EMU_MEMORY_BYTES", std::to_string(in_use + 5 * mib).c_str(), 1);
+  const char* name = switch_spec(Switch::emu_memory_bytes).name;
+  const std::optional<std::string> old = switches::raw(Switch::emu_memory_bytes);
+  setenv(name, std::to_string(in_use + 5 * mib).c_str(), 1);
   { Tensor a = Tensor::empty({3 * mib / 4}, DType::f32, Device::cuda); }  // 3 MiB, now cached
   REQUIRE(cuda::memory_stats().reserved_bytes >= 3 * mib);
   {
@@ -176,9 +176,9 @@ TEST_CASE("cuda allocator: out of memory releases the cache only outside a train
   { Tensor b = Tensor::empty({mib}, DType::f32, Device::cuda); }  // outside: release, retry, served
   cuda::empty_cache();
   if (old)
-    setenv("MTNLG_EMU_MEMORY_BYTES", restore.c_str(), 1);
+    setenv(name, old->c_str(), 1);
   else
-    unsetenv("MTNLG_EMU_MEMORY_BYTES");
+    unsetenv(name);
 }
 
 // CUDA graphs (device.hpp: GraphPool, CudaGraph): work captured once and replayed reads its
@@ -390,7 +390,7 @@ TEST_CASE("cuda matmul + bias + GELU fused forward and its dGELU/bias-gradient b
         // takes the separate kernels) and OC is a multiple of 8 (the emulated cuBLASLt
         // offers the epilogues, unless MTNLG_EMU_LT_FAIL makes them fail; a GPU may decline
         // and fall back)
-        const bool lt_fails = std::getenv("MTNLG_EMU_LT_FAIL") != nullptr;
+        const bool lt_fails = switches::text(Switch::emu_lt_fail) != "0";
         if (emulated_device())
           CHECK(cuda::gemm_gelu_fused() - fused0 ==
                 (epilogue && dt != DType::f32 && s.OC % 8 == 0 && !lt_fails ? 2 : 0));

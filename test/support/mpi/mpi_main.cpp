@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include "core/blas_core.hpp"
+#include "core/switches.hpp"
 #include "test/support/mpi/mpi_test_world.hpp"
 
 namespace mtnlg::test {
@@ -15,7 +16,7 @@ std::shared_ptr<parallel::Communicator>& mpi_test_world() {
 }  // namespace mtnlg::test
 
 int main(int argc, char** argv) {
-  mtnlg::select_blas_core(argv);  // before MPI starts: the kernels mtnlg itself would use
+  mtnlg::start_process(argv);  // before MPI starts: the switches checked, the kernels mtnlg itself would use
   using namespace mtnlg::parallel;
   int64_t failed = 0;
   try {
