@@ -43,6 +43,9 @@ constexpr std::array kTable = {
     SwitchSpec{Switch::cuda_exact_alloc, "MTNLG_CUDA_EXACT_ALLOC", K::boolean, U::setting, nullptr,
                "on under the emulated CUDA backend, off on a GPU",
                "the caching allocator keeps every block its requested size (no rounding, no splitting)"},
+    SwitchSpec{Switch::nccl_watchdog, "MTNLG_NCCL_WATCHDOG", K::boolean, U::setting, "1", "on",
+               "0: no device (NCCL) watchdog and flight recorder in multi-rank GPU runs (the benchmarks' A/B; the MPI "
+               "watchdog stays)"},
     SwitchSpec{Switch::fault_inject, "MTNLG_FAULT_INJECT", K::text, U::test_hook, nullptr, "none",
                "rank=R:iteration=I:mode=M (and :ms=N, :bit=N or :layer=L): one rank fails, stalls or computes wrong "
                "numbers (app/train/fault_injection.hpp)"},
@@ -67,6 +70,9 @@ constexpr std::array kTable = {
                "leave it)"},
     SwitchSpec{Switch::emu_cudnn_fail, "MTNLG_EMU_CUDNN_FAIL", K::choice, U::test_hook, nullptr, "none",
                "emulated cuDNN: plans refuses every execution plan", 0, 0, "plans"},
+    SwitchSpec{Switch::emu_nccl_fault, "MTNLG_EMU_NCCL_FAULT", K::text, U::test_hook, nullptr, "none",
+               "emulated NCCL: rank=R:op=N:error=remote|system (an asynchronous error at its N-th operation) or "
+               "rank=R:init=N (its N-th initialisation never joins its group)"},
     SwitchSpec{Switch::emu_threads, "MTNLG_EMU_THREADS", K::integer, U::setting, nullptr, "the CPU's threads",
                "emulated CUDA: threads that run thread blocks (clamped to 1..64)", 0, kMaxInt},
     SwitchSpec{Switch::emu_memory_bytes, "MTNLG_EMU_MEMORY_BYTES", K::integer, U::setting, "17179869184", "16 GiB",

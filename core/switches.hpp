@@ -31,6 +31,7 @@ enum class Switch {
   gelu_epilogue,
   cuda_sync_check,
   cuda_exact_alloc,
+  nccl_watchdog,
   // test hooks
   fault_inject,
   test_save_delay_ms,
@@ -41,6 +42,7 @@ enum class Switch {
   emu_lt_fail,
   emu_capture_fail,
   emu_cudnn_fail,
+  emu_nccl_fault,
   // the emulated CUDA backend's device
   emu_threads,
   emu_memory_bytes,

@@ -48,6 +48,7 @@
 #include <string>
 #include <vector>
 
+#include "core/switches.hpp"
 #include "emulator/emu.hpp"
 #include "emulator/internal.hpp"
 
@@ -302,9 +303,9 @@ struct Fault {
 const Fault& nccl_fault() {
   static const Fault f = [] {
     Fault x;
-    const char* v = std::getenv("MTNLG_EMU_NCCL_FAULT");
-    if (!v || !*v) return x;
-    const std::string spec(v);
+    const std::optional<std::string> v = ::mtnlg::switches::text(::mtnlg::Switch::emu_nccl_fault);
+    if (!v || v->empty()) return x;
+    const std::string spec(*v);
     auto bad = [&](const char* why) {
       fatal(fmt_str("MTNLG_EMU_NCCL_FAULT=\"%s\": %s; expected rank=R:op=N:error=remote|system or rank=R:init=N",
                     spec.c_str(), why));

@@ -49,6 +49,7 @@
 #include "parallel/grad_buckets.hpp"
 #include "parallel/watchdog.hpp"
 #include "optimizer/loss_scaler.hpp"
+#include "core/switches.hpp"
 #include "optimizer/distributed_adamw.hpp"
 #include "schedules/batch_schedule.hpp"
 #include "schedules/lr_schedule.hpp"
@@ -181,14 +182,7 @@ int64_t model_size(const model::ParamStore& store, const parallel::ProcessGroups
 // that tells this run's files from an earlier run's in the same directory is rank 0's
 // clock, shared over world.
 // MTNLG_NCCL_WATCHDOG=0 turns it off alone (the benchmarks' A/B; the MPI watchdog stays).
-bool nccl_watchdog_switch() {
-  const char* v = std::getenv("MTNLG_NCCL_WATCHDOG");
-  if (!v || !*v) return true;
-  const std::string t(v);
-  const std::optional<bool> b = t == "1" ? std::optional<bool>(true) : t == "0" ? std::optional<bool>(false) : parse_bool(t);
-  if (!b) throw_input("environment variable MTNLG_NCCL_WATCHDOG=\"{}\": expected 1 or 0 (or true/false)", v);
-  return *b;
-}
+bool nccl_watchdog_switch() { return switches::flag(Switch::nccl_watchdog).value_or(true); }
 
 struct DeviceWatchdogRun {
   DeviceWatchdogRun(const Recipe& r, const parallel::ProcessGroups& g)
