@@ -786,7 +786,9 @@ void register_plan(CLI::App& app) {
   cmd->add_option("--gpu-profile", a.gpu_profile, "Use the GPU constants in this file (written by --calibrate) instead of --gpu");
   cmd->add_option("--software", a.software,
                   "Software profile: megatron-lm (Megatron-LM 2022), megatron-lm-2021, megatron-deepspeed (MT-NLG's "
-                  "DeepSpeed pipeline), megatron-core (2024-25: fused attention, TP/DP/p2p overlap) or mtnlg (this trainer: flash-style attention, its exact activation count); "
+                  "DeepSpeed pipeline), megatron-core (2024-25: fused attention, TP/DP/p2p overlap) or mtnlg (this trainer: flash-style attention, its exact activation count; "
+                  "on h100-80g/h200-141g the installed cuDNN is asked, without a GPU, whether it plans the recipe's "
+                  "attention and how much workspace it needs, which the memory then counts); "
                   "--calibrate fits the GPU constants under it")
       ->capture_default_str();
   cmd->add_option("--calibrate", a.calibrate,

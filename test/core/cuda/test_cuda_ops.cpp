@@ -338,7 +338,7 @@ TEST_CASE("cuda graphs: cublasCreate, a synchronisation or a host upload inside 
 // With MTNLG_CUDA_SYNC_CHECK=1 (its own ctest entry, emulator.sync-check-capture) every
 // launch is followed by a device synchronisation, except inside a capture, which the
 // synchronisation would invalidate: captured work still captures under the switch.
-TEST_CASE("cuda graphs: MTNLG_CUDA_SYNC_CHECK does not synchronise inside a capture", "[.sync-check]") {
+TEST_CASE("MTNLG_CUDA_SYNC_CHECK does not synchronise inside a CUDA graph capture", "[.sync-check]") {
   if (!gpu_ready()) return;
   REQUIRE(cuda::sync_check_enabled());
   Tensor x = Tensor::empty({64}, DType::f32, Device::cuda), y = Tensor::empty({64}, DType::f32, Device::cuda);
