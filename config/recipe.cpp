@@ -315,6 +315,7 @@ const Table& table() {
                      int_field("max_nonfinite_in_a_row", [](Recipe& r) -> int64_t& { return r.training.max_nonfinite_in_a_row; }, 1),
                      bool_field("check_for_nan_in_loss_and_grad", [](Recipe& r) -> bool& { return r.training.check_for_nan_in_loss_and_grad; }),
                      bool_field("enable_cuda_graph", [](Recipe& r) -> bool& { return r.training.enable_cuda_graph; }),
+                     bool_field("deterministic_mode", [](Recipe& r) -> bool& { return r.training.deterministic_mode; }),
                      dbl_field("loss_spike_threshold", [](Recipe& r) -> double& { return r.training.loss_spike_threshold; }, 0.0, 1e6),
                      int_field("loss_spike_window", [](Recipe& r) -> int64_t& { return r.training.loss_spike_window; }, 1, 100000),
                      enum_field<SpikePolicy>("spike_policy", [](Recipe& r) -> SpikePolicy& { return r.training.spike_policy; },

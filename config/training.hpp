@@ -62,6 +62,10 @@ struct TrainingConfig {
   // Megatron's --enable-cuda-graph. Layouts it does not cover are refused at start-up
   // (app/train/micro_batch_graphs.hpp says which and why).
   bool enable_cuda_graph = false;
+  // Bitwise-reproducible kernels where a library offers a choice (Megatron's
+  // --deterministic-mode): on a GPU, cuDNN's deterministic attention backward instead of
+  // its default, which accumulates dQ in fp32 by atomic adds (docs/RELIABILITY.md).
+  bool deterministic_mode = false;
 };
 
 struct OptimizerConfig {

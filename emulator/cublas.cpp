@@ -33,6 +33,9 @@ struct cublasLtContext {
 };
 struct cublasContext {
   cudaStream_t stream = nullptr;
+  void* state = nullptr;      // device memory cublasCreate allocates (cuBLAS's handle state)
+  void* workspace = nullptr;  // cublasSetWorkspace's; cublasSetStream resets it to the default
+  size_t workspace_bytes = 0;
 };
 
 namespace mtnlg::emu {
@@ -614,18 +617,36 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, con
 
 // ---- classic cuBLAS (the fallback path) ------------------------------------------------
 
+// cublasCreate allocates device memory, as the real one does (cudaMalloc): during a
+// capture that forbids it, the runtime refuses and invalidates the capture, and cuBLAS
+// answers CUBLAS_STATUS_ALLOC_FAILED.
 cublasStatus_t cublasCreate_v2(cublasHandle_t* h) {
   if (!h) return CUBLAS_STATUS_INVALID_VALUE;
+  void* state = nullptr;
+  if (cudaMalloc(&state, 4096) != cudaSuccess) return CUBLAS_STATUS_ALLOC_FAILED;
   *h = new cublasContext;
+  (*h)->state = state;
   return CUBLAS_STATUS_SUCCESS;
 }
 cublasStatus_t cublasDestroy_v2(cublasHandle_t h) {
+  if (h) cudaFree(h->state);
   delete h;
   return CUBLAS_STATUS_SUCCESS;
 }
+// As documented: setting a stream resets the handle to cuBLAS's default workspace pool.
 cublasStatus_t cublasSetStream_v2(cublasHandle_t h, cudaStream_t s) {
   if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
   h->stream = s;
+  h->workspace = nullptr;
+  h->workspace_bytes = 0;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasSetWorkspace_v2(cublasHandle_t h, void* workspace, size_t bytes) {
+  if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
+  if (bytes > 0 && (!workspace || reinterpret_cast<uintptr_t>(workspace) % 256 != 0))
+    return CUBLAS_STATUS_INVALID_VALUE;
+  h->workspace = workspace;
+  h->workspace_bytes = bytes;
   return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -650,6 +671,14 @@ cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperat
                             cublasComputeType_t compute, cublasGemmAlgo_t) {
   if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
   if (m < 0 || n < 0 || k < 0 || !alpha || !beta) return CUBLAS_STATUS_INVALID_VALUE;
+  // Without a workspace of its own, cuBLAS takes one from its default pool, which CUDA >=
+  // 12.2 allocates stream-ordered inside a graph being captured: mtnlg gives the handle
+  // its workspace (cublasSetWorkspace after cublasSetStream), and a captured call without
+  // one is a bug the emulator stops at.
+  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(h->stream, &cs) == cudaSuccess && cs == cudaStreamCaptureStatusActive && !h->workspace)
+    fatal("cublasGemmEx captured into a CUDA graph on a handle without its own workspace (cublasSetWorkspace after "
+          "cublasSetStream): cuBLAS would allocate its default workspace inside the graph");
   UseCollector uses;  // the operands checked below become the op's uses (a graph's replay rechecks them)
   Layout a, b, c;
   a.type = Atype;

@@ -6,16 +6,21 @@
 // descriptor must be finalized before it is used as another's attribute, and is frozen
 // after. An operation graph is recognised when its operations are, in order, one of the
 // two fused-attention patterns of docs/specs/cudnn-sdpa.md (forward, backward; each with
-// or without dropout; the backward with or without the fp32 dQ accumulator): the
-// heuristic then offers one engine configuration, any other graph none. The plan's
-// finalize applies cuDNN's support surface for fused attention (I/O bf16 or fp16, one
-// type for all, fp32 statistics, head size a multiple of 8 up to 128, unit innermost
-// strides, 16-byte alignment) and answers CUDNN_STATUS_NOT_SUPPORTED outside it.
+// or without dropout; the backward with or without the fp32 dQ accumulator) with P handed
+// to the second matmul in the I/O type. The heuristic, for the device of the handle (the
+// emulated GPU, sm90) or of a device-property descriptor (cuDNN >= 9.8's offline
+// planning: its JSON must name deviceVer 900), then offers one engine configuration when
+// the graph is inside the support surface the real cuDNN 9.19 shows on sm90, and none
+// otherwise (with the reason as the last error): I/O bf16 or fp16, one type for all,
+// fp32 statistics, head size a multiple of 8, at most 256 for the backward (the forward
+// of a larger head size plans too, on an engine without workspace), unit innermost
+// strides, 16-byte alignment. The plan's workspace is the real one's (workspace_bytes);
+// test/core/cuda/test_cudnn_plan_table.cpp checks every answer against the real library.
 // Execution reads the variant pack (every non-virtual tensor's pointer, device memory of
-// the right extent; the by-value scalars from host memory; a workspace of the size the
-// plan reported) and runs ops::attention_forward_lse / attention_backward_lse on CPU
-// copies. The dropout mask is the CPU op's Philox draw at index offset + ((b*H + h)*T +
-// i)*T + j (not cuDNN's generator: not modelled).
+// the right extent and aligned as declared; the by-value scalars from host memory; a
+// workspace of the plan's size) and runs ops::attention_forward_lse /
+// attention_backward_lse on CPU copies. The dropout mask is the CPU op's Philox draw at
+// index offset + ((b*H + h)*T + i)*T + j (not cuDNN's generator: not modelled).
 // Fault injection: MTNLG_EMU_CUDNN_FAIL=plans makes every plan's finalize answer
 // CUDNN_STATUS_NOT_SUPPORTED (a cuDNN that takes none of these graphs).
 #include <cudnn_graph.h>
@@ -28,6 +33,8 @@
 #include <map>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "core/ops.hpp"
 #include "core/switches.hpp"
@@ -43,6 +50,7 @@ namespace mtnlg::emu {
 namespace {
 
 constexpr uint64_t kMagic = 0x63756e6e31ull;
+constexpr int kPlanHandle = 400;  // CUDNN_ATTR_EXECUTION_PLAN_HANDLE (deprecated in cuDNN 9's headers)
 thread_local std::string tl_last_error;
 
 cudnnStatus_t refuse(cudnnStatus_t s, const std::string& why) {
@@ -53,6 +61,7 @@ cudnnStatus_t refuse(cudnnStatus_t s, const std::string& why) {
 struct Desc;
 struct Pattern {  // a recognised fused-attention graph
   bool forward = false, dropout = false, accumulator = false;
+  bool probs_io = true;  // P reaches the second matmul in the I/O type
   double keep = 1;
   // The roles' tensors (descriptors of the graph's non-virtual tensors).
   const Desc *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr, *stats = nullptr, *dout = nullptr,
@@ -68,7 +77,7 @@ struct Desc {
   // An engine configuration and a plan point at their graph's pattern.
   const Desc* graph = nullptr;
   Pattern pattern;  // an operation graph's, after finalize
-  std::string unsupported;  // a plan's refusal reason (empty: supported)
+  int64_t device_version = 0;  // a device-property descriptor's deviceVer, after finalize
 
   bool has(int n) const { return attrs.count(n) != 0; }
   template <typename T>
@@ -114,6 +123,7 @@ size_t type_size(cudnnBackendAttributeType_t t) {
     case CUDNN_TYPE_VOID_PTR:
     case CUDNN_TYPE_BACKEND_DESCRIPTOR: return sizeof(void*);
     case CUDNN_TYPE_BOOLEAN: return sizeof(bool);
+    case CUDNN_TYPE_CHAR: return 1;
     case CUDNN_TYPE_INT64:
     case CUDNN_TYPE_DOUBLE: return 8;
     case CUDNN_TYPE_FLOAT:
@@ -202,6 +212,7 @@ bool recognise(const std::vector<const Desc*>& ops, Pattern& p) {
       p.scale = B(ops[1]);
       p.v = MB(mms[1]);
       p.o = MC(mms[1]);
+      p.probs_io = MA(mms[1])->dtype() == p.q->dtype();
       p.stats = Y(ops[11]);  // add(max, log sum)
     }
     for (bool acc : {false, true}) {
@@ -243,13 +254,39 @@ std::string support(const Pattern& p) {
   const auto qd = p.q->dims();
   if (qd.size() != 4) return "fused attention takes 4-d tensors";
   const int64_t d = qd[3];
-  if (d % 8 != 0 || d > 128) return fmt_str("head dimension %lld: must be a multiple of 8 up to 128", (long long)d);
+  if (d % 8 != 0 || (!p.forward && d > 256))
+    return fmt_str("head dimension %lld: must be a multiple of 8, up to 256 in the backward (sm90)", (long long)d);
+  if (!p.probs_io) return "the second matmul of fused attention takes P in the I/O type";
   for (const Desc* t : {p.q, p.o, p.dout, p.dq, p.dk, p.dv})
     if (t && t->strides().back() != 1) return "fused attention needs unit stride in the head dimension";
   if (p.k->strides()[2] != 1) return "fused attention needs K^T with unit stride in the head dimension";
   for (const Desc* t : {p.q, p.k, p.v, p.o, p.stats, p.dout, p.dq, p.dk, p.dv})
     if (t && t->one<int64_t>(CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, 0) < 16) return "fused attention needs 16-byte alignment";
   if (p.dropout && (!p.seed || !p.offset)) return "dropout needs seed and offset tensors";
+  return "";
+}
+
+// The plan's workspace, as the real cuDNN 9.19 reports it on sm90 (the plan table's
+// cases): the forward 256 bytes (0 for a head size above 256, another engine); the
+// backward 256 + the rows' fp32 softmax sums rounded up to 128 bytes, and with the
+// deterministic algorithm (no dQ accumulator) dP in bf16/fp16 as [B, H, T rounded up to
+// 64, T rounded up to 128].
+int64_t workspace_bytes(const Pattern& p) {
+  const auto d = p.q->dims();
+  const int64_t B = d[0], H = d[1], T = d[2], D = d[3];
+  auto up = [](int64_t x, int64_t m) { return (x + m - 1) / m * m; };
+  if (p.forward) return D > 256 ? 0 : 256;
+  int64_t ws = 256 + up(B * H * T * 4, 128);
+  if (!p.accumulator) ws += B * H * up(T, 64) * up(T, 128) * 2;
+  return ws;
+}
+
+// The device a heuristic plans for: a device-property descriptor's version, else the
+// handle's (the emulated GPU is sm90).
+std::string device_refusal(const Desc* device) {
+  const int64_t v = device ? device->device_version : 900;
+  if (v != 900)
+    return fmt_str("the emulated cuDNN models sm90 (deviceVer 900) only, not deviceVer %lld", (long long)v);
   return "";
 }
 
@@ -334,6 +371,7 @@ const char* cudnnGetErrorString(cudnnStatus_t s) {
     case CUDNN_STATUS_SUCCESS: return "CUDNN_STATUS_SUCCESS";
     case CUDNN_STATUS_BAD_PARAM: return "CUDNN_STATUS_BAD_PARAM";
     case CUDNN_STATUS_NOT_SUPPORTED: return "CUDNN_STATUS_NOT_SUPPORTED";
+    case CUDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER: return "CUDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER";
     case CUDNN_STATUS_NOT_INITIALIZED: return "CUDNN_STATUS_NOT_INITIALIZED";
     default: return "CUDNN_STATUS_(other)";
   }
@@ -403,17 +441,51 @@ cudnnStatus_t cudnnBackendFinalize(cudnnBackendDescriptor_t d) {
       recognise(p->refs(CUDNN_ATTR_OPERATIONGRAPH_OPS), p->pattern);
       break;
     }
+    case CUDNN_BACKEND_DEVICEPROP_DESCRIPTOR: {
+      // cuDNN's JSON of device properties (core/cuda/cudnn_device.hpp writes one), or a
+      // device id: the emulated GPU's properties (cudaGetDeviceProperties), serialized.
+      if (!p->has(CUDNN_ATTR_DEVICEPROP_JSON_REPRESENTATION)) {
+        const auto id = p->get<int32_t>(CUDNN_ATTR_DEVICEPROP_DEVICE_ID);
+        cudaDeviceProp prop{};
+        if (id.size() != 1 || cudaGetDeviceProperties(&prop, id[0]) != cudaSuccess)
+          return refuse(CUDNN_STATUS_BAD_PARAM, "device properties: neither a JSON nor a device id of a device");
+        nlohmann::json d{{"cudaDeviceId", id[0]},
+                         {"deviceName", prop.name},
+                         {"deviceVer", prop.major * 100 + prop.minor * 10},
+                         {"driverVer", CUDART_VERSION},
+                         {"multiProcessorCount", prop.multiProcessorCount},
+                         {"totalGlobalMem", static_cast<int64_t>(prop.totalGlobalMem)},
+                         {"l2CacheSize", prop.l2CacheSize},
+                         {"maxSharedMemoryPerBlock", static_cast<int64_t>(prop.sharedMemPerBlock)},
+                         {"maxSharedMemoryPerBlockOptin", static_cast<int64_t>(prop.sharedMemPerBlockOptin)},
+                         {"regsPerBlock", prop.regsPerBlock},
+                         {"maxThreadsPerBlock", prop.maxThreadsPerBlock},
+                         {"maxThreadsPerSM", prop.maxThreadsPerMultiProcessor},
+                         {"warpSize", 32}};
+        const std::string text = d.dump();
+        p->attrs[CUDNN_ATTR_DEVICEPROP_JSON_REPRESENTATION] = {CUDNN_TYPE_CHAR,
+                                                               std::vector<char>(text.begin(), text.end())};
+      }
+      const auto text = p->get<char>(CUDNN_ATTR_DEVICEPROP_JSON_REPRESENTATION);
+      const auto j = nlohmann::json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+      if (j.is_discarded() || !j.is_object()) return refuse(CUDNN_STATUS_BAD_PARAM, "device properties: not a JSON object");
+      for (const char* key : {"deviceVer", "multiProcessorCount", "maxSharedMemoryPerBlockOptin", "driverVer"})
+        if (!j.contains(key) || !j[key].is_number_integer())
+          return refuse(CUDNN_STATUS_BAD_PARAM, fmt_str("device properties: no integer \"%s\"", key));
+      p->device_version = j["deviceVer"].get<int64_t>();
+      break;
+    }
     case CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR:
       if (!p->ref(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH)) return refuse(CUDNN_STATUS_BAD_PARAM, "heuristic without graph");
       break;
     case CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR: {
       const Desc* cfg = p->ref(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG);
       if (!cfg || !cfg->graph) return refuse(CUDNN_STATUS_BAD_PARAM, "plan without an engine configuration");
+      if (!p->has(kPlanHandle) && !p->ref(CUDNN_ATTR_EXECUTION_PLAN_DEVICEPROP))
+        return refuse(CUDNN_STATUS_BAD_PARAM, "plan without a handle or device properties");
       p->graph = cfg->graph;
       if (::mtnlg::switches::text(::mtnlg::Switch::emu_cudnn_fail) == "plans")
         return refuse(CUDNN_STATUS_NOT_SUPPORTED, "no engine takes this graph (MTNLG_EMU_CUDNN_FAIL=plans)");
-      const std::string why = support(p->graph->pattern);
-      if (!why.empty()) return refuse(CUDNN_STATUS_NOT_SUPPORTED, why);
       break;
     }
     default: break;
@@ -429,7 +501,12 @@ cudnnStatus_t cudnnBackendGetAttribute(cudnnBackendDescriptor_t const d, cudnnBa
   if (p->type == CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR && n == CUDNN_ATTR_ENGINEHEUR_RESULTS &&
       t == CUDNN_TYPE_BACKEND_DESCRIPTOR) {
     const Desc* g = p->ref(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH);
-    const int64_t offered = g->pattern.q ? 1 : 0;
+    // One engine for a recognised graph inside the support surface on this device; none
+    // otherwise, with the reason as the last error (the real cuDNN offers none then).
+    std::string why = g->pattern.q ? device_refusal(p->ref(CUDNN_ATTR_ENGINEHEUR_DEVICEPROP)) : "";
+    if (g->pattern.q && why.empty()) why = support(g->pattern);
+    const int64_t offered = g->pattern.q && why.empty() ? 1 : 0;
+    if (!offered) tl_last_error = g->pattern.q ? why : "the emulated cuDNN recognises mtnlg's two attention graphs only";
     if (count) *count = requested == 0 ? offered : std::min(requested, offered);
     for (int64_t i = 0; i < std::min(requested, offered); ++i) {
       Desc* cfg = as_desc(static_cast<void**>(out)[i]);
@@ -440,9 +517,16 @@ cudnnStatus_t cudnnBackendGetAttribute(cudnnBackendDescriptor_t const d, cudnnBa
     }
     return CUDNN_STATUS_SUCCESS;
   }
+  if (p->type == CUDNN_BACKEND_DEVICEPROP_DESCRIPTOR && n == CUDNN_ATTR_DEVICEPROP_JSON_REPRESENTATION &&
+      t == CUDNN_TYPE_CHAR) {
+    const auto text = p->get<char>(CUDNN_ATTR_DEVICEPROP_JSON_REPRESENTATION);
+    if (count) *count = static_cast<int64_t>(text.size());
+    if (requested > 0 && out) std::memcpy(out, text.data(), std::min<size_t>(size_t(requested), text.size()));
+    return CUDNN_STATUS_SUCCESS;
+  }
   if (p->type == CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR && n == CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE &&
       t == CUDNN_TYPE_INT64 && requested >= 1) {
-    *static_cast<int64_t*>(out) = 64 << 10;  // some workspace, so that its passing is checked
+    *static_cast<int64_t*>(out) = workspace_bytes(p->graph->pattern);
     if (count) *count = 1;
     return CUDNN_STATUS_SUCCESS;
   }
@@ -461,10 +545,22 @@ cudnnStatus_t cudnnBackendExecute(cudnnHandle_t handle, cudnnBackendDescriptor_t
   for (size_t i = 0; i < uids.size(); ++i) c.ptr[uids[i]] = ptrs[i];
   void* ws = vp->one<void*>(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, nullptr);
   UseCollector uses;  // the op's device memory, rechecked by a graph's replay
-  check_device_range(ws, 64 << 10, "cudnnBackendExecute: workspace (smaller than the plan's workspace size)");
+  if (const int64_t need_ws = workspace_bytes(c.p); need_ws > 0)
+    check_device_range(ws, size_t(need_ws), "cudnnBackendExecute: workspace (smaller than the plan's workspace size)");
   for (const auto& [uid, p] : c.ptr)  // the tensors' extents are checked when the op runs
     if (is_device_pointer(p))
       check_device_range(p, 1, fmt_str("cudnnBackendExecute: tensor uid %lld", static_cast<long long>(uid)).c_str());
+  // Every pointer as aligned as its tensor declares (CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT).
+  for (const Desc* t : {c.p.q, c.p.k, c.p.v, c.p.o, c.p.stats, c.p.dout, c.p.dq, c.p.dk, c.p.dv, c.p.acc, c.p.seed,
+                        c.p.offset}) {
+    if (!t) continue;
+    const int64_t align = t->one<int64_t>(CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, 1);
+    const auto it = c.ptr.find(t->uid());
+    if (it != c.ptr.end() && align > 0 && reinterpret_cast<uintptr_t>(it->second) % uint64_t(align) != 0)
+      return refuse(CUDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER,
+                    fmt_str("variant pack: tensor uid %lld is not %lld-byte aligned as its descriptor declares",
+                            (long long)t->uid(), (long long)align));
+  }
   // By-value scalars are read now (host memory); the scale must be 1/sqrt(D) for the CPU op.
   const float scale = *static_cast<const float*>(need(c, c.p.scale));
   const int64_t D = c.p.q->dims()[3];

@@ -414,10 +414,18 @@ bool trainer_unfused_attention(const Recipe& r, const Cluster& c) {
   if (a != AttentionBackend::automatic) return a == AttentionBackend::unfused;
   if (c.gpu.name.rfind("cpu", 0) == 0) return false;
   // On a GPU, auto is cuDNN's fused (flash) attention where cuDNN takes the problem:
-  // bf16/fp16 and head sizes that are multiples of 8 up to 128 (cuDNN assumed present;
+  // bf16/fp16 and head sizes that are multiples of 8 up to 256 (cuDNN 9.19 on sm90, the
+  // plan table of test/core/cuda/test_cudnn_plan_table.cpp; cuDNN assumed present;
   // the trainer's banner says when it is not).
   const int64_t d = r.model.head_dim();
-  return r.training.precision == Precision::fp32 || d % 8 != 0 || d > 128;
+  return r.training.precision == Precision::fp32 || d % 8 != 0 || d > 256;
+}
+
+double cudnn_attention_bytes(int64_t b, int64_t heads, int64_t s, int64_t d, bool deterministic) {
+  auto up = [](int64_t x, int64_t m) { return (x + m - 1) / m * m; };
+  double bwd = 256.0 + double(up(b * heads * s * 4, 128));
+  bwd += deterministic ? 2.0 * double(b * heads * up(s, 64) * up(s, 128)) : 4.0 * double(b * heads * s * d);
+  return std::max(256.0, bwd);
 }
 
 double gemm_seconds(const GpuSpec& g, int64_t M, int64_t N, int64_t K, int64_t batch) {
@@ -605,6 +613,7 @@ struct StageInputs {
   double act_msg, p2p_one;                   // pipeline message bytes, one transfer's time
   GroupLink pp_link;
   int64_t m_full;  // micro batches per step at the full batch
+  bool deterministic = false;  // training.deterministic_mode (cuDNN's attention backward)
 };
 
 StageInputs stage_inputs(const Recipe& r, const Layout& l, const Cluster& c) {
@@ -636,7 +645,9 @@ StageInputs stage_inputs(const Recipe& r, const Layout& l, const Cluster& c) {
       scatter ? double(l.tp - 1) / t * act_msg / c.gpu.nvlink_bus_bw + double(l.tp - 1) * c.gpu.nvlink_alpha : 0;
   const double p2p_one = l.pp > 1 ? pp_link.alpha + wire_msg / pp_link.bw + gather : 0;
   const int64_t m_full = r.training.global_batch_size / (l.micro_batch * l.dp);
-  return StageInputs{sh, prec, e, t, d, peak, lt, per_layer_act, per_layer_full_act, T, act_msg, p2p_one, pp_link, m_full};
+  return StageInputs{sh,      prec,    e,       t,       d,      peak,
+                     lt,      per_layer_act, per_layer_full_act, T, act_msg, p2p_one,
+                     pp_link, m_full,  r.training.deterministic_mode};
 }
 
 // Memory of pipeline stage st (the trainer's exact accounting for the mtnlg profile,
@@ -714,11 +725,19 @@ StageMemory stage_memory(const Layout& l, const Cluster& c, const StageInputs& x
   }
   // CUDA context + cuBLAS workspace (~1 GiB) and allocator fragmentation (5% of the rest).
   const double rest = mem.weights + mem.gradients + mem.optimizer + mem.activations + mem.embedding + mem.logits;
-  mem.workspace = 1.0 * kGiB + 0.05 * rest + rematerialized;
+  // cuDNN's flash attention: its workspace and dQ accumulator, allocated for each call
+  // (the largest, the backward's, at most one at a time on the one stream).
+  if (c.software.trainer_activations && !sh.unfused && c.gpu.name.rfind("cpu", 0) != 0 && layers > 0)
+    mem.attention_workspace = c.attention_workspace >= 0
+                                  ? c.attention_workspace
+                                  : cudnn_attention_bytes(l.micro_batch, sh.a / l.tp, sh.s, sh.h / sh.a,
+                                                          x.deterministic);
+  mem.workspace = 1.0 * kGiB + 0.05 * rest + rematerialized + mem.attention_workspace;
   mem.total = rest + mem.comm_buffers + mem.workspace;
   // What the allocator itself hands out (measured on an H200: a 1.3B at micro batch 1
   // with full recompute 22.73 GiB, this 22.74; at micro batch 2 without 34.52, this 34.51).
-  mem.allocator = rest + (mem.comm_buffers - nccl_buffers) + rematerialized + kCublasWorkspace;
+  mem.allocator =
+      rest + (mem.comm_buffers - nccl_buffers) + rematerialized + kCublasWorkspace + mem.attention_workspace;
   return mem;
 
 }

@@ -202,13 +202,28 @@ struct Cluster {
   GpuSpec gpu;
   int64_t gpus_per_node = 8;
   SoftwareProfile software = software_profile("megatron-lm");
+  // Device bytes one flash attention call takes beside its tensors (cuDNN's plan
+  // workspace, the backward's fp32 dQ accumulator), as the installed cuDNN planned them
+  // offline for the recipe's layout (`mtnlg plan`); negative: the model's
+  // (cudnn_attention_bytes).
+  double attention_workspace = -1;
 };
 
 // Whether the plan counts mtnlg's unfused attention form (software profile with
 // trainer_activations): the recipe's model.attention_backend; auto is flash on the "cpu"
 // profile and, on a GPU, flash (cuDNN's fused attention) for bf16/fp16 with head sizes that
-// are multiples of 8 up to 128, unfused otherwise (as model/gpt.cpp resolves it).
+// are multiples of 8 up to 256 (what cuDNN 9.19 plans on sm90), unfused otherwise (as
+// model/gpt.cpp resolves it).
 bool trainer_unfused_attention(const Recipe& r, const Cluster& c);
+
+// Device bytes one of cuDNN's fused attention calls (core/cuda/cudnn_attention.hpp) takes
+// beside its tensors for micro batch `b`, `heads` local heads, sequence `s`, head size `d`:
+// the larger of the forward's and the backward's (the plan's workspace, and without
+// training.deterministic_mode the [b, heads, s, d] fp32 dQ accumulator). The workspace is
+// what cuDNN 9.19 reports on sm90 (the plan table of test/core/cuda/test_cudnn_plan_table.cpp):
+// forward 256 B; backward 256 B + the rows' fp32 sums (rounded up to 128 B), and
+// deterministic dP as [b, heads, s up to 64, s up to 128] in 2-byte elements.
+double cudnn_attention_bytes(int64_t b, int64_t heads, int64_t s, int64_t d, bool deterministic);
 
 // ---- calibration ----------------------------------------------------------------------
 
@@ -326,7 +341,8 @@ struct StageMemory {
   double logits = 0;       // last stage: fp32 logits for the cross-entropy
   double comm_buffers = 0; // p2p send/recv buffers + collective scratch
   double send_buffers = 0; // of which p2p sends not yet completed (the most at once)
-  double workspace = 0;    // CUDA context, cuBLAS workspace, allocator slack
+  double workspace = 0;    // CUDA context, cuBLAS workspace, allocator slack, cuDNN's attention workspace
+  double attention_workspace = 0;  // of which one flash attention call's (Cluster::attention_workspace)
   double total = 0;
   // Of the total, what a caching allocator holds in use at its peak (what mtnlg reports as
   // peak_memory_bytes on a GPU): every tensor above, the p2p buffers, the layer a full

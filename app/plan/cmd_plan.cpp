@@ -23,9 +23,98 @@
 #include "config/recipe.hpp"
 #include "planner/cost_model.hpp"
 
+#ifdef MTNLG_HAVE_CUDA
+#include "core/cuda/cudnn_attention.hpp"
+#include "core/cuda/cudnn_device.hpp"
+#endif
+
 namespace mtnlg::app {
 
 namespace {
+
+// Whether the installed cuDNN plans the recipe's flash attention (forward and backward at
+// the layout's micro batch and tensor-parallel heads) for the target GPU, asked without a
+// GPU (cuDNN >= 9.8's offline planning, core/cuda/cudnn_device.hpp), and the device bytes
+// a call takes beside its tensors.
+struct CudnnCheck {
+  bool asked = false;  // the plan counts cuDNN's flash form on a GPU
+  bool planned = false;
+  std::string library, why;
+  int64_t forward_workspace = 0, backward_workspace = 0, dq_accumulator = 0;
+  double bytes() const { return double(std::max(forward_workspace, backward_workspace + dq_accumulator)); }
+};
+
+CudnnCheck check_cudnn(const Recipe& r, const cost::Layout& l, const cost::Cluster& c) {
+  CudnnCheck k;
+  if (!c.software.trainer_activations || cost::trainer_unfused_attention(r, c) || c.gpu.name.rfind("cpu", 0) == 0)
+    return k;
+  k.asked = true;
+#ifndef MTNLG_HAVE_CUDA
+  k.why = "this mtnlg was built without CUDA";
+  (void)l;
+#else
+  k.library = cuda::cudnn_description("installed");
+  const std::string key = c.gpu.name.substr(0, c.gpu.name.find('-'));
+  const cuda::CudnnDevice* dev = cuda::cudnn_device(key);
+  if (!dev) {
+    k.why = fmt::format("no device description of {} to plan for (core/cuda/cudnn_device.cpp: h100, h200)", c.gpu.name);
+    return k;
+  }
+  if (const std::string e = cuda::load_plan_driver(cuda::plan_driver_beside_executable()); !e.empty()) {
+    k.why = e;
+    return k;
+  }
+  cuda::SdpaGraph g;
+  g.dt = r.training.precision == Precision::fp16 ? DType::f16 : DType::bf16;
+  g.B = l.micro_batch;
+  g.T = r.model.seq_length;
+  g.H = r.model.num_attention_heads / l.tp;
+  g.D = r.model.head_dim();
+  g.dropout_p = r.model.attention_dropout;
+  g.deterministic = r.training.deterministic_mode;
+  const std::string json = cuda::cudnn_device_json(*dev);
+  const cuda::SdpaPlan f = cuda::plan_offline(g, json, "installed");
+  g.forward = false;
+  const cuda::SdpaPlan b = f.planned ? cuda::plan_offline(g, json, "installed") : cuda::SdpaPlan{};
+  k.planned = f.planned && b.planned;
+  k.why = !f.planned ? f.why : b.why;
+  k.forward_workspace = f.workspace;
+  k.backward_workspace = b.workspace;
+  k.dq_accumulator = b.accumulator;
+#endif
+  return k;
+}
+
+nlohmann::json cudnn_json(const CudnnCheck& k) {
+  if (!k.asked) return nullptr;
+  nlohmann::json j{{"library", k.library}, {"planned", k.planned}};
+  if (k.planned) {
+    j["forward_workspace_bytes"] = k.forward_workspace;
+    j["backward_workspace_bytes"] = k.backward_workspace;
+    j["dq_accumulator_bytes"] = k.dq_accumulator;
+  } else {
+    j["why"] = k.why;
+  }
+  return j;
+}
+
+void print_cudnn(const CudnnCheck& k, const Recipe& r, const cost::Layout& l, const cost::Cluster& c) {
+  if (!k.asked) return;
+  const std::string what = fmt::format("micro batch {}, {} heads of {} per GPU, sequence {}", l.micro_batch,
+                                       r.model.num_attention_heads / l.tp, r.model.head_dim(), r.model.seq_length);
+  if (k.planned) {
+    const std::string acc = k.dq_accumulator > 0
+                                ? fmt::format(" + {:.2f} MiB fp32 dQ accumulator", double(k.dq_accumulator) / (1 << 20))
+                                : std::string(" (deterministic)");
+    fmt::print("cuDNN attention  {} plans it for {} ({}): forward workspace {} B, backward {:.2f} MiB{}, counted in the "
+               "workspace\n",
+               k.library, c.gpu.name, what, k.forward_workspace, double(k.backward_workspace) / (1 << 20), acc);
+  } else {
+    fmt::print("cuDNN attention  not planned for {} ({}): {}; with model.attention_backend auto the trainer would run "
+               "the unfused form\n",
+               c.gpu.name, what, k.why);
+  }
+}
 
 // Writes one plan output atomically. A file that cannot be created is the user's input
 // (exit 2); a failure while writing is a fault (exit 1). Both name the option.
@@ -507,6 +596,7 @@ nlohmann::json estimate_json(const cost::Estimate& e, const cost::Cluster& c) {
                         {"comm_buffers_gib", m.comm_buffers / kGiB},
                         {"send_buffers_gib", m.send_buffers / kGiB},
                         {"workspace_gib", m.workspace / kGiB},
+                        {"attention_workspace_gib", m.attention_workspace / kGiB},
                         {"allocator_gib", m.allocator / kGiB}}},
                       {"forward_s", t.forward},
                       {"backward_s", t.backward},
@@ -639,13 +729,17 @@ void run_plan(const PlanArgs& a) {
   const int64_t gpus = plan_gpus(a, r);
   cost::Estimate est;
   nlohmann::json search_json;
+  CudnnCheck cudnn;
   if (a.search) {
     est = search_layouts(a, r, c, gpus, search_json);
+    cudnn = check_cudnn(r, est.layout, c);  // the chosen layout's; the search counted the model's bytes
   } else {
     cost::Layout l = cost::layout_from_recipe(r, gpus);
     if (l.vp > 1 && !c.software.interleaved_schedule)
       throw_input("{}: --software {} has no interleaved schedule; set parallel.num_layers_per_virtual_pipeline_stage=0",
                   a.recipe, c.software.name);
+    cudnn = check_cudnn(r, l, c);
+    if (cudnn.planned) c.attention_workspace = cudnn.bytes();  // the installed cuDNN's answer, not the model's
     est = cost::estimate(r, l, c);
   }
   const std::string ramp_note = cost::ramp_problem(r, est.layout);
@@ -658,10 +752,12 @@ void run_plan(const PlanArgs& a) {
     if (c.software.trainer_activations)  // the attention form this trainer runs for the plan
       j["attention_backend"] = cost::trainer_unfused_attention(r, c) ? "unfused" : "flash";
     if (a.search) j["search"] = search_json;
+    j["cudnn"] = cudnn_json(cudnn);
     if (!a.sbatch.empty()) j["sbatch"] = a.sbatch;  // written below
     std::printf("%s\n", j.dump(2).c_str());
   } else {
     print_human(r, est, c);
+    print_cudnn(cudnn, r, est.layout, c);
     if (!ramp_note.empty())
       std::printf("warning          %s (mtnlg train would reject this; ramp microbatches are rounded up here)\n",
                   ramp_note.c_str());
@@ -690,7 +786,9 @@ void register_plan(CLI::App& app) {
   cmd->add_option("--gpu-profile", a.gpu_profile, "Use the GPU constants in this file (written by --calibrate) instead of --gpu");
   cmd->add_option("--software", a.software,
                   "Software profile: megatron-lm (Megatron-LM 2022), megatron-lm-2021, megatron-deepspeed (MT-NLG's "
-                  "DeepSpeed pipeline), megatron-core (2024-25: fused attention, TP/DP/p2p overlap) or mtnlg (this trainer: flash-style attention, its exact activation count); "
+                  "DeepSpeed pipeline), megatron-core (2024-25: fused attention, TP/DP/p2p overlap) or mtnlg (this trainer: flash-style attention, its exact activation count; "
+                  "on h100-80g/h200-141g the installed cuDNN is asked, without a GPU, whether it plans the recipe's "
+                  "attention and how much workspace it needs, which the memory then counts); "
                   "--calibrate fits the GPU constants under it")
       ->capture_default_str();
   cmd->add_option("--calibrate", a.calibrate,

@@ -6,6 +6,7 @@
 #include "parallel/communicator.hpp"
 #include "planner/cost_model.hpp"
 #ifdef MTNLG_HAVE_CUDA
+#include "core/cuda/cudnn_attention.hpp"
 #include "core/cuda/device.hpp"
 #include "core/cuda/ops_cuda.hpp"
 #endif
@@ -46,6 +47,14 @@ Device select_device(DeviceKind kind, const std::string& what) {
   throw_input("{}: cuda, but this mtnlg was built without the CUDA backend (configure with nvcc on the PATH, "
               "or -DMTNLG_CUDA=ON); use cpu",
               what);
+#endif
+}
+
+void configure_determinism(Device d, bool deterministic) {
+#ifdef MTNLG_HAVE_CUDA
+  if (d == Device::cuda) cuda::set_deterministic_attention(deterministic);
+#else
+  (void)d, (void)deterministic;
 #endif
 }
 

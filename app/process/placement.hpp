@@ -16,6 +16,10 @@ namespace mtnlg::app {
 // more processes share this node than it has GPUs (NCCL cannot put two ranks of a group
 // on one GPU). test: the test device (core/tensor.hpp). cpu: the CPU.
 Device select_device(DeviceKind kind, const std::string& what);
+// training.deterministic_mode for this process's device, before anything is planned on
+// it: on CUDA, cuDNN's deterministic attention backward (core/cuda/cudnn_attention.hpp);
+// on the CPU and the test device nothing (their kernels are deterministic either way).
+void configure_determinism(Device d, bool deterministic);
 // "auto", "cpu", "cuda", "test" (a --device value); InputError naming `what` otherwise.
 DeviceKind parse_device_kind(const std::string& text, const std::string& what);
 // One line for banners: "cpu", "test device", "cuda:0 NVIDIA H100 80GB HBM3 (sm_90)".

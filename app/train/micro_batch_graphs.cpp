@@ -1,6 +1,7 @@
 #include "app/train/micro_batch_graphs.hpp"
 
 #include "core/error.hpp"
+#include "core/refused.hpp"
 #include "core/log.hpp"
 #include "core/mem_account.hpp"
 #include "parallel/flight_recorder.hpp"
@@ -66,7 +67,9 @@ bool MicroBatchGraphs::capture(Shape& sh, int64_t mb_id, const model::TrainMicro
     MTNLG_CHECK(sh.pool->live_bytes() == 0,
                 "{} bytes allocated during the capture are still held after the backward: a tensor outlived its graph",
                 sh.pool->live_bytes());
-  } catch (const RuntimeError& e) {
+  } catch (const Refused& e) {
+    // The runtime (or a library) declined to capture this work: it runs eagerly. Any other
+    // error -- an internal check such as the one above, out of memory -- ends the run.
     chunk_.drop_saved();  // a forward captured without its backward
     sh.bwd.reset();
     sh.fwd.reset();

@@ -128,6 +128,7 @@ struct TrainModel {
         store(declared_params(cfg, specs, unplaced)),
         device(select_device(r.training.device, "training.device")),
         groups(parallel::place_groups(unplaced, device)) {
+    configure_determinism(device, r.training.deterministic_mode);  // before the chunks plan their attention
     store.finalize(DType::f32, cfg.dtype, device);
     store.initialize(cfg.seed, cfg.init_std, cfg.num_layers_total);
     for (auto& s : specs) chunks.push_back(std::make_unique<model::GptChunk>(cfg, s, store, groups));

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstdlib>
 #include <map>
 #include <memory>
@@ -19,19 +20,18 @@
 #include <tuple>
 #include <vector>
 
-#ifndef MTNLG_CUDA_EMULATE
 #include <dlfcn.h>
-#endif
 
 #include "core/cuda/common.cuh"
 #include "core/cuda/cudnn_attention.hpp"
+#include "core/refused.hpp"
 #include "core/switches.hpp"
 
 namespace mtnlg::cuda {
 
 namespace {
 
-// ---- the library, loaded once ---------------------------------------------------------
+// ---- the library ---------------------------------------------------------------------
 struct Api {
   decltype(&cudnnGetVersion) version = nullptr;
   decltype(&cudnnGetErrorString) error_string = nullptr;
@@ -48,33 +48,20 @@ struct Api {
   std::string failure;  // empty when loaded
 };
 
-#ifdef MTNLG_CUDA_EMULATE
-// The emulated backend defines the functions (emulator/cudnn.cpp).
-void bind(Api& a) {
-  a.version = &cudnnGetVersion;
-  a.error_string = &cudnnGetErrorString;
-  a.last_error = &cudnnGetLastErrorString;
-  a.create = &cudnnCreate;
-  a.set_stream = &cudnnSetStream;
-  a.create_desc = &cudnnBackendCreateDescriptor;
-  a.destroy_desc = &cudnnBackendDestroyDescriptor;
-  a.set_attr = &cudnnBackendSetAttribute;
-  a.get_attr = &cudnnBackendGetAttribute;
-  a.finalize = &cudnnBackendFinalize;
-  a.execute = &cudnnBackendExecute;
-  a.lib = "emulated cuDNN";
-}
-#else
 template <typename F>
 void sym(void* h, F& f, const char* name, std::string& failure) {
   f = reinterpret_cast<F>(dlsym(h, name));
   if (!f && failure.empty()) failure = std::string(name) + " missing";
 }
-void bind(Api& a) {
+
+// The library `names` names (the first that loads), opened at run time. Its symbols are
+// looked up in it (dlsym on its handle), so in the emulated build this reaches the real
+// library beside the emulated one the backend is linked with.
+void bind_dlopen(Api& a, const std::vector<std::string>& names) {
   void* h = nullptr;
   std::string tried;
-  for (const char* name : {"libcudnn.so.9", "libcudnn_graph.so.9"}) {
-    h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+  for (const std::string& name : names) {
+    h = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (h) {
       a.lib = name;
       break;
@@ -84,7 +71,7 @@ void bind(Api& a) {
     tried += e ? e : name;
   }
   if (!h) {
-    a.failure = "libcudnn.so.9 does not load (" + tried + ")";
+    a.failure = names.front() + " does not load (" + tried + ")";
     return;
   }
   sym(h, a.version, "cudnnGetVersion", a.failure);
@@ -99,8 +86,38 @@ void bind(Api& a) {
   sym(h, a.finalize, "cudnnBackendFinalize", a.failure);
   sym(h, a.execute, "cudnnBackendExecute", a.failure);
 }
+
+const std::vector<std::string>& installed_names() {
+  static const std::vector<std::string> n{"libcudnn.so.9", "libcudnn_graph.so.9"};
+  return n;
+}
+
+#ifdef MTNLG_CUDA_EMULATE
+// The emulated backend defines the functions (emulator/cudnn.cpp).
+void bind_backend(Api& a) {
+  a.version = &cudnnGetVersion;
+  a.error_string = &cudnnGetErrorString;
+  a.last_error = &cudnnGetLastErrorString;
+  a.create = &cudnnCreate;
+  a.set_stream = &cudnnSetStream;
+  a.create_desc = &cudnnBackendCreateDescriptor;
+  a.destroy_desc = &cudnnBackendDestroyDescriptor;
+  a.set_attr = &cudnnBackendSetAttribute;
+  a.get_attr = &cudnnBackendGetAttribute;
+  a.finalize = &cudnnBackendFinalize;
+  a.execute = &cudnnBackendExecute;
+  a.lib = "emulated cuDNN";
+}
+#else
+void bind_backend(Api& a) { bind_dlopen(a, installed_names()); }
 #endif
 
+void check_version(Api& a) {
+  if (a.failure.empty() && a.version() / 10000 != 9)
+    a.failure = fmt::format("{} is version {}, mtnlg needs cuDNN 9", a.lib, a.version());
+}
+
+// The backend's cuDNN: what runs attention in this process.
 const Api& api() {
   static const Api a = [] {
     Api a;
@@ -108,23 +125,36 @@ const Api& api() {
       a.failure = "switched off (MTNLG_CUDNN=0)";
       return a;
     }
-    bind(a);
-    if (a.failure.empty() && a.version() / 10000 != 9)
-      a.failure = fmt::format("{} is version {}, mtnlg needs cuDNN 9", a.lib, a.version());
+    bind_backend(a);
+    check_version(a);
     return a;
   }();
   return a;
 }
 
+// A library asked offline (plan_offline): the backend's, or one opened by name.
+const Api& api_named(const std::string& library) {
+  if (library.empty()) return api();
+  static std::mutex mu;
+  static std::map<std::string, std::unique_ptr<Api>> opened;  // kept for the process
+  std::lock_guard<std::mutex> lock(mu);
+  auto& slot = opened[library];
+  if (!slot) {
+    slot = std::make_unique<Api>();
+    bind_dlopen(*slot, library == "installed" ? installed_names() : std::vector<std::string>{library});
+    check_version(*slot);
+  }
+  return *slot;
+}
+
 // A cuDNN refusal: the call, the status and cuDNN's own last message.
-struct Refused : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-void check(cudnnStatus_t s, const char* what) {
-  if (s == CUDNN_STATUS_SUCCESS) return;
+[[noreturn]] void refuse(const Api& a, cudnnStatus_t s, const char* what) {
   char msg[512] = {0};
-  if (api().last_error) api().last_error(msg, sizeof msg);
-  throw Refused(fmt::format("cuDNN {}: {}{}{}", what, api().error_string(s), msg[0] ? ": " : "", msg));
+  if (a.last_error) a.last_error(msg, sizeof msg);
+  throw Refused(fmt::format("cuDNN {}: {}{}{}", what, a.error_string(s), msg[0] ? ": " : "", msg));
+}
+void check(const Api& a, cudnnStatus_t s, const char* what) {
+  if (s != CUDNN_STATUS_SUCCESS) refuse(a, s, what);
 }
 
 // Deprecated in cuDNN 9's headers, and still how a graph and a plan get their handle.
@@ -134,16 +164,16 @@ constexpr auto kPlanHandle = static_cast<cudnnBackendAttributeName_t>(400);   //
 // ---- descriptors --------------------------------------------------------------------
 class Desc {
  public:
-  explicit Desc(cudnnBackendDescriptorType_t t) { check(api().create_desc(t, &d_), "create descriptor"); }
+  Desc(const Api& a, cudnnBackendDescriptorType_t t) : a_(&a) { check(a, a.create_desc(t, &d_), "create descriptor"); }
   ~Desc() {
-    if (d_) api().destroy_desc(d_);
+    if (d_) a_->destroy_desc(d_);
   }
   Desc(const Desc&) = delete;
   Desc& operator=(const Desc&) = delete;
   cudnnBackendDescriptor_t get() const { return d_; }
 
   Desc& set(cudnnBackendAttributeName_t n, cudnnBackendAttributeType_t t, int64_t count, const void* v) {
-    check(api().set_attr(d_, n, t, count, v), "set attribute");
+    check(*a_, a_->set_attr(d_, n, t, count, v), "set attribute");
     return *this;
   }
   Desc& i64(cudnnBackendAttributeName_t n, int64_t v) { return set(n, CUDNN_TYPE_INT64, 1, &v); }
@@ -161,11 +191,12 @@ class Desc {
   }
   Desc& handle(cudnnBackendAttributeName_t n, cudnnHandle_t h) { return set(n, CUDNN_TYPE_HANDLE, 1, &h); }
   Desc& finalize() {
-    check(api().finalize(d_), "finalize");
+    check(*a_, a_->finalize(d_), "finalize");
     return *this;
   }
 
  private:
+  const Api* a_;
   cudnnBackendDescriptor_t d_ = nullptr;
 };
 
@@ -178,9 +209,17 @@ enum Uid : int64_t {
   kFirstVirtual = 100,
 };
 
+// Where a plan is made: on this process's device (its handle), or offline for the device
+// a device-property descriptor describes (cuDNN >= 9.8 plans without a GPU then).
+struct Target {
+  cudnnHandle_t handle = nullptr;
+  const Desc* device = nullptr;
+};
+
 // One graph under construction: every descriptor it creates lives as long as it does.
 class Graph {
  public:
+  explicit Graph(const Api& a) : a_(a) {}
   const Desc& tensor(int64_t uid, cudnnDataType_t dt, Dims dim, Dims stride, bool is_virtual = false,
                      bool by_value = false, cudnnBackendTensorReordering_t reorder = CUDNN_TENSOR_REORDERING_NONE) {
     Desc& t = keep(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
@@ -266,39 +305,45 @@ class Graph {
 
   // The operation graph, the heuristic's engine configurations (mode A), and the first
   // one cuDNN finalizes into an execution plan.
-  std::unique_ptr<Desc> plan(cudnnHandle_t h, int64_t* workspace) {
+  std::unique_ptr<Desc> plan(const Target& at, int64_t* workspace) {
     Desc& g = keep(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
     std::vector<cudnnBackendDescriptor_t> ops;
     for (const Desc* o : ops_) ops.push_back(o->get());
-    g.set(CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, static_cast<int64_t>(ops.size()), ops.data())
-        .handle(kGraphHandle, h)
-        .finalize();
+    g.set(CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, static_cast<int64_t>(ops.size()), ops.data());
+    if (at.handle) g.handle(kGraphHandle, at.handle);
+    g.finalize();
     Desc& heur = keep(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
     const cudnnBackendHeurMode_t mode = CUDNN_HEUR_MODE_A;
-    heur.desc(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, g)
-        .set(CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode)
-        .finalize();
+    heur.desc(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, g).set(CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
+    if (at.device) heur.desc(CUDNN_ATTR_ENGINEHEUR_DEVICEPROP, *at.device);
+    heur.finalize();
     int64_t count = 0;
-    check(api().get_attr(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, nullptr),
+    check(a_, a_.get_attr(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, nullptr),
           "engine heuristic");
-    if (count <= 0) throw Refused("cuDNN has no engine for this graph");
+    if (count <= 0) {
+      char msg[512] = {0};
+      if (a_.last_error) a_.last_error(msg, sizeof msg);
+      throw Refused(fmt::format("cuDNN has no engine for this graph{}{}", msg[0] ? ": " : "", msg));
+    }
     std::vector<std::unique_ptr<Desc>> cfgs;
     std::vector<cudnnBackendDescriptor_t> raw;
     for (int64_t i = 0; i < count; ++i) {
-      cfgs.push_back(std::make_unique<Desc>(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR));
+      cfgs.push_back(std::make_unique<Desc>(a_, CUDNN_BACKEND_ENGINECFG_DESCRIPTOR));
       raw.push_back(cfgs.back()->get());
     }
     int64_t got = 0;
-    check(api().get_attr(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &got,
-                         raw.data()),
+    check(a_, a_.get_attr(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &got,
+                          raw.data()),
           "engine heuristic results");
     std::string last = "cuDNN has no engine for this graph";
     for (int64_t i = 0; i < got; ++i) {
       try {
-        auto p = std::make_unique<Desc>(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
-        p->handle(kPlanHandle, h).desc(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, *cfgs[i]).finalize();
+        auto p = std::make_unique<Desc>(a_, CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
+        if (at.handle) p->handle(kPlanHandle, at.handle);
+        if (at.device) p->desc(CUDNN_ATTR_EXECUTION_PLAN_DEVICEPROP, *at.device);
+        p->desc(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, *cfgs[i]).finalize();
         int64_t n = 0;
-        check(api().get_attr(p->get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &n, workspace),
+        check(a_, a_.get_attr(p->get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &n, workspace),
               "plan workspace size");
         for (auto& c : cfgs) owned_.push_back(std::move(c));
         return p;
@@ -311,11 +356,12 @@ class Graph {
 
  private:
   Desc& keep(cudnnBackendDescriptorType_t t) {
-    owned_.push_back(std::make_unique<Desc>(t));
+    owned_.push_back(std::make_unique<Desc>(a_, t));
     return *owned_.back();
   }
   void add(const Desc& op) { ops_.push_back(&op); }
 
+  const Api& a_;
   std::vector<std::unique_ptr<Desc>> owned_;
   std::vector<const Desc*> ops_;
   std::map<int64_t, const Desc*> scalars_;
@@ -367,7 +413,7 @@ const Desc& offset_tensor(Graph& g) { return g.tensor(kOffset, CUDNN_DATA_INT64,
 // Forward: S = scale Q K^T; causal mask; softmax with its statistics
 // (Stats = max + log(sum exp(S - max)), P = exp(S - max) / sum); P' = P * mask / (1 - p);
 // O = P' V. The last op before P V writes P' in the I/O type (the matmul's A type).
-void build_forward(Graph& g, const Shape& sh, double p) {
+void build_forward(Graph& g, const Shape& sh, double p, SdpaGraph::Flaw flaw) {
   const cudnnDataType_t io = cudnn_type(sh.dt);
   const Desc& q = g.tensor(kQ, io, {sh.B, sh.H, sh.T, sh.D}, sh.qkv_stride());
   const Desc& kt = g.tensor(kK, io, {sh.B, sh.H, sh.D, sh.T}, sh.qkv_t_stride());
@@ -389,7 +435,10 @@ void build_forward(Graph& g, const Shape& sh, double p) {
   g.reduction(CUDNN_REDUCE_TENSOR_ADD, e, z);
   const Desc& logz = g.virt(sh.rows(), sh.rows_stride());
   g.pointwise(CUDNN_POINTWISE_LOG, z, nullptr, nullptr, logz);
-  g.pointwise(CUDNN_POINTWISE_ADD, m, &logz, nullptr, stats);
+  const bool sub_for_add = flaw == SdpaGraph::Flaw::stats_sub_for_add;
+  g.pointwise(sub_for_add ? CUDNN_POINTWISE_SUB : CUDNN_POINTWISE_ADD, m, &logz, nullptr, stats);
+  // The operand P of the second matmul: in the I/O type (fp32 only as a planted flaw).
+  const cudnnDataType_t p_type = flaw == SdpaGraph::Flaw::fp32_probs ? CUDNN_DATA_FLOAT : io;
   const Desc* probs = nullptr;
   if (p > 0) {
     const Desc& softmax = scores_op(g, sh, CUDNN_POINTWISE_DIV, e, &z);
@@ -397,9 +446,9 @@ void build_forward(Graph& g, const Shape& sh, double p) {
     g.rng(seed_tensor(g), offset_tensor(g), mask, 1.0 - p);
     const Desc& kept = scores_op(g, sh, CUDNN_POINTWISE_MUL, softmax, &mask);
     const Desc& dscale = g.scalar(kDropScale);
-    probs = &scores_op(g, sh, CUDNN_POINTWISE_MUL, kept, &dscale, io);
+    probs = &scores_op(g, sh, CUDNN_POINTWISE_MUL, kept, &dscale, p_type);
   } else {
-    probs = &scores_op(g, sh, CUDNN_POINTWISE_DIV, e, &z, io);
+    probs = &scores_op(g, sh, CUDNN_POINTWISE_DIV, e, &z, p_type);
   }
   g.matmul(*probs, v, o);
 }
@@ -409,7 +458,7 @@ void build_forward(Graph& g, const Shape& sh, double p) {
 //   P = exp(causal(scale Q K^T) - Stats); P' = P * mask / (1 - p)
 //   dV = P'^T dO
 //   dS = scale * P * (dO V^T * mask - rowsum) / (1 - p)
-//   dK = dS^T Q;  dQ = dS K (into an fp32 accumulator when the engine wants one)
+//   dK = dS^T Q;  dQ = dS K (into the fp32 dQ accumulator unless deterministic)
 void build_backward(Graph& g, const Shape& sh, double p, bool dq_accumulator) {
   const cudnnDataType_t io = cudnn_type(sh.dt);
   const Dims bhtd{sh.B, sh.H, sh.T, sh.D}, bhdt{sh.B, sh.H, sh.D, sh.T};
@@ -473,8 +522,7 @@ void build_backward(Graph& g, const Shape& sh, double p, bool dq_accumulator) {
   const Desc& k = g.virt(bhtd, sh.qkv_stride(), io);
   g.reshape(kt, k);
   if (dq_accumulator) {
-    const Desc& acc = g.tensor(kdQAccum, CUDNN_DATA_FLOAT, bhtd, {sh.H * sh.T * sh.D, sh.T * sh.D, sh.D, 1}, false,
-                               false, CUDNN_TENSOR_REORDERING_F16x16);
+    const Desc& acc = g.tensor(kdQAccum, CUDNN_DATA_FLOAT, bhtd, {sh.H * sh.T * sh.D, sh.T * sh.D, sh.D, 1});
     g.matmul(ds_scaled, k, acc);
     g.pointwise(CUDNN_POINTWISE_IDENTITY, acc, nullptr, nullptr, dq);
   } else {
@@ -482,15 +530,16 @@ void build_backward(Graph& g, const Shape& sh, double p, bool dq_accumulator) {
   }
 }
 
-// ---- plans, one per (direction, shape, dropout) -------------------------------------
+// ---- plans, one per graph ----------------------------------------------------------
 struct Plan {
+  explicit Plan(const Api& a) : graph(a) {}
   Graph graph;
   std::unique_ptr<Desc> plan;
   int64_t workspace = 0;
   bool dq_accumulator = false;
   float scale = 1, lowest = 0, drop_scale = 1, drop_keep = 1, one = 1;
 };
-using PlanKey = std::tuple<bool, DType, int64_t, int64_t, int64_t, int64_t, double>;
+using PlanKey = std::tuple<bool, DType, int64_t, int64_t, int64_t, int64_t, double, bool>;
 
 struct Library {
   std::mutex mu;
@@ -503,32 +552,38 @@ Library& library() {
   return *l;
 }
 
-// The dQ accumulator: cuDNN's engines take an fp32 dQ buffer instead of a [B, H, T, T]
-// workspace for dP when that workspace would exceed 256 MiB.
-bool wants_dq_accumulator(const Shape& sh) {
-  const int64_t t64 = (sh.T + 63) / 64 * 64;
-  return sh.B * sh.H * t64 * t64 * 2 > (int64_t{256} << 20);
+Shape shape_of(const SdpaGraph& g) { return Shape{g.dt, g.B, g.T, g.H, g.D}; }
+
+// The graph `spec` describes, built into `pl` and planned at `at` (Refused when cuDNN
+// will not). The dQ accumulator is cuDNN 9's rule (cudnn-frontend's, for cuDNN >= 9.0):
+// the backward always accumulates dQ in fp32, except in the deterministic algorithm,
+// which keeps dP in a [B, H, T, T] workspace instead.
+void build_and_plan(Plan& pl, const SdpaGraph& spec, const Target& at) {
+  if (spec.dt != DType::bf16 && spec.dt != DType::f16)
+    throw Refused(fmt::format("cuDNN's fused attention takes bf16 or fp16, not {}", to_string(spec.dt)));
+  const Shape sh = shape_of(spec);
+  pl.dq_accumulator = dq_accumulator_bytes(spec) > 0;
+  if (spec.forward)
+    build_forward(pl.graph, sh, spec.dropout_p, spec.flaw);
+  else
+    build_backward(pl.graph, sh, spec.dropout_p, pl.dq_accumulator);
+  pl.plan = pl.graph.plan(at, &pl.workspace);
 }
 
-Plan& plan_for(bool forward, const Shape& sh, double p) {
+Plan& plan_for(const SdpaGraph& spec) {
   const Api& a = api();
   if (!a.failure.empty()) throw Refused("cuDNN " + a.failure);
   Library& lib = library();
-  const PlanKey key{forward, sh.dt, sh.B, sh.T, sh.H, sh.D, p};
+  const PlanKey key{spec.forward, spec.dt, spec.B, spec.T, spec.H, spec.D, spec.dropout_p,
+                    !spec.forward && spec.deterministic};
   if (auto it = lib.plans.find(key); it != lib.plans.end()) return *it->second;
   if (auto it = lib.refused.find(key); it != lib.refused.end()) throw Refused(it->second);
   try {
-    if (sh.dt != DType::bf16 && sh.dt != DType::f16)
-      throw Refused(fmt::format("cuDNN's fused attention takes bf16 or fp16, not {}", to_string(sh.dt)));
-    if (!lib.handle) check(a.create(&lib.handle), "create handle");
-    auto pl = std::make_unique<Plan>();
-    pl->dq_accumulator = !forward && wants_dq_accumulator(sh);
-    if (forward)
-      build_forward(pl->graph, sh, p);
-    else
-      build_backward(pl->graph, sh, p, pl->dq_accumulator);
-    pl->plan = pl->graph.plan(lib.handle, &pl->workspace);
-    pl->scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(sh.D)));
+    if (!lib.handle) check(a, a.create(&lib.handle), "create handle");
+    auto pl = std::make_unique<Plan>(a);
+    build_and_plan(*pl, spec, Target{lib.handle, nullptr});
+    const double p = spec.dropout_p;
+    pl->scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(spec.D)));
     pl->lowest = std::numeric_limits<float>::lowest();
     pl->drop_scale = p > 0 ? static_cast<float>(1.0 / (1.0 - p)) : 1.0f;
     pl->drop_keep = static_cast<float>(1.0 - p);
@@ -539,12 +594,25 @@ Plan& plan_for(bool forward, const Shape& sh, double p) {
   }
 }
 
+SdpaGraph spec_of(bool forward, const Shape& sh, const ops::AttentionDropout& drop) {
+  SdpaGraph g;
+  g.forward = forward;
+  g.dt = sh.dt;
+  g.B = sh.B, g.T = sh.T, g.H = sh.H, g.D = sh.D;
+  g.dropout_p = drop.p;
+  g.deterministic = deterministic_attention();
+  return g;
+}
+
 // seed = the dropout key, offset = (sample * heads_total + head_offset) * T * T, the key
 // and the sample taken from device memory when `dkey` says so.
+// The two live 16 bytes apart (dst[0] and dst[kOffsetAt]): every tensor of the graphs
+// declares 16-byte alignment, the offset tensor included.
+constexpr int64_t kOffsetAt = 2;
 __global__ void seed_offset_kernel(int64_t* dst, uint64_t key, int64_t sample, int64_t heads_total, int64_t head_offset,
                                    int64_t TT, DeviceKey dkey) {
   dst[0] = static_cast<int64_t>(dkey.key(key));
-  dst[1] = (static_cast<int64_t>(dkey.offset(static_cast<uint64_t>(sample))) * heads_total + head_offset) * TT;
+  dst[kOffsetAt] = (static_cast<int64_t>(dkey.offset(static_cast<uint64_t>(sample))) * heads_total + head_offset) * TT;
 }
 
 // Runs `pl` with the variant pack `uids` -> `ptrs` (plus the by-value scalars), on the
@@ -552,7 +620,7 @@ __global__ void seed_offset_kernel(int64_t* dst, uint64_t key, int64_t sample, i
 void execute(Plan& pl, std::vector<int64_t> uids, std::vector<void*> ptrs, const ops::AttentionDropout& drop,
              int64_t T) {
   Library& lib = library();
-  check(api().set_stream(lib.handle, stream()), "set stream");
+  check(api(), api().set_stream(lib.handle, stream()), "set stream");
   const std::vector<int64_t>& graph_uids = pl.graph.io_uids();
   auto in_graph = [&](int64_t uid) { return std::find(graph_uids.begin(), graph_uids.end(), uid) != graph_uids.end(); };
   for (const auto& [uid, value] : {std::pair<int64_t, float*>{kScale, &pl.scale}, {kLowest, &pl.lowest},
@@ -565,21 +633,21 @@ void execute(Plan& pl, std::vector<int64_t> uids, std::vector<void*> ptrs, const
   if (drop.p > 0) {
     // cuDNN's Philox stream: seed = the dropout key; the counter offset starts these
     // rows' (sample, head) block where the CPU's mask index does.
-    seed_offset = DeviceBuffer<int64_t>(2);
+    seed_offset = DeviceBuffer<int64_t>(2 * kOffsetAt);
     MTNLG_LAUNCH(1, 1, 0, stream(), seed_offset_kernel)(seed_offset.data(), drop.key, drop.sample_offset,
                                                          drop.heads_total, drop.head_offset, T * T, drop.dkey);
     MTNLG_CUDA_LAUNCH_CHECK("seed_offset_kernel");
     uids.insert(uids.end(), {kSeed, kOffset});
-    ptrs.insert(ptrs.end(), {seed_offset.data(), seed_offset.data() + 1});
+    ptrs.insert(ptrs.end(), {seed_offset.data(), seed_offset.data() + kOffsetAt});
   }
   DeviceBuffer<char> workspace(std::max<int64_t>(pl.workspace, 1));
-  Desc pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
+  Desc pack(api(), CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
   void* ws = workspace.data();
   pack.set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, static_cast<int64_t>(uids.size()), uids.data())
       .set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, static_cast<int64_t>(ptrs.size()), ptrs.data())
       .set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ws)
       .finalize();
-  check(api().execute(lib.handle, pl.plan->get(), pack.get()), "execute");
+  check(api(), api().execute(lib.handle, pl.plan->get(), pack.get()), "execute");
 }
 
 Shape shape_of(const char* op, const Tensor& qkv, int64_t heads) {
@@ -594,13 +662,26 @@ char* at(const Tensor& t, int64_t elements) {
 
 }  // namespace
 
+int64_t dq_accumulator_bytes(const SdpaGraph& g) {
+  return g.forward || g.deterministic ? 0 : g.B * g.H * g.T * g.D * static_cast<int64_t>(sizeof(float));
+}
+
+namespace {
+std::atomic<bool> g_deterministic{false};
+}  // namespace
+
+void set_deterministic_attention(bool on) { g_deterministic = on; }
+bool deterministic_attention() { return g_deterministic; }
+
 bool fused_attention_supported(DType dt, int64_t B, int64_t T, int64_t H, int64_t D, double dropout_p,
                                std::string* why) {
   std::lock_guard<std::mutex> lock(library().mu);
   const Shape sh{dt, B, T, H, D};
+  ops::AttentionDropout drop;
+  drop.p = dropout_p;
   try {
-    plan_for(true, sh, dropout_p);
-    plan_for(false, sh, dropout_p);
+    plan_for(spec_of(true, sh, drop));
+    plan_for(spec_of(false, sh, drop));
     return true;
   } catch (const Refused& e) {
     if (why) *why = e.what();
@@ -613,11 +694,11 @@ void cudnn_attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, int64_
   std::lock_guard<std::mutex> lock(library().mu);
   const Shape sh = shape_of("attention_forward_lse", qkv, heads);
   try {
-    Plan& pl = plan_for(true, sh, drop.p);
+    Plan& pl = plan_for(spec_of(true, sh, drop));
     execute(pl, {kQ, kK, kV, kO, kStats},
             {at(qkv, 0), at(qkv, sh.D), at(qkv, 2 * sh.D), at(out, 0), at(lse, 0)}, drop, sh.T);
   } catch (const Refused& e) {
-    throw_runtime("attention_forward_lse on CUDA (B {}, T {}, heads {}, head size {}): {}", sh.B, sh.T, sh.H, sh.D,
+    throw_refused("attention_forward_lse on CUDA (B {}, T {}, heads {}, head size {}): {}", sh.B, sh.T, sh.H, sh.D,
                   e.what());
   }
 }
@@ -627,7 +708,7 @@ void cudnn_attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qk
   std::lock_guard<std::mutex> lock(library().mu);
   const Shape sh = shape_of("attention_backward_lse", qkv, heads);
   try {
-    Plan& pl = plan_for(false, sh, drop.p);
+    Plan& pl = plan_for(spec_of(false, sh, drop));
     std::vector<int64_t> uids{kQ, kK, kV, kO, kdO, kStats, kdQ, kdK, kdV};
     std::vector<void*> ptrs{at(qkv, 0),  at(qkv, sh.D),  at(qkv, 2 * sh.D),  at(out, 0),         at(dout, 0),
                             at(lse, 0),  at(dqkv, 0),    at(dqkv, sh.D),     at(dqkv, 2 * sh.D)};
@@ -640,16 +721,60 @@ void cudnn_attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qk
     }
     execute(pl, std::move(uids), std::move(ptrs), drop, sh.T);
   } catch (const Refused& e) {
-    throw_runtime("attention_backward_lse on CUDA (B {}, T {}, heads {}, head size {}): {}", sh.B, sh.T, sh.H, sh.D,
+    throw_refused("attention_backward_lse on CUDA (B {}, T {}, heads {}, head size {}): {}", sh.B, sh.T, sh.H, sh.D,
                   e.what());
   }
 }
 
-std::string cudnn_description() {
-  const Api& a = api();
+std::string cudnn_description(const std::string& library) {
+  const Api& a = api_named(library);
   if (!a.failure.empty()) return "cuDNN unavailable: " + a.failure;
   const size_t v = a.version();
   return fmt::format("cuDNN {}.{}.{} ({})", v / 10000, v / 100 % 100, v % 100, a.lib);
+}
+
+std::string device_json_of_gpu(int device) {
+  const Api& a = api();
+  if (!a.failure.empty()) throw Refused("cuDNN " + a.failure);
+  Desc d(a, CUDNN_BACKEND_DEVICEPROP_DESCRIPTOR);
+  const int32_t id = device;
+  d.set(CUDNN_ATTR_DEVICEPROP_DEVICE_ID, CUDNN_TYPE_INT32, 1, &id).finalize();
+  int64_t n = 0;
+  check(a, a.get_attr(d.get(), CUDNN_ATTR_DEVICEPROP_JSON_REPRESENTATION, CUDNN_TYPE_CHAR, 0, &n, nullptr),
+        "device properties' JSON size");
+  std::string json(static_cast<size_t>(n), '\0');
+  check(a, a.get_attr(d.get(), CUDNN_ATTR_DEVICEPROP_JSON_REPRESENTATION, CUDNN_TYPE_CHAR, n, &n, json.data()),
+        "device properties' JSON");
+  json.resize(static_cast<size_t>(n));
+  while (!json.empty() && json.back() == '\0') json.pop_back();
+  return json;
+}
+
+SdpaPlan plan_offline(const SdpaGraph& g, const std::string& device_json, const std::string& library) {
+  SdpaPlan r;
+  const Api& a = api_named(library);
+  if (!a.failure.empty()) {
+    r.why = "cuDNN " + a.failure;
+    return r;
+  }
+  if (a.version() < 90800) {
+    r.why = fmt::format("{} plans only on a GPU (offline planning needs cuDNN >= 9.8)", cudnn_description(library));
+    return r;
+  }
+  try {
+    Desc device(a, CUDNN_BACKEND_DEVICEPROP_DESCRIPTOR);
+    device.set(CUDNN_ATTR_DEVICEPROP_JSON_REPRESENTATION, CUDNN_TYPE_CHAR, static_cast<int64_t>(device_json.size()),
+               device_json.data())
+        .finalize();
+    Plan pl(a);
+    build_and_plan(pl, g, Target{nullptr, &device});
+    r.planned = true;
+    r.workspace = pl.workspace;
+    r.accumulator = dq_accumulator_bytes(g);
+  } catch (const Refused& e) {
+    r.why = e.what();
+  }
+  return r;
 }
 
 }  // namespace mtnlg::cuda

@@ -15,23 +15,82 @@
 
 namespace mtnlg::cuda {
 
-// Whether cuDNN's fused attention runs this problem: cuDNN loads, the dtype is bf16 or
-// fp16, the head size is a multiple of 8 and at most 128, and cuDNN builds an execution
-// plan for the forward and the backward graph of exactly this shape and dropout (the
-// plans are kept for the calls that follow). When not, `why` says what refused it.
+// One attention graph mtnlg builds (docs/specs/cudnn-sdpa.md has them op by op): the
+// direction, the problem (bf16/fp16, B samples, T positions, H heads of size D), the
+// dropout probability and the backward's algorithm.
+struct SdpaGraph {
+  bool forward = true;
+  DType dt = DType::bf16;
+  int64_t B = 1, T = 1, H = 1, D = 64;
+  double dropout_p = 0;
+  // Backward only. false: cuDNN 9's default, dQ accumulated in an fp32 buffer by atomic
+  // adds (fast, bitwise non-reproducible); true: the deterministic algorithm, dP kept in a
+  // [B, H, T, T] workspace (training.deterministic_mode).
+  bool deterministic = false;
+  // A deliberate mistake built into the graph, for the tests that show cuDNN refuses
+  // wrong graphs: the statistics as max - log(sum) (SUB for ADD), or P handed to the
+  // second matmul in fp32 instead of the I/O type.
+  enum class Flaw { none, stats_sub_for_add, fp32_probs };
+  Flaw flaw = Flaw::none;
+};
+
+// Bytes of the fp32 dQ accumulator a backward call allocates beside the plan's workspace
+// ([B, H, T, D] fp32; 0 for the forward and the deterministic backward).
+int64_t dq_accumulator_bytes(const SdpaGraph& g);
+
+// What a cuDNN library answers for one graph: an execution plan (with its workspace) or
+// a refusal (with cuDNN's reason).
+struct SdpaPlan {
+  bool planned = false;
+  int64_t workspace = 0;    // CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE of the plan
+  int64_t accumulator = 0;  // dq_accumulator_bytes(graph), allocated by mtnlg per call
+  std::string why;          // the refusal, when not planned
+  int64_t device_bytes() const { return workspace + accumulator; }
+};
+
+// Plans `g`, built by the same builders the training calls use, without a GPU: cuDNN
+// >= 9.8 finalizes heuristics and execution plans for the device that `device_json`
+// describes (a CUDNN_BACKEND_DEVICEPROP_DESCRIPTOR's JSON: core/cuda/cudnn_device.hpp).
+// `library`: "" the backend's cuDNN (the emulated one in an emulated build),
+// "installed" libcudnn.so.9 as the dynamic loader finds it, else a file to dlopen. A
+// library that does not load, or refuses, answers planned = false with the reason.
+// cuDNN compiles its attention kernels at planning time through libcuda.so.1: without
+// a driver, a stand-in must be loaded first (core/cuda/cudnn_device.hpp).
+SdpaPlan plan_offline(const SdpaGraph& g, const std::string& device_json, const std::string& library = "");
+
+// The backward's algorithm in this process's training calls: false (the default) cuDNN
+// 9's, dQ accumulated in fp32 by atomic adds; true its deterministic algorithm. Set once
+// at start-up from training.deterministic_mode (app/process/placement.hpp,
+// configure_determinism), before the model plans anything: like Megatron's
+// --deterministic-mode, a property of the process, not of one call.
+void set_deterministic_attention(bool on);
+bool deterministic_attention();
+
+// The device-property JSON cuDNN serializes for this process's GPU `device` (on a GPU
+// only): what the GPU proof saves so that the offline plan table plans for the real
+// device instead of its data sheet (test/fixtures/cudnn/, docs/GPU.md). Refused when
+// cuDNN does not load or cannot describe the device.
+std::string device_json_of_gpu(int device);
+
+// Whether cuDNN's fused attention runs this problem on this process's GPU: cuDNN loads,
+// the dtype is bf16 or fp16, and cuDNN builds an execution plan for the forward and the
+// backward graph of exactly this shape and dropout, with this process's backward
+// algorithm (the plans are kept for the calls that follow). When not, `why` says what
+// refused it.
 bool fused_attention_supported(DType dt, int64_t B, int64_t T, int64_t H, int64_t D, double dropout_p,
                                std::string* why);
 
 // out [B, T, H*D], lse [B, H, T] f32 (natural-log log-sum-exp of the scaled, masked
 // scores: cuDNN's softmax statistics), from qkv [B, T, H*3*D] (Megatron's per-head
 // q, k, v). dqkv is WRITTEN. The dropout mask is cuDNN's Philox stream for (drop.key,
-// the rows' offset): not the CPU's mask bits (docs/specs/cudnn-sdpa.md).
+// the rows' offset): not the CPU's mask bits (docs/specs/cudnn-sdpa.md). The backward's
+// algorithm is deterministic_attention()'s. A plan cuDNN refuses throws Refused.
 void cudnn_attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t heads,
                              const ops::AttentionDropout& drop);
 void cudnn_attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
                               int64_t heads, const ops::AttentionDropout& drop);
 
-// "cuDNN 9.19.0 (libcudnn.so.9)" or why it did not load.
-std::string cudnn_description();
+// "cuDNN 9.19.0 (libcudnn.so.9)" or why it did not load; `library` as for plan_offline.
+std::string cudnn_description(const std::string& library = "");
 
 }  // namespace mtnlg::cuda

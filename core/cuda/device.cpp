@@ -2,7 +2,7 @@
 // Host code only (no kernels), so it is a .cpp built by the host compiler.
 #include "core/cuda/device.hpp"
 
-#include <cublas_api.h>
+#include <cublas_v2.h>
 
 #include <algorithm>
 #include <atomic>
@@ -14,8 +14,10 @@
 #include <vector>
 
 #include "core/cuda/backend_kind.hpp"
+#include "core/cuda/cublas_classic.hpp"
 #include "core/cuda/cuda_check.hpp"
 #include "core/error.hpp"
+#include "core/refused.hpp"
 #include "core/switches.hpp"
 #include "core/tensor.hpp"
 
@@ -77,6 +79,10 @@ struct GraphPool::State {
 
 namespace {
 
+// The pool a CUDA graph capture of this thread allocates from (CudaGraph): per thread, as
+// the capture is (thread-local mode): other threads' allocations during it are ordinary.
+thread_local GraphPool::State* t_capture_pool = nullptr;
+
 class CachingAllocator {
  public:
   std::atomic<int> step_depth_{0};  // live DeviceStepScopes (no cache release while > 0)
@@ -84,7 +90,7 @@ class CachingAllocator {
   void* alloc(int64_t bytes) {
     const int64_t size = exact_allocations() ? std::max<int64_t>(bytes, 1) : allocation_size_class(bytes);
     std::lock_guard<std::mutex> lock(mu_);
-    if (capture_) return alloc_in_pool_locked(size, bytes);
+    if (t_capture_pool) return alloc_in_pool_locked(size, bytes);
     collect_pending_locked(/*wait=*/false);
     void* p = take_free_locked(free_, size);
     if (!p) {
@@ -120,7 +126,7 @@ class CachingAllocator {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = live_.find(static_cast<char*>(p));
     if (it == live_.end()) return;  // not ours (defensive: never double-free into the cache)
-    if (GraphPool::State* pool = it->second.pool ? it->second.pool : capture_) {
+    if (GraphPool::State* pool = it->second.pool ? it->second.pool : t_capture_pool) {
       // The block stays reserved for the graphs: back to its pool, or, freed during a
       // capture, into the captured pool.
       if (it->second.pool)
@@ -177,19 +183,15 @@ class CachingAllocator {
 
   // ---- graph pools (GraphPool, CudaGraph) ----
   void begin_capture(GraphPool::State* pool) {
-    std::lock_guard<std::mutex> lock(mu_);
-    MTNLG_CHECK(!capture_, "a CUDA graph capture is already running: captures do not nest");
-    capture_ = pool;
+    MTNLG_CHECK(!t_capture_pool, "a CUDA graph capture is already running on this thread: captures do not nest");
+    t_capture_pool = pool;
   }
-  void end_capture() {
-    std::lock_guard<std::mutex> lock(mu_);
-    capture_ = nullptr;
-  }
+  void end_capture() { t_capture_pool = nullptr; }
   // The pool's free blocks go back to the cache; blocks still held by tensors become
   // ordinary blocks, freed as usual.
   void release_pool(GraphPool::State* pool) {
     std::lock_guard<std::mutex> lock(mu_);
-    if (capture_ == pool) capture_ = nullptr;
+    if (t_capture_pool == pool) t_capture_pool = nullptr;
     for (auto& [p, size] : pool->blocks) {
       auto it = live_.find(static_cast<char*>(p));
       if (it != live_.end()) {
@@ -244,7 +246,7 @@ class CachingAllocator {
   // During a capture: from the captured pool's free blocks, else a new block for it
   // (nothing is released to make room).
   void* alloc_in_pool_locked(int64_t size, int64_t bytes) {
-    GraphPool::State& pool = *capture_;
+    GraphPool::State& pool = *t_capture_pool;
     void* p = take_free_locked(pool.free, size);
     if (!p) {
       // The capture's mode (thread-local) has the runtime refuse cudaMalloc (it may
@@ -272,8 +274,8 @@ class CachingAllocator {
 
   // A block joins the captured pool (counted in use for the pool's life).
   void adopt_locked(void* p, int64_t size) {
-    capture_->blocks.emplace_back(p, size);
-    capture_->bytes += size;
+    t_capture_pool->blocks.emplace_back(p, size);
+    t_capture_pool->bytes += size;
     stats_.graph_pool_bytes += size;
     if (!live_.count(static_cast<char*>(p))) stats_.current_bytes += size;  // a new block (a freed one was counted)
     stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.current_bytes);
@@ -346,7 +348,6 @@ class CachingAllocator {
   std::vector<Pending> pending_;                          // freed, side-stream work outstanding
   std::vector<cudaEvent_t> events_;                       // recycled events
   MemoryStats stats_;
-  GraphPool::State* capture_ = nullptr;                   // the pool a running capture allocates from
 };
 
 // Host-to-device uploads of small buffers (token ids, masks) without a host wait: the
@@ -443,6 +444,7 @@ struct Backend {
   int device = -1;
   CudaStream stream;
   CublasLtHandle lt;
+  cublasHandle_t blas = nullptr;  // classic cuBLAS (the GEMM fallback); never destroyed, as the backend
   void* workspace = nullptr;
   int64_t workspace_bytes = 0;
   std::string name;
@@ -456,6 +458,14 @@ Backend& backend() {
 }
 
 void hook_copy(void* dst, const void* src, int64_t bytes, CopyKind kind) {
+  // A copy from or to host memory inside a capture: the graph would copy, at each replay,
+  // whatever the host buffer (or the staging slot) holds then, and the staging ring waits
+  // on its slot's event, which a capture may not. The capture is refused (its work runs
+  // eagerly); what a graph reads from the host goes in before the capture, as
+  // MicroBatchGraphs places its inputs.
+  if (kind != CopyKind::device_to_device && capturing())
+    throw_refused("a {} byte copy {} host memory inside a CUDA graph capture (its value would be fixed at capture)",
+                  bytes, kind == CopyKind::host_to_device ? "from" : "to");
   if (kind == CopyKind::host_to_device && bytes <= UploadStaging::kSlotBytes) return staging().upload(dst, src, bytes);
   const cudaMemcpyKind k = kind == CopyKind::host_to_device   ? cudaMemcpyHostToDevice
                            : kind == CopyKind::device_to_host ? cudaMemcpyDeviceToHost
@@ -524,7 +534,7 @@ CudaGraph::CudaGraph(GraphPool& pool, const std::function<void()>& work) {
     e = cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
     if (e != cudaSuccess) {
       cudaGetLastError();
-      throw_runtime("cannot start a CUDA graph capture on the compute stream: {}", cudaGetErrorString(e));
+      throw_refused("cannot start a CUDA graph capture on the compute stream: {}", cudaGetErrorString(e));
     }
     try {
       work();
@@ -538,7 +548,7 @@ CudaGraph::CudaGraph(GraphPool& pool, const std::function<void()>& work) {
   if (e != cudaSuccess) {
     cudaGetLastError();
     if (graph) cudaGraphDestroy(graph);
-    throw_runtime("CUDA graph capture failed: {} ({}): the captured work synchronised, queried, copied through "
+    throw_refused("CUDA graph capture failed: {} ({}): the captured work synchronised, queried, copied through "
                   "pageable host memory or used another stream",
                   cudaGetErrorString(e), cudaGetErrorName(e));
   }
@@ -547,7 +557,7 @@ CudaGraph::CudaGraph(GraphPool& pool, const std::function<void()>& work) {
   if (e != cudaSuccess) {
     cudaGetLastError();
     exec_ = nullptr;
-    throw_runtime("cannot instantiate the captured CUDA graph: {}", cudaGetErrorString(e));
+    throw_refused("cannot instantiate the captured CUDA graph: {}", cudaGetErrorString(e));
   }
 }
 
@@ -601,6 +611,15 @@ void init_backend(int device) {
   // 32 MiB: what cuBLASLt's heuristics want for large Hopper GEMMs.
   b->workspace_bytes = 32 << 20;
   CUDA_CHECK(cudaMalloc(&b->workspace, static_cast<size_t>(b->workspace_bytes)));
+  // Classic cuBLAS, for the GEMMs cuBLASLt refuses: created here, not on the first
+  // fallback (cublasCreate allocates device memory, which a CUDA graph capture running
+  // then would refuse), on the backend stream, with the backend's workspace (set after
+  // the stream: cublasSetStream resets a handle to cuBLAS's default workspace pool, which
+  // CUDA >= 12.2 would allocate inside a captured graph). cuBLASLt and cuBLAS share the
+  // workspace: both queue on the one backend stream, one GEMM after the other.
+  CUBLAS_CHECK(cublasCreate(&b->blas));
+  CUBLAS_CHECK(cublasSetStream(b->blas, b->stream.get()));
+  CUBLAS_CHECK(cublasSetWorkspace(b->blas, b->workspace, static_cast<size_t>(b->workspace_bytes)));
   g_backend = b.release();
   auto& h = cuda_allocator_hooks();
   h.alloc = [](int64_t bytes) { return device_alloc(bytes); };
@@ -615,6 +634,7 @@ bool backend_ready() { return g_backend != nullptr; }
 int backend_device() { return g_backend ? g_backend->device : -1; }
 cudaStream_t stream() { return backend().stream.get(); }
 cublasLtHandle_t cublaslt() { return backend().lt.get(); }
+cublasHandle_t cublas_classic() { return backend().blas; }
 void* cublas_workspace() { return backend().workspace; }
 int64_t cublas_workspace_bytes() { return backend().workspace_bytes; }
 void synchronize() { backend().stream.synchronize(); }

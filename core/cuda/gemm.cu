@@ -54,6 +54,7 @@
 #include <utility>
 
 #include "core/cuda/common.cuh"
+#include "core/cuda/cublas_classic.hpp"
 #include "core/switches.hpp"
 
 namespace mtnlg::cuda::k {
@@ -132,14 +133,6 @@ std::map<AlgoKey, Candidates> g_algos;
 bool g_use_lt = true;           // false: every matmul takes the cublasGemmEx fallback (tests)
 int64_t g_fallbacks = 0;        // matmuls not run as asked: an epilogue refused, or cublasGemmEx
 
-cublasHandle_t gemm_ex_handle() {
-  static cublasHandle_t h = [] {  // created on the first fallback, kept for the process (device.hpp)
-    cublasHandle_t c = nullptr;
-    CUBLAS_CHECK(cublasCreate(&c));
-    return c;
-  }();
-  return h;
-}
 
 // The same product through classic cuBLAS (any alignment or shape cuBLAS takes; fp32
 // compute, CUBLAS_DEFAULT_MATH, so never TF32): when cuBLASLt offers no algorithm, or
@@ -148,8 +141,9 @@ void gemm_ex(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, con
              const void* B, int64_t ldb, void* D, DType ddt, int64_t ldd, float beta) {
   for (int64_t v : {m, n, k, lda, ldb, ldd})
     if (v > INT32_MAX) fail("a matmul dimension exceeds cuBLAS's 32-bit sizes");
-  const cublasHandle_t h = gemm_ex_handle();
-  CUBLAS_CHECK(cublasSetStream(h, stream()));
+  // The backend's handle: on the backend stream with its own workspace since
+  // init_backend (device.hpp), so that a captured fallback allocates nothing.
+  const cublasHandle_t h = cublas_classic();
   CUBLAS_CHECK(cublasGemmEx(h, ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(m),
                             static_cast<int>(n), static_cast<int>(k), &alpha, A, cuda_type(adt), static_cast<int>(lda), B,
                             cuda_type(adt), static_cast<int>(ldb), &beta, D, cuda_type(ddt), static_cast<int>(ldd),

@@ -64,9 +64,15 @@ SWITCHES = [
     ("gelu", ("epilogue", [], {}), ("kernel", [], {"MTNLG_GELU_EPILOGUE": "0"})),
     # each micro batch's forward and backward replayed from CUDA graphs against launched op by op
     ("cuda_graph", ("eager", ["training.enable_cuda_graph=false"], {}), ("graphs", ["training.enable_cuda_graph=true"], {})),
+    # what bitwise reproducibility costs: cuDNN 9's attention backward (fp32 dQ accumulated by
+    # atomic adds) against its deterministic algorithm (dP in a [b, h, s, s] workspace)
+    ("determinism",
+     ("accumulator", ["model.attention_backend=flash", "training.deterministic_mode=false"], {}),
+     ("deterministic", ["model.attention_backend=flash", "training.deterministic_mode=true"], {})),
 ]
 # Switches that exist on a GPU only: on the CPU (--cpu) their line says so instead of a ratio.
-GPU_ONLY = {"cuda_graph": "a GPU feature (training.enable_cuda_graph)"}
+GPU_ONLY = {"cuda_graph": "a GPU feature (training.enable_cuda_graph)",
+            "determinism": "a GPU feature (cuDNN's attention backward; the CPU's is deterministic either way)"}
 
 
 def flops72(L, C, T, V):

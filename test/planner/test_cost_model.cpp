@@ -324,13 +324,15 @@ TEST_CASE("cost: auto on a GPU is cuDNN's flash form where cuDNN takes it, unfus
   Recipe r = gpt(48, 6144, 64, 8, 1, 4, "none");  // head size 96
   REQUIRE(r.model.attention_backend == AttentionBackend::automatic);
   REQUIRE(r.training.precision != Precision::fp32);
-  CHECK_FALSE(trainer_unfused_attention(r, ours));  // bf16/fp16, head size a multiple of 8 up to 128
+  CHECK_FALSE(trainer_unfused_attention(r, ours));  // bf16/fp16, head size a multiple of 8 up to 256
   CHECK_FALSE(trainer_unfused_attention(r, Cluster{gpu_spec("cpu"), 1, software_profile("mtnlg")}));
   Recipe f32 = r;
   f32.training.precision = Precision::fp32;  // cuDNN's fused attention takes no fp32
   CHECK(trainer_unfused_attention(f32, ours));
-  Recipe wide = gpt(48, 6144, 32, 8, 1, 4, "none");  // head size 192
-  CHECK(trainer_unfused_attention(wide, ours));
+  Recipe wide = gpt(48, 6144, 32, 8, 1, 4, "none");  // head size 192: cuDNN 9.19 plans it on sm90
+  CHECK_FALSE(trainer_unfused_attention(wide, ours));
+  Recipe wider = gpt(48, 6144, 16, 8, 1, 4, "none");  // head size 384: its backward is not planned
+  CHECK(trainer_unfused_attention(wider, ours));
   r.model.attention_backend = AttentionBackend::unfused;
   CHECK(trainer_unfused_attention(r, ours));
 }
@@ -506,4 +508,38 @@ TEST_CASE("kernel calibration recovers the GEMM curve and the attention rates it
   CHECK(attention_seconds(f.gpu, 4096, 128, 256, true) == Approx(attention_seconds(truth, 4096, 128, 256, true)).epsilon(0.03));
   CHECK_THROWS_AS(calibrate_kernels(truth, {}, {}), InputError);
   CHECK_THROWS_AS(calibrate_kernels(truth, {{8, 8, 8, 1, 0.0}}, {}), InputError);
+}
+
+// cuDNN's flash attention takes device memory beside its tensors at each call: the plan's
+// workspace and, unless deterministic, the fp32 dQ accumulator. The model is the real
+// cuDNN 9.19's on sm90 (the plan table's bytes, test/core/cuda/test_cudnn_plan_table.cpp),
+// and the memory counts it on a GPU with the flash form only.
+TEST_CASE("cost: cuDNN's attention workspace and dQ accumulator are counted where the flash form runs", "[cost]") {
+  // GPT-2 124M at micro batch 8: 0.38 MiB + the 24 MiB accumulator, or 192.4 MiB deterministic.
+  CHECK(cudnn_attention_bytes(8, 12, 1024, 64, false) == 256 + 393216 + 25165824);
+  CHECK(cudnn_attention_bytes(8, 12, 1024, 64, true) == 256 + 393216 + 201326592);
+  // Odd sequences: the plan table's rows for B 2, H 2, T 23, D 64 (640 and 66176 B).
+  CHECK(cudnn_attention_bytes(2, 2, 23, 64, false) == 640 + 2 * 2 * 23 * 64 * 4);
+  CHECK(cudnn_attention_bytes(2, 2, 23, 64, true) == 66176);
+  Recipe r = gpt(4, 1024, 16, 2, 1, 8, "none");  // 8 local heads of 64 at tp 2, s 2048, micro batch 1
+  const Layout l = layout_from_recipe(r, 2);
+  const Cluster ours{gpu_spec("h100-80g"), 8, software_profile("mtnlg")};
+  const Estimate e = estimate(r, l, ours);
+  const double want = cudnn_attention_bytes(1, 8, 2048, 64, false);
+  CHECK(e.stages[0].attention_workspace == want);
+  Recipe det = r;
+  det.training.deterministic_mode = true;
+  const Estimate d = estimate(det, l, ours);
+  CHECK(d.stages[0].attention_workspace == cudnn_attention_bytes(1, 8, 2048, 64, true));
+  CHECK(d.allocator_peak - e.allocator_peak == Approx(d.stages[0].attention_workspace - want));
+  // An answer from the installed cuDNN replaces the model's.
+  Cluster asked = ours;
+  asked.attention_workspace = 12345;
+  CHECK(estimate(r, l, asked).stages[0].attention_workspace == 12345);
+  // None where the flash form is not cuDNN's: the unfused form, the CPU, Megatron's profile.
+  Recipe unfused = r;
+  unfused.model.attention_backend = AttentionBackend::unfused;
+  CHECK(estimate(unfused, l, ours).stages[0].attention_workspace == 0);
+  CHECK(estimate(r, l, Cluster{gpu_spec("cpu"), 1, software_profile("mtnlg")}).stages[0].attention_workspace == 0);
+  CHECK(estimate(r, l, Cluster{gpu_spec("h100-80g"), 8}).stages[0].attention_workspace == 0);
 }

@@ -47,6 +47,47 @@ TEST_CASE("plan prints a human table and honours --set and --tp/--pp/--dp", "[e2
   CHECK(j["layout"]["micro_batch_size"] == 2);
 }
 
+// On this machine (no GPU, no driver) the installed cuDNN plans the recipe's attention
+// graphs offline for the target GPU, through the driver stand-in beside the binary, and
+// the bytes it asks for are in the plan's memory. Skipped, saying why, where the
+// toolkit's cuDNN is missing.
+TEST_CASE("plan asks the installed cuDNN for the recipe's attention and counts its workspace", "[e2e]") {
+  const std::string base = "plan " + recipe("gpt2-124m.yaml") + " --gpu h100-80g --software mtnlg";
+  auto r = run_mtnlg(base + " --json 2>/dev/null");
+  REQUIRE(r.exit_code == 0);
+  auto j = nlohmann::json::parse(r.out);
+  REQUIRE(j.contains("cudnn"));
+  if (!j["cudnn"]["planned"].get<bool>()) {
+    const std::string why = j["cudnn"]["why"].get<std::string>();
+    CHECK_THAT(why, Catch::Matchers::Contains("cuDNN") || Catch::Matchers::Contains("CUDA"));
+    WARN("skipped: the installed cuDNN did not plan here: " << why);
+    return;
+  }
+  // GPT-2 124M, micro batch 8, 12 heads of 64, sequence 1024 (docs/specs/cudnn-sdpa.md).
+  CHECK(j["cudnn"]["forward_workspace_bytes"] == 256);
+  CHECK(j["cudnn"]["backward_workspace_bytes"] == 256 + 8 * 12 * 1024 * 4);
+  CHECK(j["cudnn"]["dq_accumulator_bytes"] == int64_t{8} * 12 * 1024 * 64 * 4);
+  const double acc_gib = j["stages"][0]["breakdown"]["attention_workspace_gib"].get<double>();
+  CHECK(acc_gib * (1 << 30) == Approx(256 + 8 * 12 * 1024 * 4 + 8 * 12 * 1024 * 64 * 4));
+  // Deterministic: no accumulator, dP in the workspace; the allocator's peak grows by it.
+  auto d = run_mtnlg(base + " --set training.deterministic_mode=true --json 2>/dev/null");
+  REQUIRE(d.exit_code == 0);
+  auto k = nlohmann::json::parse(d.out);
+  REQUIRE(k["cudnn"]["planned"].get<bool>());
+  const int64_t dp = int64_t{8} * 12 * 1024 * 1024 * 2;
+  CHECK(k["cudnn"]["backward_workspace_bytes"] == 256 + 8 * 12 * 1024 * 4 + dp);
+  CHECK(k["cudnn"]["dq_accumulator_bytes"] == 0);
+  CHECK((k["allocator_peak_gib"].get<double>() - j["allocator_peak_gib"].get<double>()) * (1 << 30) ==
+        Approx(double(dp) - 8.0 * 12 * 1024 * 64 * 4));
+  // The human line, and a GPU without a device description.
+  auto h = run_mtnlg(base + " 2>/dev/null");
+  CHECK_THAT(h.out, Catch::Matchers::Contains("cuDNN attention  cuDNN 9.") &&
+                        Catch::Matchers::Contains("plans it for h100-80g") &&
+                        Catch::Matchers::Contains("24.00 MiB fp32 dQ accumulator"));
+  auto a = run_mtnlg("plan " + recipe("gpt2-124m.yaml") + " --gpu a100-80g --software mtnlg 2>/dev/null");
+  CHECK_THAT(a.out, Catch::Matchers::Contains("no device description of a100-80g"));
+}
+
 TEST_CASE("plan rejects impossible input with one line and exit 2", "[e2e]") {
   const std::string r530 = recipe("mtnlg-530b.yaml");
   struct Case {

@@ -897,7 +897,7 @@ Entry elementwise_views_entry() {
 
 
 // Both attention forms against the CPU: the flash form (lse saved; on CUDA cuDNN's fused
-// attention, which takes bf16/fp16 and head sizes that are multiples of 8 up to 128, and
+// attention, which takes bf16/fp16 and head sizes that are multiples of 8 up to 256, and
 // draws its own dropout mask: so bf16/f16 without dropout here, dropout in the cuDNN
 // cases of test/core/cuda/test_cuda_ops.cpp) on odd T, T > 64 and head sizes 8 to 128;
 // the unfused form (probs saved, batched GEMMs over the packed qkv rows around the softmax

@@ -1,0 +1,277 @@
+// The real cuDNN in CI: every attention graph mtnlg builds -- every shipped recipe's
+// problem at its tensor-parallel split, every shape the CUDA tests run, forward and
+// backward, p 0 / 0.1 / 0.2, bf16 and fp16, the backward with the fp32 dQ accumulator and
+// deterministic -- built by the production builders (core/cuda/cudnn_attention.cu) and
+// planned by the toolkit's libcudnn without a GPU (cuDNN >= 9.8's offline planning) for an
+// H100 and an H200 (core/cuda/cudnn_device.cpp: their data-sheet properties). Graphs with
+// a planted mistake must be refused. Each plan's workspace goes into
+// <build>/cudnn_plan_table/<gpu>-<group>.tsv. Under the emulated backend (test_core_emu, the ctest
+// entry core.cudnn-plans), the emulated cuDNN must answer every case as the real library
+// does: planned or refused, and the same workspace bytes.
+//
+// Hidden tag: the planning compiles kernels (a second or two per plan), so it runs once,
+// as its own ctest entry, not in every core.unit run. Skipped, saying why, where the
+// toolkit's cuDNN is missing or older than 9.8.
+#ifdef MTNLG_HAVE_CUDA
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "config/recipe.hpp"
+#include "core/cuda/cudnn_attention.hpp"
+#include "core/cuda/cudnn_device.hpp"
+#include "core/cuda/device.hpp"
+#include "test/core/cuda/cuda_test_util.hpp"
+
+using namespace mtnlg;
+using cuda::SdpaGraph;
+using test::emulated_device;
+using test::gpu_ready;
+
+namespace {
+
+struct Problem {
+  std::string from;  // a recipe file or a test
+  int64_t B, T, H, D;
+};
+
+// Every shipped recipe at its tp split: micro batch, sequence, local heads, head size.
+std::vector<Problem> recipe_problems() {
+  std::vector<Problem> out;
+  std::vector<std::filesystem::path> files;
+  for (const auto& e : std::filesystem::directory_iterator(std::string(MTNLG_SOURCE_DIR) + "/recipes"))
+    if (e.path().extension() == ".yaml") files.push_back(e.path());
+  std::sort(files.begin(), files.end());
+  for (const auto& f : files) {
+    const Recipe r = load_recipe(f.string());
+    const int64_t heads = r.model.num_attention_heads;
+    out.push_back({f.filename().string(), r.training.micro_batch_size, r.model.seq_length, heads / r.tp(),
+                   r.model.hidden_size / heads});
+  }
+  return out;
+}
+
+// The shapes the [gpu] tests run the flash form at (test/core/cuda/test_cuda_ops.cpp,
+// test/core/ops/op_cases.cpp, test/model/test_gpt_gpu.cpp) on the emulator and on a GPU,
+// with the head sizes 160 (the 530B at tp 8) and 256.
+std::vector<Problem> test_problems() {
+  return {{"test: device keys", 2, 16, 2, 8},          {"test: forms agree", 2, 23, 2, 64},
+          {"test: dropout per key", 2, 40, 2, 32},     {"test: real shapes (emulated)", 2, 203, 3, 64},
+          {"test: real shapes (emulated)", 1, 160, 2, 128}, {"test: real shapes (emulated)", 1100, 2, 60, 8},
+          {"test: real shapes (GPU)", 4, 1024, 104, 64}, {"test: real shapes (GPU)", 1, 2048, 8, 128},
+          {"test: real shapes (GPU)", 1100, 20, 60, 16}, {"test: rejects / supported", 2, 16, 2, 64},
+          {"test: op table", 2, 7, 2, 8},               {"test: model on the GPU", 2, 8, 2, 8},
+          {"test: head size 160", 2, 40, 2, 160},      {"test: head size 256", 2, 40, 2, 256}};
+}
+
+struct Case {
+  std::string from;
+  SdpaGraph g;
+  bool planted = false;  // must be refused
+};
+
+std::string describe(const SdpaGraph& g) {
+  std::string s = fmt::format("{} {} B {} T {} H {} D {} p {}", g.forward ? "fwd" : "bwd", to_string(g.dt), g.B, g.T,
+                              g.H, g.D, g.dropout_p);
+  if (!g.forward) s += g.deterministic ? " deterministic" : " dQ-accumulator";
+  if (g.flaw == SdpaGraph::Flaw::stats_sub_for_add) s += " [planted: SUB for ADD in the statistics]";
+  if (g.flaw == SdpaGraph::Flaw::fp32_probs) s += " [planted: P in fp32 to the second matmul]";
+  return s;
+}
+
+// The cases of one group: "recipes", "tests" (every graph of those problems) or "planted".
+std::vector<Case> cases_of(const std::string& group) {
+  std::vector<Case> cases;
+  if (group == "planted") {
+    // The statistics as max - log(sum), P handed over in fp32, a head size that is no
+    // multiple of 8 (both directions).
+    SdpaGraph bad;
+    bad.B = 2, bad.T = 64, bad.H = 2, bad.D = 64;
+    bad.flaw = SdpaGraph::Flaw::stats_sub_for_add;
+    cases.push_back({"planted", bad, true});
+    bad.flaw = SdpaGraph::Flaw::fp32_probs;
+    cases.push_back({"planted", bad, true});
+    bad.dropout_p = 0.1;
+    cases.push_back({"planted", bad, true});
+    bad.flaw = SdpaGraph::Flaw::none;
+    bad.dropout_p = 0;
+    bad.D = 100;
+    cases.push_back({"planted", bad, true});
+    bad.forward = false;
+    cases.push_back({"planted", bad, true});
+    return cases;
+  }
+  const std::vector<Problem> problems = group == "recipes" ? recipe_problems() : test_problems();
+  std::set<std::tuple<bool, DType, int64_t, int64_t, int64_t, int64_t, double, bool>> seen;
+  for (const Problem& pr : problems)
+    for (DType dt : {DType::bf16, DType::f16})
+      for (double p : {0.0, 0.1, 0.2})
+        for (int kind = 0; kind < 3; ++kind) {  // forward, backward with the accumulator, deterministic
+          SdpaGraph g;
+          g.forward = kind == 0;
+          g.deterministic = kind == 2;
+          g.dt = dt;
+          g.B = pr.B, g.T = pr.T, g.H = pr.H, g.D = pr.D;
+          g.dropout_p = p;
+          if (seen.insert({g.forward, dt, g.B, g.T, g.H, g.D, p, g.deterministic}).second) cases.push_back({pr.from, g});
+        }
+  return cases;
+}
+
+bool backend_is_emulated() { return cuda::cudnn_description("").find("emulated") != std::string::npos; }
+
+// The device-property JSON a GPU's cuDNN serialized (test/fixtures/cudnn/<key>.json, saved
+// by the GPU proof), else the data sheet's; `source` says which.
+std::string device_json(const cuda::CudnnDevice& d, std::string* source) {
+  const std::string saved = std::string(MTNLG_SOURCE_DIR) + "/test/fixtures/cudnn/" + d.key + ".json";
+  if (std::ifstream f(saved); f) {
+    *source = saved + " (serialized on the GPU)";
+    return std::string(std::istreambuf_iterator<char>(f), {});
+  }
+  *source = "core/cuda/cudnn_device.cpp (data sheet)";
+  return cuda::cudnn_device_json(d);
+}
+
+}  // namespace
+
+// One section per (device, group), so that a part can be run alone (`-c h100 -c planted`);
+// ctest runs them all.
+void plan_table(const cuda::CudnnDevice& dev, const std::string& group) {
+  const std::string real = cuda::cudnn_description("installed");
+  if (real.rfind("cuDNN unavailable", 0) == 0) {
+    WARN("skipped: the toolkit's cuDNN is missing here (" << real << ")");
+    return;
+  }
+  const std::string driver = cuda::load_plan_driver(std::string(MTNLG_BINARY_DIR) + "/libmtnlg_cuda_standin.so");
+  REQUIRE(driver.empty());
+  const std::vector<Case> cases = cases_of(group);
+  std::string source;
+  const std::string json = device_json(dev, &source);
+
+  // The real library's answers, planned by a few threads (each plan compiles kernels).
+  struct Row {
+    const Case* c;
+    cuda::SdpaPlan real, emulated;
+  };
+  std::vector<Row> rows;
+  for (const Case& c : cases) rows.push_back({&c, {}, {}});
+  std::atomic<size_t> next{0};
+  auto worker = [&] {
+    for (size_t i; (i = next++) < rows.size();) rows[i].real = cuda::plan_offline(rows[i].c->g, json, "installed");
+  };
+  const unsigned n_threads = std::clamp(std::thread::hardware_concurrency(), 1u, 8u);
+  std::vector<std::thread> pool;
+  for (unsigned t = 0; t < n_threads; ++t) pool.emplace_back(worker);
+  for (auto& t : pool) t.join();
+
+  const bool emulated = backend_is_emulated();
+  if (emulated)
+    for (Row& r : rows) r.emulated = cuda::plan_offline(r.c->g, json, "");
+
+  // The table: one row per case, beside the build.
+  std::filesystem::create_directories(std::string(MTNLG_BINARY_DIR) + "/cudnn_plan_table");
+  const std::string path = std::string(MTNLG_BINARY_DIR) + "/cudnn_plan_table/" + dev.key + "-" + group + ".tsv";
+  std::ofstream tsv(path);
+  tsv << "# " << real << ", planned offline for " << dev.name << "; device properties: " << source << "\n"
+      << "from\tgraph\tplanned\tworkspace_bytes\tdq_accumulator_bytes\temulated_planned\temulated_workspace\t"
+         "refusal\n";
+  for (const Row& r : rows)
+    tsv << r.c->from << '\t' << describe(r.c->g) << '\t' << r.real.planned << '\t' << r.real.workspace << '\t'
+        << r.real.accumulator << '\t' << (emulated ? std::to_string(r.emulated.planned) : "-") << '\t'
+        << (emulated ? std::to_string(r.emulated.workspace) : "-") << '\t' << r.real.why << '\n';
+  tsv.close();
+  INFO(real << ": " << rows.size() << " plans for " << dev.key << ", table in " << path);
+
+  for (const Row& r : rows) {
+    INFO(dev.key << ": " << r.c->from << ": " << describe(r.c->g) << ": " << (r.real.planned ? "planned" : r.real.why));
+    if (r.c->planted) {
+      CHECK_FALSE(r.real.planned);
+    } else {
+      CHECK(r.real.planned);
+    }
+    if (emulated) {
+      INFO("emulated: " << (r.emulated.planned ? "planned" : r.emulated.why));
+      CHECK(r.emulated.planned == r.real.planned);
+      CHECK(r.emulated.workspace == r.real.workspace);
+      CHECK(r.emulated.accumulator == r.real.accumulator);
+    }
+  }
+  if (!emulated)
+    WARN("the emulated cuDNN's agreement is checked by test_core_emu (this backend is " << cuda::cudnn_description("")
+                                                                                         << ")");
+  // What cuDNN 9's default costs against the deterministic backward: GPT-2 124M at micro
+  // batch 8 needs ~192 MiB of dP workspace deterministic, ~0.4 MiB + the 24 MiB accumulator
+  // otherwise.
+  for (const Row& r : rows)
+    if (r.c->from == "gpt2-124m.yaml" && !r.c->g.forward && r.real.planned) {
+      if (r.c->g.deterministic)
+        CHECK(r.real.workspace > (int64_t{150} << 20));
+      else
+        CHECK(r.real.device_bytes() < (int64_t{64} << 20));
+    }
+}
+
+TEST_CASE("the real cuDNN plans every attention graph offline for H100 and H200, refuses planted mistakes, "
+          "and the emulated cuDNN agrees",
+          "[.cudnn-plans]") {
+  for (const char* key : {"h100", "h200"})
+    SECTION(key) {
+      const cuda::CudnnDevice* dev = cuda::cudnn_device(key);
+      REQUIRE(dev);
+      for (const char* group : {"planted", "tests", "recipes"})
+        SECTION(group) { plan_table(*dev, group); }
+    }
+}
+
+// The same graphs as the trainer's calls plan them, on the emulated backend: what
+// plan_offline answers is what fused_attention_supported (the handle's plans) answers.
+TEST_CASE("offline plans and the backend's plans agree on the emulated cuDNN", "[gpu]") {
+  if (!backend_is_emulated()) return;
+  const std::string json = cuda::cudnn_device_json(*cuda::cudnn_device("h100"));
+  for (int64_t D : {8, 64, 100, 160, 256, 264})
+    for (bool det : {false, true}) {
+      INFO("D " << D << (det ? " deterministic" : ""));
+      SdpaGraph f, b;
+      f.D = b.D = D;
+      b.forward = false;
+      b.deterministic = det;
+      const bool offline = cuda::plan_offline(f, json).planned && cuda::plan_offline(b, json).planned;
+      std::string why;
+      cuda::set_deterministic_attention(det);
+      CHECK(cuda::fused_attention_supported(DType::bf16, 1, 1, 1, D, 0.0, &why) == offline);
+    }
+  cuda::set_deterministic_attention(false);
+  // A device the emulated cuDNN does not model is refused, saying so.
+  cuda::CudnnDevice a100 = *cuda::cudnn_device("h100");
+  a100.device_version = 800;
+  const cuda::SdpaPlan r = cuda::plan_offline(SdpaGraph{}, cuda::cudnn_device_json(a100));
+  CHECK_FALSE(r.planned);
+  CHECK_THAT(r.why, Catch::Matchers::Contains("sm90"));
+}
+
+// On a real GPU: cuDNN's own description of it, written to cudnn_device_this_gpu.json in the
+// working directory (the repository root, where the proof runs).
+// The GPU proof copies it to test/fixtures/cudnn/h100.json or h200.json (docs/GPU.md),
+// after which the plan table above plans for the real device instead of its data sheet.
+TEST_CASE("cuDNN serializes this GPU's device properties for the offline plan table", "[gpu][cudnn-device]") {
+  if (!gpu_ready()) return;
+  const std::string json = cuda::device_json_of_gpu(cuda::backend_device());
+  INFO(json);
+  CHECK(json.find("deviceVer") != std::string::npos);
+  CHECK(json.find("multiProcessorCount") != std::string::npos);
+  // It plans like the data sheet's (the emulated GPU is sm90 too).
+  const cuda::SdpaPlan mine = cuda::plan_offline(SdpaGraph{}, json);
+  const cuda::SdpaPlan sheet = cuda::plan_offline(SdpaGraph{}, cuda::cudnn_device_json(*cuda::cudnn_device("h100")));
+  CHECK(mine.planned == sheet.planned);
+  if (!emulated_device()) std::ofstream("cudnn_device_this_gpu.json") << json << "\n";
+}
+#endif
