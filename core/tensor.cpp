@@ -173,7 +173,9 @@ void Tensor::copy_from(const Tensor& src) {
                   shape_str(shape_));
   auto& h = cuda_allocator_hooks();
   if (!h.copy) throw_runtime("a CUDA copy was requested but this mtnlg has no CUDA backend");
-  int kind = from == Device::cpu ? 0 : dev == Device::cpu ? 1 : 2;
+  const CopyKind kind = from == Device::cpu ? CopyKind::host_to_device
+                        : dev == Device::cpu  ? CopyKind::device_to_host
+                                              : CopyKind::device_to_device;
   h.copy(raw(), src.raw(), nbytes(), kind);
 }
 

@@ -53,12 +53,14 @@ class Storage {
   mem::Role role_ = mem::Role::workspace;  // counted under it (core/mem_account.hpp)
 };
 
+// Which way a copy through the CUDA backend goes.
+enum class CopyKind { host_to_device, device_to_host, device_to_device };
+
 // Hooks the CUDA backend installs at start-up (core/cuda/*). Unset = no CUDA.
 struct DeviceAllocatorHooks {
   void* (*alloc)(int64_t bytes) = nullptr;
   void (*free)(void* p) = nullptr;
-  // kind: 0 host->device, 1 device->host, 2 device->device
-  void (*copy)(void* dst, const void* src, int64_t bytes, int kind) = nullptr;
+  void (*copy)(void* dst, const void* src, int64_t bytes, CopyKind kind) = nullptr;
   // Page-locked host memory (cached by exact size: checkpoint snapshots repeat sizes).
   void* (*host_alloc)(int64_t bytes) = nullptr;
   void (*host_free)(void* p, int64_t bytes) = nullptr;

@@ -455,12 +455,14 @@ Backend& backend() {
   return *g_backend;
 }
 
-void hook_copy(void* dst, const void* src, int64_t bytes, int kind) {
-  if (kind == 0 && bytes <= UploadStaging::kSlotBytes) return staging().upload(dst, src, bytes);
-  const cudaMemcpyKind k = kind == 0 ? cudaMemcpyHostToDevice : kind == 1 ? cudaMemcpyDeviceToHost : cudaMemcpyDeviceToDevice;
+void hook_copy(void* dst, const void* src, int64_t bytes, CopyKind kind) {
+  if (kind == CopyKind::host_to_device && bytes <= UploadStaging::kSlotBytes) return staging().upload(dst, src, bytes);
+  const cudaMemcpyKind k = kind == CopyKind::host_to_device   ? cudaMemcpyHostToDevice
+                           : kind == CopyKind::device_to_host ? cudaMemcpyDeviceToHost
+                                                              : cudaMemcpyDeviceToDevice;
   CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), k, stream()));
   // Host memory is pageable and owned by the caller: wait so it may be reused at once.
-  if (kind != 2) CUDA_CHECK(cudaStreamSynchronize(stream()));
+  if (kind != CopyKind::device_to_device) CUDA_CHECK(cudaStreamSynchronize(stream()));
 }
 
 }  // namespace
