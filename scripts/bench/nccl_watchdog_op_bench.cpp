@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "core/blas_core.hpp"
+#include "core/switches.hpp"
 #include "core/tensor.hpp"
 
 #ifdef MTNLG_HAVE_NCCL
@@ -24,8 +24,9 @@
 #endif
 
 int main(int argc, char** argv) {
-  mtnlg::select_blas_core(argv);
+  mtnlg::start_process(argv);
 #ifndef MTNLG_HAVE_NCCL
+  (void)argc;
   std::printf("nccl_watchdog_op_bench: this build has no NCCL\n");
   return 0;
 #else
