@@ -176,6 +176,12 @@ TEST_CASE("graphs: a library call on the capturing stream is recorded too (cuBLA
   cublasHandle_t handle = nullptr;
   REQUIRE(cublasCreate(&handle) == CUBLAS_STATUS_SUCCESS);
   REQUIRE(cublasSetStream(handle, s) == CUBLAS_STATUS_SUCCESS);
+  // A workspace of its own, set after the stream (which resets it): without one cuBLAS would
+  // allocate its default workspace inside the graph, which the emulator refuses.
+  constexpr size_t kWorkspace = size_t{1} << 20;
+  void* ws = nullptr;
+  REQUIRE(cudaMalloc(&ws, kWorkspace) == cudaSuccess);
+  REQUIRE(cublasSetWorkspace(handle, ws, kWorkspace) == CUBLAS_STATUS_SUCCESS);
   const float one = 1.0f, zero = 0.0f;
   REQUIRE(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal) == cudaSuccess);
   REQUIRE(cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 3, &one, a, CUDA_R_32F, 2, b, CUDA_R_32F, 3, &zero, c,
@@ -198,6 +204,7 @@ TEST_CASE("graphs: a library call on the capturing stream is recorded too (cuBLA
   REQUIRE(cudaGraphExecDestroy(exec) == cudaSuccess);
   REQUIRE(cudaGraphDestroy(graph) == cudaSuccess);
   REQUIRE(cublasDestroy(handle) == CUBLAS_STATUS_SUCCESS);
+  REQUIRE(cudaFree(ws) == cudaSuccess);
   REQUIRE(cudaStreamDestroy(s) == cudaSuccess);
   for (float* p : {a, b, c}) REQUIRE(cudaFree(p) == cudaSuccess);
 }
