@@ -99,6 +99,7 @@ struct GptChunk::LayerActs {
 };
 
 struct GptChunk::Saved {
+  Saved(int64_t micro_batch, size_t num_layers) : layers(num_layers), mbs(micro_batch) {}
   std::vector<LayerActs> layers;
   Tensor tokens, targets;  // i32 [N]
   ops::EmbeddingGradOrder order;  // rows grouped by token (CUDA first stage, training)
@@ -453,10 +454,8 @@ ForwardResult GptChunk::forward(int64_t mb_id, const TrainMicroBatch& mb, const 
   p.sample_offset = mb.sample_offset;
   p.train = &mb;
   check_call(p);
-  auto saved = std::make_unique<Saved>();
+  auto saved = std::make_unique<Saved>(p.batch, layers_.size());
   Saved& s = *saved;
-  s.mbs = p.batch;
-  s.layers.resize(layers_.size());
   take_placed(placed, p, s);
   const Tensor x = stack_forward(p, s, input);
   ForwardResult res;
@@ -476,9 +475,7 @@ ForwardResult GptChunk::score(const ScoreMicroBatch& mb, const Tensor& input) {
   p.batch = mb.micro_batch_size;
   p.seq = cfg_.seq_length;
   check_call(p);
-  Saved s;
-  s.mbs = p.batch;
-  s.layers.resize(layers_.size());
+  Saved s(p.batch, layers_.size());
   place_teacher_forced(mb.tokens, p, s);
   const Tensor x = stack_forward(p, s, input);
   ForwardResult res;
@@ -498,9 +495,7 @@ ForwardResult GptChunk::infer(const InferenceCall& call, const Tensor& input) {
   p.past = call.kv ? call.kv->length : 0;
   check_call(p);
   MTNLG_CHECK(!call.logit_rows || spec_.has_head, "logit rows asked of a chunk without the output layer");
-  Saved s;
-  s.mbs = p.batch;
-  s.layers.resize(layers_.size());
+  Saved s(p.batch, layers_.size());
   place_unlabelled(call.tokens, p, s);
   const Tensor x = stack_forward(p, s, input);
   if (call.kv) call.kv->length = p.past + p.seq;
@@ -578,6 +573,18 @@ void PlacedInputs::copy_from(const PlacedInputs& src) {
   if (mask.defined()) mask.copy_from(src.mask);
 }
 
+namespace {
+// tokens [B, T + 1] (teacher forcing) into inputs [B*T] = tokens[:, :T] and labels [B*T] =
+// tokens[:, 1:]: what training and scoring place.
+void split_teacher_forced(const int32_t* tokens, int64_t B, int64_t T, int32_t* inputs, int32_t* labels) {
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) {
+      inputs[b * T + t] = tokens[b * (T + 1) + t];
+      labels[b * T + t] = tokens[b * (T + 1) + t + 1];
+    }
+}
+}  // namespace
+
 // Training on CUDA adds the first stage's grouping by token and the dropout keys.
 PlacedLayout GptChunk::train_layout(int64_t tokens) const {
   const bool cuda = dev_ == Device::cuda;
@@ -591,12 +598,7 @@ PlacedInputs GptChunk::stage_inputs(const TrainMicroBatch& mb) const {
   h.ids = Tensor::zeros({h.layout.total}, DType::i32, Device::cpu);
   int32_t* ids = h.ids.data<int32_t>();
   int32_t* in = ids + h.layout.inputs;
-  int32_t* label = ids + h.layout.labels;
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = 0; t < T; ++t) {
-      in[b * T + t] = mb.tokens[b * (T + 1) + t];
-      label[b * T + t] = mb.tokens[b * (T + 1) + t + 1];
-    }
+  split_teacher_forced(mb.tokens, B, T, in, ids + h.layout.labels);
   if (h.layout.grad_order >= 0) {
     const Tensor o = ops::embedding_grad_order(in, N);
     std::copy(o.data<int32_t>(), o.data<int32_t>() + o.numel(), ids + h.layout.grad_order);
@@ -649,13 +651,7 @@ void GptChunk::place_teacher_forced(const int32_t* tokens, const Pass& p, Saved&
   const int64_t T = p.seq, N = p.tokens();
   const PlacedLayout l = PlacedLayout::make(N, false, false);
   Tensor ids = Tensor::zeros({l.total}, DType::i32, Device::cpu);
-  int32_t* in = ids.data<int32_t>() + l.inputs;
-  int32_t* label = ids.data<int32_t>() + l.labels;
-  for (int64_t b = 0; b < p.batch; ++b)
-    for (int64_t t = 0; t < T; ++t) {
-      in[b * T + t] = tokens[b * (T + 1) + t];
-      label[b * T + t] = tokens[b * (T + 1) + t + 1];
-    }
+  split_teacher_forced(tokens, p.batch, T, ids.data<int32_t>() + l.inputs, ids.data<int32_t>() + l.labels);
   const Tensor placed = ids.on(dev_);
   s.tokens = placed.flat(l.inputs, N);
   s.targets = placed.flat(l.labels, N);
