@@ -18,6 +18,7 @@
 #include <set>
 #include <sstream>
 #include <thread>
+#include <tuple>
 
 #include "core/atomic_file.hpp"
 #include "core/error.hpp"
@@ -487,6 +488,10 @@ struct RankDump {
   };
   std::map<std::string, Counts> counts;
   std::map<int64_t, std::string> key_of;  // comm id -> key
+  // Its rows still in the ring: (comm key, peer group rank or -1, sequence number) -> row.
+  std::map<std::tuple<std::string, int64_t, uint64_t>, const json*> rows;
+  // Its oldest row not completed (nullptr: none).
+  const json* oldest_pending = nullptr;
 };
 
 std::string comm_key(const json& c) {
@@ -495,11 +500,24 @@ std::string comm_key(const json& c) {
   return c.at("group").get<std::string>() + "/" + c.at("channel").get<std::string>() + "/" + m;
 }
 
+// `from` waits for `to` in `op`: `to` never entered it (entered fewer operations of that
+// communicator), or (`not_started`) entered it but its row never started: the stream
+// that carries it on `to` is still busy with earlier work.
 struct Edge {
   int64_t from = -1, to = -1;
   const json* op = nullptr;
   const json* comm = nullptr;
+  bool not_started = false;
 };
+
+bool row_in(const json& op, const char* state) { return op.at("state").get<std::string>() == state; }
+
+// What a rank's row state says about where the rank is.
+std::string state_meaning(const json& op) {
+  if (row_in(op, "started")) return "started: stuck in the collective, waiting for a peer";
+  if (row_in(op, "enqueued")) return "enqueued but never started: its stream is still busy with earlier work";
+  return "completed";
+}
 
 }  // namespace
 
@@ -538,6 +556,12 @@ HangVerdict explain_hang_dumps(const std::vector<std::string>& texts) {
         k.p2p[std::stoll(it.key())] = it.value().get<uint64_t>();
       k.comm = &c;
       d.key_of[c.at("id").get<int64_t>()] = comm_key(c);
+    }
+    for (const auto& op : d.j.at("ops")) {
+      d.rows[{d.key_of.at(op.at("comm").get<int64_t>()), op.at("peer").get<int64_t>(), op.at("seq").get<uint64_t>()}] = &op;
+      if (!row_in(op, "completed") &&
+          (!d.oldest_pending || op.at("t_enqueued").get<double>() < d.oldest_pending->at("t_enqueued").get<double>()))
+        d.oldest_pending = &op;
     }
   }
   v.found = true;
@@ -578,7 +602,7 @@ HangVerdict explain_hang_dumps(const std::vector<std::string>& texts) {
         const int64_t m = members[gi].get<int64_t>();
         if (m == r || (peer >= 0 && static_cast<int64_t>(gi) != peer)) continue;
         auto it = by_rank.find(m);
-        bool behind = it == by_rank.end();
+        bool behind = it == by_rank.end(), not_started = false;
         if (!behind) {
           const auto c = it->second.counts.find(ck);
           if (c == it->second.counts.end()) behind = true;
@@ -588,9 +612,13 @@ HangVerdict explain_hang_dumps(const std::vector<std::string>& texts) {
           } else {
             behind = c->second.coll < seq;
           }
+          if (!behind) {  // it entered the operation: did it start it?
+            const auto row = it->second.rows.find({ck, peer >= 0 ? my_group_rank : -1, seq});
+            not_started = row != it->second.rows.end() && row_in(*row->second, "enqueued");
+          }
         }
-        if (behind) {
-          edges.push_back({r, m, op, &comm});
+        if (behind || not_started) {
+          edges.push_back({r, m, op, &comm, not_started});
           waits_for_someone.insert(r);
         }
       }
@@ -607,6 +635,24 @@ HangVerdict explain_hang_dumps(const std::vector<std::string>& texts) {
   };
   for (auto& [c, w] : waiters)
     if (best < 0 || better(c, best)) best = c;
+  // A collective every member entered and started, none completed (no edge stands for it).
+  int64_t stuck_rank = -1;
+  const json* stuck = nullptr;
+  for (auto& [r, d] : by_rank) {
+    const json* op = d.oldest_pending;
+    if (stuck || !op || !row_in(*op, "started") || op->at("peer").get<int64_t>() >= 0) continue;
+    const std::string ck = d.key_of.at(op->at("comm").get<int64_t>());
+    bool all = true;
+    for (const auto& m : d.counts.at(ck).comm->at("members")) {
+      bool started = false;
+      if (const auto o = by_rank.find(m.get<int64_t>()); o != by_rank.end()) {
+        const auto row = o->second.rows.find({ck, -1, op->at("seq").get<uint64_t>()});
+        started = row != o->second.rows.end() && row_in(*row->second, "started");
+      }
+      all = all && started;
+    }
+    if (all) stuck_rank = r, stuck = op;
+  }
   std::string text;
   // A failure one rank saw itself (an asynchronous NCCL error) or a dead peer names its
   // rank: the others' lags are then only where each happened to be.
@@ -630,8 +676,13 @@ HangVerdict explain_hang_dumps(const std::vector<std::string>& texts) {
   } else if (best >= 0) {
     v.culprit = best;
     const Edge* e0 = nullptr;
+    // The operation it never entered (definite) before one it entered but never started,
+    // then the oldest.
     for (const Edge& e : edges)
-      if (e.to == best && (!e0 || e.op->at("t_enqueued").get<double>() < e0->op->at("t_enqueued").get<double>())) e0 = &e;
+      if (e.to == best && (!e0 || (e0->not_started && !e.not_started) ||
+                           (e0->not_started == e.not_started &&
+                            e.op->at("t_enqueued").get<double>() < e0->op->at("t_enqueued").get<double>())))
+        e0 = &e;
     v.group = e0->comm->at("group").get<std::string>();
     v.channel = e0->comm->at("channel").get<std::string>();
     v.op = e0->op->at("op").get<std::string>();
@@ -662,21 +713,64 @@ HangVerdict explain_hang_dumps(const std::vector<std::string>& texts) {
       if (c != it->second.counts.end())
         entered = e0->op->at("peer").get<int64_t>() >= 0 ? "" : fmt::format(" (it entered {} there)", c->second.coll);
     }
+    v.not_started = e0->not_started;
     text = fmt::format("rank {}{} is the culprit: rank{} {} wait{} for it in {} #{} ({} bytes {}) on group {} (ranks {}, {} "
-                       "channel), which rank {} never entered{}",
+                       "channel), which rank {} {}",
                        best, v.culprit_coord.empty() ? "" : " (" + v.culprit_coord + ")", v.waiting.size() > 1 ? "s" : "",
                        waiting, v.waiting.size() > 1 ? "" : "s", v.op, v.seq, v.bytes, v.dtype, v.group,
-                       members_text(v.members), v.channel, best, entered);
-    if (it == by_rank.end())
+                       members_text(v.members), v.channel, best,
+                       e0->not_started ? "enqueued but never started: its stream is still busy with earlier work (compute, "
+                                         "or an earlier operation on that stream)"
+                                       : "never entered" + entered);
+    // Each waiter's own row: started (in the collective, waiting for the culprit) or not
+    // yet started (its own stream still behind).
+    std::vector<int64_t> in_op, queued;
+    for (const Edge& e : edges)
+      if (e.to == best && std::count(v.waiting.begin(), v.waiting.end(), e.from) &&
+          !std::count(in_op.begin(), in_op.end(), e.from) && !std::count(queued.begin(), queued.end(), e.from))
+        (row_in(*e.op, "started") ? in_op : queued).push_back(e.from);
+    const auto many = [](const std::vector<int64_t>& x) { return x.size() > 1; };
+    if (!in_op.empty())
+      text += fmt::format("; rank{} {} started {} and {} stuck in the collective", many(in_op) ? "s" : "", join(in_op, ", "),
+                          many(in_op) ? "their operations" : "its operation", many(in_op) ? "are" : "is");
+    if (!queued.empty())
+      text += fmt::format("; rank{} {} enqueued {} but {} not started {} (a stream still busy with earlier work)",
+                          many(queued) ? "s" : "", join(queued, ", "), many(queued) ? "their operations" : "its operation",
+                          many(queued) ? "have" : "has", many(queued) ? "them" : "it");
+    if (it == by_rank.end()) {
       text += "; it left no flight record (the process died)";
-    else
+    } else {
       text += "; it was at " + v.culprit_context;
+      if (!e0->not_started) {  // where the culprit itself is
+        const json* own = it->second.oldest_pending;
+        if (own)
+          text += fmt::format(" (its oldest pending operation: {} #{} on group {}, {})", own->at("op").get<std::string>(),
+                              own->at("seq").get<uint64_t>(),
+                              it->second.j.at("comms").at(own->at("comm").get<size_t>()).at("group").get<std::string>(),
+                              state_meaning(*own));
+        else
+          text += " (no NCCL operation of it pending: it stopped before entering the next one)";
+      }
+    }
     text += fmt::format("; the waiters were at {}", e0->op->at("context").get<std::string>());
     if (!other.empty()) {
       const std::string o = join(std::vector<int64_t>(other.begin(), other.end()), ", ");
       text += fmt::format("; rank{} {} wait{} for it too, in other operations", other.size() > 1 ? "s" : "", o,
                           other.size() > 1 ? "" : "s");
     }
+  } else if (stuck && v.missing.empty() && v.origin_reason.rfind("timeout", 0) == 0) {
+    const auto& d = by_rank.at(stuck_rank);
+    const json& comm = *d.counts.at(d.key_of.at(stuck->at("comm").get<int64_t>())).comm;
+    v.group = comm.at("group").get<std::string>();
+    v.channel = comm.at("channel").get<std::string>();
+    v.op = stuck->at("op").get<std::string>();
+    v.seq = stuck->at("seq").get<uint64_t>();
+    for (const auto& m : comm.at("members")) v.members.push_back(m.get<int64_t>());
+    v.waiting = v.members;
+    text = fmt::format("no rank is behind: every member of group {} (ranks {}, {} channel) entered and started {} #{} and "
+                       "none completed it: the collective itself is stuck (NCCL's transport or the network between them), "
+                       "not a rank that failed to arrive; they were at {}",
+                       v.group, members_text(v.members), v.channel, v.op, v.seq, stuck->at("context").get<std::string>());
   } else if (!v.missing.empty()) {
     v.culprit = v.missing.front();
     text = fmt::format("rank {} left no flight record (the process died); no operation was waiting on a missing peer", v.culprit);

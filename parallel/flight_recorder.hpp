@@ -35,8 +35,16 @@
 // SIGUSR1 (which also asks the trainer to save and stop) and dump() write a live dump
 // without tripping.
 //
-// Off (no thread, nothing recorded, no probes made) until start(): the trainer starts it
-// for runs on CUDA with more than one process and a timeout > 0.
+// Off (no thread, nothing recorded, no probes made) until start(): `train` and `eval`
+// start it (app/process/device_watchdog.hpp) for runs on CUDA with more than one process
+// and a timeout > 0.
+//
+// The verdict (explain_hang) reads the rows' states: a member that entered fewer
+// operations of a communicator never entered the one its peers wait in; a member whose
+// row of that operation is still enqueued (never started) entered it, but its stream is
+// busy with earlier work (compute, or an earlier operation); a started row is in the
+// collective, waiting for a peer; every member started and none completed: the
+// collective itself is stuck.
 #pragma once
 #include <atomic>
 #include <cstdint>
@@ -207,7 +215,8 @@ struct HangVerdict {
   bool found = false;       // any dump of a tripped run
   int64_t culprit = -1;     // the rank the others wait for (-1: none identified)
   std::string culprit_coord, culprit_context;
-  std::string group, channel, op;  // the operation it never entered
+  std::string group, channel, op;  // the operation it never entered (or never started)
+  bool not_started = false;        // the culprit entered it, but its stream never started it
   uint64_t seq = 0;
   int64_t bytes = 0;
   std::string dtype;

@@ -20,7 +20,7 @@
 // process-wide setting is off until a command sets it (`train` and `eval` do, from
 // parallel.distributed_timeout_minutes, default 10 minutes); the environment variable
 // MTNLG_COLLECTIVE_TIMEOUT (seconds, 0 = off) overrides it in every command.
-// The GPU path (NCCL) is not covered: see docs/GPU.md ("Hangs and the watchdog").
+// The GPU path (NCCL) has its own watchdog, with the same timeout: parallel/flight_recorder.hpp.
 #pragma once
 #include "parallel/topology.hpp"
 

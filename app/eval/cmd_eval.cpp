@@ -10,6 +10,7 @@
 #include "app/commands.hpp"
 #include "app/eval/eval_parallel.hpp"
 #include "app/eval/eval_runner.hpp"
+#include "app/process/device_watchdog.hpp"
 #include "app/process/placement.hpp"
 #include "app/process/preflight.hpp"
 #include "model/checkpoint.hpp"
@@ -99,8 +100,14 @@ bool run_parallel_eval(const EvalArgs& a, const parallel::LaunchInfo& launch, co
   log::context().rank = static_cast<int>(launch.rank);
   log::context().world = static_cast<int>(launch.world_size);
   try {
-    auto groups = parallel::make_groups(world, parallel::Topology::from_world(launch.world_size, r.tp(), r.pp()));
-    ParallelScorer scorer(r, dir, groups, select_device(parse_device_kind(a.device, "--device"), "--device"));
+    const Device dev = select_device(parse_device_kind(a.device, "--device"), "--device");
+    // On CUDA the tensor groups are NCCL's, under the device watchdog as in training: a
+    // collective that hangs or fails ends every rank with exit 3, its flight recorder
+    // dumped into logging.dir and the verdict naming the rank.
+    const auto groups = parallel::place_groups(
+        parallel::make_groups(world, parallel::Topology::from_world(launch.world_size, r.tp(), r.pp())), dev);
+    DeviceWatchdogRun watchdog(r.logging.dir, groups);
+    ParallelScorer scorer(r, dir, groups, dev);
     log::info("eval: {} split tp={} pp={} over {} ranks", dir, r.tp(), r.pp(), launch.world_size);
     rep = run_eval(scorer.config(), std::ref(scorer), tok, o);
   } catch (const Error& e) {
@@ -147,7 +154,10 @@ void register_eval(CLI::App& app) {
   cmd->add_option("--checkpoint", a.checkpoint, "Checkpoint directory to evaluate");
   cmd->add_option("--random-init", a.random_init,
                   "Testing aid: evaluate a model with random weights built from this recipe's model section");
-  cmd->add_option("--set", a.sets, "With --random-init: override a recipe key, section.key=value; repeatable");
+  cmd->add_option("--set", a.sets,
+                  "Override a recipe key, section.key=value; repeatable: with --random-init that recipe's, under "
+                  "mpirun/srun the checkpoint's (parallel.* for the layout, parallel.distributed_timeout_minutes, "
+                  "logging.dir for the flight recorder)");
   cmd->add_option("--device", a.device,
                   "Where the model runs: auto (the GPU of this process's local rank when there is one, else the CPU), "
                   "cpu, cuda, or test (the CI test device)")
@@ -180,6 +190,17 @@ void register_eval(CLI::App& app) {
                   "With --tokenizer: the end-of-text token (an empty context is this token); default: eos_token of the "
                   "tokenizer_config.json beside it");
   cmd->add_flag("--no-progress", a.no_progress, "Do not draw the progress bar");
+  cmd->footer(
+      "Under mpirun/srun the checkpoint's model is split tp x pp over the ranks (--set "
+      "parallel.tensor_model_parallel_size=... and pipeline_model_parallel_size=...). Collective watchdog: the "
+      "checkpoint recipe's parallel.distributed_timeout_minutes (default 10, fractions accepted; --set overrides it, "
+      "MTNLG_COLLECTIVE_TIMEOUT=seconds overrides both, 0 = off) bounds every host collective and, on GPUs, every NCCL "
+      "operation: one pending longer, an NCCL asynchronous error or a dead peer aborts the NCCL communicators, dumps "
+      "each rank's flight recorder to LOGDIR/flight_recorder/rank<R>.json (LOGDIR: the recipe's logging.dir, --set "
+      "logging.dir=DIR to choose), names the culprit rank and collective in LOGDIR/flight_recorder/report.txt "
+      "(`mtnlg report --explain LOGDIR` too) and exits with status 3 on every rank. See docs/RELIABILITY.md.\n"
+      "Testing aid: MTNLG_FAULT_INJECT=rank=R:iteration=I:mode=hang makes global rank R stop entering NCCL "
+      "collectives at eval batch I (under mpirun; other modes are exit 2).");
   cmd->callback([] { run(a); });
 }
 

@@ -1,14 +1,18 @@
 #include "app/eval/eval_parallel.hpp"
 
 #include "app/process/module_configs.hpp"
+#include "app/train/fault_injection.hpp"
 #include "app/train/trainer.hpp"
 #include "model/checkpoint.hpp"
 #include "model/partition.hpp"
+#include "parallel/flight_recorder.hpp"
 
 namespace mtnlg::app {
 
 ParallelScorer::ParallelScorer(const Recipe& r, const std::string& dir, const parallel::ProcessGroups& g, Device dev)
-    : g_(g) {
+    : g_(g), fault_(fault_injection_from_env()) {
+  if (fault_.active() && fault_.mode != "hang")
+    throw_input("MTNLG_FAULT_INJECT mode={}: eval takes only mode=hang (its iteration counts eval batches)", fault_.mode);
   if (g.topo.dp() != 1)
     throw_input("eval: world size {} must equal tensor_model_parallel_size x pipeline_model_parallel_size = {} x {}",
                 g.topo.world(), g.topo.tp(), g.topo.pp());
@@ -33,6 +37,12 @@ std::vector<model::ScoreResult> ParallelScorer::operator()(const std::vector<con
   const int64_t B = static_cast<int64_t>(reqs.size()), T = cfg_.seq_length, C = cfg_.hidden;
   std::vector<model::ScoreResult> res(reqs.size());
   if (B == 0) return res;
+  // The flight recorder's context: the eval batch stands where training's iteration does.
+  parallel::device_watchdog().set_iteration(++batches_);
+  parallel::device_watchdog().set_phase(-1, -1, "eval forward");
+  // Testing aid: MTNLG_FAULT_INJECT=rank=R:iteration=I:mode=hang, I counting eval batches.
+  if (fault_.mode == "hang" && fault_.rank == g_.rank && fault_.iteration == batches_)
+    parallel::device_watchdog().inject_hang();
   // tokens[b] = input ++ [last target], right-padded: the label at position p is
   // tokens[p + 1], so the targets sit at positions n-k .. n-1 of the input.
   std::vector<int32_t> tokens(static_cast<size_t>(B * (T + 1)), 0);

@@ -3,13 +3,17 @@
 // of any-layout checkpoint weights. Every rank runs the same eval loop; each batch of
 // requests goes through the pipeline (stage r receives activations from r-1, runs its
 // layers, sends to r+1), the last stage's vocab-parallel head gives per-token
-// log-probabilities and greedy flags, and the results reach every rank.
+// log-probabilities and greedy flags, and the results reach every rank. On CUDA the
+// groups are NCCL's (parallel::place_groups) under the device watchdog
+// (app/process/device_watchdog.hpp), which cmd_eval starts: each scored batch sets the
+// flight recorder's context (the batch number where training has its iteration).
 #pragma once
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "app/eval/eval_runner.hpp"
+#include "app/train/fault_injection.hpp"
 #include "config/recipe.hpp"
 #include "model/gpt.hpp"
 #include "parallel/communicator.hpp"
@@ -30,6 +34,8 @@ class ParallelScorer {
   parallel::ProcessGroups g_;
   model::ParamStore store_;
   std::unique_ptr<model::GptChunk> chunk_;
+  int64_t batches_ = 0;  // batches scored so far
+  FaultInjection fault_;  // MTNLG_FAULT_INJECT (mode=hang only)
 };
 
 }  // namespace mtnlg::app

@@ -29,6 +29,7 @@
 #include "app/train/step_timing.hpp"
 #include "app/train/straggler.hpp"
 #include "app/process/module_configs.hpp"
+#include "app/process/device_watchdog.hpp"
 #include "app/process/placement.hpp"
 #include "app/train/validation.hpp"
 #include "core/blas_core.hpp"
@@ -176,39 +177,6 @@ int64_t model_size(const model::ParamStore& store, const parallel::ProcessGroups
   if (g.world && g.world->size() > 1) g.world->all_reduce(&total, 1, parallel::ReduceOp::sum);
   return total;
 }
-
-// The device collectives' watchdog and flight recorder (parallel/flight_recorder.hpp) for
-// runs whose tensor groups are NCCL's (CUDA, more than one process) with a collective
-// timeout > 0: started once the groups are placed, stopped with the trainer. The token
-// that tells this run's files from an earlier run's in the same directory is rank 0's
-// clock, shared over world.
-// MTNLG_NCCL_WATCHDOG=0 turns it off alone (the benchmarks' A/B; the MPI watchdog stays).
-bool nccl_watchdog_switch() { return switches::flag(Switch::nccl_watchdog).value_or(true); }
-
-struct DeviceWatchdogRun {
-  DeviceWatchdogRun(const Recipe& r, const parallel::ProcessGroups& g)
-      : on(g.device == Device::cuda && g.topo.world() > 1 && parallel::collective_timeout() > 0 &&
-           nccl_watchdog_switch()) {
-    if (!on) return;
-    double t = g.rank == 0 ? parallel::wall_now() : 0.0;
-    g.world->all_reduce(&t, 1, parallel::ReduceOp::sum);
-    parallel::WatchdogOptions o;
-    o.timeout_s = parallel::collective_timeout();
-    o.run_dir = r.logging.dir;
-    o.token = fmt::format("{:x}", static_cast<uint64_t>(t * 1e6));
-    o.rank = g.rank;
-    o.world = g.topo.world();
-    o.stage = g.coord.pp;
-    o.coord = fmt::format("tp={},pp={},dp={}", g.coord.tp, g.coord.pp, g.coord.dp);
-    parallel::device_watchdog().start(o);
-  }
-  ~DeviceWatchdogRun() {
-    if (on) parallel::device_watchdog().stop();
-  }
-  DeviceWatchdogRun(const DeviceWatchdogRun&) = delete;
-  DeviceWatchdogRun& operator=(const DeviceWatchdogRun&) = delete;
-  const bool on;
-};
 
 // fp16: dynamic loss scaling (Megatron's rules); bf16 and fp32 need none.
 std::optional<optimizer::DynamicLossScaler> loss_scaler_if_fp16(const Recipe& r) {
@@ -472,7 +440,7 @@ Trainer::Trainer(const Recipe& r, const parallel::ProcessGroups& g, const TrainO
       threads_(set_cpu_threads(r)),
       model_(r, g),
       g_(model_.groups),
-      watchdog_(r, g_),
+      watchdog_(r.logging.dir, g_),
       optim_(r, model_),
       data_(r, g_),
       out_(r, model_, optim_, data_, opts),

@@ -316,3 +316,81 @@ TEST_CASE("flight recorder: bad dumps are input errors", "[parallel]") {
   const std::string dir = rd;
   CHECK_THROWS_WITH(explain_hang(dir), Catch::Contains("no flight recorder dumps"));
 }
+
+namespace {
+// Hand-made dumps of `n` ranks in one data-parallel group {0..n-1}: each rank entered
+// `entered[r]` all-reduces, the last of them in state `last[r]` (the others completed).
+std::vector<std::string> dp_dumps(const std::string& dir, const std::vector<int>& entered, const std::vector<OpState>& last,
+                                  int origin) {
+  const int n = static_cast<int>(entered.size());
+  std::vector<int64_t> members;
+  for (int r = 0; r < n; ++r) members.push_back(r);
+  std::vector<std::string> dumps;
+  for (int r = 0; r < n; ++r) {
+    Watchdog w;
+    w.configure(options(dir, r, n));
+    const int dp = w.add_comm(comm("dp", "coll", members, r));
+    w.set_iteration(7);
+    w.set_phase(-1, -1, "gradient reduction");
+    for (int k = 0; k < entered[r]; ++k) {
+      auto p = std::make_shared<FakeProbe>();
+      p->state = k + 1 < entered[r] ? OpState::completed : last[r];
+      w.record(dp, "all_reduce", -1, 4096, DType::f32, p);
+    }
+    CHECK(w.check(wall_now()).reason.empty());  // the probes polled into the rows
+    dumps.push_back(w.dump_json(r == origin ? "timeout: operation #5 all_reduce on group dp" : fmt::format("rank {}: timeout", origin)));
+    w.stop();
+  }
+  return dumps;
+}
+}  // namespace
+
+TEST_CASE("flight recorder: the verdict tells an operation never started from one stuck in the collective", "[parallel]") {
+  const RunDir rd("fr-started");
+  const std::string dir = rd;
+  using S = OpState;
+  SECTION("entered but never started: the culprit's stream is busy with earlier work") {
+    // Ranks 0, 1, 3 started all-reduce #5 and wait in it; rank 2 enqueued it too, but its
+    // stream never reached it (a kernel before it never finished).
+    const HangVerdict v = explain_hang_dumps(dp_dumps(dir, {5, 5, 5, 5}, {S::started, S::started, S::enqueued, S::started}, 0));
+    CHECK(v.culprit == 2);
+    CHECK(v.not_started);
+    CHECK(v.op == "all_reduce");
+    CHECK(v.seq == 5);
+    CHECK(v.waiting == std::vector<int64_t>{0, 1, 3});
+    CHECK_THAT(v.text, Catch::StartsWith("rank 2 (r2) is the culprit: ranks 0, 1, 3 wait for it in all_reduce #5 (4096 bytes "
+                                         "f32) on group dp (ranks 0,1,2,3, coll channel), which rank 2 enqueued but never "
+                                         "started: its stream is still busy with earlier work"));
+    CHECK_THAT(v.text, Catch::Contains("ranks 0, 1, 3 started their operations and are stuck in the collective"));
+  }
+  SECTION("never entered, waiters started or still queued behind their own stream") {
+    // Rank 3 entered only 4; ranks 0 and 1 started #5 (in the collective, waiting for
+    // rank 3), rank 2 enqueued it without starting it (its own stream is behind).
+    const HangVerdict v = explain_hang_dumps(dp_dumps(dir, {5, 5, 5, 4}, {S::started, S::started, S::enqueued, S::completed}, 0));
+    CHECK(v.culprit == 3);
+    CHECK_FALSE(v.not_started);
+    CHECK(v.waiting == std::vector<int64_t>{0, 1, 2});
+    CHECK_THAT(v.text, Catch::Contains("which rank 3 never entered (it entered 4 there)"));
+    CHECK_THAT(v.text, Catch::Contains("ranks 0, 1 started their operations and are stuck in the collective"));
+    CHECK_THAT(v.text, Catch::Contains("rank 2 enqueued its operation but has not started it (a stream still busy with earlier work)"));
+    CHECK_THAT(v.text, Catch::Contains("no NCCL operation of it pending: it stopped before entering the next one"));
+  }
+  SECTION("the culprit's own pending operation, not started") {
+    // Rank 1 never entered #5 and its #4 is still queued, never started (its stream is
+    // busy with compute); a hand-made state: the verdict reads each rank's rows as given.
+    const HangVerdict v = explain_hang_dumps(dp_dumps(dir, {5, 4}, {S::started, S::enqueued}, 0));
+    CHECK(v.culprit == 1);
+    CHECK_THAT(v.text, Catch::Contains("which rank 1 never entered (it entered 4 there)"));
+    CHECK_THAT(v.text, Catch::Contains("its oldest pending operation: all_reduce #4 on group dp, enqueued but never started: "
+                                       "its stream is still busy with earlier work"));
+  }
+  SECTION("every member started it and none completed: the collective itself is stuck") {
+    const HangVerdict v = explain_hang_dumps(dp_dumps(dir, {5, 5, 5}, {S::started, S::started, S::started}, 1));
+    CHECK(v.culprit == -1);
+    CHECK(v.group == "dp");
+    CHECK(v.seq == 5);
+    CHECK_THAT(v.text, Catch::StartsWith("no rank is behind: every member of group dp (ranks 0,1,2, coll channel) entered and "
+                                         "started all_reduce #5 and none completed it: the collective itself is stuck"));
+    CHECK_THAT(v.text, Catch::Contains("they were at iteration 7, stage 0, gradient reduction"));
+  }
+}
