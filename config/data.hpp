@@ -1,4 +1,4 @@
-// The data section of a recipe: the blend of sources, the split, tokenizer files.
+// The data section of a recipe: the blend of sources, the split, the tokenizer.
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -15,11 +15,20 @@ struct BlendSource {
   bool weighted = true;
 };
 
+// Megatron's --tokenizer-type values that mtnlg reads: GPT-2's byte-level BPE from
+// vocab.json + merges.txt (data.vocab_file, data.merge_file), or a Hugging Face
+// tokenizer.json (data.tokenizer_model).
+enum class TokenizerType { gpt2_bpe, huggingface };
+// "GPT2BPETokenizer", "HuggingFaceTokenizer" (the recipe's spelling, Megatron's).
+std::string to_string(TokenizerType t);
+
 struct DataConfig {
   std::vector<BlendSource> blend;
   std::string split = "969,30,1";
   std::string vocab_file;
   std::string merge_file;
+  TokenizerType tokenizer_type = TokenizerType::gpt2_bpe;
+  std::string tokenizer_model;  // HuggingFaceTokenizer: a tokenizer.json, or a directory holding one
   std::string cache_dir;  // "" -> <logging.dir>/index-cache
   bool mock = false;
   bool eod_mask_loss = false;

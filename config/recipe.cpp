@@ -60,6 +60,13 @@ std::string to_string(AttentionBackend a) {
   }
   return "?";
 }
+std::string to_string(TokenizerType t) {
+  switch (t) {
+    case TokenizerType::gpt2_bpe: return "GPT2BPETokenizer";
+    case TokenizerType::huggingface: return "HuggingFaceTokenizer";
+  }
+  return "?";
+}
 std::string to_string(LrDecayStyle s) {
   switch (s) {
     case LrDecayStyle::cosine: return "cosine";
@@ -388,6 +395,9 @@ const Table& table() {
                      str_field("split", [](Recipe& r) -> std::string& { return r.data.split; }),
                      str_field("vocab_file", [](Recipe& r) -> std::string& { return r.data.vocab_file; }),
                      str_field("merge_file", [](Recipe& r) -> std::string& { return r.data.merge_file; }),
+                     enum_field<TokenizerType>("tokenizer_type", [](Recipe& r) -> TokenizerType& { return r.data.tokenizer_type; },
+                                               {TokenizerType::gpt2_bpe, TokenizerType::huggingface}),
+                     str_field("tokenizer_model", [](Recipe& r) -> std::string& { return r.data.tokenizer_model; }),
                      str_field("cache_dir", [](Recipe& r) -> std::string& { return r.data.cache_dir; }),
                      bool_field("mock", [](Recipe& r) -> bool& { return r.data.mock; }),
                      bool_field("eod_mask_loss", [](Recipe& r) -> bool& { return r.data.eod_mask_loss; }),
@@ -654,6 +664,19 @@ void validate(const Recipe& r) {
         invalid(r, fmt::format("data.blend[{}] ({}) has no weight: a blend of several sources needs a weight on every "
                                "entry (only a single source may go without one)",
                                i, d.blend[i].prefix));
+  // The tokenizer: each type with its own files, never the other's.
+  if (d.tokenizer_type == TokenizerType::huggingface) {
+    if (d.tokenizer_model.empty())
+      invalid(r, "data.tokenizer_type HuggingFaceTokenizer needs data.tokenizer_model (a tokenizer.json, or a directory "
+                 "holding one)");
+    if (!d.vocab_file.empty() || !d.merge_file.empty())
+      invalid(r, "data.vocab_file and data.merge_file are GPT-2's files (data.tokenizer_type GPT2BPETokenizer); with "
+                 "HuggingFaceTokenizer the tokenizer is data.tokenizer_model alone: remove them");
+  } else if (!d.tokenizer_model.empty()) {
+    invalid(r, fmt::format("data.tokenizer_model ({}) is read only with data.tokenizer_type: HuggingFaceTokenizer (the "
+                           "type is {}, whose files are data.vocab_file and data.merge_file)",
+                           d.tokenizer_model, to_string(d.tokenizer_type)));
+  }
   {
     // split: up to three comma-separated non-negative numbers, not all zero.
     std::stringstream ss(d.split);

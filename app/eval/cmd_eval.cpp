@@ -12,6 +12,7 @@
 #include "app/eval/eval_runner.hpp"
 #include "app/process/device_watchdog.hpp"
 #include "app/process/placement.hpp"
+#include "app/process/recipe_tokenizer.hpp"
 #include "app/process/preflight.hpp"
 #include "model/checkpoint.hpp"
 #include "core/atomic_file.hpp"
@@ -122,7 +123,11 @@ bool run_parallel_eval(const EvalArgs& a, const parallel::LaunchInfo& launch, co
 void run(const EvalArgs& a) {
   const EvalOptions o = eval_options(a);
   // The harness encodes contexts and continuations without special tokens.
-  auto tok = load_text_tokenizer(a.vocab, a.merges, a.tokenizer, a.eod_token, /*add_special_tokens=*/false,
+  // No tokenizer on the command line: the recipe's (the checkpoint's, or --random-init's).
+  const std::string tokenizer = a.tokenizer.empty() && a.vocab.empty() && a.merges.empty()
+                                    ? recipe_tokenizer_for(a.checkpoint, a.random_init, a.sets)
+                                    : a.tokenizer;
+  auto tok = load_text_tokenizer(a.vocab, a.merges, tokenizer, a.eod_token, /*add_special_tokens=*/false,
                                  a.checkpoint);
   EvalReport rep;
   const parallel::LaunchInfo launch = parallel::detect_launch();
@@ -184,7 +189,7 @@ void register_eval(CLI::App& app) {
   cmd->add_option("--vocab-file", a.vocab, "GPT-2 vocab.json (default third_party/gpt2/vocab.json)");
   cmd->add_option("--merge-file", a.merges, "GPT-2 merges.txt (default third_party/gpt2/merges.txt)");
   cmd->add_option("--tokenizer", a.tokenizer,
-                  "A Hugging Face tokenizer.json instead of GPT-2's files (docs/specs/hf-tokenizer.md; default: the checkpoint root's tokenizer.json, which `checkpoint import` copies there, else GPT-2's files); contexts and "
+                  "A Hugging Face tokenizer.json instead of GPT-2's files (docs/specs/hf-tokenizer.md; default: the recipe's, i.e. data.tokenizer_model of the checkpoint's (or --random-init's) recipe when its data.tokenizer_type is HuggingFaceTokenizer, else the checkpoint root's tokenizer.json, which `checkpoint import` copies there, else GPT-2's files); contexts and "
                   "continuations are encoded without its special tokens, as the harness does");
   cmd->add_option("--eod-token", a.eod_token,
                   "With --tokenizer: the end-of-text token (an empty context is this token); default: eos_token of the "

@@ -13,6 +13,7 @@
 #include "app/commands.hpp"
 #include "app/eval/eval_runner.hpp"
 #include "app/process/placement.hpp"
+#include "app/process/recipe_tokenizer.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "model/inference.hpp"
@@ -45,7 +46,11 @@ void run(const GenArgs& a) {
   if (a.s.top_p <= 0 || a.s.top_p > 1) throw_input("--top-p must be in (0, 1], got {}", a.s.top_p);
   if (a.s.top_k < 0) throw_input("--top-k must be >= 0, got {}", a.s.top_k);
   // A tokenizer.json prompt gets the file's special tokens (BOS), as transformers encodes it.
-  auto tok = load_text_tokenizer(a.vocab, a.merges, a.tokenizer, a.eod_token, /*add_special_tokens=*/true,
+  // No tokenizer on the command line: the recipe's (the checkpoint's, or --random-init's).
+  const std::string tokenizer = a.tokenizer.empty() && a.vocab.empty() && a.merges.empty()
+                                    ? recipe_tokenizer_for(a.checkpoint, a.random_init, a.sets)
+                                    : a.tokenizer;
+  auto tok = load_text_tokenizer(a.vocab, a.merges, tokenizer, a.eod_token, /*add_special_tokens=*/true,
                                  a.checkpoint);
   model::LoadedModel lm = load_eval_model(a.checkpoint, a.random_init, a.sets);
   lm.store.place(select_device(parse_device_kind(a.device, "--device"), "--device"));
@@ -117,7 +122,7 @@ void register_generate(CLI::App& app) {
   cmd->add_option("--vocab-file", a.vocab, "GPT-2 vocab.json (default third_party/gpt2/vocab.json)");
   cmd->add_option("--merge-file", a.merges, "GPT-2 merges.txt (default third_party/gpt2/merges.txt)");
   cmd->add_option("--tokenizer", a.tokenizer,
-                  "A Hugging Face tokenizer.json instead of GPT-2's files (docs/specs/hf-tokenizer.md; default: the checkpoint root's tokenizer.json, which `checkpoint import` copies there, else GPT-2's files): the prompt gets "
+                  "A Hugging Face tokenizer.json instead of GPT-2's files (docs/specs/hf-tokenizer.md; default: the recipe's, i.e. data.tokenizer_model of the checkpoint's (or --random-init's) recipe when its data.tokenizer_type is HuggingFaceTokenizer, else the checkpoint root's tokenizer.json, which `checkpoint import` copies there, else GPT-2's files): the prompt gets "
                   "its BOS where the file's template adds one, and the text is its decoder's");
   cmd->add_option("--eod-token", a.eod_token,
                   "With --tokenizer: the token that stops generation (default: eos_token of the tokenizer_config.json "

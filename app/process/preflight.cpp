@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <vector>
 
+#include "app/process/recipe_tokenizer.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "model/checkpoint.hpp"
@@ -130,6 +131,7 @@ bool loads_from(const std::string& load, const std::string& root) {
 }
 
 void check_rank0(const Recipe& r, TrainPreflight& out) {
+  check_recipe_tokenizer(r);  // its vocabulary fits model.vocab_size
   check_writable_dir(r.logging.dir, "logging.dir");
   const std::string& root = r.checkpoint.save;
   if (root.empty()) {

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "app/process/recipe_tokenizer.hpp"
 #include "core/mem_account.hpp"
 #include "core/ops.hpp"
 #include "core/step_parts.hpp"
@@ -15,6 +16,7 @@
 namespace mtnlg::app {
 
 int32_t eod_token(const Recipe& r) {
+  if (r.data.tokenizer_type == TokenizerType::huggingface) return recipe_hf_eod_token(r);
   if (r.data.vocab_file.empty()) return 50256;
   std::ifstream in(r.data.vocab_file);
   if (!in) throw_input("data.vocab_file {}: cannot read (data.eod_mask_loss needs its <|endoftext|> id)", r.data.vocab_file);

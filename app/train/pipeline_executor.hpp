@@ -14,7 +14,8 @@
 
 namespace mtnlg::app {
 
-// data.eod_mask_loss: the end-of-document token of the recipe's tokenizer (the
+// data.eod_mask_loss: the end-of-document token of the recipe's tokenizer (HuggingFaceTokenizer:
+// eos_token of the tokenizer_config.json beside data.tokenizer_model; GPT2BPETokenizer: the
 // "<|endoftext|>" entry of data.vocab_file, or GPT-2's 50256), and the loss mask of
 // `samples` token rows of seq_length+1 (inputs are the first seq_length): 0 where the
 // input token is it, as Megatron's GPT dataset. Returns the count of ones in `count`.

@@ -113,6 +113,34 @@ TEST_CASE("recipe: errors name the place", "[recipe]") {
   CHECK_THROWS_WITH(load_recipe("/nonexistent/x.yaml"), Contains("/nonexistent/x.yaml") && Contains("no such file"));
 }
 
+TEST_CASE("recipe: data.tokenizer_type and data.tokenizer_model", "[recipe]") {
+  Recipe d = parse_recipe(kTiny, "t.yaml");
+  CHECK(d.data.tokenizer_type == TokenizerType::gpt2_bpe);
+  CHECK(d.data.tokenizer_model.empty());
+  Recipe r = parse_recipe(kTiny, "t.yaml", {"data.tokenizer_type=HuggingFaceTokenizer", "data.tokenizer_model=tok/llama3"});
+  CHECK(r.data.tokenizer_type == TokenizerType::huggingface);
+  CHECK(r.data.tokenizer_model == "tok/llama3");
+  // Written back in Megatron's spelling and read back the same.
+  CHECK(to_yaml(r).find("tokenizer_type: HuggingFaceTokenizer") != std::string::npos);
+  CHECK(parse_recipe(to_yaml(r), "t.yaml").data.tokenizer_model == "tok/llama3");
+  CHECK(parse_recipe(kTiny, "t.yaml", {"data.tokenizer_type=GPT2BPETokenizer"}).data.tokenizer_type == TokenizerType::gpt2_bpe);
+  // Bad values: one line naming the key (exit 2 as every InputError).
+  CHECK_THAT(error_of(kTiny, {"data.tokenizer_type=SentencePieceTokenizer"}),
+             Contains("--set data.tokenizer_type=SentencePieceTokenizer") && Contains("data.tokenizer_type") &&
+                 Contains("GPT2BPETokenizer|HuggingFaceTokenizer"));
+  CHECK_THAT(error_of(kTiny, {"data.tokenizer_type=[a]"}), Contains("data.tokenizer_type"));
+  CHECK_THAT(error_of(kTiny, {"data.tokenizer_type=HuggingFaceTokenizer"}),
+             Contains("data.tokenizer_type HuggingFaceTokenizer needs data.tokenizer_model"));
+  CHECK_THAT(error_of(kTiny, {"data.tokenizer_model=tok.json"}),
+             Contains("data.tokenizer_model (tok.json) is read only with data.tokenizer_type: HuggingFaceTokenizer"));
+  CHECK_THAT(error_of(kTiny, {"data.tokenizer_type=HuggingFaceTokenizer", "data.tokenizer_model=t.json",
+                              "data.vocab_file=v.json"}),
+             Contains("data.vocab_file and data.merge_file are GPT-2's files"));
+  CHECK_THAT(error_of(kTiny, {"data.tokenizer_model={a: 1}"}), Contains("data.tokenizer_model") && Contains("expected a string"));
+  for (const auto& e : {error_of(kTiny, {"data.tokenizer_type=HuggingFaceTokenizer"}), error_of(kTiny, {"data.tokenizer_model=x"})})
+    CHECK(e.find('\n') == std::string::npos);
+}
+
 TEST_CASE("recipe: layout checks need the world size", "[recipe]") {
   Recipe r = parse_recipe(kTiny, "t.yaml", {"parallel.tensor_model_parallel_size=2"});
   CHECK_NOTHROW(validate_layout(r, 4));
