@@ -501,8 +501,8 @@ std::string comm_key(const json& c) {
 }
 
 // `from` waits for `to` in `op`: `to` never entered it (entered fewer operations of that
-// communicator), or (`not_started`) entered it but its row never started: the stream
-// that carries it on `to` is still busy with earlier work.
+// communicator), or (`not_started`: `from` started it) entered it but its row never
+// started: the stream that carries it on `to` is still busy with earlier work.
 struct Edge {
   int64_t from = -1, to = -1;
   const json* op = nullptr;
@@ -514,7 +514,7 @@ bool row_in(const json& op, const char* state) { return op.at("state").get<std::
 
 // What a rank's row state says about where the rank is.
 std::string state_meaning(const json& op) {
-  if (row_in(op, "started")) return "started: stuck in the collective, waiting for a peer";
+  if (row_in(op, "started")) return "started: stuck in it, waiting for a peer";
   if (row_in(op, "enqueued")) return "enqueued but never started: its stream is still busy with earlier work";
   return "completed";
 }
@@ -612,7 +612,10 @@ HangVerdict explain_hang_dumps(const std::vector<std::string>& texts) {
           } else {
             behind = c->second.coll < seq;
           }
-          if (!behind) {  // it entered the operation: did it start it?
+          // It entered the operation; if this rank is inside it (started) and that one
+          // never started it, this rank waits for that one's stream. (A row of this rank
+          // still enqueued says nothing about the peer: its own stream has not got there.)
+          if (!behind && row_in(*op, "started")) {
             const auto row = it->second.rows.find({ck, peer >= 0 ? my_group_rank : -1, seq});
             not_started = row != it->second.rows.end() && row_in(*row->second, "enqueued");
           }
@@ -731,8 +734,9 @@ HangVerdict explain_hang_dumps(const std::vector<std::string>& texts) {
         (row_in(*e.op, "started") ? in_op : queued).push_back(e.from);
     const auto many = [](const std::vector<int64_t>& x) { return x.size() > 1; };
     if (!in_op.empty())
-      text += fmt::format("; rank{} {} started {} and {} stuck in the collective", many(in_op) ? "s" : "", join(in_op, ", "),
-                          many(in_op) ? "their operations" : "its operation", many(in_op) ? "are" : "is");
+      text += fmt::format("; rank{} {} started {} and {} stuck in {}, waiting for a peer", many(in_op) ? "s" : "",
+                          join(in_op, ", "), many(in_op) ? "their operations" : "its operation", many(in_op) ? "are" : "is",
+                          many(in_op) ? "them" : "it");
     if (!queued.empty())
       text += fmt::format("; rank{} {} enqueued {} but {} not started {} (a stream still busy with earlier work)",
                           many(queued) ? "s" : "", join(queued, ", "), many(queued) ? "their operations" : "its operation",

@@ -39,7 +39,7 @@
 #                 dump; a rank that never joins an NCCL communicator's initialisation
 #                 ends the run after the timeout; a slow but live rank (sleeps shorter than the timeout) is not
 #                 aborted; `mtnlg eval` under mpirun (tp2, NCCL groups): a rank that stops
-#                 entering collectives at the second eval batch (4 s timeout) and an
+#                 entering collectives at the second eval batch (8 s timeout) and an
 #                 asynchronous error each end both ranks with exit 3, dumps and a verdict
 #                 naming the rank
 # (eval and generate on cuda vs cpu: scripts/gpu/train-proof.sh's infer step, which CI
@@ -369,9 +369,10 @@ EOF
     fi
     # 9. `mtnlg eval` under mpirun (tp2) on NCCL groups is watched too: a checkpoint of the
     # tiny GPT-2-vocabulary model, then rank 1 stops entering collectives at the second
-    # eval batch (MTNLG_FAULT_INJECT mode=hang; a 4 s timeout, no more: the case costs
-    # seconds), and an asynchronous ncclRemoteError on rank 1: both ranks exit 3 with
-    # their dumps and the verdict names rank 1.
+    # eval batch (MTNLG_FAULT_INJECT mode=hang; an 8 s timeout, which a loaded machine's
+    # emulated batch stays well within, and no more: the case costs seconds), and an
+    # asynchronous ncclRemoteError on rank 1: both ranks exit 3 with their dumps and the
+    # verdict names rank 1.
     if scripts/fetch-gpt2-vocab.sh >/dev/null &&
       "$bin" train test/fixtures/eval/tiny-model.yaml --quiet --set training.device=cpu --set logging.dir="$out/ev-train" \
         --set checkpoint.save="$out/ck-eval" --set checkpoint.save_interval=1 >"$out/ev-train.log" 2>&1; then
@@ -381,7 +382,7 @@ EOF
         shift
         t0=$(date +%s.%N)
         env "$@" MTNLG_EMU_DEVICES=2 "$repo/test/support/mpi/mpirun.sh" 2 "$bin" eval --checkpoint "$out/ck-eval" \
-          --device cuda --tasks piqa --limit 2 --batch-size 2 --data-dir test/fixtures/eval --no-progress \
+          --device cuda --tasks piqa --limit 1 --batch-size 1 --data-dir test/fixtures/eval --no-progress \
           --set parallel.tensor_model_parallel_size=2 --set logging.dir="$out/$name" >"$out/$name.log" 2>&1
         rc=$?
         t1=$(date +%s.%N)
@@ -389,8 +390,8 @@ EOF
         echo "  $name: mpirun exited $rc (want 3), $(python3 -c "print(round($t1 - $t0, 1))") s"
         [ $rc -eq 3 ] || { tail -5 "$out/$name.log"; fails=$((fails + 1)); }
       }
-      ev eval-hang MTNLG_COLLECTIVE_TIMEOUT=4 MTNLG_FAULT_INJECT=rank=1:iteration=2:mode=hang
-      tripped eval-hang 2 34 1
+      ev eval-hang MTNLG_COLLECTIVE_TIMEOUT=8 MTNLG_FAULT_INJECT=rank=1:iteration=2:mode=hang
+      tripped eval-hang 2 38 1
       ev eval-async MTNLG_EMU_NCCL_FAULT=rank=1:op=5:error=remote
       tripped eval-async 2 10 1
     else

@@ -361,7 +361,7 @@ TEST_CASE("flight recorder: the verdict tells an operation never started from on
     CHECK_THAT(v.text, Catch::StartsWith("rank 2 (r2) is the culprit: ranks 0, 1, 3 wait for it in all_reduce #5 (4096 bytes "
                                          "f32) on group dp (ranks 0,1,2,3, coll channel), which rank 2 enqueued but never "
                                          "started: its stream is still busy with earlier work"));
-    CHECK_THAT(v.text, Catch::Contains("ranks 0, 1, 3 started their operations and are stuck in the collective"));
+    CHECK_THAT(v.text, Catch::Contains("ranks 0, 1, 3 started their operations and are stuck in them, waiting for a peer"));
   }
   SECTION("never entered, waiters started or still queued behind their own stream") {
     // Rank 3 entered only 4; ranks 0 and 1 started #5 (in the collective, waiting for
@@ -371,7 +371,7 @@ TEST_CASE("flight recorder: the verdict tells an operation never started from on
     CHECK_FALSE(v.not_started);
     CHECK(v.waiting == std::vector<int64_t>{0, 1, 2});
     CHECK_THAT(v.text, Catch::Contains("which rank 3 never entered (it entered 4 there)"));
-    CHECK_THAT(v.text, Catch::Contains("ranks 0, 1 started their operations and are stuck in the collective"));
+    CHECK_THAT(v.text, Catch::Contains("ranks 0, 1 started their operations and are stuck in them, waiting for a peer"));
     CHECK_THAT(v.text, Catch::Contains("rank 2 enqueued its operation but has not started it (a stream still busy with earlier work)"));
     CHECK_THAT(v.text, Catch::Contains("no NCCL operation of it pending: it stopped before entering the next one"));
   }
@@ -383,6 +383,14 @@ TEST_CASE("flight recorder: the verdict tells an operation never started from on
     CHECK_THAT(v.text, Catch::Contains("which rank 1 never entered (it entered 4 there)"));
     CHECK_THAT(v.text, Catch::Contains("its oldest pending operation: all_reduce #4 on group dp, enqueued but never started: "
                                        "its stream is still busy with earlier work"));
+  }
+  SECTION("a rank whose own row is not started says nothing about its peers") {
+    // Both entered all-reduce #3 and neither stream reached it: neither waits in it for
+    // the other, so neither is named for not starting it.
+    const HangVerdict v = explain_hang_dumps(dp_dumps(dir, {3, 3}, {S::enqueued, S::enqueued}, 0));
+    CHECK_FALSE(v.not_started);
+    CHECK(v.text.find("never started") == std::string::npos);
+    CHECK_THAT(v.text, Catch::StartsWith("rank 0 (r0) failed on its own: timeout"));
   }
   SECTION("every member started it and none completed: the collective itself is stuck") {
     const HangVerdict v = explain_hang_dumps(dp_dumps(dir, {5, 5, 5}, {S::started, S::started, S::started}, 1));
