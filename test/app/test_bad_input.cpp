@@ -45,6 +45,12 @@ TEST_CASE("bad input: every class exits 2 naming the place", "[e2e]") {
   // missing data prefix
   expect_exit2("train " + good + " --set data.mock=false --set 'data.blend=[{weight: 1, prefix: " + d.str() + "/none}]' --set logging.dir=" + d.str() + "/run",
                {"data.blend[0].prefix", "not found"});
+  // an unknown tokenizer type, and a Hugging Face tokenizer without its file
+  expect_exit2("train " + good + " --set data.tokenizer_type=SentencePieceTokenizer --set logging.dir=" + d.str() + "/run",
+               {"--set data.tokenizer_type=SentencePieceTokenizer", "GPT2BPETokenizer|HuggingFaceTokenizer"});
+  expect_exit2("train " + good + " --set data.tokenizer_type=HuggingFaceTokenizer --set data.tokenizer_model=" + d.str() +
+                   "/none.json --set logging.dir=" + d.str() + "/run",
+               {"data.tokenizer_model", "none.json", "no such file or directory"});
   // an unknown precision (bf16 and fp16 train on the CPU: test_mixed_precision.cpp)
   expect_exit2("train " + good + " --set training.precision=fp8 --set logging.dir=" + d.str() + "/run2",
                {"precision", "fp8"});
