@@ -87,7 +87,12 @@ std::string recipe_tokenizer_for(const std::string& checkpoint, const std::strin
   } else {
     return "";
   }
-  return recipe_tokenizer_json(r);
+  try {
+    return recipe_tokenizer_json(r);
+  } catch (const InputError& e) {  // e.g. a checkpoint trained on another machine
+    throw_input("{} (the recipe of {}; pass --tokenizer to name the file here)", e.what(),
+                checkpoint.empty() ? random_recipe : checkpoint);
+  }
 }
 
 }  // namespace mtnlg::app

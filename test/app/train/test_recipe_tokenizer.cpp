@@ -182,6 +182,12 @@ TEST_CASE("e2e recipe tokenizer: eval and generate use the recipe's when no --to
   REQUIRE(f.exit_code == 0);
   REQUIRE(g.exit_code == 0);
   CHECK(f.out.substr(0, f.out.find("requests in")) == g.out.substr(0, g.out.find("requests in")));
+  // The recipe's file gone (a checkpoint trained elsewhere): exit 2 saying so.
+  fs::rename(d.path() / "tok", d.path() / "tok-moved");
+  auto gone = test::run_mtnlg("generate --checkpoint " + d.str() + "/ck" + gen);
+  CHECK(gone.exit_code == 2);
+  CHECK_THAT(gone.out, Contains("data.tokenizer_model") && Contains("pass --tokenizer to name the file here"));
+  fs::rename(d.path() / "tok-moved", d.path() / "tok");
   if (!fs::exists(test::source_dir() + "/third_party/gpt2/vocab.json")) FAIL("third_party/gpt2 missing: run scripts/fetch-gpt2-vocab.sh");
   // Without it, GPT-2's ids (up to 50256) would not fit this 300-id model: the recipe's
   // tokenizer is what made these runs work.
