@@ -127,6 +127,8 @@ void register_generate(CLI::App& app) {
   cmd->add_option("--eod-token", a.eod_token,
                   "With --tokenizer: the token that stops generation (default: eos_token of the tokenizer_config.json "
                   "beside it)");
+  cmd->footer("Runs in one process (the whole model on one device): no collectives, so no collective watchdog; "
+              "under mpirun every rank would generate on its own.");
   cmd->callback([] { run(a); });
 }
 
