@@ -25,7 +25,7 @@ TEST_CASE("tiny Llama on the demo corpus: the loss falls, and generate and eval 
                             " train recipes/tiny-llama.yaml --quiet --set training.train_iters=24"
                             " --set training.micro_batch_size=4 --set training.global_batch_size=4"
                             " --set model.seq_length=64 --set optimizer.lr_warmup_tokens=1024"
-                            " --set checkpoint.save_interval=0 --set training.num_threads=1 2>&1";
+                            " --set checkpoint.save_interval=0 --set training.num_threads=1 --set logging.log_interval=1 2>&1";
   auto r = run_command(train);
   INFO(train << "\n" << r.out);
   REQUIRE(r.exit_code == 0);
