@@ -67,6 +67,10 @@ std::string to_string(TokenizerType t) {
   }
   return "?";
 }
+std::string to_string(PositionEmbedding p) {
+  return p == PositionEmbedding::rope ? "rope" : "learned_absolute";
+}
+std::string to_string(Normalization n) { return n == Normalization::RMSNorm ? "RMSNorm" : "LayerNorm"; }
 std::string to_string(LrDecayStyle s) {
   switch (s) {
     case LrDecayStyle::cosine: return "cosine";
@@ -210,6 +214,12 @@ Field enum_field(std::string name, Get get, std::initializer_list<E> values) {
           [=](const Recipe& r, YAML::Emitter& e) { e << YAML::Key << name << YAML::Value << to_string(get(const_cast<Recipe&>(r))); }};
 }
 
+// A second name of a key (Megatron's older spelling): read, never written back.
+Field alias_field(Field f) {
+  f.write = [](const Recipe&, YAML::Emitter&) {};
+  return f;
+}
+
 // Reads a map node's keys against a list of names; unknown keys are errors.
 void check_keys(const Ctx& c, const std::string& path, const YAML::Node& n, const std::vector<std::string>& names) {
   if (!n.IsMap()) bad(c, path, n, "expected a map of keys");
@@ -245,9 +255,26 @@ const Table& table() {
                      dbl_field("init_method_std", [](Recipe& r) -> double& { return r.model.init_method_std; }, 0.0, 10.0),
                      dbl_field("hidden_dropout", [](Recipe& r) -> double& { return r.model.hidden_dropout; }, 0.0, 0.99),
                      dbl_field("attention_dropout", [](Recipe& r) -> double& { return r.model.attention_dropout; }, 0.0, 0.99),
-                     dbl_field("layernorm_epsilon", [](Recipe& r) -> double& { return r.model.layernorm_epsilon; }, 0.0, 1.0),
+                     dbl_field("norm_epsilon", [](Recipe& r) -> double& { return r.model.layernorm_epsilon; }, 0.0, 1.0),
+                     alias_field(dbl_field("layernorm_epsilon", [](Recipe& r) -> double& { return r.model.layernorm_epsilon; }, 0.0, 1.0)),
                      enum_field<AttentionBackend>("attention_backend", [](Recipe& r) -> AttentionBackend& { return r.model.attention_backend; },
                                                   {AttentionBackend::automatic, AttentionBackend::flash, AttentionBackend::unfused}),
+                     enum_field<PositionEmbedding>("position_embedding_type", [](Recipe& r) -> PositionEmbedding& { return r.model.position_embedding_type; },
+                                                   {PositionEmbedding::learned_absolute, PositionEmbedding::rope}),
+                     dbl_field("rotary_base", [](Recipe& r) -> double& { return r.model.rotary_base; }, 1.0, 1e12),
+                     dbl_field("rotary_percent", [](Recipe& r) -> double& { return r.model.rotary_percent; }, 0.0, 1.0),
+                     bool_field("rotary_interleaved", [](Recipe& r) -> bool& { return r.model.rotary_interleaved; }),
+                     bool_field("use_rope_scaling", [](Recipe& r) -> bool& { return r.model.use_rope_scaling; }),
+                     dbl_field("rope_scaling_factor", [](Recipe& r) -> double& { return r.model.rope_scaling_factor; }, 1.0, 1e6),
+                     enum_field<Normalization>("normalization", [](Recipe& r) -> Normalization& { return r.model.normalization; },
+                                               {Normalization::LayerNorm, Normalization::RMSNorm}),
+                     bool_field("swiglu", [](Recipe& r) -> bool& { return r.model.swiglu; }),
+                     int_field("num_query_groups", [](Recipe& r) -> int64_t& { return r.model.num_query_groups; }, 0, 1 << 16),
+                     bool_field("untie_embeddings_and_output_weights", [](Recipe& r) -> bool& { return r.model.untie_embeddings_and_output_weights; }),
+                     bool_field("add_bias_linear", [](Recipe& r) -> bool& { return r.model.add_bias_linear; }),
+                     bool_field("add_qkv_bias", [](Recipe& r) -> bool& { return r.model.add_qkv_bias; }),
+                     bool_field("qk_layernorm", [](Recipe& r) -> bool& { return r.model.qk_layernorm; }),
+                     int_field("kv_channels", [](Recipe& r) -> int64_t& { return r.model.kv_channels; }, 0, 1 << 16),
                  }});
     Field pipeline_layers{
         "pipeline_layers",
@@ -507,7 +534,10 @@ Recipe parse_doc(YAML::Node doc, Ctx& ctx, const std::vector<std::string>& overr
     }
   }
   // Derived defaults.
-  if (r.model.ffn_hidden_size == 0) r.model.ffn_hidden_size = 4 * r.model.hidden_size;
+  // Megatron's default MLP width: 4 x hidden; with SwiGLU two thirds of that for each of gate
+  // and up (the same parameters), rounded down to a multiple of 64.
+  if (r.model.ffn_hidden_size == 0)
+    r.model.ffn_hidden_size = r.model.swiglu ? 4 * r.model.hidden_size * 2 / 3 / 64 * 64 : 4 * r.model.hidden_size;
   if (r.model.max_position_embeddings == 0) r.model.max_position_embeddings = r.model.seq_length;
   validate(r);
   return r;
@@ -558,6 +588,28 @@ namespace {
 [[noreturn]] void invalid(const Recipe& r, const std::string& msg) {
   throw InputError(fmt::format("{}: {}", r.source_path.empty() ? "recipe" : r.source_path, msg));
 }
+
+// The architecture keys against each other (the layout-independent ones; num_query_groups
+// against tp is with the parallel checks).
+void validate_architecture(const Recipe& r) {
+  auto& m = r.model;
+  if (m.num_query_groups > 0 && m.num_attention_heads % m.num_query_groups != 0)
+    invalid(r, fmt::format("model.num_attention_heads ({}) must be divisible by model.num_query_groups ({})",
+                           m.num_attention_heads, m.num_query_groups));
+  if (m.rope()) {
+    const double rot = static_cast<double>(m.head_dim()) * m.rotary_percent;
+    const auto rot_dim = static_cast<int64_t>(std::llround(rot));
+    if (!(m.rotary_percent > 0) || std::abs(rot - static_cast<double>(rot_dim)) > 1e-9 || rot_dim % 2 != 0)
+      invalid(r, fmt::format("model.rotary_percent ({}) must be in (0, 1] and rotate an even whole number of each "
+                             "head's {} dims",
+                             m.rotary_percent, m.head_dim()));
+  } else if (m.use_rope_scaling) {
+    invalid(r, "model.use_rope_scaling applies to rotary positions: set model.position_embedding_type: rope");
+  }
+  if (m.swiglu && m.ffn_hidden_size <= 0) invalid(r, "model.ffn_hidden_size must be positive with model.swiglu");
+  if (m.qk_layernorm && !m.rmsnorm())
+    invalid(r, "model.qk_layernorm is an RMSNorm of each query and key head: it needs model.normalization: RMSNorm");
+}
 }  // namespace
 
 // The cross-key rules, one independent check after another in the order of the
@@ -570,9 +622,11 @@ void validate(const Recipe& r) {
   auto& d = r.data;
   if (m.num_layers <= 0 || m.hidden_size <= 0 || m.num_attention_heads <= 0 || m.seq_length <= 0)
     invalid(r, "model.num_layers, model.hidden_size, model.num_attention_heads and model.seq_length are required");
-  if (m.hidden_size % m.num_attention_heads != 0)
-    invalid(r, fmt::format("model.hidden_size ({}) must be divisible by model.num_attention_heads ({})", m.hidden_size,
-                           m.num_attention_heads));
+  if (m.kv_channels == 0 && m.hidden_size % m.num_attention_heads != 0)
+    invalid(r, fmt::format("model.hidden_size ({}) must be divisible by model.num_attention_heads ({}), or set "
+                           "model.kv_channels (the head size)",
+                           m.hidden_size, m.num_attention_heads));
+  validate_architecture(r);
   if (m.max_position_embeddings < m.seq_length)
     invalid(r, fmt::format("model.max_position_embeddings ({}) must be >= model.seq_length ({})", m.max_position_embeddings,
                            m.seq_length));
@@ -587,6 +641,10 @@ void validate(const Recipe& r) {
   if (m.num_attention_heads % tp != 0)
     invalid(r, fmt::format("model.num_attention_heads ({}) must be divisible by parallel.tensor_model_parallel_size ({})",
                            m.num_attention_heads, tp));
+  if (m.query_groups() % tp != 0)
+    invalid(r, fmt::format("model.num_query_groups ({}) must be divisible by parallel.tensor_model_parallel_size ({}): "
+                           "each tensor-parallel rank holds whole key/value groups",
+                           m.query_groups(), tp));
   if (m.ffn_hidden_size % tp != 0)
     invalid(r, fmt::format("model.ffn_hidden_size ({}) must be divisible by parallel.tensor_model_parallel_size ({})",
                            m.ffn_hidden_size, tp));

@@ -27,8 +27,15 @@ int64_t logits_chunk_rows(int64_t rows, int64_t vocab_local, int64_t elements) {
   return std::clamp<int64_t>(elements / std::max<int64_t>(vocab_local, 1), 1, rows);
 }
 
+// Parameter names and global shapes (docs/ARCHITECTURE.md "Parameters"): the norms hold
+// a bias only as LayerNorms; qkv is [(H + 2G) D, C] in Megatron's per-group layout [q of
+// the group's H/G heads | k | v], split by rows so each tp rank holds whole groups; a
+// SwiGLU's gate and up are two parameters split alike and declared one after the other,
+// so this rank's halves sit next to each other in the store and read as one [2F/tp, C]
+// weight; untied, the last stage holds output_layer.weight, vocab-parallel like the
+// embedding.
 void declare_chunk_params(ParamStore& store, const GptConfig& c, const ChunkSpec& spec, int64_t tp_rank, int64_t tp_size) {
-  const int64_t C = c.hidden, V = c.padded_vocab_size, F = c.ffn;
+  const int64_t C = c.hidden, V = c.padded_vocab_size, F = c.ffn, QKV = c.qkv_width(), A = c.attention_width();
   auto add = [&](std::string name, Shape global, int64_t split_dim, InitKind init, bool wd) {
     ParamInfo p;
     p.name = std::move(name);
@@ -43,46 +50,58 @@ void declare_chunk_params(ParamStore& store, const GptConfig& c, const ChunkSpec
     p.tp_replicated = split_dim < 0;
     return p;
   };
-  if (spec.has_embedding) {
+  // Replicated over tp and applied to this rank's rows of the residual stream: under
+  // sequence parallelism its gradient is partial per tp rank.
+  auto add_row_param = [&](const std::string& name, Shape global, InitKind k, bool wd) {
+    auto q = add(name, global, -1, k, wd);
+    q.sp_grad_reduce = true;
+    store.add(q);
+  };
+  auto norm = [&](const std::string& n) {
+    add_row_param(n + ".weight", {C}, InitKind::ones, false);
+    if (!c.rmsnorm) add_row_param(n + ".bias", {C}, InitKind::zeros, false);
+  };
+  auto word_embedding = [&] {
     auto we = add("embedding.word_embeddings.weight", {V, C}, 0, InitKind::normal, true);
-    we.word_embedding = true;
+    we.word_embedding = !c.untied;  // shared with the last stage's output layer only when tied
+    we.vocab_rows = true;
     store.add(we);
-    auto pe = add("embedding.position_embeddings.weight", {c.max_positions, C}, -1, InitKind::normal, true);
-    pe.sp_grad_reduce = true;
-    store.add(pe);
+  };
+  if (spec.has_embedding) {
+    word_embedding();
+    if (!c.rope) add_row_param("embedding.position_embeddings.weight", {c.max_positions, C}, InitKind::normal, true);
   }
   for (int64_t l = spec.first_layer; l < spec.first_layer + spec.num_layers; ++l) {
     std::string p = fmt::format("layers.{}.", l);
-    auto norm = [&](const std::string& n, InitKind k) {
-      auto q = add(p + n, {C}, -1, k, false);
-      q.sp_grad_reduce = true;
-      store.add(q);
-    };
-    norm("input_layernorm.weight", InitKind::ones);
-    norm("input_layernorm.bias", InitKind::zeros);
-    store.add(add(p + "attention.qkv.weight", {3 * C, C}, 0, InitKind::normal, true));
-    store.add(add(p + "attention.qkv.bias", {3 * C}, 0, InitKind::zeros, false));
-    store.add(add(p + "attention.proj.weight", {C, C}, 1, InitKind::normal_scaled_output, true));
-    norm("attention.proj.bias", InitKind::zeros);
-    norm("post_attention_layernorm.weight", InitKind::ones);
-    norm("post_attention_layernorm.bias", InitKind::zeros);
-    store.add(add(p + "mlp.fc1.weight", {F, C}, 0, InitKind::normal, true));
-    store.add(add(p + "mlp.fc1.bias", {F}, 0, InitKind::zeros, false));
+    norm(p + "input_layernorm");
+    store.add(add(p + "attention.qkv.weight", {QKV, C}, 0, InitKind::normal, true));
+    if (c.qkv_bias) store.add(add(p + "attention.qkv.bias", {QKV}, 0, InitKind::zeros, false));
+    store.add(add(p + "attention.proj.weight", {C, A}, 1, InitKind::normal_scaled_output, true));
+    if (c.bias_linear) add_row_param(p + "attention.proj.bias", {C}, InitKind::zeros, false);
+    norm(p + "post_attention_layernorm");
+    if (c.swiglu) {
+      store.add(add(p + "mlp.fc1_gate.weight", {F, C}, 0, InitKind::normal, true));
+      store.add(add(p + "mlp.fc1_up.weight", {F, C}, 0, InitKind::normal, true));
+      if (c.bias_linear) {
+        store.add(add(p + "mlp.fc1_gate.bias", {F}, 0, InitKind::zeros, false));
+        store.add(add(p + "mlp.fc1_up.bias", {F}, 0, InitKind::zeros, false));
+      }
+    } else {
+      store.add(add(p + "mlp.fc1.weight", {F, C}, 0, InitKind::normal, true));
+      if (c.bias_linear) store.add(add(p + "mlp.fc1.bias", {F}, 0, InitKind::zeros, false));
+    }
     store.add(add(p + "mlp.fc2.weight", {C, F}, 1, InitKind::normal_scaled_output, true));
-    norm("mlp.fc2.bias", InitKind::zeros);
+    if (c.bias_linear) add_row_param(p + "mlp.fc2.bias", {C}, InitKind::zeros, false);
   }
   if (spec.has_head) {
-    auto n = add("final_layernorm.weight", {C}, -1, InitKind::ones, false);
-    n.sp_grad_reduce = true;
-    store.add(n);
-    auto b = add("final_layernorm.bias", {C}, -1, InitKind::zeros, false);
-    b.sp_grad_reduce = true;
-    store.add(b);
-    if (!spec.has_embedding) {  // the last stage's copy of the tied word embedding
-      auto we = add("embedding.word_embeddings.weight", {V, C}, 0, InitKind::normal, true);
-      we.word_embedding = true;
-      store.add(we);
+    norm("final_layernorm");
+    if (c.untied) {
+      auto out = add("output_layer.weight", {V, C}, 0, InitKind::normal, true);
+      out.vocab_rows = true;
+      store.add(out);
     }
+    else if (!spec.has_embedding)  // the last stage's copy of the tied word embedding
+      word_embedding();
   }
 }
 
@@ -136,55 +155,99 @@ GptChunk::GptChunk(const GptConfig& cfg, ChunkSpec spec, ParamStore& store, cons
   tp_ = groups.tp ? groups.tp->size() : 1;
   tp_rank_ = groups.tp ? groups.tp->rank() : 0;
   heads_local_ = cfg.heads / tp_;
+  groups_local_ = cfg.kv_groups() / tp_;
+  norm_ = Norm{cfg.rmsnorm, cfg.layernorm_eps};
+  mlp_ = Mlp{cfg.swiglu};
+  rotary_ = Rotary{cfg.rope, cfg.rope_params};
   resolve_attention();
   ffn_local_ = cfg.ffn / tp_;
   vocab_local_ = cfg.padded_vocab_size / tp_;
   vocab_start_ = tp_rank_ * vocab_local_;
   vocab_valid_ = std::clamp<int64_t>(cfg.vocab_size - vocab_start_, 0, vocab_local_);
-  for (int64_t l = spec_.first_layer; l < spec_.first_layer + spec_.num_layers; ++l) {
-    std::string p = fmt::format("layers.{}.", l);
-    LayerParams lp;
-    std::vector<int64_t> offsets;
-    auto bind = [&](Tensor& w, Tensor& g, const std::string& n) {
-      w = store.weight(p + n);
-      g = store.grad(p + n);
-      offsets.push_back(store.info(p + n).offset);
-    };
-    bind(lp.ln1_w, lp.d_ln1_w, "input_layernorm.weight");
-    bind(lp.ln1_b, lp.d_ln1_b, "input_layernorm.bias");
-    bind(lp.qkv_w, lp.d_qkv_w, "attention.qkv.weight");
-    bind(lp.qkv_b, lp.d_qkv_b, "attention.qkv.bias");
-    bind(lp.proj_w, lp.d_proj_w, "attention.proj.weight");
-    bind(lp.proj_b, lp.d_proj_b, "attention.proj.bias");
-    bind(lp.ln2_w, lp.d_ln2_w, "post_attention_layernorm.weight");
-    bind(lp.ln2_b, lp.d_ln2_b, "post_attention_layernorm.bias");
-    bind(lp.fc1_w, lp.d_fc1_w, "mlp.fc1.weight");
-    bind(lp.fc1_b, lp.d_fc1_b, "mlp.fc1.bias");
-    bind(lp.fc2_w, lp.d_fc2_w, "mlp.fc2.weight");
-    bind(lp.fc2_b, lp.d_fc2_b, "mlp.fc2.bias");
-    layers_.push_back(lp);
-    layer_param_offsets_.push_back(std::move(offsets));
-  }
-  if (spec_.has_embedding || spec_.has_head) {
+  for (int64_t l = spec_.first_layer; l < spec_.first_layer + spec_.num_layers; ++l) bind_layer(l);
+  auto offset = [&](const std::string& n) { return store.info(n).offset; };
+  if (spec_.has_embedding || (spec_.has_head && !cfg.untied)) {
     wte_ = store.weight("embedding.word_embeddings.weight");
     d_wte_ = store.grad("embedding.word_embeddings.weight");
   }
   if (spec_.has_embedding) {
-    wpe_ = store.weight("embedding.position_embeddings.weight");
-    d_wpe_ = store.grad("embedding.position_embeddings.weight");
     // The word embedding's gradient is final only after the lookup's backward, which
     // comes last even when this chunk also holds the tied output layer.
-    embedding_param_offsets_ = {store.info("embedding.position_embeddings.weight").offset,
-                                store.info("embedding.word_embeddings.weight").offset};
+    if (!cfg.rope) {
+      wpe_ = store.weight("embedding.position_embeddings.weight");
+      d_wpe_ = store.grad("embedding.position_embeddings.weight");
+      embedding_param_offsets_.push_back(offset("embedding.position_embeddings.weight"));
+    }
+    embedding_param_offsets_.push_back(offset("embedding.word_embeddings.weight"));
   }
   if (spec_.has_head) {
     lnf_w_ = store.weight("final_layernorm.weight");
-    lnf_b_ = store.weight("final_layernorm.bias");
     d_lnf_w_ = store.grad("final_layernorm.weight");
-    d_lnf_b_ = store.grad("final_layernorm.bias");
-    head_param_offsets_ = {store.info("final_layernorm.weight").offset, store.info("final_layernorm.bias").offset};
-    if (!spec_.has_embedding) head_param_offsets_.push_back(store.info("embedding.word_embeddings.weight").offset);
+    head_param_offsets_ = {offset("final_layernorm.weight")};
+    if (!cfg.rmsnorm) {
+      lnf_b_ = store.weight("final_layernorm.bias");
+      d_lnf_b_ = store.grad("final_layernorm.bias");
+      head_param_offsets_.push_back(offset("final_layernorm.bias"));
+    }
+    if (cfg.untied) {
+      out_w_ = store.weight("output_layer.weight");
+      d_out_w_ = store.grad("output_layer.weight");
+      head_param_offsets_.push_back(offset("output_layer.weight"));
+    } else {
+      out_w_ = wte_;
+      d_out_w_ = d_wte_;
+      if (!spec_.has_embedding) head_param_offsets_.push_back(offset("embedding.word_embeddings.weight"));
+    }
   }
+}
+
+// Binds layer `layer`'s weights and gradients (those the store declares) and records
+// their offsets for the gradient-ready hook. A SwiGLU's gate and up are declared one after
+// the other (declare_chunk_params), so this rank's halves read as one [2F/tp, C] weight.
+void GptChunk::bind_layer(int64_t layer) {
+  const std::string p = fmt::format("layers.{}.", layer);
+  LayerParams lp;
+  std::vector<int64_t> offsets;
+  auto bind = [&](Tensor& w, Tensor& g, const std::string& n) {
+    if (!store_.has(p + n)) return;
+    w = store_.weight(p + n);
+    g = store_.grad(p + n);
+    offsets.push_back(store_.info(p + n).offset);
+  };
+  // gate and up as one: the gate's offset, both parameters' elements
+  auto bind_pair = [&](Tensor& w, Tensor& g, const std::string& gate, const std::string& up) {
+    if (!store_.has(p + gate)) return;
+    const ParamInfo& a = store_.info(p + gate);
+    const ParamInfo& b = store_.info(p + up);
+    MTNLG_CHECK(b.offset == a.offset + a.numel && b.shape == a.shape, "{}{} and {} must be adjacent halves", p, gate, up);
+    Shape both = a.shape;
+    both[0] *= 2;
+    w = store_.weights().flat(a.offset, 2 * a.numel).view(both);
+    g = store_.grads().flat(a.offset, 2 * a.numel).view(both);
+    offsets.push_back(a.offset);
+    offsets.push_back(b.offset);
+  };
+  bind(lp.ln1_w, lp.d_ln1_w, "input_layernorm.weight");
+  bind(lp.ln1_b, lp.d_ln1_b, "input_layernorm.bias");
+  bind(lp.qkv_w, lp.d_qkv_w, "attention.qkv.weight");
+  bind(lp.qkv_b, lp.d_qkv_b, "attention.qkv.bias");
+  bind(lp.proj_w, lp.d_proj_w, "attention.proj.weight");
+  bind(lp.proj_b, lp.d_proj_b, "attention.proj.bias");
+  bind(lp.ln2_w, lp.d_ln2_w, "post_attention_layernorm.weight");
+  bind(lp.ln2_b, lp.d_ln2_b, "post_attention_layernorm.bias");
+  if (cfg_.swiglu) {
+    bind_pair(lp.fc1_w, lp.d_fc1_w, "mlp.fc1_gate.weight", "mlp.fc1_up.weight");
+    bind_pair(lp.fc1_b, lp.d_fc1_b, "mlp.fc1_gate.bias", "mlp.fc1_up.bias");
+  } else {
+    bind(lp.fc1_w, lp.d_fc1_w, "mlp.fc1.weight");
+    bind(lp.fc1_b, lp.d_fc1_b, "mlp.fc1.bias");
+  }
+  bind(lp.fc2_w, lp.d_fc2_w, "mlp.fc2.weight");
+  bind(lp.fc2_b, lp.d_fc2_b, "mlp.fc2.bias");
+  MTNLG_CHECK(lp.qkv_w.defined() && lp.fc1_w.defined() && lp.fc2_w.defined(), "layer {}: parameters missing from the store",
+              layer);
+  layers_.push_back(lp);
+  layer_param_offsets_.push_back(std::move(offsets));
 }
 
 GptChunk::~GptChunk() = default;
@@ -205,7 +268,7 @@ KvCache GptChunk::make_kv_cache(int64_t batch, int64_t capacity) const {
   for (size_t l = 0; l < layers_.size(); ++l) {
     // empty + fill, not Tensor::zeros: zeros is host-only (a CUDA tensor is filled on its stream)
     for (auto* list : {&c.k, &c.v}) {
-      list->push_back(Tensor::empty({batch, heads_local_, capacity, D}, cfg_.dtype, dev_));
+      list->push_back(Tensor::empty({batch, groups_local_, capacity, D}, cfg_.dtype, dev_));
       ops::fill(list->back(), 0.0);
     }
   }
@@ -245,62 +308,64 @@ ops::AttentionDropout GptChunk::attention_dropout(const Pass& p, int64_t layer) 
 GptChunk::NextNorm GptChunk::next_norm(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& w, const Tensor& b,
                                        int64_t rows) const {
   out = Tensor::empty({rows, cfg_.hidden}, cfg_.dtype, dev_);
-  mean = Tensor::empty({rows}, stats_dtype(), dev_);
-  rstd = Tensor::empty({rows}, stats_dtype(), dev_);
+  norm_.stats(mean, rstd, rows, stats_dtype(), dev_);
   return {&out, &mean, &rstd, &w, &b};
 }
+
+namespace {
+const Tensor* bias_of(const Tensor& b) { return b.defined() ? &b : nullptr; }
+}  // namespace
 
 void GptChunk::layer_forward(int64_t li, const Tensor& x, Tensor& y, LayerActs& a, const Pass& pass,
                              const NextNorm* next) {
   auto& p = layers_[li];
   const int64_t layer = spec_.first_layer + li;
   const int64_t C = cfg_.hidden, T = pass.seq, B = pass.batch, N = B * T, R = x.dim(0);
+  const int64_t D = cfg_.head_dim(), A = heads_local_ * D;
   const DType dt = x.dtype(), wide = stats_dtype();
   const bool sp = cfg_.sequence_parallel;
   auto* tpc = groups_.tp.get();
   a.x_in = x;
   if (!a.ln1.defined()) {  // else the previous layer's last residual add computed it
     a.ln1 = Tensor::empty({R, C}, dt, dev_);
-    a.mean1 = Tensor::empty({R}, wide, dev_);
-    a.rstd1 = Tensor::empty({R}, wide, dev_);
-    ops::layernorm_forward(a.ln1, a.mean1, a.rstd1, x, p.ln1_w, p.ln1_b, cfg_.layernorm_eps);
+    norm_.stats(a.mean1, a.rstd1, R, wide, dev_);
+    norm_.forward(a.ln1, a.mean1, a.rstd1, x, p.ln1_w, p.ln1_b);
   }
   a.ln1_full = tp::enter_column_parallel_forward(tpc, sp, a.ln1);
-  a.qkv = Tensor::empty({B, T, 3 * C / tp_}, dt, dev_);
-  ops::matmul_forward(a.qkv, a.ln1_full, p.qkv_w, &p.qkv_b);
-  a.att = Tensor::empty({N, C / tp_}, dt, dev_);
+  a.qkv = Tensor::empty({B, T, (heads_local_ + 2 * groups_local_) * D}, dt, dev_);
+  ops::matmul_forward(a.qkv, a.ln1_full, p.qkv_w, bias_of(p.qkv_b));
+  rotary_.forward(a.qkv, heads_local_, groups_local_, pass.kv ? pass.kv->length : 0);
+  a.att = Tensor::empty({N, A}, dt, dev_);
   if (pass.kv) {  // over the cached positions too; appends this call's keys and values
     ops::attention_cached_forward(a.att, pass.kv->k[static_cast<size_t>(li)], pass.kv->v[static_cast<size_t>(li)],
-                                  a.qkv, heads_local_, pass.kv->length);
+                                  a.qkv, heads_local_, pass.kv->length, groups_local_);
   } else {
     attention_core_forward(a, pass, layer);
   }
   Tensor proj_partial = Tensor::empty({N, C}, dt, dev_);
   ops::matmul_forward(proj_partial, a.att, p.proj_w, nullptr);
   Tensor proj = tp::leave_row_parallel_forward(tpc, sp, proj_partial);
-  // x2 = x + dropout(proj + b), the residual stream after attention, and its LayerNorm: one op
+  // x2 = x + dropout(proj + b), the residual stream after attention, and its norm: one op
   const DropSite attn_drop = hidden_drop(pass, layer, kAttnOut, R);
-  const ops::ResidualBranch attn_out{&p.proj_b, cfg_.hidden_dropout, attn_drop.key, attn_drop.base, attn_drop.dkey};
+  const ops::ResidualBranch attn_out{bias_of(p.proj_b), cfg_.hidden_dropout, attn_drop.key, attn_drop.base,
+                                     attn_drop.dkey};
   a.x2 = Tensor::empty({R, C}, dt, dev_);
   a.ln2 = Tensor::empty({R, C}, dt, dev_);
-  a.mean2 = Tensor::empty({R}, wide, dev_);
-  a.rstd2 = Tensor::empty({R}, wide, dev_);
-  ops::residual_layernorm_forward(a.x2, a.ln2, a.mean2, a.rstd2, x, proj, attn_out, p.ln2_w, p.ln2_b,
-                                  cfg_.layernorm_eps);
+  norm_.stats(a.mean2, a.rstd2, R, wide, dev_);
+  norm_.residual_forward(a.x2, a.ln2, a.mean2, a.rstd2, x, proj, attn_out, p.ln2_w, p.ln2_b);
   a.ln2_full = tp::enter_column_parallel_forward(tpc, sp, a.ln2);
-  a.fc1 = Tensor::empty({N, ffn_local_}, dt, dev_);
+  a.fc1 = Tensor::empty({N, mlp_.pre_width(ffn_local_)}, dt, dev_);
   a.gel = Tensor::empty({N, ffn_local_}, dt, dev_);
-  ops::matmul_bias_gelu_forward(a.gel, a.fc1, a.ln2_full, p.fc1_w, p.fc1_b);
+  mlp_.forward(a.gel, a.fc1, a.ln2_full, p.fc1_w, bias_of(p.fc1_b));
   Tensor fc2_partial = Tensor::empty({N, C}, dt, dev_);
   ops::matmul_forward(fc2_partial, a.gel, p.fc2_w, nullptr);
   Tensor fc2 = tp::leave_row_parallel_forward(tpc, sp, fc2_partial);
-  // y = x2 + dropout(fc2 + b), with the LayerNorm that reads y when there is one: one op
+  // y = x2 + dropout(fc2 + b), with the norm that reads y when there is one: one op
   const DropSite mlp_drop = hidden_drop(pass, layer, kMlpOut, R);
-  const ops::ResidualBranch mlp_out{&p.fc2_b, cfg_.hidden_dropout, mlp_drop.key, mlp_drop.base, mlp_drop.dkey};
+  const ops::ResidualBranch mlp_out{bias_of(p.fc2_b), cfg_.hidden_dropout, mlp_drop.key, mlp_drop.base, mlp_drop.dkey};
   y = Tensor::empty({R, C}, dt, dev_);
   if (next)
-    ops::residual_layernorm_forward(y, *next->out, *next->mean, *next->rstd, a.x2, fc2, mlp_out, *next->w, *next->b,
-                                    cfg_.layernorm_eps);
+    norm_.residual_forward(y, *next->out, *next->mean, *next->rstd, a.x2, fc2, mlp_out, *next->w, *next->b);
   else
     ops::residual_add_forward(y, a.x2, fc2, mlp_out);
   a.filled = true;
@@ -310,35 +375,37 @@ void GptChunk::layer_backward(int64_t li, const Tensor& dy, Tensor& dx, LayerAct
   auto& p = layers_[li];
   const int64_t layer = spec_.first_layer + li;
   const int64_t C = cfg_.hidden, T = pass.seq, B = pass.batch, N = B * T, R = dy.dim(0);
+  const int64_t A = heads_local_ * cfg_.head_dim();
   const DType dt = dy.dtype();
   const bool sp = cfg_.sequence_parallel;
   auto* tpc = groups_.tp.get();
-  // MLP branch: y = x2 + dropout(fc2(gelu(fc1(ln2(x2)))) + b)
+  // MLP branch: y = x2 + dropout(fc2(act(fc1(norm2(x2)))) + b)
   Tensor dfc2 = hidden_dropout_grad(dy, pass, layer, kMlpOut);
-  ops::bias_add_backward(p.d_fc2_b, dfc2);
+  if (p.fc2_b.defined()) ops::bias_add_backward(p.d_fc2_b, dfc2);
   Tensor dfc2_full = tp::leave_row_parallel_backward(tpc, sp, dfc2);
   ops::matmul_backward(nullptr, &p.d_fc2_w, nullptr, dfc2_full, a.gel, p.fc2_w);
-  Tensor dfc1 = Tensor::empty({N, ffn_local_}, dt, dev_);  // through fc2's input and the GELU, with fc1's bias grad
-  ops::matmul_dgelu_backward(dfc1, p.d_fc1_b, dfc2_full, p.fc2_w, a.fc1);
+  Tensor dfc1 = Tensor::empty(a.fc1.shape(), dt, dev_);  // through fc2's input and the activation (with fc1's bias grad)
+  mlp_.backward(dfc1, p.fc1_b.defined() ? &p.d_fc1_b : nullptr, dfc2_full, p.fc2_w, a.fc1);
   Tensor dln2_full = Tensor::empty({N, C}, dt, dev_);
   ops::matmul_backward(&dln2_full, &p.d_fc1_w, nullptr, dfc1, a.ln2_full, p.fc1_w);
   Tensor dln2 = tp::enter_column_parallel_backward(tpc, sp, dln2_full);
-  Tensor dx2 = Tensor::empty({R, C}, dt, dev_);  // dy (the residual) + ln2's backward, one op
-  ops::residual_layernorm_backward(dx2, p.d_ln2_w, p.d_ln2_b, dy, dln2, a.x2, p.ln2_w, a.mean2, a.rstd2);
+  Tensor dx2 = Tensor::empty({R, C}, dt, dev_);  // dy (the residual) + norm2's backward, one op
+  norm_.residual_backward(dx2, p.d_ln2_w, p.d_ln2_b, dy, dln2, a.x2, p.ln2_w, a.mean2, a.rstd2);
 
-  // Attention branch: x2 = x + dropout(proj(attn(qkv(ln1(x)))) + b)
+  // Attention branch: x2 = x + dropout(proj(attn(rope(qkv(norm1(x))))) + b)
   // (dproj may be dx2 itself: every read of it comes before dx2 accumulates in place below)
   Tensor dproj = hidden_dropout_grad(dx2, pass, layer, kAttnOut);
-  ops::bias_add_backward(p.d_proj_b, dproj);
+  if (p.proj_b.defined()) ops::bias_add_backward(p.d_proj_b, dproj);
   Tensor dproj_full = tp::leave_row_parallel_backward(tpc, sp, dproj);
-  Tensor datt = Tensor::empty({N, C / tp_}, dt, dev_);
+  Tensor datt = Tensor::empty({N, A}, dt, dev_);
   ops::matmul_backward(&datt, &p.d_proj_w, nullptr, dproj_full, a.att, p.proj_w);
-  Tensor dqkv = attention_core_backward(datt.view({B, T, C / tp_}), a, pass, layer);
+  Tensor dqkv = attention_core_backward(datt.view({B, T, A}), a, pass, layer);
+  rotary_.backward(dqkv, heads_local_, groups_local_, 0);
   Tensor dln1_full = Tensor::empty({N, C}, dt, dev_);
-  ops::matmul_backward(&dln1_full, &p.d_qkv_w, &p.d_qkv_b, dqkv, a.ln1_full, p.qkv_w);
+  ops::matmul_backward(&dln1_full, &p.d_qkv_w, p.qkv_b.defined() ? &p.d_qkv_b : nullptr, dqkv, a.ln1_full, p.qkv_w);
   Tensor dln1 = tp::enter_column_parallel_backward(tpc, sp, dln1_full);
-  dx = dx2;  // dx2 (the residual) + ln1's backward, in place
-  ops::residual_layernorm_backward(dx, p.d_ln1_w, p.d_ln1_b, dx2, dln1, a.x_in, p.ln1_w, a.mean1, a.rstd1);
+  dx = dx2;  // dx2 (the residual) + norm1's backward, in place
+  norm_.residual_backward(dx, p.d_ln1_w, p.d_ln1_b, dx2, dln1, a.x_in, p.ln1_w, a.mean1, a.rstd1);
 }
 
 // model.attention_backend on this chunk's device. auto: flash on the CPU and the test
@@ -349,7 +416,7 @@ void GptChunk::resolve_attention() {
   const bool flash_runs = cfg_.attention != AttentionBackend::unfused &&
                           ops::attention_lse_supported(dev_, cfg_.dtype, std::max<int64_t>(cfg_.micro_batch_size, 1),
                                                        cfg_.seq_length, heads_local_, cfg_.head_dim(),
-                                                       cfg_.attention_dropout, &why);
+                                                       cfg_.attention_dropout, &why, groups_local_);
   switch (cfg_.attention) {
     case AttentionBackend::unfused:
       attention_ = AttentionBackend::unfused;
@@ -398,7 +465,7 @@ bool GptChunk::flash_for_call(const Pass& p) const {
   // asked for once cuDNN has refused.
   auto supported = [&](std::string* why) {
     return ops::attention_lse_supported(dev_, cfg_.dtype, B, T, heads_local_, cfg_.head_dim(), cfg_.attention_dropout,
-                                        why);
+                                        why, groups_local_);
   };
   if (supported(nullptr)) return true;
   std::string why;
@@ -412,11 +479,11 @@ void GptChunk::attention_core_forward(LayerActs& a, const Pass& p, int64_t layer
   const int64_t B = a.qkv.dim(0), T = a.qkv.dim(1);
   if (flash_for_call(p)) {
     a.lse = Tensor::empty({B, heads_local_, T}, stats_dtype(), dev_);
-    ops::attention_forward_lse(a.att, a.lse, a.qkv, heads_local_, attention_dropout(p, layer));
+    ops::attention_forward_lse(a.att, a.lse, a.qkv, heads_local_, attention_dropout(p, layer), groups_local_);
     return;
   }
   a.probs = Tensor::empty({B, heads_local_, T, T}, a.qkv.dtype(), dev_);
-  ops::attention_forward(a.att, a.probs, a.qkv, heads_local_, attention_dropout(p, layer));
+  ops::attention_forward(a.att, a.probs, a.qkv, heads_local_, attention_dropout(p, layer), groups_local_);
   if (cfg_.recompute == RecomputeGranularity::selective) a.probs = Tensor();
 }
 
@@ -425,16 +492,16 @@ Tensor GptChunk::attention_core_backward(const Tensor& datt, LayerActs& a, const
   Tensor dqkv = Tensor::empty(a.qkv.shape(), a.qkv.dtype(), dev_);
   const ops::AttentionDropout drop = attention_dropout(p, layer);
   if (a.lse.defined()) {  // the forward took the flash form
-    ops::attention_backward_lse(dqkv, datt, a.qkv, a.att.view(datt.shape()), a.lse, heads_local_, drop);
+    ops::attention_backward_lse(dqkv, datt, a.qkv, a.att.view(datt.shape()), a.lse, heads_local_, drop, groups_local_);
     return dqkv;
   }
   Tensor probs = a.probs;
   if (!probs.defined()) {  // selective recompute: redo the core's forward
     probs = Tensor::empty({B, heads_local_, T, T}, a.qkv.dtype(), dev_);
     Tensor scratch = Tensor::empty(a.att.shape(), a.att.dtype(), dev_);
-    ops::attention_forward(scratch, probs, a.qkv, heads_local_, drop);
+    ops::attention_forward(scratch, probs, a.qkv, heads_local_, drop, groups_local_);
   }
-  ops::attention_backward(dqkv, datt, a.qkv, probs, heads_local_, drop);
+  ops::attention_backward(dqkv, datt, a.qkv, probs, heads_local_, drop, groups_local_);
   return dqkv;
 }
 
@@ -679,7 +746,8 @@ Tensor GptChunk::embed(const Pass& p, const Tensor& tokens) {
   Tensor partial = Tensor::empty({B * T, cfg_.hidden}, cfg_.dtype, dev_);
   ops::embedding_forward(partial, tokens, wte_, vocab_start_);
   Tensor x = tp::leave_row_parallel_forward(groups_.tp.get(), sp, partial);
-  ops::position_forward(x, past > 0 ? wpe_.rows(past, T) : wpe_, row_start, T);  // row b*T + t: position past + t
+  if (!cfg_.rope)  // row b*T + t: position past + t (rotary positions enter each layer's attention instead)
+    ops::position_forward(x, past > 0 ? wpe_.rows(past, T) : wpe_, row_start, T);
   const DropSite drop = hidden_drop(p, -1, kEmbedding, R);
   ops::dropout_forward(x, x, cfg_.hidden_dropout, drop.key, drop.base, drop.dkey);
   return x;
@@ -740,9 +808,8 @@ GptChunk::LossStats GptChunk::head_loss_stats(const Tensor& x, Saved& s, const L
   s.x_out = x;
   if (!s.lnf.defined()) {  // else the last layer's residual add computed it (run_layers)
     s.lnf = Tensor::empty({R, C}, dt, dev_);
-    s.meanf = Tensor::empty({R}, wide, dev_);
-    s.rstdf = Tensor::empty({R}, wide, dev_);
-    ops::layernorm_forward(s.lnf, s.meanf, s.rstdf, x, lnf_w_, lnf_b_, cfg_.layernorm_eps);
+    norm_.stats(s.meanf, s.rstdf, R, wide, dev_);
+    norm_.forward(s.lnf, s.meanf, s.rstdf, x, lnf_w_, lnf_b_);
   }
   const Tensor lnf_full = tp::enter_column_parallel_forward(tpc, cfg_.sequence_parallel, s.lnf);
   s.lnf = Tensor();  // the backward needs only its statistics
@@ -752,7 +819,7 @@ GptChunk::LossStats GptChunk::head_loss_stats(const Tensor& x, Saved& s, const L
     const int64_t n = std::min(step, N - r0);
     const Tensor in = lnf_full.rows(r0, n), targets = s.targets.flat(r0, n);
     Tensor logits = Tensor::empty({n, vocab_local_}, dt, dev_);
-    ops::matmul_forward(logits, in, wte_, nullptr);
+    ops::matmul_forward(logits, in, out_w_, nullptr);
     Tensor mx = st.rowmax.flat(r0, n), se = st.sumexp.flat(r0, n), tl = st.target_logit.flat(r0, n);
     ops::xent_rowmax(mx, logits, vocab_valid_);
     if (tp_split) tp::all_reduce(tpc, mx, parallel::ReduceOp::max);
@@ -785,7 +852,7 @@ void GptChunk::head_train(const Tensor& x, const TrainMicroBatch& mb, Saved& s, 
     ops::xent_backward(logits, logits, s.targets.flat(r0, n), mx, se, s.dloss.flat(r0, n), vocab_start_,
                        vocab_valid_);
     Tensor dlnf_rows = s.dlnf_full.rows(r0, n);
-    ops::matmul_backward(&dlnf_rows, &d_wte_, nullptr, logits, in, wte_);
+    ops::matmul_backward(&dlnf_rows, &d_out_w_, nullptr, logits, in, out_w_);
   });
   s.dloss = Tensor();
   s.mask = Tensor();
@@ -850,10 +917,11 @@ Tensor GptChunk::head_logits(const Tensor& x, const std::vector<int64_t>& rows) 
   }
   Tensor sel = Tensor::empty({n, C}, dt, dev_);
   ops::embedding_forward(sel, idx.on(dev_), x, 0);
-  Tensor h = Tensor::empty({n, C}, dt, dev_), mean = Tensor::empty({n}, wide, dev_), rstd = Tensor::empty({n}, wide, dev_);
-  ops::layernorm_forward(h, mean, rstd, sel, lnf_w_, lnf_b_, cfg_.layernorm_eps);
+  Tensor h = Tensor::empty({n, C}, dt, dev_), mean, rstd;
+  norm_.stats(mean, rstd, n, wide, dev_);
+  norm_.forward(h, mean, rstd, sel, lnf_w_, lnf_b_);
   Tensor local = Tensor::empty({n, vocab_local_}, dt, dev_);
-  ops::matmul_forward(local, h, wte_, nullptr);
+  ops::matmul_forward(local, h, out_w_, nullptr);
   if (tp_ == 1) return local;
   Tensor gathered = Tensor::empty({tp_ * n, vocab_local_}, dt, dev_);  // rank-major blocks of n rows
   tp::all_gather_rows(groups_.tp.get(), local, gathered);
@@ -889,7 +957,7 @@ Tensor GptChunk::backward(int64_t mb_id, const Tensor& dout, bool last_backward)
     Tensor dlnf = tp::enter_column_parallel_backward(tpc, sp, s.dlnf_full);
     s.dlnf_full = Tensor();
     dx = Tensor::empty({R, C}, dt, dev_);
-    ops::layernorm_backward(dx, d_lnf_w_, d_lnf_b_, dlnf, s.x_out, lnf_w_, s.meanf, s.rstdf);
+    norm_.backward(dx, d_lnf_w_, d_lnf_b_, dlnf, s.x_out, lnf_w_, s.meanf, s.rstdf);
     report_ready(head_param_offsets_, last_backward);
   } else {
     MTNLG_CHECK(dout.defined() && dout.dim(0) == R, "chunk backward needs the output gradient [{}, {}]", R, C);
@@ -916,7 +984,7 @@ Tensor GptChunk::backward(int64_t mb_id, const Tensor& dout, bool last_backward)
   // Embedding: x = dropout(allreduce(lookup) + pos)
   const DropSite drop = hidden_drop(p, -1, kEmbedding, R);
   ops::dropout_backward(dx, dx, cfg_.hidden_dropout, drop.key, drop.base, drop.dkey);
-  ops::position_backward(d_wpe_, dx, row_start, T);
+  if (!cfg_.rope) ops::position_backward(d_wpe_, dx, row_start, T);
   Tensor dfull = tp::leave_row_parallel_backward(tpc, sp, dx);
   ops::embedding_backward(d_wte_, s.tokens, dfull, vocab_start_, s.order.rows.defined() ? &s.order : nullptr);
   report_ready(embedding_param_offsets_, last_backward);

@@ -1,7 +1,13 @@
-// The GPT decoder as Megatron builds it: vocab-parallel word embedding + learned
-// positions, pre-LN transformer layers (column-parallel QKV and fc1, row-parallel proj
-// and fc2, heads split across tensor-parallel ranks), a final LayerNorm and an output
-// layer tied to the word embedding, with a vocab-parallel cross-entropy.
+// The decoder as Megatron builds it: vocab-parallel word embedding, pre-norm transformer
+// layers (column-parallel QKV and fc1, row-parallel proj and fc2, heads split across
+// tensor-parallel ranks), a final norm and a vocab-parallel output layer with a
+// vocab-parallel cross-entropy. One model, two families by its parts (GptConfig):
+//   GPT-2 / MT-NLG  learned positions, LayerNorm, GELU MLP, biases, output tied to the
+//                   word embedding;
+//   Llama family    rotary positions in each layer, RMSNorm, SwiGLU MLP, grouped-query
+//                   attention, no biases (Qwen2: q/k/v biases), an untied output layer.
+// Each part is chosen once, where the layer is built (model/parts.hpp); the layer code
+// calls the part, not a flag.
 //
 // A GptChunk is the slice of layers one pipeline rank runs for one model chunk
 // (virtual stage). It has explicit forward/backward per micro batch; activations of
@@ -30,6 +36,7 @@
 #include "core/ops.hpp"
 #include "core/tensor.hpp"
 #include "model/params.hpp"
+#include "model/parts.hpp"
 #include "parallel/communicator.hpp"
 
 namespace mtnlg::model {
@@ -42,6 +49,16 @@ struct GptConfig {
   int64_t hidden = 0, heads = 0, ffn = 0, seq_length = 0, max_positions = 0;
   int64_t num_layers_total = 0;
   double init_std = 0.02, hidden_dropout = 0.0, attention_dropout = 0.0, layernorm_eps = 1e-5;
+  // The architecture's parts (defaults: GPT-2). groups: key/value heads (grouped-query
+  // attention; 0 = heads); head_size 0 = hidden / heads.
+  int64_t groups = 0, head_size = 0;
+  bool rope = false;       // rotary positions (rope_params) instead of a learned table
+  ops::RopeParams rope_params;
+  bool rmsnorm = false;    // RMSNorm instead of LayerNorm (no norm biases)
+  bool swiglu = false;     // gated MLP: fc1 is gate and up, each ffn wide
+  bool untied = false;     // an output layer of its own instead of the word embedding
+  bool bias_linear = true; // biases of proj, fc1 and fc2 (and of qkv)
+  bool qkv_bias = true;    // biases of qkv (bias_linear, or Qwen2's add_qkv_bias)
   RecomputeGranularity recompute = RecomputeGranularity::none;
   AttentionBackend attention = AttentionBackend::automatic;  // resolved per device by GptChunk
   int64_t micro_batch_size = 1;  // the training micro batch (the shape auto tries the flash form on)
@@ -53,7 +70,12 @@ struct GptConfig {
   // (logits_chunk_rows). 2^28: 512 MiB in bf16.
   int64_t logits_chunk_elements = int64_t{1} << 28;
 
-  int64_t head_dim() const { return hidden / heads; }
+  int64_t head_dim() const { return head_size > 0 ? head_size : hidden / heads; }
+  int64_t kv_groups() const { return groups > 0 ? groups : heads; }
+  // Output features of the fused qkv projection (all ranks): the query heads and one key
+  // and one value head per group.
+  int64_t qkv_width() const { return (heads + 2 * kv_groups()) * head_dim(); }
+  int64_t attention_width() const { return heads * head_dim(); }  // the query heads' channels
 };
 
 // Rows of logits the last stage computes at once for `rows` rows over a vocabulary shard of
@@ -249,10 +271,13 @@ class GptChunk {
  private:
   struct LayerActs;
   struct Saved;
+  // A layer's weights and gradients; the ones the architecture lacks (biases, LayerNorm
+  // biases under RMSNorm) stay undefined. Under SwiGLU fc1 is gate and up as one weight.
   struct LayerParams {
     Tensor ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc1_w, fc1_b, fc2_w, fc2_b;
     Tensor d_ln1_w, d_ln1_b, d_qkv_w, d_qkv_b, d_proj_w, d_proj_b, d_ln2_w, d_ln2_b, d_fc1_w, d_fc1_b, d_fc2_w, d_fc2_b;
   };
+  void bind_layer(int64_t layer);
 
   // One forward call as the layer stack sees it, whatever its purpose: its shape, its
   // cache, and the dropout keys (training: the step key, the micro batch's first sample,
@@ -301,7 +326,7 @@ class GptChunk {
   // the final LayerNorm on the last stage. run_layers allocates it.
   struct NextNorm {
     Tensor *out, *mean, *rstd;
-    const Tensor *w, *b;
+    const Tensor *w, *b;  // b: undefined under RMSNorm
   };
   NextNorm next_norm(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& w, const Tensor& b, int64_t rows) const;
   // Without `next`, y alone (ops::residual_add_forward). The layer's own input LayerNorm is
@@ -331,9 +356,14 @@ class GptChunk {
   ChunkSpec spec_;
   ParamStore& store_;
   parallel::ProcessGroups groups_;
-  int64_t tp_ = 1, tp_rank_ = 0, heads_local_ = 0, ffn_local_ = 0, vocab_local_ = 0, vocab_start_ = 0, vocab_valid_ = 0;
+  int64_t tp_ = 1, tp_rank_ = 0, heads_local_ = 0, groups_local_ = 0, ffn_local_ = 0, vocab_local_ = 0,
+          vocab_start_ = 0, vocab_valid_ = 0;
+  Norm norm_;
+  Mlp mlp_;
+  Rotary rotary_;
   std::vector<LayerParams> layers_;
   Tensor wte_, wpe_, lnf_w_, lnf_b_, d_wte_, d_wpe_, d_lnf_w_, d_lnf_b_;
+  Tensor out_w_, d_out_w_;  // the output layer: the word embedding, or output_layer.weight untied
   std::map<int64_t, std::unique_ptr<Saved>> saved_;
   std::function<void(int64_t)> grad_ready_;
   LayerObserver observer_;

@@ -1,5 +1,7 @@
 #include "app/process/module_configs.hpp"
 
+#include "core/error.hpp"
+
 #include "model/checkpoint.hpp"
 
 namespace mtnlg::app {
@@ -23,6 +25,27 @@ optimizer::LossScalerConfig loss_scaler_config(const OptimizerConfig& o) {
   return c;
 }
 
+namespace {
+// The architecture family's parts, from the model section's keys.
+void set_architecture(model::GptConfig& c, const ModelConfig& m) {
+  c.groups = m.query_groups();
+  c.head_size = m.head_dim();
+  c.rope = m.rope();
+  c.rope_params.base = m.rotary_base;
+  c.rope_params.percent = m.rotary_percent;
+  c.rope_params.interleaved = m.rotary_interleaved;
+  c.rope_params.scaling = m.use_rope_scaling;
+  c.rope_params.factor = m.rope_scaling_factor;
+  c.rmsnorm = m.rmsnorm();
+  c.swiglu = m.swiglu;
+  c.untied = m.untie_embeddings_and_output_weights;
+  c.bias_linear = m.add_bias_linear;
+  c.qkv_bias = m.qkv_bias();
+  if (m.qk_layernorm)
+    throw_input("model.qk_layernorm: the per-head query/key norm (Qwen3, OLMo 2) is not built yet; remove the key");
+}
+}  // namespace
+
 model::GptConfig gpt_config(const Recipe& r) {
   model::GptConfig c;
   c.vocab_size = r.model.vocab_size;
@@ -37,6 +60,7 @@ model::GptConfig gpt_config(const Recipe& r) {
   c.hidden_dropout = r.model.hidden_dropout;
   c.attention_dropout = r.model.attention_dropout;
   c.layernorm_eps = r.model.layernorm_epsilon;
+  set_architecture(c, r.model);
   c.recompute = r.parallel.recompute_granularity;
   c.attention = r.model.attention_backend;
   c.micro_batch_size = r.training.micro_batch_size;
