@@ -158,7 +158,7 @@ void register_file_tools(CLI::App* cmd) {
                  "model.safetensors.index.json (units B, KB, MB, GB, TB; KiB ... TiB)")
       ->capture_default_str();
   ex->add_option("--bos-token-id", a->bos, "config.json's bos_token_id (default: from the hf_config.json an import kept "
-                                           "in the checkpoint root, else 50256 for GPT-2's vocabulary, else null)")
+                                           "in the checkpoint root, else 50256 for a GPT-2 model or a 50257-token vocabulary, else null)")
       ->check(CLI::NonNegativeNumber);
   ex->add_option("--eos-token-id", a->eos, "config.json's eos_token_id (default: as --bos-token-id)")
       ->check(CLI::NonNegativeNumber);
