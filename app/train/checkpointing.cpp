@@ -56,6 +56,24 @@ void check_same_network(const std::string& dir, const model::ckpt::TrainState& s
   same("ffn_hidden_size", saved.model.ffn_hidden_size, r.model.ffn_hidden_size);
   same("vocab_size", saved.model.vocab_size, r.model.vocab_size);
   same("max_position_embeddings", saved.model.max_position_embeddings, r.model.max_position_embeddings);
+  // The architecture's parts that decide which parameters exist and what they mean (the
+  // rotary settings may change: a longer context continues with a new base or scaling).
+  auto same_text = [&](const char* what, const std::string& a, const std::string& b) {
+    if (a != b)
+      throw_input("{}: checkpoint has model.{} = {} but the recipe says {}; a checkpoint continues the same network", dir,
+                  what, a, b);
+  };
+  auto yes_no = [](bool b) { return std::string(b ? "true" : "false"); };
+  const ModelConfig &a = saved.model, &b = r.model;
+  same_text("position_embedding_type", to_string(a.position_embedding_type), to_string(b.position_embedding_type));
+  same_text("normalization", to_string(a.normalization), to_string(b.normalization));
+  same_text("swiglu", yes_no(a.swiglu), yes_no(b.swiglu));
+  same("num_query_groups", a.query_groups(), b.query_groups());
+  same("kv_channels", a.head_dim(), b.head_dim());
+  same_text("untie_embeddings_and_output_weights", yes_no(a.untie_embeddings_and_output_weights),
+            yes_no(b.untie_embeddings_and_output_weights));
+  same_text("add_bias_linear", yes_no(a.add_bias_linear), yes_no(b.add_bias_linear));
+  same_text("add_qkv_bias", yes_no(a.qkv_bias()), yes_no(b.qkv_bias()));
 }
 
 CheckpointManager::CheckpointManager(const Recipe& r, const parallel::ProcessGroups& g, model::ckpt::Layout layout)

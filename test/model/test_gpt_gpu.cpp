@@ -16,6 +16,7 @@
 #include "core/ops.hpp"
 #include "model/gpt.hpp"
 #include "test/core/cuda/cuda_test_util.hpp"
+#include "test/model/tiny_gpt.hpp"
 
 using namespace mtnlg;
 using namespace mtnlg::model;
@@ -31,7 +32,7 @@ struct Small {
   int64_t B = 3;
 
   Small(DType dt, Device dev, RecomputeGranularity rc, AttentionBackend att = AttentionBackend::automatic,
-        double attention_dropout = 0.1, int64_t logits_chunk_elements = int64_t{1} << 28) {
+        double attention_dropout = 0.1, int64_t logits_chunk_elements = int64_t{1} << 28, int llama = -1) {
     cfg.vocab_size = 1000;
     cfg.padded_vocab_size = 1024;
     cfg.hidden = 256;
@@ -47,6 +48,7 @@ struct Small {
     cfg.attention = att;
     cfg.dtype = dt;
     cfg.logits_chunk_elements = logits_chunk_elements;
+    if (llama >= 0) test::make_llama(cfg, llama);  // the Llama family's parts (variants: tiny_gpt.hpp)
     ChunkSpec spec{0, 2, true, true, ""};
     declare_chunk_params(store, cfg, spec, 0, 1);
     store.finalize(DType::f32, dt, Device::cpu);
@@ -159,6 +161,44 @@ TEST_CASE("gpt on the GPU: loss and every parameter gradient equal the CPU run (
       }
     }
   }
+}
+
+// The Llama family's parts on CUDA (rotary embedding, RMSNorm fused with the residual,
+// SwiGLU, grouped and multi-query attention, a head size of its own, q/k/v biases alone,
+// tied and untied output) against the CPU, with the GPT case's metrics. Grouped-query
+// attention runs unfused on CUDA (cuDNN's graphs here take as many K/V heads as Q heads).
+TEST_CASE("llama on the GPU: loss and every parameter gradient equal the CPU run (fp32 3.3e-5, bf16 1e-2)", "[gpu]") {
+  if (!test::gpu_ready()) return;
+  const std::pair<int, RecomputeGranularity> cases[] = {{0, RecomputeGranularity::none},
+                                                        {0, RecomputeGranularity::selective},
+                                                        {1, RecomputeGranularity::full}};
+  for (DType dt : {DType::f32, DType::bf16})
+    for (const auto& [variant, rc] : cases) {
+      INFO(to_string(dt) << " llama variant " << variant << " recompute " << to_string(rc));
+      Small cpu(dt, Device::cpu, rc, AttentionBackend::automatic, 0.1, int64_t{1} << 28, variant),
+          gpu(dt, Device::cuda, rc, AttentionBackend::automatic, 0.1, int64_t{1} << 28, variant);
+      REQUIRE(gpu.chunk->attention_backend() == AttentionBackend::unfused);
+      const double lc = cpu.loss_and_grad(), lg = gpu.loss_and_grad();
+      CHECK(std::abs(lg - lc) <= test::rtol_for(dt) * std::abs(lc));
+      const Tensor gg = gpu.store.grads().to(Device::cpu);
+      if (dt == DType::f32) {
+        for (const auto& p : cpu.store.infos())
+          test::check_close("grad " + p.name, gg.flat(p.offset, p.numel), cpu.store.grads().flat(p.offset, p.numel),
+                            kRtolF32Grads);
+        continue;
+      }
+      Small exact(DType::f32, Device::cpu, rc, AttentionBackend::unfused, 0.1, int64_t{1} << 28, variant);
+      exact.loss_and_grad();
+      for (const auto& p : cpu.store.infos()) {
+        const Tensor g = gg.flat(p.offset, p.numel), c = cpu.store.grads().flat(p.offset, p.numel),
+                     e = exact.store.grads().flat(p.offset, p.numel);
+        const double gpu_err = normwise(g, e), cpu_err = normwise(c, e), apart = normwise(g, c);
+        INFO("grad " << p.name << ": |gpu bf16 - fp32| " << gpu_err << ", |cpu bf16 - fp32| " << cpu_err
+                     << ", |gpu bf16 - cpu bf16| " << apart);
+        CHECK(gpu_err <= 1.5 * cpu_err + 2e-3);
+        CHECK(apart <= 2e-2);
+      }
+    }
 }
 
 // A cuDNN that plans none of the graphs (the emulated one under MTNLG_EMU_CUDNN_FAIL=plans,

@@ -7,6 +7,7 @@
 
 #include "core/ops.hpp"
 #include "model/gpt.hpp"
+#include "test/model/tiny_gpt.hpp"
 
 using namespace mtnlg;
 using namespace mtnlg::model;
@@ -21,8 +22,9 @@ struct Tiny {
   std::vector<int32_t> tokens;
   int64_t B = 2;
 
+  // llama: -1 the GPT; 0, 1 the Llama family's variants (test::make_llama), with 4 heads.
   explicit Tiny(RecomputeGranularity rc, double dropout = 0.0, AttentionBackend att = AttentionBackend::flash,
-                int64_t logits_chunk_elements = int64_t{1} << 28) {
+                int64_t logits_chunk_elements = int64_t{1} << 28, int llama = -1) {
     cfg.vocab_size = 11;
     cfg.padded_vocab_size = 16;
     cfg.hidden = 8;
@@ -38,6 +40,10 @@ struct Tiny {
     cfg.attention = att;
     cfg.dtype = DType::f64;
     cfg.logits_chunk_elements = logits_chunk_elements;
+    if (llama >= 0) {
+      cfg.heads = 4;
+      test::make_llama(cfg, llama);
+    }
     ChunkSpec spec{0, 2, true, true, ""};
     declare_chunk_params(store, cfg, spec, 0, 1);
     store.finalize(DType::f64);
@@ -78,12 +84,11 @@ struct Tiny {
 
 }  // namespace
 
-TEST_CASE("gpt: every parameter gradient matches finite differences (fp64)", "[model]") {
-  for (const auto att : {AttentionBackend::flash, AttentionBackend::unfused})
-  for (double p : {0.0, 0.2}) {
-    INFO("attention " << to_string(att));
-    Tiny m(RecomputeGranularity::none, p, att);
-    REQUIRE(m.chunk->attention_backend() == att);
+namespace {
+// The analytic gradient of every parameter of `m` (every element of small tensors, a
+// strided sample of big ones) against central finite differences: the worst relative error.
+void check_finite_differences(Tiny& m) {
+  {
     double L = m.loss_and_grad();
     CHECK(std::isfinite(L));
     CHECK(L > 0);
@@ -114,28 +119,57 @@ TEST_CASE("gpt: every parameter gradient matches finite differences (fp64)", "[m
         }
       }
     }
-    INFO("dropout " << p << " worst " << worst << " at " << worst_name);
+    INFO("worst " << worst << " at " << worst_name);
     CHECK(worst < 1e-5);
   }
+}
+}  // namespace
+
+TEST_CASE("gpt: every parameter gradient matches finite differences (fp64)", "[model]") {
+  for (const auto att : {AttentionBackend::flash, AttentionBackend::unfused})
+    for (double p : {0.0, 0.2}) {
+      INFO("attention " << to_string(att) << " dropout " << p);
+      Tiny m(RecomputeGranularity::none, p, att);
+      REQUIRE(m.chunk->attention_backend() == att);
+      check_finite_differences(m);
+    }
+}
+
+// Rotary positions, RMSNorm, SwiGLU, grouped and multi-query attention, a head size of
+// its own, q/k/v biases alone, tied and untied output layers.
+TEST_CASE("llama: every parameter gradient matches finite differences (fp64)", "[model]") {
+  for (int variant : {0, 1})
+    for (const auto att : {AttentionBackend::flash, AttentionBackend::unfused})
+      for (double p : {0.2}) {  // the dropout-free path is the same code with p = 0 (the GPT case has both)
+        INFO("llama variant " << variant << " attention " << to_string(att) << " dropout " << p);
+        Tiny m(RecomputeGranularity::none, p, att, int64_t{1} << 28, variant);
+        REQUIRE(m.chunk->attention_backend() == att);
+        REQUIRE(m.store.has("output_layer.weight") == (variant == 0));
+        REQUIRE(m.store.has("embedding.position_embeddings.weight") == false);
+        check_finite_differences(m);
+      }
 }
 
 // Every recompute mode under either attention form gives the no-recompute flash run's
 // loss and gradients: bit for bit within a form, to rounding across the two forms (they
 // sum in different orders).
 TEST_CASE("gpt: selective and full recompute give the same loss and gradients", "[model]") {
-  Tiny base(RecomputeGranularity::none, 0.1);
-  double L0 = base.loss_and_grad();
-  for (auto att : {AttentionBackend::flash, AttentionBackend::unfused})
-  for (auto rc : {RecomputeGranularity::none, RecomputeGranularity::selective, RecomputeGranularity::full}) {
-    INFO("attention " << to_string(att) << " recompute " << to_string(rc));
-    Tiny m(rc, 0.1, att);
-    const double tol = att == AttentionBackend::flash ? 0.0 : 1e-13;
-    double L = m.loss_and_grad();
-    CHECK(std::fabs(L - L0) <= tol);
-    double maxdiff = 0;
-    for (int64_t i = 0; i < m.store.numel(); ++i)
-      maxdiff = std::max(maxdiff, std::fabs(m.store.grads().data<double>()[i] - base.store.grads().data<double>()[i]));
-    CHECK(maxdiff <= tol);
+  for (int llama : {-1, 0, 1}) {
+    Tiny base(RecomputeGranularity::none, 0.1, AttentionBackend::flash, int64_t{1} << 28, llama);
+    double L0 = base.loss_and_grad();
+    for (auto att : {AttentionBackend::flash, AttentionBackend::unfused})
+      for (auto rc : {RecomputeGranularity::none, RecomputeGranularity::selective, RecomputeGranularity::full}) {
+        INFO("llama variant " << llama << " attention " << to_string(att) << " recompute " << to_string(rc));
+        Tiny m(rc, 0.1, att, int64_t{1} << 28, llama);
+        const double tol = att == AttentionBackend::flash ? 0.0 : 1e-13;
+        double L = m.loss_and_grad();
+        CHECK(std::fabs(L - L0) <= tol);
+        double maxdiff = 0;
+        for (int64_t i = 0; i < m.store.numel(); ++i)
+          maxdiff =
+              std::max(maxdiff, std::fabs(m.store.grads().data<double>()[i] - base.store.grads().data<double>()[i]));
+        CHECK(maxdiff <= tol);
+      }
   }
 }
 

@@ -12,12 +12,12 @@
 using namespace mtnlg;
 using namespace mtnlg::model;
 
-TEST_CASE("gpt: loss, gradients and AdamW steps equal PyTorch's", "[oracle]") {
+namespace {
+// Dumps the initial weights, the first step's loss and gradients and the weights after 3
+// AdamW steps of `cfg`'s model, and has torch_gpt.py rebuild and compare them.
+void check_against_torch(GptConfig cfg, int llama) {
   if (!test::python_has("torch")) FAIL("Debian's python3-torch is missing (scripts/install-deps.sh installs it)");
   test::TempDir dir("torch-oracle");
-  GptConfig cfg = test::tiny_gpt_config();  // with this test's position table and init
-  cfg.max_positions = 20;
-  cfg.init_std = 0.05;
   ChunkSpec spec{0, 2, true, true, ""};
   ParamStore store;
   declare_chunk_params(store, cfg, spec, 0, 1);
@@ -45,6 +45,21 @@ TEST_CASE("gpt: loss, gradients and AdamW steps equal PyTorch's", "[oracle]") {
   std::map<std::string, std::string> meta = {{"layers", "2"},   {"hidden", "32"},   {"heads", "4"},    {"vocab", "50"},
                                              {"seq", "16"},     {"eps", "1e-05"},   {"lr", "0.01"},    {"wd", "0.1"},
                                              {"clip", "1.0"},   {"beta1", "0.9"},   {"beta2", "0.95"}, {"adam_eps", "1e-08"}};
+  if (llama >= 0) {
+    const auto& r = cfg.rope_params;
+    for (auto& [k, v] : std::map<std::string, double>{{"llama", 1},
+                                                      {"head_dim", static_cast<double>(cfg.head_dim())},
+                                                      {"groups", static_cast<double>(cfg.kv_groups())},
+                                                      {"rope_base", r.base},
+                                                      {"rope_percent", r.percent},
+                                                      {"rope_interleaved", r.interleaved ? 1 : 0},
+                                                      {"rope_scaling", r.scaling ? 1 : 0},
+                                                      {"rope_factor", r.factor},
+                                                      {"rope_low", r.low_freq_factor},
+                                                      {"rope_high", r.high_freq_factor},
+                                                      {"rope_original", r.original_max_positions}})
+      meta[k] = fmt::format("{}", v);
+  }
   std::vector<safetensors::Entry> init;
   for (auto& p : store.infos()) init.push_back({p.name, store.param(p.name).clone()});
   init.push_back({"tokens", tokens});
@@ -91,4 +106,25 @@ TEST_CASE("gpt: loss, gradients and AdamW steps equal PyTorch's", "[oracle]") {
   INFO(res.out);
   CHECK(res.exit_code == 0);
   CHECK(res.out.find("PASS") != std::string::npos);
+}
+}  // namespace
+
+TEST_CASE("gpt: loss, gradients and AdamW steps equal PyTorch's", "[oracle]") {
+  GptConfig cfg = test::tiny_gpt_config();  // with this test's position table and init
+  cfg.max_positions = 20;
+  cfg.init_std = 0.05;
+  check_against_torch(cfg, -1);
+}
+
+// Variant 0: Llama 3's form with 2 key/value groups, untied; variant 1: multi-query, head
+// size 16 (attention 64 wide on a hidden of 32), half of each head rotating in interleaved
+// pairs with Llama 3.1's scaling, q/k/v biases, tied (test::make_llama).
+TEST_CASE("llama: loss, gradients and AdamW steps equal PyTorch's", "[oracle]") {
+  for (int variant : {0, 1}) {
+    INFO("llama variant " << variant);
+    GptConfig cfg = test::tiny_gpt_config();
+    cfg.init_std = 0.05;
+    test::make_llama(cfg, variant);
+    check_against_torch(cfg, variant);
+  }
 }

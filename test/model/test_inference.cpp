@@ -146,6 +146,28 @@ TEST_CASE("KV cache: prefill + decode logits equal a full forward over the whole
   }
 }
 
+// The Llama family: rotary positions of the new tokens start at the cache's length, and
+// the cache holds only the groups' keys and values ([B, G, capacity, D]).
+TEST_CASE("KV cache: a Llama-family model decodes as its full forward, caching the groups' K and V", "[inference]") {
+  const int64_t B = 2, Ttot = 12, P = 5;
+  std::vector<int32_t> seq(static_cast<size_t>(B * Ttot));
+  for (size_t i = 0; i < seq.size(); ++i) seq[i] = static_cast<int32_t>((i * 7 + 3) % 50);
+  for (int variant : {0, 1}) {
+    INFO("llama variant " << variant);
+    GptConfig cfg = tiny_config();
+    test::make_llama(cfg, variant);
+    LoadedModel lm = make_random_model(cfg, 3);
+    auto m = whole_model_chunk(cfg, lm.store);
+    const KvCache probe = m->make_kv_cache(1, 4);
+    CHECK(probe.k[0].shape() == Shape{1, cfg.kv_groups(), 4, cfg.head_dim()});
+    Tensor full = logits_at(*m, seq.data(), B, Ttot, iota_rows(B * Ttot));
+    Tensor cached = cached_logits(*m, seq, B, Ttot, P);
+    const double d = rel_diff(cached.data<float>(), full.data<float>(), B * Ttot, cfg.padded_vocab_size, cfg.vocab_size);
+    INFO("relative difference " << d);
+    CHECK(d < 1e-5);
+  }
+}
+
 TEST_CASE("KV cache: misuse is an error, not a wrong answer", "[inference]") {
   GptConfig cfg = tiny_config();
   LoadedModel lm = make_random_model(cfg, 3);

@@ -20,4 +20,32 @@ inline model::GptConfig tiny_gpt_config() {
   return cfg;
 }
 
+// The Llama family's parts on a test config (heads divisible by 2). Variant 0 is Llama 3's
+// form: rotary positions, RMSNorm, SwiGLU, heads / 2 key/value groups, an untied output
+// layer, no biases. Variant 1 takes the other forms: one group (MQA), a head size of its
+// own (2 hidden / heads), half of each head rotating in interleaved pairs with Llama 3.1's
+// frequency scaling (at an original context of 16, so the scaling bites at test sizes),
+// q/k/v biases alone (Qwen2) and the output tied to the word embedding.
+inline void make_llama(model::GptConfig& c, int variant) {
+  c.rope = true;
+  c.rmsnorm = true;
+  c.swiglu = true;
+  c.bias_linear = false;
+  if (variant == 0) {
+    c.groups = c.heads / 2;
+    c.untied = true;
+    c.qkv_bias = false;
+    return;
+  }
+  c.groups = 1;
+  c.head_size = 2 * c.hidden / c.heads;
+  c.rope_params.percent = 0.5;
+  c.rope_params.interleaved = true;
+  c.rope_params.scaling = true;
+  c.rope_params.factor = 8.0;
+  c.rope_params.original_max_positions = 16.0;
+  c.qkv_bias = true;
+  c.untied = false;
+}
+
 }  // namespace mtnlg::test

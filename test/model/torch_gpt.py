@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
-"""Outside oracle for mtnlg's GPT (run by test/model/test_gpt_torch_oracle.cpp).
+"""Outside oracle for mtnlg's decoder (run by test/model/test_gpt_torch_oracle.cpp).
 
 Reads what mtnlg dumped in DIR (safetensors, parsed here by hand: 8-byte header length,
 JSON header, raw little-endian data), rebuilds the same GPT in PyTorch from the same
 weights, and compares the loss, every parameter gradient, and the weights and losses
 after 3 AdamW steps with gradient clipping. Written from the model's definition
 (pre-LN GPT-2 blocks, per-head [q|k|v] QKV layout, tanh GELU, tied output layer,
-padded vocabulary masked out of the softmax), not from mtnlg's code.
+padded vocabulary masked out of the softmax) and, with meta "llama" = 1, from the Llama
+family's (rotate-half or interleaved rotary positions on a fraction of each head, Llama
+3.1's frequency scaling, RMSNorm, SwiGLU, grouped-query attention with K/V repeated per
+group, q/k/v biases alone, tied or untied output layer), not from mtnlg's code.
 
 Metric: per tensor, ||ours - torch|| / ||torch|| <= 1e-5 (fp32), loss relative 1e-5.
 Exit 0 when everything matches, 1 otherwise.
@@ -42,32 +45,88 @@ def main(d):
     V, T = int(cfg["vocab"]), int(cfg["seq"])
     eps, lr, wd, clip = cfg["eps"], cfg["lr"], cfg["wd"], cfg["clip"]
     b1, b2, adam_eps = cfg["beta1"], cfg["beta2"], cfg["adam_eps"]
-    D = C // H
+    llama = int(cfg.get("llama", 0)) == 1
+    D = int(cfg.get("head_dim", C // H))
+    G = int(cfg.get("groups", H))
     tokens = init.pop("tokens").long()
     params = {k: v.clone().requires_grad_(True) for k, v in init.items()}
 
     def gelu(x):
         return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
 
+    def norm(x, name):
+        w = params[name + ".weight"]
+        if llama:  # RMSNorm
+            return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + eps) * w
+        return torch.nn.functional.layer_norm(x, (C,), w, params[name + ".bias"], eps)
+
+    def linear(x, name):
+        y = x @ params[name + ".weight"].T
+        return y + params[name + ".bias"] if name + ".bias" in params else y
+
+    def inv_freq(rot):
+        """Rotary frequencies base^(-2i/rot); Llama 3.1's scaling by wavelength when asked."""
+        f = [cfg["rope_base"] ** (-2.0 * i / rot) for i in range(rot // 2)]
+        if int(cfg.get("rope_scaling", 0)):
+            factor, lo, hi, orig = cfg["rope_factor"], cfg["rope_low"], cfg["rope_high"], cfg["rope_original"]
+            out = []
+            for x in f:
+                wl = 2 * math.pi / x
+                if wl < orig / hi:
+                    out.append(x)
+                elif wl > orig / lo:
+                    out.append(x / factor)
+                else:
+                    sm = (orig / wl - lo) / (hi - lo)
+                    out.append((1 - sm) * x / factor + sm * x)
+            f = out
+        return torch.tensor(f, dtype=torch.float64)
+
+    def rope(x):
+        """x [B, heads, T, D]: rotates the first rot dims of each head by position."""
+        rot = int(round(D * cfg.get("rope_percent", 1.0)))
+        ang = torch.arange(T, dtype=torch.float64)[:, None] * inv_freq(rot)[None, :]  # [T, rot/2]
+        cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)
+        r, rest = x[..., :rot], x[..., rot:]
+        if int(cfg.get("rope_interleaved", 0)):
+            a, b = r[..., 0::2], r[..., 1::2]
+            out = torch.stack((a * cos - b * sin, a * sin + b * cos), -1).flatten(-2)
+        else:  # rotate-half: pairs (i, i + rot/2)
+            a, b = r[..., : rot // 2], r[..., rot // 2:]
+            out = torch.cat((a * cos - b * sin, a * sin + b * cos), -1)
+        return torch.cat((out, rest), -1)
+
     def loss_fn():
         inp, tgt = tokens[:, :-1], tokens[:, 1:]
         B = inp.shape[0]
         wte = params["embedding.word_embeddings.weight"]
-        x = wte[inp] + params["embedding.position_embeddings.weight"][:T][None]
+        x = wte[inp]
+        if not llama:
+            x = x + params["embedding.position_embeddings.weight"][:T][None]
         mask = torch.ones(T, T, dtype=torch.bool).tril()
         for l in range(L):
-            p = lambda n: params[f"layers.{l}.{n}"]
-            h = torch.nn.functional.layer_norm(x, (C,), p("input_layernorm.weight"), p("input_layernorm.bias"), eps)
-            qkv = (h @ p("attention.qkv.weight").T + p("attention.qkv.bias")).view(B, T, H, 3, D)
-            q, k, v = (qkv[:, :, :, i].transpose(1, 2) for i in range(3))
+            n = f"layers.{l}."
+            h = norm(x, n + "input_layernorm")
+            # per key/value group: its H/G query heads, then its key, then its value
+            qkv = linear(h, n + "attention.qkv").view(B, T, G, H // G + 2, D)
+            q = qkv[:, :, :, : H // G].reshape(B, T, H, D).transpose(1, 2)
+            k = qkv[:, :, :, H // G].transpose(1, 2).repeat_interleave(H // G, dim=1)
+            v = qkv[:, :, :, H // G + 1].transpose(1, 2).repeat_interleave(H // G, dim=1)
+            if llama:
+                q, k = rope(q), rope(k)
             s = (q @ k.transpose(-1, -2)) / math.sqrt(D)
             s = s.masked_fill(~mask, float("-inf"))
-            a = (torch.softmax(s, -1) @ v).transpose(1, 2).reshape(B, T, C)
-            x = x + a @ p("attention.proj.weight").T + p("attention.proj.bias")
-            h = torch.nn.functional.layer_norm(x, (C,), p("post_attention_layernorm.weight"), p("post_attention_layernorm.bias"), eps)
-            x = x + gelu(h @ p("mlp.fc1.weight").T + p("mlp.fc1.bias")) @ p("mlp.fc2.weight").T + p("mlp.fc2.bias")
-        x = torch.nn.functional.layer_norm(x, (C,), params["final_layernorm.weight"], params["final_layernorm.bias"], eps)
-        logits = x @ wte.T
+            a = (torch.softmax(s, -1) @ v).transpose(1, 2).reshape(B, T, H * D)
+            x = x + linear(a, n + "attention.proj")
+            h = norm(x, n + "post_attention_layernorm")
+            if llama:
+                act = torch.nn.functional.silu(linear(h, n + "mlp.fc1_gate")) * linear(h, n + "mlp.fc1_up")
+            else:
+                act = gelu(linear(h, n + "mlp.fc1"))
+            x = x + linear(act, n + "mlp.fc2")
+        x = norm(x, "final_layernorm")
+        out_w = params.get("output_layer.weight", wte)
+        logits = x @ out_w.T
         logits = logits[..., :V]  # padded vocabulary never counts
         return torch.nn.functional.cross_entropy(logits.reshape(-1, V), tgt.reshape(-1))
 
@@ -106,18 +165,23 @@ def main(d):
     for name, prm in params.items():
         ours, ref = after[name], prm.detach()
         if name.endswith("attention.qkv.bias"):
-            # The key bias has an exactly-zero gradient (softmax is invariant to adding
-            # q.b_k to every score), so both sides see only rounding noise there and Adam
-            # turns noise into +-lr steps of arbitrary sign. Compare the query/value
-            # biases exactly and bound the key bias by the largest possible Adam move.
-            o, r = ours.view(H, 3, D).clone(), ref.view(H, 3, D).clone()
-            start = init[name].view(H, 3, D)[:, 1]
-            moved = max((o[:, 1] - start).abs().max().item(), (r[:, 1] - start).abs().max().item())
+            # The key bias has an exactly-zero gradient without rotary positions (softmax
+            # is invariant to adding q.b_k to every score of a row), and a nearly zero one
+            # with them (dims that do not rotate: exactly; the slowest frequencies turn
+            # little over 16 positions), so both sides see mostly rounding noise there and
+            # Adam turns noise into +-lr steps of arbitrary sign. Its first gradient is
+            # compared above; after the steps, compare the query/value biases exactly and
+            # bound the key bias by the largest possible Adam move.
+            rot = 0
+            kh = H // G  # the key's index within its group
+            o, r = ours.view(G, kh + 2, D).clone(), ref.view(G, kh + 2, D).clone()
+            start = init[name].view(G, kh + 2, D)[:, kh, rot:]
+            moved = max((o[:, kh, rot:] - start).abs().max().item(), (r[:, kh, rot:] - start).abs().max().item())
             if moved > 3 * lr * 1.01:
                 ok = False
                 print(f"MISMATCH key bias moved {moved:.2e} > 3 lr")
-            o[:, 1] = 0
-            r[:, 1] = 0
+            o[:, kh, rot:] = 0
+            r[:, kh, rot:] = 0
             ours, ref = o, r
         check(f"weight after 3 AdamW steps {name}", ours, ref)
     print("PASS" if ok else "FAIL")

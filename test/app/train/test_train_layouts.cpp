@@ -15,6 +15,13 @@ using namespace mtnlg;
 
 namespace {
 
+// tiny-ramp.yaml as a Llama-family model: rotary positions, RMSNorm, SwiGLU, 4 query heads
+// in 2 key/value groups (one group per rank at tp 2), untied output layer, no biases.
+const std::string kLlama =
+    "--set model.position_embedding_type=rope --set model.normalization=RMSNorm --set model.swiglu=true "
+    "--set model.ffn_hidden_size=80 --set model.num_query_groups=2 "
+    "--set model.untie_embeddings_and_output_weights=true --set model.add_bias_linear=false ";
+
 std::vector<double> run_layout(const std::string& tag, int np, const std::string& sets) {
   test::TempDir dir("layout-" + tag);
   const std::string recipe = test::source_dir() + "/recipes/tiny-ramp.yaml", all = "--set training.num_threads=1 " + sets;
@@ -41,5 +48,21 @@ TEST_CASE("train: every parallel layout reproduces the single-process losses", "
     CHECK(worst <= 1e-5);
   }
   // the loss must actually move, or the comparison proves nothing
+  CHECK(ref.back() < ref.front());
+}
+
+TEST_CASE("train: a Llama-family model reproduces the single-process losses under parallel layouts", "[mpi]") {
+  const std::vector<double> ref = run_layout("llama-ref", 1, kLlama);
+  REQUIRE(ref.size() == 10);
+  const auto layouts = test::layouts({"tp2-dp2-sp", "pp2-v2", "tp2-pp2-dp2-zero1", "tp2-pp2-full"});
+  for (const auto& l : layouts) {
+    auto got = run_layout("llama-" + l.name, l.np, kLlama + l.sets);
+    INFO("llama " << l.name);
+    REQUIRE(got.size() == ref.size());
+    double worst = 0;
+    for (size_t i = 0; i < ref.size(); ++i) worst = std::max(worst, std::fabs(got[i] - ref[i]) / std::fabs(ref[i]));
+    INFO("worst relative loss difference " << worst);
+    CHECK(worst <= 1e-5);
+  }
   CHECK(ref.back() < ref.front());
 }
