@@ -254,6 +254,8 @@ TEST_CASE("checkpoint import: a config.json field or file mtnlg cannot take is e
   expect_bad([](auto& j) { j["partial_rotary_factor"] = 0.5; }, {"partial_rotary_factor: 0.5"});
   expect_bad([](auto& j) { j["num_key_value_heads"] = 3; }, {"num_key_value_heads: 3 does not divide"});
   expect_bad([](auto& j) { j.erase("hidden_size"); }, {"'hidden_size' missing"});
+  expect_bad([](auto& j) { j["intermediate_size"] = "48"; }, {"'intermediate_size' missing or not an integer"});
+  expect_bad([](auto& j) { j["rope_theta"] = 0.5; }, {"rope_theta: must be > 1"});
   expect_bad([](auto& j) { j["tie_word_embeddings"] = "yes"; }, {"tie_word_embeddings: not true or false"});
   expect_bad([](auto& j) { j["architectures"] = {"Qwen3ForCausalLM"}; j["model_type"] = "qwen3"; },
              {"model_type: Qwen3", "q_norm", "qk_layernorm"});
