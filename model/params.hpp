@@ -38,7 +38,10 @@ struct ParamInfo {
   bool tp_replicated = false;    // identical on every tp rank (count once in the grad norm)
   bool sp_grad_reduce = false;   // under sequence parallelism its grad is partial per tp rank
   bool word_embedding = false;   // tied between the first and the last stage
-  bool vocab_rows = false;       // dim 0 is the padded vocabulary, whose padding depends on tp
+  // Dimension 0 is the vocabulary, padded to make_vocab_size_divisible_by x tp: a
+  // checkpoint of another tp (another padding) loads its real rows (the word embedding,
+  // the untied output layer).
+  bool vocab_rows = false;
 };
 
 class ParamStore {

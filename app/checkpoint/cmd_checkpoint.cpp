@@ -7,6 +7,7 @@
 #include <map>
 
 #include "app/checkpoint/checkpoint_tools.hpp"
+#include "app/checkpoint/hf_interchange.hpp"
 #include "app/checkpoint/verify_resume.hpp"
 #include "app/commands.hpp"
 #include "app/eval/eval_runner.hpp"
@@ -111,7 +112,9 @@ namespace {
 
 // The options the file-converting subcommands share.
 struct CheckpointArgs {
-  std::string input, output, format = "hf-gpt2", recipe;
+  std::string input, output, format = "hf", recipe;
+  std::string dtype = "fp32", max_shard_size = "5GB";
+  int64_t bos = -1, eos = -1;
   int64_t tp = 1, pp = 1;
   bool tensors = false;
   std::string tokens, device = "auto";
@@ -136,24 +139,59 @@ void register_file_tools(CLI::App* cmd) {
     std::printf("wrote %s (tp=%lld pp=%lld)\n", d.c_str(), static_cast<long long>(a->tp), static_cast<long long>(a->pp));
   });
 
-  auto* ex = cmd->add_subcommand("export", "Export to Hugging Face GPT-2 (config.json + model.safetensors)");
-  ex->add_option("--format", a->format, "Output format")->check(CLI::IsMember({"hf-gpt2"}))->capture_default_str();
+  auto* ex = cmd->add_subcommand(
+      "export", "Export to a Hugging Face model directory (config.json + model.safetensors, sharded with "
+                "model.safetensors.index.json above --max-shard-size): GPT2LMHeadModel for a GPT-2-family checkpoint, "
+                "LlamaForCausalLM for a Llama-family one (rope + RMSNorm + swiglu), Qwen2ForCausalLM when it has "
+                "q/k/v biases alone (add_qkv_bias)");
+  ex->add_option("--format", a->format, "hf: the family the checkpoint's recipe says; hf-gpt2: GPT-2 only")
+      ->check(CLI::IsMember(std::vector<std::string>(std::begin(kHfFormats), std::end(kHfFormats))))
+      ->capture_default_str();
   ex->add_option("--input", a->input, "Checkpoint root or iteration directory (any layout)")->required();
-  ex->add_option("--output", a->output, "Output directory")->required();
+  ex->add_option("--output", a->output, "Output directory (created; earlier model*.safetensors and index there are removed)")
+      ->required();
+  ex->add_option("--dtype", a->dtype, "fp32|bf16: the weights' dtype (config.json's torch_dtype)")
+      ->check(CLI::IsMember({"fp32", "bf16"}))
+      ->capture_default_str();
+  ex->add_option("--max-shard-size", a->max_shard_size,
+                 "Largest weights file: bigger exports are split into model-0000i-of-0000n.safetensors with "
+                 "model.safetensors.index.json (units B, KB, MB, GB, TB; KiB ... TiB)")
+      ->capture_default_str();
+  ex->add_option("--bos-token-id", a->bos, "config.json's bos_token_id (default: from the hf_config.json an import kept "
+                                           "in the checkpoint root, else 50256 for a GPT-2 model or a 50257-token vocabulary, else null)")
+      ->check(CLI::NonNegativeNumber);
+  ex->add_option("--eos-token-id", a->eos, "config.json's eos_token_id (default: as --bos-token-id)")
+      ->check(CLI::NonNegativeNumber);
+  ex->footer("A tokenizer.json (+ tokenizer_config.json) in the checkpoint root is copied along. What Hugging Face's "
+             "classes cannot express (e.g. rope with LayerNorm, interleaved rotary pairs, partial rotary) is exit 2 "
+             "naming the recipe key.");
   ex->callback([a] {
-    export_hf_gpt2(a->input, a->output);
-    std::printf("wrote %s/config.json and %s/model.safetensors\n", a->output.c_str(), a->output.c_str());
+    HfExportOptions o;
+    o.format = a->format;
+    o.dtype = a->dtype == "bf16" ? DType::bf16 : DType::f32;
+    o.max_shard_bytes = parse_byte_size(a->max_shard_size, "--max-shard-size");
+    o.bos_token_id = a->bos;
+    o.eos_token_id = a->eos;
+    for (const auto& f : export_hf(a->input, a->output, o)) std::printf("wrote %s\n", f.c_str());
   });
 
-  auto* im = cmd->add_subcommand("import", "Import a Hugging Face GPT-2 directory as an mtnlg checkpoint (iteration 0); "
-                                           "its tokenizer.json (+ tokenizer_config.json), when there, is copied beside it "
-                                           "for eval and generate");
-  im->add_option("--format", a->format, "Input format")->check(CLI::IsMember({"hf-gpt2"}))->capture_default_str();
-  im->add_option("--input", a->input, "Directory with config.json and model.safetensors")->required();
+  auto* im = cmd->add_subcommand(
+      "import", "Import a Hugging Face model directory (GPT2LMHeadModel, LlamaForCausalLM or Qwen2ForCausalLM, by "
+                "config.json's architectures / model_type; model.safetensors or shards with "
+                "model.safetensors.index.json; F32, BF16 or F16) as an mtnlg checkpoint (iteration 0); its "
+                "tokenizer.json (+ tokenizer_config.json), when there, is copied beside it for eval and generate");
+  im->add_option("--format", a->format, "hf: the family config.json says; hf-gpt2: GPT-2 only")
+      ->check(CLI::IsMember(std::vector<std::string>(std::begin(kHfFormats), std::end(kHfFormats))))
+      ->capture_default_str();
+  im->add_option("--input", a->input, "Directory with config.json and the weights")->required();
   im->add_option("--output", a->output, "Output checkpoint root")->required();
   im->add_option("--recipe", a->recipe, "Recipe to record (its model section must match config.json); default: built from config.json");
+  im->footer("config.json is kept as OUTPUT/hf_config.json (a later export takes its bos/eos token ids). A field mtnlg's "
+             "model cannot express (e.g. Qwen3's q/k norms, hidden_act other than silu, rope_scaling other than "
+             "llama3 with Llama 3.1's frequency factors, attention_bias without mlp_bias, use_sliding_window) is exit 2 "
+             "naming it.");
   im->callback([a] {
-    std::string d = import_hf_gpt2(a->input, a->output, a->recipe);
+    std::string d = import_hf(a->input, a->output, a->recipe, a->format);
     std::printf("wrote %s\n", d.c_str());
     if (std::filesystem::exists(std::filesystem::path(a->output) / "tokenizer.json"))
       std::printf("copied tokenizer.json to %s (eval and generate use it)\n", a->output.c_str());
@@ -212,7 +250,8 @@ void register_verify_resume(CLI::App* cmd) {
 
 void register_checkpoint(CLI::App& app) {
   auto* cmd = app.add_subcommand(
-      "checkpoint", "Inspect, convert (tp/pp), export to / import from Hugging Face GPT-2, verify a resume under another layout");
+      "checkpoint", "Inspect, convert (tp/pp), export to / import from Hugging Face (GPT-2, Llama, Qwen2), verify a resume under "
+      "another layout");
   cmd->require_subcommand(1);
   register_file_tools(cmd);
   register_verify_resume(cmd);

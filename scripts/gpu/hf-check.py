@@ -1,24 +1,31 @@
 #!/usr/bin/env python3
-"""On the GPU machine (torch + transformers): loads a Hugging Face GPT-2 export made by
-`mtnlg checkpoint export --format hf-gpt2` with transformers' own GPT2LMHeadModel on the
-GPU in fp32, computes the logits of the tokens in REF (written by `mtnlg checkpoint
-logits`) and compares them with mtnlg's.
+"""On the GPU machine (torch + transformers): loads a Hugging Face export made by
+`mtnlg checkpoint export` (GPT2LMHeadModel, LlamaForCausalLM or Qwen2ForCausalLM, as its
+config.json's `architectures` says) with transformers' own class on the GPU in fp32,
+computes the logits of the tokens in REF (written by `mtnlg checkpoint logits`) and
+compares them with mtnlg's.
 
   usage: hf-check.py HF_DIR REF.safetensors [BOUND]     (BOUND default 1e-3)
 
 Prints the worst |hf - mtnlg| / max |mtnlg| and exits 0 when it is within BOUND."""
+import json
 import sys
 
 import torch
 from safetensors.torch import load_file
-from transformers import GPT2LMHeadModel
+from transformers import AutoModelForCausalLM
 
 
 def main(hf_dir, ref_path, bound=1e-3):
     ref = load_file(ref_path)
     tokens, logits = ref["tokens"].long(), ref["logits"].float()
     dev = "cuda" if torch.cuda.is_available() else "cpu"
-    model = GPT2LMHeadModel.from_pretrained(hf_dir, torch_dtype=torch.float32).to(dev).eval()
+    arch = json.load(open(f"{hf_dir}/config.json"))["architectures"][0]
+    # The class config.json names (AutoModelForCausalLM maps model_type to it), in fp32 with
+    # the plain attention (no fused kernel that might compute in lower precision).
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, torch_dtype=torch.float32, attn_implementation="eager")
+    assert type(model).__name__ == arch, f"transformers built {type(model).__name__}, config.json names {arch}"
+    model = model.to(dev).eval()
     torch.backends.cuda.matmul.allow_tf32 = False  # fp32 GEMMs, as mtnlg's
     torch.backends.cudnn.allow_tf32 = False
     with torch.no_grad():
@@ -26,7 +33,7 @@ def main(hf_dir, ref_path, bound=1e-3):
     hf = hf[..., : logits.shape[-1]]
     err = ((hf - logits).abs().max() / logits.abs().max()).item()
     agree = (hf.argmax(-1) == logits.argmax(-1)).float().mean().item()
-    print(f"hf-check: {tokens.shape[1]} tokens on {dev}: worst |hf - mtnlg| / max|mtnlg| = {err:.3e} "
+    print(f"hf-check: {arch}, {tokens.shape[1]} tokens on {dev}: worst |hf - mtnlg| / max|mtnlg| = {err:.3e} "
           f"(bound {bound:g}); argmax agreement {100 * agree:.1f}%")
     print("PASS" if err <= bound else "FAIL")
     return 0 if err <= bound else 1

@@ -18,7 +18,9 @@
 #           iterations 11..20 must have bit-identical losses and grad norms.
 #   hf      the resume step's GPU checkpoint exported to Hugging Face GPT-2, loaded by
 #           transformers on the GPU (scripts/gpu/hf-check.py): its logits against
-#           `mtnlg checkpoint logits --device cuda` within 1e-3 (needs the resume step).
+#           `mtnlg checkpoint logits --device cuda` within 1e-3 (needs the resume step);
+#           then recipes/tiny-llama.yaml trained 10 iterations on the GPU (random tokens),
+#           exported as LlamaForCausalLM and checked the same way.
 #   infer   eval (piqa, hellaswag, lambada fixtures, one-shot, batched) and greedy generate
 #           (KV cache) with a random-weight GPT-2-vocabulary model on the GPU and on the CPU,
 #           fp32: every log-likelihood within 1e-4, no accuracy flips, the same 40 tokens.
@@ -125,6 +127,17 @@ if [[ "$steps" == *" hf "* ]]; then
   "$mtnlg" checkpoint logits --input "$out/ckpt" --device cuda --output "$out/ref.safetensors" \
     --tokens 3,141,59,265,358,97,93,238,462,64,33,83,279,50,288,41,97,169,399,375,105,82,97,494,459 || rc=1
   [ $rc -eq 0 ] && { python3 "$here/hf-check.py" "$out/hf" "$out/ref.safetensors" 1e-3 || rc=1; }
+  # The Llama family: recipes/tiny-llama.yaml (rope, RMSNorm, SwiGLU, 2 query groups,
+  # untied) trained 10 iterations on the GPU on random tokens, exported as LlamaForCausalLM
+  # (the Qwen2 mapping is covered on the CPU, test/app/checkpoint/test_hf_llama.cpp).
+  "$mtnlg" train recipes/tiny-llama.yaml --set data.mock=true --set training.device=cuda --set training.train_iters=10 \
+    --set logging.dir="$out/llama" --set checkpoint.save="$out/llama-ckpt" \
+    --set checkpoint.save_interval=10 --set logging.tensorboard=false >"$out/llama.log" 2>&1 ||
+    { rc=1; tail -3 "$out/llama.log"; }
+  "$mtnlg" checkpoint export --input "$out/llama-ckpt" --output "$out/hf-llama" || rc=1
+  "$mtnlg" checkpoint logits --input "$out/llama-ckpt" --device cuda --output "$out/ref-llama.safetensors" \
+    --tokens 3,141,59,265,358,97,93,238,462,64,33,83,279,50,288,41,97,169,399,375,105,82,97,494,459 || rc=1
+  [ $rc -eq 0 ] && { python3 "$here/hf-check.py" "$out/hf-llama" "$out/ref-llama.safetensors" 1e-3 || rc=1; }
   step hf $rc
 fi
 

@@ -85,12 +85,24 @@ TEST_CASE("e2e checkpoint import: tokenizer.json comes along and generate uses i
 
   test::write_file(hf + "/tokenizer.json", tiny_byte_level().dump());
   test::write_file(hf + "/tokenizer_config.json", R"({"eos_token": {"content": "<|eos|>"}})");
+  nlohmann::json cfg = nlohmann::json::parse(test::read_file(hf + "/config.json"));
+  cfg["bos_token_id"] = cfg["eos_token_id"] = 259;  // <|eos|>
+  test::write_file(hf + "/config.json", cfg.dump(2));
   auto im = test::run_mtnlg("checkpoint import --input " + hf + " --output " + d.str() + "/back");
   INFO(im.out);
   REQUIRE(im.exit_code == 0);
   CHECK_THAT(im.out, Catch::Matchers::Contains("copied tokenizer.json"));
   CHECK(test::read_file(d.path() / "back" / "tokenizer.json") == test::read_file(hf + "/tokenizer.json"));
   CHECK(fs::exists(d.path() / "back" / "tokenizer_config.json"));
+  // and an export of the imported checkpoint takes them along, with config.json's token ids
+  auto re = test::run_mtnlg("checkpoint export --input " + d.str() + "/back --output " + d.str() + "/re");
+  INFO(re.out);
+  REQUIRE(re.exit_code == 0);
+  CHECK(test::read_file(d.path() / "re" / "tokenizer.json") == test::read_file(hf + "/tokenizer.json"));
+  CHECK(fs::exists(d.path() / "re" / "tokenizer_config.json"));
+  const nlohmann::json re_cfg = nlohmann::json::parse(test::read_file(d.path() / "re" / "config.json"));
+  CHECK(re_cfg["bos_token_id"] == 259);
+  CHECK(re_cfg["eos_token_id"] == 259);
 
   // generate: the checkpoint's tokenizer.json by default, the same as naming it.
   const std::string gen = "generate --checkpoint " + d.str() + "/back --prompt 'the the' --max-new-tokens 8 --greedy --device cpu";

@@ -1,0 +1,87 @@
+// The pieces hf_interchange.cpp dispatches to: one mapping per family of Hugging Face
+// models (hf_gpt2.cpp, hf_llama.cpp), and what they share: config.json's fields, the
+// weights of a directory (one file or shards), the tensors of an export.
+#pragma once
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "config/recipe.hpp"
+#include "core/safetensors.hpp"
+#include "model/inference.hpp"
+#include "model/params.hpp"
+
+namespace mtnlg::app::hf {
+
+// A directory's config.json; its readers throw InputError naming the file and field.
+struct Config {
+  std::string path;  // DIR/config.json
+  nlohmann::json j;
+
+  bool has(const std::string& key) const { return j.contains(key) && !j[key].is_null(); }
+  int64_t integer(const std::string& key) const;  // required
+  int64_t integer(const std::string& key, int64_t fallback) const;
+  double number(const std::string& key, double fallback) const;
+  bool boolean(const std::string& key, bool fallback) const;
+  std::string string(const std::string& key, const std::string& fallback) const;
+  [[noreturn]] void bad(const std::string& key, const std::string& why) const;
+};
+Config read_config(const std::string& dir);
+
+// The weights of a Hugging Face directory: model.safetensors, or the shards that
+// model.safetensors.index.json's weight_map names (one shard in memory at a time).
+class Weights {
+ public:
+  explicit Weights(const std::string& dir);  // InputError when neither file is there
+  bool has(const std::string& name) const { return where_.count(name) > 0; }
+  // The tensor as f32 (from F32, BF16 or F16); InputError naming the file and tensor when
+  // it is missing, of another shape or of another dtype.
+  Tensor get(const std::string& name, const Shape& shape);
+
+ private:
+  std::string dir_;
+  std::map<std::string, std::string> where_;  // tensor -> file
+  std::string open_;                          // the file in memory
+  safetensors::File file_;
+};
+
+// One tensor of an export, made (f32, host) when its shard is written.
+struct OutTensor {
+  std::string name;
+  Shape shape;
+  std::function<Tensor()> make;
+};
+
+// What a family's export gives: config.json (without the token ids and torch_dtype, which
+// the caller adds) and the tensors in order.
+struct Export {
+  nlohmann::ordered_json config;
+  std::vector<OutTensor> tensors;
+};
+
+// The checkpoint's rows 0..V-1 of a [padded, C] parameter.
+Tensor real_rows(const model::LoadedModel& m, const std::string& name, int64_t V);
+// A copy of a parameter.
+Tensor param_copy(const model::LoadedModel& m, const std::string& name);
+// [a, b] -> [b, a].
+Tensor transpose(const Tensor& w);
+
+// ---- GPT-2 (hf_gpt2.cpp) -------------------------------------------------------------
+// Why GPT2LMHeadModel cannot express model `m`, naming the recipe key; "" when it can.
+std::string gpt2_unfit(const ModelConfig& m);
+Export gpt2_export(const model::LoadedModel& m);
+Recipe gpt2_recipe(const Config& cfg, const std::string& recipe_path);
+void gpt2_weights(Weights& w, const Recipe& r, model::ParamStore& store);
+
+// ---- Llama, Qwen2 (hf_llama.cpp) -----------------------------------------------------
+std::string llama_unfit(const ModelConfig& m);  // as gpt2_unfit
+Export llama_export(const ModelConfig& mc, const model::LoadedModel& m);
+// `qwen2`: config.json is a Qwen2ForCausalLM's.
+Recipe llama_recipe(const Config& cfg, bool qwen2, const std::string& recipe_path);
+void llama_weights(Weights& w, const Recipe& r, model::ParamStore& store);
+
+}  // namespace mtnlg::app::hf
