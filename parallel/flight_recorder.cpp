@@ -503,8 +503,11 @@ struct Edge {
 
 }  // namespace
 
-HangVerdict explain_hang_dumps(const std::vector<std::string>& texts) {
-  HangVerdict v;
+namespace {
+
+// The dumps of the newest run among `texts` (a run directory reused by a later run keeps
+// older ones), by rank, with each communicator's entered counts.
+std::map<int64_t, RankDump> newest_run_dumps(const std::vector<std::string>& texts) {
   std::vector<RankDump> all;
   for (const std::string& t : texts) {
     RankDump d;
@@ -515,8 +518,7 @@ HangVerdict explain_hang_dumps(const std::vector<std::string>& texts) {
     }
     all.push_back(std::move(d));
   }
-  if (all.empty()) return v;
-  // The newest run's dumps only (a run directory reused by a later run keeps older ones).
+  if (all.empty()) return {};
   std::string token;
   double newest = -1;
   for (const auto& d : all)
@@ -540,14 +542,13 @@ HangVerdict explain_hang_dumps(const std::vector<std::string>& texts) {
       d.key_of[c.at("id").get<int64_t>()] = comm_key(c);
     }
   }
-  v.found = true;
-  v.dumps = static_cast<int64_t>(by_rank.size());
-  v.world = by_rank.begin()->second.j.value("world", int64_t{0});
-  for (int64_t r = 0; r < v.world; ++r)
-    if (!by_rank.count(r)) v.missing.push_back(r);
-  // The origin: the rank that wrote the marker (its reason is not a peer's).
+  return by_rank;
+}
+
+// The origin: the rank that wrote the marker (its reason is not a peer's).
+void find_origin(HangVerdict& v, const std::map<int64_t, RankDump>& by_rank) {
   double first = 1e300;
-  for (auto& [r, d] : by_rank) {
+  for (const auto& [r, d] : by_rank) {
     const std::string why = d.j.value("reason", "");
     if (why.rfind("rank ", 0) == 0 || why.rfind("live dump", 0) == 0) continue;
     if (d.j.value("time", 0.0) < first) {
@@ -556,18 +557,25 @@ HangVerdict explain_hang_dumps(const std::vector<std::string>& texts) {
       v.origin_reason = why;
     }
   }
-  // Who waits for whom: a pending operation waits for every member (the peer, for
-  // point-to-point) that has entered fewer operations on that communicator.
+}
+
+// Who waits for whom: a pending operation waits for every member (the peer, for
+// point-to-point) that has entered fewer operations on that communicator. The ranks that
+// wait for someone go into `waits_for_someone`.
+std::vector<Edge> wait_edges(const std::map<int64_t, RankDump>& by_rank, std::set<int64_t>& waits_for_someone) {
   std::vector<Edge> edges;
-  std::set<int64_t> waits_for_someone;
-  for (auto& [r, d] : by_rank) {
+  for (const auto& [r, d] : by_rank) {
     std::map<std::string, const json*> first_pending;  // per communicator, its oldest pending op
     for (const auto& op : d.j.at("ops")) {
       if (op.at("state").get<std::string>() == "completed") continue;
-      const std::string key = d.key_of.at(op.at("comm").get<int64_t>()) + (op.at("peer").get<int64_t>() >= 0 ? "p" + std::to_string(op.at("peer").get<int64_t>()) : "");
+      std::string key = d.key_of.at(op.at("comm").get<int64_t>());  // point-to-point: per peer too
+      if (const int64_t peer = op.at("peer").get<int64_t>(); peer >= 0) {
+        key += 'p';
+        key += std::to_string(peer);
+      }
       if (!first_pending.count(key)) first_pending[key] = &op;
     }
-    for (auto& [key, op] : first_pending) {
+    for (const auto& [key, op] : first_pending) {
       const std::string ck = d.key_of.at(op->at("comm").get<int64_t>());
       const json& comm = *d.counts.at(ck).comm;
       const auto& members = comm.at("members");
@@ -596,6 +604,80 @@ HangVerdict explain_hang_dumps(const std::vector<std::string>& texts) {
       }
     }
   }
+  return edges;
+}
+
+// The verdict's text when rank `best` is waited for (and the verdict's fields for it):
+// the operation its waiters are in, who waits in it and who in others, where each was.
+std::string culprit_text(HangVerdict& v, const std::map<int64_t, RankDump>& by_rank, const std::vector<Edge>& edges,
+                         int64_t best) {
+  std::string text;
+  v.culprit = best;
+  const Edge* e0 = nullptr;
+  for (const Edge& e : edges)
+    if (e.to == best && (!e0 || e.op->at("t_enqueued").get<double>() < e0->op->at("t_enqueued").get<double>())) e0 = &e;
+  v.group = e0->comm->at("group").get<std::string>();
+  v.channel = e0->comm->at("channel").get<std::string>();
+  v.op = e0->op->at("op").get<std::string>();
+  v.seq = e0->op->at("seq").get<uint64_t>();
+  v.bytes = e0->op->at("bytes").get<int64_t>();
+  v.dtype = e0->op->at("dtype").get<std::string>();
+  for (const auto& m : e0->comm->at("members")) v.members.push_back(m.get<int64_t>());
+  // Waiting in that very operation; the culprit's other waiters are listed apart.
+  std::set<int64_t> same, other;
+  for (const Edge& e : edges)
+    if (e.to == best) {
+      const bool collective = e.op->at("peer").get<int64_t>() < 0 && e0->op->at("peer").get<int64_t>() < 0;
+      const bool in_op = e.from == e0->from || (collective && comm_key(*e.comm) == comm_key(*e0->comm) &&
+                                                e.op->at("seq") == e0->op->at("seq"));
+      (in_op ? same : other).insert(e.from);
+    }
+  for (int64_t x : same) other.erase(x);
+  v.waiting.assign(same.begin(), same.end());
+  auto it = by_rank.find(best);
+  if (it != by_rank.end()) {
+    v.culprit_coord = it->second.j.value("coord", "");
+    v.culprit_context = it->second.j.value("context", "");
+  }
+  const std::string waiting = join(v.waiting, ", ");
+  std::string entered;
+  if (it != by_rank.end()) {
+    const auto c = it->second.counts.find(comm_key(*e0->comm));
+    if (c != it->second.counts.end())
+      entered = e0->op->at("peer").get<int64_t>() >= 0 ? "" : fmt::format(" (it entered {} there)", c->second.coll);
+  }
+  text = fmt::format("rank {}{} is the culprit: rank{} {} wait{} for it in {} #{} ({} bytes {}) on group {} (ranks {}, {} "
+                     "channel), which rank {} never entered{}",
+                     best, v.culprit_coord.empty() ? "" : " (" + v.culprit_coord + ")", v.waiting.size() > 1 ? "s" : "",
+                     waiting, v.waiting.size() > 1 ? "" : "s", v.op, v.seq, v.bytes, v.dtype, v.group,
+                     members_text(v.members), v.channel, best, entered);
+  if (it == by_rank.end())
+    text += "; it left no flight record (the process died)";
+  else
+    text += "; it was at " + v.culprit_context;
+  text += fmt::format("; the waiters were at {}", e0->op->at("context").get<std::string>());
+  if (!other.empty()) {
+    const std::string o = join(std::vector<int64_t>(other.begin(), other.end()), ", ");
+    text += fmt::format("; rank{} {} wait{} for it too, in other operations", other.size() > 1 ? "s" : "", o,
+                        other.size() > 1 ? "" : "s");
+  }
+  return text;
+}
+
+}  // namespace
+
+HangVerdict explain_hang_dumps(const std::vector<std::string>& texts) {
+  HangVerdict v;
+  std::map<int64_t, RankDump> by_rank = newest_run_dumps(texts);
+  if (by_rank.empty()) return v;
+  v.found = true;
+  v.dumps = static_cast<int64_t>(by_rank.size());
+  v.world = by_rank.begin()->second.j.value("world", int64_t{0});
+  for (int64_t r = 0; r < v.world; ++r)
+    if (!by_rank.count(r)) v.missing.push_back(r);
+  find_origin(v, by_rank);
+  std::set<int64_t> waits_for_someone;
+  const std::vector<Edge> edges = wait_edges(by_rank, waits_for_someone);
   std::map<int64_t, std::set<int64_t>> waiters;
   for (const Edge& e : edges) waiters[e.to].insert(e.from);
   int64_t best = -1;
@@ -628,55 +710,7 @@ HangVerdict explain_hang_dumps(const std::vector<std::string>& texts) {
     text = fmt::format("rank {} died ({})", dead_peer, v.origin_reason.substr(11));
     if (auto it = by_rank.find(dead_peer); it != by_rank.end()) text += "; it was at " + it->second.j.value("context", "");
   } else if (best >= 0) {
-    v.culprit = best;
-    const Edge* e0 = nullptr;
-    for (const Edge& e : edges)
-      if (e.to == best && (!e0 || e.op->at("t_enqueued").get<double>() < e0->op->at("t_enqueued").get<double>())) e0 = &e;
-    v.group = e0->comm->at("group").get<std::string>();
-    v.channel = e0->comm->at("channel").get<std::string>();
-    v.op = e0->op->at("op").get<std::string>();
-    v.seq = e0->op->at("seq").get<uint64_t>();
-    v.bytes = e0->op->at("bytes").get<int64_t>();
-    v.dtype = e0->op->at("dtype").get<std::string>();
-    for (const auto& m : e0->comm->at("members")) v.members.push_back(m.get<int64_t>());
-    // Waiting in that very operation; the culprit's other waiters are listed apart.
-    std::set<int64_t> same, other;
-    for (const Edge& e : edges)
-      if (e.to == best) {
-        const bool collective = e.op->at("peer").get<int64_t>() < 0 && e0->op->at("peer").get<int64_t>() < 0;
-        const bool in_op = e.from == e0->from || (collective && comm_key(*e.comm) == comm_key(*e0->comm) &&
-                                                  e.op->at("seq") == e0->op->at("seq"));
-        (in_op ? same : other).insert(e.from);
-      }
-    for (int64_t x : same) other.erase(x);
-    v.waiting.assign(same.begin(), same.end());
-    auto it = by_rank.find(best);
-    if (it != by_rank.end()) {
-      v.culprit_coord = it->second.j.value("coord", "");
-      v.culprit_context = it->second.j.value("context", "");
-    }
-    const std::string waiting = join(v.waiting, ", ");
-    std::string entered;
-    if (it != by_rank.end()) {
-      const auto c = it->second.counts.find(comm_key(*e0->comm));
-      if (c != it->second.counts.end())
-        entered = e0->op->at("peer").get<int64_t>() >= 0 ? "" : fmt::format(" (it entered {} there)", c->second.coll);
-    }
-    text = fmt::format("rank {}{} is the culprit: rank{} {} wait{} for it in {} #{} ({} bytes {}) on group {} (ranks {}, {} "
-                       "channel), which rank {} never entered{}",
-                       best, v.culprit_coord.empty() ? "" : " (" + v.culprit_coord + ")", v.waiting.size() > 1 ? "s" : "",
-                       waiting, v.waiting.size() > 1 ? "" : "s", v.op, v.seq, v.bytes, v.dtype, v.group,
-                       members_text(v.members), v.channel, best, entered);
-    if (it == by_rank.end())
-      text += "; it left no flight record (the process died)";
-    else
-      text += "; it was at " + v.culprit_context;
-    text += fmt::format("; the waiters were at {}", e0->op->at("context").get<std::string>());
-    if (!other.empty()) {
-      const std::string o = join(std::vector<int64_t>(other.begin(), other.end()), ", ");
-      text += fmt::format("; rank{} {} wait{} for it too, in other operations", other.size() > 1 ? "s" : "", o,
-                          other.size() > 1 ? "" : "s");
-    }
+    text = culprit_text(v, by_rank, edges, best);
   } else if (!v.missing.empty()) {
     v.culprit = v.missing.front();
     text = fmt::format("rank {} left no flight record (the process died); no operation was waiting on a missing peer", v.culprit);
