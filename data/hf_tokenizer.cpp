@@ -300,6 +300,13 @@ class MergeTable {
   size_t mask_ = 0;
 };
 
+// One symbol of a word being merged by BPE: its id and its live neighbours (a list).
+struct BpeSym {
+  int32_t id;
+  int32_t prev, next;
+  bool alive;
+};
+
 }  // namespace
 
 struct HfTokenizer::Impl {
@@ -334,6 +341,7 @@ struct HfTokenizer::Impl {
   void pretokenize(const Seg& seg, std::deque<std::string>& arena, std::vector<Piece>& out) const;
   void model(std::string_view piece, std::vector<int32_t>& out) const;
   void bpe(std::string_view piece, std::vector<int32_t>& out) const;
+  void bpe_symbols(std::string_view w, std::vector<BpeSym>& sy) const;
   std::vector<std::string> decode_chain(std::vector<std::string> tokens) const;
 };
 
@@ -519,38 +527,24 @@ void load_decoder(const Loader& L, const json& j, const std::string& where, std:
 HfTokenizer::HfTokenizer() : impl_(std::make_unique<Impl>()) {}
 HfTokenizer::~HfTokenizer() = default;
 
-std::shared_ptr<const HfTokenizer> HfTokenizer::from_file(const std::string& path) {
+namespace {
+
+using Impl = HfTokenizer::Impl;
+
+json read_tokenizer_json(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw_input("{}: cannot open the tokenizer file", path);
-  json j;
   try {
-    j = json::parse(in);
+    return json::parse(in);
   } catch (const json::exception& e) {
     throw_input("{}: not valid JSON ({})", path, e.what());
   }
-  Loader L{path};
-  if (!j.is_object()) L.fail("(top level)", "expected a JSON object");
-  auto tok = std::shared_ptr<HfTokenizer>(new HfTokenizer());
-  Impl& m = *tok->impl_;
-  m.path = path;
-  m.serial = g_serial.fetch_add(1);
+}
 
-  if (j.contains("truncation") && !j["truncation"].is_null())
-    L.unsupported("truncation", "truncation (ids would be cut to a length)", "null");
-  if (j.contains("padding") && !j["padding"].is_null()) L.unsupported("padding", "padding", "null");
-
-  // Pipeline first: the model's vocab depends on whether the pre-tokenizer is byte-level.
-  load_normalizer(L, j.value("normalizer", json()), "normalizer", m.norm);
-  load_pre(L, j.value("pre_tokenizer", json()), "pre_tokenizer", m.pre);
-  for (size_t i = 0; i < m.pre.size(); ++i)
-    if (m.pre[i].kind == PreStep::byte_level) {
-      if (i + 1 != m.pre.size())
-        L.unsupported("pre_tokenizer", "pre-tokenizer after ByteLevel (it must come last)", "ByteLevel as the last step");
-      m.byte_level = true;
-    }
-
-  // Model.
-  const json& model = L.member(j, "(top level)", "model");
+// The model's options (BPE only, without dropout or subword affixes) and its vocabulary:
+// as written, and as the raw bytes a byte-level pre-tokenizer produces. Returns the
+// largest id.
+int32_t load_bpe_vocab(const Loader& L, const json& model, Impl& m) {
   const std::string mtype = model.is_object() && model.contains("type") ? L.str(model, "model", "type") : "BPE";
   if (mtype != "BPE") L.unsupported("model.type", "model '" + mtype + "'", "BPE");
   if (model.contains("dropout") && !model["dropout"].is_null() && model["dropout"].get<double>() > 0)
@@ -589,6 +583,11 @@ std::shared_ptr<const HfTokenizer> HfTokenizer::from_file(const std::string& pat
     auto f = m.file_vocab.find(fmt::format("<0x{:02X}>", b));
     m.fallback_id[static_cast<size_t>(b)] = f == m.file_vocab.end() ? -1 : f->second;
   }
+  return max_id;
+}
+
+// The model's merges (by their rank) and the ids of single bytes.
+void load_bpe_merges(const Loader& L, const json& model, Impl& m) {
   const json& merges = L.member(model, "model", "merges");
   if (!merges.is_array()) L.fail("model.merges", "expected a list");
   m.merges.reserve(merges.size());
@@ -619,10 +618,13 @@ std::shared_ptr<const HfTokenizer> HfTokenizer::from_file(const std::string& pat
     m.merges.put(fa->second, fb->second, MergeVal{static_cast<int32_t>(i), fab->second});
   }
 
-  // Added tokens. Their ids are the library's, not the file's "id" (which it only checks
-  // with a warning): a token already added keeps its id (the later entry's flags win), a
-  // token of the model's vocabulary gets that id, any other the next id after the model's
-  // vocabulary size and the added ids so far.
+}
+
+// Added tokens. Their ids are the library's, not the file's "id" (which it only checks
+// with a warning): a token already added keeps its id (the later entry's flags win), a
+// token of the model's vocabulary gets that id, any other the next id after the model's
+// vocabulary size and the added ids so far. Raises `max_id` to the largest.
+void load_added_tokens(const Loader& L, const json& j, Impl& m, int32_t& max_id) {
   if (j.contains("added_tokens") && !j["added_tokens"].is_null()) {
     const json& list = j["added_tokens"];
     if (!list.is_array()) L.fail("added_tokens", "expected a list");
@@ -661,6 +663,11 @@ std::shared_ptr<const HfTokenizer> HfTokenizer::from_file(const std::string& pat
       by_content[m.added.back().content] = &m.added.back();
     }
   }
+}
+
+// Every id's token (a hole where neither the vocabulary nor an added token has it) and
+// the matchers of the added tokens, raw and normalized.
+void index_tokens(Impl& m, int32_t max_id) {
   m.id_token.assign(static_cast<size_t>(max_id + 1), std::string());
   m.id_special.assign(static_cast<size_t>(max_id + 1), 0);
   std::vector<uint8_t>& known = m.id_known;
@@ -681,48 +688,82 @@ std::shared_ptr<const HfTokenizer> HfTokenizer::from_file(const std::string& pat
   m.raw_matcher.build(raw_toks);
   m.norm_matcher.build(norm_toks);
 
-  // Post-processor.
-  std::function<void(const json&, const std::string&)> load_post = [&](const json& p, const std::string& where) {
-    if (p.is_null()) return;
-    const std::string t = L.type(p, where);
-    if (t == "Sequence") {
-      const json& list = L.member(p, where, "processors");
-      if (!list.is_array()) L.fail(where + ".processors", "expected a list");
-      for (size_t i = 0; i < list.size(); ++i) load_post(list[i], fmt::format("{}.processors[{}]", where, i));
-    } else if (t == "ByteLevel") {
-      // Only offsets change: no ids.
-    } else if (t == "TemplateProcessing") {
-      if (!m.single.empty()) L.unsupported(where, "a second TemplateProcessing", "one");
-      const json& single = L.member(p, where, "single");
-      const json& specials = L.member(p, where, "special_tokens");
-      if (!single.is_array()) L.fail(where + ".single", "expected a list");
-      for (size_t i = 0; i < single.size(); ++i) {
-        const std::string w = fmt::format("{}.single[{}]", where, i);
-        const json& item = single[i];
-        TemplateItem ti;
-        if (item.is_object() && item.contains("Sequence")) {
-          if (L.str(item["Sequence"], w + ".Sequence", "id") != "A") L.unsupported(w + ".Sequence.id", "sequence other than A", "A");
-          ti.sequence = true;
-        } else if (item.is_object() && item.contains("SpecialToken")) {
-          const std::string name = L.str(item["SpecialToken"], w + ".SpecialToken", "id");
-          if (!specials.is_object() || !specials.contains(name)) L.fail(w, "special token '" + name + "' is not in special_tokens");
-          const json& ids = L.member(specials[name], where + ".special_tokens." + name, "ids");
-          if (!ids.is_array()) L.fail(where + ".special_tokens." + name + ".ids", "expected a list of ids");
-          for (const auto& x : ids) {
-            if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() > max_id)
-              L.fail(where + ".special_tokens." + name + ".ids", "id outside the vocabulary");
-            ti.ids.push_back(static_cast<int32_t>(x.get<int64_t>()));
-          }
-        } else {
-          L.fail(w, "expected {\"Sequence\": ...} or {\"SpecialToken\": ...}");
+}
+
+// The post-processor: a template of special tokens around the one sequence, at most.
+void load_post_processor(const Loader& L, const json& p, const std::string& where, Impl& m, int32_t max_id) {
+  if (p.is_null()) return;
+  const std::string t = L.type(p, where);
+  if (t == "Sequence") {
+    const json& list = L.member(p, where, "processors");
+    if (!list.is_array()) L.fail(where + ".processors", "expected a list");
+    for (size_t i = 0; i < list.size(); ++i) load_post_processor(L, list[i], fmt::format("{}.processors[{}]", where, i), m, max_id);
+  } else if (t == "ByteLevel") {
+    // Only offsets change: no ids.
+  } else if (t == "TemplateProcessing") {
+    if (!m.single.empty()) L.unsupported(where, "a second TemplateProcessing", "one");
+    const json& single = L.member(p, where, "single");
+    const json& specials = L.member(p, where, "special_tokens");
+    if (!single.is_array()) L.fail(where + ".single", "expected a list");
+    for (size_t i = 0; i < single.size(); ++i) {
+      const std::string w = fmt::format("{}.single[{}]", where, i);
+      const json& item = single[i];
+      TemplateItem ti;
+      if (item.is_object() && item.contains("Sequence")) {
+        if (L.str(item["Sequence"], w + ".Sequence", "id") != "A") L.unsupported(w + ".Sequence.id", "sequence other than A", "A");
+        ti.sequence = true;
+      } else if (item.is_object() && item.contains("SpecialToken")) {
+        const std::string name = L.str(item["SpecialToken"], w + ".SpecialToken", "id");
+        if (!specials.is_object() || !specials.contains(name)) L.fail(w, "special token '" + name + "' is not in special_tokens");
+        const json& ids = L.member(specials[name], where + ".special_tokens." + name, "ids");
+        if (!ids.is_array()) L.fail(where + ".special_tokens." + name + ".ids", "expected a list of ids");
+        for (const auto& x : ids) {
+          if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() > max_id)
+            L.fail(where + ".special_tokens." + name + ".ids", "id outside the vocabulary");
+          ti.ids.push_back(static_cast<int32_t>(x.get<int64_t>()));
         }
-        m.single.push_back(std::move(ti));
+      } else {
+        L.fail(w, "expected {\"Sequence\": ...} or {\"SpecialToken\": ...}");
       }
-    } else {
-      L.unsupported(where + ".type", "post-processor '" + t + "'", "TemplateProcessing, ByteLevel, Sequence, null");
+      m.single.push_back(std::move(ti));
     }
-  };
-  load_post(j.value("post_processor", json()), "post_processor");
+  } else {
+    L.unsupported(where + ".type", "post-processor '" + t + "'", "TemplateProcessing, ByteLevel, Sequence, null");
+  }
+}
+
+}  // namespace
+
+std::shared_ptr<const HfTokenizer> HfTokenizer::from_file(const std::string& path) {
+  const json j = read_tokenizer_json(path);
+  Loader L{path};
+  if (!j.is_object()) L.fail("(top level)", "expected a JSON object");
+  auto tok = std::shared_ptr<HfTokenizer>(new HfTokenizer());
+  Impl& m = *tok->impl_;
+  m.path = path;
+  m.serial = g_serial.fetch_add(1);
+
+  if (j.contains("truncation") && !j["truncation"].is_null())
+    L.unsupported("truncation", "truncation (ids would be cut to a length)", "null");
+  if (j.contains("padding") && !j["padding"].is_null()) L.unsupported("padding", "padding", "null");
+
+  // Pipeline first: the model's vocab depends on whether the pre-tokenizer is byte-level.
+  load_normalizer(L, j.value("normalizer", json()), "normalizer", m.norm);
+  load_pre(L, j.value("pre_tokenizer", json()), "pre_tokenizer", m.pre);
+  for (size_t i = 0; i < m.pre.size(); ++i)
+    if (m.pre[i].kind == PreStep::byte_level) {
+      if (i + 1 != m.pre.size())
+        L.unsupported("pre_tokenizer", "pre-tokenizer after ByteLevel (it must come last)", "ByteLevel as the last step");
+      m.byte_level = true;
+    }
+
+  // Model.
+  const json& model = L.member(j, "(top level)", "model");
+  int32_t max_id = load_bpe_vocab(L, model, m);
+  load_bpe_merges(L, model, m);
+  load_added_tokens(L, j, m, max_id);
+  index_tokens(m, max_id);
+  load_post_processor(L, j.value("post_processor", json()), "post_processor", m, max_id);
 
   // Decoder.
   if (j.contains("decoder") && !j["decoder"].is_null()) {
@@ -1080,22 +1121,9 @@ void HfTokenizer::Impl::model(std::string_view piece, std::vector<int32_t>& out)
   bpe(piece, out);
 }
 
-void HfTokenizer::Impl::bpe(std::string_view w, std::vector<int32_t>& out) const {
-  if (ignore_merges) {
-    auto f = vocab.find(w);
-    if (f != vocab.end()) {
-      out.push_back(f->second);
-      return;
-    }
-  }
-  // The word as symbols: one per byte (byte-level) or per character, unknown ones by
-  // byte fallback or the unk token, as the library does.
-  struct Sym {
-    int32_t id;
-    int32_t prev, next;
-    bool alive;
-  };
-  thread_local std::vector<Sym> sy;
+// The word as symbols: one per byte (byte-level) or per character, unknown ones by byte
+// fallback or the unk token, as the library does; linked in order.
+void HfTokenizer::Impl::bpe_symbols(std::string_view w, std::vector<BpeSym>& sy) const {
   sy.clear();
   int32_t pending_unk = -1;
   auto add = [&](int32_t id) { sy.push_back({id, 0, 0, true}); };
@@ -1137,57 +1165,80 @@ void HfTokenizer::Impl::bpe(std::string_view w, std::vector<int32_t>& out) const
     sy[static_cast<size_t>(k)].prev = k - 1;
     sy[static_cast<size_t>(k)].next = k + 1 < n ? k + 1 : -1;
   }
-  auto lookup = [&](int32_t a, int32_t b) -> const MergeVal* { return merges.get(a, b); };
-  if (n <= 24) {
-    // Few symbols: scan for the lowest-ranked adjacent pair (leftmost on ties) each round.
-    while (true) {
-      int32_t best = -1;
-      MergeVal bv{INT32_MAX, -1};
-      for (int32_t k = 0; k >= 0 && k < n; k = sy[static_cast<size_t>(k)].next) {
-        const int32_t nx = sy[static_cast<size_t>(k)].next;
-        if (nx < 0) break;
-        const MergeVal* mv = lookup(sy[static_cast<size_t>(k)].id, sy[static_cast<size_t>(nx)].id);
-        if (mv && mv->rank < bv.rank) {
-          bv = *mv;
-          best = k;
-        }
+}
+
+namespace {
+
+// Few symbols: scan for the lowest-ranked adjacent pair (leftmost on ties) each round.
+void bpe_merge_by_scan(const MergeTable& merges, std::vector<BpeSym>& sy) {
+  const int32_t n = static_cast<int32_t>(sy.size());
+  while (true) {
+    int32_t best = -1;
+    MergeVal bv{INT32_MAX, -1};
+    for (int32_t k = 0; k >= 0 && k < n; k = sy[static_cast<size_t>(k)].next) {
+      const int32_t nx = sy[static_cast<size_t>(k)].next;
+      if (nx < 0) break;
+      const MergeVal* mv = merges.get(sy[static_cast<size_t>(k)].id, sy[static_cast<size_t>(nx)].id);
+      if (mv && mv->rank < bv.rank) {
+        bv = *mv;
+        best = k;
       }
-      if (best < 0) break;
-      Sym& a = sy[static_cast<size_t>(best)];
-      Sym& b = sy[static_cast<size_t>(a.next)];
-      a.id = bv.id;
-      b.alive = false;
-      a.next = b.next;
-      if (b.next >= 0) sy[static_cast<size_t>(b.next)].prev = best;
     }
-  } else {
-    // The library's queue: (rank, position) ascending; stale entries are skipped.
-    struct Cand {
-      int32_t rank, pos, id;
-      bool operator>(const Cand& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
-    };
-    std::priority_queue<Cand, std::vector<Cand>, std::greater<Cand>> q;
-    for (int32_t k = 0; k + 1 < n; ++k)
-      if (const MergeVal* mv = lookup(sy[static_cast<size_t>(k)].id, sy[static_cast<size_t>(k + 1)].id)) q.push({mv->rank, k, mv->id});
-    while (!q.empty()) {
-      const Cand top = q.top();
-      q.pop();
-      Sym& a = sy[static_cast<size_t>(top.pos)];
-      if (!a.alive || a.next < 0) continue;
-      Sym& b = sy[static_cast<size_t>(a.next)];
-      const MergeVal* mv = lookup(a.id, b.id);
-      if (!mv || mv->id != top.id) continue;
-      a.id = top.id;
-      b.alive = false;
-      a.next = b.next;
-      if (b.next >= 0) sy[static_cast<size_t>(b.next)].prev = top.pos;
-      if (a.prev >= 0)
-        if (const MergeVal* pv = lookup(sy[static_cast<size_t>(a.prev)].id, a.id)) q.push({pv->rank, a.prev, pv->id});
-      if (a.next >= 0)
-        if (const MergeVal* nv = lookup(a.id, sy[static_cast<size_t>(a.next)].id)) q.push({nv->rank, top.pos, nv->id});
+    if (best < 0) break;
+    BpeSym& a = sy[static_cast<size_t>(best)];
+    BpeSym& b = sy[static_cast<size_t>(a.next)];
+    a.id = bv.id;
+    b.alive = false;
+    a.next = b.next;
+    if (b.next >= 0) sy[static_cast<size_t>(b.next)].prev = best;
+  }
+}
+
+// The library's queue: (rank, position) ascending; stale entries are skipped.
+void bpe_merge_by_queue(const MergeTable& merges, std::vector<BpeSym>& sy) {
+  struct Cand {
+    int32_t rank, pos, id;
+    bool operator>(const Cand& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
+  };
+  const int32_t n = static_cast<int32_t>(sy.size());
+  auto lookup = [&](int32_t a, int32_t b) -> const MergeVal* { return merges.get(a, b); };
+  std::priority_queue<Cand, std::vector<Cand>, std::greater<Cand>> q;
+  for (int32_t k = 0; k + 1 < n; ++k)
+    if (const MergeVal* mv = lookup(sy[static_cast<size_t>(k)].id, sy[static_cast<size_t>(k + 1)].id)) q.push({mv->rank, k, mv->id});
+  while (!q.empty()) {
+    const Cand top = q.top();
+    q.pop();
+    BpeSym& a = sy[static_cast<size_t>(top.pos)];
+    if (!a.alive || a.next < 0) continue;
+    BpeSym& b = sy[static_cast<size_t>(a.next)];
+    const MergeVal* mv = lookup(a.id, b.id);
+    if (!mv || mv->id != top.id) continue;
+    a.id = top.id;
+    b.alive = false;
+    a.next = b.next;
+    if (b.next >= 0) sy[static_cast<size_t>(b.next)].prev = top.pos;
+    if (a.prev >= 0)
+      if (const MergeVal* pv = lookup(sy[static_cast<size_t>(a.prev)].id, a.id)) q.push({pv->rank, a.prev, pv->id});
+    if (a.next >= 0)
+      if (const MergeVal* nv = lookup(a.id, sy[static_cast<size_t>(a.next)].id)) q.push({nv->rank, top.pos, nv->id});
+  }
+}
+
+}  // namespace
+
+void HfTokenizer::Impl::bpe(std::string_view w, std::vector<int32_t>& out) const {
+  if (ignore_merges) {
+    auto f = vocab.find(w);
+    if (f != vocab.end()) {
+      out.push_back(f->second);
+      return;
     }
   }
-  for (const Sym& s : sy)
+  thread_local std::vector<BpeSym> sy;
+  bpe_symbols(w, sy);
+  if (sy.size() <= 24) bpe_merge_by_scan(merges, sy);
+  else bpe_merge_by_queue(merges, sy);
+  for (const BpeSym& s : sy)
     if (s.alive) out.push_back(s.id);
 }
 
@@ -1253,92 +1304,108 @@ std::vector<int32_t> HfTokenizer::encode(std::string_view text, bool add_special
 
 // ---------------------------------------------------------------- decoding
 
-std::vector<std::string> HfTokenizer::Impl::decode_chain(std::vector<std::string> toks) const {
+namespace {
+
+// The decoder's steps (decode_chain), each from the token strings `toks` to the next
+// list, `nt`.
+
+void decode_byte_level(const std::vector<std::string>& toks, std::vector<std::string>& nt) {
   const ByteAlphabet& abc = alphabet();
+  std::string bytes, b;
+  for (const auto& t : toks) {
+    if (abc.to_bytes(t, b)) bytes += b;
+    else bytes += t;
+  }
+  nt.push_back(utf8_lossy(bytes));
+}
+
+void decode_replace(const DecStep& st, const std::vector<std::string>& toks, std::vector<std::string>& nt) {
+  for (const auto& t : toks) {
+    std::string r;
+    size_t prev = 0;
+    st.re->for_each_match(t, [&](size_t a, size_t b) {
+      r.append(t, prev, a - prev);
+      r += st.content;
+      prev = b;
+    });
+    r.append(t, prev, std::string::npos);
+    nt.push_back(std::move(r));
+  }
+}
+
+void decode_byte_fallback(const std::vector<std::string>& toks, std::vector<std::string>& nt) {
+  std::string pend;
+  auto flush = [&] {
+    if (pend.empty()) return;
+    if (utf8_valid(pend)) nt.push_back(pend);
+    else
+      for (size_t k = 0; k < pend.size(); ++k) nt.push_back("\xEF\xBF\xBD");
+    pend.clear();
+  };
+  for (const auto& t : toks) {
+    if (t.size() == 6 && t.compare(0, 3, "<0x") == 0 && t[5] == '>' && std::isxdigit(static_cast<unsigned char>(t[3])) &&
+        std::isxdigit(static_cast<unsigned char>(t[4]))) {
+      pend.push_back(static_cast<char>(std::stoi(t.substr(3, 2), nullptr, 16)));
+    } else {
+      flush();
+      nt.push_back(t);
+    }
+  }
+  flush();
+}
+
+void decode_fuse(const std::vector<std::string>& toks, std::vector<std::string>& nt) {
+  std::string all;
+  for (const auto& t : toks) all += t;
+  nt.push_back(std::move(all));
+}
+
+void decode_strip(const DecStep& st, const std::vector<std::string>& toks, std::vector<std::string>& nt) {
+  for (const auto& t : toks) {
+    std::vector<std::pair<size_t, int32_t>> cs;  // (byte offset, cp)
+    for (size_t i = 0; i < t.size();) {
+      const size_t n = char_len_at(t, i);
+      cs.emplace_back(i, decode_cp(t.data() + i, n));
+      i += n;
+    }
+    size_t a = 0, b = cs.size();
+    for (size_t k = 0; k < st.start && k < cs.size() && cs[k].second == st.strip_char; ++k) a = k + 1;
+    for (size_t k = 0; k < st.stop && k < cs.size() && cs[cs.size() - 1 - k].second == st.strip_char; ++k) b = cs.size() - 1 - k;
+    if (b < a) b = a;
+    const size_t from = a < cs.size() ? cs[a].first : t.size();
+    const size_t to = b < cs.size() ? cs[b].first : t.size();
+    nt.push_back(t.substr(from, to - from));
+  }
+}
+
+void decode_metaspace(const DecStep& st, const std::vector<std::string>& toks, std::vector<std::string>& nt) {
+  for (size_t i = 0; i < toks.size(); ++i) {
+    std::string r;
+    const std::string& t = toks[i];
+    for (size_t k = 0; k < t.size();) {
+      if (t.compare(k, st.replacement.size(), st.replacement) == 0) {
+        if (!(i == 0 && st.prepend)) r += ' ';
+        k += st.replacement.size();
+      } else {
+        r += t[k++];
+      }
+    }
+    nt.push_back(std::move(r));
+  }
+}
+
+}  // namespace
+
+std::vector<std::string> HfTokenizer::Impl::decode_chain(std::vector<std::string> toks) const {
   for (const DecStep& st : dec) {
     std::vector<std::string> nt;
     switch (st.kind) {
-      case DecStep::byte_level: {
-        std::string bytes, b;
-        for (const auto& t : toks) {
-          if (abc.to_bytes(t, b)) bytes += b;
-          else bytes += t;
-        }
-        nt.push_back(utf8_lossy(bytes));
-        break;
-      }
-      case DecStep::replace:
-        for (const auto& t : toks) {
-          std::string r;
-          size_t prev = 0;
-          st.re->for_each_match(t, [&](size_t a, size_t b) {
-            r.append(t, prev, a - prev);
-            r += st.content;
-            prev = b;
-          });
-          r.append(t, prev, std::string::npos);
-          nt.push_back(std::move(r));
-        }
-        break;
-      case DecStep::byte_fallback: {
-        std::string pend;
-        auto flush = [&] {
-          if (pend.empty()) return;
-          if (utf8_valid(pend)) nt.push_back(pend);
-          else
-            for (size_t k = 0; k < pend.size(); ++k) nt.push_back("\xEF\xBF\xBD");
-          pend.clear();
-        };
-        for (const auto& t : toks) {
-          if (t.size() == 6 && t.compare(0, 3, "<0x") == 0 && t[5] == '>' && std::isxdigit(static_cast<unsigned char>(t[3])) &&
-              std::isxdigit(static_cast<unsigned char>(t[4]))) {
-            pend.push_back(static_cast<char>(std::stoi(t.substr(3, 2), nullptr, 16)));
-          } else {
-            flush();
-            nt.push_back(t);
-          }
-        }
-        flush();
-        break;
-      }
-      case DecStep::fuse: {
-        std::string all;
-        for (const auto& t : toks) all += t;
-        nt.push_back(std::move(all));
-        break;
-      }
-      case DecStep::strip:
-        for (const auto& t : toks) {
-          std::vector<std::pair<size_t, int32_t>> cs;  // (byte offset, cp)
-          for (size_t i = 0; i < t.size();) {
-            const size_t n = char_len_at(t, i);
-            cs.emplace_back(i, decode_cp(t.data() + i, n));
-            i += n;
-          }
-          size_t a = 0, b = cs.size();
-          for (size_t k = 0; k < st.start && k < cs.size() && cs[k].second == st.strip_char; ++k) a = k + 1;
-          for (size_t k = 0; k < st.stop && k < cs.size() && cs[cs.size() - 1 - k].second == st.strip_char; ++k) b = cs.size() - 1 - k;
-          if (b < a) b = a;
-          const size_t from = a < cs.size() ? cs[a].first : t.size();
-          const size_t to = b < cs.size() ? cs[b].first : t.size();
-          nt.push_back(t.substr(from, to - from));
-        }
-        break;
-      case DecStep::metaspace:
-        for (size_t i = 0; i < toks.size(); ++i) {
-          std::string r;
-          const std::string& t = toks[i];
-          for (size_t k = 0; k < t.size();) {
-            if (t.compare(k, st.replacement.size(), st.replacement) == 0) {
-              if (!(i == 0 && st.prepend)) r += ' ';
-              k += st.replacement.size();
-            } else {
-              r += t[k++];
-            }
-          }
-          nt.push_back(std::move(r));
-        }
-        break;
+      case DecStep::byte_level: decode_byte_level(toks, nt); break;
+      case DecStep::replace: decode_replace(st, toks, nt); break;
+      case DecStep::byte_fallback: decode_byte_fallback(toks, nt); break;
+      case DecStep::fuse: decode_fuse(toks, nt); break;
+      case DecStep::strip: decode_strip(st, toks, nt); break;
+      case DecStep::metaspace: decode_metaspace(st, toks, nt); break;
     }
     toks = std::move(nt);
   }

@@ -650,25 +650,13 @@ StageInputs stage_inputs(const Recipe& r, const Layout& l, const Cluster& c) {
                      pp_link, m_full,  r.training.deterministic_mode};
 }
 
-// Memory of pipeline stage st (the trainer's exact accounting for the mtnlg profile,
-// Korthikanti et al.'s per-layer bytes for Megatron's). `releases`: the trainer's send
-// release points per stage, computed once on first use.
-StageMemory stage_memory(const Layout& l, const Cluster& c, const StageInputs& x, int64_t st,
-                         std::vector<std::vector<int64_t>>& releases) {
+// The parameters stage st holds and their bytes: weights, gradients and optimizer state
+// (ZeRO-1 shards when the optimizer is distributed).
+void stage_parameter_memory(StageMemory& mem, const Layout& l, const StageInputs& x, int64_t st) {
   const Shape& sh = x.sh;
-  const Precision prec = x.prec;
-  const double t = x.t, d = x.d, per_layer_act = x.per_layer_act, per_layer_full_act = x.per_layer_full_act,
-               act_msg = x.act_msg;
-  const int64_t m_full = x.m_full;
-  const int64_t layers = l.stage_layers[static_cast<size_t>(st)];
+  const double t = x.t, d = x.d;
   const bool first = st == 0, last = st == l.pp - 1;
-  // NCCL's channel buffers (~0.5 GiB), allocated by NCCL itself; a single GPU sets up no
-  // NCCL group (every group has one rank), so has none.
-  const double nccl_buffers = l.gpus() > 1 ? 0.5 * kGiB : 0.0;
-  StageMemory mem;
-  mem.stage = st;
-  mem.layers = layers;
-  double params = double(layers) * layer_params_per_gpu(sh, l.tp);
+  double params = double(mem.layers) * layer_params_per_gpu(sh, l.tp);
   if (first) params += double(sh.V) * double(sh.h) / t + double(sh.maxpos) * double(sh.h);
   if (last) {
     params += 2.0 * double(sh.h);
@@ -677,7 +665,7 @@ StageMemory stage_memory(const Layout& l, const Cluster& c, const StageInputs& x
   mem.params = params;
   // ZeRO-1 shards are ceil(params / d): the trainer pads the buffer to a multiple of d.
   const double shard = l.distributed_optimizer ? std::ceil(params / d) : params;
-  if (prec == Precision::fp32) {
+  if (x.prec == Precision::fp32) {
     mem.weights = 4 * params;
     mem.gradients = 4 * params;
     mem.optimizer = 8 * shard;  // Adam m, v
@@ -686,12 +674,21 @@ StageMemory stage_memory(const Layout& l, const Cluster& c, const StageInputs& x
     mem.gradients = 4 * params;  // fp32 gradient accumulation buffer (Megatron)
     mem.optimizer = 12 * shard;  // fp32 master + m + v
   }
+}
+
+// The activations stage st keeps (with the embedding's and the logits'); returns the bytes
+// a recompute re-materializes in the backward's workspace, beyond those.
+double stage_activation_memory(StageMemory& mem, const Layout& l, const Cluster& c, const StageInputs& x, int64_t st) {
+  const Shape& sh = x.sh;
+  const Precision prec = x.prec;
+  const int64_t m_full = x.m_full, layers = mem.layers;
+  const bool first = st == 0, last = st == l.pp - 1;
   // In-flight microbatches on this stage under 1F1B: min(pp - stage, m); interleaving
   // adds (pp-1)/(pp*v) on the first stage (Korthikanti et al. §4.2.3).
   const double in_flight = double(std::min<int64_t>(l.pp - st, m_full));
   const double inter = l.vp > 1 ? 1.0 + double(l.pp - 1 - st) / double(l.pp * l.vp) : 1.0;
   double rematerialized = 0;  // recompute re-materializes one layer's full activations in its backward
-  if (l.recompute != RecomputeGranularity::none && layers > 0) rematerialized = per_layer_full_act;
+  if (l.recompute != RecomputeGranularity::none && layers > 0) rematerialized = x.per_layer_full_act;
   if (c.software.trainer_activations) {
     // Everything the trainer keeps (head and token ids included); the layer a full
     // recompute re-materializes lives in the backward's workspace.
@@ -705,17 +702,25 @@ StageMemory stage_memory(const Layout& l, const Cluster& c, const StageInputs& x
       rematerialized = trainer_chunk_saved_bytes(sh, ka, prec, 1, false) - trainer_chunk_saved_bytes(sh, ka, prec, 0, false);
     }
   } else {
-    mem.activations = in_flight * inter * double(layers) * per_layer_act + rematerialized;
+    mem.activations = in_flight * inter * double(layers) * x.per_layer_act + rematerialized;
     rematerialized = 0;
-    if (first) mem.embedding = double(sh.s) * double(l.micro_batch) * double(sh.h) * double(l.pp) / t;
-    if (last) mem.logits = 4.0 * double(sh.s) * double(l.micro_batch) * double(sh.V) / t;
+    if (first) mem.embedding = double(sh.s) * double(l.micro_batch) * double(sh.h) * double(l.pp) / x.t;
+    if (last) mem.logits = 4.0 * double(sh.s) * double(l.micro_batch) * double(sh.V) / x.t;
   }
+  return rematerialized;
+}
+
+// Stage st's send buffers and all its communication buffers (with NCCL's own,
+// `nccl_buffers`).
+void stage_comm_memory(StageMemory& mem, const Layout& l, const Cluster& c, const StageInputs& x, int64_t st,
+                       double nccl_buffers, std::vector<std::vector<int64_t>>& releases) {
+  const double act_msg = x.act_msg;
   if (c.software.trainer_activations) {
     // This trainer: the sends not yet waited for (exact, from the schedule), one receive
     // buffer for the incoming gradient (its received activations are the chunks' saved
     // inputs, counted above), NCCL channel buffers (~0.5 GiB).
-    if (l.pp > 1 && releases.empty()) releases = schedules::send_release_points_all(l.pp, m_full, l.vp);
-    mem.send_buffers = l.pp > 1 ? trainer_stage_send_bytes(l, st, m_full, act_msg, releases[static_cast<size_t>(st)]) : 0;
+    if (l.pp > 1 && releases.empty()) releases = schedules::send_release_points_all(l.pp, x.m_full, l.vp);
+    mem.send_buffers = l.pp > 1 ? trainer_stage_send_bytes(l, st, x.m_full, act_msg, releases[static_cast<size_t>(st)]) : 0;
     mem.comm_buffers = mem.send_buffers + (l.pp > 1 ? act_msg : 0) + nccl_buffers;
   } else {
     // Megatron waits for each batched exchange: two send buffers and two receive buffers
@@ -723,11 +728,28 @@ StageMemory stage_memory(const Layout& l, const Cluster& c, const StageInputs& x
     mem.send_buffers = l.pp > 1 ? 2 * act_msg : 0;
     mem.comm_buffers = (l.pp > 1 ? 4 * act_msg : 0) + nccl_buffers;
   }
+}
+
+// Memory of pipeline stage st (the trainer's exact accounting for the mtnlg profile,
+// Korthikanti et al.'s per-layer bytes for Megatron's). `releases`: the trainer's send
+// release points per stage, computed once on first use.
+StageMemory stage_memory(const Layout& l, const Cluster& c, const StageInputs& x, int64_t st,
+                         std::vector<std::vector<int64_t>>& releases) {
+  const Shape& sh = x.sh;
+  // NCCL's channel buffers (~0.5 GiB), allocated by NCCL itself; a single GPU sets up no
+  // NCCL group (every group has one rank), so has none.
+  const double nccl_buffers = l.gpus() > 1 ? 0.5 * kGiB : 0.0;
+  StageMemory mem;
+  mem.stage = st;
+  mem.layers = l.stage_layers[static_cast<size_t>(st)];
+  stage_parameter_memory(mem, l, x, st);
+  const double rematerialized = stage_activation_memory(mem, l, c, x, st);
+  stage_comm_memory(mem, l, c, x, st, nccl_buffers, releases);
   // CUDA context + cuBLAS workspace (~1 GiB) and allocator fragmentation (5% of the rest).
   const double rest = mem.weights + mem.gradients + mem.optimizer + mem.activations + mem.embedding + mem.logits;
   // cuDNN's flash attention: its workspace and dQ accumulator, allocated for each call
   // (the largest, the backward's, at most one at a time on the one stream).
-  if (c.software.trainer_activations && !sh.unfused && c.gpu.name.rfind("cpu", 0) != 0 && layers > 0)
+  if (c.software.trainer_activations && !sh.unfused && c.gpu.name.rfind("cpu", 0) != 0 && mem.layers > 0)
     mem.attention_workspace = c.attention_workspace >= 0
                                   ? c.attention_workspace
                                   : cudnn_attention_bytes(l.micro_batch, sh.a / l.tp, sh.s, sh.h / sh.a,
@@ -739,7 +761,6 @@ StageMemory stage_memory(const Layout& l, const Cluster& c, const StageInputs& x
   mem.allocator =
       rest + (mem.comm_buffers - nccl_buffers) + rematerialized + kCublasWorkspace + mem.attention_workspace;
   return mem;
-
 }
 
 // Time of pipeline stage st: its layers' forward and backward (recompute included), the

@@ -4,6 +4,7 @@
 set -euo pipefail
 pkgs=(
   cmake ninja-build g++ pkg-config          # build
+  clang-format                              # C++/CUDA formatting and its check (.clang-format, scripts/check-format.sh)
   libyaml-cpp-dev libcli11-dev libfmt-dev   # recipes, command line, formatting
   nlohmann-json3-dev                        # JSON: JSONL corpora, metadata, results
   catch2                                    # unit tests (Catch2 2.13 on bookworm)

@@ -18,6 +18,13 @@ else
   scripts/install-deps.sh || { echo "test.sh: run as root (sudo scripts/test.sh) to install the packages above" >&2; exit 1; }
 fi
 scripts/setup-npm-tools.sh >/dev/null
+# Source checks (seconds): no function over 80 lines (scripts/check-function-length.py), and,
+# once the tree has been formatted in one commit (marked by .clang-format-applied), the
+# formatter's layout (scripts/check-format.sh).
+scripts/check-function-length.py
+if [ -e .clang-format-applied ]; then
+  scripts/check-format.sh
+fi
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release
 cmake --build "$build" -j "${MTNLG_BUILD_JOBS:-2}"
 if [ "${MTNLG_CHECK_NOCUDA:-1}" != 0 ]; then

@@ -204,22 +204,10 @@ void gemm_ex_batched(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float al
             static_cast<const char*>(B) + i * batch.b * ea, ldb, static_cast<char*>(D) + i * batch.d * ed, ddt, ldd, beta);
 }
 
-// Column-major D[m,n] = alpha op(A) op(B) + beta D, then the epilogue, for each matrix of
-// `batch`. A is stored [k,m] when ta
-// else [m,k]; B is stored [n,k] when tb else [k,n]. cuBLASLt's heuristic is asked for up
-// to kHeuristics candidates per (shape, types, alignments, epilogue); they are tried in
-// order and the first that runs moves to the front. Returns false, doing nothing, when an
-// epilogue was asked for and no candidate takes it (the caller does its work separately);
-// without one, no runnable candidate means cublasGemmEx.
-bool lt_matmul(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* A, DType adt, int64_t lda, const void* B,
-               int64_t ldb, void* D, DType ddt, int64_t ldd, float beta, const Epilogue& ep = Epilogue{},
-               float alpha = 1.0f, const Batch& batch = Batch{}) {
-  if (!g_use_lt) {
-    if (ep.any()) return false;
-    gemm_ex_batched(ta, tb, m, n, k, alpha, A, adt, lda, B, ldb, D, ddt, ldd, beta, batch);
-    return true;
-  }
-  Desc ds;
+// The operation (transposes, epilogue and its pointers) and the three matrix layouts
+// (with the batch's strides) of one cuBLASLt call, into `ds`.
+void describe_matmul(Desc& ds, bool ta, bool tb, int64_t m, int64_t n, int64_t k, DType adt, int64_t lda, int64_t ldb,
+                     DType ddt, int64_t ldd, const Epilogue& ep, const Batch& batch) {
   CUBLAS_CHECK(cublasLtMatmulDescCreate(&ds.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)));
@@ -246,6 +234,58 @@ bool lt_matmul(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* A,
                                                     sizeof(stride)));
     }
   }
+}
+
+// cuBLASLt's candidates for `key` (its problem described by `ds`): asked of the heuristic
+// on the key's first use and cached, a refusal as a list with none.
+Candidates cached_candidates(Desc& ds, const AlgoKey& key) {
+  std::lock_guard<std::mutex> lock(g_algo_mu);
+  auto it = g_algos.find(key);
+  if (it == g_algos.end()) {
+    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&ds.pref));
+    const uint64_t ws = static_cast<uint64_t>(cublas_workspace_bytes());
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(ds.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+    const uint32_t al_a = static_cast<uint32_t>(key.align_a), al_b = static_cast<uint32_t>(key.align_b),
+                   al_d = static_cast<uint32_t>(key.align_d);
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(ds.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, 4));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(ds.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, 4));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(ds.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d, 4));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(ds.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d, 4));
+    cublasLtMatmulHeuristicResult_t res[kHeuristics] = {};
+    int found = 0;
+    // Any status other than success is a refusal of this problem (NOT_SUPPORTED: no
+    // kernel; INVALID_VALUE: an attribute it does not take for these types), never an
+    // error: the problem is remembered with no candidate and runs another way.
+    const cublasStatus_t st =
+        cublasLtMatmulAlgoGetHeuristic(cublaslt(), ds.op, ds.a, ds.b, ds.d, ds.d, ds.pref, kHeuristics, res, &found);
+    Candidates list;
+    list.refusal = st;
+    if (st == CUBLAS_STATUS_SUCCESS)
+      for (int i = 0; i < found && i < kHeuristics; ++i)
+        if (res[i].state == CUBLAS_STATUS_SUCCESS) list.algo[list.n++] = res[i].algo;
+    if (st == CUBLAS_STATUS_SUCCESS && list.n == 0) list.refusal = CUBLAS_STATUS_NOT_SUPPORTED;
+    it = g_algos.emplace(key, list).first;
+  }
+  return it->second;
+}
+
+// Column-major D[m,n] = alpha op(A) op(B) + beta D, then the epilogue, for each matrix of
+// `batch`. A is stored [k,m] when ta
+// else [m,k]; B is stored [n,k] when tb else [k,n]. cuBLASLt's heuristic is asked for up
+// to kHeuristics candidates per (shape, types, alignments, epilogue); they are tried in
+// order and the first that runs moves to the front. Returns false, doing nothing, when an
+// epilogue was asked for and no candidate takes it (the caller does its work separately);
+// without one, no runnable candidate means cublasGemmEx.
+bool lt_matmul(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* A, DType adt, int64_t lda, const void* B,
+               int64_t ldb, void* D, DType ddt, int64_t ldd, float beta, const Epilogue& ep = Epilogue{},
+               float alpha = 1.0f, const Batch& batch = Batch{}) {
+  if (!g_use_lt) {
+    if (ep.any()) return false;
+    gemm_ex_batched(ta, tb, m, n, k, alpha, A, adt, lda, B, ldb, D, ddt, ldd, beta, batch);
+    return true;
+  }
+  Desc ds;
+  describe_matmul(ds, ta, tb, m, n, k, adt, lda, ldb, ddt, ldd, ep, batch);
 
   const AlgoKey key{.ta = ta,
                     .tb = tb,
@@ -269,37 +309,7 @@ bool lt_matmul(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* A,
                     .batch_d = batch.d,
                     .aux_ld = ep.aux_ld,
                     .align_aux = ep.aux ? alignment(ep.aux) : 0};
-  Candidates algos;
-  {
-    std::lock_guard<std::mutex> lock(g_algo_mu);
-    auto it = g_algos.find(key);
-    if (it == g_algos.end()) {
-      CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&ds.pref));
-      const uint64_t ws = static_cast<uint64_t>(cublas_workspace_bytes());
-      CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(ds.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
-      const uint32_t al_a = static_cast<uint32_t>(key.align_a), al_b = static_cast<uint32_t>(key.align_b),
-                     al_d = static_cast<uint32_t>(key.align_d);
-      CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(ds.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, 4));
-      CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(ds.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, 4));
-      CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(ds.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d, 4));
-      CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(ds.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d, 4));
-      cublasLtMatmulHeuristicResult_t res[kHeuristics] = {};
-      int found = 0;
-      // Any status other than success is a refusal of this problem (NOT_SUPPORTED: no
-      // kernel; INVALID_VALUE: an attribute it does not take for these types), never an
-      // error: the problem is remembered with no candidate and runs another way.
-      const cublasStatus_t st =
-          cublasLtMatmulAlgoGetHeuristic(cublaslt(), ds.op, ds.a, ds.b, ds.d, ds.d, ds.pref, kHeuristics, res, &found);
-      Candidates list;
-      list.refusal = st;
-      if (st == CUBLAS_STATUS_SUCCESS)
-        for (int i = 0; i < found && i < kHeuristics; ++i)
-          if (res[i].state == CUBLAS_STATUS_SUCCESS) list.algo[list.n++] = res[i].algo;
-      if (st == CUBLAS_STATUS_SUCCESS && list.n == 0) list.refusal = CUBLAS_STATUS_NOT_SUPPORTED;
-      it = g_algos.emplace(key, list).first;
-    }
-    algos = it->second;
-  }
+  const Candidates algos = cached_candidates(ds, key);
   for (int i = 0; i < algos.n; ++i) {
     const cublasStatus_t st = cublasLtMatmul(cublaslt(), ds.op, &alpha, A, ds.a, B, ds.b, &beta, D, ds.d, D, ds.d,
                                              &algos.algo[i], cublas_workspace(),

@@ -456,37 +456,53 @@ struct Walker {
     }
   };
 
-  void walk(const GumboNode* n) {
+  // A node other than an element: text, whitespace, or the document (its children walked);
+  // comments and the rest are not text.
+  void walk_other(const GumboNode* n) {
     if (n->type == GUMBO_NODE_TEXT || n->type == GUMBO_NODE_CDATA) {
       text(n->v.text.text);
-      return;
-    }
-    if (n->type == GUMBO_NODE_WHITESPACE) {
+    } else if (n->type == GUMBO_NODE_WHITESPACE) {
       if (!cur.text.empty()) text(" ");
-      return;
-    }
-    if (n->type != GUMBO_NODE_ELEMENT && n->type != GUMBO_NODE_DOCUMENT && n->type != GUMBO_NODE_TEMPLATE) return;
-    if (n->type == GUMBO_NODE_DOCUMENT) {
+    } else if (n->type == GUMBO_NODE_DOCUMENT) {
       for (unsigned i = 0; i < n->v.document.children.length; ++i)
         walk(static_cast<const GumboNode*>(n->v.document.children.data[i]));
-      return;
     }
+  }
+
+  // <head> (only its title is wanted) or the first <title>.
+  void walk_head(const GumboElement& e) {
+    for (unsigned i = 0; i < e.children.length; ++i) {
+      const auto* c = static_cast<const GumboNode*>(e.children.data[i]);
+      if (e.tag == GUMBO_TAG_TITLE && c->type == GUMBO_NODE_TEXT) expand_into(page.title, c->v.text.text);
+      if (e.tag == GUMBO_TAG_HEAD && c->type == GUMBO_NODE_ELEMENT && c->v.element.tag == GUMBO_TAG_TITLE) walk(c);
+    }
+  }
+
+  // Whether element t opens page furniture (navigation, footer, a banner, a dialog, or
+  // furniture words in its class or id outside the page's and the content's own elements).
+  bool furniture(GumboTag t, const ReadAttributes& a, uint8_t marks, bool page_or_content) const {
+    return t == GUMBO_TAG_NAV || t == GUMBO_TAG_FOOTER || t == GUMBO_TAG_ASIDE ||
+           (t == GUMBO_TAG_HEADER && article == 0) || (!page_or_content && (marks & kMarkFurniture)) ||
+           (a.role && (std::strcmp(a.role, "navigation") == 0 || std::strcmp(a.role, "banner") == 0 ||
+                       std::strcmp(a.role, "contentinfo") == 0 || std::strcmp(a.role, "dialog") == 0));
+  }
+
+  // Enters (d = +1) or leaves (d = -1) element t: the counts of the enclosing elements
+  // that colour the text inside them.
+  void nest(GumboTag t, bool ctx, bool art, int d) {
+    link += d * (t == GUMBO_TAG_A);
+    pre += d * (t == GUMBO_TAG_PRE);
+    heading += d * is_heading(t);
+    h1 += d * (t == GUMBO_TAG_H1);
+    boiler += d * ctx;
+    article += d * art;
+  }
+
+  void walk(const GumboNode* n) {
+    if (n->type != GUMBO_NODE_ELEMENT && n->type != GUMBO_NODE_TEMPLATE) return walk_other(n);
     const GumboElement& e = n->v.element;
     const GumboTag t = e.tag;
-    if (t == GUMBO_TAG_TITLE && page.title.empty()) {
-      for (unsigned i = 0; i < e.children.length; ++i) {
-        const auto* c = static_cast<const GumboNode*>(e.children.data[i]);
-        if (c->type == GUMBO_NODE_TEXT) expand_into(page.title, c->v.text.text);
-      }
-      return;
-    }
-    if (t == GUMBO_TAG_HEAD) {  // only the title is wanted from the head
-      for (unsigned i = 0; i < e.children.length; ++i) {
-        const auto* c = static_cast<const GumboNode*>(e.children.data[i]);
-        if (c->type == GUMBO_NODE_ELEMENT && c->v.element.tag == GUMBO_TAG_TITLE) walk(c);
-      }
-      return;
-    }
+    if ((t == GUMBO_TAG_TITLE && page.title.empty()) || t == GUMBO_TAG_HEAD) return walk_head(e);
     if (is_skipped(t)) return;
     const ReadAttributes a(e);
     if (a.hidden) return;
@@ -503,10 +519,7 @@ struct Walker {
     for (const char* v : {a.cls, a.id, a.itemprop, a.itemtype})
       if (v) marks |= attribute_marks(v);
     if (t == GUMBO_TAG_HTML && a.lang && page.lang.empty()) page.lang = a.lang;
-    const bool ctx = t == GUMBO_TAG_NAV || t == GUMBO_TAG_FOOTER || t == GUMBO_TAG_ASIDE ||
-                     (t == GUMBO_TAG_HEADER && article == 0) || (!page_or_content && (marks & kMarkFurniture)) ||
-                     (a.role && (std::strcmp(a.role, "navigation") == 0 || std::strcmp(a.role, "banner") == 0 ||
-                                 std::strcmp(a.role, "contentinfo") == 0 || std::strcmp(a.role, "dialog") == 0));
+    const bool ctx = furniture(t, a, marks, page_or_content);
     const bool art = t == GUMBO_TAG_ARTICLE || t == GUMBO_TAG_MAIN;
     // Furniture inside a heading ("[edit]", an anchor or share link) is not its text.
     if (ctx && heading > 0 && !block) return;
@@ -520,12 +533,7 @@ struct Walker {
       page.marks.push_back(static_cast<uint8_t>((page_element ? 0 : (marks & kMarkComment)) |
                                                 (t == GUMBO_TAG_TR ? kNodeRow : 0)));
     }
-    link += t == GUMBO_TAG_A;
-    pre += t == GUMBO_TAG_PRE;
-    heading += is_heading(t);
-    h1 += t == GUMBO_TAG_H1;
-    boiler += ctx;
-    article += art;
+    nest(t, ctx, art, +1);
     if (block) {
       cur.heading = heading > 0;
       cur.h1 = h1 > 0;
@@ -533,12 +541,7 @@ struct Walker {
       cur.boilerplate_context = boiler > 0;
     }
     for (unsigned i = 0; i < e.children.length; ++i) walk(static_cast<const GumboNode*>(e.children.data[i]));
-    link -= t == GUMBO_TAG_A;
-    pre -= t == GUMBO_TAG_PRE;
-    heading -= is_heading(t);
-    h1 -= t == GUMBO_TAG_H1;
-    boiler -= ctx;
-    article -= art;
+    nest(t, ctx, art, -1);
     if (block) flush();
     if (node) open.pop_back();
     if (!block && t != GUMBO_TAG_A && !cur.text.empty() && cur.text.back() != ' ') {
@@ -822,16 +825,10 @@ int32_t content_container(const ParsedPage& page) {
   return c;
 }
 
-
-}  // namespace
-
-void classify_blocks(ParsedPage& page, const BlockParams& p, bool use_stopwords) {
-  auto& blocks = page.blocks;
-  mark_comments(page);
-  const std::vector<int32_t> listings = mark_listing_cards(page);
-  // Text repeated on other pages of the site is boilerplate, as long as some text that is
-  // not short (length_low), furniture or a comment is not repeated (a page fetched twice, or one whose article is on two pages,
-  // keeps its article).
+// Whether text repeated on other pages of the site is to be taken as boilerplate: as long
+// as some text that is not short (length_low), furniture or a comment is not repeated (a
+// page fetched twice, or one whose article is on two pages, keeps its article).
+bool site_repeats_are_boilerplate(const std::vector<Block>& blocks, const BlockParams& p) {
   bool repeated = false;
   for (const auto& b : blocks)
     if (b.repeated) repeated = true;
@@ -848,7 +845,11 @@ void classify_blocks(ParsedPage& page, const BlockParams& p, bool use_stopwords)
     // site's boxes of prose are a few paragraphs.
     repeated = shared < prose && !(shared >= 6 && 4 * shared >= 3 * prose);
   }
-  // 1. Each block on its own.
+  return repeated;
+}
+
+// 1. Each block on its own.
+void classify_each(std::vector<Block>& blocks, const BlockParams& p, bool use_stopwords, bool repeated) {
   for (auto& b : blocks) {
     const double ld = link_density(b);
     const double sd = b.words > 0 ? static_cast<double>(b.stopwords) / static_cast<double>(b.words) : 0.0;
@@ -871,7 +872,10 @@ void classify_blocks(ParsedPage& page, const BlockParams& p, bool use_stopwords)
     }
     b.initial = c;
   }
-  // 2. Short headings followed closely by good text become near-good.
+}
+
+// 2. Short headings followed closely by good text become near-good.
+void headings_before_good(std::vector<Block>& blocks, const BlockParams& p) {
   auto good_follows = [&](size_t i) {
     int64_t dist = 0;
     for (size_t k = i + 1; k < blocks.size() && dist <= p.max_heading_distance; ++k) {
@@ -883,7 +887,10 @@ void classify_blocks(ParsedPage& page, const BlockParams& p, bool use_stopwords)
   for (size_t i = 0; i < blocks.size(); ++i)
     if (blocks[i].heading && blocks[i].initial == BlockClass::shortb && good_follows(i))
       blocks[i].initial = BlockClass::neargood;
-  // 3. Short blocks take their class from their neighbours.
+}
+
+// 3. Short blocks take their class from their neighbours.
+void short_by_neighbours(std::vector<Block>& blocks) {
   for (size_t i = 0; i < blocks.size(); ++i) {
     auto& b = blocks[i];
     b.final_class = b.initial;
@@ -900,7 +907,12 @@ void classify_blocks(ParsedPage& page, const BlockParams& p, bool use_stopwords)
                                                                                         : BlockClass::bad;
     }
   }
-  // 4. Near-good blocks are good unless bad text surrounds them on both sides.
+}
+
+// 4. Near-good blocks are good unless bad text surrounds them on both sides, or stand
+// next to a sibling paragraph (4b).
+void neargood_in_context(ParsedPage& page) {
+  auto& blocks = page.blocks;
   for (size_t i = 0; i < blocks.size(); ++i) {
     auto& b = blocks[i];
     if (b.initial != BlockClass::neargood) continue;
@@ -920,6 +932,11 @@ void classify_blocks(ParsedPage& page, const BlockParams& p, bool use_stopwords)
     };
     if ((i > 0 && sibling(i - 1)) || (i + 1 < blocks.size() && sibling(i + 1))) b.final_class = BlockClass::good;
   }
+}
+
+// 4b'. The page's lead and 4c. a listing's intro.
+void lead_and_listing_intro(ParsedPage& page, const BlockParams& p, const std::vector<int32_t>& listings) {
+  auto& blocks = page.blocks;
   // 4b'. The lead: the first near-good block within max_heading_distance after the page's
   // first <h1> (not furniture) is good, as a heading before good text is.
   for (size_t i = 0; i < blocks.size(); ++i) {
@@ -946,23 +963,28 @@ void classify_blocks(ParsedPage& page, const BlockParams& p, bool use_stopwords)
         b.final_class = BlockClass::good;
     }
   }
-  // 5. A heading (not page furniture) just before good text is kept with it.
-  auto keep_headings = [&] {
-    for (size_t i = 0; i < blocks.size(); ++i) {
-      auto& b = blocks[i];
-      if (!b.heading || b.final_class != BlockClass::bad || hard_bad(b, p, repeated)) continue;
-      int64_t dist = 0;
-      for (size_t k = i + 1; k < blocks.size() && dist <= p.max_heading_distance; ++k) {
-        if (blocks[k].final_class == BlockClass::good) {
-          b.final_class = BlockClass::good;
-          break;
-        }
-        dist += blocks[k].chars;
+}
+
+// 5. A heading (not page furniture) just before good text is kept with it.
+void keep_headings(std::vector<Block>& blocks, const BlockParams& p, bool repeated) {
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    auto& b = blocks[i];
+    if (!b.heading || b.final_class != BlockClass::bad || hard_bad(b, p, repeated)) continue;
+    int64_t dist = 0;
+    for (size_t k = i + 1; k < blocks.size() && dist <= p.max_heading_distance; ++k) {
+      if (blocks[k].final_class == BlockClass::good) {
+        b.final_class = BlockClass::good;
+        break;
       }
+      dist += blocks[k].chars;
     }
-  };
-  keep_headings();
-  // 5b. No good text at all: an element whose own lines (text split by <br>, or its child
+  }
+}
+
+// 5b. No good text at all: the article written in short lines.
+void short_line_article(ParsedPage& page, const BlockParams& p, bool repeated) {
+  auto& blocks = page.blocks;
+  // An element whose own lines (text split by <br>, or its child
   // blocks) hold at least 400 characters in three or more blocks that are bad only for
   // their length or stop words is the article: a message or a poem written in short lines.
   if (std::none_of(blocks.begin(), blocks.end(), [](const Block& b) { return b.final_class == BlockClass::good; })) {
@@ -985,22 +1007,15 @@ void classify_blocks(ParsedPage& page, const BlockParams& p, bool use_stopwords)
       for (auto& b : blocks)
         if (b.node >= 0 && !b.heading && !hard_bad(b, p, repeated) && inside(page, b.node, best))
           b.final_class = BlockClass::good;
-      keep_headings();
+      keep_headings(blocks, p, repeated);
     }
   }
-  // 6. The content container: inside it, a run of blocks bad only for their length or
-  // their stop words (a key-value run, table cells, list items, code, short lines)
-  // that has a good block of the container on either side is good. jusText's context
-  // step for short blocks, with the container's edges instead of the page's and the
-  // blocks of low stop-word density taken as short ones.
-  const int32_t c = content_container(page);
-  if (c < 0) return;
-  size_t first = blocks.size(), last = 0;  // the container's blocks: contiguous in document order
-  for (size_t i = 0; i < blocks.size(); ++i)
-    if (blocks[i].node >= c && inside(page, blocks[i].node, c)) {
-      first = std::min(first, i);
-      last = i;
-    }
+}
+
+// 6, inside the content container (its blocks [first, last]): prose is the article's, and
+// runs of blocks bad only for their length or stop words between good ones are good.
+void container_runs(ParsedPage& page, const BlockParams& p, bool repeated, size_t first, size_t last) {
+  auto& blocks = page.blocks;
   // Prose inside the container is the article's, whatever its neighbours: a near-good
   // block there is good (a one-paragraph answer or post between user cards).
   for (size_t i = first; i <= last && first < blocks.size(); ++i)
@@ -1030,7 +1045,12 @@ void classify_blocks(ParsedPage& page, const BlockParams& p, bool use_stopwords)
       for (size_t k = j; k > i && same_column(j, k - 1); --k) blocks[k - 1].final_class = BlockClass::good;
     i = j;
   }
-  // 7. Outside the container only headings that lead into kept text stay: a box of prose
+}
+
+// 7. Outside the container (its blocks [first, last]).
+void outside_container(ParsedPage& page, const BlockParams& p, size_t first, size_t last) {
+  auto& blocks = page.blocks;
+  // Only headings that lead into kept text stay: a box of prose
   // beside the article (an about-us box, a newsletter or donation pitch, a consent text
   // without a telling class) is not the article however wordy it is. Comments kept on
   // request are the exception: their prose is kept wherever the section is.
@@ -1053,6 +1073,37 @@ void classify_blocks(ParsedPage& page, const BlockParams& p, bool use_stopwords)
     }
     if (!leads) b.final_class = BlockClass::bad;
   }
+}
+
+}  // namespace
+
+void classify_blocks(ParsedPage& page, const BlockParams& p, bool use_stopwords) {
+  auto& blocks = page.blocks;
+  mark_comments(page);
+  const std::vector<int32_t> listings = mark_listing_cards(page);
+  const bool repeated = site_repeats_are_boilerplate(blocks, p);
+  classify_each(blocks, p, use_stopwords, repeated);
+  headings_before_good(blocks, p);
+  short_by_neighbours(blocks);
+  neargood_in_context(page);
+  lead_and_listing_intro(page, p, listings);
+  keep_headings(blocks, p, repeated);
+  short_line_article(page, p, repeated);
+  // 6. The content container: inside it, a run of blocks bad only for their length or
+  // their stop words (a key-value run, table cells, list items, code, short lines)
+  // that has a good block of the container on either side is good. jusText's context
+  // step for short blocks, with the container's edges instead of the page's and the
+  // blocks of low stop-word density taken as short ones.
+  const int32_t c = content_container(page);
+  if (c < 0) return;
+  size_t first = blocks.size(), last = 0;  // the container's blocks: contiguous in document order
+  for (size_t i = 0; i < blocks.size(); ++i)
+    if (blocks[i].node >= c && inside(page, blocks[i].node, c)) {
+      first = std::min(first, i);
+      last = i;
+    }
+  container_runs(page, p, repeated, first, last);
+  outside_container(page, p, first, last);
 }
 
 std::string main_text(const std::vector<Block>& blocks) {

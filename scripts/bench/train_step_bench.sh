@@ -5,24 +5,38 @@
 #   usage: scripts/bench/train_step_bench.sh [BUILD_DIR] [STEPS]
 #   env:   PRECISION=fp32|bf16|fp16 (mtnlg's; PyTorch runs fp32), THREADS (default 2),
 #          BASELINE=OTHER_BUILD_DIR: also time that build's mtnlg, alternating with this
-#          one (ROUNDS times, default 3), and print the step-time ratio this / baseline.
+#          one (ROUNDS times, default 3), and print the step-time ratio this / baseline;
+#          with it, MEASURE=cpu times each run by the CPU seconds (user + sys) of the whole
+#          process instead of its median step's wall time: start-up and the warm-up step
+#          included, but far less moved by other jobs on a loaded machine (default: step).
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 build="${1:-$repo/build}"
 steps="${2:-6}"
 threads="${THREADS:-2}"
 precision="${PRECISION:-fp32}"
+measure="${MEASURE:-step}"
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 
-# Median step time (s) of one mtnlg run, the first (warm-up) step excluded.
+# Median step time (s) of one mtnlg run, the first (warm-up) step excluded; with
+# MEASURE=cpu, the CPU seconds of the whole run.
 step_time() {
   local bin="$1" dir="$2"
-  "$bin" train "$repo/recipes/gpt2-124m.yaml" --quiet \
-    --set data.mock=true --set training.precision="$precision" --set training.micro_batch_size=4 \
-    --set training.global_batch_size=4 --set model.seq_length=64 --set training.train_tokens=0 \
-    --set training.train_iters="$steps" --set model.hidden_dropout=0 --set model.attention_dropout=0 \
-    --set training.num_threads="$threads" --set logging.dir="$dir" --set logging.tensorboard=false >/dev/null
+  local run=("$bin" train "$repo/recipes/gpt2-124m.yaml" --quiet
+    --set data.mock=true --set training.precision="$precision" --set training.micro_batch_size=4
+    --set training.global_batch_size=4 --set model.seq_length=64 --set training.train_tokens=0
+    --set training.train_iters="$steps" --set model.hidden_dropout=0 --set model.attention_dropout=0
+    --set training.num_threads="$threads" --set logging.dir="$dir" --set logging.tensorboard=false)
+  if [ "$measure" = cpu ]; then
+    /usr/bin/python3 -c "
+import resource, subprocess, sys
+subprocess.run(sys.argv[1:], check=True, stdout=subprocess.DEVNULL)
+r = resource.getrusage(resource.RUSAGE_CHILDREN)
+print(f'{r.ru_utime + r.ru_stime:.3f}')" "${run[@]}"
+    return
+  fi
+  "${run[@]}" >/dev/null
   /usr/bin/python3 -c "
 import json, statistics
 rows = [json.loads(l) for l in open('$dir/metrics.jsonl') if 'step_time_s' in l]
@@ -39,13 +53,19 @@ if [ -n "${BASELINE:-}" ]; then
   med() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
   ours=$(med "${ours_all[@]}")
   base=$(med "${base_all[@]}")
-  printf '%-40s %12s   %s\n' "GPT-2 124M $precision, B=4, T=64" "step (s)" "rounds"
+  unit="step (s)"
+  if [ "$measure" = cpu ]; then unit="run CPU (s)"; fi
+  printf '%-40s %12s   %s\n' "GPT-2 124M $precision, B=4, T=64" "$unit" "rounds"
   printf '%-40s %12s   %s\n' "mtnlg $build ($threads threads)" "$ours" "${ours_all[*]}"
   printf '%-40s %12s   %s\n' "mtnlg $BASELINE ($threads threads)" "$base" "${base_all[*]}"
   /usr/bin/python3 -c "print(f\"{'this / baseline':40s} {$ours/$base:12.3f}\")"
   exit 0
 fi
 
+if [ "$measure" != step ]; then
+  echo "train_step_bench: MEASURE=$measure compares two builds of mtnlg only (set BASELINE)" >&2
+  exit 2
+fi
 ours=$(step_time "$build/mtnlg" "$tmp/run")
 theirs=$(/usr/bin/python3 "$repo/scripts/bench/torch_gpt_step.py" 12 768 12 64 4 50304 "$steps" "$threads" | awk '{print $3}')
 printf '%-34s %12s\n' "GPT-2 124M $precision, B=4, T=64" "step (s)"
