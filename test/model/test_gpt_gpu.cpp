@@ -90,6 +90,21 @@ double normwise(const Tensor& a, const Tensor& b) {
 }
 }  // namespace
 
+// The bf16 gradients `gg` of the GPU run against the fp32 CPU run `exact` (which this
+// runs), bounded by how far the CPU's own bf16 gradients (`cpu`) are from it (below).
+static void check_bf16_grads(const Tensor& gg, const Small& cpu, Small& exact) {
+  exact.loss_and_grad();
+  for (const auto& p : cpu.store.infos()) {
+    const Tensor g = gg.flat(p.offset, p.numel), c = cpu.store.grads().flat(p.offset, p.numel),
+                 e = exact.store.grads().flat(p.offset, p.numel);
+    const double gpu_err = normwise(g, e), cpu_err = normwise(c, e), apart = normwise(g, c);
+    INFO("grad " << p.name << ": |gpu bf16 - fp32| " << gpu_err << ", |cpu bf16 - fp32| " << cpu_err
+                 << ", |gpu bf16 - cpu bf16| " << apart);
+    CHECK(gpu_err <= 1.5 * cpu_err + 2e-3);
+    CHECK(apart <= 2e-2);
+  }
+}
+
 // fp32: every gradient element within kRtolF32Grads (of |ref| + rms), derived below. bf16: elementwise
 // comparison of two bf16 runs measures rounding noise, not correctness (their roundings
 // fall at different points: fused epilogues, flash attention's stored out), and near-zero
@@ -149,16 +164,7 @@ TEST_CASE("gpt on the GPU: loss and every parameter gradient equal the CPU run (
         continue;
       }
       Small exact(DType::f32, Device::cpu, rc, AttentionBackend::unfused, att_drop);
-      exact.loss_and_grad();
-      for (const auto& p : cpu.store.infos()) {
-        const Tensor g = gg.flat(p.offset, p.numel), c = cpu.store.grads().flat(p.offset, p.numel),
-                     e = exact.store.grads().flat(p.offset, p.numel);
-        const double gpu_err = normwise(g, e), cpu_err = normwise(c, e), apart = normwise(g, c);
-        INFO("grad " << p.name << ": |gpu bf16 - fp32| " << gpu_err << ", |cpu bf16 - fp32| " << cpu_err
-                     << ", |gpu bf16 - cpu bf16| " << apart);
-        CHECK(gpu_err <= 1.5 * cpu_err + 2e-3);
-        CHECK(apart <= 2e-2);
-      }
+      check_bf16_grads(gg, cpu, exact);
     }
   }
 }
@@ -188,16 +194,7 @@ TEST_CASE("llama on the GPU: loss and every parameter gradient equal the CPU run
         continue;
       }
       Small exact(DType::f32, Device::cpu, rc, AttentionBackend::unfused, 0.1, int64_t{1} << 28, variant);
-      exact.loss_and_grad();
-      for (const auto& p : cpu.store.infos()) {
-        const Tensor g = gg.flat(p.offset, p.numel), c = cpu.store.grads().flat(p.offset, p.numel),
-                     e = exact.store.grads().flat(p.offset, p.numel);
-        const double gpu_err = normwise(g, e), cpu_err = normwise(c, e), apart = normwise(g, c);
-        INFO("grad " << p.name << ": |gpu bf16 - fp32| " << gpu_err << ", |cpu bf16 - fp32| " << cpu_err
-                     << ", |gpu bf16 - cpu bf16| " << apart);
-        CHECK(gpu_err <= 1.5 * cpu_err + 2e-3);
-        CHECK(apart <= 2e-2);
-      }
+      check_bf16_grads(gg, cpu, exact);
     }
 }
 
