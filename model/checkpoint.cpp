@@ -442,7 +442,7 @@ void fill_from(const std::string& dir, const std::string& file_prefix, const std
         if (static_cast<int64_t>(d) != 0 && s.global_shape[d] != p.global_shape[d])
           throw_input("{}: tensor '{}' has global shape {} but the model needs {}", path, name, shape_str(s.global_shape),
                       shape_str(p.global_shape));
-      if (s.global_shape[0] != p.global_shape[0] && !p.word_embedding)
+      if (s.global_shape[0] != p.global_shape[0] && !p.vocab_rows)
         throw_input("{}: tensor '{}' has global shape {} but the model needs {}", path, name, shape_str(s.global_shape),
                     shape_str(p.global_shape));
       saved_global[name] = s.global_shape;

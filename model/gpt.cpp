@@ -63,7 +63,8 @@ void declare_chunk_params(ParamStore& store, const GptConfig& c, const ChunkSpec
   };
   auto word_embedding = [&] {
     auto we = add("embedding.word_embeddings.weight", {V, C}, 0, InitKind::normal, true);
-    we.word_embedding = true;
+    we.word_embedding = !c.untied;  // shared with the last stage's output layer only when tied
+    we.vocab_rows = true;
     store.add(we);
   };
   if (spec.has_embedding) {
@@ -94,8 +95,11 @@ void declare_chunk_params(ParamStore& store, const GptConfig& c, const ChunkSpec
   }
   if (spec.has_head) {
     norm("final_layernorm");
-    if (c.untied)
-      store.add(add("output_layer.weight", {V, C}, 0, InitKind::normal, true));
+    if (c.untied) {
+      auto out = add("output_layer.weight", {V, C}, 0, InitKind::normal, true);
+      out.vocab_rows = true;
+      store.add(out);
+    }
     else if (!spec.has_embedding)  // the last stage's copy of the tied word embedding
       word_embedding();
   }

@@ -38,6 +38,7 @@ struct ParamInfo {
   bool tp_replicated = false;    // identical on every tp rank (count once in the grad norm)
   bool sp_grad_reduce = false;   // under sequence parallelism its grad is partial per tp rank
   bool word_embedding = false;   // tied between the first and the last stage
+  bool vocab_rows = false;       // dim 0 is the padded vocabulary, whose padding depends on tp
 };
 
 class ParamStore {

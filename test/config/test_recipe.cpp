@@ -130,3 +130,53 @@ TEST_CASE("recipes/: every shipped recipe loads and validates", "[recipe]") {
   }
   CHECK(n >= 1);
 }
+
+TEST_CASE("recipe: the Llama family's keys, their defaults and their round trip", "[recipe]") {
+  const std::vector<std::string> llama = {"model.position_embedding_type=rope", "model.rotary_base=500000",
+                                          "model.normalization=RMSNorm",        "model.swiglu=true",
+                                          "model.num_query_groups=2",           "model.untie_embeddings_and_output_weights=true",
+                                          "model.add_bias_linear=false",        "model.ffn_hidden_size=0",
+                                          "model.norm_epsilon=1e-6",            "model.use_rope_scaling=true"};
+  Recipe r = parse_recipe(kTiny, "r.yaml", llama);
+  CHECK(r.model.rope());
+  CHECK(r.model.rmsnorm());
+  CHECK(r.model.query_groups() == 2);
+  CHECK(r.model.head_dim() == 8);
+  CHECK(!r.model.qkv_bias());
+  CHECK(r.model.layernorm_epsilon == 1e-6);
+  // Megatron's SwiGLU default: 4h x 2/3 (each of gate and up), down to a multiple of 64
+  CHECK(r.model.ffn_hidden_size == 64);
+  CHECK(parse_recipe(kTiny, "r.yaml").model.query_groups() == 4);  // GPT: one group per head
+  CHECK(parse_recipe(kTiny, "r.yaml", {"model.add_bias_linear=false", "model.add_qkv_bias=true"}).model.qkv_bias());
+  CHECK(parse_recipe(kTiny, "r.yaml", {"model.layernorm_epsilon=1e-3"}).model.layernorm_epsilon == 1e-3);
+  CHECK(parse_recipe(kTiny, "r.yaml", {"model.kv_channels=16"}).model.head_dim() == 16);
+  // The resolved recipe reads back the same (the old epsilon name is read, not written).
+  const std::string y = to_yaml(r);
+  CHECK(y.find("layernorm_epsilon") == std::string::npos);
+  Recipe back = parse_recipe(y, "resolved.yaml");
+  CHECK(to_yaml(back) == y);
+  CHECK(back.model.swiglu);
+  CHECK(back.model.rotary_base == 500000);
+}
+
+TEST_CASE("recipe: every bad combination of the Llama family's keys is an error naming the key", "[recipe]") {
+  CHECK_THAT(error_of(kTiny, {"model.num_query_groups=3"}),
+             Contains("model.num_attention_heads (4) must be divisible by model.num_query_groups (3)"));
+  CHECK_THAT(error_of(kTiny, {"model.num_query_groups=1", "parallel.tensor_model_parallel_size=2"}),
+             Contains("model.num_query_groups (1) must be divisible by parallel.tensor_model_parallel_size (2)"));
+  CHECK_THAT(error_of(kTiny, {"model.position_embedding_type=rope", "model.rotary_percent=0"}),
+             Contains("model.rotary_percent (0)"));
+  CHECK_THAT(error_of(kTiny, {"model.position_embedding_type=rope", "model.rotary_percent=0.3"}),
+             Contains("model.rotary_percent (0.3)") && Contains("even whole number"));
+  CHECK_THAT(error_of(kTiny, {"model.position_embedding_type=rope", "model.rotary_percent=1.5"}),
+             Contains("model.rotary_percent") && Contains("out of range"));
+  CHECK_THAT(error_of(kTiny, {"model.use_rope_scaling=true"}),
+             Contains("model.use_rope_scaling") && Contains("position_embedding_type: rope"));
+  CHECK_THAT(error_of(kTiny, {"model.qk_layernorm=true"}), Contains("model.qk_layernorm") && Contains("RMSNorm"));
+  CHECK_THAT(error_of(kTiny, {"model.position_embedding_type=alibi"}),
+             Contains("model.position_embedding_type") && Contains("learned_absolute|rope"));
+  CHECK_THAT(error_of(kTiny, {"model.normalization=rmsnorm"}), Contains("LayerNorm|RMSNorm"));
+  CHECK_THAT(error_of(kTiny, {"model.num_attention_heads=5"}), Contains("or set model.kv_channels"));
+  CHECK(error_of(kTiny, {"model.num_attention_heads=5", "model.kv_channels=8"}).empty());
+  CHECK_THAT(error_of(kTiny, {"model.swiglu=yes please"}), Contains("model.swiglu"));
+}

@@ -64,5 +64,10 @@ TEST_CASE("train: a Llama-family model reproduces the single-process losses unde
     INFO("worst relative loss difference " << worst);
     CHECK(worst <= 1e-5);
   }
-  CHECK(ref.back() < ref.front());
+  // The loss must move by far more than the tolerance, or the comparison proves nothing
+  // (on mock tokens this model stays near ln 256 for 10 iterations, moving by ~3e-3).
+  double moved = 0;
+  for (double l : ref) moved = std::max(moved, std::fabs(l - ref.front()) / ref.front());
+  INFO("largest relative move of the loss " << moved);
+  CHECK(moved > 1e-3);
 }
