@@ -355,13 +355,9 @@ struct TrainOutputs {
   MfuPeak peak;
 };
 
-// The word embedding is shared with the last stage (its gradient all-reduced over the
-// embedding group) only when the output layer is tied to it; untied, the last stage has an
-// output layer of its own and nothing to add.
-std::vector<parallel::DpParam> dp_params(const model::ParamStore& store, bool tied) {
+std::vector<parallel::DpParam> dp_params(const model::ParamStore& store) {
   std::vector<parallel::DpParam> params;
-  for (const auto& p : store.infos())
-    params.push_back({p.offset, p.numel, p.word_embedding && tied, p.sp_grad_reduce});
+  for (const auto& p : store.infos()) params.push_back({p.offset, p.numel, p.word_embedding, p.sp_grad_reduce});
   return params;
 }
 
@@ -380,8 +376,7 @@ struct TrainStep {
   TrainStep(const Recipe& r, TrainModel& m, TrainOptimizer& o)
       : exec(r, m.groups, m.chunks),
         stats(Tensor::empty({3}, DType::f64, m.device)),
-        ddp(dp_params(m.store, !r.model.untie_embeddings_and_output_weights), m.groups, r.parallel.sequence_parallel,
-            o.adamw.bucket_size(), zero1_shard(o.adamw)) {
+        ddp(dp_params(m.store), m.groups, r.parallel.sequence_parallel, o.adamw.bucket_size(), zero1_shard(o.adamw)) {
     parallel::DataParallelGrads* grads = &ddp;
     for (auto& c : m.chunks) c->set_grad_ready_hook([grads](int64_t offset) { grads->param_ready(offset); });
   }
