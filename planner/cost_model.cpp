@@ -171,26 +171,66 @@ double reduce_scatter_time(double bytes, int64_t n, GroupLink k) {
 
 int64_t element_bytes(Precision p) { return p == Precision::fp32 ? 4 : 2; }
 
+// The model's shape as the cost model counts it. The GPT (h = a D, one key/value head per
+// query head, GELU MLP, LayerNorm, biases, learned positions, tied output) and the Llama
+// family (grouped-query attention with G groups of head size D, SwiGLU with gate and up
+// each f wide, RMSNorm, no linear biases, rotary positions, untied output) differ only in
+// these fields; every formula below reads them.
 struct Shape {
   int64_t l, h, a, s, f, V, maxpos;
+  int64_t G = 0, D = 0;      // key/value groups, head size
+  bool swiglu = false;       // fc1 is gate and up: 2f wide
+  bool rms = false;          // RMSNorm: a weight and rstd, no bias and no mean
+  bool bias = true;          // add_bias_linear
+  bool qkv_bias = true;      // add_bias_linear or add_qkv_bias
+  bool untied = false;       // an output layer of its own on the last stage
+  bool rope = false;         // no position table (rotary positions in every layer)
   // mtnlg's trainer runs the unfused attention form (model.attention_backend): the
   // [b, a/t, s, s] probabilities exist and are kept unless selective recompute redoes them.
   bool unfused = false;
+  int64_t qkv() const { return (a + 2 * G) * D; }  // q, k and v columns
+  int64_t att() const { return a * D; }            // attention output width (the projection's input)
+  int64_t pre() const { return swiglu ? 2 * f : f; }  // fc1's output width
+  int64_t norm_params() const { return rms ? 1 : 2; }  // vectors of h per norm; also its fp32 statistics per row
 };
 Shape shape_of(const Recipe& r, int64_t tp) {
   const auto& m = r.model;
-  return {m.num_layers, m.hidden_size, m.num_attention_heads, m.seq_length,
-          m.ffn_hidden_size > 0 ? m.ffn_hidden_size : 4 * m.hidden_size, m.padded_vocab_size(tp),
-          m.max_position_embeddings > 0 ? m.max_position_embeddings : m.seq_length};
+  Shape sh{m.num_layers, m.hidden_size, m.num_attention_heads, m.seq_length,
+           m.ffn_hidden_size > 0 ? m.ffn_hidden_size : 4 * m.hidden_size, m.padded_vocab_size(tp),
+           m.max_position_embeddings > 0 ? m.max_position_embeddings : m.seq_length};
+  sh.G = m.query_groups();
+  sh.D = m.head_dim();
+  sh.swiglu = m.swiglu;
+  sh.rms = m.rmsnorm();
+  sh.bias = m.add_bias_linear;
+  sh.qkv_bias = m.qkv_bias();
+  sh.untied = m.untie_embeddings_and_output_weights;
+  sh.rope = m.rope();
+  return sh;
 }
 
 // Parameters one GPU holds for one transformer layer: the column/row-parallel weights
-// and their sharded biases divided by tp, LayerNorms and the two row-parallel output
-// biases replicated.
+// and their sharded biases divided by tp, the norms and the two row-parallel output
+// biases replicated (model/gpt.cpp declare_chunk_params).
 double layer_params_per_gpu(const Shape& sh, int64_t tp) {
-  const double h = double(sh.h), f = double(sh.f);
-  const double sharded = 4 * h * h + 2 * h * f + 3 * h + f;
-  return sharded / double(tp) + 6 * h;
+  const double h = double(sh.h), f = double(sh.f), qkv = double(sh.qkv()), pre = double(sh.pre());
+  const double sharded = qkv * h + double(sh.att()) * h + pre * h + f * h + (sh.qkv_bias ? qkv : 0.0) +
+                         (sh.bias ? pre : 0.0);
+  return sharded / double(tp) + double(2 * sh.norm_params() + (sh.bias ? 2 : 0)) * h;
+}
+
+// Parameters pipeline stage `st` holds on one tensor rank: its layers; the word embedding
+// and (learned positions) the position table on the first stage; the final norm on the
+// last, with the output layer (untied) or the tied embedding's copy (pp > 1).
+double stage_params_per_gpu(const Shape& sh, const Layout& l, int64_t st) {
+  const double t = double(l.tp);
+  double params = double(l.stage_layers[static_cast<size_t>(st)]) * layer_params_per_gpu(sh, l.tp);
+  if (st == 0) params += double(sh.V) * double(sh.h) / t + (sh.rope ? 0.0 : double(sh.maxpos) * double(sh.h));
+  if (st == l.pp - 1) {
+    params += double(sh.norm_params()) * double(sh.h);
+    if (sh.untied || l.pp > 1) params += double(sh.V) * double(sh.h) / t;
+  }
+  return params;
 }
 
 std::vector<int64_t> even_split(int64_t layers, int64_t pp) {
@@ -258,17 +298,19 @@ LayerTime layer_time(const Shape& sh, const Layout& l, const Cluster& c, Precisi
   const double peak = prec == Precision::fp32 ? g.peak_flops * 0.5 : g.peak_flops;  // fp32 runs use TF32
   const double e = double(element_bytes(prec));
   const int64_t t = l.tp, b = l.micro_batch, s = sh.s, h = sh.h;
-  const int64_t T = b * s, dh = sh.h / sh.a, heads = sh.a / t;
+  const int64_t T = b * s, dh = sh.D, heads = sh.a / t;
+  const int64_t qkv = sh.qkv() / t, att = sh.att() / t, pre = sh.pre() / t, ffn = sh.f / t;
   LayerTime r;
-  // Linear layers: QKV (column), projection (row), fc1 (column), fc2 (row).
-  const double f_qkv = gemm_time(g, peak, T, 3 * h / t, h), f_proj = gemm_time(g, peak, T, h, h / t),
-               f_fc1 = gemm_time(g, peak, T, sh.f / t, h), f_fc2 = gemm_time(g, peak, T, h, sh.f / t);
+  // Linear layers: QKV (column; (a + 2G) D wide), projection (row; from a D), fc1 (column;
+  // gate and up together under SwiGLU), fc2 (row).
+  const double f_qkv = gemm_time(g, peak, T, qkv, h), f_proj = gemm_time(g, peak, T, h, att),
+               f_fc1 = gemm_time(g, peak, T, pre, h), f_fc2 = gemm_time(g, peak, T, h, ffn);
   const double lin_f = f_qkv + f_proj + f_fc1 + f_fc2;
   // Backward: data gradient (same shape as forward with N and K swapped) and weight gradient (K = tokens).
-  const double d_qkv = gemm_time(g, peak, T, h, 3 * h / t), d_proj = gemm_time(g, peak, T, h / t, h),
-               d_fc1 = gemm_time(g, peak, T, h, sh.f / t), d_fc2 = gemm_time(g, peak, T, sh.f / t, h);
-  const double w_qkv = gemm_time(g, peak, h, 3 * h / t, T), w_proj = gemm_time(g, peak, h / t, h, T),
-               w_fc1 = gemm_time(g, peak, h, sh.f / t, T), w_fc2 = gemm_time(g, peak, sh.f / t, h, T);
+  const double d_qkv = gemm_time(g, peak, T, h, qkv), d_proj = gemm_time(g, peak, T, att, h),
+               d_fc1 = gemm_time(g, peak, T, h, pre), d_fc2 = gemm_time(g, peak, T, ffn, h);
+  const double w_qkv = gemm_time(g, peak, h, qkv, T), w_proj = gemm_time(g, peak, att, h, T),
+               w_fc1 = gemm_time(g, peak, h, pre, T), w_fc2 = gemm_time(g, peak, ffn, h, T);
   const double lin_b = d_qkv + d_proj + d_fc1 + d_fc2 + w_qkv + w_proj + w_fc1 + w_fc2;
   const bool flash = c.software.trainer_activations ? !sh.unfused : c.software.flash_attention;
   const bool fused = c.software.fused_attention && g.attn_fwd_flops > 0 && g.attn_bwd_flops > 0;
@@ -288,10 +330,13 @@ LayerTime layer_time(const Shape& sh, const Layout& l, const Cluster& c, Precisi
   const double E = double(T) * double(h) / region;
   const double ln_bytes = 2 * (2 * e) * E;                  // 2 LayerNorms: read + write
   const double bda_bytes = 2 * (3 * e + 1) * E;             // 2 bias-dropout-add: x, residual, out, mask
-  const double gelu_bytes = 2 * e * double(T) * double(sh.f) / double(t);  // bias-GeLU read + write
+  // bias-GeLU read + write; SwiGLU reads gate and up, writes their product
+  const double gelu_bytes = (sh.swiglu ? 3 : 2) * e * double(T) * double(sh.f) / double(t);
+  // rotary embedding of q and k, in place: read + write
+  const double rope_bytes = sh.rope ? 2 * e * double(T) * double((sh.a + sh.G) * sh.D) / double(t) : 0.0;
   const double S = double(b) * double(heads) * double(s) * double(s);
   const double softmax_bytes = no_probs ? 0.0 : (4 * e + 1) * S;  // fused scale-mask-softmax + dropout (mask 1 byte)
-  const double elem_f = (ln_bytes + bda_bytes + gelu_bytes) / g.hbm_bw;
+  const double elem_f = (ln_bytes + bda_bytes + gelu_bytes + rope_bytes) / g.hbm_bw;
   const double attn_elem_f = softmax_bytes / g.hbm_bw;
   // Kernel launches not covered by the GEMMs above (LN, dropout, softmax, GeLU, adds, copies).
   const double launches_f = 12 * g.kernel_overhead;
@@ -307,21 +352,28 @@ LayerTime layer_time(const Shape& sh, const Layout& l, const Cluster& c, Precisi
 }
 
 // Activation bytes one transformer layer keeps for one microbatch (Korthikanti et al.
-// 2022, Table 2, 16-bit; doubled for fp32).
+// 2022, Table 2, 16-bit; doubled for fp32): per s b h, 10 replicated over tp (the two
+// norms' inputs 4, the QKV and MLP inputs 2 + 2, two dropout masks 1 + 1) and 24 split
+// (Q and K 4, V 2, the projection's input 2, fc1's output 8, GeLU's 8), the latter counted
+// from the shape: Q, K 2 (a + G) D, V 2 G D, projection input 2 a D, fc1's output 2 pre
+// (gate and up under SwiGLU), the activation's output 2 f, over h.
 double layer_activation_bytes(const Shape& sh, const Layout& l, Precision prec, RecomputeGranularity rc) {
   const double sbh = double(sh.s) * double(l.micro_batch) * double(sh.h);
   const double t = double(l.tp);
   const double att = 5.0 * double(sh.a) * double(sh.s) / double(sh.h);
   const double scale = prec == Precision::fp32 ? 2.0 : 1.0;
+  const double split =
+      double(2 * (sh.a + sh.G) * sh.D + 2 * sh.G * sh.D + 2 * sh.att() + 2 * sh.pre() + 2 * sh.f) / double(sh.h);
+  const double all = 10.0 + split;
   double per;
   if (rc == RecomputeGranularity::full) {
     per = 2.0 * (l.sequence_parallel ? 1.0 / t : 1.0);  // the layer input only
   } else if (t == 1) {
-    per = rc == RecomputeGranularity::selective ? 34.0 : 34.0 + att;
+    per = rc == RecomputeGranularity::selective ? all : all + att;
   } else if (l.sequence_parallel) {
-    per = rc == RecomputeGranularity::selective ? 34.0 / t : 34.0 / t + att / t;
+    per = rc == RecomputeGranularity::selective ? all / t : all / t + att / t;
   } else {
-    per = rc == RecomputeGranularity::selective ? 10.0 + 24.0 / t : 10.0 + 24.0 / t + att / t;
+    per = rc == RecomputeGranularity::selective ? 10.0 + split / t : 10.0 + split / t + att / t;
   }
   return per * sbh * scale;
 }
@@ -338,8 +390,10 @@ double trainer_chunk_saved_bytes(const Shape& sh, const Layout& l, Precision pre
   if (l.recompute == RecomputeGranularity::full) {
     layer = R * C * e;  // the layer input only
   } else {
-    // x_in, ln1, x2, ln2 [R, C]; qkv [N, 3C/t]; att [N, C/t]; fc1, gel [N, f/t]; under SP the
-    // all-gathered ln1, ln2 [N, C]; LayerNorm mean/rstd 4 x [R] in fp32; then the attention
+    // x_in, ln1, x2, ln2 [R, C]; qkv [N, (a + 2G) D / t]; att [N, a D / t]; fc1 [N, pre/t]
+    // (gate and up under SwiGLU), gel [N, f/t]; under SP the all-gathered ln1, ln2 [N, C];
+    // the norms' statistics in fp32, 4 x [R] for LayerNorm (mean, rstd), 2 x [R] for
+    // RMSNorm (rstd); then the attention
     // core's: flash, the log-sum-exp [b, a/t, s] in fp32 (selective keeps the same: no
     // [s, s] tensor exists); unfused, the probabilities [b, a/t, s, s] in the compute dtype,
     // nothing under selective (the backward redoes them).
@@ -347,12 +401,12 @@ double trainer_chunk_saved_bytes(const Shape& sh, const Layout& l, Precision pre
     const double core = !sh.unfused                                  ? w * bas
                         : l.recompute == RecomputeGranularity::none ? e * bas * double(sh.s)
                                                                      : 0.0;
-    layer = e * (4 * R * C + N * 3 * C / t + N * C / t + 2 * N * double(sh.f) / t) + (sp ? 2 * N * C * e : 0.0) +
-            w * 4 * R + core;
+    layer = e * (4 * R * C + N * double(sh.qkv()) / t + N * double(sh.att()) / t + N * double(sh.pre() + sh.f) / t) +
+            (sp ? 2 * N * C * e : 0.0) + w * double(2 * sh.norm_params()) * R + core;
   }
   double b = double(layers) * layer + 2 * N * 4;  // + token ids and targets (i32)
-  if (head)  // chunk output, the final LayerNorm's statistics and its output's gradient (all N rows under SP);
-    b += R * C * e + 2 * R * w + N * C * e;  // the logits live only chunk by chunk (trainer_logits_bytes)
+  if (head)  // chunk output, the final norm's statistics and its output's gradient (all N rows under SP);
+    b += R * C * e + double(sh.norm_params()) * R * w + N * C * e;  // the logits live only chunk by chunk (trainer_logits_bytes)
   return b;
 }
 
@@ -491,6 +545,7 @@ std::string layout_problem(const Recipe& r, const Layout& l) {
   const auto& t = r.training;
   if (l.tp < 1 || l.pp < 1 || l.dp < 1 || l.vp < 1 || l.micro_batch < 1) return "sizes must be >= 1";
   if (m.num_attention_heads % l.tp != 0) return "attention heads not divisible by tp";
+  if (m.query_groups() % l.tp != 0) return "query groups not divisible by tp";
   const int64_t ffn = m.ffn_hidden_size > 0 ? m.ffn_hidden_size : 4 * m.hidden_size;
   if (ffn % l.tp != 0) return "ffn hidden size not divisible by tp";
   if (m.num_layers < l.pp) return "fewer layers than pipeline stages";
@@ -556,13 +611,8 @@ CommBytes comm_bytes_per_iteration(const Recipe& r, const Layout& l, int64_t B) 
   double tp_max = 0, dp_max = 0;
   for (int64_t st = 0; st < l.pp; ++st) {
     const double layers = double(l.stage_layers[static_cast<size_t>(st)]);
-    double params = layers * layer_params_per_gpu(sh, l.tp);
+    const double params = stage_params_per_gpu(sh, l, st);
     const bool first = st == 0, last = st == l.pp - 1;
-    if (first) params += double(sh.V) * double(sh.h) / t + double(sh.maxpos) * double(sh.h);
-    if (last) {
-      params += 2.0 * double(sh.h);
-      if (l.pp > 1) params += double(sh.V) * double(sh.h) / t;
-    }
     if (l.tp > 1) {
       const double per_ar = 2 * (t - 1) / t * act;
       const double n_ar = 4 + (l.recompute == RecomputeGranularity::full ? 2 : 0);
@@ -653,15 +703,8 @@ StageInputs stage_inputs(const Recipe& r, const Layout& l, const Cluster& c) {
 // The parameters stage st holds and their bytes: weights, gradients and optimizer state
 // (ZeRO-1 shards when the optimizer is distributed).
 void stage_parameter_memory(StageMemory& mem, const Layout& l, const StageInputs& x, int64_t st) {
-  const Shape& sh = x.sh;
-  const double t = x.t, d = x.d;
-  const bool first = st == 0, last = st == l.pp - 1;
-  double params = double(mem.layers) * layer_params_per_gpu(sh, l.tp);
-  if (first) params += double(sh.V) * double(sh.h) / t + double(sh.maxpos) * double(sh.h);
-  if (last) {
-    params += 2.0 * double(sh.h);
-    if (l.pp > 1) params += double(sh.V) * double(sh.h) / t;  // the tied output embedding copy
-  }
+  const double d = x.d;
+  const double params = stage_params_per_gpu(x.sh, l, st);
   mem.params = params;
   // ZeRO-1 shards are ceil(params / d): the trainer pads the buffer to a multiple of d.
   const double shard = l.distributed_optimizer ? std::ceil(params / d) : params;
@@ -752,7 +795,7 @@ StageMemory stage_memory(const Layout& l, const Cluster& c, const StageInputs& x
   if (c.software.trainer_activations && !sh.unfused && c.gpu.name.rfind("cpu", 0) != 0 && mem.layers > 0)
     mem.attention_workspace = c.attention_workspace >= 0
                                   ? c.attention_workspace
-                                  : cudnn_attention_bytes(l.micro_batch, sh.a / l.tp, sh.s, sh.h / sh.a,
+                                  : cudnn_attention_bytes(l.micro_batch, sh.a / l.tp, sh.s, sh.D,
                                                           x.deterministic);
   mem.workspace = 1.0 * kGiB + 0.05 * rest + rematerialized + mem.attention_workspace;
   mem.total = rest + mem.comm_buffers + mem.workspace;
@@ -881,9 +924,11 @@ double trainer_collectives_time(const Recipe& r, const Layout& l, const Cluster&
     const GroupLink tpl = group_link(c, 1, l.tp);
     for (int64_t st = 0; st < l.pp; ++st) {
       const double layers = double(l.stage_layers[static_cast<size_t>(st)]);
-      double t_sp = 6 * layers * small_allreduce_time(4.0 * double(sh.h), l.tp, tpl);
-      if (st == 0) t_sp += allreduce_time(4.0 * double(sh.maxpos) * double(sh.h), l.tp, tpl);
-      if (st == l.pp - 1) t_sp += 2 * small_allreduce_time(4.0 * double(sh.h), l.tp, tpl);
+      // per layer: the two norms' weights (and LayerNorm's biases), the two output biases
+      const double per_layer = double(2 * sh.norm_params() + (sh.bias ? 2 : 0));
+      double t_sp = per_layer * layers * small_allreduce_time(4.0 * double(sh.h), l.tp, tpl);
+      if (st == 0 && !sh.rope) t_sp += allreduce_time(4.0 * double(sh.maxpos) * double(sh.h), l.tp, tpl);
+      if (st == l.pp - 1) t_sp += double(sh.norm_params()) * small_allreduce_time(4.0 * double(sh.h), l.tp, tpl);
       sp_max = std::max(sp_max, t_sp);
     }
   }
@@ -921,7 +966,7 @@ IterParts iteration_parts(const Recipe& r, const Layout& l, const Cluster& c_in,
     const double local = mem.params / (l.distributed_optimizer ? double(l.dp) : 1.0);
     opt_max = std::max(opt_max, (34.0 * local / c.gpu.hbm_bw + 4.0 * mem.params / c.gpu.hbm_bw) * compute_share(c, l));
   }
-  if (l.pp > 1) {
+  if (l.pp > 1 && !r.model.untie_embeddings_and_output_weights) {  // the tied embedding's two copies
     const Shape sh = shape_of(r, l.tp);
     dp_max += allreduce_time(double(sh.V) * double(sh.h) / double(l.tp) * 4.0, 2, {c.gpu.ib_bw, c.gpu.ib_alpha});
   }

@@ -21,6 +21,7 @@
 #include "core/atomic_file.hpp"
 #include "core/error.hpp"
 #include "config/recipe.hpp"
+#include "model/flops.hpp"
 #include "planner/cost_model.hpp"
 
 #ifdef MTNLG_HAVE_CUDA
@@ -633,9 +634,12 @@ void print_human(const Recipe& r, const cost::Estimate& e, const cost::Cluster& 
               e.pipeline_time, e.dp_time, e.optimizer_time);
   std::printf("bubble           %.1f%% of the pipeline phase\n", 100.0 * e.bubble_fraction);
   std::printf("throughput       %.0f tokens/s\n", e.tokens_per_s);
-  std::printf("TFLOP/s per GPU  %.1f hardware (Megatron convention%s), %.1f model (72-form)\n", e.tflops_per_gpu,
-              e.layout.recompute == RecomputeGranularity::full ? ", 96-form under full recompute" : "",
-              e.model_tflops_per_gpu);
+  const bool gpt = model::gpt_flops_form(r.model);
+  std::printf("TFLOP/s per GPU  %.1f hardware (Megatron convention%s), %.1f model (%s)\n", e.tflops_per_gpu,
+              e.layout.recompute != RecomputeGranularity::full ? ""
+              : gpt                                             ? ", 96-form under full recompute"
+                                                                : ", full recompute's forward counted",
+              e.model_tflops_per_gpu, gpt ? "72-form" : "Megatron-Core's count with GQA and SwiGLU");
   std::printf("MFU              %.1f%% (HFU %.1f%%) of %.0f TFLOP/s peak\n", 100 * e.mfu, 100 * e.hfu,
               c.gpu.peak_flops / 1e12);
   std::printf("comm per rank    tp %.2f GB, pp %.2f GB, dp %.2f GB sent per iteration\n", e.comm.tp / 1e9, e.comm.pp / 1e9,

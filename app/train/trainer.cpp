@@ -255,6 +255,27 @@ MfuPeak mfu_peak(const Recipe& r, const parallel::ProcessGroups& g, Device devic
   return peak;
 }
 
+// The family and its switches, one phrase: "gpt: learned positions, LayerNorm, GELU, tied"
+// or "llama: rope base 500000, RMSNorm, SwiGLU, 8 query groups, untied, no linear biases".
+std::string architecture_line(const ModelConfig& m) {
+  const bool llama = m.rope() || m.rmsnorm() || m.swiglu || m.query_groups() != m.num_attention_heads ||
+                     m.untie_embeddings_and_output_weights || !m.add_bias_linear;
+  std::string s = llama ? "llama: " : "gpt: ";
+  s += m.rope() ? fmt::format("rope base {:g}{}{}{}", m.rotary_base,
+                              m.rotary_percent < 1 ? fmt::format(" on {:g}% of each head", 100 * m.rotary_percent) : "",
+                              m.rotary_interleaved ? " interleaved" : "",
+                              m.use_rope_scaling ? fmt::format(" scaled x{:g} (Llama 3.1)", m.rope_scaling_factor) : "")
+                : std::string("learned positions");
+  s += m.rmsnorm() ? ", RMSNorm" : ", LayerNorm";
+  s += m.swiglu ? ", SwiGLU" : ", GELU";
+  s += fmt::format(", ffn {}", m.ffn_hidden_size);
+  if (m.query_groups() != m.num_attention_heads) s += fmt::format(", {} query groups", m.query_groups());
+  if (m.kv_channels > 0) s += fmt::format(", head size {}", m.head_dim());
+  s += m.untie_embeddings_and_output_weights ? ", untied" : ", tied";
+  if (!m.add_bias_linear) s += m.add_qkv_bias ? ", biases on q/k/v only" : ", no linear biases";
+  return s;
+}
+
 // The banner: the run, the layout, the model and the data, once at set-up.
 void log_banner(const Recipe& r, const TrainModel& m, const TrainOptimizer& o, const TrainData& d, const MfuPeak& peak) {
   const parallel::Topology& t = m.groups.topo;
@@ -268,14 +289,15 @@ void log_banner(const Recipe& r, const TrainModel& m, const TrainOptimizer& o, c
             m.chunks.front()->attention_note(), to_string(r.parallel.recompute_granularity),
             o.adamw.zero1() ? " | ZeRO-1 distributed optimizer" : "",
             r.training.enable_cuda_graph ? " | CUDA graphs per micro batch" : "");
+  log::info("architecture: {}", architecture_line(r.model));
   log::info("run: {} iterations, {} samples, {} tokens | data: {} | MFU peak {:.3f} TFLOP/s ({}); TFLOP/s and MFU count "
-            "model FLOPs 72*B*s*l*h^2*(1+s/(6h)+V/(12*l*h)) per iteration (recompute not counted)",
+            "model FLOPs {} per iteration (recompute not counted)",
             d.run.iterations,
             human_count(static_cast<double>(d.run.samples)), human_count(static_cast<double>(d.run.tokens)),
             r.data.mock                                            ? std::string("mock tokens")
             : r.data.blend.size() == 1 && !r.data.blend[0].weighted ? "one unweighted source " + r.data.blend[0].prefix
                                                                     : fmt::format("blend of {} sources", r.data.blend.size()),
-            peak.tflops, peak.what);
+            peak.tflops, peak.what, model::model_flops_formula(r.model));
 }
 
 // The run directory's files and reports, straggler detection, step timing, TensorBoard,

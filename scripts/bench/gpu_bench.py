@@ -5,7 +5,10 @@ scripts/bench/gpu_bench.sh, which finds the binaries; see there for the usage.
 
 Every system trains the same GPT (pre-LN, learned positions, tanh GELU, tied output layer,
 vocabulary 50257 padded to 50304, no dropout, AdamW with clipping) on random tokens, one
-micro batch per step, bf16 with fp32 master weights. A row's tokens/s is
+micro batch per step, bf16 with fp32 master weights. The Llama row is Llama 3 8B's layer
+(hidden 4096, 32 query heads in 8 key/value groups, SwiGLU ffn 14336, rope base 500000,
+RMSNorm, no biases) at 4 layers, sequence 8192, vocabulary 128256, untied output layer
+(PyTorch: torch_gpt_step.py --family llama, Hugging Face's form; llm.c trains GPT-2 only). A row's tokens/s is
 batch x sequence / the median step time of --iters steps after --warmup (mtnlg: its
 metrics.jsonl; PyTorch: scripts/bench/torch_gpt_step.py; llm.c: its per-step "ms").
 
@@ -15,6 +18,8 @@ MFU, two conventions, both against the same peak (--peak-tflops):
          if the causal mask skipped nothing (Megatron's and mtnlg's convention).
   MFU6N  llm.c's, 6 N + 6 l h s per token, N every parameter (tied embedding once, the
          position table included): the attention term is the causal half of the dense one.
+  The Llama row's MFU72 is Megatron-Core's count with its GQA and SwiGLU terms (what mtnlg
+  logs for the family, model/flops.hpp): 12 l h^2 ((1 + G/H + s/h) + 3F/(2h) + V/(2 l h)).
 """
 import argparse
 import json
@@ -31,8 +36,10 @@ HERE = Path(__file__).resolve().parent
 VOCAB, VOCAB_PADDED = 50257, 50304
 
 # name, layers, hidden, heads, sequence, micro batch on an 80 GB GPU, llm.c model descriptor
+# (None: llm.c has no such model)
 ROWS = [
     ("GPT-2 124M", 12, 768, 12, 1024, 16, "d12"),
+    ("Llama 3 8B x4 layers", 4, 4096, 32, 8192, 1, None),
     ("GPT-2 350M", 24, 1024, 16, 1024, 16, "d24"),
     ("GPT-2 1.5B", 48, 1600, 25, 1024, 4, "d48"),
     ("GPT 1.3B", 24, 2048, 16, 2048, 2, "gpt3:c2048"),
@@ -41,11 +48,17 @@ ROWS = [
 # 1.5B row keeps an odd head count, the 1.3B row twice the sequence.
 TINY = {
     "GPT-2 124M": (2, 64, 4, 32, 2),
+    "Llama 3 8B x4 layers": (2, 64, 4, 32, 2),
     "GPT-2 350M": (2, 96, 4, 32, 2),
     "GPT-2 1.5B": (2, 80, 5, 32, 2),
     "GPT 1.3B": (2, 64, 4, 64, 2),
 }
 TINY_VOCAB = 512
+# The Llama rows' architecture (the GPT rows have none): key/value groups, the SwiGLU width,
+# the rotary base, the real vocabulary (a multiple of 128: mtnlg pads nothing); --tiny keeps
+# 2 groups and a small ffn.
+LLAMA = {"Llama 3 8B x4 layers": {"groups": 8, "ffn": 14336, "rope_base": 500000.0, "vocab": 128256}}
+LLAMA_TINY = {"groups": 2, "ffn": 96, "rope_base": 500000.0, "vocab": TINY_VOCAB}
 # "mtnlg unfused (GELU kernel)": the same run with cuBLASLt's GELU epilogues off
 # (MTNLG_GELU_EPILOGUE=0: the GEMM, then mtnlg's GELU and bias-gradient kernels), the A/B
 # that says whether the fusion is worth having on this GPU.
@@ -75,16 +88,24 @@ GPU_ONLY = {"cuda_graph": "a GPU feature (training.enable_cuda_graph)",
             "determinism": "a GPU feature (cuDNN's attention backward; the CPU's is deterministic either way)"}
 
 
-def flops72(L, C, T, V):
+def flops72(L, C, T, V, H=1, arch=None):
+    """Model FLOPs per token: the 72-form, or for a Llama row Megatron-Core's count with
+    grouped-query attention (G key/value heads of C/H) and SwiGLU (3 ffn matrices)."""
+    if arch:
+        G, F_ = arch["groups"], arch["ffn"]
+        return 12.0 * L * C * C * ((1 + G / H + T / C) + 1.5 * F_ / C + V / (2.0 * L * C))
     return 72.0 * L * C * C * (1 + T / (6.0 * C) + V / (12.0 * L * C))
 
 
-def params(L, C, T, V):
+def params(L, C, T, V, H=1, arch=None):
+    if arch:  # q, k, v, o without biases, gate, up, down, two RMSNorms; embedding, final norm, untied output
+        D, G, F_ = C // H, arch["groups"], arch["ffn"]
+        return 2 * V * C + C + L * (C * (H + 2 * G) * D + H * D * C + 3 * C * F_ + 2 * C)
     return V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C
 
 
-def flops6n(L, C, T, V):
-    return 6.0 * params(L, C, T, V) + 6.0 * L * C * T
+def flops6n(L, C, T, V, H=1, arch=None):
+    return 6.0 * params(L, C, T, V, H, arch) + 6.0 * L * C * T
 
 
 class Budget:
@@ -171,10 +192,26 @@ def median_of(xs):
     return statistics.median(xs) if xs else None
 
 
+def llama_keys(arch):
+    """The recipe lines that make a row's model a Llama (none for a GPT row)."""
+    if not arch:
+        return ""
+    return f"""  num_query_groups: {arch["groups"]}
+  ffn_hidden_size: {arch["ffn"]}
+  position_embedding_type: rope
+  rotary_base: {arch["rope_base"]:g}
+  normalization: RMSNorm
+  swiglu: true
+  untie_embeddings_and_output_weights: true
+  add_bias_linear: false
+"""
+
+
 def mtnlg_recipe(path, shape, a, backend, run_dir):
-    L, C, H, T, B, V = shape
+    L, C, H, T, B, V, arch = shape
     text = f"""# gpu_bench.py: mtnlg's side of one row, random tokens
 model:
+{llama_keys(arch)}
   num_layers: {L}
   hidden_size: {C}
   num_attention_heads: {H}
@@ -250,13 +287,21 @@ def torch_cmd(a):
 FIRST_STEP = re.compile(r"^torch_gpt_step: first step ([\d.]+) s", re.M)
 
 
-def bench_torch(a, shape, compiled, budget, seconds=None):
-    """One PyTorch run. `seconds`: its limit (torch.compile's share of its own budget)."""
-    L, C, H, T, B, V = shape
+def torch_model_args(shape):
+    """torch_gpt_step.py's model options for one row."""
+    L, C, H, T, B, V, arch = shape
     # The padded vocabulary mtnlg computes with (make_vocab_size_divisible_by), tokens below the real one.
     Vp = VOCAB_PADDED if V == VOCAB else V
-    cmd = torch_cmd(a) + [f"--layers={L}", f"--hidden={C}", f"--heads={H}", f"--seq={T}", f"--batch={B}", f"--vocab={Vp}",
-                          f"--valid-vocab={V}"]
+    args = [f"--layers={L}", f"--hidden={C}", f"--heads={H}", f"--seq={T}", f"--batch={B}", f"--vocab={Vp}",
+            f"--valid-vocab={V}"]
+    if arch:
+        args += ["--family=llama", f"--groups={arch['groups']}", f"--ffn={arch['ffn']}", f"--rope-base={arch['rope_base']:g}"]
+    return args
+
+
+def bench_torch(a, shape, compiled, budget, seconds=None):
+    """One PyTorch run. `seconds`: its limit (torch.compile's share of its own budget)."""
+    cmd = torch_cmd(a) + torch_model_args(shape)
     cmd += ["--sdpa", "--fused-adamw", f"--warmup={a.warmup}", f"--iters={a.iters}"]
     if compiled:
         if not a.torch["compile"]:
@@ -298,11 +343,13 @@ def llmc_tokens(path, n):
 
 
 def bench_llmc(a, shape, descriptor, out, budget):
+    if descriptor is None:
+        return {"error": "not run (llm.c trains GPT-2 only)"}
     if not a.llmc:
         return {"error": "not run (set LLMC_BIN to a train_gpt2cu)"}
     if a.tiny:
         return {"error": "not run (--tiny: llm.c has no tiny CPU mode)"}
-    L, C, H, T, B, V = shape
+    L, C, H, T, B, V, _ = shape
     shard = out / f"llmc-tokens-{B}x{T}.bin"
     if not shard.exists():
         llmc_tokens(shard, (a.warmup + a.iters + 4) * B * T + 1)
@@ -346,7 +393,7 @@ def run_ab(a, shapes, out):
                     errs[sw_name][label] = v["error"]
     results, missing = {"row": name, "shape": shape, "rounds": a.ab_rounds, "warmup": a.warmup, "iters": a.iters,
                         "switches": {}}, 0
-    L, C, H, T, B, V = shape
+    L, C, H, T, B, V, _ = shape
     for sw_name, side_a, side_b in SWITCHES:
         la, lb = side_a[0], side_b[0]
         if a.device != "cuda" and sw_name in GPU_ONLY:
@@ -426,7 +473,8 @@ def main():
     for name, L, C, H, T, B, desc in rows:
         if a.tiny:
             L, C, H, T, B = TINY[name]
-        shapes[name] = (L, C, H, T, B, TINY_VOCAB if a.tiny else VOCAB)
+        arch = (LLAMA_TINY if a.tiny else LLAMA[name]) if name in LLAMA else None
+        shapes[name] = (L, C, H, T, B, arch["vocab"] if arch else TINY_VOCAB if a.tiny else VOCAB, arch)
     chosen = a.systems.split(",") if a.systems else SYSTEMS + ["attention"]
     # torch.compile's own budget (CompileBudget): the other runs cannot spend it.
     compile_total = 0.0
@@ -496,17 +544,19 @@ def main():
     others = ["mtnlg unfused", "mtnlg unfused (GELU kernel)", "mtnlg flash", "PyTorch eager", "llm.c"]
 
     def row_entry(name):
-        L, C, H, T, B, V = shapes[name]
+        L, C, H, T, B, V, arch = shapes[name]
         Vp = VOCAB_PADDED if V == VOCAB else V
-        return results["rows"].setdefault(
-            name, {"shape": {"layers": L, "hidden": C, "heads": H, "seq": T, "batch": B, "vocab": Vp}, "systems": {}})
+        shape = {"layers": L, "hidden": C, "heads": H, "seq": T, "batch": B, "vocab": Vp}
+        if arch:
+            shape["llama"] = {k: arch[k] for k in ("groups", "ffn", "rope_base")}
+        return results["rows"].setdefault(name, {"shape": shape, "systems": {}})
 
     def put(name, k, v):
-        L, C, H, T, B, V = shapes[name]
+        L, C, H, T, B, V, arch = shapes[name]
         Vp = VOCAB_PADDED if V == VOCAB else V
         if "tokens_per_s" in v:
-            v["mfu72"] = v["tokens_per_s"] * flops72(L, C, T, Vp) / (a.peak_tflops * 1e12)
-            v["mfu6n"] = v["tokens_per_s"] * flops6n(L, C, T, Vp) / (a.peak_tflops * 1e12)
+            v["mfu72"] = v["tokens_per_s"] * flops72(L, C, T, Vp, H, arch) / (a.peak_tflops * 1e12)
+            v["mfu6n"] = v["tokens_per_s"] * flops6n(L, C, T, Vp, H, arch) / (a.peak_tflops * 1e12)
         row_entry(name)["systems"][k] = v
 
     for name, *_rest, desc in rows:
@@ -551,7 +601,8 @@ def print_tables(res, a):
     print(f"gpu_bench {res['date']} | {res['device']} | torch {res['torch']} | {res['precision']} | median of {res['iters']} steps after "
           f"{res['warmup']} warm-up | peak {res['peak_tflops']:g} TFLOP/s ({res['peak']})")
     print("MFU72: 72*l*h^2*(1+s/(6h)+V/(12*l*h)) per token, attention counted dense (no causal halving; Megatron's and "
-          "mtnlg's log line). MFU6N: llm.c's 6*N + 6*l*h*s per token (the causal half).")
+          "mtnlg's log line; the Llama row: Megatron-Core's count with GQA and SwiGLU, as mtnlg logs it). "
+          "MFU6N: llm.c's 6*N + 6*l*h*s per token (the causal half).")
     print("ratios: this row's tokens/s over the best PyTorch row (eager, compile) and over llm.c's.")
     print()
     print("| model | shape (l, h, heads, s, batch) | system | tokens/s | MFU72 | MFU6N | vs PyTorch | vs llm.c | note |")
@@ -559,6 +610,8 @@ def print_tables(res, a):
     for name, row in res["rows"].items():
         s = row["shape"]
         shape = f"{s['layers']}, {s['hidden']}, {s['heads']}, {s['seq']}, {s['batch']}"
+        if "llama" in s:
+            shape += f"; {s['llama']['groups']} kv groups, SwiGLU {s['llama']['ffn']}, vocab {s['vocab']}"
         sy = row["systems"]
         torch_best = max((sy[k].get("tokens_per_s") or 0 for k in ("PyTorch eager", "torch.compile")), default=0) or None
         llmc = sy["llm.c"].get("tokens_per_s")

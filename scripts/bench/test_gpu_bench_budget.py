@@ -10,7 +10,9 @@ ctest bench.gpu-bench-compile-budget):
      with enough budget every row gets a torch.compile number, the compilation is reported
      apart and the budget line is printed; with too little, every row says it was skipped
      and why; a stand-in that compiles past its share times out saying it was still
-     compiling. About 15 s.
+     compiling. About 15 s;
+  4. the Llama row at its GPU size (llama_row): its mtnlg recipe, PyTorch options and
+     FLOPs; with MTNLG_BIN, `mtnlg plan` of that recipe.
 
     usage: test_gpu_bench_budget.py     (exit 0 and "gpu_bench compile budget: ok")"""
 import json
@@ -82,6 +84,46 @@ def unit(errors):
     check(rc == "timeout" and gpu_bench.FIRST_STEP.search(err), f"run() timeout kept its output: {rc} {err!r}", errors)
 
 
+def llama_row(errors):
+    """The Llama row at its GPU size: the recipe gpu_bench.py writes for mtnlg (the family's
+    keys, Llama 3 8B's layer), the PyTorch command's model options, the FLOPs per token it
+    divides by (test/model/test_flops.cpp's hand count of Llama 3 8B, over 8192 tokens), and,
+    with MTNLG_BIN set, `mtnlg plan` of that recipe on one H100: it loads, validates, has the
+    parameters of 4 such layers + embedding + untied output, and fits in memory."""
+    import argparse
+
+    name = "Llama 3 8B x4 layers"
+    row = next(r for r in gpu_bench.ROWS if r[0] == name)
+    arch = gpu_bench.LLAMA[name]
+    shape = (*row[1:6], arch["vocab"], arch)
+    a = argparse.Namespace(device="cuda", precision="bf16", warmup=3, iters=10, threads=0, cuda_graph="on", peak_tflops=0)
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "llama.yaml"
+        gpu_bench.mtnlg_recipe(path, shape, a, "flash", Path(d) / "run")
+        text = path.read_text()
+        for key in ("num_query_groups: 8", "ffn_hidden_size: 14336", "position_embedding_type: rope",
+                    "rotary_base: 500000", "normalization: RMSNorm", "swiglu: true",
+                    "untie_embeddings_and_output_weights: true", "add_bias_linear: false", "num_layers: 4",
+                    "hidden_size: 4096", "num_attention_heads: 32", "seq_length: 8192", "vocab_size: 128256"):
+            check(key in text, f"Llama row recipe lacks {key!r}", errors)
+        mtnlg = os.environ.get("MTNLG_BIN")
+        if mtnlg:
+            p = subprocess.run([mtnlg, "plan", str(path), "--gpus", "1", "--gpu", "h100", "--software", "mtnlg", "--json"],
+                               capture_output=True, text=True, timeout=60)
+            check(p.returncode == 0, f"mtnlg plan of the Llama row: exit {p.returncode}: {p.stderr[-300:]}", errors)
+            if p.returncode == 0:
+                j = json.loads(p.stdout)
+                want = gpu_bench.params(4, 4096, 8192, 128256, 32, arch)
+                check(j["stages"][0]["params"] == want, f"Llama row parameters {j['stages'][0]['params']} != {want}", errors)
+                check(j["fits"], f"the Llama row does not fit one H100: {j.get('peak_memory_gib')} GiB", errors)
+    targs = gpu_bench.torch_model_args(shape)
+    for x in ("--family=llama", "--groups=8", "--ffn=14336", "--rope-base=500000", "--vocab=128256", "--seq=8192"):
+        check(x in targs, f"PyTorch's Llama row lacks {x}: {targs}", errors)
+    per_token = gpu_bench.flops72(32, 4096, 8192, 128256, 32, arch)
+    check(abs(per_token - 474422087516160 / 8192) < 1e-6 * per_token, f"Llama 3 8B FLOPs per token {per_token}", errors)
+    check(gpu_bench.params(32, 4096, 8192, 128256, 32, arch) == 8030261248, "Llama 3 8B parameters", errors)
+
+
 def bench(tmp, fake, extra, env_extra):
     out = tmp / f"out{len(list(tmp.iterdir()))}"
     cmd = [sys.executable, str(HERE / "gpu_bench.py"), "--mtnlg", "/bin/true", "--python", str(fake), "--tiny", "--cpu",
@@ -123,6 +165,7 @@ def end_to_end(errors):
 def main():
     errors = []
     unit(errors)
+    llama_row(errors)
     end_to_end(errors)
     for e in errors:
         print("FAIL", e)

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """PyTorch peer of mtnlg's train step: the same GPT (pre-LN, learned positions, tanh GELU,
-tied output layer) and AdamW with gradient clipping, timing whole optimizer steps.
+tied output layer), or the same Llama-family model (--family llama), and AdamW with
+gradient clipping, timing whole optimizer steps.
 
   torch_gpt_step.py LAYERS HIDDEN HEADS SEQ BATCH VOCAB STEPS THREADS
       scripts/bench/train_step_bench.sh's CPU reference: fp32, the attention written out
@@ -12,6 +13,7 @@ tied output layer) and AdamW with gradient clipping, timing whole optimizer step
       FlashAttention through scaled_dot_product_attention on CUDA; one JSON line a shape.
 
   torch_gpt_step.py --layers L --hidden C --heads H --seq T --batch B --vocab V
+                    [--family gpt|llama [--groups G] [--ffn F] [--rope-base B]]
                     [--device cuda|cpu] [--bf16] [--sdpa] [--fused-adamw] [--compile]
                     [--warmup N] [--iters N] [--threads N]
       scripts/bench/gpu_bench.sh's peer, as a practitioner writes it: the vocabulary padded to
@@ -22,6 +24,9 @@ tied output layer) and AdamW with gradient clipping, timing whole optimizer step
       line: median step seconds of the --iters steps after --warmup, tokens/s, the parameter
       count, the first step's seconds apart (first_step_s: under --compile, the compilation;
       also said on stderr as soon as it is done), the whole warm-up's, and what actually ran (a feature this torch lacks falls back, and says so).
+      --family llama: Hugging Face Llama's layer (RMSNorm, rotate-half RoPE, grouped-query
+      attention with --groups key/value heads repeated to the query heads, SwiGLU of --ffn,
+      no biases) and an untied output layer; also the CPU peer of train_step_bench.sh MODEL=llama.
 """
 import argparse
 import json
@@ -78,6 +83,79 @@ class GPT(torch.nn.Module):
         logits = self.lnf(x) @ self.wte.weight.T
         # As a plain training loop writes it: under autocast the loss's log-softmax runs in
         # fp32 by itself; an explicit .float() would add a B x T x V fp32 copy and its gradient.
+        return F.cross_entropy(logits.view(-1, self.V), tgt.view(-1))
+
+
+class RMSNorm(torch.nn.Module):
+    """x * rsqrt(mean(x^2) + eps) * w (torch < 2.4 has no torch.nn.RMSNorm)."""
+
+    def __init__(self, C, eps=1e-5):
+        super().__init__()
+        self.eps, self.weight = eps, torch.nn.Parameter(torch.ones(C))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def rotate_half(x):
+    x1, x2 = x.chunk(2, -1)
+    return torch.cat((-x2, x1), -1)
+
+
+class LlamaBlock(torch.nn.Module):
+    """Hugging Face Llama's decoder layer as a practitioner writes it: RMSNorm, q/k/v without
+    biases (G key/value heads, each shared by H/G query heads), rotate-half RoPE, SwiGLU."""
+
+    def __init__(self, C, H, G, F_, T, sdpa):
+        super().__init__()
+        self.H, self.G, self.D, self.sdpa = H, G, C // H, sdpa
+        self.ln1, self.ln2 = RMSNorm(C), RMSNorm(C)
+        self.q = torch.nn.Linear(C, H * self.D, bias=False)
+        self.k = torch.nn.Linear(C, G * self.D, bias=False)
+        self.v = torch.nn.Linear(C, G * self.D, bias=False)
+        self.o = torch.nn.Linear(H * self.D, C, bias=False)
+        self.gate, self.up = torch.nn.Linear(C, F_, bias=False), torch.nn.Linear(C, F_, bias=False)
+        self.down = torch.nn.Linear(F_, C, bias=False)
+        if not sdpa:
+            self.register_buffer("mask", ~torch.ones(T, T, dtype=torch.bool).tril(), persistent=False)
+
+    def forward(self, x, cos, sin):
+        B, T, C = x.shape
+        h = self.ln1(x)
+        q = self.q(h).view(B, T, self.H, self.D).transpose(1, 2)
+        k = self.k(h).view(B, T, self.G, self.D).transpose(1, 2)
+        v = self.v(h).view(B, T, self.G, self.D).transpose(1, 2)
+        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        k = k.repeat_interleave(self.H // self.G, 1)
+        v = v.repeat_interleave(self.H // self.G, 1)
+        a = causal_attention(q, k, v, None if self.sdpa else self.mask)
+        x = x + self.o(a.transpose(1, 2).reshape(B, T, self.H * self.D))
+        h = self.ln2(x)
+        return x + self.down(F.silu(self.gate(h)) * self.up(h))
+
+
+class Llama(torch.nn.Module):
+    def __init__(self, L, C, H, G, F_, T, V, base, sdpa=False):
+        super().__init__()
+        self.V = V
+        self.wte = torch.nn.Embedding(V, C)
+        self.blocks = torch.nn.ModuleList(LlamaBlock(C, H, G, F_, T, sdpa) for _ in range(L))
+        self.lnf = RMSNorm(C)
+        self.head = torch.nn.Linear(C, V, bias=False)  # untied
+        D = C // H
+        inv = 1.0 / (base ** (torch.arange(0, D, 2, dtype=torch.float32) / D))
+        ang = torch.outer(torch.arange(T, dtype=torch.float32), inv)
+        ang = torch.cat((ang, ang), -1)
+        self.register_buffer("cos", ang.cos(), persistent=False)
+        self.register_buffer("sin", ang.sin(), persistent=False)
+
+    def forward(self, idx, tgt):
+        T = idx.shape[1]
+        x = self.wte(idx)
+        cos, sin = self.cos[:T].to(x.dtype), self.sin[:T].to(x.dtype)
+        for b in self.blocks:
+            x = b(x, cos, sin)
+        logits = self.head(self.lnf(x))
         return F.cross_entropy(logits.view(-1, self.V), tgt.view(-1))
 
 
@@ -183,6 +261,11 @@ def main():
         ap.add_argument(f"--{k}", type=int)
     ap.add_argument("--attention", metavar="B,T,H,D[;B,T,H,D...]", help="time causal attention alone at these shapes")
     ap.add_argument("--valid-vocab", type=int, default=0, help="tokens are drawn below this (default: --vocab)")
+    ap.add_argument("--family", choices=("gpt", "llama"), default="gpt",
+                    help="llama: RMSNorm, rotate-half RoPE, --groups key/value heads, SwiGLU --ffn, untied, no biases")
+    ap.add_argument("--groups", type=int, default=0, help="llama: key/value heads (default: --heads)")
+    ap.add_argument("--ffn", type=int, default=0, help="llama: width of each of gate and up (default 4h*2/3 rounded down to 64)")
+    ap.add_argument("--rope-base", type=float, default=10000.0, help="llama: rotary base")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--bf16", action="store_true")
     ap.add_argument("--sdpa", action="store_true")
@@ -212,11 +295,18 @@ def main():
     torch.manual_seed(0)
     if dev.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False
+    if a.family == "llama":
+        groups = a.groups if a.groups > 0 else a.heads
+        ffn = a.ffn if a.ffn > 0 else 4 * a.hidden * 2 // 3 // 64 * 64
+        ran["family"] = f"llama (groups {groups}, ffn {ffn}, rope base {a.rope_base:g}, untied, no biases)"
+        build = lambda: Llama(a.layers, a.hidden, a.heads, groups, ffn, a.seq, a.vocab, a.rope_base, sdpa)  # noqa: E731
+    else:
+        build = lambda: GPT(a.layers, a.hidden, a.heads, a.seq, a.vocab, sdpa)  # noqa: E731
     try:  # initialise on the device (torch >= 2.0): a 1.5B model's CPU initialisation takes a while
         with dev:
-            model = GPT(a.layers, a.hidden, a.heads, a.seq, a.vocab, sdpa)
+            model = build()
     except (AttributeError, TypeError):  # torch.device is no context manager in torch 1.x
-        model = GPT(a.layers, a.hidden, a.heads, a.seq, a.vocab, sdpa).to(dev)
+        model = build().to(dev)
     opt, ran["adamw"] = make_adamw(model.parameters(), a.fused_adamw)
     step_model = model
     if a.compile:

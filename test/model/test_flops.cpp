@@ -30,3 +30,66 @@ TEST_CASE("model FLOPs: the forms reproduce MT-NLG 530B's published 126 TFLOP/s 
   CHECK(sel < model::hardware_flops(m, V, 1920, RecomputeGranularity::full));
   CHECK(model::hardware_flops(m, V, 1920, RecomputeGranularity::none) == model::model_flops(m, V, 1920));
 }
+
+// Llama 3 8B (32 layers, hidden 4096, 32 heads in 8 key/value groups of head size 128,
+// SwiGLU ffn 14336, vocabulary 128256, untied, no biases, RMSNorm, seq 8192), counted by hand
+// GEMM by GEMM for one sequence (2 FLOPs per multiply-add, forward + 2 backward GEMMs):
+//   per layer  2 s (h (H + 2G) D + H D h + 3 h F) + 2 * 2 s^2 H D  (q/k/v, projection, gate +
+//              up + down, Q K^T and P V dense) = 4,941,130,006,528
+//   logits     2 s h V = 8,607,655,116,800
+//   model      3 (32 layers + logits) = 474,422,087,516,160
+//   full recompute: the layers' forward again, 4 x layers + 3 x logits = 623,955,668,893,696
+//   selective: the attention core's 3 x 4 s^2 H D per layer again = 579,975,203,782,656
+// Parameters 8,030,261,248 (Hugging Face's count of Meta-Llama-3-8B).
+TEST_CASE("model FLOPs: Llama 3 8B by Megatron-Core's formula with GQA and SwiGLU", "[flops]") {
+  ModelConfig m;
+  m.num_layers = 32;
+  m.hidden_size = 4096;
+  m.num_attention_heads = 32;
+  m.num_query_groups = 8;
+  m.ffn_hidden_size = 14336;
+  m.seq_length = 8192;
+  m.swiglu = true;
+  m.position_embedding_type = PositionEmbedding::rope;
+  m.normalization = Normalization::RMSNorm;
+  m.untie_embeddings_and_output_weights = true;
+  m.add_bias_linear = false;
+  const int64_t V = 128256;
+  CHECK_FALSE(model::gpt_flops_form(m));
+  const auto near = [](double got, double want) { return std::fabs(got - want) <= 1e-12 * want; };
+  CHECK(model::parameter_count(m, V) == 8030261248.0);
+  CHECK(near(model::model_flops(m, V, 1), 474422087516160.0));
+  CHECK(near(model::model_flops(m, V, 512), 512 * 474422087516160.0));
+  CHECK(near(model::hardware_flops(m, V, 1, RecomputeGranularity::full), 623955668893696.0));
+  CHECK(near(model::hardware_flops(m, V, 1, RecomputeGranularity::selective), 579975203782656.0));
+  CHECK(model::hardware_flops(m, V, 1, RecomputeGranularity::none) == model::model_flops(m, V, 1));
+  // tying the output layer changes the parameters (one V x h fewer), not the FLOPs
+  ModelConfig tied = m;
+  tied.untie_embeddings_and_output_weights = false;
+  CHECK(model::parameter_count(tied, V) == 8030261248.0 - double(V) * 4096);
+  CHECK(model::model_flops(tied, V, 1) == model::model_flops(m, V, 1));
+  CHECK(model::model_flops_formula(m) ==
+        "12*B*s*l*h^2*((1+G/H+s/h)*H*D/h+3/2*F/h+V/(2*l*h)) with H 32, G 8, D 128, F 14336");
+}
+
+TEST_CASE("model FLOPs: a GPT shape keeps the 72-form to the bit, and equals Megatron-Core's count", "[flops]") {
+  ModelConfig m;
+  m.num_layers = 24;
+  m.hidden_size = 2048;
+  m.num_attention_heads = 16;
+  m.seq_length = 2048;
+  const int64_t V = 50304;
+  REQUIRE(model::gpt_flops_form(m));
+  const double l = 24, h = 2048, s = 2048, B = 8;
+  CHECK(model::model_flops(m, V, 8) == 72 * B * l * s * h * h * (1 + s / (6 * h) + double(V) / (12 * h * l)));
+  CHECK(model::parameter_count(m, V) == 12 * l * h * h * (1 + 13 / (12 * h) + (double(V) + s) / (12 * l * h)));
+  CHECK(model::model_flops_formula(m) == "72*B*s*l*h^2*(1+s/(6h)+V/(12*l*h))");
+  // Grouped-query attention takes it off the GPT form (fewer k/v FLOPs); one group per
+  // head is the GPT shape again.
+  ModelConfig g = m;
+  g.num_query_groups = 8;  // GQA: fewer k/v FLOPs than the GPT
+  CHECK_FALSE(model::gpt_flops_form(g));
+  CHECK(model::model_flops(g, V, 8) < model::model_flops(m, V, 8));
+  g.num_query_groups = 16;  // = heads: the GPT shape again
+  CHECK(model::gpt_flops_form(g));
+}

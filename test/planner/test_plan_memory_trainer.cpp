@@ -54,26 +54,28 @@ double transient_bound(const Recipe& r, const nlohmann::json& plan, double send_
   const auto& L = plan["layout"];
   const double t = double(L["tp"].get<int64_t>()), b = double(r.training.micro_batch_size);
   const double N = b * double(r.model.seq_length), C = double(r.model.hidden_size), e = 4, w = 4;
-  const double f = 4 * C, a = double(r.model.num_attention_heads), V = double(r.model.padded_vocab_size(int64_t(t)));
+  const double f = double(r.model.ffn_hidden_size), a = double(r.model.num_attention_heads),
+               V = double(r.model.padded_vocab_size(int64_t(t)));
   const double s = double(r.model.seq_length);
+  // q/k/v and the attention output (GQA, head size), fc1's output (gate and up under SwiGLU)
+  const double qkv = double((r.model.num_attention_heads + 2 * r.model.query_groups()) * r.model.head_dim());
+  const double att = double(r.model.num_attention_heads * r.model.head_dim());
+  const double pre = r.model.swiglu ? 2 * f : f;
   // the unfused attention form's probabilities and, with dropout, their dropped copy
   const double probs = r.model.attention_backend == AttentionBackend::unfused
                            ? e * b * a / t * s * s * (r.model.attention_dropout > 0 ? 2 : 1)
                            : 0.0;
-  const double layer = e * (8 * N * C + N * 3 * C / t + N * C / t + 2 * N * f / t) + w * (4 * N + b * a / t * s) + probs;
+  const double layer = e * (8 * N * C + N * qkv / t + N * att / t + N * (pre + f) / t) + w * (4 * N + b * a / t * s) + probs;
   const double head = e * (3 * N * C + N * V / t) + w * 6 * N;
   return std::max(layer, head) + send_buffers;
 }
 
-}  // namespace
-
-TEST_CASE("planner memory per rank equals the trainer's tensor bytes by role", "[e2e][memory]") {
-  const auto cases = test::layouts({"single-none", "single-selective", "single-full", "tp2", "pp2", "dp2-zero1",
-                                     "tp2-pp2-full", "tp2-dp2-sp-selective", "single-unfused",
-                                     "single-unfused-selective", "tp2-pp2-unfused", "pp4-v2"});
+// Every case: train with the memory report, plan the same recipe and layout, compare rank by
+// rank. `model_sets`: --set flags that change the model (for every case).
+void check_layouts(const std::vector<test::Layout>& cases, const std::string& model_sets) {
   const std::string recipe = test::source_dir() + "/recipes/tiny-ramp.yaml";
   // Iterations 1-2 run the ramp's batch 8, iteration 3 the full batch 16 the planner assumes.
-  const std::string common = " --set training.train_iters=3 --set training.num_threads=1";
+  const std::string common = " --set training.train_iters=3 --set training.num_threads=1" + model_sets;
   for (const auto& c : cases) {
     SECTION(c.name) {
       test::TempDir dir(std::string("mem-") + c.name);
@@ -137,4 +139,25 @@ TEST_CASE("planner memory per rank equals the trainer's tensor bytes by role", "
       }
     }
   }
+}
+
+}  // namespace
+
+TEST_CASE("planner memory per rank equals the trainer's tensor bytes by role", "[e2e][memory]") {
+  check_layouts(test::layouts({"single-none", "single-selective", "single-full", "tp2", "pp2", "dp2-zero1",
+                               "tp2-pp2-full", "tp2-dp2-sp-selective", "single-unfused", "single-unfused-selective",
+                               "tp2-pp2-unfused", "pp4-v2"}),
+                "");
+}
+
+// The same tiny model as the Llama family: rotary positions, RMSNorm (no bias, no mean
+// kept), SwiGLU (fc1 2f wide), 4 query heads in 2 key/value groups of head size 16 (the
+// attention 64 wide on a residual stream of 32: kv_channels), an output layer of its own
+// on the last stage, no linear biases.
+TEST_CASE("planner memory per rank equals the trainer's tensor bytes by role: a Llama-family model", "[e2e][memory]") {
+  check_layouts(test::layouts({"single-none", "tp2-pp2-full", "tp2-dp2-sp-selective", "single-unfused", "pp4-v2",
+                               "dp2-zero1"}),
+                " --set model.position_embedding_type=rope --set model.normalization=RMSNorm --set model.swiglu=true"
+                " --set model.ffn_hidden_size=80 --set model.num_query_groups=2 --set model.kv_channels=16"
+                " --set model.untie_embeddings_and_output_weights=true --set model.add_bias_linear=false");
 }

@@ -99,6 +99,8 @@ TEST_CASE("plan rejects impossible input with one line and exit 2", "[e2e]") {
       {"plan " + r530 + " --set parallel.pipeline_model_parallel_size=4", "num_layers"},
       {"plan " + r530 + " --gpus 8 --search", "no layout of 8 GPUs"},
       {"plan " + r530 + " --gpus 2240 --dp 9", "does not equal"},
+      // Llama 3 8B's 8 key/value groups cannot be split over 16 tensor ranks
+      {"plan " + recipe("llama3-8b.yaml") + " --gpus 64 --tp 16 --pp 1", "num_query_groups (8)"},
   };
   for (auto& c : cases) {
     auto r = run_mtnlg(c.args);

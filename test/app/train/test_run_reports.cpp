@@ -58,3 +58,29 @@ TEST_CASE("run reports: metrics.jsonl, memory_rank0.jsonl and bytes_rank0.jsonl 
   CHECK(b["dp_buckets_started_early"] == 1);
   CHECK(b["dp"] == 0);  // a group of one sends nothing
 }
+
+// The train banner names the architecture family with its switches and the FLOP formula the
+// log line's TFLOP/s and MFU count (model/flops.hpp): the 72-form for the GPT, Megatron-Core's
+// count with the GQA and SwiGLU terms for the Llama family.
+TEST_CASE("train banner: the family with its switches and the FLOP formula", "[e2e][reports]") {
+  test::TempDir d("banner");
+  const std::string common = "train " + test::source_dir() +
+                             "/recipes/tiny-ramp.yaml --set training.train_iters=1 --set training.num_threads=1";
+  auto gpt = test::run_mtnlg(common + " --set logging.dir=" + (d.path() / "gpt").string() + " 2>&1");
+  INFO(gpt.out);
+  REQUIRE(gpt.exit_code == 0);
+  CHECK(gpt.out.find("architecture: gpt: learned positions, LayerNorm, GELU, ffn 128, tied\n") != std::string::npos);
+  CHECK(gpt.out.find("model FLOPs 72*B*s*l*h^2*(1+s/(6h)+V/(12*l*h)) per iteration") != std::string::npos);
+  auto llama = test::run_mtnlg(
+      common + " --set model.position_embedding_type=rope --set model.rotary_base=500000"
+               " --set model.normalization=RMSNorm --set model.swiglu=true --set model.ffn_hidden_size=80"
+               " --set model.num_query_groups=2 --set model.untie_embeddings_and_output_weights=true"
+               " --set model.add_bias_linear=false --set logging.dir=" +
+      (d.path() / "llama").string() + " 2>&1");
+  INFO(llama.out);
+  REQUIRE(llama.exit_code == 0);
+  CHECK(llama.out.find("architecture: llama: rope base 500000, RMSNorm, SwiGLU, ffn 80, 2 query groups, untied, no "
+                       "linear biases\n") != std::string::npos);
+  CHECK(llama.out.find("model FLOPs 12*B*s*l*h^2*((1+G/H+s/h)*H*D/h+3/2*F/h+V/(2*l*h)) with H 4, G 2, D 8, F 80 per "
+                       "iteration") != std::string::npos);
+}
