@@ -12,7 +12,7 @@ import tarfile
 from pathlib import Path
 
 STEPS = ["core", "core-large", "model", "parallel", "memcheck-core", "racecheck-attn", "memcheck-train",
-         "train-proof", "ab", "bench"]
+         "train-proof", "nccl-watchdog", "ab", "bench"]
 # The A/B switches: the list gpu_bench.py measures (one line each there, one line each here).
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 from gpu_bench import SWITCHES  # noqa: E402

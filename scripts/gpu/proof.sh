@@ -21,6 +21,8 @@
 #                   (3 iterations): ERROR SUMMARY: 0 errors
 #   train-proof     scripts/gpu/train-proof.sh "tiny resume hf infer mem13b"
 # Phase B then runs, alone, on the same machine:
+#   nccl-watchdog   bench/nccl_watchdog_op_bench 20000 3: the NCCL watchdog's cost per
+#                   operation on the real NCCL (off/on alternating; its table in the summary)
 #   ab              gpu_bench.sh --ab: every switch of gpu_bench.py's SWITCHES (attention
 #                   unfused/flash, GELU epilogue/kernel, ...) as an A/B pair on the GPT-2
 #                   124M row, few steps, order alternated; one "ab NAME B/A RATIO" line each
@@ -120,6 +122,17 @@ start train-proof env MTNLG_PROOF_BIN="$(bin mtnlg)" MTNLG_PROOF_DIR="$logs/trai
 for name in "${steps[@]}"; do wait "${pid[$name]}" 2>/dev/null; done
 
 # ---- phase B: speed, alone ----------------------------------------------------------------
+# The NCCL watchdog's cost per operation on the real NCCL (one-rank group; events, probe and
+# flight-recorder row per all-reduce, watchdog off and on alternating; docs/PERFORMANCE.md).
+if want nccl-watchdog; then
+  steps+=(nccl-watchdog)
+  wd_args=(20000 3)
+  [ "$dry" = 1 ] && wd_args=(200 1)
+  echo "[$((SECONDS - t_start))s] phase B: NCCL watchdog cost per operation (alone)"
+  t0=$SECONDS
+  timeout --kill-after=10 60 "$(bin nccl_watchdog_op_bench)" "${wd_args[@]}" >"$logs/nccl-watchdog.log" 2>&1
+  echo "$? $((SECONDS - t0))" >"$logs/nccl-watchdog.rc"
+fi
 # The A/B switches first, small (one row, few steps): each is a ratio in the summary.
 if want ab; then
   steps+=(ab)
@@ -179,6 +192,7 @@ done
 echo "$fails of ${#steps[@]} steps failed, $((SECONDS - t_start)) s" >>"$out/summary.txt"
 # The A/B ratios, one line a switch (B's tokens/s over A's, same machine, same run).
 grep -E '^ab ' "$logs/ab.log" 2>/dev/null >>"$out/summary.txt"
+grep -q '^|' "$logs/nccl-watchdog.log" 2>/dev/null && { echo; grep -E '^(\||#)' "$logs/nccl-watchdog.log"; } >>"$out/summary.txt"
 grep -q '^|' "$logs/bench.log" 2>/dev/null && { echo; grep -E '^(\||#|[A-Z])' "$logs/bench.log"; } >>"$out/summary.txt"
 tar -cJf "$out/logs.tar.xz" -C "$out" logs 2>/dev/null || tar -czf "$out/logs.tar.gz" -C "$out" logs
 rm -rf "$logs"
