@@ -798,18 +798,20 @@ TEST_CASE("cuda attention rejects what it cannot run", "[gpu]") {
   Tensor qb = Tensor::empty({1, 4, 3 * 8}, DType::bf16, Device::cuda), ob = Tensor::empty({1, 4, 8}, DType::bf16, Device::cuda);
   Tensor lb = Tensor::empty({1, 1, 4}, DType::bf16, Device::cuda);
   CHECK_THROWS_WITH(ops::attention_forward_lse(ob, lb, qb, 1, {}), Catch::Matchers::Contains("f32"));
-  // Grouped-query attention is not on cuDNN's fused path yet: refused with the reason (the
-  // CPU takes it), and the fused forward and backward refuse it too.
-  CHECK_FALSE(ops::attention_lse_supported(Device::cuda, DType::bf16, 2, 16, 4, 64, 0.0, &why, 2));
-  CHECK_THAT(why, Catch::Matchers::Contains("grouped-query attention (2 query groups for 4 heads)"));
-  CHECK(ops::attention_lse_supported(Device::cpu, DType::bf16, 2, 16, 4, 64, 0.0, &why, 2));
+  // Grouped-query attention is on cuDNN's fused path (K and V with fewer heads; the op
+  // table computes it against the CPU): 2 groups of 2 heads and multi-query plan; groups
+  // that do not divide the heads, and a head size cuDNN refuses, are refused with the reason.
+  CHECK(ops::attention_lse_supported(Device::cuda, DType::bf16, 2, 16, 4, 64, 0.0, &why, 2));
+  CHECK_THAT(why, Catch::Matchers::Contains("cuDNN"));
+  CHECK(ops::attention_lse_supported(Device::cuda, DType::bf16, 2, 16, 4, 64, 0.1, &why, 1));
   CHECK(ops::attention_lse_supported(Device::cuda, DType::bf16, 2, 16, 4, 64, 0.0, &why, 4));  // groups == heads
-  Tensor qg = Tensor::empty({1, 4, 2 * (2 + 2) * 8}, DType::bf16, Device::cuda);  // 2 groups of 2 heads, D 8
-  Tensor og = Tensor::empty({1, 4, 4 * 8}, DType::bf16, Device::cuda), lg = Tensor::empty({1, 4, 4}, DType::f32, Device::cuda);
-  CHECK_THROWS_WITH(ops::attention_forward_lse(og, lg, qg, 4, {}, 2), Catch::Matchers::Contains("not on cuDNN's fused path"));
-  Tensor dg = Tensor::empty(qg.shape(), DType::bf16, Device::cuda);
-  CHECK_THROWS_WITH(ops::attention_backward_lse(dg, og, qg, og, lg, 4, {}, 2),
-                    Catch::Matchers::Contains("not on cuDNN's fused path"));
+  CHECK_FALSE(ops::attention_lse_supported(Device::cuda, DType::bf16, 2, 16, 4, 64, 0.0, &why, 3));
+  CHECK_THAT(why, Catch::Matchers::Contains("4 heads do not split into 3 query groups"));
+  if (emulated_device()) {
+    CHECK_FALSE(ops::attention_lse_supported(Device::cuda, DType::bf16, 2, 16, 4, 100, 0.0, &why, 2));
+    CHECK_THAT(why, Catch::Matchers::Contains("no engine") && Catch::Matchers::Contains("multiple of 8"));
+  }
+  CHECK(ops::attention_lse_supported(Device::cpu, DType::bf16, 2, 16, 4, 64, 0.0, &why, 2));
 }
 
 // ---- cross-entropy -----------------------------------------------------------------------
