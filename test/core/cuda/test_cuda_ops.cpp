@@ -641,6 +641,40 @@ TEST_CASE("cuda flash attention dropout: deterministic per key", "[gpu]") {
   CHECK(max_diff(a, z) > 1e-2);
 }
 
+// Grouped-query attention on cuDNN's graphs with dropout, on the emulated cuDNN, which
+// draws the CPU op's mask at the offset mtnlg hands cuDNN (tensor parallelism 1): out and
+// dqkv equal the CPU op's, so each sample's execution (2 groups of 2 heads: the groups as
+// cuDNN's batch) and the one multi-query execution get their samples' masks.
+TEST_CASE("cuda flash grouped-query attention with dropout: each sample's mask (emulated)", "[gpu]") {
+  if (!gpu_ready() || !emulated_device()) return;
+  std::mt19937_64 g(17);
+  const int64_t B = 2, T = 24, H = 4, D = 16;
+  for (int64_t G : {2, 1}) {
+    INFO("groups " << G);
+    const int64_t W = (H + 2 * G) * D;
+    auto convert = [](const Tensor& x, DType dt) {
+      Tensor y = Tensor::empty(x.shape(), dt);
+      ops::convert(y, x);
+      return y;
+    };
+    const Tensor q = randn({B, T, W}, g), dout = randn({B, T, H * D}, g);
+    const ops::AttentionDropout drop{0.2, 77, 3, 0, H};
+    // The CPU op in bf16 (the emulated cuDNN runs the same op on the device's copies).
+    Tensor out = Tensor::empty({B, T, H * D}, DType::bf16), lse = Tensor::empty({B, H, T}, DType::f32);
+    Tensor qc = convert(q, DType::bf16), dc = convert(dout, DType::bf16), dqkv = Tensor::empty({B, T, W}, DType::bf16);
+    ops::attention_forward_lse(out, lse, qc, H, drop, G);
+    ops::attention_backward_lse(dqkv, dc, qc, out, lse, H, drop, G);
+    Tensor gq = to_gpu(q, DType::bf16), gdo = to_gpu(dout, DType::bf16);
+    Tensor gout = poisoned({B, T, H * D}, DType::bf16), glse = poisoned({B, H, T}, DType::f32);
+    ops::attention_forward_lse(gout, glse, gq, H, drop, G);
+    Tensor gd = poisoned({B, T, W}, DType::bf16);
+    ops::attention_backward_lse(gd, gdo, gq, gout, glse, H, drop, G);
+    check_close("out", gout, convert(out, DType::f32), 1e-6);
+    check_close("lse", glse, lse, 1e-6);
+    check_close("dqkv", gd, convert(dqkv, DType::f32), 1e-6);
+  }
+}
+
 // The flash backward's dqkv against the CPU's, whose D_i = sum_j P_ij dP_ij is exact where
 // the flash form takes D_i = dO_i . O_i from the STORED output. The true (fp64) gradient of
 // a row that attends to one key is 0 (a softmax over one element), as the CPU gives; with
