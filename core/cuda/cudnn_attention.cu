@@ -509,7 +509,7 @@ void build_forward(Graph& g, const Shape& sh, double p, SdpaGraph::Flaw flaw) {
 //   dK = dS^T Q;  dQ = dS K (into the fp32 dQ accumulator unless deterministic)
 // Grouped (fewer key/value heads): dV and dK per query head, [nb, hq, T, D] in the I/O
 // type (virtual), then summed over each group's query heads (a reduction) into dV, dK.
-void build_backward(Graph& g, const Shape& sh, double p, bool dq_accumulator) {
+void build_backward(Graph& g, const Shape& sh, double p, bool dq_accumulator, SdpaGraph::Flaw flaw) {
   const cudnnDataType_t io = cudnn_type(sh.dt);
   const Dims bhtd = sh.q_dims();
   const Desc& q = g.tensor(kQ, io, bhtd, sh.qkv_stride());
@@ -523,7 +523,7 @@ void build_backward(Graph& g, const Shape& sh, double p, bool dq_accumulator) {
   const Desc& dv = g.tensor(kdV, io, sh.kv_dims(), sh.kv_stride());
   // A product per query head, summed over the group into `to` when grouped.
   auto per_group = [&](const Desc& a, const Desc& b, const Desc& to) {
-    if (!sh.grouped()) return g.matmul(a, b, to);
+    if (!sh.grouped() || flaw == SdpaGraph::Flaw::grouped_unsummed) return g.matmul(a, b, to);
     const Desc& full = g.virt(bhtd, sh.fullhead_stride(), io);
     g.matmul(a, b, full);
     g.reduction(CUDNN_REDUCE_TENSOR_ADD, full, to);
@@ -625,7 +625,7 @@ void build_and_plan(Plan& pl, const SdpaGraph& spec, const Target& at) {
   if (spec.forward)
     build_forward(pl.graph, sh, spec.dropout_p, spec.flaw);
   else
-    build_backward(pl.graph, sh, spec.dropout_p, pl.dq_accumulator);
+    build_backward(pl.graph, sh, spec.dropout_p, pl.dq_accumulator, spec.flaw);
   pl.plan = pl.graph.plan(at, &pl.workspace);
 }
 

@@ -33,8 +33,9 @@ struct SdpaGraph {
   bool deterministic = false;
   // A deliberate mistake built into the graph, for the tests that show cuDNN refuses
   // wrong graphs: the statistics as max - log(sum) (SUB for ADD), or P handed to the
-  // second matmul in fp32 instead of the I/O type.
-  enum class Flaw { none, stats_sub_for_add, fp32_probs };
+  // second matmul in fp32 instead of the I/O type; or, in a grouped backward, dK and dV
+  // written straight by the matmuls (no sum over the group's query heads).
+  enum class Flaw { none, stats_sub_for_add, fp32_probs, grouped_unsummed };
   Flaw flaw = Flaw::none;
 };
 

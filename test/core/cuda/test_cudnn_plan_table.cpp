@@ -101,6 +101,7 @@ std::string describe(const SdpaGraph& g) {
   if (g.G > 0 && g.G != g.H) s += fmt::format(" G {}", g.G);
   if (g.flaw == SdpaGraph::Flaw::stats_sub_for_add) s += " [planted: SUB for ADD in the statistics]";
   if (g.flaw == SdpaGraph::Flaw::fp32_probs) s += " [planted: P in fp32 to the second matmul]";
+  if (g.flaw == SdpaGraph::Flaw::grouped_unsummed) s += " [planted: dK, dV not summed over the group]";
   return s;
 }
 
@@ -123,6 +124,11 @@ std::vector<Case> cases_of(const std::string& group) {
     bad.D = 100;
     cases.push_back({"planted", bad, true});
     bad.forward = false;
+    cases.push_back({"planted", bad, true});
+    // A grouped backward (2 groups of 2 heads) whose dK and dV skip the sum over the
+    // group's query heads.
+    bad.D = 64, bad.H = 4, bad.G = 2;
+    bad.flaw = SdpaGraph::Flaw::grouped_unsummed;
     cases.push_back({"planted", bad, true});
     return cases;
   }
