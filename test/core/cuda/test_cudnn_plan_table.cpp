@@ -1,7 +1,8 @@
 // The real cuDNN in CI: every attention graph mtnlg builds -- every shipped recipe's
 // problem at its tensor-parallel split, every shape the CUDA tests run, forward and
 // backward, p 0 / 0.1 / 0.2, bf16 and fp16, the backward with the fp32 dQ accumulator and
-// deterministic -- built by the production builders (core/cuda/cudnn_attention.cu) and
+// deterministic, and the grouped-query shapes of Llama 3 8B / 70B and the tests (bf16, p 0
+// and 0.1) -- built by the production builders (core/cuda/cudnn_attention.cu) and
 // planned by the toolkit's libcudnn without a GPU (cuDNN >= 9.8's offline planning) for an
 // H100 and an H200 (core/cuda/cudnn_device.cpp: their data-sheet properties). Graphs with
 // a planted mistake must be refused. Each plan's workspace goes into
