@@ -159,8 +159,8 @@ void attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, con
 // device; on CUDA when cuDNN's fused attention takes it (bf16/fp16, head size a multiple
 // of 8 up to 128, cuDNN loaded and planning this shape: core/cuda/cudnn_attention.hpp).
 // When it does not, `why` says what refused it; when it does, `why` names the engine.
-// Grouped-query attention (groups != heads) is refused on CUDA for now: cuDNN's graph is
-// planned with one head count for q, k and v.
+// Grouped-query attention (groups != heads) too: cuDNN's graph then has fewer key/value
+// heads than query heads (docs/specs/cudnn-sdpa.md).
 bool attention_lse_supported(Device device, DType dt, int64_t B, int64_t T, int64_t heads, int64_t head_dim,
                              double dropout_p, std::string* why, int64_t groups = 0);
 void attention_forward_lse(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t heads, const AttentionDropout& drop,

@@ -6,8 +6,9 @@
 // descriptor must be finalized before it is used as another's attribute, and is frozen
 // after. An operation graph is recognised when its operations are, in order, one of the
 // two fused-attention patterns of docs/specs/cudnn-sdpa.md (forward, backward; each with
-// or without dropout; the backward with or without the fp32 dQ accumulator) with P handed
-// to the second matmul in the I/O type. The heuristic, for the device of the handle (the
+// or without dropout; the backward with or without the fp32 dQ accumulator, and, when K
+// and V have fewer heads than Q (grouped-query attention), with dK and dV summed over each
+// group's query heads) with P handed to the second matmul in the I/O type. The heuristic, for the device of the handle (the
 // emulated GPU, sm90) or of a device-property descriptor (cuDNN >= 9.8's offline
 // planning: its JSON must name deviceVer 900), then offers one engine configuration when
 // the graph is inside the support surface the real cuDNN 9.19 shows on sm90, and none
@@ -19,7 +20,8 @@
 // Execution reads the variant pack (every non-virtual tensor's pointer, device memory of
 // the right extent and aligned as declared; the by-value scalars from host memory; a
 // workspace of the plan's size) and runs ops::attention_forward_lse /
-// attention_backward_lse on CPU copies. The dropout mask is the CPU op's Philox draw at
+// attention_backward_lse (with the graph's key/value heads as the op's groups) on CPU
+// copies gathered by the tensors' strides. The dropout mask is the CPU op's Philox draw at
 // index offset + ((b*H + h)*T + i)*T + j (not cuDNN's generator: not modelled).
 // Fault injection: MTNLG_EMU_CUDNN_FAIL=plans makes every plan's finalize answer
 // CUDNN_STATUS_NOT_SUPPORTED (a cuDNN that takes none of these graphs).
@@ -61,6 +63,7 @@ cudnnStatus_t refuse(cudnnStatus_t s, const std::string& why) {
 struct Desc;
 struct Pattern {  // a recognised fused-attention graph
   bool forward = false, dropout = false, accumulator = false;
+  bool grouped = false;  // the backward sums dK and dV over each group's query heads
   bool probs_io = true;  // P reaches the second matmul in the I/O type
   double keep = 1;
   // The roles' tensors (descriptors of the graph's non-virtual tensors).
@@ -177,10 +180,12 @@ std::string fwd_tokens(bool dropout) {
   return std::string("mm mul") + kCausal + " red:max sub exp red:add log add div" +
          (dropout ? " rng mul mul" : "") + " mm";
 }
-std::string bwd_tokens(bool dropout, bool acc) {
+// `grouped`: dV and dK per query head, then a sum over the group's heads (red:add).
+std::string bwd_tokens(bool dropout, bool acc, bool grouped) {
+  const char* sum = grouped ? " red:add" : "";
   return std::string(dropout ? "rng " : "") + "mul red:add mul mm mul" + kCausal + " sub exp" +
-         (dropout ? " mul mul" : "") + " reshape mm mm mul sub mul" + (dropout ? " mul" : "") +
-         " mul reshape mm reshape mm" + (acc ? " id" : "");
+         (dropout ? " mul mul" : "") + " reshape mm" + sum + " mm mul sub mul" + (dropout ? " mul" : "") +
+         " mul reshape mm" + sum + " reshape mm" + (acc ? " id" : "");
 }
 
 const Desc* X(const Desc* op) { return op->ref(CUDNN_ATTR_OPERATION_POINTWISE_XDESC); }
@@ -189,6 +194,8 @@ const Desc* Y(const Desc* op) { return op->ref(CUDNN_ATTR_OPERATION_POINTWISE_YD
 const Desc* MA(const Desc* op) { return op->ref(CUDNN_ATTR_OPERATION_MATMUL_ADESC); }
 const Desc* MB(const Desc* op) { return op->ref(CUDNN_ATTR_OPERATION_MATMUL_BDESC); }
 const Desc* MC(const Desc* op) { return op->ref(CUDNN_ATTR_OPERATION_MATMUL_CDESC); }
+const Desc* RX(const Desc* op) { return op->ref(CUDNN_ATTR_OPERATION_REDUCTION_XDESC); }
+const Desc* RY(const Desc* op) { return op->ref(CUDNN_ATTR_OPERATION_REDUCTION_YDESC); }
 
 // Fills `p` when the graph's operations are one of the patterns; false otherwise.
 bool recognise(const std::vector<const Desc*>& ops, Pattern& p) {
@@ -215,21 +222,31 @@ bool recognise(const std::vector<const Desc*>& ops, Pattern& p) {
       p.probs_io = MA(mms[1])->dtype() == p.q->dtype();
       p.stats = Y(ops[11]);  // add(max, log sum)
     }
-    for (bool acc : {false, true}) {
-      if (sig != bwd_tokens(drop, acc)) continue;
+    for (int variant = 0; variant < 4; ++variant) {
+      const bool acc = variant & 1, grouped = variant & 2;
+      if (sig != bwd_tokens(drop, acc, grouped)) continue;
       const size_t first = drop ? 1 : 0;
       p.forward = false;
       p.dropout = drop;
       p.accumulator = acc;
+      p.grouped = grouped;
+      // The gradient a matmul makes: its output, or, grouped, the sum that follows it
+      // (which must read that output).
+      auto grad_of = [&](const Desc* mm) -> const Desc* {
+        if (!grouped) return MC(mm);
+        const size_t i = size_t(std::find(ops.begin(), ops.end(), mm) - ops.begin());
+        return RX(ops[i + 1]) == MC(mm) ? RY(ops[i + 1]) : nullptr;
+      };
       p.dout = X(ops[first]);
       p.o = B(ops[first]);
       p.q = MA(mms[0]);
       p.k = MB(mms[0]);
       p.scale = B(ops[first + 4]);
       p.stats = B(ops[first + 9]);  // sub(select, stats)
-      p.dv = MC(mms[1]);
+      p.dv = grad_of(mms[1]);
       p.v = MB(mms[2]);
-      p.dk = MC(mms[3]);
+      p.dk = grad_of(mms[3]);
+      if (!p.dv || !p.dk) p.q = nullptr;  // a sum of something else: not the pattern
       p.dq = acc ? Y(ops.back()) : MC(mms[4]);
       p.acc = acc ? MC(mms[4]) : nullptr;
     }
@@ -254,6 +271,11 @@ std::string support(const Pattern& p) {
   const auto qd = p.q->dims();
   if (qd.size() != 4) return "fused attention takes 4-d tensors";
   const int64_t d = qd[3];
+  const auto kd = p.k->dims();
+  if (kd.size() != 4 || kd[0] != qd[0] || kd[1] < 1 || qd[1] % kd[1] != 0)
+    return "fused attention needs the query heads a multiple of the key/value heads";
+  if (!p.forward && (kd[1] != qd[1]) != p.grouped)
+    return "the backward sums dK and dV over the query heads exactly when K and V have fewer heads";
   if (d % 8 != 0 || (!p.forward && d > 256))
     return fmt_str("head dimension %lld: must be a multiple of 8, up to 256 in the backward (sm90)", (long long)d);
   if (!p.probs_io) return "the second matmul of fused attention takes P in the I/O type";
@@ -270,7 +292,8 @@ std::string support(const Pattern& p) {
 // cases): the forward 256 bytes (0 for a head size above 256, another engine); the
 // backward 256 + the rows' fp32 softmax sums rounded up to 128 bytes, and with the
 // deterministic algorithm (no dQ accumulator) dP in bf16/fp16 as [B, H, T rounded up to
-// 64, T rounded up to 128].
+// 64, T rounded up to 128]; a grouped backward (K and V of fewer heads) 4 bytes more per
+// query-head element, B*H*T*D*4 (H the graph's query heads).
 int64_t workspace_bytes(const Pattern& p) {
   const auto d = p.q->dims();
   const int64_t B = d[0], H = d[1], T = d[2], D = d[3];
@@ -278,6 +301,7 @@ int64_t workspace_bytes(const Pattern& p) {
   if (p.forward) return D > 256 ? 0 : 256;
   int64_t ws = 256 + up(B * H * T * 4, 128);
   if (!p.accumulator) ws += B * H * up(T, 64) * up(T, 128) * 2;
+  if (p.grouped) ws += B * H * T * D * 4;
   return ws;
 }
 
@@ -305,20 +329,51 @@ void* need(const Call& c, const Desc* t) {
   return it->second;
 }
 
+// A graph tensor as rows of D contiguous elements: (a, b, t) at base + (a*s0 + b*s1 + t*st)*es,
+// K^T and V^T read with their last two dimensions swapped. Its extent is checked as device
+// memory.
+struct Rows {
+  char* base;
+  int64_t n0, n1, T, D, s0, s1, st;
+};
+Rows rows_of(const Call& c, const Desc* t, bool transposed, int64_t es, const char* what) {
+  const auto d = t->dims(), s = t->strides();
+  Rows r{static_cast<char*>(need(c, t)), d[0], d[1], transposed ? d[3] : d[2], transposed ? d[2] : d[3],
+         s[0], s[1], transposed ? s[3] : s[2]};
+  const int64_t last = (r.n0 - 1) * r.s0 + (r.n1 - 1) * r.s1 + (r.T - 1) * r.st + r.D;
+  check_device_range(r.base, size_t(last * es), fmt_str("cudnnBackendExecute: %s", what).c_str());
+  return r;
+}
+// Copies every row between `r` and a CPU tensor [n0, T, cols] where row (a, b, t) is at
+// column col(b).
+template <typename Col>
+void move_rows(const Rows& r, char* cpu, int64_t cols, int64_t es, Col col, bool to_cpu) {
+  for (int64_t a = 0; a < r.n0; ++a)
+    for (int64_t b = 0; b < r.n1; ++b)
+      for (int64_t t = 0; t < r.T; ++t) {
+        char* dev = r.base + (a * r.s0 + b * r.s1 + t * r.st) * es;
+        char* host = cpu + ((a * r.T + t) * cols + col(b)) * es;
+        if (to_cpu)
+          std::memcpy(host, dev, size_t(r.D * es));
+        else
+          std::memcpy(dev, host, size_t(r.D * es));
+      }
+}
+
+// Runs the graph with mtnlg's CPU ops: the tensors are gathered into the per-group qkv
+// layout of ops::attention_forward_lse ([q_0 .. q_{r-1} | k | v] for each of the hk key/value
+// heads, r = hq/hk; hk == hq is Megatron's per-head q, k, v) from whatever strides the
+// graph declares, and the results scattered back the same way.
 void run(const Call& c) {
   const Pattern& p = c.p;
   const auto d = p.q->dims();
-  const int64_t Bn = d[0], H = d[1], T = d[2], D = d[3];
+  const int64_t Bn = d[0], H = d[1], T = d[2], D = d[3], G = p.k->dims()[1], r = H / G;
   const DType dt = mtnlg_dtype(p.q->dtype());
-  const int64_t es = dtype_size(dt), row = 3 * H * D;
-  auto packed = [&](const Desc* a, const Desc* b, const Desc* v, const char* what) {
-    char* base = static_cast<char*>(need(c, a));
-    if (need(c, b) != base + D * es || need(c, v) != base + 2 * D * es || a->strides()[2] != row)
-      fatal(fmt_str("cudnnBackendExecute: the emulated cuDNN computes only Megatron's packed %s rows "
-                    "(per head q, k, v; see docs/specs/cuda-emulation.md)", what));
-    check_device_range(base, size_t(Bn * T * row * es), "cudnnBackendExecute: q, k, v rows");
-    return base;
-  };
+  const int64_t es = dtype_size(dt), row = (H + 2 * G) * D;
+  auto q_col = [&](int64_t h) { return ((h / r) * (r + 2) + h % r) * D; };
+  auto k_col = [&](int64_t g) { return (g * (r + 2) + r) * D; };
+  auto v_col = [&](int64_t g) { return (g * (r + 2) + r + 1) * D; };
+  auto head_col = [&](int64_t h) { return h * D; };
   ops::AttentionDropout drop;
   if (p.dropout) {
     if (c.offset % (T * T) != 0) fatal("cudnnBackendExecute: the emulated dropout needs an offset that is a multiple of T*T");
@@ -328,28 +383,47 @@ void run(const Call& c) {
     drop.head_offset = c.offset / (T * T);
   }
   Tensor qkv = Tensor::empty({Bn, T, row}, dt, Device::cpu);
-  std::memcpy(qkv.raw(), packed(p.q, p.k, p.v, "qkv"), size_t(qkv.nbytes()));
+  char* x = static_cast<char*>(qkv.raw());
+  move_rows(rows_of(c, p.q, false, es, "Q"), x, row, es, q_col, true);
+  move_rows(rows_of(c, p.k, true, es, "K"), x, row, es, k_col, true);
+  move_rows(rows_of(c, p.v, !p.forward, es, "V"), x, row, es, v_col, true);
   Tensor out = Tensor::empty({Bn, T, H * D}, dt, Device::cpu);
   Tensor lse = Tensor::empty({Bn, H, T}, DType::f32, Device::cpu);
-  char* o = static_cast<char*>(need(c, p.o));
+  const Rows o = rows_of(c, p.o, false, es, "O");
+  // Stats [Bn, H, T, 1] fp32: one float per (b, h, t).
+  const auto ss = p.stats->strides();
   char* st = static_cast<char*>(need(c, p.stats));
-  check_device_range(o, size_t(out.nbytes()), "cudnnBackendExecute: O");
-  check_device_range(st, size_t(lse.nbytes()), "cudnnBackendExecute: Stats");
+  check_device_range(st, size_t(((Bn - 1) * ss[0] + (H - 1) * ss[1] + (T - 1) * ss[2] + 1) * 4),
+                     "cudnnBackendExecute: Stats");
+  auto move_stats = [&](bool to_cpu) {
+    float* l = static_cast<float*>(lse.raw());
+    for (int64_t b = 0; b < Bn; ++b)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t t = 0; t < T; ++t) {
+          float* dev = reinterpret_cast<float*>(st) + b * ss[0] + h * ss[1] + t * ss[2];
+          float* host = l + (b * H + h) * T + t;
+          if (to_cpu)
+            *host = *dev;
+          else
+            *dev = *host;
+        }
+  };
   if (p.forward) {
-    ops::attention_forward_lse(out, lse, qkv, H, drop);
-    std::memcpy(o, out.raw(), size_t(out.nbytes()));
-    std::memcpy(st, lse.raw(), size_t(lse.nbytes()));
+    ops::attention_forward_lse(out, lse, qkv, H, drop, G);
+    move_rows(o, static_cast<char*>(out.raw()), H * D, es, head_col, false);
+    move_stats(false);
     return;
   }
-  std::memcpy(out.raw(), o, size_t(out.nbytes()));
-  std::memcpy(lse.raw(), st, size_t(lse.nbytes()));
+  move_rows(o, static_cast<char*>(out.raw()), H * D, es, head_col, true);
+  move_stats(true);
   Tensor dout = Tensor::empty({Bn, T, H * D}, dt, Device::cpu);
-  char* dO = static_cast<char*>(need(c, p.dout));
-  check_device_range(dO, size_t(dout.nbytes()), "cudnnBackendExecute: dO");
-  std::memcpy(dout.raw(), dO, size_t(dout.nbytes()));
+  move_rows(rows_of(c, p.dout, false, es, "dO"), static_cast<char*>(dout.raw()), H * D, es, head_col, true);
   Tensor dqkv = Tensor::empty({Bn, T, row}, dt, Device::cpu);
-  ops::attention_backward_lse(dqkv, dout, qkv, out, lse, H, drop);
-  std::memcpy(packed(p.dq, p.dk, p.dv, "dqkv"), dqkv.raw(), size_t(dqkv.nbytes()));
+  ops::attention_backward_lse(dqkv, dout, qkv, out, lse, H, drop, G);
+  char* dx = static_cast<char*>(dqkv.raw());
+  move_rows(rows_of(c, p.dq, false, es, "dQ"), dx, row, es, q_col, false);
+  move_rows(rows_of(c, p.dk, false, es, "dK"), dx, row, es, k_col, false);
+  move_rows(rows_of(c, p.dv, false, es, "dV"), dx, row, es, v_col, false);
   if (p.acc) {  // the accumulator holds dQ in fp32 (its engine-private order is not modelled)
     float* acc = static_cast<float*>(need(c, p.acc));
     check_device_range(acc, size_t(Bn * H * T * D * 4), "cudnnBackendExecute: dQ accumulator");

@@ -475,10 +475,11 @@ bool trainer_unfused_attention(const Recipe& r, const Cluster& c) {
   return r.training.precision == Precision::fp32 || d % 8 != 0 || d > 256;
 }
 
-double cudnn_attention_bytes(int64_t b, int64_t heads, int64_t s, int64_t d, bool deterministic) {
+double cudnn_attention_bytes(int64_t b, int64_t heads, int64_t s, int64_t d, bool deterministic, bool grouped) {
   auto up = [](int64_t x, int64_t m) { return (x + m - 1) / m * m; };
   double bwd = 256.0 + double(up(b * heads * s * 4, 128));
   bwd += deterministic ? 2.0 * double(b * heads * up(s, 64) * up(s, 128)) : 4.0 * double(b * heads * s * d);
+  if (grouped) bwd += 4.0 * double(b * heads * s * d);
   return std::max(256.0, bwd);
 }
 
@@ -664,6 +665,7 @@ struct StageInputs {
   GroupLink pp_link;
   int64_t m_full;  // micro batches per step at the full batch
   bool deterministic = false;  // training.deterministic_mode (cuDNN's attention backward)
+  bool grouped = false;        // grouped-query attention (num_query_groups < heads)
 };
 
 StageInputs stage_inputs(const Recipe& r, const Layout& l, const Cluster& c) {
@@ -697,7 +699,8 @@ StageInputs stage_inputs(const Recipe& r, const Layout& l, const Cluster& c) {
   const int64_t m_full = r.training.global_batch_size / (l.micro_batch * l.dp);
   return StageInputs{sh,      prec,    e,       t,       d,      peak,
                      lt,      per_layer_act, per_layer_full_act, T, act_msg, p2p_one,
-                     pp_link, m_full,  r.training.deterministic_mode};
+                     pp_link, m_full,  r.training.deterministic_mode,
+                     r.model.query_groups() != r.model.num_attention_heads};
 }
 
 // The parameters stage st holds and their bytes: weights, gradients and optimizer state
@@ -796,7 +799,7 @@ StageMemory stage_memory(const Layout& l, const Cluster& c, const StageInputs& x
     mem.attention_workspace = c.attention_workspace >= 0
                                   ? c.attention_workspace
                                   : cudnn_attention_bytes(l.micro_batch, sh.a / l.tp, sh.s, sh.D,
-                                                          x.deterministic);
+                                                          x.deterministic, x.grouped);
   mem.workspace = 1.0 * kGiB + 0.05 * rest + rematerialized + mem.attention_workspace;
   mem.total = rest + mem.comm_buffers + mem.workspace;
   // What the allocator itself hands out (measured on an H200: a 1.3B at micro batch 1

@@ -222,8 +222,10 @@ bool trainer_unfused_attention(const Recipe& r, const Cluster& c);
 // training.deterministic_mode the [b, heads, s, d] fp32 dQ accumulator). The workspace is
 // what cuDNN 9.19 reports on sm90 (the plan table of test/core/cuda/test_cudnn_plan_table.cpp):
 // forward 256 B; backward 256 B + the rows' fp32 sums (rounded up to 128 B), and
-// deterministic dP as [b, heads, s up to 64, s up to 128] in 2-byte elements.
-double cudnn_attention_bytes(int64_t b, int64_t heads, int64_t s, int64_t d, bool deterministic);
+// deterministic dP as [b, heads, s up to 64, s up to 128] in 2-byte elements; grouped-query
+// attention (`grouped`: fewer key/value heads) 4 more bytes per [b, heads, s, d] element.
+double cudnn_attention_bytes(int64_t b, int64_t heads, int64_t s, int64_t d, bool deterministic,
+                             bool grouped = false);
 
 // ---- calibration ----------------------------------------------------------------------
 

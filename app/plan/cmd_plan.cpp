@@ -70,6 +70,7 @@ CudnnCheck check_cudnn(const Recipe& r, const cost::Layout& l, const cost::Clust
   g.B = l.micro_batch;
   g.T = r.model.seq_length;
   g.H = r.model.num_attention_heads / l.tp;
+  g.G = r.model.query_groups() / l.tp;
   g.D = r.model.head_dim();
   g.dropout_p = r.model.attention_dropout;
   g.deterministic = r.training.deterministic_mode;

@@ -381,28 +381,19 @@ op_checks::QkvShape attn_shape(const char* op, const Tensor& qkv, int64_t heads,
     throw_runtime("{}: head size {} exceeds the CUDA kernel's limit of {}", op, s.D, kAttnMaxHeadDim);
   return s;
 }
-// cuDNN's fused graph is planned with one head count for q, k and v.
-void need_mha(const char* op, int64_t heads, int64_t groups) {
-  if (groups != 0 && groups != heads)
-    throw_runtime("{}: grouped-query attention ({} query groups for {} heads) is not on cuDNN's fused path yet; "
-                  "use the unfused form",
-                  op, groups, heads);
-}
 }  // namespace
 
 void attention_forward_lse(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t heads, const ops::AttentionDropout& drop,
                            int64_t groups) {
   cuda_dtype("attention_forward_lse", "qkv", qkv.dtype());
-  need_mha("attention_forward_lse", heads, groups);
-  cudnn_attention_forward(out, lse, qkv, heads, drop);
+  cudnn_attention_forward(out, lse, qkv, heads, drop, groups);
 }
 
 void attention_backward_lse(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
                             int64_t heads, const ops::AttentionDropout& drop, int64_t groups) {
   cuda_dtype("attention_backward_lse", "qkv", qkv.dtype());
-  need_mha("attention_backward_lse", heads, groups);
   if (!out.defined()) throw_runtime("attention_backward_lse: the CUDA backward needs the forward's out");
-  cudnn_attention_backward(dqkv, dout, qkv, out, lse, heads, drop);
+  cudnn_attention_backward(dqkv, dout, qkv, out, lse, heads, drop, groups);
 }
 
 void attention_forward(Tensor& out, Tensor& probs, const Tensor& qkv, int64_t heads, const ops::AttentionDropout& drop,

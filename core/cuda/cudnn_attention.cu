@@ -7,7 +7,9 @@
 // dims, strides and type). Layout: mtnlg's qkv rows hold, per head, q then k then v
 // (Megatron), so Q, K and V are strided views of one buffer: dims [B, H, T, D], strides
 // [T*3HD, 3D, 3HD, 1], K and V at offsets D and 2D; out and dout are [B, T, H*D]
-// (strides [T*HD, D, HD, 1]); the statistics are [B, H, T, 1] fp32.
+// (strides [T*HD, D, HD, 1]); the statistics are [B, H, T, 1] fp32. Grouped-query
+// attention (G groups, rows per group [q_0 .. q_{H/G-1} | k | v]) has K and V with fewer
+// heads than Q, still views of the rows (Shape below has the three layouts).
 #include <cudnn_graph.h>
 
 #include <algorithm>
@@ -371,18 +373,64 @@ class Graph {
 
 cudnnDataType_t cudnn_type(DType dt) { return dt == DType::bf16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF; }
 
+// One graph's problem: the op's (B, T, H heads, G groups, D), the dims cuDNN sees
+// ([nb, hq, T, D] queries, [nb, hk, T, D] keys and values: cuDNN's SDPA takes fewer key/value
+// heads than query heads, hq % hk == 0) and the strides of the views of the packed qkv
+// rows, one of three layouts (docs/specs/cudnn-sdpa.md):
+//  - G == H: per head q, k, v (Megatron): nb B, hq = hk = H, heads 3D apart, rows 3HD;
+//  - G == 1 (multi-query): nb B, hq H, hk 1; the q heads D apart, k at HD, v at (H+1)D;
+//  - 1 < G < H: a group's H/G query heads are D apart but the groups (H/G+2)D, so no one
+//    head stride reaches them all: the groups are cuDNN's batch (nb G, hq H/G, hk 1, batch
+//    stride (H/G+2)D, sequence stride the row), one execution per sample (`calls` B, the
+//    pointers moved a sample on each time; one when B is 1).
 struct Shape {
   DType dt;
-  int64_t B, T, H, D;
-  Dims qkv_stride() const { return {T * 3 * H * D, 3 * D, 3 * H * D, 1}; }   // Q, K, V as [B, H, T, D]
-  Dims qkv_t_stride() const { return {T * 3 * H * D, 3 * D, 1, 3 * H * D}; } // K^T, V^T as [B, H, D, T]
-  Dims out_stride() const { return {T * H * D, D, H * D, 1}; }                // out, dout as [B, H, T, D]
-  Dims scores() const { return {B, H, T, T}; }
-  Dims scores_stride() const { return {H * T * T, T * T, T, 1}; }
-  Dims scores_t_stride() const { return {H * T * T, T * T, 1, T}; }
-  Dims rows() const { return {B, H, T, 1}; }
-  Dims rows_stride() const { return {H * T, T, 1, 1}; }
+  int64_t B, T, H, G, D;  // the op's problem
+  int64_t nb, hq, hk;     // the graph's batch, query heads, key/value heads
+  int64_t row;            // qkv row width, (H + 2G) D
+  int64_t qb, qh, kh;     // batch stride, q head stride, k/v head stride (elements)
+  int64_t koff, voff;     // where k and v of the first head or group start in the row
+  int64_t ob;             // out's batch stride
+  int64_t calls;          // executions per op call
+
+  Dims q_dims() const { return {nb, hq, T, D}; }
+  Dims kv_dims() const { return {nb, hk, T, D}; }
+  Dims kv_t_dims() const { return {nb, hk, D, T}; }
+  Dims qkv_stride() const { return {qb, qh, row, 1}; }   // Q as [nb, hq, T, D]
+  Dims kv_stride() const { return {qb, kh, row, 1}; }    // K, V as [nb, hk, T, D]
+  Dims kv_t_stride() const { return {qb, kh, 1, row}; }  // K^T, V^T as [nb, hk, D, T]
+  Dims out_stride() const { return {ob, D, H * D, 1}; }  // out, dout as [nb, hq, T, D]
+  Dims fullhead_stride() const { return {hq * T * D, T * D, D, 1}; }
+  Dims scores() const { return {nb, hq, T, T}; }
+  Dims scores_stride() const { return {hq * T * T, T * T, T, 1}; }
+  Dims scores_t_stride() const { return {hq * T * T, T * T, 1, T}; }
+  Dims rows() const { return {nb, hq, T, 1}; }
+  Dims rows_stride() const { return {hq * T, T, 1, 1}; }
+  bool grouped() const { return hk != hq; }
 };
+
+Shape make_shape(DType dt, int64_t B, int64_t T, int64_t H, int64_t G, int64_t D) {
+  if (G <= 0) G = H;
+  Shape s{dt, B, T, H, G, D, B, H, H, (H + 2 * G) * D, 0, 0, 0, 0, 0, T * H * D, 1};
+  s.qb = T * s.row;
+  if (G == H) {
+    s.qh = s.kh = 3 * D;
+    s.koff = D, s.voff = 2 * D;
+  } else if (G == 1) {
+    s.hk = 1;
+    s.qh = s.kh = D;
+    s.koff = H * D, s.voff = (H + 1) * D;
+  } else {
+    const int64_t r = H / G;
+    s.nb = G, s.hq = r, s.hk = 1;
+    s.qb = (r + 2) * D;
+    s.qh = s.kh = D;
+    s.koff = r * D, s.voff = (r + 1) * D;
+    s.ob = r * D;
+    s.calls = B;
+  }
+  return s;
+}
 
 // The causal mask on scores s: s where row >= column, the lowest float elsewhere.
 // `index_type` is the type the two index tensors are generated in.
@@ -415,10 +463,10 @@ const Desc& offset_tensor(Graph& g) { return g.tensor(kOffset, CUDNN_DATA_INT64,
 // O = P' V. The last op before P V writes P' in the I/O type (the matmul's A type).
 void build_forward(Graph& g, const Shape& sh, double p, SdpaGraph::Flaw flaw) {
   const cudnnDataType_t io = cudnn_type(sh.dt);
-  const Desc& q = g.tensor(kQ, io, {sh.B, sh.H, sh.T, sh.D}, sh.qkv_stride());
-  const Desc& kt = g.tensor(kK, io, {sh.B, sh.H, sh.D, sh.T}, sh.qkv_t_stride());
-  const Desc& v = g.tensor(kV, io, {sh.B, sh.H, sh.T, sh.D}, sh.qkv_stride());
-  const Desc& o = g.tensor(kO, io, {sh.B, sh.H, sh.T, sh.D}, sh.out_stride());
+  const Desc& q = g.tensor(kQ, io, sh.q_dims(), sh.qkv_stride());
+  const Desc& kt = g.tensor(kK, io, sh.kv_t_dims(), sh.kv_t_stride());
+  const Desc& v = g.tensor(kV, io, sh.kv_dims(), sh.kv_stride());
+  const Desc& o = g.tensor(kO, io, sh.q_dims(), sh.out_stride());
   const Desc& stats = g.tensor(kStats, CUDNN_DATA_FLOAT, sh.rows(), sh.rows_stride());
 
   const Desc& s = g.virt(sh.scores(), sh.scores_stride());
@@ -459,18 +507,27 @@ void build_forward(Graph& g, const Shape& sh, double p, SdpaGraph::Flaw flaw) {
 //   dV = P'^T dO
 //   dS = scale * P * (dO V^T * mask - rowsum) / (1 - p)
 //   dK = dS^T Q;  dQ = dS K (into the fp32 dQ accumulator unless deterministic)
-void build_backward(Graph& g, const Shape& sh, double p, bool dq_accumulator) {
+// Grouped (fewer key/value heads): dV and dK per query head, [nb, hq, T, D] in the I/O
+// type (virtual), then summed over each group's query heads (a reduction) into dV, dK.
+void build_backward(Graph& g, const Shape& sh, double p, bool dq_accumulator, SdpaGraph::Flaw flaw) {
   const cudnnDataType_t io = cudnn_type(sh.dt);
-  const Dims bhtd{sh.B, sh.H, sh.T, sh.D}, bhdt{sh.B, sh.H, sh.D, sh.T};
+  const Dims bhtd = sh.q_dims();
   const Desc& q = g.tensor(kQ, io, bhtd, sh.qkv_stride());
-  const Desc& kt = g.tensor(kK, io, bhdt, sh.qkv_t_stride());
-  const Desc& vt = g.tensor(kV, io, bhdt, sh.qkv_t_stride());
+  const Desc& kt = g.tensor(kK, io, sh.kv_t_dims(), sh.kv_t_stride());
+  const Desc& vt = g.tensor(kV, io, sh.kv_t_dims(), sh.kv_t_stride());
   const Desc& o = g.tensor(kO, io, bhtd, sh.out_stride());
   const Desc& dout = g.tensor(kdO, io, bhtd, sh.out_stride());
   const Desc& stats = g.tensor(kStats, CUDNN_DATA_FLOAT, sh.rows(), sh.rows_stride());
   const Desc& dq = g.tensor(kdQ, io, bhtd, sh.qkv_stride());
-  const Desc& dk = g.tensor(kdK, io, bhtd, sh.qkv_stride());
-  const Desc& dv = g.tensor(kdV, io, bhtd, sh.qkv_stride());
+  const Desc& dk = g.tensor(kdK, io, sh.kv_dims(), sh.kv_stride());
+  const Desc& dv = g.tensor(kdV, io, sh.kv_dims(), sh.kv_stride());
+  // A product per query head, summed over the group into `to` when grouped.
+  auto per_group = [&](const Desc& a, const Desc& b, const Desc& to) {
+    if (!sh.grouped() || flaw == SdpaGraph::Flaw::grouped_unsummed) return g.matmul(a, b, to);
+    const Desc& full = g.virt(bhtd, sh.fullhead_stride(), io);
+    g.matmul(a, b, full);
+    g.reduction(CUDNN_REDUCE_TENSOR_ADD, full, to);
+  };
   const Desc& scale = g.scalar(kScale);
 
   const Desc* mask = nullptr;
@@ -479,7 +536,7 @@ void build_backward(Graph& g, const Shape& sh, double p, bool dq_accumulator) {
     g.rng(seed_tensor(g), offset_tensor(g), *mask, 1.0 - p);
   }
   // rowsum
-  const Desc& dout_o = g.virt(bhtd, {sh.H * sh.T * sh.D, sh.T * sh.D, sh.H * sh.D, 1});
+  const Desc& dout_o = g.virt(bhtd, {sh.hq * sh.T * sh.D, sh.T * sh.D, sh.hq * sh.D, 1});
   g.pointwise(CUDNN_POINTWISE_MUL, dout, &o, nullptr, dout_o);
   const Desc& rowsum0 = g.virt(sh.rows(), sh.rows_stride());
   g.reduction(CUDNN_REDUCE_TENSOR_ADD, dout_o, rowsum0);
@@ -501,9 +558,9 @@ void build_backward(Graph& g, const Shape& sh, double p, bool dq_accumulator) {
     const Desc& kept = scores_op(g, sh, CUDNN_POINTWISE_MUL, probs, mask);
     dropped = &scores_op(g, sh, CUDNN_POINTWISE_MUL, kept, dscale);
   }
-  const Desc& dropped_t = g.virt({sh.B, sh.H, sh.T, sh.T}, sh.scores_t_stride(), io);
+  const Desc& dropped_t = g.virt(sh.scores(), sh.scores_t_stride(), io);
   g.reshape(*dropped, dropped_t);
-  g.matmul(dropped_t, dout, dv);
+  per_group(dropped_t, dout, dv);
 
   // dS
   const Desc& dp = g.virt(sh.scores(), sh.scores_stride());
@@ -514,15 +571,15 @@ void build_backward(Graph& g, const Shape& sh, double p, bool dq_accumulator) {
   const Desc* ds = &scores_op(g, sh, CUDNN_POINTWISE_MUL, dp2, &probs);
   if (p > 0) ds = &scores_op(g, sh, CUDNN_POINTWISE_MUL, *ds, dscale);
   const Desc& ds_scaled = scores_op(g, sh, CUDNN_POINTWISE_MUL, *ds, &scale);
-  const Desc& ds_t = g.virt({sh.B, sh.H, sh.T, sh.T}, sh.scores_t_stride(), io);
+  const Desc& ds_t = g.virt(sh.scores(), sh.scores_t_stride(), io);
   g.reshape(ds_scaled, ds_t);
-  g.matmul(ds_t, q, dk);
+  per_group(ds_t, q, dk);
 
-  // dQ = dS K, with K back in [B, H, T, D] order
-  const Desc& k = g.virt(bhtd, sh.qkv_stride(), io);
+  // dQ = dS K, with K back in [nb, hk, T, D] order
+  const Desc& k = g.virt(sh.kv_dims(), sh.kv_stride(), io);
   g.reshape(kt, k);
   if (dq_accumulator) {
-    const Desc& acc = g.tensor(kdQAccum, CUDNN_DATA_FLOAT, bhtd, {sh.H * sh.T * sh.D, sh.T * sh.D, sh.D, 1});
+    const Desc& acc = g.tensor(kdQAccum, CUDNN_DATA_FLOAT, bhtd, sh.fullhead_stride());
     g.matmul(ds_scaled, k, acc);
     g.pointwise(CUDNN_POINTWISE_IDENTITY, acc, nullptr, nullptr, dq);
   } else {
@@ -539,7 +596,7 @@ struct Plan {
   bool dq_accumulator = false;
   float scale = 1, lowest = 0, drop_scale = 1, drop_keep = 1, one = 1;
 };
-using PlanKey = std::tuple<bool, DType, int64_t, int64_t, int64_t, int64_t, double, bool>;
+using PlanKey = std::tuple<bool, DType, int64_t, int64_t, int64_t, int64_t, int64_t, double, bool>;
 
 struct Library {
   std::mutex mu;
@@ -552,7 +609,7 @@ Library& library() {
   return *l;
 }
 
-Shape shape_of(const SdpaGraph& g) { return Shape{g.dt, g.B, g.T, g.H, g.D}; }
+Shape shape_of(const SdpaGraph& g) { return make_shape(g.dt, g.B, g.T, g.H, g.G, g.D); }
 
 // The graph `spec` describes, built into `pl` and planned at `at` (Refused when cuDNN
 // will not). The dQ accumulator is cuDNN 9's rule (cudnn-frontend's, for cuDNN >= 9.0):
@@ -561,12 +618,14 @@ Shape shape_of(const SdpaGraph& g) { return Shape{g.dt, g.B, g.T, g.H, g.D}; }
 void build_and_plan(Plan& pl, const SdpaGraph& spec, const Target& at) {
   if (spec.dt != DType::bf16 && spec.dt != DType::f16)
     throw Refused(fmt::format("cuDNN's fused attention takes bf16 or fp16, not {}", to_string(spec.dt)));
+  if (spec.G < 0 || (spec.G > 0 && spec.H % spec.G != 0))
+    throw Refused(fmt::format("{} heads do not split into {} query groups", spec.H, spec.G));
   const Shape sh = shape_of(spec);
   pl.dq_accumulator = dq_accumulator_bytes(spec) > 0;
   if (spec.forward)
     build_forward(pl.graph, sh, spec.dropout_p, spec.flaw);
   else
-    build_backward(pl.graph, sh, spec.dropout_p, pl.dq_accumulator);
+    build_backward(pl.graph, sh, spec.dropout_p, pl.dq_accumulator, spec.flaw);
   pl.plan = pl.graph.plan(at, &pl.workspace);
 }
 
@@ -574,8 +633,8 @@ Plan& plan_for(const SdpaGraph& spec) {
   const Api& a = api();
   if (!a.failure.empty()) throw Refused("cuDNN " + a.failure);
   Library& lib = library();
-  const PlanKey key{spec.forward, spec.dt, spec.B, spec.T, spec.H, spec.D, spec.dropout_p,
-                    !spec.forward && spec.deterministic};
+  const PlanKey key{spec.forward, spec.dt, spec.B, spec.T, spec.H, spec.G <= 0 ? spec.H : spec.G, spec.D,
+                    spec.dropout_p, !spec.forward && spec.deterministic};
   if (auto it = lib.plans.find(key); it != lib.plans.end()) return *it->second;
   if (auto it = lib.refused.find(key); it != lib.refused.end()) throw Refused(it->second);
   try {
@@ -598,7 +657,7 @@ SdpaGraph spec_of(bool forward, const Shape& sh, const ops::AttentionDropout& dr
   SdpaGraph g;
   g.forward = forward;
   g.dt = sh.dt;
-  g.B = sh.B, g.T = sh.T, g.H = sh.H, g.D = sh.D;
+  g.B = sh.B, g.T = sh.T, g.H = sh.H, g.G = sh.G, g.D = sh.D;
   g.dropout_p = drop.p;
   g.deterministic = deterministic_attention();
   return g;
@@ -617,8 +676,9 @@ __global__ void seed_offset_kernel(int64_t* dst, uint64_t key, int64_t sample, i
 
 // Runs `pl` with the variant pack `uids` -> `ptrs` (plus the by-value scalars), on the
 // backend stream, with workspace from the caching allocator.
+// `sample`: the first sample of this execution (the groups-as-batch layout runs one per sample).
 void execute(Plan& pl, std::vector<int64_t> uids, std::vector<void*> ptrs, const ops::AttentionDropout& drop,
-             int64_t T) {
+             int64_t T, int64_t sample = 0) {
   Library& lib = library();
   check(api(), api().set_stream(lib.handle, stream()), "set stream");
   const std::vector<int64_t>& graph_uids = pl.graph.io_uids();
@@ -634,7 +694,7 @@ void execute(Plan& pl, std::vector<int64_t> uids, std::vector<void*> ptrs, const
     // cuDNN's Philox stream: seed = the dropout key; the counter offset starts these
     // rows' (sample, head) block where the CPU's mask index does.
     seed_offset = DeviceBuffer<int64_t>(2 * kOffsetAt);
-    MTNLG_LAUNCH(1, 1, 0, stream(), seed_offset_kernel)(seed_offset.data(), drop.key, drop.sample_offset,
+    MTNLG_LAUNCH(1, 1, 0, stream(), seed_offset_kernel)(seed_offset.data(), drop.key, drop.sample_offset + sample,
                                                          drop.heads_total, drop.head_offset, T * T, drop.dkey);
     MTNLG_CUDA_LAUNCH_CHECK("seed_offset_kernel");
     uids.insert(uids.end(), {kSeed, kOffset});
@@ -650,10 +710,12 @@ void execute(Plan& pl, std::vector<int64_t> uids, std::vector<void*> ptrs, const
   check(api(), api().execute(lib.handle, pl.plan->get(), pack.get()), "execute");
 }
 
-Shape shape_of(const char* op, const Tensor& qkv, int64_t heads) {
-  const int64_t D = qkv.dim(2) / (3 * heads);
-  if (D * 3 * heads != qkv.dim(2)) throw_runtime("{}: qkv's {} columns are not 3 x {} heads", op, qkv.dim(2), heads);
-  return Shape{qkv.dtype(), qkv.dim(0), qkv.dim(1), heads, D};
+Shape shape_of(const char* op, const Tensor& qkv, int64_t heads, int64_t groups) {
+  const int64_t G = groups <= 0 ? heads : groups;
+  const int64_t D = qkv.dim(2) / (heads + 2 * G);
+  if (heads % G != 0 || D * (heads + 2 * G) != qkv.dim(2))
+    throw_runtime("{}: qkv's {} columns are not (heads {} + 2 x groups {}) x head size", op, qkv.dim(2), heads, G);
+  return make_shape(qkv.dtype(), qkv.dim(0), qkv.dim(1), heads, G, D);
 }
 
 char* at(const Tensor& t, int64_t elements) {
@@ -674,9 +736,13 @@ void set_deterministic_attention(bool on) { g_deterministic = on; }
 bool deterministic_attention() { return g_deterministic; }
 
 bool fused_attention_supported(DType dt, int64_t B, int64_t T, int64_t H, int64_t D, double dropout_p,
-                               std::string* why) {
+                               std::string* why, int64_t groups) {
   std::lock_guard<std::mutex> lock(library().mu);
-  const Shape sh{dt, B, T, H, D};
+  if (groups > 0 && H % groups != 0) {
+    if (why) *why = fmt::format("{} heads do not split into {} query groups", H, groups);
+    return false;
+  }
+  const Shape sh = make_shape(dt, B, T, H, groups, D);
   ops::AttentionDropout drop;
   drop.p = dropout_p;
   try {
@@ -690,39 +756,48 @@ bool fused_attention_supported(DType dt, int64_t B, int64_t T, int64_t H, int64_
 }
 
 void cudnn_attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t heads,
-                             const ops::AttentionDropout& drop) {
+                             const ops::AttentionDropout& drop, int64_t groups) {
   std::lock_guard<std::mutex> lock(library().mu);
-  const Shape sh = shape_of("attention_forward_lse", qkv, heads);
+  const Shape sh = shape_of("attention_forward_lse", qkv, heads, groups);
   try {
     Plan& pl = plan_for(spec_of(true, sh, drop));
-    execute(pl, {kQ, kK, kV, kO, kStats},
-            {at(qkv, 0), at(qkv, sh.D), at(qkv, 2 * sh.D), at(out, 0), at(lse, 0)}, drop, sh.T);
+    for (int64_t c = 0; c < sh.calls; ++c) {  // c: the sample (one execution per sample when calls is B)
+      const int64_t x = c * sh.T * sh.row, o = c * sh.T * sh.H * sh.D, l = c * sh.H * sh.T;
+      execute(pl, {kQ, kK, kV, kO, kStats},
+              {at(qkv, x), at(qkv, x + sh.koff), at(qkv, x + sh.voff), at(out, o), at(lse, l)}, drop, sh.T, c);
+    }
   } catch (const Refused& e) {
-    throw_refused("attention_forward_lse on CUDA (B {}, T {}, heads {}, head size {}): {}", sh.B, sh.T, sh.H, sh.D,
-                  e.what());
+    throw_refused("attention_forward_lse on CUDA (B {}, T {}, heads {}, groups {}, head size {}): {}", sh.B, sh.T,
+                  sh.H, sh.G, sh.D, e.what());
   }
 }
 
 void cudnn_attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
-                              int64_t heads, const ops::AttentionDropout& drop) {
+                              int64_t heads, const ops::AttentionDropout& drop, int64_t groups) {
   std::lock_guard<std::mutex> lock(library().mu);
-  const Shape sh = shape_of("attention_backward_lse", qkv, heads);
+  const Shape sh = shape_of("attention_backward_lse", qkv, heads, groups);
   try {
     Plan& pl = plan_for(spec_of(false, sh, drop));
-    std::vector<int64_t> uids{kQ, kK, kV, kO, kdO, kStats, kdQ, kdK, kdV};
-    std::vector<void*> ptrs{at(qkv, 0),  at(qkv, sh.D),  at(qkv, 2 * sh.D),  at(out, 0),         at(dout, 0),
-                            at(lse, 0),  at(dqkv, 0),    at(dqkv, sh.D),     at(dqkv, 2 * sh.D)};
     DeviceBuffer<float> acc;
     if (pl.dq_accumulator) {
       acc = DeviceBuffer<float>(sh.B * sh.H * sh.T * sh.D);
       CUDA_CHECK(cudaMemsetAsync(acc.data(), 0, static_cast<size_t>(acc.size()) * sizeof(float), stream()));
-      uids.push_back(kdQAccum);
-      ptrs.push_back(acc.data());
     }
-    execute(pl, std::move(uids), std::move(ptrs), drop, sh.T);
+    for (int64_t c = 0; c < sh.calls; ++c) {  // c: the sample (one execution per sample when calls is B)
+      const int64_t x = c * sh.T * sh.row, o = c * sh.T * sh.H * sh.D, l = c * sh.H * sh.T;
+      std::vector<int64_t> uids{kQ, kK, kV, kO, kdO, kStats, kdQ, kdK, kdV};
+      std::vector<void*> ptrs{at(qkv, x),  at(qkv, x + sh.koff),  at(qkv, x + sh.voff),  at(out, o),
+                              at(dout, o), at(lse, l),            at(dqkv, x),           at(dqkv, x + sh.koff),
+                              at(dqkv, x + sh.voff)};
+      if (pl.dq_accumulator) {
+        uids.push_back(kdQAccum);
+        ptrs.push_back(acc.data() + c * sh.H * sh.T * sh.D);
+      }
+      execute(pl, std::move(uids), std::move(ptrs), drop, sh.T, c);
+    }
   } catch (const Refused& e) {
-    throw_refused("attention_backward_lse on CUDA (B {}, T {}, heads {}, head size {}): {}", sh.B, sh.T, sh.H, sh.D,
-                  e.what());
+    throw_refused("attention_backward_lse on CUDA (B {}, T {}, heads {}, groups {}, head size {}): {}", sh.B, sh.T,
+                  sh.H, sh.G, sh.D, e.what());
   }
 }
 

@@ -17,11 +17,15 @@ namespace mtnlg::cuda {
 
 // One attention graph mtnlg builds (docs/specs/cudnn-sdpa.md has them op by op): the
 // direction, the problem (bf16/fp16, B samples, T positions, H heads of size D), the
-// dropout probability and the backward's algorithm.
+// dropout probability and the backward's algorithm. G: the key/value heads (query groups
+// of grouped-query attention, H % G == 0; 0 or H: one per query head). The graph's
+// tensors are strided views of the packed per-group qkv rows [q_0 .. q_{H/G-1} | k | v]
+// (docs/specs/cudnn-sdpa.md, "Grouped-query attention").
 struct SdpaGraph {
   bool forward = true;
   DType dt = DType::bf16;
   int64_t B = 1, T = 1, H = 1, D = 64;
+  int64_t G = 0;
   double dropout_p = 0;
   // Backward only. false: cuDNN 9's default, dQ accumulated in an fp32 buffer by atomic
   // adds (fast, bitwise non-reproducible); true: the deterministic algorithm, dP kept in a
@@ -29,8 +33,9 @@ struct SdpaGraph {
   bool deterministic = false;
   // A deliberate mistake built into the graph, for the tests that show cuDNN refuses
   // wrong graphs: the statistics as max - log(sum) (SUB for ADD), or P handed to the
-  // second matmul in fp32 instead of the I/O type.
-  enum class Flaw { none, stats_sub_for_add, fp32_probs };
+  // second matmul in fp32 instead of the I/O type; or, in a grouped backward, dK and dV
+  // written straight by the matmuls (no sum over the group's query heads).
+  enum class Flaw { none, stats_sub_for_add, fp32_probs, grouped_unsummed };
   Flaw flaw = Flaw::none;
 };
 
@@ -78,17 +83,17 @@ std::string device_json_of_gpu(int device);
 // algorithm (the plans are kept for the calls that follow). When not, `why` says what
 // refused it.
 bool fused_attention_supported(DType dt, int64_t B, int64_t T, int64_t H, int64_t D, double dropout_p,
-                               std::string* why);
+                               std::string* why, int64_t groups = 0);
 
 // out [B, T, H*D], lse [B, H, T] f32 (natural-log log-sum-exp of the scaled, masked
-// scores: cuDNN's softmax statistics), from qkv [B, T, H*3*D] (Megatron's per-head
-// q, k, v). dqkv is WRITTEN. The dropout mask is cuDNN's Philox stream for (drop.key,
+// scores: cuDNN's softmax statistics), from qkv [B, T, (H+2G)*D] (per group its H/G
+// query heads, then its k and v; G = `groups`, 0 meaning H: Megatron's per-head q, k, v). dqkv is WRITTEN. The dropout mask is cuDNN's Philox stream for (drop.key,
 // the rows' offset): not the CPU's mask bits (docs/specs/cudnn-sdpa.md). The backward's
 // algorithm is deterministic_attention()'s. A plan cuDNN refuses throws Refused.
 void cudnn_attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t heads,
-                             const ops::AttentionDropout& drop);
+                             const ops::AttentionDropout& drop, int64_t groups = 0);
 void cudnn_attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
-                              int64_t heads, const ops::AttentionDropout& drop);
+                              int64_t heads, const ops::AttentionDropout& drop, int64_t groups = 0);
 
 // "cuDNN 9.19.0 (libcudnn.so.9)" or why it did not load; `library` as for plan_offline.
 std::string cudnn_description(const std::string& library = "");

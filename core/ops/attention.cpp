@@ -280,17 +280,12 @@ bool attention_lse_supported(Device device, DType dt, int64_t B, int64_t T, int6
     if (why) *why = "the CPU's row kernel";
     return true;
   }
-  if (groups != 0 && groups != heads) {
-    if (why) *why = "grouped-query attention (" + std::to_string(groups) + " query groups for " + std::to_string(heads) +
-                    " heads) is not on cuDNN's fused path yet";
-    return false;
-  }
 #ifdef MTNLG_HAVE_CUDA
-  if (!cuda::fused_attention_supported(dt, B, T, heads, head_dim, dropout_p, why)) return false;
+  if (!cuda::fused_attention_supported(dt, B, T, heads, head_dim, dropout_p, why, groups)) return false;
   if (why) *why = "cuDNN fused attention, " + cuda::cudnn_description();
   return true;
 #else
-  (void)dt, (void)B, (void)T, (void)heads, (void)head_dim, (void)dropout_p;
+  (void)dt, (void)B, (void)T, (void)heads, (void)head_dim, (void)dropout_p, (void)groups;
   if (why) *why = "a build without CUDA";
   return false;
 #endif

@@ -171,8 +171,9 @@ TEST_CASE("gpt on the GPU: loss and every parameter gradient equal the CPU run (
 
 // The Llama family's parts on CUDA (rotary embedding, RMSNorm fused with the residual,
 // SwiGLU, grouped and multi-query attention, a head size of its own, q/k/v biases alone,
-// tied and untied output) against the CPU, with the GPT case's metrics. Grouped-query
-// attention runs unfused on CUDA (cuDNN's graphs here take as many K/V heads as Q heads).
+// tied and untied output) against the CPU, with the GPT case's metrics. auto picks the
+// flash form (cuDNN's fused attention with K and V of fewer heads) for bf16, without
+// attention dropout as in the GPT case (cuDNN draws its own mask), and unfused for fp32.
 TEST_CASE("llama on the GPU: loss and every parameter gradient equal the CPU run (fp32 3.3e-5, bf16 1e-2)", "[gpu]") {
   if (!test::gpu_ready()) return;
   const std::pair<int, RecomputeGranularity> cases[] = {{0, RecomputeGranularity::none},
@@ -181,9 +182,12 @@ TEST_CASE("llama on the GPU: loss and every parameter gradient equal the CPU run
   for (DType dt : {DType::f32, DType::bf16})
     for (const auto& [variant, rc] : cases) {
       INFO(to_string(dt) << " llama variant " << variant << " recompute " << to_string(rc));
-      Small cpu(dt, Device::cpu, rc, AttentionBackend::automatic, 0.1, int64_t{1} << 28, variant),
-          gpu(dt, Device::cuda, rc, AttentionBackend::automatic, 0.1, int64_t{1} << 28, variant);
-      REQUIRE(gpu.chunk->attention_backend() == AttentionBackend::unfused);
+      const bool flash = dt != DType::f32;
+      const double att_drop = flash ? 0.0 : 0.1;
+      Small cpu(dt, Device::cpu, rc, AttentionBackend::automatic, att_drop, int64_t{1} << 28, variant),
+          gpu(dt, Device::cuda, rc, AttentionBackend::automatic, att_drop, int64_t{1} << 28, variant);
+      INFO("attention on the GPU: " << gpu.chunk->attention_note());
+      REQUIRE(gpu.chunk->attention_backend() == (flash ? AttentionBackend::flash : AttentionBackend::unfused));
       const double lc = cpu.loss_and_grad(), lg = gpu.loss_and_grad();
       CHECK(std::abs(lg - lc) <= test::rtol_for(dt) * std::abs(lc));
       const Tensor gg = gpu.store.grads().to(Device::cpu);
@@ -193,7 +197,7 @@ TEST_CASE("llama on the GPU: loss and every parameter gradient equal the CPU run
                             kRtolF32Grads);
         continue;
       }
-      Small exact(DType::f32, Device::cpu, rc, AttentionBackend::unfused, 0.1, int64_t{1} << 28, variant);
+      Small exact(DType::f32, Device::cpu, rc, AttentionBackend::unfused, att_drop, int64_t{1} << 28, variant);
       check_bf16_grads(gg, cpu, exact);
     }
 }

@@ -521,6 +521,9 @@ TEST_CASE("cost: cuDNN's attention workspace and dQ accumulator are counted wher
   // Odd sequences: the plan table's rows for B 2, H 2, T 23, D 64 (640 and 66176 B).
   CHECK(cudnn_attention_bytes(2, 2, 23, 64, false) == 640 + 2 * 2 * 23 * 64 * 4);
   CHECK(cudnn_attention_bytes(2, 2, 23, 64, true) == 66176);
+  // Grouped-query attention: Llama 3 8B at tp 8 (4 query heads, one group, s 8192): the
+  // plan table's 16908544 B workspace + the 16 MiB accumulator.
+  CHECK(cudnn_attention_bytes(1, 4, 8192, 128, false, true) == 16908544.0 + 16777216.0);
   Recipe r = gpt(4, 1024, 16, 2, 1, 8, "none");  // 8 local heads of 64 at tp 2, s 2048, micro batch 1
   const Layout l = layout_from_recipe(r, 2);
   const Cluster ours{gpu_spec("h100-80g"), 8, software_profile("mtnlg")};

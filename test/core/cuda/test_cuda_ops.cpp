@@ -641,6 +641,40 @@ TEST_CASE("cuda flash attention dropout: deterministic per key", "[gpu]") {
   CHECK(max_diff(a, z) > 1e-2);
 }
 
+// Grouped-query attention on cuDNN's graphs with dropout, on the emulated cuDNN, which
+// draws the CPU op's mask at the offset mtnlg hands cuDNN (tensor parallelism 1): out and
+// dqkv equal the CPU op's, so each sample's execution (2 groups of 2 heads: the groups as
+// cuDNN's batch) and the one multi-query execution get their samples' masks.
+TEST_CASE("cuda flash grouped-query attention with dropout: each sample's mask (emulated)", "[gpu]") {
+  if (!gpu_ready() || !emulated_device()) return;
+  std::mt19937_64 g(17);
+  const int64_t B = 2, T = 24, H = 4, D = 16;
+  for (int64_t G : {2, 1}) {
+    INFO("groups " << G);
+    const int64_t W = (H + 2 * G) * D;
+    auto convert = [](const Tensor& x, DType dt) {
+      Tensor y = Tensor::empty(x.shape(), dt);
+      ops::convert(y, x);
+      return y;
+    };
+    const Tensor q = randn({B, T, W}, g), dout = randn({B, T, H * D}, g);
+    const ops::AttentionDropout drop{0.2, 77, 3, 0, H};
+    // The CPU op in bf16 (the emulated cuDNN runs the same op on the device's copies).
+    Tensor out = Tensor::empty({B, T, H * D}, DType::bf16), lse = Tensor::empty({B, H, T}, DType::f32);
+    Tensor qc = convert(q, DType::bf16), dc = convert(dout, DType::bf16), dqkv = Tensor::empty({B, T, W}, DType::bf16);
+    ops::attention_forward_lse(out, lse, qc, H, drop, G);
+    ops::attention_backward_lse(dqkv, dc, qc, out, lse, H, drop, G);
+    Tensor gq = to_gpu(q, DType::bf16), gdo = to_gpu(dout, DType::bf16);
+    Tensor gout = poisoned({B, T, H * D}, DType::bf16), glse = poisoned({B, H, T}, DType::f32);
+    ops::attention_forward_lse(gout, glse, gq, H, drop, G);
+    Tensor gd = poisoned({B, T, W}, DType::bf16);
+    ops::attention_backward_lse(gd, gdo, gq, gout, glse, H, drop, G);
+    check_close("out", gout, convert(out, DType::f32), 1e-6);
+    check_close("lse", glse, lse, 1e-6);
+    check_close("dqkv", gd, convert(dqkv, DType::f32), 1e-6);
+  }
+}
+
 // The flash backward's dqkv against the CPU's, whose D_i = sum_j P_ij dP_ij is exact where
 // the flash form takes D_i = dO_i . O_i from the STORED output. The true (fp64) gradient of
 // a row that attends to one key is 0 (a softmax over one element), as the CPU gives; with
@@ -798,18 +832,20 @@ TEST_CASE("cuda attention rejects what it cannot run", "[gpu]") {
   Tensor qb = Tensor::empty({1, 4, 3 * 8}, DType::bf16, Device::cuda), ob = Tensor::empty({1, 4, 8}, DType::bf16, Device::cuda);
   Tensor lb = Tensor::empty({1, 1, 4}, DType::bf16, Device::cuda);
   CHECK_THROWS_WITH(ops::attention_forward_lse(ob, lb, qb, 1, {}), Catch::Matchers::Contains("f32"));
-  // Grouped-query attention is not on cuDNN's fused path yet: refused with the reason (the
-  // CPU takes it), and the fused forward and backward refuse it too.
-  CHECK_FALSE(ops::attention_lse_supported(Device::cuda, DType::bf16, 2, 16, 4, 64, 0.0, &why, 2));
-  CHECK_THAT(why, Catch::Matchers::Contains("grouped-query attention (2 query groups for 4 heads)"));
-  CHECK(ops::attention_lse_supported(Device::cpu, DType::bf16, 2, 16, 4, 64, 0.0, &why, 2));
+  // Grouped-query attention is on cuDNN's fused path (K and V with fewer heads; the op
+  // table computes it against the CPU): 2 groups of 2 heads and multi-query plan; groups
+  // that do not divide the heads, and a head size cuDNN refuses, are refused with the reason.
+  CHECK(ops::attention_lse_supported(Device::cuda, DType::bf16, 2, 16, 4, 64, 0.0, &why, 2));
+  CHECK_THAT(why, Catch::Matchers::Contains("cuDNN"));
+  CHECK(ops::attention_lse_supported(Device::cuda, DType::bf16, 2, 16, 4, 64, 0.1, &why, 1));
   CHECK(ops::attention_lse_supported(Device::cuda, DType::bf16, 2, 16, 4, 64, 0.0, &why, 4));  // groups == heads
-  Tensor qg = Tensor::empty({1, 4, 2 * (2 + 2) * 8}, DType::bf16, Device::cuda);  // 2 groups of 2 heads, D 8
-  Tensor og = Tensor::empty({1, 4, 4 * 8}, DType::bf16, Device::cuda), lg = Tensor::empty({1, 4, 4}, DType::f32, Device::cuda);
-  CHECK_THROWS_WITH(ops::attention_forward_lse(og, lg, qg, 4, {}, 2), Catch::Matchers::Contains("not on cuDNN's fused path"));
-  Tensor dg = Tensor::empty(qg.shape(), DType::bf16, Device::cuda);
-  CHECK_THROWS_WITH(ops::attention_backward_lse(dg, og, qg, og, lg, 4, {}, 2),
-                    Catch::Matchers::Contains("not on cuDNN's fused path"));
+  CHECK_FALSE(ops::attention_lse_supported(Device::cuda, DType::bf16, 2, 16, 4, 64, 0.0, &why, 3));
+  CHECK_THAT(why, Catch::Matchers::Contains("4 heads do not split into 3 query groups"));
+  if (emulated_device()) {
+    CHECK_FALSE(ops::attention_lse_supported(Device::cuda, DType::bf16, 2, 16, 4, 100, 0.0, &why, 2));
+    CHECK_THAT(why, Catch::Matchers::Contains("no engine") && Catch::Matchers::Contains("multiple of 8"));
+  }
+  CHECK(ops::attention_lse_supported(Device::cpu, DType::bf16, 2, 16, 4, 64, 0.0, &why, 2));
 }
 
 // ---- cross-entropy -----------------------------------------------------------------------

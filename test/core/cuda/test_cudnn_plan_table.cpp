@@ -1,7 +1,8 @@
 // The real cuDNN in CI: every attention graph mtnlg builds -- every shipped recipe's
 // problem at its tensor-parallel split, every shape the CUDA tests run, forward and
 // backward, p 0 / 0.1 / 0.2, bf16 and fp16, the backward with the fp32 dQ accumulator and
-// deterministic -- built by the production builders (core/cuda/cudnn_attention.cu) and
+// deterministic, and the grouped-query shapes of Llama 3 8B / 70B and the tests (bf16, p 0
+// and 0.1) -- built by the production builders (core/cuda/cudnn_attention.cu) and
 // planned by the toolkit's libcudnn without a GPU (cuDNN >= 9.8's offline planning) for an
 // H100 and an H200 (core/cuda/cudnn_device.cpp: their data-sheet properties). Graphs with
 // a planted mistake must be refused. Each plan's workspace goes into
@@ -42,6 +43,7 @@ namespace {
 struct Problem {
   std::string from;  // a recipe file or a test
   int64_t B, T, H, D;
+  int64_t G = 0;     // key/value heads (query groups); 0: as many as heads
 };
 
 // Every shipped recipe at its tp split: micro batch, sequence, local heads, head size.
@@ -55,7 +57,7 @@ std::vector<Problem> recipe_problems() {
     const Recipe r = load_recipe(f.string());
     const int64_t heads = r.model.num_attention_heads;
     out.push_back({f.filename().string(), r.training.micro_batch_size, r.model.seq_length, heads / r.tp(),
-                   r.model.hidden_size / heads});
+                   r.model.head_dim(), r.model.query_groups() / r.tp()});
   }
   return out;
 }
@@ -73,6 +75,20 @@ std::vector<Problem> test_problems() {
           {"test: head size 160", 2, 40, 2, 160},      {"test: head size 256", 2, 40, 2, 256}};
 }
 
+// Grouped-query attention (K and V with fewer heads; docs/specs/cudnn-sdpa.md): Llama 3
+// 8B (32 heads, 8 groups, head 128, seq 8192, micro batch 1) at tp 1, 2, 4, 8, Llama 3
+// 70B (64 heads, 8 groups) at tp 8, and the shapes the CUDA tests run (the op table's 2
+// groups of 4 heads and MQA, the Llama model on the GPU with 3 samples): bf16 only, p 0
+// and 0.1 (the deterministic backward at p 0), to keep the table's time small (every plan
+// compiles its kernels).
+std::vector<Problem> gqa_problems() {
+  return {{"Llama 3 8B tp 1", 1, 8192, 32, 128, 8}, {"Llama 3 8B tp 2", 1, 8192, 16, 128, 4},
+          {"Llama 3 8B tp 4", 1, 8192, 8, 128, 2},  {"Llama 3 8B tp 8", 1, 8192, 4, 128, 1},
+          {"Llama 3 70B tp 8", 1, 8192, 8, 128, 1}, {"test: op table GQA", 2, 7, 8, 8, 2},
+          {"test: op table MQA", 2, 7, 4, 8, 1},    {"test: llama on the GPU", 3, 128, 4, 64, 2},
+          {"test: llama on the GPU", 3, 128, 4, 128, 1}};
+}
+
 struct Case {
   std::string from;
   SdpaGraph g;
@@ -83,8 +99,10 @@ std::string describe(const SdpaGraph& g) {
   std::string s = fmt::format("{} {} B {} T {} H {} D {} p {}", g.forward ? "fwd" : "bwd", to_string(g.dt), g.B, g.T,
                               g.H, g.D, g.dropout_p);
   if (!g.forward) s += g.deterministic ? " deterministic" : " dQ-accumulator";
+  if (g.G > 0 && g.G != g.H) s += fmt::format(" G {}", g.G);
   if (g.flaw == SdpaGraph::Flaw::stats_sub_for_add) s += " [planted: SUB for ADD in the statistics]";
   if (g.flaw == SdpaGraph::Flaw::fp32_probs) s += " [planted: P in fp32 to the second matmul]";
+  if (g.flaw == SdpaGraph::Flaw::grouped_unsummed) s += " [planted: dK, dV not summed over the group]";
   return s;
 }
 
@@ -108,22 +126,33 @@ std::vector<Case> cases_of(const std::string& group) {
     cases.push_back({"planted", bad, true});
     bad.forward = false;
     cases.push_back({"planted", bad, true});
+    // A grouped backward (2 groups of 2 heads) whose dK and dV skip the sum over the
+    // group's query heads.
+    bad.D = 64, bad.H = 4, bad.G = 2;
+    bad.flaw = SdpaGraph::Flaw::grouped_unsummed;
+    cases.push_back({"planted", bad, true});
     return cases;
   }
-  const std::vector<Problem> problems = group == "recipes" ? recipe_problems() : test_problems();
-  std::set<std::tuple<bool, DType, int64_t, int64_t, int64_t, int64_t, double, bool>> seen;
-  for (const Problem& pr : problems)
+  std::vector<Problem> problems = group == "recipes" ? recipe_problems() : test_problems();
+  if (group == "tests")
+    for (const Problem& pr : gqa_problems()) problems.push_back(pr);
+  std::set<std::tuple<bool, DType, int64_t, int64_t, int64_t, int64_t, int64_t, double, bool>> seen;
+  for (const Problem& pr : problems) {
+    const bool grouped = pr.G > 0 && pr.G != pr.H;
     for (DType dt : {DType::bf16, DType::f16})
       for (double p : {0.0, 0.1, 0.2})
         for (int kind = 0; kind < 3; ++kind) {  // forward, backward with the accumulator, deterministic
+          if (grouped && (dt != DType::bf16 || p > 0.1 || (kind == 2 && p > 0))) continue;
           SdpaGraph g;
           g.forward = kind == 0;
           g.deterministic = kind == 2;
           g.dt = dt;
-          g.B = pr.B, g.T = pr.T, g.H = pr.H, g.D = pr.D;
+          g.B = pr.B, g.T = pr.T, g.H = pr.H, g.D = pr.D, g.G = pr.G;
           g.dropout_p = p;
-          if (seen.insert({g.forward, dt, g.B, g.T, g.H, g.D, p, g.deterministic}).second) cases.push_back({pr.from, g});
+          if (seen.insert({g.forward, dt, g.B, g.T, g.H, g.G, g.D, p, g.deterministic}).second)
+            cases.push_back({pr.from, g});
         }
+  }
   return cases;
 }
 

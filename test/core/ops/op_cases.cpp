@@ -907,10 +907,10 @@ Entry elementwise_views_entry() {
 // type, as the GPU stores them). Unfused bounds: probs and out are one low-precision op
 // past the rounded scores (2 x kRtolLow: the scores are stored in the activation dtype
 // before the softmax, as Megatron does); dqkv chains two more. Grouped-query attention
-// (n[5] = groups < heads, MQA at 1) on the unfused form only: cuDNN's fused path refuses
-// it for now (attention_lse_supported); the CPU's flash form has its low-precision and
-// finite-difference cases, and equals the unfused form and a multi-head attention over
-// K and V repeated per head (the fd cases' checks).
+// (n[5] = groups < heads, MQA at 1) on both forms (the flash form bf16 without dropout,
+// as above); the CPU's flash form has its low-precision and finite-difference cases, and
+// equals the unfused form and a multi-head attention over K and V repeated per head (the
+// fd cases' checks).
 Entry attention_entry() {
   Entry e{"attention", {}, nullptr, nullptr};
   const std::vector<std::array<int64_t, 4>> flash = {{1, 1, 1, 8}, {2, 17, 3, 8}, {1, 64, 2, 64}, {2, 45, 2, 96}, {1, 70, 1, 128}};
@@ -933,6 +933,15 @@ Entry attention_entry() {
           << to_string(dt);
         e.cases.push_back(device_case(l.str(), dt, {1, B, T, H, D, G}, {p}, T == 33 && p == 0 && dt != DType::f16));
       }
+  // The flash form of grouped-query attention (on CUDA cuDNN's graphs with K and V of fewer
+  // heads): 2 groups of 4 heads (the groups as cuDNN's batch, one execution per sample) and
+  // multi-query; bf16 without dropout, as the flash cases above.
+  for (const auto& [B, T, H, D, G] : {std::array<int64_t, 5>{2, 7, 8, 8, 2}, {2, 7, 4, 8, 1}}) {
+    std::ostringstream l;
+    l << "flash " << (G == 1 ? "MQA" : "GQA") << " B " << B << " T " << T << " H " << H << " G " << G << " D " << D
+      << " p 0 bf16";
+    e.cases.push_back(device_case(l.str(), DType::bf16, {0, B, T, H, D, G}, {0.0}));
+  }
   add_low_cases(e, "flash B 2 T 6 H 2 D 4 p 0.2", {0, 2, 6, 2, 4}, {0.2});
   add_low_cases(e, "flash GQA B 2 T 6 H 4 G 2 D 4 p 0.2", {0, 2, 6, 4, 4, 2}, {0.2});
   e.cases.push_back(fd_case("unfused p 0", 5, {}, {0.0}));
