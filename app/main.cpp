@@ -37,8 +37,10 @@ int main(int argc, char** argv) {
   mtnlg::configure_host_allocator();
   mtnlg::log::context().debug = mtnlg::switches::on(mtnlg::Switch::debug);
   CLI::App app{"mtnlg: train, evaluate and plan GPT models with 3D parallelism (Megatron-Turing NLG style)", "mtnlg"};
-  const CLI::Option* verbose = app.add_flag("--verbose")->description(
-      "With --version: also list the environment switches set (MTNLG_*, OPENBLAS_CORETYPE; docs/OPERATIONS.md)");
+  const CLI::Option* verbose = app.add_flag("--verbose")
+                                   ->description(
+                                       "With --version: also list the environment switches set (MTNLG_*, "
+                                       "OPENBLAS_CORETYPE; docs/OPERATIONS.md)");
   // The BLAS line lets a test (or a user) see which kernels this binary multiplies with;
   // a CUDA build adds whether cuDNN (the flash attention form on GPUs) loads here. The
   // text is made only when asked for: loading cuDNN costs every other command nothing.

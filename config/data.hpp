@@ -29,7 +29,7 @@ struct DataConfig {
   std::string merge_file;
   TokenizerType tokenizer_type = TokenizerType::gpt2_bpe;
   std::string tokenizer_model;  // HuggingFaceTokenizer: a tokenizer.json, or a directory holding one
-  std::string cache_dir;  // "" -> <logging.dir>/index-cache
+  std::string cache_dir;        // "" -> <logging.dir>/index-cache
   bool mock = false;
   bool eod_mask_loss = false;
 };

@@ -53,13 +53,13 @@ struct ModelConfig {
   bool use_rope_scaling = false;    // Llama 3.1's frequency scaling
   double rope_scaling_factor = 8.0;
   Normalization normalization = Normalization::LayerNorm;
-  bool swiglu = false;                 // gated MLP: silu(x W_gate) * (x W_up), each ffn_hidden_size wide
-  int64_t num_query_groups = 0;        // key/value heads (grouped-query attention); 0 -> num_attention_heads
+  bool swiglu = false;           // gated MLP: silu(x W_gate) * (x W_up), each ffn_hidden_size wide
+  int64_t num_query_groups = 0;  // key/value heads (grouped-query attention); 0 -> num_attention_heads
   bool untie_embeddings_and_output_weights = false;
-  bool add_bias_linear = true;         // biases of every linear layer (false: Megatron's --disable-bias-linear)
-  bool add_qkv_bias = false;           // the query/key/value biases alone (Qwen2), with add_bias_linear false
-  bool qk_layernorm = false;           // a norm of each query and key head before attention (Qwen3, OLMo 2)
-  int64_t kv_channels = 0;             // head size; 0 -> hidden_size / num_attention_heads
+  bool add_bias_linear = true;  // biases of every linear layer (false: Megatron's --disable-bias-linear)
+  bool add_qkv_bias = false;    // the query/key/value biases alone (Qwen2), with add_bias_linear false
+  bool qk_layernorm = false;    // a norm of each query and key head before attention (Qwen3, OLMo 2)
+  int64_t kv_channels = 0;      // head size; 0 -> hidden_size / num_attention_heads
 
   int64_t head_dim() const { return kv_channels > 0 ? kv_channels : hidden_size / num_attention_heads; }
   int64_t query_groups() const { return num_query_groups > 0 ? num_query_groups : num_attention_heads; }

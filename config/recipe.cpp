@@ -67,9 +67,7 @@ std::string to_string(TokenizerType t) {
   }
   return "?";
 }
-std::string to_string(PositionEmbedding p) {
-  return p == PositionEmbedding::rope ? "rope" : "learned_absolute";
-}
+std::string to_string(PositionEmbedding p) { return p == PositionEmbedding::rope ? "rope" : "learned_absolute"; }
 std::string to_string(Normalization n) { return n == Normalization::RMSNorm ? "RMSNorm" : "LayerNorm"; }
 std::string to_string(LrDecayStyle s) {
   switch (s) {
@@ -98,7 +96,8 @@ struct Ctx {
     const std::string path = !path_in.empty() && path_in[0] == '.' ? path_in.substr(1) : path_in;
     // The value a --set wrote, anything below it, or a map it created on the way.
     for (auto& [p, text] : overridden)
-      if (path == p || path.rfind(p + ".", 0) == 0 || (!path.empty() && p.rfind(path + ".", 0) == 0 && n.Mark().is_null()))
+      if (path == p || path.rfind(p + ".", 0) == 0 ||
+          (!path.empty() && p.rfind(path + ".", 0) == 0 && n.Mark().is_null()))
         return text;
     if (n.IsDefined() && n.Mark().line >= 0)
       return fmt::format("{}:{}:{}", origin, n.Mark().line + 1, n.Mark().column + 1);
@@ -111,7 +110,8 @@ struct Ctx {
 }
 
 std::string scalar_text(const Ctx& c, const std::string& path, const YAML::Node& n, const char* expect) {
-  if (!n.IsScalar()) bad(c, path, n, fmt::format("expected {}, got a {}", expect, n.IsMap() ? "map" : n.IsSequence() ? "list" : "null"));
+  if (!n.IsScalar())
+    bad(c, path, n, fmt::format("expected {}, got a {}", expect, n.IsMap() ? "map" : n.IsSequence() ? "list" : "null"));
   return n.Scalar();
 }
 
@@ -121,7 +121,8 @@ int64_t read_int(const Ctx& c, const std::string& path, const YAML::Node& n, int
   try {
     v = parse_count(s, path);
   } catch (const InputError&) {
-    bad(c, path, n, fmt::format("expected an integer in [{}, {}] (counts accept 12e9 or \"270B\"), got \"{}\"", lo, hi, s));
+    bad(c, path, n,
+        fmt::format("expected an integer in [{}, {}] (counts accept 12e9 or \"270B\"), got \"{}\"", lo, hi, s));
   }
   if (v < lo || v > hi) bad(c, path, n, fmt::format("{} is out of range: valid is [{}, {}]", v, lo, hi));
   return v;
@@ -167,23 +168,26 @@ using Table = std::vector<std::pair<std::string, std::vector<Field>>>;
 
 template <typename Get>
 Field int_field(std::string name, Get get, int64_t lo, int64_t hi = kMaxI) {
-  return {name,
-          [=](Recipe& r, const YAML::Node& n, const Ctx& c, const std::string& p) { get(r) = read_int(c, p, n, lo, hi); },
-          [=](const Recipe& r, YAML::Emitter& e) { e << YAML::Key << name << YAML::Value << get(const_cast<Recipe&>(r)); }};
+  return {
+      name,
+      [=](Recipe& r, const YAML::Node& n, const Ctx& c, const std::string& p) { get(r) = read_int(c, p, n, lo, hi); },
+      [=](const Recipe& r, YAML::Emitter& e) { e << YAML::Key << name << YAML::Value << get(const_cast<Recipe&>(r)); }};
 }
 template <typename Get>
 Field dbl_field(std::string name, Get get, double lo, double hi) {
   return {name,
-          [=](Recipe& r, const YAML::Node& n, const Ctx& c, const std::string& p) { get(r) = read_double(c, p, n, lo, hi); },
+          [=](Recipe& r, const YAML::Node& n, const Ctx& c, const std::string& p) {
+            get(r) = read_double(c, p, n, lo, hi);
+          },
           [=](const Recipe& r, YAML::Emitter& e) {
             e << YAML::Key << name << YAML::Value << fmt::format("{}", get(const_cast<Recipe&>(r)));
           }};
 }
 template <typename Get>
 Field bool_field(std::string name, Get get) {
-  return {name,
-          [=](Recipe& r, const YAML::Node& n, const Ctx& c, const std::string& p) { get(r) = read_bool(c, p, n); },
-          [=](const Recipe& r, YAML::Emitter& e) { e << YAML::Key << name << YAML::Value << get(const_cast<Recipe&>(r)); }};
+  return {
+      name, [=](Recipe& r, const YAML::Node& n, const Ctx& c, const std::string& p) { get(r) = read_bool(c, p, n); },
+      [=](const Recipe& r, YAML::Emitter& e) { e << YAML::Key << name << YAML::Value << get(const_cast<Recipe&>(r)); }};
 }
 template <typename Get>
 Field str_field(std::string name, Get get) {
@@ -205,13 +209,15 @@ Field enum_field(std::string name, Get get, std::initializer_list<E> values) {
                 return;
               }
             std::string valid;
-            for (E e : vals) {  // appended piece by piece: `"|" + to_string(e)` trips GCC 12's
+            for (E e : vals) {                   // appended piece by piece: `"|" + to_string(e)` trips GCC 12's
               if (!valid.empty()) valid += '|';  // -Wrestrict false positive (GCC PR105651)
               valid += to_string(e);
             }
             bad(c, p, n, fmt::format("\"{}\" is not valid: expected {}", s, valid));
           },
-          [=](const Recipe& r, YAML::Emitter& e) { e << YAML::Key << name << YAML::Value << to_string(get(const_cast<Recipe&>(r))); }};
+          [=](const Recipe& r, YAML::Emitter& e) {
+            e << YAML::Key << name << YAML::Value << to_string(get(const_cast<Recipe&>(r)));
+          }};
 }
 
 // A second name of a key (Megatron's older spelling): read, never written back.
@@ -242,40 +248,66 @@ void check_keys(const Ctx& c, const std::string& path, const YAML::Node& n, cons
 const Table& table() {
   static const Table t = [] {
     Table t;
-    t.push_back({"model",
-                 {
-                     int_field("num_layers", [](Recipe& r) -> int64_t& { return r.model.num_layers; }, 1, 100000),
-                     int_field("hidden_size", [](Recipe& r) -> int64_t& { return r.model.hidden_size; }, 1, 1 << 20),
-                     int_field("num_attention_heads", [](Recipe& r) -> int64_t& { return r.model.num_attention_heads; }, 1, 1 << 16),
-                     int_field("ffn_hidden_size", [](Recipe& r) -> int64_t& { return r.model.ffn_hidden_size; }, 0, 1 << 22),
-                     int_field("seq_length", [](Recipe& r) -> int64_t& { return r.model.seq_length; }, 1, 1 << 22),
-                     int_field("max_position_embeddings", [](Recipe& r) -> int64_t& { return r.model.max_position_embeddings; }, 0, 1 << 22),
-                     int_field("vocab_size", [](Recipe& r) -> int64_t& { return r.model.vocab_size; }, 1, 1 << 24),
-                     int_field("make_vocab_size_divisible_by", [](Recipe& r) -> int64_t& { return r.model.make_vocab_size_divisible_by; }, 1, 1 << 16),
-                     dbl_field("init_method_std", [](Recipe& r) -> double& { return r.model.init_method_std; }, 0.0, 10.0),
-                     dbl_field("hidden_dropout", [](Recipe& r) -> double& { return r.model.hidden_dropout; }, 0.0, 0.99),
-                     dbl_field("attention_dropout", [](Recipe& r) -> double& { return r.model.attention_dropout; }, 0.0, 0.99),
-                     dbl_field("norm_epsilon", [](Recipe& r) -> double& { return r.model.layernorm_epsilon; }, 0.0, 1.0),
-                     alias_field(dbl_field("layernorm_epsilon", [](Recipe& r) -> double& { return r.model.layernorm_epsilon; }, 0.0, 1.0)),
-                     enum_field<AttentionBackend>("attention_backend", [](Recipe& r) -> AttentionBackend& { return r.model.attention_backend; },
-                                                  {AttentionBackend::automatic, AttentionBackend::flash, AttentionBackend::unfused}),
-                     enum_field<PositionEmbedding>("position_embedding_type", [](Recipe& r) -> PositionEmbedding& { return r.model.position_embedding_type; },
-                                                   {PositionEmbedding::learned_absolute, PositionEmbedding::rope}),
-                     dbl_field("rotary_base", [](Recipe& r) -> double& { return r.model.rotary_base; }, 1.0, 1e12),
-                     dbl_field("rotary_percent", [](Recipe& r) -> double& { return r.model.rotary_percent; }, 0.0, 1.0),
-                     bool_field("rotary_interleaved", [](Recipe& r) -> bool& { return r.model.rotary_interleaved; }),
-                     bool_field("use_rope_scaling", [](Recipe& r) -> bool& { return r.model.use_rope_scaling; }),
-                     dbl_field("rope_scaling_factor", [](Recipe& r) -> double& { return r.model.rope_scaling_factor; }, 1.0, 1e6),
-                     enum_field<Normalization>("normalization", [](Recipe& r) -> Normalization& { return r.model.normalization; },
-                                               {Normalization::LayerNorm, Normalization::RMSNorm}),
-                     bool_field("swiglu", [](Recipe& r) -> bool& { return r.model.swiglu; }),
-                     int_field("num_query_groups", [](Recipe& r) -> int64_t& { return r.model.num_query_groups; }, 0, 1 << 16),
-                     bool_field("untie_embeddings_and_output_weights", [](Recipe& r) -> bool& { return r.model.untie_embeddings_and_output_weights; }),
-                     bool_field("add_bias_linear", [](Recipe& r) -> bool& { return r.model.add_bias_linear; }),
-                     bool_field("add_qkv_bias", [](Recipe& r) -> bool& { return r.model.add_qkv_bias; }),
-                     bool_field("qk_layernorm", [](Recipe& r) -> bool& { return r.model.qk_layernorm; }),
-                     int_field("kv_channels", [](Recipe& r) -> int64_t& { return r.model.kv_channels; }, 0, 1 << 16),
-                 }});
+    t.push_back(
+        {"model",
+         {
+             int_field(
+                 "num_layers", [](Recipe& r) -> int64_t& { return r.model.num_layers; }, 1, 100000),
+             int_field(
+                 "hidden_size", [](Recipe& r) -> int64_t& { return r.model.hidden_size; }, 1, 1 << 20),
+             int_field(
+                 "num_attention_heads", [](Recipe& r) -> int64_t& { return r.model.num_attention_heads; }, 1, 1 << 16),
+             int_field(
+                 "ffn_hidden_size", [](Recipe& r) -> int64_t& { return r.model.ffn_hidden_size; }, 0, 1 << 22),
+             int_field(
+                 "seq_length", [](Recipe& r) -> int64_t& { return r.model.seq_length; }, 1, 1 << 22),
+             int_field(
+                 "max_position_embeddings", [](Recipe& r) -> int64_t& { return r.model.max_position_embeddings; }, 0,
+                 1 << 22),
+             int_field(
+                 "vocab_size", [](Recipe& r) -> int64_t& { return r.model.vocab_size; }, 1, 1 << 24),
+             int_field(
+                 "make_vocab_size_divisible_by",
+                 [](Recipe& r) -> int64_t& { return r.model.make_vocab_size_divisible_by; }, 1, 1 << 16),
+             dbl_field(
+                 "init_method_std", [](Recipe& r) -> double& { return r.model.init_method_std; }, 0.0, 10.0),
+             dbl_field(
+                 "hidden_dropout", [](Recipe& r) -> double& { return r.model.hidden_dropout; }, 0.0, 0.99),
+             dbl_field(
+                 "attention_dropout", [](Recipe& r) -> double& { return r.model.attention_dropout; }, 0.0, 0.99),
+             dbl_field(
+                 "norm_epsilon", [](Recipe& r) -> double& { return r.model.layernorm_epsilon; }, 0.0, 1.0),
+             alias_field(dbl_field(
+                 "layernorm_epsilon", [](Recipe& r) -> double& { return r.model.layernorm_epsilon; }, 0.0, 1.0)),
+             enum_field<AttentionBackend>(
+                 "attention_backend", [](Recipe& r) -> AttentionBackend& { return r.model.attention_backend; },
+                 {AttentionBackend::automatic, AttentionBackend::flash, AttentionBackend::unfused}),
+             enum_field<PositionEmbedding>(
+                 "position_embedding_type",
+                 [](Recipe& r) -> PositionEmbedding& { return r.model.position_embedding_type; },
+                 {PositionEmbedding::learned_absolute, PositionEmbedding::rope}),
+             dbl_field(
+                 "rotary_base", [](Recipe& r) -> double& { return r.model.rotary_base; }, 1.0, 1e12),
+             dbl_field(
+                 "rotary_percent", [](Recipe& r) -> double& { return r.model.rotary_percent; }, 0.0, 1.0),
+             bool_field("rotary_interleaved", [](Recipe& r) -> bool& { return r.model.rotary_interleaved; }),
+             bool_field("use_rope_scaling", [](Recipe& r) -> bool& { return r.model.use_rope_scaling; }),
+             dbl_field(
+                 "rope_scaling_factor", [](Recipe& r) -> double& { return r.model.rope_scaling_factor; }, 1.0, 1e6),
+             enum_field<Normalization>("normalization",
+                                       [](Recipe& r) -> Normalization& { return r.model.normalization; },
+                                       {Normalization::LayerNorm, Normalization::RMSNorm}),
+             bool_field("swiglu", [](Recipe& r) -> bool& { return r.model.swiglu; }),
+             int_field(
+                 "num_query_groups", [](Recipe& r) -> int64_t& { return r.model.num_query_groups; }, 0, 1 << 16),
+             bool_field("untie_embeddings_and_output_weights",
+                        [](Recipe& r) -> bool& { return r.model.untie_embeddings_and_output_weights; }),
+             bool_field("add_bias_linear", [](Recipe& r) -> bool& { return r.model.add_bias_linear; }),
+             bool_field("add_qkv_bias", [](Recipe& r) -> bool& { return r.model.add_qkv_bias; }),
+             bool_field("qk_layernorm", [](Recipe& r) -> bool& { return r.model.qk_layernorm; }),
+             int_field(
+                 "kv_channels", [](Recipe& r) -> int64_t& { return r.model.kv_channels; }, 0, 1 << 16),
+         }});
     Field pipeline_layers{
         "pipeline_layers",
         [](Recipe& r, const YAML::Node& n, const Ctx& c, const std::string& p) {
@@ -288,118 +320,165 @@ const Table& table() {
         [](const Recipe& r, YAML::Emitter& e) {
           e << YAML::Key << "pipeline_layers" << YAML::Value << YAML::Flow << r.parallel.pipeline_layers;
         }};
-    t.push_back({"parallel",
-                 {
-                     int_field("tensor_model_parallel_size", [](Recipe& r) -> int64_t& { return r.parallel.tensor_model_parallel_size; }, 1, 1024),
-                     int_field("pipeline_model_parallel_size", [](Recipe& r) -> int64_t& { return r.parallel.pipeline_model_parallel_size; }, 1, 4096),
-                     int_field("num_layers_per_virtual_pipeline_stage", [](Recipe& r) -> int64_t& { return r.parallel.num_layers_per_virtual_pipeline_stage; }, 0, 100000),
-                     pipeline_layers,
-                     bool_field("sequence_parallel", [](Recipe& r) -> bool& { return r.parallel.sequence_parallel; }),
-                     bool_field("use_distributed_optimizer", [](Recipe& r) -> bool& { return r.parallel.use_distributed_optimizer; }),
-                     enum_field<RecomputeGranularity>("recompute_granularity", [](Recipe& r) -> RecomputeGranularity& { return r.parallel.recompute_granularity; },
-                                                      {RecomputeGranularity::none, RecomputeGranularity::selective, RecomputeGranularity::full}),
-                     int_field("ddp_bucket_size", [](Recipe& r) -> int64_t& { return r.parallel.ddp_bucket_size; }, 0),
-                     dbl_field("distributed_timeout_minutes", [](Recipe& r) -> double& { return r.parallel.distributed_timeout_minutes; }, 0.0, 1e6),
-                 }});
-    Field ramp{
-        "rampup_batch_size",
-        [](Recipe& r, const YAML::Node& n, const Ctx& c, const std::string& p) {
-          if (n.IsNull() || (n.IsScalar() && n.Scalar() == "none")) {
-            r.training.rampup_batch_size.reset();
-            return;
-          }
-          check_keys(c, p, n, {"start", "increment", "ramp_tokens"});
-          RampupBatchSize rb = r.training.rampup_batch_size.value_or(RampupBatchSize{});
-          if (n["start"]) rb.start = read_int(c, p + ".start", n["start"], 1, kMaxI);
-          if (n["increment"]) rb.increment = read_int(c, p + ".increment", n["increment"], 1, kMaxI);
-          if (n["ramp_tokens"]) rb.ramp_tokens = read_int(c, p + ".ramp_tokens", n["ramp_tokens"], 1, kMaxI);
-          for (const char* k : {"start", "increment", "ramp_tokens"})
-            if (!n[k] && !r.training.rampup_batch_size)
-              bad(c, p, n, fmt::format("missing '{}': rampup_batch_size needs start, increment and ramp_tokens", k));
-          r.training.rampup_batch_size = rb;
-        },
-        [](const Recipe& r, YAML::Emitter& e) {
-          e << YAML::Key << "rampup_batch_size" << YAML::Value;
-          if (!r.training.rampup_batch_size) {
-            e << YAML::Null;
-            return;
-          }
-          auto& rb = *r.training.rampup_batch_size;
-          e << YAML::Flow << YAML::BeginMap << YAML::Key << "start" << YAML::Value << rb.start << YAML::Key << "increment"
-            << YAML::Value << rb.increment << YAML::Key << "ramp_tokens" << YAML::Value << rb.ramp_tokens << YAML::EndMap;
-        }};
-    t.push_back({"training",
-                 {
-                     enum_field<Precision>("precision", [](Recipe& r) -> Precision& { return r.training.precision; },
-                                           {Precision::fp32, Precision::bf16, Precision::fp16}),
-                     enum_field<DeviceKind>("device", [](Recipe& r) -> DeviceKind& { return r.training.device; },
-                                            {DeviceKind::automatic, DeviceKind::cpu, DeviceKind::cuda, DeviceKind::test}),
-                     int_field("micro_batch_size", [](Recipe& r) -> int64_t& { return r.training.micro_batch_size; }, 1, 1 << 20),
-                     int_field("global_batch_size", [](Recipe& r) -> int64_t& { return r.training.global_batch_size; }, 1, 1LL << 40),
-                     ramp,
-                     int_field("train_iters", [](Recipe& r) -> int64_t& { return r.training.train_iters; }, 0),
-                     int_field("train_samples", [](Recipe& r) -> int64_t& { return r.training.train_samples; }, 0),
-                     int_field("train_tokens", [](Recipe& r) -> int64_t& { return r.training.train_tokens; }, 0),
-                     int_field("seed", [](Recipe& r) -> int64_t& { return r.training.seed; }, 0, (1LL << 32) - 1),
-                     dbl_field("exit_duration_mins", [](Recipe& r) -> double& { return r.training.exit_duration_mins; }, 0.0, 1e9),
-                     int_field("exit_interval", [](Recipe& r) -> int64_t& { return r.training.exit_interval; }, 0),
-                     int_field("eval_interval", [](Recipe& r) -> int64_t& { return r.training.eval_interval; }, 0),
-                     int_field("eval_iters", [](Recipe& r) -> int64_t& { return r.training.eval_iters; }, 0),
-                     int_field("num_threads", [](Recipe& r) -> int64_t& { return r.training.num_threads; }, 0, 4096),
-                     int_field("max_nonfinite_in_a_row", [](Recipe& r) -> int64_t& { return r.training.max_nonfinite_in_a_row; }, 1),
-                     bool_field("check_for_nan_in_loss_and_grad", [](Recipe& r) -> bool& { return r.training.check_for_nan_in_loss_and_grad; }),
-                     bool_field("enable_cuda_graph", [](Recipe& r) -> bool& { return r.training.enable_cuda_graph; }),
-                     bool_field("deterministic_mode", [](Recipe& r) -> bool& { return r.training.deterministic_mode; }),
-                     dbl_field("loss_spike_threshold", [](Recipe& r) -> double& { return r.training.loss_spike_threshold; }, 0.0, 1e6),
-                     int_field("loss_spike_window", [](Recipe& r) -> int64_t& { return r.training.loss_spike_window; }, 1, 100000),
-                     enum_field<SpikePolicy>("spike_policy", [](Recipe& r) -> SpikePolicy& { return r.training.spike_policy; },
-                                             {SpikePolicy::stop, SpikePolicy::skip, SpikePolicy::rerun}),
-                     int_field("param_hash_interval", [](Recipe& r) -> int64_t& { return r.training.param_hash_interval; }, 0),
-                 }});
-    t.push_back({"optimizer",
-                 {
-                     dbl_field("lr", [](Recipe& r) -> double& { return r.optimizer.lr; }, 0.0, 10.0),
-                     dbl_field("min_lr", [](Recipe& r) -> double& { return r.optimizer.min_lr; }, 0.0, 10.0),
-                     enum_field<LrDecayStyle>("lr_decay_style", [](Recipe& r) -> LrDecayStyle& { return r.optimizer.lr_decay_style; },
-                                              {LrDecayStyle::cosine, LrDecayStyle::linear, LrDecayStyle::constant}),
-                     int_field("lr_warmup_tokens", [](Recipe& r) -> int64_t& { return r.optimizer.lr_warmup_tokens; }, 0),
-                     int_field("lr_decay_tokens", [](Recipe& r) -> int64_t& { return r.optimizer.lr_decay_tokens; }, 0),
-                     dbl_field("weight_decay", [](Recipe& r) -> double& { return r.optimizer.weight_decay; }, 0.0, 10.0),
-                     dbl_field("adam_beta1", [](Recipe& r) -> double& { return r.optimizer.adam_beta1; }, 0.0, 0.999999),
-                     dbl_field("adam_beta2", [](Recipe& r) -> double& { return r.optimizer.adam_beta2; }, 0.0, 0.999999999),
-                     dbl_field("adam_eps", [](Recipe& r) -> double& { return r.optimizer.adam_eps; }, 0.0, 1.0),
-                     dbl_field("clip_grad", [](Recipe& r) -> double& { return r.optimizer.clip_grad; }, 0.0, 1e9),
-                     dbl_field("initial_loss_scale", [](Recipe& r) -> double& { return r.optimizer.initial_loss_scale; }, 1.0, 1e38),
-                     int_field("loss_scale_window", [](Recipe& r) -> int64_t& { return r.optimizer.loss_scale_window; }, 1),
-                     int_field("hysteresis", [](Recipe& r) -> int64_t& { return r.optimizer.hysteresis; }, 1),
-                     dbl_field("min_loss_scale", [](Recipe& r) -> double& { return r.optimizer.min_loss_scale; }, 1e-30, 1e38),
-                 }});
-    Field blend{
-        "blend",
-        [](Recipe& r, const YAML::Node& n, const Ctx& c, const std::string& p) {
-          r.data.blend.clear();
-          if (n.IsNull()) return;
-          if (!n.IsSequence()) bad(c, p, n, "expected a list of {weight, prefix} entries");
-          for (size_t i = 0; i < n.size(); ++i) {
-            std::string ip = fmt::format("{}[{}]", p, i);
-            check_keys(c, ip, n[i], {"weight", "prefix"});
-            BlendSource s;
-            if (!n[i]["prefix"]) bad(c, ip, n[i], "missing 'prefix' (a Megatron .bin/.idx path without extension)");
-            s.prefix = read_string(c, ip + ".prefix", n[i]["prefix"]);
-            if (n[i]["weight"]) s.weight = read_double(c, ip + ".weight", n[i]["weight"], 1e-12, 1e12);
-            s.weighted = static_cast<bool>(n[i]["weight"]);
-            r.data.blend.push_back(s);
-          }
-        },
-        [](const Recipe& r, YAML::Emitter& e) {
-          e << YAML::Key << "blend" << YAML::Value << YAML::BeginSeq;
-          for (auto& s : r.data.blend) {
-            e << YAML::Flow << YAML::BeginMap;
-            if (s.weighted) e << YAML::Key << "weight" << YAML::Value << fmt::format("{}", s.weight);
-            e << YAML::Key << "prefix" << YAML::Value << s.prefix << YAML::EndMap;
-          }
-          e << YAML::EndSeq;
-        }};
+    t.push_back(
+        {"parallel",
+         {
+             int_field(
+                 "tensor_model_parallel_size",
+                 [](Recipe& r) -> int64_t& { return r.parallel.tensor_model_parallel_size; }, 1, 1024),
+             int_field(
+                 "pipeline_model_parallel_size",
+                 [](Recipe& r) -> int64_t& { return r.parallel.pipeline_model_parallel_size; }, 1, 4096),
+             int_field(
+                 "num_layers_per_virtual_pipeline_stage",
+                 [](Recipe& r) -> int64_t& { return r.parallel.num_layers_per_virtual_pipeline_stage; }, 0, 100000),
+             pipeline_layers,
+             bool_field("sequence_parallel", [](Recipe& r) -> bool& { return r.parallel.sequence_parallel; }),
+             bool_field("use_distributed_optimizer",
+                        [](Recipe& r) -> bool& { return r.parallel.use_distributed_optimizer; }),
+             enum_field<RecomputeGranularity>(
+                 "recompute_granularity",
+                 [](Recipe& r) -> RecomputeGranularity& { return r.parallel.recompute_granularity; },
+                 {RecomputeGranularity::none, RecomputeGranularity::selective, RecomputeGranularity::full}),
+             int_field(
+                 "ddp_bucket_size", [](Recipe& r) -> int64_t& { return r.parallel.ddp_bucket_size; }, 0),
+             dbl_field(
+                 "distributed_timeout_minutes",
+                 [](Recipe& r) -> double& { return r.parallel.distributed_timeout_minutes; }, 0.0, 1e6),
+         }});
+    Field ramp{"rampup_batch_size",
+               [](Recipe& r, const YAML::Node& n, const Ctx& c, const std::string& p) {
+                 if (n.IsNull() || (n.IsScalar() && n.Scalar() == "none")) {
+                   r.training.rampup_batch_size.reset();
+                   return;
+                 }
+                 check_keys(c, p, n, {"start", "increment", "ramp_tokens"});
+                 RampupBatchSize rb = r.training.rampup_batch_size.value_or(RampupBatchSize{});
+                 if (n["start"]) rb.start = read_int(c, p + ".start", n["start"], 1, kMaxI);
+                 if (n["increment"]) rb.increment = read_int(c, p + ".increment", n["increment"], 1, kMaxI);
+                 if (n["ramp_tokens"]) rb.ramp_tokens = read_int(c, p + ".ramp_tokens", n["ramp_tokens"], 1, kMaxI);
+                 for (const char* k : {"start", "increment", "ramp_tokens"})
+                   if (!n[k] && !r.training.rampup_batch_size)
+                     bad(c, p, n,
+                         fmt::format("missing '{}': rampup_batch_size needs start, increment and ramp_tokens", k));
+                 r.training.rampup_batch_size = rb;
+               },
+               [](const Recipe& r, YAML::Emitter& e) {
+                 e << YAML::Key << "rampup_batch_size" << YAML::Value;
+                 if (!r.training.rampup_batch_size) {
+                   e << YAML::Null;
+                   return;
+                 }
+                 auto& rb = *r.training.rampup_batch_size;
+                 e << YAML::Flow << YAML::BeginMap << YAML::Key << "start" << YAML::Value << rb.start << YAML::Key
+                   << "increment" << YAML::Value << rb.increment << YAML::Key << "ramp_tokens" << YAML::Value
+                   << rb.ramp_tokens << YAML::EndMap;
+               }};
+    t.push_back(
+        {"training",
+         {
+             enum_field<Precision>("precision", [](Recipe& r) -> Precision& { return r.training.precision; },
+                                   {Precision::fp32, Precision::bf16, Precision::fp16}),
+             enum_field<DeviceKind>("device", [](Recipe& r) -> DeviceKind& { return r.training.device; },
+                                    {DeviceKind::automatic, DeviceKind::cpu, DeviceKind::cuda, DeviceKind::test}),
+             int_field(
+                 "micro_batch_size", [](Recipe& r) -> int64_t& { return r.training.micro_batch_size; }, 1, 1 << 20),
+             int_field(
+                 "global_batch_size", [](Recipe& r) -> int64_t& { return r.training.global_batch_size; }, 1, 1LL << 40),
+             ramp,
+             int_field(
+                 "train_iters", [](Recipe& r) -> int64_t& { return r.training.train_iters; }, 0),
+             int_field(
+                 "train_samples", [](Recipe& r) -> int64_t& { return r.training.train_samples; }, 0),
+             int_field(
+                 "train_tokens", [](Recipe& r) -> int64_t& { return r.training.train_tokens; }, 0),
+             int_field(
+                 "seed", [](Recipe& r) -> int64_t& { return r.training.seed; }, 0, (1LL << 32) - 1),
+             dbl_field(
+                 "exit_duration_mins", [](Recipe& r) -> double& { return r.training.exit_duration_mins; }, 0.0, 1e9),
+             int_field(
+                 "exit_interval", [](Recipe& r) -> int64_t& { return r.training.exit_interval; }, 0),
+             int_field(
+                 "eval_interval", [](Recipe& r) -> int64_t& { return r.training.eval_interval; }, 0),
+             int_field(
+                 "eval_iters", [](Recipe& r) -> int64_t& { return r.training.eval_iters; }, 0),
+             int_field(
+                 "num_threads", [](Recipe& r) -> int64_t& { return r.training.num_threads; }, 0, 4096),
+             int_field(
+                 "max_nonfinite_in_a_row", [](Recipe& r) -> int64_t& { return r.training.max_nonfinite_in_a_row; }, 1),
+             bool_field("check_for_nan_in_loss_and_grad",
+                        [](Recipe& r) -> bool& { return r.training.check_for_nan_in_loss_and_grad; }),
+             bool_field("enable_cuda_graph", [](Recipe& r) -> bool& { return r.training.enable_cuda_graph; }),
+             bool_field("deterministic_mode", [](Recipe& r) -> bool& { return r.training.deterministic_mode; }),
+             dbl_field(
+                 "loss_spike_threshold", [](Recipe& r) -> double& { return r.training.loss_spike_threshold; }, 0.0,
+                 1e6),
+             int_field(
+                 "loss_spike_window", [](Recipe& r) -> int64_t& { return r.training.loss_spike_window; }, 1, 100000),
+             enum_field<SpikePolicy>("spike_policy", [](Recipe& r) -> SpikePolicy& { return r.training.spike_policy; },
+                                     {SpikePolicy::stop, SpikePolicy::skip, SpikePolicy::rerun}),
+             int_field(
+                 "param_hash_interval", [](Recipe& r) -> int64_t& { return r.training.param_hash_interval; }, 0),
+         }});
+    t.push_back(
+        {"optimizer",
+         {
+             dbl_field(
+                 "lr", [](Recipe& r) -> double& { return r.optimizer.lr; }, 0.0, 10.0),
+             dbl_field(
+                 "min_lr", [](Recipe& r) -> double& { return r.optimizer.min_lr; }, 0.0, 10.0),
+             enum_field<LrDecayStyle>("lr_decay_style",
+                                      [](Recipe& r) -> LrDecayStyle& { return r.optimizer.lr_decay_style; },
+                                      {LrDecayStyle::cosine, LrDecayStyle::linear, LrDecayStyle::constant}),
+             int_field(
+                 "lr_warmup_tokens", [](Recipe& r) -> int64_t& { return r.optimizer.lr_warmup_tokens; }, 0),
+             int_field(
+                 "lr_decay_tokens", [](Recipe& r) -> int64_t& { return r.optimizer.lr_decay_tokens; }, 0),
+             dbl_field(
+                 "weight_decay", [](Recipe& r) -> double& { return r.optimizer.weight_decay; }, 0.0, 10.0),
+             dbl_field(
+                 "adam_beta1", [](Recipe& r) -> double& { return r.optimizer.adam_beta1; }, 0.0, 0.999999),
+             dbl_field(
+                 "adam_beta2", [](Recipe& r) -> double& { return r.optimizer.adam_beta2; }, 0.0, 0.999999999),
+             dbl_field(
+                 "adam_eps", [](Recipe& r) -> double& { return r.optimizer.adam_eps; }, 0.0, 1.0),
+             dbl_field(
+                 "clip_grad", [](Recipe& r) -> double& { return r.optimizer.clip_grad; }, 0.0, 1e9),
+             dbl_field(
+                 "initial_loss_scale", [](Recipe& r) -> double& { return r.optimizer.initial_loss_scale; }, 1.0, 1e38),
+             int_field(
+                 "loss_scale_window", [](Recipe& r) -> int64_t& { return r.optimizer.loss_scale_window; }, 1),
+             int_field(
+                 "hysteresis", [](Recipe& r) -> int64_t& { return r.optimizer.hysteresis; }, 1),
+             dbl_field(
+                 "min_loss_scale", [](Recipe& r) -> double& { return r.optimizer.min_loss_scale; }, 1e-30, 1e38),
+         }});
+    Field blend{"blend",
+                [](Recipe& r, const YAML::Node& n, const Ctx& c, const std::string& p) {
+                  r.data.blend.clear();
+                  if (n.IsNull()) return;
+                  if (!n.IsSequence()) bad(c, p, n, "expected a list of {weight, prefix} entries");
+                  for (size_t i = 0; i < n.size(); ++i) {
+                    std::string ip = fmt::format("{}[{}]", p, i);
+                    check_keys(c, ip, n[i], {"weight", "prefix"});
+                    BlendSource s;
+                    if (!n[i]["prefix"])
+                      bad(c, ip, n[i], "missing 'prefix' (a Megatron .bin/.idx path without extension)");
+                    s.prefix = read_string(c, ip + ".prefix", n[i]["prefix"]);
+                    if (n[i]["weight"]) s.weight = read_double(c, ip + ".weight", n[i]["weight"], 1e-12, 1e12);
+                    s.weighted = static_cast<bool>(n[i]["weight"]);
+                    r.data.blend.push_back(s);
+                  }
+                },
+                [](const Recipe& r, YAML::Emitter& e) {
+                  e << YAML::Key << "blend" << YAML::Value << YAML::BeginSeq;
+                  for (auto& s : r.data.blend) {
+                    e << YAML::Flow << YAML::BeginMap;
+                    if (s.weighted) e << YAML::Key << "weight" << YAML::Value << fmt::format("{}", s.weight);
+                    e << YAML::Key << "prefix" << YAML::Value << s.prefix << YAML::EndMap;
+                  }
+                  e << YAML::EndSeq;
+                }};
     // data.path: PREFIX is Megatron's unweighted `--data-path PREFIX`, kept in the recipe
     // as a blend of one entry without weight (which is also how to_yaml writes it).
     Field path{"path",
@@ -422,7 +501,8 @@ const Table& table() {
                      str_field("split", [](Recipe& r) -> std::string& { return r.data.split; }),
                      str_field("vocab_file", [](Recipe& r) -> std::string& { return r.data.vocab_file; }),
                      str_field("merge_file", [](Recipe& r) -> std::string& { return r.data.merge_file; }),
-                     enum_field<TokenizerType>("tokenizer_type", [](Recipe& r) -> TokenizerType& { return r.data.tokenizer_type; },
+                     enum_field<TokenizerType>("tokenizer_type",
+                                               [](Recipe& r) -> TokenizerType& { return r.data.tokenizer_type; },
                                                {TokenizerType::gpt2_bpe, TokenizerType::huggingface}),
                      str_field("tokenizer_model", [](Recipe& r) -> std::string& { return r.data.tokenizer_model; }),
                      str_field("cache_dir", [](Recipe& r) -> std::string& { return r.data.cache_dir; }),
@@ -433,17 +513,23 @@ const Table& table() {
                  {
                      str_field("save", [](Recipe& r) -> std::string& { return r.checkpoint.save; }),
                      str_field("load", [](Recipe& r) -> std::string& { return r.checkpoint.load; }),
-                     int_field("save_interval", [](Recipe& r) -> int64_t& { return r.checkpoint.save_interval; }, 0),
-                     int_field("keep_last", [](Recipe& r) -> int64_t& { return r.checkpoint.keep_last; }, 0),
+                     int_field(
+                         "save_interval", [](Recipe& r) -> int64_t& { return r.checkpoint.save_interval; }, 0),
+                     int_field(
+                         "keep_last", [](Recipe& r) -> int64_t& { return r.checkpoint.keep_last; }, 0),
                  }});
     t.push_back({"logging",
                  {
                      str_field("dir", [](Recipe& r) -> std::string& { return r.logging.dir; }),
-                     int_field("log_interval", [](Recipe& r) -> int64_t& { return r.logging.log_interval; }, 1),
+                     int_field(
+                         "log_interval", [](Recipe& r) -> int64_t& { return r.logging.log_interval; }, 1),
                      bool_field("tensorboard", [](Recipe& r) -> bool& { return r.logging.tensorboard; }),
-                     dbl_field("peak_tflops", [](Recipe& r) -> double& { return r.logging.peak_tflops; }, 0.0, 1e9),
-                     dbl_field("straggler_margin", [](Recipe& r) -> double& { return r.logging.straggler_margin; }, 0.0, 1e6),
-                     int_field("straggler_intervals", [](Recipe& r) -> int64_t& { return r.logging.straggler_intervals; }, 0),
+                     dbl_field(
+                         "peak_tflops", [](Recipe& r) -> double& { return r.logging.peak_tflops; }, 0.0, 1e9),
+                     dbl_field(
+                         "straggler_margin", [](Recipe& r) -> double& { return r.logging.straggler_margin; }, 0.0, 1e6),
+                     int_field(
+                         "straggler_intervals", [](Recipe& r) -> int64_t& { return r.logging.straggler_intervals; }, 0),
                      bool_field("step_timing", [](Recipe& r) -> bool& { return r.logging.step_timing; }),
                      bool_field("gpu_profile", [](Recipe& r) -> bool& { return r.logging.gpu_profile; }),
                  }});
@@ -516,7 +602,8 @@ void check_duplicate_keys(const Ctx& c, const YAML::Node& n, const std::string& 
 
 Recipe parse_doc(YAML::Node doc, Ctx& ctx, const std::vector<std::string>& overrides) {
   if (doc.IsNull()) doc = YAML::Node(YAML::NodeType::Map);
-  if (!doc.IsMap()) throw_input("{}: a recipe is a map of sections (model, parallel, training, ...)", ctx.where("", doc));
+  if (!doc.IsMap())
+    throw_input("{}: a recipe is a map of sections (model, parallel, training, ...)", ctx.where("", doc));
   for (auto& o : overrides) apply_override(doc, o, ctx);
   std::vector<std::string> sections;
   for (auto& [s, _] : table()) sections.push_back(s);
@@ -578,7 +665,9 @@ Recipe load_recipe(const std::string& path, const std::vector<std::string>& over
   if (std::filesystem::is_regular_file(st) && std::filesystem::file_size(path, ec) > kMaxBytes)
     throw_input("{}: {} bytes, too large for a recipe (at most 16 MiB)", path, std::filesystem::file_size(path, ec));
   std::ifstream f(path, std::ios::binary);
-  if (!f) throw_input("{}: cannot open recipe file ({})", path, std::filesystem::exists(path) ? "permission denied" : "no such file");
+  if (!f)
+    throw_input("{}: cannot open recipe file ({})", path,
+                std::filesystem::exists(path) ? "permission denied" : "no such file");
   std::stringstream ss;
   ss << f.rdbuf();
   return parse_recipe(ss.str(), path, overrides);
@@ -628,19 +717,21 @@ void validate(const Recipe& r) {
                            m.hidden_size, m.num_attention_heads));
   validate_architecture(r);
   if (m.max_position_embeddings < m.seq_length)
-    invalid(r, fmt::format("model.max_position_embeddings ({}) must be >= model.seq_length ({})", m.max_position_embeddings,
-                           m.seq_length));
+    invalid(r, fmt::format("model.max_position_embeddings ({}) must be >= model.seq_length ({})",
+                           m.max_position_embeddings, m.seq_length));
   if (t.exit_interval > 0 && r.checkpoint.save.empty())
-    invalid(r, "training.exit_interval stops the run with a checkpoint, so it needs checkpoint.save (the directory to "
-               "resume from)");
+    invalid(r,
+            "training.exit_interval stops the run with a checkpoint, so it needs checkpoint.save (the directory to "
+            "resume from)");
   if (t.loss_spike_threshold > 0 && t.loss_spike_threshold <= 1)
     invalid(r, fmt::format("training.loss_spike_threshold ({}) is a ratio to the running mean of the loss: 0 (off) or "
                            "above 1, e.g. 2.0",
                            t.loss_spike_threshold));
   int64_t tp = p.tensor_model_parallel_size, pp = p.pipeline_model_parallel_size;
   if (m.num_attention_heads % tp != 0)
-    invalid(r, fmt::format("model.num_attention_heads ({}) must be divisible by parallel.tensor_model_parallel_size ({})",
-                           m.num_attention_heads, tp));
+    invalid(r,
+            fmt::format("model.num_attention_heads ({}) must be divisible by parallel.tensor_model_parallel_size ({})",
+                        m.num_attention_heads, tp));
   if (m.query_groups() % tp != 0)
     invalid(r, fmt::format("model.num_query_groups ({}) must be divisible by parallel.tensor_model_parallel_size ({}): "
                            "each tensor-parallel rank holds whole key/value groups",
@@ -659,28 +750,32 @@ void validate(const Recipe& r) {
     if (p.num_layers_per_virtual_pipeline_stage > 0)
       invalid(r, "parallel.pipeline_layers cannot be combined with num_layers_per_virtual_pipeline_stage");
   } else if (m.num_layers % pp != 0) {
-    invalid(r, fmt::format("model.num_layers ({}) must be divisible by parallel.pipeline_model_parallel_size ({}), or list "
-                           "parallel.pipeline_layers",
-                           m.num_layers, pp));
+    invalid(
+        r, fmt::format("model.num_layers ({}) must be divisible by parallel.pipeline_model_parallel_size ({}), or list "
+                       "parallel.pipeline_layers",
+                       m.num_layers, pp));
   } else if (m.num_layers < pp) {
-    invalid(r, fmt::format("model.num_layers ({}) is smaller than the number of pipeline stages ({})", m.num_layers, pp));
+    invalid(r,
+            fmt::format("model.num_layers ({}) is smaller than the number of pipeline stages ({})", m.num_layers, pp));
   }
   if (int64_t v = p.num_layers_per_virtual_pipeline_stage; v > 0) {
     if (pp < 2) invalid(r, "parallel.num_layers_per_virtual_pipeline_stage needs pipeline_model_parallel_size >= 2");
     if ((m.num_layers / pp) % v != 0)
-      invalid(r, fmt::format("layers per pipeline stage ({}) must be divisible by num_layers_per_virtual_pipeline_stage ({})",
-                             m.num_layers / pp, v));
+      invalid(r, fmt::format(
+                     "layers per pipeline stage ({}) must be divisible by num_layers_per_virtual_pipeline_stage ({})",
+                     m.num_layers / pp, v));
   }
   if (p.sequence_parallel && m.seq_length % tp != 0)
-    invalid(r, fmt::format("parallel.sequence_parallel needs model.seq_length ({}) divisible by tensor_model_parallel_size ({})",
-                           m.seq_length, tp));
+    invalid(r,
+            fmt::format(
+                "parallel.sequence_parallel needs model.seq_length ({}) divisible by tensor_model_parallel_size ({})",
+                m.seq_length, tp));
   if (t.global_batch_size <= 0) invalid(r, "training.global_batch_size is required");
   if (t.global_batch_size % t.micro_batch_size != 0)
     invalid(r, fmt::format("training.global_batch_size ({}) must be divisible by training.micro_batch_size ({})",
                            t.global_batch_size, t.micro_batch_size));
   int n_len = (t.train_iters > 0) + (t.train_samples > 0) + (t.train_tokens > 0);
-  if (n_len != 1)
-    invalid(r, "set exactly one of training.train_iters, training.train_samples, training.train_tokens");
+  if (n_len != 1) invalid(r, "set exactly one of training.train_iters, training.train_samples, training.train_tokens");
   {
     // The run's token count (iterations x batch x sequence) must fit the 64-bit counters
     // that the trainer, checkpoints and schedules keep.
@@ -689,29 +784,34 @@ void validate(const Recipe& r) {
                       (t.train_tokens == 0 && __builtin_mul_overflow(samples, m.seq_length, &tokens)) ||
                       (t.train_tokens > 0 && t.train_tokens > std::numeric_limits<int64_t>::max() - m.seq_length);
     if (over) {
-      const std::string key = t.train_iters > 0   ? fmt::format("training.train_iters ({})", t.train_iters)
+      const std::string key = t.train_iters > 0     ? fmt::format("training.train_iters ({})", t.train_iters)
                               : t.train_samples > 0 ? fmt::format("training.train_samples ({})", t.train_samples)
                                                     : fmt::format("training.train_tokens ({})", t.train_tokens);
-      invalid(r, fmt::format("{} x training.global_batch_size ({}) x model.seq_length ({}) overflows a 64-bit token count",
-                             key, t.global_batch_size, m.seq_length));
+      invalid(r,
+              fmt::format("{} x training.global_batch_size ({}) x model.seq_length ({}) overflows a 64-bit token count",
+                          key, t.global_batch_size, m.seq_length));
     }
   }
   if (t.rampup_batch_size) {
     auto& rb = *t.rampup_batch_size;
     if (rb.start >= t.global_batch_size)
-      invalid(r, fmt::format("training.rampup_batch_size.start ({}) must be smaller than global_batch_size ({})", rb.start,
-                             t.global_batch_size));
+      invalid(r, fmt::format("training.rampup_batch_size.start ({}) must be smaller than global_batch_size ({})",
+                             rb.start, t.global_batch_size));
     if ((t.global_batch_size - rb.start) % rb.increment != 0)
-      invalid(r, fmt::format("training.rampup_batch_size: global_batch_size - start ({}) must be a multiple of increment ({})",
-                             t.global_batch_size - rb.start, rb.increment));
+      invalid(r, fmt::format(
+                     "training.rampup_batch_size: global_batch_size - start ({}) must be a multiple of increment ({})",
+                     t.global_batch_size - rb.start, rb.increment));
     if (rb.start % t.micro_batch_size != 0 || rb.increment % t.micro_batch_size != 0)
-      invalid(r, fmt::format("training.rampup_batch_size: start ({}) and increment ({}) must be multiples of micro_batch_size ({})",
-                             rb.start, rb.increment, t.micro_batch_size));
+      invalid(
+          r, fmt::format(
+                 "training.rampup_batch_size: start ({}) and increment ({}) must be multiples of micro_batch_size ({})",
+                 rb.start, rb.increment, t.micro_batch_size));
   }
-  if (o.min_lr > o.lr) invalid(r, fmt::format("optimizer.min_lr ({}) must not exceed optimizer.lr ({})", o.min_lr, o.lr));
+  if (o.min_lr > o.lr)
+    invalid(r, fmt::format("optimizer.min_lr ({}) must not exceed optimizer.lr ({})", o.min_lr, o.lr));
   if (o.lr_decay_tokens > 0 && o.lr_warmup_tokens > o.lr_decay_tokens)
-    invalid(r, fmt::format("optimizer.lr_warmup_tokens ({}) must not exceed optimizer.lr_decay_tokens ({})", o.lr_warmup_tokens,
-                           o.lr_decay_tokens));
+    invalid(r, fmt::format("optimizer.lr_warmup_tokens ({}) must not exceed optimizer.lr_decay_tokens ({})",
+                           o.lr_warmup_tokens, o.lr_decay_tokens));
   if (t.precision == Precision::fp16 && o.min_loss_scale > o.initial_loss_scale)
     invalid(r, "optimizer.min_loss_scale must not exceed optimizer.initial_loss_scale");
   if (!d.mock && d.blend.empty())
@@ -725,11 +825,13 @@ void validate(const Recipe& r) {
   // The tokenizer: each type with its own files, never the other's.
   if (d.tokenizer_type == TokenizerType::huggingface) {
     if (d.tokenizer_model.empty())
-      invalid(r, "data.tokenizer_type HuggingFaceTokenizer needs data.tokenizer_model (a tokenizer.json, or a directory "
-                 "holding one)");
+      invalid(r,
+              "data.tokenizer_type HuggingFaceTokenizer needs data.tokenizer_model (a tokenizer.json, or a directory "
+              "holding one)");
     if (!d.vocab_file.empty() || !d.merge_file.empty())
-      invalid(r, "data.vocab_file and data.merge_file are GPT-2's files (data.tokenizer_type GPT2BPETokenizer); with "
-                 "HuggingFaceTokenizer the tokenizer is data.tokenizer_model alone: remove them");
+      invalid(r,
+              "data.vocab_file and data.merge_file are GPT-2's files (data.tokenizer_type GPT2BPETokenizer); with "
+              "HuggingFaceTokenizer the tokenizer is data.tokenizer_model alone: remove them");
   } else if (!d.tokenizer_model.empty()) {
     invalid(r, fmt::format("data.tokenizer_model ({}) is read only with data.tokenizer_type: HuggingFaceTokenizer (the "
                            "type is {}, whose files are data.vocab_file and data.merge_file)",
@@ -744,39 +846,48 @@ void validate(const Recipe& r) {
       char* end = nullptr;
       double v = std::strtod(part.c_str(), &end);
       if (part.empty() || *end != '\0' || v < 0 || !std::isfinite(v))
-        invalid(r, fmt::format("data.split \"{}\": expected up to three comma-separated non-negative numbers like \"969,30,1\"", d.split));
+        invalid(r, fmt::format(
+                       "data.split \"{}\": expected up to three comma-separated non-negative numbers like \"969,30,1\"",
+                       d.split));
       sum += v;
       ++n;
     }
     if (n == 0 || n > 3 || sum <= 0)
-      invalid(r, fmt::format("data.split \"{}\": expected up to three comma-separated numbers with a positive sum", d.split));
+      invalid(r, fmt::format("data.split \"{}\": expected up to three comma-separated numbers with a positive sum",
+                             d.split));
   }
 }
 
 void validate_layout(const Recipe& r, int64_t world) {
   int64_t tp = r.tp(), pp = r.pp();
   if (world % (tp * pp) != 0)
-    invalid(r, fmt::format("world size {} is not divisible by tensor_model_parallel_size x pipeline_model_parallel_size = {} x {}",
-                           world, tp, pp));
+    invalid(r,
+            fmt::format(
+                "world size {} is not divisible by tensor_model_parallel_size x pipeline_model_parallel_size = {} x {}",
+                world, tp, pp));
   int64_t dp = world / (tp * pp);
   auto& t = r.training;
   int64_t unit = t.micro_batch_size * dp;
   if (t.global_batch_size % unit != 0)
-    invalid(r, fmt::format("training.global_batch_size ({}) must be divisible by micro_batch_size x data_parallel_size = {} x {}",
-                           t.global_batch_size, t.micro_batch_size, dp));
+    invalid(r,
+            fmt::format(
+                "training.global_batch_size ({}) must be divisible by micro_batch_size x data_parallel_size = {} x {}",
+                t.global_batch_size, t.micro_batch_size, dp));
   if (t.rampup_batch_size) {
     auto& rb = *t.rampup_batch_size;
     if (rb.start % unit != 0 || rb.increment % unit != 0)
-      invalid(r, fmt::format("training.rampup_batch_size start ({}) and increment ({}) must be multiples of micro_batch_size x "
-                             "data_parallel_size = {}",
-                             rb.start, rb.increment, unit));
+      invalid(r, fmt::format(
+                     "training.rampup_batch_size start ({}) and increment ({}) must be multiples of micro_batch_size x "
+                     "data_parallel_size = {}",
+                     rb.start, rb.increment, unit));
   }
   if (int64_t v = r.parallel.num_layers_per_virtual_pipeline_stage; v > 0) {
     // Interleaving needs the microbatches of every batch to fill whole groups of pp.
     int64_t min_batch = t.rampup_batch_size ? t.rampup_batch_size->start : t.global_batch_size;
     int64_t m = min_batch / unit;
     if (m % pp != 0)
-      invalid(r, fmt::format("interleaved pipeline: microbatches per batch ({}) must be a multiple of pipeline_model_parallel_size ({})",
+      invalid(r, fmt::format("interleaved pipeline: microbatches per batch ({}) must be a multiple of "
+                             "pipeline_model_parallel_size ({})",
                              m, pp));
   }
 }

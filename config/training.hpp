@@ -78,7 +78,7 @@ struct OptimizerConfig {
   double adam_beta1 = 0.9;
   double adam_beta2 = 0.999;
   double adam_eps = 1e-8;
-  double clip_grad = 1.0;  // 0 = no clipping
+  double clip_grad = 1.0;                    // 0 = no clipping
   double initial_loss_scale = 4294967296.0;  // 2^32, fp16 only
   int64_t loss_scale_window = 1000;
   int64_t hysteresis = 2;

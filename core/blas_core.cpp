@@ -81,18 +81,20 @@ void check_blas_coretype() {
     std::string can = blas_core_for_cpu();
     for (const CoreNeeds& d : kCoreNeeds)
       if (can.empty() && runs(d)) can = d.core;
-    throw_input("OPENBLAS_CORETYPE={}: OpenBLAS's {} kernels need {}, which this CPU lacks (the process would die of "
-                "an illegal instruction at its first matmul); {}",
-                *user, c.core, c.what,
-                can.empty() ? "unset it: OpenBLAS then picks a core this CPU runs"
-                            : fmt::format("this CPU can run {}: set OPENBLAS_CORETYPE={}, or unset it", can, can));
+    throw_input(
+        "OPENBLAS_CORETYPE={}: OpenBLAS's {} kernels need {}, which this CPU lacks (the process would die of "
+        "an illegal instruction at its first matmul); {}",
+        *user, c.core, c.what,
+        can.empty() ? "unset it: OpenBLAS then picks a core this CPU runs"
+                    : fmt::format("this CPU can run {}: set OPENBLAS_CORETYPE={}, or unset it", can, can));
   }
 }
 
 bool blas_core_is_generic(const std::string& core) {
-  static const char* kSlow[] = {"Prescott", "Core2",  "Penryn",   "Dunnington", "Nehalem",  "Atom",        "Katmai",
-                                "Coppermine", "Northwood", "Banias", "Opteron", "Opteron_SSE3", "Barcelona", "Bobcat",
-                                "Sandybridge", "Bulldozer", "Piledriver", "Steamroller", "Excavator", "Unknown"};
+  static const char* kSlow[] = {"Prescott",  "Core2",        "Penryn",      "Dunnington", "Nehalem",
+                                "Atom",      "Katmai",       "Coppermine",  "Northwood",  "Banias",
+                                "Opteron",   "Opteron_SSE3", "Barcelona",   "Bobcat",     "Sandybridge",
+                                "Bulldozer", "Piledriver",   "Steamroller", "Excavator",  "Unknown"};
   for (const char* s : kSlow)
     if (strcasecmp(core.c_str(), s) == 0) return true;
   return false;
@@ -109,9 +111,10 @@ void select_blas_core(char** argv) {
   const std::string loaded = blas_loaded_core(), want = blas_core_for_cpu();
   if (want.empty() || !blas_core_is_generic(loaded)) return;
   if (const auto user = switches::text(Switch::openblas_coretype)) {
-    log::warn("OPENBLAS_CORETYPE={} selects OpenBLAS's generic {} kernels on a CPU with {} support: sgemm runs several "
-              "times slower (unset it, or set OPENBLAS_CORETYPE={})",
-              *user, loaded, want == "SkylakeX" ? "AVX-512" : "AVX2", want);
+    log::warn(
+        "OPENBLAS_CORETYPE={} selects OpenBLAS's generic {} kernels on a CPU with {} support: sgemm runs several "
+        "times slower (unset it, or set OPENBLAS_CORETYPE={})",
+        *user, loaded, want == "SkylakeX" ? "AVX-512" : "AVX2", want);
     return;
   }
   ::setenv("OPENBLAS_CORETYPE", want.c_str(), 1);
@@ -121,9 +124,10 @@ void select_blas_core(char** argv) {
   // environment as it was, so that this process's children load what it loaded)
   ::unsetenv(marker());
   ::unsetenv("OPENBLAS_CORETYPE");
-  log::warn("OpenBLAS chose its generic {} kernels on a CPU with {} support and re-running with OPENBLAS_CORETYPE={} "
-            "failed ({}): set OPENBLAS_CORETYPE={} yourself for several times the sgemm speed",
-            loaded, want, want, std::strerror(errno), want);
+  log::warn(
+      "OpenBLAS chose its generic {} kernels on a CPU with {} support and re-running with OPENBLAS_CORETYPE={} "
+      "failed ({}): set OPENBLAS_CORETYPE={} yourself for several times the sgemm speed",
+      loaded, want, want, std::strerror(errno), want);
 }
 
 std::string blas_description() {

@@ -42,11 +42,11 @@ template <typename... Args>
 }
 
 // Internal invariant: a bug in mtnlg, not the user's input.
-#define MTNLG_CHECK(cond, ...)                                                                   \
-  do {                                                                                          \
-    if (!(cond))                                                                                \
+#define MTNLG_CHECK(cond, ...)                                                                     \
+  do {                                                                                             \
+    if (!(cond))                                                                                   \
       ::mtnlg::throw_runtime("internal check failed at {}:{}: {} ({})", __FILE__, __LINE__, #cond, \
-                             ::fmt::format(__VA_ARGS__));                                       \
+                             ::fmt::format(__VA_ARGS__));                                          \
   } while (0)
 
 }  // namespace mtnlg

@@ -26,8 +26,7 @@ Role on_alloc(int64_t bytes) {
   const uint8_t r = g_role.load(std::memory_order_relaxed);
   const int64_t now = g_live[r].fetch_add(bytes, std::memory_order_relaxed) + bytes;
   int64_t peak = g_peak[r].load(std::memory_order_relaxed);
-  while (now > peak && !g_peak[r].compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
-  }
+  while (now > peak && !g_peak[r].compare_exchange_weak(peak, now, std::memory_order_relaxed)) {}
   return static_cast<Role>(r);
 }
 
@@ -45,10 +44,13 @@ Snapshot snapshot() {
 }
 
 void reset_peaks() {
-  for (size_t i = 0; i < kRoles; ++i) g_peak[i].store(g_live[i].load(std::memory_order_relaxed), std::memory_order_relaxed);
+  for (size_t i = 0; i < kRoles; ++i)
+    g_peak[i].store(g_live[i].load(std::memory_order_relaxed), std::memory_order_relaxed);
 }
 
-RoleScope::RoleScope(Role r) : prev_(current_role()) { g_role.store(static_cast<uint8_t>(r), std::memory_order_relaxed); }
+RoleScope::RoleScope(Role r) : prev_(current_role()) {
+  g_role.store(static_cast<uint8_t>(r), std::memory_order_relaxed);
+}
 RoleScope::~RoleScope() { g_role.store(static_cast<uint8_t>(prev_), std::memory_order_relaxed); }
 
 }  // namespace mtnlg::mem

@@ -9,7 +9,8 @@
 namespace mtnlg::op_checks {
 
 inline void expect_numel(const char* op, const char* name, const Tensor& t, int64_t n) {
-  if (t.numel() != n) throw_runtime("{}: {} has {} elements, expected {} (shape {})", op, name, t.numel(), n, shape_str(t.shape()));
+  if (t.numel() != n)
+    throw_runtime("{}: {} has {} elements, expected {} (shape {})", op, name, t.numel(), n, shape_str(t.shape()));
 }
 inline void expect_ndim(const char* op, const char* name, const Tensor& t, int64_t nd) {
   if (t.ndim() != nd) throw_runtime("{}: {} must have {} dimensions, got shape {}", op, name, nd, shape_str(t.shape()));
@@ -25,9 +26,9 @@ inline void expect_positions(const char* op, int64_t seq_len, int64_t table_rows
 // per group, its H/G query heads, then its key, then its value (G == H: per head [q | k | v]).
 struct QkvShape {
   int64_t B = 0, T = 0, H = 0, G = 0, D = 0;
-  int64_t per_group() const { return H / G; }            // query heads per group
-  int64_t group_width() const { return (H / G + 2) * D; } // a group's columns in a row
-  int64_t row() const { return G * group_width(); }       // a qkv row
+  int64_t per_group() const { return H / G; }              // query heads per group
+  int64_t group_width() const { return (H / G + 2) * D; }  // a group's columns in a row
+  int64_t row() const { return G * group_width(); }        // a qkv row
 };
 // groups 0 means heads (one key/value head per query head).
 inline QkvShape qkv_shape(const char* op, const Tensor& qkv, int64_t heads, int64_t groups) {
@@ -49,7 +50,8 @@ inline QkvShape qkv_shape(const char* op, const Tensor& qkv, int64_t heads, int6
 // The f64 step-statistics accumulator of n values.
 inline void expect_acc(const char* op, const Tensor& acc, int64_t n) {
   if (acc.dtype() != DType::f64 || acc.numel() != n)
-    throw_runtime("{}: acc must be f64 with {} elements, got {} {}", op, n, to_string(acc.dtype()), shape_str(acc.shape()));
+    throw_runtime("{}: acc must be f64 with {} elements, got {} {}", op, n, to_string(acc.dtype()),
+                  shape_str(acc.shape()));
 }
 
 }  // namespace mtnlg::op_checks

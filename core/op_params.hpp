@@ -42,10 +42,10 @@ struct ResidualBranch {
 // frequency scaling (use_rope_scaling, rope_scaling_factor; the low/high frequency
 // factors and the original context length at Llama 3.1's values unless set).
 struct RopeParams {
-  double base = 10000.0;    // theta
-  double percent = 1.0;     // rotate the first head_dim * percent dims of each head (even)
-  bool interleaved = false; // pairs (2i, 2i+1); false: rotate-half, pairs (i, i + rot_dim/2)
-  bool scaling = false;     // Llama 3.1's frequency scaling
+  double base = 10000.0;     // theta
+  double percent = 1.0;      // rotate the first head_dim * percent dims of each head (even)
+  bool interleaved = false;  // pairs (2i, 2i+1); false: rotate-half, pairs (i, i + rot_dim/2)
+  bool scaling = false;      // Llama 3.1's frequency scaling
   double factor = 8.0;
   double low_freq_factor = 1.0;
   double high_freq_factor = 4.0;
@@ -73,7 +73,7 @@ struct RopeParams {
 // AdamW hyperparameters of one update.
 struct AdamWParams {
   double lr, beta1, beta2, eps, weight_decay;
-  int64_t step;  // 1-based, for bias correction
+  int64_t step;             // 1-based, for bias correction
   double grad_scale = 1.0;  // gradients are multiplied by this first (clipping, loss-scale)
 };
 

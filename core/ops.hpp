@@ -24,11 +24,11 @@ namespace mtnlg::ops {
 
 // ---- elementwise / utility ----------------------------------------------------------
 void fill(Tensor& x, double value);
-void copy(Tensor& dst, const Tensor& src);           // same numel, any shapes
+void copy(Tensor& dst, const Tensor& src);                // same numel, any shapes
 void add(Tensor& out, const Tensor& a, const Tensor& b);  // out = a + b (out may alias a or b)
-void add_inplace(Tensor& acc, const Tensor& x);       // acc += x
-void scale(Tensor& x, double s);                      // x *= s
-double sum_squares(const Tensor& x);                  // sum of x^2 in double
+void add_inplace(Tensor& acc, const Tensor& x);           // acc += x
+void scale(Tensor& x, double s);                          // x *= s
+double sum_squares(const Tensor& x);                      // sum of x^2 in double
 bool all_finite(const Tensor& x);
 // Converts between floating dtypes (f32 <-> f64 <-> bf16 <-> f16), same numel.
 void convert(Tensor& dst, const Tensor& src);
@@ -97,8 +97,8 @@ void rmsnorm_backward(Tensor& dinp, Tensor& dw, const Tensor& dout, const Tensor
                       const Tensor& rstd, bool accumulate_dinp = false);
 // dinp = dresidual + rmsnorm'(dout) (written; may alias dresidual), dw +=: the same bits as
 // copy(dinp, dresidual) then rmsnorm_backward(..., accumulate_dinp = true).
-void residual_rmsnorm_backward(Tensor& dinp, Tensor& dw, const Tensor& dresidual, const Tensor& dout,
-                               const Tensor& inp, const Tensor& w, const Tensor& rstd);
+void residual_rmsnorm_backward(Tensor& dinp, Tensor& dw, const Tensor& dresidual, const Tensor& dout, const Tensor& inp,
+                               const Tensor& w, const Tensor& rstd);
 
 // ---- SwiGLU (core/ops/swiglu.cpp): inp[N, 2F] = [gate | up] per row, out[N, F] =
 // silu(gate) * up; dinp = d[gate | up] (written) ---------------------------------------------
@@ -228,7 +228,8 @@ void xent_loss_accumulate(Tensor& acc, const Tensor& rowmax, const Tensor& sumex
 // param (the fp32 master weights), grad, m, v fp32 [n] (f64 too on the CPU).
 // `copy_out` (optional, [n], bf16/f16, or the master itself): the compute copy of the
 // weights, written with the update.
-void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& p, Tensor* copy_out = nullptr);
+void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& p,
+                Tensor* copy_out = nullptr);
 
 // adamw_step over the segments of flat buffers in one call (one kernel launch on CUDA):
 // p.weight_decay applies to the segments with weight_decay, 0 to the others; elements

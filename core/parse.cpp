@@ -16,10 +16,16 @@ int64_t parse_count(const std::string& text_in, const std::string& what) {
   double mult = 1.0;
   if (!t.empty()) {
     switch (t.back()) {
-      case 'K': case 'k': mult = 1e3; break;
-      case 'M': case 'm': mult = 1e6; break;
-      case 'B': case 'b': case 'G': case 'g': mult = 1e9; break;
-      case 'T': case 't': mult = 1e12; break;
+      case 'K':
+      case 'k': mult = 1e3; break;
+      case 'M':
+      case 'm': mult = 1e6; break;
+      case 'B':
+      case 'b':
+      case 'G':
+      case 'g': mult = 1e9; break;
+      case 'T':
+      case 't': mult = 1e12; break;
       default: break;
     }
     if (mult != 1.0) t.pop_back();

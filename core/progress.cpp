@@ -32,7 +32,9 @@ std::string human_duration(double s) {
 }
 
 Progress::Progress(std::string label, int64_t total, std::string unit, bool enabled)
-    : label_(std::move(label)), unit_(std::move(unit)), total_(total),
+    : label_(std::move(label)),
+      unit_(std::move(unit)),
+      total_(total),
       enabled_(enabled && !log::context().quiet && log::context().rank == 0),
       tty_(::isatty(STDERR_FILENO) != 0) {
   start_ = last_draw_ = std::chrono::steady_clock::now();
@@ -68,14 +70,12 @@ void Progress::draw(bool final) {
     double frac = std::min(1.0, static_cast<double>(count_) / static_cast<double>(total_));
     int width = 24, filled = static_cast<int>(frac * width);
     line = fmt::format("{}: [{}{}] {:5.1f}% {}/{} {}", label_, std::string(filled, '#'),
-                       std::string(width - filled, '.'), 100.0 * frac, human_count(count_),
-                       human_count(total_), unit_);
+                       std::string(width - filled, '.'), 100.0 * frac, human_count(count_), human_count(total_), unit_);
   }
   line += fmt::format(" | {} {}/s", human_count(rate), unit_);
   if (!secondary_unit_.empty())
     line += fmt::format(" | {} {}/s", human_count(el > 0 ? secondary_ / el : 0.0), secondary_unit_);
-  if (total_ > 0 && !final && rate > 0)
-    line += fmt::format(" | ETA {}", human_duration((total_ - count_) / rate));
+  if (total_ > 0 && !final && rate > 0) line += fmt::format(" | ETA {}", human_duration((total_ - count_) / rate));
   if (final) line += fmt::format(" | {}", human_duration(el));
   if (tty_) {
     std::fprintf(stderr, "\r\033[K%s%s", line.c_str(), final ? "\n" : "");

@@ -23,17 +23,24 @@ std::string dtype_name(DType t) {
 
 namespace {
 bool dtype_from(const std::string& s, DType& t) {
-  if (s == "F32") t = DType::f32;
-  else if (s == "F64") t = DType::f64;
-  else if (s == "BF16") t = DType::bf16;
-  else if (s == "F16") t = DType::f16;
-  else if (s == "I32") t = DType::i32;
-  else return false;
+  if (s == "F32")
+    t = DType::f32;
+  else if (s == "F64")
+    t = DType::f64;
+  else if (s == "BF16")
+    t = DType::bf16;
+  else if (s == "F16")
+    t = DType::f16;
+  else if (s == "I32")
+    t = DType::i32;
+  else
+    return false;
   return true;
 }
 }  // namespace
 
-void write(const std::string& path, const std::vector<Entry>& tensors, const std::map<std::string, std::string>& metadata) {
+void write(const std::string& path, const std::vector<Entry>& tensors,
+           const std::map<std::string, std::string>& metadata) {
   nlohmann::ordered_json h;
   if (!metadata.empty()) {
     nlohmann::ordered_json m;
@@ -90,7 +97,8 @@ File parse(const std::string& bytes, const std::string& what) {
     }
     const auto& e = *it;
     if (!e.is_object() || !e.contains("dtype") || !e.contains("shape") || !e.contains("data_offsets") ||
-        !e["dtype"].is_string() || !e["shape"].is_array() || !e["data_offsets"].is_array() || e["data_offsets"].size() != 2)
+        !e["dtype"].is_string() || !e["shape"].is_array() || !e["data_offsets"].is_array() ||
+        e["data_offsets"].size() != 2)
       throw_input("{}: tensor '{}': entry needs dtype, shape and data_offsets [begin, end]", what, name);
     DType dt;
     if (!dtype_from(e["dtype"].get<std::string>(), dt))
@@ -111,8 +119,9 @@ File parse(const std::string& bytes, const std::string& what) {
     uint64_t b = o[0].get<uint64_t>(), en = o[1].get<uint64_t>();
     uint64_t need = numel * static_cast<uint64_t>(dtype_size(dt));
     if (b > en || en > data_len || en - b != need)
-      throw_input("{}: tensor '{}': data_offsets [{}, {}] do not match its shape ({} bytes) or the file ({} data bytes)", what,
-                  name, b, en, need, data_len);
+      throw_input(
+          "{}: tensor '{}': data_offsets [{}, {}] do not match its shape ({} bytes) or the file ({} data bytes)", what,
+          name, b, en, need, data_len);
     Tensor t = Tensor::empty(shape, dt);
     if (need) std::memcpy(t.raw(), bytes.data() + data_start + b, need);
     f.names.push_back(name);
@@ -123,7 +132,8 @@ File parse(const std::string& bytes, const std::string& what) {
 
 File read(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw_input("{}: cannot open ({})", path, std::filesystem::exists(path) ? "permission denied" : "no such file");
+  if (!in)
+    throw_input("{}: cannot open ({})", path, std::filesystem::exists(path) ? "permission denied" : "no such file");
   std::stringstream ss;
   ss << in.rdbuf();
   return parse(ss.str(), path);

@@ -21,7 +21,8 @@ struct Entry {
 };
 
 // Writes atomically (temporary name, fsync, rename). Tensors are written in the given order.
-void write(const std::string& path, const std::vector<Entry>& tensors, const std::map<std::string, std::string>& metadata = {});
+void write(const std::string& path, const std::vector<Entry>& tensors,
+           const std::map<std::string, std::string>& metadata = {});
 
 struct File {
   std::map<std::string, std::string> metadata;

@@ -3,8 +3,8 @@
 namespace mtnlg::timing {
 
 namespace {
-constexpr const char* kNames[kStepParts] = {"forward", "backward", "recompute", "tp",        "pp",
-                                            "bubble",  "dp",       "embedding", "mp",        "optimizer",
+constexpr const char* kNames[kStepParts] = {"forward", "backward",   "recompute", "tp",         "pp",
+                                            "bubble",  "dp",         "embedding", "mp",         "optimizer",
                                             "data",    "checkpoint", "host_sync", "validation", "other"};
 constexpr const char* kLabels[kStepParts] = {"forward compute",
                                              "backward compute",

@@ -32,8 +32,8 @@ constexpr std::array kTable = {
                "debug log lines from every rank (stderr)"},
     SwitchSpec{Switch::collective_timeout, "MTNLG_COLLECTIVE_TIMEOUT", K::number, U::setting, nullptr,
                "the recipe's parallel.distributed_timeout_minutes",
-               "seconds a collective may block before the watchdog ends the job (0 = off); overrides the recipe",
-               0, 1e9},
+               "seconds a collective may block before the watchdog ends the job (0 = off); overrides the recipe", 0,
+               1e9},
     SwitchSpec{Switch::cudnn, "MTNLG_CUDNN", K::boolean, U::setting, "1", "on where cuDNN 9 loads",
                "0: do not load cuDNN (attention_backend auto then takes the unfused form, flash is an error)"},
     SwitchSpec{Switch::gelu_epilogue, "MTNLG_GELU_EPILOGUE", K::boolean, U::setting, "1", "on",
@@ -49,9 +49,10 @@ constexpr std::array kTable = {
     SwitchSpec{Switch::fault_inject, "MTNLG_FAULT_INJECT", K::text, U::test_hook, nullptr, "none",
                "rank=R:iteration=I:mode=M (and :ms=N, :bit=N or :layer=L): one rank fails, stalls or computes wrong "
                "numbers (app/train/fault_injection.hpp)"},
-    SwitchSpec{Switch::test_save_delay_ms, "MTNLG_TEST_SAVE_DELAY_MS", K::integer, U::test_hook, "0", "0",
-               "the background checkpoint writer waits this long before its metadata (a kill then leaves a partial save)",
-               0, 3.6e6},
+    SwitchSpec{
+        Switch::test_save_delay_ms, "MTNLG_TEST_SAVE_DELAY_MS", K::integer, U::test_hook, "0", "0",
+        "the background checkpoint writer waits this long before its metadata (a kill then leaves a partial save)", 0,
+        3.6e6},
     SwitchSpec{Switch::test_dedup_fail_write_rank, "MTNLG_TEST_DEDUP_FAIL_WRITE_RANK", K::integer, U::test_hook,
                nullptr, "none", "`data dedup`: this rank fails to write its output", 0, kMaxInt},
     SwitchSpec{Switch::test_curate_kill, "MTNLG_TEST_CURATE_KILL", K::text, U::test_hook, nullptr, "none",
@@ -130,7 +131,8 @@ int64_t parse_integer(const SwitchSpec& sp, const std::string& v) {
   int64_t x = 0;
   const auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
   if (ec != std::errc() || p != v.data() + v.size() || static_cast<double>(x) < sp.lo || static_cast<double>(x) > sp.hi)
-    bad_value(sp, v, fmt::format("a whole number from {} to {}", static_cast<int64_t>(sp.lo), static_cast<int64_t>(sp.hi)));
+    bad_value(sp, v,
+              fmt::format("a whole number from {} to {}", static_cast<int64_t>(sp.lo), static_cast<int64_t>(sp.hi)));
   return x;
 }
 

@@ -81,9 +81,9 @@ struct SwitchSpec {
   // The value unset means, in the variable's own spelling (parsed like a set value), or
   // nullptr when its owner decides (`unset` then says what it does).
   const char* dflt;
-  const char* unset;    // what unset means, in words (the docs' "default" column)
-  const char* meaning;  // what the variable does
-  double lo = 0, hi = 0;    // integer, number: the range
+  const char* unset;         // what unset means, in words (the docs' "default" column)
+  const char* meaning;       // what the variable does
+  double lo = 0, hi = 0;     // integer, number: the range
   const char* choices = "";  // choice: the values
 };
 

@@ -76,7 +76,8 @@ Storage::Storage(int64_t bytes, Device dev, bool pinned) : bytes_(bytes), dev_(d
     if (!ptr_) throw std::bad_alloc();
   } else {
     auto& h = cuda_allocator_hooks();
-    if (!h.alloc) throw_runtime("a CUDA tensor was requested but this mtnlg has no CUDA backend (built with MTNLG_CUDA=OFF?)");
+    if (!h.alloc)
+      throw_runtime("a CUDA tensor was requested but this mtnlg has no CUDA backend (built with MTNLG_CUDA=OFF?)");
     ptr_ = h.alloc(n);
   }
   role_ = mem::on_alloc(bytes_);
@@ -128,8 +129,7 @@ Tensor Tensor::zeros(const Shape& shape, DType dt, Device dev) {
 }
 
 Tensor Tensor::view(const Shape& shape) const {
-  if (shape_numel(shape) != numel_)
-    throw_runtime("view: cannot view {} elements as {}", numel_, shape_str(shape));
+  if (shape_numel(shape) != numel_) throw_runtime("view: cannot view {} elements as {}", numel_, shape_str(shape));
   Tensor t = *this;
   t.shape_ = shape;
   return t;
@@ -146,9 +146,10 @@ Tensor Tensor::rows(int64_t start, int64_t n) const {
 }
 
 void Tensor::host_access_error() const {
-  throw_runtime("host code read the elements of a {} tensor {} {} in device memory; copy it with .to(Device::cpu) or "
-                "pass raw() to a device API",
-                to_string(device()), to_string(dtype_), shape_str(shape_));
+  throw_runtime(
+      "host code read the elements of a {} tensor {} {} in device memory; copy it with .to(Device::cpu) or "
+      "pass raw() to a device API",
+      to_string(device()), to_string(dtype_), shape_str(shape_));
 }
 
 Tensor Tensor::to(Device dev) const {
@@ -169,13 +170,13 @@ void Tensor::copy_from(const Tensor& src) {
     return;
   }
   if (from == Device::test || dev == Device::test)
-    throw_runtime("copy of a {} tensor {} between the test device and CUDA: only the host talks to both", to_string(dtype_),
-                  shape_str(shape_));
+    throw_runtime("copy of a {} tensor {} between the test device and CUDA: only the host talks to both",
+                  to_string(dtype_), shape_str(shape_));
   auto& h = cuda_allocator_hooks();
   if (!h.copy) throw_runtime("a CUDA copy was requested but this mtnlg has no CUDA backend");
-  const CopyKind kind = from == Device::cpu ? CopyKind::host_to_device
-                        : dev == Device::cpu  ? CopyKind::device_to_host
-                                              : CopyKind::device_to_device;
+  const CopyKind kind = from == Device::cpu  ? CopyKind::host_to_device
+                        : dev == Device::cpu ? CopyKind::device_to_host
+                                             : CopyKind::device_to_device;
   h.copy(raw(), src.raw(), nbytes(), kind);
 }
 

@@ -22,8 +22,7 @@ std::vector<double> normalize_weights(std::span<const double> weights) {
 
 std::vector<int64_t> blend_source_samples(std::span<const double> w, int64_t n) {
   std::vector<int64_t> out;
-  for (double x : w)
-    out.push_back(static_cast<int64_t>(std::ceil(std::ceil(static_cast<double>(n) * x) * 1.005)));
+  for (double x : w) out.push_back(static_cast<int64_t>(std::ceil(std::ceil(static_cast<double>(n) * x) * 1.005)));
   return out;
 }
 

@@ -24,8 +24,7 @@ uint64_t NumpyRandomState::random_interval(uint64_t max) {
   mask |= mask >> 32;
   uint64_t value;
   if (max <= 0xffffffffull) {
-    while ((value = (static_cast<uint64_t>(mt_()) & mask)) > max) {
-    }
+    while ((value = (static_cast<uint64_t>(mt_()) & mask)) > max) {}
   } else {
     // numpy's next_uint64 for MT19937: two draws, the first is the high word.
     while (true) {
@@ -151,10 +150,11 @@ GptIndices build_gpt_indices(std::span<const int32_t> sizes, int64_t doc_begin, 
   }
   constexpr int64_t kMaxDocEntries = (int64_t{1} << 31) - 1;
   if (E > kMaxDocEntries / (doc_end - doc_begin))
-    throw_input("{}: the part has {} tokens and one sample needs seq_length+1 = {}; {} samples would repeat its {} "
-                "documents {} times, more than mtnlg's limit of 2^31 document entries (use more data, a larger split "
-                "part or fewer samples)",
-                what, T, seq_length + kExtra, num_samples, doc_end - doc_begin, E);
+    throw_input(
+        "{}: the part has {} tokens and one sample needs seq_length+1 = {}; {} samples would repeat its {} "
+        "documents {} times, more than mtnlg's limit of 2^31 document entries (use more data, a larger split "
+        "part or fewer samples)",
+        what, T, seq_length + kExtra, num_samples, doc_end - doc_begin, E);
   r.num_epochs = E;
 
   // 2. Is the final epoch kept apart?
@@ -244,7 +244,9 @@ std::string check_gpt_indices(const GptIndices& r, std::span<const int32_t> size
   for (int32_t d : r.doc_idx)
     if (d < doc_begin || d >= doc_end) return fmt::format("document index {} outside [{}, {})", d, doc_begin, doc_end);
   const int64_t ndoc = static_cast<int64_t>(r.doc_idx.size());
-  auto len = [&](int64_t pos) { return static_cast<int64_t>(sizes[static_cast<size_t>(r.doc_idx[static_cast<size_t>(pos)])]); };
+  auto len = [&](int64_t pos) {
+    return static_cast<int64_t>(sizes[static_cast<size_t>(r.doc_idx[static_cast<size_t>(pos)])]);
+  };
   for (int64_t j = 0; j <= n; ++j) {
     const int64_t pos = r.sample_idx[static_cast<size_t>(2 * j)], off = r.sample_idx[static_cast<size_t>(2 * j + 1)];
     if (pos < 0 || pos >= ndoc || off < 0 || off >= std::max<int64_t>(len(pos), 1))
@@ -259,11 +261,13 @@ std::string check_gpt_indices(const GptIndices& r, std::span<const int32_t> size
       tokens = len(pf) - of + off + 1;
       for (int64_t p = pf + 1; p < pos; ++p) tokens += len(p);
     }
-    if (tokens != seq_length + 1) return fmt::format("sample {} spans {} tokens, not {}", j - 1, tokens, seq_length + 1);
+    if (tokens != seq_length + 1)
+      return fmt::format("sample {} spans {} tokens, not {}", j - 1, tokens, seq_length + 1);
   }
   std::vector<bool> seen(static_cast<size_t>(n), false);
   for (int64_t v : r.shuffle_idx) {
-    if (v < 0 || v >= n || seen[static_cast<size_t>(v)]) return fmt::format("shuffle index entry {} is not a permutation", v);
+    if (v < 0 || v >= n || seen[static_cast<size_t>(v)])
+      return fmt::format("shuffle index entry {} is not a permutation", v);
     seen[static_cast<size_t>(v)] = true;
   }
   return "";
@@ -337,9 +341,10 @@ GptDataset::GptDataset(std::shared_ptr<const IndexedDataset> ds, const GptDatase
   MTNLG_CHECK(cfg_.split_index >= 0 && cfg_.split_index < 3, "split index {}", cfg_.split_index);
   static const char* kPart[] = {"train", "valid", "test"};
   const auto bounds = split_bounds(cfg_.split, ds_->num_sequences());
-  const int64_t b = bounds[static_cast<size_t>(cfg_.split_index)], e = bounds[static_cast<size_t>(cfg_.split_index) + 1];
-  const std::string what = fmt::format("data prefix {} ({} part of split \"{}\": sequences [{}, {}) of {})", ds_->prefix(),
-                                       kPart[cfg_.split_index], cfg_.split, b, e, ds_->num_sequences());
+  const int64_t b = bounds[static_cast<size_t>(cfg_.split_index)],
+                e = bounds[static_cast<size_t>(cfg_.split_index) + 1];
+  const std::string what = fmt::format("data prefix {} ({} part of split \"{}\": sequences [{}, {}) of {})",
+                                       ds_->prefix(), kPart[cfg_.split_index], cfg_.split, b, e, ds_->num_sequences());
   std::error_code ec;
   const std::string abs = std::filesystem::absolute(ds_->prefix(), ec).string();
   const std::string key =
@@ -384,7 +389,8 @@ std::vector<int64_t> GptDataset::documents(int64_t i) const {
 void GptDataset::sample(int64_t i, int32_t* out) const {
   MTNLG_CHECK(i >= 0 && i < size(), "sample {} of {}", i, size());
   const int64_t j = idx_.shuffle_idx[static_cast<size_t>(i)];
-  const int64_t doc_f = idx_.sample_idx[static_cast<size_t>(2 * j)], off_f = idx_.sample_idx[static_cast<size_t>(2 * j + 1)];
+  const int64_t doc_f = idx_.sample_idx[static_cast<size_t>(2 * j)],
+                off_f = idx_.sample_idx[static_cast<size_t>(2 * j + 1)];
   const int64_t doc_l = idx_.sample_idx[static_cast<size_t>(2 * j + 2)],
                 off_l = idx_.sample_idx[static_cast<size_t>(2 * j + 3)];
   const auto seq = [&](int64_t pos) { return static_cast<int64_t>(idx_.doc_idx[static_cast<size_t>(pos)]); };

@@ -79,8 +79,8 @@ struct GptDatasetConfig {
   int64_t num_samples = 0;  // requested; the dataset may hold more (whole epochs)
   uint32_t seed = 1234;
   std::string split = "969,30,1";
-  int split_index = 0;      // 0 train, 1 valid, 2 test
-  std::string cache_dir;    // "" = no on-disk cache
+  int split_index = 0;    // 0 train, 1 valid, 2 test
+  std::string cache_dir;  // "" = no on-disk cache
 };
 
 class GptDataset {

@@ -62,8 +62,7 @@ std::string oniguruma_to_pcre2(const std::string& p, const std::string& where) {
           out += ']';
         }
       } else if (e == 'S' || e == 'W') {
-        if (in_class)
-          throw_input("{}: \\{} inside a bracketed class is not supported (pattern '{}')", where, e, p);
+        if (in_class) throw_input("{}: \\{} inside a bracketed class is not supported (pattern '{}')", where, e, p);
         out += "[^";
         out += e == 'S' ? kSpaceClass : kWordClass;
         out += ']';
@@ -126,8 +125,8 @@ HfRegex::~HfRegex() { pcre2_code_free(static_cast<pcre2_code*>(code_)); }
 bool HfRegex::next(std::string_view s, size_t from, size_t& start, size_t& end) const {
   ThreadMatch& tm = thread_match();
   // The subject is valid UTF-8 (the tokenizer repairs its input first).
-  const int rc = pcre2_match(static_cast<const pcre2_code*>(code_), reinterpret_cast<PCRE2_SPTR>(s.data()), s.size(), from,
-                             PCRE2_NO_UTF_CHECK, tm.md, tm.mc);
+  const int rc = pcre2_match(static_cast<const pcre2_code*>(code_), reinterpret_cast<PCRE2_SPTR>(s.data()), s.size(),
+                             from, PCRE2_NO_UTF_CHECK, tm.md, tm.mc);
   if (rc == PCRE2_ERROR_NOMATCH) return false;
   if (rc < 0) {
     PCRE2_UCHAR msg[256];

@@ -72,8 +72,8 @@ inline size_t char_len_at(std::string_view s, size_t i) {
 
 // Unicode White_Space (Rust's char::is_whitespace, the regex crate's \s).
 inline bool is_white_space(int32_t c) {
-  return (c >= 0x09 && c <= 0x0D) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200A) ||
-         c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
+  return (c >= 0x09 && c <= 0x0D) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 ||
+         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
 }
 
 // The regex crate's Unicode \w: Alphabetic, Mark, Decimal_Number, Connector_Punctuation,
@@ -81,12 +81,18 @@ inline bool is_white_space(int32_t c) {
 // the circled/squared letters below.
 inline bool is_word_char(int32_t c) {
   switch (utf8proc_category(c)) {
-    case UTF8PROC_CATEGORY_LU: case UTF8PROC_CATEGORY_LL: case UTF8PROC_CATEGORY_LT: case UTF8PROC_CATEGORY_LM:
-    case UTF8PROC_CATEGORY_LO: case UTF8PROC_CATEGORY_NL: case UTF8PROC_CATEGORY_MN: case UTF8PROC_CATEGORY_MC:
-    case UTF8PROC_CATEGORY_ME: case UTF8PROC_CATEGORY_ND: case UTF8PROC_CATEGORY_PC:
-      return true;
-    default:
-      break;
+    case UTF8PROC_CATEGORY_LU:
+    case UTF8PROC_CATEGORY_LL:
+    case UTF8PROC_CATEGORY_LT:
+    case UTF8PROC_CATEGORY_LM:
+    case UTF8PROC_CATEGORY_LO:
+    case UTF8PROC_CATEGORY_NL:
+    case UTF8PROC_CATEGORY_MN:
+    case UTF8PROC_CATEGORY_MC:
+    case UTF8PROC_CATEGORY_ME:
+    case UTF8PROC_CATEGORY_ND:
+    case UTF8PROC_CATEGORY_PC: return true;
+    default: break;
   }
   return c == 0x200C || c == 0x200D || (c >= 0x24B6 && c <= 0x24E9) || (c >= 0x1F130 && c <= 0x1F149) ||
          (c >= 0x1F150 && c <= 0x1F169) || (c >= 0x1F170 && c <= 0x1F189);
@@ -118,7 +124,8 @@ struct ByteAlphabet {
     for (size_t i = 0; i < tok.size();) {
       const size_t n = char_len_at(tok, i);
       const int32_t cp = decode_cp(tok.data() + i, n);
-      if (cp < 0 || cp >= static_cast<int32_t>(cp_to_byte.size()) || cp_to_byte[static_cast<size_t>(cp)] < 0) return false;
+      if (cp < 0 || cp >= static_cast<int32_t>(cp_to_byte.size()) || cp_to_byte[static_cast<size_t>(cp)] < 0)
+        return false;
       out.push_back(static_cast<char>(cp_to_byte[static_cast<size_t>(cp)]));
       i += n;
     }
@@ -200,7 +207,8 @@ struct AddedMatcher {
       empty = false;
     }
     for (auto& v : by_first)
-      std::stable_sort(v.begin(), v.end(), [](const AddedToken* a, const AddedToken* b) { return a->match.size() > b->match.size(); });
+      std::stable_sort(v.begin(), v.end(),
+                       [](const AddedToken* a, const AddedToken* b) { return a->match.size() > b->match.size(); });
   }
   const AddedToken* find(std::string_view s, size_t from, size_t& at) const {
     for (size_t i = from; i < s.size(); ++i) {
@@ -354,7 +362,8 @@ struct Loader {
   [[noreturn]] void fail(const std::string& where, const std::string& what) const {
     throw_input("{}: {}: {}", file, where, what);
   }
-  [[noreturn]] void unsupported(const std::string& where, const std::string& component, const std::string& supported) const {
+  [[noreturn]] void unsupported(const std::string& where, const std::string& component,
+                                const std::string& supported) const {
     throw_input("{}: {}: unsupported {} (supported: {})", file, where, component, supported);
   }
   const json& member(const json& j, const std::string& where, const char* key) const {
@@ -413,7 +422,8 @@ void load_normalizer(const Loader& L, const json& j, const std::string& where, s
   if (t == "Sequence") {
     const json& list = L.member(j, where, "normalizers");
     if (!list.is_array()) L.fail(where + ".normalizers", "expected a list");
-    for (size_t i = 0; i < list.size(); ++i) load_normalizer(L, list[i], fmt::format("{}.normalizers[{}]", where, i), out);
+    for (size_t i = 0; i < list.size(); ++i)
+      load_normalizer(L, list[i], fmt::format("{}.normalizers[{}]", where, i), out);
     return;
   } else if (t == "NFC") {
     s.kind = NormStep::nfc;
@@ -455,8 +465,8 @@ void load_pre(const Loader& L, const json& j, const std::string& where, std::vec
     s.add_prefix_space = L.flag(j, where, "add_prefix_space", true);
     s.use_regex = L.flag(j, where, "use_regex", true);
     if (s.use_regex)
-      s.re = std::make_unique<HfRegex>("'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+",
-                                       "ByteLevel's pattern");
+      s.re = std::make_unique<HfRegex>(
+          "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+", "ByteLevel's pattern");
   } else if (t == "Digits") {
     s.kind = PreStep::digits;
     s.individual_digits = L.flag(j, where, "individual_digits", false);
@@ -466,10 +476,14 @@ void load_pre(const Loader& L, const json& j, const std::string& where, std::vec
     s.replacement = L.str(j, where, "replacement");
     if (j.contains("prepend_scheme") && !j.at("prepend_scheme").is_null()) {
       const std::string ps = L.str(j, where, "prepend_scheme");
-      if (ps == "always") s.prepend_scheme = 0;
-      else if (ps == "first") s.prepend_scheme = 1;
-      else if (ps == "never") s.prepend_scheme = 2;
-      else L.unsupported(where + ".prepend_scheme", "prepend_scheme '" + ps + "'", "always, first, never");
+      if (ps == "always")
+        s.prepend_scheme = 0;
+      else if (ps == "first")
+        s.prepend_scheme = 1;
+      else if (ps == "never")
+        s.prepend_scheme = 2;
+      else
+        L.unsupported(where + ".prepend_scheme", "prepend_scheme '" + ps + "'", "always, first, never");
     } else {
       s.prepend_scheme = L.flag(j, where, "add_prefix_space", true) ? 0 : 2;
     }
@@ -515,7 +529,8 @@ void load_decoder(const Loader& L, const json& j, const std::string& where, std:
     else
       s.prepend = L.flag(j, where, "add_prefix_space", true);
   } else {
-    L.unsupported(where + ".type", "decoder '" + t + "'", "ByteLevel, Replace, ByteFallback, Fuse, Strip, Metaspace, Sequence, null");
+    L.unsupported(where + ".type", "decoder '" + t + "'",
+                  "ByteLevel, Replace, ByteFallback, Fuse, Strip, Metaspace, Sequence, null");
   }
   out.push_back(std::move(s));
 }
@@ -617,7 +632,6 @@ void load_bpe_merges(const Loader& L, const json& model, Impl& m) {
       L.fail(where, fmt::format("'{}', '{}' or '{}{}' is not in model.vocab", a, b, a, b));
     m.merges.put(fa->second, fb->second, MergeVal{static_cast<int32_t>(i), fab->second});
   }
-
 }
 
 // Added tokens. Their ids are the library's, not the file's "id" (which it only checks
@@ -636,7 +650,8 @@ void load_added_tokens(const Loader& L, const json& j, Impl& m, int32_t& max_id)
       const json& a = list[i];
       AddedToken t;
       const json& id = L.member(a, where, "id");
-      if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX) L.fail(where + ".id", "expected a non-negative id");
+      if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX)
+        L.fail(where + ".id", "expected a non-negative id");
       t.content = L.str(a, where, "content");
       t.special = L.flag(a, where, "special", false);
       t.single_word = L.flag(a, where, "single_word", false);
@@ -653,7 +668,8 @@ void load_added_tokens(const Loader& L, const json& j, Impl& m, int32_t& max_id)
       if (auto f = m.file_vocab.find(t.content); f != m.file_vocab.end()) {
         t.id = f->second;
       } else {
-        const int64_t next = max_added < 0 ? model_size : (max_added >= model_size || model_size == 0 ? max_added + 1 : model_size);
+        const int64_t next =
+            max_added < 0 ? model_size : (max_added >= model_size || model_size == 0 ? max_added + 1 : model_size);
         if (next > INT32_MAX) L.fail(where, "too many ids");
         t.id = static_cast<int32_t>(next);
       }
@@ -687,7 +703,6 @@ void index_tokens(Impl& m, int32_t max_id) {
   }
   m.raw_matcher.build(raw_toks);
   m.norm_matcher.build(norm_toks);
-
 }
 
 // The post-processor: a template of special tokens around the one sequence, at most.
@@ -697,7 +712,8 @@ void load_post_processor(const Loader& L, const json& p, const std::string& wher
   if (t == "Sequence") {
     const json& list = L.member(p, where, "processors");
     if (!list.is_array()) L.fail(where + ".processors", "expected a list");
-    for (size_t i = 0; i < list.size(); ++i) load_post_processor(L, list[i], fmt::format("{}.processors[{}]", where, i), m, max_id);
+    for (size_t i = 0; i < list.size(); ++i)
+      load_post_processor(L, list[i], fmt::format("{}.processors[{}]", where, i), m, max_id);
   } else if (t == "ByteLevel") {
     // Only offsets change: no ids.
   } else if (t == "TemplateProcessing") {
@@ -710,11 +726,13 @@ void load_post_processor(const Loader& L, const json& p, const std::string& wher
       const json& item = single[i];
       TemplateItem ti;
       if (item.is_object() && item.contains("Sequence")) {
-        if (L.str(item["Sequence"], w + ".Sequence", "id") != "A") L.unsupported(w + ".Sequence.id", "sequence other than A", "A");
+        if (L.str(item["Sequence"], w + ".Sequence", "id") != "A")
+          L.unsupported(w + ".Sequence.id", "sequence other than A", "A");
         ti.sequence = true;
       } else if (item.is_object() && item.contains("SpecialToken")) {
         const std::string name = L.str(item["SpecialToken"], w + ".SpecialToken", "id");
-        if (!specials.is_object() || !specials.contains(name)) L.fail(w, "special token '" + name + "' is not in special_tokens");
+        if (!specials.is_object() || !specials.contains(name))
+          L.fail(w, "special token '" + name + "' is not in special_tokens");
         const json& ids = L.member(specials[name], where + ".special_tokens." + name, "ids");
         if (!ids.is_array()) L.fail(where + ".special_tokens." + name + ".ids", "expected a list of ids");
         for (const auto& x : ids) {
@@ -753,7 +771,8 @@ std::shared_ptr<const HfTokenizer> HfTokenizer::from_file(const std::string& pat
   for (size_t i = 0; i < m.pre.size(); ++i)
     if (m.pre[i].kind == PreStep::byte_level) {
       if (i + 1 != m.pre.size())
-        L.unsupported("pre_tokenizer", "pre-tokenizer after ByteLevel (it must come last)", "ByteLevel as the last step");
+        L.unsupported("pre_tokenizer", "pre-tokenizer after ByteLevel (it must come last)",
+                      "ByteLevel as the last step");
       m.byte_level = true;
     }
 
@@ -785,7 +804,8 @@ std::optional<int32_t> HfTokenizer::token_to_id(std::string_view token) const {
 }
 
 std::string HfTokenizer::id_to_token(int32_t id) const {
-  if (id < 0 || id >= vocab_size() || !impl_->id_known[static_cast<size_t>(id)]) throw_input("token id {} is outside the vocabulary of {} ({} ids)", id, impl_->path, vocab_size());
+  if (id < 0 || id >= vocab_size() || !impl_->id_known[static_cast<size_t>(id)])
+    throw_input("token id {} is outside the vocabulary of {} ({} ids)", id, impl_->path, vocab_size());
   return impl_->id_token[static_cast<size_t>(id)];
 }
 
@@ -813,12 +833,15 @@ std::string HfTokenizer::Impl::normalize(std::string_view in) const {
           }
         if (fast) break;
         int opt = UTF8PROC_STABLE;
-        if (st.kind == NormStep::nfc || st.kind == NormStep::nfkc) opt |= UTF8PROC_COMPOSE;
-        else opt |= UTF8PROC_DECOMPOSE;
+        if (st.kind == NormStep::nfc || st.kind == NormStep::nfkc)
+          opt |= UTF8PROC_COMPOSE;
+        else
+          opt |= UTF8PROC_DECOMPOSE;
         if (st.kind == NormStep::nfkc || st.kind == NormStep::nfkd) opt |= UTF8PROC_COMPAT;
         utf8proc_uint8_t* outp = nullptr;
-        const auto n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(s.data()), static_cast<utf8proc_ssize_t>(s.size()),
-                                    &outp, static_cast<utf8proc_option_t>(opt));
+        const auto n =
+            utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(s.data()), static_cast<utf8proc_ssize_t>(s.size()),
+                         &outp, static_cast<utf8proc_option_t>(opt));
         if (n < 0) throw RuntimeError(fmt::format("{}: normalization failed: {}", path, utf8proc_errmsg(n)));
         s.assign(reinterpret_cast<const char*>(outp), static_cast<size_t>(n));
         std::free(outp);
@@ -922,14 +945,14 @@ void split_by(const Piece& p, const std::vector<std::pair<size_t, size_t>>& matc
     case Behavior::isolated:
       for (auto& r : rs) sp.push_back({r.a, r.b, false});
       break;
-    case Behavior::removed:
-      sp = rs;
-      break;
+    case Behavior::removed: sp = rs; break;
     case Behavior::contiguous: {
       bool prev_match = false;
       for (auto& r : rs) {
-        if (r.m == prev_match && !sp.empty()) sp.back().b = r.b;
-        else sp.push_back({r.a, r.b, false});
+        if (r.m == prev_match && !sp.empty())
+          sp.back().b = r.b;
+        else
+          sp.push_back({r.a, r.b, false});
         prev_match = r.m;
       }
       break;
@@ -937,8 +960,10 @@ void split_by(const Piece& p, const std::vector<std::pair<size_t, size_t>>& matc
     case Behavior::merged_with_previous: {
       bool prev_match = false;
       for (auto& r : rs) {
-        if (r.m && !prev_match && !sp.empty()) sp.back().b = r.b;
-        else sp.push_back({r.a, r.b, false});
+        if (r.m && !prev_match && !sp.empty())
+          sp.back().b = r.b;
+        else
+          sp.push_back({r.a, r.b, false});
         prev_match = r.m;
       }
       break;
@@ -947,8 +972,10 @@ void split_by(const Piece& p, const std::vector<std::pair<size_t, size_t>>& matc
       bool prev_match = false;
       for (size_t k = rs.size(); k-- > 0;) {
         const R& r = rs[k];
-        if (r.m && !prev_match && !sp.empty()) sp.back().a = r.a;
-        else sp.push_back({r.a, r.b, false});
+        if (r.m && !prev_match && !sp.empty())
+          sp.back().a = r.a;
+        else
+          sp.push_back({r.a, r.b, false});
         prev_match = r.m;
       }
       std::reverse(sp.begin(), sp.end());
@@ -988,14 +1015,17 @@ void HfTokenizer::Impl::pretokenize(const Seg& seg, std::deque<std::string>& are
         case PreStep::metaspace: {
           std::string& s = arena.emplace_back();
           for (char c : p.s) {
-            if (c == ' ') s += st.replacement;
-            else s += c;
+            if (c == ' ')
+              s += st.replacement;
+            else
+              s += c;
           }
           const bool starts = s.compare(0, st.replacement.size(), st.replacement) == 0;
           if (!starts && (st.prepend_scheme == 0 || (st.prepend_scheme == 1 && p.first))) s.insert(0, st.replacement);
           p.s = s;
           if (st.split_on_replacement) {
-            for (size_t i = s.find(st.replacement); i != std::string::npos; i = s.find(st.replacement, i + st.replacement.size()))
+            for (size_t i = s.find(st.replacement); i != std::string::npos;
+                 i = s.find(st.replacement, i + st.replacement.size()))
               matches.emplace_back(i, i + st.replacement.size());
             split_by(p, matches, Behavior::merged_with_next, false, next);
           } else if (!p.s.empty()) {
@@ -1068,8 +1098,8 @@ class PieceCache {
     }
     size_t i = h & kMask;
     while (table_[i].len != 0) i = (i + 1) & kMask;
-    table_[i] = Entry{h, static_cast<uint32_t>(keys_.size()), static_cast<uint32_t>(ids_.size()), static_cast<uint16_t>(p.size()),
-                      static_cast<uint16_t>(n)};
+    table_[i] = Entry{h, static_cast<uint32_t>(keys_.size()), static_cast<uint32_t>(ids_.size()),
+                      static_cast<uint16_t>(p.size()), static_cast<uint16_t>(n)};
     keys_.append(p);
     ids_.insert(ids_.end(), ids, ids + n);
     ++used_;
@@ -1204,7 +1234,8 @@ void bpe_merge_by_queue(const MergeTable& merges, std::vector<BpeSym>& sy) {
   auto lookup = [&](int32_t a, int32_t b) -> const MergeVal* { return merges.get(a, b); };
   std::priority_queue<Cand, std::vector<Cand>, std::greater<Cand>> q;
   for (int32_t k = 0; k + 1 < n; ++k)
-    if (const MergeVal* mv = lookup(sy[static_cast<size_t>(k)].id, sy[static_cast<size_t>(k + 1)].id)) q.push({mv->rank, k, mv->id});
+    if (const MergeVal* mv = lookup(sy[static_cast<size_t>(k)].id, sy[static_cast<size_t>(k + 1)].id))
+      q.push({mv->rank, k, mv->id});
   while (!q.empty()) {
     const Cand top = q.top();
     q.pop();
@@ -1236,8 +1267,10 @@ void HfTokenizer::Impl::bpe(std::string_view w, std::vector<int32_t>& out) const
   }
   thread_local std::vector<BpeSym> sy;
   bpe_symbols(w, sy);
-  if (sy.size() <= 24) bpe_merge_by_scan(merges, sy);
-  else bpe_merge_by_queue(merges, sy);
+  if (sy.size() <= 24)
+    bpe_merge_by_scan(merges, sy);
+  else
+    bpe_merge_by_queue(merges, sy);
   for (const BpeSym& s : sy)
     if (s.alive) out.push_back(s.id);
 }
@@ -1269,15 +1302,18 @@ void HfTokenizer::encode(std::string_view text_in, std::vector<int32_t>& out, bo
     segs1.swap(segs2);
     segs2.clear();
     for (const Seg& s : segs1) {
-      if (s.tok) segs2.push_back(s);
-      else m.split_added(m.norm_matcher, s, segs2);
+      if (s.tok)
+        segs2.push_back(s);
+      else
+        m.split_added(m.norm_matcher, s, segs2);
     }
   }
   const bool tmpl = add_special_tokens && !m.single.empty();
   size_t at_seq = 0;
   if (tmpl) {
     size_t k = 0;
-    for (; k < m.single.size() && !m.single[k].sequence; ++k) out.insert(out.end(), m.single[k].ids.begin(), m.single[k].ids.end());
+    for (; k < m.single.size() && !m.single[k].sequence; ++k)
+      out.insert(out.end(), m.single[k].ids.begin(), m.single[k].ids.end());
     at_seq = k;
   }
   for (const Seg& s : segs2) {
@@ -1313,8 +1349,10 @@ void decode_byte_level(const std::vector<std::string>& toks, std::vector<std::st
   const ByteAlphabet& abc = alphabet();
   std::string bytes, b;
   for (const auto& t : toks) {
-    if (abc.to_bytes(t, b)) bytes += b;
-    else bytes += t;
+    if (abc.to_bytes(t, b))
+      bytes += b;
+    else
+      bytes += t;
   }
   nt.push_back(utf8_lossy(bytes));
 }
@@ -1337,14 +1375,15 @@ void decode_byte_fallback(const std::vector<std::string>& toks, std::vector<std:
   std::string pend;
   auto flush = [&] {
     if (pend.empty()) return;
-    if (utf8_valid(pend)) nt.push_back(pend);
+    if (utf8_valid(pend))
+      nt.push_back(pend);
     else
       for (size_t k = 0; k < pend.size(); ++k) nt.push_back("\xEF\xBF\xBD");
     pend.clear();
   };
   for (const auto& t : toks) {
-    if (t.size() == 6 && t.compare(0, 3, "<0x") == 0 && t[5] == '>' && std::isxdigit(static_cast<unsigned char>(t[3])) &&
-        std::isxdigit(static_cast<unsigned char>(t[4]))) {
+    if (t.size() == 6 && t.compare(0, 3, "<0x") == 0 && t[5] == '>' &&
+        std::isxdigit(static_cast<unsigned char>(t[3])) && std::isxdigit(static_cast<unsigned char>(t[4]))) {
       pend.push_back(static_cast<char>(std::stoi(t.substr(3, 2), nullptr, 16)));
     } else {
       flush();
@@ -1370,7 +1409,8 @@ void decode_strip(const DecStep& st, const std::vector<std::string>& toks, std::
     }
     size_t a = 0, b = cs.size();
     for (size_t k = 0; k < st.start && k < cs.size() && cs[k].second == st.strip_char; ++k) a = k + 1;
-    for (size_t k = 0; k < st.stop && k < cs.size() && cs[cs.size() - 1 - k].second == st.strip_char; ++k) b = cs.size() - 1 - k;
+    for (size_t k = 0; k < st.stop && k < cs.size() && cs[cs.size() - 1 - k].second == st.strip_char; ++k)
+      b = cs.size() - 1 - k;
     if (b < a) b = a;
     const size_t from = a < cs.size() ? cs[a].first : t.size();
     const size_t to = b < cs.size() ? cs[b].first : t.size();

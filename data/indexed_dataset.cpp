@@ -16,17 +16,13 @@ namespace mtnlg::data {
 int64_t dtype_size(DType d) {
   switch (d) {
     case DType::u8:
-    case DType::i8:
-      return 1;
+    case DType::i8: return 1;
     case DType::i16:
-    case DType::u16:
-      return 2;
+    case DType::u16: return 2;
     case DType::i32:
-    case DType::f32:
-      return 4;
+    case DType::f32: return 4;
     case DType::i64:
-    case DType::f64:
-      return 8;
+    case DType::f64: return 8;
   }
   return 0;
 }
@@ -62,7 +58,7 @@ bool indexed_dataset_exists(const std::string& prefix) {
 MappedFile::MappedFile(const std::string& path) : path_(path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw_input("{}: cannot open ({})", path, std::strerror(errno));
-  struct stat st{};
+  struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     ::close(fd);
     throw_input("{}: not a regular file", path);
@@ -137,8 +133,9 @@ IndexedDataset::IndexedDataset(const std::string& prefix) : prefix_(prefix) {
   const int64_t need = kIndexHeaderBytes + 12 * n_ + 8 * d_;
   if (isz != need && isz != need + n_) {
     if (isz < need)
-      throw_input("{}: truncated: header says {} sequences and {} document indices ({} bytes) but the file has {} bytes",
-                  ip, n_, d_, need, isz);
+      throw_input(
+          "{}: truncated: header says {} sequences and {} document indices ({} bytes) but the file has {} bytes", ip,
+          n_, d_, need, isz);
     throw_input("{}: {} bytes, expected {} for {} sequences and {} document indices (trailing bytes)", ip, isz, need,
                 n_, d_);
   }
@@ -195,9 +192,7 @@ void IndexedDataset::read(int64_t i, int64_t offset, int64_t count, int32_t* out
     case DType::u16:
       for (int64_t k = 0; k < count; ++k) out[k] = load<uint16_t>(p + 2 * (offset + k));
       break;
-    case DType::i32:
-      std::memcpy(out, p + 4 * offset, 4 * static_cast<size_t>(count));
-      break;
+    case DType::i32: std::memcpy(out, p + 4 * offset, 4 * static_cast<size_t>(count)); break;
     case DType::u8:
       for (int64_t k = 0; k < count; ++k) out[k] = p[offset + k];
       break;
@@ -210,8 +205,7 @@ void IndexedDataset::read(int64_t i, int64_t offset, int64_t count, int32_t* out
     case DType::i64:
       for (int64_t k = 0; k < count; ++k) out[k] = static_cast<int32_t>(load<int64_t>(p + 8 * (offset + k)));
       break;
-    default:
-      MTNLG_CHECK(false, "float dtype {}", dtype_name(dtype_));
+    default: MTNLG_CHECK(false, "float dtype {}", dtype_name(dtype_));
   }
 }
 
@@ -223,7 +217,7 @@ std::vector<int32_t> IndexedDataset::get(int64_t i) const {
 
 std::string IndexedDataset::fingerprint() const {
   auto one = [](const std::string& p) {
-    struct stat st{};
+    struct stat st {};
     ::stat(p.c_str(), &st);
     return fmt::format("{}:{}.{}", static_cast<int64_t>(st.st_size), static_cast<int64_t>(st.st_mtim.tv_sec),
                        static_cast<int64_t>(st.st_mtim.tv_nsec));

@@ -133,7 +133,8 @@ bool input_is_compressed(const std::string& path) {
   unsigned char m[4] = {0, 0, 0, 0};
   const size_t got = std::fread(m, 1, 4, f);
   std::fclose(f);
-  return (got >= 2 && m[0] == 0x1f && m[1] == 0x8b) || (got == 4 && m[0] == 0x28 && m[1] == 0xb5 && m[2] == 0x2f && m[3] == 0xfd);
+  return (got >= 2 && m[0] == 0x1f && m[1] == 0x8b) ||
+         (got == 4 && m[0] == 0x28 && m[1] == 0xb5 && m[2] == 0x2f && m[3] == 0xfd);
 }
 
 namespace {
@@ -385,8 +386,8 @@ struct BatchResult {
   std::vector<std::vector<int64_t>> doc_lens;
   int64_t documents = 0, bad = 0;
   int64_t input_bytes = 0;  // the batch's
-  std::string first_bad;   // "file:line: reason"
-  std::string fatal;       // set when a bad line is fatal
+  std::string first_bad;    // "file:line: reason"
+  std::string fatal;        // set when a bad line is fatal
 };
 
 // A fixed pool running std::function jobs.
@@ -439,8 +440,10 @@ struct DocTokenizer {
   int32_t eod = -1;
   int64_t vocab_size = 0;
   void encode(std::string_view text, std::vector<int32_t>& out, bool allow_special) const {
-    if (hf) hf->encode(text, out, true);
-    else gpt2->encode(text, out, allow_special);
+    if (hf)
+      hf->encode(text, out, true);
+    else
+      gpt2->encode(text, out, allow_special);
   }
 };
 
@@ -479,7 +482,8 @@ BatchResult process_batch(const Batch& b, const PreprocessOptions& opt, const Do
     } catch (const nlohmann::json::exception& e) {
       // e.g. out_of_range 406: a number beyond double's range, in any field, used or not
       const std::string what = e.what();
-      reason = fmt::format("malformed JSON ({})", what.substr(what.find("] ") == std::string::npos ? 0 : what.find("] ") + 2));
+      reason = fmt::format("malformed JSON ({})",
+                           what.substr(what.find("] ") == std::string::npos ? 0 : what.find("] ") + 2));
     }
     if (reason.empty() && !j.is_object()) reason = "expected a JSON object";
     std::vector<std::string> values(nk);
@@ -487,7 +491,8 @@ BatchResult process_batch(const Batch& b, const PreprocessOptions& opt, const Do
       auto it = j.find(opt.json_keys[k]);
       if (it == j.end()) {
         std::string keys;
-        for (auto kv = j.begin(); kv != j.end() && keys.size() < 80; ++kv) keys += (keys.empty() ? "" : ", ") + kv.key();
+        for (auto kv = j.begin(); kv != j.end() && keys.size() < 80; ++kv)
+          keys += (keys.empty() ? "" : ", ") + kv.key();
         reason = fmt::format("missing key '{}' (keys present: {}; choose with --json-keys)", opt.json_keys[k],
                              keys.empty() ? "none" : keys);
       } else if (!it->is_string()) {
@@ -543,8 +548,9 @@ void check_preprocess_options(const PreprocessOptions& opt) {
     if (!opt.vocab_file.empty() || !opt.merge_file.empty())
       throw_input("--tokenizer {}: give either --tokenizer or --vocab-file/--merge-file, not both", opt.tokenizer_file);
     if (opt.allow_special_tokens)
-      throw_input("--allow-special-tokens: only for GPT-2's files; a tokenizer.json's added tokens are always matched in "
-                  "the text, as Hugging Face's library does");
+      throw_input(
+          "--allow-special-tokens: only for GPT-2's files; a tokenizer.json's added tokens are always matched in "
+          "the text, as Hugging Face's library does");
   }
   for (size_t a = 0; a < opt.json_keys.size(); ++a)
     for (size_t b = a + 1; b < opt.json_keys.size(); ++b)
@@ -561,7 +567,8 @@ void check_preprocess_options(const PreprocessOptions& opt) {
 // batch holds lines of one piece only and carries the input bytes read for it.
 class BatchReader {
  public:
-  BatchReader(const std::vector<InputPiece>& pieces, int64_t batch_lines) : pieces_(pieces), batch_lines_(batch_lines) {}
+  BatchReader(const std::vector<InputPiece>& pieces, int64_t batch_lines)
+      : pieces_(pieces), batch_lines_(batch_lines) {}
   bool next(Batch& b) {
     b.lines.clear();
     while (true) {
@@ -569,7 +576,7 @@ class BatchReader {
         if (next_piece_ == pieces_.size()) return false;
         const InputPiece& p = pieces_[next_piece_++];
         reader_ = (p.begin == 0 && p.end < 0) ? std::make_unique<LineReader>(p.path)
-                                             : std::make_unique<LineReader>(p.path, p.begin, p.end);
+                                              : std::make_unique<LineReader>(p.path, p.begin, p.end);
         reader_file_ = p.path;
         bytes_batched_ = 0;
       }

@@ -35,7 +35,7 @@ class LineReader {
   // Next line without its '\n' (and a trailing '\r'); false at end of input.
   bool next(std::string& line);
   int64_t line_number() const { return line_no_; }  // 1-based number of the last line returned
-  int64_t bytes_read() const;  // compressed bytes consumed (for progress)
+  int64_t bytes_read() const;                       // compressed bytes consumed (for progress)
   int64_t file_size() const { return file_size_; }
 
   struct Source;
@@ -67,7 +67,7 @@ struct InputPiece {
 struct PreprocessOptions {
   std::vector<std::string> inputs;  // read in this order into one dataset per key
   std::string output_prefix;
-  std::string vocab_file;      // GPT-2: vocab.json + merges.txt, or
+  std::string vocab_file;  // GPT-2: vocab.json + merges.txt, or
   std::string merge_file;
   std::string tokenizer_file;  // a Hugging Face tokenizer.json
   // tokenizer.json: the end-of-document token's text; empty: eos_token of the
@@ -76,7 +76,7 @@ struct PreprocessOptions {
   std::vector<std::string> json_keys{"text"};
   bool append_eod = false;
   int64_t workers = 1;
-  bool skip_bad_lines = false;       // malformed lines are counted and skipped instead of fatal
+  bool skip_bad_lines = false;        // malformed lines are counted and skipped instead of fatal
   bool allow_special_tokens = false;  // GPT-2: "<|endoftext|>" in text -> 50256 (Megatron: plain text)
   bool progress = true;
   int64_t batch_lines = 512;  // lines per work item
@@ -106,14 +106,14 @@ std::vector<InputPiece> split_inputs(const std::vector<std::string>& inputs, int
 std::string inputs_label(const std::vector<std::string>& inputs);
 
 struct PreprocessResult {
-  int64_t documents = 0;     // documents written per key
-  int64_t bad_lines = 0;     // skipped with skip_bad_lines
-  std::string first_bad;     // "file:line: reason" of the first skipped line
+  int64_t documents = 0;              // documents written per key
+  int64_t bad_lines = 0;              // skipped with skip_bad_lines
+  std::string first_bad;              // "file:line: reason" of the first skipped line
   std::vector<int64_t> tokens;        // per json key
   std::vector<std::string> prefixes;  // output prefix per json key
-  double seconds = 0;          // total wall time
-  double load_seconds = 0;     // reading the tokenizer files
-  double flush_seconds = 0;    // fsync + rename of the outputs
+  double seconds = 0;                 // total wall time
+  double load_seconds = 0;            // reading the tokenizer files
+  double flush_seconds = 0;           // fsync + rename of the outputs
 };
 
 // Output prefix for one key: PREFIX_<key>_document (Megatron's naming).

@@ -51,9 +51,10 @@ class BlendSource : public SampleSource {
         const int src = blend_->source_of(index);
         const std::string file =
             src >= 0 && src < static_cast<int>(names_.size()) ? bin_path(names_[static_cast<size_t>(src)]) : "the data";
-        throw_input("{}: token id {} in sample {} is outside the vocabulary (model.vocab_size {}): the data was "
-                    "tokenized for another vocabulary",
-                    file, out[k], index, vocab_);
+        throw_input(
+            "{}: token id {} in sample {} is outside the vocabulary (model.vocab_size {}): the data was "
+            "tokenized for another vocabulary",
+            file, out[k], index, vocab_);
       }
   }
   int source_of(int64_t index) const override { return blend_->source_of(index); }
@@ -218,8 +219,7 @@ Batch Loader::get(int64_t consumed, int64_t gbs) {
       if (match) return pending_.get();  // rethrows a failure from the background build
       try {
         pending_.get();  // not the batch asked for: its outcome does not matter
-      } catch (const std::exception&) {
-      }
+      } catch (const std::exception&) {}
     }
   }
   return build(consumed, gbs);

@@ -81,9 +81,9 @@ struct Batch {
   int64_t micro_batches = 0;
   int64_t micro_batch_size = 0;
   int64_t seq_length = 0;
-  std::vector<int32_t> tokens;               // [micro_batches * micro_batch_size, seq_length+1] for this dp rank
-  std::vector<int64_t> per_source_samples;   // samples of the WHOLE global batch per blend source
-  int64_t consumed_samples = 0;              // where this batch starts
+  std::vector<int32_t> tokens;              // [micro_batches * micro_batch_size, seq_length+1] for this dp rank
+  std::vector<int64_t> per_source_samples;  // samples of the WHOLE global batch per blend source
+  int64_t consumed_samples = 0;             // where this batch starts
 };
 
 class Loader {

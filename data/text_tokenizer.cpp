@@ -14,9 +14,10 @@ int32_t hf_eod_id(const HfTokenizer& t, const std::string& eod_token) {
     }
   }
   if (eod.empty())
-    throw_input("{}: no end-of-document token: pass --eod-token TEXT or put a tokenizer_config.json with eos_token "
-                "beside the tokenizer.json",
-                t.path());
+    throw_input(
+        "{}: no end-of-document token: pass --eod-token TEXT or put a tokenizer_config.json with eos_token "
+        "beside the tokenizer.json",
+        t.path());
   auto id = t.token_to_id(eod);
   if (!id) throw_input("{}: end-of-document token '{}' ({}) is not a token of the file", t.path(), eod, from);
   return *id;

@@ -238,7 +238,9 @@ struct Tokenizer::PairTable {
     mask = cap - 1;
     shift = 64 - __builtin_ctzll(cap);
   }
-  static uint64_t key(int32_t a, int32_t b) { return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b); }
+  static uint64_t key(int32_t a, int32_t b) {
+    return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
+  }
   size_t slot(uint64_t k) const { return static_cast<size_t>((k * 0x9E3779B97F4A7C15ull) >> shift); }
   void insert(int32_t a, int32_t b, int32_t v) {
     const uint64_t k = key(a, b);
@@ -382,8 +384,7 @@ void Tokenizer::read_vocab(const std::string& vocab_json, const std::vector<int>
   special.assign(nv, false);
   std::string bytes;
   for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-    if (!it.value().is_number_integer())
-      throw_input("{}: token '{}' has a non-integer id", vocab_json, it.key());
+    if (!it.value().is_number_integer()) throw_input("{}: token '{}' has a non-integer id", vocab_json, it.key());
     const int64_t id = it.value().get<int64_t>();
     if (id < 0 || id >= static_cast<int64_t>(nv) || seen[static_cast<size_t>(id)])
       throw_input("{}: token '{}' has id {} (ids must be 0..{} without repeats)", vocab_json, it.key(), id, nv - 1);
@@ -560,7 +561,8 @@ void Tokenizer::encode_piece(std::string_view piece, std::vector<int32_t>& out) 
 }
 
 void Tokenizer::encode_ordinary(std::string_view text, std::vector<int32_t>& out) const {
-  pretokenize_impl(text, [&](const char* p, int64_t n) { encode_piece(std::string_view(p, static_cast<size_t>(n)), out); });
+  pretokenize_impl(text,
+                   [&](const char* p, int64_t n) { encode_piece(std::string_view(p, static_cast<size_t>(n)), out); });
 }
 
 void Tokenizer::encode(std::string_view text, std::vector<int32_t>& out, bool allow_special) const {

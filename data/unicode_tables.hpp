@@ -24,8 +24,8 @@ inline bool is_number(uint32_t cp) { return in_ranges(kNumberRanges, kNumberRang
 // U+205F, U+3000, U+FEFF. (Rust's \s, used by tiktoken, has U+0085 instead of U+FEFF.)
 inline bool is_space(uint32_t cp) {
   if (cp < 128) return cp == ' ' || (cp >= 9 && cp <= 13);
-  return cp == 0xA0 || cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 ||
-         cp == 0x202F || cp == 0x205F || cp == 0x3000 || cp == 0xFEFF;
+  return cp == 0xA0 || cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F ||
+         cp == 0x205F || cp == 0x3000 || cp == 0xFEFF;
 }
 
 }  // namespace mtnlg::data::unicode

@@ -81,7 +81,9 @@ bool has_bias(cublasLtEpilogue_t e) { return (e & CUBLASLT_EPILOGUE_BIAS) && !(e
 bool is_gelu(cublasLtEpilogue_t e) { return (e & CUBLASLT_EPILOGUE_GELU) != 0 && e < 256; }
 bool is_dgelu(cublasLtEpilogue_t e) { return (e & 64) != 0 && e < 256; }
 bool has_aux(cublasLtEpilogue_t e) { return (e & 128) != 0 && e < 256; }
-bool is_bgrad(cublasLtEpilogue_t e) { return e == CUBLASLT_EPILOGUE_DGELU_BGRAD || e == CUBLASLT_EPILOGUE_BGRADA || e == CUBLASLT_EPILOGUE_BGRADB; }
+bool is_bgrad(cublasLtEpilogue_t e) {
+  return e == CUBLASLT_EPILOGUE_DGELU_BGRAD || e == CUBLASLT_EPILOGUE_BGRADA || e == CUBLASLT_EPILOGUE_BGRADB;
+}
 
 const char* epi_name(cublasLtEpilogue_t e) {
   switch (e) {
@@ -175,8 +177,8 @@ uint32_t alignment_of(const void* p) {
 uint64_t problem_hash(const Desc& d, const Layout& a, const Layout& b, const Layout& c, const Layout& dd) {
   uint64_t h = 1469598103934665603ull;
   auto mix = [&](uint64_t v) { h = (h ^ v) * 1099511628211ull; };
-  for (uint64_t v : {uint64_t(d.compute), uint64_t(d.ta), uint64_t(d.tb), uint64_t(d.epi), uint64_t(uint32_t(d.bias_type)),
-                     uint64_t(uint32_t(d.aux_type))})
+  for (uint64_t v : {uint64_t(d.compute), uint64_t(d.ta), uint64_t(d.tb), uint64_t(d.epi),
+                     uint64_t(uint32_t(d.bias_type)), uint64_t(uint32_t(d.aux_type))})
     mix(v);
   for (const Layout* l : {&a, &b, &c, &dd})
     for (uint64_t v : {uint64_t(l->type), l->rows, l->cols, uint64_t(l->ld), uint64_t(l->batch), uint64_t(l->stride)})
@@ -225,8 +227,11 @@ cublasStatus_t destroy_checked(void* h, uint64_t magic, const char* fn) {
 struct AcceptedTypes {
   int32_t ab, d;
 };
-constexpr AcceptedTypes kAccepted[] = {{CUDA_R_32F, CUDA_R_32F}, {CUDA_R_16BF, CUDA_R_16BF}, {CUDA_R_16BF, CUDA_R_32F},
-                                       {CUDA_R_16F, CUDA_R_16F}, {CUDA_R_16F, CUDA_R_32F}};
+constexpr AcceptedTypes kAccepted[] = {{CUDA_R_32F, CUDA_R_32F},
+                                       {CUDA_R_16BF, CUDA_R_16BF},
+                                       {CUDA_R_16BF, CUDA_R_32F},
+                                       {CUDA_R_16F, CUDA_R_16F},
+                                       {CUDA_R_16F, CUDA_R_32F}};
 
 bool accepted_types(int32_t ab, int32_t d) {
   for (const AcceptedTypes& t : kAccepted)
@@ -234,7 +239,8 @@ bool accepted_types(int32_t ab, int32_t d) {
   return false;
 }
 
-cublasStatus_t validate(const Desc& d, const Layout& a, const Layout& b, const Layout& c, const Layout& dd, std::string& why) {
+cublasStatus_t validate(const Desc& d, const Layout& a, const Layout& b, const Layout& c, const Layout& dd,
+                        std::string& why) {
   if (d.compute != CUBLAS_COMPUTE_32F || d.scale != CUDA_R_32F) {
     why = "only CUBLAS_COMPUTE_32F with fp32 scale is emulated (mtnlg never enables TF32)";
     return CUBLAS_STATUS_NOT_SUPPORTED;
@@ -335,15 +341,17 @@ void execute(const MatmulCall& call) {
   const bool ta = d.ta == CUBLAS_OP_T, tb = d.tb == CUBLAS_OP_T;
   const int64_t k = static_cast<int64_t>(ta ? call.a.rows : call.a.cols);
   const int32_t bt = call.dd.type, auxt = call.dd.type;  // validate(): the bias and aux matrix have D's type
-  const Mat A{call.A, call.a.type, int64_t(call.a.rows), int64_t(call.a.cols), call.a.ld, call.a.batch > 1 ? call.a.stride : 0};
-  const Mat B{call.B, call.b.type, int64_t(call.b.rows), int64_t(call.b.cols), call.b.ld, call.b.batch > 1 ? call.b.stride : 0};
+  const Mat A{
+      call.A, call.a.type, int64_t(call.a.rows), int64_t(call.a.cols), call.a.ld, call.a.batch > 1 ? call.a.stride : 0};
+  const Mat B{
+      call.B, call.b.type, int64_t(call.b.rows), int64_t(call.b.cols), call.b.ld, call.b.batch > 1 ? call.b.stride : 0};
   const Mat C{call.C, call.c.type, m, n, call.c.ld, call.c.batch > 1 ? call.c.stride : 0};
   std::vector<float> acc(static_cast<size_t>(m * n));
   for (int64_t batch = 0; batch < call.dd.batch; ++batch) {
     if (k > 0) {
       const std::vector<float> af = A.f32(batch), bf = B.f32(batch);
-      cblas_sgemm(CblasColMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, int(m), int(n), int(k), 1.0f,
-                  af.data(), int(A.ld), bf.data(), int(B.ld), 0.0f, acc.data(), int(m));
+      cblas_sgemm(CblasColMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, int(m), int(n), int(k),
+                  1.0f, af.data(), int(A.ld), bf.data(), int(B.ld), 0.0f, acc.data(), int(m));
     } else {
       std::fill(acc.begin(), acc.end(), 0.0f);
     }
@@ -386,7 +394,8 @@ void execute(const MatmulCall& call) {
 void check_extents(const MatmulCall& call, bool read_c) {
   check_device_range(call.A, extent_bytes(call.a), "cublasLtMatmul: matrix A (rows, cols, ld, batch stride)");
   check_device_range(call.B, extent_bytes(call.b), "cublasLtMatmul: matrix B (rows, cols, ld, batch stride)");
-  if (read_c) check_device_range(call.C, extent_bytes(call.c), "cublasLtMatmul: matrix C (rows, cols, ld, batch stride)");
+  if (read_c)
+    check_device_range(call.C, extent_bytes(call.c), "cublasLtMatmul: matrix C (rows, cols, ld, batch stride)");
   check_device_range(call.D, extent_bytes(call.dd), "cublasLtMatmul: matrix D (rows, cols, ld, batch stride)");
   const Desc& d = call.d;
   const int32_t bt = call.dd.type;  // validate(): the bias vector and the aux matrix have D's type
@@ -399,7 +408,7 @@ void check_extents(const MatmulCall& call, bool read_c) {
   if (has_aux(d.epi)) {
     check_device_range(d.aux,
                        type_bytes(bt) * size_t((int64_t(call.dd.cols) - 1) * d.aux_ld + int64_t(call.dd.rows) +
-                                                 (batches - 1) * d.aux_batch_stride),
+                                               (batches - 1) * d.aux_batch_stride),
                        "cublasLtMatmul: epilogue aux matrix (EPILOGUE_AUX_POINTER, AUX_LD)");
   }
 }
@@ -492,8 +501,7 @@ cublasStatus_t cublasLtMatrixLayoutSetAttribute(cublasLtMatrixLayout_t l, cublas
     case CUBLASLT_MATRIX_LAYOUT_LD: return set_attr(p->ld, buf, size);
     case CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT: return set_attr(p->batch, buf, size);
     case CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET: return set_attr(p->stride, buf, size);
-    default:
-      fatal(fmt_str("cublasLtMatrixLayoutSetAttribute: attribute %d is not emulated", int(attr)));
+    default: fatal(fmt_str("cublasLtMatrixLayoutSetAttribute: attribute %d is not emulated", int(attr)));
   }
 }
 
@@ -516,8 +524,7 @@ cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p
     case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES: return set_attr(p->align[1], buf, size);
     case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES: return set_attr(p->align[2], buf, size);
     case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES: return set_attr(p->align[3], buf, size);
-    default:
-      fatal(fmt_str("cublasLtMatmulPreferenceSetAttribute: attribute %d is not emulated", int(attr)));
+    default: fatal(fmt_str("cublasLtMatmulPreferenceSetAttribute: attribute %d is not emulated", int(attr)));
   }
 }
 
@@ -532,7 +539,8 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmul
   const Layout *a = checked<Layout>(Ad, kLayoutMagic), *b = checked<Layout>(Bd, kLayoutMagic),
                *c = checked<Layout>(Cd, kLayoutMagic), *dd = checked<Layout>(Dd, kLayoutMagic);
   const Pref* p = checked<Pref>(pref, kPrefMagic);
-  if (!h || !d || !a || !b || !c || !dd || !p || !results || !returned || requested < 1) return CUBLAS_STATUS_INVALID_VALUE;
+  if (!h || !d || !a || !b || !c || !dd || !p || !results || !returned || requested < 1)
+    return CUBLAS_STATUS_INVALID_VALUE;
   std::string why;
   *returned = 0;
   const cublasStatus_t st = validate(*d, *a, *b, *c, *dd, why);
@@ -575,18 +583,21 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, con
   const cublasStatus_t st = validate(*d, *a, *b, *c, *dd, why);
   if (st != CUBLAS_STATUS_SUCCESS) return st;
   if (algo) {
-    if (algo->data[0] != kAlgoMagic) fatal("cublasLtMatmul: the algorithm did not come from cublasLtMatmulAlgoGetHeuristic");
+    if (algo->data[0] != kAlgoMagic)
+      fatal("cublasLtMatmul: the algorithm did not come from cublasLtMatmulAlgoGetHeuristic");
     if (algo->data[1] != problem_hash(*d, *a, *b, *c, *dd))
-      fatal("cublasLtMatmul: an algorithm chosen by the heuristic for a different problem (shape, types, transposes, "
-            "epilogue) is reused: the algorithm cache's key misses a field");
+      fatal(
+          "cublasLtMatmul: an algorithm chosen by the heuristic for a different problem (shape, types, transposes, "
+          "epilogue) is reused: the algorithm cache's key misses a field");
     const void* ptrs[4] = {A, B, C, D};
     const char* names = "ABCD";
     for (int j = 0; j < 4; ++j)
       if (alignment_of(ptrs[j]) < algo->data[4 + j])
-        fatal(fmt_str("cublasLtMatmul: matrix %c at %p is %u-byte aligned, but its algorithm was chosen for a minimum "
-                      "alignment of %llu bytes (misaligned address on a GPU): the algorithm cache's key misses the "
-                      "alignment",
-                      names[j], ptrs[j], alignment_of(ptrs[j]), static_cast<unsigned long long>(algo->data[4 + j])));
+        fatal(
+            fmt_str("cublasLtMatmul: matrix %c at %p is %u-byte aligned, but its algorithm was chosen for a minimum "
+                    "alignment of %llu bytes (misaligned address on a GPU): the algorithm cache's key misses the "
+                    "alignment",
+                    names[j], ptrs[j], alignment_of(ptrs[j]), static_cast<unsigned long long>(algo->data[4 + j])));
     if (workspace_bytes < algo->data[3])
       fatal(fmt_str("cublasLtMatmul: %zu bytes of workspace for an algorithm that needs %llu", workspace_bytes,
                     static_cast<unsigned long long>(algo->data[3])));
@@ -677,8 +688,9 @@ cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperat
   // one is a bug the emulator stops at.
   cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
   if (cudaStreamIsCapturing(h->stream, &cs) == cudaSuccess && cs == cudaStreamCaptureStatusActive && !h->workspace)
-    fatal("cublasGemmEx captured into a CUDA graph on a handle without its own workspace (cublasSetWorkspace after "
-          "cublasSetStream): cuBLAS would allocate its default workspace inside the graph");
+    fatal(
+        "cublasGemmEx captured into a CUDA graph on a handle without its own workspace (cublasSetWorkspace after "
+        "cublasSetStream): cuBLAS would allocate its default workspace inside the graph");
   UseCollector uses;  // the operands checked below become the op's uses (a graph's replay rechecks them)
   Layout a, b, c;
   a.type = Atype;

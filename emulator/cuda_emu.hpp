@@ -110,14 +110,21 @@ T shfl_value(unsigned mask, T v, int src, int width, const char* what, const cha
 #define __syncthreads() ::mtnlg::emu::syncthreads(__FILE__, __LINE__)
 
 #define MTNLG_EMU_SEG_START(width) (::mtnlg::emu::lane_id() & ~((width)-1))
-#define __shfl_sync(mask, v, src, ...) \
-  ::mtnlg::emu::shfl_value(mask, v, ::mtnlg::emu::detail_shfl_idx(src __VA_OPT__(,) __VA_ARGS__), ::mtnlg::emu::detail_width(0 __VA_OPT__(+) __VA_ARGS__), "__shfl_sync", __FILE__, __LINE__)
-#define __shfl_xor_sync(mask, v, lm, ...) \
-  ::mtnlg::emu::shfl_value(mask, v, ::mtnlg::emu::detail_shfl_xor(lm __VA_OPT__(,) __VA_ARGS__), ::mtnlg::emu::detail_width(0 __VA_OPT__(+) __VA_ARGS__), "__shfl_xor_sync", __FILE__, __LINE__)
-#define __shfl_down_sync(mask, v, d, ...) \
-  ::mtnlg::emu::shfl_value(mask, v, ::mtnlg::emu::detail_shfl_down(d __VA_OPT__(,) __VA_ARGS__), ::mtnlg::emu::detail_width(0 __VA_OPT__(+) __VA_ARGS__), "__shfl_down_sync", __FILE__, __LINE__)
-#define __shfl_up_sync(mask, v, d, ...) \
-  ::mtnlg::emu::shfl_value(mask, v, ::mtnlg::emu::detail_shfl_up(d __VA_OPT__(,) __VA_ARGS__), ::mtnlg::emu::detail_width(0 __VA_OPT__(+) __VA_ARGS__), "__shfl_up_sync", __FILE__, __LINE__)
+#define __shfl_sync(mask, v, src, ...)                                                             \
+  ::mtnlg::emu::shfl_value(mask, v, ::mtnlg::emu::detail_shfl_idx(src __VA_OPT__(, ) __VA_ARGS__), \
+                           ::mtnlg::emu::detail_width(0 __VA_OPT__(+) __VA_ARGS__), "__shfl_sync", __FILE__, __LINE__)
+#define __shfl_xor_sync(mask, v, lm, ...)                                                                        \
+  ::mtnlg::emu::shfl_value(mask, v, ::mtnlg::emu::detail_shfl_xor(lm __VA_OPT__(, ) __VA_ARGS__),                \
+                           ::mtnlg::emu::detail_width(0 __VA_OPT__(+) __VA_ARGS__), "__shfl_xor_sync", __FILE__, \
+                           __LINE__)
+#define __shfl_down_sync(mask, v, d, ...)                                                                         \
+  ::mtnlg::emu::shfl_value(mask, v, ::mtnlg::emu::detail_shfl_down(d __VA_OPT__(, ) __VA_ARGS__),                 \
+                           ::mtnlg::emu::detail_width(0 __VA_OPT__(+) __VA_ARGS__), "__shfl_down_sync", __FILE__, \
+                           __LINE__)
+#define __shfl_up_sync(mask, v, d, ...)                                                                         \
+  ::mtnlg::emu::shfl_value(mask, v, ::mtnlg::emu::detail_shfl_up(d __VA_OPT__(, ) __VA_ARGS__),                 \
+                           ::mtnlg::emu::detail_width(0 __VA_OPT__(+) __VA_ARGS__), "__shfl_up_sync", __FILE__, \
+                           __LINE__)
 
 namespace mtnlg::emu {
 // Source lanes of the shuffle variants (width: a power of two <= 32, default 32; a
@@ -142,8 +149,7 @@ template <typename T>
 T atomic_add(T* p, T v) {
   std::atomic_ref<T> r(*p);
   T old = r.load();
-  while (!r.compare_exchange_weak(old, old + v)) {
-  }
+  while (!r.compare_exchange_weak(old, old + v)) {}
   return old;
 }
 }  // namespace mtnlg::emu
@@ -152,8 +158,12 @@ inline float atomicAdd(float* p, float v) { return ::mtnlg::emu::atomic_add(p, v
 inline double atomicAdd(double* p, double v) { return ::mtnlg::emu::atomic_add(p, v); }
 inline int atomicAdd(int* p, int v) { return ::mtnlg::emu::atomic_add(p, v); }
 inline unsigned atomicAdd(unsigned* p, unsigned v) { return ::mtnlg::emu::atomic_add(p, v); }
-inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) { return ::mtnlg::emu::atomic_add(p, v); }
-inline void __syncwarp(unsigned mask = 0xffffffffu) { (void)::mtnlg::emu::warp_exchange(mask, 0, ::mtnlg::emu::lane_id(), 32, "__syncwarp", __FILE__, __LINE__); }
+inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) {
+  return ::mtnlg::emu::atomic_add(p, v);
+}
+inline void __syncwarp(unsigned mask = 0xffffffffu) {
+  (void)::mtnlg::emu::warp_exchange(mask, 0, ::mtnlg::emu::lane_id(), 32, "__syncwarp", __FILE__, __LINE__);
+}
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 inline float __expf(float x) { return std::exp(x); }
 inline float __logf(float x) { return std::log(x); }

@@ -67,9 +67,8 @@ struct Pattern {  // a recognised fused-attention graph
   bool probs_io = true;  // P reaches the second matmul in the I/O type
   double keep = 1;
   // The roles' tensors (descriptors of the graph's non-virtual tensors).
-  const Desc *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr, *stats = nullptr, *dout = nullptr,
-             *dq = nullptr, *dk = nullptr, *dv = nullptr, *acc = nullptr, *seed = nullptr, *offset = nullptr,
-             *scale = nullptr;
+  const Desc *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr, *stats = nullptr, *dout = nullptr, *dq = nullptr,
+             *dk = nullptr, *dv = nullptr, *acc = nullptr, *seed = nullptr, *offset = nullptr, *scale = nullptr;
 };
 
 struct Desc {
@@ -79,7 +78,7 @@ struct Desc {
   std::map<int, std::pair<cudnnBackendAttributeType_t, std::vector<char>>> attrs;
   // An engine configuration and a plan point at their graph's pattern.
   const Desc* graph = nullptr;
-  Pattern pattern;  // an operation graph's, after finalize
+  Pattern pattern;             // an operation graph's, after finalize
   int64_t device_version = 0;  // a device-property descriptor's deviceVer, after finalize
 
   bool has(int n) const { return attrs.count(n) != 0; }
@@ -167,7 +166,8 @@ std::string token(const Desc& op) {
         case CUDNN_POINTWISE_IDENTITY: return "id";
         case CUDNN_POINTWISE_CMP_GE: return "ge";
         case CUDNN_POINTWISE_BINARY_SELECT: return "select";
-        case CUDNN_POINTWISE_GEN_INDEX: return fmt_str("index%lld", (long long)pw->one<int64_t>(CUDNN_ATTR_POINTWISE_AXIS, -1));
+        case CUDNN_POINTWISE_GEN_INDEX:
+          return fmt_str("index%lld", (long long)pw->one<int64_t>(CUDNN_ATTR_POINTWISE_AXIS, -1));
         default: return fmt_str("pw%d", int(mode));
       }
     }
@@ -177,8 +177,8 @@ std::string token(const Desc& op) {
 
 const char* const kCausal = " index2 index3 ge select";
 std::string fwd_tokens(bool dropout) {
-  return std::string("mm mul") + kCausal + " red:max sub exp red:add log add div" +
-         (dropout ? " rng mul mul" : "") + " mm";
+  return std::string("mm mul") + kCausal + " red:max sub exp red:add log add div" + (dropout ? " rng mul mul" : "") +
+         " mm";
 }
 // `grouped`: dV and dK per query head, then a sum over the group's heads (red:add).
 std::string bwd_tokens(bool dropout, bool acc, bool grouped) {
@@ -283,7 +283,8 @@ std::string support(const Pattern& p) {
     if (t && t->strides().back() != 1) return "fused attention needs unit stride in the head dimension";
   if (p.k->strides()[2] != 1) return "fused attention needs K^T with unit stride in the head dimension";
   for (const Desc* t : {p.q, p.k, p.v, p.o, p.stats, p.dout, p.dq, p.dk, p.dv})
-    if (t && t->one<int64_t>(CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, 0) < 16) return "fused attention needs 16-byte alignment";
+    if (t && t->one<int64_t>(CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, 0) < 16)
+      return "fused attention needs 16-byte alignment";
   if (p.dropout && (!p.seed || !p.offset)) return "dropout needs seed and offset tensors";
   return "";
 }
@@ -309,8 +310,7 @@ int64_t workspace_bytes(const Pattern& p) {
 // handle's (the emulated GPU is sm90).
 std::string device_refusal(const Desc* device) {
   const int64_t v = device ? device->device_version : 900;
-  if (v != 900)
-    return fmt_str("the emulated cuDNN models sm90 (deviceVer 900) only, not deviceVer %lld", (long long)v);
+  if (v != 900) return fmt_str("the emulated cuDNN models sm90 (deviceVer 900) only, not deviceVer %lld", (long long)v);
   return "";
 }
 
@@ -338,8 +338,8 @@ struct Rows {
 };
 Rows rows_of(const Call& c, const Desc* t, bool transposed, int64_t es, const char* what) {
   const auto d = t->dims(), s = t->strides();
-  Rows r{static_cast<char*>(need(c, t)), d[0], d[1], transposed ? d[3] : d[2], transposed ? d[2] : d[3],
-         s[0], s[1], transposed ? s[3] : s[2]};
+  Rows r{static_cast<char*>(need(c, t)), d[0], d[1], transposed ? d[3] : d[2],
+         transposed ? d[2] : d[3],       s[0], s[1], transposed ? s[3] : s[2]};
   const int64_t last = (r.n0 - 1) * r.s0 + (r.n1 - 1) * r.s1 + (r.T - 1) * r.st + r.D;
   check_device_range(r.base, size_t(last * es), fmt_str("cudnnBackendExecute: %s", what).c_str());
   return r;
@@ -376,7 +376,8 @@ void run(const Call& c) {
   auto head_col = [&](int64_t h) { return h * D; };
   ops::AttentionDropout drop;
   if (p.dropout) {
-    if (c.offset % (T * T) != 0) fatal("cudnnBackendExecute: the emulated dropout needs an offset that is a multiple of T*T");
+    if (c.offset % (T * T) != 0)
+      fatal("cudnnBackendExecute: the emulated dropout needs an offset that is a multiple of T*T");
     drop.p = 1.0 - p.keep;
     drop.key = static_cast<uint64_t>(c.seed);
     drop.heads_total = H;
@@ -542,7 +543,8 @@ cudnnStatus_t cudnnBackendFinalize(cudnnBackendDescriptor_t d) {
       }
       const auto text = p->get<char>(CUDNN_ATTR_DEVICEPROP_JSON_REPRESENTATION);
       const auto j = nlohmann::json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
-      if (j.is_discarded() || !j.is_object()) return refuse(CUDNN_STATUS_BAD_PARAM, "device properties: not a JSON object");
+      if (j.is_discarded() || !j.is_object())
+        return refuse(CUDNN_STATUS_BAD_PARAM, "device properties: not a JSON object");
       for (const char* key : {"deviceVer", "multiProcessorCount", "maxSharedMemoryPerBlockOptin", "driverVer"})
         if (!j.contains(key) || !j[key].is_number_integer())
           return refuse(CUDNN_STATUS_BAD_PARAM, fmt_str("device properties: no integer \"%s\"", key));
@@ -550,7 +552,8 @@ cudnnStatus_t cudnnBackendFinalize(cudnnBackendDescriptor_t d) {
       break;
     }
     case CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR:
-      if (!p->ref(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH)) return refuse(CUDNN_STATUS_BAD_PARAM, "heuristic without graph");
+      if (!p->ref(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH))
+        return refuse(CUDNN_STATUS_BAD_PARAM, "heuristic without graph");
       break;
     case CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR: {
       const Desc* cfg = p->ref(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG);
@@ -580,7 +583,8 @@ cudnnStatus_t cudnnBackendGetAttribute(cudnnBackendDescriptor_t const d, cudnnBa
     std::string why = g->pattern.q ? device_refusal(p->ref(CUDNN_ATTR_ENGINEHEUR_DEVICEPROP)) : "";
     if (g->pattern.q && why.empty()) why = support(g->pattern);
     const int64_t offered = g->pattern.q && why.empty() ? 1 : 0;
-    if (!offered) tl_last_error = g->pattern.q ? why : "the emulated cuDNN recognises mtnlg's two attention graphs only";
+    if (!offered)
+      tl_last_error = g->pattern.q ? why : "the emulated cuDNN recognises mtnlg's two attention graphs only";
     if (count) *count = requested == 0 ? offered : std::min(requested, offered);
     for (int64_t i = 0; i < std::min(requested, offered); ++i) {
       Desc* cfg = as_desc(static_cast<void**>(out)[i]);
@@ -610,12 +614,14 @@ cudnnStatus_t cudnnBackendGetAttribute(cudnnBackendDescriptor_t const d, cudnnBa
 cudnnStatus_t cudnnBackendExecute(cudnnHandle_t handle, cudnnBackendDescriptor_t plan, cudnnBackendDescriptor_t pack) {
   const Desc* pl = as_desc(plan);
   const Desc* vp = as_desc(pack);
-  if (!pl->finalized || !vp->finalized) return refuse(CUDNN_STATUS_BAD_PARAM, "execute with an unfinalized plan or pack");
+  if (!pl->finalized || !vp->finalized)
+    return refuse(CUDNN_STATUS_BAD_PARAM, "execute with an unfinalized plan or pack");
   Call c;
   c.p = pl->graph->pattern;
   const auto uids = vp->get<int64_t>(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS);
   const auto ptrs = vp->get<void*>(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS);
-  if (uids.size() != ptrs.size()) return refuse(CUDNN_STATUS_BAD_PARAM, "variant pack: ids and pointers differ in number");
+  if (uids.size() != ptrs.size())
+    return refuse(CUDNN_STATUS_BAD_PARAM, "variant pack: ids and pointers differ in number");
   for (size_t i = 0; i < uids.size(); ++i) c.ptr[uids[i]] = ptrs[i];
   void* ws = vp->one<void*>(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, nullptr);
   UseCollector uses;  // the op's device memory, rechecked by a graph's replay
@@ -625,8 +631,8 @@ cudnnStatus_t cudnnBackendExecute(cudnnHandle_t handle, cudnnBackendDescriptor_t
     if (is_device_pointer(p))
       check_device_range(p, 1, fmt_str("cudnnBackendExecute: tensor uid %lld", static_cast<long long>(uid)).c_str());
   // Every pointer as aligned as its tensor declares (CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT).
-  for (const Desc* t : {c.p.q, c.p.k, c.p.v, c.p.o, c.p.stats, c.p.dout, c.p.dq, c.p.dk, c.p.dv, c.p.acc, c.p.seed,
-                        c.p.offset}) {
+  for (const Desc* t :
+       {c.p.q, c.p.k, c.p.v, c.p.o, c.p.stats, c.p.dout, c.p.dq, c.p.dk, c.p.dv, c.p.acc, c.p.seed, c.p.offset}) {
     if (!t) continue;
     const int64_t align = t->one<int64_t>(CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, 1);
     const auto it = c.ptr.find(t->uid());

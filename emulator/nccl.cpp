@@ -69,7 +69,7 @@ struct ncclComm {
     std::vector<int> members;
     std::vector<int> inbox;  // creator: (rank, world rank) pairs received
     std::vector<MPI_Request> reqs;
-    int stage = 0;  // 0: exchanging with the creator, 1: creator answering, 2: done
+    int stage = 0;         // 0: exchanging with the creator, 1: creator answering, 2: done
     bool stalled = false;  // MTNLG_EMU_NCCL_FAULT init=N: this rank never joins
   } init;
 };
@@ -78,7 +78,7 @@ namespace mtnlg::emu {
 namespace {
 
 constexpr uint64_t kIdMagic = 0x6d746e6c67656d75ull;  // "mtnlgemu"
-constexpr int kBootTag = 0x4e4300;                     // + counter % 4096: init exchange on MPI_COMM_WORLD
+constexpr int kBootTag = 0x4e4300;                    // + counter % 4096: init exchange on MPI_COMM_WORLD
 
 struct Id {
   uint64_t magic;
@@ -208,20 +208,26 @@ struct CommOp {
       case Kind::all_reduce:
         sendbuf.assign(static_cast<const char*>(in), static_cast<const char*>(in) + b);
         recvbuf.resize(b * n);
-        if (n == 1) std::memcpy(recvbuf.data(), sendbuf.data(), b);
-        else mpi_check(MPI_Iallgather(sendbuf.data(), ib, MPI_BYTE, recvbuf.data(), ib, MPI_BYTE, comm->mpi, &req));
+        if (n == 1)
+          std::memcpy(recvbuf.data(), sendbuf.data(), b);
+        else
+          mpi_check(MPI_Iallgather(sendbuf.data(), ib, MPI_BYTE, recvbuf.data(), ib, MPI_BYTE, comm->mpi, &req));
         break;
       case Kind::reduce_scatter:  // in holds n * count; rank r receives everyone's chunk r
         sendbuf.assign(static_cast<const char*>(in), static_cast<const char*>(in) + b * n);
         recvbuf.resize(b * n);
-        if (n == 1) std::memcpy(recvbuf.data(), sendbuf.data(), b);
-        else mpi_check(MPI_Ialltoall(sendbuf.data(), ib, MPI_BYTE, recvbuf.data(), ib, MPI_BYTE, comm->mpi, &req));
+        if (n == 1)
+          std::memcpy(recvbuf.data(), sendbuf.data(), b);
+        else
+          mpi_check(MPI_Ialltoall(sendbuf.data(), ib, MPI_BYTE, recvbuf.data(), ib, MPI_BYTE, comm->mpi, &req));
         break;
       case Kind::all_gather:
         sendbuf.assign(static_cast<const char*>(in), static_cast<const char*>(in) + b);
         recvbuf.resize(b * n);
-        if (n == 1) std::memcpy(recvbuf.data(), sendbuf.data(), b);
-        else mpi_check(MPI_Iallgather(sendbuf.data(), ib, MPI_BYTE, recvbuf.data(), ib, MPI_BYTE, comm->mpi, &req));
+        if (n == 1)
+          std::memcpy(recvbuf.data(), sendbuf.data(), b);
+        else
+          mpi_check(MPI_Iallgather(sendbuf.data(), ib, MPI_BYTE, recvbuf.data(), ib, MPI_BYTE, comm->mpi, &req));
         break;
       case Kind::broadcast:
         recvbuf.resize(b);
@@ -284,7 +290,8 @@ ncclResult_t check_comm(ncclComm_t c, const char* fn) {
   if (c->aborted.load()) return nccl_fail(ncclInvalidUsage, fmt_str("%s on an aborted communicator", fn));
   if (c->init.pending)
     return nccl_fail(ncclInvalidUsage, fmt_str("%s on a communicator whose non-blocking initialisation is still in "
-                                               "progress (poll ncclCommGetAsyncError until ncclSuccess first)", fn));
+                                               "progress (poll ncclCommGetAsyncError until ncclSuccess first)",
+                                               fn));
   return ncclSuccess;
 }
 
@@ -321,20 +328,28 @@ const Fault& nccl_fault() {
       if (key == "rank" || key == "op" || key == "init") {
         const long long n = std::strtoll(val.c_str(), &e, 10);
         if (val.empty() || *e || n < 0) bad("rank, op and init are whole numbers");
-        if (key == "rank") x.rank = static_cast<int>(n);
-        else if (key == "op") x.op = n;
-        else x.init = n;
+        if (key == "rank")
+          x.rank = static_cast<int>(n);
+        else if (key == "op")
+          x.op = n;
+        else
+          x.init = n;
       } else if (key == "error") {
-        if (val == "remote") x.error = ncclRemoteError;
-        else if (val == "system") x.error = ncclSystemError;
-        else bad("error is remote or system");
+        if (val == "remote")
+          x.error = ncclRemoteError;
+        else if (val == "system")
+          x.error = ncclSystemError;
+        else
+          bad("error is remote or system");
       } else {
         bad("unknown key");
       }
       at = end + 1;
     }
-    const bool op_fault = x.op >= 1 && x.error != ncclSuccess, init_fault = x.init >= 1 && x.op == 0 && x.error == ncclSuccess;
-    if (x.rank < 0 || !(op_fault || init_fault)) bad("rank with op (>= 1) and error, or rank with init (>= 1), is required");
+    const bool op_fault = x.op >= 1 && x.error != ncclSuccess,
+               init_fault = x.init >= 1 && x.op == 0 && x.error == ncclSuccess;
+    if (x.rank < 0 || !(op_fault || init_fault))
+      bad("rank with op (>= 1) and error, or rank with init (>= 1), is required");
     return x;
   }();
   return f;
@@ -345,9 +360,11 @@ long long g_inits = 0;
 ncclResult_t enqueue_op(Kind kind, ncclComm_t comm, const void* in, void* out, size_t count, ncclDataType_t type,
                         ncclRedOp_t op, int peer, cudaStream_t stream) {
   if (ncclResult_t r = check_comm(comm, kind_name(kind)); r != ncclSuccess) return r;
-  if (!type_bytes(type)) return nccl_fail(ncclInvalidArgument, fmt_str("%s: unsupported data type %d", kind_name(kind), int(type)));
+  if (!type_bytes(type))
+    return nccl_fail(ncclInvalidArgument, fmt_str("%s: unsupported data type %d", kind_name(kind), int(type)));
   if ((kind == Kind::send || kind == Kind::recv || kind == Kind::broadcast) && (peer < 0 || peer >= comm->size))
-    return nccl_fail(ncclInvalidArgument, fmt_str("%s: peer/root %d outside the communicator's %d ranks", kind_name(kind), peer, comm->size));
+    return nccl_fail(ncclInvalidArgument, fmt_str("%s: peer/root %d outside the communicator's %d ranks",
+                                                  kind_name(kind), peer, comm->size));
   if ((kind == Kind::send || kind == Kind::recv) && peer == comm->rank)
     return nccl_fail(ncclInvalidArgument, fmt_str("%s to itself", kind_name(kind)));
   const size_t b = count * type_bytes(type);
@@ -387,18 +404,21 @@ ncclResult_t enqueue_op(Kind kind, ncclComm_t comm, const void* in, void* out, s
   proto.op = op;
   proto.peer = peer;
   Op o;
-  o.name = fmt_str("%s (%zu x %d bytes, rank %d of %d)", name.c_str(), count, int(type_bytes(type)), comm->rank, comm->size);
+  o.name =
+      fmt_str("%s (%zu x %d bytes, rank %d of %d)", name.c_str(), count, int(type_bytes(type)), comm->rank, comm->size);
   o.communication = true;
   // Armed when queued to run: its place in the communicator's order is taken then (a
   // captured op takes none until a graph launch queues it, and one each time), and each
   // execution has its own buffers and request.
   o.arm = [proto, name] {
-    if (proto.comm->destroyed) fatal(fmt_str("%s replayed (cudaGraphLaunch) on a destroyed communicator", name.c_str()));
+    if (proto.comm->destroyed)
+      fatal(fmt_str("%s replayed (cudaGraphLaunch) on a destroyed communicator", name.c_str()));
     auto cop = std::make_shared<CommOp>(proto);
     cop->seq = proto.comm->enqueued++;
     const Fault& f = nccl_fault();
     if (f.rank >= 0 && ++g_ops_armed == f.op && f.rank == world_rank()) {
-      std::fprintf(stderr, "mtnlg cuda-emulator: MTNLG_EMU_NCCL_FAULT: %s (operation %lld of this process) fails with %s\n",
+      std::fprintf(stderr,
+                   "mtnlg cuda-emulator: MTNLG_EMU_NCCL_FAULT: %s (operation %lld of this process) fails with %s\n",
                    name.c_str(), f.op, ncclGetErrorString(f.error));
       std::fflush(stderr);
       proto.comm->async_error.store(f.error);
@@ -515,7 +535,8 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* out, int nranks, ncclUniqueId ui
   if (!out || nranks < 1 || rank < 0 || rank >= nranks)
     return nccl_fail(ncclInvalidArgument, fmt_str("ncclCommInitRank: rank %d of %d", rank, nranks));
   if (config && (config->size != sizeof(ncclConfig_t) || config->magic != 0xcafebeef))
-    return nccl_fail(ncclInvalidArgument, "ncclCommInitRankConfig: the config was not set from NCCL_CONFIG_INITIALIZER");
+    return nccl_fail(ncclInvalidArgument,
+                     "ncclCommInitRankConfig: the config was not set from NCCL_CONFIG_INITIALIZER");
   // NCCL_CONFIG_UNDEF_INT (unset) means blocking, NCCL's default.
   const bool blocking = !config || config->blocking != 0;
   Id id;
@@ -537,8 +558,10 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* out, int nranks, ncclUniqueId ui
   const int me = world_rank();
   const Fault& f = nccl_fault();
   if (f.init >= 1 && ++g_inits == f.init && f.rank == me) {
-    std::fprintf(stderr, "mtnlg cuda-emulator: MTNLG_EMU_NCCL_FAULT: communicator initialisation %lld of this process never "
-                 "joins its group\n", f.init);
+    std::fprintf(stderr,
+                 "mtnlg cuda-emulator: MTNLG_EMU_NCCL_FAULT: communicator initialisation %lld of this process never "
+                 "joins its group\n",
+                 f.init);
     std::fflush(stderr);
     in.stalled = true;
     if (blocking) fatal("ncclCommInitRank: a blocking initialisation with MTNLG_EMU_NCCL_FAULT init= would hang");
@@ -559,8 +582,7 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* out, int nranks, ncclUniqueId ui
     MPI_Irecv(in.members.data(), nranks, MPI_INT, id.creator, in.tag, MPI_COMM_WORLD, &in.reqs[1]);
   }
   if (!blocking) return advance_init(c) ? ncclSuccess : ncclInProgress;
-  while (!advance_init(c)) {
-  }
+  while (!advance_init(c)) {}
   return ncclSuccess;
 }
 
@@ -586,8 +608,10 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* out,
   auto* c = new ncclComm;
   MPI_Comm_rank(m, &c->rank);
   MPI_Comm_size(m, &c->size);
-  if (c->size > 1) c->mpi = m;
-  else MPI_Comm_free(&m);
+  if (c->size > 1)
+    c->mpi = m;
+  else
+    MPI_Comm_free(&m);
   *out = c;
   return ncclSuccess;
 }

@@ -43,7 +43,7 @@ struct CUstream_st {
   // Ops finished; atomic because an event query from another thread reads it without the
   // emulator's lock (see cudaEventQuery).
   std::atomic<uint64_t> completed{0};
-  bool busy = false;  // its front op is running (or waiting for a dependency)
+  bool busy = false;                   // its front op is running (or waiting for a dependency)
   mtnlg::emu::Capture* cap = nullptr;  // the graph capture in progress on it (cudaStreamBeginCapture)
 };
 
@@ -55,7 +55,7 @@ struct CUevent_st {
   double t_ms = 0;
   int queries = 0;
   bool destroyed = false;
-  uint64_t cap_id = 0;  // the capture its latest record was captured into (0: an ordinary record)
+  uint64_t cap_id = 0;       // the capture its latest record was captured into (0: an ordinary record)
   std::thread::id recorder;  // the thread of the latest record: only it has a query run work
 };
 
@@ -63,7 +63,7 @@ struct CUevent_st {
 // single-stream capture only, so the graph is a chain).
 struct CUgraph_st {
   uint64_t id = 0;
-  int stream_id = 0;       // the stream that captured it
+  int stream_id = 0;  // the stream that captured it
   std::vector<mtnlg::emu::Op> ops;
   bool capturing = true;   // a capture is still recording into it
   bool destroyed = false;  // kept (empty) after cudaGraphDestroy, so a stale handle is recognised
@@ -105,11 +105,11 @@ size_t page() {
 }
 
 struct Alloc {
-  char* map = nullptr;   // the mapping: data pages, then one guard page
+  char* map = nullptr;  // the mapping: data pages, then one guard page
   size_t map_len = 0;
   char* user = nullptr;  // what cudaMalloc returned: 256-byte aligned, as the driver's
   size_t bytes = 0;
-  size_t slack = 0;      // bytes between the block's end and the guard page (< 256), 0xFF
+  size_t slack = 0;  // bytes between the block's end and the guard page (< 256), 0xFF
   uint64_t id = 0;
 };
 struct Range {
@@ -119,9 +119,9 @@ struct Range {
 };
 
 std::recursive_mutex g_mu;
-std::map<uintptr_t, Alloc> g_allocs;     // by user start
-std::vector<Alloc> g_freed;              // the latest freed allocations (for messages)
-std::map<uintptr_t, size_t> g_pinned;    // cudaHostAlloc'd ranges
+std::map<uintptr_t, Alloc> g_allocs;   // by user start
+std::vector<Alloc> g_freed;            // the latest freed allocations (for messages)
+std::map<uintptr_t, size_t> g_pinned;  // cudaHostAlloc'd ranges
 // Fiber-stack and shared-memory guard pages. Registered from pool threads while a launch
 // holds g_mu, so under a mutex of their own; reserved up front so that the SIGSEGV
 // handler's read never races a reallocation.
@@ -145,11 +145,12 @@ const char* volatile g_running_kernel = nullptr;
 std::vector<Capture*> g_captures;  // the captures in progress (invalidated ones too, until ended)
 uint64_t g_next_capture_id = 1;
 uint64_t g_next_graph_id = 1;
-std::set<const CUgraph_st*> g_graphs;         // every graph ever made (destroyed ones kept, empty)
+std::set<const CUgraph_st*> g_graphs;           // every graph ever made (destroyed ones kept, empty)
 std::set<const CUgraphExec_st*> g_graph_execs;  // every exec ever made (likewise)
 int64_t g_graph_launches = 0;
 int64_t g_graph_ops_replayed = 0;
-thread_local cudaStreamCaptureMode tl_capture_mode = cudaStreamCaptureModeGlobal;  // cudaThreadExchangeStreamCaptureMode
+thread_local cudaStreamCaptureMode tl_capture_mode =
+    cudaStreamCaptureModeGlobal;  // cudaThreadExchangeStreamCaptureMode
 
 thread_local cudaError_t tl_last_error = cudaSuccess;
 thread_local std::string tl_last_detail;
@@ -161,15 +162,14 @@ int64_t device_budget() { return *::mtnlg::switches::integer(::mtnlg::Switch::em
 cudaError_t fail(cudaError_t e, const std::string& detail) {
   tl_last_error = e;
   tl_last_detail = detail;
-  if (::mtnlg::switches::on(::mtnlg::Switch::emu_verbose)) std::fprintf(stderr, "mtnlg cuda-emulator: %s\n", detail.c_str());
+  if (::mtnlg::switches::on(::mtnlg::Switch::emu_verbose))
+    std::fprintf(stderr, "mtnlg cuda-emulator: %s\n", detail.c_str());
   return e;
 }
 
 // ---- memory -----------------------------------------------------------------------
 
-void protect(const Alloc& a, bool rw) {
-  mprotect(a.map, a.map_len - page(), rw ? PROT_READ | PROT_WRITE : PROT_NONE);
-}
+void protect(const Alloc& a, bool rw) { mprotect(a.map, a.map_len - page(), rw ? PROT_READ | PROT_WRITE : PROT_NONE); }
 
 void set_device_access(bool rw) {
   if (g_device_rw == rw) return;
@@ -223,16 +223,16 @@ void check_slack(const char* kernel, const void* p) {
   const auto* s = reinterpret_cast<const unsigned char*>(a->user + a->bytes);
   for (size_t i = 0; i < a->slack; ++i)
     if (s[i] != 0xFF)
-      fatal(fmt_str("kernel %s wrote out of bounds: %zu bytes past the end of %s (found after the kernel, in the "
-                    "alignment slack before the guard page)",
-                    kernel, i, alloc_desc(*a).c_str()));
+      fatal(
+          fmt_str("kernel %s wrote out of bounds: %zu bytes past the end of %s (found after the kernel, in the "
+                  "alignment slack before the guard page)",
+                  kernel, i, alloc_desc(*a).c_str()));
 }
 
 std::string kernel_desc() {
   if (!tl_kernel) return "host code";
   std::string s = fmt_str("kernel %s", tl_kernel);
-  if (tl_kernel_block)
-    s += fmt_str(" (block (%u,%u,%u))", tl_kernel_block->x, tl_kernel_block->y, tl_kernel_block->z);
+  if (tl_kernel_block) s += fmt_str(" (block (%u,%u,%u))", tl_kernel_block->x, tl_kernel_block->y, tl_kernel_block->z);
   return s;
 }
 
@@ -261,10 +261,10 @@ void on_fault(int sig, siginfo_t* si, void* ucv) {
       msg = fmt_str("%s %s out of bounds: address %p is %llu bytes before the start of %s", kernel_desc().c_str(), rw,
                     si->si_addr, static_cast<unsigned long long>(u - a), alloc_desc(*al).c_str());
     else
-      msg = fmt_str("%s %s device memory at %p (offset %llu of %s) outside a stream's work: copy it to the host "
-                    "first (cudaMemcpy, Tensor::to(Device::cpu))",
-                    kernel_desc().c_str(), rw, si->si_addr, static_cast<unsigned long long>(a - u),
-                    alloc_desc(*al).c_str());
+      msg = fmt_str(
+          "%s %s device memory at %p (offset %llu of %s) outside a stream's work: copy it to the host "
+          "first (cudaMemcpy, Tensor::to(Device::cpu))",
+          kernel_desc().c_str(), rw, si->si_addr, static_cast<unsigned long long>(a - u), alloc_desc(*al).c_str());
   } else {
     for (const Range& g : g_guards)
       if (a >= reinterpret_cast<uintptr_t>(g.p) && a < reinterpret_cast<uintptr_t>(g.p) + g.bytes)
@@ -337,9 +337,11 @@ const char* capture_error_text(cudaError_t e) {
     case cudaErrorStreamCaptureUnmatched: return "capture was not ended in the same stream as it began";
     case cudaErrorStreamCaptureUnjoined: return "capturing stream has unjoined work";
     case cudaErrorStreamCaptureIsolation: return "dependency created on uncaptured work in another stream";
-    case cudaErrorStreamCaptureImplicit: return "operation would make the legacy stream depend on a capturing blocking stream";
+    case cudaErrorStreamCaptureImplicit:
+      return "operation would make the legacy stream depend on a capturing blocking stream";
     case cudaErrorCapturedEvent: return "operation not permitted on an event last recorded in a capturing stream";
-    case cudaErrorStreamCaptureWrongThread: return "attempt to terminate a thread-local capture sequence from another thread";
+    case cudaErrorStreamCaptureWrongThread:
+      return "attempt to terminate a thread-local capture sequence from another thread";
     default: return nullptr;
   }
 }
@@ -469,15 +471,17 @@ bool progress_others() {
 
 void run_front(CUstream_st* s) {
   if (s->busy)
-    fatal(fmt_str("stream %d waits (through cudaStreamWaitEvent) for work queued after its own current op: a "
-                  "dependency cycle, which would hang a GPU",
-                  s->id));
+    fatal(
+        fmt_str("stream %d waits (through cudaStreamWaitEvent) for work queued after its own current op: a "
+                "dependency cycle, which would hang a GPU",
+                s->id));
   Op& op = s->q.front();
   s->busy = true;
   if (op.wait_stream) {
     if (op.wait_stream->completed < op.wait_seq) run_until(op.wait_stream, op.wait_seq);
   } else if (op.communication) {
-    const double timeout_ms = static_cast<double>(*::mtnlg::switches::integer(::mtnlg::Switch::emu_comm_timeout_s)) * 1000.0;
+    const double timeout_ms =
+        static_cast<double>(*::mtnlg::switches::integer(::mtnlg::Switch::emu_comm_timeout_s)) * 1000.0;
     double last = now_ms();
     while (!op.step()) {
       if (progress_others()) {
@@ -761,9 +765,10 @@ void check_kernel_pointer(const char* kernel, int index, const void* p) {
     tl_launch_pointers.push_back({p, 0, a->id, false, fmt_str("kernel %s: pointer argument #%d", kernel, index)});
     return;
   }
-  fatal(fmt_str("launch of kernel %s: pointer argument #%d (%p) is not device memory (a host pointer, freed memory, "
-                "or past the end of an allocation)",
-                kernel, index, p));
+  fatal(
+      fmt_str("launch of kernel %s: pointer argument #%d (%p) is not device memory (a host pointer, freed memory, "
+              "or past the end of an allocation)",
+              kernel, index, p));
 }
 
 }  // namespace mtnlg::emu
@@ -913,7 +918,8 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 // scheduled to run, so neither may ask about it; nor about the legacy stream, which
 // encompasses the blocking streams, while one of those captures.
 static cudaError_t refuse_stream_wait(CUstream_st* s, const char* api) {
-  if (s->cap) return refuse(cudaErrorStreamCaptureUnsupported, {s->cap}, fmt_str("%s of stream %d, which captures", api, s->id));
+  if (s->cap)
+    return refuse(cudaErrorStreamCaptureUnsupported, {s->cap}, fmt_str("%s of stream %d, which captures", api, s->id));
   if (s == g_null)
     if (std::vector<Capture*> b = blocking_captures(); !b.empty())
       return refuse(cudaErrorStreamCaptureImplicit, b,
@@ -941,10 +947,12 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t e, unsigned int
   if (!valid_stream(s) || !e) return fail(cudaErrorInvalidResourceHandle, "cudaStreamWaitEvent: invalid handle");
   if (e->cap_id) {  // the event's latest record was captured
     if (Capture* c = open_capture(e->cap_id)) {
-      if (c->s == s) return c->invalidated ? invalidated_capture(c, "cudaStreamWaitEvent") : cudaSuccess;  // stream order holds
-      fatal(fmt_str("cudaStreamWaitEvent: stream %d waits on an event recorded in %s; on a GPU this joins stream %d "
-                    "to the capture (fork/join): cross-stream capture is not modelled by the emulator",
-                    s->id, capture_desc(c).c_str(), s->id));
+      if (c->s == s)
+        return c->invalidated ? invalidated_capture(c, "cudaStreamWaitEvent") : cudaSuccess;  // stream order holds
+      fatal(
+          fmt_str("cudaStreamWaitEvent: stream %d waits on an event recorded in %s; on a GPU this joins stream %d "
+                  "to the capture (fork/join): cross-stream capture is not modelled by the emulator",
+                  s->id, capture_desc(c).c_str(), s->id));
     }
     return fail(cudaErrorInvalidValue,
                 fmt_str("cudaStreamWaitEvent: stream %d waits on an event whose latest record was captured into a "
@@ -955,9 +963,10 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t e, unsigned int
     if (c->invalidated) return invalidated_capture(c, "cudaStreamWaitEvent");
     if (!e->s) return cudaSuccess;  // never recorded: nothing to wait for
     if (flags & cudaEventWaitExternal)
-      fatal(fmt_str("cudaStreamWaitEvent(cudaEventWaitExternal) on stream %d, which captures: an external event "
-                    "wait node is not modelled by the emulator",
-                    s->id));
+      fatal(
+          fmt_str("cudaStreamWaitEvent(cudaEventWaitExternal) on stream %d, which captures: an external event "
+                  "wait node is not modelled by the emulator",
+                  s->id));
     return refuse(cudaErrorStreamCaptureIsolation, {c},
                   fmt_str("cudaStreamWaitEvent: stream %d, which captures, waits on an event recorded outside the "
                           "capture (on stream %d)",
@@ -1004,7 +1013,8 @@ cudaError_t cudaEventDestroy(cudaEvent_t e) {
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t stream) {
   Lock lock(g_mu);
   CUstream_st* s = resolve(stream);
-  if (!e || e->destroyed || !valid_stream(s)) return fail(cudaErrorInvalidResourceHandle, "cudaEventRecord: invalid handle");
+  if (!e || e->destroyed || !valid_stream(s))
+    return fail(cudaErrorInvalidResourceHandle, "cudaEventRecord: invalid handle");
   if (Capture* c = s->cap) {
     // Captured: the event now stands for a point in the graph (for waits in the same
     // capture), not for a point of any stream's work; it takes no time.
@@ -1040,7 +1050,8 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t stream) {
 static cudaError_t refuse_event_use(cudaEvent_t e, const char* api, bool unsafe_call) {
   if (e->cap_id) {
     if (Capture* c = open_capture(e->cap_id))
-      return refuse(cudaErrorCapturedEvent, {c}, fmt_str("%s on an event recorded in %s", api, capture_desc(c).c_str()));
+      return refuse(cudaErrorCapturedEvent, {c},
+                    fmt_str("%s on an event recorded in %s", api, capture_desc(c).c_str()));
     return fail(cudaErrorInvalidValue,
                 fmt_str("%s: the event's latest record was captured into a graph (the capture has ended): it marks "
                         "no point of any stream's work; record it outside a capture (or with cudaEventRecordExternal, "
@@ -1087,7 +1098,8 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b) {
   for (cudaEvent_t e : {a, b})
     if (cudaError_t r = refuse_event_use(e, "cudaEventElapsedTime", false); r != cudaSuccess) return r;
   if ((a->flags | b->flags) & cudaEventDisableTiming)
-    return fail(cudaErrorInvalidResourceHandle, "cudaEventElapsedTime: an event was created with cudaEventDisableTiming");
+    return fail(cudaErrorInvalidResourceHandle,
+                "cudaEventElapsedTime: an event was created with cudaEventDisableTiming");
   if (!a->s || !b->s) return fail(cudaErrorInvalidResourceHandle, "cudaEventElapsedTime: an event was never recorded");
   if (!event_done(a) || !event_done(b)) return fail(cudaErrorNotReady, "cudaEventElapsedTime: an event is not done");
   *ms = static_cast<float>(b->t_ms - a->t_ms);
@@ -1213,7 +1225,9 @@ cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* a, const void* p) {
   Lock lock(g_mu);
   *a = cudaPointerAttributes{};
   const Mem m = classify(p);
-  a->type = m == Mem::device ? cudaMemoryTypeDevice : m == Mem::pinned ? cudaMemoryTypeHost : cudaMemoryTypeUnregistered;
+  a->type = m == Mem::device   ? cudaMemoryTypeDevice
+            : m == Mem::pinned ? cudaMemoryTypeHost
+                               : cudaMemoryTypeUnregistered;
   a->device = g_device;
   if (m == Mem::device) a->devicePointer = const_cast<void*>(p);
   if (m != Mem::device) a->hostPointer = const_cast<void*>(p);
@@ -1242,7 +1256,8 @@ cudaError_t cudaThreadExchangeStreamCaptureMode(cudaStreamCaptureMode* mode) {
   if (!mode) return fail(cudaErrorInvalidValue, "cudaThreadExchangeStreamCaptureMode: null mode");
   if (*mode != cudaStreamCaptureModeGlobal && *mode != cudaStreamCaptureModeThreadLocal &&
       *mode != cudaStreamCaptureModeRelaxed)
-    return fail(cudaErrorInvalidValue, fmt_str("cudaThreadExchangeStreamCaptureMode: mode %d", static_cast<int>(*mode)));
+    return fail(cudaErrorInvalidValue,
+                fmt_str("cudaThreadExchangeStreamCaptureMode: mode %d", static_cast<int>(*mode)));
   std::swap(*mode, tl_capture_mode);
   return cudaSuccess;
 }
@@ -1250,8 +1265,9 @@ cudaError_t cudaThreadExchangeStreamCaptureMode(cudaStreamCaptureMode* mode) {
 cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode) {
   Lock lock(g_mu);
   if (stream == cudaStreamPerThread)
-    fatal("cudaStreamBeginCapture on cudaStreamPerThread: the emulator runs the per-thread default stream as the "
-          "legacy one, so its capture is not modelled; capture on a stream of cudaStreamCreate");
+    fatal(
+        "cudaStreamBeginCapture on cudaStreamPerThread: the emulator runs the per-thread default stream as the "
+        "legacy one, so its capture is not modelled; capture on a stream of cudaStreamCreate");
   CUstream_st* s = resolve(stream);
   if (s == g_null)
     return fail(cudaErrorStreamCaptureUnsupported,
@@ -1262,9 +1278,9 @@ cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mo
       mode != cudaStreamCaptureModeRelaxed)
     return fail(cudaErrorInvalidValue, fmt_str("cudaStreamBeginCapture: capture mode %d", static_cast<int>(mode)));
   if (s->cap)
-    return fail(cudaErrorIllegalState, fmt_str("%s: cudaStreamBeginCapture on stream %d, which is already capturing (%s)",
-                                               capture_error_text(cudaErrorIllegalState), s->id,
-                                               capture_desc(s->cap).c_str()));
+    return fail(cudaErrorIllegalState,
+                fmt_str("%s: cudaStreamBeginCapture on stream %d, which is already capturing (%s)",
+                        capture_error_text(cudaErrorIllegalState), s->id, capture_desc(s->cap).c_str()));
   auto* g = new CUgraph_st;
   g->id = g_next_graph_id++;
   g->stream_id = s->id;
@@ -1326,8 +1342,9 @@ static cudaError_t capture_status(cudaStream_t stream, cudaStreamCaptureStatus* 
     return fail(cudaErrorStreamCaptureImplicit,
                 fmt_str("%s: %s of the legacy default stream while a blocking stream captures",
                         capture_error_text(cudaErrorStreamCaptureImplicit), api));
-  *st = !s->cap ? cudaStreamCaptureStatusNone
-                : s->cap->invalidated ? cudaStreamCaptureStatusInvalidated : cudaStreamCaptureStatusActive;
+  *st = !s->cap               ? cudaStreamCaptureStatusNone
+        : s->cap->invalidated ? cudaStreamCaptureStatusInvalidated
+                              : cudaStreamCaptureStatusActive;
   return cudaSuccess;
 }
 
@@ -1346,8 +1363,9 @@ cudaError_t cudaStreamGetCaptureInfo(cudaStream_t stream, cudaStreamCaptureStatu
   if (*st != cudaStreamCaptureStatusActive) return cudaSuccess;  // the other outputs are valid only while active
   const Capture* c = resolve(stream)->cap;
   if (deps || edges)
-    fatal("cudaStreamGetCaptureInfo: the capture's node handles (dependencies_out, edgeData_out) are not modelled by "
-          "the emulator (its graphs have no nodes to edit)");
+    fatal(
+        "cudaStreamGetCaptureInfo: the capture's node handles (dependencies_out, edgeData_out) are not modelled by "
+        "the emulator (its graphs have no nodes to edit)");
   if (id) *id = c->id;
   if (graph) *graph = c->graph;
   if (num_deps) *num_deps = c->graph->ops.empty() ? 0 : 1;  // a chain: the next op depends on the last one
@@ -1358,13 +1376,16 @@ cudaError_t cudaStreamGetCaptureInfo(cudaStream_t stream, cudaStreamCaptureStatu
 // dangling or corrupt pointer (fatal: on a GPU, undefined behaviour).
 static bool known_graph(const CUgraph_st* g, const char* api) {
   if (!g) return false;
-  if (!g_graphs.count(g)) fatal(fmt_str("%s: %p is no graph this process made (a dangling or corrupt handle)", api, static_cast<const void*>(g)));
+  if (!g_graphs.count(g))
+    fatal(fmt_str("%s: %p is no graph this process made (a dangling or corrupt handle)", api,
+                  static_cast<const void*>(g)));
   return true;
 }
 static bool known_exec(const CUgraphExec_st* x, const char* api) {
   if (!x) return false;
   if (!g_graph_execs.count(x))
-    fatal(fmt_str("%s: %p is no executable graph this process made (a dangling or corrupt handle)", api, static_cast<const void*>(x)));
+    fatal(fmt_str("%s: %p is no executable graph this process made (a dangling or corrupt handle)", api,
+                  static_cast<const void*>(x)));
   return true;
 }
 
@@ -1372,11 +1393,14 @@ static cudaError_t instantiate(cudaGraphExec_t* out, cudaGraph_t g, unsigned lon
   Lock lock(g_mu);
   if (!out) return fail(cudaErrorInvalidValue, fmt_str("%s: null output pointer", api));
   if (!known_graph(g, api)) return fail(cudaErrorInvalidValue, fmt_str("%s: null graph", api));
-  if (g->destroyed) return fail(cudaErrorInvalidResourceHandle, fmt_str("%s: graph #%llu was destroyed", api, static_cast<unsigned long long>(g->id)));
+  if (g->destroyed)
+    return fail(cudaErrorInvalidResourceHandle,
+                fmt_str("%s: graph #%llu was destroyed", api, static_cast<unsigned long long>(g->id)));
   if (flags & cudaGraphInstantiateFlagDeviceLaunch)
-    fatal(fmt_str("%s: cudaGraphInstantiateFlagDeviceLaunch (a graph launched from the device) is not modelled by the "
-                  "emulator",
-                  api));
+    fatal(
+        fmt_str("%s: cudaGraphInstantiateFlagDeviceLaunch (a graph launched from the device) is not modelled by the "
+                "emulator",
+                api));
   const unsigned long long known = cudaGraphInstantiateFlagAutoFreeOnLaunch | cudaGraphInstantiateFlagUseNodePriority;
   if (flags & ~known)  // cudaGraphInstantiateFlagUpload belongs to cudaGraphInstantiateWithParams
     return fail(cudaErrorInvalidValue, fmt_str("%s: flags 0x%llx", api, flags));
@@ -1397,8 +1421,9 @@ cudaError_t cudaGraphInstantiateWithFlags(cudaGraphExec_t* out, cudaGraph_t g, u
 }
 
 static std::string exec_desc(const CUgraphExec_st* x) {
-  return fmt_str("graph #%llu (exec #%llu, captured on stream %d, %zu ops)", static_cast<unsigned long long>(x->graph_id),
-                 static_cast<unsigned long long>(x->id), x->stream_id, x->ops.size());
+  return fmt_str("graph #%llu (exec #%llu, captured on stream %d, %zu ops)",
+                 static_cast<unsigned long long>(x->graph_id), static_cast<unsigned long long>(x->id), x->stream_id,
+                 x->ops.size());
 }
 
 // A replayed op must find its memory where the capture found it: the same device
@@ -1409,8 +1434,9 @@ static void check_replay_use(const CUgraphExec_st* x, size_t i, const Op& op, co
                                     op.name.c_str(), u.what.c_str(), u.p);
   if (u.pinned) {
     if (is_pinned_host_pointer(u.p) && is_pinned_host_pointer(static_cast<const char*>(u.p) + u.bytes - 1)) return;
-    fatal(where + fmt_str(": the pinned host memory (%zu bytes) it copies was freed with cudaFreeHost after the capture",
-                          u.bytes));
+    fatal(where +
+          fmt_str(": the pinned host memory (%zu bytes) it copies was freed with cudaFreeHost after the capture",
+                  u.bytes));
   }
   const Alloc* now = find_alloc(a);
   if (now && now->id == u.alloc && (u.bytes == 0 || a + u.bytes <= reinterpret_cast<uintptr_t>(now->user) + now->bytes))
@@ -1435,9 +1461,10 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t x, cudaStream_t stream) {
   CUstream_st* s = resolve(stream);
   if (!valid_stream(s)) return fail(cudaErrorInvalidResourceHandle, "cudaGraphLaunch: invalid stream");
   if (s->cap)
-    fatal(fmt_str("cudaGraphLaunch of %s into stream %d, which is capturing: on a GPU the graph becomes a child-graph "
-                  "node of the capture; not modelled by the emulator",
-                  exec_desc(x).c_str(), s->id));
+    fatal(
+        fmt_str("cudaGraphLaunch of %s into stream %d, which is capturing: on a GPU the graph becomes a child-graph "
+                "node of the capture; not modelled by the emulator",
+                exec_desc(x).c_str(), s->id));
   if (s == g_null)
     if (std::vector<Capture*> b = blocking_captures(); !b.empty())
       return refuse(cudaErrorStreamCaptureImplicit, b,
@@ -1480,7 +1507,8 @@ cudaError_t cudaGraphUpload(cudaGraphExec_t x, cudaStream_t stream) {
 
 cudaError_t cudaGraphExecDestroy(cudaGraphExec_t x) {
   Lock lock(g_mu);
-  if (!known_exec(x, "cudaGraphExecDestroy")) return fail(cudaErrorInvalidValue, "cudaGraphExecDestroy: null executable graph");
+  if (!known_exec(x, "cudaGraphExecDestroy"))
+    return fail(cudaErrorInvalidValue, "cudaGraphExecDestroy: null executable graph");
   if (x->destroyed)
     fatal(fmt_str("cudaGraphExecDestroy: executable graph #%llu destroyed twice (undefined behaviour on a GPU)",
                   static_cast<unsigned long long>(x->id)));

@@ -142,7 +142,8 @@ std::string describe_waiters(const Block& b) {
   std::vector<Group> groups;
   for (const SimtThread& t : b.threads) {
     if (t.state == SimtThread::done || t.state == SimtThread::ready) continue;
-    std::string site = fmt_str("%s at %s:%d", t.state == SimtThread::at_barrier ? "__syncthreads" : t.what, t.file, t.line);
+    std::string site =
+        fmt_str("%s at %s:%d", t.state == SimtThread::at_barrier ? "__syncthreads" : t.what, t.file, t.line);
     auto it = std::find_if(groups.begin(), groups.end(), [&](const Group& g) { return g.site == site; });
     if (it == groups.end()) {
       groups.push_back({site, {}});
@@ -213,9 +214,10 @@ void run_block(Block& b, const std::function<void()>& body) {
         WarpExchange& w = b.warps[static_cast<size_t>(t.warp)];
         w.exited |= 1u << t.lane;
         if (w.open && (w.mask >> t.lane & 1u) && !(w.arrived >> t.lane & 1u))
-          fatal(fmt_str("%s: thread %d exited while a warp shuffle's mask 0x%08x names it (lanes of warp %d that "
-                        "arrived: 0x%08x)",
-                        where(b).c_str(), t.linear, w.mask, t.warp, w.arrived));
+          fatal(
+              fmt_str("%s: thread %d exited while a warp shuffle's mask 0x%08x names it (lanes of warp %d that "
+                      "arrived: 0x%08x)",
+                      where(b).c_str(), t.linear, w.mask, t.warp, w.arrived));
       }
     }
     if (b.live == 0) break;
@@ -252,7 +254,8 @@ class Pool {
  public:
   Pool() {
     int n = static_cast<int>(std::thread::hardware_concurrency());
-    if (const auto e = ::mtnlg::switches::integer(::mtnlg::Switch::emu_threads)) n = static_cast<int>(std::min<int64_t>(*e, 64));
+    if (const auto e = ::mtnlg::switches::integer(::mtnlg::Switch::emu_threads))
+      n = static_cast<int>(std::min<int64_t>(*e, 64));
     n = std::clamp(n, 1, 64);
     for (int i = 1; i < n; ++i) workers_.emplace_back([this] { loop(); });
   }
@@ -352,9 +355,10 @@ uint64_t warp_exchange(unsigned mask, uint64_t bits, int src, int width, const c
     fatal(fmt_str("%s: %s at %s:%d: thread %d calls it with mask 0x%08x, which does not name its own lane %d",
                   where(b).c_str(), what, file, line, t->linear, mask, t->lane));
   if (mask & ~exists)
-    fatal(fmt_str("%s: %s at %s:%d: mask 0x%08x names lanes 0x%08x of warp %d, which do not exist (the block has %d "
-                  "threads)",
-                  where(b).c_str(), what, file, line, mask, mask & ~exists, t->warp, n));
+    fatal(
+        fmt_str("%s: %s at %s:%d: mask 0x%08x names lanes 0x%08x of warp %d, which do not exist (the block has %d "
+                "threads)",
+                where(b).c_str(), what, file, line, mask, mask & ~exists, t->warp, n));
   if (mask & w.exited)
     fatal(fmt_str("%s: %s at %s:%d: mask 0x%08x names lanes 0x%08x of warp %d, which have exited", where(b).c_str(),
                   what, file, line, mask, mask & w.exited, t->warp));
@@ -392,7 +396,8 @@ void run_grid(const LaunchSpec& spec, const std::function<void()>& body) {
   pool().run(total, [&](int64_t id) {
     Block b;
     b.spec = &spec;
-    b.idx = uint3{static_cast<unsigned>(id % gx), static_cast<unsigned>((id / gx) % gy), static_cast<unsigned>(id / (gx * gy))};
+    b.idx = uint3{static_cast<unsigned>(id % gx), static_cast<unsigned>((id / gx) % gy),
+                  static_cast<unsigned>(id / (gx * gy))};
     tl_block_idx = b.idx;
     tl_block_dim = spec.block;
     tl_grid_dim = spec.grid;

@@ -33,15 +33,16 @@ namespace {
 uint32_t checksum(const Tensor& t) { return crc32c(t.raw(), static_cast<size_t>(t.nbytes())); }
 
 nlohmann::json slice_json(const ParamInfo& p, int64_t flat_begin, int64_t flat_end, uint32_t crc) {
-  return {{"global_shape", p.global_shape}, {"shape", p.shape},         {"split_dim", p.split_dim},
-          {"split_rank", p.split_rank},     {"split_count", p.split_count}, {"flat_begin", flat_begin},
+  return {{"global_shape", p.global_shape}, {"shape", p.shape},
+          {"split_dim", p.split_dim},       {"split_rank", p.split_rank},
+          {"split_count", p.split_count},   {"flat_begin", flat_begin},
           {"flat_end", flat_end},           {"crc32c", crc}};
 }
 
 }  // namespace
 
-Snapshot take_snapshot(const ParamStore& store, const OptimShard* opt, int64_t tp_rank, int64_t pp_rank, int64_t dp_rank,
-                       bool write_model, bool write_optim) {
+Snapshot take_snapshot(const ParamStore& store, const OptimShard* opt, int64_t tp_rank, int64_t pp_rank,
+                       int64_t dp_rank, bool write_model, bool write_optim) {
   Snapshot s;
   s.infos = store.infos();
   s.tp_rank = tp_rank;
@@ -77,8 +78,9 @@ void write_snapshot(const std::string& dir, const Snapshot& s) {
       entries.push_back({p.name, t});
       meta[p.name] = slice_json(p, 0, p.numel, checksum(t));
     }
-    safetensors::write(dir + "/" + model_file(s.tp_rank, s.pp_rank), entries,
-                       {{"format", "mtnlg-checkpoint"}, {"version", std::to_string(kFormatVersion)}, {"tensors", meta.dump()}});
+    safetensors::write(
+        dir + "/" + model_file(s.tp_rank, s.pp_rank), entries,
+        {{"format", "mtnlg-checkpoint"}, {"version", std::to_string(kFormatVersion)}, {"tensors", meta.dump()}});
   }
   if (s.write_optim) {
     std::vector<safetensors::Entry> entries;
@@ -94,8 +96,9 @@ void write_snapshot(const std::string& dir, const Snapshot& s) {
         meta[name] = slice_json(p, b - p.offset, e - p.offset, checksum(t));
       }
     }
-    safetensors::write(dir + "/" + optim_file(s.tp_rank, s.pp_rank, s.dp_rank), entries,
-                       {{"format", "mtnlg-checkpoint"}, {"version", std::to_string(kFormatVersion)}, {"tensors", meta.dump()}});
+    safetensors::write(
+        dir + "/" + optim_file(s.tp_rank, s.pp_rank, s.dp_rank), entries,
+        {{"format", "mtnlg-checkpoint"}, {"version", std::to_string(kFormatVersion)}, {"tensors", meta.dump()}});
   }
 }
 
@@ -138,8 +141,7 @@ void commit(const std::string& root, int64_t iteration, int64_t keep_last) {
       if (e.is_directory() && n.rfind("iter_", 0) == 0 && n.find('.') == std::string::npos) {
         try {
           its.push_back(std::stoll(n.substr(5)));
-        } catch (...) {
-        }
+        } catch (...) {}
       }
     }
     std::sort(its.begin(), its.end());
@@ -207,7 +209,8 @@ TrainState read_metadata(const std::string& dir) {
   try {
     if (j.value("format", "") != "mtnlg-checkpoint") throw_input("{}: not an mtnlg checkpoint", path);
     int v = j.at("format_version").get<int>();
-    if (v != kFormatVersion) throw_input("{}: format version {} is not supported (this mtnlg reads {})", path, v, kFormatVersion);
+    if (v != kFormatVersion)
+      throw_input("{}: format version {} is not supported (this mtnlg reads {})", path, v, kFormatVersion);
     st.iteration = j.at("iteration").get<int64_t>();
     st.consumed_samples = j.at("consumed_samples").get<int64_t>();
     st.consumed_tokens = j.at("consumed_tokens").get<int64_t>();
@@ -248,7 +251,8 @@ TrainState read_metadata(const std::string& dir) {
   count("nan_total", st.nan_total, st.iteration);
   count("loss_scale_good_steps", st.loss_scale_good_steps, kMax);
   count("loss_scale_hysteresis", st.loss_scale_hysteresis, kMax);
-  if (st.iteration > 0 && st.consumed_samples == 0) throw_input("{}: iteration {} with 0 consumed_samples is impossible", path, st.iteration);
+  if (st.iteration > 0 && st.consumed_samples == 0)
+    throw_input("{}: iteration {} with 0 consumed_samples is impossible", path, st.iteration);
   for (int64_t v : st.per_source_samples) count("per_source_samples", v, st.consumed_samples);
   if (!(std::isfinite(st.loss_scale) && st.loss_scale > 0))
     throw_input("{}: \"loss_scale\" is {}, impossible (expected a finite number > 0)", path, st.loss_scale);
@@ -400,9 +404,11 @@ LoadedFile open_ckpt_file(const std::string& path) {
     if (!meta.contains(name)) throw_input("{}: tensor '{}' has no slice metadata", path, name);
     SavedSlice s = parse_slice(meta[name], path, name);
     const Tensor& t = lf.file.tensors[name];
-    if (t.dtype() != DType::f32) throw_input("{}: tensor '{}': expected F32, found {}", path, name, safetensors::dtype_name(t.dtype()));
+    if (t.dtype() != DType::f32)
+      throw_input("{}: tensor '{}': expected F32, found {}", path, name, safetensors::dtype_name(t.dtype()));
     if (t.numel() != s.flat_end - s.flat_begin)
-      throw_input("{}: tensor '{}': {} elements but its slice says {}", path, name, t.numel(), s.flat_end - s.flat_begin);
+      throw_input("{}: tensor '{}': {} elements but its slice says {}", path, name, t.numel(),
+                  s.flat_end - s.flat_begin);
     if (checksum(t) != s.crc) throw_input("{}: tensor '{}': checksum mismatch (corrupted file)", path, name);
     lf.slices[name] = s;
   }
@@ -437,11 +443,12 @@ void fill_from(const std::string& dir, const std::string& file_prefix, const std
       if (it == by_name.end()) continue;
       const ParamInfo& p = *it->second;
       if (s.global_shape.size() != p.global_shape.size())
-        throw_input("{}: tensor '{}' has rank {} but the model needs {}", path, name, s.global_shape.size(), p.global_shape.size());
+        throw_input("{}: tensor '{}' has rank {} but the model needs {}", path, name, s.global_shape.size(),
+                    p.global_shape.size());
       for (size_t d = 0; d < s.global_shape.size(); ++d)
         if (static_cast<int64_t>(d) != 0 && s.global_shape[d] != p.global_shape[d])
-          throw_input("{}: tensor '{}' has global shape {} but the model needs {}", path, name, shape_str(s.global_shape),
-                      shape_str(p.global_shape));
+          throw_input("{}: tensor '{}' has global shape {} but the model needs {}", path, name,
+                      shape_str(s.global_shape), shape_str(p.global_shape));
       if (s.global_shape[0] != p.global_shape[0] && !p.vocab_rows)
         throw_input("{}: tensor '{}' has global shape {} but the model needs {}", path, name, shape_str(s.global_shape),
                     shape_str(p.global_shape));
@@ -458,7 +465,8 @@ void fill_from(const std::string& dir, const std::string& file_prefix, const std
     int64_t need = expected_elements(p, sg->second, lo, hi);
     // Duplicates (the tied embedding lives on two stages) may write an element twice.
     if (written[name] < need)
-      throw_input("{}: tensor '{}': the checkpoint covers {} of the {} elements this rank needs", dir, name, written[name], need);
+      throw_input("{}: tensor '{}': the checkpoint covers {} of the {} elements this rank needs", dir, name,
+                  written[name], need);
   }
 }
 
@@ -479,7 +487,8 @@ void load_into(const std::string& dir, ParamStore& store, const OptimShard* opt,
     fill_from(dir, "optim_", "exp_avg.", store.infos(), scratch.data<float>(), opt->begin, opt->end, "optimizer state");
     exp_avg->copy_from(scratch.flat(opt->begin, n));
     ops::fill(scratch, 0.0);
-    fill_from(dir, "optim_", "exp_avg_sq.", store.infos(), scratch.data<float>(), opt->begin, opt->end, "optimizer state");
+    fill_from(dir, "optim_", "exp_avg_sq.", store.infos(), scratch.data<float>(), opt->begin, opt->end,
+              "optimizer state");
     exp_avg_sq->copy_from(scratch.flat(opt->begin, n));
   }
 }

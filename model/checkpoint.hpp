@@ -64,14 +64,14 @@ struct OptimShard {
 // thread can run while training goes on.
 struct Snapshot {
   std::vector<ParamInfo> infos;
-  Tensor params;                // flat copy
-  Tensor exp_avg, exp_avg_sq;   // [opt_end - opt_begin] copies (undefined: no optimizer file)
+  Tensor params;               // flat copy
+  Tensor exp_avg, exp_avg_sq;  // [opt_end - opt_begin] copies (undefined: no optimizer file)
   int64_t opt_begin = 0, opt_end = 0;
   int64_t tp_rank = 0, pp_rank = 0, dp_rank = 0;
   bool write_model = false, write_optim = false;
 };
-Snapshot take_snapshot(const ParamStore& store, const OptimShard* opt, int64_t tp_rank, int64_t pp_rank, int64_t dp_rank,
-                       bool write_model, bool write_optim);
+Snapshot take_snapshot(const ParamStore& store, const OptimShard* opt, int64_t tp_rank, int64_t pp_rank,
+                       int64_t dp_rank, bool write_model, bool write_optim);
 // Writes this rank's files of `snap` into `dir` (each file atomically).
 void write_snapshot(const std::string& dir, const Snapshot& snap);
 void write_metadata(const std::string& dir, const TrainState& st);

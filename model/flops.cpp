@@ -63,8 +63,7 @@ double hardware_flops(const ModelConfig& m, int64_t V, int64_t B, RecomputeGranu
         return 96 * double(B) * s * l * h * h * (1 + s / (6 * h) + double(V) / (16 * l * h));
       case RecomputeGranularity::selective:
         return 72 * double(B) * l * s * h * h * (1 + s / (3 * h) + double(V) / (12 * h * l));
-      case RecomputeGranularity::none:
-        break;
+      case RecomputeGranularity::none: break;
     }
     return model_flops(m, V, B);
   }
@@ -73,10 +72,8 @@ double hardware_flops(const ModelConfig& m, int64_t V, int64_t B, RecomputeGranu
   switch (rc) {
     case RecomputeGranularity::full:  // the layers' forward (a third of forward + backward) again
       return t.scale * (layers * 4 / 3 + t.logit);
-    case RecomputeGranularity::selective:
-      return t.scale * (layers + t.attn_core + t.logit);
-    case RecomputeGranularity::none:
-      break;
+    case RecomputeGranularity::selective: return t.scale * (layers + t.attn_core + t.logit);
+    case RecomputeGranularity::none: break;
   }
   return model_flops(m, V, B);
 }

@@ -34,7 +34,8 @@ int64_t logits_chunk_rows(int64_t rows, int64_t vocab_local, int64_t elements) {
 // so this rank's halves sit next to each other in the store and read as one [2F/tp, C]
 // weight; untied, the last stage holds output_layer.weight, vocab-parallel like the
 // embedding.
-void declare_chunk_params(ParamStore& store, const GptConfig& c, const ChunkSpec& spec, int64_t tp_rank, int64_t tp_size) {
+void declare_chunk_params(ParamStore& store, const GptConfig& c, const ChunkSpec& spec, int64_t tp_rank,
+                          int64_t tp_size) {
   const int64_t C = c.hidden, V = c.padded_vocab_size, F = c.ffn, QKV = c.qkv_width(), A = c.attention_width();
   auto add = [&](std::string name, Shape global, int64_t split_dim, InitKind init, bool wd) {
     ParamInfo p;
@@ -99,19 +100,18 @@ void declare_chunk_params(ParamStore& store, const GptConfig& c, const ChunkSpec
       auto out = add("output_layer.weight", {V, C}, 0, InitKind::normal, true);
       out.vocab_rows = true;
       store.add(out);
-    }
-    else if (!spec.has_embedding)  // the last stage's copy of the tied word embedding
+    } else if (!spec.has_embedding)  // the last stage's copy of the tied word embedding
       word_embedding();
   }
 }
 
 // Activations a layer saves for its backward (what is kept depends on recompute).
 struct GptChunk::LayerActs {
-  Tensor x_in;                       // [R, C] layer input (always kept)
+  Tensor x_in;  // [R, C] layer input (always kept)
   Tensor ln1, mean1, rstd1, ln1_full;
-  Tensor qkv, att, lse;              // attention output and its log-sum-exp (wide, flash form)
-  Tensor probs;                      // [B, H/tp, T, T] softmax probabilities (unfused form)
-  Tensor x2;                         // residual after attention [R, C]
+  Tensor qkv, att, lse;  // attention output and its log-sum-exp (wide, flash form)
+  Tensor probs;          // [B, H/tp, T, T] softmax probabilities (unfused form)
+  Tensor x2;             // residual after attention [R, C]
   Tensor ln2, mean2, rstd2, ln2_full;
   Tensor fc1, gel;
   bool filled = false;
@@ -120,14 +120,14 @@ struct GptChunk::LayerActs {
 struct GptChunk::Saved {
   Saved(int64_t micro_batch, size_t num_layers) : layers(num_layers), mbs(micro_batch) {}
   std::vector<LayerActs> layers;
-  Tensor tokens, targets;  // i32 [N]
+  Tensor tokens, targets;         // i32 [N]
   ops::EmbeddingGradOrder order;  // rows grouped by token (CUDA first stage, training)
-  Tensor dloss, mask;      // loss gradient and mask per token (last stage, training; PlacedInputs)
-  Tensor keys;             // CUDA: the placed (step key, first sample) the pass's keys_dev points at
-  Pass pass;               // the forward's call, for the backward (its dropout keys)
-  Tensor x_out;            // chunk output before the head [R, C]
-  Tensor lnf, meanf, rstdf;  // the final LayerNorm (its output only until head_loss has used it)
-  Tensor dlnf_full;        // the gradient of its (tp-gathered) output [N, C], from head_loss
+  Tensor dloss, mask;             // loss gradient and mask per token (last stage, training; PlacedInputs)
+  Tensor keys;                    // CUDA: the placed (step key, first sample) the pass's keys_dev points at
+  Pass pass;                      // the forward's call, for the backward (its dropout keys)
+  Tensor x_out;                   // chunk output before the head [R, C]
+  Tensor lnf, meanf, rstdf;       // the final LayerNorm (its output only until head_loss has used it)
+  Tensor dlnf_full;               // the gradient of its (tp-gathered) output [N, C], from head_loss
   int64_t mbs = 0;
   int64_t bytes() const {
     int64_t b = 0;
@@ -219,7 +219,8 @@ void GptChunk::bind_layer(int64_t layer) {
     if (!store_.has(p + gate)) return;
     const ParamInfo& a = store_.info(p + gate);
     const ParamInfo& b = store_.info(p + up);
-    MTNLG_CHECK(b.offset == a.offset + a.numel && b.shape == a.shape, "{}{} and {} must be adjacent halves", p, gate, up);
+    MTNLG_CHECK(b.offset == a.offset + a.numel && b.shape == a.shape, "{}{} and {} must be adjacent halves", p, gate,
+                up);
     Shape both = a.shape;
     both[0] *= 2;
     w = store_.weights().flat(a.offset, 2 * a.numel).view(both);
@@ -244,8 +245,8 @@ void GptChunk::bind_layer(int64_t layer) {
   }
   bind(lp.fc2_w, lp.d_fc2_w, "mlp.fc2.weight");
   bind(lp.fc2_b, lp.d_fc2_b, "mlp.fc2.bias");
-  MTNLG_CHECK(lp.qkv_w.defined() && lp.fc1_w.defined() && lp.fc2_w.defined(), "layer {}: parameters missing from the store",
-              layer);
+  MTNLG_CHECK(lp.qkv_w.defined() && lp.fc1_w.defined() && lp.fc2_w.defined(),
+              "layer {}: parameters missing from the store", layer);
   layers_.push_back(lp);
   layer_param_offsets_.push_back(std::move(offsets));
 }
@@ -384,7 +385,8 @@ void GptChunk::layer_backward(int64_t li, const Tensor& dy, Tensor& dx, LayerAct
   if (p.fc2_b.defined()) ops::bias_add_backward(p.d_fc2_b, dfc2);
   Tensor dfc2_full = tp::leave_row_parallel_backward(tpc, sp, dfc2);
   ops::matmul_backward(nullptr, &p.d_fc2_w, nullptr, dfc2_full, a.gel, p.fc2_w);
-  Tensor dfc1 = Tensor::empty(a.fc1.shape(), dt, dev_);  // through fc2's input and the activation (with fc1's bias grad)
+  Tensor dfc1 =
+      Tensor::empty(a.fc1.shape(), dt, dev_);  // through fc2's input and the activation (with fc1's bias grad)
   mlp_.backward(dfc1, p.fc1_b.defined() ? &p.d_fc1_b : nullptr, dfc2_full, p.fc2_w, a.fc1);
   Tensor dln2_full = Tensor::empty({N, C}, dt, dev_);
   ops::matmul_backward(&dln2_full, &p.d_fc1_w, nullptr, dfc1, a.ln2_full, p.fc1_w);
@@ -413,26 +415,25 @@ void GptChunk::layer_backward(int64_t li, const Tensor& dy, Tensor& dx, LayerAct
 // unfused. flash on CUDA that cuDNN refuses is the recipe's error.
 void GptChunk::resolve_attention() {
   std::string why;
-  const bool flash_runs = cfg_.attention != AttentionBackend::unfused &&
-                          ops::attention_lse_supported(dev_, cfg_.dtype, std::max<int64_t>(cfg_.micro_batch_size, 1),
-                                                       cfg_.seq_length, heads_local_, cfg_.head_dim(),
-                                                       cfg_.attention_dropout, &why, groups_local_);
+  const bool flash_runs =
+      cfg_.attention != AttentionBackend::unfused &&
+      ops::attention_lse_supported(dev_, cfg_.dtype, std::max<int64_t>(cfg_.micro_batch_size, 1), cfg_.seq_length,
+                                   heads_local_, cfg_.head_dim(), cfg_.attention_dropout, &why, groups_local_);
   switch (cfg_.attention) {
     case AttentionBackend::unfused:
       attention_ = AttentionBackend::unfused;
       attention_note_ = "unfused";
       return;
     case AttentionBackend::flash:
-      if (!flash_runs)
-        throw_input("model.attention_backend: flash does not run here ({}); use unfused or auto", why);
+      if (!flash_runs) throw_input("model.attention_backend: flash does not run here ({}); use unfused or auto", why);
       attention_ = AttentionBackend::flash;
       break;
     case AttentionBackend::automatic:
       attention_ = flash_runs ? AttentionBackend::flash : AttentionBackend::unfused;
       break;
   }
-  attention_note_ = attention_ == AttentionBackend::flash ? fmt::format("flash ({})", why)
-                                                          : fmt::format("unfused (flash: {})", why);
+  attention_note_ =
+      attention_ == AttentionBackend::flash ? fmt::format("flash ({})", why) : fmt::format("unfused (flash: {})", why);
 }
 
 // The gradient through a hidden-dropout site: `g` itself at p = 0 (no copy), else the
@@ -842,18 +843,18 @@ GptChunk::LossStats GptChunk::head_loss_stats(const Tensor& x, Saved& s, const L
 void GptChunk::head_train(const Tensor& x, const TrainMicroBatch& mb, Saved& s, ForwardResult& res) {
   const int64_t N = s.tokens.numel();
   s.dlnf_full = Tensor::empty({N, cfg_.hidden}, cfg_.dtype, dev_);
-  const LossStats st = head_loss_stats(x, s, [&](int64_t r0, int64_t n, Tensor& logits, const Tensor& in,
-                                                const LossStats& part) {
-    const Tensor mx = part.rowmax.flat(r0, n), se = part.sumexp.flat(r0, n), tl = part.target_logit.flat(r0, n);
-    if (mb.loss_acc) {  // the loss stays on the device
-      const Tensor mask = s.mask.defined() ? s.mask.flat(r0, n) : Tensor();
-      ops::xent_loss_accumulate(*mb.loss_acc, mx, se, tl, mask.defined() ? &mask : nullptr);
-    }
-    ops::xent_backward(logits, logits, s.targets.flat(r0, n), mx, se, s.dloss.flat(r0, n), vocab_start_,
-                       vocab_valid_);
-    Tensor dlnf_rows = s.dlnf_full.rows(r0, n);
-    ops::matmul_backward(&dlnf_rows, &d_out_w_, nullptr, logits, in, out_w_);
-  });
+  const LossStats st =
+      head_loss_stats(x, s, [&](int64_t r0, int64_t n, Tensor& logits, const Tensor& in, const LossStats& part) {
+        const Tensor mx = part.rowmax.flat(r0, n), se = part.sumexp.flat(r0, n), tl = part.target_logit.flat(r0, n);
+        if (mb.loss_acc) {  // the loss stays on the device
+          const Tensor mask = s.mask.defined() ? s.mask.flat(r0, n) : Tensor();
+          ops::xent_loss_accumulate(*mb.loss_acc, mx, se, tl, mask.defined() ? &mask : nullptr);
+        }
+        ops::xent_backward(logits, logits, s.targets.flat(r0, n), mx, se, s.dloss.flat(r0, n), vocab_start_,
+                           vocab_valid_);
+        Tensor dlnf_rows = s.dlnf_full.rows(r0, n);
+        ops::matmul_backward(&dlnf_rows, &d_out_w_, nullptr, logits, in, out_w_);
+      });
   s.dloss = Tensor();
   s.mask = Tensor();
   if (!mb.loss_acc) read_loss_terms(st, mb.loss_mask, false, res);

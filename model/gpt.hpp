@@ -52,13 +52,13 @@ struct GptConfig {
   // The architecture's parts (defaults: GPT-2). groups: key/value heads (grouped-query
   // attention; 0 = heads); head_size 0 = hidden / heads.
   int64_t groups = 0, head_size = 0;
-  bool rope = false;       // rotary positions (rope_params) instead of a learned table
+  bool rope = false;  // rotary positions (rope_params) instead of a learned table
   ops::RopeParams rope_params;
-  bool rmsnorm = false;    // RMSNorm instead of LayerNorm (no norm biases)
-  bool swiglu = false;     // gated MLP: fc1 is gate and up, each ffn wide
-  bool untied = false;     // an output layer of its own instead of the word embedding
-  bool bias_linear = true; // biases of proj, fc1 and fc2 (and of qkv)
-  bool qkv_bias = true;    // biases of qkv (bias_linear, or Qwen2's add_qkv_bias)
+  bool rmsnorm = false;     // RMSNorm instead of LayerNorm (no norm biases)
+  bool swiglu = false;      // gated MLP: fc1 is gate and up, each ffn wide
+  bool untied = false;      // an output layer of its own instead of the word embedding
+  bool bias_linear = true;  // biases of proj, fc1 and fc2 (and of qkv)
+  bool qkv_bias = true;     // biases of qkv (bias_linear, or Qwen2's add_qkv_bias)
   RecomputeGranularity recompute = RecomputeGranularity::none;
   AttentionBackend attention = AttentionBackend::automatic;  // resolved per device by GptChunk
   int64_t micro_batch_size = 1;  // the training micro batch (the shape auto tries the flash form on)
@@ -96,7 +96,8 @@ struct ChunkSpec {
 };
 
 // Declares the chunk's parameters (this tp rank's shards) in `store`.
-void declare_chunk_params(ParamStore& store, const GptConfig& cfg, const ChunkSpec& spec, int64_t tp_rank, int64_t tp_size);
+void declare_chunk_params(ParamStore& store, const GptConfig& cfg, const ChunkSpec& spec, int64_t tp_rank,
+                          int64_t tp_size);
 
 // The chunk serves three purposes, each with its own input and its own head, over the
 // same layer stack:

@@ -51,7 +51,7 @@ struct ScoreRequest {
                                  // size - targets.size() + j
 };
 struct ScoreResult {
-  double logprob = 0;  // sum over targets of log_softmax (real vocabulary only), fp64 sum
+  double logprob = 0;     // sum over targets of log_softmax (real vocabulary only), fp64 sum
   bool is_greedy = true;  // every target is the argmax (lowest index wins ties)
 };
 // Scores the requests as one right-padded batch (causal attention keeps the padding out
@@ -65,8 +65,8 @@ void log_softmax_at(const float* row, int64_t vocab, int32_t target, double& log
 struct SamplingOptions {
   int64_t max_new_tokens = 64;
   double temperature = 1.0;
-  int64_t top_k = 0;      // 0 = off
-  double top_p = 1.0;     // 1 = off
+  int64_t top_k = 0;   // 0 = off
+  double top_p = 1.0;  // 1 = off
   bool greedy = false;
   uint64_t seed = 0;
   int32_t stop_token = 50256;  // <|endoftext|>; generation stops after emitting it

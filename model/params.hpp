@@ -25,19 +25,19 @@ namespace mtnlg::model {
 enum class InitKind { normal, normal_scaled_output, zeros, ones };
 
 struct ParamInfo {
-  std::string name;      // global name, e.g. "layers.3.attention.qkv.weight"
-  Shape shape;           // this rank's shard
-  Shape global_shape;    // the whole parameter
+  std::string name;        // global name, e.g. "layers.3.attention.qkv.weight"
+  Shape shape;             // this rank's shard
+  Shape global_shape;      // the whole parameter
   int64_t split_dim = -1;  // dimension sharded over tensor-parallel ranks, -1 replicated
   int64_t split_rank = 0;  // which shard this is
   int64_t split_count = 1;
-  int64_t offset = 0;      // element offset in the flat buffers
+  int64_t offset = 0;  // element offset in the flat buffers
   int64_t numel = 0;
   InitKind init = InitKind::normal;
-  bool weight_decay = true;      // false for biases and norm weights
-  bool tp_replicated = false;    // identical on every tp rank (count once in the grad norm)
-  bool sp_grad_reduce = false;   // under sequence parallelism its grad is partial per tp rank
-  bool word_embedding = false;   // tied between the first and the last stage
+  bool weight_decay = true;     // false for biases and norm weights
+  bool tp_replicated = false;   // identical on every tp rank (count once in the grad norm)
+  bool sp_grad_reduce = false;  // under sequence parallelism its grad is partial per tp rank
+  bool word_embedding = false;  // tied between the first and the last stage
   // Dimension 0 is the vocabulary, padded to make_vocab_size_divisible_by x tp: a
   // checkpoint of another tp (another padding) loads its real rows (the word embedding,
   // the untied output layer).

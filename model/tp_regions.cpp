@@ -29,8 +29,9 @@ void reduce_scatter_rows(parallel::Communicator* comm, const Tensor& in, Tensor&
     ops::copy(out, in);
     return;
   }
-  MTNLG_CHECK(in.numel() == out.numel() * comm->size() && out.dtype() == in.dtype(), "reduce_scatter_rows: {} {} vs {} {}",
-              in.numel(), to_string(in.dtype()), out.numel(), to_string(out.dtype()));
+  MTNLG_CHECK(in.numel() == out.numel() * comm->size() && out.dtype() == in.dtype(),
+              "reduce_scatter_rows: {} {} vs {} {}", in.numel(), to_string(in.dtype()), out.numel(),
+              to_string(out.dtype()));
   comm->reduce_scatter(in.raw(), out.raw(), out.numel(), in.dtype());
 }
 

@@ -11,13 +11,18 @@ namespace mtnlg::optimizer {
 
 DistributedAdamW::DistributedAdamW(const AdamWConfig& cfg, std::vector<ParamSegment> segments, int64_t numel,
                                    const parallel::ProcessGroups& groups, bool zero1, int64_t bucket_size, Device dev)
-    : cfg_(cfg), segments_(std::move(segments)), numel_(numel), bucket_size_(bucket_size), groups_(groups), zero1_(zero1),
+    : cfg_(cfg),
+      segments_(std::move(segments)),
+      numel_(numel),
+      bucket_size_(bucket_size),
+      groups_(groups),
+      zero1_(zero1),
       dev_(dev) {
   // The update takes its segments in buffer order.
   std::sort(segments_.begin(), segments_.end(),
             [](const ParamSegment& a, const ParamSegment& b) { return a.offset < b.offset; });
   int64_t dp = groups_.dp ? groups_.dp->size() : 1;
-  if (dp == 1) zero1_ = false;  // nothing to shard
+  if (dp == 1) zero1_ = false;                                                          // nothing to shard
   if (bucket_size_ <= 0) bucket_size_ = std::max<int64_t>(40'000'000, 1'000'000 * dp);  // Megatron's default
   auto zeros = [&](int64_t n) {
     Tensor t = Tensor::empty({n}, DType::f32, dev_);
@@ -93,7 +98,9 @@ StepResult DistributedAdamW::apply(Tensor& params, Tensor& grads, double lr, Ten
   // ZeRO-1 this rank updates only its shard, so the whole copy is rebuilt after the
   // all-gather.
   const bool copy = weights && weights->defined() && weights->raw() != params.raw();
-  if (copy) MTNLG_CHECK(weights->numel() == numel_, "optimizer: compute copy of {} elements, expected {}", weights->numel(), numel_);
+  if (copy)
+    MTNLG_CHECK(weights->numel() == numel_, "optimizer: compute copy of {} elements, expected {}", weights->numel(),
+                numel_);
   std::vector<ops::AdamWSegment> part;
   part.reserve(segments_.size());
   for (const auto& seg : segments_) {
@@ -105,8 +112,7 @@ StepResult DistributedAdamW::apply(Tensor& params, Tensor& grads, double lr, Ten
     Tensor p = params.flat(shard_begin_, len), g = grads.flat(shard_begin_, len);
     Tensor m = m_.flat(0, len), v = v_.flat(0, len);
     Tensor w = copy && !zero1_ ? weights->flat(shard_begin_, len) : Tensor();
-    const ops::AdamWParams ap{lr, cfg_.beta1, cfg_.beta2, cfg_.eps, cfg_.weight_decay, step_,
-                              coeff / loss_scale};
+    const ops::AdamWParams ap{lr, cfg_.beta1, cfg_.beta2, cfg_.eps, cfg_.weight_decay, step_, coeff / loss_scale};
     ops::adamw_flat(p, g, m, v, ap, part, w.defined() ? &w : nullptr);
   }
   if (zero1_) {

@@ -63,8 +63,8 @@ class DistributedAdamW {
   // Clips with `grad_norm_scaled` (the norm of the gradients as they are, loss scale
   // included) and updates. `skip`: a non-finite norm or loss somewhere in the job (the
   // caller agreed on it across ranks): no update. Not collective without ZeRO-1.
-  StepResult apply(Tensor& params, Tensor& grads, double lr, Tensor* weights, double loss_scale, double grad_norm_scaled,
-                   bool skip);
+  StepResult apply(Tensor& params, Tensor& grads, double lr, Tensor* weights, double loss_scale,
+                   double grad_norm_scaled, bool skip);
 
   int64_t steps_taken() const { return step_; }
   void set_steps_taken(int64_t s) { step_ = s; }

@@ -22,10 +22,13 @@ void add_comm_blocked_seconds(double s);
 class CommBlockedScope {
  public:
   explicit CommBlockedScope(timing::StepPart part = timing::StepPart::other)
-      : part_(part, part == timing::StepPart::host_sync || part == timing::StepPart::other), t0_(std::chrono::steady_clock::now()) {}
+      : part_(part, part == timing::StepPart::host_sync || part == timing::StepPart::other),
+        t0_(std::chrono::steady_clock::now()) {}
   CommBlockedScope(const CommBlockedScope&) = delete;
   CommBlockedScope& operator=(const CommBlockedScope&) = delete;
-  ~CommBlockedScope() { add_comm_blocked_seconds(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count()); }
+  ~CommBlockedScope() {
+    add_comm_blocked_seconds(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count());
+  }
 
  private:
   timing::StepPartScope part_;

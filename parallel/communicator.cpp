@@ -225,7 +225,8 @@ ProcessGroups place_groups(const ProcessGroups& g, Device dev) {
   out.mp = nccl(g.mp);
   return out;
 #else
-  throw_runtime("tensors on CUDA need NCCL groups, but this build has no NCCL (libnccl was not found at configure time)");
+  throw_runtime(
+      "tensors on CUDA need NCCL groups, but this build has no NCCL (libnccl was not found at configure time)");
 #endif
 }
 

@@ -95,7 +95,9 @@ class Communicator {
   // Nonblocking in-place all-reduce (MPI_Iallreduce): `data` is neither read nor written
   // by the caller until wait(). Every rank must start its nonblocking collectives on
   // this communicator in the same order. Bytes are counted when it is posted.
-  std::unique_ptr<Request> iall_reduce(void* data, int64_t n, DType dt, ReduceOp op) { return do_iall_reduce(data, n, dt, op); }
+  std::unique_ptr<Request> iall_reduce(void* data, int64_t n, DType dt, ReduceOp op) {
+    return do_iall_reduce(data, n, dt, op);
+  }
 
   // Typed shorthands for host scalars and f32 buffers.
   void all_reduce(float* d, int64_t n, ReduceOp op) { all_reduce(static_cast<void*>(d), n, DType::f32, op); }
@@ -105,7 +107,9 @@ class Communicator {
   void broadcast(float* d, int64_t n, int64_t root) { broadcast(d, n, DType::f32, root); }
   void send(const float* d, int64_t n, int64_t peer, int tag) { send(d, n, DType::f32, peer, tag); }
   void recv(float* d, int64_t n, int64_t peer, int tag) { recv(d, n, DType::f32, peer, tag); }
-  std::unique_ptr<Request> isend(const float* d, int64_t n, int64_t peer, int tag) { return isend(d, n, DType::f32, peer, tag); }
+  std::unique_ptr<Request> isend(const float* d, int64_t n, int64_t peer, int tag) {
+    return isend(d, n, DType::f32, peer, tag);
+  }
   std::unique_ptr<Request> iall_reduce(float* d, int64_t n, ReduceOp op) { return iall_reduce(d, n, DType::f32, op); }
   virtual void barrier() = 0;
 

@@ -38,12 +38,11 @@ const char* op_state_name(OpState s) {
   return "?";
 }
 
-double wall_now() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
+double wall_now() { return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count(); }
 
 std::string describe_context(const OpContext& c, int64_t stage) {
-  std::string s = c.iteration >= 0 ? fmt::format("iteration {}", c.iteration) : std::string("before the first iteration");
+  std::string s =
+      c.iteration >= 0 ? fmt::format("iteration {}", c.iteration) : std::string("before the first iteration");
   s += fmt::format(", stage {}", stage);
   if (c.chunk >= 0) s += fmt::format(" (chunk {})", c.chunk);
   if (c.micro_batch >= 0) s += fmt::format(", micro batch {}", c.micro_batch);
@@ -54,8 +53,8 @@ std::string describe_context(const OpContext& c, int64_t stage) {
 struct Watchdog::State {
   struct CommRec {
     WatchedComm c;
-    uint64_t coll = 0;                  // collectives entered
-    std::map<int64_t, uint64_t> p2p;    // point-to-point operations entered, per peer (group rank)
+    uint64_t coll = 0;                // collectives entered
+    std::map<int64_t, uint64_t> p2p;  // point-to-point operations entered, per peer (group rank)
   };
   struct Row {
     uint64_t id = 0;
@@ -213,9 +212,13 @@ namespace {
 std::string heartbeat_path(const std::string& dir, const std::string& token, int64_t rank) {
   return fmt::format("{}/heartbeat_{}_rank{}", dir, token, rank);
 }
-std::string marker_path(const std::string& dir, const std::string& token) { return fmt::format("{}/abort_{}", dir, token); }
+std::string marker_path(const std::string& dir, const std::string& token) {
+  return fmt::format("{}/abort_{}", dir, token);
+}
 std::string dump_path(const std::string& dir, int64_t rank) { return fmt::format("{}/rank{}.json", dir, rank); }
-std::string verdict_done_path(const std::string& dir, const std::string& token) { return fmt::format("{}/done_{}", dir, token); }
+std::string verdict_done_path(const std::string& dir, const std::string& token) {
+  return fmt::format("{}/done_{}", dir, token);
+}
 
 double mtime(const std::string& path) {  // -1: no such file
   struct stat st {};
@@ -299,20 +302,25 @@ Watchdog::Trip Watchdog::check(double now) {
       }
       if (r.state != OpState::completed && (!oldest || r.t_enq < oldest->t_enq)) oldest = &r;
     }
-    while (s_->done_prefix < s_->ring.size() && s_->ring[s_->done_prefix].state == OpState::completed) ++s_->done_prefix;
+    while (s_->done_prefix < s_->ring.size() && s_->ring[s_->done_prefix].state == OpState::completed)
+      ++s_->done_prefix;
     if (oldest && opt_.timeout_s > 0 && now - oldest->t_enq > opt_.timeout_s) {
       const auto& c = s_->comms[static_cast<size_t>(oldest->comm)].c;
-      return {fmt::format("timeout: {} #{} {}{} on group {} ({} channel, ranks {}), {} bytes {}, enqueued at {}, still {} "
-                          "after {:.1f} s (parallel.distributed_timeout_minutes: {:.1f} s)",
-                          oldest->replay ? "graph-replayed" : "operation", oldest->seq, oldest->op,
-                          oldest->peer >= 0 ? fmt::format(" with group rank {}", oldest->peer) : "", c.group, c.channel,
-                          members_text(c.members), oldest->bytes, to_string(oldest->dt),
-                          describe_context(oldest->ctx, opt_.stage), op_state_name(oldest->state), now - oldest->t_enq,
-                          opt_.timeout_s),
-              true};
+      return {
+          fmt::format("timeout: {} #{} {}{} on group {} ({} channel, ranks {}), {} bytes {}, enqueued at {}, still {} "
+                      "after {:.1f} s (parallel.distributed_timeout_minutes: {:.1f} s)",
+                      oldest->replay ? "graph-replayed" : "operation", oldest->seq, oldest->op,
+                      oldest->peer >= 0 ? fmt::format(" with group rank {}", oldest->peer) : "", c.group, c.channel,
+                      members_text(c.members), oldest->bytes, to_string(oldest->dt),
+                      describe_context(oldest->ctx, opt_.stage), op_state_name(oldest->state), now - oldest->t_enq,
+                      opt_.timeout_s),
+          true};
     }
     for (const auto& c : s_->comms)
-      if (c.c.async_error) errors.emplace_back(fmt::format("group {} ({} channel, ranks {})", c.c.group, c.c.channel, members_text(c.c.members)), c.c.async_error);
+      if (c.c.async_error)
+        errors.emplace_back(
+            fmt::format("group {} ({} channel, ranks {})", c.c.group, c.c.channel, members_text(c.c.members)),
+            c.c.async_error);
   }
   for (auto& [what, probe] : errors)
     if (std::string e = probe(); !e.empty()) return {fmt::format("NCCL asynchronous error {} on {}", e, what), true};
@@ -340,7 +348,8 @@ void Watchdog::loop() {
       try {
         dump("live dump (SIGUSR1)");
       } catch (const std::exception& e) {
-        std::fprintf(stderr, "mtnlg: rank %lld: flight recorder dump failed: %s\n", static_cast<long long>(opt_.rank), e.what());
+        std::fprintf(stderr, "mtnlg: rank %lld: flight recorder dump failed: %s\n", static_cast<long long>(opt_.rank),
+                     e.what());
       }
     }
     if (s_->stop.load()) break;
@@ -419,8 +428,8 @@ void Watchdog::trip(const std::string& reason, bool origin) {
       origin = false;  // another rank was first: it writes the verdict
     }
   }
-  std::fprintf(stderr, "mtnlg: %s: NCCL watchdog: %s; aborting the NCCL communicators (flight recorder: %s)\n", me.c_str(),
-               reason.c_str(), dump_path(dir(), opt_.rank).c_str());
+  std::fprintf(stderr, "mtnlg: %s: NCCL watchdog: %s; aborting the NCCL communicators (flight recorder: %s)\n",
+               me.c_str(), reason.c_str(), dump_path(dir(), opt_.rank).c_str());
   std::fflush(stderr);
   try {
     dump(reason);
@@ -468,7 +477,8 @@ void Watchdog::trip(const std::string& reason, bool origin) {
       if (c.c.abort) aborts.push_back(c.c.abort);
   }
   for (auto& a : aborts) a();
-  std::fprintf(stderr, "mtnlg: %s: NCCL watchdog: communicators aborted, exiting with status %d\n", me.c_str(), kExitCode);
+  std::fprintf(stderr, "mtnlg: %s: NCCL watchdog: communicators aborted, exiting with status %d\n", me.c_str(),
+               kExitCode);
   std::fflush(stderr);
   ::_exit(kExitCode);
 }
@@ -558,7 +568,8 @@ HangVerdict explain_hang_dumps(const std::vector<std::string>& texts) {
       d.key_of[c.at("id").get<int64_t>()] = comm_key(c);
     }
     for (const auto& op : d.j.at("ops")) {
-      d.rows[{d.key_of.at(op.at("comm").get<int64_t>()), op.at("peer").get<int64_t>(), op.at("seq").get<uint64_t>()}] = &op;
+      d.rows[{d.key_of.at(op.at("comm").get<int64_t>()), op.at("peer").get<int64_t>(), op.at("seq").get<uint64_t>()}] =
+          &op;
       if (!row_in(op, "completed") &&
           (!d.oldest_pending || op.at("t_enqueued").get<double>() < d.oldest_pending->at("t_enqueued").get<double>()))
         d.oldest_pending = &op;
@@ -588,7 +599,9 @@ HangVerdict explain_hang_dumps(const std::vector<std::string>& texts) {
     std::map<std::string, const json*> first_pending;  // per communicator, its oldest pending op
     for (const auto& op : d.j.at("ops")) {
       if (op.at("state").get<std::string>() == "completed") continue;
-      const std::string key = d.key_of.at(op.at("comm").get<int64_t>()) + (op.at("peer").get<int64_t>() >= 0 ? "p" + std::to_string(op.at("peer").get<int64_t>()) : "");
+      const std::string key =
+          d.key_of.at(op.at("comm").get<int64_t>()) +
+          (op.at("peer").get<int64_t>() >= 0 ? "p" + std::to_string(op.at("peer").get<int64_t>()) : "");
       if (!first_pending.count(key)) first_pending[key] = &op;
     }
     for (auto& [key, op] : first_pending) {
@@ -605,7 +618,8 @@ HangVerdict explain_hang_dumps(const std::vector<std::string>& texts) {
         bool behind = it == by_rank.end(), not_started = false;
         if (!behind) {
           const auto c = it->second.counts.find(ck);
-          if (c == it->second.counts.end()) behind = true;
+          if (c == it->second.counts.end())
+            behind = true;
           else if (peer >= 0) {
             auto p = c->second.p2p.find(my_group_rank);
             behind = (p == c->second.p2p.end() ? 0 : p->second) < seq;
@@ -675,7 +689,8 @@ HangVerdict explain_hang_dumps(const std::vector<std::string>& texts) {
   } else if (dead_peer >= 0) {
     v.culprit = dead_peer;
     text = fmt::format("rank {} died ({})", dead_peer, v.origin_reason.substr(11));
-    if (auto it = by_rank.find(dead_peer); it != by_rank.end()) text += "; it was at " + it->second.j.value("context", "");
+    if (auto it = by_rank.find(dead_peer); it != by_rank.end())
+      text += "; it was at " + it->second.j.value("context", "");
   } else if (best >= 0) {
     v.culprit = best;
     const Edge* e0 = nullptr;
@@ -717,14 +732,15 @@ HangVerdict explain_hang_dumps(const std::vector<std::string>& texts) {
         entered = e0->op->at("peer").get<int64_t>() >= 0 ? "" : fmt::format(" (it entered {} there)", c->second.coll);
     }
     v.not_started = e0->not_started;
-    text = fmt::format("rank {}{} is the culprit: rank{} {} wait{} for it in {} #{} ({} bytes {}) on group {} (ranks {}, {} "
-                       "channel), which rank {} {}",
-                       best, v.culprit_coord.empty() ? "" : " (" + v.culprit_coord + ")", v.waiting.size() > 1 ? "s" : "",
-                       waiting, v.waiting.size() > 1 ? "" : "s", v.op, v.seq, v.bytes, v.dtype, v.group,
-                       members_text(v.members), v.channel, best,
-                       e0->not_started ? "enqueued but never started: its stream is still busy with earlier work (compute, "
-                                         "or an earlier operation on that stream)"
-                                       : "never entered" + entered);
+    text = fmt::format(
+        "rank {}{} is the culprit: rank{} {} wait{} for it in {} #{} ({} bytes {}) on group {} (ranks {}, {} "
+        "channel), which rank {} {}",
+        best, v.culprit_coord.empty() ? "" : " (" + v.culprit_coord + ")", v.waiting.size() > 1 ? "s" : "", waiting,
+        v.waiting.size() > 1 ? "" : "s", v.op, v.seq, v.bytes, v.dtype, v.group, members_text(v.members), v.channel,
+        best,
+        e0->not_started ? "enqueued but never started: its stream is still busy with earlier work (compute, "
+                          "or an earlier operation on that stream)"
+                        : "never entered" + entered);
     // Each waiter's own row: started (in the collective, waiting for the culprit) or not
     // yet started (its own stream still behind).
     std::vector<int64_t> in_op, queued;
@@ -735,12 +751,13 @@ HangVerdict explain_hang_dumps(const std::vector<std::string>& texts) {
     const auto many = [](const std::vector<int64_t>& x) { return x.size() > 1; };
     if (!in_op.empty())
       text += fmt::format("; rank{} {} started {} and {} stuck in {}, waiting for a peer", many(in_op) ? "s" : "",
-                          join(in_op, ", "), many(in_op) ? "their operations" : "its operation", many(in_op) ? "are" : "is",
-                          many(in_op) ? "them" : "it");
+                          join(in_op, ", "), many(in_op) ? "their operations" : "its operation",
+                          many(in_op) ? "are" : "is", many(in_op) ? "them" : "it");
     if (!queued.empty())
-      text += fmt::format("; rank{} {} enqueued {} but {} not started {} (a stream still busy with earlier work)",
-                          many(queued) ? "s" : "", join(queued, ", "), many(queued) ? "their operations" : "its operation",
-                          many(queued) ? "have" : "has", many(queued) ? "them" : "it");
+      text +=
+          fmt::format("; rank{} {} enqueued {} but {} not started {} (a stream still busy with earlier work)",
+                      many(queued) ? "s" : "", join(queued, ", "), many(queued) ? "their operations" : "its operation",
+                      many(queued) ? "have" : "has", many(queued) ? "them" : "it");
     if (it == by_rank.end()) {
       text += "; it left no flight record (the process died)";
     } else {
@@ -748,8 +765,8 @@ HangVerdict explain_hang_dumps(const std::vector<std::string>& texts) {
       if (!e0->not_started) {  // where the culprit itself is
         const json* own = it->second.oldest_pending;
         if (own)
-          text += fmt::format(" (its oldest pending operation: {} #{} on group {}, {})", own->at("op").get<std::string>(),
-                              own->at("seq").get<uint64_t>(),
+          text += fmt::format(" (its oldest pending operation: {} #{} on group {}, {})",
+                              own->at("op").get<std::string>(), own->at("seq").get<uint64_t>(),
                               it->second.j.at("comms").at(own->at("comm").get<size_t>()).at("group").get<std::string>(),
                               state_meaning(*own));
         else
@@ -771,13 +788,15 @@ HangVerdict explain_hang_dumps(const std::vector<std::string>& texts) {
     v.seq = stuck->at("seq").get<uint64_t>();
     for (const auto& m : comm.at("members")) v.members.push_back(m.get<int64_t>());
     v.waiting = v.members;
-    text = fmt::format("no rank is behind: every member of group {} (ranks {}, {} channel) entered and started {} #{} and "
-                       "none completed it: the collective itself is stuck (NCCL's transport or the network between them), "
-                       "not a rank that failed to arrive; they were at {}",
-                       v.group, members_text(v.members), v.channel, v.op, v.seq, stuck->at("context").get<std::string>());
+    text = fmt::format(
+        "no rank is behind: every member of group {} (ranks {}, {} channel) entered and started {} #{} and "
+        "none completed it: the collective itself is stuck (NCCL's transport or the network between them), "
+        "not a rank that failed to arrive; they were at {}",
+        v.group, members_text(v.members), v.channel, v.op, v.seq, stuck->at("context").get<std::string>());
   } else if (!v.missing.empty()) {
     v.culprit = v.missing.front();
-    text = fmt::format("rank {} left no flight record (the process died); no operation was waiting on a missing peer", v.culprit);
+    text = fmt::format("rank {} left no flight record (the process died); no operation was waiting on a missing peer",
+                       v.culprit);
   } else if (v.origin_rank >= 0) {
     v.culprit = v.origin_rank;
     auto& d = by_rank.at(v.origin_rank);

@@ -71,9 +71,9 @@ class OpProbe {
 
 // What the backend hands the recorder for one of its communicators.
 struct WatchedComm {
-  std::string group;              // "tp", "pp", "dp", "embedding", "mp"
-  std::string channel;            // the NCCL communicator within the group: "coll", "up", "down"
-  std::vector<int64_t> members;   // world ranks in group rank order
+  std::string group;             // "tp", "pp", "dp", "embedding", "mp"
+  std::string channel;           // the NCCL communicator within the group: "coll", "up", "down"
+  std::vector<int64_t> members;  // world ranks in group rank order
   int64_t group_rank = 0;
   std::function<std::string()> async_error;  // "" or the error's name (ncclRemoteError ...); never blocks
   std::function<void()> abort;               // ncclCommAbort
@@ -99,15 +99,15 @@ struct CapturedOp {
 };
 
 struct WatchdogOptions {
-  double timeout_s = 600;     // an operation pending longer trips the watchdog
-  std::string run_dir;        // the dumps, the marker and the heartbeats go to RUN_DIR/flight_recorder
-  std::string token;          // the same on every rank of this run (files of earlier runs are ignored)
+  double timeout_s = 600;  // an operation pending longer trips the watchdog
+  std::string run_dir;     // the dumps, the marker and the heartbeats go to RUN_DIR/flight_recorder
+  std::string token;       // the same on every rank of this run (files of earlier runs are ignored)
   int64_t rank = 0, world = 1;
-  int64_t stage = 0;          // this rank's pipeline stage (for the dump's context)
-  std::string coord;          // "tp=1,pp=1,dp=0", for the dump and the messages
+  int64_t stage = 0;  // this rank's pipeline stage (for the dump's context)
+  std::string coord;  // "tp=1,pp=1,dp=0", for the dump and the messages
   double poll_s = 0.05;
-  double dead_after_s = 5;    // a peer's heartbeat older than this: it has died
-  double grace_s = 10;        // how long a tripped rank waits for the other ranks' dumps
+  double dead_after_s = 5;  // a peer's heartbeat older than this: it has died
+  double grace_s = 10;      // how long a tripped rank waits for the other ranks' dumps
   size_t ring = 2048;
 };
 
@@ -212,21 +212,21 @@ double wall_now();
 // The verdict over a run's dumps (RUN_DIR/flight_recorder/rank*.json of the newest
 // token): which rank the others wait for and in which operation.
 struct HangVerdict {
-  bool found = false;       // any dump of a tripped run
-  int64_t culprit = -1;     // the rank the others wait for (-1: none identified)
+  bool found = false;    // any dump of a tripped run
+  int64_t culprit = -1;  // the rank the others wait for (-1: none identified)
   std::string culprit_coord, culprit_context;
   std::string group, channel, op;  // the operation it never entered (or never started)
   bool not_started = false;        // the culprit entered it, but its stream never started it
   uint64_t seq = 0;
   int64_t bytes = 0;
   std::string dtype;
-  std::vector<int64_t> members;    // the group's world ranks
-  std::vector<int64_t> waiting;    // ranks blocked on it
-  std::vector<int64_t> missing;    // ranks without a dump (dead)
-  std::string origin_reason;       // the first rank's reason to trip
+  std::vector<int64_t> members;  // the group's world ranks
+  std::vector<int64_t> waiting;  // ranks blocked on it
+  std::vector<int64_t> missing;  // ranks without a dump (dead)
+  std::string origin_reason;     // the first rank's reason to trip
   int64_t origin_rank = -1;
   int64_t dumps = 0, world = 0;
-  std::string text;                // the verdict in sentences
+  std::string text;  // the verdict in sentences
 };
 // InputError when `dir` has no flight recorder dumps, or one is not valid JSON.
 HangVerdict explain_hang(const std::string& run_dir);

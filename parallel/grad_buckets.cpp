@@ -13,8 +13,8 @@ GradBucketer::GradBucketer(std::vector<GradRange> params, std::shared_ptr<Commun
     : params_(std::move(params)), dp_(std::move(dp)) {
   int64_t expect = 0;
   for (const auto& p : params_) {
-    MTNLG_CHECK(p.offset == expect && p.numel >= 0, "gradient buckets: parameter at offset {} (numel {}), expected offset {}",
-                p.offset, p.numel, expect);
+    MTNLG_CHECK(p.offset == expect && p.numel >= 0,
+                "gradient buckets: parameter at offset {} (numel {}), expected offset {}", p.offset, p.numel, expect);
     expect += p.numel;
   }
   const int64_t n = static_cast<int64_t>(params_.size());
@@ -55,11 +55,13 @@ void GradBucketer::mark_ready(int64_t offset, int64_t numel) {
   // First parameter starting at `offset`.
   auto it = std::lower_bound(params_.begin(), params_.end(), offset,
                              [](const GradRange& p, int64_t off) { return p.offset < off; });
-  MTNLG_CHECK(it != params_.end() && it->offset == offset, "gradient buckets: range at {} does not start a parameter", offset);
+  MTNLG_CHECK(it != params_.end() && it->offset == offset, "gradient buckets: range at {} does not start a parameter",
+              offset);
   int64_t pos = offset;
   for (; it != params_.end() && pos < offset + numel; ++it) {
     const auto i = static_cast<size_t>(it - params_.begin());
-    MTNLG_CHECK(!param_ready_[i], "gradient buckets: parameter at offset {} marked ready twice in one step", it->offset);
+    MTNLG_CHECK(!param_ready_[i], "gradient buckets: parameter at offset {} marked ready twice in one step",
+                it->offset);
     param_ready_[i] = 1;
     --remaining_[static_cast<size_t>(bucket_of_param_[i])];
     pos += it->numel;
@@ -105,7 +107,10 @@ bool several(const std::shared_ptr<Communicator>& c) { return c && c->size() > 1
 
 DataParallelGrads::DataParallelGrads(std::vector<DpParam> params, const ProcessGroups& groups, bool sequence_parallel,
                                      int64_t bucket_size, std::optional<Zero1Shard> zero1)
-    : params_(std::move(params)), dp_(groups.dp), tp_(groups.tp), embedding_(groups.embedding),
+    : params_(std::move(params)),
+      dp_(groups.dp),
+      tp_(groups.tp),
+      embedding_(groups.embedding),
       sp_shared_(sequence_parallel && several(groups.tp)),
       emb_shared_(groups.topo.pp() > 1 && several(groups.embedding)),
       zero1_(several(groups.dp) ? std::move(zero1) : std::nullopt),
@@ -126,7 +131,8 @@ void DataParallelGrads::begin(Tensor& grads) {
   MTNLG_CHECK(!in_step_, "data-parallel gradients: begin() while the previous step is not finished");
   MTNLG_CHECK(grads.dtype() == DType::f32, "data-parallel gradients must be f32, got {}", to_string(grads.dtype()));
   grads_ = grads;
-  if (overlapped()) bucketer_.begin(static_cast<float*>(grads.raw()));  // device memory: only the communicator touches it
+  if (overlapped())
+    bucketer_.begin(static_cast<float*>(grads.raw()));  // device memory: only the communicator touches it
   in_step_ = true;
 }
 
@@ -134,8 +140,10 @@ void DataParallelGrads::param_ready(int64_t offset) {
   if (!in_step_ || !overlapped()) return;
   auto it = std::lower_bound(params_.begin(), params_.end(), offset,
                              [](const DpParam& p, int64_t off) { return p.offset < off; });
-  MTNLG_CHECK(it != params_.end() && it->offset == offset, "data-parallel gradients: no parameter starts at offset {}", offset);
-  if (!deferred_[static_cast<size_t>(it - params_.begin())] && it->numel > 0) bucketer_.mark_ready(it->offset, it->numel);
+  MTNLG_CHECK(it != params_.end() && it->offset == offset, "data-parallel gradients: no parameter starts at offset {}",
+              offset);
+  if (!deferred_[static_cast<size_t>(it - params_.begin())] && it->numel > 0)
+    bucketer_.mark_ready(it->offset, it->numel);
 }
 
 // Sequence-parallel partial gradients over tp (in parameter order), then the tied word
@@ -143,7 +151,8 @@ void DataParallelGrads::param_ready(int64_t offset) {
 void DataParallelGrads::reduce_shared() {
   if (sp_shared_)
     for (const auto& p : params_)
-      if (p.sp_partial && p.numel > 0) tp_->all_reduce(grads_.flat(p.offset, p.numel).raw(), p.numel, DType::f32, ReduceOp::sum);
+      if (p.sp_partial && p.numel > 0)
+        tp_->all_reduce(grads_.flat(p.offset, p.numel).raw(), p.numel, DType::f32, ReduceOp::sum);
   if (emb_shared_)
     for (const auto& p : params_)
       if (p.word_embedding && p.numel > 0)

@@ -105,8 +105,8 @@ struct Zero1Shard {
 class DataParallelGrads {
  public:
   // `zero1`: reduce-scatter into the shard instead of all-reducing buckets.
-  DataParallelGrads(std::vector<DpParam> params, const ProcessGroups& groups, bool sequence_parallel, int64_t bucket_size,
-                    std::optional<Zero1Shard> zero1 = std::nullopt);
+  DataParallelGrads(std::vector<DpParam> params, const ProcessGroups& groups, bool sequence_parallel,
+                    int64_t bucket_size, std::optional<Zero1Shard> zero1 = std::nullopt);
 
   // Whether any reduction runs (some group of the step has more than one rank).
   bool active() const { return overlapped() || zero1_ || sp_shared_ || emb_shared_; }

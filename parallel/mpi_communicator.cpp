@@ -81,9 +81,11 @@ MPI_Op half_op(DType dt, ReduceOp op) {
   if (ops[d][o] == MPI_OP_NULL) {
     MPI_User_function* fn = nullptr;
     if (d == 0)
-      fn = o == 0 ? reduce_half<half::bf16_to_f32, half::f32_to_bf16, false> : reduce_half<half::bf16_to_f32, half::f32_to_bf16, true>;
+      fn = o == 0 ? reduce_half<half::bf16_to_f32, half::f32_to_bf16, false>
+                  : reduce_half<half::bf16_to_f32, half::f32_to_bf16, true>;
     else
-      fn = o == 0 ? reduce_half<half::f16_to_f32, half::f32_to_f16, false> : reduce_half<half::f16_to_f32, half::f32_to_f16, true>;
+      fn = o == 0 ? reduce_half<half::f16_to_f32, half::f32_to_f16, false>
+                  : reduce_half<half::f16_to_f32, half::f32_to_f16, true>;
     MPI_Op_create(fn, /*commute=*/1, &ops[d][o]);
   }
   return ops[d][o];
@@ -176,8 +178,8 @@ void copy_name(char (&dst)[kNameLen], const std::string& src) {
 struct Watchdog {
   MPI_Comm side = MPI_COMM_NULL;
   int64_t me = 0, world = 1;
-  std::vector<std::string> hosts;  // by world rank
-  std::vector<GroupInfo*> groups;  // live communicators of this process
+  std::vector<std::string> hosts;   // by world rank
+  std::vector<GroupInfo*> groups;   // live communicators of this process
   const OpDesc* current = nullptr;  // what this rank waits for now
   Clock::time_point current_since;
   int64_t round = 0;
@@ -187,8 +189,9 @@ struct Watchdog {
 Watchdog& g_wd = *new Watchdog;  // never destroyed: communicators may outlive static destruction order
 
 std::string host_of(int64_t world_rank) {
-  return world_rank >= 0 && world_rank < static_cast<int64_t>(g_wd.hosts.size()) ? g_wd.hosts[static_cast<size_t>(world_rank)]
-                                                                                   : std::string();
+  return world_rank >= 0 && world_rank < static_cast<int64_t>(g_wd.hosts.size())
+             ? g_wd.hosts[static_cast<size_t>(world_rank)]
+             : std::string();
 }
 
 void fill_waiting(Reply& r) {
@@ -210,13 +213,16 @@ void serve_queries() {
     MPI_Status st;
     if (MPI_Iprobe(MPI_ANY_SOURCE, kQueryTag, g_wd.side, &flag, &st) != MPI_SUCCESS || !flag) break;
     Query q;
-    if (MPI_Recv(&q, static_cast<int>(sizeof q), MPI_BYTE, st.MPI_SOURCE, kQueryTag, g_wd.side, MPI_STATUS_IGNORE) != MPI_SUCCESS) break;
+    if (MPI_Recv(&q, static_cast<int>(sizeof q), MPI_BYTE, st.MPI_SOURCE, kQueryTag, g_wd.side, MPI_STATUS_IGNORE) !=
+        MPI_SUCCESS)
+      break;
     q.group[kNameLen - 1] = '\0';
     auto& out = g_wd.replies_out.emplace_back();
     Reply& r = out.first;
     r.round = q.round;
     for (const GroupInfo* g : g_wd.groups)
-      if (g->name == q.group && !g->world_ranks.empty() && g->world_ranks.front() == q.group_root) r.seq_on_group = g->coll_seq;
+      if (g->name == q.group && !g->world_ranks.empty() && g->world_ranks.front() == q.group_root)
+        r.seq_on_group = g->coll_seq;
     fill_waiting(r);
     out.second = MPI_REQUEST_NULL;
     MPI_Isend(&r, static_cast<int>(sizeof r), MPI_BYTE, st.MPI_SOURCE, kReplyTag, g_wd.side, &out.second);
@@ -232,7 +238,8 @@ void sleep_us(int us) { std::this_thread::sleep_for(std::chrono::microseconds(us
 
 std::string where(const Reply& r) {
   std::string grp(r.wait_group, strnlen(r.wait_group, kNameLen)), op(r.wait_op, strnlen(r.wait_op, kNameLen));
-  if (r.wait_peer >= 0) return fmt::format("it is waiting in {} with rank {} (group {}) since {:.1f} s", op, r.wait_peer, grp, r.waited_s);
+  if (r.wait_peer >= 0)
+    return fmt::format("it is waiting in {} with rank {} (group {}) since {:.1f} s", op, r.wait_peer, grp, r.waited_s);
   return fmt::format("it is waiting in collective #{} ({}, group {}) since {:.1f} s", r.wait_seq, op, grp, r.waited_s);
 }
 
@@ -254,7 +261,8 @@ void ask_everyone(int64_t round, const OpDesc& d) {
   for (int64_t r = 0; r < g_wd.world; ++r) {
     if (r == g_wd.me) continue;
     MPI_Request req = MPI_REQUEST_NULL;
-    if (MPI_Isend(&q, static_cast<int>(sizeof q), MPI_BYTE, static_cast<int>(r), kQueryTag, g_wd.side, &req) == MPI_SUCCESS)
+    if (MPI_Isend(&q, static_cast<int>(sizeof q), MPI_BYTE, static_cast<int>(r), kQueryTag, g_wd.side, &req) ==
+        MPI_SUCCESS)
       MPI_Request_free(&req);  // the buffer lives in g_wd.queries
   }
 }
@@ -265,9 +273,13 @@ int64_t take_replies(int64_t round, std::vector<std::optional<Reply>>& got) {
   for (;;) {
     int flag = 0;
     MPI_Status rs;
-    if (g_wd.side == MPI_COMM_NULL || MPI_Iprobe(MPI_ANY_SOURCE, kReplyTag, g_wd.side, &flag, &rs) != MPI_SUCCESS || !flag) break;
+    if (g_wd.side == MPI_COMM_NULL || MPI_Iprobe(MPI_ANY_SOURCE, kReplyTag, g_wd.side, &flag, &rs) != MPI_SUCCESS ||
+        !flag)
+      break;
     Reply r;
-    if (MPI_Recv(&r, static_cast<int>(sizeof r), MPI_BYTE, rs.MPI_SOURCE, kReplyTag, g_wd.side, MPI_STATUS_IGNORE) != MPI_SUCCESS) break;
+    if (MPI_Recv(&r, static_cast<int>(sizeof r), MPI_BYTE, rs.MPI_SOURCE, kReplyTag, g_wd.side, MPI_STATUS_IGNORE) !=
+        MPI_SUCCESS)
+      break;
     auto& slot = got[static_cast<size_t>(rs.MPI_SOURCE)];
     if (r.round == round && !slot) {
       slot = r;
@@ -285,14 +297,20 @@ struct Verdict {
 Verdict judge(const std::vector<std::optional<Reply>>& got, const OpDesc& d) {
   Verdict v;
   std::vector<int64_t> members;
-  if (d.peer >= 0) members.push_back(d.group->world_ranks[static_cast<size_t>(d.peer)]);
-  else members = d.group->world_ranks;
+  if (d.peer >= 0)
+    members.push_back(d.group->world_ranks[static_cast<size_t>(d.peer)]);
+  else
+    members = d.group->world_ranks;
   for (int64_t m : members) {
     const auto& r = got[static_cast<size_t>(m)];
-    if (m == g_wd.me) v.arrived.push_back(m);
-    else if (!r) v.missing_silent.push_back(m);
-    else if (d.peer < 0 && r->seq_on_group >= d.seq) v.arrived.push_back(m);
-    else v.missing_elsewhere.push_back(m);
+    if (m == g_wd.me)
+      v.arrived.push_back(m);
+    else if (!r)
+      v.missing_silent.push_back(m);
+    else if (d.peer < 0 && r->seq_on_group >= d.seq)
+      v.arrived.push_back(m);
+    else
+      v.missing_elsewhere.push_back(m);
   }
   for (int64_t r = 0; r < g_wd.world; ++r)
     if (!got[static_cast<size_t>(r)]) v.silent_anywhere.push_back(r);
@@ -300,36 +318,46 @@ Verdict judge(const std::vector<std::optional<Reply>>& got, const OpDesc& d) {
 }
 
 // The one-line report: the rank that did not arrive and where it is instead.
-std::string timeout_line(const Verdict& v, const std::vector<std::optional<Reply>>& got, const OpDesc& d,
-                         double waited, double timeout) {
-  const std::string what = d.peer >= 0 ? fmt::format("{} (rank {} waits for it, tag {}, group {})", d.op, g_wd.me, d.tag, d.group->name)
-                                       : fmt::format("collective #{} ({}, group {})", d.seq, d.op, d.group->name);
+std::string timeout_line(const Verdict& v, const std::vector<std::optional<Reply>>& got, const OpDesc& d, double waited,
+                         double timeout) {
+  const std::string what =
+      d.peer >= 0 ? fmt::format("{} (rank {} waits for it, tag {}, group {})", d.op, g_wd.me, d.tag, d.group->name)
+                  : fmt::format("collective #{} ({}, group {})", d.seq, d.op, d.group->name);
   std::string line;
   if (!v.missing_silent.empty() || !v.missing_elsewhere.empty()) {
     const bool silent = !v.missing_silent.empty();
     const int64_t culprit = silent ? v.missing_silent.front() : v.missing_elsewhere.front();
-    line = fmt::format("error: {} did not arrive at {} after {:.1f} s: ", describe_rank(culprit, host_of(culprit)), what, waited);
-    line += silent ? "it does not answer (stopped, hung outside MPI, or dead)" : where(*got[static_cast<size_t>(culprit)]);
+    line = fmt::format("error: {} did not arrive at {} after {:.1f} s: ", describe_rank(culprit, host_of(culprit)),
+                       what, waited);
+    line +=
+        silent ? "it does not answer (stopped, hung outside MPI, or dead)" : where(*got[static_cast<size_t>(culprit)]);
     std::vector<int64_t> others;
-    for (int64_t m : v.missing_silent) if (m != culprit) others.push_back(m);
-    for (int64_t m : v.missing_elsewhere) if (m != culprit) others.push_back(m);
-    if (!others.empty()) line += fmt::format("; also missing: rank{} {}", others.size() > 1 ? "s" : "", fmt::join(others, ", "));
+    for (int64_t m : v.missing_silent)
+      if (m != culprit) others.push_back(m);
+    for (int64_t m : v.missing_elsewhere)
+      if (m != culprit) others.push_back(m);
+    if (!others.empty())
+      line += fmt::format("; also missing: rank{} {}", others.size() > 1 ? "s" : "", fmt::join(others, ", "));
     if (!silent && !v.silent_anywhere.empty()) {
-      line += fmt::format("; {} does not answer", describe_rank(v.silent_anywhere.front(), host_of(v.silent_anywhere.front())));
+      line += fmt::format("; {} does not answer",
+                          describe_rank(v.silent_anywhere.front(), host_of(v.silent_anywhere.front())));
       if (v.silent_anywhere.size() > 1) line += fmt::format(" (nor do {} more)", v.silent_anywhere.size() - 1);
     }
   } else {
-    line = fmt::format("error: {} did not complete after {:.1f} s although every rank of the group is in it (MPI itself is stuck)",
-                       what, waited);
+    line = fmt::format(
+        "error: {} did not complete after {:.1f} s although every rank of the group is in it (MPI itself is stuck)",
+        what, waited);
   }
   line += fmt::format(" [seen by {}, collective timeout {:.0f} s]", describe_rank(g_wd.me, host_of(g_wd.me)), timeout);
   return line;
 }
 
-void on_timeout(std::vector<MPI_Request>& reqs, MPI_Status* st, const OpDesc& d, Clock::time_point start, double timeout) {
+void on_timeout(std::vector<MPI_Request>& reqs, MPI_Status* st, const OpDesc& d, Clock::time_point start,
+                double timeout) {
   const double grace = std::clamp(timeout / 4, 1.0, 10.0);
   const auto late = [&] {
-    std::fprintf(stderr, "mtnlg: warning: rank %lld: %s on group %s completed after %.1f s (collective timeout %.1f s)\n",
+    std::fprintf(stderr,
+                 "mtnlg: warning: rank %lld: %s on group %s completed after %.1f s (collective timeout %.1f s)\n",
                  static_cast<long long>(g_wd.me), d.op, d.group->name.c_str(), seconds_since(start), timeout);
   };
   // Ask every other rank where it is; answer their questions while waiting for replies.
@@ -358,7 +386,8 @@ void on_timeout(std::vector<MPI_Request>& reqs, MPI_Status* st, const OpDesc& d,
   // cause (a silent member) or when nobody is silent (a mismatch: nobody knows more).
   // Everyone else keeps answering for a while, then reports and aborts too.
   const bool knows_cause = !v.missing_silent.empty() || v.silent_anywhere.empty();
-  const bool first = d.peer >= 0 || (!v.arrived.empty() && *std::min_element(v.arrived.begin(), v.arrived.end()) == g_wd.me);
+  const bool first =
+      d.peer >= 0 || (!v.arrived.empty() && *std::min_element(v.arrived.begin(), v.arrived.end()) == g_wd.me);
   if (!(knows_cause && first)) {
     const auto t = Clock::now();
     while (seconds_since(t) < 2 * grace) {
@@ -412,8 +441,10 @@ void watched_wait(std::vector<MPI_Request>& reqs, MPI_Status* st, const OpDesc& 
       serve_queries();
       last_serve = now;
     }
-    if (waited < 0.1) sched_yield();
-    else sleep_us(200);
+    if (waited < 0.1)
+      sched_yield();
+    else
+      sleep_us(200);
   }
 }
 
@@ -431,7 +462,8 @@ void watchdog_init() {
   int len = 0;
   MPI_Get_processor_name(name, &len);
   std::vector<char> all(static_cast<size_t>(s) * MPI_MAX_PROCESSOR_NAME);
-  check(MPI_Allgather(name, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, all.data(), MPI_MAX_PROCESSOR_NAME, MPI_CHAR, MPI_COMM_WORLD),
+  check(MPI_Allgather(name, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, all.data(), MPI_MAX_PROCESSOR_NAME, MPI_CHAR,
+                      MPI_COMM_WORLD),
         "MPI_Allgather (host names)", "world");
   g_wd.hosts.clear();
   for (int i = 0; i < s; ++i) {
@@ -516,8 +548,8 @@ class MpiCommunicator final : public Communicator {
         check(MPI_Allreduce(MPI_IN_PLACE, p, c, mpi_type(dt), mpi_op(dt, op), comm_), "MPI_Allreduce", name_);
         continue;
       }
-      check(MPI_Iallreduce(MPI_IN_PLACE, p, c, mpi_type(dt), mpi_op(dt, op), comm_, &reqs.emplace_back()), "MPI_Iallreduce",
-            name_);
+      check(MPI_Iallreduce(MPI_IN_PLACE, p, c, mpi_type(dt), mpi_op(dt, op), comm_, &reqs.emplace_back()),
+            "MPI_Iallreduce", name_);
     }
     watched_wait(reqs, MPI_STATUSES_IGNORE, desc);
     count_all_reduce(n * es);
@@ -532,8 +564,8 @@ class MpiCommunicator final : public Communicator {
         check(MPI_Allreduce(MPI_IN_PLACE, d + off, c, MPI_INT64_T, mpi_op(op), comm_), "MPI_Allreduce", name_);
         continue;
       }
-      check(MPI_Iallreduce(MPI_IN_PLACE, d + off, c, MPI_INT64_T, mpi_op(op), comm_, &reqs.emplace_back()), "MPI_Iallreduce",
-            name_);
+      check(MPI_Iallreduce(MPI_IN_PLACE, d + off, c, MPI_INT64_T, mpi_op(op), comm_, &reqs.emplace_back()),
+            "MPI_Iallreduce", name_);
     }
     watched_wait(reqs, MPI_STATUSES_IGNORE, desc);
     count_all_reduce(n * static_cast<int64_t>(sizeof(int64_t)));
@@ -552,7 +584,8 @@ class MpiCommunicator final : public Communicator {
     }
     if (watched()) {
       std::vector<MPI_Request> reqs(1);
-      check(MPI_Ireduce_scatter_block(in, out, static_cast<int>(n), mpi_type(dt), mpi_op(dt, ReduceOp::sum), comm_, &reqs[0]),
+      check(MPI_Ireduce_scatter_block(in, out, static_cast<int>(n), mpi_type(dt), mpi_op(dt, ReduceOp::sum), comm_,
+                                      &reqs[0]),
             "MPI_Ireduce_scatter_block", name_);
       watched_wait(reqs, MPI_STATUSES_IGNORE, desc);
     } else {
@@ -578,7 +611,8 @@ class MpiCommunicator final : public Communicator {
     }
     if (watched()) {
       std::vector<MPI_Request> reqs(1);
-      check(MPI_Iallgather(sendbuf, static_cast<int>(n), mpi_type(dt), out, static_cast<int>(n), mpi_type(dt), comm_, &reqs[0]),
+      check(MPI_Iallgather(sendbuf, static_cast<int>(n), mpi_type(dt), out, static_cast<int>(n), mpi_type(dt), comm_,
+                           &reqs[0]),
             "MPI_Iallgather", name_);
       watched_wait(reqs, MPI_STATUSES_IGNORE, desc);
     } else {
@@ -618,7 +652,8 @@ class MpiCommunicator final : public Communicator {
         check(MPI_Send(p, c, mpi_type(dt), static_cast<int>(peer), tag, comm_), "MPI_Send", name_);
         continue;
       }
-      check(MPI_Isend(p, c, mpi_type(dt), static_cast<int>(peer), tag, comm_, &reqs.emplace_back()), "MPI_Isend", name_);
+      check(MPI_Isend(p, c, mpi_type(dt), static_cast<int>(peer), tag, comm_, &reqs.emplace_back()), "MPI_Isend",
+            name_);
     }
     watched_wait(reqs, MPI_STATUSES_IGNORE, desc);
     count_send(n * es);
@@ -631,8 +666,9 @@ class MpiCommunicator final : public Communicator {
     for (int64_t off = 0; off < n; off += kChunk) {
       int c = static_cast<int>(std::min(kChunk, n - off));
       MPI_Request r = MPI_REQUEST_NULL;
-      check(MPI_Isend(static_cast<const char*>(data) + off * es, c, mpi_type(dt), static_cast<int>(peer), tag, comm_, &r),
-            "MPI_Isend", name_);
+      check(
+          MPI_Isend(static_cast<const char*>(data) + off * es, c, mpi_type(dt), static_cast<int>(peer), tag, comm_, &r),
+          "MPI_Isend", name_);
       reqs.push_back(r);
     }
     count_send(n * es);
@@ -645,8 +681,9 @@ class MpiCommunicator final : public Communicator {
     for (int64_t off = 0; off < n; off += kChunk) {
       int c = static_cast<int>(std::min(kChunk, n - off));
       MPI_Request r = MPI_REQUEST_NULL;
-      check(MPI_Iallreduce(MPI_IN_PLACE, static_cast<char*>(data) + off * es, c, mpi_type(dt), mpi_op(dt, op), comm_, &r),
-            "MPI_Iallreduce", name_);
+      check(
+          MPI_Iallreduce(MPI_IN_PLACE, static_cast<char*>(data) + off * es, c, mpi_type(dt), mpi_op(dt, op), comm_, &r),
+          "MPI_Iallreduce", name_);
       reqs.push_back(r);
     }
     count_all_reduce(n * es);
@@ -672,8 +709,8 @@ class MpiCommunicator final : public Communicator {
       int got = 0;
       MPI_Get_count(&st[i], mpi_type(dt), &got);
       if (got != want[i])
-        throw_runtime("rank {}: recv on the '{}' group from rank {} (tag {}) got {} {} elements, expected {}", world_rank(),
-                      name_, peer, tag, got, to_string(dt), want[i]);
+        throw_runtime("rank {}: recv on the '{}' group from rank {} (tag {}) got {} {} elements, expected {}",
+                      world_rank(), name_, peer, tag, got, to_string(dt), want[i]);
     }
   }
   void barrier() override {
@@ -717,13 +754,13 @@ class MpiCommunicator final : public Communicator {
   }
   void check_count(int64_t n, const char* op) const {
     if (n < 0 || n > INT_MAX)
-      throw_runtime("rank {}: {} of {} elements per rank on the '{}' group: at most {} supported", world_rank(), op, n, name_,
-                    INT_MAX);
+      throw_runtime("rank {}: {} of {} elements per rank on the '{}' group: at most {} supported", world_rank(), op, n,
+                    name_, INT_MAX);
   }
   void check_peer(int64_t peer, const char* op, bool self_ok) const {
     if (peer < 0 || peer >= size_ || (!self_ok && peer == rank_))
-      throw_runtime("rank {}: {} with peer {} on the '{}' group of {} ranks (this rank is {})", world_rank(), op, peer, name_,
-                    size_, rank_);
+      throw_runtime("rank {}: {} with peer {} on the '{}' group of {} ranks (this rank is {})", world_rank(), op, peer,
+                    name_, size_, rank_);
   }
 
   MPI_Comm comm_;

@@ -46,9 +46,10 @@ void wait_ready(ncclComm_t c, const std::string& what) {
     const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (limit > 0 && waited > limit) {
       ncclCommAbort(c);
-      throw_runtime("{}: still in progress after {:.1f} s (parallel.distributed_timeout_minutes): a peer never joined; "
-                    "communicator aborted",
-                    what, waited);
+      throw_runtime(
+          "{}: still in progress after {:.1f} s (parallel.distributed_timeout_minutes): a peer never joined; "
+          "communicator aborted",
+          what, waited);
     }
     if (spins > 100) std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
@@ -171,7 +172,9 @@ void install_probe_factory() {
   static std::once_flag once;
   std::call_once(once, [] {
     Watchdog::ProbeFactory f;
-    f.begin = [](void* s) -> std::shared_ptr<OpProbe> { return std::make_shared<EventProbe>(static_cast<cudaStream_t>(s)); };
+    f.begin = [](void* s) -> std::shared_ptr<OpProbe> {
+      return std::make_shared<EventProbe>(static_cast<cudaStream_t>(s));
+    };
     f.end = [](OpProbe& p, void* s) { static_cast<EventProbe&>(p).mark_end(static_cast<cudaStream_t>(s)); };
     int device = 0;
     CUDA_CHECK(cudaGetDevice(&device));
@@ -299,7 +302,9 @@ class NcclCommunicator final : public Communicator {
     count_broadcast(n * dtype_size(dt));
   }
 
-  void do_send(const void* data, int64_t n, DType dt, int64_t peer, int tag) override { isend(data, n, dt, peer, tag)->wait(); }
+  void do_send(const void* data, int64_t n, DType dt, int64_t peer, int tag) override {
+    isend(data, n, dt, peer, tag)->wait();
+  }
 
   std::unique_ptr<Request> do_isend(const void* data, int64_t n, DType dt, int64_t peer, int) override {
     check_peer(peer, "isend peer", false);
@@ -436,7 +441,8 @@ NcclComm init_comm(Communicator& boot, const std::string& name) {
   ncclComm_t c = nullptr;
   ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
   cfg.blocking = 0;
-  const ncclResult_t r = ncclCommInitRankConfig(&c, static_cast<int>(boot.size()), id, static_cast<int>(boot.rank()), &cfg);
+  const ncclResult_t r =
+      ncclCommInitRankConfig(&c, static_cast<int>(boot.size()), id, static_cast<int>(boot.rank()), &cfg);
   if (r != ncclSuccess && r != ncclInProgress) {
     if (c) ncclCommAbort(c);
     throw_runtime("ncclCommInitRankConfig of NCCL group '{}': NCCL error {} ({})", name, static_cast<int>(r),
@@ -465,8 +471,8 @@ void device_copy(void* dst, const void* src, size_t bytes) {
 }
 }  // namespace
 
-std::shared_ptr<Communicator> make_nccl_communicator(Communicator& bootstrap, const std::string& name, bool even_for_one,
-                                                     int64_t world_rank) {
+std::shared_ptr<Communicator> make_nccl_communicator(Communicator& bootstrap, const std::string& name,
+                                                     bool even_for_one, int64_t world_rank) {
   if (!cuda::backend_ready())
     throw_runtime("NCCL group '{}': call cuda::init_backend(device) before creating NCCL communicators", name);
   // A group of one moves nothing: no NCCL communicator (whose set-up probes the device,

@@ -38,9 +38,9 @@ class Topology {
 
   // Every list is sorted by the coordinate that varies inside it, which here is also
   // ascending rank order; this rank's index in the list is its rank in that group.
-  std::vector<int64_t> tp_group(int64_t rank) const;         // same pp, dp; by tp
-  std::vector<int64_t> pp_group(int64_t rank) const;         // same tp, dp; by pp stage
-  std::vector<int64_t> dp_group(int64_t rank) const;         // same tp, pp; by dp
+  std::vector<int64_t> tp_group(int64_t rank) const;  // same pp, dp; by tp
+  std::vector<int64_t> pp_group(int64_t rank) const;  // same tp, dp; by pp stage
+  std::vector<int64_t> dp_group(int64_t rank) const;  // same tp, pp; by dp
   // First and last stage of this rank's pipeline group ({first} when pp == 1): the ranks
   // that hold the tied word embedding and all-reduce its gradient.
   std::vector<int64_t> embedding_group(int64_t rank) const;

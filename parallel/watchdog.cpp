@@ -19,8 +19,8 @@ namespace mtnlg::parallel {
 namespace {
 
 struct Settings {
-  double requested = 0;         // what the command asked for
-  std::optional<double> env;    // MTNLG_COLLECTIVE_TIMEOUT, when set
+  double requested = 0;       // what the command asked for
+  std::optional<double> env;  // MTNLG_COLLECTIVE_TIMEOUT, when set
   bool env_read = false;
   std::optional<Topology> topo;
 };
@@ -40,7 +40,8 @@ void read_env() {
 }  // namespace
 
 void set_collective_timeout(double seconds) {
-  if (!std::isfinite(seconds) || seconds < 0) throw_input("collective timeout {} s: expected a number >= 0 (0 = off)", seconds);
+  if (!std::isfinite(seconds) || seconds < 0)
+    throw_input("collective timeout {} s: expected a number >= 0 (0 = off)", seconds);
   read_env();
   settings().requested = seconds;
 }

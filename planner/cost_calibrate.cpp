@@ -76,7 +76,8 @@ void search_multipliers(const Loss& eval, const bool (&is_free)[kParams], const 
           for (int w = 0; w < n[4]; ++w) {
             const int idx[kParams] = {i, j, k, q, w};
             double y[kParams];
-            for (int d = 0; d < kParams; ++d) y[d] = is_free[d] ? std::clamp(b.lo[d] + idx[d], b.lo_b[d], b.hi_b[d]) : x[d];
+            for (int d = 0; d < kParams; ++d)
+              y[d] = is_free[d] ? std::clamp(b.lo[d] + idx[d], b.lo_b[d], b.hi_b[d]) : x[d];
             const double l = eval(y);
             if (l < best) {
               best = l;
@@ -170,7 +171,8 @@ CalibrationResult calibrate(const GpuSpec& base, const std::vector<Observation>&
     const char* names[3] = {"GEMM efficiency (at most 1 of peak)", "memory bandwidth (at most the data sheet's)",
                             "kernel overhead"};
     for (int k = 0; k < 3; ++k)
-      if (is_free[k] && (x[k] >= bounds.hi_b[k] - 1e-9 || x[k] <= bounds.lo_b[k] + 1e-9)) r.at_bound.push_back(names[k]);
+      if (is_free[k] && (x[k] >= bounds.hi_b[k] - 1e-9 || x[k] <= bounds.lo_b[k] + 1e-9))
+        r.at_bound.push_back(names[k]);
   }
   r.predicted = predict(r.gpu, runs, gpus_per_node, software);
   double s = 0;
@@ -212,7 +214,8 @@ std::vector<double> geo(double lo, double hi, int n, bool zero) {
 namespace {
 
 void check_kernel_samples(const std::vector<GemmSample>& gemms, const std::vector<AttentionSample>& attention) {
-  if (gemms.empty() && attention.empty()) throw_input("calibrate: the benchmark file has no GEMM and no attention samples");
+  if (gemms.empty() && attention.empty())
+    throw_input("calibrate: the benchmark file has no GEMM and no attention samples");
   for (auto& x : gemms)
     if (!(x.seconds > 0) || x.m <= 0 || x.n <= 0 || x.k <= 0 || x.batch <= 0)
       throw_input("calibrate: GEMM {}x{}x{}: sizes and seconds must be positive", x.m, x.n, x.k);

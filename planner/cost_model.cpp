@@ -21,7 +21,8 @@ namespace mtnlg::cost {
 namespace {
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-constexpr double kCublasWorkspace = 32.0 * 1024 * 1024;  // the cuBLASLt workspace mtnlg allocates (core/cuda/device.cpp)
+constexpr double kCublasWorkspace =
+    32.0 * 1024 * 1024;  // the cuBLASLt workspace mtnlg allocates (core/cuda/device.cpp)
 
 // The GPU table (docs/PLANNER.md "Hardware" gives the source of each number).
 const std::vector<GpuSpec>& gpu_table() {
@@ -30,19 +31,16 @@ const std::vector<GpuSpec>& gpu_table() {
   // forward / backward FLOP/s (head dim 128, long sequences), attn_seq_half, attn_dim_half,
   // the data sheet's HBM bandwidth (hbm_peak_bw).
   static const std::vector<GpuSpec> table = {
-      {"a100-80g", "NVIDIA A100 SXM 80GB, NVLink3 (DGX A100: 8x HDR 200 Gb/s HCAs)",
-       312e12, 0.78, 108, 80.0 * kGiB, 0.85 * 2.039e12, 230e9, 23e9, 5e-6, 10e-6, 4e-6, 0, 64,
-       0.60 * 312e12, 0.50 * 312e12, 410, 124, 2.039e12},
-      {"h100-80g", "NVIDIA H100 SXM 80GB, NVLink4 (DGX H100: 8x NDR 400 Gb/s HCAs)",
-       989e12, 0.875, 132, 79.6 * kGiB, 0.85 * 3.35e12, 378e9, 46e9, 4e-6, 8e-6, 3e-6, 0, 512,
-       570e12, 550e12, 410, 124, 3.35e12},
-      {"h200-141g", "NVIDIA H200 SXM 141GB, NVLink4 (8x NDR 400 Gb/s HCAs)",
-       989e12, 0.875, 132, 140.4 * kGiB, 0.85 * 4.8e12, 378e9, 46e9, 4e-6, 8e-6, 3e-6, 0, 512,
-       570e12, 550e12, 410, 124, 4.8e12},
+      {"a100-80g", "NVIDIA A100 SXM 80GB, NVLink3 (DGX A100: 8x HDR 200 Gb/s HCAs)", 312e12, 0.78, 108, 80.0 * kGiB,
+       0.85 * 2.039e12, 230e9, 23e9, 5e-6, 10e-6, 4e-6, 0, 64, 0.60 * 312e12, 0.50 * 312e12, 410, 124, 2.039e12},
+      {"h100-80g", "NVIDIA H100 SXM 80GB, NVLink4 (DGX H100: 8x NDR 400 Gb/s HCAs)", 989e12, 0.875, 132, 79.6 * kGiB,
+       0.85 * 3.35e12, 378e9, 46e9, 4e-6, 8e-6, 3e-6, 0, 512, 570e12, 550e12, 410, 124, 3.35e12},
+      {"h200-141g", "NVIDIA H200 SXM 141GB, NVLink4 (8x NDR 400 Gb/s HCAs)", 989e12, 0.875, 132, 140.4 * kGiB,
+       0.85 * 4.8e12, 378e9, 46e9, 4e-6, 8e-6, 3e-6, 0, 512, 570e12, 550e12, 410, 124, 4.8e12},
       // A starting point for `plan --calibrate` on CPU runs (fp32 OpenBLAS, MPI over shared
       // memory); its numbers only set the ratios the fit starts from, see docs/PLANNER.md.
-      {"cpu", "this machine's CPU cores (fp32 OpenBLAS, MPI in shared memory): calibrate before use",
-       2e11, 1.0, 1, 16.0 * kGiB, 10e9, 5e9, 1e9, 5e-6, 20e-6, 2e-6},
+      {"cpu", "this machine's CPU cores (fp32 OpenBLAS, MPI in shared memory): calibrate before use", 2e11, 1.0, 1,
+       16.0 * kGiB, 10e9, 5e9, 1e9, 5e-6, 20e-6, 2e-6},
   };
   return table;
 }
@@ -178,25 +176,29 @@ int64_t element_bytes(Precision p) { return p == Precision::fp32 ? 4 : 2; }
 // these fields; every formula below reads them.
 struct Shape {
   int64_t l, h, a, s, f, V, maxpos;
-  int64_t G = 0, D = 0;      // key/value groups, head size
-  bool swiglu = false;       // fc1 is gate and up: 2f wide
-  bool rms = false;          // RMSNorm: a weight and rstd, no bias and no mean
-  bool bias = true;          // add_bias_linear
-  bool qkv_bias = true;      // add_bias_linear or add_qkv_bias
-  bool untied = false;       // an output layer of its own on the last stage
-  bool rope = false;         // no position table (rotary positions in every layer)
+  int64_t G = 0, D = 0;  // key/value groups, head size
+  bool swiglu = false;   // fc1 is gate and up: 2f wide
+  bool rms = false;      // RMSNorm: a weight and rstd, no bias and no mean
+  bool bias = true;      // add_bias_linear
+  bool qkv_bias = true;  // add_bias_linear or add_qkv_bias
+  bool untied = false;   // an output layer of its own on the last stage
+  bool rope = false;     // no position table (rotary positions in every layer)
   // mtnlg's trainer runs the unfused attention form (model.attention_backend): the
   // [b, a/t, s, s] probabilities exist and are kept unless selective recompute redoes them.
   bool unfused = false;
-  int64_t qkv() const { return (a + 2 * G) * D; }  // q, k and v columns
-  int64_t att() const { return a * D; }            // attention output width (the projection's input)
-  int64_t pre() const { return swiglu ? 2 * f : f; }  // fc1's output width
+  int64_t qkv() const { return (a + 2 * G) * D; }      // q, k and v columns
+  int64_t att() const { return a * D; }                // attention output width (the projection's input)
+  int64_t pre() const { return swiglu ? 2 * f : f; }   // fc1's output width
   int64_t norm_params() const { return rms ? 1 : 2; }  // vectors of h per norm; also its fp32 statistics per row
 };
 Shape shape_of(const Recipe& r, int64_t tp) {
   const auto& m = r.model;
-  Shape sh{m.num_layers, m.hidden_size, m.num_attention_heads, m.seq_length,
-           m.ffn_hidden_size > 0 ? m.ffn_hidden_size : 4 * m.hidden_size, m.padded_vocab_size(tp),
+  Shape sh{m.num_layers,
+           m.hidden_size,
+           m.num_attention_heads,
+           m.seq_length,
+           m.ffn_hidden_size > 0 ? m.ffn_hidden_size : 4 * m.hidden_size,
+           m.padded_vocab_size(tp),
            m.max_position_embeddings > 0 ? m.max_position_embeddings : m.seq_length};
   sh.G = m.query_groups();
   sh.D = m.head_dim();
@@ -214,8 +216,8 @@ Shape shape_of(const Recipe& r, int64_t tp) {
 // biases replicated (model/gpt.cpp declare_chunk_params).
 double layer_params_per_gpu(const Shape& sh, int64_t tp) {
   const double h = double(sh.h), f = double(sh.f), qkv = double(sh.qkv()), pre = double(sh.pre());
-  const double sharded = qkv * h + double(sh.att()) * h + pre * h + f * h + (sh.qkv_bias ? qkv : 0.0) +
-                         (sh.bias ? pre : 0.0);
+  const double sharded =
+      qkv * h + double(sh.att()) * h + pre * h + f * h + (sh.qkv_bias ? qkv : 0.0) + (sh.bias ? pre : 0.0);
   return sharded / double(tp) + double(2 * sh.norm_params() + (sh.bias ? 2 : 0)) * h;
 }
 
@@ -241,10 +243,10 @@ std::vector<int64_t> even_split(int64_t layers, int64_t pp) {
 
 // Time pieces of one transformer layer for one microbatch on one GPU.
 struct LayerTime {
-  double fwd = 0;       // forward compute incl. forward TP communication
-  double bwd = 0;       // backward (no recompute)
-  double attn_core = 0; // forward of the attention core (what selective recompute redoes)
-  double tp_fwd = 0;    // forward TP communication
+  double fwd = 0;        // forward compute incl. forward TP communication
+  double bwd = 0;        // backward (no recompute)
+  double attn_core = 0;  // forward of the attention core (what selective recompute redoes)
+  double tp_fwd = 0;     // forward TP communication
   double tp_bwd = 0;
 };
 
@@ -328,8 +330,8 @@ LayerTime layer_time(const Shape& sh, const Layout& l, const Cluster& c, Precisi
   // Memory-bound element-wise kernels (bytes moved through HBM).
   const double region = l.sequence_parallel ? double(t) : 1.0;  // SP shards LN/dropout regions
   const double E = double(T) * double(h) / region;
-  const double ln_bytes = 2 * (2 * e) * E;                  // 2 LayerNorms: read + write
-  const double bda_bytes = 2 * (3 * e + 1) * E;             // 2 bias-dropout-add: x, residual, out, mask
+  const double ln_bytes = 2 * (2 * e) * E;       // 2 LayerNorms: read + write
+  const double bda_bytes = 2 * (3 * e + 1) * E;  // 2 bias-dropout-add: x, residual, out, mask
   // bias-GeLU read + write; SwiGLU reads gate and up, writes their product
   const double gelu_bytes = (sh.swiglu ? 3 : 2) * e * double(T) * double(sh.f) / double(t);
   // rotary embedding of q and k, in place: read + write
@@ -398,15 +400,16 @@ double trainer_chunk_saved_bytes(const Shape& sh, const Layout& l, Precision pre
     // [s, s] tensor exists); unfused, the probabilities [b, a/t, s, s] in the compute dtype,
     // nothing under selective (the backward redoes them).
     const double bas = double(l.micro_batch) * double(sh.a) / t * double(sh.s);
-    const double core = !sh.unfused                                  ? w * bas
+    const double core = !sh.unfused                                 ? w * bas
                         : l.recompute == RecomputeGranularity::none ? e * bas * double(sh.s)
-                                                                     : 0.0;
+                                                                    : 0.0;
     layer = e * (4 * R * C + N * double(sh.qkv()) / t + N * double(sh.att()) / t + N * double(sh.pre() + sh.f) / t) +
             (sp ? 2 * N * C * e : 0.0) + w * double(2 * sh.norm_params()) * R + core;
   }
   double b = double(layers) * layer + 2 * N * 4;  // + token ids and targets (i32)
   if (head)  // chunk output, the final norm's statistics and its output's gradient (all N rows under SP);
-    b += R * C * e + double(sh.norm_params()) * R * w + N * C * e;  // the logits live only chunk by chunk (trainer_logits_bytes)
+    b += R * C * e + double(sh.norm_params()) * R * w +
+         N * C * e;  // the logits live only chunk by chunk (trainer_logits_bytes)
   return b;
 }
 
@@ -443,7 +446,8 @@ double trainer_stage_activation_bytes(const Shape& sh, const Layout& l, Precisio
 // its input gradient) nonblocking and waits for it at schedules::send_release_points
 // (what app/train/pipeline_executor.cpp reports as the peak of send buffers).
 // `release`: schedules::send_release_points_all(pp, m, vp)[st].
-double trainer_stage_send_bytes(const Layout& l, int64_t st, int64_t m, double msg, const std::vector<int64_t>& release) {
+double trainer_stage_send_bytes(const Layout& l, int64_t st, int64_t m, double msg,
+                                const std::vector<int64_t>& release) {
   if (l.pp == 1) return 0;
   const auto table = schedules::schedule_for(l.pp, st, m, l.vp);
   std::vector<int64_t> due(table.size() + 1, 0);
@@ -536,7 +540,9 @@ std::vector<std::string> software_names() {
 }
 
 std::string Layout::describe() const {
-  const char* rc = recompute == RecomputeGranularity::full ? "full" : recompute == RecomputeGranularity::selective ? "selective" : "none";
+  const char* rc = recompute == RecomputeGranularity::full        ? "full"
+                   : recompute == RecomputeGranularity::selective ? "selective"
+                                                                  : "none";
   return fmt::format("tp{} pp{} dp{} vp{} mb{} recompute={} sp={} zero1={}", tp, pp, dp, vp, micro_batch, rc,
                      sequence_parallel ? 1 : 0, distributed_optimizer ? 1 : 0);
 }
@@ -551,7 +557,8 @@ std::string layout_problem(const Recipe& r, const Layout& l) {
   if (ffn % l.tp != 0) return "ffn hidden size not divisible by tp";
   if (m.num_layers < l.pp) return "fewer layers than pipeline stages";
   if (static_cast<int64_t>(l.stage_layers.size()) != l.pp) return "stage layer list does not match pp";
-  if (l.sequence_parallel && (l.tp < 2 || m.seq_length % l.tp != 0)) return "sequence parallel needs tp > 1 dividing seq_length";
+  if (l.sequence_parallel && (l.tp < 2 || m.seq_length % l.tp != 0))
+    return "sequence parallel needs tp > 1 dividing seq_length";
   if (l.distributed_optimizer && l.dp < 2) return "distributed optimizer needs dp > 1";
   const int64_t unit = l.micro_batch * l.dp;
   if (t.global_batch_size % unit != 0) return "global batch not divisible by micro_batch x dp";
@@ -578,11 +585,12 @@ Layout layout_from_recipe(const Recipe& r, int64_t gpus) {
   if (gpus < 1) throw_input("--gpus {}: must be at least 1", gpus);
   const std::string where = r.source_path.empty() ? r.name : r.source_path;
   if (gpus % (r.tp() * r.pp()) != 0)
-    throw_input("{}: {} GPUs is not divisible by tensor_model_parallel_size x pipeline_model_parallel_size = {} x {}", where,
-                gpus, r.tp(), r.pp());
+    throw_input("{}: {} GPUs is not divisible by tensor_model_parallel_size x pipeline_model_parallel_size = {} x {}",
+                where, gpus, r.tp(), r.pp());
   if (r.training.global_batch_size % (r.training.micro_batch_size * (gpus / (r.tp() * r.pp()))) != 0)
-    throw_input("{}: training.global_batch_size ({}) must be divisible by micro_batch_size x data_parallel_size = {} x {}",
-                where, r.training.global_batch_size, r.training.micro_batch_size, gpus / (r.tp() * r.pp()));
+    throw_input(
+        "{}: training.global_batch_size ({}) must be divisible by micro_batch_size x data_parallel_size = {} x {}",
+        where, r.training.global_batch_size, r.training.micro_batch_size, gpus / (r.tp() * r.pp()));
   Layout l;
   l.tp = r.tp();
   l.pp = r.pp();
@@ -591,11 +599,11 @@ Layout layout_from_recipe(const Recipe& r, int64_t gpus) {
   l.recompute = r.parallel.recompute_granularity;
   l.sequence_parallel = r.parallel.sequence_parallel;
   l.distributed_optimizer = r.parallel.use_distributed_optimizer;
-  l.stage_layers = r.parallel.pipeline_layers.empty() ? even_split(r.model.num_layers, l.pp) : r.parallel.pipeline_layers;
+  l.stage_layers =
+      r.parallel.pipeline_layers.empty() ? even_split(r.model.num_layers, l.pp) : r.parallel.pipeline_layers;
   if (int64_t nv = r.parallel.num_layers_per_virtual_pipeline_stage; nv > 0) l.vp = (r.model.num_layers / l.pp) / nv;
   std::string why = layout_problem(r, l);
-  if (!why.empty())
-    throw_input("{}: layout {} on {} GPUs cannot exist: {}", where, l.describe(), gpus, why);
+  if (!why.empty()) throw_input("{}: layout {} on {} GPUs cannot exist: {}", where, l.describe(), gpus, why);
   return l;
 }
 
@@ -663,7 +671,7 @@ struct StageInputs {
   int64_t T;                                 // tokens per micro batch
   double act_msg, p2p_one;                   // pipeline message bytes, one transfer's time
   GroupLink pp_link;
-  int64_t m_full;  // micro batches per step at the full batch
+  int64_t m_full;              // micro batches per step at the full batch
   bool deterministic = false;  // training.deterministic_mode (cuDNN's attention backward)
   bool grouped = false;        // grouped-query attention (num_query_groups < heads)
 };
@@ -697,9 +705,21 @@ StageInputs stage_inputs(const Recipe& r, const Layout& l, const Cluster& c) {
       scatter ? double(l.tp - 1) / t * act_msg / c.gpu.nvlink_bus_bw + double(l.tp - 1) * c.gpu.nvlink_alpha : 0;
   const double p2p_one = l.pp > 1 ? pp_link.alpha + wire_msg / pp_link.bw + gather : 0;
   const int64_t m_full = r.training.global_batch_size / (l.micro_batch * l.dp);
-  return StageInputs{sh,      prec,    e,       t,       d,      peak,
-                     lt,      per_layer_act, per_layer_full_act, T, act_msg, p2p_one,
-                     pp_link, m_full,  r.training.deterministic_mode,
+  return StageInputs{sh,
+                     prec,
+                     e,
+                     t,
+                     d,
+                     peak,
+                     lt,
+                     per_layer_act,
+                     per_layer_full_act,
+                     T,
+                     act_msg,
+                     p2p_one,
+                     pp_link,
+                     m_full,
+                     r.training.deterministic_mode,
                      r.model.query_groups() != r.model.num_attention_heads};
 }
 
@@ -745,7 +765,8 @@ double stage_activation_memory(StageMemory& mem, const Layout& l, const Cluster&
       Layout kept_all = l;
       kept_all.recompute = RecomputeGranularity::none;
       const Layout& ka = kept_all;
-      rematerialized = trainer_chunk_saved_bytes(sh, ka, prec, 1, false) - trainer_chunk_saved_bytes(sh, ka, prec, 0, false);
+      rematerialized =
+          trainer_chunk_saved_bytes(sh, ka, prec, 1, false) - trainer_chunk_saved_bytes(sh, ka, prec, 0, false);
     }
   } else {
     mem.activations = in_flight * inter * double(layers) * x.per_layer_act + rematerialized;
@@ -766,7 +787,8 @@ void stage_comm_memory(StageMemory& mem, const Layout& l, const Cluster& c, cons
     // buffer for the incoming gradient (its received activations are the chunks' saved
     // inputs, counted above), NCCL channel buffers (~0.5 GiB).
     if (l.pp > 1 && releases.empty()) releases = schedules::send_release_points_all(l.pp, x.m_full, l.vp);
-    mem.send_buffers = l.pp > 1 ? trainer_stage_send_bytes(l, st, x.m_full, act_msg, releases[static_cast<size_t>(st)]) : 0;
+    mem.send_buffers =
+        l.pp > 1 ? trainer_stage_send_bytes(l, st, x.m_full, act_msg, releases[static_cast<size_t>(st)]) : 0;
     mem.comm_buffers = mem.send_buffers + (l.pp > 1 ? act_msg : 0) + nccl_buffers;
   } else {
     // Megatron waits for each batched exchange: two send buffers and two receive buffers
@@ -796,10 +818,9 @@ StageMemory stage_memory(const Layout& l, const Cluster& c, const StageInputs& x
   // cuDNN's flash attention: its workspace and dQ accumulator, allocated for each call
   // (the largest, the backward's, at most one at a time on the one stream).
   if (c.software.trainer_activations && !sh.unfused && c.gpu.name.rfind("cpu", 0) != 0 && mem.layers > 0)
-    mem.attention_workspace = c.attention_workspace >= 0
-                                  ? c.attention_workspace
-                                  : cudnn_attention_bytes(l.micro_batch, sh.a / l.tp, sh.s, sh.D,
-                                                          x.deterministic, x.grouped);
+    mem.attention_workspace = c.attention_workspace >= 0 ? c.attention_workspace
+                                                         : cudnn_attention_bytes(l.micro_batch, sh.a / l.tp, sh.s, sh.D,
+                                                                                 x.deterministic, x.grouped);
   mem.workspace = 1.0 * kGiB + 0.05 * rest + rematerialized + mem.attention_workspace;
   mem.total = rest + mem.comm_buffers + mem.workspace;
   // What the allocator itself hands out (measured on an H200: a 1.3B at micro batch 1
@@ -842,7 +863,8 @@ StageTime stage_time(const Layout& l, const Cluster& c, const StageInputs& x, in
     const double ln = 2 * e * double(T) * double(sh.h) / g.hbm_bw;
     const double logits = double(T) * double(sh.V) / t;  // logit elements on this tensor rank
     const double head_fwd = ln + gemm_time(g, peak, T, sh.V / l.tp, sh.h) +
-                            c.software.ce_bytes_fwd * logits / g.hbm_bw + 3 * allreduce_time(double(T) * 4.0, l.tp, tpl);
+                            c.software.ce_bytes_fwd * logits / g.hbm_bw +
+                            3 * allreduce_time(double(T) * 4.0, l.tp, tpl);
     // The backward through the logits (their gradient, the tied embedding's gradient and the
     // final LayerNorm's output gradient), then the final LayerNorm's backward.
     const double head_logits_bwd = gemm_time(g, peak, T, sh.h, sh.V / l.tp) + gemm_time(g, peak, sh.h, sh.V / l.tp, T) +
@@ -910,7 +932,8 @@ double stage_dp_time(const Recipe& r, const Layout& l, const Cluster& c, const S
       return std::max(reduce_scatter_time(last * ge, l.dp, dpl), rs - span * tm.backward) +
              std::max(reduce_scatter_time(last * e, l.dp, dpl), ag - span * tm.forward);
     }
-    return std::max(allreduce_time(last * ge, l.dp, dpl), allreduce_time(mem.params * ge, l.dp, dpl) - span * tm.backward);
+    return std::max(allreduce_time(last * ge, l.dp, dpl),
+                    allreduce_time(mem.params * ge, l.dp, dpl) - span * tm.backward);
   }
   if (l.distributed_optimizer)
     return reduce_scatter_time(mem.params * ge, l.dp, dpl) + reduce_scatter_time(mem.params * e, l.dp, dpl);

@@ -19,17 +19,17 @@ namespace mtnlg::cost {
 // ---- hardware --------------------------------------------------------------------------
 
 struct GpuSpec {
-  std::string name;         // a100-80g | h100-80g | h200-141g
-  std::string description;  // one line for humans
-  double peak_flops = 0;    // dense bf16/fp16 tensor-core FLOP/s
-  double gemm_eff_max = 0;  // best achievable fraction of peak for a large GEMM
-  int64_t sm_count = 0;     // streaming multiprocessors (wave quantization)
-  double memory_bytes = 0;  // usable HBM per GPU
-  double hbm_bw = 0;        // achievable HBM bytes/s for streaming element-wise kernels
-  double nvlink_bus_bw = 0; // achievable ring bus bandwidth inside a node (bytes/s)
-  double ib_bw = 0;         // achievable inter-node bytes/s per GPU (one HCA per GPU)
-  double nvlink_alpha = 0;  // per ring step latency inside a node (s)
-  double ib_alpha = 0;      // per ring step latency across nodes (s)
+  std::string name;            // a100-80g | h100-80g | h200-141g
+  std::string description;     // one line for humans
+  double peak_flops = 0;       // dense bf16/fp16 tensor-core FLOP/s
+  double gemm_eff_max = 0;     // best achievable fraction of peak for a large GEMM
+  int64_t sm_count = 0;        // streaming multiprocessors (wave quantization)
+  double memory_bytes = 0;     // usable HBM per GPU
+  double hbm_bw = 0;           // achievable HBM bytes/s for streaming element-wise kernels
+  double nvlink_bus_bw = 0;    // achievable ring bus bandwidth inside a node (bytes/s)
+  double ib_bw = 0;            // achievable inter-node bytes/s per GPU (one HCA per GPU)
+  double nvlink_alpha = 0;     // per ring step latency inside a node (s)
+  double ib_alpha = 0;         // per ring step latency across nodes (s)
   double kernel_overhead = 0;  // launch + tail cost per kernel (s)
   // Processes of one node that compute at full speed at once; 0 = every process has its
   // own device (GPUs). On a shared CPU host the job's processes share the cores (and, with
@@ -74,7 +74,7 @@ const GpuSpec* gpu_spec_for_device(const std::string& device_name);
 
 struct Layout {
   int64_t tp = 1, pp = 1, dp = 1;
-  int64_t vp = 1;          // virtual stages (model chunks) per pipeline rank; 1 = plain 1F1B
+  int64_t vp = 1;  // virtual stages (model chunks) per pipeline rank; 1 = plain 1F1B
   int64_t micro_batch = 1;
   RecomputeGranularity recompute = RecomputeGranularity::none;
   bool sequence_parallel = false;
@@ -224,8 +224,7 @@ bool trainer_unfused_attention(const Recipe& r, const Cluster& c);
 // forward 256 B; backward 256 B + the rows' fp32 sums (rounded up to 128 B), and
 // deterministic dP as [b, heads, s up to 64, s up to 128] in 2-byte elements; grouped-query
 // attention (`grouped`: fewer key/value heads) 4 more bytes per [b, heads, s, d] element.
-double cudnn_attention_bytes(int64_t b, int64_t heads, int64_t s, int64_t d, bool deterministic,
-                             bool grouped = false);
+double cudnn_attention_bytes(int64_t b, int64_t heads, int64_t s, int64_t d, bool deterministic, bool grouped = false);
 
 // ---- calibration ----------------------------------------------------------------------
 
@@ -238,12 +237,12 @@ struct Observation {
   std::string label;
 };
 struct CalibrationResult {
-  GpuSpec gpu;                  // the base GPU with the fitted constants
-  double compute_scale = 1;     // fitted multipliers of (peak x gemm_eff_max), hbm_bw, kernel_overhead
+  GpuSpec gpu;               // the base GPU with the fitted constants
+  double compute_scale = 1;  // fitted multipliers of (peak x gemm_eff_max), hbm_bw, kernel_overhead
   double bandwidth_scale = 1;
   double overhead_scale = 1;
-  double latency_scale = 1;     // of nvlink_alpha and ib_alpha (fitted only with a multi-process run)
-  double compute_slots = 0;     // fitted GpuSpec::compute_slots (with two multi-process runs), else the base's
+  double latency_scale = 1;       // of nvlink_alpha and ib_alpha (fitted only with a multi-process run)
+  double compute_slots = 0;       // fitted GpuSpec::compute_slots (with two multi-process runs), else the base's
   std::vector<double> predicted;  // per observation, seconds
   double rms_relative_error = 0;  // the fit's residual: sqrt(mean((pred/meas - 1)^2))
   int free_parameters = 0;        // how many of the four multipliers were fitted (<= observations)
@@ -292,9 +291,9 @@ struct AttentionSample {
   double fwd_seconds = 0, bwd_seconds = 0;
 };
 struct KernelFit {
-  GpuSpec gpu;                // the base with the fitted GEMM curve and attention rates
-  double gemm_rms = 0;        // rms relative error of the fitted GEMM times
-  double attention_rms = 0;   // of the fitted attention times (forward and backward)
+  GpuSpec gpu;               // the base with the fitted GEMM curve and attention rates
+  double gemm_rms = 0;       // rms relative error of the fitted GEMM times
+  double attention_rms = 0;  // of the fitted attention times (forward and backward)
   std::vector<double> gemm_predicted, attention_fwd_predicted, attention_bwd_predicted;
 };
 // Fits gemm_eff_max, gemm_k_half and kernel_overhead to measured GEMMs (when given) and
@@ -336,14 +335,14 @@ struct StageMemory {
   int64_t layers = 0;
   double params = 0;  // parameters held by one GPU of this stage
   double weights = 0, gradients = 0, optimizer = 0;
-  double activations = 0;  // transformer layers' saved activations (in-flight microbatches);
-                           // with SoftwareProfile::trainer_activations also the head's and the
-                           // token ids, i.e. everything the trainer keeps for the backward
-  double embedding = 0;    // first stage: embedding output / dropout mask
-  double logits = 0;       // last stage: fp32 logits for the cross-entropy
-  double comm_buffers = 0; // p2p send/recv buffers + collective scratch
-  double send_buffers = 0; // of which p2p sends not yet completed (the most at once)
-  double workspace = 0;    // CUDA context, cuBLAS workspace, allocator slack, cuDNN's attention workspace
+  double activations = 0;          // transformer layers' saved activations (in-flight microbatches);
+                                   // with SoftwareProfile::trainer_activations also the head's and the
+                                   // token ids, i.e. everything the trainer keeps for the backward
+  double embedding = 0;            // first stage: embedding output / dropout mask
+  double logits = 0;               // last stage: fp32 logits for the cross-entropy
+  double comm_buffers = 0;         // p2p send/recv buffers + collective scratch
+  double send_buffers = 0;         // of which p2p sends not yet completed (the most at once)
+  double workspace = 0;            // CUDA context, cuBLAS workspace, allocator slack, cuDNN's attention workspace
   double attention_workspace = 0;  // of which one flash attention call's (Cluster::attention_workspace)
   double total = 0;
   // Of the total, what a caching allocator holds in use at its peak (what mtnlg reports as
@@ -366,7 +365,7 @@ struct Estimate {
   Layout layout;
   std::vector<StageMemory> stages;
   std::vector<StageTime> stage_times;
-  double peak_memory = 0;  // bytes, the most loaded GPU
+  double peak_memory = 0;     // bytes, the most loaded GPU
   double allocator_peak = 0;  // bytes, the most any GPU's caching allocator holds in use (StageMemory::allocator)
   bool fits = false;
   int64_t microbatches = 0;
@@ -399,9 +398,9 @@ double iteration_time(const Recipe& r, const Layout& l, const Cluster& c, int64_
 // ---- search ---------------------------------------------------------------------------
 
 struct SearchResult {
-  std::vector<Estimate> best;                // feasible layouts, fastest first (up to `keep`)
+  std::vector<Estimate> best;  // feasible layouts, fastest first (up to `keep`)
   int64_t considered = 0, feasible = 0;
-  std::map<std::string, int64_t> rejected;   // reason -> count
+  std::map<std::string, int64_t> rejected;  // reason -> count
 };
 // Enumerates tp, pp (uneven layer splits allowed), dp, virtual stages, micro batch,
 // recompute, sequence parallel and distributed optimizer for exactly `gpus` GPUs.

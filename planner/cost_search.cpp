@@ -57,7 +57,8 @@ SearchResult search(const Recipe& r, int64_t gpus, const Cluster& c, size_t keep
                 l.stage_layers = split;
                 ++res.considered;
                 std::string why = layout_problem(r, l);
-                if (why.empty() && !ramp_problem(r, l).empty()) why = "batch ramp steps not divisible by micro_batch x dp";
+                if (why.empty() && !ramp_problem(r, l).empty())
+                  why = "batch ramp steps not divisible by micro_batch x dp";
                 if (!why.empty()) {
                   ++res.rejected[why];
                   continue;

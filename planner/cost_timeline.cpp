@@ -106,7 +106,8 @@ std::vector<TimelineOp> simulate_pipeline(int64_t p, int64_t m, int64_t v, const
     }
   }
   for (int64_t s = 0; s < p; ++s)
-    MTNLG_CHECK(next[static_cast<size_t>(s)] == orders[static_cast<size_t>(s)].size(), "pipeline schedule deadlocked at stage {}", s);
+    MTNLG_CHECK(next[static_cast<size_t>(s)] == orders[static_cast<size_t>(s)].size(),
+                "pipeline schedule deadlocked at stage {}", s);
   return out;
 }
 
@@ -127,10 +128,14 @@ std::string timeline_svg(const std::vector<TimelineOp>& ops, int64_t pp, const s
   auto esc = [](const std::string& s) {
     std::string o;
     for (char ch : s) {
-      if (ch == '<') o += "&lt;";
-      else if (ch == '>') o += "&gt;";
-      else if (ch == '&') o += "&amp;";
-      else o += ch;
+      if (ch == '<')
+        o += "&lt;";
+      else if (ch == '>')
+        o += "&gt;";
+      else if (ch == '&')
+        o += "&amp;";
+      else
+        o += ch;
     }
     return o;
   };
@@ -139,8 +144,8 @@ std::string timeline_svg(const std::vector<TimelineOp>& ops, int64_t pp, const s
   for (int64_t s = 0; s < pp; ++s) {
     const double y = top + double(s) * row;
     svg += fmt::format("<text x=\"10\" y=\"{:.1f}\">stage {}</text>\n", y + row * 0.7, s);
-    svg += fmt::format("<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" fill=\"#f2d7d5\"/>\n", left, y,
-                       width, row - gap);
+    svg += fmt::format("<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" fill=\"#f2d7d5\"/>\n", left,
+                       y, width, row - gap);
   }
   for (auto& o : ops) {
     const double x = left + o.start / total * width;
@@ -156,15 +161,18 @@ std::string timeline_svg(const std::vector<TimelineOp>& ops, int64_t pp, const s
         x, y, w, row - gap, fill, o.forward ? "F" : "B", o.microbatch, o.chunk);
   }
   const double ly = top + double(pp) * row + 20;
-  svg += fmt::format("<rect x=\"{:.0f}\" y=\"{:.0f}\" width=\"14\" height=\"12\" fill=\"rgb(70,130,220)\"/>"
-                     "<text x=\"{:.0f}\" y=\"{:.0f}\">forward</text>\n",
-                     left, ly, left + 20, ly + 11);
-  svg += fmt::format("<rect x=\"{:.0f}\" y=\"{:.0f}\" width=\"14\" height=\"12\" fill=\"rgb(60,170,90)\"/>"
-                     "<text x=\"{:.0f}\" y=\"{:.0f}\">backward (incl. recompute)</text>\n",
-                     left + 100, ly, left + 120, ly + 11);
-  svg += fmt::format("<rect x=\"{:.0f}\" y=\"{:.0f}\" width=\"14\" height=\"12\" fill=\"#f2d7d5\"/>"
-                     "<text x=\"{:.0f}\" y=\"{:.0f}\">idle (bubble)</text>\n",
-                     left + 300, ly, left + 320, ly + 11);
+  svg += fmt::format(
+      "<rect x=\"{:.0f}\" y=\"{:.0f}\" width=\"14\" height=\"12\" fill=\"rgb(70,130,220)\"/>"
+      "<text x=\"{:.0f}\" y=\"{:.0f}\">forward</text>\n",
+      left, ly, left + 20, ly + 11);
+  svg += fmt::format(
+      "<rect x=\"{:.0f}\" y=\"{:.0f}\" width=\"14\" height=\"12\" fill=\"rgb(60,170,90)\"/>"
+      "<text x=\"{:.0f}\" y=\"{:.0f}\">backward (incl. recompute)</text>\n",
+      left + 100, ly, left + 120, ly + 11);
+  svg += fmt::format(
+      "<rect x=\"{:.0f}\" y=\"{:.0f}\" width=\"14\" height=\"12\" fill=\"#f2d7d5\"/>"
+      "<text x=\"{:.0f}\" y=\"{:.0f}\">idle (bubble)</text>\n",
+      left + 300, ly, left + 320, ly + 11);
   svg += fmt::format("<text x=\"{:.0f}\" y=\"{:.0f}\">time: 0 .. {:.3f} s</text>\n", left + 460, ly + 11, total);
   svg += "</svg>\n";
   return svg;

@@ -71,9 +71,10 @@ GpuSpec load_gpu_profile(const std::string& path) {
   // Optional (profiles written before the GEMM curve, the fused-attention rates and the
   // data-sheet bandwidth): the curve's default K/(K+64), no fused-attention entry, no
   // physical bounds on a calibration from it.
-  for (auto [key, field] : {std::pair{"gemm_k_half", &g.gemm_k_half}, std::pair{"attn_fwd_flops", &g.attn_fwd_flops},
-                            std::pair{"attn_bwd_flops", &g.attn_bwd_flops}, std::pair{"attn_seq_half", &g.attn_seq_half},
-                            std::pair{"attn_dim_half", &g.attn_dim_half}, std::pair{"hbm_peak_bw", &g.hbm_peak_bw}}) {
+  for (auto [key, field] :
+       {std::pair{"gemm_k_half", &g.gemm_k_half}, std::pair{"attn_fwd_flops", &g.attn_fwd_flops},
+        std::pair{"attn_bwd_flops", &g.attn_bwd_flops}, std::pair{"attn_seq_half", &g.attn_seq_half},
+        std::pair{"attn_dim_half", &g.attn_dim_half}, std::pair{"hbm_peak_bw", &g.hbm_peak_bw}}) {
     if (!j.contains(key)) continue;
     if (!j[key].is_number() || j[key].get<double>() < 0)
       throw_input("--gpu-profile {}: field {} must be a number >= 0", path, key);

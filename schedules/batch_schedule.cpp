@@ -28,9 +28,10 @@ std::string length_key(const TrainingConfig& t) {
 }
 
 [[noreturn]] void too_long(const TrainingConfig& t, int64_t seq_length) {
-  throw_input("{} with training.global_batch_size {} and model.seq_length {}: the run's samples x seq_length overflow a "
-              "64-bit token count (at most {:.3g} tokens)",
-              length_key(t), t.global_batch_size, seq_length, 9.223372036854775807e18);
+  throw_input(
+      "{} with training.global_batch_size {} and model.seq_length {}: the run's samples x seq_length overflow a "
+      "64-bit token count (at most {:.3g} tokens)",
+      length_key(t), t.global_batch_size, seq_length, 9.223372036854775807e18);
 }
 
 }  // namespace
@@ -63,9 +64,10 @@ RunLength run_length(const TrainingConfig& t, int64_t seq_length) {
   auto done = [&] { return by_iters ? iters >= t.train_iters : consumed >= target_samples; };
   // Walk the ramp one iteration at a time (at most steps * per_step / start iterations).
   if (ramp > 0 && ramp / std::max<int64_t>(1, t.rampup_batch_size->start) > 1'000'000'000)
-    throw_input("training.rampup_batch_size.ramp_tokens ({}): a ramp of more than 1e9 iterations (starting at {} "
-                "samples per batch) is not a schedule mtnlg can walk",
-                t.rampup_batch_size->ramp_tokens, t.rampup_batch_size->start);
+    throw_input(
+        "training.rampup_batch_size.ramp_tokens ({}): a ramp of more than 1e9 iterations (starting at {} "
+        "samples per batch) is not a schedule mtnlg can walk",
+        t.rampup_batch_size->ramp_tokens, t.rampup_batch_size->start);
   while (!done() && ramp > 0 && consumed <= ramp) {
     consumed += global_batch_size(t, seq_length, consumed);
     ++iters;

@@ -108,11 +108,13 @@ std::vector<PipeAction> schedule_interleaved_1f1b(int64_t p, int64_t r, int64_t 
   if (v < 1) throw_input("virtual pipeline chunks per rank ({}) must be at least 1", v);
   if (v == 1) return schedule_1f1b(p, r, m);
   if (p < 2)
-    throw_input("interleaved pipeline (num_layers_per_virtual_pipeline_stage) needs pipeline_model_parallel_size >= 2, got {}",
-                p);
+    throw_input(
+        "interleaved pipeline (num_layers_per_virtual_pipeline_stage) needs pipeline_model_parallel_size >= 2, got {}",
+        p);
   if (m % p != 0)
-    throw_input("interleaved pipeline: microbatches per iteration ({}) must be a multiple of pipeline_model_parallel_size ({})",
-                m, p);
+    throw_input(
+        "interleaved pipeline: microbatches per iteration ({}) must be a multiple of pipeline_model_parallel_size ({})",
+        m, p);
   // Virtual index j (0..m*v-1) walks groups of p microbatches through the chunks:
   // within a group of p*v, chunk = (j % (p*v)) / p, microbatch = (j / (p*v)) * p + j % p.
   // Backwards visit the chunks in reverse.
@@ -151,12 +153,15 @@ std::vector<std::vector<int64_t>> send_release_points_all(int64_t p, int64_t m, 
   auto is_recv = [](PipeOp op) { return op == PipeOp::recv_forward || op == PipeOp::recv_backward; };
   // The k-th send from q to its peer in one direction is the peer's k-th receive from q in
   // that direction: index each rank's receives by (source, direction, count).
-  auto channel = [&](int64_t src, int64_t dst, bool fwd) { return (static_cast<size_t>(src) * P + static_cast<size_t>(dst)) * 2 + (fwd ? 0 : 1); };
+  auto channel = [&](int64_t src, int64_t dst, bool fwd) {
+    return (static_cast<size_t>(src) * P + static_cast<size_t>(dst)) * 2 + (fwd ? 0 : 1);
+  };
   std::vector<std::vector<int64_t>> recv_index(P * P * 2);  // channel -> action indices on dst, in order
   for (int64_t q = 0; q < p; ++q)
     for (size_t i = 0; i < tables[static_cast<size_t>(q)].size(); ++i) {
       const auto& a = tables[static_cast<size_t>(q)][i];
-      if (is_recv(a.op)) recv_index[channel(a.peer_stage, q, a.op == PipeOp::recv_forward)].push_back(static_cast<int64_t>(i));
+      if (is_recv(a.op))
+        recv_index[channel(a.peer_stage, q, a.op == PipeOp::recv_forward)].push_back(static_cast<int64_t>(i));
     }
   // Simulate: sends are posted and never block, receives wait for their message, which
   // carries the sender's vector clock (clock[q][x] = actions of rank x known done by q).

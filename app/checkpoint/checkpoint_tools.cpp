@@ -71,7 +71,8 @@ std::string convert_checkpoint(const std::string& in, const std::string& out, in
   return model::ckpt::iteration_dir(out, st.iteration);
 }
 
-std::string save_whole_model(const std::string& root, const Recipe& r, const model::ParamStore& store, int64_t iteration) {
+std::string save_whole_model(const std::string& root, const Recipe& r, const model::ParamStore& store,
+                             int64_t iteration) {
   const std::string part = model::ckpt::partial_dir(root, iteration);
   fs::remove_all(part);
   auto snap = model::ckpt::take_snapshot(store, nullptr, 0, 0, 0, true, false);

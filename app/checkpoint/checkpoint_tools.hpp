@@ -16,6 +16,7 @@ std::string convert_checkpoint(const std::string& in, const std::string& out, in
 
 // A complete one-shard checkpoint (tp = pp = dp = 1, no optimizer state) of `store`,
 // which holds the whole model as declare_chunk_params(..., {0, L, true, true}, 0, 1) lays it out.
-std::string save_whole_model(const std::string& root, const Recipe& r, const model::ParamStore& store, int64_t iteration);
+std::string save_whole_model(const std::string& root, const Recipe& r, const model::ParamStore& store,
+                             int64_t iteration);
 
 }  // namespace mtnlg::app

@@ -27,12 +27,13 @@ namespace {
 void inspect_checkpoint(const std::string& input, bool tensors) {
   std::string dir = model::ckpt::resolve(input);
   auto st = model::ckpt::read_metadata(dir);
-  std::printf("checkpoint %s\n  iteration %lld | consumed samples %lld, tokens %s | optimizer steps %lld\n", dir.c_str(),
-              static_cast<long long>(st.iteration), static_cast<long long>(st.consumed_samples),
+  std::printf("checkpoint %s\n  iteration %lld | consumed samples %lld, tokens %s | optimizer steps %lld\n",
+              dir.c_str(), static_cast<long long>(st.iteration), static_cast<long long>(st.consumed_samples),
               human_count(static_cast<double>(st.consumed_tokens)).c_str(), static_cast<long long>(st.optimizer_steps));
-  std::printf("  layout tp=%lld pp=%lld dp=%lld%s | skipped %lld | format version %d\n", static_cast<long long>(st.layout.tp),
-              static_cast<long long>(st.layout.pp), static_cast<long long>(st.layout.dp),
-              st.layout.zero1 ? " ZeRO-1" : "", static_cast<long long>(st.skipped_total), model::ckpt::kFormatVersion);
+  std::printf("  layout tp=%lld pp=%lld dp=%lld%s | skipped %lld | format version %d\n",
+              static_cast<long long>(st.layout.tp), static_cast<long long>(st.layout.pp),
+              static_cast<long long>(st.layout.dp), st.layout.zero1 ? " ZeRO-1" : "",
+              static_cast<long long>(st.skipped_total), model::ckpt::kFormatVersion);
   auto rep = model::ckpt::inspect(dir);
   std::map<std::string, std::tuple<int64_t, int64_t, int64_t>> per_file;  // tensors, elements, bad checksums
   int64_t bad = 0;
@@ -52,8 +53,8 @@ void inspect_checkpoint(const std::string& input, bool tensors) {
                   t.checksum_ok ? "ok" : "CHECKSUM MISMATCH");
   }
   for (auto& [f, v] : per_file)
-    std::printf("  %-44s %5lld tensors %12s elements  checksums %s\n", f.c_str(), static_cast<long long>(std::get<0>(v)),
-                human_count(static_cast<double>(std::get<1>(v))).c_str(),
+    std::printf("  %-44s %5lld tensors %12s elements  checksums %s\n", f.c_str(),
+                static_cast<long long>(std::get<0>(v)), human_count(static_cast<double>(std::get<1>(v))).c_str(),
                 std::get<2>(v) ? "MISMATCH" : "ok");
   if (bad) throw_input("{}: {} tensors fail their checksum", dir, bad);
   // Checksums cover the files present; the layout says which must be there.
@@ -136,19 +137,22 @@ void register_file_tools(CLI::App* cmd) {
   conv->add_option("--pp", a->pp, "Target pipeline_model_parallel_size")->check(CLI::PositiveNumber);
   conv->callback([a] {
     std::string d = convert_checkpoint(a->input, a->output, a->tp, a->pp);
-    std::printf("wrote %s (tp=%lld pp=%lld)\n", d.c_str(), static_cast<long long>(a->tp), static_cast<long long>(a->pp));
+    std::printf("wrote %s (tp=%lld pp=%lld)\n", d.c_str(), static_cast<long long>(a->tp),
+                static_cast<long long>(a->pp));
   });
 
   auto* ex = cmd->add_subcommand(
-      "export", "Export to a Hugging Face model directory (config.json + model.safetensors, sharded with "
-                "model.safetensors.index.json above --max-shard-size): GPT2LMHeadModel for a GPT-2-family checkpoint, "
-                "LlamaForCausalLM for a Llama-family one (rope + RMSNorm + swiglu), Qwen2ForCausalLM when it has "
-                "q/k/v biases alone (add_qkv_bias)");
+      "export",
+      "Export to a Hugging Face model directory (config.json + model.safetensors, sharded with "
+      "model.safetensors.index.json above --max-shard-size): GPT2LMHeadModel for a GPT-2-family checkpoint, "
+      "LlamaForCausalLM for a Llama-family one (rope + RMSNorm + swiglu), Qwen2ForCausalLM when it has "
+      "q/k/v biases alone (add_qkv_bias)");
   ex->add_option("--format", a->format, "hf: the family the checkpoint's recipe says; hf-gpt2: GPT-2 only")
       ->check(CLI::IsMember(std::vector<std::string>(std::begin(kHfFormats), std::end(kHfFormats))))
       ->capture_default_str();
   ex->add_option("--input", a->input, "Checkpoint root or iteration directory (any layout)")->required();
-  ex->add_option("--output", a->output, "Output directory (created; earlier model*.safetensors and index there are removed)")
+  ex->add_option("--output", a->output,
+                 "Output directory (created; earlier model*.safetensors and index there are removed)")
       ->required();
   ex->add_option("--dtype", a->dtype, "fp32|bf16: the weights' dtype (config.json's torch_dtype)")
       ->check(CLI::IsMember({"fp32", "bf16"}))
@@ -157,14 +161,16 @@ void register_file_tools(CLI::App* cmd) {
                  "Largest weights file: bigger exports are split into model-0000i-of-0000n.safetensors with "
                  "model.safetensors.index.json (units B, KB, MB, GB, TB; KiB ... TiB)")
       ->capture_default_str();
-  ex->add_option("--bos-token-id", a->bos, "config.json's bos_token_id (default: from the hf_config.json an import kept "
-                                           "in the checkpoint root, else 50256 for a GPT-2 model or a 50257-token vocabulary, else null)")
+  ex->add_option("--bos-token-id", a->bos,
+                 "config.json's bos_token_id (default: from the hf_config.json an import kept "
+                 "in the checkpoint root, else 50256 for a GPT-2 model or a 50257-token vocabulary, else null)")
       ->check(CLI::NonNegativeNumber);
   ex->add_option("--eos-token-id", a->eos, "config.json's eos_token_id (default: as --bos-token-id)")
       ->check(CLI::NonNegativeNumber);
-  ex->footer("A tokenizer.json (+ tokenizer_config.json) in the checkpoint root is copied along. What Hugging Face's "
-             "classes cannot express (e.g. rope with LayerNorm, interleaved rotary pairs, partial rotary) is exit 2 "
-             "naming the recipe key.");
+  ex->footer(
+      "A tokenizer.json (+ tokenizer_config.json) in the checkpoint root is copied along. What Hugging Face's "
+      "classes cannot express (e.g. rope with LayerNorm, interleaved rotary pairs, partial rotary) is exit 2 "
+      "naming the recipe key.");
   ex->callback([a] {
     HfExportOptions o;
     o.format = a->format;
@@ -176,20 +182,23 @@ void register_file_tools(CLI::App* cmd) {
   });
 
   auto* im = cmd->add_subcommand(
-      "import", "Import a Hugging Face model directory (GPT2LMHeadModel, LlamaForCausalLM or Qwen2ForCausalLM, by "
-                "config.json's architectures / model_type; model.safetensors or shards with "
-                "model.safetensors.index.json; F32, BF16 or F16) as an mtnlg checkpoint (iteration 0); its "
-                "tokenizer.json (+ tokenizer_config.json), when there, is copied beside it for eval and generate");
+      "import",
+      "Import a Hugging Face model directory (GPT2LMHeadModel, LlamaForCausalLM or Qwen2ForCausalLM, by "
+      "config.json's architectures / model_type; model.safetensors or shards with "
+      "model.safetensors.index.json; F32, BF16 or F16) as an mtnlg checkpoint (iteration 0); its "
+      "tokenizer.json (+ tokenizer_config.json), when there, is copied beside it for eval and generate");
   im->add_option("--format", a->format, "hf: the family config.json says; hf-gpt2: GPT-2 only")
       ->check(CLI::IsMember(std::vector<std::string>(std::begin(kHfFormats), std::end(kHfFormats))))
       ->capture_default_str();
   im->add_option("--input", a->input, "Directory with config.json and the weights")->required();
   im->add_option("--output", a->output, "Output checkpoint root")->required();
-  im->add_option("--recipe", a->recipe, "Recipe to record (its model section must match config.json); default: built from config.json");
-  im->footer("config.json is kept as OUTPUT/hf_config.json (a later export takes its bos/eos token ids). A field mtnlg's "
-             "model cannot express (e.g. Qwen3's q/k norms, hidden_act other than silu, rope_scaling other than "
-             "llama3 with Llama 3.1's frequency factors, attention_bias without mlp_bias, use_sliding_window) is exit 2 "
-             "naming it.");
+  im->add_option("--recipe", a->recipe,
+                 "Recipe to record (its model section must match config.json); default: built from config.json");
+  im->footer(
+      "config.json is kept as OUTPUT/hf_config.json (a later export takes its bos/eos token ids). A field mtnlg's "
+      "model cannot express (e.g. Qwen3's q/k norms, hidden_act other than silu, rope_scaling other than "
+      "llama3 with Llama 3.1's frequency factors, attention_bias without mlp_bias, use_sliding_window) is exit 2 "
+      "naming it.");
   im->callback([a] {
     std::string d = import_hf(a->input, a->output, a->recipe, a->format);
     std::printf("wrote %s\n", d.c_str());
@@ -198,8 +207,9 @@ void register_file_tools(CLI::App* cmd) {
   });
 
   auto* lg = cmd->add_subcommand(
-      "logits", "Write the model's logits for a token sequence (safetensors: tokens [1,T] i32, logits [1,T,vocab] f32), "
-                "to compare an export or another framework with mtnlg");
+      "logits",
+      "Write the model's logits for a token sequence (safetensors: tokens [1,T] i32, logits [1,T,vocab] f32), "
+      "to compare an export or another framework with mtnlg");
   lg->add_option("--input", a->input, "Checkpoint root or iteration directory (any layout)")->required();
   lg->add_option("--tokens", a->tokens, "Comma-separated token ids, e.g. 464,3290,318")->required();
   lg->add_option("--output", a->output, "Output .safetensors file")->required();
@@ -215,7 +225,8 @@ void register_verify_resume(CLI::App* cmd) {
       "their losses and grad norms iteration by iteration: exit 0 when they agree within --tolerance, 1 when not");
   vr->add_option("checkpoint", v->checkpoint, "Checkpoint root (uses `latest`) or an iter_XXXXXXX directory; only read")
       ->required();
-  vr->add_option("--recipe", v->recipe, "The recipe the checkpoint was trained with (its model must match)")->required();
+  vr->add_option("--recipe", v->recipe, "The recipe the checkpoint was trained with (its model must match)")
+      ->required();
   vr->add_option("--layout-a", v->layout_a,
                  "First layout: tp=T,pp=P,dp=D[,zero1=0|1][,sp=0|1] (tp/pp/dp default 1; zero1 = "
                  "parallel.use_distributed_optimizer, sp = parallel.sequence_parallel, as the recipe when not given)")
@@ -250,7 +261,8 @@ void register_verify_resume(CLI::App* cmd) {
 
 void register_checkpoint(CLI::App& app) {
   auto* cmd = app.add_subcommand(
-      "checkpoint", "Inspect, convert (tp/pp), export to / import from Hugging Face (GPT-2, Llama, Qwen2), verify a resume under "
+      "checkpoint",
+      "Inspect, convert (tp/pp), export to / import from Hugging Face (GPT-2, Llama, Qwen2), verify a resume under "
       "another layout");
   cmd->require_subcommand(1);
   register_file_tools(cmd);

@@ -12,18 +12,26 @@ namespace mtnlg::app::hf {
 
 std::string gpt2_unfit(const ModelConfig& m) {
   const char* why = nullptr;
-  if (m.rmsnorm()) why = "model.normalization: RMSNorm";
-  else if (m.swiglu) why = "model.swiglu: true";
-  else if (m.untie_embeddings_and_output_weights) why = "model.untie_embeddings_and_output_weights: true";
-  else if (!m.add_bias_linear) why = "model.add_bias_linear: false";
-  else if (m.query_groups() != m.num_attention_heads) why = "model.num_query_groups";
-  else if (m.kv_channels > 0 && m.kv_channels * m.num_attention_heads != m.hidden_size) why = "model.kv_channels";
-  else if (m.qk_layernorm) why = "model.qk_layernorm: true";
+  if (m.rmsnorm())
+    why = "model.normalization: RMSNorm";
+  else if (m.swiglu)
+    why = "model.swiglu: true";
+  else if (m.untie_embeddings_and_output_weights)
+    why = "model.untie_embeddings_and_output_weights: true";
+  else if (!m.add_bias_linear)
+    why = "model.add_bias_linear: false";
+  else if (m.query_groups() != m.num_attention_heads)
+    why = "model.num_query_groups";
+  else if (m.kv_channels > 0 && m.kv_channels * m.num_attention_heads != m.hidden_size)
+    why = "model.kv_channels";
+  else if (m.qk_layernorm)
+    why = "model.qk_layernorm: true";
   if (!why) return "";
-  return fmt::format("{} with learned absolute positions: Hugging Face's GPT2LMHeadModel (learned positions, "
-                     "LayerNorm, GELU, tied output, biases) cannot express it, and its LlamaForCausalLM has rotary "
-                     "positions (model.position_embedding_type: rope)",
-                     why);
+  return fmt::format(
+      "{} with learned absolute positions: Hugging Face's GPT2LMHeadModel (learned positions, "
+      "LayerNorm, GELU, tied output, biases) cannot express it, and its LlamaForCausalLM has rotary "
+      "positions (model.position_embedding_type: rope)",
+      why);
 }
 
 Export gpt2_export(const model::LoadedModel& m) {
@@ -102,8 +110,8 @@ struct Dims {
 
 Dims dims_of(const Config& cfg) {
   Dims d;
-  d.C = cfg.integer("n_embd"), d.L = cfg.integer("n_layer"), d.H = cfg.integer("n_head"), d.V = cfg.integer("vocab_size"),
-  d.P = cfg.integer("n_positions");
+  d.C = cfg.integer("n_embd"), d.L = cfg.integer("n_layer"), d.H = cfg.integer("n_head"),
+  d.V = cfg.integer("vocab_size"), d.P = cfg.integer("n_positions");
   d.F = cfg.j.contains("n_inner") && cfg.j["n_inner"].is_number_integer() ? cfg.j["n_inner"].get<int64_t>() : 4 * d.C;
   return d;
 }
@@ -131,8 +139,9 @@ Recipe gpt2_recipe(const Config& cfg, const std::string& recipe_path) {
                 unfit.empty() ? "model.position_embedding_type must be learned_absolute" : unfit);
   if (r.model.num_layers != d.L || r.model.hidden_size != d.C || r.model.num_attention_heads != d.H ||
       r.model.ffn_hidden_size != d.F || r.model.vocab_size != d.V || r.model.max_position_embeddings != d.P)
-    throw_input("{}: recipe model section does not match {} (layers {}, hidden {}, heads {}, ffn {}, vocab {}, positions {})",
-                recipe_path, cfg.path, d.L, d.C, d.H, d.F, d.V, d.P);
+    throw_input(
+        "{}: recipe model section does not match {} (layers {}, hidden {}, heads {}, ffn {}, vocab {}, positions {})",
+        recipe_path, cfg.path, d.L, d.C, d.H, d.F, d.V, d.P);
   return r;
 }
 

@@ -101,8 +101,7 @@ Weights::Weights(const std::string& dir) : dir_(dir) {
 
 Tensor Weights::get(const std::string& name, const Shape& shape) {
   auto it = where_.find(name);
-  if (it == where_.end())
-    throw_input("{}/{}: tensor '{}' missing", dir_, open_ == kSingle ? kSingle : kIndex, name);
+  if (it == where_.end()) throw_input("{}/{}: tensor '{}' missing", dir_, open_ == kSingle ? kSingle : kIndex, name);
   if (it->second != open_) {
     file_ = {};  // one shard in memory at a time
     open_.clear();
@@ -113,7 +112,8 @@ Tensor Weights::get(const std::string& name, const Shape& shape) {
   auto t = file_.tensors.find(name);
   if (t == file_.tensors.end()) throw_input("{}: tensor '{}' missing ({} puts it there)", where, name, kIndex);
   if (t->second.shape() != shape)
-    throw_input("{}: tensor '{}' has shape {}, expected {}", where, name, shape_str(t->second.shape()), shape_str(shape));
+    throw_input("{}: tensor '{}' has shape {}, expected {}", where, name, shape_str(t->second.shape()),
+                shape_str(shape));
   const DType dt = t->second.dtype();
   if (dt == DType::f32) return t->second;
   if (dt != DType::bf16 && dt != DType::f16)
@@ -170,7 +170,8 @@ Family import_family(const hf::Config& cfg) {
     if (type == known[i].second) by_type = i;
   }
   if (!arch.empty() && by_arch < 0)
-    cfg.bad("architectures", fmt::format("'{}': mtnlg imports GPT2LMHeadModel, LlamaForCausalLM and Qwen2ForCausalLM", arch));
+    cfg.bad("architectures",
+            fmt::format("'{}': mtnlg imports GPT2LMHeadModel, LlamaForCausalLM and Qwen2ForCausalLM", arch));
   if (arch.empty() && by_type < 0)
     cfg.bad("model_type", fmt::format("'{}' (and no architectures): mtnlg imports gpt2, llama and qwen2", type));
   if (by_arch >= 0 && !type.empty() && by_type != by_arch)
@@ -186,8 +187,8 @@ bool check_tokenizer(const std::string& dir, int64_t vocab) {
   if (!fs::is_regular_file(tok_json, ec)) return false;
   auto tok = data::HfTokenizer::from_file(tok_json.string());
   if (tok->vocab_size() > vocab)
-    throw_input("{}: {} token ids, more than the model's vocab_size {} in config.json", tok_json.string(), tok->vocab_size(),
-                vocab);
+    throw_input("{}: {} token ids, more than the model's vocab_size {} in config.json", tok_json.string(),
+                tok->vocab_size(), vocab);
   return true;
 }
 
@@ -223,13 +224,14 @@ std::vector<std::string> write_weights(const std::string& dir, const std::vector
   std::vector<std::string> files;
   nlohmann::json map = nlohmann::json::object();
   for (size_t s = 0; s < shards.size(); ++s) {
-    const std::string name = shards.size() == 1 ? std::string("model.safetensors")
-                                                : fmt::format("model-{:05d}-of-{:05d}.safetensors", s + 1, shards.size());
+    const std::string name = shards.size() == 1
+                                 ? std::string("model.safetensors")
+                                 : fmt::format("model-{:05d}-of-{:05d}.safetensors", s + 1, shards.size());
     std::vector<safetensors::Entry> entries;
     for (size_t i : shards[s]) {
       Tensor t = ts[i].make();
-      MTNLG_CHECK(t.shape() == ts[i].shape, "export: {} made with shape {}, planned {}", ts[i].name, shape_str(t.shape()),
-                  shape_str(ts[i].shape));
+      MTNLG_CHECK(t.shape() == ts[i].shape, "export: {} made with shape {}, planned {}", ts[i].name,
+                  shape_str(t.shape()), shape_str(ts[i].shape));
       if (dt != DType::f32) {
         Tensor x = Tensor::empty(t.shape(), dt);
         ops::convert(x, t);
@@ -255,7 +257,8 @@ void remove_stale_weights(const std::string& dir) {
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     const std::string n = e.path().filename().string();
-    if (n == "model.safetensors" || n == "model.safetensors.index.json" || std::regex_match(n, shard)) fs::remove(e.path());
+    if (n == "model.safetensors" || n == "model.safetensors.index.json" || std::regex_match(n, shard))
+      fs::remove(e.path());
   }
 }
 
@@ -286,9 +289,10 @@ std::vector<std::string> export_hf(const std::string& in, const std::string& out
   const std::string unfit = gpt2 ? hf::gpt2_unfit(r.model) : hf::llama_unfit(r.model);
   if (!unfit.empty()) throw_input("{}: the checkpoint's recipe has {}", dir, unfit);
   if (opt.format == "hf-gpt2" && !gpt2)
-    throw_input("--format hf-gpt2: {} holds a Llama-family model (model.position_embedding_type: rope); export it with "
-                "--format hf",
-                dir);
+    throw_input(
+        "--format hf-gpt2: {} holds a Llama-family model (model.position_embedding_type: rope); export it with "
+        "--format hf",
+        dir);
   const model::LoadedModel m = load_for_inference(dir);
   hf::Export ex = gpt2 ? hf::gpt2_export(m) : hf::llama_export(r.model, m);
   const fs::path root = fs::path(dir).parent_path();
@@ -341,9 +345,10 @@ int64_t parse_byte_size(const std::string& text, const std::string& key) {
   std::smatch mt;
   if (!std::regex_match(text, mt, re))
     throw_input("{}: \"{}\" is not a size (e.g. 5GB, 500MB, 2GiB or a number of bytes)", key, text);
-  static const std::pair<const char*, double> units[] = {{"B", 1},         {"KB", 1e3},       {"MB", 1e6},
-                                                         {"GB", 1e9},       {"TB", 1e12},      {"KiB", 1024.0},
-                                                         {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"TiB", 1099511627776.0}};
+  static const std::pair<const char*, double> units[] = {
+      {"B", 1},           {"KB", 1e3},           {"MB", 1e6},
+      {"GB", 1e9},        {"TB", 1e12},          {"KiB", 1024.0},
+      {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"TiB", 1099511627776.0}};
   double scale = 1;
   for (const auto& [u, s] : units)
     if (mt[2].str() == u) scale = s;

@@ -23,8 +23,8 @@ inline constexpr const char* kHfFormats[] = {"hf", "hf-gpt2"};
 
 struct HfExportOptions {
   std::string format = "hf";
-  DType dtype = DType::f32;                    // of the written weights: f32 or bf16
-  int64_t max_shard_bytes = 5'000'000'000;     // larger exports are sharded (Hugging Face's 5GB)
+  DType dtype = DType::f32;                      // of the written weights: f32 or bf16
+  int64_t max_shard_bytes = 5'000'000'000;       // larger exports are sharded (Hugging Face's 5GB)
   int64_t bos_token_id = -1, eos_token_id = -1;  // -1: from the checkpoint (see export_hf)
 };
 

@@ -51,7 +51,8 @@ std::string llama_unfit(const ModelConfig& m) {
     why = fmt::format("model.rotary_percent: {} (Llama and Qwen2 rotate every dimension of a head)", m.rotary_percent);
   else if (m.qk_layernorm)
     why = "model.qk_layernorm: true (Qwen3's per-head q/k norms are not exported yet)";
-  else if (!m.add_bias_linear && m.add_qkv_bias && m.kv_channels > 0 && m.kv_channels * m.num_attention_heads != m.hidden_size)
+  else if (!m.add_bias_linear && m.add_qkv_bias && m.kv_channels > 0 &&
+           m.kv_channels * m.num_attention_heads != m.hidden_size)
     why = "model.kv_channels with model.add_qkv_bias (Qwen2's head size is hidden_size / num_attention_heads)";
   if (why.empty()) return "";
   return why + ": Hugging Face's LlamaForCausalLM and Qwen2ForCausalLM cannot express it";
@@ -67,7 +68,8 @@ Export llama_export(const ModelConfig& mc, const model::LoadedModel& m) {
   auto same = [&](const std::string& hf, const std::string& ours) {
     out.push_back({hf, m.store.param(ours).shape(), [&m, ours] { return param_copy(m, ours); }});
   };
-  out.push_back({"model.embed_tokens.weight", {V, C}, [&m, V] { return real_rows(m, "embedding.word_embeddings.weight", V); }});
+  out.push_back(
+      {"model.embed_tokens.weight", {V, C}, [&m, V] { return real_rows(m, "embedding.word_embeddings.weight", V); }});
   for (int64_t l = 0; l < L; ++l) {
     const std::string p = fmt::format("layers.{}.", l), h = fmt::format("model.layers.{}.", l);
     same(h + "input_layernorm.weight", p + "input_layernorm.weight");
@@ -81,7 +83,8 @@ Export llama_export(const ModelConfig& mc, const model::LoadedModel& m) {
       if (c.qkv_bias)
         out.push_back({h + "self_attn." + kProj[part] + ".bias", {q.rows(part)}, [&m, p, q, part] {
                          Tensor fused = m.store.param(p + "attention.qkv.bias"), t = Tensor::empty({q.rows(part)});
-                         for (int64_t i = 0; i < q.rows(part); ++i) t.data<float>()[i] = fused.data<float>()[q.fused(part, i)];
+                         for (int64_t i = 0; i < q.rows(part); ++i)
+                           t.data<float>()[i] = fused.data<float>()[q.fused(part, i)];
                          return t;
                        }});
     }
@@ -173,7 +176,8 @@ Rope rope_of(const Config& cfg) {
   if (type.empty()) cfg.bad(key + ".rope_type", "missing");
   if (type == "default") return r;
   if (type != "llama3")
-    cfg.bad(key + ".rope_type", fmt::format("'{}': mtnlg scales rotary frequencies as Llama 3.1 does (llama3) or not at all", type));
+    cfg.bad(key + ".rope_type",
+            fmt::format("'{}': mtnlg scales rotary frequencies as Llama 3.1 does (llama3) or not at all", type));
   r.scaling = true;
   const auto factor = num("factor");
   if (!factor || *factor < 1.0) cfg.bad(key + ".factor", "missing or < 1");
@@ -195,10 +199,11 @@ Rope rope_of(const Config& cfg) {
 // A recipe key of `given` against the one config.json implies (`says`: the field and its
 // value, as the error shows them).
 template <class T>
-void agree(const std::string& recipe_path, const char* key, T given, T implied, const Config& cfg, const std::string& says) {
+void agree(const std::string& recipe_path, const char* key, T given, T implied, const Config& cfg,
+           const std::string& says) {
   if (given != implied)
-    throw_input("{}: model.{} is {}, but {} says {} (its model section must match config.json)", recipe_path, key, given,
-                cfg.path, says);
+    throw_input("{}: model.{} is {}, but {} says {} (its model section must match config.json)", recipe_path, key,
+                given, cfg.path, says);
 }
 template <class T>
 void agree(const std::string& recipe_path, const char* key, T given, T implied, const Config& cfg, const char* field) {
@@ -208,9 +213,9 @@ void agree(const std::string& recipe_path, const char* key, T given, T implied, 
 }  // namespace
 
 Recipe llama_recipe(const Config& cfg, bool qwen2, const std::string& recipe_path) {
-  const int64_t C = cfg.integer("hidden_size"), L = cfg.integer("num_hidden_layers"), H = cfg.integer("num_attention_heads"),
-                F = cfg.integer("intermediate_size"), V = cfg.integer("vocab_size"),
-                P = cfg.integer("max_position_embeddings");
+  const int64_t C = cfg.integer("hidden_size"), L = cfg.integer("num_hidden_layers"),
+                H = cfg.integer("num_attention_heads"), F = cfg.integer("intermediate_size"),
+                V = cfg.integer("vocab_size"), P = cfg.integer("max_position_embeddings");
   const int64_t G = cfg.integer("num_key_value_heads", H);
   if (H <= 0) cfg.bad("num_attention_heads", "must be positive");
   if (G <= 0 || H % G != 0)
@@ -243,8 +248,8 @@ Recipe llama_recipe(const Config& cfg, bool qwen2, const std::string& recipe_pat
       "normalization: RMSNorm, swiglu: true, untie_embeddings_and_output_weights: {}, add_bias_linear: {}, "
       "add_qkv_bias: {}, init_method_std: {}, hidden_dropout: 0.0, attention_dropout: {}}}\n"
       "training: {{micro_batch_size: 1, global_batch_size: 1, train_iters: 1}}\ndata: {{mock: true}}\n",
-      L, C, H, G, F, D * H == C ? 0 : D, P, P, V, eps, rope.theta, rope.scaling, rope.factor, !tied, bias_linear, qkv_bias,
-      std_, att_drop);
+      L, C, H, G, F, D * H == C ? 0 : D, P, P, V, eps, rope.theta, rope.scaling, rope.factor, !tied, bias_linear,
+      qkv_bias, std_, att_drop);
   const Recipe built = parse_recipe(y, cfg.path);
   if (recipe_path.empty()) return built;
   const Recipe r = load_recipe(recipe_path);

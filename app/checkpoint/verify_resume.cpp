@@ -139,12 +139,14 @@ VerifyLayout parse_verify_layout(const std::string& text, const std::string& opt
         throw_input("{} \"{}\": {}={} is not a positive process count", option, text, key, value);
       (key == "tp" ? l.tp : key == "pp" ? l.pp : l.dp) = v;
     } else if (key == "zero1" || key == "sp") {
-      std::optional<bool> b = value == "1" ? std::optional<bool>(true) : value == "0" ? std::optional<bool>(false)
-                                                                                        : parse_bool(value);
+      std::optional<bool> b = value == "1"   ? std::optional<bool>(true)
+                              : value == "0" ? std::optional<bool>(false)
+                                             : parse_bool(value);
       if (!b) throw_input("{} \"{}\": {}={} is not 0/1 or true/false", option, text, key, value);
       (key == "zero1" ? l.zero1 : l.sp) = *b ? 1 : 0;
     } else {
-      throw_input("{} \"{}\": unknown key \"{}\" (tp, pp, dp, zero1, sp; other settings go in --set)", option, text, key);
+      throw_input("{} \"{}\": unknown key \"{}\" (tp, pp, dp, zero1, sp; other settings go in --set)", option, text,
+                  key);
     }
   }
   if (l.world() > (1 << 24)) throw_input("{} \"{}\": tp x pp x dp = {} processes is too many", option, text, l.world());
@@ -167,11 +169,11 @@ void prepare_side(Side& s, const VerifyResumeOptions& o, const std::string& ckpt
   }
   s.sets = o.sets;
   for (auto& x : s.layout.sets()) s.sets.push_back(x);
-  for (auto& x : std::vector<std::string>{
-           "logging.dir=" + s.dir.string(), "logging.log_interval=1", "logging.tensorboard=false",
-           "checkpoint.load=" + ckpt_dir, "checkpoint.save=" + (s.dir / "checkpoints").string(),
-           "checkpoint.save_interval=0", "checkpoint.keep_last=1", fmt::format("training.exit_interval={}", stop_at),
-           "training.eval_interval=0"})
+  for (auto& x :
+       std::vector<std::string>{"logging.dir=" + s.dir.string(), "logging.log_interval=1", "logging.tensorboard=false",
+                                "checkpoint.load=" + ckpt_dir, "checkpoint.save=" + (s.dir / "checkpoints").string(),
+                                "checkpoint.save_interval=0", "checkpoint.keep_last=1",
+                                fmt::format("training.exit_interval={}", stop_at), "training.eval_interval=0"})
     s.sets.push_back(x);
   try {
     s.recipe = load_recipe(o.recipe, s.sets);
@@ -198,9 +200,9 @@ void run_side(const Side& s, const VerifyResumeOptions& o, int64_t first_iterati
   std::string cmd = prefix + shell_quote(self) + " train " + shell_quote(o.recipe);
   for (auto& x : s.sets) cmd += " --set " + shell_quote(x);
   const fs::path log = s.dir / "train.log";
-  std::printf("layout %s: %s, %lld process%s, iterations %lld..%lld (log %s)\n", s.name,
-              describe(s.recipe, n).c_str(), static_cast<long long>(n), n > 1 ? "es" : "",
-              static_cast<long long>(first_iteration), static_cast<long long>(stop_at), log.c_str());
+  std::printf("layout %s: %s, %lld process%s, iterations %lld..%lld (log %s)\n", s.name, describe(s.recipe, n).c_str(),
+              static_cast<long long>(n), n > 1 ? "es" : "", static_cast<long long>(first_iteration),
+              static_cast<long long>(stop_at), log.c_str());
   std::fflush(stdout);
   std::ofstream(log) << "$ " << cmd << "\n";
   const int status = std::system((cmd + " >> " + shell_quote(log.string()) + " 2>&1 < /dev/null").c_str());
@@ -220,8 +222,8 @@ void run_side(const Side& s, const VerifyResumeOptions& o, int64_t first_iterati
 // The two runs' iterations side by side; RuntimeError naming the first iteration whose
 // loss or grad norm differs by more than the tolerance (relative).
 void compare_runs(const std::vector<Row>& a, const std::vector<Row>& b, double tolerance, const fs::path& work) {
-  std::printf("\n%9s %6s %16s %16s %9s %14s %14s %9s\n", "iteration", "batch", "loss A", "loss B", "|diff|", "grad norm A",
-              "grad norm B", "|diff|");
+  std::printf("\n%9s %6s %16s %16s %9s %14s %14s %9s\n", "iteration", "batch", "loss A", "loss B", "|diff|",
+              "grad norm A", "grad norm B", "|diff|");
   double worst_loss = 0, worst_norm = 0;
   int64_t worst_loss_it = 0, worst_norm_it = 0, first_bad = -1;
   std::string first_bad_what;
@@ -244,9 +246,9 @@ void compare_runs(const std::vector<Row>& a, const std::vector<Row>& b, double t
           fmt::format("grad norm {:.7e} vs {:.7e}, relative difference {:.2e}", x.grad_norm, y.grad_norm, rg);
     if (!first_bad_what.empty()) first_bad = x.iteration;
   }
-  std::printf("\nlargest relative difference: loss %.2e (iteration %lld), grad norm %.2e (iteration %lld); tolerance %.1e\n",
-              worst_loss, static_cast<long long>(worst_loss_it), worst_norm, static_cast<long long>(worst_norm_it),
-              tolerance);
+  std::printf(
+      "\nlargest relative difference: loss %.2e (iteration %lld), grad norm %.2e (iteration %lld); tolerance %.1e\n",
+      worst_loss, static_cast<long long>(worst_loss_it), worst_norm, static_cast<long long>(worst_norm_it), tolerance);
   std::fflush(stdout);
   if (first_bad >= 0)
     throw_runtime("layouts differ from iteration {}: {} (tolerance {:.1e}; runs in {})", first_bad, first_bad_what,
@@ -260,7 +262,8 @@ void verify_resume(const VerifyResumeOptions& o) {
   if (!(o.tolerance >= 0) || !std::isfinite(o.tolerance))
     throw_input("--tolerance {}: must be a finite number >= 0", o.tolerance);
   if (o.launcher.find("{n}") == std::string::npos)
-    throw_input("--launcher \"{}\": must contain {{n}}, the number of processes (e.g. \"mpirun -np {{n}}\")", o.launcher);
+    throw_input("--launcher \"{}\": must contain {{n}}, the number of processes (e.g. \"mpirun -np {{n}}\")",
+                o.launcher);
 
   // The checkpoint: resolved once, so both runs load the same iteration even if `latest` moves.
   const std::string ckpt_dir = model::ckpt::resolve(o.checkpoint);
@@ -274,9 +277,10 @@ void verify_resume(const VerifyResumeOptions& o) {
   check_same_network(ckpt_dir, st, base);
   const int64_t run_iters = schedules::run_length(base.training, base.model.seq_length).iterations;
   if (st.iteration >= run_iters)
-    throw_input("{} is at iteration {}, the end of the recipe's run ({} iterations): nothing left to train; raise "
-                "training.train_iters with --set",
-                ckpt_dir, st.iteration, run_iters);
+    throw_input(
+        "{} is at iteration {}, the end of the recipe's run ({} iterations): nothing left to train; raise "
+        "training.train_iters with --set",
+        ckpt_dir, st.iteration, run_iters);
   const int64_t iters = std::min(o.iters, run_iters - st.iteration);
   // Stop after K iterations with training.exit_interval, not a shorter run length: the run
   // length sets the LR schedule, which must stay the one the checkpoint was trained with.
@@ -299,7 +303,8 @@ void verify_resume(const VerifyResumeOptions& o) {
 
   std::printf("checkpoint %s: iteration %lld, saved with tp=%lld pp=%lld dp=%lld%s\n", ckpt_dir.c_str(),
               static_cast<long long>(st.iteration), static_cast<long long>(st.layout.tp),
-              static_cast<long long>(st.layout.pp), static_cast<long long>(st.layout.dp), st.layout.zero1 ? " ZeRO-1" : "");
+              static_cast<long long>(st.layout.pp), static_cast<long long>(st.layout.dp),
+              st.layout.zero1 ? " ZeRO-1" : "");
   if (iters < o.iters)
     std::printf("the recipe's run ends at iteration %lld: verifying %lld iterations, not %lld\n",
                 static_cast<long long>(run_iters), static_cast<long long>(iters), static_cast<long long>(o.iters));

@@ -29,7 +29,7 @@ struct VerifyResumeOptions {
   std::string recipe;
   std::string layout_a = "tp=1,pp=1,dp=1", layout_b;
   int64_t iters = 5;
-  std::vector<std::string> sets;           // applied to both runs, before the layout's
+  std::vector<std::string> sets;            // applied to both runs, before the layout's
   std::string launcher = "mpirun -np {n}";  // {n} = tp x pp x dp; unused for one process
   double tolerance = 1e-6;                  // on |A-B| / max(|A|,|B|), loss and grad norm
   std::string work_dir;                     // empty: a fresh directory under $TMPDIR

@@ -68,7 +68,8 @@ void inspect_recipe(const InspectArgs& a) {
       throw_input("{}: data.blend[{}].prefix '{}' not found (needs {} and {})", a.recipe, i, src.prefix,
                   data::idx_path(src.prefix), data::bin_path(src.prefix));
     data::IndexedDataset ds(src.prefix);
-    const double epochs = ds.num_tokens() > 0 ? w[i] * static_cast<double>(budget) / static_cast<double>(ds.num_tokens()) : 0.0;
+    const double epochs =
+        ds.num_tokens() > 0 ? w[i] * static_cast<double>(budget) / static_cast<double>(ds.num_tokens()) : 0.0;
     std::printf("%-48s %12s %12s %8.2f%% %9.2f\n", src.prefix.c_str(),
                 human_count(static_cast<double>(ds.num_documents())).c_str(),
                 human_count(static_cast<double>(ds.num_tokens())).c_str(), 100.0 * w[i], epochs);
@@ -97,7 +98,8 @@ void inspect_prefixes(const InspectArgs& a) {
   std::printf("%-48s %12s %12s %14s %8s %12s\n", "prefix", "documents", "sequences", "tokens", "dtype", "tokens/doc");
   for (const auto& p : a.prefixes) {
     data::IndexedDataset ds(p);
-    const double per_doc = ds.num_documents() > 0 ? static_cast<double>(ds.num_tokens()) / static_cast<double>(ds.num_documents()) : 0.0;
+    const double per_doc =
+        ds.num_documents() > 0 ? static_cast<double>(ds.num_tokens()) / static_cast<double>(ds.num_documents()) : 0.0;
     std::printf("%-48s %12lld %12lld %14lld %8s %12.1f\n", p.c_str(), static_cast<long long>(ds.num_documents()),
                 static_cast<long long>(ds.num_sequences()), static_cast<long long>(ds.num_tokens()),
                 data::dtype_name(ds.dtype()), per_doc);
@@ -146,8 +148,7 @@ void preprocess_ranks(data::PreprocessOptions opt, const parallel::LaunchInfo& i
   int64_t size = -1;  // unknown when an input is missing: the step below fails naming it
   try {
     size = data::total_input_bytes(opt.inputs);
-  } catch (const InputError&) {
-  }
+  } catch (const InputError&) {}
   RankJob::ProgressSpec progress("preprocess " + data::inputs_label(opt.inputs), size, "B", &bytes, opt.progress);
   progress.secondary_unit = "tokens";
   progress.secondary = &toks;
@@ -199,18 +200,21 @@ void preprocess_ranks(data::PreprocessOptions opt, const parallel::LaunchInfo& i
 
 void register_preprocess(CLI::App* data) {
   auto* pre = data->add_subcommand(
-      "preprocess", "Tokenize JSONL (.jsonl, .jsonl.gz, .jsonl.zst) into Megatron .bin/.idx files, one pair per json key");
+      "preprocess",
+      "Tokenize JSONL (.jsonl, .jsonl.gz, .jsonl.zst) into Megatron .bin/.idx files, one pair per json key");
   static data::PreprocessOptions popt;
-  pre->add_option("--input", popt.inputs,
-                  "Input JSONL files, plain, gzip or zstd (detected from their bytes), read in the order given into one "
-                  "dataset: --input a b c or --input a --input b")
+  pre->add_option(
+         "--input", popt.inputs,
+         "Input JSONL files, plain, gzip or zstd (detected from their bytes), read in the order given into one "
+         "dataset: --input a b c or --input a --input b")
       ->required()
       ->expected(1, -1);
   pre->add_option("--output-prefix", popt.output_prefix,
                   "Output prefix P: writes P_<key>_document.bin/.idx for each json key")
       ->required();
-  pre->add_option("--vocab-file", popt.vocab_file,
-                  "GPT-2 vocab.json (encoder.json); scripts/fetch-gpt2-vocab.sh gets it (with --merge-file, or --tokenizer)");
+  pre->add_option(
+      "--vocab-file", popt.vocab_file,
+      "GPT-2 vocab.json (encoder.json); scripts/fetch-gpt2-vocab.sh gets it (with --merge-file, or --tokenizer)");
   pre->add_option("--merge-file", popt.merge_file, "GPT-2 merges.txt (vocab.bpe)");
   pre->add_option("--tokenizer", popt.tokenizer_file,
                   "A Hugging Face tokenizer.json (Llama 3, Qwen, ...; docs/specs/hf-tokenizer.md) instead of GPT-2's "
@@ -251,20 +255,22 @@ void register_preprocess(CLI::App* data) {
 
 void register_merge(CLI::App* data) {
   auto* mrg = data->add_subcommand(
-      "merge", "Concatenate Megatron .bin/.idx datasets into one (the same bytes as preprocessing their inputs in order)");
+      "merge",
+      "Concatenate Megatron .bin/.idx datasets into one (the same bytes as preprocessing their inputs in order)");
   static std::vector<std::string> merge_inputs;
   static std::string merge_output;
   static bool merge_no_progress = false;
-  mrg->add_option("--input", merge_inputs,
-                  "Input prefixes in order (PREFIX.bin + PREFIX.idx); a directory stands for its .idx prefixes sorted by "
-                  "name")
+  mrg->add_option(
+         "--input", merge_inputs,
+         "Input prefixes in order (PREFIX.bin + PREFIX.idx); a directory stands for its .idx prefixes sorted by "
+         "name")
       ->required()
       ->expected(1, -1);
   mrg->add_option("--output-prefix", merge_output, "Output prefix: writes PREFIX.bin and PREFIX.idx")->required();
   mrg->add_flag("--no-progress", merge_no_progress, "Do not draw the progress bar");
   mrg->callback([] {
-    const auto res = data::merge_indexed_datasets(data::expand_merge_inputs(merge_inputs), merge_output,
-                                                  !merge_no_progress);
+    const auto res =
+        data::merge_indexed_datasets(data::expand_merge_inputs(merge_inputs), merge_output, !merge_no_progress);
     std::printf("wrote %s.{bin,idx}: %lld prefixes, %lld documents, %lld sequences, %lld tokens (%s)\n",
                 merge_output.c_str(), static_cast<long long>(res.inputs), static_cast<long long>(res.documents),
                 static_cast<long long>(res.sequences), static_cast<long long>(res.tokens), res.dtype.c_str());

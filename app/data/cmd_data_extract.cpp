@@ -49,8 +49,8 @@ void extract_files(const extract::ExtractOptions& opt, const std::vector<int64_t
   std::vector<std::string> done;
   try {
     for (int64_t i : mine) {
-      run.per_file[static_cast<size_t>(i)] =
-          extract::extract_file(opt.inputs[static_cast<size_t>(i)], shards[static_cast<size_t>(i)], opt, run.languages, fp);
+      run.per_file[static_cast<size_t>(i)] = extract::extract_file(
+          opt.inputs[static_cast<size_t>(i)], shards[static_cast<size_t>(i)], opt, run.languages, fp);
       done.push_back(shards[static_cast<size_t>(i)]);
     }
   } catch (...) {
@@ -61,11 +61,12 @@ void extract_files(const extract::ExtractOptions& opt, const std::vector<int64_t
 
 void print_summary(const nlohmann::ordered_json& rep, const std::string& dir, int64_t ranks) {
   const auto& t = rep["totals"];
-  log::info("extract: {} records, {} pages, kept {} documents ({} characters); dropped {} by language, {} without "
-            "main text; {} bad records; report {}/extract_report.json{}",
-            t["records"].get<int64_t>(), t["pages"].get<int64_t>(), t["documents"].get<int64_t>(),
-            t["characters"].get<int64_t>(), t["language_dropped"].get<int64_t>(), t["no_main_text"].get<int64_t>(),
-            t["bad_records"].get<int64_t>(), dir, ranks > 1 ? fmt::format(" ({} ranks)", ranks) : std::string());
+  log::info(
+      "extract: {} records, {} pages, kept {} documents ({} characters); dropped {} by language, {} without "
+      "main text; {} bad records; report {}/extract_report.json{}",
+      t["records"].get<int64_t>(), t["pages"].get<int64_t>(), t["documents"].get<int64_t>(),
+      t["characters"].get<int64_t>(), t["language_dropped"].get<int64_t>(), t["no_main_text"].get<int64_t>(),
+      t["bad_records"].get<int64_t>(), dir, ranks > 1 ? fmt::format(" ({} ranks)", ranks) : std::string());
 }
 
 void extract_one_process(const extract::ExtractOptions& opt) {
@@ -227,7 +228,8 @@ void register_data_extract(CLI::App& data) {
   c->add_flag("--skip-bad-records", o->skip_bad_records,
               "Skip bad records (truncated, corrupt gzip, malformed header, over the cap, unknown encoding, bad HTTP) "
               "and count them per cause in the report, instead of failing on the first");
-  c->add_option("--length-low", o->blocks.length_low, "Block classifier: blocks shorter than this (characters) are short")
+  c->add_option("--length-low", o->blocks.length_low,
+                "Block classifier: blocks shorter than this (characters) are short")
       ->capture_default_str();
   c->add_option("--length-high", o->blocks.length_high, "Block classifier: good blocks are longer than this")
       ->capture_default_str();
@@ -261,7 +263,8 @@ void register_data_extract(CLI::App& data) {
         cur += ch;
       }
     }
-    one_or_several_ranks([&] { extract_one_process(*o); }, [&](const parallel::LaunchInfo& info) { extract_ranks(*o, info); });
+    one_or_several_ranks([&] { extract_one_process(*o); },
+                         [&](const parallel::LaunchInfo& info) { extract_ranks(*o, info); });
   });
 }
 

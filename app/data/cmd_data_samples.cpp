@@ -58,8 +58,8 @@ void run_samples(const SamplesArgs& a) {
     src = data::make_blend_source(blend_spec(r), part, n, cache);
   }
   if (to > src->size())
-    throw_input("--range {}: the {} part holds {} samples for this recipe (indices 0..{})", a.range, a.part, src->size(),
-                src->size() - 1);
+    throw_input("--range {}: the {} part holds {} samples for this recipe (indices 0..{})", a.range, a.part,
+                src->size(), src->size() - 1);
   const auto names = src->source_names();
   std::vector<int32_t> buf(static_cast<size_t>(r.model.seq_length + 1));
   for (int64_t i = from; i < to; ++i) {

@@ -76,7 +76,10 @@ nlohmann::json score_quality_ranks(const std::string& input, const std::string& 
   std::atomic<int64_t> done{0};
   double sum = 0;
   job.step_with_progress(
-      [&] { sum = curation::score_quality(input, model, part, key, begin, end, lines_before, &done)["score_sum"].get<double>(); },
+      [&] {
+        sum = curation::score_quality(input, model, part, key, begin, end, lines_before, &done)["score_sum"]
+                  .get<double>();
+      },
       "scoring", {"quality score", documents, "docs", &done, progress});
   job.world->all_reduce(&sum, 1, parallel::ReduceOp::sum);
   job.join_on_rank0({""}, [&] { job.join_parts(); });
@@ -132,7 +135,8 @@ curation::DecontamResult decontaminate_ranks(const curation::DecontamOptions& op
     out.written = out.report["lines_written"].get<int64_t>();
     out.removed = out.report["removed"].get<int64_t>();
     out.cut = out.report["cut"].get<int64_t>();
-    curation::write_file_atomic(opt.report.empty() ? opt.output + ".report.json" : opt.report, out.report.dump(2) + "\n");
+    curation::write_file_atomic(opt.report.empty() ? opt.output + ".report.json" : opt.report,
+                                out.report.dump(2) + "\n");
   });
   parallel::finalize_world();
   return out;
@@ -145,22 +149,27 @@ void register_dedup(CLI::App& data) {
       "dedup",
       "Fuzzy-deduplicate JSONL sources with MinHash-LSH; writes OUT/<input name> (kept lines, byte-identical, "
       "order kept) and OUT/dedup_report.json");
-  c->add_option("--input", o->inputs, "Input JSONL files (one source each; source name = file stem)")->required()->expected(1, -1);
+  c->add_option("--input", o->inputs, "Input JSONL files (one source each; source name = file stem)")
+      ->required()
+      ->expected(1, -1);
   c->add_option("--output-dir", o->output_dir, "Directory for the filtered files and the report")->required();
   c->add_option("--priority", o->priority,
                 "Source names (file stems), most preferred first: the survivor of a duplicate group comes from the "
                 "first listed source present, then the earliest input file, then the earliest line")
       ->delimiter(',');
-  c->add_option("--threshold", o->threshold, "Jaccard similarity of word-shingle sets at or above which two documents are duplicates")
+  c->add_option("--threshold", o->threshold,
+                "Jaccard similarity of word-shingle sets at or above which two documents are duplicates")
       ->capture_default_str();
   c->add_option("--json-key", o->json_key, "JSON field holding the document text")->capture_default_str();
   c->add_option("--workers", o->workers, "Worker threads (0 = all hardware threads)")->capture_default_str();
   c->add_option("--ngram", o->ngram, "Words per shingle")->capture_default_str();
   c->add_option("--num-perm", o->num_perm, "MinHash signature length K")->capture_default_str();
-  c->add_option("--bands", o->bands, "LSH bands b (0 = chosen from --threshold, see docs/CURATION.md)")->capture_default_str();
+  c->add_option("--bands", o->bands, "LSH bands b (0 = chosen from --threshold, see docs/CURATION.md)")
+      ->capture_default_str();
   c->add_option("--rows", o->rows, "LSH rows per band r (0 = chosen with --bands)")->capture_default_str();
   c->add_option("--seed", o->seed, "Seed of the MinHash hash family")->capture_default_str();
-  c->add_flag("--clusters", o->write_clusters, "Also write OUT/dedup_clusters.jsonl (every duplicate group, kept and removed lines)");
+  c->add_flag("--clusters", o->write_clusters,
+              "Also write OUT/dedup_clusters.jsonl (every duplicate group, kept and removed lines)");
   auto memory = std::make_shared<std::string>();
   c->add_option("--memory-per-rank", *memory,
                 "Memory budget of each rank (e.g. 2G): the MinHash signatures of the rank's share must fit; LSH band "
@@ -169,7 +178,8 @@ void register_dedup(CLI::App& data) {
   c->add_flag("--no-progress", *no_progress, "Do not draw progress bars");
   c->footer(
       "Under mpirun or srun each rank reads a line-aligned byte range of every input, band keys are routed to their "
-      "owner ranks, rank 0 picks the survivors and every rank writes its kept lines into its slice of each output: outputs and report (but its timings and \"run\") are the same "
+      "owner ranks, rank 0 picks the survivors and every rank writes its kept lines into its slice of each output: "
+      "outputs and report (but its timings and \"run\") are the same "
       "bytes for any number of ranks (all ranks must see the inputs and the output directory).");
   c->callback([o, no_progress, memory] {
     o->progress = !*no_progress;
@@ -181,36 +191,42 @@ void register_dedup(CLI::App& data) {
       const auto& run = r.report["run"];
       const int64_t runs = run["key_runs_spilled"].get<int64_t>();
       if (runs == 0) return "";
-      return fmt::format("; {} band-key runs ({:.1f} MiB) spilled", runs, run["key_bytes_spilled"].get<double>() / 1048576.0);
+      return fmt::format("; {} band-key runs ({:.1f} MiB) spilled", runs,
+                         run["key_bytes_spilled"].get<double>() / 1048576.0);
     };
-    one_or_several_ranks(
-        [&] { return curation::run_dedup(*o); },
-        [&](const parallel::LaunchInfo& info) {
-          return run_on_ranks(info, [&](curation::RankComm& comm) { return curation::run_dedup(*o, &comm); });
-        },
-        [&](const curation::DedupResult& r, int64_t ranks) {
-          log::info("dedup: {} documents, kept {}, removed {} ({} duplicate groups, {} empty kept); report "
-                    "{}/dedup_report.json{}",
-                    r.documents, r.kept, r.removed, r.components, r.empty, o->output_dir,
-                    ranks > 1 ? fmt::format(" ({} ranks{})", ranks, spilled(r)) : spilled(r));
-        });
+    one_or_several_ranks([&] { return curation::run_dedup(*o); },
+                         [&](const parallel::LaunchInfo& info) {
+                           return run_on_ranks(
+                               info, [&](curation::RankComm& comm) { return curation::run_dedup(*o, &comm); });
+                         },
+                         [&](const curation::DedupResult& r, int64_t ranks) {
+                           log::info(
+                               "dedup: {} documents, kept {}, removed {} ({} duplicate groups, {} empty kept); report "
+                               "{}/dedup_report.json{}",
+                               r.documents, r.kept, r.removed, r.components, r.empty, o->output_dir,
+                               ranks > 1 ? fmt::format(" ({} ranks{})", ranks, spilled(r)) : spilled(r));
+                         });
   });
 }
 
 void register_quality_train(CLI::App* q) {
   auto t = std::make_shared<curation::QualityTrainOptions>();
   auto t_np = std::make_shared<bool>(false);
-  auto* train = q->add_subcommand("train", "Train on curated (positive) vs raw (negative) JSONL; writes the model and MODEL.report.json "
-                                           "with held-out precision/recall");
+  auto* train =
+      q->add_subcommand("train",
+                        "Train on curated (positive) vs raw (negative) JSONL; writes the model and MODEL.report.json "
+                        "with held-out precision/recall");
   train->add_option("--positive", t->positive, "JSONL of curated (high-quality) documents")->required();
   train->add_option("--negative", t->negative, "JSONL of raw (unfiltered) documents")->required();
   train->add_option("--model", t->model, "Output model file (versioned binary with checksum)")->required();
   train->add_option("--report", t->report, "Report path (default MODEL.report.json)");
   train->add_option("--json-key", t->json_key, "JSON field holding the document text")->capture_default_str();
-  train->add_option("--bucket-bits", t->bucket_bits, "log2 of the number of hashed feature buckets")->capture_default_str();
+  train->add_option("--bucket-bits", t->bucket_bits, "log2 of the number of hashed feature buckets")
+      ->capture_default_str();
   train->add_option("--epochs", t->epochs, "SGD passes over the training documents")->capture_default_str();
   train->add_option("--lr", t->lr, "SGD learning rate (divided by the epoch number)")->capture_default_str();
-  train->add_option("--holdout", t->holdout, "Fraction of documents held out for the reported precision/recall")->capture_default_str();
+  train->add_option("--holdout", t->holdout, "Fraction of documents held out for the reported precision/recall")
+      ->capture_default_str();
   train->add_option("--seed", t->seed, "Seed for the hash, the held-out split and the shuffles")->capture_default_str();
   train->add_flag("--no-progress", *t_np, "Do not draw progress bars");
   train->footer(
@@ -249,29 +265,31 @@ void register_quality_score(CLI::App* q) {
       "Under mpirun or srun each rank scores a line-aligned byte range of the input and rank 0 joins the parts: "
       "the output is the same bytes for any number of ranks (the output directory must be shared).");
   score->callback([s, s_np] {
-    one_or_several_ranks(
-        [&] { return curation::score_quality(s->input, s->model, s->output, s->key); },
-        [&](const parallel::LaunchInfo& info) {
-          return score_quality_ranks(s->input, s->model, s->output, s->key, info, !*s_np);
-        },
-        [&](const nlohmann::json& r, int64_t ranks) {
-          log::info("quality score: {} documents, mean score {:.4f} -> {}{}", r["documents"].get<int64_t>(),
-                    r["mean_score"].get<double>(), s->output, ranks_note(ranks));
-        });
+    one_or_several_ranks([&] { return curation::score_quality(s->input, s->model, s->output, s->key); },
+                         [&](const parallel::LaunchInfo& info) {
+                           return score_quality_ranks(s->input, s->model, s->output, s->key, info, !*s_np);
+                         },
+                         [&](const nlohmann::json& r, int64_t ranks) {
+                           log::info("quality score: {} documents, mean score {:.4f} -> {}{}",
+                                     r["documents"].get<int64_t>(), r["mean_score"].get<double>(), s->output,
+                                     ranks_note(ranks));
+                         });
   });
 }
 
 void register_quality_filter(CLI::App* q) {
   auto f = std::make_shared<curation::QualityFilterOptions>();
-  auto* filter = q->add_subcommand("filter", "Keep documents by score: a threshold, or GPT-3's Pareto sampling "
-                                             "(keep if pareto(alpha) > 1 - score); writes OUTPUT.report.json");
+  auto* filter = q->add_subcommand("filter",
+                                   "Keep documents by score: a threshold, or GPT-3's Pareto sampling "
+                                   "(keep if pareto(alpha) > 1 - score); writes OUTPUT.report.json");
   filter->add_option("--input", f->input, "JSONL to filter")->required();
   filter->add_option("--model", f->model, "Model from `quality train`")->required();
   filter->add_option("--output", f->output, "Output JSONL (kept lines, byte-identical)")->required();
   filter->add_option("--json-key", f->json_key, "JSON field holding the document text")->capture_default_str();
   filter->add_option("--mode", f->mode, "threshold | pareto")->capture_default_str();
   filter->add_option("--threshold", f->threshold, "threshold mode: keep if score >= this")->capture_default_str();
-  filter->add_option("--alpha", f->alpha, "pareto mode: shape of the Pareto (Lomax) draw; P(keep) = (2 - score)^-alpha")->capture_default_str();
+  filter->add_option("--alpha", f->alpha, "pareto mode: shape of the Pareto (Lomax) draw; P(keep) = (2 - score)^-alpha")
+      ->capture_default_str();
   filter->add_option("--seed", f->seed, "pareto mode: seed of the per-document draws")->capture_default_str();
   auto f_np = std::make_shared<bool>(false);
   filter->add_flag("--no-progress", *f_np, "Do not draw the progress line (multi-rank runs)");
@@ -279,18 +297,19 @@ void register_quality_filter(CLI::App* q) {
       "Under mpirun or srun each rank filters a line-aligned byte range of the input and rank 0 joins the parts: "
       "output and report are the same bytes for any number of ranks (the output directory must be shared).");
   filter->callback([f, f_np] {
-    one_or_several_ranks(
-        [&] { return curation::filter_quality(*f); },
-        [&](const parallel::LaunchInfo& info) { return filter_quality_ranks(*f, info, !*f_np); },
-        [&](const nlohmann::json& r, int64_t ranks) {
-          log::info("quality filter: {} documents, kept {}, removed {} -> {}{}", r["documents"].get<int64_t>(),
-                    r["kept"].get<int64_t>(), r["removed"].get<int64_t>(), f->output, ranks_note(ranks));
-        });
+    one_or_several_ranks([&] { return curation::filter_quality(*f); },
+                         [&](const parallel::LaunchInfo& info) { return filter_quality_ranks(*f, info, !*f_np); },
+                         [&](const nlohmann::json& r, int64_t ranks) {
+                           log::info("quality filter: {} documents, kept {}, removed {} -> {}{}",
+                                     r["documents"].get<int64_t>(), r["kept"].get<int64_t>(),
+                                     r["removed"].get<int64_t>(), f->output, ranks_note(ranks));
+                         });
   });
 }
 
 void register_quality(CLI::App& data) {
-  auto* q = data.add_subcommand("quality", "Train / apply a linear quality classifier (hashed unigrams + bigrams, logistic regression)");
+  auto* q = data.add_subcommand(
+      "quality", "Train / apply a linear quality classifier (hashed unigrams + bigrams, logistic regression)");
   q->require_subcommand(1);
   register_quality_train(q);
   register_quality_score(q);
@@ -305,17 +324,23 @@ void register_decontaminate(CLI::App& data) {
       "Remove (or cut around) training documents sharing a normalised word n-gram with eval task data "
       "(D/<task>/<split>.jsonl); writes the cleaned JSONL and OUTPUT.report.json");
   c->add_option("--input", o->input, "Training JSONL")->required();
-  c->add_option("--tasks-dir", o->tasks_dir, "Eval data directory: D/<task>/<split>.jsonl, Hugging Face rows")->required();
+  c->add_option("--tasks-dir", o->tasks_dir, "Eval data directory: D/<task>/<split>.jsonl, Hugging Face rows")
+      ->required();
   c->add_option("--output", o->output, "Cleaned JSONL")->required();
   c->add_option("--report", o->report, "Report path (default OUTPUT.report.json)");
   c->add_option("--ngram", o->ngram, "Words per n-gram (GPT-3 used 13)")->capture_default_str();
   c->add_option("--json-key", o->json_key, "JSON field holding the document text")->capture_default_str();
-  c->add_option("--mode", o->mode, "remove: drop hit documents; cut: remove --cut-margin characters around each match and split")
+  c->add_option("--mode", o->mode,
+                "remove: drop hit documents; cut: remove --cut-margin characters around each match and split")
       ->capture_default_str();
-  c->add_option("--cut-margin", o->cut_margin, "cut mode: bytes removed on each side of a match")->capture_default_str();
-  c->add_option("--min-fragment", o->min_fragment, "cut mode: fragments shorter than this (bytes) are dropped")->capture_default_str();
-  c->add_option("--max-fragments", o->max_fragments, "cut mode: documents split into more pieces are dropped whole")->capture_default_str();
-  c->add_option("--max-hits", o->max_hits, "Task n-grams found in more training documents than this are ignored as too common (0 = never)")
+  c->add_option("--cut-margin", o->cut_margin, "cut mode: bytes removed on each side of a match")
+      ->capture_default_str();
+  c->add_option("--min-fragment", o->min_fragment, "cut mode: fragments shorter than this (bytes) are dropped")
+      ->capture_default_str();
+  c->add_option("--max-fragments", o->max_fragments, "cut mode: documents split into more pieces are dropped whole")
+      ->capture_default_str();
+  c->add_option("--max-hits", o->max_hits,
+                "Task n-grams found in more training documents than this are ignored as too common (0 = never)")
       ->capture_default_str();
   c->add_flag("--no-progress", *no_progress, "Do not draw progress bars");
   c->footer(
@@ -324,13 +349,12 @@ void register_decontaminate(CLI::App& data) {
       "any number of ranks (the output directory must be shared).");
   c->callback([o, no_progress] {
     o->progress = !*no_progress;
-    one_or_several_ranks(
-        [&] { return curation::run_decontaminate(*o); },
-        [&](const parallel::LaunchInfo& info) { return decontaminate_ranks(*o, info); },
-        [&](const curation::DecontamResult& r, int64_t ranks) {
-          log::info("decontaminate: {} documents, removed {}, cut {}, {} lines written -> {}{}", r.documents, r.removed,
-                    r.cut, r.written, o->output, ranks_note(ranks));
-        });
+    one_or_several_ranks([&] { return curation::run_decontaminate(*o); },
+                         [&](const parallel::LaunchInfo& info) { return decontaminate_ranks(*o, info); },
+                         [&](const curation::DecontamResult& r, int64_t ranks) {
+                           log::info("decontaminate: {} documents, removed {}, cut {}, {} lines written -> {}{}",
+                                     r.documents, r.removed, r.cut, r.written, o->output, ranks_note(ranks));
+                         });
   });
 }
 
@@ -347,14 +371,19 @@ void register_synth(CLI::App& data) {
   c->add_option("--kind", o->kind, "dedup | quality")->capture_default_str();
   c->add_option("--docs", o->docs, "Documents (per file for kind quality)")->capture_default_str();
   c->add_option("--sources", o->sources, "Number of source files")->capture_default_str();
-  c->add_option("--near-dup-fraction", o->near_dup_fraction, "Fraction of documents that are near-duplicates of an earlier one")
+  c->add_option("--near-dup-fraction", o->near_dup_fraction,
+                "Fraction of documents that are near-duplicates of an earlier one")
       ->capture_default_str();
-  c->add_option("--partial-fraction", o->partial_fraction, "Fraction of hard negatives (40% shared prefix, must not be merged)")
+  c->add_option("--partial-fraction", o->partial_fraction,
+                "Fraction of hard negatives (40% shared prefix, must not be merged)")
       ->capture_default_str();
-  c->add_option("--contaminate", o->contaminate, "Documents with a planted eval-task passage (writes OUT/tasks/)")->capture_default_str();
+  c->add_option("--contaminate", o->contaminate, "Documents with a planted eval-task passage (writes OUT/tasks/)")
+      ->capture_default_str();
   c->add_option("--task-rows", o->task_rows, "Rows per synthetic eval task")->capture_default_str();
-  c->add_option("--ngram", o->ngram, "Shingle size for the planted near-duplicates' Jaccard check")->capture_default_str();
-  c->add_option("--min-jaccard", o->min_jaccard, "Minimum exact Jaccard of a near-duplicate with its original")->capture_default_str();
+  c->add_option("--ngram", o->ngram, "Shingle size for the planted near-duplicates' Jaccard check")
+      ->capture_default_str();
+  c->add_option("--min-jaccard", o->min_jaccard, "Minimum exact Jaccard of a near-duplicate with its original")
+      ->capture_default_str();
   c->add_option("--min-words", o->min_words, "Shortest document (words)")->capture_default_str();
   c->add_option("--max-words", o->max_words, "Longest document (words)")->capture_default_str();
   c->add_option("--seed", o->seed, "Seed")->capture_default_str();

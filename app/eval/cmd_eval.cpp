@@ -127,8 +127,7 @@ void run(const EvalArgs& a) {
   const std::string tokenizer = a.tokenizer.empty() && a.vocab.empty() && a.merges.empty()
                                     ? recipe_tokenizer_for(a.checkpoint, a.random_init, a.sets)
                                     : a.tokenizer;
-  auto tok = load_text_tokenizer(a.vocab, a.merges, tokenizer, a.eod_token, /*add_special_tokens=*/false,
-                                 a.checkpoint);
+  auto tok = load_text_tokenizer(a.vocab, a.merges, tokenizer, a.eod_token, /*add_special_tokens=*/false, a.checkpoint);
   EvalReport rep;
   const parallel::LaunchInfo launch = parallel::detect_launch();
   if (launch.world_size > 1) {
@@ -154,7 +153,8 @@ void run(const EvalArgs& a) {
 }  // namespace
 
 void register_eval(CLI::App& app) {
-  auto* cmd = app.add_subcommand("eval", "Zero/one/few-shot evaluation the lm-evaluation-harness way (v0.3 by default)");
+  auto* cmd =
+      app.add_subcommand("eval", "Zero/one/few-shot evaluation the lm-evaluation-harness way (v0.3 by default)");
   static EvalArgs a;
   cmd->add_option("--checkpoint", a.checkpoint, "Checkpoint directory to evaluate");
   cmd->add_option("--random-init", a.random_init,
@@ -174,10 +174,12 @@ void register_eval(CLI::App& app) {
   cmd->add_option("--data-dir", a.data_dir, "Directory with <task>/<split>.jsonl Hugging Face exports (docs/EVAL.md)")
       ->required();
   cmd->add_option("--num-fewshot", a.num_fewshot, "Few-shot examples per document (all tasks)")->capture_default_str();
-  cmd->add_option("--task-fewshot", a.task_fewshot, "Per-task few-shot count TASK=K, overriding --num-fewshot; repeatable");
+  cmd->add_option("--task-fewshot", a.task_fewshot,
+                  "Per-task few-shot count TASK=K, overriding --num-fewshot; repeatable");
   cmd->add_option("--harness-version", a.harness, "Harness semantics to reproduce: 0.3 (MT-NLG era) or 0.4")
       ->capture_default_str();
-  cmd->add_option("--lambada-format", a.lambada, "LAMBADA prompt: plain or cloze (\" ____. ->\", GPT-3's few-shot format)")
+  cmd->add_option("--lambada-format", a.lambada,
+                  "LAMBADA prompt: plain or cloze (\" ____. ->\", GPT-3's few-shot format)")
       ->capture_default_str();
   cmd->add_option("--limit", a.limit, "Evaluate only the first N documents of each task (after the v0.3 shuffle)");
   cmd->add_option("--batch-size", a.batch_size, "Requests per forward pass")->capture_default_str();
@@ -189,7 +191,10 @@ void register_eval(CLI::App& app) {
   cmd->add_option("--vocab-file", a.vocab, "GPT-2 vocab.json (default third_party/gpt2/vocab.json)");
   cmd->add_option("--merge-file", a.merges, "GPT-2 merges.txt (default third_party/gpt2/merges.txt)");
   cmd->add_option("--tokenizer", a.tokenizer,
-                  "A Hugging Face tokenizer.json instead of GPT-2's files (docs/specs/hf-tokenizer.md; default: the recipe's, i.e. data.tokenizer_model of the checkpoint's (or --random-init's) recipe when its data.tokenizer_type is HuggingFaceTokenizer, else the checkpoint root's tokenizer.json, which `checkpoint import` copies there, else GPT-2's files); contexts and "
+                  "A Hugging Face tokenizer.json instead of GPT-2's files (docs/specs/hf-tokenizer.md; default: the "
+                  "recipe's, i.e. data.tokenizer_model of the checkpoint's (or --random-init's) recipe when its "
+                  "data.tokenizer_type is HuggingFaceTokenizer, else the checkpoint root's tokenizer.json, which "
+                  "`checkpoint import` copies there, else GPT-2's files); contexts and "
                   "continuations are encoded without its special tokens, as the harness does");
   cmd->add_option("--eod-token", a.eod_token,
                   "With --tokenizer: the end-of-text token (an empty context is this token); default: eos_token of the "

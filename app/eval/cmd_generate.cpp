@@ -50,8 +50,7 @@ void run(const GenArgs& a) {
   const std::string tokenizer = a.tokenizer.empty() && a.vocab.empty() && a.merges.empty()
                                     ? recipe_tokenizer_for(a.checkpoint, a.random_init, a.sets)
                                     : a.tokenizer;
-  auto tok = load_text_tokenizer(a.vocab, a.merges, tokenizer, a.eod_token, /*add_special_tokens=*/true,
-                                 a.checkpoint);
+  auto tok = load_text_tokenizer(a.vocab, a.merges, tokenizer, a.eod_token, /*add_special_tokens=*/true, a.checkpoint);
   model::LoadedModel lm = load_eval_model(a.checkpoint, a.random_init, a.sets);
   lm.store.place(select_device(parse_device_kind(a.device, "--device"), "--device"));
   auto chunk = model::whole_model_chunk(lm.cfg, lm.store);
@@ -122,13 +121,17 @@ void register_generate(CLI::App& app) {
   cmd->add_option("--vocab-file", a.vocab, "GPT-2 vocab.json (default third_party/gpt2/vocab.json)");
   cmd->add_option("--merge-file", a.merges, "GPT-2 merges.txt (default third_party/gpt2/merges.txt)");
   cmd->add_option("--tokenizer", a.tokenizer,
-                  "A Hugging Face tokenizer.json instead of GPT-2's files (docs/specs/hf-tokenizer.md; default: the recipe's, i.e. data.tokenizer_model of the checkpoint's (or --random-init's) recipe when its data.tokenizer_type is HuggingFaceTokenizer, else the checkpoint root's tokenizer.json, which `checkpoint import` copies there, else GPT-2's files): the prompt gets "
+                  "A Hugging Face tokenizer.json instead of GPT-2's files (docs/specs/hf-tokenizer.md; default: the "
+                  "recipe's, i.e. data.tokenizer_model of the checkpoint's (or --random-init's) recipe when its "
+                  "data.tokenizer_type is HuggingFaceTokenizer, else the checkpoint root's tokenizer.json, which "
+                  "`checkpoint import` copies there, else GPT-2's files): the prompt gets "
                   "its BOS where the file's template adds one, and the text is its decoder's");
   cmd->add_option("--eod-token", a.eod_token,
                   "With --tokenizer: the token that stops generation (default: eos_token of the tokenizer_config.json "
                   "beside it)");
-  cmd->footer("Runs in one process (the whole model on one device): no collectives, so no collective watchdog; "
-              "under mpirun every rank would generate on its own.");
+  cmd->footer(
+      "Runs in one process (the whole model on one device): no collectives, so no collective watchdog; "
+      "under mpirun every rank would generate on its own.");
   cmd->callback([] { run(a); });
 }
 

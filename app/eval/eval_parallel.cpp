@@ -12,7 +12,8 @@ namespace mtnlg::app {
 ParallelScorer::ParallelScorer(const Recipe& r, const std::string& dir, const parallel::ProcessGroups& g, Device dev)
     : g_(g), fault_(fault_injection_from_env()) {
   if (fault_.active() && fault_.mode != "hang")
-    throw_input("MTNLG_FAULT_INJECT mode={}: eval takes only mode=hang (its iteration counts eval batches)", fault_.mode);
+    throw_input("MTNLG_FAULT_INJECT mode={}: eval takes only mode=hang (its iteration counts eval batches)",
+                fault_.mode);
   if (g.topo.dp() != 1)
     throw_input("eval: world size {} must equal tensor_model_parallel_size x pipeline_model_parallel_size = {} x {}",
                 g.topo.world(), g.topo.tp(), g.topo.pp());

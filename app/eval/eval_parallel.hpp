@@ -34,7 +34,7 @@ class ParallelScorer {
   parallel::ProcessGroups g_;
   model::ParamStore store_;
   std::unique_ptr<model::GptChunk> chunk_;
-  int64_t batches_ = 0;  // batches scored so far
+  int64_t batches_ = 0;   // batches scored so far
   FaultInjection fault_;  // MTNLG_FAULT_INJECT (mode=hang only)
 };
 

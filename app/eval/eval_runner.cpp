@@ -73,8 +73,8 @@ std::vector<Req> make_requests(const std::vector<TaskData>& tds, const data::Tex
   for (size_t r = 0; r < reqs.size(); ++r) {
     const ev::Instance& in = tds[reqs[r].task].inst[reqs[r].inst];
     try {
-      auto pair = ev::tokenize_pair(tok, in.contexts[reqs[r].choice], in.doc->choices[reqs[r].choice],
-                                    opt.task_opt.version);
+      auto pair =
+          ev::tokenize_pair(tok, in.contexts[reqs[r].choice], in.doc->choices[reqs[r].choice], opt.task_opt.version);
       reqs[r].win = ev::make_window(pair, max_length, in.doc->where);
     } catch (const std::exception& e) {
 #pragma omp critical
@@ -193,11 +193,12 @@ ojson task_metrics(const TaskData& td, const TaskScores& sc, const EvalOptions& 
 
 EvalReport run_eval(model::GptChunk& model, const data::TextTokenizer& tok, const EvalOptions& opt) {
   return run_eval(
-      model.config(), [&](const std::vector<const model::ScoreRequest*>& reqs) { return model::score_batch(model, reqs); },
-      tok, opt);
+      model.config(),
+      [&](const std::vector<const model::ScoreRequest*>& reqs) { return model::score_batch(model, reqs); }, tok, opt);
 }
 
-EvalReport run_eval(const model::GptConfig& cfg, const ScoreFn& score, const data::TextTokenizer& tok, const EvalOptions& opt) {
+EvalReport run_eval(const model::GptConfig& cfg, const ScoreFn& score, const data::TextTokenizer& tok,
+                    const EvalOptions& opt) {
   const auto t0 = std::chrono::steady_clock::now();
   const int64_t max_length = opt.max_length > 0 ? opt.max_length : cfg.seq_length;
   if (max_length > cfg.max_positions)
@@ -219,8 +220,8 @@ EvalReport run_eval(const model::GptConfig& cfg, const ScoreFn& score, const dat
     const TaskData& td = tds[t];
     TaskResult tr;
     tr.name = td.info->name;
-    tr.version = opt.task_opt.version == ev::HarnessVersion::v0_3 ? td.info->version
-                                                                  : static_cast<int>(td.info->version_v04);
+    tr.version =
+        opt.task_opt.version == ev::HarnessVersion::v0_3 ? td.info->version : static_cast<int>(td.info->version_v04);
     tr.num_fewshot = td.k;
     tr.n_docs = static_cast<int64_t>(td.inst.size());
     tr.n_original = static_cast<int64_t>(td.docs.size());
@@ -297,8 +298,8 @@ std::string results_table(const EvalReport& rep) {
   }
   auto line = [&](const std::string& a, const std::string& b, const std::string& c, const std::string& d,
                   const std::string& e, const std::string& f) {
-    return fmt::format("|{:<{}}|{:>{}}|{:<{}}|{:>{}}|{:<{}}|{:>{}}|\n", a, w[0], b, w[1], c, w[2], d, w[3], e,
-                       w[4], f, w[5]);
+    return fmt::format("|{:<{}}|{:>{}}|{:<{}}|{:>{}}|{:<{}}|{:>{}}|\n", a, w[0], b, w[1], c, w[2], d, w[3], e, w[4], f,
+                       w[5]);
   };
   std::string out = line("Task", "Version", "Metric", "Value", " ", "Stderr");
   out += fmt::format("|{:-<{}}|{:->{}}:|{:-<{}}|{:->{}}:|{:-<{}}|{:->{}}:|\n", "", w[0], "", w[1] - 1, "", w[2], "",
@@ -337,8 +338,9 @@ std::shared_ptr<const data::Tokenizer> load_gpt2_tokenizer(const std::string& vo
   for (auto& d : dirs)
     if (fs::exists(d / "vocab.json") && fs::exists(d / "merges.txt"))
       return data::Tokenizer::from_files((d / "vocab.json").string(), (d / "merges.txt").string());
-  throw_input("GPT-2 vocabulary not found: pass --vocab-file/--merge-file or run scripts/fetch-gpt2-vocab.sh "
-              "(third_party/gpt2/vocab.json)");
+  throw_input(
+      "GPT-2 vocabulary not found: pass --vocab-file/--merge-file or run scripts/fetch-gpt2-vocab.sh "
+      "(third_party/gpt2/vocab.json)");
 }
 
 std::string checkpoint_tokenizer(const std::string& checkpoint) {

@@ -27,11 +27,11 @@ struct EvalOptions {
   int64_t num_fewshot = 0;
   std::map<std::string, int64_t> task_fewshot;  // per-task override of num_fewshot
   data::eval::TaskOptions task_opt;
-  int64_t limit = -1;         // < 0: all documents
-  int64_t batch_size = 8;     // requests per forward
-  int64_t max_length = 0;     // window; 0 = the model's seq_length
+  int64_t limit = -1;      // < 0: all documents
+  int64_t batch_size = 8;  // requests per forward
+  int64_t max_length = 0;  // window; 0 = the model's seq_length
   int64_t bootstrap_iters = 100000;
-  std::string model_desc = "mtnlg";   // results.json config.model / model_args
+  std::string model_desc = "mtnlg";  // results.json config.model / model_args
   std::string model_args;
   bool progress = true;
 };
@@ -41,7 +41,7 @@ struct TaskResult {
   int version = 0;
   int64_t num_fewshot = 0;
   int64_t n_docs = 0, n_original = 0;
-  nlohmann::ordered_json metrics;   // v0.3 keys: acc, acc_stderr, acc_norm, ..., ppl, ppl_stderr
+  nlohmann::ordered_json metrics;               // v0.3 keys: acc, acc_stderr, acc_norm, ..., ppl, ppl_stderr
   std::vector<nlohmann::ordered_json> samples;  // per-document log lines
 };
 
@@ -57,10 +57,13 @@ using ScoreFn = std::function<std::vector<model::ScoreResult>(const std::vector<
 
 // In-process scoring through `model` (the whole model: model::whole_model_chunk).
 EvalReport run_eval(model::GptChunk& model, const data::TextTokenizer& tok, const EvalOptions& opt);
-EvalReport run_eval(const model::GptConfig& cfg, const ScoreFn& score, const data::TextTokenizer& tok, const EvalOptions& opt);
+EvalReport run_eval(const model::GptConfig& cfg, const ScoreFn& score, const data::TextTokenizer& tok,
+                    const EvalOptions& opt);
 inline EvalReport run_eval(model::GptChunk& model, const data::Tokenizer& tok, const EvalOptions& opt) {
-  return run_eval(model, data::Gpt2TextTokenizer(std::shared_ptr<const data::Tokenizer>(std::shared_ptr<const data::Tokenizer>(), &tok)),
-                  opt);
+  return run_eval(
+      model,
+      data::Gpt2TextTokenizer(std::shared_ptr<const data::Tokenizer>(std::shared_ptr<const data::Tokenizer>(), &tok)),
+      opt);
 }
 
 // v0.3 results file (eval-harness.md §5) plus "n-shot" and "n-samples".

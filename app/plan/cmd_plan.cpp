@@ -108,13 +108,15 @@ void print_cudnn(const CudnnCheck& k, const Recipe& r, const cost::Layout& l, co
     const std::string acc = k.dq_accumulator > 0
                                 ? fmt::format(" + {:.2f} MiB fp32 dQ accumulator", double(k.dq_accumulator) / (1 << 20))
                                 : std::string(" (deterministic)");
-    fmt::print("cuDNN attention  {} plans it for {} ({}): forward workspace {} B, backward {:.2f} MiB{}, counted in the "
-               "workspace\n",
-               k.library, c.gpu.name, what, k.forward_workspace, double(k.backward_workspace) / (1 << 20), acc);
+    fmt::print(
+        "cuDNN attention  {} plans it for {} ({}): forward workspace {} B, backward {:.2f} MiB{}, counted in the "
+        "workspace\n",
+        k.library, c.gpu.name, what, k.forward_workspace, double(k.backward_workspace) / (1 << 20), acc);
   } else {
-    fmt::print("cuDNN attention  not planned for {} ({}): {}; with model.attention_backend auto the trainer would run "
-               "the unfused form\n",
-               c.gpu.name, what, k.why);
+    fmt::print(
+        "cuDNN attention  not planned for {} ({}): {}; with model.attention_backend auto the trainer would run "
+        "the unfused form\n",
+        c.gpu.name, what, k.why);
   }
 }
 
@@ -131,7 +133,8 @@ void write_plan_output(const std::string& key, const std::string& path, const st
   try {
     f->write(text);
     if (executable)
-      std::filesystem::permissions(f->temp_path(), std::filesystem::perms::owner_exec | std::filesystem::perms::group_exec,
+      std::filesystem::permissions(f->temp_path(),
+                                   std::filesystem::perms::owner_exec | std::filesystem::perms::group_exec,
                                    std::filesystem::perm_options::add);
     f->commit();
   } catch (const RuntimeError& e) {
@@ -238,7 +241,8 @@ void run_calibrate_kernels(const PlanArgs& a, const cost::GpuSpec& base) {
                        x.value("batch", int64_t{1}), x.at("seconds").get<double>()});
     for (auto& x : j.value("attention", nlohmann::json::array()))
       attn.push_back({x.at("batch").get<int64_t>() * x.at("heads").get<int64_t>(), x.at("seq").get<int64_t>(),
-                      x.at("head_dim").get<int64_t>(), x.at("fwd_seconds").get<double>(), x.at("bwd_seconds").get<double>()});
+                      x.at("head_dim").get<int64_t>(), x.at("fwd_seconds").get<double>(),
+                      x.at("bwd_seconds").get<double>()});
   } catch (const nlohmann::json::exception& e) {
     throw_input("--calibrate {}: bad sample ({})", path, e.what());
   }
@@ -266,14 +270,16 @@ void run_calibrate_kernels(const PlanArgs& a, const cost::GpuSpec& base) {
   std::printf("calibrate: %zu GEMM(s), %zu attention shape(s) from %s (%s) against %s\n", gemms.size(), attn.size(),
               path.c_str(), j.value("device", std::string("?")).c_str(), base.name.c_str());
   if (!gemms.empty())
-    std::printf("GEMM curve: efficiency %.3g x wave x K/(K+%.0f), kernel overhead %.3g us; 8192^3 at %.0f TFLOP/s; "
-                "residual %.2f%% rms\n",
-                g.gemm_eff_max, g.gemm_k_half, g.kernel_overhead * 1e6,
-                2.0 * 8192.0 * 8192.0 * 8192.0 / cost::gemm_seconds(g, 8192, 8192, 8192) / 1e12, 100 * fit.gemm_rms);
+    std::printf(
+        "GEMM curve: efficiency %.3g x wave x K/(K+%.0f), kernel overhead %.3g us; 8192^3 at %.0f TFLOP/s; "
+        "residual %.2f%% rms\n",
+        g.gemm_eff_max, g.gemm_k_half, g.kernel_overhead * 1e6,
+        2.0 * 8192.0 * 8192.0 * 8192.0 / cost::gemm_seconds(g, 8192, 8192, 8192) / 1e12, 100 * fit.gemm_rms);
   if (!attn.empty())
-    std::printf("attention: forward %.0f, backward %.0f TFLOP/s (head dim 128, long sequences; half-points s %.0f, d %.0f); "
-                "residual %.2f%% rms\n",
-                g.attn_fwd_flops / 1e12, g.attn_bwd_flops / 1e12, g.attn_seq_half, g.attn_dim_half, 100 * fit.attention_rms);
+    std::printf(
+        "attention: forward %.0f, backward %.0f TFLOP/s (head dim 128, long sequences; half-points s %.0f, d %.0f); "
+        "residual %.2f%% rms\n",
+        g.attn_fwd_flops / 1e12, g.attn_bwd_flops / 1e12, g.attn_seq_half, g.attn_dim_half, 100 * fit.attention_rms);
   std::printf("wrote %s (use: mtnlg plan RECIPE --gpu-profile %s)\n", out.c_str(), out.c_str());
 }
 
@@ -289,7 +295,8 @@ void run_calibrate(const PlanArgs& a) {
     // The run's world size: --gpus, else what its metrics.jsonl records (world_size), else t x p.
     const int64_t recorded = recorded_world_size(dir);
     const int64_t gpus = a.gpus > 0 ? a.gpus : recorded > 0 ? recorded : r.tp() * r.pp() * std::max<int64_t>(1, a.dp);
-    cost::Observation o{r, cost::layout_from_recipe(r, gpus), measured_step_time(dir, r.training.global_batch_size, a.step_stat), dir};
+    cost::Observation o{r, cost::layout_from_recipe(r, gpus),
+                        measured_step_time(dir, r.training.global_batch_size, a.step_stat), dir};
     runs.push_back(std::move(o));
   }
   const cost::CalibrationResult res = cost::calibrate(base, runs, a.gpus_per_node, cost::software_profile(a.software));
@@ -329,21 +336,24 @@ void run_calibrate(const PlanArgs& a) {
     std::printf("  %-40s %-48s measured %.4f s, fitted %.4f s (%+.1f%%)\n", runs[i].label.c_str(),
                 runs[i].layout.describe().c_str(), runs[i].step_time_s, res.predicted[i],
                 100.0 * (res.predicted[i] / runs[i].step_time_s - 1.0));
-  std::printf("fit: GEMM efficiency x%.3g (%.3g of peak), memory bandwidth x%.3g (%.3g GB/s), kernel overhead x%.3g "
-              "(%.3g us)\n",
-              res.compute_scale, res.gpu.gemm_eff_max, res.bandwidth_scale, res.gpu.hbm_bw / 1e9, res.overhead_scale,
-              res.gpu.kernel_overhead * 1e6);
+  std::printf(
+      "fit: GEMM efficiency x%.3g (%.3g of peak), memory bandwidth x%.3g (%.3g GB/s), kernel overhead x%.3g "
+      "(%.3g us)\n",
+      res.compute_scale, res.gpu.gemm_eff_max, res.bandwidth_scale, res.gpu.hbm_bw / 1e9, res.overhead_scale,
+      res.gpu.kernel_overhead * 1e6);
   if (res.latency_scale != 1.0)
     std::printf("     communication latency x%.3g (%.3g us per step)\n", res.latency_scale, res.gpu.nvlink_alpha * 1e6);
   if (res.physical) {
-    std::printf("     physical ranges: GEMM efficiency <= 1, bandwidth <= the data sheet's %.3g GB/s (%.2f of it), "
-                "kernel overhead %.2g..%.3g us; regularised toward %s\n",
-                base.hbm_peak_bw / 1e9, res.gpu.hbm_bw / base.hbm_peak_bw, cost::kKernelOverheadRange[0] * 1e6,
-                cost::kKernelOverheadRange[1] * 1e6, base.name.c_str());
+    std::printf(
+        "     physical ranges: GEMM efficiency <= 1, bandwidth <= the data sheet's %.3g GB/s (%.2f of it), "
+        "kernel overhead %.2g..%.3g us; regularised toward %s\n",
+        base.hbm_peak_bw / 1e9, res.gpu.hbm_bw / base.hbm_peak_bw, cost::kKernelOverheadRange[0] * 1e6,
+        cost::kKernelOverheadRange[1] * 1e6, base.name.c_str());
     for (auto& b : res.at_bound) std::printf("     at its physical limit: %s\n", b.c_str());
   }
   if (res.compute_slots > 0)
-    std::printf("     compute slots %.3g (processes of a node that compute at full speed at once)\n", res.compute_slots);
+    std::printf("     compute slots %.3g (processes of a node that compute at full speed at once)\n",
+                res.compute_slots);
   std::printf("residual: %.2f%% rms relative error\n", 100.0 * res.rms_relative_error);
   std::printf("wrote %s (use: mtnlg plan RECIPE --gpu-profile %s)\n", out.c_str(), out.c_str());
 }
@@ -420,12 +430,14 @@ JobTime sbatch_time(const cost::Estimate& e) {
   if (!j.known)
     j.note = "the recipe sets no run length, so the default cap is used";
   else if (capped)
-    j.note = fmt::format("the run needs about {:.1f} days: capped at {}; at the limit the job checkpoints, exits 75 "
-                         "and requeues itself (about {} jobs in all)",
-                         e.run_seconds / 86400.0, slurm_time(kMaxJobSeconds),
-                         static_cast<int64_t>(std::ceil(wanted / (kMaxJobSeconds - 600.0))));
+    j.note = fmt::format(
+        "the run needs about {:.1f} days: capped at {}; at the limit the job checkpoints, exits 75 "
+        "and requeues itself (about {} jobs in all)",
+        e.run_seconds / 86400.0, slurm_time(kMaxJobSeconds),
+        static_cast<int64_t>(std::ceil(wanted / (kMaxJobSeconds - 600.0))));
   else
-    j.note = fmt::format("predicted {:.1f} hours plus 10% and 15 minutes for start-up and saves", e.run_seconds / 3600.0);
+    j.note =
+        fmt::format("predicted {:.1f} hours plus 10% and 15 minutes for start-up and saves", e.run_seconds / 3600.0);
   return j;
 }
 
@@ -443,10 +455,11 @@ std::string sbatch_header(const PlanArgs& a, const Recipe& r, const cost::Estima
   o += fmt::format("# {} on {} x {}: layout {}\n", r.name, gpus, c.gpu.name, l.describe());
   o += fmt::format("# Written by `{}`.\n", cmdline);
   if (known)
-    o += fmt::format("# Predicted (planner/cost_model, docs/PLANNER.md): {:.3f} s per iteration, {:.1f}% MFU, peak {:.1f} GiB "
-                     "per GPU; {} iterations in {:.1f} days, {:.3g} GPU-hours.\n",
-                     e.iteration_time, 100 * e.mfu, e.peak_memory / kGiB, e.run_iterations, e.run_seconds / 86400.0,
-                     e.run_gpu_hours);
+    o += fmt::format(
+        "# Predicted (planner/cost_model, docs/PLANNER.md): {:.3f} s per iteration, {:.1f}% MFU, peak {:.1f} GiB "
+        "per GPU; {} iterations in {:.1f} days, {:.3g} GPU-hours.\n",
+        e.iteration_time, 100 * e.mfu, e.peak_memory / kGiB, e.run_iterations, e.run_seconds / 86400.0,
+        e.run_gpu_hours);
   o += "# One Slurm task per GPU, started by srun through PMIx. Submit from the repository root:\n";
   o += fmt::format("#   mkdir -p logs && sbatch --export=ALL,SHARED=/lustre/proj/mtnlg {}\n", a.sbatch);
   o += "# Settings (environment variables, defaults below) and preemption: docs/SLURM.md.\n";
@@ -487,19 +500,23 @@ std::string sbatch_body(const PlanArgs& a, const Recipe& r, const cost::Layout& 
   o += fmt::format("NODES=${{SLURM_JOB_NUM_NODES:-${{SLURM_NNODES:-{}}}}}\n", nodes);
   o += "WORLD=$((NODES * GPUS_PER_NODE))\n";
   o += "if (( WORLD % (TP * PP) != 0 )); then\n";
-  o += fmt::format("  echo \"{}: $NODES nodes x $GPUS_PER_NODE GPUs = $WORLD is not a multiple of tp*pp = $((TP * PP))\" >&2\n",
-                   r.name);
+  o += fmt::format(
+      "  echo \"{}: $NODES nodes x $GPUS_PER_NODE GPUs = $WORLD is not a multiple of tp*pp = $((TP * PP))\" >&2\n",
+      r.name);
   o += "  exit 2\nfi\nDP=$((WORLD / (TP * PP)))\n\n";
   o += "export NCCL_DEBUG=${NCCL_DEBUG:-WARN}     # INFO shows the rings/trees and the NICs chosen\n";
   o += "# export NCCL_IB_HCA=... NCCL_SOCKET_IFNAME=... (site-specific; docs/SLURM.md \"NCCL environment\")\n";
   o += "export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}\n\n";
   o += "# MTNLG_DRY_RUN=1 prints the commands instead of running them; each then \"exits\" with\n";
   o += "# MTNLG_DRY_RUN_RC (default 0), to exercise the requeue path.\n";
-  o += "run() {\n  if [[ -n ${MTNLG_DRY_RUN:-} ]]; then echo \"+ $*\"; return \"${MTNLG_DRY_RUN_RC:-0}\"; fi\n  \"$@\"\n}\n\n";
+  o += "run() {\n  if [[ -n ${MTNLG_DRY_RUN:-} ]]; then echo \"+ $*\"; return \"${MTNLG_DRY_RUN_RC:-0}\"; fi\n  "
+       "\"$@\"\n}\n\n";
   o += "mkdir -p \"$CKPT_DIR\" \"$RUN_DIR\" logs\n";
-  o += fmt::format("echo \"{}: job ${{SLURM_JOB_ID:-?}} attempt $(( ${{SLURM_RESTART_COUNT:-0}} + 1 )), $NODES nodes, world $WORLD = "
-                   "tp $TP x pp $PP x dp $DP\"\n",
-                   r.name);
+  o += fmt::format(
+      "echo \"{}: job ${{SLURM_JOB_ID:-?}} attempt $(( ${{SLURM_RESTART_COUNT:-0}} + 1 )), $NODES nodes, world $WORLD "
+      "= "
+      "tp $TP x pp $PP x dp $DP\"\n",
+      r.name);
   o += fmt::format("echo \"{}: checkpoints $CKPT_DIR, run dir $RUN_DIR\"\n\n", r.name);
   o += "# --kill-on-bad-exit: one failed rank ends the step at once. MTNLG_EXTRA: more arguments.\n";
   o += "cd \"$MTNLG_ROOT\" || exit 2\n";
@@ -513,7 +530,8 @@ std::string sbatch_body(const PlanArgs& a, const Recipe& r, const cost::Layout& 
   o += "    ${MTNLG_EXTRA:-}\nrc=$?\n\n";
   o += "# 75 (EX_TEMPFAIL): mtnlg stopped early on SIGUSR1/SIGTERM after saving a checkpoint.\n";
   o += "if (( rc == 75 )); then\n";
-  o += fmt::format("  echo \"{}: checkpoint saved before the time limit; requeueing job ${{SLURM_JOB_ID:-?}}\"\n", r.name);
+  o += fmt::format("  echo \"{}: checkpoint saved before the time limit; requeueing job ${{SLURM_JOB_ID:-?}}\"\n",
+                   r.name);
   o += "  run scontrol requeue \"${SLURM_JOB_ID:-}\"\n  exit 0\nfi\n";
   o += fmt::format("echo \"{}: mtnlg exited with $rc\"\nexit $rc\n", r.name);
   return o;
@@ -572,14 +590,12 @@ nlohmann::json estimate_json(const cost::Estimate& e, const cost::Cluster& c) {
   j["allocator_peak_gib"] = e.allocator_peak / kGiB;
   j["gpu_memory_gib"] = c.gpu.memory_bytes / kGiB;
   j["fits"] = e.fits;
-  j["time_breakdown_s"] = {{"pipeline", e.pipeline_time}, {"data_parallel", e.dp_time}, {"optimizer", e.optimizer_time}};
+  j["time_breakdown_s"] = {
+      {"pipeline", e.pipeline_time}, {"data_parallel", e.dp_time}, {"optimizer", e.optimizer_time}};
   j["comm_bytes_per_iteration"] = {{"tp", e.comm.tp}, {"pp", e.comm.pp}, {"dp", e.comm.dp}};
-  j["run"] = {{"iterations", e.run_iterations},
-              {"tokens", e.run_tokens},
-              {"seconds", e.run_seconds},
-              {"days", e.run_seconds / 86400.0},
-              {"gpu_hours", e.run_gpu_hours},
-              {"average_tokens_per_s", e.run_tokens_per_s}};
+  j["run"] = {{"iterations", e.run_iterations}, {"tokens", e.run_tokens},
+              {"seconds", e.run_seconds},       {"days", e.run_seconds / 86400.0},
+              {"gpu_hours", e.run_gpu_hours},   {"average_tokens_per_s", e.run_tokens_per_s}};
   nlohmann::json stages = nlohmann::json::array();
   for (size_t i = 0; i < e.stages.size(); ++i) {
     const auto& m = e.stages[i];
@@ -622,15 +638,16 @@ void print_human(const Recipe& r, const cost::Estimate& e, const cost::Cluster& 
   std::printf("\n%6s %6s %10s %10s %10s %10s %10s %10s %10s %10s\n", "stage", "layers", "total GiB", "weights", "grads",
               "optim", "activ", "emb+logit", "buffers", "workspace");
   for (auto& m : e.stages)
-    std::printf("%6lld %6lld %10.2f %10.2f %10.2f %10.2f %10.2f %10.2f %10.2f %10.2f\n", static_cast<long long>(m.stage),
-                static_cast<long long>(m.layers), m.total / kGiB, m.weights / kGiB, m.gradients / kGiB,
-                m.optimizer / kGiB, m.activations / kGiB, (m.embedding + m.logits) / kGiB, m.comm_buffers / kGiB,
-                m.workspace / kGiB);
+    std::printf("%6lld %6lld %10.2f %10.2f %10.2f %10.2f %10.2f %10.2f %10.2f %10.2f\n",
+                static_cast<long long>(m.stage), static_cast<long long>(m.layers), m.total / kGiB, m.weights / kGiB,
+                m.gradients / kGiB, m.optimizer / kGiB, m.activations / kGiB, (m.embedding + m.logits) / kGiB,
+                m.comm_buffers / kGiB, m.workspace / kGiB);
   std::printf("\npeak memory      %.2f GiB of %.2f GiB: %s\n", e.peak_memory / kGiB, c.gpu.memory_bytes / kGiB,
               e.fits ? "fits" : "DOES NOT FIT");
-  std::printf("allocator peak   %.2f GiB in tensors and buffers (the training log's mem; the rest is the CUDA context, "
-              "NCCL's buffers and fragmentation)\n",
-              e.allocator_peak / kGiB);
+  std::printf(
+      "allocator peak   %.2f GiB in tensors and buffers (the training log's mem; the rest is the CUDA context, "
+      "NCCL's buffers and fragmentation)\n",
+      e.allocator_peak / kGiB);
   std::printf("iteration time   %.3f s (pipeline %.3f, data-parallel reduce %.3f, optimizer %.3f)\n", e.iteration_time,
               e.pipeline_time, e.dp_time, e.optimizer_time);
   std::printf("bubble           %.1f%% of the pipeline phase\n", 100.0 * e.bubble_fraction);
@@ -638,18 +655,19 @@ void print_human(const Recipe& r, const cost::Estimate& e, const cost::Cluster& 
   const bool gpt = model::gpt_flops_form(r.model);
   std::printf("TFLOP/s per GPU  %.1f hardware (Megatron convention%s), %.1f model (%s)\n", e.tflops_per_gpu,
               e.layout.recompute != RecomputeGranularity::full ? ""
-              : gpt                                             ? ", 96-form under full recompute"
-                                                                : ", full recompute's forward counted",
+              : gpt                                            ? ", 96-form under full recompute"
+                                                               : ", full recompute's forward counted",
               e.model_tflops_per_gpu, gpt ? "72-form" : "Megatron-Core's count with GQA and SwiGLU");
   std::printf("MFU              %.1f%% (HFU %.1f%%) of %.0f TFLOP/s peak\n", 100 * e.mfu, 100 * e.hfu,
               c.gpu.peak_flops / 1e12);
-  std::printf("comm per rank    tp %.2f GB, pp %.2f GB, dp %.2f GB sent per iteration\n", e.comm.tp / 1e9, e.comm.pp / 1e9,
-              e.comm.dp / 1e9);
+  std::printf("comm per rank    tp %.2f GB, pp %.2f GB, dp %.2f GB sent per iteration\n", e.comm.tp / 1e9,
+              e.comm.pp / 1e9, e.comm.dp / 1e9);
   if (e.run_iterations > 0)
-    std::printf("whole run        %lld iterations, %.3g tokens, %.1f days, %.3g GPU-hours (%.0f tokens/s average, ramp "
-                "included)\n",
-                static_cast<long long>(e.run_iterations), e.run_tokens, e.run_seconds / 86400.0, e.run_gpu_hours,
-                e.run_tokens_per_s);
+    std::printf(
+        "whole run        %lld iterations, %.3g tokens, %.1f days, %.3g GPU-hours (%.0f tokens/s average, ramp "
+        "included)\n",
+        static_cast<long long>(e.run_iterations), e.run_tokens, e.run_seconds / 86400.0, e.run_gpu_hours,
+        e.run_tokens_per_s);
 }
 
 void write_svg(const cost::Estimate& e, const std::string& path, const std::string& name) {
@@ -728,8 +746,8 @@ void run_plan(const PlanArgs& a) {
   if (a.tp > 0) sets.push_back(fmt::format("parallel.tensor_model_parallel_size={}", a.tp));
   if (a.pp > 0) sets.push_back(fmt::format("parallel.pipeline_model_parallel_size={}", a.pp));
   Recipe r = load_recipe(a.recipe, sets);
-  cost::Cluster c{a.gpu_profile.empty() ? cost::gpu_spec(a.gpu) : cost::load_gpu_profile(a.gpu_profile), a.gpus_per_node,
-                  cost::software_profile(a.software)};
+  cost::Cluster c{a.gpu_profile.empty() ? cost::gpu_spec(a.gpu) : cost::load_gpu_profile(a.gpu_profile),
+                  a.gpus_per_node, cost::software_profile(a.software)};
   if (a.gpus_per_node < 1) throw_input("--gpus-per-node {}: must be at least 1", a.gpus_per_node);
   const int64_t gpus = plan_gpus(a, r);
   cost::Estimate est;
@@ -782,36 +800,45 @@ void register_plan(CLI::App& app) {
   auto* cmd = app.add_subcommand("plan", "Predict memory and throughput of a layout, or search for the best one");
   static PlanArgs a;
   cmd->add_option("recipe", a.recipe, "Recipe YAML file (not needed with --calibrate)");
-  cmd->add_option("--set", a.sets, "Override a recipe key: section.key=value (e.g. parallel.tensor_model_parallel_size=4); repeatable");
+  cmd->add_option("--set", a.sets,
+                  "Override a recipe key: section.key=value (e.g. parallel.tensor_model_parallel_size=4); repeatable");
   // Counts are positive and bounded, so that products (tp x pp x dp) cannot overflow.
   const auto count = CLI::Range(int64_t{1}, int64_t{1} << 24);
   cmd->add_option("--gpus", a.gpus, "Number of GPUs (world size); default tp x pp (x --dp)")->check(count);
   cmd->add_option("--gpu", a.gpu, "GPU kind: a100-80g, h100-80g, h200-141g, or cpu (a starting point for --calibrate)")
       ->capture_default_str();
-  cmd->add_option("--gpu-profile", a.gpu_profile, "Use the GPU constants in this file (written by --calibrate) instead of --gpu");
+  cmd->add_option("--gpu-profile", a.gpu_profile,
+                  "Use the GPU constants in this file (written by --calibrate) instead of --gpu");
   cmd->add_option("--software", a.software,
                   "Software profile: megatron-lm (Megatron-LM 2022), megatron-lm-2021, megatron-deepspeed (MT-NLG's "
-                  "DeepSpeed pipeline), megatron-core (2024-25: fused attention, TP/DP/p2p overlap) or mtnlg (this trainer: flash-style attention, its exact activation count; "
+                  "DeepSpeed pipeline), megatron-core (2024-25: fused attention, TP/DP/p2p overlap) or mtnlg (this "
+                  "trainer: flash-style attention, its exact activation count; "
                   "on h100-80g/h200-141g the installed cuDNN is asked, without a GPU, whether it plans the recipe's "
                   "attention and how much workspace it needs, which the memory then counts); "
                   "--calibrate fits the GPU constants under it")
       ->capture_default_str();
-  cmd->add_option("--calibrate", a.calibrate,
-                  "Fit the GPU constants to this run directory's recipe.resolved.yaml + metrics.jsonl (repeatable: "
-                  "one run fits the compute rate, two add memory bandwidth, three add kernel overhead), or the GEMM "
-                  "curve and attention rates to a kernel benchmark file (scripts/bench/gpu_gemm_attn.py); writes a profile");
-  cmd->add_option("--profile-out", a.profile_out, "With --calibrate: the profile file to write (default RUN_DIR/gpu-profile.json)");
+  cmd->add_option(
+      "--calibrate", a.calibrate,
+      "Fit the GPU constants to this run directory's recipe.resolved.yaml + metrics.jsonl (repeatable: "
+      "one run fits the compute rate, two add memory bandwidth, three add kernel overhead), or the GEMM "
+      "curve and attention rates to a kernel benchmark file (scripts/bench/gpu_gemm_attn.py); writes a profile");
+  cmd->add_option("--profile-out", a.profile_out,
+                  "With --calibrate: the profile file to write (default RUN_DIR/gpu-profile.json)");
   cmd->add_option("--step-stat", a.step_stat,
                   "With --calibrate: a run's step time is the median of its iterations at the full batch (first left "
                   "out), or with min the fastest one (a shared, loaded machine only ever slows iterations down)")
       ->check(CLI::IsMember({"median", "min"}))
       ->capture_default_str();
-  cmd->add_option("--gpus-per-node", a.gpus_per_node, "GPUs per node (NVLink domain)")->capture_default_str()->check(count);
+  cmd->add_option("--gpus-per-node", a.gpus_per_node, "GPUs per node (NVLink domain)")
+      ->capture_default_str()
+      ->check(count);
   cmd->add_option("--tp", a.tp, "Override parallel.tensor_model_parallel_size")->check(count);
   cmd->add_option("--pp", a.pp, "Override parallel.pipeline_model_parallel_size")->check(count);
   cmd->add_option("--dp", a.dp, "Data-parallel size (sets --gpus to tp x pp x dp)")->check(count);
   cmd->add_flag("--search", a.search, "Enumerate all layouts of --gpus GPUs and rank the feasible ones by throughput");
-  cmd->add_option("--top", a.top, "With --search: how many ranked layouts to show")->capture_default_str()->check(count);
+  cmd->add_option("--top", a.top, "With --search: how many ranked layouts to show")
+      ->capture_default_str()
+      ->check(count);
   cmd->add_flag("--json", a.json, "Print one JSON object (interface.md \"Plan\") instead of tables");
   cmd->add_option("--svg", a.svg, "Write the pipeline timeline of the (chosen) layout as SVG to this file");
   cmd->add_option("--sbatch", a.sbatch,

@@ -11,7 +11,8 @@ bool nccl_watchdog_switch() { return switches::flag(Switch::nccl_watchdog).value
 }  // namespace
 
 DeviceWatchdogRun::DeviceWatchdogRun(const std::string& run_dir, const parallel::ProcessGroups& g)
-    : on(g.device == Device::cuda && g.topo.world() > 1 && parallel::collective_timeout() > 0 && nccl_watchdog_switch()) {
+    : on(g.device == Device::cuda && g.topo.world() > 1 && parallel::collective_timeout() > 0 &&
+         nccl_watchdog_switch()) {
   if (!on) return;
   double t = g.rank == 0 ? parallel::wall_now() : 0.0;
   g.world->all_reduce(&t, 1, parallel::ReduceOp::sum);

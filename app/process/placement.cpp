@@ -31,22 +31,25 @@ Device select_device(DeviceKind kind, const std::string& what) {
   if (gpus == 0) {
     if (kind == DeviceKind::automatic) return Device::cpu;
     const char* vis = std::getenv("CUDA_VISIBLE_DEVICES");
-    throw_input("{}: cuda, but no GPU is visible to this process (CUDA_VISIBLE_DEVICES={}); use cpu, or run on a GPU node",
-                what, vis ? vis : "<unset>");
+    throw_input(
+        "{}: cuda, but no GPU is visible to this process (CUDA_VISIBLE_DEVICES={}); use cpu, or run on a GPU node",
+        what, vis ? vis : "<unset>");
   }
   const auto launch = parallel::detect_launch();
   const int64_t local = parallel::local_process_count();
   if (local > gpus)
-    throw_input("{}: {} processes on this node but {} GPU(s): start one process per GPU (srun --ntasks-per-node={}, "
-                "mpirun -npernode {})",
-                what, local, gpus, gpus, gpus);
+    throw_input(
+        "{}: {} processes on this node but {} GPU(s): start one process per GPU (srun --ntasks-per-node={}, "
+        "mpirun -npernode {})",
+        what, local, gpus, gpus, gpus);
   cuda::init_backend(static_cast<int>(launch.local_rank % gpus));
   return Device::cuda;
 #else
   if (kind == DeviceKind::automatic) return Device::cpu;
-  throw_input("{}: cuda, but this mtnlg was built without the CUDA backend (configure with nvcc on the PATH, "
-              "or -DMTNLG_CUDA=ON); use cpu",
-              what);
+  throw_input(
+      "{}: cuda, but this mtnlg was built without the CUDA backend (configure with nvcc on the PATH, "
+      "or -DMTNLG_CUDA=ON); use cpu",
+      what);
 #endif
 }
 

@@ -73,7 +73,8 @@ void write_file_checked(const std::string& path, const std::string& text, const 
   int err = fd < 0 ? errno : write_all(fd, text.data(), text.size());
   if (fd >= 0 && err == 0 && ::fsync(fd) != 0 && errno != EINVAL) err = errno;  // EINVAL: a device
   if (fd >= 0 && ::close(fd) != 0 && err == 0) err = errno;
-  if (err != 0) throw_runtime("{}: write failed ({} {}): {}", path, key, fs::path(path).parent_path().string(), std::strerror(err));
+  if (err != 0)
+    throw_runtime("{}: write failed ({} {}): {}", path, key, fs::path(path).parent_path().string(), std::strerror(err));
 }
 
 void throw_write_failed(const std::string& file, const std::string& key) {
@@ -94,9 +95,10 @@ CheckpointRootLock::CheckpointRootLock(const std::string& root, const std::strin
     ::close(fd_);
     fd_ = -1;
     if (err == EWOULDBLOCK)
-      throw_input("{} {}: another run is writing to this checkpoint root (it holds {}{}); two runs on one root "
-                  "would overwrite each other's checkpoints",
-                  key, root, path, holder.empty() ? "" : ", pid " + holder);
+      throw_input(
+          "{} {}: another run is writing to this checkpoint root (it holds {}{}); two runs on one root "
+          "would overwrite each other's checkpoints",
+          key, root, path, holder.empty() ? "" : ", pid " + holder);
     throw_input("{} {}: cannot lock {}: {}", key, root, path, std::strerror(err));
   }
   const std::string pid = std::to_string(::getpid()) + "\n";
@@ -113,9 +115,10 @@ std::unique_ptr<CheckpointRootLock> claim_new_checkpoint_root(const std::string&
   std::error_code ec;
   auto its = model::ckpt::committed_iterations(root);
   if (fs::exists(root + "/latest", ec) || !its.empty())
-    throw_input("{} {}: already holds checkpoints{}; writing another there would move its `latest`: choose a new or "
-                "empty directory",
-                key, root, its.empty() ? "" : " (newest " + model::ckpt::iteration_dir(root, its.back()) + ")");
+    throw_input(
+        "{} {}: already holds checkpoints{}; writing another there would move its `latest`: choose a new or "
+        "empty directory",
+        key, root, its.empty() ? "" : " (newest " + model::ckpt::iteration_dir(root, its.back()) + ")");
   return lock;
 }
 
@@ -145,9 +148,10 @@ void check_rank0(const Recipe& r, TrainPreflight& out) {
   // would interleave its iterations with theirs and prune them with keep_last.
   auto its = model::ckpt::committed_iterations(root);
   if (!its.empty() && !loads_from(r.checkpoint.load, root))
-    throw_input("checkpoint.save {}: holds committed checkpoints (newest {}) that this run would overwrite; to "
-                "continue them set checkpoint.load={}, or save to an empty directory",
-                root, model::ckpt::iteration_dir(root, its.back()), root);
+    throw_input(
+        "checkpoint.save {}: holds committed checkpoints (newest {}) that this run would overwrite; to "
+        "continue them set checkpoint.load={}, or save to an empty directory",
+        root, model::ckpt::iteration_dir(root, its.back()), root);
 }
 
 }  // namespace
@@ -168,11 +172,13 @@ TrainPreflight preflight_train(const Recipe& r, const parallel::ProcessGroups& g
     std::vector<int64_t> msg(kLen + 1, 0);
     if (g.rank == 0) {
       msg[0] = static_cast<int64_t>(std::min<size_t>(error.size(), kLen));
-      for (int64_t i = 0; i < msg[0]; ++i) msg[static_cast<size_t>(i) + 1] = static_cast<unsigned char>(error[static_cast<size_t>(i)]);
+      for (int64_t i = 0; i < msg[0]; ++i)
+        msg[static_cast<size_t>(i) + 1] = static_cast<unsigned char>(error[static_cast<size_t>(i)]);
     }
     g.world->all_reduce(msg.data(), kLen + 1, parallel::ReduceOp::sum);
     error.assign(static_cast<size_t>(msg[0]), ' ');
-    for (int64_t i = 0; i < msg[0]; ++i) error[static_cast<size_t>(i)] = static_cast<char>(msg[static_cast<size_t>(i) + 1]);
+    for (int64_t i = 0; i < msg[0]; ++i)
+      error[static_cast<size_t>(i)] = static_cast<char>(msg[static_cast<size_t>(i) + 1]);
   }
   if (!error.empty()) throw InputError(error);
   return out;

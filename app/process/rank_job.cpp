@@ -71,8 +71,7 @@ void RankJob::fail(std::exception_ptr e) {
     code = x.exit_code();
   } catch (const std::exception& x) {
     msg = x.what();
-  } catch (...) {
-  }
+  } catch (...) {}
   // agree() threw on every rank; a failure outside it (a broken communicator) is not
   // agreed: end the job rather than wait for peers in the barrier.
   if (!comm_.failure_agreed) {

@@ -69,7 +69,8 @@ auto run_on_ranks(const parallel::LaunchInfo& info, F&& fn) {
   } catch (const std::exception& e) {
     const auto* err = dynamic_cast<const Error*>(&e);
     if (comm.failure_agreed) exit_agreed_failure(*world, e.what(), err ? err->exit_code() : 1, comm.failed_here);
-    std::fprintf(stderr, "mtnlg: error on rank %d: %s (aborting all ranks)\n", static_cast<int>(world->rank()), e.what());
+    std::fprintf(stderr, "mtnlg: error on rank %d: %s (aborting all ranks)\n", static_cast<int>(world->rank()),
+                 e.what());
     parallel::abort_world(err ? err->exit_code() : 1);
   }
   std::abort();  // not reached: both branches end the process

@@ -18,8 +18,7 @@ std::string recipe_tokenizer_json(const Recipe& r) {
   std::error_code ec;
   if (fs::is_directory(m, ec)) {
     const fs::path f = fs::path(m) / "tokenizer.json";
-    if (!fs::is_regular_file(f, ec))
-      throw_input("data.tokenizer_model {}: a directory without a tokenizer.json", m);
+    if (!fs::is_regular_file(f, ec)) throw_input("data.tokenizer_model {}: a directory without a tokenizer.json", m);
     return f.string();
   }
   if (!fs::is_regular_file(m, ec))
@@ -31,14 +30,16 @@ int32_t recipe_hf_eod_token(const Recipe& r) {
   const auto t = data::HfTokenizer::from_file(recipe_tokenizer_json(r));
   const auto eos = data::hf_config_eos_token(t->path());
   if (!eos)
-    throw_input("data.eod_mask_loss: data.tokenizer_model {} has no end-of-document token: put a tokenizer_config.json "
-                "with eos_token beside the tokenizer.json, or turn data.eod_mask_loss off",
-                t->path());
+    throw_input(
+        "data.eod_mask_loss: data.tokenizer_model {} has no end-of-document token: put a tokenizer_config.json "
+        "with eos_token beside the tokenizer.json, or turn data.eod_mask_loss off",
+        t->path());
   const auto id = t->token_to_id(*eos);
   if (!id)
-    throw_input("data.eod_mask_loss: the eos_token '{}' of the tokenizer_config.json beside data.tokenizer_model {} is not "
-                "a token of that file",
-                *eos, t->path());
+    throw_input(
+        "data.eod_mask_loss: the eos_token '{}' of the tokenizer_config.json beside data.tokenizer_model {} is not "
+        "a token of that file",
+        *eos, t->path());
   return *id;
 }
 
@@ -71,9 +72,10 @@ void check_recipe_tokenizer(const Recipe& r) {
     return;
   }
   if (n > r.model.vocab_size)
-    throw_input("{} has {} tokens, more than model.vocab_size ({}): its ids would index past the embedding; set "
-                "model.vocab_size to at least {}",
-                key, n, r.model.vocab_size, n);
+    throw_input(
+        "{} has {} tokens, more than model.vocab_size ({}): its ids would index past the embedding; set "
+        "model.vocab_size to at least {}",
+        key, n, r.model.vocab_size, n);
 }
 
 std::string recipe_tokenizer_for(const std::string& checkpoint, const std::string& random_recipe,

@@ -22,22 +22,28 @@ void register_report(CLI::App& app) {
   };
   auto opt = std::make_shared<Options>();
   auto* cmd = app.add_subcommand(
-      "report", "Write one self-contained HTML page (inline SVG plots, where the time went against the plan, eval results, "
+      "report",
+      "Write one self-contained HTML page (inline SVG plots, where the time went against the plan, eval results, "
       "resolved recipe) for a run directory, or the corpus funnel and blend for a `data curate` work_dir");
-  cmd->add_option("run_dir", opt->run_dir, "Run directory (the recipe's logging.dir) holding metrics.jsonl, or a data curate work_dir")
+  cmd->add_option("run_dir", opt->run_dir,
+                  "Run directory (the recipe's logging.dir) holding metrics.jsonl, or a data curate work_dir")
       ->required();
   cmd->add_option("--output,-o", opt->output, "HTML file to write (default: RUN_DIR/report.html)");
-  cmd->add_flag("--explain", opt->explain,
-                "Print where the time went instead (each rank's step parts from metrics.jsonl, logging.step_timing) against "
-                "the planner's prediction for the run's recipe and layout, largest gaps first; no page is written. When the "
-                "run's NCCL watchdog left flight recorder dumps (RUN_DIR/flight_recorder), first what ended the run: the "
-                "culprit rank, the group and collective it never entered, the stage and micro batch it was on");
-  cmd->add_option("--gpu", opt->plan.gpu,
-                  "Planner GPU entry to compare with (a100-80g|h100-80g|h200-141g|cpu; default: RUN_DIR/gpu-profile.json "
-                  "when present, else cpu)");
-  cmd->add_option("--gpu-profile", opt->plan.gpu_profile, "Planner constants from this file (`mtnlg plan --calibrate` writes one)");
-  cmd->add_option("--gpus-per-node", opt->plan.gpus_per_node,
-                  "Processes per node for the plan (default: the whole run on one node for cpu and profiles, 8 for GPUs)");
+  cmd->add_flag(
+      "--explain", opt->explain,
+      "Print where the time went instead (each rank's step parts from metrics.jsonl, logging.step_timing) against "
+      "the planner's prediction for the run's recipe and layout, largest gaps first; no page is written. When the "
+      "run's NCCL watchdog left flight recorder dumps (RUN_DIR/flight_recorder), first what ended the run: the "
+      "culprit rank, the group and collective it never entered, the stage and micro batch it was on");
+  cmd->add_option(
+      "--gpu", opt->plan.gpu,
+      "Planner GPU entry to compare with (a100-80g|h100-80g|h200-141g|cpu; default: RUN_DIR/gpu-profile.json "
+      "when present, else cpu)");
+  cmd->add_option("--gpu-profile", opt->plan.gpu_profile,
+                  "Planner constants from this file (`mtnlg plan --calibrate` writes one)");
+  cmd->add_option(
+      "--gpus-per-node", opt->plan.gpus_per_node,
+      "Processes per node for the plan (default: the whole run on one node for cpu and profiles, 8 for GPUs)");
   cmd->callback([opt] {
     if (opt->explain) {
       const std::string text = report::explain_command_text(opt->run_dir, opt->plan);

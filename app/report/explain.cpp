@@ -21,8 +21,8 @@
 namespace mtnlg::app::report {
 
 namespace fs = std::filesystem;
-using timing::StepPart;
 using timing::kStepParts;
+using timing::StepPart;
 
 double RankParts::total() const { return std::accumulate(s.begin(), s.end(), 0.0); }
 double PlannedStage::total() const { return std::accumulate(s.begin(), s.end(), 0.0); }
@@ -75,7 +75,9 @@ struct Measured {
 Measured read_parts(const fs::path& run_dir, const std::string& key) {
   const fs::path file = run_dir / "metrics.jsonl";
   std::ifstream in(file, std::ios::binary);
-  if (!in) throw_input("{}: not found (mtnlg train writes metrics.jsonl into logging.dir; pass a run directory)", file.string());
+  if (!in)
+    throw_input("{}: not found (mtnlg train writes metrics.jsonl into logging.dir; pass a run directory)",
+                file.string());
   std::vector<nlohmann::json> recs;
   for (std::string line; std::getline(in, line);) {
     if (line.find("\"" + key + "\"") == std::string::npos) continue;
@@ -142,7 +144,8 @@ std::vector<PlannedStage> make_plan(const fs::path& run_dir, const ExplainOption
                                     std::string& source) {
   const int64_t world = static_cast<int64_t>(m.ranks.size());
   std::string profile = o.gpu_profile;
-  if (profile.empty() && o.gpu.empty() && fs::exists(run_dir / "gpu-profile.json")) profile = (run_dir / "gpu-profile.json").string();
+  if (profile.empty() && o.gpu.empty() && fs::exists(run_dir / "gpu-profile.json"))
+    profile = (run_dir / "gpu-profile.json").string();
   const std::string gpu = o.gpu.empty() ? "cpu" : o.gpu;
   const cost::GpuSpec spec = profile.empty() ? cost::gpu_spec(gpu) : cost::load_gpu_profile(profile);
   const int64_t per_node = o.gpus_per_node > 0 ? o.gpus_per_node : (profile.empty() && gpu != "cpu" ? 8 : world);
@@ -152,13 +155,14 @@ std::vector<PlannedStage> make_plan(const fs::path& run_dir, const ExplainOption
     const cost::Cluster c{spec, per_node, cost::software_profile("mtnlg")};
     const cost::Layout l = cost::layout_from_recipe(r, world);
     const cost::Estimate e = cost::estimate(r, l, c, {.with_run = false});
-    source = fmt::format("planner: {}, {} microbatches of {}, software mtnlg, on {}{}: {:.3f} s per iteration", l.describe(),
-                         e.microbatches, l.micro_batch, profile.empty() ? spec.name : "profile " + profile,
-                         profile.empty() && gpu == "cpu"
-                             ? " (uncalibrated; `mtnlg plan --calibrate RUN_DIR` writes RUN_DIR/gpu-profile.json, "
-                               "which is then used)"
-                             : "",
-                         e.iteration_time);
+    source =
+        fmt::format("planner: {}, {} microbatches of {}, software mtnlg, on {}{}: {:.3f} s per iteration", l.describe(),
+                    e.microbatches, l.micro_batch, profile.empty() ? spec.name : "profile " + profile,
+                    profile.empty() && gpu == "cpu"
+                        ? " (uncalibrated; `mtnlg plan --calibrate RUN_DIR` writes RUN_DIR/gpu-profile.json, "
+                          "which is then used)"
+                        : "",
+                    e.iteration_time);
     return plan_stage_parts(e);
   } catch (const std::exception& ex) {
     source = fmt::format("no plan: {}", ex.what());
@@ -177,8 +181,8 @@ struct Gaps {
   const std::vector<PlannedStage>& plan;
   std::vector<PartSeconds> stage_mean;  // measured, per pipeline stage: mean over its ranks
   std::vector<double> stage_total;
-  double period = 0;  // mean over ranks of the time per iteration
-  double dp_bytes = 0;  // rank 0's dp bytes per iteration
+  double period = 0;                        // mean over ranks of the time per iteration
+  double dp_bytes = 0;                      // rank 0's dp bytes per iteration
   std::array<bool, kStepParts> absorbed{};  // parts a cause finding already explains
 
   Gaps(const std::vector<RankParts>& r, const std::vector<PlannedStage>& p) : ranks(r), plan(p) {
@@ -204,7 +208,8 @@ struct Gaps {
     return stage_total[stage] > 0 ? stage_mean[stage][part] / stage_total[stage] : 0.0;
   }
   std::string expected(size_t stage, size_t part) const {
-    return plan.empty() ? std::string(" (no plan to compare)") : "; the plan expected " + pct(planned_share(stage, part));
+    return plan.empty() ? std::string(" (no plan to compare)")
+                        : "; the plan expected " + pct(planned_share(stage, part));
   }
 };
 
@@ -233,7 +238,8 @@ void slow_rank(Gaps& g, std::vector<Finding>& out) {
     }
     const double d = worst->s[i] - median(peer_i);
     if (!is_wait(i) && d > part_delta) part = i, part_delta = d;
-    const double w = std::accumulate(others_i.begin(), others_i.end(), 0.0) / double(std::max<size_t>(1, others_i.size()));
+    const double w =
+        std::accumulate(others_i.begin(), others_i.end(), 0.0) / double(std::max<size_t>(1, others_i.size()));
     if (is_wait(i) && w > wait_s) wait = i, wait_s = w;
   }
   out.push_back({worst_excess / g.period,
@@ -265,8 +271,8 @@ void stage_imbalance(Gaps& g, std::vector<Finding>& out) {
   out.push_back({std::max(loss, bubble_gap),
                  fmt::format("pipeline stage {} computes {} per iteration, {:.1f}x stage {} ({}){}; the other stages "
                              "wait for it: pipeline bubble {} of stage {}'s step{}",
-                             hi, ms(c[hi]), c[hi] / c[lo], lo, ms(c[lo]), planned, pct(g.measured_share(lo, bubble)), lo,
-                             g.expected(lo, bubble))});
+                             hi, ms(c[hi]), c[hi] / c[lo], lo, ms(c[lo]), planned, pct(g.measured_share(lo, bubble)),
+                             lo, g.expected(lo, bubble))});
   for (StepPart p : {StepPart::bubble, StepPart::pp, StepPart::forward, StepPart::backward, StepPart::recompute})
     g.absorbed[idx(p)] = true;
 }
@@ -279,8 +285,9 @@ std::string dp_rates(const Gaps& g, size_t stage) {
   for (const auto& r : g.ranks)
     if (static_cast<size_t>(r.pp) == stage) t.push_back(r.s[dp]);
   const double lo = *std::min_element(t.begin(), t.end()), hi = *std::max_element(t.begin(), t.end());
-  std::string out = t.size() > 1 && lo > 0.8 * hi ? ": every rank of the stage waits in it alike (the reduction is slow, not a late rank)"
-                                                  : "";
+  std::string out = t.size() > 1 && lo > 0.8 * hi
+                        ? ": every rank of the stage waits in it alike (the reduction is slow, not a late rank)"
+                        : "";
   const double measured = g.stage_mean[stage][dp];
   if (g.dp_bytes <= 0 || measured <= 0) return out;
   out += fmt::format("{} rank 0 moves {} per iteration in it, {}/s", out.empty() ? ":" : ";", format_bytes(g.dp_bytes),
@@ -355,7 +362,8 @@ Explanation explain_run(const fs::path& run_dir, const ExplainOptions& o) {
     for (const auto& [family, seconds] : j["gpu_profile"].items())
       if (seconds.is_number()) e.op_families.emplace_back(family, seconds.get<double>());
   }
-  std::stable_sort(e.op_families.begin(), e.op_families.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
+  std::stable_sort(e.op_families.begin(), e.op_families.end(),
+                   [](const auto& a, const auto& b) { return a.second > b.second; });
   return e;
 }
 
@@ -400,9 +408,10 @@ std::string explain_text(const Explanation& e) {
   std::ostringstream o;
   double period = 0;
   for (const auto& r : e.ranks) period += r.total() / double(e.ranks.size());
-  o << fmt::format("where the time went: {} ({} ranks, {} logged record(s), iterations {}-{}): {:.1f} ms per iteration{}\n",
-                   e.run_dir, e.ranks.size(), e.records, e.first_iteration, e.last_iteration, 1e3 * period,
-                   e.clock == "GPU" ? ", by the GPU's clock (CUDA events)" : "");
+  o << fmt::format(
+      "where the time went: {} ({} ranks, {} logged record(s), iterations {}-{}): {:.1f} ms per iteration{}\n",
+      e.run_dir, e.ranks.size(), e.records, e.first_iteration, e.last_iteration, 1e3 * period,
+      e.clock == "GPU" ? ", by the GPU's clock (CUDA events)" : "");
   o << e.plan_source << "\n";
   o << "largest gaps:\n";
   if (e.findings.empty()) o << "  none: every part within 2 points of the plan, no slow rank or stage\n";
@@ -430,9 +439,10 @@ std::string explain_svg(const Explanation& e) {
   for (const auto& p : e.plan) scale_max = std::max(scale_max, p.total());
   const double px = (width - left - 80) / scale_max;
   std::ostringstream o;
-  o << fmt::format("<svg class=\"plot explain\" xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" "
-                   "viewBox=\"0 0 {} {}\">\n<rect width=\"100%\" height=\"100%\" fill=\"#fff\"/>\n",
-                   width, height, width, height);
+  o << fmt::format(
+      "<svg class=\"plot explain\" xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" "
+      "viewBox=\"0 0 {} {}\">\n<rect width=\"100%\" height=\"100%\" fill=\"#fff\"/>\n",
+      width, height, width, height);
   o << "<text x=\"10\" y=\"20\" font-size=\"14\" font-weight=\"bold\">Time per iteration by part: each rank, then the "
        "plan per pipeline stage</text>\n";
   auto bar = [&](int y, const std::string& who, const PartSeconds& s) {
@@ -441,22 +451,26 @@ std::string explain_svg(const Explanation& e) {
     for (size_t i : parts) {
       const double w = s[i] * px;
       if (w <= 0) continue;
-      o << fmt::format("<rect x=\"{:.1f}\" y=\"{}\" width=\"{:.1f}\" height=\"{}\" fill=\"{}\"><title>{}: {:.1f} ms</title></rect>\n",
-                       x, y + 2, w, row_h - 6, kColours[i], label(i), 1e3 * s[i]);
+      o << fmt::format(
+          "<rect x=\"{:.1f}\" y=\"{}\" width=\"{:.1f}\" height=\"{}\" fill=\"{}\"><title>{}: {:.1f} "
+          "ms</title></rect>\n",
+          x, y + 2, w, row_h - 6, kColours[i], label(i), 1e3 * s[i]);
       x += w;
     }
     o << fmt::format("<text x=\"{:.1f}\" y=\"{}\" font-size=\"11\">{:.1f} ms</text>\n", x + 4, y + 14,
                      1e3 * std::accumulate(s.begin(), s.end(), 0.0));
   };
   int y = top;
-  for (const auto& r : e.ranks) bar(y, fmt::format("rank {} (tp{} pp{} dp{})", r.rank, r.tp, r.pp, r.dp), r.s), y += row_h;
+  for (const auto& r : e.ranks)
+    bar(y, fmt::format("rank {} (tp{} pp{} dp{})", r.rank, r.tp, r.pp, r.dp), r.s), y += row_h;
   for (const auto& p : e.plan) bar(y, fmt::format("plan, stage {}", p.stage), p.s), y += row_h;
   y += 10;
   for (size_t k = 0; k < parts.size(); ++k) {
     const int lx = 10 + static_cast<int>(k % 5) * 170, ly = y + static_cast<int>(k / 5) * 18;
-    o << fmt::format("<rect x=\"{}\" y=\"{}\" width=\"12\" height=\"12\" fill=\"{}\"/><text x=\"{}\" y=\"{}\" "
-                     "font-size=\"11\">{}</text>\n",
-                     lx, ly, kColours[parts[k]], lx + 16, ly + 10, name(parts[k]));
+    o << fmt::format(
+        "<rect x=\"{}\" y=\"{}\" width=\"12\" height=\"12\" fill=\"{}\"/><text x=\"{}\" y=\"{}\" "
+        "font-size=\"11\">{}</text>\n",
+        lx, ly, kColours[parts[k]], lx + 16, ly + 10, name(parts[k]));
   }
   o << "</svg>\n";
   return o.str();
@@ -469,7 +483,8 @@ std::string explain_html_section(const fs::path& run_dir, const ExplainOptions& 
   if (!any) return "";  // a run without step parts: no section
   const Explanation e = explain_run(run_dir, o);
   std::ostringstream h;
-  h << "<h2>Where the time went</h2>\n<p class=\"note\">" << html_escape(e.plan_source) << "</p>\n<ol class=\"gaps\">\n";
+  h << "<h2>Where the time went</h2>\n<p class=\"note\">" << html_escape(e.plan_source)
+    << "</p>\n<ol class=\"gaps\">\n";
   for (const auto& f : e.findings) h << "<li>" << html_escape(f.text) << "</li>\n";
   if (e.findings.empty()) h << "<li>none: every part within 2 points of the plan, no slow rank or stage</li>\n";
   h << "</ol>\n<div class=\"plots\">\n" << explain_svg(e) << "</div>\n";
@@ -484,7 +499,8 @@ std::string explain_command_text(const fs::path& run_dir, const ExplainOptions& 
       dumps = dumps || (e.path().filename().string().rfind("rank", 0) == 0 && e.path().extension() == ".json");
   if (!dumps) return explain_text(explain_run(run_dir, o));
   const parallel::HangVerdict v = parallel::explain_hang(run_dir.string());
-  std::string out = "What ended the run (flight recorder, " + (run_dir / "flight_recorder").string() + "):\n  " + v.text + "\n\n";
+  std::string out =
+      "What ended the run (flight recorder, " + (run_dir / "flight_recorder").string() + "):\n  " + v.text + "\n\n";
   try {
     out += explain_text(explain_run(run_dir, o));
   } catch (const InputError& e) {

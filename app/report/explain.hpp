@@ -45,14 +45,14 @@ struct Finding {
 };
 
 struct ExplainOptions {
-  std::string gpu;          // planner GPU entry; "" = RUN_DIR/gpu-profile.json if present, else "cpu"
-  std::string gpu_profile;  // a profile file (`mtnlg plan --calibrate` writes one)
+  std::string gpu;            // planner GPU entry; "" = RUN_DIR/gpu-profile.json if present, else "cpu"
+  std::string gpu_profile;    // a profile file (`mtnlg plan --calibrate` writes one)
   int64_t gpus_per_node = 0;  // 0: the whole world on one node for "cpu" / profiles, 8 otherwise
 };
 
 struct Explanation {
   std::string run_dir;
-  int64_t records = 0;      // metrics records with step_parts that were averaged
+  int64_t records = 0;  // metrics records with step_parts that were averaged
   int64_t first_iteration = 0, last_iteration = 0;
   std::vector<RankParts> ranks;
   std::vector<PlannedStage> plan;  // per pipeline stage; empty when no plan could be made

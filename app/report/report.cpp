@@ -392,7 +392,6 @@ void write_ticks(std::ostream& o, const PlotFrame& f) {
         "<text class=\"xtick\" x=\"{}\" y=\"{}\" text-anchor=\"middle\" font-size=\"11\" fill=\"#444\">{}</text>\n",
         fmt_coord(x), py1 + 18, format_number(t));
   }
-
 }
 
 void write_series(std::ostream& o, const PlotSpec& spec, const PlotFrame& f) {
@@ -427,7 +426,6 @@ void write_series(std::ostream& o, const PlotSpec& spec, const PlotFrame& f) {
       o << "\"/>\n";
     }
   }
-
 }
 
 // Returns the pixel columns marked.
@@ -440,9 +438,10 @@ std::set<long> write_marks(std::ostream& o, const PlotSpec& spec, const PlotFram
     if (!std::isfinite(mx)) continue;
     const double x = sx(mx);
     if (!mark_cols.insert(std::lround(x)).second) continue;
-    o << fmt::format("<line class=\"mark\" x1=\"{0}\" y1=\"{1}\" x2=\"{0}\" y2=\"{2}\" stroke=\"#d62728\" "
-                     "stroke-width=\"2\"/>\n",
-                     fmt_coord(x), py1, py1 - 10);
+    o << fmt::format(
+        "<line class=\"mark\" x1=\"{0}\" y1=\"{1}\" x2=\"{0}\" y2=\"{2}\" stroke=\"#d62728\" "
+        "stroke-width=\"2\"/>\n",
+        fmt_coord(x), py1, py1 - 10);
   }
 
   return mark_cols;
@@ -638,8 +637,10 @@ std::string straggler_text(const Metrics& m) {
   for (size_t i = 0; i < flagged.size(); ++i) {
     if (std::isfinite(flagged[i])) {
       auto& v = ranges[static_cast<int64_t>(flagged[i])];
-      if (flagged[i] == prev_rank && !v.empty()) v.back().second = iter[i];
-      else v.push_back({iter[i], iter[i]});
+      if (flagged[i] == prev_rank && !v.empty())
+        v.back().second = iter[i];
+      else
+        v.push_back({iter[i], iter[i]});
     }
     prev_rank = flagged[i];
   }
@@ -678,12 +679,14 @@ std::string forensics_text(const fs::path& run_dir) {
         if (!docs.empty()) docs += ',';
         docs += std::to_string(d.get<int64_t>());
       }
-      who += fmt::format("{}sample {} (source {}, documents {})", who.empty() ? "" : ", ", sm.value("sample", int64_t{-1}),
-                         sm.value("source_name", std::string()), docs.empty() ? "-" : docs);
+      who +=
+          fmt::format("{}sample {} (source {}, documents {})", who.empty() ? "" : ", ", sm.value("sample", int64_t{-1}),
+                      sm.value("source_name", std::string()), docs.empty() ? "-" : docs);
     }
     if (!out.empty()) out += "; ";
-    out += fmt::format("iteration {}: {}, {}{}{}, {}", j.value("iteration", int64_t{0}), j.value("trigger", std::string()),
-                       j.value("verdict", std::string()), who.empty() ? "" : ": ", who, j.value("action", std::string()));
+    out +=
+        fmt::format("iteration {}: {}, {}{}{}, {}", j.value("iteration", int64_t{0}), j.value("trigger", std::string()),
+                    j.value("verdict", std::string()), who.empty() ? "" : ": ", who, j.value("action", std::string()));
   }
   return out;
 }
@@ -702,7 +705,8 @@ std::vector<std::pair<std::string, std::string>> summary_facts(const Metrics& m,
   facts.emplace_back("Logged iterations",
                      fmt::format("{} ({} to {})", m.rows, format_number(iter.front()), format_number(iter.back())));
   if (m.restarts > 0) facts.emplace_back("Restarts (resumed from a checkpoint)", std::to_string(m.restarts));
-  if (m.has("consumed_tokens")) facts.emplace_back("Consumed tokens", format_number(last_finite(m.column("consumed_tokens"))));
+  if (m.has("consumed_tokens"))
+    facts.emplace_back("Consumed tokens", format_number(last_finite(m.column("consumed_tokens"))));
   if (m.has("consumed_samples"))
     facts.emplace_back("Consumed samples", format_number(last_finite(m.column("consumed_samples"))));
   facts.emplace_back("Last finite loss", format_number(last_finite(m.column("loss"))));
@@ -710,26 +714,31 @@ std::vector<std::pair<std::string, std::string>> summary_facts(const Metrics& m,
   for (bool test : {false, true})
     for (auto h = m.held_out.rbegin(); h != m.held_out.rend(); ++h)
       if (h->test == test) {
-        facts.emplace_back(fmt::format("{} loss (iteration {})", test ? "Test" : "Last validation", format_number(h->iteration)),
-                           fmt::format("{} (PPL {})", format_number(h->loss), format_number(h->ppl)));
+        facts.emplace_back(
+            fmt::format("{} loss (iteration {})", test ? "Test" : "Last validation", format_number(h->iteration)),
+            fmt::format("{} (PPL {})", format_number(h->loss), format_number(h->ppl)));
         break;
       }
   if (m.has("tokens_per_s")) facts.emplace_back("Median tokens/s", format_number(median_of(tail("tokens_per_s"))));
   if (m.has("tflops_per_gpu"))
     facts.emplace_back("Median TFLOP/s per GPU", format_number(median_of(tail("tflops_per_gpu"))));
   if (m.has("mfu")) facts.emplace_back("Median MFU", fmt::format("{:.1f}%", 100 * median_of(tail("mfu"))));
-  if (m.has("step_time_s")) facts.emplace_back("Median iteration time", format_number(median_of(tail("step_time_s"))) + " s");
+  if (m.has("step_time_s"))
+    facts.emplace_back("Median iteration time", format_number(median_of(tail("step_time_s"))) + " s");
   if (m.has("skipped")) facts.emplace_back("Skipped iterations", format_number(last_finite(m.column("skipped"))));
   if (m.has("nan_iterations"))
     facts.emplace_back("Non-finite iterations", format_number(last_finite(m.column("nan_iterations"))));
   if (m.has("slowest_rank")) facts.emplace_back("Stragglers flagged", straggler_text(m));
-  if (const std::string f = forensics_text(run_dir); !f.empty()) facts.emplace_back("Spikes and NaNs (forensics)", f);
-  else if (m.has("anomalies")) facts.emplace_back("Spikes and NaNs (forensics)", "none");
+  if (const std::string f = forensics_text(run_dir); !f.empty())
+    facts.emplace_back("Spikes and NaNs (forensics)", f);
+  else if (m.has("anomalies"))
+    facts.emplace_back("Spikes and NaNs (forensics)", "none");
   if (max_finite(m.column("peak_memory_bytes")) > 0)
     facts.emplace_back("Peak memory", format_bytes(max_finite(m.column("peak_memory_bytes"))));
   for (const char* k : {"bytes_sent_tp", "bytes_sent_pp", "bytes_sent_dp"})
-    if (m.has(k)) facts.emplace_back(fmt::format("Bytes sent ({})", std::string_view(k).substr(11)),
-                                     format_bytes(last_finite(m.column(k))));
+    if (m.has(k))
+      facts.emplace_back(fmt::format("Bytes sent ({})", std::string_view(k).substr(11)),
+                         format_bytes(last_finite(m.column(k))));
   return facts;
 }
 
@@ -745,7 +754,7 @@ void write_eval_table(std::ostream& h, const std::vector<EvalRow>& evals) {
         << "</td><td class=\"num\">" << (r.stderr_ >= 0 ? fmt::format("&plusmn; {:.4f}", r.stderr_) : "")
         << "</td></tr>\n";
     h << "</table>\n";
-}
+  }
 }
 
 void write_recipe(std::ostream& h, const fs::path& run_dir) {
@@ -757,7 +766,7 @@ void write_recipe(std::ostream& h, const fs::path& run_dir) {
     h << "<pre class=\"recipe\">" << html_escape(ss.str()) << "</pre>\n";
   } else {
     h << "<p class=\"note\">" << html_escape(recipe.string()) << " not found.</p>\n";
-}
+  }
 }
 
 // The page's name: the directory's own name (its parent's for ".").
@@ -770,7 +779,8 @@ std::string page_title(const fs::path& dir) {
 void write_page_head(std::ostream& h, const std::string& title) {
   h << "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
     << "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
-    << "<title>mtnlg report: " << html_escape(title) << "</title>\n<style>" << kStyle << "</style>\n</head>\n<body>\n<main>\n";
+    << "<title>mtnlg report: " << html_escape(title) << "</title>\n<style>" << kStyle
+    << "</style>\n</head>\n<body>\n<main>\n";
 }
 
 // The corpus funnel of `mtnlg data curate` (curate_report.json in its work_dir): per
@@ -803,15 +813,17 @@ int64_t write_curation(std::ostream& h, const fs::path& dir) {
       const json& dout = e["documents_out"];
       if (first < 0 && din.is_number()) first = din.get<double>();
       const double share = first > 0 && dout.is_number() ? dout.get<double>() / first : 0.0;
-      h << "<tr><td>" << html_escape(src) << "</td><td>" << html_escape(e.value("stage", std::string())) << "</td><td class=\"num\">"
-        << cell(din) << "</td><td class=\"num\">" << cell(dout) << "</td><td><span class=\"bar\" style=\"width:"
-        << fmt::format("{:.0f}", 120 * std::min(1.0, share)) << "px\"></span> " << fmt::format("{:.1f}%", 100 * share)
-        << "</td><td class=\"num\">" << cell(e["text_bytes_in"]) << "</td><td class=\"num\">" << cell(e["text_bytes_out"])
+      h << "<tr><td>" << html_escape(src) << "</td><td>" << html_escape(e.value("stage", std::string()))
+        << "</td><td class=\"num\">" << cell(din) << "</td><td class=\"num\">" << cell(dout)
+        << "</td><td><span class=\"bar\" style=\"width:" << fmt::format("{:.0f}", 120 * std::min(1.0, share))
+        << "px\"></span> " << fmt::format("{:.1f}%", 100 * share) << "</td><td class=\"num\">"
+        << cell(e["text_bytes_in"]) << "</td><td class=\"num\">" << cell(e["text_bytes_out"])
         << "</td><td class=\"num\">" << cell(e.value("tokens_out", json())) << "</td></tr>\n";
       ++rows;
     }
   }
-  h << "</table>\n<h2>Blend</h2>\n<table class=\"blend\">\n<tr><th>source</th><th>tokens</th><th>weight</th><th>epochs</th></tr>\n";
+  h << "</table>\n<h2>Blend</h2>\n<table "
+       "class=\"blend\">\n<tr><th>source</th><th>tokens</th><th>weight</th><th>epochs</th></tr>\n";
   for (const auto& r : rep["blend"])
     h << "<tr><td>" << html_escape(r.value("source", std::string())) << "</td><td class=\"num\">" << cell(r["tokens"])
       << "</td><td class=\"num\">" << fmt::format("{:.4f}", r.value("weight", 0.0)) << "</td><td class=\"num\">"

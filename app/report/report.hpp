@@ -22,7 +22,7 @@ namespace mtnlg::app::report {
 // rows replace the earlier ones from the restart iteration on, so the columns are what
 // the run as a whole did, in increasing iteration order.
 struct Metrics {
-  std::string source;                                  // the file, for messages
+  std::string source;  // the file, for messages
   int64_t rows = 0;
   int64_t restarts = 0;                                // how many times iterations went back
   std::vector<std::string> keys;                       // in first-seen order
@@ -67,11 +67,11 @@ struct PlotSpec {
   std::string title;
   std::string x_label;
   std::string y_label;
-  std::vector<double> x;            // increasing
+  std::vector<double> x;  // increasing
   std::vector<Series> series;
-  std::vector<double> marks_x;      // drawn as red ticks on the x axis (e.g. non-finite loss)
-  std::string marks_label;          // legend text for the marks
-  double y_scale = 1.0;             // y values are multiplied by this before drawing (e.g. 100 for %)
+  std::vector<double> marks_x;  // drawn as red ticks on the x axis (e.g. non-finite loss)
+  std::string marks_label;      // legend text for the marks
+  double y_scale = 1.0;         // y values are multiplied by this before drawing (e.g. 100 for %)
   int width = 560;
   int height = 300;
 };

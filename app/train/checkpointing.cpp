@@ -36,9 +36,10 @@ void install_stop_signal_handlers() {
 }
 
 void throw_stopped_without_checkpoint(const std::string& why, int64_t iteration) {
-  throw_runtime("{} stopped the run after iteration {}, but checkpoint.save is not set: nothing was saved (set "
-                "checkpoint.save and checkpoint.load to the same directory to resume)",
-                why, iteration);
+  throw_runtime(
+      "{} stopped the run after iteration {}, but checkpoint.save is not set: nothing was saved (set "
+      "checkpoint.save and checkpoint.load to the same directory to resume)",
+      why, iteration);
 }
 bool stop_signal_received() { return g_stop != 0; }
 void reset_stop_signal() { g_stop = 0; }
@@ -47,8 +48,8 @@ void check_same_network(const std::string& dir, const model::ckpt::TrainState& s
   Recipe saved = parse_recipe(st.recipe_yaml, dir + "/metadata.json");
   auto same = [&](const char* what, int64_t a, int64_t b) {
     if (a != b)
-      throw_input("{}: checkpoint has model.{} = {} but the recipe says {}; a checkpoint continues the same network", dir,
-                  what, a, b);
+      throw_input("{}: checkpoint has model.{} = {} but the recipe says {}; a checkpoint continues the same network",
+                  dir, what, a, b);
   };
   same("num_layers", saved.model.num_layers, r.model.num_layers);
   same("hidden_size", saved.model.hidden_size, r.model.hidden_size);
@@ -60,8 +61,8 @@ void check_same_network(const std::string& dir, const model::ckpt::TrainState& s
   // rotary settings may change: a longer context continues with a new base or scaling).
   auto same_text = [&](const char* what, const std::string& a, const std::string& b) {
     if (a != b)
-      throw_input("{}: checkpoint has model.{} = {} but the recipe says {}; a checkpoint continues the same network", dir,
-                  what, a, b);
+      throw_input("{}: checkpoint has model.{} = {} but the recipe says {}; a checkpoint continues the same network",
+                  dir, what, a, b);
   };
   auto yes_no = [](bool b) { return std::string(b ? "true" : "false"); };
   const ModelConfig &a = saved.model, &b = r.model;
@@ -84,7 +85,7 @@ CheckpointManager::~CheckpointManager() {
 }
 
 std::optional<model::ckpt::TrainState> CheckpointManager::resume(model::ParamStore& store,
-                                                                  optimizer::DistributedAdamW& optim) {
+                                                                 optimizer::DistributedAdamW& optim) {
   const std::string& path = r_.checkpoint.load;
   if (path.empty()) return std::nullopt;
   namespace fs = std::filesystem;
@@ -96,8 +97,8 @@ std::optional<model::ckpt::TrainState> CheckpointManager::resume(model::ParamSto
   auto t0 = std::chrono::steady_clock::now();
   model::ckpt::TrainState st = model::ckpt::read_metadata(dir);
   if (auto miss = model::ckpt::missing_files(dir, st); !miss.empty())
-    throw_input("{}: {} is missing ({} shard files of layout tp={} pp={} dp={} are absent)", dir, miss.front(), miss.size(),
-                st.layout.tp, st.layout.pp, st.layout.dp);
+    throw_input("{}: {} is missing ({} shard files of layout tp={} pp={} dp={} are absent)", dir, miss.front(),
+                miss.size(), st.layout.tp, st.layout.pp, st.layout.dp);
   check_same_network(dir, st, r_);
   model::ckpt::OptimShard shard{optim.shard_begin(), optim.shard_end(), &optim.exp_avg(), &optim.exp_avg_sq()};
   model::ckpt::load_into(dir, store, &shard, &optim.exp_avg(), &optim.exp_avg_sq());
@@ -123,8 +124,8 @@ double CheckpointManager::save(const model::ckpt::TrainState& st, const model::P
   const bool model_writer = g_.coord.dp == 0;
   const bool optim_writer = optim.zero1() || g_.coord.dp == 0;
   model::ckpt::OptimShard shard{optim.shard_begin(), optim.shard_end(), &optim.exp_avg(), &optim.exp_avg_sq()};
-  auto snap = std::make_shared<model::ckpt::Snapshot>(model::ckpt::take_snapshot(
-      store, &shard, g_.coord.tp, g_.coord.pp, g_.coord.dp, model_writer, optim_writer));
+  auto snap = std::make_shared<model::ckpt::Snapshot>(
+      model::ckpt::take_snapshot(store, &shard, g_.coord.tp, g_.coord.pp, g_.coord.dp, model_writer, optim_writer));
   double blocked = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   writer_done_ = false;
   writer_error_.clear();
@@ -141,8 +142,8 @@ double CheckpointManager::save(const model::ckpt::TrainState& st, const model::P
     }
     writer_done_ = true;
   });
-  log::info("saving checkpoint iteration {} to {} (step blocked {:.3f}s; writing in the background)", st.iteration, root_,
-            blocked);
+  log::info("saving checkpoint iteration {} to {} (step blocked {:.3f}s; writing in the background)", st.iteration,
+            root_, blocked);
   return blocked;
 }
 
@@ -162,7 +163,8 @@ void CheckpointManager::commit_if_all_done(bool wait) {
   }
   if (g_.rank == 0) {
     model::ckpt::commit(root_, pending_iteration_, r_.checkpoint.keep_last);
-    log::info("checkpoint iteration {} committed: {}", pending_iteration_, model::ckpt::iteration_dir(root_, pending_iteration_));
+    log::info("checkpoint iteration {} committed: {}", pending_iteration_,
+              model::ckpt::iteration_dir(root_, pending_iteration_));
   }
   if (g_.world) g_.world->barrier();
   pending_iteration_ = -1;

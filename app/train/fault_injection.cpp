@@ -23,9 +23,11 @@ FaultInjection fault_injection_from_env() {
   if (!env) return f;
   const std::string& spec = *env;
   auto bad = [&](const std::string& why) {
-    throw_input("MTNLG_FAULT_INJECT=\"{}\": {}; expected rank=R:iteration=I:mode=throw|abort|kill|stop|hang|sigterm|sigusr1|nan|overflow|"
-                "slow|slow_dp[:ms=N]|bitflip_grad[:bit=N]|bitflip_param[:bit=N]|poison[:layer=L]",
-                spec, why);
+    throw_input(
+        "MTNLG_FAULT_INJECT=\"{}\": {}; expected "
+        "rank=R:iteration=I:mode=throw|abort|kill|stop|hang|sigterm|sigusr1|nan|overflow|"
+        "slow|slow_dp[:ms=N]|bitflip_grad[:bit=N]|bitflip_param[:bit=N]|poison[:layer=L]",
+        spec, why);
   };
   std::stringstream ss(spec);
   for (std::string part; std::getline(ss, part, ':');) {
@@ -33,17 +35,22 @@ FaultInjection fault_injection_from_env() {
     if (eq == std::string::npos) bad("'" + part + "' is not key=value");
     std::string key = part.substr(0, eq), val = part.substr(eq + 1);
     if (key == "mode") {
-      if (val != "throw" && val != "abort" && val != "kill" && val != "stop" && val != "hang" && val != "sigterm" && val != "sigusr1" && val != "nan" &&
-          val != "overflow" && val != "slow" && val != "slow_dp" && val != "bitflip_grad" && val != "bitflip_param" &&
-          val != "poison")
+      if (val != "throw" && val != "abort" && val != "kill" && val != "stop" && val != "hang" && val != "sigterm" &&
+          val != "sigusr1" && val != "nan" && val != "overflow" && val != "slow" && val != "slow_dp" &&
+          val != "bitflip_grad" && val != "bitflip_param" && val != "poison")
         bad("unknown mode '" + val + "'");
       f.mode = val;
     } else if (key == "rank" || key == "iteration" || key == "ms" || key == "bit" || key == "layer") {
       char* end = nullptr;
       long long x = std::strtoll(val.c_str(), &end, 10);
-      if (val.empty() || *end != '\0' || (x < 0 && !(key == "layer" && x == -1))) bad("'" + val + "' is not a whole number");
+      if (val.empty() || *end != '\0' || (x < 0 && !(key == "layer" && x == -1)))
+        bad("'" + val + "' is not a whole number");
       if (key == "bit" && x > 31) bad("bit " + val + " is not a bit of a 32-bit float (0..31)");
-      (key == "rank" ? f.rank : key == "iteration" ? f.iteration : key == "ms" ? f.ms : key == "bit" ? f.bit : f.layer) = x;
+      (key == "rank"        ? f.rank
+       : key == "iteration" ? f.iteration
+       : key == "ms"        ? f.ms
+       : key == "bit"       ? f.bit
+                            : f.layer) = x;
     } else {
       bad("unknown key '" + key + "'");
     }

@@ -77,7 +77,9 @@ class FaultInjector {
   // poison: whether this rank's layer observer must be installed, and whether layer
   // `layer`'s output at `iteration` is the one to poison (the caller picks the micro batch).
   bool poisons() const { return f_.active() && f_.mode == "poison" && f_.rank == rank_; }
-  bool poisons(int64_t layer, int64_t iteration) const { return poisons() && layer == f_.layer && iteration == f_.iteration; }
+  bool poisons(int64_t layer, int64_t iteration) const {
+    return poisons() && layer == f_.layer && iteration == f_.iteration;
+  }
 
  private:
   FaultInjection f_;

@@ -45,8 +45,7 @@ bool all_finite(const Tensor& t) {
         if (!std::isfinite(bf ? half::bf16_to_f32(p[i]) : half::f16_to_f32(p[i]))) return false;
       return true;
     }
-    default:
-      return true;
+    default: return true;
   }
 }
 
@@ -75,11 +74,11 @@ uint64_t tensor_hash(const Tensor& t) {
 
 // What every rank learns from the replay (one all-reduce over the world).
 struct Forensics::Gathered {
-  std::vector<int64_t> differ;  // ranks whose replayed gradients (their hash) differ from their first run
+  std::vector<int64_t> differ;              // ranks whose replayed gradients (their hash) differ from their first run
   bool loss_same = true, norm_same = true;  // on every rank
-  int64_t bad_layer = INT64_MAX;  // the first non-finite activation in the job (-1: the embedding)
+  int64_t bad_layer = INT64_MAX;            // the first non-finite activation in the job (-1: the embedding)
   int64_t bad_layer_rank = -1, bad_sample = -1;
-  std::vector<double> mb_losses;  // [dp * micro batches]: dp rank d's micro batch k at d * M + k
+  std::vector<double> mb_losses;                 // [dp * micro batches]: dp rank d's micro batch k at d * M + k
   std::vector<std::pair<double, double>> norms;  // per rank: its gradient norm in the first run and the replay
 };
 
@@ -146,7 +145,8 @@ Forensics::Gathered Forensics::gather(const StepRead& first, const StepRead& aga
   me[4] = std::sqrt(again.norm_sq);
   v.back() = bits_of(first.norm_sq) != bits_of(again.norm_sq) ? 1.0 : 0.0;
   if (g_.is_last_stage() && g_.coord.tp == 0 && static_cast<int64_t>(mine.size()) == m)
-    for (int64_t k = 0; k < m; ++k) v[static_cast<size_t>(kSlots * world + g_.coord.dp * m + k)] = mine[static_cast<size_t>(k)];
+    for (int64_t k = 0; k < m; ++k)
+      v[static_cast<size_t>(kSlots * world + g_.coord.dp * m + k)] = mine[static_cast<size_t>(k)];
   if (g_.world && world > 1) g_.world->all_reduce(v.data(), static_cast<int64_t>(v.size()), parallel::ReduceOp::sum);
   Gathered out;
   out.loss_same = bits_of(first.loss) == bits_of(again.loss);
@@ -210,7 +210,8 @@ std::string Forensics::ranks_text(const std::vector<int64_t>& ranks) const {
   return s;
 }
 
-ForensicsAction Forensics::decide(const Trigger& t, const Gathered& g, const StepRead& first, const StepRead& again) const {
+ForensicsAction Forensics::decide(const Trigger& t, const Gathered& g, const StepRead& first,
+                                  const StepRead& again) const {
   ForensicsAction a;
   a.read = first;
   a.verdict = g.differ.empty() && g.loss_same && g.norm_same ? "persistent" : "transient";
@@ -243,7 +244,8 @@ void Forensics::remember(double loss) {
 }
 
 ForensicsAction Forensics::after_read(int64_t iteration, const data::Batch& batch, const StepRead& first,
-                                      bool overflow_handled, const Tensor& grads, const std::function<StepRead()>& replay) {
+                                      bool overflow_handled, const Tensor& grads,
+                                      const std::function<StepRead()>& replay) {
   ForensicsAction none;
   none.read = first;
   if (!watches_steps()) return none;
@@ -287,24 +289,26 @@ std::string Forensics::report(int64_t iteration, const data::Batch& batch, const
   for (int64_t q : g.differ) {
     const auto c = g_.topo.coord(q);
     const auto [n1, n2] = g.norms[static_cast<size_t>(q)];
-    ranks.push_back({{"rank", q}, {"tp", c.tp}, {"pp", c.pp}, {"dp", c.dp}, {"grad_norm", num(n1)}, {"replay_grad_norm", num(n2)}});
+    ranks.push_back(
+        {{"rank", q}, {"tp", c.tp}, {"pp", c.pp}, {"dp", c.dp}, {"grad_norm", num(n1)}, {"replay_grad_norm", num(n2)}});
   }
   const nlohmann::json samples = persistent ? name_samples(batch, g, t) : nlohmann::json::array();
   const std::string action = a.kind == ForensicsAction::stop   ? "stop"
                              : a.kind == ForensicsAction::skip ? "skip"
                                                                : "rerun";
-  nlohmann::json j = {{"iteration", iteration},
-                      {"trigger", t.what},
-                      {"loss", num(first.loss)},
-                      {"grad_norm", num(std::sqrt(first.norm_sq))},
-                      {"replay", {{"loss", num(again.loss)}, {"grad_norm", num(std::sqrt(again.norm_sq))},
-                                  {"loss_bit_identical", g.loss_same}}},
-                      {"verdict", a.verdict},
-                      {"ranks", ranks},
-                      {"samples", samples},
-                      {"first_nonfinite_layer", g.bad_layer == INT64_MAX ? nlohmann::json(nullptr) : nlohmann::json(g.bad_layer)},
-                      {"policy", to_string(tr.spike_policy)},
-                      {"action", action}};
+  nlohmann::json j = {
+      {"iteration", iteration},
+      {"trigger", t.what},
+      {"loss", num(first.loss)},
+      {"grad_norm", num(std::sqrt(first.norm_sq))},
+      {"replay",
+       {{"loss", num(again.loss)}, {"grad_norm", num(std::sqrt(again.norm_sq))}, {"loss_bit_identical", g.loss_same}}},
+      {"verdict", a.verdict},
+      {"ranks", ranks},
+      {"samples", samples},
+      {"first_nonfinite_layer", g.bad_layer == INT64_MAX ? nlohmann::json(nullptr) : nlohmann::json(g.bad_layer)},
+      {"policy", to_string(tr.spike_policy)},
+      {"action", action}};
   if (t.what == "loss spike") {
     j["running_mean"] = t.mean;
     j["threshold"] = tr.loss_spike_threshold;
@@ -316,8 +320,9 @@ std::string Forensics::report(int64_t iteration, const data::Batch& batch, const
     why = fmt::format("loss spike ({:.6g} > {} x running mean {:.6g})", first.loss, tr.loss_spike_threshold, t.mean);
   std::string found;
   if (persistent) {
-    found = "persistent (the replay reproduces the loss, the gradient norm and every rank's gradients bit for bit: data "
-            "or numerics)";
+    found =
+        "persistent (the replay reproduces the loss, the gradient norm and every rank's gradients bit for bit: data "
+        "or numerics)";
     std::string names;
     for (const auto& sm : samples) {
       std::string docs;
@@ -330,17 +335,20 @@ std::string Forensics::report(int64_t iteration, const data::Batch& batch, const
     }
     found += "; samples: " + (names.empty() ? std::string("none singled out") : names);
     found += "; first non-finite activation: " +
-             (g.bad_layer == INT64_MAX ? std::string("none") : layer_text(g.bad_layer) + fmt::format(" output (rank {})", g.bad_layer_rank));
+             (g.bad_layer == INT64_MAX ? std::string("none")
+                                       : layer_text(g.bad_layer) + fmt::format(" output (rank {})", g.bad_layer_rank));
   } else {
-    found = g.differ.empty() ? std::string("transient (the replay's loss or gradient norm differs; no rank's gradients do)")
-                             : "transient (recomputed gradients differ from the first run on " + ranks_text(g.differ) +
-                                   ": suspect hardware)";
+    found = g.differ.empty()
+                ? std::string("transient (the replay's loss or gradient norm differs; no rank's gradients do)")
+                : "transient (recomputed gradients differ from the first run on " + ranks_text(g.differ) +
+                      ": suspect hardware)";
   }
   const std::string what = a.kind == ForensicsAction::stop   ? "stopping"
                            : a.kind == ForensicsAction::skip ? "the batch's update is dropped (counted in skipped)"
                                                              : "the step is redone with the replay's gradients";
-  const std::string line = fmt::format("forensics: iteration {}: {}: replayed: {}; training.spike_policy {}: {} (report: {}/forensics.jsonl)",
-                                       iteration, why, found, to_string(tr.spike_policy), what, r_.logging.dir);
+  const std::string line = fmt::format(
+      "forensics: iteration {}: {}: replayed: {}; training.spike_policy {}: {} (report: {}/forensics.jsonl)", iteration,
+      why, found, to_string(tr.spike_policy), what, r_.logging.dir);
   if (g_.rank == 0 && a.kind != ForensicsAction::stop) log::warn("{}", line);
   return line;
 }
@@ -372,7 +380,8 @@ void Forensics::after_update(int64_t iteration, const Tensor& weights) {
     const auto c = g_.topo.coord(q);
     ranks.push_back({{"rank", q}, {"tp", c.tp}, {"pp", c.pp}, {"dp", c.dp}});
     int64_t same = 0;
-    for (int64_t d = 0; d < dp; ++d) same += h[static_cast<size_t>(g_.topo.rank({c.tp, c.pp, d}))] == h[static_cast<size_t>(q)];
+    for (int64_t d = 0; d < dp; ++d)
+      same += h[static_cast<size_t>(g_.topo.rank({c.tp, c.pp, d}))] == h[static_cast<size_t>(q)];
     if (2 * same == dp) outvoted = false;
   }
   write_event({{"iteration", iteration},
@@ -383,10 +392,10 @@ void Forensics::after_update(int64_t iteration, const Tensor& weights) {
                {"hashes", hashes},
                {"policy", "stop"},
                {"action", "stop"}});
-  throw_runtime("forensics: iteration {}: the data-parallel replicas' parameters differ (training.param_hash_interval "
-                "{}): {} {}: suspect hardware; stopping (resume from the last checkpoint; report: {}/forensics.jsonl)",
-                iteration, n, outvoted ? "outvoted by its replicas:" : "no majority, one of:", ranks_text(odd),
-                r_.logging.dir);
+  throw_runtime(
+      "forensics: iteration {}: the data-parallel replicas' parameters differ (training.param_hash_interval "
+      "{}): {} {}: suspect hardware; stopping (resume from the last checkpoint; report: {}/forensics.jsonl)",
+      iteration, n, outvoted ? "outvoted by its replicas:" : "no majority, one of:", ranks_text(odd), r_.logging.dir);
 }
 
 }  // namespace mtnlg::app

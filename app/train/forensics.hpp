@@ -50,9 +50,9 @@ struct StepRead {
 struct ForensicsAction {
   enum Kind { update, skip, stop, update_with_replay };
   Kind kind = update;
-  StepRead read;             // what the update uses (the replay's with update_with_replay)
-  std::string verdict;       // "" (nothing found), "persistent" or "transient"
-  std::string message;       // the log line's text (stop: the error)
+  StepRead read;        // what the update uses (the replay's with update_with_replay)
+  std::string verdict;  // "" (nothing found), "persistent" or "transient"
+  std::string message;  // the log line's text (stop: the error)
 };
 
 class Forensics {
@@ -93,7 +93,7 @@ class Forensics {
   parallel::ProcessGroups g_;
   std::shared_ptr<const data::SampleSource> src_;
   PipelineExecutor& exec_;
-  std::deque<double> recent_;  // the last loss_spike_window losses of applied steps
+  std::deque<double> recent_;      // the last loss_spike_window losses of applied steps
   std::vector<double> mb_losses_;  // this rank's micro batches' losses in the replay (last stage)
   bool observing_ = false;
   int64_t first_bad_layer_ = INT64_MAX, first_bad_sample_ = -1;  // this rank, while replaying

@@ -33,10 +33,10 @@ std::string cuda_graph_refusal(const Recipe& r, Device device, bool observer) {
 #ifdef MTNLG_HAVE_CUDA
 
 struct MicroBatchGraphs::Shape {
-  int64_t seen = 0;       // micro batches of this shape so far
-  bool eager = false;     // its capture failed: eager from then on
-  model::PlacedInputs in; // what the graphs read: overwritten before every forward launch
-  int64_t saved = 0;      // activation bytes between the two graphs
+  int64_t seen = 0;                     // micro batches of this shape so far
+  bool eager = false;                   // its capture failed: eager from then on
+  model::PlacedInputs in;               // what the graphs read: overwritten before every forward launch
+  int64_t saved = 0;                    // activation bytes between the two graphs
   double fwd_bytes = 0, bwd_bytes = 0;  // tensor-parallel bytes each graph's collectives count
   // The NCCL operations each graph captured: every launch records them again in the
   // device watchdog's flight recorder, with one probe around the launch.
@@ -127,7 +127,9 @@ MicroBatchGraphs::MicroBatchGraphs(model::GptChunk& chunk, parallel::Communicato
 MicroBatchGraphs::~MicroBatchGraphs() = default;
 bool MicroBatchGraphs::capture(Shape&, int64_t, const model::TrainMicroBatch&) { return false; }
 bool MicroBatchGraphs::forward(int64_t, const model::TrainMicroBatch&) { return false; }
-void MicroBatchGraphs::backward(int64_t mb_id) { throw_runtime("backward graph of micro batch {} without CUDA", mb_id); }
+void MicroBatchGraphs::backward(int64_t mb_id) {
+  throw_runtime("backward graph of micro batch {} without CUDA", mb_id);
+}
 
 #endif
 

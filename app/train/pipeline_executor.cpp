@@ -19,7 +19,8 @@ int32_t eod_token(const Recipe& r) {
   if (r.data.tokenizer_type == TokenizerType::huggingface) return recipe_hf_eod_token(r);
   if (r.data.vocab_file.empty()) return 50256;
   std::ifstream in(r.data.vocab_file);
-  if (!in) throw_input("data.vocab_file {}: cannot read (data.eod_mask_loss needs its <|endoftext|> id)", r.data.vocab_file);
+  if (!in)
+    throw_input("data.vocab_file {}: cannot read (data.eod_mask_loss needs its <|endoftext|> id)", r.data.vocab_file);
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(in);
@@ -60,7 +61,7 @@ void PipelineExecutor::build_loss_masks(const data::Batch& b) {
 }
 
 model::TrainMicroBatch PipelineExecutor::micro_batch(const data::Batch& b, int64_t k, int64_t consumed_before,
-                                                uint64_t step_key, double loss_scale) const {
+                                                     uint64_t step_key, double loss_scale) const {
   const int64_t T = r_.model.seq_length, mbs = b.micro_batch_size, dp = g_.topo.dp();
   model::TrainMicroBatch mb;
   mb.tokens = b.tokens.data() + k * mbs * (T + 1);
@@ -83,8 +84,10 @@ void PipelineExecutor::record_micro_batch_loss(int64_t microbatch, const Tensor&
   const Tensor acc = loss_acc.to(Device::cpu);
   const double sum = acc.data<double>()[0], tokens = acc.data<double>()[1];
   double& out = (*mb_losses_)[static_cast<size_t>(microbatch)];
-  if (!std::isfinite(mb_loss_sum_)) out = -1.0;  // the sum is already non-finite: this micro batch cannot be told
-  else out = tokens > mb_loss_tokens_ ? (sum - mb_loss_sum_) / (tokens - mb_loss_tokens_) : std::nan("");
+  if (!std::isfinite(mb_loss_sum_))
+    out = -1.0;  // the sum is already non-finite: this micro batch cannot be told
+  else
+    out = tokens > mb_loss_tokens_ ? (sum - mb_loss_sum_) / (tokens - mb_loss_tokens_) : std::nan("");
   mb_loss_sum_ = sum;
   mb_loss_tokens_ = tokens;
 }
@@ -107,11 +110,18 @@ struct PipelineExecutor::BatchRun {
   static constexpr int kTagActivation = 0, kTagGradient = 1;
   using Key = std::pair<int64_t, int64_t>;  // (microbatch, chunk)
 
-  BatchRun(PipelineExecutor& ex, const data::Batch& batch, int64_t consumed_before, uint64_t step_key, double loss_scale,
-           Tensor& loss_acc)
-      : ex(ex), batch(batch), consumed_before(consumed_before), step_key(step_key), loss_scale(loss_scale),
-        loss_acc(loss_acc), C(ex.r_.model.hidden_size), R(ex.chunks_[0]->local_rows(batch.micro_batch_size)),
-        act(ex.chunks_[0]->activation_dtype()), backwards_done(ex.chunks_.size(), 0) {}
+  BatchRun(PipelineExecutor& ex, const data::Batch& batch, int64_t consumed_before, uint64_t step_key,
+           double loss_scale, Tensor& loss_acc)
+      : ex(ex),
+        batch(batch),
+        consumed_before(consumed_before),
+        step_key(step_key),
+        loss_scale(loss_scale),
+        loss_acc(loss_acc),
+        C(ex.r_.model.hidden_size),
+        R(ex.chunks_[0]->local_rows(batch.micro_batch_size)),
+        act(ex.chunks_[0]->activation_dtype()),
+        backwards_done(ex.chunks_.size(), 0) {}
 
   PipelineExecutor& ex;
   const data::Batch& batch;
@@ -123,9 +133,9 @@ struct PipelineExecutor::BatchRun {
   const DType act;
   std::map<Key, Tensor> act_in, act_out, grad_in, grad_out;
   std::map<size_t, std::pair<std::unique_ptr<parallel::Request>, Tensor>> pending;  // by send action index
-  int64_t send_held = 0;                   // bytes of the buffers in `pending`
-  std::vector<int64_t> backwards_done;     // per chunk: which backward is its last
-  std::set<int64_t> graphed;               // micro batches whose forward ran as a CUDA graph
+  int64_t send_held = 0;                                                            // bytes of the buffers in `pending`
+  std::vector<int64_t> backwards_done;  // per chunk: which backward is its last
+  std::set<int64_t> graphed;            // micro batches whose forward ran as a CUDA graph
 
   static Tensor take(std::map<Key, Tensor>& map, Key key) {
     auto it = map.find(key);
@@ -223,8 +233,8 @@ void PipelineExecutor::enable_cuda_graphs(bool eager_last_micro_batch) {
   graphs_eager_last_ = eager_last_micro_batch;
 }
 
-void PipelineExecutor::run_batch(const data::Batch& batch, int64_t consumed_before, uint64_t step_key, double loss_scale,
-                                 Tensor& loss_acc) {
+void PipelineExecutor::run_batch(const data::Batch& batch, int64_t consumed_before, uint64_t step_key,
+                                 double loss_scale, Tensor& loss_acc) {
   const int64_t m = batch.micro_batches;
   peak_act_ = 0;
   peak_send_ = 0;

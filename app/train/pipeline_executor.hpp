@@ -24,12 +24,14 @@ std::vector<float> eod_loss_mask(const int32_t* rows, int64_t samples, int64_t s
 
 class PipelineExecutor {
  public:
-  PipelineExecutor(const Recipe& r, const parallel::ProcessGroups& g, std::vector<std::unique_ptr<model::GptChunk>>& chunks);
+  PipelineExecutor(const Recipe& r, const parallel::ProcessGroups& g,
+                   std::vector<std::unique_ptr<model::GptChunk>>& chunks);
   // `consumed_before`: samples consumed before this batch (keys the data and dropout).
   // `loss_scale` multiplies the loss gradient (fp16 dynamic loss scaling). The last
   // stage adds its (unscaled) sum of token losses and the tokens counted to `loss_acc`
   // (f64 [2] on the model's device); nothing is read back to the host here.
-  void run_batch(const data::Batch& batch, int64_t consumed_before, uint64_t step_key, double loss_scale, Tensor& loss_acc);
+  void run_batch(const data::Batch& batch, int64_t consumed_before, uint64_t step_key, double loss_scale,
+                 Tensor& loss_acc);
   // Largest activation memory held at once during the last batch (bytes).
   int64_t peak_activation_bytes() const { return peak_act_; }
   // Largest bytes held at once during the last batch by sends not yet waited for (their
@@ -49,7 +51,7 @@ class PipelineExecutor {
 
  private:
   model::TrainMicroBatch micro_batch(const data::Batch& b, int64_t k, int64_t consumed_before, uint64_t step_key,
-                                double loss_scale) const;
+                                     double loss_scale) const;
   // data.eod_mask_loss: per micro batch, 0 where the input token is <|endoftext|> (as
   // Megatron's GPT dataset), and the global batch's count of tokens that remain, which
   // normalises the loss gradient (so the gradient is that of the reported per-token loss).

@@ -58,16 +58,16 @@ void MetricsWriter::write(const IterationStats& s, const Recipe& r, double loss_
     j["anomalies"] = s.anomalies_total;
     if (!s.anomaly.empty()) j["anomaly"] = s.anomaly;
   }
-  if (!s.step_parts.empty()) j["step_parts"] = step_parts_json(s.step_parts, topo_);  // logging.step_timing
+  if (!s.step_parts.empty()) j["step_parts"] = step_parts_json(s.step_parts, topo_);              // logging.step_timing
   if (!s.step_parts_gpu.empty()) j["step_parts_gpu"] = step_parts_json(s.step_parts_gpu, topo_);  // ... on a GPU
-  if (!s.gpu_profile.empty()) {  // logging.gpu_profile
+  if (!s.gpu_profile.empty()) {                                                                   // logging.gpu_profile
     nlohmann::json fam = nlohmann::json::object();
     for (const auto& [family, seconds] : s.gpu_profile) fam[family] = seconds;
     j["gpu_profile"] = fam;
   }
-  if (s.gemm_fallbacks >= 0) j["gemm_fallbacks"] = s.gemm_fallbacks;  // CUDA runs
+  if (s.gemm_fallbacks >= 0) j["gemm_fallbacks"] = s.gemm_fallbacks;              // CUDA runs
   if (s.cuda_graph_replays >= 0) j["cuda_graph_replays"] = s.cuda_graph_replays;  // training.enable_cuda_graph
-  if (s.host_reads || s.host_uploads) {  // a device run: its host round trips
+  if (s.host_reads || s.host_uploads) {                                           // a device run: its host round trips
     j["host_reads"] = s.host_reads;
     j["host_uploads"] = s.host_uploads;
   }
@@ -121,13 +121,20 @@ void CommReport::write(int64_t iteration, int64_t global_batch, int64_t micro_ba
                        int64_t dp_buckets_early) {
   if (!out_.is_open()) return;
   auto b = [](const std::shared_ptr<parallel::Communicator>& c) -> int64_t { return c ? c->bytes_sent() : 0; };
-  nlohmann::json j = {{"iteration", iteration},        {"rank", g_.rank},
-                      {"tp_rank", g_.coord.tp},        {"pp_rank", g_.coord.pp},
-                      {"dp_rank", g_.coord.dp},        {"global_batch_size", global_batch},
-                      {"micro_batches", micro_batches}, {"tp", b(g_.tp)},
-                      {"pp", b(g_.pp)},                {"dp", b(g_.dp)},
-                      {"embedding", b(g_.embedding)},  {"mp", b(g_.mp)},
-                      {"world", b(g_.world)},          {"dp_buckets", dp_buckets},
+  nlohmann::json j = {{"iteration", iteration},
+                      {"rank", g_.rank},
+                      {"tp_rank", g_.coord.tp},
+                      {"pp_rank", g_.coord.pp},
+                      {"dp_rank", g_.coord.dp},
+                      {"global_batch_size", global_batch},
+                      {"micro_batches", micro_batches},
+                      {"tp", b(g_.tp)},
+                      {"pp", b(g_.pp)},
+                      {"dp", b(g_.dp)},
+                      {"embedding", b(g_.embedding)},
+                      {"mp", b(g_.mp)},
+                      {"world", b(g_.world)},
+                      {"dp_buckets", dp_buckets},
                       {"dp_buckets_started_early", dp_buckets_early}};
   out_ << j.dump() << "\n";
   out_.flush();

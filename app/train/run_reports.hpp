@@ -45,7 +45,8 @@ class CommReport {
   CommReport(const std::string& dir, const parallel::ProcessGroups& g, bool active);
   // Zero every group's counter at the start of an iteration.
   void reset() const;
-  void write(int64_t iteration, int64_t global_batch, int64_t micro_batches, int64_t dp_buckets, int64_t dp_buckets_early);
+  void write(int64_t iteration, int64_t global_batch, int64_t micro_batches, int64_t dp_buckets,
+             int64_t dp_buckets_early);
 
  private:
   const parallel::ProcessGroups& g_;

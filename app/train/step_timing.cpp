@@ -73,7 +73,8 @@ nlohmann::json step_parts_json(const std::vector<double>& parts, const parallel:
     const parallel::Coord c = topo.coord(r);
     nlohmann::json j = {{"rank", r}, {"tp_rank", c.tp}, {"pp_rank", c.pp}, {"dp_rank", c.dp}};
     for (int i = 0; i < timing::kStepParts; ++i)
-      j[timing::step_part_name(static_cast<timing::StepPart>(i))] = parts[static_cast<size_t>(r * timing::kStepParts + i)];
+      j[timing::step_part_name(static_cast<timing::StepPart>(i))] =
+          parts[static_cast<size_t>(r * timing::kStepParts + i)];
     ranks.push_back(std::move(j));
   }
   return {{"ranks", std::move(ranks)}};

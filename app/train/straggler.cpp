@@ -11,7 +11,10 @@
 namespace mtnlg::app {
 
 StragglerTracker::StragglerTracker(int64_t world, double margin, int64_t intervals)
-    : margin_(margin), intervals_(intervals), run_(static_cast<size_t>(world), 0), warned_(static_cast<size_t>(world), false) {}
+    : margin_(margin),
+      intervals_(intervals),
+      run_(static_cast<size_t>(world), 0),
+      warned_(static_cast<size_t>(world), false) {}
 
 StragglerTracker::Verdict StragglerTracker::update(const std::vector<double>& t) {
   Verdict v;
@@ -86,10 +89,11 @@ void StragglerDetector::at_log(IterationStats& s) {
   s.straggler_rank = v.straggler_rank;
   if (g_.rank != 0) return;
   for (const auto& n : v.named)
-    log::warn("straggler: {} has been slower than the median of its peers by more than {:.0f}% for {} log "
-              "intervals in a row (iteration {}: compute {:.1f} ms per iteration vs {:.1f} ms, {:.2f}x)",
-              parallel::describe_rank(n.rank, hosts_[static_cast<size_t>(n.rank)]), 100 * (margin_ - 1), n.intervals,
-              s.iteration, 1e3 * n.seconds, 1e3 * n.median, n.ratio);
+    log::warn(
+        "straggler: {} has been slower than the median of its peers by more than {:.0f}% for {} log "
+        "intervals in a row (iteration {}: compute {:.1f} ms per iteration vs {:.1f} ms, {:.2f}x)",
+        parallel::describe_rank(n.rank, hosts_[static_cast<size_t>(n.rank)]), 100 * (margin_ - 1), n.intervals,
+        s.iteration, 1e3 * n.seconds, 1e3 * n.median, n.ratio);
 }
 
 }  // namespace mtnlg::app

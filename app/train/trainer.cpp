@@ -222,7 +222,8 @@ struct TrainData {
 const std::string& run_dir_with_recipe(const Recipe& r, bool rank0) {
   if (rank0) {
     std::filesystem::create_directories(r.logging.dir);
-    write_file_checked((std::filesystem::path(r.logging.dir) / "recipe.resolved.yaml").string(), to_yaml(r), "logging.dir");
+    write_file_checked((std::filesystem::path(r.logging.dir) / "recipe.resolved.yaml").string(), to_yaml(r),
+                       "logging.dir");
   }
   return r.logging.dir;
 }
@@ -277,33 +278,37 @@ std::string architecture_line(const ModelConfig& m) {
 }
 
 // The banner: the run, the layout, the model and the data, once at set-up.
-void log_banner(const Recipe& r, const TrainModel& m, const TrainOptimizer& o, const TrainData& d, const MfuPeak& peak) {
+void log_banner(const Recipe& r, const TrainModel& m, const TrainOptimizer& o, const TrainData& d,
+                const MfuPeak& peak) {
   const parallel::Topology& t = m.groups.topo;
-  log::info("mtnlg train: {} | layout tp={} pp={} dp={} (world {}){}{} | {} parameters ({} on this rank)", r.name, t.tp(),
-            t.pp(), t.dp(), t.world(), m.v() > 1 ? fmt::format(" interleaved v={}", m.v()) : "",
+  log::info("mtnlg train: {} | layout tp={} pp={} dp={} (world {}){}{} | {} parameters ({} on this rank)", r.name,
+            t.tp(), t.pp(), t.dp(), t.world(), m.v() > 1 ? fmt::format(" interleaved v={}", m.v()) : "",
             m.cfg.sequence_parallel ? " +sequence-parallel" : "", human_count(static_cast<double>(o.total_params)),
             human_count(static_cast<double>(m.store.numel())));
-  log::info("model: {} layers, hidden {}, {} heads, seq {}, vocab {} (padded {}) | {} on {} | attention {} | recompute {}{}{}",
-            r.model.num_layers, r.model.hidden_size, r.model.num_attention_heads, r.model.seq_length, r.model.vocab_size,
-            m.cfg.padded_vocab_size, to_string(r.training.precision), describe_device(m.device),
-            m.chunks.front()->attention_note(), to_string(r.parallel.recompute_granularity),
-            o.adamw.zero1() ? " | ZeRO-1 distributed optimizer" : "",
-            r.training.enable_cuda_graph ? " | CUDA graphs per micro batch" : "");
+  log::info(
+      "model: {} layers, hidden {}, {} heads, seq {}, vocab {} (padded {}) | {} on {} | attention {} | recompute "
+      "{}{}{}",
+      r.model.num_layers, r.model.hidden_size, r.model.num_attention_heads, r.model.seq_length, r.model.vocab_size,
+      m.cfg.padded_vocab_size, to_string(r.training.precision), describe_device(m.device),
+      m.chunks.front()->attention_note(), to_string(r.parallel.recompute_granularity),
+      o.adamw.zero1() ? " | ZeRO-1 distributed optimizer" : "",
+      r.training.enable_cuda_graph ? " | CUDA graphs per micro batch" : "");
   log::info("architecture: {}", architecture_line(r.model));
-  log::info("run: {} iterations, {} samples, {} tokens | data: {} | MFU peak {:.3f} TFLOP/s ({}); TFLOP/s and MFU count "
-            "model FLOPs {} per iteration (recompute not counted)",
-            d.run.iterations,
-            human_count(static_cast<double>(d.run.samples)), human_count(static_cast<double>(d.run.tokens)),
-            r.data.mock                                            ? std::string("mock tokens")
-            : r.data.blend.size() == 1 && !r.data.blend[0].weighted ? "one unweighted source " + r.data.blend[0].prefix
-                                                                    : fmt::format("blend of {} sources", r.data.blend.size()),
-            peak.tflops, peak.what, model::model_flops_formula(r.model));
+  log::info(
+      "run: {} iterations, {} samples, {} tokens | data: {} | MFU peak {:.3f} TFLOP/s ({}); TFLOP/s and MFU count "
+      "model FLOPs {} per iteration (recompute not counted)",
+      d.run.iterations, human_count(static_cast<double>(d.run.samples)), human_count(static_cast<double>(d.run.tokens)),
+      r.data.mock                                             ? std::string("mock tokens")
+      : r.data.blend.size() == 1 && !r.data.blend[0].weighted ? "one unweighted source " + r.data.blend[0].prefix
+                                                              : fmt::format("blend of {} sources", r.data.blend.size()),
+      peak.tflops, peak.what, model::model_flops_formula(r.model));
 }
 
 // The run directory's files and reports, straggler detection, step timing, TensorBoard,
 // the MFU peak, then the banner (unless quiet).
 struct TrainOutputs {
-  TrainOutputs(const Recipe& r, const TrainModel& m, const TrainOptimizer& o, const TrainData& d, const TrainOptions& opts)
+  TrainOutputs(const Recipe& r, const TrainModel& m, const TrainOptimizer& o, const TrainData& d,
+               const TrainOptions& opts)
       : metrics(run_dir_with_recipe(r, m.groups.rank == 0), m.groups.rank == 0, m.groups.topo),
         comm_report(r.logging.dir, m.groups, opts.comm_report),
         memory_report(r.logging.dir, m.groups, opts.memory_report),
@@ -318,7 +323,7 @@ struct TrainOutputs {
   CommReport comm_report;
   MemoryReport memory_report;
   StragglerDetector straggler;
-  StepTiming step_timing;  // logging.step_timing
+  StepTiming step_timing;                              // logging.step_timing
   std::unique_ptr<tb::TensorBoardWriter> tensorboard;  // null unless on (rank 0 only)
   MfuPeak peak;
 };
@@ -384,7 +389,8 @@ StartPoint resume_or_start(CheckpointManager& ckpt, TrainModel& m, TrainOptimize
     if (st->per_source_samples.size() == p.per_source.size()) p.per_source = st->per_source_samples;
     // An fp16 checkpoint carries its scaler; from a bf16/fp32 one the scaler starts fresh.
     if (o.scaler && st->loss_scaler)
-      o.scaler->load_state({st->loss_scale, st->loss_scale_good_steps, st->loss_scale_hysteresis, st->loss_scale_skipped});
+      o.scaler->load_state(
+          {st->loss_scale, st->loss_scale_good_steps, st->loss_scale_hysteresis, st->loss_scale_skipped});
   }
   m.store.sync_weights();
   return p;
@@ -467,7 +473,8 @@ Trainer::Trainer(const Recipe& r, const parallel::ProcessGroups& g, const TrainO
       data_(r, g_),
       out_(r, model_, optim_, data_, opts),
       step_(r, model_, optim_),
-      ckpt_(checkpoints_with_stop_handlers(r, g_, model::ckpt::Layout{tp_, pp_, dp_, model_.v(), optim_.adamw.zero1()})),
+      ckpt_(
+          checkpoints_with_stop_handlers(r, g_, model::ckpt::Layout{tp_, pp_, dp_, model_.v(), optim_.adamw.zero1()})),
       start_(resume_or_start(ckpt_, model_, optim_, data_.source->source_names().size())),
       consumed_(start_.consumed),
       iteration_(start_.iteration),
@@ -510,8 +517,9 @@ void Trainer::forward_backward(const data::Batch& batch, double loss_scale) {
   ops::fill(step_.stats, 0.0);
   step_.ddp.begin(model_.store.grads());
   Tensor loss_acc = step_.stats.flat(0, 2);
-  step_.exec.run_batch(batch, consumed_, mix_key(static_cast<uint64_t>(r_.training.seed), static_cast<uint64_t>(iteration_), 0xD0),
-                   loss_scale, loss_acc);
+  step_.exec.run_batch(batch, consumed_,
+                       mix_key(static_cast<uint64_t>(r_.training.seed), static_cast<uint64_t>(iteration_), 0xD0),
+                       loss_scale, loss_acc);
   fault_.dp_reduction(iteration_ + 1);
   // The shared gradients (tied embedding, sequence-parallel partials), then every dp
   // bucket summed, or under ZeRO-1 this rank's shard reduce-scattered.
@@ -588,12 +596,13 @@ IterationStats Trainer::train_step(const data::Batch& batch, double lr, std::chr
   // Spike and NaN forensics may replay the step, and drop or redo its update.
   const ForensicsAction fa =
       forensics_.after_read(iteration_ + 1, batch, first, optim_.scaler && loss_scale > r_.optimizer.min_loss_scale,
-                             model_.store.grads(), [&] { return replay_step(batch, loss_scale); });
+                            model_.store.grads(), [&] { return replay_step(batch, loss_scale); });
   const bool dropped = fa.kind == ForensicsAction::skip || fa.kind == ForensicsAction::stop;
   if (fa.kind == ForensicsAction::stop) forensics_stop_ = fa.message;
   const double loss = fa.read.loss;
-  optimizer::StepResult update = optim_.adamw.apply(model_.store.params(), model_.store.grads(), lr, &model_.store.weights(), loss_scale,
-                                              std::sqrt(fa.read.norm_sq), fa.read.nonfinite || dropped);
+  optimizer::StepResult update =
+      optim_.adamw.apply(model_.store.params(), model_.store.grads(), lr, &model_.store.weights(), loss_scale,
+                         std::sqrt(fa.read.norm_sq), fa.read.nonfinite || dropped);
   const bool nonfinite = (update.skipped && !dropped) || fa.read.nonfinite || !std::isfinite(loss);
   const bool overflow_handled = optim_.scaler && nonfinite && loss_scale > r_.optimizer.min_loss_scale;
   if (optim_.scaler) optim_.scaler->update(nonfinite);  // not a dropped spike: that is no overflow
@@ -668,13 +677,13 @@ void Trainer::record_memory_and_traffic(IterationStats& s, int64_t reads_before,
 // logging.log_interval iterations metrics.jsonl, TensorBoard and the log line.
 void Trainer::training_log(IterationStats& s, const data::Batch& batch) {
   out_.comm_report.write(s.iteration, s.global_batch_size, batch.micro_batches, step_.ddp.overlapped_buckets(),
-                      step_.ddp.started_early());
+                         step_.ddp.started_early());
   out_.memory_report.write(s);
   const int64_t total_iters = data_.run.iterations;
   const bool log_now = s.iteration % r_.logging.log_interval == 0 || s.iteration == total_iters;
   out_.straggler.add(s.compute_time_s);
   if (log_now) out_.straggler.at_log(s);  // every rank: one small all-reduce over the world
-  if (log_now) {  // every rank: an all-reduce over the world (two on a GPU)
+  if (log_now) {                          // every rank: an all-reduce over the world (two on a GPU)
     StepTiming::Parts parts = out_.step_timing.at_log();
     s.step_parts = std::move(parts.host);
     s.step_parts_gpu = std::move(parts.gpu);
@@ -686,20 +695,21 @@ void Trainer::training_log(IterationStats& s, const data::Batch& batch) {
   out_.metrics.write(s, r_, s.loss_scale);
   if (out_.tensorboard)
     out_.tensorboard->log_iteration({{"loss", s.loss},
-                                 {"lr", s.lr},
-                                 {"global_batch_size", static_cast<double>(s.global_batch_size)},
-                                 {"tokens_per_s", s.tokens_per_s},
-                                 {"tflops_per_gpu", s.tflops_per_gpu},
-                                 {"mfu", s.mfu},
-                                 {"grad_norm", s.grad_norm},
-                                 {"skipped", static_cast<double>(s.skipped_total)},
-                                 {"nan_iterations", static_cast<double>(s.nan_total)},
-                                 {"loss_scale", s.loss_scale},
-                                 {"peak_memory_gib", static_cast<double>(s.peak_memory_bytes) / 1073741824.0}},
-                                s.iteration, s.consumed_tokens);
+                                     {"lr", s.lr},
+                                     {"global_batch_size", static_cast<double>(s.global_batch_size)},
+                                     {"tokens_per_s", s.tokens_per_s},
+                                     {"tflops_per_gpu", s.tflops_per_gpu},
+                                     {"mfu", s.mfu},
+                                     {"grad_norm", s.grad_norm},
+                                     {"skipped", static_cast<double>(s.skipped_total)},
+                                     {"nan_iterations", static_cast<double>(s.nan_total)},
+                                     {"loss_scale", s.loss_scale},
+                                     {"peak_memory_gib", static_cast<double>(s.peak_memory_bytes) / 1073741824.0}},
+                                    s.iteration, s.consumed_tokens);
   if (!opts_.quiet)
     log::info(
-        " iteration {:>7}/{:<7} | consumed tokens: {:>10} | elapsed time per iteration (ms): {:8.1f} | tokens/s: {:9.1f} | "
+        " iteration {:>7}/{:<7} | consumed tokens: {:>10} | elapsed time per iteration (ms): {:8.1f} | tokens/s: "
+        "{:9.1f} | "
         "TFLOP/s/GPU: {:6.3f} | MFU: {:5.1f}% | learning rate: {:.3E} | global batch size: {:5} | lm loss: {:.6E} | "
         "grad norm: {:.3f}{} | skipped: {} | nan: {} | mem: {} MiB{}{}{} | comm MB tp/pp/dp: {:.3f}/{:.3f}/{:.3f}{}",
         s.iteration, total_iters, s.consumed_tokens, s.step_time_s * 1e3, s.tokens_per_s, s.tflops_per_gpu, 100 * s.mfu,
@@ -727,10 +737,11 @@ std::optional<Trainer::StopCause> Trainer::failure_stop() const {
   if (!forensics_stop_.empty())  // training.spike_policy: the update was dropped, the weights are the last good ones
     return StopCause{true, "", forensics_stop_};
   if (nonfinite_in_a_row_ >= r_.training.max_nonfinite_in_a_row)  // updates were skipped: the weights are good
-    return StopCause{true, "",
-                     fmt::format("iteration {}: {} non-finite losses/gradients in a row (training.max_nonfinite_in_a_row); "
-                                 "lower the lr or check the data",
-                                 iteration_, nonfinite_in_a_row_)};
+    return StopCause{
+        true, "",
+        fmt::format("iteration {}: {} non-finite losses/gradients in a row (training.max_nonfinite_in_a_row); "
+                    "lower the lr or check the data",
+                    iteration_, nonfinite_in_a_row_)};
   return std::nullopt;
 }
 
@@ -740,15 +751,16 @@ std::optional<Trainer::StopCause> Trainer::signal_stop() const {
   int64_t stop = stop_signal_received() ? 1 : 0;
   if (g_.world && g_.world->size() > 1) g_.world->all_reduce(&stop, 1, parallel::ReduceOp::max);
   if (!stop) return std::nullopt;
-  return StopCause{false, "a stop signal", fmt::format("stop signal received: saving and exiting after iteration {}", iteration_)};
+  return StopCause{false, "a stop signal",
+                   fmt::format("stop signal received: saving and exiting after iteration {}", iteration_)};
 }
 
 // training.exit_interval, then training.exit_duration_mins (the longest-running rank's minutes).
 std::optional<Trainer::StopCause> Trainer::scheduled_stop() const {
   if (r_.training.exit_interval > 0 && iteration_ % r_.training.exit_interval == 0 && iteration_ < data_.run.iterations)
-    return StopCause{false, "training.exit_interval",
-                     fmt::format("exiting after iteration {} (training.exit_interval = {})", iteration_,
-                                 r_.training.exit_interval)};
+    return StopCause{
+        false, "training.exit_interval",
+        fmt::format("exiting after iteration {} (training.exit_interval = {})", iteration_, r_.training.exit_interval)};
   if (r_.training.exit_duration_mins <= 0) return std::nullopt;
   double mins = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start_).count() / 60.0;
   if (g_.world && g_.world->size() > 1) g_.world->all_reduce(&mins, 1, parallel::ReduceOp::max);
@@ -794,7 +806,8 @@ TrainSummary Trainer::run() {
     std::optional<timing::StepPartScope> data_part(timing::StepPart::data);
     data::Batch batch = data_.loader.get(consumed_, gbs);
     const int64_t after = consumed_ + gbs;
-    if (iteration_ + 1 < total_iters) data_.loader.prefetch(after, schedules::global_batch_size(r_.training, T_, after));
+    if (iteration_ + 1 < total_iters)
+      data_.loader.prefetch(after, schedules::global_batch_size(r_.training, T_, after));
     data_part.reset();
     const double lr = schedules::learning_rate(r_.optimizer, after * T_, data_.run.tokens);
     out_.comm_report.reset();  // every group's byte counter, this iteration only
@@ -831,8 +844,8 @@ TrainSummary Trainer::run() {
     const auto& l = summary_.iterations.back();
     log::info("done: {} iterations, {} tokens in {} | loss {:.4f} -> {:.4f}", iteration_,
               human_count(static_cast<double>(summary_.consumed_tokens)),
-              human_duration(std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start_).count()), f.loss,
-              l.loss);
+              human_duration(std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start_).count()),
+              f.loss, l.loss);
   }
   return summary_;
 }

@@ -27,8 +27,9 @@ constexpr int kTagValidation = 7;
 std::shared_ptr<const data::SampleSource> make_part(const Recipe& r, int part, int64_t n, const std::string& cache) {
   if (!data::split_part_present(r.data.split, part)) return nullptr;
   if (r.data.mock)
-    return data::make_mock_source(r.model.vocab_size, r.model.seq_length,
-                                  static_cast<uint64_t>(r.training.seed) ^ (part == 1 ? kValidMockSeed : kTestMockSeed));
+    return data::make_mock_source(
+        r.model.vocab_size, r.model.seq_length,
+        static_cast<uint64_t>(r.training.seed) ^ (part == 1 ? kValidMockSeed : kTestMockSeed));
   try {
     return data::make_blend_source(blend_spec(r), part, n, cache);
   } catch (const InputError& e) {

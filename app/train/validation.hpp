@@ -47,9 +47,8 @@ class Validation {
   // a part the split leaves empty is skipped with a warning. `chunks_specs`: this
   // rank's virtual chunks in order; `start_iteration`: the iteration training resumes
   // from (the valid position is a pure function of it).
-  Validation(const Recipe& r, const parallel::ProcessGroups& g, model::ParamStore& store,
-             const model::GptConfig& cfg, const std::vector<model::ChunkSpec>& chunk_specs, const std::string& cache_dir,
-             int64_t start_iteration);
+  Validation(const Recipe& r, const parallel::ProcessGroups& g, model::ParamStore& store, const model::GptConfig& cfg,
+             const std::vector<model::ChunkSpec>& chunk_specs, const std::string& cache_dir, int64_t start_iteration);
   ~Validation();
 
   bool active() const { return valid_ != nullptr; }

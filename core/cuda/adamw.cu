@@ -72,9 +72,12 @@ void adamw(float* param, const float* grad, float* m, float* v, int64_t n, const
                              cudaMemcpyHostToDevice, stream()));
   const double bc1 = 1.0 - std::pow(a.beta1, static_cast<double>(a.step));
   const double bc2 = 1.0 - std::pow(a.beta2, static_cast<double>(a.step));
-  const AdamConsts k{static_cast<float>(a.beta1),          static_cast<float>(a.beta2),
-                     static_cast<float>(a.grad_scale),     static_cast<float>(a.lr / bc1),
-                     static_cast<float>(1.0 / std::sqrt(bc2)), static_cast<float>(a.eps),
+  const AdamConsts k{static_cast<float>(a.beta1),
+                     static_cast<float>(a.beta2),
+                     static_cast<float>(a.grad_scale),
+                     static_cast<float>(a.lr / bc1),
+                     static_cast<float>(1.0 / std::sqrt(bc2)),
+                     static_cast<float>(a.eps),
                      static_cast<float>(a.lr * a.weight_decay)};
   const int ns = static_cast<int>(table.size());
   MTNLG_DT_SWITCH(copy_dt, C,
@@ -97,8 +100,8 @@ void adamw_flat(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const o
   const char* op = "adamw";
   const std::pair<const char*, const Tensor*> args[] = {{"param", &param}, {"grad", &grad}, {"m", &m}, {"v", &v}};
   for (const auto& [name, t] : args)
-    if (t->dtype() != DType::f32) throw_runtime("{}: {} must be f32 (the master copy) on CUDA, got {}", op, name,
-                                                to_string(t->dtype()));
+    if (t->dtype() != DType::f32)
+      throw_runtime("{}: {} must be f32 (the master copy) on CUDA, got {}", op, name, to_string(t->dtype()));
   DType copy_dt = DType::bf16;
   void* out = nullptr;
   if (copy_out && copy_out->defined()) {

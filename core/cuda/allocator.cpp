@@ -165,7 +165,8 @@ class CachingAllocator {
   // writing sees NaN, not the previous tensor's values (during a capture the poisoning is
   // part of the graph). No throw: a destructor path.
   void poison_locked(void* p, int64_t size) {
-    if (exact_allocations() && backend_ready() && cudaMemsetAsync(p, 0xFF, static_cast<size_t>(size), stream()) != cudaSuccess)
+    if (exact_allocations() && backend_ready() &&
+        cudaMemsetAsync(p, 0xFF, static_cast<size_t>(size), stream()) != cudaSuccess)
       cudaGetLastError();
   }
 
@@ -201,17 +202,18 @@ class CachingAllocator {
     if (e != cudaSuccess) {
       cudaGetLastError();
       const bool capture = growth == Growth::graph_pool;
-      throw_runtime("CUDA out of memory{}: cannot allocate {} bytes (size class {}) on device {}: {} bytes in use, {} "
-                    "reserved, peak {} ({}); {}",
-                    capture   ? " while capturing a CUDA graph"
-                    : in_step ? " during a training step (the cache is not released mid-step: that would wait on "
-                                "collectives in flight)"
-                              : "",
-                    bytes, size, backend_device(), stats_.current_bytes, stats_.reserved_bytes, stats_.peak_bytes,
-                    cudaGetErrorString(e),
-                    capture ? "set training.enable_cuda_graph: false, or lower training.micro_batch_size"
-                            : "lower training.micro_batch_size, or set parallel.recompute_granularity: selective or "
-                              "full");
+      throw_runtime(
+          "CUDA out of memory{}: cannot allocate {} bytes (size class {}) on device {}: {} bytes in use, {} "
+          "reserved, peak {} ({}); {}",
+          capture   ? " while capturing a CUDA graph"
+          : in_step ? " during a training step (the cache is not released mid-step: that would wait on "
+                      "collectives in flight)"
+                    : "",
+          bytes, size, backend_device(), stats_.current_bytes, stats_.reserved_bytes, stats_.peak_bytes,
+          cudaGetErrorString(e),
+          capture ? "set training.enable_cuda_graph: false, or lower training.micro_batch_size"
+                  : "lower training.micro_batch_size, or set parallel.recompute_granularity: selective or "
+                    "full");
     }
     ++stats_.device_allocs;
     stats_.reserved_bytes += size;
@@ -403,9 +405,10 @@ CudaGraph::CudaGraph(GraphPool& pool, const std::function<void()>& work) {
   if (e != cudaSuccess) {
     cudaGetLastError();
     if (graph) cudaGraphDestroy(graph);
-    throw_refused("CUDA graph capture failed: {} ({}): the captured work synchronised, queried, copied through "
-                  "pageable host memory or used another stream",
-                  cudaGetErrorString(e), cudaGetErrorName(e));
+    throw_refused(
+        "CUDA graph capture failed: {} ({}): the captured work synchronised, queried, copied through "
+        "pageable host memory or used another stream",
+        cudaGetErrorString(e), cudaGetErrorName(e));
   }
   e = cudaGraphInstantiate(&exec_, graph, 0);
   cudaGraphDestroy(graph);

@@ -21,13 +21,13 @@ namespace mtnlg::cuda {
 // ends; the rank fails instead and the job's abort path takes the peers down.
 // Thread-safe (one mutex).
 struct MemoryStats {
-  int64_t current_bytes = 0;   // held by live allocations (rounded sizes)
-  int64_t peak_bytes = 0;      // max of current_bytes since start / reset_peak_memory()
-  int64_t reserved_bytes = 0;  // obtained from cudaMalloc and not yet released (live + cached)
-  int64_t device_allocs = 0;   // cudaMalloc calls
-  int64_t cache_hits = 0;      // requests served from a free list
-  int64_t deferred_frees = 0;  // frees of blocks used on a side stream (record_stream)
-  int64_t pending_blocks = 0;  // of those, blocks whose side-stream work is not known done yet
+  int64_t current_bytes = 0;     // held by live allocations (rounded sizes)
+  int64_t peak_bytes = 0;        // max of current_bytes since start / reset_peak_memory()
+  int64_t reserved_bytes = 0;    // obtained from cudaMalloc and not yet released (live + cached)
+  int64_t device_allocs = 0;     // cudaMalloc calls
+  int64_t cache_hits = 0;        // requests served from a free list
+  int64_t deferred_frees = 0;    // frees of blocks used on a side stream (record_stream)
+  int64_t pending_blocks = 0;    // of those, blocks whose side-stream work is not known done yet
   int64_t graph_pool_bytes = 0;  // held by CUDA graph pools (GraphPool), counted in current_bytes
 };
 MemoryStats memory_stats();

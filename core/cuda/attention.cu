@@ -197,8 +197,8 @@ void unfused_forward(V* out, V* probs, V* dropped, const V* qkv, const Geometry&
     for (int64_t qi = 0; qi < Q; ++qi)
       gemm_strided_batched(true, false, T, T, D, g.scale, qkv + L.k(g, b), L.row, gs, qkv + L.q(g, b, qi), L.row, gs,
                            probs + L.mat(g, b, qi), T, Q * L.TT, G, dt);
-  MTNLG_LAUNCH(row_blocks(rows), kThreads, 0, stream(), causal_softmax_kernel<V>)(probs, dr.on ? dropped : nullptr, rows,
-                                                                                  g, dr);
+  MTNLG_LAUNCH(row_blocks(rows), kThreads, 0, stream(), causal_softmax_kernel<V>)
+  (probs, dr.on ? dropped : nullptr, rows, g, dr);
   MTNLG_CUDA_LAUNCH_CHECK("causal_softmax_kernel");
   const V* pv = dr.on ? dropped : probs;
   for (int64_t b = 0; b < g.B; ++b)  // out_cm [D, T_i] = V_cm P'_cm
@@ -351,13 +351,12 @@ void attention_cached_forward(void* out, void* k_cache, void* v_cache, const voi
   if (D > kAttnMaxHeadDim) fail("attention_cached_forward: head size above the kernel's limit");
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
   MTNLG_DT_SWITCH(dt, V, {
-    MTNLG_LAUNCH(grid_for(B * T * G * D, 256), 256, 0, stream(), kv_append_kernel<V>)(
-        static_cast<V*>(k_cache), static_cast<V*>(v_cache), static_cast<const V*>(qkv), B, T, G, H / G, D, capacity,
-        past);
+    MTNLG_LAUNCH(grid_for(B * T * G * D, 256), 256, 0, stream(), kv_append_kernel<V>)
+    (static_cast<V*>(k_cache), static_cast<V*>(v_cache), static_cast<const V*>(qkv), B, T, G, H / G, D, capacity, past);
     MTNLG_CUDA_LAUNCH_CHECK("kv_append_kernel");
-    MTNLG_LAUNCH(static_cast<unsigned>(B * T * H), kThreads, 0, stream(), attn_cached_kernel<V>)(
-        static_cast<V*>(out), static_cast<const V*>(k_cache), static_cast<const V*>(v_cache),
-        static_cast<const V*>(qkv), T, H, G, D, capacity, past, scale);
+    MTNLG_LAUNCH(static_cast<unsigned>(B * T * H), kThreads, 0, stream(), attn_cached_kernel<V>)
+    (static_cast<V*>(out), static_cast<const V*>(k_cache), static_cast<const V*>(v_cache), static_cast<const V*>(qkv),
+     T, H, G, D, capacity, past, scale);
     MTNLG_CUDA_LAUNCH_CHECK("attn_cached_kernel");
   });
 }
@@ -383,8 +382,8 @@ op_checks::QkvShape attn_shape(const char* op, const Tensor& qkv, int64_t heads,
 }
 }  // namespace
 
-void attention_forward_lse(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t heads, const ops::AttentionDropout& drop,
-                           int64_t groups) {
+void attention_forward_lse(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t heads,
+                           const ops::AttentionDropout& drop, int64_t groups) {
   cuda_dtype("attention_forward_lse", "qkv", qkv.dtype());
   cudnn_attention_forward(out, lse, qkv, heads, drop, groups);
 }

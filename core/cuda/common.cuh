@@ -102,7 +102,8 @@ namespace mtnlg::cuda::detail {
 // and the argument otherwise.
 inline DType cuda_dtype(const char* op, const char* name, DType d) {
   if (d == DType::f32 || d == DType::bf16 || d == DType::f16) return d;
-  throw_runtime("{}: {} has dtype {}, which the CUDA backend does not support (f32, bf16, f16)", op, name, to_string(d));
+  throw_runtime("{}: {} has dtype {}, which the CUDA backend does not support (f32, bf16, f16)", op, name,
+                to_string(d));
 }
 inline void need_f32(const char* op, const char* name, const Tensor* t) {
   if (t && t->defined() && t->dtype() != DType::f32)
@@ -122,22 +123,22 @@ inline const int32_t* ip(const Tensor& t) { return static_cast<const int32_t*>(t
 
 // Runs the statement with `T` bound to the storage type of `dt` (f32, bf16 or f16: the
 // Tensor-level entries check it with cuda_dtype first; anything else is a logic error).
-#define MTNLG_DT_SWITCH(dt, T, ...)                                        \
-  switch (dt) {                                                            \
-    case ::mtnlg::DType::f32: {                                            \
-      using T = float;                                                     \
-      __VA_ARGS__;                                                         \
-      break;                                                               \
-    }                                                                      \
-    case ::mtnlg::DType::bf16: {                                           \
-      using T = __nv_bfloat16;                                             \
-      __VA_ARGS__;                                                         \
-      break;                                                               \
-    }                                                                      \
-    case ::mtnlg::DType::f16: {                                            \
-      using T = __half;                                                    \
-      __VA_ARGS__;                                                         \
-      break;                                                               \
-    }                                                                      \
+#define MTNLG_DT_SWITCH(dt, T, ...)                                                                    \
+  switch (dt) {                                                                                        \
+    case ::mtnlg::DType::f32: {                                                                        \
+      using T = float;                                                                                 \
+      __VA_ARGS__;                                                                                     \
+      break;                                                                                           \
+    }                                                                                                  \
+    case ::mtnlg::DType::bf16: {                                                                       \
+      using T = __nv_bfloat16;                                                                         \
+      __VA_ARGS__;                                                                                     \
+      break;                                                                                           \
+    }                                                                                                  \
+    case ::mtnlg::DType::f16: {                                                                        \
+      using T = __half;                                                                                \
+      __VA_ARGS__;                                                                                     \
+      break;                                                                                           \
+    }                                                                                                  \
     default: ::mtnlg::cuda::fail("CUDA kernel called with a storage dtype other than f32, bf16, f16"); \
   }

@@ -29,8 +29,7 @@ void report_gpu_error(const char* api, int64_t code, const char* what, const cha
   if (int64_t r = error_rank(); r >= 0) where += fmt::format(", rank {}", r);
   // The runtime declining an operation because a stream capture is running: a refusal
   // (the capture's work then runs eagerly, CudaGraph), not a fault.
-  if (std::strcmp(api, "CUDA") == 0)
-    switch (static_cast<cudaError_t>(code)) {
+  if (std::strcmp(api, "CUDA") == 0) switch (static_cast<cudaError_t>(code)) {
       case cudaErrorStreamCaptureUnsupported:
       case cudaErrorStreamCaptureInvalidated:
       case cudaErrorStreamCaptureImplicit:

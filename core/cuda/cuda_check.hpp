@@ -43,12 +43,12 @@ void launch_check(const char* what, const char* file, int line);
 
 }  // namespace mtnlg::cuda
 
-#define MTNLG_GPU_CHECK_GEN(stmt, api, success, to_str)                                                            \
-  do {                                                                                                            \
-    auto mtnlg_status_ = (stmt);                                                                                  \
-    if (mtnlg_status_ != (success))                                                                               \
-      ::mtnlg::cuda::report_gpu_error(api, static_cast<int64_t>(mtnlg_status_), to_str(mtnlg_status_), #stmt,     \
-                                      __FILE__, __LINE__);                                                        \
+#define MTNLG_GPU_CHECK_GEN(stmt, api, success, to_str)                                                       \
+  do {                                                                                                        \
+    auto mtnlg_status_ = (stmt);                                                                              \
+    if (mtnlg_status_ != (success))                                                                           \
+      ::mtnlg::cuda::report_gpu_error(api, static_cast<int64_t>(mtnlg_status_), to_str(mtnlg_status_), #stmt, \
+                                      __FILE__, __LINE__);                                                    \
   } while (0)
 
 #define CUDA_CHECK(stmt) MTNLG_GPU_CHECK_GEN(stmt, "CUDA", cudaSuccess, cudaGetErrorString)

@@ -206,8 +206,23 @@ using Dims = std::array<int64_t, 4>;
 
 // Tensor unique ids of the graphs' inputs and outputs (the variant pack's keys).
 enum Uid : int64_t {
-  kQ = 1, kK, kV, kO, kStats, kdO, kdQ, kdK, kdV, kdQAccum, kSeed, kOffset,
-  kScale = 20, kLowest, kDropScale, kDropKeep, kOne,  // by-value scalars
+  kQ = 1,
+  kK,
+  kV,
+  kO,
+  kStats,
+  kdO,
+  kdQ,
+  kdK,
+  kdV,
+  kdQAccum,
+  kSeed,
+  kOffset,
+  kScale = 20,
+  kLowest,
+  kDropScale,
+  kDropKeep,
+  kOne,  // by-value scalars
   kFirstVirtual = 100,
 };
 
@@ -334,9 +349,10 @@ class Graph {
       raw.push_back(cfgs.back()->get());
     }
     int64_t got = 0;
-    check(a_, a_.get_attr(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &got,
-                          raw.data()),
-          "engine heuristic results");
+    check(
+        a_,
+        a_.get_attr(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &got, raw.data()),
+        "engine heuristic results");
     std::string last = "cuDNN has no engine for this graph";
     for (int64_t i = 0; i < got; ++i) {
       try {
@@ -633,8 +649,9 @@ Plan& plan_for(const SdpaGraph& spec) {
   const Api& a = api();
   if (!a.failure.empty()) throw Refused("cuDNN " + a.failure);
   Library& lib = library();
-  const PlanKey key{spec.forward, spec.dt, spec.B, spec.T, spec.H, spec.G <= 0 ? spec.H : spec.G, spec.D,
-                    spec.dropout_p, !spec.forward && spec.deterministic};
+  const PlanKey key{spec.forward, spec.dt,        spec.B,
+                    spec.T,       spec.H,         spec.G <= 0 ? spec.H : spec.G,
+                    spec.D,       spec.dropout_p, !spec.forward && spec.deterministic};
   if (auto it = lib.plans.find(key); it != lib.plans.end()) return *it->second;
   if (auto it = lib.refused.find(key); it != lib.refused.end()) throw Refused(it->second);
   try {
@@ -677,14 +694,17 @@ __global__ void seed_offset_kernel(int64_t* dst, uint64_t key, int64_t sample, i
 // Runs `pl` with the variant pack `uids` -> `ptrs` (plus the by-value scalars), on the
 // backend stream, with workspace from the caching allocator.
 // `sample`: the first sample of this execution (the groups-as-batch layout runs one per sample).
-void execute(Plan& pl, std::vector<int64_t> uids, std::vector<void*> ptrs, const ops::AttentionDropout& drop,
-             int64_t T, int64_t sample = 0) {
+void execute(Plan& pl, std::vector<int64_t> uids, std::vector<void*> ptrs, const ops::AttentionDropout& drop, int64_t T,
+             int64_t sample = 0) {
   Library& lib = library();
   check(api(), api().set_stream(lib.handle, stream()), "set stream");
   const std::vector<int64_t>& graph_uids = pl.graph.io_uids();
   auto in_graph = [&](int64_t uid) { return std::find(graph_uids.begin(), graph_uids.end(), uid) != graph_uids.end(); };
-  for (const auto& [uid, value] : {std::pair<int64_t, float*>{kScale, &pl.scale}, {kLowest, &pl.lowest},
-                                   {kDropScale, &pl.drop_scale}, {kDropKeep, &pl.drop_keep}, {kOne, &pl.one}})
+  for (const auto& [uid, value] : {std::pair<int64_t, float*>{kScale, &pl.scale},
+                                   {kLowest, &pl.lowest},
+                                   {kDropScale, &pl.drop_scale},
+                                   {kDropKeep, &pl.drop_keep},
+                                   {kOne, &pl.one}})
     if (in_graph(uid)) {
       uids.push_back(uid);
       ptrs.push_back(value);
@@ -694,8 +714,8 @@ void execute(Plan& pl, std::vector<int64_t> uids, std::vector<void*> ptrs, const
     // cuDNN's Philox stream: seed = the dropout key; the counter offset starts these
     // rows' (sample, head) block where the CPU's mask index does.
     seed_offset = DeviceBuffer<int64_t>(2 * kOffsetAt);
-    MTNLG_LAUNCH(1, 1, 0, stream(), seed_offset_kernel)(seed_offset.data(), drop.key, drop.sample_offset + sample,
-                                                         drop.heads_total, drop.head_offset, T * T, drop.dkey);
+    MTNLG_LAUNCH(1, 1, 0, stream(), seed_offset_kernel)
+    (seed_offset.data(), drop.key, drop.sample_offset + sample, drop.heads_total, drop.head_offset, T * T, drop.dkey);
     MTNLG_CUDA_LAUNCH_CHECK("seed_offset_kernel");
     uids.insert(uids.end(), {kSeed, kOffset});
     ptrs.insert(ptrs.end(), {seed_offset.data(), seed_offset.data() + kOffsetAt});
@@ -735,8 +755,8 @@ std::atomic<bool> g_deterministic{false};
 void set_deterministic_attention(bool on) { g_deterministic = on; }
 bool deterministic_attention() { return g_deterministic; }
 
-bool fused_attention_supported(DType dt, int64_t B, int64_t T, int64_t H, int64_t D, double dropout_p,
-                               std::string* why, int64_t groups) {
+bool fused_attention_supported(DType dt, int64_t B, int64_t T, int64_t H, int64_t D, double dropout_p, std::string* why,
+                               int64_t groups) {
   std::lock_guard<std::mutex> lock(library().mu);
   if (groups > 0 && H % groups != 0) {
     if (why) *why = fmt::format("{} heads do not split into {} query groups", H, groups);
@@ -767,8 +787,8 @@ void cudnn_attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, int64_
               {at(qkv, x), at(qkv, x + sh.koff), at(qkv, x + sh.voff), at(out, o), at(lse, l)}, drop, sh.T, c);
     }
   } catch (const Refused& e) {
-    throw_refused("attention_forward_lse on CUDA (B {}, T {}, heads {}, groups {}, head size {}): {}", sh.B, sh.T,
-                  sh.H, sh.G, sh.D, e.what());
+    throw_refused("attention_forward_lse on CUDA (B {}, T {}, heads {}, groups {}, head size {}): {}", sh.B, sh.T, sh.H,
+                  sh.G, sh.D, e.what());
   }
 }
 
@@ -786,9 +806,9 @@ void cudnn_attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qk
     for (int64_t c = 0; c < sh.calls; ++c) {  // c: the sample (one execution per sample when calls is B)
       const int64_t x = c * sh.T * sh.row, o = c * sh.T * sh.H * sh.D, l = c * sh.H * sh.T;
       std::vector<int64_t> uids{kQ, kK, kV, kO, kdO, kStats, kdQ, kdK, kdV};
-      std::vector<void*> ptrs{at(qkv, x),  at(qkv, x + sh.koff),  at(qkv, x + sh.voff),  at(out, o),
-                              at(dout, o), at(lse, l),            at(dqkv, x),           at(dqkv, x + sh.koff),
-                              at(dqkv, x + sh.voff)};
+      std::vector<void*> ptrs{at(qkv, x),  at(qkv, x + sh.koff),  at(qkv, x + sh.voff),
+                              at(out, o),  at(dout, o),           at(lse, l),
+                              at(dqkv, x), at(dqkv, x + sh.koff), at(dqkv, x + sh.voff)};
       if (pl.dq_accumulator) {
         uids.push_back(kdQAccum);
         ptrs.push_back(acc.data() + c * sh.H * sh.T * sh.D);
@@ -838,8 +858,9 @@ SdpaPlan plan_offline(const SdpaGraph& g, const std::string& device_json, const 
   }
   try {
     Desc device(a, CUDNN_BACKEND_DEVICEPROP_DESCRIPTOR);
-    device.set(CUDNN_ATTR_DEVICEPROP_JSON_REPRESENTATION, CUDNN_TYPE_CHAR, static_cast<int64_t>(device_json.size()),
-               device_json.data())
+    device
+        .set(CUDNN_ATTR_DEVICEPROP_JSON_REPRESENTATION, CUDNN_TYPE_CHAR, static_cast<int64_t>(device_json.size()),
+             device_json.data())
         .finalize();
     Plan pl(a);
     build_and_plan(pl, g, Target{nullptr, &device});

@@ -82,8 +82,8 @@ std::string device_json_of_gpu(int device);
 // backward graph of exactly this shape and dropout, with this process's backward
 // algorithm (the plans are kept for the calls that follow). When not, `why` says what
 // refused it.
-bool fused_attention_supported(DType dt, int64_t B, int64_t T, int64_t H, int64_t D, double dropout_p,
-                               std::string* why, int64_t groups = 0);
+bool fused_attention_supported(DType dt, int64_t B, int64_t T, int64_t H, int64_t D, double dropout_p, std::string* why,
+                               int64_t groups = 0);
 
 // out [B, T, H*D], lse [B, H, T] f32 (natural-log log-sum-exp of the scaled, masked
 // scores: cuDNN's softmax statistics), from qkv [B, T, (H+2G)*D] (per group its H/G

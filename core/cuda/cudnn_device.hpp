@@ -13,11 +13,11 @@ namespace mtnlg::cuda {
 
 // The properties cuDNN reads (the keys its JSON takes), from the data sheet of one GPU.
 struct CudnnDevice {
-  std::string key;   // "h100", "h200": as the planner names the GPU
-  std::string name;  // deviceName, as cudaGetDeviceProperties reports it
+  std::string key;               // "h100", "h200": as the planner names the GPU
+  std::string name;              // deviceName, as cudaGetDeviceProperties reports it
   int64_t device_version = 900;  // deviceVer: compute capability x 100
   int64_t sm_count = 0;
-  int64_t global_mem = 0;        // bytes
+  int64_t global_mem = 0;  // bytes
   int64_t l2_bytes = 0;
   int64_t sm_clock_khz = 0, mem_clock_khz = 0;
   int64_t smem_per_block = 49152, smem_per_block_optin = 0, reserved_smem_per_block = 1024;

@@ -89,7 +89,8 @@ int device_count() {
 
 int device_for_local_rank(int64_t local_rank) {
   const int n = device_count();
-  if (n == 0) throw_runtime("no CUDA device is visible (CUDA_VISIBLE_DEVICES='{}')", [] {
+  if (n == 0)
+    throw_runtime("no CUDA device is visible (CUDA_VISIBLE_DEVICES='{}')", [] {
       const char* v = std::getenv("CUDA_VISIBLE_DEVICES");
       return std::string(v ? v : "<unset>");
     }());
@@ -100,7 +101,8 @@ void init_backend(int device) {
   std::lock_guard<std::mutex> lock(g_backend_mu);
   if (g_backend) {
     if (g_backend->device != device)
-      throw_runtime("the CUDA backend already runs on device {}; cannot switch to device {}", g_backend->device, device);
+      throw_runtime("the CUDA backend already runs on device {}; cannot switch to device {}", g_backend->device,
+                    device);
     return;
   }
   const int n = device_count();

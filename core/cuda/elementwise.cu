@@ -22,11 +22,13 @@ constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2/pi)
 template <typename T>
 __global__ void fill_kernel(T* x, int64_t n, float v) {
   const T tv = from_f<T>(v);
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) x[i] = tv;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    x[i] = tv;
 }
 
 __global__ void fill_i32_kernel(int32_t* x, int64_t n, int32_t v) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) x[i] = v;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    x[i] = v;
 }
 
 template <typename T>
@@ -42,7 +44,8 @@ __global__ void convert_kernel(D* dst, const S* src, int64_t n) {
 }
 
 __global__ void fill_f64_kernel(double* x, int64_t n, double v) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) x[i] = v;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    x[i] = v;
 }
 
 // The memory-bound elementwise ops as one loop: out[i] = f(i, a[i], b[i]) in fp32 (b is a
@@ -118,7 +121,8 @@ void map2(T* out, const T* a, const T* b, int64_t n, F f, const char* name) {
 
 void fill(void* x, DType dt, int64_t n, float value) {
   if (n <= 0) return;
-  MTNLG_DT_SWITCH(dt, T, MTNLG_LAUNCH(grid_for(n, kThreads), kThreads, 0, stream(), fill_kernel<T>)(static_cast<T*>(x), n, value));
+  MTNLG_DT_SWITCH(
+      dt, T, MTNLG_LAUNCH(grid_for(n, kThreads), kThreads, 0, stream(), fill_kernel<T>)(static_cast<T*>(x), n, value));
   MTNLG_CUDA_LAUNCH_CHECK("fill_kernel");
 }
 
@@ -130,12 +134,14 @@ void fill_i32(int32_t* x, int64_t n, int32_t value) {
 
 void add(void* out, const void* a, const void* b, DType dt, int64_t n) {
   if (n <= 0) return;
-  MTNLG_DT_SWITCH(dt, T, map2(static_cast<T*>(out), static_cast<const T*>(a), static_cast<const T*>(b), n, AddOp{}, "add"));
+  MTNLG_DT_SWITCH(dt, T,
+                  map2(static_cast<T*>(out), static_cast<const T*>(a), static_cast<const T*>(b), n, AddOp{}, "add"));
 }
 
 void scale(void* x, DType dt, int64_t n, float s) {
   if (n <= 0) return;
-  MTNLG_DT_SWITCH(dt, T, MTNLG_LAUNCH(grid_for(n, kThreads), kThreads, 0, stream(), scale_kernel<T>)(static_cast<T*>(x), n, s));
+  MTNLG_DT_SWITCH(
+      dt, T, MTNLG_LAUNCH(grid_for(n, kThreads), kThreads, 0, stream(), scale_kernel<T>)(static_cast<T*>(x), n, s));
   MTNLG_CUDA_LAUNCH_CHECK("scale_kernel");
 }
 
@@ -156,9 +162,9 @@ void fill_f64(double* x, int64_t n, double value) {
 
 void gelu_forward(void* out, const void* inp, DType dt, int64_t n) {
   if (n <= 0) return;
-  MTNLG_DT_SWITCH(dt, T,
-                  map2(static_cast<T*>(out), static_cast<const T*>(inp), static_cast<const T*>(inp), n, GeluOp{},
-                       "gelu_forward"));
+  MTNLG_DT_SWITCH(
+      dt, T,
+      map2(static_cast<T*>(out), static_cast<const T*>(inp), static_cast<const T*>(inp), n, GeluOp{}, "gelu_forward"));
 }
 
 void gelu_backward(void* dinp, const void* inp, const void* dout, DType dt, int64_t n) {
@@ -194,14 +200,16 @@ namespace mtnlg::cuda {
 using namespace detail;
 
 void fill(Tensor& x, double value) {
-  if (x.dtype() == DType::i32) return k::fill_i32(static_cast<int32_t*>(x.raw()), x.numel(), static_cast<int32_t>(value));
+  if (x.dtype() == DType::i32)
+    return k::fill_i32(static_cast<int32_t*>(x.raw()), x.numel(), static_cast<int32_t>(value));
   if (x.dtype() == DType::f64) return k::fill_f64(static_cast<double*>(x.raw()), x.numel(), value);  // step statistics
   k::fill(x.raw(), cuda_dtype("fill", "x", x.dtype()), x.numel(), static_cast<float>(value));
 }
 
 void copy(Tensor& dst, const Tensor& src) {
   if (dst.nbytes() == 0 || dst.raw() == src.raw()) return;
-  CUDA_CHECK(cudaMemcpyAsync(dst.raw(), src.raw(), static_cast<size_t>(dst.nbytes()), cudaMemcpyDeviceToDevice, stream()));
+  CUDA_CHECK(
+      cudaMemcpyAsync(dst.raw(), src.raw(), static_cast<size_t>(dst.nbytes()), cudaMemcpyDeviceToDevice, stream()));
 }
 
 void add(Tensor& out, const Tensor& a, const Tensor& b) {
@@ -209,11 +217,14 @@ void add(Tensor& out, const Tensor& a, const Tensor& b) {
   k::add(out.raw(), a.raw(), b.raw(), dt, out.numel());
 }
 
-void scale(Tensor& x, double s) { k::scale(x.raw(), cuda_dtype("scale", "x", x.dtype()), x.numel(), static_cast<float>(s)); }
+void scale(Tensor& x, double s) {
+  k::scale(x.raw(), cuda_dtype("scale", "x", x.dtype()), x.numel(), static_cast<float>(s));
+}
 
 void convert(Tensor& dst, const Tensor& src) {
   if (dst.dtype() == src.dtype()) return copy(dst, src);
-  k::convert(dst.raw(), cuda_dtype("convert", "dst", dst.dtype()), src.raw(), cuda_dtype("convert", "src", src.dtype()), dst.numel());
+  k::convert(dst.raw(), cuda_dtype("convert", "dst", dst.dtype()), src.raw(), cuda_dtype("convert", "src", src.dtype()),
+             dst.numel());
 }
 
 void gelu_forward(Tensor& out, const Tensor& inp) {

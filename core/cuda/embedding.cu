@@ -20,7 +20,8 @@ namespace {
 constexpr int kThreads = 256;
 
 template <typename T>
-__global__ void position_forward_kernel(T* x, const T* pos, int64_t rows, int64_t C, int64_t row_start, int64_t seq_len) {
+__global__ void position_forward_kernel(T* x, const T* pos, int64_t rows, int64_t C, int64_t row_start,
+                                        int64_t seq_len) {
   const int64_t n = rows * C;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r = i / C, c = i % C;
@@ -43,8 +44,8 @@ __global__ void position_backward_kernel(float* dpos, const T* dx, int64_t rows,
 }
 
 template <typename T>
-__global__ void embedding_forward_kernel(T* out, const int32_t* tok, const T* table, int64_t N, int64_t C, int64_t vstart,
-                                         int64_t vlocal) {
+__global__ void embedding_forward_kernel(T* out, const int32_t* tok, const T* table, int64_t N, int64_t C,
+                                         int64_t vstart, int64_t vlocal) {
   const int64_t n = N * C;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r = i / C, c = i % C;
@@ -104,12 +105,13 @@ void position_forward(void* x, const void* pos, DType dt, int64_t rows, int64_t 
   MTNLG_CUDA_LAUNCH_CHECK("position_forward_kernel");
 }
 
-void position_backward(float* dpos, const void* dx, DType dt, int64_t rows, int64_t C, int64_t row_start, int64_t seq_len) {
+void position_backward(float* dpos, const void* dx, DType dt, int64_t rows, int64_t C, int64_t row_start,
+                       int64_t seq_len) {
   if (rows <= 0 || C <= 0) return;
   const dim3 grid(col_blocks(C, kThreads), static_cast<unsigned>(std::min<int64_t>(seq_len, 65535)));
   MTNLG_DT_SWITCH(dt, T,
-                  MTNLG_LAUNCH(grid, kThreads, 0, stream(), position_backward_kernel<T>)(dpos, static_cast<const T*>(dx), rows, C,
-                                                                               row_start, seq_len));
+                  MTNLG_LAUNCH(grid, kThreads, 0, stream(), position_backward_kernel<T>)(
+                      dpos, static_cast<const T*>(dx), rows, C, row_start, seq_len));
   MTNLG_CUDA_LAUNCH_CHECK("position_backward_kernel");
 }
 
@@ -122,8 +124,8 @@ void embedding_forward(void* out, const int32_t* tok, const void* table, DType d
   MTNLG_CUDA_LAUNCH_CHECK("embedding_forward_kernel");
 }
 
-void embedding_backward(float* dtable, const int32_t* tok, const void* dout, DType dt, int64_t N, int64_t C, int64_t vstart,
-                        int64_t vlocal) {
+void embedding_backward(float* dtable, const int32_t* tok, const void* dout, DType dt, int64_t N, int64_t C,
+                        int64_t vstart, int64_t vlocal) {
   if (N <= 0 || C <= 0) return;
   MTNLG_DT_SWITCH(dt, T,
                   MTNLG_LAUNCH(col_blocks(C, kThreads), kThreads, 0, stream(), embedding_backward_kernel<T>)(

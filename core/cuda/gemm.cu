@@ -121,7 +121,7 @@ struct AlgoKey {
 };
 std::mutex g_algo_mu;
 std::set<std::array<int64_t, 6>> g_warned;  // shapes (type, m, n, k, epilogue, batch) whose refusal was warned about
-constexpr int kHeuristics = 8;  // candidates asked for per key
+constexpr int kHeuristics = 8;              // candidates asked for per key
 // The heuristic's candidates for a call's key, best first; n = 0 when cuBLASLt has none.
 // (A fixed array, not a std::vector: nvcc 13 hits an internal error on the latter here.)
 struct Candidates {
@@ -130,8 +130,8 @@ struct Candidates {
   cublasStatus_t refusal = CUBLAS_STATUS_SUCCESS;  // when n == 0: why (SUCCESS: every candidate failed to run)
 };
 std::map<AlgoKey, Candidates> g_algos;
-bool g_use_lt = true;           // false: every matmul takes the cublasGemmEx fallback (tests)
-int64_t g_fallbacks = 0;        // matmuls not run as asked: an epilogue refused, or cublasGemmEx
+bool g_use_lt = true;     // false: every matmul takes the cublasGemmEx fallback (tests)
+int64_t g_fallbacks = 0;  // matmuls not run as asked: an epilogue refused, or cublasGemmEx
 
 
 // The same product through classic cuBLAS (any alignment or shape cuBLAS takes; fp32
@@ -145,8 +145,8 @@ void gemm_ex(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, con
   // init_backend (device.hpp), so that a captured fallback allocates nothing.
   const cublasHandle_t h = cublas_classic();
   CUBLAS_CHECK(cublasGemmEx(h, ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(m),
-                            static_cast<int>(n), static_cast<int>(k), &alpha, A, cuda_type(adt), static_cast<int>(lda), B,
-                            cuda_type(adt), static_cast<int>(ldb), &beta, D, cuda_type(ddt), static_cast<int>(ldd),
+                            static_cast<int>(n), static_cast<int>(k), &alpha, A, cuda_type(adt), static_cast<int>(lda),
+                            B, cuda_type(adt), static_cast<int>(ldb), &beta, D, cuda_type(ddt), static_cast<int>(ldd),
                             CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   std::lock_guard<std::mutex> lock(g_algo_mu);
   ++g_fallbacks;
@@ -201,7 +201,8 @@ void gemm_ex_batched(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float al
   const int64_t ea = dtype_size(adt), ed = dtype_size(ddt);
   for (int64_t i = 0; i < batch.count; ++i)
     gemm_ex(ta, tb, m, n, k, alpha, static_cast<const char*>(A) + i * batch.a * ea, adt, lda,
-            static_cast<const char*>(B) + i * batch.b * ea, ldb, static_cast<char*>(D) + i * batch.d * ed, ddt, ldd, beta);
+            static_cast<const char*>(B) + i * batch.b * ea, ldb, static_cast<char*>(D) + i * batch.d * ed, ddt, ldd,
+            beta);
 }
 
 // The operation (transposes, epilogue and its pointers) and the three matrix layouts
@@ -217,8 +218,10 @@ void describe_matmul(Desc& ds, bool ta, bool tb, int64_t m, int64_t n, int64_t k
     if (ep.bias)  // its type attribute stays unset: D's type (see the header)
       CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &ep.bias, sizeof(ep.bias)));
     if (ep.aux) {  // the aux matrix has D's type: its type attribute stays unset (FP8 only)
-      CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &ep.aux, sizeof(ep.aux)));
-      CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ep.aux_ld, sizeof(ep.aux_ld)));
+      CUBLAS_CHECK(
+          cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &ep.aux, sizeof(ep.aux)));
+      CUBLAS_CHECK(
+          cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ep.aux_ld, sizeof(ep.aux_ld)));
     }
   }
   const cudaDataType_t at = cuda_type(adt), dtt = cuda_type(ddt);
@@ -244,7 +247,8 @@ Candidates cached_candidates(Desc& ds, const AlgoKey& key) {
   if (it == g_algos.end()) {
     CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&ds.pref));
     const uint64_t ws = static_cast<uint64_t>(cublas_workspace_bytes());
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(ds.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+    CUBLAS_CHECK(
+        cublasLtMatmulPreferenceSetAttribute(ds.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
     const uint32_t al_a = static_cast<uint32_t>(key.align_a), al_b = static_cast<uint32_t>(key.align_b),
                    al_d = static_cast<uint32_t>(key.align_d);
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(ds.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, 4));
@@ -311,9 +315,9 @@ bool lt_matmul(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* A,
                     .align_aux = ep.aux ? alignment(ep.aux) : 0};
   const Candidates algos = cached_candidates(ds, key);
   for (int i = 0; i < algos.n; ++i) {
-    const cublasStatus_t st = cublasLtMatmul(cublaslt(), ds.op, &alpha, A, ds.a, B, ds.b, &beta, D, ds.d, D, ds.d,
-                                             &algos.algo[i], cublas_workspace(),
-                                             static_cast<size_t>(cublas_workspace_bytes()), stream());
+    const cublasStatus_t st =
+        cublasLtMatmul(cublaslt(), ds.op, &alpha, A, ds.a, B, ds.b, &beta, D, ds.d, D, ds.d, &algos.algo[i],
+                       cublas_workspace(), static_cast<size_t>(cublas_workspace_bytes()), stream());
     if (st == CUBLAS_STATUS_SUCCESS) {
       if (i > 0) {  // remember the one that ran
         std::lock_guard<std::mutex> lock(g_algo_mu);
@@ -342,10 +346,11 @@ void zero(void* x, DType dt, int64_t n) {
 
 }  // namespace
 
-void bias_add_forward(void* x, const void* b, DType dt, int64_t N, int64_t C);                  // below
+void bias_add_forward(void* x, const void* b, DType dt, int64_t N, int64_t C);                    // below
 void bias_add_round(void* out, const float* acc, const void* b, DType dt, int64_t N, int64_t C);  // below
 
-void gemm_forward(void* out, const void* inp, const void* w, const void* bias, DType dt, int64_t N, int64_t C, int64_t OC) {
+void gemm_forward(void* out, const void* inp, const void* w, const void* bias, DType dt, int64_t N, int64_t C,
+                  int64_t OC) {
   if (N <= 0 || OC <= 0) return;
   if (C == 0) {  // empty sum: out = bias or 0
     zero(out, dt, N * OC);
@@ -354,8 +359,8 @@ void gemm_forward(void* out, const void* inp, const void* w, const void* bias, D
   }
   // out^T [OC,N] = w [as C x OC col-major]^T @ inp^T [C x N]: m=OC, n=N, k=C.
   const bool fuse = bias && g_bias_epilogue && alignment(bias) >= 16;
-  if (fuse && lt_matmul(true, false, OC, N, C, w, dt, C, inp, C, out, dt, OC, 0.0f,
-                        Epilogue{CUBLASLT_EPILOGUE_BIAS, bias}))
+  if (fuse &&
+      lt_matmul(true, false, OC, N, C, w, dt, C, inp, C, out, dt, OC, 0.0f, Epilogue{CUBLASLT_EPILOGUE_BIAS, bias}))
     return;
   if (bias && dt != DType::f32) {  // the product in fp32, then bias and one rounding (as the epilogue)
     DeviceBuffer<float> acc(N * OC);
@@ -367,7 +372,8 @@ void gemm_forward(void* out, const void* inp, const void* w, const void* bias, D
   if (bias) bias_add_forward(out, bias, dt, N, OC);
 }
 
-void gemm_dinp(void* dinp, const void* dout, const void* w, DType dt, int64_t N, int64_t C, int64_t OC, bool accumulate) {
+void gemm_dinp(void* dinp, const void* dout, const void* w, DType dt, int64_t N, int64_t C, int64_t OC,
+               bool accumulate) {
   if (N <= 0 || C <= 0) return;
   if (OC == 0) {
     if (!accumulate) zero(dinp, dt, N * C);
@@ -487,8 +493,8 @@ void bias_add_backward(float* db, const void* dout, DType dt, int64_t N, int64_t
   DeviceBuffer<float> partial(chunks * C);
   const dim3 grid(col_blocks(C, kThreads), static_cast<unsigned>(std::min<int64_t>(chunks, 65535)));
   MTNLG_DT_SWITCH(dt, T,
-                  MTNLG_LAUNCH(grid, kThreads, 0, stream(), colsum_partial_kernel<T>)(partial.data(), static_cast<const T*>(dout), N,
-                                                                            C));
+                  MTNLG_LAUNCH(grid, kThreads, 0, stream(), colsum_partial_kernel<T>)(
+                      partial.data(), static_cast<const T*>(dout), N, C));
   MTNLG_CUDA_LAUNCH_CHECK("colsum_partial_kernel");
   MTNLG_LAUNCH(col_blocks(C, kThreads), kThreads, 0, stream(), colsum_final_kernel)(db, partial.data(), chunks, C);
   MTNLG_CUDA_LAUNCH_CHECK("colsum_final_kernel");

@@ -60,16 +60,15 @@ __global__ void layernorm_forward_kernel(T* out, float* mean, float* rstd, T* in
       T v = res.branch[e];
       if (res.bias) v = from_f<T>(to_f(v) + to_f(res.bias[c]));
       if (res.p > 0)
-        v = philox_uniform(key, 0, base + static_cast<uint64_t>(e)) >= res.p
-                ? from_f<T>(__fmul_rn(to_f(v), res.scale))
-                : from_f<T>(0.0f);
+        v = philox_uniform(key, 0, base + static_cast<uint64_t>(e)) >= res.p ? from_f<T>(__fmul_rn(to_f(v), res.scale))
+                                                                             : from_f<T>(0.0f);
       x[c] = from_f<T>(to_f(res.x[e]) + to_f(v));
       s += to_f(x[c]);
     }
   } else if (mean) {  // an RMSNorm needs no mean
     for (int64_t c = lane; c < C; c += 32) s += to_f(x[c]);
   }
-  if (!out) return;  // uniform over the grid: no lane is left in a warp_sum
+  if (!out) return;                  // uniform over the grid: no lane is left in a warp_sum
   const bool rms = mean == nullptr;  // uniform too
   const float m = rms ? 0.0f : warp_sum(s) / static_cast<float>(C);
   float v = 0;
@@ -90,15 +89,15 @@ __global__ void layernorm_forward_kernel(T* out, float* mean, float* rstd, T* in
 }
 
 template <typename T>
-__global__ void layernorm_dinp_kernel(T* dinp, const T* dres, const T* dout, const T* inp, const T* w, const float* mean,
-                                      const float* rstd, int64_t N, int64_t C) {
+__global__ void layernorm_dinp_kernel(T* dinp, const T* dres, const T* dout, const T* inp, const T* w,
+                                      const float* mean, const float* rstd, int64_t N, int64_t C) {
   const int lane = threadIdx.x & 31;
   const int64_t row = blockIdx.x * int64_t(kRowsPerBlock) + threadIdx.x / 32;
   if (row >= N) return;
   const T* x = inp + row * C;
   const T* dy = dout + row * C;
   const float m = mean ? mean[row] : 0.0f, r = rstd[row];  // mean null: an RMSNorm
-  float a = 0, an = 0;  // sums of dnorm and dnorm*norm
+  float a = 0, an = 0;                                     // sums of dnorm and dnorm*norm
   for (int64_t c = lane; c < C; c += 32) {
     const float norm = (to_f(x[c]) - m) * r;
     const float dnorm = __fmul_rn(to_f(w[c]), to_f(dy[c]));  // rounded, never fused into what follows (below)
@@ -157,13 +156,14 @@ unsigned row_blocks(int64_t N) { return static_cast<unsigned>((N + kRowsPerBlock
 
 }  // namespace
 
-void layernorm_forward(void* out, float* mean, float* rstd, const void* inp, const void* w, const void* b, DType dt, int64_t N,
-                       int64_t C, double eps) {
+void layernorm_forward(void* out, float* mean, float* rstd, const void* inp, const void* w, const void* b, DType dt,
+                       int64_t N, int64_t C, double eps) {
   if (N <= 0) return;
-  MTNLG_DT_SWITCH(dt, T,
-                  MTNLG_LAUNCH(row_blocks(N), kThreads, 0, stream(), layernorm_forward_kernel<T>)(
-                      static_cast<T*>(out), mean, rstd, static_cast<T*>(const_cast<void*>(inp)),
-                      static_cast<const T*>(w), static_cast<const T*>(b), N, C, static_cast<float>(eps), Residual<T>{}));
+  MTNLG_DT_SWITCH(
+      dt, T,
+      MTNLG_LAUNCH(row_blocks(N), kThreads, 0, stream(), layernorm_forward_kernel<T>)(
+          static_cast<T*>(out), mean, rstd, static_cast<T*>(const_cast<void*>(inp)), static_cast<const T*>(w),
+          static_cast<const T*>(b), N, C, static_cast<float>(eps), Residual<T>{}));
   MTNLG_CUDA_LAUNCH_CHECK("layernorm_forward_kernel");
 }
 
@@ -202,8 +202,8 @@ void layernorm_backward(void* dinp, const void* dres, float* dw, float* db, cons
                       partial.data(), db ? partial.data() + chunks * C : nullptr, static_cast<const T*>(dout),
                       static_cast<const T*>(inp), mean, rstd, N, C));
   MTNLG_CUDA_LAUNCH_CHECK("layernorm_dwdb_partial_kernel");
-  MTNLG_LAUNCH(cb, kThreads, 0, stream(), layernorm_dwdb_final_kernel)(dw, db, partial.data(),
-                                                                       db ? partial.data() + chunks * C : nullptr, chunks, C);
+  MTNLG_LAUNCH(cb, kThreads, 0, stream(), layernorm_dwdb_final_kernel)
+  (dw, db, partial.data(), db ? partial.data() + chunks * C : nullptr, chunks, C);
   MTNLG_CUDA_LAUNCH_CHECK("layernorm_dwdb_final_kernel");
 }
 
@@ -259,8 +259,8 @@ void layernorm_backward(Tensor& dinp, Tensor& dw, Tensor& db, const Tensor& dout
   const char* op = "layernorm_backward";
   const DType dt = cuda_dtype(op, "dinp", dinp.dtype());
   const int64_t C = w.numel(), N = C ? inp.numel() / C : 0;
-  k::layernorm_backward(dinp.raw(), accumulate_dinp ? dinp.raw() : nullptr, f(dw), f(db), dout.raw(), inp.raw(), w.raw(),
-                        f(mean), f(rstd), dt, N, C);
+  k::layernorm_backward(dinp.raw(), accumulate_dinp ? dinp.raw() : nullptr, f(dw), f(db), dout.raw(), inp.raw(),
+                        w.raw(), f(mean), f(rstd), dt, N, C);
 }
 
 void residual_layernorm_backward(Tensor& dinp, Tensor& dw, Tensor& db, const Tensor& dresidual, const Tensor& dout,
@@ -279,8 +279,8 @@ void rmsnorm_backward(Tensor& dinp, Tensor& dw, const Tensor& dout, const Tensor
                         w.raw(), nullptr, f(rstd), dt, N, C);
 }
 
-void residual_rmsnorm_backward(Tensor& dinp, Tensor& dw, const Tensor& dresidual, const Tensor& dout,
-                               const Tensor& inp, const Tensor& w, const Tensor& rstd) {
+void residual_rmsnorm_backward(Tensor& dinp, Tensor& dw, const Tensor& dresidual, const Tensor& dout, const Tensor& inp,
+                               const Tensor& w, const Tensor& rstd) {
   const DType dt = cuda_dtype("residual_rmsnorm_backward", "dinp", dinp.dtype());
   const int64_t C = w.numel(), N = C ? inp.numel() / C : 0;
   k::layernorm_backward(dinp.raw(), dresidual.raw(), f(dw), nullptr, dout.raw(), inp.raw(), w.raw(), nullptr, f(rstd),

@@ -51,7 +51,8 @@ double sum_squares(const void* x, DType dt, int64_t n) {
   const unsigned blocks = grid_for(n, kThreads, 1024);
   DeviceBuffer<double> partial(blocks + 1);
   MTNLG_DT_SWITCH(dt, T,
-                  MTNLG_LAUNCH(blocks, kThreads, 0, stream(), sumsq_partial_kernel<T>)(partial.data(), static_cast<const T*>(x), n));
+                  MTNLG_LAUNCH(blocks, kThreads, 0, stream(), sumsq_partial_kernel<T>)(partial.data(),
+                                                                                       static_cast<const T*>(x), n));
   MTNLG_CUDA_LAUNCH_CHECK("sumsq_partial_kernel");
   MTNLG_LAUNCH(1, kThreads, 0, stream(), sumsq_final_kernel)(partial.data() + blocks, partial.data(), blocks);
   MTNLG_CUDA_LAUNCH_CHECK("sumsq_final_kernel");
@@ -66,7 +67,8 @@ void sum_squares_accumulate(double* acc, const void* x, DType dt, int64_t n) {
   const unsigned blocks = grid_for(n, kThreads, 1024);
   DeviceBuffer<double> partial(blocks);
   MTNLG_DT_SWITCH(dt, T,
-                  MTNLG_LAUNCH(blocks, kThreads, 0, stream(), sumsq_partial_kernel<T>)(partial.data(), static_cast<const T*>(x), n));
+                  MTNLG_LAUNCH(blocks, kThreads, 0, stream(), sumsq_partial_kernel<T>)(partial.data(),
+                                                                                       static_cast<const T*>(x), n));
   MTNLG_CUDA_LAUNCH_CHECK("sumsq_partial_kernel");
   MTNLG_LAUNCH(1, kThreads, 0, stream(), sumsq_accumulate_kernel)(acc, partial.data(), blocks);
   MTNLG_CUDA_LAUNCH_CHECK("sumsq_accumulate_kernel");
@@ -81,13 +83,15 @@ namespace mtnlg::cuda {
 
 using namespace detail;
 
-double sum_squares(const Tensor& x) { return k::sum_squares(x.raw(), cuda_dtype("sum_squares", "x", x.dtype()), x.numel()); }
+double sum_squares(const Tensor& x) {
+  return k::sum_squares(x.raw(), cuda_dtype("sum_squares", "x", x.dtype()), x.numel());
+}
 
 bool all_finite(const Tensor& x) { return std::isfinite(sum_squares(x)); }
 
 void sum_squares_accumulate(Tensor& acc, const Tensor& x) {
-  k::sum_squares_accumulate(static_cast<double*>(acc.raw()), x.raw(), cuda_dtype("sum_squares_accumulate", "x", x.dtype()),
-                            x.numel());
+  k::sum_squares_accumulate(static_cast<double*>(acc.raw()), x.raw(),
+                            cuda_dtype("sum_squares_accumulate", "x", x.dtype()), x.numel());
 }
 
 }  // namespace mtnlg::cuda

@@ -68,7 +68,8 @@ OpScope::OpScope(const char* file) : file_(file) {
 OpScope::~OpScope() {
   if (!start_) return;
   cudaEvent_t end = take_event();
-  if (cudaEventRecord(end, stream()) != cudaSuccess) return;  // no throw from a destructor: the op's own error goes first
+  if (cudaEventRecord(end, stream()) != cudaSuccess)
+    return;  // no throw from a destructor: the op's own error goes first
   t_ops.ops.push_back({file_, {static_cast<cudaEvent_t>(start_), end}});
 }
 

@@ -93,8 +93,8 @@ unsigned row_grid(int64_t N) { return static_cast<unsigned>(std::min<int64_t>(st
 void xent_rowmax(float* rowmax, const void* logits, DType dt, int64_t N, int64_t V, int64_t valid) {
   if (N <= 0) return;
   MTNLG_DT_SWITCH(dt, T,
-                  MTNLG_LAUNCH(row_grid(N), kThreads, 0, stream(), xent_rowmax_kernel<T>)(rowmax, static_cast<const T*>(logits), N,
-                                                                                  V, valid));
+                  MTNLG_LAUNCH(row_grid(N), kThreads, 0, stream(), xent_rowmax_kernel<T>)(
+                      rowmax, static_cast<const T*>(logits), N, V, valid));
   MTNLG_CUDA_LAUNCH_CHECK("xent_rowmax_kernel");
 }
 
@@ -112,8 +112,8 @@ void xent_backward(void* dlogits, const void* logits, const int32_t* targets, co
   if (N <= 0) return;
   MTNLG_DT_SWITCH(dt, T,
                   MTNLG_LAUNCH(row_grid(N), kThreads, 0, stream(), xent_backward_kernel<T>)(
-                      static_cast<T*>(dlogits), static_cast<const T*>(logits), targets, rowmax, sumexp, dloss, N, V, vstart,
-                      valid));
+                      static_cast<T*>(dlogits), static_cast<const T*>(logits), targets, rowmax, sumexp, dloss, N, V,
+                      vstart, valid));
   MTNLG_CUDA_LAUNCH_CHECK("xent_backward_kernel");
 }
 

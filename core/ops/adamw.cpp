@@ -54,9 +54,11 @@ bool check_adamw(const char* op, Tensor& param, const Tensor& grad, Tensor& m, T
   for (const auto& s : segments) {
     if (s.numel <= 0) continue;
     if (s.offset < 0 || s.offset + s.numel > n)
-      throw_runtime("{}: segment [{}, {}) lies outside the flat buffer of {} elements", op, s.offset, s.offset + s.numel, n);
+      throw_runtime("{}: segment [{}, {}) lies outside the flat buffer of {} elements", op, s.offset,
+                    s.offset + s.numel, n);
     if (s.offset < end)
-      throw_runtime("{}: segment [{}, {}) overlaps the one before it or is out of order", op, s.offset, s.offset + s.numel);
+      throw_runtime("{}: segment [{}, {}) overlaps the one before it or is out of order", op, s.offset,
+                    s.offset + s.numel);
     end = s.offset + s.numel;
   }
   return on_cuda;
@@ -75,8 +77,8 @@ void adamw_flat(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const A
       if (s.numel <= 0) continue;
       const int64_t o = s.offset;
       cpu::adamw<T>(param.kernel_data<T>() + o, grad.kernel_data<T>() + o, m.kernel_data<T>() + o,
-                    v.kernel_data<T>() + o, s.numel, p.lr, p.beta1, p.beta2, p.eps, s.weight_decay ? p.weight_decay : 0.0,
-                    p.step, p.grad_scale);
+                    v.kernel_data<T>() + o, s.numel, p.lr, p.beta1, p.beta2, p.eps,
+                    s.weight_decay ? p.weight_decay : 0.0, p.step, p.grad_scale);
       if (copy_out && copy_out->defined()) {
         Tensor dst = copy_out->flat(o, s.numel);
         convert(dst, param.flat(o, s.numel));  // the compute copy, rounded to nearest even

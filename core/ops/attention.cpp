@@ -235,8 +235,8 @@ void forward_cpu(Tensor& out, Tensor* probs, Tensor* lse, const Tensor& qkv, con
                  const AttentionDropout& drop) {
   by_dtype(out.dtype(), [&](auto z) {
     using V = decltype(z);
-    cpu::attention_forward_rows<V>(out.kernel_data<V>(), ptr<V>(probs), ptr<V>(lse), qkv.kernel_data<V>(), s.B, s.T, s.H,
-                                   s.G, s.D, drop.p, drop.key, drop.sample_offset, drop.head_offset,
+    cpu::attention_forward_rows<V>(out.kernel_data<V>(), ptr<V>(probs), ptr<V>(lse), qkv.kernel_data<V>(), s.B, s.T,
+                                   s.H, s.G, s.D, drop.p, drop.key, drop.sample_offset, drop.head_offset,
                                    heads_total(drop, s.H));
   });
 }
@@ -312,8 +312,7 @@ void attention_backward_lse(Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
                             int64_t heads, const AttentionDropout& drop, int64_t groups) {
   const char* op = "attention_backward_lse";
   const bool cuda = same_device(op, {&dqkv, &dout, &qkv, &out, &lse});
-  const DType dt =
-      act_dtype(op, {{"dqkv", &dqkv}, {"dout", &dout}, {"qkv", &qkv}, {"out", &out}}, {{"lse", &lse}});
+  const DType dt = act_dtype(op, {{"dqkv", &dqkv}, {"dout", &dout}, {"qkv", &qkv}, {"out", &out}}, {{"lse", &lse}});
   const op_checks::QkvShape s = op_checks::qkv_shape(op, qkv, heads, groups);
   expect_numel(op, "dqkv", dqkv, qkv.numel());
   expect_numel(op, "dout", dout, s.B * s.T * s.H * s.D);

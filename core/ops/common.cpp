@@ -23,7 +23,8 @@ bool same_device(const char* op, std::initializer_list<const Tensor*> ts) {
   }
 #ifndef MTNLG_HAVE_CUDA
   if (d == Device::cuda)
-    throw_runtime("{}: this build has no CUDA implementation of the op (the CUDA backend is enabled with MTNLG_CUDA)", op);
+    throw_runtime("{}: this build has no CUDA implementation of the op (the CUDA backend is enabled with MTNLG_CUDA)",
+                  op);
 #endif
   return d == Device::cuda;
 }

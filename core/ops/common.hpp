@@ -112,7 +112,7 @@ namespace mtnlg::cpu {
 // x = n ln2 + r; about 1 ulp, input clamped to the finite range.
 inline float exp_vec(float x) {
   x = std::min(88.3762626647949f, std::max(-87.3365447505531f, x));
-  const float m = 12582912.0f;                    // 1.5 * 2^23: adding it rounds to an integer
+  const float m = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
   const float n = (x * 1.44269504088896341f + m) - m;
   const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
   float p = 1.9875691500E-4f;

@@ -96,7 +96,8 @@ void fill(Tensor& x, double value) {
 void copy(Tensor& dst, const Tensor& src) {
   const bool cuda = same_device("copy", {&dst, &src});
   expect_numel("copy", "src", src, dst.numel());
-  if (dst.dtype() != src.dtype()) throw_runtime("copy: dtype {} -> {} needs ops::convert", to_string(src.dtype()), to_string(dst.dtype()));
+  if (dst.dtype() != src.dtype())
+    throw_runtime("copy: dtype {} -> {} needs ops::convert", to_string(src.dtype()), to_string(dst.dtype()));
   MTNLG_CUDA_DISPATCH(cuda, copy(dst, src));
   std::memmove(dst.raw(), src.raw(), static_cast<size_t>(dst.nbytes()));
 }

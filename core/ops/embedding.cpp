@@ -14,7 +14,8 @@ namespace mtnlg::cpu {
 namespace {
 
 template <typename T>
-void embedding_forward(T* out, const int32_t* tok, const T* table, int64_t N, int64_t C, int64_t vstart, int64_t vlocal) {
+void embedding_forward(T* out, const int32_t* tok, const T* table, int64_t N, int64_t C, int64_t vstart,
+                       int64_t vlocal) {
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < N; ++i) {
     int64_t id = static_cast<int64_t>(tok[i]) - vstart;
@@ -29,7 +30,8 @@ void embedding_forward(T* out, const int32_t* tok, const T* table, int64_t N, in
 }
 
 template <typename T>
-void embedding_backward(T* dtable, const int32_t* tok, const T* dout, int64_t N, int64_t C, int64_t vstart, int64_t vlocal) {
+void embedding_backward(T* dtable, const int32_t* tok, const T* dout, int64_t N, int64_t C, int64_t vstart,
+                        int64_t vlocal) {
   // Rows are scattered by token id; split the work by column blocks so no two threads
   // touch the same element and the summation order is the row order for any thread count.
   constexpr int64_t kCols = 64;
@@ -102,7 +104,8 @@ void embedding_forward(Tensor& out, const Tensor& tokens, const Tensor& table, i
   }
   by_dtype(dt, [&](auto z) {
     using T = decltype(z);
-    cpu::embedding_forward<T>(out.kernel_data<T>(), tokens.kernel_data<int32_t>(), table.kernel_data<T>(), N, C, vocab_start, table.dim(0));
+    cpu::embedding_forward<T>(out.kernel_data<T>(), tokens.kernel_data<int32_t>(), table.kernel_data<T>(), N, C,
+                              vocab_start, table.dim(0));
   });
 }
 
@@ -140,7 +143,8 @@ void embedding_backward(Tensor& dtable, const Tensor& tokens, const Tensor& dout
   }
   by_dtype(dt, [&](auto z) {
     using T = decltype(z);
-    cpu::embedding_backward<T>(dtable.kernel_data<T>(), tokens.kernel_data<int32_t>(), dout.kernel_data<T>(), N, C, vocab_start, dtable.dim(0));
+    cpu::embedding_backward<T>(dtable.kernel_data<T>(), tokens.kernel_data<int32_t>(), dout.kernel_data<T>(), N, C,
+                               vocab_start, dtable.dim(0));
   });
 }
 

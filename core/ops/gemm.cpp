@@ -17,11 +17,11 @@ template <typename T>
 void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda, const T* B, int64_t ldb,
           T beta, T* Cm, int64_t ldc) {
   if constexpr (std::is_same_v<T, float>) {
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda, B,
-                ldb, beta, Cm, ldc);
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda,
+                B, ldb, beta, Cm, ldc);
   } else {
-    cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda, B,
-                ldb, beta, Cm, ldc);
+    cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda,
+                B, ldb, beta, Cm, ldc);
   }
 }
 
@@ -59,8 +59,8 @@ void matmul_forward(T* out, const T* inp, const T* w, const T* bias, int64_t N, 
 }
 
 template <typename T>
-void matmul_backward(T* dinp, T* dw, T* dbias, const T* dout, const T* inp, const T* w, int64_t N, int64_t C, int64_t OC,
-                     bool accumulate_dinp) {
+void matmul_backward(T* dinp, T* dw, T* dbias, const T* dout, const T* inp, const T* w, int64_t N, int64_t C,
+                     int64_t OC, bool accumulate_dinp) {
   if (dinp) gemm<T>(false, false, N, C, OC, T(1), dout, OC, w, C, accumulate_dinp ? T(1) : T(0), dinp, C);
   if (dw) gemm<T>(true, false, OC, C, N, T(1), dout, OC, inp, C, T(1), dw, C);
   if (dbias) bias_add_backward<T>(dbias, dout, N, OC);
@@ -123,8 +123,8 @@ void matmul_backward(Tensor* dinp, Tensor* dw, Tensor* dbias, const Tensor& dout
   }
   by_dtype(dt, [&](auto z) {
     using T = decltype(z);
-    cpu::matmul_backward<T>(ptr<T>(dinp), ptr<T>(dw), ptr<T>(dbias), dout.kernel_data<T>(), inp.kernel_data<T>(), w.kernel_data<T>(), N, C, OC,
-                            accumulate_dinp);
+    cpu::matmul_backward<T>(ptr<T>(dinp), ptr<T>(dw), ptr<T>(dbias), dout.kernel_data<T>(), inp.kernel_data<T>(),
+                            w.kernel_data<T>(), N, C, OC, accumulate_dinp);
   });
 }
 

@@ -55,7 +55,8 @@ inline void rmsnorm_row(T* y, T* rstd, const T* x, const T* w, int64_t C, double
 
 // mean null: an RMSNorm (b unused).
 template <typename T>
-void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* w, const T* b, int64_t N, int64_t C, double eps) {
+void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* w, const T* b, int64_t N, int64_t C,
+                       double eps) {
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < N; ++i) {
     if (mean)
@@ -180,8 +181,8 @@ void layernorm_forward(Tensor& out, Tensor& mean, Tensor& rstd, const Tensor& in
   }
   by_dtype(dt, [&](auto z) {
     using T = decltype(z);
-    cpu::layernorm_forward<T>(out.kernel_data<T>(), mean.kernel_data<T>(), rstd.kernel_data<T>(), inp.kernel_data<T>(), w.kernel_data<T>(), b.kernel_data<T>(), N, C,
-                              eps);
+    cpu::layernorm_forward<T>(out.kernel_data<T>(), mean.kernel_data<T>(), rstd.kernel_data<T>(), inp.kernel_data<T>(),
+                              w.kernel_data<T>(), b.kernel_data<T>(), N, C, eps);
   });
 }
 
@@ -212,7 +213,8 @@ namespace {
 // `act` is the activation dtype the intermediates are rounded to). out null: no norm;
 // mean null: an RMSNorm.
 void residual_cpu(Tensor& sum, Tensor* out, Tensor* mean, Tensor* rstd, const Tensor& x, const Tensor& branch,
-                  const Tensor* bias, const ResidualBranch& br, const Tensor* w, const Tensor* b, double eps, DType act) {
+                  const Tensor* bias, const ResidualBranch& br, const Tensor* w, const Tensor* b, double eps,
+                  DType act) {
   const int64_t C = sum.dim(-1), N = C ? sum.numel() / C : 0;
   by_dtype(sum.dtype(), [&](auto z) {
     using T = decltype(z);
@@ -228,8 +230,9 @@ DType residual_checks(const char* op, Tensor& sum, Tensor* out, Tensor* mean, Te
                       const Tensor& branch, const ResidualBranch& br, const Tensor* w, const Tensor* b, bool& cuda) {
   const Tensor* bias = br.bias;
   cuda = same_device(op, {&sum, out, mean, rstd, &x, &branch, bias, w, b});
-  const DType dt = act_dtype(op, {{"sum", &sum}, {"out", out}, {"x", &x}, {"branch", &branch}, {"bias", bias}, {"w", w}, {"b", b}},
-                             {{"mean", mean}, {"rstd", rstd}});
+  const DType dt =
+      act_dtype(op, {{"sum", &sum}, {"out", out}, {"x", &x}, {"branch", &branch}, {"bias", bias}, {"w", w}, {"b", b}},
+                {{"mean", mean}, {"rstd", rstd}});
   MTNLG_CHECK(sum.ndim() >= 1, "{}: sum must have a channel dimension", op);
   const int64_t C = sum.dim(-1), N = C ? sum.numel() / C : 0;
   expect_numel(op, "x", x, N * C);
@@ -325,8 +328,8 @@ bool ln_backward(const char* op, Tensor& dinp, Tensor& dw, Tensor* db, const Ten
 
 void layernorm_backward(Tensor& dinp, Tensor& dw, Tensor& db, const Tensor& dout, const Tensor& inp, const Tensor& w,
                         const Tensor& mean, const Tensor& rstd, bool accumulate_dinp) {
-  const bool cpu = ln_backward("layernorm_backward", dinp, dw, &db, accumulate_dinp ? &dinp : nullptr, dout, inp, w,
-                               &mean, rstd);
+  const bool cpu =
+      ln_backward("layernorm_backward", dinp, dw, &db, accumulate_dinp ? &dinp : nullptr, dout, inp, w, &mean, rstd);
   MTNLG_CUDA_DISPATCH(!cpu, layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, accumulate_dinp));
 }
 
@@ -343,8 +346,8 @@ void rmsnorm_backward(Tensor& dinp, Tensor& dw, const Tensor& dout, const Tensor
   MTNLG_CUDA_DISPATCH(!cpu, rmsnorm_backward(dinp, dw, dout, inp, w, rstd, accumulate_dinp));
 }
 
-void residual_rmsnorm_backward(Tensor& dinp, Tensor& dw, const Tensor& dresidual, const Tensor& dout,
-                               const Tensor& inp, const Tensor& w, const Tensor& rstd) {
+void residual_rmsnorm_backward(Tensor& dinp, Tensor& dw, const Tensor& dresidual, const Tensor& dout, const Tensor& inp,
+                               const Tensor& w, const Tensor& rstd) {
   const bool cpu = ln_backward("residual_rmsnorm_backward", dinp, dw, nullptr, &dresidual, dout, inp, w, nullptr, rstd);
   MTNLG_CUDA_DISPATCH(!cpu, residual_rmsnorm_backward(dinp, dw, dresidual, dout, inp, w, rstd));
 }

@@ -46,8 +46,8 @@ void xent_sumexp_target(T* sumexp, T* target_logit, const T* logits, const int32
 }
 
 template <typename T>
-void xent_backward(T* dlogits, const T* logits, const int32_t* targets, const T* rowmax, const T* sumexp, const T* dloss,
-                   int64_t N, int64_t V, int64_t vstart, int64_t valid) {
+void xent_backward(T* dlogits, const T* logits, const int32_t* targets, const T* rowmax, const T* sumexp,
+                   const T* dloss, int64_t N, int64_t V, int64_t vstart, int64_t valid) {
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < N; ++i) {
     const T* l = logits + i * V;
@@ -80,7 +80,8 @@ void xent_loss_accumulate(Tensor& acc, const Tensor& rowmax, const Tensor& sumex
     throw_runtime("xent_loss_accumulate: rowmax, sumexp and target_logit must share one wide dtype (f32 or f64)");
   if (mask && mask->defined()) {
     expect_numel("xent_loss_accumulate", "mask", *mask, N);
-    if (mask->dtype() != DType::f32) throw_runtime("xent_loss_accumulate: mask must be f32, got {}", to_string(mask->dtype()));
+    if (mask->dtype() != DType::f32)
+      throw_runtime("xent_loss_accumulate: mask must be f32, got {}", to_string(mask->dtype()));
   }
   MTNLG_CUDA_DISPATCH(cuda, xent_loss_accumulate(acc, rowmax, sumexp, target_logit, mask));
   const float* m = mask && mask->defined() ? mask->kernel_data<float>() : nullptr;
@@ -126,15 +127,16 @@ void xent_sumexp_target(Tensor& sumexp, Tensor& target_logit, const Tensor& logi
   expect_numel("xent_sumexp_target", "targets", targets, N);
   expect_numel("xent_sumexp_target", "sumexp", sumexp, N);
   expect_numel("xent_sumexp_target", "target_logit", target_logit, N);
-  MTNLG_CUDA_DISPATCH(cuda, xent_sumexp_target(sumexp, target_logit, logits, targets, rowmax, vocab_start, valid_local));
+  MTNLG_CUDA_DISPATCH(cuda,
+                      xent_sumexp_target(sumexp, target_logit, logits, targets, rowmax, vocab_start, valid_local));
   if (is_low(dt)) {
     Widened wd;
     return xent_sumexp_target(sumexp, target_logit, wd.in(logits), targets, rowmax, vocab_start, valid_local);
   }
   by_dtype(dt, [&](auto z) {
     using T = decltype(z);
-    cpu::xent_sumexp_target<T>(sumexp.kernel_data<T>(), target_logit.kernel_data<T>(), logits.kernel_data<T>(), targets.kernel_data<int32_t>(),
-                               rowmax.kernel_data<T>(), N, V, vocab_start, valid_local);
+    cpu::xent_sumexp_target<T>(sumexp.kernel_data<T>(), target_logit.kernel_data<T>(), logits.kernel_data<T>(),
+                               targets.kernel_data<int32_t>(), rowmax.kernel_data<T>(), N, V, vocab_start, valid_local);
   });
 }
 
@@ -158,8 +160,9 @@ void xent_backward(Tensor& dlogits, const Tensor& logits, const Tensor& targets,
   }
   by_dtype(dt, [&](auto z) {
     using T = decltype(z);
-    cpu::xent_backward<T>(dlogits.kernel_data<T>(), logits.kernel_data<T>(), targets.kernel_data<int32_t>(), rowmax.kernel_data<T>(), sumexp.kernel_data<T>(),
-                          dloss.kernel_data<T>(), N, V, vocab_start, valid_local);
+    cpu::xent_backward<T>(dlogits.kernel_data<T>(), logits.kernel_data<T>(), targets.kernel_data<int32_t>(),
+                          rowmax.kernel_data<T>(), sumexp.kernel_data<T>(), dloss.kernel_data<T>(), N, V, vocab_start,
+                          valid_local);
   });
 }
 

@@ -282,7 +282,10 @@ void DecontamRun::write_hit(AtomicWriter& out, const std::string& line, int64_t 
   if (action != "cut") ++res.removed;
   res.written += pieces_written;
   if (doc_log.size() < kMaxLogged)
-    doc_log.push_back({{"line", line_no}, {"tasks", task_names}, {"ngrams", live.size()}, {"action", action},
+    doc_log.push_back({{"line", line_no},
+                       {"tasks", task_names},
+                       {"ngrams", live.size()},
+                       {"action", action},
                        {"fragments_written", pieces_written}});
 }
 
@@ -357,10 +360,10 @@ nlohmann::json DecontamRun::task_report() const {
   nlohmann::json tasks = nlohmann::json::object();
   for (size_t t = 0; t < n_tasks; ++t) {
     const auto& task = idx.tasks[t];
-    tasks[task.name] = {{"rows", task.rows},       {"fields", task.fields},
-                        {"short_fields", task.short_fields}, {"ngrams", task.ngrams},
-                        {"docs_hit", tstats[t].docs_hit},    {"ngrams_matched", tstats[t].matched},
-                        {"files", task.files}};
+    tasks[task.name] = {
+        {"rows", task.rows},     {"fields", task.fields},          {"short_fields", task.short_fields},
+        {"ngrams", task.ngrams}, {"docs_hit", tstats[t].docs_hit}, {"ngrams_matched", tstats[t].matched},
+        {"files", task.files}};
   }
   return tasks;
 }

@@ -55,7 +55,8 @@ class SignatureStore {
   // Reader thread only, before the documents below `docs` are handed to workers.
   void ensure(int64_t docs) {
     while (allocated_ * kChunkDocs < docs) {
-      if (allocated_ == kMaxChunks) throw_input("dedup: more than {} documents are not supported", kMaxChunks * kChunkDocs);
+      if (allocated_ == kMaxChunks)
+        throw_input("dedup: more than {} documents are not supported", kMaxChunks * kChunkDocs);
       chunks_[allocated_++].reset(new uint32_t[static_cast<size_t>(kChunkDocs * k_)]);
     }
   }
@@ -211,7 +212,8 @@ class KeyRuns {
         return len > 0;
       }
     };
-    const size_t per_run = static_cast<size_t>(std::clamp<int64_t>(cap_ / static_cast<int64_t>(files_.size()), 256, 1 << 16));
+    const size_t per_run =
+        static_cast<size_t>(std::clamp<int64_t>(cap_ / static_cast<int64_t>(files_.size()), 256, 1 << 16));
     std::vector<Run> runs(files_.size());
     auto close_all = [&] {
       for (auto& r : runs)
@@ -306,11 +308,16 @@ int64_t parse_byte_size(const std::string& text, const std::string& what) {
   if (!unit.empty() && (unit.back() == 'B' || unit.back() == 'b')) unit.pop_back();
   if (!unit.empty() && (unit.back() == 'i')) unit.pop_back();
   double mult = 1;
-  if (unit == "K" || unit == "k") mult = 1024.0;
-  else if (unit == "M" || unit == "m") mult = 1024.0 * 1024;
-  else if (unit == "G" || unit == "g") mult = 1024.0 * 1024 * 1024;
-  else if (unit == "T" || unit == "t") mult = 1024.0 * 1024 * 1024 * 1024;
-  else if (!unit.empty()) throw_input("{} {}: unknown unit \"{}\" (use K, M, G or T)", what, text, unit);
+  if (unit == "K" || unit == "k")
+    mult = 1024.0;
+  else if (unit == "M" || unit == "m")
+    mult = 1024.0 * 1024;
+  else if (unit == "G" || unit == "g")
+    mult = 1024.0 * 1024 * 1024;
+  else if (unit == "T" || unit == "t")
+    mult = 1024.0 * 1024 * 1024 * 1024;
+  else if (!unit.empty())
+    throw_input("{} {}: unknown unit \"{}\" (use K, M, G or T)", what, text, unit);
   if (!(v >= 0) || v * mult > 9e18) throw_input("{} {}: out of range", what, text);
   return static_cast<int64_t>(v * mult);
 }
@@ -430,7 +437,7 @@ struct DedupRun {
   std::vector<Source> sources;
   std::vector<int64_t> prio_rank;
   int64_t F = 0;
-  std::vector<Piece> mine;          // this rank's piece of every input
+  std::vector<Piece> mine;           // this rank's piece of every input
   std::vector<int64_t> piece_first;  // global index of the first document of piece (f, q), f*W + q
   int64_t n_docs = 0, n_local = 0;
   int64_t key_cap = std::numeric_limits<int64_t>::max() / 64;  // keys held before spilling
@@ -490,11 +497,14 @@ DedupRun::DedupRun(const DedupOptions& o, RankComm* comm_in)
       sigs(k) {}
 
 int64_t DedupRun::holder(uint32_t doc) const {
-  const int64_t i = std::upper_bound(piece_first.begin(), piece_first.end(), static_cast<int64_t>(doc)) - piece_first.begin() - 1;
+  const int64_t i =
+      std::upper_bound(piece_first.begin(), piece_first.end(), static_cast<int64_t>(doc)) - piece_first.begin() - 1;
   return i % W;
 }
 int64_t DedupRun::file_of(uint32_t doc) const {
-  return (std::upper_bound(piece_first.begin(), piece_first.end(), static_cast<int64_t>(doc)) - piece_first.begin() - 1) / W;
+  return (std::upper_bound(piece_first.begin(), piece_first.end(), static_cast<int64_t>(doc)) - piece_first.begin() -
+          1) /
+         W;
 }
 int64_t DedupRun::local_of(uint32_t doc) const {
   const auto& p = mine[static_cast<size_t>(file_of(doc))];
@@ -544,7 +554,8 @@ void DedupRun::check_inputs() {
       if (it == by_name.end()) {
         std::string valid;
         for (auto& s : sources) valid += (valid.empty() ? "" : ", ") + s.name;
-        throw_input("--priority: unknown source \"{}\" (valid names, the input file stems: {})", opt.priority[i], valid);
+        throw_input("--priority: unknown source \"{}\" (valid names, the input file stems: {})", opt.priority[i],
+                    valid);
       }
       prio_rank[it->second] = std::min<int64_t>(prio_rank[it->second], static_cast<int64_t>(i));
     }
@@ -578,7 +589,8 @@ void DedupRun::count_shares() {
   for (int64_t i = 0; i < F * W; ++i) piece_first[i + 1] = piece_first[i] + counts[static_cast<size_t>(2 * i + 1)];
   n_docs = piece_first.back();
   if (n_docs >= std::numeric_limits<uint32_t>::max())
-    throw_input("dedup: {} documents; at most {} per run are supported", n_docs, std::numeric_limits<uint32_t>::max() - 1);
+    throw_input("dedup: {} documents; at most {} per run are supported", n_docs,
+                std::numeric_limits<uint32_t>::max() - 1);
   res.documents = n_docs;
   place_pieces(counts);
 }
@@ -595,7 +607,8 @@ void DedupRun::place_pieces(const std::vector<int64_t>& counts) {
     sources[f].first_doc = piece_first[f * W];
     for (int64_t q = 0; q < W; ++q) {
       sources[f].docs += counts[static_cast<size_t>((f * W + q) * 2 + 1)];
-      sources[f].blank_lines += counts[static_cast<size_t>((f * W + q) * 2)] - counts[static_cast<size_t>((f * W + q) * 2 + 1)];
+      sources[f].blank_lines +=
+          counts[static_cast<size_t>((f * W + q) * 2)] - counts[static_cast<size_t>((f * W + q) * 2 + 1)];
     }
     sources[f].bytes = static_cast<int64_t>(fs::file_size(sources[f].path));
   }
@@ -617,10 +630,11 @@ void DedupRun::budget_memory() {
     const int64_t allowance = std::min<int64_t>(64ll << 20, opt.memory_per_rank / 8);
     const int64_t left = opt.memory_per_rank - allowance - sig_bytes - len_bytes;
     if (left < 0)
-      log::warn("--memory-per-rank {:.1f} MiB: the MinHash signatures and line lengths of this rank's {} documents alone "
-                "need {:.1f} MiB; the budget will be exceeded (use more ranks or a larger budget)",
-                static_cast<double>(opt.memory_per_rank) / 1048576.0, n_local,
-                static_cast<double>(sig_bytes + len_bytes) / 1048576.0);
+      log::warn(
+          "--memory-per-rank {:.1f} MiB: the MinHash signatures and line lengths of this rank's {} documents alone "
+          "need {:.1f} MiB; the budget will be exceeded (use more ranks or a larger budget)",
+          static_cast<double>(opt.memory_per_rank) / 1048576.0, n_local,
+          static_cast<double>(sig_bytes + len_bytes) / 1048576.0);
     key_cap = std::max<int64_t>(64, left / 3 / static_cast<int64_t>(sizeof(BandKey)));
   }
 }
@@ -707,7 +721,8 @@ void DedupRun::read_share(HashPass& p) {
       while (reader.next(line, line_no)) {
         if (is_blank_line(line)) continue;
         if (line.size() > std::numeric_limits<uint32_t>::max())
-          throw_input("{}:{}: a line of {} bytes; dedup supports lines up to 4 GiB", sources[si].path, line_no, line.size());
+          throw_input("{}:{}: a line of {} bytes; dedup supports lines up to 4 GiB", sources[si].path, line_no,
+                      line.size());
         line_len.push_back(static_cast<uint32_t>(line.size()));
         b.lines.push_back(std::move(line));
         b.line_nos.push_back(line_no);
@@ -732,7 +747,8 @@ void DedupRun::read_share(HashPass& p) {
 // document counts about once a second for rank 0's progress line (MPI calls stay
 // on the main thread). Returns when every rank's reader is done, the threads joined.
 void DedupRun::await_hashing(HashPass& p, std::thread& reader, std::vector<std::thread>& pool) {
-  Progress prog(W > 1 ? fmt::format("dedup: minhash ({} ranks)", W) : std::string("dedup: minhash"), n_docs, "docs", show);
+  Progress prog(W > 1 ? fmt::format("dedup: minhash ({} ranks)", W) : std::string("dedup: minhash"), n_docs, "docs",
+                show);
   int64_t shown = 0;
   for (;;) {
     for (int i = 0; i < 20 && !p.reader_done.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -754,7 +770,8 @@ void DedupRun::find_candidates() {
   for (int64_t d = 0; d < n_local; ++d) empty[d] = is_empty_signature(sigs.at(d), k);
   std::vector<uint32_t> local_doc(static_cast<size_t>(n_local));  // local -> global index
   for (int64_t f = 0; f < F; ++f)
-    for (int64_t i = 0; i < mine[f].docs; ++i) local_doc[mine[f].local_first + i] = static_cast<uint32_t>(mine[f].first_doc + i);
+    for (int64_t i = 0; i < mine[f].docs; ++i)
+      local_doc[mine[f].local_first + i] = static_cast<uint32_t>(mine[f].first_doc + i);
   // Keys are sent in rounds of at most key_cap documents per rank (but at least 65,536,
   // 1 MiB of keys, so a starved budget does not turn into thousands of tiny rounds), so
   // a rank holds one round's keys besides those it owns.
@@ -945,7 +962,8 @@ void DedupRun::choose_survivors() {
         ++histogram[size[i]];
         big.emplace_back(size[i], static_cast<uint32_t>(i));
       }
-    std::sort(big.begin(), big.end(), [](auto& x, auto& y) { return x.first != y.first ? x.first > y.first : x.second < y.second; });
+    std::sort(big.begin(), big.end(),
+              [](auto& x, auto& y) { return x.first != y.first ? x.first > y.first : x.second < y.second; });
     if (big.size() > 10) big.resize(10);
     members = std::move(uf.nodes);
     for (size_t i = 0; i < M; ++i) {
@@ -1014,7 +1032,8 @@ void DedupRun::create_outputs() {
   int64_t pid0 = R == 0 ? static_cast<int64_t>(::getpid()) : 0;
   comm.all_reduce_max(&pid0, 1);
   temp.resize(static_cast<size_t>(F));
-  for (int64_t f = 0; f < F; ++f) temp[static_cast<size_t>(f)] = fmt::format("{}.tmp.{}.dedup", sources[f].out_path, pid0);
+  for (int64_t f = 0; f < F; ++f)
+    temp[static_cast<size_t>(f)] = fmt::format("{}.tmp.{}.dedup", sources[f].out_path, pid0);
   agree(comm, "creating the outputs", [&] {
     if (R != 0) return;
     for (int64_t f = 0; f < F; ++f) {
@@ -1025,7 +1044,9 @@ void DedupRun::create_outputs() {
       const int rc = ::ftruncate(fd, static_cast<off_t>(total[static_cast<size_t>(f)]));
       const int err = errno;
       ::close(fd);
-      if (rc != 0) throw_runtime("{}: cannot size {} to {} bytes ({})", sources[f].out_path, t, total[static_cast<size_t>(f)], std::strerror(err));
+      if (rc != 0)
+        throw_runtime("{}: cannot size {} to {} bytes ({})", sources[f].out_path, t, total[static_cast<size_t>(f)],
+                      std::strerror(err));
     }
   });
 }
@@ -1047,7 +1068,8 @@ void DedupRun::write_slices() {
     w.done = true;
   });
   {
-    Progress prog(W > 1 ? fmt::format("dedup: write ({} ranks)", W) : std::string("dedup: write"), n_docs, "docs", show);
+    Progress prog(W > 1 ? fmt::format("dedup: write ({} ranks)", W) : std::string("dedup: write"), n_docs, "docs",
+                  show);
     int64_t shown = 0;
     for (;;) {
       for (int i = 0; i < 20 && !w.done.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -1156,7 +1178,8 @@ void DedupRun::rename_outputs() {
   }
   for (int64_t f = 0; f < F; ++f)
     if (std::rename(temp[static_cast<size_t>(f)].c_str(), sources[f].out_path.c_str()) != 0)
-      throw_runtime("{}: cannot rename {} into place ({})", sources[f].out_path, temp[static_cast<size_t>(f)], std::strerror(errno));
+      throw_runtime("{}: cannot rename {} into place ({})", sources[f].out_path, temp[static_cast<size_t>(f)],
+                    std::strerror(errno));
   temps.committed = true;
   fsync_directory(opt.output_dir);
 }
@@ -1251,7 +1274,11 @@ void DedupRun::write_report(double t_write_s, double t_total) {
         // own share of every output file).
         {"output_bytes_written_per_rank", written_per_rank}}},
       {"timing_s",
-       {{"read_and_minhash", t_hash}, {"lsh_and_verify", t_lsh_s}, {"components", t_cc_s}, {"write", t_write_s}, {"total", t_total}}},
+       {{"read_and_minhash", t_hash},
+        {"lsh_and_verify", t_lsh_s},
+        {"components", t_cc_s},
+        {"write", t_write_s},
+        {"total", t_total}}},
       {"docs_per_s", t_total > 0 ? static_cast<double>(n_docs) / t_total : 0.0}};
   write_file_atomic((fs::path(opt.output_dir) / "dedup_report.json").string(), res.report.dump(2) + "\n");
 }

@@ -45,20 +45,20 @@
 namespace mtnlg::curation {
 
 struct DedupOptions {
-  std::vector<std::string> inputs;       // JSONL files; source name = file stem
+  std::vector<std::string> inputs;  // JSONL files; source name = file stem
   std::string output_dir;
-  std::vector<std::string> priority;     // source names, most preferred first
-  double threshold = 0.8;                // Jaccard similarity of shingle sets
+  std::vector<std::string> priority;  // source names, most preferred first
+  double threshold = 0.8;             // Jaccard similarity of shingle sets
   std::string json_key = "text";
-  int64_t workers = 0;                   // 0 = hardware threads
-  int64_t ngram = 5;                     // words per shingle
-  int64_t num_perm = 128;                // K
-  int64_t bands = 0, rows = 0;           // 0 = choose_bands(threshold, K)
-  uint64_t seed = 1;                     // hash family seed
-  bool write_clusters = false;           // OUT/dedup_clusters.jsonl
+  int64_t workers = 0;          // 0 = hardware threads
+  int64_t ngram = 5;            // words per shingle
+  int64_t num_perm = 128;       // K
+  int64_t bands = 0, rows = 0;  // 0 = choose_bands(threshold, K)
+  uint64_t seed = 1;            // hash family seed
+  bool write_clusters = false;  // OUT/dedup_clusters.jsonl
   bool progress = true;
-  int64_t memory_per_rank = 0;           // bytes; 0 = no limit (band keys never spilled)
-  std::string tmp_dir;                   // spilled band keys; "" = output_dir
+  int64_t memory_per_rank = 0;  // bytes; 0 = no limit (band keys never spilled)
+  std::string tmp_dir;          // spilled band keys; "" = output_dir
   // Testing aid (MTNLG_TEST_DEDUP_FAIL_WRITE_RANK): this rank fails with a write error
   // after writing the first of its slices (before syncing it); -1 = never.
   int64_t fail_write_rank = -1;
@@ -70,7 +70,7 @@ int64_t parse_byte_size(const std::string& text, const std::string& what);
 
 struct DedupResult {
   int64_t documents = 0, kept = 0, removed = 0, empty = 0, components = 0;
-  nlohmann::json report;                 // what dedup_report.json holds
+  nlohmann::json report;  // what dedup_report.json holds
 };
 
 // On every rank of `comm` (nullptr: one process). Every rank writes its share of the

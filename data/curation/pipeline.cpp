@@ -80,8 +80,9 @@ T scalar(const Pipeline& p, const YAML::Node& n, const std::string& field) {
   try {
     return n.as<T>();
   } catch (const YAML::Exception&) {
-    bad(p, field, fmt::format("'{}' is not a {}", n.IsScalar() ? n.Scalar() : "(not a scalar)",
-                              std::is_same_v<T, bool> ? "boolean" : "number"));
+    bad(p, field,
+        fmt::format("'{}' is not a {}", n.IsScalar() ? n.Scalar() : "(not a scalar)",
+                    std::is_same_v<T, bool> ? "boolean" : "number"));
   }
 }
 
@@ -111,7 +112,8 @@ SourceSpec load_source(Pipeline& p, const YAML::Node& s, const std::string& f, s
     if (!s[kind]) continue;
     auto& list = std::string(kind) == "warc" ? src.warc : src.jsonl;
     const YAML::Node l = s[kind];
-    if (l.IsScalar()) list.push_back(path_field(p, l, f + "." + kind));
+    if (l.IsScalar())
+      list.push_back(path_field(p, l, f + "." + kind));
     else
       for (size_t k = 0; k < l.size(); ++k) list.push_back(path_field(p, l[k], fmt::format("{}.{}[{}]", f, kind, k)));
   }
@@ -120,7 +122,8 @@ SourceSpec load_source(Pipeline& p, const YAML::Node& s, const std::string& f, s
     if (!fs::is_regular_file(in)) bad(p, f, fmt::format("input {}: no such file", in));
   if (const YAML::Node x = s["extract"]) {
     if (src.warc.empty()) bad(p, f + ".extract", "only for warc: sources");
-    check_keys(p, x, f + ".extract", {"languages", "min_chars", "min_language_score", "skip_bad_records", "max_record_bytes"});
+    check_keys(p, x, f + ".extract",
+               {"languages", "min_chars", "min_language_score", "skip_bad_records", "max_record_bytes"});
     if (x["languages"]) {
       src.xopt.languages.clear();
       for (const auto& l : x["languages"]) src.xopt.languages.push_back(l.as<std::string>());
@@ -128,8 +131,10 @@ SourceSpec load_source(Pipeline& p, const YAML::Node& s, const std::string& f, s
     if (x["min_chars"]) src.xopt.min_chars = scalar<int64_t>(p, x["min_chars"], f + ".extract.min_chars");
     if (x["min_language_score"])
       src.xopt.min_language_score = scalar<double>(p, x["min_language_score"], f + ".extract.min_language_score");
-    if (x["skip_bad_records"]) src.xopt.skip_bad_records = scalar<bool>(p, x["skip_bad_records"], f + ".extract.skip_bad_records");
-    if (x["max_record_bytes"]) src.xopt.max_record_bytes = scalar<int64_t>(p, x["max_record_bytes"], f + ".extract.max_record_bytes");
+    if (x["skip_bad_records"])
+      src.xopt.skip_bad_records = scalar<bool>(p, x["skip_bad_records"], f + ".extract.skip_bad_records");
+    if (x["max_record_bytes"])
+      src.xopt.max_record_bytes = scalar<int64_t>(p, x["max_record_bytes"], f + ".extract.max_record_bytes");
   }
   if (const YAML::Node q = s["quality"]) {
     check_keys(p, q, f + ".quality", {"model", "mode", "threshold", "alpha", "seed"});
@@ -168,7 +173,8 @@ void load_cleaning(Pipeline& p, const YAML::Node& root, const std::set<std::stri
     check_keys(p, d, "decontaminate", {"tasks_dir", "ngram", "mode", "max_hits"});
     p.decontam = true;
     p.copt.tasks_dir = path_field(p, d["tasks_dir"], "decontaminate.tasks_dir");
-    if (!fs::is_directory(p.copt.tasks_dir)) bad(p, "decontaminate.tasks_dir", p.copt.tasks_dir + ": no such directory");
+    if (!fs::is_directory(p.copt.tasks_dir))
+      bad(p, "decontaminate.tasks_dir", p.copt.tasks_dir + ": no such directory");
     if (d["ngram"]) p.copt.ngram = scalar<int64_t>(p, d["ngram"], "decontaminate.ngram");
     if (d["mode"]) p.copt.mode = d["mode"].as<std::string>();
     if (p.copt.mode != "remove" && p.copt.mode != "cut")
@@ -247,7 +253,8 @@ ojson count_jsonl(const std::string& path) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     ++docs;
     const auto j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_object() && j.contains("text") && j["text"].is_string()) bytes += static_cast<int64_t>(j["text"].get_ref<const std::string&>().size());
+    if (j.is_object() && j.contains("text") && j["text"].is_string())
+      bytes += static_cast<int64_t>(j["text"].get_ref<const std::string&>().size());
   }
   return {{"documents", docs}, {"text_bytes", bytes}};
 }
@@ -344,18 +351,21 @@ struct Curator {
       if (same) {
         const ojson& outs = old.at("outputs");
         same = outs.size() == outputs.size();
-        for (size_t i = 0; same && i < outputs.size(); ++i) same = fs::exists(outputs[i]) && outs[i] == file_entry(outputs[i]);
+        for (size_t i = 0; same && i < outputs.size(); ++i)
+          same = fs::exists(outputs[i]) && outs[i] == file_entry(outputs[i]);
       }
       if (same) return old;
-    } catch (const std::exception&) {
-    }
+    } catch (const std::exception&) {}
     return std::nullopt;
   }
 };
 
 ojson extract_params(const extract::ExtractOptions& o) {
-  return {{"languages", o.languages}, {"min_chars", o.min_chars}, {"min_language_score", o.min_language_score},
-          {"skip_bad_records", o.skip_bad_records}, {"max_record_bytes", o.max_record_bytes}};
+  return {{"languages", o.languages},
+          {"min_chars", o.min_chars},
+          {"min_language_score", o.min_language_score},
+          {"skip_bad_records", o.skip_bad_records},
+          {"max_record_bytes", o.max_record_bytes}};
 }
 
 void concat_files(const std::vector<std::string>& ins, const std::string& out) {
@@ -405,68 +415,70 @@ struct CurateRun {
   // 1. Sources: WARC extracted to text, or JSONL concatenated.
   void sources() {
     Pipeline& p = c.p;
-  for (const auto& s : p.sources) {
-    const std::string out = (W / "1-source" / (s.name + ".jsonl")).string();
-    const bool warc = !s.warc.empty();
-    ojson params = {{"kind", warc ? "warc" : "jsonl"}};
-    if (warc) params["extract"] = extract_params(s.xopt);
-    const auto counts = c.stage("source/" + s.name, (W / "1-source" / (s.name + ".manifest.json")).string(), params,
-                                warc ? s.warc : s.jsonl, {out}, [&] {
-                                  ojson k;
-                                  if (warc) {
-                                    extract::ExtractOptions o = s.xopt;
-                                    o.inputs = s.warc;
-                                    o.output_dir = (W / "1-source" / (s.name + ".shards")).string();
-                                    fs::create_directories(o.output_dir);
-                                    const auto shards = extract::shard_paths(o);
-                                    std::vector<extract::Counts> per;
-                                    std::map<std::string, int64_t> langs;
-                                    Progress bar("curate: extract " + s.name, static_cast<int64_t>(s.warc.size()), "files", progress);
-                                    for (size_t i = 0; i < s.warc.size(); ++i) {
-                                      per.push_back(extract::extract_file(s.warc[i], shards[i], o, langs, {}));
-                                      bar.add(1);
-                                    }
-                                    bar.finish();
-                                    concat_files(shards, out);
-                                    for (const auto& sh : shards) fs::remove(sh);
-                                    fs::remove(o.output_dir);
-                                    const auto rep = extract::extract_report(o, per, langs, 0.0);
-                                    k["records"] = rep["totals"]["records"];
-                                    k["pages"] = rep["totals"]["pages"];
-                                    k["language_dropped"] = rep["totals"]["language_dropped"];
-                                    k["no_main_text"] = rep["totals"]["no_main_text"];
-                                    k["bad_records"] = rep["totals"]["bad_records"];
-                                    k["in"] = {{"documents", rep["totals"]["pages"]}, {"text_bytes", nullptr}};
-                                  } else {
-                                    concat_files(s.jsonl, out);
-                                  }
-                                  k["out"] = count_jsonl(out);
-                                  if (!warc) k["in"] = k["out"];
-                                  return k;
-                                });
-    ojson in = counts.at("in");
-    add(s.name, warc ? "extract" : "source", in, counts.at("out"));
-    cur[s.name] = out;
-  }
+    for (const auto& s : p.sources) {
+      const std::string out = (W / "1-source" / (s.name + ".jsonl")).string();
+      const bool warc = !s.warc.empty();
+      ojson params = {{"kind", warc ? "warc" : "jsonl"}};
+      if (warc) params["extract"] = extract_params(s.xopt);
+      const auto counts =
+          c.stage("source/" + s.name, (W / "1-source" / (s.name + ".manifest.json")).string(), params,
+                  warc ? s.warc : s.jsonl, {out}, [&] {
+                    ojson k;
+                    if (warc) {
+                      extract::ExtractOptions o = s.xopt;
+                      o.inputs = s.warc;
+                      o.output_dir = (W / "1-source" / (s.name + ".shards")).string();
+                      fs::create_directories(o.output_dir);
+                      const auto shards = extract::shard_paths(o);
+                      std::vector<extract::Counts> per;
+                      std::map<std::string, int64_t> langs;
+                      Progress bar("curate: extract " + s.name, static_cast<int64_t>(s.warc.size()), "files", progress);
+                      for (size_t i = 0; i < s.warc.size(); ++i) {
+                        per.push_back(extract::extract_file(s.warc[i], shards[i], o, langs, {}));
+                        bar.add(1);
+                      }
+                      bar.finish();
+                      concat_files(shards, out);
+                      for (const auto& sh : shards) fs::remove(sh);
+                      fs::remove(o.output_dir);
+                      const auto rep = extract::extract_report(o, per, langs, 0.0);
+                      k["records"] = rep["totals"]["records"];
+                      k["pages"] = rep["totals"]["pages"];
+                      k["language_dropped"] = rep["totals"]["language_dropped"];
+                      k["no_main_text"] = rep["totals"]["no_main_text"];
+                      k["bad_records"] = rep["totals"]["bad_records"];
+                      k["in"] = {{"documents", rep["totals"]["pages"]}, {"text_bytes", nullptr}};
+                    } else {
+                      concat_files(s.jsonl, out);
+                    }
+                    k["out"] = count_jsonl(out);
+                    if (!warc) k["in"] = k["out"];
+                    return k;
+                  });
+      ojson in = counts.at("in");
+      add(s.name, warc ? "extract" : "source", in, counts.at("out"));
+      cur[s.name] = out;
+    }
   }
   // 2. Quality: each source with a classifier filtered by its score.
   void quality() {
     Pipeline& p = c.p;
-  for (const auto& s : p.sources) {
-    if (!s.quality) continue;
-    const std::string out = (W / "2-quality" / (s.name + ".jsonl")).string();
-    ojson params = {{"mode", s.qopt.mode}, {"threshold", s.qopt.threshold}, {"alpha", s.qopt.alpha}, {"seed", s.qopt.seed}};
-    const auto counts = c.stage("quality/" + s.name, (W / "2-quality" / (s.name + ".manifest.json")).string(), params,
-                                {cur[s.name], s.qopt.model}, {out}, [&] {
-                                  curation::QualityFilterOptions o = s.qopt;
-                                  o.input = cur[s.name];
-                                  o.output = out;
-                                  curation::filter_quality(o);
-                                  return ojson{{"in", count_jsonl(cur[s.name])}, {"out", count_jsonl(out)}};
-                                });
-    add(s.name, "quality", counts.at("in"), counts.at("out"));
-    cur[s.name] = out;
-  }
+    for (const auto& s : p.sources) {
+      if (!s.quality) continue;
+      const std::string out = (W / "2-quality" / (s.name + ".jsonl")).string();
+      ojson params = {
+          {"mode", s.qopt.mode}, {"threshold", s.qopt.threshold}, {"alpha", s.qopt.alpha}, {"seed", s.qopt.seed}};
+      const auto counts = c.stage("quality/" + s.name, (W / "2-quality" / (s.name + ".manifest.json")).string(), params,
+                                  {cur[s.name], s.qopt.model}, {out}, [&] {
+                                    curation::QualityFilterOptions o = s.qopt;
+                                    o.input = cur[s.name];
+                                    o.output = out;
+                                    curation::filter_quality(o);
+                                    return ojson{{"in", count_jsonl(cur[s.name])}, {"out", count_jsonl(out)}};
+                                  });
+      add(s.name, "quality", counts.at("in"), counts.at("out"));
+      cur[s.name] = out;
+    }
   }
   // 3. Dedup across every source at once (priority order decides the survivor).
   void dedup() {
@@ -476,21 +488,27 @@ struct CurateRun {
       ins.push_back(cur[s.name]);
       outs.push_back((W / "3-dedup" / (s.name + ".jsonl")).string());
     }
-    ojson params = {{"threshold", p.dopt.threshold}, {"priority", p.dopt.priority}, {"ngram", p.dopt.ngram},
-                    {"num_perm", p.dopt.num_perm}, {"seed", p.dopt.seed}};
-    const auto counts = c.stage("dedup", (W / "3-dedup" / "dedup.manifest.json").string(), params, ins, outs, [&] {
-      curation::DedupOptions o = p.dopt;
-      o.inputs = ins;
-      o.output_dir = (W / "3-dedup").string();
-      o.workers = 1;
-      o.progress = progress;
-      curation::run_dedup(o, c.comm);  // across every rank
-      if (!c.lead()) return ojson();   // rank 0 renamed the outputs into place and counts them
-      ojson k;
-      for (size_t i = 0; i < ins.size(); ++i)
-        k[p.sources[i].name] = {{"in", count_jsonl(ins[i])}, {"out", count_jsonl(outs[i])}};
-      return k;
-    }, /*collective=*/true);
+    ojson params = {{"threshold", p.dopt.threshold},
+                    {"priority", p.dopt.priority},
+                    {"ngram", p.dopt.ngram},
+                    {"num_perm", p.dopt.num_perm},
+                    {"seed", p.dopt.seed}};
+    const auto counts = c.stage(
+        "dedup", (W / "3-dedup" / "dedup.manifest.json").string(), params, ins, outs,
+        [&] {
+          curation::DedupOptions o = p.dopt;
+          o.inputs = ins;
+          o.output_dir = (W / "3-dedup").string();
+          o.workers = 1;
+          o.progress = progress;
+          curation::run_dedup(o, c.comm);  // across every rank
+          if (!c.lead()) return ojson();   // rank 0 renamed the outputs into place and counts them
+          ojson k;
+          for (size_t i = 0; i < ins.size(); ++i)
+            k[p.sources[i].name] = {{"in", count_jsonl(ins[i])}, {"out", count_jsonl(outs[i])}};
+          return k;
+        },
+        /*collective=*/true);
     for (size_t i = 0; i < p.sources.size(); ++i) {
       const auto& k = counts.at(p.sources[i].name);
       add(p.sources[i].name, "dedup", k.at("in"), k.at("out"));
@@ -524,100 +542,111 @@ struct CurateRun {
   // 5. Tokenize into Megatron's indexed files.
   void tokenize() {
     Pipeline& p = c.p;
-  for (const auto& s : p.sources) {
-    const std::string prefix = (W / "5-tokens" / s.name).string();
-    const std::string full = data::preprocess_output_prefix(prefix, "text");
-    ojson params = {{"append_eod", p.append_eod}};
-    const auto counts = c.stage("tokens/" + s.name, (W / "5-tokens" / (s.name + ".manifest.json")).string(), params,
-                                {cur[s.name], p.vocab_file, p.merge_file},
-                                {data::bin_path(full), data::idx_path(full)}, [&] {
-                                  fs::create_directories(W / "5-tokens");
-                                  data::PreprocessOptions o;
-                                  o.inputs = {cur[s.name]};
-                                  o.output_prefix = prefix;
-                                  o.vocab_file = p.vocab_file;
-                                  o.merge_file = p.merge_file;
-                                  o.append_eod = p.append_eod;
-                                  o.progress = progress;
-                                  const auto r = data::preprocess_jsonl(o);
-                                  ojson in = count_jsonl(cur[s.name]);
-                                  return ojson{{"in", in}, {"documents", r.documents}, {"tokens", r.tokens.at(0)}};
-                                });
-    ojson out = {{"documents", counts.at("documents")}, {"text_bytes", counts.at("in").at("text_bytes")}};
-    add(s.name, "tokenize", counts.at("in"), out);
-    funnel[s.name].back()["tokens_out"] = counts.at("tokens");  // exact: what preprocess wrote
-    tokens[s.name] = counts.at("tokens").get<int64_t>();
-    prefixes[s.name] = full;
-  }
+    for (const auto& s : p.sources) {
+      const std::string prefix = (W / "5-tokens" / s.name).string();
+      const std::string full = data::preprocess_output_prefix(prefix, "text");
+      ojson params = {{"append_eod", p.append_eod}};
+      const auto counts =
+          c.stage("tokens/" + s.name, (W / "5-tokens" / (s.name + ".manifest.json")).string(), params,
+                  {cur[s.name], p.vocab_file, p.merge_file}, {data::bin_path(full), data::idx_path(full)}, [&] {
+                    fs::create_directories(W / "5-tokens");
+                    data::PreprocessOptions o;
+                    o.inputs = {cur[s.name]};
+                    o.output_prefix = prefix;
+                    o.vocab_file = p.vocab_file;
+                    o.merge_file = p.merge_file;
+                    o.append_eod = p.append_eod;
+                    o.progress = progress;
+                    const auto r = data::preprocess_jsonl(o);
+                    ojson in = count_jsonl(cur[s.name]);
+                    return ojson{{"in", in}, {"documents", r.documents}, {"tokens", r.tokens.at(0)}};
+                  });
+      ojson out = {{"documents", counts.at("documents")}, {"text_bytes", counts.at("in").at("text_bytes")}};
+      add(s.name, "tokenize", counts.at("in"), out);
+      funnel[s.name].back()["tokens_out"] = counts.at("tokens");  // exact: what preprocess wrote
+      tokens[s.name] = counts.at("tokens").get<int64_t>();
+      prefixes[s.name] = full;
+    }
   }
   // 6. Blend: weights normalised, epochs = weight x train tokens / source tokens; the
   // data.blend fragment, and the training recipe with it when the pipeline names one.
   void write_blend() {
     Pipeline& p = c.p;
-  double wsum = 0;
-  for (const auto& s : p.sources) wsum += s.weight;
-  train_tokens = p.train_tokens;
-  YAML::Node base;
-  if (!p.recipe.empty()) {
-    base = YAML::LoadFile(p.recipe);
-    if (train_tokens == 0 && base["training"] && base["training"]["train_iters"] && base["training"]["global_batch_size"] &&
-        base["model"] && base["model"]["seq_length"])
-      train_tokens = base["training"]["train_iters"].as<int64_t>() * base["training"]["global_batch_size"].as<int64_t>() *
-                     base["model"]["seq_length"].as<int64_t>();
-  }
-  YAML::Node blend(YAML::NodeType::Sequence);
-  for (const auto& s : p.sources) {
-    const double w = s.weight / wsum;
-    YAML::Node e;
-    e["weight"] = w;
-    e["prefix"] = fs::absolute(prefixes[s.name]).lexically_normal().string();
-    e.SetStyle(YAML::EmitterStyle::Flow);
-    blend.push_back(e);
-    ojson row = {{"source", s.name}, {"tokens", tokens[s.name]}, {"weight", w}};
-    row["epochs"] = (train_tokens > 0 && tokens[s.name] > 0) ? w * static_cast<double>(train_tokens) / static_cast<double>(tokens[s.name]) : 0.0;
-    table.push_back(row);
-  }
-  YAML::Node frag;
-  frag["data"]["blend"] = blend;
-  frag["data"]["vocab_file"] = p.vocab_file;
-  frag["data"]["merge_file"] = p.merge_file;
-  YAML::Emitter em;
-  em << frag;
-  write_file_atomic((W / "blend.yaml").string(), std::string("# written by mtnlg data curate ") + file + "\n" + em.c_str() + "\n");
-  if (!p.recipe.empty()) {
-    base["data"]["blend"] = blend;
-    base["data"]["vocab_file"] = p.vocab_file;
-    base["data"]["merge_file"] = p.merge_file;
-    if (base["data"]["path"]) base["data"].remove("path");
-    if (base["data"]["mock"]) base["data"]["mock"] = false;
-    YAML::Emitter e2;
-    e2 << base;
-    write_file_atomic((W / "train.yaml").string(), std::string("# ") + p.recipe + " with the blend of " + file + "\n" + e2.c_str() + "\n");
-  }
+    double wsum = 0;
+    for (const auto& s : p.sources) wsum += s.weight;
+    train_tokens = p.train_tokens;
+    YAML::Node base;
+    if (!p.recipe.empty()) {
+      base = YAML::LoadFile(p.recipe);
+      if (train_tokens == 0 && base["training"] && base["training"]["train_iters"] &&
+          base["training"]["global_batch_size"] && base["model"] && base["model"]["seq_length"])
+        train_tokens = base["training"]["train_iters"].as<int64_t>() *
+                       base["training"]["global_batch_size"].as<int64_t>() * base["model"]["seq_length"].as<int64_t>();
+    }
+    YAML::Node blend(YAML::NodeType::Sequence);
+    for (const auto& s : p.sources) {
+      const double w = s.weight / wsum;
+      YAML::Node e;
+      e["weight"] = w;
+      e["prefix"] = fs::absolute(prefixes[s.name]).lexically_normal().string();
+      e.SetStyle(YAML::EmitterStyle::Flow);
+      blend.push_back(e);
+      ojson row = {{"source", s.name}, {"tokens", tokens[s.name]}, {"weight", w}};
+      row["epochs"] = (train_tokens > 0 && tokens[s.name] > 0)
+                          ? w * static_cast<double>(train_tokens) / static_cast<double>(tokens[s.name])
+                          : 0.0;
+      table.push_back(row);
+    }
+    YAML::Node frag;
+    frag["data"]["blend"] = blend;
+    frag["data"]["vocab_file"] = p.vocab_file;
+    frag["data"]["merge_file"] = p.merge_file;
+    YAML::Emitter em;
+    em << frag;
+    write_file_atomic((W / "blend.yaml").string(),
+                      std::string("# written by mtnlg data curate ") + file + "\n" + em.c_str() + "\n");
+    if (!p.recipe.empty()) {
+      base["data"]["blend"] = blend;
+      base["data"]["vocab_file"] = p.vocab_file;
+      base["data"]["merge_file"] = p.merge_file;
+      if (base["data"]["path"]) base["data"].remove("path");
+      if (base["data"]["mock"]) base["data"]["mock"] = false;
+      YAML::Emitter e2;
+      e2 << base;
+      write_file_atomic((W / "train.yaml").string(),
+                        std::string("# ") + p.recipe + " with the blend of " + file + "\n" + e2.c_str() + "\n");
+    }
   }
   // Report: the funnel per source and the blend table (no timings: the same bytes on a re-run).
   void write_report() {
     Pipeline& p = c.p;
-  ojson rep;
-  rep["pipeline"] = file;
-  rep["train_tokens"] = train_tokens;
-  rep["blend"] = table;
-  ojson f = ojson::object();
-  for (const auto& s : p.sources) f[s.name] = funnel[s.name];
-  rep["funnel"] = f;
-  write_file_atomic((W / "curate_report.json").string(), rep.dump(2) + "\n");
-  auto cell = [](const ojson& v) { return v.is_null() ? std::string("-") : v.dump(); };  // null: not measured (HTML bytes)
-  std::string md = fmt::format("# Curation report: {}\n\n## Funnel\n\n| source | stage | documents in | documents out | text bytes in | text bytes out |\n|---|---|---|---|---|---|\n", file);
-  for (const auto& s : p.sources)
-    for (const auto& e : funnel[s.name])
-      md += fmt::format("| {} | {} | {} | {} | {} | {} |\n", s.name, e["stage"].get<std::string>(), cell(e["documents_in"]),
-                        cell(e["documents_out"]), cell(e["text_bytes_in"]), cell(e["text_bytes_out"]));
-  md += fmt::format("\n## Blend ({} training tokens)\n\n| source | tokens | weight | epochs |\n|---|---|---|---|\n", train_tokens);
-  for (const auto& r : table)
-    md += fmt::format("| {} | {} | {:.4f} | {:.3f} |\n", r["source"].get<std::string>(), r["tokens"].get<int64_t>(),
-                      r["weight"].get<double>(), r["epochs"].get<double>());
-  write_file_atomic((W / "curate_report.md").string(), md);
-  std::printf("%s", md.c_str());
+    ojson rep;
+    rep["pipeline"] = file;
+    rep["train_tokens"] = train_tokens;
+    rep["blend"] = table;
+    ojson f = ojson::object();
+    for (const auto& s : p.sources) f[s.name] = funnel[s.name];
+    rep["funnel"] = f;
+    write_file_atomic((W / "curate_report.json").string(), rep.dump(2) + "\n");
+    auto cell = [](const ojson& v) {
+      return v.is_null() ? std::string("-") : v.dump();
+    };  // null: not measured (HTML bytes)
+    std::string md = fmt::format(
+        "# Curation report: {}\n\n## Funnel\n\n| source | stage | documents in | documents out | text bytes in | text "
+        "bytes out |\n|---|---|---|---|---|---|\n",
+        file);
+    for (const auto& s : p.sources)
+      for (const auto& e : funnel[s.name])
+        md += fmt::format("| {} | {} | {} | {} | {} | {} |\n", s.name, e["stage"].get<std::string>(),
+                          cell(e["documents_in"]), cell(e["documents_out"]), cell(e["text_bytes_in"]),
+                          cell(e["text_bytes_out"]));
+    md += fmt::format("\n## Blend ({} training tokens)\n\n| source | tokens | weight | epochs |\n|---|---|---|---|\n",
+                      train_tokens);
+    for (const auto& r : table)
+      md += fmt::format("| {} | {} | {:.4f} | {:.3f} |\n", r["source"].get<std::string>(), r["tokens"].get<int64_t>(),
+                        r["weight"].get<double>(), r["epochs"].get<double>());
+    write_file_atomic((W / "curate_report.md").string(), md);
+    std::printf("%s", md.c_str());
   }
 };
 

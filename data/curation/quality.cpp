@@ -44,8 +44,7 @@ double sigmoid(double z) { return z >= 0 ? 1.0 / (1.0 + std::exp(-z)) : std::exp
 
 }  // namespace
 
-QualityModel::QualityModel(int64_t bucket_bits, uint64_t hash_seed)
-    : bucket_bits_(bucket_bits), hash_seed_(hash_seed) {
+QualityModel::QualityModel(int64_t bucket_bits, uint64_t hash_seed) : bucket_bits_(bucket_bits), hash_seed_(hash_seed) {
   if (bucket_bits < 8 || bucket_bits > 28) throw_input("--bucket-bits {} must be in [8, 28]", bucket_bits);
   weights_.assign(size_t{1} << bucket_bits, 0.0f);
 }
@@ -99,7 +98,8 @@ void QualityModel::save(const std::string& path) const {
   put<uint64_t>(s, hash_seed_);
   put<float>(s, bias_);
   s.append(reinterpret_cast<const char*>(weights_.data()), weights_.size() * sizeof(float));
-  uint32_t crc = static_cast<uint32_t>(crc32(0L, reinterpret_cast<const Bytef*>(s.data()), static_cast<uInt>(s.size())));
+  uint32_t crc =
+      static_cast<uint32_t>(crc32(0L, reinterpret_cast<const Bytef*>(s.data()), static_cast<uInt>(s.size())));
   put<uint32_t>(s, crc);
   write_file_atomic(path, s);
 }
@@ -118,9 +118,11 @@ QualityModel QualityModel::load(const std::string& path) {
   auto seed = get<uint64_t>(s, off);
   auto bias = get<float>(s, off);
   if (version != kVersion) throw_input("--model {}: version {} (this mtnlg reads version {})", path, version, kVersion);
-  if (bits < 8 || bits > 28 || max_ngram != 2) throw_input("--model {}: corrupt header (bucket_bits {}, max_ngram {})", path, bits, max_ngram);
+  if (bits < 8 || bits > 28 || max_ngram != 2)
+    throw_input("--model {}: corrupt header (bucket_bits {}, max_ngram {})", path, bits, max_ngram);
   size_t want = kHeaderBytes + (size_t{1} << bits) * 4 + 4;
-  if (s.size() != want) throw_input("--model {}: size {} bytes, expected {} (truncated or corrupt)", path, s.size(), want);
+  if (s.size() != want)
+    throw_input("--model {}: size {} bytes, expected {} (truncated or corrupt)", path, s.size(), want);
   uint32_t stored;
   std::memcpy(&stored, s.data() + want - 4, 4);
   auto crc = static_cast<uint32_t>(crc32(0L, reinterpret_cast<const Bytef*>(s.data()), static_cast<uInt>(want - 4)));
@@ -137,11 +139,19 @@ double BinaryMetrics::accuracy() const {
   int64_t n = tp + fp + tn + fn;
   return n ? static_cast<double>(tp + tn) / static_cast<double>(n) : 0.0;
 }
-double BinaryMetrics::precision() const { return tp + fp ? static_cast<double>(tp) / static_cast<double>(tp + fp) : 0.0; }
+double BinaryMetrics::precision() const {
+  return tp + fp ? static_cast<double>(tp) / static_cast<double>(tp + fp) : 0.0;
+}
 double BinaryMetrics::recall() const { return tp + fn ? static_cast<double>(tp) / static_cast<double>(tp + fn) : 0.0; }
 nlohmann::json BinaryMetrics::to_json() const {
-  return {{"documents", tp + fp + tn + fn}, {"tp", tp}, {"fp", fp}, {"tn", tn}, {"fn", fn},
-          {"accuracy", accuracy()}, {"precision", precision()}, {"recall", recall()}};
+  return {{"documents", tp + fp + tn + fn},
+          {"tp", tp},
+          {"fp", fp},
+          {"tn", tn},
+          {"fn", fn},
+          {"accuracy", accuracy()},
+          {"precision", precision()},
+          {"recall", recall()}};
 }
 
 namespace {
@@ -244,7 +254,8 @@ void QualityTrain::check_options() {
     if (opt.epochs < 1) throw_input("--epochs {} must be at least 1", opt.epochs);
     if (!(opt.lr > 0)) throw_input("--lr {} must be positive", opt.lr);
     if (!(opt.holdout >= 0 && opt.holdout < 1)) throw_input("--holdout {} must be in [0, 1)", opt.holdout);
-    if (opt.bucket_bits < 8 || opt.bucket_bits > 28) throw_input("--bucket-bits {} must be in [8, 28]", opt.bucket_bits);
+    if (opt.bucket_bits < 8 || opt.bucket_bits > 28)
+      throw_input("--bucket-bits {} must be in [8, 28]", opt.bucket_bits);
     for (const std::string* p : paths)
       if (!fs::is_regular_file(*p)) throw_input("{}: no such file", *p);
   });
@@ -284,7 +295,8 @@ void QualityTrain::featurize() {
         model.features(extract_text(line, opt.json_key, *paths[f], line_no), e.f);
         e.label = f == 0 ? 1 : 0;
         // Held-out membership is a pure function of (seed, example index).
-        const bool is_held = philox_uniform(mix_key(opt.seed, 0x686f6c64), 0, static_cast<uint64_t>(idx++)) < opt.holdout;
+        const bool is_held =
+            philox_uniform(mix_key(opt.seed, 0x686f6c64), 0, static_cast<uint64_t>(idx++)) < opt.holdout;
         if (!is_held) ++local_train[f];
         (is_held ? held : train_set).push_back(std::move(e));
       }
@@ -299,7 +311,8 @@ void QualityTrain::place_segments() {
   seg[static_cast<size_t>(W + R)] = local_train[1];
   comm.all_reduce_sum(seg.data(), 2 * W);
   seg_start.assign(static_cast<size_t>(2 * W + 1), 0);
-  for (int64_t s = 0; s < 2 * W; ++s) seg_start[static_cast<size_t>(s + 1)] = seg_start[static_cast<size_t>(s)] + seg[static_cast<size_t>(s)];
+  for (int64_t s = 0; s < 2 * W; ++s)
+    seg_start[static_cast<size_t>(s + 1)] = seg_start[static_cast<size_t>(s)] + seg[static_cast<size_t>(s)];
   n_train = seg_start.back();
   n_held = static_cast<int64_t>(held.size());
   comm.all_reduce_sum(&n_held, 1);
@@ -329,7 +342,8 @@ void QualityTrain::train() {
     shuffle(ep);
     double lr = opt.lr / (1.0 + static_cast<double>(ep));  // decays per epoch
     double loss = 0;
-    for (int64_t lo = 0; lo < n_train; lo += kTrainBlock) train_block(lo, std::min(n_train, lo + kTrainBlock), lr, loss);
+    for (int64_t lo = 0; lo < n_train; lo += kTrainBlock)
+      train_block(lo, std::min(n_train, lo + kTrainBlock), lr, loss);
     prog.add(n_train);
     epochs.push_back({{"epoch", ep + 1}, {"lr", lr}, {"train_loss", loss / static_cast<double>(n_train)}});
   }
@@ -388,7 +402,8 @@ void QualityTrain::train_received(const std::vector<char>& got, int64_t lo, int6
   };
   // Where each rank's stream starts in `got`: skip the records of the ranks before.
   std::vector<int64_t> records(static_cast<size_t>(W), 0);
-  for (int64_t i = lo; i < hi; ++i) ++records[static_cast<size_t>(locate(static_cast<int64_t>(order[static_cast<size_t>(i)])).first)];
+  for (int64_t i = lo; i < hi; ++i)
+    ++records[static_cast<size_t>(locate(static_cast<int64_t>(order[static_cast<size_t>(i)])).first)];
   std::vector<size_t> cursor(static_cast<size_t>(W), 0);
   size_t w = 0;
   for (int64_t q = 1; q < W; ++q) {
@@ -422,11 +437,13 @@ void QualityTrain::share_weights() {
     params.push_back(model.bias());
     params.insert(params.end(), model.weights().begin(), model.weights().end());
     for (int64_t q = 1; q < W; ++q)
-      send[static_cast<size_t>(q)] = std::span<const char>(reinterpret_cast<const char*>(params.data()), params.size() * 4);
+      send[static_cast<size_t>(q)] =
+          std::span<const char>(reinterpret_cast<const char*>(params.data()), params.size() * 4);
   }
   const std::vector<char> got = comm.all_to_all(send);
   if (R != 0) {
-    MTNLG_CHECK(got.size() == (model.weights().size() + 1) * 4, "quality train: {} bytes of weights received", got.size());
+    MTNLG_CHECK(got.size() == (model.weights().size() + 1) * 4, "quality train: {} bytes of weights received",
+                got.size());
     std::vector<float> p(model.weights().size() + 1);
     std::memcpy(p.data(), got.data(), got.size());
     model.assign(p[0], p.data() + 1);
@@ -438,10 +455,14 @@ BinaryMetrics QualityTrain::evaluate(const std::vector<Example>& set) {
   int64_t m[4] = {0, 0, 0, 0};  // tp, fp, tn, fn
   for (auto& e : set) {
     bool pred = model.score_features(e.f) >= 0.5;
-    if (pred && e.label) ++m[0];
-    else if (pred) ++m[1];
-    else if (e.label) ++m[3];
-    else ++m[2];
+    if (pred && e.label)
+      ++m[0];
+    else if (pred)
+      ++m[1];
+    else if (e.label)
+      ++m[3];
+    else
+      ++m[2];
   }
   comm.all_reduce_sum(m, 4);
   BinaryMetrics b;
@@ -464,8 +485,12 @@ void QualityTrain::save() {
               {"positive", opt.positive},
               {"negative", opt.negative},
               {"params",
-               {{"bucket_bits", opt.bucket_bits}, {"epochs", opt.epochs}, {"lr", opt.lr},
-                {"holdout", opt.holdout}, {"seed", opt.seed}, {"json_key", opt.json_key}}},
+               {{"bucket_bits", opt.bucket_bits},
+                {"epochs", opt.epochs},
+                {"lr", opt.lr},
+                {"holdout", opt.holdout},
+                {"seed", opt.seed},
+                {"json_key", opt.json_key}}},
               {"documents", {{"positive", docs[0]}, {"negative", docs[1]}, {"train", n_train}, {"held_out", n_held}}},
               {"epochs", epochs},
               {"train_metrics", train_m.to_json()},
@@ -533,7 +558,8 @@ nlohmann::json filter_quality(const QualityFilterOptions& opt) {
   if (!(opt.alpha > 0)) throw_input("--alpha {} must be positive", opt.alpha);
   QualityModel model = QualityModel::load(opt.model);
   if (!fs::is_regular_file(opt.input)) throw_input("--input {}: no such file", opt.input);
-  if (fs::exists(opt.output) && fs::equivalent(opt.output, opt.input)) throw_input("--output {}: would overwrite the input", opt.output);
+  if (fs::exists(opt.output) && fs::equivalent(opt.output, opt.input))
+    throw_input("--output {}: would overwrite the input", opt.output);
   LineReader r(opt.input, opt.range_begin, opt.range_end, opt.lines_before);
   AtomicWriter out(opt.output);
   std::string line;

@@ -78,7 +78,8 @@ void agree(RankComm& comm, const std::string& what, F&& fn) {
   comm.failed_here = err != nullptr;
   if (err) std::rethrow_exception(err);
   throw Error(static_cast<int>(v[1]),
-              fmt::format("stopped because rank {} failed {} (its message names the cause); no output written", W - v[0], what));
+              fmt::format("stopped because rank {} failed {} (its message names the cause); no output written",
+                          W - v[0], what));
 }
 
 }  // namespace mtnlg::curation

@@ -28,13 +28,26 @@ struct Rng {
   Rng(uint64_t seed, uint64_t purpose, uint64_t item) : key(mix_key(seed, purpose)), stream(item) {}
   uint32_t bits() { return philox_bits(key, stream, i++); }
   double uniform() { return (static_cast<double>(bits()) + 0.5) / 4294967296.0; }  // (0, 1)
-  int64_t below(int64_t n) { return std::min<int64_t>(n - 1, static_cast<int64_t>(uniform() * static_cast<double>(n))); }
+  int64_t below(int64_t n) {
+    return std::min<int64_t>(n - 1, static_cast<int64_t>(uniform() * static_cast<double>(n)));
+  }
   int64_t range(int64_t lo, int64_t hi) { return lo + below(hi - lo + 1); }
   bool chance(double p) { return uniform() < p; }
 };
 
 enum Purpose : uint64_t {
-  kVocab = 1, kOriginal, kKind, kBase, kPartial, kVariant, kSource, kContam, kPlant, kTask, kPositive, kNegative
+  kVocab = 1,
+  kOriginal,
+  kKind,
+  kBase,
+  kPartial,
+  kVariant,
+  kSource,
+  kContam,
+  kPlant,
+  kTask,
+  kPositive,
+  kNegative
 };
 
 // A made-up vocabulary with Zipf(1) frequencies: unrelated documents share almost no
@@ -42,8 +55,8 @@ enum Purpose : uint64_t {
 class Vocab {
  public:
   Vocab(uint64_t seed, int64_t size) {
-    static const char* onset[] = {"b", "c", "d", "f", "g", "h", "j", "k", "l", "m", "n", "p", "r", "s", "t",
-                                  "v", "w", "z", "br", "ch", "st", "tr", "pl", "gr", "sh", "th", "kr", "fl"};
+    static const char* onset[] = {"b", "c", "d", "f", "g",  "h",  "j",  "k",  "l",  "m",  "n",  "p",  "r",  "s",
+                                  "t", "v", "w", "z", "br", "ch", "st", "tr", "pl", "gr", "sh", "th", "kr", "fl"};
     static const char* nucleus[] = {"a", "e", "i", "o", "u", "ai", "ea", "ou", "ie", "oa"};
     static const char* coda[] = {"", "", "", "n", "r", "s", "l", "nd", "st", "m", "t", "k"};
     Rng r(seed, kVocab, 0);
@@ -225,8 +238,7 @@ class Generator {
         }
         return render(v);
       }
-      default:
-        return render(v);
+      default: return render(v);
     }
   }
 
@@ -234,45 +246,80 @@ class Generator {
     std::vector<TaskRow> rows;
     auto phrase = [&](Rng& r, int64_t lo, int64_t hi) { return render(Doc{sentence(r, vocab_, r.range(lo, hi))}); };
     auto word = [&](Rng& r) { return vocab_.zipf(r); };
-    const char* names[] = {"lambada_openai", "boolq", "race_high", "piqa", "hellaswag", "winogrande", "anli_r2", "hans", "wic"};
+    const char* names[] = {"lambada_openai", "boolq",   "race_high", "piqa", "hellaswag",
+                           "winogrande",     "anli_r2", "hans",      "wic"};
     for (uint64_t t = 0; t < std::size(names); ++t) {
       for (int64_t i = 0; i < o_.task_rows; ++i) {
         Rng r(o_.seed, kTask, t * 1000003ull + static_cast<uint64_t>(i));
         nlohmann::json j;
         switch (t) {
           case 0: j = {{"text", phrase(r, 40, 80)}}; break;
-          case 1: j = {{"question", phrase(r, 8, 12)}, {"passage", phrase(r, 60, 100)}, {"answer", r.chance(0.5)}}; break;
+          case 1:
+            j = {{"question", phrase(r, 8, 12)}, {"passage", phrase(r, 60, 100)}, {"answer", r.chance(0.5)}};
+            break;
           case 2:
-            j = {{"example_id", "high" + std::to_string(i) + ".txt"}, {"article", phrase(r, 120, 200)},
+            j = {{"example_id", "high" + std::to_string(i) + ".txt"},
+                 {"article", phrase(r, 120, 200)},
                  {"question", phrase(r, 8, 14)},
                  {"options", {phrase(r, 3, 8), phrase(r, 3, 8), phrase(r, 3, 8), phrase(r, 3, 8)}},
                  {"answer", std::string(1, static_cast<char>('A' + r.below(4)))}};
             break;
-          case 3: j = {{"goal", phrase(r, 8, 16)}, {"sol1", phrase(r, 13, 25)}, {"sol2", phrase(r, 13, 25)}, {"label", r.below(2)}}; break;
+          case 3:
+            j = {{"goal", phrase(r, 8, 16)},
+                 {"sol1", phrase(r, 13, 25)},
+                 {"sol2", phrase(r, 13, 25)},
+                 {"label", r.below(2)}};
+            break;
           case 4: {
             std::string a = phrase(r, 10, 20), b = phrase(r, 3, 6);
-            j = {{"ind", i}, {"activity_label", word(r)}, {"ctx_a", a}, {"ctx_b", b}, {"ctx", a + " " + b},
+            j = {{"ind", i},
+                 {"activity_label", word(r)},
+                 {"ctx_a", a},
+                 {"ctx_b", b},
+                 {"ctx", a + " " + b},
                  {"endings", {phrase(r, 10, 20), phrase(r, 10, 20), phrase(r, 10, 20), phrase(r, 10, 20)}},
-                 {"source_id", "synthetic~" + std::to_string(i)}, {"split", "val"}, {"split_type", "indomain"},
+                 {"source_id", "synthetic~" + std::to_string(i)},
+                 {"split", "val"},
+                 {"split_type", "indomain"},
                  {"label", std::to_string(r.below(4))}};
             break;
           }
           case 5: {
             auto s = sentence(r, vocab_, r.range(15, 25));
             s[static_cast<size_t>(r.below(static_cast<int64_t>(s.size())))] = "_";
-            j = {{"sentence", render(Doc{s})}, {"option1", word(r)}, {"option2", word(r)}, {"answer", r.chance(0.5) ? "1" : "2"}};
+            j = {{"sentence", render(Doc{s})},
+                 {"option1", word(r)},
+                 {"option2", word(r)},
+                 {"answer", r.chance(0.5) ? "1" : "2"}};
             break;
           }
-          case 6: j = {{"uid", fmt::format("{:08x}", r.bits())}, {"premise", phrase(r, 30, 60)}, {"hypothesis", phrase(r, 8, 14)}, {"label", r.below(3)}, {"reason", ""}}; break;
+          case 6:
+            j = {{"uid", fmt::format("{:08x}", r.bits())},
+                 {"premise", phrase(r, 30, 60)},
+                 {"hypothesis", phrase(r, 8, 14)},
+                 {"label", r.below(3)},
+                 {"reason", ""}};
+            break;
           case 7: {
             std::string p = phrase(r, 13, 18);
-            j = {{"premise", p}, {"hypothesis", phrase(r, 6, 10)}, {"label", r.below(2)}, {"parse_premise", "( " + p + " )"},
-                 {"heuristic", "lexical_overlap"}, {"subcase", "ln_subject/object_swap"}, {"template", "temp1"}};
+            j = {{"premise", p},
+                 {"hypothesis", phrase(r, 6, 10)},
+                 {"label", r.below(2)},
+                 {"parse_premise", "( " + p + " )"},
+                 {"heuristic", "lexical_overlap"},
+                 {"subcase", "ln_subject/object_swap"},
+                 {"template", "temp1"}};
             break;
           }
           case 8:
-            j = {{"word", word(r)}, {"sentence1", phrase(r, 13, 20)}, {"sentence2", phrase(r, 13, 20)},
-                 {"start1", 0}, {"end1", 3}, {"start2", 0}, {"end2", 3}, {"label", r.chance(0.5)}};
+            j = {{"word", word(r)},
+                 {"sentence1", phrase(r, 13, 20)},
+                 {"sentence2", phrase(r, 13, 20)},
+                 {"start1", 0},
+                 {"end1", 3},
+                 {"start2", 0},
+                 {"end2", 3},
+                 {"label", r.chance(0.5)}};
             break;
         }
         rows.push_back(TaskRow{names[t], std::move(j)});
@@ -289,25 +336,35 @@ class Generator {
 };
 
 std::string source_name(int64_t i, int64_t n) {
-  static const char* names[] = {"pile_cc", "books3", "wikipedia", "stackexchange", "pubmed", "arxiv", "github", "openwebtext2"};
+  static const char* names[] = {"pile_cc", "books3", "wikipedia", "stackexchange",
+                                "pubmed",  "arxiv",  "github",    "openwebtext2"};
   if (n <= static_cast<int64_t>(std::size(names))) return names[i];
   return "source" + std::to_string(i);
 }
 
 nlohmann::json make_quality(const SynthOptions& o) {
-  static const std::vector<std::string> det = {"the", "a", "this", "that", "every", "one", "our", "their", "my", "some"};
-  static const std::vector<std::string> adj = {"small", "old", "bright", "quiet", "heavy", "early", "careful", "local", "green", "strong",
-                                               "simple", "ancient", "modern", "narrow", "warm", "cold", "busy", "famous", "gentle", "rapid"};
-  static const std::vector<std::string> noun = {"river", "teacher", "village", "engine", "garden", "student", "market", "bridge", "doctor", "window",
-                                                "farmer", "city", "letter", "island", "machine", "painter", "storm", "library", "road", "child"};
-  static const std::vector<std::string> verb = {"built", "visited", "crossed", "painted", "opened", "followed", "repaired", "described",
-                                                "watched", "carried", "found", "left", "studied", "reached", "joined"};
-  static const std::vector<std::string> prep = {"near", "across", "behind", "beside", "under", "through", "after", "before", "during", "inside"};
-  static const std::vector<std::string> adv = {"slowly", "quickly", "carefully", "quietly", "often", "finally", "rarely", "suddenly"};
+  static const std::vector<std::string> det = {"the", "a",   "this",  "that", "every",
+                                               "one", "our", "their", "my",   "some"};
+  static const std::vector<std::string> adj = {"small", "old",   "bright", "quiet",  "heavy",   "early",  "careful",
+                                               "local", "green", "strong", "simple", "ancient", "modern", "narrow",
+                                               "warm",  "cold",  "busy",   "famous", "gentle",  "rapid"};
+  static const std::vector<std::string> noun = {
+      "river",  "teacher", "village", "engine", "garden",  "student", "market", "bridge",  "doctor", "window",
+      "farmer", "city",    "letter",  "island", "machine", "painter", "storm",  "library", "road",   "child"};
+  static const std::vector<std::string> verb = {"built",    "visited",  "crossed",   "painted", "opened",
+                                                "followed", "repaired", "described", "watched", "carried",
+                                                "found",    "left",     "studied",   "reached", "joined"};
+  static const std::vector<std::string> prep = {"near",    "across", "behind", "beside", "under",
+                                                "through", "after",  "before", "during", "inside"};
+  static const std::vector<std::string> adv = {"slowly", "quickly", "carefully", "quietly",
+                                               "often",  "finally", "rarely",    "suddenly"};
   static const std::vector<std::string> conj = {"and", "but", "because", "while", "although"};
-  static const std::vector<std::string> spam = {"home", "about", "contact", "login", "cart", "click", "here", "buy", "now", "cheap",
-                                                "free", "download", "cookie", "policy", "accept", "subscribe", "share", "menu", "|", ">>"};
-  auto pick = [](Rng& r, const std::vector<std::string>& v) { return v[static_cast<size_t>(r.below(static_cast<int64_t>(v.size())))]; };
+  static const std::vector<std::string> spam = {
+      "home", "about",    "contact", "login",  "cart",   "click",     "here",  "buy",  "now", "cheap",
+      "free", "download", "cookie",  "policy", "accept", "subscribe", "share", "menu", "|",   ">>"};
+  auto pick = [](Rng& r, const std::vector<std::string>& v) {
+    return v[static_cast<size_t>(r.below(static_cast<int64_t>(v.size())))];
+  };
   std::vector<const std::vector<std::string>*> all = {&det, &adj, &noun, &verb, &prep, &adv, &conj};
   auto cap = [](std::string s) {
     s[0] = static_cast<char>(std::toupper(static_cast<unsigned char>(s[0])));
@@ -323,10 +380,23 @@ nlohmann::json make_quality(const SynthOptions& o) {
     for (int64_t s = 0; s < sentences; ++s) {
       std::string x;
       switch (r.below(4)) {
-        case 0: x = cap(pick(r, det)) + " " + pick(r, adj) + " " + pick(r, noun) + " " + pick(r, verb) + " " + pick(r, det) + " " + pick(r, noun) + " " + pick(r, prep) + " " + pick(r, det) + " " + pick(r, noun) + "."; break;
-        case 1: x = cap(pick(r, det)) + " " + pick(r, noun) + " " + pick(r, adv) + " " + pick(r, verb) + " " + pick(r, det) + " " + pick(r, adj) + " " + pick(r, noun) + "."; break;
-        case 2: x = cap(pick(r, det)) + " " + pick(r, noun) + " " + pick(r, verb) + " " + pick(r, det) + " " + pick(r, noun) + ", " + pick(r, conj) + " " + pick(r, det) + " " + pick(r, noun) + " " + pick(r, verb) + " " + pick(r, det) + " " + pick(r, adj) + " " + pick(r, noun) + "."; break;
-        default: x = cap(pick(r, prep)) + " " + pick(r, det) + " " + pick(r, noun) + ", " + pick(r, det) + " " + pick(r, adj) + " " + pick(r, noun) + " " + pick(r, verb) + " " + pick(r, det) + " " + pick(r, noun) + "."; break;
+        case 0:
+          x = cap(pick(r, det)) + " " + pick(r, adj) + " " + pick(r, noun) + " " + pick(r, verb) + " " + pick(r, det) +
+              " " + pick(r, noun) + " " + pick(r, prep) + " " + pick(r, det) + " " + pick(r, noun) + ".";
+          break;
+        case 1:
+          x = cap(pick(r, det)) + " " + pick(r, noun) + " " + pick(r, adv) + " " + pick(r, verb) + " " + pick(r, det) +
+              " " + pick(r, adj) + " " + pick(r, noun) + ".";
+          break;
+        case 2:
+          x = cap(pick(r, det)) + " " + pick(r, noun) + " " + pick(r, verb) + " " + pick(r, det) + " " + pick(r, noun) +
+              ", " + pick(r, conj) + " " + pick(r, det) + " " + pick(r, noun) + " " + pick(r, verb) + " " +
+              pick(r, det) + " " + pick(r, adj) + " " + pick(r, noun) + ".";
+          break;
+        default:
+          x = cap(pick(r, prep)) + " " + pick(r, det) + " " + pick(r, noun) + ", " + pick(r, det) + " " + pick(r, adj) +
+              " " + pick(r, noun) + " " + pick(r, verb) + " " + pick(r, det) + " " + pick(r, noun) + ".";
+          break;
       }
       t += (s ? " " : "") + x;
     }
@@ -337,7 +407,9 @@ nlohmann::json make_quality(const SynthOptions& o) {
     int64_t words = q.range(30, 90);
     bool spammy = q.chance(0.3);
     for (int64_t w = 0; w < words; ++w) {
-      std::string x = spammy && q.chance(0.5) ? pick(q, spam) : pick(q, *all[static_cast<size_t>(q.below(static_cast<int64_t>(all.size())))]);
+      std::string x = spammy && q.chance(0.5)
+                          ? pick(q, spam)
+                          : pick(q, *all[static_cast<size_t>(q.below(static_cast<int64_t>(all.size())))]);
       if (q.chance(0.1)) x = cap(x);
       if (q.chance(0.05)) x += ".";
       u += (w ? " " : "") + x;
@@ -346,8 +418,8 @@ nlohmann::json make_quality(const SynthOptions& o) {
   }
   pos.close();
   neg.close();
-  nlohmann::json summary = {{"kind", "quality"}, {"docs", o.docs}, {"seed", o.seed},
-                            {"files", {"positive.jsonl", "negative.jsonl"}}};
+  nlohmann::json summary = {
+      {"kind", "quality"}, {"docs", o.docs}, {"seed", o.seed}, {"files", {"positive.jsonl", "negative.jsonl"}}};
   write_file_atomic((fs::path(o.output_dir) / "synth.json").string(), summary.dump(2) + "\n");
   return summary;
 }
@@ -361,7 +433,8 @@ void check_dedup_options(const SynthOptions& o) {
   if (o.min_words < 10 || o.max_words < o.min_words) throw_input("--min-words/--max-words: need 10 <= min <= max");
   if (o.near_dup_fraction < 0 || o.partial_fraction < 0 || o.near_dup_fraction + o.partial_fraction >= 1)
     throw_input("--near-dup-fraction + --partial-fraction must be in [0, 1)");
-  if (o.contaminate < 0 || o.contaminate > o.docs) throw_input("--contaminate {} must be in [0, --docs]", o.contaminate);
+  if (o.contaminate < 0 || o.contaminate > o.docs)
+    throw_input("--contaminate {} must be in [0, --docs]", o.contaminate);
   if (o.contaminate > 0 && o.task_rows < 1) throw_input("--task-rows must be positive with --contaminate");
 }
 
@@ -468,9 +541,7 @@ Drawn draw_document(Generator& g, const SynthOptions& o, int64_t p, Scratch& x) 
       d.kind = "partial";
       d.jaccard = jaccard_of(d.text, render(g.original(d.of)), o.ngram, x);
       break;
-    case Generator::Kind::Variant:
-      d = draw_variant(g, o, p, x);
-      break;
+    case Generator::Kind::Variant: d = draw_variant(g, o, p, x); break;
   }
   return d;
 }
@@ -547,11 +618,17 @@ nlohmann::json make_synthetic_corpus(const SynthOptions& o) {
     if (auto it = contaminated.find(p); it != contaminated.end()) {
       const std::string& task = task_names[static_cast<size_t>(it->second) % task_names.size()];
       const nlohmann::json planted = plant_passage(d.text, long_fields.at(task), o, p, x);
-      ctruth.write_line(nlohmann::json{{"source", names[src]}, {"line", line}, {"doc", p}, {"task", task},
-                                       {"row", planted["row"]}, {"field", planted["field"]}, {"passage", planted["passage"]}}
+      ctruth.write_line(nlohmann::json{{"source", names[src]},
+                                       {"line", line},
+                                       {"doc", p},
+                                       {"task", task},
+                                       {"row", planted["row"]},
+                                       {"field", planted["field"]},
+                                       {"passage", planted["passage"]}}
                             .dump());
     }
-    writers[static_cast<size_t>(src)]->write_line(nlohmann::json{{"text", d.text}, {"id", "doc" + std::to_string(p)}}.dump());
+    writers[static_cast<size_t>(src)]->write_line(
+        nlohmann::json{{"text", d.text}, {"id", "doc" + std::to_string(p)}}.dump());
     nlohmann::json t = {{"source", names[src]}, {"line", line}, {"doc", p}, {"cluster", d.cluster}, {"kind", d.kind}};
     if (d.of >= 0) {
       t["of"] = d.of;

@@ -102,9 +102,9 @@ LineReader::LineReader(const std::string& path) : path_(path), buf_(1 << 20) {
   if (!f_) throw_input("{}: cannot open ({})", path, std::strerror(errno));
 }
 
-LineReader::LineReader(const std::string& path, int64_t begin, int64_t end, int64_t lines_before)
-    : LineReader(path) {
-  if (::fseeko(f_, begin, SEEK_SET) != 0) throw_runtime("{}: seek to byte {} failed ({})", path, begin, std::strerror(errno));
+LineReader::LineReader(const std::string& path, int64_t begin, int64_t end, int64_t lines_before) : LineReader(path) {
+  if (::fseeko(f_, begin, SEEK_SET) != 0)
+    throw_runtime("{}: seek to byte {} failed ({})", path, begin, std::strerror(errno));
   if (end >= 0) limit_ = std::max<int64_t>(0, end - begin);
   line_no_ = lines_before;
 }
@@ -179,8 +179,7 @@ bool is_blank_line(std::string_view line) {
   return true;
 }
 
-std::string extract_text(const std::string& line, const std::string& key, const std::string& path,
-                         int64_t line_no) {
+std::string extract_text(const std::string& line, const std::string& key, const std::string& path, int64_t line_no) {
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(line);

@@ -26,7 +26,7 @@ namespace mtnlg::curation {
 struct Word {
   uint32_t begin = 0;  // byte range [begin, end) in the original text
   uint32_t end = 0;
-  uint64_t hash = 0;   // hash of the normalised word (FNV-1a 64, then mixed)
+  uint64_t hash = 0;  // hash of the normalised word (FNV-1a 64, then mixed)
 };
 
 // Splits `text` into normalised words (appended to `out`, which is cleared first).
@@ -85,8 +85,7 @@ bool is_blank_line(std::string_view line);
 // Parses one JSONL line and returns the string field `key`. Throws InputError naming
 // `path:line_no` for malformed JSON, a non-object line, a missing key (listing the
 // keys present) or a non-string value.
-std::string extract_text(const std::string& line, const std::string& key, const std::string& path,
-                         int64_t line_no);
+std::string extract_text(const std::string& line, const std::string& key, const std::string& path, int64_t line_no);
 
 // Writes a file under a temporary name, then renames it into place on close(), so a
 // crash never leaves a half-written output (DESIGN invariant 6). Curation's name for

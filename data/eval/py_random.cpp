@@ -107,7 +107,8 @@ std::vector<int64_t> PyRandom::sample_indices(int64_t n, int64_t k) {
   if (k < 0 || k > n) throw_input("cannot sample {} of {} documents (sample larger than population)", k, n);
   std::vector<int64_t> result(static_cast<size_t>(k));
   int64_t setsize = 21;
-  if (k > 5) setsize += static_cast<int64_t>(std::pow(4.0, std::ceil(std::log(static_cast<double>(k * 3)) / std::log(4.0))));
+  if (k > 5)
+    setsize += static_cast<int64_t>(std::pow(4.0, std::ceil(std::log(static_cast<double>(k * 3)) / std::log(4.0))));
   if (n <= setsize) {
     std::vector<int64_t> pool(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) pool[i] = i;

@@ -22,8 +22,8 @@ TokenizedPair tokenize_pair(const TextTokenizer& tok, const std::string& context
                             HarnessVersion version);
 inline TokenizedPair tokenize_pair(const Tokenizer& tok, const std::string& context, const std::string& continuation,
                                    HarnessVersion version) {
-  return tokenize_pair(Gpt2TextTokenizer(std::shared_ptr<const Tokenizer>(std::shared_ptr<const Tokenizer>(), &tok)), context,
-                       continuation, version);
+  return tokenize_pair(Gpt2TextTokenizer(std::shared_ptr<const Tokenizer>(std::shared_ptr<const Tokenizer>(), &tok)),
+                       context, continuation, version);
 }
 
 struct Window {

@@ -81,7 +81,8 @@ Doc make_race(const json& row, const TaskOptions& /*opt: RACE has no per-run opt
   if (!problems.is_array() || problems.empty()) throw_input("{}: field 'problems' must be a non-empty list", where);
   auto answer_index = [&](const json& p) {
     std::string a = get_str(p, "answer", where);
-    if (a.size() != 1 || a[0] < 'A' || a[0] > 'D') throw_input("{}: RACE answer '{}' must be one of A, B, C, D", where, a);
+    if (a.size() != 1 || a[0] < 'A' || a[0] > 'D')
+      throw_input("{}: RACE answer '{}' must be one of A, B, C, D", where, a);
     return static_cast<int64_t>(a[0] - 'A');
   };
   auto options = [&](const json& p) {
@@ -188,7 +189,9 @@ const char* mapped(const pycase::CaseMapping* t, int64_t n, uint32_t cp) {
 }
 
 bool py_isspace(uint32_t cp) { return cp != kRawByte && in(pycase::kSpace, pycase::kSpace_size, cp); }
-bool case_ignorable(uint32_t cp) { return cp != kRawByte && in(pycase::kCaseIgnorable, pycase::kCaseIgnorable_size, cp); }
+bool case_ignorable(uint32_t cp) {
+  return cp != kRawByte && in(pycase::kCaseIgnorable, pycase::kCaseIgnorable_size, cp);
+}
 bool cased(uint32_t cp) { return cp != kRawByte && in(pycase::kCased, pycase::kCased_size, cp); }
 
 }  // namespace
@@ -357,16 +360,15 @@ Doc make_doc(const TaskInfo& task, const json& row, const TaskOptions& opt, cons
                         {"True", "Neither", "False"}, check_label(get_int(row, "label", where), 3, "label", where));
   } else if (n == "hans") {
     const std::string premise = get_str(row, "premise", where), hyp = get_str(row, "hypothesis", where);
-    d = multiple_choice(premise + "\nQuestion: " + hyp + " True or False?\nAnswer:",
-                        {"True", "False"}, check_label(get_int(row, "label", where), 2, "label", where));
+    d = multiple_choice(premise + "\nQuestion: " + hyp + " True or False?\nAnswer:", {"True", "False"},
+                        check_label(get_int(row, "label", where), 2, "label", where));
     d.group = get_str(row, "heuristic", where);
   } else if (n == "wic") {
     const std::string s1 = get_str(row, "sentence1", where);
     const std::string s2 = get_str(row, "sentence2", where);
     const int64_t start1 = get_int(row, "start1", where), end1 = get_int(row, "end1", where);
     const std::string w = utf8_slice(s1, start1, end1);
-    d = multiple_choice("Sentence 1: " + s1 + "\nSentence 2: " + s2 +
-                            "\nQuestion: Is the word '" + w +
+    d = multiple_choice("Sentence 1: " + s1 + "\nSentence 2: " + s2 + "\nQuestion: Is the word '" + w +
                             "' used in the same way in the two sentences above?\nAnswer:",
                         {"no", "yes"}, check_label(get_int(row, "label", where), 2, "label", where));
   } else {
@@ -385,7 +387,8 @@ std::vector<Doc> load_split(const std::string& data_dir, const TaskInfo& task, c
                             const TaskOptions& opt) {
   const std::string path = split_path(data_dir, task.name, split);
   std::ifstream f(path);
-  if (!f) throw_input("{}: split file missing (export the '{}' split of task {}; see docs/EVAL.md)", path, split, task.name);
+  if (!f)
+    throw_input("{}: split file missing (export the '{}' split of task {}; see docs/EVAL.md)", path, split, task.name);
   std::vector<std::pair<json, std::string>> rows;
   std::string line;
   int64_t lineno = 0;
@@ -496,9 +499,7 @@ struct PyLit {
   const std::string& where;
   size_t i = 0;
 
-  [[noreturn]] void fail(const char* what) {
-    throw_input("{}: field 'problems': {} at character {}", where, what, i);
-  }
+  [[noreturn]] void fail(const char* what) { throw_input("{}: field 'problems': {} at character {}", where, what, i); }
   void ws() {
     while (i < s.size() && (s[i] == ' ' || s[i] == '\n' || s[i] == '\t' || s[i] == '\r')) ++i;
   }
@@ -594,7 +595,8 @@ struct PyLit {
         return val;
       }
     size_t b = i;
-    while (i < s.size() && (std::isdigit(static_cast<unsigned char>(s[i])) || s[i] == '-' || s[i] == '.' || s[i] == 'e'))
+    while (i < s.size() &&
+           (std::isdigit(static_cast<unsigned char>(s[i])) || s[i] == '-' || s[i] == '.' || s[i] == 'e'))
       ++i;
     if (b == i) fail("unexpected character");
     nlohmann::json num = nlohmann::json::parse(s.substr(b, i - b), nullptr, false);

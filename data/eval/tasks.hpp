@@ -23,16 +23,16 @@ struct TaskOptions {
 
 // One document as the harness sees it.
 struct Doc {
-  int64_t index = 0;          // position in the split (RACE: article group in first-appearance order)
-  std::string where;          // "file:line" (for messages and the sample log)
-  nlohmann::json row;         // the HF row (RACE: {"article", "problems"}); few-shot exclusion compares it
-  std::string text;           // doc_to_text; WinoGrande: partial context with the gold option
+  int64_t index = 0;   // position in the split (RACE: article group in first-appearance order)
+  std::string where;   // "file:line" (for messages and the sample log)
+  nlohmann::json row;  // the HF row (RACE: {"article", "problems"}); few-shot exclusion compares it
+  std::string text;    // doc_to_text; WinoGrande: partial context with the gold option
   std::vector<std::string> choice_contexts;  // WinoGrande only: partial context per option (no few-shot prefix)
   std::vector<std::string> choices;          // scored continuations, each with its leading " "
   std::vector<std::string> norm_choices;     // the choice text acc_norm divides by (no delimiter space)
   int64_t gold = 0;
-  std::string target;         // few-shot target: " " + gold answer (WinoGrande: the shared suffix)
-  std::string group;          // HANS: the heuristic, for the per-heuristic breakdown
+  std::string target;  // few-shot target: " " + gold answer (WinoGrande: the shared suffix)
+  std::string group;   // HANS: the heuristic, for the per-heuristic breakdown
 };
 
 enum class TaskKind { multiple_choice, lambada };
@@ -40,12 +40,12 @@ enum class TaskKind { multiple_choice, lambada };
 struct TaskInfo {
   std::string name;
   TaskKind kind = TaskKind::multiple_choice;
-  std::string eval_split;     // HF split name of the evaluated split
-  std::string fewshot_v03;    // few-shot pool split in v0.3 ("" = the eval split minus the current doc)
-  std::string fewshot_v04;    // few-shot pool split in v0.4
-  int version = 0;            // the task VERSION the v0.3 results file reports
-  bool acc_norm = false;      // reports acc_norm as well
-  bool per_group = false;     // reports acc per Doc::group (HANS heuristics)
+  std::string eval_split;   // HF split name of the evaluated split
+  std::string fewshot_v03;  // few-shot pool split in v0.3 ("" = the eval split minus the current doc)
+  std::string fewshot_v04;  // few-shot pool split in v0.4
+  int version = 0;          // the task VERSION the v0.3 results file reports
+  bool acc_norm = false;    // reports acc_norm as well
+  bool per_group = false;   // reports acc per Doc::group (HANS heuristics)
   // v0.4 draws k+1 few-shot examples and drops the current document: its sampler draws
   // one extra when the task's fewshot_split equals its test_split, and both are unset
   // for boolq, piqa, hellaswag, winogrande, wic (and RTE, whose prompt HANS uses).
@@ -73,7 +73,7 @@ std::string split_path(const std::string& data_dir, const std::string& task, con
 // One evaluated document with its few-shot prefix applied: contexts[i] is the context
 // of choice i (the same string for every choice except WinoGrande).
 struct Instance {
-  int64_t doc_id = 0;         // v0.3: position in the shuffled eval list; v0.4: dataset position
+  int64_t doc_id = 0;  // v0.3: position in the shuffled eval list; v0.4: dataset position
   const Doc* doc = nullptr;
   std::vector<std::string> contexts;
   std::vector<int64_t> fewshot_indices;  // positions in the pool of the examples used
@@ -94,7 +94,7 @@ std::string hellaswag_preprocess(const std::string& s);
 // not valid UTF-8 are kept as they are.
 std::string py_capitalize(const std::string& s);
 std::string py_strip(const std::string& s);
-int64_t utf8_length(const std::string& s);        // Python len(): code points
+int64_t utf8_length(const std::string& s);                                 // Python len(): code points
 std::string utf8_slice(const std::string& s, int64_t start, int64_t end);  // s[start:end] by code points
 // Parses a Python literal (str, int, float, list, dict, True/False/None) as RACE's
 // `problems` field stores it.

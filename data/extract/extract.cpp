@@ -18,11 +18,31 @@ namespace mtnlg::extract {
 
 namespace {
 
-constexpr const char* kCounterNames[kCounters] = {
-    "records", "response_records", "conversion_records", "other_records", "http_not_200", "not_html", "pages",
-    "no_main_text", "language_dropped", "language_unclassifiable", "documents", "characters", "bytes_replaced", "charset_from_bom",
-    "charset_from_http", "charset_from_meta", "charset_utf8_valid", "charset_detected", "charset_default",
-    "bad_truncated", "bad_gzip", "bad_header", "bad_oversize", "bad_encoding", "bad_http"};
+constexpr const char* kCounterNames[kCounters] = {"records",
+                                                  "response_records",
+                                                  "conversion_records",
+                                                  "other_records",
+                                                  "http_not_200",
+                                                  "not_html",
+                                                  "pages",
+                                                  "no_main_text",
+                                                  "language_dropped",
+                                                  "language_unclassifiable",
+                                                  "documents",
+                                                  "characters",
+                                                  "bytes_replaced",
+                                                  "charset_from_bom",
+                                                  "charset_from_http",
+                                                  "charset_from_meta",
+                                                  "charset_utf8_valid",
+                                                  "charset_detected",
+                                                  "charset_default",
+                                                  "bad_truncated",
+                                                  "bad_gzip",
+                                                  "bad_header",
+                                                  "bad_oversize",
+                                                  "bad_encoding",
+                                                  "bad_http"};
 
 int bad_counter(const std::string& cause) {
   if (cause == "truncated") return kBadTruncated;
@@ -123,7 +143,11 @@ void append_json_string(std::string& out, std::string_view s) {
       case '\n': out += 'n'; break;
       case '\r': out += 'r'; break;
       case '\t': out += 't'; break;
-      default: out += "u00"; out += kHex[c >> 4]; out += kHex[c & 15]; break;
+      default:
+        out += "u00";
+        out += kHex[c >> 4];
+        out += kHex[c & 15];
+        break;
     }
   }
   out.append(s, run, s.size() - run);
@@ -147,9 +171,11 @@ std::string document_line(const std::string& text, std::string_view url, std::st
   }
   std::string out;
   out.reserve(text.size() + url.size() + 160);
-  const std::pair<const char*, std::string_view> fields[] = {
-      {"{\"text\":", text}, {",\"url\":", url}, {",\"warc_record_id\":", id}, {",\"date\":", date},
-      {",\"language\":", lang.code}};
+  const std::pair<const char*, std::string_view> fields[] = {{"{\"text\":", text},
+                                                             {",\"url\":", url},
+                                                             {",\"warc_record_id\":", id},
+                                                             {",\"date\":", date},
+                                                             {",\"language\":", lang.code}};
   for (const auto& [key, value] : fields) {
     out += key;
     append_json_string(out, value);
@@ -174,8 +200,8 @@ std::vector<std::string> shard_paths(const ExtractOptions& opt) {
     if (auto it = seen.find(stem); it != seen.end())
       throw_input("--input: '{}' and '{}' would both write the shard '{}' (one stem per input)", it->second, in, stem);
     seen[stem] = in;
-    out.push_back((std::filesystem::path(opt.output_dir) / (stem + (opt.compress == "zstd" ? ".jsonl.zst" : ".jsonl")))
-                      .string());
+    out.push_back(
+        (std::filesystem::path(opt.output_dir) / (stem + (opt.compress == "zstd" ? ".jsonl.zst" : ".jsonl"))).string());
   }
   return out;
 }
@@ -292,9 +318,9 @@ uint64_t fnv1a(std::string_view s, uint64_t h = 0xCBF29CE484222325ULL) {
 // the window (the pages of a site seen together) before it is classified.
 struct Pending {
   std::string url, id, date;
-  bool page = false;         // an HTML page (else `text` and `lang` are the document)
+  bool page = false;  // an HTML page (else `text` and `lang` are the document)
   ParsedPage parsed;
-  std::string declared;      // Content-Language, else <html lang> (declared_language)
+  std::string declared;  // Content-Language, else <html lang> (declared_language)
   std::string text;
   Language lang;
 };

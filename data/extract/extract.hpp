@@ -33,10 +33,32 @@ struct ExtractOptions {
 
 // Counters of one input file, summed over files (and ranks) for the report.
 enum Counter : int {
-  kRecords, kResponse, kConversion, kOtherType, kNotOk, kNotHtml, kPages, kNoText, kLanguageDropped,
-  kLanguageUnclassifiable, kKept,
-  kCharsOut, kReplacedBytes, kCsBom, kCsHttp, kCsMeta, kCsUtf8, kCsDetected, kCsDefault,
-  kBadTruncated, kBadGzip, kBadHeader, kBadOversize, kBadEncoding, kBadHttp, kCounters
+  kRecords,
+  kResponse,
+  kConversion,
+  kOtherType,
+  kNotOk,
+  kNotHtml,
+  kPages,
+  kNoText,
+  kLanguageDropped,
+  kLanguageUnclassifiable,
+  kKept,
+  kCharsOut,
+  kReplacedBytes,
+  kCsBom,
+  kCsHttp,
+  kCsMeta,
+  kCsUtf8,
+  kCsDetected,
+  kCsDefault,
+  kBadTruncated,
+  kBadGzip,
+  kBadHeader,
+  kBadOversize,
+  kBadEncoding,
+  kBadHttp,
+  kCounters
 };
 const char* counter_name(int c);
 using Counts = std::array<int64_t, kCounters>;

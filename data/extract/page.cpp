@@ -34,22 +34,29 @@ std::string lower_str(std::string_view s) {
 // English function words: the stop words of the block classifier (written for mtnlg).
 const std::unordered_set<std::string_view>& english_stopwords() {
   static const std::unordered_set<std::string_view> set = {
-      "a", "about", "above", "after", "again", "against", "all", "almost", "also", "although", "always", "am",
-      "among", "an", "and", "another", "any", "are", "around", "as", "at", "be", "because", "been", "before",
-      "being", "below", "between", "both", "but", "by", "can", "cannot", "could", "did", "do", "does", "doing",
-      "done", "down", "during", "each", "either", "else", "enough", "even", "ever", "every", "few", "for", "from",
-      "further", "had", "has", "have", "having", "he", "her", "here", "hers", "herself", "him", "himself", "his",
-      "how", "however", "i", "if", "in", "into", "is", "it", "its", "itself", "just", "least", "less", "like",
-      "made", "make", "many", "may", "me", "might", "more", "most", "much", "must", "my", "myself", "neither",
-      "never", "no", "nor", "not", "now", "of", "off", "often", "on", "once", "one", "only", "or", "other",
-      "others", "our", "ours", "ourselves", "out", "over", "own", "per", "perhaps", "quite", "rather", "same",
-      "she", "should", "since", "so", "some", "still", "such", "than", "that", "the", "their", "theirs", "them",
-      "themselves", "then", "there", "therefore", "these", "they", "this", "those", "though", "through", "thus",
-      "to", "too", "under", "until", "up", "upon", "us", "very", "was", "we", "well", "were", "what", "when",
-      "where", "whether", "which", "while", "who", "whom", "whose", "why", "will", "with", "within", "without",
-      "would", "yet", "you", "your", "yours", "yourself", "yourselves", "it's", "don't", "isn't", "can't",
-      "won't", "didn't", "doesn't", "there's", "that's", "i'm", "you're", "we're", "they're", "let", "get",
-      "got", "two", "first", "new", "way", "use", "used", "any", "because", "own"};
+      "a",         "about",    "above",      "after",   "again",      "against", "all",     "almost",    "also",
+      "although",  "always",   "am",         "among",   "an",         "and",     "another", "any",       "are",
+      "around",    "as",       "at",         "be",      "because",    "been",    "before",  "being",     "below",
+      "between",   "both",     "but",        "by",      "can",        "cannot",  "could",   "did",       "do",
+      "does",      "doing",    "done",       "down",    "during",     "each",    "either",  "else",      "enough",
+      "even",      "ever",     "every",      "few",     "for",        "from",    "further", "had",       "has",
+      "have",      "having",   "he",         "her",     "here",       "hers",    "herself", "him",       "himself",
+      "his",       "how",      "however",    "i",       "if",         "in",      "into",    "is",        "it",
+      "its",       "itself",   "just",       "least",   "less",       "like",    "made",    "make",      "many",
+      "may",       "me",       "might",      "more",    "most",       "much",    "must",    "my",        "myself",
+      "neither",   "never",    "no",         "nor",     "not",        "now",     "of",      "off",       "often",
+      "on",        "once",     "one",        "only",    "or",         "other",   "others",  "our",       "ours",
+      "ourselves", "out",      "over",       "own",     "per",        "perhaps", "quite",   "rather",    "same",
+      "she",       "should",   "since",      "so",      "some",       "still",   "such",    "than",      "that",
+      "the",       "their",    "theirs",     "them",    "themselves", "then",    "there",   "therefore", "these",
+      "they",      "this",     "those",      "though",  "through",    "thus",    "to",      "too",       "under",
+      "until",     "up",       "upon",       "us",      "very",       "was",     "we",      "well",      "were",
+      "what",      "when",     "where",      "whether", "which",      "while",   "who",     "whom",      "whose",
+      "why",       "will",     "with",       "within",  "without",    "would",   "yet",     "you",       "your",
+      "yours",     "yourself", "yourselves", "it's",    "don't",      "isn't",   "can't",   "won't",     "didn't",
+      "doesn't",   "there's",  "that's",     "i'm",     "you're",     "we're",   "they're", "let",       "get",
+      "got",       "two",      "first",      "new",     "way",        "use",     "used",    "any",       "because",
+      "own"};
   return set;
 }
 
@@ -133,19 +140,20 @@ const WordTable& english_stopword_table() {
 // Class/id words that mark page furniture rather than content.
 const WordTable& furniture_words() {
   static const WordTable table(std::unordered_set<std::string_view>{
-      "cookie", "cookies", "consent", "gdpr", "nav", "navbar", "navigation", "menu", "footer", "sidebar",
-      "breadcrumb", "breadcrumbs", "share", "sharing", "social", "banner", "advert", "advertisement", "ads",
-      "promo", "newsletter", "subscribe", "skip", "toolbar", "masthead", "sitemap", "pagination", "related",
-      "signature", "donate", "donation", "paywall", "editsection"});
+      "cookie",    "cookies", "consent",  "gdpr",          "nav",         "navbar",     "navigation",
+      "menu",      "footer",  "sidebar",  "breadcrumb",    "breadcrumbs", "share",      "sharing",
+      "social",    "banner",  "advert",   "advertisement", "ads",         "promo",      "newsletter",
+      "subscribe", "skip",    "toolbar",  "masthead",      "sitemap",     "pagination", "related",
+      "signature", "donate",  "donation", "paywall",       "editsection"});
   return table;
 }
 
 // Class/id/itemprop/itemtype words that mark user-generated sections: comments and reviews.
 const WordTable& comment_words() {
   static const WordTable table(std::unordered_set<std::string_view>{
-      "comment", "comments", "commentlist", "kommentar", "kommentare", "commentaire", "commentaires", "comentario",
-      "comentarios", "commenti", "commento", "disqus", "talkback", "review", "reviews", "bewertung",
-      "bewertungen", "opiniones", "recensioni", "usercomments"});
+      "comment",    "comments",    "commentlist", "kommentar", "kommentare", "commentaire", "commentaires",
+      "comentario", "comentarios", "commenti",    "commento",  "disqus",     "talkback",    "review",
+      "reviews",    "bewertung",   "bewertungen", "opiniones", "recensioni", "usercomments"});
   return table;
 }
 
@@ -189,33 +197,81 @@ namespace {
 
 bool is_skipped(GumboTag t) {
   switch (t) {
-    case GUMBO_TAG_SCRIPT: case GUMBO_TAG_STYLE: case GUMBO_TAG_NOSCRIPT: case GUMBO_TAG_TEMPLATE:
-    case GUMBO_TAG_HEAD: case GUMBO_TAG_SVG: case GUMBO_TAG_MATH: case GUMBO_TAG_IFRAME: case GUMBO_TAG_OBJECT:
-    case GUMBO_TAG_EMBED: case GUMBO_TAG_SELECT: case GUMBO_TAG_OPTION: case GUMBO_TAG_BUTTON:
-    case GUMBO_TAG_TEXTAREA: case GUMBO_TAG_INPUT: case GUMBO_TAG_CANVAS: case GUMBO_TAG_AUDIO:
-    case GUMBO_TAG_VIDEO: case GUMBO_TAG_MAP: case GUMBO_TAG_APPLET:
-      return true;
-    default:
-      return false;
+    case GUMBO_TAG_SCRIPT:
+    case GUMBO_TAG_STYLE:
+    case GUMBO_TAG_NOSCRIPT:
+    case GUMBO_TAG_TEMPLATE:
+    case GUMBO_TAG_HEAD:
+    case GUMBO_TAG_SVG:
+    case GUMBO_TAG_MATH:
+    case GUMBO_TAG_IFRAME:
+    case GUMBO_TAG_OBJECT:
+    case GUMBO_TAG_EMBED:
+    case GUMBO_TAG_SELECT:
+    case GUMBO_TAG_OPTION:
+    case GUMBO_TAG_BUTTON:
+    case GUMBO_TAG_TEXTAREA:
+    case GUMBO_TAG_INPUT:
+    case GUMBO_TAG_CANVAS:
+    case GUMBO_TAG_AUDIO:
+    case GUMBO_TAG_VIDEO:
+    case GUMBO_TAG_MAP:
+    case GUMBO_TAG_APPLET: return true;
+    default: return false;
   }
 }
 
 bool is_block(GumboTag t) {
   switch (t) {
-    case GUMBO_TAG_ADDRESS: case GUMBO_TAG_ARTICLE: case GUMBO_TAG_ASIDE: case GUMBO_TAG_BLOCKQUOTE:
-    case GUMBO_TAG_BODY: case GUMBO_TAG_CAPTION: case GUMBO_TAG_CENTER: case GUMBO_TAG_DD: case GUMBO_TAG_DETAILS:
-    case GUMBO_TAG_DIR: case GUMBO_TAG_DIV: case GUMBO_TAG_DL: case GUMBO_TAG_DT:
-    case GUMBO_TAG_FIELDSET: case GUMBO_TAG_FIGCAPTION: case GUMBO_TAG_FIGURE: case GUMBO_TAG_FOOTER:
-    case GUMBO_TAG_FORM: case GUMBO_TAG_H1: case GUMBO_TAG_H2: case GUMBO_TAG_H3: case GUMBO_TAG_H4:
-    case GUMBO_TAG_H5: case GUMBO_TAG_H6: case GUMBO_TAG_HEADER: case GUMBO_TAG_HR: case GUMBO_TAG_LI:
-    case GUMBO_TAG_MAIN: case GUMBO_TAG_MENU: case GUMBO_TAG_NAV: case GUMBO_TAG_OL: case GUMBO_TAG_P:
-    case GUMBO_TAG_PRE: case GUMBO_TAG_SECTION: case GUMBO_TAG_SUMMARY: case GUMBO_TAG_TABLE:
-    case GUMBO_TAG_TBODY: case GUMBO_TAG_TD: case GUMBO_TAG_TFOOT: case GUMBO_TAG_TH: case GUMBO_TAG_THEAD:
-    case GUMBO_TAG_TR: case GUMBO_TAG_UL: case GUMBO_TAG_BR: case GUMBO_TAG_HTML: case GUMBO_TAG_LEGEND:
-    case GUMBO_TAG_OPTGROUP: case GUMBO_TAG_TITLE:
-      return true;
-    default:
-      return false;
+    case GUMBO_TAG_ADDRESS:
+    case GUMBO_TAG_ARTICLE:
+    case GUMBO_TAG_ASIDE:
+    case GUMBO_TAG_BLOCKQUOTE:
+    case GUMBO_TAG_BODY:
+    case GUMBO_TAG_CAPTION:
+    case GUMBO_TAG_CENTER:
+    case GUMBO_TAG_DD:
+    case GUMBO_TAG_DETAILS:
+    case GUMBO_TAG_DIR:
+    case GUMBO_TAG_DIV:
+    case GUMBO_TAG_DL:
+    case GUMBO_TAG_DT:
+    case GUMBO_TAG_FIELDSET:
+    case GUMBO_TAG_FIGCAPTION:
+    case GUMBO_TAG_FIGURE:
+    case GUMBO_TAG_FOOTER:
+    case GUMBO_TAG_FORM:
+    case GUMBO_TAG_H1:
+    case GUMBO_TAG_H2:
+    case GUMBO_TAG_H3:
+    case GUMBO_TAG_H4:
+    case GUMBO_TAG_H5:
+    case GUMBO_TAG_H6:
+    case GUMBO_TAG_HEADER:
+    case GUMBO_TAG_HR:
+    case GUMBO_TAG_LI:
+    case GUMBO_TAG_MAIN:
+    case GUMBO_TAG_MENU:
+    case GUMBO_TAG_NAV:
+    case GUMBO_TAG_OL:
+    case GUMBO_TAG_P:
+    case GUMBO_TAG_PRE:
+    case GUMBO_TAG_SECTION:
+    case GUMBO_TAG_SUMMARY:
+    case GUMBO_TAG_TABLE:
+    case GUMBO_TAG_TBODY:
+    case GUMBO_TAG_TD:
+    case GUMBO_TAG_TFOOT:
+    case GUMBO_TAG_TH:
+    case GUMBO_TAG_THEAD:
+    case GUMBO_TAG_TR:
+    case GUMBO_TAG_UL:
+    case GUMBO_TAG_BR:
+    case GUMBO_TAG_HTML:
+    case GUMBO_TAG_LEGEND:
+    case GUMBO_TAG_OPTGROUP:
+    case GUMBO_TAG_TITLE: return true;
+    default: return false;
   }
 }
 
@@ -277,7 +333,8 @@ constexpr uint8_t kOtherByte = 0, kSpaceByte = 1, kPunctByte = 2;
 constexpr std::array<uint8_t, 256> kByteClass = [] {
   std::array<uint8_t, 256> t{};
   for (int c = 0; c < 256; ++c) {
-    if (kSpace[static_cast<size_t>(c)]) t[static_cast<size_t>(c)] = kSpaceByte;
+    if (kSpace[static_cast<size_t>(c)])
+      t[static_cast<size_t>(c)] = kSpaceByte;
     else if ((c >= 33 && c <= 47) || (c >= 58 && c <= 64) || (c >= 91 && c <= 96) || (c >= 123 && c <= 126))
       t[static_cast<size_t>(c)] = kPunctByte;
   }
@@ -288,9 +345,9 @@ struct Walker {
   ParsedPage page;
   Block cur;
   int link = 0, pre = 0, heading = 0, h1 = 0, boiler = 0, article = 0;
-  std::vector<int32_t> open;  // the block-level elements open, innermost last
+  std::vector<int32_t> open;                   // the block-level elements open, innermost last
   const std::vector<TextRun>* runs = nullptr;  // the text runs behind placeholders
-  std::string parsed;  // a text run as parsed, when that differs from the run
+  std::string parsed;                          // a text run as parsed, when that differs from the run
   const WordTable& stop = english_stopword_table();
 
   // Words, stop words and code points of the current block: words are split at
@@ -448,7 +505,11 @@ struct Walker {
         case 'h': return named(name, "hidden") ? hidden : ignored;
         case 'a': return named(name, "aria-hidden") ? aria_hidden : ignored;
         case 'c': return named(name, "class") ? cls : ignored;
-        case 'i': return named(name, "id") ? id : named(name, "itemprop") ? itemprop : named(name, "itemtype") ? itemtype : ignored;
+        case 'i':
+          return named(name, "id")         ? id
+                 : named(name, "itemprop") ? itemprop
+                 : named(name, "itemtype") ? itemtype
+                                           : ignored;
         case 'l': return named(name, "lang") ? lang : ignored;
         case 'r': return named(name, "role") ? role : ignored;
         default: return ignored;
@@ -510,7 +571,8 @@ struct Walker {
     const bool block = is_block(t);
     // Class and id words describe the page on <html> and <body> ("navigation-with-keyboard",
     // "has-sidebar") and the content on <main> and <article>: furniture elsewhere only.
-    const bool page_or_content = t == GUMBO_TAG_HTML || t == GUMBO_TAG_BODY || t == GUMBO_TAG_MAIN || t == GUMBO_TAG_ARTICLE;
+    const bool page_or_content =
+        t == GUMBO_TAG_HTML || t == GUMBO_TAG_BODY || t == GUMBO_TAG_MAIN || t == GUMBO_TAG_ARTICLE;
     // The marks of class, id, itemprop and itemtype together (the pass before the parse
     // folds the four into one attribute with the same marks). A comment mark counts on
     // <article> (a comment is often one) but not on the page's <html>, <body> or <main>
@@ -530,8 +592,8 @@ struct Walker {
       open.push_back(static_cast<int32_t>(page.parent.size()));
       page.parent.push_back(open.size() > 1 ? open[open.size() - 2] : -1);
       const bool page_element = t == GUMBO_TAG_HTML || t == GUMBO_TAG_BODY || t == GUMBO_TAG_MAIN;
-      page.marks.push_back(static_cast<uint8_t>((page_element ? 0 : (marks & kMarkComment)) |
-                                                (t == GUMBO_TAG_TR ? kNodeRow : 0)));
+      page.marks.push_back(
+          static_cast<uint8_t>((page_element ? 0 : (marks & kMarkComment)) | (t == GUMBO_TAG_TR ? kNodeRow : 0)));
     }
     nest(t, ctx, art, +1);
     if (block) {
@@ -633,8 +695,10 @@ ParsedPage parse_gumbo_blocks(std::string_view html, const std::vector<TextRun>*
     GumboOutput* out;
     bool in_arena;
     ~Release() {
-      if (in_arena) arena.reset();
-      else gumbo_destroy_output(&opt, out);
+      if (in_arena)
+        arena.reset();
+      else
+        gumbo_destroy_output(&opt, out);
     }
   } release{opt, gumbo_parse_with_options(&opt, html.data(), html.size()), in_arena};
   Walker w;
@@ -903,8 +967,8 @@ void short_by_neighbours(std::vector<Block>& blocks) {
     } else {
       // Mixed: the side that is bad decides, unless a near-good block stands closer on it.
       const int dir = prev == BlockClass::bad ? -1 : +1;
-      b.final_class = neighbour(blocks, i, dir, false, false) == BlockClass::neargood ? BlockClass::good
-                                                                                        : BlockClass::bad;
+      b.final_class =
+          neighbour(blocks, i, dir, false, false) == BlockClass::neargood ? BlockClass::good : BlockClass::bad;
     }
   }
 }
@@ -1278,19 +1342,46 @@ std::string normalize_charset(std::string_view label) {
   while (!l.empty() && (l.front() == '"' || l.front() == '\'' || space(l.front()))) l.erase(0, 1);
   while (!l.empty() && (l.back() == '"' || l.back() == '\'' || l.back() == ';' || space(l.back()))) l.pop_back();
   if (l.empty()) return "";
-  static const std::unordered_map<std::string, std::string> alias = {
-      {"utf-8", "UTF-8"}, {"utf8", "UTF-8"}, {"unicode-1-1-utf-8", "UTF-8"},
-      {"iso-8859-1", "WINDOWS-1252"}, {"iso8859-1", "WINDOWS-1252"}, {"latin1", "WINDOWS-1252"},
-      {"l1", "WINDOWS-1252"}, {"us-ascii", "WINDOWS-1252"}, {"ascii", "WINDOWS-1252"},
-      {"windows-1252", "WINDOWS-1252"}, {"cp1252", "WINDOWS-1252"}, {"x-cp1252", "WINDOWS-1252"},
-      {"iso_8859-1", "WINDOWS-1252"}, {"cp819", "WINDOWS-1252"}, {"ibm819", "WINDOWS-1252"},
-      {"shift_jis", "CP932"}, {"shift-jis", "CP932"}, {"sjis", "CP932"}, {"x-sjis", "CP932"},
-      {"ms_kanji", "CP932"}, {"windows-31j", "CP932"}, {"csshiftjis", "CP932"},
-      {"gb2312", "GB18030"}, {"gbk", "GB18030"}, {"x-gbk", "GB18030"}, {"gb18030", "GB18030"},
-      {"euc-kr", "CP949"}, {"ks_c_5601-1987", "CP949"}, {"iso-8859-9", "WINDOWS-1254"},
-      {"latin5", "WINDOWS-1254"}, {"tis-620", "WINDOWS-874"}, {"iso-8859-11", "WINDOWS-874"},
-      {"utf-16", "UTF-16LE"}, {"utf-16le", "UTF-16LE"}, {"utf-16be", "UTF-16BE"}, {"euc-jp", "EUC-JP"},
-      {"iso-2022-jp", "ISO-2022-JP"}, {"big5", "BIG5-HKSCS"}, {"koi8-r", "KOI8-R"}, {"koi8-u", "KOI8-U"}};
+  static const std::unordered_map<std::string, std::string> alias = {{"utf-8", "UTF-8"},
+                                                                     {"utf8", "UTF-8"},
+                                                                     {"unicode-1-1-utf-8", "UTF-8"},
+                                                                     {"iso-8859-1", "WINDOWS-1252"},
+                                                                     {"iso8859-1", "WINDOWS-1252"},
+                                                                     {"latin1", "WINDOWS-1252"},
+                                                                     {"l1", "WINDOWS-1252"},
+                                                                     {"us-ascii", "WINDOWS-1252"},
+                                                                     {"ascii", "WINDOWS-1252"},
+                                                                     {"windows-1252", "WINDOWS-1252"},
+                                                                     {"cp1252", "WINDOWS-1252"},
+                                                                     {"x-cp1252", "WINDOWS-1252"},
+                                                                     {"iso_8859-1", "WINDOWS-1252"},
+                                                                     {"cp819", "WINDOWS-1252"},
+                                                                     {"ibm819", "WINDOWS-1252"},
+                                                                     {"shift_jis", "CP932"},
+                                                                     {"shift-jis", "CP932"},
+                                                                     {"sjis", "CP932"},
+                                                                     {"x-sjis", "CP932"},
+                                                                     {"ms_kanji", "CP932"},
+                                                                     {"windows-31j", "CP932"},
+                                                                     {"csshiftjis", "CP932"},
+                                                                     {"gb2312", "GB18030"},
+                                                                     {"gbk", "GB18030"},
+                                                                     {"x-gbk", "GB18030"},
+                                                                     {"gb18030", "GB18030"},
+                                                                     {"euc-kr", "CP949"},
+                                                                     {"ks_c_5601-1987", "CP949"},
+                                                                     {"iso-8859-9", "WINDOWS-1254"},
+                                                                     {"latin5", "WINDOWS-1254"},
+                                                                     {"tis-620", "WINDOWS-874"},
+                                                                     {"iso-8859-11", "WINDOWS-874"},
+                                                                     {"utf-16", "UTF-16LE"},
+                                                                     {"utf-16le", "UTF-16LE"},
+                                                                     {"utf-16be", "UTF-16BE"},
+                                                                     {"euc-jp", "EUC-JP"},
+                                                                     {"iso-2022-jp", "ISO-2022-JP"},
+                                                                     {"big5", "BIG5-HKSCS"},
+                                                                     {"koi8-r", "KOI8-R"},
+                                                                     {"koi8-u", "KOI8-U"}};
   if (auto it = alias.find(l); it != alias.end()) return it->second;
   std::string up = l;
   for (auto& c : up) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
@@ -1302,7 +1393,8 @@ std::string meta_charset(std::string_view body) {
   size_t at = 0;
   while ((at = head.find("<meta", at)) != std::string::npos) {
     const size_t end = head.find('>', at);
-    const std::string_view tag = std::string_view(head).substr(at, end == std::string::npos ? std::string::npos : end - at);
+    const std::string_view tag =
+        std::string_view(head).substr(at, end == std::string::npos ? std::string::npos : end - at);
     at += 5;
     size_t cs = tag.find("charset");
     if (cs == std::string_view::npos) continue;
@@ -1336,10 +1428,17 @@ bool valid_utf8(std::string_view s) {
     }
     int len;
     uint32_t cp;
-    if ((c & 0xE0) == 0xC0) { len = 2; cp = c & 0x1F; }
-    else if ((c & 0xF0) == 0xE0) { len = 3; cp = c & 0x0F; }
-    else if ((c & 0xF8) == 0xF0) { len = 4; cp = c & 0x07; }
-    else return false;
+    if ((c & 0xE0) == 0xC0) {
+      len = 2;
+      cp = c & 0x1F;
+    } else if ((c & 0xF0) == 0xE0) {
+      len = 3;
+      cp = c & 0x0F;
+    } else if ((c & 0xF8) == 0xF0) {
+      len = 4;
+      cp = c & 0x07;
+    } else
+      return false;
     if (i + static_cast<size_t>(len) > n) return false;
     for (int k = 1; k < len; ++k) {
       if ((p[i + static_cast<size_t>(k)] & 0xC0) != 0x80) return false;
@@ -1497,11 +1596,13 @@ HttpResponse parse_http_response(std::string_view block, const std::string& wher
                                         std::string(l.substr(0, 40))));
   const size_t sp = l.find(' ');
   if (sp == std::string_view::npos || sp + 4 > l.size() + 0 || l.size() < sp + 4)
-    throw WarcError("http", fmt::format("{}: HTTP status line: no status code in '{}'", where, std::string(l.substr(0, 40))));
+    throw WarcError("http",
+                    fmt::format("{}: HTTP status line: no status code in '{}'", where, std::string(l.substr(0, 40))));
   for (int k = 1; k <= 3; ++k) {
     const char c = l[sp + static_cast<size_t>(k)];
     if (c < '0' || c > '9')
-      throw WarcError("http", fmt::format("{}: HTTP status line: no status code in '{}'", where, std::string(l.substr(0, 40))));
+      throw WarcError("http",
+                      fmt::format("{}: HTTP status line: no status code in '{}'", where, std::string(l.substr(0, 40))));
     r.status = r.status * 10 + (c - '0');
   }
   std::string content_type, content_encoding, transfer_encoding;
@@ -1517,10 +1618,14 @@ HttpResponse parse_http_response(std::string_view block, const std::string& wher
     std::string_view v = l.substr(colon + 1);
     while (!v.empty() && space(v.front())) v.remove_prefix(1);
     while (!v.empty() && space(v.back())) v.remove_suffix(1);
-    if (name == "content-type") content_type = std::string(v);
-    else if (name == "content-encoding") content_encoding = lower_str(v);
-    else if (name == "transfer-encoding") transfer_encoding = lower_str(v);
-    else if (name == "content-language") r.content_language = std::string(v);
+    if (name == "content-type")
+      content_type = std::string(v);
+    else if (name == "content-encoding")
+      content_encoding = lower_str(v);
+    else if (name == "transfer-encoding")
+      transfer_encoding = lower_str(v);
+    else if (name == "content-language")
+      r.content_language = std::string(v);
   }
   if (!ended && pos < block.size())
     throw WarcError("http", fmt::format("{}: HTTP headers: no blank line before the body", where));

@@ -16,12 +16,12 @@ namespace mtnlg::extract {
 
 // The block classifier's thresholds (jusText's defaults; docs/specs/justext.md).
 struct BlockParams {
-  int64_t length_low = 70;          // characters: shorter blocks are "short"
-  int64_t length_high = 200;        // characters: longer, wordy blocks are "good"
-  double stopwords_low = 0.30;      // stop-word density of a "near-good" block
-  double stopwords_high = 0.32;     // ... of a "good" one
-  double max_link_density = 0.2;    // more link text than this: "bad"
-  int64_t max_heading_distance = 200;  // characters from a heading to good text
+  int64_t length_low = 70;                // characters: shorter blocks are "short"
+  int64_t length_high = 200;              // characters: longer, wordy blocks are "good"
+  double stopwords_low = 0.30;            // stop-word density of a "near-good" block
+  double stopwords_high = 0.32;           // ... of a "good" one
+  double max_link_density = 0.2;          // more link text than this: "bad"
+  int64_t max_heading_distance = 200;     // characters from a heading to good text
   double max_heading_link_density = 0.5;  // a heading with an "[edit]" link is still a heading
   // Structure (docs/specs/justext.md, "Structure"): text repeated on another page of the
   // same site at least this long (code points) is boilerplate; comment and review
@@ -33,19 +33,19 @@ struct BlockParams {
 enum class BlockClass { bad, shortb, neargood, good };
 
 struct Block {
-  std::string text;           // whitespace collapsed (kept inside <pre>)
-  int64_t chars = 0;          // code points
-  int64_t length = 0;         // code points, those of CJK scripts (U+3000..U+D7FF) counted three times: the length tests
-  int64_t link_chars = 0;     // code points inside <a>
+  std::string text;        // whitespace collapsed (kept inside <pre>)
+  int64_t chars = 0;       // code points
+  int64_t length = 0;      // code points, those of CJK scripts (U+3000..U+D7FF) counted three times: the length tests
+  int64_t link_chars = 0;  // code points inside <a>
   int64_t words = 0, stopwords = 0;
-  bool heading = false;       // <h1>..<h6>
-  bool h1 = false;            // <h1>
-  bool pre = false;           // inside <pre>
-  bool repeated = false;      // set by the caller: the text is on another page of the same site
-  bool comment = false;       // classify_blocks: inside a comment or review section
-  bool listing = false;       // classify_blocks: inside a teaser card of a listing
+  bool heading = false;              // <h1>..<h6>
+  bool h1 = false;                   // <h1>
+  bool pre = false;                  // inside <pre>
+  bool repeated = false;             // set by the caller: the text is on another page of the same site
+  bool comment = false;              // classify_blocks: inside a comment or review section
+  bool listing = false;              // classify_blocks: inside a teaser card of a listing
   bool boilerplate_context = false;  // inside nav/footer/aside, a page header, or a class/id such as "cookie", "menu"
-  int32_t node = -1;          // the innermost block-level element holding the text (ParsedPage::parent)
+  int32_t node = -1;                 // the innermost block-level element holding the text (ParsedPage::parent)
   BlockClass initial = BlockClass::bad, final_class = BlockClass::bad;
 };
 
@@ -67,7 +67,7 @@ struct ParsedPage {
   std::vector<int32_t> parent;  // -1: the outermost element
   std::vector<uint8_t> marks;   // per element: kMarkComment (its class, id, itemprop or itemtype), kNodeRow (<tr>)
   std::string title;
-  std::string lang;             // <html lang>, as written
+  std::string lang;  // <html lang>, as written
 };
 // `strip`: the contents of <script>, <style> and comments are removed first, the text
 // runs stand in as placeholders during the parse, and tags whose absence leaves the blocks
@@ -166,10 +166,10 @@ class Utf8Converter {
 // The parts of an HTTP response (the block of a WARC `response` record).
 struct HttpResponse {
   int status = 0;
-  std::string content_type;       // media type, lower case, without parameters
-  std::string charset;            // the Content-Type charset parameter, as written
-  std::string content_language;   // the Content-Language header, as written
-  std::string body;               // chunked transfer coding and gzip/deflate content coding undone
+  std::string content_type;      // media type, lower case, without parameters
+  std::string charset;           // the Content-Type charset parameter, as written
+  std::string content_language;  // the Content-Language header, as written
+  std::string body;              // chunked transfer coding and gzip/deflate content coding undone
 };
 // Throws WarcError("http") naming the part at fault; `where` prefixes the message
 // ("FILE: record N at byte B").

@@ -87,9 +87,9 @@ bool iequals(std::string_view s, std::string_view lower_name) {
 
 // The attributes the block walk or the tree builder reads, by name: an index into this
 // list for an attribute of that name (in any case), else -1.
-constexpr std::string_view kReadAttributes[] = {"class",  "id",       "itemprop", "itemtype", "hidden", "aria-hidden",
-                                                "role",   "type",     "color",    "face",     "size",   "encoding",
-                                                "prompt", "action",   "lang"};
+constexpr std::string_view kReadAttributes[] = {"class",       "id",       "itemprop", "itemtype", "hidden",
+                                                "aria-hidden", "role",     "type",     "color",    "face",
+                                                "size",        "encoding", "prompt",   "action",   "lang"};
 // The first four: the walk asks only what their words mark (attribute_marks).
 enum : int { kClass = 0, kId = 1, kMarked = 4 };
 int read_attribute(std::string_view name) {
@@ -267,20 +267,52 @@ TagKind tag_kind(std::string_view name) {
     TagKind kind;
   };
   constexpr TagKind I = TagKind::inline_element;
-  static constexpr std::pair<std::string_view, TagKind> kNames[] = {
-      {"a", TagKind::a},       {"b", I},           {"i", I},           {"q", I},
-      {"s", I},                {"u", I},           {"em", I},          {"tt", I},
-      {"td", TagKind::cell},   {"th", TagKind::cell}, {"tr", TagKind::table_part}, {"big", I},
-      {"bdi", I},              {"bdo", I},         {"col", TagKind::table_part}, {"dfn", I},
-      {"kbd", I},              {"pre", TagKind::pre}, {"sub", I},       {"sup", I},
-      {"svg", TagKind::unsafe}, {"var", I},        {"abbr", I},        {"cite", I},
-      {"code", I},             {"data", I},        {"mark", I},        {"math", TagKind::unsafe},
-      {"samp", I},             {"span", I},        {"time", I},        {"label", I},
-      {"small", I},            {"table", TagKind::table}, {"tbody", TagKind::table_part},
-      {"tfoot", TagKind::table_part}, {"thead", TagKind::table_part}, {"applet", TagKind::unsafe},
-      {"object", TagKind::unsafe}, {"strike", I},  {"strong", I},      {"acronym", I},
-      {"caption", TagKind::cell}, {"marquee", TagKind::unsafe}, {"colgroup", TagKind::table_part},
-      {"template", TagKind::unsafe}};
+  static constexpr std::pair<std::string_view, TagKind> kNames[] = {{"a", TagKind::a},
+                                                                    {"b", I},
+                                                                    {"i", I},
+                                                                    {"q", I},
+                                                                    {"s", I},
+                                                                    {"u", I},
+                                                                    {"em", I},
+                                                                    {"tt", I},
+                                                                    {"td", TagKind::cell},
+                                                                    {"th", TagKind::cell},
+                                                                    {"tr", TagKind::table_part},
+                                                                    {"big", I},
+                                                                    {"bdi", I},
+                                                                    {"bdo", I},
+                                                                    {"col", TagKind::table_part},
+                                                                    {"dfn", I},
+                                                                    {"kbd", I},
+                                                                    {"pre", TagKind::pre},
+                                                                    {"sub", I},
+                                                                    {"sup", I},
+                                                                    {"svg", TagKind::unsafe},
+                                                                    {"var", I},
+                                                                    {"abbr", I},
+                                                                    {"cite", I},
+                                                                    {"code", I},
+                                                                    {"data", I},
+                                                                    {"mark", I},
+                                                                    {"math", TagKind::unsafe},
+                                                                    {"samp", I},
+                                                                    {"span", I},
+                                                                    {"time", I},
+                                                                    {"label", I},
+                                                                    {"small", I},
+                                                                    {"table", TagKind::table},
+                                                                    {"tbody", TagKind::table_part},
+                                                                    {"tfoot", TagKind::table_part},
+                                                                    {"thead", TagKind::table_part},
+                                                                    {"applet", TagKind::unsafe},
+                                                                    {"object", TagKind::unsafe},
+                                                                    {"strike", I},
+                                                                    {"strong", I},
+                                                                    {"acronym", I},
+                                                                    {"caption", TagKind::cell},
+                                                                    {"marquee", TagKind::unsafe},
+                                                                    {"colgroup", TagKind::table_part},
+                                                                    {"template", TagKind::unsafe}};
   // An open-addressing table of the names, 128 slots.
   static const std::array<Entry, 128> kTable = [] {
     std::array<Entry, 128> t{};
@@ -355,10 +387,10 @@ struct Stripper {
   // whitespace is dropped, or sit in a table, head or select where the walk reads none.
   bool whitespace_can_go(std::string_view name) const {
     static constexpr std::string_view kBlocks[] = {
-        "address", "article", "aside",  "blockquote", "center", "details", "dir",     "div",   "dl",    "fieldset",
-        "figcaption", "figure", "footer", "header",  "hgroup", "menu",    "main",    "nav",   "ol",    "p",
-        "section", "summary", "ul",     "h1",         "h2",     "h3",      "h4",      "h5",    "h6",    "li",
-        "dd",      "dt",      "hr",     "br",         "table"};
+        "address",  "article",    "aside",   "blockquote", "center", "details", "dir",  "div",  "dl",
+        "fieldset", "figcaption", "figure",  "footer",     "header", "hgroup",  "menu", "main", "nav",
+        "ol",       "p",          "section", "summary",    "ul",     "h1",      "h2",   "h3",   "h4",
+        "h5",       "h6",         "li",      "dd",         "dt",     "hr",      "br",   "table"};
     if (!drop_attributes || pre > 0 || unsafe) return false;
     for (const auto& a : attrs) {
       const int which = read_attribute(s.substr(a.begin, a.name_end - a.begin));
@@ -380,18 +412,25 @@ struct Stripper {
     if (boundary && pre > 0) unsafe = true;  // a </pre> may then leave the <pre> open
     switch (kind) {
       case TagKind::table: tables.push_back(false); break;
-      case TagKind::cell: if (!tables.empty()) tables.back() = true; break;
-      case TagKind::table_part: if (!tables.empty()) tables.back() = false; break;
+      case TagKind::cell:
+        if (!tables.empty()) tables.back() = true;
+        break;
+      case TagKind::table_part:
+        if (!tables.empty()) tables.back() = false;
+        break;
       case TagKind::pre: ++pre; break;
       case TagKind::unsafe: unsafe = true; break;
       default: break;
     }
-    const bool collapsible = (kind == TagKind::inline_element || (kind == TagKind::a && !a_open && !a_stuck)) &&
-                             bare && runs && drop_attributes && !unsafe && pre == 0 && !in_table_part();
+    const bool collapsible = (kind == TagKind::inline_element || (kind == TagKind::a && !a_open && !a_stuck)) && bare &&
+                             runs && drop_attributes && !unsafe && pre == 0 && !in_table_part();
     if (kind == TagKind::a) a_open = true;
-    if (collapsible) open_inline.push_back({name, out_begin, out.size(), runs->size(), text_only});
-    else open_inline.clear();
-    const bool list_or_p = same_name(name, "li") || same_name(name, "dt") || same_name(name, "dd") || same_name(name, "p");
+    if (collapsible)
+      open_inline.push_back({name, out_begin, out.size(), runs->size(), text_only});
+    else
+      open_inline.clear();
+    const bool list_or_p =
+        same_name(name, "li") || same_name(name, "dt") || same_name(name, "dd") || same_name(name, "p");
     text_only = list_or_p ? name : std::string_view();
   }
 
@@ -422,9 +461,9 @@ struct Stripper {
     if (same_name(name, "li")) return same_name(y, "li");
     if (same_name(name, "dt") || same_name(name, "dd")) return same_name(y, "dt") || same_name(y, "dd");
     static constexpr std::string_view kClosesP[] = {
-        "address", "article", "aside",  "blockquote", "center", "details", "dir", "div", "dl", "fieldset",
-        "figcaption", "figure", "footer", "header",  "hgroup", "menu",    "main", "nav", "ol", "p",
-        "section", "summary", "ul",     "h1",         "h2",     "h3",      "h4",  "h5",  "h6"};
+        "address",    "article", "aside",  "blockquote", "center", "details", "dir",  "div", "dl", "fieldset",
+        "figcaption", "figure",  "footer", "header",     "hgroup", "menu",    "main", "nav", "ol", "p",
+        "section",    "summary", "ul",     "h1",         "h2",     "h3",      "h4",   "h5",  "h6"};
     for (const auto c : kClosesP)
       if (same_name(y, c)) return true;
     return false;
@@ -438,19 +477,25 @@ struct Stripper {
     const std::string_view name = s.substr(name_begin, name_end - name_begin);
     const TagKind kind = tag_kind(name);
     switch (kind) {
-      case TagKind::table: if (!tables.empty()) tables.pop_back(); break;
+      case TagKind::table:
+        if (!tables.empty()) tables.pop_back();
+        break;
       case TagKind::cell:
-      case TagKind::table_part: if (!tables.empty()) tables.back() = false; break;
+      case TagKind::table_part:
+        if (!tables.empty()) tables.back() = false;
+        break;
       case TagKind::pre: pre = std::max(0, pre - 1); break;
-      case TagKind::a: if (!a_stuck) a_open = false; break;
+      case TagKind::a:
+        if (!a_stuck) a_open = false;
+        break;
       default: break;
     }
     if (!open_inline.empty() && (kind == TagKind::a || kind == TagKind::inline_element)) {
       const OpenInline e = open_inline.back();
       open_inline.pop_back();
       // Since the start tag: all of the page read, one run, and nothing but its placeholder written.
-      const bool one_piece = copied == lt && runs->size() == e.runs + 1 &&
-                             out.size() - e.out_end == placeholder_bytes(e.runs);
+      const bool one_piece =
+          copied == lt && runs->size() == e.runs + 1 && out.size() - e.out_end == placeholder_bytes(e.runs);
       if (one_piece && same_name(name, e.name)) {
         out.erase(e.out_begin, e.out_end - e.out_begin);
         if (kind == TagKind::a) runs->back().link = true;
@@ -478,8 +523,7 @@ struct Stripper {
       while (p < to && ws(s[p])) ++p;
       size_t q = p;
       uint64_t x;  // eight bytes at a time while none is '&' or NUL
-      while (q + 8 <= to && (std::memcpy(&x, s.data() + q, 8), !has_zero_byte(x) && !has_zero_byte(x ^ kAmps)))
-        q += 8;
+      while (q + 8 <= to && (std::memcpy(&x, s.data() + q, 8), !has_zero_byte(x) && !has_zero_byte(x ^ kAmps))) q += 8;
       while (q < to && s[q] != '&' && s[q] != '\0') ++q;
       size_t e = q;  // the piece is s[p, e), trimmed
       while (e > p && ws(s[e - 1])) --e;
@@ -729,7 +773,8 @@ size_t skip_printable_ascii(std::string_view run, size_t i) {
   uint64_t x;
   while (i + 8 <= run.size() &&
          (std::memcpy(&x, run.data() + i, 8),
-          (((x - 0x2020202020202020ULL) | x | ((x ^ 0x7F7F7F7F7F7F7F7FULL) - 0x0101010101010101ULL)) & 0x8080808080808080ULL) == 0))
+          (((x - 0x2020202020202020ULL) | x | ((x ^ 0x7F7F7F7F7F7F7F7FULL) - 0x0101010101010101ULL)) &
+           0x8080808080808080ULL) == 0))
     i += 8;
   return i;
 }
@@ -737,7 +782,9 @@ size_t skip_printable_ascii(std::string_view run, size_t i) {
 // The only lead bytes that can start a code point the parser changes (controls, DEL,
 // C1 controls after 0xC2, noncharacters and U+FFFD-adjacent forms after 0xEF, astral
 // planes' noncharacters after 0xF0..0xF4).
-bool may_start_changed(unsigned char c) { return c < 0x20 || c == 0x7F || c == 0xC2 || c == 0xEF || (c >= 0xF0 && c <= 0xF4); }
+bool may_start_changed(unsigned char c) {
+  return c < 0x20 || c == 0x7F || c == 0xC2 || c == 0xEF || (c >= 0xF0 && c <= 0xF4);
+}
 
 // Where the first byte of `run` at or after `i` that may start a code point the parser
 // changes is (append_as_parsed); run.size() if none.
@@ -780,8 +827,10 @@ void append_as_parsed(std::string& out, std::string_view run) {
       out += '\n';
       i += (i + 1 < run.size() && run[i + 1] == '\n') ? 2 : 1;
     } else {
-      if (replaced_by_parser(run, i, len)) out += "\xEF\xBF\xBD";
-      else out.append(run, i, len);
+      if (replaced_by_parser(run, i, len))
+        out += "\xEF\xBF\xBD";
+      else
+        out.append(run, i, len);
       i += len;
     }
     from = i;

@@ -65,9 +65,9 @@ size_t strip_raw_text(std::string_view html, std::string& out, std::vector<TextR
 // The placeholders: U+E000 + k for piece k < kPlaceholderSingle, else the two characters
 // U+E000 + kPlaceholderSingle + (k - kPlaceholderSingle) / 6400 and U+E000 + (k -
 // kPlaceholderSingle) % 6400; all in U+E000..U+F8FF (three bytes of UTF-8 each).
-constexpr size_t kPlaceholderBase = 6400;   // U+E000..U+F8FF
+constexpr size_t kPlaceholderBase = 6400;    // U+E000..U+F8FF
 constexpr size_t kPlaceholderSingle = 6336;  // pieces with a one-character placeholder
-constexpr size_t kPlaceholderRuns =         // pieces a page can have; the text after them stays
+constexpr size_t kPlaceholderRuns =          // pieces a page can have; the text after them stays
     kPlaceholderSingle + (kPlaceholderBase - kPlaceholderSingle) * kPlaceholderBase;
 // The number of the piece whose placeholder starts at s[i], its length in bytes in
 // `bytes`; npos when none starts there.

@@ -299,7 +299,8 @@ bool WarcReader::read_version_line(WarcRecord& rec) {
     break;
   }
   if (line.rfind("WARC/", 0) != 0)
-    fail_record(rec, "header", fmt::format("expected the version line 'WARC/1.0' or 'WARC/1.1', found '{}'", shown(line)));
+    fail_record(rec, "header",
+                fmt::format("expected the version line 'WARC/1.0' or 'WARC/1.1', found '{}'", shown(line)));
   if (line != "WARC/1.0" && line != "WARC/1.1")
     fail_record(rec, "header", fmt::format("unsupported version '{}' (1.0 and 1.1 are read)", shown(line)));
   rec.version = line;
@@ -361,7 +362,8 @@ void WarcReader::skip_oversize_block(const WarcRecord& rec, int64_t len) {
 }
 
 void WarcReader::seek_raw(int64_t off) {
-  if (fseeko(f_, off, SEEK_SET) != 0) throw_runtime("{}: cannot seek to byte {} ({})", path_, off, std::strerror(errno));
+  if (fseeko(f_, off, SEEK_SET) != 0)
+    throw_runtime("{}: cannot seek to byte {} ({})", path_, off, std::strerror(errno));
   in_record_ = false;
   out_pos_ += static_cast<int64_t>(buf_.size());
   buf_.clear();
@@ -425,8 +427,7 @@ bool WarcReader::resync() {
   if (next_member < 0 && !gzip_fault_) {
     // The member is intact so far: inflate to its end; what follows starts a record.
     try {
-      while (member_open_ && fill()) {
-      }
+      while (member_open_ && fill()) {}
       if (!member_open_) {
         const int64_t end_raw = raw_pos_ - static_cast<int64_t>(zs_.avail_in);
         seek_raw(end_raw);

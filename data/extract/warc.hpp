@@ -38,11 +38,11 @@ class WarcError : public InputError {
 };
 
 struct WarcRecord {
-  std::string version;                           // "WARC/1.0" or "WARC/1.1"
+  std::string version;                                       // "WARC/1.0" or "WARC/1.1"
   std::vector<std::pair<std::string, std::string>> headers;  // in file order, names as written
-  std::string block;                             // Content-Length bytes
-  int64_t ordinal = 0;                           // 1-based record number in the file
-  int64_t offset = 0;                            // see the file comment
+  std::string block;                                         // Content-Length bytes
+  int64_t ordinal = 0;                                       // 1-based record number in the file
+  int64_t offset = 0;                                        // see the file comment
   // First header whose name matches (ASCII case-insensitive), or "".
   std::string_view header(std::string_view name) const;
   std::string_view type() const { return header("WARC-Type"); }
@@ -67,13 +67,13 @@ class WarcReader {
 
  private:
   // Buffered decompressed stream.
-  bool fill();                                   // more bytes into buf_; false at EOF
-  bool whole_member();                           // the gzip member at zs_.next_in by libdeflate, if it can
-  bool more_raw();                               // more compressed bytes after the unread ones; false at EOF
-  bool read_line(std::string& line, size_t max); // without the CRLF/LF; false at EOF before any byte
-  bool read_exact(std::string& out, size_t n);   // false when the stream ended first
-  int64_t record_offset() const;                 // of the byte at pos_
-  void seek_raw(int64_t off);                    // restart reading at a raw byte offset
+  bool fill();                                    // more bytes into buf_; false at EOF
+  bool whole_member();                            // the gzip member at zs_.next_in by libdeflate, if it can
+  bool more_raw();                                // more compressed bytes after the unread ones; false at EOF
+  bool read_line(std::string& line, size_t max);  // without the CRLF/LF; false at EOF before any byte
+  bool read_exact(std::string& out, size_t n);    // false when the stream ended first
+  int64_t record_offset() const;                  // of the byte at pos_
+  void seek_raw(int64_t off);                     // restart reading at a raw byte offset
   int64_t find_raw(int64_t from, std::string_view pat, bool line_start);
   [[noreturn]] void fail(const std::string& cause, int64_t ordinal, int64_t offset, const std::string& what) const;
   [[noreturn]] void fail_record(const WarcRecord& rec, const std::string& cause, const std::string& what);
@@ -87,20 +87,20 @@ class WarcReader {
   int64_t max_record_bytes_;
   std::FILE* f_ = nullptr;
   bool gzip_ = false, eof_raw_ = false, member_open_ = false;
-  int64_t file_bytes_ = 0, raw_pos_ = 0;         // raw bytes read from the file
-  z_stream zs_{};                                // zs_.next_in, avail_in: the compressed bytes read, not yet used
+  int64_t file_bytes_ = 0, raw_pos_ = 0;  // raw bytes read from the file
+  z_stream zs_{};                         // zs_.next_in, avail_in: the compressed bytes read, not yet used
   std::vector<unsigned char> raw_;
   std::unique_ptr<libdeflate_decompressor, void (*)(libdeflate_decompressor*)> deflate_{nullptr, nullptr};
-  std::vector<char> member_out_;                 // a whole member's bytes (whole_member)
-  std::string buf_;                              // decompressed bytes not yet consumed: buf_[pos_..]
+  std::vector<char> member_out_;  // a whole member's bytes (whole_member)
+  std::string buf_;               // decompressed bytes not yet consumed: buf_[pos_..]
   size_t pos_ = 0;
-  int64_t out_pos_ = 0;                          // decompressed bytes before buf_[0]
+  int64_t out_pos_ = 0;  // decompressed bytes before buf_[0]
   // Decompressed position -> compressed offset of the member that starts there (gzip).
   std::map<int64_t, int64_t> members_;
   int64_t ordinal_ = 0;
-  int64_t rec_start_ = 0;                        // decompressed (gzip) or raw position of the last record start
+  int64_t rec_start_ = 0;  // decompressed (gzip) or raw position of the last record start
   bool failed_ = false, gzip_fault_ = false, in_record_ = false;
-  int64_t fault_member_ = 0;                     // compressed offset of the member a gzip fault was in
+  int64_t fault_member_ = 0;  // compressed offset of the member a gzip fault was in
 };
 
 // The conventional shard name of a WARC/WET input: its file name without `.gz`,

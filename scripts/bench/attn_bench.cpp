@@ -109,10 +109,11 @@ int run(int argc, char** argv) {
 
   for (const auto& [name, f, fb_ms] : {std::tuple{"unfused", uf, ub}, std::tuple{"flash", ff, fb}})
     std::printf(
-        "{\"backend\": \"%s\", \"B\": %lld, \"T\": %lld, \"H\": %lld, \"D\": %lld, \"device\": \"%s\", \"dtype\": \"%s\", "
+        "{\"backend\": \"%s\", \"B\": %lld, \"T\": %lld, \"H\": %lld, \"D\": %lld, \"device\": \"%s\", \"dtype\": "
+        "\"%s\", "
         "\"fwd_ms\": %.6f, \"fwd_bwd_ms\": %.6f}\n",
-        name, static_cast<long long>(B), static_cast<long long>(T), static_cast<long long>(H), static_cast<long long>(D),
-        dev_name.c_str(), dt_name.c_str(), f, fb_ms);
+        name, static_cast<long long>(B), static_cast<long long>(T), static_cast<long long>(H),
+        static_cast<long long>(D), dev_name.c_str(), dt_name.c_str(), f, fb_ms);
   return 0;
 }
 

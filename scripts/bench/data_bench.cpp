@@ -117,11 +117,12 @@ static int index_bench(int argc, char** argv) {
   auto t1 = clk::now();
   GptDataset g(ds, cfg);
   const double t_build = std::chrono::duration<double>(clk::now() - t1).count();
-  std::printf("{\"documents\": %lld, \"tokens\": %lld, \"seq_length\": %lld, \"num_samples\": %lld, \"epochs\": %lld, "
-              "\"open_validate_s\": %.3f, \"index_build_s\": %.3f, \"peak_rss_mib_before\": %.0f, \"peak_rss_mib\": %.0f}\n",
-              static_cast<long long>(docs), static_cast<long long>(tokens), static_cast<long long>(seq),
-              static_cast<long long>(g.size()), static_cast<long long>(g.indices().num_epochs), t_open, t_build, rss0,
-              peak_rss_mib());
+  std::printf(
+      "{\"documents\": %lld, \"tokens\": %lld, \"seq_length\": %lld, \"num_samples\": %lld, \"epochs\": %lld, "
+      "\"open_validate_s\": %.3f, \"index_build_s\": %.3f, \"peak_rss_mib_before\": %.0f, \"peak_rss_mib\": %.0f}\n",
+      static_cast<long long>(docs), static_cast<long long>(tokens), static_cast<long long>(seq),
+      static_cast<long long>(g.size()), static_cast<long long>(g.indices().num_epochs), t_open, t_build, rss0,
+      peak_rss_mib());
   return 0;
 }
 
@@ -129,6 +130,7 @@ int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   if (mode == "tokenize") return tokenize(argc, argv);
   if (mode == "index") return index_bench(argc, argv);
-  std::fprintf(stderr, "usage: data_bench tokenize VOCAB MERGES DOCS.jsonl PASSES | index DIR DOCS TOKENS SEQ EPOCHS\n");
+  std::fprintf(stderr,
+               "usage: data_bench tokenize VOCAB MERGES DOCS.jsonl PASSES | index DIR DOCS TOKENS SEQ EPOCHS\n");
   return 2;
 }

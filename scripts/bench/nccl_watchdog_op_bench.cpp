@@ -77,8 +77,8 @@ int main(int argc, char** argv) {
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
   };
-  std::printf("%-34s %12s %12s %8s %14s %16s\n", "operation (one-rank NCCL group)", "off (us/op)", "on (us/op)", "on/off",
-              "extra (us/op)", "check pass (us)");
+  std::printf("%-34s %12s %12s %8s %14s %16s\n", "operation (one-rank NCCL group)", "off (us/op)", "on (us/op)",
+              "on/off", "extra (us/op)", "check pass (us)");
   std::printf("%-34s %12.2f %12.2f %8.3f %14.2f %16.1f\n", "all_reduce 256 f32, back to back", med(off), med(on),
               med(on) / med(off), med(on) - med(off), med(pass));
   std::filesystem::remove_all(dir);

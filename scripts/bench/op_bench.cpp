@@ -34,12 +34,18 @@ int main(int argc, char** argv) {
   int warmup = 2, iters = 10;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "cpu") dev = Device::cpu;
-    else if (a == "cuda") dev = Device::cuda;
-    else if (a == "--all") all = true;
-    else if (a == "--op" && i + 1 < argc) only = argv[++i];
-    else if (a == "--warmup" && i + 1 < argc) warmup = std::max(0, std::atoi(argv[++i]));
-    else if (a == "--iters" && i + 1 < argc) iters = std::max(1, std::atoi(argv[++i]));
+    if (a == "cpu")
+      dev = Device::cpu;
+    else if (a == "cuda")
+      dev = Device::cuda;
+    else if (a == "--all")
+      all = true;
+    else if (a == "--op" && i + 1 < argc)
+      only = argv[++i];
+    else if (a == "--warmup" && i + 1 < argc)
+      warmup = std::max(0, std::atoi(argv[++i]));
+    else if (a == "--iters" && i + 1 < argc)
+      iters = std::max(1, std::atoi(argv[++i]));
     else {
       std::fprintf(stderr, "usage: op_bench [cpu|cuda] [--all] [--op NAME] [--warmup N] [--iters N]\n");
       return 2;

@@ -25,7 +25,8 @@ TEST_CASE("bad input: every class exits 2 naming the place", "[e2e]") {
   };
   const std::string good = file("good.yaml", kGood);
   // broken YAML
-  expect_exit2("recipe validate " + file("broken.yaml", "model:\n  num_layers: [1, 2\n"), {"broken.yaml:", "invalid YAML"});
+  expect_exit2("recipe validate " + file("broken.yaml", "model:\n  num_layers: [1, 2\n"),
+               {"broken.yaml:", "invalid YAML"});
   // unknown key, with the valid ones listed
   expect_exit2("recipe validate " + file("unknown.yaml", std::string(kGood) + "  shuffle: true\n"),
                {"unknown.yaml:14:3", "unknown key 'data.shuffle'", "valid keys are"});
@@ -33,8 +34,10 @@ TEST_CASE("bad input: every class exits 2 naming the place", "[e2e]") {
   expect_exit2("recipe validate " + file("type.yaml", std::string(kGood) + "logging:\n  log_interval: often\n"),
                {"type.yaml:15:17", "logging.log_interval", "expected an integer"});
   // impossible values: out of range, and a cross-field rule
-  expect_exit2("recipe validate " + good + " --set model.hidden_dropout=2", {"--set model.hidden_dropout=2", "out of range"});
-  expect_exit2("recipe validate " + good + " --set model.num_attention_heads=3", {"divisible by model.num_attention_heads"});
+  expect_exit2("recipe validate " + good + " --set model.hidden_dropout=2",
+               {"--set model.hidden_dropout=2", "out of range"});
+  expect_exit2("recipe validate " + good + " --set model.num_attention_heads=3",
+               {"divisible by model.num_attention_heads"});
   expect_exit2("train " + good + " --set parallel.tensor_model_parallel_size=3",
                {"divisible by parallel.tensor_model_parallel_size"});
   // a layout that cannot exist in this world
@@ -43,13 +46,15 @@ TEST_CASE("bad input: every class exits 2 naming the place", "[e2e]") {
   // missing file
   expect_exit2("train " + (d / "nope.yaml").string(), {"nope.yaml", "no such file"});
   // missing data prefix
-  expect_exit2("train " + good + " --set data.mock=false --set 'data.blend=[{weight: 1, prefix: " + d.str() + "/none}]' --set logging.dir=" + d.str() + "/run",
+  expect_exit2("train " + good + " --set data.mock=false --set 'data.blend=[{weight: 1, prefix: " + d.str() +
+                   "/none}]' --set logging.dir=" + d.str() + "/run",
                {"data.blend[0].prefix", "not found"});
   // an unknown tokenizer type, and a Hugging Face tokenizer without its file
-  expect_exit2("train " + good + " --set data.tokenizer_type=SentencePieceTokenizer --set logging.dir=" + d.str() + "/run",
-               {"--set data.tokenizer_type=SentencePieceTokenizer", "GPT2BPETokenizer|HuggingFaceTokenizer"});
-  expect_exit2("train " + good + " --set data.tokenizer_type=HuggingFaceTokenizer --set data.tokenizer_model=" + d.str() +
-                   "/none.json --set logging.dir=" + d.str() + "/run",
+  expect_exit2(
+      "train " + good + " --set data.tokenizer_type=SentencePieceTokenizer --set logging.dir=" + d.str() + "/run",
+      {"--set data.tokenizer_type=SentencePieceTokenizer", "GPT2BPETokenizer|HuggingFaceTokenizer"});
+  expect_exit2("train " + good + " --set data.tokenizer_type=HuggingFaceTokenizer --set data.tokenizer_model=" +
+                   d.str() + "/none.json --set logging.dir=" + d.str() + "/run",
                {"data.tokenizer_model", "none.json", "no such file or directory"});
   // an unknown precision (bf16 and fp16 train on the CPU: test_mixed_precision.cpp)
   expect_exit2("train " + good + " --set training.precision=fp8 --set logging.dir=" + d.str() + "/run2",

@@ -30,7 +30,8 @@ TEST_CASE("environment: a malformed switch is exit 2 naming the variable, before
   const std::string train = " " + std::string(MTNLG_BINARY) + " train " + (d / "r.yaml").string() +
                             " --set logging.dir=" + (d / "run").string();
   test::expect_exit2(test::run_command("MTNLG_DEBUG=maybe" + train),
-                     {"mtnlg: error: environment variable MTNLG_DEBUG=\"maybe\": expected 1 or 0"}, test::ErrorLines::one);
+                     {"mtnlg: error: environment variable MTNLG_DEBUG=\"maybe\": expected 1 or 0"},
+                     test::ErrorLines::one);
   test::expect_exit2(test::run_command("MTNLG_EMU_MEMORY_BYTES=12GB " + std::string(MTNLG_BINARY) + " --version"),
                      {"MTNLG_EMU_MEMORY_BYTES=\"12GB\": expected a whole number"}, test::ErrorLines::one);
   CHECK_FALSE(std::filesystem::exists(d / "run"));  // refused before the run began
@@ -40,7 +41,8 @@ TEST_CASE("environment: mtnlg --version --verbose lists the switches set", "[e2e
   auto plain = test::run_command("env -u MTNLG_DEBUG " + std::string(MTNLG_BINARY) + " --version");
   CHECK(plain.exit_code == 0);
   CHECK_THAT(plain.out, !Contains("environment switches"));
-  auto v = test::run_command("MTNLG_DEBUG=1 MTNLG_NOT_A_SWITCH=1 " + std::string(MTNLG_BINARY) + " --version --verbose");
+  auto v =
+      test::run_command("MTNLG_DEBUG=1 MTNLG_NOT_A_SWITCH=1 " + std::string(MTNLG_BINARY) + " --version --verbose");
   INFO(v.out);
   CHECK(v.exit_code == 0);
   CHECK_THAT(v.out, Contains("CPU matmul: OpenBLAS") && Contains("environment switches set") &&
@@ -57,11 +59,12 @@ TEST_CASE("environment: OPENBLAS_CORETYPE naming a core this CPU cannot run is e
   const std::string train = " " + std::string(MTNLG_BINARY) + " train " + (d / "r.yaml").string() +
                             " --set logging.dir=" + (d / "run").string();
   // An AVX2 CPU without AVX-512, as MTNLG_TEST_CPU_FEATURES pretends one.
-  test::expect_exit2(test::run_command("MTNLG_TEST_CPU_FEATURES=avx,avx2,fma OPENBLAS_CORETYPE=SkylakeX" + train),
-                     {"OPENBLAS_CORETYPE=SkylakeX: OpenBLAS's SkylakeX kernels need AVX-512 (F, BW, VL, DQ), which this "
-                      "CPU lacks",
-                      "this CPU can run Haswell: set OPENBLAS_CORETYPE=Haswell, or unset it"},
-                     test::ErrorLines::one);
+  test::expect_exit2(
+      test::run_command("MTNLG_TEST_CPU_FEATURES=avx,avx2,fma OPENBLAS_CORETYPE=SkylakeX" + train),
+      {"OPENBLAS_CORETYPE=SkylakeX: OpenBLAS's SkylakeX kernels need AVX-512 (F, BW, VL, DQ), which this "
+       "CPU lacks",
+       "this CPU can run Haswell: set OPENBLAS_CORETYPE=Haswell, or unset it"},
+      test::ErrorLines::one);
   // The same without pretending, where this machine's CPU has no AVX-512 (what the check is for).
   if (!cpuinfo_has("avx512f")) {
     test::expect_exit2(test::run_command("OPENBLAS_CORETYPE=SkylakeX" + train), {"need AVX-512", "this CPU lacks"},

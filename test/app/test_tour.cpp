@@ -59,7 +59,8 @@ TEST_CASE("README tour: train, eval, plan and report run as shown", "[e2e]") {
   TempDir tmp("tour");
   fs::create_directories(tmp / "build");
   fs::create_symlink(MTNLG_BINARY, tmp / "build" / "mtnlg");
-  for (const char* d : {"recipes", "test", "third_party"}) fs::create_directory_symlink(source_dir() + "/" + d, tmp / d);
+  for (const char* d : {"recipes", "test", "third_party"})
+    fs::create_directory_symlink(source_dir() + "/" + d, tmp / d);
   auto corpus = run_command(source_dir() + "/scripts/make-demo-corpus.sh " + (tmp / "demo-data").string() + " " +
                             MTNLG_BINARY + " 2>&1");
   INFO(corpus.out);

@@ -50,8 +50,9 @@ TEST_CASE("recipe: counts accept suffixes and exponents", "[recipe]") {
 }
 
 TEST_CASE("recipe: --set overrides and round trip through to_yaml", "[recipe]") {
-  Recipe r = parse_recipe(kTiny, "t.yaml", {"model.num_layers=4", "optimizer.lr=3e-4",
-                                            "training.rampup_batch_size={start: 2, increment: 2, ramp_tokens: 1000}"});
+  Recipe r = parse_recipe(kTiny, "t.yaml",
+                          {"model.num_layers=4", "optimizer.lr=3e-4",
+                           "training.rampup_batch_size={start: 2, increment: 2, ramp_tokens: 1000}"});
   CHECK(r.model.num_layers == 4);
   CHECK(r.optimizer.lr == 3e-4);
   REQUIRE(r.training.rampup_batch_size);
@@ -84,8 +85,7 @@ TEST_CASE("recipe: data.path and blend entries without weight", "[recipe]") {
 TEST_CASE("recipe: errors name the place", "[recipe]") {
   CHECK_THROWS_WITH(parse_recipe("model: [1, 2\n", "r.yaml"), Contains("r.yaml:") && Contains("invalid YAML"));
   std::string e = error_of(std::string(kTiny) + "  bogus_key: 3\n");
-  CHECK_THAT(e, Contains("r.yaml:14:3") && Contains("unknown key 'data.bogus_key'") &&
-                    Contains("valid keys are"));
+  CHECK_THAT(e, Contains("r.yaml:14:3") && Contains("unknown key 'data.bogus_key'") && Contains("valid keys are"));
   e = error_of(std::string(kTiny) + "extra_section: {}\n");
   CHECK_THAT(e, Contains("r.yaml:14:1") && Contains("unknown key 'extra_section'"));
   e = error_of(kTiny, {"model.num_layers=abc"});
@@ -117,13 +117,15 @@ TEST_CASE("recipe: data.tokenizer_type and data.tokenizer_model", "[recipe]") {
   Recipe d = parse_recipe(kTiny, "t.yaml");
   CHECK(d.data.tokenizer_type == TokenizerType::gpt2_bpe);
   CHECK(d.data.tokenizer_model.empty());
-  Recipe r = parse_recipe(kTiny, "t.yaml", {"data.tokenizer_type=HuggingFaceTokenizer", "data.tokenizer_model=tok/llama3"});
+  Recipe r =
+      parse_recipe(kTiny, "t.yaml", {"data.tokenizer_type=HuggingFaceTokenizer", "data.tokenizer_model=tok/llama3"});
   CHECK(r.data.tokenizer_type == TokenizerType::huggingface);
   CHECK(r.data.tokenizer_model == "tok/llama3");
   // Written back in Megatron's spelling and read back the same.
   CHECK(to_yaml(r).find("tokenizer_type: HuggingFaceTokenizer") != std::string::npos);
   CHECK(parse_recipe(to_yaml(r), "t.yaml").data.tokenizer_model == "tok/llama3");
-  CHECK(parse_recipe(kTiny, "t.yaml", {"data.tokenizer_type=GPT2BPETokenizer"}).data.tokenizer_type == TokenizerType::gpt2_bpe);
+  CHECK(parse_recipe(kTiny, "t.yaml", {"data.tokenizer_type=GPT2BPETokenizer"}).data.tokenizer_type ==
+        TokenizerType::gpt2_bpe);
   // Bad values: one line naming the key (exit 2 as every InputError).
   CHECK_THAT(error_of(kTiny, {"data.tokenizer_type=SentencePieceTokenizer"}),
              Contains("--set data.tokenizer_type=SentencePieceTokenizer") && Contains("data.tokenizer_type") &&
@@ -136,8 +138,10 @@ TEST_CASE("recipe: data.tokenizer_type and data.tokenizer_model", "[recipe]") {
   CHECK_THAT(error_of(kTiny, {"data.tokenizer_type=HuggingFaceTokenizer", "data.tokenizer_model=t.json",
                               "data.vocab_file=v.json"}),
              Contains("data.vocab_file and data.merge_file are GPT-2's files"));
-  CHECK_THAT(error_of(kTiny, {"data.tokenizer_model={a: 1}"}), Contains("data.tokenizer_model") && Contains("expected a string"));
-  for (const auto& e : {error_of(kTiny, {"data.tokenizer_type=HuggingFaceTokenizer"}), error_of(kTiny, {"data.tokenizer_model=x"})})
+  CHECK_THAT(error_of(kTiny, {"data.tokenizer_model={a: 1}"}),
+             Contains("data.tokenizer_model") && Contains("expected a string"));
+  for (const auto& e :
+       {error_of(kTiny, {"data.tokenizer_type=HuggingFaceTokenizer"}), error_of(kTiny, {"data.tokenizer_model=x"})})
     CHECK(e.find('\n') == std::string::npos);
 }
 
@@ -160,11 +164,16 @@ TEST_CASE("recipes/: every shipped recipe loads and validates", "[recipe]") {
 }
 
 TEST_CASE("recipe: the Llama family's keys, their defaults and their round trip", "[recipe]") {
-  const std::vector<std::string> llama = {"model.position_embedding_type=rope", "model.rotary_base=500000",
-                                          "model.normalization=RMSNorm",        "model.swiglu=true",
-                                          "model.num_query_groups=2",           "model.untie_embeddings_and_output_weights=true",
-                                          "model.add_bias_linear=false",        "model.ffn_hidden_size=0",
-                                          "model.norm_epsilon=1e-6",            "model.use_rope_scaling=true"};
+  const std::vector<std::string> llama = {"model.position_embedding_type=rope",
+                                          "model.rotary_base=500000",
+                                          "model.normalization=RMSNorm",
+                                          "model.swiglu=true",
+                                          "model.num_query_groups=2",
+                                          "model.untie_embeddings_and_output_weights=true",
+                                          "model.add_bias_linear=false",
+                                          "model.ffn_hidden_size=0",
+                                          "model.norm_epsilon=1e-6",
+                                          "model.use_rope_scaling=true"};
   Recipe r = parse_recipe(kTiny, "r.yaml", llama);
   CHECK(r.model.rope());
   CHECK(r.model.rmsnorm());

@@ -38,14 +38,19 @@ TEST_CASE("safetensors: hostile headers are rejected with the file named", "[saf
   CHECK_THROWS_WITH(safetensors::parse(std::string(8, '\xff') + "{}", "f.st"), Contains("header length"));
   CHECK_THROWS_WITH(safetensors::parse(with_header("{not json", 0), "f.st"), Contains("not valid JSON"));
   // a shape that claims terabytes must fail on the offsets check, not allocate
-  CHECK_THROWS_WITH(safetensors::parse(with_header(R"({"w":{"dtype":"F32","shape":[1000000,1000000],"data_offsets":[0,16]}})", 16), "f.st"),
-                    Contains("'w'") && Contains("data_offsets"));
-  CHECK_THROWS_WITH(safetensors::parse(with_header(R"({"w":{"dtype":"Q7","shape":[1],"data_offsets":[0,4]}})", 4), "f.st"),
-                    Contains("unsupported dtype"));
-  CHECK_THROWS_WITH(safetensors::parse(with_header(R"({"w":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})", 4), "f.st"),
-                    Contains("bad dimension"));
-  CHECK_THROWS_WITH(safetensors::parse(with_header(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[4,0]}})", 8), "f.st"),
-                    Contains("data_offsets"));
+  CHECK_THROWS_WITH(
+      safetensors::parse(with_header(R"({"w":{"dtype":"F32","shape":[1000000,1000000],"data_offsets":[0,16]}})", 16),
+                         "f.st"),
+      Contains("'w'") && Contains("data_offsets"));
+  CHECK_THROWS_WITH(
+      safetensors::parse(with_header(R"({"w":{"dtype":"Q7","shape":[1],"data_offsets":[0,4]}})", 4), "f.st"),
+      Contains("unsupported dtype"));
+  CHECK_THROWS_WITH(
+      safetensors::parse(with_header(R"({"w":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})", 4), "f.st"),
+      Contains("bad dimension"));
+  CHECK_THROWS_WITH(
+      safetensors::parse(with_header(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[4,0]}})", 8), "f.st"),
+      Contains("data_offsets"));
   CHECK_THROWS_WITH(safetensors::parse(with_header(R"({"w":[1,2]})", 0), "f.st"), Contains("'w'"));
 }
 
@@ -57,8 +62,7 @@ TEST_CASE("safetensors: every fuzz-corpus input parses or throws InputError", "[
       auto f = safetensors::parse(bytes, e.path().string());
       ++ok;
       for (auto& [name, t] : f.tensors) REQUIRE(t.nbytes() <= static_cast<int64_t>(bytes.size()));
-    } catch (const InputError&) {
-    }
+    } catch (const InputError&) {}
     ++n;
   }
   CHECK(n >= 4);

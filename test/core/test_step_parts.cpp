@@ -93,14 +93,14 @@ TEST_CASE("step parts: the device marker sees every change of part, in order", "
   {
     const StepPartScope fwd(StepPart::forward);
     { const StepPartScope tp(StepPart::tp); }
-    { const StepPartScope again(StepPart::forward); }  // no change: no mark
+    { const StepPartScope again(StepPart::forward); }                  // no change: no mark
     { const StepPartScope weak(StepPart::host_sync, /*weak=*/true); }  // not over `other`: no scope
   }
   { const StepPartScope opt(StepPart::optimizer); }
   set_device_marker(nullptr);
   { const StepPartScope bwd(StepPart::backward); }  // no marker: nothing
   set_step_parts_enabled(false);
-  const std::vector<StepPart> want{StepPart::other,   StepPart::forward,   StepPart::tp,   StepPart::forward,
-                                   StepPart::other,   StepPart::optimizer, StepPart::other};
+  const std::vector<StepPart> want{StepPart::other, StepPart::forward,   StepPart::tp,   StepPart::forward,
+                                   StepPart::other, StepPart::optimizer, StepPart::other};
   CHECK(g_marks == want);
 }

@@ -162,10 +162,11 @@ TEST_CASE("switches: OPENBLAS_CORETYPE naming a core this CPU cannot run is an i
   CHECK(blas_core_for_cpu() == "Haswell");
   {
     ScopedEnv core("OPENBLAS_CORETYPE", "SkylakeX");
-    CHECK_THAT(error_of(check_blas_coretype),
-               Contains("OPENBLAS_CORETYPE=SkylakeX: OpenBLAS's SkylakeX kernels need AVX-512 (F, BW, VL, DQ), which this "
-                        "CPU lacks") &&
-                   Contains("this CPU can run Haswell: set OPENBLAS_CORETYPE=Haswell, or unset it"));
+    CHECK_THAT(
+        error_of(check_blas_coretype),
+        Contains("OPENBLAS_CORETYPE=SkylakeX: OpenBLAS's SkylakeX kernels need AVX-512 (F, BW, VL, DQ), which this "
+                 "CPU lacks") &&
+            Contains("this CPU can run Haswell: set OPENBLAS_CORETYPE=Haswell, or unset it"));
     CHECK_THROWS_AS(check_environment(), InputError);
   }
   for (const char* fine : {"Haswell", "haswell", "Sandybridge", "Prescott", "SomethingElse"}) {
@@ -175,7 +176,8 @@ TEST_CASE("switches: OPENBLAS_CORETYPE naming a core this CPU cannot run is an i
   {
     ScopedEnv older("MTNLG_TEST_CPU_FEATURES", "avx");  // a Sandy Bridge: no core of mtnlg's choice
     ScopedEnv core("OPENBLAS_CORETYPE", "Haswell");
-    CHECK_THAT(error_of(check_blas_coretype), Contains("need AVX2 and FMA") && Contains("this CPU can run Sandybridge"));
+    CHECK_THAT(error_of(check_blas_coretype),
+               Contains("need AVX2 and FMA") && Contains("this CPU can run Sandybridge"));
   }
   {
     ScopedEnv none("MTNLG_TEST_CPU_FEATURES", "sse4_2");

@@ -84,12 +84,12 @@ TEST_CASE("protobuf varints and tags are encoded as the wire format says", "[ten
 
 TEST_CASE("a scalar Event serializes to the hand-computed bytes", "[tensorboard]") {
   // Event{wall_time: 1.0, step: 5, summary{value{tag:"a", simple_value:1.0}}}
-  const std::string want = bytes({0x09, 0, 0, 0, 0, 0, 0, 0xf0, 0x3f,  // wall_time (double 1.0)
-                                  0x10, 0x05,                          // step 5
-                                  0x2a, 0x0a,                          // summary, 10 bytes
-                                  0x0a, 0x08,                          // value, 8 bytes
-                                  0x0a, 0x01, 'a',                     // tag "a"
-                                  0x15, 0, 0, 0x80, 0x3f});            // simple_value 1.0f
+  const std::string want = bytes({0x09, 0,    0,   0,    0,   0, 0, 0xf0, 0x3f,  // wall_time (double 1.0)
+                                  0x10, 0x05,                                    // step 5
+                                  0x2a, 0x0a,                                    // summary, 10 bytes
+                                  0x0a, 0x08,                                    // value, 8 bytes
+                                  0x0a, 0x01, 'a',                               // tag "a"
+                                  0x15, 0,    0,   0x80, 0x3f});                 // simple_value 1.0f
   CHECK(tb::encode_scalar_event(1.0, 5, {{"a", 1.0f}}) == want);
 
   const std::string version = bytes({0x09, 0, 0, 0, 0, 0, 0, 0xf0, 0x3f, 0x1a, 0x0d}) + "brain.Event:2";
@@ -156,10 +156,10 @@ TEST_CASE("python3-protobuf reads back what the writer wrote", "[oracle][tensorb
     int64_t step;
   };
   const double nan = std::numeric_limits<double>::quiet_NaN();
-  std::vector<W> written = {{"train/loss", 10.8125, 1},         {"train/lr", 3.0e-4, 1},
-                            {"train/loss", nan, 2},              {"train/grad_norm", -0.0, 3},
-                            {"train/mfu", 0.41, 270000000000},   {"train/loss_scale", 65536.0, -1},
-                            {"train/tokens_per_s", 1e30, 7}};
+  std::vector<W> written = {
+      {"train/loss", 10.8125, 1},     {"train/lr", 3.0e-4, 1},           {"train/loss", nan, 2},
+      {"train/grad_norm", -0.0, 3},   {"train/mfu", 0.41, 270000000000}, {"train/loss_scale", 65536.0, -1},
+      {"train/tokens_per_s", 1e30, 7}};
   std::string path;
   {
     tb::TensorBoardWriter w(tmp.str());
@@ -203,8 +203,7 @@ TEST_CASE("python3-protobuf reads back what the writer wrote", "[oracle][tensorb
   CHECK(versions == 1);
   auto same = [](const W& a, const W& b) {
     const float fa = static_cast<float>(a.value), fb = static_cast<float>(b.value);
-    const bool values_match = (std::isnan(fa) && std::isnan(fb)) ||
-                              (fa == fb && std::signbit(fa) == std::signbit(fb));
+    const bool values_match = (std::isnan(fa) && std::isnan(fb)) || (fa == fb && std::signbit(fa) == std::signbit(fb));
     return a.tag == b.tag && a.step == b.step && values_match;
   };
   REQUIRE(read.size() == written.size());

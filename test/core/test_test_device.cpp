@@ -94,11 +94,14 @@ TEST_CASE("ops: shapes and dtype roles are checked once, before the dispatch, th
       return x;
     };
     Tensor out = t({4, 8}), inp = t({4, 8}), w = t({8}), b = t({8}), mean = t({3}), rstd = t({4});
-    CHECK_THROWS_WITH(ops::layernorm_forward(out, mean, rstd, inp, w, b, 1e-5), Catch::Contains("layernorm_forward: mean has 3"));
+    CHECK_THROWS_WITH(ops::layernorm_forward(out, mean, rstd, inp, w, b, 1e-5),
+                      Catch::Contains("layernorm_forward: mean has 3"));
     Tensor w1 = t({8});
-    CHECK_THROWS_WITH(ops::matmul_forward(out, inp, w1, nullptr), Catch::Contains("matmul_forward: w must have 2 dimensions"));
+    CHECK_THROWS_WITH(ops::matmul_forward(out, inp, w1, nullptr),
+                      Catch::Contains("matmul_forward: w must have 2 dimensions"));
     Tensor w0 = t({8, 0}), o0 = t({0});
-    CHECK_THROWS_WITH(ops::matmul_forward(o0, inp, w0, nullptr), Catch::Contains("matmul_forward: inp has 32"));  // no division by zero
+    CHECK_THROWS_WITH(ops::matmul_forward(o0, inp, w0, nullptr),
+                      Catch::Contains("matmul_forward: inp has 32"));  // no division by zero
     Tensor tok = t({4}), table = t({16, 8});
     CHECK_THROWS_WITH(ops::embedding_forward(out, tok, table, 0), Catch::Contains("tokens must be i32"));
     Tensor pos = t({16, 8});
@@ -109,7 +112,8 @@ TEST_CASE("ops: shapes and dtype roles are checked once, before the dispatch, th
     // the Llama family's ops
     CHECK_THROWS_WITH(ops::rmsnorm_forward(out, mean, inp, w, 1e-5), Catch::Contains("rmsnorm_forward: rstd has 3"));
     Tensor dw = t({8}), rstd3 = t({3});
-    CHECK_THROWS_WITH(ops::rmsnorm_backward(inp, dw, out, inp, w, rstd3), Catch::Contains("rmsnorm_backward: rstd has 3"));
+    CHECK_THROWS_WITH(ops::rmsnorm_backward(inp, dw, out, inp, w, rstd3),
+                      Catch::Contains("rmsnorm_backward: rstd has 3"));
     Tensor odd = t({4, 7}), half = t({4, 3});
     CHECK_THROWS_WITH(ops::swiglu_forward(half, odd), Catch::Contains("swiglu_forward: inp width 7 is not 2 x F"));
     CHECK_THROWS_WITH(ops::swiglu_backward(inp, out, inp), Catch::Contains("swiglu_backward: dout has 32"));
@@ -127,8 +131,9 @@ TEST_CASE("ops: shapes and dtype roles are checked once, before the dispatch, th
     rp.high_freq_factor = 0.5;
     CHECK_THROWS_WITH(ops::rope_backward(qout, qkv, 4, 2, rp, 0), Catch::Contains("rope_backward: rope scaling needs"));
     Tensor att = t({1, 2, 16}), lse = t({1, 4, 2});
-    CHECK_THROWS_WITH(ops::attention_forward_lse(att, lse, qkv, 4, ops::AttentionDropout{}, 3),
-                      Catch::Contains("attention_forward_lse: heads 4 is not a positive multiple of the query groups 3"));
+    CHECK_THROWS_WITH(
+        ops::attention_forward_lse(att, lse, qkv, 4, ops::AttentionDropout{}, 3),
+        Catch::Contains("attention_forward_lse: heads 4 is not a positive multiple of the query groups 3"));
     Tensor kc = t({1, 4, 8, 4}), vc = t({1, 4, 8, 4});  // one per head, where the groups' are [1, 2, 8, 4]
     CHECK_THROWS_WITH(ops::attention_cached_forward(att, kc, vc, qkv, 4, 0, 2),
                       Catch::Contains("the caches must be [B, groups, capacity, D] = [1, 2, capacity, 4]"));

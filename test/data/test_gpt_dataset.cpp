@@ -174,8 +174,8 @@ TEST_CASE("numpy RandomState shuffle equals numpy's", "[data][oracle]") {
     WARN("skipped: no numpy");
     return;
   }
-  for (auto [n, seed] : {std::pair<int64_t, uint32_t>{1, 1}, {2, 1234}, {10, 0}, {257, 42}, {1000, 1234},
-                         {65537, 4294967295u}}) {
+  for (auto [n, seed] :
+       {std::pair<int64_t, uint32_t>{1, 1}, {2, 1234}, {10, 0}, {257, 42}, {1000, 1234}, {65537, 4294967295u}}) {
     auto r = test::run_command(py_index() + " shuffle " + std::to_string(n) + " " + std::to_string(seed));
     REQUIRE(r.exit_code == 0);
     std::vector<int64_t> v(static_cast<size_t>(n));
@@ -217,7 +217,7 @@ TEST_CASE("gpt indices equal the numpy reference build", "[data][oracle]") {
                  Case{0, 300, 16, 2950, 3}, Case{290, 300, 8, 500, 99}, Case{100, 200, 128, 77, 1},
                  // parts shorter than one sample (Megatron wraps them over many epochs)
                  Case{1, 3, 256, 5, 11}, Case{40, 41, 128, 9, 5}}) {
-    nlohmann::json args = {{"sizes", sizes},     {"begin", c.begin}, {"end", c.end},
+    nlohmann::json args = {{"sizes", sizes},      {"begin", c.begin},   {"end", c.end},
                            {"seq_length", c.seq}, {"num_samples", c.n}, {"seed", c.seed}};
     test::write_file(tmp / "args.json", args.dump());
     auto r = test::run_command(py_index() + " build " + (tmp / "args.json").string());

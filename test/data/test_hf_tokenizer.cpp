@@ -108,9 +108,10 @@ TEST_CASE("utf8: one U+FFFD per maximal ill-formed subpart, as the WHATWG decode
   CHECK(utf8_valid("caf\xC3\xA9 \xF0\x9F\x98\x80 \xE6\x97\xA5"));
   CHECK_FALSE(utf8_valid("\xED\xA0\x80"));  // a surrogate
   CHECK_FALSE(utf8_valid("\xC0\xAF"));      // an overlong
-  CHECK(utf8_lossy("a\xFF" "b") == "a" + R + "b");
+  CHECK(utf8_lossy("a\xFF"
+                   "b") == "a" + R + "b");
   CHECK(utf8_lossy("\xF0\x9F\x98") == R);                  // truncated 4-byte: one
-  CHECK(utf8_lossy("\xE2\x82(") == R + "(");              // truncated 3-byte: one
+  CHECK(utf8_lossy("\xE2\x82(") == R + "(");               // truncated 3-byte: one
   CHECK(utf8_lossy("\xED\xA0\x80") == R + R + R);          // ED's second byte must be < A0
   CHECK(utf8_lossy("\xF4\x90\x80\x80") == R + R + R + R);  // above U+10FFFF
   CHECK(utf8_lossy("\xC0\xAF") == R + R);
@@ -149,11 +150,11 @@ TEST_CASE("hf tokenizer: BPE merges by rank, unk, fuse_unk, byte_fallback", "[da
   j["model"]["fuse_unk"] = true;
   CHECK(load(j, tmp, "f.json")->encode("xxa") == Ids{0, 2});
   j["model"]["byte_fallback"] = true;
-  CHECK(load(j, tmp, "b.json")->encode("xa") == Ids{9, 2});   // <0x78>
-  CHECK(load(j, tmp, "b.json")->encode("ya") == Ids{0, 2});   // no <0x79>: unk
+  CHECK(load(j, tmp, "b.json")->encode("xa") == Ids{9, 2});  // <0x78>
+  CHECK(load(j, tmp, "b.json")->encode("ya") == Ids{0, 2});  // no <0x79>: unk
   j["model"]["ignore_merges"] = true;
-  CHECK(load(j, tmp, "i.json")->encode("abc") == Ids{7});     // a whole-word token wins
-  CHECK(t->encode("<s>ab<unk>") == Ids{1, 5, 0});            // added tokens cut out first
+  CHECK(load(j, tmp, "i.json")->encode("abc") == Ids{7});  // a whole-word token wins
+  CHECK(t->encode("<s>ab<unk>") == Ids{1, 5, 0});          // added tokens cut out first
   CHECK(t->token_to_id("abc") == 7);
   CHECK(t->id_to_token(7) == "abc");
   CHECK(t->is_special(1));
@@ -166,12 +167,27 @@ TEST_CASE("hf tokenizer: BPE merges by rank, unk, fuse_unk, byte_fallback", "[da
 TEST_CASE("hf tokenizer: added-token flags, normalizers, template, decoders", "[data]") {
   test::TempDir tmp("hf-flags");
   json j = tiny();
-  j["added_tokens"].push_back({{"id", 10}, {"content", "[L]"}, {"single_word", false}, {"lstrip", true}, {"rstrip", false},
-                               {"normalized", false}, {"special", true}});
-  j["added_tokens"].push_back({{"id", 11}, {"content", "[R]"}, {"single_word", false}, {"lstrip", false}, {"rstrip", true},
-                               {"normalized", false}, {"special", false}});
-  j["added_tokens"].push_back({{"id", 12}, {"content", "cab"}, {"single_word", true}, {"lstrip", false}, {"rstrip", false},
-                               {"normalized", false}, {"special", false}});
+  j["added_tokens"].push_back({{"id", 10},
+                               {"content", "[L]"},
+                               {"single_word", false},
+                               {"lstrip", true},
+                               {"rstrip", false},
+                               {"normalized", false},
+                               {"special", true}});
+  j["added_tokens"].push_back({{"id", 11},
+                               {"content", "[R]"},
+                               {"single_word", false},
+                               {"lstrip", false},
+                               {"rstrip", true},
+                               {"normalized", false},
+                               {"special", false}});
+  j["added_tokens"].push_back({{"id", 12},
+                               {"content", "cab"},
+                               {"single_word", true},
+                               {"lstrip", false},
+                               {"rstrip", false},
+                               {"normalized", false},
+                               {"special", false}});
   auto t = load(j, tmp);
   CHECK(t->encode("a  [L]b") == Ids{2, 10, 3});        // lstrip takes the spaces before it
   CHECK(t->encode("a[R]  b") == Ids{2, 11, 3});        // rstrip the ones after
@@ -183,9 +199,10 @@ TEST_CASE("hf tokenizer: added-token flags, normalizers, template, decoders", "[
   n["normalizer"] = json::parse(R"({"type": "Sequence", "normalizers": [{"type": "NFKC"},
       {"type": "Replace", "pattern": {"String": "q"}, "content": "c"}, {"type": "Prepend", "prepend": "a"}]})");
   auto tn = load(n, tmp, "n.json");
-  CHECK(tn->encode("bq") == Ids{2, 6});                           // "a" + "bc": a, bc
-  CHECK(tn->encode("\xEF\xBD\x82" "c") == Ids{2, 6});             // fullwidth b -> b under NFKC
-  CHECK(tn->encode("") == Ids{});                                 // Prepend leaves empty text empty
+  CHECK(tn->encode("bq") == Ids{2, 6});  // "a" + "bc": a, bc
+  CHECK(tn->encode("\xEF\xBD\x82"
+                   "c") == Ids{2, 6});  // fullwidth b -> b under NFKC
+  CHECK(tn->encode("") == Ids{});       // Prepend leaves empty text empty
   // Template: BOS before the sequence, EOS-like after; only with add_special_tokens.
   json p = tiny();
   p["post_processor"] = json::parse(R"({"type": "TemplateProcessing",
@@ -199,7 +216,9 @@ TEST_CASE("hf tokenizer: added-token flags, normalizers, template, decoders", "[
   CHECK(tp->encode("") == Ids{1, 0});
   // Decoders: SentencePiece's chain (Replace, ByteFallback, Fuse, Strip).
   json d = tiny();
-  d["model"]["vocab"]["\xE2\x96\x81" "a"] = 13;
+  d["model"]["vocab"]
+   ["\xE2\x96\x81"
+    "a"] = 13;
   d["model"]["vocab"]["<0xC3>"] = 14;
   d["model"]["vocab"]["<0xA9>"] = 15;
   d["decoder"] = json::parse(R"({"type": "Sequence", "decoders": [
@@ -216,9 +235,11 @@ TEST_CASE("hf tokenizer: invalid UTF-8 in the text is U+FFFD per maximal subpart
   json j = tiny();
   j["model"]["vocab"]["\xEF\xBF\xBD"] = 13;
   auto t = load(j, tmp);
-  CHECK(t->encode("a\xFF" "b") == Ids{2, 13, 3});
+  CHECK(t->encode("a\xFF"
+                  "b") == Ids{2, 13, 3});
   CHECK(t->encode("a\xED\xA0\x80") == Ids{2, 13, 13, 13});
-  CHECK(t->encode("\xF0\x9F\x98" "c") == Ids{13, 4});
+  CHECK(t->encode("\xF0\x9F\x98"
+                  "c") == Ids{13, 4});
 }
 
 TEST_CASE("hf tokenizer: unsupported components are InputErrors naming the JSON path", "[data]") {
@@ -236,7 +257,8 @@ TEST_CASE("hf tokenizer: unsupported components are InputErrors naming the JSON 
        "pre_tokenizer.behavior: unsupported split behavior 'Sideways'"},
       {"/pre_tokenizer", R"({"type": "Split", "pattern": {"Regex": "[\\S]"}, "behavior": "Isolated", "invert": false})",
        "pre_tokenizer.pattern.Regex: \\S inside a bracketed class"},
-      {"/post_processor", R"({"type": "RobertaProcessing"})", "post_processor.type: unsupported post-processor 'RobertaProcessing'"},
+      {"/post_processor", R"({"type": "RobertaProcessing"})",
+       "post_processor.type: unsupported post-processor 'RobertaProcessing'"},
       {"/decoder", R"({"type": "CTC"})", "decoder.type: unsupported decoder 'CTC'"},
       {"/model/type", R"("WordPiece")", "model.type: unsupported model 'WordPiece'"},
       {"/model/dropout", "0.1", "model.dropout: unsupported BPE dropout"},
@@ -254,13 +276,15 @@ TEST_CASE("hf tokenizer: unsupported components are InputErrors naming the JSON 
       HfTokenizer::from_file((tmp / "t.json").string());
       FAIL_CHECK("expected InputError");
     } catch (const InputError& e) {
-      CHECK_THAT(e.what(), Catch::Matchers::StartsWith((tmp / "t.json").string() + ": ") &&
-                               Catch::Matchers::Contains(c.want));
+      CHECK_THAT(e.what(),
+                 Catch::Matchers::StartsWith((tmp / "t.json").string() + ": ") && Catch::Matchers::Contains(c.want));
     }
   }
   test::write_file(tmp / "bad.json", "{\"model\": ");
-  CHECK_THROWS_WITH(HfTokenizer::from_file((tmp / "bad.json").string()), Catch::Matchers::Contains("bad.json: not valid JSON"));
-  CHECK_THROWS_WITH(HfTokenizer::from_file((tmp / "none.json").string()), Catch::Matchers::Contains("none.json: cannot open"));
+  CHECK_THROWS_WITH(HfTokenizer::from_file((tmp / "bad.json").string()),
+                    Catch::Matchers::Contains("bad.json: not valid JSON"));
+  CHECK_THROWS_WITH(HfTokenizer::from_file((tmp / "none.json").string()),
+                    Catch::Matchers::Contains("none.json: cannot open"));
 }
 
 TEST_CASE("hf tokenizer: threads share one tokenizer and agree", "[data]") {
@@ -305,9 +329,15 @@ TEST_CASE("hf tokenizer: ids equal Hugging Face tokenizers on the 6 MB corpus", 
 }
 
 TEST_CASE("hf tokenizer: decode equals Hugging Face's decode", "[data][oracle]") {
-  const std::vector<std::string> texts = {"Hello world", " leading space", "caf\xC3\xA9 \xE6\x97\xA5\xE6\x9C\xAC \xF0\x9F\x98\x80",
-                                          "a\xEF\xBF\xBD" "b", "tabs\tand\nnew  lines ", "<s>x</s> <|endoftext|>",
-                                          "<|begin_of_text|>hi<|im_start|>", "12345 678"};
+  const std::vector<std::string> texts = {"Hello world",
+                                          " leading space",
+                                          "caf\xC3\xA9 \xE6\x97\xA5\xE6\x9C\xAC \xF0\x9F\x98\x80",
+                                          "a\xEF\xBF\xBD"
+                                          "b",
+                                          "tabs\tand\nnew  lines ",
+                                          "<s>x</s> <|endoftext|>",
+                                          "<|begin_of_text|>hi<|im_start|>",
+                                          "12345 678"};
   for (std::string name : {"gpt2", "llama3", "qwen3", "llama2"}) {
     DYNAMIC_SECTION(name) {
       MTNLG_REQUIRE_HF(path, name);
@@ -315,7 +345,8 @@ TEST_CASE("hf tokenizer: decode equals Hugging Face's decode", "[data][oracle]")
       for (const auto& t : texts) in += json(t).dump() + "\n";
       test::TempDir tmp("hf-decode");
       test::write_file(tmp / "in.jsonl", in);
-      auto r = test::run_command(node_cmd(test::npm_tools_dir()) + "strings " + path + " < " + (tmp / "in.jsonl").string());
+      auto r =
+          test::run_command(node_cmd(test::npm_tools_dir()) + "strings " + path + " < " + (tmp / "in.jsonl").string());
       INFO(r.out);
       REQUIRE(r.exit_code == 0);
       std::istringstream lines(r.out);
@@ -348,8 +379,13 @@ TEST_CASE("hf tokenizer: variants switching on the other components equal Huggin
          j["normalizer"] = json::parse(R"({"type": "Sequence", "normalizers": [{"type": "NFKC"},
              {"type": "Replace", "pattern": {"Regex": "[0-9]{4,}"}, "content": "####"}]})");
          auto add = [&](int id, const char* c, bool l, bool r, bool w, bool n, bool s) {
-           j["added_tokens"].push_back({{"id", id}, {"content", c}, {"lstrip", l}, {"rstrip", r}, {"single_word", w},
-                                        {"normalized", n}, {"special", s}});
+           j["added_tokens"].push_back({{"id", id},
+                                        {"content", c},
+                                        {"lstrip", l},
+                                        {"rstrip", r},
+                                        {"single_word", w},
+                                        {"normalized", n},
+                                        {"special", s}});
          };
          add(50257, "<|im_start|>", true, false, false, false, true);
          add(50258, "<|im_end|>", false, true, false, false, true);

@@ -18,18 +18,19 @@ TEST_CASE("gpt2 pretokenize follows the pattern's alternatives", "[data]") {
         V{"I", "'m", " don", "'t", " we", "'ll", " they", "'ve", " you", "'re", " he", "'d", " it", "'s"});
   CHECK(gpt2_pretokenize("IT'S") == V{"IT", "'", "S"});  // contractions are case-sensitive
   CHECK(gpt2_pretokenize("''s") == V{"''", "s"});
-  CHECK(gpt2_pretokenize("a  b") == V{"a", " ", " b"});           // \s+(?!\S) leaves one space
+  CHECK(gpt2_pretokenize("a  b") == V{"a", " ", " b"});  // \s+(?!\S) leaves one space
   CHECK(gpt2_pretokenize("a   b") == V{"a", "  ", " b"});
-  CHECK(gpt2_pretokenize("a\n\nb") == V{"a", "\n", "\n", "b"});   // \s+ for the last one
-  CHECK(gpt2_pretokenize("end   ") == V{"end", "   "});           // run to the end stays whole
+  CHECK(gpt2_pretokenize("a\n\nb") == V{"a", "\n", "\n", "b"});  // \s+ for the last one
+  CHECK(gpt2_pretokenize("end   ") == V{"end", "   "});          // run to the end stays whole
   CHECK(gpt2_pretokenize(" 123 abc") == V{" 123", " abc"});
   CHECK(gpt2_pretokenize("abc123") == V{"abc", "123"});
   CHECK(gpt2_pretokenize(" !!x") == V{" !!", "x"});
   CHECK(gpt2_pretokenize("café") == V{"café"});
   CHECK(gpt2_pretokenize("日本 語") == V{"日本", " 語"});
-  CHECK(gpt2_pretokenize("x²½") == V{"x", "²½"});                 // No is \p{N}
-  CHECK(gpt2_pretokenize("e\xCC\x81") == V{"e", "\xCC\x81"});     // a combining mark is "other"
-  CHECK(gpt2_pretokenize("a\xC2\xA0" "b") == V{"a", "\xC2\xA0", "b"});  // NBSP is \s
+  CHECK(gpt2_pretokenize("x²½") == V{"x", "²½"});              // No is \p{N}
+  CHECK(gpt2_pretokenize("e\xCC\x81") == V{"e", "\xCC\x81"});  // a combining mark is "other"
+  CHECK(gpt2_pretokenize("a\xC2\xA0"
+                         "b") == V{"a", "\xC2\xA0", "b"});  // NBSP is \s
   CHECK(gpt2_pretokenize("") == V{});
 }
 
@@ -38,7 +39,8 @@ TEST_CASE("gpt2 pretokenize: invalid UTF-8 is one 'other' byte each and pieces c
   std::string joined;
   for (auto& p : gpt2_pretokenize(bad)) joined += p;
   CHECK(joined == bad);
-  CHECK(gpt2_pretokenize("a\xFF\xFE" "b") == V{"a", "\xFF\xFE", "b"});
+  CHECK(gpt2_pretokenize("a\xFF\xFE"
+                         "b") == V{"a", "\xFF\xFE", "b"});
 }
 
 TEST_CASE("gpt2 tokenizer: known ids, special token, decode", "[data]") {

@@ -19,22 +19,22 @@
 
 namespace {
 
-#define CHECK_OK(x)                                                                      \
-  do {                                                                                   \
-    cudaError_t e_ = (x);                                                                \
-    if (e_ != cudaSuccess) {                                                             \
-      std::fprintf(stderr, "%s failed: %s\n", #x, cudaGetErrorString(e_));               \
-      std::exit(3);                                                                      \
-    }                                                                                    \
+#define CHECK_OK(x)                                                        \
+  do {                                                                     \
+    cudaError_t e_ = (x);                                                  \
+    if (e_ != cudaSuccess) {                                               \
+      std::fprintf(stderr, "%s failed: %s\n", #x, cudaGetErrorString(e_)); \
+      std::exit(3);                                                        \
+    }                                                                      \
   } while (0)
 
-#define LT_OK(x)                                                                         \
-  do {                                                                                   \
-    cublasStatus_t s_ = (x);                                                             \
-    if (s_ != CUBLAS_STATUS_SUCCESS) {                                                   \
-      std::fprintf(stderr, "%s failed: status %d\n", #x, int(s_));                        \
-      std::exit(3);                                                                      \
-    }                                                                                    \
+#define LT_OK(x)                                                   \
+  do {                                                             \
+    cublasStatus_t s_ = (x);                                       \
+    if (s_ != CUBLAS_STATUS_SUCCESS) {                             \
+      std::fprintf(stderr, "%s failed: status %d\n", #x, int(s_)); \
+      std::exit(3);                                                \
+    }                                                              \
   } while (0)
 
 int fails = 0;
@@ -79,10 +79,10 @@ __global__ void shuffle_kernel(int* out) {
   const int lane = threadIdx.x & 31;
   int v = lane;
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  out[threadIdx.x * 4 + 0] = v;                                          // 496 in every lane
-  out[threadIdx.x * 4 + 1] = __shfl_sync(0xffffffffu, lane * 10, 3);     // 30
-  out[threadIdx.x * 4 + 2] = __shfl_down_sync(0xffffffffu, lane, 1);     // lane+1, 31 stays
-  out[threadIdx.x * 4 + 3] = __shfl_up_sync(0xffffffffu, lane, 2, 16);   // within 16-lane halves
+  out[threadIdx.x * 4 + 0] = v;                                         // 496 in every lane
+  out[threadIdx.x * 4 + 1] = __shfl_sync(0xffffffffu, lane * 10, 3);    // 30
+  out[threadIdx.x * 4 + 2] = __shfl_down_sync(0xffffffffu, lane, 1);    // lane+1, 31 stays
+  out[threadIdx.x * 4 + 3] = __shfl_up_sync(0xffffffffu, lane, 2, 16);  // within 16-lane halves
 }
 __global__ void block_reduce(const float* x, double* out, int n) {
   __shared__ double sh[256];
@@ -222,8 +222,9 @@ int run(const std::string& c) {
     // m 64 (OC) n 5 (tokens) k 16 (C), A transposed, exactly as mtnlg asked for it. The
     // emulator must give the same answer: CUBLAS_STATUS_INVALID_VALUE (7), not an algorithm.
     const int64_t m = 64, nn = 5, k = 16;
-    __nv_bfloat16 *w = dalloc<__nv_bfloat16>(m * k), *x = dalloc<__nv_bfloat16>(k * nn), *out = dalloc<__nv_bfloat16>(m * nn),
-                  *pre = dalloc<__nv_bfloat16>(m * nn), *bias = dalloc<__nv_bfloat16>(m);
+    __nv_bfloat16 *w = dalloc<__nv_bfloat16>(m * k), *x = dalloc<__nv_bfloat16>(k * nn),
+                  *out = dalloc<__nv_bfloat16>(m * nn), *pre = dalloc<__nv_bfloat16>(m * nn),
+                  *bias = dalloc<__nv_bfloat16>(m);
     cublasLtHandle_t h = nullptr;
     LT_OK(cublasLtCreate(&h));
     auto heuristic = [&](bool set_types) {
@@ -242,7 +243,8 @@ int run(const std::string& c) {
       if (set_types) LT_OK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bf, sizeof bf));
       LT_OK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &pre, sizeof pre));
       LT_OK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld));
-      if (set_types) LT_OK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &bf, sizeof bf));
+      if (set_types)
+        LT_OK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &bf, sizeof bf));
       LT_OK(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, k, m, k));
       LT_OK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, k, nn, k));
       LT_OK(cublasLtMatrixLayoutCreate(&ld, CUDA_R_16BF, m, nn, m));
@@ -267,7 +269,8 @@ int run(const std::string& c) {
                 cublasGetStatusString(st), found);
     cublasLtDestroy(h);
     (void)w, (void)x, (void)out;
-    if (st == CUBLAS_STATUS_INVALID_VALUE && found == 0 && fails == 0) std::printf("caught: the call the H200 refused\n");
+    if (st == CUBLAS_STATUS_INVALID_VALUE && found == 0 && fails == 0)
+      std::printf("caught: the call the H200 refused\n");
     return 0;
   } else if (c == "over-limit-launch") {
     float* x = dalloc<float>(4096);
@@ -303,8 +306,10 @@ int run(const std::string& c) {
     CHECK_OK(cudaGraphInstantiate(&exec, g, 0));
     CHECK_OK(cudaGraphLaunch(exec, s));
     CHECK_OK(cudaStreamSynchronize(s));
-    if (c == "graph-replay-freed") CHECK_OK(cudaFree(x));
-    else CHECK_OK(cudaFreeHost(pinned));
+    if (c == "graph-replay-freed")
+      CHECK_OK(cudaFree(x));
+    else
+      CHECK_OK(cudaFreeHost(pinned));
     CHECK_OK(cudaGraphLaunch(exec, s));  // planted
     CHECK_OK(cudaStreamSynchronize(s));
     return 1;  // not reached: the launch checks the recorded memory

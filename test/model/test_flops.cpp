@@ -17,7 +17,9 @@ TEST_CASE("model FLOPs: the forms reproduce MT-NLG 530B's published 126 TFLOP/s 
   m.num_attention_heads = 128;
   m.seq_length = 2048;
   const int64_t V = 51200;
-  const auto within = [](double got, double want, double rel) { return std::fabs(got - want) <= rel * std::fabs(want); };
+  const auto within = [](double got, double want, double rel) {
+    return std::fabs(got - want) <= rel * std::fabs(want);
+  };
   CHECK(within(model::hardware_flops(m, V, 1920, RecomputeGranularity::full) / (2240 * 60.1) / 1e12, 126, 0.005));
   CHECK(within(model::parameter_count(m, V) / 1e9, 530, 0.01));
   // 96-form / 72-form = 4/3 up to the attention and logit terms.

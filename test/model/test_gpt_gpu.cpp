@@ -176,9 +176,8 @@ TEST_CASE("gpt on the GPU: loss and every parameter gradient equal the CPU run (
 // attention dropout as in the GPT case (cuDNN draws its own mask), and unfused for fp32.
 TEST_CASE("llama on the GPU: loss and every parameter gradient equal the CPU run (fp32 3.3e-5, bf16 1e-2)", "[gpu]") {
   if (!test::gpu_ready()) return;
-  const std::pair<int, RecomputeGranularity> cases[] = {{0, RecomputeGranularity::none},
-                                                        {0, RecomputeGranularity::selective},
-                                                        {1, RecomputeGranularity::full}};
+  const std::pair<int, RecomputeGranularity> cases[] = {
+      {0, RecomputeGranularity::none}, {0, RecomputeGranularity::selective}, {1, RecomputeGranularity::full}};
   for (DType dt : {DType::f32, DType::bf16})
     for (const auto& [variant, rc] : cases) {
       INFO(to_string(dt) << " llama variant " << variant << " recompute " << to_string(rc));
@@ -223,13 +222,15 @@ TEST_CASE("gpt attention backend: a cuDNN that refuses the graphs leaves auto un
 // for fp32 (cuDNN does not take it); an explicit choice holds where it runs.
 TEST_CASE("gpt attention backend: auto resolves per device, explicit choices hold", "[gpu]") {
   if (!test::gpu_ready()) return;
-  CHECK(Small(DType::f32, Device::cuda, RecomputeGranularity::none).chunk->attention_backend() == AttentionBackend::unfused);
-  CHECK(Small(DType::f32, Device::cpu, RecomputeGranularity::none).chunk->attention_backend() == AttentionBackend::flash);
+  CHECK(Small(DType::f32, Device::cuda, RecomputeGranularity::none).chunk->attention_backend() ==
+        AttentionBackend::unfused);
+  CHECK(Small(DType::f32, Device::cpu, RecomputeGranularity::none).chunk->attention_backend() ==
+        AttentionBackend::flash);
   const Small bf16(DType::bf16, Device::cuda, RecomputeGranularity::none);
   CHECK(bf16.chunk->attention_backend() == AttentionBackend::flash);
   CHECK_THAT(bf16.chunk->attention_note(), Catch::Matchers::Contains("cuDNN"));
-  CHECK(Small(DType::bf16, Device::cuda, RecomputeGranularity::none, AttentionBackend::unfused).chunk->attention_backend() ==
-        AttentionBackend::unfused);
+  CHECK(Small(DType::bf16, Device::cuda, RecomputeGranularity::none, AttentionBackend::unfused)
+            .chunk->attention_backend() == AttentionBackend::unfused);
   CHECK_THROWS_WITH(Small(DType::f32, Device::cuda, RecomputeGranularity::none, AttentionBackend::flash),
                     Catch::Matchers::Contains("model.attention_backend"));
 }

@@ -212,7 +212,8 @@ TEST_CASE("gpt: the head in chunks of logit rows equals the head in one", "[mode
     CHECK(std::fabs(Lc - L1) <= 1e-14 * std::fabs(L1));
     double maxdiff = 0, scale = 0;
     for (int64_t i = 0; i < one.store.numel(); ++i) {
-      maxdiff = std::max(maxdiff, std::fabs(chunked.store.grads().data<double>()[i] - one.store.grads().data<double>()[i]));
+      maxdiff =
+          std::max(maxdiff, std::fabs(chunked.store.grads().data<double>()[i] - one.store.grads().data<double>()[i]));
       scale = std::max(scale, std::fabs(one.store.grads().data<double>()[i]));
     }
     CHECK(maxdiff <= 1e-13 * scale);

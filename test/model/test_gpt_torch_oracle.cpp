@@ -26,14 +26,16 @@ void check_against_torch(GptConfig cfg, int llama) {
   // perturb norms and biases so their gradients are non-trivial
   for (auto& p : store.infos())
     if (p.init == InitKind::zeros || p.init == InitKind::ones)
-      for (int64_t i = 0; i < p.numel; ++i) store.params().data<float>()[p.offset + i] += 0.01f * static_cast<float>((i * 37 + 11) % 19 - 9);
+      for (int64_t i = 0; i < p.numel; ++i)
+        store.params().data<float>()[p.offset + i] += 0.01f * static_cast<float>((i * 37 + 11) % 19 - 9);
   parallel::ProcessGroups groups;
   groups.tp = std::make_shared<parallel::LocalCommunicator>("tp");
   GptChunk chunk(cfg, spec, store, groups);
 
   const int64_t B = 6, mbs = 3, T = cfg.seq_length;
   Tensor tokens = Tensor::empty({B, T + 1}, DType::i32);
-  for (int64_t i = 0; i < tokens.numel(); ++i) tokens.data<int32_t>()[i] = static_cast<int32_t>((i * 31 + (i / 7) * 3) % 50);
+  for (int64_t i = 0; i < tokens.numel(); ++i)
+    tokens.data<int32_t>()[i] = static_cast<int32_t>((i * 31 + (i / 7) * 3) % 50);
 
   optimizer::AdamWConfig oc;
   const double lr = 1e-2;
@@ -42,9 +44,9 @@ void check_against_torch(GptConfig cfg, int llama) {
   oc.beta2 = 0.95;
   oc.eps = 1e-8;
   oc.clip_grad = 1.0;
-  std::map<std::string, std::string> meta = {{"layers", "2"},   {"hidden", "32"},   {"heads", "4"},    {"vocab", "50"},
-                                             {"seq", "16"},     {"eps", "1e-05"},   {"lr", "0.01"},    {"wd", "0.1"},
-                                             {"clip", "1.0"},   {"beta1", "0.9"},   {"beta2", "0.95"}, {"adam_eps", "1e-08"}};
+  std::map<std::string, std::string> meta = {
+      {"layers", "2"}, {"hidden", "32"}, {"heads", "4"},  {"vocab", "50"},  {"seq", "16"},     {"eps", "1e-05"},
+      {"lr", "0.01"},  {"wd", "0.1"},    {"clip", "1.0"}, {"beta1", "0.9"}, {"beta2", "0.95"}, {"adam_eps", "1e-08"}};
   if (llama >= 0) {
     const auto& r = cfg.rope_params;
     for (auto& [k, v] : std::map<std::string, double>{{"llama", 1},

@@ -49,7 +49,8 @@ Tensor cached_logits(GptChunk& m, const std::vector<int32_t>& seq, int64_t B, in
   for (int64_t t0 = 0; t0 < Ttot;) {
     const int64_t n = t0 == 0 ? prompt : 1;
     chunk.clear();
-    for (int64_t b = 0; b < B; ++b) chunk.insert(chunk.end(), seq.begin() + b * Ttot + t0, seq.begin() + b * Ttot + t0 + n);
+    for (int64_t b = 0; b < B; ++b)
+      chunk.insert(chunk.end(), seq.begin() + b * Ttot + t0, seq.begin() + b * Ttot + t0 + n);
     REQUIRE(kv.length == t0);
     place(logits_at(m, chunk.data(), B, n, iota_rows(B * n), &kv), t0, n);
     t0 += n;
@@ -115,7 +116,8 @@ TEST_CASE("KV cache: prefill + decode logits equal a full forward over the whole
     auto m = whole_model_chunk(cfg, lm.store);
     Tensor full = logits_at(*m, seq.data(), B, Ttot, iota_rows(B * Ttot));
     Tensor cached = cached_logits(*m, seq, B, Ttot, P);
-    const double d = rel_diff(cached.data<float>(), full.data<float>(), B * Ttot, cfg.padded_vocab_size, cfg.vocab_size);
+    const double d =
+        rel_diff(cached.data<float>(), full.data<float>(), B * Ttot, cfg.padded_vocab_size, cfg.vocab_size);
     INFO("relative difference " << d);
     CHECK(d < 1e-5);
     CHECK(m->saved_bytes() == 0);
@@ -138,8 +140,10 @@ TEST_CASE("KV cache: prefill + decode logits equal a full forward over the whole
     Tensor full = logits_at(*m, seq.data(), B, Ttot, iota_rows(B * Ttot));
     Tensor cached = cached_logits(*m, seq, B, Ttot, P);
     Tensor ref32 = logits_at(*m32, seq.data(), B, Ttot, iota_rows(B * Ttot));
-    const double d = rel_diff(cached.data<float>(), full.data<float>(), B * Ttot, cfg.padded_vocab_size, cfg.vocab_size);
-    const double d32 = rel_diff(cached.data<float>(), ref32.data<float>(), B * Ttot, cfg.padded_vocab_size, cfg.vocab_size);
+    const double d =
+        rel_diff(cached.data<float>(), full.data<float>(), B * Ttot, cfg.padded_vocab_size, cfg.vocab_size);
+    const double d32 =
+        rel_diff(cached.data<float>(), ref32.data<float>(), B * Ttot, cfg.padded_vocab_size, cfg.vocab_size);
     INFO("bf16 cached vs bf16 full " << d << ", vs fp32 " << d32);
     CHECK(d < 2e-2);
     CHECK(d32 < 6e-2);
@@ -162,7 +166,8 @@ TEST_CASE("KV cache: a Llama-family model decodes as its full forward, caching t
     CHECK(probe.k[0].shape() == Shape{1, cfg.kv_groups(), 4, cfg.head_dim()});
     Tensor full = logits_at(*m, seq.data(), B, Ttot, iota_rows(B * Ttot));
     Tensor cached = cached_logits(*m, seq, B, Ttot, P);
-    const double d = rel_diff(cached.data<float>(), full.data<float>(), B * Ttot, cfg.padded_vocab_size, cfg.vocab_size);
+    const double d =
+        rel_diff(cached.data<float>(), full.data<float>(), B * Ttot, cfg.padded_vocab_size, cfg.vocab_size);
     INFO("relative difference " << d);
     CHECK(d < 1e-5);
   }

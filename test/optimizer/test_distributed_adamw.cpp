@@ -61,8 +61,10 @@ TEST_CASE("distributed adamw: two steps equal AdamW written out, clipping by the
   CHECK(opt.state_bytes() == 2 * 5 * 4);
 }
 
-TEST_CASE("distributed adamw: a non-finite gradient skips the step; the compute copy follows the master", "[optimizer]") {
-  optimizer::DistributedAdamW opt(optimizer::AdamWConfig{}, {{{0, 4, true}, true}}, 4, test::single_process_groups(), false, 0);
+TEST_CASE("distributed adamw: a non-finite gradient skips the step; the compute copy follows the master",
+          "[optimizer]") {
+  optimizer::DistributedAdamW opt(optimizer::AdamWConfig{}, {{{0, 4, true}, true}}, 4, test::single_process_groups(),
+                                  false, 0);
   Tensor p = filled({1.0f, 2.0f, 3.0f, 4.0f});
   Tensor g = filled({0.1f, NAN, 0.1f, 0.1f});
   const optimizer::StepResult r = opt.step(p, g, 0.1);
@@ -72,5 +74,6 @@ TEST_CASE("distributed adamw: a non-finite gradient skips the step; the compute 
   Tensor w = Tensor::empty({4}, DType::bf16);
   Tensor g2 = filled({0.1f, -0.2f, 0.3f, -0.4f});
   CHECK_FALSE(opt.step(p, g2, 0.1, &w).skipped);
-  for (int i = 0; i < 4; ++i) CHECK(half::bf16_to_f32(w.data<uint16_t>()[i]) == half::bf16_to_f32(half::f32_to_bf16(p.data<float>()[i])));
+  for (int i = 0; i < 4; ++i)
+    CHECK(half::bf16_to_f32(w.data<uint16_t>()[i]) == half::bf16_to_f32(half::f32_to_bf16(p.data<float>()[i])));
 }

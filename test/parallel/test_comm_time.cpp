@@ -40,6 +40,6 @@ TEST_CASE("comm time: blocked time is counted and charged to the group, host syn
   CHECK(at(t, timing::StepPart::tp) >= 0.015);
   CHECK(at(t, timing::StepPart::forward) >= 0.040);
   CHECK(at(t, timing::StepPart::host_sync) >= 0.010);
-  CHECK(at(t, timing::StepPart::host_sync) < 0.040);  // not the 40 ms inside the forward
+  CHECK(at(t, timing::StepPart::host_sync) < 0.040);            // not the 40 ms inside the forward
   CHECK(parallel::comm_blocked_seconds() - blocked0 >= 0.065);  // every blocked scope counts
 }

@@ -80,7 +80,10 @@ TEST_CASE("launch: environment discovery", "[parallel][launch]") {
   CHECK(m.local_rank == 1);
 
   // srun task: step variables present.
-  g_env = {{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "16"}, {"SLURM_STEP_NUM_TASKS", "8"}, {"SLURM_LOCALID", "5"},
+  g_env = {{"SLURM_PROCID", "5"},
+           {"SLURM_NTASKS", "16"},
+           {"SLURM_STEP_NUM_TASKS", "8"},
+           {"SLURM_LOCALID", "5"},
            {"SLURM_STEP_ID", "0"}};
   auto s = detect_launch(&fake_getenv);
   CHECK(s.launcher == "srun");

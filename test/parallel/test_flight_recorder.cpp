@@ -80,7 +80,8 @@ TEST_CASE("flight recorder: sequence numbers, states and the timeout", "[paralle
   // The oldest pending operation passes the timeout: the send (seq 1 of its pair).
   const Watchdog::Trip t = w.check(t0 + 11);
   CHECK(t.origin);
-  CHECK_THAT(t.reason, Catch::Contains("timeout: operation #1 send with group rank 1 on group pp (up channel, ranks 0,4)"));
+  CHECK_THAT(t.reason,
+             Catch::Contains("timeout: operation #1 send with group rank 1 on group pp (up channel, ranks 0,4)"));
   CHECK_THAT(t.reason, Catch::Contains("512 bytes bf16"));
   CHECK_THAT(t.reason, Catch::Contains("iteration 3, stage 0 (chunk 0), micro batch 1, forward"));
   CHECK_THAT(t.reason, Catch::Contains("still started"));
@@ -142,8 +143,9 @@ TEST_CASE("flight recorder: asynchronous errors, a peer's marker, a dead peer", 
   err = "ncclRemoteError (a peer failed or a connection broke)";
   Watchdog::Trip t = w.check(now);
   CHECK(t.origin);
-  CHECK(t.reason == "NCCL asynchronous error ncclRemoteError (a peer failed or a connection broke) on group dp (coll "
-                    "channel, ranks 0,1)");
+  CHECK(t.reason ==
+        "NCCL asynchronous error ncclRemoteError (a peer failed or a connection broke) on group dp (coll "
+        "channel, ranks 0,1)");
   err.clear();
   // A peer's heartbeat that stopped changing: that rank died.
   const std::string hb = dir + "/flight_recorder/heartbeat_t1_rank2";
@@ -253,8 +255,9 @@ TEST_CASE("flight recorder: the verdict names the rank the others wait for", "[p
   CHECK(v.waiting == std::vector<int64_t>{2});
   CHECK(v.origin_rank == 2);
   CHECK(v.culprit_context == "iteration 3, stage 1 (chunk 0), micro batch 0, forward");
-  CHECK_THAT(v.text, Catch::StartsWith("rank 3 (r3) is the culprit: rank 2 waits for it in all_reduce #3 (1024 bytes f32) on "
-                                       "group tp (ranks 2,3, coll channel), which rank 3 never entered (it entered 2 there)"));
+  CHECK_THAT(v.text,
+             Catch::StartsWith("rank 3 (r3) is the culprit: rank 2 waits for it in all_reduce #3 (1024 bytes f32) on "
+                               "group tp (ranks 2,3, coll channel), which rank 3 never entered (it entered 2 there)"));
   CHECK_THAT(v.text, Catch::Contains("rank 1 waits for it too, in other operations"));
   CHECK_THAT(v.text, Catch::Contains("Dumps from 4 of 4 ranks."));
 
@@ -299,8 +302,9 @@ TEST_CASE("flight recorder: a dead peer is named from the survivors' dumps", "[p
     Watchdog w;
     w.configure(options(dir, r, 4));
     w.add_comm(comm("dp", "coll", {0, 1, 2, 3}, r));
-    dumps.push_back(w.dump_json(r == 0 ? "dead peer: rank 3 (tp=1,pp=0,dp=1) stopped its heartbeat 5.2 s ago (the process died or was stopped)"
-                                       : "rank 0: dead peer: rank 3 ..."));
+    dumps.push_back(w.dump_json(
+        r == 0 ? "dead peer: rank 3 (tp=1,pp=0,dp=1) stopped its heartbeat 5.2 s ago (the process died or was stopped)"
+               : "rank 0: dead peer: rank 3 ..."));
     w.stop();
   }
   const HangVerdict v = explain_hang_dumps(dumps);
@@ -320,8 +324,8 @@ TEST_CASE("flight recorder: bad dumps are input errors", "[parallel]") {
 namespace {
 // Hand-made dumps of `n` ranks in one data-parallel group {0..n-1}: each rank entered
 // `entered[r]` all-reduces, the last of them in state `last[r]` (the others completed).
-std::vector<std::string> dp_dumps(const std::string& dir, const std::vector<int>& entered, const std::vector<OpState>& last,
-                                  int origin) {
+std::vector<std::string> dp_dumps(const std::string& dir, const std::vector<int>& entered,
+                                  const std::vector<OpState>& last, int origin) {
   const int n = static_cast<int>(entered.size());
   std::vector<int64_t> members;
   for (int r = 0; r < n; ++r) members.push_back(r);
@@ -338,41 +342,50 @@ std::vector<std::string> dp_dumps(const std::string& dir, const std::vector<int>
       w.record(dp, "all_reduce", -1, 4096, DType::f32, p);
     }
     CHECK(w.check(wall_now()).reason.empty());  // the probes polled into the rows
-    dumps.push_back(w.dump_json(r == origin ? "timeout: operation #5 all_reduce on group dp" : fmt::format("rank {}: timeout", origin)));
+    dumps.push_back(w.dump_json(r == origin ? "timeout: operation #5 all_reduce on group dp"
+                                            : fmt::format("rank {}: timeout", origin)));
     w.stop();
   }
   return dumps;
 }
 }  // namespace
 
-TEST_CASE("flight recorder: the verdict tells an operation never started from one stuck in the collective", "[parallel]") {
+TEST_CASE("flight recorder: the verdict tells an operation never started from one stuck in the collective",
+          "[parallel]") {
   const RunDir rd("fr-started");
   const std::string dir = rd;
   using S = OpState;
   SECTION("entered but never started: the culprit's stream is busy with earlier work") {
     // Ranks 0, 1, 3 started all-reduce #5 and wait in it; rank 2 enqueued it too, but its
     // stream never reached it (a kernel before it never finished).
-    const HangVerdict v = explain_hang_dumps(dp_dumps(dir, {5, 5, 5, 5}, {S::started, S::started, S::enqueued, S::started}, 0));
+    const HangVerdict v =
+        explain_hang_dumps(dp_dumps(dir, {5, 5, 5, 5}, {S::started, S::started, S::enqueued, S::started}, 0));
     CHECK(v.culprit == 2);
     CHECK(v.not_started);
     CHECK(v.op == "all_reduce");
     CHECK(v.seq == 5);
     CHECK(v.waiting == std::vector<int64_t>{0, 1, 3});
-    CHECK_THAT(v.text, Catch::StartsWith("rank 2 (r2) is the culprit: ranks 0, 1, 3 wait for it in all_reduce #5 (4096 bytes "
-                                         "f32) on group dp (ranks 0,1,2,3, coll channel), which rank 2 enqueued but never "
-                                         "started: its stream is still busy with earlier work"));
-    CHECK_THAT(v.text, Catch::Contains("ranks 0, 1, 3 started their operations and are stuck in them, waiting for a peer"));
+    CHECK_THAT(v.text,
+               Catch::StartsWith("rank 2 (r2) is the culprit: ranks 0, 1, 3 wait for it in all_reduce #5 (4096 bytes "
+                                 "f32) on group dp (ranks 0,1,2,3, coll channel), which rank 2 enqueued but never "
+                                 "started: its stream is still busy with earlier work"));
+    CHECK_THAT(v.text,
+               Catch::Contains("ranks 0, 1, 3 started their operations and are stuck in them, waiting for a peer"));
   }
   SECTION("never entered, waiters started or still queued behind their own stream") {
     // Rank 3 entered only 4; ranks 0 and 1 started #5 (in the collective, waiting for
     // rank 3), rank 2 enqueued it without starting it (its own stream is behind).
-    const HangVerdict v = explain_hang_dumps(dp_dumps(dir, {5, 5, 5, 4}, {S::started, S::started, S::enqueued, S::completed}, 0));
+    const HangVerdict v =
+        explain_hang_dumps(dp_dumps(dir, {5, 5, 5, 4}, {S::started, S::started, S::enqueued, S::completed}, 0));
     CHECK(v.culprit == 3);
     CHECK_FALSE(v.not_started);
     CHECK(v.waiting == std::vector<int64_t>{0, 1, 2});
     CHECK_THAT(v.text, Catch::Contains("which rank 3 never entered (it entered 4 there)"));
-    CHECK_THAT(v.text, Catch::Contains("ranks 0, 1 started their operations and are stuck in them, waiting for a peer"));
-    CHECK_THAT(v.text, Catch::Contains("rank 2 enqueued its operation but has not started it (a stream still busy with earlier work)"));
+    CHECK_THAT(v.text,
+               Catch::Contains("ranks 0, 1 started their operations and are stuck in them, waiting for a peer"));
+    CHECK_THAT(v.text,
+               Catch::Contains(
+                   "rank 2 enqueued its operation but has not started it (a stream still busy with earlier work)"));
     CHECK_THAT(v.text, Catch::Contains("no NCCL operation of it pending: it stopped before entering the next one"));
   }
   SECTION("the culprit's own pending operation, not started") {
@@ -381,8 +394,9 @@ TEST_CASE("flight recorder: the verdict tells an operation never started from on
     const HangVerdict v = explain_hang_dumps(dp_dumps(dir, {5, 4}, {S::started, S::enqueued}, 0));
     CHECK(v.culprit == 1);
     CHECK_THAT(v.text, Catch::Contains("which rank 1 never entered (it entered 4 there)"));
-    CHECK_THAT(v.text, Catch::Contains("its oldest pending operation: all_reduce #4 on group dp, enqueued but never started: "
-                                       "its stream is still busy with earlier work"));
+    CHECK_THAT(v.text,
+               Catch::Contains("its oldest pending operation: all_reduce #4 on group dp, enqueued but never started: "
+                               "its stream is still busy with earlier work"));
   }
   SECTION("a rank whose own row is not started says nothing about its peers") {
     // Both entered all-reduce #3 and neither stream reached it: neither waits in it for
@@ -397,8 +411,9 @@ TEST_CASE("flight recorder: the verdict tells an operation never started from on
     CHECK(v.culprit == -1);
     CHECK(v.group == "dp");
     CHECK(v.seq == 5);
-    CHECK_THAT(v.text, Catch::StartsWith("no rank is behind: every member of group dp (ranks 0,1,2, coll channel) entered and "
-                                         "started all_reduce #5 and none completed it: the collective itself is stuck"));
+    CHECK_THAT(v.text,
+               Catch::StartsWith("no rank is behind: every member of group dp (ranks 0,1,2, coll channel) entered and "
+                                 "started all_reduce #5 and none completed it: the collective itself is stuck"));
     CHECK_THAT(v.text, Catch::Contains("they were at iteration 7, stage 0, gradient reduction"));
   }
 }

@@ -193,7 +193,7 @@ TEST_CASE("cost: whole-run figures include the batch ramp", "[cost]") {
 
 TEST_CASE("cost: bad layouts and GPUs are input errors naming what is valid", "[cost]") {
   Recipe r = recipe_530b();
-  CHECK_THROWS_AS(layout_from_recipe(r, 100), InputError);    // not a multiple of tp*pp
+  CHECK_THROWS_AS(layout_from_recipe(r, 100), InputError);      // not a multiple of tp*pp
   CHECK_THROWS_AS(layout_from_recipe(r, 280 * 7), InputError);  // 1920 % 7 != 0
   CHECK_THROWS_WITH(gpu_spec("v100"), Catch::Matchers::Contains("a100-80g") && Catch::Matchers::Contains("h200-141g"));
   CHECK(gpu_spec("h100").name == "h100-80g");
@@ -319,7 +319,9 @@ TEST_CASE("cost: the mtnlg profile times flash-style attention, where selective 
   CHECK(estimate(none, ln, ours).stages[0].activations < 0.5 * estimate(none, ln, meg).stages[0].activations);
 }
 
-TEST_CASE("cost: auto on a GPU is cuDNN's flash form where cuDNN takes it, unfused elsewhere (as the trainer resolves it)", "[cost]") {
+TEST_CASE(
+    "cost: auto on a GPU is cuDNN's flash form where cuDNN takes it, unfused elsewhere (as the trainer resolves it)",
+    "[cost]") {
   const Cluster ours{gpu_spec("a100-80g"), 8, software_profile("mtnlg")};
   Recipe r = gpt(48, 6144, 64, 8, 1, 4, "none");  // head size 96
   REQUIRE(r.model.attention_backend == AttentionBackend::automatic);
@@ -354,7 +356,8 @@ TEST_CASE("cost: the mtnlg profile's unfused attention is Megatron's: probabilit
   CHECK(estimate(none, ln, ours_head).stage_times[0].forward == Approx(estimate(none, ln, meg).stage_times[0].forward));
   CHECK(estimate(none, ln, ours).stage_times[0].forward > estimate(none, ln, ours_head).stage_times[0].forward);
   // Without recompute the [b, a/t, s, s] probabilities are kept: far more than selective keeps.
-  const double keep = estimate(none, ln, ours).stages[0].activations, redo = estimate(sel, ls, ours).stages[0].activations;
+  const double keep = estimate(none, ln, ours).stages[0].activations,
+               redo = estimate(sel, ls, ours).stages[0].activations;
   const double probs = 48.0 * 1 * 64 / 8 * 2048.0 * 2048.0 * 2;  // layers x b x a/t x s^2 x bf16
   CHECK(keep - redo == Approx(probs).epsilon(1e-9));
 }
@@ -400,7 +403,9 @@ Cluster h100(const char* sw) { return Cluster{gpu_spec("h100-80g"), 8, software_
 
 TEST_CASE("H100 GEMM curve: 8192^3 at ~790 TFLOP/s, smaller and skinny GEMMs far lower", "[unit][cost]") {
   const GpuSpec& g = gpu_spec("h100-80g");
-  auto rate = [&](int64_t m, int64_t n, int64_t k) { return 2.0 * double(m) * double(n) * double(k) / gemm_seconds(g, m, n, k) / 1e12; };
+  auto rate = [&](int64_t m, int64_t n, int64_t k) {
+    return 2.0 * double(m) * double(n) * double(k) / gemm_seconds(g, m, n, k) / 1e12;
+  };
   CHECK(rate(8192, 8192, 8192) == Approx(790).epsilon(0.02));
   CHECK(rate(2048, 2048, 2048) < 0.85 * rate(8192, 8192, 8192));
   CHECK(rate(1024, 1024, 1024) < 0.6 * rate(8192, 8192, 8192));
@@ -504,8 +509,10 @@ TEST_CASE("kernel calibration recovers the GEMM curve and the attention rates it
   CHECK(f.gpu.gemm_eff_max == Approx(0.82).epsilon(0.03));
   CHECK(2.0 * 8192.0 * 8192.0 * 8192.0 / gemm_seconds(f.gpu, 8192, 8192, 8192) ==
         Approx(2.0 * 8192.0 * 8192.0 * 8192.0 / gemm_seconds(truth, 8192, 8192, 8192)).epsilon(0.02));
-  CHECK(attention_seconds(f.gpu, 4096, 128, 256, false) == Approx(attention_seconds(truth, 4096, 128, 256, false)).epsilon(0.03));
-  CHECK(attention_seconds(f.gpu, 4096, 128, 256, true) == Approx(attention_seconds(truth, 4096, 128, 256, true)).epsilon(0.03));
+  CHECK(attention_seconds(f.gpu, 4096, 128, 256, false) ==
+        Approx(attention_seconds(truth, 4096, 128, 256, false)).epsilon(0.03));
+  CHECK(attention_seconds(f.gpu, 4096, 128, 256, true) ==
+        Approx(attention_seconds(truth, 4096, 128, 256, true)).epsilon(0.03));
   CHECK_THROWS_AS(calibrate_kernels(truth, {}, {}), InputError);
   CHECK_THROWS_AS(calibrate_kernels(truth, {{8, 8, 8, 1, 0.0}}, {}), InputError);
 }

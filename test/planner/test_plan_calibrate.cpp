@@ -62,12 +62,13 @@ TEST_CASE("plan --calibrate recovers constants from generated step times and wri
   for (int i = 0; i < 3; ++i) {
     const auto dir = tmp / fmt::format("run{}", i);
     std::filesystem::create_directories(dir);
-    write_file(dir / "recipe.resolved.yaml", tiny(runs[i].layers, runs[i].hidden, runs[i].micro, runs[i].batch, runs[i].rc));
+    write_file(dir / "recipe.resolved.yaml",
+               tiny(runs[i].layers, runs[i].hidden, runs[i].micro, runs[i].batch, runs[i].rc));
     const double t = plan_time((dir / "recipe.resolved.yaml").string(), truth);
     std::string lines;
     for (int it = 1; it <= 5; ++it)  // the first record (start-up) is slow and must be left out
-      lines += fmt::format("{{\"iteration\": {}, \"global_batch_size\": {}, \"step_time_s\": {}}}\n", it,
-                           runs[i].batch, it == 1 ? 10 * t : t * (1.0 + 0.001 * (it % 2)));
+      lines += fmt::format("{{\"iteration\": {}, \"global_batch_size\": {}, \"step_time_s\": {}}}\n", it, runs[i].batch,
+                           it == 1 ? 10 * t : t * (1.0 + 0.001 * (it % 2)));
     write_file(dir / "metrics.jsonl", lines);
     args += " --calibrate " + dir.string();
   }
@@ -107,7 +108,8 @@ TEST_CASE("plan --calibrate with multi-process runs also recovers the latency an
     "sm_count": 1, "memory_bytes": 1.7e10, "hbm_bw": 4e9, "nvlink_bus_bw": 5e9, "ib_bw": 1e9,
     "nvlink_alpha": 5e-3, "ib_alpha": 2e-2, "kernel_overhead": 9e-6, "compute_slots": 1})");
   auto timed = [&](const std::string& recipe, int gpus) {
-    auto r = run_mtnlg(fmt::format("plan {} --gpus {} --gpu-profile {} --software mtnlg --json 2>&1", recipe, gpus, truth));
+    auto r =
+        run_mtnlg(fmt::format("plan {} --gpus {} --gpu-profile {} --software mtnlg --json 2>&1", recipe, gpus, truth));
     INFO(r.out);
     REQUIRE(r.exit_code == 0);
     return nlohmann::json::parse(r.out)["iteration_time_s"].get<double>();
@@ -151,7 +153,8 @@ TEST_CASE("plan --calibrate with multi-process runs also recovers the latency an
   // A pipeline layout, not fitted, is predicted as the truth times it.
   const std::string pp2 = (tmp / "pp2.yaml").string();
   write_file(pp2, with_layout(tiny(4, 128, 1, 8, "none"), "pipeline_model_parallel_size: 2"));
-  auto pr = run_mtnlg("plan " + pp2 + " --gpu-profile " + (tmp / "fit.json").string() + " --software mtnlg --json 2>&1");
+  auto pr =
+      run_mtnlg("plan " + pp2 + " --gpu-profile " + (tmp / "fit.json").string() + " --software mtnlg --json 2>&1");
   INFO(pr.out);
   REQUIRE(pr.exit_code == 0);
   CHECK(nlohmann::json::parse(pr.out)["iteration_time_s"].get<double>() == Approx(timed(pp2, 2)).epsilon(0.03));
@@ -173,9 +176,10 @@ TEST_CASE("plan --calibrate and --gpu-profile reject bad input with one line and
       {"plan " + recipe + " --gpu-profile " + (tmp / "missing.json").string(), "cannot open"},
       {"plan " + recipe + " --software pytorch", "megatron-lm, megatron-lm-2021, megatron-deepspeed"},
       {"plan", "RECIPE file is required"},
-      {"plan " + source_dir() + "/recipes/mtnlg-530b.yaml --gpus 2240 --software megatron-deepspeed --set "
-       "parallel.num_layers_per_virtual_pipeline_stage=1 --set training.rampup_batch_size=null --set "
-       "training.global_batch_size=2240",
+      {"plan " + source_dir() +
+           "/recipes/mtnlg-530b.yaml --gpus 2240 --software megatron-deepspeed --set "
+           "parallel.num_layers_per_virtual_pipeline_stage=1 --set training.rampup_batch_size=null --set "
+           "training.global_batch_size=2240",
        "no interleaved schedule"},
   };
   for (auto& c : cases) {
@@ -210,8 +214,9 @@ TEST_CASE("a profile calibrated on three tiny CPU runs predicts a fourth within 
   WARN(c.out);
   // The fourth run's measured step time (its fastest iteration, start-up left out: the
   // machine is shared) against the prediction, both under this trainer's profile.
-  auto m = run_mtnlg("plan --calibrate " + dirs[3] + " --gpu-profile " + profile + " --software mtnlg --step-stat min " +
-                     "--profile-out " + (tmp / "ignored.json").string() + " --json 2>&1");
+  auto m =
+      run_mtnlg("plan --calibrate " + dirs[3] + " --gpu-profile " + profile + " --software mtnlg --step-stat min " +
+                "--profile-out " + (tmp / "ignored.json").string() + " --json 2>&1");
   REQUIRE(m.exit_code == 0);
   const double measured = nlohmann::json::parse(m.out)["calibration"]["runs"][0]["measured_s"].get<double>();
   auto p = run_mtnlg("plan " + (tmp / "run3" / "recipe.resolved.yaml").string() + " --gpu-profile " + profile +
@@ -240,7 +245,11 @@ TEST_CASE("plan --calibrate BENCH.json fits the GEMM curve and attention rates a
   for (int64_t d : {64, 128})
     for (int64_t s : {1024, 4096, 16384}) {
       const int64_t b = 16384 / s, h = 2048 / d;
-      j["attention"].push_back({{"batch", b}, {"heads", h}, {"seq", s}, {"head_dim", d}, {"causal", true},
+      j["attention"].push_back({{"batch", b},
+                                {"heads", h},
+                                {"seq", s},
+                                {"head_dim", d},
+                                {"causal", true},
                                 {"fwd_seconds", cost::attention_seconds(truth, s, d, b * h, false)},
                                 {"bwd_seconds", cost::attention_seconds(truth, s, d, b * h, true)}});
     }
@@ -258,10 +267,12 @@ TEST_CASE("plan --calibrate BENCH.json fits the GEMM curve and attention rates a
   CHECK(p["calibration"]["gemm_rms_relative_error"].get<double>() < 0.03);
   // The profile plans (megatron-core uses its attention rates).
   const auto recipe = tmp / "r.yaml";
-  write_file(recipe,
-             "model: {num_layers: 4, hidden_size: 2048, num_attention_heads: 16, seq_length: 4096, vocab_size: 32000}\n"
-             "training: {precision: bf16, micro_batch_size: 1, global_batch_size: 8, train_iters: 10}\ndata: {mock: true}\n");
-  auto q = run_mtnlg("plan " + recipe.string() + " --gpu-profile " + prof.string() + " --software megatron-core --json 2>&1");
+  write_file(
+      recipe,
+      "model: {num_layers: 4, hidden_size: 2048, num_attention_heads: 16, seq_length: 4096, vocab_size: 32000}\n"
+      "training: {precision: bf16, micro_batch_size: 1, global_batch_size: 8, train_iters: 10}\ndata: {mock: true}\n");
+  auto q = run_mtnlg("plan " + recipe.string() + " --gpu-profile " + prof.string() +
+                     " --software megatron-core --json 2>&1");
   INFO(q.out);
   REQUIRE(q.exit_code == 0);
   // Not a benchmark file: one line, exit 2.
@@ -311,8 +322,8 @@ TEST_CASE("plan --calibrate on three H200 bf16 runs gives physical constants and
     INFO(names[i] << ": measured " << m << " s, fitted " << p << " s");
     CHECK(std::abs(p / m - 1) <= 0.10);
   }
-  fmt::print("h200 fit on 3 runs: gemm_eff_max {:.3f}, hbm_bw {:.0f} GB/s, kernel overhead {:.2f} us, rms {:.1f}%\n", eff,
-             bw / 1e9, ov * 1e6, 100 * c["rms_relative_error"].get<double>());
+  fmt::print("h200 fit on 3 runs: gemm_eff_max {:.3f}, hbm_bw {:.0f} GB/s, kernel overhead {:.2f} us, rms {:.1f}%\n",
+             eff, bw / 1e9, ov * 1e6, 100 * c["rms_relative_error"].get<double>());
 
   // Held out: fit on two runs, predict the third. Reported; bounded loosely (two runs fix two
   // constants, the third keeps the data-sheet value, so a shape the two did not cover, s 2048
@@ -325,13 +336,14 @@ TEST_CASE("plan --calibrate on three H200 bf16 runs gives physical constants and
     const auto f = fit(two, prof);
     CHECK(f["gemm_eff_max"].get<double>() <= 1.0);
     CHECK(f["hbm_bw"].get<double>() <= 4.8e12 * (1 + 1e-9));
-    auto r = run_mtnlg("plan " + fx + names[k] + "/recipe.resolved.yaml --gpu-profile " + prof + " --software mtnlg --json 2>&1");
+    auto r = run_mtnlg("plan " + fx + names[k] + "/recipe.resolved.yaml --gpu-profile " + prof +
+                       " --software mtnlg --json 2>&1");
     INFO(r.out);
     REQUIRE(r.exit_code == 0);
     const double p = nlohmann::json::parse(r.out)["iteration_time_s"];
     const double err = p / measured[names[k]] - 1;
-    fmt::print("h200 held out {}: fitted on the other two, measured {:.4f} s, predicted {:.4f} s ({:+.1f}%)\n", names[k],
-               measured[names[k]], p, 100 * err);
+    fmt::print("h200 held out {}: fitted on the other two, measured {:.4f} s, predicted {:.4f} s ({:+.1f}%)\n",
+               names[k], measured[names[k]], p, 100 * err);
     CHECK(std::abs(err) <= 0.20);
   }
 }

@@ -32,7 +32,9 @@ using namespace mtnlg;
 
 namespace {
 
-std::string mpirun(int np) { return "sh " + test::source_dir() + "/test/support/mpi/mpirun.sh " + std::to_string(np) + " "; }
+std::string mpirun(int np) {
+  return "sh " + test::source_dir() + "/test/support/mpi/mpirun.sh " + std::to_string(np) + " ";
+}
 
 nlohmann::json last_line(const std::filesystem::path& p) {
   std::ifstream in(p);
@@ -65,7 +67,8 @@ double transient_bound(const Recipe& r, const nlohmann::json& plan, double send_
   const double probs = r.model.attention_backend == AttentionBackend::unfused
                            ? e * b * a / t * s * s * (r.model.attention_dropout > 0 ? 2 : 1)
                            : 0.0;
-  const double layer = e * (8 * N * C + N * qkv / t + N * att / t + N * (pre + f) / t) + w * (4 * N + b * a / t * s) + probs;
+  const double layer =
+      e * (8 * N * C + N * qkv / t + N * att / t + N * (pre + f) / t) + w * (4 * N + b * a / t * s) + probs;
   const double head = e * (3 * N * C + N * V / t) + w * 6 * N;
   return std::max(layer, head) + send_buffers;
 }
@@ -85,13 +88,14 @@ void check_layouts(const std::vector<test::Layout>& cases, const std::string& mo
       auto res = test::run_command("timeout -k 5 180 " + train);
       INFO(train << "\n" << res.out);
       REQUIRE(res.exit_code == 0);
-      auto plan = test::run_mtnlg(fmt::format("plan {} {} --gpus {} --gpu cpu --software mtnlg --json 2>&1", recipe, sets,
-                                              c.np));
+      auto plan = test::run_mtnlg(
+          fmt::format("plan {} {} --gpus {} --gpu cpu --software mtnlg --json 2>&1", recipe, sets, c.np));
       INFO(plan.out);
       REQUIRE(plan.exit_code == 0);
       const auto pj = nlohmann::json::parse(plan.out);
       // the form the plan counts: the recipe's, auto being flash on the cpu profile
-      CHECK(pj["attention_backend"] == (c.sets.find("attention_backend=unfused") != std::string::npos ? "unfused" : "flash"));
+      CHECK(pj["attention_backend"] ==
+            (c.sets.find("attention_backend=unfused") != std::string::npos ? "unfused" : "flash"));
       std::vector<std::string> set_list;
       {
         std::istringstream in(sets);
@@ -155,9 +159,9 @@ TEST_CASE("planner memory per rank equals the trainer's tensor bytes by role", "
 // attention 64 wide on a residual stream of 32: kv_channels), an output layer of its own
 // on the last stage, no linear biases.
 TEST_CASE("planner memory per rank equals the trainer's tensor bytes by role: a Llama-family model", "[e2e][memory]") {
-  check_layouts(test::layouts({"single-none", "tp2-pp2-full", "tp2-dp2-sp-selective", "single-unfused", "pp4-v2",
-                               "dp2-zero1"}),
-                " --set model.position_embedding_type=rope --set model.normalization=RMSNorm --set model.swiglu=true"
-                " --set model.ffn_hidden_size=80 --set model.num_query_groups=2 --set model.kv_channels=16"
-                " --set model.untie_embeddings_and_output_weights=true --set model.add_bias_linear=false");
+  check_layouts(
+      test::layouts({"single-none", "tp2-pp2-full", "tp2-dp2-sp-selective", "single-unfused", "pp4-v2", "dp2-zero1"}),
+      " --set model.position_embedding_type=rope --set model.normalization=RMSNorm --set model.swiglu=true"
+      " --set model.ffn_hidden_size=80 --set model.num_query_groups=2 --set model.kv_channels=16"
+      " --set model.untie_embeddings_and_output_weights=true --set model.add_bias_linear=false");
 }

@@ -52,8 +52,7 @@ std::vector<Row> published_rows() {
     REQUIRE(f.size() >= 17);
     rows.push_back({f[0], f[1], f[2], std::stoll(f[3]), std::stoll(f[4]), std::stoll(f[5]), std::stoll(f[6]),
                     std::stoll(f[7]), std::stoll(f[8]), std::stoll(f[9]), f[10] == "auto" ? 0 : std::stoll(f[10]),
-                    std::stoll(f[11]), f[12],
-                    f[13] == "1", f[14], f[15], std::stod(f[16])});
+                    std::stoll(f[11]), f[12], f[13] == "1", f[14], f[15], std::stod(f[16])});
   }
   return rows;
 }
@@ -67,8 +66,7 @@ std::string recipe_yaml(const Row& r) {
       "num_layers_per_virtual_pipeline_stage: {}, recompute_granularity: {}, sequence_parallel: {}}}\n"
       "training: {{precision: bf16, micro_batch_size: {}, global_batch_size: {}, train_iters: 10}}\n"
       "data: {{mock: true}}\n",
-      r.layers, r.hidden, r.heads, r.tp, r.pp, per_virtual, r.recompute, r.sp ? "true" : "false", r.micro,
-      r.batch);
+      r.layers, r.hidden, r.heads, r.tp, r.pp, per_virtual, r.recompute, r.sp ? "true" : "false", r.micro, r.batch);
 }
 
 }  // namespace
@@ -124,8 +122,8 @@ TEST_CASE("plan predicts every published run: median error <= 5%, Narayanan rows
       INFO(row.id << ": " << 100 * err << "%");
       CHECK(std::fabs(err) <= 0.10);
     }
-    table += fmt::format("| {} | {} {} | {:.4g} {} | {:.4g} | {:+.1f}% | {} |\n", row.id, row.source, row.where, row.value,
-                         tf ? "TFLOP/s" : "s", pred, 100 * err, micro_note);
+    table += fmt::format("| {} | {} {} | {:.4g} {} | {:.4g} | {:+.1f}% | {} |\n", row.id, row.source, row.where,
+                         row.value, tf ? "TFLOP/s" : "s", pred, 100 * err, micro_note);
   }
   std::vector<double> sorted = errs;
   std::sort(sorted.begin(), sorted.end());
@@ -160,8 +158,9 @@ std::vector<McoreRow> mcore_rows() {
     auto f = split_tabs(line);
     REQUIRE(f.size() >= 13);
     REQUIRE(f[11] == "model_tflops");
-    rows.push_back({f[0], f[1], std::stoll(f[2]), std::stoll(f[3]), std::stoll(f[4]), std::stoll(f[5]), std::stoll(f[6]),
-                    std::stoll(f[7]), std::stoll(f[8]), std::stoll(f[9]), std::stoll(f[10]), std::stod(f[12])});
+    rows.push_back({f[0], f[1], std::stoll(f[2]), std::stoll(f[3]), std::stoll(f[4]), std::stoll(f[5]),
+                    std::stoll(f[6]), std::stoll(f[7]), std::stoll(f[8]), std::stoll(f[9]), std::stoll(f[10]),
+                    std::stod(f[12])});
   }
   return rows;
 }
@@ -192,12 +191,13 @@ TEST_CASE("plan predicts Megatron-Core's H100 table: median error <= 7%, worst <
   const auto rows = mcore_rows();
   REQUIRE(rows.size() == 9);
   std::vector<double> errs;
-  std::string table = "| run | source | published TFLOP/s | predicted | error | MFU | layout |\n|---|---|---|---|---|---|---|\n";
+  std::string table =
+      "| run | source | published TFLOP/s | predicted | error | MFU | layout |\n|---|---|---|---|---|---|---|\n";
   for (auto& row : rows) {
     const auto path = tmp / (row.id + ".yaml");
     write_file(path, mcore_yaml(row));
-    auto res = run_mtnlg(fmt::format("plan {} --gpus {} --gpu h100-80g --software megatron-core --json 2>&1",
-                                     path.string(), row.gpus));
+    auto res = run_mtnlg(
+        fmt::format("plan {} --gpus {} --gpu h100-80g --software megatron-core --json 2>&1", path.string(), row.gpus));
     INFO(row.id << ": " << res.out);
     REQUIRE(res.exit_code == 0);
     auto j = nlohmann::json::parse(res.out);
@@ -208,9 +208,9 @@ TEST_CASE("plan predicts Megatron-Core's H100 table: median error <= 7%, worst <
     CHECK(j["mfu"].get<double>() == Approx(pred / 989.0).epsilon(1e-6));
     const double err = pred / row.value - 1.0;
     errs.push_back(std::fabs(err));
-    table += fmt::format("| {} | Megatron-LM README, {} | {:.1f} | {:.1f} | {:+.1f}% | {:.1f}% | tp{} pp{} vp{} mb{} |\n",
-                         row.id, row.where, row.value, pred, 100 * err, 100 * j["mfu"].get<double>(), row.tp, row.pp,
-                         row.vp, row.micro);
+    table += fmt::format(
+        "| {} | Megatron-LM README, {} | {:.1f} | {:.1f} | {:+.1f}% | {:.1f}% | tp{} pp{} vp{} mb{} |\n", row.id,
+        row.where, row.value, pred, 100 * err, 100 * j["mfu"].get<double>(), row.tp, row.pp, row.vp, row.micro);
   }
   const double median = median_of(errs), worst = *std::max_element(errs.begin(), errs.end());
   table += fmt::format("\n{} rows: median |error| {:.1f}%, worst {:.1f}%\n", errs.size(), 100 * median, 100 * worst);
@@ -221,7 +221,8 @@ TEST_CASE("plan predicts Megatron-Core's H100 table: median error <= 7%, worst <
   CHECK(worst <= 0.12);
 }
 
-TEST_CASE("plan --search on H100 finds layouts at least as fast as Megatron-Core's published ones", "[e2e][published]") {
+TEST_CASE("plan --search on H100 finds layouts at least as fast as Megatron-Core's published ones",
+          "[e2e][published]") {
   // For every row of the table: the search over the same GPUs (megatron-core, h100-80g) returns a
   // layout whose predicted model TFLOP/s is at least the prediction for the published layout
   // (which is in the search space), and at least the published figure less the table test's
@@ -231,11 +232,12 @@ TEST_CASE("plan --search on H100 finds layouts at least as fast as Megatron-Core
   for (auto& row : mcore_rows()) {
     const auto path = tmp / (row.id + ".yaml");
     write_file(path, mcore_yaml(row));
-    auto fixed = run_mtnlg(fmt::format("plan {} --gpus {} --gpu h100-80g --software megatron-core --json 2>&1",
-                                       path.string(), row.gpus));
+    auto fixed = run_mtnlg(
+        fmt::format("plan {} --gpus {} --gpu h100-80g --software megatron-core --json 2>&1", path.string(), row.gpus));
     REQUIRE(fixed.exit_code == 0);
-    auto res = run_mtnlg(fmt::format("plan {} --gpus {} --gpu h100-80g --software megatron-core --search --top 3 --json 2>&1",
-                                     path.string(), row.gpus));
+    auto res =
+        run_mtnlg(fmt::format("plan {} --gpus {} --gpu h100-80g --software megatron-core --search --top 3 --json 2>&1",
+                              path.string(), row.gpus));
     INFO(row.id << ": " << res.out.substr(0, 4000));
     REQUIRE(res.exit_code == 0);
     auto j = nlohmann::json::parse(res.out);
@@ -246,14 +248,16 @@ TEST_CASE("plan --search on H100 finds layouts at least as fast as Megatron-Core
     CHECK(best >= published_layout * (1 - 1e-9));
     CHECK(best >= row.value * 0.88);
     const auto& l = j["layout"];
-    report += fmt::format("| {} | {:.1f} | {:.1f} | {:.1f} | tp{} pp{} vp{} mb{} {} sp{} zero{} | {:.1f} GiB |\n", row.id,
-                          row.value, published_layout, best, l["tp"].get<int64_t>(), l["pp"].get<int64_t>(),
+    report += fmt::format("| {} | {:.1f} | {:.1f} | {:.1f} | tp{} pp{} vp{} mb{} {} sp{} zero{} | {:.1f} GiB |\n",
+                          row.id, row.value, published_layout, best, l["tp"].get<int64_t>(), l["pp"].get<int64_t>(),
                           l["virtual_stages"].get<int64_t>(), l["micro_batch_size"].get<int64_t>(),
                           l["recompute"].get<std::string>(), l["sequence_parallel"].get<bool>() ? 1 : 0,
                           l["distributed_optimizer"].get<bool>() ? 1 : 0, j["peak_memory_gib"].get<double>());
   }
-  report = "| run | published | planned, published layout | search best | search layout | memory |\n|---|---|---|---|---|---|\n" +
-           report;
+  report =
+      "| run | published | planned, published layout | search best | search layout | memory "
+      "|\n|---|---|---|---|---|---|\n" +
+      report;
   std::ofstream(binary_dir() + "/test/published_runs_mcore_search.md") << report;
   WARN(report);
 }

@@ -99,7 +99,8 @@ SimResult simulate(const std::vector<std::vector<PipeAction>>& tables, int64_t p
             const int64_t want_chunk = f ? (r == 0 ? a.chunk - 1 : a.chunk) : (r == p - 1 ? a.chunk + 1 : a.chunk);
             if (a.peer_stage != want_peer) fail(r, a, "recv from the wrong stage");
             if (msg.mb != a.microbatch || msg.sender_chunk != want_chunk)
-              fail(r, a, "matched a message for mb " + std::to_string(msg.mb) + " chunk " + std::to_string(msg.sender_chunk));
+              fail(r, a,
+                   "matched a message for mb " + std::to_string(msg.mb) + " chunk " + std::to_string(msg.sender_chunk));
             (f ? got_act : got_grad)[r].insert(key);
             now[r] = std::max(now[r], msg.time);
             break;
@@ -221,7 +222,8 @@ TEST_CASE("pipeline: interleaved worked example p=2 m=4 v=2", "[schedules][pipel
   std::vector<std::string> ops;
   for (auto& a : t)
     if (a.op == PipeOp::forward || a.op == PipeOp::backward)
-      ops.push_back((a.op == PipeOp::forward ? "F" : "B") + std::to_string(a.microbatch) + "." + std::to_string(a.chunk));
+      ops.push_back((a.op == PipeOp::forward ? "F" : "B") + std::to_string(a.microbatch) + "." +
+                    std::to_string(a.chunk));
   // warmup 2(p-1) + (v-1)p = 4 forwards, then 1F1B; backwards start at chunk 1.
   CHECK(ops == std::vector<std::string>{"F0.0", "F1.0", "F0.1", "F1.1", "F2.0", "B0.1", "F3.0", "B1.1", "F2.1", "B0.0",
                                         "F3.1", "B1.0", "B2.1", "B3.1", "B2.0", "B3.0"});
@@ -301,7 +303,8 @@ std::string run_with_waits(int64_t p, int64_t m, int64_t v, const std::vector<in
         const auto& a = t[r][pc[r]];
         const size_t i = pc[r];
         if (a.op == PipeOp::send_forward || a.op == PipeOp::send_backward) {
-          if (release[r][i] <= static_cast<int64_t>(i)) return "rank " + std::to_string(r) + ": send released before it is posted";
+          if (release[r][i] <= static_cast<int64_t>(i))
+            return "rank " + std::to_string(r) + ": send released before it is posted";
           if (release[r][i] < static_cast<int64_t>(t[r].size())) {
             const auto& at = t[r][static_cast<size_t>(release[r][i])];
             if (at.op != PipeOp::recv_forward && at.op != PipeOp::recv_backward)

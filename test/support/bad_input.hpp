@@ -28,7 +28,8 @@ inline void expect_exit2(const RunResult& r, std::initializer_list<const char*> 
 // A two-layer GPT on mock data, parsed and trained in a blink.
 inline std::string tiny_recipe_yaml(int64_t train_iters) {
   return "model:\n  num_layers: 2\n  hidden_size: 32\n  num_attention_heads: 4\n  seq_length: 16\n  vocab_size: 100\n"
-         "  make_vocab_size_divisible_by: 8\ntraining:\n  micro_batch_size: 2\n  global_batch_size: 8\n  train_iters: " +
+         "  make_vocab_size_divisible_by: 8\ntraining:\n  micro_batch_size: 2\n  global_batch_size: 8\n  "
+         "train_iters: " +
          std::to_string(train_iters) + "\ndata:\n  mock: true\n";
 }
 

@@ -137,8 +137,8 @@ inline std::string hf_tokenizer_json(const std::string& name) {
     if (d.empty()) return std::string();
     const std::string out = d + "/tokenizer.json";
     if (std::filesystem::exists(out)) return out;
-    auto r = run_command("NODE_PATH='" + tools + "/node_modules' node " + source_dir() + "/test/data/hf_ids.js gpt2-json " +
-                         d + "/vocab.json " + d + "/merges.txt " + out);
+    auto r = run_command("NODE_PATH='" + tools + "/node_modules' node " + source_dir() +
+                         "/test/data/hf_ids.js gpt2-json " + d + "/vocab.json " + d + "/merges.txt " + out);
     return r.exit_code == 0 ? out : std::string();
   }();
   return gpt2;
@@ -193,11 +193,11 @@ inline std::vector<std::vector<int32_t>> read_id_lists(const std::string& path) 
 
 }  // namespace mtnlg::test
 
-#define MTNLG_REQUIRE_HF(path, name)                                                             \
-  const std::string path = ::mtnlg::test::hf_tokenizer_json(name);                               \
-  if (path.empty()) {                                                                            \
+#define MTNLG_REQUIRE_HF(path, name)                                                                \
+  const std::string path = ::mtnlg::test::hf_tokenizer_json(name);                                  \
+  if (path.empty()) {                                                                               \
     WARN("skipped: " << name << " tokenizer.json unavailable (scripts/setup-npm-tools.sh failed)"); \
-    return;                                                                                      \
+    return;                                                                                         \
   }
 
 #define MTNLG_REQUIRE_GPT2(tok)                                                                      \

@@ -13,8 +13,9 @@ namespace mtnlg::test {
 // is the last), each named as the trainer names it.
 inline parallel::ProcessGroups single_process_groups() {
   parallel::ProcessGroups g;
-  for (const auto& [group, name] : {std::pair{&g.world, "world"}, std::pair{&g.tp, "tp"}, std::pair{&g.pp, "pp"},
-                                    std::pair{&g.dp, "dp"}, std::pair{&g.embedding, "embedding"}, std::pair{&g.mp, "mp"}})
+  for (const auto& [group, name] :
+       {std::pair{&g.world, "world"}, std::pair{&g.tp, "tp"}, std::pair{&g.pp, "pp"}, std::pair{&g.dp, "dp"},
+        std::pair{&g.embedding, "embedding"}, std::pair{&g.mp, "mp"}})
     *group = std::make_shared<parallel::LocalCommunicator>(name);
   return g;
 }

@@ -17,18 +17,60 @@
 
 static char g_handle[64]; /* what every opaque output points at */
 
-int cuInit(unsigned flags) { (void)flags; return CUDA_SUCCESS; }
-int cuDriverGetVersion(int* v) { *v = 13000; return CUDA_SUCCESS; }
-int cuDeviceGet(int* d, int ordinal) { (void)ordinal; *d = 0; return CUDA_SUCCESS; }
-int cuDeviceGetCount(int* n) { *n = 1; return CUDA_SUCCESS; }
-int cuCtxGetCurrent(void** c) { *c = g_handle; return CUDA_SUCCESS; }
-int cuCtxPushCurrent(void* c) { (void)c; return CUDA_SUCCESS; }
-int cuCtxPopCurrent(void** c) { if (c) *c = g_handle; return CUDA_SUCCESS; }
-int cuCtxGetLimit(size_t* v, int limit) { (void)limit; *v = 0; return CUDA_SUCCESS; }
-int cuStreamGetCtx(void* s, void** c) { (void)s; *c = g_handle; return CUDA_SUCCESS; }
-int cuGetErrorName(int e, const char** s) { (void)e; *s = "CUDA_ERROR (driver stand-in)"; return CUDA_SUCCESS; }
-int cuGetErrorString(int e, const char** s) { (void)e; *s = "the CUDA driver stand-in of offline planning"; return CUDA_SUCCESS; }
-int cuGetExportTable(const void** table, const void* id) { (void)id; *table = NULL; return CUDA_ERROR_NOT_FOUND; }
+int cuInit(unsigned flags) {
+  (void)flags;
+  return CUDA_SUCCESS;
+}
+int cuDriverGetVersion(int* v) {
+  *v = 13000;
+  return CUDA_SUCCESS;
+}
+int cuDeviceGet(int* d, int ordinal) {
+  (void)ordinal;
+  *d = 0;
+  return CUDA_SUCCESS;
+}
+int cuDeviceGetCount(int* n) {
+  *n = 1;
+  return CUDA_SUCCESS;
+}
+int cuCtxGetCurrent(void** c) {
+  *c = g_handle;
+  return CUDA_SUCCESS;
+}
+int cuCtxPushCurrent(void* c) {
+  (void)c;
+  return CUDA_SUCCESS;
+}
+int cuCtxPopCurrent(void** c) {
+  if (c) *c = g_handle;
+  return CUDA_SUCCESS;
+}
+int cuCtxGetLimit(size_t* v, int limit) {
+  (void)limit;
+  *v = 0;
+  return CUDA_SUCCESS;
+}
+int cuStreamGetCtx(void* s, void** c) {
+  (void)s;
+  *c = g_handle;
+  return CUDA_SUCCESS;
+}
+int cuGetErrorName(int e, const char** s) {
+  (void)e;
+  *s = "CUDA_ERROR (driver stand-in)";
+  return CUDA_SUCCESS;
+}
+int cuGetErrorString(int e, const char** s) {
+  (void)e;
+  *s = "the CUDA driver stand-in of offline planning";
+  return CUDA_SUCCESS;
+}
+int cuGetExportTable(const void** table, const void* id) {
+  (void)id;
+  *table = NULL;
+  return CUDA_ERROR_NOT_FOUND;
+}
 int cuLibraryLoadData(void** lib, const void* code, void* jo, void* jv, unsigned nj, void* lo, void* lv, unsigned nl) {
   (void)code, (void)jo, (void)jv, (void)nj, (void)lo, (void)lv, (void)nl;
   *lib = g_handle;
@@ -39,12 +81,34 @@ int cuLibraryLoadFromFile(void** lib, const char* f, void* jo, void* jv, unsigne
   *lib = g_handle;
   return CUDA_SUCCESS;
 }
-int cuLibraryUnload(void* lib) { (void)lib; return CUDA_SUCCESS; }
-int cuLibraryGetKernel(void** k, void* lib, const char* name) { (void)lib, (void)name; *k = g_handle; return CUDA_SUCCESS; }
-int cuKernelGetAttribute(int* v, int attr, void* k, int dev) { (void)attr, (void)k, (void)dev; *v = 0; return CUDA_SUCCESS; }
-int cuKernelSetAttribute(int attr, int v, void* k, int dev) { (void)attr, (void)v, (void)k, (void)dev; return CUDA_SUCCESS; }
-int cuOccupancyMaxPotentialClusterSize(int* n, void* f, const void* cfg) { (void)f, (void)cfg; *n = 1; return CUDA_SUCCESS; }
-int cuLinkCreate(unsigned n, void* o, void** v, void** state) { (void)n, (void)o, (void)v; *state = g_handle; return CUDA_SUCCESS; }
+int cuLibraryUnload(void* lib) {
+  (void)lib;
+  return CUDA_SUCCESS;
+}
+int cuLibraryGetKernel(void** k, void* lib, const char* name) {
+  (void)lib, (void)name;
+  *k = g_handle;
+  return CUDA_SUCCESS;
+}
+int cuKernelGetAttribute(int* v, int attr, void* k, int dev) {
+  (void)attr, (void)k, (void)dev;
+  *v = 0;
+  return CUDA_SUCCESS;
+}
+int cuKernelSetAttribute(int attr, int v, void* k, int dev) {
+  (void)attr, (void)v, (void)k, (void)dev;
+  return CUDA_SUCCESS;
+}
+int cuOccupancyMaxPotentialClusterSize(int* n, void* f, const void* cfg) {
+  (void)f, (void)cfg;
+  *n = 1;
+  return CUDA_SUCCESS;
+}
+int cuLinkCreate(unsigned n, void* o, void** v, void** state) {
+  (void)n, (void)o, (void)v;
+  *state = g_handle;
+  return CUDA_SUCCESS;
+}
 int cuLinkAddData(void) { return CUDA_SUCCESS; }
 int cuLinkComplete(void* state, void** cubin, size_t* size) {
   (void)state;
@@ -52,7 +116,10 @@ int cuLinkComplete(void* state, void** cubin, size_t* size) {
   *size = sizeof g_handle;
   return CUDA_SUCCESS;
 }
-int cuLinkDestroy(void* state) { (void)state; return CUDA_SUCCESS; }
+int cuLinkDestroy(void* state) {
+  (void)state;
+  return CUDA_SUCCESS;
+}
 /* Launches are never made by a planning process; they would do nothing. */
 int cuLaunchKernel(void) { return CUDA_SUCCESS; }
 int cuLaunchKernelEx(void) { return CUDA_SUCCESS; }

@@ -85,7 +85,8 @@ TEST_CASE("checkpoint: training.exit_interval stops with a checkpoint; the resum
 TEST_CASE("checkpoint: (2,2,2) with ZeRO-1 resumes bit for bit, and SIGTERM stops every rank", "[mpi]") {
   test::TempDir a("ck-mpi-straight"), b("ck-mpi-resumed");
   REQUIRE(train(8, a.str(), kLayout222).exit_code == 0);
-  std::string ck = std::string(kLayout222) + " --set checkpoint.save=" + b.str() + "/ckpt --set checkpoint.load=" + b.str() + "/ckpt";
+  std::string ck = std::string(kLayout222) + " --set checkpoint.save=" + b.str() +
+                   "/ckpt --set checkpoint.load=" + b.str() + "/ckpt";
   REQUIRE(train(8, b.str(), ck, "MTNLG_FAULT_INJECT=rank=5:iteration=10:mode=sigterm").exit_code == 0);
   REQUIRE(model::ckpt::latest_iteration(b.str() + "/ckpt") == 10);
   auto files = model::ckpt::inspect(b.str() + "/ckpt");
@@ -113,7 +114,8 @@ TEST_CASE("checkpoint: (2,2,2) with ZeRO-1 resumes bit for bit, and SIGTERM stop
     REQUIRE(cr.exit_code == 0);
     const Target targets[] = {
         {"single", 1, "--set checkpoint.load=" + b.str() + "/ckpt/iter_0000010"},
-        {"pp2-dp2", 4, "--set parallel.pipeline_model_parallel_size=2 --set checkpoint.load=" + b.str() + "/ckpt/iter_0000010"},
+        {"pp2-dp2", 4,
+         "--set parallel.pipeline_model_parallel_size=2 --set checkpoint.load=" + b.str() + "/ckpt/iter_0000010"},
         {"converted-pp2", 2, "--set parallel.pipeline_model_parallel_size=2 --set checkpoint.load=" + conv.str()},
     };
     for (auto& t : targets) {
@@ -123,7 +125,8 @@ TEST_CASE("checkpoint: (2,2,2) with ZeRO-1 resumes bit for bit, and SIGTERM stop
       INFO(t.name);
       REQUIRE(l.size() == 10);  // iterations 11..20
       double worst = 0;
-      for (size_t i = 0; i < l.size(); ++i) worst = std::max(worst, std::fabs(l[i] - la[10 + i]) / std::fabs(la[10 + i]));
+      for (size_t i = 0; i < l.size(); ++i)
+        worst = std::max(worst, std::fabs(l[i] - la[10 + i]) / std::fabs(la[10 + i]));
       INFO("worst relative difference " << worst);
       CHECK(worst <= 1e-5);
     }
@@ -134,8 +137,9 @@ TEST_CASE("checkpoint: kill -9 during a save leaves the previous checkpoint and 
   test::TempDir d("ck-kill");
   std::string root = d.str() + "/ckpt";
   std::string cmd = std::string("MTNLG_TEST_SAVE_DELAY_MS=4000 exec ") + MTNLG_BINARY + " train " + kRecipe + kSets +
-                    " --set logging.dir=" + d.str() + " --set checkpoint.save=" + root + " --set checkpoint.save_interval=5" +
-                    " --set training.train_iters=40 > " + d.str() + "/log.txt 2>&1";
+                    " --set logging.dir=" + d.str() + " --set checkpoint.save=" + root +
+                    " --set checkpoint.save_interval=5" + " --set training.train_iters=40 > " + d.str() +
+                    "/log.txt 2>&1";
   pid_t pid = fork();
   REQUIRE(pid >= 0);
   if (pid == 0) {
@@ -232,7 +236,8 @@ TEST_CASE("checkpoint: truncated, corrupted and foreign checkpoints exit 2 namin
 TEST_CASE("checkpoint: keep_last prunes old checkpoints; inspect reports them", "[e2e]") {
   test::TempDir d("ck-keep");
   std::string root = d.str() + "/ckpt";
-  REQUIRE(train(1, d.str(), "--set checkpoint.save=" + root + " --set checkpoint.save_interval=4 --set checkpoint.keep_last=2")
+  REQUIRE(train(1, d.str(),
+                "--set checkpoint.save=" + root + " --set checkpoint.save_interval=4 --set checkpoint.keep_last=2")
               .exit_code == 0);
   int dirs = 0;
   for (auto& e : fs::directory_iterator(root)) dirs += e.is_directory();
@@ -249,12 +254,12 @@ TEST_CASE("checkpoint logits: the model's logits for given tokens, on the CPU an
   const std::string ck = d.str() + "/ckpt";
   REQUIRE(train(1, d.str(), "--set training.train_iters=2 --set checkpoint.save=" + ck).exit_code == 0);
   const std::string toks = "3,141,59,26,5,35,89,79";
-  auto cpu = test::run_mtnlg("checkpoint logits --input " + ck + " --device cpu --tokens " + toks + " --output " + d.str() +
-                             "/cpu.safetensors");
+  auto cpu = test::run_mtnlg("checkpoint logits --input " + ck + " --device cpu --tokens " + toks + " --output " +
+                             d.str() + "/cpu.safetensors");
   INFO(cpu.out);
   REQUIRE(cpu.exit_code == 0);
-  auto dev = test::run_mtnlg("checkpoint logits --input " + ck + " --device test --tokens " + toks + " --output " + d.str() +
-                             "/test.safetensors");
+  auto dev = test::run_mtnlg("checkpoint logits --input " + ck + " --device test --tokens " + toks + " --output " +
+                             d.str() + "/test.safetensors");
   INFO(dev.out);
   REQUIRE(dev.exit_code == 0);
   auto a = safetensors::read(d.str() + "/cpu.safetensors"), b = safetensors::read(d.str() + "/test.safetensors");
@@ -279,7 +284,8 @@ TEST_CASE("checkpoint logits: the model's logits for given tokens, on the CPU an
     }
   // Bad token lists are input errors.
   for (const char* bad : {"1,x", "1,,2", "-3", "1,256"}) {
-    auto r = test::run_mtnlg("checkpoint logits --input " + ck + " --tokens=" + bad + " --output " + d.str() + "/bad.st");
+    auto r =
+        test::run_mtnlg("checkpoint logits --input " + ck + " --tokens=" + bad + " --output " + d.str() + "/bad.st");
     INFO(bad << ": " << r.out);
     CHECK(r.exit_code == 2);
     CHECK_THAT(r.out, Contains("--tokens"));

@@ -25,9 +25,11 @@ TEST_CASE("checkpoint: Hugging Face export matches PyTorch and import round-trip
   // non-trivial norms and biases
   for (auto& p : m.store.infos())
     if (p.init == model::InitKind::zeros || p.init == model::InitKind::ones)
-      for (int64_t i = 0; i < p.numel; ++i) m.store.params().data<float>()[p.offset + i] += 0.01f * static_cast<float>(i % 7) - 0.03f;
+      for (int64_t i = 0; i < p.numel; ++i)
+        m.store.params().data<float>()[p.offset + i] += 0.01f * static_cast<float>(i % 7) - 0.03f;
   app::save_whole_model(d.str() + "/ckpt", r, m.store, 0);
-  auto ex = test::run_mtnlg("checkpoint export --format hf-gpt2 --input " + d.str() + "/ckpt --output " + d.str() + "/hf");
+  auto ex =
+      test::run_mtnlg("checkpoint export --format hf-gpt2 --input " + d.str() + "/ckpt --output " + d.str() + "/hf");
   INFO(ex.out);
   REQUIRE(ex.exit_code == 0);
 
@@ -44,13 +46,14 @@ TEST_CASE("checkpoint: Hugging Face export matches PyTorch and import round-trip
   Tensor tt = Tensor::empty({B, T}, DType::i32);
   std::copy(toks.begin(), toks.end(), tt.data<int32_t>());
   safetensors::write(d.str() + "/ref.safetensors", {{"tokens", tt}, {"logits", real}});
-  auto py = test::run_command(test::python() + " " + test::source_dir() + "/test/app/checkpoint/torch_hf_gpt2.py " + d.str() + "/hf " +
-                              d.str() + "/ref.safetensors");
+  auto py = test::run_command(test::python() + " " + test::source_dir() + "/test/app/checkpoint/torch_hf_gpt2.py " +
+                              d.str() + "/hf " + d.str() + "/ref.safetensors");
   INFO(py.out);
   CHECK(py.exit_code == 0);
   CHECK(py.out.find("PASS") != std::string::npos);
 
-  auto im2 = test::run_mtnlg("checkpoint import --format hf-gpt2 --input " + d.str() + "/hf --output " + d.str() + "/back");
+  auto im2 =
+      test::run_mtnlg("checkpoint import --format hf-gpt2 --input " + d.str() + "/hf --output " + d.str() + "/back");
   INFO(im2.out);
   REQUIRE(im2.exit_code == 0);
   model::LoadedModel back = app::load_for_inference(d.str() + "/back");

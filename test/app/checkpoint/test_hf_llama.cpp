@@ -28,13 +28,21 @@ namespace {
 // A tiny Llama recipe (GQA: 4 query heads in 2 groups, untied, no biases) with `over` keys
 // replacing or adding to its model section.
 Recipe llama_recipe(const std::map<std::string, std::string>& over) {
-  std::map<std::string, std::string> m = {
-      {"num_layers", "2"},           {"hidden_size", "32"},          {"num_attention_heads", "4"},
-      {"num_query_groups", "2"},     {"ffn_hidden_size", "48"},      {"seq_length", "16"},
-      {"vocab_size", "300"},         {"make_vocab_size_divisible_by", "128"},
-      {"position_embedding_type", "rope"}, {"normalization", "RMSNorm"}, {"norm_epsilon", "1.0e-5"},
-      {"swiglu", "true"},            {"add_bias_linear", "false"},  {"untie_embeddings_and_output_weights", "true"},
-      {"init_method_std", "0.1"}};
+  std::map<std::string, std::string> m = {{"num_layers", "2"},
+                                          {"hidden_size", "32"},
+                                          {"num_attention_heads", "4"},
+                                          {"num_query_groups", "2"},
+                                          {"ffn_hidden_size", "48"},
+                                          {"seq_length", "16"},
+                                          {"vocab_size", "300"},
+                                          {"make_vocab_size_divisible_by", "128"},
+                                          {"position_embedding_type", "rope"},
+                                          {"normalization", "RMSNorm"},
+                                          {"norm_epsilon", "1.0e-5"},
+                                          {"swiglu", "true"},
+                                          {"add_bias_linear", "false"},
+                                          {"untie_embeddings_and_output_weights", "true"},
+                                          {"init_method_std", "0.1"}};
   for (const auto& [k, v] : over) m[k] = v;
   std::string y = "model: {";
   for (const auto& [k, v] : m) y += k + ": " + v + ", ";
@@ -45,12 +53,13 @@ Recipe llama_recipe(const std::map<std::string, std::string>& over) {
 
 // A random model of `r` (norm weights and biases moved off 1 and 0) saved as a checkpoint
 // root, with its logits for B x T tokens written to REF (as `checkpoint logits` writes them).
-model::LoadedModel make_checkpoint(const Recipe& r, const std::string& root, const std::string& ref, int64_t B, int64_t T,
-                                   uint64_t seed) {
+model::LoadedModel make_checkpoint(const Recipe& r, const std::string& root, const std::string& ref, int64_t B,
+                                   int64_t T, uint64_t seed) {
   model::LoadedModel m = model::make_random_model(app::gpt_config(r), seed);
   for (auto& p : m.store.infos())
     if (p.init == model::InitKind::zeros || p.init == model::InitKind::ones)
-      for (int64_t i = 0; i < p.numel; ++i) m.store.params().data<float>()[p.offset + i] += 0.05f * static_cast<float>(i % 7) - 0.15f;
+      for (int64_t i = 0; i < p.numel; ++i)
+        m.store.params().data<float>()[p.offset + i] += 0.05f * static_cast<float>(i % 7) - 0.15f;
   app::save_whole_model(root, r, m.store, 0);
   const int64_t V = m.cfg.vocab_size;
   std::vector<int32_t> toks(static_cast<size_t>(B * T));
@@ -110,7 +119,9 @@ TEST_CASE("checkpoint: Llama and Qwen2 exports match PyTorch; import round-trips
       // head of 8, one is blended and one divided by the factor (the script checks they matter)
       {"rope-scaling",
        {{"use_rope_scaling", "true"}, {"rope_scaling_factor", "8"}, {"rotary_base", "1000000"}, {"seq_length", "128"}},
-       1, 128, "LlamaForCausalLM"},
+       1,
+       128,
+       "LlamaForCausalLM"},
       {"qwen2", {{"add_qkv_bias", "true"}, {"untie_embeddings_and_output_weights", "false"}}, 2, 9, "Qwen2ForCausalLM"},
       {"biases", {{"add_bias_linear", "true"}}, 2, 9, "LlamaForCausalLM"},
       {"mqa-head-dim", {{"num_query_groups", "1"}, {"kv_channels", "16"}}, 2, 9, "LlamaForCausalLM"},
@@ -120,7 +131,8 @@ TEST_CASE("checkpoint: Llama and Qwen2 exports match PyTorch; import round-trips
   for (size_t i = 0; i < cases.size(); ++i) {
     const Case& c = cases[i];
     const std::string base = d.str() + "/" + c.name;
-    models.emplace(c.name, make_checkpoint(llama_recipe(c.over), base + "-ckpt", base + "-ref.safetensors", c.B, c.T, 7 + i));
+    models.emplace(c.name,
+                   make_checkpoint(llama_recipe(c.over), base + "-ckpt", base + "-ref.safetensors", c.B, c.T, 7 + i));
     auto ex = test::run_mtnlg("checkpoint export --input " + base + "-ckpt --output " + base + "-hf");
     INFO(ex.out);
     REQUIRE(ex.exit_code == 0);
@@ -164,7 +176,8 @@ TEST_CASE("checkpoint: Llama and Qwen2 exports match PyTorch; import round-trips
   CHECK(safetensors::read(g + "-bf16/model.safetensors").tensors.at("lm_head.weight").dtype() == DType::bf16);
   py_args += " " + g + "-bf16 " + g + "-ref.safetensors 5e-2";
 
-  auto py = test::run_command(test::python() + " " + test::source_dir() + "/test/app/checkpoint/torch_hf_llama.py" + py_args);
+  auto py =
+      test::run_command(test::python() + " " + test::source_dir() + "/test/app/checkpoint/torch_hf_llama.py" + py_args);
   INFO(py.out);
   CHECK(py.exit_code == 0);
   CHECK(py.out.find("PASS") != std::string::npos);
@@ -219,8 +232,10 @@ TEST_CASE("checkpoint: Llama and Qwen2 exports match PyTorch; import round-trips
   INFO(imh.out);
   REQUIRE(imh.exit_code == 0);
   const model::LoadedModel h = app::load_for_inference(g + "-f16-back");
-  const Tensor a = models.at("gqa-untied").store.param("final_layernorm.weight"), b = h.store.param("final_layernorm.weight");
-  for (int64_t i = 0; i < a.numel(); ++i) CHECK(std::abs(a.data<float>()[i] - b.data<float>()[i]) <= 1e-3f * std::abs(a.data<float>()[i]));
+  const Tensor a = models.at("gqa-untied").store.param("final_layernorm.weight"),
+               b = h.store.param("final_layernorm.weight");
+  for (int64_t i = 0; i < a.numel(); ++i)
+    CHECK(std::abs(a.data<float>()[i] - b.data<float>()[i]) <= 1e-3f * std::abs(a.data<float>()[i]));
 }
 
 TEST_CASE("checkpoint import: a config.json field or file mtnlg cannot take is exit 2 naming it", "[e2e]") {
@@ -245,16 +260,42 @@ TEST_CASE("checkpoint import: a config.json field or file mtnlg cannot take is e
     CHECK(!fs::exists(dir + "/out/latest"));
   };
   auto llama3 = [](nlohmann::json& j) {
-    j["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0},
+    j["rope_scaling"] = {{"rope_type", "llama3"},
+                         {"factor", 8.0},
+                         {"low_freq_factor", 1.0},
+                         {"high_freq_factor", 4.0},
                          {"original_max_position_embeddings", 8192}};
   };
   expect_bad([](auto& j) { j["hidden_act"] = "gelu"; }, {"config.json: hidden_act: 'gelu'"});
-  expect_bad([](auto& j) { j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}}; }, {"rope_scaling.rope_type: 'yarn'"});
-  expect_bad([&](auto& j) { llama3(j); j["rope_scaling"]["low_freq_factor"] = 2.0; }, {"rope_scaling.low_freq_factor: 2"});
-  expect_bad([&](auto& j) { llama3(j); j["rope_scaling"]["high_freq_factor"] = 8.0; }, {"rope_scaling.high_freq_factor: 8"});
-  expect_bad([&](auto& j) { llama3(j); j["rope_scaling"]["original_max_position_embeddings"] = 4096; },
-             {"rope_scaling.original_max_position_embeddings: 4096"});
-  expect_bad([&](auto& j) { llama3(j); j["rope_scaling"].erase("factor"); }, {"rope_scaling.factor: missing"});
+  expect_bad(
+      [](auto& j) {
+        j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
+      },
+      {"rope_scaling.rope_type: 'yarn'"});
+  expect_bad(
+      [&](auto& j) {
+        llama3(j);
+        j["rope_scaling"]["low_freq_factor"] = 2.0;
+      },
+      {"rope_scaling.low_freq_factor: 2"});
+  expect_bad(
+      [&](auto& j) {
+        llama3(j);
+        j["rope_scaling"]["high_freq_factor"] = 8.0;
+      },
+      {"rope_scaling.high_freq_factor: 8"});
+  expect_bad(
+      [&](auto& j) {
+        llama3(j);
+        j["rope_scaling"]["original_max_position_embeddings"] = 4096;
+      },
+      {"rope_scaling.original_max_position_embeddings: 4096"});
+  expect_bad(
+      [&](auto& j) {
+        llama3(j);
+        j["rope_scaling"].erase("factor");
+      },
+      {"rope_scaling.factor: missing"});
   expect_bad([](auto& j) { j["rope_scaling"] = 5; }, {"rope_scaling: not an object"});
   expect_bad([](auto& j) { j["attention_bias"] = true; }, {"attention_bias: true with mlp_bias false"});
   expect_bad([](auto& j) { j["mlp_bias"] = true; }, {"mlp_bias: true with attention_bias false"});
@@ -264,13 +305,26 @@ TEST_CASE("checkpoint import: a config.json field or file mtnlg cannot take is e
   expect_bad([](auto& j) { j["intermediate_size"] = "48"; }, {"'intermediate_size' missing or not an integer"});
   expect_bad([](auto& j) { j["rope_theta"] = 0.5; }, {"rope_theta: must be > 1"});
   expect_bad([](auto& j) { j["tie_word_embeddings"] = "yes"; }, {"tie_word_embeddings: not true or false"});
-  expect_bad([](auto& j) { j["architectures"] = {"Qwen3ForCausalLM"}; j["model_type"] = "qwen3"; },
-             {"model_type: Qwen3", "q_norm", "qk_layernorm"});
-  expect_bad([](auto& j) { j["architectures"] = {"MistralForCausalLM"}; j["model_type"] = "mistral"; },
-             {"architectures: 'MistralForCausalLM'"});
+  expect_bad(
+      [](auto& j) {
+        j["architectures"] = {"Qwen3ForCausalLM"};
+        j["model_type"] = "qwen3";
+      },
+      {"model_type: Qwen3", "q_norm", "qk_layernorm"});
+  expect_bad(
+      [](auto& j) {
+        j["architectures"] = {"MistralForCausalLM"};
+        j["model_type"] = "mistral";
+      },
+      {"architectures: 'MistralForCausalLM'"});
   expect_bad([](auto& j) { j["model_type"] = "qwen2"; }, {"model_type: 'qwen2' does not go with architectures"});
-  expect_bad([](auto& j) { j["architectures"] = {"Qwen2ForCausalLM"}; j["model_type"] = "qwen2"; j["use_sliding_window"] = true; },
-             {"use_sliding_window: true"});
+  expect_bad(
+      [](auto& j) {
+        j["architectures"] = {"Qwen2ForCausalLM"};
+        j["model_type"] = "qwen2";
+        j["use_sliding_window"] = true;
+      },
+      {"use_sliding_window: true"});
   // transformers 5's rope_parameters is read like rope_theta + rope_scaling
   {
     const std::string dir = d.str() + "/v5";
@@ -279,7 +333,8 @@ TEST_CASE("checkpoint import: a config.json field or file mtnlg cannot take is e
     nlohmann::json j = good;
     j.erase("rope_theta");
     j.erase("rope_scaling");
-    j["rope_parameters"] = {{"rope_type", "llama3"}, {"rope_theta", 500000.0}, {"factor", 32.0}, {"low_freq_factor", 1.0},
+    j["rope_parameters"] = {{"rope_type", "llama3"},   {"rope_theta", 500000.0},
+                            {"factor", 32.0},          {"low_freq_factor", 1.0},
                             {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 8192}};
     test::write_file(dir + "/config.json", j.dump(2));
     auto r = test::run_mtnlg("checkpoint import --input " + dir + " --output " + dir + "/out");
@@ -311,7 +366,8 @@ TEST_CASE("checkpoint import: a config.json field or file mtnlg cannot take is e
   auto drop = [](std::vector<safetensors::Entry>& es, const std::string& name) {
     es.erase(std::remove_if(es.begin(), es.end(), [&](auto& e) { return e.name == name; }), es.end());
   };
-  expect_bad_weights([&](auto& es, auto&) { drop(es, "lm_head.weight"); }, {"model.safetensors: tensor 'lm_head.weight' missing"});
+  expect_bad_weights([&](auto& es, auto&) { drop(es, "lm_head.weight"); },
+                     {"model.safetensors: tensor 'lm_head.weight' missing"});
   expect_bad_weights([&](auto& es, auto&) { drop(es, "model.layers.1.self_attn.k_proj.weight"); },
                      {"tensor 'model.layers.1.self_attn.k_proj.weight' missing"});
   expect_bad_weights(
@@ -326,7 +382,8 @@ TEST_CASE("checkpoint import: a config.json field or file mtnlg cannot take is e
           if (e.name == "model.norm.weight") e.tensor = Tensor::zeros({32}, DType::i32);
       },
       {"tensor 'model.norm.weight' is I32, expected F32, BF16 or F16"});
-  expect_bad_weights([&](auto& es, auto&) { es.clear(); }, {"neither model.safetensors nor model.safetensors.index.json"});
+  expect_bad_weights([&](auto& es, auto&) { es.clear(); },
+                     {"neither model.safetensors nor model.safetensors.index.json"});
   expect_bad_weights(
       [&](auto& es, const std::string& dir) {
         nlohmann::json map;
@@ -372,8 +429,11 @@ TEST_CASE("checkpoint export: a model Hugging Face's classes cannot express is e
       {{{"swiglu", "false"}, {"ffn_hidden_size", "128"}}, "model.swiglu: false"},
       {{{"rotary_interleaved", "true"}}, "model.rotary_interleaved: true"},
       {{{"rotary_percent", "0.5"}}, "model.rotary_percent: 0.5"},
-      {{{"position_embedding_type", "learned_absolute"}}, "model.normalization: RMSNorm with learned absolute positions"},
-      {{{"position_embedding_type", "learned_absolute"}, {"normalization", "LayerNorm"}, {"swiglu", "false"},
+      {{{"position_embedding_type", "learned_absolute"}},
+       "model.normalization: RMSNorm with learned absolute positions"},
+      {{{"position_embedding_type", "learned_absolute"},
+        {"normalization", "LayerNorm"},
+        {"swiglu", "false"},
         {"ffn_hidden_size", "128"}},
        "model.untie_embeddings_and_output_weights: true with learned absolute positions"},
       {{{"add_qkv_bias", "true"}, {"kv_channels", "16"}}, "model.kv_channels with model.add_qkv_bias"},

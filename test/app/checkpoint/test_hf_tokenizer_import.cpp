@@ -30,7 +30,8 @@ TEST_CASE("e2e checkpoint import: tokenizer.json comes along and generate uses i
       "hf.yaml");
   model::LoadedModel m = model::make_random_model(app::gpt_config(r), 11);
   app::save_whole_model(d.str() + "/ckpt", r, m.store, 0);
-  auto ex = test::run_mtnlg("checkpoint export --format hf-gpt2 --input " + d.str() + "/ckpt --output " + d.str() + "/hf");
+  auto ex =
+      test::run_mtnlg("checkpoint export --format hf-gpt2 --input " + d.str() + "/ckpt --output " + d.str() + "/hf");
   INFO(ex.out);
   REQUIRE(ex.exit_code == 0);
   const std::string hf = d.str() + "/hf";
@@ -72,7 +73,8 @@ TEST_CASE("e2e checkpoint import: tokenizer.json comes along and generate uses i
   CHECK(re_cfg["eos_token_id"] == 259);
 
   // generate: the checkpoint's tokenizer.json by default, the same as naming it.
-  const std::string gen = "generate --checkpoint " + d.str() + "/back --prompt 'the the' --max-new-tokens 8 --greedy --device cpu";
+  const std::string gen =
+      "generate --checkpoint " + d.str() + "/back --prompt 'the the' --max-new-tokens 8 --greedy --device cpu";
   auto g1 = test::run_mtnlg(gen);
   auto g2 = test::run_mtnlg(gen + " --tokenizer " + hf + "/tokenizer.json");
   INFO(g1.out << "\n" << g2.out);
@@ -82,8 +84,9 @@ TEST_CASE("e2e checkpoint import: tokenizer.json comes along and generate uses i
   CHECK_THAT(g1.out, Catch::Matchers::Contains("the the"));
   // eval: the checkpoint's tokenizer.json too (an empty context is its EOS), the same
   // results as naming it.
-  const std::string ev = "eval --checkpoint " + d.str() + "/back --tasks boolq --limit 3 --no-progress --device cpu --data-dir " +
-                         test::source_dir() + "/test/fixtures/eval";
+  const std::string ev = "eval --checkpoint " + d.str() +
+                         "/back --tasks boolq --limit 3 --no-progress --device cpu --data-dir " + test::source_dir() +
+                         "/test/fixtures/eval";
   auto e1 = test::run_mtnlg(ev + " --output " + d.str() + "/e1.json");
   auto e2 = test::run_mtnlg(ev + " --tokenizer " + hf + "/tokenizer.json --output " + d.str() + "/e2.json");
   INFO(e1.out << "\n" << e2.out);

@@ -56,9 +56,10 @@ TEST_CASE("checkpoint verify-resume: one process and tp2 x pp2 x dp2 with ZeRO-1
 
   // The container-safe mpirun of the other multi-rank tests (test::mpirun), as a template.
   const std::string launcher = "--launcher 'sh " + test::source_dir() + "/test/support/mpi/mpirun.sh {n}'";
-  auto r = run(verify(root, kRamp,
-                      kSets + " --layout-a tp=1,pp=1,dp=1 --layout-b tp=2,pp=2,dp=2,zero1=1 --iters 3 --tolerance 1e-6 " +
-                          launcher + " --work-dir " + d.str() + "/work"));
+  auto r =
+      run(verify(root, kRamp,
+                 kSets + " --layout-a tp=1,pp=1,dp=1 --layout-b tp=2,pp=2,dp=2,zero1=1 --iters 3 --tolerance 1e-6 " +
+                     launcher + " --work-dir " + d.str() + "/work"));
   REQUIRE(r.exit_code == 0);
   CHECK_THAT(r.out, Contains("layout B: tp=2 pp=2 dp=2 ZeRO-1, 8 processes, iterations 4..6"));
   CHECK_THAT(r.out, Contains("largest relative difference: loss"));
@@ -82,8 +83,9 @@ TEST_CASE("checkpoint verify-resume: one process and tp2 x pp2 x dp2 with ZeRO-1
   SECTION("a difference beyond --tolerance is exit 1 naming the first iteration that differs") {
     // Another order of summation differs in the last bits; with tolerance 0 any difference
     // fails (should the two ever agree bit for bit, the largest differences are 0).
-    auto t = run(verify(root, kRamp, kSets + " --layout-b tp=2,pp=2,dp=2,zero1=1 --iters 2 --tolerance 0 " + launcher +
-                                         " --work-dir " + d.str() + "/work"));
+    auto t = run(verify(root, kRamp,
+                        kSets + " --layout-b tp=2,pp=2,dp=2,zero1=1 --iters 2 --tolerance 0 " + launcher +
+                            " --work-dir " + d.str() + "/work"));
     if (t.exit_code == 1) {
       CHECK_THAT(t.out, Contains("mtnlg: error: layouts differ from iteration "));
     } else {
@@ -93,8 +95,9 @@ TEST_CASE("checkpoint verify-resume: one process and tp2 x pp2 x dp2 with ZeRO-1
   }
   SECTION("a run that fails is exit 1 with its error line") {
     auto t = run("MTNLG_FAULT_INJECT=rank=5:iteration=4:mode=throw " +
-                 verify(root, kRamp, kSets + " --layout-b tp=2,pp=2,dp=2,zero1=1 --iters 2 " + launcher + " --work-dir " +
-                                         d.str() + "/work"));
+                 verify(root, kRamp,
+                        kSets + " --layout-b tp=2,pp=2,dp=2,zero1=1 --iters 2 " + launcher + " --work-dir " + d.str() +
+                            "/work"));
     CHECK(t.exit_code == 1);
     CHECK_THAT(t.out, Contains("mtnlg: error: layout B (tp=2,pp=2,dp=2,zero1=1): the run exited 1: error on rank 5: "));
   }

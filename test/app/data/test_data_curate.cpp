@@ -54,7 +54,8 @@ TEST_CASE("mtnlg data curate: mixed corpus, planted truth, blend trains, kill -9
   auto gen = test::run_mtnlg("data synth-corpus --output-dir " + (d / "c").string() +
                              " --docs 300 --sources 2 --contaminate 6 --no-progress");
   REQUIRE(gen.exit_code == 0);
-  auto genq = test::run_mtnlg("data synth-corpus --kind quality --output-dir " + (d / "q").string() + " --docs 400 --no-progress");
+  auto genq = test::run_mtnlg("data synth-corpus --kind quality --output-dir " + (d / "q").string() +
+                              " --docs 400 --no-progress");
   REQUIRE(genq.exit_code == 0);
   auto train_q = test::run_mtnlg("data quality train --positive " + (d / "q/positive.jsonl").string() + " --negative " +
                                  (d / "q/negative.jsonl").string() + " --model " + (d / "quality.bin").string() +
@@ -87,24 +88,28 @@ TEST_CASE("mtnlg data curate: mixed corpus, planted truth, blend trains, kill -9
                    "optimizer: {lr: 1.0e-3, min_lr: 1.0e-4}\n"
                    "data: {split: \"98,2,0\"}\n"
                    "logging: {tensorboard: false}\n");
-  const std::string pipeline = "work_dir: work\n"
-                               "sources:\n"
-                               "  - name: web\n"
-                               "    warc: [" + src + "/test/fixtures/warc/pages.warc.gz, " + src +
-                               "/test/fixtures/warc/charsets.warc]\n"
-                               "    extract: {languages: [en]}\n"
-                               "    quality: {model: quality.bin, mode: threshold, threshold: 0.2}\n"
-                               "    weight: 2\n"
-                               "  - name: pile_cc\n"
-                               "    jsonl: [c/pile_cc.jsonl]\n"
-                               "    weight: 1\n"
-                               "  - name: books\n"
-                               "    jsonl: books.jsonl\n"
-                               "    weight: 1\n"
-                               "dedup: {threshold: 0.8, priority: [books, pile_cc, web]}\n"
-                               "decontaminate: {tasks_dir: c/tasks}\n"
-                               "tokenizer: {vocab_file: " + gpt2 + "/vocab.json, merge_file: " + gpt2 + "/merges.txt}\n"
-                               "blend: {recipe: base.yaml}\n";
+  const std::string pipeline =
+      "work_dir: work\n"
+      "sources:\n"
+      "  - name: web\n"
+      "    warc: [" +
+      src + "/test/fixtures/warc/pages.warc.gz, " + src +
+      "/test/fixtures/warc/charsets.warc]\n"
+      "    extract: {languages: [en]}\n"
+      "    quality: {model: quality.bin, mode: threshold, threshold: 0.2}\n"
+      "    weight: 2\n"
+      "  - name: pile_cc\n"
+      "    jsonl: [c/pile_cc.jsonl]\n"
+      "    weight: 1\n"
+      "  - name: books\n"
+      "    jsonl: books.jsonl\n"
+      "    weight: 1\n"
+      "dedup: {threshold: 0.8, priority: [books, pile_cc, web]}\n"
+      "decontaminate: {tasks_dir: c/tasks}\n"
+      "tokenizer: {vocab_file: " +
+      gpt2 + "/vocab.json, merge_file: " + gpt2 +
+      "/merges.txt}\n"
+      "blend: {recipe: base.yaml}\n";
   test::write_file(d / "pipe.yaml", pipeline);
   fs::copy(d / "pipe.yaml", d / "pipe2.yaml");
 
@@ -150,7 +155,8 @@ TEST_CASE("mtnlg data curate: mixed corpus, planted truth, blend trains, kill -9
   // Decontamination: exactly the planted passages that survived dedup.
   int64_t planted_left = 0;
   for (const auto& t : read_jsonl(d / "c/truth_contamination.jsonl")) {
-    const std::string file = (W / "3-dedup" / (t["source"].get<std::string>() == "books3" ? "books.jsonl" : "pile_cc.jsonl")).string();
+    const std::string file =
+        (W / "3-dedup" / (t["source"].get<std::string>() == "books3" ? "books.jsonl" : "pile_cc.jsonl")).string();
     const std::string passage = json(t["passage"].get<std::string>()).dump();
     if (test::read_file(file).find(passage.substr(1, passage.size() - 2)) != std::string::npos) ++planted_left;
   }
@@ -198,8 +204,8 @@ TEST_CASE("mtnlg data curate: mixed corpus, planted truth, blend trains, kill -9
 
   // A kill -9 right after dedup wrote its files (before its manifest), then a re-run.
   fs::remove_all(d / "work");
-  auto killed = test::run_command("MTNLG_TEST_CURATE_KILL=dedup " + std::string(MTNLG_BINARY) + " data curate --no-progress " +
-                                  (d / "pipe.yaml").string());
+  auto killed = test::run_command("MTNLG_TEST_CURATE_KILL=dedup " + std::string(MTNLG_BINARY) +
+                                  " data curate --no-progress " + (d / "pipe.yaml").string());
   CHECK(killed.exit_code != 0);
   CHECK_FALSE(fs::exists(W / "blend.yaml"));
   // What writes cut short by a kill leave behind (the writer's pid is in the name; no
@@ -241,12 +247,15 @@ TEST_CASE("mtnlg data curate: mixed corpus, planted truth, blend trains, kill -9
   CHECK_THAT(changed.out, Contains("dedup: up to date") && Contains("decontaminate/web: running"));
 
   // Bad recipes: one line naming the field.
-  test::write_file(d / "bad.yaml", "work_dir: w\nsources:\n  - name: a\n    jsonl: [nope.jsonl]\ntokenizer: {vocab_file: v, merge_file: m}\n");
+  test::write_file(
+      d / "bad.yaml",
+      "work_dir: w\nsources:\n  - name: a\n    jsonl: [nope.jsonl]\ntokenizer: {vocab_file: v, merge_file: m}\n");
   auto bad = test::run_mtnlg("data curate " + (d / "bad.yaml").string());
   CHECK(bad.exit_code == 2);
   CHECK_THAT(bad.out, Contains("sources[0]: input") && Contains("nope.jsonl: no such file"));
-  test::write_file(d / "bad2.yaml", "work_dir: w\nsources:\n  - name: a\n    jsonl: [books.jsonl]\n    qualty: {}\n"
-                                    "tokenizer: {vocab_file: v, merge_file: m}\n");
+  test::write_file(d / "bad2.yaml",
+                   "work_dir: w\nsources:\n  - name: a\n    jsonl: [books.jsonl]\n    qualty: {}\n"
+                   "tokenizer: {vocab_file: v, merge_file: m}\n");
   auto bad2 = test::run_mtnlg("data curate " + (d / "bad2.yaml").string());
   CHECK(bad2.exit_code == 2);
   CHECK_THAT(bad2.out, Contains("sources[0].qualty: unknown key"));
@@ -258,8 +267,9 @@ TEST_CASE("mtnlg data curate: a bad pipeline file is one line naming the field",
   test::TempDir dir("curate-bad");
   const fs::path in = dir.path() / "a.jsonl";
   std::ofstream(in) << "{\"text\": \"hello\"}\n";
-  const std::string tok = "tokenizer: {vocab_file: " + test::source_dir() + "/third_party/gpt2/vocab.json, merge_file: " +
-                          test::source_dir() + "/third_party/gpt2/merges.txt}\n";
+  const std::string tok = "tokenizer: {vocab_file: " + test::source_dir() +
+                          "/third_party/gpt2/vocab.json, merge_file: " + test::source_dir() +
+                          "/third_party/gpt2/merges.txt}\n";
   const std::string src = "  - {name: web, jsonl: " + in.string() + "}\n";
   struct Case {
     const char* what;
@@ -267,7 +277,8 @@ TEST_CASE("mtnlg data curate: a bad pipeline file is one line naming the field",
   } cases[] = {
       {"unknown key", "work_dir: w\nsources:\n" + src + "dedupe: {}\n" + tok, "dedupe: unknown key"},
       {"name twice", "work_dir: w\nsources:\n" + src + src + tok, "sources[1].name"},
-      {"priority not a source", "work_dir: w\nsources:\n" + src + "dedup: {priority: [books]}\n" + tok, "dedup.priority"},
+      {"priority not a source", "work_dir: w\nsources:\n" + src + "dedup: {priority: [books]}\n" + tok,
+       "dedup.priority"},
       {"no input", "work_dir: w\nsources:\n  - {name: web}\n" + tok, "exactly one of warc: or jsonl:"},
       {"bad weight", "work_dir: w\nsources:\n  - {name: web, jsonl: " + in.string() + ", weight: 0}\n" + tok,
        "sources[0].weight"},

@@ -186,15 +186,13 @@ TEST_CASE("e2e preprocess: 1, 2, 3 and 4 ranks give byte-identical files", "[dat
   REQUIRE(r1.exit_code == 0);
   for (int np = 2; np <= 4; ++np) {
     const std::string out = (tmp / ("np" + std::to_string(np))).string();
-    auto r = test::run_command(test::mpirun(np) +
-                               MTNLG_BINARY + base + out);
+    auto r = test::run_command(test::mpirun(np) + MTNLG_BINARY + base + out);
     INFO(np << " ranks: " << r.out);
     REQUIRE(r.exit_code == 0);
     CHECK_THAT(r.out, Catch::Matchers::Contains("1200 documents") &&
                           Catch::Matchers::Contains("(" + std::to_string(np) + " ranks)"));
     CHECK_THAT(r.out, !Catch::Matchers::Contains("ranks): ["));  // --no-progress: no progress line
-    for (std::string k : {"_text_document", "_title_document"})
-      CHECK(same_files(out + k, (tmp / "np1").string() + k));
+    for (std::string k : {"_text_document", "_title_document"}) CHECK(same_files(out + k, (tmp / "np1").string() + k));
   }
   // Only the outputs remain: input + 4 runs x 2 keys x 2 files, no parts.
   CHECK(count_files(tmp.path()) == 1 + 4 * 2 * 2);
@@ -204,15 +202,15 @@ TEST_CASE("e2e preprocess: 1, 2, 3 and 4 ranks give byte-identical files", "[dat
     fs::create_directories(tmp / "progress");
     const std::string out = (tmp / "progress" / "np2").string();
     const std::string size = human_count(static_cast<double>(fs::file_size(tmp / "c.jsonl")));
-    auto r = test::run_command(test::mpirun(2) + MTNLG_BINARY + " data preprocess --input " + (tmp / "c.jsonl").string() +
-                               gpt2_vocab_args() + " --append-eod --json-keys text title --output-prefix " + out);
+    auto r =
+        test::run_command(test::mpirun(2) + MTNLG_BINARY + " data preprocess --input " + (tmp / "c.jsonl").string() +
+                          gpt2_vocab_args() + " --append-eod --json-keys text title --output-prefix " + out);
     INFO(r.out);
     REQUIRE(r.exit_code == 0);
     CHECK_THAT(r.out, Catch::Matchers::Contains("preprocess c.jsonl (2 ranks): [########################] 100.0%") &&
                           Catch::Matchers::Contains(size + "/" + size + " B") &&  // every byte counted once
                           Catch::Matchers::Contains("tokens/s"));
-    for (std::string k : {"_text_document", "_title_document"})
-      CHECK(same_files(out + k, (tmp / "np1").string() + k));
+    for (std::string k : {"_text_document", "_title_document"}) CHECK(same_files(out + k, (tmp / "np1").string() + k));
     fs::remove_all(tmp / "progress");
   }
 
@@ -221,13 +219,12 @@ TEST_CASE("e2e preprocess: 1, 2, 3 and 4 ranks give byte-identical files", "[dat
     const std::string text = test::read_file(tmp / "c.jsonl");
     REQUIRE(test::write_gz(tmp / "gz" / "c.jsonl.gz", text));
     const std::string out = (tmp / "gz" / "np3").string();
-    auto r = test::run_command(test::mpirun(3) + MTNLG_BINARY +
-                               " data preprocess --input " + (tmp / "gz" / "c.jsonl.gz").string() + gpt2_vocab_args() +
+    auto r = test::run_command(test::mpirun(3) + MTNLG_BINARY + " data preprocess --input " +
+                               (tmp / "gz" / "c.jsonl.gz").string() + gpt2_vocab_args() +
                                " --append-eod --json-keys text title --no-progress --output-prefix " + out);
     INFO(r.out);
     REQUIRE(r.exit_code == 0);
-    for (std::string k : {"_text_document", "_title_document"})
-      CHECK(same_files(out + k, (tmp / "np1").string() + k));
+    for (std::string k : {"_text_document", "_title_document"}) CHECK(same_files(out + k, (tmp / "np1").string() + k));
     CHECK(count_files(tmp / "gz") == 1 + 2 * 2);
   }
 
@@ -237,13 +234,13 @@ TEST_CASE("e2e preprocess: 1, 2, 3 and 4 ranks give byte-identical files", "[dat
   badlines[1000] = "{not json";
   test::write_file(tmp / "bad.jsonl", join_lines(badlines, 0, badlines.size()));
   const std::string before = std::to_string(count_files(tmp.path()));
-  auto bad = test::run_command(test::mpirun(3) + MTNLG_BINARY +
-                               " data preprocess --input " + (tmp / "bad.jsonl").string() + gpt2_vocab_args() +
-                               " --no-progress --output-prefix " + (tmp / "bad").string());
+  auto bad =
+      test::run_command(test::mpirun(3) + MTNLG_BINARY + " data preprocess --input " + (tmp / "bad.jsonl").string() +
+                        gpt2_vocab_args() + " --no-progress --output-prefix " + (tmp / "bad").string());
   INFO(bad.out);
   CHECK(bad.exit_code == 2);
-  CHECK_THAT(bad.out, Catch::Matchers::Contains("bad.jsonl:1001: malformed JSON") &&
-                          Catch::Matchers::Contains("rank 2"));
+  CHECK_THAT(bad.out,
+             Catch::Matchers::Contains("bad.jsonl:1001: malformed JSON") && Catch::Matchers::Contains("rank 2"));
   CHECK(std::to_string(count_files(tmp.path())) == before);
 }
 
@@ -351,7 +348,8 @@ TEST_CASE("e2e preprocess: several inputs give the files of preprocessing their 
       {p0 + " " + p1 + " " + p0, (tmp / "o").string(), p0 + " and " + p0 + " are the same file"},
       {p1 + " " + other_path, (tmp / "o").string(), p1 + " and " + other_path + " are the same file"},
       {p1 + " " + (tmp / "p1-link.jsonl").string(), (tmp / "o").string(), "are the same file"},
-      {p0 + " " + (tmp / "nope.jsonl").string(), (tmp / "o").string(), (tmp / "nope.jsonl").string() + ": input file not found"},
+      {p0 + " " + (tmp / "nope.jsonl").string(), (tmp / "o").string(),
+       (tmp / "nope.jsonl").string() + ": input file not found"},
       {p0 + " " + (tmp / "whole_text_document.bin").string(), (tmp / "whole").string(),
        "the output " + (tmp / "whole_text_document.bin").string() + " is the input"},
   };
@@ -388,23 +386,24 @@ TEST_CASE("e2e preprocess: several inputs (one gzip) on 1..4 ranks give the sing
     INFO(np << " ranks: " << r.out);
     REQUIRE(r.exit_code == 0);
     CHECK_THAT(r.out, Catch::Matchers::Contains("1500 documents"));
-    for (std::string k : {"_text_document", "_title_document"})
-      CHECK(same_files(out + k, (tmp / "np1").string() + k));
+    for (std::string k : {"_text_document", "_title_document"}) CHECK(same_files(out + k, (tmp / "np1").string() + k));
   }
   // Only the outputs remain: 3 inputs + 5 runs x 2 keys x 2 files, no parts.
   CHECK(count_files(tmp.path()) == 3 + 5 * 2 * 2);
   // Progress on rank 0 counts the bytes of all inputs (the gzip one by its file size).
   {
     fs::create_directories(tmp / "progress");
-    const int64_t total =
-        static_cast<int64_t>(fs::file_size(tmp / "a.jsonl") + fs::file_size(tmp / "b.jsonl.gz") + fs::file_size(tmp / "c.jsonl"));
+    const int64_t total = static_cast<int64_t>(fs::file_size(tmp / "a.jsonl") + fs::file_size(tmp / "b.jsonl.gz") +
+                                               fs::file_size(tmp / "c.jsonl"));
     const std::string size = human_count(static_cast<double>(total));
-    auto r = test::run_command(test::mpirun(2) + MTNLG_BINARY + " data preprocess --input " + inputs +
-                               gpt2_vocab_args() + " --append-eod --output-prefix " + (tmp / "progress" / "np2").string());
+    auto r =
+        test::run_command(test::mpirun(2) + MTNLG_BINARY + " data preprocess --input " + inputs + gpt2_vocab_args() +
+                          " --append-eod --output-prefix " + (tmp / "progress" / "np2").string());
     INFO(r.out);
     REQUIRE(r.exit_code == 0);
-    CHECK_THAT(r.out, Catch::Matchers::Contains("preprocess a.jsonl +2 more (2 ranks): [########################] 100.0%") &&
-                          Catch::Matchers::Contains(size + "/" + size + " B"));
+    CHECK_THAT(r.out,
+               Catch::Matchers::Contains("preprocess a.jsonl +2 more (2 ranks): [########################] 100.0%") &&
+                   Catch::Matchers::Contains(size + "/" + size + " B"));
     fs::remove_all(tmp / "progress");
   }
   // A bad line in the last input on 3 ranks: exit 2 naming that file and line, no output
@@ -413,9 +412,10 @@ TEST_CASE("e2e preprocess: several inputs (one gzip) on 1..4 ranks give the sing
   bad[c2 + 300] = "{not json";
   test::write_file(tmp / "c-bad.jsonl", join_lines(bad, c2, bad.size()));
   const int64_t before = count_files(tmp.path());
-  auto rb = test::run_command(test::mpirun(3) + MTNLG_BINARY + " data preprocess --input " + (tmp / "a.jsonl").string() +
-                              " " + (tmp / "b.jsonl.gz").string() + " " + (tmp / "c-bad.jsonl").string() +
-                              gpt2_vocab_args() + " --no-progress --output-prefix " + (tmp / "bad").string());
+  auto rb =
+      test::run_command(test::mpirun(3) + MTNLG_BINARY + " data preprocess --input " + (tmp / "a.jsonl").string() +
+                        " " + (tmp / "b.jsonl.gz").string() + " " + (tmp / "c-bad.jsonl").string() + gpt2_vocab_args() +
+                        " --no-progress --output-prefix " + (tmp / "bad").string());
   INFO(rb.out);
   CHECK(rb.exit_code == 2);
   CHECK_THAT(rb.out, Catch::Matchers::Contains("c-bad.jsonl:301: malformed JSON"));

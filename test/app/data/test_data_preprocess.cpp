@@ -52,7 +52,8 @@ TEST_CASE("e2e preprocess: plain/gz/zst and 1 or 3 workers give identical files"
   run("c.jsonl.zst", "zst", " --workers 2");
   for (std::string p : {"gz", "zst"})
     for (std::string ext : {".bin", ".idx"})
-      CHECK(test::read_file(tmp / ("plain_text_document" + ext)) == test::read_file(tmp / (p + "_text_document" + ext)));
+      CHECK(test::read_file(tmp / ("plain_text_document" + ext)) ==
+            test::read_file(tmp / (p + "_text_document" + ext)));
 
   // Content: each document is encode(text) + EOD; empty documents repeat the boundary.
   IndexedDataset ds((tmp / "plain_text_document").string());
@@ -166,12 +167,12 @@ TEST_CASE("e2e inspect --recipe: blend table; missing prefix, empty split, short
     w.finalize();
   }
   auto recipe = [&](const std::string& blend, const std::string& split, int seq) {
-    const std::string text = "model:\n  num_layers: 2\n  hidden_size: 32\n  num_attention_heads: 4\n  seq_length: " +
-                             std::to_string(seq) +
-                             "\n  vocab_size: 100\n  make_vocab_size_divisible_by: 8\n"
-                             "training:\n  micro_batch_size: 2\n  global_batch_size: 8\n  train_iters: 100\n"
-                             "data:\n  split: \"" + split + "\"\n  cache_dir: " + (tmp / "cache").string() +
-                             "\n  blend:\n" + blend;
+    const std::string text =
+        "model:\n  num_layers: 2\n  hidden_size: 32\n  num_attention_heads: 4\n  seq_length: " + std::to_string(seq) +
+        "\n  vocab_size: 100\n  make_vocab_size_divisible_by: 8\n"
+        "training:\n  micro_batch_size: 2\n  global_batch_size: 8\n  train_iters: 100\n"
+        "data:\n  split: \"" +
+        split + "\"\n  cache_dir: " + (tmp / "cache").string() + "\n  blend:\n" + blend;
     test::write_file(tmp / "r.yaml", text);
     return (tmp / "r.yaml").string();
   };
@@ -184,8 +185,8 @@ TEST_CASE("e2e inspect --recipe: blend table; missing prefix, empty split, short
   CHECK_THAT(r.out, Catch::Matchers::Contains("600 samples"));
   CHECK_THAT(r.out, Catch::Matchers::Contains("200 samples"));
 
-  r = test::run_mtnlg("data inspect --recipe " + recipe(both + "    - {weight: 1, prefix: " + (tmp / "zz").string() + "}\n",
-                                                       "969,30,1", 32));
+  r = test::run_mtnlg("data inspect --recipe " +
+                      recipe(both + "    - {weight: 1, prefix: " + (tmp / "zz").string() + "}\n", "969,30,1", 32));
   CHECK(r.exit_code == 2);
   CHECK_THAT(r.out, Catch::Matchers::Contains("data.blend[2].prefix"));
 
@@ -215,7 +216,8 @@ std::vector<nlohmann::json> json_lines(const std::string& out) {
 // Megatron-Core's split bounds and the single-source orders, computed by
 // test/data/megatron_index.py from the rules (numpy, RandomState), against
 // `mtnlg data samples --json`, on a document count where legacy and current split differ.
-TEST_CASE("e2e data samples: Megatron-Core split, unweighted and weighted single source equal numpy", "[data][e2e][oracle]") {
+TEST_CASE("e2e data samples: Megatron-Core split, unweighted and weighted single source equal numpy",
+          "[data][e2e][oracle]") {
   if (!test::python_has("numpy")) {
     WARN("skipped: no numpy");
     return;
@@ -251,12 +253,13 @@ TEST_CASE("e2e data samples: Megatron-Core split, unweighted and weighted single
   const int64_t eval_interval = 50, eval_iters = 3;
   const int64_t n_valid = (n / eval_interval + 1) * eval_iters;  // Megatron: (iters // interval + 1) * eval_iters * gbs
   auto recipe = [&](const std::string& data) {
-    const std::string text = "model:\n  num_layers: 2\n  hidden_size: 32\n  num_attention_heads: 4\n  seq_length: " +
-                             std::to_string(kSeq) +
-                             "\n  vocab_size: 50257\ntraining:\n  micro_batch_size: 1\n  global_batch_size: 1\n"
-                             "  train_iters: " + std::to_string(n) + "\n  eval_interval: " + std::to_string(eval_interval) +
-                             "\n  eval_iters: " + std::to_string(eval_iters) + "\ndata:\n  split: \"969,30,1\"\n  cache_dir: " +
-                             (tmp / "cache").string() + "\n" + data;
+    const std::string text =
+        "model:\n  num_layers: 2\n  hidden_size: 32\n  num_attention_heads: 4\n  seq_length: " + std::to_string(kSeq) +
+        "\n  vocab_size: 50257\ntraining:\n  micro_batch_size: 1\n  global_batch_size: 1\n"
+        "  train_iters: " +
+        std::to_string(n) + "\n  eval_interval: " + std::to_string(eval_interval) +
+        "\n  eval_iters: " + std::to_string(eval_iters) +
+        "\ndata:\n  split: \"969,30,1\"\n  cache_dir: " + (tmp / "cache").string() + "\n" + data;
     test::write_file(tmp / "r.yaml", text);
     return (tmp / "r.yaml").string();
   };
@@ -271,8 +274,9 @@ TEST_CASE("e2e data samples: Megatron-Core split, unweighted and weighted single
                                (part == 0 ? "train" : "valid"));
       INFO("weighted=" << weighted << " part=" << part << "\n" << r.out);
       REQUIRE(r.exit_code == 0);
-      nlohmann::json args = {{"sizes", sizes}, {"split", "969,30,1"}, {"part", part},  {"seq_length", kSeq},
-                             {"num_samples", want_n}, {"seed", 1234}, {"weighted", weighted}, {"range", {0, to}}};
+      nlohmann::json args = {{"sizes", sizes},       {"split", "969,30,1"},   {"part", part},
+                             {"seq_length", kSeq},   {"num_samples", want_n}, {"seed", 1234},
+                             {"weighted", weighted}, {"range", {0, to}}};
       test::write_file(tmp / "args.json", args.dump());
       auto o = test::run_command(py + " stream " + (tmp / "args.json").string());
       REQUIRE(o.exit_code == 0);

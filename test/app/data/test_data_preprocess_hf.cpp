@@ -27,7 +27,8 @@ std::string preprocess(const std::string& input, const std::string& prefix, cons
 // The first `bytes` of the corpus's JSONL, whole lines.
 std::string corpus_head(int64_t bytes) {
   const std::string all = test::read_file(test::tokenizer_corpus() + ".jsonl");
-  const size_t cut = all.find('\n', static_cast<size_t>(std::min<int64_t>(bytes, static_cast<int64_t>(all.size()) - 1)));
+  const size_t cut =
+      all.find('\n', static_cast<size_t>(std::min<int64_t>(bytes, static_cast<int64_t>(all.size()) - 1)));
   return all.substr(0, cut == std::string::npos ? all.size() : cut + 1);
 }
 
@@ -38,7 +39,8 @@ TEST_CASE("e2e preprocess --tokenizer: Llama 3 ids + EOS in int32 files, 1 and 3
   TempDir tmp("pre-hf");
   const std::string input = test::tokenizer_corpus() + ".jsonl";
   for (std::string w : {"1", "3"}) {
-    auto r = test::run_mtnlg(preprocess(input, (tmp / ("w" + w)).string(), " --tokenizer " + path + " --append-eod --workers " + w));
+    auto r = test::run_mtnlg(
+        preprocess(input, (tmp / ("w" + w)).string(), " --tokenizer " + path + " --append-eod --workers " + w));
     INFO(r.out);
     REQUIRE(r.exit_code == 0);
   }
@@ -68,10 +70,12 @@ TEST_CASE("e2e preprocess --tokenizer: 1 and 3 ranks give the same bytes", "[dat
   TempDir tmp("pre-hf-ranks");
   test::write_file(tmp / "c.jsonl", corpus_head(1500000));
   const std::string args = " --tokenizer " + path + " --append-eod";
-  auto r1 = test::run_command(std::string(MTNLG_BINARY) + preprocess((tmp / "c.jsonl").string(), (tmp / "np1").string(), args));
+  auto r1 = test::run_command(std::string(MTNLG_BINARY) +
+                              preprocess((tmp / "c.jsonl").string(), (tmp / "np1").string(), args));
   INFO(r1.out);
   REQUIRE(r1.exit_code == 0);
-  auto r3 = test::run_command(test::mpirun(3) + MTNLG_BINARY + preprocess((tmp / "c.jsonl").string(), (tmp / "np3").string(), args));
+  auto r3 = test::run_command(test::mpirun(3) + MTNLG_BINARY +
+                              preprocess((tmp / "c.jsonl").string(), (tmp / "np3").string(), args));
   INFO(r3.out);
   REQUIRE(r3.exit_code == 0);
   CHECK_THAT(r3.out, Catch::Matchers::Contains("(3 ranks)"));
@@ -80,15 +84,17 @@ TEST_CASE("e2e preprocess --tokenizer: 1 and 3 ranks give the same bytes", "[dat
   CHECK(IndexedDataset((tmp / "np1_text_document").string()).dtype() == DType::i32);
 }
 
-TEST_CASE("e2e preprocess --tokenizer: GPT-2's tokenizer.json gives the bytes of vocab.json + merges.txt", "[data][e2e]") {
+TEST_CASE("e2e preprocess --tokenizer: GPT-2's tokenizer.json gives the bytes of vocab.json + merges.txt",
+          "[data][e2e]") {
   MTNLG_REQUIRE_HF(path, "gpt2");
   TempDir tmp("pre-hf-gpt2");
   test::write_file(tmp / "c.jsonl", test::jsonl_corpus(800));
-  auto a = test::run_mtnlg(preprocess((tmp / "c.jsonl").string(), (tmp / "files").string(), test::gpt2_vocab_args() + " --append-eod"));
+  auto a = test::run_mtnlg(
+      preprocess((tmp / "c.jsonl").string(), (tmp / "files").string(), test::gpt2_vocab_args() + " --append-eod"));
   INFO(a.out);
   REQUIRE(a.exit_code == 0);
-  auto b = test::run_mtnlg(
-      preprocess((tmp / "c.jsonl").string(), (tmp / "json").string(), " --tokenizer " + path + " --eod-token '<|endoftext|>' --append-eod"));
+  auto b = test::run_mtnlg(preprocess((tmp / "c.jsonl").string(), (tmp / "json").string(),
+                                      " --tokenizer " + path + " --eod-token '<|endoftext|>' --append-eod"));
   INFO(b.out);
   REQUIRE(b.exit_code == 0);
   for (std::string ext : {".bin", ".idx"})
@@ -117,7 +123,8 @@ TEST_CASE("e2e preprocess --tokenizer: bad input exits 2 with one line naming it
   // No tokenizer_config.json beside this copy: --append-eod needs --eod-token.
   j["normalizer"] = nullptr;
   test::write_file(tmp / "t.json", j.dump());
-  expect2(" --tokenizer " + (tmp / "t.json").string() + " --append-eod", "t.json: no end-of-document token: pass --eod-token");
+  expect2(" --tokenizer " + (tmp / "t.json").string() + " --append-eod",
+          "t.json: no end-of-document token: pass --eod-token");
   expect2(" --tokenizer " + (tmp / "t.json").string() + " --append-eod --eod-token '<|nope|>'",
           "end-of-document token '<|nope|>' (--eod-token) is not a token");
   expect2(" --tokenizer " + path + test::gpt2_vocab_args(), "give either --tokenizer or --vocab-file/--merge-file");

@@ -73,7 +73,8 @@ TEST_CASE("e2e quality train: 1, 2, 3 and 4 ranks give a byte-identical model an
   const std::string d = tmp.str();
   // 2 x 2,600 documents: with --holdout 0.1 about 4,700 train, more than one block of
   // 4,096 positions that rank 0 gathers per exchange.
-  REQUIRE(test::run_mtnlg("data synth-corpus --kind quality --docs 2600 --output-dir " + d + "/q --no-progress").exit_code == 0);
+  REQUIRE(test::run_mtnlg("data synth-corpus --kind quality --docs 2600 --output-dir " + d + "/q --no-progress")
+              .exit_code == 0);
   // Blank lines (not documents, but lines: the error line numbers count them).
   {
     std::istringstream in(test::read_file(tmp / "q/positive.jsonl"));
@@ -105,8 +106,9 @@ TEST_CASE("e2e quality train: 1, 2, 3 and 4 ranks give a byte-identical model an
         CHECK(got.second["held_out_metrics"]["accuracy"].get<double>() > 0.9);  // the classes are separable
       });
   // The ranks' examples really are shuffled together: another seed, another model.
-  auto other = run_np(2, "data quality train" + inputs + " --model " + d + "/other.bin --bucket-bits 14 --epochs 3 "
-                         "--holdout 0.1 --seed 4 --no-progress");
+  auto other = run_np(2, "data quality train" + inputs + " --model " + d +
+                             "/other.bin --bucket-bits 14 --epochs 3 "
+                             "--holdout 0.1 --seed 4 --no-progress");
   REQUIRE(other.exit_code == 0);
   CHECK(test::read_file(tmp / "other.bin") != test::read_file(model(1)));
 
@@ -114,8 +116,8 @@ TEST_CASE("e2e quality train: 1, 2, 3 and 4 ranks give a byte-identical model an
   // and the rank on every rank, no model written.
   const auto [bad, line_no] = with_bad_line_near_end(test::read_file(tmp / "q/negative.jsonl"), "{\"text\": [1]}");
   test::write_file(tmp / "bad.jsonl", bad);
-  auto r = run_np(3, "data quality train --positive " + d + "/q/positive.jsonl --negative " + d + "/bad.jsonl --model " +
-                         d + "/bad.bin --bucket-bits 14 --no-progress");
+  auto r = run_np(3, "data quality train --positive " + d + "/q/positive.jsonl --negative " + d +
+                         "/bad.jsonl --model " + d + "/bad.bin --bucket-bits 14 --no-progress");
   const std::string where = "bad.jsonl:" + std::to_string(line_no);
   test::expect_exit2(r, {where.c_str(), "error on rank 2", "stopped because rank 2 failed"});
   CHECK_FALSE(fs::exists(tmp / "bad.bin"));
@@ -130,7 +132,9 @@ TEST_CASE("e2e quality train: 1, 2, 3 and 4 ranks give a byte-identical model an
 TEST_CASE("e2e quality filter and score: 1, 2, 3 and 4 ranks give byte-identical output and report", "[data][mpi]") {
   TempDir tmp("quality-ranks");
   const std::string d = tmp.str();
-  REQUIRE(test::run_mtnlg("data synth-corpus --kind quality --docs 200 --output-dir " + d + "/q --no-progress").exit_code == 0);
+  REQUIRE(
+      test::run_mtnlg("data synth-corpus --kind quality --docs 200 --output-dir " + d + "/q --no-progress").exit_code ==
+      0);
   auto tr = test::run_mtnlg("data quality train --positive " + d + "/q/positive.jsonl --negative " + d +
                             "/q/negative.jsonl --model " + d + "/m.bin --bucket-bits 14 --epochs 1 --no-progress");
   INFO(tr.out);
@@ -173,7 +177,9 @@ TEST_CASE("e2e quality filter and score: 1, 2, 3 and 4 ranks give byte-identical
   // quality score: the same score lines (file line numbers) for any number of ranks.
   auto scores = [&](int np) { return d + "/scores" + std::to_string(np) + ".jsonl"; };
   same_on_1_to_4_ranks<std::string>(
-      [&](int np) { return "data quality score --input " + d + "/in.jsonl --model " + d + "/m.bin --output " + scores(np); },
+      [&](int np) {
+        return "data quality score --input " + d + "/in.jsonl --model " + d + "/m.bin --output " + scores(np);
+      },
       [&](int np, const test::RunResult& r) {
         CHECK_THAT(r.out, Catch::Matchers::Contains("400 documents"));
         return test::read_file(scores(np));
@@ -189,8 +195,8 @@ TEST_CASE("e2e quality filter and score: 1, 2, 3 and 4 ranks give byte-identical
   // A malformed line in the last rank's share: exit 2 naming file:line, nothing written.
   const auto [bad, line_no] = with_bad_line_near_end(mixed, "{oops");
   test::write_file(tmp / "bad.jsonl", bad);
-  auto r = run_np(3, "data quality filter --input " + d + "/bad.jsonl --model " + d + "/m.bin --output " + d +
-                         "/bad-out.jsonl");
+  auto r = run_np(
+      3, "data quality filter --input " + d + "/bad.jsonl --model " + d + "/m.bin --output " + d + "/bad-out.jsonl");
   const std::string where = "bad.jsonl:" + std::to_string(line_no);
   test::expect_exit2(r, {where.c_str(), "rank 2"});
   CHECK(count_files(tmp.path()) == before + 1);  // only bad.jsonl
@@ -199,7 +205,8 @@ TEST_CASE("e2e quality filter and score: 1, 2, 3 and 4 ranks give byte-identical
 TEST_CASE("e2e decontaminate: 1, 2, 3 and 4 ranks give identical output and report", "[data][mpi]") {
   TempDir tmp("decontam-ranks");
   const std::string d = tmp.str();
-  REQUIRE(test::run_mtnlg("data synth-corpus --output-dir " + d + "/s --docs 400 --sources 1 --near-dup-fraction 0 "
+  REQUIRE(test::run_mtnlg("data synth-corpus --output-dir " + d +
+                          "/s --docs 400 --sources 1 --near-dup-fraction 0 "
                           "--partial-fraction 0 --contaminate 30 --task-rows 3 --no-progress")
               .exit_code == 0);
   // A boilerplate sentence that is also a task row, in 4 documents spread over the file:
@@ -269,7 +276,8 @@ TEST_CASE("e2e decontaminate: 1, 2, 3 and 4 ranks give identical output and repo
                             "/progress.jsonl --max-hits 3");
     INFO(on.out);
     REQUIRE(on.exit_code == 0);
-    CHECK_THAT(on.out, Catch::Matchers::Contains("decontaminate: 2 passes (3 ranks): [########################] 100.0%"));
+    CHECK_THAT(on.out,
+               Catch::Matchers::Contains("decontaminate: 2 passes (3 ranks): [########################] 100.0%"));
     // The total is both passes over the whole file, and every byte is counted once.
     const std::string total = human_count(2.0 * static_cast<double>(fs::file_size(tmp / "in.jsonl")));
     CHECK_THAT(on.out, Catch::Matchers::Contains(total + "/" + total + " B"));
@@ -306,7 +314,8 @@ nlohmann::json dedup_report_core(const fs::path& out_dir) {
 
 }  // namespace
 
-TEST_CASE("e2e dedup: 1, 2, 3 and 4 ranks give byte-identical outputs and report; a tiny budget spills", "[data][mpi]") {
+TEST_CASE("e2e dedup: 1, 2, 3 and 4 ranks give byte-identical outputs and report; a tiny budget spills",
+          "[data][mpi]") {
   TempDir tmp("dedup-ranks");
   const std::string d = tmp.str();
   REQUIRE(test::run_mtnlg("data synth-corpus --output-dir " + d + "/s --docs 900 --sources 3 --seed 5 --no-progress")
@@ -321,7 +330,8 @@ TEST_CASE("e2e dedup: 1, 2, 3 and 4 ranks give byte-identical outputs and report
   }
   std::string inputs;
   for (auto& n : names) inputs += " " + d + "/s/" + n;
-  const std::string common = "data dedup --input" + inputs + " --priority wikipedia --clusters --workers 1 --no-progress";
+  const std::string common =
+      "data dedup --input" + inputs + " --priority wikipedia --clusters --workers 1 --no-progress";
 
   std::map<std::string, std::string> ref;
   nlohmann::json ref_rep;
@@ -382,8 +392,9 @@ TEST_CASE("e2e dedup: 1, 2, 3 and 4 ranks give byte-identical outputs and report
   // stops, the failing rank names its error, the others name rank 1, exit 1 (not bad
   // input), and neither an output nor a temporary file is left.
   {
-    auto w = test::run_command("MTNLG_TEST_DEDUP_FAIL_WRITE_RANK=1 sh " + test::source_dir() + "/test/support/mpi/mpirun.sh 3 " +
-                               MTNLG_BINARY + " " + common + " --output-dir " + d + "/wfail");
+    auto w = test::run_command("MTNLG_TEST_DEDUP_FAIL_WRITE_RANK=1 sh " + test::source_dir() +
+                               "/test/support/mpi/mpirun.sh 3 " + MTNLG_BINARY + " " + common + " --output-dir " + d +
+                               "/wfail");
     INFO(w.out);
     CHECK(w.exit_code == 1);
     CHECK_THAT(w.out, Catch::Matchers::Contains("error on rank 1: ") && Catch::Matchers::Contains("injected") &&

@@ -86,8 +86,9 @@ TEST_CASE("mtnlg eval: bad input exits 2 with one line naming the problem", "[e2
   CHECK(r.exit_code == 2);
   CHECK_THAT(r.out, Contains("piqa/validation.jsonl: split file missing"));
 
-  test::write_file(d / "piqa/validation.jsonl",
-                   "{\"goal\": \"a\", \"sol1\": \"b\", \"sol2\": \"c\", \"label\": 0}\n\n{\"goal\": \"a\", \"sol1\": \"b\"}\n");
+  test::write_file(
+      d / "piqa/validation.jsonl",
+      "{\"goal\": \"a\", \"sol1\": \"b\", \"sol2\": \"c\", \"label\": 0}\n\n{\"goal\": \"a\", \"sol1\": \"b\"}\n");
   r = mtnlg_run("eval " + model_args() + " --tasks piqa --data-dir " + d.str());
   CHECK(r.exit_code == 2);
   CHECK_THAT(r.out, Contains("piqa/validation.jsonl:3: field 'sol2' missing"));
@@ -134,7 +135,8 @@ TEST_CASE("mtnlg generate: seeded, greedy, prompt file", "[e2e]") {
   CHECK(a.out == b.out);
   CHECK(!a.out.empty());
   test::write_file(d / "p.txt", "Q: 12 # 3 = 4\nQ: 8 # 2 =");
-  auto g = mtnlg_run("generate " + model_args() + " --prompt-file " + (d / "p.txt").string() + " --greedy --max-new-tokens 4");
+  auto g = mtnlg_run("generate " + model_args() + " --prompt-file " + (d / "p.txt").string() +
+                     " --greedy --max-new-tokens 4");
   REQUIRE(g.exit_code == 0);
   CHECK_THAT(g.out, Contains("Q: 8 # 2 ="));
   auto bad = mtnlg_run("generate " + model_args() + " --prompt x --top-p 0");

@@ -14,22 +14,26 @@ using namespace mtnlg;
 
 TEST_CASE("eval: tp2 x pp2 under mpirun equals the single process", "[mpi]") {
   const std::string src = test::source_dir();
-  if (!std::filesystem::exists(src + "/third_party/gpt2/vocab.json")) FAIL("third_party/gpt2 missing: run scripts/fetch-gpt2-vocab.sh");
+  if (!std::filesystem::exists(src + "/third_party/gpt2/vocab.json"))
+    FAIL("third_party/gpt2 missing: run scripts/fetch-gpt2-vocab.sh");
   test::TempDir d("eval-par");
   Recipe r = load_recipe(src + "/test/fixtures/eval/tiny-model.yaml");
   model::GptConfig cfg = app::gpt_config(r);
   model::LoadedModel m = model::make_random_model(cfg, 11);
   app::save_whole_model(d.str() + "/ckpt", r, m.store, 0);
-  const std::string common = " eval --checkpoint " + d.str() + "/ckpt --tasks piqa,hellaswag,lambada_openai,winogrande --data-dir " +
-                             src + "/test/fixtures/eval --num-fewshot 1 --no-progress --vocab-file " + src +
+  const std::string common = " eval --checkpoint " + d.str() +
+                             "/ckpt --tasks piqa,hellaswag,lambada_openai,winogrande --data-dir " + src +
+                             "/test/fixtures/eval --num-fewshot 1 --no-progress --vocab-file " + src +
                              "/third_party/gpt2/vocab.json --merge-file " + src + "/third_party/gpt2/merges.txt";
   auto one = test::run_command("OMP_NUM_THREADS=1 " + std::string(MTNLG_BINARY) + common + " --output " + d.str() +
                                "/one.json --log-samples " + d.str() + "/one.jsonl");
   INFO(one.out);
   REQUIRE(one.exit_code == 0);
-  auto par = test::run_command("OMP_NUM_THREADS=1 sh " + src + "/test/support/mpi/mpirun.sh 4 " + MTNLG_BINARY + common +
-                               " --set parallel.tensor_model_parallel_size=2 --set parallel.pipeline_model_parallel_size=2"
-                               " --output " + d.str() + "/par.json --log-samples " + d.str() + "/par.jsonl");
+  auto par =
+      test::run_command("OMP_NUM_THREADS=1 sh " + src + "/test/support/mpi/mpirun.sh 4 " + MTNLG_BINARY + common +
+                        " --set parallel.tensor_model_parallel_size=2 --set parallel.pipeline_model_parallel_size=2"
+                        " --output " +
+                        d.str() + "/par.json --log-samples " + d.str() + "/par.jsonl");
   INFO(par.out);
   REQUIRE(par.exit_code == 0);
   REQUIRE(par.out.find("split tp=2 pp=2 over 4 ranks") != std::string::npos);

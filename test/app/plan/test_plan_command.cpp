@@ -39,7 +39,8 @@ TEST_CASE("plan prints a human table and honours --set and --tp/--pp/--dp", "[e2
   REQUIRE(r.exit_code == 0);
   CHECK_THAT(r.out, Catch::Matchers::Contains("iteration time"));
   CHECK_THAT(r.out, Catch::Matchers::Contains("tp8 pp16 dp8"));
-  auto s = run_mtnlg("plan " + recipe("gpt3-175b.yaml") + " --tp 4 --pp 8 --gpus 64 --set training.micro_batch_size=2 --json");
+  auto s = run_mtnlg("plan " + recipe("gpt3-175b.yaml") +
+                     " --tp 4 --pp 8 --gpus 64 --set training.micro_batch_size=2 --json");
   REQUIRE(s.exit_code == 0);
   auto j = nlohmann::json::parse(s.out);
   CHECK(j["layout"]["tp"] == 4);
@@ -128,12 +129,17 @@ TEST_CASE("plan --svg renders a non-blank pipeline timeline in headless Chromium
   TempDir dir("plan-svg");
   const std::string svg = (dir / "timeline.svg").string();
   auto r = run_mtnlg("plan " + recipe("tiny-mock.yaml") +
-                     " --set parallel.pipeline_model_parallel_size=2 --set parallel.recompute_granularity=full --svg " + svg);
+                     " --set parallel.pipeline_model_parallel_size=2 --set parallel.recompute_granularity=full --svg " +
+                     svg);
   REQUIRE(r.exit_code == 0);
   const std::string png = (dir / "shot.png").string();
-  auto shot = run_command("cd " + dir.str() + " && timeout 120 chromium --headless --no-sandbox --disable-gpu "
-                          "--user-data-dir=" + dir.str() + "/profile --hide-scrollbars --window-size=1510,200 "
-                          "--screenshot=" + png + " file://" + svg + " 2>&1");
+  auto shot = run_command("cd " + dir.str() +
+                          " && timeout 120 chromium --headless --no-sandbox --disable-gpu "
+                          "--user-data-dir=" +
+                          dir.str() +
+                          "/profile --hide-scrollbars --window-size=1510,200 "
+                          "--screenshot=" +
+                          png + " file://" + svg + " 2>&1");
   INFO(shot.out);
   REQUIRE(std::filesystem::exists(png));
   // Decode the PNG (8-bit RGB/RGBA, filters undone) and count coloured pixels: the

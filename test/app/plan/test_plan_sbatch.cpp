@@ -106,8 +106,8 @@ TEST_CASE("plan --sbatch writes a runnable script for the recipe's layout", "[e2
 TEST_CASE("plan --search --sbatch sets every layout key the search chose", "[e2e]") {
   TempDir tmp("plan-sbatch-search");
   const std::string file = (tmp / "best.sbatch").string();
-  auto r = run_mtnlg("plan " + recipe("mtnlg-530b.yaml") + " --gpus 4096 --gpu h100-80g --search --top 1 --json --sbatch " +
-                     file + " 2>/dev/null");
+  auto r = run_mtnlg("plan " + recipe("mtnlg-530b.yaml") +
+                     " --gpus 4096 --gpu h100-80g --search --top 1 --json --sbatch " + file + " 2>/dev/null");
   REQUIRE(r.exit_code == 0);
   auto j = nlohmann::json::parse(r.out);  // stdout stays one JSON object with --sbatch
   CHECK(j["sbatch"] == file);
@@ -126,8 +126,8 @@ TEST_CASE("plan --search --sbatch sets every layout key the search chose", "[e2e
                        fmt_set("parallel.num_layers_per_virtual_pipeline_stage", std::to_string(per_virtual))));
   CHECK_THAT(text, Catch::Matchers::Contains(
                        fmt_set("training.micro_batch_size", std::to_string(l["micro_batch_size"].get<int64_t>()))));
-  CHECK_THAT(text, Catch::Matchers::Contains(
-                       fmt_set("parallel.recompute_granularity", l["recompute"].get<std::string>())));
+  CHECK_THAT(text,
+             Catch::Matchers::Contains(fmt_set("parallel.recompute_granularity", l["recompute"].get<std::string>())));
   CHECK_THAT(text, Catch::Matchers::Contains(
                        fmt_set("parallel.sequence_parallel", l["sequence_parallel"].get<bool>() ? "true" : "false")));
   CHECK_THAT(text, Catch::Matchers::Contains(fmt_set("parallel.use_distributed_optimizer",
@@ -143,8 +143,10 @@ TEST_CASE("plan --search --sbatch sets every layout key the search chose", "[e2e
 TEST_CASE("plan --sbatch asks for the predicted time when it is under the cap", "[e2e]") {
   TempDir tmp("plan-sbatch-time");
   const std::string file = (tmp / "short.sbatch").string();
-  auto r = run_mtnlg("plan " + recipe("mtnlg-530b.yaml") +
-                     " --gpus 2240 --gpu a100-80g --set training.train_tokens=0 --set training.train_iters=100 --json --sbatch " + file + " 2>/dev/null");
+  auto r = run_mtnlg(
+      "plan " + recipe("mtnlg-530b.yaml") +
+      " --gpus 2240 --gpu a100-80g --set training.train_tokens=0 --set training.train_iters=100 --json --sbatch " +
+      file + " 2>/dev/null");
   REQUIRE(r.exit_code == 0);
   const double predicted = nlohmann::json::parse(r.out)["run"]["seconds"].get<double>();
   const std::string text = read_file(file);

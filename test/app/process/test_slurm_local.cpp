@@ -48,7 +48,8 @@ class LocalSlurm {
 
 bool have_slurm() {
   return ::geteuid() == 0 &&
-         test::run_command("command -v slurmctld && command -v slurmd && command -v munged && command -v srun").exit_code == 0;
+         test::run_command("command -v slurmctld && command -v slurmd && command -v munged && command -v srun")
+                 .exit_code == 0;
 }
 
 }  // namespace

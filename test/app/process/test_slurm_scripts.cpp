@@ -46,9 +46,9 @@ std::map<std::string, std::string> sbatch_directives(const std::string& path, in
 }
 
 RunResult dry_run(const TempDir& tmp, const std::string& name, const std::string& env) {
-  return run_command("cd " + tmp.str() + " && env -u SLURM_JOB_NUM_NODES -u SLURM_NNODES SLURM_JOB_ID=4242 SHARED=" +
-                     tmp.str() + "/shared MTNLG_ROOT=" + source_dir() + " MTNLG_DRY_RUN=1 " + env + " bash " +
-                     script(name));
+  return run_command("cd " + tmp.str() +
+                     " && env -u SLURM_JOB_NUM_NODES -u SLURM_NNODES SLURM_JOB_ID=4242 SHARED=" + tmp.str() +
+                     "/shared MTNLG_ROOT=" + source_dir() + " MTNLG_DRY_RUN=1 " + env + " bash " + script(name));
 }
 
 }  // namespace

@@ -49,7 +49,8 @@ struct Planted {
 };
 Planted run_planted(const test::TempDir& run, int np, const std::string& sets, const std::string& env) {
   const std::string recipe = test::source_dir() + "/recipes/tiny-mock.yaml";
-  const std::string all = "--set training.train_iters=6 --set training.num_threads=1 --set logging.log_interval=1 " + sets;
+  const std::string all =
+      "--set training.train_iters=6 --set training.num_threads=1 --set logging.log_interval=1 " + sets;
   Planted p;
   p.train = test::run_train(recipe, run.str(), all, np, env);
   UNSCOPED_INFO(test::train_command(recipe, run.str(), all, np, env) << "\n" << p.train.out);
@@ -85,10 +86,12 @@ TEST_CASE("explain: a slow rank, an imbalanced stage and a slow dp reduction, ea
         rank(0, 0, 0, {{StepPart::forward, 0.05}, {StepPart::backward, 0.1}, {StepPart::bubble, 0.45}}),
         rank(1, 1, 0, {{StepPart::forward, 0.2}, {StepPart::backward, 0.4}}),
     };
-    const auto f = rep::find_gaps(r, {planned(0, {{StepPart::forward, 0.1}, {StepPart::backward, 0.2}, {StepPart::bubble, 0.1}}),
-                                      planned(1, {{StepPart::forward, 0.1}, {StepPart::backward, 0.2}, {StepPart::bubble, 0.1}})});
+    const auto f =
+        rep::find_gaps(r, {planned(0, {{StepPart::forward, 0.1}, {StepPart::backward, 0.2}, {StepPart::bubble, 0.1}}),
+                           planned(1, {{StepPart::forward, 0.1}, {StepPart::backward, 0.2}, {StepPart::bubble, 0.1}})});
     REQUIRE(!f.empty());
-    CHECK(starts_with(f[0].text, "pipeline stage 1 computes 600 ms per iteration, 4.0x stage 0 (150 ms); the plan expected 1.0x"));
+    CHECK(starts_with(f[0].text,
+                      "pipeline stage 1 computes 600 ms per iteration, 4.0x stage 0 (150 ms); the plan expected 1.0x"));
     CHECK(f[0].text.find("pipeline bubble 75% of stage 0's step; the plan expected 25%") != std::string::npos);
   }
   SECTION("dp reduce exposed beyond the plan; nothing named without gaps") {
@@ -99,10 +102,12 @@ TEST_CASE("explain: a slow rank, an imbalanced stage and a slow dp reduction, ea
     const auto plan = {planned(0, {{StepPart::forward, 0.1}, {StepPart::backward, 0.2}, {StepPart::dp, 0.02}})};
     const auto f = rep::find_gaps(r, plan);
     REQUIRE(!f.empty());
-    CHECK(f[0].text == "dp reduce exposed 40% of the step; the plan expected 6%: every rank of the stage waits in it "
-                       "alike (the reduction is slow, not a late rank)");
-    CHECK(rep::find_gaps(r, plan, 2e6)[0].text.find("; rank 0 moves 1.91 MiB per iteration in it, 9.54 MiB/s, where the plan "
-                                                     "assumed 95.4 MiB/s") != std::string::npos);
+    CHECK(f[0].text ==
+          "dp reduce exposed 40% of the step; the plan expected 6%: every rank of the stage waits in it "
+          "alike (the reduction is slow, not a late rank)");
+    CHECK(rep::find_gaps(r, plan, 2e6)[0].text.find(
+              "; rank 0 moves 1.91 MiB per iteration in it, 9.54 MiB/s, where the plan "
+              "assumed 95.4 MiB/s") != std::string::npos);
     CHECK(rep::find_gaps(r, {planned(0, {{StepPart::forward, 0.1}, {StepPart::backward, 0.2}, {StepPart::dp, 0.2}})})
               .empty());
   }
@@ -179,8 +184,9 @@ TEST_CASE("report --explain on a directory without metrics or without step parts
   CHECK(r.out.find("no step_parts records") != std::string::npos);
   CHECK(std::count(r.out.begin(), r.out.end(), '\n') == 1);
   // Parts but no recipe: the measured side alone, and the plan says why it is missing.
-  test::write_file(dir / "metrics.jsonl", "{\"iteration\": 1, \"loss\": 10.0, \"step_parts\": {\"ranks\": [{\"rank\": 0, "
-                                          "\"forward\": 0.01, \"backward\": 0.02}]}}\n");
+  test::write_file(dir / "metrics.jsonl",
+                   "{\"iteration\": 1, \"loss\": 10.0, \"step_parts\": {\"ranks\": [{\"rank\": 0, "
+                   "\"forward\": 0.01, \"backward\": 0.02}]}}\n");
   r = test::run_mtnlg("report --explain " + dir.str());
   INFO(r.out);
   CHECK(r.exit_code == 0);

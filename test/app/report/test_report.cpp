@@ -41,19 +41,20 @@ void write_fixture_run(const std::filesystem::path& dir, int64_t iters = 40) {
         "\"global_batch_size\": {}, \"grad_norm\": {}, \"step_time_s\": {}, \"tokens_per_s\": {}, "
         "\"tflops_per_gpu\": {}, \"mfu\": {}, \"skipped\": {}, \"nan_iterations\": {}, \"peak_memory_bytes\": {}, "
         "\"bytes_sent_tp\": 1000, \"bytes_sent_pp\": 2000, \"bytes_sent_dp\": 3000, \"loss_scale\": {}}}\n",
-        it, samples, tokens, loss, lr, gbs, 1.0 + 0.3 * std::sin(it), 0.5 + 0.01 * it, gbs * 2048 / 0.5,
-        120 + it, 0.38 + 0.001 * it, it >= 20 ? 1 : 0, it >= 20 ? 1 : 0, 40e9 + it * 1e8, 65536.0 / (it >= 20 ? 2 : 1));
+        it, samples, tokens, loss, lr, gbs, 1.0 + 0.3 * std::sin(it), 0.5 + 0.01 * it, gbs * 2048 / 0.5, 120 + it,
+        0.38 + 0.001 * it, it >= 20 ? 1 : 0, it >= 20 ? 1 : 0, 40e9 + it * 1e8, 65536.0 / (it >= 20 ? 2 : 1));
   };
   for (int64_t it = 1; it <= 8; ++it) row(it);
   tokens -= 2 * 256 * 2048;  // roughly rewind: the restart re-does 7 and 8
   for (int64_t it = 7; it <= iters; ++it) row(it);
   write_file(dir / "metrics.jsonl", lines);
-  write_file(dir / "recipe.resolved.yaml", "model:\n  num_layers: 2  # <b>not html</b>\ntraining:\n  precision: fp16\n");
+  write_file(dir / "recipe.resolved.yaml",
+             "model:\n  num_layers: 2  # <b>not html</b>\ntraining:\n  precision: fp16\n");
   write_file(dir / "eval" / "piqa.json",
              R"({"results": {"piqa": {"acc": 0.7421, "acc_stderr": 0.0102, "acc_norm": 0.75}},)"
              R"( "versions": {"piqa": 0}, "config": {"num_fewshot": 0}})");
   write_file(dir / "notes.json", R"({"something": "else"})");  // not eval results: ignored
-  write_file(dir / "broken.json", "{ not json");                // not eval results: ignored
+  write_file(dir / "broken.json", "{ not json");               // not eval results: ignored
 }
 
 }  // namespace
@@ -142,7 +143,8 @@ TEST_CASE("read_metrics errors name the file and line", "[report]") {
     }
   };
   expect_input_error("", "metrics.jsonl: not found");
-  expect_input_error("{\"iteration\": 1}\n{\"iteration\": 2}\n{\"iteration\": 3, oops}\n", "metrics.jsonl:3: not valid JSON");
+  expect_input_error("{\"iteration\": 1}\n{\"iteration\": 2}\n{\"iteration\": 3, oops}\n",
+                     "metrics.jsonl:3: not valid JSON");
   expect_input_error("{\"iteration\": 1}\n[1, 2]\n", "metrics.jsonl:2: expected one JSON object per line");
   expect_input_error("{\"loss\": 1}\n", "metrics.jsonl:1: no numeric \"iteration\"");
   expect_input_error("\n\n", "no logged iterations");
@@ -295,8 +297,9 @@ TEST_CASE("the report command writes RUN_DIR/report.html or --output and maps er
 TEST_CASE("mtnlg report runs from the binary with the documented exit codes", "[e2e][report]") {
   auto help = run_mtnlg("--help");
   if (help.out.find("report") == std::string::npos)
-    FAIL("`mtnlg report` is not registered: app/main.cpp must call mtnlg::app::register_report(app) "
-         "(app/commands.hpp)");
+    FAIL(
+        "`mtnlg report` is not registered: app/main.cpp must call mtnlg::app::register_report(app) "
+        "(app/commands.hpp)");
   TempDir tmp("report-e2e");
   std::filesystem::create_directories(tmp / "empty");
   auto r = run_mtnlg("report " + (tmp / "empty").string());
@@ -322,8 +325,8 @@ TEST_CASE("the report renders in headless Chromium as a non-blank page", "[e2e][
   const std::string html = read_file(s.output);
   CHECK(count(html, "<polyline") >= 10);
   const auto png = tmp / "report.png";
-  auto r = run_command(python() + " " + source_dir() + "/scripts/render-check.py " + s.output.string() +
-                       " --png " + png.string() + " --window-size 1200,2000 --min-colours 16 --min-ink 0.01");
+  auto r = run_command(python() + " " + source_dir() + "/scripts/render-check.py " + s.output.string() + " --png " +
+                       png.string() + " --window-size 1200,2000 --min-colours 16 --min-ink 0.01");
   INFO(r.out);
   if (r.exit_code == 77) {
     WARN("chromium not installed (Debian package `chromium`): render check skipped");
@@ -339,8 +342,9 @@ TEST_CASE("the report names the ranks flagged as stragglers and their iterations
   for (int it = 1; it <= 12; ++it) {
     // rank 2 named at 4..6 and again at 9..10, rank 3 at 12; detection ran on every row.
     const int flagged = (it >= 4 && it <= 6) || it == 9 || it == 10 ? 2 : it == 12 ? 3 : -1;
-    lines += fmt::format("{{\"iteration\": {}, \"loss\": 3.0, \"slowest_rank\": {}, \"slowest_ratio\": 1.5{}}}\n", it,
-                         flagged >= 0 ? flagged : 1, flagged >= 0 ? fmt::format(", \"straggler_rank\": {}", flagged) : "");
+    lines +=
+        fmt::format("{{\"iteration\": {}, \"loss\": 3.0, \"slowest_rank\": {}, \"slowest_ratio\": 1.5{}}}\n", it,
+                    flagged >= 0 ? flagged : 1, flagged >= 0 ? fmt::format(", \"straggler_rank\": {}", flagged) : "");
   }
   write_file(tmp / "metrics.jsonl", lines);
   const std::string html = rep::render_report_html(tmp.path(), nullptr);
@@ -348,7 +352,8 @@ TEST_CASE("the report names the ranks flagged as stragglers and their iterations
   CHECK_THAT(html, Catch::Matchers::Contains("rank 2 at iterations 4-6, 9-10; rank 3 at iteration 12"));
 
   TempDir clean("report-straggler-none");
-  write_file(clean / "metrics.jsonl", "{\"iteration\": 1, \"loss\": 3.0, \"slowest_rank\": 0, \"slowest_ratio\": 1.01}\n");
+  write_file(clean / "metrics.jsonl",
+             "{\"iteration\": 1, \"loss\": 3.0, \"slowest_rank\": 0, \"slowest_ratio\": 1.01}\n");
   const std::string none = rep::render_report_html(clean.path(), nullptr);
   CHECK_THAT(none, Catch::Matchers::Contains("Stragglers flagged"));
   CHECK(none.find("rank 0 at") == std::string::npos);

@@ -42,8 +42,8 @@ std::vector<Step> read_steps(const fs::path& run) {
 test::RunResult train(const test::TempDir& run, const std::string& sets, int np = 1, const std::string& env = "") {
   UNSCOPED_INFO(test::train_command(test::source_dir() + "/recipes/tiny-ramp.yaml", run.str(),
                                     "--set training.num_threads=1 " + sets, np, env));
-  auto r = test::run_train(test::source_dir() + "/recipes/tiny-ramp.yaml", run.str(), "--set training.num_threads=1 " + sets,
-                           np, env);
+  auto r = test::run_train(test::source_dir() + "/recipes/tiny-ramp.yaml", run.str(),
+                           "--set training.num_threads=1 " + sets, np, env);
   UNSCOPED_INFO(r.out);
   return r;
 }
@@ -119,8 +119,9 @@ TEST_CASE("test device: tp2 x pp2 x dp2 (ZeRO-1, bf16, validation, checkpoints) 
   REQUIRE(train(il_cpu, il + " --set training.device=cpu", 8).exit_code == 0);
   const std::string ck = " --set checkpoint.save=" + resumed.str() + "/ck --set checkpoint.load=" + resumed.str() +
                          "/ck --set checkpoint.save_interval=3";
-  REQUIRE(train(resumed, il + ck + " --set training.device=test", 8,
-                "MTNLG_FAULT_INJECT=rank=5:iteration=3:mode=sigterm").exit_code == 0);
+  REQUIRE(
+      train(resumed, il + ck + " --set training.device=test", 8, "MTNLG_FAULT_INJECT=rank=5:iteration=3:mode=sigterm")
+          .exit_code == 0);
   REQUIRE(model::ckpt::latest_iteration(resumed.str() + "/ck") == 3);
   REQUIRE(train(resumed, il + ck + " --set training.device=test", 8).exit_code == 0);
   require_same(read_steps(il_cpu.path()), read_steps(resumed.path()), 6);
@@ -128,13 +129,14 @@ TEST_CASE("test device: tp2 x pp2 x dp2 (ZeRO-1, bf16, validation, checkpoints) 
 
 TEST_CASE("test device: eval under mpirun (tp2 x pp2) gives the CPU's log-likelihoods", "[mpi]") {
   const std::string src = test::source_dir();
-  if (!fs::exists(src + "/third_party/gpt2/vocab.json")) FAIL("third_party/gpt2 missing: run scripts/fetch-gpt2-vocab.sh");
+  if (!fs::exists(src + "/third_party/gpt2/vocab.json"))
+    FAIL("third_party/gpt2 missing: run scripts/fetch-gpt2-vocab.sh");
   test::TempDir d("dev-eval");
   Recipe r = load_recipe(src + "/test/fixtures/eval/tiny-model.yaml");
   model::LoadedModel m = model::make_random_model(app::gpt_config(r), 11);
   app::save_whole_model(d.str() + "/ckpt", r, m.store, 0);
-  const std::string common = "OMP_NUM_THREADS=1 sh " + src + "/test/support/mpi/mpirun.sh 4 " + MTNLG_BINARY + " eval --checkpoint " +
-                             d.str() + "/ckpt --tasks piqa,lambada_openai --data-dir " + src +
+  const std::string common = "OMP_NUM_THREADS=1 sh " + src + "/test/support/mpi/mpirun.sh 4 " + MTNLG_BINARY +
+                             " eval --checkpoint " + d.str() + "/ckpt --tasks piqa,lambada_openai --data-dir " + src +
                              "/test/fixtures/eval --no-progress --vocab-file " + src +
                              "/third_party/gpt2/vocab.json --merge-file " + src +
                              "/third_party/gpt2/merges.txt --set parallel.tensor_model_parallel_size=2"
@@ -155,8 +157,9 @@ TEST_CASE("test device: a bad --device or training.device exits 2 naming it", "[
   CHECK(r.out.find("auto|cpu|cuda|test") != std::string::npos);
   // Here (no GPU, or a build without CUDA) asking for cuda is bad input, not a crash.
   test::TempDir d("dev-nocuda");
-  auto c = test::run_command("CUDA_VISIBLE_DEVICES= " + std::string(MTNLG_BINARY) + " train " + test::source_dir() +
-                             "/recipes/tiny-mock.yaml --quiet --set logging.dir=" + d.str() + " --set training.device=cuda");
+  auto c =
+      test::run_command("CUDA_VISIBLE_DEVICES= " + std::string(MTNLG_BINARY) + " train " + test::source_dir() +
+                        "/recipes/tiny-mock.yaml --quiet --set logging.dir=" + d.str() + " --set training.device=cuda");
   INFO(c.out);
   CHECK(c.exit_code == 2);
   CHECK(c.out.find("training.device: cuda") != std::string::npos);
@@ -164,19 +167,21 @@ TEST_CASE("test device: a bad --device or training.device exits 2 naming it", "[
 
 TEST_CASE("test device: single-process eval and generate (KV cache) give the CPU's output", "[e2e]") {
   const std::string src = test::source_dir();
-  if (!fs::exists(src + "/third_party/gpt2/vocab.json")) FAIL("third_party/gpt2 missing: run scripts/fetch-gpt2-vocab.sh");
+  if (!fs::exists(src + "/third_party/gpt2/vocab.json"))
+    FAIL("third_party/gpt2 missing: run scripts/fetch-gpt2-vocab.sh");
   test::TempDir d("dev-eval1");
   const std::string model = " --random-init " + src + "/test/fixtures/eval/tiny-model.yaml --vocab-file " + src +
                             "/third_party/gpt2/vocab.json --merge-file " + src + "/third_party/gpt2/merges.txt";
   for (const char* dev : {"cpu", "test"}) {
     auto e = test::run_command("OMP_NUM_THREADS=1 " + std::string(MTNLG_BINARY) + " eval" + model +
-                               " --tasks piqa,lambada_openai --data-dir " + src + "/test/fixtures/eval --no-progress --device " +
-                               dev + " --log-samples " + d.str() + "/" + dev + ".jsonl");
+                               " --tasks piqa,lambada_openai --data-dir " + src +
+                               "/test/fixtures/eval --no-progress --device " + dev + " --log-samples " + d.str() + "/" +
+                               dev + ".jsonl");
     INFO(e.out);
     REQUIRE(e.exit_code == 0);
     auto g = test::run_command("OMP_NUM_THREADS=1 " + std::string(MTNLG_BINARY) + " generate" + model +
-                               " --prompt 'Q: 12 # 3 = 4' --max-new-tokens 12 --seed 5 --no-echo --device " + dev + " > " +
-                               d.str() + "/" + dev + ".txt");
+                               " --prompt 'Q: 12 # 3 = 4' --max-new-tokens 12 --seed 5 --no-echo --device " + dev +
+                               " > " + d.str() + "/" + dev + ".txt");
     INFO(g.out);
     REQUIRE(g.exit_code == 0);
   }

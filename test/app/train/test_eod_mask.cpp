@@ -39,12 +39,14 @@ std::string eod_recipe(const fs::path& dir) {
   }
   w.finalize();
   const std::string path = (dir / "eod.yaml").string();
-  test::write_file(path, "model: {num_layers: 2, hidden_size: 32, num_attention_heads: 4, seq_length: 16, vocab_size: 50257,\n"
-                         "        make_vocab_size_divisible_by: 8, hidden_dropout: 0.0, attention_dropout: 0.0}\n"
-                         "training: {micro_batch_size: 2, global_batch_size: 8, train_iters: 6, num_threads: 1}\n"
-                         "optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, lr_warmup_tokens: 256}\n"
-                         "data:\n  split: '100,0,0'\n  blend: [{weight: 1.0, prefix: " +
-                             prefix + "}]\nlogging: {tensorboard: false}\n");
+  test::write_file(
+      path,
+      "model: {num_layers: 2, hidden_size: 32, num_attention_heads: 4, seq_length: 16, vocab_size: 50257,\n"
+      "        make_vocab_size_divisible_by: 8, hidden_dropout: 0.0, attention_dropout: 0.0}\n"
+      "training: {micro_batch_size: 2, global_batch_size: 8, train_iters: 6, num_threads: 1}\n"
+      "optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, lr_warmup_tokens: 256}\n"
+      "data:\n  split: '100,0,0'\n  blend: [{weight: 1.0, prefix: " +
+          prefix + "}]\nlogging: {tensorboard: false}\n");
   return path;
 }
 
@@ -78,8 +80,9 @@ TEST_CASE("eod_mask_loss: masked targets do not count; layouts and the test devi
   CHECK(ref[0] != plain[0]);  // the masked positions changed what is averaged
   const auto dev = run("test-device", "--set data.eod_mask_loss=true --set training.device=test", 1);
   REQUIRE(dev == ref);  // bit for bit: the mask reaches the device by an upload
-  for (auto [tag, sets, np] : {std::tuple{"dp2", "", 2}, std::tuple{"tp2", "--set parallel.tensor_model_parallel_size=2", 2},
-                               std::tuple{"pp2-dp2", "--set parallel.pipeline_model_parallel_size=2", 4}}) {
+  for (auto [tag, sets, np] :
+       {std::tuple{"dp2", "", 2}, std::tuple{"tp2", "--set parallel.tensor_model_parallel_size=2", 2},
+        std::tuple{"pp2-dp2", "--set parallel.pipeline_model_parallel_size=2", 4}}) {
     const auto got = run(tag, std::string("--set data.eod_mask_loss=true ") + sets, np);
     REQUIRE(got.size() == ref.size());
     for (size_t i = 0; i < ref.size(); ++i) {

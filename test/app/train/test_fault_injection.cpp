@@ -53,7 +53,7 @@ TEST_CASE("fault injection: the variable read, its errors, when each mode fires"
   CHECK(parsed("rank=2:iteration=1:mode=slow").ms == 300);
 
   CHECK_THAT(error_of("rank=1:iteration=5"), Contains("MTNLG_FAULT_INJECT=\"rank=1:iteration=5\"") &&
-                                                Contains("rank, iteration (>= 1) and mode are all required"));
+                                                 Contains("rank, iteration (>= 1) and mode are all required"));
   CHECK_THAT(error_of("rank=1:iteration=5:mode=explode"), Contains("unknown mode 'explode'"));
   CHECK_THAT(error_of("rank=x:iteration=5:mode=throw"), Contains("'x' is not a whole number"));
   CHECK_THAT(error_of("rank=1:iteration=5:mode=bitflip_param:bit=40"), Contains("not a bit of a 32-bit float"));

@@ -60,13 +60,14 @@ std::string corpus_recipe(const fs::path& dir) {
     w.finalize();
   }
   const std::string path = (dir / "corpus.yaml").string();
-  test::write_file(path, "model: {num_layers: 2, hidden_size: 32, num_attention_heads: 4, seq_length: 16, vocab_size: 64,\n"
-                         "        make_vocab_size_divisible_by: 8, hidden_dropout: 0.0, attention_dropout: 0.0}\n"
-                         "training: {micro_batch_size: 1, global_batch_size: 2, train_iters: 60, num_threads: 1, seed: 5}\n"
-                         "optimizer: {lr: 1.0e-2, min_lr: 1.0e-3, lr_warmup_tokens: 64}\n"
-                         "data:\n  split: '100,0,0'\n  blend: [{weight: 1.0, prefix: " +
-                             (dir / "plain").string() + "}, {weight: 1.0, prefix: " + (dir / "odd").string() +
-                             "}]\nlogging: {tensorboard: false, log_interval: 1}\n");
+  test::write_file(path,
+                   "model: {num_layers: 2, hidden_size: 32, num_attention_heads: 4, seq_length: 16, vocab_size: 64,\n"
+                   "        make_vocab_size_divisible_by: 8, hidden_dropout: 0.0, attention_dropout: 0.0}\n"
+                   "training: {micro_batch_size: 1, global_batch_size: 2, train_iters: 60, num_threads: 1, seed: 5}\n"
+                   "optimizer: {lr: 1.0e-2, min_lr: 1.0e-3, lr_warmup_tokens: 64}\n"
+                   "data:\n  split: '100,0,0'\n  blend: [{weight: 1.0, prefix: " +
+                       (dir / "plain").string() + "}, {weight: 1.0, prefix: " + (dir / "odd").string() +
+                       "}]\nlogging: {tensorboard: false, log_interval: 1}\n");
   return path;
 }
 
@@ -94,7 +95,8 @@ std::vector<Row> rows(const fs::path& run) {
   std::vector<Row> out;
   for (const auto& j : test::read_iteration_records(run))
     out.push_back({j["iteration"].get<int64_t>(), j["loss"].is_null() ? std::nan("") : j["loss"].get<double>(),
-                   j["grad_norm"].is_null() ? std::nan("") : j["grad_norm"].get<double>(), j["skipped"].get<int64_t>()});
+                   j["grad_norm"].is_null() ? std::nan("") : j["grad_norm"].get<double>(),
+                   j["skipped"].get<int64_t>()});
   return out;
 }
 bool same_bits(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; }
@@ -103,9 +105,10 @@ const std::string kSpike = "--set training.loss_spike_threshold=3.0 --set traini
 
 }  // namespace
 
-TEST_CASE("forensics: a planted document's loss spike is persistent and named by source and document; skip drops "
-          "exactly its update",
-          "[e2e][forensics]") {
+TEST_CASE(
+    "forensics: a planted document's loss spike is persistent and named by source and document; skip drops "
+    "exactly its update",
+    "[e2e][forensics]") {
   test::TempDir dir("forensics-corpus");
   const std::string recipe = corpus_recipe(dir.path());
   test::TempDir a("forensics-skip");
@@ -188,15 +191,18 @@ TEST_CASE("forensics: a sample whose activations turn non-finite is persistent, 
   CHECK(named == std::vector<int64_t>{16, 17});
 }
 
-TEST_CASE("forensics: a bit flipped in one replica's gradient is transient and names the rank; rerun continues as if "
-          "it never happened",
-          "[mpi][forensics]") {
+TEST_CASE(
+    "forensics: a bit flipped in one replica's gradient is transient and names the rank; rerun continues as if "
+    "it never happened",
+    "[mpi][forensics]") {
   const std::string recipe = test::source_dir() + "/recipes/tiny-mock.yaml";
-  const std::string sets = "--set training.train_iters=8 --set training.num_threads=1 --set logging.log_interval=1 "
-                           "--set training.check_for_nan_in_loss_and_grad=true --set training.param_hash_interval=1 ";
+  const std::string sets =
+      "--set training.train_iters=8 --set training.num_threads=1 --set logging.log_interval=1 "
+      "--set training.check_for_nan_in_loss_and_grad=true --set training.param_hash_interval=1 ";
   test::TempDir flip("forensics-bitflip"), clean("forensics-clean");
   REQUIRE(train(recipe, flip, sets + "--set training.spike_policy=rerun", 2,
-                "MTNLG_FAULT_INJECT=rank=1:iteration=4:mode=bitflip_grad").exit_code == 0);
+                "MTNLG_FAULT_INJECT=rank=1:iteration=4:mode=bitflip_grad")
+              .exit_code == 0);
   REQUIRE(train(recipe, clean, sets, 2).exit_code == 0);
   const auto ev = events(flip.path());
   REQUIRE(ev.size() == 1);
@@ -224,8 +230,8 @@ TEST_CASE("forensics: a bit flipped in one replica's parameters is named by the 
   const std::string recipe = test::source_dir() + "/recipes/tiny-mock.yaml";
   test::TempDir run("forensics-param");
   const auto r = train(recipe, run,
-                       "--set training.train_iters=8 --set training.num_threads=1 --set training.param_hash_interval=2", 4,
-                       "MTNLG_FAULT_INJECT=rank=2:iteration=3:mode=bitflip_param");
+                       "--set training.train_iters=8 --set training.num_threads=1 --set training.param_hash_interval=2",
+                       4, "MTNLG_FAULT_INJECT=rank=2:iteration=3:mode=bitflip_param");
   CHECK(r.exit_code != 0);
   CHECK(r.out.find("forensics: iteration 4: the data-parallel replicas' parameters differ") != std::string::npos);
   CHECK(r.out.find("outvoted by its replicas: rank 2 (tp=0,pp=0,dp=2)") != std::string::npos);
@@ -236,9 +242,9 @@ TEST_CASE("forensics: a bit flipped in one replica's parameters is named by the 
   CHECK(ev[0]["outvoted"] == true);
   // Two replicas cannot outvote each other: both are named.
   test::TempDir two("forensics-param-dp2");
-  const auto r2 = train(recipe, two,
-                        "--set training.train_iters=8 --set training.num_threads=1 --set training.param_hash_interval=2", 2,
-                        "MTNLG_FAULT_INJECT=rank=1:iteration=3:mode=bitflip_param");
+  const auto r2 = train(
+      recipe, two, "--set training.train_iters=8 --set training.num_threads=1 --set training.param_hash_interval=2", 2,
+      "MTNLG_FAULT_INJECT=rank=1:iteration=3:mode=bitflip_param");
   CHECK(r2.exit_code != 0);
   CHECK(r2.out.find("no majority, one of: rank 0 (tp=0,pp=0,dp=0), rank 1 (tp=0,pp=0,dp=1)") != std::string::npos);
 }
@@ -251,7 +257,8 @@ TEST_CASE("forensics: recipe keys are checked", "[e2e][forensics]") {
   r = test::run_mtnlg("recipe show " + recipe + " --set training.spike_policy=ignore");
   CHECK(r.exit_code == 2);
   CHECK(r.out.find("spike_policy") != std::string::npos);
-  r = test::run_mtnlg("recipe show " + recipe + " --set training.spike_policy=skip --set training.param_hash_interval=5");
+  r = test::run_mtnlg("recipe show " + recipe +
+                      " --set training.spike_policy=skip --set training.param_hash_interval=5");
   CHECK(r.exit_code == 0);
   CHECK(r.out.find("spike_policy: skip") != std::string::npos);
 }

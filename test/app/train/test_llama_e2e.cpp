@@ -13,7 +13,8 @@ namespace fs = std::filesystem;
 
 TEST_CASE("tiny Llama on the demo corpus: the loss falls, and generate and eval read its checkpoint", "[e2e]") {
   TempDir tmp("llama-e2e");
-  for (const char* d : {"recipes", "test", "third_party"}) fs::create_directory_symlink(source_dir() + "/" + d, tmp / d);
+  for (const char* d : {"recipes", "test", "third_party"})
+    fs::create_directory_symlink(source_dir() + "/" + d, tmp / d);
   auto corpus = run_command(source_dir() + "/scripts/make-demo-corpus.sh " + (tmp / "demo-data").string() + " " +
                             MTNLG_BINARY + " 2>&1");
   INFO(corpus.out);
@@ -21,11 +22,12 @@ TEST_CASE("tiny Llama on the demo corpus: the loss falls, and generate and eval 
 
   // 24 iterations of 4 samples of 64 tokens, warmup over the first 4: a second or two a step.
   const std::string bin = std::string(MTNLG_BINARY);
-  const std::string train = "cd " + tmp.str() + " && " + bin +
-                            " train recipes/tiny-llama.yaml --quiet --set training.train_iters=24"
-                            " --set training.micro_batch_size=4 --set training.global_batch_size=4"
-                            " --set model.seq_length=64 --set optimizer.lr_warmup_tokens=1024"
-                            " --set checkpoint.save_interval=0 --set training.num_threads=1 --set logging.log_interval=1 2>&1";
+  const std::string train =
+      "cd " + tmp.str() + " && " + bin +
+      " train recipes/tiny-llama.yaml --quiet --set training.train_iters=24"
+      " --set training.micro_batch_size=4 --set training.global_batch_size=4"
+      " --set model.seq_length=64 --set optimizer.lr_warmup_tokens=1024"
+      " --set checkpoint.save_interval=0 --set training.num_threads=1 --set logging.log_interval=1 2>&1";
   auto r = run_command(train);
   INFO(train << "\n" << r.out);
   REQUIRE(r.exit_code == 0);

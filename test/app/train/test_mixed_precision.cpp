@@ -54,13 +54,14 @@ std::string structured_corpus(const fs::path& dir) {
 
 std::string write_recipe(const fs::path& dir, const std::string& prefix) {
   const std::string path = (dir / "walk.yaml").string();
-  test::write_file(path, ""
-                         "model: {num_layers: 2, hidden_size: 64, num_attention_heads: 4, seq_length: 32, vocab_size: 256,\n"
-                         "        make_vocab_size_divisible_by: 8, hidden_dropout: 0.0, attention_dropout: 0.0}\n"
-                         "training: {micro_batch_size: 4, global_batch_size: 8, train_iters: 200, num_threads: 1}\n"
-                         "optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, lr_warmup_tokens: 2048, clip_grad: 1.0}\n"
-                         "data:\n  split: '100,0,0'\n  blend: [{weight: 1.0, prefix: " +
-                             prefix + "}]\nlogging: {tensorboard: false, log_interval: 1}\n");
+  test::write_file(path,
+                   ""
+                   "model: {num_layers: 2, hidden_size: 64, num_attention_heads: 4, seq_length: 32, vocab_size: 256,\n"
+                   "        make_vocab_size_divisible_by: 8, hidden_dropout: 0.0, attention_dropout: 0.0}\n"
+                   "training: {micro_batch_size: 4, global_batch_size: 8, train_iters: 200, num_threads: 1}\n"
+                   "optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, lr_warmup_tokens: 2048, clip_grad: 1.0}\n"
+                   "data:\n  split: '100,0,0'\n  blend: [{weight: 1.0, prefix: " +
+                       prefix + "}]\nlogging: {tensorboard: false, log_interval: 1}\n");
   return path;
 }
 
@@ -108,8 +109,10 @@ TEST_CASE("mixed precision: bf16 and fp16 on the CPU track the fp32 run for 200 
   REQUIRE(train(recipe, b16, "--set training.precision=bf16").exit_code == 0);
   // fp16 from a scale of 2^16 (DeepSpeed's default) with a short growth window: the
   // scale grows as clean windows pass, and backs off if that ever overflows.
-  REQUIRE(train(recipe, f16, "--set training.precision=fp16 --set optimizer.initial_loss_scale=65536 "
-                             "--set optimizer.loss_scale_window=40").exit_code == 0);
+  REQUIRE(train(recipe, f16,
+                "--set training.precision=fp16 --set optimizer.initial_loss_scale=65536 "
+                "--set optimizer.loss_scale_window=40")
+              .exit_code == 0);
   // fp16 from Megatron's default 2^32: the first steps overflow and the scale backs off.
   REQUIRE(train(recipe, f16d, "--set training.precision=fp16 --set optimizer.loss_scale_window=40").exit_code == 0);
   const auto r32 = read_rows(f32.path()), rb = read_rows(b16.path()), rh = read_rows(f16.path()),
@@ -184,7 +187,8 @@ TEST_CASE("mixed precision: a forced fp16 overflow skips the step, backs the sca
   CHECK(std::isfinite(rows[11].loss));
 }
 
-TEST_CASE("mixed precision: bad loss-scale settings exit 2 naming the key; fp16 alone gets Megatron's defaults", "[e2e]") {
+TEST_CASE("mixed precision: bad loss-scale settings exit 2 naming the key; fp16 alone gets Megatron's defaults",
+          "[e2e]") {
   test::TempDir run("mp-bad");
   auto ok = train(corpus().recipe, run, "--set training.precision=fp16 --set training.train_iters=2");
   CHECK(ok.exit_code == 0);
@@ -194,8 +198,9 @@ TEST_CASE("mixed precision: bad loss-scale settings exit 2 naming the key; fp16 
   auto bad = train(corpus().recipe, run, "--set training.precision=fp16 --set optimizer.initial_loss_scale=0");
   CHECK(bad.exit_code == 2);
   CHECK_THAT(bad.out, Catch::Contains("initial_loss_scale"));
-  auto bad2 = train(corpus().recipe, run,
-                    "--set training.precision=fp16 --set optimizer.initial_loss_scale=8 --set optimizer.min_loss_scale=16");
+  auto bad2 =
+      train(corpus().recipe, run,
+            "--set training.precision=fp16 --set optimizer.initial_loss_scale=8 --set optimizer.min_loss_scale=16");
   CHECK(bad2.exit_code == 2);
   CHECK_THAT(bad2.out, Catch::Contains("min_loss_scale"));
 }

@@ -61,7 +61,8 @@ Expected expected_bytes(const Recipe& r, int64_t world, const RankBytes& at) {
   const double b = double(r.training.micro_batch_size), s = double(r.model.seq_length), h = double(r.model.hidden_size);
   const double f = double(r.model.ffn_hidden_size > 0 ? r.model.ffn_hidden_size : 4 * r.model.hidden_size);
   const double V = double(r.model.padded_vocab_size(t));
-  const double maxpos = double(r.model.max_position_embeddings > 0 ? r.model.max_position_embeddings : r.model.seq_length);
+  const double maxpos =
+      double(r.model.max_position_embeddings > 0 ? r.model.max_position_embeddings : r.model.seq_length);
   const double m = double(at.gbs) / (b * double(d));
   const double A = b * s * h * 4;  // one micro batch's activations, fp32
   const bool sp = r.parallel.sequence_parallel && t > 1;
@@ -111,7 +112,7 @@ Expected expected_bytes(const Recipe& r, int64_t world, const RankBytes& at) {
   }
   // The tied word embedding's gradient between the first and the last stage.
   if (p > 1 && (first || last)) e.embedding = ar(4 * V / double(t) * h, 2);
-  e.mp = ar(8, t * p);       // grad-norm partial sums (one double)
+  e.mp = ar(8, t * p);  // grad-norm partial sums (one double)
   // Batch loss and token count (two doubles, pipeline_executor.cpp) and the unanimous
   // skip flag for a non-finite grad norm (one int64, optimizer.cpp).
   e.world = ar(16, world) + ar(8, world);
@@ -240,8 +241,8 @@ test::RunResult run_with_fault(const std::string& fault, test::TempDir& dir) {
   // all-reduces and pipeline receives. `timeout --verbose` bounds a hang at 30 s and
   // says so ("timeout: sending signal"); mpirun's own status can be 137 for a SIGKILLed
   // rank, so the exit code alone cannot tell.
-  const std::string cmd = "MTNLG_FAULT_INJECT=" + fault + " timeout --verbose -k 5 30 " + mpirun(4) + MTNLG_BINARY + " train " +
-                          recipe_path() +
+  const std::string cmd = "MTNLG_FAULT_INJECT=" + fault + " timeout --verbose -k 5 30 " + mpirun(4) + MTNLG_BINARY +
+                          " train " + recipe_path() +
                           " --quiet --set training.num_threads=1 --set parallel.tensor_model_parallel_size=2"
                           " --set parallel.pipeline_model_parallel_size=2 --set logging.dir=" +
                           dir.str();
@@ -310,8 +311,8 @@ TEST_CASE("train: an impossible layout exits 2 before allocating anything, namin
     SECTION(c.name) {
       test::TempDir dir("bad-layout");
       const auto logdir = dir / "run";
-      const std::string cmd = "timeout --verbose -k 5 60 " + mpirun(c.np) + MTNLG_BINARY + " train " + recipe_path() + " " + c.sets +
-                              " --set logging.dir=" + logdir.string();
+      const std::string cmd = "timeout --verbose -k 5 60 " + mpirun(c.np) + MTNLG_BINARY + " train " + recipe_path() +
+                              " " + c.sets + " --set logging.dir=" + logdir.string();
       auto res = test::run_command(cmd);
       INFO(c.name << ": " << cmd << "\n" << res.out);
       CHECK(res.exit_code == 2);
@@ -323,9 +324,7 @@ TEST_CASE("train: an impossible layout exits 2 before allocating anything, namin
 
 // ---- data-parallel buckets reduced as soon as they are ready --------------------------
 
-namespace {
-
-}  // namespace
+namespace {}  // namespace
 
 TEST_CASE("train: dp gradient buckets start during the backward, same losses, deterministic", "[mpi]") {
   const std::string base = " --quiet --set training.num_threads=1 --set training.train_iters=4";
@@ -344,8 +343,8 @@ TEST_CASE("train: dp gradient buckets start during the backward, same losses, de
   std::vector<std::vector<double>> runs;
   for (int rep = 0; rep < 2; ++rep) {
     test::TempDir dir("buckets-" + std::to_string(rep));
-    auto res = test::run_command("timeout -k 5 180 " + mpirun(4) + MTNLG_BINARY + " train " + recipe_path() + base + layout +
-                                 " --set logging.dir=" + dir.str());
+    auto res = test::run_command("timeout -k 5 180 " + mpirun(4) + MTNLG_BINARY + " train " + recipe_path() + base +
+                                 layout + " --set logging.dir=" + dir.str());
     INFO(res.out);
     REQUIRE(res.exit_code == 0);
     runs.push_back(test::read_losses(dir.path()));
@@ -363,7 +362,8 @@ TEST_CASE("train: dp gradient buckets start during the backward, same losses, de
   }
   REQUIRE(runs[0].size() == want.size());
   double worst = 0;
-  for (size_t i = 0; i < want.size(); ++i) worst = std::max(worst, std::fabs(runs[0][i] - want[i]) / std::fabs(want[i]));
+  for (size_t i = 0; i < want.size(); ++i)
+    worst = std::max(worst, std::fabs(runs[0][i] - want[i]) / std::fabs(want[i]));
   INFO("worst relative loss difference " << worst);
   CHECK(worst <= 1e-5);
   CHECK(runs[0] == runs[1]);  // bit-identical run to run

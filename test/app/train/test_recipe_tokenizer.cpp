@@ -47,13 +47,14 @@ std::string setup(const fs::path& dir, bool config, const std::string& data_keys
     w.finalize();
   }
   const std::string path = (dir / "r.yaml").string();
-  test::write_file(path, "model: {num_layers: 1, hidden_size: 32, num_attention_heads: 4, seq_length: 16, vocab_size: " +
-                             std::to_string(vocab) +
-                             ",\n        make_vocab_size_divisible_by: 8, hidden_dropout: 0.0, attention_dropout: 0.0}\n"
-                             "training: {micro_batch_size: 2, global_batch_size: 4, train_iters: 3, num_threads: 1}\n"
-                             "optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, lr_warmup_tokens: 64}\n"
-                             "data:\n  split: '100,0,0'\n  blend: [{weight: 1.0, prefix: " +
-                             prefix + "}]\n" + data_keys + "logging: {tensorboard: false}\n");
+  test::write_file(path,
+                   "model: {num_layers: 1, hidden_size: 32, num_attention_heads: 4, seq_length: 16, vocab_size: " +
+                       std::to_string(vocab) +
+                       ",\n        make_vocab_size_divisible_by: 8, hidden_dropout: 0.0, attention_dropout: 0.0}\n"
+                       "training: {micro_batch_size: 2, global_batch_size: 4, train_iters: 3, num_threads: 1}\n"
+                       "optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, lr_warmup_tokens: 64}\n"
+                       "data:\n  split: '100,0,0'\n  blend: [{weight: 1.0, prefix: " +
+                       prefix + "}]\n" + data_keys + "logging: {tensorboard: false}\n");
   return path;
 }
 
@@ -102,11 +103,13 @@ TEST_CASE("e2e recipe tokenizer: the trainer checks it against model.vocab_size"
   // 260 ids do not fit 200: refused before any step, naming both keys.
   auto small = test::run_train(setup(d.path(), true, with_tok(kHf, d.path() / "tok"), 200), run.str(), "");
   CHECK(small.exit_code == 2);
-  CHECK_THAT(small.out, Contains("data.tokenizer_model") && Contains("has 260 tokens, more than model.vocab_size (200)"));
+  CHECK_THAT(small.out,
+             Contains("data.tokenizer_model") && Contains("has 260 tokens, more than model.vocab_size (200)"));
   CHECK_FALSE(fs::exists(run.path() / "metrics.jsonl"));
   // GPT-2's vocab file is counted too.
   test::write_file(d.path() / "big.json", R"({"a": 0, "b": 1, "c": 2})");
-  auto g = test::run_train(setup(d.path(), true, "  vocab_file: " + (d.path() / "big.json").string() + "\n", 2), run.str(), "");
+  auto g = test::run_train(setup(d.path(), true, "  vocab_file: " + (d.path() / "big.json").string() + "\n", 2),
+                           run.str(), "");
   CHECK(g.exit_code == 2);
   CHECK_THAT(g.out, Contains("data.vocab_file") && Contains("has 3 tokens, more than model.vocab_size (2)"));
   // A tokenizer_model that is not there, or a directory without tokenizer.json.
@@ -132,8 +135,9 @@ TEST_CASE("e2e recipe tokenizer: eval and generate use the recipe's when no --to
   CHECK(a.out == b.out);
   // A trained checkpoint carries the recipe, and with it the tokenizer.
   test::TempDir run("rtok-gen-run");
-  REQUIRE(test::run_train(recipe, run.str(), "--set training.train_iters=1 --set checkpoint.save=" + d.str() +
-                                                 "/ck --set checkpoint.save_interval=1")
+  REQUIRE(test::run_train(
+              recipe, run.str(),
+              "--set training.train_iters=1 --set checkpoint.save=" + d.str() + "/ck --set checkpoint.save_interval=1")
               .exit_code == 0);
   auto c = test::run_mtnlg("generate --checkpoint " + d.str() + "/ck" + gen);
   auto e = test::run_mtnlg("generate --checkpoint " + d.str() + "/ck" + gen + tok);
@@ -155,11 +159,13 @@ TEST_CASE("e2e recipe tokenizer: eval and generate use the recipe's when no --to
   CHECK(gone.exit_code == 2);
   CHECK_THAT(gone.out, Contains("data.tokenizer_model") && Contains("pass --tokenizer to name the file here"));
   fs::rename(d.path() / "tok-moved", d.path() / "tok");
-  if (!fs::exists(test::source_dir() + "/third_party/gpt2/vocab.json")) FAIL("third_party/gpt2 missing: run scripts/fetch-gpt2-vocab.sh");
+  if (!fs::exists(test::source_dir() + "/third_party/gpt2/vocab.json"))
+    FAIL("third_party/gpt2 missing: run scripts/fetch-gpt2-vocab.sh");
   // Without it, GPT-2's ids (up to 50256) would not fit this 300-id model: the recipe's
   // tokenizer is what made these runs work.
   auto gpt2 = test::run_mtnlg("generate --checkpoint " + d.str() + "/ck" + gen + " --vocab-file " + test::source_dir() +
-                              "/third_party/gpt2/vocab.json --merge-file " + test::source_dir() + "/third_party/gpt2/merges.txt");
+                              "/third_party/gpt2/vocab.json --merge-file " + test::source_dir() +
+                              "/third_party/gpt2/merges.txt");
   CHECK(gpt2.exit_code == 2);
   CHECK_THAT(gpt2.out, Contains("outside the vocabulary [0, 300)"));
 }

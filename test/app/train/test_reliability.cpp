@@ -70,7 +70,8 @@ TEST_CASE("reliability 1: damaged index caches are rebuilt, impossible checkpoin
   test::TempDir d("rel-derived");
   const std::string prefix = make_dataset(d);
   const std::string data = " --set data.mock=false --set 'data.blend=[{weight: 1, prefix: " + prefix +
-                           "}]' --set data.split=1 --set data.cache_dir=" + d.str() + "/cache --set training.train_iters=4";
+                           "}]' --set data.split=1 --set data.cache_dir=" + d.str() +
+                           "/cache --set training.train_iters=4";
   REQUIRE(train(d.str() + "/a", data).exit_code == 0);
   const auto want = test::read_losses(d / "a");
   std::string cache;
@@ -152,8 +153,10 @@ TEST_CASE("reliability 1: damaged index caches are rebuilt, impossible checkpoin
   REQUIRE(train(d.str() + "/s", "--set checkpoint.save=" + root + " --set training.train_iters=2").exit_code == 0);
   const std::string it = model::ckpt::iteration_dir(root, 2);
   const std::string meta_text = test::read_file(it + "/metadata.json");
-  for (auto [key, value] : {std::pair<const char*, int64_t>{"iteration", -4}, {"consumed_samples", -1},
-                            {"optimizer_steps", 99}, {"consumed_tokens", -7}}) {
+  for (auto [key, value] : {std::pair<const char*, int64_t>{"iteration", -4},
+                            {"consumed_samples", -1},
+                            {"optimizer_steps", 99},
+                            {"consumed_tokens", -7}}) {
     auto j = nlohmann::json::parse(meta_text);
     j[key] = value;
     test::write_file(it + "/metadata.json", j.dump());
@@ -205,7 +208,8 @@ TEST_CASE("reliability 2: kill -9, a lost `latest`, and resume give the uninterr
   // The disk filled while `latest` was replaced: it is gone, iter_5 and iter_10 remain.
   fs::remove(root + "/latest");
   // A run that does not resume from the root refuses to start over it.
-  expect_exit2(train(d.str() + "/fresh", "--set checkpoint.save=" + root), {"checkpoint.save", "committed", "iter_0000010"});
+  expect_exit2(train(d.str() + "/fresh", "--set checkpoint.save=" + root),
+               {"checkpoint.save", "committed", "iter_0000010"});
   // Resuming recovers the newest committed checkpoint and trains 11..20 exactly as before.
   auto r = train(d.str() + "/run2", ck);
   REQUIRE(r.exit_code == 0);
@@ -216,7 +220,8 @@ TEST_CASE("reliability 2: kill -9, a lost `latest`, and resume give the uninterr
   CHECK(model::ckpt::latest_iteration(root) == 20);
 }
 
-TEST_CASE("reliability 2: one run per checkpoint root; convert/import keep `latest`; eval --output checked first", "[e2e]") {
+TEST_CASE("reliability 2: one run per checkpoint root; convert/import keep `latest`; eval --output checked first",
+          "[e2e]") {
   test::TempDir d("rel-lock");
   const std::string root = d.str() + "/ckpt";
   REQUIRE(train(d.str(), "--set checkpoint.save=" + root + " --set training.train_iters=2").exit_code == 0);
@@ -227,17 +232,19 @@ TEST_CASE("reliability 2: one run per checkpoint root; convert/import keep `late
     REQUIRE(::flock(fd, LOCK_EX | LOCK_NB) == 0);
     expect_exit2(train(d.str() + "/second", "--set checkpoint.save=" + root + " --set checkpoint.load=" + root),
                  {"checkpoint.save", "another run"});
-    expect_exit2(test::run_mtnlg("checkpoint convert --input " + root + " --output " + root + " --tp 2"), {"another run"});
+    expect_exit2(test::run_mtnlg("checkpoint convert --input " + root + " --output " + root + " --tp 2"),
+                 {"another run"});
     ::close(fd);
   }
   // the lock dies with its holder: the same run now starts
-  REQUIRE(train(d.str() + "/third", "--set checkpoint.save=" + root + " --set checkpoint.load=" + root +
-                                        " --set training.train_iters=3")
+  REQUIRE(train(d.str() + "/third",
+                "--set checkpoint.save=" + root + " --set checkpoint.load=" + root + " --set training.train_iters=3")
               .exit_code == 0);
   CHECK(model::ckpt::latest_iteration(root) == 3);
   // convert into a root that holds checkpoints: refused, `latest` stays
   test::TempDir other("rel-other");
-  REQUIRE(train(other.str(), "--set checkpoint.save=" + other.str() + "/ckpt --set training.train_iters=1").exit_code == 0);
+  REQUIRE(train(other.str(), "--set checkpoint.save=" + other.str() + "/ckpt --set training.train_iters=1").exit_code ==
+          0);
   expect_exit2(test::run_mtnlg("checkpoint convert --input " + other.str() + "/ckpt --output " + root + " --tp 2"),
                {"--output", "already holds checkpoints"});
   CHECK(model::ckpt::latest_iteration(root) == 3);
@@ -246,8 +253,8 @@ TEST_CASE("reliability 2: one run per checkpoint root; convert/import keep `late
   CHECK(ok.exit_code == 0);
   // an unwritable eval --output fails at once, before any evaluation
   auto t0 = std::chrono::steady_clock::now();
-  const std::string eval = "eval --checkpoint " + root + " --tasks piqa --data-dir " + test::source_dir() +
-                           "/test/fixtures/eval --output ";
+  const std::string eval =
+      "eval --checkpoint " + root + " --tasks piqa --data-dir " + test::source_dir() + "/test/fixtures/eval --output ";
   expect_exit2(test::run_mtnlg(eval + d.str() + "/no/such/dir/r.json"), {"--output", "no/such/dir"});
   expect_exit2(test::run_mtnlg(eval + d.str()), {"--output", "directory"});
   CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(20));
@@ -268,7 +275,8 @@ TEST_CASE("reliability 6: duplicate keys, run-length --set, --set errors, non-re
                {"dup.yaml:13:1", "'training' is given twice", "first at line 7"});
   expect_exit2(test::run_mtnlg("recipe validate " + file("dup2.yaml", base + "  mock: false\n")),
                {"dup2.yaml:13:3", "'data.mock' is given twice", "first at line 12"});
-  expect_exit2(test::run_mtnlg("recipe validate " + file("dup3.yaml", base + "  blend:\n    - {weight: 1, weight: 2, prefix: x}\n")),
+  expect_exit2(test::run_mtnlg("recipe validate " +
+                               file("dup3.yaml", base + "  blend:\n    - {weight: 1, weight: 2, prefix: x}\n")),
                {"dup3.yaml:14:19", "'data.blend[0].weight' is given twice"});
   // a --set of one run length replaces the recipe's other, and recipe show says so
   const std::string good = file("good.yaml", base);
@@ -278,8 +286,9 @@ TEST_CASE("reliability 6: duplicate keys, run-length --set, --set errors, non-re
   CHECK_THAT(r.out, Contains("# --set training.train_iters=10 replaces the recipe's training.train_tokens") &&
                         Contains("train_iters: 10") && Contains("train_tokens: 0"));
   // two --sets of different run lengths are still ambiguous
-  expect_exit2(test::run_mtnlg("recipe validate " + good + " --set training.train_iters=10 --set training.train_samples=5"),
-               {"set exactly one of"});
+  expect_exit2(
+      test::run_mtnlg("recipe validate " + good + " --set training.train_iters=10 --set training.train_samples=5"),
+      {"set exactly one of"});
   // a --set error names the --set, never the recipe's line 1
   for (auto [set, phrase] : {std::pair<const char*, const char*>{"training.bogus=1", "unknown key 'training.bogus'"},
                              {"bogus.key=1", "unknown key 'bogus'"},
@@ -310,10 +319,11 @@ TEST_CASE("reliability 6: duplicate keys, run-length --set, --set errors, non-re
 TEST_CASE("reliability 5: counts near 2^63 and non-positive plan sizes exit 2 naming the key", "[e2e]") {
   test::TempDir d("rel-overflow");
   const std::string tiny = test::source_dir() + "/recipes/tiny-ramp.yaml";
-  for (auto [set, key] : {std::pair<const char*, const char*>{"training.train_iters=9223372036854775807", "training.train_iters"},
-                          {"training.train_iters=576460752303423488", "training.train_iters"},
-                          {"training.train_samples=9223372036854775000", "training.train_samples"},
-                          {"training.train_tokens=9223372036854775800", "training.train_tokens"}}) {
+  for (auto [set, key] :
+       {std::pair<const char*, const char*>{"training.train_iters=9223372036854775807", "training.train_iters"},
+        {"training.train_iters=576460752303423488", "training.train_iters"},
+        {"training.train_samples=9223372036854775000", "training.train_samples"},
+        {"training.train_tokens=9223372036854775800", "training.train_tokens"}}) {
     INFO(set);
     expect_exit2(test::run_mtnlg("recipe validate " + tiny + " --set " + set), {key, "overflow"});
     expect_exit2(test::run_mtnlg("train " + tiny + " --set logging.dir=" + d.str() + " --set " + set),
@@ -323,8 +333,8 @@ TEST_CASE("reliability 5: counts near 2^63 and non-positive plan sizes exit 2 na
   expect_exit2(test::run_mtnlg("train " + tiny + " --set logging.dir=" + d.str() +
                                " --set 'training.rampup_batch_size={start: 8, increment: 8, ramp_tokens: 9e18}'"),
                {"ramp_tokens"});
-  for (const char* opt : {"--gpus 0", "--gpus -1", "--tp 0", "--pp 0", "--dp -3", "--gpus-per-node 0", "--top 0",
-                          "--gpus 99999999999"}) {
+  for (const char* opt :
+       {"--gpus 0", "--gpus -1", "--tp 0", "--pp 0", "--dp -3", "--gpus-per-node 0", "--top 0", "--gpus 99999999999"}) {
     auto r = test::run_mtnlg("plan " + test::source_dir() + "/recipes/gpt2-124m.yaml " + opt);
     INFO(opt << "\n" << r.out);
     CHECK(r.exit_code == 2);
@@ -341,20 +351,23 @@ TEST_CASE("reliability 7: out-of-vocabulary token ids, --workers, number overflo
   const std::string g = test::source_dir() + "/third_party/gpt2";
   if (!fs::exists(g + "/vocab.json")) FAIL("third_party/gpt2 missing: run scripts/fetch-gpt2-vocab.sh");
   const std::string vocab = " --vocab-file " + g + "/vocab.json --merge-file " + g + "/merges.txt --no-progress";
-  test::write_file(d / "c.jsonl", "{\"text\": \"hello\"}\n{\"text\": \"world\", \"score\": 1e400}\n{\"text\": \"again\"}\n");
+  test::write_file(d / "c.jsonl",
+                   "{\"text\": \"hello\"}\n{\"text\": \"world\", \"score\": 1e400}\n{\"text\": \"again\"}\n");
   r = test::run_mtnlg("data preprocess --input " + (d / "c.jsonl").string() + " --output-prefix " + d.str() + "/out" +
                       vocab + " --workers 100000");
   expect_exit2(r, {"--workers", "100000", "hardware threads"});
-  r = test::run_mtnlg("data preprocess --input " + (d / "c.jsonl").string() + " --output-prefix " + d.str() + "/out" + vocab);
+  r = test::run_mtnlg("data preprocess --input " + (d / "c.jsonl").string() + " --output-prefix " + d.str() + "/out" +
+                      vocab);
   expect_exit2(r, {"c.jsonl:2", "malformed JSON", "--skip-bad-lines"});
-  r = test::run_mtnlg("data preprocess --input " + (d / "c.jsonl").string() + " --output-prefix " + d.str() + "/out" + vocab +
-                      " --skip-bad-lines");
+  r = test::run_mtnlg("data preprocess --input " + (d / "c.jsonl").string() + " --output-prefix " + d.str() + "/out" +
+                      vocab + " --skip-bad-lines");
   INFO(r.out);
   CHECK(r.exit_code == 0);
   CHECK_THAT(r.out, Contains("c.jsonl:2"));
 }
 
-TEST_CASE("reliability 4: unwritable outputs are found at start-up; a full disk under logging.dir is an error", "[e2e]") {
+TEST_CASE("reliability 4: unwritable outputs are found at start-up; a full disk under logging.dir is an error",
+          "[e2e]") {
   test::TempDir d("rel-writes");
   test::write_file(d / "afile", "x");
   const std::string under_file = d.str() + "/afile/sub";
@@ -372,7 +385,9 @@ TEST_CASE("reliability 4: unwritable outputs are found at start-up; a full disk 
     CHECK_THAT(r.out, Contains(name) && Contains("write failed") && Contains("No space left on device"));
   }
   // checkpoint export's config.json, likewise
-  REQUIRE(train(d.str() + "/ck", "--set training.train_iters=1 --set checkpoint.save=" + d.str() + "/ck/root").exit_code == 0);
+  REQUIRE(
+      train(d.str() + "/ck", "--set training.train_iters=1 --set checkpoint.save=" + d.str() + "/ck/root").exit_code ==
+      0);
   fs::create_directories(d / "hf");
   fs::create_symlink("/dev/full", d / "hf" / "config.json");
   auto r = test::run_mtnlg("checkpoint export --input " + d.str() + "/ck/root --output " + d.str() + "/hf");
@@ -388,8 +403,8 @@ TEST_CASE("reliability 3: stop signals save, or say that nothing was saved", "[e
   CHECK(r.exit_code == 1);
   CHECK_THAT(r.out, Contains("checkpoint.save is not set") && Contains("nothing was saved"));
   // without --quiet the missing save location is warned about at start-up
-  r = test::run_command(std::string(MTNLG_BINARY) + " train " + kRecipe + " --set training.train_iters=1 --set logging.dir=" +
-                        d.str() + "/w");
+  r = test::run_command(std::string(MTNLG_BINARY) + " train " + kRecipe +
+                        " --set training.train_iters=1 --set logging.dir=" + d.str() + "/w");
   CHECK(r.exit_code == 0);
   CHECK_THAT(r.out, Contains("warning: checkpoint.save is not set"));
 
@@ -397,8 +412,8 @@ TEST_CASE("reliability 3: stop signals save, or say that nothing was saved", "[e
   auto start = [&](const std::string& dir, const std::string& env) {
     const std::string root = dir + "/ckpt";
     std::string cmd = env + " exec " + MTNLG_BINARY + " train " + kRecipe + kSets + " --set training.train_iters=400" +
-                      " --set logging.dir=" + dir + " --set checkpoint.save=" + root + " --stopped-exit-code 75 > " + dir +
-                      ".log 2>&1";
+                      " --set logging.dir=" + dir + " --set checkpoint.save=" + root + " --stopped-exit-code 75 > " +
+                      dir + ".log 2>&1";
     pid_t pid = fork();
     if (pid == 0) {
       execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
@@ -433,7 +448,8 @@ TEST_CASE("reliability 3: stop signals save, or say that nothing was saved", "[e
     const std::string dir = d.str() + "/twice";
     pid_t pid = start(dir, "MTNLG_TEST_SAVE_DELAY_MS=20000");
     kill(pid, SIGINT);
-    for (int i = 0; i < 600 && !fs::exists(dir + "/ckpt") ; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    for (int i = 0; i < 600 && !fs::exists(dir + "/ckpt"); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
     kill(pid, SIGINT);
     int status = 0;
@@ -452,11 +468,12 @@ TEST_CASE("reliability 8: a rank that stops answering ends the job, named, withi
   // end non-zero well before the 90 s guard, and the line printed names rank 3 by its
   // coordinates (which alive rank saw it first may vary).
   test::TempDir d("rel-watchdog");
-  const std::string cmd = "MTNLG_FAULT_INJECT=rank=3:iteration=2:mode=stop MTNLG_COLLECTIVE_TIMEOUT=10 timeout --verbose -k 5 90 " +
-                          test::mpirun(4) + MTNLG_BINARY + " train " + kRecipe + kSets +
-                          " --set parallel.tensor_model_parallel_size=2 --set parallel.pipeline_model_parallel_size=2"
-                          " --set logging.dir=" +
-                          d.str();
+  const std::string cmd =
+      "MTNLG_FAULT_INJECT=rank=3:iteration=2:mode=stop MTNLG_COLLECTIVE_TIMEOUT=10 timeout --verbose -k 5 90 " +
+      test::mpirun(4) + MTNLG_BINARY + " train " + kRecipe + kSets +
+      " --set parallel.tensor_model_parallel_size=2 --set parallel.pipeline_model_parallel_size=2"
+      " --set logging.dir=" +
+      d.str();
   auto r = test::run_command(cmd);
   INFO(cmd << "\n" << r.out);
   CHECK(r.exit_code != 0);
@@ -474,7 +491,8 @@ TEST_CASE("reliability 8: a bad collective timeout is exit 2 naming the key or t
                {"parallel.distributed_timeout_minutes"});
   expect_exit2(train(d.str() + "/b", "", "MTNLG_COLLECTIVE_TIMEOUT=soon"), {"MTNLG_COLLECTIVE_TIMEOUT=\"soon\""});
   // 0 turns the watchdog off; a single process has no collectives to watch anyway.
-  CHECK(train(d.str() + "/c", "--set parallel.distributed_timeout_minutes=0", "MTNLG_COLLECTIVE_TIMEOUT=0").exit_code == 0);
+  CHECK(train(d.str() + "/c", "--set parallel.distributed_timeout_minutes=0", "MTNLG_COLLECTIVE_TIMEOUT=0").exit_code ==
+        0);
 }
 
 TEST_CASE("reliability 9: OpenBLAS's generic kernel is replaced and the banner names the BLAS core", "[e2e]") {
@@ -549,7 +567,8 @@ TEST_CASE("mtnlg --version names cuDNN's state in a CUDA build", "[e2e]") {
   auto v = test::run_command(std::string("MTNLG_CUDNN=0 ") + MTNLG_BINARY + " --version");
   INFO(v.out);
   REQUIRE(v.exit_code == 0);
-  CHECK_THAT(v.out, Catch::Matchers::Contains("attention (flash form on CUDA): cuDNN unavailable: switched off (MTNLG_CUDNN=0)"));
+  CHECK_THAT(v.out, Catch::Matchers::Contains(
+                        "attention (flash form on CUDA): cuDNN unavailable: switched off (MTNLG_CUDNN=0)"));
   auto w = test::run_mtnlg("--version");
   CHECK_THAT(w.out, Catch::Matchers::Contains("attention (flash form on CUDA): cuDNN"));
 }

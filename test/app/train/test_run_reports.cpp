@@ -37,7 +37,8 @@ TEST_CASE("run reports: metrics.jsonl, memory_rank0.jsonl and bytes_rank0.jsonl 
     app::MetricsWriter off(d.str() + "/off", false, parallel::Topology{1, 1, 1});  // not rank 0
     off.write(s, r, 1.0);
   }
-  const nlohmann::json c = only_line(d.path() / "cpu" / "metrics.jsonl"), g = only_line(d.path() / "gpu" / "metrics.jsonl");
+  const nlohmann::json c = only_line(d.path() / "cpu" / "metrics.jsonl"),
+                       g = only_line(d.path() / "gpu" / "metrics.jsonl");
   CHECK(c["iteration"] == 7);
   CHECK(c["loss"] == 2.5);
   CHECK(c["tokens_per_s"] == 1234.0);
@@ -71,12 +72,13 @@ TEST_CASE("train banner: the family with its switches and the FLOP formula", "[e
   REQUIRE(gpt.exit_code == 0);
   CHECK(gpt.out.find("architecture: gpt: learned positions, LayerNorm, GELU, ffn 128, tied\n") != std::string::npos);
   CHECK(gpt.out.find("model FLOPs 72*B*s*l*h^2*(1+s/(6h)+V/(12*l*h)) per iteration") != std::string::npos);
-  auto llama = test::run_mtnlg(
-      common + " --set model.position_embedding_type=rope --set model.rotary_base=500000"
-               " --set model.normalization=RMSNorm --set model.swiglu=true --set model.ffn_hidden_size=80"
-               " --set model.num_query_groups=2 --set model.untie_embeddings_and_output_weights=true"
-               " --set model.add_bias_linear=false --set logging.dir=" +
-      (d.path() / "llama").string() + " 2>&1");
+  auto llama =
+      test::run_mtnlg(common +
+                      " --set model.position_embedding_type=rope --set model.rotary_base=500000"
+                      " --set model.normalization=RMSNorm --set model.swiglu=true --set model.ffn_hidden_size=80"
+                      " --set model.num_query_groups=2 --set model.untie_embeddings_and_output_weights=true"
+                      " --set model.add_bias_linear=false --set logging.dir=" +
+                      (d.path() / "llama").string() + " 2>&1");
   INFO(llama.out);
   REQUIRE(llama.exit_code == 0);
   CHECK(llama.out.find("architecture: llama: rope base 500000, RMSNorm, SwiGLU, ffn 80, 2 query groups, untied, no "

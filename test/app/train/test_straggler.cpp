@@ -28,8 +28,8 @@ struct Row {
 std::vector<Row> read_rows(const fs::path& run) {
   std::vector<Row> rows;
   for (const auto& j : test::read_iteration_records(run))
-    rows.push_back({j["iteration"].get<int64_t>(), j.value("slowest_rank", int64_t{-1}), j.value("straggler_rank", int64_t{-1}),
-                    j.value("slowest_ratio", 0.0)});
+    rows.push_back({j["iteration"].get<int64_t>(), j.value("slowest_rank", int64_t{-1}),
+                    j.value("straggler_rank", int64_t{-1}), j.value("slowest_ratio", 0.0)});
   return rows;
 }
 

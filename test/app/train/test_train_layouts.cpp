@@ -24,7 +24,8 @@ const std::string kLlama =
 
 std::vector<double> run_layout(const std::string& tag, int np, const std::string& sets) {
   test::TempDir dir("layout-" + tag);
-  const std::string recipe = test::source_dir() + "/recipes/tiny-ramp.yaml", all = "--set training.num_threads=1 " + sets;
+  const std::string recipe = test::source_dir() + "/recipes/tiny-ramp.yaml",
+                    all = "--set training.num_threads=1 " + sets;
   auto r = test::run_train(recipe, dir.str(), all, np);
   INFO(tag << ": " << test::train_command(recipe, dir.str(), all, np) << "\n" << r.out);
   REQUIRE(r.exit_code == 0);

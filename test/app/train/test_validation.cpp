@@ -39,8 +39,8 @@ test::RunResult run_layout(const test::TempDir& dir, int np, const std::string& 
   const std::string args = " train " + test::source_dir() + "/recipes/tiny-ramp.yaml" + (quiet ? " --quiet" : "") +
                            " --set logging.dir=" + dir.str() + " --set training.num_threads=1" + kEval + " " + sets;
   const std::string cmd = np == 1 ? std::string(MTNLG_BINARY) + args
-                                  : "sh " + test::source_dir() + "/test/support/mpi/mpirun.sh " + std::to_string(np) + " " +
-                                        MTNLG_BINARY + args;
+                                  : "sh " + test::source_dir() + "/test/support/mpi/mpirun.sh " + std::to_string(np) +
+                                        " " + MTNLG_BINARY + args;
   return test::run_command(cmd);
 }
 
@@ -92,9 +92,10 @@ TEST_CASE("train: a resumed run evaluates the same validation samples", "[e2e]")
   REQUIRE(whole.exit_code == 0);
   // Stopped by SIGTERM during iteration 6 (saved after it), then resumed to the end.
   const std::string ck = "--set checkpoint.save=" + b.str() + "/ckpt --set checkpoint.load=" + b.str() + "/ckpt";
-  auto first = test::run_command("MTNLG_FAULT_INJECT=rank=0:iteration=6:mode=sigterm " + std::string(MTNLG_BINARY) +
-                                 " train " + test::source_dir() + "/recipes/tiny-ramp.yaml --quiet --set logging.dir=" +
-                                 b.str() + " --set training.num_threads=1" + kEval + " " + ck);
+  auto first =
+      test::run_command("MTNLG_FAULT_INJECT=rank=0:iteration=6:mode=sigterm " + std::string(MTNLG_BINARY) + " train " +
+                        test::source_dir() + "/recipes/tiny-ramp.yaml --quiet --set logging.dir=" + b.str() +
+                        " --set training.num_threads=1" + kEval + " " + ck);
   INFO(first.out);
   REQUIRE(first.exit_code == 0);
   CHECK(read_held_out(b.path()).size() == 1);  // iteration 4 only: no end-of-training evaluation when stopped

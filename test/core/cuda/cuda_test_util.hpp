@@ -72,7 +72,9 @@ inline Tensor to_cpu_f32(const Tensor& g) {
 }
 
 // The values the device sees after rounding to dt (the CPU reference's inputs).
-inline Tensor rounded(const Tensor& cpu, DType dt) { return dt == DType::f32 ? cpu.clone() : to_cpu_f32(to_gpu(cpu, dt)); }
+inline Tensor rounded(const Tensor& cpu, DType dt) {
+  return dt == DType::f32 ? cpu.clone() : to_cpu_f32(to_gpu(cpu, dt));
+}
 
 // A device tensor filled with NaN, so a kernel that skips an element is caught.
 inline Tensor poisoned(const Shape& s, DType dt) {

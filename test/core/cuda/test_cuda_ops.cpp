@@ -138,12 +138,12 @@ TEST_CASE("cuda allocator: a block used on a side stream is not reused before th
     Tensor t = Tensor::empty({777}, DType::f32, Device::cuda);
     first = t.raw();
     CUDA_CHECK(cudaLaunchHostFunc(side.get(), StreamGate::hold, &gate));  // side-stream work "reading" t
-    cuda::record_stream(static_cast<char*>(t.raw()) + 64, side.get());     // an interior pointer counts too
-  }  // t freed while the side stream is still held
+    cuda::record_stream(static_cast<char*>(t.raw()) + 64, side.get());    // an interior pointer counts too
+  }                                                                       // t freed while the side stream is still held
   CHECK(cuda::memory_stats().pending_blocks >= 1);
   {
     Tensor u = Tensor::empty({777}, DType::f32, Device::cuda);  // same size class
-    CHECK(u.raw() != first);  // the pending block was not handed out
+    CHECK(u.raw() != first);                                    // the pending block was not handed out
   }
   gate.release();
   side.synchronize();
@@ -175,8 +175,9 @@ TEST_CASE("cuda allocator: out of memory releases the cache only outside a train
   {
     const DeviceStepScope step;
     // 4 MiB fits only if the cached 3 MiB goes back to the device: not inside a step.
-    CHECK_THROWS_WITH(Tensor::empty({mib}, DType::f32, Device::cuda),
-                      Catch::Matchers::Contains("during a training step") && Catch::Matchers::Contains("micro_batch_size"));
+    CHECK_THROWS_WITH(
+        Tensor::empty({mib}, DType::f32, Device::cuda),
+        Catch::Matchers::Contains("during a training step") && Catch::Matchers::Contains("micro_batch_size"));
     CHECK(cuda::memory_stats().reserved_bytes >= 3 * mib);  // cache kept
   }
   { Tensor b = Tensor::empty({mib}, DType::f32, Device::cuda); }  // outside: release, retry, served
@@ -229,7 +230,8 @@ TEST_CASE("cuda graphs: capture once, replay with new inputs; the pool's blocks 
       g.launch();
       const Tensor got = y.to(Device::cpu);
       CHECK(cuda::memory_stats().device_allocs == allocs);  // a replay allocates nothing
-      for (int64_t i : {int64_t{0}, int64_t{7}, n - 1}) CHECK(got.data<float>()[i] == 3.0f * (v + static_cast<float>(i)));
+      for (int64_t i : {int64_t{0}, int64_t{7}, n - 1})
+        CHECK(got.data<float>()[i] == 3.0f * (v + static_cast<float>(i)));
     }
     // A block of the pool is never handed to other work while the pool lives, even though
     // the capture freed it: the next replay writes it.
@@ -510,7 +512,8 @@ TEST_CASE("cuda matmul bias without the epilogue rounds once, as the epilogue do
   std::mt19937_64 g(22);
   for (DType dt : {DType::bf16, DType::f16}) {
     INFO(to_string(dt));
-    Tensor inp = to_gpu(randn({37, 48}, g), dt), w = to_gpu(randn({40, 48}, g, 0.3), dt), b = to_gpu(randn({40}, g), dt);
+    Tensor inp = to_gpu(randn({37, 48}, g), dt), w = to_gpu(randn({40, 48}, g, 0.3), dt),
+           b = to_gpu(randn({40}, g), dt);
     Tensor fused = poisoned({37, 40}, dt), plain = poisoned({37, 40}, dt);
     const bool old = cuda::set_gemm_bias_epilogue(true);
     ops::matmul_forward(fused, inp, w, &b);
@@ -702,9 +705,11 @@ void check_flash_dqkv(const Tensor& gpu, const Tensor& ref, const Tensor& dout, 
         double e = 0;
         for (int64_t d = 0; d < D; ++d) {
           e += std::fabs(static_cast<double>(dO[orow + d]) * O[orow + d]);
-          kmax[static_cast<size_t>(d)] = std::max(kmax[static_cast<size_t>(d)], std::fabs(static_cast<double>(q[row + D + d])));
+          kmax[static_cast<size_t>(d)] =
+              std::max(kmax[static_cast<size_t>(d)], std::fabs(static_cast<double>(q[row + D + d])));
         }
-        for (int64_t d = 0; d < D; ++d) extra[static_cast<size_t>(row + d)] = scale * u * e * kmax[static_cast<size_t>(d)];
+        for (int64_t d = 0; d < D; ++d)
+          extra[static_cast<size_t>(row + d)] = scale * u * e * kmax[static_cast<size_t>(d)];
       }
     }
   check_close("dqkv", gpu, ref, rtol, extra);
@@ -727,11 +732,10 @@ TEST_CASE("cuda fused attention at real shapes (T 1024 and 2048, B x H 416 and 6
   // is the CPU's, so there dropout is compared too).
   const double p = emulated_device() ? 0.1 : 0.0;
   const std::vector<S> shapes =
-      emulated_device()
-          ? std::vector<S>{S{2, 203, 3, 64, DType::bf16, p}, S{1, 160, 2, 128, DType::f16, 0.0},
-                           S{1100, 2, 60, 8, DType::bf16, p}}
-          : std::vector<S>{S{4, 1024, 104, 64, DType::bf16, p}, S{1, 2048, 8, 128, DType::f16, 0.0},
-                           S{1100, 20, 60, 16, DType::bf16, p}};
+      emulated_device() ? std::vector<S>{S{2, 203, 3, 64, DType::bf16, p}, S{1, 160, 2, 128, DType::f16, 0.0},
+                                         S{1100, 2, 60, 8, DType::bf16, p}}
+                        : std::vector<S>{S{4, 1024, 104, 64, DType::bf16, p}, S{1, 2048, 8, 128, DType::f16, 0.0},
+                                         S{1100, 20, 60, 16, DType::bf16, p}};
   for (S s : shapes) {
     INFO("B " << s.B << " T " << s.T << " H " << s.H << " D " << s.D << " " << to_string(s.dt) << " p " << s.p);
     ops::AttentionDropout drop{s.p, 0x5151ull, 0, 0, s.H};
@@ -815,7 +819,8 @@ TEST_CASE("cuda attention rejects what it cannot run", "[gpu]") {
   if (!gpu_ready()) return;
   // The flash form on CUDA is cuDNN's: fp32 is refused by mtnlg, head sizes by cuDNN (the
   // emulated cuDNN draws the real cuDNN 9.19's lines on sm90: multiples of 8, up to 256).
-  Tensor qkv = Tensor::empty({1, 4, 3 * 64}, DType::f32, Device::cuda), out = Tensor::empty({1, 4, 64}, DType::f32, Device::cuda);
+  Tensor qkv = Tensor::empty({1, 4, 3 * 64}, DType::f32, Device::cuda),
+         out = Tensor::empty({1, 4, 64}, DType::f32, Device::cuda);
   Tensor lse = Tensor::empty({1, 1, 4}, DType::f32, Device::cuda);
   CHECK_THROWS_WITH(ops::attention_forward_lse(out, lse, qkv, 1, {}), Catch::Matchers::Contains("bf16 or fp16"));
   std::string why;
@@ -829,7 +834,8 @@ TEST_CASE("cuda attention rejects what it cannot run", "[gpu]") {
   }
   CHECK(ops::attention_lse_supported(Device::cuda, DType::bf16, 2, 16, 2, 64, 0.1, &why));
   CHECK_THAT(why, Catch::Matchers::Contains("cuDNN"));
-  Tensor qb = Tensor::empty({1, 4, 3 * 8}, DType::bf16, Device::cuda), ob = Tensor::empty({1, 4, 8}, DType::bf16, Device::cuda);
+  Tensor qb = Tensor::empty({1, 4, 3 * 8}, DType::bf16, Device::cuda),
+         ob = Tensor::empty({1, 4, 8}, DType::bf16, Device::cuda);
   Tensor lb = Tensor::empty({1, 1, 4}, DType::bf16, Device::cuda);
   CHECK_THROWS_WITH(ops::attention_forward_lse(ob, lb, qb, 1, {}), Catch::Matchers::Contains("f32"));
   // Grouped-query attention is on cuDNN's fused path (K and V with fewer heads; the op

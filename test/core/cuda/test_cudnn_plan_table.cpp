@@ -43,7 +43,7 @@ namespace {
 struct Problem {
   std::string from;  // a recipe file or a test
   int64_t B, T, H, D;
-  int64_t G = 0;     // key/value heads (query groups); 0: as many as heads
+  int64_t G = 0;  // key/value heads (query groups); 0: as many as heads
 };
 
 // Every shipped recipe at its tp split: micro batch, sequence, local heads, head size.
@@ -66,13 +66,20 @@ std::vector<Problem> recipe_problems() {
 // test/core/ops/op_cases.cpp, test/model/test_gpt_gpu.cpp) on the emulator and on a GPU,
 // with the head sizes 160 (the 530B at tp 8) and 256.
 std::vector<Problem> test_problems() {
-  return {{"test: device keys", 2, 16, 2, 8},          {"test: forms agree", 2, 23, 2, 64},
-          {"test: dropout per key", 2, 40, 2, 32},     {"test: real shapes (emulated)", 2, 203, 3, 64},
-          {"test: real shapes (emulated)", 1, 160, 2, 128}, {"test: real shapes (emulated)", 1100, 2, 60, 8},
-          {"test: real shapes (GPU)", 4, 1024, 104, 64}, {"test: real shapes (GPU)", 1, 2048, 8, 128},
-          {"test: real shapes (GPU)", 1100, 20, 60, 16}, {"test: rejects / supported", 2, 16, 2, 64},
-          {"test: op table", 2, 7, 2, 8},               {"test: model on the GPU", 2, 8, 2, 8},
-          {"test: head size 160", 2, 40, 2, 160},      {"test: head size 256", 2, 40, 2, 256}};
+  return {{"test: device keys", 2, 16, 2, 8},
+          {"test: forms agree", 2, 23, 2, 64},
+          {"test: dropout per key", 2, 40, 2, 32},
+          {"test: real shapes (emulated)", 2, 203, 3, 64},
+          {"test: real shapes (emulated)", 1, 160, 2, 128},
+          {"test: real shapes (emulated)", 1100, 2, 60, 8},
+          {"test: real shapes (GPU)", 4, 1024, 104, 64},
+          {"test: real shapes (GPU)", 1, 2048, 8, 128},
+          {"test: real shapes (GPU)", 1100, 20, 60, 16},
+          {"test: rejects / supported", 2, 16, 2, 64},
+          {"test: op table", 2, 7, 2, 8},
+          {"test: model on the GPU", 2, 8, 2, 8},
+          {"test: head size 160", 2, 40, 2, 160},
+          {"test: head size 256", 2, 40, 2, 256}};
 }
 
 // Grouped-query attention (K and V with fewer heads; docs/specs/cudnn-sdpa.md): Llama 3
@@ -82,10 +89,10 @@ std::vector<Problem> test_problems() {
 // and 0.1 (the deterministic backward at p 0), to keep the table's time small (every plan
 // compiles its kernels).
 std::vector<Problem> gqa_problems() {
-  return {{"Llama 3 8B tp 1", 1, 8192, 32, 128, 8}, {"Llama 3 8B tp 2", 1, 8192, 16, 128, 4},
-          {"Llama 3 8B tp 4", 1, 8192, 8, 128, 2},  {"Llama 3 8B tp 8", 1, 8192, 4, 128, 1},
-          {"Llama 3 70B tp 8", 1, 8192, 8, 128, 1}, {"test: op table GQA", 2, 7, 8, 8, 2},
-          {"test: op table MQA", 2, 7, 4, 8, 1},    {"test: llama on the GPU", 3, 128, 4, 64, 2},
+  return {{"Llama 3 8B tp 1", 1, 8192, 32, 128, 8},     {"Llama 3 8B tp 2", 1, 8192, 16, 128, 4},
+          {"Llama 3 8B tp 4", 1, 8192, 8, 128, 2},      {"Llama 3 8B tp 8", 1, 8192, 4, 128, 1},
+          {"Llama 3 70B tp 8", 1, 8192, 8, 128, 1},     {"test: op table GQA", 2, 7, 8, 8, 2},
+          {"test: op table MQA", 2, 7, 4, 8, 1},        {"test: llama on the GPU", 3, 128, 4, 64, 2},
           {"test: llama on the GPU", 3, 128, 4, 128, 1}};
 }
 
@@ -236,7 +243,7 @@ void plan_table(const cuda::CudnnDevice& dev, const std::string& group) {
   }
   if (!emulated)
     WARN("the emulated cuDNN's agreement is checked by test_core_emu (this backend is " << cuda::cudnn_description("")
-                                                                                         << ")");
+                                                                                        << ")");
   // What cuDNN 9's default costs against the deterministic backward: GPT-2 124M at micro
   // batch 8 needs ~192 MiB of dP workspace deterministic, ~0.4 MiB + the 24 MiB accumulator
   // otherwise.
@@ -249,15 +256,16 @@ void plan_table(const cuda::CudnnDevice& dev, const std::string& group) {
     }
 }
 
-TEST_CASE("the real cuDNN plans every attention graph offline for H100 and H200, refuses planted mistakes, "
-          "and the emulated cuDNN agrees",
-          "[.cudnn-plans]") {
-  for (const char* key : {"h100", "h200"})
-    SECTION(key) {
+TEST_CASE(
+    "the real cuDNN plans every attention graph offline for H100 and H200, refuses planted mistakes, "
+    "and the emulated cuDNN agrees",
+    "[.cudnn-plans]") {
+  for (const char* key : {"h100", "h200"}) SECTION(key) {
       const cuda::CudnnDevice* dev = cuda::cudnn_device(key);
       REQUIRE(dev);
-      for (const char* group : {"planted", "tests", "recipes"})
-        SECTION(group) { plan_table(*dev, group); }
+      for (const char* group : {"planted", "tests", "recipes"}) SECTION(group) {
+          plan_table(*dev, group);
+        }
     }
 }
 

@@ -14,7 +14,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     auto f = mtnlg::safetensors::parse(std::string(reinterpret_cast<const char*>(data), size), "fuzz");
     for (auto& [name, t] : f.tensors) (void)t.nbytes();
-  } catch (const mtnlg::InputError&) {
-  }
+  } catch (const mtnlg::InputError&) {}
   return 0;
 }

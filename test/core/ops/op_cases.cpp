@@ -305,7 +305,8 @@ Entry matmul_entry() {
     Tensor inp = c.act({N, C}), w = c.act({OC, C}, 0.2), bias = c.act({OC}), dout = c.act({N, OC});
     Tensor dinp0 = c.act({N, C}), dw0 = c.f32({OC, C}), db0 = c.f32({OC});
     Tensor fwd_b = c.out({N, OC}), fwd = c.out({N, OC});
-    Tensor dinp[2] = {c.out({N, C}), dinp0.clone()}, dw[2] = {dw0.clone(), dw0.clone()}, db[2] = {db0.clone(), db0.clone()};
+    Tensor dinp[2] = {c.out({N, C}), dinp0.clone()}, dw[2] = {dw0.clone(), dw0.clone()},
+           db[2] = {db0.clone(), db0.clone()};
     const bool cuda = c.cuda();
     const int64_t fallbacks0 = gemm_fallbacks(cuda);
     Run r;
@@ -349,7 +350,8 @@ Entry matmul_entry() {
         maxerr = std::max(maxerr, std::fabs(s - out.data<double>()[i * OC + o]));
       }
     c.expect(maxerr < 1e-12, "matmul forward vs naive, max error " + str(maxerr));
-    Tensor dx = Tensor::zeros({N, C}, DType::f64), dw = Tensor::zeros({OC, C}, DType::f64), db = Tensor::zeros({OC}, DType::f64);
+    Tensor dx = Tensor::zeros({N, C}, DType::f64), dw = Tensor::zeros({OC, C}, DType::f64),
+           db = Tensor::zeros({OC}, DType::f64);
     ops::matmul_backward(&dx, &dw, with_bias ? &db : nullptr, R, x, w);
     // parameter gradients accumulate, activation gradients are written
     Tensor dx2 = dx.clone(), dw2 = dw.clone(), dw1 = Tensor::zeros({OC, C}, DType::f64);
@@ -366,7 +368,8 @@ Entry matmul_entry() {
 // The matmul on views at odd element offsets (inputs, weight, bias and output).
 Entry matmul_views_entry() {
   Entry e{"matmul_views", {}, nullptr, nullptr};
-  for (DType dt : kTypes) e.cases.push_back(device_case(shape_label({{"N", 9}, {"C", 11}, {"OC", 7}}, dt), dt, {9, 11, 7}));
+  for (DType dt : kTypes)
+    e.cases.push_back(device_case(shape_label({{"N", 9}, {"C", 11}, {"OC", 7}}, dt), dt, {9, 11, 7}));
   e.prepare = [](Ctx& c, const Case& k) {
     const int64_t N = k.n[0], C = k.n[1], OC = k.n[2];
     Tensor inp = c.act({N * C + 1}).flat(1, N * C).view({N, C}), w = c.act({OC * C + 3}).flat(3, OC * C).view({OC, C}),
@@ -389,8 +392,8 @@ Entry layernorm_entry() {
   for (auto [N, C] : {std::array<int64_t, 2>{1, 1}, {5, 7}, {33, 768}, {300, 1000}})  // N > 256: several dw/db chunks
     for (DType dt : kTypes)
       for (int64_t acc : {0, 1})
-        e.cases.push_back(device_case(shape_label({{"N", N}, {"C", C}}, dt) + (acc ? " accumulate" : ""), dt, {N, C, acc},
-                                      {}, N == 300 && !acc && dt != DType::f16));
+        e.cases.push_back(device_case(shape_label({{"N", N}, {"C", C}}, dt) + (acc ? " accumulate" : ""), dt,
+                                      {N, C, acc}, {}, N == 300 && !acc && dt != DType::f16));
   add_low_cases(e, "N 12 C 16", {12, 16, 0});
   e.cases.push_back(fd_case("N 4 C 9", 2, {}));
   e.prepare = [](Ctx& c, const Case& k) {
@@ -408,7 +411,7 @@ Entry layernorm_entry() {
     const DType dt = k.dt;
     r.collect = [=] {
       return std::vector<Output>{output("out", out, rtol_for(dt)), output("mean", mean, kRtolF32),
-                                 output("rstd", rstd, kRtolF32),  output("dinp", dx, rtol_for(dt)),
+                                 output("rstd", rstd, kRtolF32),   output("dinp", dx, rtol_for(dt)),
                                  output("dw", dw, rtol_for(dt)),   output("db", db, rtol_for(dt))};
     };
     return r;
@@ -416,13 +419,15 @@ Entry layernorm_entry() {
   e.fd = [](Ctx& c, const Case&) {
     const int64_t N = 4, C = 9;
     Tensor x = c.act({N, C}, 2.0), w = c.act({C}), b = c.act({C}), R = c.act({N, C});
-    Tensor out = Tensor::empty({N, C}, DType::f64), mean = Tensor::empty({N}, DType::f64), rstd = Tensor::empty({N}, DType::f64);
+    Tensor out = Tensor::empty({N, C}, DType::f64), mean = Tensor::empty({N}, DType::f64),
+           rstd = Tensor::empty({N}, DType::f64);
     auto loss = [=]() mutable {
       ops::layernorm_forward(out, mean, rstd, x, w, b, 1e-5);
       return dot(out, R);
     };
     loss();
-    Tensor dx = Tensor::zeros({N, C}, DType::f64), dw = Tensor::zeros({C}, DType::f64), db = Tensor::zeros({C}, DType::f64);
+    Tensor dx = Tensor::zeros({N, C}, DType::f64), dw = Tensor::zeros({C}, DType::f64),
+           db = Tensor::zeros({C}, DType::f64);
     ops::layernorm_backward(dx, dw, db, R, x, w, mean, rstd);
     return FdProblem{loss, {{"layernorm dinp", x, dx}, {"layernorm dw", w, dw}, {"layernorm db", b, db}}};
   };
@@ -440,7 +445,8 @@ Entry add_layernorm_entry() {
   Entry e{"add_layernorm", {}, nullptr, nullptr};
   for (auto [N, C] : {std::array<int64_t, 2>{1, 1}, {7, 33}, {129, 256}})
     for (DType dt : kTypes)
-      e.cases.push_back(device_case(shape_label({{"N", N}, {"C", C}}, dt), dt, {N, C}, {}, N == 129 && dt != DType::f16));
+      e.cases.push_back(
+          device_case(shape_label({{"N", N}, {"C", C}}, dt), dt, {N, C}, {}, N == 129 && dt != DType::f16));
   e.prepare = [](Ctx& c, const Case& k) {
     const int64_t N = k.n[0], C = k.n[1];
     Tensor a = c.act({N, C}), b = c.act({N, C}), w = c.act({C}), bias = c.act({C});
@@ -457,7 +463,8 @@ Entry add_layernorm_entry() {
       const Tensor* fused[] = {&sum, &out, &mean, &rstd};
       const Tensor* two[] = {&s2, &o2, &m2, &r2};
       for (int i = 0; i < 4; ++i)
-        cp->expect(same_bits(*fused[i], *two[i]), std::string(names[i]) + ": fused bits == add() then layernorm_forward()");
+        cp->expect(same_bits(*fused[i], *two[i]),
+                   std::string(names[i]) + ": fused bits == add() then layernorm_forward()");
       return std::vector<Output>{output("sum", sum, rtol_for(dt)), output("out", out, rtol_for(dt)),
                                  output("mean", mean, rtol_for(dt)), output("rstd", rstd, rtol_for(dt))};
     };
@@ -535,9 +542,10 @@ Entry residual_layernorm_entry() {
       const double fwd = dt == DType::f32 ? kRtolF32 : (with_bias || p > 0 ? 2 * kRtolLow : kRtolLow);
       std::vector<Output> o;
       if (!low)  // a bf16/f16 CPU run's forward chains roundings the f32 run does not: checked bit for bit above
-        o = {output("sum", sum, fwd),   output("out", out, fwd), output("mean", mean, fwd), output("rstd", rstd, fwd),
+        o = {output("sum", sum, fwd), output("out", out, fwd), output("mean", mean, fwd), output("rstd", rstd, fwd),
              output("sum (no LayerNorm)", sum_only, fwd)};
-      for (Output q : {output("dinp", dx, rtol_for(dt)), output("dw", dw, rtol_for(dt)), output("db", db, rtol_for(dt))})
+      for (Output q :
+           {output("dinp", dx, rtol_for(dt)), output("dw", dw, rtol_for(dt)), output("db", db, rtol_for(dt))})
         o.push_back(std::move(q));
       return o;
     };
@@ -561,7 +569,8 @@ Entry residual_layernorm_entry() {
     };
     loss();
     Tensor dsum = Tensor::empty({N, C}, DType::f64), dbranch = Tensor::empty({N, C}, DType::f64);
-    Tensor dw = Tensor::zeros({C}, DType::f64), db = Tensor::zeros({C}, DType::f64), dbias = Tensor::zeros({C}, DType::f64);
+    Tensor dw = Tensor::zeros({C}, DType::f64), db = Tensor::zeros({C}, DType::f64),
+           dbias = Tensor::zeros({C}, DType::f64);
     ops::residual_layernorm_backward(dsum, dw, db, R2, R1, sum, w, mean, rstd);
     ops::dropout_backward(dbranch, dsum, p, key, base);
     ops::bias_add_backward(dbias, dbranch);
@@ -605,7 +614,7 @@ Entry rmsnorm_entry() {
     Tensor x = c.act({N, C}), branch = c.act({N, C}, 0.5), bias = c.act({C}, 0.1), w = c.act({C});
     Tensor xn = c.act({N, C}, 2.0), dy = c.act({N, C}), dres = c.act({N, C}), dx0 = c.act({N, C});
     Tensor dw0 = c.f32({C});
-    Tensor out = c.out({N, C}), rstd = c.out({N}, DType::f32);                       // plain forward
+    Tensor out = c.out({N, C}), rstd = c.out({N}, DType::f32);                         // plain forward
     Tensor sum = c.out({N, C}), rout = c.out({N, C}), rrstd = c.out({N}, DType::f32);  // residual forward
     // backward inputs: the plain forward's rows and statistics, as stored
     Tensor dx = c.out({N, C}), dxa = dx0.clone(), dxr = c.out({N, C});
@@ -637,19 +646,24 @@ Entry rmsnorm_entry() {
       const Tensor* fused[] = {&sum, &rout, &rrstd, &dxr, &dwr};
       const Tensor* two[] = {&s2, &o2, &r2, &d2, &dw2};
       for (int i = 0; i < 5; ++i)
-        cp->expect(same_bits(*fused[i], *two[i]), std::string("residual ") + names[i] + ": fused bits == the unfused ops");
+        cp->expect(same_bits(*fused[i], *two[i]),
+                   std::string("residual ") + names[i] + ": fused bits == the unfused ops");
       // As residual_layernorm's: two chained low-precision steps for the residual forward
       // with bias or dropout; the plain forward and the backwards round once. A bf16/f16
       // CPU run's residual forward chains roundings the f32 run does not: checked bit for
       // bit above.
       const double fwd = dt == DType::f32 ? kRtolF32 : (with_bias || p > 0 ? 2 * kRtolLow : kRtolLow);
-      std::vector<Output> o{output("out", out, rtol_for(dt)),       output("rstd", rstd, kRtolF32),
-                            output("dinp", dx, rtol_for(dt)),       output("dinp (accumulate)", dxa, rtol_for(dt)),
-                            output("dw", dw, rtol_for(dt)),         output("dw (accumulate dinp)", dwa, rtol_for(dt)),
-                            output("residual dinp", dxr, rtol_for(dt)), output("residual dw", dwr, rtol_for(dt))};
+      std::vector<Output> o{output("out", out, rtol_for(dt)),
+                            output("rstd", rstd, kRtolF32),
+                            output("dinp", dx, rtol_for(dt)),
+                            output("dinp (accumulate)", dxa, rtol_for(dt)),
+                            output("dw", dw, rtol_for(dt)),
+                            output("dw (accumulate dinp)", dwa, rtol_for(dt)),
+                            output("residual dinp", dxr, rtol_for(dt)),
+                            output("residual dw", dwr, rtol_for(dt))};
       if (!low)
-        for (Output q : {output("residual sum", sum, fwd), output("residual out", rout, fwd),
-                         output("residual rstd", rrstd, fwd)})
+        for (Output q :
+             {output("residual sum", sum, fwd), output("residual out", rout, fwd), output("residual rstd", rrstd, fwd)})
           o.push_back(std::move(q));
       return o;
     };
@@ -712,7 +726,8 @@ Entry swiglu_entry() {
   Entry e{"swiglu", {}, nullptr, nullptr};
   for (auto [N, F] : {std::array<int64_t, 2>{1, 1}, {7, 33}, {512, 1376}})
     for (DType dt : kTypes)
-      e.cases.push_back(device_case(shape_label({{"N", N}, {"F", F}}, dt), dt, {N, F}, {}, N == 512 && dt != DType::f16));
+      e.cases.push_back(
+          device_case(shape_label({{"N", N}, {"F", F}}, dt), dt, {N, F}, {}, N == 512 && dt != DType::f16));
   add_low_cases(e, "N 12 F 16", {12, 16});
   e.cases.push_back(fd_case("N 3 F 7", 33, {}));
   e.prepare = [](Ctx& c, const Case& k) {
@@ -739,7 +754,8 @@ Entry swiglu_entry() {
     };
     loss();
     const double g = inp.data<double>()[2 * F + 3], u = inp.data<double>()[2 * F + F + 3];
-    c.expect(approx(out.data<double>()[F + 3], g / (1 + std::exp(-g)) * u, 1e-14), "swiglu out[1, 3] vs silu(gate) * up");
+    c.expect(approx(out.data<double>()[F + 3], g / (1 + std::exp(-g)) * u, 1e-14),
+             "swiglu out[1, 3] vs silu(gate) * up");
     Tensor dinp = Tensor::empty({N, 2 * F}, DType::f64);
     ops::swiglu_backward(dinp, R, inp);
     return FdProblem{loss, {{"swiglu d[gate | up]", inp, dinp}}};
@@ -752,7 +768,8 @@ Entry swiglu_entry() {
 Entry gelu_entry() {
   Entry e{"gelu", {}, nullptr, nullptr};
   for (int64_t n : {1, 31, 100003})
-    for (DType dt : kTypes) e.cases.push_back(device_case(shape_label({{"n", n}}, dt), dt, {n}, {}, n == 100003 && dt != DType::f16));
+    for (DType dt : kTypes)
+      e.cases.push_back(device_case(shape_label({{"n", n}}, dt), dt, {n}, {}, n == 100003 && dt != DType::f16));
   add_low_cases(e, "n 192", {192});
   e.cases.push_back(fd_case("n 31", 3, {}));
   e.prepare = [](Ctx& c, const Case& k) {
@@ -764,7 +781,9 @@ Entry gelu_entry() {
       ops::gelu_backward(dx, x, dy);
     };
     const DType dt = k.dt;
-    r.collect = [=] { return std::vector<Output>{output("gelu", out, rtol_for(dt)), output("gelu'", dx, rtol_for(dt))}; };
+    r.collect = [=] {
+      return std::vector<Output>{output("gelu", out, rtol_for(dt)), output("gelu'", dx, rtol_for(dt))};
+    };
     return r;
   };
   e.fd = [](Ctx& c, const Case&) {
@@ -794,7 +813,8 @@ Entry dropout_entry() {
       for (int64_t base : {int64_t{0}, int64_t{3}, int64_t{1} << 40}) {
         std::ostringstream l;
         l << "n " << n << " p " << p << " base " << base << " f32";
-        e.cases.push_back(device_case(l.str(), DType::f32, {n, base, 0xfeedbeefll}, {p}, n == (1 << 18) && p == 0.1 && base == 3));
+        e.cases.push_back(
+            device_case(l.str(), DType::f32, {n, base, 0xfeedbeefll}, {p}, n == (1 << 18) && p == 0.1 && base == 3));
       }
   e.cases.push_back(device_case("n 4096 p 0.3 base 17 bf16", DType::bf16, {4096, 17, 99}, {0.3}, true));
   add_low_cases(e, "n 192 p 0.25 base 1000", {192, 1000, 99}, {0.25});
@@ -820,8 +840,10 @@ Entry dropout_entry() {
                             output("dropout forward in place", xf, dt == DType::f32 ? 0.0 : kRtolLow),
                             output("dropout backward in place", xb, dt == DType::f32 ? 0.0 : kRtolLow)};
       for (Output& x1 : o) {
-        if (dt == DType::f32) x1.cmp = Cmp::bits;
-        else x1.same_zeros = true;
+        if (dt == DType::f32)
+          x1.cmp = Cmp::bits;
+        else
+          x1.same_zeros = true;
       }
       return o;
     };
@@ -835,8 +857,10 @@ Entry dropout_entry() {
     int zeros = 0, bad_scale = 0;
     for (int64_t i = 0; i < 1000; ++i) {
       const double o = out.data<double>()[i];
-      if (o == 0) ++zeros;
-      else if (!approx(o, x.data<double>()[i] / 0.7)) ++bad_scale;
+      if (o == 0)
+        ++zeros;
+      else if (!approx(o, x.data<double>()[i] / 0.7))
+        ++bad_scale;
     }
     c.expect(bad_scale == 0, "kept values are x / (1 - p): " + std::to_string(bad_scale) + " differ");
     c.expect(zeros > 230, "dropout zeros " + std::to_string(zeros) + " > 230");
@@ -865,7 +889,8 @@ Entry elementwise_views_entry() {
   Entry e{"elementwise_views", {}, nullptr, nullptr};
   for (DType dt : kTypes)
     for (int64_t off : {0, 1})
-      e.cases.push_back(device_case(std::string(to_string(dt)) + " offset " + std::to_string(off), dt, {off}, {}, false));
+      e.cases.push_back(
+          device_case(std::string(to_string(dt)) + " offset " + std::to_string(off), dt, {off}, {}, false));
   e.prepare = [](Ctx& c, const Case& k) {
     const int64_t n = 1003, off = k.n[0];
     Tensor a = c.act({n}), b = c.act({n});
@@ -913,8 +938,10 @@ Entry elementwise_views_entry() {
 // fd cases' checks).
 Entry attention_entry() {
   Entry e{"attention", {}, nullptr, nullptr};
-  const std::vector<std::array<int64_t, 4>> flash = {{1, 1, 1, 8}, {2, 17, 3, 8}, {1, 64, 2, 64}, {2, 45, 2, 96}, {1, 70, 1, 128}};
-  const std::vector<std::array<int64_t, 4>> unfused = {{1, 1, 1, 8}, {2, 17, 3, 64}, {1, 33, 2, 128}, {2, 9, 2, 24}, {1, 5, 1, 264}};
+  const std::vector<std::array<int64_t, 4>> flash = {
+      {1, 1, 1, 8}, {2, 17, 3, 8}, {1, 64, 2, 64}, {2, 45, 2, 96}, {1, 70, 1, 128}};
+  const std::vector<std::array<int64_t, 4>> unfused = {
+      {1, 1, 1, 8}, {2, 17, 3, 64}, {1, 33, 2, 128}, {2, 9, 2, 24}, {1, 5, 1, 264}};
   for (int64_t form : {0, 1})
     for (const auto& [B, T, H, D] : form ? unfused : flash)
       for (double p : {0.0, 0.2})
@@ -923,7 +950,8 @@ Entry attention_entry() {
           std::ostringstream l;
           l << (form ? "unfused" : "flash") << " B " << B << " T " << T << " H " << H << " D " << D << " p " << p << " "
             << to_string(dt);
-          e.cases.push_back(device_case(l.str(), dt, {form, B, T, H, D}, {p}, T >= 33 && D >= 64 && p == 0 && dt != DType::f16));
+          e.cases.push_back(
+              device_case(l.str(), dt, {form, B, T, H, D}, {p}, T >= 33 && D >= 64 && p == 0 && dt != DType::f16));
         }
   for (const auto& [B, T, H, D, G] : {std::array<int64_t, 5>{2, 17, 4, 16, 2}, {1, 33, 6, 64, 2}, {2, 9, 3, 24, 1}})
     for (double p : {0.0, 0.2})
@@ -997,7 +1025,9 @@ Entry attention_entry() {
     };
     if (p == 0) {  // forward vs a naive softmax(QK^T/sqrt(D))V for one (b, h, i)
       const int64_t b = 1, h = H - 1, i = 3;
-      auto at = [&](int64_t t, int64_t part, int64_t d) { return qkv.data<double>()[(b * T + t) * W + col(h, part, d)]; };
+      auto at = [&](int64_t t, int64_t part, int64_t d) {
+        return qkv.data<double>()[(b * T + t) * W + col(h, part, d)];
+      };
       std::vector<double> s(i + 1);
       double mx = -1e300, sum = 0;
       for (int64_t j = 0; j <= i; ++j) {
@@ -1010,7 +1040,8 @@ Entry attention_entry() {
       for (int64_t d = 0; d < D; ++d) {
         double o = 0;
         for (int64_t j = 0; j <= i; ++j) o += s[j] / sum * at(j, 2, d);
-        c.expect(approx(out.data<double>()[(b * T + i) * H * D + h * D + d], o, 1e-12), "attention out vs naive, d " + std::to_string(d));
+        c.expect(approx(out.data<double>()[(b * T + i) * H * D + h * D + d], o, 1e-12),
+                 "attention out vs naive, d " + std::to_string(d));
       }
     }
     Tensor dqkv = Tensor::empty(qkv.shape(), DType::f64);
@@ -1024,7 +1055,8 @@ Entry attention_entry() {
         for (int64_t h = 0; h < H; ++h)
           for (int64_t part = 0; part < 3; ++part)
             for (int64_t d = 0; d < D; ++d)
-              mha.data<double>()[r * 3 * H * D + h * 3 * D + part * D + d] = qkv.data<double>()[r * W + col(h, part, d)];
+              mha.data<double>()[r * 3 * H * D + h * 3 * D + part * D + d] =
+                  qkv.data<double>()[r * W + col(h, part, d)];
       Tensor out2 = Tensor::empty({B, T, H * D}, DType::f64), probs2 = Tensor::empty({B, H, T, T}, DType::f64);
       Tensor dmha = Tensor::empty(mha.shape(), DType::f64);
       ops::attention_forward(out2, probs2, mha, H, drop);
@@ -1037,7 +1069,8 @@ Entry attention_entry() {
         for (int64_t h = 0; h < H; ++h)
           for (int64_t part = 0; part < 3; ++part)
             for (int64_t d = 0; d < D; ++d)
-              summed.data<double>()[r * W + col(h, part, d)] += dmha.data<double>()[r * 3 * H * D + h * 3 * D + part * D + d];
+              summed.data<double>()[r * W + col(h, part, d)] +=
+                  dmha.data<double>()[r * 3 * H * D + h * 3 * D + part * D + d];
       for (int64_t i = 0; i < dqkv.numel(); ++i)
         worst_d = std::max(worst_d, std::fabs(dqkv.data<double>()[i] - summed.data<double>()[i]));
       c.expect(worst_out < 1e-14, "GQA out == MHA over repeated K/V, max error " + str(worst_out));
@@ -1048,8 +1081,10 @@ Entry attention_entry() {
       ops::attention_forward_lse(out3, lse, qkv, H, drop, G);
       ops::attention_backward_lse(d3, R, qkv, out3, lse, H, drop, G);
       double wl = 0;
-      for (int64_t i = 0; i < out.numel(); ++i) wl = std::max(wl, std::fabs(out.data<double>()[i] - out3.data<double>()[i]));
-      for (int64_t i = 0; i < dqkv.numel(); ++i) wl = std::max(wl, std::fabs(dqkv.data<double>()[i] - d3.data<double>()[i]));
+      for (int64_t i = 0; i < out.numel(); ++i)
+        wl = std::max(wl, std::fabs(out.data<double>()[i] - out3.data<double>()[i]));
+      for (int64_t i = 0; i < dqkv.numel(); ++i)
+        wl = std::max(wl, std::fabs(dqkv.data<double>()[i] - d3.data<double>()[i]));
       c.expect(wl < 1e-12, "GQA flash form == unfused form on the CPU, max error " + str(wl));
     }
     return FdProblem{loss, {{p == 0 ? "attention" : "attention+dropout", qkv, dqkv}}};
@@ -1063,8 +1098,8 @@ Entry attention_cached_entry() {
   Entry e{"attention_cached", {}, nullptr, nullptr};
   for (auto [B, H, D, cap] : {std::array<int64_t, 4>{1, 1, 8, 8}, {3, 4, 64, 80}, {2, 2, 256, 40}})
     for (DType dt : kTypes)
-      e.cases.push_back(device_case(shape_label({{"B", B}, {"H", H}, {"D", D}, {"capacity", cap}}, dt), dt, {B, H, D, cap}, {},
-                                    D == 64 && dt != DType::f16));
+      e.cases.push_back(device_case(shape_label({{"B", B}, {"H", H}, {"D", D}, {"capacity", cap}}, dt), dt,
+                                    {B, H, D, cap}, {}, D == 64 && dt != DType::f16));
   // grouped-query attention: the caches hold the groups' keys and values only
   for (auto [B, H, G, D, cap] : {std::array<int64_t, 5>{2, 4, 2, 16, 12}, {1, 6, 1, 64, 20}})
     for (DType dt : kTypes)
@@ -1140,8 +1175,8 @@ Entry rope_entry() {
       l << "B " << s.n[0] << " T " << s.n[1] << " H " << s.n[2] << " G " << s.n[3] << " D " << s.n[4]
         << (s.n[5] ? " interleaved" : " rotate-half") << (s.n[6] ? " llama3 scaling" : "") << " past " << s.n[7]
         << " percent " << s.percent << " base " << s.base << " " << to_string(dt);
-      e.cases.push_back(device_case(l.str(), dt, {s.n.begin(), s.n.end()}, {s.percent, s.base},
-                                    s.n[1] == 128 && dt != DType::f16));
+      e.cases.push_back(
+          device_case(l.str(), dt, {s.n.begin(), s.n.end()}, {s.percent, s.base}, s.n[1] == 128 && dt != DType::f16));
     }
   add_low_cases(e, "B 2 T 5 H 4 G 2 D 8 rotate-half past 2", {2, 5, 4, 2, 8, 0, 0, 2}, {1.0, 10000.0});
   add_low_cases(e, "B 1 T 6 H 2 G 1 D 16 interleaved scaling percent 0.5", {1, 6, 2, 1, 16, 1, 1, 0}, {0.5, 500000.0});
@@ -1218,8 +1253,10 @@ Entry rope_entry() {
     };
     const Tensor a0 = attend(0), a1 = attend(past + 37);
     double shift = 0;
-    for (int64_t i = 0; i < a0.numel(); ++i) shift = std::max(shift, std::fabs(a0.data<double>()[i] - a1.data<double>()[i]));
-    c.expect(shift < 1e-12, "attention over rotated q, k is the same at another position offset, max error " + str(shift));
+    for (int64_t i = 0; i < a0.numel(); ++i)
+      shift = std::max(shift, std::fabs(a0.data<double>()[i] - a1.data<double>()[i]));
+    c.expect(shift < 1e-12,
+             "attention over rotated q, k is the same at another position offset, max error " + str(shift));
     // Llama 3.1's scaling at its own constants (rot 128, base 500000; the three regimes),
     // against values computed independently (Python, in double)
     ops::RopeParams l3;
@@ -1247,7 +1284,8 @@ Entry embedding_entry() {
   Entry e{"embedding", {}, nullptr, nullptr};
   for (const auto& [N, C, V] : kEmbShapes)
     for (DType dt : kTypes)
-      e.cases.push_back(device_case(shape_label({{"N", N}, {"C", C}, {"V", V}}, dt), dt, {N, C, V}, {}, N == 600 && dt != DType::f16));
+      e.cases.push_back(device_case(shape_label({{"N", N}, {"C", C}, {"V", V}}, dt), dt, {N, C, V}, {},
+                                    N == 600 && dt != DType::f16));
   add_low_cases(e, "N 12 C 16 V 20 vocab start 3", {12, 16, 20, 3});
   e.cases.push_back(fd_case("with positions", 6, {}));
   e.prepare = [](Ctx& c, const Case& k) {
@@ -1288,7 +1326,8 @@ Entry embedding_entry() {
       return dot(out, R);
     };
     loss();
-    c.expect(approx(out.data<double>()[5 * C], pos.data<double>()[2 * C]), "id 3 out of range -> only position (6 % 4 = 2)");
+    c.expect(approx(out.data<double>()[5 * C], pos.data<double>()[2 * C]),
+             "id 3 out of range -> only position (6 % 4 = 2)");
     Tensor dtable = Tensor::zeros({V, C}, DType::f64), dpos = Tensor::zeros({5, C}, DType::f64);
     ops::embedding_backward(dtable, tok, R, 7);
     ops::position_backward(dpos, R, 1, 4);
@@ -1302,7 +1341,8 @@ Entry position_entry() {
   Entry e{"position", {}, nullptr, nullptr};
   for (const auto& [N, C, V] : kEmbShapes)
     for (DType dt : kTypes)
-      e.cases.push_back(device_case(shape_label({{"N", N}, {"C", C}}, dt), dt, {N, C}, {}, N == 600 && dt != DType::f16));
+      e.cases.push_back(
+          device_case(shape_label({{"N", N}, {"C", C}}, dt), dt, {N, C}, {}, N == 600 && dt != DType::f16));
   add_low_cases(e, "N 12 C 16 seq 4 row start 3 table 8", {12, 16, 4, 3, 8});
   e.prepare = [](Ctx& c, const Case& k) {
     const int64_t N = k.n[0], C = k.n[1];
@@ -1316,7 +1356,9 @@ Entry position_entry() {
       ops::position_backward(dpos, dout, row_start, T);
     };
     const DType dt = k.dt;
-    r.collect = [=] { return std::vector<Output>{output("position", x, rtol_for(dt)), output("dpos", dpos, rtol_for(dt))}; };
+    r.collect = [=] {
+      return std::vector<Output>{output("position", x, rtol_for(dt)), output("dpos", dpos, rtol_for(dt))};
+    };
     return r;
   };
   return e;
@@ -1326,7 +1368,8 @@ Entry bias_add_entry() {
   Entry e{"bias_add", {}, nullptr, nullptr};
   for (const auto& [N, C, V] : kEmbShapes)
     for (DType dt : kTypes)
-      e.cases.push_back(device_case(shape_label({{"N", N}, {"C", C}}, dt), dt, {N, C}, {}, N == 600 && dt != DType::f16));
+      e.cases.push_back(
+          device_case(shape_label({{"N", N}, {"C", C}}, dt), dt, {N, C}, {}, N == 600 && dt != DType::f16));
   add_low_cases(e, "N 12 C 16", {12, 16});
   e.cases.push_back(fd_case("N 5 C 70", 8, {}));
   e.prepare = [](Ctx& c, const Case& k) {
@@ -1370,7 +1413,8 @@ Entry cross_entropy_entry() {
   e.prepare = [](Ctx& c, const Case& k) {
     const int64_t N = k.n[0], V = k.n[1], valid = k.n[2], vstart = k.n.size() > 3 ? k.n[3] : 100;
     Tensor logits = c.act({N, V}, 3.0);
-    Tensor targets = c.ids({N}, static_cast<int>(std::max<int64_t>(0, vstart - 10)), static_cast<int>(vstart + valid + 5));
+    Tensor targets =
+        c.ids({N}, static_cast<int>(std::max<int64_t>(0, vstart - 10)), static_cast<int>(vstart + valid + 5));
     Tensor dloss = c.f32({N});
     Tensor rmax = c.out({N}, DType::f32), sumexp = c.out({N}, DType::f32), tl = c.out({N}, DType::f32);
     // in place (dlogits over the logits) as the model does, except in the f32 CPU reference
@@ -1394,18 +1438,21 @@ Entry cross_entropy_entry() {
     Tensor logits = c.act({N, V}, 3.0), tgt = Tensor::empty({N}, DType::i32), dl = c.act({N});
     const int32_t t[] = {0, 7, 3, 5};
     for (int i = 0; i < N; ++i) tgt.data<int32_t>()[i] = t[i];
-    Tensor mx = Tensor::empty({N}, DType::f64), se = Tensor::empty({N}, DType::f64), tl = Tensor::empty({N}, DType::f64);
+    Tensor mx = Tensor::empty({N}, DType::f64), se = Tensor::empty({N}, DType::f64),
+           tl = Tensor::empty({N}, DType::f64);
     auto loss = [=]() mutable {
       ops::xent_rowmax(mx, logits, valid);
       ops::xent_sumexp_target(se, tl, logits, tgt, mx, 0, valid);
       double s = 0;
-      for (int64_t i = 0; i < N; ++i) s += dl.data<double>()[i] * (std::log(se.data<double>()[i]) + mx.data<double>()[i] - tl.data<double>()[i]);
+      for (int64_t i = 0; i < N; ++i)
+        s += dl.data<double>()[i] * (std::log(se.data<double>()[i]) + mx.data<double>()[i] - tl.data<double>()[i]);
       return s;
     };
     loss();
     double lse = 0;  // against a naive log-softmax that ignores padding
     for (int v = 0; v < valid; ++v) lse += std::exp(logits.data<double>()[v]);
-    c.expect(approx(std::log(se.data<double>()[0]) + mx.data<double>()[0], std::log(lse), 1e-12), "row 0 log-sum-exp vs naive");
+    c.expect(approx(std::log(se.data<double>()[0]) + mx.data<double>()[0], std::log(lse), 1e-12),
+             "row 0 log-sum-exp vs naive");
     Tensor dlog = Tensor::empty({N, V}, DType::f64);
     ops::xent_backward(dlog, logits, tgt, mx, se, dl, 0, valid);
     c.expect(dlog.data<double>()[9] == 0.0, "padding column gradient is 0");

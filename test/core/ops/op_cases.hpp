@@ -101,7 +101,7 @@ struct Output {
   std::vector<double> values;  // on the host
   Cmp cmp = Cmp::close;
   double rtol = 0;
-  bool same_zeros = false;  // also: zero exactly where the other device has zero (dropout masks)
+  bool same_zeros = false;    // also: zero exactly where the other device has zero (dropout masks)
   DType stored = DType::f32;  // the dtype the output was held in
   // In a bf16/f16 run on the CPU: the f32 run's value rounded once at the store (false
   // where the entry chains two stores, e.g. a scale after an add).
@@ -136,8 +136,8 @@ struct FdProblem {
 struct Entry {
   std::string name;
   std::vector<Case> cases;
-  std::function<Run(Ctx&, const Case&)> prepare;      // null: no device cases
-  std::function<FdProblem(Ctx&, const Case&)> fd;    // null: no finite differences
+  std::function<Run(Ctx&, const Case&)> prepare;   // null: no device cases
+  std::function<FdProblem(Ctx&, const Case&)> fd;  // null: no finite differences
 };
 
 // The flash attention backward's dqkv bound against the CPU (why: op_cases.cpp); also

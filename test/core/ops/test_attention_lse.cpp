@@ -42,7 +42,8 @@ TEST_CASE("attention lse form matches the probs form on the CPU", "[attention]")
     for (int64_t j = 0; j <= i; ++j) {
       double acc = 0;
       for (int64_t d = 0; d < D; ++d)
-        acc += qkv.data<double>()[(b * T + i) * row + h * 3 * D + d] * qkv.data<double>()[(b * T + j) * row + h * 3 * D + D + d];
+        acc += qkv.data<double>()[(b * T + i) * row + h * 3 * D + d] *
+               qkv.data<double>()[(b * T + j) * row + h * 3 * D + D + d];
       s[j] = acc / std::sqrt(double(D));
       m = std::max(m, s[j]);
     }
@@ -108,7 +109,7 @@ TEST_CASE("attention_cached_forward: prefill and pieces over a cache equal the f
         qkv.data<double>()[((B - 1) * T + t) * W + (G - 1) * (H / G + 2) * D + (H / G) * D + 1]);
   Tensor one = Tensor::empty({B, 1, W}, DType::f64), o1 = Tensor::empty({B, 1, H * D}, DType::f64);
   CHECK_THROWS(ops::attention_cached_forward(o1, k2, v2, one, H, T, G));  // past + 1 > capacity
-  Tensor kf = Tensor::zeros({B, G, T, D});                                  // f32 cache, f64 qkv
+  Tensor kf = Tensor::zeros({B, G, T, D});                                // f32 cache, f64 qkv
   CHECK_THROWS(ops::attention_cached_forward(o1, kf, v2, one, H, 0, G));
 }
 

@@ -51,8 +51,8 @@ TEST_CASE("half: conversions round to nearest even and keep inf/NaN", "[low_prec
   CHECK(std::isnan(bf16_to_f32(f32_to_bf16(NAN))));
   CHECK(std::isinf(bf16_to_f32(f32_to_bf16(INFINITY))));
   CHECK(f16_to_f32(f32_to_f16(65504.0f)) == 65504.0f);
-  CHECK(std::isinf(f16_to_f32(f32_to_f16(70000.0f))));  // overflow: what fp16 loss scaling catches
-  CHECK(f16_to_f32(f32_to_f16(1.0f + 1.0f / 2048)) == 1.0f);  // tie -> even
+  CHECK(std::isinf(f16_to_f32(f32_to_f16(70000.0f))));              // overflow: what fp16 loss scaling catches
+  CHECK(f16_to_f32(f32_to_f16(1.0f + 1.0f / 2048)) == 1.0f);        // tie -> even
   CHECK(f16_to_f32(f32_to_f16(5.9604645e-08f)) == 5.9604645e-08f);  // smallest subnormal
 }
 
@@ -60,7 +60,8 @@ TEST_CASE("half: conversions round to nearest even and keep inf/NaN", "[low_prec
 // the op table (test/core/ops/op_cases.cpp, "ops table: <op> in bf16/f16 is the f32 op
 // rounded once (CPU)", at the shapes this file used). Here: mixing the dtype roles up is
 // an error naming the tensor, and AdamW's compute copy.
-TEST_CASE("low precision: statistics and parameter gradients must be f32; AdamW writes the compute copy", "[low_precision]") {
+TEST_CASE("low precision: statistics and parameter gradients must be f32; AdamW writes the compute copy",
+          "[low_precision]") {
   std::mt19937_64 g(7);
   for (DType dt : {DType::bf16, DType::f16}) {
     INFO(to_string(dt));

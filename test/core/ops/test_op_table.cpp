@@ -80,8 +80,8 @@ void run_fd(const Entry& e) {
 
 // Case `k` of entry `e` run on a reference context and another, each context's own
 // checks asserted; their outputs, the same count.
-std::pair<std::vector<Output>, std::vector<Output>> run_both(const Entry& e, const Case& k, Ctx& ref, const char* ref_what,
-                                                             Ctx& other, const char* other_what) {
+std::pair<std::vector<Output>, std::vector<Output>> run_both(const Entry& e, const Case& k, Ctx& ref,
+                                                             const char* ref_what, Ctx& other, const char* other_what) {
   Run rr = e.prepare(ref, k);
   rr.exec();
   std::vector<Output> ro = rr.collect();
@@ -110,8 +110,8 @@ void run_low(const Entry& e) {
         if (!r.rounded_once) continue;
         for (size_t q = 0; q < r.values.size(); ++q) {
           const float f = static_cast<float>(r.values[q]);
-          const double want = a.stored == DType::bf16 ? half::bf16_to_f32(half::f32_to_bf16(f))
-                                                      : half::f16_to_f32(half::f32_to_f16(f));
+          const double want =
+              a.stored == DType::bf16 ? half::bf16_to_f32(half::f32_to_bf16(f)) : half::f16_to_f32(half::f32_to_f16(f));
           bad += std::memcmp(&want, &a.values[q], sizeof want) != 0;
         }
       } else {
@@ -129,9 +129,7 @@ void compare(const Output& dev, const Output& ref) {
   REQUIRE(dev.values.size() == ref.values.size());
   const size_t n = ref.values.size();
   switch (ref.cmp) {
-    case Cmp::bits:
-      CHECK(std::memcmp(dev.values.data(), ref.values.data(), n * sizeof(double)) == 0);
-      break;
+    case Cmp::bits: CHECK(std::memcmp(dev.values.data(), ref.values.data(), n * sizeof(double)) == 0); break;
     case Cmp::scalar_rel:
       REQUIRE(n == 1);
       CHECK(std::fabs(dev.values[0] - ref.values[0]) <= ref.rtol * ref.values[0]);

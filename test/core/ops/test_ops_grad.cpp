@@ -50,7 +50,8 @@ TEST_CASE("ops: AdamW matches the textbook update", "[ops]") {
 TEST_CASE("ops: flat AdamW updates each segment as adamw_step does and leaves gaps alone", "[ops]") {
   const int64_t n = 40;
   Tensor p = Tensor::empty({n}), gr = Tensor::empty({n}), m = Tensor::zeros({n}), v = Tensor::zeros({n});
-  for (int64_t i = 0; i < n; ++i) p.data<float>()[i] = 0.1f * float(i % 7) - 0.3f, gr.data<float>()[i] = 0.01f * float(i % 5) - 0.02f;
+  for (int64_t i = 0; i < n; ++i)
+    p.data<float>()[i] = 0.1f * float(i % 7) - 0.3f, gr.data<float>()[i] = 0.01f * float(i % 5) - 0.02f;
   const ops::AdamWParams ap{1e-2, 0.9, 0.95, 1e-8, 0.1, 3, 0.5};
   const std::vector<ops::AdamWSegment> segs{{0, 10, true}, {10, 12, false}, {30, 10, true}};
   // reference: one adamw_step per segment, weight decay 0 where the segment has none
@@ -84,7 +85,8 @@ TEST_CASE("ops: flat AdamW updates each segment as adamw_step does and leaves ga
 }
 
 TEST_CASE("ops: conversions round to nearest even", "[ops]") {
-  Tensor f = Tensor::empty({4}), h = Tensor::empty({4}, DType::bf16), f16 = Tensor::empty({4}, DType::f16), back = Tensor::empty({4});
+  Tensor f = Tensor::empty({4}), h = Tensor::empty({4}, DType::bf16), f16 = Tensor::empty({4}, DType::f16),
+         back = Tensor::empty({4});
   float vals[] = {1.0f, 1.00390625f /* 1+2^-8 ties to even */, -3.14159f, 65504.0f};
   for (int i = 0; i < 4; ++i) f.data<float>()[i] = vals[i];
   ops::convert(h, f);

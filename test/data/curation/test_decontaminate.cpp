@@ -113,7 +113,8 @@ TEST_CASE("decontamination: cut mode geometry, fragments, too-common n-grams", "
   for (size_t i = 50; i < left.size(); i += 50) left[i] = ' ';
   for (size_t i = 50; i < right.size(); i += 50) right[i] = ' ';
   std::string doc = left + " Alpha beta, GAMMA delta epsilon zeta eta theta iota kappa lambda mu nu! " + right;
-  std::string train = json{{"text", doc}, {"meta", 1}}.dump() + "\n" + json{{"text", "unrelated words here"}}.dump() + "\n";
+  std::string train =
+      json{{"text", doc}, {"meta", 1}}.dump() + "\n" + json{{"text", "unrelated words here"}}.dump() + "\n";
   test::write_file(dir / "train.jsonl", train);
   DecontamOptions o;
   o.input = (dir / "train.jsonl").string();

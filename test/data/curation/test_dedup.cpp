@@ -65,7 +65,8 @@ TEST_CASE("dedup finds the planted near-duplicates (precision and recall >= 0.95
     }
   }
   // The corpus really holds every kind of planted change and hard negatives.
-  for (const char* k : {"exact", "case", "edit", "reorder", "boilerplate", "edit+boilerplate", "partial"}) CHECK(kinds[k] > 0);
+  for (const char* k : {"exact", "case", "edit", "reorder", "boilerplate", "edit+boilerplate", "partial"})
+    CHECK(kinds[k] > 0);
   int64_t truth_pairs = 0;
   for (auto& [c, n] : cluster_size) truth_pairs += n * (n - 1) / 2;
   REQUIRE(truth_pairs > 300);
@@ -135,7 +136,8 @@ TEST_CASE("dedup survivor follows --priority, then input order and line", "[cura
       CHECK(!(m["source"] == names[2] && !has_top));  // a top-priority member would have survived
       if (m["source"] == c["kept"]["source"]) CHECK(m["line"] > c["kept"]["line"]);  // earliest line wins a tie
       if (!has_top && m["source"] != c["kept"]["source"])
-        CHECK(std::find(names.begin(), names.end(), m["source"]) > std::find(names.begin(), names.end(), c["kept"]["source"]));
+        CHECK(std::find(names.begin(), names.end(), m["source"]) >
+              std::find(names.begin(), names.end(), c["kept"]["source"]));
       ++checked;
     }
   }
@@ -144,7 +146,8 @@ TEST_CASE("dedup survivor follows --priority, then input order and line", "[cura
   o.output_dir = (dir / "b").string();
   o.workers = 2;
   run_dedup(o);
-  for (auto& n : names) CHECK(test::read_file(dir / "a" / (n + ".jsonl")) == test::read_file(dir / "b" / (n + ".jsonl")));
+  for (auto& n : names)
+    CHECK(test::read_file(dir / "a" / (n + ".jsonl")) == test::read_file(dir / "b" / (n + ".jsonl")));
   CHECK(test::read_file(dir / "a" / "dedup_clusters.jsonl") == test::read_file(dir / "b" / "dedup_clusters.jsonl"));
 }
 
@@ -192,7 +195,8 @@ TEST_CASE("dedup: bad input is an InputError naming the place", "[curation]") {
 
 TEST_CASE("dedup: a write that fails leaves no output, not even a temporary file", "[curation]") {
   test::TempDir dir("dedup-write-fail");
-  const std::string a = "{\"text\": \"one two three four\"}\n\n{\"text\": \"five six seven\"}\r\n{\"text\": \"one two three four\"}\n";
+  const std::string a =
+      "{\"text\": \"one two three four\"}\n\n{\"text\": \"five six seven\"}\r\n{\"text\": \"one two three four\"}\n";
   test::write_file(dir / "a.jsonl", a);
   test::write_file(dir / "b.jsonl", "{\"text\": \"eight nine ten\"}");  // no final newline
   DedupOptions o;
@@ -208,7 +212,8 @@ TEST_CASE("dedup: a write that fails leaves no output, not even a temporary file
   DedupResult r = run_dedup(o);
   CHECK(r.removed == 1);
   // Kept lines byte-identical ('\r' kept), each ending in '\n'; the report counts the bytes.
-  CHECK(test::read_file(dir / "out" / "a.jsonl") == "{\"text\": \"one two three four\"}\n{\"text\": \"five six seven\"}\r\n");
+  CHECK(test::read_file(dir / "out" / "a.jsonl") ==
+        "{\"text\": \"one two three four\"}\n{\"text\": \"five six seven\"}\r\n");
   CHECK(test::read_file(dir / "out" / "b.jsonl") == "{\"text\": \"eight nine ten\"}\n");
   CHECK(r.report["run"]["output_bytes_written_per_rank"] == json::array({31 + 28 + 27}));
   int64_t entries = 0;

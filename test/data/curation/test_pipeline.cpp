@@ -21,8 +21,8 @@ using Catch::Matchers::Contains;
 
 namespace {
 std::string tokenizer() {
-  return "tokenizer: {vocab_file: " + test::source_dir() + "/third_party/gpt2/vocab.json, merge_file: " +
-         test::source_dir() + "/third_party/gpt2/merges.txt}\n";
+  return "tokenizer: {vocab_file: " + test::source_dir() +
+         "/third_party/gpt2/vocab.json, merge_file: " + test::source_dir() + "/third_party/gpt2/merges.txt}\n";
 }
 }  // namespace
 

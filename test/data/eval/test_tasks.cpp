@@ -53,24 +53,29 @@ TEST_CASE("eval tasks: BoolQ, PIQA, ANLI, HANS and WiC prompts", "[eval]") {
 
   auto p = load("piqa", "validation");
   CHECK(p[1].text == "Question: dresser\nAnswer:");
-  CHECK(p[1].choices == std::vector<std::string>{" replace drawer with bobby pin ", " finish, woodgrain with  bobby pin "});
+  CHECK(p[1].choices ==
+        std::vector<std::string>{" replace drawer with bobby pin ", " finish, woodgrain with  bobby pin "});
   CHECK(p[1].norm_choices[0] == "replace drawer with bobby pin ");
 
   auto a = load("anli_r2", "test_r2");
   CHECK(a[2].text ==
-        "Alexandra Lendon Bastedo was a British actress.\nQuestion: Bastedo was American. True, False, or Neither?\nAnswer:");
+        "Alexandra Lendon Bastedo was a British actress.\nQuestion: Bastedo was American. True, False, or "
+        "Neither?\nAnswer:");
   CHECK(a[2].choices == std::vector<std::string>{" True", " Neither", " False"});
   CHECK(a[2].gold == 2);
 
   auto h = load("hans", "validation");
-  CHECK(h[0].text == "The doctors supported the scientist .\nQuestion: The scientist supported the doctors . True or False?\nAnswer:");
+  CHECK(
+      h[0].text ==
+      "The doctors supported the scientist .\nQuestion: The scientist supported the doctors . True or False?\nAnswer:");
   CHECK(h[0].gold == 1);
   CHECK(h[0].group == "lexical_overlap");
 
   auto w = load("wic", "validation");
   CHECK(w[0].text ==
         "Sentence 1: Do you want to come over to my place later?\nSentence 2: A political system with no place for the "
-        "less prominent groups.\nQuestion: Is the word 'place' used in the same way in the two sentences above?\nAnswer:");
+        "less prominent groups.\nQuestion: Is the word 'place' used in the same way in the two sentences "
+        "above?\nAnswer:");
   // start1/end1 count code points, not bytes ("café" after an em dash)
   CHECK_THAT(w[2].text, Contains("Is the word 'café' used"));
 }
@@ -92,18 +97,19 @@ TEST_CASE("eval tasks: HellaSwag preprocessing", "[eval]") {
 
 TEST_CASE("eval tasks: py_capitalize and py_strip equal Python's on all of Unicode", "[eval][oracle]") {
   // Spot checks that need no Python.
-  CHECK(py_capitalize("ǆemal") == "ǅemal");         // dz digraph: titlecase, not uppercase
-  CHECK(py_capitalize("ß") == "Ss");                        // sharp s titlecases to two letters
-  CHECK(py_capitalize("xΣΣ Σ") == "Xσς σ");  // final sigma rule
-  CHECK(py_strip("\u3000 a\u00a0\u0085") == "a");      // U+3000, NBSP, NEL
+  CHECK(py_capitalize("ǆemal") == "ǅemal");        // dz digraph: titlecase, not uppercase
+  CHECK(py_capitalize("ß") == "Ss");               // sharp s titlecases to two letters
+  CHECK(py_capitalize("xΣΣ Σ") == "Xσς σ");        // final sigma rule
+  CHECK(py_strip("\u3000 a\u00a0\u0085") == "a");  // U+3000, NBSP, NEL
   CHECK(py_strip("\x1c a \x1f") == "a");
-  CHECK(py_strip("\ufeffa ") == "\ufeffa");            // U+FEFF is not whitespace in Python
+  CHECK(py_strip("\ufeffa ") == "\ufeffa");  // U+FEFF is not whitespace in Python
   if (!mtnlg::test::python_has("json")) {
     WARN("skipped: no python3");
     return;
   }
   const std::string py = mtnlg::test::python() + " " + mtnlg::test::source_dir() + "/test/data/eval/py_case_oracle.py";
-  auto r = mtnlg::test::run_command(py + " 'ΟΔΟΣ ΟΔΟΣ.' \"ΑΣ'Σ\" 'aΣ\u0301b' 'İSTANBUL' 'ŉ ǉ ǈ ﬁ' 'Σ' 'aΣ' '\u00a0 ΣΑΣ \u2003'");
+  auto r = mtnlg::test::run_command(
+      py + " 'ΟΔΟΣ ΟΔΟΣ.' \"ΑΣ'Σ\" 'aΣ\u0301b' 'İSTANBUL' 'ŉ ǉ ǈ ﬁ' 'Σ' 'aΣ' '\u00a0 ΣΑΣ \u2003'");
   REQUIRE(r.exit_code == 0);
   std::istringstream in(r.out);
   int64_t lines = 0, bad = 0;
@@ -124,9 +130,8 @@ TEST_CASE("eval tasks: py_capitalize and py_strip equal Python's on all of Unico
 
 TEST_CASE("eval tasks: WinoGrande partial scoring", "[eval]") {
   auto w = load("winogrande", "validation");
-  CHECK(w[0].choice_contexts ==
-        std::vector<std::string>{"Sarah was a much better surgeon than Maria so Sarah",
-                                 "Sarah was a much better surgeon than Maria so Maria"});
+  CHECK(w[0].choice_contexts == std::vector<std::string>{"Sarah was a much better surgeon than Maria so Sarah",
+                                                         "Sarah was a much better surgeon than Maria so Maria"});
   CHECK(w[0].choices == std::vector<std::string>{" always got the harder cases.", " always got the harder cases."});
   CHECK(w[1].gold == 1);
   CHECK(w[1].text == "Sarah was a much better surgeon than Maria so Maria");
@@ -151,8 +156,9 @@ TEST_CASE("eval tasks: RACE groups questions by article and scores the last one"
   // EleutherAI/race rows: `problems` as a Python literal
   auto t = load("race_high", "train");
   REQUIRE(t.size() == 2);
-  CHECK(t[0].text == "Article: Tom has a dog. The dog is brown and likes to run in the park.\n\n"
-                     "Question: What color is the dog?\nAnswer: Brown\nThe dog likes to  _  .");
+  CHECK(t[0].text ==
+        "Article: Tom has a dog. The dog is brown and likes to run in the park.\n\n"
+        "Question: What color is the dog?\nAnswer: Brown\nThe dog likes to  _  .");
   CHECK(t[0].target == " run in the park");
   CHECK(t[1].row["article"] == "Mary's \"garden\" is small.");
 }
@@ -161,14 +167,18 @@ TEST_CASE("eval tasks: malformed rows and missing files name file:line", "[eval]
   mtnlg::test::TempDir d("evaltasks");
   std::filesystem::create_directories(d / "piqa");
   mtnlg::test::write_file(d / "piqa/validation.jsonl",
-                          "{\"goal\": \"g\", \"sol1\": \"a\", \"sol2\": \"b\", \"label\": 0}\n{\"goal\": 3, \"sol1\": \"a\", \"sol2\": \"b\", \"label\": 0}\n");
+                          "{\"goal\": \"g\", \"sol1\": \"a\", \"sol2\": \"b\", \"label\": 0}\n{\"goal\": 3, \"sol1\": "
+                          "\"a\", \"sol2\": \"b\", \"label\": 0}\n");
   CHECK_THROWS_WITH(load_split(d.str(), task_info("piqa"), "validation", {}),
                     Contains("piqa/validation.jsonl:2: field 'goal' must be a string"));
-  mtnlg::test::write_file(d / "piqa/validation.jsonl", "{\"goal\": \"g\", \"sol1\": \"a\", \"sol2\": \"b\", \"label\": 0}\n{oops\n");
+  mtnlg::test::write_file(d / "piqa/validation.jsonl",
+                          "{\"goal\": \"g\", \"sol1\": \"a\", \"sol2\": \"b\", \"label\": 0}\n{oops\n");
   CHECK_THROWS_WITH(load_split(d.str(), task_info("piqa"), "validation", {}),
                     Contains("validation.jsonl:2: malformed JSON row"));
-  mtnlg::test::write_file(d / "piqa/validation.jsonl", "{\"goal\": \"g\", \"sol1\": \"a\", \"sol2\": \"b\", \"label\": 5}\n");
-  CHECK_THROWS_WITH(load_split(d.str(), task_info("piqa"), "validation", {}), Contains("field 'label' is 5, expected 0..1"));
+  mtnlg::test::write_file(d / "piqa/validation.jsonl",
+                          "{\"goal\": \"g\", \"sol1\": \"a\", \"sol2\": \"b\", \"label\": 5}\n");
+  CHECK_THROWS_WITH(load_split(d.str(), task_info("piqa"), "validation", {}),
+                    Contains("field 'label' is 5, expected 0..1"));
   CHECK_THROWS_WITH(load_split(d.str(), task_info("piqa"), "train", {}),
                     Contains("piqa/train.jsonl: split file missing"));
 }

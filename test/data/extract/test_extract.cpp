@@ -188,8 +188,10 @@ TEST_CASE("WARC reader: members read whole and members streamed give the same re
   while (text.size() < 20000) text += "The orchard was painted by the teachers of the river, and they agreed on it. ";
   // Streamed: 5 MiB compressed, 9 MiB decompressed, a header CRC; whole: the others (the
   // 1 MiB one after more bytes are read).
-  const std::vector<std::string> blocks = {"a small block",      text, random_bytes(5 << 20), std::string(9 << 20, 'x'),
-                                           random_bytes(1 << 20), "with a header CRC", text.substr(0, 999), "last"};
+  const std::vector<std::string> blocks = {"a small block",       text,
+                                           random_bytes(5 << 20), std::string(9 << 20, 'x'),
+                                           random_bytes(1 << 20), "with a header CRC",
+                                           text.substr(0, 999),   "last"};
   const std::vector<std::vector<int>> members = {{0}, {1}, {2}, {3}, {4}, {5}, {6, 7}};
   std::string file;
   std::vector<int64_t> offsets;
@@ -258,8 +260,7 @@ TEST_CASE("WARC reader: every malformed file is an error naming file, record, of
     WarcRecord rec;
     std::string msg, cause;
     try {
-      while (r.next(rec)) {
-      }
+      while (r.next(rec)) {}
     } catch (const WarcError& e) {
       msg = e.what();
       cause = e.cause();
@@ -341,8 +342,7 @@ TEST_CASE("extract: main text of templated pages, F1 >= 0.9 against the known te
   CHECK(langs["en"] == 32);
 }
 
-TEST_CASE("extract: charsets from the HTTP header, <meta>, a BOM and detection decode to the known text",
-          "[extract]") {
+TEST_CASE("extract: charsets from the HTTP header, <meta>, a BOM and detection decode to the known text", "[extract]") {
   ExtractOptions opt;
   opt.languages = {"en", "ja"};
   test::TempDir dir("extract-charsets");
@@ -375,8 +375,9 @@ TEST_CASE("extract: WET conversion records pass through, the language filter app
   z.compress = "zstd";
   const auto ez = run_extract(fixture("sample.warc.wet.gz"), z, dir.path());
   const std::string comp = test::read_file(dir / "sample.jsonl.zst"), plain = test::read_file(dir / "sample.jsonl");
-  std::string back(ZSTD_getFrameContentSize(comp.data(), comp.size()) == ZSTD_CONTENTSIZE_UNKNOWN ? plain.size() * 2 + 64
-                                                                                                   : plain.size(),
+  std::string back(ZSTD_getFrameContentSize(comp.data(), comp.size()) == ZSTD_CONTENTSIZE_UNKNOWN
+                       ? plain.size() * 2 + 64
+                       : plain.size(),
                    '\0');
   const size_t n = ZSTD_decompress(back.data(), back.size(), comp.data(), comp.size());
   REQUIRE_FALSE(ZSTD_isError(n));
@@ -388,9 +389,11 @@ TEST_CASE("extract: the block classifier keeps wordy text and drops link lists a
   const std::string para =
       "It is not easy to explain why the orchard is so bright, but there are a few reasons that most of us agree on. "
       "They protected the museum with the help of a bright machine, which made the work much easier for all of them.";
-  const std::string html = "<html><body><ul><li><a href=/>Home</a></li><li><a href=/n>News</a></li></ul>"
-                           "<div class=x><p>" + para + "</p><p>Short line in the article.</p><p>" + para +
-                           "</p></div><div id=site-footer>" + para + "</div><p>© 2024 Example</p></body></html>";
+  const std::string html =
+      "<html><body><ul><li><a href=/>Home</a></li><li><a href=/n>News</a></li></ul>"
+      "<div class=x><p>" +
+      para + "</p><p>Short line in the article.</p><p>" + para + "</p></div><div id=site-footer>" + para +
+      "</div><p>© 2024 Example</p></body></html>";
   auto page = parse_html_blocks(html);
   classify_blocks(page, {}, true);
   const std::string text = main_text(page.blocks);
@@ -414,8 +417,7 @@ std::string classified_text(const std::string& html) {
 
 }  // namespace
 
-TEST_CASE("extract: short blocks inside the content container are kept, the furniture around it is not",
-          "[extract]") {
+TEST_CASE("extract: short blocks inside the content container are kept, the furniture around it is not", "[extract]") {
   // A key-value run right after the title, table cells, a contact block at the article's
   // end: short or without stop words, each next to a good block of the container. A class
   // word on <body> does not make the whole page furniture.
@@ -423,9 +425,13 @@ TEST_CASE("extract: short blocks inside the content container are kept, the furn
       "<html><body class=\"navigation-with-keyboard\"><nav><a href=/>Home</a> <a href=/d>Docs</a></nav>"
       "<div class=cookie-note>We use cookies on this site.</div><div id=wrap><div class=c1>"
       "<h1>Sextant</h1><p>Program: sextant<br>Version: 2.1.0<br>Author: Zo\u00eb Br\u00fcckner</p>"
-      "<p>" + kPara + "</p><table><tr><th>Option</th><th>Default</th></tr><tr><td>--jobs N</td><td>2</td></tr></table>"
+      "<p>" +
+      kPara +
+      "</p><table><tr><th>Option</th><th>Default</th></tr><tr><td>--jobs N</td><td>2</td></tr></table>"
       "<pre>$ sextant init --cache /var/cache/sextant\n$ sextant check --jobs 4</pre>"
-      "<p>" + kPara2 + "</p><p>Mailing list: sextant-users@lists.example.org</p><p>IRC: #sextant</p></div>"
+      "<p>" +
+      kPara2 +
+      "</p><p>Mailing list: sextant-users@lists.example.org</p><p>IRC: #sextant</p></div>"
       "<div class=x9>Imprint</div><div class=x9>Terms</div></div></body></html>";
   CHECK(classified_text(html) ==
         "Sextant\nProgram: sextant\nVersion: 2.1.0\nAuthor: Zo\u00eb Br\u00fcckner\n" + kPara +
@@ -434,7 +440,8 @@ TEST_CASE("extract: short blocks inside the content container are kept, the furn
   // Outside the container jusText's rule stands: short lines between the article and the
   // page's end are dropped; a short line with a link stays bad inside it.
   const std::string tail = "<html><body><div class=m><p>" + kPara + "</p><p>Posted by <a href=/u/kim>Kim</a></p><p>" +
-                           kPara2 + "</p></div><div>Posted in: Travel</div><div>Comments are closed.</div>"
+                           kPara2 +
+                           "</p></div><div>Posted in: Travel</div><div>Comments are closed.</div>"
                            "<div><a href=/a>Archive</a> <a href=/b>Blogroll</a></div></body></html>";
   CHECK(classified_text(tail) == kPara + "\n" + kPara2);
 }
@@ -444,15 +451,17 @@ TEST_CASE("extract: the container widens over sibling sections that hold good te
   // Nested sections: the last one holds most of the good text, the first holds a good
   // paragraph too, so the container is their parent and the opening paragraph (one
   // sentence three times, no stop words to speak of) is inside it.
-  const std::string opening = "Sextant syncs files between machines quickly. Sextant syncs files between machines "
-                              "quickly. Sextant syncs files between machines quickly.";
-  const std::string html =
-      "<html><body><div role=navigation><a href=/>Home</a></div><section><h1>Sextant</h1><p>" + opening +
-      "</p><section><h2>Installing</h2><p>" + kPara + "</p><pre>$ make install</pre></section><section><h2>Using it</h2><p>" +
-      kPara2 + "</p><p>" + kPara + "</p><p>" + kPara2 + "</p><p>Q: Does it run on arm64?</p><p>A: Yes.</p></section></section>"
-      "<div>Short unmarked footer line</div></body></html>";
-  CHECK(classified_text(html) == "Sextant\n" + opening + "\nInstalling\n" + kPara + "\n$ make install\nUsing it\n" + kPara2 +
-                                     "\n" + kPara + "\n" + kPara2 + "\nQ: Does it run on arm64?\nA: Yes.");
+  const std::string opening =
+      "Sextant syncs files between machines quickly. Sextant syncs files between machines "
+      "quickly. Sextant syncs files between machines quickly.";
+  const std::string html = "<html><body><div role=navigation><a href=/>Home</a></div><section><h1>Sextant</h1><p>" +
+                           opening + "</p><section><h2>Installing</h2><p>" + kPara +
+                           "</p><pre>$ make install</pre></section><section><h2>Using it</h2><p>" + kPara2 + "</p><p>" +
+                           kPara + "</p><p>" + kPara2 +
+                           "</p><p>Q: Does it run on arm64?</p><p>A: Yes.</p></section></section>"
+                           "<div>Short unmarked footer line</div></body></html>";
+  CHECK(classified_text(html) == "Sextant\n" + opening + "\nInstalling\n" + kPara + "\n$ make install\nUsing it\n" +
+                                     kPara2 + "\n" + kPara + "\n" + kPara2 + "\nQ: Does it run on arm64?\nA: Yes.");
 }
 
 TEST_CASE("extract: structured tuning pages (key-value runs, tables, lists, short lines): recall 1, F1 >= 0.97",
@@ -481,8 +490,10 @@ TEST_CASE("extract: structured tuning pages (key-value runs, tables, lists, shor
   CHECK(sum / static_cast<double>(e.docs.size()) >= 0.97);
 }
 
-TEST_CASE("extract: evaluation pages (other templates and text): F1 >= 0.97, English kept, others dropped, "
-          "legacy charsets' words kept", "[extract]") {
+TEST_CASE(
+    "extract: evaluation pages (other templates and text): F1 >= 0.97, English kept, others dropped, "
+    "legacy charsets' words kept",
+    "[extract]") {
   // test/fixtures/warc-eval/ (scripts/make-extract-eval.py): measured on, never tuned on.
   const std::string dir_eval = test::source_dir() + "/test/fixtures/warc-eval/";
   test::TempDir dir("extract-eval");
@@ -552,27 +563,43 @@ TEST_CASE("extract: script and style contents and comments go before the parse, 
       {"<p>Fish &amp; chips &ampere; and more &#x41;&#66;C, all of them here together.</p>" + main, ""},
       {"<pre>\r\nFirst line of the preformatted text\r\nsecond line of it\rthird line here</pre>" + main, ""},
       {"<table>Text that is not in a cell of the table<tr><td>A cell with some text in it</td></tr>"
-       "Trailing text after the row of the table</table>" + main, ""},
+       "Trailing text after the row of the table</table>" +
+           main,
+       ""},
       {std::string("<p>A paragraph with a NUL \0 in it, which the parser drops from the text.</p>", 76) + main, ""},
       {"<p>Controls \x01 \x7F \xC2\x81 and noncharacters \xEF\xB7\x90 \xEF\xBF\xBE \xF0\x9F\xBF\xBF in a run of "
-       "text, and \xC2\xA9 \xEF\xBF\xBD \xF0\x9F\x98\x80 that stay.</p>" + main, ""},
+       "text, and \xC2\xA9 \xEF\xBF\xBD \xF0\x9F\x98\x80 that stay.</p>" +
+           main,
+       ""},
       {"<p>A private-use character \xEE\x80\x81 in the text of the page itself.</p>" + main, ""},
       {"<p>Private-use references &#xE000;&#xE000; and &#57344;&#57345; in the text of the page.</p>" + main, ""},
       {"<select><option>The first option of the select element</option></select><b>Bold text run</b> and "
-       "<i>italic text that is long</i>" + main, ""},
+       "<i>italic text that is long</i>" +
+           main,
+       ""},
       // Attributes the walk reads stay, whatever else is around them (the pass with
       // attributes dropped must give the same blocks).
       {"<div CLASS=\"nav\"href=\"/a\"><a href=\"/x\"title='a > b'>Home</a></div><div id=menu data-x=1 "
-       "hidden>Hidden text of the menu</div><p aria-hidden=\"true\" style=\"color:red\">Gone</p>" + main, ""},
+       "hidden>Hidden text of the menu</div><p aria-hidden=\"true\" style=\"color:red\">Gone</p>" +
+           main,
+       ""},
       {"<table><tr><td>A cell of the table with text</td></tr><input type=hidden href=x>"
-       "<input type=text value=\"a value\"></table><a href=x/>Link after a slash</a>" + main, ""},
+       "<input type=text value=\"a value\"></table><a href=x/>Link after a slash</a>" +
+           main,
+       ""},
       {"<div role=navigation onclick=\"go('>')\" =odd href>Navigation links of the page</div>"
-       "<section class=footer  data-a=\"1\"  data-b='2' >The footer text of the page</section>" + main, ""},
+       "<section class=footer  data-a=\"1\"  data-b='2' >The footer text of the page</section>" +
+           main,
+       ""},
       {main + "<a href=\"never closed", ""},
       {"<div role=main ROLE=navigation>Text of the main part of the page</div><p aria-hidden=false>Text that "
-       "is shown</p><ul class=menu id=x><li id=\"r&#101;lated\" class=\"item\">Item</li></ul>" + main, ""},
+       "is shown</p><ul class=menu id=x><li id=\"r&#101;lated\" class=\"item\">Item</li></ul>" +
+           main,
+       ""},
       {"<table><tr><td>A cell of the table with text</td></tr><INPUT TYPE=HIDDEN class=x><input type=text "
-       "class=nav></table><font color=red><svg><font color=blue>Text out of the svg</font></svg></font>" + main, ""},
+       "class=nav></table><font color=red><svg><font color=blue>Text out of the svg</font></svg></font>" +
+           main,
+       ""},
   };
   std::string out;
   for (const auto& [html, want_or_empty] : cases) {
@@ -587,8 +614,7 @@ TEST_CASE("extract: script and style contents and comments go before the parse, 
   }
 }
 
-TEST_CASE("extract: every fixture page gives the same blocks with and without the pass before the parse",
-          "[extract]") {
+TEST_CASE("extract: every fixture page gives the same blocks with and without the pass before the parse", "[extract]") {
   int pages = 0;
   for (const char* name : {"pages.warc.gz", "bad-mixed.warc.gz", "structured.warc.gz", "../warc-eval/eval.warc.gz"}) {
     WarcReader reader(fixture(name), 1 << 20);
@@ -619,26 +645,32 @@ TEST_CASE("extract: every fixture page gives the same blocks with and without th
 TEST_CASE("extract: attributes the walk and the tree builder never read go before the parse", "[extract]") {
   std::string out;
   std::vector<TextRun> runs;
-  strip_raw_text("<a href=\"/x\"CLASS=nav title='a > b'>x</a><div data-x=1 hidden id=m =odd>y</div>"
-                 "<input Type=hidden src=x/><a href=\"open", out, &runs, true);
+  strip_raw_text(
+      "<a href=\"/x\"CLASS=nav title='a > b'>x</a><div data-x=1 hidden id=m =odd>y</div>"
+      "<input Type=hidden src=x/><a href=\"open",
+      out, &runs, true);
   // "x/" is the value; class and id keep only whether they mark furniture.
   CHECK(out == "<a id=nav>x</a><div hidden>y</div><input Type=hidden><a href=\"open");
-  strip_raw_text("<div class=\"main-col\" ID='site-footer' class=nav>a</div><p class=\"x&#110;av\"id=\"related\"class=\"y\">b</p>",
-                 out, &runs, true);
+  strip_raw_text(
+      "<div class=\"main-col\" ID='site-footer' class=nav>a</div><p class=\"x&#110;av\"id=\"related\"class=\"y\">b</p>",
+      out, &runs, true);
   CHECK(out == "<div id=nav>a</div><p class=\"x&#110;av\" id=nav>b</p>");  // repeats go, references stay
   strip_raw_text("<p id=\"r&#101;lated\" class=menu>c</p>", out, &runs, true);
   CHECK(out == "<p id=\"r&#101;lated\" class=nav>c</p>");  // the id stays as written: the mark is a class
   // Values that can matter stay: the walk's roles and aria-hidden="true", type=hidden on
   // <input> only, font attributes on <font>, prompt on <isindex>; the first of a name counts.
-  strip_raw_text("<div role=main role=navigation aria-hidden=false>a</div><nav role=\"banner\" aria-hidden=\"true\">b</nav>"
-                 "<button type=submit><input type=text><INPUT TYPE=HIDDEN><font color=red size=2 hidden>c</font>"
-                 "<b color=red>d</b><isindex prompt=\"Find\" action=x>",
-                 out, &runs, true);
-  CHECK(out == "<div>a</div><nav role=\"banner\" aria-hidden=\"true\">b</nav><button><input><INPUT TYPE=HIDDEN>"
-               "<font color=red size=2 hidden>c</font><b>d</b><isindex prompt=\"Find\" action=x>");
+  strip_raw_text(
+      "<div role=main role=navigation aria-hidden=false>a</div><nav role=\"banner\" aria-hidden=\"true\">b</nav>"
+      "<button type=submit><input type=text><INPUT TYPE=HIDDEN><font color=red size=2 hidden>c</font>"
+      "<b color=red>d</b><isindex prompt=\"Find\" action=x>",
+      out, &runs, true);
+  CHECK(out ==
+        "<div>a</div><nav role=\"banner\" aria-hidden=\"true\">b</nav><button><input><INPUT TYPE=HIDDEN>"
+        "<font color=red size=2 hidden>c</font><b>d</b><isindex prompt=\"Find\" action=x>");
   // Self-closing stays (a space before it after an unquoted value); end tags lose what the
   // parser ignores in them.
-  strip_raw_text("<br/><br style=x /><input type=hidden /><a href=x/>e</a ><hr class=\"nav\"/></div id=x>", out, &runs, true);
+  strip_raw_text("<br/><br style=x /><input type=hidden /><a href=x/>e</a ><hr class=\"nav\"/></div id=x>", out, &runs,
+                 true);
   CHECK(out == "<br /><br /><input type=hidden /><a>e</a><hr id=nav /></div>");
   // Without the option they all stay.
   strip_raw_text("<a href=x class=c>x</a>", out, &runs);
@@ -674,8 +706,7 @@ TEST_CASE("extract: inline elements holding one piece of text go before the pars
        true, "<i"},
       // A new <a> closes one still open: none is taken out while one may be.
       {"<a href=1>open link <div>block in the link</div> <A href=2>second link</a> text after", false, "<A>"},
-      {"<div><a href=x>unclosed link</div><p><span>span text</span> more <A>another link</a> words</p>", false,
-       "<A>"},
+      {"<div><a href=x>unclosed link</div><p><span>span text</span> more <A>another link</a> words</p>", false, "<A>"},
       {"<table><tr><td><a href=x>open link in a cell<td><a href=y>next cell link</a></table><A>after</a> x", false,
        "<A>"},
       {"<b><b><b><b>nested bold</b></b></b></b> text <b>x y</b> <b class=nav>z w</b> <b>v u</b>", true, "<b>v"},
@@ -725,9 +756,10 @@ TEST_CASE("extract: end tags the next tag implies go before the parse, the block
   check_pass_cases(cases, main);
 }
 
-TEST_CASE("extract: whitespace before blocks, head elements and the title's text go before the parse, the blocks "
-          "stay the same",
-          "[extract]") {
+TEST_CASE(
+    "extract: whitespace before blocks, head elements and the title's text go before the parse, the blocks "
+    "stay the same",
+    "[extract]") {
   const std::string main = "<p>The main text of the page, which is long enough to be kept by the classifier.</p>";
   // (html, what strip_raw_text leaves of it with attributes dropped, text as placeholders)
   const std::vector<std::pair<std::string, std::string>> cases = {
@@ -749,16 +781,17 @@ TEST_CASE("extract: whitespace before blocks, head elements and the title's text
   // A <meta> first of all keeps the page in quirks mode, where a <table> does not close a <p>.
   std::string out;
   std::vector<TextRun> runs;
-  const std::string quirks = "<meta charset=utf-8><p>A paragraph with a table in it<table><tr><td>cell text of the "
-                             "table</td></tr></table> and text after</p>" + main;
+  const std::string quirks =
+      "<meta charset=utf-8><p>A paragraph with a table in it<table><tr><td>cell text of the "
+      "table</td></tr></table> and text after</p>" +
+      main;
   strip_raw_text(quirks, out, &runs, true);
   CHECK(out.rfind("<meta>", 0) == 0);
   const auto a = parse_html_blocks(quirks, false), b = parse_html_blocks(quirks, true);
   CHECK(a.parent == b.parent);
 }
 
-TEST_CASE("extract: text runs stand in as numbered placeholders, without their edges and references",
-          "[extract]") {
+TEST_CASE("extract: text runs stand in as numbered placeholders, without their edges and references", "[extract]") {
   std::string out;
   std::vector<TextRun> runs;
   const std::string html = "<p>  A run of text long enough &amp; a second run of text </p><i>ab</i><b>c</b>";
@@ -847,7 +880,8 @@ TEST_CASE("extract: the language sample is the whole text of a small page, the l
   // Plain text (WET): whole when short, else its lines as the blocks.
   CHECK(language_sample(std::string("one line\ntwo"), 2048) == "one line\ntwo");
   const std::string wet = "Menu\n" + std::string(1500, 'a') + "\nLink\nb " + std::string(600, 'c') + " dd";
-  CHECK(language_sample(wet, 2048) == std::string(1500, 'a') + "\nb\n");  // the second line cut at its last space in reach
+  CHECK(language_sample(wet, 2048) ==
+        std::string(1500, 'a') + "\nb\n");  // the second line cut at its last space in reach
 }
 
 TEST_CASE("extract: a page's language comes from 1 KiB when CLD2 is sure of it, else from 2 KiB", "[extract]") {
@@ -907,9 +941,11 @@ TEST_CASE("mtnlg data extract end to end: help, errors, report, skip-bad-records
                         "--min-language-score", "--no-progress", "mpirun", "--keep-comments", "--min-language-chars",
                         "--repeat-min-chars"})
     CHECK_THAT(help.out, Contains(o));
-  for (const auto& [flag, what] : {std::pair<std::string, std::string>{"--min-language-chars -1", "--min-language-chars: -1 is negative"},
-                                   {"--repeat-min-chars 0", "--repeat-min-chars: 0 is under 1"}}) {
-    auto r = test::run_mtnlg("data extract " + flag + " --input " + fixture("pages.warc.gz") + " --output " + d + "/bad-opt");
+  for (const auto& [flag, what] :
+       {std::pair<std::string, std::string>{"--min-language-chars -1", "--min-language-chars: -1 is negative"},
+        {"--repeat-min-chars 0", "--repeat-min-chars: 0 is under 1"}}) {
+    auto r = test::run_mtnlg("data extract " + flag + " --input " + fixture("pages.warc.gz") + " --output " + d +
+                             "/bad-opt");
     CHECK(r.exit_code == 2);
     CHECK_THAT(r.out, Contains(what));
   }
@@ -926,7 +962,8 @@ TEST_CASE("mtnlg data extract end to end: help, errors, report, skip-bad-records
   CHECK(rep["files"].size() == 2);
   CHECK(fs::exists(dir / "o" / "pages.jsonl"));
   CHECK(fs::exists(dir / "o" / "sample.jsonl"));
-  auto quiet = test::run_mtnlg("data extract --no-progress --input " + fixture("sample.warc.wet.gz") + " --output " + d + "/q");
+  auto quiet =
+      test::run_mtnlg("data extract --no-progress --input " + fixture("sample.warc.wet.gz") + " --output " + d + "/q");
   CHECK(quiet.out.find("docs/s") == std::string::npos);
 
   const std::map<std::string, std::string> bad = {
@@ -973,11 +1010,13 @@ TEST_CASE("data extract: 1, 2 and 3 ranks write the same shards and report", "[m
   std::map<std::string, std::string> first;
   for (int np : {1, 2, 3}) {
     const std::string out = (dir / ("o" + std::to_string(np))).string();
-    const std::string args = "data extract --no-progress --skip-bad-records --max-record-bytes 4096 --compress zstd "
-                             "--input " + inputs + " --output " + out;
+    const std::string args =
+        "data extract --no-progress --skip-bad-records --max-record-bytes 4096 --compress zstd "
+        "--input " +
+        inputs + " --output " + out;
     auto r = np == 1 ? test::run_command(std::string(MTNLG_BINARY) + " " + args)
-                     : test::run_command("sh " + test::source_dir() + "/test/support/mpi/mpirun.sh " + std::to_string(np) + " " +
-                                         MTNLG_BINARY + " " + args);
+                     : test::run_command("sh " + test::source_dir() + "/test/support/mpi/mpirun.sh " +
+                                         std::to_string(np) + " " + MTNLG_BINARY + " " + args);
     INFO(r.out);
     REQUIRE(r.exit_code == 0);
     std::map<std::string, std::string> files;
@@ -1012,9 +1051,10 @@ TEST_CASE("data extract vs readability-lxml: F1 on the tuning and evaluation pag
   test::TempDir dir("extract-peer");
   auto r = test::run_mtnlg("data extract --no-progress --input " + fixture("pages.warc.gz") + " --output " + dir.str());
   REQUIRE(r.exit_code == 0);
-  auto q = test::run_command("/usr/bin/python3 " + test::source_dir() + "/scripts/bench/extract_peer.py quality --warc " +
-                             fixture("pages.warc.gz") + " --truth " + fixture("pages_truth.jsonl") + " --ours " +
-                             (dir / "pages.jsonl").string() + " --min-f1 0.9");
+  auto q =
+      test::run_command("/usr/bin/python3 " + test::source_dir() + "/scripts/bench/extract_peer.py quality --warc " +
+                        fixture("pages.warc.gz") + " --truth " + fixture("pages_truth.jsonl") + " --ours " +
+                        (dir / "pages.jsonl").string() + " --min-f1 0.9");
   INFO(q.out);
   CHECK(q.exit_code == 0);
   // The structured tuning pages and the evaluation pages: F1 >= 0.97, at least the peer's;
@@ -1025,9 +1065,9 @@ TEST_CASE("data extract vs readability-lxml: F1 on the tuning and evaluation pag
     const std::string out = (dir / fs::path(warc).stem().stem()).string();
     auto x = test::run_mtnlg("data extract --no-progress --input " + warc + " --output " + out);
     REQUIRE(x.exit_code == 0);
-    auto qq = test::run_command("/usr/bin/python3 " + test::source_dir() + "/scripts/bench/extract_peer.py quality --warc " +
-                                warc + " --truth " + truth + " --ours " + out + "/" + fs::path(warc).stem().stem().string() +
-                                ".jsonl --min-f1 0.97");
+    auto qq = test::run_command(
+        "/usr/bin/python3 " + test::source_dir() + "/scripts/bench/extract_peer.py quality --warc " + warc +
+        " --truth " + truth + " --ours " + out + "/" + fs::path(warc).stem().stem().string() + ".jsonl --min-f1 0.97");
     INFO(qq.out);
     CHECK(qq.exit_code == 0);
   }
@@ -1059,9 +1099,10 @@ TEST_CASE("data extract on real Debian HTML: English documentation kept, man pag
   CHECK(rep["totals"]["language_dropped"].get<int64_t>() >= static_cast<int64_t>(plan["other"].size()) * 9 / 10);
 }
 
-TEST_CASE("data extract on the held-out web pages: F1 >= 0.95 overall, >= 0.90 per template, no other language as "
-          "English, comments kept on request",
-          "[.][extract-web]") {
+TEST_CASE(
+    "data extract on the held-out web pages: F1 >= 0.95 overall, >= 0.90 per template, no other language as "
+    "English, comments kept on request",
+    "[.][extract-web]") {
   // scripts/make-extract-web.py writes the pages where the test runs (nothing committed);
   // extract_peer.py web scores them (token F1 per template; --no-peer: without readability,
   // whose scores docs/PERFORMANCE.md gives beside these) and exits 1 below the bounds.
@@ -1077,21 +1118,23 @@ TEST_CASE("data extract on the held-out web pages: F1 >= 0.95 overall, >= 0.90 p
     REQUIRE(read_jsonl(truth).size() == 224);
     auto shard = [&](const std::string& run) { return (dir / (which + "-" + run) / (stem + ".jsonl")).string(); };
     for (const auto& [run, flags] : {std::pair<std::string, std::string>{"all", "--languages all"},
-                                     {"en", "--languages en"}, {"kc", "--languages all --keep-comments"}}) {
+                                     {"en", "--languages en"},
+                                     {"kc", "--languages all --keep-comments"}}) {
       auto r = test::run_mtnlg("data extract --no-progress " + flags + " --input " + warc + " --output " +
                                (dir / (which + "-" + run)).string());
       REQUIRE(r.exit_code == 0);
     }
     // F1 >= 0.95 overall and >= 0.90 per template; no page in another language kept when
     // English is asked, whatever its cookie banner says.
-    auto q = test::run_command("/usr/bin/python3 " + src + "/scripts/bench/extract_peer.py web --no-peer --warc " + warc +
-                               " --truth " + truth + " --ours " + shard("all") + " --ours-en " + shard("en") +
+    auto q = test::run_command("/usr/bin/python3 " + src + "/scripts/bench/extract_peer.py web --no-peer --warc " +
+                               warc + " --truth " + truth + " --ours " + shard("all") + " --ours-en " + shard("en") +
                                " --min-f1 0.95 --min-template-f1 0.90");
     INFO(q.out);
     CHECK(q.exit_code == 0);
     // --keep-comments: the same bounds against the text with the comments and reviews.
-    auto c = test::run_command("/usr/bin/python3 " + src + "/scripts/bench/extract_peer.py web --no-peer --comments --warc " +
-                               warc + " --truth " + truth + " --ours " + shard("kc") + " --min-f1 0.95 --min-template-f1 0.90");
+    auto c = test::run_command("/usr/bin/python3 " + src +
+                               "/scripts/bench/extract_peer.py web --no-peer --comments --warc " + warc + " --truth " +
+                               truth + " --ours " + shard("kc") + " --min-f1 0.95 --min-template-f1 0.90");
     INFO(c.out);
     CHECK(c.exit_code == 0);
     int english = 0;
@@ -1116,8 +1159,9 @@ std::string web_warc(const std::vector<std::tuple<std::string, std::string, std:
   for (const auto& [url, headers, html] : pages) {
     const std::string block = "HTTP/1.1 200 OK\r\nContent-Type: text/html; charset=utf-8\r\n" + headers + "\r\n" + html;
     out += "WARC/1.1\r\nWARC-Type: response\r\nWARC-Record-ID: <urn:test:" + std::to_string(++n) +
-           ">\r\nWARC-Target-URI: " + url + "\r\nWARC-Date: 2024-01-01T00:00:00Z\r\nContent-Length: " +
-           std::to_string(block.size()) + "\r\n\r\n" + block + "\r\n\r\n";
+           ">\r\nWARC-Target-URI: " + url +
+           "\r\nWARC-Date: 2024-01-01T00:00:00Z\r\nContent-Length: " + std::to_string(block.size()) + "\r\n\r\n" +
+           block + "\r\n\r\n";
   }
   return out;
 }
@@ -1163,7 +1207,8 @@ TEST_CASE("extract: comments and reviews are left out unless kept; answers stay;
   const std::string article = "<article><h1>The library</h1><p>" + kPara + "</p><p>" + kPara2 + "</p></article>";
   for (const std::string& comments :
        {"<section id=comments><h2>3 comments</h2><ol><li><p>" + kPara3 + "</p></li></ol></section>",
-        "<div class=x><div itemprop=comment itemscope itemtype=https://schema.org/Comment><p>" + kPara3 + "</p></div></div>",
+        "<div class=x><div itemprop=comment itemscope itemtype=https://schema.org/Comment><p>" + kPara3 +
+            "</p></div></div>",
         "<div id=disqus_thread><p>" + kPara3 + "</p></div>",
         "<div class=customer-reviews><div><p>" + kPara3 + "</p><p>12 people found this helpful</p></div></div>"}) {
     const std::string html = "<html><body>" + article + comments + "</body></html>";
@@ -1174,14 +1219,18 @@ TEST_CASE("extract: comments and reviews are left out unless kept; answers stay;
     CHECK_THAT(classified_with(html, keep), Contains(kPara3));
   }
   // A review site's review: the element holding the title is the article whatever its class.
-  const std::string review = "<html><body><div class=review-body><h1>Camera review</h1><p>" + kPara + "</p><p>" + kPara2 +
-                             "</p></div></body></html>";
+  const std::string review = "<html><body><div class=review-body><h1>Camera review</h1><p>" + kPara + "</p><p>" +
+                             kPara2 + "</p></div></body></html>";
   CHECK(classified_text(review) == "Camera review\n" + kPara + "\n" + kPara2);
   // Q&A: the question and every answer are main text, the comments under them are not.
   const std::string qa = "<html><body><div><h1>How do I keep the library open?</h1><div id=question><p>" + kPara +
-                         "</p><div class=comments><ul><li>" + kPara3 + "</li></ul></div></div><div id=answers>"
-                         "<div class=answer itemprop=suggestedAnswer><p>" + kPara2 + "</p></div>"
-                         "<div class=answer itemprop=suggestedAnswer><p>" + kPara + " Twice.</p></div></div></div></body></html>";
+                         "</p><div class=comments><ul><li>" + kPara3 +
+                         "</li></ul></div></div><div id=answers>"
+                         "<div class=answer itemprop=suggestedAnswer><p>" +
+                         kPara2 +
+                         "</p></div>"
+                         "<div class=answer itemprop=suggestedAnswer><p>" +
+                         kPara + " Twice.</p></div></div></div></body></html>";
   const std::string t = classified_text(qa);
   CHECK_THAT(t, Contains(kPara2));
   CHECK_THAT(t, Contains(kPara + " Twice."));
@@ -1195,14 +1244,17 @@ TEST_CASE("extract: a listing page keeps its intro and none of its teasers; with
     cards += "<div><h2><a href=/s/" + std::to_string(i) + ">Headline number " + std::to_string(i) +
              " about the library</a></h2><p>The committee met again on Thursday and agreed that the library should "
              "stay open in the evenings.</p><span>3 May 2024</span></div>";
-  const std::string intro = "All the news about the library and the people who keep it open, from the council "
-                            "meetings to the readers who come every day.";
+  const std::string intro =
+      "All the news about the library and the people who keep it open, from the council "
+      "meetings to the readers who come every day.";
   CHECK(classified_text("<html><body><div><h1>Library news</h1><p>" + intro + "</p><div>" + cards +
                         "</div></div></body></html>") == "Library news\n" + intro);
   CHECK(classified_text("<html><body><div><h1>Library news</h1><div>" + cards + "</div></div></body></html>").empty());
   // A section heading that is a link over a real section is not a teaser card.
   std::string sections;
-  for (int i = 0; i < 3; ++i) sections += "<div><h2><a href=#s" + std::to_string(i) + ">Part</a></h2><p>" + kPara + "</p><p>" + kPara2 + "</p></div>";
+  for (int i = 0; i < 3; ++i)
+    sections +=
+        "<div><h2><a href=#s" + std::to_string(i) + ">Part</a></h2><p>" + kPara + "</p><p>" + kPara2 + "</p></div>";
   CHECK_THAT(classified_text("<html><body><div>" + sections + "</div></body></html>"), Contains(kPara2));
 }
 
@@ -1210,7 +1262,8 @@ TEST_CASE("extract: a man page in one <pre> and a list of names in the container
   std::string man = "LS(1)    User Commands    LS(1)\n\nNAME\n       ls - list directory contents\n\nOPTIONS\n";
   for (const char* o : {"-a, --all", "-l", "-h, --human-readable", "-r, --reverse", "-R, --recursive", "-t"})
     man += std::string("       ") + o + "\n              do not ignore entries, sort by time, print sizes\n\n";
-  const std::string html = "<html><body><h1>Man page of LS</h1><pre>" + man + "</pre><hr><a href=/>Home</a></body></html>";
+  const std::string html =
+      "<html><body><h1>Man page of LS</h1><pre>" + man + "</pre><hr><a href=/>Home</a></body></html>";
   CHECK_THAT(classified_text(html), Contains("-h, --human-readable"));
   CHECK_THAT(classified_text(html), Contains("Man page of LS"));
   // A changelog-style list of names after the prose of a wiki page.
@@ -1218,7 +1271,8 @@ TEST_CASE("extract: a man page in one <pre> and a list of names in the container
                            "<span class=mw-editsection>[<a href=?edit>edit</a>]</span></h2><ul><li>Anna Berg</li>"
                            "<li>Jonas Falk</li><li>Mei Lin</li><li>Carlos Vidal</li></ul></div>"
                            "<div id=footer><a href=/>Privacy</a></div></body></html>";
-  CHECK(classified_text(wiki) == "The library\n" + kPara + "\nContributors\nAnna Berg\nJonas Falk\nMei Lin\nCarlos Vidal");
+  CHECK(classified_text(wiki) ==
+        "The library\n" + kPara + "\nContributors\nAnna Berg\nJonas Falk\nMei Lin\nCarlos Vidal");
 }
 
 TEST_CASE("extract: text repeated on other pages of the site is boilerplate; a page fetched twice keeps its text",
@@ -1226,15 +1280,16 @@ TEST_CASE("extract: text repeated on other pages of the site is boilerplate; a p
   test::TempDir dir("extract-repeat");
   // A pitch inside the article's element: kept by the classifier on its own, dropped where
   // the site repeats it.
-  const std::string pitch = "<div class=x9><p>We are a small team of writers and editors who believe that good reporting "
-                            "should be free for everyone to read, and our work is paid for by our readers.</p></div>";
+  const std::string pitch =
+      "<div class=x9><p>We are a small team of writers and editors who believe that good reporting "
+      "should be free for everyone to read, and our work is paid for by our readers.</p></div>";
   auto page = [&](const std::string& body) {
     return "<html><body><div><h1>Title</h1><div><p>" + body + "</p>" + pitch + "</div></div></body></html>";
   };
   const std::string warc = (dir / "site.warc").string();
   test::write_file(warc, web_warc({{"http://a.test/1", "", page(kPara)},
                                    {"http://a.test/2", "", page(kPara2)},
-                                   {"http://b.test/1", "", page(kPara3)},   // another site: keeps its box
+                                   {"http://b.test/1", "", page(kPara3)},    // another site: keeps its box
                                    {"http://a.test/1", "", page(kPara)}}));  // fetched twice
   ExtractOptions opt;
   const auto e = run_extract(warc, opt, dir / "o");
@@ -1248,22 +1303,30 @@ TEST_CASE("extract: text repeated on other pages of the site is boilerplate; a p
 TEST_CASE("extract: the language is the main text's, the declared one its prior; a short main text is unclassifiable",
           "[extract]") {
   test::TempDir dir("extract-lang");
-  const std::string zh = "市议会周二决定在今年秋天结束之前修复横跨河流的那座老桥。许多居民多年来一直抱怨街道的噪音和路面的糟糕状况。"
-                         "据市政府介绍，这项工程的费用将比最初的预算高出将近一倍。";
-  const std::string banner = "<div class=x1 role=dialog><p>We use cookies and similar technologies to give you the best "
-                             "possible experience on our website, to analyse how it is used and to show you content and "
-                             "advertising that may interest you. By clicking accept you agree to it.</p></div>";
-  const std::string banner_plain = "<div class=x1><p>We use cookies and similar technologies to give you the best "
-                                   "possible experience on our website, to analyse how it is used and to show you "
-                                   "content and advertising that may interest you. By clicking accept you agree.</p></div>";
+  const std::string zh =
+      "市议会周二决定在今年秋天结束之前修复横跨河流的那座老桥。许多居民多年来一直抱怨街道的噪音和路面的糟糕状况。"
+      "据市政府介绍，这项工程的费用将比最初的预算高出将近一倍。";
+  const std::string banner =
+      "<div class=x1 role=dialog><p>We use cookies and similar technologies to give you the best "
+      "possible experience on our website, to analyse how it is used and to show you content and "
+      "advertising that may interest you. By clicking accept you agree to it.</p></div>";
+  const std::string banner_plain =
+      "<div class=x1><p>We use cookies and similar technologies to give you the best "
+      "possible experience on our website, to analyse how it is used and to show you "
+      "content and advertising that may interest you. By clicking accept you agree.</p></div>";
   const std::string warc = (dir / "lang.warc").string();
-  test::write_file(warc, web_warc({
-      {"http://zh.test/1", "", "<html><body>" + banner + "<div><h1>老桥</h1><p>" + zh + "</p><p>" + zh + "</p></div></body></html>"},
-      {"http://zh2.test/1", "", "<html lang=zh-CN><body><div><h1>老桥</h1><p>" + zh + "</p></div>" + banner_plain + "</body></html>"},
-      {"http://zh3.test/1", "", "<html><body><div><h1>老桥</h1><p>市议会周二决定在今年秋天结束之前修复横跨河流的那座老桥。</p></div></body></html>"},
-      {"http://en.test/2", "Content-Language: en\r\n", "<html><body><div><h1>Library</h1><p>" + kPara + "</p><p>" + kPara2 +
-                                                        "</p></div></body></html>"},
-  }));
+  test::write_file(
+      warc, web_warc({
+                {"http://zh.test/1", "",
+                 "<html><body>" + banner + "<div><h1>老桥</h1><p>" + zh + "</p><p>" + zh + "</p></div></body></html>"},
+                {"http://zh2.test/1", "",
+                 "<html lang=zh-CN><body><div><h1>老桥</h1><p>" + zh + "</p></div>" + banner_plain + "</body></html>"},
+                {"http://zh3.test/1", "",
+                 "<html><body><div><h1>老桥</h1><p>市议会周二决定在今年秋天结束之前修复横跨河流的那座老桥。</p></div></"
+                 "body></html>"},
+                {"http://en.test/2", "Content-Language: en\r\n",
+                 "<html><body><div><h1>Library</h1><p>" + kPara + "</p><p>" + kPara2 + "</p></div></body></html>"},
+            }));
   ExtractOptions opt;
   opt.languages = {"en"};
   auto e = run_extract(warc, opt, dir / "en");

@@ -81,13 +81,13 @@ TEST_CASE("mpi: GradBucketer starts ready buckets at once and sums every gradien
     CHECK(gb.started_early() == 1);
     double x = 1;
     world().all_reduce(&x, 1, ReduceOp::sum);  // "backward" collectives in between
-    gb.mark_ready(45, 20);  // bucket 1 still misses the 5-element parameter
+    gb.mark_ready(45, 20);                     // bucket 1 still misses the 5-element parameter
     CHECK(gb.started_early() == 1);
     gb.mark_ready(10, 35);  // params 30 and 5: buckets 1 and 2 complete
     CHECK(gb.started_early() == 3);
     CHECK_THROWS_AS(gb.mark_ready(10, 30), RuntimeError);  // twice in one step
     CHECK_THROWS_AS(gb.mark_ready(3, 5), RuntimeError);    // not a parameter start
-    gb.finish();  // the first parameter was never marked: finish starts it
+    gb.finish();                                           // the first parameter was never marked: finish starts it
     for (int64_t i = 0; i < 105; ++i) {
       double s = 0;
       for (int64_t r = 0; r < g; ++r) s += value(r, i + step);

@@ -36,8 +36,9 @@ TEST_CASE("mpi: all_reduce sum and max, float, double, int64", "[mpi]") {
       std::vector<float> f(n);
       std::vector<double> d(n);
       std::vector<int64_t> k(n);
-      for (int64_t i = 0; i < n; ++i) f[i] = static_cast<float>(value(me, i)), d[i] = value(me, i) * 0.5,
-                                      k[i] = static_cast<int64_t>(value(me, i)) * (int64_t{1} << 40);
+      for (int64_t i = 0; i < n; ++i)
+        f[i] = static_cast<float>(value(me, i)), d[i] = value(me, i) * 0.5,
+        k[i] = static_cast<int64_t>(value(me, i)) * (int64_t{1} << 40);
       world().all_reduce(f.data(), n, op);
       world().all_reduce(d.data(), n, op);
       world().all_reduce(k.data(), n, op);
@@ -166,8 +167,10 @@ TEST_CASE("mpi: process groups for every factorisation of the world", "[mpi]") {
                                  {g.pp, topo.pp_group(me), "pp"},
                                  {g.dp, topo.dp_group(me), "dp"},
                                  {g.mp, topo.mp_group(me), "mp"}};
-      if (in_embedding) kinds.push_back({g.embedding, topo.embedding_group(me), "embedding"});
-      else CHECK(g.embedding == nullptr);
+      if (in_embedding)
+        kinds.push_back({g.embedding, topo.embedding_group(me), "embedding"});
+      else
+        CHECK(g.embedding == nullptr);
       for (auto& k : kinds) {
         REQUIRE(k.c != nullptr);
         CHECK(k.c->name() == k.name);
@@ -250,7 +253,8 @@ TEST_CASE("mpi: isend is matched by blocking recv in both directions at once", "
   world().reset_bytes();
 }
 
-TEST_CASE("mpi: bf16 and fp16 payloads: sums in fp32 rounded to nearest even, gathers and messages bit-exact", "[mpi]") {
+TEST_CASE("mpi: bf16 and fp16 payloads: sums in fp32 rounded to nearest even, gathers and messages bit-exact",
+          "[mpi]") {
   const int64_t g = world().size(), me = world().rank();
   for (DType dt : {DType::bf16, DType::f16}) {
     INFO(to_string(dt));
