@@ -58,9 +58,53 @@ std::string llama_unfit(const ModelConfig& m) {
   return why + ": Hugging Face's LlamaForCausalLM and Qwen2ForCausalLM cannot express it";
 }
 
+namespace {
+// config.json of a Llama-family export: LlamaForCausalLM, or Qwen2ForCausalLM for q/k/v
+// biases alone.
+nlohmann::ordered_json llama_config(const ModelConfig& mc, const model::GptConfig& c, const QkvLayout& q, bool qwen2) {
+  const int64_t C = c.hidden, F = c.ffn, V = c.vocab_size, L = c.num_layers_total;
+  nlohmann::ordered_json rope_scaling = nullptr;
+  if (mc.use_rope_scaling)
+    rope_scaling = {{"rope_type", "llama3"},
+                    {"factor", mc.rope_scaling_factor},
+                    {"low_freq_factor", kLowFreqFactor},
+                    {"high_freq_factor", kHighFreqFactor},
+                    {"original_max_position_embeddings", static_cast<int64_t>(kOriginalPositions)}};
+  nlohmann::ordered_json j;
+  j["architectures"] = {qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM"};
+  j["model_type"] = qwen2 ? "qwen2" : "llama";
+  j["vocab_size"] = V;
+  j["hidden_size"] = C;
+  j["intermediate_size"] = F;
+  j["num_hidden_layers"] = L;
+  j["num_attention_heads"] = q.H;
+  j["num_key_value_heads"] = q.G;
+  if (!qwen2) j["head_dim"] = q.D;
+  j["hidden_act"] = "silu";
+  j["max_position_embeddings"] = c.max_positions;
+  j["initializer_range"] = c.init_std;
+  j["rms_norm_eps"] = c.layernorm_eps;
+  j["rope_theta"] = mc.rotary_base;
+  j["rope_scaling"] = rope_scaling;
+  if (qwen2) {
+    j["use_sliding_window"] = false;
+    j["sliding_window"] = nullptr;
+    j["max_window_layers"] = L;
+  } else {
+    j["attention_bias"] = c.bias_linear;
+    j["mlp_bias"] = c.bias_linear;
+    j["pretraining_tp"] = 1;
+  }
+  j["attention_dropout"] = 0.0;
+  j["use_cache"] = true;
+  j["tie_word_embeddings"] = !c.untied;
+  return j;
+}
+}  // namespace
+
 Export llama_export(const ModelConfig& mc, const model::LoadedModel& m) {
   const auto& c = m.cfg;
-  const int64_t C = c.hidden, F = c.ffn, V = c.vocab_size, L = c.num_layers_total;
+  const int64_t C = c.hidden, V = c.vocab_size, L = c.num_layers_total;
   const QkvLayout q{c.heads, c.kv_groups(), c.head_dim()};
   const bool qwen2 = !c.bias_linear && c.qkv_bias;
   Export ex;
@@ -103,41 +147,7 @@ Export llama_export(const ModelConfig& mc, const model::LoadedModel& m) {
   same("model.norm.weight", "final_layernorm.weight");
   if (c.untied) out.push_back({"lm_head.weight", {V, C}, [&m, V] { return real_rows(m, "output_layer.weight", V); }});
 
-  nlohmann::ordered_json rope_scaling = nullptr;
-  if (mc.use_rope_scaling)
-    rope_scaling = {{"rope_type", "llama3"},
-                    {"factor", mc.rope_scaling_factor},
-                    {"low_freq_factor", kLowFreqFactor},
-                    {"high_freq_factor", kHighFreqFactor},
-                    {"original_max_position_embeddings", static_cast<int64_t>(kOriginalPositions)}};
-  auto& j = ex.config;
-  j["architectures"] = {qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM"};
-  j["model_type"] = qwen2 ? "qwen2" : "llama";
-  j["vocab_size"] = V;
-  j["hidden_size"] = C;
-  j["intermediate_size"] = F;
-  j["num_hidden_layers"] = L;
-  j["num_attention_heads"] = q.H;
-  j["num_key_value_heads"] = q.G;
-  if (!qwen2) j["head_dim"] = q.D;
-  j["hidden_act"] = "silu";
-  j["max_position_embeddings"] = c.max_positions;
-  j["initializer_range"] = c.init_std;
-  j["rms_norm_eps"] = c.layernorm_eps;
-  j["rope_theta"] = mc.rotary_base;
-  j["rope_scaling"] = rope_scaling;
-  if (qwen2) {
-    j["use_sliding_window"] = false;
-    j["sliding_window"] = nullptr;
-    j["max_window_layers"] = L;
-  } else {
-    j["attention_bias"] = c.bias_linear;
-    j["mlp_bias"] = c.bias_linear;
-    j["pretraining_tp"] = 1;
-  }
-  j["attention_dropout"] = 0.0;
-  j["use_cache"] = true;
-  j["tie_word_embeddings"] = !c.untied;
+  ex.config = llama_config(mc, c, q, qwen2);
   return ex;
 }
 

@@ -242,87 +242,90 @@ class Generator {
     }
   }
 
+  // Row i of task t (the order of make_tasks' names), in the harness's JSON form.
+  nlohmann::json task_row(uint64_t t, int64_t i, Rng& r) const {
+    auto phrase = [&](Rng& g, int64_t lo, int64_t hi) { return render(Doc{sentence(g, vocab_, g.range(lo, hi))}); };
+    auto word = [&](Rng& g) { return vocab_.zipf(g); };
+    nlohmann::json j;
+    switch (t) {
+      case 0: j = {{"text", phrase(r, 40, 80)}}; break;
+      case 1: j = {{"question", phrase(r, 8, 12)}, {"passage", phrase(r, 60, 100)}, {"answer", r.chance(0.5)}}; break;
+      case 2:
+        j = {{"example_id", "high" + std::to_string(i) + ".txt"},
+             {"article", phrase(r, 120, 200)},
+             {"question", phrase(r, 8, 14)},
+             {"options", {phrase(r, 3, 8), phrase(r, 3, 8), phrase(r, 3, 8), phrase(r, 3, 8)}},
+             {"answer", std::string(1, static_cast<char>('A' + r.below(4)))}};
+        break;
+      case 3:
+        j = {{"goal", phrase(r, 8, 16)},
+             {"sol1", phrase(r, 13, 25)},
+             {"sol2", phrase(r, 13, 25)},
+             {"label", r.below(2)}};
+        break;
+      case 4: {
+        std::string a = phrase(r, 10, 20), b = phrase(r, 3, 6);
+        j = {{"ind", i},
+             {"activity_label", word(r)},
+             {"ctx_a", a},
+             {"ctx_b", b},
+             {"ctx", a + " " + b},
+             {"endings", {phrase(r, 10, 20), phrase(r, 10, 20), phrase(r, 10, 20), phrase(r, 10, 20)}},
+             {"source_id", "synthetic~" + std::to_string(i)},
+             {"split", "val"},
+             {"split_type", "indomain"},
+             {"label", std::to_string(r.below(4))}};
+        break;
+      }
+      case 5: {
+        auto s = sentence(r, vocab_, r.range(15, 25));
+        s[static_cast<size_t>(r.below(static_cast<int64_t>(s.size())))] = "_";
+        j = {{"sentence", render(Doc{s})},
+             {"option1", word(r)},
+             {"option2", word(r)},
+             {"answer", r.chance(0.5) ? "1" : "2"}};
+        break;
+      }
+      case 6:
+        j = {{"uid", fmt::format("{:08x}", r.bits())},
+             {"premise", phrase(r, 30, 60)},
+             {"hypothesis", phrase(r, 8, 14)},
+             {"label", r.below(3)},
+             {"reason", ""}};
+        break;
+      case 7: {
+        std::string p = phrase(r, 13, 18);
+        j = {{"premise", p},
+             {"hypothesis", phrase(r, 6, 10)},
+             {"label", r.below(2)},
+             {"parse_premise", "( " + p + " )"},
+             {"heuristic", "lexical_overlap"},
+             {"subcase", "ln_subject/object_swap"},
+             {"template", "temp1"}};
+        break;
+      }
+      case 8:
+        j = {{"word", word(r)},
+             {"sentence1", phrase(r, 13, 20)},
+             {"sentence2", phrase(r, 13, 20)},
+             {"start1", 0},
+             {"end1", 3},
+             {"start2", 0},
+             {"end2", 3},
+             {"label", r.chance(0.5)}};
+        break;
+    }
+    return j;
+  }
+
   std::vector<TaskRow> make_tasks() const {
     std::vector<TaskRow> rows;
-    auto phrase = [&](Rng& r, int64_t lo, int64_t hi) { return render(Doc{sentence(r, vocab_, r.range(lo, hi))}); };
-    auto word = [&](Rng& r) { return vocab_.zipf(r); };
     const char* names[] = {"lambada_openai", "boolq",   "race_high", "piqa", "hellaswag",
                            "winogrande",     "anli_r2", "hans",      "wic"};
     for (uint64_t t = 0; t < std::size(names); ++t) {
       for (int64_t i = 0; i < o_.task_rows; ++i) {
         Rng r(o_.seed, kTask, t * 1000003ull + static_cast<uint64_t>(i));
-        nlohmann::json j;
-        switch (t) {
-          case 0: j = {{"text", phrase(r, 40, 80)}}; break;
-          case 1:
-            j = {{"question", phrase(r, 8, 12)}, {"passage", phrase(r, 60, 100)}, {"answer", r.chance(0.5)}};
-            break;
-          case 2:
-            j = {{"example_id", "high" + std::to_string(i) + ".txt"},
-                 {"article", phrase(r, 120, 200)},
-                 {"question", phrase(r, 8, 14)},
-                 {"options", {phrase(r, 3, 8), phrase(r, 3, 8), phrase(r, 3, 8), phrase(r, 3, 8)}},
-                 {"answer", std::string(1, static_cast<char>('A' + r.below(4)))}};
-            break;
-          case 3:
-            j = {{"goal", phrase(r, 8, 16)},
-                 {"sol1", phrase(r, 13, 25)},
-                 {"sol2", phrase(r, 13, 25)},
-                 {"label", r.below(2)}};
-            break;
-          case 4: {
-            std::string a = phrase(r, 10, 20), b = phrase(r, 3, 6);
-            j = {{"ind", i},
-                 {"activity_label", word(r)},
-                 {"ctx_a", a},
-                 {"ctx_b", b},
-                 {"ctx", a + " " + b},
-                 {"endings", {phrase(r, 10, 20), phrase(r, 10, 20), phrase(r, 10, 20), phrase(r, 10, 20)}},
-                 {"source_id", "synthetic~" + std::to_string(i)},
-                 {"split", "val"},
-                 {"split_type", "indomain"},
-                 {"label", std::to_string(r.below(4))}};
-            break;
-          }
-          case 5: {
-            auto s = sentence(r, vocab_, r.range(15, 25));
-            s[static_cast<size_t>(r.below(static_cast<int64_t>(s.size())))] = "_";
-            j = {{"sentence", render(Doc{s})},
-                 {"option1", word(r)},
-                 {"option2", word(r)},
-                 {"answer", r.chance(0.5) ? "1" : "2"}};
-            break;
-          }
-          case 6:
-            j = {{"uid", fmt::format("{:08x}", r.bits())},
-                 {"premise", phrase(r, 30, 60)},
-                 {"hypothesis", phrase(r, 8, 14)},
-                 {"label", r.below(3)},
-                 {"reason", ""}};
-            break;
-          case 7: {
-            std::string p = phrase(r, 13, 18);
-            j = {{"premise", p},
-                 {"hypothesis", phrase(r, 6, 10)},
-                 {"label", r.below(2)},
-                 {"parse_premise", "( " + p + " )"},
-                 {"heuristic", "lexical_overlap"},
-                 {"subcase", "ln_subject/object_swap"},
-                 {"template", "temp1"}};
-            break;
-          }
-          case 8:
-            j = {{"word", word(r)},
-                 {"sentence1", phrase(r, 13, 20)},
-                 {"sentence2", phrase(r, 13, 20)},
-                 {"start1", 0},
-                 {"end1", 3},
-                 {"start2", 0},
-                 {"end2", 3},
-                 {"label", r.chance(0.5)}};
-            break;
-        }
-        rows.push_back(TaskRow{names[t], std::move(j)});
+        rows.push_back(TaskRow{names[t], task_row(t, i, r)});
       }
     }
     return rows;
@@ -342,26 +345,31 @@ std::string source_name(int64_t i, int64_t n) {
   return "source" + std::to_string(i);
 }
 
+// The quality corpus's words: well-formed sentences are built from these classes, the
+// negative documents from all of them at random (with navigation spam in some).
+namespace quality_words {
+const std::vector<std::string> det = {"the", "a", "this", "that", "every", "one", "our", "their", "my", "some"};
+const std::vector<std::string> adj = {"small", "old",   "bright", "quiet",  "heavy",   "early",  "careful",
+                                      "local", "green", "strong", "simple", "ancient", "modern", "narrow",
+                                      "warm",  "cold",  "busy",   "famous", "gentle",  "rapid"};
+const std::vector<std::string> noun = {"river",   "teacher", "village", "engine",  "garden", "student", "market",
+                                       "bridge",  "doctor",  "window",  "farmer",  "city",   "letter",  "island",
+                                       "machine", "painter", "storm",   "library", "road",   "child"};
+const std::vector<std::string> verb = {"built",    "visited",  "crossed",   "painted", "opened",
+                                       "followed", "repaired", "described", "watched", "carried",
+                                       "found",    "left",     "studied",   "reached", "joined"};
+const std::vector<std::string> prep = {"near",    "across", "behind", "beside", "under",
+                                       "through", "after",  "before", "during", "inside"};
+const std::vector<std::string> adv = {"slowly", "quickly", "carefully", "quietly",
+                                      "often",  "finally", "rarely",    "suddenly"};
+const std::vector<std::string> conj = {"and", "but", "because", "while", "although"};
+const std::vector<std::string> spam = {"home",   "about",     "contact", "login", "cart",     "click",  "here",
+                                       "buy",    "now",       "cheap",   "free",  "download", "cookie", "policy",
+                                       "accept", "subscribe", "share",   "menu",  "|",        ">>"};
+}  // namespace quality_words
+
 nlohmann::json make_quality(const SynthOptions& o) {
-  static const std::vector<std::string> det = {"the", "a",   "this",  "that", "every",
-                                               "one", "our", "their", "my",   "some"};
-  static const std::vector<std::string> adj = {"small", "old",   "bright", "quiet",  "heavy",   "early",  "careful",
-                                               "local", "green", "strong", "simple", "ancient", "modern", "narrow",
-                                               "warm",  "cold",  "busy",   "famous", "gentle",  "rapid"};
-  static const std::vector<std::string> noun = {
-      "river",  "teacher", "village", "engine", "garden",  "student", "market", "bridge",  "doctor", "window",
-      "farmer", "city",    "letter",  "island", "machine", "painter", "storm",  "library", "road",   "child"};
-  static const std::vector<std::string> verb = {"built",    "visited",  "crossed",   "painted", "opened",
-                                                "followed", "repaired", "described", "watched", "carried",
-                                                "found",    "left",     "studied",   "reached", "joined"};
-  static const std::vector<std::string> prep = {"near",    "across", "behind", "beside", "under",
-                                                "through", "after",  "before", "during", "inside"};
-  static const std::vector<std::string> adv = {"slowly", "quickly", "carefully", "quietly",
-                                               "often",  "finally", "rarely",    "suddenly"};
-  static const std::vector<std::string> conj = {"and", "but", "because", "while", "although"};
-  static const std::vector<std::string> spam = {
-      "home", "about",    "contact", "login",  "cart",   "click",     "here",  "buy",  "now", "cheap",
-      "free", "download", "cookie",  "policy", "accept", "subscribe", "share", "menu", "|",   ">>"};
+  using namespace quality_words;
   auto pick = [](Rng& r, const std::vector<std::string>& v) {
     return v[static_cast<size_t>(r.below(static_cast<int64_t>(v.size())))];
   };
