@@ -699,16 +699,10 @@ void validate_architecture(const Recipe& r) {
   if (m.qk_layernorm && !m.rmsnorm())
     invalid(r, "model.qk_layernorm is an RMSNorm of each query and key head: it needs model.normalization: RMSNorm");
 }
-}  // namespace
 
-// The cross-key rules, one independent check after another in the order of the
-// recipe's sections (a list, so it stays one function; each check names its keys).
-void validate(const Recipe& r) {
+// model: sizes, heads, the architecture's options, positions.
+void validate_model(const Recipe& r) {
   auto& m = r.model;
-  auto& p = r.parallel;
-  auto& t = r.training;
-  auto& o = r.optimizer;
-  auto& d = r.data;
   if (m.num_layers <= 0 || m.hidden_size <= 0 || m.num_attention_heads <= 0 || m.seq_length <= 0)
     invalid(r, "model.num_layers, model.hidden_size, model.num_attention_heads and model.seq_length are required");
   if (m.kv_channels == 0 && m.hidden_size % m.num_attention_heads != 0)
@@ -719,6 +713,11 @@ void validate(const Recipe& r) {
   if (m.max_position_embeddings < m.seq_length)
     invalid(r, fmt::format("model.max_position_embeddings ({}) must be >= model.seq_length ({})",
                            m.max_position_embeddings, m.seq_length));
+}
+
+// training keys that stop a run (checked before the layout, as they always were).
+void validate_run_stops(const Recipe& r) {
+  auto& t = r.training;
   if (t.exit_interval > 0 && r.checkpoint.save.empty())
     invalid(r,
             "training.exit_interval stops the run with a checkpoint, so it needs checkpoint.save (the directory to "
@@ -727,6 +726,12 @@ void validate(const Recipe& r) {
     invalid(r, fmt::format("training.loss_spike_threshold ({}) is a ratio to the running mean of the loss: 0 (off) or "
                            "above 1, e.g. 2.0",
                            t.loss_spike_threshold));
+}
+
+// parallel: the model's heads, groups, FFN and layers against the tensor/pipeline sizes.
+void validate_parallel(const Recipe& r) {
+  auto& m = r.model;
+  auto& p = r.parallel;
   int64_t tp = p.tensor_model_parallel_size, pp = p.pipeline_model_parallel_size;
   if (m.num_attention_heads % tp != 0)
     invalid(r,
@@ -770,6 +775,12 @@ void validate(const Recipe& r) {
             fmt::format(
                 "parallel.sequence_parallel needs model.seq_length ({}) divisible by tensor_model_parallel_size ({})",
                 m.seq_length, tp));
+}
+
+// training: the batch, the run's length (and that its token count fits 64 bits), the rampup.
+void validate_training(const Recipe& r) {
+  auto& m = r.model;
+  auto& t = r.training;
   if (t.global_batch_size <= 0) invalid(r, "training.global_batch_size is required");
   if (t.global_batch_size % t.micro_batch_size != 0)
     invalid(r, fmt::format("training.global_batch_size ({}) must be divisible by training.micro_batch_size ({})",
@@ -807,6 +818,12 @@ void validate(const Recipe& r) {
                  "training.rampup_batch_size: start ({}) and increment ({}) must be multiples of micro_batch_size ({})",
                  rb.start, rb.increment, t.micro_batch_size));
   }
+}
+
+// optimizer: learning rates and loss scales.
+void validate_optimizer(const Recipe& r) {
+  auto& t = r.training;
+  auto& o = r.optimizer;
   if (o.min_lr > o.lr)
     invalid(r, fmt::format("optimizer.min_lr ({}) must not exceed optimizer.lr ({})", o.min_lr, o.lr));
   if (o.lr_decay_tokens > 0 && o.lr_warmup_tokens > o.lr_decay_tokens)
@@ -814,6 +831,11 @@ void validate(const Recipe& r) {
                            o.lr_warmup_tokens, o.lr_decay_tokens));
   if (t.precision == Precision::fp16 && o.min_loss_scale > o.initial_loss_scale)
     invalid(r, "optimizer.min_loss_scale must not exceed optimizer.initial_loss_scale");
+}
+
+// data: the blend, the tokenizer's files, the split.
+void validate_data(const Recipe& r) {
+  auto& d = r.data;
   if (!d.mock && d.blend.empty())
     invalid(r, "data.blend is empty: list {weight, prefix} sources, set data.path: PREFIX, or set data.mock: true");
   if (d.blend.size() > 1)
@@ -856,6 +878,18 @@ void validate(const Recipe& r) {
       invalid(r, fmt::format("data.split \"{}\": expected up to three comma-separated numbers with a positive sum",
                              d.split));
   }
+}
+}  // namespace
+
+// The cross-key rules, section by section in the recipe's order (the training keys that
+// stop a run come before the layout's rules, as they always did).
+void validate(const Recipe& r) {
+  validate_model(r);
+  validate_run_stops(r);
+  validate_parallel(r);
+  validate_training(r);
+  validate_optimizer(r);
+  validate_data(r);
 }
 
 void validate_layout(const Recipe& r, int64_t world) {

@@ -529,10 +529,10 @@ std::string state_meaning(const json& op) {
   return "completed";
 }
 
-}  // namespace
-
-HangVerdict explain_hang_dumps(const std::vector<std::string>& texts) {
-  HangVerdict v;
+// The dumps of the newest run among `texts` (a run directory reused by a later run keeps
+// older ones), by rank, with each communicator's entered counts, the rows still in the
+// ring and each rank's oldest pending row.
+std::map<int64_t, RankDump> newest_run_dumps(const std::vector<std::string>& texts) {
   std::vector<RankDump> all;
   for (const std::string& t : texts) {
     RankDump d;
@@ -543,8 +543,7 @@ HangVerdict explain_hang_dumps(const std::vector<std::string>& texts) {
     }
     all.push_back(std::move(d));
   }
-  if (all.empty()) return v;
-  // The newest run's dumps only (a run directory reused by a later run keeps older ones).
+  if (all.empty()) return {};
   std::string token;
   double newest = -1;
   for (const auto& d : all)
@@ -575,14 +574,13 @@ HangVerdict explain_hang_dumps(const std::vector<std::string>& texts) {
         d.oldest_pending = &op;
     }
   }
-  v.found = true;
-  v.dumps = static_cast<int64_t>(by_rank.size());
-  v.world = by_rank.begin()->second.j.value("world", int64_t{0});
-  for (int64_t r = 0; r < v.world; ++r)
-    if (!by_rank.count(r)) v.missing.push_back(r);
-  // The origin: the rank that wrote the marker (its reason is not a peer's).
+  return by_rank;
+}
+
+// The origin: the rank that wrote the marker (its reason is not a peer's).
+void find_origin(HangVerdict& v, const std::map<int64_t, RankDump>& by_rank) {
   double first = 1e300;
-  for (auto& [r, d] : by_rank) {
+  for (const auto& [r, d] : by_rank) {
     const std::string why = d.j.value("reason", "");
     if (why.rfind("rank ", 0) == 0 || why.rfind("live dump", 0) == 0) continue;
     if (d.j.value("time", 0.0) < first) {
@@ -591,71 +589,81 @@ HangVerdict explain_hang_dumps(const std::vector<std::string>& texts) {
       v.origin_reason = why;
     }
   }
-  // Who waits for whom: a pending operation waits for every member (the peer, for
-  // point-to-point) that has entered fewer operations on that communicator.
+}
+
+// Whether rank `r`'s pending `op` (on communicator `ck`, `comm` its entry) waits for
+// member `m`: `m` left no dump, entered fewer operations there, or entered `op` but (`op`
+// started here) its row never started. Returns the edge's `not_started` in `not_started`.
+bool waits_for(const std::map<int64_t, RankDump>& by_rank, const json& op, const std::string& ck, const json& comm,
+               int64_t m, bool& not_started) {
+  const uint64_t seq = op.at("seq").get<uint64_t>();
+  const int64_t peer = op.at("peer").get<int64_t>();
+  const int64_t my_group_rank = comm.at("group_rank").get<int64_t>();
+  auto it = by_rank.find(m);
+  bool behind = it == by_rank.end();
+  not_started = false;
+  if (!behind) {
+    const auto c = it->second.counts.find(ck);
+    if (c == it->second.counts.end())
+      behind = true;
+    else if (peer >= 0) {
+      auto p = c->second.p2p.find(my_group_rank);
+      behind = (p == c->second.p2p.end() ? 0 : p->second) < seq;
+    } else {
+      behind = c->second.coll < seq;
+    }
+    // It entered the operation; if this rank is inside it (started) and that one
+    // never started it, this rank waits for that one's stream. (A row of this rank
+    // still enqueued says nothing about the peer: its own stream has not got there.)
+    if (!behind && row_in(op, "started")) {
+      const auto row = it->second.rows.find({ck, peer >= 0 ? my_group_rank : -1, seq});
+      not_started = row != it->second.rows.end() && row_in(*row->second, "enqueued");
+    }
+  }
+  return behind || not_started;
+}
+
+// Who waits for whom: a pending operation waits for every member (the peer, for
+// point-to-point) that has entered fewer operations on that communicator. The ranks that
+// wait for someone go into `waits_for_someone`.
+std::vector<Edge> wait_edges(const std::map<int64_t, RankDump>& by_rank, std::set<int64_t>& waits_for_someone) {
   std::vector<Edge> edges;
-  std::set<int64_t> waits_for_someone;
-  for (auto& [r, d] : by_rank) {
+  for (const auto& [r, d] : by_rank) {
     std::map<std::string, const json*> first_pending;  // per communicator, its oldest pending op
     for (const auto& op : d.j.at("ops")) {
       if (op.at("state").get<std::string>() == "completed") continue;
-      const std::string key =
-          d.key_of.at(op.at("comm").get<int64_t>()) +
-          (op.at("peer").get<int64_t>() >= 0 ? "p" + std::to_string(op.at("peer").get<int64_t>()) : "");
+      std::string key = d.key_of.at(op.at("comm").get<int64_t>());  // point-to-point: per peer too
+      if (const int64_t peer = op.at("peer").get<int64_t>(); peer >= 0) {
+        key += 'p';
+        key += std::to_string(peer);
+      }
       if (!first_pending.count(key)) first_pending[key] = &op;
     }
-    for (auto& [key, op] : first_pending) {
+    for (const auto& [key, op] : first_pending) {
       const std::string ck = d.key_of.at(op->at("comm").get<int64_t>());
       const json& comm = *d.counts.at(ck).comm;
       const auto& members = comm.at("members");
-      const uint64_t seq = op->at("seq").get<uint64_t>();
       const int64_t peer = op->at("peer").get<int64_t>();
-      const int64_t my_group_rank = comm.at("group_rank").get<int64_t>();
       for (size_t gi = 0; gi < members.size(); ++gi) {
         const int64_t m = members[gi].get<int64_t>();
         if (m == r || (peer >= 0 && static_cast<int64_t>(gi) != peer)) continue;
-        auto it = by_rank.find(m);
-        bool behind = it == by_rank.end(), not_started = false;
-        if (!behind) {
-          const auto c = it->second.counts.find(ck);
-          if (c == it->second.counts.end())
-            behind = true;
-          else if (peer >= 0) {
-            auto p = c->second.p2p.find(my_group_rank);
-            behind = (p == c->second.p2p.end() ? 0 : p->second) < seq;
-          } else {
-            behind = c->second.coll < seq;
-          }
-          // It entered the operation; if this rank is inside it (started) and that one
-          // never started it, this rank waits for that one's stream. (A row of this rank
-          // still enqueued says nothing about the peer: its own stream has not got there.)
-          if (!behind && row_in(*op, "started")) {
-            const auto row = it->second.rows.find({ck, peer >= 0 ? my_group_rank : -1, seq});
-            not_started = row != it->second.rows.end() && row_in(*row->second, "enqueued");
-          }
-        }
-        if (behind || not_started) {
+        bool not_started = false;
+        if (waits_for(by_rank, *op, ck, comm, m, not_started)) {
           edges.push_back({r, m, op, &comm, not_started});
           waits_for_someone.insert(r);
         }
       }
     }
   }
-  std::map<int64_t, std::set<int64_t>> waiters;
-  for (const Edge& e : edges) waiters[e.to].insert(e.from);
-  int64_t best = -1;
-  auto better = [&](int64_t a, int64_t b) {  // a root beats a non-root, then more waiters, then the lower rank
-    const bool ra = !waits_for_someone.count(a), rb = !waits_for_someone.count(b);
-    if (ra != rb) return ra;
-    if (waiters[a].size() != waiters[b].size()) return waiters[a].size() > waiters[b].size();
-    return a < b;
-  };
-  for (auto& [c, w] : waiters)
-    if (best < 0 || better(c, best)) best = c;
-  // A collective every member entered and started, none completed (no edge stands for it).
-  int64_t stuck_rank = -1;
+  return edges;
+}
+
+// A collective every member entered and started, none completed (no edge stands for it):
+// the first rank's (in rank order) oldest pending row, with that rank in `stuck_rank`;
+// nullptr when there is none.
+const json* stuck_collective(const std::map<int64_t, RankDump>& by_rank, int64_t& stuck_rank) {
   const json* stuck = nullptr;
-  for (auto& [r, d] : by_rank) {
+  for (const auto& [r, d] : by_rank) {
     const json* op = d.oldest_pending;
     if (stuck || !op || !row_in(*op, "started") || op->at("peer").get<int64_t>() >= 0) continue;
     const std::string ck = d.key_of.at(op->at("comm").get<int64_t>());
@@ -670,6 +678,180 @@ HangVerdict explain_hang_dumps(const std::vector<std::string>& texts) {
     }
     if (all) stuck_rank = r, stuck = op;
   }
+  return stuck;
+}
+
+// The operation rank `best`'s waiters wait for it in: one it never entered (definite)
+// before one it entered but never started, then the oldest. Fills the verdict's
+// operation fields from it.
+const Edge* culprit_operation(HangVerdict& v, const std::vector<Edge>& edges, int64_t best) {
+  const Edge* e0 = nullptr;
+  for (const Edge& e : edges)
+    if (e.to == best && (!e0 || (e0->not_started && !e.not_started) ||
+                         (e0->not_started == e.not_started &&
+                          e.op->at("t_enqueued").get<double>() < e0->op->at("t_enqueued").get<double>())))
+      e0 = &e;
+  v.group = e0->comm->at("group").get<std::string>();
+  v.channel = e0->comm->at("channel").get<std::string>();
+  v.op = e0->op->at("op").get<std::string>();
+  v.seq = e0->op->at("seq").get<uint64_t>();
+  v.bytes = e0->op->at("bytes").get<int64_t>();
+  v.dtype = e0->op->at("dtype").get<std::string>();
+  for (const auto& m : e0->comm->at("members")) v.members.push_back(m.get<int64_t>());
+  return e0;
+}
+
+// The ranks waiting for `best` in `e0`'s very operation (into v.waiting); the culprit's
+// other waiters are returned, to be listed apart.
+std::set<int64_t> split_waiters(HangVerdict& v, const std::vector<Edge>& edges, const Edge* e0, int64_t best) {
+  std::set<int64_t> same, other;
+  for (const Edge& e : edges)
+    if (e.to == best) {
+      const bool collective = e.op->at("peer").get<int64_t>() < 0 && e0->op->at("peer").get<int64_t>() < 0;
+      const bool in_op = e.from == e0->from || (collective && comm_key(*e.comm) == comm_key(*e0->comm) &&
+                                                e.op->at("seq") == e0->op->at("seq"));
+      (in_op ? same : other).insert(e.from);
+    }
+  for (int64_t x : same) other.erase(x);
+  v.waiting.assign(same.begin(), same.end());
+  return other;
+}
+
+// Each waiter's own row: started (in the collective, waiting for the culprit) or not yet
+// started (its own stream still behind).
+std::string waiter_states_text(const HangVerdict& v, const std::vector<Edge>& edges, int64_t best) {
+  std::string text;
+  std::vector<int64_t> in_op, queued;
+  for (const Edge& e : edges)
+    if (e.to == best && std::count(v.waiting.begin(), v.waiting.end(), e.from) &&
+        !std::count(in_op.begin(), in_op.end(), e.from) && !std::count(queued.begin(), queued.end(), e.from))
+      (row_in(*e.op, "started") ? in_op : queued).push_back(e.from);
+  const auto many = [](const std::vector<int64_t>& x) { return x.size() > 1; };
+  if (!in_op.empty())
+    text += fmt::format("; rank{} {} started {} and {} stuck in {}, waiting for a peer", many(in_op) ? "s" : "",
+                        join(in_op, ", "), many(in_op) ? "their operations" : "its operation",
+                        many(in_op) ? "are" : "is", many(in_op) ? "them" : "it");
+  if (!queued.empty())
+    text +=
+        fmt::format("; rank{} {} enqueued {} but {} not started {} (a stream still busy with earlier work)",
+                    many(queued) ? "s" : "", join(queued, ", "), many(queued) ? "their operations" : "its operation",
+                    many(queued) ? "have" : "has", many(queued) ? "them" : "it");
+  return text;
+}
+
+// Where the culprit was (`d`: its dump, nullptr when it left none), and, when its waiters
+// wait for it to enter, its own oldest pending operation.
+std::string culprit_whereabouts(const HangVerdict& v, const RankDump* d, const Edge* e0) {
+  if (!d) return "; it left no flight record (the process died)";
+  std::string text = "; it was at " + v.culprit_context;
+  if (!e0->not_started) {  // where the culprit itself is
+    const json* own = d->oldest_pending;
+    if (own)
+      text += fmt::format(" (its oldest pending operation: {} #{} on group {}, {})", own->at("op").get<std::string>(),
+                          own->at("seq").get<uint64_t>(),
+                          d->j.at("comms").at(own->at("comm").get<size_t>()).at("group").get<std::string>(),
+                          state_meaning(*own));
+    else
+      text += " (no NCCL operation of it pending: it stopped before entering the next one)";
+  }
+  return text;
+}
+
+// The verdict's text when rank `best` is waited for (and the verdict's fields for it):
+// the operation its waiters are in, who waits in it and who in others, where each was.
+std::string culprit_text(HangVerdict& v, const std::map<int64_t, RankDump>& by_rank, const std::vector<Edge>& edges,
+                         int64_t best) {
+  v.culprit = best;
+  const Edge* e0 = culprit_operation(v, edges, best);
+  const std::set<int64_t> other = split_waiters(v, edges, e0, best);
+  auto it = by_rank.find(best);
+  if (it != by_rank.end()) {
+    v.culprit_coord = it->second.j.value("coord", "");
+    v.culprit_context = it->second.j.value("context", "");
+  }
+  const std::string waiting = join(v.waiting, ", ");
+  std::string entered;
+  if (it != by_rank.end()) {
+    const auto c = it->second.counts.find(comm_key(*e0->comm));
+    if (c != it->second.counts.end())
+      entered = e0->op->at("peer").get<int64_t>() >= 0 ? "" : fmt::format(" (it entered {} there)", c->second.coll);
+  }
+  v.not_started = e0->not_started;
+  std::string text = fmt::format(
+      "rank {}{} is the culprit: rank{} {} wait{} for it in {} #{} ({} bytes {}) on group {} (ranks {}, {} "
+      "channel), which rank {} {}",
+      best, v.culprit_coord.empty() ? "" : " (" + v.culprit_coord + ")", v.waiting.size() > 1 ? "s" : "", waiting,
+      v.waiting.size() > 1 ? "" : "s", v.op, v.seq, v.bytes, v.dtype, v.group, members_text(v.members), v.channel, best,
+      e0->not_started ? "enqueued but never started: its stream is still busy with earlier work (compute, "
+                        "or an earlier operation on that stream)"
+                      : "never entered" + entered);
+  text += waiter_states_text(v, edges, best);
+  text += culprit_whereabouts(v, it == by_rank.end() ? nullptr : &it->second, e0);
+  text += fmt::format("; the waiters were at {}", e0->op->at("context").get<std::string>());
+  if (!other.empty()) {
+    const std::string o = join(std::vector<int64_t>(other.begin(), other.end()), ", ");
+    text += fmt::format("; rank{} {} wait{} for it too, in other operations", other.size() > 1 ? "s" : "", o,
+                        other.size() > 1 ? "" : "s");
+  }
+  return text;
+}
+
+// The verdict's text (and fields) for a collective every member started and none
+// completed (`stuck`, rank `stuck_rank`'s row): no rank is behind.
+std::string stuck_text(HangVerdict& v, const std::map<int64_t, RankDump>& by_rank, int64_t stuck_rank,
+                       const json* stuck) {
+  const auto& d = by_rank.at(stuck_rank);
+  const json& comm = *d.counts.at(d.key_of.at(stuck->at("comm").get<int64_t>())).comm;
+  v.group = comm.at("group").get<std::string>();
+  v.channel = comm.at("channel").get<std::string>();
+  v.op = stuck->at("op").get<std::string>();
+  v.seq = stuck->at("seq").get<uint64_t>();
+  for (const auto& m : comm.at("members")) v.members.push_back(m.get<int64_t>());
+  v.waiting = v.members;
+  return fmt::format(
+      "no rank is behind: every member of group {} (ranks {}, {} channel) entered and started {} #{} and "
+      "none completed it: the collective itself is stuck (NCCL's transport or the network between them), "
+      "not a rank that failed to arrive; they were at {}",
+      v.group, members_text(v.members), v.channel, v.op, v.seq, stuck->at("context").get<std::string>());
+}
+
+// The verdict's text (and culprit fields) when the origin rank failed on its own.
+std::string own_failure_text(HangVerdict& v, const std::map<int64_t, RankDump>& by_rank) {
+  v.culprit = v.origin_rank;
+  const auto& d = by_rank.at(v.origin_rank);
+  v.culprit_coord = d.j.value("coord", "");
+  v.culprit_context = d.j.value("context", "");
+  return fmt::format("rank {} ({}) failed on its own: {}; it was at {}", v.culprit, v.culprit_coord, v.origin_reason,
+                     v.culprit_context);
+}
+
+}  // namespace
+
+HangVerdict explain_hang_dumps(const std::vector<std::string>& texts) {
+  HangVerdict v;
+  std::map<int64_t, RankDump> by_rank = newest_run_dumps(texts);
+  if (by_rank.empty()) return v;
+  v.found = true;
+  v.dumps = static_cast<int64_t>(by_rank.size());
+  v.world = by_rank.begin()->second.j.value("world", int64_t{0});
+  for (int64_t r = 0; r < v.world; ++r)
+    if (!by_rank.count(r)) v.missing.push_back(r);
+  find_origin(v, by_rank);
+  std::set<int64_t> waits_for_someone;
+  const std::vector<Edge> edges = wait_edges(by_rank, waits_for_someone);
+  std::map<int64_t, std::set<int64_t>> waiters;
+  for (const Edge& e : edges) waiters[e.to].insert(e.from);
+  int64_t best = -1;
+  auto better = [&](int64_t a, int64_t b) {  // a root beats a non-root, then more waiters, then the lower rank
+    const bool ra = !waits_for_someone.count(a), rb = !waits_for_someone.count(b);
+    if (ra != rb) return ra;
+    if (waiters[a].size() != waiters[b].size()) return waiters[a].size() > waiters[b].size();
+    return a < b;
+  };
+  for (auto& [c, w] : waiters)
+    if (best < 0 || better(c, best)) best = c;
+  int64_t stuck_rank = -1;
+  const json* stuck = stuck_collective(by_rank, stuck_rank);
   std::string text;
   // A failure one rank saw itself (an asynchronous NCCL error) or a dead peer names its
   // rank: the others' lags are then only where each happened to be.
@@ -677,133 +859,25 @@ HangVerdict explain_hang_dumps(const std::vector<std::string>& texts) {
   int64_t dead_peer = -1;
   if (v.origin_reason.rfind("dead peer: rank ", 0) == 0) dead_peer = std::stoll(v.origin_reason.substr(16));
   if (async && by_rank.count(v.origin_rank)) {
-    v.culprit = v.origin_rank;
-    auto& d = by_rank.at(v.origin_rank);
-    v.culprit_coord = d.j.value("coord", "");
-    v.culprit_context = d.j.value("context", "");
+    text = own_failure_text(v, by_rank);
     const size_t g = v.origin_reason.find(" on group ");
     if (g != std::string::npos) v.group = v.origin_reason.substr(g + 10, v.origin_reason.find(' ', g + 10) - (g + 10));
     v.waiting.assign(waiters[v.culprit].begin(), waiters[v.culprit].end());
-    text = fmt::format("rank {} ({}) failed on its own: {}; it was at {}", v.culprit, v.culprit_coord, v.origin_reason,
-                       v.culprit_context);
   } else if (dead_peer >= 0) {
     v.culprit = dead_peer;
     text = fmt::format("rank {} died ({})", dead_peer, v.origin_reason.substr(11));
     if (auto it = by_rank.find(dead_peer); it != by_rank.end())
       text += "; it was at " + it->second.j.value("context", "");
   } else if (best >= 0) {
-    v.culprit = best;
-    const Edge* e0 = nullptr;
-    // The operation it never entered (definite) before one it entered but never started,
-    // then the oldest.
-    for (const Edge& e : edges)
-      if (e.to == best && (!e0 || (e0->not_started && !e.not_started) ||
-                           (e0->not_started == e.not_started &&
-                            e.op->at("t_enqueued").get<double>() < e0->op->at("t_enqueued").get<double>())))
-        e0 = &e;
-    v.group = e0->comm->at("group").get<std::string>();
-    v.channel = e0->comm->at("channel").get<std::string>();
-    v.op = e0->op->at("op").get<std::string>();
-    v.seq = e0->op->at("seq").get<uint64_t>();
-    v.bytes = e0->op->at("bytes").get<int64_t>();
-    v.dtype = e0->op->at("dtype").get<std::string>();
-    for (const auto& m : e0->comm->at("members")) v.members.push_back(m.get<int64_t>());
-    // Waiting in that very operation; the culprit's other waiters are listed apart.
-    std::set<int64_t> same, other;
-    for (const Edge& e : edges)
-      if (e.to == best) {
-        const bool collective = e.op->at("peer").get<int64_t>() < 0 && e0->op->at("peer").get<int64_t>() < 0;
-        const bool in_op = e.from == e0->from || (collective && comm_key(*e.comm) == comm_key(*e0->comm) &&
-                                                  e.op->at("seq") == e0->op->at("seq"));
-        (in_op ? same : other).insert(e.from);
-      }
-    for (int64_t x : same) other.erase(x);
-    v.waiting.assign(same.begin(), same.end());
-    auto it = by_rank.find(best);
-    if (it != by_rank.end()) {
-      v.culprit_coord = it->second.j.value("coord", "");
-      v.culprit_context = it->second.j.value("context", "");
-    }
-    const std::string waiting = join(v.waiting, ", ");
-    std::string entered;
-    if (it != by_rank.end()) {
-      const auto c = it->second.counts.find(comm_key(*e0->comm));
-      if (c != it->second.counts.end())
-        entered = e0->op->at("peer").get<int64_t>() >= 0 ? "" : fmt::format(" (it entered {} there)", c->second.coll);
-    }
-    v.not_started = e0->not_started;
-    text = fmt::format(
-        "rank {}{} is the culprit: rank{} {} wait{} for it in {} #{} ({} bytes {}) on group {} (ranks {}, {} "
-        "channel), which rank {} {}",
-        best, v.culprit_coord.empty() ? "" : " (" + v.culprit_coord + ")", v.waiting.size() > 1 ? "s" : "", waiting,
-        v.waiting.size() > 1 ? "" : "s", v.op, v.seq, v.bytes, v.dtype, v.group, members_text(v.members), v.channel,
-        best,
-        e0->not_started ? "enqueued but never started: its stream is still busy with earlier work (compute, "
-                          "or an earlier operation on that stream)"
-                        : "never entered" + entered);
-    // Each waiter's own row: started (in the collective, waiting for the culprit) or not
-    // yet started (its own stream still behind).
-    std::vector<int64_t> in_op, queued;
-    for (const Edge& e : edges)
-      if (e.to == best && std::count(v.waiting.begin(), v.waiting.end(), e.from) &&
-          !std::count(in_op.begin(), in_op.end(), e.from) && !std::count(queued.begin(), queued.end(), e.from))
-        (row_in(*e.op, "started") ? in_op : queued).push_back(e.from);
-    const auto many = [](const std::vector<int64_t>& x) { return x.size() > 1; };
-    if (!in_op.empty())
-      text += fmt::format("; rank{} {} started {} and {} stuck in {}, waiting for a peer", many(in_op) ? "s" : "",
-                          join(in_op, ", "), many(in_op) ? "their operations" : "its operation",
-                          many(in_op) ? "are" : "is", many(in_op) ? "them" : "it");
-    if (!queued.empty())
-      text +=
-          fmt::format("; rank{} {} enqueued {} but {} not started {} (a stream still busy with earlier work)",
-                      many(queued) ? "s" : "", join(queued, ", "), many(queued) ? "their operations" : "its operation",
-                      many(queued) ? "have" : "has", many(queued) ? "them" : "it");
-    if (it == by_rank.end()) {
-      text += "; it left no flight record (the process died)";
-    } else {
-      text += "; it was at " + v.culprit_context;
-      if (!e0->not_started) {  // where the culprit itself is
-        const json* own = it->second.oldest_pending;
-        if (own)
-          text += fmt::format(" (its oldest pending operation: {} #{} on group {}, {})",
-                              own->at("op").get<std::string>(), own->at("seq").get<uint64_t>(),
-                              it->second.j.at("comms").at(own->at("comm").get<size_t>()).at("group").get<std::string>(),
-                              state_meaning(*own));
-        else
-          text += " (no NCCL operation of it pending: it stopped before entering the next one)";
-      }
-    }
-    text += fmt::format("; the waiters were at {}", e0->op->at("context").get<std::string>());
-    if (!other.empty()) {
-      const std::string o = join(std::vector<int64_t>(other.begin(), other.end()), ", ");
-      text += fmt::format("; rank{} {} wait{} for it too, in other operations", other.size() > 1 ? "s" : "", o,
-                          other.size() > 1 ? "" : "s");
-    }
+    text = culprit_text(v, by_rank, edges, best);
   } else if (stuck && v.missing.empty() && v.origin_reason.rfind("timeout", 0) == 0) {
-    const auto& d = by_rank.at(stuck_rank);
-    const json& comm = *d.counts.at(d.key_of.at(stuck->at("comm").get<int64_t>())).comm;
-    v.group = comm.at("group").get<std::string>();
-    v.channel = comm.at("channel").get<std::string>();
-    v.op = stuck->at("op").get<std::string>();
-    v.seq = stuck->at("seq").get<uint64_t>();
-    for (const auto& m : comm.at("members")) v.members.push_back(m.get<int64_t>());
-    v.waiting = v.members;
-    text = fmt::format(
-        "no rank is behind: every member of group {} (ranks {}, {} channel) entered and started {} #{} and "
-        "none completed it: the collective itself is stuck (NCCL's transport or the network between them), "
-        "not a rank that failed to arrive; they were at {}",
-        v.group, members_text(v.members), v.channel, v.op, v.seq, stuck->at("context").get<std::string>());
+    text = stuck_text(v, by_rank, stuck_rank, stuck);
   } else if (!v.missing.empty()) {
     v.culprit = v.missing.front();
     text = fmt::format("rank {} left no flight record (the process died); no operation was waiting on a missing peer",
                        v.culprit);
   } else if (v.origin_rank >= 0) {
-    v.culprit = v.origin_rank;
-    auto& d = by_rank.at(v.origin_rank);
-    v.culprit_coord = d.j.value("coord", "");
-    v.culprit_context = d.j.value("context", "");
-    text = fmt::format("rank {} ({}) failed on its own: {}; it was at {}", v.culprit, v.culprit_coord, v.origin_reason,
-                       v.culprit_context);
+    text = own_failure_text(v, by_rank);
   } else {
     text = "no rank waits for another in the flight recorder dumps (a live dump?)";
   }

@@ -7,7 +7,7 @@
      each function is found with its name and its length, from its name's line to its
      closing brace;
   2. the limit: a function of 81 lines is reported and fails the check, one of 80 passes;
-  3. the tree as it is passes (the exemption and the pending files apart). About 2 s.
+  3. the tree as it is passes (the exemption apart). About 2 s.
 
     usage: test_check_function_length.py     (exit 0 and "check-function-length: ok")"""
 import importlib.util

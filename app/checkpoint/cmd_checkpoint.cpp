@@ -121,15 +121,16 @@ struct CheckpointArgs {
   std::string tokens, device = "auto";
 };
 
-// inspect, convert, export, import, logits: each a callback on a named function.
-void register_file_tools(CLI::App* cmd) {
-  auto a = std::make_shared<CheckpointArgs>();
-
+// inspect: a checkpoint's layout, tensors and checksums.
+void register_inspect(CLI::App* cmd, const std::shared_ptr<CheckpointArgs>& a) {
   auto* ins = cmd->add_subcommand("inspect", "Layout, iteration, tensors, sizes and checksum status of a checkpoint");
   ins->add_option("checkpoint", a->input, "Checkpoint root (uses `latest`) or an iter_XXXXXXX directory")->required();
   ins->add_flag("--tensors", a->tensors, "List every tensor (default: a summary per file)");
   ins->callback([a] { inspect_checkpoint(a->input, a->tensors); });
+}
 
+// convert: another tensor/pipeline layout, offline.
+void register_convert(CLI::App* cmd, const std::shared_ptr<CheckpointArgs>& a) {
   auto* conv = cmd->add_subcommand("convert", "Rewrite a checkpoint for another tensor/pipeline layout (offline)");
   conv->add_option("--input", a->input, "Checkpoint root or iteration directory (any layout)")->required();
   conv->add_option("--output", a->output, "Output checkpoint root")->required();
@@ -140,7 +141,10 @@ void register_file_tools(CLI::App* cmd) {
     std::printf("wrote %s (tp=%lld pp=%lld)\n", d.c_str(), static_cast<long long>(a->tp),
                 static_cast<long long>(a->pp));
   });
+}
 
+// export: a Hugging Face model directory.
+void register_export(CLI::App* cmd, const std::shared_ptr<CheckpointArgs>& a) {
   auto* ex = cmd->add_subcommand(
       "export",
       "Export to a Hugging Face model directory (config.json + model.safetensors, sharded with "
@@ -180,7 +184,10 @@ void register_file_tools(CLI::App* cmd) {
     o.eos_token_id = a->eos;
     for (const auto& f : export_hf(a->input, a->output, o)) std::printf("wrote %s\n", f.c_str());
   });
+}
 
+// import: a Hugging Face model directory as a checkpoint.
+void register_import(CLI::App* cmd, const std::shared_ptr<CheckpointArgs>& a) {
   auto* im = cmd->add_subcommand(
       "import",
       "Import a Hugging Face model directory (GPT2LMHeadModel, LlamaForCausalLM or Qwen2ForCausalLM, by "
@@ -205,7 +212,10 @@ void register_file_tools(CLI::App* cmd) {
     if (std::filesystem::exists(std::filesystem::path(a->output) / "tokenizer.json"))
       std::printf("copied tokenizer.json to %s (eval and generate use it)\n", a->output.c_str());
   });
+}
 
+// logits: the model's logits for a token sequence.
+void register_logits(CLI::App* cmd, const std::shared_ptr<CheckpointArgs>& a) {
   auto* lg = cmd->add_subcommand(
       "logits",
       "Write the model's logits for a token sequence (safetensors: tokens [1,T] i32, logits [1,T,vocab] f32), "
@@ -215,6 +225,17 @@ void register_file_tools(CLI::App* cmd) {
   lg->add_option("--output", a->output, "Output .safetensors file")->required();
   lg->add_option("--device", a->device, "auto|cpu|cuda|test: where the forward runs")->capture_default_str();
   lg->callback([a] { write_logits(a->input, parse_token_ids(a->tokens), a->output, a->device); });
+}
+
+// inspect, convert, export, import, logits: each a callback on a named function; they
+// share one set of options.
+void register_file_tools(CLI::App* cmd) {
+  auto a = std::make_shared<CheckpointArgs>();
+  register_inspect(cmd, a);
+  register_convert(cmd, a);
+  register_export(cmd, a);
+  register_import(cmd, a);
+  register_logits(cmd, a);
 }
 
 void register_verify_resume(CLI::App* cmd) {
