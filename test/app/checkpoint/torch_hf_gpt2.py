@@ -5,23 +5,12 @@ transformers' GPT2LMHeadModel would use it — Conv1D weights [in, out], c_attn 
 compares with mtnlg's logits from REF (safetensors with `tokens` [B, T] and `logits`
 [B, T, vocab]). Written from GPT-2's published structure, not from mtnlg's code.
 Exit 0 when max |diff| / max |ref| <= 1e-5."""
-import json, math, struct, sys
+import json, math, os, sys
 import numpy as np
 import torch
 
-DT = {"F32": np.float32, "F64": np.float64, "I32": np.int32}
-
-
-def read(path):
-    data = open(path, "rb").read()
-    n = struct.unpack("<Q", data[:8])[0]
-    h = json.loads(data[8:8 + n])
-    h.pop("__metadata__", None)
-    out = {}
-    for k, e in h.items():
-        b, en = e["data_offsets"]
-        out[k] = torch.from_numpy(np.frombuffer(data[8 + n + b:8 + n + en], dtype=DT[e["dtype"]]).reshape(e["shape"]).copy())
-    return out
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_hf_llama import read_file as read  # the safetensors reader (F32, F64, F16, BF16, I32)
 
 
 def main(hf_dir, ref_path):

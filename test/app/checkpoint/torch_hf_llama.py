@@ -26,7 +26,7 @@ import json, math, os, struct, sys
 import numpy as np
 import torch
 
-NP = {"F32": np.float32, "F16": np.float16, "I32": np.int32, "BF16": np.uint16}
+NP = {"F32": np.float32, "F64": np.float64, "F16": np.float16, "I32": np.int32, "BF16": np.uint16}
 
 
 def read_file(path):
