@@ -60,7 +60,7 @@ TEST_CASE("checkpoint: Hugging Face export matches PyTorch and import round-trip
   REQUIRE(back.store.numel() == m.store.numel());
   for (auto& p : m.store.infos()) {
     Tensor a = m.store.param(p.name), b = back.store.param(p.name);
-    int64_t n = p.word_embedding ? V * cfg.hidden : p.numel;  // padding rows are not exported
+    int64_t n = p.vocab_rows ? V * cfg.hidden : p.numel;  // padding rows are not exported
     for (int64_t i = 0; i < n; ++i) REQUIRE(a.data<float>()[i] == b.data<float>()[i]);
   }
   // bad input: a directory without config.json

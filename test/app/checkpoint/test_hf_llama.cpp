@@ -91,8 +91,7 @@ void require_same_weights(const model::LoadedModel& a, const model::LoadedModel&
       ops::convert(back, h);
       x = back;
     }
-    const bool vocab_rows = p.word_embedding || p.name == "output_layer.weight";
-    const int64_t n = vocab_rows ? V * C : p.numel;
+    const int64_t n = p.vocab_rows ? V * C : p.numel;
     int64_t bad = 0;
     for (int64_t i = 0; i < n; ++i) bad += x.data<float>()[i] != y.data<float>()[i];
     REQUIRE(bad == 0);
