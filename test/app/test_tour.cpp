@@ -9,6 +9,7 @@
 #include <iterator>
 #include <sstream>
 
+#include "test/support/demo_tree.hpp"
 #include "test/support/test_support.hpp"
 
 using namespace mtnlg::test;
@@ -59,10 +60,7 @@ TEST_CASE("README tour: train, eval, plan and report run as shown", "[e2e]") {
   TempDir tmp("tour");
   fs::create_directories(tmp / "build");
   fs::create_symlink(MTNLG_BINARY, tmp / "build" / "mtnlg");
-  for (const char* d : {"recipes", "test", "third_party"})
-    fs::create_directory_symlink(source_dir() + "/" + d, tmp / d);
-  auto corpus = run_command(source_dir() + "/scripts/make-demo-corpus.sh " + (tmp / "demo-data").string() + " " +
-                            MTNLG_BINARY + " 2>&1");
+  auto corpus = make_demo_tree(fs::path(tmp.str()));
   INFO(corpus.out);
   REQUIRE(corpus.exit_code == 0);
 

@@ -6,6 +6,7 @@
 
 #include <filesystem>
 
+#include "test/support/demo_tree.hpp"
 #include "test/support/test_support.hpp"
 
 using namespace mtnlg::test;
@@ -13,10 +14,7 @@ namespace fs = std::filesystem;
 
 TEST_CASE("tiny Llama on the demo corpus: the loss falls, and generate and eval read its checkpoint", "[e2e]") {
   TempDir tmp("llama-e2e");
-  for (const char* d : {"recipes", "test", "third_party"})
-    fs::create_directory_symlink(source_dir() + "/" + d, tmp / d);
-  auto corpus = run_command(source_dir() + "/scripts/make-demo-corpus.sh " + (tmp / "demo-data").string() + " " +
-                            MTNLG_BINARY + " 2>&1");
+  auto corpus = make_demo_tree(fs::path(tmp.str()));
   INFO(corpus.out);
   REQUIRE(corpus.exit_code == 0);
 
