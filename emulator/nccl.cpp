@@ -42,10 +42,12 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/switches.hpp"
@@ -55,6 +57,7 @@
 struct ncclComm {
   MPI_Comm mpi = MPI_COMM_NULL;  // MPI_COMM_NULL when the comm has one rank
   int rank = 0, size = 1;
+  int world = 0;          // this process's world rank (ncclCommAbort runs on any thread)
   uint64_t enqueued = 0;  // ops enqueued on this comm
   uint64_t posted = 0;    // ops that have posted their MPI call (in enqueue order)
   bool destroyed = false;
@@ -302,9 +305,12 @@ ncclResult_t check_comm(ncclComm_t c, const char* fn) {
 // MTNLG_EMU_NCCL_FAULT="rank=R:init=N": on world rank R, the N-th communicator
 // initialisation (ncclCommInitRank(Config), from 1) never joins its group: its own and
 // its peers' initialisations stay in progress (a process that never reaches NCCL's set-up).
+// MTNLG_EMU_NCCL_FAULT="rank=R:abort_ms=N" (alone or with one of the above): every
+// ncclCommAbort on world rank R takes N ms (a real abort tears down proxy threads and
+// connections, which can take seconds).
 struct Fault {
   int rank = -1;
-  long long op = 0, init = 0;
+  long long op = 0, init = 0, abort_ms = 0;
   ncclResult_t error = ncclSuccess;
 };
 const Fault& nccl_fault() {
@@ -314,8 +320,10 @@ const Fault& nccl_fault() {
     if (!v || v->empty()) return x;
     const std::string spec(*v);
     auto bad = [&](const char* why) {
-      fatal(fmt_str("MTNLG_EMU_NCCL_FAULT=\"%s\": %s; expected rank=R:op=N:error=remote|system or rank=R:init=N",
-                    spec.c_str(), why));
+      fatal(
+          fmt_str("MTNLG_EMU_NCCL_FAULT=\"%s\": %s; expected rank=R:op=N:error=remote|system, rank=R:init=N or "
+                  "rank=R:abort_ms=N",
+                  spec.c_str(), why));
     };
     size_t at = 0;
     while (at <= spec.size()) {
@@ -325,15 +333,17 @@ const Fault& nccl_fault() {
       if (eq == std::string::npos) bad("a part is not key=value");
       const std::string key = part.substr(0, eq), val = part.substr(eq + 1);
       char* e = nullptr;
-      if (key == "rank" || key == "op" || key == "init") {
+      if (key == "rank" || key == "op" || key == "init" || key == "abort_ms") {
         const long long n = std::strtoll(val.c_str(), &e, 10);
-        if (val.empty() || *e || n < 0) bad("rank, op and init are whole numbers");
+        if (val.empty() || *e || n < 0) bad("rank, op, init and abort_ms are whole numbers");
         if (key == "rank")
           x.rank = static_cast<int>(n);
         else if (key == "op")
           x.op = n;
-        else
+        else if (key == "init")
           x.init = n;
+        else
+          x.abort_ms = n;
       } else if (key == "error") {
         if (val == "remote")
           x.error = ncclRemoteError;
@@ -348,8 +358,9 @@ const Fault& nccl_fault() {
     }
     const bool op_fault = x.op >= 1 && x.error != ncclSuccess,
                init_fault = x.init >= 1 && x.op == 0 && x.error == ncclSuccess;
-    if (x.rank < 0 || !(op_fault || init_fault))
-      bad("rank with op (>= 1) and error, or rank with init (>= 1), is required");
+    if (x.rank < 0 ||
+        !(op_fault || init_fault || (x.abort_ms >= 1 && x.op == 0 && x.init == 0 && x.error == ncclSuccess)))
+      bad("rank with op (>= 1) and error, rank with init (>= 1), or rank with abort_ms (>= 1), is required");
     return x;
   }();
   return f;
@@ -546,6 +557,7 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* out, int nranks, ncclUniqueId ui
   auto* c = new ncclComm;
   c->rank = rank;
   c->size = nranks;
+  c->world = world_rank();
   *out = c;
   if (nranks == 1) return ncclSuccess;
   if (!mpi_up())
@@ -597,6 +609,7 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* out,
   if (comm->size == 1) {
     if (color == NCCL_SPLIT_NOCOLOR) return ncclSuccess;
     auto* c = new ncclComm;
+    c->world = comm->world;
     *out = c;
     return ncclSuccess;
   }
@@ -606,6 +619,7 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* out,
     fatal("ncclCommSplit: MPI_Comm_split failed");
   if (color == NCCL_SPLIT_NOCOLOR) return ncclSuccess;
   auto* c = new ncclComm;
+  c->world = comm->world;
   MPI_Comm_rank(m, &c->rank);
   MPI_Comm_size(m, &c->size);
   if (c->size > 1)
@@ -638,7 +652,10 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm) {
 // From any thread: the communicator's operations finish at once (see the file comment).
 // Its MPI group is left to the process's end (MPI is the training thread's).
 ncclResult_t ncclCommAbort(ncclComm_t comm) {
-  if (comm) comm->aborted.store(true);
+  if (!comm) return ncclSuccess;
+  comm->aborted.store(true);
+  if (const Fault& f = nccl_fault(); f.abort_ms >= 1 && f.rank == comm->world)
+    std::this_thread::sleep_for(std::chrono::milliseconds(f.abort_ms));
   return ncclSuccess;
 }
 

@@ -219,6 +219,9 @@ std::string dump_path(const std::string& dir, int64_t rank) { return fmt::format
 std::string verdict_done_path(const std::string& dir, const std::string& token) {
   return fmt::format("{}/done_{}", dir, token);
 }
+std::string exiting_path(const std::string& dir, const std::string& token, int64_t rank) {
+  return fmt::format("{}/exiting_{}_rank{}", dir, token, rank);
+}
 
 double mtime(const std::string& path) {  // -1: no such file
   struct stat st {};
@@ -444,10 +447,7 @@ void Watchdog::trip(const std::string& reason, bool origin) {
       if (r == opt_.rank) continue;
       const double hb = mtime(heartbeat_path(dir(), opt_.token, r));
       if (hb < 0 || wall_now() - hb > opt_.dead_after_s) continue;  // dead, or ended: no dump to wait for
-      const std::string text = read_text(dump_path(dir(), r));
-      if (text.find(fmt::format("\"token\": \"{}\"", opt_.token)) == std::string::npos ||
-          text.find("\"tripped\": true") == std::string::npos)
-        all = false;
+      if (!dumped_this_trip(r)) all = false;
     }
     if (all || wall_now() - t0 > opt_.grace_s) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -480,7 +480,33 @@ void Watchdog::trip(const std::string& reason, bool origin) {
   std::fprintf(stderr, "mtnlg: %s: NCCL watchdog: communicators aborted, exiting with status %d\n", me.c_str(),
                kExitCode);
   std::fflush(stderr);
+  leave_together();
   ::_exit(kExitCode);
+}
+
+bool Watchdog::dumped_this_trip(int64_t rank) const {
+  const std::string text = read_text(dump_path(dir(), rank));
+  return text.find(fmt::format("\"token\": \"{}\"", opt_.token)) != std::string::npos &&
+         text.find("\"tripped\": true") != std::string::npos;
+}
+
+void Watchdog::leave_together() {
+  // A launcher kills every process once the first one exits: a rank whose aborts took
+  // longer would die before saying why. So each rank says it is leaving, then waits (at
+  // most grace_s) until every rank that dumped for this trip has said so too.
+  if (std::FILE* f = std::fopen(exiting_path(dir(), opt_.token, opt_.rank).c_str(), "w")) std::fclose(f);
+  const double t0 = wall_now();
+  for (;;) {
+    bool all = true;
+    for (int64_t r = 0; r < opt_.world && all; ++r) {
+      if (r == opt_.rank || mtime(exiting_path(dir(), opt_.token, r)) >= 0) continue;
+      all = !dumped_this_trip(r);  // a rank not part of this trip is not waited for
+    }
+    if (all || wall_now() - t0 > opt_.grace_s) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  // and leaves the launcher a moment to forward every rank's last line before it ends the job
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
 }
 
 // ---- the verdict ------------------------------------------------------------------------

@@ -25,8 +25,10 @@
 // dumps of the ranks still alive; the rank that wrote the marker then reads all dumps and
 // writes the verdict (explain_hang) to RUN_DIR/flight_recorder/report.txt and stderr (the
 // others wait for it, at most `grace_s`: a launcher ends the job when the first process
-// exits); then every watched
-// communicator is aborted (ncclCommAbort) and the process ends with kExitCode. The
+// exits); then every watched communicator is aborted (ncclCommAbort), the rank says it
+// is leaving and waits (at most `grace_s`) until every rank that dumped has said so too,
+// so that no rank is killed by the launcher before its last line, and the process ends
+// with kExitCode. The
 // training thread, if it asks to enqueue another operation meanwhile, is parked (it
 // must not touch an aborted communicator). Checkpoints are committed by rename
 // (core/atomic_file.hpp), so ending the process at any point leaves the last committed
@@ -183,6 +185,8 @@ class Watchdog {
   // What the thread does on `reason` (the tripping sequence above, ending the process);
   // `origin`: this rank detected it (writes the marker and the verdict).
   [[noreturn]] void trip(const std::string& reason, bool origin);
+  bool dumped_this_trip(int64_t rank) const;  // rank's dump is of this run's trip
+  void leave_together();                      // wait until every tripped rank is leaving
 
   // SIGUSR1's handler: asks the thread for a live dump (async-signal-safe).
   void request_dump() { dump_requested_.store(true); }

@@ -289,8 +289,10 @@ EOF
     }
 
     # 1. The hang: rank 5 (tp=1, pp=1, dp=0) stops entering collectives at iteration 4; the
-    # checkpoint of iteration 2 was committed after iteration 3.
-    MTNLG_FAULT_INJECT=rank=5:iteration=4:mode=hang wd hang 8 "${l8[@]}" --set training.train_iters=6 --set checkpoint.save="$out/ck-hang" --set checkpoint.save_interval=2
+    # checkpoint of iteration 2 was committed after iteration 3. Rank 0's communicator aborts
+    # (15) take 0.3 s each: the ranks done sooner wait for it, so that the launcher, which ends
+    # the job when the first process exits, does not kill it before its last line.
+    MTNLG_EMU_NCCL_FAULT=rank=0:abort_ms=300 MTNLG_FAULT_INJECT=rank=5:iteration=4:mode=hang wd hang 8 "${l8[@]}" --set training.train_iters=6 --set checkpoint.save="$out/ck-hang" --set checkpoint.save_interval=2
     rc=$?
     echo "  hang: mpirun exited $rc (want 3)"
     [ $rc -eq 3 ] || { tail -20 "$out/hang.log"; fails=$((fails + 1)); }
