@@ -9,37 +9,18 @@
 #          --set arguments, e.g. "--set model.hidden_size=256" for larger gradients)
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-build="${1:-$repo/build}"
-iters="${2:-30}"
-rounds="${ROUNDS:-5}"
-recipe="${RECIPE:-$repo/recipes/tiny-ramp.yaml}"
-tmp="$(mktemp -d)"
-trap 'rm -rf "$tmp"' EXIT
+# shellcheck source=scripts/bench/ab_train.sh
+. "$repo/scripts/bench/ab_train.sh"
+RECIPE="${RECIPE:-$repo/recipes/tiny-ramp.yaml}" ab_init "${1:-}" "${2:-30}"
 
-# Median step time (s) of rank 0's metrics, the first 3 steps (warm-up) excluded.
-step_time() {
-  local timeout="$1" dir="$2"
-  shift 2
-  MTNLG_COLLECTIVE_TIMEOUT="$timeout" sh "$repo/test/support/mpi/mpirun.sh" 4 "$build/mtnlg" train "$recipe" --quiet \
-    --set training.train_iters="$iters" --set training.num_threads=1 --set logging.dir="$dir" "$@" >/dev/null 2>&1
-  /usr/bin/python3 -c "
-import json, statistics
-rows = [json.loads(l) for l in open('$dir/metrics.jsonl') if 'step_time_s' in l]
-print(f\"{statistics.median(r['step_time_s'] for r in rows[3:]):.5f}\")"
-}
-med() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
-
-printf '%-22s %12s %12s %8s   %s\n' "layout (4 ranks)" "on (s)" "off (s)" "on/off" "rounds on | off"
+ab_header s
 for layout in "dp4" "tp2pp2"; do
   read -r -a sets <<<"${EXTRA:-}"
   [ "$layout" = tp2pp2 ] && sets+=(--set parallel.tensor_model_parallel_size=2 --set parallel.pipeline_model_parallel_size=2)
   on_all=() off_all=()
   for r in $(seq "$rounds"); do
-    on_all+=("$(step_time 600 "$tmp/on-$layout-$r" "${sets[@]}")")
-    off_all+=("$(step_time 0 "$tmp/off-$layout-$r" "${sets[@]}")")
+    on_all+=("$(MTNLG_COLLECTIVE_TIMEOUT=600 ab_step_time_s 4 "$tmp/on-$layout-$r" "${sets[@]}")")
+    off_all+=("$(MTNLG_COLLECTIVE_TIMEOUT=0 ab_step_time_s 4 "$tmp/off-$layout-$r" "${sets[@]}")")
   done
-  on=$(med "${on_all[@]}")
-  off=$(med "${off_all[@]}")
-  printf '%-22s %12s %12s %8s   %s | %s\n' "$layout" "$on" "$off" "$(/usr/bin/python3 -c "print(f'{$on/$off:.3f}')")" \
-    "${on_all[*]}" "${off_all[*]}"
+  ab_row "$layout" "${on_all[*]}" "${off_all[*]}"
 done
