@@ -31,13 +31,13 @@ and record ids).
 
     /usr/bin/python3 scripts/make-extract-eval.py [OUT_DIR]
 """
-import gzip
 import html as htmlmod
-import io
 import json
 import os
 import random
 import sys
+
+from warc_writer import RecordIds, gz_member, warc_record
 
 OUT = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..", "test", "fixtures",
                                                           "warc-eval")
@@ -418,24 +418,7 @@ def page_spa(title, parts, tool, charset="utf-8"):
 TEMPLATES = [page_sphinx, page_wiki, page_legacy, page_spa]
 
 # --- WARC ------------------------------------------------------------------------------------
-_rid = [0]
-
-
-def rid():
-    _rid[0] += 1
-    return f"<urn:uuid:00000000-0000-4000-9000-{_rid[0]:012d}>"
-
-
-def warc_record(headers, block):
-    h = "WARC/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers) + f"Content-Length: {len(block)}\r\n\r\n"
-    return h.encode() + block + b"\r\n\r\n"
-
-
-def gz_member(data):
-    buf = io.BytesIO()
-    with gzip.GzipFile(fileobj=buf, mode="wb", mtime=0) as g:
-        g.write(data)
-    return buf.getvalue()
+rid = RecordIds("00000000-0000-4000-9000-")
 
 
 def response(url, body, ctype):

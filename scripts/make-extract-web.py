@@ -46,14 +46,14 @@ show their cookie banner in English (the banner must not decide the language).
 
 Deterministic: the same bytes on every run for a set.
 """
-import gzip
 import hashlib
 import html as htmlmod
-import io
 import json
 import os
 import random
 import sys
+
+from warc_writer import RecordIds, gz_member, warc_record
 
 if len(sys.argv) != 3 or sys.argv[1] not in ("dev", "heldout"):
     sys.exit("usage: make-extract-web.py dev|heldout OUT_DIR")
@@ -831,24 +831,7 @@ TEMPLATES = [("news", t_news), ("blog", t_blog), ("forum", t_forum), ("docs", t_
              ("heavy", t_heavy)]
 
 # --- WARC -------------------------------------------------------------------------------------
-_rid = [0]
-
-
-def rid():
-    _rid[0] += 1
-    return f"<urn:uuid:00000000-0000-4000-a{S}00-{_rid[0]:012d}>"
-
-
-def warc_record(headers, block):
-    h = "WARC/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers) + f"Content-Length: {len(block)}\r\n\r\n"
-    return h.encode() + block + b"\r\n\r\n"
-
-
-def gz_member(data):
-    buf = io.BytesIO()
-    with gzip.GzipFile(fileobj=buf, mode="wb", mtime=0) as g:
-        g.write(data)
-    return buf.getvalue()
+rid = RecordIds(f"00000000-0000-4000-a{S}00-")
 
 
 def encodable(s, enc):
