@@ -208,14 +208,6 @@ struct CommOp {
       fatal(fmt_str("%s of %zu bytes exceeds what the MPI emulation moves in one call", kind_name(kind), b));
     const int ib = static_cast<int>(b);
     switch (kind) {
-      case Kind::all_reduce:
-        sendbuf.assign(static_cast<const char*>(in), static_cast<const char*>(in) + b);
-        recvbuf.resize(b * n);
-        if (n == 1)
-          std::memcpy(recvbuf.data(), sendbuf.data(), b);
-        else
-          mpi_check(MPI_Iallgather(sendbuf.data(), ib, MPI_BYTE, recvbuf.data(), ib, MPI_BYTE, comm->mpi, &req));
-        break;
       case Kind::reduce_scatter:  // in holds n * count; rank r receives everyone's chunk r
         sendbuf.assign(static_cast<const char*>(in), static_cast<const char*>(in) + b * n);
         recvbuf.resize(b * n);
@@ -224,6 +216,7 @@ struct CommOp {
         else
           mpi_check(MPI_Ialltoall(sendbuf.data(), ib, MPI_BYTE, recvbuf.data(), ib, MPI_BYTE, comm->mpi, &req));
         break;
+      case Kind::all_reduce:  // gathers every rank's input; finish() sums them in rank order
       case Kind::all_gather:
         sendbuf.assign(static_cast<const char*>(in), static_cast<const char*>(in) + b);
         recvbuf.resize(b * n);

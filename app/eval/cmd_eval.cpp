@@ -10,9 +10,9 @@
 #include "app/commands.hpp"
 #include "app/eval/eval_parallel.hpp"
 #include "app/eval/eval_runner.hpp"
+#include "app/eval/tokenizer_options.hpp"
 #include "app/process/device_watchdog.hpp"
 #include "app/process/placement.hpp"
-#include "app/process/recipe_tokenizer.hpp"
 #include "app/process/preflight.hpp"
 #include "model/checkpoint.hpp"
 #include "core/atomic_file.hpp"
@@ -26,7 +26,8 @@ namespace {
 
 struct EvalArgs {
   std::string checkpoint, random_init, tasks, data_dir, output, log_samples, harness = "0.3", lambada = "plain";
-  std::string vocab, merges, tokenizer, eod_token, device = "auto";
+  std::string device = "auto";
+  TokenizerOptions tok;
   std::vector<std::string> sets, task_fewshot;
   int64_t num_fewshot = 0, limit = -1, batch_size = 8, max_length = 0, bootstrap_iters = 100000;
   bool no_progress = false;
@@ -123,11 +124,7 @@ bool run_parallel_eval(const EvalArgs& a, const parallel::LaunchInfo& launch, co
 void run(const EvalArgs& a) {
   const EvalOptions o = eval_options(a);
   // The harness encodes contexts and continuations without special tokens.
-  // No tokenizer on the command line: the recipe's (the checkpoint's, or --random-init's).
-  const std::string tokenizer = a.tokenizer.empty() && a.vocab.empty() && a.merges.empty()
-                                    ? recipe_tokenizer_for(a.checkpoint, a.random_init, a.sets)
-                                    : a.tokenizer;
-  auto tok = load_text_tokenizer(a.vocab, a.merges, tokenizer, a.eod_token, /*add_special_tokens=*/false, a.checkpoint);
+  auto tok = a.tok.load(a.checkpoint, a.random_init, a.sets, /*add_special_tokens=*/false);
   EvalReport rep;
   const parallel::LaunchInfo launch = parallel::detect_launch();
   if (launch.world_size > 1) {
@@ -188,17 +185,11 @@ void register_eval(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--output", a.output, "Write the results JSON (harness v0.3 shape) to this file");
   cmd->add_option("--log-samples", a.log_samples, "Write one JSON line per evaluated document to this file");
-  cmd->add_option("--vocab-file", a.vocab, "GPT-2 vocab.json (default third_party/gpt2/vocab.json)");
-  cmd->add_option("--merge-file", a.merges, "GPT-2 merges.txt (default third_party/gpt2/merges.txt)");
-  cmd->add_option("--tokenizer", a.tokenizer,
-                  "A Hugging Face tokenizer.json instead of GPT-2's files (docs/specs/hf-tokenizer.md; default: the "
-                  "recipe's, i.e. data.tokenizer_model of the checkpoint's (or --random-init's) recipe when its "
-                  "data.tokenizer_type is HuggingFaceTokenizer, else the checkpoint root's tokenizer.json, which "
-                  "`checkpoint import` copies there, else GPT-2's files); contexts and "
-                  "continuations are encoded without its special tokens, as the harness does");
-  cmd->add_option("--eod-token", a.eod_token,
-                  "With --tokenizer: the end-of-text token (an empty context is this token); default: eos_token of the "
-                  "tokenizer_config.json beside it");
+  a.tok.add_to(cmd,
+               "; contexts and "
+               "continuations are encoded without its special tokens, as the harness does",
+               "With --tokenizer: the end-of-text token (an empty context is this token); default: eos_token of the "
+               "tokenizer_config.json beside it");
   cmd->add_flag("--no-progress", a.no_progress, "Do not draw the progress bar");
   cmd->footer(
       "Under mpirun/srun the checkpoint's model is split tp x pp over the ranks (--set "

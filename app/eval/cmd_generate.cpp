@@ -12,8 +12,8 @@
 
 #include "app/commands.hpp"
 #include "app/eval/eval_runner.hpp"
+#include "app/eval/tokenizer_options.hpp"
 #include "app/process/placement.hpp"
-#include "app/process/recipe_tokenizer.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "model/inference.hpp"
@@ -23,7 +23,8 @@ namespace mtnlg::app {
 namespace {
 
 struct GenArgs {
-  std::string checkpoint, random_init, prompt, prompt_file, vocab, merges, tokenizer, eod_token;
+  std::string checkpoint, random_init, prompt, prompt_file;
+  TokenizerOptions tok;
   std::vector<std::string> sets;
   model::SamplingOptions s;
   std::string device = "auto";
@@ -46,11 +47,7 @@ void run(const GenArgs& a) {
   if (a.s.top_p <= 0 || a.s.top_p > 1) throw_input("--top-p must be in (0, 1], got {}", a.s.top_p);
   if (a.s.top_k < 0) throw_input("--top-k must be >= 0, got {}", a.s.top_k);
   // A tokenizer.json prompt gets the file's special tokens (BOS), as transformers encodes it.
-  // No tokenizer on the command line: the recipe's (the checkpoint's, or --random-init's).
-  const std::string tokenizer = a.tokenizer.empty() && a.vocab.empty() && a.merges.empty()
-                                    ? recipe_tokenizer_for(a.checkpoint, a.random_init, a.sets)
-                                    : a.tokenizer;
-  auto tok = load_text_tokenizer(a.vocab, a.merges, tokenizer, a.eod_token, /*add_special_tokens=*/true, a.checkpoint);
+  auto tok = a.tok.load(a.checkpoint, a.random_init, a.sets, /*add_special_tokens=*/true);
   model::LoadedModel lm = load_eval_model(a.checkpoint, a.random_init, a.sets);
   lm.store.place(select_device(parse_device_kind(a.device, "--device"), "--device"));
   auto chunk = model::whole_model_chunk(lm.cfg, lm.store);
@@ -118,17 +115,11 @@ void register_generate(CLI::App& app) {
   cmd->add_flag("--greedy", a.s.greedy, "Always take the most likely token");
   cmd->add_flag("!--no-echo", a.echo, "Print only the generated text, not the prompt");
   cmd->add_flag("--timing", a.timing, "Print the prefill time and the decode speed (tokens/s) to stderr");
-  cmd->add_option("--vocab-file", a.vocab, "GPT-2 vocab.json (default third_party/gpt2/vocab.json)");
-  cmd->add_option("--merge-file", a.merges, "GPT-2 merges.txt (default third_party/gpt2/merges.txt)");
-  cmd->add_option("--tokenizer", a.tokenizer,
-                  "A Hugging Face tokenizer.json instead of GPT-2's files (docs/specs/hf-tokenizer.md; default: the "
-                  "recipe's, i.e. data.tokenizer_model of the checkpoint's (or --random-init's) recipe when its "
-                  "data.tokenizer_type is HuggingFaceTokenizer, else the checkpoint root's tokenizer.json, which "
-                  "`checkpoint import` copies there, else GPT-2's files): the prompt gets "
-                  "its BOS where the file's template adds one, and the text is its decoder's");
-  cmd->add_option("--eod-token", a.eod_token,
-                  "With --tokenizer: the token that stops generation (default: eos_token of the tokenizer_config.json "
-                  "beside it)");
+  a.tok.add_to(cmd,
+               ": the prompt gets "
+               "its BOS where the file's template adds one, and the text is its decoder's",
+               "With --tokenizer: the token that stops generation (default: eos_token of the tokenizer_config.json "
+               "beside it)");
   cmd->footer(
       "Runs in one process (the whole model on one device): no collectives, so no collective watchdog; "
       "under mpirun every rank would generate on its own.");
