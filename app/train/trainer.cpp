@@ -330,7 +330,7 @@ struct TrainOutputs {
 
 std::vector<parallel::DpParam> dp_params(const model::ParamStore& store) {
   std::vector<parallel::DpParam> params;
-  for (const auto& p : store.infos()) params.push_back({p.offset, p.numel, p.word_embedding, p.sp_grad_reduce});
+  for (const auto& p : store.infos()) params.push_back({p.offset, p.numel, p.word_embedding, p.sp_grad_reduce, p.tp_grad_reduce});
   return params;
 }
 

@@ -156,7 +156,7 @@ TEST_CASE("KV cache: a Llama-family model decodes as its full forward, caching t
   const int64_t B = 2, Ttot = 12, P = 5;
   std::vector<int32_t> seq(static_cast<size_t>(B * Ttot));
   for (size_t i = 0; i < seq.size(); ++i) seq[i] = static_cast<int32_t>((i * 7 + 3) % 50);
-  for (int variant : {0, 1}) {
+  for (int variant : {0, 1, 2}) {  // 2: the keys are normed (qk_norm) before they are cached
     INFO("llama variant " << variant);
     GptConfig cfg = tiny_config();
     test::make_llama(cfg, variant);
