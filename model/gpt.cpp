@@ -115,10 +115,10 @@ void declare_chunk_params(ParamStore& store, const GptConfig& c, const ChunkSpec
 struct GptChunk::LayerActs {
   Tensor x_in;  // [R, C] layer input (always kept)
   Tensor ln1, mean1, rstd1, ln1_full;
-  Tensor qkv, att, lse;  // attention output and its log-sum-exp (wide, flash form)
+  Tensor qkv, att, lse;     // attention output and its log-sum-exp (wide, flash form)
   Tensor qkv_pre, qk_rstd;  // qk_norm: qkv before the norms and their statistics (wide)
-  Tensor probs;          // [B, H/tp, T, T] softmax probabilities (unfused form)
-  Tensor x2;             // residual after attention [R, C]
+  Tensor probs;             // [B, H/tp, T, T] softmax probabilities (unfused form)
+  Tensor x2;                // residual after attention [R, C]
   Tensor ln2, mean2, rstd2, ln2_full;
   Tensor fc1, gel;
   bool filled = false;
@@ -142,8 +142,8 @@ struct GptChunk::Saved {
       if (t.defined()) b += t.nbytes();
     };
     for (auto& l : layers) {
-      for (auto* t : {&l.x_in, &l.ln1, &l.mean1, &l.rstd1, &l.qkv, &l.qkv_pre, &l.qk_rstd, &l.att, &l.lse, &l.probs, &l.x2, &l.ln2, &l.mean2,
-                      &l.rstd2, &l.fc1, &l.gel})
+      for (auto* t : {&l.x_in, &l.ln1, &l.mean1, &l.rstd1, &l.qkv, &l.qkv_pre, &l.qk_rstd, &l.att, &l.lse, &l.probs,
+                      &l.x2, &l.ln2, &l.mean2, &l.rstd2, &l.fc1, &l.gel})
         add(*t);
       if (l.ln1_full.defined() && l.ln1_full.raw() != l.ln1.raw()) add(l.ln1_full);
       if (l.ln2_full.defined() && l.ln2_full.raw() != l.ln2.raw()) add(l.ln2_full);

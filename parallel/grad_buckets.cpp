@@ -112,8 +112,8 @@ DataParallelGrads::DataParallelGrads(std::vector<DpParam> params, const ProcessG
       tp_(groups.tp),
       embedding_(groups.embedding),
       sp_shared_(sequence_parallel && several(groups.tp)),
-      tp_shared_(several(groups.tp) && std::any_of(params_.begin(), params_.end(),
-                                                   [](const DpParam& p) { return p.tp_partial; })),
+      tp_shared_(several(groups.tp) &&
+                 std::any_of(params_.begin(), params_.end(), [](const DpParam& p) { return p.tp_partial; })),
       emb_shared_(groups.topo.pp() > 1 && several(groups.embedding)),
       zero1_(several(groups.dp) ? std::move(zero1) : std::nullopt),
       bucketer_(ranges(params_), zero1_ ? nullptr : groups.dp, bucket_size) {

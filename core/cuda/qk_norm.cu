@@ -13,7 +13,7 @@
 namespace mtnlg::cuda::k {
 
 struct QkGeom {
-  int64_t N, G, Q, D;  // rows, groups, query heads per group, head size
+  int64_t N, G, Q, D;                                                // rows, groups, query heads per group, head size
   __host__ __device__ int64_t heads() const { return G * (Q + 1); }  // normalised heads per row
   __host__ __device__ int64_t row() const { return G * (Q + 2) * D; }
   // element offset of normalised head h (< heads()) of row r, and whether it is a key
@@ -102,10 +102,10 @@ unsigned head_blocks(const QkGeom& s) { return static_cast<unsigned>((s.N * s.he
 
 void qk_norm_forward(void* x, float* rstd, const void* wq, const void* wk, DType dt, const QkGeom& s, double eps) {
   if (s.N <= 0) return;
-  MTNLG_DT_SWITCH(dt, T,
-                  MTNLG_LAUNCH(head_blocks(s), kThreads, 0, stream(), qk_norm_forward_kernel<T>)(
-                      static_cast<T*>(x), rstd, static_cast<const T*>(wq), static_cast<const T*>(wk), s,
-                      static_cast<float>(eps)));
+  MTNLG_DT_SWITCH(
+      dt, T,
+      MTNLG_LAUNCH(head_blocks(s), kThreads, 0, stream(), qk_norm_forward_kernel<T>)(
+          static_cast<T*>(x), rstd, static_cast<const T*>(wq), static_cast<const T*>(wk), s, static_cast<float>(eps)));
   MTNLG_CUDA_LAUNCH_CHECK("qk_norm_forward_kernel");
 }
 

@@ -16,11 +16,20 @@ using namespace mtnlg;
 namespace {
 
 // tiny-ramp.yaml as a Llama-family model: rotary positions, RMSNorm, SwiGLU, 4 query heads
-// in 2 key/value groups (one group per rank at tp 2), untied output layer, no biases.
+// in 2 key/value groups (one group per rank at tp 2), untied output layer, no biases (and,
+// in one case, Qwen3's q/k norms).
 const std::string kLlama =
     "--set model.position_embedding_type=rope --set model.normalization=RMSNorm --set model.swiglu=true "
     "--set model.ffn_hidden_size=80 --set model.num_query_groups=2 "
     "--set model.untie_embeddings_and_output_weights=true --set model.add_bias_linear=false ";
+
+// The worst relative difference of two loss curves of the same length.
+double worst_relative(const std::vector<double>& got, const std::vector<double>& ref) {
+  REQUIRE(got.size() == ref.size());
+  double worst = 0;
+  for (size_t i = 0; i < ref.size(); ++i) worst = std::max(worst, std::fabs(got[i] - ref[i]) / std::fabs(ref[i]));
+  return worst;
+}
 
 std::vector<double> run_layout(const std::string& tag, int np, const std::string& sets) {
   test::TempDir dir("layout-" + tag);
@@ -42,9 +51,7 @@ TEST_CASE("train: every parallel layout reproduces the single-process losses", "
   for (const auto& l : layouts) {
     auto got = run_layout(l.name, l.np, l.sets);
     INFO(l.name);
-    REQUIRE(got.size() == ref.size());
-    double worst = 0;
-    for (size_t i = 0; i < ref.size(); ++i) worst = std::max(worst, std::fabs(got[i] - ref[i]) / std::fabs(ref[i]));
+    const double worst = worst_relative(got, ref);
     INFO("worst relative loss difference " << worst);
     CHECK(worst <= 1e-5);
   }
@@ -59,10 +66,19 @@ TEST_CASE("train: a Llama-family model reproduces the single-process losses unde
   for (const auto& l : layouts) {
     auto got = run_layout("llama-" + l.name, l.np, kLlama + l.sets);
     INFO("llama " << l.name);
-    REQUIRE(got.size() == ref.size());
-    double worst = 0;
-    for (size_t i = 0; i < ref.size(); ++i) worst = std::max(worst, std::fabs(got[i] - ref[i]) / std::fabs(ref[i]));
+    const double worst = worst_relative(got, ref);
     INFO("worst relative loss difference " << worst);
+    CHECK(worst <= 1e-5);
+  }
+  // Qwen3's per-head q/k norms: their weights are replicated over tp while each tp rank
+  // norms its own heads, so their gradients are summed over tp (without sequence
+  // parallelism too), and the run differs from the Llama's without them.
+  const std::string qk = kLlama + "--set model.qk_layernorm=true ";
+  const std::vector<double> qk_ref = run_layout("qk-ref", 1, qk);
+  CHECK(worst_relative(qk_ref, ref) > 1e-4);
+  for (const auto& l : test::layouts({"tp2"})) {
+    const double worst = worst_relative(run_layout("qk-" + l.name, l.np, qk + l.sets), qk_ref);
+    INFO("qk_layernorm " << l.name << ": worst relative loss difference " << worst);
     CHECK(worst <= 1e-5);
   }
   // The loss must move by far more than the tolerance, or the comparison proves nothing

@@ -1344,8 +1344,8 @@ Entry qk_norm_entry() {
           for (int64_t d = 0; d < D; ++d)
             worst = std::max(worst, std::fabs(y.data<double>()[d] - out.data<double>()[e0 + d]));
         }
-    c.expect(worst < 1e-14, "qk_norm: each head is rmsnorm_forward of that head, values unchanged; max error " +
-                                str(worst));
+    c.expect(worst < 1e-14,
+             "qk_norm: each head is rmsnorm_forward of that head, values unchanged; max error " + str(worst));
     Tensor dqkv = Tensor::empty({B, T, W}, DType::f64);
     Tensor dwq = Tensor::zeros({D}, DType::f64), dwk = Tensor::zeros({D}, DType::f64);
     ops::qk_norm_backward(dqkv, dwq, dwk, R, qkv, wq, wk, rstd, H, G);
