@@ -5,9 +5,12 @@
 // mpirun (test/support/mpi/mpirun.sh) and the losses are read back from metrics.jsonl.
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "core/safetensors.hpp"
+#include "model/checkpoint.hpp"
 #include "test/support/test_support.hpp"
 #include "test/support/layouts.hpp"
 
@@ -31,14 +34,26 @@ double worst_relative(const std::vector<double>& got, const std::vector<double>&
   return worst;
 }
 
-std::vector<double> run_layout(const std::string& tag, int np, const std::string& sets) {
+// The losses of tiny-ramp.yaml under `sets` on np processes; with `keep`, the run's
+// checkpoint after its last iteration is kept in `keep`'s directory (ckpt/).
+std::vector<double> run_layout(const std::string& tag, int np, const std::string& sets,
+                               const test::TempDir* keep = nullptr) {
   test::TempDir dir("layout-" + tag);
   const std::string recipe = test::source_dir() + "/recipes/tiny-ramp.yaml",
-                    all = "--set training.num_threads=1 " + sets;
+                    all = "--set training.num_threads=1 " + sets +
+                          (keep ? " --set checkpoint.save=" + keep->str() + "/ckpt" : std::string());
   auto r = test::run_train(recipe, dir.str(), all, np);
   INFO(tag << ": " << test::train_command(recipe, dir.str(), all, np) << "\n" << r.out);
   REQUIRE(r.exit_code == 0);
   return test::read_losses(dir.path());
+}
+
+// Parameter `name` of the tp rank's shard of the last checkpoint under `root`.
+Tensor saved_param(const std::string& root, int64_t tp_rank, const std::string& name) {
+  const auto it = model::ckpt::latest_iteration(root);
+  REQUIRE(it);
+  return safetensors::read(model::ckpt::iteration_dir(root, *it) + "/" + model::ckpt::model_file(tp_rank, 0))
+      .tensors.at(name);
 }
 
 }  // namespace
@@ -72,14 +87,22 @@ TEST_CASE("train: a Llama-family model reproduces the single-process losses unde
   }
   // Qwen3's per-head q/k norms: their weights are replicated over tp while each tp rank
   // norms its own heads, so their gradients are summed over tp (without sequence
-  // parallelism too), and the run differs from the Llama's without them.
+  // parallelism too): both tp ranks end with the same weights bit for bit (Adam's steps
+  // from each rank's partial gradient alone would differ), and the run differs from the
+  // Llama's without them.
   const std::string qk = kLlama + "--set model.qk_layernorm=true ";
   const std::vector<double> qk_ref = run_layout("qk-ref", 1, qk);
   CHECK(worst_relative(qk_ref, ref) > 1e-4);
-  for (const auto& l : test::layouts({"tp2"})) {
-    const double worst = worst_relative(run_layout("qk-" + l.name, l.np, qk + l.sets), qk_ref);
-    INFO("qk_layernorm " << l.name << ": worst relative loss difference " << worst);
-    CHECK(worst <= 1e-5);
+  test::TempDir kept("layout-qk-tp2-ckpt");
+  const test::Layout tp2 = test::layouts({"tp2"}).front();
+  const double qk_worst = worst_relative(run_layout("qk-tp2", tp2.np, qk + tp2.sets, &kept), qk_ref);
+  INFO("qk_layernorm tp2: worst relative loss difference " << qk_worst);
+  CHECK(qk_worst <= 1e-5);
+  for (const char* w : {"layers.1.attention.q_layernorm.weight", "layers.0.attention.k_layernorm.weight"}) {
+    INFO(w);
+    const Tensor a = saved_param(kept.str() + "/ckpt", 0, w), b = saved_param(kept.str() + "/ckpt", 1, w);
+    REQUIRE(a.numel() == 8);
+    CHECK(std::memcmp(a.raw(), b.raw(), static_cast<size_t>(a.nbytes())) == 0);
   }
   // The loss must move by far more than the tolerance, or the comparison proves nothing
   // (on mock tokens this model stays near ln 256 for 10 iterations, moving by ~3e-3).
