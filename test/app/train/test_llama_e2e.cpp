@@ -37,10 +37,11 @@ TEST_CASE("tiny Llama on the demo corpus: the loss falls, and generate and eval 
 
   // Its checkpoint does not continue as another network: with Qwen3's q/k norms added, the
   // resume is refused (exit 2) naming the key, before any step.
-  const std::string qk = "cd " + tmp.str() + " && " + bin +
-                         " train recipes/tiny-llama.yaml --quiet --set model.qk_layernorm=true"
-                         " --set checkpoint.load=runs/tiny-llama/checkpoints --set checkpoint.save=qk-ckpt"
-                         " --set logging.dir=qk-run --set training.num_threads=1 2>&1";
+  const std::string qk =
+      "cd " + tmp.str() + " && " + bin +
+      " train recipes/tiny-llama.yaml --quiet --set model.qk_layernorm=true --set model.seq_length=64"
+      " --set checkpoint.load=runs/tiny-llama/checkpoints --set checkpoint.save=qk-ckpt"
+      " --set logging.dir=qk-run --set training.num_threads=1 2>&1";
   auto q = run_command(qk);
   INFO(qk << "\n" << q.out);
   CHECK(q.exit_code == 2);
