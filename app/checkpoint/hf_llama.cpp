@@ -43,15 +43,16 @@ constexpr const char* kProj[3] = {"q_proj", "k_proj", "v_proj"};
 std::string llama_unfit(const ModelConfig& m) {
   std::string why;
   if (!m.rope())
-    why = "model.position_embedding_type: learned_absolute (Llama and Qwen2 have rotary positions)";
+    why = "model.position_embedding_type: learned_absolute (Llama, Qwen2 and Qwen3 have rotary positions)";
   else if (!m.rmsnorm())
-    why = "model.normalization: LayerNorm with rotary positions (Llama and Qwen2 have RMSNorm)";
+    why = "model.normalization: LayerNorm with rotary positions (Llama, Qwen2 and Qwen3 have RMSNorm)";
   else if (!m.swiglu)
-    why = "model.swiglu: false with rotary positions (Llama's and Qwen2's MLP is SwiGLU)";
+    why = "model.swiglu: false with rotary positions (the MLP of Llama, Qwen2 and Qwen3 is SwiGLU)";
   else if (m.rotary_interleaved)
-    why = "model.rotary_interleaved: true (Llama and Qwen2 rotate halves)";
+    why = "model.rotary_interleaved: true (Llama, Qwen2 and Qwen3 rotate halves)";
   else if (m.rotary_percent != 1.0)
-    why = fmt::format("model.rotary_percent: {} (Llama and Qwen2 rotate every dimension of a head)", m.rotary_percent);
+    why = fmt::format("model.rotary_percent: {} (Llama, Qwen2 and Qwen3 rotate every dimension of a head)",
+                      m.rotary_percent);
   else if (m.qk_layernorm && (m.add_bias_linear || m.add_qkv_bias))
     why = "model.qk_layernorm with biases (Qwen3's attention_bias covers q, k, v and o together, never the MLP)";
   else if (!m.add_bias_linear && m.add_qkv_bias && m.kv_channels > 0 &&
