@@ -947,20 +947,23 @@ double stage_dp_time(const Recipe& r, const Layout& l, const Cluster& c, const S
 }
 
 // This trainer's per-step small collectives (SoftwareProfile::trainer_step_collectives):
-// the sequence-parallel partial gradients of the slowest stage, the grad norm and the
-// step's loss, tokens and skip flag.
+// the tp-partial gradients of the slowest stage (the sequence-parallel ones; qk_layernorm's
+// two weights per layer whatever the parallelism), the grad norm and the step's loss,
+// tokens and skip flag.
 double trainer_collectives_time(const Recipe& r, const Layout& l, const Cluster& c) {
   const Shape sh = shape_of(r, l.tp);
   double sp_max = 0;
-  if (l.sequence_parallel && l.tp > 1) {
+  const bool sp = l.sequence_parallel && l.tp > 1;
+  if (sp || (sh.qk_norm && l.tp > 1)) {
     const GroupLink tpl = group_link(c, 1, l.tp);
     for (int64_t st = 0; st < l.pp; ++st) {
       const double layers = double(l.stage_layers[static_cast<size_t>(st)]);
       // per layer: the two norms' weights (and LayerNorm's biases), the two output biases
-      const double per_layer = double(2 * sh.norm_params() + (sh.bias ? 2 : 0));
+      const double per_layer = sp ? double(2 * sh.norm_params() + (sh.bias ? 2 : 0)) : 0.0;
       double t_sp = per_layer * layers * small_allreduce_time(4.0 * double(sh.h), l.tp, tpl);
-      if (st == 0 && !sh.rope) t_sp += allreduce_time(4.0 * double(sh.maxpos) * double(sh.h), l.tp, tpl);
-      if (st == l.pp - 1) t_sp += double(sh.norm_params()) * small_allreduce_time(4.0 * double(sh.h), l.tp, tpl);
+      if (sh.qk_norm) t_sp += 2 * layers * small_allreduce_time(4.0 * double(sh.D), l.tp, tpl);
+      if (sp && st == 0 && !sh.rope) t_sp += allreduce_time(4.0 * double(sh.maxpos) * double(sh.h), l.tp, tpl);
+      if (sp && st == l.pp - 1) t_sp += double(sh.norm_params()) * small_allreduce_time(4.0 * double(sh.h), l.tp, tpl);
       sp_max = std::max(sp_max, t_sp);
     }
   }
