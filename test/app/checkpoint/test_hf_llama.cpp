@@ -202,12 +202,18 @@ TEST_CASE("checkpoint: Llama / Qwen2 / Qwen3 exports match PyTorch; import round
     CHECK(slurp(base + "-hf2/config.json") == slurp(base + "-hf/config.json"));
   }
   // an export does not depend on the checkpoint's layout: the import rewritten for tp 2 x pp 2
-  // (query groups, gate/up, vocabulary split over tp) exports the same bytes
-  auto cv = test::run_mtnlg("checkpoint convert --input " + g + "-back --output " + g + "-tp2pp2 --tp 2 --pp 2");
-  INFO(cv.out);
-  REQUIRE(cv.exit_code == 0);
-  REQUIRE(test::run_mtnlg("checkpoint export --input " + g + "-tp2pp2 --output " + g + "-hf3").exit_code == 0);
-  CHECK(slurp(g + "-hf3/model.safetensors") == slurp(g + "-hf/model.safetensors"));
+  // (query groups, gate/up, vocabulary split over tp; Qwen3's q/k norm weights replicated)
+  // exports the same bytes
+  for (const std::string& name : {std::string("gqa-untied"), std::string("qwen3")}) {
+    INFO(name);
+    const std::string base = d.str() + "/" + name;
+    auto cv =
+        test::run_mtnlg("checkpoint convert --input " + base + "-back --output " + base + "-tp2pp2 --tp 2 --pp 2");
+    INFO(cv.out);
+    REQUIRE(cv.exit_code == 0);
+    REQUIRE(test::run_mtnlg("checkpoint export --input " + base + "-tp2pp2 --output " + base + "-hf3").exit_code == 0);
+    CHECK(slurp(base + "-hf3/model.safetensors") == slurp(base + "-hf/model.safetensors"));
+  }
   // the shards import to the same model; its re-export keeps the token ids (hf_config.json)
   auto ims = test::run_mtnlg("checkpoint import --input " + g + "-shards --output " + g + "-shards-back");
   INFO(ims.out);
