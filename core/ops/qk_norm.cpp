@@ -13,6 +13,7 @@
 #include "core/ops.hpp"
 
 #include <cmath>
+#include <vector>
 
 #include "core/ops/common.hpp"
 
@@ -47,18 +48,19 @@ template <typename T>
 void qk_norm_backward(T* dx, T* dwq, T* dwk, const T* dout, const T* x, const T* wq, const T* wk, const T* rstd,
                       const op_checks::QkvShape& s) {
   const int64_t Q = s.per_group(), D = s.D, heads = s.G * (Q + 1), N = s.B * s.T;
-#pragma omp parallel for schedule(static)
+  // One pass in memory order, a double per column (each column's sum in row, then head order).
+  std::vector<double> aq(static_cast<size_t>(D)), ak(static_cast<size_t>(D));
+  for (int64_t r = 0; r < N; ++r)
+    for (int64_t g = 0; g < s.G; ++g)
+      for (int64_t blk = 0; blk <= Q; ++blk) {
+        const int64_t e = head_at(s, r, g, blk);
+        const double rs = rstd[r * heads + g * (Q + 1) + blk];
+        double* acc = blk < Q ? aq.data() : ak.data();
+        for (int64_t d = 0; d < D; ++d) acc[d] += static_cast<double>(dout[e + d]) * x[e + d] * rs;
+      }
   for (int64_t d = 0; d < D; ++d) {
-    double aq = 0, ak = 0;
-    for (int64_t r = 0; r < N; ++r)
-      for (int64_t g = 0; g < s.G; ++g)
-        for (int64_t blk = 0; blk <= Q; ++blk) {
-          const int64_t e = head_at(s, r, g, blk) + d;
-          const double v = static_cast<double>(dout[e]) * x[e] * rstd[r * heads + g * (Q + 1) + blk];
-          (blk < Q ? aq : ak) += v;
-        }
-    dwq[d] += static_cast<T>(aq);
-    dwk[d] += static_cast<T>(ak);
+    dwq[d] += static_cast<T>(aq[static_cast<size_t>(d)]);
+    dwk[d] += static_cast<T>(ak[static_cast<size_t>(d)]);
   }
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < N; ++r)
