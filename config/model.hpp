@@ -58,7 +58,7 @@ struct ModelConfig {
   bool untie_embeddings_and_output_weights = false;
   bool add_bias_linear = true;  // biases of every linear layer (false: Megatron's --disable-bias-linear)
   bool add_qkv_bias = false;    // the query/key/value biases alone (Qwen2), with add_bias_linear false
-  bool qk_layernorm = false;    // a norm of each query and key head before attention (Qwen3, OLMo 2)
+  bool qk_layernorm = false;    // Qwen3's RMSNorm of each query and key head, before the rotary embedding
   int64_t kv_channels = 0;      // head size; 0 -> hidden_size / num_attention_heads
 
   int64_t head_dim() const { return kv_channels > 0 ? kv_channels : hidden_size / num_attention_heads; }

@@ -123,6 +123,20 @@ int64_t rope_rot_dim(const RopeParams& p, int64_t head_dim);
 // and the tests.
 std::vector<double> rope_inv_freq(const RopeParams& p, int64_t rot_dim);
 
+// ---- per-head query/key RMSNorm (core/ops/qk_norm.cpp; Qwen3's q_norm / k_norm) ---------------
+// On the attention's packed qkv [B, T, G*(H/G+2)*D] (attention_forward's layout), before the
+// rotary embedding: each query head vector is replaced by rmsnorm(q_h) * wq and each key
+// head by rmsnorm(k_g) * wk (wq, wk [D], shared by all query / key heads; eps inside the
+// square root as rmsnorm_forward's); the values pass through. rstd [B, T, G*(H/G+1)]
+// (wide) is saved per normalised head in the row's order (a group's query heads, then its
+// key). out may alias qkv (in place; the backward then needs a copy of the input).
+void qk_norm_forward(Tensor& out, Tensor& rstd, const Tensor& qkv, const Tensor& wq, const Tensor& wk, int64_t heads,
+                     int64_t groups, double eps);
+// From the forward's input qkv and rstd: dqkv = the gradient before the norms (written; may
+// alias dout; dv passes through), dwq +=, dwk += (wide).
+void qk_norm_backward(Tensor& dqkv, Tensor& dwq, Tensor& dwk, const Tensor& dout, const Tensor& qkv, const Tensor& wq,
+                      const Tensor& wk, const Tensor& rstd, int64_t heads, int64_t groups);
+
 // ---- GELU (tanh approximation, as GPT-2 and Megatron) ------------------------------
 void gelu_forward(Tensor& out, const Tensor& inp);
 void gelu_backward(Tensor& dinp, const Tensor& inp, const Tensor& dout);  // dinp =

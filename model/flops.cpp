@@ -41,6 +41,7 @@ double parameter_count(const ModelConfig& m, int64_t V) {
   const int64_t qkv = (H + 2 * G) * D;
   int64_t layer = qkv * C + H * D * C + (m.swiglu ? 3 : 2) * F * C + 2 * norm;
   if (m.qkv_bias()) layer += qkv;
+  if (m.qk_layernorm) layer += 2 * D;  // the query and key head norms' weights
   if (m.add_bias_linear) layer += C + (m.swiglu ? 2 : 1) * F + C;
   int64_t rest = V * C + norm;
   if (!m.rope()) rest += (m.max_position_embeddings > 0 ? m.max_position_embeddings : m.seq_length) * C;

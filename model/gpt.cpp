@@ -77,6 +77,12 @@ void declare_chunk_params(ParamStore& store, const GptConfig& c, const ChunkSpec
     norm(p + "input_layernorm");
     store.add(add(p + "attention.qkv.weight", {QKV, C}, 0, InitKind::normal, true));
     if (c.qkv_bias) store.add(add(p + "attention.qkv.bias", {QKV}, 0, InitKind::zeros, false));
+    if (c.qk_norm)  // replicated; each tp rank norms its own heads, so the gradients sum over tp
+      for (const char* n : {"attention.q_layernorm.weight", "attention.k_layernorm.weight"}) {
+        auto q = add(p + n, {c.head_dim()}, -1, InitKind::ones, false);
+        q.tp_grad_reduce = true;
+        store.add(q);
+      }
     store.add(add(p + "attention.proj.weight", {C, A}, 1, InitKind::normal_scaled_output, true));
     if (c.bias_linear) add_row_param(p + "attention.proj.bias", {C}, InitKind::zeros, false);
     norm(p + "post_attention_layernorm");
@@ -109,9 +115,10 @@ void declare_chunk_params(ParamStore& store, const GptConfig& c, const ChunkSpec
 struct GptChunk::LayerActs {
   Tensor x_in;  // [R, C] layer input (always kept)
   Tensor ln1, mean1, rstd1, ln1_full;
-  Tensor qkv, att, lse;  // attention output and its log-sum-exp (wide, flash form)
-  Tensor probs;          // [B, H/tp, T, T] softmax probabilities (unfused form)
-  Tensor x2;             // residual after attention [R, C]
+  Tensor qkv, att, lse;     // attention output and its log-sum-exp (wide, flash form)
+  Tensor qkv_pre, qk_rstd;  // qk_norm: qkv before the norms and their statistics (wide)
+  Tensor probs;             // [B, H/tp, T, T] softmax probabilities (unfused form)
+  Tensor x2;                // residual after attention [R, C]
   Tensor ln2, mean2, rstd2, ln2_full;
   Tensor fc1, gel;
   bool filled = false;
@@ -135,8 +142,8 @@ struct GptChunk::Saved {
       if (t.defined()) b += t.nbytes();
     };
     for (auto& l : layers) {
-      for (auto* t : {&l.x_in, &l.ln1, &l.mean1, &l.rstd1, &l.qkv, &l.att, &l.lse, &l.probs, &l.x2, &l.ln2, &l.mean2,
-                      &l.rstd2, &l.fc1, &l.gel})
+      for (auto* t : {&l.x_in, &l.ln1, &l.mean1, &l.rstd1, &l.qkv, &l.qkv_pre, &l.qk_rstd, &l.att, &l.lse, &l.probs,
+                      &l.x2, &l.ln2, &l.mean2, &l.rstd2, &l.fc1, &l.gel})
         add(*t);
       if (l.ln1_full.defined() && l.ln1_full.raw() != l.ln1.raw()) add(l.ln1_full);
       if (l.ln2_full.defined() && l.ln2_full.raw() != l.ln2.raw()) add(l.ln2_full);
@@ -159,6 +166,7 @@ GptChunk::GptChunk(const GptConfig& cfg, ChunkSpec spec, ParamStore& store, cons
   norm_ = Norm{cfg.rmsnorm, cfg.layernorm_eps};
   mlp_ = Mlp{cfg.swiglu};
   rotary_ = Rotary{cfg.rope, cfg.rope_params};
+  qk_norm_ = QkNorm{cfg.qk_norm, cfg.layernorm_eps};
   resolve_attention();
   ffn_local_ = cfg.ffn / tp_;
   vocab_local_ = cfg.padded_vocab_size / tp_;
@@ -232,6 +240,8 @@ void GptChunk::bind_layer(int64_t layer) {
   bind(lp.ln1_b, lp.d_ln1_b, "input_layernorm.bias");
   bind(lp.qkv_w, lp.d_qkv_w, "attention.qkv.weight");
   bind(lp.qkv_b, lp.d_qkv_b, "attention.qkv.bias");
+  bind(lp.q_norm_w, lp.d_q_norm_w, "attention.q_layernorm.weight");
+  bind(lp.k_norm_w, lp.d_k_norm_w, "attention.k_layernorm.weight");
   bind(lp.proj_w, lp.d_proj_w, "attention.proj.weight");
   bind(lp.proj_b, lp.d_proj_b, "attention.proj.bias");
   bind(lp.ln2_w, lp.d_ln2_w, "post_attention_layernorm.weight");
@@ -335,6 +345,8 @@ void GptChunk::layer_forward(int64_t li, const Tensor& x, Tensor& y, LayerActs& 
   a.ln1_full = tp::enter_column_parallel_forward(tpc, sp, a.ln1);
   a.qkv = Tensor::empty({B, T, (heads_local_ + 2 * groups_local_) * D}, dt, dev_);
   ops::matmul_forward(a.qkv, a.ln1_full, p.qkv_w, bias_of(p.qkv_b));
+  qk_norm_.forward(a.qkv, a.qkv_pre, a.qk_rstd, p.q_norm_w, p.k_norm_w, heads_local_, groups_local_,
+                   pass.purpose == Purpose::train, wide);
   rotary_.forward(a.qkv, heads_local_, groups_local_, pass.kv ? pass.kv->length : 0);
   a.att = Tensor::empty({N, A}, dt, dev_);
   if (pass.kv) {  // over the cached positions too; appends this call's keys and values
@@ -394,7 +406,7 @@ void GptChunk::layer_backward(int64_t li, const Tensor& dy, Tensor& dx, LayerAct
   Tensor dx2 = Tensor::empty({R, C}, dt, dev_);  // dy (the residual) + norm2's backward, one op
   norm_.residual_backward(dx2, p.d_ln2_w, p.d_ln2_b, dy, dln2, a.x2, p.ln2_w, a.mean2, a.rstd2);
 
-  // Attention branch: x2 = x + dropout(proj(attn(rope(qkv(norm1(x))))) + b)
+  // Attention branch: x2 = x + dropout(proj(attn(rope(qk_norm(qkv(norm1(x)))))) + b)
   // (dproj may be dx2 itself: every read of it comes before dx2 accumulates in place below)
   Tensor dproj = hidden_dropout_grad(dx2, pass, layer, kAttnOut);
   if (p.proj_b.defined()) ops::bias_add_backward(p.d_proj_b, dproj);
@@ -403,6 +415,8 @@ void GptChunk::layer_backward(int64_t li, const Tensor& dy, Tensor& dx, LayerAct
   ops::matmul_backward(&datt, &p.d_proj_w, nullptr, dproj_full, a.att, p.proj_w);
   Tensor dqkv = attention_core_backward(datt.view({B, T, A}), a, pass, layer);
   rotary_.backward(dqkv, heads_local_, groups_local_, 0);
+  qk_norm_.backward(dqkv, p.d_q_norm_w, p.d_k_norm_w, a.qkv_pre, a.qk_rstd, p.q_norm_w, p.k_norm_w, heads_local_,
+                    groups_local_);
   Tensor dln1_full = Tensor::empty({N, C}, dt, dev_);
   ops::matmul_backward(&dln1_full, &p.d_qkv_w, p.qkv_b.defined() ? &p.d_qkv_b : nullptr, dqkv, a.ln1_full, p.qkv_w);
   Tensor dln1 = tp::enter_column_parallel_backward(tpc, sp, dln1_full);

@@ -59,6 +59,7 @@ struct GptConfig {
   bool untied = false;      // an output layer of its own instead of the word embedding
   bool bias_linear = true;  // biases of proj, fc1 and fc2 (and of qkv)
   bool qkv_bias = true;     // biases of qkv (bias_linear, or Qwen2's add_qkv_bias)
+  bool qk_norm = false;     // Qwen3's RMSNorm of each query and key head (before the rotary embedding)
   RecomputeGranularity recompute = RecomputeGranularity::none;
   AttentionBackend attention = AttentionBackend::automatic;  // resolved per device by GptChunk
   int64_t micro_batch_size = 1;  // the training micro batch (the shape auto tries the flash form on)
@@ -277,6 +278,7 @@ class GptChunk {
   struct LayerParams {
     Tensor ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc1_w, fc1_b, fc2_w, fc2_b;
     Tensor d_ln1_w, d_ln1_b, d_qkv_w, d_qkv_b, d_proj_w, d_proj_b, d_ln2_w, d_ln2_b, d_fc1_w, d_fc1_b, d_fc2_w, d_fc2_b;
+    Tensor q_norm_w, k_norm_w, d_q_norm_w, d_k_norm_w;  // qk_norm only
   };
   void bind_layer(int64_t layer);
 
@@ -362,6 +364,7 @@ class GptChunk {
   Norm norm_;
   Mlp mlp_;
   Rotary rotary_;
+  QkNorm qk_norm_;
   std::vector<LayerParams> layers_;
   Tensor wte_, wpe_, lnf_w_, lnf_b_, d_wte_, d_wpe_, d_lnf_w_, d_lnf_b_;
   Tensor out_w_, d_out_w_;  // the output layer: the word embedding, or output_layer.weight untied

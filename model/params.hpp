@@ -37,6 +37,7 @@ struct ParamInfo {
   bool weight_decay = true;     // false for biases and norm weights
   bool tp_replicated = false;   // identical on every tp rank (count once in the grad norm)
   bool sp_grad_reduce = false;  // under sequence parallelism its grad is partial per tp rank
+  bool tp_grad_reduce = false;  // replicated, but its grad is partial per tp rank always (qk_norm's weights)
   bool word_embedding = false;  // tied between the first and the last stage
   // Dimension 0 is the vocabulary, padded to make_vocab_size_divisible_by x tp: a
   // checkpoint of another tp (another padding) loads its real rows (the word embedding,

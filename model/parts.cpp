@@ -66,6 +66,24 @@ void Mlp::backward(Tensor& dpre, Tensor* db1, const Tensor& dout, const Tensor& 
   if (db1) ops::bias_add_backward(*db1, dpre);
 }
 
+void QkNorm::forward(Tensor& qkv, Tensor& pre, Tensor& rstd, const Tensor& wq, const Tensor& wk, int64_t heads,
+                     int64_t groups, bool keep, DType wide) const {
+  if (!on) return;
+  const int64_t g = groups ? groups : heads;
+  rstd = Tensor::empty({qkv.dim(0) * qkv.dim(1) * g * (heads / g + 1)}, wide, qkv.device());
+  if (keep) {
+    pre = qkv;
+    qkv = Tensor::empty(pre.shape(), pre.dtype(), pre.device());
+  }
+  ops::qk_norm_forward(qkv, rstd, keep ? pre : qkv, wq, wk, heads, groups, eps);
+  if (!keep) rstd = Tensor();
+}
+
+void QkNorm::backward(Tensor& dqkv, Tensor& dwq, Tensor& dwk, const Tensor& pre, const Tensor& rstd, const Tensor& wq,
+                      const Tensor& wk, int64_t heads, int64_t groups) const {
+  if (on) ops::qk_norm_backward(dqkv, dwq, dwk, dqkv, pre, wq, wk, rstd, heads, groups);
+}
+
 void Rotary::forward(Tensor& qkv, int64_t heads, int64_t groups, int64_t past) const {
   if (on) ops::rope_forward(qkv, qkv, heads, groups, params, past);
 }

@@ -46,6 +46,21 @@ struct Mlp {
   void backward(Tensor& dpre, Tensor* db1, const Tensor& dout, const Tensor& w2, const Tensor& pre) const;
 };
 
+// Qwen3's per-head query/key RMSNorm (ops::qk_norm_forward) on the packed qkv after its
+// projection and before the rotary embedding, or nothing. Weights wq, wk [D].
+struct QkNorm {
+  bool on = false;
+  double eps = 1e-6;
+
+  // qkv [B, T, (H + 2G) D] := its q and k heads normed. keep (training): `pre` takes the
+  // input and rstd [B * T * G * (H/G + 1)] the statistics, for the backward; otherwise in place.
+  void forward(Tensor& qkv, Tensor& pre, Tensor& rstd, const Tensor& wq, const Tensor& wk, int64_t heads,
+               int64_t groups, bool keep, DType wide) const;
+  // dqkv := the gradient before the norms (in place); dwq +=, dwk +=.
+  void backward(Tensor& dqkv, Tensor& dwq, Tensor& dwk, const Tensor& pre, const Tensor& rstd, const Tensor& wq,
+                const Tensor& wk, int64_t heads, int64_t groups) const;
+};
+
 // Where positions enter the attention: rotary embedding of q and k (in place on the packed
 // qkv, after its projection) or nothing (learned positions are added at the embedding).
 struct Rotary {

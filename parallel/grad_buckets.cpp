@@ -112,11 +112,13 @@ DataParallelGrads::DataParallelGrads(std::vector<DpParam> params, const ProcessG
       tp_(groups.tp),
       embedding_(groups.embedding),
       sp_shared_(sequence_parallel && several(groups.tp)),
+      tp_shared_(several(groups.tp) &&
+                 std::any_of(params_.begin(), params_.end(), [](const DpParam& p) { return p.tp_partial; })),
       emb_shared_(groups.topo.pp() > 1 && several(groups.embedding)),
       zero1_(several(groups.dp) ? std::move(zero1) : std::nullopt),
       bucketer_(ranges(params_), zero1_ ? nullptr : groups.dp, bucket_size) {
   deferred_.reserve(params_.size());
-  for (const auto& p : params_) deferred_.push_back((p.word_embedding && emb_shared_) || (p.sp_partial && sp_shared_));
+  for (const auto& p : params_) deferred_.push_back((p.word_embedding && emb_shared_) || tp_partial(p));
   if (zero1_) {
     const int64_t padded = zero1_->buffer.numel(), n = dp_->size();
     MTNLG_CHECK(zero1_->buffer.dtype() == DType::f32 && padded % n == 0 && zero1_->shard_begin <= zero1_->shard_end &&
@@ -146,12 +148,12 @@ void DataParallelGrads::param_ready(int64_t offset) {
     bucketer_.mark_ready(it->offset, it->numel);
 }
 
-// Sequence-parallel partial gradients over tp (in parameter order), then the tied word
+// The tp-partial gradients over tp (in parameter order), then the tied word
 // embedding between the first and the last stage.
 void DataParallelGrads::reduce_shared() {
-  if (sp_shared_)
+  if (sp_shared_ || tp_shared_)
     for (const auto& p : params_)
-      if (p.sp_partial && p.numel > 0)
+      if (tp_partial(p) && p.numel > 0)
         tp_->all_reduce(grads_.flat(p.offset, p.numel).raw(), p.numel, DType::f32, ReduceOp::sum);
   if (emb_shared_)
     for (const auto& p : params_)

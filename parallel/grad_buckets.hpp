@@ -80,7 +80,8 @@ class GradBucketer {
 //      layer backwards: GptChunk's grad-ready hook, param_ready here), and a full bucket
 //      starts its all-reduce over dp while the backward of earlier layers goes on;
 //   2. finish(), after the last backward: the shared gradients, changed by reductions
-//      outside dp: sequence-parallel partial gradients all-reduced over tp, then the
+//      outside dp: tp-partial gradients (sequence-parallel ones, and the replicated
+//      weights that each tp rank applies to its own heads) all-reduced over tp, then the
 //      tied word embedding between the first and the last stage (the embedding group).
 //      Their parameters are "deferred": their buckets start only after this;
 //   3. finish() then completes dp: without ZeRO-1 it starts the buckets not started yet
@@ -92,6 +93,7 @@ struct DpParam {
   int64_t offset = 0, numel = 0;
   bool word_embedding = false;  // the tied word embedding (first and last stage)
   bool sp_partial = false;      // under sequence parallelism its gradient is partial per tp rank
+  bool tp_partial = false;      // its gradient is partial per tp rank whatever the parallelism
 };
 
 // ZeRO-1: this rank's shard [shard_begin, shard_end) of the flat buffer and the padded
@@ -109,7 +111,7 @@ class DataParallelGrads {
                     int64_t bucket_size, std::optional<Zero1Shard> zero1 = std::nullopt);
 
   // Whether any reduction runs (some group of the step has more than one rank).
-  bool active() const { return overlapped() || zero1_ || sp_shared_ || emb_shared_; }
+  bool active() const { return overlapped() || zero1_ || sp_shared_ || tp_shared_ || emb_shared_; }
   // A step over `grads` (f32, the whole flat buffer).
   void begin(Tensor& grads);
   // The gradient of the parameter starting at `offset` is final for this step. Deferred
@@ -132,7 +134,8 @@ class DataParallelGrads {
   std::vector<DpParam> params_;
   std::vector<char> deferred_;  // per parameter
   std::shared_ptr<Communicator> dp_, tp_, embedding_;
-  bool sp_shared_ = false, emb_shared_ = false;
+  bool sp_shared_ = false, tp_shared_ = false, emb_shared_ = false;
+  bool tp_partial(const DpParam& p) const { return (p.sp_partial && sp_shared_) || (p.tp_partial && tp_shared_); }
   std::optional<Zero1Shard> zero1_;
   GradBucketer bucketer_;
   Tensor grads_;

@@ -183,6 +183,7 @@ struct Shape {
   bool qkv_bias = true;  // add_bias_linear or add_qkv_bias
   bool untied = false;   // an output layer of its own on the last stage
   bool rope = false;     // no position table (rotary positions in every layer)
+  bool qk_norm = false;  // qk_layernorm: two replicated [D] weights per layer, the qkv kept before them
   // mtnlg's trainer runs the unfused attention form (model.attention_backend): the
   // [b, a/t, s, s] probabilities exist and are kept unless selective recompute redoes them.
   bool unfused = false;
@@ -208,17 +209,20 @@ Shape shape_of(const Recipe& r, int64_t tp) {
   sh.qkv_bias = m.qkv_bias();
   sh.untied = m.untie_embeddings_and_output_weights;
   sh.rope = m.rope();
+  sh.qk_norm = m.qk_layernorm;
   return sh;
 }
 
 // Parameters one GPU holds for one transformer layer: the column/row-parallel weights
-// and their sharded biases divided by tp, the norms and the two row-parallel output
-// biases replicated (model/gpt.cpp declare_chunk_params).
+// and their sharded biases divided by tp, the norms (qk_layernorm's two of the head size
+// too) and the two row-parallel output biases replicated (model/gpt.cpp
+// declare_chunk_params).
 double layer_params_per_gpu(const Shape& sh, int64_t tp) {
   const double h = double(sh.h), f = double(sh.f), qkv = double(sh.qkv()), pre = double(sh.pre());
   const double sharded =
       qkv * h + double(sh.att()) * h + pre * h + f * h + (sh.qkv_bias ? qkv : 0.0) + (sh.bias ? pre : 0.0);
-  return sharded / double(tp) + double(2 * sh.norm_params() + (sh.bias ? 2 : 0)) * h;
+  return sharded / double(tp) + double(2 * sh.norm_params() + (sh.bias ? 2 : 0)) * h +
+         (sh.qk_norm ? 2.0 * double(sh.D) : 0.0);
 }
 
 // Parameters pipeline stage `st` holds on one tensor rank: its layers; the word embedding
@@ -398,13 +402,15 @@ double trainer_chunk_saved_bytes(const Shape& sh, const Layout& l, Precision pre
     // RMSNorm (rstd); then the attention
     // core's: flash, the log-sum-exp [b, a/t, s] in fp32 (selective keeps the same: no
     // [s, s] tensor exists); unfused, the probabilities [b, a/t, s, s] in the compute dtype,
-    // nothing under selective (the backward redoes them).
+    // nothing under selective (the backward redoes them). qk_layernorm also keeps qkv before
+    // the norms and their statistics in fp32, one per query and key head of each row.
     const double bas = double(l.micro_batch) * double(sh.a) / t * double(sh.s);
     const double core = !sh.unfused                                 ? w * bas
                         : l.recompute == RecomputeGranularity::none ? e * bas * double(sh.s)
                                                                     : 0.0;
     layer = e * (4 * R * C + N * double(sh.qkv()) / t + N * double(sh.att()) / t + N * double(sh.pre() + sh.f) / t) +
             (sp ? 2 * N * C * e : 0.0) + w * double(2 * sh.norm_params()) * R + core;
+    if (sh.qk_norm) layer += e * N * double(sh.qkv()) / t + w * N * double(sh.a + sh.G) / t;
   }
   double b = double(layers) * layer + 2 * N * 4;  // + token ids and targets (i32)
   if (head)  // chunk output, the final norm's statistics and its output's gradient (all N rows under SP);
@@ -941,20 +947,23 @@ double stage_dp_time(const Recipe& r, const Layout& l, const Cluster& c, const S
 }
 
 // This trainer's per-step small collectives (SoftwareProfile::trainer_step_collectives):
-// the sequence-parallel partial gradients of the slowest stage, the grad norm and the
-// step's loss, tokens and skip flag.
+// the tp-partial gradients of the slowest stage (the sequence-parallel ones; qk_layernorm's
+// two weights per layer whatever the parallelism), the grad norm and the step's loss,
+// tokens and skip flag.
 double trainer_collectives_time(const Recipe& r, const Layout& l, const Cluster& c) {
   const Shape sh = shape_of(r, l.tp);
   double sp_max = 0;
-  if (l.sequence_parallel && l.tp > 1) {
+  const bool sp = l.sequence_parallel && l.tp > 1;
+  if (sp || (sh.qk_norm && l.tp > 1)) {
     const GroupLink tpl = group_link(c, 1, l.tp);
     for (int64_t st = 0; st < l.pp; ++st) {
       const double layers = double(l.stage_layers[static_cast<size_t>(st)]);
       // per layer: the two norms' weights (and LayerNorm's biases), the two output biases
-      const double per_layer = double(2 * sh.norm_params() + (sh.bias ? 2 : 0));
+      const double per_layer = sp ? double(2 * sh.norm_params() + (sh.bias ? 2 : 0)) : 0.0;
       double t_sp = per_layer * layers * small_allreduce_time(4.0 * double(sh.h), l.tp, tpl);
-      if (st == 0 && !sh.rope) t_sp += allreduce_time(4.0 * double(sh.maxpos) * double(sh.h), l.tp, tpl);
-      if (st == l.pp - 1) t_sp += double(sh.norm_params()) * small_allreduce_time(4.0 * double(sh.h), l.tp, tpl);
+      if (sh.qk_norm) t_sp += 2 * layers * small_allreduce_time(4.0 * double(sh.D), l.tp, tpl);
+      if (sp && st == 0 && !sh.rope) t_sp += allreduce_time(4.0 * double(sh.maxpos) * double(sh.h), l.tp, tpl);
+      if (sp && st == l.pp - 1) t_sp += double(sh.norm_params()) * small_allreduce_time(4.0 * double(sh.h), l.tp, tpl);
       sp_max = std::max(sp_max, t_sp);
     }
   }

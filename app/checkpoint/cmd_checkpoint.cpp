@@ -150,7 +150,7 @@ void register_export(CLI::App* cmd, const std::shared_ptr<CheckpointArgs>& a) {
       "Export to a Hugging Face model directory (config.json + model.safetensors, sharded with "
       "model.safetensors.index.json above --max-shard-size): GPT2LMHeadModel for a GPT-2-family checkpoint, "
       "LlamaForCausalLM for a Llama-family one (rope + RMSNorm + swiglu), Qwen2ForCausalLM when it has "
-      "q/k/v biases alone (add_qkv_bias)");
+      "q/k/v biases alone (add_qkv_bias), Qwen3ForCausalLM when it has per-head q/k norms (qk_layernorm)");
   ex->add_option("--format", a->format, "hf: the family the checkpoint's recipe says; hf-gpt2: GPT-2 only")
       ->check(CLI::IsMember(std::vector<std::string>(std::begin(kHfFormats), std::end(kHfFormats))))
       ->capture_default_str();
@@ -190,7 +190,8 @@ void register_export(CLI::App* cmd, const std::shared_ptr<CheckpointArgs>& a) {
 void register_import(CLI::App* cmd, const std::shared_ptr<CheckpointArgs>& a) {
   auto* im = cmd->add_subcommand(
       "import",
-      "Import a Hugging Face model directory (GPT2LMHeadModel, LlamaForCausalLM or Qwen2ForCausalLM, by "
+      "Import a Hugging Face model directory (GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM or "
+      "Qwen3ForCausalLM, by "
       "config.json's architectures / model_type; model.safetensors or shards with "
       "model.safetensors.index.json; F32, BF16 or F16) as an mtnlg checkpoint (iteration 0); its "
       "tokenizer.json (+ tokenizer_config.json), when there, is copied beside it for eval and generate");

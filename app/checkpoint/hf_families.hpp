@@ -77,11 +77,13 @@ Export gpt2_export(const model::LoadedModel& m);
 Recipe gpt2_recipe(const Config& cfg, const std::string& recipe_path);
 void gpt2_weights(Weights& w, const Recipe& r, model::ParamStore& store);
 
-// ---- Llama, Qwen2 (hf_llama.cpp) -----------------------------------------------------
+// ---- Llama, Qwen2, Qwen3 (hf_llama.cpp) -----------------------------------------------
+// The class of a Llama-family config.json: LlamaForCausalLM, Qwen2ForCausalLM (q/k/v
+// biases alone), Qwen3ForCausalLM (per-head q/k norms).
+enum class LlamaKind { llama, qwen2, qwen3 };
 std::string llama_unfit(const ModelConfig& m);  // as gpt2_unfit
 Export llama_export(const ModelConfig& mc, const model::LoadedModel& m);
-// `qwen2`: config.json is a Qwen2ForCausalLM's.
-Recipe llama_recipe(const Config& cfg, bool qwen2, const std::string& recipe_path);
+Recipe llama_recipe(const Config& cfg, LlamaKind kind, const std::string& recipe_path);
 void llama_weights(Weights& w, const Recipe& r, model::ParamStore& store);
 
 }  // namespace mtnlg::app::hf

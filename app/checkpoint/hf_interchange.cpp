@@ -146,7 +146,7 @@ Tensor transpose(const Tensor& w) {
 
 namespace {
 
-enum class Family { gpt2, llama, qwen2 };
+enum class Family { gpt2, llama, qwen2, qwen3 };
 
 // The family config.json's architectures / model_type name; InputError naming the field
 // for one mtnlg does not import.
@@ -158,22 +158,21 @@ Family import_family(const hf::Config& cfg) {
     arch = a[0].get<std::string>();
   }
   const std::string type = cfg.string("model_type", "");
-  if (arch == "Qwen3ForCausalLM" || type == "qwen3")
-    cfg.bad(type == "qwen3" ? "model_type" : "architectures",
-            "Qwen3 (Qwen3ForCausalLM) normalizes each query and key head (q_norm, k_norm: mtnlg's model.qk_layernorm), "
-            "which mtnlg's model does not build yet");
-  static const std::pair<const char*, const char*> known[] = {
-      {"GPT2LMHeadModel", "gpt2"}, {"LlamaForCausalLM", "llama"}, {"Qwen2ForCausalLM", "qwen2"}};
+  static const std::pair<const char*, const char*> known[] = {{"GPT2LMHeadModel", "gpt2"},
+                                                              {"LlamaForCausalLM", "llama"},
+                                                              {"Qwen2ForCausalLM", "qwen2"},
+                                                              {"Qwen3ForCausalLM", "qwen3"}};
   int by_arch = -1, by_type = -1;
-  for (int i = 0; i < 3; ++i) {
+  for (int i = 0; i < 4; ++i) {
     if (arch == known[i].first) by_arch = i;
     if (type == known[i].second) by_type = i;
   }
   if (!arch.empty() && by_arch < 0)
-    cfg.bad("architectures",
-            fmt::format("'{}': mtnlg imports GPT2LMHeadModel, LlamaForCausalLM and Qwen2ForCausalLM", arch));
+    cfg.bad("architectures", fmt::format("'{}': mtnlg imports GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM and "
+                                         "Qwen3ForCausalLM",
+                                         arch));
   if (arch.empty() && by_type < 0)
-    cfg.bad("model_type", fmt::format("'{}' (and no architectures): mtnlg imports gpt2, llama and qwen2", type));
+    cfg.bad("model_type", fmt::format("'{}' (and no architectures): mtnlg imports gpt2, llama, qwen2 and qwen3", type));
   if (by_arch >= 0 && !type.empty() && by_type != by_arch)
     cfg.bad("model_type", fmt::format("'{}' does not go with architectures '{}'", type, arch));
   return static_cast<Family>(by_arch >= 0 ? by_arch : by_type);
@@ -317,8 +316,10 @@ std::string import_hf(const std::string& in_dir, const std::string& out, const s
   if (format == "hf-gpt2" && fam != Family::gpt2)
     throw_input("--format hf-gpt2: {} is not a GPT-2 model (model_type '{}'); import it with --format hf", cfg.path,
                 cfg.string("model_type", ""));
-  const Recipe r = fam == Family::gpt2 ? hf::gpt2_recipe(cfg, recipe_path)
-                                       : hf::llama_recipe(cfg, fam == Family::qwen2, recipe_path);
+  const hf::LlamaKind kind = fam == Family::qwen2   ? hf::LlamaKind::qwen2
+                             : fam == Family::qwen3 ? hf::LlamaKind::qwen3
+                                                    : hf::LlamaKind::llama;
+  const Recipe r = fam == Family::gpt2 ? hf::gpt2_recipe(cfg, recipe_path) : hf::llama_recipe(cfg, kind, recipe_path);
   // A tokenizer.json beside the model comes along (with its tokenizer_config.json, which
   // names the EOS): eval and generate find it in the checkpoint root.
   const bool with_tokenizer = check_tokenizer(in_dir, r.model.vocab_size);

@@ -3,8 +3,9 @@
 // tokenizer.json) to and from mtnlg checkpoints, one family of models at a time:
 //   GPT-2    GPT2LMHeadModel (learned positions, LayerNorm, GELU, tied, biases)
 //   Llama    LlamaForCausalLM (rotary positions, RMSNorm, SwiGLU, grouped-query attention,
-//            tied or untied, biases everywhere or nowhere) and Qwen2ForCausalLM (the same
-//            with biases on q/k/v alone).
+//            tied or untied, biases everywhere or nowhere), Qwen2ForCausalLM (the same
+//            with biases on q/k/v alone) and Qwen3ForCausalLM (no biases, per-head q/k
+//            norms: qk_layernorm).
 // Export picks the family from the checkpoint's recipe, import from config.json's
 // `architectures` / `model_type`; what the other side cannot express is an InputError
 // naming the recipe key or config.json field.

@@ -1,7 +1,10 @@
-// Hugging Face Llama (LlamaForCausalLM) and Qwen2 (Qwen2ForCausalLM): rotary positions
-// (rotate-half, Llama 3.1's scaling), RMSNorm, SwiGLU, grouped-query attention, tied or
-// untied output; Llama's biases on every linear layer or none (attention_bias and
-// mlp_bias together), Qwen2's on q/k/v alone. Names model.layers.{i}.self_attn.q_proj...,
+// Hugging Face Llama (LlamaForCausalLM), Qwen2 (Qwen2ForCausalLM) and Qwen3
+// (Qwen3ForCausalLM): rotary positions (rotate-half, Llama 3.1's scaling), RMSNorm,
+// SwiGLU, grouped-query attention, tied or untied output; Llama's biases on every linear
+// layer or none (attention_bias and mlp_bias together), Qwen2's on q/k/v alone, Qwen3's
+// none (its attention_bias would put them on q/k/v/o, which mtnlg does not build) with an
+// RMSNorm of each query and key head (q_norm, k_norm: model.qk_layernorm, whose weights
+// q_layernorm / k_layernorm copy as they are). Names model.layers.{i}.self_attn.q_proj...,
 // nn.Linear weights [out, in] as ours; the fused qkv is split per group (docs/specs/
 // interface.md, "Checkpoints").
 #include <cmath>
@@ -40,28 +43,31 @@ constexpr const char* kProj[3] = {"q_proj", "k_proj", "v_proj"};
 std::string llama_unfit(const ModelConfig& m) {
   std::string why;
   if (!m.rope())
-    why = "model.position_embedding_type: learned_absolute (Llama and Qwen2 have rotary positions)";
+    why = "model.position_embedding_type: learned_absolute (Llama, Qwen2 and Qwen3 have rotary positions)";
   else if (!m.rmsnorm())
-    why = "model.normalization: LayerNorm with rotary positions (Llama and Qwen2 have RMSNorm)";
+    why = "model.normalization: LayerNorm with rotary positions (Llama, Qwen2 and Qwen3 have RMSNorm)";
   else if (!m.swiglu)
-    why = "model.swiglu: false with rotary positions (Llama's and Qwen2's MLP is SwiGLU)";
+    why = "model.swiglu: false with rotary positions (the MLP of Llama, Qwen2 and Qwen3 is SwiGLU)";
   else if (m.rotary_interleaved)
-    why = "model.rotary_interleaved: true (Llama and Qwen2 rotate halves)";
+    why = "model.rotary_interleaved: true (Llama, Qwen2 and Qwen3 rotate halves)";
   else if (m.rotary_percent != 1.0)
-    why = fmt::format("model.rotary_percent: {} (Llama and Qwen2 rotate every dimension of a head)", m.rotary_percent);
-  else if (m.qk_layernorm)
-    why = "model.qk_layernorm: true (Qwen3's per-head q/k norms are not exported yet)";
+    why = fmt::format("model.rotary_percent: {} (Llama, Qwen2 and Qwen3 rotate every dimension of a head)",
+                      m.rotary_percent);
+  else if (m.qk_layernorm && (m.add_bias_linear || m.add_qkv_bias))
+    why = "model.qk_layernorm with biases (Qwen3's attention_bias covers q, k, v and o together, never the MLP)";
   else if (!m.add_bias_linear && m.add_qkv_bias && m.kv_channels > 0 &&
            m.kv_channels * m.num_attention_heads != m.hidden_size)
     why = "model.kv_channels with model.add_qkv_bias (Qwen2's head size is hidden_size / num_attention_heads)";
   if (why.empty()) return "";
-  return why + ": Hugging Face's LlamaForCausalLM and Qwen2ForCausalLM cannot express it";
+  return why + ": Hugging Face's LlamaForCausalLM, Qwen2ForCausalLM and Qwen3ForCausalLM cannot express it";
 }
 
 namespace {
-// config.json of a Llama-family export: LlamaForCausalLM, or Qwen2ForCausalLM for q/k/v
-// biases alone.
-nlohmann::ordered_json llama_config(const ModelConfig& mc, const model::GptConfig& c, const QkvLayout& q, bool qwen2) {
+// config.json of a Llama-family export: LlamaForCausalLM, Qwen2ForCausalLM for q/k/v
+// biases alone, Qwen3ForCausalLM for per-head q/k norms.
+nlohmann::ordered_json llama_config(const ModelConfig& mc, const model::GptConfig& c, const QkvLayout& q,
+                                    LlamaKind kind) {
+  const bool qwen2 = kind == LlamaKind::qwen2, qwen3 = kind == LlamaKind::qwen3;
   const int64_t C = c.hidden, F = c.ffn, V = c.vocab_size, L = c.num_layers_total;
   nlohmann::ordered_json rope_scaling = nullptr;
   if (mc.use_rope_scaling)
@@ -71,8 +77,8 @@ nlohmann::ordered_json llama_config(const ModelConfig& mc, const model::GptConfi
                     {"high_freq_factor", kHighFreqFactor},
                     {"original_max_position_embeddings", static_cast<int64_t>(kOriginalPositions)}};
   nlohmann::ordered_json j;
-  j["architectures"] = {qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM"};
-  j["model_type"] = qwen2 ? "qwen2" : "llama";
+  j["architectures"] = {qwen3 ? "Qwen3ForCausalLM" : qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM"};
+  j["model_type"] = qwen3 ? "qwen3" : qwen2 ? "qwen2" : "llama";
   j["vocab_size"] = V;
   j["hidden_size"] = C;
   j["intermediate_size"] = F;
@@ -86,7 +92,8 @@ nlohmann::ordered_json llama_config(const ModelConfig& mc, const model::GptConfi
   j["rms_norm_eps"] = c.layernorm_eps;
   j["rope_theta"] = mc.rotary_base;
   j["rope_scaling"] = rope_scaling;
-  if (qwen2) {
+  if (qwen3) j["attention_bias"] = false;
+  if (qwen2 || qwen3) {
     j["use_sliding_window"] = false;
     j["sliding_window"] = nullptr;
     j["max_window_layers"] = L;
@@ -106,7 +113,9 @@ Export llama_export(const ModelConfig& mc, const model::LoadedModel& m) {
   const auto& c = m.cfg;
   const int64_t C = c.hidden, V = c.vocab_size, L = c.num_layers_total;
   const QkvLayout q{c.heads, c.kv_groups(), c.head_dim()};
-  const bool qwen2 = !c.bias_linear && c.qkv_bias;
+  const LlamaKind kind = c.qk_norm                        ? LlamaKind::qwen3
+                         : (!c.bias_linear && c.qkv_bias) ? LlamaKind::qwen2
+                                                          : LlamaKind::llama;
   Export ex;
   auto& out = ex.tensors;
   auto same = [&](const std::string& hf, const std::string& ours) {
@@ -132,6 +141,10 @@ Export llama_export(const ModelConfig& mc, const model::LoadedModel& m) {
                          return t;
                        }});
     }
+    if (c.qk_norm) {
+      same(h + "self_attn.q_norm.weight", p + "attention.q_layernorm.weight");
+      same(h + "self_attn.k_norm.weight", p + "attention.k_layernorm.weight");
+    }
     same(h + "self_attn.o_proj.weight", p + "attention.proj.weight");
     if (c.bias_linear) same(h + "self_attn.o_proj.bias", p + "attention.proj.bias");
     same(h + "post_attention_layernorm.weight", p + "post_attention_layernorm.weight");
@@ -147,7 +160,7 @@ Export llama_export(const ModelConfig& mc, const model::LoadedModel& m) {
   same("model.norm.weight", "final_layernorm.weight");
   if (c.untied) out.push_back({"lm_head.weight", {V, C}, [&m, V] { return real_rows(m, "output_layer.weight", V); }});
 
-  ex.config = llama_config(mc, c, q, qwen2);
+  ex.config = llama_config(mc, c, q, kind);
   return ex;
 }
 
@@ -222,7 +235,8 @@ void agree(const std::string& recipe_path, const char* key, T given, T implied, 
 
 }  // namespace
 
-Recipe llama_recipe(const Config& cfg, bool qwen2, const std::string& recipe_path) {
+Recipe llama_recipe(const Config& cfg, LlamaKind kind, const std::string& recipe_path) {
+  const bool qwen2 = kind == LlamaKind::qwen2, qwen3 = kind == LlamaKind::qwen3;
   const int64_t C = cfg.integer("hidden_size"), L = cfg.integer("num_hidden_layers"),
                 H = cfg.integer("num_attention_heads"), F = cfg.integer("intermediate_size"),
                 V = cfg.integer("vocab_size"), P = cfg.integer("max_position_embeddings");
@@ -230,12 +244,17 @@ Recipe llama_recipe(const Config& cfg, bool qwen2, const std::string& recipe_pat
   if (H <= 0) cfg.bad("num_attention_heads", "must be positive");
   if (G <= 0 || H % G != 0)
     cfg.bad("num_key_value_heads", fmt::format("{} does not divide num_attention_heads {}", G, H));
-  const int64_t D = cfg.integer("head_dim", C / H);
+  const int64_t D = cfg.integer("head_dim", qwen3 ? 128 : C / H);  // Qwen3Config's default head_dim is 128
   if (cfg.string("hidden_act", "silu") != "silu")
     cfg.bad("hidden_act", fmt::format("'{}': mtnlg's SwiGLU is silu(gate) * up", cfg.string("hidden_act", "")));
   bool bias_linear = false, qkv_bias = false;
   if (qwen2) {
     qkv_bias = true;  // Qwen2: q/k/v biases always, none on o_proj or the MLP
+    if (cfg.boolean("use_sliding_window", false))
+      cfg.bad("use_sliding_window", "true: sliding-window attention is not built in mtnlg");
+  } else if (qwen3) {
+    if (cfg.boolean("attention_bias", false))
+      cfg.bad("attention_bias", "true: Qwen3's biases on q, k, v and o without the MLP's are not built in mtnlg");
     if (cfg.boolean("use_sliding_window", false))
       cfg.bad("use_sliding_window", "true: sliding-window attention is not built in mtnlg");
   } else {
@@ -256,10 +275,10 @@ Recipe llama_recipe(const Config& cfg, bool qwen2, const std::string& recipe_pat
       "kv_channels: {}, seq_length: {}, max_position_embeddings: {}, vocab_size: {}, norm_epsilon: {}, "
       "position_embedding_type: rope, rotary_base: {}, use_rope_scaling: {}, rope_scaling_factor: {}, "
       "normalization: RMSNorm, swiglu: true, untie_embeddings_and_output_weights: {}, add_bias_linear: {}, "
-      "add_qkv_bias: {}, init_method_std: {}, hidden_dropout: 0.0, attention_dropout: {}}}\n"
+      "add_qkv_bias: {}, qk_layernorm: {}, init_method_std: {}, hidden_dropout: 0.0, attention_dropout: {}}}\n"
       "training: {{micro_batch_size: 1, global_batch_size: 1, train_iters: 1}}\ndata: {{mock: true}}\n",
       L, C, H, G, F, D * H == C ? 0 : D, P, P, V, eps, rope.theta, rope.scaling, rope.factor, !tied, bias_linear,
-      qkv_bias, std_, att_drop);
+      qkv_bias, qwen3, std_, att_drop);
   const Recipe built = parse_recipe(y, cfg.path);
   if (recipe_path.empty()) return built;
   const Recipe r = load_recipe(recipe_path);
@@ -282,10 +301,13 @@ Recipe llama_recipe(const Config& cfg, bool qwen2, const std::string& recipe_pat
     agree(recipe_path, "rope_scaling_factor", m.rope_scaling_factor, b.rope_scaling_factor, cfg, "rope_scaling.factor");
   agree(recipe_path, "untie_embeddings_and_output_weights", m.untie_embeddings_and_output_weights,
         b.untie_embeddings_and_output_weights, cfg, fmt::format("tie_word_embeddings {}", tied));
-  const std::string biases = qwen2 ? std::string("model_type qwen2 (biases on q/k/v alone)")
-                                   : fmt::format("attention_bias {}, mlp_bias {}", bias_linear, bias_linear);
+  const std::string biases = qwen2   ? std::string("model_type qwen2 (biases on q/k/v alone)")
+                             : qwen3 ? std::string("model_type qwen3 (no biases)")
+                                     : fmt::format("attention_bias {}, mlp_bias {}", bias_linear, bias_linear);
   agree(recipe_path, "add_bias_linear", m.add_bias_linear, b.add_bias_linear, cfg, biases);
   agree(recipe_path, "add_qkv_bias", m.qkv_bias(), b.qkv_bias(), cfg, biases);
+  agree(recipe_path, "qk_layernorm", m.qk_layernorm, b.qk_layernorm, cfg,
+        fmt::format("model_type {} ({} per-head q/k norms)", cfg.string("model_type", ""), qwen3 ? "with" : "without"));
   return r;
 }
 
@@ -315,6 +337,10 @@ void llama_weights(Weights& w, const Recipe& r, model::ParamStore& store) {
         Tensor b = w.get(name + ".bias", {q.rows(part)}), qkvb = store.param(p + "attention.qkv.bias");
         for (int64_t i = 0; i < q.rows(part); ++i) qkvb.data<float>()[q.fused(part, i)] = b.data<float>()[i];
       }
+    }
+    if (m.qk_layernorm) {
+      put(p + "attention.q_layernorm.weight", h + "self_attn.q_norm.weight", {q.D});
+      put(p + "attention.k_layernorm.weight", h + "self_attn.k_norm.weight", {q.D});
     }
     put(p + "attention.proj.weight", h + "self_attn.o_proj.weight", {C, q.H * q.D});
     if (m.add_bias_linear) put(p + "attention.proj.bias", h + "self_attn.o_proj.bias", {C});

@@ -41,8 +41,7 @@ void set_architecture(model::GptConfig& c, const ModelConfig& m) {
   c.untied = m.untie_embeddings_and_output_weights;
   c.bias_linear = m.add_bias_linear;
   c.qkv_bias = m.qkv_bias();
-  if (m.qk_layernorm)
-    throw_input("model.qk_layernorm: the per-head query/key norm (Qwen3, OLMo 2) is not built yet; remove the key");
+  c.qk_norm = m.qk_layernorm;
 }
 }  // namespace
 

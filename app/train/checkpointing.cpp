@@ -75,6 +75,7 @@ void check_same_network(const std::string& dir, const model::ckpt::TrainState& s
             yes_no(b.untie_embeddings_and_output_weights));
   same_text("add_bias_linear", yes_no(a.add_bias_linear), yes_no(b.add_bias_linear));
   same_text("add_qkv_bias", yes_no(a.qkv_bias()), yes_no(b.qkv_bias()));
+  same_text("qk_layernorm", yes_no(a.qk_layernorm), yes_no(b.qk_layernorm));
 }
 
 CheckpointManager::CheckpointManager(const Recipe& r, const parallel::ProcessGroups& g, model::ckpt::Layout layout)

@@ -274,6 +274,7 @@ std::string architecture_line(const ModelConfig& m) {
   if (m.kv_channels > 0) s += fmt::format(", head size {}", m.head_dim());
   s += m.untie_embeddings_and_output_weights ? ", untied" : ", tied";
   if (!m.add_bias_linear) s += m.add_qkv_bias ? ", biases on q/k/v only" : ", no linear biases";
+  if (m.qk_layernorm) s += ", q/k head norms";
   return s;
 }
 
@@ -330,7 +331,8 @@ struct TrainOutputs {
 
 std::vector<parallel::DpParam> dp_params(const model::ParamStore& store) {
   std::vector<parallel::DpParam> params;
-  for (const auto& p : store.infos()) params.push_back({p.offset, p.numel, p.word_embedding, p.sp_grad_reduce});
+  for (const auto& p : store.infos())
+    params.push_back({p.offset, p.numel, p.word_embedding, p.sp_grad_reduce, p.tp_grad_reduce});
   return params;
 }
 

@@ -6,9 +6,9 @@
 // Dtypes on CUDA (checked here, RuntimeError naming the op and the argument):
 //   activations, their gradients and the weights as used by the forward: f32, bf16 or
 //     f16, all the same within one call;
-//   parameter gradients (matmul dw/dbias, layernorm/rmsnorm dw/db, bias_add db, embedding
+//   parameter gradients (matmul dw/dbias, layernorm/rmsnorm/qk_norm dw/db, bias_add db, embedding
 //     dtable, position dpos): f32 (fp32 gradient accumulation);
-//   statistics (layernorm mean/rstd, rmsnorm rstd, attention lse, xent rowmax/sumexp/target_logit/
+//   statistics (layernorm mean/rstd, rmsnorm and qk_norm rstd, attention lse, xent rowmax/sumexp/target_logit/
 //     dloss): f32;
 //   optimizer param/grad/m/v: f32 (the master copy); f64 is CPU-only.
 // In fp32 training all of these are f32, so the model's CPU allocations carry over.
@@ -56,6 +56,8 @@ MTNLG_CUDA_OP(swiglu_forward)
 MTNLG_CUDA_OP(swiglu_backward)
 MTNLG_CUDA_OP(rope_forward)
 MTNLG_CUDA_OP(rope_backward)
+MTNLG_CUDA_OP(qk_norm_forward)  // a warp per head
+MTNLG_CUDA_OP(qk_norm_backward)
 MTNLG_CUDA_OP(gelu_forward)
 MTNLG_CUDA_OP(gelu_backward)
 MTNLG_CUDA_OP(dropout_forward)

@@ -130,6 +130,17 @@ TEST_CASE("ops: shapes and dtype roles are checked once, before the dispatch, th
     rp.scaling = true;
     rp.high_freq_factor = 0.5;
     CHECK_THROWS_WITH(ops::rope_backward(qout, qkv, 4, 2, rp, 0), Catch::Contains("rope_backward: rope scaling needs"));
+    // qk_norm: weights of the head size, rstd one per query and key head of a row
+    Tensor w4 = t({4}), w5 = t({5}), r12 = t({12}), r8 = t({8});
+    CHECK_THROWS_WITH(ops::qk_norm_forward(qout, r12, qkv, w4, w5, 4, 2, 1e-6),
+                      Catch::Contains("qk_norm_forward: wk has 5 elements, expected 4"));
+    CHECK_THROWS_WITH(ops::qk_norm_forward(qout, r8, qkv, w4, w4, 4, 2, 1e-6),
+                      Catch::Contains("qk_norm_forward: rstd has 8 elements, expected 12"));
+    Tensor buf = t({65}), from = buf.flat(0, 64).view({1, 2, 32}), shifted = buf.flat(1, 64).view({1, 2, 32});
+    CHECK_THROWS_WITH(ops::qk_norm_forward(shifted, r12, from, w4, w4, 4, 2, 1e-6),
+                      Catch::Contains("qk_norm_forward: the output overlaps the input without being it"));
+    CHECK_THROWS_WITH(ops::qk_norm_backward(qout, w4, w4, qkv, qkv, w4, w4, r12, 3, 2),
+                      Catch::Contains("qk_norm_backward: heads 3 is not a positive multiple of the query groups 2"));
     Tensor att = t({1, 2, 16}), lse = t({1, 4, 2});
     CHECK_THROWS_WITH(
         ops::attention_forward_lse(att, lse, qkv, 4, ops::AttentionDropout{}, 3),

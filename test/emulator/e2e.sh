@@ -19,7 +19,8 @@
 #     graphs      training.enable_cuda_graph: micro batches replayed from CUDA graphs give
 #                 the eager cuda run's losses and grad norms bit for bit (fp32 with recompute
 #                 none and full, bf16, fp16 with loss scaling; the loss-mask path; hidden and
-#                 attention dropout, unfused and cuDNN's, keys from device memory), with the
+#                 attention dropout, unfused and cuDNN's, keys from device memory; a Llama-family
+#                 model with qk_layernorm), with the
 #                 graph launches counted in metrics.jsonl; under mpirun dp2 (the last micro
 #                 batch eager, for the overlapped reduction) and tp2 with sequence
 #                 parallelism (NCCL captured, the same bytes counted) too; a capture the runtime
@@ -161,6 +162,13 @@ EOF
           --set training.enable_cuda_graph=true &&
         compare "graph-$id" "eager-$id" 0
     done
+    # the Llama family with Qwen3's per-head q/k norms (their op and weights inside the graphs)
+    qk=(--set model.position_embedding_type=rope --set model.normalization=RMSNorm --set model.swiglu=true
+      --set model.ffn_hidden_size=80 --set model.num_query_groups=2 --set model.add_bias_linear=false
+      --set model.qk_layernorm=true)
+    train eager-qk cuda bf16 "${nodrop[@]}" "${qk[@]}" &&
+      train graph-qk cuda bf16 "${nodrop[@]}" "${qk[@]}" --set training.enable_cuda_graph=true &&
+      compare graph-qk eager-qk 0
     # the dropout runs do drop: not the numbers of the runs without
     python3 - "$out" <<'EOF' || fails=$((fails + 1))
 import json, sys
@@ -198,7 +206,7 @@ def last(name):
 # 6 steps x 4 micro batches: the first eager (warm-up), the other 23 a forward and a
 # backward launch each; dp2: 6 x 2, the last of each step eager: 5 graphed
 want = {"graph-fp32-none": 46, "graph-fp32-full": 46, "graph-bf16-selective": 46, "graph-fp16-none": 46, "dp2-graph": 10,
-        "tp2-graph": 46, "graph-fp32-selective-drop": 46, "graph-bf16-none-drop": 46}
+        "tp2-graph": 46, "graph-fp32-selective-drop": 46, "graph-bf16-none-drop": 46, "graph-qk": 46}
 ok = True
 for name, n in want.items():
     got = last(name).get("cuda_graph_replays")

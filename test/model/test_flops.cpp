@@ -69,6 +69,10 @@ TEST_CASE("model FLOPs: Llama 3 8B by Megatron-Core's formula with GQA and SwiGL
   ModelConfig tied = m;
   tied.untie_embeddings_and_output_weights = false;
   CHECK(model::parameter_count(tied, V) == 8030261248.0 - double(V) * 4096);
+  // Qwen3's per-head q/k norms: two weights of the head size per layer
+  ModelConfig qk = m;
+  qk.qk_layernorm = true;
+  CHECK(model::parameter_count(qk, V) == 8030261248.0 + 32 * 2 * 128);
   CHECK(model::model_flops(tied, V, 1) == model::model_flops(m, V, 1));
   CHECK(model::model_flops_formula(m) ==
         "12*B*s*l*h^2*((1+G/H+s/h)*H*D/h+3/2*F/h+V/(2*l*h)) with H 32, G 8, D 128, F 14336");

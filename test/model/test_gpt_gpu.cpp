@@ -171,13 +171,15 @@ TEST_CASE("gpt on the GPU: loss and every parameter gradient equal the CPU run (
 
 // The Llama family's parts on CUDA (rotary embedding, RMSNorm fused with the residual,
 // SwiGLU, grouped and multi-query attention, a head size of its own, q/k/v biases alone,
-// tied and untied output) against the CPU, with the GPT case's metrics. auto picks the
+// tied and untied output, per-head q/k norms) against the CPU, with the GPT case's metrics. auto picks the
 // flash form (cuDNN's fused attention with K and V of fewer heads) for bf16, without
 // attention dropout as in the GPT case (cuDNN draws its own mask), and unfused for fp32.
 TEST_CASE("llama on the GPU: loss and every parameter gradient equal the CPU run (fp32 3.3e-5, bf16 1e-2)", "[gpu]") {
   if (!test::gpu_ready()) return;
-  const std::pair<int, RecomputeGranularity> cases[] = {
-      {0, RecomputeGranularity::none}, {0, RecomputeGranularity::selective}, {1, RecomputeGranularity::full}};
+  const std::pair<int, RecomputeGranularity> cases[] = {{0, RecomputeGranularity::none},
+                                                        {0, RecomputeGranularity::selective},
+                                                        {1, RecomputeGranularity::full},
+                                                        {2, RecomputeGranularity::full}};  // Qwen3's q/k norms
   for (DType dt : {DType::f32, DType::bf16})
     for (const auto& [variant, rc] : cases) {
       INFO(to_string(dt) << " llama variant " << variant << " recompute " << to_string(rc));

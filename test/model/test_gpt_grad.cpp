@@ -136,15 +136,18 @@ TEST_CASE("gpt: every parameter gradient matches finite differences (fp64)", "[m
 }
 
 // Rotary positions, RMSNorm, SwiGLU, grouped and multi-query attention, a head size of
-// its own, q/k/v biases alone, tied and untied output layers.
+// its own, q/k/v biases alone, tied and untied output layers, Qwen3's per-head q/k norms
+// (variant 2, flash only: the norms sit before the attention core).
 TEST_CASE("llama: every parameter gradient matches finite differences (fp64)", "[model]") {
-  for (int variant : {0, 1})
+  for (int variant : {0, 1, 2})
     for (const auto att : {AttentionBackend::flash, AttentionBackend::unfused})
       for (double p : {0.2}) {  // the dropout-free path is the same code with p = 0 (the GPT case has both)
+        if (variant == 2 && att == AttentionBackend::unfused) continue;
         INFO("llama variant " << variant << " attention " << to_string(att) << " dropout " << p);
         Tiny m(RecomputeGranularity::none, p, att, int64_t{1} << 28, variant);
         REQUIRE(m.chunk->attention_backend() == att);
-        REQUIRE(m.store.has("output_layer.weight") == (variant == 0));
+        REQUIRE(m.store.has("output_layer.weight") == (variant != 1));
+        REQUIRE(m.store.has("layers.0.attention.q_layernorm.weight") == (variant == 2));
         REQUIRE(m.store.has("embedding.position_embeddings.weight") == false);
         check_finite_differences(m);
       }
@@ -154,7 +157,7 @@ TEST_CASE("llama: every parameter gradient matches finite differences (fp64)", "
 // loss and gradients: bit for bit within a form, to rounding across the two forms (they
 // sum in different orders).
 TEST_CASE("gpt: selective and full recompute give the same loss and gradients", "[model]") {
-  for (int llama : {-1, 0, 1}) {
+  for (int llama : {-1, 0, 1, 2}) {
     Tiny base(RecomputeGranularity::none, 0.1, AttentionBackend::flash, int64_t{1} << 28, llama);
     double L0 = base.loss_and_grad();
     for (auto att : {AttentionBackend::flash, AttentionBackend::unfused})

@@ -120,9 +120,10 @@ TEST_CASE("gpt: loss, gradients and AdamW steps equal PyTorch's", "[oracle]") {
 
 // Variant 0: Llama 3's form with 2 key/value groups, untied; variant 1: multi-query, head
 // size 16 (attention 64 wide on a hidden of 32), half of each head rotating in interleaved
-// pairs with Llama 3.1's scaling, q/k/v biases, tied (test::make_llama).
+// pairs with Llama 3.1's scaling, q/k/v biases, tied; variant 2: variant 0 with Qwen3's
+// per-head q/k norms (test::make_llama).
 TEST_CASE("llama: loss, gradients and AdamW steps equal PyTorch's", "[oracle]") {
-  for (int variant : {0, 1}) {
+  for (int variant : {0, 1, 2}) {
     INFO("llama variant " << variant);
     GptConfig cfg = test::tiny_gpt_config();
     cfg.init_std = 0.05;

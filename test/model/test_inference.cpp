@@ -61,44 +61,50 @@ Tensor cached_logits(GptChunk& m, const std::vector<int32_t>& seq, int64_t B, in
 }  // namespace
 
 TEST_CASE("inference: scoring through GptChunk gives log-probs that sum to its training loss", "[inference]") {
-  GptConfig cfg = tiny_config();
-  cfg.seq_length = 12;
-  LoadedModel lm = make_random_model(cfg, 11);
-  auto chunk = whole_model_chunk(cfg, lm.store);
-  const int64_t B = 2, T = cfg.seq_length;
-  std::vector<int32_t> tokens(static_cast<size_t>(B * (T + 1)));
-  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>((i * 13 + 5) % cfg.vocab_size);
-  TrainMicroBatch mb;
-  mb.tokens = tokens.data();
-  mb.micro_batch_size = B;
-  auto fr = chunk->forward(0, mb, Tensor());
-  chunk->drop_saved();
+  // -1: the GPT; 2: a Llama with Qwen3's q/k norms (kept for the backward when training,
+  // in place when scoring)
+  for (int llama : {-1, 2}) {
+    INFO("llama variant " << llama);
+    GptConfig cfg = tiny_config();
+    if (llama >= 0) test::make_llama(cfg, llama);
+    cfg.seq_length = 12;
+    LoadedModel lm = make_random_model(cfg, 11);
+    auto chunk = whole_model_chunk(cfg, lm.store);
+    const int64_t B = 2, T = cfg.seq_length;
+    std::vector<int32_t> tokens(static_cast<size_t>(B * (T + 1)));
+    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>((i * 13 + 5) % cfg.vocab_size);
+    TrainMicroBatch mb;
+    mb.tokens = tokens.data();
+    mb.micro_batch_size = B;
+    auto fr = chunk->forward(0, mb, Tensor());
+    chunk->drop_saved();
 
-  std::vector<ScoreRequest> reqs(B);
-  for (int64_t b = 0; b < B; ++b) {
-    reqs[b].input.assign(tokens.begin() + b * (T + 1), tokens.begin() + b * (T + 1) + T);
-    reqs[b].targets.assign(tokens.begin() + b * (T + 1) + 1, tokens.begin() + (b + 1) * (T + 1));
+    std::vector<ScoreRequest> reqs(B);
+    for (int64_t b = 0; b < B; ++b) {
+      reqs[b].input.assign(tokens.begin() + b * (T + 1), tokens.begin() + b * (T + 1) + T);
+      reqs[b].targets.assign(tokens.begin() + b * (T + 1) + 1, tokens.begin() + (b + 1) * (T + 1));
+    }
+    auto res = score_batch(*chunk, {&reqs[0], &reqs[1]});
+    CHECK(chunk->saved_bytes() == 0);  // inference keeps nothing for a backward
+    const double ours = -(res[0].logprob + res[1].logprob);
+    CHECK(ours == Approx(fr.loss_sum).epsilon(1e-5));
+    // a batch of one gives the same numbers as the batch of two (right padding is inert)
+    ScoreRequest shorter = reqs[1];
+    shorter.input.resize(5);
+    shorter.targets.assign(reqs[1].targets.begin(), reqs[1].targets.begin() + 5);
+    auto one = score_batch(*chunk, {&shorter});
+    auto two = score_batch(*chunk, {&reqs[0], &shorter});
+    CHECK(one[0].logprob == Approx(two[1].logprob).margin(1e-5));
+    CHECK(one[0].is_greedy == two[1].is_greedy);
+    // token ids outside the vocabulary and sequences past max_positions are bad input
+    ScoreRequest bad = shorter;
+    bad.input[0] = static_cast<int32_t>(cfg.vocab_size);
+    CHECK_THROWS_AS(score_batch(*chunk, {&bad}), InputError);
+    ScoreRequest longer;
+    longer.input.assign(static_cast<size_t>(cfg.max_positions + 1), 1);
+    longer.targets = {1};
+    CHECK_THROWS_AS(score_batch(*chunk, {&longer}), InputError);
   }
-  auto res = score_batch(*chunk, {&reqs[0], &reqs[1]});
-  CHECK(chunk->saved_bytes() == 0);  // inference keeps nothing for a backward
-  const double ours = -(res[0].logprob + res[1].logprob);
-  CHECK(ours == Approx(fr.loss_sum).epsilon(1e-5));
-  // a batch of one gives the same numbers as the batch of two (right padding is inert)
-  ScoreRequest shorter = reqs[1];
-  shorter.input.resize(5);
-  shorter.targets.assign(reqs[1].targets.begin(), reqs[1].targets.begin() + 5);
-  auto one = score_batch(*chunk, {&shorter});
-  auto two = score_batch(*chunk, {&reqs[0], &shorter});
-  CHECK(one[0].logprob == Approx(two[1].logprob).margin(1e-5));
-  CHECK(one[0].is_greedy == two[1].is_greedy);
-  // token ids outside the vocabulary and sequences past max_positions are bad input
-  ScoreRequest bad = shorter;
-  bad.input[0] = static_cast<int32_t>(cfg.vocab_size);
-  CHECK_THROWS_AS(score_batch(*chunk, {&bad}), InputError);
-  ScoreRequest longer;
-  longer.input.assign(static_cast<size_t>(cfg.max_positions + 1), 1);
-  longer.targets = {1};
-  CHECK_THROWS_AS(score_batch(*chunk, {&longer}), InputError);
 }
 
 // The acceptance test of the cache: positions offset by the cache length, new queries
@@ -156,7 +162,7 @@ TEST_CASE("KV cache: a Llama-family model decodes as its full forward, caching t
   const int64_t B = 2, Ttot = 12, P = 5;
   std::vector<int32_t> seq(static_cast<size_t>(B * Ttot));
   for (size_t i = 0; i < seq.size(); ++i) seq[i] = static_cast<int32_t>((i * 7 + 3) % 50);
-  for (int variant : {0, 1}) {
+  for (int variant : {0, 1, 2}) {  // 2: the keys are normed (qk_norm) before they are cached
     INFO("llama variant " << variant);
     GptConfig cfg = tiny_config();
     test::make_llama(cfg, variant);

@@ -25,16 +25,18 @@ inline model::GptConfig tiny_gpt_config() {
 // layer, no biases. Variant 1 takes the other forms: one group (MQA), a head size of its
 // own (2 hidden / heads), half of each head rotating in interleaved pairs with Llama 3.1's
 // frequency scaling (at an original context of 16, so the scaling bites at test sizes),
-// q/k/v biases alone (Qwen2) and the output tied to the word embedding.
+// q/k/v biases alone (Qwen2) and the output tied to the word embedding. Variant 2 is
+// variant 0 with Qwen3's RMSNorm of each query and key head (qk_norm).
 inline void make_llama(model::GptConfig& c, int variant) {
   c.rope = true;
   c.rmsnorm = true;
   c.swiglu = true;
   c.bias_linear = false;
-  if (variant == 0) {
+  if (variant == 0 || variant == 2) {
     c.groups = c.heads / 2;
     c.untied = true;
     c.qkv_bias = false;
+    c.qk_norm = variant == 2;
     return;
   }
   c.groups = 1;

@@ -9,7 +9,9 @@ after 3 AdamW steps with gradient clipping. Written from the model's definition
 padded vocabulary masked out of the softmax) and, with meta "llama" = 1, from the Llama
 family's (rotate-half or interleaved rotary positions on a fraction of each head, Llama
 3.1's frequency scaling, RMSNorm, SwiGLU, grouped-query attention with K/V repeated per
-group, q/k/v biases alone, tied or untied output layer), not from mtnlg's code.
+group, q/k/v biases alone, tied or untied output layer, and, when the weights
+attention.q_layernorm / k_layernorm are there, Qwen3's RMSNorm of each query and key
+head before the rotation), not from mtnlg's code.
 
 Metric: per tensor, ||ours - torch|| / ||torch|| <= 1e-5 (fp32), loss relative 1e-5.
 Exit 0 when everything matches, 1 otherwise.
@@ -59,6 +61,10 @@ def main(d):
         if llama:  # RMSNorm
             return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + eps) * w
         return torch.nn.functional.layer_norm(x, (C,), w, params[name + ".bias"], eps)
+
+    def rms_head(x, w):
+        """x [B, heads, T, D]: each head vector RMS-normalised, times w [D]."""
+        return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + eps) * w
 
     def linear(x, name):
         y = x @ params[name + ".weight"].T
@@ -112,6 +118,9 @@ def main(d):
             q = qkv[:, :, :, : H // G].reshape(B, T, H, D).transpose(1, 2)
             k = qkv[:, :, :, H // G].transpose(1, 2).repeat_interleave(H // G, dim=1)
             v = qkv[:, :, :, H // G + 1].transpose(1, 2).repeat_interleave(H // G, dim=1)
+            if n + "attention.q_layernorm.weight" in params:  # Qwen3: RMSNorm of each head, then rope
+                q = rms_head(q, params[n + "attention.q_layernorm.weight"])
+                k = rms_head(k, params[n + "attention.k_layernorm.weight"])
             if llama:
                 q, k = rope(q), rope(k)
             s = (q @ k.transpose(-1, -2)) / math.sqrt(D)

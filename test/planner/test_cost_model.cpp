@@ -553,3 +553,28 @@ TEST_CASE("cost: cuDNN's attention workspace and dQ accumulator are counted wher
   CHECK(estimate(r, l, Cluster{gpu_spec("cpu"), 1, software_profile("mtnlg")}).stages[0].attention_workspace == 0);
   CHECK(estimate(r, l, Cluster{gpu_spec("h100-80g"), 8}).stages[0].attention_workspace == 0);
 }
+
+// qk_layernorm's two [head size] weights per layer: replicated (on every tp rank's weights),
+// their gradients all-reduced over tp by this trainer whatever the parallelism (one more
+// small collective each per layer in the mtnlg profile; none at tp 1).
+TEST_CASE("cost: qk_layernorm's weights are replicated and their gradients summed over tp", "[cost]") {
+  const Cluster ours{gpu_spec("h100-80g"), 8, software_profile("mtnlg")};
+  double extra_dp[2] = {0, 0};  // the step's reductions, qk_layernorm's extra time at tp 1 and tp 2
+  for (int64_t tp : {1, 2}) {
+    INFO("tp " << tp);
+    const std::vector<std::string> sets = {"parallel.tensor_model_parallel_size=" + std::to_string(tp),
+                                           "parallel.pipeline_model_parallel_size=1",
+                                           "parallel.sequence_parallel=false"};
+    std::vector<std::string> qk_sets = sets;
+    qk_sets.push_back("model.qk_layernorm=true");
+    const Recipe base = load_recipe(test::source_dir() + "/recipes/llama3-8b.yaml", sets),
+                 qk = load_recipe(test::source_dir() + "/recipes/llama3-8b.yaml", qk_sets);
+    const Estimate a = estimate(base, layout_from_recipe(base, 8), ours),
+                   b = estimate(qk, layout_from_recipe(qk, 8), ours);
+    CHECK(b.stages[0].params - a.stages[0].params == Approx(32.0 * 2 * 128));  // 32 layers x 2 x D on every rank
+    extra_dp[tp - 1] = b.dp_time - a.dp_time;
+  }
+  // tp 1: only the dp all-reduce's few more bytes; tp 2: 64 small all-reduces over tp more
+  CHECK(extra_dp[0] >= 0);
+  CHECK(extra_dp[1] > 100 * extra_dp[0]);
+}

@@ -157,11 +157,16 @@ TEST_CASE("planner memory per rank equals the trainer's tensor bytes by role", "
 // The same tiny model as the Llama family: rotary positions, RMSNorm (no bias, no mean
 // kept), SwiGLU (fc1 2f wide), 4 query heads in 2 key/value groups of head size 16 (the
 // attention 64 wide on a residual stream of 32: kv_channels), an output layer of its own
-// on the last stage, no linear biases.
+// on the last stage, no linear biases; then with Qwen3's per-head q/k norms (two
+// replicated weights of the head size per layer, the qkv before them and their statistics
+// kept).
 TEST_CASE("planner memory per rank equals the trainer's tensor bytes by role: a Llama-family model", "[e2e][memory]") {
-  check_layouts(
-      test::layouts({"single-none", "tp2-pp2-full", "tp2-dp2-sp-selective", "single-unfused", "pp4-v2", "dp2-zero1"}),
+  const std::string llama =
       " --set model.position_embedding_type=rope --set model.normalization=RMSNorm --set model.swiglu=true"
       " --set model.ffn_hidden_size=80 --set model.num_query_groups=2 --set model.kv_channels=16"
-      " --set model.untie_embeddings_and_output_weights=true --set model.add_bias_linear=false");
+      " --set model.untie_embeddings_and_output_weights=true --set model.add_bias_linear=false";
+  check_layouts(
+      test::layouts({"single-none", "tp2-pp2-full", "tp2-dp2-sp-selective", "single-unfused", "pp4-v2", "dp2-zero1"}),
+      llama);
+  check_layouts(test::layouts({"single-none", "tp2"}), llama + " --set model.qk_layernorm=true");
 }

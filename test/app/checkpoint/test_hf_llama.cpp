@@ -1,6 +1,6 @@
-// Hugging Face Llama / Qwen2 interchange: `checkpoint export` of Llama-family checkpoints
-// gives logits in an independent PyTorch implementation of LlamaForCausalLM /
-// Qwen2ForCausalLM (torch_hf_llama.py) equal to mtnlg's; import of an export restores the
+// Hugging Face Llama / Qwen2 / Qwen3 interchange: `checkpoint export` of Llama-family
+// checkpoints gives logits in an independent PyTorch implementation of LlamaForCausalLM /
+// Qwen2ForCausalLM / Qwen3ForCausalLM (torch_hf_llama.py) equal to mtnlg's; import of an export restores the
 // same weights and a second export the same bytes; sharded and bf16 exports; every
 // config.json field (and recipe key) the other side cannot express is exit 2 naming it.
 #include <algorithm>
@@ -102,7 +102,8 @@ std::string slurp(const fs::path& p) { return test::read_file(p); }
 
 }  // namespace
 
-TEST_CASE("checkpoint: Llama and Qwen2 exports match PyTorch; import round-trips bit-exact; shards; bf16", "[oracle]") {
+TEST_CASE("checkpoint: Llama / Qwen2 / Qwen3 exports match PyTorch; import round-trips bit-exact; shards; bf16",
+          "[oracle]") {
   if (!test::python_has("torch")) FAIL("Debian's python3-torch is missing (scripts/install-deps.sh installs it)");
   test::TempDir d("hf-llama");
   struct Case {
@@ -124,6 +125,12 @@ TEST_CASE("checkpoint: Llama and Qwen2 exports match PyTorch; import round-trips
       {"qwen2", {{"add_qkv_bias", "true"}, {"untie_embeddings_and_output_weights", "false"}}, 2, 9, "Qwen2ForCausalLM"},
       {"biases", {{"add_bias_linear", "true"}}, 2, 9, "LlamaForCausalLM"},
       {"mqa-head-dim", {{"num_query_groups", "1"}, {"kv_channels", "16"}}, 2, 9, "LlamaForCausalLM"},
+      // Qwen3: per-head q/k norms, a head size of its own, tied
+      {"qwen3",
+       {{"qk_layernorm", "true"}, {"kv_channels", "16"}, {"untie_embeddings_and_output_weights", "false"}},
+       2,
+       9,
+       "Qwen3ForCausalLM"},
   };
   std::string py_args;
   std::map<std::string, model::LoadedModel> models;
@@ -195,12 +202,18 @@ TEST_CASE("checkpoint: Llama and Qwen2 exports match PyTorch; import round-trips
     CHECK(slurp(base + "-hf2/config.json") == slurp(base + "-hf/config.json"));
   }
   // an export does not depend on the checkpoint's layout: the import rewritten for tp 2 x pp 2
-  // (query groups, gate/up, vocabulary split over tp) exports the same bytes
-  auto cv = test::run_mtnlg("checkpoint convert --input " + g + "-back --output " + g + "-tp2pp2 --tp 2 --pp 2");
-  INFO(cv.out);
-  REQUIRE(cv.exit_code == 0);
-  REQUIRE(test::run_mtnlg("checkpoint export --input " + g + "-tp2pp2 --output " + g + "-hf3").exit_code == 0);
-  CHECK(slurp(g + "-hf3/model.safetensors") == slurp(g + "-hf/model.safetensors"));
+  // (query groups, gate/up, vocabulary split over tp; Qwen3's q/k norm weights replicated)
+  // exports the same bytes
+  for (const std::string& name : {std::string("gqa-untied"), std::string("qwen3")}) {
+    INFO(name);
+    const std::string base = d.str() + "/" + name;
+    auto cv =
+        test::run_mtnlg("checkpoint convert --input " + base + "-back --output " + base + "-tp2pp2 --tp 2 --pp 2");
+    INFO(cv.out);
+    REQUIRE(cv.exit_code == 0);
+    REQUIRE(test::run_mtnlg("checkpoint export --input " + base + "-tp2pp2 --output " + base + "-hf3").exit_code == 0);
+    CHECK(slurp(base + "-hf3/model.safetensors") == slurp(base + "-hf/model.safetensors"));
+  }
   // the shards import to the same model; its re-export keeps the token ids (hf_config.json)
   auto ims = test::run_mtnlg("checkpoint import --input " + g + "-shards --output " + g + "-shards-back");
   INFO(ims.out);
@@ -306,10 +319,23 @@ TEST_CASE("checkpoint import: a config.json field or file mtnlg cannot take is e
   expect_bad([](auto& j) { j["tie_word_embeddings"] = "yes"; }, {"tie_word_embeddings: not true or false"});
   expect_bad(
       [](auto& j) {
+        j["architectures"] = {"Olmo2ForCausalLM"};  // its q/k norms span all heads at once
+        j["model_type"] = "olmo2";
+      },
+      {"architectures: 'Olmo2ForCausalLM'"});
+  expect_bad(
+      [](auto& j) {
+        j.erase("architectures");
+        j["model_type"] = "olmo2";
+      },
+      {"model_type: 'olmo2' (and no architectures)"});
+  expect_bad(
+      [](auto& j) {
         j["architectures"] = {"Qwen3ForCausalLM"};
         j["model_type"] = "qwen3";
+        j["attention_bias"] = true;
       },
-      {"model_type: Qwen3", "q_norm", "qk_layernorm"});
+      {"attention_bias: true: Qwen3's biases"});
   expect_bad(
       [](auto& j) {
         j["architectures"] = {"MistralForCausalLM"};
@@ -436,6 +462,7 @@ TEST_CASE("checkpoint export: a model Hugging Face's classes cannot express is e
         {"ffn_hidden_size", "128"}},
        "model.untie_embeddings_and_output_weights: true with learned absolute positions"},
       {{{"add_qkv_bias", "true"}, {"kv_channels", "16"}}, "model.kv_channels with model.add_qkv_bias"},
+      {{{"qk_layernorm", "true"}, {"add_qkv_bias", "true"}}, "model.qk_layernorm with biases"},
   };
   for (size_t i = 0; i < bad.size(); ++i) {
     const std::string ck = d.str() + "/ck" + std::to_string(i);

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Loads Hugging Face Llama / Qwen2 directories (config.json + model.safetensors, or the
-shards of model.safetensors.index.json; F32, BF16 or F16) the way transformers'
-LlamaForCausalLM / Qwen2ForCausalLM use them, computes logits in PyTorch for the tokens
+"""Loads Hugging Face Llama / Qwen2 / Qwen3 directories (config.json + model.safetensors, or
+the shards of model.safetensors.index.json; F32, BF16 or F16) the way transformers'
+LlamaForCausalLM / Qwen2ForCausalLM / Qwen3ForCausalLM use them, computes logits in PyTorch for the tokens
 in REF and compares them with mtnlg's logits from REF (safetensors with `tokens` [B, T]
 and `logits` [B, T, vocab]).
 
@@ -14,7 +14,9 @@ inv_freq = theta^(-2i/head_dim) and rope_scaling {rope_type: llama3} rescaling i
 wavelength; grouped-query attention repeating each key/value head for
 num_attention_heads / num_key_value_heads consecutive query heads; causal softmax
 scaled by 1/sqrt(head_dim); biases: Llama's attention_bias (q, k, v, o) and mlp_bias
-(gate, up, down), Qwen2's on q, k, v; lm_head, or embed_tokens when tie_word_embeddings.
+(gate, up, down), Qwen2's on q, k, v, Qwen3's attention_bias (q, k, v, o); Qwen3's q_norm
+and k_norm: an RMSNorm (weight [head_dim]) of each query and key head after the projection
+and before the rotary embedding; lm_head, or embed_tokens when tie_word_embeddings.
 
   usage: torch_hf_llama.py HF_DIR REF [TOL] [HF_DIR REF [TOL] ...]   (TOL default 1e-5)
 
@@ -75,15 +77,15 @@ def inv_freq(cfg, dim, scaling=True):
 
 
 def logits_of(cfg, w, tok, scaling=True):
-    assert cfg["model_type"] in ("llama", "qwen2") and cfg.get("hidden_act", "silu") == "silu", cfg
-    qwen2 = cfg["model_type"] == "qwen2"
+    assert cfg["model_type"] in ("llama", "qwen2", "qwen3") and cfg.get("hidden_act", "silu") == "silu", cfg
+    qwen2, qwen3 = cfg["model_type"] == "qwen2", cfg["model_type"] == "qwen3"
     C, H, L = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_hidden_layers"]
     G = cfg.get("num_key_value_heads") or H
-    D = cfg.get("head_dim") or C // H
+    D = cfg.get("head_dim") or (128 if qwen3 else C // H)
     eps = cfg["rms_norm_eps"]
     qkv_bias = qwen2 or cfg.get("attention_bias", False)
     o_bias = not qwen2 and cfg.get("attention_bias", False)
-    mlp_bias = not qwen2 and cfg.get("mlp_bias", False)
+    mlp_bias = not qwen2 and not qwen3 and cfg.get("mlp_bias", False)
     B, T = tok.shape
 
     def rms(x, name):
@@ -110,6 +112,10 @@ def logits_of(cfg, w, tok, scaling=True):
         q = lin(h, p + "self_attn.q_proj", qkv_bias).view(B, T, H, D).transpose(1, 2)
         k = lin(h, p + "self_attn.k_proj", qkv_bias).view(B, T, G, D).transpose(1, 2)
         v = lin(h, p + "self_attn.v_proj", qkv_bias).view(B, T, G, D).transpose(1, 2)
+        if qwen3:  # per head, over its head_dim values
+            q, k = rms(q, p + "self_attn.q_norm.weight"), rms(k, p + "self_attn.k_norm.weight")
+        else:
+            assert p + "self_attn.q_norm.weight" not in w, "q_norm is Qwen3's"
         q, k = rope(q), rope(k)
         k = k[:, :, None].expand(B, G, H // G, T, D).reshape(B, H, T, D)  # repeat_kv
         v = v[:, :, None].expand(B, G, H // G, T, D).reshape(B, H, T, D)

@@ -1,7 +1,7 @@
 // recipes/tiny-llama.yaml end to end on the CPU, on the demo corpus (two real English
 // texts, GPT-2's BPE, scripts/make-demo-corpus.sh): a short run whose loss falls, then
 // `mtnlg generate` (the KV cache of the key/value groups) and `mtnlg eval` from its
-// checkpoint, each exit 0 with its output.
+// checkpoint, each exit 0 with its output; a resume with model.qk_layernorm is refused.
 #include <catch2/catch.hpp>
 
 #include <filesystem>
@@ -34,6 +34,18 @@ TEST_CASE("tiny Llama on the demo corpus: the loss falls, and generate and eval 
   INFO("loss " << losses.front() << " -> " << losses.back());
   CHECK(losses.back() < losses.front() - 2.0);  // from ~10.8 (ln 50257) well into the corpus's statistics
   REQUIRE(fs::exists(tmp / "runs" / "tiny-llama" / "checkpoints" / "iter_0000024"));
+
+  // Its checkpoint does not continue as another network: with Qwen3's q/k norms added, the
+  // resume is refused (exit 2) naming the key, before any step.
+  const std::string qk =
+      "cd " + tmp.str() + " && " + bin +
+      " train recipes/tiny-llama.yaml --quiet --set model.qk_layernorm=true --set model.seq_length=64"
+      " --set checkpoint.load=runs/tiny-llama/checkpoints --set checkpoint.save=qk-ckpt"
+      " --set logging.dir=qk-run --set training.num_threads=1 2>&1";
+  auto q = run_command(qk);
+  INFO(qk << "\n" << q.out);
+  CHECK(q.exit_code == 2);
+  CHECK_THAT(q.out, Catch::Matchers::Contains("checkpoint has model.qk_layernorm = false but the recipe says true"));
 
   const std::string gen = "cd " + tmp.str() + " && " + bin +
                           " generate --checkpoint runs/tiny-llama/checkpoints --prompt 'And God said' --greedy "

@@ -5,9 +5,12 @@
 // mpirun (test/support/mpi/mpirun.sh) and the losses are read back from metrics.jsonl.
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "core/safetensors.hpp"
+#include "model/checkpoint.hpp"
 #include "test/support/test_support.hpp"
 #include "test/support/layouts.hpp"
 
@@ -16,20 +19,41 @@ using namespace mtnlg;
 namespace {
 
 // tiny-ramp.yaml as a Llama-family model: rotary positions, RMSNorm, SwiGLU, 4 query heads
-// in 2 key/value groups (one group per rank at tp 2), untied output layer, no biases.
+// in 2 key/value groups (one group per rank at tp 2), untied output layer, no biases (and,
+// in one case, Qwen3's q/k norms).
 const std::string kLlama =
     "--set model.position_embedding_type=rope --set model.normalization=RMSNorm --set model.swiglu=true "
     "--set model.ffn_hidden_size=80 --set model.num_query_groups=2 "
     "--set model.untie_embeddings_and_output_weights=true --set model.add_bias_linear=false ";
 
-std::vector<double> run_layout(const std::string& tag, int np, const std::string& sets) {
+// The worst relative difference of two loss curves of the same length.
+double worst_relative(const std::vector<double>& got, const std::vector<double>& ref) {
+  REQUIRE(got.size() == ref.size());
+  double worst = 0;
+  for (size_t i = 0; i < ref.size(); ++i) worst = std::max(worst, std::fabs(got[i] - ref[i]) / std::fabs(ref[i]));
+  return worst;
+}
+
+// The losses of tiny-ramp.yaml under `sets` on np processes; with `keep`, the run's
+// checkpoint after its last iteration is kept in `keep`'s directory (ckpt/).
+std::vector<double> run_layout(const std::string& tag, int np, const std::string& sets,
+                               const test::TempDir* keep = nullptr) {
   test::TempDir dir("layout-" + tag);
   const std::string recipe = test::source_dir() + "/recipes/tiny-ramp.yaml",
-                    all = "--set training.num_threads=1 " + sets;
+                    all = "--set training.num_threads=1 " + sets +
+                          (keep ? " --set checkpoint.save=" + keep->str() + "/ckpt" : std::string());
   auto r = test::run_train(recipe, dir.str(), all, np);
   INFO(tag << ": " << test::train_command(recipe, dir.str(), all, np) << "\n" << r.out);
   REQUIRE(r.exit_code == 0);
   return test::read_losses(dir.path());
+}
+
+// Parameter `name` of the tp rank's shard of the last checkpoint under `root`.
+Tensor saved_param(const std::string& root, int64_t tp_rank, const std::string& name) {
+  const auto it = model::ckpt::latest_iteration(root);
+  REQUIRE(it);
+  return safetensors::read(model::ckpt::iteration_dir(root, *it) + "/" + model::ckpt::model_file(tp_rank, 0))
+      .tensors.at(name);
 }
 
 }  // namespace
@@ -42,9 +66,7 @@ TEST_CASE("train: every parallel layout reproduces the single-process losses", "
   for (const auto& l : layouts) {
     auto got = run_layout(l.name, l.np, l.sets);
     INFO(l.name);
-    REQUIRE(got.size() == ref.size());
-    double worst = 0;
-    for (size_t i = 0; i < ref.size(); ++i) worst = std::max(worst, std::fabs(got[i] - ref[i]) / std::fabs(ref[i]));
+    const double worst = worst_relative(got, ref);
     INFO("worst relative loss difference " << worst);
     CHECK(worst <= 1e-5);
   }
@@ -59,11 +81,28 @@ TEST_CASE("train: a Llama-family model reproduces the single-process losses unde
   for (const auto& l : layouts) {
     auto got = run_layout("llama-" + l.name, l.np, kLlama + l.sets);
     INFO("llama " << l.name);
-    REQUIRE(got.size() == ref.size());
-    double worst = 0;
-    for (size_t i = 0; i < ref.size(); ++i) worst = std::max(worst, std::fabs(got[i] - ref[i]) / std::fabs(ref[i]));
+    const double worst = worst_relative(got, ref);
     INFO("worst relative loss difference " << worst);
     CHECK(worst <= 1e-5);
+  }
+  // Qwen3's per-head q/k norms: their weights are replicated over tp while each tp rank
+  // norms its own heads, so their gradients are summed over tp (without sequence
+  // parallelism too): both tp ranks end with the same weights bit for bit (Adam's steps
+  // from each rank's partial gradient alone would differ), and the run differs from the
+  // Llama's without them.
+  const std::string qk = kLlama + "--set model.qk_layernorm=true ";
+  const std::vector<double> qk_ref = run_layout("qk-ref", 1, qk);
+  CHECK(worst_relative(qk_ref, ref) > 1e-4);
+  test::TempDir kept("layout-qk-tp2-ckpt");
+  const test::Layout tp2 = test::layouts({"tp2"}).front();
+  const double qk_worst = worst_relative(run_layout("qk-tp2", tp2.np, qk + tp2.sets, &kept), qk_ref);
+  INFO("qk_layernorm tp2: worst relative loss difference " << qk_worst);
+  CHECK(qk_worst <= 1e-5);
+  for (const char* w : {"layers.1.attention.q_layernorm.weight", "layers.0.attention.k_layernorm.weight"}) {
+    INFO(w);
+    const Tensor a = saved_param(kept.str() + "/ckpt", 0, w), b = saved_param(kept.str() + "/ckpt", 1, w);
+    REQUIRE(a.numel() == 8);
+    CHECK(std::memcmp(a.raw(), b.raw(), static_cast<size_t>(a.nbytes())) == 0);
   }
   // The loss must move by far more than the tolerance, or the comparison proves nothing
   // (on mock tokens this model stays near ln 256 for 10 iterations, moving by ~3e-3).

@@ -1273,6 +1273,92 @@ Entry rope_entry() {
   return e;
 }
 
+// ---- per-head query/key RMSNorm ---------------------------------------------------------------
+
+// n: {B, T, H, G, D}. Forward out of place and in place (the same bits on each device), the
+// backward out of place and in place (dqkv aliasing dout), dwq/dwk accumulated onto a start.
+Entry qk_norm_entry() {
+  Entry e{"qk_norm", {}, nullptr, nullptr};
+  const std::array<int64_t, 5> shapes[] = {{1, 3, 2, 2, 8}, {2, 5, 4, 2, 40}, {1, 300, 8, 2, 128}};
+  for (const auto& s : shapes)
+    for (DType dt : kTypes) {
+      std::ostringstream l;
+      l << "B " << s[0] << " T " << s[1] << " H " << s[2] << " G " << s[3] << " D " << s[4] << " " << to_string(dt);
+      e.cases.push_back(device_case(l.str(), dt, {s.begin(), s.end()}, {}, s[1] == 300 && dt != DType::f16));
+    }
+  add_low_cases(e, "B 2 T 3 H 4 G 2 D 16", {2, 3, 4, 2, 16});
+  e.cases.push_back(fd_case("H 4 G 2 D 6", 51, {1, 3, 4, 2, 6}));
+  e.cases.push_back(fd_case("H 2 G 2 D 5 (one query head per key)", 52, {2, 2, 2, 2, 5}));
+  e.prepare = [](Ctx& c, const Case& k) {
+    const int64_t B = k.n[0], T = k.n[1], H = k.n[2], G = k.n[3], D = k.n[4];
+    const Shape qs{B, T, G * (H / G + 2) * D};
+    const int64_t nr = B * T * G * (H / G + 1);
+    Tensor qkv = c.act(qs, 2.0), wq = c.act({D}), wk = c.act({D}), dout = c.act(qs);
+    Tensor dw0 = c.f32({D});
+    Tensor out = c.out(qs), rstd = c.out({nr}, DType::f32), dqkv = c.out(qs), dwq = dw0.clone(), dwk = dw0.clone();
+    Run r;
+    r.exec = [=]() mutable {
+      ops::qk_norm_forward(out, rstd, qkv, wq, wk, H, G, 1e-6);
+      ops::qk_norm_backward(dqkv, dwq, dwk, dout, qkv, wq, wk, rstd, H, G);
+    };
+    const DType dt = k.dt;
+    Ctx* cp = &c;
+    r.collect = [=]() mutable {
+      Tensor in = qkv.clone(), r2 = cp->out({nr}, DType::f32);
+      ops::qk_norm_forward(in, r2, in, wq, wk, H, G, 1e-6);
+      cp->expect(same_bits(in, out) && same_bits(r2, rstd), "qk_norm in place == out of place, bit for bit");
+      Tensor din = dout.clone(), dq2 = dw0.clone(), dk2 = dw0.clone();
+      ops::qk_norm_backward(din, dq2, dk2, din, qkv, wq, wk, rstd, H, G);
+      cp->expect(same_bits(din, dqkv) && same_bits(dq2, dwq) && same_bits(dk2, dwk),
+                 "qk_norm backward in place (dqkv = dout) == out of place, bit for bit");
+      return std::vector<Output>{output("out", out, rtol_for(dt)), output("rstd", rstd, kRtolF32),
+                                 output("dqkv", dqkv, rtol_for(dt)), output("dwq", dwq, rtol_for(dt)),
+                                 output("dwk", dwk, rtol_for(dt))};
+    };
+    return r;
+  };
+  e.fd = [](Ctx& c, const Case& k) {
+    const int64_t B = k.n[0], T = k.n[1], H = k.n[2], G = k.n[3], D = k.n[4], Q = H / G, W = G * (Q + 2) * D;
+    const double eps = 1e-6;
+    Tensor qkv = c.act({B, T, W}, 2.0), wq = c.act({D}), wk = c.act({D}), R = c.act({B, T, W});
+    Tensor out = Tensor::empty({B, T, W}, DType::f64), rstd = Tensor::empty({B * T * G * (Q + 1)}, DType::f64);
+    auto loss = [=]() mutable {
+      ops::qk_norm_forward(out, rstd, qkv, wq, wk, H, G, eps);
+      return dot(out, R);
+    };
+    loss();
+    // Every head against rmsnorm_forward of that head alone (wq for query heads, wk for
+    // keys), the values unchanged.
+    double worst = 0;
+    for (int64_t row = 0; row < B * T; ++row)
+      for (int64_t g = 0; g < G; ++g)
+        for (int64_t blk = 0; blk < Q + 2; ++blk) {
+          const int64_t e0 = row * W + (g * (Q + 2) + blk) * D;
+          Tensor x = Tensor::empty({1, D}, DType::f64), y = Tensor::empty({1, D}, DType::f64);
+          Tensor rs = Tensor::empty({1}, DType::f64);
+          for (int64_t d = 0; d < D; ++d) x.data<double>()[d] = qkv.data<double>()[e0 + d];
+          if (blk <= Q)
+            ops::rmsnorm_forward(y, rs, x, blk < Q ? wq : wk, eps);
+          else
+            ops::copy(y, x);
+          for (int64_t d = 0; d < D; ++d)
+            worst = std::max(worst, std::fabs(y.data<double>()[d] - out.data<double>()[e0 + d]));
+        }
+    c.expect(worst < 1e-14,
+             "qk_norm: each head is rmsnorm_forward of that head, values unchanged; max error " + str(worst));
+    Tensor dqkv = Tensor::empty({B, T, W}, DType::f64);
+    Tensor dwq = Tensor::zeros({D}, DType::f64), dwk = Tensor::zeros({D}, DType::f64);
+    ops::qk_norm_backward(dqkv, dwq, dwk, R, qkv, wq, wk, rstd, H, G);
+    Tensor dwq2 = dwq.clone(), dwk2 = dwk.clone(), scratch = R.clone();
+    ops::qk_norm_backward(scratch, dwq2, dwk2, scratch, qkv, wq, wk, rstd, H, G);
+    c.expect(approx(dwq2.data<double>()[1], 2 * dwq.data<double>()[1]) &&
+                 approx(dwk2.data<double>()[2], 2 * dwk.data<double>()[2]),
+             "qk_norm dwq and dwk accumulate");
+    return FdProblem{loss, {{"qk_norm dqkv", qkv, dqkv}, {"qk_norm dwq", wq, dwq}, {"qk_norm dwk", wk, dwk}}};
+  };
+  return e;
+}
+
 // ---- embeddings, positions, biases ---------------------------------------------------------
 
 const std::array<int64_t, 3> kEmbShapes[] = {{1, 1, 1}, {37, 19, 11}, {600, 300, 50}};  // N, C, V
@@ -1503,6 +1589,7 @@ const std::vector<Entry>& registry() {
       attention_entry(),
       attention_cached_entry(),
       rope_entry(),
+      qk_norm_entry(),
       embedding_entry(),
       position_entry(),
       bias_add_entry(),

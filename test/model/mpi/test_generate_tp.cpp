@@ -14,13 +14,9 @@
 using namespace mtnlg;
 using namespace mtnlg::model;
 
-TEST_CASE("mpi: tp=2 KV-cache generation equals the tp=1 model", "[mpi]") {
-  auto world = mtnlg::test::mpi_test_world();
-  if (world->size() % 2 != 0) return;
-  parallel::ProcessGroups g = parallel::make_groups(world, parallel::Topology::from_world(world->size(), 2, 1));
-  REQUIRE(g.tp->size() == 2);
-
-  GptConfig cfg = test::tiny_gpt_config();  // tp rank 1 holds 18 real and 14 padding rows of the 64
+namespace {
+// `cfg`'s model split over the tp = 2 ranks of `g` against the whole model.
+void check_tp_generation(const GptConfig& cfg, const parallel::ProcessGroups& g) {
   LoadedModel whole = make_random_model(cfg, 3);
   auto m1 = whole_model_chunk(cfg, whole.store);
   ParamStore shard;
@@ -32,7 +28,7 @@ TEST_CASE("mpi: tp=2 KV-cache generation equals the tp=1 model", "[mpi]") {
   // logits of a prefill and three decode steps
   std::vector<int32_t> seq = {4, 17, 9, 30, 2, 11, 5, 40};
   KvCache k1 = m1->make_kv_cache(1, 8), k2 = m2->make_kv_cache(1, 8);
-  CHECK(k2.k[0].dim(1) == 2);  // this rank's heads only
+  CHECK(k2.k[0].dim(1) == cfg.kv_groups() / 2);  // this rank's key/value heads only
   double worst = 0;
   for (int64_t t0 = 0; t0 < 8;) {
     const int64_t n = t0 == 0 ? 5 : 1;
@@ -58,4 +54,18 @@ TEST_CASE("mpi: tp=2 KV-cache generation equals the tp=1 model", "[mpi]") {
   opt.temperature = 1.3;
   opt.seed = 5;
   CHECK(generate(*m2, {4, 17, 9}, opt) == generate(*m1, {4, 17, 9}, opt));
+}
+}  // namespace
+
+TEST_CASE("mpi: tp=2 KV-cache generation equals the tp=1 model", "[mpi]") {
+  auto world = mtnlg::test::mpi_test_world();
+  if (world->size() % 2 != 0) return;
+  parallel::ProcessGroups g = parallel::make_groups(world, parallel::Topology::from_world(world->size(), 2, 1));
+  REQUIRE(g.tp->size() == 2);
+  GptConfig cfg = test::tiny_gpt_config();  // tp rank 1 holds 18 real and 14 padding rows of the 64
+  check_tp_generation(cfg, g);
+  // The Llama family with Qwen3's per-head q/k norms (one key/value group per rank): each
+  // rank norms its own heads with the replicated weights, and caches the normed keys.
+  test::make_llama(cfg, 2);
+  check_tp_generation(cfg, g);
 }
