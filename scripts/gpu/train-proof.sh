@@ -20,7 +20,8 @@
 #           transformers on the GPU (scripts/gpu/hf-check.py): its logits against
 #           `mtnlg checkpoint logits --device cuda` within 1e-3 (needs the resume step);
 #           then recipes/tiny-llama.yaml trained 10 iterations on the GPU (random tokens),
-#           exported as LlamaForCausalLM and checked the same way.
+#           exported as LlamaForCausalLM and checked the same way, and once more with
+#           model.qk_layernorm, exported as Qwen3ForCausalLM.
 #   infer   eval (piqa, hellaswag, lambada fixtures, one-shot, batched) and greedy generate
 #           (KV cache) with a random-weight GPT-2-vocabulary model on the GPU and on the CPU,
 #           fp32: every log-likelihood within 1e-4, no accuracy flips, the same 40 tokens.
@@ -128,16 +129,23 @@ if [[ "$steps" == *" hf "* ]]; then
     --tokens 3,141,59,265,358,97,93,238,462,64,33,83,279,50,288,41,97,169,399,375,105,82,97,494,459 || rc=1
   [ $rc -eq 0 ] && { python3 "$here/hf-check.py" "$out/hf" "$out/ref.safetensors" 1e-3 || rc=1; }
   # The Llama family: recipes/tiny-llama.yaml (rope, RMSNorm, SwiGLU, 2 query groups,
-  # untied) trained 10 iterations on the GPU on random tokens, exported as LlamaForCausalLM
+  # untied) trained 10 iterations on the GPU on random tokens, exported as LlamaForCausalLM,
+  # and again with per-head q/k norms (model.qk_layernorm), exported as Qwen3ForCausalLM
   # (the Qwen2 mapping is covered on the CPU, test/app/checkpoint/test_hf_llama.cpp).
-  "$mtnlg" train recipes/tiny-llama.yaml --set data.mock=true --set training.device=cuda --set training.train_iters=10 \
-    --set logging.dir="$out/llama" --set checkpoint.save="$out/llama-ckpt" \
-    --set checkpoint.save_interval=10 --set logging.tensorboard=false >"$out/llama.log" 2>&1 ||
-    { rc=1; tail -3 "$out/llama.log"; }
-  "$mtnlg" checkpoint export --input "$out/llama-ckpt" --output "$out/hf-llama" || rc=1
-  "$mtnlg" checkpoint logits --input "$out/llama-ckpt" --device cuda --output "$out/ref-llama.safetensors" \
-    --tokens 3,141,59,265,358,97,93,238,462,64,33,83,279,50,288,41,97,169,399,375,105,82,97,494,459 || rc=1
-  [ $rc -eq 0 ] && { python3 "$here/hf-check.py" "$out/hf-llama" "$out/ref-llama.safetensors" 1e-3 || rc=1; }
+  llama_family_check() {  # NAME [--set ...]
+    local name=$1
+    shift
+    "$mtnlg" train recipes/tiny-llama.yaml --set data.mock=true --set training.device=cuda \
+      --set training.train_iters=10 --set logging.dir="$out/$name" --set checkpoint.save="$out/$name-ckpt" \
+      --set checkpoint.save_interval=10 --set logging.tensorboard=false "$@" >"$out/$name.log" 2>&1 ||
+      { tail -3 "$out/$name.log"; return 1; }
+    "$mtnlg" checkpoint export --input "$out/$name-ckpt" --output "$out/hf-$name" || return 1
+    "$mtnlg" checkpoint logits --input "$out/$name-ckpt" --device cuda --output "$out/ref-$name.safetensors" \
+      --tokens 3,141,59,265,358,97,93,238,462,64,33,83,279,50,288,41,97,169,399,375,105,82,97,494,459 || return 1
+    python3 "$here/hf-check.py" "$out/hf-$name" "$out/ref-$name.safetensors" 1e-3
+  }
+  llama_family_check llama || rc=1
+  llama_family_check qwen3 --set model.qk_layernorm=true || rc=1
   step hf $rc
 fi
 
