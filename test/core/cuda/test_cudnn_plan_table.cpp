@@ -1,6 +1,6 @@
 // The real cuDNN in CI: every attention graph mtnlg builds -- every shipped recipe's
 // problem at its tensor-parallel split, every shape the CUDA tests run, forward and
-// backward, p 0 / 0.1 / 0.2, bf16 and fp16, the backward with the fp32 dQ accumulator and
+// backward, p 0 / 0.1, bf16 and fp16, the backward with the fp32 dQ accumulator and
 // deterministic, and the grouped-query shapes of Llama 3 8B / 70B and the tests (bf16, p 0
 // and 0.1) -- built by the production builders (core/cuda/cudnn_attention.cu) and
 // planned by the toolkit's libcudnn without a GPU (cuDNN >= 9.8's offline planning) for an
@@ -147,9 +147,12 @@ std::vector<Case> cases_of(const std::string& group) {
   for (const Problem& pr : problems) {
     const bool grouped = pr.G > 0 && pr.G != pr.H;
     for (DType dt : {DType::bf16, DType::f16})
-      for (double p : {0.0, 0.1, 0.2})
+      // One non-zero p: in the table of 2026-11-28 (cuDNN 9.19, both GPUs) p 0.2 was answered
+      // exactly as p 0.1 in all 144 pairs (plan, workspace, accumulator), at a third of the
+      // table's time.
+      for (double p : {0.0, 0.1})
         for (int kind = 0; kind < 3; ++kind) {  // forward, backward with the accumulator, deterministic
-          if (grouped && (dt != DType::bf16 || p > 0.1 || (kind == 2 && p > 0))) continue;
+          if (grouped && (dt != DType::bf16 || (kind == 2 && p > 0))) continue;
           SdpaGraph g;
           g.forward = kind == 0;
           g.deterministic = kind == 2;
