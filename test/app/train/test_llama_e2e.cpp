@@ -19,15 +19,19 @@ TEST_CASE("tiny Llama on the demo corpus: the loss falls, and generate and eval 
   REQUIRE(corpus.exit_code == 0);
 
   // 24 iterations of 4 samples of 64 tokens, warmup over the first 4: a second or two a step.
-  const std::string bin = std::string(MTNLG_BINARY);
-  const std::string train =
-      "cd " + tmp.str() + " && " + bin +
-      " train recipes/tiny-llama.yaml --quiet --set training.train_iters=24"
+  // `mtnlg ARGS` run in the demo tree: its output (stderr with stdout), then the command line.
+  const auto mtnlg = [&](const std::string& args) {
+    const std::string cmd = "cd " + tmp.str() + " && " + std::string(MTNLG_BINARY) + " " + args + " 2>&1";
+    auto r = run_command(cmd);
+    r.out += "\n(" + cmd + ")";
+    return r;
+  };
+  auto r = mtnlg(
+      "train recipes/tiny-llama.yaml --quiet --set training.train_iters=24"
       " --set training.micro_batch_size=4 --set training.global_batch_size=4"
       " --set model.seq_length=64 --set optimizer.lr_warmup_tokens=1024"
-      " --set checkpoint.save_interval=0 --set training.num_threads=1 --set logging.log_interval=1 2>&1";
-  auto r = run_command(train);
-  INFO(train << "\n" << r.out);
+      " --set checkpoint.save_interval=0 --set training.num_threads=1 --set logging.log_interval=1");
+  INFO(r.out);
   REQUIRE(r.exit_code == 0);
   const auto losses = read_losses(tmp / "runs" / "tiny-llama");
   REQUIRE(losses.size() == 24);
@@ -37,30 +41,25 @@ TEST_CASE("tiny Llama on the demo corpus: the loss falls, and generate and eval 
 
   // Its checkpoint does not continue as another network: with Qwen3's q/k norms added, the
   // resume is refused (exit 2) naming the key, before any step.
-  const std::string qk =
-      "cd " + tmp.str() + " && " + bin +
-      " train recipes/tiny-llama.yaml --quiet --set model.qk_layernorm=true --set model.seq_length=64"
+  auto q = mtnlg(
+      "train recipes/tiny-llama.yaml --quiet --set model.qk_layernorm=true --set model.seq_length=64"
       " --set checkpoint.load=runs/tiny-llama/checkpoints --set checkpoint.save=qk-ckpt"
-      " --set logging.dir=qk-run --set training.num_threads=1 2>&1";
-  auto q = run_command(qk);
-  INFO(qk << "\n" << q.out);
+      " --set logging.dir=qk-run --set training.num_threads=1");
+  INFO(q.out);
   CHECK(q.exit_code == 2);
   CHECK_THAT(q.out, Catch::Matchers::Contains("checkpoint has model.qk_layernorm = false but the recipe says true"));
 
-  const std::string gen = "cd " + tmp.str() + " && " + bin +
-                          " generate --checkpoint runs/tiny-llama/checkpoints --prompt 'And God said' --greedy "
-                          "--max-new-tokens 8 2>&1";
-  auto g = run_command(gen);
-  INFO(gen << "\n" << g.out);
+  auto g =
+      mtnlg("generate --checkpoint runs/tiny-llama/checkpoints --prompt 'And God said' --greedy --max-new-tokens 8");
+  INFO(g.out);
   CHECK(g.exit_code == 0);
   CHECK_THAT(g.out, Catch::Matchers::StartsWith("And God said"));
   CHECK(g.out.size() > std::string("And God said").size());
 
-  const std::string ev = "cd " + tmp.str() + " && " + bin +
-                         " eval --checkpoint runs/tiny-llama/checkpoints --tasks piqa --data-dir test/fixtures/eval "
-                         "--num-fewshot 0 --output eval.json 2>&1";
-  auto e = run_command(ev);
-  INFO(ev << "\n" << e.out);
+  auto e = mtnlg(
+      "eval --checkpoint runs/tiny-llama/checkpoints --tasks piqa --data-dir test/fixtures/eval --num-fewshot 0 "
+      "--output eval.json");
+  INFO(e.out);
   CHECK(e.exit_code == 0);
   CHECK_THAT(e.out, Catch::Matchers::Contains("|piqa"));
   CHECK(fs::exists(tmp / "eval.json"));
