@@ -204,8 +204,9 @@ void register_import(CLI::App* cmd, const std::shared_ptr<CheckpointArgs>& a) {
                  "Recipe to record (its model section must match config.json); default: built from config.json");
   im->footer(
       "config.json is kept as OUTPUT/hf_config.json (a later export takes its bos/eos token ids). A field mtnlg's "
-      "model cannot express (e.g. Qwen3's q/k norms, hidden_act other than silu, rope_scaling other than "
-      "llama3 with Llama 3.1's frequency factors, attention_bias without mlp_bias, use_sliding_window) is exit 2 "
+      "model cannot express (e.g. hidden_act other than silu, rope_scaling other than "
+      "llama3 with Llama 3.1's frequency factors, attention_bias without mlp_bias (Llama) or at all (Qwen3), "
+      "use_sliding_window; another architecture, such as OLMo 2's) is exit 2 "
       "naming it.");
   im->callback([a] {
     std::string d = import_hf(a->input, a->output, a->recipe, a->format);
