@@ -223,6 +223,13 @@ std::string exiting_path(const std::string& dir, const std::string& token, int64
   return fmt::format("{}/exiting_{}_rank{}", dir, token, rank);
 }
 
+// Polls `done` every 20 ms until it holds or `limit_s` has passed.
+template <typename Done>
+void poll_until(double limit_s, Done done) {
+  const double t0 = wall_now();
+  while (!done() && wall_now() - t0 <= limit_s) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+}
+
 double mtime(const std::string& path) {  // -1: no such file
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) return -1;
@@ -417,6 +424,13 @@ std::string Watchdog::dump(const std::string& reason) {
   return path;
 }
 
+template <typename Pred>
+bool Watchdog::every_peer(Pred pred) const {
+  for (int64_t r = 0; r < opt_.world; ++r)
+    if (r != opt_.rank && !pred(r)) return false;
+  return true;
+}
+
 void Watchdog::trip(const std::string& reason, bool origin) {
   tripped_ = true;  // the training thread parks at its next operation
   const std::string me = describe_rank(opt_.rank, "");
@@ -440,18 +454,12 @@ void Watchdog::trip(const std::string& reason, bool origin) {
     std::fprintf(stderr, "mtnlg: %s: flight recorder dump failed: %s\n", me.c_str(), e.what());
   }
   // Wait for the dumps of the ranks still alive (their heartbeat fresh), at most grace_s.
-  const double t0 = wall_now();
-  for (;;) {
-    bool all = true;
-    for (int64_t r = 0; r < opt_.world && all; ++r) {
-      if (r == opt_.rank) continue;
+  poll_until(opt_.grace_s, [&] {
+    return every_peer([&](int64_t r) {
       const double hb = mtime(heartbeat_path(dir(), opt_.token, r));
-      if (hb < 0 || wall_now() - hb > opt_.dead_after_s) continue;  // dead, or ended: no dump to wait for
-      if (!dumped_this_trip(r)) all = false;
-    }
-    if (all || wall_now() - t0 > opt_.grace_s) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+      return hb < 0 || wall_now() - hb > opt_.dead_after_s || dumped_this_trip(r);  // dead or ended: no dump
+    });
+  });
   if (origin) {
     try {
       const HangVerdict v = explain_hang(opt_.run_dir);
@@ -466,9 +474,7 @@ void Watchdog::trip(const std::string& reason, bool origin) {
   } else {
     // The first rank writes the verdict: stay until it has (a launcher ends the job when
     // the first process exits), at most grace_s more.
-    const double t1 = wall_now();
-    while (mtime(verdict_done_path(dir(), opt_.token)) < 0 && wall_now() - t1 < opt_.grace_s)
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    poll_until(opt_.grace_s, [&] { return mtime(verdict_done_path(dir(), opt_.token)) >= 0; });
   }
   std::vector<std::function<void()>> aborts;
   {
@@ -495,16 +501,10 @@ void Watchdog::leave_together() {
   // longer would die before saying why. So each rank says it is leaving, then waits (at
   // most grace_s) until every rank that dumped for this trip has said so too.
   if (std::FILE* f = std::fopen(exiting_path(dir(), opt_.token, opt_.rank).c_str(), "w")) std::fclose(f);
-  const double t0 = wall_now();
-  for (;;) {
-    bool all = true;
-    for (int64_t r = 0; r < opt_.world && all; ++r) {
-      if (r == opt_.rank || mtime(exiting_path(dir(), opt_.token, r)) >= 0) continue;
-      all = !dumped_this_trip(r);  // a rank not part of this trip is not waited for
-    }
-    if (all || wall_now() - t0 > opt_.grace_s) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+  poll_until(opt_.grace_s, [&] {  // a rank not part of this trip is not waited for
+    return every_peer(
+        [&](int64_t r) { return mtime(exiting_path(dir(), opt_.token, r)) >= 0 || !dumped_this_trip(r); });
+  });
   // and leaves the launcher a moment to forward every rank's last line before it ends the job
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
 }

@@ -186,7 +186,9 @@ class Watchdog {
   // `origin`: this rank detected it (writes the marker and the verdict).
   [[noreturn]] void trip(const std::string& reason, bool origin);
   bool dumped_this_trip(int64_t rank) const;  // rank's dump is of this run's trip
-  void leave_together();                      // wait until every tripped rank is leaving
+  template <typename Pred>
+  bool every_peer(Pred pred) const;  // pred(r) for every other rank r
+  void leave_together();             // wait until every tripped rank is leaving
 
   // SIGUSR1's handler: asks the thread for a live dump (async-signal-safe).
   void request_dump() { dump_requested_.store(true); }
