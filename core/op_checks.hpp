@@ -26,9 +26,10 @@ inline void expect_positions(const char* op, int64_t seq_len, int64_t table_rows
 // per group, its H/G query heads, then its key, then its value (G == H: per head [q | k | v]).
 struct QkvShape {
   int64_t B = 0, T = 0, H = 0, G = 0, D = 0;
-  int64_t per_group() const { return H / G; }              // query heads per group
-  int64_t group_width() const { return (H / G + 2) * D; }  // a group's columns in a row
-  int64_t row() const { return G * group_width(); }        // a qkv row
+  int64_t per_group() const { return H / G; }               // query heads per group
+  int64_t group_width() const { return (H / G + 2) * D; }   // a group's columns in a row
+  int64_t row() const { return G * group_width(); }         // a qkv row
+  int64_t normed_heads() const { return G * (H / G + 1); }  // a row's query and key heads
 };
 // groups 0 means heads (one key/value head per query head).
 inline QkvShape qkv_shape(const char* op, const Tensor& qkv, int64_t heads, int64_t groups) {

@@ -350,9 +350,9 @@ const Fault& nccl_fault() {
       at = end + 1;
     }
     const bool op_fault = x.op >= 1 && x.error != ncclSuccess,
-               init_fault = x.init >= 1 && x.op == 0 && x.error == ncclSuccess;
-    if (x.rank < 0 ||
-        !(op_fault || init_fault || (x.abort_ms >= 1 && x.op == 0 && x.init == 0 && x.error == ncclSuccess)))
+               init_fault = x.init >= 1 && x.op == 0 && x.error == ncclSuccess,
+               abort_only = x.abort_ms >= 1 && x.op == 0 && x.init == 0 && x.error == ncclSuccess;
+    if (x.rank < 0 || !(op_fault || init_fault || abort_only))
       bad("rank with op (>= 1) and error, rank with init (>= 1), or rank with abort_ms (>= 1), is required");
     return x;
   }();

@@ -28,7 +28,7 @@ inline int64_t head_at(const op_checks::QkvShape& s, int64_t r, int64_t g, int64
 // out may be x: each head is read whole before it is written.
 template <typename T>
 void qk_norm_forward(T* out, T* rstd, const T* x, const T* wq, const T* wk, const op_checks::QkvShape& s, double eps) {
-  const int64_t Q = s.per_group(), D = s.D, heads = s.G * (Q + 1);
+  const int64_t Q = s.per_group(), D = s.D, heads = s.normed_heads();
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < s.B * s.T; ++r)
     for (int64_t g = 0; g < s.G; ++g)
@@ -47,7 +47,7 @@ void qk_norm_forward(T* out, T* rstd, const T* x, const T* wq, const T* wk, cons
 template <typename T>
 void qk_norm_backward(T* dx, T* dwq, T* dwk, const T* dout, const T* x, const T* wq, const T* wk, const T* rstd,
                       const op_checks::QkvShape& s) {
-  const int64_t Q = s.per_group(), D = s.D, heads = s.G * (Q + 1), N = s.B * s.T;
+  const int64_t Q = s.per_group(), D = s.D, heads = s.normed_heads(), N = s.B * s.T;
   // One pass in memory order, a double per column (each column's sum in row, then head order).
   std::vector<double> aq(static_cast<size_t>(D)), ak(static_cast<size_t>(D));
   for (int64_t r = 0; r < N; ++r)
@@ -99,7 +99,7 @@ op_checks::QkvShape qk_norm_checks(const char* op, const Tensor& out, const Tens
   expect_numel(op, "out", out, in.numel());
   expect_numel(op, "wq", wq, s.D);
   expect_numel(op, "wk", wk, s.D);
-  expect_numel(op, "rstd", rstd, s.B * s.T * s.G * (s.per_group() + 1));
+  expect_numel(op, "rstd", rstd, s.B * s.T * s.normed_heads());
   const char *o = static_cast<const char*>(out.raw()), *i = static_cast<const char*>(in.raw());
   if (o != i && o < i + in.nbytes() && i < o + out.nbytes())
     throw_runtime("{}: the output overlaps the input without being it", op);
