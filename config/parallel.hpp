@@ -22,6 +22,10 @@ struct ParallelConfig {
   // Collective watchdog (parallel/watchdog.hpp): a host-side collective or transfer that
   // waits longer ends the job naming the rank that did not arrive; 0 = off.
   double distributed_timeout_minutes = 10;
+  // The NCCL watchdog's liveness service (parallel/liveness.hpp): a rank that sends no
+  // heartbeat for this long (its process alive but stopped or unreachable) ends the run;
+  // a pause of the whole job (every rank stopped) never counts. 0 = off; otherwise >= 1.
+  double heartbeat_timeout_minutes = 10;
 };
 
 }  // namespace mtnlg

@@ -345,6 +345,9 @@ const Table& table() {
              dbl_field(
                  "distributed_timeout_minutes",
                  [](Recipe& r) -> double& { return r.parallel.distributed_timeout_minutes; }, 0.0, 1e6),
+             dbl_field(
+                 "heartbeat_timeout_minutes", [](Recipe& r) -> double& { return r.parallel.heartbeat_timeout_minutes; },
+                 0.0, 1e6),
          }});
     Field ramp{"rampup_batch_size",
                [](Recipe& r, const YAML::Node& n, const Ctx& c, const std::string& p) {
@@ -732,6 +735,10 @@ void validate_run_stops(const Recipe& r) {
 void validate_parallel(const Recipe& r) {
   auto& m = r.model;
   auto& p = r.parallel;
+  if (p.heartbeat_timeout_minutes > 0 && p.heartbeat_timeout_minutes < 1)
+    invalid(r, fmt::format("parallel.heartbeat_timeout_minutes ({}) must be 0 (off) or at least 1: a peer that is only "
+                           "paused (a debugger, swapping) must not be taken for a dead one",
+                           p.heartbeat_timeout_minutes));
   int64_t tp = p.tensor_model_parallel_size, pp = p.pipeline_model_parallel_size;
   if (m.num_attention_heads % tp != 0)
     invalid(r,
