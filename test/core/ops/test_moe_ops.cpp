@@ -2,7 +2,8 @@
 // moe_* entries): the fixed tie order of the top-k, the expert bias choosing without
 // weighting, permute then unpermute restoring the input and the gradient, dropped-token
 // counts against the capacity formula, the load-balancing loss's reference values, the
-// sign rule of the expert-bias update.
+// sign rule of the expert-bias update, the global loss's averaged counts, the router in fp32
+// from bf16 inputs.
 #include <catch2/catch.hpp>
 #include <algorithm>
 #include <cmath>
@@ -155,4 +156,47 @@ TEST_CASE("moe: the expert bias moves by the rate toward the mean load (sign rul
   CHECK(bias.data<float>()[1] == Approx(0.01));  // underloaded: up
   CHECK(bias.data<float>()[2] == -0.2f);         // at the mean: unchanged
   CHECK(bias.data<float>()[3] == 0.0f);
+}
+
+TEST_CASE("moe: global_aux_loss is the aux loss over the batch's averaged counts", "[ops]") {
+  const int64_t N = 8, E = 4, k = 2;
+  const Tensor l1 = normal({N, E}, 41), l2 = normal({N, E}, 42);
+  Tensor s1 = Tensor::empty({N, E}), c1 = Tensor::empty({1, E}), s2 = Tensor::empty({N, E}), c2 = Tensor::empty({1, E});
+  ops::moe_aux_scores_forward(s1, c1, l1, ops::RouterScore::sigmoid, k, 1);
+  ops::moe_aux_scores_forward(s2, c2, l2, ops::RouterScore::sigmoid, k, 1);
+  // The second micro batch: counts averaged over the two so far, T its own tokens.
+  Tensor avg = Tensor::empty({1, E});
+  for (int64_t e = 0; e < E; ++e) avg.data<float>()[e] = (c1.data<float>()[e] + c2.data<float>()[e]) / 2;
+  double want = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    double P = 0;
+    for (int64_t n = 0; n < N; ++n) P += s2.data<float>()[n * E + e];
+    want += P * avg.data<float>()[e];
+  }
+  want *= 0.01 * E / (k * double(N) * N);
+  CHECK(ops::moe_aux_loss_forward(s2, avg, 1, N, k, 0.01) == Approx(want).epsilon(1e-6));
+}
+
+TEST_CASE("moe: the router's logits in fp32 from bf16 activations and weights", "[ops]") {
+  const int64_t N = 5, H = 8, E = 4;
+  Tensor x = Tensor::empty({N, H}, DType::bf16), w = Tensor::empty({E, H}, DType::bf16);
+  ops::convert(x, normal({N, H}, 51));
+  ops::convert(w, normal({E, H}, 52));
+  Tensor x32 = Tensor::empty({N, H}), w32 = Tensor::empty({E, H});
+  ops::convert(x32, x);
+  ops::convert(w32, w);
+  Tensor logits = Tensor::empty({N, E}), ref = Tensor::empty({N, E});
+  ops::moe_router_logits_forward(logits, x, w);
+  ops::matmul_forward(ref, x32, w32, nullptr);
+  const Tensor dl = normal({N, E}, 53);
+  Tensor dx = Tensor::empty({N, H}, DType::bf16), dw = Tensor::zeros({E, H});
+  Tensor rdx = Tensor::empty({N, H}), rdw = Tensor::zeros({E, H}), rdx16 = Tensor::empty({N, H}, DType::bf16);
+  ops::moe_router_logits_backward(dx, dw, dl, x, w);
+  ops::matmul_backward(&rdx, &rdw, nullptr, dl, x32, w32);
+  ops::convert(rdx16, rdx);
+  int64_t bad = 0;
+  for (int64_t i = 0; i < N * E; ++i) bad += logits.data<float>()[i] != ref.data<float>()[i];
+  for (int64_t i = 0; i < E * H; ++i) bad += dw.data<float>()[i] != rdw.data<float>()[i];
+  for (int64_t i = 0; i < N * H; ++i) bad += dx.data<uint16_t>()[i] != rdx16.data<uint16_t>()[i];
+  CHECK(bad == 0);
 }
