@@ -13,6 +13,10 @@ std::string to_string(RecomputeGranularity r);
 struct ParallelConfig {
   int64_t tensor_model_parallel_size = 1;
   int64_t pipeline_model_parallel_size = 1;
+  // Mixture of experts: experts split over expert_model_parallel_size ranks, each expert
+  // split over expert_tensor_parallel_size (0 -> tensor_model_parallel_size).
+  int64_t expert_model_parallel_size = 1;
+  int64_t expert_tensor_parallel_size = 0;
   int64_t num_layers_per_virtual_pipeline_stage = 0;  // 0 = no interleaving
   std::vector<int64_t> pipeline_layers;               // layers per stage; empty = even split
   bool sequence_parallel = false;
