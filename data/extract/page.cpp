@@ -144,7 +144,16 @@ const WordTable& furniture_words() {
       "menu",      "footer",  "sidebar",  "breadcrumb",    "breadcrumbs", "share",      "sharing",
       "social",    "banner",  "advert",   "advertisement", "ads",         "promo",      "newsletter",
       "subscribe", "skip",    "toolbar",  "masthead",      "sitemap",     "pagination", "related",
-      "signature", "donate",  "donation", "paywall",       "editsection"});
+      "signature", "donate",  "donation", "editsection"});
+  return table;
+}
+
+// Class/id words of boxes that hold the article's own text as often as furniture: a
+// paywall or premium box around the rest of the article, an embed. Such a box is
+// furniture only when it holds no prose (resolve_furniture).
+const WordTable& soft_furniture_words() {
+  static const WordTable table(std::unordered_set<std::string_view>{
+      "paywall", "premium", "embed", "embedded", "metered", "regwall", "locked", "piano"});
   return table;
 }
 
@@ -171,6 +180,7 @@ uint8_t attribute_marks(std::string_view v) {
   const size_t n = v.size();
   const WordTable& furniture = furniture_words();
   const WordTable& comments = comment_words();
+  const WordTable& soft = soft_furniture_words();
   uint8_t marks = 0;
   for (size_t i = 0; i < n;) {
     if (!alnum_byte(t[i])) {
@@ -178,11 +188,13 @@ uint8_t attribute_marks(std::string_view v) {
       continue;
     }
     size_t j = i + 1;  // a word: ASCII letters and digits, lower-cased
-    while (j < n && alnum_byte(t[j])) ++j;
+    // A word ends where a lower-case letter meets an upper-case one too ("mainNav").
+    while (j < n && alnum_byte(t[j]) && !(t[j] >= 'A' && t[j] <= 'Z' && t[j - 1] >= 'a' && t[j - 1] <= 'z')) ++j;
     if (j - i <= WordTable::kMaxLen) {
       const auto k = WordTable::key(t + i, j - i, t + n);
       if (furniture.contains(k)) marks |= kMarkFurniture;
       if (comments.contains(k)) marks |= kMarkComment;
+      if (soft.contains(k)) marks |= kMarkSoftFurniture;
     }
     if (!(marks & kMarkComment) && j - i >= 6) {  // "commentlist", "customerReviews"
       const std::string w = lower_str(v.substr(i, j - i));
@@ -483,7 +495,7 @@ struct Walker {
   // gumbo_get_attribute finds it), in one pass over the element's attributes.
   struct ReadAttributes {
     const char *hidden = nullptr, *aria_hidden = nullptr, *cls = nullptr, *id = nullptr, *role = nullptr,
-               *itemprop = nullptr, *itemtype = nullptr, *lang = nullptr;
+               *itemprop = nullptr, *itemtype = nullptr, *lang = nullptr, *style = nullptr;
     explicit ReadAttributes(const GumboElement& e) {
       for (unsigned k = 0; k < e.attributes.length; ++k) {
         const auto* at = static_cast<const GumboAttribute*>(e.attributes.data[k]);
@@ -512,6 +524,7 @@ struct Walker {
                                            : ignored;
         case 'l': return named(name, "lang") ? lang : ignored;
         case 'r': return named(name, "role") ? role : ignored;
+        case 's': return named(name, "style") ? style : ignored;
         default: return ignored;
       }
     }
@@ -543,7 +556,8 @@ struct Walker {
   // furniture words in its class or id outside the page's and the content's own elements).
   bool furniture(GumboTag t, const ReadAttributes& a, uint8_t marks, bool page_or_content) const {
     return t == GUMBO_TAG_NAV || t == GUMBO_TAG_FOOTER || t == GUMBO_TAG_ASIDE ||
-           (t == GUMBO_TAG_HEADER && article == 0) || (!page_or_content && (marks & kMarkFurniture)) ||
+           (t == GUMBO_TAG_HEADER && article == 0) ||
+           (!page_or_content && (marks & (kMarkFurniture | kMarkSoftFurniture))) ||
            (a.role && (std::strcmp(a.role, "navigation") == 0 || std::strcmp(a.role, "banner") == 0 ||
                        std::strcmp(a.role, "contentinfo") == 0 || std::strcmp(a.role, "dialog") == 0));
   }
@@ -568,6 +582,7 @@ struct Walker {
     const ReadAttributes a(e);
     if (a.hidden) return;
     if (a.aria_hidden && std::strcmp(a.aria_hidden, "true") == 0) return;
+    if (a.style && style_hides(a.style)) return;
     const bool block = is_block(t);
     // Class and id words describe the page on <html> and <body> ("navigation-with-keyboard",
     // "has-sidebar") and the content on <main> and <article>: furniture elsewhere only.
@@ -581,19 +596,24 @@ struct Walker {
     for (const char* v : {a.cls, a.id, a.itemprop, a.itemtype})
       if (v) marks |= attribute_marks(v);
     if (t == GUMBO_TAG_HTML && a.lang && page.lang.empty()) page.lang = a.lang;
-    const bool ctx = furniture(t, a, marks, page_or_content);
+    const bool furn = furniture(t, a, marks, page_or_content);
     const bool art = t == GUMBO_TAG_ARTICLE || t == GUMBO_TAG_MAIN;
     // Furniture inside a heading ("[edit]", an anchor or share link) is not its text.
-    if (ctx && heading > 0 && !block) return;
+    if (furn && heading > 0 && !block) return;
     if (block) flush();
-    // Block-level elements that can hold text are the nodes of the content container.
+    // Block-level elements that can hold text are the nodes of the content container. A
+    // furniture node is marked, and whether its text is furniture is decided once its
+    // prose is known (resolve_furniture); an inline one colours its text at once.
     const bool node = block && t != GUMBO_TAG_BR && t != GUMBO_TAG_HR;
+    const bool ctx = furn && !node;
     if (node) {
       open.push_back(static_cast<int32_t>(page.parent.size()));
       page.parent.push_back(open.size() > 1 ? open[open.size() - 2] : -1);
       const bool page_element = t == GUMBO_TAG_HTML || t == GUMBO_TAG_BODY || t == GUMBO_TAG_MAIN;
-      page.marks.push_back(
-          static_cast<uint8_t>((page_element ? 0 : (marks & kMarkComment)) | (t == GUMBO_TAG_TR ? kNodeRow : 0)));
+      const bool soft = furn && (marks & kMarkSoftFurniture) && !furniture(t, a, marks & ~kMarkSoftFurniture, page_or_content);
+      page.marks.push_back(static_cast<uint8_t>((page_element ? 0 : (marks & kMarkComment)) |
+                                                (t == GUMBO_TAG_TR ? kNodeRow : 0) | (furn ? kNodeFurniture : 0) |
+                                                (soft ? kNodeSoft : 0)));
     }
     nest(t, ctx, art, +1);
     if (block) {
@@ -679,6 +699,37 @@ class ParseArena {
   char* end_ = nullptr;
 };
 
+// The text of a furniture element (kNodeFurniture) is page furniture, but a class word
+// may only flag a box, never the article: an element holding most of the page's prose
+// (a wrapper named "content-with-sidebar", "has-section-nav", "article paywall") is not
+// furniture, and neither is a soft one (kNodeSoft: a paywall or embed box) holding two
+// prose blocks or more. Prose: blocks of at least kProseChars code points with at most
+// a fifth of link text, weighed by their length.
+constexpr int64_t kProseChars = 70;
+void resolve_furniture(ParsedPage& page) {
+  const size_t n = page.parent.size();
+  std::vector<int64_t> prose(n, 0);
+  std::vector<int32_t> prose_blocks(n, 0);
+  int64_t total = 0;
+  for (const auto& b : page.blocks) {
+    if (b.chars < kProseChars || 5 * b.link_chars > b.chars) continue;
+    total += b.length;
+    for (int32_t e = b.node; e >= 0; e = page.parent[static_cast<size_t>(e)]) {
+      prose[static_cast<size_t>(e)] += b.length;
+      ++prose_blocks[static_cast<size_t>(e)];
+    }
+  }
+  std::vector<char> furniture(n, 0);
+  for (size_t e = 0; e < n; ++e) {
+    const uint8_t m = page.marks[e];
+    furniture[e] = (m & kNodeFurniture) && !(2 * prose[e] > total && total > 0) &&
+                   !((m & kNodeSoft) && prose_blocks[e] >= 2);
+  }
+  for (auto& b : page.blocks)
+    for (int32_t e = b.node; e >= 0 && !b.boilerplate_context; e = page.parent[static_cast<size_t>(e)])
+      b.boilerplate_context = furniture[static_cast<size_t>(e)];
+}
+
 ParsedPage parse_gumbo_blocks(std::string_view html, const std::vector<TextRun>* runs) {
   GumboOptions opt = kGumboDefaultOptions;
   opt.max_errors = 0;  // parse errors are not collected (HTML5 recovers from all of them)
@@ -705,6 +756,7 @@ ParsedPage parse_gumbo_blocks(std::string_view html, const std::vector<TextRun>*
   w.runs = runs;
   w.walk(release.out->document);
   w.flush();
+  resolve_furniture(w.page);
   return std::move(w.page);
 }
 

@@ -49,14 +49,22 @@ struct Block {
   BlockClass initial = BlockClass::bad, final_class = BlockClass::bad;
 };
 
-// What the words (letters and digits, lower-cased) of a class, id, itemprop or itemtype
-// value mark: page furniture (cookie, consent, nav, menu, footer, sidebar, breadcrumb,
-// share, banner, signature, ...) and user-generated sections (comment, comments,
-// kommentare, commentaires, comentarios, disqus, review, reviews, bewertungen, a word
-// holding "comment" or "review" but not "commentary" or "preview"; schema.org's Comment,
-// UserComments and Review types; docs/specs/justext.md, "Structure").
-constexpr uint8_t kMarkFurniture = 1, kMarkComment = 2;
-constexpr uint8_t kNodeRow = 0x80;  // ParsedPage::marks: the element is a table row
+// What the words of a class, id, itemprop or itemtype value mark (a word: a run of ASCII
+// letters and digits, split where a lower-case letter meets an upper-case one, compared
+// lower-cased and whole: "content-with-sidebar-wrp" holds "sidebar", "mainNav" "nav",
+// "penci_sidebar" "sidebar", "sidebarless" nothing): page furniture (cookie, consent, nav,
+// menu, footer, sidebar, breadcrumb, share, banner, signature, ...), boxes that are
+// furniture only when they hold no prose (paywall, premium, embed, ...), and
+// user-generated sections (comment, comments, kommentare, commentaires, comentarios,
+// disqus, review, reviews, bewertungen, a word holding "comment" or "review" but not
+// "commentary" or "preview"; schema.org's Comment, UserComments and Review types;
+// docs/specs/justext.md, "Structure").
+constexpr uint8_t kMarkFurniture = 1, kMarkComment = 2, kMarkSoftFurniture = 4;
+// ParsedPage::marks: the element is a table row; it is furniture by its tag, role or
+// class words (kNodeSoft: by soft words only). A furniture element's text is the page's
+// furniture (Block::boilerplate_context) unless the element holds most of the page's
+// prose, or it is soft and holds prose (docs/specs/justext.md, "Structure").
+constexpr uint8_t kNodeRow = 0x80, kNodeFurniture = 0x40, kNodeSoft = 0x20;
 uint8_t attribute_marks(std::string_view value);
 inline bool furniture_attribute(std::string_view class_or_id) { return attribute_marks(class_or_id) & kMarkFurniture; }
 
@@ -65,7 +73,7 @@ inline bool furniture_attribute(std::string_view class_or_id) { return attribute
 struct ParsedPage {
   std::vector<Block> blocks;
   std::vector<int32_t> parent;  // -1: the outermost element
-  std::vector<uint8_t> marks;   // per element: kMarkComment (its class, id, itemprop or itemtype), kNodeRow (<tr>)
+  std::vector<uint8_t> marks;   // per element: kMarkComment (its class, id, itemprop or itemtype), kNode* bits
   std::string title;
   std::string lang;  // <html lang>, as written
 };
