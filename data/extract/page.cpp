@@ -152,8 +152,8 @@ const WordTable& furniture_words() {
 // paywall or premium box around the rest of the article, an embed. Such a box is
 // furniture only when it holds no prose (resolve_furniture).
 const WordTable& soft_furniture_words() {
-  static const WordTable table(std::unordered_set<std::string_view>{
-      "paywall", "premium", "embed", "embedded", "metered", "regwall", "locked", "piano"});
+  static const WordTable table(std::unordered_set<std::string_view>{"paywall", "premium", "embed", "embedded",
+                                                                    "metered", "regwall", "locked", "piano"});
   return table;
 }
 
@@ -198,7 +198,7 @@ uint8_t attribute_marks(std::string_view v) {
     }
     if (!(marks & kMarkComment) && j - i >= 6) {  // "commentlist", "customerReviews"
       const std::string w = lower_str(v.substr(i, j - i));
-      if (holds(w, "comment", "commentary") || holds(w, "review", "preview")) marks |= kMarkComment;
+      if (holds(w, "comment", "commentary") || (holds(w, "review", "preview") && w != "hreview")) marks |= kMarkComment;
     }
     i = j;
   }
@@ -359,6 +359,7 @@ struct Walker {
   int link = 0, pre = 0, heading = 0, h1 = 0, boiler = 0, article = 0;
   std::vector<int32_t> open;                   // the block-level elements open, innermost last
   const std::vector<TextRun>* runs = nullptr;  // the text runs behind placeholders
+  bool names = false;                          // keep each element's name (ParsedPage::node_names)
   std::string parsed;                          // a text run as parsed, when that differs from the run
   const WordTable& stop = english_stopword_table();
 
@@ -530,6 +531,19 @@ struct Walker {
     }
   };
 
+  // "div#id.class.class" (what --explain prints of an element).
+  static std::string node_name(const GumboElement& e, const ReadAttributes& a) {
+    std::string out = gumbo_normalized_tagname(e.tag);
+    if (out.empty()) out = "element";
+    if (a.id) (out += '#') += a.id;
+    for (std::string_view c = a.cls ? a.cls : ""; !c.empty();) {
+      const size_t sp = c.find_first_of(" \t\n\r\f");
+      if (sp != 0) (out += '.') += c.substr(0, sp);
+      c = sp == std::string_view::npos ? std::string_view() : c.substr(sp + 1);
+    }
+    return out;
+  }
+
   // A node other than an element: text, whitespace, or the document (its children walked);
   // comments and the rest are not text.
   void walk_other(const GumboNode* n) {
@@ -610,10 +624,12 @@ struct Walker {
       open.push_back(static_cast<int32_t>(page.parent.size()));
       page.parent.push_back(open.size() > 1 ? open[open.size() - 2] : -1);
       const bool page_element = t == GUMBO_TAG_HTML || t == GUMBO_TAG_BODY || t == GUMBO_TAG_MAIN;
-      const bool soft = furn && (marks & kMarkSoftFurniture) && !furniture(t, a, marks & ~kMarkSoftFurniture, page_or_content);
+      const bool soft =
+          furn && (marks & kMarkSoftFurniture) && !furniture(t, a, marks & ~kMarkSoftFurniture, page_or_content);
       page.marks.push_back(static_cast<uint8_t>((page_element ? 0 : (marks & kMarkComment)) |
                                                 (t == GUMBO_TAG_TR ? kNodeRow : 0) | (furn ? kNodeFurniture : 0) |
                                                 (soft ? kNodeSoft : 0)));
+      if (names) page.node_names.push_back(node_name(e, a));
     }
     nest(t, ctx, art, +1);
     if (block) {
@@ -722,15 +738,15 @@ void resolve_furniture(ParsedPage& page) {
   std::vector<char> furniture(n, 0);
   for (size_t e = 0; e < n; ++e) {
     const uint8_t m = page.marks[e];
-    furniture[e] = (m & kNodeFurniture) && !(2 * prose[e] > total && total > 0) &&
-                   !((m & kNodeSoft) && prose_blocks[e] >= 2);
+    furniture[e] =
+        (m & kNodeFurniture) && !(2 * prose[e] > total && total > 0) && !((m & kNodeSoft) && prose_blocks[e] >= 2);
   }
   for (auto& b : page.blocks)
     for (int32_t e = b.node; e >= 0 && !b.boilerplate_context; e = page.parent[static_cast<size_t>(e)])
       b.boilerplate_context = furniture[static_cast<size_t>(e)];
 }
 
-ParsedPage parse_gumbo_blocks(std::string_view html, const std::vector<TextRun>* runs) {
+ParsedPage parse_gumbo_blocks(std::string_view html, const std::vector<TextRun>* runs, bool names) {
   GumboOptions opt = kGumboDefaultOptions;
   opt.max_errors = 0;  // parse errors are not collected (HTML5 recovers from all of them)
   thread_local ParseArena arena;
@@ -754,6 +770,7 @@ ParsedPage parse_gumbo_blocks(std::string_view html, const std::vector<TextRun>*
   } release{opt, gumbo_parse_with_options(&opt, html.data(), html.size()), in_arena};
   Walker w;
   w.runs = runs;
+  w.names = names;
   w.walk(release.out->document);
   w.flush();
   resolve_furniture(w.page);
@@ -762,11 +779,11 @@ ParsedPage parse_gumbo_blocks(std::string_view html, const std::vector<TextRun>*
 
 }  // namespace
 
-ParsedPage parse_html_blocks(std::string_view html, bool strip) {
+ParsedPage parse_html_blocks(std::string_view html, bool strip, bool names) {
   thread_local std::string stripped;  // reused: their capacity is kept for the next page
   thread_local std::vector<TextRun> runs;
   if (strip) strip_raw_text(html, stripped, &runs, true);
-  ParsedPage page = parse_gumbo_blocks(strip ? std::string_view(stripped) : html, strip ? &runs : nullptr);
+  ParsedPage page = parse_gumbo_blocks(strip ? std::string_view(stripped) : html, strip ? &runs : nullptr, names);
   if (stripped.capacity() > (size_t{4} << 20)) {  // memory stays bounded
     std::string().swap(stripped);
     std::vector<TextRun>().swap(runs);
@@ -973,18 +990,30 @@ void classify_each(std::vector<Block>& blocks, const BlockParams& p, bool use_st
     if (b.boilerplate_context || structural_bad(b, p, repeated) || ld > link_limit(b, p) ||
         b.text.find("\xC2\xA9") != std::string::npos) {
       c = BlockClass::bad;
+      b.rule = b.boilerplate_context             ? "furniture: inside a furniture element"
+               : (b.comment && !p.keep_comments) ? "structure: comment or review section"
+               : b.listing                       ? "structure: teaser card of a listing"
+               : structural_bad(b, p, repeated)  ? "structure: repeated on another page of the site"
+               : ld > link_limit(b, p)           ? "alone: link density over the limit"
+                                                 : "alone: copyright line";
     } else if (b.pre && b.length > p.length_high) {
       c = BlockClass::good;  // code, a man page, a message: <pre> text is written, not generated furniture
+      b.rule = "alone: <pre> text";
     } else if (b.length < p.length_low) {
       c = b.link_chars > 0 ? BlockClass::bad : BlockClass::shortb;
+      b.rule = b.link_chars > 0 ? "alone: short with link text" : "alone: short";
     } else if (!use_stopwords) {
       c = b.length > p.length_high ? BlockClass::good : BlockClass::neargood;
+      b.rule = "alone: length (no stop-word list)";
     } else if (sd >= p.stopwords_high) {
       c = b.length > p.length_high ? BlockClass::good : BlockClass::neargood;
+      b.rule = "alone: length and stop words";
     } else if (sd >= p.stopwords_low) {
       c = BlockClass::neargood;
+      b.rule = "alone: stop words between the limits";
     } else {
       c = BlockClass::bad;
+      b.rule = "alone: few stop words";
     }
     b.initial = c;
   }
@@ -1001,8 +1030,10 @@ void headings_before_good(std::vector<Block>& blocks, const BlockParams& p) {
     return false;
   };
   for (size_t i = 0; i < blocks.size(); ++i)
-    if (blocks[i].heading && blocks[i].initial == BlockClass::shortb && good_follows(i))
+    if (blocks[i].heading && blocks[i].initial == BlockClass::shortb && good_follows(i)) {
       blocks[i].initial = BlockClass::neargood;
+      blocks[i].rule = "heading close before good text";
+    }
 }
 
 // 3. Short blocks take their class from their neighbours.
@@ -1012,6 +1043,7 @@ void short_by_neighbours(std::vector<Block>& blocks) {
     b.final_class = b.initial;
     if (b.initial != BlockClass::shortb) continue;
     const BlockClass prev = neighbour(blocks, i, -1, true, false), next = neighbour(blocks, i, +1, true, false);
+    b.rule = "short: by its neighbours";
     if (prev == BlockClass::good && next == BlockClass::good) {
       b.final_class = BlockClass::good;
     } else if (prev == BlockClass::bad && next == BlockClass::bad) {
@@ -1034,6 +1066,7 @@ void neargood_in_context(ParsedPage& page) {
     if (b.initial != BlockClass::neargood) continue;
     const BlockClass prev = neighbour(blocks, i, -1, true, true), next = neighbour(blocks, i, +1, true, true);
     b.final_class = (prev == BlockClass::bad && next == BlockClass::bad) ? BlockClass::bad : BlockClass::good;
+    b.rule = b.final_class == BlockClass::bad ? "near-good: bad text on both sides" : "near-good: good text beside it";
   }
   // 4b. Paragraphs come in groups, boxes of boilerplate alone: a near-good block next to
   // another near-good or good block of the same parent element is good.
@@ -1046,7 +1079,10 @@ void neargood_in_context(ParsedPage& page) {
       return o.node >= 0 && o.node != b.node && page.parent[static_cast<size_t>(o.node)] == up &&
              (o.initial == BlockClass::neargood || o.initial == BlockClass::good);
     };
-    if ((i > 0 && sibling(i - 1)) || (i + 1 < blocks.size() && sibling(i + 1))) b.final_class = BlockClass::good;
+    if ((i > 0 && sibling(i - 1)) || (i + 1 < blocks.size() && sibling(i + 1))) {
+      b.final_class = BlockClass::good;
+      b.rule = "near-good: a sibling paragraph";
+    }
   }
 }
 
@@ -1062,6 +1098,7 @@ void lead_and_listing_intro(ParsedPage& page, const BlockParams& p, const std::v
       if (blocks[k].heading) break;
       if (blocks[k].initial == BlockClass::neargood || blocks[k].initial == BlockClass::good) {
         blocks[k].final_class = BlockClass::good;
+        blocks[k].rule = "the lead under the <h1>";
         break;
       }
       dist += blocks[k].chars;
@@ -1075,8 +1112,11 @@ void lead_and_listing_intro(ParsedPage& page, const BlockParams& p, const std::v
     if (around < 0) continue;
     for (auto& b : blocks) {
       if (b.listing) break;  // the first card: the intro is before it
-      if (b.node >= 0 && b.initial == BlockClass::neargood && inside(page, b.node, around) && !inside(page, b.node, l))
+      if (b.node >= 0 && b.initial == BlockClass::neargood && inside(page, b.node, around) &&
+          !inside(page, b.node, l)) {
         b.final_class = BlockClass::good;
+        b.rule = "a listing's intro";
+      }
     }
   }
 }
@@ -1090,6 +1130,7 @@ void keep_headings(std::vector<Block>& blocks, const BlockParams& p, bool repeat
     for (size_t k = i + 1; k < blocks.size() && dist <= p.max_heading_distance; ++k) {
       if (blocks[k].final_class == BlockClass::good) {
         b.final_class = BlockClass::good;
+        b.rule = "heading before good text";
         break;
       }
       dist += blocks[k].chars;
@@ -1121,8 +1162,10 @@ void short_line_article(ParsedPage& page, const BlockParams& p, bool repeated) {
         best = static_cast<int32_t>(e);
     if (best >= 0) {
       for (auto& b : blocks)
-        if (b.node >= 0 && !b.heading && !hard_bad(b, p, repeated) && inside(page, b.node, best))
+        if (b.node >= 0 && !b.heading && !hard_bad(b, p, repeated) && inside(page, b.node, best)) {
           b.final_class = BlockClass::good;
+          b.rule = "an article in short lines";
+        }
       keep_headings(blocks, p, repeated);
     }
   }
@@ -1135,7 +1178,10 @@ void container_runs(ParsedPage& page, const BlockParams& p, bool repeated, size_
   // Prose inside the container is the article's, whatever its neighbours: a near-good
   // block there is good (a one-paragraph answer or post between user cards).
   for (size_t i = first; i <= last && first < blocks.size(); ++i)
-    if (blocks[i].initial == BlockClass::neargood) blocks[i].final_class = BlockClass::good;
+    if (blocks[i].initial == BlockClass::neargood) {
+      blocks[i].final_class = BlockClass::good;
+      blocks[i].rule = "container: prose inside the content container";
+    }
   for (size_t i = first; i <= last && first < blocks.size();) {
     if (blocks[i].final_class == BlockClass::good || hard_bad(blocks[i], p, repeated)) {
       ++i;
@@ -1155,10 +1201,14 @@ void container_runs(ParsedPage& page, const BlockParams& p, bool repeated, size_
     // A single line with good text on one side only (a post's date line, a signature) is
     // the post's furniture more often than its text; a run of lines is a list or a table.
     const bool single = j == i + 1 && !blocks[i].heading && blocks[i].initial == BlockClass::shortb;
+    auto keep = [&](Block& b) {
+      b.final_class = BlockClass::good;
+      b.rule = "container: a run of lines next to its text";
+    };
     if (before && (!single || after))
-      for (size_t k = i; k < j && same_column(i - 1, k); ++k) blocks[k].final_class = BlockClass::good;
+      for (size_t k = i; k < j && same_column(i - 1, k); ++k) keep(blocks[k]);
     if (after && (!single || before))
-      for (size_t k = j; k > i && same_column(j, k - 1); --k) blocks[k - 1].final_class = BlockClass::good;
+      for (size_t k = j; k > i && same_column(j, k - 1); --k) keep(blocks[k - 1]);
     i = j;
   }
 }
@@ -1173,10 +1223,16 @@ void outside_container(ParsedPage& page, const BlockParams& p, size_t first, siz
   for (size_t i = 0; i < blocks.size(); ++i) {
     auto& b = blocks[i];
     if (p.keep_comments && b.comment) {
-      if (b.initial == BlockClass::good || b.initial == BlockClass::neargood) b.final_class = BlockClass::good;
+      if (b.initial == BlockClass::good || b.initial == BlockClass::neargood) {
+        b.final_class = BlockClass::good;
+        b.rule = "a comment, kept on request";
+      }
       continue;
     }
-    if ((i < first || i > last) && b.final_class == BlockClass::good && !b.heading) b.final_class = BlockClass::bad;
+    if ((i < first || i > last) && b.final_class == BlockClass::good && !b.heading) {
+      b.final_class = BlockClass::bad;
+      b.rule = "outside the content container";
+    }
   }
   for (size_t i = 0; i < blocks.size(); ++i) {
     auto& b = blocks[i];
@@ -1187,7 +1243,10 @@ void outside_container(ParsedPage& page, const BlockParams& p, size_t first, siz
       leads = blocks[k].final_class == BlockClass::good && !blocks[k].heading;
       dist += blocks[k].heading ? 0 : blocks[k].chars;
     }
-    if (!leads) b.final_class = BlockClass::bad;
+    if (!leads) {
+      b.final_class = BlockClass::bad;
+      b.rule = "outside the container: a heading leading into no kept text";
+    }
   }
 }
 
@@ -1220,6 +1279,16 @@ void classify_blocks(ParsedPage& page, const BlockParams& p, bool use_stopwords)
     }
   container_runs(page, p, repeated, first, last);
   outside_container(page, p, first, last);
+}
+
+const char* block_class_name(BlockClass c) {
+  switch (c) {
+    case BlockClass::bad: return "bad";
+    case BlockClass::shortb: return "short";
+    case BlockClass::neargood: return "near-good";
+    case BlockClass::good: return "good";
+  }
+  return "?";
 }
 
 std::string main_text(const std::vector<Block>& blocks) {

@@ -47,6 +47,7 @@ struct Block {
   bool boilerplate_context = false;  // inside nav/footer/aside, a page header, or a class/id such as "cookie", "menu"
   int32_t node = -1;                 // the innermost block-level element holding the text (ParsedPage::parent)
   BlockClass initial = BlockClass::bad, final_class = BlockClass::bad;
+  const char* rule = "";  // classify_blocks: the rule that decided final_class (`data extract --explain`)
 };
 
 // What the words of a class, id, itemprop or itemtype value mark (a word: a run of ASCII
@@ -75,13 +76,18 @@ struct ParsedPage {
   std::vector<int32_t> parent;  // -1: the outermost element
   std::vector<uint8_t> marks;   // per element: kMarkComment (its class, id, itemprop or itemtype), kNode* bits
   std::string title;
-  std::string lang;  // <html lang>, as written
+  std::string lang;                     // <html lang>, as written
+  std::vector<std::string> node_names;  // per element, with `names`: "div#id.class.class" (--explain)
 };
 // `strip`: the contents of <script>, <style> and comments are removed first, the text
 // runs stand in as placeholders during the parse, and tags whose absence leaves the blocks
 // the same go (strip.hpp); the blocks are the same, and the parser is spared most of the
 // bytes and tags of a page.
-ParsedPage parse_html_blocks(std::string_view html_utf8, bool strip = true);
+// `names`: the elements' names, ids and classes kept in node_names (the page is then
+// parsed without the pass before the parse, which drops them).
+ParsedPage parse_html_blocks(std::string_view html_utf8, bool strip = true, bool names = false);
+// The name of block classes as `--explain` prints them: "bad", "short", "near-good", "good".
+const char* block_class_name(BlockClass c);
 
 // Classifies the blocks in place; `use_stopwords` false for a language without a
 // stop-word list (only length, link density and context count then). The page's

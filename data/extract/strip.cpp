@@ -87,10 +87,9 @@ bool iequals(std::string_view s, std::string_view lower_name) {
 
 // The attributes the block walk or the tree builder reads, by name: an index into this
 // list for an attribute of that name (in any case), else -1.
-constexpr std::string_view kReadAttributes[] = {"class",       "id",       "itemprop", "itemtype", "hidden",
-                                                "aria-hidden", "role",     "type",     "color",    "face",
-                                                "size",        "encoding", "prompt",   "action",   "lang",
-                                                "style"};
+constexpr std::string_view kReadAttributes[] = {"class",  "id",     "itemprop", "itemtype", "hidden", "aria-hidden",
+                                                "role",   "type",   "color",    "face",     "size",   "encoding",
+                                                "prompt", "action", "lang",     "style"};
 // The first four: the walk asks only what their words mark (attribute_marks).
 enum : int { kClass = 0, kId = 1, kMarked = 4 };
 int read_attribute(std::string_view name) {

@@ -2,6 +2,7 @@
 """`mtnlg data extract` on real web pages, beside readability-lxml and Readability.js.
 
     extract_real.py prepare --out DIR [--trafilatura CHECKOUT] [--dragnet CHECKOUT]
+                            [--parts tune,heldout] [--limit N] [--strip-scripts]
         Builds the page sets from checkouts made beforehand (nothing is downloaded):
           traf     adbar/trafilatura's evaluation pages (tests/evaldata.json with the files
                    under tests/eval/ and tests/cache/; Apache-2.0): per page, segments the
@@ -16,8 +17,9 @@
         Each set is split by a hash of the file name into `tune` (rules are tuned on it) and
         `heldout` (scored only), and written as DIR/SET-PART.warc.gz (one HTTP 200
         text/html response per page, the page's bytes as they are) and
-        DIR/SET-PART_truth.jsonl. --strip-scripts empties <script>/<style> elements
-        (the committed test subset: the text is the same and the file 5x smaller).
+        DIR/SET-PART_truth.jsonl, pages in the order of the hash. --limit keeps the first N
+        pages of each part; --strip-scripts empties <script> and <style> elements (what
+        no extractor here reads: the committed test subset is half the size).
     extract_real.py score --dir DIR [--part heldout] [--sets traf,dragnet]
                           [--ours SET=JSONL ...] [--mtnlg build/mtnlg] [--peers lxml,js]
                           [--min-f1 SET=F ...] [--per-page] [--npm DIR]
@@ -109,11 +111,17 @@ def prepare(a):
     for set_name, (root, pages) in sources.items():
         if not root:
             continue
-        out = {p: (io.BytesIO(), []) for p in ("tune", "heldout")}
-        for n, (name, url, body, truth) in enumerate(pages(root), 1):
+        out = {p: (io.BytesIO(), []) for p in a.parts.split(",")}
+        chosen = sorted(pages(root), key=lambda page: hashlib.sha256(page[0].encode()).digest())
+        taken = collections.Counter()
+        for n, (name, url, body, truth) in enumerate(chosen, 1):
+            part = part_of(name)
+            if part not in out or (a.limit and taken[part] >= a.limit):
+                continue
+            taken[part] += 1
             if a.strip_scripts:
                 body = SCRIPT.sub(rb"\1\3", body)
-            warc, rows = out[part_of(name)]
+            warc, rows = out[part]
             warc.write(warc_record(n, url, body))
             rows.append(dict(truth, warc_record_id=f"<urn:real:{n}>", url=url, file=name))
         for part, (warc, rows) in out.items():
@@ -333,6 +341,8 @@ def main():
     p.add_argument("--trafilatura")
     p.add_argument("--dragnet")
     p.add_argument("--strip-scripts", action="store_true")
+    p.add_argument("--parts", default="tune,heldout")
+    p.add_argument("--limit", type=int, default=0, help="at most this many pages a part (the lowest hashes)")
     s = sub.add_parser("score")
     s.add_argument("--dir", required=True)
     s.add_argument("--part", default="heldout")
