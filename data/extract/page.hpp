@@ -58,7 +58,8 @@ struct Block {
 // furniture only when they hold no prose (paywall, premium, embed, ...), and
 // user-generated sections (comment, comments, kommentare, commentaires, comentarios,
 // disqus, review, reviews, bewertungen, a word holding "comment" or "review" but not
-// "commentary" or "preview"; schema.org's Comment, UserComments and Review types;
+// "commentary", "preview" or the hReview microformat's "hreview" (a review post is the
+// article); schema.org's Comment, UserComments and Review types;
 // docs/specs/justext.md, "Structure").
 constexpr uint8_t kMarkFurniture = 1, kMarkComment = 2, kMarkSoftFurniture = 4;
 // ParsedPage::marks: the element is a table row; it is furniture by its tag, role or
