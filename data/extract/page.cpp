@@ -566,10 +566,11 @@ struct Walker {
     }
   }
 
-  // Whether element t opens page furniture (navigation, footer, a banner, a dialog, or
-  // furniture words in its class or id outside the page's and the content's own elements).
+  // Whether element t opens page furniture (navigation, footer, a banner, a dialog, a
+  // figure's caption, or furniture words in its class or id outside the page's and the
+  // content's own elements).
   bool furniture(GumboTag t, const ReadAttributes& a, uint8_t marks, bool page_or_content) const {
-    return t == GUMBO_TAG_NAV || t == GUMBO_TAG_FOOTER || t == GUMBO_TAG_ASIDE ||
+    return t == GUMBO_TAG_NAV || t == GUMBO_TAG_FOOTER || t == GUMBO_TAG_ASIDE || t == GUMBO_TAG_FIGCAPTION ||
            (t == GUMBO_TAG_HEADER && article == 0) ||
            (!page_or_content && (marks & (kMarkFurniture | kMarkSoftFurniture))) ||
            (a.role && (std::strcmp(a.role, "navigation") == 0 || std::strcmp(a.role, "banner") == 0 ||
@@ -626,9 +627,10 @@ struct Walker {
       const bool page_element = t == GUMBO_TAG_HTML || t == GUMBO_TAG_BODY || t == GUMBO_TAG_MAIN;
       const bool soft =
           furn && (marks & kMarkSoftFurniture) && !furniture(t, a, marks & ~kMarkSoftFurniture, page_or_content);
+      const bool words = furn && !furniture(t, a, 0, page_or_content);
       page.marks.push_back(static_cast<uint8_t>((page_element ? 0 : (marks & kMarkComment)) |
                                                 (t == GUMBO_TAG_TR ? kNodeRow : 0) | (furn ? kNodeFurniture : 0) |
-                                                (soft ? kNodeSoft : 0)));
+                                                (soft ? kNodeSoft : 0) | (words ? kNodeWords : 0)));
       if (names) page.node_names.push_back(node_name(e, a));
     }
     nest(t, ctx, art, +1);
@@ -718,10 +720,13 @@ class ParseArena {
 // The text of a furniture element (kNodeFurniture) is page furniture, but a class word
 // may only flag a box, never the article: an element holding most of the page's prose
 // (a wrapper named "content-with-sidebar", "has-section-nav", "article paywall") is not
-// furniture, and neither is a soft one (kNodeSoft: a paywall or embed box) holding two
-// prose blocks or more. Prose: blocks of at least kProseChars code points with at most
-// a fifth of link text, weighed by their length.
+// furniture, neither is a soft one (kNodeSoft: a paywall or embed box) holding two
+// prose blocks or more, nor one flagged by its class or id words alone (kNodeWords: a
+// section named "TestReport__Section--Ads") holding kWordBoxProse prose blocks or more.
+// Prose: blocks of at least kProseChars code points with at most a fifth of link text,
+// weighed by their length.
 constexpr int64_t kProseChars = 70;
+constexpr int32_t kWordBoxProse = 4;
 void resolve_furniture(ParsedPage& page) {
   const size_t n = page.parent.size();
   std::vector<int64_t> prose(n, 0);
@@ -738,8 +743,9 @@ void resolve_furniture(ParsedPage& page) {
   std::vector<char> furniture(n, 0);
   for (size_t e = 0; e < n; ++e) {
     const uint8_t m = page.marks[e];
-    furniture[e] =
-        (m & kNodeFurniture) && !(2 * prose[e] > total && total > 0) && !((m & kNodeSoft) && prose_blocks[e] >= 2);
+    furniture[e] = (m & kNodeFurniture) && !(2 * prose[e] > total && total > 0) &&
+                   !((m & kNodeSoft) && prose_blocks[e] >= 2) &&
+                   !((m & kNodeWords) && prose_blocks[e] >= kWordBoxProse);
   }
   for (auto& b : page.blocks)
     for (int32_t e = b.node; e >= 0 && !b.boilerplate_context; e = page.parent[static_cast<size_t>(e)])
@@ -1250,7 +1256,37 @@ void outside_container(ParsedPage& page, const BlockParams& p, size_t first, siz
   }
 }
 
+// When no rule kept anything (an article of table rows, of lines in nested boxes, under
+// class words that flag each of its sections), the page's text is where most of its
+// readable lines are: the deepest element holding more than half of the length of the
+// blocks not bad in themselves (hard_bad), when that is at least length_high, keeps
+// those blocks, and the headings before them.
+void nothing_kept(ParsedPage& page, const BlockParams& p, bool repeated) {
+  auto& blocks = page.blocks;
+  if (std::any_of(blocks.begin(), blocks.end(), [](const Block& b) { return b.final_class == BlockClass::good; }))
+    return;
+  const size_t n = page.parent.size();
+  std::vector<int64_t> soft(n, 0);
+  int64_t total = 0;
+  for (const auto& b : blocks) {
+    if (b.heading || b.node < 0 || hard_bad(b, p, repeated)) continue;
+    total += b.length;
+    for (int32_t e = b.node; e >= 0; e = page.parent[static_cast<size_t>(e)]) soft[static_cast<size_t>(e)] += b.length;
+  }
+  int32_t best = -1;  // those holding more than half form a chain from the top: the deepest has the largest index
+  for (size_t e = 0; e < n; ++e)
+    if (2 * soft[e] > total && soft[e] >= p.length_high) best = static_cast<int32_t>(e);
+  if (best < 0) return;
+  for (auto& b : blocks)
+    if (b.node >= 0 && !b.heading && !hard_bad(b, p, repeated) && inside(page, b.node, best)) {
+      b.final_class = BlockClass::good;
+      b.rule = "nothing kept: the element with most of the readable lines";
+    }
+  keep_headings(blocks, p, repeated);
+}
+
 }  // namespace
+
 
 void classify_blocks(ParsedPage& page, const BlockParams& p, bool use_stopwords) {
   auto& blocks = page.blocks;
@@ -1264,6 +1300,7 @@ void classify_blocks(ParsedPage& page, const BlockParams& p, bool use_stopwords)
   lead_and_listing_intro(page, p, listings);
   keep_headings(blocks, p, repeated);
   short_line_article(page, p, repeated);
+  nothing_kept(page, p, repeated);
   // 6. The content container: inside it, a run of blocks bad only for their length or
   // their stop words (a key-value run, table cells, list items, code, short lines)
   // that has a good block of the container on either side is good. jusText's context

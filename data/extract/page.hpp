@@ -63,10 +63,11 @@ struct Block {
 // docs/specs/justext.md, "Structure").
 constexpr uint8_t kMarkFurniture = 1, kMarkComment = 2, kMarkSoftFurniture = 4;
 // ParsedPage::marks: the element is a table row; it is furniture by its tag, role or
-// class words (kNodeSoft: by soft words only). A furniture element's text is the page's
+// class words (kNodeSoft: by soft words only; kNodeWords: by class or id words, not by
+// its tag or role). A furniture element's text is the page's
 // furniture (Block::boilerplate_context) unless the element holds most of the page's
 // prose, or it is soft and holds prose (docs/specs/justext.md, "Structure").
-constexpr uint8_t kNodeRow = 0x80, kNodeFurniture = 0x40, kNodeSoft = 0x20;
+constexpr uint8_t kNodeRow = 0x80, kNodeFurniture = 0x40, kNodeSoft = 0x20, kNodeWords = 0x10;
 uint8_t attribute_marks(std::string_view value);
 inline bool furniture_attribute(std::string_view class_or_id) { return attribute_marks(class_or_id) & kMarkFurniture; }
 
