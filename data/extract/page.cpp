@@ -175,6 +175,20 @@ bool holds(std::string_view w, std::string_view part, std::string_view except) {
 
 }  // namespace
 
+namespace {
+
+// A class token naming the post's category or tag ("category-reviews", "tag-menu",
+// "entry-category-camera_reviews"): the topic of the text, not the kind of box; its
+// words mark nothing.
+bool is_space(unsigned char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f'; }
+bool taxonomy_token(std::string_view rest) {
+  const std::string tok = lower_str(rest.substr(0, std::min(rest.find_first_of(" \t\n\r\f"), size_t{64})));
+  return tok.starts_with("tag-") || tok.starts_with("tag_") || tok.find("category-") != std::string::npos ||
+         tok.find("category_") != std::string::npos;
+}
+
+}  // namespace
+
 uint8_t attribute_marks(std::string_view v) {
   const auto* t = reinterpret_cast<const unsigned char*>(v.data());
   const size_t n = v.size();
@@ -185,6 +199,10 @@ uint8_t attribute_marks(std::string_view v) {
   for (size_t i = 0; i < n;) {
     if (!alnum_byte(t[i])) {
       ++i;
+      continue;
+    }
+    if ((i == 0 || is_space(t[i - 1])) && taxonomy_token(v.substr(i))) {
+      while (i < n && !is_space(t[i])) ++i;
       continue;
     }
     size_t j = i + 1;  // a word: ASCII letters and digits, lower-cased
@@ -1256,11 +1274,37 @@ void outside_container(ParsedPage& page, const BlockParams& p, size_t first, siz
   }
 }
 
+// A post of a title and a line or two (a video, a photo): the page's first <h1> outside
+// furniture and comments, and the lines not bad in themselves (hard_bad) in the nearest
+// element around it that holds any.
+void title_and_its_lines(ParsedPage& page, const BlockParams& p, bool repeated) {
+  auto& blocks = page.blocks;
+  const auto h1 = std::find_if(blocks.begin(), blocks.end(), [](const Block& b) {
+    return b.h1 && b.node >= 0 && !b.boilerplate_context && !b.comment;
+  });
+  if (h1 == blocks.end()) return;
+  auto lines_in = [&](int32_t e) {
+    int32_t count = 0;
+    for (const auto& b : blocks)
+      count += b.node >= 0 && !b.heading && !b.comment && !hard_bad(b, p, repeated) && inside(page, b.node, e);
+    return count;
+  };
+  int32_t e = h1->node;
+  while (e >= 0 && lines_in(e) == 0) e = page.parent[static_cast<size_t>(e)];
+  if (e < 0) return;
+  for (auto& b : blocks)
+    if (b.node >= 0 && !b.comment && !hard_bad(b, p, repeated) && inside(page, b.node, e) &&
+        (!b.heading || &b == &*h1)) {
+      b.final_class = BlockClass::good;
+      b.rule = "nothing kept: the title and the lines around it";
+    }
+}
+
 // When no rule kept anything (an article of table rows, of lines in nested boxes, under
 // class words that flag each of its sections), the page's text is where most of its
 // readable lines are: the deepest element holding more than half of the length of the
 // blocks not bad in themselves (hard_bad), when that is at least length_high, keeps
-// those blocks, and the headings before them.
+// those blocks, and the headings before them; else the page's title and its lines.
 void nothing_kept(ParsedPage& page, const BlockParams& p, bool repeated) {
   auto& blocks = page.blocks;
   if (std::any_of(blocks.begin(), blocks.end(), [](const Block& b) { return b.final_class == BlockClass::good; }))
@@ -1276,7 +1320,10 @@ void nothing_kept(ParsedPage& page, const BlockParams& p, bool repeated) {
   int32_t best = -1;  // those holding more than half form a chain from the top: the deepest has the largest index
   for (size_t e = 0; e < n; ++e)
     if (2 * soft[e] > total && soft[e] >= p.length_high) best = static_cast<int32_t>(e);
-  if (best < 0) return;
+  if (best < 0) {
+    title_and_its_lines(page, p, repeated);
+    return;
+  }
   for (auto& b : blocks)
     if (b.node >= 0 && !b.heading && !hard_bad(b, p, repeated) && inside(page, b.node, best)) {
       b.final_class = BlockClass::good;
