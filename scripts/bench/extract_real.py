@@ -97,7 +97,8 @@ def dragnet_pages(root):
         with open(html, "rb") as f:
             body = f.read()
         with open(gold, "rb") as f:
-            text = f.read().decode("utf-8", "replace")
+            raw = f.read()  # UTF-8, a few files UTF-16 with a byte-order mark
+        text = raw.decode("utf-16" if raw[:2] in (b"\xff\xfe", b"\xfe\xff") else "utf-8-sig", "replace")
         text = text.split("!@#$", 1)[0]
         if body.startswith(b"URL"):  # seomoz's files open with the page's URL on a line
             body = body.split(b"\n", 1)[-1]
@@ -126,7 +127,7 @@ def prepare(a):
             rows.append(dict(truth, warc_record_id=f"<urn:real:{n}>", url=url, file=name))
         for part, (warc, rows) in out.items():
             stem = os.path.join(a.out, f"{set_name}-{part}")
-            with gzip.open(stem + ".warc.gz", "wb", compresslevel=9) as f:
+            with gzip.GzipFile(stem + ".warc.gz", "wb", compresslevel=9, mtime=0) as f:  # the same bytes each run
                 f.write(warc.getvalue())
             with open(stem + "_truth.jsonl", "w", encoding="utf-8") as f:
                 for r in rows:
