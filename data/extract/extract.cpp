@@ -671,7 +671,9 @@ std::string explain_page(const std::string& source, const ExtractOptions& opt) {
   std::string out = fmt::format("page {}: {} blocks, {} kept; stop words: {}\n", url, page.blocks.size(), kept,
                                 english ? "English" : "none (length and context only)");
   for (const auto& b : page.blocks) {
-    const std::string text = b.text.size() > 100 ? b.text.substr(0, 100) + "..." : b.text;
+    size_t cut = std::min<size_t>(b.text.size(), 100);  // at a character's first byte
+    while (cut < b.text.size() && (static_cast<unsigned char>(b.text[cut]) & 0xC0) == 0x80) --cut;
+    const std::string text = cut < b.text.size() ? b.text.substr(0, cut) + "..." : b.text;
     out += fmt::format("{:<4} {:>9} -> {:<9} {} | {} | {}\n", b.final_class == BlockClass::good ? "KEEP" : "drop",
                        block_class_name(b.initial), block_class_name(b.final_class), b.rule,
                        b.node >= 0 ? element_chain(page, b.node, 4) : "(no element)", text);

@@ -1005,12 +1005,28 @@ bool site_repeats_are_boilerplate(const std::vector<Block>& blocks, const BlockP
   return repeated;
 }
 
+// A paragraph over the link-density limit but with at most kLinkedProse of link text,
+// of prose length and (with a stop-word list) at least stopwords_low of stop words: a
+// paragraph of the text with a few inline links more often than a box of links, so it is
+// near-good, and its neighbours decide (a link box between link boxes stays out).
+constexpr double kLinkedProse = 0.5;
+bool linked_prose(const Block& b, const BlockParams& p, bool use_stopwords, bool repeated, double ld, double sd) {
+  return !b.boilerplate_context && !b.heading && !structural_bad(b, p, repeated) && ld > link_limit(b, p) &&
+         ld <= kLinkedProse && b.length >= p.length_low && (!use_stopwords || sd >= p.stopwords_low) &&
+         b.text.find("\xC2\xA9") == std::string::npos;
+}
+
 // 1. Each block on its own.
 void classify_each(std::vector<Block>& blocks, const BlockParams& p, bool use_stopwords, bool repeated) {
   for (auto& b : blocks) {
     const double ld = link_density(b);
     const double sd = b.words > 0 ? static_cast<double>(b.stopwords) / static_cast<double>(b.words) : 0.0;
     BlockClass c;
+    if (linked_prose(b, p, use_stopwords, repeated, ld, sd)) {
+      b.initial = BlockClass::neargood;
+      b.rule = "alone: prose with a few inline links (its neighbours decide)";
+      continue;
+    }
     if (b.boilerplate_context || structural_bad(b, p, repeated) || ld > link_limit(b, p) ||
         b.text.find("\xC2\xA9") != std::string::npos) {
       c = BlockClass::bad;
