@@ -1256,7 +1256,8 @@ void container_runs(ParsedPage& page, const BlockParams& p, bool repeated, size_
 // 7. Outside the container (its blocks [first, last]).
 void outside_container(ParsedPage& page, const BlockParams& p, size_t first, size_t last) {
   auto& blocks = page.blocks;
-  // Only headings that lead into kept text stay: a box of prose
+  // Only headings that lead into kept text stay (inside the container too when a furniture
+  // box or a teaser card follows: "Related news", "Read more"): a box of prose
   // beside the article (an about-us box, a newsletter or donation pitch, a consent text
   // without a telling class) is not the article however wordy it is. Comments kept on
   // request are the exception: their prose is kept wherever the section is.
@@ -1276,7 +1277,10 @@ void outside_container(ParsedPage& page, const BlockParams& p, size_t first, siz
   }
   for (size_t i = 0; i < blocks.size(); ++i) {
     auto& b = blocks[i];
-    if (!b.heading || b.final_class != BlockClass::good || (i >= first && i <= last)) continue;
+    if (!b.heading || b.final_class != BlockClass::good) continue;
+    if (i >= first && i <= last &&
+        !(i + 1 < blocks.size() && (blocks[i + 1].boilerplate_context || blocks[i + 1].listing)))
+      continue;
     bool leads = false;
     int64_t dist = 0;
     for (size_t k = i + 1; k < blocks.size() && dist <= p.max_heading_distance && !leads; ++k) {
@@ -1285,7 +1289,7 @@ void outside_container(ParsedPage& page, const BlockParams& p, size_t first, siz
     }
     if (!leads) {
       b.final_class = BlockClass::bad;
-      b.rule = "outside the container: a heading leading into no kept text";
+      b.rule = "a heading leading into no kept text";
     }
   }
 }
