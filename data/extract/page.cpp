@@ -1253,16 +1253,49 @@ void container_runs(ParsedPage& page, const BlockParams& p, bool repeated, size_
   }
 }
 
+// An article split into sibling chunks (its lead in a box of its own, the rest of its
+// body after an ad or a newsletter box): prose blocks (good or near-good on their own,
+// not headings, comments, cards or furniture) right before or after the container's
+// blocks [first, last], with at most max_heading_distance characters of other lines
+// between chunks, are the article's; after the container, two such blocks or more. Stops
+// at the first prose of any other kind.
+std::vector<char> sibling_chunks(const std::vector<Block>& blocks, const BlockParams& p, size_t first, size_t last) {
+  std::vector<char> joined(blocks.size(), 0);
+  const auto n = static_cast<int64_t>(blocks.size());
+  for (const int dir : {-1, +1}) {
+    int64_t gap = 0;
+    std::vector<size_t> got;
+    for (int64_t k = dir < 0 ? static_cast<int64_t>(first) - 1 : static_cast<int64_t>(last) + 1; k >= 0 && k < n;
+         k += dir) {
+      const Block& o = blocks[static_cast<size_t>(k)];
+      const bool prose_alone = o.initial == BlockClass::good || o.initial == BlockClass::neargood;
+      if (prose_alone && !o.heading && !o.comment && !o.listing && !o.boilerplate_context) {
+        got.push_back(static_cast<size_t>(k));
+        gap = 0;
+        continue;
+      }
+      gap += o.chars;
+      if (prose_alone || gap > p.max_heading_distance) break;
+    }
+    if (dir > 0 && got.size() < 2) continue;  // one paragraph after the article: a pitch, a consent text
+    for (const size_t k : got) joined[k] = 1;
+  }
+  return joined;
+}
+
 // 7. Outside the container (its blocks [first, last]).
 void outside_container(ParsedPage& page, const BlockParams& p, size_t first, size_t last) {
   auto& blocks = page.blocks;
-  // Only headings that lead into kept text stay (inside the container too when a furniture
-  // box or a teaser card follows: "Related news", "Read more"): a box of prose
-  // beside the article (an about-us box, a newsletter or donation pitch, a consent text
-  // without a telling class) is not the article however wordy it is. Comments kept on
-  // request are the exception: their prose is kept wherever the section is.
+  // Outside it only the article's sibling chunks (sibling_chunks) and headings that lead
+  // into kept text stay (inside it too, a heading right before a furniture box or a teaser
+  // card must: "Related news", "Read more"): a box of prose beside the article (an
+  // about-us box, a newsletter or donation pitch, a consent text without a telling class)
+  // is not the article however wordy it is. Comments kept on request are the exception:
+  // their prose is kept wherever the section is.
+  const std::vector<char> joined = sibling_chunks(blocks, p, first, last);
   for (size_t i = 0; i < blocks.size(); ++i) {
     auto& b = blocks[i];
+    if (joined[i] && b.final_class == BlockClass::good) continue;
     if (p.keep_comments && b.comment) {
       if (b.initial == BlockClass::good || b.initial == BlockClass::neargood) {
         b.final_class = BlockClass::good;
