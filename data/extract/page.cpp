@@ -835,11 +835,31 @@ bool structural_bad(const Block& b, const BlockParams& p, bool repeated) {
          (repeated && b.repeated && !b.heading && b.chars >= p.repeat_min_chars);
 }
 
+// A short line that labels a picture or an ad rather than saying anything: a photo
+// credit ("Foto: dpa", "Photograph by ...", "Bild: ...") or an ad label alone
+// ("Advertisement", "Anzeige", "Werbung").
+bool label_line(const Block& b, const BlockParams& p) {
+  if (b.length >= p.length_low) return false;
+  const std::string t = lower_str(b.text.substr(0, 24));
+  for (const std::string_view w :
+       {"foto:", "fotos:", "bild:", "bilder:", "photo:", "photos:", "image:", "credit:", "credits:", "photograph by",
+        "photo by", "photo credit", "(foto:", "(photo:", "fotó:", "crédito:", "foto/", "bild/"})
+    if (std::string_view(t).starts_with(w)) return true;
+  std::string_view whole = b.text;
+  while (!whole.empty() && (whole.back() == ' ' || whole.back() == '\n')) whole.remove_suffix(1);
+  while (!whole.empty() && whole.front() == ' ') whole.remove_prefix(1);
+  const std::string lw = lower_str(whole);
+  return lw == "advertisement" || lw == "anzeige" || lw == "werbung" || lw == "publicidad" || lw == "publicité" ||
+         lw == "pubblicità" || lw == "ad" || lw == "sponsored";
+}
+
 // Bad whatever its place: page furniture by context, left out by structure, mostly link
-// text, a copyright line, or a short block with link text (a byline, a "read more").
+// text, a copyright line, a short block with link text (a byline, a "read more") or a
+// label line.
 bool hard_bad(const Block& b, const BlockParams& p, bool repeated) {
   return b.boilerplate_context || structural_bad(b, p, repeated) || link_density(b) > link_limit(b, p) ||
-         b.text.find("\xC2\xA9") != std::string::npos || (b.length < p.length_low && b.link_chars > 0);
+         b.text.find("\xC2\xA9") != std::string::npos || (b.length < p.length_low && b.link_chars > 0) ||
+         label_line(b, p);
 }
 
 // Per element: its first block, how many blocks it holds and their characters outside
@@ -1028,13 +1048,14 @@ void classify_each(std::vector<Block>& blocks, const BlockParams& p, bool use_st
       continue;
     }
     if (b.boilerplate_context || structural_bad(b, p, repeated) || ld > link_limit(b, p) ||
-        b.text.find("\xC2\xA9") != std::string::npos) {
+        b.text.find("\xC2\xA9") != std::string::npos || label_line(b, p)) {
       c = BlockClass::bad;
       b.rule = b.boilerplate_context             ? "furniture: inside a furniture element"
                : (b.comment && !p.keep_comments) ? "structure: comment or review section"
                : b.listing                       ? "structure: teaser card of a listing"
                : structural_bad(b, p, repeated)  ? "structure: repeated on another page of the site"
                : ld > link_limit(b, p)           ? "alone: link density over the limit"
+               : label_line(b, p)                ? "alone: a photo credit or an ad label"
                                                  : "alone: copyright line";
     } else if (b.pre && b.length > p.length_high) {
       c = BlockClass::good;  // code, a man page, a message: <pre> text is written, not generated furniture
