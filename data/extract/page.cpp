@@ -1232,10 +1232,31 @@ void short_line_article(ParsedPage& page, const BlockParams& p, bool repeated) {
   }
 }
 
+// A short line with link text between two lines of the same list (the same parent
+// element; neither all link text, both shorter than length_high, the first not a
+// heading): an ingredient or a deal with a link in a list of them, not a byline or a
+// "read more" (those sit between a title or a paragraph and the text). Inside the
+// container such a line does not break a run of lines (container_runs).
+bool link_line_in_list(const ParsedPage& page, size_t i, const BlockParams& p, bool repeated) {
+  const auto& blocks = page.blocks;
+  const Block& b = blocks[i];
+  if (i == 0 || i + 1 >= blocks.size() || b.length >= p.length_low || b.link_chars == 0 || b.boilerplate_context ||
+      structural_bad(b, p, repeated) || b.text.find("\xC2\xA9") != std::string::npos || label_line(b, p))
+    return false;
+  auto parent = [&](size_t k) { return blocks[k].node >= 0 ? page.parent[static_cast<size_t>(blocks[k].node)] : -2; };
+  auto item = [&](size_t k) {
+    return parent(k) == parent(i) && blocks[k].link_chars < blocks[k].chars && blocks[k].length < p.length_high;
+  };
+  return item(i - 1) && item(i + 1) && !blocks[i - 1].heading;
+}
+
 // 6, inside the content container (its blocks [first, last]): prose is the article's, and
 // runs of blocks bad only for their length or stop words between good ones are good.
 void container_runs(ParsedPage& page, const BlockParams& p, bool repeated, size_t first, size_t last) {
   auto& blocks = page.blocks;
+  auto run_stop = [&](size_t k) {
+    return hard_bad(blocks[k], p, repeated) && !link_line_in_list(page, k, p, repeated);
+  };
   // Prose inside the container is the article's, whatever its neighbours: a near-good
   // block there is good (a one-paragraph answer or post between user cards).
   for (size_t i = first; i <= last && first < blocks.size(); ++i)
@@ -1244,12 +1265,12 @@ void container_runs(ParsedPage& page, const BlockParams& p, bool repeated, size_
       blocks[i].rule = "container: prose inside the content container";
     }
   for (size_t i = first; i <= last && first < blocks.size();) {
-    if (blocks[i].final_class == BlockClass::good || hard_bad(blocks[i], p, repeated)) {
+    if (blocks[i].final_class == BlockClass::good || run_stop(i)) {
       ++i;
       continue;
     }
     size_t j = i;  // the run [i, j)
-    while (j <= last && blocks[j].final_class != BlockClass::good && !hard_bad(blocks[j], p, repeated)) ++j;
+    while (j <= last && blocks[j].final_class != BlockClass::good && !run_stop(j)) ++j;
     // A good block in another cell of the same table row does not count: a column of short
     // lines beside a column of text is a sidebar (a forum post's user card, a layout's menu).
     auto same_column = [&](size_t a, size_t b) {
