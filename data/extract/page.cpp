@@ -375,10 +375,12 @@ struct Walker {
   ParsedPage page;
   Block cur;
   int link = 0, pre = 0, heading = 0, h1 = 0, boiler = 0, article = 0;
-  std::vector<int32_t> open;                   // the block-level elements open, innermost last
-  const std::vector<TextRun>* runs = nullptr;  // the text runs behind placeholders
-  bool names = false;                          // keep each element's name (ParsedPage::node_names)
-  std::string parsed;                          // a text run as parsed, when that differs from the run
+  std::vector<int32_t> open;                        // the block-level elements open, innermost last
+  const std::vector<TextRun>* runs = nullptr;       // the text runs behind placeholders
+  bool names = false;                               // keep each element's name (ParsedPage::node_names)
+  int noscript_depth = 0;                           // inside <noscript> elements
+  std::vector<std::pair<size_t, size_t>> noscript;  // the blocks [from, to) of each outermost <noscript>
+  std::string parsed;                               // a text run as parsed, when that differs from the run
   const WordTable& stop = english_stopword_table();
 
   // Words, stop words and code points of the current block: words are split at
@@ -606,12 +608,38 @@ struct Walker {
     article += d * art;
   }
 
+  // A browser running scripts reads a <noscript> as text up to the first </noscript>; a
+  // parser that does not builds elements from it, and an unbalanced one
+  // (`<noscript><div></noscript>` ... `<noscript></div></noscript>`) then holds the whole
+  // page. Its blocks are read, and kept only when they hold more than half of the page's
+  // text (drop_noscript).
+  void walk_noscript(const GumboElement& e) {
+    flush();
+    const size_t from = page.blocks.size();
+    ++noscript_depth;
+    for (unsigned i = 0; i < e.children.length; ++i) walk(static_cast<const GumboNode*>(e.children.data[i]));
+    flush();
+    --noscript_depth;
+    if (page.blocks.size() > from) noscript.emplace_back(from, page.blocks.size());
+  }
+  void drop_noscript() {
+    int64_t all = 0, inside = 0;
+    for (const auto& b : page.blocks) all += b.chars;
+    for (const auto& [from, to] : noscript)
+      for (size_t k = from; k < to; ++k) inside += page.blocks[k].chars;
+    if (2 * inside > all) return;
+    for (auto r = noscript.rbegin(); r != noscript.rend(); ++r)
+      page.blocks.erase(page.blocks.begin() + static_cast<std::ptrdiff_t>(r->first),
+                        page.blocks.begin() + static_cast<std::ptrdiff_t>(r->second));
+  }
+
   void walk(const GumboNode* n) {
     if (n->type != GUMBO_NODE_ELEMENT && n->type != GUMBO_NODE_TEMPLATE) return walk_other(n);
     const GumboElement& e = n->v.element;
     const GumboTag t = e.tag;
     if ((t == GUMBO_TAG_TITLE && page.title.empty()) || t == GUMBO_TAG_HEAD) return walk_head(e);
-    if (is_skipped(t)) return;
+    if (t == GUMBO_TAG_NOSCRIPT && noscript_depth == 0) return walk_noscript(e);
+    if (is_skipped(t) && !(t == GUMBO_TAG_NOSCRIPT && noscript_depth > 0)) return;
     const ReadAttributes a(e);
     if (a.hidden) return;
     if (a.aria_hidden && std::strcmp(a.aria_hidden, "true") == 0) return;
@@ -797,6 +825,7 @@ ParsedPage parse_gumbo_blocks(std::string_view html, const std::vector<TextRun>*
   w.names = names;
   w.walk(release.out->document);
   w.flush();
+  w.drop_noscript();
   resolve_furniture(w.page);
   return std::move(w.page);
 }
