@@ -186,22 +186,48 @@ void extract_ranks(const extract::ExtractOptions& opt, const parallel::LaunchInf
   if (job.r == 0) print_summary(rep, opt.output_dir, job.W);
 }
 
+// The block classifier's thresholds (docs/specs/justext.md).
+void add_classifier_options(CLI::App* c, extract::BlockParams& b) {
+  c->add_option("--length-low", b.length_low, "Block classifier: blocks shorter than this (characters) are short")
+      ->capture_default_str();
+  c->add_option("--length-high", b.length_high, "Block classifier: good blocks are longer than this")
+      ->capture_default_str();
+  c->add_option("--stopwords-low", b.stopwords_low, "Block classifier: stop-word density of near-good blocks")
+      ->capture_default_str();
+  c->add_option("--stopwords-high", b.stopwords_high, "Block classifier: stop-word density of good blocks")
+      ->capture_default_str();
+  c->add_option("--max-link-density", b.max_link_density,
+                "Block classifier: blocks with a larger share of link text are boilerplate")
+      ->capture_default_str();
+  c->add_option("--repeat-min-chars", b.repeat_min_chars,
+                "Block classifier: a block of at least this many code points whose text is on another page of the "
+                "same site (host) in the same input is boilerplate")
+      ->capture_default_str();
+}
+
 }  // namespace
 
 void register_data_extract(CLI::App& data) {
   auto o = std::make_shared<extract::ExtractOptions>();
   auto no_progress = std::make_shared<bool>(false);
   auto langs = std::make_shared<std::string>("en");
+  auto explain = std::make_shared<std::string>();
   auto* c = data.add_subcommand(
       "extract",
       "Extract clean main text from WARC/WET files (Common Crawl) into JSONL shards: DIR/<input stem>.jsonl "
       "(or .jsonl.zst) and DIR/extract_report.json");
   c->add_option("--input", o->inputs,
                 "WARC files: .warc, or .warc.gz with one gzip member per record (WARC/1.0 and 1.1); WET files "
-                "(conversion records) pass their text through")
-      ->required()
+                "(conversion records) pass their text through (required unless --explain)")
       ->expected(1, -1);
-  c->add_option("--output", o->output_dir, "Output directory (created if missing)")->required();
+  c->add_option("--output", o->output_dir, "Output directory, created if missing (required unless --explain)");
+  c->add_option("--explain", *explain,
+                "Print how one page's blocks were classified instead of extracting: per block KEEP or drop, its "
+                "class alone and in the end, the rule that decided it, the elements around it (tag#id.class) and "
+                "its text. SOURCE: an HTML file, or FILE.warc[.gz]#N (the record numbered N in the file), "
+                "FILE.warc[.gz]#URL (the response with that target URI) or FILE.warc[.gz] (its first response). "
+                "The classifier options apply; the page is classified alone (no other page of its site)")
+      ->type_name("SOURCE");
   c->add_option("--languages", *langs,
                 "Comma-separated ISO 639 codes of the languages kept, or 'all'. The language is CLD2's on the "
                 "page's MAIN text, with the page's Content-Language or <html lang> as the prior")
@@ -228,22 +254,7 @@ void register_data_extract(CLI::App& data) {
   c->add_flag("--skip-bad-records", o->skip_bad_records,
               "Skip bad records (truncated, corrupt gzip, malformed header, over the cap, unknown encoding, bad HTTP) "
               "and count them per cause in the report, instead of failing on the first");
-  c->add_option("--length-low", o->blocks.length_low,
-                "Block classifier: blocks shorter than this (characters) are short")
-      ->capture_default_str();
-  c->add_option("--length-high", o->blocks.length_high, "Block classifier: good blocks are longer than this")
-      ->capture_default_str();
-  c->add_option("--stopwords-low", o->blocks.stopwords_low, "Block classifier: stop-word density of near-good blocks")
-      ->capture_default_str();
-  c->add_option("--stopwords-high", o->blocks.stopwords_high, "Block classifier: stop-word density of good blocks")
-      ->capture_default_str();
-  c->add_option("--max-link-density", o->blocks.max_link_density,
-                "Block classifier: blocks with a larger share of link text are boilerplate")
-      ->capture_default_str();
-  c->add_option("--repeat-min-chars", o->blocks.repeat_min_chars,
-                "Block classifier: a block of at least this many code points whose text is on another page of the "
-                "same site (host) in the same input is boilerplate")
-      ->capture_default_str();
+  add_classifier_options(c, o->blocks);
   c->add_flag("--no-progress", *no_progress, "Do not draw the progress line");
   c->footer(
       "Each JSONL line: {\"text\", \"url\", \"warc_record_id\", \"date\", \"language\", \"language_score\"}. Bad input "
@@ -251,7 +262,13 @@ void register_data_extract(CLI::App& data) {
       "the field at fault; nothing is left under the shard names. Under mpirun or srun the input files are dealt "
       "to the ranks by size; shards and report (but its seconds) are the same for any number of ranks (the output "
       "directory must be shared). See docs/CURATION.md, \"Text extraction\".");
-  c->callback([o, no_progress, langs] {
+  c->callback([o, no_progress, langs, explain] {
+    if (!explain->empty()) {
+      std::fputs(extract::explain_page(*explain, *o).c_str(), stdout);
+      return;
+    }
+    if (o->inputs.empty() || o->output_dir.empty())
+      throw InputError("data extract: --input and --output are required (or --explain SOURCE)");
     o->progress = !*no_progress;
     o->languages.clear();
     std::string cur;

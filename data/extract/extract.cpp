@@ -7,6 +7,8 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <set>
 #include <unordered_map>
@@ -592,6 +594,91 @@ nlohmann::ordered_json extract_report(const ExtractOptions& opt, const std::vect
   rep["files"] = files;
   rep["seconds"] = seconds;
   return rep;
+}
+
+}  // namespace mtnlg::extract
+
+namespace mtnlg::extract {
+
+namespace {
+
+// The HTML of `source` for --explain: an HTML file, or a WARC file's response record
+// (FILE#N: the record numbered N in the file; FILE#URL: the first with that target URI;
+// FILE alone: its first response record). `url` gets the record's target URI.
+std::string explain_source_html(const std::string& source, const ExtractOptions& opt, std::string& url) {
+  const size_t hash = source.find('#');
+  const std::string path = source.substr(0, hash);
+  const std::string sel = hash == std::string::npos ? "" : source.substr(hash + 1);
+  const bool warc = path.ends_with(".warc") || path.ends_with(".warc.gz");
+  if (!std::filesystem::is_regular_file(path)) throw InputError(fmt::format("--explain: {}: no such file", path));
+  if (!warc && !sel.empty()) throw InputError(fmt::format("--explain: {}: '#' selects a record of a WARC file", path));
+  Utf8Converter conv;
+  Counts c{};
+  int64_t replaced = 0;
+  if (!warc) {
+    std::ifstream f(path, std::ios::binary);
+    const std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    std::string_view body = bytes;
+    url = path;
+    return conv.convert(body, body_charset(body, "", conv, c), &replaced);
+  }
+  const bool by_number = !sel.empty() && sel.find_first_not_of("0123456789") == std::string::npos;
+  WarcReader reader(path, opt.max_record_bytes);
+  WarcRecord rec;
+  while (reader.next(rec)) {
+    if (rec.type() != "response") continue;
+    url = std::string(rec.header("WARC-Target-URI"));
+    if (by_number ? std::to_string(rec.ordinal) != sel : (!sel.empty() && url != sel)) continue;
+    const HttpResponse http = parse_http_response(rec.block, fmt::format("{}: record {}", path, rec.ordinal));
+    std::string_view body = http.body;
+    return conv.convert(body, body_charset(body, http.charset, conv, c), &replaced);
+  }
+  throw InputError(fmt::format("--explain: {}: no response record {}", path, sel.empty() ? "in the file" : sel));
+}
+
+// The elements from the page's top down to `node`: "body > div#main.content > p" (the
+// last `keep` of them, "... > " before when there are more).
+std::string element_chain(const ParsedPage& page, int32_t node, size_t keep) {
+  std::vector<int32_t> up;
+  for (int32_t e = node; e >= 0; e = page.parent[static_cast<size_t>(e)]) up.push_back(e);
+  std::string out = up.size() > keep ? "... > " : "";
+  for (size_t k = std::min(up.size(), keep); k-- > 0;) {
+    out += page.node_names[static_cast<size_t>(up[k])];
+    if (k > 0) out += " > ";
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string explain_page(const std::string& source, const ExtractOptions& opt) {
+  std::string url;
+  const std::string html = explain_source_html(source, opt, url);
+  ParsedPage page = parse_html_blocks(html, false, true);
+  // English stop words as `data extract` decides before the language of the main text:
+  // the page's declaration, else their share of the words outside furniture.
+  const std::string declared = declared_language(page.lang);
+  int64_t words = 0, stopwords = 0;
+  for (const auto& b : page.blocks)
+    if (!b.boilerplate_context) {
+      words += b.words;
+      stopwords += b.stopwords;
+    }
+  const bool english = declared.empty() ? stopwords * 100 >= words * 15 && words > 0 : declared == "en";
+  classify_blocks(page, opt.blocks, english);
+  int64_t kept = 0;
+  for (const auto& b : page.blocks) kept += b.final_class == BlockClass::good;
+  std::string out = fmt::format("page {}: {} blocks, {} kept; stop words: {}\n", url, page.blocks.size(), kept,
+                                english ? "English" : "none (length and context only)");
+  for (const auto& b : page.blocks) {
+    size_t cut = std::min<size_t>(b.text.size(), 100);  // at a character's first byte
+    while (cut < b.text.size() && (static_cast<unsigned char>(b.text[cut]) & 0xC0) == 0x80) --cut;
+    const std::string text = cut < b.text.size() ? b.text.substr(0, cut) + "..." : b.text;
+    out += fmt::format("{:<4} {:>9} -> {:<9} {} | {} | {}\n", b.final_class == BlockClass::good ? "KEEP" : "drop",
+                       block_class_name(b.initial), block_class_name(b.final_class), b.rule,
+                       b.node >= 0 ? element_chain(page, b.node, 4) : "(no element)", text);
+  }
+  return out;
 }
 
 }  // namespace mtnlg::extract

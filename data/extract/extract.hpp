@@ -81,6 +81,13 @@ Counts extract_file(const std::string& input, const std::string& output, const E
 
 // DIR/<stem>.jsonl or .jsonl.zst for an input; inputs with one stem are rejected.
 std::vector<std::string> shard_paths(const ExtractOptions& opt);
+// `data extract --explain SOURCE`: how the page's blocks were classified, one line a
+// block: KEEP or drop, its class alone and in the end, the rule that decided it, the
+// elements around it (id and classes) and its text. SOURCE: an HTML file, or a WARC file
+// with #N (the record numbered N in the file) or #URL (the first response with that
+// target URI), or alone (its first response record). The page is classified on its own:
+// no other page of its site is there to show repeated text. Throws InputError (exit 2).
+std::string explain_page(const std::string& source, const ExtractOptions& opt);
 // Checks options and inputs (exit 2 naming the problem).
 void check_extract_options(const ExtractOptions& opt);
 // Which inputs rank r of W extracts: greedy by size, largest first, to the least

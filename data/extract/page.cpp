@@ -144,7 +144,16 @@ const WordTable& furniture_words() {
       "menu",      "footer",  "sidebar",  "breadcrumb",    "breadcrumbs", "share",      "sharing",
       "social",    "banner",  "advert",   "advertisement", "ads",         "promo",      "newsletter",
       "subscribe", "skip",    "toolbar",  "masthead",      "sitemap",     "pagination", "related",
-      "signature", "donate",  "donation", "paywall",       "editsection"});
+      "signature", "donate",  "donation", "editsection"});
+  return table;
+}
+
+// Class/id words of boxes that hold the article's own text as often as furniture: a
+// paywall or premium box around the rest of the article, an embed. Such a box is
+// furniture only when it holds no prose (resolve_furniture).
+const WordTable& soft_furniture_words() {
+  static const WordTable table(std::unordered_set<std::string_view>{"paywall", "premium", "embed", "embedded",
+                                                                    "metered", "regwall", "locked", "piano"});
   return table;
 }
 
@@ -166,27 +175,48 @@ bool holds(std::string_view w, std::string_view part, std::string_view except) {
 
 }  // namespace
 
+namespace {
+
+// A class token naming the post's category or tag ("category-reviews", "tag-menu",
+// "entry-category-camera_reviews"): the topic of the text, not the kind of box; its
+// words mark nothing.
+bool is_space(unsigned char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f'; }
+bool taxonomy_token(std::string_view rest) {
+  const std::string tok = lower_str(rest.substr(0, std::min(rest.find_first_of(" \t\n\r\f"), size_t{64})));
+  return tok.starts_with("tag-") || tok.starts_with("tag_") || tok.find("category-") != std::string::npos ||
+         tok.find("category_") != std::string::npos;
+}
+
+}  // namespace
+
 uint8_t attribute_marks(std::string_view v) {
   const auto* t = reinterpret_cast<const unsigned char*>(v.data());
   const size_t n = v.size();
   const WordTable& furniture = furniture_words();
   const WordTable& comments = comment_words();
+  const WordTable& soft = soft_furniture_words();
   uint8_t marks = 0;
   for (size_t i = 0; i < n;) {
     if (!alnum_byte(t[i])) {
       ++i;
       continue;
     }
+    if ((i == 0 || is_space(t[i - 1])) && taxonomy_token(v.substr(i))) {
+      while (i < n && !is_space(t[i])) ++i;
+      continue;
+    }
     size_t j = i + 1;  // a word: ASCII letters and digits, lower-cased
-    while (j < n && alnum_byte(t[j])) ++j;
+    // A word ends where a lower-case letter meets an upper-case one too ("mainNav").
+    while (j < n && alnum_byte(t[j]) && !(t[j] >= 'A' && t[j] <= 'Z' && t[j - 1] >= 'a' && t[j - 1] <= 'z')) ++j;
     if (j - i <= WordTable::kMaxLen) {
       const auto k = WordTable::key(t + i, j - i, t + n);
       if (furniture.contains(k)) marks |= kMarkFurniture;
       if (comments.contains(k)) marks |= kMarkComment;
+      if (soft.contains(k)) marks |= kMarkSoftFurniture;
     }
     if (!(marks & kMarkComment) && j - i >= 6) {  // "commentlist", "customerReviews"
       const std::string w = lower_str(v.substr(i, j - i));
-      if (holds(w, "comment", "commentary") || holds(w, "review", "preview")) marks |= kMarkComment;
+      if (holds(w, "comment", "commentary") || (holds(w, "review", "preview") && w != "hreview")) marks |= kMarkComment;
     }
     i = j;
   }
@@ -345,9 +375,12 @@ struct Walker {
   ParsedPage page;
   Block cur;
   int link = 0, pre = 0, heading = 0, h1 = 0, boiler = 0, article = 0;
-  std::vector<int32_t> open;                   // the block-level elements open, innermost last
-  const std::vector<TextRun>* runs = nullptr;  // the text runs behind placeholders
-  std::string parsed;                          // a text run as parsed, when that differs from the run
+  std::vector<int32_t> open;                        // the block-level elements open, innermost last
+  const std::vector<TextRun>* runs = nullptr;       // the text runs behind placeholders
+  bool names = false;                               // keep each element's name (ParsedPage::node_names)
+  int noscript_depth = 0;                           // inside <noscript> elements
+  std::vector<std::pair<size_t, size_t>> noscript;  // the blocks [from, to) of each outermost <noscript>
+  std::string parsed;                               // a text run as parsed, when that differs from the run
   const WordTable& stop = english_stopword_table();
 
   // Words, stop words and code points of the current block: words are split at
@@ -483,7 +516,7 @@ struct Walker {
   // gumbo_get_attribute finds it), in one pass over the element's attributes.
   struct ReadAttributes {
     const char *hidden = nullptr, *aria_hidden = nullptr, *cls = nullptr, *id = nullptr, *role = nullptr,
-               *itemprop = nullptr, *itemtype = nullptr, *lang = nullptr;
+               *itemprop = nullptr, *itemtype = nullptr, *lang = nullptr, *style = nullptr;
     explicit ReadAttributes(const GumboElement& e) {
       for (unsigned k = 0; k < e.attributes.length; ++k) {
         const auto* at = static_cast<const GumboAttribute*>(e.attributes.data[k]);
@@ -512,10 +545,24 @@ struct Walker {
                                            : ignored;
         case 'l': return named(name, "lang") ? lang : ignored;
         case 'r': return named(name, "role") ? role : ignored;
+        case 's': return named(name, "style") ? style : ignored;
         default: return ignored;
       }
     }
   };
+
+  // "div#id.class.class" (what --explain prints of an element).
+  static std::string node_name(const GumboElement& e, const ReadAttributes& a) {
+    std::string out = gumbo_normalized_tagname(e.tag);
+    if (out.empty()) out = "element";
+    if (a.id) (out += '#') += a.id;
+    for (std::string_view c = a.cls ? a.cls : ""; !c.empty();) {
+      const size_t sp = c.find_first_of(" \t\n\r\f");
+      if (sp != 0) (out += '.') += c.substr(0, sp);
+      c = sp == std::string_view::npos ? std::string_view() : c.substr(sp + 1);
+    }
+    return out;
+  }
 
   // A node other than an element: text, whitespace, or the document (its children walked);
   // comments and the rest are not text.
@@ -539,11 +586,13 @@ struct Walker {
     }
   }
 
-  // Whether element t opens page furniture (navigation, footer, a banner, a dialog, or
-  // furniture words in its class or id outside the page's and the content's own elements).
+  // Whether element t opens page furniture (navigation, footer, a banner, a dialog, a
+  // figure's caption, or furniture words in its class or id outside the page's and the
+  // content's own elements).
   bool furniture(GumboTag t, const ReadAttributes& a, uint8_t marks, bool page_or_content) const {
-    return t == GUMBO_TAG_NAV || t == GUMBO_TAG_FOOTER || t == GUMBO_TAG_ASIDE ||
-           (t == GUMBO_TAG_HEADER && article == 0) || (!page_or_content && (marks & kMarkFurniture)) ||
+    return t == GUMBO_TAG_NAV || t == GUMBO_TAG_FOOTER || t == GUMBO_TAG_ASIDE || t == GUMBO_TAG_FIGCAPTION ||
+           (t == GUMBO_TAG_HEADER && article == 0) ||
+           (!page_or_content && (marks & (kMarkFurniture | kMarkSoftFurniture))) ||
            (a.role && (std::strcmp(a.role, "navigation") == 0 || std::strcmp(a.role, "banner") == 0 ||
                        std::strcmp(a.role, "contentinfo") == 0 || std::strcmp(a.role, "dialog") == 0));
   }
@@ -559,15 +608,42 @@ struct Walker {
     article += d * art;
   }
 
+  // A browser running scripts reads a <noscript> as text up to the first </noscript>; a
+  // parser that does not builds elements from it, and an unbalanced one
+  // (`<noscript><div></noscript>` ... `<noscript></div></noscript>`) then holds the whole
+  // page. Its blocks are read, and kept only when they hold more than half of the page's
+  // text (drop_noscript).
+  void walk_noscript(const GumboElement& e) {
+    flush();
+    const size_t from = page.blocks.size();
+    ++noscript_depth;
+    for (unsigned i = 0; i < e.children.length; ++i) walk(static_cast<const GumboNode*>(e.children.data[i]));
+    flush();
+    --noscript_depth;
+    if (page.blocks.size() > from) noscript.emplace_back(from, page.blocks.size());
+  }
+  void drop_noscript() {
+    int64_t all = 0, inside = 0;
+    for (const auto& b : page.blocks) all += b.chars;
+    for (const auto& [from, to] : noscript)
+      for (size_t k = from; k < to; ++k) inside += page.blocks[k].chars;
+    if (2 * inside > all) return;
+    for (auto r = noscript.rbegin(); r != noscript.rend(); ++r)
+      page.blocks.erase(page.blocks.begin() + static_cast<std::ptrdiff_t>(r->first),
+                        page.blocks.begin() + static_cast<std::ptrdiff_t>(r->second));
+  }
+
   void walk(const GumboNode* n) {
     if (n->type != GUMBO_NODE_ELEMENT && n->type != GUMBO_NODE_TEMPLATE) return walk_other(n);
     const GumboElement& e = n->v.element;
     const GumboTag t = e.tag;
     if ((t == GUMBO_TAG_TITLE && page.title.empty()) || t == GUMBO_TAG_HEAD) return walk_head(e);
-    if (is_skipped(t)) return;
+    if (t == GUMBO_TAG_NOSCRIPT && noscript_depth == 0) return walk_noscript(e);
+    if (is_skipped(t) && !(t == GUMBO_TAG_NOSCRIPT && noscript_depth > 0)) return;
     const ReadAttributes a(e);
     if (a.hidden) return;
     if (a.aria_hidden && std::strcmp(a.aria_hidden, "true") == 0) return;
+    if (a.style && style_hides(a.style)) return;
     const bool block = is_block(t);
     // Class and id words describe the page on <html> and <body> ("navigation-with-keyboard",
     // "has-sidebar") and the content on <main> and <article>: furniture elsewhere only.
@@ -581,19 +657,27 @@ struct Walker {
     for (const char* v : {a.cls, a.id, a.itemprop, a.itemtype})
       if (v) marks |= attribute_marks(v);
     if (t == GUMBO_TAG_HTML && a.lang && page.lang.empty()) page.lang = a.lang;
-    const bool ctx = furniture(t, a, marks, page_or_content);
+    const bool furn = furniture(t, a, marks, page_or_content);
     const bool art = t == GUMBO_TAG_ARTICLE || t == GUMBO_TAG_MAIN;
     // Furniture inside a heading ("[edit]", an anchor or share link) is not its text.
-    if (ctx && heading > 0 && !block) return;
+    if (furn && heading > 0 && !block) return;
     if (block) flush();
-    // Block-level elements that can hold text are the nodes of the content container.
+    // Block-level elements that can hold text are the nodes of the content container. A
+    // furniture node is marked, and whether its text is furniture is decided once its
+    // prose is known (resolve_furniture); an inline one colours its text at once.
     const bool node = block && t != GUMBO_TAG_BR && t != GUMBO_TAG_HR;
+    const bool ctx = furn && !node;
     if (node) {
       open.push_back(static_cast<int32_t>(page.parent.size()));
       page.parent.push_back(open.size() > 1 ? open[open.size() - 2] : -1);
       const bool page_element = t == GUMBO_TAG_HTML || t == GUMBO_TAG_BODY || t == GUMBO_TAG_MAIN;
-      page.marks.push_back(
-          static_cast<uint8_t>((page_element ? 0 : (marks & kMarkComment)) | (t == GUMBO_TAG_TR ? kNodeRow : 0)));
+      const bool soft =
+          furn && (marks & kMarkSoftFurniture) && !furniture(t, a, marks & ~kMarkSoftFurniture, page_or_content);
+      const bool words = furn && !furniture(t, a, 0, page_or_content);
+      page.marks.push_back(static_cast<uint8_t>((page_element ? 0 : (marks & kMarkComment)) |
+                                                (t == GUMBO_TAG_TR ? kNodeRow : 0) | (furn ? kNodeFurniture : 0) |
+                                                (soft ? kNodeSoft : 0) | (words ? kNodeWords : 0)));
+      if (names) page.node_names.push_back(node_name(e, a));
     }
     nest(t, ctx, art, +1);
     if (block) {
@@ -679,7 +763,42 @@ class ParseArena {
   char* end_ = nullptr;
 };
 
-ParsedPage parse_gumbo_blocks(std::string_view html, const std::vector<TextRun>* runs) {
+// The text of a furniture element (kNodeFurniture) is page furniture, but a class word
+// may only flag a box, never the article: an element holding most of the page's prose
+// (a wrapper named "content-with-sidebar", "has-section-nav", "article paywall") is not
+// furniture, neither is a soft one (kNodeSoft: a paywall or embed box) holding two
+// prose blocks or more, nor one flagged by its class or id words alone (kNodeWords: a
+// section named "TestReport__Section--Ads") holding kWordBoxProse prose blocks or more.
+// Prose: blocks of at least kProseChars code points with at most a fifth of link text,
+// weighed by their length.
+constexpr int64_t kProseChars = 70;
+constexpr int32_t kWordBoxProse = 4;
+void resolve_furniture(ParsedPage& page) {
+  const size_t n = page.parent.size();
+  std::vector<int64_t> prose(n, 0);
+  std::vector<int32_t> prose_blocks(n, 0);
+  int64_t total = 0;
+  for (const auto& b : page.blocks) {
+    if (b.chars < kProseChars || 5 * b.link_chars > b.chars) continue;
+    total += b.length;
+    for (int32_t e = b.node; e >= 0; e = page.parent[static_cast<size_t>(e)]) {
+      prose[static_cast<size_t>(e)] += b.length;
+      ++prose_blocks[static_cast<size_t>(e)];
+    }
+  }
+  std::vector<char> furniture(n, 0);
+  for (size_t e = 0; e < n; ++e) {
+    const uint8_t m = page.marks[e];
+    furniture[e] = (m & kNodeFurniture) && !(2 * prose[e] > total && total > 0) &&
+                   !((m & kNodeSoft) && prose_blocks[e] >= 2) &&
+                   !((m & kNodeWords) && prose_blocks[e] >= kWordBoxProse);
+  }
+  for (auto& b : page.blocks)
+    for (int32_t e = b.node; e >= 0 && !b.boilerplate_context; e = page.parent[static_cast<size_t>(e)])
+      b.boilerplate_context = furniture[static_cast<size_t>(e)];
+}
+
+ParsedPage parse_gumbo_blocks(std::string_view html, const std::vector<TextRun>* runs, bool names) {
   GumboOptions opt = kGumboDefaultOptions;
   opt.max_errors = 0;  // parse errors are not collected (HTML5 recovers from all of them)
   thread_local ParseArena arena;
@@ -703,18 +822,21 @@ ParsedPage parse_gumbo_blocks(std::string_view html, const std::vector<TextRun>*
   } release{opt, gumbo_parse_with_options(&opt, html.data(), html.size()), in_arena};
   Walker w;
   w.runs = runs;
+  w.names = names;
   w.walk(release.out->document);
   w.flush();
+  w.drop_noscript();
+  resolve_furniture(w.page);
   return std::move(w.page);
 }
 
 }  // namespace
 
-ParsedPage parse_html_blocks(std::string_view html, bool strip) {
+ParsedPage parse_html_blocks(std::string_view html, bool strip, bool names) {
   thread_local std::string stripped;  // reused: their capacity is kept for the next page
   thread_local std::vector<TextRun> runs;
   if (strip) strip_raw_text(html, stripped, &runs, true);
-  ParsedPage page = parse_gumbo_blocks(strip ? std::string_view(stripped) : html, strip ? &runs : nullptr);
+  ParsedPage page = parse_gumbo_blocks(strip ? std::string_view(stripped) : html, strip ? &runs : nullptr, names);
   if (stripped.capacity() > (size_t{4} << 20)) {  // memory stays bounded
     std::string().swap(stripped);
     std::vector<TextRun>().swap(runs);
@@ -742,11 +864,31 @@ bool structural_bad(const Block& b, const BlockParams& p, bool repeated) {
          (repeated && b.repeated && !b.heading && b.chars >= p.repeat_min_chars);
 }
 
+// A short line that labels a picture or an ad rather than saying anything: a photo
+// credit ("Foto: dpa", "Photograph by ...", "Bild: ...") or an ad label alone
+// ("Advertisement", "Anzeige", "Werbung").
+bool label_line(const Block& b, const BlockParams& p) {
+  if (b.length >= p.length_low) return false;
+  const std::string t = lower_str(b.text.substr(0, 24));
+  for (const std::string_view w :
+       {"foto:", "fotos:", "bild:", "bilder:", "photo:", "photos:", "image:", "credit:", "credits:", "photograph by",
+        "photo by", "photo credit", "(foto:", "(photo:", "fotó:", "crédito:", "foto/", "bild/"})
+    if (std::string_view(t).starts_with(w)) return true;
+  std::string_view whole = b.text;
+  while (!whole.empty() && (whole.back() == ' ' || whole.back() == '\n')) whole.remove_suffix(1);
+  while (!whole.empty() && whole.front() == ' ') whole.remove_prefix(1);
+  const std::string lw = lower_str(whole);
+  return lw == "advertisement" || lw == "anzeige" || lw == "werbung" || lw == "publicidad" || lw == "publicité" ||
+         lw == "pubblicità" || lw == "ad" || lw == "sponsored";
+}
+
 // Bad whatever its place: page furniture by context, left out by structure, mostly link
-// text, a copyright line, or a short block with link text (a byline, a "read more").
+// text, a copyright line, a short block with link text (a byline, a "read more") or a
+// label line.
 bool hard_bad(const Block& b, const BlockParams& p, bool repeated) {
   return b.boilerplate_context || structural_bad(b, p, repeated) || link_density(b) > link_limit(b, p) ||
-         b.text.find("\xC2\xA9") != std::string::npos || (b.length < p.length_low && b.link_chars > 0);
+         b.text.find("\xC2\xA9") != std::string::npos || (b.length < p.length_low && b.link_chars > 0) ||
+         label_line(b, p);
 }
 
 // Per element: its first block, how many blocks it holds and their characters outside
@@ -912,27 +1054,56 @@ bool site_repeats_are_boilerplate(const std::vector<Block>& blocks, const BlockP
   return repeated;
 }
 
+// A paragraph over the link-density limit but with at most kLinkedProse of link text,
+// of prose length and (with a stop-word list) at least stopwords_low of stop words: a
+// paragraph of the text with a few inline links more often than a box of links, so it is
+// near-good, and its neighbours decide (a link box between link boxes stays out).
+constexpr double kLinkedProse = 0.5;
+bool linked_prose(const Block& b, const BlockParams& p, bool use_stopwords, bool repeated, double ld, double sd) {
+  return !b.boilerplate_context && !b.heading && !structural_bad(b, p, repeated) && ld > link_limit(b, p) &&
+         ld <= kLinkedProse && b.length >= p.length_low && (!use_stopwords || sd >= p.stopwords_low) &&
+         b.text.find("\xC2\xA9") == std::string::npos;
+}
+
 // 1. Each block on its own.
 void classify_each(std::vector<Block>& blocks, const BlockParams& p, bool use_stopwords, bool repeated) {
   for (auto& b : blocks) {
     const double ld = link_density(b);
     const double sd = b.words > 0 ? static_cast<double>(b.stopwords) / static_cast<double>(b.words) : 0.0;
     BlockClass c;
+    if (linked_prose(b, p, use_stopwords, repeated, ld, sd)) {
+      b.initial = BlockClass::neargood;
+      b.rule = "alone: prose with a few inline links (its neighbours decide)";
+      continue;
+    }
     if (b.boilerplate_context || structural_bad(b, p, repeated) || ld > link_limit(b, p) ||
-        b.text.find("\xC2\xA9") != std::string::npos) {
+        b.text.find("\xC2\xA9") != std::string::npos || label_line(b, p)) {
       c = BlockClass::bad;
+      b.rule = b.boilerplate_context             ? "furniture: inside a furniture element"
+               : (b.comment && !p.keep_comments) ? "structure: comment or review section"
+               : b.listing                       ? "structure: teaser card of a listing"
+               : structural_bad(b, p, repeated)  ? "structure: repeated on another page of the site"
+               : ld > link_limit(b, p)           ? "alone: link density over the limit"
+               : label_line(b, p)                ? "alone: a photo credit or an ad label"
+                                                 : "alone: copyright line";
     } else if (b.pre && b.length > p.length_high) {
       c = BlockClass::good;  // code, a man page, a message: <pre> text is written, not generated furniture
+      b.rule = "alone: <pre> text";
     } else if (b.length < p.length_low) {
       c = b.link_chars > 0 ? BlockClass::bad : BlockClass::shortb;
+      b.rule = b.link_chars > 0 ? "alone: short with link text" : "alone: short";
     } else if (!use_stopwords) {
       c = b.length > p.length_high ? BlockClass::good : BlockClass::neargood;
+      b.rule = "alone: length (no stop-word list)";
     } else if (sd >= p.stopwords_high) {
       c = b.length > p.length_high ? BlockClass::good : BlockClass::neargood;
+      b.rule = "alone: length and stop words";
     } else if (sd >= p.stopwords_low) {
       c = BlockClass::neargood;
+      b.rule = "alone: stop words between the limits";
     } else {
       c = BlockClass::bad;
+      b.rule = "alone: few stop words";
     }
     b.initial = c;
   }
@@ -949,8 +1120,10 @@ void headings_before_good(std::vector<Block>& blocks, const BlockParams& p) {
     return false;
   };
   for (size_t i = 0; i < blocks.size(); ++i)
-    if (blocks[i].heading && blocks[i].initial == BlockClass::shortb && good_follows(i))
+    if (blocks[i].heading && blocks[i].initial == BlockClass::shortb && good_follows(i)) {
       blocks[i].initial = BlockClass::neargood;
+      blocks[i].rule = "heading close before good text";
+    }
 }
 
 // 3. Short blocks take their class from their neighbours.
@@ -960,6 +1133,7 @@ void short_by_neighbours(std::vector<Block>& blocks) {
     b.final_class = b.initial;
     if (b.initial != BlockClass::shortb) continue;
     const BlockClass prev = neighbour(blocks, i, -1, true, false), next = neighbour(blocks, i, +1, true, false);
+    b.rule = "short: by its neighbours";
     if (prev == BlockClass::good && next == BlockClass::good) {
       b.final_class = BlockClass::good;
     } else if (prev == BlockClass::bad && next == BlockClass::bad) {
@@ -982,6 +1156,7 @@ void neargood_in_context(ParsedPage& page) {
     if (b.initial != BlockClass::neargood) continue;
     const BlockClass prev = neighbour(blocks, i, -1, true, true), next = neighbour(blocks, i, +1, true, true);
     b.final_class = (prev == BlockClass::bad && next == BlockClass::bad) ? BlockClass::bad : BlockClass::good;
+    b.rule = b.final_class == BlockClass::bad ? "near-good: bad text on both sides" : "near-good: good text beside it";
   }
   // 4b. Paragraphs come in groups, boxes of boilerplate alone: a near-good block next to
   // another near-good or good block of the same parent element is good.
@@ -994,7 +1169,10 @@ void neargood_in_context(ParsedPage& page) {
       return o.node >= 0 && o.node != b.node && page.parent[static_cast<size_t>(o.node)] == up &&
              (o.initial == BlockClass::neargood || o.initial == BlockClass::good);
     };
-    if ((i > 0 && sibling(i - 1)) || (i + 1 < blocks.size() && sibling(i + 1))) b.final_class = BlockClass::good;
+    if ((i > 0 && sibling(i - 1)) || (i + 1 < blocks.size() && sibling(i + 1))) {
+      b.final_class = BlockClass::good;
+      b.rule = "near-good: a sibling paragraph";
+    }
   }
 }
 
@@ -1010,6 +1188,7 @@ void lead_and_listing_intro(ParsedPage& page, const BlockParams& p, const std::v
       if (blocks[k].heading) break;
       if (blocks[k].initial == BlockClass::neargood || blocks[k].initial == BlockClass::good) {
         blocks[k].final_class = BlockClass::good;
+        blocks[k].rule = "the lead under the <h1>";
         break;
       }
       dist += blocks[k].chars;
@@ -1023,8 +1202,11 @@ void lead_and_listing_intro(ParsedPage& page, const BlockParams& p, const std::v
     if (around < 0) continue;
     for (auto& b : blocks) {
       if (b.listing) break;  // the first card: the intro is before it
-      if (b.node >= 0 && b.initial == BlockClass::neargood && inside(page, b.node, around) && !inside(page, b.node, l))
+      if (b.node >= 0 && b.initial == BlockClass::neargood && inside(page, b.node, around) &&
+          !inside(page, b.node, l)) {
         b.final_class = BlockClass::good;
+        b.rule = "a listing's intro";
+      }
     }
   }
 }
@@ -1038,6 +1220,7 @@ void keep_headings(std::vector<Block>& blocks, const BlockParams& p, bool repeat
     for (size_t k = i + 1; k < blocks.size() && dist <= p.max_heading_distance; ++k) {
       if (blocks[k].final_class == BlockClass::good) {
         b.final_class = BlockClass::good;
+        b.rule = "heading before good text";
         break;
       }
       dist += blocks[k].chars;
@@ -1069,28 +1252,54 @@ void short_line_article(ParsedPage& page, const BlockParams& p, bool repeated) {
         best = static_cast<int32_t>(e);
     if (best >= 0) {
       for (auto& b : blocks)
-        if (b.node >= 0 && !b.heading && !hard_bad(b, p, repeated) && inside(page, b.node, best))
+        if (b.node >= 0 && !b.heading && !hard_bad(b, p, repeated) && inside(page, b.node, best)) {
           b.final_class = BlockClass::good;
+          b.rule = "an article in short lines";
+        }
       keep_headings(blocks, p, repeated);
     }
   }
+}
+
+// A short line with link text between two lines of the same list (the same parent
+// element; neither all link text, both shorter than length_high, the first not a
+// heading): an ingredient or a deal with a link in a list of them, not a byline or a
+// "read more" (those sit between a title or a paragraph and the text). Inside the
+// container such a line does not break a run of lines (container_runs).
+bool link_line_in_list(const ParsedPage& page, size_t i, const BlockParams& p, bool repeated) {
+  const auto& blocks = page.blocks;
+  const Block& b = blocks[i];
+  if (i == 0 || i + 1 >= blocks.size() || b.length >= p.length_low || b.link_chars == 0 || b.boilerplate_context ||
+      structural_bad(b, p, repeated) || b.text.find("\xC2\xA9") != std::string::npos || label_line(b, p))
+    return false;
+  auto parent = [&](size_t k) { return blocks[k].node >= 0 ? page.parent[static_cast<size_t>(blocks[k].node)] : -2; };
+  auto item = [&](size_t k) {
+    return parent(k) == parent(i) && blocks[k].link_chars < blocks[k].chars && blocks[k].length < p.length_high;
+  };
+  return item(i - 1) && item(i + 1) && !blocks[i - 1].heading;
 }
 
 // 6, inside the content container (its blocks [first, last]): prose is the article's, and
 // runs of blocks bad only for their length or stop words between good ones are good.
 void container_runs(ParsedPage& page, const BlockParams& p, bool repeated, size_t first, size_t last) {
   auto& blocks = page.blocks;
+  auto run_stop = [&](size_t k) {
+    return hard_bad(blocks[k], p, repeated) && !link_line_in_list(page, k, p, repeated);
+  };
   // Prose inside the container is the article's, whatever its neighbours: a near-good
   // block there is good (a one-paragraph answer or post between user cards).
   for (size_t i = first; i <= last && first < blocks.size(); ++i)
-    if (blocks[i].initial == BlockClass::neargood) blocks[i].final_class = BlockClass::good;
+    if (blocks[i].initial == BlockClass::neargood) {
+      blocks[i].final_class = BlockClass::good;
+      blocks[i].rule = "container: prose inside the content container";
+    }
   for (size_t i = first; i <= last && first < blocks.size();) {
-    if (blocks[i].final_class == BlockClass::good || hard_bad(blocks[i], p, repeated)) {
+    if (blocks[i].final_class == BlockClass::good || run_stop(i)) {
       ++i;
       continue;
     }
     size_t j = i;  // the run [i, j)
-    while (j <= last && blocks[j].final_class != BlockClass::good && !hard_bad(blocks[j], p, repeated)) ++j;
+    while (j <= last && blocks[j].final_class != BlockClass::good && !run_stop(j)) ++j;
     // A good block in another cell of the same table row does not count: a column of short
     // lines beside a column of text is a sidebar (a forum post's user card, a layout's menu).
     auto same_column = [&](size_t a, size_t b) {
@@ -1103,43 +1312,152 @@ void container_runs(ParsedPage& page, const BlockParams& p, bool repeated, size_
     // A single line with good text on one side only (a post's date line, a signature) is
     // the post's furniture more often than its text; a run of lines is a list or a table.
     const bool single = j == i + 1 && !blocks[i].heading && blocks[i].initial == BlockClass::shortb;
+    auto keep = [&](Block& b) {
+      b.final_class = BlockClass::good;
+      b.rule = "container: a run of lines next to its text";
+    };
     if (before && (!single || after))
-      for (size_t k = i; k < j && same_column(i - 1, k); ++k) blocks[k].final_class = BlockClass::good;
+      for (size_t k = i; k < j && same_column(i - 1, k); ++k) keep(blocks[k]);
     if (after && (!single || before))
-      for (size_t k = j; k > i && same_column(j, k - 1); --k) blocks[k - 1].final_class = BlockClass::good;
+      for (size_t k = j; k > i && same_column(j, k - 1); --k) keep(blocks[k - 1]);
     i = j;
   }
+}
+
+// An article split into sibling chunks (its lead in a box of its own, the rest of its
+// body after an ad or a newsletter box): prose blocks (good or near-good on their own,
+// not headings, comments, cards or furniture) right before or after the container's
+// blocks [first, last], with at most max_heading_distance characters of other lines
+// between chunks, are the article's; after the container, two such blocks or more. Stops
+// at the first prose of any other kind.
+std::vector<char> sibling_chunks(const std::vector<Block>& blocks, const BlockParams& p, size_t first, size_t last) {
+  std::vector<char> joined(blocks.size(), 0);
+  const auto n = static_cast<int64_t>(blocks.size());
+  for (const int dir : {-1, +1}) {
+    int64_t gap = 0;
+    std::vector<size_t> got;
+    for (int64_t k = dir < 0 ? static_cast<int64_t>(first) - 1 : static_cast<int64_t>(last) + 1; k >= 0 && k < n;
+         k += dir) {
+      const Block& o = blocks[static_cast<size_t>(k)];
+      const bool prose_alone = o.initial == BlockClass::good || o.initial == BlockClass::neargood;
+      if (prose_alone && !o.heading && !o.comment && !o.listing && !o.boilerplate_context) {
+        got.push_back(static_cast<size_t>(k));
+        gap = 0;
+        continue;
+      }
+      gap += o.chars;
+      if (prose_alone || gap > p.max_heading_distance) break;
+    }
+    if (dir > 0 && got.size() < 2) continue;  // one paragraph after the article: a pitch, a consent text
+    for (const size_t k : got) joined[k] = 1;
+  }
+  return joined;
 }
 
 // 7. Outside the container (its blocks [first, last]).
 void outside_container(ParsedPage& page, const BlockParams& p, size_t first, size_t last) {
   auto& blocks = page.blocks;
-  // Only headings that lead into kept text stay: a box of prose
-  // beside the article (an about-us box, a newsletter or donation pitch, a consent text
-  // without a telling class) is not the article however wordy it is. Comments kept on
-  // request are the exception: their prose is kept wherever the section is.
+  // Outside it only the article's sibling chunks (sibling_chunks) and headings that lead
+  // into kept text stay (inside it too, a heading right before a furniture box or a teaser
+  // card must: "Related news", "Read more"): a box of prose beside the article (an
+  // about-us box, a newsletter or donation pitch, a consent text without a telling class)
+  // is not the article however wordy it is. Comments kept on request are the exception:
+  // their prose is kept wherever the section is.
+  const std::vector<char> joined = sibling_chunks(blocks, p, first, last);
   for (size_t i = 0; i < blocks.size(); ++i) {
     auto& b = blocks[i];
+    if (joined[i] && b.final_class == BlockClass::good) continue;
     if (p.keep_comments && b.comment) {
-      if (b.initial == BlockClass::good || b.initial == BlockClass::neargood) b.final_class = BlockClass::good;
+      if (b.initial == BlockClass::good || b.initial == BlockClass::neargood) {
+        b.final_class = BlockClass::good;
+        b.rule = "a comment, kept on request";
+      }
       continue;
     }
-    if ((i < first || i > last) && b.final_class == BlockClass::good && !b.heading) b.final_class = BlockClass::bad;
+    if ((i < first || i > last) && b.final_class == BlockClass::good && !b.heading) {
+      b.final_class = BlockClass::bad;
+      b.rule = "outside the content container";
+    }
   }
   for (size_t i = 0; i < blocks.size(); ++i) {
     auto& b = blocks[i];
-    if (!b.heading || b.final_class != BlockClass::good || (i >= first && i <= last)) continue;
+    if (!b.heading || b.final_class != BlockClass::good) continue;
+    if (i >= first && i <= last &&
+        !(i + 1 < blocks.size() && (blocks[i + 1].boilerplate_context || blocks[i + 1].listing)))
+      continue;
     bool leads = false;
     int64_t dist = 0;
     for (size_t k = i + 1; k < blocks.size() && dist <= p.max_heading_distance && !leads; ++k) {
       leads = blocks[k].final_class == BlockClass::good && !blocks[k].heading;
       dist += blocks[k].heading ? 0 : blocks[k].chars;
     }
-    if (!leads) b.final_class = BlockClass::bad;
+    if (!leads) {
+      b.final_class = BlockClass::bad;
+      b.rule = "a heading leading into no kept text";
+    }
   }
 }
 
+// A post of a title and a line or two (a video, a photo): the page's first <h1> outside
+// furniture and comments, and the lines not bad in themselves (hard_bad) in the nearest
+// element around it that holds any.
+void title_and_its_lines(ParsedPage& page, const BlockParams& p, bool repeated) {
+  auto& blocks = page.blocks;
+  const auto h1 = std::find_if(blocks.begin(), blocks.end(), [](const Block& b) {
+    return b.h1 && b.node >= 0 && !b.boilerplate_context && !b.comment;
+  });
+  if (h1 == blocks.end()) return;
+  auto lines_in = [&](int32_t e) {
+    int32_t count = 0;
+    for (const auto& b : blocks)
+      count += b.node >= 0 && !b.heading && !b.comment && !hard_bad(b, p, repeated) && inside(page, b.node, e);
+    return count;
+  };
+  int32_t e = h1->node;
+  while (e >= 0 && lines_in(e) == 0) e = page.parent[static_cast<size_t>(e)];
+  if (e < 0) return;
+  for (auto& b : blocks)
+    if (b.node >= 0 && !b.comment && !hard_bad(b, p, repeated) && inside(page, b.node, e) &&
+        (!b.heading || &b == &*h1)) {
+      b.final_class = BlockClass::good;
+      b.rule = "nothing kept: the title and the lines around it";
+    }
+}
+
+// When no rule kept anything (an article of table rows, of lines in nested boxes, under
+// class words that flag each of its sections), the page's text is where most of its
+// readable lines are: the deepest element holding more than half of the length of the
+// blocks not bad in themselves (hard_bad), when that is at least length_high, keeps
+// those blocks, and the headings before them; else the page's title and its lines.
+void nothing_kept(ParsedPage& page, const BlockParams& p, bool repeated) {
+  auto& blocks = page.blocks;
+  if (std::any_of(blocks.begin(), blocks.end(), [](const Block& b) { return b.final_class == BlockClass::good; }))
+    return;
+  const size_t n = page.parent.size();
+  std::vector<int64_t> soft(n, 0);
+  int64_t total = 0;
+  for (const auto& b : blocks) {
+    if (b.heading || b.node < 0 || hard_bad(b, p, repeated)) continue;
+    total += b.length;
+    for (int32_t e = b.node; e >= 0; e = page.parent[static_cast<size_t>(e)]) soft[static_cast<size_t>(e)] += b.length;
+  }
+  int32_t best = -1;  // those holding more than half form a chain from the top: the deepest has the largest index
+  for (size_t e = 0; e < n; ++e)
+    if (2 * soft[e] > total && soft[e] >= p.length_high) best = static_cast<int32_t>(e);
+  if (best < 0) {
+    title_and_its_lines(page, p, repeated);
+    return;
+  }
+  for (auto& b : blocks)
+    if (b.node >= 0 && !b.heading && !hard_bad(b, p, repeated) && inside(page, b.node, best)) {
+      b.final_class = BlockClass::good;
+      b.rule = "nothing kept: the element with most of the readable lines";
+    }
+  keep_headings(blocks, p, repeated);
+}
+
 }  // namespace
+
 
 void classify_blocks(ParsedPage& page, const BlockParams& p, bool use_stopwords) {
   auto& blocks = page.blocks;
@@ -1153,6 +1471,7 @@ void classify_blocks(ParsedPage& page, const BlockParams& p, bool use_stopwords)
   lead_and_listing_intro(page, p, listings);
   keep_headings(blocks, p, repeated);
   short_line_article(page, p, repeated);
+  nothing_kept(page, p, repeated);
   // 6. The content container: inside it, a run of blocks bad only for their length or
   // their stop words (a key-value run, table cells, list items, code, short lines)
   // that has a good block of the container on either side is good. jusText's context
@@ -1168,6 +1487,16 @@ void classify_blocks(ParsedPage& page, const BlockParams& p, bool use_stopwords)
     }
   container_runs(page, p, repeated, first, last);
   outside_container(page, p, first, last);
+}
+
+const char* block_class_name(BlockClass c) {
+  switch (c) {
+    case BlockClass::bad: return "bad";
+    case BlockClass::shortb: return "short";
+    case BlockClass::neargood: return "near-good";
+    case BlockClass::good: return "good";
+  }
+  return "?";
 }
 
 std::string main_text(const std::vector<Block>& blocks) {

@@ -47,16 +47,27 @@ struct Block {
   bool boilerplate_context = false;  // inside nav/footer/aside, a page header, or a class/id such as "cookie", "menu"
   int32_t node = -1;                 // the innermost block-level element holding the text (ParsedPage::parent)
   BlockClass initial = BlockClass::bad, final_class = BlockClass::bad;
+  const char* rule = "";  // classify_blocks: the rule that decided final_class (`data extract --explain`)
 };
 
-// What the words (letters and digits, lower-cased) of a class, id, itemprop or itemtype
-// value mark: page furniture (cookie, consent, nav, menu, footer, sidebar, breadcrumb,
-// share, banner, signature, ...) and user-generated sections (comment, comments,
-// kommentare, commentaires, comentarios, disqus, review, reviews, bewertungen, a word
-// holding "comment" or "review" but not "commentary" or "preview"; schema.org's Comment,
-// UserComments and Review types; docs/specs/justext.md, "Structure").
-constexpr uint8_t kMarkFurniture = 1, kMarkComment = 2;
-constexpr uint8_t kNodeRow = 0x80;  // ParsedPage::marks: the element is a table row
+// What the words of a class, id, itemprop or itemtype value mark (a word: a run of ASCII
+// letters and digits, split where a lower-case letter meets an upper-case one, compared
+// lower-cased and whole: "content-with-sidebar-wrp" holds "sidebar", "mainNav" "nav",
+// "penci_sidebar" "sidebar", "sidebarless" nothing): page furniture (cookie, consent, nav,
+// menu, footer, sidebar, breadcrumb, share, banner, signature, ...), boxes that are
+// furniture only when they hold no prose (paywall, premium, embed, ...), and
+// user-generated sections (comment, comments, kommentare, commentaires, comentarios,
+// disqus, review, reviews, bewertungen, a word holding "comment" or "review" but not
+// "commentary", "preview" or the hReview microformat's "hreview" (a review post is the
+// article); schema.org's Comment, UserComments and Review types;
+// docs/specs/justext.md, "Structure").
+constexpr uint8_t kMarkFurniture = 1, kMarkComment = 2, kMarkSoftFurniture = 4;
+// ParsedPage::marks: the element is a table row; it is furniture by its tag, role or
+// class words (kNodeSoft: by soft words only; kNodeWords: by class or id words, not by
+// its tag or role). A furniture element's text is the page's
+// furniture (Block::boilerplate_context) unless the element holds most of the page's
+// prose, or it is soft and holds prose (docs/specs/justext.md, "Structure").
+constexpr uint8_t kNodeRow = 0x80, kNodeFurniture = 0x40, kNodeSoft = 0x20, kNodeWords = 0x10;
 uint8_t attribute_marks(std::string_view value);
 inline bool furniture_attribute(std::string_view class_or_id) { return attribute_marks(class_or_id) & kMarkFurniture; }
 
@@ -65,15 +76,20 @@ inline bool furniture_attribute(std::string_view class_or_id) { return attribute
 struct ParsedPage {
   std::vector<Block> blocks;
   std::vector<int32_t> parent;  // -1: the outermost element
-  std::vector<uint8_t> marks;   // per element: kMarkComment (its class, id, itemprop or itemtype), kNodeRow (<tr>)
+  std::vector<uint8_t> marks;   // per element: kMarkComment (its class, id, itemprop or itemtype), kNode* bits
   std::string title;
-  std::string lang;  // <html lang>, as written
+  std::string lang;                     // <html lang>, as written
+  std::vector<std::string> node_names;  // per element, with `names`: "div#id.class.class" (--explain)
 };
 // `strip`: the contents of <script>, <style> and comments are removed first, the text
 // runs stand in as placeholders during the parse, and tags whose absence leaves the blocks
 // the same go (strip.hpp); the blocks are the same, and the parser is spared most of the
 // bytes and tags of a page.
-ParsedPage parse_html_blocks(std::string_view html_utf8, bool strip = true);
+// `names`: the elements' names, ids and classes kept in node_names (the page is then
+// parsed without the pass before the parse, which drops them).
+ParsedPage parse_html_blocks(std::string_view html_utf8, bool strip = true, bool names = false);
+// The name of block classes as `--explain` prints them: "bad", "short", "near-good", "good".
+const char* block_class_name(BlockClass c);
 
 // Classifies the blocks in place; `use_stopwords` false for a language without a
 // stop-word list (only length, link density and context count then). The page's

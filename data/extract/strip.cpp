@@ -87,9 +87,9 @@ bool iequals(std::string_view s, std::string_view lower_name) {
 
 // The attributes the block walk or the tree builder reads, by name: an index into this
 // list for an attribute of that name (in any case), else -1.
-constexpr std::string_view kReadAttributes[] = {"class",       "id",       "itemprop", "itemtype", "hidden",
-                                                "aria-hidden", "role",     "type",     "color",    "face",
-                                                "size",        "encoding", "prompt",   "action",   "lang"};
+constexpr std::string_view kReadAttributes[] = {"class",  "id",     "itemprop", "itemtype", "hidden", "aria-hidden",
+                                                "role",   "type",   "color",    "face",     "size",   "encoding",
+                                                "prompt", "action", "lang",     "style"};
 // The first four: the walk asks only what their words mark (attribute_marks).
 enum : int { kClass = 0, kId = 1, kMarked = 4 };
 int read_attribute(std::string_view name) {
@@ -113,8 +113,28 @@ bool attribute_read(int which, std::string_view value, std::string_view tag) {
   if (name == "color" || name == "face" || name == "size") return iequals(tag, "font");
   if (name == "encoding") return iequals(tag, "annotation-xml");
   if (name == "lang") return iequals(tag, "html");
+  if (name == "style") return style_hides(value);
   return iequals(tag, "isindex");  // prompt, action
 }
+
+}  // namespace
+
+bool style_hides(std::string_view style) {
+  std::string v;  // lower case, without whitespace
+  for (const char c : style)
+    if (c != ' ' && c != '\t' && c != '\n' && c != '\r' && c != '\f')
+      v += (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c;
+  auto declares = [&](std::string_view d) {
+    for (size_t at = v.find(d); at != std::string::npos; at = v.find(d, at + 1))
+      if ((at == 0 || v[at - 1] == ';' || v[at - 1] == '"' || v[at - 1] == '\'') &&
+          (at + d.size() == v.size() || v[at + d.size()] == ';' || v[at + d.size()] == '!'))
+        return true;
+    return false;
+  };
+  return declares("display:none") || declares("visibility:hidden");
+}
+
+namespace {
 
 // The value of an attribute as written (without its quotes); "" when it has none.
 std::string_view attribute_value(std::string_view s, const AttributeSpan& a) {
@@ -570,9 +590,14 @@ struct Stripper {
       out += ' ';
       out.append(s, a.begin, a.end - a.begin);
     }
-    if (marks) {  // one attribute with the same marks: "nav" furniture, "comments" a comment section
+    if (marks) {  // one attribute with the same marks: "nav" furniture, "comments" a comment section, "paywall"
+      std::string words;
+      for (const auto& [mark, word] : {std::pair<uint8_t, std::string_view>{kMarkFurniture, "nav"},
+                                       {kMarkComment, "comments"},
+                                       {kMarkSoftFurniture, "paywall"}})
+        if (marks & mark) (words.empty() ? words : words += ' ') += word;
       out += raw[kId] ? " class=" : " id=";
-      out += marks == kMarkFurniture ? "nav" : marks == kMarkComment ? "comments" : "\"nav comments\"";
+      out += words.find(' ') == std::string::npos ? words : '"' + words + '"';
     }
     // Self-closing: a '/' right before the '>' that is in no value ("<a href=x/>" is not).
     const size_t last = attrs.empty() ? name_end : attrs.back().end;

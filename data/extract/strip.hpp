@@ -62,6 +62,11 @@ struct TextRun {
 size_t strip_raw_text(std::string_view html, std::string& out, std::vector<TextRun>* runs = nullptr,
                       bool drop_attributes = false);
 
+// Whether an inline style hides its element: it declares display:none or
+// visibility:hidden (any case and spacing, !important or not). The walk leaves such an
+// element out, as it does one with `hidden`; the pass keeps such a style (and no other).
+bool style_hides(std::string_view style);
+
 // The placeholders: U+E000 + k for piece k < kPlaceholderSingle, else the two characters
 // U+E000 + kPlaceholderSingle + (k - kPlaceholderSingle) / 6400 and U+E000 + (k -
 // kPlaceholderSingle) % 6400; all in U+E000..U+F8FF (three bytes of UTF-8 each).
