@@ -39,6 +39,7 @@ struct Recipe {
 
   int64_t tp() const { return parallel.tensor_model_parallel_size; }
   int64_t pp() const { return parallel.pipeline_model_parallel_size; }
+  int64_t cp() const { return parallel.context_parallel_size; }
 };
 
 // Reads `path`, applies `overrides` ("section.key=value", value parsed as YAML), fills
@@ -51,7 +52,8 @@ Recipe parse_recipe(const std::string& yaml_text, const std::string& origin,
 // Cross-field rules that hold for any world size (hidden % heads, batch sizes, ramp,
 // layers vs stages...). Throws InputError naming the fields.
 void validate(const Recipe& r);
-// Rules that need the world size: world % (tp*pp) == 0, batch divisible by mbs*dp.
+// Rules that need the world size: world % (tp*cp*pp) == 0, batch divisible by mbs*dp
+// (dp = world / (tp*cp*pp)).
 void validate_layout(const Recipe& r, int64_t world_size);
 
 // The resolved recipe as YAML (every key, defaults filled in) — `recipe show` and
