@@ -25,6 +25,19 @@ struct AttentionDropout {
   DeviceKey dkey{};
 };
 
+// One block of a context-parallel attention (ops::attention_block_forward /
+// attention_block_backward): the query rows [q_begin, q_begin + q_count) of the local qkv
+// against the key/value rows [k_begin, k_begin + k_count) of a K/V buffer (a count of -1:
+// to the end). Causal: the block's query i (0 at q_begin) sees the block's key j (0 at
+// k_begin) when j <= i + causal_offset: 0 for a sequence against itself, the first
+// query's global position minus the first key's otherwise. Not causal: every key.
+struct AttentionBlock {
+  int64_t q_begin = 0, q_count = -1;
+  int64_t k_begin = 0, k_count = -1;
+  bool causal = false;
+  int64_t causal_offset = 0;
+};
+
 // What happens to a residual branch before it joins the residual stream
 // (ops::residual_layernorm_forward): its bias added (when `bias` is given), then hidden
 // dropout with probability p (none when p <= 0), the mask drawn as dropout_forward's:
