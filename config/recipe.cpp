@@ -811,10 +811,6 @@ void validate_context_parallel(const Recipe& r) {
                            "per tensor-parallel rank must be divisible by its all-to-all size ({}); use p2p or "
                            "all_gather",
                            to_string(p.cp_comm_type), heads, groups, a2a));
-  if (m.attention_dropout > 0)
-    invalid(r, fmt::format("parallel.context_parallel_size ({}) needs model.attention_dropout: 0 (context-parallel "
-                           "attention does not draw attention dropout masks yet; it is {})",
-                           cp, m.attention_dropout));
 }
 
 // parallel: the model's heads, groups, FFN and layers against the tensor/pipeline sizes.

@@ -188,7 +188,8 @@ void attention_backward_lse(Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
 // read) against the key/value rows blk.k_* of kv [B, Tk, G*2*D] (per group [k | v], the
 // groups' K/V only). out [B, Tq, H*D] and lse [B, H, Tq] (wide) are written for EVERY row:
 // a row outside the query range or seeing no key gets out 0 and lse -inf, which the merge
-// below treats as "no keys". No dropout.
+// below treats as "no keys". Attention dropout (blk.drop) draws the one-rank op's mask at
+// the rows' global positions (blk.q_rows, blk.kv_rows, blk.seq_len); lse is before dropout.
 void attention_block_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const Tensor& kv, int64_t heads,
                              const AttentionBlock& blk, int64_t groups = 0);
 // Its backward over the block's rows with out and lse those of the WHOLE attention (every

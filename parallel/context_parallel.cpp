@@ -315,6 +315,7 @@ namespace {
 // D; qkv rows of W, K/V rows of KW; rank r of n.
 struct Dims {
   int64_t B, L, c, H, G, Q, D, W, KW, n, r;
+  ops::AttentionDropout drop;
 };
 
 Dims dims_of(const char* op, const Tensor& qkv, const CpAttention& a, const CpExchange& ex) {
@@ -326,7 +327,7 @@ Dims dims_of(const char* op, const Tensor& qkv, const CpAttention& a, const CpEx
     throw_runtime("{}: host f32 or f64 tensors (the CPU's ops), got {} on {}", op, to_string(qkv.dtype()),
                   to_string(qkv.device()));
   const int64_t Q = H / G, D = qkv.dim(2) / (G * (Q + 2));
-  return {qkv.dim(0), qkv.dim(1), qkv.dim(1) / 2, H, G, Q, D, qkv.dim(2), G * 2 * D, ex.size(), ex.rank()};
+  return {qkv.dim(0), qkv.dim(1), qkv.dim(1) / 2, H, G, Q, D, qkv.dim(2), G * 2 * D, ex.size(), ex.rank(), a.drop};
 }
 
 template <typename F>
@@ -359,8 +360,19 @@ void put_kv(Tensor& dqkv, const Tensor& dkv, const Dims& d) {
 
 // The block a p2p step attends with the K/V of rank s: its own (causal), a lower rank's
 // (every query, the first K/V chunk) or a higher rank's (the second query chunk, all K/V).
-ops::AttentionBlock ring_block(int64_t s, const Dims& d) {
+// A block of this rank's queries with dropout's positions: its rows are chunks r and
+// 2cp-1-r; the K/V rows `kv_rows`.
+ops::AttentionBlock local_block(const Dims& d, ops::SeqRows kv_rows) {
   ops::AttentionBlock b;
+  b.drop = d.drop;
+  b.seq_len = d.L * d.n;
+  b.q_rows = {d.c, d.r, 2 * d.n - 1 - d.r};
+  b.kv_rows = kv_rows;
+  return b;
+}
+
+ops::AttentionBlock ring_block(int64_t s, const Dims& d) {
+  ops::AttentionBlock b = local_block(d, {d.c, s, 2 * d.n - 1 - s});
   if (s == d.r) {
     b.causal = true;
   } else if (s < d.r) {
@@ -419,7 +431,7 @@ Tensor gather_kv(const Tensor& qkv, const Dims& d, CpExchange& ex) {
 // the whole sequence's keys (global offset = the chunk's first position).
 ops::AttentionBlock prefix_block(int64_t half, const Dims& d) {
   const int64_t chunk = half == 0 ? d.r : 2 * d.n - 1 - d.r;
-  ops::AttentionBlock b;
+  ops::AttentionBlock b = local_block(d, {});  // the K/V in sequence order
   b.q_begin = half * d.c;
   b.q_count = d.c;
   b.k_count = (chunk + 1) * d.c;
@@ -501,12 +513,20 @@ void check_a2a(const Dims& d) {
                   d.G, d.n);
 }
 
+// The dropout of this rank's heads in a2a: its block of heads, within all of them.
+ops::AttentionDropout a2a_drop(const Dims& d) {
+  ops::AttentionDropout drop = d.drop;
+  drop.heads_total = d.drop.heads_total ? d.drop.heads_total : d.H;
+  drop.head_offset = d.drop.head_offset + d.r * (d.H / d.n);
+  return drop;
+}
+
 void a2a_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const Dims& d, CpExchange& ex) {
   check_a2a(d);
   const int64_t Hl = d.H / d.n, Gl = d.G / d.n, T = d.L * d.n;
   const Tensor qkv_h = to_heads(qkv, d, ex);
   Tensor out_h = Tensor::empty({d.B, T, Hl * d.D}, qkv.dtype()), lse_h = Tensor::empty({d.B, Hl, T}, lse.dtype());
-  ops::attention_forward_lse(out_h, lse_h, qkv_h, Hl, ops::AttentionDropout{}, Gl);
+  ops::attention_forward_lse(out_h, lse_h, qkv_h, Hl, a2a_drop(d), Gl);
   ops::copy(out, from_heads(out_h, d, ex));
   ops::copy(lse, transpose_lse(from_heads(transpose_lse(lse_h), d, ex)));
 }
@@ -518,7 +538,7 @@ void a2a_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Ten
   const Tensor qkv_h = to_heads(qkv, d, ex), out_h = to_heads(out, d, ex), dout_h = to_heads(dout, d, ex);
   const Tensor lse_h = transpose_lse(to_heads(transpose_lse(lse), d, ex));
   Tensor dqkv_h = Tensor::empty(qkv_h.shape(), qkv_h.dtype());
-  ops::attention_backward_lse(dqkv_h, dout_h, qkv_h, out_h, lse_h, Hl, ops::AttentionDropout{}, Gl);
+  ops::attention_backward_lse(dqkv_h, dout_h, qkv_h, out_h, lse_h, Hl, a2a_drop(d), Gl);
   ops::copy(dqkv, from_heads(dqkv_h, d, ex));
 }
 

@@ -5,9 +5,9 @@
 // each rank runs; run_in_process gives a group of in-process ranks (threads that take
 // turns), which is how the tests prove them against the one-rank attention op.
 //
-// Not wired into training yet (`train` refuses parallel.context_parallel_size > 1). No
-// attention dropout: the recipe refuses cp with model.attention_dropout > 0, and these
-// functions take no dropout argument. Host tensors in f32 or f64 (the CPU's ops).
+// Not wired into training yet (`train` refuses parallel.context_parallel_size > 1). With
+// attention dropout every rank draws the one-rank op's mask at its rows' global positions.
+// Host tensors in f32 or f64 (the CPU's ops).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "config/parallel.hpp"
+#include "core/op_params.hpp"
 #include "core/tensor.hpp"
 
 namespace mtnlg::parallel {
@@ -94,6 +95,9 @@ struct CpAttention {
   int64_t heads = 0;
   int64_t groups = 0;  // 0: one group per head
   CpCommType type = CpCommType::p2p;
+  // As attention_forward_lse's over the whole sequence (sample_offset, head_offset and
+  // heads_total as a tensor-parallel rank passes them).
+  ops::AttentionDropout drop{};
 };
 void cp_attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const CpAttention& a, CpExchange& ex);
 // dqkv (written) from the final out and lse: p2p sends the K/V around again with their

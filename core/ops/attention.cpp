@@ -186,7 +186,21 @@ struct BlockDims {
   int64_t B, Tq, Tk, H, G, D, q0, nq, k0, nk;
   bool causal;
   int64_t offset;
+  // dropout: the one-rank op's mask at the rows' global positions (p <= 0: none)
+  double p;
+  uint64_t key;
+  int64_t sample_offset, head_offset, heads_total, seq_len;
+  ops::SeqRows q_rows, kv_rows;
 };
+// The dropout factor of (sample b, head h, qkv row t, kv row r): 0 or 1 / (1 - p); 1
+// without dropout.
+template <typename T>
+inline T block_mask(const BlockDims& s, int64_t b, int64_t h, int64_t t, int64_t r) {
+  if (s.p <= 0) return T(1);
+  const uint64_t base = attention_mask_base(s.sample_offset + b, s.head_offset + h, s.heads_total, s.seq_len);
+  const auto e = static_cast<uint64_t>(s.q_rows.at(t) * s.seq_len + s.kv_rows.at(r));
+  return keep(s.key, base + e, s.p) ? static_cast<T>(1.0 / (1.0 - s.p)) : T(0);
+}
 // How many of the block's keys the block's query i sees (a prefix of them).
 inline int64_t block_keys(const BlockDims& s, int64_t i) {
   return s.causal ? std::clamp<int64_t>(i + s.offset + 1, 0, s.nk) : s.nk;
@@ -213,7 +227,7 @@ void attention_block_forward_rows(T* out, T* lse, const T* qkv, const T* kv, con
         const T* q = qkv + (b * s.Tq + t) * W + head_cols(h, Q, s.D).q;
         l = softmax_row(q, kbase, KW, n, s.D, scale, p.data());
         for (int64_t j = 0; j < n; ++j) {
-          const T pj = p[static_cast<size_t>(j)];
+          const T pj = p[static_cast<size_t>(j)] * block_mask<T>(s, b, h, t, s.k0 + j);
           const T* v = kbase + j * KW + s.D;
 #pragma omp simd
           for (int64_t d = 0; d < s.D; ++d) o[d] += pj * v[d];
@@ -223,8 +237,9 @@ void attention_block_forward_rows(T* out, T* lse, const T* qkv, const T* kv, con
 }
 
 // The block's backward from the whole attention's out and lse (flash attention's
-// backward): p_ij = exp(s_ij - lse_i), ds_ij = p_ij (dout_i . v_j - D_i) with D_i = dout_i .
-// out_i - dlse_i; dq += ds k scale, dk += ds q scale, dv += p dout. One thread owns a
+// backward): p_ij = exp(s_ij - lse_i), m_ij the dropout factor, ds_ij = p_ij (m_ij dout_i .
+// v_j - D_i) with D_i = dout_i . out_i - dlse_i; dq += ds k scale, dk += ds q scale, dv +=
+// p m dout. One thread owns a
 // (sample, group): its query heads' dq and its dk, dv.
 template <typename T>
 void attention_block_backward_rows(T* dqkv, T* dkv, const T* dout, const T* dlse, const T* qkv, const T* kv,
@@ -258,10 +273,11 @@ void attention_block_backward_rows(T* dqkv, T* dkv, const T* dout, const T* dlse
               sc += q[d] * k[d];
               dp += dO[d] * v[d];
             }
-            const T pj = std::exp(sc * scale - l), ds = pj * (dp - Di) * scale;
+            const T m = block_mask<T>(s, b, h, t, s.k0 + j), pj = std::exp(sc * scale - l);
+            const T ds = pj * (dp * m - Di) * scale, pm = pj * m;
 #pragma omp simd
             for (int64_t d = 0; d < s.D; ++d) {
-              dv[d] += pj * dO[d];
+              dv[d] += pm * dO[d];
               dq[d] += ds * k[d];
               dk[d] += ds * q[d];
             }
@@ -493,7 +509,28 @@ cpu::BlockDims block_dims(const char* op, const Tensor& qkv, const Tensor& kv, c
                   blk.k_begin, nk, Tk);
   expect_numel(op, "out", out, s.B * s.T * s.H * s.D);
   expect_numel(op, "lse", lse, s.B * s.H * s.T);
-  return {s.B, s.T, Tk, s.H, s.G, s.D, blk.q_begin, nq, blk.k_begin, nk, blk.causal, blk.causal_offset};
+  if (blk.drop.p > 0 && blk.seq_len <= 0) throw_runtime("{}: attention dropout needs the sequence's length", op);
+  const auto& d = blk.drop;
+  return {s.B,
+          s.T,
+          Tk,
+          s.H,
+          s.G,
+          s.D,
+          blk.q_begin,
+          nq,
+          blk.k_begin,
+          nk,
+          blk.causal,
+          blk.causal_offset,
+          d.p,
+          d.key,
+          d.sample_offset,
+          d.head_offset,
+          d.heads_total ? d.heads_total : s.H,
+          blk.seq_len,
+          blk.q_rows,
+          blk.kv_rows};
 }
 
 // [B, H, T] from a merge's lse and out [B, T, H*D]: its H (from lse) and D; checked.

@@ -184,12 +184,13 @@ namespace {
 struct Reference {
   Tensor out, lse, dqkv;
 };
-Reference one_rank(const Tensor& qkv, const Tensor& dout, int64_t H, int64_t G) {
+Reference one_rank(const Tensor& qkv, const Tensor& dout, int64_t H, int64_t G,
+                   const ops::AttentionDropout& drop = {}) {
   const int64_t B = qkv.dim(0), T = qkv.dim(1);
   Tensor out = Tensor::empty(dout.shape(), qkv.dtype()), lse = Tensor::empty({B, H, T}, qkv.dtype());
   Tensor dqkv = Tensor::empty(qkv.shape(), qkv.dtype());
-  ops::attention_forward_lse(out, lse, qkv, H, ops::AttentionDropout{}, G);
-  ops::attention_backward_lse(dqkv, dout, qkv, out, lse, H, ops::AttentionDropout{}, G);
+  ops::attention_forward_lse(out, lse, qkv, H, drop, G);
+  ops::attention_backward_lse(dqkv, dout, qkv, out, lse, H, drop, G);
   return {out, bth(lse), dqkv};
 }
 // max |a - b| / max |b|: the error relative to the tensor's scale.
@@ -255,6 +256,32 @@ TEST_CASE("context parallel: attention across cp ranks equals the one-rank op, f
     CHECK(rel(results[i].out, results[0].out) <= 2 * tol);
     CHECK(rel(results[i].lse, results[0].lse) <= 2 * tol);
     CHECK(rel(results[i].dqkv, results[0].dqkv) <= 2 * tol);
+  }
+}
+
+// Attention dropout: every rank draws the one-rank op's mask at its rows' global
+// positions (heads offset and counted as a tensor-parallel rank passes them), so the split
+// attention equals the one-rank op with the same dropout.
+TEST_CASE("context parallel: attention dropout draws the one-rank op's mask", "[cp]") {
+  const int64_t cp = GENERATE(2, 4);
+  const auto hg = GENERATE(values<std::pair<int64_t, int64_t>>({{4, 4}, {4, 2}, {4, 1}}));
+  const int64_t H = hg.first, G = hg.second, B = 2, T = 32, D = 8, W = G * (H / G + 2) * D;
+  INFO("cp " << cp << " heads " << H << " groups " << G);
+  std::mt19937_64 g(static_cast<uint64_t>(7 * cp + G));
+  const Tensor qkv = randn({B, T, W}, DType::f64, g), dout = randn({B, T, H * D}, DType::f64, g);
+  const ops::AttentionDropout drop{0.25, 0xC0FFEEull, 3, H, 3 * H};
+  const Reference ref = one_rank(qkv, dout, H, G, drop), plain = one_rank(qkv, dout, H, G);
+  CHECK(rel(ref.out, plain.out) > 0.1);  // the mask matters
+  for (CpCommType type : {CpCommType::p2p, CpCommType::all_gather, CpCommType::a2a}) {
+    if (type == CpCommType::a2a && G % cp != 0) continue;
+    CpAttention a{H, G, type};
+    a.drop = drop;
+    const Result r = run_cp(qkv, dout, cp, a);
+    const double d_out = rel(r.out, ref.out), d_lse = rel(r.lse, ref.lse), d_dqkv = rel(r.dqkv, ref.dqkv);
+    INFO(name(type) << ": out " << sci(d_out) << " lse " << sci(d_lse) << " dqkv " << sci(d_dqkv));
+    CHECK(d_out <= 1e-12);
+    CHECK(d_lse <= 1e-12);
+    CHECK(d_dqkv <= 1e-12);
   }
 }
 

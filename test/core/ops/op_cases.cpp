@@ -1095,8 +1095,8 @@ Entry attention_entry() {
 
 // Context parallelism's pieces (the CPU only so far: finite differences, no device cases).
 // A block: the q rows [n2, n2 + n3) of qkv [2, 5, W] against the K/V rows [n4, n4 + n5) of
-// kv [2, 7, G*2*D], causal with offset n7 when n6; the loss reads out and the finite lse
-// (dlse = R2), so the backward's dlse term is checked too. With the whole qkv's K/V against
+// kv [2, 7, G*2*D], causal with offset n7 when n6, attention dropout when n8; the loss reads
+// out and the finite lse (dlse = R2), so the backward's dlse term is checked too. With the whole qkv's K/V against
 // itself, causally, the block equals attention_forward_lse bit for bit (the same kernel
 // order), and the backward's dq/dk/dv, from out and lse, its attention_backward_lse.
 Entry attention_block_entry() {
@@ -1105,11 +1105,17 @@ Entry attention_block_entry() {
   e.cases.push_back(fd_case("q rows 1..4 x k rows 2..6 full GQA H 4 G 2", 62, {4, 2, 1, 3, 2, 4, 0, 0}));
   e.cases.push_back(fd_case("bottom-right causal offset 3 MQA H 3 G 1", 63, {3, 1, 2, 3, 0, 7, 1, 3}));
   e.cases.push_back(fd_case("causal offset -1 (a row sees nothing) H 2", 64, {2, 2, 0, -1, 1, 5, 1, -1}));
+  // n8 = 1: attention dropout p 0.3 (the self block: the one-rank op's mask, bit for bit)
+  e.cases.push_back(fd_case("self causal GQA H 4 G 2 dropout", 65, {4, 2, 0, -1, 0, -1, 1, 0, 1}));
+  e.cases.push_back(fd_case("q rows 1..4 x k rows 2..6 full H 2 dropout", 66, {2, 2, 1, 3, 2, 4, 0, 0, 1}));
   e.fd = [](Ctx& c, const Case& k) {
     const int64_t H = k.n[0], G = k.n[1], B = 2, Tq = 5, D = 3, W = G * (H / G + 2) * D;
     const bool self = k.n[2] == 0 && k.n[3] < 0 && k.n[6] == 1 && k.n[7] == 0;
     const int64_t Tk = self ? Tq : 7;
     ops::AttentionBlock blk{k.n[2], k.n[3], k.n[4], k.n[5], k.n[6] != 0, k.n[7]};
+    const ops::AttentionDropout drop{k.n.size() > 8 && k.n[8] ? 0.3 : 0.0, 99, 1, 2, 3 * H};
+    blk.drop = drop;
+    blk.seq_len = self ? Tq : 16;  // otherwise the rows sit at positions 0.. of a 16-long sequence
     Tensor qkv = c.act({B, Tq, W}), kv = c.act({B, Tk, G * 2 * D}), R = c.act({B, Tq, H * D}), R2 = c.act({B, H, Tq});
     if (self)  // kv = qkv's own keys and values, per group [k | v]
       for (int64_t row = 0; row < B * Tq; ++row)
@@ -1130,7 +1136,7 @@ Entry attention_block_entry() {
     ops::attention_block_backward(dqkv, dkv, R, &R2, qkv, kv, out, lse, H, blk, G);
     if (self) {
       Tensor o2 = Tensor::empty(out.shape(), DType::f64), l2 = Tensor::empty(lse.shape(), DType::f64);
-      ops::attention_forward_lse(o2, l2, qkv, H, ops::AttentionDropout{}, G);
+      ops::attention_forward_lse(o2, l2, qkv, H, drop, G);
       double w = 0;
       for (int64_t i = 0; i < out.numel(); ++i)
         w = std::max(w, std::fabs(out.data<double>()[i] - o2.data<double>()[i]));
@@ -1139,7 +1145,7 @@ Entry attention_block_entry() {
       c.expect(w == 0.0, "self causal block == attention_forward_lse bit for bit, max error " + str(w));
       Tensor dref = Tensor::empty(qkv.shape(), DType::f64), d0 = Tensor::zeros(qkv.shape(), DType::f64);
       Tensor dkv0 = Tensor::zeros(kv.shape(), DType::f64);
-      ops::attention_backward_lse(dref, R, qkv, o2, l2, H, ops::AttentionDropout{}, G);
+      ops::attention_backward_lse(dref, R, qkv, o2, l2, H, drop, G);
       ops::attention_block_backward(d0, dkv0, R, nullptr, qkv, kv, out, lse, H, blk, G);
       double wd = 0;
       for (int64_t row = 0; row < B * Tq; ++row)
