@@ -78,6 +78,26 @@ std::string to_string(TokenizerType t) {
 }
 std::string to_string(PositionEmbedding p) { return p == PositionEmbedding::rope ? "rope" : "learned_absolute"; }
 std::string to_string(Normalization n) { return n == Normalization::RMSNorm ? "RMSNorm" : "LayerNorm"; }
+std::string to_string(MoeLoadBalancing b) {
+  switch (b) {
+    case MoeLoadBalancing::aux_loss: return "aux_loss";
+    case MoeLoadBalancing::seq_aux_loss: return "seq_aux_loss";
+    case MoeLoadBalancing::global_aux_loss: return "global_aux_loss";
+    case MoeLoadBalancing::none: return "none";
+  }
+  return "?";
+}
+std::string to_string(MoeScoreFunction f) { return f == MoeScoreFunction::sigmoid ? "sigmoid" : "softmax"; }
+std::string to_string(MoeDropPolicy p) { return p == MoeDropPolicy::position ? "position" : "probs"; }
+std::string to_string(MoeRouterDtype d) {
+  switch (d) {
+    case MoeRouterDtype::none: return "none";
+    case MoeRouterDtype::fp32: return "fp32";
+    case MoeRouterDtype::fp64: return "fp64";
+  }
+  return "?";
+}
+std::string to_string(MoeDispatcher d) { return d == MoeDispatcher::alltoall ? "alltoall" : "allgather"; }
 std::string to_string(LrDecayStyle s) {
   switch (s) {
     case LrDecayStyle::cosine: return "cosine";
@@ -252,6 +272,131 @@ void check_keys(const Ctx& c, const std::string& path, const YAML::Node& n, cons
   }
 }
 
+// A key of mixture of experts: written back only when the model has experts, so that a
+// dense recipe's resolved YAML (and the recipe its checkpoints keep) is what it was.
+Field moe_only(Field f) {
+  auto inner = f.write;
+  f.write = [inner](const Recipe& r, YAML::Emitter& e) {
+    if (r.model.moe.enabled()) inner(r, e);
+  };
+  return f;
+}
+
+// model.moe_layer_freq: an int N (layer i is MoE iff i % N == 0) or a 0/1 list, one per layer.
+Field moe_layer_freq_field() {
+  return {"moe_layer_freq",
+          [](Recipe& r, const YAML::Node& n, const Ctx& c, const std::string& p) {
+            auto& m = r.model.moe;
+            m.moe_layer_pattern.clear();
+            m.moe_layer_freq = 1;
+            if (n.IsSequence()) {
+              for (size_t i = 0; i < n.size(); ++i)
+                m.moe_layer_pattern.push_back(read_int(c, fmt::format("{}[{}]", p, i), n[i], 0, 1));
+              if (m.moe_layer_pattern.empty()) bad(c, p, n, "expected an integer >= 1 or a 0/1 list, one per layer");
+              return;
+            }
+            m.moe_layer_freq = read_int(c, p, n, 1, 100000);
+          },
+          [](const Recipe& r, YAML::Emitter& e) {
+            const auto& m = r.model.moe;
+            e << YAML::Key << "moe_layer_freq" << YAML::Value;
+            if (m.moe_layer_pattern.empty())
+              e << m.moe_layer_freq;
+            else
+              e << YAML::Flow << m.moe_layer_pattern;
+          }};
+}
+
+// model.moe_expert_capacity_factor: a positive number, or absent / null (dropless).
+Field moe_capacity_field() {
+  return {"moe_expert_capacity_factor",
+          [](Recipe& r, const YAML::Node& n, const Ctx& c, const std::string& p) {
+            auto& cf = r.model.moe.moe_expert_capacity_factor;
+            if (n.IsNull() || (n.IsScalar() && n.Scalar() == "none")) {
+              cf.reset();
+              return;
+            }
+            cf = read_double(c, p, n, 1e-6, 1e6);
+          },
+          [](const Recipe& r, YAML::Emitter& e) {
+            const auto& cf = r.model.moe.moe_expert_capacity_factor;
+            e << YAML::Key << "moe_expert_capacity_factor" << YAML::Value;
+            if (cf)
+              e << fmt::format("{}", *cf);
+            else
+              e << YAML::Null;
+          }};
+}
+
+// The router's keys (model section).
+std::vector<Field> moe_router_fields() {
+  using M = MoeConfig;
+  auto moe = [](Recipe& r) -> M& { return r.model.moe; };
+  return {
+      int_field(
+          "moe_router_topk", [=](Recipe& r) -> int64_t& { return moe(r).moe_router_topk; }, 1, 1 << 16),
+      enum_field<MoeLoadBalancing>(
+          "moe_router_load_balancing_type",
+          [=](Recipe& r) -> MoeLoadBalancing& { return moe(r).moe_router_load_balancing_type; },
+          {MoeLoadBalancing::aux_loss, MoeLoadBalancing::seq_aux_loss, MoeLoadBalancing::global_aux_loss,
+           MoeLoadBalancing::none}),
+      dbl_field(
+          "moe_aux_loss_coeff", [=](Recipe& r) -> double& { return moe(r).moe_aux_loss_coeff; }, 0.0, 1e6),
+      dbl_field(
+          "moe_z_loss_coeff", [=](Recipe& r) -> double& { return moe(r).moe_z_loss_coeff; }, 0.0, 1e6),
+      enum_field<MoeScoreFunction>("moe_router_score_function",
+                                   [=](Recipe& r) -> MoeScoreFunction& { return moe(r).moe_router_score_function; },
+                                   {MoeScoreFunction::softmax, MoeScoreFunction::sigmoid}),
+      bool_field("moe_router_pre_softmax", [=](Recipe& r) -> bool& { return moe(r).moe_router_pre_softmax; }),
+      dbl_field(
+          "moe_router_topk_scaling_factor", [=](Recipe& r) -> double& { return moe(r).moe_router_topk_scaling_factor; },
+          0.0, 1e6),
+      bool_field("moe_router_enable_expert_bias",
+                 [=](Recipe& r) -> bool& { return moe(r).moe_router_enable_expert_bias; }),
+      dbl_field(
+          "moe_router_bias_update_rate", [=](Recipe& r) -> double& { return moe(r).moe_router_bias_update_rate; }, 0.0,
+          1e3),
+      int_field(
+          "moe_router_num_groups", [=](Recipe& r) -> int64_t& { return moe(r).moe_router_num_groups; }, 0, 1 << 16),
+      int_field(
+          "moe_router_group_topk", [=](Recipe& r) -> int64_t& { return moe(r).moe_router_group_topk; }, 0, 1 << 16),
+      enum_field<MoeRouterDtype>("moe_router_dtype",
+                                 [=](Recipe& r) -> MoeRouterDtype& { return moe(r).moe_router_dtype; },
+                                 {MoeRouterDtype::none, MoeRouterDtype::fp32, MoeRouterDtype::fp64}),
+      dbl_field(
+          "moe_input_jitter_eps", [=](Recipe& r) -> double& { return moe(r).moe_input_jitter_eps; }, 0.0, 0.999),
+  };
+}
+
+// Every MoE key of the model section, in the order docs/RECIPES.md lists them.
+std::vector<Field> moe_fields() {
+  using M = MoeConfig;
+  auto moe = [](Recipe& r) -> M& { return r.model.moe; };
+  std::vector<Field> f = {
+      int_field(
+          "num_experts", [=](Recipe& r) -> int64_t& { return moe(r).num_experts; }, 0, 1 << 20),
+      int_field(
+          "moe_ffn_hidden_size", [=](Recipe& r) -> int64_t& { return moe(r).moe_ffn_hidden_size; }, 0, 1 << 22),
+      int_field(
+          "moe_shared_expert_intermediate_size",
+          [=](Recipe& r) -> int64_t& { return moe(r).moe_shared_expert_intermediate_size; }, 0, 1 << 22),
+      bool_field("moe_shared_expert_gate", [=](Recipe& r) -> bool& { return moe(r).moe_shared_expert_gate; }),
+      moe_layer_freq_field(),
+  };
+  for (auto& x : moe_router_fields()) f.push_back(std::move(x));
+  f.push_back(moe_capacity_field());
+  f.push_back(bool_field("moe_pad_expert_input_to_capacity",
+                         [=](Recipe& r) -> bool& { return moe(r).moe_pad_expert_input_to_capacity; }));
+  f.push_back(enum_field<MoeDropPolicy>("moe_token_drop_policy",
+                                        [=](Recipe& r) -> MoeDropPolicy& { return moe(r).moe_token_drop_policy; },
+                                        {MoeDropPolicy::probs, MoeDropPolicy::position}));
+  f.push_back(enum_field<MoeDispatcher>("moe_token_dispatcher_type",
+                                        [=](Recipe& r) -> MoeDispatcher& { return moe(r).moe_token_dispatcher_type; },
+                                        {MoeDispatcher::allgather, MoeDispatcher::alltoall}));
+  for (auto& x : f) x = moe_only(std::move(x));
+  return f;
+}
+
 // The recipe's keys, one entry each, section by section. Long on purpose: it is a
 // table, read by looking a key up, and splitting it would only scatter the keys.
 const Table& table() {
@@ -317,6 +462,7 @@ const Table& table() {
              int_field(
                  "kv_channels", [](Recipe& r) -> int64_t& { return r.model.kv_channels; }, 0, 1 << 16),
          }});
+    for (auto& f : moe_fields()) t.back().second.push_back(std::move(f));
     Field pipeline_layers{
         "pipeline_layers",
         [](Recipe& r, const YAML::Node& n, const Ctx& c, const std::string& p) {
@@ -374,6 +520,12 @@ const Table& table() {
              int_field(
                  "pipeline_model_parallel_size",
                  [](Recipe& r) -> int64_t& { return r.parallel.pipeline_model_parallel_size; }, 1, 4096),
+             moe_only(int_field(
+                 "expert_model_parallel_size",
+                 [](Recipe& r) -> int64_t& { return r.parallel.expert_model_parallel_size; }, 1, 1 << 16)),
+             moe_only(int_field(
+                 "expert_tensor_parallel_size",
+                 [](Recipe& r) -> int64_t& { return r.parallel.expert_tensor_parallel_size; }, 0, 1024)),
              int_field(
                  "num_layers_per_virtual_pipeline_stage",
                  [](Recipe& r) -> int64_t& { return r.parallel.num_layers_per_virtual_pipeline_stage; }, 0, 100000),
@@ -395,6 +547,9 @@ const Table& table() {
              dbl_field(
                  "distributed_timeout_minutes",
                  [](Recipe& r) -> double& { return r.parallel.distributed_timeout_minutes; }, 0.0, 1e6),
+             dbl_field(
+                 "heartbeat_timeout_minutes", [](Recipe& r) -> double& { return r.parallel.heartbeat_timeout_minutes; },
+                 0.0, 1e6),
          }});
     Field ramp{"rampup_batch_size",
                [](Recipe& r, const YAML::Node& n, const Ctx& c, const std::string& p) {
@@ -676,6 +831,8 @@ Recipe parse_doc(YAML::Node doc, Ctx& ctx, const std::vector<std::string>& overr
   if (r.model.ffn_hidden_size == 0)
     r.model.ffn_hidden_size = r.model.swiglu ? 4 * r.model.hidden_size * 2 / 3 / 64 * 64 : 4 * r.model.hidden_size;
   if (r.model.max_position_embeddings == 0) r.model.max_position_embeddings = r.model.seq_length;
+  if (r.model.moe.enabled() && r.model.moe.moe_ffn_hidden_size == 0)
+    r.model.moe.moe_ffn_hidden_size = r.model.ffn_hidden_size;
   validate(r);
   return r;
 }
@@ -750,6 +907,135 @@ void validate_architecture(const Recipe& r) {
     invalid(r, "model.qk_layernorm is an RMSNorm of each query and key head: it needs model.normalization: RMSNorm");
 }
 
+// A dense model (num_experts 0) with an MoE key changed from its default, or an expert
+// layout: the key would be ignored, so it is an error naming it.
+void validate_dense_moe_keys(const Recipe& r) {
+  const MoeConfig& m = r.model.moe;
+  const MoeConfig d;
+  const std::pair<const char*, bool> changed[] = {
+      {"model.moe_router_topk", m.moe_router_topk != d.moe_router_topk},
+      {"model.moe_ffn_hidden_size", m.moe_ffn_hidden_size != d.moe_ffn_hidden_size},
+      {"model.moe_shared_expert_intermediate_size",
+       m.moe_shared_expert_intermediate_size != d.moe_shared_expert_intermediate_size},
+      {"model.moe_shared_expert_gate", m.moe_shared_expert_gate},
+      {"model.moe_layer_freq", m.moe_layer_freq != 1 || !m.moe_layer_pattern.empty()},
+      {"model.moe_router_load_balancing_type", m.moe_router_load_balancing_type != d.moe_router_load_balancing_type},
+      {"model.moe_aux_loss_coeff", m.moe_aux_loss_coeff != 0},
+      {"model.moe_z_loss_coeff", m.moe_z_loss_coeff != 0},
+      {"model.moe_router_score_function", m.moe_router_score_function != d.moe_router_score_function},
+      {"model.moe_router_pre_softmax", m.moe_router_pre_softmax},
+      {"model.moe_router_topk_scaling_factor", m.moe_router_topk_scaling_factor != 0},
+      {"model.moe_router_enable_expert_bias", m.moe_router_enable_expert_bias},
+      {"model.moe_router_bias_update_rate", m.moe_router_bias_update_rate != d.moe_router_bias_update_rate},
+      {"model.moe_router_num_groups", m.moe_router_num_groups != 0},
+      {"model.moe_router_group_topk", m.moe_router_group_topk != 0},
+      {"model.moe_expert_capacity_factor", m.moe_expert_capacity_factor.has_value()},
+      {"model.moe_pad_expert_input_to_capacity", m.moe_pad_expert_input_to_capacity},
+      {"model.moe_token_drop_policy", m.moe_token_drop_policy != d.moe_token_drop_policy},
+      {"model.moe_router_dtype", m.moe_router_dtype != d.moe_router_dtype},
+      {"model.moe_input_jitter_eps", m.moe_input_jitter_eps != 0},
+      {"model.moe_token_dispatcher_type", m.moe_token_dispatcher_type != d.moe_token_dispatcher_type},
+      {"parallel.expert_model_parallel_size", r.parallel.expert_model_parallel_size != 1},
+      {"parallel.expert_tensor_parallel_size", r.parallel.expert_tensor_parallel_size != 0},
+  };
+  for (const auto& [key, set] : changed)
+    if (set)
+      invalid(r, fmt::format("{} is set but model.num_experts is 0 (a dense model): set model.num_experts", key));
+}
+
+// The router's keys against each other (Megatron-Core's checks, and the combinations that
+// would leave a key without effect).
+void validate_moe_router(const Recipe& r) {
+  const MoeConfig& m = r.model.moe;
+  const bool sigmoid = m.moe_router_score_function == MoeScoreFunction::sigmoid;
+  if (m.moe_router_topk > m.num_experts)
+    invalid(r, fmt::format("model.moe_router_topk ({}) must not exceed model.num_experts ({})", m.moe_router_topk,
+                           m.num_experts));
+  if (m.moe_router_topk == 1 && !sigmoid && !m.moe_router_pre_softmax)
+    invalid(r,
+            "model.moe_router_topk 1 with the softmax score function needs model.moe_router_pre_softmax: true (a "
+            "softmax over one selected logit is always 1, so the router would get no gradient)");
+  if (m.moe_router_pre_softmax && sigmoid)
+    invalid(r, "model.moe_router_pre_softmax applies to moe_router_score_function: softmax, not sigmoid");
+  if (m.moe_router_enable_expert_bias && !sigmoid)
+    invalid(r,
+            "model.moe_router_enable_expert_bias (aux-loss-free balancing) needs model.moe_router_score_function: "
+            "sigmoid");
+  if (!m.moe_router_enable_expert_bias && m.moe_router_bias_update_rate != MoeConfig{}.moe_router_bias_update_rate)
+    invalid(r, "model.moe_router_bias_update_rate is set but model.moe_router_enable_expert_bias is false");
+  if (m.moe_router_enable_expert_bias && !(m.moe_router_bias_update_rate > 0))
+    invalid(r, "model.moe_router_bias_update_rate must be positive with model.moe_router_enable_expert_bias");
+  if (m.moe_router_load_balancing_type == MoeLoadBalancing::none && m.moe_aux_loss_coeff > 0)
+    invalid(r, fmt::format("model.moe_aux_loss_coeff ({}) has no effect with model.moe_router_load_balancing_type: "
+                           "none: choose aux_loss, seq_aux_loss or global_aux_loss, or set the coefficient to 0",
+                           m.moe_aux_loss_coeff));
+  if (m.moe_input_jitter_eps > 0 && m.moe_input_jitter_eps >= 1)
+    invalid(r, "model.moe_input_jitter_eps must be below 1");
+}
+
+// Group-limited routing: experts in moe_router_num_groups equal groups, moe_router_group_topk
+// of them kept per token, the top-k taken inside those.
+void validate_moe_groups(const Recipe& r) {
+  const MoeConfig& m = r.model.moe;
+  if (m.moe_router_group_topk == 0 && m.moe_router_num_groups == 0) return;
+  if (m.moe_router_group_topk == 0)
+    invalid(r,
+            "model.moe_router_num_groups is set but model.moe_router_group_topk is not: group-limited routing "
+            "needs both");
+  if (m.moe_router_num_groups == 0)
+    invalid(r, "model.moe_router_group_topk needs model.moe_router_num_groups (the number of expert groups)");
+  if (m.num_experts % m.moe_router_num_groups != 0)
+    invalid(r, fmt::format("model.num_experts ({}) must be divisible by model.moe_router_num_groups ({})",
+                           m.num_experts, m.moe_router_num_groups));
+  if (m.moe_router_group_topk > m.moe_router_num_groups)
+    invalid(r, fmt::format("model.moe_router_group_topk ({}) must not exceed model.moe_router_num_groups ({})",
+                           m.moe_router_group_topk, m.moe_router_num_groups));
+  if (m.moe_router_group_topk > m.moe_router_topk)
+    invalid(r, fmt::format("model.moe_router_group_topk ({}) must not exceed model.moe_router_topk ({}): a group's "
+                           "score is the sum of its top moe_router_topk / moe_router_group_topk experts",
+                           m.moe_router_group_topk, m.moe_router_topk));
+  if (m.moe_router_topk > m.moe_router_group_topk * (m.num_experts / m.moe_router_num_groups))
+    invalid(r, fmt::format("model.moe_router_topk ({}) exceeds the experts of the moe_router_group_topk ({}) groups "
+                           "a token keeps ({} each)",
+                           m.moe_router_topk, m.moe_router_group_topk, m.num_experts / m.moe_router_num_groups));
+}
+
+// Sizes, layers, capacity and the expert layout of an MoE model.
+void validate_moe(const Recipe& r) {
+  const MoeConfig& m = r.model.moe;
+  if (!m.enabled()) return validate_dense_moe_keys(r);
+  validate_moe_router(r);
+  validate_moe_groups(r);
+  if (!m.moe_layer_pattern.empty() && static_cast<int64_t>(m.moe_layer_pattern.size()) != r.model.num_layers)
+    invalid(r, fmt::format("model.moe_layer_freq lists {} layers but model.num_layers is {}",
+                           m.moe_layer_pattern.size(), r.model.num_layers));
+  if (m.moe_shared_expert_gate && m.moe_shared_expert_intermediate_size == 0)
+    invalid(r, "model.moe_shared_expert_gate needs a shared expert: set model.moe_shared_expert_intermediate_size");
+  if (m.moe_pad_expert_input_to_capacity && !m.moe_expert_capacity_factor)
+    invalid(r,
+            "model.moe_pad_expert_input_to_capacity needs model.moe_expert_capacity_factor (without it routing "
+            "is dropless and there is no capacity to pad to)");
+  if (!m.moe_expert_capacity_factor && m.moe_token_drop_policy != MoeConfig{}.moe_token_drop_policy)
+    invalid(r,
+            "model.moe_token_drop_policy is set but model.moe_expert_capacity_factor is not (dropless routing "
+            "drops nothing)");
+  const int64_t ep = r.ep(), etp = r.etp(), tp = r.tp();
+  if (m.num_experts % ep != 0)
+    invalid(r, fmt::format("model.num_experts ({}) must be divisible by parallel.expert_model_parallel_size ({})",
+                           m.num_experts, ep));
+  if (m.moe_ffn_hidden_size % etp != 0)
+    invalid(r, fmt::format("model.moe_ffn_hidden_size ({}) must be divisible by the expert tensor-parallel size ({})",
+                           m.moe_ffn_hidden_size, etp));
+  if (m.moe_shared_expert_intermediate_size % tp != 0)
+    invalid(r, fmt::format("model.moe_shared_expert_intermediate_size ({}) must be divisible by "
+                           "parallel.tensor_model_parallel_size ({})",
+                           m.moe_shared_expert_intermediate_size, tp));
+  if (r.model.add_bias_linear && etp > 1)
+    invalid(r, fmt::format("model.add_bias_linear with experts needs an expert tensor-parallel size of 1 (it is {}): "
+                           "set parallel.expert_tensor_parallel_size: 1 or model.add_bias_linear: false",
+                           etp));
+}
+
 // model: sizes, heads, the architecture's options, positions.
 void validate_model(const Recipe& r) {
   auto& m = r.model;
@@ -763,6 +1049,7 @@ void validate_model(const Recipe& r) {
   if (m.max_position_embeddings < m.seq_length)
     invalid(r, fmt::format("model.max_position_embeddings ({}) must be >= model.seq_length ({})",
                            m.max_position_embeddings, m.seq_length));
+  validate_moe(r);
 }
 
 // training keys that stop a run (checked before the layout, as they always were).
@@ -817,6 +1104,10 @@ void validate_context_parallel(const Recipe& r) {
 void validate_parallel(const Recipe& r) {
   auto& m = r.model;
   auto& p = r.parallel;
+  if (p.heartbeat_timeout_minutes > 0 && p.heartbeat_timeout_minutes < 1)
+    invalid(r, fmt::format("parallel.heartbeat_timeout_minutes ({}) must be 0 (off) or at least 1: a peer that is only "
+                           "paused (a debugger, swapping) must not be taken for a dead one",
+                           p.heartbeat_timeout_minutes));
   int64_t tp = p.tensor_model_parallel_size, pp = p.pipeline_model_parallel_size;
   if (m.num_attention_heads % tp != 0)
     invalid(r,
@@ -989,6 +1280,10 @@ void validate_layout(const Recipe& r, int64_t world) {
             fmt::format(
                 "world size {} is not divisible by tensor_model_parallel_size x pipeline_model_parallel_size = {} x {}",
                 world, tp, pp));
+  if (r.model.moe.enabled() && world % (r.etp() * r.ep() * pp) != 0)
+    invalid(r, fmt::format("world size {} is not divisible by expert_tensor_parallel_size x "
+                           "expert_model_parallel_size x pipeline_model_parallel_size = {} x {} x {}",
+                           world, r.etp(), r.ep(), pp));
   int64_t dp = world / (tp * cp * pp);
   auto& t = r.training;
   int64_t unit = t.micro_batch_size * dp;
@@ -1014,6 +1309,14 @@ void validate_layout(const Recipe& r, int64_t world) {
                              "pipeline_model_parallel_size ({})",
                              m, pp));
   }
+}
+
+void refuse_moe_model(const Recipe& r, const std::string& command) {
+  if (!r.model.moe.enabled()) return;
+  invalid(r, fmt::format("model.num_experts ({}): {} cannot build MoE layers: they are not wired into the model and "
+                         "training yet (the recipe keys and the CPU ops are), and a dense model is never built in "
+                         "their place",
+                         r.model.moe.num_experts, command));
 }
 
 std::string to_yaml(const Recipe& r) {

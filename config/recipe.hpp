@@ -40,6 +40,9 @@ struct Recipe {
   int64_t tp() const { return parallel.tensor_model_parallel_size; }
   int64_t pp() const { return parallel.pipeline_model_parallel_size; }
   int64_t cp() const { return parallel.context_parallel_size; }
+  int64_t ep() const { return parallel.expert_model_parallel_size; }
+  // The expert tensor-parallel size: expert_tensor_parallel_size, or tp when it is 0.
+  int64_t etp() const { return parallel.expert_tensor_parallel_size > 0 ? parallel.expert_tensor_parallel_size : tp(); }
 };
 
 // Reads `path`, applies `overrides` ("section.key=value", value parsed as YAML), fills
@@ -53,8 +56,12 @@ Recipe parse_recipe(const std::string& yaml_text, const std::string& origin,
 // layers vs stages...). Throws InputError naming the fields.
 void validate(const Recipe& r);
 // Rules that need the world size: world % (tp*cp*pp) == 0, batch divisible by mbs*dp
-// (dp = world / (tp*cp*pp)).
+// (dp = world / (tp*cp*pp)); with experts, world % (etp*ep*pp) == 0.
 void validate_layout(const Recipe& r, int64_t world_size);
+// Commands that build the model (train, eval, checkpoint tools, plan) call this: a recipe
+// with model.num_experts > 0 is refused (InputError, exit 2) until MoE layers are wired
+// into the model, rather than silently built as a dense one. `command` names the caller.
+void refuse_moe_model(const Recipe& r, const std::string& command);
 
 // The resolved recipe as YAML (every key, defaults filled in) — `recipe show` and
 // recipe.resolved.yaml. Parsing the output gives back an equal recipe.

@@ -46,6 +46,15 @@ constexpr std::array kTable = {
     SwitchSpec{Switch::nccl_watchdog, "MTNLG_NCCL_WATCHDOG", K::boolean, U::setting, "1", "on",
                "0: no device (NCCL) watchdog and flight recorder in multi-rank GPU runs (the benchmarks' A/B; the MPI "
                "watchdog stays)"},
+    SwitchSpec{Switch::watchdog_addr, "MTNLG_WATCHDOG_ADDR", K::text, U::setting, nullptr,
+               "127.0.0.1 when every rank is on rank 0's host, else rank 0's first non-loopback IPv4 address",
+               "the IPv4 address of rank 0's host where the ranks reach the NCCL watchdog's liveness service "
+               "(parallel/liveness.hpp); a bad value is exit 2, an unreachable one a warning (the watchdog goes on "
+               "with the timeout alone)"},
+    SwitchSpec{Switch::watchdog_stats, "MTNLG_WATCHDOG_STATS", K::boolean, U::setting, "0", "off",
+               "1: each rank prints its NCCL watchdog's cost when it stops (seconds, filesystem calls, liveness "
+               "messages sent and received; rank 0 also its service's): scripts/bench/watchdog_scale_bench.sh "
+               "reads it"},
     SwitchSpec{Switch::fault_inject, "MTNLG_FAULT_INJECT", K::text, U::test_hook, nullptr, "none",
                "rank=R:iteration=I:mode=M (and :ms=N, :bit=N or :layer=L): one rank fails, stalls or computes wrong "
                "numbers (app/train/fault_injection.hpp)"},

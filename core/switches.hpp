@@ -32,6 +32,8 @@ enum class Switch {
   cuda_sync_check,
   cuda_exact_alloc,
   nccl_watchdog,
+  watchdog_addr,
+  watchdog_stats,
   // test hooks
   fault_inject,
   test_save_delay_ms,

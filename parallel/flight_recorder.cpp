@@ -22,6 +22,7 @@
 
 #include "core/atomic_file.hpp"
 #include "core/error.hpp"
+#include "parallel/liveness.hpp"
 #include "parallel/watchdog.hpp"
 
 namespace mtnlg::parallel {
@@ -65,6 +66,7 @@ struct Watchdog::State {
     DType dt = DType::f32;
     OpState state = OpState::enqueued;
     double t_enq = 0, t_start = 0, t_done = 0;
+    double t_age = 0;  // its timeout counts from here: t_enq, or the end of a pause of this process
     OpContext ctx;
     bool replay = false;
     std::shared_ptr<OpProbe> probe;
@@ -80,7 +82,15 @@ struct Watchdog::State {
   std::vector<CapturedOp> captured;
   std::thread thread;
   std::atomic<bool> stop{false};
-  double last_heartbeat = 0;
+  // The liveness service and what it told (the watchdog thread's; under mu).
+  std::unique_ptr<LivenessClient> live;
+  PauseClock pause;
+  std::map<int64_t, double> dead;                    // rank -> when its process ended (rank 0's clock)
+  std::map<int64_t, double> silent;                  // rank -> seconds of silence when told
+  std::map<int64_t, std::set<std::string>> reached;  // rank -> trip steps it told
+  int64_t abort_rank = -1;                           // the first rank to trip, as the service told
+  std::atomic<uint64_t> fs_calls{0};                 // filesystem calls by the watchdog's own checks
+  double t_configured = 0;
 };
 
 Watchdog::Watchdog() : s_(std::make_unique<State>()) {}
@@ -142,6 +152,7 @@ void Watchdog::record_row(int comm, const char* op, int64_t peer, int64_t bytes,
   r.bytes = bytes;
   r.dt = dt;
   r.t_enq = wall_now();
+  r.t_age = r.t_enq;
   r.ctx = s_->ctx;
   r.replay = replay;
   r.probe = std::move(probe);
@@ -209,19 +220,10 @@ OpContext Watchdog::context() const {
 std::string Watchdog::dir() const { return (fs::path(opt_.run_dir) / "flight_recorder").string(); }
 
 namespace {
-std::string heartbeat_path(const std::string& dir, const std::string& token, int64_t rank) {
-  return fmt::format("{}/heartbeat_{}_rank{}", dir, token, rank);
-}
 std::string marker_path(const std::string& dir, const std::string& token) {
   return fmt::format("{}/abort_{}", dir, token);
 }
 std::string dump_path(const std::string& dir, int64_t rank) { return fmt::format("{}/rank{}.json", dir, rank); }
-std::string verdict_done_path(const std::string& dir, const std::string& token) {
-  return fmt::format("{}/done_{}", dir, token);
-}
-std::string exiting_path(const std::string& dir, const std::string& token, int64_t rank) {
-  return fmt::format("{}/exiting_{}_rank{}", dir, token, rank);
-}
 
 // Polls `done` every 20 ms until it holds or `limit_s` has passed.
 template <typename Done>
@@ -261,11 +263,20 @@ void Watchdog::configure(const WatchdogOptions& o) {
   MTNLG_CHECK(!s_->thread.joinable(), "the device watchdog is already running");
   opt_ = o;
   fs::create_directories(dir());
-  // The heartbeat exists before the thread runs: a peer that sees none yet does not judge.
-  std::FILE* f = std::fopen(heartbeat_path(dir(), opt_.token, opt_.rank).c_str(), "w");
-  if (!f) throw_runtime("{}: cannot write the watchdog's heartbeat (logging.dir must be writable)", dir());
-  std::fclose(f);
-  s_->last_heartbeat = wall_now();
+  s_->pause = PauseClock(opt_.pause_gap_s);
+  s_->t_configured = wall_now();
+  s_->live.reset();
+  if (opt_.liveness_port > 0) {
+    try {
+      s_->live = std::make_unique<LivenessClient>(opt_.liveness_host, opt_.liveness_port, opt_.rank, opt_.connect_s);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr,
+                   "mtnlg: warning: %s; the NCCL watchdog goes on without it: a peer that dies is found by the "
+                   "collective timeout alone (set MTNLG_WATCHDOG_ADDR to an address of rank 0's host that every "
+                   "rank reaches)\n",
+                   e.what());
+    }
+  }
   s_->stop = false;
   enabled_ = true;
 }
@@ -282,18 +293,81 @@ void Watchdog::stop() {
     s_->thread.join();
   }
   enabled_ = false;
-  std::error_code ec;
-  fs::remove(heartbeat_path(dir(), opt_.token, opt_.rank), ec);  // ended normally: no longer judged
+  s_->live.reset();  // says goodbye: this rank ended normally, it is not judged
 }
 
-Watchdog::Trip Watchdog::check(double now) {
-  // Heartbeat: this rank's file is refreshed every second; peers' are judged.
-  if (now - s_->last_heartbeat >= 1.0) {
-    ::utimensat(AT_FDCWD, heartbeat_path(dir(), opt_.token, opt_.rank).c_str(), nullptr, 0);
-    s_->last_heartbeat = now;
+Watchdog::Stats Watchdog::stats() const {
+  Stats st;
+  st.fs_calls = s_->fs_calls.load();
+  if (s_->live) {
+    const LivenessStats l = s_->live->stats();
+    st.sent = l.sent;
+    st.received = l.received;
   }
-  if (double t = mtime(marker_path(dir(), opt_.token)); t >= 0)
-    return {"rank " + read_text(marker_path(dir(), opt_.token)), false};
+  st.seconds = wall_now() - s_->t_configured;
+  st.paused_s = s_->pause.paused_total();
+  return st;
+}
+
+void Watchdog::on_woken(double now, double gap) {
+  {
+    std::lock_guard lock(s_->mu);
+    for (size_t i = s_->done_prefix; i < s_->ring.size(); ++i)
+      if (s_->ring[i].state != OpState::completed) s_->ring[i].t_age = now;
+  }
+  std::fprintf(stderr,
+               "mtnlg: %s: NCCL watchdog: this process was stopped for %.1f s (SIGSTOP, a suspended job); its pending "
+               "operations get a full timeout again from now\n",
+               describe_rank(opt_.rank, "").c_str(), gap);
+  std::fflush(stderr);
+}
+
+void Watchdog::pump() { (void)liveness_news(); }
+
+Watchdog::Trip Watchdog::liveness_news() {
+  if (!s_->live || !s_->live->open()) return {};
+  s_->live->beat(monotonic_now());
+  Trip t;
+  std::lock_guard lock(s_->mu);
+  for (const LivenessEvent& e : s_->live->poll()) {
+    using K = LivenessEvent::Kind;
+    std::string why;
+    bool origin = true;
+    if (e.kind == K::dead && e.rank != opt_.rank) {
+      s_->dead[e.rank] = e.seconds;
+      why = fmt::format(
+          "dead peer: {} ended: its connection to the run's liveness service closed without a goodbye "
+          "(the process exited or was killed)",
+          describe_rank(e.rank, ""));
+    } else if (e.kind == K::silent && e.rank != opt_.rank) {
+      s_->silent[e.rank] = e.seconds;
+      why = fmt::format(
+          "silent peer: {} has sent no heartbeat for {:.0f} s (parallel.heartbeat_timeout_minutes): "
+          "stopped, swapped out or unreachable",
+          describe_rank(e.rank, ""), e.seconds);
+    } else if (e.kind == K::lost) {
+      s_->dead[0] = wall_now();
+      why = fmt::format("dead peer: {} ended: the run's liveness service it served closed without a goodbye",
+                        describe_rank(0, ""));
+    } else if (e.kind == K::abort) {
+      if (s_->abort_rank < 0) s_->abort_rank = e.rank;
+      if (e.rank != opt_.rank) why = fmt::format("rank {}: {}", e.rank, e.text), origin = false;
+    } else if (e.kind == K::state) {
+      s_->reached[e.rank].insert(e.text);
+    }
+    if (t.reason.empty() && !why.empty()) t = {why, origin};
+  }
+  return t;
+}
+
+Watchdog::Trip Watchdog::check(double now, double mono) {
+  if (const double gap = s_->pause.tick(mono < 0 ? monotonic_now() : mono); gap > 0) on_woken(now, gap);
+  if (Trip t = liveness_news(); !t.reason.empty()) return t;
+  if (!s_->live) {  // without the liveness service, another rank's trip is its marker
+    s_->fs_calls.fetch_add(1, std::memory_order_relaxed);
+    if (double t = mtime(marker_path(dir(), opt_.token)); t >= 0)
+      return {"rank " + read_text(marker_path(dir(), opt_.token)), false};
+  }
   std::vector<std::pair<std::string, std::function<std::string()>>> errors;
   {
     std::lock_guard lock(s_->mu);
@@ -310,11 +384,11 @@ Watchdog::Trip Watchdog::check(double now) {
         }
         r.state = now_state;
       }
-      if (r.state != OpState::completed && (!oldest || r.t_enq < oldest->t_enq)) oldest = &r;
+      if (r.state != OpState::completed && (!oldest || r.t_age < oldest->t_age)) oldest = &r;
     }
     while (s_->done_prefix < s_->ring.size() && s_->ring[s_->done_prefix].state == OpState::completed)
       ++s_->done_prefix;
-    if (oldest && opt_.timeout_s > 0 && now - oldest->t_enq > opt_.timeout_s) {
+    if (oldest && opt_.timeout_s > 0 && now - oldest->t_age > opt_.timeout_s) {
       const auto& c = s_->comms[static_cast<size_t>(oldest->comm)].c;
       return {
           fmt::format("timeout: {} #{} {}{} on group {} ({} channel, ranks {}), {} bytes {}, enqueued at {}, still {} "
@@ -322,7 +396,7 @@ Watchdog::Trip Watchdog::check(double now) {
                       oldest->replay ? "graph-replayed" : "operation", oldest->seq, oldest->op,
                       oldest->peer >= 0 ? fmt::format(" with group rank {}", oldest->peer) : "", c.group, c.channel,
                       members_text(c.members), oldest->bytes, to_string(oldest->dt),
-                      describe_context(oldest->ctx, opt_.stage), op_state_name(oldest->state), now - oldest->t_enq,
+                      describe_context(oldest->ctx, opt_.stage), op_state_name(oldest->state), now - oldest->t_age,
                       opt_.timeout_s),
           true};
     }
@@ -334,15 +408,6 @@ Watchdog::Trip Watchdog::check(double now) {
   }
   for (auto& [what, probe] : errors)
     if (std::string e = probe(); !e.empty()) return {fmt::format("NCCL asynchronous error {} on {}", e, what), true};
-  // Peers' heartbeats: a file that stopped changing belongs to a dead (or stopped) process.
-  for (int64_t r = 0; r < opt_.world; ++r) {
-    if (r == opt_.rank) continue;
-    const double t = mtime(heartbeat_path(dir(), opt_.token, r));
-    if (t >= 0 && now - t > opt_.dead_after_s)
-      return {fmt::format("dead peer: {} stopped its heartbeat {:.1f} s ago (the process died or was stopped)",
-                          describe_rank(r, ""), now - t),
-              true};
-  }
   return {};
 }
 
@@ -386,16 +451,26 @@ std::string Watchdog::dump_json(const std::string& reason) const {
   j["micro_batch"] = s_->ctx.micro_batch;
   j["stage"] = opt_.stage;
   j["phase"] = s_->ctx.phase;
+  // What the liveness service told this rank: a culprit that left no dump is dead (its
+  // process ended) or alive but silent (stopped, wedged outside NCCL).
+  json dead = json::object(), silent = json::object();
+  for (auto [r, t] : s_->dead) dead[std::to_string(r)] = t;
+  for (auto [r, t] : s_->silent) silent[std::to_string(r)] = t;
+  j["liveness"] = {
+      {"connected", s_->live != nullptr}, {"dead", dead}, {"silent", silent}, {"paused_s", s_->pause.paused_total()}};
   j["comms"] = json::array();
   for (size_t i = 0; i < s_->comms.size(); ++i) {
     const auto& c = s_->comms[i];
     json p = json::object();
     for (auto [peer, n] : c.p2p) p[std::to_string(peer)] = n;
+    json coords = json::array();  // the members' coordinates: a culprit that leaves no dump is still named by them
+    for (int64_t m : c.c.members) coords.push_back(rank_coord(m));
     j["comms"].push_back({{"id", i},
                           {"group", c.c.group},
                           {"channel", c.c.channel},
                           {"members", c.c.members},
                           {"group_rank", c.c.group_rank},
+                          {"member_coords", coords},
                           {"entered", c.coll},
                           {"entered_p2p", p}});
   }
@@ -431,20 +506,60 @@ bool Watchdog::every_peer(Pred pred) const {
   return true;
 }
 
+bool Watchdog::first_to_trip(const std::string& reason) {
+  if (s_->live && s_->live->open()) {  // the service keeps the first abort it hears
+    s_->live->send("abort " + reason);
+    int64_t first = -1;
+    poll_until(2.0, [&] {
+      pump();
+      std::lock_guard lock(s_->mu);
+      first = s_->abort_rank;
+      return first >= 0 || !s_->live->open();
+    });
+    return first < 0 || first == opt_.rank;
+  }
+  const std::string m = marker_path(dir(), opt_.token);
+  const int fd = ::open(m.c_str(), O_CREAT | O_EXCL | O_WRONLY, 0644);
+  if (fd < 0) return false;  // another rank was first: it writes the verdict
+  const std::string text = fmt::format("{}: {}", opt_.rank, reason);
+  [[maybe_unused]] ssize_t n = ::write(fd, text.data(), text.size());
+  ::close(fd);
+  return true;
+}
+
+namespace {
+// A trip step's file, for a rank without the liveness service.
+std::string step_path(const std::string& dir, const std::string& token, int64_t rank, const char* step) {
+  return fmt::format("{}/{}_{}_rank{}", dir, step, token, rank);
+}
+void touch(const std::string& path) {
+  if (std::FILE* f = std::fopen(path.c_str(), "w")) std::fclose(f);
+}
+}  // namespace
+
+bool Watchdog::peer_gone(int64_t r) const {
+  std::lock_guard lock(s_->mu);
+  return s_->dead.count(r) > 0 || s_->silent.count(r) > 0;
+}
+
+bool Watchdog::peer_reached(int64_t r, const char* step) const {
+  if (s_->live && s_->live->open()) {
+    std::lock_guard lock(s_->mu);
+    auto it = s_->reached.find(r);
+    return it != s_->reached.end() && it->second.count(step) > 0;
+  }
+  s_->fs_calls.fetch_add(1, std::memory_order_relaxed);
+  return std::string(step) == "dumped" ? dumped_this_trip(r) : mtime(step_path(dir(), opt_.token, r, step)) >= 0;
+}
+
 void Watchdog::trip(const std::string& reason, bool origin) {
   tripped_ = true;  // the training thread parks at its next operation
   const std::string me = describe_rank(opt_.rank, "");
-  if (origin) {  // the first rank to trip writes the marker the others poll for
-    const std::string m = marker_path(dir(), opt_.token);
-    const int fd = ::open(m.c_str(), O_CREAT | O_EXCL | O_WRONLY, 0644);
-    if (fd >= 0) {
-      const std::string text = fmt::format("{}: {}", opt_.rank, reason);
-      [[maybe_unused]] ssize_t n = ::write(fd, text.data(), text.size());
-      ::close(fd);
-    } else {
-      origin = false;  // another rank was first: it writes the verdict
-    }
-  }
+  if (origin) origin = first_to_trip(reason);
+  const auto tell = [&](const char* step) {
+    if (s_->live) s_->live->send(std::string("state ") + step);
+    touch(step_path(dir(), opt_.token, opt_.rank, step));
+  };
   std::fprintf(stderr, "mtnlg: %s: NCCL watchdog: %s; aborting the NCCL communicators (flight recorder: %s)\n",
                me.c_str(), reason.c_str(), dump_path(dir(), opt_.rank).c_str());
   std::fflush(stderr);
@@ -453,12 +568,11 @@ void Watchdog::trip(const std::string& reason, bool origin) {
   } catch (const std::exception& e) {
     std::fprintf(stderr, "mtnlg: %s: flight recorder dump failed: %s\n", me.c_str(), e.what());
   }
-  // Wait for the dumps of the ranks still alive (their heartbeat fresh), at most grace_s.
+  tell("dumped");
+  // Wait for the dumps of the ranks still there (neither dead nor silent), at most grace_s.
   poll_until(opt_.grace_s, [&] {
-    return every_peer([&](int64_t r) {
-      const double hb = mtime(heartbeat_path(dir(), opt_.token, r));
-      return hb < 0 || wall_now() - hb > opt_.dead_after_s || dumped_this_trip(r);  // dead or ended: no dump
-    });
+    pump();
+    return every_peer([&](int64_t r) { return peer_gone(r) || peer_reached(r, "dumped"); });
   });
   if (origin) {
     try {
@@ -470,11 +584,14 @@ void Watchdog::trip(const std::string& reason, bool origin) {
     } catch (const std::exception& e) {
       std::fprintf(stderr, "mtnlg: NCCL watchdog: no verdict: %s\n", e.what());
     }
-    if (std::FILE* d = std::fopen(verdict_done_path(dir(), opt_.token).c_str(), "w")) std::fclose(d);
+    tell("verdict");
   } else {
     // The first rank writes the verdict: stay until it has (a launcher ends the job when
     // the first process exits), at most grace_s more.
-    poll_until(opt_.grace_s, [&] { return mtime(verdict_done_path(dir(), opt_.token)) >= 0; });
+    poll_until(opt_.grace_s, [&] {
+      pump();
+      return !every_peer([&](int64_t r) { return !peer_reached(r, "verdict"); });
+    });
   }
   std::vector<std::function<void()>> aborts;
   {
@@ -486,6 +603,7 @@ void Watchdog::trip(const std::string& reason, bool origin) {
   std::fprintf(stderr, "mtnlg: %s: NCCL watchdog: communicators aborted, exiting with status %d\n", me.c_str(),
                kExitCode);
   std::fflush(stderr);
+  tell("exiting");
   leave_together();
   ::_exit(kExitCode);
 }
@@ -498,15 +616,15 @@ bool Watchdog::dumped_this_trip(int64_t rank) const {
 
 void Watchdog::leave_together() {
   // A launcher kills every process once the first one exits: a rank whose aborts took
-  // longer would die before saying why. So each rank says it is leaving, then waits (at
-  // most grace_s) until every rank that dumped for this trip has said so too.
-  if (std::FILE* f = std::fopen(exiting_path(dir(), opt_.token, opt_.rank).c_str(), "w")) std::fclose(f);
+  // longer would die before saying why. So each rank has said it is leaving, and waits
+  // (at most grace_s) until every rank that dumped for this trip has said so too.
   poll_until(opt_.grace_s, [&] {  // a rank not part of this trip is not waited for
-    return every_peer(
-        [&](int64_t r) { return mtime(exiting_path(dir(), opt_.token, r)) >= 0 || !dumped_this_trip(r); });
+    pump();
+    return every_peer([&](int64_t r) { return peer_reached(r, "exiting") || !peer_reached(r, "dumped"); });
   });
   // and leaves the launcher a moment to forward every rank's last line before it ends the job
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  if (s_->live) s_->live->drop();
 }
 
 // ---- the verdict ------------------------------------------------------------------------
@@ -765,10 +883,40 @@ std::string waiter_states_text(const HangVerdict& v, const std::vector<Edge>& ed
   return text;
 }
 
-// Where the culprit was (`d`: its dump, nullptr when it left none), and, when its waiters
-// wait for it to enter, its own oldest pending operation.
-std::string culprit_whereabouts(const HangVerdict& v, const RankDump* d, const Edge* e0) {
-  if (!d) return "; it left no flight record (the process died)";
+// Rank `r`'s coordinates as the dumps of its group peers list them ("" when none does).
+std::string coord_from_peers(const std::map<int64_t, RankDump>& by_rank, int64_t r) {
+  for (const auto& [rank, d] : by_rank)
+    for (const auto& c : d.j.at("comms")) {
+      const auto& m = c.at("members");
+      const json coords = c.value("member_coords", json::array());
+      for (size_t i = 0; i < m.size() && i < coords.size(); ++i)
+        if (m[i].get<int64_t>() == r && !coords[i].get<std::string>().empty()) return coords[i].get<std::string>();
+    }
+  return "";
+}
+
+// Why rank `r` left no dump, from what the liveness service told the ranks that did: its
+// process ended, or it is alive (still connected) but never answered: stopped or wedged.
+std::string missing_fate(const std::map<int64_t, RankDump>& by_rank, int64_t r) {
+  bool connected = false, dead = false, silent = false;
+  for (const auto& [rank, d] : by_rank) {
+    const json l = d.j.value("liveness", json::object());
+    connected = connected || l.value("connected", false);
+    dead = dead || l.value("dead", json::object()).contains(std::to_string(r));
+    silent = silent || l.value("silent", json::object()).contains(std::to_string(r));
+  }
+  if (dead) return "the process died: its connection to the liveness service closed";
+  if (silent) return "its process went silent: no heartbeat for longer than the heartbeat timeout";
+  if (connected)
+    return "its process is alive (still connected to the liveness service) but did not answer: stopped (SIGSTOP, a "
+           "debugger) or wedged";
+  return "the process died or was stopped";
+}
+
+// Where the culprit was (`d`: its dump, nullptr when it left none: `fate` says why), and,
+// when its waiters wait for it to enter, its own oldest pending operation.
+std::string culprit_whereabouts(const HangVerdict& v, const RankDump* d, const Edge* e0, const std::string& fate) {
+  if (!d) return "; it left no flight record (" + fate + ")";
   std::string text = "; it was at " + v.culprit_context;
   if (!e0->not_started) {  // where the culprit itself is
     const json* own = d->oldest_pending;
@@ -794,6 +942,8 @@ std::string culprit_text(HangVerdict& v, const std::map<int64_t, RankDump>& by_r
   if (it != by_rank.end()) {
     v.culprit_coord = it->second.j.value("coord", "");
     v.culprit_context = it->second.j.value("context", "");
+  } else {
+    v.culprit_coord = coord_from_peers(by_rank, best);
   }
   const std::string waiting = join(v.waiting, ", ");
   std::string entered;
@@ -812,7 +962,7 @@ std::string culprit_text(HangVerdict& v, const std::map<int64_t, RankDump>& by_r
                         "or an earlier operation on that stream)"
                       : "never entered" + entered);
   text += waiter_states_text(v, edges, best);
-  text += culprit_whereabouts(v, it == by_rank.end() ? nullptr : &it->second, e0);
+  text += culprit_whereabouts(v, it == by_rank.end() ? nullptr : &it->second, e0, missing_fate(by_rank, best));
   text += fmt::format("; the waiters were at {}", e0->op->at("context").get<std::string>());
   if (!other.empty()) {
     const std::string o = join(std::vector<int64_t>(other.begin(), other.end()), ", ");
@@ -884,6 +1034,8 @@ HangVerdict explain_hang_dumps(const std::vector<std::string>& texts) {
   const bool async = v.origin_reason.rfind("NCCL asynchronous error", 0) == 0;
   int64_t dead_peer = -1;
   if (v.origin_reason.rfind("dead peer: rank ", 0) == 0) dead_peer = std::stoll(v.origin_reason.substr(16));
+  const bool silent = v.origin_reason.rfind("silent peer: rank ", 0) == 0;
+  if (silent) dead_peer = std::stoll(v.origin_reason.substr(18));
   if (async && by_rank.count(v.origin_rank)) {
     text = own_failure_text(v, by_rank);
     const size_t g = v.origin_reason.find(" on group ");
@@ -891,7 +1043,8 @@ HangVerdict explain_hang_dumps(const std::vector<std::string>& texts) {
     v.waiting.assign(waiters[v.culprit].begin(), waiters[v.culprit].end());
   } else if (dead_peer >= 0) {
     v.culprit = dead_peer;
-    text = fmt::format("rank {} died ({})", dead_peer, v.origin_reason.substr(11));
+    text = silent ? fmt::format("rank {} went silent ({})", dead_peer, v.origin_reason.substr(13))
+                  : fmt::format("rank {} died ({})", dead_peer, v.origin_reason.substr(11));
     if (auto it = by_rank.find(dead_peer); it != by_rank.end())
       text += "; it was at " + it->second.j.value("context", "");
   } else if (best >= 0) {
@@ -900,8 +1053,8 @@ HangVerdict explain_hang_dumps(const std::vector<std::string>& texts) {
     text = stuck_text(v, by_rank, stuck_rank, stuck);
   } else if (!v.missing.empty()) {
     v.culprit = v.missing.front();
-    text = fmt::format("rank {} left no flight record (the process died); no operation was waiting on a missing peer",
-                       v.culprit);
+    text = fmt::format("rank {} left no flight record ({}); no operation was waiting on a missing peer", v.culprit,
+                       missing_fate(by_rank, v.culprit));
   } else if (v.origin_rank >= 0) {
     text = own_failure_text(v, by_rank);
   } else {

@@ -15,20 +15,34 @@
 //
 // The watchdog thread (start() .. stop(), one per process) polls, every `poll_s`: the
 // probes of the operations still pending; every communicator's asynchronous error
-// (ncclCommGetAsyncError); the run directory for another rank's abort marker; peers'
-// heartbeat files (a rank that stops refreshing its own for `dead_after_s` has died). It
-// trips when an operation has been pending longer than the timeout
-// (parallel.distributed_timeout_minutes, the MPI watchdog's key), on an asynchronous
-// error, on a peer's marker or on a dead peer. Tripping, in this order: the marker
-// RUN_DIR/flight_recorder/abort_<token> (first rank wins), one line on stderr, this
-// rank's dump RUN_DIR/flight_recorder/rank<R>.json, a wait (at most `grace_s`) for the
-// dumps of the ranks still alive; the rank that wrote the marker then reads all dumps and
-// writes the verdict (explain_hang) to RUN_DIR/flight_recorder/report.txt and stderr (the
-// others wait for it, at most `grace_s`: a launcher ends the job when the first process
-// exits); then every watched communicator is aborted (ncclCommAbort), the rank says it
-// is leaving and waits (at most `grace_s`) until every rank that dumped has said so too,
-// so that no rank is killed by the launcher before its last line, and the process ends
-// with kExitCode. The
+// (ncclCommGetAsyncError); and its connection to the run's liveness service
+// (parallel/liveness.hpp, served by rank 0), which says when a peer's process ended (its
+// connection closed without a goodbye), when a peer has been silent for longer than the
+// heartbeat timeout, and when another rank tripped. It trips when an operation has been
+// pending longer than the timeout (parallel.distributed_timeout_minutes, the MPI
+// watchdog's key), on an asynchronous error, on another rank's trip, on a dead peer or on
+// a silent one. Nothing is polled on the filesystem: a thousand ranks' watchdogs cost
+// the run directory's filesystem nothing until one trips.
+//
+// A pause is not a hang. A process stopped and continued (SIGSTOP/SIGCONT, a suspended
+// Slurm job, a debugger) finds, at its first pass after waking, a gap far longer than
+// `poll_s` (PauseClock): every pending operation then gets a full timeout again from
+// that moment, so a whole job suspended for longer than the timeout goes on when
+// resumed, and a peer that wakes a little later than this rank is not judged for it.
+// A peer stopped for good is left to the timeout (or the heartbeat timeout).
+//
+// Tripping, in this order: the abort is told to the liveness service (the first rank's
+// wins; without the service, the marker RUN_DIR/flight_recorder/abort_<token>), one line
+// on stderr, this rank's dump RUN_DIR/flight_recorder/rank<R>.json, a wait (at most
+// `grace_s`) for the dumps of the ranks that are neither dead nor silent; the first rank
+// then reads all dumps and writes the verdict (explain_hang) to
+// RUN_DIR/flight_recorder/report.txt and stderr (the others wait for it, at most
+// `grace_s`: a launcher ends the job when the first process exits); then every watched
+// communicator is aborted (ncclCommAbort), the rank says it is leaving and waits (at
+// most `grace_s`) until every rank that dumped has said so too, so that no rank is
+// killed by the launcher before its last line, and the process ends with kExitCode. Each
+// step is told over the liveness service (dumped, verdict, exiting) and also left as a
+// file, which a rank without the service reads instead. The
 // training thread, if it asks to enqueue another operation meanwhile, is parked (it
 // must not touch an aborted communicator). Checkpoints are committed by rename
 // (core/atomic_file.hpp), so ending the process at any point leaves the last committed
@@ -102,14 +116,20 @@ struct CapturedOp {
 
 struct WatchdogOptions {
   double timeout_s = 600;  // an operation pending longer trips the watchdog
-  std::string run_dir;     // the dumps, the marker and the heartbeats go to RUN_DIR/flight_recorder
-  std::string token;       // the same on every rank of this run (files of earlier runs are ignored)
+  std::string
+      run_dir;  // the dumps, the report (and without a liveness service the markers) go to RUN_DIR/flight_recorder
+  std::string token;  // the same on every rank of this run (files of earlier runs are ignored)
   int64_t rank = 0, world = 1;
   int64_t stage = 0;  // this rank's pipeline stage (for the dump's context)
   std::string coord;  // "tp=1,pp=1,dp=0", for the dump and the messages
   double poll_s = 0.05;
-  double dead_after_s = 5;  // a peer's heartbeat older than this: it has died
-  double grace_s = 10;      // how long a tripped rank waits for the other ranks' dumps
+  double grace_s = 10;     // how long a tripped rank waits for the other ranks' dumps
+  double pause_gap_s = 3;  // a gap between two passes longer than this: this process was stopped
+  // The run's liveness service (rank 0's, parallel/liveness.hpp): port 0 = none (a single
+  // process, or a test); then peers' deaths are left to the timeout.
+  std::string liveness_host;
+  int liveness_port = 0;
+  double connect_s = 30;  // how long to retry reaching it
   size_t ring = 2048;
 };
 
@@ -159,11 +179,21 @@ class Watchdog {
   void set_iteration(int64_t iteration);
   void set_phase(int64_t micro_batch, int64_t chunk, const char* phase);
 
-  // configure() turns recording on and writes this rank's heartbeat, without a thread
-  // (tests drive check() themselves); start() is configure() plus the thread.
+  // configure() turns recording on and connects to the liveness service, without a
+  // thread (tests drive check() themselves); start() is configure() plus the thread.
+  // An unreachable service is warned about once: the watchdog then goes on without it.
   void configure(const WatchdogOptions& o);
   void start(const WatchdogOptions& o);
-  void stop();  // joins the thread, removes the heartbeat; recording stops
+  void stop();  // joins the thread, says goodbye to the liveness service; recording stops
+
+  // What the watchdog has cost this process so far: filesystem calls made by its thread
+  // (none in the steady state), messages it sent and received over the liveness
+  // service, and the seconds since configure().
+  struct Stats {
+    uint64_t fs_calls = 0, sent = 0, received = 0;
+    double seconds = 0, paused_s = 0;
+  };
+  Stats stats() const;
 
   // Writes RUN_DIR/flight_recorder/rank<R>.json with `reason`; returns its path.
   std::string dump(const std::string& reason);
@@ -176,16 +206,21 @@ class Watchdog {
 
   // One pass of the watchdog's checks at time `now` (seconds since the epoch): the
   // reason to trip ("" = none) and whether this rank found it itself (else another
-  // rank's marker told it). The thread calls it; tests call it directly.
+  // rank's marker told it). `mono` (a monotonic clock; < 0: read it now) tells a pause
+  // of this process from a pass on time. The thread calls it; tests call it directly.
   struct Trip {
     std::string reason;
     bool origin = true;
   };
-  Trip check(double now);
+  Trip check(double now, double mono = -1);
   // What the thread does on `reason` (the tripping sequence above, ending the process);
   // `origin`: this rank detected it (writes the marker and the verdict).
   [[noreturn]] void trip(const std::string& reason, bool origin);
   bool dumped_this_trip(int64_t rank) const;  // rank's dump is of this run's trip
+  // Whether peer `r` has reached a step of the trip ("dumped", "verdict", "exiting"), as
+  // the liveness service told it (or, without one, as its file says).
+  bool peer_reached(int64_t r, const char* step) const;
+  bool peer_gone(int64_t r) const;  // dead or silent, as the liveness service told
   template <typename Pred>
   bool every_peer(Pred pred) const;  // pred(r) for every other rank r
   void leave_together();             // wait until every tripped rank is leaving
@@ -204,6 +239,10 @@ class Watchdog {
   std::string dir() const;
   void record_row(int comm, const char* op, int64_t peer, int64_t bytes, DType dt, std::shared_ptr<OpProbe> probe,
                   bool replay);
+  void on_woken(double now, double gap);  // this process was stopped for `gap` s
+  Trip liveness_news();                   // what the liveness service said since the last pass
+  void pump();                            // the same during a trip: only the peers' states
+  bool first_to_trip(const std::string& reason);
 
   std::atomic<bool> enabled_{false}, hang_{false}, tripped_{false}, dump_requested_{false};
   WatchdogOptions opt_;

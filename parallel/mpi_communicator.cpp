@@ -130,6 +130,8 @@ bool overlaps(const void* a, size_t an, const void* b, size_t bn) {
 // told apart from one that is gone.
 
 using Clock = std::chrono::steady_clock;
+// A gap between two polls of a wait longer than this: the process was stopped meanwhile.
+constexpr auto kPauseGap = std::chrono::seconds(3);
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
@@ -428,13 +430,20 @@ void watched_wait(std::vector<MPI_Request>& reqs, MPI_Status* st, const OpDesc& 
     }
   } restore{outer, outer_since};
   auto last_serve = start;
+  auto since = start;  // the timeout counts from here: the start, or the end of a pause of this process
+  auto last_pass = start;
   for (int64_t i = 1;; ++i) {
     if (test_all(reqs, st, d)) return;
     if (i < 64) continue;
     const auto now = Clock::now();
-    const double waited = std::chrono::duration<double>(now - start).count();
+    // A pass far later than the last (they are at most 0.2 ms apart): this process was
+    // stopped (SIGSTOP, a suspended job). Its peers may wake later than it: they get a
+    // full timeout again from now.
+    if (now - last_pass > kPauseGap) since = now;
+    last_pass = now;
+    const double waited = std::chrono::duration<double>(now - since).count();
     if (waited >= timeout) {
-      on_timeout(reqs, st, d, start, timeout);
+      on_timeout(reqs, st, d, since, timeout);
       return;
     }
     if (waited > 0.01 && now - last_serve > std::chrono::milliseconds(1)) {

@@ -54,13 +54,15 @@ double collective_timeout() {
 
 void set_watchdog_topology(const Topology& topo) { settings().topo = topo; }
 
-std::string describe_rank(int64_t world_rank, const std::string& host) {
+std::string rank_coord(int64_t world_rank) {
   const auto& t = settings().topo;
-  std::string inside;
-  if (t && world_rank >= 0 && world_rank < t->world()) {
-    const Coord c = t->coord(world_rank);
-    inside = fmt::format("tp={},pp={},dp={}", c.tp, c.pp, c.dp);
-  }
+  if (!t || world_rank < 0 || world_rank >= t->world()) return "";
+  const Coord c = t->coord(world_rank);
+  return fmt::format("tp={},pp={},dp={}", c.tp, c.pp, c.dp);
+}
+
+std::string describe_rank(int64_t world_rank, const std::string& host) {
+  std::string inside = rank_coord(world_rank);
   if (!host.empty()) inside += (inside.empty() ? "host " : " host ") + host;
   return inside.empty() ? fmt::format("rank {}", world_rank) : fmt::format("rank {} ({})", world_rank, inside);
 }

@@ -38,5 +38,7 @@ void set_watchdog_topology(const Topology& topo);
 // "rank 3 (tp=1,pp=1,dp=0 host node7)": coordinates when a topology of this world
 // size is set, the host when known (`host` empty: left out).
 std::string describe_rank(int64_t world_rank, const std::string& host);
+// "tp=1,pp=1,dp=0" for a rank of the topology set, else "".
+std::string rank_coord(int64_t world_rank);
 
 }  // namespace mtnlg::parallel

@@ -108,7 +108,7 @@ bool run_parallel_eval(const EvalArgs& a, const parallel::LaunchInfo& launch, co
     // dumped into logging.dir and the verdict naming the rank.
     const auto groups = parallel::place_groups(
         parallel::make_groups(world, parallel::Topology::from_world(launch.world_size, r.tp(), r.pp())), dev);
-    DeviceWatchdogRun watchdog(r.logging.dir, groups);
+    DeviceWatchdogRun watchdog(r.logging.dir, groups, r.parallel.heartbeat_timeout_minutes * 60);
     ParallelScorer scorer(r, dir, groups, dev);
     log::info("eval: {} split tp={} pp={} over {} ranks", dir, r.tp(), r.pp(), launch.world_size);
     rep = run_eval(scorer.config(), std::ref(scorer), tok, o);

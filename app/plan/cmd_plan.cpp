@@ -746,6 +746,7 @@ void run_plan(const PlanArgs& a) {
   if (a.tp > 0) sets.push_back(fmt::format("parallel.tensor_model_parallel_size={}", a.tp));
   if (a.pp > 0) sets.push_back(fmt::format("parallel.pipeline_model_parallel_size={}", a.pp));
   Recipe r = load_recipe(a.recipe, sets);
+  refuse_moe_model(r, "mtnlg plan");  // its counts and FLOPs would be a dense model's
   if (r.cp() > 1)
     throw_input(
         "{}: parallel.context_parallel_size ({}): the planner does not model context parallelism yet; plan "

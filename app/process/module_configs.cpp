@@ -46,6 +46,7 @@ void set_architecture(model::GptConfig& c, const ModelConfig& m) {
 }  // namespace
 
 model::GptConfig gpt_config(const Recipe& r) {
+  refuse_moe_model(r, "mtnlg");
   model::GptConfig c;
   c.vocab_size = r.model.vocab_size;
   c.padded_vocab_size = r.model.padded_vocab_size(r.tp());

@@ -69,6 +69,7 @@ const char* train_footer() {
 // run, and the exit status the job script reads when it stopped early.
 void run_train(const TrainArgs& a) {
   Recipe r = load_recipe(a.recipe, a.sets);  // InputError -> exit 2 before any process group exists
+  refuse_moe_model(r, "mtnlg train");
   refuse_context_parallel(r);
   parallel::LaunchInfo info = parallel::detect_launch();
   validate_layout(r, info.world_size);

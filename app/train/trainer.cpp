@@ -470,7 +470,7 @@ Trainer::Trainer(const Recipe& r, const parallel::ProcessGroups& g, const TrainO
       threads_(set_cpu_threads(r)),
       model_(r, g),
       g_(model_.groups),
-      watchdog_(r.logging.dir, g_),
+      watchdog_(r.logging.dir, g_, r.parallel.heartbeat_timeout_minutes * 60),
       optim_(r, model_),
       data_(r, g_),
       out_(r, model_, optim_, data_, opts),

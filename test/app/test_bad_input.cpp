@@ -2,6 +2,8 @@
 // message that names the place (file:line:col, field) and what would be valid.
 #include <catch2/catch.hpp>
 
+#include <filesystem>
+
 #include "test/support/bad_input.hpp"
 #include "test/support/test_support.hpp"
 
@@ -70,4 +72,20 @@ TEST_CASE("bad input: every class exits 2 naming the place", "[e2e]") {
   auto r = test::run_mtnlg("train " + good + " --bogus");
   CHECK(r.exit_code == 2);
   CHECK_THAT(r.out, Contains("--bogus"));
+}
+
+// An MoE recipe validates, but the commands that would build the model refuse it (exit 2,
+// one line) until MoE layers are wired in: never a dense model trained in its place.
+TEST_CASE("bad input: train and plan refuse an MoE recipe until its layers are wired in", "[e2e]") {
+  test::TempDir d("badinput-moe");
+  test::write_file(d / "moe.yaml", kGood);
+  const std::string moe = (d / "moe.yaml").string() + " --set model.num_experts=4";
+  const auto ok = test::run_mtnlg("recipe validate " + moe);
+  INFO(ok.out);
+  CHECK(ok.exit_code == 0);
+  expect_exit2("train " + moe + " --set logging.dir=" + d.str() + "/run",
+               {"model.num_experts (4)", "mtnlg train", "not wired"});
+  expect_exit2("plan " + moe + " --gpus 8 --gpu h100-80g", {"model.num_experts (4)", "mtnlg plan", "not wired"});
+  expect_exit2("recipe validate " + moe + " --set model.moe_router_topk=5", {"model.moe_router_topk (5)"});
+  CHECK(!std::filesystem::exists(d / "run"));
 }

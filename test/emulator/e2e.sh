@@ -34,7 +34,7 @@
 #                 timeout + 30 s, and `report --explain` names rank 5, its group and
 #                 collective; the checkpoint of iteration 2 resumes bit for bit against a
 #                 straight run; an asynchronous ncclRemoteError on one rank
-#                 (MTNLG_EMU_NCCL_FAULT) and a killed rank (its heartbeat goes stale) end
+#                 (MTNLG_EMU_NCCL_FAULT) and a killed rank (its liveness connection closes) end
 #                 every rank within 10 s; tp2 x dp2 with CUDA
 #                 graphs: the hang is caught in a graph replay; SIGUSR1 writes a live
 #                 dump; a rank that never joins an NCCL communicator's initialisation
@@ -43,6 +43,14 @@
 #                 entering collectives at the second eval batch (8 s timeout) and an
 #                 asynchronous error each end both ranks with exit 3, dumps and a verdict
 #                 naming the rank
+#     pause       a paused process is not a dead one (the liveness service, parallel/liveness.hpp),
+#                 tp2 x pp2 x dp2 under a 30 s timeout (MTNLG_E2E_PAUSE_TIMEOUT): rank 5 stopped
+#                 (SIGSTOP) for 10 s and continued, and every rank stopped together for
+#                 longer than the timeout and continued: both runs finish with the straight
+#                 run's losses; rank 5 stopped for good: the other 7 exit 3 within the
+#                 timeout + 30 s and the verdict names rank 5 as alive but silent; and a real
+#                 Slurm job (scripts/slurm-local, srun -n 4) suspended with `scontrol suspend`
+#                 for longer than the timeout and resumed completes with the same losses
 # (eval and generate on cuda vs cpu: scripts/gpu/train-proof.sh's infer step, which CI
 # runs on the emulated build as the test emulator.train-proof)
 # Exit status 0 when the step passes; every comparison prints its worst difference.
@@ -86,6 +94,62 @@ for i in its:
 ok = worst <= rtol
 print(f"  {what}: iterations {its[0]}..{its[-1]}: worst relative difference {worst:.3e} (bound {rtol:g}) "
       f"{'ok' if ok else 'FAILED'}")
+sys.exit(0 if ok else 1)
+EOF
+}
+
+# The watchdog's steps (watchdog, pause): mpirun runs of the tiny GPT on the emulated NCCL
+# under a collective timeout of T s.
+T=${MTNLG_E2E_WD_TIMEOUT:-25}
+[ "$step" = pause ] && T=${MTNLG_E2E_PAUSE_TIMEOUT:-30}
+common=(--set training.device=cuda --set training.precision=fp32 --set model.hidden_dropout=0
+  --set model.attention_dropout=0 --set logging.log_interval=1)
+l8=(--set parallel.tensor_model_parallel_size=2 --set parallel.pipeline_model_parallel_size=2)
+l4=(--set parallel.tensor_model_parallel_size=2)
+# wd NAME NP ARGS...: mpirun under the watchdog's timeout; start and end in $out/NAME.secs
+wd() {
+  local name=$1 np=$2
+  shift 2
+  local t0 t1
+  t0=$(date +%s.%N)
+  MTNLG_COLLECTIVE_TIMEOUT=$T MTNLG_EMU_DEVICES=$np "$repo/test/support/mpi/mpirun.sh" "$np" "$bin" train \
+    recipes/tiny-mock.yaml "${common[@]}" --set logging.dir="$out/$name" "$@" >"$out/$name.log" 2>&1
+  local rc=$?
+  t1=$(date +%s.%N)
+  echo "$t0 $t1" >"$out/$name.secs"
+  return $rc
+}
+# tripped NAME NP BOUND CULPRIT [DEAD]: every rank (but a DEAD one) said it exits 3 and left
+# its dump, the last dump within BOUND s of the trouble's start (the first operation left
+# waiting), report.txt written, and `report --explain` names CULPRIT with its coordinates
+tripped() {
+  python3 - "$out" "$bin" "$@" <<'EOF' || fails=$((fails + 1))
+import glob, json, re, subprocess, sys
+out, binary, name, np, bound, culprit = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), float(sys.argv[5]), int(sys.argv[6])
+dead = int(sys.argv[7]) if len(sys.argv) > 7 else -1
+log = open(f"{out}/{name}.log").read()
+t0, t1 = map(float, open(f"{out}/{name}.secs").read().split())
+exits = sorted(set(int(r) for r in re.findall(r"mtnlg: rank (\d+)[^\n]*NCCL watchdog: communicators aborted, exiting with status 3", log)))
+dumps = [json.load(open(f)) for f in glob.glob(f"{out}/{name}/flight_recorder/rank*.json")]
+pending = [o["t_enqueued"] for d in dumps for o in d["ops"] if o["state"] != "completed"]
+start = min(pending) if pending else min(d["time"] for d in dumps)
+if dead >= 0:  # when its connection to the liveness service closed (its process ended), as rank 0 saw it
+    seen = [d["liveness"]["dead"][str(dead)] for d in dumps if str(dead) in d.get("liveness", {}).get("dead", {})]
+    start = min(seen) if seen else start
+last = max(d["time"] for d in dumps) if dumps else float("inf")
+verdict = subprocess.run([binary, "report", "--explain", f"{out}/{name}"], capture_output=True, text=True)
+lines = verdict.stdout.splitlines()
+said = lines[1].strip() if verdict.returncode == 0 and len(lines) > 1 else verdict.stderr.strip()
+report = "".join(open(f).read() for f in glob.glob(f"{out}/{name}/flight_recorder/report.txt"))
+named = re.search(rf"rank {culprit} \(tp=\d,pp=\d,dp=\d\) (is the culprit|failed on its own)|rank {culprit} (left no flight record|died)", said)
+if len(sys.argv) > 8:  # the verdict must also say this
+    named = named if sys.argv[8] in said else None
+want = [r for r in range(np) if r != dead]
+print(f"  {name}: ranks that exited 3: {exits}; {len(dumps)} dumps; the last {last - start:.1f} s after the trouble began "
+      f"(bound {bound:g} s); mpirun ran {t1 - t0:.0f} s")
+print(f"    verdict: {said[:500]}")
+ok = exits == want and len(dumps) == len(want) and last - start <= bound and named is not None and report.strip() == said
+print(f"    {'ok' if ok else 'FAILED'}")
 sys.exit(0 if ok else 1)
 EOF
 }
@@ -245,57 +309,6 @@ EOF
     refused cpu "training runs on the CPU" "$bin" train recipes/tiny-mock.yaml --set training.device=cpu
     ;;
   watchdog)
-    T=${MTNLG_E2E_WD_TIMEOUT:-25}
-    common=(--set training.device=cuda --set training.precision=fp32 --set model.hidden_dropout=0
-      --set model.attention_dropout=0 --set logging.log_interval=1)
-    l8=(--set parallel.tensor_model_parallel_size=2 --set parallel.pipeline_model_parallel_size=2)
-    l4=(--set parallel.tensor_model_parallel_size=2)
-    # wd NAME NP ARGS...: mpirun under the watchdog's timeout; start and end in $out/NAME.secs
-    wd() {
-      local name=$1 np=$2
-      shift 2
-      local t0 t1
-      t0=$(date +%s.%N)
-      MTNLG_COLLECTIVE_TIMEOUT=$T MTNLG_EMU_DEVICES=$np "$repo/test/support/mpi/mpirun.sh" "$np" "$bin" train \
-        recipes/tiny-mock.yaml "${common[@]}" --set logging.dir="$out/$name" "$@" >"$out/$name.log" 2>&1
-      local rc=$?
-      t1=$(date +%s.%N)
-      echo "$t0 $t1" >"$out/$name.secs"
-      return $rc
-    }
-    # tripped NAME NP BOUND CULPRIT [DEAD]: every rank (but a DEAD one) said it exits 3 and left
-    # its dump, the last dump within BOUND s of the trouble's start (the first operation left
-    # waiting), report.txt written, and `report --explain` names CULPRIT with its coordinates
-    tripped() {
-      python3 - "$out" "$bin" "$@" <<'EOF' || fails=$((fails + 1))
-import glob, json, re, subprocess, sys
-out, binary, name, np, bound, culprit = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), float(sys.argv[5]), int(sys.argv[6])
-dead = int(sys.argv[7]) if len(sys.argv) > 7 else -1
-log = open(f"{out}/{name}.log").read()
-t0, t1 = map(float, open(f"{out}/{name}.secs").read().split())
-exits = sorted(set(int(r) for r in re.findall(r"mtnlg: rank (\d+)[^\n]*NCCL watchdog: communicators aborted, exiting with status 3", log)))
-dumps = [json.load(open(f)) for f in glob.glob(f"{out}/{name}/flight_recorder/rank*.json")]
-pending = [o["t_enqueued"] for d in dumps for o in d["ops"] if o["state"] != "completed"]
-start = min(pending) if pending else min(d["time"] for d in dumps)
-if dead >= 0:  # it died within a second of its heartbeat's last refresh
-    import os
-    start = max(os.path.getmtime(f) for f in glob.glob(f"{out}/{name}/flight_recorder/heartbeat_*_rank{dead}"))
-last = max(d["time"] for d in dumps) if dumps else float("inf")
-verdict = subprocess.run([binary, "report", "--explain", f"{out}/{name}"], capture_output=True, text=True)
-lines = verdict.stdout.splitlines()
-said = lines[1].strip() if verdict.returncode == 0 and len(lines) > 1 else verdict.stderr.strip()
-report = "".join(open(f).read() for f in glob.glob(f"{out}/{name}/flight_recorder/report.txt"))
-named = re.search(rf"rank {culprit} \(tp=\d,pp=\d,dp=\d\) (is the culprit|failed on its own)|rank {culprit} (left no flight record|died)", said)
-want = [r for r in range(np) if r != dead]
-print(f"  {name}: ranks that exited 3: {exits}; {len(dumps)} dumps; the last {last - start:.1f} s after the trouble began "
-      f"(bound {bound:g} s); mpirun ran {t1 - t0:.0f} s")
-print(f"    verdict: {said[:500]}")
-ok = exits == want and len(dumps) == len(want) and last - start <= bound and named is not None and report.strip() == said
-print(f"    {'ok' if ok else 'FAILED'}")
-sys.exit(0 if ok else 1)
-EOF
-    }
-
     # 1. The hang: rank 5 (tp=1, pp=1, dp=0) stops entering collectives at iteration 4; the
     # checkpoint of iteration 2 was committed after iteration 3. Rank 0's communicator aborts
     # (15) take 0.3 s each: the ranks done sooner wait for it, so that the launcher, which ends
@@ -332,8 +345,9 @@ EOF
     tripped graphs 4 $((T + 30)) 1
     grep -q '"replay": true' "$out"/graphs/flight_recorder/rank0.json ||
       { echo "  graphs: no graph replay in rank 0's flight recorder"; fails=$((fails + 1)); }
-    # 5. A killed rank (SIGKILL at iteration 3): the survivors find its heartbeat stale and
-    # end within 10 s of its death. OpenMPI's mpirun would end the job itself at once; told
+    # 5. A killed rank (SIGKILL at iteration 3): its connection to the liveness service
+    # closes with the process, the service tells the survivors, and they end within 10 s
+    # of its death (as rank 0's service saw it). OpenMPI's mpirun would end the job itself at once; told
     # not to (orte_abort_on_non_zero_status 0) it leaves the survivors to the watchdog, but
     # then never returns, so it is stopped once every survivor has exited.
     (MTNLG_FAULT_INJECT=rank=1:iteration=3:mode=kill OMPI_MCA_orte_abort_on_non_zero_status=0 \
@@ -404,6 +418,36 @@ EOF
       tripped eval-hang 2 38 1
       ev eval-async MTNLG_EMU_NCCL_FAULT=rank=1:op=5:error=remote
       tripped eval-async 2 10 1
+      # 10. `mtnlg generate` under mpirun (tp2, its NCCL group): the greedy text of the
+      # single CPU process; rank 1 stops entering collectives at token 3 (8 s timeout): both
+      # ranks exit 3 with their dumps and the verdict names rank 1.
+      gen() {  # gen NAME ENV...: greedy generation under mpirun -np 2, stdout in NAME.out
+        local name=$1 t0 t1
+        shift
+        t0=$(date +%s.%N)
+        env "$@" MTNLG_EMU_DEVICES=2 "$repo/test/support/mpi/mpirun.sh" 2 "$bin" generate --checkpoint "$out/ck-eval" \
+          --device cuda --prompt "The cat" --max-new-tokens 8 --greedy --no-echo \
+          --set parallel.tensor_model_parallel_size=2 --set logging.dir="$out/$name" >"$out/$name.out" 2>"$out/$name.log"
+        local rc=$?
+        t1=$(date +%s.%N)
+        echo "$t0 $t1" >"$out/$name.secs"
+        return $rc
+      }
+      "$bin" generate --checkpoint "$out/ck-eval" --device cpu --prompt "The cat" --max-new-tokens 8 --greedy --no-echo \
+        >"$out/gen-one.out" 2>"$out/gen-one.log"
+      gen gen-tp2 MTNLG_COLLECTIVE_TIMEOUT=8
+      rc=$?
+      if [ $rc -eq 0 ] && [ -s "$out/gen-one.out" ] && cmp -s "$out/gen-one.out" "$out/gen-tp2.out"; then
+        echo "  gen-tp2: tp2 on the emulated NCCL generates the single process's text: $(head -c 60 "$out/gen-one.out")"
+      else
+        echo "  gen-tp2: exit $rc; tp2 '$(cat "$out/gen-tp2.out")' vs one process '$(cat "$out/gen-one.out")'"
+        tail -5 "$out/gen-tp2.log"; fails=$((fails + 1))
+      fi
+      gen gen-hang MTNLG_COLLECTIVE_TIMEOUT=8 MTNLG_FAULT_INJECT=rank=1:iteration=3:mode=hang
+      rc=$?
+      echo "  gen-hang: mpirun exited $rc (want 3)"
+      [ $rc -eq 3 ] || { tail -5 "$out/gen-hang.log"; fails=$((fails + 1)); }
+      tripped gen-hang 2 38 1
     else
       echo "  eval: no GPT-2 vocabulary or the checkpoint's training failed"; tail -5 "$out/ev-train.log"; fails=$((fails + 1))
     fi
@@ -413,6 +457,108 @@ EOF
     n=$(ls "$out/slow/flight_recorder"/rank*.json 2>/dev/null | wc -l)
     echo "  slow: mpirun exited $rc (want 0), $n dumps (want 0)"
     [ $rc -eq 0 ] && [ "$n" -eq 0 ] || { tail -5 "$out/slow.log"; fails=$((fails + 1)); }
+    ;;
+  pause)
+    # A pause is not a death (tp2 x pp2 x dp2, MTNLG_COLLECTIVE_TIMEOUT=30 s): processes are
+    # stopped with SIGSTOP and continued with SIGCONT, as a debugger, swapping or
+    # `scontrol suspend`/`resume` do.
+    # pids NAME: the rank processes of run NAME (its logging.dir is on their command lines)
+    # (argv[0] is the binary: mtnlg re-executes itself through /proc/self/exe, so comm says "exe")
+    pids() { pgrep -f -- "logging.dir=$out/$1( |\$)" | while read -r p; do
+      [ "$(basename "$(tr '\0' '\n' <"/proc/$p/cmdline" 2>/dev/null | head -1)")" = "$(basename "$bin")" ] && echo "$p"; done; }
+    # stopped_pid NAME: waits (at most 120 s) until one rank process of NAME is stopped; prints it
+    stopped_pid() {
+      for _ in $(seq 1200); do
+        for p in $(pids "$1"); do
+          [ "$(awk '{print $3}' /proc/"$p"/stat 2>/dev/null)" = T ] && { echo "$p"; return 0; }
+        done
+        sleep 0.1
+      done
+      return 1
+    }
+    wd straight 8 "${l8[@]}" --set training.train_iters=4 || { echo "  straight run failed"; tail -5 "$out/straight.log"; fails=$((fails + 1)); }
+    # (a) Rank 5 stops itself (SIGSTOP) at iteration 3 and is continued 10 s later: the
+    # run finishes, its losses those of the straight run.
+    (MTNLG_FAULT_INJECT=rank=5:iteration=3:mode=stop wd one 8 "${l8[@]}" --set training.train_iters=4; echo $? >"$out/one.rc") &
+    bg=$!
+    if p=$(stopped_pid one); then
+      sleep 10
+      kill -CONT "$p"
+    else
+      echo "  one: rank 5 never stopped"; fails=$((fails + 1))
+    fi
+    wait "$bg"
+    rc=$(cat "$out/one.rc")
+    echo "  one: rank 5 stopped for 10 s under a ${T} s timeout: mpirun exited $rc (want 0)"
+    [ "$rc" = 0 ] || { tail -5 "$out/one.log"; fails=$((fails + 1)); }
+    compare one straight 0
+    # (b) Every rank stopped together for longer than the timeout (a suspended job), then
+    # continued: the run finishes with the straight run's losses, and the watchdog saw the pause.
+    (wd all 8 "${l8[@]}" --set training.train_iters=4; echo $? >"$out/all.rc") &
+    bg=$!
+    for _ in $(seq 1200); do grep -q "iteration *2/" "$out/all.log" 2>/dev/null && break; sleep 0.1; done
+    mapfile -t all < <(pids all)
+    kill -STOP "${all[@]}"
+    sleep $((T + 8))
+    kill -CONT "${all[@]}"
+    wait "$bg"
+    rc=$(cat "$out/all.rc")
+    echo "  all: ${#all[@]} ranks stopped together for $((T + 8)) s under a ${T} s timeout: mpirun exited $rc (want 0)"
+    [ "$rc" = 0 ] && [ "${#all[@]}" = 8 ] || { tail -5 "$out/all.log"; fails=$((fails + 1)); }
+    grep -q "NCCL watchdog: this process was stopped for" "$out/all.log" ||
+      { echo "  all: no rank's watchdog noticed the pause"; fails=$((fails + 1)); }
+    compare all straight 0
+    # (c) Rank 5 stopped for good: every other rank exits 3 within the timeout + 30 s of the
+    # first operation left waiting, and the verdict names rank 5 as alive but silent. The
+    # launcher ends the job once they have; the stopped process is then killed here.
+    (MTNLG_FAULT_INJECT=rank=5:iteration=3:mode=stop OMPI_MCA_orte_abort_on_non_zero_status=0 \
+      wd forever 8 "${l8[@]}" --set training.train_iters=4) &
+    bg=$!
+    for _ in $(seq 1200); do
+      n=$(grep -c 'exiting with status 3' "$out/forever.log" 2>/dev/null)
+      [ "${n:-0}" -ge 7 ] && break
+      sleep 0.5
+    done
+    sleep 1
+    for p in $(pids forever); do kill -KILL "$p" 2>/dev/null; done
+    for p in $(pgrep -P "$bg"); do kill "$p" 2>/dev/null; done  # the subshell's mpirun
+    wait "$bg"
+    tripped forever 8 $((T + 30)) 5 5 "but did not answer"
+    # (e) A real Slurm job (scripts/slurm-local: one node on loopback), srun -n 4, tp2 x
+    # dp2: `scontrol suspend` for longer than the timeout, `scontrol resume`: the job
+    # completes with the straight run's losses. Needs root and slurm-wlm + munge.
+    if [ "$(id -u)" = 0 ] && command -v slurmctld >/dev/null && command -v srun >/dev/null; then
+      state=/tmp/mtnlg-slurm-pause-$$
+      MTNLG_SLURM_PORT=$((26000 + 2 * ($$ % 2000))) timeout -k 5 60 scripts/slurm-local/start.sh "$state" \
+        >"$out/slurm-start.log" 2>&1 || { echo "  slurm: the local cluster did not start"; cat "$out/slurm-start.log"; fails=$((fails + 1)); }
+      export SLURM_CONF=$state/slurm.conf
+      srun_env=(OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_pml=ob1
+        OMPI_MCA_osc=^ucx OMPI_MCA_mpi_yield_when_idle=1 OMPI_MCA_oob_tcp_if_include=lo OMPI_MCA_btl_tcp_if_include=lo
+        MTNLG_COLLECTIVE_TIMEOUT=$T MTNLG_EMU_DEVICES=4)
+      (env "${srun_env[@]}" timeout -k 10 400 srun -n 4 --mpi=pmix --kill-on-bad-exit=1 -J mtnlg-pause "$bin" train \
+        recipes/tiny-mock.yaml "${common[@]}" --set logging.dir="$out/slurm" "${l4[@]}" --set training.train_iters=4 \
+        >"$out/slurm.log" 2>&1; echo $? >"$out/slurm.rc") &
+      bg=$!
+      for _ in $(seq 1800); do grep -q "iteration *2/" "$out/slurm.log" 2>/dev/null && break; sleep 0.1; done
+      job=$(squeue -h -n mtnlg-pause -o %A | head -1)
+      if [ -n "$job" ] && scontrol suspend "$job"; then
+        sleep $((T + 8))
+        scontrol resume "$job" || fails=$((fails + 1))
+      else
+        echo "  slurm: no job to suspend (squeue: '$job')"; fails=$((fails + 1))
+      fi
+      wait "$bg"
+      rc=$(cat "$out/slurm.rc")
+      echo "  slurm: job $job suspended for $((T + 8)) s under a ${T} s timeout, resumed: srun exited $rc (want 0)"
+      [ "$rc" = 0 ] || { tail -8 "$out/slurm.log"; fails=$((fails + 1)); }
+      grep -q "NCCL watchdog: this process was stopped for" "$out/slurm.log" ||
+        { echo "  slurm: no rank's watchdog noticed the suspension"; fails=$((fails + 1)); }
+      wd straight4 4 "${l4[@]}" --set training.train_iters=4 && compare slurm straight4 0
+      timeout -k 5 60 scripts/slurm-local/stop.sh "$state" --purge >/dev/null 2>&1
+      unset SLURM_CONF
+    else
+      echo "  slurm: skipped (needs root and slurm-wlm + munge: scripts/install-deps.sh)"
+    fi
     ;;
   *) echo "e2e.sh: unknown step '$step'" >&2; exit 2 ;;
 esac

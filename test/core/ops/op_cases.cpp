@@ -10,9 +10,11 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <set>
 #include <sstream>
 #include <utility>
 
+#include "core/moe_ops.hpp"
 #include "core/ops.hpp"
 #ifdef MTNLG_HAVE_CUDA
 #include "core/cuda/device.hpp"
@@ -1693,6 +1695,183 @@ Entry adamw_entry() {
   return e;
 }
 
+// ---- mixture of experts (CPU only for now: finite differences, no device cases) -------------
+
+// The router forms of the moe_topk cases (n[0]): softmax over the top-k logits, top-k of
+// the softmax, sigmoid with an expert bias, group-limited softmax (4 groups, 2 kept),
+// group-limited sigmoid with a bias and a scaling factor, sigmoid with k = 1.
+ops::RouterParams moe_router_form(int64_t form, int64_t k) {
+  ops::RouterParams p;
+  p.topk = k;
+  if (form == 1) p.pre_softmax = true;
+  if (form == 2 || form == 4 || form == 5) p.score = ops::RouterScore::sigmoid;
+  if (form == 3 || form == 4) p.num_groups = 4, p.group_topk = 2;
+  if (form == 4) p.scaling_factor = 2.5;
+  return p;
+}
+
+Entry moe_topk_entry() {
+  Entry e{"moe_topk", {}, nullptr, nullptr};
+  const char* forms[] = {"softmax",    "pre-softmax", "sigmoid + bias", "groups softmax", "groups sigmoid + bias x2.5",
+                         "sigmoid k 1"};
+  for (int64_t f = 0; f < 6; ++f)
+    e.cases.push_back(fd_case(std::string(forms[f]) + " N 6 E 8", 60 + static_cast<uint64_t>(f), {f}));
+  e.fd = [](Ctx& c, const Case& k) {
+    const int64_t N = 6, E = 8, form = k.n[0], K = form == 5 ? 1 : form >= 3 ? 4 : 2;
+    const ops::RouterParams p = moe_router_form(form, K);
+    const bool sigmoid = p.score == ops::RouterScore::sigmoid;
+    Tensor logits = c.act({N, E}), R = c.act({N, K}), bias = c.act({E}, 0.3);
+    Tensor probs = Tensor::empty({N, K}, DType::f64), idx = Tensor::empty({N, K}, DType::i32);
+    auto loss = [=]() mutable {
+      ops::moe_topk_forward(probs, idx, logits, sigmoid ? &bias : nullptr, p);
+      return dot(probs, R);
+    };
+    loss();
+    // The weights' sum: 1 for the softmax over the chosen and the normalised sigmoid (x the
+    // scaling factor); the groups: the chosen experts lie in at most group_topk groups.
+    for (int64_t n = 0; n < N; ++n) {
+      double s = 0;
+      std::set<int32_t> groups;
+      for (int64_t j = 0; j < K; ++j)
+        s += probs.data<double>()[n * K + j], groups.insert(idx.data<int32_t>()[n * K + j] / 2);
+      if (form != 1 && form != 5) c.expect(approx(s, form == 4 ? 2.5 : 1.0, 1e-12), "moe_topk weights sum");
+      if (p.group_topk > 0) c.expect(static_cast<int64_t>(groups.size()) <= p.group_topk, "moe_topk within groups");
+    }
+    Tensor dl = Tensor::empty({N, E}, DType::f64);
+    ops::moe_topk_backward(dl, R, logits, idx, p);
+    return FdProblem{loss, {{"moe_topk dlogits", logits, dl}}};
+  };
+  return e;
+}
+
+// The load-balancing loss over its scores (softmax or normalised sigmoid; one group or
+// two sequences) plus the z-loss, against the logits.
+Entry moe_aux_entry() {
+  Entry e{"moe_aux_z_loss", {}, nullptr, nullptr};
+  e.cases.push_back(fd_case("aux_loss softmax N 8 E 6", 70, {0, 1}));
+  e.cases.push_back(fd_case("seq_aux_loss softmax 2 sequences", 71, {0, 2}));
+  e.cases.push_back(fd_case("aux_loss sigmoid N 8 E 6", 72, {1, 1}));
+  e.cases.push_back(fd_case("seq_aux_loss sigmoid 2 sequences", 73, {1, 2}));
+  e.fd = [](Ctx& c, const Case& k) {
+    const int64_t N = 8, E = 6, K = 2, groups = k.n[1];
+    const auto score = k.n[0] ? ops::RouterScore::sigmoid : ops::RouterScore::softmax;
+    const double T = static_cast<double>(N / groups), coeff = 0.3, zc = 0.05;
+    Tensor logits = c.act({N, E}, 1.5);
+    Tensor scores = Tensor::empty({N, E}, DType::f64), counts = Tensor::empty({groups, E}, DType::f64);
+    auto loss = [=]() mutable {
+      ops::moe_aux_scores_forward(scores, counts, logits, score, K, groups);
+      return ops::moe_aux_loss_forward(scores, counts, groups, T, K, coeff) + ops::moe_z_loss_forward(logits, zc);
+    };
+    loss();
+    double total = 0;
+    for (int64_t i = 0; i < groups * E; ++i) total += counts.data<double>()[i];
+    c.expect(total == static_cast<double>(N * K), "moe aux counts add up to N x k");
+    Tensor ds = Tensor::empty({N, E}, DType::f64), dl = Tensor::zeros({N, E}, DType::f64);
+    ops::moe_aux_loss_backward(ds, counts, groups, T, K, coeff, 1.0);
+    ops::moe_aux_scores_backward(dl, ds, logits, score);
+    ops::moe_z_loss_backward(dl, logits, zc, 1.0);
+    return FdProblem{loss, {{"moe aux + z dlogits", logits, dl}}};
+  };
+  return e;
+}
+
+// Tokens to expert rows and back with the routing weight on each row: permute, weight,
+// unpermute; dropless, with drops at a capacity, and padded to it. n = {capacity, pad}.
+Entry moe_dispatch_entry() {
+  Entry e{"moe_dispatch", {}, nullptr, nullptr};
+  e.cases.push_back(fd_case("dropless N 7 E 4 k 2", 80, {0, 0}));
+  e.cases.push_back(fd_case("capacity 3", 81, {3, 0}));
+  e.cases.push_back(fd_case("capacity 3 padded", 82, {3, 1}));
+  e.fd = [](Ctx& c, const Case& k) {
+    const int64_t N = 7, E = 4, K = 2, H = 5, cap = k.n[0];
+    Tensor logits = c.act({N, E}), x = c.act({N, H}), R = c.act({N, H});
+    Tensor probs = Tensor::empty({N, K}, DType::f64), idx = Tensor::empty({N, K}, DType::i32);
+    ops::RouterParams p;
+    p.topk = K;
+    ops::moe_topk_forward(probs, idx, logits, nullptr, p);
+    Tensor keep = Tensor::empty({N, K}, DType::i32);
+    if (cap > 0) ops::moe_apply_capacity(keep, probs, idx, E, cap, ops::DropPolicy::probs);
+    const ops::MoeDispatch d = ops::moe_dispatch_plan(idx, cap > 0 ? &keep : nullptr, E, k.n[1] ? cap : 0);
+    Tensor xp = Tensor::empty({d.rows, H}, DType::f64), w = Tensor::empty({d.rows, H}, DType::f64);
+    Tensor y = Tensor::empty({N, H}, DType::f64);
+    auto loss = [=]() mutable {
+      ops::moe_permute(xp, x, d);
+      ops::moe_weight_rows_forward(w, xp, probs, d);
+      ops::moe_unpermute(y, w, d);
+      return dot(y, R);
+    };
+    loss();
+    Tensor dw = Tensor::empty({d.rows, H}, DType::f64), dxp = Tensor::empty({d.rows, H}, DType::f64);
+    Tensor dx = Tensor::empty({N, H}, DType::f64), dprobs = Tensor::empty({N, K}, DType::f64);
+    ops::moe_permute(dw, R, d);  // unpermute's backward
+    ops::moe_weight_rows_backward(dxp, dprobs, dw, xp, probs, d);
+    ops::moe_unpermute(dx, dxp, d);  // permute's backward
+    if (k.n[1]) c.expect(d.rows == E * cap, "moe_dispatch padded groups hold capacity rows each");
+    return FdProblem{loss, {{"moe_dispatch dx", x, dx}, {"moe_dispatch dprobs", probs, dprobs}}};
+  };
+  return e;
+}
+
+// The experts' GEMMs over contiguous row groups (one expert empty), with and without bias.
+Entry grouped_matmul_entry() {
+  Entry e{"grouped_matmul", {}, nullptr, nullptr};
+  e.cases.push_back(fd_case("counts 3 0 5 2 with bias", 90, {1}));
+  e.cases.push_back(fd_case("counts 3 0 5 2 without bias", 91, {0}));
+  e.fd = [](Ctx& c, const Case& k) {
+    const std::vector<int64_t> counts = {3, 0, 5, 2};
+    const int64_t E = 4, rows = 10, C = 5, OC = 3;
+    const bool with_bias = k.n[0] != 0;
+    Tensor x = c.act({rows, C}), w = c.act({E, OC, C}), b = c.act({E, OC}), R = c.act({rows, OC});
+    Tensor out = Tensor::empty({rows, OC}, DType::f64);
+    auto loss = [=]() mutable {
+      ops::grouped_matmul_forward(out, x, w, with_bias ? &b : nullptr, counts);
+      return dot(out, R);
+    };
+    loss();
+    double maxerr = 0;  // forward vs naive: row r uses its group's expert
+    for (int64_t r = 0, g = 0, left = counts[0]; r < rows; ++r, --left) {
+      while (left == 0) left = counts[static_cast<size_t>(++g)];
+      for (int64_t o = 0; o < OC; ++o) {
+        double s = with_bias ? b.data<double>()[g * OC + o] : 0;
+        for (int64_t i = 0; i < C; ++i) s += x.data<double>()[r * C + i] * w.data<double>()[(g * OC + o) * C + i];
+        maxerr = std::max(maxerr, std::fabs(s - out.data<double>()[r * OC + o]));
+      }
+    }
+    c.expect(maxerr < 1e-12, "grouped_matmul forward vs naive, max error " + str(maxerr));
+    Tensor dx = Tensor::empty({rows, C}, DType::f64), dw = Tensor::zeros({E, OC, C}, DType::f64),
+           db = Tensor::zeros({E, OC}, DType::f64);
+    ops::grouped_matmul_backward(&dx, &dw, with_bias ? &db : nullptr, R, x, w, counts);
+    FdProblem p{loss, {{"grouped_matmul dinp", x, dx}, {"grouped_matmul dw", w, dw}}};
+    if (with_bias) p.params.push_back({"grouped_matmul dbias", b, db});
+    return p;
+  };
+  return e;
+}
+
+// The router's gating (in the logits' dtype) and the shared expert's sigmoid gate.
+Entry moe_gates_entry() {
+  Entry e{"moe_gates", {}, nullptr, nullptr};
+  e.cases.push_back(fd_case("router N 5 H 6 E 4, gate N 5 C 7", 95, {}));
+  e.fd = [](Ctx& c, const Case&) {
+    const int64_t N = 5, H = 6, E = 4, C = 7;
+    Tensor x = c.act({N, H}), wr = c.act({E, H}), R = c.act({N, E});
+    Tensor s = c.act({N, C}), g = c.act({N}, 2.0), Rg = c.act({N, C});
+    Tensor logits = Tensor::empty({N, E}, DType::f64), gated = Tensor::empty({N, C}, DType::f64);
+    auto loss = [=]() mutable {
+      ops::moe_router_logits_forward(logits, x, wr);
+      ops::sigmoid_gate_forward(gated, s, g);
+      return dot(logits, R) + dot(gated, Rg);
+    };
+    loss();
+    Tensor dx = Tensor::empty({N, H}, DType::f64), dwr = Tensor::zeros({E, H}, DType::f64);
+    Tensor ds = Tensor::empty({N, C}, DType::f64), dg = Tensor::empty({N}, DType::f64);
+    ops::moe_router_logits_backward(dx, dwr, R, x, wr);
+    ops::sigmoid_gate_backward(ds, dg, Rg, s, g);
+    return FdProblem{loss, {{"router dx", x, dx}, {"router dw", wr, dwr}, {"gate dx", s, ds}, {"gate dgate", g, dg}}};
+  };
+  return e;
+}
+
 }  // namespace
 
 const std::vector<Entry>& registry() {
@@ -1720,6 +1899,11 @@ const std::vector<Entry>& registry() {
       bias_add_entry(),
       cross_entropy_entry(),
       adamw_entry(),
+      moe_topk_entry(),
+      moe_aux_entry(),
+      moe_dispatch_entry(),
+      grouped_matmul_entry(),
+      moe_gates_entry(),
   };
   return entries;
 }

@@ -1,0 +1,135 @@
+// The mixture-of-experts ops (core/ops/moe.cpp; docs/specs/moe.md), in the op set's
+// style (core/ops.hpp: explicit forward/backward pairs, activation gradients written,
+// parameter gradients accumulated) and namespace, with their argument structs. A header
+// of its own so that the rest of the op set does not depend on it.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "core/tensor.hpp"
+
+namespace mtnlg::ops {
+
+// ---- mixture of experts (ops::moe_*; docs/specs/moe.md) ------------------------------------
+// How the router turns a token's logits [E] into its top-k experts and their weights
+// (Megatron-Core's forms): softmax (top-k of the logits, then a softmax over those k; or,
+// with pre_softmax, the top-k of the softmax over all E), or sigmoid (the top-k of
+// sigmoid(logit) + expert_bias, the bias choosing only; the k sigmoids then divided by
+// their sum + 1e-20 when k > 1). The weights are multiplied by scaling_factor when it is
+// non-zero. With group_topk > 0 (group-limited routing) the E experts form num_groups
+// equal groups, a group's score is the sum of its top topk / group_topk selection scores,
+// and only the group_topk best groups' experts compete.
+enum class RouterScore { softmax, sigmoid };
+struct RouterParams {
+  int64_t topk = 2;
+  RouterScore score = RouterScore::softmax;
+  bool pre_softmax = false;
+  double scaling_factor = 0.0;  // 0: none
+  int64_t num_groups = 0;
+  int64_t group_topk = 0;  // > 0: group-limited routing
+};
+
+// Which of an expert's tokens past its capacity are dropped: the lowest weights (ties: the
+// later token), or the later positions.
+enum class DropPolicy { probs, position };
+
+// Where each routed (token, slot) goes once the tokens are sorted by expert
+// (ops::moe_dispatch_plan): expert e's rows are [offset(e), offset(e) + counts[e]), its
+// tokens in token order (slot order within a token), then any padding rows (zeros that
+// never return to a token). Slot n*k + j is token n's j-th choice (idx/probs [N, k]).
+struct MoeDispatch {
+  int64_t num_tokens = 0, topk = 0, num_experts = 0;
+  int64_t rows = 0;             // sum of counts
+  std::vector<int64_t> counts;  // rows per expert, padding included
+  std::vector<int64_t> tokens;  // routed (kept) slots per expert, before padding
+  Tensor row_src;               // i32 [rows]: the token of each row; -1 for padding
+  Tensor row_slot;              // i32 [rows]: the slot of each row; -1 for padding
+  Tensor slot_row;              // i32 [N*k]: the row of each slot; -1 when dropped
+
+  int64_t offset(int64_t e) const {
+    int64_t o = 0;
+    for (int64_t i = 0; i < e; ++i) o += counts[static_cast<size_t>(i)];
+    return o;
+  }
+};
+
+// ---- mixture of experts (core/ops/moe.cpp; docs/specs/moe.md) --------------------------------
+// The CPU reference of the MoE layer's pieces, in f32 or f64 (no CUDA kernel yet: CUDA
+// tensors are a RuntimeError). N tokens (rows), E experts, top-k, H hidden, groups of
+// contiguous rows for the per-sequence loss. Every sum runs in a fixed order (row, then
+// slot, then expert), so results do not depend on threads.
+//
+// The router's gating in its own dtype: logits[N, E] = x[N, H] @ w[E, H]^T computed in the
+// dtype of `logits` (x and w converted to it, Megatron-Core's moe_router_dtype).
+void moe_router_logits_forward(Tensor& logits, const Tensor& x, const Tensor& w);
+// dx (written, x's dtype) = dlogits @ w; dw += dlogits^T @ x (dw in the wide dtype of w).
+void moe_router_logits_backward(Tensor& dx, Tensor& dw, const Tensor& dlogits, const Tensor& x, const Tensor& w);
+// Top-k routing (RouterParams): probs [N, k] (the dtype of logits) and idx (i32 [N, k]),
+// each row's choices in descending selection score, ties to the lower expert index.
+// expert_bias [E] (optional, sigmoid only) shifts the selection, never the weights.
+void moe_topk_forward(Tensor& probs, Tensor& idx, const Tensor& logits, const Tensor* expert_bias,
+                      const RouterParams& p);
+// dlogits (written) from dprobs [N, k] through the weights' formula (the selection is a
+// constant): only the chosen logits get gradient, except with pre_softmax (all E).
+void moe_topk_backward(Tensor& dlogits, const Tensor& dprobs, const Tensor& logits, const Tensor& idx,
+                       const RouterParams& p);
+// The load-balancing loss's scores and counts: scores [N, E] = softmax(logits), or
+// sigmoid(logits) / (their sum + 1e-20); counts [groups, E] (+ written) = how many of each
+// group's rows (N / groups contiguous rows) have the expert in their own top-k of these
+// scores (no bias, no groups, no drops).
+void moe_aux_scores_forward(Tensor& scores, Tensor& counts, const Tensor& logits, RouterScore score, int64_t topk,
+                            int64_t groups);
+// dlogits += the scores' backward of dscores [N, E].
+void moe_aux_scores_backward(Tensor& dlogits, const Tensor& dscores, const Tensor& logits, RouterScore score);
+// Megatron-Core's switch load-balancing loss over `groups` groups of rows, averaged:
+//   loss = coeff * E / (topk * T^2) / groups * sum_g sum_e (sum_{n in g} scores[n, e]) * counts[g, e]
+// with T = total_tokens. aux_loss: groups 1, T = N, counts of this micro batch;
+// seq_aux_loss: groups = sequences, T = sequence length; global_aux_loss: groups 1, counts
+// averaged over the batch's micro batches and ranks, T = N x ranks. Returns the loss.
+double moe_aux_loss_forward(const Tensor& scores, const Tensor& counts, int64_t groups, double total_tokens,
+                            int64_t topk, double coeff);
+// dscores (written) = dloss * coeff * E / (topk * T^2) / groups * counts[g(n), e].
+void moe_aux_loss_backward(Tensor& dscores, const Tensor& counts, int64_t groups, double total_tokens, int64_t topk,
+                           double coeff, double dloss);
+// The router z-loss: coeff * mean_n (logsumexp_e logits[n, e])^2; the backward adds
+// dloss * coeff * 2 lse_n softmax(logits)[n, e] / N to dlogits.
+double moe_z_loss_forward(const Tensor& logits, double coeff);
+void moe_z_loss_backward(Tensor& dlogits, const Tensor& logits, double coeff, double dloss);
+// An expert's capacity: ceil(tokens * topk / E * factor).
+int64_t moe_capacity(int64_t tokens, int64_t num_experts, int64_t topk, double factor);
+// keep (i32 [N, k], written): 1 for the slots each expert keeps within `capacity`, 0 for
+// the dropped (DropPolicy). Returns the dropped count, sum_e max(0, routed_e - capacity).
+int64_t moe_apply_capacity(Tensor& keep, const Tensor& probs, const Tensor& idx, int64_t num_experts, int64_t capacity,
+                           DropPolicy policy);
+// The permutation of idx [N, k] (i32) by expert, stable; `keep` (optional) drops slots;
+// pad_to > 0 pads every expert's group with zero rows up to pad_to (fixed-size groups).
+MoeDispatch moe_dispatch_plan(const Tensor& idx, const Tensor* keep, int64_t num_experts, int64_t pad_to = 0);
+// out[rows, H] (written): row r = x[row_src[r]], zero for padding. Its backward is
+// moe_unpermute of the gradient, and moe_unpermute's is moe_permute.
+void moe_permute(Tensor& out, const Tensor& x, const MoeDispatch& d);
+// y[N, H] (written): y[n] = sum over n's kept slots j (in slot order) of rows[slot_row[n*k + j]].
+void moe_unpermute(Tensor& y, const Tensor& rows, const MoeDispatch& d);
+// out[rows, F] (written) = act * probs[row_slot[r]] per row (zero for padding): the
+// routing weight, applied after the activation and before the second expert GEMM.
+void moe_weight_rows_forward(Tensor& out, const Tensor& act, const Tensor& probs, const MoeDispatch& d);
+// dact (written) = dout * weight; dprobs [N, k] (written) = sum_f dout * act for each kept
+// slot's row, 0 for dropped slots.
+void moe_weight_rows_backward(Tensor& dact, Tensor& dprobs, const Tensor& dout, const Tensor& act, const Tensor& probs,
+                              const MoeDispatch& d);
+// The experts as one grouped GEMM over contiguous row groups (counts[e] rows each, in
+// expert order): out[rows, OC] = inp[rows, C] @ w[e]^T (+ bias[e]) with w [E, OC, C], bias
+// [E, OC] (optional); one BLAS call per non-empty expert.
+void grouped_matmul_forward(Tensor& out, const Tensor& inp, const Tensor& w, const Tensor* bias,
+                            const std::vector<int64_t>& counts);
+// dinp (written), dw +=, dbias += per expert (any may be null).
+void grouped_matmul_backward(Tensor* dinp, Tensor* dw, Tensor* dbias, const Tensor& dout, const Tensor& inp,
+                             const Tensor& w, const std::vector<int64_t>& counts);
+// Aux-loss-free balancing (the sign rule), once per global batch: bias[e] += rate *
+// sign(mean(counts) - counts[e]) (bias f32/f64 [E], counts [E] in any float dtype).
+void moe_expert_bias_update(Tensor& bias, const Tensor& counts, double rate);
+// The shared expert's gate: out[N, C] = x * sigmoid(gate[N]) (gate = x_in . w, one logit
+// per token); backward: dx = dout * sigmoid(g) (written), dgate[n] = sum_c dout x s(1-s) (written).
+void sigmoid_gate_forward(Tensor& out, const Tensor& x, const Tensor& gate);
+void sigmoid_gate_backward(Tensor& dx, Tensor& dgate, const Tensor& dout, const Tensor& x, const Tensor& gate);
+
+}  // namespace mtnlg::ops
