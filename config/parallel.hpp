@@ -10,6 +10,12 @@ namespace mtnlg {
 enum class RecomputeGranularity { none, selective, full };
 std::string to_string(RecomputeGranularity r);
 
+// How the ranks of a context-parallel group share attention (docs/specs/context-parallel.md):
+// a ring passing K/V blocks, an all-to-all of heads, an all-gather of K/V, or all-to-all
+// inside groups of hierarchical_context_parallel_sizes[0] ranks with a ring across them.
+enum class CpCommType { p2p, a2a, all_gather, a2a_p2p };
+std::string to_string(CpCommType c);  // p2p, a2a, all_gather, a2a+p2p
+
 struct ParallelConfig {
   int64_t tensor_model_parallel_size = 1;
   int64_t pipeline_model_parallel_size = 1;
@@ -20,6 +26,11 @@ struct ParallelConfig {
   int64_t num_layers_per_virtual_pipeline_stage = 0;  // 0 = no interleaving
   std::vector<int64_t> pipeline_layers;               // layers per stage; empty = even split
   bool sequence_parallel = false;
+  // Context parallelism: each sequence split over this many ranks (tp-cp-dp-pp rank order;
+  // not yet wired into training: `train` refuses a size above 1).
+  int64_t context_parallel_size = 1;
+  CpCommType cp_comm_type = CpCommType::p2p;
+  std::vector<int64_t> hierarchical_context_parallel_sizes;  // [a2a size, p2p size] for a2a+p2p; empty = none
   bool use_distributed_optimizer = false;
   RecomputeGranularity recompute_granularity = RecomputeGranularity::none;
   int64_t ddp_bucket_size = 0;  // elements per gradient bucket; 0 = max(40M, 1M*dp)

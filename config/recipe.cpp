@@ -52,6 +52,15 @@ std::string to_string(RecomputeGranularity r) {
   }
   return "?";
 }
+std::string to_string(CpCommType c) {
+  switch (c) {
+    case CpCommType::p2p: return "p2p";
+    case CpCommType::a2a: return "a2a";
+    case CpCommType::all_gather: return "all_gather";
+    case CpCommType::a2a_p2p: return "a2a+p2p";
+  }
+  return "?";
+}
 std::string to_string(AttentionBackend a) {
   switch (a) {
     case AttentionBackend::automatic: return "auto";
@@ -466,6 +475,42 @@ const Table& table() {
         [](const Recipe& r, YAML::Emitter& e) {
           e << YAML::Key << "pipeline_layers" << YAML::Value << YAML::Flow << r.parallel.pipeline_layers;
         }};
+    // cp_comm_type: one value for every layer; "allgather" (Megatron's help text) is read as all_gather.
+    Field cp_comm{"cp_comm_type",
+                  [](Recipe& r, const YAML::Node& n, const Ctx& c, const std::string& p) {
+                    if (n.IsSequence())
+                      bad(c, p, n, "expected one of p2p|a2a|all_gather|a2a+p2p (one value for every layer)");
+                    const std::string s = scalar_text(c, p, n, "a name");
+                    for (CpCommType v : {CpCommType::p2p, CpCommType::a2a, CpCommType::all_gather, CpCommType::a2a_p2p})
+                      if (to_string(v) == s) {
+                        r.parallel.cp_comm_type = v;
+                        return;
+                      }
+                    if (s == "allgather") {
+                      r.parallel.cp_comm_type = CpCommType::all_gather;
+                      return;
+                    }
+                    bad(c, p, n, fmt::format("\"{}\" is not valid: expected p2p|a2a|all_gather|a2a+p2p", s));
+                  },
+                  [](const Recipe& r, YAML::Emitter& e) {
+                    e << YAML::Key << "cp_comm_type" << YAML::Value << to_string(r.parallel.cp_comm_type);
+                  }};
+    Field hier_cp{"hierarchical_context_parallel_sizes",
+                  [](Recipe& r, const YAML::Node& n, const Ctx& c, const std::string& p) {
+                    auto& v = r.parallel.hierarchical_context_parallel_sizes;
+                    v.clear();
+                    if (n.IsNull()) return;
+                    if (!n.IsSequence()) bad(c, p, n, "expected a list of group sizes, [a2a size, p2p size]");
+                    for (size_t i = 0; i < n.size(); ++i)
+                      v.push_back(read_int(c, fmt::format("{}[{}]", p, i), n[i], 1, 4096));
+                  },
+                  [](const Recipe& r, YAML::Emitter& e) {
+                    e << YAML::Key << "hierarchical_context_parallel_sizes" << YAML::Value;
+                    if (r.parallel.hierarchical_context_parallel_sizes.empty())
+                      e << YAML::Null;
+                    else
+                      e << YAML::Flow << r.parallel.hierarchical_context_parallel_sizes;
+                  }};
     t.push_back(
         {"parallel",
          {
@@ -486,6 +531,11 @@ const Table& table() {
                  [](Recipe& r) -> int64_t& { return r.parallel.num_layers_per_virtual_pipeline_stage; }, 0, 100000),
              pipeline_layers,
              bool_field("sequence_parallel", [](Recipe& r) -> bool& { return r.parallel.sequence_parallel; }),
+             int_field(
+                 "context_parallel_size", [](Recipe& r) -> int64_t& { return r.parallel.context_parallel_size; }, 1,
+                 4096),
+             cp_comm,
+             hier_cp,
              bool_field("use_distributed_optimizer",
                         [](Recipe& r) -> bool& { return r.parallel.use_distributed_optimizer; }),
              enum_field<RecomputeGranularity>(
@@ -1015,6 +1065,41 @@ void validate_run_stops(const Recipe& r) {
                            t.loss_spike_threshold));
 }
 
+// parallel: context parallelism against the sequence, the heads per tensor-parallel rank
+// and its communication type (docs/specs/context-parallel.md).
+void validate_context_parallel(const Recipe& r) {
+  auto& m = r.model;
+  auto& p = r.parallel;
+  const int64_t cp = p.context_parallel_size, tp = p.tensor_model_parallel_size;
+  const auto& hier = p.hierarchical_context_parallel_sizes;
+  if (!hier.empty() && p.cp_comm_type != CpCommType::a2a_p2p)
+    invalid(r, fmt::format("parallel.hierarchical_context_parallel_sizes is read only with parallel.cp_comm_type: "
+                           "a2a+p2p (it is {}): remove it",
+                           to_string(p.cp_comm_type)));
+  if (cp == 1) return;
+  if (m.seq_length % (2 * cp) != 0)
+    invalid(r, fmt::format("parallel.context_parallel_size ({}) needs model.seq_length ({}) divisible by 2 x "
+                           "context_parallel_size = {}: each rank holds two of the sequence's {} equal chunks",
+                           cp, m.seq_length, 2 * cp, 2 * cp));
+  int64_t a2a = 0;  // the size of the all-to-all groups
+  if (p.cp_comm_type == CpCommType::a2a) a2a = cp;
+  if (p.cp_comm_type == CpCommType::a2a_p2p) {
+    int64_t prod = 1;
+    for (int64_t x : hier) prod *= x;
+    if (hier.size() != 2 || prod != cp)
+      invalid(r, fmt::format("parallel.cp_comm_type a2a+p2p needs parallel.hierarchical_context_parallel_sizes: [a2a "
+                             "size, p2p size] whose product is parallel.context_parallel_size ({})",
+                             cp));
+    a2a = hier[0];
+  }
+  const int64_t heads = m.num_attention_heads / tp, groups = m.query_groups() / tp;
+  if (a2a > 1 && (heads % a2a != 0 || groups % a2a != 0))
+    invalid(r, fmt::format("parallel.cp_comm_type {} exchanges heads: the attention heads ({}) and query groups ({}) "
+                           "per tensor-parallel rank must be divisible by its all-to-all size ({}); use p2p or "
+                           "all_gather",
+                           to_string(p.cp_comm_type), heads, groups, a2a));
+}
+
 // parallel: the model's heads, groups, FFN and layers against the tensor/pipeline sizes.
 void validate_parallel(const Recipe& r) {
   auto& m = r.model;
@@ -1066,6 +1151,7 @@ void validate_parallel(const Recipe& r) {
             fmt::format(
                 "parallel.sequence_parallel needs model.seq_length ({}) divisible by tensor_model_parallel_size ({})",
                 m.seq_length, tp));
+  validate_context_parallel(r);
 }
 
 // training: the batch, the run's length (and that its token count fits 64 bits), the rampup.
@@ -1184,7 +1270,11 @@ void validate(const Recipe& r) {
 }
 
 void validate_layout(const Recipe& r, int64_t world) {
-  int64_t tp = r.tp(), pp = r.pp();
+  int64_t tp = r.tp(), pp = r.pp(), cp = r.parallel.context_parallel_size;
+  if (cp > 1 && world % (tp * cp * pp) != 0)
+    invalid(r, fmt::format("world size {} is not divisible by tensor_model_parallel_size x context_parallel_size x "
+                           "pipeline_model_parallel_size = {} x {} x {}",
+                           world, tp, cp, pp));
   if (world % (tp * pp) != 0)
     invalid(r,
             fmt::format(
@@ -1194,7 +1284,7 @@ void validate_layout(const Recipe& r, int64_t world) {
     invalid(r, fmt::format("world size {} is not divisible by expert_tensor_parallel_size x "
                            "expert_model_parallel_size x pipeline_model_parallel_size = {} x {} x {}",
                            world, r.etp(), r.ep(), pp));
-  int64_t dp = world / (tp * pp);
+  int64_t dp = world / (tp * cp * pp);
   auto& t = r.training;
   int64_t unit = t.micro_batch_size * dp;
   if (t.global_batch_size % unit != 0)

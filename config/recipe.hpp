@@ -39,6 +39,7 @@ struct Recipe {
 
   int64_t tp() const { return parallel.tensor_model_parallel_size; }
   int64_t pp() const { return parallel.pipeline_model_parallel_size; }
+  int64_t cp() const { return parallel.context_parallel_size; }
   int64_t ep() const { return parallel.expert_model_parallel_size; }
   // The expert tensor-parallel size: expert_tensor_parallel_size, or tp when it is 0.
   int64_t etp() const { return parallel.expert_tensor_parallel_size > 0 ? parallel.expert_tensor_parallel_size : tp(); }
@@ -54,8 +55,8 @@ Recipe parse_recipe(const std::string& yaml_text, const std::string& origin,
 // Cross-field rules that hold for any world size (hidden % heads, batch sizes, ramp,
 // layers vs stages...). Throws InputError naming the fields.
 void validate(const Recipe& r);
-// Rules that need the world size: world % (tp*pp) == 0, batch divisible by mbs*dp; with
-// experts, world % (etp*ep*pp) == 0.
+// Rules that need the world size: world % (tp*cp*pp) == 0, batch divisible by mbs*dp
+// (dp = world / (tp*cp*pp)); with experts, world % (etp*ep*pp) == 0.
 void validate_layout(const Recipe& r, int64_t world_size);
 // Commands that build the model (train, eval, checkpoint tools, plan) call this: a recipe
 // with model.num_experts > 0 is refused (InputError, exit 2) until MoE layers are wired

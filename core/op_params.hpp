@@ -25,6 +25,32 @@ struct AttentionDropout {
   DeviceKey dkey{};
 };
 
+// One block of a context-parallel attention (ops::attention_block_forward /
+// attention_block_backward): the query rows [q_begin, q_begin + q_count) of the local qkv
+// against the key/value rows [k_begin, k_begin + k_count) of a K/V buffer (a count of -1:
+// to the end). Causal: the block's query i (0 at q_begin) sees the block's key j (0 at
+// k_begin) when j <= i + causal_offset: 0 for a sequence against itself, the first
+// query's global position minus the first key's otherwise. Not causal: every key.
+//
+// Attention dropout (drop.p > 0) draws the one-rank op's mask (attention_forward_lse over
+// the whole sequence of seq_len positions): element (sample, head, query, key) at the rows'
+// GLOBAL positions, which q_rows (qkv's rows) and kv_rows (the K/V buffer's rows) give.
+struct SeqRows {
+  // 0: row i is position i; else rows [0, chunk) are positions first * chunk + i and rows
+  // [chunk, 2 chunk) second * chunk + (i - chunk) (a rank's two chunks of the split).
+  int64_t chunk = 0, first = 0, second = 0;
+  int64_t at(int64_t i) const { return chunk == 0 ? i : i < chunk ? first * chunk + i : second * chunk + i - chunk; }
+};
+struct AttentionBlock {
+  int64_t q_begin = 0, q_count = -1;
+  int64_t k_begin = 0, k_count = -1;
+  bool causal = false;
+  int64_t causal_offset = 0;
+  AttentionDropout drop{};
+  int64_t seq_len = 0;  // the whole sequence's length (with dropout)
+  SeqRows q_rows{}, kv_rows{};
+};
+
 // What happens to a residual branch before it joins the residual stream
 // (ops::residual_layernorm_forward): its bias added (when `bias` is given), then hidden
 // dropout with probability p (none when p <= 0), the mask drawn as dropout_forward's:

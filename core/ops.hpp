@@ -181,6 +181,37 @@ void attention_forward_lse(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t 
                            int64_t groups = 0);
 void attention_backward_lse(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
                             int64_t heads, const AttentionDropout& drop, int64_t groups = 0);
+// ---- context-parallel attention's pieces (core/ops/attention.cpp; the CPU only so far, f32
+// and f64; parallel/context_parallel.hpp composes them across ranks; formulas in
+// docs/specs/context-parallel.md) ---------------------------------------------------------
+// One block: the query rows blk.q_* of qkv [B, Tq, G*(H/G+2)*D] (only the q columns are
+// read) against the key/value rows blk.k_* of kv [B, Tk, G*2*D] (per group [k | v], the
+// groups' K/V only). out [B, Tq, H*D] and lse [B, H, Tq] (wide) are written for EVERY row:
+// a row outside the query range or seeing no key gets out 0 and lse -inf, which the merge
+// below treats as "no keys". Attention dropout (blk.drop) draws the one-rank op's mask at
+// the rows' global positions (blk.q_rows, blk.kv_rows, blk.seq_len); lse is before dropout.
+void attention_block_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const Tensor& kv, int64_t heads,
+                             const AttentionBlock& blk, int64_t groups = 0);
+// Its backward over the block's rows with out and lse those of the WHOLE attention (every
+// block merged; a row's probabilities are exp(s_ij - lse_i), D_i = dout_i . out_i - dlse_i):
+// the q columns of dqkv += dq (its other columns are not touched), dkv += dk, dv. With the
+// block's own out and lse and dlse it is the exact gradient of attention_block_forward
+// (finite differences in the op table); dlse may be null (0).
+void attention_block_backward(Tensor& dqkv, Tensor& dkv, const Tensor& dout, const Tensor* dlse, const Tensor& qkv,
+                              const Tensor& kv, const Tensor& out, const Tensor& lse, int64_t heads,
+                              const AttentionBlock& blk, int64_t groups = 0);
+// Attention over two disjoint key sets from each one's output and log-sum-exp, in the wide
+// dtype: lse = log(exp(lse_a) + exp(lse_b)), out = exp(lse_a - lse) out_a + exp(lse_b - lse)
+// out_b, per (sample, head, row); a row with both lse -inf gets out 0, lse -inf. out [B, T,
+// H*D], lse [B, H, T]; out/lse may alias out_a/lse_a (merging in place).
+void attention_merge_forward(Tensor& out, Tensor& lse, const Tensor& out_a, const Tensor& lse_a, const Tensor& out_b,
+                             const Tensor& lse_b);
+// Its gradient (all written): with w_x = exp(lse_x - lse), dout_x = w_x dout and dlse_x =
+// w_x (dout . (out_x - out) + dlse); dlse may be null (0).
+void attention_merge_backward(Tensor& dout_a, Tensor& dlse_a, Tensor& dout_b, Tensor& dlse_b, const Tensor& dout,
+                              const Tensor* dlse, const Tensor& out_a, const Tensor& lse_a, const Tensor& out_b,
+                              const Tensor& lse_b);
+
 // Forward only, over a key/value cache (generation: prefill a prompt, then one token per
 // step). k_cache/v_cache [B, G, capacity, D] (one per query group) in the activation dtype
 // hold positions [0, past); the op writes the keys/values of the new positions

@@ -747,6 +747,11 @@ void run_plan(const PlanArgs& a) {
   if (a.pp > 0) sets.push_back(fmt::format("parallel.pipeline_model_parallel_size={}", a.pp));
   Recipe r = load_recipe(a.recipe, sets);
   refuse_moe_model(r, "mtnlg plan");  // its counts and FLOPs would be a dense model's
+  if (r.cp() > 1)
+    throw_input(
+        "{}: parallel.context_parallel_size ({}): the planner does not model context parallelism yet; plan "
+        "with parallel.context_parallel_size: 1",
+        a.recipe, r.cp());
   cost::Cluster c{a.gpu_profile.empty() ? cost::gpu_spec(a.gpu) : cost::load_gpu_profile(a.gpu_profile),
                   a.gpus_per_node, cost::software_profile(a.software)};
   if (a.gpus_per_node < 1) throw_input("--gpus-per-node {}: must be at least 1", a.gpus_per_node);

@@ -854,7 +854,16 @@ TrainSummary Trainer::run() {
 
 }  // namespace
 
+void refuse_context_parallel(const Recipe& r) {
+  if (r.cp() > 1)
+    throw_input(
+        "{}: parallel.context_parallel_size ({}): context parallelism is not wired into training yet; train "
+        "with parallel.context_parallel_size: 1",
+        r.source_path.empty() ? "recipe" : r.source_path, r.cp());
+}
+
 TrainSummary train(const Recipe& r, const parallel::ProcessGroups& g, const TrainOptions& opts) {
+  refuse_context_parallel(r);
   Trainer trainer(r, g, opts);
   return trainer.run();
 }

@@ -177,6 +177,167 @@ void attention_backward_rows(T* dqkv, const T* dout, const T* qkv, const T* prob
 }
 
 
+// ---- context-parallel attention's pieces: a block of queries against a block of K/V,
+// and the log-sum-exp merge (ops::attention_block_forward, attention_merge_forward) ----
+
+// A block's sizes: queries are rows [q0, q0 + nq) of qkv [B, Tq, G*(Q+2)*D], keys and
+// values rows [k0, k0 + nk) of kv [B, Tk, G*2*D] (group g: k at 2gD, v at 2gD + D).
+struct BlockDims {
+  int64_t B, Tq, Tk, H, G, D, q0, nq, k0, nk;
+  bool causal;
+  int64_t offset;
+  // dropout: the one-rank op's mask at the rows' global positions (p <= 0: none)
+  double p;
+  uint64_t key;
+  int64_t sample_offset, head_offset, heads_total, seq_len;
+  ops::SeqRows q_rows, kv_rows;
+};
+// The dropout factor of (sample b, head h, qkv row t, kv row r): 0 or 1 / (1 - p); 1
+// without dropout.
+template <typename T>
+inline T block_mask(const BlockDims& s, int64_t b, int64_t h, int64_t t, int64_t r) {
+  if (s.p <= 0) return T(1);
+  const uint64_t base = attention_mask_base(s.sample_offset + b, s.head_offset + h, s.heads_total, s.seq_len);
+  const auto e = static_cast<uint64_t>(s.q_rows.at(t) * s.seq_len + s.kv_rows.at(r));
+  return keep(s.key, base + e, s.p) ? static_cast<T>(1.0 / (1.0 - s.p)) : T(0);
+}
+// How many of the block's keys the block's query i sees (a prefix of them).
+inline int64_t block_keys(const BlockDims& s, int64_t i) {
+  return s.causal ? std::clamp<int64_t>(i + s.offset + 1, 0, s.nk) : s.nk;
+}
+
+template <typename T>
+void attention_block_forward_rows(T* out, T* lse, const T* qkv, const T* kv, const BlockDims& s) {
+  const int64_t Q = s.H / s.G, W = s.G * (Q + 2) * s.D, KW = s.G * 2 * s.D, HD = s.H * s.D;
+  const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(s.D)));
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t b = 0; b < s.B; ++b)
+    for (int64_t h = 0; h < s.H; ++h) {
+      const T* kbase = kv + (b * s.Tk + s.k0) * KW + (h / Q) * 2 * s.D;
+      std::vector<T> p(static_cast<size_t>(std::max<int64_t>(s.nk, 1)));
+      for (int64_t t = 0; t < s.Tq; ++t) {  // every row: those outside the block get (0, -inf)
+        T* o = out + (b * s.Tq + t) * HD + h * s.D;
+        T& l = lse[(b * s.H + h) * s.Tq + t];
+        const int64_t i = t - s.q0, n = i >= 0 && i < s.nq ? block_keys(s, i) : 0;
+        std::fill(o, o + s.D, T(0));
+        if (n == 0) {
+          l = -std::numeric_limits<T>::infinity();
+          continue;
+        }
+        const T* q = qkv + (b * s.Tq + t) * W + head_cols(h, Q, s.D).q;
+        l = softmax_row(q, kbase, KW, n, s.D, scale, p.data());
+        for (int64_t j = 0; j < n; ++j) {
+          const T pj = p[static_cast<size_t>(j)] * block_mask<T>(s, b, h, t, s.k0 + j);
+          const T* v = kbase + j * KW + s.D;
+#pragma omp simd
+          for (int64_t d = 0; d < s.D; ++d) o[d] += pj * v[d];
+        }
+      }
+    }
+}
+
+// The block's backward from the whole attention's out and lse (flash attention's
+// backward): p_ij = exp(s_ij - lse_i), m_ij the dropout factor, ds_ij = p_ij (m_ij dout_i .
+// v_j - D_i) with D_i = dout_i . out_i - dlse_i; dq += ds k scale, dk += ds q scale, dv +=
+// p m dout. One thread owns a
+// (sample, group): its query heads' dq and its dk, dv.
+template <typename T>
+void attention_block_backward_rows(T* dqkv, T* dkv, const T* dout, const T* dlse, const T* qkv, const T* kv,
+                                   const T* out, const T* lse, const BlockDims& s) {
+  const int64_t Q = s.H / s.G, W = s.G * (Q + 2) * s.D, KW = s.G * 2 * s.D, HD = s.H * s.D;
+  const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(s.D)));
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t b = 0; b < s.B; ++b)
+    for (int64_t g = 0; g < s.G; ++g) {
+      const T* kbase = kv + (b * s.Tk + s.k0) * KW + g * 2 * s.D;
+      T* dkbase = dkv + (b * s.Tk + s.k0) * KW + g * 2 * s.D;
+      for (int64_t h = g * Q; h < (g + 1) * Q; ++h)
+        for (int64_t i = 0; i < s.nq; ++i) {
+          const int64_t t = s.q0 + i, n = block_keys(s, i), li = (b * s.H + h) * s.Tq + t;
+          const T l = lse[li];
+          if (n == 0 || l == -std::numeric_limits<T>::infinity()) continue;
+          const T* q = qkv + (b * s.Tq + t) * W + head_cols(h, Q, s.D).q;
+          T* dq = dqkv + (b * s.Tq + t) * W + head_cols(h, Q, s.D).q;
+          const T* dO = dout + (b * s.Tq + t) * HD + h * s.D;
+          const T* o = out + (b * s.Tq + t) * HD + h * s.D;
+          T Di = dlse ? -dlse[li] : T(0);
+          for (int64_t d = 0; d < s.D; ++d) Di += dO[d] * o[d];
+          for (int64_t j = 0; j < n; ++j) {
+            const T* k = kbase + j * KW;
+            const T* v = k + s.D;
+            T* dk = dkbase + j * KW;
+            T* dv = dk + s.D;
+            T sc = 0, dp = 0;
+#pragma omp simd reduction(+ : sc, dp)
+            for (int64_t d = 0; d < s.D; ++d) {
+              sc += q[d] * k[d];
+              dp += dO[d] * v[d];
+            }
+            const T m = block_mask<T>(s, b, h, t, s.k0 + j), pj = std::exp(sc * scale - l);
+            const T ds = pj * (dp * m - Di) * scale, pm = pj * m;
+#pragma omp simd
+            for (int64_t d = 0; d < s.D; ++d) {
+              dv[d] += pm * dO[d];
+              dq[d] += ds * k[d];
+              dk[d] += ds * q[d];
+            }
+          }
+        }
+    }
+}
+
+// The two weights of a merge row: w_a = exp(la - l), w_b = exp(lb - l), l = log(e^la + e^lb);
+// both 0 and l = -inf when neither side saw a key.
+template <typename T>
+inline T merge_weights(T la, T lb, T& wa, T& wb) {
+  const T m = std::max(la, lb);
+  if (m == -std::numeric_limits<T>::infinity()) {
+    wa = wb = T(0);
+    return m;
+  }
+  const T l = m + std::log(std::exp(la - m) + std::exp(lb - m));
+  wa = std::exp(la - l);
+  wb = std::exp(lb - l);
+  return l;
+}
+
+template <typename T>
+void attention_merge_rows(T* out, T* lse, const T* oa, const T* la, const T* ob, const T* lb, int64_t B, int64_t Tn,
+                          int64_t H, int64_t D) {
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t t = 0; t < Tn; ++t) {
+        const int64_t li = (b * H + h) * Tn + t, oi = (b * Tn + t) * H * D + h * D;
+        T wa, wb;
+        lse[li] = merge_weights(la[li], lb[li], wa, wb);
+        for (int64_t d = 0; d < D; ++d) out[oi + d] = wa * oa[oi + d] + wb * ob[oi + d];
+      }
+}
+
+template <typename T>
+void attention_merge_backward_rows(T* doa, T* dla, T* dob, T* dlb, const T* dout, const T* dlse, const T* oa,
+                                   const T* la, const T* ob, const T* lb, int64_t B, int64_t Tn, int64_t H, int64_t D) {
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t t = 0; t < Tn; ++t) {
+        const int64_t li = (b * H + h) * Tn + t, oi = (b * Tn + t) * H * D + h * D;
+        T wa, wb;
+        merge_weights(la[li], lb[li], wa, wb);
+        T ga = dlse ? dlse[li] : T(0), gb = ga;  // dout . (out_x - out) + dlse
+        for (int64_t d = 0; d < D; ++d) {
+          const T o = wa * oa[oi + d] + wb * ob[oi + d], g = dout[oi + d];
+          ga += g * (oa[oi + d] - o);
+          gb += g * (ob[oi + d] - o);
+          doa[oi + d] = wa * g;
+          dob[oi + d] = wb * g;
+        }
+        dla[li] = wa * ga;
+        dlb[li] = wb * gb;
+      }
+}
+
 template <typename T>
 void attention_cached_forward(T* out, T* k_cache, T* v_cache, const T* qkv, int64_t B, int64_t Tn, int64_t H, int64_t G,
                               int64_t D, int64_t capacity, int64_t past) {
@@ -326,6 +487,131 @@ void attention_backward_lse(Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
     return w.store();
   }
   backward_cpu(dqkv, dout, qkv, nullptr, &lse, s, drop);
+}
+
+namespace {
+// The block's sizes from the tensors and the AttentionBlock (counts of -1 resolved),
+// checked: kv [B, Tk, G*2*D], the ranges inside the rows, out/lse sized by qkv.
+cpu::BlockDims block_dims(const char* op, const Tensor& qkv, const Tensor& kv, const Tensor& out, const Tensor& lse,
+                          int64_t heads, const AttentionBlock& blk, int64_t groups) {
+  if (same_device(op, {&qkv, &kv, &out, &lse}))
+    throw_runtime("{}: the CPU only so far (context-parallel attention has no CUDA kernel yet)", op);
+  same_float_dtype(op, {&qkv, &kv, &out, &lse});
+  const op_checks::QkvShape s = op_checks::qkv_shape(op, qkv, heads, groups);
+  if (kv.ndim() != 3 || kv.dim(0) != s.B || kv.dim(2) != s.G * 2 * s.D)
+    throw_runtime("{}: kv must be [B, Tk, groups*2*D] = [{}, Tk, {}], got {}", op, s.B, s.G * 2 * s.D,
+                  shape_str(kv.shape()));
+  const int64_t Tk = kv.dim(1);
+  const int64_t nq = blk.q_count < 0 ? s.T - blk.q_begin : blk.q_count;
+  const int64_t nk = blk.k_count < 0 ? Tk - blk.k_begin : blk.k_count;
+  if (blk.q_begin < 0 || nq < 0 || blk.q_begin + nq > s.T || blk.k_begin < 0 || nk < 0 || blk.k_begin + nk > Tk)
+    throw_runtime("{}: query rows [{}, +{}) of {} or key rows [{}, +{}) of {} out of range", op, blk.q_begin, nq, s.T,
+                  blk.k_begin, nk, Tk);
+  expect_numel(op, "out", out, s.B * s.T * s.H * s.D);
+  expect_numel(op, "lse", lse, s.B * s.H * s.T);
+  if (blk.drop.p > 0 && blk.seq_len <= 0) throw_runtime("{}: attention dropout needs the sequence's length", op);
+  const auto& d = blk.drop;
+  return {s.B,
+          s.T,
+          Tk,
+          s.H,
+          s.G,
+          s.D,
+          blk.q_begin,
+          nq,
+          blk.k_begin,
+          nk,
+          blk.causal,
+          blk.causal_offset,
+          d.p,
+          d.key,
+          d.sample_offset,
+          d.head_offset,
+          d.heads_total ? d.heads_total : s.H,
+          blk.seq_len,
+          blk.q_rows,
+          blk.kv_rows};
+}
+
+// [B, H, T] from a merge's lse and out [B, T, H*D]: its H (from lse) and D; checked.
+void merge_dims(const char* op, const Tensor& out, const Tensor& lse, int64_t& B, int64_t& Tn, int64_t& H, int64_t& D) {
+  if (lse.ndim() != 3 || out.ndim() != 3 || out.dim(0) != lse.dim(0) || out.dim(1) != lse.dim(2) || lse.dim(1) == 0 ||
+      out.dim(2) % lse.dim(1) != 0)
+    throw_runtime("{}: out [B, T, H*D] and lse [B, H, T] do not match: {} and {}", op, shape_str(out.shape()),
+                  shape_str(lse.shape()));
+  B = lse.dim(0), H = lse.dim(1), Tn = lse.dim(2), D = out.dim(2) / H;
+}
+}  // namespace
+
+void attention_block_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const Tensor& kv, int64_t heads,
+                             const AttentionBlock& blk, int64_t groups) {
+  const cpu::BlockDims s = block_dims("attention_block_forward", qkv, kv, out, lse, heads, blk, groups);
+  by_dtype(out.dtype(), [&](auto z) {
+    using V = decltype(z);
+    cpu::attention_block_forward_rows<V>(out.kernel_data<V>(), lse.kernel_data<V>(), qkv.kernel_data<V>(),
+                                         kv.kernel_data<V>(), s);
+  });
+}
+
+void attention_block_backward(Tensor& dqkv, Tensor& dkv, const Tensor& dout, const Tensor* dlse, const Tensor& qkv,
+                              const Tensor& kv, const Tensor& out, const Tensor& lse, int64_t heads,
+                              const AttentionBlock& blk, int64_t groups) {
+  const char* op = "attention_block_backward";
+  const cpu::BlockDims s = block_dims(op, qkv, kv, out, lse, heads, blk, groups);
+  same_device(op, {&dqkv, &dkv, &dout, dlse ? dlse : &lse});
+  same_float_dtype(op, {&qkv, &dqkv, &dkv, &dout, dlse ? dlse : &lse});
+  expect_numel(op, "dqkv", dqkv, qkv.numel());
+  expect_numel(op, "dkv", dkv, kv.numel());
+  expect_numel(op, "dout", dout, out.numel());
+  if (dlse) expect_numel(op, "dlse", *dlse, lse.numel());
+  by_dtype(out.dtype(), [&](auto z) {
+    using V = decltype(z);
+    cpu::attention_block_backward_rows<V>(dqkv.kernel_data<V>(), dkv.kernel_data<V>(), dout.kernel_data<V>(),
+                                          dlse ? dlse->kernel_data<V>() : nullptr, qkv.kernel_data<V>(),
+                                          kv.kernel_data<V>(), out.kernel_data<V>(), lse.kernel_data<V>(), s);
+  });
+}
+
+void attention_merge_forward(Tensor& out, Tensor& lse, const Tensor& out_a, const Tensor& lse_a, const Tensor& out_b,
+                             const Tensor& lse_b) {
+  const char* op = "attention_merge_forward";
+  if (same_device(op, {&out, &lse, &out_a, &lse_a, &out_b, &lse_b}))
+    throw_runtime("{}: the CPU only so far (context-parallel attention has no CUDA kernel yet)", op);
+  same_float_dtype(op, {&out, &lse, &out_a, &lse_a, &out_b, &lse_b});
+  int64_t B, Tn, H, D;
+  merge_dims(op, out, lse, B, Tn, H, D);
+  for (const Tensor* t : std::initializer_list<const Tensor*>{&out_a, &out_b})
+    expect_numel(op, "out_a/out_b", *t, out.numel());
+  for (const Tensor* t : std::initializer_list<const Tensor*>{&lse_a, &lse_b})
+    expect_numel(op, "lse_a/lse_b", *t, lse.numel());
+  by_dtype(out.dtype(), [&](auto z) {
+    using V = decltype(z);
+    cpu::attention_merge_rows<V>(out.kernel_data<V>(), lse.kernel_data<V>(), out_a.kernel_data<V>(),
+                                 lse_a.kernel_data<V>(), out_b.kernel_data<V>(), lse_b.kernel_data<V>(), B, Tn, H, D);
+  });
+}
+
+void attention_merge_backward(Tensor& dout_a, Tensor& dlse_a, Tensor& dout_b, Tensor& dlse_b, const Tensor& dout,
+                              const Tensor* dlse, const Tensor& out_a, const Tensor& lse_a, const Tensor& out_b,
+                              const Tensor& lse_b) {
+  const char* op = "attention_merge_backward";
+  const Tensor& dl = dlse ? *dlse : lse_a;
+  if (same_device(op, {&dout_a, &dlse_a, &dout_b, &dlse_b, &dout, &dl, &out_a, &lse_a, &out_b, &lse_b}))
+    throw_runtime("{}: the CPU only so far (context-parallel attention has no CUDA kernel yet)", op);
+  same_float_dtype(op, {&dout_a, &dlse_a, &dout_b, &dlse_b, &dout, &dl, &out_a, &lse_a, &out_b, &lse_b});
+  int64_t B, Tn, H, D;
+  merge_dims(op, out_a, lse_a, B, Tn, H, D);
+  for (const Tensor* t : std::initializer_list<const Tensor*>{&dout_a, &dout_b, &dout, &out_b})
+    expect_numel(op, "out", *t, out_a.numel());
+  for (const Tensor* t : std::initializer_list<const Tensor*>{&dlse_a, &dlse_b, &dl, &lse_b})
+    expect_numel(op, "lse", *t, lse_a.numel());
+  by_dtype(out_a.dtype(), [&](auto z) {
+    using V = decltype(z);
+    cpu::attention_merge_backward_rows<V>(
+        dout_a.kernel_data<V>(), dlse_a.kernel_data<V>(), dout_b.kernel_data<V>(), dlse_b.kernel_data<V>(),
+        dout.kernel_data<V>(), dlse ? dlse->kernel_data<V>() : nullptr, out_a.kernel_data<V>(), lse_a.kernel_data<V>(),
+        out_b.kernel_data<V>(), lse_b.kernel_data<V>(), B, Tn, H, D);
+  });
 }
 
 void attention_cached_forward(Tensor& out, Tensor& k_cache, Tensor& v_cache, const Tensor& qkv, int64_t heads,

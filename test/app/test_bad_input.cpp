@@ -42,6 +42,13 @@ TEST_CASE("bad input: every class exits 2 naming the place", "[e2e]") {
                {"divisible by model.num_attention_heads"});
   expect_exit2("train " + good + " --set parallel.tensor_model_parallel_size=3",
                {"divisible by parallel.tensor_model_parallel_size"});
+  // context parallelism: the keys validate, but the trainer does not split sequences yet
+  expect_exit2("train " + good + " --set parallel.context_parallel_size=2 --set logging.dir=" + d.str() + "/cp",
+               {"parallel.context_parallel_size (2)", "not wired into training yet"});
+  expect_exit2("plan " + good + " --gpus 8 --gpu h100-80g --set parallel.context_parallel_size=2",
+               {"parallel.context_parallel_size (2)", "planner does not model context parallelism yet"});
+  expect_exit2("recipe validate " + good + " --set parallel.context_parallel_size=3",
+               {"parallel.context_parallel_size (3)", "model.seq_length (16)"});
   // a layout that cannot exist in this world
   expect_exit2("recipe validate " + good + " --world-size 3 --set parallel.tensor_model_parallel_size=2",
                {"world size 3", "tensor_model_parallel_size"});

@@ -217,3 +217,90 @@ TEST_CASE("recipe: every bad combination of the Llama family's keys is an error 
   CHECK(error_of(kTiny, {"model.num_attention_heads=5", "model.kv_channels=8"}).empty());
   CHECK_THAT(error_of(kTiny, {"model.swiglu=yes please"}), Contains("model.swiglu"));
 }
+
+TEST_CASE("recipe: context parallelism's keys, their defaults and their round trip", "[recipe][cp]") {
+  Recipe d = parse_recipe(kTiny, "r.yaml");
+  CHECK(d.parallel.context_parallel_size == 1);
+  CHECK(d.parallel.cp_comm_type == CpCommType::p2p);
+  CHECK(d.parallel.hierarchical_context_parallel_sizes.empty());
+  // A dense recipe resolves as it did, plus the three keys at their defaults.
+  const std::string y = to_yaml(d);
+  CHECK_THAT(y, Contains("context_parallel_size: 1") && Contains("cp_comm_type: p2p") &&
+                    Contains("hierarchical_context_parallel_sizes: ~"));
+  const std::vector<std::string> cp2 = {"parallel.context_parallel_size=2"};
+  auto with = [&](std::vector<std::string> sets, const std::string& more) {
+    sets.push_back(more);
+    return parse_recipe(kTiny, "r.yaml", sets);
+  };
+  // Megatron's help spells it "allgather", TransformerEngine "all_gather": both read, one written.
+  Recipe ag = with(cp2, "parallel.cp_comm_type=allgather");
+  CHECK(ag.parallel.cp_comm_type == CpCommType::all_gather);
+  CHECK_THAT(to_yaml(ag), Contains("cp_comm_type: all_gather"));
+  CHECK(with(cp2, "parallel.cp_comm_type=all_gather").parallel.cp_comm_type == CpCommType::all_gather);
+  CHECK(with(cp2, "parallel.cp_comm_type=a2a").parallel.cp_comm_type == CpCommType::a2a);
+  Recipe h = with({"parallel.context_parallel_size=4", "parallel.hierarchical_context_parallel_sizes=[2, 2]"},
+                  "parallel.cp_comm_type=a2a+p2p");
+  CHECK(h.parallel.cp_comm_type == CpCommType::a2a_p2p);
+  CHECK(h.cp() == 4);
+  for (const Recipe* r : {&ag, &h}) {
+    Recipe back = parse_recipe(to_yaml(*r), "resolved.yaml");
+    CHECK(to_yaml(back) == to_yaml(*r));
+  }
+  CHECK(parse_recipe(to_yaml(h), "resolved.yaml").parallel.hierarchical_context_parallel_sizes ==
+        std::vector<int64_t>{2, 2});
+  // tp x cp x pp x dp: tp 2 x cp 2 on 8 processes leaves dp 2.
+  Recipe l = with(cp2, "parallel.tensor_model_parallel_size=2");
+  CHECK_NOTHROW(validate_layout(l, 8));
+  CHECK_NOTHROW(validate_layout(l, 4));
+}
+
+TEST_CASE("recipe: every bad context-parallel combination is an error naming the key", "[recipe][cp]") {
+  // seq_length 16: 2 x cp must divide it
+  CHECK(error_of(kTiny, {"parallel.context_parallel_size=8"}).empty());
+  CHECK_THAT(error_of(kTiny, {"parallel.context_parallel_size=3"}), Contains("parallel.context_parallel_size (3)") &&
+                                                                        Contains("model.seq_length (16)") &&
+                                                                        Contains("2 x context_parallel_size = 6"));
+  CHECK_THAT(error_of(kTiny, {"parallel.context_parallel_size=0"}), Contains("parallel.context_parallel_size"));
+  // a2a exchanges heads: heads and query groups per tensor-parallel rank divisible by cp
+  CHECK(error_of(kTiny, {"parallel.context_parallel_size=4", "parallel.cp_comm_type=a2a"}).empty());
+  CHECK_THAT(error_of(kTiny, {"parallel.context_parallel_size=8", "parallel.cp_comm_type=a2a"}),
+             Contains("parallel.cp_comm_type a2a") && Contains("attention heads (4)"));
+  CHECK_THAT(
+      error_of(kTiny, {"parallel.context_parallel_size=4", "parallel.cp_comm_type=a2a", "model.num_query_groups=2"}),
+      Contains("query groups (2)") && Contains("all-to-all size (4)"));
+  CHECK_THAT(error_of(kTiny, {"parallel.context_parallel_size=4", "parallel.cp_comm_type=a2a",
+                              "parallel.tensor_model_parallel_size=2"}),
+             Contains("attention heads (2)") && Contains("per tensor-parallel rank"));
+  // p2p and all_gather send the groups' K/V whatever their number (multi-query too)
+  CHECK(error_of(kTiny, {"parallel.context_parallel_size=4", "model.num_query_groups=1"}).empty());
+  CHECK(error_of(kTiny,
+                 {"parallel.context_parallel_size=4", "parallel.cp_comm_type=all_gather", "model.num_query_groups=1"})
+            .empty());
+  // a2a+p2p needs [a2a size, p2p size] with cp as their product; the sizes need a2a+p2p
+  CHECK_THAT(error_of(kTiny, {"parallel.context_parallel_size=4", "parallel.cp_comm_type=a2a+p2p"}),
+             Contains("parallel.hierarchical_context_parallel_sizes") && Contains("product"));
+  CHECK_THAT(error_of(kTiny, {"parallel.context_parallel_size=4", "parallel.cp_comm_type=a2a+p2p",
+                              "parallel.hierarchical_context_parallel_sizes=[2, 3]"}),
+             Contains("parallel.hierarchical_context_parallel_sizes"));
+  CHECK_THAT(error_of(kTiny, {"parallel.context_parallel_size=8", "parallel.cp_comm_type=a2a+p2p",
+                              "parallel.hierarchical_context_parallel_sizes=[8, 1]"}),
+             Contains("all-to-all size (8)"));
+  CHECK_THAT(
+      error_of(kTiny, {"parallel.context_parallel_size=4", "parallel.hierarchical_context_parallel_sizes=[2, 2]"}),
+      Contains("parallel.hierarchical_context_parallel_sizes") && Contains("a2a+p2p"));
+  // spellings
+  CHECK_THAT(error_of(kTiny, {"parallel.cp_comm_type=ring"}),
+             Contains("parallel.cp_comm_type") && Contains("p2p|a2a|all_gather|a2a+p2p"));
+  CHECK_THAT(error_of(kTiny, {"parallel.cp_comm_type=[p2p, a2a]"}), Contains("one value for every layer"));
+  // attention dropout is drawn at the global positions: allowed
+  CHECK(error_of(kTiny, {"parallel.context_parallel_size=2", "model.attention_dropout=0.1"}).empty());
+  // the world: tp x cp x pp must divide it
+  Recipe r =
+      parse_recipe(kTiny, "t.yaml", {"parallel.context_parallel_size=2", "parallel.tensor_model_parallel_size=2"});
+  CHECK_THROWS_WITH(validate_layout(r, 6),
+                    Contains("world size 6") && Contains("context_parallel_size") && Contains("2 x 2 x 1"));
+  CHECK_THROWS_WITH(validate_layout(r, 32), Contains("data_parallel_size = 2 x 8"));
+  for (const std::string& e : {error_of(kTiny, {"parallel.context_parallel_size=3"}),
+                               error_of(kTiny, {"parallel.context_parallel_size=8", "parallel.cp_comm_type=a2a"})})
+    CHECK(e.find('\n') == std::string::npos);
+}

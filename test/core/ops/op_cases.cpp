@@ -8,6 +8,7 @@
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <set>
 #include <sstream>
@@ -1094,6 +1095,128 @@ Entry attention_entry() {
   return e;
 }
 
+// Context parallelism's pieces (the CPU only so far: finite differences, no device cases).
+// A block: the q rows [n2, n2 + n3) of qkv [2, 5, W] against the K/V rows [n4, n4 + n5) of
+// kv [2, 7, G*2*D], causal with offset n7 when n6, attention dropout when n8; the loss reads
+// out and the finite lse (dlse = R2), so the backward's dlse term is checked too. With the whole qkv's K/V against
+// itself, causally, the block equals attention_forward_lse bit for bit (the same kernel
+// order), and the backward's dq/dk/dv, from out and lse, its attention_backward_lse.
+Entry attention_block_entry() {
+  Entry e{"attention_block", {}, nullptr, nullptr};
+  e.cases.push_back(fd_case("self causal H 2", 61, {2, 2, 0, -1, 0, -1, 1, 0}));
+  e.cases.push_back(fd_case("q rows 1..4 x k rows 2..6 full GQA H 4 G 2", 62, {4, 2, 1, 3, 2, 4, 0, 0}));
+  e.cases.push_back(fd_case("bottom-right causal offset 3 MQA H 3 G 1", 63, {3, 1, 2, 3, 0, 7, 1, 3}));
+  e.cases.push_back(fd_case("causal offset -1 (a row sees nothing) H 2", 64, {2, 2, 0, -1, 1, 5, 1, -1}));
+  // n8 = 1: attention dropout p 0.3 (the self block: the one-rank op's mask, bit for bit)
+  e.cases.push_back(fd_case("self causal GQA H 4 G 2 dropout", 65, {4, 2, 0, -1, 0, -1, 1, 0, 1}));
+  e.cases.push_back(fd_case("q rows 1..4 x k rows 2..6 full H 2 dropout", 66, {2, 2, 1, 3, 2, 4, 0, 0, 1}));
+  e.fd = [](Ctx& c, const Case& k) {
+    const int64_t H = k.n[0], G = k.n[1], B = 2, Tq = 5, D = 3, W = G * (H / G + 2) * D;
+    const bool self = k.n[2] == 0 && k.n[3] < 0 && k.n[6] == 1 && k.n[7] == 0;
+    const int64_t Tk = self ? Tq : 7;
+    ops::AttentionBlock blk{k.n[2], k.n[3], k.n[4], k.n[5], k.n[6] != 0, k.n[7]};
+    const ops::AttentionDropout drop{k.n.size() > 8 && k.n[8] ? 0.3 : 0.0, 99, 1, 2, 3 * H};
+    blk.drop = drop;
+    blk.seq_len = self ? Tq : 16;  // otherwise the rows sit at positions 0.. of a 16-long sequence
+    Tensor qkv = c.act({B, Tq, W}), kv = c.act({B, Tk, G * 2 * D}), R = c.act({B, Tq, H * D}), R2 = c.act({B, H, Tq});
+    if (self)  // kv = qkv's own keys and values, per group [k | v]
+      for (int64_t row = 0; row < B * Tq; ++row)
+        for (int64_t g = 0; g < G; ++g)
+          for (int64_t d = 0; d < 2 * D; ++d)
+            kv.data<double>()[row * G * 2 * D + g * 2 * D + d] =
+                qkv.data<double>()[row * W + g * (H / G + 2) * D + (H / G) * D + d];
+    Tensor out = Tensor::empty({B, Tq, H * D}, DType::f64), lse = Tensor::empty({B, H, Tq}, DType::f64);
+    auto loss = [=]() mutable {
+      ops::attention_block_forward(out, lse, qkv, kv, H, blk, G);
+      double l = dot(out, R);
+      for (int64_t i = 0; i < lse.numel(); ++i)
+        if (std::isfinite(lse.data<double>()[i])) l += lse.data<double>()[i] * R2.data<double>()[i];
+      return l;
+    };
+    loss();
+    Tensor dqkv = Tensor::zeros(qkv.shape(), DType::f64), dkv = Tensor::zeros(kv.shape(), DType::f64);
+    ops::attention_block_backward(dqkv, dkv, R, &R2, qkv, kv, out, lse, H, blk, G);
+    if (self) {
+      Tensor o2 = Tensor::empty(out.shape(), DType::f64), l2 = Tensor::empty(lse.shape(), DType::f64);
+      ops::attention_forward_lse(o2, l2, qkv, H, drop, G);
+      double w = 0;
+      for (int64_t i = 0; i < out.numel(); ++i)
+        w = std::max(w, std::fabs(out.data<double>()[i] - o2.data<double>()[i]));
+      for (int64_t i = 0; i < lse.numel(); ++i)
+        w = std::max(w, std::fabs(lse.data<double>()[i] - l2.data<double>()[i]));
+      c.expect(w == 0.0, "self causal block == attention_forward_lse bit for bit, max error " + str(w));
+      Tensor dref = Tensor::empty(qkv.shape(), DType::f64), d0 = Tensor::zeros(qkv.shape(), DType::f64);
+      Tensor dkv0 = Tensor::zeros(kv.shape(), DType::f64);
+      ops::attention_backward_lse(dref, R, qkv, o2, l2, H, drop, G);
+      ops::attention_block_backward(d0, dkv0, R, nullptr, qkv, kv, out, lse, H, blk, G);
+      double wd = 0;
+      for (int64_t row = 0; row < B * Tq; ++row)
+        for (int64_t col = 0; col < W; ++col) {
+          const int64_t g = col / ((H / G + 2) * D), in = col % ((H / G + 2) * D);
+          const double mine = in < (H / G) * D ? d0.data<double>()[row * W + col]
+                                               : dkv0.data<double>()[row * G * 2 * D + g * 2 * D + in - (H / G) * D];
+          wd = std::max(wd, std::fabs(mine - dref.data<double>()[row * W + col]));
+        }
+      c.expect(wd < 1e-12, "self causal block backward == attention_backward_lse, max error " + str(wd));
+    }
+    // tol 1e-5: the loss adds every finite lse, so central differences at h = 1e-5 carry
+    // ~1e-10 of roundoff, 1e-6 of a 4e-5 gradient element (measured: h = 1e-4 agrees with
+    // the analytic value to 1e-11, and the self block equals attention_backward_lse above).
+    return FdProblem{loss, {{"block qkv (q columns)", qkv, dqkv}, {"block kv", kv, dkv}}, 1e-5};
+  };
+  return e;
+}
+
+// The log-sum-exp merge: out/lse of two key sets joined; its backward (with the lse's own
+// gradient) by finite differences, and the rows with no keys (lse -inf) as the identity.
+Entry attention_merge_entry() {
+  Entry e{"attention_merge", {}, nullptr, nullptr};
+  e.cases.push_back(fd_case("B 2 T 3 H 2 D 3", 71, {2, 3, 2, 3}));
+  e.cases.push_back(fd_case("B 1 T 4 H 3 D 2, lse apart by 3", 72, {1, 4, 3, 2}, {3.0}));
+  e.fd = [](Ctx& c, const Case& k) {
+    const int64_t B = k.n[0], T = k.n[1], H = k.n[2], D = k.n[3];
+    const double apart = k.x.empty() ? 0.0 : k.x[0];
+    Tensor oa = c.act({B, T, H * D}), ob = c.act({B, T, H * D}), la = c.act({B, H, T}, 2.0), lb = c.act({B, H, T}, 2.0);
+    for (int64_t i = 0; i < lb.numel(); ++i) lb.data<double>()[i] += apart;
+    Tensor R = c.act({B, T, H * D}), R2 = c.act({B, H, T});
+    Tensor out = Tensor::empty(oa.shape(), DType::f64), lse = Tensor::empty(la.shape(), DType::f64);
+    auto loss = [=]() mutable {
+      ops::attention_merge_forward(out, lse, oa, la, ob, lb);
+      return dot(out, R) + dot(lse, R2);
+    };
+    loss();
+    Tensor doa = Tensor::empty(oa.shape(), DType::f64), dob = Tensor::empty(ob.shape(), DType::f64);
+    Tensor dla = Tensor::empty(la.shape(), DType::f64), dlb = Tensor::empty(lb.shape(), DType::f64);
+    ops::attention_merge_backward(doa, dla, dob, dlb, R, &R2, oa, la, ob, lb);
+    // lse = log(e^la + e^lb) at one element, by hand
+    const double want = std::log(std::exp(la.data<double>()[1]) + std::exp(lb.data<double>()[1]));
+    c.expect(approx(lse.data<double>()[1], want, 1e-13), "merged lse vs log(e^a + e^b)");
+    // a side with no keys (0, -inf) leaves the other exactly; both empty stay empty
+    Tensor z = Tensor::zeros(oa.shape(), DType::f64), ninf = Tensor::empty(la.shape(), DType::f64);
+    ops::fill(ninf, -std::numeric_limits<double>::infinity());
+    Tensor o2 = Tensor::empty(oa.shape(), DType::f64), l2 = Tensor::empty(la.shape(), DType::f64);
+    ops::attention_merge_forward(o2, l2, oa, la, z, ninf);
+    bool same = true;
+    for (int64_t i = 0; i < oa.numel(); ++i) same = same && o2.data<double>()[i] == oa.data<double>()[i];
+    for (int64_t i = 0; i < la.numel(); ++i) same = same && l2.data<double>()[i] == la.data<double>()[i];
+    ops::attention_merge_forward(o2, l2, z, ninf, z, ninf);
+    for (int64_t i = 0; i < oa.numel(); ++i) same = same && o2.data<double>()[i] == 0.0;
+    for (int64_t i = 0; i < la.numel(); ++i)
+      same = same && std::isinf(l2.data<double>()[i]) && l2.data<double>()[i] < 0;
+    c.expect(same, "merging with an empty side is the identity; two empty sides stay (0, -inf)");
+    // far apart (e^-1000 underflows): the larger side wins exactly, nothing overflows
+    Tensor far = la.clone();
+    for (int64_t i = 0; i < far.numel(); ++i) far.data<double>()[i] += 1000;
+    ops::attention_merge_forward(o2, l2, oa, la, ob, far);
+    bool wins = true;
+    for (int64_t i = 0; i < oa.numel(); ++i) wins = wins && o2.data<double>()[i] == ob.data<double>()[i];
+    for (int64_t i = 0; i < la.numel(); ++i) wins = wins && l2.data<double>()[i] == far.data<double>()[i];
+    c.expect(wins, "lse 1000 apart: the merge is the larger side, exactly");
+    return FdProblem{loss, {{"out_a", oa, doa}, {"lse_a", la, dla}, {"out_b", ob, dob}, {"lse_b", lb, dlb}}};
+  };
+  return e;
+}
+
 // Attention over a key/value cache: a prefill, two one-token steps and a chunk, each
 // step's output and both caches (after every step) against the other device.
 Entry attention_cached_entry() {
@@ -1767,6 +1890,8 @@ const std::vector<Entry>& registry() {
       elementwise_views_entry(),
       attention_entry(),
       attention_cached_entry(),
+      attention_block_entry(),
+      attention_merge_entry(),
       rope_entry(),
       qk_norm_entry(),
       embedding_entry(),

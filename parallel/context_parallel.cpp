@@ -1,0 +1,586 @@
+// Context parallelism: the load-balanced split, the in-process exchange, and attention
+// across the ranks of a cp group (parallel/context_parallel.hpp). The attention is made of
+// three ops (core/ops.hpp): attention_block_forward / attention_block_backward (a block of
+// queries against a block of K/V with a causal offset) and attention_merge_forward (two
+// partial results joined by their log-sum-exp); the a2a form uses attention_forward_lse /
+// attention_backward_lse themselves.
+#include "parallel/context_parallel.hpp"
+
+#include <condition_variable>
+#include <cstring>
+#include <exception>
+#include <limits>
+#include <mutex>
+#include <thread>
+#include <utility>
+
+#include "core/error.hpp"
+#include "core/ops.hpp"
+#include "parallel/communicator.hpp"
+
+namespace mtnlg::parallel {
+
+// ---- the split ----------------------------------------------------------------------------
+
+int64_t cp_chunk_len(int64_t seq_len, int64_t cp) {
+  if (cp < 1 || seq_len % (2 * cp) != 0)
+    throw_runtime("context parallelism: a sequence of {} tokens does not split into 2 x {} equal chunks", seq_len, cp);
+  return seq_len / (2 * cp);
+}
+
+int64_t cp_global_position(int64_t i, int64_t seq_len, int64_t cp, int64_t rank) {
+  const int64_t c = cp_chunk_len(seq_len, cp);
+  if (rank < 0 || rank >= cp || i < 0 || i >= 2 * c)
+    throw_runtime("context parallelism: local row {} of rank {} is outside {} rows of {} ranks", i, rank, 2 * c, cp);
+  return i < c ? rank * c + i : (2 * cp - 1 - rank) * c + (i - c);
+}
+
+std::vector<int64_t> cp_positions(int64_t seq_len, int64_t cp, int64_t rank) {
+  std::vector<int64_t> p(static_cast<size_t>(seq_len / cp));
+  for (size_t i = 0; i < p.size(); ++i) p[i] = cp_global_position(static_cast<int64_t>(i), seq_len, cp, rank);
+  return p;
+}
+
+namespace {
+// x's sizes as [B, T, row bytes]: its first two dimensions and the bytes of one position.
+struct SeqDims {
+  int64_t B, T, row;
+};
+SeqDims seq_dims(const char* what, const Tensor& x) {
+  if (x.ndim() < 2 || !x.host_addressable())
+    throw_runtime("{}: expected a host tensor [B, T, ...], got {} on {}", what, shape_str(x.shape()),
+                  to_string(x.device()));
+  return {x.dim(0), x.dim(1), x.numel() / std::max<int64_t>(x.dim(0) * x.dim(1), 1) * dtype_size(x.dtype())};
+}
+// Copies rank's two chunks between the whole sequence `full` and its part (to_part: full ->
+// part), sample by sample.
+void copy_chunks(const Tensor& full, const Tensor& part, int64_t cp, int64_t rank, bool to_part) {
+  const SeqDims f = seq_dims("cp_split", full);
+  const int64_t c = cp_chunk_len(f.T, cp), L = 2 * c;
+  auto* fb = static_cast<char*>(full.raw());
+  auto* pb = static_cast<char*>(part.raw());
+  for (int64_t b = 0; b < f.B; ++b)
+    for (int64_t half = 0; half < 2; ++half) {
+      const int64_t chunk = half == 0 ? rank : 2 * cp - 1 - rank;
+      char* fp = fb + (b * f.T + chunk * c) * f.row;
+      char* pp = pb + (b * L + half * c) * f.row;
+      const auto n = static_cast<size_t>(c * f.row);
+      to_part ? std::memcpy(pp, fp, n) : std::memcpy(fp, pp, n);
+    }
+}
+}  // namespace
+
+Tensor cp_split(const Tensor& x, int64_t cp, int64_t rank) {
+  const SeqDims d = seq_dims("cp_split", x);
+  cp_chunk_len(d.T, cp);
+  if (rank < 0 || rank >= cp) throw_runtime("cp_split: rank {} of a group of {}", rank, cp);
+  Shape s = x.shape();
+  s[1] = d.T / cp;
+  Tensor part = Tensor::empty(s, x.dtype());
+  copy_chunks(x, part, cp, rank, true);
+  return part;
+}
+
+Tensor cp_gather(const std::vector<Tensor>& parts) {
+  if (parts.empty()) throw_runtime("cp_gather: no parts");
+  const auto cp = static_cast<int64_t>(parts.size());
+  Shape s = parts[0].shape();
+  seq_dims("cp_gather", parts[0]);
+  s[1] *= cp;
+  Tensor full = Tensor::empty(s, parts[0].dtype());
+  for (int64_t r = 0; r < cp; ++r) {
+    const Tensor& p = parts[static_cast<size_t>(r)];
+    if (p.shape() != parts[0].shape() || p.dtype() != parts[0].dtype())
+      throw_runtime("cp_gather: part {} is {} {}, part 0 {} {}", r, shape_str(p.shape()), to_string(p.dtype()),
+                    shape_str(parts[0].shape()), to_string(parts[0].dtype()));
+    copy_chunks(full, p, cp, r, false);
+  }
+  return full;
+}
+
+// ---- the in-process exchange --------------------------------------------------------------
+
+namespace {
+
+// The group's shared state. Every rank holds `m` while it runs and releases it only while it
+// waits in a barrier, so the ranks take turns.
+struct Shared {
+  explicit Shared(int64_t n) : n(n), posted(static_cast<size_t>(n), nullptr) {}
+  std::mutex m;
+  std::condition_variable cv;
+  int64_t n, arrived = 0;
+  uint64_t generation = 0;
+  bool failed = false;
+  std::vector<const Tensor*> posted;  // what each rank offers in the current exchange
+};
+
+void check_same(const char* op, const Tensor& a, const Tensor& b, int64_t times_a, int64_t times_b) {
+  if (a.numel() * times_a != b.numel() * times_b || a.dtype() != b.dtype())
+    throw_runtime("cp exchange {}: {} {} and {} {} do not match", op, shape_str(a.shape()), to_string(a.dtype()),
+                  shape_str(b.shape()), to_string(b.dtype()));
+}
+
+class InProcessExchange final : public CpExchange {
+ public:
+  InProcessExchange(Shared& s, std::unique_lock<std::mutex>& lk, int64_t rank) : s_(s), lk_(lk), rank_(rank) {}
+  int64_t rank() const override { return rank_; }
+  int64_t size() const override { return s_.n; }
+
+  void shift(const Tensor& send, Tensor& recv, int64_t k) override {
+    check_same("shift", send, recv, 1, 1);
+    const int64_t from = ((rank_ - k) % s_.n + s_.n) % s_.n;
+    exchange(send, [&] { std::memcpy(recv.raw(), s_.posted[static_cast<size_t>(from)]->raw(), bytes(recv)); });
+    bytes_ += static_cast<double>(send.nbytes());
+  }
+  void all_gather(const Tensor& in, Tensor& out) override {
+    check_same("all_gather", in, out, s_.n, 1);
+    exchange(in, [&] {
+      for (int64_t j = 0; j < s_.n; ++j)
+        std::memcpy(static_cast<char*>(out.raw()) + j * in.nbytes(), s_.posted[static_cast<size_t>(j)]->raw(),
+                    bytes(in));
+    });
+    bytes_ += static_cast<double>(s_.n - 1) / static_cast<double>(s_.n) * static_cast<double>(out.nbytes());
+  }
+  void reduce_scatter(const Tensor& in, Tensor& out) override {
+    check_same("reduce_scatter", in, out, 1, s_.n);
+    exchange(in, [&] {
+      const int64_t n = out.numel();
+      if (out.dtype() == DType::f32)
+        sum_blocks<float>(out, n);
+      else if (out.dtype() == DType::f64)
+        sum_blocks<double>(out, n);
+      else
+        throw_runtime("cp exchange reduce_scatter: f32 or f64, got {}", to_string(out.dtype()));
+    });
+    bytes_ += static_cast<double>(s_.n - 1) / static_cast<double>(s_.n) * static_cast<double>(in.nbytes());
+  }
+  void all_to_all(const Tensor& in, Tensor& out) override {
+    check_same("all_to_all", in, out, 1, 1);
+    const int64_t block = in.nbytes() / s_.n;
+    exchange(in, [&] {
+      for (int64_t j = 0; j < s_.n; ++j)
+        std::memcpy(static_cast<char*>(out.raw()) + j * block,
+                    static_cast<const char*>(s_.posted[static_cast<size_t>(j)]->raw()) + rank_ * block,
+                    static_cast<size_t>(block));
+    });
+    bytes_ += static_cast<double>(s_.n - 1) / static_cast<double>(s_.n) * static_cast<double>(in.nbytes());
+  }
+
+ private:
+  static size_t bytes(const Tensor& t) { return static_cast<size_t>(t.nbytes()); }
+  // out = the sum of block rank() of every rank's input, in rank order.
+  template <typename T>
+  void sum_blocks(Tensor& out, int64_t n) {
+    T* o = out.data<T>();
+    for (int64_t i = 0; i < n; ++i) o[i] = T(0);
+    for (int64_t j = 0; j < s_.n; ++j) {
+      const T* src = s_.posted[static_cast<size_t>(j)]->data<T>() + rank_ * n;
+      for (int64_t i = 0; i < n; ++i) o[i] += src[i];
+    }
+  }
+  // Posts `mine`, waits until every rank has, runs `take` (reading the others' posts),
+  // and waits until every rank has taken before the posts may change.
+  template <typename F>
+  void exchange(const Tensor& mine, F&& take) {
+    s_.posted[static_cast<size_t>(rank_)] = &mine;
+    barrier();
+    take();
+    barrier();
+  }
+  void barrier() {
+    if (s_.failed) throw_runtime("cp rank {}: another rank of the in-process group failed", rank_);
+    const uint64_t gen = s_.generation;
+    if (++s_.arrived == s_.n) {
+      s_.arrived = 0;
+      ++s_.generation;
+      s_.cv.notify_all();
+      return;
+    }
+    s_.cv.wait(lk_, [&] { return s_.generation != gen || s_.failed; });
+    if (s_.failed) throw_runtime("cp rank {}: another rank of the in-process group failed", rank_);
+  }
+  Shared& s_;
+  std::unique_lock<std::mutex>& lk_;
+  int64_t rank_;
+};
+
+}  // namespace
+
+namespace {
+
+class CommExchange final : public CpExchange {
+ public:
+  explicit CommExchange(std::shared_ptr<Communicator> g) : g_(std::move(g)) {}
+  int64_t rank() const override { return g_->rank(); }
+  int64_t size() const override { return g_->size(); }
+
+  void shift(const Tensor& send, Tensor& recv, int64_t k) override {
+    check_same("shift", send, recv, 1, 1);
+    const int64_t n = size(), to = ((rank() + k) % n + n) % n, from = ((rank() - k) % n + n) % n;
+    if (to == rank()) {
+      std::memcpy(recv.raw(), send.raw(), static_cast<size_t>(send.nbytes()));
+      return;
+    }
+    counted([&] {
+      auto req = g_->isend(send.raw(), send.numel(), send.dtype(), to, kTag);
+      g_->recv(recv.raw(), recv.numel(), recv.dtype(), from, kTag);
+      req->wait();
+    });
+  }
+  void all_gather(const Tensor& in, Tensor& out) override {
+    check_same("all_gather", in, out, size(), 1);
+    counted([&] { g_->all_gather(in.raw(), out.raw(), in.numel(), in.dtype()); });
+  }
+  void reduce_scatter(const Tensor& in, Tensor& out) override {
+    check_same("reduce_scatter", in, out, 1, size());
+    counted([&] { g_->reduce_scatter(in.raw(), out.raw(), out.numel(), out.dtype()); });
+  }
+  void all_to_all(const Tensor& in, Tensor& out) override {
+    check_same("all_to_all", in, out, 1, 1);
+    const int64_t n = size(), me = rank(), block = in.numel() / n, e = dtype_size(in.dtype());
+    auto at = [&](const Tensor& t, int64_t j) { return static_cast<char*>(t.raw()) + j * block * e; };
+    counted([&] {
+      std::vector<std::unique_ptr<Request>> sends;
+      for (int64_t j = 0; j < n; ++j)
+        if (j != me) sends.push_back(g_->isend(at(in, j), block, in.dtype(), j, kTag));
+      std::memcpy(at(out, me), at(in, me), static_cast<size_t>(block * e));
+      for (int64_t j = 0; j < n; ++j)
+        if (j != me) g_->recv(at(out, j), block, out.dtype(), j, kTag);
+      for (auto& r : sends) r->wait();
+    });
+  }
+
+ private:
+  static constexpr int kTag = 7300;  // the cp attention's messages
+  template <typename F>
+  void counted(F&& f) {
+    const double before = g_->bytes_counted();
+    f();
+    bytes_ += g_->bytes_counted() - before;
+  }
+  std::shared_ptr<Communicator> g_;
+};
+
+}  // namespace
+
+std::unique_ptr<CpExchange> make_cp_exchange(std::shared_ptr<Communicator> group) {
+  if (!group) throw_runtime("make_cp_exchange: no group");
+  return std::make_unique<CommExchange>(std::move(group));
+}
+
+void run_in_process(int64_t cp, const std::function<void(CpExchange&)>& fn) {
+  if (cp < 1) throw_runtime("run_in_process: a group of {} ranks", cp);
+  Shared shared(cp);
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(cp));
+  std::vector<std::thread> threads;
+  for (int64_t r = 0; r < cp; ++r)
+    threads.emplace_back([&, r] {
+      std::unique_lock<std::mutex> lk(shared.m);
+      try {
+        InProcessExchange ex(shared, lk, r);
+        fn(ex);
+      } catch (...) {
+        errors[static_cast<size_t>(r)] = std::current_exception();
+        shared.failed = true;
+        shared.cv.notify_all();
+      }
+    });
+  for (auto& t : threads) t.join();
+  // The first failure, not a rank that only learnt of it.
+  std::exception_ptr first;
+  for (auto& e : errors)
+    if (e && !first) first = e;
+  for (auto& e : errors) {
+    if (!e) continue;
+    try {
+      std::rethrow_exception(e);
+    } catch (const RuntimeError& x) {
+      if (std::string(x.what()).find("another rank of the in-process group failed") == std::string::npos) {
+        first = e;
+        break;
+      }
+    } catch (...) {
+      first = e;
+      break;
+    }
+  }
+  if (first) std::rethrow_exception(first);
+}
+
+// ---- attention across the group -----------------------------------------------------------
+
+namespace {
+
+// The local attention's sizes: B samples of L = 2c rows, H heads in G groups of Q, head size
+// D; qkv rows of W, K/V rows of KW; rank r of n.
+struct Dims {
+  int64_t B, L, c, H, G, Q, D, W, KW, n, r;
+  ops::AttentionDropout drop;
+};
+
+Dims dims_of(const char* op, const Tensor& qkv, const CpAttention& a, const CpExchange& ex) {
+  const int64_t H = a.heads, G = a.groups > 0 ? a.groups : a.heads;
+  if (H <= 0 || H % G != 0 || qkv.ndim() != 3 || qkv.dim(2) % (G * (H / G + 2)) != 0 || qkv.dim(1) % 2 != 0)
+    throw_runtime("{}: qkv [B, L, G*(H/G+2)*D] with an even L, H % G == 0: got {} with {} heads in {} groups", op,
+                  shape_str(qkv.shape()), H, G);
+  if (!qkv.host_addressable() || (qkv.dtype() != DType::f32 && qkv.dtype() != DType::f64))
+    throw_runtime("{}: host f32 or f64 tensors (the CPU's ops), got {} on {}", op, to_string(qkv.dtype()),
+                  to_string(qkv.device()));
+  const int64_t Q = H / G, D = qkv.dim(2) / (G * (Q + 2));
+  return {qkv.dim(0), qkv.dim(1), qkv.dim(1) / 2, H, G, Q, D, qkv.dim(2), G * 2 * D, ex.size(), ex.rank(), a.drop};
+}
+
+template <typename F>
+void float_dispatch(DType dt, F&& f) {
+  if (dt == DType::f64)
+    f(double{});
+  else
+    f(float{});
+}
+
+// Between qkv's key/value columns and a K/V buffer [B, L, G*2*D] (per group [k | v]).
+Tensor kv_of(const Tensor& qkv, const Dims& d) {
+  Tensor kv = Tensor::empty({d.B, d.L, d.KW}, qkv.dtype());
+  const int64_t e = dtype_size(qkv.dtype());
+  for (int64_t row = 0; row < d.B * d.L; ++row)
+    for (int64_t g = 0; g < d.G; ++g)
+      std::memcpy(static_cast<char*>(kv.raw()) + (row * d.KW + g * 2 * d.D) * e,
+                  static_cast<const char*>(qkv.raw()) + (row * d.W + g * (d.Q + 2) * d.D + d.Q * d.D) * e,
+                  static_cast<size_t>(2 * d.D * e));
+  return kv;
+}
+void put_kv(Tensor& dqkv, const Tensor& dkv, const Dims& d) {
+  const int64_t e = dtype_size(dqkv.dtype());
+  for (int64_t row = 0; row < d.B * d.L; ++row)
+    for (int64_t g = 0; g < d.G; ++g)
+      std::memcpy(static_cast<char*>(dqkv.raw()) + (row * d.W + g * (d.Q + 2) * d.D + d.Q * d.D) * e,
+                  static_cast<const char*>(dkv.raw()) + (row * d.KW + g * 2 * d.D) * e,
+                  static_cast<size_t>(2 * d.D * e));
+}
+
+// The block a p2p step attends with the K/V of rank s: its own (causal), a lower rank's
+// (every query, the first K/V chunk) or a higher rank's (the second query chunk, all K/V).
+// A block of this rank's queries with dropout's positions: its rows are chunks r and
+// 2cp-1-r; the K/V rows `kv_rows`.
+ops::AttentionBlock local_block(const Dims& d, ops::SeqRows kv_rows) {
+  ops::AttentionBlock b;
+  b.drop = d.drop;
+  b.seq_len = d.L * d.n;
+  b.q_rows = {d.c, d.r, 2 * d.n - 1 - d.r};
+  b.kv_rows = kv_rows;
+  return b;
+}
+
+ops::AttentionBlock ring_block(int64_t s, const Dims& d) {
+  ops::AttentionBlock b = local_block(d, {d.c, s, 2 * d.n - 1 - s});
+  if (s == d.r) {
+    b.causal = true;
+  } else if (s < d.r) {
+    b.k_count = d.c;
+  } else {
+    b.q_begin = d.c;
+    b.q_count = d.c;
+  }
+  return b;
+}
+
+void p2p_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const Dims& d, CpExchange& ex) {
+  Tensor kv = kv_of(qkv, d);
+  ops::attention_block_forward(out, lse, qkv, kv, d.H, ring_block(d.r, d), d.G);
+  if (d.n == 1) return;
+  Tensor part = Tensor::empty(out.shape(), out.dtype()), part_lse = Tensor::empty(lse.shape(), lse.dtype());
+  Tensor next = Tensor::empty(kv.shape(), kv.dtype());
+  for (int64_t i = 1; i < d.n; ++i) {
+    ex.shift(kv, next, 1);  // now holding the K/V of rank r - i
+    std::swap(kv, next);
+    ops::attention_block_forward(part, part_lse, qkv, kv, d.H, ring_block((d.r - i + d.n) % d.n, d), d.G);
+    ops::attention_merge_forward(out, lse, out, lse, part, part_lse);
+  }
+}
+
+void p2p_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
+                  const Dims& d, CpExchange& ex) {
+  ops::fill(dqkv, 0.0);
+  Tensor kv = kv_of(qkv, d), dkv = Tensor::zeros(kv.shape(), kv.dtype());
+  ops::attention_block_backward(dqkv, dkv, dout, nullptr, qkv, kv, out, lse, d.H, ring_block(d.r, d), d.G);
+  if (d.n > 1) {
+    Tensor next = Tensor::empty(kv.shape(), kv.dtype()), dnext = Tensor::empty(kv.shape(), kv.dtype());
+    for (int64_t i = 1; i < d.n; ++i) {  // K/V of rank r - i arrive with the gradient ranks r - i .. r - 1 gave them
+      ex.shift(kv, next, 1);
+      ex.shift(dkv, dnext, 1);
+      std::swap(kv, next);
+      std::swap(dkv, dnext);
+      ops::attention_block_backward(dqkv, dkv, dout, nullptr, qkv, kv, out, lse, d.H,
+                                    ring_block((d.r - i + d.n) % d.n, d), d.G);
+    }
+    ex.shift(dkv, dnext, 1);  // every rank has added to the K/V of rank r + 1: send it home
+    std::swap(dkv, dnext);
+  }
+  put_kv(dqkv, dkv, d);
+}
+
+// The whole sequence's K/V [B, T, KW] in sequence order from every rank's.
+Tensor gather_kv(const Tensor& qkv, const Dims& d, CpExchange& ex) {
+  Tensor kv = kv_of(qkv, d), all = Tensor::empty({d.n * d.B, d.L, d.KW}, qkv.dtype());
+  ex.all_gather(kv, all);
+  std::vector<Tensor> parts;
+  for (int64_t j = 0; j < d.n; ++j) parts.push_back(all.rows(j * d.B, d.B));
+  return cp_gather(parts);
+}
+// The two blocks of all_gather: each local chunk's queries against the causal prefix of
+// the whole sequence's keys (global offset = the chunk's first position).
+ops::AttentionBlock prefix_block(int64_t half, const Dims& d) {
+  const int64_t chunk = half == 0 ? d.r : 2 * d.n - 1 - d.r;
+  ops::AttentionBlock b = local_block(d, {});  // the K/V in sequence order
+  b.q_begin = half * d.c;
+  b.q_count = d.c;
+  b.k_count = (chunk + 1) * d.c;
+  b.causal = true;
+  b.causal_offset = chunk * d.c;
+  return b;
+}
+
+void all_gather_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const Dims& d, CpExchange& ex) {
+  const Tensor kv = gather_kv(qkv, d, ex);
+  Tensor part = Tensor::empty(out.shape(), out.dtype()), part_lse = Tensor::empty(lse.shape(), lse.dtype());
+  ops::attention_block_forward(out, lse, qkv, kv, d.H, prefix_block(0, d), d.G);
+  ops::attention_block_forward(part, part_lse, qkv, kv, d.H, prefix_block(1, d), d.G);
+  ops::attention_merge_forward(out, lse, out, lse, part, part_lse);  // disjoint rows: each keeps its own
+}
+
+void all_gather_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
+                         const Dims& d, CpExchange& ex) {
+  ops::fill(dqkv, 0.0);
+  const Tensor kv = gather_kv(qkv, d, ex);
+  Tensor dkv_all = Tensor::zeros(kv.shape(), kv.dtype());
+  for (int64_t half : {0, 1})
+    ops::attention_block_backward(dqkv, dkv_all, dout, nullptr, qkv, kv, out, lse, d.H, prefix_block(half, d), d.G);
+  Tensor blocks = Tensor::empty({d.n * d.B, d.L, d.KW}, kv.dtype()), dkv = Tensor::empty({d.B, d.L, d.KW}, kv.dtype());
+  for (int64_t j = 0; j < d.n; ++j) {  // rank j's rows of the gradient, in rank order
+    Tensor dst = blocks.rows(j * d.B, d.B);
+    ops::copy(dst, cp_split(dkv_all, d.n, j));
+  }
+  ex.reduce_scatter(blocks, dkv);
+  put_kv(dqkv, dkv, d);
+}
+
+// a2a: x [B, L, w] of this rank's rows -> [B, T, w / n] of every row, column block r
+// (rank j's block j travels to rank j).
+Tensor to_heads(const Tensor& x, const Dims& d, CpExchange& ex) {
+  const int64_t w = x.dim(2), wb = w / d.n, e = dtype_size(x.dtype());
+  Tensor send = Tensor::empty({d.n * d.B, d.L, wb}, x.dtype()), recv = Tensor::empty(send.shape(), x.dtype());
+  for (int64_t j = 0; j < d.n; ++j)
+    for (int64_t row = 0; row < d.B * d.L; ++row)
+      std::memcpy(static_cast<char*>(send.raw()) + ((j * d.B * d.L) + row) * wb * e,
+                  static_cast<const char*>(x.raw()) + (row * w + j * wb) * e, static_cast<size_t>(wb * e));
+  ex.all_to_all(send, recv);
+  std::vector<Tensor> parts;
+  for (int64_t j = 0; j < d.n; ++j) parts.push_back(recv.rows(j * d.B, d.B));
+  return cp_gather(parts);
+}
+// The inverse: y [B, T, w] of this rank's column block -> [B, L, w * n] of its rows.
+Tensor from_heads(const Tensor& y, const Dims& d, CpExchange& ex) {
+  const int64_t wb = y.dim(2), w = wb * d.n, e = dtype_size(y.dtype());
+  Tensor send = Tensor::empty({d.n * d.B, d.L, wb}, y.dtype()), recv = Tensor::empty(send.shape(), y.dtype());
+  for (int64_t j = 0; j < d.n; ++j) {
+    Tensor dst = send.rows(j * d.B, d.B);
+    ops::copy(dst, cp_split(y, d.n, j));
+  }
+  ex.all_to_all(send, recv);
+  Tensor x = Tensor::empty({d.B, d.L, w}, y.dtype());
+  for (int64_t j = 0; j < d.n; ++j)
+    for (int64_t row = 0; row < d.B * d.L; ++row)
+      std::memcpy(static_cast<char*>(x.raw()) + (row * w + j * wb) * e,
+                  static_cast<const char*>(recv.raw()) + ((j * d.B * d.L) + row) * wb * e, static_cast<size_t>(wb * e));
+  return x;
+}
+// lse [B, H, T] <-> [B, T, H] (rows by position, so that to_heads / from_heads move it).
+Tensor transpose_lse(const Tensor& x) {
+  const int64_t B = x.dim(0), P = x.dim(1), R = x.dim(2);
+  Tensor y = Tensor::empty({B, R, P}, x.dtype());
+  float_dispatch(x.dtype(), [&](auto z) {
+    using V = decltype(z);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t p = 0; p < P; ++p)
+        for (int64_t r = 0; r < R; ++r) y.data<V>()[(b * R + r) * P + p] = x.data<V>()[(b * P + p) * R + r];
+  });
+  return y;
+}
+
+void check_a2a(const Dims& d) {
+  if (d.H % d.n != 0 || d.G % d.n != 0)
+    throw_runtime("context-parallel a2a: {} heads in {} groups do not split over {} ranks (use p2p or all_gather)", d.H,
+                  d.G, d.n);
+}
+
+// The dropout of this rank's heads in a2a: its block of heads, within all of them.
+ops::AttentionDropout a2a_drop(const Dims& d) {
+  ops::AttentionDropout drop = d.drop;
+  drop.heads_total = d.drop.heads_total ? d.drop.heads_total : d.H;
+  drop.head_offset = d.drop.head_offset + d.r * (d.H / d.n);
+  return drop;
+}
+
+void a2a_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const Dims& d, CpExchange& ex) {
+  check_a2a(d);
+  const int64_t Hl = d.H / d.n, Gl = d.G / d.n, T = d.L * d.n;
+  const Tensor qkv_h = to_heads(qkv, d, ex);
+  Tensor out_h = Tensor::empty({d.B, T, Hl * d.D}, qkv.dtype()), lse_h = Tensor::empty({d.B, Hl, T}, lse.dtype());
+  ops::attention_forward_lse(out_h, lse_h, qkv_h, Hl, a2a_drop(d), Gl);
+  ops::copy(out, from_heads(out_h, d, ex));
+  ops::copy(lse, transpose_lse(from_heads(transpose_lse(lse_h), d, ex)));
+}
+
+void a2a_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
+                  const Dims& d, CpExchange& ex) {
+  check_a2a(d);
+  const int64_t Hl = d.H / d.n, Gl = d.G / d.n;
+  const Tensor qkv_h = to_heads(qkv, d, ex), out_h = to_heads(out, d, ex), dout_h = to_heads(dout, d, ex);
+  const Tensor lse_h = transpose_lse(to_heads(transpose_lse(lse), d, ex));
+  Tensor dqkv_h = Tensor::empty(qkv_h.shape(), qkv_h.dtype());
+  ops::attention_backward_lse(dqkv_h, dout_h, qkv_h, out_h, lse_h, Hl, a2a_drop(d), Gl);
+  ops::copy(dqkv, from_heads(dqkv_h, d, ex));
+}
+
+void check_outputs(const char* op, const Dims& d, const Tensor& qkv, std::initializer_list<const Tensor*> acts,
+                   const Tensor& lse) {
+  for (const Tensor* t : acts)
+    if (t->dtype() != qkv.dtype() || !t->host_addressable())
+      throw_runtime("{}: every tensor in qkv's dtype ({}) on the host", op, to_string(qkv.dtype()));
+  if (lse.numel() != d.B * d.H * d.L || lse.dtype() != qkv.dtype())
+    throw_runtime("{}: lse must be [B, H, L] = [{}, {}, {}] in {}", op, d.B, d.H, d.L, to_string(qkv.dtype()));
+}
+
+}  // namespace
+
+void cp_attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const CpAttention& a, CpExchange& ex) {
+  const char* op = "cp_attention_forward";
+  const Dims d = dims_of(op, qkv, a, ex);
+  check_outputs(op, d, qkv, {&out}, lse);
+  if (out.numel() != d.B * d.L * d.H * d.D) throw_runtime("{}: out must be [B, L, H*D]", op);
+  switch (a.type) {
+    case CpCommType::p2p: return p2p_forward(out, lse, qkv, d, ex);
+    case CpCommType::all_gather: return all_gather_forward(out, lse, qkv, d, ex);
+    case CpCommType::a2a: return a2a_forward(out, lse, qkv, d, ex);
+    case CpCommType::a2a_p2p: break;
+  }
+  throw_runtime("{}: a2a+p2p is not implemented yet (p2p, all_gather or a2a)", op);
+}
+
+void cp_attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
+                           const CpAttention& a, CpExchange& ex) {
+  const char* op = "cp_attention_backward";
+  const Dims d = dims_of(op, qkv, a, ex);
+  check_outputs(op, d, qkv, {&dqkv, &dout, &out}, lse);
+  if (dqkv.numel() != qkv.numel() || dout.numel() != out.numel() || out.numel() != d.B * d.L * d.H * d.D)
+    throw_runtime("{}: dqkv like qkv, dout and out [B, L, H*D]", op);
+  switch (a.type) {
+    case CpCommType::p2p: return p2p_backward(dqkv, dout, qkv, out, lse, d, ex);
+    case CpCommType::all_gather: return all_gather_backward(dqkv, dout, qkv, out, lse, d, ex);
+    case CpCommType::a2a: return a2a_backward(dqkv, dout, qkv, out, lse, d, ex);
+    case CpCommType::a2a_p2p: break;
+  }
+  throw_runtime("{}: a2a+p2p is not implemented yet (p2p, all_gather or a2a)", op);
+}
+
+}  // namespace mtnlg::parallel
