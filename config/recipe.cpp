@@ -1313,10 +1313,32 @@ void validate_layout(const Recipe& r, int64_t world) {
 
 void refuse_moe_model(const Recipe& r, const std::string& command) {
   if (!r.model.moe.enabled()) return;
-  invalid(r, fmt::format("model.num_experts ({}): {} cannot build MoE layers: they are not wired into the model and "
-                         "training yet (the recipe keys and the CPU ops are), and a dense model is never built in "
-                         "their place",
+  invalid(r, fmt::format("model.num_experts ({}): {} does not run MoE models yet (only `mtnlg train` in one CPU "
+                         "process does), and a dense model is never built in their place",
                          r.model.moe.num_experts, command));
+}
+
+void refuse_unwired_moe(const Recipe& r) {
+  const MoeConfig& m = r.model.moe;
+  if (!m.enabled()) return;
+  auto refuse = [&](const std::string& key, const std::string& what) {
+    invalid(r, fmt::format("{}: {} with MoE layers is not built yet (MoE trains in one CPU process)", key, what));
+  };
+  if (r.parallel.expert_model_parallel_size > 1)
+    refuse("parallel.expert_model_parallel_size", fmt::format("{}", r.parallel.expert_model_parallel_size));
+  if (r.parallel.expert_tensor_parallel_size > 1)
+    refuse("parallel.expert_tensor_parallel_size", fmt::format("{}", r.parallel.expert_tensor_parallel_size));
+  if (r.tp() > 1) refuse("parallel.tensor_model_parallel_size", fmt::format("{}", r.tp()));
+  if (r.pp() > 1) refuse("parallel.pipeline_model_parallel_size", fmt::format("{}", r.pp()));
+  if (r.training.device == DeviceKind::cuda || r.training.device == DeviceKind::test)
+    refuse("training.device", to_string(r.training.device));
+  if (r.training.precision != Precision::fp32)
+    refuse("training.precision", to_string(r.training.precision) + " (the MoE ops run in f32)");
+  if (m.moe_router_load_balancing_type == MoeLoadBalancing::global_aux_loss)
+    refuse("model.moe_router_load_balancing_type", "global_aux_loss");
+  if (m.moe_input_jitter_eps > 0) refuse("model.moe_input_jitter_eps", fmt::format("{}", m.moe_input_jitter_eps));
+  if (m.moe_router_dtype == MoeRouterDtype::fp64) refuse("model.moe_router_dtype", "fp64");
+  if (r.model.add_bias_linear) refuse("model.add_bias_linear", "true (expert biases)");
 }
 
 std::string to_yaml(const Recipe& r) {

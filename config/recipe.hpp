@@ -62,6 +62,11 @@ void validate_layout(const Recipe& r, int64_t world_size);
 // with model.num_experts > 0 is refused (InputError, exit 2) until MoE layers are wired
 // into the model, rather than silently built as a dense one. `command` names the caller.
 void refuse_moe_model(const Recipe& r, const std::string& command);
+// What `mtnlg train` cannot do with MoE layers yet (InputError, exit 2, one line naming the
+// key): expert, tensor or pipeline parallelism, a CUDA or test device, bf16/fp16, the
+// global balancing loss, input jitter, the fp64 router and linear biases. A world of more
+// than one process is refused by the trainer's caller.
+void refuse_unwired_moe(const Recipe& r);
 
 // The resolved recipe as YAML (every key, defaults filled in) — `recipe show` and
 // recipe.resolved.yaml. Parsing the output gives back an equal recipe.

@@ -8,6 +8,7 @@
 #include "core/log.hpp"
 #include "core/ops.hpp"
 #include "core/rng.hpp"
+#include "core/moe_ops.hpp"
 #include "model/tp_regions.hpp"
 #include "core/step_parts.hpp"
 
@@ -26,6 +27,30 @@ int64_t logits_chunk_rows(int64_t rows, int64_t vocab_local, int64_t elements) {
   if (rows <= 0) return 1;
   return std::clamp<int64_t>(elements / std::max<int64_t>(vocab_local, 1), 1, rows);
 }
+
+namespace {
+// An MoE layer's MLP (Megatron-Core's names): the router, its expert bias (a buffer the
+// optimizer never moves: its gradient stays zero and it has no weight decay), every
+// expert's fc1 then every expert's fc2, one after the other so that each reads as one
+// [E, ...] weight (GptChunk::bind_moe), then the shared expert. Replicated (tp = 1).
+template <typename Add>
+void declare_moe_params(const std::string& p, const GptConfig& c, const Add& add, ParamStore& store) {
+  const int64_t C = c.hidden, E = c.moe.num_experts, F = c.moe.ffn, S = c.moe.shared_ffn;
+  const int64_t width = c.swiglu ? 2 : 1;
+  store.add(add(p + "router.weight", {E, C}, -1, InitKind::normal, true));
+  if (c.moe.expert_bias) store.add(add(p + "router.expert_bias", {E}, -1, InitKind::zeros, false));
+  for (int64_t e = 0; e < E; ++e)
+    store.add(add(fmt::format("{}experts.local_experts.{}.linear_fc1.weight", p, e), {width * F, C}, -1,
+                  InitKind::normal, true));
+  for (int64_t e = 0; e < E; ++e)
+    store.add(add(fmt::format("{}experts.local_experts.{}.linear_fc2.weight", p, e), {C, F}, -1,
+                  InitKind::normal_scaled_output, true));
+  if (S == 0) return;
+  store.add(add(p + "shared_experts.linear_fc1.weight", {width * S, C}, -1, InitKind::normal, true));
+  store.add(add(p + "shared_experts.linear_fc2.weight", {C, S}, -1, InitKind::normal_scaled_output, true));
+  if (c.moe.shared_gate) store.add(add(p + "shared_experts.gate_weight", {1, C}, -1, InitKind::normal, true));
+}
+}  // namespace
 
 // Parameter names and global shapes (docs/ARCHITECTURE.md "Parameters"): the norms hold
 // a bias only as LayerNorms; qkv is [(H + 2G) D, C] in Megatron's per-group layout [q of
@@ -86,6 +111,10 @@ void declare_chunk_params(ParamStore& store, const GptConfig& c, const ChunkSpec
     store.add(add(p + "attention.proj.weight", {C, A}, 1, InitKind::normal_scaled_output, true));
     if (c.bias_linear) add_row_param(p + "attention.proj.bias", {C}, InitKind::zeros, false);
     norm(p + "post_attention_layernorm");
+    if (c.moe.is_moe(l)) {
+      declare_moe_params(p + "mlp.", c, add, store);
+      continue;
+    }
     if (c.swiglu) {
       store.add(add(p + "mlp.fc1_gate.weight", {F, C}, 0, InitKind::normal, true));
       store.add(add(p + "mlp.fc1_up.weight", {F, C}, 0, InitKind::normal, true));
@@ -121,6 +150,7 @@ struct GptChunk::LayerActs {
   Tensor x2;                // residual after attention [R, C]
   Tensor ln2, mean2, rstd2, ln2_full;
   Tensor fc1, gel;
+  MoeActs moe;  // an MoE layer's MLP
   bool filled = false;
 };
 
@@ -145,6 +175,7 @@ struct GptChunk::Saved {
       for (auto* t : {&l.x_in, &l.ln1, &l.mean1, &l.rstd1, &l.qkv, &l.qkv_pre, &l.qk_rstd, &l.att, &l.lse, &l.probs,
                       &l.x2, &l.ln2, &l.mean2, &l.rstd2, &l.fc1, &l.gel})
         add(*t);
+      b += l.moe.bytes();
       if (l.ln1_full.defined() && l.ln1_full.raw() != l.ln1.raw()) add(l.ln1_full);
       if (l.ln2_full.defined() && l.ln2_full.raw() != l.ln2.raw()) add(l.ln2_full);
     }
@@ -165,6 +196,10 @@ GptChunk::GptChunk(const GptConfig& cfg, ChunkSpec spec, ParamStore& store, cons
   groups_local_ = cfg.kv_groups() / tp_;
   norm_ = Norm{cfg.rmsnorm, cfg.layernorm_eps};
   mlp_ = Mlp{cfg.swiglu};
+  moe_ = MoeMlp{cfg.moe, cfg.swiglu};
+  if (cfg.moe.enabled() && dev_ != Device::cpu)
+    throw_input("model.num_experts ({}): MoE layers run on the CPU only so far (training.device: cpu)",
+                cfg.moe.num_experts);
   rotary_ = Rotary{cfg.rope, cfg.rope_params};
   qk_norm_ = QkNorm{cfg.qk_norm, cfg.layernorm_eps};
   resolve_attention();
@@ -246,7 +281,9 @@ void GptChunk::bind_layer(int64_t layer) {
   bind(lp.proj_b, lp.d_proj_b, "attention.proj.bias");
   bind(lp.ln2_w, lp.d_ln2_w, "post_attention_layernorm.weight");
   bind(lp.ln2_b, lp.d_ln2_b, "post_attention_layernorm.bias");
-  if (cfg_.swiglu) {
+  if (cfg_.moe.is_moe(layer)) {
+    bind_moe(lp, p + "mlp.", offsets);
+  } else if (cfg_.swiglu) {
     bind_pair(lp.fc1_w, lp.d_fc1_w, "mlp.fc1_gate.weight", "mlp.fc1_up.weight");
     bind_pair(lp.fc1_b, lp.d_fc1_b, "mlp.fc1_gate.bias", "mlp.fc1_up.bias");
   } else {
@@ -255,10 +292,68 @@ void GptChunk::bind_layer(int64_t layer) {
   }
   bind(lp.fc2_w, lp.d_fc2_w, "mlp.fc2.weight");
   bind(lp.fc2_b, lp.d_fc2_b, "mlp.fc2.bias");
-  MTNLG_CHECK(lp.qkv_w.defined() && lp.fc1_w.defined() && lp.fc2_w.defined(),
+  MTNLG_CHECK(lp.qkv_w.defined() && ((lp.fc1_w.defined() && lp.fc2_w.defined()) || lp.moe),
               "layer {}: parameters missing from the store", layer);
+  moe_stat_index_.push_back(lp.moe ? static_cast<int64_t>(moe_stats_.size()) : -1);
+  if (lp.moe) moe_stats_.push_back(MoeLayerStats{layer, {}, 0, 0.0, 0.0, 0});
   layers_.push_back(lp);
   layer_param_offsets_.push_back(std::move(offsets));
+}
+
+// An MoE layer's weights: the experts' fc1 (and fc2) are E adjacent parameters of one
+// shape (declare_chunk_params), read as one [E, ...] weight and gradient.
+void GptChunk::bind_moe(LayerParams& lp, const std::string& p, std::vector<int64_t>& offsets) {
+  const int64_t E = cfg_.moe.num_experts;
+  auto bind = [&](Tensor& w, Tensor* g, const std::string& n) {
+    if (!store_.has(p + n)) return;
+    w = store_.weight(p + n);
+    if (g) *g = store_.grad(p + n);
+    offsets.push_back(store_.info(p + n).offset);
+  };
+  auto bind_stack = [&](Tensor& w, Tensor& g, const char* fc) {
+    const ParamInfo& first = store_.info(fmt::format("{}experts.local_experts.0.{}.weight", p, fc));
+    for (int64_t e = 0; e < E; ++e) {
+      const ParamInfo& i = store_.info(fmt::format("{}experts.local_experts.{}.{}.weight", p, e, fc));
+      MTNLG_CHECK(i.offset == first.offset + e * first.numel && i.shape == first.shape,
+                  "{}experts: the experts' {} weights must be adjacent and of one shape", p, fc);
+      offsets.push_back(i.offset);
+    }
+    const Shape s{E, first.shape[0], first.shape[1]};
+    w = store_.weights().flat(first.offset, E * first.numel).view(s);
+    g = store_.grads().flat(first.offset, E * first.numel).view(s);
+  };
+  lp.moe = true;
+  bind(lp.moe_p.router_w, &lp.moe_p.d_router_w, "router.weight");
+  bind(lp.moe_p.expert_bias, nullptr, "router.expert_bias");
+  bind_stack(lp.moe_p.w1, lp.moe_p.d_w1, "linear_fc1");
+  bind_stack(lp.moe_p.w2, lp.moe_p.d_w2, "linear_fc2");
+  bind(lp.moe_p.s_w1, &lp.moe_p.d_s_w1, "shared_experts.linear_fc1.weight");
+  bind(lp.moe_p.s_w2, &lp.moe_p.d_s_w2, "shared_experts.linear_fc2.weight");
+  bind(lp.moe_p.s_gate, &lp.moe_p.d_s_gate, "shared_experts.gate_weight");
+}
+
+void GptChunk::reset_moe_stats() {
+  for (auto& st : moe_stats_) st = MoeLayerStats{st.layer, {}, 0, 0.0, 0.0, 0};
+}
+
+// b_e += rate * sign(mean(c) - c_e) from the step's routed counts (after drops), on the
+// master weights and their compute copy.
+void GptChunk::update_expert_bias() {
+  for (size_t li = 0; li < layers_.size(); ++li) {
+    const int64_t si = moe_stat_index_[li];
+    if (si < 0 || !layers_[li].moe_p.expert_bias.defined()) continue;
+    const MoeLayerStats& st = moe_stats_[static_cast<size_t>(si)];
+    if (st.tokens.empty()) continue;
+    Tensor counts = Tensor::empty({cfg_.moe.num_experts}, DType::f64, Device::cpu);
+    std::copy(st.tokens.begin(), st.tokens.end(), counts.data<double>());
+    const std::string name = fmt::format("layers.{}.mlp.router.expert_bias", st.layer);
+    Tensor master = store_.param(name);
+    ops::moe_expert_bias_update(master, counts, cfg_.moe.bias_update_rate);
+    if (store_.has_compute_copy()) {
+      Tensor w = store_.weight(name);
+      ops::convert(w, master);
+    }
+  }
 }
 
 GptChunk::~GptChunk() = default;
@@ -367,12 +462,7 @@ void GptChunk::layer_forward(int64_t li, const Tensor& x, Tensor& y, LayerActs& 
   norm_.stats(a.mean2, a.rstd2, R, wide, dev_);
   norm_.residual_forward(a.x2, a.ln2, a.mean2, a.rstd2, x, proj, attn_out, p.ln2_w, p.ln2_b);
   a.ln2_full = tp::enter_column_parallel_forward(tpc, sp, a.ln2);
-  a.fc1 = Tensor::empty({N, mlp_.pre_width(ffn_local_)}, dt, dev_);
-  a.gel = Tensor::empty({N, ffn_local_}, dt, dev_);
-  mlp_.forward(a.gel, a.fc1, a.ln2_full, p.fc1_w, bias_of(p.fc1_b));
-  Tensor fc2_partial = Tensor::empty({N, C}, dt, dev_);
-  ops::matmul_forward(fc2_partial, a.gel, p.fc2_w, nullptr);
-  Tensor fc2 = tp::leave_row_parallel_forward(tpc, sp, fc2_partial);
+  Tensor fc2 = mlp_forward(li, a, pass);
   // y = x2 + dropout(fc2 + b), with the norm that reads y when there is one: one op
   const DropSite mlp_drop = hidden_drop(pass, layer, kMlpOut, R);
   const ops::ResidualBranch mlp_out{bias_of(p.fc2_b), cfg_.hidden_dropout, mlp_drop.key, mlp_drop.base, mlp_drop.dkey};
@@ -382,6 +472,45 @@ void GptChunk::layer_forward(int64_t li, const Tensor& x, Tensor& y, LayerActs& 
   else
     ops::residual_add_forward(y, a.x2, fc2, mlp_out);
   a.filled = true;
+}
+
+Tensor GptChunk::mlp_forward(int64_t li, LayerActs& a, const Pass& pass) {
+  auto& p = layers_[li];
+  const int64_t C = cfg_.hidden, N = pass.tokens();
+  const DType dt = a.ln2_full.dtype();
+  if (p.moe) {  // tp = 1: the output is whole
+    Tensor out = Tensor::empty({N, C}, dt, dev_);
+    const bool train = pass.purpose == Purpose::train;
+    const int64_t si = moe_stat_index_[static_cast<size_t>(li)];
+    MoeLayerStats* st = train && !recomputing_ ? &moe_stats_[static_cast<size_t>(si)] : nullptr;
+    moe_.forward(out, a.moe, a.ln2_full, p.moe_p, pass.seq, train, st);
+    return out;
+  }
+  a.fc1 = Tensor::empty({N, mlp_.pre_width(ffn_local_)}, dt, dev_);
+  a.gel = Tensor::empty({N, ffn_local_}, dt, dev_);
+  mlp_.forward(a.gel, a.fc1, a.ln2_full, p.fc1_w, bias_of(p.fc1_b));
+  Tensor fc2_partial = Tensor::empty({N, C}, dt, dev_);
+  ops::matmul_forward(fc2_partial, a.gel, p.fc2_w, nullptr);
+  return tp::leave_row_parallel_forward(groups_.tp.get(), cfg_.sequence_parallel, fc2_partial);
+}
+
+Tensor GptChunk::mlp_backward(int64_t li, const Tensor& dfc2, LayerActs& a, const Pass& pass) {
+  auto& p = layers_[li];
+  const int64_t C = cfg_.hidden, N = pass.tokens();
+  const bool sp = cfg_.sequence_parallel;
+  auto* tpc = groups_.tp.get();
+  Tensor dfc2_full = tp::leave_row_parallel_backward(tpc, sp, dfc2);
+  Tensor dln2_full = Tensor::empty({N, C}, dfc2.dtype(), dev_);
+  if (p.moe) {
+    moe_.backward(dln2_full, dfc2_full, a.moe, a.ln2_full, p.moe_p, pass.seq, pass.moe_loss_weight);
+  } else {
+    ops::matmul_backward(nullptr, &p.d_fc2_w, nullptr, dfc2_full, a.gel, p.fc2_w);
+    // through fc2's input and the activation (with fc1's bias grad)
+    Tensor dfc1 = Tensor::empty(a.fc1.shape(), dfc2.dtype(), dev_);
+    mlp_.backward(dfc1, p.fc1_b.defined() ? &p.d_fc1_b : nullptr, dfc2_full, p.fc2_w, a.fc1);
+    ops::matmul_backward(&dln2_full, &p.d_fc1_w, nullptr, dfc1, a.ln2_full, p.fc1_w);
+  }
+  return tp::enter_column_parallel_backward(tpc, sp, dln2_full);
 }
 
 void GptChunk::layer_backward(int64_t li, const Tensor& dy, Tensor& dx, LayerActs& a, const Pass& pass) {
@@ -395,14 +524,7 @@ void GptChunk::layer_backward(int64_t li, const Tensor& dy, Tensor& dx, LayerAct
   // MLP branch: y = x2 + dropout(fc2(act(fc1(norm2(x2)))) + b)
   Tensor dfc2 = hidden_dropout_grad(dy, pass, layer, kMlpOut);
   if (p.fc2_b.defined()) ops::bias_add_backward(p.d_fc2_b, dfc2);
-  Tensor dfc2_full = tp::leave_row_parallel_backward(tpc, sp, dfc2);
-  ops::matmul_backward(nullptr, &p.d_fc2_w, nullptr, dfc2_full, a.gel, p.fc2_w);
-  Tensor dfc1 =
-      Tensor::empty(a.fc1.shape(), dt, dev_);  // through fc2's input and the activation (with fc1's bias grad)
-  mlp_.backward(dfc1, p.fc1_b.defined() ? &p.d_fc1_b : nullptr, dfc2_full, p.fc2_w, a.fc1);
-  Tensor dln2_full = Tensor::empty({N, C}, dt, dev_);
-  ops::matmul_backward(&dln2_full, &p.d_fc1_w, nullptr, dfc1, a.ln2_full, p.fc1_w);
-  Tensor dln2 = tp::enter_column_parallel_backward(tpc, sp, dln2_full);
+  Tensor dln2 = mlp_backward(li, dfc2, a, pass);
   Tensor dx2 = Tensor::empty({R, C}, dt, dev_);  // dy (the residual) + norm2's backward, one op
   norm_.residual_backward(dx2, p.d_ln2_w, p.d_ln2_b, dy, dln2, a.x2, p.ln2_w, a.mean2, a.rstd2);
 
@@ -535,6 +657,7 @@ ForwardResult GptChunk::forward(int64_t mb_id, const TrainMicroBatch& mb, const 
   p.step_key = mb.step_key;
   p.sample_offset = mb.sample_offset;
   p.train = &mb;
+  p.moe_loss_weight = mb.moe_loss_weight;
   check_call(p);
   auto saved = std::make_unique<Saved>(p.batch, layers_.size());
   Saved& s = *saved;
@@ -986,7 +1109,9 @@ Tensor GptChunk::backward(int64_t mb_id, const Tensor& dout, bool last_backward)
       const timing::StepPartScope part(timing::StepPart::recompute);
       Tensor y;
       Tensor x_in = a.x_in;
+      recomputing_ = true;  // the routing was recorded by the first forward
       layer_forward(li, x_in, y, a, p);
+      recomputing_ = false;
     }
     Tensor dprev;
     layer_backward(li, dx, dprev, a, p);

@@ -35,6 +35,7 @@
 #include "config/training.hpp"
 #include "core/ops.hpp"
 #include "core/tensor.hpp"
+#include "model/moe.hpp"
 #include "model/params.hpp"
 #include "model/parts.hpp"
 #include "parallel/communicator.hpp"
@@ -60,6 +61,7 @@ struct GptConfig {
   bool bias_linear = true;  // biases of proj, fc1 and fc2 (and of qkv)
   bool qkv_bias = true;     // biases of qkv (bias_linear, or Qwen2's add_qkv_bias)
   bool qk_norm = false;     // Qwen3's RMSNorm of each query and key head (before the rotary embedding)
+  MoeLayerConfig moe;       // which layers' MLP is routed experts, and how (model/moe.hpp)
   RecomputeGranularity recompute = RecomputeGranularity::none;
   AttentionBackend attention = AttentionBackend::automatic;  // resolved per device by GptChunk
   int64_t micro_batch_size = 1;  // the training micro batch (the shape auto tries the flash form on)
@@ -122,6 +124,9 @@ struct TrainMicroBatch {
   uint64_t step_key = 0;             // dropout key for this iteration
   double loss_weight = 1.0;          // d(total loss)/d(sum of this micro batch's token losses)
   const float* loss_mask = nullptr;  // optional [B*T], 1 = counts (eod_mask_loss)
+  // d(total loss)/d(this micro batch's MoE balancing and z losses): Megatron-Core scales
+  // them per micro batch, 1 / (micro batches x dp) (times the fp16 loss scale).
+  double moe_loss_weight = 1.0;
   // The last stage adds (sum of token losses, tokens counted) to this f64 [2] tensor on the
   // model's device and reads nothing back (the trainer reads it once per step). Null: the
   // loss terms are read on the host into ForwardResult (tests and oracles).
@@ -262,6 +267,12 @@ class GptChunk {
   // step (during a backward with last_backward): the data-parallel
   // reduction (parallel::DataParallelGrads) starts full buckets from it.
   void set_grad_ready_hook(std::function<void(int64_t)> hook) { grad_ready_ = std::move(hook); }
+  // MoE layers: this step's routing record per MoE layer of the chunk (the trainer resets it
+  // before a step's forwards and reads it after), and the aux-loss-free balancing's bias
+  // update from it (the sign rule, once per global batch; layers with an expert bias).
+  const std::vector<MoeLayerStats>& moe_stats() const { return moe_stats_; }
+  void reset_moe_stats();
+  void update_expert_bias();
   void drop_saved();  // forget activations of micro batches in flight (eval, aborted steps)
   // Called during a training forward with the embedding's output (layer -1) and each
   // layer's output (the layer's index in the whole model): the trainer's spike forensics
@@ -279,7 +290,10 @@ class GptChunk {
     Tensor ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc1_w, fc1_b, fc2_w, fc2_b;
     Tensor d_ln1_w, d_ln1_b, d_qkv_w, d_qkv_b, d_proj_w, d_proj_b, d_ln2_w, d_ln2_b, d_fc1_w, d_fc1_b, d_fc2_w, d_fc2_b;
     Tensor q_norm_w, k_norm_w, d_q_norm_w, d_k_norm_w;  // qk_norm only
+    bool moe = false;                                   // routed experts instead of fc1/fc2
+    MoeParams moe_p;
   };
+  void bind_moe(LayerParams& lp, const std::string& prefix, std::vector<int64_t>& offsets);
   void bind_layer(int64_t layer);
 
   // One forward call as the layer stack sees it, whatever its purpose: its shape, its
@@ -293,6 +307,7 @@ class GptChunk {
     uint64_t step_key = 0;
     int64_t sample_offset = 0;
     const uint64_t* keys_dev = nullptr;
+    double moe_loss_weight = 0.0;            // TrainMicroBatch::moe_loss_weight (training)
     const TrainMicroBatch* train = nullptr;  // the layer observer's argument (training forward)
     int64_t tokens() const { return batch * seq; }
   };
@@ -339,6 +354,10 @@ class GptChunk {
   // Statistics (LayerNorm mean/rstd, attention lse, loss terms): f64 for f64 models, else f32.
   DType stats_dtype() const { return cfg_.dtype == DType::f64 ? DType::f64 : DType::f32; }
   void layer_backward(int64_t li, const Tensor& dy, Tensor& dx, LayerActs& a, const Pass& p);
+  // The MLP branch of a layer, dense or MoE: fc2's output from a.ln2_full (reduced over tp),
+  // and the gradient of ln2 (this rank's rows) from fc2's output gradient.
+  Tensor mlp_forward(int64_t li, LayerActs& a, const Pass& p);
+  Tensor mlp_backward(int64_t li, const Tensor& dfc2, LayerActs& a, const Pass& p);
   // The attention core of layer_forward / layer_backward in the chunk's form.
   void attention_core_forward(LayerActs& a, const Pass& p, int64_t layer);
   Tensor attention_core_backward(const Tensor& datt, LayerActs& a, const Pass& p, int64_t layer);
@@ -363,6 +382,10 @@ class GptChunk {
           vocab_start_ = 0, vocab_valid_ = 0;
   Norm norm_;
   Mlp mlp_;
+  MoeMlp moe_;
+  std::vector<MoeLayerStats> moe_stats_;  // per MoE layer of the chunk (MoeLayerStats::layer)
+  std::vector<int64_t> moe_stat_index_;   // per layer of the chunk: its moe_stats_ entry, -1 dense
+  bool recomputing_ = false;              // a full-recompute forward: records no routing
   Rotary rotary_;
   QkNorm qk_norm_;
   std::vector<LayerParams> layers_;

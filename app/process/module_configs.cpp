@@ -43,10 +43,43 @@ void set_architecture(model::GptConfig& c, const ModelConfig& m) {
   c.qkv_bias = m.qkv_bias();
   c.qk_norm = m.qk_layernorm;
 }
+// The MoE keys as the model takes them (the combinations refuse_unwired_moe refuses never
+// get here from `train`).
+void set_moe(model::GptConfig& c, const ModelConfig& m) {
+  const MoeConfig& e = m.moe;
+  if (!e.enabled()) return;
+  model::MoeLayerConfig& o = c.moe;
+  o.num_experts = e.num_experts;
+  o.ffn = e.moe_ffn_hidden_size > 0 ? e.moe_ffn_hidden_size : m.ffn_hidden_size;
+  o.shared_ffn = e.moe_shared_expert_intermediate_size;
+  o.shared_gate = e.moe_shared_expert_gate;
+  o.router.topk = e.moe_router_topk;
+  o.router.score =
+      e.moe_router_score_function == MoeScoreFunction::sigmoid ? ops::RouterScore::sigmoid : ops::RouterScore::softmax;
+  o.router.pre_softmax = e.moe_router_pre_softmax;
+  o.router.scaling_factor = e.moe_router_topk_scaling_factor;
+  o.router.num_groups = e.moe_router_num_groups;
+  o.router.group_topk = e.moe_router_group_topk;
+  o.balancing = e.moe_router_load_balancing_type == MoeLoadBalancing::seq_aux_loss ? model::MoeBalancing::seq_aux_loss
+                : e.moe_router_load_balancing_type == MoeLoadBalancing::none       ? model::MoeBalancing::none
+                                                                                   : model::MoeBalancing::aux_loss;
+  o.aux_coeff = e.moe_aux_loss_coeff;
+  o.z_coeff = e.moe_z_loss_coeff;
+  o.expert_bias = e.moe_router_enable_expert_bias;
+  o.bias_update_rate = e.moe_router_bias_update_rate;
+  o.capacity_factor = e.moe_expert_capacity_factor.value_or(0.0);
+  o.pad_to_capacity = e.moe_pad_expert_input_to_capacity;
+  o.drop_policy =
+      e.moe_token_drop_policy == MoeDropPolicy::position ? ops::DropPolicy::position : ops::DropPolicy::probs;
+  for (int64_t i = 0; i < m.num_layers; ++i) o.layers.push_back(e.is_moe_layer(i) ? 1 : 0);
+}
 }  // namespace
 
-model::GptConfig gpt_config(const Recipe& r) {
-  refuse_moe_model(r, "mtnlg");
+model::GptConfig gpt_config(const Recipe& r, bool moe) {
+  if (moe)
+    refuse_unwired_moe(r);
+  else
+    refuse_moe_model(r, "mtnlg");
   model::GptConfig c;
   c.vocab_size = r.model.vocab_size;
   c.padded_vocab_size = r.model.padded_vocab_size(r.tp());
@@ -61,6 +94,7 @@ model::GptConfig gpt_config(const Recipe& r) {
   c.attention_dropout = r.model.attention_dropout;
   c.layernorm_eps = r.model.layernorm_epsilon;
   set_architecture(c, r.model);
+  set_moe(c, r.model);
   c.recompute = r.parallel.recompute_granularity;
   c.attention = r.model.attention_backend;
   c.micro_batch_size = r.training.micro_batch_size;

@@ -16,7 +16,9 @@ namespace mtnlg::app {
 
 // The model as recipe `r` trains it at its tensor-parallel size: the padded vocabulary of
 // r.tp(), sequence parallelism only when tp > 1, the training precision's compute dtype.
-model::GptConfig gpt_config(const Recipe& r);
+// An MoE recipe is refused (exit 2) unless `moe` (training, which builds MoE layers), and
+// then only in the forms the model runs (refuse_unwired_moe).
+model::GptConfig gpt_config(const Recipe& r, bool moe = false);
 
 // The layers over r's pipeline: model.num_layers, pipeline_model_parallel_size,
 // num_layers_per_virtual_pipeline_stage and the explicit parallel.pipeline_layers.

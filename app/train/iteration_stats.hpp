@@ -61,6 +61,19 @@ struct IterationStats {
   std::vector<double> step_parts_gpu;
   // logging.gpu_profile, at log iterations: this rank's GPU seconds per iteration by op family.
   std::vector<std::pair<std::string, double>> gpu_profile;
+  // MoE models: the balancing and z losses apart from the LM loss (each MoE layer's loss
+  // over its coefficient, averaged over the MoE layers and the step's micro batches; -1
+  // where that loss is off), and per MoE layer the step's tokens per expert (after drops),
+  // their min and max over their mean, and the dropped slots (with a capacity).
+  struct MoeLayerLoad {
+    int64_t layer = 0;
+    std::vector<double> tokens;
+    double min_over_mean = 0, max_over_mean = 0;
+    int64_t dropped = 0;
+  };
+  bool moe = false;
+  double moe_aux_loss = -1, moe_z_loss = -1;
+  std::vector<MoeLayerLoad> moe_layers;
 };
 
 }  // namespace mtnlg::app

@@ -71,6 +71,9 @@ model::TrainMicroBatch PipelineExecutor::micro_batch(const data::Batch& b, int64
   mb.sample_offset = consumed_before + k * mbs * dp + g_.coord.dp * mbs;
   mb.step_key = step_key;
   mb.loss_weight = loss_scale / static_cast<double>(b.global_batch_size * T);
+  // Megatron-Core's MoE losses: each micro batch's counts 1 / (micro batches x dp), the
+  // average over the global batch's micro batches, whatever the loss mask.
+  mb.moe_loss_weight = loss_scale * static_cast<double>(mbs) / static_cast<double>(b.global_batch_size);
   if (eod_ >= 0) {
     mb.loss_mask = masks_[static_cast<size_t>(k)].data();
     mb.loss_weight = counted_tokens_ > 0 ? loss_scale / counted_tokens_ : 0.0;

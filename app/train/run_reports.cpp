@@ -49,6 +49,18 @@ void MetricsWriter::write(const IterationStats& s, const Recipe& r, double loss_
                       {"tensor_bytes_send_buffers_peak", s.mem_send_buffers_peak},
                       {"tensor_bytes_workspace_peak", s.mem_workspace_peak}};
   if (r.training.precision == Precision::fp16) j["loss_scale"] = loss_scale;
+  if (s.moe) {  // MoE layers
+    if (s.moe_aux_loss >= 0) j["moe_load_balancing_loss"] = s.moe_aux_loss;
+    if (s.moe_z_loss >= 0) j["moe_z_loss"] = s.moe_z_loss;
+    nlohmann::json layers = nlohmann::json::array();
+    for (const auto& l : s.moe_layers)
+      layers.push_back({{"layer", l.layer},
+                        {"tokens_per_expert", l.tokens},
+                        {"min_over_mean", l.min_over_mean},
+                        {"max_over_mean", l.max_over_mean},
+                        {"dropped", l.dropped}});
+    j["moe_layers"] = layers;
+  }
   if (s.slowest_rank >= 0) {  // straggler detection (logging.straggler_margin)
     j["slowest_rank"] = s.slowest_rank;
     j["slowest_ratio"] = s.slowest_ratio;

@@ -124,7 +124,7 @@ model::ParamStore declared_params(const model::GptConfig& cfg, const std::vector
 // later part talks over. Not copyable or movable: the chunks hold references to `store`.
 struct TrainModel {
   TrainModel(const Recipe& r, const parallel::ProcessGroups& unplaced)
-      : cfg(gpt_config(r)),
+      : cfg(gpt_config(r, /*moe=*/true)),
         specs(model::partition_chunks(pipeline_split(r), unplaced.coord.pp)),
         store(declared_params(cfg, specs, unplaced)),
         device(select_device(r.training.device, "training.device")),
@@ -511,11 +511,53 @@ bool Trainer::install_layer_observer() {
   return true;
 }
 
+namespace {
+// The step's MoE record (one process: the chunks hold every MoE layer).
+void record_moe(IterationStats& s, const std::vector<std::unique_ptr<model::GptChunk>>& chunks,
+                const model::MoeLayerConfig& cfg) {
+  s.moe = true;
+  double aux = 0, z = 0;
+  int64_t layers = 0;
+  for (const auto& c : chunks)
+    for (const model::MoeLayerStats& st : c->moe_stats()) {
+      if (st.tokens.empty()) continue;
+      IterationStats::MoeLayerLoad l;
+      l.layer = st.layer;
+      l.tokens = st.tokens;
+      l.dropped = st.dropped;
+      double sum = 0;
+      for (double t : st.tokens) sum += t;
+      const double mean = sum / static_cast<double>(st.tokens.size());
+      const auto [lo, hi] = std::minmax_element(st.tokens.begin(), st.tokens.end());
+      l.min_over_mean = mean > 0 ? *lo / mean : 0;
+      l.max_over_mean = mean > 0 ? *hi / mean : 0;
+      s.moe_layers.push_back(std::move(l));
+      const double n = static_cast<double>(std::max<int64_t>(st.forwards, 1));
+      aux += st.aux / n;
+      z += st.z / n;
+      ++layers;
+    }
+  if (layers == 0) return;
+  if (cfg.aux_coeff > 0 && cfg.balancing != model::MoeBalancing::none) s.moe_aux_loss = aux / layers;
+  if (cfg.z_coeff > 0) s.moe_z_loss = z / layers;
+}
+
+// " | load balancing loss: x | z loss: y" for an MoE model's log line, else "".
+std::string moe_log_part(const IterationStats& s) {
+  if (!s.moe) return "";
+  std::string out;
+  if (s.moe_aux_loss >= 0) out += fmt::format(" | load balancing loss: {:.6E}", s.moe_aux_loss);
+  if (s.moe_z_loss >= 0) out += fmt::format(" | z loss: {:.6E}", s.moe_z_loss);
+  return out;
+}
+}  // namespace
+
 // The step's forward and backward with every gradient reduction: what train_step runs
 // first, and what a forensics replay runs again from the same weights (the update has
 // not run) with the same keys.
 void Trainer::forward_backward(const data::Batch& batch, double loss_scale) {
   model_.store.zero_grads();
+  for (auto& c : model_.chunks) c->reset_moe_stats();  // a replay records the step again
   ops::fill(step_.stats, 0.0);
   step_.ddp.begin(model_.store.grads());
   Tensor loss_acc = step_.stats.flat(0, 2);
@@ -605,6 +647,9 @@ IterationStats Trainer::train_step(const data::Batch& batch, double lr, std::chr
   optimizer::StepResult update =
       optim_.adamw.apply(model_.store.params(), model_.store.grads(), lr, &model_.store.weights(), loss_scale,
                          std::sqrt(fa.read.norm_sq), fa.read.nonfinite || dropped);
+  // Aux-loss-free balancing: once per global batch, as Megatron-Core's gradient finalisation
+  // (whether or not the update was skipped), from the step's routed counts.
+  for (auto& c : model_.chunks) c->update_expert_bias();
   const bool nonfinite = (update.skipped && !dropped) || fa.read.nonfinite || !std::isfinite(loss);
   const bool overflow_handled = optim_.scaler && nonfinite && loss_scale > r_.optimizer.min_loss_scale;
   if (optim_.scaler) optim_.scaler->update(nonfinite);  // not a dropped spike: that is no overflow
@@ -645,6 +690,7 @@ IterationStats Trainer::train_step(const data::Batch& batch, double lr, std::chr
   s.mfu = out_.peak.tflops > 0 ? s.tflops_per_gpu / out_.peak.tflops : 0.0;
   record_memory_and_traffic(s, reads_before, uploads_before);
   s.world_size = g_.topo.world();
+  if (model_.cfg.moe.enabled()) record_moe(s, model_.chunks, model_.cfg.moe);
   return s;
 }
 
@@ -712,10 +758,10 @@ void Trainer::training_log(IterationStats& s, const data::Batch& batch) {
     log::info(
         " iteration {:>7}/{:<7} | consumed tokens: {:>10} | elapsed time per iteration (ms): {:8.1f} | tokens/s: "
         "{:9.1f} | "
-        "TFLOP/s/GPU: {:6.3f} | MFU: {:5.1f}% | learning rate: {:.3E} | global batch size: {:5} | lm loss: {:.6E} | "
+        "TFLOP/s/GPU: {:6.3f} | MFU: {:5.1f}% | learning rate: {:.3E} | global batch size: {:5} | lm loss: {:.6E}{} | "
         "grad norm: {:.3f}{} | skipped: {} | nan: {} | mem: {} MiB{}{}{} | comm MB tp/pp/dp: {:.3f}/{:.3f}/{:.3f}{}",
         s.iteration, total_iters, s.consumed_tokens, s.step_time_s * 1e3, s.tokens_per_s, s.tflops_per_gpu, 100 * s.mfu,
-        s.lr, s.global_batch_size, s.loss, s.grad_norm,
+        s.lr, s.global_batch_size, s.loss, moe_log_part(s), s.grad_norm,
         optim_.scaler ? fmt::format(" | loss scale: {:.1f}", s.loss_scale) : "", s.skipped_total, s.nan_total,
         s.peak_memory_bytes >> 20,
         s.reserved_memory_bytes ? fmt::format(" (reserved {} MiB)", s.reserved_memory_bytes >> 20) : std::string(),

@@ -74,18 +74,19 @@ TEST_CASE("bad input: every class exits 2 naming the place", "[e2e]") {
   CHECK_THAT(r.out, Contains("--bogus"));
 }
 
-// An MoE recipe validates, but the commands that would build the model refuse it (exit 2,
-// one line) until MoE layers are wired in: never a dense model trained in its place.
-TEST_CASE("bad input: train and plan refuse an MoE recipe until its layers are wired in", "[e2e]") {
+// An MoE recipe validates; train refuses what its MoE layers do not do yet (here the
+// GPT recipe's linear biases) and plan every MoE recipe (exit 2, one line): never a
+// dense model in its place.
+TEST_CASE("bad input: train and plan refuse the MoE forms they do not build", "[e2e]") {
   test::TempDir d("badinput-moe");
   test::write_file(d / "moe.yaml", kGood);
   const std::string moe = (d / "moe.yaml").string() + " --set model.num_experts=4";
   const auto ok = test::run_mtnlg("recipe validate " + moe);
   INFO(ok.out);
   CHECK(ok.exit_code == 0);
-  expect_exit2("train " + moe + " --set logging.dir=" + d.str() + "/run",
-               {"model.num_experts (4)", "mtnlg train", "not wired"});
-  expect_exit2("plan " + moe + " --gpus 8 --gpu h100-80g", {"model.num_experts (4)", "mtnlg plan", "not wired"});
+  expect_exit2("train " + moe + " --set logging.dir=" + d.str() + "/run", {"model.add_bias_linear", "not built yet"});
+  expect_exit2("plan " + moe + " --gpus 8 --gpu h100-80g",
+               {"model.num_experts (4)", "mtnlg plan", "does not run MoE models"});
   expect_exit2("recipe validate " + moe + " --set model.moe_router_topk=5", {"model.moe_router_topk (5)"});
   CHECK(!std::filesystem::exists(d / "run"));
 }

@@ -13,9 +13,55 @@ using namespace mtnlg;
 using namespace mtnlg::model;
 
 namespace {
+// The MoE keys torch_gpt.py reads (meta values are numbers; the MoE layers a bit mask).
+void add_moe_meta(const GptConfig& cfg, int64_t micro_batches, std::map<std::string, std::string>& meta) {
+  const MoeLayerConfig& m = cfg.moe;
+  if (!m.enabled()) return;
+  int64_t mask = 0;
+  for (size_t l = 0; l < m.layers.size(); ++l)
+    if (m.layers[l]) mask |= int64_t{1} << l;
+  for (auto& [k, v] : std::map<std::string, double>{{"moe", 1},
+                                                    {"micro_batches", static_cast<double>(micro_batches)},
+                                                    {"moe_layers", static_cast<double>(mask)},
+                                                    {"experts", static_cast<double>(m.num_experts)},
+                                                    {"topk", static_cast<double>(m.router.topk)},
+                                                    {"sigmoid", m.router.score == ops::RouterScore::sigmoid ? 1 : 0},
+                                                    {"pre_softmax", m.router.pre_softmax ? 1 : 0},
+                                                    {"scaling", m.router.scaling_factor},
+                                                    {"capacity", m.capacity_factor},
+                                                    {"seq_aux", m.balancing == MoeBalancing::seq_aux_loss ? 1 : 0},
+                                                    {"aux_coeff", m.balancing == MoeBalancing::none ? 0 : m.aux_coeff},
+                                                    {"z_coeff", m.z_coeff},
+                                                    {"bias_rate", m.bias_update_rate}})
+    meta[k] = fmt::format("{}", v);
+}
+
+// The step's MoE losses from the chunk's record (each layer's value over its coefficient,
+// summed over the forwards): what they add to the step's loss (x coeff / micro batches),
+// and their logged sums over the layers averaged over the micro batches.
+struct MoeTerms {
+  double loss = 0, aux = 0, z = 0;
+};
+MoeTerms moe_terms(const GptChunk& chunk, const GptConfig& cfg, int64_t micro_batches) {
+  MoeTerms t;
+  const double M = static_cast<double>(micro_batches);
+  for (const auto& st : chunk.moe_stats()) {
+    t.aux += st.aux / M;
+    t.z += st.z / M;
+  }
+  t.loss = t.aux * cfg.moe.aux_coeff + t.z * cfg.moe.z_coeff;
+  return t;
+}
+
+Tensor scalar(double v) {
+  Tensor t = Tensor::empty({1}, DType::f64);
+  t.data<double>()[0] = v;
+  return t;
+}
+
 // Dumps the initial weights, the first step's loss and gradients and the weights after 3
 // AdamW steps of `cfg`'s model, and has torch_gpt.py rebuild and compare them.
-void check_against_torch(GptConfig cfg, int llama) {
+void check_against_torch(GptConfig cfg, int llama, double lr = 1e-2) {
   if (!test::python_has("torch")) FAIL("Debian's python3-torch is missing (scripts/install-deps.sh installs it)");
   test::TempDir dir("torch-oracle");
   ChunkSpec spec{0, 2, true, true, ""};
@@ -38,15 +84,23 @@ void check_against_torch(GptConfig cfg, int llama) {
     tokens.data<int32_t>()[i] = static_cast<int32_t>((i * 31 + (i / 7) * 3) % 50);
 
   optimizer::AdamWConfig oc;
-  const double lr = 1e-2;
   oc.weight_decay = 0.1;
   oc.beta1 = 0.9;
   oc.beta2 = 0.95;
   oc.eps = 1e-8;
   oc.clip_grad = 1.0;
-  std::map<std::string, std::string> meta = {
-      {"layers", "2"}, {"hidden", "32"}, {"heads", "4"},  {"vocab", "50"},  {"seq", "16"},     {"eps", "1e-05"},
-      {"lr", "0.01"},  {"wd", "0.1"},    {"clip", "1.0"}, {"beta1", "0.9"}, {"beta2", "0.95"}, {"adam_eps", "1e-08"}};
+  std::map<std::string, std::string> meta = {{"layers", "2"},
+                                             {"hidden", "32"},
+                                             {"heads", "4"},
+                                             {"vocab", "50"},
+                                             {"seq", "16"},
+                                             {"eps", "1e-05"},
+                                             {"lr", fmt::format("{}", lr)},
+                                             {"wd", "0.1"},
+                                             {"clip", "1.0"},
+                                             {"beta1", "0.9"},
+                                             {"beta2", "0.95"},
+                                             {"adam_eps", "1e-08"}};
   if (llama >= 0) {
     const auto& r = cfg.rope_params;
     for (auto& [k, v] : std::map<std::string, double>{{"llama", 1},
@@ -62,14 +116,17 @@ void check_against_torch(GptConfig cfg, int llama) {
                                                       {"rope_original", r.original_max_positions}})
       meta[k] = fmt::format("{}", v);
   }
+  add_moe_meta(cfg, B / mbs, meta);
   std::vector<safetensors::Entry> init;
   for (auto& p : store.infos()) init.push_back({p.name, store.param(p.name).clone()});
   init.push_back({"tokens", tokens});
   safetensors::write((dir / "init.safetensors").string(), init, meta);
 
   // One global batch of 2 micro batches (gradient accumulation), loss = batch mean.
+  // MoE: each micro batch's balancing and z losses count 1 / micro batches (Megatron-Core).
   auto step = [&]() {
     store.zero_grads();
+    chunk.reset_moe_stats();
     double loss = 0;
     for (int64_t k = 0; k < B / mbs; ++k) {
       TrainMicroBatch mb;
@@ -77,17 +134,24 @@ void check_against_torch(GptConfig cfg, int llama) {
       mb.micro_batch_size = mbs;
       mb.sample_offset = k * mbs;
       mb.loss_weight = 1.0 / static_cast<double>(B * T);
+      mb.moe_loss_weight = 1.0 / static_cast<double>(B / mbs);
       auto r = chunk.forward(k, mb, Tensor());
       loss += r.loss_sum / static_cast<double>(B * T);
       chunk.backward(k, Tensor());
     }
-    return loss;
+    return loss + moe_terms(chunk, cfg, B / mbs).loss;
   };
   double loss0 = step();
   std::vector<safetensors::Entry> s0;
-  Tensor lt = Tensor::empty({1}, DType::f64);
-  lt.data<double>()[0] = loss0;
-  s0.push_back({"loss", lt});
+  s0.push_back({"loss", scalar(loss0)});
+  const MoeTerms terms = moe_terms(chunk, cfg, B / mbs);
+  s0.push_back({"moe_aux", scalar(terms.aux)});
+  s0.push_back({"moe_z", scalar(terms.z)});
+  for (const auto& st : chunk.moe_stats()) {
+    Tensor c = Tensor::empty({static_cast<int64_t>(st.tokens.size())}, DType::f64);
+    std::copy(st.tokens.begin(), st.tokens.end(), c.data<double>());
+    s0.push_back({fmt::format("counts.layers.{}.", st.layer), c});
+  }
   for (auto& p : store.infos()) s0.push_back({"grad." + p.name, store.grad(p.name).clone()});
   safetensors::write((dir / "step0.safetensors").string(), s0);
 
@@ -98,6 +162,7 @@ void check_against_torch(GptConfig cfg, int llama) {
   for (int it = 0; it < 3; ++it) {
     losses.data<double>()[it] = step();
     opt.step(store.params(), store.grads(), lr);
+    chunk.update_expert_bias();
   }
   std::vector<safetensors::Entry> a3;
   a3.push_back({"losses", losses});
@@ -130,4 +195,50 @@ TEST_CASE("llama: loss, gradients and AdamW steps equal PyTorch's", "[oracle]") 
     test::make_llama(cfg, variant);
     check_against_torch(cfg, variant);
   }
+}
+
+namespace {
+// The tiny model with MoE layers (4 experts, top-2, width 48) where `layers` says.
+GptConfig tiny_moe(bool llama, std::vector<uint8_t> layers) {
+  GptConfig cfg = test::tiny_gpt_config();
+  cfg.init_std = 0.05;
+  if (llama) test::make_llama(cfg, 0);
+  cfg.bias_linear = false;
+  cfg.qkv_bias = false;
+  cfg.moe.num_experts = 4;
+  cfg.moe.ffn = 48;
+  cfg.moe.router.topk = 2;
+  cfg.moe.aux_coeff = 1e-1;
+  cfg.moe.z_coeff = 1e-2;
+  cfg.moe.layers = std::move(layers);
+  return cfg;
+}
+}  // namespace
+
+// Softmax top-k (Mixtral's), the micro batch's balancing loss and the z-loss, SwiGLU
+// experts in both layers; then the same with a capacity that drops slots, the per-sequence
+// loss and a gated shared expert. The MoE cases step at lr 1e-3 (PyTorch in float64): at
+// 1e-2 some expert weights with small gradients move chaotically over 3 steps, so that
+// PyTorch's own float32 run lands 9e-5 from its float64 run there (and ours 1.5e-5).
+constexpr double kMoeLr = 1e-3;
+TEST_CASE("moe: softmax top-k model, loss with aux and z terms, gradients and AdamW steps equal PyTorch's",
+          "[oracle]") {
+  GptConfig cfg = tiny_moe(true, {1, 1});
+  check_against_torch(cfg, 0, kMoeLr);
+  INFO("capacity 1.0, seq_aux_loss, gated shared expert");
+  cfg.moe.capacity_factor = 1.0;
+  cfg.moe.balancing = MoeBalancing::seq_aux_loss;
+  cfg.moe.shared_ffn = 40;
+  cfg.moe.shared_gate = true;
+  check_against_torch(cfg, 0, kMoeLr);
+}
+
+// Sigmoid scores with the expert bias choosing (updated after each step at a rate large
+// enough to change the routing), GELU experts in layer 0 and a dense layer 1.
+TEST_CASE("moe: sigmoid with expert bias, GELU experts beside a dense layer, equal PyTorch's", "[oracle]") {
+  GptConfig cfg = tiny_moe(false, {1, 0});
+  cfg.moe.router.score = ops::RouterScore::sigmoid;
+  cfg.moe.expert_bias = true;
+  cfg.moe.bias_update_rate = 0.05;
+  check_against_torch(cfg, -1, kMoeLr);
 }

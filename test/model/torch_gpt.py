@@ -13,6 +13,16 @@ group, q/k/v biases alone, tied or untied output layer, and, when the weights
 attention.q_layernorm / k_layernorm are there, Qwen3's RMSNorm of each query and key
 head before the rotation), not from mtnlg's code.
 
+With meta "moe" = 1, the layers of the bit mask "moe_layers" have a routed-experts MLP
+written from Megatron-Core's formulas (router logits x W_r^T; top-k of the logits then a
+softmax over those k, the top-k of the full softmax, or the top-k of sigmoid + expert bias
+with the chosen sigmoids renormalised; the scaling factor; an expert capacity keeping each
+expert's highest weights; each expert fc2(act(fc1(x))) weighted by its routing weight;
+a shared expert with its sigmoid gate), the switch balancing loss (per micro batch or per
+sequence) and the router z-loss, each averaged over the micro batches (Megatron-Core's
+per-micro-batch scaling), and after each optimizer step the expert bias moves by rate x
+sign(mean count - count). Computed in float64 (the routing compared exactly).
+
 Metric: per tensor, ||ours - torch|| / ||torch|| <= 1e-5 (fp32), loss relative 1e-5.
 Exit 0 when everything matches, 1 otherwise.
 """
@@ -51,7 +61,12 @@ def main(d):
     D = int(cfg.get("head_dim", C // H))
     G = int(cfg.get("groups", H))
     tokens = init.pop("tokens").long()
-    params = {k: v.clone().requires_grad_(True) for k, v in init.items()}
+    moe = int(cfg.get("moe", 0)) == 1
+    buffers = {k: init.pop(k).double() for k in list(init) if k.endswith("router.expert_bias")}
+    ftype = torch.float64 if moe else torch.float32
+    params = {k: v.clone().to(ftype).requires_grad_(True) for k, v in init.items()}
+    micro = int(cfg.get("micro_batches", 1))
+    step_counts = {}  # per MoE layer: tokens per expert (after drops) over the step
 
     def gelu(x):
         return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
@@ -102,9 +117,96 @@ def main(d):
             out = torch.cat((a * cos - b * sin, a * sin + b * cos), -1)
         return torch.cat((out, rest), -1)
 
+    def act_fn(pre):
+        if llama:
+            g, u = pre.chunk(2, -1)
+            return torch.nn.functional.silu(g) * u
+        return gelu(pre)
+
+    def route(x, n):
+        """x [N, C] -> (routing weights [N, k], experts [N, k], kept [N, k], balancing loss, z-loss)."""
+        E, k = int(cfg["experts"]), int(cfg["topk"])
+        logits = x @ params[n + "mlp.router.weight"].T
+        N = logits.shape[0]
+        z = cfg["z_coeff"] * (torch.logsumexp(logits, -1) ** 2).mean()
+        if int(cfg["sigmoid"]):
+            s = torch.sigmoid(logits)
+            bias = buffers.get(n + "mlp.router.expert_bias", torch.zeros(E, dtype=torch.float64))
+            idx = torch.topk(s.detach() + bias, k, -1).indices
+            w = s.gather(1, idx)
+            if k > 1:
+                w = w / (w.sum(-1, keepdim=True) + 1e-20)
+            scores = s / (s.sum(-1, keepdim=True) + 1e-20)
+        else:
+            if int(cfg["pre_softmax"]):
+                w, idx = torch.topk(torch.softmax(logits, -1), k, -1)
+            else:
+                top, idx = torch.topk(logits, k, -1)
+                w = torch.softmax(top, -1)
+            scores = torch.softmax(logits, -1)
+        if cfg["scaling"] > 0:
+            w = w * cfg["scaling"]
+        keep = torch.ones(N, k, dtype=torch.bool)
+        if cfg["capacity"] > 0:
+            cap = math.ceil(N * k / E * cfg["capacity"])
+            for e in range(E):
+                slots = [(n_, j) for n_ in range(N) for j in range(k) if idx[n_, j] == e]
+                slots.sort(key=lambda t: (-w[t].item(), t[0]))
+                for t in slots[cap:]:
+                    keep[t] = False
+        # the balancing loss: its own top-k of the scores (no bias, no drops)
+        groups = N // T if int(cfg["seq_aux"]) else 1
+        aux = torch.zeros((), dtype=torch.float64)
+        if cfg["aux_coeff"] > 0:
+            sel = torch.topk(scores.detach(), k, -1).indices
+            for g in range(groups):
+                r = slice(g * N // groups, (g + 1) * N // groups)
+                cnt = torch.zeros(E, dtype=torch.float64).index_add_(
+                    0, sel[r].reshape(-1), torch.ones(sel[r].numel(), dtype=torch.float64))
+                Tg = N // groups
+                aux = aux + cfg["aux_coeff"] * E / (k * Tg * Tg) * (scores[r].sum(0) * cnt).sum() / groups
+        return w, idx, keep, aux, z
+
+    def moe_mlp(h, n):
+        """h [B, T, C] of one micro batch -> (MLP output, balancing loss, z-loss)."""
+        x = h.reshape(-1, C)
+        w, idx, keep, aux, z = route(x, n)
+        E = int(cfg["experts"])
+        cnt = step_counts.setdefault(n, torch.zeros(E, dtype=torch.float64))
+        y = torch.zeros_like(x)
+        for e in range(E):
+            coef = ((idx == e) & keep).to(x.dtype) * w
+            cnt[e] += ((idx == e) & keep).sum().item()
+            pe = n + f"mlp.experts.local_experts.{e}."
+            y = y + coef.sum(-1, keepdim=True) * (act_fn(x @ params[pe + "linear_fc1.weight"].T) @
+                                                   params[pe + "linear_fc2.weight"].T)
+        ps = n + "mlp.shared_experts."
+        if ps + "linear_fc1.weight" in params:
+            sh = act_fn(x @ params[ps + "linear_fc1.weight"].T) @ params[ps + "linear_fc2.weight"].T
+            if ps + "gate_weight" in params:
+                sh = sh * torch.sigmoid(x @ params[ps + "gate_weight"].T)
+            y = y + sh
+        return y.view(h.shape), aux, z
+
     def loss_fn():
-        inp, tgt = tokens[:, :-1], tokens[:, 1:]
+        """The step's loss: the LM loss over the whole batch plus each micro batch's MoE
+        losses / micro batches; also the balancing and z losses over their coefficients,
+        summed over the MoE layers and averaged over the micro batches."""
+        per = tokens.shape[0] // micro
+        total = torch.zeros((), dtype=torch.float64)
+        aux_log = z_log = 0.0
+        for m in range(micro):
+            lm, aux, z = forward(tokens[m * per:(m + 1) * per])
+            total = total + lm * per / tokens.shape[0] + (aux + z) / micro
+            aux_log += aux.item() / max(cfg.get("aux_coeff", 0), 1e-300) / micro
+            z_log += z.item() / max(cfg.get("z_coeff", 0), 1e-300) / micro
+        return total, aux_log, z_log
+
+    def forward(toks):
+        inp, tgt = toks[:, :-1], toks[:, 1:]
         B = inp.shape[0]
+        aux_sum = torch.zeros((), dtype=torch.float64)
+        z_sum = torch.zeros((), dtype=torch.float64)
         wte = params["embedding.word_embeddings.weight"]
         x = wte[inp]
         if not llama:
@@ -128,6 +230,11 @@ def main(d):
             a = (torch.softmax(s, -1) @ v).transpose(1, 2).reshape(B, T, H * D)
             x = x + linear(a, n + "attention.proj")
             h = norm(x, n + "post_attention_layernorm")
+            if moe and (int(cfg["moe_layers"]) >> l) & 1:
+                y, aux, z = moe_mlp(h, n)
+                x = x + y
+                aux_sum, z_sum = aux_sum + aux, z_sum + z
+                continue
             if llama:
                 act = torch.nn.functional.silu(linear(h, n + "mlp.fc1_gate")) * linear(h, n + "mlp.fc1_up")
             else:
@@ -137,26 +244,38 @@ def main(d):
         out_w = params.get("output_layer.weight", wte)
         logits = x @ out_w.T
         logits = logits[..., :V]  # padded vocabulary never counts
-        return torch.nn.functional.cross_entropy(logits.reshape(-1, V), tgt.reshape(-1))
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, V), tgt.reshape(-1)), aux_sum, z_sum
 
     ok = True
+    ok_counts = []
 
     def rel(a, b):
         return (a - b).norm().item() / max(b.norm().item(), 1e-30)
 
     def check(what, ours, ref, tol=1e-5):
         nonlocal ok
-        e = rel(ours, ref)
+        e = rel(ours.double(), ref.double())
         flag = "ok" if e <= tol else "MISMATCH"
         if e > tol:
             ok = False
         print(f"{flag:8s} {what:55s} rel err {e:.2e}")
 
-    loss = loss_fn()
+    step_counts.clear()
+    loss, aux_log, z_log = loss_fn()
     loss.backward()
     check("loss", step0["loss"].double(), loss.detach().double().reshape(1))
+    if moe:
+        if cfg["aux_coeff"] > 0:
+            check("balancing loss / coeff", step0["moe_aux"].double(), torch.tensor([aux_log], dtype=torch.float64))
+        if cfg["z_coeff"] > 0:
+            check("z-loss / coeff", step0["moe_z"].double(), torch.tensor([z_log], dtype=torch.float64))
+        for n, c in step_counts.items():
+            ours = step0["counts." + n]
+            same = torch.equal(ours.double(), c)
+            print(f"{'ok' if same else 'MISMATCH':8s} tokens per expert {n}: {c.tolist()}")
+            ok_counts.append(same)
     for name, prm in params.items():
-        check(f"grad {name}", step0["grad." + name], prm.grad)
+        check(f"grad {name}", step0["grad." + name], prm.grad.to(step0["grad." + name].dtype))
 
     decay = [p for n, p in params.items() if p.dim() > 1]
     no_decay = [p for n, p in params.items() if p.dim() <= 1]
@@ -165,11 +284,15 @@ def main(d):
     losses = []
     for it in range(3):
         opt.zero_grad()
-        l = loss_fn()
+        step_counts.clear()
+        l, _, _ = loss_fn()
         losses.append(l.item())
         l.backward()
         torch.nn.utils.clip_grad_norm_(list(params.values()), clip)
         opt.step()
+        for n, c in step_counts.items():  # aux-loss-free balancing, once per global batch
+            if n + "mlp.router.expert_bias" in buffers:
+                buffers[n + "mlp.router.expert_bias"] += cfg["bias_rate"] * torch.sign(c.mean() - c)
     check("losses of the 3 steps", after["losses"].double(), torch.tensor(losses, dtype=torch.float64))
     for name, prm in params.items():
         ours, ref = after[name], prm.detach()
@@ -193,6 +316,10 @@ def main(d):
             r[:, kh, rot:] = 0
             ours, ref = o, r
         check(f"weight after 3 AdamW steps {name}", ours, ref)
+    for name, b in buffers.items():
+        check(f"expert bias after 3 updates {name}", after[name], b, tol=1e-6)
+        print(f"         {name}: {b.tolist()}")
+    ok = ok and all(ok_counts)
     print("PASS" if ok else "FAIL")
     return 0 if ok else 1
 

@@ -1,0 +1,96 @@
+// The routed-experts MLP of a mixture-of-experts layer (docs/specs/moe.md), a part of the
+// decoder like those of model/parts.hpp: a layer's MLP is dense or this, per
+// MoeLayerConfig::is_moe. Built from the MoE ops (core/moe_ops.hpp) on one process: the
+// router's logits, top-k, capacity, dispatch, the experts as grouped GEMMs with the
+// model's activation, combine, the optional shared expert with its gate, and the
+// balancing and z losses added to the training loss. CPU, f32 or f64.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "core/moe_ops.hpp"
+#include "core/tensor.hpp"
+
+namespace mtnlg::model {
+
+// The MoE keys as the model uses them (app::gpt_config fills it from the recipe).
+enum class MoeBalancing { aux_loss, seq_aux_loss, none };
+struct MoeLayerConfig {
+  int64_t num_experts = 0;  // 0: every layer dense
+  int64_t ffn = 0;          // each routed expert's width
+  int64_t shared_ffn = 0;   // the shared expert's width; 0 = none
+  bool shared_gate = false;
+  ops::RouterParams router;
+  MoeBalancing balancing = MoeBalancing::aux_loss;
+  double aux_coeff = 0.0, z_coeff = 0.0;  // 0: that loss is not computed
+  bool expert_bias = false;
+  double bias_update_rate = 1e-3;
+  double capacity_factor = 0.0;  // 0: dropless
+  bool pad_to_capacity = false;
+  ops::DropPolicy drop_policy = ops::DropPolicy::probs;
+  std::vector<uint8_t> layers;  // per layer of the whole model: 1 = MoE
+
+  bool enabled() const { return num_experts > 0; }
+  bool is_moe(int64_t layer) const {
+    return enabled() && layer >= 0 && layer < static_cast<int64_t>(layers.size()) &&
+           layers[static_cast<size_t>(layer)] == 1;
+  }
+};
+
+// One MoE layer's weights and gradients (the store's views). w1 [E, F or 2F, H] (SwiGLU:
+// each expert's [gate; up]), w2 [E, H, F]; the shared expert's s_w1 [S or 2S, H], s_w2
+// [H, S] and gate [1, H] when configured; expert_bias [E] (no gradient: the update rule
+// moves it).
+struct MoeParams {
+  Tensor router_w, d_router_w, expert_bias;
+  Tensor w1, d_w1, w2, d_w2;
+  Tensor s_w1, d_s_w1, s_w2, d_s_w2, s_gate, d_s_gate;
+};
+
+// What a training forward keeps for the backward.
+struct MoeActs {
+  Tensor logits, probs, idx;  // router [N, E], top-k weights and experts [N, k]
+  Tensor scores, counts;      // the balancing loss's scores [N, E] and counts [groups, E]
+  ops::MoeDispatch d;
+  Tensor xp, pre, act, aw;              // dispatched rows, fc1 output, activation, weighted activation
+  Tensor s_pre, s_act, s_out, s_logit;  // shared expert: fc1 output, activation, fc2 output, gate logit
+  bool defined() const { return logits.defined(); }
+  int64_t bytes() const;
+};
+
+// One step's routing record of a layer, summed over its training forwards (recomputed
+// forwards excluded): tokens per expert after drops, dropped slots, and the balancing and
+// z losses divided by their coefficients (Megatron-Core's logged values).
+struct MoeLayerStats {
+  int64_t layer = 0;
+  std::vector<double> tokens;
+  int64_t dropped = 0;
+  double aux = 0.0, z = 0.0;
+  int64_t forwards = 0;
+};
+
+struct MoeMlp {
+  MoeLayerConfig cfg;
+  bool swiglu = false;
+
+  // out [N, H] (written) from the normed input `in` [N, H]; `seq` tokens per sequence (the
+  // per-sequence loss's groups). train: keeps `a` for the backward and, with `stats`,
+  // records the routing and the losses.
+  void forward(Tensor& out, MoeActs& a, const Tensor& in, const MoeParams& p, int64_t seq, bool train,
+               MoeLayerStats* stats) const;
+  // din (written) from dout [N, H]; parameter gradients accumulate. loss_weight: the
+  // gradient of the total loss with respect to this micro batch's balancing and z losses.
+  void backward(Tensor& din, const Tensor& dout, const MoeActs& a, const Tensor& in, MoeParams& p, int64_t seq,
+                double loss_weight) const;
+
+ private:
+  void route(MoeActs& a, const Tensor& in, const MoeParams& p, int64_t seq, bool train, MoeLayerStats* stats) const;
+  void experts_forward(Tensor& out, MoeActs& a, const Tensor& in, const MoeParams& p) const;
+  void shared_forward(Tensor& out, MoeActs& a, const Tensor& in, const MoeParams& p) const;
+  void shared_backward(Tensor& din, const Tensor& dout, const MoeActs& a, const Tensor& in, MoeParams& p) const;
+  void router_backward(Tensor& din, const Tensor& dprobs, const MoeActs& a, const Tensor& in, MoeParams& p, int64_t seq,
+                       double loss_weight) const;
+  int64_t loss_groups(int64_t rows, int64_t seq) const;
+};
+
+}  // namespace mtnlg::model
