@@ -93,14 +93,10 @@ EvalOptions eval_options(const EvalArgs& a) {
 // other than 0, which neither print nor write.
 bool run_parallel_eval(const EvalArgs& a, const parallel::LaunchInfo& launch, const EvalOptions& o,
                        const data::TextTokenizer& tok, EvalReport& rep) {
-  if (a.checkpoint.empty()) throw_input("eval under mpirun/srun needs --checkpoint");
-  const std::string dir = model::ckpt::resolve(a.checkpoint);
-  Recipe r = parse_recipe(model::ckpt::read_metadata(dir).recipe_yaml, dir + "/metadata.json", a.sets);
-  validate_layout(r, launch.world_size);
-  parallel::set_collective_timeout(r.parallel.distributed_timeout_minutes * 60);
-  auto world = parallel::init_world(launch);
-  log::context().rank = static_cast<int>(launch.rank);
-  log::context().world = static_cast<int>(launch.world_size);
+  InferenceWorld iw = start_inference_world("eval", a.checkpoint, a.sets, launch);
+  const Recipe& r = iw.recipe;
+  const std::string& dir = iw.dir;
+  auto& world = iw.world;
   try {
     const Device dev = select_device(parse_device_kind(a.device, "--device"), "--device");
     // On CUDA the tensor groups are NCCL's, under the device watchdog as in training: a

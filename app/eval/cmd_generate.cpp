@@ -114,22 +114,19 @@ void decode(model::GptChunk& chunk, const data::TextTokenizer& tok, const GenArg
 // token I, the testing aid).
 void run_parallel(const GenArgs& a, const parallel::LaunchInfo& launch, const data::TextTokenizer& tok,
                   const std::string& prompt) {
-  if (a.checkpoint.empty()) throw_input("generate under mpirun/srun needs --checkpoint");
-  const std::string dir = model::ckpt::resolve(a.checkpoint);
-  Recipe r = parse_recipe(model::ckpt::read_metadata(dir).recipe_yaml, dir + "/metadata.json", a.sets);
-  if (r.pp() != 1 || r.tp() != launch.world_size)
-    throw_input(
-        "generate under mpirun/srun splits the model by tensor parallelism only: the world size ({}) must "
-        "equal parallel.tensor_model_parallel_size ({}) with parallel.pipeline_model_parallel_size 1 ({})",
-        launch.world_size, r.tp(), r.pp());
-  validate_layout(r, launch.world_size);
   const FaultInjection fault = fault_injection_from_env();
   if (fault.active() && fault.mode != "hang")
     throw_input("MTNLG_FAULT_INJECT mode={}: generate takes only mode=hang (its iteration counts tokens)", fault.mode);
-  parallel::set_collective_timeout(r.parallel.distributed_timeout_minutes * 60);
-  auto world = parallel::init_world(launch);
-  log::context().rank = static_cast<int>(launch.rank);
-  log::context().world = static_cast<int>(launch.world_size);
+  InferenceWorld iw = start_inference_world("generate", a.checkpoint, a.sets, launch, [&](const Recipe& r) {
+    if (r.pp() != 1 || r.tp() != launch.world_size)
+      throw_input(
+          "generate under mpirun/srun splits the model by tensor parallelism only: the world size ({}) must "
+          "equal parallel.tensor_model_parallel_size ({}) with parallel.pipeline_model_parallel_size 1 ({})",
+          launch.world_size, r.tp(), r.pp());
+  });
+  const Recipe& r = iw.recipe;
+  const std::string& dir = iw.dir;
+  auto& world = iw.world;
   try {
     const Device dev = select_device(parse_device_kind(a.device, "--device"), "--device");
     const auto g = parallel::place_groups(

@@ -15,6 +15,8 @@
 #include "config/recipe.hpp"
 #include "data/eval/metrics.hpp"
 #include "data/eval/requests.hpp"
+#include "model/checkpoint.hpp"
+#include "parallel/watchdog.hpp"
 
 namespace mtnlg::app {
 
@@ -367,6 +369,22 @@ std::shared_ptr<const data::TextTokenizer> load_text_tokenizer(const std::string
   auto t = data::HfTokenizer::from_file(tokenizer_json);
   const int32_t eod = data::hf_eod_id(*t, eod_token);
   return std::make_shared<data::HfTextTokenizer>(t, eod, add_special_tokens);
+}
+
+InferenceWorld start_inference_world(const char* command, const std::string& checkpoint,
+                                     const std::vector<std::string>& overrides, const parallel::LaunchInfo& launch,
+                                     const std::function<void(const Recipe&)>& check) {
+  if (checkpoint.empty()) throw_input("{} under mpirun/srun needs --checkpoint", command);
+  InferenceWorld w;
+  w.dir = model::ckpt::resolve(checkpoint);
+  w.recipe = parse_recipe(model::ckpt::read_metadata(w.dir).recipe_yaml, w.dir + "/metadata.json", overrides);
+  if (check) check(w.recipe);
+  validate_layout(w.recipe, launch.world_size);
+  parallel::set_collective_timeout(w.recipe.parallel.distributed_timeout_minutes * 60);
+  w.world = parallel::init_world(launch);
+  log::context().rank = static_cast<int>(launch.rank);
+  log::context().world = static_cast<int>(launch.world_size);
+  return w;
 }
 
 }  // namespace mtnlg::app

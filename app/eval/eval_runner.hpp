@@ -15,9 +15,11 @@
 #include <string>
 #include <vector>
 
+#include "config/recipe.hpp"
 #include "data/eval/tasks.hpp"
 #include "data/text_tokenizer.hpp"
 #include "model/inference.hpp"
+#include "parallel/communicator.hpp"
 
 namespace mtnlg::app {
 
@@ -88,5 +90,19 @@ std::shared_ptr<const data::TextTokenizer> load_text_tokenizer(const std::string
                                                                const std::string& checkpoint = "");
 // The tokenizer.json of a checkpoint (ROOT/tokenizer.json, for ROOT or ROOT/iter_X), or "".
 std::string checkpoint_tokenizer(const std::string& checkpoint);
+
+// `eval` or `generate` (`command`) under mpirun/srun: the checkpoint's recipe with
+// `overrides` (--set) applied, checked by `check` (the command's own layout rules; may be
+// empty) and against the world size, then the world started under the recipe's
+// collective timeout, the log's rank context set. InputError before any process group
+// exists for a missing --checkpoint or a bad layout.
+struct InferenceWorld {
+  std::string dir;  // the resolved checkpoint directory
+  Recipe recipe;
+  std::shared_ptr<parallel::Communicator> world;
+};
+InferenceWorld start_inference_world(const char* command, const std::string& checkpoint,
+                                     const std::vector<std::string>& overrides, const parallel::LaunchInfo& launch,
+                                     const std::function<void(const Recipe&)>& check = {});
 
 }  // namespace mtnlg::app

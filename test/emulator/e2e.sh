@@ -154,6 +154,24 @@ sys.exit(0 if ok else 1)
 EOF
 }
 
+# left_alone NAME N BG [PIDS...]: a run started in the background (subshell BG) under
+# orte_abort_on_non_zero_status 0, which makes mpirun leave the survivors to the watchdog
+# and then never return: waits (at most 10 min) until N ranks said they exit 3, kills
+# PIDS (processes that cannot exit themselves) and the subshell's mpirun, and reaps it.
+left_alone() {
+  local name=$1 want=$2 bg=$3 n
+  shift 3
+  for _ in $(seq 1200); do
+    n=$(grep -c 'exiting with status 3' "$out/$name.log" 2>/dev/null)
+    [ "${n:-0}" -ge "$want" ] && break
+    sleep 0.5
+  done
+  sleep 1
+  for p in "$@"; do kill -KILL "$p" 2>/dev/null; done
+  for p in $(pgrep -P "$bg"); do kill "$p" 2>/dev/null; done
+  wait "$bg"
+}
+
 case "$step" in
   train)
     for rc in none selective full; do
@@ -352,15 +370,7 @@ EOF
     # then never returns, so it is stopped once every survivor has exited.
     (MTNLG_FAULT_INJECT=rank=1:iteration=3:mode=kill OMPI_MCA_orte_abort_on_non_zero_status=0 \
       wd killed 4 "${l4[@]}" --set training.train_iters=6) &
-    wd_pid=$!
-    for _ in $(seq 240); do
-      n=$(grep -c 'exiting with status 3' "$out/killed.log" 2>/dev/null)
-      [ "${n:-0}" -ge 3 ] && break
-      sleep 0.5
-    done
-    sleep 1
-    for p in $(pgrep -P "$wd_pid"); do kill "$p" 2>/dev/null; done  # the subshell's mpirun
-    wait "$wd_pid"
+    left_alone killed 3 $!
     tripped killed 4 10 1 1
     # 6. SIGUSR1 (save and stop) also writes a live dump; a bad MTNLG_NCCL_WATCHDOG is exit 2.
     MTNLG_FAULT_INJECT=rank=0:iteration=2:mode=sigusr1 wd usr1 2 "${l4[@]}" --set training.train_iters=4 \
@@ -514,15 +524,9 @@ EOF
     (MTNLG_FAULT_INJECT=rank=5:iteration=3:mode=stop OMPI_MCA_orte_abort_on_non_zero_status=0 \
       wd forever 8 "${l8[@]}" --set training.train_iters=4) &
     bg=$!
-    for _ in $(seq 1200); do
-      n=$(grep -c 'exiting with status 3' "$out/forever.log" 2>/dev/null)
-      [ "${n:-0}" -ge 7 ] && break
-      sleep 0.5
-    done
-    sleep 1
-    for p in $(pids forever); do kill -KILL "$p" 2>/dev/null; done
-    for p in $(pgrep -P "$bg"); do kill "$p" 2>/dev/null; done  # the subshell's mpirun
-    wait "$bg"
+    # the stopped rank's pid is read before the others exit (the launcher may reap it then)
+    stopped=$(stopped_pid forever)
+    left_alone forever 7 "$bg" $stopped
     tripped forever 8 $((T + 30)) 5 5 "but did not answer"
     # (e) A real Slurm job (scripts/slurm-local: one node on loopback), srun -n 4, tp2 x
     # dp2: `scontrol suspend` for longer than the timeout, `scontrol resume`: the job
