@@ -243,11 +243,6 @@ std::string read_text(const std::string& path) {
   ss << f.rdbuf();
   return ss.str();
 }
-std::string host_name() {
-  char h[256] = {};
-  if (gethostname(h, sizeof h - 1) != 0) return "";
-  return h;
-}
 std::string join(const std::vector<int64_t>& m, const char* sep) {
   std::string s;
   for (int64_t r : m) {

@@ -105,7 +105,6 @@ struct LivenessServer::Impl {
     bool bye = false, silent_told = false, closed = false;
   };
   int listen_fd = -1, port = 0;
-  int64_t world = 1;
   double heartbeat_timeout_s = 0;
   std::thread thread;
   std::atomic<bool> stop{false};
@@ -194,7 +193,6 @@ void LivenessServer::Impl::loop() {
 }
 
 LivenessServer::LivenessServer(int64_t world, double heartbeat_timeout_s) : p_(std::make_unique<Impl>()) {
-  p_->world = world;
   // One socket per rank: raise the soft open-file limit to that (and some), up to the hard one.
   if (rlimit lim{}; ::getrlimit(RLIMIT_NOFILE, &lim) == 0) {
     const rlim_t want = static_cast<rlim_t>(world) + 256;

@@ -6,6 +6,8 @@
 // the main thread talks to MPI (MPI_THREAD_FUNNELED), so plain variables suffice.
 #include "parallel/watchdog.hpp"
 
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdlib>
 #include <optional>
@@ -53,6 +55,12 @@ double collective_timeout() {
 }
 
 void set_watchdog_topology(const Topology& topo) { settings().topo = topo; }
+
+std::string host_name() {
+  char h[256] = {};
+  if (::gethostname(h, sizeof h - 1) != 0) return "";
+  return h;
+}
 
 std::string rank_coord(int64_t world_rank) {
   const auto& t = settings().topo;

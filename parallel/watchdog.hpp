@@ -40,5 +40,7 @@ void set_watchdog_topology(const Topology& topo);
 std::string describe_rank(int64_t world_rank, const std::string& host);
 // "tp=1,pp=1,dp=0" for a rank of the topology set, else "".
 std::string rank_coord(int64_t world_rank);
+// This machine's host name ("" when it cannot be read).
+std::string host_name();
 
 }  // namespace mtnlg::parallel

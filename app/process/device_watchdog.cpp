@@ -1,7 +1,5 @@
 #include "app/process/device_watchdog.hpp"
 
-#include <unistd.h>
-
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -15,11 +13,6 @@ namespace mtnlg::app {
 
 namespace {
 bool nccl_watchdog_switch() { return switches::flag(Switch::nccl_watchdog).value_or(true); }
-std::string host_name() {
-  char h[256] = {};
-  if (gethostname(h, sizeof h - 1) != 0) return "";
-  return h;
-}
 bool stats_wanted() { return switches::flag(Switch::watchdog_stats).value_or(false); }
 }  // namespace
 
@@ -43,7 +36,7 @@ DeviceWatchdogRun::DeviceWatchdogRun(const std::string& run_dir, const parallel:
       std::fprintf(stderr, "mtnlg: warning: %s; the NCCL watchdog goes on without it\n", e.what());
     }
   }
-  const double h = static_cast<double>(std::hash<std::string>{}(host_name()) & 0xffffffffu);
+  const double h = static_cast<double>(std::hash<std::string>{}(parallel::host_name()) & 0xffffffffu);
   shared[3] = h;
   shared[4] = -h;
   g.world->all_reduce(shared, 5, parallel::ReduceOp::max);
