@@ -1081,6 +1081,11 @@ void validate_context_parallel(const Recipe& r) {
     invalid(r, fmt::format("parallel.context_parallel_size ({}) needs model.seq_length ({}) divisible by 2 x "
                            "context_parallel_size = {}: each rank holds two of the sequence's {} equal chunks",
                            cp, m.seq_length, 2 * cp, 2 * cp));
+  if (p.sequence_parallel && tp > 1 && (m.seq_length / cp) % tp != 0)
+    invalid(r, fmt::format("parallel.sequence_parallel with parallel.context_parallel_size ({}) needs each rank's "
+                           "model.seq_length / context_parallel_size = {} tokens divisible by "
+                           "tensor_model_parallel_size ({})",
+                           cp, m.seq_length / cp, tp));
   int64_t a2a = 0;  // the size of the all-to-all groups
   if (p.cp_comm_type == CpCommType::a2a) a2a = cp;
   if (p.cp_comm_type == CpCommType::a2a_p2p) {

@@ -126,6 +126,7 @@ void write_metadata(const std::string& dir, const TrainState& st) {
                         {"virtual_chunks", st.layout.virtual_chunks},
                         {"use_distributed_optimizer", st.layout.zero1}}},
                       {"recipe", st.recipe_yaml}};
+  if (st.layout.cp > 1) j["layout"]["context_parallel_size"] = st.layout.cp;
   write_file_atomic(dir + "/metadata.json", j.dump(2) + "\n");
 }
 
@@ -230,12 +231,14 @@ TrainState read_metadata(const std::string& dir) {
     st.layout.dp = l.at("data_parallel_size").get<int64_t>();
     st.layout.virtual_chunks = l.at("virtual_chunks").get<int64_t>();
     st.layout.zero1 = l.at("use_distributed_optimizer").get<bool>();
+    st.layout.cp = l.value("context_parallel_size", int64_t{1});
     st.recipe_yaml = j.at("recipe").get<std::string>();
   } catch (const nlohmann::json::exception& e) {
     throw_input("{}: {}", path, e.what());
   }
   if (st.layout.tp < 1 || st.layout.pp < 1 || st.layout.dp < 1 || st.layout.tp > 4096 || st.layout.pp > 65536 ||
-      st.layout.dp > (int64_t{1} << 24) || st.layout.virtual_chunks < 1 || st.layout.virtual_chunks > 65536)
+      st.layout.dp > (int64_t{1} << 24) || st.layout.virtual_chunks < 1 || st.layout.virtual_chunks > 65536 ||
+      st.layout.cp < 1 || st.layout.cp > 65536)
     throw_input("{}: impossible layout tp={} pp={} dp={}", path, st.layout.tp, st.layout.pp, st.layout.dp);
   // Counters: state, not a cache, so an impossible value is an error rather than a run
   // that trains "iteration -4".
@@ -513,7 +516,7 @@ std::vector<std::string> missing_files(const std::string& dir, const TrainState&
   bool any_optim = false;
   for (auto& e : fs::directory_iterator(dir, ec))
     any_optim = any_optim || e.path().filename().string().rfind("optim_", 0) == 0;
-  const int64_t odp = st.layout.zero1 ? st.layout.dp : 1;
+  const int64_t odp = st.layout.zero1 ? st.layout.replicas() : 1;
   for (int64_t p = 0; p < st.layout.pp; ++p)
     for (int64_t t = 0; t < st.layout.tp; ++t) {
       if (!fs::exists(dir + "/" + model_file(t, p), ec)) miss.push_back(model_file(t, p));

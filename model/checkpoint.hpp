@@ -30,9 +30,14 @@ namespace mtnlg::model::ckpt {
 
 constexpr int kFormatVersion = 1;
 
+// The layout a checkpoint was saved under. The ranks that hold the same parameters are
+// the dp x cp replicas of a (tp, pp) position; under ZeRO-1 each wrote its optimizer shard
+// as optim_..._dp<replica>, replica = dp rank x cp + cp rank (dp x cp files).
 struct Layout {
   int64_t tp = 1, pp = 1, dp = 1, virtual_chunks = 1;
   bool zero1 = false;
+  int64_t cp = 1;  // context_parallel_size: in metadata.json only when > 1
+  int64_t replicas() const { return dp * cp; }
 };
 
 struct TrainState {

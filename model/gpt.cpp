@@ -11,6 +11,7 @@
 #include "core/moe_ops.hpp"
 #include "model/tp_regions.hpp"
 #include "core/step_parts.hpp"
+#include "parallel/context_parallel.hpp"
 
 namespace mtnlg::model {
 
@@ -194,6 +195,26 @@ GptChunk::GptChunk(const GptConfig& cfg, ChunkSpec spec, ParamStore& store, cons
   tp_rank_ = groups.tp ? groups.tp->rank() : 0;
   heads_local_ = cfg.heads / tp_;
   groups_local_ = cfg.kv_groups() / tp_;
+  cp_ = groups.cp ? groups.cp->size() : 1;
+  cp_rank_ = groups.cp ? groups.cp->rank() : 0;
+  if (cp_ > 1) {
+    if (dev_ != Device::cpu)
+      throw_input(
+          "parallel.context_parallel_size ({}): context parallelism runs on the CPU only so far "
+          "(training.device: cpu)",
+          cp_);
+    if (cfg.moe.enabled())
+      throw_input("parallel.context_parallel_size ({}): MoE layers train without context parallelism so far", cp_);
+    if (cfg.attention == AttentionBackend::unfused)
+      throw_input(
+          "model.attention_backend: unfused does not run across context-parallel ranks (they merge the "
+          "flash form's log-sum-exp); use flash or auto");
+    cp_pos_ = parallel::cp_positions(cfg.seq_length, cp_, cp_rank_);
+    cp_ex_ = parallel::make_cp_exchange(groups.cp);
+  } else {
+    cp_pos_.resize(static_cast<size_t>(cfg.seq_length));
+    for (int64_t t = 0; t < cfg.seq_length; ++t) cp_pos_[static_cast<size_t>(t)] = t;
+  }
   norm_ = Norm{cfg.rmsnorm, cfg.layernorm_eps};
   mlp_ = Mlp{cfg.swiglu};
   moe_ = MoeMlp{cfg.moe, cfg.swiglu};
@@ -361,7 +382,7 @@ GptChunk::~GptChunk() = default;
 void GptChunk::drop_saved() { saved_.clear(); }
 
 int64_t GptChunk::local_rows(int64_t mbs, int64_t seq_len) const {
-  int64_t n = mbs * (seq_len > 0 ? seq_len : cfg_.seq_length);
+  int64_t n = mbs * (seq_len > 0 ? seq_len : call_seq());
   return cfg_.sequence_parallel ? n / tp_ : n;
 }
 
@@ -401,7 +422,10 @@ GptChunk::DropSite GptChunk::drop_site(const Pass& p, int64_t layer, int64_t sit
 GptChunk::DropSite GptChunk::hidden_drop(const Pass& p, int64_t layer, int64_t site, int64_t local_rows) const {
   // Mask element (global row, column): sample_offset * T * C + row * C + column, with this
   // rank's first global row (sequence parallelism shards rows over tp).
-  const int64_t row_start = cfg_.sequence_parallel ? tp_rank_ * local_rows : 0;
+  // Under context parallelism the rows of cp rank r take the micro batch's mask rows
+  // [r B L, (r + 1) B L): every element still has a draw of its own, but not the one it
+  // has in a run without cp (the rows are not contiguous positions).
+  const int64_t row_start = (cfg_.sequence_parallel ? tp_rank_ * local_rows : 0) + (p.cp ? cp_rank_ * p.tokens() : 0);
   return drop_site(p, layer, site, static_cast<uint64_t>(cfg_.seq_length * cfg_.hidden),
                    static_cast<uint64_t>(row_start * cfg_.hidden));
 }
@@ -442,7 +466,7 @@ void GptChunk::layer_forward(int64_t li, const Tensor& x, Tensor& y, LayerActs& 
   ops::matmul_forward(a.qkv, a.ln1_full, p.qkv_w, bias_of(p.qkv_b));
   qk_norm_.forward(a.qkv, a.qkv_pre, a.qk_rstd, p.q_norm_w, p.k_norm_w, heads_local_, groups_local_,
                    pass.purpose == Purpose::train, wide);
-  rotary_.forward(a.qkv, heads_local_, groups_local_, pass.kv ? pass.kv->length : 0);
+  rotate(a.qkv, pass, false);
   a.att = Tensor::empty({N, A}, dt, dev_);
   if (pass.kv) {  // over the cached positions too; appends this call's keys and values
     ops::attention_cached_forward(a.att, pass.kv->k[static_cast<size_t>(li)], pass.kv->v[static_cast<size_t>(li)],
@@ -536,7 +560,7 @@ void GptChunk::layer_backward(int64_t li, const Tensor& dy, Tensor& dx, LayerAct
   Tensor datt = Tensor::empty({N, A}, dt, dev_);
   ops::matmul_backward(&datt, &p.d_proj_w, nullptr, dproj_full, a.att, p.proj_w);
   Tensor dqkv = attention_core_backward(datt.view({B, T, A}), a, pass, layer);
-  rotary_.backward(dqkv, heads_local_, groups_local_, 0);
+  rotate(dqkv, pass, true);
   qk_norm_.backward(dqkv, p.d_q_norm_w, p.d_k_norm_w, a.qkv_pre, a.qk_rstd, p.q_norm_w, p.k_norm_w, heads_local_,
                     groups_local_);
   Tensor dln1_full = Tensor::empty({N, C}, dt, dev_);
@@ -550,6 +574,11 @@ void GptChunk::layer_backward(int64_t li, const Tensor& dy, Tensor& dx, LayerAct
 // device; on CUDA flash (cuDNN's fused attention) where cuDNN takes this problem, else
 // unfused. flash on CUDA that cuDNN refuses is the recipe's error.
 void GptChunk::resolve_attention() {
+  if (cp_ > 1) {  // the CPU's flash form across the cp group (checked in the constructor)
+    attention_ = AttentionBackend::flash;
+    attention_note_ = fmt::format("flash, across {} context-parallel ranks ({})", cp_, to_string(cfg_.cp_comm));
+    return;
+  }
   std::string why;
   const bool flash_runs =
       cfg_.attention != AttentionBackend::unfused &&
@@ -614,6 +643,21 @@ bool GptChunk::flash_for_call(const Pass& p) const {
 
 void GptChunk::attention_core_forward(LayerActs& a, const Pass& p, int64_t layer) {
   const int64_t B = a.qkv.dim(0), T = a.qkv.dim(1);
+  if (p.cp) {  // across the cp group, in f32 for bf16/fp16 (what the one-rank CPU op computes in)
+    const bool wide = a.qkv.dtype() == DType::f32 || a.qkv.dtype() == DType::f64;
+    const DType w = wide ? a.qkv.dtype() : DType::f32;
+    Tensor qkv = a.qkv, out = a.att.view({B, T, heads_local_ * cfg_.head_dim()});
+    if (!wide) {
+      qkv = Tensor::empty(a.qkv.shape(), w, dev_);
+      ops::convert(qkv, a.qkv);
+      out = Tensor::empty(out.shape(), w, dev_);
+    }
+    a.lse = Tensor::empty({B, heads_local_, T}, stats_dtype(), dev_);
+    const parallel::CpAttention at{heads_local_, groups_local_, cfg_.cp_comm, attention_dropout(p, layer)};
+    parallel::cp_attention_forward(out, a.lse, qkv, at, *cp_ex_);
+    if (!wide) ops::convert(a.att, out);
+    return;
+  }
   if (flash_for_call(p)) {
     a.lse = Tensor::empty({B, heads_local_, T}, stats_dtype(), dev_);
     ops::attention_forward_lse(a.att, a.lse, a.qkv, heads_local_, attention_dropout(p, layer), groups_local_);
@@ -628,6 +672,21 @@ Tensor GptChunk::attention_core_backward(const Tensor& datt, LayerActs& a, const
   const int64_t B = a.qkv.dim(0), T = a.qkv.dim(1);
   Tensor dqkv = Tensor::empty(a.qkv.shape(), a.qkv.dtype(), dev_);
   const ops::AttentionDropout drop = attention_dropout(p, layer);
+  if (p.cp) {
+    const bool wide = a.qkv.dtype() == DType::f32 || a.qkv.dtype() == DType::f64;
+    auto widened = [&](const Tensor& x) {
+      if (wide) return x;
+      Tensor y = Tensor::empty(x.shape(), DType::f32, dev_);
+      ops::convert(y, x);
+      return y;
+    };
+    const Tensor qkv = widened(a.qkv), out = widened(a.att.view(datt.shape())), dout = widened(datt);
+    Tensor dq = wide ? dqkv : Tensor::empty(dqkv.shape(), DType::f32, dev_);
+    const parallel::CpAttention at{heads_local_, groups_local_, cfg_.cp_comm, drop};
+    parallel::cp_attention_backward(dq, dout, qkv, out, a.lse, at, *cp_ex_);
+    if (!wide) ops::convert(dqkv, dq);
+    return dqkv;
+  }
   if (a.lse.defined()) {  // the forward took the flash form
     ops::attention_backward_lse(dqkv, datt, a.qkv, a.att.view(datt.shape()), a.lse, heads_local_, drop, groups_local_);
     return dqkv;
@@ -653,7 +712,8 @@ ForwardResult GptChunk::forward(int64_t mb_id, const TrainMicroBatch& mb, const 
   Pass p;
   p.purpose = Purpose::train;
   p.batch = mb.micro_batch_size;
-  p.seq = cfg_.seq_length;
+  p.seq = call_seq();
+  p.cp = cp_ > 1;
   p.step_key = mb.step_key;
   p.sample_offset = mb.sample_offset;
   p.train = &mb;
@@ -678,7 +738,8 @@ ForwardResult GptChunk::score(const ScoreMicroBatch& mb, const Tensor& input) {
   Pass p;
   p.purpose = Purpose::score;
   p.batch = mb.micro_batch_size;
-  p.seq = cfg_.seq_length;
+  p.seq = call_seq();
+  p.cp = cp_ > 1;
   check_call(p);
   Saved s(p.batch, layers_.size());
   place_teacher_forced(mb.tokens, p, s);
@@ -693,6 +754,7 @@ ForwardResult GptChunk::score(const ScoreMicroBatch& mb, const Tensor& input) {
 
 ForwardResult GptChunk::infer(const InferenceCall& call, const Tensor& input) {
   Pass p;
+  MTNLG_CHECK(cp_ == 1, "inference runs the model without context parallelism");
   p.purpose = Purpose::infer;
   p.batch = call.batch;
   p.seq = call.seq_len > 0 ? call.seq_len : cfg_.seq_length;
@@ -778,17 +840,68 @@ void PlacedInputs::copy_from(const PlacedInputs& src) {
   if (mask.defined()) mask.copy_from(src.mask);
 }
 
-namespace {
-// tokens [B, T + 1] (teacher forcing) into inputs [B*T] = tokens[:, :T] and labels [B*T] =
-// tokens[:, 1:]: what training and scoring place.
-void split_teacher_forced(const int32_t* tokens, int64_t B, int64_t T, int32_t* inputs, int32_t* labels) {
+// tokens [B, T + 1] (teacher forcing) into inputs [B*L] = tokens[:, pos] and labels [B*L] =
+// tokens[:, pos + 1] at this rank's positions (all T of them without context parallelism):
+// what training and scoring place.
+void GptChunk::split_tokens(const int32_t* tokens, int64_t B, int32_t* inputs, int32_t* labels) const {
+  const int64_t T = cfg_.seq_length, L = static_cast<int64_t>(cp_pos_.size());
   for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = 0; t < T; ++t) {
-      inputs[b * T + t] = tokens[b * (T + 1) + t];
-      labels[b * T + t] = tokens[b * (T + 1) + t + 1];
+    for (int64_t i = 0; i < L; ++i) {
+      const int64_t t = cp_pos_[static_cast<size_t>(i)];
+      inputs[b * L + i] = tokens[b * (T + 1) + t];
+      labels[b * L + i] = tokens[b * (T + 1) + t + 1];
     }
 }
-}  // namespace
+
+std::vector<float> GptChunk::local_mask(const float* mask, int64_t B) const {
+  const int64_t T = cfg_.seq_length, L = static_cast<int64_t>(cp_pos_.size());
+  std::vector<float> out(static_cast<size_t>(B * L));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < L; ++i) out[static_cast<size_t>(b * L + i)] = mask[b * T + cp_pos_[static_cast<size_t>(i)]];
+  return out;
+}
+
+// Rotary positions: past + t, or under context parallelism each of the rows' two chunks at
+// its first global position (one call per sample and chunk).
+void GptChunk::rotate(Tensor& qkv, const Pass& p, bool backward) const {
+  if (!p.cp) {
+    if (backward)
+      rotary_.backward(qkv, heads_local_, groups_local_, 0);
+    else
+      rotary_.forward(qkv, heads_local_, groups_local_, p.kv ? p.kv->length : 0);
+    return;
+  }
+  if (!rotary_.on) return;
+  const int64_t B = qkv.dim(0), L = qkv.dim(1), W = qkv.dim(2), c = L / 2;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < 2; ++h) {
+      Tensor part = qkv.flat((b * L + h * c) * W, c * W).view({1, c, W});
+      const int64_t first = cp_pos_[static_cast<size_t>(h * c)];
+      if (backward)
+        ops::rope_backward(part, part, heads_local_, groups_local_, rotary_.params, first);
+      else
+        ops::rope_forward(part, part, heads_local_, groups_local_, rotary_.params, first);
+    }
+}
+
+// The learned position table's rows at this rank's positions: its two chunks, [L, C].
+Tensor GptChunk::position_rows(const Tensor& table) const {
+  const int64_t L = static_cast<int64_t>(cp_pos_.size()), c = L / 2;
+  Tensor rows = Tensor::empty({L, table.dim(1)}, table.dtype(), dev_);
+  for (int64_t h = 0; h < 2; ++h) {
+    Tensor dst = rows.rows(h * c, c);
+    ops::copy(dst, table.rows(cp_pos_[static_cast<size_t>(h * c)], c));
+  }
+  return rows;
+}
+
+void GptChunk::add_position_rows_grad(Tensor& dtable, const Tensor& drows) const {
+  const int64_t c = drows.dim(0) / 2;
+  for (int64_t h = 0; h < 2; ++h) {
+    Tensor dst = dtable.rows(cp_pos_[static_cast<size_t>(h * c)], c);
+    ops::add_inplace(dst, drows.rows(h * c, c));
+  }
+}
 
 // Training on CUDA adds the first stage's grouping by token and the dropout keys.
 PlacedLayout GptChunk::train_layout(int64_t tokens) const {
@@ -797,13 +910,13 @@ PlacedLayout GptChunk::train_layout(int64_t tokens) const {
 }
 
 PlacedInputs GptChunk::stage_inputs(const TrainMicroBatch& mb) const {
-  const int64_t T = cfg_.seq_length, B = mb.micro_batch_size, N = B * T;
+  const int64_t B = mb.micro_batch_size, N = B * call_seq();
   PlacedInputs h;
   h.layout = train_layout(N);
   h.ids = Tensor::zeros({h.layout.total}, DType::i32, Device::cpu);
   int32_t* ids = h.ids.data<int32_t>();
   int32_t* in = ids + h.layout.inputs;
-  split_teacher_forced(mb.tokens, B, T, in, ids + h.layout.labels);
+  split_tokens(mb.tokens, B, in, ids + h.layout.labels);
   if (h.layout.grad_order >= 0) {
     const Tensor o = ops::embedding_grad_order(in, N);
     std::copy(o.data<int32_t>(), o.data<int32_t>() + o.numel(), ids + h.layout.grad_order);
@@ -814,9 +927,10 @@ PlacedInputs GptChunk::stage_inputs(const TrainMicroBatch& mb) const {
   }
   if (spec_.has_head) {
     // The loss gradient per token, loss_weight x mask, rounded once to the statistics dtype.
+    const std::vector<float> mask = mb.loss_mask ? local_mask(mb.loss_mask, B) : std::vector<float>();
     h.dloss = Tensor::empty({N}, stats_dtype(), Device::cpu);
     for (int64_t i = 0; i < N; ++i) {
-      const double g = mb.loss_weight * (mb.loss_mask ? mb.loss_mask[i] : 1.0);
+      const double g = mb.loss_weight * (mb.loss_mask ? mask[static_cast<size_t>(i)] : 1.0);
       if (h.dloss.dtype() == DType::f64)
         h.dloss.data<double>()[i] = g;
       else
@@ -824,7 +938,7 @@ PlacedInputs GptChunk::stage_inputs(const TrainMicroBatch& mb) const {
     }
     if (mb.loss_mask) {
       h.mask = Tensor::empty({N}, DType::f32, Device::cpu);
-      std::copy(mb.loss_mask, mb.loss_mask + N, h.mask.data<float>());
+      std::copy(mask.begin(), mask.end(), h.mask.data<float>());
     }
   }
   return h;
@@ -853,10 +967,11 @@ void GptChunk::take_placed(const PlacedInputs& in, Pass& p, Saved& s) const {
 
 // Scoring: [B, T + 1] tokens split into inputs and labels, as training does.
 void GptChunk::place_teacher_forced(const int32_t* tokens, const Pass& p, Saved& s) const {
-  const int64_t T = p.seq, N = p.tokens();
+  const int64_t N = p.tokens();
+  MTNLG_CHECK(p.seq == call_seq(), "a teacher-forced call holds {} positions per sample, not {}", call_seq(), p.seq);
   const PlacedLayout l = PlacedLayout::make(N, false, false);
   Tensor ids = Tensor::zeros({l.total}, DType::i32, Device::cpu);
-  split_teacher_forced(tokens, p.batch, T, ids.data<int32_t>() + l.inputs, ids.data<int32_t>() + l.labels);
+  split_tokens(tokens, p.batch, ids.data<int32_t>() + l.inputs, ids.data<int32_t>() + l.labels);
   const Tensor placed = ids.on(dev_);
   s.tokens = placed.flat(l.inputs, N);
   s.targets = placed.flat(l.labels, N);
@@ -884,7 +999,9 @@ Tensor GptChunk::embed(const Pass& p, const Tensor& tokens) {
   Tensor partial = Tensor::empty({B * T, cfg_.hidden}, cfg_.dtype, dev_);
   ops::embedding_forward(partial, tokens, wte_, vocab_start_);
   Tensor x = tp::leave_row_parallel_forward(groups_.tp.get(), sp, partial);
-  if (!cfg_.rope)  // row b*T + t: position past + t (rotary positions enter each layer's attention instead)
+  if (!cfg_.rope && p.cp)  // row b*L + i: this cp rank's position i
+    ops::position_forward(x, position_rows(wpe_), row_start, T);
+  else if (!cfg_.rope)  // row b*T + t: position past + t (rotary positions enter each layer's attention instead)
     ops::position_forward(x, past > 0 ? wpe_.rows(past, T) : wpe_, row_start, T);
   const DropSite drop = hidden_drop(p, -1, kEmbedding, R);
   ops::dropout_forward(x, x, cfg_.hidden_dropout, drop.key, drop.base, drop.dkey);
@@ -994,17 +1111,21 @@ void GptChunk::head_train(const Tensor& x, const TrainMicroBatch& mb, Saved& s, 
       });
   s.dloss = Tensor();
   s.mask = Tensor();
-  if (!mb.loss_acc) read_loss_terms(st, mb.loss_mask, false, res);
+  if (!mb.loss_acc) {
+    const std::vector<float> mask = mb.loss_mask ? local_mask(mb.loss_mask, mb.micro_batch_size) : std::vector<float>();
+    read_loss_terms(st, mb.loss_mask ? mask.data() : nullptr, false, res);
+  }
 }
 
 // Scoring: the loss terms into mb.loss_acc (validation) or read on the host (eval, with
 // per-token scores when asked). Nothing of the head is kept.
 void GptChunk::head_score(const Tensor& x, const ScoreMicroBatch& mb, Saved& s, ForwardResult& res) {
   Tensor mask;
+  const std::vector<float> local = mb.loss_mask ? local_mask(mb.loss_mask, mb.micro_batch_size) : std::vector<float>();
   if (mb.loss_mask && mb.loss_acc && !mb.token_scores) {
     const int64_t N = s.tokens.numel();
     Tensor h = Tensor::empty({N}, DType::f32, Device::cpu);
-    std::copy(mb.loss_mask, mb.loss_mask + N, h.data<float>());
+    std::copy(local.begin(), local.end(), h.data<float>());
     mask = h.on(dev_);
   }
   const bool device_loss = mb.loss_acc && !mb.token_scores;
@@ -1014,7 +1135,7 @@ void GptChunk::head_score(const Tensor& x, const ScoreMicroBatch& mb, Saved& s, 
     ops::xent_loss_accumulate(*mb.loss_acc, part.rowmax.flat(r0, n), part.sumexp.flat(r0, n),
                               part.target_logit.flat(r0, n), m.defined() ? &m : nullptr);
   });
-  if (!device_loss) read_loss_terms(st, mb.loss_mask, mb.token_scores, res);
+  if (!device_loss) read_loss_terms(st, mb.loss_mask ? local.data() : nullptr, mb.token_scores, res);
 }
 
 void GptChunk::read_loss_terms(const LossStats& st, const float* loss_mask, bool token_scores,
@@ -1080,7 +1201,7 @@ Tensor GptChunk::backward(int64_t mb_id, const Tensor& dout, bool last_backward)
   saved_.erase(it);
   Saved& s = *saved;
   const Pass& p = s.pass;  // the forward's call, with its placed keys
-  const int64_t C = cfg_.hidden, T = cfg_.seq_length, B = s.mbs;
+  const int64_t C = cfg_.hidden, T = p.seq, B = s.mbs;
   const DType dt = cfg_.dtype;
   const bool sp = cfg_.sequence_parallel;
   auto* tpc = groups_.tp.get();
@@ -1124,7 +1245,14 @@ Tensor GptChunk::backward(int64_t mb_id, const Tensor& dout, bool last_backward)
   // Embedding: x = dropout(allreduce(lookup) + pos)
   const DropSite drop = hidden_drop(p, -1, kEmbedding, R);
   ops::dropout_backward(dx, dx, cfg_.hidden_dropout, drop.key, drop.base, drop.dkey);
-  if (!cfg_.rope) ops::position_backward(d_wpe_, dx, row_start, T);
+  if (!cfg_.rope && p.cp) {  // into this rank's rows of the table, then added at their positions
+    Tensor drows = Tensor::empty({T, C}, d_wpe_.dtype(), dev_);
+    ops::fill(drows, 0.0);
+    ops::position_backward(drows, dx, row_start, T);
+    add_position_rows_grad(d_wpe_, drows);
+  } else if (!cfg_.rope) {
+    ops::position_backward(d_wpe_, dx, row_start, T);
+  }
   Tensor dfull = tp::leave_row_parallel_backward(tpc, sp, dx);
   ops::embedding_backward(d_wte_, s.tokens, dfull, vocab_start_, s.order.rows.defined() ? &s.order : nullptr);
   report_ready(embedding_param_offsets_, last_backward);

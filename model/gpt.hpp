@@ -17,6 +17,13 @@
 // parallelism the rows (tokens) of the residual stream are split across tp ranks.
 // Rows are (sample, position) in sample-major order.
 //
+// With context parallelism (the groups' cp of more than one rank) a training or scoring
+// call holds this cp rank's rows of every sequence: chunks r and 2cp-1-r of its 2cp equal
+// chunks (parallel/context_parallel.hpp), at their global positions. The chunk takes the
+// whole [B, T + 1] token rows and the [B, T] loss mask and picks its rows itself; the
+// residual stream, the pipeline's messages and the loss cover those rows only, and
+// attention runs across the cp group. Inference runs without it.
+//
 // One layer stack serves training, scoring and inference, each through its own entry
 // (forward/backward, score, infer) with its own input type and its own head. Scoring and
 // inference are forward only: nothing is kept for a backward. With a
@@ -39,6 +46,10 @@
 #include "model/params.hpp"
 #include "model/parts.hpp"
 #include "parallel/communicator.hpp"
+
+namespace mtnlg::parallel {
+class CpExchange;
+}
 
 namespace mtnlg::model {
 
@@ -66,6 +77,7 @@ struct GptConfig {
   AttentionBackend attention = AttentionBackend::automatic;  // resolved per device by GptChunk
   int64_t micro_batch_size = 1;  // the training micro batch (the shape auto tries the flash form on)
   bool sequence_parallel = false;
+  CpCommType cp_comm = CpCommType::p2p;  // attention across the cp group (ProcessGroups::cp)
   uint64_t seed = 1234;
   DType dtype = DType::f32;  // activations and the compute copy of the weights
   // The most logits the last stage computes at once (rows x this rank's vocabulary shard):
@@ -246,7 +258,8 @@ class GptChunk {
   ForwardResult infer(const InferenceCall& call, const Tensor& input);
 
   // Rows of the residual stream this rank holds for a micro batch of `mbs` samples of
-  // `seq_len` tokens (0 = cfg.seq_length).
+  // `seq_len` tokens (0 = a training or scoring call: cfg.seq_length, this cp rank's
+  // share of it under context parallelism).
   int64_t local_rows(int64_t mbs, int64_t seq_len = 0) const;
   // An empty cache for `batch` samples of up to `capacity` positions (InferenceCall::kv).
   KvCache make_kv_cache(int64_t batch, int64_t capacity) const;
@@ -303,6 +316,7 @@ class GptChunk {
   struct Pass {
     Purpose purpose = Purpose::train;
     int64_t batch = 0, seq = 0, past = 0;
+    bool cp = false;  // the rows are this cp rank's share of each sequence (seq = T / cp)
     KvCache* kv = nullptr;
     uint64_t step_key = 0;
     int64_t sample_offset = 0;
@@ -373,11 +387,24 @@ class GptChunk {
   DropSite hidden_drop(const Pass& p, int64_t layer, int64_t site, int64_t local_rows) const;
   Tensor hidden_dropout_grad(const Tensor& g, const Pass& p, int64_t layer, int64_t site) const;
   ops::AttentionDropout attention_dropout(const Pass& p, int64_t layer) const;
+  // Context parallelism's pieces: the sequence length a training or scoring call holds;
+  // tokens [B, T + 1] into this rank's inputs and labels [B x L]; a [B, T] mask's rows of
+  // this rank; the rotary embedding at the rows' global positions (forward, or its
+  // backward); a position table's rows at them [L, C], and its gradient added back.
+  int64_t call_seq() const { return cfg_.seq_length / cp_; }
+  void split_tokens(const int32_t* tokens, int64_t B, int32_t* inputs, int32_t* labels) const;
+  std::vector<float> local_mask(const float* mask, int64_t B) const;
+  void rotate(Tensor& qkv, const Pass& p, bool backward) const;
+  Tensor position_rows(const Tensor& table) const;
+  void add_position_rows_grad(Tensor& dtable, const Tensor& drows) const;
 
   GptConfig cfg_;
   ChunkSpec spec_;
   ParamStore& store_;
   parallel::ProcessGroups groups_;
+  int64_t cp_ = 1, cp_rank_ = 0;
+  std::vector<int64_t> cp_pos_;  // the global position of each of a sequence's local rows
+  std::unique_ptr<parallel::CpExchange> cp_ex_;
   int64_t tp_ = 1, tp_rank_ = 0, heads_local_ = 0, groups_local_ = 0, ffn_local_ = 0, vocab_local_ = 0,
           vocab_start_ = 0, vocab_valid_ = 0;
   Norm norm_;

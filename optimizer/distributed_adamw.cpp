@@ -21,7 +21,7 @@ DistributedAdamW::DistributedAdamW(const AdamWConfig& cfg, std::vector<ParamSegm
   // The update takes its segments in buffer order.
   std::sort(segments_.begin(), segments_.end(),
             [](const ParamSegment& a, const ParamSegment& b) { return a.offset < b.offset; });
-  int64_t dp = groups_.dp ? groups_.dp->size() : 1;
+  int64_t dp = groups_.grad_group() ? groups_.grad_group()->size() : 1;
   if (dp == 1) zero1_ = false;                                                          // nothing to shard
   if (bucket_size_ <= 0) bucket_size_ = std::max<int64_t>(40'000'000, 1'000'000 * dp);  // Megatron's default
   auto zeros = [&](int64_t n) {
@@ -32,7 +32,7 @@ DistributedAdamW::DistributedAdamW(const AdamWConfig& cfg, std::vector<ParamSegm
   if (zero1_) {
     int64_t shard = (numel_ + dp - 1) / dp;
     padded_ = shard * dp;
-    int64_t r = groups_.dp->rank();
+    int64_t r = groups_.grad_group()->rank();
     shard_begin_ = std::min(numel_, r * shard);
     shard_end_ = std::min(numel_, (r + 1) * shard);
     gather_buf_ = zeros(padded_);
@@ -64,7 +64,7 @@ void DistributedAdamW::grad_norm_sq(const Tensor& grads, Tensor& acc) {
   ops::fill(acc, 0.0);
   for (const auto& [b, e] : norm_ranges_) ops::sum_squares_accumulate(acc, grads.flat(b, e - b));
   if (groups_.mp && groups_.mp->size() > 1) groups_.mp->all_reduce(acc.raw(), 1, DType::f64, parallel::ReduceOp::sum);
-  if (zero1_) groups_.dp->all_reduce(acc.raw(), 1, DType::f64, parallel::ReduceOp::sum);
+  if (zero1_) groups_.grad_group()->all_reduce(acc.raw(), 1, DType::f64, parallel::ReduceOp::sum);
 }
 
 StepResult DistributedAdamW::step(Tensor& params, Tensor& grads, double lr, Tensor* weights, double loss_scale) {
@@ -116,7 +116,7 @@ StepResult DistributedAdamW::apply(Tensor& params, Tensor& grads, double lr, Ten
     ops::adamw_flat(p, g, m, v, ap, part, w.defined() ? &w : nullptr);
   }
   if (zero1_) {
-    auto* dp = groups_.dp.get();
+    auto* dp = groups_.grad_group().get();
     const int64_t shard = padded_ / dp->size(), mine = dp->rank() * shard, len = shard_end_ - shard_begin_;
     Tensor slot = gather_buf_.flat(mine, len);
     ops::copy(slot, params.flat(shard_begin_, len));

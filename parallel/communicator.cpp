@@ -205,6 +205,8 @@ ProcessGroups make_groups(std::shared_ptr<Communicator> world, const Topology& t
   g.dp = make(topo.dp_group(g.rank), "dp");
   g.embedding = make(topo.embedding_group(g.rank), "embedding");
   g.mp = make(topo.mp_group(g.rank), "mp");
+  g.cp = make(topo.cp_group(g.rank), "cp");
+  g.dp_cp = topo.cp() == 1 ? g.dp : make(topo.dp_cp_group(g.rank), "dp_cp");
   return g;
 }
 
@@ -223,6 +225,8 @@ ProcessGroups place_groups(const ProcessGroups& g, Device dev) {
   out.dp = nccl(g.dp);
   out.embedding = nccl(g.embedding);
   out.mp = nccl(g.mp);
+  out.cp = nccl(g.cp);
+  out.dp_cp = g.dp_cp == g.dp ? out.dp : nccl(g.dp_cp);
   return out;
 #else
   throw_runtime(

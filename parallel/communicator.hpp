@@ -201,14 +201,21 @@ struct ProcessGroups {
   int64_t rank = 0;  // global rank
   Coord coord{};
   std::shared_ptr<Communicator> world, tp, pp, dp, embedding, mp;
+  // Context parallelism: the ranks that split one sequence (cp), and the ranks that hold
+  // the same parameters, over which gradients are reduced and ZeRO-1 shards (dp_cp: dp x
+  // cp; the dp group itself when cp is 1).
+  std::shared_ptr<Communicator> cp, dp_cp;
   Device device = Device::cpu;  // where the tensor groups' payloads live
 
+  // The group gradients are reduced and ZeRO-1 shards over: dp_cp, or dp where a caller
+  // (a test) set only that.
+  const std::shared_ptr<Communicator>& grad_group() const { return dp_cp ? dp_cp : dp; }
   bool is_first_stage() const { return coord.pp == 0; }
   bool is_last_stage() const { return coord.pp == topo.pp() - 1; }
 };
 
 // The groups for tensors on `dev`: unchanged for the CPU and the test device; for CUDA,
-// NCCL groups with the same ranks replace tp, pp, dp, embedding and mp (each group's
+// NCCL groups with the same ranks replace tp, pp, dp, embedding, mp, cp and dp_cp (each group's
 // NCCL unique id is made on its rank 0 and sent over the MPI group it replaces, which
 // is the bootstrap); a group of one becomes a local group with device copies (no NCCL). Collective over world: every rank calls it. RuntimeError for CUDA
 // in a build without NCCL.

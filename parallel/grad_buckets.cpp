@@ -108,15 +108,15 @@ bool several(const std::shared_ptr<Communicator>& c) { return c && c->size() > 1
 DataParallelGrads::DataParallelGrads(std::vector<DpParam> params, const ProcessGroups& groups, bool sequence_parallel,
                                      int64_t bucket_size, std::optional<Zero1Shard> zero1)
     : params_(std::move(params)),
-      dp_(groups.dp),
+      dp_(groups.grad_group()),
       tp_(groups.tp),
       embedding_(groups.embedding),
       sp_shared_(sequence_parallel && several(groups.tp)),
       tp_shared_(several(groups.tp) &&
                  std::any_of(params_.begin(), params_.end(), [](const DpParam& p) { return p.tp_partial; })),
       emb_shared_(groups.topo.pp() > 1 && several(groups.embedding)),
-      zero1_(several(groups.dp) ? std::move(zero1) : std::nullopt),
-      bucketer_(ranges(params_), zero1_ ? nullptr : groups.dp, bucket_size) {
+      zero1_(several(groups.grad_group()) ? std::move(zero1) : std::nullopt),
+      bucketer_(ranges(params_), zero1_ ? nullptr : groups.grad_group(), bucket_size) {
   deferred_.reserve(params_.size());
   for (const auto& p : params_) deferred_.push_back((p.word_embedding && emb_shared_) || tp_partial(p));
   if (zero1_) {

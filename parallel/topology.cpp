@@ -7,30 +7,41 @@
 
 namespace mtnlg::parallel {
 
-Topology::Topology(int64_t tp, int64_t pp, int64_t dp) : tp_(tp), pp_(pp), dp_(dp) {
-  if (tp < 1 || pp < 1 || dp < 1)
-    throw_input("parallel layout tp={} pp={} dp={}: every size must be at least 1", tp, pp, dp);
+Topology::Topology(int64_t tp, int64_t pp, int64_t dp, int64_t cp) : tp_(tp), pp_(pp), dp_(dp), cp_(cp) {
+  if (tp < 1 || pp < 1 || dp < 1 || cp < 1)
+    throw_input("parallel layout tp={} pp={} dp={} cp={}: every size must be at least 1", tp, pp, dp, cp);
 }
 
-Topology Topology::from_world(int64_t world, int64_t tp, int64_t pp) {
+Topology Topology::from_world(int64_t world, int64_t tp, int64_t pp, int64_t cp) {
   if (world < 1) throw_input("world size {} must be at least 1", world);
-  if (tp < 1 || pp < 1)
-    throw_input("tensor_model_parallel_size ({}) and pipeline_model_parallel_size ({}) must be at least 1", tp, pp);
-  if (world % (tp * pp) != 0)
-    throw_input("world size {} is not divisible by tensor_model_parallel_size x pipeline_model_parallel_size = {} x {}",
-                world, tp, pp);
-  return Topology(tp, pp, world / (tp * pp));
+  if (tp < 1 || pp < 1 || cp < 1)
+    throw_input(
+        "tensor_model_parallel_size ({}), pipeline_model_parallel_size ({}) and context_parallel_size ({}) must be at "
+        "least 1",
+        tp, pp, cp);
+  if (world % (tp * pp * cp) != 0) {
+    if (cp == 1)
+      throw_input(
+          "world size {} is not divisible by tensor_model_parallel_size x pipeline_model_parallel_size = {} x {}",
+          world, tp, pp);
+    throw_input(
+        "world size {} is not divisible by tensor_model_parallel_size x context_parallel_size x "
+        "pipeline_model_parallel_size = {} x {} x {}",
+        world, tp, cp, pp);
+  }
+  return Topology(tp, pp, world / (tp * pp * cp), cp);
 }
 
 Coord Topology::coord(int64_t r) const {
   if (r < 0 || r >= world()) throw_runtime("rank {} is outside the world of {} ranks ({})", r, world(), to_string());
-  return Coord{r % tp_, r / (tp_ * dp_), (r / tp_) % dp_};
+  return Coord{r % tp_, r / (tp_ * cp_ * dp_), (r / (tp_ * cp_)) % dp_, (r / tp_) % cp_};
 }
 
 int64_t Topology::rank(Coord c) const {
-  if (c.tp < 0 || c.tp >= tp_ || c.pp < 0 || c.pp >= pp_ || c.dp < 0 || c.dp >= dp_)
-    throw_runtime("coordinate (tp={}, pp={}, dp={}) is outside the grid {}", c.tp, c.pp, c.dp, to_string());
-  return c.tp + tp_ * (c.dp + dp_ * c.pp);
+  if (c.tp < 0 || c.tp >= tp_ || c.pp < 0 || c.pp >= pp_ || c.dp < 0 || c.dp >= dp_ || c.cp < 0 || c.cp >= cp_)
+    throw_runtime("coordinate (tp={}, pp={}, dp={}, cp={}) is outside the grid {}", c.tp, c.pp, c.dp, c.cp,
+                  to_string());
+  return c.tp + tp_ * (c.cp + cp_ * (c.dp + dp_ * c.pp));
 }
 
 std::vector<int64_t> Topology::tp_group(int64_t r) const {
@@ -54,6 +65,22 @@ std::vector<int64_t> Topology::dp_group(int64_t r) const {
   return g;
 }
 
+std::vector<int64_t> Topology::cp_group(int64_t r) const {
+  Coord c = coord(r);
+  std::vector<int64_t> g;
+  for (c.cp = 0; c.cp < cp_; ++c.cp) g.push_back(rank(c));
+  return g;
+}
+
+std::vector<int64_t> Topology::dp_cp_group(int64_t r) const {
+  Coord c = coord(r);
+  std::vector<int64_t> g;
+  // dp outer, cp inner: ascending rank order.
+  for (int64_t d = 0; d < dp_; ++d)
+    for (int64_t k = 0; k < cp_; ++k) g.push_back(rank(Coord{c.tp, c.pp, d, k}));
+  return g;
+}
+
 std::vector<int64_t> Topology::embedding_group(int64_t r) const {
   auto g = pp_group(r);
   if (pp_ == 1) return {g.front()};
@@ -65,10 +92,13 @@ std::vector<int64_t> Topology::mp_group(int64_t r) const {
   std::vector<int64_t> g;
   // pp outer, tp inner: ascending rank order.
   for (int64_t p = 0; p < pp_; ++p)
-    for (int64_t t = 0; t < tp_; ++t) g.push_back(rank(Coord{t, p, c.dp}));
+    for (int64_t t = 0; t < tp_; ++t) g.push_back(rank(Coord{t, p, c.dp, c.cp}));
   return g;
 }
 
-std::string Topology::to_string() const { return fmt::format("tp={} pp={} dp={} (world {})", tp_, pp_, dp_, world()); }
+std::string Topology::to_string() const {
+  if (cp_ > 1) return fmt::format("tp={} cp={} pp={} dp={} (world {})", tp_, cp_, pp_, dp_, world());
+  return fmt::format("tp={} pp={} dp={} (world {})", tp_, pp_, dp_, world());
+}
 
 }  // namespace mtnlg::parallel

@@ -99,6 +99,7 @@ model::GptConfig gpt_config(const Recipe& r, bool moe) {
   c.attention = r.model.attention_backend;
   c.micro_batch_size = r.training.micro_batch_size;
   c.sequence_parallel = r.parallel.sequence_parallel && r.tp() > 1;
+  c.cp_comm = r.parallel.cp_comm_type;
   c.seed = static_cast<uint64_t>(r.training.seed);
   c.dtype = model::compute_dtype(r.training.precision);
   return c;

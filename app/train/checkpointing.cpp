@@ -104,8 +104,9 @@ std::optional<model::ckpt::TrainState> CheckpointManager::resume(model::ParamSto
   model::ckpt::OptimShard shard{optim.shard_begin(), optim.shard_end(), &optim.exp_avg(), &optim.exp_avg_sq()};
   model::ckpt::load_into(dir, store, &shard, &optim.exp_avg(), &optim.exp_avg_sq());
   optim.set_steps_taken(st.optimizer_steps);
-  log::info("resumed from {} (iteration {}, {} tokens; saved with tp={} pp={} dp={}{}) in {:.1f}s", dir, st.iteration,
-            st.consumed_tokens, st.layout.tp, st.layout.pp, st.layout.dp, st.layout.zero1 ? " ZeRO-1" : "",
+  log::info("resumed from {} (iteration {}, {} tokens; saved with tp={} pp={} dp={}{}{}) in {:.1f}s", dir, st.iteration,
+            st.consumed_tokens, st.layout.tp, st.layout.pp, st.layout.dp,
+            st.layout.cp > 1 ? fmt::format(" cp={}", st.layout.cp) : "", st.layout.zero1 ? " ZeRO-1" : "",
             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   return st;
 }
@@ -122,11 +123,14 @@ double CheckpointManager::save(const model::ckpt::TrainState& st, const model::P
     std::filesystem::create_directories(part);
   }
   if (g_.world) g_.world->barrier();
-  const bool model_writer = g_.coord.dp == 0;
-  const bool optim_writer = optim.zero1() || g_.coord.dp == 0;
+  // The replicas are the dp x cp ranks of a (tp, pp) position; the first writes the model,
+  // and the optimizer state under ZeRO-1 comes from each by its index among them.
+  const int64_t replica = g_.coord.dp * g_.topo.cp() + g_.coord.cp;
+  const bool model_writer = replica == 0;
+  const bool optim_writer = optim.zero1() || replica == 0;
   model::ckpt::OptimShard shard{optim.shard_begin(), optim.shard_end(), &optim.exp_avg(), &optim.exp_avg_sq()};
   auto snap = std::make_shared<model::ckpt::Snapshot>(
-      model::ckpt::take_snapshot(store, &shard, g_.coord.tp, g_.coord.pp, g_.coord.dp, model_writer, optim_writer));
+      model::ckpt::take_snapshot(store, &shard, g_.coord.tp, g_.coord.pp, replica, model_writer, optim_writer));
   double blocked = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   writer_done_ = false;
   writer_error_.clear();

@@ -70,7 +70,7 @@ const char* train_footer() {
 void run_train(const TrainArgs& a) {
   Recipe r = load_recipe(a.recipe, a.sets);  // InputError -> exit 2 before any process group exists
   refuse_unwired_moe(r);
-  refuse_context_parallel(r);
+  refuse_unwired_context_parallel(r);
   parallel::LaunchInfo info = parallel::detect_launch();
   if (r.model.moe.enabled() && info.world_size > 1)
     throw_input("model.num_experts ({}): MoE layers train in one process so far (this job has {})",
@@ -83,7 +83,7 @@ void run_train(const TrainArgs& a) {
   log::context().quiet = a.quiet;
   bool interrupted = false;
   try {
-    auto topo = parallel::Topology::from_world(info.world_size, r.tp(), r.pp());
+    auto topo = parallel::Topology::from_world(info.world_size, r.tp(), r.pp(), r.cp());
     auto groups = parallel::make_groups(world, topo);
     TrainOptions opts;
     opts.quiet = a.quiet;

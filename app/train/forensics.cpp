@@ -144,7 +144,8 @@ Forensics::Gathered Forensics::gather(const StepRead& first, const StepRead& aga
   me[3] = std::sqrt(first.norm_sq);
   me[4] = std::sqrt(again.norm_sq);
   v.back() = bits_of(first.norm_sq) != bits_of(again.norm_sq) ? 1.0 : 0.0;
-  if (g_.is_last_stage() && g_.coord.tp == 0 && static_cast<int64_t>(mine.size()) == m)
+  // (under context parallelism the first cp rank's: its share of each micro batch's tokens)
+  if (g_.is_last_stage() && g_.coord.tp == 0 && g_.coord.cp == 0 && static_cast<int64_t>(mine.size()) == m)
     for (int64_t k = 0; k < m; ++k)
       v[static_cast<size_t>(kSlots * world + g_.coord.dp * m + k)] = mine[static_cast<size_t>(k)];
   if (g_.world && world > 1) g_.world->all_reduce(v.data(), static_cast<int64_t>(v.size()), parallel::ReduceOp::sum);
@@ -369,7 +370,7 @@ void Forensics::after_update(int64_t iteration, const Tensor& weights) {
     const auto c = g_.topo.coord(q);
     int64_t same = 0;
     for (int64_t d = 0; d < dp; ++d)
-      same += h[static_cast<size_t>(g_.topo.rank({c.tp, c.pp, d}))] == h[static_cast<size_t>(q)] ? 1 : 0;
+      same += h[static_cast<size_t>(g_.topo.rank({c.tp, c.pp, d, c.cp}))] == h[static_cast<size_t>(q)] ? 1 : 0;
     if (2 * same <= dp) odd.push_back(q);
     hashes[std::to_string(q)] = fmt::format("{:016x}", static_cast<uint64_t>(h[static_cast<size_t>(q)]));
   }
@@ -381,7 +382,7 @@ void Forensics::after_update(int64_t iteration, const Tensor& weights) {
     ranks.push_back({{"rank", q}, {"tp", c.tp}, {"pp", c.pp}, {"dp", c.dp}});
     int64_t same = 0;
     for (int64_t d = 0; d < dp; ++d)
-      same += h[static_cast<size_t>(g_.topo.rank({c.tp, c.pp, d}))] == h[static_cast<size_t>(q)];
+      same += h[static_cast<size_t>(g_.topo.rank({c.tp, c.pp, d, c.cp}))] == h[static_cast<size_t>(q)];
     if (2 * same == dp) outvoted = false;
   }
   write_event({{"iteration", iteration},

@@ -21,7 +21,9 @@ struct IterationStats {
   // The CPU: the process's peak resident set. CUDA: the caching allocator's peak bytes in
   // use on the GPU, and the bytes it holds from the driver (reserved; 0 on the CPU).
   int64_t peak_memory_bytes = 0, reserved_memory_bytes = 0;
-  int64_t bytes_tp = 0, bytes_pp = 0, bytes_dp = 0;  // sent by this rank this iteration
+  // Sent by this rank this iteration; dp: the gradient reduction's group (dp x cp), cp:
+  // attention across the context-parallel group.
+  int64_t bytes_tp = 0, bytes_pp = 0, bytes_dp = 0, bytes_cp = 0;
   // Copies this step made from device memory to the host (host round trips; the design
   // is one) and from the host to the device (token and mask uploads). 0 on the CPU.
   int64_t host_reads = 0, host_uploads = 0;

@@ -53,11 +53,12 @@ void PipelineExecutor::build_loss_masks(const data::Batch& b) {
   double local = 0;
   for (int64_t k = 0; k < b.micro_batches; ++k)
     masks_.push_back(eod_loss_mask(b.tokens.data() + k * mbs * (T + 1), mbs, T, eod_, local));
-  // Every tp x pp rank of a data-parallel replica holds the same samples: the global count
-  // is the sum over world divided by tp x pp (a host all-reduce, once per step).
+  // Every tp x cp x pp rank of a data-parallel replica holds the same samples (a cp rank
+  // counts the whole sequences, not its share): the global count is the sum over world
+  // divided by tp x cp x pp (a host all-reduce, once per step).
   double sum = local;
   if (g_.world && g_.world->size() > 1) g_.world->all_reduce(&sum, 1, parallel::ReduceOp::sum);
-  counted_tokens_ = sum / static_cast<double>(g_.topo.tp() * g_.topo.pp());
+  counted_tokens_ = sum / static_cast<double>(g_.topo.tp() * g_.topo.cp() * g_.topo.pp());
 }
 
 model::TrainMicroBatch PipelineExecutor::micro_batch(const data::Batch& b, int64_t k, int64_t consumed_before,

@@ -41,6 +41,7 @@ void MetricsWriter::write(const IterationStats& s, const Recipe& r, double loss_
                       {"bytes_sent_tp", s.bytes_tp},
                       {"bytes_sent_pp", s.bytes_pp},
                       {"bytes_sent_dp", s.bytes_dp},
+                      {"bytes_sent_cp", s.bytes_cp},
                       {"tensor_bytes_weights", s.mem_weights},
                       {"tensor_bytes_grads", s.mem_grads},
                       {"tensor_bytes_optimizer", s.mem_optimizer},
@@ -125,7 +126,8 @@ CommReport::CommReport(const std::string& dir, const parallel::ProcessGroups& g,
 }
 
 void CommReport::reset() const {
-  for (auto* c : {g_.tp.get(), g_.pp.get(), g_.dp.get(), g_.embedding.get(), g_.mp.get(), g_.world.get()})
+  for (auto* c : {g_.tp.get(), g_.pp.get(), g_.dp.get(), g_.grad_group().get(), g_.cp.get(), g_.embedding.get(),
+                  g_.mp.get(), g_.world.get()})
     if (c) c->reset_bytes();
 }
 
@@ -138,11 +140,13 @@ void CommReport::write(int64_t iteration, int64_t global_batch, int64_t micro_ba
                       {"tp_rank", g_.coord.tp},
                       {"pp_rank", g_.coord.pp},
                       {"dp_rank", g_.coord.dp},
+                      {"cp_rank", g_.coord.cp},
                       {"global_batch_size", global_batch},
                       {"micro_batches", micro_batches},
                       {"tp", b(g_.tp)},
                       {"pp", b(g_.pp)},
-                      {"dp", b(g_.dp)},
+                      {"dp", b(g_.grad_group())},
+                      {"cp", b(g_.cp)},
                       {"embedding", b(g_.embedding)},
                       {"mp", b(g_.mp)},
                       {"world", b(g_.world)},

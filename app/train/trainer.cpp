@@ -168,12 +168,13 @@ std::vector<optimizer::ParamSegment> param_segments(const model::ParamStore& sto
   return segs;
 }
 
-// The model's size: the tp x pp ranks of data-parallel replica 0 (a host sum over world).
+// The model's size: the tp x pp ranks of data-parallel replica 0 and cp rank 0 (a host
+// sum over world).
 int64_t model_size(const model::ParamStore& store, const parallel::ProcessGroups& g) {
   int64_t local_params = 0;
   for (const auto& p : store.infos())
     if (counted_once(p, g)) local_params += p.numel;
-  int64_t total = g.coord.dp == 0 ? local_params : 0;
+  int64_t total = g.coord.dp == 0 && g.coord.cp == 0 ? local_params : 0;
   if (g.world && g.world->size() > 1) g.world->all_reduce(&total, 1, parallel::ReduceOp::sum);
   return total;
 }
@@ -282,8 +283,10 @@ std::string architecture_line(const ModelConfig& m) {
 void log_banner(const Recipe& r, const TrainModel& m, const TrainOptimizer& o, const TrainData& d,
                 const MfuPeak& peak) {
   const parallel::Topology& t = m.groups.topo;
-  log::info("mtnlg train: {} | layout tp={} pp={} dp={} (world {}){}{} | {} parameters ({} on this rank)", r.name,
-            t.tp(), t.pp(), t.dp(), t.world(), m.v() > 1 ? fmt::format(" interleaved v={}", m.v()) : "",
+  log::info("mtnlg train: {} | layout tp={} pp={} dp={}{} (world {}){}{} | {} parameters ({} on this rank)", r.name,
+            t.tp(), t.pp(), t.dp(),
+            t.cp() > 1 ? fmt::format(" cp={} ({})", t.cp(), to_string(r.parallel.cp_comm_type)) : "", t.world(),
+            m.v() > 1 ? fmt::format(" interleaved v={}", m.v()) : "",
             m.cfg.sequence_parallel ? " +sequence-parallel" : "", human_count(static_cast<double>(o.total_params)),
             human_count(static_cast<double>(m.store.numel())));
   log::info(
@@ -363,6 +366,13 @@ struct TrainStep {
   Tensor stats;
   parallel::DataParallelGrads ddp;
 };
+
+// A checkpoint's layout (layout-free: a cp run's checkpoint loads under any other cp, tp,
+// pp or dp).
+model::ckpt::Layout checkpoint_layout(const parallel::ProcessGroups& g, int64_t v, bool zero1) {
+  const parallel::Topology& t = g.topo;
+  return model::ckpt::Layout{t.tp(), t.pp(), t.dp(), v, zero1, t.cp()};
+}
 
 // The stop signals' handlers (app/train/checkpointing.hpp) go in first, then the
 // checkpoint manager.
@@ -475,8 +485,7 @@ Trainer::Trainer(const Recipe& r, const parallel::ProcessGroups& g, const TrainO
       data_(r, g_),
       out_(r, model_, optim_, data_, opts),
       step_(r, model_, optim_),
-      ckpt_(
-          checkpoints_with_stop_handlers(r, g_, model::ckpt::Layout{tp_, pp_, dp_, model_.v(), optim_.adamw.zero1()})),
+      ckpt_(checkpoints_with_stop_handlers(r, g_, checkpoint_layout(g_, model_.v(), optim_.adamw.zero1()))),
       start_(resume_or_start(ckpt_, model_, optim_, data_.source->source_names().size())),
       consumed_(start_.consumed),
       iteration_(start_.iteration),
@@ -616,7 +625,7 @@ void Trainer::save_now() {
     st.loss_scale_hysteresis = ss.hysteresis_tracker;
     st.loss_scale_skipped = ss.skipped_steps;
   }
-  st.layout = {tp_, pp_, dp_, model_.v(), optim_.adamw.zero1()};
+  st.layout = checkpoint_layout(g_, model_.v(), optim_.adamw.zero1());
   st.recipe_yaml = to_yaml(r_);
   ckpt_.save(st, model_.store, optim_.adamw);
   last_saved_ = iteration_;
@@ -706,7 +715,8 @@ void Trainer::record_memory_and_traffic(IterationStats& s, int64_t reads_before,
   }
   s.bytes_tp = g_.tp ? g_.tp->bytes_sent() : 0;
   s.bytes_pp = g_.pp ? g_.pp->bytes_sent() : 0;
-  s.bytes_dp = g_.dp ? g_.dp->bytes_sent() : 0;
+  s.bytes_dp = g_.grad_group() ? g_.grad_group()->bytes_sent() : 0;  // over dp x cp under context parallelism
+  s.bytes_cp = g_.cp ? g_.cp->bytes_sent() : 0;
   s.host_reads = device_to_host_copies() - reads_before;
   s.host_uploads = host_to_device_copies() - uploads_before;
   log::debug("iteration {}: {} host read(s) of device memory, {} upload(s) in the step", s.iteration, s.host_reads,
@@ -900,16 +910,23 @@ TrainSummary Trainer::run() {
 
 }  // namespace
 
-void refuse_context_parallel(const Recipe& r) {
-  if (r.cp() > 1)
-    throw_input(
-        "{}: parallel.context_parallel_size ({}): context parallelism is not wired into training yet; train "
-        "with parallel.context_parallel_size: 1",
-        r.source_path.empty() ? "recipe" : r.source_path, r.cp());
+void refuse_unwired_context_parallel(const Recipe& r) {
+  if (r.cp() <= 1) return;
+  const std::string where = r.source_path.empty() ? "recipe" : r.source_path;
+  auto refuse = [&](const std::string& what) {
+    throw_input("{}: parallel.context_parallel_size ({}): {}", where, r.cp(), what);
+  };
+  if (r.training.device == DeviceKind::cuda || r.training.device == DeviceKind::test)
+    refuse(fmt::format("context parallelism trains on the CPU only so far (training.device is {}; use cpu)",
+                       r.training.device == DeviceKind::cuda ? "cuda" : "test"));
+  if (r.model.moe.enabled()) refuse("MoE layers (model.num_experts) train without context parallelism so far");
+  if (r.parallel.cp_comm_type == CpCommType::a2a_p2p)
+    refuse("parallel.cp_comm_type a2a+p2p is not implemented yet; use p2p, a2a or all_gather");
+  if (r.training.enable_cuda_graph) refuse("training.enable_cuda_graph does not capture context parallelism yet");
 }
 
 TrainSummary train(const Recipe& r, const parallel::ProcessGroups& g, const TrainOptions& opts) {
-  refuse_context_parallel(r);
+  refuse_unwired_context_parallel(r);
   Trainer trainer(r, g, opts);
   return trainer.run();
 }

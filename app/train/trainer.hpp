@@ -33,12 +33,13 @@ struct TrainSummary {
   bool interrupted = false;  // stopped early (signal, exit_duration_mins) after saving
 };
 
-// Context parallelism (parallel.context_parallel_size > 1) has its recipe keys and its
-// attention ops (parallel/context_parallel.hpp) but the trainer does not split sequences
-// yet: InputError (exit 2) naming the key, so such a recipe never trains as if cp were 1.
-void refuse_context_parallel(const Recipe& recipe);
+// What context parallelism (parallel.context_parallel_size > 1) does not train with yet:
+// InputError (exit 2) naming the key, so such a recipe never trains as if cp were 1 — a
+// device other than the CPU (training.device cpu or auto on a machine without a GPU), MoE
+// layers, cp_comm_type a2a+p2p, CUDA graphs.
+void refuse_unwired_context_parallel(const Recipe& recipe);
 
-// Runs training for `recipe` on the process groups of this rank (refuse_context_parallel first).
+// Runs training for `recipe` on the process groups of this rank (refuse_unwired_context_parallel first).
 TrainSummary train(const Recipe& recipe, const parallel::ProcessGroups& groups, const TrainOptions& opts = {});
 
 }  // namespace mtnlg::app

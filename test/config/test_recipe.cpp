@@ -292,6 +292,13 @@ TEST_CASE("recipe: every bad context-parallel combination is an error naming the
   CHECK_THAT(error_of(kTiny, {"parallel.cp_comm_type=ring"}),
              Contains("parallel.cp_comm_type") && Contains("p2p|a2a|all_gather|a2a+p2p"));
   CHECK_THAT(error_of(kTiny, {"parallel.cp_comm_type=[p2p, a2a]"}), Contains("one value for every layer"));
+  // sequence parallelism splits each cp rank's rows over tp
+  CHECK(error_of(kTiny, {"parallel.context_parallel_size=4", "parallel.tensor_model_parallel_size=4",
+                         "parallel.sequence_parallel=true"})
+            .empty());
+  CHECK_THAT(error_of(kTiny, {"parallel.context_parallel_size=8", "parallel.tensor_model_parallel_size=4",
+                              "parallel.sequence_parallel=true"}),
+             Contains("parallel.sequence_parallel") && Contains("divisible by tensor_model_parallel_size (4)"));
   // attention dropout is drawn at the global positions: allowed
   CHECK(error_of(kTiny, {"parallel.context_parallel_size=2", "model.attention_dropout=0.1"}).empty());
   // the world: tp x cp x pp must divide it

@@ -92,6 +92,49 @@ TEST_CASE("topology: worked example tp=2 pp=2 dp=2", "[parallel][topology]") {
   CHECK(t.coord(6) == Coord{0, 1, 1});
 }
 
+TEST_CASE("topology: context parallelism, tp-cp-dp-pp, every factorisation of 1..48", "[parallel][topology]") {
+  int64_t layouts = 0;
+  for (int64_t world = 1; world <= 48; ++world)
+    for (int64_t tp = 1; tp <= world; ++tp)
+      for (int64_t cp = 2; tp * cp <= world; ++cp)
+        for (int64_t pp = 1; tp * cp * pp <= world; ++pp) {
+          if (world % (tp * cp * pp)) continue;
+          ++layouts;
+          Topology t = Topology::from_world(world, tp, pp, cp);
+          INFO(t.to_string());
+          REQUIRE(t.cp() == cp);
+          REQUIRE(t.dp() == world / (tp * cp * pp));
+          for (int64_t r = 0; r < world; ++r) {
+            const Coord c = t.coord(r);
+            REQUIRE(t.rank(c) == r);
+            REQUIRE(r == c.tp + tp * (c.cp + cp * (c.dp + t.dp() * c.pp)));  // Megatron's tp-cp-dp-pp order
+            const auto cg = t.cp_group(r), dcg = t.dp_cp_group(r);
+            REQUIRE(cg[c.cp] == r);
+            for (int64_t i = 0; i < cp; ++i) REQUIRE(t.coord(cg[i]) == Coord{c.tp, c.pp, c.dp, i});
+            REQUIRE(dcg[c.dp * cp + c.cp] == r);  // the gradient group: same tp and pp
+            for (int64_t m : dcg) REQUIRE((t.coord(m).tp == c.tp && t.coord(m).pp == c.pp));
+            for (int64_t m : t.dp_group(r)) REQUIRE(t.coord(m).cp == c.cp);
+            for (int64_t m : t.tp_group(r)) REQUIRE(t.coord(m).cp == c.cp);
+            for (int64_t m : t.mp_group(r)) REQUIRE((t.coord(m).cp == c.cp && t.coord(m).dp == c.dp));
+          }
+          check_partition(t, &Topology::cp_group, cp);
+          check_partition(t, &Topology::dp_cp_group, t.dp() * cp);
+          check_partition(t, &Topology::tp_group, tp);
+          check_partition(t, &Topology::pp_group, pp);
+          check_partition(t, &Topology::dp_group, t.dp());
+          check_partition(t, &Topology::mp_group, tp * pp);
+        }
+  CHECK(layouts > 100);
+  // tp=2 cp=2 dp=2: cp peers are tp apart, dp peers tp x cp apart
+  Topology t(2, 1, 2, 2);
+  using V = std::vector<int64_t>;
+  CHECK(t.cp_group(1) == V{1, 3});
+  CHECK(t.dp_group(1) == V{1, 5});
+  CHECK(t.dp_cp_group(1) == V{1, 3, 5, 7});
+  CHECK(t.to_string() == "tp=2 cp=2 pp=1 dp=2 (world 8)");
+  CHECK_THROWS_WITH(Topology::from_world(12, 2, 1, 4), Contains("context_parallel_size"));
+}
+
 TEST_CASE("topology: bad sizes", "[parallel][topology]") {
   CHECK_THROWS_AS(Topology(0, 1, 1), InputError);
   CHECK_THROWS_AS(Topology(1, -1, 1), InputError);

@@ -16,6 +16,10 @@ const std::string kSp = "--set parallel.sequence_parallel=true";
 const std::string kFull = "--set parallel.recompute_granularity=full";
 const std::string kSelective = "--set parallel.recompute_granularity=selective";
 const std::string kUnfused = "--set model.attention_backend=unfused";
+const std::string kCp2 = "--set parallel.context_parallel_size=2";
+const std::string kCp4 = "--set parallel.context_parallel_size=4";
+const std::string kA2a = "--set parallel.cp_comm_type=a2a";
+const std::string kAllGather = "--set parallel.cp_comm_type=all_gather";
 
 }  // namespace
 
@@ -42,6 +46,15 @@ const std::vector<Layout>& all_layouts() {
       {"tp2-pp2-dp2", 8, kTp2 + " " + kPp2},
       {"tp2-pp2-dp2-zero1", 8, kTp2 + " " + kPp2 + " " + kZero1},
       {"tp2-pp2-dp2-recompute", 8, kTp2 + " " + kPp2 + " " + kFull},
+      // context parallelism (p2p unless named)
+      {"cp2", 2, kCp2},
+      {"cp4", 4, kCp4},
+      {"cp2-a2a", 2, kCp2 + " " + kA2a},
+      {"cp2-allgather", 2, kCp2 + " " + kAllGather},
+      {"cp2-tp2-sp", 4, kCp2 + " " + kTp2 + " " + kSp},
+      {"cp2-pp2", 4, kCp2 + " " + kPp2},
+      {"cp2-pp2-v2-full", 4, kCp2 + " " + kPp2 + " " + kV + " " + kFull},
+      {"cp2-dp2-zero1", 4, kCp2 + " " + kZero1},
   };
   return all;
 }

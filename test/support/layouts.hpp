@@ -11,7 +11,7 @@ namespace mtnlg::test {
 
 struct Layout {
   std::string name;
-  int np = 1;        // ranks: tp x pp x dp
+  int np = 1;        // ranks: tp x cp x pp x dp
   std::string sets;  // "--set parallel.... --set ..." ("" for the recipe's own layout)
 };
 

@@ -1,7 +1,7 @@
 // data.eod_mask_loss (Megatron's --eod-mask-loss): targets after an input
 // <|endoftext|> do not count. The loss is the mean over the tokens that count in the
 // global batch, and its gradient is normalised by that count, so data-parallel and
-// tensor-parallel layouts keep the single-process losses, and the test device (the
+// tensor-parallel (and context-parallel) layouts keep the single-process losses, and the test device (the
 // mask is uploaded to the device) gives the CPU's bits.
 #include <catch2/catch.hpp>
 
@@ -82,7 +82,9 @@ TEST_CASE("eod_mask_loss: masked targets do not count; layouts and the test devi
   REQUIRE(dev == ref);  // bit for bit: the mask reaches the device by an upload
   for (auto [tag, sets, np] :
        {std::tuple{"dp2", "", 2}, std::tuple{"tp2", "--set parallel.tensor_model_parallel_size=2", 2},
-        std::tuple{"pp2-dp2", "--set parallel.pipeline_model_parallel_size=2", 4}}) {
+        std::tuple{"pp2-dp2", "--set parallel.pipeline_model_parallel_size=2", 4},
+        // each cp rank counts the whole sequences' mask and takes its rows of it
+        std::tuple{"cp2-dp2", "--set parallel.context_parallel_size=2", 4}}) {
     const auto got = run(tag, std::string("--set data.eod_mask_loss=true ") + sets, np);
     REQUIRE(got.size() == ref.size());
     for (size_t i = 0; i < ref.size(); ++i) {
