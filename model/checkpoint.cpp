@@ -510,6 +510,13 @@ LoadedModel load_whole_model(const std::string& dir, const GptConfig& cfg) {
   return m;
 }
 
+bool has_optimizer_state(const std::string& dir) {
+  std::error_code ec;
+  for (auto& e : fs::directory_iterator(dir, ec))
+    if (e.path().filename().string().rfind("optim_", 0) == 0) return true;
+  return false;
+}
+
 std::vector<std::string> missing_files(const std::string& dir, const TrainState& st) {
   std::vector<std::string> miss;
   std::error_code ec;

@@ -112,6 +112,9 @@ struct TensorReport {
 };
 // Shard files the layout in `st` calls for that are absent from `dir` (optimizer files
 // only when the checkpoint has any).
+// Whether the checkpoint holds optimizer state (optim_*.safetensors): a training run's do;
+// a weights-only one (`checkpoint import`) does not.
+bool has_optimizer_state(const std::string& dir);
 std::vector<std::string> missing_files(const std::string& dir, const TrainState& st);
 // Every tensor of every file in `dir`, with its checksum verified.
 std::vector<TensorReport> inspect(const std::string& dir);

@@ -175,7 +175,10 @@ int64_t element_bytes(Precision p) { return p == Precision::fp32 ? 4 : 2; }
 // each f wide, RMSNorm, no linear biases, rotary positions, untied output) differ only in
 // these fields; every formula below reads them.
 struct Shape {
+  // s: the tokens of a sequence one rank holds (seq_length / cp); s_kv: the keys a query
+  // reaches (the whole sequence: under context parallelism the rest arrive from the group)
   int64_t l, h, a, s, f, V, maxpos;
+  int64_t s_kv = 0;
   int64_t G = 0, D = 0;  // key/value groups, head size
   bool swiglu = false;   // fc1 is gate and up: 2f wide
   bool rms = false;      // RMSNorm: a weight and rstd, no bias and no mean
@@ -192,15 +195,16 @@ struct Shape {
   int64_t pre() const { return swiglu ? 2 * f : f; }   // fc1's output width
   int64_t norm_params() const { return rms ? 1 : 2; }  // vectors of h per norm; also its fp32 statistics per row
 };
-Shape shape_of(const Recipe& r, int64_t tp) {
+Shape shape_of(const Recipe& r, int64_t tp, int64_t cp = 1) {
   const auto& m = r.model;
   Shape sh{m.num_layers,
            m.hidden_size,
            m.num_attention_heads,
-           m.seq_length,
+           m.seq_length / cp,
            m.ffn_hidden_size > 0 ? m.ffn_hidden_size : 4 * m.hidden_size,
            m.padded_vocab_size(tp),
            m.max_position_embeddings > 0 ? m.max_position_embeddings : m.seq_length};
+  sh.s_kv = m.seq_length;
   sh.G = m.query_groups();
   sh.D = m.head_dim();
   sh.swiglu = m.swiglu;
@@ -252,6 +256,8 @@ struct LayerTime {
   double attn_core = 0;  // forward of the attention core (what selective recompute redoes)
   double tp_fwd = 0;     // forward TP communication
   double tp_bwd = 0;
+  double cp_fwd = 0;  // exposed context-parallel communication of the attention, forward
+  double cp_bwd = 0;
 };
 
 // One layer's GEMM times that tensor-parallel communication can hide under.
@@ -299,6 +305,41 @@ void layer_tp_comm(LayerTime& r, const Layout& l, const Cluster& c, double bytes
   }
 }
 
+// Context-parallel communication of one layer's attention into r.cp_fwd / r.cp_bwd
+// (CommBytes::cp for the volumes), `att_f` / `att_b` this rank's attention core forward and
+// backward. p2p passes each K/V block beside the computation of the block before it: each
+// step is exposed by what one block's compute (1 / cp of the core) cannot cover, at least
+// its latency. all_gather and a2a are collectives before and after the core, exposed whole.
+void layer_cp_comm(LayerTime& r, const Shape& sh, const Layout& l, const Cluster& c, double e, double att_f,
+                   double att_b) {
+  const int64_t n = l.cp;
+  if (n < 2) return;
+  const GroupLink k = group_link(c, l.tp, n);
+  const double t = double(l.tp), rows = double(l.micro_batch) * double(sh.s), cpd = double(n);
+  const double kv = rows * 2.0 * double(sh.G * sh.D) / t * e;  // this rank's K and V
+  switch (l.cp_comm) {
+    case CpCommType::p2p: {
+      auto step = [&](double bytes, double cover) { return std::max(k.alpha, k.alpha + bytes / k.bw - cover); };
+      r.cp_fwd = (cpd - 1) * step(kv, att_f / cpd);
+      r.cp_bwd = cpd * step(2 * kv, att_b / cpd);
+      return;
+    }
+    case CpCommType::all_gather:
+      r.cp_fwd = reduce_scatter_time(cpd * kv, n, k);
+      r.cp_bwd = 2 * reduce_scatter_time(cpd * kv, n, k);
+      return;
+    case CpCommType::a2a:
+    case CpCommType::a2a_p2p: {
+      auto a2a = [&](double bytes) { return (cpd - 1) / cpd * bytes / k.bw + (cpd - 1) * k.alpha; };
+      const double qkv = rows * double(sh.qkv()) / t * e, out = rows * double(sh.att()) / t * e;
+      const double lse = rows * double(sh.a) / t * 4.0;
+      r.cp_fwd = a2a(qkv) + a2a(out);
+      r.cp_bwd = a2a(qkv) + 2 * a2a(out) + a2a(lse) + a2a(qkv);
+      return;
+    }
+  }
+}
+
 LayerTime layer_time(const Shape& sh, const Layout& l, const Cluster& c, Precision prec) {
   const GpuSpec& g = c.gpu;
   const double peak = prec == Precision::fp32 ? g.peak_flops * 0.5 : g.peak_flops;  // fp32 runs use TF32
@@ -321,12 +362,16 @@ LayerTime layer_time(const Shape& sh, const Layout& l, const Cluster& c, Precisi
   const bool flash = c.software.trainer_activations ? !sh.unfused : c.software.flash_attention;
   const bool fused = c.software.fused_attention && g.attn_fwd_flops > 0 && g.attn_bwd_flops > 0;
   double att_f = 0, att_b = 0;
+  // Under context parallelism this rank's s queries reach the whole sequence's s_kv keys,
+  // and the fused kernel's causal work is shared evenly by the cp ranks (the load-balanced
+  // split).
+  const int64_t skv = sh.s_kv > 0 ? sh.s_kv : s;
   if (fused) {
-    att_f = fused_attention_time(g, peak, s, dh, b * heads, false);
-    att_b = fused_attention_time(g, peak, s, dh, b * heads, true);
+    att_f = fused_attention_time(g, peak, skv, dh, b * heads, false) / double(l.cp);
+    att_b = fused_attention_time(g, peak, skv, dh, b * heads, true) / double(l.cp);
   } else {
     // Attention core: scores = Q K^T and context = P V, batched over b * heads.
-    att_f = gemm_time(g, peak, s, s, dh, b * heads) + gemm_time(g, peak, s, dh, s, b * heads);
+    att_f = gemm_time(g, peak, s, skv, dh, b * heads) + gemm_time(g, peak, s, dh, skv, b * heads);
     // Flash-style: the backward also recomputes the scores Q K^T (half the forward's GEMMs).
     att_b = flash ? 2.5 * att_f : 2 * att_f;
   }
@@ -340,7 +385,7 @@ LayerTime layer_time(const Shape& sh, const Layout& l, const Cluster& c, Precisi
   const double gelu_bytes = (sh.swiglu ? 3 : 2) * e * double(T) * double(sh.f) / double(t);
   // rotary embedding of q and k, in place: read + write
   const double rope_bytes = sh.rope ? 2 * e * double(T) * double((sh.a + sh.G) * sh.D) / double(t) : 0.0;
-  const double S = double(b) * double(heads) * double(s) * double(s);
+  const double S = double(b) * double(heads) * double(s) * double(skv);
   const double softmax_bytes = no_probs ? 0.0 : (4 * e + 1) * S;  // fused scale-mask-softmax + dropout (mask 1 byte)
   const double elem_f = (ln_bytes + bda_bytes + gelu_bytes + rope_bytes) / g.hbm_bw;
   const double attn_elem_f = softmax_bytes / g.hbm_bw;
@@ -352,8 +397,9 @@ LayerTime layer_time(const Shape& sh, const Layout& l, const Cluster& c, Precisi
   // What selective recompute redoes: the attention core (Megatron-Core checkpoints the fused
   // kernel's forward too); this trainer's flash-style backward already recomputes it.
   r.attn_core = flash ? 0.0 : att_f + attn_elem_f;
-  r.fwd = lin_f + att_f + elem_f + attn_elem_f + launches_f + r.tp_fwd;
-  r.bwd = lin_b + att_b + 2 * (elem_f + attn_elem_f + launches_f) + r.tp_bwd;
+  layer_cp_comm(r, sh, l, c, e, att_f, att_b);
+  r.fwd = lin_f + att_f + elem_f + attn_elem_f + launches_f + r.tp_fwd + r.cp_fwd;
+  r.bwd = lin_b + att_b + 2 * (elem_f + attn_elem_f + launches_f) + r.tp_bwd + r.cp_bwd;
   return r;
 }
 
@@ -366,7 +412,7 @@ LayerTime layer_time(const Shape& sh, const Layout& l, const Cluster& c, Precisi
 double layer_activation_bytes(const Shape& sh, const Layout& l, Precision prec, RecomputeGranularity rc) {
   const double sbh = double(sh.s) * double(l.micro_batch) * double(sh.h);
   const double t = double(l.tp);
-  const double att = 5.0 * double(sh.a) * double(sh.s) / double(sh.h);
+  const double att = 5.0 * double(sh.a) * double(sh.s_kv > 0 ? sh.s_kv : sh.s) / double(sh.h);
   const double scale = prec == Precision::fp32 ? 2.0 : 1.0;
   const double split =
       double(2 * (sh.a + sh.G) * sh.D + 2 * sh.G * sh.D + 2 * sh.att() + 2 * sh.pre() + 2 * sh.f) / double(sh.h);
@@ -549,23 +595,31 @@ std::string Layout::describe() const {
   const char* rc = recompute == RecomputeGranularity::full        ? "full"
                    : recompute == RecomputeGranularity::selective ? "selective"
                                                                   : "none";
-  return fmt::format("tp{} pp{} dp{} vp{} mb{} recompute={} sp={} zero1={}", tp, pp, dp, vp, micro_batch, rc,
+  return fmt::format("tp{} pp{} dp{}{} vp{} mb{} recompute={} sp={} zero1={}", tp, pp, dp,
+                     cp > 1 ? fmt::format(" cp{} {}", cp, to_string(cp_comm)) : "", vp, micro_batch, rc,
                      sequence_parallel ? 1 : 0, distributed_optimizer ? 1 : 0);
 }
 
 std::string layout_problem(const Recipe& r, const Layout& l) {
   const auto& m = r.model;
   const auto& t = r.training;
-  if (l.tp < 1 || l.pp < 1 || l.dp < 1 || l.vp < 1 || l.micro_batch < 1) return "sizes must be >= 1";
+  if (l.tp < 1 || l.pp < 1 || l.dp < 1 || l.cp < 1 || l.vp < 1 || l.micro_batch < 1) return "sizes must be >= 1";
   if (m.num_attention_heads % l.tp != 0) return "attention heads not divisible by tp";
   if (m.query_groups() % l.tp != 0) return "query groups not divisible by tp";
   const int64_t ffn = m.ffn_hidden_size > 0 ? m.ffn_hidden_size : 4 * m.hidden_size;
   if (ffn % l.tp != 0) return "ffn hidden size not divisible by tp";
   if (m.num_layers < l.pp) return "fewer layers than pipeline stages";
   if (static_cast<int64_t>(l.stage_layers.size()) != l.pp) return "stage layer list does not match pp";
-  if (l.sequence_parallel && (l.tp < 2 || m.seq_length % l.tp != 0))
-    return "sequence parallel needs tp > 1 dividing seq_length";
-  if (l.distributed_optimizer && l.dp < 2) return "distributed optimizer needs dp > 1";
+  if (l.cp > 1) {
+    if (m.seq_length % (2 * l.cp) != 0) return "context parallel needs seq_length divisible by 2 x cp";
+    if (l.cp_comm == CpCommType::a2a_p2p) return "cp_comm_type a2a+p2p is not modelled";
+    if (l.cp_comm == CpCommType::a2a &&
+        ((m.num_attention_heads / l.tp) % l.cp != 0 || (m.query_groups() / l.tp) % l.cp != 0))
+      return "a2a context parallel needs heads and query groups per tp rank divisible by cp";
+  }
+  if (l.sequence_parallel && (l.tp < 2 || (m.seq_length / l.cp) % l.tp != 0))
+    return "sequence parallel needs tp > 1 dividing seq_length / cp";
+  if (l.distributed_optimizer && l.replicas() < 2) return "distributed optimizer needs dp x cp > 1";
   const int64_t unit = l.micro_batch * l.dp;
   if (t.global_batch_size % unit != 0) return "global batch not divisible by micro_batch x dp";
   if (l.vp > 1) {
@@ -590,17 +644,26 @@ std::string ramp_problem(const Recipe& r, const Layout& l) {
 Layout layout_from_recipe(const Recipe& r, int64_t gpus) {
   if (gpus < 1) throw_input("--gpus {}: must be at least 1", gpus);
   const std::string where = r.source_path.empty() ? r.name : r.source_path;
-  if (gpus % (r.tp() * r.pp()) != 0)
+  const int64_t mp = r.tp() * r.pp() * r.cp();
+  if (gpus % mp != 0) {
+    if (r.cp() > 1)
+      throw_input(
+          "{}: {} GPUs is not divisible by tensor_model_parallel_size x context_parallel_size x "
+          "pipeline_model_parallel_size = {} x {} x {}",
+          where, gpus, r.tp(), r.cp(), r.pp());
     throw_input("{}: {} GPUs is not divisible by tensor_model_parallel_size x pipeline_model_parallel_size = {} x {}",
                 where, gpus, r.tp(), r.pp());
-  if (r.training.global_batch_size % (r.training.micro_batch_size * (gpus / (r.tp() * r.pp()))) != 0)
+  }
+  if (r.training.global_batch_size % (r.training.micro_batch_size * (gpus / mp)) != 0)
     throw_input(
         "{}: training.global_batch_size ({}) must be divisible by micro_batch_size x data_parallel_size = {} x {}",
-        where, r.training.global_batch_size, r.training.micro_batch_size, gpus / (r.tp() * r.pp()));
+        where, r.training.global_batch_size, r.training.micro_batch_size, gpus / mp);
   Layout l;
   l.tp = r.tp();
   l.pp = r.pp();
-  l.dp = gpus / (l.tp * l.pp);
+  l.cp = r.cp();
+  l.cp_comm = r.parallel.cp_comm_type;
+  l.dp = gpus / mp;
   l.micro_batch = r.training.micro_batch_size;
   l.recompute = r.parallel.recompute_granularity;
   l.sequence_parallel = r.parallel.sequence_parallel;
@@ -615,15 +678,32 @@ Layout layout_from_recipe(const Recipe& r, int64_t gpus) {
 
 // ---- communication bytes ------------------------------------------------------------------
 
+// Bytes one rank sends for one layer's attention across the cp group, one microbatch,
+// forward and backward (CommBytes::cp).
+double cp_layer_bytes(const Shape& sh, const Layout& l, double e, bool forward) {
+  if (l.cp < 2) return 0;
+  const double t = double(l.tp), rows = double(l.micro_batch) * double(sh.s), cp = double(l.cp);
+  const double kv = rows * 2.0 * double(sh.G * sh.D) / t * e;
+  const double qkv = rows * double(sh.qkv()) / t * e, out = rows * double(sh.att()) / t * e;
+  switch (l.cp_comm) {
+    case CpCommType::p2p: return forward ? (cp - 1) * kv : cp * 2 * kv;
+    case CpCommType::all_gather: return forward ? (cp - 1) * kv : 2 * (cp - 1) * kv;
+    case CpCommType::a2a:
+    case CpCommType::a2a_p2p: break;
+  }
+  const double share = (cp - 1) / cp;
+  return forward ? share * (qkv + out) : share * (2 * qkv + 2 * out + rows * double(sh.a) / t * 4.0);
+}
+
 CommBytes comm_bytes_per_iteration(const Recipe& r, const Layout& l, int64_t B) {
-  const Shape sh = shape_of(r, l.tp);
+  const Shape sh = shape_of(r, l.tp, l.cp);
   const double e = double(element_bytes(r.training.precision));
   const double grad_e = 4.0;  // gradients are reduced in fp32 (bf16/fp16: fp32 main grads; fp32: fp32)
   const double m = double(B) / double(l.micro_batch * l.dp);
   const double act = double(l.micro_batch) * double(sh.s) * double(sh.h) * e;  // b*s*h elements
   CommBytes c;
-  const double t = double(l.tp), d = double(l.dp);
-  double tp_max = 0, dp_max = 0;
+  const double t = double(l.tp), d = double(l.replicas());
+  double tp_max = 0, dp_max = 0, cp_max = 0;
   for (int64_t st = 0; st < l.pp; ++st) {
     const double layers = double(l.stage_layers[static_cast<size_t>(st)]);
     const double params = stage_params_per_gpu(sh, l, st);
@@ -636,14 +716,18 @@ CommBytes comm_bytes_per_iteration(const Recipe& r, const Layout& l, int64_t B) 
       if (last) v += m * 3 * 2 * (t - 1) / t * double(l.micro_batch * sh.s) * 4.0;  // CE: max, target, sum-exp (fp32)
       tp_max = std::max(tp_max, v);
     }
-    if (l.dp > 1) {
+    if (l.replicas() > 1) {
       double v = l.distributed_optimizer ? (d - 1) / d * params * grad_e + (d - 1) / d * params * e
                                          : 2 * (d - 1) / d * params * grad_e;
       dp_max = std::max(dp_max, v);
     }
+    const double fwd_passes = l.recompute == RecomputeGranularity::full ? 2.0 : 1.0;
+    cp_max =
+        std::max(cp_max, m * layers * (fwd_passes * cp_layer_bytes(sh, l, e, true) + cp_layer_bytes(sh, l, e, false)));
   }
   c.tp = tp_max;
   c.dp = dp_max;
+  c.cp = cp_max;
   if (l.pp > 1) {
     // A middle stage sends one activation forward and one gradient backward per
     // microbatch per chunk; with interleaving the last rank also passes chunk outputs
@@ -671,7 +755,7 @@ struct Computed {
 struct StageInputs {
   Shape sh;
   Precision prec;
-  double e, t, d, peak;
+  double e, t, d, peak;  // d: the replicas (dp x cp) gradients and ZeRO-1 shards are over
   LayerTime lt;
   double per_layer_act, per_layer_full_act;  // bytes a layer keeps / a layer's full activations
   int64_t T;                                 // tokens per micro batch
@@ -683,11 +767,11 @@ struct StageInputs {
 };
 
 StageInputs stage_inputs(const Recipe& r, const Layout& l, const Cluster& c) {
-  Shape sh = shape_of(r, l.tp);
-  sh.unfused = trainer_unfused_attention(r, c);
+  Shape sh = shape_of(r, l.tp, l.cp);
+  sh.unfused = l.cp == 1 && trainer_unfused_attention(r, c);  // attention across cp ranks is the flash form
   const Precision prec = r.training.precision;
   const double e = double(element_bytes(prec));
-  const double t = double(l.tp), d = double(l.dp);
+  const double t = double(l.tp), d = double(l.replicas());
   const GpuSpec& g = c.gpu;
   const double peak = prec == Precision::fp32 ? g.peak_flops * 0.5 : g.peak_flops;
   const LayerTime lt = layer_time(sh, l, c, prec);
@@ -916,10 +1000,11 @@ struct IterParts {
 // parameter all-gather): what is exposed after the last backward. `m` microbatches.
 double stage_dp_time(const Recipe& r, const Layout& l, const Cluster& c, const StageMemory& mem, const StageTime& tm,
                      int64_t m) {
-  const GroupLink dpl = group_link(c, l.tp, l.dp);
+  const int64_t n = l.replicas();  // gradients are reduced over dp x cp
+  const GroupLink dpl = group_link(c, l.tp, n);
   const double e = double(element_bytes(r.training.precision));
   const double ge = r.training.precision == Precision::fp32 ? 4.0 : c.software.grad_reduce_bytes;
-  if (c.software.dp_overlap && l.dp > 1) {
+  if (c.software.dp_overlap && n > 1) {
     // --overlap-grad-reduce / --overlap-param-gather: buckets of max(40M, 1M x dp)
     // parameters; the gradient reduction runs during the last microbatch's backward of
     // this stage, the parameter all-gather during the first microbatch's forward. Exposed:
@@ -930,20 +1015,19 @@ double stage_dp_time(const Recipe& r, const Layout& l, const Cluster& c, const S
     // so all but the last (first) chunk's share overlap (v-1)/v x p microbatches' compute.
     const double v = double(l.vp);
     const double span = l.vp > 1 ? std::max(1.0, (v - 1.0) / v * double(std::min<int64_t>(l.pp, m))) : 1.0;
-    const double bucket = std::min(mem.params, std::max(c.software.dp_bucket_params, 1e6 * double(l.dp)));
+    const double bucket = std::min(mem.params, std::max(c.software.dp_bucket_params, 1e6 * double(n)));
     const double last = l.vp > 1 ? std::max(bucket, mem.params / v) : bucket;  // waits for the window's end
     if (l.distributed_optimizer) {
-      const double rs = reduce_scatter_time(mem.params * ge, l.dp, dpl);
-      const double ag = reduce_scatter_time(mem.params * e, l.dp, dpl);
-      return std::max(reduce_scatter_time(last * ge, l.dp, dpl), rs - span * tm.backward) +
-             std::max(reduce_scatter_time(last * e, l.dp, dpl), ag - span * tm.forward);
+      const double rs = reduce_scatter_time(mem.params * ge, n, dpl);
+      const double ag = reduce_scatter_time(mem.params * e, n, dpl);
+      return std::max(reduce_scatter_time(last * ge, n, dpl), rs - span * tm.backward) +
+             std::max(reduce_scatter_time(last * e, n, dpl), ag - span * tm.forward);
     }
-    return std::max(allreduce_time(last * ge, l.dp, dpl),
-                    allreduce_time(mem.params * ge, l.dp, dpl) - span * tm.backward);
+    return std::max(allreduce_time(last * ge, n, dpl), allreduce_time(mem.params * ge, n, dpl) - span * tm.backward);
   }
   if (l.distributed_optimizer)
-    return reduce_scatter_time(mem.params * ge, l.dp, dpl) + reduce_scatter_time(mem.params * e, l.dp, dpl);
-  return allreduce_time(mem.params * ge, l.dp, dpl);
+    return reduce_scatter_time(mem.params * ge, n, dpl) + reduce_scatter_time(mem.params * e, n, dpl);
+  return allreduce_time(mem.params * ge, n, dpl);
 }
 
 // This trainer's per-step small collectives (SoftwareProfile::trainer_step_collectives):
@@ -969,8 +1053,9 @@ double trainer_collectives_time(const Recipe& r, const Layout& l, const Cluster&
   }
   double small = 0;
   small += small_allreduce_time(8.0, l.tp * l.pp, group_link(c, 1, l.tp * l.pp));  // grad norm, model parallel
-  if (l.distributed_optimizer) small += small_allreduce_time(8.0, l.dp, group_link(c, l.tp, l.dp));  // over the shards
-  small += small_allreduce_time(24.0, l.gpus(), group_link(c, 1, l.gpus()));  // loss, tokens, skip flag
+  if (l.distributed_optimizer)
+    small += small_allreduce_time(8.0, l.replicas(), group_link(c, l.tp, l.replicas()));  // over the shards
+  small += small_allreduce_time(24.0, l.gpus(), group_link(c, 1, l.gpus()));              // loss, tokens, skip flag
   return sp_max + small;
 }
 
@@ -998,7 +1083,7 @@ IterParts iteration_parts(const Recipe& r, const Layout& l, const Cluster& c_in,
     dp_max = std::max(dp_max, stage_dp_time(r, l, c, mem, cs.time[static_cast<size_t>(mem.stage)], m));
     // Adam over the local shard: read grad, master, m, v; write master, m, v, 16-bit
     // weight (~34 bytes/param) plus a read of the grads for the global norm.
-    const double local = mem.params / (l.distributed_optimizer ? double(l.dp) : 1.0);
+    const double local = mem.params / (l.distributed_optimizer ? double(l.replicas()) : 1.0);
     opt_max = std::max(opt_max, (34.0 * local / c.gpu.hbm_bw + 4.0 * mem.params / c.gpu.hbm_bw) * compute_share(c, l));
   }
   if (l.pp > 1 && !r.model.untie_embeddings_and_output_weights) {  // the tied embedding's two copies

@@ -74,6 +74,10 @@ const GpuSpec* gpu_spec_for_device(const std::string& device_name);
 
 struct Layout {
   int64_t tp = 1, pp = 1, dp = 1;
+  // Context parallelism: cp ranks split every sequence (each holds s / cp of its tokens)
+  // and run attention across them by `cp_comm`; gradients and ZeRO-1 over dp x cp.
+  int64_t cp = 1;
+  CpCommType cp_comm = CpCommType::p2p;
   int64_t vp = 1;  // virtual stages (model chunks) per pipeline rank; 1 = plain 1F1B
   int64_t micro_batch = 1;
   RecomputeGranularity recompute = RecomputeGranularity::none;
@@ -81,8 +85,9 @@ struct Layout {
   bool distributed_optimizer = false;  // ZeRO-1: optimizer state and master weights sharded over dp
   std::vector<int64_t> stage_layers;   // layers per pipeline stage (size pp)
 
-  int64_t gpus() const { return tp * pp * dp; }
-  std::string describe() const;  // "tp8 pp35 dp8 vp1 mb1 full sp0 zero0"
+  int64_t gpus() const { return tp * cp * pp * dp; }
+  int64_t replicas() const { return dp * cp; }  // the ranks that hold the same parameters
+  std::string describe() const;                 // "tp8 pp35 dp8 vp1 mb1 full sp0 zero0" ("tp8 pp1 dp2 cp4 p2p vp1 ...")
 };
 
 // The layout the recipe describes on `gpus` GPUs. Throws InputError (one line naming
@@ -320,11 +325,17 @@ KernelFit calibrate_kernels(const GpuSpec& base, const std::vector<GemmSample>& 
 //      per chunk (v chunks when interleaved); first/last stages send only one way, so
 //      the figure is the maximum over stages.
 //  dp: one all-reduce of the stage's gradients (fp32 when training in bf16/fp16, as
-//      Megatron accumulates and reduces in fp32) over dp ranks; with the distributed
+//      Megatron accumulates and reduces in fp32) over dp x cp ranks; with the distributed
 //      optimizer a reduce-scatter of those gradients plus an all-gather of the
 //      16-bit parameters. Maximum over stages (first/last carry embeddings).
+//  cp: attention across the context-parallel group, per layer per microbatch (again in
+//      a full recompute): p2p sends its K/V block cp - 1 times forward and K/V with their
+//      gradients cp times backward; all_gather gathers K/V forward, gathers them again and
+//      reduce-scatters their gradients backward; a2a exchanges q/k/v and the output
+//      forward, and q/k/v, output, its gradient, the log-sum-exp and dq/dk/dv backward
+//      ((cp - 1) / cp of each). Maximum over stages.
 struct CommBytes {
-  double tp = 0, pp = 0, dp = 0;
+  double tp = 0, pp = 0, dp = 0, cp = 0;
 };
 CommBytes comm_bytes_per_iteration(const Recipe& r, const Layout& l, int64_t global_batch);
 
@@ -402,8 +413,9 @@ struct SearchResult {
   int64_t considered = 0, feasible = 0;
   std::map<std::string, int64_t> rejected;  // reason -> count
 };
-// Enumerates tp, pp (uneven layer splits allowed), dp, virtual stages, micro batch,
-// recompute, sequence parallel and distributed optimizer for exactly `gpus` GPUs.
+// Enumerates tp, cp (powers of two leaving each rank at least 1024 tokens of a sequence,
+// the recipe's cp_comm_type), pp (uneven layer splits allowed), dp, virtual stages, micro
+// batch, recompute, sequence parallel and distributed optimizer for exactly `gpus` GPUs.
 SearchResult search(const Recipe& r, int64_t gpus, const Cluster& c, size_t keep = 10);
 
 // ---- pipeline timeline ----------------------------------------------------------------

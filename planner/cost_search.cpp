@@ -29,58 +29,69 @@ SearchResult search(const Recipe& r, int64_t gpus, const Cluster& c, size_t keep
   const int64_t B = r.training.global_batch_size;
   const RecomputeGranularity rcs[] = {RecomputeGranularity::none, RecomputeGranularity::selective,
                                       RecomputeGranularity::full};
+  // Context parallelism: powers of two that leave each rank at least kMinCpTokens of a
+  // sequence (below that its attention blocks are too small to hide the exchange), with
+  // the recipe's communication type.
+  constexpr int64_t kMinCpTokens = 1024;
+  std::vector<int64_t> cps = {1};
+  for (int64_t cp = 2; r.model.seq_length / cp >= kMinCpTokens; cp *= 2) cps.push_back(cp);
   for (int64_t tp : divisors(gpus)) {
     if (tp > r.model.num_attention_heads) break;
-    for (int64_t pp : divisors(gpus / tp)) {
-      if (pp > L) break;
-      const int64_t dp = gpus / (tp * pp);
-      std::vector<int64_t> split(static_cast<size_t>(pp), L / pp);
-      for (int64_t i = 0; i < L % pp; ++i) split[static_cast<size_t>(i)] += 1;
-      std::vector<int64_t> vps = {1};
-      if (L % pp == 0 && pp > 1 && c.software.interleaved_schedule)
-        for (int64_t v : divisors(L / pp))
-          if (v > 1) vps.push_back(v);
-      for (int64_t mb = 1; mb <= std::max<int64_t>(1, B / dp); mb *= 2) {
-        for (int64_t vp : vps)
-          for (auto rc : rcs)
-            for (int sp = 0; sp < (tp > 1 ? 2 : 1); ++sp)
-              for (int zero = 0; zero < (dp > 1 ? 2 : 1); ++zero) {
-                Layout l;
-                l.tp = tp;
-                l.pp = pp;
-                l.dp = dp;
-                l.vp = vp;
-                l.micro_batch = mb;
-                l.recompute = rc;
-                l.sequence_parallel = sp != 0;
-                l.distributed_optimizer = zero != 0;
-                l.stage_layers = split;
-                ++res.considered;
-                std::string why = layout_problem(r, l);
-                if (why.empty() && !ramp_problem(r, l).empty())
-                  why = "batch ramp steps not divisible by micro_batch x dp";
-                if (!why.empty()) {
-                  ++res.rejected[why];
-                  continue;
+    for (int64_t cp : cps) {
+      if ((gpus / tp) % cp != 0) continue;
+      for (int64_t pp : divisors(gpus / (tp * cp))) {
+        if (pp > L) break;
+        const int64_t dp = gpus / (tp * cp * pp);
+        std::vector<int64_t> split(static_cast<size_t>(pp), L / pp);
+        for (int64_t i = 0; i < L % pp; ++i) split[static_cast<size_t>(i)] += 1;
+        std::vector<int64_t> vps = {1};
+        if (L % pp == 0 && pp > 1 && c.software.interleaved_schedule)
+          for (int64_t v : divisors(L / pp))
+            if (v > 1) vps.push_back(v);
+        for (int64_t mb = 1; mb <= std::max<int64_t>(1, B / dp); mb *= 2) {
+          for (int64_t vp : vps)
+            for (auto rc : rcs)
+              for (int sp = 0; sp < (tp > 1 ? 2 : 1); ++sp)
+                for (int zero = 0; zero < (dp * cp > 1 ? 2 : 1); ++zero) {
+                  Layout l;
+                  l.tp = tp;
+                  l.pp = pp;
+                  l.dp = dp;
+                  l.cp = cp;
+                  l.cp_comm = r.parallel.cp_comm_type;
+                  l.vp = vp;
+                  l.micro_batch = mb;
+                  l.recompute = rc;
+                  l.sequence_parallel = sp != 0;
+                  l.distributed_optimizer = zero != 0;
+                  l.stage_layers = split;
+                  ++res.considered;
+                  std::string why = layout_problem(r, l);
+                  if (why.empty() && !ramp_problem(r, l).empty())
+                    why = "batch ramp steps not divisible by micro_batch x dp";
+                  if (!why.empty()) {
+                    ++res.rejected[why];
+                    continue;
+                  }
+                  EstimateOptions o;
+                  o.with_run = false;
+                  Estimate e = estimate(r, l, c, o);
+                  if (!e.fits) {
+                    ++res.rejected["does not fit in GPU memory"];
+                    continue;
+                  }
+                  ++res.feasible;
+                  // Keep the `keep` fastest (by tokens/s; ties: less memory).
+                  auto better = [](const Estimate& a, const Estimate& b) {
+                    if (a.tokens_per_s != b.tokens_per_s) return a.tokens_per_s > b.tokens_per_s;
+                    return a.peak_memory < b.peak_memory;
+                  };
+                  if (res.best.size() < keep || better(e, res.best.back())) {
+                    res.best.insert(std::upper_bound(res.best.begin(), res.best.end(), e, better), std::move(e));
+                    if (res.best.size() > keep) res.best.pop_back();
+                  }
                 }
-                EstimateOptions o;
-                o.with_run = false;
-                Estimate e = estimate(r, l, c, o);
-                if (!e.fits) {
-                  ++res.rejected["does not fit in GPU memory"];
-                  continue;
-                }
-                ++res.feasible;
-                // Keep the `keep` fastest (by tokens/s; ties: less memory).
-                auto better = [](const Estimate& a, const Estimate& b) {
-                  if (a.tokens_per_s != b.tokens_per_s) return a.tokens_per_s > b.tokens_per_s;
-                  return a.peak_memory < b.peak_memory;
-                };
-                if (res.best.size() < keep || better(e, res.best.back())) {
-                  res.best.insert(std::upper_bound(res.best.begin(), res.best.end(), e, better), std::move(e));
-                  if (res.best.size() > keep) res.best.pop_back();
-                }
-              }
+        }
       }
     }
   }

@@ -294,7 +294,9 @@ void run_calibrate(const PlanArgs& a) {
     Recipe r = load_recipe(rp, a.sets);
     // The run's world size: --gpus, else what its metrics.jsonl records (world_size), else t x p.
     const int64_t recorded = recorded_world_size(dir);
-    const int64_t gpus = a.gpus > 0 ? a.gpus : recorded > 0 ? recorded : r.tp() * r.pp() * std::max<int64_t>(1, a.dp);
+    const int64_t gpus = a.gpus > 0     ? a.gpus
+                         : recorded > 0 ? recorded
+                                        : r.tp() * r.cp() * r.pp() * std::max<int64_t>(1, a.dp);
     cost::Observation o{r, cost::layout_from_recipe(r, gpus),
                         measured_step_time(dir, r.training.global_batch_size, a.step_stat), dir};
     runs.push_back(std::move(o));
@@ -564,6 +566,8 @@ nlohmann::json layout_json(const cost::Layout& l) {
   return {{"tp", l.tp},
           {"pp", l.pp},
           {"dp", l.dp},
+          {"cp", l.cp},
+          {"cp_comm_type", to_string(l.cp_comm)},
           {"virtual_stages", l.vp},
           {"micro_batch_size", l.micro_batch},
           {"recompute", to_string(l.recompute)},
@@ -592,7 +596,7 @@ nlohmann::json estimate_json(const cost::Estimate& e, const cost::Cluster& c) {
   j["fits"] = e.fits;
   j["time_breakdown_s"] = {
       {"pipeline", e.pipeline_time}, {"data_parallel", e.dp_time}, {"optimizer", e.optimizer_time}};
-  j["comm_bytes_per_iteration"] = {{"tp", e.comm.tp}, {"pp", e.comm.pp}, {"dp", e.comm.dp}};
+  j["comm_bytes_per_iteration"] = {{"tp", e.comm.tp}, {"pp", e.comm.pp}, {"dp", e.comm.dp}, {"cp", e.comm.cp}};
   j["run"] = {{"iterations", e.run_iterations}, {"tokens", e.run_tokens},
               {"seconds", e.run_seconds},       {"days", e.run_seconds / 86400.0},
               {"gpu_hours", e.run_gpu_hours},   {"average_tokens_per_s", e.run_tokens_per_s}};
@@ -660,8 +664,9 @@ void print_human(const Recipe& r, const cost::Estimate& e, const cost::Cluster& 
               e.model_tflops_per_gpu, gpt ? "72-form" : "Megatron-Core's count with GQA and SwiGLU");
   std::printf("MFU              %.1f%% (HFU %.1f%%) of %.0f TFLOP/s peak\n", 100 * e.mfu, 100 * e.hfu,
               c.gpu.peak_flops / 1e12);
-  std::printf("comm per rank    tp %.2f GB, pp %.2f GB, dp %.2f GB sent per iteration\n", e.comm.tp / 1e9,
-              e.comm.pp / 1e9, e.comm.dp / 1e9);
+  std::printf("comm per rank    tp %.2f GB, pp %.2f GB, dp %.2f GB%s sent per iteration\n", e.comm.tp / 1e9,
+              e.comm.pp / 1e9, e.comm.dp / 1e9,
+              e.layout.cp > 1 ? fmt::format(", cp {:.2f} GB", e.comm.cp / 1e9).c_str() : "");
   if (e.run_iterations > 0)
     std::printf(
         "whole run        %lld iterations, %.3g tokens, %.1f days, %.3g GPU-hours (%.0f tokens/s average, ramp "
@@ -727,15 +732,16 @@ cost::Estimate search_layouts(const PlanArgs& a, const Recipe& r, const cost::Cl
   return best;
 }
 
-// The GPUs planned for: --gpus, or tp x pp x --dp, else one model replica.
+// The GPUs planned for: --gpus, or tp x cp x pp x --dp, else one model replica.
 int64_t plan_gpus(const PlanArgs& a, const Recipe& r) {
   int64_t gpus = a.gpus;
+  const int64_t mp = r.tp() * r.cp() * r.pp();
   if (a.dp > 0) {
-    if (gpus > 0 && gpus != r.tp() * r.pp() * a.dp)
-      throw_input("--gpus {} does not equal tp x pp x dp = {} x {} x {}", gpus, r.tp(), r.pp(), a.dp);
-    gpus = r.tp() * r.pp() * a.dp;
+    if (gpus > 0 && gpus != mp * a.dp)
+      throw_input("--gpus {} does not equal tp x cp x pp x dp = {} x {} x {} x {}", gpus, r.tp(), r.cp(), r.pp(), a.dp);
+    gpus = mp * a.dp;
   }
-  return gpus > 0 ? gpus : r.tp() * r.pp();
+  return gpus > 0 ? gpus : mp;
 }
 
 void run_plan(const PlanArgs& a) {
@@ -747,11 +753,6 @@ void run_plan(const PlanArgs& a) {
   if (a.pp > 0) sets.push_back(fmt::format("parallel.pipeline_model_parallel_size={}", a.pp));
   Recipe r = load_recipe(a.recipe, sets);
   refuse_moe_model(r, "mtnlg plan");  // its counts and FLOPs would be a dense model's
-  if (r.cp() > 1)
-    throw_input(
-        "{}: parallel.context_parallel_size ({}): the planner does not model context parallelism yet; plan "
-        "with parallel.context_parallel_size: 1",
-        a.recipe, r.cp());
   cost::Cluster c{a.gpu_profile.empty() ? cost::gpu_spec(a.gpu) : cost::load_gpu_profile(a.gpu_profile),
                   a.gpus_per_node, cost::software_profile(a.software)};
   if (a.gpus_per_node < 1) throw_input("--gpus-per-node {}: must be at least 1", a.gpus_per_node);
@@ -840,7 +841,7 @@ void register_plan(CLI::App& app) {
       ->check(count);
   cmd->add_option("--tp", a.tp, "Override parallel.tensor_model_parallel_size")->check(count);
   cmd->add_option("--pp", a.pp, "Override parallel.pipeline_model_parallel_size")->check(count);
-  cmd->add_option("--dp", a.dp, "Data-parallel size (sets --gpus to tp x pp x dp)")->check(count);
+  cmd->add_option("--dp", a.dp, "Data-parallel size (sets --gpus to tp x cp x pp x dp)")->check(count);
   cmd->add_flag("--search", a.search, "Enumerate all layouts of --gpus GPUs and rank the feasible ones by throughput");
   cmd->add_option("--top", a.top, "With --search: how many ranked layouts to show")
       ->capture_default_str()

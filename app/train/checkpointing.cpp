@@ -56,7 +56,10 @@ void check_same_network(const std::string& dir, const model::ckpt::TrainState& s
   same("num_attention_heads", saved.model.num_attention_heads, r.model.num_attention_heads);
   same("ffn_hidden_size", saved.model.ffn_hidden_size, r.model.ffn_hidden_size);
   same("vocab_size", saved.model.vocab_size, r.model.vocab_size);
-  same("max_position_embeddings", saved.model.max_position_embeddings, r.model.max_position_embeddings);
+  // A learned position table has max_position_embeddings rows; rotary positions have no
+  // table, and a longer context (context extension) continues the same weights.
+  if (!r.model.rope() || !saved.model.rope())
+    same("max_position_embeddings", saved.model.max_position_embeddings, r.model.max_position_embeddings);
   // The architecture's parts that decide which parameters exist and what they mean (the
   // rotary settings may change: a longer context continues with a new base or scaling).
   auto same_text = [&](const char* what, const std::string& a, const std::string& b) {
@@ -102,7 +105,12 @@ std::optional<model::ckpt::TrainState> CheckpointManager::resume(model::ParamSto
                 miss.size(), st.layout.tp, st.layout.pp, st.layout.dp);
   check_same_network(dir, st, r_);
   model::ckpt::OptimShard shard{optim.shard_begin(), optim.shard_end(), &optim.exp_avg(), &optim.exp_avg_sq()};
-  model::ckpt::load_into(dir, store, &shard, &optim.exp_avg(), &optim.exp_avg_sq());
+  if (model::ckpt::has_optimizer_state(dir)) {
+    model::ckpt::load_into(dir, store, &shard, &optim.exp_avg(), &optim.exp_avg_sq());
+  } else {  // weights only (an imported model): the optimizer starts fresh
+    model::ckpt::load_into(dir, store);
+    log::info("{}: weights only (no optimizer state): AdamW starts from zero moments", dir);
+  }
   optim.set_steps_taken(st.optimizer_steps);
   log::info("resumed from {} (iteration {}, {} tokens; saved with tp={} pp={} dp={}{}{}) in {:.1f}s", dir, st.iteration,
             st.consumed_tokens, st.layout.tp, st.layout.pp, st.layout.dp,

@@ -105,6 +105,7 @@ void MemoryReport::write(const IterationStats& s) {
                       {"tp_rank", g_.coord.tp},
                       {"pp_rank", g_.coord.pp},
                       {"dp_rank", g_.coord.dp},
+                      {"cp_rank", g_.coord.cp},
                       {"weights", s.mem_weights},
                       {"grads", s.mem_grads},
                       {"optimizer", s.mem_optimizer},

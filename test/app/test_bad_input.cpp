@@ -54,8 +54,8 @@ TEST_CASE("bad input: every class exits 2 naming the place", "[e2e]") {
                {"parallel.context_parallel_size (2)", "a2a+p2p is not implemented yet"});
   expect_exit2("train " + good + " --set parallel.context_parallel_size=2 --set logging.dir=" + d.str() + "/cp",
                {"world size 1", "context_parallel_size"});
-  expect_exit2("plan " + good + " --gpus 8 --gpu h100-80g --set parallel.context_parallel_size=2",
-               {"parallel.context_parallel_size (2)", "planner does not model context parallelism yet"});
+  expect_exit2("plan " + good + " --gpus 6 --gpu h100-80g --set parallel.context_parallel_size=4",
+               {"6 GPUs", "context_parallel_size", "1 x 4 x 1"});
   expect_exit2("recipe validate " + good + " --set parallel.context_parallel_size=3",
                {"parallel.context_parallel_size (3)", "model.seq_length (16)"});
   // a layout that cannot exist in this world

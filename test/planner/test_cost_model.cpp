@@ -578,3 +578,69 @@ TEST_CASE("cost: qk_layernorm's weights are replicated and their gradients summe
   CHECK(extra_dp[0] >= 0);
   CHECK(extra_dp[1] > 100 * extra_dp[0]);
 }
+
+// Context parallelism: a rank holds s / cp of each sequence, so its activations shrink by
+// cp while its parameters do not; its attention's exchange is counted by hand; gradients
+// and ZeRO-1 go over dp x cp; the search tries cp on long sequences.
+TEST_CASE("cost: context parallelism splits activations, counts the exchange and joins the search", "[cost]") {
+  // l=4, h=64, a=4 (head 16, 4 K/V heads), s=32, fp32, cp2 alone: m = 8 micro batches.
+  Recipe r = parse_recipe(
+      "model: {num_layers: 4, hidden_size: 64, num_attention_heads: 4, seq_length: 32, vocab_size: 512, "
+      "make_vocab_size_divisible_by: 8}\n"
+      "parallel: {context_parallel_size: 2}\n"
+      "training: {micro_batch_size: 1, global_batch_size: 8, train_iters: 2}\n"
+      "data: {mock: true}\n",
+      "test");
+  Layout l = layout_from_recipe(r, 2);
+  CHECK(l.cp == 2);
+  CHECK(l.dp == 1);
+  CHECK(l.describe().find("cp2 p2p") != std::string::npos);
+  // This rank's K and V: 16 rows x 2 x 4 heads x 16 x 4 bytes = 8192. p2p: the block goes
+  // round once forward (cp - 1 sends), K/V with their gradients cp times backward.
+  const double kv = 8192, m = 8, layers = 4;
+  CHECK(comm_bytes_per_iteration(r, l, 8).cp == Approx(m * layers * (kv + 2 * 2 * kv)));
+  Layout ag = l;
+  ag.cp_comm = CpCommType::all_gather;  // gathered forward; gathered again and reduce-scattered backward
+  CHECK(comm_bytes_per_iteration(r, ag, 8).cp == Approx(m * layers * (kv + 2 * kv)));
+  Layout a2a = l;
+  a2a.cp_comm = CpCommType::a2a;  // half of q/k/v and the output forward; backward adds dout, lse, dqkv
+  const double qkv = 16 * 192 * 4.0, out = 16 * 64 * 4.0, lse = 16 * 4 * 4.0;
+  CHECK(comm_bytes_per_iteration(r, a2a, 8).cp == Approx(m * layers * 0.5 * (qkv + out + 2 * qkv + 2 * out + lse)));
+  // Full recompute runs the forward's exchange again.
+  Layout full = l;
+  full.recompute = RecomputeGranularity::full;
+  CHECK(comm_bytes_per_iteration(r, full, 8).cp == Approx(m * layers * (2 * kv + 2 * 2 * kv)));
+  // Gradients are all-reduced over dp x cp = 2 ranks: 2 (n-1)/n x params x 4.
+  const CommBytes c = comm_bytes_per_iteration(r, l, 8);
+  CHECK(c.dp > 0);
+  Layout one = l;
+  one.cp = 1;
+  CHECK(comm_bytes_per_iteration(r, one, 8).dp == 0);
+  CHECK(comm_bytes_per_iteration(r, one, 8).cp == 0);
+
+  // Llama 3 8B at 32K on H100s: cp4 holds a quarter of cp1's activations per rank (the
+  // trainer's accounting), the same weights, and ZeRO-1 shards over dp x cp.
+  Recipe ll = load_recipe(test::source_dir() + "/recipes/llama3-8b-32k.yaml");
+  const Cluster h100{gpu_spec("h100-80g"), 8, software_profile("mtnlg")};
+  auto stage0 = [&](int64_t cp, int64_t gpus) {
+    Recipe x = ll;
+    x.parallel.context_parallel_size = cp;
+    return estimate(x, layout_from_recipe(x, gpus), h100, {false}).stages.front();
+  };
+  const StageMemory m1 = stage0(1, 32), m4 = stage0(4, 32);
+  CHECK(m4.weights == m1.weights);
+  CHECK(m4.activations <= 0.3 * m1.activations);
+  CHECK(m4.activations >= 0.2 * m1.activations);
+  CHECK(m4.optimizer == Approx(m1.optimizer).epsilon(1e-6));  // dp 8 x cp 1 and dp 2 x cp 4: 8 shards each
+  // The search tries cp (powers of two leaving 1024 tokens a rank) and, at 128K, needs it.
+  Recipe lx = load_recipe(test::source_dir() + "/recipes/llama3-8b-128k.yaml");
+  const Cluster core{gpu_spec("h100-80g"), 8, software_profile("megatron-core")};
+  const SearchResult s = search(lx, 64, core, 3);
+  REQUIRE_FALSE(s.best.empty());
+  for (const auto& e : s.best) CHECK(e.layout.cp > 1);
+  Recipe no_cp = lx;
+  no_cp.parallel.context_parallel_size = 1;
+  Layout bad = layout_from_recipe(no_cp, 64);
+  bad.cp = 3;
+  CHECK(layout_problem(lx, bad) == "context parallel needs seq_length divisible by 2 x cp");
+}

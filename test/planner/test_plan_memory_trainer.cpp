@@ -55,10 +55,11 @@ nlohmann::json last_line(const std::filesystem::path& p) {
 double transient_bound(const Recipe& r, const nlohmann::json& plan, double send_buffers) {
   const auto& L = plan["layout"];
   const double t = double(L["tp"].get<int64_t>()), b = double(r.training.micro_batch_size);
-  const double N = b * double(r.model.seq_length), C = double(r.model.hidden_size), e = 4, w = 4;
+  const double cp = double(r.cp());
+  const double N = b * double(r.model.seq_length) / cp, C = double(r.model.hidden_size), e = 4, w = 4;
   const double f = double(r.model.ffn_hidden_size), a = double(r.model.num_attention_heads),
                V = double(r.model.padded_vocab_size(int64_t(t)));
-  const double s = double(r.model.seq_length);
+  const double s = double(r.model.seq_length) / cp;  // a rank's positions of a sequence
   // q/k/v and the attention output (GQA, head size), fc1's output (gate and up under SwiGLU)
   const double qkv = double((r.model.num_attention_heads + 2 * r.model.query_groups()) * r.model.head_dim());
   const double att = double(r.model.num_attention_heads * r.model.head_dim());
@@ -70,7 +71,14 @@ double transient_bound(const Recipe& r, const nlohmann::json& plan, double send_
   const double layer =
       e * (8 * N * C + N * qkv / t + N * att / t + N * (pre + f) / t) + w * (4 * N + b * a / t * s) + probs;
   const double head = e * (3 * N * C + N * V / t) + w * 6 * N;
-  return std::max(layer, head) + send_buffers;
+  // Attention across cp ranks (parallel/context_parallel.cpp): K/V blocks in flight and
+  // gathered, partial outputs and log-sum-exps before each merge, or under a2a the whole
+  // sequence's q/k/v, output and statistics of this rank's heads.
+  const double kvw = 2.0 * double(r.model.query_groups() * r.model.head_dim());
+  const double cp_extra =
+      cp > 1 ? e * (cp * N * kvw / t + 4 * N * kvw / t + 2 * N * qkv / t + 4 * N * att / t) + w * 4 * b * a / t * s * cp
+             : 0.0;
+  return std::max(layer + cp_extra, head) + send_buffers;
 }
 
 // Every case: train with the memory report, plan the same recipe and layout, compare rank by
@@ -104,7 +112,8 @@ void check_layouts(const std::vector<test::Layout>& cases, const std::string& mo
           if (w != "--set") set_list.push_back(w);
       }
       const Recipe r = load_recipe(recipe, set_list);
-      const int64_t dp = c.np / (pj["layout"]["tp"].get<int64_t>() * pj["layout"]["pp"].get<int64_t>());
+      const int64_t cp = pj["layout"]["cp"].get<int64_t>();
+      const int64_t dp = c.np / (pj["layout"]["tp"].get<int64_t>() * pj["layout"]["pp"].get<int64_t>() * cp);
       for (int rank = 0; rank < c.np; ++rank) {
         const auto got = last_line(dir.path() / fmt::format("memory_rank{}.jsonl", rank));
         const int64_t st = got["pp_rank"].get<int64_t>();
@@ -113,7 +122,8 @@ void check_layouts(const std::vector<test::Layout>& cases, const std::string& mo
         INFO("rank " << rank << " stage " << st << ": " << got.dump() << "\nplan: " << b.dump());
         CHECK(double(got["weights"].get<int64_t>()) == bytes("weights_gib"));
         CHECK(double(got["grads"].get<int64_t>()) == bytes("gradients_gib"));
-        if (got["dp_rank"].get<int64_t>() == 0 || dp == 1)
+        // ZeRO-1 shards over dp x cp: the first replica's is the largest
+        if ((got["dp_rank"].get<int64_t>() == 0 && got["cp_rank"].get<int64_t>() == 0) || dp * cp == 1)
           CHECK(double(got["optimizer"].get<int64_t>()) == bytes("optimizer_gib"));
         else
           CHECK(double(got["optimizer"].get<int64_t>()) <= bytes("optimizer_gib"));
@@ -127,7 +137,7 @@ void check_layouts(const std::vector<test::Layout>& cases, const std::string& mo
         const int64_t pp = pj["layout"]["pp"].get<int64_t>(), v = pj["layout"]["virtual_stages"].get<int64_t>();
         if (pp > 1) {
           const int64_t m = r.training.global_batch_size / (r.training.micro_batch_size * dp);
-          const double msg = double(r.training.micro_batch_size) * double(r.model.seq_length) *
+          const double msg = double(r.training.micro_batch_size) * double(r.model.seq_length / cp) *
                              double(r.model.hidden_size) * 4.0 /
                              (pj["layout"]["sequence_parallel"].get<bool>() ? pj["layout"]["tp"].get<double>() : 1.0);
           const auto window = schedules::max_in_flight(schedules::schedule_for(pp, st, m, v));
@@ -151,6 +161,13 @@ TEST_CASE("planner memory per rank equals the trainer's tensor bytes by role", "
   check_layouts(test::layouts({"single-none", "single-selective", "single-full", "tp2", "pp2", "dp2-zero1",
                                "tp2-pp2-full", "tp2-dp2-sp-selective", "single-unfused", "single-unfused-selective",
                                "tp2-pp2-unfused", "pp4-v2"}),
+                "");
+}
+
+// Context parallelism: every rank keeps s / cp positions of each sequence (the log-sum-exp
+// too), the parameters are whole on every cp rank and ZeRO-1 shards over dp x cp.
+TEST_CASE("planner memory per rank equals the trainer's tensor bytes by role: context parallelism", "[e2e][memory]") {
+  check_layouts(test::layouts({"cp2", "cp4", "cp2-a2a", "cp2-tp2-sp", "cp2-pp2", "cp2-pp2-v2-full", "cp2-dp2-zero1"}),
                 "");
 }
 

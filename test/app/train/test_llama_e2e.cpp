@@ -1,7 +1,8 @@
 // recipes/tiny-llama.yaml end to end on the CPU, on the demo corpus (two real English
 // texts, GPT-2's BPE, scripts/make-demo-corpus.sh): a short run whose loss falls, then
 // `mtnlg generate` (the KV cache of the key/value groups) and `mtnlg eval` from its
-// checkpoint, each exit 0 with its output; a resume with model.qk_layernorm is refused.
+// checkpoint, each exit 0 with its output; a resume with model.qk_layernorm is refused; the
+// weights continue at twice the context under context parallelism.
 #include <catch2/catch.hpp>
 
 #include <filesystem>
@@ -48,6 +49,29 @@ TEST_CASE("tiny Llama on the demo corpus: the loss falls, and generate and eval 
   INFO(q.out);
   CHECK(q.exit_code == 2);
   CHECK_THAT(q.out, Catch::Matchers::Contains("checkpoint has model.qk_layernorm = false but the recipe says true"));
+
+  // A longer context continues the same weights (context extension): exported and imported
+  // back, the checkpoint is its weights alone (iteration 0: AdamW and the token count start
+  // fresh), and a run at twice the sequence, split over 2 context-parallel ranks, starts
+  // from what the 64-token model learned rather than from ln(vocab).
+  auto x = mtnlg("checkpoint export --input runs/tiny-llama/checkpoints --output hf-64");
+  INFO(x.out);
+  REQUIRE(x.exit_code == 0);
+  auto im = mtnlg("checkpoint import --input hf-64 --output imported-64");
+  INFO(im.out);
+  REQUIRE(im.exit_code == 0);
+  auto longer = mtnlg("--version >/dev/null && sh " + source_dir() + "/test/support/mpi/mpirun.sh 2 " +
+                      std::string(MTNLG_BINARY) +
+                      " train recipes/tiny-llama.yaml --quiet --set training.train_iters=2"
+                      " --set training.micro_batch_size=4 --set training.global_batch_size=4"
+                      " --set model.seq_length=128 --set parallel.context_parallel_size=2"
+                      " --set checkpoint.load=imported-64 --set checkpoint.save=ckpt-128 --set logging.dir=run-128"
+                      " --set training.num_threads=1 --set logging.log_interval=1");
+  INFO(longer.out);
+  REQUIRE(longer.exit_code == 0);
+  const auto long_losses = read_losses(tmp / "run-128");
+  REQUIRE(long_losses.size() == 2);
+  CHECK(long_losses.front() < losses.front() - 1.5);
 
   auto g =
       mtnlg("generate --checkpoint runs/tiny-llama/checkpoints --prompt 'And God said' --greedy --max-new-tokens 8");
