@@ -3,9 +3,9 @@
 namespace mtnlg::timing {
 
 namespace {
-constexpr const char* kNames[kStepParts] = {"forward", "backward",   "recompute", "tp",         "pp",
-                                            "bubble",  "dp",         "embedding", "mp",         "optimizer",
-                                            "data",    "checkpoint", "host_sync", "validation", "other"};
+constexpr const char* kNames[kStepParts] = {"forward",    "backward",  "recompute",  "tp",   "pp",        "bubble",
+                                            "dp",         "embedding", "mp",         "cp",   "optimizer", "data",
+                                            "checkpoint", "host_sync", "validation", "other"};
 constexpr const char* kLabels[kStepParts] = {"forward compute",
                                              "backward compute",
                                              "recompute",
@@ -15,6 +15,7 @@ constexpr const char* kLabels[kStepParts] = {"forward compute",
                                              "dp reduce exposed",
                                              "embedding all-reduce exposed",
                                              "grad-norm all-reduce (mp) exposed",
+                                             "context-parallel exchange exposed",
                                              "optimizer",
                                              "data loading",
                                              "checkpoint stalls",
@@ -61,7 +62,8 @@ StepPartTimes read_step_parts() {
 StepPart comm_step_part(const std::string& group, bool recv) {
   if (group == "tp") return StepPart::tp;
   if (group == "pp") return recv ? StepPart::bubble : StepPart::pp;
-  if (group == "dp") return StepPart::dp;
+  if (group == "dp" || group == "dp_cp") return StepPart::dp;
+  if (group == "cp") return StepPart::cp;
   if (group == "embedding") return StepPart::embedding;
   if (group == "mp") return StepPart::mp;
   if (group == "world") return StepPart::host_sync;

@@ -2,7 +2,7 @@
 // charges every moment to exactly one part. Code marks what it does with a
 // StepPartScope (forward, backward, recompute, optimizer, data, checkpoint, host sync,
 // validation); the communicators charge the time they sit blocked to their group (tp,
-// pp sends, the pipeline bubble for pp receives, dp, embedding, mp, and world
+// pp sends, the pipeline bubble for pp receives, dp, embedding, mp, cp, and world
 // collectives as host syncs). Scopes nest and the innermost wins, so a tp all-reduce
 // inside a forward is tp time and not forward time, and the parts of an interval sum
 // exactly to its wall time; what no scope covers is `other`.
@@ -28,6 +28,7 @@ enum class StepPart : uint8_t {
   dp,          // data-parallel gradient reduction (and ZeRO-1 reduce-scatter / all-gather)
   embedding,   // tied word-embedding gradient all-reduce between first and last stage
   mp,          // model-parallel collectives (the gradient norm)
+  cp,          // attention's exchange across the context-parallel group blocked
   optimizer,   // clipping and the AdamW update
   data,        // waiting for the batch (the loader prefetches in a thread)
   checkpoint,  // checkpoint copies and commits on the training thread

@@ -6,8 +6,10 @@
 // attention_backward_lse themselves.
 #include "parallel/context_parallel.hpp"
 
+#include <chrono>
 #include <condition_variable>
 #include <cstring>
+#include <ctime>
 #include <exception>
 #include <limits>
 #include <mutex>
@@ -208,6 +210,18 @@ class InProcessExchange final : public CpExchange {
 
 namespace {
 
+thread_local CpAttentionTimes t_cp_times;
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+double thread_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
+
 class CommExchange final : public CpExchange {
  public:
   explicit CommExchange(std::shared_ptr<Communicator> g) : g_(std::move(g)) {}
@@ -255,7 +269,11 @@ class CommExchange final : public CpExchange {
   template <typename F>
   void counted(F&& f) {
     const double before = g_->bytes_counted();
+    const auto t0 = std::chrono::steady_clock::now();
+    const double c0 = thread_cpu_seconds();
     f();
+    t_cp_times.waiting += seconds_since(t0);
+    t_cp_times.waiting_cpu += thread_cpu_seconds() - c0;
     bytes_ += g_->bytes_counted() - before;
   }
   std::shared_ptr<Communicator> g_;
@@ -553,7 +571,22 @@ void check_outputs(const char* op, const Dims& d, const Tensor& qkv, std::initia
 
 }  // namespace
 
+CpAttentionTimes cp_attention_times() { return t_cp_times; }
+
+namespace {
+// Adds its lifetime to this thread's cp attention time.
+struct InsideCpAttention {
+  std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+  double c0 = thread_cpu_seconds();
+  ~InsideCpAttention() {
+    t_cp_times.inside += seconds_since(t0);
+    t_cp_times.inside_cpu += thread_cpu_seconds() - c0;
+  }
+};
+}  // namespace
+
 void cp_attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const CpAttention& a, CpExchange& ex) {
+  const InsideCpAttention timed;
   const char* op = "cp_attention_forward";
   const Dims d = dims_of(op, qkv, a, ex);
   check_outputs(op, d, qkv, {&out}, lse);
@@ -569,6 +602,7 @@ void cp_attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const CpA
 
 void cp_attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
                            const CpAttention& a, CpExchange& ex) {
+  const InsideCpAttention timed;
   const char* op = "cp_attention_backward";
   const Dims d = dims_of(op, qkv, a, ex);
   check_outputs(op, d, qkv, {&dqkv, &dout, &out}, lse);

@@ -107,4 +107,15 @@ void cp_attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const CpA
 void cp_attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
                            const CpAttention& a, CpExchange& ex);
 
+// This thread's time in the two functions above since the process started (seconds):
+// `inside` all of it, `waiting` the part spent blocked in a Communicator-backed exchange;
+// wall-clock and this thread's CPU time (`_cpu`: what it computed, not counting time it
+// was descheduled; MPI's busy waiting counts in both). inside - waiting is the rank's own
+// attention work, which the load-balanced split makes equal across the cp ranks (the
+// trainer's --comm-report writes them per iteration).
+struct CpAttentionTimes {
+  double inside = 0, waiting = 0, inside_cpu = 0, waiting_cpu = 0;
+};
+CpAttentionTimes cp_attention_times();
+
 }  // namespace mtnlg::parallel

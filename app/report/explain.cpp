@@ -36,7 +36,7 @@ const char* name(size_t i) { return timing::step_part_name(static_cast<StepPart>
 // Parts that are waiting on other ranks (or on the link): not a rank's own work.
 bool is_wait(size_t i) {
   for (StepPart p : {StepPart::tp, StepPart::pp, StepPart::bubble, StepPart::dp, StepPart::embedding, StepPart::mp,
-                     StepPart::host_sync})
+                     StepPart::cp, StepPart::host_sync})
     if (i == idx(p)) return true;
   return false;
 }
@@ -398,9 +398,9 @@ void write_table(std::ostringstream& o, const Explanation& e, const std::vector<
   for (const auto& p : e.plan) row(fmt::format("plan, stage {}", p.stage), p.s);
 }
 
-constexpr const char* kColours[kStepParts] = {"#1f77b4", "#aec7e8", "#9edae5", "#ff7f0e", "#ffbb78",
-                                              "#d62728", "#2ca02c", "#98df8a", "#bcbd22", "#9467bd",
-                                              "#8c564b", "#e377c2", "#7f7f7f", "#17becf", "#c7c7c7"};
+constexpr const char* kColours[kStepParts] = {"#1f77b4", "#aec7e8", "#9edae5", "#ff7f0e", "#ffbb78", "#d62728",
+                                              "#2ca02c", "#98df8a", "#bcbd22", "#dbdb8d", "#9467bd", "#8c564b",
+                                              "#e377c2", "#7f7f7f", "#17becf", "#c7c7c7"};
 
 }  // namespace
 

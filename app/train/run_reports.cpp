@@ -9,6 +9,7 @@
 #include "app/process/preflight.hpp"
 #include "app/train/step_timing.hpp"
 #include "core/error.hpp"
+#include "parallel/context_parallel.hpp"
 
 namespace mtnlg::app {
 
@@ -126,7 +127,8 @@ CommReport::CommReport(const std::string& dir, const parallel::ProcessGroups& g,
   if (!out_) throw_runtime("{}: cannot open for writing", path.string());
 }
 
-void CommReport::reset() const {
+void CommReport::reset() {
+  cp_at_reset_ = parallel::cp_attention_times();
   for (auto* c : {g_.tp.get(), g_.pp.get(), g_.dp.get(), g_.grad_group().get(), g_.cp.get(), g_.embedding.get(),
                   g_.mp.get(), g_.world.get()})
     if (c) c->reset_bytes();
@@ -136,6 +138,7 @@ void CommReport::write(int64_t iteration, int64_t global_batch, int64_t micro_ba
                        int64_t dp_buckets_early) {
   if (!out_.is_open()) return;
   auto b = [](const std::shared_ptr<parallel::Communicator>& c) -> int64_t { return c ? c->bytes_sent() : 0; };
+  const parallel::CpAttentionTimes t = parallel::cp_attention_times();
   nlohmann::json j = {{"iteration", iteration},
                       {"rank", g_.rank},
                       {"tp_rank", g_.coord.tp},
@@ -151,6 +154,10 @@ void CommReport::write(int64_t iteration, int64_t global_batch, int64_t micro_ba
                       {"embedding", b(g_.embedding)},
                       {"mp", b(g_.mp)},
                       {"world", b(g_.world)},
+                      {"cp_attention_s", t.inside - cp_at_reset_.inside},
+                      {"cp_wait_s", t.waiting - cp_at_reset_.waiting},
+                      {"cp_attention_cpu_s", t.inside_cpu - cp_at_reset_.inside_cpu},
+                      {"cp_wait_cpu_s", t.waiting_cpu - cp_at_reset_.waiting_cpu},
                       {"dp_buckets", dp_buckets},
                       {"dp_buckets_started_early", dp_buckets_early}};
   out_ << j.dump() << "\n";

@@ -10,6 +10,7 @@
 #include "app/train/iteration_stats.hpp"
 #include "config/recipe.hpp"
 #include "parallel/communicator.hpp"
+#include "parallel/context_parallel.hpp"
 #include "parallel/topology.hpp"
 
 namespace mtnlg::app {
@@ -44,13 +45,18 @@ class CommReport {
  public:
   CommReport(const std::string& dir, const parallel::ProcessGroups& g, bool active);
   // Zero every group's counter at the start of an iteration.
-  void reset() const;
+  void reset();
+  // The iteration's bytes per group, and under context parallelism the seconds this rank
+  // spent in attention across the cp group (cp_attention_s) and of them blocked in its
+  // exchange (cp_wait_s), wall-clock and (_cpu_s) this thread's CPU time: their
+  // difference is the rank's own attention work.
   void write(int64_t iteration, int64_t global_batch, int64_t micro_batches, int64_t dp_buckets,
              int64_t dp_buckets_early);
 
  private:
   const parallel::ProcessGroups& g_;
   std::ofstream out_;
+  parallel::CpAttentionTimes cp_at_reset_;  // parallel::cp_attention_times() at the last reset
 };
 
 }  // namespace mtnlg::app

@@ -11,7 +11,7 @@ numbers ("fwd+bwd (fwd)" ms) for mtnlg's two forms and PyTorch. No timing thresh
 import re
 import sys
 
-MODELS = ["GPT-2 124M", "Llama 3 8B x4 layers", "GPT-2 350M", "GPT-2 1.5B", "GPT 1.3B"]
+MODELS = ["GPT-2 124M", "Llama 3 8B x4 layers", "GPT-2 350M", "GPT-2 1.5B", "GPT 1.3B", "Llama 3 8B x2 layers, 32K"]
 SYSTEMS = ["mtnlg unfused", "mtnlg unfused (GELU kernel)", "mtnlg flash", "PyTorch eager", "torch.compile", "llm.c"]
 NUM = re.compile(r"^[\d,]+(\.\d+)?%?$")
 PAIR = re.compile(r"^\d+\.\d+ \(\d+\.\d+\)$")  # "fwd+bwd (fwd)" milliseconds

@@ -8,7 +8,10 @@ vocabulary 50257 padded to 50304, no dropout, AdamW with clipping) on random tok
 micro batch per step, bf16 with fp32 master weights. The Llama row is Llama 3 8B's layer
 (hidden 4096, 32 query heads in 8 key/value groups, SwiGLU ffn 14336, rope base 500000,
 RMSNorm, no biases) at 4 layers, sequence 8192, vocabulary 128256, untied output layer
-(PyTorch: torch_gpt_step.py --family llama, Hugging Face's form; llm.c trains GPT-2 only). A row's tokens/s is
+(PyTorch: torch_gpt_step.py --family llama, Hugging Face's form; llm.c trains GPT-2 only);
+the long-sequence row is the same layer at 2 layers and sequence 32768, one GPU (the long
+context's attention against PyTorch's SDPA; the unfused forms, whose [B, H, T, T]
+probabilities would not fit, are not run on it: UNFUSED_MAX_BYTES). A row's tokens/s is
 batch x sequence / the median step time of --iters steps after --warmup (mtnlg: its
 metrics.jsonl; PyTorch: scripts/bench/torch_gpt_step.py; llm.c: its per-step "ms").
 
@@ -43,6 +46,7 @@ ROWS = [
     ("GPT-2 350M", 24, 1024, 16, 1024, 16, "d24"),
     ("GPT-2 1.5B", 48, 1600, 25, 1024, 4, "d48"),
     ("GPT 1.3B", 24, 2048, 16, 2048, 2, "gpt3:c2048"),
+    ("Llama 3 8B x2 layers, 32K", 2, 4096, 32, 32768, 1, None),
 ]
 # --tiny: the same rows at CPU-test shapes (layers, hidden, heads, sequence, batch); the
 # 1.5B row keeps an odd head count, the 1.3B row twice the sequence.
@@ -52,12 +56,23 @@ TINY = {
     "GPT-2 350M": (2, 96, 4, 32, 2),
     "GPT-2 1.5B": (2, 80, 5, 32, 2),
     "GPT 1.3B": (2, 64, 4, 64, 2),
+    "Llama 3 8B x2 layers, 32K": (2, 64, 4, 256, 1),
 }
 TINY_VOCAB = 512
 # The Llama rows' architecture (the GPT rows have none): key/value groups, the SwiGLU width,
 # the rotary base, the real vocabulary (a multiple of 128: mtnlg pads nothing); --tiny keeps
 # 2 groups and a small ffn.
-LLAMA = {"Llama 3 8B x4 layers": {"groups": 8, "ffn": 14336, "rope_base": 500000.0, "vocab": 128256}}
+LLAMA = {"Llama 3 8B x4 layers": {"groups": 8, "ffn": 14336, "rope_base": 500000.0, "vocab": 128256},
+         "Llama 3 8B x2 layers, 32K": {"groups": 8, "ffn": 14336, "rope_base": 500000.0, "vocab": 128256}}
+# The unfused attention keeps [B, H, T, T] probabilities (2 bytes each in bf16): a row where
+# they alone pass this is not run in that form (nor in the attention micro-benchmark, whose
+# binary runs both forms in one process).
+UNFUSED_MAX_BYTES = 16 * 2**30
+
+
+def unfused_bytes(shape):
+    L, C, H, T, B = shape[:5]
+    return 2 * B * H * T * T
 LLAMA_TINY = {"groups": 2, "ffn": 96, "rope_base": 500000.0, "vocab": TINY_VOCAB}
 # "mtnlg unfused (GELU kernel)": the same run with cuBLASLt's GELU epilogues off
 # (MTNLG_GELU_EPILOGUE=0: the GEMM, then mtnlg's GELU and bias-gradient kernels), the A/B
@@ -510,7 +525,8 @@ def main():
                "warmup": a.warmup, "iters": a.iters, "date": time.strftime("%Y-%m-%d %H:%M:%S"), "rows": {}, "attention": []}
 
     # Attention micro-benchmark first: seconds, and the shapes of the rows below.
-    att_shapes = [(s[4], s[3], s[2], s[1] // s[2]) for s in shapes.values()] if "attention" in chosen else []
+    att_shapes = ([(s[4], s[3], s[2], s[1] // s[2]) for s in shapes.values() if unfused_bytes(s) <= UNFUSED_MAX_BYTES]
+                  if "attention" in chosen else [])
     torch_att = []
     if att_shapes:
         spec = ";".join(",".join(map(str, sh)) for sh in att_shapes)
@@ -562,6 +578,9 @@ def main():
     for name, *_rest, desc in rows:
         row_entry(name)
         for k in others:
+            if k.startswith("mtnlg unfused") and unfused_bytes(shapes[name]) > UNFUSED_MAX_BYTES:
+                put(name, k, {"error": f"n/a: [B, H, T, T] probabilities of {unfused_bytes(shapes[name]) / 2**30:.0f} GiB"})
+                continue
             put(name, k, runners[k](shapes[name], desc) if k in chosen else {"error": "not selected (--systems)"})
         print(f"gpu_bench: {name}: {', '.join(others)} done ({time.time() - t_start:.0f} s)", file=sys.stderr, flush=True)
 
