@@ -190,6 +190,15 @@ struct Shape {
   // mtnlg's trainer runs the unfused attention form (model.attention_backend): the
   // [b, a/t, s, s] probabilities exist and are kept unless selective recompute redoes them.
   bool unfused = false;
+  // Mixture of experts (model.num_experts > 0): layer i routes when moe[i]; E experts of
+  // width Fm, top k; a shared expert of width S (and its gate); the router's expert bias;
+  // the balancing loss's scores and counts kept (aux), one group per sequence (seq_aux).
+  int64_t E = 0, k = 0, Fm = 0, S = 0;
+  bool s_gate = false, e_bias = false, aux = false, seq_aux = false;
+  std::vector<bool> moe{};
+  bool is_moe(int64_t i) const { return E > 0 && moe[static_cast<size_t>(i)]; }
+  int64_t moe_pre() const { return swiglu ? 2 * Fm : Fm; }  // an expert's fc1 output width
+  int64_t s_pre() const { return swiglu ? 2 * S : S; }
   int64_t qkv() const { return (a + 2 * G) * D; }      // q, k and v columns
   int64_t att() const { return a * D; }                // attention output width (the projection's input)
   int64_t pre() const { return swiglu ? 2 * f : f; }   // fc1's output width
@@ -214,7 +223,45 @@ Shape shape_of(const Recipe& r, int64_t tp, int64_t cp = 1) {
   sh.untied = m.untie_embeddings_and_output_weights;
   sh.rope = m.rope();
   sh.qk_norm = m.qk_layernorm;
+  const MoeConfig& e = m.moe;
+  if (e.enabled()) {
+    sh.E = e.num_experts;
+    sh.k = e.moe_router_topk;
+    sh.Fm = e.moe_ffn_hidden_size > 0 ? e.moe_ffn_hidden_size : sh.f;
+    sh.S = e.moe_shared_expert_intermediate_size;
+    sh.s_gate = e.moe_shared_expert_gate && sh.S > 0;
+    sh.e_bias = e.moe_router_enable_expert_bias;
+    sh.aux = e.moe_router_load_balancing_type != MoeLoadBalancing::none && e.moe_aux_loss_coeff > 0;
+    sh.seq_aux = e.moe_router_load_balancing_type == MoeLoadBalancing::seq_aux_loss;
+    for (int64_t i = 0; i < m.num_layers; ++i) sh.moe.push_back(e.is_moe_layer(i));
+  }
   return sh;
+}
+
+// The layers (indices in the whole model) of model chunk `chunk` of pipeline stage `st`:
+// consecutive stages without interleaving; with it, chunk c of stage st holds the c-th
+// round's layers of that stage (model::partition_chunks).
+std::vector<int64_t> chunk_layers(const Layout& l, int64_t st, int64_t chunk) {
+  std::vector<int64_t> ids;
+  if (l.vp == 1) {
+    int64_t first = 0;
+    for (int64_t i = 0; i < st; ++i) first += l.stage_layers[static_cast<size_t>(i)];
+    for (int64_t i = 0; i < l.stage_layers[static_cast<size_t>(st)]; ++i) ids.push_back(first + i);
+    return ids;
+  }
+  const int64_t per = l.stage_layers[static_cast<size_t>(st)] / l.vp;
+  for (int64_t i = 0; i < per; ++i) ids.push_back((chunk * l.pp + st) * per + i);
+  return ids;
+}
+int64_t moe_layers_of(const Shape& sh, const std::vector<int64_t>& ids) {
+  int64_t n = 0;
+  for (int64_t i : ids) n += sh.is_moe(i) ? 1 : 0;
+  return n;
+}
+int64_t stage_moe_layers(const Shape& sh, const Layout& l, int64_t st) {
+  int64_t n = 0;
+  for (int64_t c = 0; c < l.vp; ++c) n += moe_layers_of(sh, chunk_layers(l, st, c));
+  return n;
 }
 
 // Parameters one GPU holds for one transformer layer: the column/row-parallel weights
@@ -229,12 +276,26 @@ double layer_params_per_gpu(const Shape& sh, int64_t tp) {
          (sh.qk_norm ? 2.0 * double(sh.D) : 0.0);
 }
 
+// An MoE layer's parameters on one GPU: the dense layer's less its MLP, then the router
+// [E, h] (and its bias [E]) replicated, the E / ep experts of this expert-parallel rank
+// (fc1 pre_m x h, fc2 h x Fm; split further over etp), the shared expert over tp (and its
+// gate [1, h]). MoE layers have no linear biases (the trainer refuses them).
+double moe_layer_params_per_gpu(const Shape& sh, const Layout& l) {
+  const double h = double(sh.h);
+  const double mlp = (double(sh.pre()) + double(sh.f)) * h / double(l.tp);
+  const double experts = double(sh.E / l.ep) * (double(sh.moe_pre()) + double(sh.Fm)) * h / double(l.etp);
+  const double shared = (double(sh.s_pre()) + double(sh.S)) * h / double(l.tp) + (sh.s_gate ? h : 0.0);
+  return layer_params_per_gpu(sh, l.tp) - mlp + double(sh.E) * h + (sh.e_bias ? double(sh.E) : 0.0) + experts + shared;
+}
+
 // Parameters pipeline stage `st` holds on one tensor rank: its layers; the word embedding
 // and (learned positions) the position table on the first stage; the final norm on the
 // last, with the output layer (untied) or the tied embedding's copy (pp > 1).
 double stage_params_per_gpu(const Shape& sh, const Layout& l, int64_t st) {
   const double t = double(l.tp);
-  double params = double(l.stage_layers[static_cast<size_t>(st)]) * layer_params_per_gpu(sh, l.tp);
+  const int64_t layers = l.stage_layers[static_cast<size_t>(st)], moe = stage_moe_layers(sh, l, st);
+  double params = double(layers - moe) * layer_params_per_gpu(sh, l.tp);
+  if (moe > 0) params += double(moe) * moe_layer_params_per_gpu(sh, l);
   if (st == 0) params += double(sh.V) * double(sh.h) / t + (sh.rope ? 0.0 : double(sh.maxpos) * double(sh.h));
   if (st == l.pp - 1) {
     params += double(sh.norm_params()) * double(sh.h);
@@ -258,6 +319,8 @@ struct LayerTime {
   double tp_bwd = 0;
   double cp_fwd = 0;  // exposed context-parallel communication of the attention, forward
   double cp_bwd = 0;
+  double ep_fwd = 0;  // an MoE layer's token all-to-alls (dispatch and combine), forward
+  double ep_bwd = 0;
 };
 
 // One layer's GEMM times that tensor-parallel communication can hide under.
@@ -403,6 +466,49 @@ LayerTime layer_time(const Shape& sh, const Layout& l, const Cluster& c, Precisi
   return r;
 }
 
+// One MoE layer's times: the dense layer's (`dense`) with its MLP replaced by the router
+// (h x E), the E / ep local experts' grouped GEMMs over the k b s tokens routed to this
+// rank (balanced: b s k ep / E rows an expert), the shared expert, the permutation,
+// activation and weighting of the routed rows through HBM, and with ep > 1 the dispatch
+// and combine all-to-alls of (ep - 1) / ep of the b s k h routed elements, forward and
+// backward, exposed whole.
+LayerTime moe_layer_time(const Shape& sh, const Layout& l, const Cluster& c, Precision prec, const LayerTime& dense) {
+  const GpuSpec& g = c.gpu;
+  const double peak = prec == Precision::fp32 ? g.peak_flops * 0.5 : g.peak_flops;
+  const double e = double(element_bytes(prec));
+  const int64_t t = l.tp, T = l.micro_batch * sh.s, h = sh.h, pre = sh.pre() / t, ffn = sh.f / t;
+  const double dense_f = gemm_time(g, peak, T, pre, h) + gemm_time(g, peak, T, h, ffn);
+  const double dense_b = gemm_time(g, peak, T, h, pre) + gemm_time(g, peak, T, ffn, h) + gemm_time(g, peak, h, pre, T) +
+                         gemm_time(g, peak, ffn, h, T);
+  const double dense_elem = (sh.swiglu ? 3 : 2) * e * double(T) * double(sh.f) / double(t) / g.hbm_bw;
+  const int64_t local = std::max<int64_t>(1, sh.E / l.ep);
+  const int64_t rows = std::max<int64_t>(1, T * sh.k * l.ep / sh.E), pm = sh.moe_pre() / l.etp, fm = sh.Fm / l.etp;
+  double f = double(local) * (gemm_time(g, peak, rows, pm, h) + gemm_time(g, peak, rows, h, fm)) +
+             gemm_time(g, peak, T, sh.E, h);
+  double b = double(local) * (gemm_time(g, peak, rows, h, pm) + gemm_time(g, peak, rows, fm, h) +
+                              gemm_time(g, peak, h, pm, rows) + gemm_time(g, peak, fm, h, rows)) +
+             gemm_time(g, peak, T, h, sh.E) + gemm_time(g, peak, h, sh.E, T);
+  if (sh.S > 0) {
+    const int64_t sp = sh.s_pre() / t, ss = sh.S / t;
+    f += gemm_time(g, peak, T, sp, h) + gemm_time(g, peak, T, h, ss);
+    b += gemm_time(g, peak, T, h, sp) + gemm_time(g, peak, T, ss, h) + gemm_time(g, peak, h, sp, T) +
+         gemm_time(g, peak, ss, h, T);
+  }
+  const double routed = double(T) * double(sh.k);
+  const double elem = (4 * e * routed * double(h) + (sh.swiglu ? 6 : 5) * e * routed * double(fm) +
+                       4 * 4.0 * double(T) * double(sh.E)) /
+                      g.hbm_bw;
+  LayerTime r = dense;
+  if (l.ep > 1) {
+    const GroupLink k = group_link(c, l.tp, l.ep);
+    const double epd = double(l.ep), one = (epd - 1) / epd * routed * double(h) * e / k.bw + (epd - 1) * k.alpha;
+    r.ep_fwd = r.ep_bwd = 2 * one;
+  }
+  r.fwd += f + elem + r.ep_fwd - dense_f - dense_elem;
+  r.bwd += b + 2 * elem + r.ep_bwd - dense_b - 2 * dense_elem;
+  return r;
+}
+
 // Activation bytes one transformer layer keeps for one microbatch (Korthikanti et al.
 // 2022, Table 2, 16-bit; doubled for fp32): per s b h, 10 replicated over tp (the two
 // norms' inputs 4, the QKV and MLP inputs 2 + 2, two dropout masks 1 + 1) and 24 split
@@ -433,7 +539,24 @@ double layer_activation_bytes(const Shape& sh, const Layout& l, Precision prec, 
 // Bytes mtnlg's trainer keeps for the backward of one microbatch through one model chunk
 // of `layers` layers (model/gpt.cpp GptChunk::LayerActs and Saved; e = the compute dtype,
 // statistics in fp32 (fp64 runs keep them in fp64, not planned here), token ids i32).
-double trainer_chunk_saved_bytes(const Shape& sh, const Layout& l, Precision prec, int64_t layers, bool head) {
+// What an MoE layer keeps beside the dense layer's tensors, less the dense MLP's, per
+// microbatch (model/moe.hpp MoeActs, dropless: every token's k slots are rows): router
+// logits [N, E], top-k weights [N, k] and experts [N, k] (i32), with the balancing loss
+// its scores [N, E] and counts [groups, E]; the dispatched rows [Nk, h], fc1's output
+// [Nk, pre_m], the activation and its weighted copy [Nk, Fm] each, the row and slot maps
+// (3 x i32); the shared expert's fc1 output, activation and output (and gate logit).
+double trainer_moe_extra_bytes(const Shape& sh, const Layout& l, double e, double N) {
+  const double t = double(l.tp), rows = N * double(sh.k), E = double(sh.E), w = 4.0;
+  const double groups = sh.seq_aux ? double(l.micro_batch) : 1.0;
+  double b = e * N * E + e * N * double(sh.k) + w * N * double(sh.k);
+  if (sh.aux) b += e * N * E + e * groups * E;
+  b += e * rows * (double(sh.h) + double(sh.moe_pre()) + 2 * double(sh.Fm)) + w * (2 * rows + N * double(sh.k));
+  if (sh.S > 0) b += e * N * (double(sh.s_pre()) + double(sh.S) + double(sh.h)) + (sh.s_gate ? e * N : 0.0);
+  return b - e * N * double(sh.pre() + sh.f) / t;
+}
+
+double trainer_chunk_saved_bytes(const Shape& sh, const Layout& l, Precision prec, int64_t layers, bool head,
+                                 int64_t moe_layers = 0) {
   const double e = double(element_bytes(prec)), w = 4.0;
   const double t = double(l.tp), N = double(l.micro_batch) * double(sh.s), C = double(sh.h);
   const bool sp = l.sequence_parallel && l.tp > 1;
@@ -459,6 +582,8 @@ double trainer_chunk_saved_bytes(const Shape& sh, const Layout& l, Precision pre
     if (sh.qk_norm) layer += e * N * double(sh.qkv()) / t + w * N * double(sh.a + sh.G) / t;
   }
   double b = double(layers) * layer + 2 * N * 4;  // + token ids and targets (i32)
+  if (moe_layers > 0 && l.recompute != RecomputeGranularity::full)
+    b += double(moe_layers) * trainer_moe_extra_bytes(sh, l, e, N);
   if (head)  // chunk output, the final norm's statistics and its output's gradient (all N rows under SP);
     b += R * C * e + double(sh.norm_params()) * R * w +
          N * C * e;  // the logits live only chunk by chunk (trainer_logits_bytes)
@@ -483,11 +608,12 @@ double trainer_stage_activation_bytes(const Shape& sh, const Layout& l, Precisio
   double held = 0, peak = 0;
   for (const auto& a : table) {
     const bool head = st == l.pp - 1 && a.chunk == l.vp - 1;
+    const int64_t moe = moe_layers_of(sh, chunk_layers(l, st, a.chunk));
     if (a.op == schedules::PipeOp::forward) {
-      held += trainer_chunk_saved_bytes(sh, l, prec, per_chunk, head);
+      held += trainer_chunk_saved_bytes(sh, l, prec, per_chunk, head, moe);
       peak = std::max(peak, held);
     } else if (a.op == schedules::PipeOp::backward) {
-      held -= trainer_chunk_saved_bytes(sh, l, prec, per_chunk, head);
+      held -= trainer_chunk_saved_bytes(sh, l, prec, per_chunk, head, moe);
     }
   }
   return peak;
@@ -595,8 +721,9 @@ std::string Layout::describe() const {
   const char* rc = recompute == RecomputeGranularity::full        ? "full"
                    : recompute == RecomputeGranularity::selective ? "selective"
                                                                   : "none";
-  return fmt::format("tp{} pp{} dp{}{} vp{} mb{} recompute={} sp={} zero1={}", tp, pp, dp,
-                     cp > 1 ? fmt::format(" cp{} {}", cp, to_string(cp_comm)) : "", vp, micro_batch, rc,
+  return fmt::format("tp{} pp{} dp{}{}{} vp{} mb{} recompute={} sp={} zero1={}", tp, pp, dp,
+                     cp > 1 ? fmt::format(" cp{} {}", cp, to_string(cp_comm)) : "",
+                     ep > 1 || etp > 1 ? fmt::format(" ep{} etp{}", ep, etp) : "", vp, micro_batch, rc,
                      sequence_parallel ? 1 : 0, distributed_optimizer ? 1 : 0);
 }
 
@@ -617,6 +744,10 @@ std::string layout_problem(const Recipe& r, const Layout& l) {
         ((m.num_attention_heads / l.tp) % l.cp != 0 || (m.query_groups() / l.tp) % l.cp != 0))
       return "a2a context parallel needs heads and query groups per tp rank divisible by cp";
   }
+  if (l.ep < 1 || l.etp < 1) return "sizes must be >= 1";
+  if ((l.ep > 1 || l.etp > 1) && !m.moe.enabled()) return "expert parallelism needs MoE layers";
+  if (m.moe.enabled() && m.moe.num_experts % l.ep != 0) return "experts not divisible by ep";
+  if ((l.tp * l.cp * l.dp) % (l.ep * l.etp) != 0) return "tp x cp x dp not divisible by ep x etp";
   if (l.sequence_parallel && (l.tp < 2 || (m.seq_length / l.cp) % l.tp != 0))
     return "sequence parallel needs tp > 1 dividing seq_length / cp";
   if (l.distributed_optimizer && l.replicas() < 2) return "distributed optimizer needs dp x cp > 1";
@@ -663,6 +794,10 @@ Layout layout_from_recipe(const Recipe& r, int64_t gpus) {
   l.pp = r.pp();
   l.cp = r.cp();
   l.cp_comm = r.parallel.cp_comm_type;
+  if (r.model.moe.enabled()) {
+    l.ep = r.ep();
+    l.etp = r.etp();
+  }
   l.dp = gpus / mp;
   l.micro_batch = r.training.micro_batch_size;
   l.recompute = r.parallel.recompute_granularity;
@@ -703,7 +838,7 @@ CommBytes comm_bytes_per_iteration(const Recipe& r, const Layout& l, int64_t B) 
   const double act = double(l.micro_batch) * double(sh.s) * double(sh.h) * e;  // b*s*h elements
   CommBytes c;
   const double t = double(l.tp), d = double(l.replicas());
-  double tp_max = 0, dp_max = 0, cp_max = 0;
+  double tp_max = 0, dp_max = 0, cp_max = 0, ep_max = 0;
   for (int64_t st = 0; st < l.pp; ++st) {
     const double layers = double(l.stage_layers[static_cast<size_t>(st)]);
     const double params = stage_params_per_gpu(sh, l, st);
@@ -724,10 +859,16 @@ CommBytes comm_bytes_per_iteration(const Recipe& r, const Layout& l, int64_t B) 
     const double fwd_passes = l.recompute == RecomputeGranularity::full ? 2.0 : 1.0;
     cp_max =
         std::max(cp_max, m * layers * (fwd_passes * cp_layer_bytes(sh, l, e, true) + cp_layer_bytes(sh, l, e, false)));
+    if (l.ep > 1) {  // dispatch and combine, forward (again under full recompute) and backward
+      const double epd = double(l.ep), routed = double(l.micro_batch) * double(sh.s) * double(sh.k) * double(sh.h) * e;
+      ep_max =
+          std::max(ep_max, m * double(stage_moe_layers(sh, l, st)) * (2 * fwd_passes + 2) * (epd - 1) / epd * routed);
+    }
   }
   c.tp = tp_max;
   c.dp = dp_max;
   c.cp = cp_max;
+  c.ep = ep_max;
   if (l.pp > 1) {
     // A middle stage sends one activation forward and one gradient backward per
     // microbatch per chunk; with interleaving the last rank also passes chunk outputs
@@ -757,6 +898,7 @@ struct StageInputs {
   Precision prec;
   double e, t, d, peak;  // d: the replicas (dp x cp) gradients and ZeRO-1 shards are over
   LayerTime lt;
+  LayerTime lt_moe;                          // an MoE layer's (when the model has them)
   double per_layer_act, per_layer_full_act;  // bytes a layer keeps / a layer's full activations
   int64_t T;                                 // tokens per micro batch
   double act_msg, p2p_one;                   // pipeline message bytes, one transfer's time
@@ -775,6 +917,7 @@ StageInputs stage_inputs(const Recipe& r, const Layout& l, const Cluster& c) {
   const GpuSpec& g = c.gpu;
   const double peak = prec == Precision::fp32 ? g.peak_flops * 0.5 : g.peak_flops;
   const LayerTime lt = layer_time(sh, l, c, prec);
+  const LayerTime lt_moe = sh.E > 0 ? moe_layer_time(sh, l, c, prec, lt) : lt;
   // A fused attention kernel keeps no s x s probabilities: without recompute a layer keeps
   // what selective recompute keeps (Korthikanti Table 2 without the 5as/h term).
   const bool no_probs = c.software.fused_attention && l.recompute == RecomputeGranularity::none;
@@ -802,6 +945,7 @@ StageInputs stage_inputs(const Recipe& r, const Layout& l, const Cluster& c) {
                      d,
                      peak,
                      lt,
+                     lt_moe,
                      per_layer_act,
                      per_layer_full_act,
                      T,
@@ -855,11 +999,14 @@ double stage_activation_memory(StageMemory& mem, const Layout& l, const Cluster&
       Layout kept_all = l;
       kept_all.recompute = RecomputeGranularity::none;
       const Layout& ka = kept_all;
-      rematerialized =
-          trainer_chunk_saved_bytes(sh, ka, prec, 1, false) - trainer_chunk_saved_bytes(sh, ka, prec, 0, false);
+      rematerialized = trainer_chunk_saved_bytes(sh, ka, prec, 1, false, stage_moe_layers(sh, l, st) > 0 ? 1 : 0) -
+                       trainer_chunk_saved_bytes(sh, ka, prec, 0, false);
     }
   } else {
     mem.activations = in_flight * inter * double(layers) * x.per_layer_act + rematerialized;
+    if (l.recompute != RecomputeGranularity::full)  // the MoE layers' routed rows (as the trainer keeps them)
+      mem.activations += in_flight * inter * double(stage_moe_layers(sh, l, st)) *
+                         trainer_moe_extra_bytes(sh, l, x.e, double(l.micro_batch) * double(sh.s));
     rematerialized = 0;
     if (first) mem.embedding = double(sh.s) * double(l.micro_batch) * double(sh.h) * double(l.pp) / x.t;
     if (last) mem.logits = 4.0 * double(sh.s) * double(l.micro_batch) * double(sh.V) / x.t;
@@ -932,11 +1079,13 @@ StageTime stage_time(const Layout& l, const Cluster& c, const StageInputs& x, in
   const int64_t layers = l.stage_layers[static_cast<size_t>(st)];
   const bool first = st == 0, last = st == l.pp - 1;
   StageTime tm;
-  tm.forward = double(layers) * lt.fwd;
-  tm.backward = double(layers) * lt.bwd;
+  const int64_t moe = stage_moe_layers(sh, l, st), dense = layers - moe;
+  const LayerTime& lm = x.lt_moe;
+  tm.forward = double(dense) * lt.fwd + double(moe) * lm.fwd;
+  tm.backward = double(dense) * lt.bwd + double(moe) * lm.bwd;
   tm.tp_comm = double(layers) * (lt.tp_fwd + lt.tp_bwd);
   if (l.recompute == RecomputeGranularity::full) {
-    tm.backward += double(layers) * lt.fwd;
+    tm.backward += double(dense) * lt.fwd + double(moe) * lm.fwd;
     tm.tp_comm += double(layers) * lt.tp_fwd;
   } else if (l.recompute == RecomputeGranularity::selective) {
     tm.backward += double(layers) * lt.attn_core;

@@ -78,6 +78,9 @@ struct Layout {
   // and run attention across them by `cp_comm`; gradients and ZeRO-1 over dp x cp.
   int64_t cp = 1;
   CpCommType cp_comm = CpCommType::p2p;
+  // Mixture of experts: an MoE layer's experts split over ep expert-parallel ranks (tokens
+  // exchanged by all-to-all) and each expert's columns over etp.
+  int64_t ep = 1, etp = 1;
   int64_t vp = 1;  // virtual stages (model chunks) per pipeline rank; 1 = plain 1F1B
   int64_t micro_batch = 1;
   RecomputeGranularity recompute = RecomputeGranularity::none;
@@ -334,8 +337,10 @@ KernelFit calibrate_kernels(const GpuSpec& base, const std::vector<GemmSample>& 
 //      reduce-scatters their gradients backward; a2a exchanges q/k/v and the output
 //      forward, and q/k/v, output, its gradient, the log-sum-exp and dq/dk/dv backward
 //      ((cp - 1) / cp of each). Maximum over stages.
+//  ep: each MoE layer's token dispatch and combine all-to-alls, forward and backward (again
+//      in a full recompute): (ep - 1) / ep of the b s k h elements routed, four times.
 struct CommBytes {
-  double tp = 0, pp = 0, dp = 0, cp = 0;
+  double tp = 0, pp = 0, dp = 0, cp = 0, ep = 0;
 };
 CommBytes comm_bytes_per_iteration(const Recipe& r, const Layout& l, int64_t global_batch);
 
@@ -414,7 +419,7 @@ struct SearchResult {
   std::map<std::string, int64_t> rejected;  // reason -> count
 };
 // Enumerates tp, cp (powers of two leaving each rank at least 1024 tokens of a sequence,
-// the recipe's cp_comm_type), pp (uneven layer splits allowed), dp, virtual stages, micro
+// the recipe's cp_comm_type), ep (MoE: powers of two dividing the experts), pp (uneven layer splits allowed), dp, virtual stages, micro
 // batch, recompute, sequence parallel and distributed optimizer for exactly `gpus` GPUs.
 SearchResult search(const Recipe& r, int64_t gpus, const Cluster& c, size_t keep = 10);
 

@@ -35,6 +35,9 @@ SearchResult search(const Recipe& r, int64_t gpus, const Cluster& c, size_t keep
   constexpr int64_t kMinCpTokens = 1024;
   std::vector<int64_t> cps = {1};
   for (int64_t cp = 2; r.model.seq_length / cp >= kMinCpTokens; cp *= 2) cps.push_back(cp);
+  // Expert parallelism (MoE models): powers of two dividing the experts, etp 1.
+  std::vector<int64_t> eps = {1};
+  for (int64_t ep = 2; r.model.moe.enabled() && r.model.moe.num_experts % ep == 0; ep *= 2) eps.push_back(ep);
   for (int64_t tp : divisors(gpus)) {
     if (tp > r.model.num_attention_heads) break;
     for (int64_t cp : cps) {
@@ -52,45 +55,47 @@ SearchResult search(const Recipe& r, int64_t gpus, const Cluster& c, size_t keep
           for (int64_t vp : vps)
             for (auto rc : rcs)
               for (int sp = 0; sp < (tp > 1 ? 2 : 1); ++sp)
-                for (int zero = 0; zero < (dp * cp > 1 ? 2 : 1); ++zero) {
-                  Layout l;
-                  l.tp = tp;
-                  l.pp = pp;
-                  l.dp = dp;
-                  l.cp = cp;
-                  l.cp_comm = r.parallel.cp_comm_type;
-                  l.vp = vp;
-                  l.micro_batch = mb;
-                  l.recompute = rc;
-                  l.sequence_parallel = sp != 0;
-                  l.distributed_optimizer = zero != 0;
-                  l.stage_layers = split;
-                  ++res.considered;
-                  std::string why = layout_problem(r, l);
-                  if (why.empty() && !ramp_problem(r, l).empty())
-                    why = "batch ramp steps not divisible by micro_batch x dp";
-                  if (!why.empty()) {
-                    ++res.rejected[why];
-                    continue;
+                for (int zero = 0; zero < (dp * cp > 1 ? 2 : 1); ++zero)
+                  for (int64_t ep : eps) {
+                    Layout l;
+                    l.ep = ep;
+                    l.tp = tp;
+                    l.pp = pp;
+                    l.dp = dp;
+                    l.cp = cp;
+                    l.cp_comm = r.parallel.cp_comm_type;
+                    l.vp = vp;
+                    l.micro_batch = mb;
+                    l.recompute = rc;
+                    l.sequence_parallel = sp != 0;
+                    l.distributed_optimizer = zero != 0;
+                    l.stage_layers = split;
+                    ++res.considered;
+                    std::string why = layout_problem(r, l);
+                    if (why.empty() && !ramp_problem(r, l).empty())
+                      why = "batch ramp steps not divisible by micro_batch x dp";
+                    if (!why.empty()) {
+                      ++res.rejected[why];
+                      continue;
+                    }
+                    EstimateOptions o;
+                    o.with_run = false;
+                    Estimate e = estimate(r, l, c, o);
+                    if (!e.fits) {
+                      ++res.rejected["does not fit in GPU memory"];
+                      continue;
+                    }
+                    ++res.feasible;
+                    // Keep the `keep` fastest (by tokens/s; ties: less memory).
+                    auto better = [](const Estimate& a, const Estimate& b) {
+                      if (a.tokens_per_s != b.tokens_per_s) return a.tokens_per_s > b.tokens_per_s;
+                      return a.peak_memory < b.peak_memory;
+                    };
+                    if (res.best.size() < keep || better(e, res.best.back())) {
+                      res.best.insert(std::upper_bound(res.best.begin(), res.best.end(), e, better), std::move(e));
+                      if (res.best.size() > keep) res.best.pop_back();
+                    }
                   }
-                  EstimateOptions o;
-                  o.with_run = false;
-                  Estimate e = estimate(r, l, c, o);
-                  if (!e.fits) {
-                    ++res.rejected["does not fit in GPU memory"];
-                    continue;
-                  }
-                  ++res.feasible;
-                  // Keep the `keep` fastest (by tokens/s; ties: less memory).
-                  auto better = [](const Estimate& a, const Estimate& b) {
-                    if (a.tokens_per_s != b.tokens_per_s) return a.tokens_per_s > b.tokens_per_s;
-                    return a.peak_memory < b.peak_memory;
-                  };
-                  if (res.best.size() < keep || better(e, res.best.back())) {
-                    res.best.insert(std::upper_bound(res.best.begin(), res.best.end(), e, better), std::move(e));
-                    if (res.best.size() > keep) res.best.pop_back();
-                  }
-                }
         }
       }
     }

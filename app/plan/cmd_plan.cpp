@@ -20,6 +20,7 @@
 #include "planner/gpu_profile.hpp"
 #include "core/atomic_file.hpp"
 #include "core/error.hpp"
+#include "core/progress.hpp"
 #include "config/recipe.hpp"
 #include "model/flops.hpp"
 #include "planner/cost_model.hpp"
@@ -406,7 +407,12 @@ std::vector<std::string> layout_sets(const Recipe& r, const cost::Layout& l) {
       fmt::format("parallel.recompute_granularity={}", to_string(l.recompute)),
       fmt::format("parallel.sequence_parallel={}", l.sequence_parallel ? "true" : "false"),
       fmt::format("parallel.use_distributed_optimizer={}", l.distributed_optimizer ? "true" : "false"),
+      fmt::format("parallel.context_parallel_size={}", l.cp),
   };
+  if (r.model.moe.enabled()) {
+    v.push_back(fmt::format("parallel.expert_model_parallel_size={}", l.ep));
+    v.push_back(fmt::format("parallel.expert_tensor_parallel_size={}", l.etp));
+  }
   // Uneven stage splits (the search may choose them) must be spelled out.
   bool even = true;
   for (int64_t n : l.stage_layers) even = even && n == l.stage_layers.front();
@@ -497,15 +503,16 @@ std::string sbatch_body(const PlanArgs& a, const Recipe& r, const cost::Layout& 
   o += fmt::format("RUN_NAME=${{RUN_NAME:-{}}}\n", shell_quote(r.name));
   o += "CKPT_DIR=${CKPT_DIR:-$SHARED/checkpoints/$RUN_NAME}   # save and load: resuming is automatic\n";
   o += "RUN_DIR=${RUN_DIR:-$SHARED/runs/$RUN_NAME}            # metrics.jsonl, TensorBoard, recipe\n";
-  o += fmt::format("TP={}\nPP={}\nGPUS_PER_NODE={}\n\n", l.tp, l.pp, per_node);
+  o += fmt::format("TP={}\nPP={}\nCP={}\nGPUS_PER_NODE={}\n\n", l.tp, l.pp, l.cp, per_node);
   o += "# --- layout check (before anything starts) ---------------------------------------------\n";
   o += fmt::format("NODES=${{SLURM_JOB_NUM_NODES:-${{SLURM_NNODES:-{}}}}}\n", nodes);
   o += "WORLD=$((NODES * GPUS_PER_NODE))\n";
-  o += "if (( WORLD % (TP * PP) != 0 )); then\n";
+  o += "if (( WORLD % (TP * CP * PP) != 0 )); then\n";
   o += fmt::format(
-      "  echo \"{}: $NODES nodes x $GPUS_PER_NODE GPUs = $WORLD is not a multiple of tp*pp = $((TP * PP))\" >&2\n",
+      "  echo \"{}: $NODES nodes x $GPUS_PER_NODE GPUs = $WORLD is not a multiple of tp*cp*pp = $((TP * CP * PP))\" "
+      ">&2\n",
       r.name);
-  o += "  exit 2\nfi\nDP=$((WORLD / (TP * PP)))\n\n";
+  o += "  exit 2\nfi\nDP=$((WORLD / (TP * CP * PP)))\n\n";
   o += "export NCCL_DEBUG=${NCCL_DEBUG:-WARN}     # INFO shows the rings/trees and the NICs chosen\n";
   o += "# export NCCL_IB_HCA=... NCCL_SOCKET_IFNAME=... (site-specific; docs/SLURM.md \"NCCL environment\")\n";
   o += "export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}\n\n";
@@ -517,7 +524,7 @@ std::string sbatch_body(const PlanArgs& a, const Recipe& r, const cost::Layout& 
   o += fmt::format(
       "echo \"{}: job ${{SLURM_JOB_ID:-?}} attempt $(( ${{SLURM_RESTART_COUNT:-0}} + 1 )), $NODES nodes, world $WORLD "
       "= "
-      "tp $TP x pp $PP x dp $DP\"\n",
+      "tp $TP x pp $PP x dp $DP x cp $CP\"\n",
       r.name);
   o += fmt::format("echo \"{}: checkpoints $CKPT_DIR, run dir $RUN_DIR\"\n\n", r.name);
   o += "# --kill-on-bad-exit: one failed rank ends the step at once. MTNLG_EXTRA: more arguments.\n";
@@ -568,6 +575,8 @@ nlohmann::json layout_json(const cost::Layout& l) {
           {"dp", l.dp},
           {"cp", l.cp},
           {"cp_comm_type", to_string(l.cp_comm)},
+          {"ep", l.ep},
+          {"etp", l.etp},
           {"virtual_stages", l.vp},
           {"micro_batch_size", l.micro_batch},
           {"recompute", to_string(l.recompute)},
@@ -596,7 +605,8 @@ nlohmann::json estimate_json(const cost::Estimate& e, const cost::Cluster& c) {
   j["fits"] = e.fits;
   j["time_breakdown_s"] = {
       {"pipeline", e.pipeline_time}, {"data_parallel", e.dp_time}, {"optimizer", e.optimizer_time}};
-  j["comm_bytes_per_iteration"] = {{"tp", e.comm.tp}, {"pp", e.comm.pp}, {"dp", e.comm.dp}, {"cp", e.comm.cp}};
+  j["comm_bytes_per_iteration"] = {
+      {"tp", e.comm.tp}, {"pp", e.comm.pp}, {"dp", e.comm.dp}, {"cp", e.comm.cp}, {"ep", e.comm.ep}};
   j["run"] = {{"iterations", e.run_iterations}, {"tokens", e.run_tokens},
               {"seconds", e.run_seconds},       {"days", e.run_seconds / 86400.0},
               {"gpu_hours", e.run_gpu_hours},   {"average_tokens_per_s", e.run_tokens_per_s}};
@@ -639,6 +649,13 @@ void print_human(const Recipe& r, const cost::Estimate& e, const cost::Cluster& 
     std::printf("software: %s\n", c.software.name.c_str());
   std::printf("layout: %s, %lld microbatches per iteration\n", e.layout.describe().c_str(),
               static_cast<long long>(e.microbatches));
+  if (r.model.moe.enabled()) {
+    const int64_t V = r.model.padded_vocab_size(e.layout.tp);
+    std::printf("experts: %lld (top %lld) on %lld expert-parallel ranks; %s parameters, %s active per token\n",
+                static_cast<long long>(r.model.moe.num_experts), static_cast<long long>(r.model.moe.moe_router_topk),
+                static_cast<long long>(e.layout.ep), human_count(model::parameter_count(r.model, V)).c_str(),
+                human_count(model::active_parameter_count(r.model, V)).c_str());
+  }
   std::printf("\n%6s %6s %10s %10s %10s %10s %10s %10s %10s %10s\n", "stage", "layers", "total GiB", "weights", "grads",
               "optim", "activ", "emb+logit", "buffers", "workspace");
   for (auto& m : e.stages)
@@ -666,7 +683,9 @@ void print_human(const Recipe& r, const cost::Estimate& e, const cost::Cluster& 
               c.gpu.peak_flops / 1e12);
   std::printf("comm per rank    tp %.2f GB, pp %.2f GB, dp %.2f GB%s sent per iteration\n", e.comm.tp / 1e9,
               e.comm.pp / 1e9, e.comm.dp / 1e9,
-              e.layout.cp > 1 ? fmt::format(", cp {:.2f} GB", e.comm.cp / 1e9).c_str() : "");
+              (std::string(e.layout.cp > 1 ? fmt::format(", cp {:.2f} GB", e.comm.cp / 1e9) : "") +
+               (e.layout.ep > 1 ? fmt::format(", ep {:.2f} GB", e.comm.ep / 1e9) : ""))
+                  .c_str());
   if (e.run_iterations > 0)
     std::printf(
         "whole run        %lld iterations, %.3g tokens, %.1f days, %.3g GPU-hours (%.0f tokens/s average, ramp "
@@ -752,7 +771,6 @@ void run_plan(const PlanArgs& a) {
   if (a.tp > 0) sets.push_back(fmt::format("parallel.tensor_model_parallel_size={}", a.tp));
   if (a.pp > 0) sets.push_back(fmt::format("parallel.pipeline_model_parallel_size={}", a.pp));
   Recipe r = load_recipe(a.recipe, sets);
-  refuse_moe_model(r, "mtnlg plan");  // its counts and FLOPs would be a dense model's
   cost::Cluster c{a.gpu_profile.empty() ? cost::gpu_spec(a.gpu) : cost::load_gpu_profile(a.gpu_profile),
                   a.gpus_per_node, cost::software_profile(a.software)};
   if (a.gpus_per_node < 1) throw_input("--gpus-per-node {}: must be at least 1", a.gpus_per_node);

@@ -298,6 +298,10 @@ void log_banner(const Recipe& r, const TrainModel& m, const TrainOptimizer& o, c
       o.adamw.zero1() ? " | ZeRO-1 distributed optimizer" : "",
       r.training.enable_cuda_graph ? " | CUDA graphs per micro batch" : "");
   log::info("architecture: {}", architecture_line(r.model));
+  if (r.model.moe.enabled())
+    log::info("experts: {} per MoE layer, top {}; {} parameters, {} active per token", r.model.moe.num_experts,
+              r.model.moe.moe_router_topk, human_count(model::parameter_count(r.model, m.cfg.padded_vocab_size)),
+              human_count(model::active_parameter_count(r.model, m.cfg.padded_vocab_size)));
   log::info(
       "run: {} iterations, {} samples, {} tokens | data: {} | MFU peak {:.3f} TFLOP/s ({}); TFLOP/s and MFU count "
       "model FLOPs {} per iteration (recompute not counted)",

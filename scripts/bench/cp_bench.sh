@@ -43,7 +43,8 @@ run_cp() {
 for cp in 1 2 4; do run_cp "$cp"; done
 peer=""
 if [ "${PEER:-1}" != 0 ]; then
-  peer="$(/usr/bin/python3 "$repo/scripts/bench/torch_gpt_step.py" 2 64 4 "$seq" 1 256 "$((steps + 1))" "$threads" |
+  # one micro batch of the global batch's 2 samples: the same tokens a step as mtnlg's
+  peer="$(/usr/bin/python3 "$repo/scripts/bench/torch_gpt_step.py" 2 64 4 "$seq" 2 256 "$((steps + 1))" "$threads" |
     awk '/^torch step_s/ {print $3}')"
 fi
 
@@ -88,5 +89,6 @@ for cp, r in res.items():
           f"{100 * spread:.1f}% | {r['cp_bytes'] / 2**20:.1f} MiB | {r['loss']:.6f} |")
 if peer:
     t = float(peer)
-    print(f"\nPyTorch (one process, attention written out): step {t:.3f} s; mtnlg cp1 / PyTorch = {base['step'] / t:.2f}")
+    print(f"\nPyTorch (one process, the 2 samples as one batch, attention written out): step {t:.3f} s; "
+          f"mtnlg cp1 / PyTorch = {base['step'] / t:.2f}")
 EOF

@@ -84,8 +84,8 @@ TEST_CASE("bad input: every class exits 2 naming the place", "[e2e]") {
 }
 
 // An MoE recipe validates; train refuses what its MoE layers do not do yet (here the
-// GPT recipe's linear biases) and plan every MoE recipe (exit 2, one line): never a
-// dense model in its place.
+// GPT recipe's linear biases), and plan a layout its experts do not split over (exit 2,
+// one line): never a dense model in its place.
 TEST_CASE("bad input: train and plan refuse the MoE forms they do not build", "[e2e]") {
   test::TempDir d("badinput-moe");
   test::write_file(d / "moe.yaml", kGood);
@@ -94,8 +94,12 @@ TEST_CASE("bad input: train and plan refuse the MoE forms they do not build", "[
   INFO(ok.out);
   CHECK(ok.exit_code == 0);
   expect_exit2("train " + moe + " --set logging.dir=" + d.str() + "/run", {"model.add_bias_linear", "not built yet"});
-  expect_exit2("plan " + moe + " --gpus 8 --gpu h100-80g",
-               {"model.num_experts (4)", "mtnlg plan", "does not run MoE models"});
+  expect_exit2("plan " + moe + " --gpus 8 --gpu h100-80g --set parallel.expert_model_parallel_size=8",
+               {"model.num_experts (4)", "parallel.expert_model_parallel_size (8)"});
+  const auto plan = test::run_mtnlg("plan " + moe + " --gpus 4 --gpu h100-80g --set model.add_bias_linear=false");
+  INFO(plan.out);
+  CHECK(plan.exit_code == 0);
+  CHECK_THAT(plan.out, Catch::Matchers::Contains("experts: 4 (top 2) on 1 expert-parallel ranks"));
   expect_exit2("recipe validate " + moe + " --set model.moe_router_topk=5", {"model.moe_router_topk (5)"});
   CHECK(!std::filesystem::exists(d / "run"));
 }

@@ -99,3 +99,84 @@ TEST_CASE("model FLOPs: a GPT shape keeps the 72-form to the bit, and equals Meg
   g.num_query_groups = 16;  // = heads: the GPT shape again
   CHECK(model::gpt_flops_form(g));
 }
+
+// Mixture of experts: the published totals and active counts of Mixtral 8x7B (46.7B total,
+// 12.9B active) and Qwen3-30B-A3B (30.5B, 3.3B), counted exactly, and the MLP term of
+// Megatron-Core's num_floating_point_operations (the k experts a token is routed to and
+// the shared expert on the MoE layers, the dense MLP on the others).
+TEST_CASE("model FLOPs: mixture of experts, active and total parameters and Megatron-Core's MoE terms", "[flops]") {
+  ModelConfig m;  // Mixtral 8x7B
+  m.num_layers = 32;
+  m.hidden_size = 4096;
+  m.num_attention_heads = 32;
+  m.num_query_groups = 8;
+  m.ffn_hidden_size = 14336;
+  m.seq_length = 4096;
+  m.swiglu = true;
+  m.position_embedding_type = PositionEmbedding::rope;
+  m.normalization = Normalization::RMSNorm;
+  m.untie_embeddings_and_output_weights = true;
+  m.add_bias_linear = false;
+  m.moe.num_experts = 8;
+  m.moe.moe_router_topk = 2;
+  const int64_t V = 32000;
+  CHECK_FALSE(model::gpt_flops_form(m));
+  CHECK(model::parameter_count(m, V) == 46702792704.0);
+  CHECK(model::active_parameter_count(m, V) == 12879925248.0);
+  // The FLOPs are a dense model's whose MLP is k = 2 experts wide.
+  ModelConfig dense = m;
+  dense.moe = {};
+  dense.ffn_hidden_size = 2 * 14336;
+  const auto near = [](double got, double want) { return std::fabs(got - want) <= 1e-12 * want; };
+  CHECK(near(model::model_flops(m, V, 8), model::model_flops(dense, V, 8)));
+  CHECK(near(model::hardware_flops(m, V, 8, RecomputeGranularity::full),
+             model::hardware_flops(dense, V, 8, RecomputeGranularity::full)));
+  CHECK(model::model_flops_formula(m).find("l_moe 32, F_moe 14336, k 2, F_shared 0") != std::string::npos);
+
+  ModelConfig q = m;  // Qwen3-30B-A3B: 48 layers of 128 experts (768 wide), top 8, q/k head norms
+  q.num_layers = 48;
+  q.hidden_size = 2048;
+  q.num_attention_heads = 32;
+  q.num_query_groups = 4;
+  q.kv_channels = 128;
+  q.ffn_hidden_size = 6144;
+  q.qk_layernorm = true;
+  q.moe.num_experts = 128;
+  q.moe.moe_router_topk = 8;
+  q.moe.moe_ffn_hidden_size = 768;
+  CHECK(model::parameter_count(q, 151936) == 30532122624.0);
+  CHECK(model::active_parameter_count(q, 151936) == 3353032704.0);
+
+  // Every other layer MoE (moe_layer_freq 2), with a gated shared expert and the expert
+  // bias: the dense layers keep their MLP, the MoE layers count E experts, the router, its
+  // bias, the shared expert and its gate; the FLOPs' MLP term by hand.
+  ModelConfig mix;
+  mix.num_layers = 4;
+  mix.hidden_size = 64;
+  mix.num_attention_heads = 4;
+  mix.ffn_hidden_size = 256;
+  mix.seq_length = 32;
+  mix.swiglu = true;
+  mix.position_embedding_type = PositionEmbedding::rope;
+  mix.normalization = Normalization::RMSNorm;
+  mix.untie_embeddings_and_output_weights = true;
+  mix.add_bias_linear = false;
+  mix.moe.num_experts = 4;
+  mix.moe.moe_router_topk = 2;
+  mix.moe.moe_ffn_hidden_size = 32;
+  mix.moe.moe_layer_freq = 2;
+  mix.moe.moe_shared_expert_intermediate_size = 48;
+  mix.moe.moe_shared_expert_gate = true;
+  mix.moe.moe_router_enable_expert_bias = true;
+  mix.moe.moe_router_score_function = MoeScoreFunction::sigmoid;
+  const double C = 64, attention = (4 + 8) * 16 * C + 4 * 16 * C + 2 * C, dense_mlp = 3 * 256 * C;
+  const double moe_mlp = 4 * C + 4 + 4 * 3 * 32 * C + 3 * 48 * C + C;
+  const double rest = 2 * 512 * C + C;
+  CHECK(model::parameter_count(mix, 512) == 4 * attention + 2 * dense_mlp + 2 * moe_mlp + rest);
+  CHECK(model::active_parameter_count(mix, 512) ==
+        4 * attention + 2 * dense_mlp + 2 * (moe_mlp - 2 * 3 * 32 * C) + rest);
+  ModelConfig flat = mix;  // the same FLOPs: a dense model whose average MLP width is the same
+  flat.moe = {};
+  flat.ffn_hidden_size = (256 * 2 + (32 * 2 + 48) * 2) / 4;
+  CHECK(near(model::model_flops(mix, 512, 4), model::model_flops(flat, 512, 4)));
+}

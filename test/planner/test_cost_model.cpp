@@ -644,3 +644,34 @@ TEST_CASE("cost: context parallelism splits activations, counts the exchange and
   bad.cp = 3;
   CHECK(layout_problem(lx, bad) == "context parallel needs seq_length divisible by 2 x cp");
 }
+
+// Mixture of experts: an MoE layer holds its router and E / ep experts on a GPU, its
+// tokens travel by all-to-all (counted by hand), and the search tries ep.
+TEST_CASE("cost: MoE layers' experts split over ep, their all-to-all counted, ep in the search", "[cost]") {
+  Recipe mx = load_recipe(test::source_dir() + "/recipes/mixtral-8x7b.yaml");  // ep 8, pp 4
+  const Layout l = layout_from_recipe(mx, 64);
+  CHECK(l.ep == 8);
+  CHECK(l.dp == 16);
+  CHECK(l.describe().find("ep8 etp1") != std::string::npos);
+  const Cluster h100{gpu_spec("h100-80g"), 8, software_profile("megatron-core")};
+  const Estimate e = estimate(mx, l, h100, {false});
+  // Stage 0: 8 layers of attention (41,943,040), norms (8,192), router (32,768) and one of
+  // the 8 experts (3 x 14336 x 4096), and the word embedding.
+  CHECK(e.stages.front().params == 8.0 * (41943040 + 8192 + 32768 + 3.0 * 14336 * 4096) + 32000.0 * 4096);
+  // All-to-all: dispatch and combine, forward and backward, 7/8 of the 4096 x 2 routed
+  // rows of 4096 bf16 each, 8 MoE layers a stage, 16 micro batches.
+  CHECK(e.comm.ep == Approx(16 * 8 * 4 * 7.0 / 8 * 4096 * 2 * 4096 * 2));
+  Layout one = l;
+  one.ep = 1;
+  CHECK(estimate(mx, one, h100, {false}).stages.front().params ==
+        8.0 * (41943040 + 8192 + 32768 + 8 * 3.0 * 14336 * 4096) + 32000.0 * 4096);
+  CHECK(layout_problem(mx, [&] {
+          Layout b = l;
+          b.ep = 16;
+          return b;
+        }()) == "experts not divisible by ep");
+  // 46.7B parameters on 64 H100s: only layouts that split the experts fit.
+  const SearchResult s = search(mx, 64, h100, 3);
+  REQUIRE_FALSE(s.best.empty());
+  for (const auto& b : s.best) CHECK(b.layout.ep > 1);
+}

@@ -78,7 +78,12 @@ double transient_bound(const Recipe& r, const nlohmann::json& plan, double send_
   const double cp_extra =
       cp > 1 ? e * (cp * N * kvw / t + 4 * N * kvw / t + 2 * N * qkv / t + 4 * N * att / t) + w * 4 * b * a / t * s * cp
              : 0.0;
-  return std::max(layer + cp_extra, head) + send_buffers;
+  // An MoE layer's forward (model/moe.cpp): the experts' output rows before they are
+  // unpermuted, the gated shared output, beside what it keeps (counted by the plan).
+  const auto& moe = r.model.moe;
+  const double rows = b * double(r.model.seq_length) * double(moe.moe_router_topk);
+  const double moe_extra = moe.enabled() ? e * (rows * C + 2 * N * C) : 0.0;
+  return std::max(layer + cp_extra + moe_extra, head) + send_buffers;
 }
 
 // Every case: train with the memory report, plan the same recipe and layout, compare rank by
@@ -185,5 +190,43 @@ TEST_CASE("planner memory per rank equals the trainer's tensor bytes by role: a 
   check_layouts(
       test::layouts({"single-none", "tp2-pp2-full", "tp2-dp2-sp-selective", "single-unfused", "pp4-v2", "dp2-zero1"}),
       llama);
+}
+
+// Qwen3's q/k norms on the same model (a test case of its own: a second check_layouts in
+// one test case finds its sections, named by layout at the same place, already run).
+TEST_CASE("planner memory per rank equals the trainer's tensor bytes by role: q/k head norms", "[e2e][memory]") {
+  const std::string llama =
+      " --set model.position_embedding_type=rope --set model.normalization=RMSNorm --set model.swiglu=true"
+      " --set model.ffn_hidden_size=80 --set model.num_query_groups=2 --set model.kv_channels=16"
+      " --set model.untie_embeddings_and_output_weights=true --set model.add_bias_linear=false";
   check_layouts(test::layouts({"single-none", "tp2"}), llama + " --set model.qk_layernorm=true");
+}
+
+// A tiny Llama whose every MLP is 4 routed SwiGLU experts of 24, top 2, with the balancing
+// and z losses.
+const std::string kMoe =
+    " --set model.position_embedding_type=rope --set model.normalization=RMSNorm --set model.swiglu=true"
+    " --set model.ffn_hidden_size=80 --set model.num_query_groups=2"
+    " --set model.untie_embeddings_and_output_weights=true --set model.add_bias_linear=false"
+    " --set model.num_experts=4 --set model.moe_router_topk=2 --set model.moe_ffn_hidden_size=24"
+    " --set model.moe_aux_loss_coeff=0.01 --set model.moe_z_loss_coeff=0.001";
+
+// Mixture of experts (one process, as the trainer runs it): every MoE layer keeps the
+// router's logits, the top-k weights and experts, the balancing loss's scores and counts,
+// the dispatched rows with the experts' fc1 output, activation and weighted activation,
+// the row and slot maps, and the shared expert's tensors (model/moe.hpp MoeActs); the
+// dense layers between them keep their MLP's.
+TEST_CASE("planner memory per rank equals the trainer's tensor bytes by role: mixture of experts", "[e2e][memory]") {
+  check_layouts(test::layouts({"single-none", "single-full"}), kMoe);
+}
+
+// (A test case of its own: a second check_layouts in one test case finds its sections,
+// named by layout at the same place, already run.)
+TEST_CASE("planner memory per rank equals the trainer's tensor bytes by role: MoE with a shared expert",
+          "[e2e][memory]") {
+  check_layouts(test::layouts({"single-none"}),
+                kMoe +
+                    " --set model.moe_layer_freq=2 --set model.moe_shared_expert_intermediate_size=40"
+                    " --set model.moe_shared_expert_gate=true --set model.moe_router_load_balancing_type=seq_aux_loss"
+                    " --set training.micro_batch_size=2");
 }

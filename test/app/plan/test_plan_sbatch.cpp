@@ -117,7 +117,7 @@ TEST_CASE("plan --search --sbatch sets every layout key the search chose", "[e2e
   auto d = directives(text);
   CHECK(d["--nodes"] == "512");
   CHECK(d["--ntasks-per-node"] == "8");
-  const int64_t tp = l["tp"], pp = l["pp"], vp = l["virtual_stages"];
+  const int64_t tp = l["tp"], pp = l["pp"], vp = l["virtual_stages"], cp = l["cp"];
   const int64_t per_virtual = vp > 1 ? 105 / pp / vp : 0;
   INFO(text);
   CHECK_THAT(text, Catch::Matchers::Contains(fmt_set("parallel.tensor_model_parallel_size", std::to_string(tp))));
@@ -132,12 +132,13 @@ TEST_CASE("plan --search --sbatch sets every layout key the search chose", "[e2e
                        fmt_set("parallel.sequence_parallel", l["sequence_parallel"].get<bool>() ? "true" : "false")));
   CHECK_THAT(text, Catch::Matchers::Contains(fmt_set("parallel.use_distributed_optimizer",
                                                      l["distributed_optimizer"].get<bool>() ? "true" : "false")));
-  // dp in the dry run follows from the node count and the chosen tp x pp.
+  CHECK_THAT(text, Catch::Matchers::Contains(fmt_set("parallel.context_parallel_size", std::to_string(cp))));
+  // dp in the dry run follows from the node count and the chosen tp x cp x pp.
   auto ok = dry_run(tmp, file, "");
   INFO(ok.out);
   CHECK(ok.exit_code == 0);
   CHECK_THAT(ok.out, Catch::Matchers::Contains("tp " + std::to_string(tp) + " x pp " + std::to_string(pp) + " x dp " +
-                                               std::to_string(4096 / (tp * pp))));
+                                               std::to_string(4096 / (tp * pp * cp)) + " x cp " + std::to_string(cp)));
 }
 
 TEST_CASE("plan --sbatch asks for the predicted time when it is under the cap", "[e2e]") {
