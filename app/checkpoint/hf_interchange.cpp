@@ -284,6 +284,7 @@ std::vector<std::string> export_hf(const std::string& in, const std::string& out
   const std::string dir = model::ckpt::resolve(in);
   const model::ckpt::TrainState st = model::ckpt::read_metadata(dir);
   const Recipe r = parse_recipe(st.recipe_yaml, dir + "/metadata.json");
+  refuse_moe_model(r, "checkpoint export");  // no Hugging Face MoE mapping yet
   const bool gpt2 = !r.model.rope();
   const std::string unfit = gpt2 ? hf::gpt2_unfit(r.model) : hf::llama_unfit(r.model);
   if (!unfit.empty()) throw_input("{}: the checkpoint's recipe has {}", dir, unfit);

@@ -316,12 +316,8 @@ model::LoadedModel load_eval_model(const std::string& checkpoint, const std::str
   if (!checkpoint.empty()) return load_for_inference(checkpoint);
   if (random_recipe.empty()) throw_input("one of --checkpoint DIR or --random-init RECIPE is required");
   Recipe r = load_recipe(random_recipe, overrides);
-  model::GptConfig cfg = gpt_config(r);
-  cfg.padded_vocab_size = r.model.padded_vocab_size(1);
-  cfg.sequence_parallel = false;
-  cfg.hidden_dropout = cfg.attention_dropout = 0;
-  cfg.recompute = RecomputeGranularity::none;
-  cfg.dtype = DType::f32;  // eval and generation compute in fp32, whatever the recipe trains in
+  // eval and generation compute in fp32, whatever the recipe trains in
+  const model::GptConfig cfg = inference_config(r);
   return model::make_random_model(cfg, cfg.seed);
 }
 

@@ -75,11 +75,33 @@ void set_moe(model::GptConfig& c, const ModelConfig& m) {
 }
 }  // namespace
 
+namespace {
+model::GptConfig build_gpt_config(const Recipe& r);
+}  // namespace
+
 model::GptConfig gpt_config(const Recipe& r, bool moe) {
   if (moe)
     refuse_unwired_moe(r);
   else
     refuse_moe_model(r, "mtnlg");
+  return build_gpt_config(r);
+}
+
+model::GptConfig inference_config(const Recipe& r) {
+  Recipe one = r;
+  one.parallel.tensor_model_parallel_size = 1;  // one rank's padded vocabulary, no sequence parallelism
+  one.parallel.sequence_parallel = false;
+  model::GptConfig c = build_gpt_config(one);
+  c.hidden_dropout = c.attention_dropout = 0;
+  c.recompute = RecomputeGranularity::none;
+  c.dtype = DType::f32;
+  c.moe.capacity_factor = 0;  // every token to its k experts: no drops, no padding
+  c.moe.pad_to_capacity = false;
+  return c;
+}
+
+namespace {
+model::GptConfig build_gpt_config(const Recipe& r) {
   model::GptConfig c;
   c.vocab_size = r.model.vocab_size;
   c.padded_vocab_size = r.model.padded_vocab_size(r.tp());
@@ -104,6 +126,7 @@ model::GptConfig gpt_config(const Recipe& r, bool moe) {
   c.dtype = model::compute_dtype(r.training.precision);
   return c;
 }
+}  // namespace
 
 model::PipelineSplit pipeline_split(const Recipe& r) {
   model::PipelineSplit s;
@@ -127,9 +150,8 @@ data::BlendSpec blend_spec(const Recipe& r) {
 model::LoadedModel load_for_inference(const std::string& path) {
   const std::string dir = model::ckpt::resolve(path);
   const model::ckpt::TrainState st = model::ckpt::read_metadata(dir);
-  Recipe r = parse_recipe(st.recipe_yaml, dir + "/metadata.json");
-  r.parallel.tensor_model_parallel_size = 1;  // one rank's padded vocabulary, no sequence parallelism
-  return model::ckpt::load_whole_model(dir, gpt_config(r));
+  const Recipe r = parse_recipe(st.recipe_yaml, dir + "/metadata.json");
+  return model::ckpt::load_whole_model(dir, inference_config(r));
 }
 
 }  // namespace mtnlg::app

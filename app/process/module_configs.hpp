@@ -19,6 +19,10 @@ namespace mtnlg::app {
 // An MoE recipe is refused (exit 2) unless `moe` (training, which builds MoE layers), and
 // then only in the forms the model runs (refuse_unwired_moe).
 model::GptConfig gpt_config(const Recipe& r, bool moe = false);
+// The model one process runs for inference from a (checkpoint's) recipe: the whole model at
+// tp = 1 in fp32, without dropout, recompute or sequence parallelism; MoE layers (built
+// here too) route every token to its k experts, without a capacity's drops or padding.
+model::GptConfig inference_config(const Recipe& r);
 
 // The layers over r's pipeline: model.num_layers, pipeline_model_parallel_size,
 // num_layers_per_virtual_pipeline_stage and the explicit parallel.pipeline_layers.
@@ -34,7 +38,7 @@ optimizer::LossScalerConfig loss_scaler_config(const OptimizerConfig& o);
 data::BlendSpec blend_spec(const Recipe& r);
 
 // The whole model (tp = 1, pp = 1, fp32) from a checkpoint root or iteration directory:
-// the gpt_config of its stored recipe (metadata.json) at tp = 1, its weights loaded by
+// the inference_config of its stored recipe (metadata.json), its weights loaded by
 // model::ckpt::load_whole_model.
 model::LoadedModel load_for_inference(const std::string& path);
 

@@ -179,6 +179,39 @@ TEST_CASE("KV cache: a Llama-family model decodes as its full forward, caching t
   }
 }
 
+// Mixture-of-experts layers route each token alone (no capacity at inference), so a
+// token decoded against the cache goes to the experts it goes to in the full forward:
+// the cached logits are the full forward's (the first layer MoE with a gated shared
+// expert, the second dense).
+TEST_CASE("KV cache: a model with MoE layers decodes as its full forward", "[inference]") {
+  const int64_t B = 2, Ttot = 12, P = 5;
+  std::vector<int32_t> seq(static_cast<size_t>(B * Ttot));
+  for (size_t i = 0; i < seq.size(); ++i) seq[i] = static_cast<int32_t>((i * 5 + 1) % 50);
+  GptConfig cfg = tiny_config();
+  test::make_llama(cfg, 0);
+  cfg.bias_linear = cfg.qkv_bias = false;
+  cfg.moe.num_experts = 4;
+  cfg.moe.ffn = 24;
+  cfg.moe.router.topk = 2;
+  cfg.moe.shared_ffn = 16;
+  cfg.moe.shared_gate = true;
+  cfg.moe.layers = {1, 0};
+  LoadedModel lm = make_random_model(cfg, 11);
+  auto m = whole_model_chunk(cfg, lm.store);
+  Tensor full = logits_at(*m, seq.data(), B, Ttot, iota_rows(B * Ttot));
+  Tensor cached = cached_logits(*m, seq, B, Ttot, P);
+  const double d = rel_diff(cached.data<float>(), full.data<float>(), B * Ttot, cfg.padded_vocab_size, cfg.vocab_size);
+  INFO("relative difference " << d);
+  CHECK(d < 1e-5);
+  // and it is a different model from the dense one with the same seed
+  GptConfig dense = cfg;
+  dense.moe = {};
+  LoadedModel ld = make_random_model(dense, 11);
+  auto md = whole_model_chunk(dense, ld.store);
+  Tensor other = logits_at(*md, seq.data(), B, Ttot, iota_rows(B * Ttot));
+  CHECK(rel_diff(other.data<float>(), full.data<float>(), B * Ttot, cfg.padded_vocab_size, cfg.vocab_size) > 1e-3);
+}
+
 TEST_CASE("KV cache: misuse is an error, not a wrong answer", "[inference]") {
   GptConfig cfg = tiny_config();
   LoadedModel lm = make_random_model(cfg, 3);
