@@ -44,33 +44,20 @@ int64_t Topology::rank(Coord c) const {
   return c.tp + tp_ * (c.cp + cp_ * (c.dp + dp_ * c.pp));
 }
 
-std::vector<int64_t> Topology::tp_group(int64_t r) const {
-  Coord c = coord(r);
+namespace {
+// The ranks that differ from rank r's coordinate only along `axis` (of size n), by it.
+std::vector<int64_t> along(const Topology& t, int64_t r, int64_t Coord::*axis, int64_t n) {
+  Coord c = t.coord(r);
   std::vector<int64_t> g;
-  for (c.tp = 0; c.tp < tp_; ++c.tp) g.push_back(rank(c));
+  for (c.*axis = 0; c.*axis < n; ++(c.*axis)) g.push_back(t.rank(c));
   return g;
 }
+}  // namespace
 
-std::vector<int64_t> Topology::pp_group(int64_t r) const {
-  Coord c = coord(r);
-  std::vector<int64_t> g;
-  for (c.pp = 0; c.pp < pp_; ++c.pp) g.push_back(rank(c));
-  return g;
-}
-
-std::vector<int64_t> Topology::dp_group(int64_t r) const {
-  Coord c = coord(r);
-  std::vector<int64_t> g;
-  for (c.dp = 0; c.dp < dp_; ++c.dp) g.push_back(rank(c));
-  return g;
-}
-
-std::vector<int64_t> Topology::cp_group(int64_t r) const {
-  Coord c = coord(r);
-  std::vector<int64_t> g;
-  for (c.cp = 0; c.cp < cp_; ++c.cp) g.push_back(rank(c));
-  return g;
-}
+std::vector<int64_t> Topology::tp_group(int64_t r) const { return along(*this, r, &Coord::tp, tp_); }
+std::vector<int64_t> Topology::pp_group(int64_t r) const { return along(*this, r, &Coord::pp, pp_); }
+std::vector<int64_t> Topology::dp_group(int64_t r) const { return along(*this, r, &Coord::dp, dp_); }
+std::vector<int64_t> Topology::cp_group(int64_t r) const { return along(*this, r, &Coord::cp, cp_); }
 
 std::vector<int64_t> Topology::dp_cp_group(int64_t r) const {
   Coord c = coord(r);

@@ -10,6 +10,26 @@
 
 using namespace mtnlg;
 
+namespace {
+// A Llama-family shape: rotary positions, RMSNorm, SwiGLU, an untied output layer, no
+// linear biases.
+ModelConfig llama_shape(int64_t layers, int64_t hidden, int64_t heads, int64_t groups, int64_t ffn, int64_t seq) {
+  ModelConfig m;
+  m.num_layers = layers;
+  m.hidden_size = hidden;
+  m.num_attention_heads = heads;
+  m.num_query_groups = groups;
+  m.ffn_hidden_size = ffn;
+  m.seq_length = seq;
+  m.swiglu = true;
+  m.position_embedding_type = PositionEmbedding::rope;
+  m.normalization = Normalization::RMSNorm;
+  m.untie_embeddings_and_output_weights = true;
+  m.add_bias_linear = false;
+  return m;
+}
+}  // namespace
+
 TEST_CASE("model FLOPs: the forms reproduce MT-NLG 530B's published 126 TFLOP/s from 60.1 s", "[flops]") {
   ModelConfig m;
   m.num_layers = 105;
@@ -44,18 +64,7 @@ TEST_CASE("model FLOPs: the forms reproduce MT-NLG 530B's published 126 TFLOP/s 
 //   selective: the attention core's 3 x 4 s^2 H D per layer again = 579,975,203,782,656
 // Parameters 8,030,261,248 (Hugging Face's count of Meta-Llama-3-8B).
 TEST_CASE("model FLOPs: Llama 3 8B by Megatron-Core's formula with GQA and SwiGLU", "[flops]") {
-  ModelConfig m;
-  m.num_layers = 32;
-  m.hidden_size = 4096;
-  m.num_attention_heads = 32;
-  m.num_query_groups = 8;
-  m.ffn_hidden_size = 14336;
-  m.seq_length = 8192;
-  m.swiglu = true;
-  m.position_embedding_type = PositionEmbedding::rope;
-  m.normalization = Normalization::RMSNorm;
-  m.untie_embeddings_and_output_weights = true;
-  m.add_bias_linear = false;
+  const ModelConfig m = llama_shape(32, 4096, 32, 8, 14336, 8192);
   const int64_t V = 128256;
   CHECK_FALSE(model::gpt_flops_form(m));
   const auto near = [](double got, double want) { return std::fabs(got - want) <= 1e-12 * want; };
@@ -105,18 +114,7 @@ TEST_CASE("model FLOPs: a GPT shape keeps the 72-form to the bit, and equals Meg
 // Megatron-Core's num_floating_point_operations (the k experts a token is routed to and
 // the shared expert on the MoE layers, the dense MLP on the others).
 TEST_CASE("model FLOPs: mixture of experts, active and total parameters and Megatron-Core's MoE terms", "[flops]") {
-  ModelConfig m;  // Mixtral 8x7B
-  m.num_layers = 32;
-  m.hidden_size = 4096;
-  m.num_attention_heads = 32;
-  m.num_query_groups = 8;
-  m.ffn_hidden_size = 14336;
-  m.seq_length = 4096;
-  m.swiglu = true;
-  m.position_embedding_type = PositionEmbedding::rope;
-  m.normalization = Normalization::RMSNorm;
-  m.untie_embeddings_and_output_weights = true;
-  m.add_bias_linear = false;
+  ModelConfig m = llama_shape(32, 4096, 32, 8, 14336, 4096);  // Mixtral 8x7B
   m.moe.num_experts = 8;
   m.moe.moe_router_topk = 2;
   const int64_t V = 32000;
@@ -133,13 +131,8 @@ TEST_CASE("model FLOPs: mixture of experts, active and total parameters and Mega
              model::hardware_flops(dense, V, 8, RecomputeGranularity::full)));
   CHECK(model::model_flops_formula(m).find("l_moe 32, F_moe 14336, k 2, F_shared 0") != std::string::npos);
 
-  ModelConfig q = m;  // Qwen3-30B-A3B: 48 layers of 128 experts (768 wide), top 8, q/k head norms
-  q.num_layers = 48;
-  q.hidden_size = 2048;
-  q.num_attention_heads = 32;
-  q.num_query_groups = 4;
+  ModelConfig q = llama_shape(48, 2048, 32, 4, 6144, 4096);  // Qwen3-30B-A3B: 128 experts of 768, top 8, q/k norms
   q.kv_channels = 128;
-  q.ffn_hidden_size = 6144;
   q.qk_layernorm = true;
   q.moe.num_experts = 128;
   q.moe.moe_router_topk = 8;
@@ -150,17 +143,7 @@ TEST_CASE("model FLOPs: mixture of experts, active and total parameters and Mega
   // Every other layer MoE (moe_layer_freq 2), with a gated shared expert and the expert
   // bias: the dense layers keep their MLP, the MoE layers count E experts, the router, its
   // bias, the shared expert and its gate; the FLOPs' MLP term by hand.
-  ModelConfig mix;
-  mix.num_layers = 4;
-  mix.hidden_size = 64;
-  mix.num_attention_heads = 4;
-  mix.ffn_hidden_size = 256;
-  mix.seq_length = 32;
-  mix.swiglu = true;
-  mix.position_embedding_type = PositionEmbedding::rope;
-  mix.normalization = Normalization::RMSNorm;
-  mix.untie_embeddings_and_output_weights = true;
-  mix.add_bias_linear = false;
+  ModelConfig mix = llama_shape(4, 64, 4, 0, 256, 32);
   mix.moe.num_experts = 4;
   mix.moe.moe_router_topk = 2;
   mix.moe.moe_ffn_hidden_size = 32;
