@@ -251,7 +251,8 @@ void register_verify_resume(CLI::App* cmd) {
   vr->add_option("--recipe", v->recipe, "The recipe the checkpoint was trained with (its model must match)")
       ->required();
   vr->add_option("--layout-a", v->layout_a,
-                 "First layout: tp=T,pp=P,dp=D[,zero1=0|1][,sp=0|1] (tp/pp/dp default 1; zero1 = "
+                 "First layout: tp=T,pp=P,dp=D[,cp=C][,zero1=0|1][,sp=0|1] (tp/pp/dp/cp default 1, cp = "
+                 "parallel.context_parallel_size; zero1 = "
                  "parallel.use_distributed_optimizer, sp = parallel.sequence_parallel, as the recipe when not given)")
       ->capture_default_str();
   vr->add_option("--layout-b", v->layout_b, "Second layout, e.g. \"tp=2,pp=2,dp=2,zero1=1\"")->required();

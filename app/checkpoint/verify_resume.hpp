@@ -14,9 +14,9 @@ namespace mtnlg::app {
 // zero1 (parallel.use_distributed_optimizer) and sp (parallel.sequence_parallel) are left
 // as the recipe and --set have them unless given.
 struct VerifyLayout {
-  int64_t tp = 1, pp = 1, dp = 1;
+  int64_t tp = 1, pp = 1, dp = 1, cp = 1;
   int zero1 = -1, sp = -1;  // -1: as the recipe says
-  int64_t world() const { return tp * pp * dp; }
+  int64_t world() const { return tp * cp * pp * dp; }
   // The --set overrides that select this layout.
   std::vector<std::string> sets() const;
 };

@@ -107,6 +107,20 @@ TEST_CASE("checkpoint verify-resume: one process and tp2 x pp2 x dp2 with ZeRO-1
   CHECK_FALSE(fs::exists(model::ckpt::iteration_dir(root, 6)));
 }
 
+// A one-process checkpoint continued under context parallelism (each of 2 ranks holding
+// half of every sequence, ZeRO-1 over dp x cp) agrees with the one-process run.
+TEST_CASE("checkpoint verify-resume: context parallelism agrees with one process", "[mpi][verify-resume]") {
+  test::TempDir d("verify-resume-cp");
+  const std::string root = checkpoint_at(kRamp, d, 3, kSets);
+  const std::string launcher = "--launcher 'sh " + test::source_dir() + "/test/support/mpi/mpirun.sh {n}'";
+  auto r = run(verify(root, kRamp,
+                      kSets + " --layout-a tp=1 --layout-b cp=2,zero1=1 --iters 2 --tolerance 1e-6 " + launcher +
+                          " --work-dir " + d.str() + "/work"));
+  REQUIRE(r.exit_code == 0);
+  CHECK_THAT(r.out, Contains("layout B: tp=1 pp=1 dp=1 cp=2 ZeRO-1, 2 processes, iterations 4..5"));
+  CHECK_THAT(r.out, Contains("ok: 2 iterations from iteration 3 agree within 1.0e-06"));
+}
+
 TEST_CASE("checkpoint verify-resume: bad input is exit 2 with one line naming it, before any run",
           "[e2e][verify-resume]") {
   test::TempDir d("verify-resume-bad");
