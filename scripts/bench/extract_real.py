@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """`mtnlg data extract` on real web pages, beside readability-lxml and Readability.js.
 
-    extract_real.py prepare --out DIR [--trafilatura CHECKOUT] [--dragnet CHECKOUT]
+    extract_real.py prepare --out DIR [--trafilatura CHECKOUT] [--dragnet CHECKOUT] [--gn1 CHECKOUT]
                             [--parts tune,heldout] [--limit N] [--strip-scripts]
         Builds the page sets from checkouts made beforehand (nothing is downloaded):
           traf     adbar/trafilatura's evaluation pages (tests/evaldata.json with the files
@@ -14,6 +14,13 @@
                    j-szulc/html-cleaning-dataset-merged: dragnet_data/input/N.html with
                    dragnet_data/GoldStandard/N.txt, or seomoz's own HTML/ and Corrected/):
                    the hand-cleaned article text (what follows the comment marker cut).
+          gn1      L3S-GN1 (Kohlschuetter et al., boilerpipe, WSDM 2010; 621 news articles
+                   from Google News, 2008), as mirrored in j-szulc/html-cleaning-dataset-merged
+                   (page-signal-master/input/ID.html with the annotated page under
+                   GoldStandard/ID.txt) or as published (original/ and annotated/): the text
+                   labelled headline, full text or supplemental (x-nc-sel1 to 3, the labels
+                   the web-content-extraction-benchmark scores against). No tuning part: all
+                   621 pages are `heldout`, a set no rule was written against.
         Each set is split by a hash of the file name into `tune` (rules are tuned on it) and
         `heldout` (scored only), and written as DIR/SET-PART.warc.gz (one HTTP 200
         text/html response per page, the page's bytes as they are) and
@@ -30,7 +37,7 @@
         traf: trafilatura's own measure (pooled over pages: a "with" segment found is a
         true positive, a "without" segment found a false positive, both after whitespace
         is collapsed; F1 = 2tp / (2tp + fp + fn)), the measure of its published table.
-        dragnet: 4-gram shingle F1 per page (lower-cased \\w+ tokens, multiset overlap of
+        dragnet, gn1: 4-gram shingle F1 per page (lower-cased \\w+ tokens, multiset overlap of
         4-token shingles; a text under 4 tokens is one shingle), averaged over pages.
         Exits 1 when mtnlg's F1 on a set is under its --min-f1.
 
@@ -106,17 +113,73 @@ def dragnet_pages(root):
         yield name, f"http://dragnet-{stem}.invalid/page.html", body, {"text": text}
 
 
+GN1_WANTED = re.compile(r"\bx-nc-sel[123]\b")
+GN1_LABEL = re.compile(r"\bx-nc-sel[0-9]\b")
+GN1_BLOCKS = {"address", "article", "aside", "blockquote", "br", "dd", "div", "dl", "dt", "figcaption",
+              "figure", "footer", "form", "h1", "h2", "h3", "h4", "h5", "h6", "header", "li", "main", "nav",
+              "ol", "p", "pre", "section", "table", "td", "th", "tr", "ul"}
+
+
+def gn1_truth(annotated):
+    """The text of an L3S-GN1 annotated page under the labels x-nc-sel1-3 (headline, full text,
+    supplemental: what the web-content-extraction-benchmark takes as its truth); each text node
+    counts for the nearest element that carries a label."""
+    from lxml import html as lxml_html
+    root = lxml_html.fromstring(decode(annotated))
+    out = []
+
+    def walk(el, keep):
+        if not isinstance(el.tag, str) or el.tag in ("script", "style", "head", "title"):
+            return
+        m = GN1_LABEL.search(el.get("class") or "")
+        if m:
+            keep = bool(GN1_WANTED.search(m.group(0)))
+        if el.tag in GN1_BLOCKS:
+            out.append("\n")
+        if keep and el.text:
+            out.append(el.text)
+        for child in el:
+            walk(child, keep)
+            if keep and child.tail:
+                out.append(child.tail)
+        if el.tag in GN1_BLOCKS:
+            out.append("\n")
+
+    walk(root, False)
+    return re.sub(r"[ \t\r\f\v]*\n\s*", "\n", "".join(out)).strip()
+
+
+def gn1_pages(root):
+    base = os.path.join(root, "page-signal-master")
+    if os.path.isdir(os.path.join(base, "input")):  # as in j-szulc/html-cleaning-dataset-merged
+        pairs = [(n, os.path.join(base, "input", n), os.path.join(base, "GoldStandard", n[:-5] + ".txt"))
+                 for n in os.listdir(os.path.join(base, "input")) if n.endswith(".html")]
+    else:  # L3S-GN1 as published: original/ and annotated/
+        pairs = [(n, os.path.join(root, "original", n), os.path.join(root, "annotated", n))
+                 for n in os.listdir(os.path.join(root, "original")) if n.endswith(".html")]
+    for name, html, gold in sorted(pairs):
+        if not os.path.isfile(gold):
+            continue
+        with open(html, "rb") as f:
+            body = f.read()
+        with open(gold, "rb") as f:
+            text = gn1_truth(f.read())
+        yield name, f"http://gn1-{name[:-5].lower()}.invalid/page.html", body, {"text": text}
+
+
 def prepare(a):
     os.makedirs(a.out, exist_ok=True)
-    sources = {"traf": (a.trafilatura, traf_pages), "dragnet": (a.dragnet, dragnet_pages)}
+    sources = {"traf": (a.trafilatura, traf_pages), "dragnet": (a.dragnet, dragnet_pages),
+               "gn1": (a.gn1, gn1_pages)}
     for set_name, (root, pages) in sources.items():
         if not root:
             continue
-        out = {p: (io.BytesIO(), []) for p in a.parts.split(",")}
+        parts = ["heldout"] if set_name == "gn1" else a.parts.split(",")
+        out = {p: (io.BytesIO(), []) for p in parts}
         chosen = sorted(pages(root), key=lambda page: hashlib.sha256(page[0].encode()).digest())
         taken = collections.Counter()
         for n, (name, url, body, truth) in enumerate(chosen, 1):
-            part = part_of(name)
+            part = "heldout" if set_name == "gn1" else part_of(name)  # gn1: no tuning part
             if part not in out or (a.limit and taken[part] >= a.limit):
                 continue
             taken[part] += 1
@@ -219,8 +282,8 @@ def js_texts(pages, npm):
 
 def mtnlg_texts(binary, warc):
     with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run([binary, "data", "extract", "--no-progress", "--languages", "all", "--input", warc,
-                        "--output", tmp], check=True, stdout=subprocess.DEVNULL)
+        subprocess.run([binary, "data", "extract", "--no-progress", "--skip-bad-records", "--languages", "all",
+                        "--input", warc, "--output", tmp], check=True, stdout=subprocess.DEVNULL)
         stem = os.path.basename(warc).split(".")[0]
         with open(os.path.join(tmp, stem + ".jsonl"), encoding="utf-8") as f:
             return {d["warc_record_id"]: d["text"] for d in map(json.loads, f)}
@@ -341,6 +404,7 @@ def main():
     p.add_argument("--out", required=True)
     p.add_argument("--trafilatura")
     p.add_argument("--dragnet")
+    p.add_argument("--gn1")
     p.add_argument("--strip-scripts", action="store_true")
     p.add_argument("--parts", default="tune,heldout")
     p.add_argument("--limit", type=int, default=0, help="at most this many pages a part (the lowest hashes)")
