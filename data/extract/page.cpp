@@ -1712,6 +1712,10 @@ std::string normalize_charset(std::string_view label) {
                                                                      {"koi8-r", "KOI8-R"},
                                                                      {"koi8-u", "KOI8-U"}};
   if (auto it = alias.find(l); it != alias.end()) return it->second;
+  // A label with '_' for '-' (Java's "ISO8859_1") is the label with '-'.
+  std::string dashed = l;
+  std::replace(dashed.begin(), dashed.end(), '_', '-');
+  if (auto it = alias.find(dashed); it != alias.end()) return it->second;
   std::string up = l;
   for (auto& c : up) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
   return up;

@@ -362,6 +362,7 @@ TEST_CASE("extract: charsets from the HTTP header, <meta>, a BOM and detection d
   CHECK(e.counts[kReplacedBytes] == 0);
   CHECK(normalize_charset("ISO-8859-1") == "WINDOWS-1252");
   CHECK(normalize_charset("\"Shift_JIS\"") == "CP932");
+  CHECK(normalize_charset("ISO8859_1") == "WINDOWS-1252");  // Java's spelling
   CHECK(meta_charset("<html><head><META HTTP-EQUIV='Content-Type' CONTENT='text/html; charset=koi8-r'>") == "koi8-r");
 }
 
