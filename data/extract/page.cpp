@@ -187,6 +187,13 @@ bool taxonomy_token(std::string_view rest) {
          tok.find("category_") != std::string::npos;
 }
 
+// Whether the whitespace-separated token starting at `rest` names a post's body (kMarkPostBody).
+bool post_body_token(std::string_view rest) {
+  const std::string tok = lower_str(rest.substr(0, std::min(rest.find_first_of(" \t\n\r\f"), size_t{16})));
+  return tok == "entry-content" || tok == "articlebody" || tok == "post-body" || tok == "entry-body" ||
+         tok == "post-content" || tok == "article-body";
+}
+
 }  // namespace
 
 uint8_t attribute_marks(std::string_view v) {
@@ -205,6 +212,7 @@ uint8_t attribute_marks(std::string_view v) {
       while (i < n && !is_space(t[i])) ++i;
       continue;
     }
+    if ((i == 0 || is_space(t[i - 1])) && post_body_token(v.substr(i))) marks |= kMarkPostBody;
     size_t j = i + 1;  // a word: ASCII letters and digits, lower-cased
     // A word ends where a lower-case letter meets an upper-case one too ("mainNav").
     while (j < n && alnum_byte(t[j]) && !(t[j] >= 'A' && t[j] <= 'Z' && t[j - 1] >= 'a' && t[j - 1] <= 'z')) ++j;
@@ -674,7 +682,7 @@ struct Walker {
       const bool soft =
           furn && (marks & kMarkSoftFurniture) && !furniture(t, a, marks & ~kMarkSoftFurniture, page_or_content);
       const bool words = furn && !furniture(t, a, 0, page_or_content);
-      page.marks.push_back(static_cast<uint8_t>((page_element ? 0 : (marks & kMarkComment)) |
+      page.marks.push_back(static_cast<uint8_t>((page_element ? 0 : (marks & (kMarkComment | kMarkPostBody))) |
                                                 (t == GUMBO_TAG_TR ? kNodeRow : 0) | (furn ? kNodeFurniture : 0) |
                                                 (soft ? kNodeSoft : 0) | (words ? kNodeWords : 0)));
       if (names) page.node_names.push_back(node_name(e, a));
@@ -1456,6 +1464,45 @@ void nothing_kept(ParsedPage& page, const BlockParams& p, bool repeated) {
   keep_headings(blocks, p, repeated);
 }
 
+// The post's body: the one element outside comment sections that a class, id or itemprop
+// token names so (kMarkPostBody; the outermost where they nest) and that holds text;
+// -1 when there is none, or several (a blog's front page, a listing of excerpts), or its
+// text is all bad in itself (hard_bad).
+int32_t post_body(const ParsedPage& page, const BlockParams& p, bool repeated) {
+  const auto& parent = page.parent;
+  auto holds_text = [&](int32_t e, bool soft) {
+    return std::any_of(page.blocks.begin(), page.blocks.end(), [&](const Block& b) {
+      return b.node >= e && inside(page, b.node, e) && (!soft || !hard_bad(b, p, repeated));
+    });
+  };
+  int32_t found = -1;
+  for (size_t e = 0; e < parent.size(); ++e) {
+    if (!(page.marks[e] & kMarkPostBody) || (page.marks[e] & kMarkComment)) continue;
+    bool nested = false;
+    for (int32_t a = parent[e]; a >= 0 && !nested; a = parent[static_cast<size_t>(a)])
+      nested = page.marks[static_cast<size_t>(a)] & (kMarkPostBody | kMarkComment);
+    if (nested || !holds_text(static_cast<int32_t>(e), false)) continue;
+    if (found >= 0) return -1;
+    found = static_cast<int32_t>(e);
+  }
+  return found >= 0 && holds_text(found, true) ? found : -1;
+}
+
+// A post's body without good text holds a short post (a line under a photo, an
+// invitation with an address): its blocks not bad in themselves (hard_bad) are good.
+// With good text the container's rules decide (a page builder's boxes inside the body).
+void keep_post_body(ParsedPage& page, const BlockParams& p, bool repeated, int32_t body) {
+  auto in_body = [&](const Block& b) { return b.node >= body && inside(page, b.node, body); };
+  if (std::any_of(page.blocks.begin(), page.blocks.end(),
+                  [&](const Block& b) { return b.final_class == BlockClass::good && in_body(b); }))
+    return;
+  for (auto& b : page.blocks)
+    if (in_body(b) && !hard_bad(b, p, repeated)) {
+      b.final_class = BlockClass::good;
+      b.rule = "a short post: the post's body (entry-content, articleBody)";
+    }
+}
+
 }  // namespace
 
 
@@ -1477,7 +1524,13 @@ void classify_blocks(ParsedPage& page, const BlockParams& p, bool use_stopwords)
   // that has a good block of the container on either side is good. jusText's context
   // step for short blocks, with the container's edges instead of the page's and the
   // blocks of low stop-word density taken as short ones.
-  const int32_t c = content_container(page);
+  int32_t c = content_container(page);
+  // A page with one post's body marked as such (entry-content, articleBody): that element
+  // is the container, wherever most of the prose is (a short post beside a wordy sidebar).
+  if (const int32_t body = post_body(page, p, repeated); body >= 0) {
+    keep_post_body(page, p, repeated, body);
+    c = body;
+  }
   if (c < 0) return;
   size_t first = blocks.size(), last = 0;  // the container's blocks: contiguous in document order
   for (size_t i = 0; i < blocks.size(); ++i)

@@ -61,7 +61,10 @@ struct Block {
 // "commentary", "preview" or the hReview microformat's "hreview" (a review post is the
 // article); schema.org's Comment, UserComments and Review types;
 // docs/specs/justext.md, "Structure").
-constexpr uint8_t kMarkFurniture = 1, kMarkComment = 2, kMarkSoftFurniture = 4;
+// kMarkPostBody: a whole class, id or itemprop token naming the body of a post or article
+// ("entry-content" of the hAtom microformat, schema.org's "articleBody", Blogger's
+// "post-body", TypePad's "entry-body", "post-content", "article-body"; case aside).
+constexpr uint8_t kMarkFurniture = 1, kMarkComment = 2, kMarkSoftFurniture = 4, kMarkPostBody = 8;
 // ParsedPage::marks: the element is a table row; it is furniture by its tag, role or
 // class words (kNodeSoft: by soft words only; kNodeWords: by class or id words, not by
 // its tag or role). A furniture element's text is the page's
@@ -76,7 +79,8 @@ inline bool furniture_attribute(std::string_view class_or_id) { return attribute
 struct ParsedPage {
   std::vector<Block> blocks;
   std::vector<int32_t> parent;  // -1: the outermost element
-  std::vector<uint8_t> marks;   // per element: kMarkComment (its class, id, itemprop or itemtype), kNode* bits
+  std::vector<uint8_t>
+      marks;  // per element: kMarkComment, kMarkPostBody (its class, id, itemprop or itemtype), kNode* bits
   std::string title;
   std::string lang;                     // <html lang>, as written
   std::vector<std::string> node_names;  // per element, with `names`: "div#id.class.class" (--explain)

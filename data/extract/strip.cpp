@@ -590,11 +590,13 @@ struct Stripper {
       out += ' ';
       out.append(s, a.begin, a.end - a.begin);
     }
-    if (marks) {  // one attribute with the same marks: "nav" furniture, "comments" a comment section, "paywall"
+    if (marks) {  // one attribute with the same marks: "nav" furniture, "comments" a comment section, "paywall",
+                  // "entry-content" a post's body
       std::string words;
       for (const auto& [mark, word] : {std::pair<uint8_t, std::string_view>{kMarkFurniture, "nav"},
                                        {kMarkComment, "comments"},
-                                       {kMarkSoftFurniture, "paywall"}})
+                                       {kMarkSoftFurniture, "paywall"},
+                                       {kMarkPostBody, "entry-content"}})
         if (marks & mark) (words.empty() ? words : words += ' ') += word;
       out += raw[kId] ? " class=" : " id=";
       out += words.find(' ') == std::string::npos ? words : '"' + words + '"';

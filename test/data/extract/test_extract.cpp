@@ -1231,7 +1231,10 @@ TEST_CASE("extract: class, id, itemprop and itemtype words mark furniture and co
   CHECK(attribute_marks("comment-nav") == (kMarkFurniture | kMarkComment));
   CHECK(attribute_marks("commentary") == 0);
   CHECK(attribute_marks("image-preview") == 0);
-  CHECK(attribute_marks("css-1x2y3z article-body") == 0);
+  CHECK(attribute_marks("css-1x2y3z article-body") == kMarkPostBody);  // not furniture: the post's body
+  CHECK(attribute_marks("post-body entry-content") == kMarkPostBody);
+  CHECK(attribute_marks("articleBody") == kMarkPostBody);  // schema.org's itemprop
+  CHECK(attribute_marks("entry-content-wrap") == 0);       // whole tokens only
   CHECK(furniture_attribute("signature"));
   // The pass before the parse folds the four into one attribute with the same marks; the
   // blocks (and so the comment marks and the <html lang>) stay the same.
@@ -1394,4 +1397,22 @@ TEST_CASE("extract: the language is the main text's, the declared one its prior;
   CHECK(declared_language(" de ") == "de");
   CHECK(declared_language("en, de").empty());
   CHECK(declared_language("x-klingon").empty());
+}
+
+TEST_CASE("extract: the one element marked as a post's body holds the post, however short", "[extract]") {
+  const std::string about =
+      "<div class=widget><h2>About me</h2><p>Thank you for visiting my blog. I am a designer who writes about the "
+      "things I make, the places I go and the people I meet, and I hope that you will find something here that you "
+      "like as much as I do.</p></div>";
+  const std::string post =
+      "<div class=post><h3 class=post-title>In the pink</h3><div class='post-body entry-content'><p>Simply "
+      "beautiful!</p><p>Unreleased new material from the band.</p></div></div>";
+  // One post's body: it is the container, and its short lines are the post.
+  CHECK(
+      extract_main_text("<html><body><div id=main>" + post + "</div><div id=side>" + about + "</div></body></html>") ==
+      "In the pink\nSimply beautiful!\nUnreleased new material from the band.");
+  // Two (a blog's front page): the mark says nothing about which is the article.
+  CHECK(extract_main_text("<html><body><div id=main>" + post + post + "</div><div id=side>" + about +
+                          "</div></body></html>")
+            .find("Thank you for visiting") != std::string::npos);
 }
