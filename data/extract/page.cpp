@@ -517,6 +517,10 @@ struct Walker {
         p = e;
       }
     }
+    // Soft hyphens (U+00AD) mark where a word may break; they are not text ("Mit\u00ADtel\u00ADal\u00ADter").
+    if (s.find("\xC2\xAD") != std::string_view::npos)
+      for (size_t k = cur.text.find("\xC2\xAD", before); k != std::string::npos; k = cur.text.find("\xC2\xAD", k))
+        cur.text.erase(k, 2);
     if (link > 0) cur.link_chars += code_points(std::string_view(cur.text).substr(before));
   }
 

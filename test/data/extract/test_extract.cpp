@@ -1416,3 +1416,11 @@ TEST_CASE("extract: the one element marked as a post's body holds the post, howe
                           "</div></body></html>")
             .find("Thank you for visiting") != std::string::npos);
 }
+
+TEST_CASE("extract: soft hyphens are not text", "[extract]") {
+  CHECK(extract_main_text("<html><body><article><p>In the middle of the night the wine from the hills above the "
+                          "town was the pride of the whole in\xC2\xAD"
+                          "dus\xC2\xAD"
+                          "try, and it has stayed so to this day for all of them.</p></article></body></html>")
+            .find("whole industry, and") != std::string::npos);
+}
