@@ -1029,15 +1029,23 @@ int32_t content_container(const ParsedPage& page) {
     if (b.initial == BlockClass::good && b.node >= 0 && !b.comment)
       for (int32_t n = b.node; n >= 0 && !solo_good[static_cast<size_t>(n)]; n = parent[static_cast<size_t>(n)])
         solo_good[static_cast<size_t>(n)] = prose[static_cast<size_t>(n)] >= 2;
+  // A wrapper whose only child with text is the container (a grid's row around its column)
+  // is passed through: the siblings that go on with the article may be the wrapper's.
+  std::vector<int32_t> texts(parent.size(), 0);
+  for (const auto& b : blocks)
+    if (b.node >= 0) ++texts[static_cast<size_t>(b.node)];
+  for (size_t n = parent.size(); n-- > 0;)
+    if (parent[n] >= 0) texts[static_cast<size_t>(parent[n])] += texts[n];
   for (;;) {
     const int32_t up = parent[static_cast<size_t>(c)];
     if (up < 0) break;
-    bool sibling = false;
-    for (size_t n = static_cast<size_t>(c) + 1; n < parent.size() && !sibling; ++n)
-      sibling = parent[n] == up && solo_good[n];
-    for (size_t n = static_cast<size_t>(up) + 1; n < static_cast<size_t>(c) && !sibling; ++n)
-      sibling = parent[n] == up && solo_good[n];
-    if (!sibling) break;
+    bool sibling = false, other_text = false;
+    for (size_t n = static_cast<size_t>(up) + 1; n < parent.size() && !sibling; ++n)
+      if (parent[n] == up && n != static_cast<size_t>(c)) {
+        sibling = solo_good[n];
+        other_text = other_text || texts[n] > 0;
+      }
+    if (!sibling && (other_text || texts[static_cast<size_t>(up)] > texts[static_cast<size_t>(c)])) break;
     c = up;
   }
   return c;
