@@ -894,13 +894,22 @@ bool label_line(const Block& b, const BlockParams& p) {
          lw == "pubblicità" || lw == "ad" || lw == "sponsored";
 }
 
+// A copyright line: a block with a © sign in its first kCopyrightLead bytes ("© 2012
+// Example Inc. All rights reserved", "Copyright © ..."); one further on credits a picture
+// at the end of a paragraph ("... a pencil drawing. Artwork and photos © DiegoKoi"), and the
+// paragraph stays prose.
+constexpr size_t kCopyrightLead = 80;
+bool copyright_line(const Block& b) {
+  const size_t at = b.text.find("\xC2\xA9");
+  return at != std::string::npos && at < kCopyrightLead;
+}
+
 // Bad whatever its place: page furniture by context, left out by structure, mostly link
 // text, a copyright line, a short block with link text (a byline, a "read more") or a
 // label line.
 bool hard_bad(const Block& b, const BlockParams& p, bool repeated) {
   return b.boilerplate_context || structural_bad(b, p, repeated) || link_density(b) > link_limit(b, p) ||
-         b.text.find("\xC2\xA9") != std::string::npos || (b.length < p.length_low && b.link_chars > 0) ||
-         label_line(b, p);
+         copyright_line(b) || (b.length < p.length_low && b.link_chars > 0) || label_line(b, p);
 }
 
 // Per element: its first block, how many blocks it holds and their characters outside
@@ -1082,7 +1091,7 @@ constexpr double kLinkedProse = 0.5;
 bool linked_prose(const Block& b, const BlockParams& p, bool use_stopwords, bool repeated, double ld, double sd) {
   return !b.boilerplate_context && !b.heading && !structural_bad(b, p, repeated) && ld > link_limit(b, p) &&
          ld <= kLinkedProse && b.length >= p.length_low && (!use_stopwords || sd >= p.stopwords_low) &&
-         b.text.find("\xC2\xA9") == std::string::npos;
+         !copyright_line(b);
 }
 
 // 1. Each block on its own.
@@ -1096,8 +1105,8 @@ void classify_each(std::vector<Block>& blocks, const BlockParams& p, bool use_st
       b.rule = "alone: prose with a few inline links (its neighbours decide)";
       continue;
     }
-    if (b.boilerplate_context || structural_bad(b, p, repeated) || ld > link_limit(b, p) ||
-        b.text.find("\xC2\xA9") != std::string::npos || label_line(b, p)) {
+    if (b.boilerplate_context || structural_bad(b, p, repeated) || ld > link_limit(b, p) || copyright_line(b) ||
+        label_line(b, p)) {
       c = BlockClass::bad;
       b.rule = b.boilerplate_context             ? "furniture: inside a furniture element"
                : (b.comment && !p.keep_comments) ? "structure: comment or review section"
@@ -1290,7 +1299,7 @@ bool link_line_in_list(const ParsedPage& page, size_t i, const BlockParams& p, b
   const auto& blocks = page.blocks;
   const Block& b = blocks[i];
   if (i == 0 || i + 1 >= blocks.size() || b.length >= p.length_low || b.link_chars == 0 || b.boilerplate_context ||
-      structural_bad(b, p, repeated) || b.text.find("\xC2\xA9") != std::string::npos || label_line(b, p))
+      structural_bad(b, p, repeated) || copyright_line(b) || label_line(b, p))
     return false;
   auto parent = [&](size_t k) { return blocks[k].node >= 0 ? page.parent[static_cast<size_t>(blocks[k].node)] : -2; };
   auto item = [&](size_t k) {

@@ -1424,3 +1424,17 @@ TEST_CASE("extract: soft hyphens are not text", "[extract]") {
                           "try, and it has stayed so to this day for all of them.</p></article></body></html>")
             .find("whole industry, and") != std::string::npos);
 }
+
+TEST_CASE("extract: a (c) sign near a block's start makes a copyright line, one at a paragraph's end a credit",
+          "[extract]") {
+  const std::string para =
+      "<p>No matter how long I stare at this and, despite the evidence, I still can't believe this is a pencil "
+      "drawing. Mind blown. Artwork and photos \xC2\xA9 DiegoKoi</p>";
+  const std::string text = extract_main_text(
+      "<html><body><article><p>There is a drawing on the wall of the gallery that looks like a photograph of a "
+      "young woman, and it is the work of an artist who spent three months on it with nothing but a pencil.</p>" +
+      para + "<p>\xC2\xA9 2012 Example Inc. All rights reserved. No part of this site may be copied.</p></article>" +
+      "</body></html>");
+  CHECK(text.find("Artwork and photos") != std::string::npos);
+  CHECK(text.find("All rights reserved") == std::string::npos);
+}
