@@ -979,6 +979,8 @@ bool inside(const ParsedPage& page, int32_t node, int32_t container) {
   return false;
 }
 
+int32_t widen_container(const ParsedPage& page, int32_t c);
+
 int32_t content_container(const ParsedPage& page) {
   const auto& blocks = page.blocks;
   const auto& parent = page.parent;
@@ -1025,10 +1027,15 @@ int32_t content_container(const ParsedPage& page) {
           (anchor < 0 || inside(page, anchor, static_cast<int32_t>(n))))
         c = static_cast<int32_t>(n);
   }
-  if (c < 0) return -1;
-  // Widen over siblings that go on with the article: holding a block good on its own and
-  // another prose block (not a heading). A box of one paragraph (an about-us box, a
-  // pitch, a consent text) does not widen it.
+  return c < 0 ? -1 : widen_container(page, c);
+}
+
+// The container c widened over siblings that go on with the article: holding a block good
+// on its own and another prose block (not a heading). A box of one paragraph (an about-us
+// box, a pitch, a consent text) does not widen it.
+int32_t widen_container(const ParsedPage& page, int32_t c) {
+  const auto& blocks = page.blocks;
+  const auto& parent = page.parent;
   std::vector<int32_t> prose(parent.size(), 0);
   std::vector<char> solo_good(parent.size(), 0);  // the element holds an initially good block and more prose
   for (const auto& b : blocks)
@@ -1550,7 +1557,7 @@ void classify_blocks(ParsedPage& page, const BlockParams& p, bool use_stopwords)
   // is the container, wherever most of the prose is (a short post beside a wordy sidebar).
   if (const int32_t body = post_body(page, p, repeated); body >= 0) {
     keep_post_body(page, p, repeated, body);
-    c = body;
+    c = widen_container(page, body);
   }
   if (c < 0) return;
   size_t first = blocks.size(), last = 0;  // the container's blocks: contiguous in document order
