@@ -1315,6 +1315,19 @@ bool link_line_in_list(const ParsedPage& page, size_t i, const BlockParams& p, b
   return item(i - 1) && item(i + 1) && !blocks[i - 1].heading;
 }
 
+// A heading, or a short line ending in ':' or '?', right before a block of links (link
+// density over the limit), furniture or a teaser card: the title of that box.
+bool box_title(const ParsedPage& page, size_t k, const BlockParams& p) {
+  const auto& blocks = page.blocks;
+  if (k + 1 >= blocks.size()) return false;
+  const Block& b = blocks[k];
+  const Block& next = blocks[k + 1];
+  std::string_view t = b.text;
+  while (!t.empty() && (t.back() == ' ' || t.back() == '\n')) t.remove_suffix(1);
+  const bool label = b.heading || (b.length < p.length_low && !t.empty() && (t.back() == ':' || t.back() == '?'));
+  return label && (next.boilerplate_context || next.listing || link_density(next) > link_limit(next, p));
+}
+
 // 6, inside the content container (its blocks [first, last]): prose is the article's, and
 // runs of blocks bad only for their length or stop words between good ones are good.
 void container_runs(ParsedPage& page, const BlockParams& p, bool repeated, size_t first, size_t last) {
@@ -1352,8 +1365,12 @@ void container_runs(ParsedPage& page, const BlockParams& p, bool repeated, size_
       b.final_class = BlockClass::good;
       b.rule = "container: a run of lines next to its text";
     };
+    // The run's last line, when it is a heading or a label ("Mehr zum Thema", "Weitere
+    // Informationen:", "Schon gelesen?") right before a box of links, furniture or teaser
+    // cards, is that box's title: it stays out unless good text follows the run.
+    const size_t end = !after && j <= last && box_title(page, j - 1, p) ? j - 1 : j;
     if (before && (!single || after))
-      for (size_t k = i; k < j && same_column(i - 1, k); ++k) keep(blocks[k]);
+      for (size_t k = i; k < end && same_column(i - 1, k); ++k) keep(blocks[k]);
     if (after && (!single || before))
       for (size_t k = j; k > i && same_column(j, k - 1); --k) keep(blocks[k - 1]);
     i = j;

@@ -1438,3 +1438,23 @@ TEST_CASE("extract: a (c) sign near a block's start makes a copyright line, one 
   CHECK(text.find("Artwork and photos") != std::string::npos);
   CHECK(text.find("All rights reserved") == std::string::npos);
 }
+
+TEST_CASE("extract: a heading or label line right before a box of links is the box's title", "[extract]") {
+  const std::string article =
+      "<article><h1>Night trains return</h1><p>The railway will run night trains between the two capitals again "
+      "from December, the company said on Monday, after a break of more than ten years.</p><p>Tickets go on sale "
+      "next week, and the first train will leave on the evening of the twelfth from the central station.</p>";
+  const std::string links =
+      "<ul><li><a href=/a>Rail strike ends after three days</a></li><li><a href=/b>New "
+      "timetable for the winter</a></li></ul>";
+  const std::string text =
+      extract_main_text("<html><body>" + article + "<h2>More on the topic</h2>" + links + "</article></body></html>");
+  CHECK(text.find("first train will leave") != std::string::npos);
+  CHECK(text.find("More on the topic") == std::string::npos);
+  // Good text after the box: the line is kept with the run that leads into it.
+  CHECK(extract_main_text("<html><body>" + article +
+                          "<h2>Prices</h2><p>A seat costs the same as on the day train, "
+                          "and a bed in a shared compartment costs twice as much as a seat does.</p></article>"
+                          "</body></html>")
+            .find("Prices") != std::string::npos);
+}
