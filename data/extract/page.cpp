@@ -144,7 +144,7 @@ const WordTable& furniture_words() {
       "menu",      "footer",  "sidebar",  "breadcrumb",    "breadcrumbs", "share",      "sharing",
       "social",    "banner",  "advert",   "advertisement", "ads",         "promo",      "newsletter",
       "subscribe", "skip",    "toolbar",  "masthead",      "sitemap",     "pagination", "related",
-      "signature", "donate",  "donation", "editsection"});
+      "signature", "donate",  "donation", "editsection",   "tooltip",     "disclosure", "disclaimer"});
   return table;
 }
 

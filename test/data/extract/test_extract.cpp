@@ -1236,6 +1236,8 @@ TEST_CASE("extract: class, id, itemprop and itemtype words mark furniture and co
   CHECK(attribute_marks("articleBody") == kMarkPostBody);  // schema.org's itemprop
   CHECK(attribute_marks("entry-content-wrap") == 0);       // whole tokens only
   CHECK(furniture_attribute("signature"));
+  CHECK(furniture_attribute("mntl-author-tooltip__bio"));  // a popup
+  CHECK(furniture_attribute("editorial-disclosure"));
   // The pass before the parse folds the four into one attribute with the same marks; the
   // blocks (and so the comment marks and the <html lang>) stay the same.
   for (const std::string html :
