@@ -1407,6 +1407,31 @@ std::vector<char> sibling_chunks(const std::vector<Block>& blocks, const BlockPa
   return joined;
 }
 
+// 8. The article's title even when it is all link text (a post's title linking to its
+// own address): the nearest heading before the first kept block of the container
+// [first, last], with at most max_heading_distance characters of other lines between,
+// that is not furniture, a comment, a card or repeated.
+void linked_title(ParsedPage& page, const BlockParams& p, bool repeated, size_t first, size_t last) {
+  auto& blocks = page.blocks;
+  size_t k = first;
+  while (k <= last && k < blocks.size() && blocks[k].final_class != BlockClass::good) ++k;
+  if (k > last || k >= blocks.size()) return;
+  int64_t dist = 0;
+  for (size_t i = k; i-- > 0 && dist <= p.max_heading_distance;) {
+    Block& h = blocks[i];
+    if (!h.heading) {
+      dist += h.chars;
+      continue;
+    }
+    if (h.final_class != BlockClass::good && !h.boilerplate_context && !structural_bad(h, p, repeated) &&
+        h.length < p.length_high) {
+      h.final_class = BlockClass::good;
+      h.rule = "the title of the container's text";
+    }
+    return;
+  }
+}
+
 // 7. Outside the container (its blocks [first, last]).
 void outside_container(ParsedPage& page, const BlockParams& p, size_t first, size_t last) {
   auto& blocks = page.blocks;
@@ -1585,6 +1610,7 @@ void classify_blocks(ParsedPage& page, const BlockParams& p, bool use_stopwords)
     }
   container_runs(page, p, repeated, first, last);
   outside_container(page, p, first, last);
+  linked_title(page, p, repeated, first, last);
 }
 
 const char* block_class_name(BlockClass c) {

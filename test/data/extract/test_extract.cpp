@@ -1460,3 +1460,12 @@ TEST_CASE("extract: a heading or label line right before a box of links is the b
                           "</body></html>")
             .find("Prices") != std::string::npos);
 }
+
+TEST_CASE("extract: the title before the container's text is kept when it is all link text", "[extract]") {
+  const std::string text = extract_main_text(
+      "<html><body><div class=posts><h2><a href=/2012/11/stud-love.html>Stud Love</a></h2><div class=entry><p>The "
+      "shoes arrived on Monday, and I have not taken them off since: the studs catch the light at every step, and the "
+      "heel is low enough for a whole day in town.</p><p>I wore them to the office, to dinner and to the cinema, and "
+      "three people asked me where I got them.</p></div></div></body></html>");
+  CHECK(text.starts_with("Stud Love\n"));
+}
