@@ -1330,7 +1330,7 @@ bool box_title(const ParsedPage& page, size_t k, const BlockParams& p) {
 
 // 6, inside the content container (its blocks [first, last]): prose is the article's, and
 // runs of blocks bad only for their length or stop words between good ones are good.
-void container_runs(ParsedPage& page, const BlockParams& p, bool repeated, size_t first, size_t last) {
+void container_runs(ParsedPage& page, const BlockParams& p, bool repeated, size_t first, size_t last, int32_t body) {
   auto& blocks = page.blocks;
   auto run_stop = [&](size_t k) {
     return hard_bad(blocks[k], p, repeated) && !link_line_in_list(page, k, p, repeated);
@@ -1360,7 +1360,9 @@ void container_runs(ParsedPage& page, const BlockParams& p, bool repeated, size_
     const bool after = j <= last && blocks[j].final_class == BlockClass::good;
     // A single line with good text on one side only (a post's date line, a signature) is
     // the post's furniture more often than its text; a run of lines is a list or a table.
-    const bool single = j == i + 1 && !blocks[i].heading && blocks[i].initial == BlockClass::shortb;
+    // Inside the post's body (post_body) a single line is the post's own text ("P.S. ...").
+    const bool in_body = body >= 0 && blocks[i].node >= body && inside(page, blocks[i].node, body);
+    const bool single = j == i + 1 && !blocks[i].heading && blocks[i].initial == BlockClass::shortb && !in_body;
     auto keep = [&](Block& b) {
       b.final_class = BlockClass::good;
       b.rule = "container: a run of lines next to its text";
@@ -1597,7 +1599,8 @@ void classify_blocks(ParsedPage& page, const BlockParams& p, bool use_stopwords)
   int32_t c = content_container(page);
   // A page with one post's body marked as such (entry-content, articleBody): that element
   // is the container, wherever most of the prose is (a short post beside a wordy sidebar).
-  if (const int32_t body = post_body(page, p, repeated); body >= 0) {
+  const int32_t body = post_body(page, p, repeated);
+  if (body >= 0) {
     keep_post_body(page, p, repeated, body);
     c = widen_container(page, body);
   }
@@ -1608,7 +1611,7 @@ void classify_blocks(ParsedPage& page, const BlockParams& p, bool use_stopwords)
       first = std::min(first, i);
       last = i;
     }
-  container_runs(page, p, repeated, first, last);
+  container_runs(page, p, repeated, first, last, body);
   outside_container(page, p, first, last);
   linked_title(page, p, repeated, first, last);
 }

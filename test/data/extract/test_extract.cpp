@@ -1469,3 +1469,14 @@ TEST_CASE("extract: the title before the container's text is kept when it is all
       "three people asked me where I got them.</p></div></div></body></html>");
   CHECK(text.starts_with("Stud Love\n"));
 }
+
+TEST_CASE("extract: a single short line next to the text inside the post's body is the post's", "[extract]") {
+  const std::string body =
+      "<p>The shoes arrived on Monday, and I have not taken them off since: the studs catch the light at every step, "
+      "and the heel is low enough for a whole day in town.</p><p>P.S. Thanks to Caroline for the tip!</p>";
+  CHECK(
+      extract_main_text("<html><body><div class=entry-content>" + body + "</div></body></html>").find("P.S. Thanks") !=
+      std::string::npos);
+  CHECK(extract_main_text("<html><body><div class=text>" + body + "</div></body></html>").find("P.S. Thanks") ==
+        std::string::npos);
+}
