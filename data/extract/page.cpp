@@ -187,11 +187,20 @@ bool taxonomy_token(std::string_view rest) {
          tok.find("category_") != std::string::npos;
 }
 
-// Whether the whitespace-separated token starting at `rest` names a post's body (kMarkPostBody).
+// Whether the whitespace-separated token starting at `rest` names a post's body
+// (kMarkPostBody), compared without case and without a copy.
 bool post_body_token(std::string_view rest) {
-  const std::string tok = lower_str(rest.substr(0, std::min(rest.find_first_of(" \t\n\r\f"), size_t{16})));
-  return tok == "entry-content" || tok == "articlebody" || tok == "post-body" || tok == "entry-body" ||
-         tok == "post-content" || tok == "article-body";
+  const size_t end = std::min(rest.find_first_of(" \t\n\r\f"), rest.size());
+  if (end < 9 || end > 13) return false;
+  const std::string_view tok = rest.substr(0, end);
+  for (const std::string_view name :
+       {"entry-content", "articlebody", "post-body", "entry-body", "post-content", "article-body"}) {
+    if (name.size() != tok.size()) continue;
+    size_t k = 0;
+    while (k < tok.size() && lower(tok[k]) == name[k]) ++k;
+    if (k == tok.size()) return true;
+  }
+  return false;
 }
 
 }  // namespace
@@ -981,6 +990,20 @@ bool inside(const ParsedPage& page, int32_t node, int32_t container) {
 
 int32_t widen_container(const ParsedPage& page, int32_t c);
 
+// How many blocks each element's subtree holds (a child comes after its parent in
+// document order, so one pass from the end adds each element's count to its parent's).
+std::vector<int32_t> subtree_blocks(const ParsedPage& page) {
+  const auto& parent = page.parent;
+  std::vector<int32_t> texts(parent.size(), 0);
+  for (const auto& b : page.blocks)
+    if (b.node >= 0) ++texts[static_cast<size_t>(b.node)];
+  for (size_t n = parent.size(); n > 0; --n)
+    if (parent[n - 1] >= 0) texts[static_cast<size_t>(parent[n - 1])] += texts[n - 1];
+  return texts;
+}
+
+// The deepest element holding most of the prose and the anchor (docs/specs/justext.md,
+// "The content container"); widen_container widens it.
 int32_t content_container(const ParsedPage& page) {
   const auto& blocks = page.blocks;
   const auto& parent = page.parent;
@@ -1027,7 +1050,7 @@ int32_t content_container(const ParsedPage& page) {
           (anchor < 0 || inside(page, anchor, static_cast<int32_t>(n))))
         c = static_cast<int32_t>(n);
   }
-  return c < 0 ? -1 : widen_container(page, c);
+  return c;
 }
 
 // The container c widened over siblings that go on with the article: holding a block good
@@ -1047,11 +1070,7 @@ int32_t widen_container(const ParsedPage& page, int32_t c) {
         solo_good[static_cast<size_t>(n)] = prose[static_cast<size_t>(n)] >= 2;
   // A wrapper whose only child with text is the container (a grid's row around its column)
   // is passed through: the siblings that go on with the article may be the wrapper's.
-  std::vector<int32_t> texts(parent.size(), 0);
-  for (const auto& b : blocks)
-    if (b.node >= 0) ++texts[static_cast<size_t>(b.node)];
-  for (size_t n = parent.size(); n-- > 0;)
-    if (parent[n] >= 0) texts[static_cast<size_t>(parent[n])] += texts[n];
+  const std::vector<int32_t> texts = subtree_blocks(page);
   for (;;) {
     const int32_t up = parent[static_cast<size_t>(c)];
     if (up < 0) break;
@@ -1542,22 +1561,23 @@ void nothing_kept(ParsedPage& page, const BlockParams& p, bool repeated) {
 // text is all bad in itself (hard_bad).
 int32_t post_body(const ParsedPage& page, const BlockParams& p, bool repeated) {
   const auto& parent = page.parent;
-  auto holds_text = [&](int32_t e, bool soft) {
-    return std::any_of(page.blocks.begin(), page.blocks.end(), [&](const Block& b) {
-      return b.node >= e && inside(page, b.node, e) && (!soft || !hard_bad(b, p, repeated));
-    });
-  };
+  if (std::none_of(page.marks.begin(), page.marks.end(), [](uint8_t m) { return m & kMarkPostBody; })) return -1;
+  const std::vector<int32_t> texts = subtree_blocks(page);
   int32_t found = -1;
   for (size_t e = 0; e < parent.size(); ++e) {
-    if (!(page.marks[e] & kMarkPostBody) || (page.marks[e] & kMarkComment)) continue;
+    if (!(page.marks[e] & kMarkPostBody) || (page.marks[e] & kMarkComment) || texts[e] == 0) continue;
     bool nested = false;
     for (int32_t a = parent[e]; a >= 0 && !nested; a = parent[static_cast<size_t>(a)])
       nested = page.marks[static_cast<size_t>(a)] & (kMarkPostBody | kMarkComment);
-    if (nested || !holds_text(static_cast<int32_t>(e), false)) continue;
+    if (nested) continue;
     if (found >= 0) return -1;
     found = static_cast<int32_t>(e);
   }
-  return found >= 0 && holds_text(found, true) ? found : -1;
+  if (found < 0) return -1;
+  const bool soft = std::any_of(page.blocks.begin(), page.blocks.end(), [&](const Block& b) {
+    return b.node >= found && inside(page, b.node, found) && !hard_bad(b, p, repeated);
+  });
+  return soft ? found : -1;
 }
 
 // A post's body without good text holds a short post (a line under a photo, an
@@ -1597,6 +1617,7 @@ void classify_blocks(ParsedPage& page, const BlockParams& p, bool use_stopwords)
   // step for short blocks, with the container's edges instead of the page's and the
   // blocks of low stop-word density taken as short ones.
   int32_t c = content_container(page);
+  if (c >= 0) c = widen_container(page, c);
   // A page with one post's body marked as such (entry-content, articleBody): that element
   // is the container, wherever most of the prose is (a short post beside a wordy sidebar).
   const int32_t body = post_body(page, p, repeated);
