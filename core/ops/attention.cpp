@@ -35,17 +35,19 @@ inline uint64_t attention_mask_base(int64_t sample, int64_t head, int64_t heads_
 // Row softmax of q's scores against n keys (key j at k0 + j * kstride), scaled by
 // `scale`: p[j] = exp(s_j - m) / sum_j exp(s_j - m) for j < n. Returns m + log(sum), the
 // row's log-sum-exp. One arithmetic order for every form (saved probs, lse, KV cache).
+// Its two halves, shared with the tiled block kernel (the same arithmetic, so every form
+// gives the same bits): one scaled score, and the row's normalisation.
 template <typename T>
-T softmax_row(const T* q, const T* k0, int64_t kstride, int64_t n, int64_t D, T scale, T* p) {
-  T mx = -std::numeric_limits<T>::infinity();
-  for (int64_t j = 0; j < n; ++j) {
-    const T* k = k0 + j * kstride;
-    T s = 0;
+inline T scaled_dot(const T* q, const T* k, int64_t D, T scale) {
+  T s = 0;
 #pragma omp simd reduction(+ : s)
-    for (int64_t d = 0; d < D; ++d) s += q[d] * k[d];
-    p[j] = s * scale;
-    mx = std::max(mx, p[j]);
-  }
+  for (int64_t d = 0; d < D; ++d) s += q[d] * k[d];
+  return s * scale;
+}
+template <typename T>
+T softmax_normalize(T* p, int64_t n) {
+  T mx = -std::numeric_limits<T>::infinity();
+  for (int64_t j = 0; j < n; ++j) mx = std::max(mx, p[j]);
   T sum = 0;
   for (int64_t j = 0; j < n; ++j) {
     p[j] = std::exp(p[j] - mx);
@@ -54,6 +56,12 @@ T softmax_row(const T* q, const T* k0, int64_t kstride, int64_t n, int64_t D, T 
   const T inv = T(1) / sum;
   for (int64_t j = 0; j < n; ++j) p[j] *= inv;
   return mx + std::log(sum);
+}
+
+template <typename T>
+T softmax_row(const T* q, const T* k0, int64_t kstride, int64_t n, int64_t D, T scale, T* p) {
+  for (int64_t j = 0; j < n; ++j) p[j] = scaled_dot(q, k0 + j * kstride, D, scale);
+  return softmax_normalize(p, n);
 }
 
 // Causal attention, both saved forms in one kernel: row i's softmax lives in `probs`
@@ -206,31 +214,51 @@ inline int64_t block_keys(const BlockDims& s, int64_t i) {
   return s.causal ? std::clamp<int64_t>(i + s.offset + 1, 0, s.nk) : s.nk;
 }
 
+// Query rows a tile of the block kernels takes at once: each key and value is read once
+// per tile rather than once per row (a block's keys need not fit in the cache). Every row
+// still sums over its keys in key order, so the bits are the per-row kernel's.
+constexpr int64_t kBlockRowTile = 16;
+
 template <typename T>
 void attention_block_forward_rows(T* out, T* lse, const T* qkv, const T* kv, const BlockDims& s) {
   const int64_t Q = s.H / s.G, W = s.G * (Q + 2) * s.D, KW = s.G * 2 * s.D, HD = s.H * s.D;
   const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(s.D)));
+  const int64_t stride = std::max<int64_t>(s.nk, 1);
 #pragma omp parallel for collapse(2) schedule(static)
   for (int64_t b = 0; b < s.B; ++b)
     for (int64_t h = 0; h < s.H; ++h) {
       const T* kbase = kv + (b * s.Tk + s.k0) * KW + (h / Q) * 2 * s.D;
-      std::vector<T> p(static_cast<size_t>(std::max<int64_t>(s.nk, 1)));
-      for (int64_t t = 0; t < s.Tq; ++t) {  // every row: those outside the block get (0, -inf)
-        T* o = out + (b * s.Tq + t) * HD + h * s.D;
-        T& l = lse[(b * s.H + h) * s.Tq + t];
-        const int64_t i = t - s.q0, n = i >= 0 && i < s.nq ? block_keys(s, i) : 0;
-        std::fill(o, o + s.D, T(0));
-        if (n == 0) {
-          l = -std::numeric_limits<T>::infinity();
-          continue;
+      std::vector<T> p(static_cast<size_t>(kBlockRowTile * stride));
+      int64_t n[kBlockRowTile];
+      for (int64_t t0 = 0; t0 < s.Tq; t0 += kBlockRowTile) {  // every row: those outside the block get (0, -inf)
+        const int64_t rows = std::min(kBlockRowTile, s.Tq - t0);
+        int64_t most = 0;
+        for (int64_t r = 0; r < rows; ++r) {
+          const int64_t i = t0 + r - s.q0;
+          n[r] = i >= 0 && i < s.nq ? block_keys(s, i) : 0;
+          most = std::max(most, n[r]);
+          T* o = out + (b * s.Tq + t0 + r) * HD + h * s.D;
+          std::fill(o, o + s.D, T(0));
         }
-        const T* q = qkv + (b * s.Tq + t) * W + head_cols(h, Q, s.D).q;
-        l = softmax_row(q, kbase, KW, n, s.D, scale, p.data());
-        for (int64_t j = 0; j < n; ++j) {
-          const T pj = p[static_cast<size_t>(j)] * block_mask<T>(s, b, h, t, s.k0 + j);
+        auto q_of = [&](int64_t r) { return qkv + (b * s.Tq + t0 + r) * W + head_cols(h, Q, s.D).q; };
+        for (int64_t j = 0; j < most; ++j) {  // the scores, key by key
+          const T* k = kbase + j * KW;
+          for (int64_t r = 0; r < rows; ++r)
+            if (j < n[r]) p[static_cast<size_t>(r * stride + j)] = scaled_dot(q_of(r), k, s.D, scale);
+        }
+        for (int64_t r = 0; r < rows; ++r) {
+          T& l = lse[(b * s.H + h) * s.Tq + t0 + r];
+          l = n[r] == 0 ? -std::numeric_limits<T>::infinity() : softmax_normalize(p.data() + r * stride, n[r]);
+        }
+        for (int64_t j = 0; j < most; ++j) {  // the outputs, key by key
           const T* v = kbase + j * KW + s.D;
+          for (int64_t r = 0; r < rows; ++r) {
+            if (j >= n[r]) continue;
+            const T pj = p[static_cast<size_t>(r * stride + j)] * block_mask<T>(s, b, h, t0 + r, s.k0 + j);
+            T* o = out + (b * s.Tq + t0 + r) * HD + h * s.D;
 #pragma omp simd
-          for (int64_t d = 0; d < s.D; ++d) o[d] += pj * v[d];
+            for (int64_t d = 0; d < s.D; ++d) o[d] += pj * v[d];
+          }
         }
       }
     }
@@ -252,34 +280,45 @@ void attention_block_backward_rows(T* dqkv, T* dkv, const T* dout, const T* dlse
       const T* kbase = kv + (b * s.Tk + s.k0) * KW + g * 2 * s.D;
       T* dkbase = dkv + (b * s.Tk + s.k0) * KW + g * 2 * s.D;
       for (int64_t h = g * Q; h < (g + 1) * Q; ++h)
-        for (int64_t i = 0; i < s.nq; ++i) {
-          const int64_t t = s.q0 + i, n = block_keys(s, i), li = (b * s.H + h) * s.Tq + t;
-          const T l = lse[li];
-          if (n == 0 || l == -std::numeric_limits<T>::infinity()) continue;
-          const T* q = qkv + (b * s.Tq + t) * W + head_cols(h, Q, s.D).q;
-          T* dq = dqkv + (b * s.Tq + t) * W + head_cols(h, Q, s.D).q;
-          const T* dO = dout + (b * s.Tq + t) * HD + h * s.D;
-          const T* o = out + (b * s.Tq + t) * HD + h * s.D;
-          T Di = dlse ? -dlse[li] : T(0);
-          for (int64_t d = 0; d < s.D; ++d) Di += dO[d] * o[d];
-          for (int64_t j = 0; j < n; ++j) {
+        for (int64_t i0 = 0; i0 < s.nq; i0 += kBlockRowTile) {  // a tile of rows, key by key
+          const int64_t rows = std::min(kBlockRowTile, s.nq - i0);
+          int64_t n[kBlockRowTile], most = 0;
+          T Di[kBlockRowTile];
+          for (int64_t r = 0; r < rows; ++r) {
+            const int64_t t = s.q0 + i0 + r, li = (b * s.H + h) * s.Tq + t;
+            n[r] = lse[li] == -std::numeric_limits<T>::infinity() ? 0 : block_keys(s, i0 + r);
+            most = std::max(most, n[r]);
+            const T* dO = dout + (b * s.Tq + t) * HD + h * s.D;
+            const T* o = out + (b * s.Tq + t) * HD + h * s.D;
+            Di[r] = dlse ? -dlse[li] : T(0);
+            for (int64_t d = 0; d < s.D; ++d) Di[r] += dO[d] * o[d];
+          }
+          for (int64_t j = 0; j < most; ++j) {
             const T* k = kbase + j * KW;
             const T* v = k + s.D;
             T* dk = dkbase + j * KW;
             T* dv = dk + s.D;
-            T sc = 0, dp = 0;
+            for (int64_t r = 0; r < rows; ++r) {
+              if (j >= n[r]) continue;
+              const int64_t t = s.q0 + i0 + r;
+              const T l = lse[(b * s.H + h) * s.Tq + t];
+              const T* q = qkv + (b * s.Tq + t) * W + head_cols(h, Q, s.D).q;
+              T* dq = dqkv + (b * s.Tq + t) * W + head_cols(h, Q, s.D).q;
+              const T* dO = dout + (b * s.Tq + t) * HD + h * s.D;
+              T sc = 0, dp = 0;
 #pragma omp simd reduction(+ : sc, dp)
-            for (int64_t d = 0; d < s.D; ++d) {
-              sc += q[d] * k[d];
-              dp += dO[d] * v[d];
-            }
-            const T m = block_mask<T>(s, b, h, t, s.k0 + j), pj = std::exp(sc * scale - l);
-            const T ds = pj * (dp * m - Di) * scale, pm = pj * m;
+              for (int64_t d = 0; d < s.D; ++d) {
+                sc += q[d] * k[d];
+                dp += dO[d] * v[d];
+              }
+              const T m = block_mask<T>(s, b, h, t, s.k0 + j), pj = std::exp(sc * scale - l);
+              const T ds = pj * (dp * m - Di[r]) * scale, pm = pj * m;
 #pragma omp simd
-            for (int64_t d = 0; d < s.D; ++d) {
-              dv[d] += pm * dO[d];
-              dq[d] += ds * k[d];
-              dk[d] += ds * q[d];
+              for (int64_t d = 0; d < s.D; ++d) {
+                dv[d] += pm * dO[d];
+                dq[d] += ds * k[d];
+                dk[d] += ds * q[d];
+              }
             }
           }
         }
