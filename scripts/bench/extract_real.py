@@ -90,21 +90,33 @@ def traf_pages(root):
                 break
 
 
-def dragnet_pages(root):
-    base = os.path.join(root, "dragnet_data")
-    if os.path.isdir(os.path.join(base, "input")):
-        pairs = [(n, os.path.join(base, "input", n), os.path.join(base, "GoldStandard", n[:-5] + ".txt"))
-                 for n in os.listdir(os.path.join(base, "input")) if n.endswith(".html")]
-    else:
-        pairs = [(n, os.path.join(root, "HTML", n), os.path.join(root, "Corrected", n + ".corrected.txt"))
-                 for n in os.listdir(os.path.join(root, "HTML")) if n.endswith(".html")]
+def mirror_pairs(base):
+    """(name, page, truth) paths of j-szulc/html-cleaning-dataset-merged's layout: input/N.html
+    with GoldStandard/N.txt."""
+    return [(n, os.path.join(base, "input", n), os.path.join(base, "GoldStandard", n[:-5] + ".txt"))
+            for n in os.listdir(os.path.join(base, "input")) if n.endswith(".html")]
+
+
+def read_pairs(pairs):
+    """(name, page bytes, truth bytes) of each (name, page, truth) whose truth file exists,
+    by name."""
     for name, html, gold in sorted(pairs):
         if not os.path.isfile(gold):
             continue
         with open(html, "rb") as f:
             body = f.read()
         with open(gold, "rb") as f:
-            raw = f.read()  # UTF-8, a few files UTF-16 with a byte-order mark
+            yield name, body, f.read()
+
+
+def dragnet_pages(root):
+    base = os.path.join(root, "dragnet_data")
+    if os.path.isdir(os.path.join(base, "input")):
+        pairs = mirror_pairs(base)
+    else:
+        pairs = [(n, os.path.join(root, "HTML", n), os.path.join(root, "Corrected", n + ".corrected.txt"))
+                 for n in os.listdir(os.path.join(root, "HTML")) if n.endswith(".html")]
+    for name, body, raw in read_pairs(pairs):  # raw: UTF-8, a few files UTF-16 with a byte-order mark
         text = raw.decode("utf-16" if raw[:2] in (b"\xff\xfe", b"\xfe\xff") else "utf-8-sig", "replace")
         text = text.split("!@#$", 1)[0]
         if body.startswith(b"URL"):  # seomoz's files open with the page's URL on a line
@@ -152,18 +164,12 @@ def gn1_truth(annotated):
 def gn1_pages(root):
     base = os.path.join(root, "page-signal-master")
     if os.path.isdir(os.path.join(base, "input")):  # as in j-szulc/html-cleaning-dataset-merged
-        pairs = [(n, os.path.join(base, "input", n), os.path.join(base, "GoldStandard", n[:-5] + ".txt"))
-                 for n in os.listdir(os.path.join(base, "input")) if n.endswith(".html")]
+        pairs = mirror_pairs(base)
     else:  # L3S-GN1 as published: original/ and annotated/
         pairs = [(n, os.path.join(root, "original", n), os.path.join(root, "annotated", n))
                  for n in os.listdir(os.path.join(root, "original")) if n.endswith(".html")]
-    for name, html, gold in sorted(pairs):
-        if not os.path.isfile(gold):
-            continue
-        with open(html, "rb") as f:
-            body = f.read()
-        with open(gold, "rb") as f:
-            text = gn1_truth(f.read())
+    for name, body, raw in read_pairs(pairs):
+        text = gn1_truth(raw)
         yield name, f"http://gn1-{name[:-5].lower()}.invalid/page.html", body, {"text": text}
 
 
