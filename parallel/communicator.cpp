@@ -205,8 +205,12 @@ ProcessGroups make_groups(std::shared_ptr<Communicator> world, const Topology& t
   g.dp = make(topo.dp_group(g.rank), "dp");
   g.embedding = make(topo.embedding_group(g.rank), "embedding");
   g.mp = make(topo.mp_group(g.rank), "mp");
-  g.cp = make(topo.cp_group(g.rank), "cp");
-  g.dp_cp = topo.cp() == 1 ? g.dp : make(topo.dp_cp_group(g.rank), "dp_cp");
+  if (topo.cp() > 1) {  // else no cp group (a null one: one rank), and dp is dp_cp
+    g.cp = make(topo.cp_group(g.rank), "cp");
+    g.dp_cp = make(topo.dp_cp_group(g.rank), "dp_cp");
+  } else {
+    g.dp_cp = g.dp;
+  }
   return g;
 }
 

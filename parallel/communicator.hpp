@@ -201,9 +201,9 @@ struct ProcessGroups {
   int64_t rank = 0;  // global rank
   Coord coord{};
   std::shared_ptr<Communicator> world, tp, pp, dp, embedding, mp;
-  // Context parallelism: the ranks that split one sequence (cp), and the ranks that hold
-  // the same parameters, over which gradients are reduced and ZeRO-1 shards (dp_cp: dp x
-  // cp; the dp group itself when cp is 1).
+  // Context parallelism: the ranks that split one sequence (cp; null when cp is 1), and
+  // the ranks that hold the same parameters, over which gradients are reduced and ZeRO-1
+  // shards (dp_cp: dp x cp; the dp group itself when cp is 1).
   std::shared_ptr<Communicator> cp, dp_cp;
   Device device = Device::cpu;  // where the tensor groups' payloads live
 

@@ -445,7 +445,7 @@ class Trainer {
   const TrainOptions& opts_;
   const std::chrono::steady_clock::time_point t_start_;
   const FaultInjector fault_;  // MTNLG_FAULT_INJECT, read after the layout check
-  const int64_t tp_, pp_, dp_, T_;
+  const int64_t T_;
   const bool rank0_;
   // Outputs writable, checkpoint root locked and not overwritten (app/process/preflight.hpp).
   const TrainPreflight preflight_;
@@ -475,9 +475,6 @@ Trainer::Trainer(const Recipe& r, const parallel::ProcessGroups& g, const TrainO
       opts_(opts),
       t_start_(std::chrono::steady_clock::now()),
       fault_(checked_fault_injection(r, g), g.rank),
-      tp_(g.topo.tp()),
-      pp_(g.topo.pp()),
-      dp_(g.topo.dp()),
       T_(r.model.seq_length),
       rank0_(g.rank == 0),
       preflight_(preflight_train(r, g)),
