@@ -62,10 +62,10 @@ StepPartTimes read_step_parts() {
 StepPart comm_step_part(const std::string& group, bool recv) {
   if (group == "tp") return StepPart::tp;
   if (group == "pp") return recv ? StepPart::bubble : StepPart::pp;
-  if (group == "dp" || group == "dp_cp") return StepPart::dp;
+  if (group == "dp" || group == "dp_cp" || group == "edp") return StepPart::dp;  // edp: the experts' replicas
   if (group == "cp") return StepPart::cp;
   if (group == "embedding") return StepPart::embedding;
-  if (group == "mp") return StepPart::mp;
+  if (group == "mp" || group == "emp") return StepPart::mp;
   if (group == "world") return StepPart::host_sync;
   return StepPart::other;
 }

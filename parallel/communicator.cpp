@@ -45,6 +45,22 @@ void Communicator::count_broadcast(int64_t s) {
   bytes_ += (g - 1.0) / g * static_cast<double>(s);
 }
 
+void Communicator::count_all_to_all(const std::vector<int64_t>& send_counts, DType dt) {
+  for (size_t j = 0; j < send_counts.size(); ++j)
+    if (static_cast<int64_t>(j) != rank()) bytes_ += static_cast<double>(send_counts[j] * dtype_size(dt));
+}
+
+void Communicator::check_all_to_all_counts(const std::vector<int64_t>& send_counts,
+                                           const std::vector<int64_t>& recv_counts) const {
+  const auto g = static_cast<size_t>(size());
+  if (send_counts.size() != g || recv_counts.size() != g)
+    throw_runtime("all_to_all_v on the '{}' group of {} ranks: {} send and {} receive counts", name(), g,
+                  send_counts.size(), recv_counts.size());
+  for (size_t j = 0; j < g; ++j)
+    if (send_counts[j] < 0 || recv_counts[j] < 0)
+      throw_runtime("all_to_all_v on the '{}' group: a negative count for rank {}", name(), j);
+}
+
 // ---- Local ------------------------------------------------------------------------
 
 void LocalCommunicator::do_all_reduce(void*, int64_t, DType, ReduceOp) {}
@@ -60,6 +76,13 @@ void LocalCommunicator::copy(void* dst, const void* src, int64_t n, DType dt) co
 }
 void LocalCommunicator::do_reduce_scatter(const void* in, void* out, int64_t n, DType dt) { copy(out, in, n, dt); }
 void LocalCommunicator::do_all_gather(const void* in, void* out, int64_t n, DType dt) { copy(out, in, n, dt); }
+void LocalCommunicator::do_all_to_all_v(const void* in, const std::vector<int64_t>& send_counts, void* out,
+                                        const std::vector<int64_t>& recv_counts, DType dt) {
+  if (send_counts[0] != recv_counts[0])
+    throw_runtime("all_to_all_v on the size-1 '{}' group: sends {} elements to itself but receives {}", name_,
+                  send_counts[0], recv_counts[0]);
+  copy(out, in, send_counts[0], dt);
+}
 void LocalCommunicator::do_broadcast(void*, int64_t, DType, int64_t root) {
   if (root != 0) throw_runtime("broadcast on the size-1 '{}' group from root {}: only root 0 exists", name_, root);
 }
@@ -175,6 +198,34 @@ void finalize_world() {
 
 // ---- groups -----------------------------------------------------------------------
 
+namespace {
+// This rank's group of `members` split from `world` (a collective over world: every rank
+// calls it, members or not): color = the group's lowest global rank, key = this rank's
+// index in the group, so the new group's ranks follow the list's order. nullptr for a
+// rank outside the group.
+std::shared_ptr<Communicator> split_group(Communicator& world, int64_t rank, const std::vector<int64_t>& members,
+                                          const char* name) {
+  int64_t index = -1;
+  for (size_t i = 0; i < members.size(); ++i)
+    if (members[i] == rank) index = static_cast<int64_t>(i);
+  auto c = world.split(index >= 0 ? members.front() : -1, index >= 0 ? index : 0, name);
+  if (index >= 0) {
+    MTNLG_CHECK(c && c->size() == static_cast<int64_t>(members.size()) && c->rank() == index,
+                "group '{}' of rank {}: expected size {} rank {}", name, rank, members.size(), index);
+  }
+  return c;
+}
+}  // namespace
+
+void add_expert_groups(ProcessGroups& g, int64_t ep, int64_t etp) {
+  const ExpertGrid grid(g.topo, ep, etp);
+  g.ecoord = grid.coord(g.rank);
+  g.ep_size = ep;
+  g.ep = ep > 1 ? split_group(*g.world, g.rank, grid.ep_group(g.rank), "ep") : nullptr;
+  g.edp = split_group(*g.world, g.rank, grid.edp_group(g.rank), "edp");
+  g.emp = split_group(*g.world, g.rank, grid.emp_group(g.rank), "emp");
+}
+
 ProcessGroups make_groups(std::shared_ptr<Communicator> world, const Topology& topo) {
   MTNLG_CHECK(world != nullptr, "make_groups needs a world communicator");
   if (topo.world() != world->size())
@@ -187,18 +238,8 @@ ProcessGroups make_groups(std::shared_ptr<Communicator> world, const Topology& t
   g.world = world;
 
   // Every rank takes part in every split in the same order (they are collectives).
-  // color = the group's lowest global rank, key = this rank's index in the group, so
-  // the new group's ranks follow the Topology's group order.
-  auto make = [&](const std::vector<int64_t>& members, const char* name) -> std::shared_ptr<Communicator> {
-    int64_t index = -1;
-    for (size_t i = 0; i < members.size(); ++i)
-      if (members[i] == g.rank) index = static_cast<int64_t>(i);
-    auto c = world->split(index >= 0 ? members.front() : -1, index >= 0 ? index : 0, name);
-    if (index >= 0) {
-      MTNLG_CHECK(c && c->size() == static_cast<int64_t>(members.size()) && c->rank() == index,
-                  "group '{}' of rank {}: expected size {} rank {}", name, g.rank, members.size(), index);
-    }
-    return c;
+  auto make = [&](const std::vector<int64_t>& members, const char* name) {
+    return split_group(*world, g.rank, members, name);
   };
   g.tp = make(topo.tp_group(g.rank), "tp");
   g.pp = make(topo.pp_group(g.rank), "pp");
@@ -231,6 +272,9 @@ ProcessGroups place_groups(const ProcessGroups& g, Device dev) {
   out.mp = nccl(g.mp);
   out.cp = nccl(g.cp);
   out.dp_cp = g.dp_cp == g.dp ? out.dp : nccl(g.dp_cp);
+  out.ep = nccl(g.ep);
+  out.edp = nccl(g.edp);
+  out.emp = nccl(g.emp);
   return out;
 #else
   throw_runtime(

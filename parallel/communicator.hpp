@@ -29,12 +29,15 @@
 //   all_gather        (g-1)/g * S_total       (S_total = n * g * dtype size, the whole output)
 //   broadcast         (g-1)/g * S             (a pipelined chain moves (g-1) S in all)
 //   send              S;  recv, barrier: 0
+//   all_to_all_v      the elements this rank sends to the other ranks (its own block
+//                     stays home)
 // Size-1 groups count 0 for all of them. Summed over a group's ranks this is the
 // total ring traffic, so per-rank numbers times ranks match the planner's volumes.
 #pragma once
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/tensor.hpp"
 #include "parallel/topology.hpp"
@@ -85,6 +88,16 @@ class Communicator {
   // `in` may alias `out + rank() * n`.
   void all_gather(const void* in, void* out, int64_t n, DType dt) { do_all_gather(in, out, n, dt); }
   void broadcast(void* data, int64_t n, DType dt, int64_t root) { do_broadcast(data, n, dt, root); }
+  // All-to-all with a count per peer (MPI_Alltoallv): `in` holds size() blocks in rank
+  // order, block j (send_counts[j] elements) going to rank j; `out` receives block j
+  // (recv_counts[j] elements) from rank j, in rank order. Rank j's send_counts[me] must
+  // equal this rank's recv_counts[j] (the caller exchanges the counts first). Any dtype,
+  // i32 included; `in` and `out` must not overlap.
+  void all_to_all_v(const void* in, const std::vector<int64_t>& send_counts, void* out,
+                    const std::vector<int64_t>& recv_counts, DType dt) {
+    check_all_to_all_counts(send_counts, recv_counts);
+    do_all_to_all_v(in, send_counts, out, recv_counts, dt);
+  }
   // peer is a rank in this group; sending to or receiving from oneself throws.
   void send(const void* data, int64_t n, DType dt, int64_t peer, int tag) { do_send(data, n, dt, peer, tag); }
   void recv(void* data, int64_t n, DType dt, int64_t peer, int tag) { do_recv(data, n, dt, peer, tag); }
@@ -138,14 +151,18 @@ class Communicator {
   virtual void do_recv(void* data, int64_t n, DType dt, int64_t peer, int tag) = 0;
   virtual std::unique_ptr<Request> do_isend(const void* data, int64_t n, DType dt, int64_t peer, int tag) = 0;
   virtual std::unique_ptr<Request> do_iall_reduce(void* data, int64_t n, DType dt, ReduceOp op) = 0;
+  virtual void do_all_to_all_v(const void* in, const std::vector<int64_t>& send_counts, void* out,
+                               const std::vector<int64_t>& recv_counts, DType dt) = 0;
 
   // Accounting helpers for backends (g = size()).
   void count_all_reduce(int64_t payload_bytes);
   void count_scatter_gather(int64_t total_bytes);  // reduce_scatter / all_gather
   void count_broadcast(int64_t payload_bytes);
   void count_send(int64_t payload_bytes) { bytes_ += static_cast<double>(payload_bytes); }
+  void count_all_to_all(const std::vector<int64_t>& send_counts, DType dt);
 
  private:
+  void check_all_to_all_counts(const std::vector<int64_t>& send_counts, const std::vector<int64_t>& recv_counts) const;
   double bytes_ = 0;  // double: 2(g-1)/g * S is fractional; rounded when read
 };
 
@@ -174,6 +191,8 @@ class LocalCommunicator final : public Communicator {
   void do_recv(void* data, int64_t n, DType dt, int64_t peer, int tag) override;
   std::unique_ptr<Request> do_isend(const void* data, int64_t n, DType dt, int64_t peer, int tag) override;
   std::unique_ptr<Request> do_iall_reduce(void* data, int64_t n, DType dt, ReduceOp op) override;  // done at once
+  void do_all_to_all_v(const void* in, const std::vector<int64_t>& send_counts, void* out,
+                       const std::vector<int64_t>& recv_counts, DType dt) override;  // the one block copied
 
  private:
   void copy(void* dst, const void* src, int64_t n, DType dt) const;
@@ -205,6 +224,13 @@ struct ProcessGroups {
   // the ranks that hold the same parameters, over which gradients are reduced and ZeRO-1
   // shards (dp_cp: dp x cp; the dp group itself when cp is 1).
   std::shared_ptr<Communicator> cp, dp_cp;
+  // A mixture-of-experts model's expert grid (ExpertGrid; add_expert_groups): the experts'
+  // all-to-all group (ep; null when ep is 1), the ranks holding the same experts (edp),
+  // over which their gradients are reduced and ZeRO-1 shards, and the expert
+  // model-parallel group (emp) their gradient norm is summed over. Null for dense models.
+  std::shared_ptr<Communicator> ep, edp, emp;
+  ExpertCoord ecoord{};
+  int64_t ep_size = 1;
   Device device = Device::cpu;  // where the tensor groups' payloads live
 
   // The group gradients are reduced and ZeRO-1 shards over: dp_cp, or dp where a caller
@@ -252,6 +278,9 @@ std::shared_ptr<Communicator> init_world(const LaunchInfo& info);
 // Splits `world` into this rank's groups (collective over world: every rank calls it).
 // InputError when topo.world() != world->size().
 ProcessGroups make_groups(std::shared_ptr<Communicator> world, const Topology& topo);
+// Adds the expert grid's groups (ExpertGrid(g.topo, ep, etp)) to `g`: collective over
+// g.world, every rank calls it. InputError when the grid does not fit the topology.
+void add_expert_groups(ProcessGroups& g, int64_t ep, int64_t etp = 1);
 // MPI_Finalize when MPI was initialised here and is not finalised yet; else nothing.
 void finalize_world();
 // Ends the whole job with `code`: MPI_Abort(MPI_COMM_WORLD) when MPI is up, else exit.

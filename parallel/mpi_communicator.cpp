@@ -630,6 +630,35 @@ class MpiCommunicator final : public Communicator {
     }
     count_scatter_gather(static_cast<int64_t>(out_bytes));
   }
+  void do_all_to_all_v(const void* in, const std::vector<int64_t>& send_counts, void* out,
+                       const std::vector<int64_t>& recv_counts, DType dt) override {
+    const CommBlockedScope blocked(part_);  // straggler detection; the step's parts
+    const OpDesc desc = collective("all_to_all");
+    std::vector<int> sc, sd, rc, rd;  // counts and displacements, in elements
+    auto layout = [&](const std::vector<int64_t>& counts, std::vector<int>& c, std::vector<int>& d) {
+      int64_t off = 0;
+      for (int64_t n : counts) {
+        check_count(n, "all_to_all");
+        check_count(off, "all_to_all");
+        c.push_back(static_cast<int>(n));
+        d.push_back(static_cast<int>(off));
+        off += n;
+      }
+    };
+    layout(send_counts, sc, sd);
+    layout(recv_counts, rc, rd);
+    if (watched()) {
+      std::vector<MPI_Request> reqs(1);
+      check(MPI_Ialltoallv(in, sc.data(), sd.data(), mpi_type(dt), out, rc.data(), rd.data(), mpi_type(dt), comm_,
+                           &reqs[0]),
+            "MPI_Ialltoallv", name_);
+      watched_wait(reqs, MPI_STATUSES_IGNORE, desc);
+    } else {
+      check(MPI_Alltoallv(in, sc.data(), sd.data(), mpi_type(dt), out, rc.data(), rd.data(), mpi_type(dt), comm_),
+            "MPI_Alltoallv", name_);
+    }
+    count_all_to_all(send_counts, dt);
+  }
   void do_broadcast(void* data, int64_t n, DType dt, int64_t root) override {
     const CommBlockedScope blocked(part_);  // straggler detection; the step's parts
     check_peer(root, "broadcast root", true);

@@ -302,6 +302,46 @@ class NcclCommunicator final : public Communicator {
     count_broadcast(n * dtype_size(dt));
   }
 
+  // NCCL's all-to-all: one grouped send and receive per peer on the collective channel,
+  // this rank's own block copied on the stream.
+  void do_all_to_all_v(const void* in, const std::vector<int64_t>& send_counts, void* out,
+                       const std::vector<int64_t>& recv_counts, DType dt) override {
+    const int64_t es = dtype_size(dt);
+    int64_t so = 0, ro = 0, bytes = 0;
+    std::vector<int64_t> soff, roff;
+    for (int64_t j = 0; j < size_; ++j) {
+      soff.push_back(so);
+      roff.push_back(ro);
+      so += send_counts[static_cast<size_t>(j)];
+      ro += recv_counts[static_cast<size_t>(j)];
+      if (j != rank_) bytes += send_counts[static_cast<size_t>(j)] * es;
+    }
+    const auto me = static_cast<size_t>(rank_);
+    if (send_counts[me] != recv_counts[me])
+      throw_runtime("all_to_all_v on the NCCL group '{}': rank {} sends {} elements to itself but receives {}", name_,
+                    rank_, send_counts[me], recv_counts[me]);
+    if (send_counts[me] > 0)
+      CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(out) + roff[me] * es, static_cast<const char*>(in) + soff[me] * es,
+                                 static_cast<size_t>(send_counts[me] * es), cudaMemcpyDeviceToDevice, cuda::stream()));
+    watched(kColl, "all_to_all", -1, bytes, dt, cuda::stream(), [&] {
+      nccl_call(ncclGroupStart(), coll_.get(), "ncclGroupStart", name_);
+      for (int64_t j = 0; j < size_; ++j) {
+        const auto jj = static_cast<size_t>(j);
+        if (j == rank_) continue;
+        if (send_counts[jj] > 0)
+          nccl_call(ncclSend(static_cast<const char*>(in) + soff[jj] * es, static_cast<size_t>(send_counts[jj]),
+                             nccl_type(dt), static_cast<int>(j), coll_.get(), cuda::stream()),
+                    coll_.get(), "ncclSend", name_);
+        if (recv_counts[jj] > 0)
+          nccl_call(ncclRecv(static_cast<char*>(out) + roff[jj] * es, static_cast<size_t>(recv_counts[jj]),
+                             nccl_type(dt), static_cast<int>(j), coll_.get(), cuda::stream()),
+                    coll_.get(), "ncclRecv", name_);
+      }
+      nccl_call(ncclGroupEnd(), coll_.get(), "ncclGroupEnd", name_);
+    });
+    count_all_to_all(send_counts, dt);
+  }
+
   void do_send(const void* data, int64_t n, DType dt, int64_t peer, int tag) override {
     isend(data, n, dt, peer, tag)->wait();
   }

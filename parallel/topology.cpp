@@ -88,4 +88,46 @@ std::string Topology::to_string() const {
   return fmt::format("tp={} pp={} dp={} (world {})", tp_, pp_, dp_, world());
 }
 
+ExpertGrid::ExpertGrid(const Topology& topo, int64_t ep, int64_t etp)
+    : topo_(topo), ep_(ep), etp_(etp), stage_size_(topo.world() / topo.pp()) {
+  if (ep < 1 || etp < 1 || stage_size_ % (ep * etp) != 0)
+    throw_input(
+        "expert_model_parallel_size {} x expert_tensor_parallel_size {} does not divide the {} ranks of a pipeline "
+        "stage ({})",
+        ep, etp, stage_size_, topo.to_string());
+  edp_ = stage_size_ / (ep * etp);
+}
+
+ExpertCoord ExpertGrid::coord(int64_t rank) const {
+  const int64_t l = topo_.rank(topo_.coord(rank)) % stage_size_;  // checks the rank
+  return ExpertCoord{l % etp_, (l / etp_) % ep_, l / (etp_ * ep_)};
+}
+
+int64_t ExpertGrid::rank_of(int64_t stage, ExpertCoord c) const {
+  return stage * stage_size_ + c.etp + etp_ * (c.ep + ep_ * c.edp);
+}
+
+std::vector<int64_t> ExpertGrid::ep_group(int64_t rank) const {
+  ExpertCoord c = coord(rank);
+  std::vector<int64_t> g;
+  for (c.ep = 0; c.ep < ep_; ++c.ep) g.push_back(rank_of(topo_.coord(rank).pp, c));
+  return g;
+}
+
+std::vector<int64_t> ExpertGrid::edp_group(int64_t rank) const {
+  ExpertCoord c = coord(rank);
+  std::vector<int64_t> g;
+  for (c.edp = 0; c.edp < edp_; ++c.edp) g.push_back(rank_of(topo_.coord(rank).pp, c));
+  return g;
+}
+
+std::vector<int64_t> ExpertGrid::emp_group(int64_t rank) const {
+  const int64_t edp = coord(rank).edp;
+  std::vector<int64_t> g;
+  for (int64_t s = 0; s < topo_.pp(); ++s)
+    for (int64_t e = 0; e < ep_; ++e)
+      for (int64_t t = 0; t < etp_; ++t) g.push_back(rank_of(s, ExpertCoord{t, e, edp}));
+  return g;
+}
+
 }  // namespace mtnlg::parallel

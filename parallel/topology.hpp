@@ -63,4 +63,36 @@ class Topology {
   int64_t tp_, pp_, dp_, cp_;
 };
 
+// The expert grid of a mixture-of-experts model (Megatron-Core's): the routed experts'
+// parameters are laid out over the ranks of each pipeline stage in their own order,
+// etp-ep-edp, independent of the attention grid's tp-cp-dp:
+//     stage index = rank - pp * (ranks per stage) = etp + etp_size * (ep + ep_size * edp)
+// An expert-parallel group (same etp, edp) splits the experts, E / ep each, and exchanges
+// tokens with all-to-all; an expert-data-parallel group (same etp, ep) holds the same
+// experts and reduces their gradients (ZeRO-1 shards over it); the expert model-parallel
+// group (same edp, every etp, ep and stage) sums the experts' squared gradient norm.
+// Example tp=2, dp=2, ep=2, etp=1 (4 ranks, one stage): ep groups [0,1] [2,3] (the tp
+// groups), edp groups [0,2] [1,3].
+struct ExpertCoord {
+  int64_t etp = 0, ep = 0, edp = 0;
+};
+
+class ExpertGrid {
+ public:
+  // InputError when etp x ep does not divide the ranks of a stage.
+  ExpertGrid(const Topology& topo, int64_t ep, int64_t etp = 1);
+  int64_t ep() const { return ep_; }
+  int64_t etp() const { return etp_; }
+  int64_t edp() const { return edp_; }
+  ExpertCoord coord(int64_t rank) const;
+  std::vector<int64_t> ep_group(int64_t rank) const;   // same stage, etp, edp; by ep
+  std::vector<int64_t> edp_group(int64_t rank) const;  // same stage, etp, ep; by edp
+  std::vector<int64_t> emp_group(int64_t rank) const;  // same edp: every stage, etp and ep, by rank
+
+ private:
+  int64_t rank_of(int64_t stage, ExpertCoord c) const;
+  Topology topo_;
+  int64_t ep_, etp_, edp_, stage_size_;
+};
+
 }  // namespace mtnlg::parallel

@@ -43,6 +43,18 @@ TEST_CASE("local communicator: collectives are identities", "[parallel][comm]") 
   CHECK(c.split(3, 0, "x")->name() == "x");
 }
 
+TEST_CASE("local communicator: all_to_all_v copies its one block; counts are checked", "[parallel][comm]") {
+  LocalCommunicator c("ep");
+  const std::vector<float> in = {1, 2, 3};
+  std::vector<float> out(3, 0);
+  c.all_to_all_v(in.data(), {3}, out.data(), {3}, DType::f32);
+  CHECK(out == in);
+  CHECK(c.bytes_sent() == 0);
+  CHECK_THROWS_WITH(c.all_to_all_v(in.data(), {3}, out.data(), {2}, DType::f32), Contains("sends 3"));
+  CHECK_THROWS_WITH(c.all_to_all_v(in.data(), {3, 0}, out.data(), {3}, DType::f32), Contains("2 send and 1 receive"));
+  CHECK_THROWS_WITH(c.all_to_all_v(in.data(), {-1}, out.data(), {-1}, DType::f32), Contains("negative"));
+}
+
 TEST_CASE("local communicator: make_groups for a world of one", "[parallel][comm]") {
   auto world = std::make_shared<LocalCommunicator>("world");
   ProcessGroups g = make_groups(world, Topology(1, 1, 1));

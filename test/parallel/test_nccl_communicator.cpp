@@ -55,6 +55,9 @@ TEST_CASE("nccl communicator: size-1 group on one GPU", "[gpu]") {
   ops::fill(y, 0.0);
   c->all_gather(dev(x), dev(y), 1000);
   test::check_close("all_gather", y, seq_tensor(1000, 1.0f), 1e-12);
+  ops::fill(y, 0.0);
+  c->all_to_all_v(dev(x), {1000}, dev(y), {1000}, DType::f32);  // its one block, copied on the stream
+  test::check_close("all_to_all_v", y, seq_tensor(1000, 1.0f), 1e-12);
   c->barrier();
 
   CHECK_THROWS_AS(c->send(dev(x), 1, 0, 0), RuntimeError);  // no peer but itself

@@ -135,6 +135,54 @@ TEST_CASE("topology: context parallelism, tp-cp-dp-pp, every factorisation of 1.
   CHECK_THROWS_WITH(Topology::from_world(12, 2, 1, 4), Contains("context_parallel_size"));
 }
 
+// The expert grid: inside each stage etp-ep-edp over the stage's ranks; every group kind
+// partitions the world, the ep and edp groups stay within a stage, and the expert
+// model-parallel group holds one rank of each (stage, ep, etp) position.
+TEST_CASE("topology: the expert grid, every factorisation of 1..32", "[parallel][topology]") {
+  int64_t layouts = 0;
+  for (int64_t world = 1; world <= 32; ++world)
+    for (int64_t tp = 1; tp <= world; ++tp)
+      for (int64_t pp = 1; tp * pp <= world; ++pp) {
+        if (world % (tp * pp)) continue;
+        const Topology t = Topology::from_world(world, tp, pp);
+        const int64_t stage = world / pp;
+        for (int64_t ep = 1; ep <= stage; ++ep)
+          for (int64_t etp = 1; ep * etp <= stage; ++etp) {
+            if (stage % (ep * etp)) continue;
+            ++layouts;
+            const ExpertGrid x(t, ep, etp);
+            INFO(t.to_string() << " ep=" << ep << " etp=" << etp);
+            REQUIRE(x.edp() == stage / (ep * etp));
+            std::map<std::vector<int64_t>, int> ep_groups, edp_groups, emp_groups;
+            for (int64_t r = 0; r < world; ++r) {
+              const ExpertCoord c = x.coord(r);
+              REQUIRE(r % stage == c.etp + etp * (c.ep + ep * c.edp));
+              const auto g = x.ep_group(r), d = x.edp_group(r), m = x.emp_group(r);
+              REQUIRE(static_cast<int64_t>(g.size()) == ep);
+              REQUIRE(g[c.ep] == r);
+              REQUIRE(d[c.edp] == r);
+              REQUIRE(static_cast<int64_t>(m.size()) == etp * ep * pp);
+              for (int64_t q : g) REQUIRE((q / stage == r / stage && x.coord(q).edp == c.edp));
+              for (int64_t q : d) REQUIRE((q / stage == r / stage && x.coord(q).ep == c.ep));
+              for (int64_t q : m) REQUIRE(x.coord(q).edp == c.edp);
+              ++ep_groups[g];
+              ++edp_groups[d];
+              ++emp_groups[m];
+            }
+            for (auto* groups : {&ep_groups, &edp_groups, &emp_groups})
+              for (const auto& [members, count] : *groups) REQUIRE(count == static_cast<int>(members.size()));
+          }
+      }
+  CHECK(layouts > 100);
+  // tp=2 dp=2 ep=2: the ep groups are the tp groups, the edp groups the dp groups
+  using V = std::vector<int64_t>;
+  const ExpertGrid x(Topology(2, 1, 2), 2, 1);
+  CHECK(x.ep_group(1) == V{0, 1});
+  CHECK(x.edp_group(1) == V{1, 3});
+  CHECK(x.emp_group(2) == V{2, 3});
+  CHECK_THROWS_WITH(ExpertGrid(Topology(2, 1, 3), 4, 1), Contains("expert_model_parallel_size 4"));
+}
+
 TEST_CASE("topology: bad sizes", "[parallel][topology]") {
   CHECK_THROWS_AS(Topology(0, 1, 1), InputError);
   CHECK_THROWS_AS(Topology(1, -1, 1), InputError);

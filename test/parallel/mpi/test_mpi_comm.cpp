@@ -95,6 +95,53 @@ TEST_CASE("mpi: broadcast from every root", "[mpi]") {
   CHECK_THROWS_WITH(world().broadcast(&x, 1, g), Contains("rank"));
 }
 
+// Rank r sends (r + j) % 3 elements to rank j (some blocks empty), its own block too;
+// every element says who sent it for whom; i32 and f32; bytes = what left the rank.
+TEST_CASE("mpi: all_to_all_v with uneven and empty blocks", "[mpi]") {
+  const int64_t g = world().size(), me = world().rank();
+  auto count = [](int64_t from, int64_t to) { return (from + to) % 3; };
+  std::vector<int64_t> sc, rc;
+  std::vector<int32_t> in;
+  for (int64_t j = 0; j < g; ++j) {
+    sc.push_back(count(me, j));
+    rc.push_back(count(j, me));
+    for (int64_t i = 0; i < count(me, j); ++i) in.push_back(static_cast<int32_t>(me * 1000 + j * 10 + i));
+  }
+  std::vector<int32_t> out(static_cast<size_t>(std::accumulate(rc.begin(), rc.end(), int64_t{0})), -1);
+  world().reset_bytes();
+  world().all_to_all_v(in.data(), sc, out.data(), rc, DType::i32);
+  std::vector<int32_t> want;
+  for (int64_t j = 0; j < g; ++j)
+    for (int64_t i = 0; i < count(j, me); ++i) want.push_back(static_cast<int32_t>(j * 1000 + me * 10 + i));
+  CHECK(out == want);
+  int64_t sent = 0;
+  for (int64_t j = 0; j < g; ++j)
+    if (j != me) sent += count(me, j) * 4;
+  CHECK(world().bytes_sent() == sent);
+  std::vector<float> fin(in.begin(), in.end()), fout(out.size(), 0);
+  world().all_to_all_v(fin.data(), sc, fout.data(), rc, DType::f32);
+  CHECK(std::vector<float>(want.begin(), want.end()) == fout);
+}
+
+// The expert grid's groups on this world: their members are ExpertGrid's lists.
+TEST_CASE("mpi: expert groups follow the expert grid", "[mpi]") {
+  const int64_t g = world().size();
+  auto w = mtnlg::test::mpi_test_world();
+  for (int64_t ep = 1; ep <= g; ++ep) {
+    if (g % ep) continue;
+    ProcessGroups pg = make_groups(w, Topology::from_world(g, 1, 1));
+    add_expert_groups(pg, ep, 1);
+    const ExpertGrid x(pg.topo, ep, 1);
+    INFO("ep " << ep);
+    CHECK(pg.ep_size == ep);
+    CHECK(pg.ecoord.ep == x.coord(pg.rank).ep);
+    CHECK((ep == 1 ? pg.ep == nullptr : pg.ep->size() == ep && pg.ep->rank() == pg.ecoord.ep));
+    CHECK(pg.edp->size() == g / ep);
+    CHECK(pg.edp->rank() == pg.ecoord.edp);
+    CHECK(pg.emp->size() == ep);
+  }
+}
+
 TEST_CASE("mpi: send/recv around a ring", "[mpi]") {
   const int64_t g = world().size(), me = world().rank();
   float x = 1;
