@@ -1328,14 +1328,19 @@ void refuse_unwired_moe(const Recipe& r) {
   const MoeConfig& m = r.model.moe;
   if (!m.enabled()) return;
   auto refuse = [&](const std::string& key, const std::string& what) {
-    invalid(r, fmt::format("{}: {} with MoE layers is not built yet (MoE trains in one CPU process)", key, what));
+    invalid(r, fmt::format("{}: {} with MoE layers is not built yet (MoE trains on the CPU in fp32)", key, what));
   };
-  if (r.parallel.expert_model_parallel_size > 1)
-    refuse("parallel.expert_model_parallel_size", fmt::format("{}", r.parallel.expert_model_parallel_size));
-  if (r.parallel.expert_tensor_parallel_size > 1)
-    refuse("parallel.expert_tensor_parallel_size", fmt::format("{}", r.parallel.expert_tensor_parallel_size));
-  if (r.tp() > 1) refuse("parallel.tensor_model_parallel_size", fmt::format("{}", r.tp()));
-  if (r.pp() > 1) refuse("parallel.pipeline_model_parallel_size", fmt::format("{}", r.pp()));
+  if (r.etp() > 1)
+    refuse("parallel.expert_tensor_parallel_size",
+           fmt::format("{}{} (set it to 1: each expert whole on one rank)", r.etp(),
+                       r.parallel.expert_tensor_parallel_size == 0 ? ", from tensor_model_parallel_size" : ""));
+  if (r.tp() > 1 && !r.parallel.sequence_parallel)
+    invalid(r, fmt::format("parallel.sequence_parallel: MoE layers with tensor_model_parallel_size {} need sequence "
+                           "parallelism (each tp rank routes its own tokens); set it to true",
+                           r.tp()));
+  if (r.tp() > 1 && m.moe_router_load_balancing_type == MoeLoadBalancing::seq_aux_loss)
+    refuse("model.moe_router_load_balancing_type",
+           fmt::format("seq_aux_loss under tensor_model_parallel_size {} (sequences split over ranks)", r.tp()));
   if (r.training.device == DeviceKind::cuda || r.training.device == DeviceKind::test)
     refuse("training.device", to_string(r.training.device));
   if (r.training.precision != Precision::fp32)

@@ -27,6 +27,12 @@ std::string model_file(int64_t tp, int64_t pp) { return fmt::format("model_tp{:0
 std::string optim_file(int64_t tp, int64_t pp, int64_t dp) {
   return fmt::format("optim_tp{:02d}_pp{:03d}_dp{:03d}.safetensors", tp, pp, dp);
 }
+std::string expert_model_file(int64_t ep, int64_t pp) {
+  return fmt::format("model_experts_ep{:03d}_pp{:03d}.safetensors", ep, pp);
+}
+std::string expert_optim_file(int64_t ep, int64_t pp, int64_t edp) {
+  return fmt::format("optim_experts_ep{:03d}_pp{:03d}_dp{:03d}.safetensors", ep, pp, edp);
+}
 
 namespace {
 
@@ -41,13 +47,16 @@ nlohmann::json slice_json(const ParamInfo& p, int64_t flat_begin, int64_t flat_e
 
 }  // namespace
 
-Snapshot take_snapshot(const ParamStore& store, const OptimShard* opt, int64_t tp_rank, int64_t pp_rank,
-                       int64_t dp_rank, bool write_model, bool write_optim) {
+namespace {
+// The snapshot of the store's flat elements [begin, end), which hold whole parameters.
+Snapshot region_snapshot(const ParamStore& store, const OptimShard* opt, int64_t begin, int64_t end, bool write_model,
+                         bool write_optim) {
   Snapshot s;
-  s.infos = store.infos();
-  s.tp_rank = tp_rank;
-  s.pp_rank = pp_rank;
-  s.dp_rank = dp_rank;
+  for (ParamInfo p : store.infos())
+    if (p.offset >= begin && p.offset < end) {
+      p.offset -= begin;
+      s.infos.push_back(std::move(p));
+    }
   s.write_model = write_model;
   s.write_optim = write_optim && opt != nullptr;
   // On a GPU the step stalls only for these copies into pinned host memory (DMA speed);
@@ -58,13 +67,30 @@ Snapshot take_snapshot(const ParamStore& store, const OptimShard* opt, int64_t t
     h.copy_from(t);
     return h;
   };
-  if (write_model) s.params = to_host(store.params());
+  if (write_model) s.params = to_host(store.params().flat(begin, end - begin));
   if (s.write_optim) {
-    s.opt_begin = opt->begin;
-    s.opt_end = opt->end;
+    s.opt_begin = opt->begin - begin;
+    s.opt_end = opt->end - begin;
     s.exp_avg = to_host(*opt->exp_avg);
     s.exp_avg_sq = to_host(*opt->exp_avg_sq);
   }
+  return s;
+}
+}  // namespace
+
+Snapshot take_snapshot(const ParamStore& store, const OptimShard* opt, int64_t tp_rank, int64_t pp_rank,
+                       int64_t dp_rank, bool write_model, bool write_optim) {
+  Snapshot s = region_snapshot(store, opt, 0, store.expert_offset(), write_model, write_optim);
+  s.model_name = model_file(tp_rank, pp_rank);
+  s.optim_name = optim_file(tp_rank, pp_rank, dp_rank);
+  return s;
+}
+
+Snapshot take_expert_snapshot(const ParamStore& store, const OptimShard* opt, int64_t ep_rank, int64_t pp_rank,
+                              int64_t edp_rank, bool write_model, bool write_optim) {
+  Snapshot s = region_snapshot(store, opt, store.expert_offset(), store.numel(), write_model, write_optim);
+  s.model_name = expert_model_file(ep_rank, pp_rank);
+  s.optim_name = expert_optim_file(ep_rank, pp_rank, edp_rank);
   return s;
 }
 
@@ -79,7 +105,7 @@ void write_snapshot(const std::string& dir, const Snapshot& s) {
       meta[p.name] = slice_json(p, 0, p.numel, checksum(t));
     }
     safetensors::write(
-        dir + "/" + model_file(s.tp_rank, s.pp_rank), entries,
+        dir + "/" + s.model_name, entries,
         {{"format", "mtnlg-checkpoint"}, {"version", std::to_string(kFormatVersion)}, {"tensors", meta.dump()}});
   }
   if (s.write_optim) {
@@ -97,7 +123,7 @@ void write_snapshot(const std::string& dir, const Snapshot& s) {
       }
     }
     safetensors::write(
-        dir + "/" + optim_file(s.tp_rank, s.pp_rank, s.dp_rank), entries,
+        dir + "/" + s.optim_name, entries,
         {{"format", "mtnlg-checkpoint"}, {"version", std::to_string(kFormatVersion)}, {"tensors", meta.dump()}});
   }
 }
@@ -127,6 +153,10 @@ void write_metadata(const std::string& dir, const TrainState& st) {
                         {"use_distributed_optimizer", st.layout.zero1}}},
                       {"recipe", st.recipe_yaml}};
   if (st.layout.cp > 1) j["layout"]["context_parallel_size"] = st.layout.cp;
+  if (st.layout.ep > 0) {
+    j["layout"]["expert_model_parallel_size"] = st.layout.ep;
+    j["layout"]["expert_data_parallel_size"] = st.layout.edp;
+  }
   write_file_atomic(dir + "/metadata.json", j.dump(2) + "\n");
 }
 
@@ -232,13 +262,16 @@ TrainState read_metadata(const std::string& dir) {
     st.layout.virtual_chunks = l.at("virtual_chunks").get<int64_t>();
     st.layout.zero1 = l.at("use_distributed_optimizer").get<bool>();
     st.layout.cp = l.value("context_parallel_size", int64_t{1});
+    st.layout.ep = l.value("expert_model_parallel_size", int64_t{0});
+    st.layout.edp = l.value("expert_data_parallel_size", int64_t{1});
     st.recipe_yaml = j.at("recipe").get<std::string>();
   } catch (const nlohmann::json::exception& e) {
     throw_input("{}: {}", path, e.what());
   }
   if (st.layout.tp < 1 || st.layout.pp < 1 || st.layout.dp < 1 || st.layout.tp > 4096 || st.layout.pp > 65536 ||
       st.layout.dp > (int64_t{1} << 24) || st.layout.virtual_chunks < 1 || st.layout.virtual_chunks > 65536 ||
-      st.layout.cp < 1 || st.layout.cp > 65536)
+      st.layout.cp < 1 || st.layout.cp > 65536 || st.layout.ep < 0 || st.layout.ep > 65536 || st.layout.edp < 1 ||
+      st.layout.edp > (int64_t{1} << 24))
     throw_input("{}: impossible layout tp={} pp={} dp={}", path, st.layout.tp, st.layout.pp, st.layout.dp);
   // Counters: state, not a cache, so an impossible value is an error rather than a run
   // that trains "iteration -4".
@@ -483,17 +516,19 @@ void load_into(const std::string& dir, ParamStore& store, const OptimShard* opt,
   ops::fill(params, 0.0);
   fill_from(dir, "model_", "", store.infos(), params.data<float>(), 0, store.numel(), "model weights");
   if (!on_host) store.params().copy_from(params);
-  if (opt && exp_avg && exp_avg_sq) {
-    // Optimizer tensors are named exp_avg.<param>; load into a store-shaped scratch then copy the shard.
-    Tensor scratch = Tensor::zeros({store.numel()}, DType::f32, Device::cpu);
-    const int64_t n = opt->end - opt->begin;
-    fill_from(dir, "optim_", "exp_avg.", store.infos(), scratch.data<float>(), opt->begin, opt->end, "optimizer state");
-    exp_avg->copy_from(scratch.flat(opt->begin, n));
-    ops::fill(scratch, 0.0);
-    fill_from(dir, "optim_", "exp_avg_sq.", store.infos(), scratch.data<float>(), opt->begin, opt->end,
-              "optimizer state");
-    exp_avg_sq->copy_from(scratch.flat(opt->begin, n));
-  }
+  if (opt && exp_avg && exp_avg_sq) load_optimizer_state(dir, store, *opt, *exp_avg, *exp_avg_sq);
+}
+
+void load_optimizer_state(const std::string& dir, const ParamStore& store, const OptimShard& opt, Tensor& exp_avg,
+                          Tensor& exp_avg_sq) {
+  // Optimizer tensors are named exp_avg.<param>; load into a store-shaped scratch then copy the shard.
+  Tensor scratch = Tensor::zeros({store.numel()}, DType::f32, Device::cpu);
+  const int64_t n = opt.end - opt.begin;
+  fill_from(dir, "optim_", "exp_avg.", store.infos(), scratch.data<float>(), opt.begin, opt.end, "optimizer state");
+  exp_avg.copy_from(scratch.flat(opt.begin, n));
+  ops::fill(scratch, 0.0);
+  fill_from(dir, "optim_", "exp_avg_sq.", store.infos(), scratch.data<float>(), opt.begin, opt.end, "optimizer state");
+  exp_avg_sq.copy_from(scratch.flat(opt.begin, n));
 }
 
 LoadedModel load_whole_model(const std::string& dir, const GptConfig& cfg) {
@@ -530,6 +565,14 @@ std::vector<std::string> missing_files(const std::string& dir, const TrainState&
       if (any_optim)
         for (int64_t d = 0; d < odp; ++d)
           if (!fs::exists(dir + "/" + optim_file(t, p, d), ec)) miss.push_back(optim_file(t, p, d));
+    }
+  const int64_t oedp = st.layout.zero1 ? st.layout.edp : 1;
+  for (int64_t p = 0; p < st.layout.pp; ++p)
+    for (int64_t e = 0; e < st.layout.ep; ++e) {
+      if (!fs::exists(dir + "/" + expert_model_file(e, p), ec)) miss.push_back(expert_model_file(e, p));
+      if (any_optim)
+        for (int64_t d = 0; d < oedp; ++d)
+          if (!fs::exists(dir + "/" + expert_optim_file(e, p, d), ec)) miss.push_back(expert_optim_file(e, p, d));
     }
   return miss;
 }

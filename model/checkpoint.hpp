@@ -37,6 +37,10 @@ struct Layout {
   int64_t tp = 1, pp = 1, dp = 1, virtual_chunks = 1;
   bool zero1 = false;
   int64_t cp = 1;  // context_parallel_size: in metadata.json only when > 1
+  // An MoE model's routed experts (the expert grid): written per expert-parallel rank and
+  // stage (model_experts_*), their optimizer state per expert-data-parallel replica under
+  // ZeRO-1. ep 0: no expert files (a dense model, or experts inside the model files).
+  int64_t ep = 0, edp = 1;
   int64_t replicas() const { return dp * cp; }
 };
 
@@ -57,6 +61,8 @@ std::string iteration_dir(const std::string& root, int64_t iteration);
 std::string partial_dir(const std::string& root, int64_t iteration);
 std::string model_file(int64_t tp_rank, int64_t pp_rank);
 std::string optim_file(int64_t tp_rank, int64_t pp_rank, int64_t dp_rank);
+std::string expert_model_file(int64_t ep_rank, int64_t pp_rank);
+std::string expert_optim_file(int64_t ep_rank, int64_t pp_rank, int64_t edp_rank);
 
 // Optimizer state of one rank: fp32 m and v for elements [begin, end) of its flat buffer.
 struct OptimShard {
@@ -65,18 +71,25 @@ struct OptimShard {
   const Tensor* exp_avg_sq = nullptr;
 };
 
-// A host copy of what one rank saves, taken at the iteration boundary so the writer
-// thread can run while training goes on.
+// A host copy of what one rank saves of one region of its flat buffers (the parameters
+// of the attention grid, or the routed experts: ParamStore::expert_offset), taken at the
+// iteration boundary so the writer thread can run while training goes on. Offsets are
+// the region's own.
 struct Snapshot {
   std::vector<ParamInfo> infos;
-  Tensor params;               // flat copy
+  Tensor params;               // the region's copy
   Tensor exp_avg, exp_avg_sq;  // [opt_end - opt_begin] copies (undefined: no optimizer file)
   int64_t opt_begin = 0, opt_end = 0;
-  int64_t tp_rank = 0, pp_rank = 0, dp_rank = 0;
+  std::string model_name, optim_name;  // the files
   bool write_model = false, write_optim = false;
 };
+// The parameters outside the experts' region (all of them for a dense model); `opt` in
+// the store's offsets.
 Snapshot take_snapshot(const ParamStore& store, const OptimShard* opt, int64_t tp_rank, int64_t pp_rank,
                        int64_t dp_rank, bool write_model, bool write_optim);
+// The routed experts' region (ParamStore::expert_offset on), named by the expert grid.
+Snapshot take_expert_snapshot(const ParamStore& store, const OptimShard* opt, int64_t ep_rank, int64_t pp_rank,
+                              int64_t edp_rank, bool write_model, bool write_optim);
 // Writes this rank's files of `snap` into `dir` (each file atomically).
 void write_snapshot(const std::string& dir, const Snapshot& snap);
 void write_metadata(const std::string& dir, const TrainState& st);
@@ -97,6 +110,10 @@ TrainState read_metadata(const std::string& dir);
 // InputError naming the file and tensor when something is missing, truncated or corrupt.
 void load_into(const std::string& dir, ParamStore& store, const OptimShard* opt = nullptr, Tensor* exp_avg = nullptr,
                Tensor* exp_avg_sq = nullptr);
+// The optimizer state of flat elements [opt.begin, opt.end) of `store` into exp_avg and
+// exp_avg_sq (each [end - begin]), from whichever files hold it.
+void load_optimizer_state(const std::string& dir, const ParamStore& store, const OptimShard& opt, Tensor& exp_avg,
+                          Tensor& exp_avg_sq);
 
 // The whole model (tp = 1, pp = 1, fp32) from iteration directory `dir` (resolve()),
 // declared by `cfg`: the config of the run that wrote it (its stored recipe,

@@ -31,25 +31,38 @@ int64_t logits_chunk_rows(int64_t rows, int64_t vocab_local, int64_t elements) {
 
 namespace {
 // An MoE layer's MLP (Megatron-Core's names): the router, its expert bias (a buffer the
-// optimizer never moves: its gradient stays zero and it has no weight decay), every
-// expert's fc1 then every expert's fc2, one after the other so that each reads as one
-// [E, ...] weight (GptChunk::bind_moe), then the shared expert. Replicated (tp = 1).
+// optimizer never moves: its gradient stays zero and it has no weight decay), this rank's
+// experts' fc1 then their fc2 (E / ep of them, named by their index among all E), one
+// after the other so that each reads as one [E / ep, ...] weight (GptChunk::bind_moe),
+// then the shared expert. The router and the shared expert are replicated over tp and
+// applied to this rank's rows (MoE layers run under sequence parallelism when tp > 1), so
+// their gradients are partial per tp rank; the experts belong to the expert grid
+// (ParamInfo::expert) and are reduced over their own replicas.
 template <typename Add>
 void declare_moe_params(const std::string& p, const GptConfig& c, const Add& add, ParamStore& store) {
   const int64_t C = c.hidden, E = c.moe.num_experts, F = c.moe.ffn, S = c.moe.shared_ffn;
-  const int64_t width = c.swiglu ? 2 : 1;
-  store.add(add(p + "router.weight", {E, C}, -1, InitKind::normal, true));
+  const int64_t width = c.swiglu ? 2 : 1, first = c.moe.first_expert(), last = first + c.moe.local_experts();
+  auto row_param = [&](const std::string& n, Shape shape, InitKind init, bool wd) {
+    ParamInfo q = add(p + n, std::move(shape), -1, init, wd);
+    q.sp_grad_reduce = true;
+    store.add(q);
+  };
+  auto expert = [&](const std::string& n, Shape shape, InitKind init) {
+    ParamInfo q = add(n, std::move(shape), -1, init, true);
+    q.expert = true;
+    q.tp_replicated = false;
+    store.add(q);
+  };
+  row_param("router.weight", {E, C}, InitKind::normal, true);
   if (c.moe.expert_bias) store.add(add(p + "router.expert_bias", {E}, -1, InitKind::zeros, false));
-  for (int64_t e = 0; e < E; ++e)
-    store.add(add(fmt::format("{}experts.local_experts.{}.linear_fc1.weight", p, e), {width * F, C}, -1,
-                  InitKind::normal, true));
-  for (int64_t e = 0; e < E; ++e)
-    store.add(add(fmt::format("{}experts.local_experts.{}.linear_fc2.weight", p, e), {C, F}, -1,
-                  InitKind::normal_scaled_output, true));
+  for (int64_t e = first; e < last; ++e)
+    expert(fmt::format("{}experts.local_experts.{}.linear_fc1.weight", p, e), {width * F, C}, InitKind::normal);
+  for (int64_t e = first; e < last; ++e)
+    expert(fmt::format("{}experts.local_experts.{}.linear_fc2.weight", p, e), {C, F}, InitKind::normal_scaled_output);
   if (S == 0) return;
-  store.add(add(p + "shared_experts.linear_fc1.weight", {width * S, C}, -1, InitKind::normal, true));
-  store.add(add(p + "shared_experts.linear_fc2.weight", {C, S}, -1, InitKind::normal_scaled_output, true));
-  if (c.moe.shared_gate) store.add(add(p + "shared_experts.gate_weight", {1, C}, -1, InitKind::normal, true));
+  row_param("shared_experts.linear_fc1.weight", {width * S, C}, InitKind::normal, true);
+  row_param("shared_experts.linear_fc2.weight", {C, S}, InitKind::normal_scaled_output, true);
+  if (c.moe.shared_gate) row_param("shared_experts.gate_weight", {1, C}, InitKind::normal, true);
 }
 }  // namespace
 
@@ -217,10 +230,7 @@ GptChunk::GptChunk(const GptConfig& cfg, ChunkSpec spec, ParamStore& store, cons
   }
   norm_ = Norm{cfg.rmsnorm, cfg.layernorm_eps};
   mlp_ = Mlp{cfg.swiglu};
-  moe_ = MoeMlp{cfg.moe, cfg.swiglu};
-  if (cfg.moe.enabled() && dev_ != Device::cpu)
-    throw_input("model.num_experts ({}): MoE layers run on the CPU only so far (training.device: cpu)",
-                cfg.moe.num_experts);
+  setup_moe();
   rotary_ = Rotary{cfg.rope, cfg.rope_params};
   qk_norm_ = QkNorm{cfg.qk_norm, cfg.layernorm_eps};
   resolve_attention();
@@ -324,7 +334,7 @@ void GptChunk::bind_layer(int64_t layer) {
 // An MoE layer's weights: the experts' fc1 (and fc2) are E adjacent parameters of one
 // shape (declare_chunk_params), read as one [E, ...] weight and gradient.
 void GptChunk::bind_moe(LayerParams& lp, const std::string& p, std::vector<int64_t>& offsets) {
-  const int64_t E = cfg_.moe.num_experts;
+  const int64_t E = cfg_.moe.local_experts();
   auto bind = [&](Tensor& w, Tensor* g, const std::string& n) {
     if (!store_.has(p + n)) return;
     w = store_.weight(p + n);
@@ -332,9 +342,10 @@ void GptChunk::bind_moe(LayerParams& lp, const std::string& p, std::vector<int64
     offsets.push_back(store_.info(p + n).offset);
   };
   auto bind_stack = [&](Tensor& w, Tensor& g, const char* fc) {
-    const ParamInfo& first = store_.info(fmt::format("{}experts.local_experts.0.{}.weight", p, fc));
+    const int64_t e0 = cfg_.moe.first_expert();
+    const ParamInfo& first = store_.info(fmt::format("{}experts.local_experts.{}.{}.weight", p, e0, fc));
     for (int64_t e = 0; e < E; ++e) {
-      const ParamInfo& i = store_.info(fmt::format("{}experts.local_experts.{}.{}.weight", p, e, fc));
+      const ParamInfo& i = store_.info(fmt::format("{}experts.local_experts.{}.{}.weight", p, e0 + e, fc));
       MTNLG_CHECK(i.offset == first.offset + e * first.numel && i.shape == first.shape,
                   "{}experts: the experts' {} weights must be adjacent and of one shape", p, fc);
       offsets.push_back(i.offset);
@@ -375,6 +386,26 @@ void GptChunk::update_expert_bias() {
       ops::convert(w, master);
     }
   }
+}
+
+// The MoE MLP and the groups it talks over: the expert-parallel group, and under
+// sequence parallelism the tp group (each tp rank routes its own rows).
+void GptChunk::setup_moe() {
+  moe_ = MoeMlp{cfg_.moe, cfg_.swiglu};
+  if (!cfg_.moe.enabled()) return;
+  if (dev_ != Device::cpu)
+    throw_input("model.num_experts ({}): MoE layers run on the CPU only so far (training.device: cpu)",
+                cfg_.moe.num_experts);
+  if (tp_ > 1 && !cfg_.sequence_parallel)
+    throw_input(
+        "parallel.sequence_parallel: MoE layers with tensor_model_parallel_size {} need sequence parallelism (each "
+        "tp rank routes its own tokens); set parallel.sequence_parallel: true",
+        tp_);
+  const int64_t ep = groups_.ep ? groups_.ep->size() : 1;
+  MTNLG_CHECK(cfg_.moe.ep_size == ep,
+              "MoE: the model declares experts for {} expert-parallel ranks, the groups have {}", cfg_.moe.ep_size, ep);
+  moe_.groups.ep = groups_.ep.get();
+  if (cfg_.sequence_parallel && tp_ > 1) moe_.groups.seq = groups_.tp.get();
 }
 
 GptChunk::~GptChunk() = default;
@@ -485,7 +516,8 @@ void GptChunk::layer_forward(int64_t li, const Tensor& x, Tensor& y, LayerActs& 
   a.ln2 = Tensor::empty({R, C}, dt, dev_);
   norm_.stats(a.mean2, a.rstd2, R, wide, dev_);
   norm_.residual_forward(a.x2, a.ln2, a.mean2, a.rstd2, x, proj, attn_out, p.ln2_w, p.ln2_b);
-  a.ln2_full = tp::enter_column_parallel_forward(tpc, sp, a.ln2);
+  // An MoE layer routes this rank's rows (sequence parallelism) as they are.
+  a.ln2_full = p.moe ? a.ln2 : tp::enter_column_parallel_forward(tpc, sp, a.ln2);
   Tensor fc2 = mlp_forward(li, a, pass);
   // y = x2 + dropout(fc2 + b), with the norm that reads y when there is one: one op
   const DropSite mlp_drop = hidden_drop(pass, layer, kMlpOut, R);
@@ -502,8 +534,8 @@ Tensor GptChunk::mlp_forward(int64_t li, LayerActs& a, const Pass& pass) {
   auto& p = layers_[li];
   const int64_t C = cfg_.hidden, N = pass.tokens();
   const DType dt = a.ln2_full.dtype();
-  if (p.moe) {  // tp = 1: the output is whole
-    Tensor out = Tensor::empty({N, C}, dt, dev_);
+  if (p.moe) {  // this rank's rows in and out: nothing to reduce over tp
+    Tensor out = Tensor::empty({a.ln2_full.dim(0), C}, dt, dev_);
     const bool train = pass.purpose == Purpose::train;
     const int64_t si = moe_stat_index_[static_cast<size_t>(li)];
     MoeLayerStats* st = train && !recomputing_ ? &moe_stats_[static_cast<size_t>(si)] : nullptr;
@@ -523,17 +555,18 @@ Tensor GptChunk::mlp_backward(int64_t li, const Tensor& dfc2, LayerActs& a, cons
   const int64_t C = cfg_.hidden, N = pass.tokens();
   const bool sp = cfg_.sequence_parallel;
   auto* tpc = groups_.tp.get();
+  if (p.moe) {  // this rank's rows (the forward's)
+    Tensor dln2 = Tensor::empty(dfc2.shape(), dfc2.dtype(), dev_);
+    moe_.backward(dln2, dfc2, a.moe, a.ln2_full, p.moe_p, pass.seq, pass.moe_loss_weight);
+    return dln2;
+  }
   Tensor dfc2_full = tp::leave_row_parallel_backward(tpc, sp, dfc2);
   Tensor dln2_full = Tensor::empty({N, C}, dfc2.dtype(), dev_);
-  if (p.moe) {
-    moe_.backward(dln2_full, dfc2_full, a.moe, a.ln2_full, p.moe_p, pass.seq, pass.moe_loss_weight);
-  } else {
-    ops::matmul_backward(nullptr, &p.d_fc2_w, nullptr, dfc2_full, a.gel, p.fc2_w);
-    // through fc2's input and the activation (with fc1's bias grad)
-    Tensor dfc1 = Tensor::empty(a.fc1.shape(), dfc2.dtype(), dev_);
-    mlp_.backward(dfc1, p.fc1_b.defined() ? &p.d_fc1_b : nullptr, dfc2_full, p.fc2_w, a.fc1);
-    ops::matmul_backward(&dln2_full, &p.d_fc1_w, nullptr, dfc1, a.ln2_full, p.fc1_w);
-  }
+  ops::matmul_backward(nullptr, &p.d_fc2_w, nullptr, dfc2_full, a.gel, p.fc2_w);
+  // through fc2's input and the activation (with fc1's bias grad)
+  Tensor dfc1 = Tensor::empty(a.fc1.shape(), dfc2.dtype(), dev_);
+  mlp_.backward(dfc1, p.fc1_b.defined() ? &p.d_fc1_b : nullptr, dfc2_full, p.fc2_w, a.fc1);
+  ops::matmul_backward(&dln2_full, &p.d_fc1_w, nullptr, dfc1, a.ln2_full, p.fc1_w);
   return tp::enter_column_parallel_backward(tpc, sp, dln2_full);
 }
 

@@ -284,6 +284,9 @@ class GptChunk {
   // before a step's forwards and reads it after), and the aux-loss-free balancing's bias
   // update from it (the sign rule, once per global batch; layers with an expert bias).
   const std::vector<MoeLayerStats>& moe_stats() const { return moe_stats_; }
+  // The trainer replaces them with the whole job's (its ranks' tokens summed) before the
+  // expert-bias update reads them.
+  std::vector<MoeLayerStats>& moe_stats() { return moe_stats_; }
   void reset_moe_stats();
   void update_expert_bias();
   void drop_saved();  // forget activations of micro batches in flight (eval, aborted steps)
@@ -307,6 +310,7 @@ class GptChunk {
     MoeParams moe_p;
   };
   void bind_moe(LayerParams& lp, const std::string& prefix, std::vector<int64_t>& offsets);
+  void setup_moe();
   void bind_layer(int64_t layer);
 
   // One forward call as the layer stack sees it, whatever its purpose: its shape, its

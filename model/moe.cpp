@@ -1,7 +1,10 @@
 #include "model/moe.hpp"
 
+#include <algorithm>
+
 #include "core/error.hpp"
 #include "core/ops.hpp"
+#include "parallel/communicator.hpp"
 
 namespace mtnlg::model {
 
@@ -21,12 +24,53 @@ void act_backward(bool swiglu, Tensor& dpre, const Tensor& dact, const Tensor& p
 Tensor empty_like_rows(int64_t rows, int64_t cols, const Tensor& like) {
   return Tensor::empty({rows, cols}, like.dtype(), like.device());
 }
+
+// w[r] = probs[row_slot[r]]: each dispatched row's routing weight (no padding rows).
+template <typename T>
+void gather_row_weights_t(Tensor& w, const Tensor& probs, const ops::MoeDispatch& d) {
+  const int32_t* slot = d.row_slot.data<int32_t>();
+  const T* pr = probs.data<T>();
+  T* out = w.data<T>();
+  for (int64_t r = 0; r < d.rows; ++r) out[r] = slot[r] >= 0 ? pr[slot[r]] : T(0);
+}
+void gather_row_weights(Tensor& w, const Tensor& probs, const ops::MoeDispatch& d) {
+  if (w.dtype() == DType::f64)
+    gather_row_weights_t<double>(w, probs, d);
+  else
+    gather_row_weights_t<float>(w, probs, d);
+}
+// dprobs [N, k] (written): each kept slot's gradient from its row's dw[r]; 0 for dropped slots.
+template <typename T>
+void scatter_row_weights_t(Tensor& dprobs, const Tensor& dw, const ops::MoeDispatch& d) {
+  const int32_t* slot = d.row_slot.data<int32_t>();
+  const T* g = dw.data<T>();
+  T* out = dprobs.data<T>();
+  std::fill(out, out + dprobs.numel(), T(0));
+  for (int64_t r = 0; r < d.rows; ++r)
+    if (slot[r] >= 0) out[slot[r]] = g[r];
+}
+void scatter_row_weights(Tensor& dprobs, const Tensor& dw, const ops::MoeDispatch& d) {
+  if (dprobs.dtype() == DType::f64)
+    scatter_row_weights_t<double>(dprobs, dw, d);
+  else
+    scatter_row_weights_t<float>(dprobs, dw, d);
+}
+
+std::vector<int64_t> times(const std::vector<int64_t>& v, int64_t k) {
+  std::vector<int64_t> out(v);
+  for (auto& x : out) x *= k;
+  return out;
+}
 }  // namespace
+
+int64_t MoeGroups::seq_parts() const { return seq ? seq->size() : 1; }
+bool MoeGroups::exchange() const { return ep && ep->size() > 1; }
 
 int64_t MoeActs::bytes() const {
   int64_t b = 0;
-  for (const Tensor* t : {&logits, &probs, &idx, &scores, &counts, &xp, &pre, &act, &aw, &s_pre, &s_act, &s_out,
-                          &s_logit, &d.row_src, &d.row_slot, &d.slot_row})
+  for (const Tensor* t : {&logits,     &probs,      &idx,      &scores,     &counts,      &xp,         &pre,
+                          &act,        &aw,         &s_pre,    &s_act,      &s_out,       &s_logit,    &d.row_src,
+                          &d.row_slot, &d.slot_row, &r_weight, &rd.row_src, &rd.row_slot, &rd.slot_row})
     if (t->defined()) b += t->nbytes();
   return b;
 }
@@ -45,7 +89,9 @@ void MoeMlp::route(MoeActs& a, const Tensor& in, const MoeParams& p, int64_t seq
   a.logits = empty_like_rows(N, E, in);
   ops::moe_router_logits_forward(a.logits, in, p.router_w);
   double z = 0.0, aux = 0.0;
-  if (train && cfg.z_coeff > 0) z = ops::moe_z_loss_forward(a.logits, cfg.z_coeff);
+  // Split tokens: each rank's share of the micro batch's mean.
+  const double parts = static_cast<double>(groups.seq_parts());
+  if (train && cfg.z_coeff > 0) z = ops::moe_z_loss_forward(a.logits, cfg.z_coeff / parts);
   a.probs = empty_like_rows(N, k, in);
   a.idx = Tensor::empty({N, k}, DType::i32, in.device());
   ops::moe_topk_forward(a.probs, a.idx, a.logits, p.expert_bias.defined() ? &p.expert_bias : nullptr, cfg.router);
@@ -54,18 +100,12 @@ void MoeMlp::route(MoeActs& a, const Tensor& in, const MoeParams& p, int64_t seq
     const int64_t cap = ops::moe_capacity(N, E, k, cfg.capacity_factor);
     Tensor keep = Tensor::empty({N, k}, DType::i32, in.device());
     dropped = ops::moe_apply_capacity(keep, a.probs, a.idx, E, cap, cfg.drop_policy);
-    a.d = ops::moe_dispatch_plan(a.idx, &keep, E, cfg.pad_to_capacity ? cap : 0);
+    // Padding gives fixed-size groups; across ep ranks the rows travel unpadded (the same result).
+    a.d = ops::moe_dispatch_plan(a.idx, &keep, E, cfg.pad_to_capacity && !groups.exchange() ? cap : 0);
   } else {
     a.d = ops::moe_dispatch_plan(a.idx, nullptr, E, 0);
   }
-  if (train && cfg.balancing != MoeBalancing::none && cfg.aux_coeff > 0) {
-    const int64_t groups = loss_groups(N, seq);
-    a.scores = empty_like_rows(N, E, in);
-    a.counts = Tensor::empty({groups, E}, in.dtype(), in.device());
-    ops::fill(a.counts, 0.0);
-    ops::moe_aux_scores_forward(a.scores, a.counts, a.logits, cfg.router.score, k, groups);
-    aux = ops::moe_aux_loss_forward(a.scores, a.counts, groups, static_cast<double>(N / groups), k, cfg.aux_coeff);
-  }
+  if (train && cfg.balancing != MoeBalancing::none && cfg.aux_coeff > 0) aux = aux_loss(a, in, seq);
   if (!stats) return;
   stats->tokens.resize(static_cast<size_t>(E), 0.0);
   for (int64_t e = 0; e < E; ++e) stats->tokens[static_cast<size_t>(e)] += static_cast<double>(a.d.tokens[e]);
@@ -75,20 +115,83 @@ void MoeMlp::route(MoeActs& a, const Tensor& in, const MoeParams& p, int64_t seq
   ++stats->forwards;
 }
 
-// out = unpermute(W2_e (weight * act(W1_e permute(in)))).
-void MoeMlp::experts_forward(Tensor& out, MoeActs& a, const Tensor& in, const MoeParams& p) const {
-  const int64_t H = in.dim(1), F = cfg.ffn, rows = a.d.rows;
-  a.xp = empty_like_rows(rows, H, in);
-  ops::moe_permute(a.xp, in, a.d);
-  a.pre = empty_like_rows(rows, swiglu ? 2 * F : F, in);
-  ops::grouped_matmul_forward(a.pre, a.xp, p.w1, nullptr, a.d.counts);
-  a.act = empty_like_rows(rows, F, in);
+// The balancing loss (this rank's part of it when the micro batch's tokens are split):
+// scores of its own rows against the counts of the whole micro batch (summed over the
+// `seq` ranks), T = the micro batch's tokens. Its gradient is then the one-process one.
+double MoeMlp::aux_loss(MoeActs& a, const Tensor& in, int64_t seq) const {
+  const int64_t N = in.dim(0), E = cfg.num_experts, k = cfg.router.topk, parts = groups.seq_parts();
+  MTNLG_CHECK(parts == 1 || cfg.balancing == MoeBalancing::aux_loss,
+              "MoE: the per-sequence balancing loss with tokens split over {} ranks", parts);
+  const int64_t n_groups = loss_groups(N, seq);
+  a.scores = empty_like_rows(N, E, in);
+  a.counts = Tensor::empty({n_groups, E}, in.dtype(), in.device());
+  ops::fill(a.counts, 0.0);
+  ops::moe_aux_scores_forward(a.scores, a.counts, a.logits, cfg.router.score, k, n_groups);
+  if (parts > 1) groups.seq->all_reduce(a.counts.raw(), a.counts.numel(), a.counts.dtype(), parallel::ReduceOp::sum);
+  return ops::moe_aux_loss_forward(a.scores, a.counts, n_groups, static_cast<double>(N * parts / n_groups), k,
+                                   cfg.aux_coeff);
+}
+
+// yr = unpermute(W2_e (weight * act(W1_e permute(xr)))).
+void MoeMlp::local_experts_forward(Tensor& yr, MoeActs& a, const Tensor& xr, const ops::MoeDispatch& d, const Tensor& w,
+                                   const MoeParams& p) const {
+  const int64_t H = xr.dim(1), F = cfg.ffn, rows = d.rows;
+  a.xp = empty_like_rows(rows, H, xr);
+  ops::moe_permute(a.xp, xr, d);
+  a.pre = empty_like_rows(rows, swiglu ? 2 * F : F, xr);
+  ops::grouped_matmul_forward(a.pre, a.xp, p.w1, nullptr, d.counts);
+  a.act = empty_like_rows(rows, F, xr);
   act_forward(swiglu, a.act, a.pre);
-  a.aw = empty_like_rows(rows, F, in);
-  ops::moe_weight_rows_forward(a.aw, a.act, a.probs, a.d);
-  Tensor eo = empty_like_rows(rows, H, in);
-  ops::grouped_matmul_forward(eo, a.aw, p.w2, nullptr, a.d.counts);
-  ops::moe_unpermute(out, eo, a.d);
+  a.aw = empty_like_rows(rows, F, xr);
+  ops::moe_weight_rows_forward(a.aw, a.act, w, d);
+  Tensor eo = empty_like_rows(rows, H, xr);
+  ops::grouped_matmul_forward(eo, a.aw, p.w2, nullptr, d.counts);
+  ops::moe_unpermute(yr, eo, d);
+}
+
+void MoeMlp::experts_forward(Tensor& out, MoeActs& a, const Tensor& in, const MoeParams& p) const {
+  if (groups.exchange())
+    exchange_forward(out, a, in, p);
+  else
+    local_experts_forward(out, a, in, a.d, a.probs, p);
+}
+
+// Expert parallelism: this rank's routed rows go to the ep peer holding their expert (by
+// expert, token order inside), with their routing weights; each rank runs its experts on
+// what it received and sends the outputs back, which combine as in one process.
+void MoeMlp::exchange_forward(Tensor& out, MoeActs& a, const Tensor& in, const MoeParams& p) const {
+  parallel::Communicator& ep = *groups.ep;
+  const int64_t H = in.dim(1), E = cfg.num_experts, El = cfg.local_experts(), n = ep.size();
+  // Tokens per (peer, expert of the peer) both ways, then the row counts per peer.
+  Tensor mine = Tensor::empty({E}, DType::i32, Device::cpu), theirs = Tensor::empty({E}, DType::i32, Device::cpu);
+  for (int64_t e = 0; e < E; ++e) mine.data<int32_t>()[e] = static_cast<int32_t>(a.d.counts[static_cast<size_t>(e)]);
+  const std::vector<int64_t> blocks(static_cast<size_t>(n), El);
+  ep.all_to_all_v(mine.raw(), blocks, theirs.raw(), blocks, DType::i32);
+  a.sent.assign(static_cast<size_t>(n), 0);
+  a.received.assign(static_cast<size_t>(n), 0);
+  for (int64_t e = 0; e < E; ++e) {
+    a.sent[static_cast<size_t>(e / El)] += mine.data<int32_t>()[e];
+    a.received[static_cast<size_t>(e / El)] += theirs.data<int32_t>()[e];
+  }
+  int64_t R = 0;
+  for (int64_t c : a.received) R += c;
+  // The received rows, (peer, local expert, token) ordered, each routed once to its expert.
+  Tensor r_idx = Tensor::empty({R, 1}, DType::i32, Device::cpu);
+  for (int64_t e = 0, r = 0; e < E; ++e)
+    for (int32_t i = 0; i < theirs.data<int32_t>()[e]; ++i) r_idx.data<int32_t>()[r++] = static_cast<int32_t>(e % El);
+  a.rd = ops::moe_dispatch_plan(r_idx, nullptr, El, 0);
+
+  Tensor xs = empty_like_rows(a.d.rows, H, in), ws = Tensor::empty({a.d.rows}, in.dtype(), in.device());
+  ops::moe_permute(xs, in, a.d);
+  gather_row_weights(ws, a.probs, a.d);
+  Tensor xr = empty_like_rows(R, H, in);
+  a.r_weight = empty_like_rows(R, 1, in);
+  ep.all_to_all_v(xs.raw(), times(a.sent, H), xr.raw(), times(a.received, H), in.dtype());
+  ep.all_to_all_v(ws.raw(), a.sent, a.r_weight.raw(), a.received, in.dtype());
+  Tensor yr = empty_like_rows(R, H, in), ys = empty_like_rows(a.d.rows, H, in);
+  local_experts_forward(yr, a, xr, a.rd, a.r_weight, p);
+  ep.all_to_all_v(yr.raw(), times(a.received, H), ys.raw(), times(a.sent, H), in.dtype());
+  ops::moe_unpermute(out, ys, a.d);
 }
 
 // out += shared(in), times sigmoid(in . gate) with the gate.
@@ -142,35 +245,63 @@ void MoeMlp::router_backward(Tensor& din, const Tensor& dprobs, const MoeActs& a
   const int64_t N = in.dim(0), E = cfg.num_experts, k = cfg.router.topk;
   Tensor dlogits = empty_like_rows(N, E, in);
   ops::moe_topk_backward(dlogits, dprobs, a.logits, a.idx, cfg.router);
+  const int64_t parts = groups.seq_parts();
   if (a.scores.defined()) {
-    const int64_t groups = loss_groups(N, seq);
+    const int64_t n_groups = loss_groups(N, seq);
     Tensor dscores = empty_like_rows(N, E, in);
-    ops::moe_aux_loss_backward(dscores, a.counts, groups, static_cast<double>(N / groups), k, cfg.aux_coeff,
+    ops::moe_aux_loss_backward(dscores, a.counts, n_groups, static_cast<double>(N * parts / n_groups), k, cfg.aux_coeff,
                                loss_weight);
     ops::moe_aux_scores_backward(dlogits, dscores, a.logits, cfg.router.score);
   }
-  if (cfg.z_coeff > 0) ops::moe_z_loss_backward(dlogits, a.logits, cfg.z_coeff, loss_weight);
+  if (cfg.z_coeff > 0)
+    ops::moe_z_loss_backward(dlogits, a.logits, cfg.z_coeff / static_cast<double>(parts), loss_weight);
   Tensor dx = empty_like_rows(N, in.dim(1), in);
   ops::moe_router_logits_backward(dx, p.d_router_w, dlogits, in, p.router_w);
   ops::add_inplace(din, dx);
 }
 
+// dxr (written) and the routing weights' dw (written) from dyr, through the local experts.
+void MoeMlp::local_experts_backward(Tensor& dxr, Tensor& dw, const Tensor& dyr, const MoeActs& a,
+                                    const ops::MoeDispatch& d, const Tensor& w, MoeParams& p) const {
+  const int64_t H = dyr.dim(1), F = cfg.ffn, rows = d.rows;
+  Tensor deo = empty_like_rows(rows, H, dyr);
+  ops::moe_permute(deo, dyr, d);
+  Tensor daw = empty_like_rows(rows, F, dyr);
+  ops::grouped_matmul_backward(&daw, &p.d_w2, nullptr, deo, a.aw, p.w2, d.counts);
+  Tensor dact = empty_like_rows(rows, F, dyr);
+  ops::moe_weight_rows_backward(dact, dw, daw, a.act, w, d);
+  Tensor dpre = empty_like_rows(rows, swiglu ? 2 * F : F, dyr);
+  act_backward(swiglu, dpre, dact, a.pre);
+  Tensor dxp = empty_like_rows(rows, H, dyr);
+  ops::grouped_matmul_backward(&dxp, &p.d_w1, nullptr, dpre, a.xp, p.w1, d.counts);
+  ops::moe_unpermute(dxr, dxp, d);
+}
+
+// The forward's exchanges in reverse: output gradients to the experts' ranks, input and
+// weight gradients back.
+void MoeMlp::exchange_backward(Tensor& din, Tensor& dprobs, const Tensor& dout, const MoeActs& a, MoeParams& p) const {
+  parallel::Communicator& ep = *groups.ep;
+  const int64_t H = dout.dim(1), rows = a.d.rows, R = a.rd.num_tokens;
+  Tensor dys = empty_like_rows(rows, H, dout), dyr = empty_like_rows(R, H, dout);
+  ops::moe_permute(dys, dout, a.d);
+  ep.all_to_all_v(dys.raw(), times(a.sent, H), dyr.raw(), times(a.received, H), dout.dtype());
+  Tensor dxr = empty_like_rows(R, H, dout), dwr = empty_like_rows(R, 1, dout);
+  local_experts_backward(dxr, dwr, dyr, a, a.rd, a.r_weight, p);
+  Tensor dxs = empty_like_rows(rows, H, dout), dws = Tensor::empty({rows}, dout.dtype(), dout.device());
+  ep.all_to_all_v(dxr.raw(), times(a.received, H), dxs.raw(), times(a.sent, H), dout.dtype());
+  ep.all_to_all_v(dwr.raw(), a.received, dws.raw(), a.sent, dout.dtype());
+  ops::moe_unpermute(din, dxs, a.d);
+  scatter_row_weights(dprobs, dws, a.d);
+}
+
 void MoeMlp::backward(Tensor& din, const Tensor& dout, const MoeActs& a, const Tensor& in, MoeParams& p, int64_t seq,
                       double loss_weight) const {
   MTNLG_CHECK(a.defined(), "MoE backward without its forward's activations");
-  const int64_t N = in.dim(0), H = in.dim(1), F = cfg.ffn, rows = a.d.rows;
-  Tensor deo = empty_like_rows(rows, H, in);
-  ops::moe_permute(deo, dout, a.d);
-  Tensor daw = empty_like_rows(rows, F, in);
-  ops::grouped_matmul_backward(&daw, &p.d_w2, nullptr, deo, a.aw, p.w2, a.d.counts);
-  Tensor dact = empty_like_rows(rows, F, in);
-  Tensor dprobs = empty_like_rows(N, cfg.router.topk, in);
-  ops::moe_weight_rows_backward(dact, dprobs, daw, a.act, a.probs, a.d);
-  Tensor dpre = empty_like_rows(rows, swiglu ? 2 * F : F, in);
-  act_backward(swiglu, dpre, dact, a.pre);
-  Tensor dxp = empty_like_rows(rows, H, in);
-  ops::grouped_matmul_backward(&dxp, &p.d_w1, nullptr, dpre, a.xp, p.w1, a.d.counts);
-  ops::moe_unpermute(din, dxp, a.d);
+  Tensor dprobs = empty_like_rows(in.dim(0), cfg.router.topk, in);
+  if (groups.exchange())
+    exchange_backward(din, dprobs, dout, a, p);
+  else
+    local_experts_backward(din, dprobs, dout, a, a.d, a.probs, p);
   if (cfg.shared_ffn > 0) shared_backward(din, dout, a, in, p);
   router_backward(din, dprobs, a, in, p, seq, loss_weight);
 }

@@ -11,6 +11,10 @@
 #include "core/moe_ops.hpp"
 #include "core/tensor.hpp"
 
+namespace mtnlg::parallel {
+class Communicator;
+}
+
 namespace mtnlg::model {
 
 // The MoE keys as the model uses them (app::gpt_config fills it from the recipe).
@@ -29,12 +33,29 @@ struct MoeLayerConfig {
   bool pad_to_capacity = false;
   ops::DropPolicy drop_policy = ops::DropPolicy::probs;
   std::vector<uint8_t> layers;  // per layer of the whole model: 1 = MoE
+  // Expert parallelism: this rank holds experts [ep_rank * E / ep_size, (ep_rank + 1) * E /
+  // ep_size) (the model declares only those); the trainer sets it from its expert grid.
+  int64_t ep_size = 1, ep_rank = 0;
+  int64_t local_experts() const { return num_experts / ep_size; }
+  int64_t first_expert() const { return ep_rank * local_experts(); }
 
   bool enabled() const { return num_experts > 0; }
   bool is_moe(int64_t layer) const {
     return enabled() && layer >= 0 && layer < static_cast<int64_t>(layers.size()) &&
            layers[static_cast<size_t>(layer)] == 1;
   }
+};
+
+// The groups an MoE layer talks over (none in one process): `ep`, the expert-parallel
+// group whose ranks hold E / ep experts each and swap tokens with all-to-all (null or one
+// rank: every expert here); `seq`, the ranks that split one micro batch's tokens (the tp
+// group under sequence parallelism), over which the balancing loss's counts are summed
+// and the losses are partial (their sum over `seq` is the micro batch's loss).
+struct MoeGroups {
+  parallel::Communicator* ep = nullptr;
+  parallel::Communicator* seq = nullptr;
+  int64_t seq_parts() const;
+  bool exchange() const;  // ep has more than one rank
 };
 
 // One MoE layer's weights and gradients (the store's views). w1 [E, F or 2F, H] (SwiGLU:
@@ -52,6 +73,13 @@ struct MoeActs {
   Tensor logits, probs, idx;  // router [N, E], top-k weights and experts [N, k]
   Tensor scores, counts;      // the balancing loss's scores [N, E] and counts [groups, E]
   ops::MoeDispatch d;
+  // Expert parallelism: the rows swapped with each ep peer (sent = this rank's routed rows
+  // by the peer holding their expert, received = the rows for this rank's experts), the
+  // received rows as one batch of "tokens" routed once each (k = 1) to a local expert
+  // (plan `rd`, in (peer, expert, token) order) and their routing weights [R, 1].
+  std::vector<int64_t> sent, received;
+  ops::MoeDispatch rd;
+  Tensor r_weight;
   Tensor xp, pre, act, aw;              // dispatched rows, fc1 output, activation, weighted activation
   Tensor s_pre, s_act, s_out, s_logit;  // shared expert: fc1 output, activation, fc2 output, gate logit
   bool defined() const { return logits.defined(); }
@@ -72,6 +100,7 @@ struct MoeLayerStats {
 struct MoeMlp {
   MoeLayerConfig cfg;
   bool swiglu = false;
+  MoeGroups groups;
 
   // out [N, H] (written) from the normed input `in` [N, H]; `seq` tokens per sequence (the
   // per-sequence loss's groups). train: keeps `a` for the backward and, with `stats`,
@@ -86,6 +115,15 @@ struct MoeMlp {
  private:
   void route(MoeActs& a, const Tensor& in, const MoeParams& p, int64_t seq, bool train, MoeLayerStats* stats) const;
   void experts_forward(Tensor& out, MoeActs& a, const Tensor& in, const MoeParams& p) const;
+  // The local experts on rows xr [R, H] dispatched by plan d with weights w (d's probs):
+  // yr [R, H] (written) in xr's order; keeps what the backward needs in `a`.
+  void local_experts_forward(Tensor& yr, MoeActs& a, const Tensor& xr, const ops::MoeDispatch& d, const Tensor& w,
+                             const MoeParams& p) const;
+  void local_experts_backward(Tensor& dxr, Tensor& dw, const Tensor& dyr, const MoeActs& a, const ops::MoeDispatch& d,
+                              const Tensor& w, MoeParams& p) const;
+  void exchange_forward(Tensor& out, MoeActs& a, const Tensor& in, const MoeParams& p) const;
+  void exchange_backward(Tensor& din, Tensor& dprobs, const Tensor& dout, const MoeActs& a, MoeParams& p) const;
+  double aux_loss(MoeActs& a, const Tensor& in, int64_t seq) const;
   void shared_forward(Tensor& out, MoeActs& a, const Tensor& in, const MoeParams& p) const;
   void shared_backward(Tensor& din, const Tensor& dout, const MoeActs& a, const Tensor& in, MoeParams& p) const;
   void router_backward(Tensor& din, const Tensor& dprobs, const MoeActs& a, const Tensor& in, MoeParams& p, int64_t seq,

@@ -1,5 +1,6 @@
 #include "model/params.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/mem_account.hpp"
@@ -30,6 +31,16 @@ void ParamStore::add(ParamInfo p) {
 }
 
 void ParamStore::finalize(DType master, DType compute, Device dev) {
+  std::stable_partition(infos_.begin(), infos_.end(), [](const ParamInfo& p) { return !p.expert; });
+  int64_t offset = 0;
+  bool seen_expert = false;
+  for (auto& p : infos_) {
+    if (p.expert && !seen_expert) expert_offset_ = offset;
+    seen_expert = seen_expert || p.expert;
+    p.offset = offset;
+    offset += p.numel;
+  }
+  if (!seen_expert) expert_offset_ = total_;
   auto zeros = [&](DType dt) {
     Tensor t = Tensor::empty({total_}, dt, dev);
     ops::fill(t, 0.0);

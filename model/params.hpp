@@ -43,6 +43,10 @@ struct ParamInfo {
   // checkpoint of another tp (another padding) loads its real rows (the word embedding,
   // the untied output layer).
   bool vocab_rows = false;
+  // A routed expert's weight (an MoE layer's): it belongs to the expert grid, not the
+  // attention grid, and sits after every other parameter in the flat buffers
+  // (ParamStore::finalize), so the two regions reduce and shard over their own groups.
+  bool expert = false;
 };
 
 class ParamStore {
@@ -51,7 +55,11 @@ class ParamStore {
   void add(ParamInfo p);
   // Allocates the master and gradient buffers in `master` and, when `compute` differs,
   // the compute copy (bf16 or f16), all on `dev`. Zero-filled.
+  // Routed experts' parameters (ParamInfo::expert) are moved after all the others first,
+  // each region keeping the declaration order: [0, expert_offset()) and the experts.
   void finalize(DType master, DType compute, Device dev);
+  // Where the experts' region starts (numel() when there is none).
+  int64_t expert_offset() const { return expert_offset_; }
   void finalize(DType master = DType::f32) { finalize(master, master, Device::cpu); }
   Device device() const { return params_.device(); }
   // Moves every buffer to `dev` (a model loaded on the host, run on a device).
@@ -86,6 +94,7 @@ class ParamStore {
   std::vector<ParamInfo> infos_;
   Tensor params_, grads_, weights_;
   int64_t total_ = 0;
+  int64_t expert_offset_ = 0;
 };
 
 // Standard normal for (key, global index) by Box-Muller on two Philox draws.

@@ -30,9 +30,12 @@ void inspect_checkpoint(const std::string& input, bool tensors) {
   std::printf("checkpoint %s\n  iteration %lld | consumed samples %lld, tokens %s | optimizer steps %lld\n",
               dir.c_str(), static_cast<long long>(st.iteration), static_cast<long long>(st.consumed_samples),
               human_count(static_cast<double>(st.consumed_tokens)).c_str(), static_cast<long long>(st.optimizer_steps));
-  std::printf("  layout tp=%lld pp=%lld dp=%lld%s | skipped %lld | format version %d\n",
+  const std::string more =
+      (st.layout.cp > 1 ? fmt::format(" cp={}", st.layout.cp) : "") +
+      (st.layout.ep > 0 ? fmt::format(" ep={} (experts: {} replicas)", st.layout.ep, st.layout.edp) : "");
+  std::printf("  layout tp=%lld pp=%lld dp=%lld%s%s | skipped %lld | format version %d\n",
               static_cast<long long>(st.layout.tp), static_cast<long long>(st.layout.pp),
-              static_cast<long long>(st.layout.dp), st.layout.zero1 ? " ZeRO-1" : "",
+              static_cast<long long>(st.layout.dp), more.c_str(), st.layout.zero1 ? " ZeRO-1" : "",
               static_cast<long long>(st.skipped_total), model::ckpt::kFormatVersion);
   auto rep = model::ckpt::inspect(dir);
   std::map<std::string, std::tuple<int64_t, int64_t, int64_t>> per_file;  // tensors, elements, bad checksums
@@ -251,8 +254,8 @@ void register_verify_resume(CLI::App* cmd) {
   vr->add_option("--recipe", v->recipe, "The recipe the checkpoint was trained with (its model must match)")
       ->required();
   vr->add_option("--layout-a", v->layout_a,
-                 "First layout: tp=T,pp=P,dp=D[,cp=C][,zero1=0|1][,sp=0|1] (tp/pp/dp/cp default 1, cp = "
-                 "parallel.context_parallel_size; zero1 = "
+                 "First layout: tp=T,pp=P,dp=D[,cp=C][,ep=E][,zero1=0|1][,sp=0|1] (tp/pp/dp/cp default 1, cp = "
+                 "parallel.context_parallel_size; ep = parallel.expert_model_parallel_size; zero1 = "
                  "parallel.use_distributed_optimizer, sp = parallel.sequence_parallel, as the recipe when not given)")
       ->capture_default_str();
   vr->add_option("--layout-b", v->layout_b, "Second layout, e.g. \"tp=2,pp=2,dp=2,zero1=1\"")->required();

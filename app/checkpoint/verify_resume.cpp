@@ -43,6 +43,7 @@ std::string shell_quote(const std::string& s) {
 std::string describe(const Recipe& r, int64_t world) {
   std::string d = fmt::format("tp={} pp={} dp={}", r.tp(), r.pp(), world / (r.tp() * r.cp() * r.pp()));
   if (r.cp() > 1) d += fmt::format(" cp={}", r.cp());
+  if (r.model.moe.enabled() && r.ep() > 1) d += fmt::format(" ep={}", r.ep());
   if (r.parallel.use_distributed_optimizer) d += " ZeRO-1";
   if (r.parallel.sequence_parallel) d += " sp";
   return d;
@@ -117,6 +118,7 @@ std::vector<std::string> VerifyLayout::sets() const {
   std::vector<std::string> s = {fmt::format("parallel.tensor_model_parallel_size={}", tp),
                                 fmt::format("parallel.pipeline_model_parallel_size={}", pp),
                                 fmt::format("parallel.context_parallel_size={}", cp)};
+  if (ep > 0) s.push_back(fmt::format("parallel.expert_model_parallel_size={}", ep));
   if (zero1 >= 0) s.push_back(fmt::format("parallel.use_distributed_optimizer={}", zero1 ? "true" : "false"));
   if (sp >= 0) s.push_back(fmt::format("parallel.sequence_parallel={}", sp ? "true" : "false"));
   return s;
@@ -132,14 +134,14 @@ VerifyLayout parse_verify_layout(const std::string& text, const std::string& opt
     pos = end + 1;
     const size_t eq = item.find('=');
     if (eq == std::string::npos)
-      throw_input("{} \"{}\": \"{}\" is not key=value (keys: tp, pp, dp, cp, zero1, sp)", option, text, item);
+      throw_input("{} \"{}\": \"{}\" is not key=value (keys: tp, pp, dp, cp, ep, zero1, sp)", option, text, item);
     const std::string key = trim(item.substr(0, eq)), value = trim(item.substr(eq + 1));
-    if (key == "tp" || key == "pp" || key == "dp" || key == "cp") {
+    if (key == "tp" || key == "pp" || key == "dp" || key == "cp" || key == "ep") {
       char* stop = nullptr;
       const long long v = std::strtoll(value.c_str(), &stop, 10);
       if (value.empty() || *stop != '\0' || v < 1 || v > (1 << 24))
         throw_input("{} \"{}\": {}={} is not a positive process count", option, text, key, value);
-      (key == "tp" ? l.tp : key == "pp" ? l.pp : key == "cp" ? l.cp : l.dp) = v;
+      (key == "tp" ? l.tp : key == "pp" ? l.pp : key == "cp" ? l.cp : key == "ep" ? l.ep : l.dp) = v;
     } else if (key == "zero1" || key == "sp") {
       std::optional<bool> b = value == "1"   ? std::optional<bool>(true)
                               : value == "0" ? std::optional<bool>(false)
@@ -147,8 +149,8 @@ VerifyLayout parse_verify_layout(const std::string& text, const std::string& opt
       if (!b) throw_input("{} \"{}\": {}={} is not 0/1 or true/false", option, text, key, value);
       (key == "zero1" ? l.zero1 : l.sp) = *b ? 1 : 0;
     } else {
-      throw_input("{} \"{}\": unknown key \"{}\" (tp, pp, dp, cp, zero1, sp; other settings go in --set)", option, text,
-                  key);
+      throw_input("{} \"{}\": unknown key \"{}\" (tp, pp, dp, cp, ep, zero1, sp; other settings go in --set)", option,
+                  text, key);
     }
   }
   if (l.world() > (1 << 24))

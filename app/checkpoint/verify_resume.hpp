@@ -15,6 +15,7 @@ namespace mtnlg::app {
 // as the recipe and --set have them unless given.
 struct VerifyLayout {
   int64_t tp = 1, pp = 1, dp = 1, cp = 1;
+  int64_t ep = 0;           // expert_model_parallel_size; 0: as the recipe says
   int zero1 = -1, sp = -1;  // -1: as the recipe says
   int64_t world() const { return tp * cp * pp * dp; }
   // The --set overrides that select this layout.

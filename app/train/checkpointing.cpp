@@ -81,6 +81,15 @@ void check_same_network(const std::string& dir, const model::ckpt::TrainState& s
   same_text("qk_layernorm", yes_no(a.qk_layernorm), yes_no(b.qk_layernorm));
 }
 
+namespace {
+// Each optimizer of the model with where its region starts in the flat buffers.
+std::vector<std::pair<optimizer::DistributedAdamW*, int64_t>> regions(optimizer::ModelAdamW& o) {
+  std::vector<std::pair<optimizer::DistributedAdamW*, int64_t>> out{{&o.dense(), 0}};
+  if (o.experts()) out.emplace_back(o.experts(), o.expert_offset());
+  return out;
+}
+}  // namespace
+
 CheckpointManager::CheckpointManager(const Recipe& r, const parallel::ProcessGroups& g, model::ckpt::Layout layout)
     : r_(r), g_(g), layout_(layout), root_(r.checkpoint.save) {}
 
@@ -89,7 +98,7 @@ CheckpointManager::~CheckpointManager() {
 }
 
 std::optional<model::ckpt::TrainState> CheckpointManager::resume(model::ParamStore& store,
-                                                                 optimizer::DistributedAdamW& optim) {
+                                                                 optimizer::ModelAdamW& optim) {
   const std::string& path = r_.checkpoint.load;
   if (path.empty()) return std::nullopt;
   namespace fs = std::filesystem;
@@ -104,23 +113,28 @@ std::optional<model::ckpt::TrainState> CheckpointManager::resume(model::ParamSto
     throw_input("{}: {} is missing ({} shard files of layout tp={} pp={} dp={} are absent)", dir, miss.front(),
                 miss.size(), st.layout.tp, st.layout.pp, st.layout.dp);
   check_same_network(dir, st, r_);
-  model::ckpt::OptimShard shard{optim.shard_begin(), optim.shard_end(), &optim.exp_avg(), &optim.exp_avg_sq()};
   if (model::ckpt::has_optimizer_state(dir)) {
-    model::ckpt::load_into(dir, store, &shard, &optim.exp_avg(), &optim.exp_avg_sq());
+    model::ckpt::load_into(dir, store);
+    for (const auto& [adamw, base] : regions(optim)) {
+      model::ckpt::OptimShard shard{base + adamw->shard_begin(), base + adamw->shard_end(), &adamw->exp_avg(),
+                                    &adamw->exp_avg_sq()};
+      model::ckpt::load_optimizer_state(dir, store, shard, adamw->exp_avg(), adamw->exp_avg_sq());
+    }
   } else {  // weights only (an imported model): the optimizer starts fresh
     model::ckpt::load_into(dir, store);
     log::info("{}: weights only (no optimizer state): AdamW starts from zero moments", dir);
   }
   optim.set_steps_taken(st.optimizer_steps);
-  log::info("resumed from {} (iteration {}, {} tokens; saved with tp={} pp={} dp={}{}{}) in {:.1f}s", dir, st.iteration,
-            st.consumed_tokens, st.layout.tp, st.layout.pp, st.layout.dp,
-            st.layout.cp > 1 ? fmt::format(" cp={}", st.layout.cp) : "", st.layout.zero1 ? " ZeRO-1" : "",
+  log::info("resumed from {} (iteration {}, {} tokens; saved with tp={} pp={} dp={}{}{}{}) in {:.1f}s", dir,
+            st.iteration, st.consumed_tokens, st.layout.tp, st.layout.pp, st.layout.dp,
+            st.layout.cp > 1 ? fmt::format(" cp={}", st.layout.cp) : "",
+            st.layout.ep > 1 ? fmt::format(" ep={}", st.layout.ep) : "", st.layout.zero1 ? " ZeRO-1" : "",
             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   return st;
 }
 
 double CheckpointManager::save(const model::ckpt::TrainState& st, const model::ParamStore& store,
-                               optimizer::DistributedAdamW& optim) {
+                               optimizer::ModelAdamW& optim) {
   if (!enabled()) return 0;
   auto t0 = std::chrono::steady_clock::now();
   finish();  // one save in flight at a time
@@ -134,19 +148,27 @@ double CheckpointManager::save(const model::ckpt::TrainState& st, const model::P
   // The replicas are the dp x cp ranks of a (tp, pp) position; the first writes the model,
   // and the optimizer state under ZeRO-1 comes from each by its index among them.
   const int64_t replica = g_.coord.dp * g_.topo.cp() + g_.coord.cp;
-  const bool model_writer = replica == 0;
-  const bool optim_writer = optim.zero1() || replica == 0;
-  model::ckpt::OptimShard shard{optim.shard_begin(), optim.shard_end(), &optim.exp_avg(), &optim.exp_avg_sq()};
-  auto snap = std::make_shared<model::ckpt::Snapshot>(
-      model::ckpt::take_snapshot(store, &shard, g_.coord.tp, g_.coord.pp, replica, model_writer, optim_writer));
+  auto& dense = optim.dense();
+  model::ckpt::OptimShard shard{dense.shard_begin(), dense.shard_end(), &dense.exp_avg(), &dense.exp_avg_sq()};
+  auto snaps = std::make_shared<std::vector<model::ckpt::Snapshot>>();
+  snaps->push_back(model::ckpt::take_snapshot(store, &shard, g_.coord.tp, g_.coord.pp, replica, replica == 0,
+                                              optim.zero1() || replica == 0));
+  // The routed experts: written by the first of their replicas (edp), their optimizer
+  // state by each under ZeRO-1.
+  if (auto* ex = optim.experts()) {
+    const int64_t base = optim.expert_offset(), edp = g_.ecoord.edp;
+    model::ckpt::OptimShard es{base + ex->shard_begin(), base + ex->shard_end(), &ex->exp_avg(), &ex->exp_avg_sq()};
+    snaps->push_back(model::ckpt::take_expert_snapshot(store, &es, g_.ecoord.ep, g_.coord.pp, edp, edp == 0,
+                                                       ex->zero1() || edp == 0));
+  }
   double blocked = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   writer_done_ = false;
   writer_error_.clear();
   pending_iteration_ = st.iteration;
   const int64_t delay_ms = *switches::integer(Switch::test_save_delay_ms);
-  writer_ = std::thread([this, snap, part, st, rank0, delay_ms] {
+  writer_ = std::thread([this, snaps, part, st, rank0, delay_ms] {
     try {
-      model::ckpt::write_snapshot(part, *snap);
+      for (const auto& snap : *snaps) model::ckpt::write_snapshot(part, snap);
       // Test hook: widen the window in which a kill leaves a partial checkpoint.
       if (delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
       if (rank0) model::ckpt::write_metadata(part, st);

@@ -16,7 +16,7 @@
 #include "config/recipe.hpp"
 #include "model/checkpoint.hpp"
 #include "parallel/communicator.hpp"
-#include "optimizer/distributed_adamw.hpp"
+#include "optimizer/model_optimizer.hpp"
 
 namespace mtnlg::app {
 
@@ -43,11 +43,11 @@ class CheckpointManager {
   // Loads checkpoint.load (its `latest`, or an iteration dir) into the store and the
   // optimizer. Returns the saved training state, or nullopt when checkpoint.load is
   // unset or holds no checkpoint yet (a fresh start, e.g. the first run of a requeued job).
-  std::optional<model::ckpt::TrainState> resume(model::ParamStore& store, optimizer::DistributedAdamW& optim);
+  std::optional<model::ckpt::TrainState> resume(model::ParamStore& store, optimizer::ModelAdamW& optim);
 
   bool enabled() const { return !root_.empty(); }
   // Starts saving `st` (collective over the world). Returns seconds the caller was blocked.
-  double save(const model::ckpt::TrainState& st, const model::ParamStore& store, optimizer::DistributedAdamW& optim);
+  double save(const model::ckpt::TrainState& st, const model::ParamStore& store, optimizer::ModelAdamW& optim);
   // Commits a finished background save (collective; call once per iteration on every rank).
   void poll();
   // Waits for the pending save and commits it (collective).

@@ -72,9 +72,6 @@ void run_train(const TrainArgs& a) {
   refuse_unwired_moe(r);
   refuse_unwired_context_parallel(r);
   parallel::LaunchInfo info = parallel::detect_launch();
-  if (r.model.moe.enabled() && info.world_size > 1)
-    throw_input("model.num_experts ({}): MoE layers train in one process so far (this job has {})",
-                r.model.moe.num_experts, info.world_size);
   validate_layout(r, info.world_size);
   parallel::set_collective_timeout(r.parallel.distributed_timeout_minutes * 60);  // MTNLG_COLLECTIVE_TIMEOUT wins
   auto world = parallel::init_world(info);

@@ -51,7 +51,7 @@
 #include "parallel/watchdog.hpp"
 #include "optimizer/loss_scaler.hpp"
 #include "core/switches.hpp"
-#include "optimizer/distributed_adamw.hpp"
+#include "optimizer/model_optimizer.hpp"
 #include "schedules/batch_schedule.hpp"
 #include "schedules/lr_schedule.hpp"
 
@@ -123,8 +123,9 @@ model::ParamStore declared_params(const model::GptConfig& cfg, const std::vector
 // (NCCL tensor groups on GPUs) before the chunks are built: `groups` is what every
 // later part talks over. Not copyable or movable: the chunks hold references to `store`.
 struct TrainModel {
-  TrainModel(const Recipe& r, const parallel::ProcessGroups& unplaced)
-      : cfg(gpt_config(r, /*moe=*/true)),
+  TrainModel(const Recipe& r, const parallel::ProcessGroups& g)
+      : unplaced(with_expert_groups(r, g)),
+        cfg(model_config(r, unplaced)),
         specs(model::partition_chunks(pipeline_split(r), unplaced.coord.pp)),
         store(declared_params(cfg, specs, unplaced)),
         device(select_device(r.training.device, "training.device")),
@@ -138,6 +139,20 @@ struct TrainModel {
   TrainModel& operator=(const TrainModel&) = delete;
   int64_t v() const { return static_cast<int64_t>(specs.size()); }  // virtual chunks on this rank
 
+  // An MoE model's process groups gain the expert grid's (collective over world).
+  static parallel::ProcessGroups with_expert_groups(const Recipe& r, parallel::ProcessGroups g) {
+    if (r.model.moe.enabled()) parallel::add_expert_groups(g, r.ep(), r.etp());
+    return g;
+  }
+  // The model, with this rank's place in the expert grid (which experts it declares).
+  static model::GptConfig model_config(const Recipe& r, const parallel::ProcessGroups& g) {
+    model::GptConfig c = gpt_config(r, /*moe=*/true);
+    c.moe.ep_size = g.ep_size;
+    c.moe.ep_rank = g.ecoord.ep;
+    return c;
+  }
+
+  parallel::ProcessGroups unplaced;  // the caller's groups and the expert grid's, on the host
   model::GptConfig cfg;
   std::vector<model::ChunkSpec> specs;
   model::ParamStore store;
@@ -149,15 +164,21 @@ struct TrainModel {
 // Whether a parameter counts in the gradient norm and the model size: not a tp rank's
 // copy of a tp-replicated one (tp rank > 0), nor a later stage's copy of the tied word
 // embedding.
+// Routed experts are counted in their own region (ModelAdamW: every expert once over the
+// expert model-parallel group).
 bool counted_once(const model::ParamInfo& p, const parallel::ProcessGroups& g) {
+  if (p.expert) return true;
   const bool dup_tp = p.tp_replicated && g.coord.tp != 0;
   const bool dup_embedding = p.word_embedding && g.topo.pp() > 1 && g.coord.pp != 0;
   return !dup_tp && !dup_embedding;
 }
 
-std::vector<optimizer::ParamSegment> param_segments(const model::ParamStore& store, const parallel::ProcessGroups& g) {
+// The optimizer's segments of one region: the routed experts' or the others'.
+std::vector<optimizer::ParamSegment> param_segments(const model::ParamStore& store, const parallel::ProcessGroups& g,
+                                                    bool experts) {
   std::vector<optimizer::ParamSegment> segs;
   for (const auto& p : store.infos()) {
+    if (p.expert != experts) continue;
     optimizer::ParamSegment s;
     s.offset = p.offset;
     s.numel = p.numel;
@@ -168,13 +189,14 @@ std::vector<optimizer::ParamSegment> param_segments(const model::ParamStore& sto
   return segs;
 }
 
-// The model's size: the tp x pp ranks of data-parallel replica 0 and cp rank 0 (a host
-// sum over world).
+// The model's size: the tp x pp ranks of data-parallel replica 0 and cp rank 0, and the
+// routed experts of expert-data-parallel replica 0 (a host sum over world).
 int64_t model_size(const model::ParamStore& store, const parallel::ProcessGroups& g) {
-  int64_t local_params = 0;
-  for (const auto& p : store.infos())
-    if (counted_once(p, g)) local_params += p.numel;
-  int64_t total = g.coord.dp == 0 && g.coord.cp == 0 ? local_params : 0;
+  int64_t total = 0;
+  for (const auto& p : store.infos()) {
+    const bool replica0 = p.expert ? g.ecoord.edp == 0 : g.coord.dp == 0 && g.coord.cp == 0;
+    if (replica0 && counted_once(p, g)) total += p.numel;
+  }
   if (g.world && g.world->size() > 1) g.world->all_reduce(&total, 1, parallel::ReduceOp::sum);
   return total;
 }
@@ -187,12 +209,13 @@ std::optional<optimizer::DynamicLossScaler> loss_scaler_if_fp16(const Recipe& r)
 
 struct TrainOptimizer {
   TrainOptimizer(const Recipe& r, const TrainModel& m)
-      : adamw(adamw_config(r.optimizer), param_segments(m.store, m.groups), m.store.numel(), m.groups,
+      : adamw(adamw_config(r.optimizer), param_segments(m.store, m.groups, false),
+              param_segments(m.store, m.groups, true), m.store.expert_offset(), m.store.numel(), m.groups,
               r.parallel.use_distributed_optimizer, r.parallel.ddp_bucket_size, m.store.device()),
         scaler(loss_scaler_if_fp16(r)),
         total_params(model_size(m.store, m.groups)) {}
 
-  optimizer::DistributedAdamW adamw;
+  optimizer::ModelAdamW adamw;
   // Optional because it exists for fp16 only: its absence is how the step, the log line
   // and checkpoints know there is no loss scale.
   std::optional<optimizer::DynamicLossScaler> scaler;
@@ -336,10 +359,13 @@ struct TrainOutputs {
   MfuPeak peak;
 };
 
-std::vector<parallel::DpParam> dp_params(const model::ParamStore& store) {
+// One region's parameters (the routed experts' or the others'), in the region's offsets.
+std::vector<parallel::DpParam> dp_params(const model::ParamStore& store, bool experts) {
   std::vector<parallel::DpParam> params;
+  const int64_t base = experts ? store.expert_offset() : 0;
   for (const auto& p : store.infos())
-    params.push_back({p.offset, p.numel, p.word_embedding, p.sp_grad_reduce, p.tp_grad_reduce});
+    if (p.expert == experts)
+      params.push_back({p.offset - base, p.numel, p.word_embedding, p.sp_grad_reduce, p.tp_grad_reduce});
   return params;
 }
 
@@ -349,6 +375,47 @@ std::optional<parallel::Zero1Shard> zero1_shard(optimizer::DistributedAdamW& ada
   return parallel::Zero1Shard{adamw.shard_begin(), adamw.shard_end(), adamw.zero1_buffer()};
 }
 
+// The gradient reductions of both regions of the flat buffer (ModelAdamW): the
+// parameters of the attention grid over dp x cp (with tp's and the embedding's), an MoE
+// model's routed experts over their replicas (edp).
+class ModelGrads {
+ public:
+  ModelGrads(const Recipe& r, const TrainModel& m, optimizer::ModelAdamW& o)
+      : expert_offset_(o.expert_offset()),
+        dense_(dp_params(m.store, false), m.groups, r.parallel.sequence_parallel, o.bucket_size(),
+               zero1_shard(o.dense())) {
+    if (o.experts())
+      experts_.emplace(dp_params(m.store, true), optimizer::ModelAdamW::expert_groups(m.groups), false, o.bucket_size(),
+                       zero1_shard(*o.experts()));
+  }
+  void begin(Tensor& grads) {
+    Tensor d = grads.flat(0, expert_offset_);
+    dense_.begin(d);
+    if (!experts_) return;
+    Tensor e = grads.flat(expert_offset_, grads.numel() - expert_offset_);
+    experts_->begin(e);
+  }
+  void param_ready(int64_t offset) {
+    if (offset < expert_offset_)
+      dense_.param_ready(offset);
+    else if (experts_)
+      experts_->param_ready(offset - expert_offset_);
+  }
+  void finish() {
+    dense_.finish();
+    if (experts_) experts_->finish();
+  }
+  int64_t overlapped_buckets() const {
+    return dense_.overlapped_buckets() + (experts_ ? experts_->overlapped_buckets() : 0);
+  }
+  int64_t started_early() const { return dense_.started_early() + (experts_ ? experts_->started_early() : 0); }
+
+ private:
+  int64_t expert_offset_;
+  parallel::DataParallelGrads dense_;
+  std::optional<parallel::DataParallelGrads> experts_;
+};
+
 // The pipeline executor and the step's gradient reductions, one owner of all of them
 // (parallel::DataParallelGrads): the dp buckets and their overlap, the tied embedding and
 // sequence-parallel partial gradients, ZeRO-1's reduce-scatter into the optimizer's shard.
@@ -356,10 +423,8 @@ std::optional<parallel::Zero1Shard> zero1_shard(optimizer::DistributedAdamW& ada
 // backward (the hooks installed here). Not copyable or movable: the hooks point at `ddp`.
 struct TrainStep {
   TrainStep(const Recipe& r, TrainModel& m, TrainOptimizer& o)
-      : exec(r, m.groups, m.chunks),
-        stats(Tensor::empty({3}, DType::f64, m.device)),
-        ddp(dp_params(m.store), m.groups, r.parallel.sequence_parallel, o.adamw.bucket_size(), zero1_shard(o.adamw)) {
-    parallel::DataParallelGrads* grads = &ddp;
+      : exec(r, m.groups, m.chunks), stats(Tensor::empty({3}, DType::f64, m.device)), ddp(r, m, o.adamw) {
+    ModelGrads* grads = &ddp;
     for (auto& c : m.chunks) c->set_grad_ready_hook([grads](int64_t offset) { grads->param_ready(offset); });
   }
   TrainStep(const TrainStep&) = delete;
@@ -368,14 +433,19 @@ struct TrainStep {
   PipelineExecutor exec;
   // The step's statistics on the device, read once per step: [loss sum, tokens, squared grad norm].
   Tensor stats;
-  parallel::DataParallelGrads ddp;
+  ModelGrads ddp;
 };
 
 // A checkpoint's layout (layout-free: a cp run's checkpoint loads under any other cp, tp,
 // pp or dp).
 model::ckpt::Layout checkpoint_layout(const parallel::ProcessGroups& g, int64_t v, bool zero1) {
   const parallel::Topology& t = g.topo;
-  return model::ckpt::Layout{t.tp(), t.pp(), t.dp(), v, zero1, t.cp()};
+  model::ckpt::Layout l{t.tp(), t.pp(), t.dp(), v, zero1, t.cp()};
+  if (g.edp) {  // an MoE model: its experts' files
+    l.ep = g.ep_size;
+    l.edp = g.edp->size();
+  }
+  return l;
 }
 
 // The stop signals' handlers (app/train/checkpointing.hpp) go in first, then the
@@ -522,31 +592,67 @@ bool Trainer::install_layer_observer() {
 }
 
 namespace {
-// The step's MoE record (one process: the chunks hold every MoE layer).
-void record_moe(IterationStats& s, const std::vector<std::unique_ptr<model::GptChunk>>& chunks,
-                const model::MoeLayerConfig& cfg) {
+// The step's routing record of every MoE layer of the model, summed over the job's ranks
+// (each routes its own tokens: its micro batches, its rows of them under sequence
+// parallelism, its pipeline stage's layers), written back into the chunks' records so that
+// the expert-bias update reads the whole batch's counts. A host sum over world.
+std::vector<model::MoeLayerStats> gather_moe_stats(std::vector<std::unique_ptr<model::GptChunk>>& chunks,
+                                                   const model::MoeLayerConfig& cfg, const parallel::ProcessGroups& g) {
+  const int64_t E = cfg.num_experts, W = E + 4;  // tokens, dropped, aux, z, forwards
+  std::vector<int64_t> slot(cfg.layers.size(), -1);
+  int64_t n = 0;
+  for (size_t l = 0; l < cfg.layers.size(); ++l)
+    if (cfg.layers[l]) slot[l] = n++;
+  std::vector<double> v(static_cast<size_t>(n * W), 0.0);
+  for (const auto& c : chunks)
+    for (const model::MoeLayerStats& st : c->moe_stats()) {
+      double* row = v.data() + slot[static_cast<size_t>(st.layer)] * W;
+      for (size_t e = 0; e < st.tokens.size(); ++e) row[e] = st.tokens[e];
+      row[E] = static_cast<double>(st.dropped);
+      row[E + 1] = st.aux;
+      row[E + 2] = st.z;
+      row[E + 3] = static_cast<double>(st.forwards);
+    }
+  if (g.world && g.world->size() > 1) g.world->all_reduce(v.data(), n * W, parallel::ReduceOp::sum);
+  std::vector<model::MoeLayerStats> all;
+  for (size_t l = 0; l < cfg.layers.size(); ++l) {
+    if (slot[l] < 0) continue;
+    const double* row = v.data() + slot[l] * W;
+    model::MoeLayerStats st{static_cast<int64_t>(l),         {}, static_cast<int64_t>(row[E]), row[E + 1], row[E + 2],
+                            static_cast<int64_t>(row[E + 3])};
+    if (st.forwards > 0) st.tokens.assign(row, row + E);
+    all.push_back(st);
+  }
+  for (auto& c : chunks)
+    for (model::MoeLayerStats& st : c->moe_stats()) st = all[static_cast<size_t>(slot[static_cast<size_t>(st.layer)])];
+  return all;
+}
+
+// The step's MoE record from every layer's routing (gather_moe_stats). `seq_parts`: the
+// ranks one micro batch's tokens are split over (each holds a part of its losses).
+void record_moe(IterationStats& s, const std::vector<model::MoeLayerStats>& all, const model::MoeLayerConfig& cfg,
+                int64_t seq_parts) {
   s.moe = true;
   double aux = 0, z = 0;
   int64_t layers = 0;
-  for (const auto& c : chunks)
-    for (const model::MoeLayerStats& st : c->moe_stats()) {
-      if (st.tokens.empty()) continue;
-      IterationStats::MoeLayerLoad l;
-      l.layer = st.layer;
-      l.tokens = st.tokens;
-      l.dropped = st.dropped;
-      double sum = 0;
-      for (double t : st.tokens) sum += t;
-      const double mean = sum / static_cast<double>(st.tokens.size());
-      const auto [lo, hi] = std::minmax_element(st.tokens.begin(), st.tokens.end());
-      l.min_over_mean = mean > 0 ? *lo / mean : 0;
-      l.max_over_mean = mean > 0 ? *hi / mean : 0;
-      s.moe_layers.push_back(std::move(l));
-      const double n = static_cast<double>(std::max<int64_t>(st.forwards, 1));
-      aux += st.aux / n;
-      z += st.z / n;
-      ++layers;
-    }
+  for (const model::MoeLayerStats& st : all) {
+    if (st.tokens.empty()) continue;
+    IterationStats::MoeLayerLoad l;
+    l.layer = st.layer;
+    l.tokens = st.tokens;
+    l.dropped = st.dropped;
+    double sum = 0;
+    for (double t : st.tokens) sum += t;
+    const double mean = sum / static_cast<double>(st.tokens.size());
+    const auto [lo, hi] = std::minmax_element(st.tokens.begin(), st.tokens.end());
+    l.min_over_mean = mean > 0 ? *lo / mean : 0;
+    l.max_over_mean = mean > 0 ? *hi / mean : 0;
+    s.moe_layers.push_back(std::move(l));
+    const double n = static_cast<double>(std::max<int64_t>(st.forwards, 1)) / static_cast<double>(seq_parts);
+    aux += st.aux / n;
+    z += st.z / n;
+    ++layers;
+  }
   if (layers == 0) return;
   if (cfg.aux_coeff > 0 && cfg.balancing != model::MoeBalancing::none) s.moe_aux_loss = aux / layers;
   if (cfg.z_coeff > 0) s.moe_z_loss = z / layers;
@@ -658,7 +764,9 @@ IterationStats Trainer::train_step(const data::Batch& batch, double lr, std::chr
       optim_.adamw.apply(model_.store.params(), model_.store.grads(), lr, &model_.store.weights(), loss_scale,
                          std::sqrt(fa.read.norm_sq), fa.read.nonfinite || dropped);
   // Aux-loss-free balancing: once per global batch, as Megatron-Core's gradient finalisation
-  // (whether or not the update was skipped), from the step's routed counts.
+  // (whether or not the update was skipped), from the whole batch's routed counts.
+  std::vector<model::MoeLayerStats> moe_all;
+  if (model_.cfg.moe.enabled()) moe_all = gather_moe_stats(model_.chunks, model_.cfg.moe, g_);
   for (auto& c : model_.chunks) c->update_expert_bias();
   const bool nonfinite = (update.skipped && !dropped) || fa.read.nonfinite || !std::isfinite(loss);
   const bool overflow_handled = optim_.scaler && nonfinite && loss_scale > r_.optimizer.min_loss_scale;
@@ -700,7 +808,8 @@ IterationStats Trainer::train_step(const data::Batch& batch, double lr, std::chr
   s.mfu = out_.peak.tflops > 0 ? s.tflops_per_gpu / out_.peak.tflops : 0.0;
   record_memory_and_traffic(s, reads_before, uploads_before);
   s.world_size = g_.topo.world();
-  if (model_.cfg.moe.enabled()) record_moe(s, model_.chunks, model_.cfg.moe);
+  if (model_.cfg.moe.enabled())
+    record_moe(s, moe_all, model_.cfg.moe, r_.parallel.sequence_parallel ? g_.topo.tp() : 1);
   return s;
 }
 

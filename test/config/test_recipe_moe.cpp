@@ -119,10 +119,8 @@ TEST_CASE("recipe moe: train refuses the MoE forms it does not build, naming the
   CHECK_THROWS_WITH(refuse_unwired_moe(parse_recipe(kTiny, "t.yaml", kMoe)),
                     Contains("model.add_bias_linear") && Contains("not built yet"));
   for (const auto& [set, key] : std::vector<std::pair<std::string, std::string>>{
-           {"parallel.expert_model_parallel_size=2", "parallel.expert_model_parallel_size"},
            {"parallel.expert_tensor_parallel_size=2", "parallel.expert_tensor_parallel_size"},
-           {"parallel.tensor_model_parallel_size=2", "parallel.tensor_model_parallel_size"},
-           {"parallel.pipeline_model_parallel_size=2", "parallel.pipeline_model_parallel_size"},
+           {"parallel.tensor_model_parallel_size=2", "parallel.expert_tensor_parallel_size"},  // etp absent: tp's
            {"training.device=cuda", "training.device"},
            {"training.device=test", "training.device"},
            {"training.precision=bf16", "training.precision"},
@@ -134,6 +132,22 @@ TEST_CASE("recipe moe: train refuses the MoE forms it does not build, naming the
     sets.push_back(set);
     CHECK_THROWS_WITH(refuse_unwired_moe(parse_recipe(kTiny, "t.yaml", moe(sets))), Contains(key));
   }
+  // Expert, tensor (with sequence parallelism) and pipeline parallelism train.
+  std::vector<std::string> par = ok;
+  for (const char* set : {"parallel.expert_model_parallel_size=2", "parallel.tensor_model_parallel_size=2",
+                          "parallel.expert_tensor_parallel_size=1", "parallel.sequence_parallel=true",
+                          "parallel.pipeline_model_parallel_size=2"})
+    par.push_back(set);
+  CHECK_NOTHROW(refuse_unwired_moe(parse_recipe(kTiny, "t.yaml", moe(par))));
+  // Each tp rank routes its own rows: tp without sequence parallelism is refused, and the
+  // per-sequence loss whose sequences would be split across them.
+  std::vector<std::string> no_sp = ok;
+  no_sp.insert(no_sp.end(), {"parallel.tensor_model_parallel_size=2", "parallel.expert_tensor_parallel_size=1"});
+  CHECK_THROWS_WITH(refuse_unwired_moe(parse_recipe(kTiny, "t.yaml", moe(no_sp))),
+                    Contains("parallel.sequence_parallel"));
+  no_sp.insert(no_sp.end(), {"parallel.sequence_parallel=true", "model.moe_router_load_balancing_type=seq_aux_loss"});
+  CHECK_THROWS_WITH(refuse_unwired_moe(parse_recipe(kTiny, "t.yaml", moe(no_sp))),
+                    Contains("model.moe_router_load_balancing_type") && Contains("seq_aux_loss"));
 }
 
 TEST_CASE("recipe moe: every bad combination is an error naming the key", "[recipe]") {

@@ -20,6 +20,9 @@ const std::string kCp2 = "--set parallel.context_parallel_size=2";
 const std::string kCp4 = "--set parallel.context_parallel_size=4";
 const std::string kA2a = "--set parallel.cp_comm_type=a2a";
 const std::string kAllGather = "--set parallel.cp_comm_type=all_gather";
+// expert parallelism (an MoE recipe's; each expert whole on one rank)
+const std::string kEp2 = "--set parallel.expert_model_parallel_size=2 --set parallel.expert_tensor_parallel_size=1";
+const std::string kEp4 = "--set parallel.expert_model_parallel_size=4 --set parallel.expert_tensor_parallel_size=1";
 
 }  // namespace
 
@@ -55,6 +58,15 @@ const std::vector<Layout>& all_layouts() {
       {"cp2-pp2", 4, kCp2 + " " + kPp2},
       {"cp2-pp2-v2-full", 4, kCp2 + " " + kPp2 + " " + kV + " " + kFull},
       {"cp2-dp2-zero1", 4, kCp2 + " " + kZero1},
+      // expert parallelism (MoE recipes): ep over dp, over tp's ranks, within stages
+      {"ep2", 2, kEp2},
+      {"ep4", 4, kEp4},
+      {"tp2-sp-ep2", 4, kTp2 + " " + kSp + " " + kEp2},
+      {"pp2-ep2", 4, kPp2 + " " + kEp2},
+      {"ep2-dp4-zero1", 4, kEp2 + " " + kZero1},
+      {"ep4-zero1", 4, kEp4 + " " + kZero1},
+      {"pp2-v2-full-ep2", 4, kPp2 + " " + kV + " " + kFull + " " + kEp2},
+      {"tp2-sp", 2, kTp2 + " " + kSp},
   };
   return all;
 }
