@@ -1,6 +1,8 @@
 #include "model/moe.hpp"
 
 #include <algorithm>
+#include <chrono>
+#include <optional>
 
 #include "core/error.hpp"
 #include "core/ops.hpp"
@@ -62,6 +64,40 @@ std::vector<int64_t> times(const std::vector<int64_t>& v, int64_t k) {
   return out;
 }
 }  // namespace
+
+namespace {
+thread_local MoeDispatchTimes t_moe_times;
+
+// Adds the wall time of its scope to a MoeDispatchTimes field.
+class Timed {
+ public:
+  explicit Timed(double& into) : into_(into), t0_(std::chrono::steady_clock::now()) {}
+  Timed(const Timed&) = delete;
+  Timed& operator=(const Timed&) = delete;
+  ~Timed() { into_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count(); }
+
+ private:
+  double& into_;
+  std::chrono::steady_clock::time_point t0_;
+};
+
+// The all-to-all, timed as exchange (and dispatch).
+void swap_rows(parallel::Communicator& ep, const Tensor& in, const std::vector<int64_t>& send, Tensor& out,
+               const std::vector<int64_t>& recv, int64_t width) {
+  const Timed t(t_moe_times.exchange);
+  ep.all_to_all_v(in.raw(), times(send, width), out.raw(), times(recv, width), in.dtype());
+}
+void timed_permute(Tensor& out, const Tensor& x, const ops::MoeDispatch& d) {
+  const Timed t(t_moe_times.dispatch);
+  ops::moe_permute(out, x, d);
+}
+void timed_unpermute(Tensor& y, const Tensor& rows, const ops::MoeDispatch& d) {
+  const Timed t(t_moe_times.dispatch);
+  ops::moe_unpermute(y, rows, d);
+}
+}  // namespace
+
+MoeDispatchTimes moe_dispatch_times() { return t_moe_times; }
 
 int64_t MoeGroups::seq_parts() const { return seq ? seq->size() : 1; }
 bool MoeGroups::exchange() const { return ep && ep->size() > 1; }
@@ -137,7 +173,7 @@ void MoeMlp::local_experts_forward(Tensor& yr, MoeActs& a, const Tensor& xr, con
                                    const MoeParams& p) const {
   const int64_t H = xr.dim(1), F = cfg.ffn, rows = d.rows;
   a.xp = empty_like_rows(rows, H, xr);
-  ops::moe_permute(a.xp, xr, d);
+  timed_permute(a.xp, xr, d);
   a.pre = empty_like_rows(rows, swiglu ? 2 * F : F, xr);
   ops::grouped_matmul_forward(a.pre, a.xp, p.w1, nullptr, d.counts);
   a.act = empty_like_rows(rows, F, xr);
@@ -146,7 +182,7 @@ void MoeMlp::local_experts_forward(Tensor& yr, MoeActs& a, const Tensor& xr, con
   ops::moe_weight_rows_forward(a.aw, a.act, w, d);
   Tensor eo = empty_like_rows(rows, H, xr);
   ops::grouped_matmul_forward(eo, a.aw, p.w2, nullptr, d.counts);
-  ops::moe_unpermute(yr, eo, d);
+  timed_unpermute(yr, eo, d);
 }
 
 void MoeMlp::experts_forward(Tensor& out, MoeActs& a, const Tensor& in, const MoeParams& p) const {
@@ -161,12 +197,16 @@ void MoeMlp::experts_forward(Tensor& out, MoeActs& a, const Tensor& in, const Mo
 // what it received and sends the outputs back, which combine as in one process.
 void MoeMlp::exchange_forward(Tensor& out, MoeActs& a, const Tensor& in, const MoeParams& p) const {
   parallel::Communicator& ep = *groups.ep;
+  std::optional<Timed> dispatch(t_moe_times.dispatch);
   const int64_t H = in.dim(1), E = cfg.num_experts, El = cfg.local_experts(), n = ep.size();
   // Tokens per (peer, expert of the peer) both ways, then the row counts per peer.
   Tensor mine = Tensor::empty({E}, DType::i32, Device::cpu), theirs = Tensor::empty({E}, DType::i32, Device::cpu);
   for (int64_t e = 0; e < E; ++e) mine.data<int32_t>()[e] = static_cast<int32_t>(a.d.counts[static_cast<size_t>(e)]);
   const std::vector<int64_t> blocks(static_cast<size_t>(n), El);
-  ep.all_to_all_v(mine.raw(), blocks, theirs.raw(), blocks, DType::i32);
+  {
+    const Timed t(t_moe_times.exchange);
+    ep.all_to_all_v(mine.raw(), blocks, theirs.raw(), blocks, DType::i32);
+  }
   a.sent.assign(static_cast<size_t>(n), 0);
   a.received.assign(static_cast<size_t>(n), 0);
   for (int64_t e = 0; e < E; ++e) {
@@ -186,11 +226,13 @@ void MoeMlp::exchange_forward(Tensor& out, MoeActs& a, const Tensor& in, const M
   gather_row_weights(ws, a.probs, a.d);
   Tensor xr = empty_like_rows(R, H, in);
   a.r_weight = empty_like_rows(R, 1, in);
-  ep.all_to_all_v(xs.raw(), times(a.sent, H), xr.raw(), times(a.received, H), in.dtype());
-  ep.all_to_all_v(ws.raw(), a.sent, a.r_weight.raw(), a.received, in.dtype());
+  swap_rows(ep, xs, a.sent, xr, a.received, H);
+  swap_rows(ep, ws, a.sent, a.r_weight, a.received, 1);
   Tensor yr = empty_like_rows(R, H, in), ys = empty_like_rows(a.d.rows, H, in);
+  dispatch.reset();
   local_experts_forward(yr, a, xr, a.rd, a.r_weight, p);
-  ep.all_to_all_v(yr.raw(), times(a.received, H), ys.raw(), times(a.sent, H), in.dtype());
+  const Timed combine(t_moe_times.dispatch);
+  swap_rows(ep, yr, a.received, ys, a.sent, H);
   ops::moe_unpermute(out, ys, a.d);
 }
 
@@ -265,7 +307,7 @@ void MoeMlp::local_experts_backward(Tensor& dxr, Tensor& dw, const Tensor& dyr, 
                                     const ops::MoeDispatch& d, const Tensor& w, MoeParams& p) const {
   const int64_t H = dyr.dim(1), F = cfg.ffn, rows = d.rows;
   Tensor deo = empty_like_rows(rows, H, dyr);
-  ops::moe_permute(deo, dyr, d);
+  timed_permute(deo, dyr, d);
   Tensor daw = empty_like_rows(rows, F, dyr);
   ops::grouped_matmul_backward(&daw, &p.d_w2, nullptr, deo, a.aw, p.w2, d.counts);
   Tensor dact = empty_like_rows(rows, F, dyr);
@@ -274,7 +316,7 @@ void MoeMlp::local_experts_backward(Tensor& dxr, Tensor& dw, const Tensor& dyr, 
   act_backward(swiglu, dpre, dact, a.pre);
   Tensor dxp = empty_like_rows(rows, H, dyr);
   ops::grouped_matmul_backward(&dxp, &p.d_w1, nullptr, dpre, a.xp, p.w1, d.counts);
-  ops::moe_unpermute(dxr, dxp, d);
+  timed_unpermute(dxr, dxp, d);
 }
 
 // The forward's exchanges in reverse: output gradients to the experts' ranks, input and
@@ -282,14 +324,17 @@ void MoeMlp::local_experts_backward(Tensor& dxr, Tensor& dw, const Tensor& dyr, 
 void MoeMlp::exchange_backward(Tensor& din, Tensor& dprobs, const Tensor& dout, const MoeActs& a, MoeParams& p) const {
   parallel::Communicator& ep = *groups.ep;
   const int64_t H = dout.dim(1), rows = a.d.rows, R = a.rd.num_tokens;
+  std::optional<Timed> dispatch(t_moe_times.dispatch);
   Tensor dys = empty_like_rows(rows, H, dout), dyr = empty_like_rows(R, H, dout);
   ops::moe_permute(dys, dout, a.d);
-  ep.all_to_all_v(dys.raw(), times(a.sent, H), dyr.raw(), times(a.received, H), dout.dtype());
+  swap_rows(ep, dys, a.sent, dyr, a.received, H);
   Tensor dxr = empty_like_rows(R, H, dout), dwr = empty_like_rows(R, 1, dout);
+  dispatch.reset();
   local_experts_backward(dxr, dwr, dyr, a, a.rd, a.r_weight, p);
+  const Timed combine(t_moe_times.dispatch);
   Tensor dxs = empty_like_rows(rows, H, dout), dws = Tensor::empty({rows}, dout.dtype(), dout.device());
-  ep.all_to_all_v(dxr.raw(), times(a.received, H), dxs.raw(), times(a.sent, H), dout.dtype());
-  ep.all_to_all_v(dwr.raw(), a.received, dws.raw(), a.sent, dout.dtype());
+  swap_rows(ep, dxr, a.received, dxs, a.sent, H);
+  swap_rows(ep, dwr, a.received, dws, a.sent, 1);
   ops::moe_unpermute(din, dxs, a.d);
   scatter_row_weights(dprobs, dws, a.d);
 }

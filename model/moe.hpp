@@ -97,6 +97,16 @@ struct MoeLayerStats {
   int64_t forwards = 0;
 };
 
+// Where an MoE layer's time goes on this thread since the process started (the comm
+// report's per-step differences): `dispatch`, the wall time moving routed rows — the
+// permutations, the routing weights' gathers and scatters and, with expert parallelism,
+// the all-to-alls — forward and backward; `exchange`, the part of it inside the
+// all-to-alls (the wait for the other ranks included).
+struct MoeDispatchTimes {
+  double dispatch = 0, exchange = 0;
+};
+MoeDispatchTimes moe_dispatch_times();
+
 struct MoeMlp {
   MoeLayerConfig cfg;
   bool swiglu = false;

@@ -276,16 +276,29 @@ double layer_params_per_gpu(const Shape& sh, int64_t tp) {
          (sh.qk_norm ? 2.0 * double(sh.D) : 0.0);
 }
 
+// An MoE layer's routed experts on one GPU: the E / ep experts of this expert-parallel
+// rank (fc1 pre_m x h, fc2 h x Fm; split further over etp).
+double moe_layer_expert_params_per_gpu(const Shape& sh, const Layout& l) {
+  return double(sh.E / l.ep) * (double(sh.moe_pre()) + double(sh.Fm)) * double(sh.h) / double(l.etp);
+}
+
 // An MoE layer's parameters on one GPU: the dense layer's less its MLP, then the router
-// [E, h] (and its bias [E]) replicated, the E / ep experts of this expert-parallel rank
-// (fc1 pre_m x h, fc2 h x Fm; split further over etp), the shared expert over tp (and its
-// gate [1, h]). MoE layers have no linear biases (the trainer refuses them).
+// [E, h] (and its bias [E]) replicated, the routed experts above, the shared expert (and
+// its gate [1, h]) whole on every tp rank, as the trainer holds it (each tp rank applies
+// it to its own sequence-parallel rows). MoE layers have no linear biases (the trainer
+// refuses them).
 double moe_layer_params_per_gpu(const Shape& sh, const Layout& l) {
   const double h = double(sh.h);
   const double mlp = (double(sh.pre()) + double(sh.f)) * h / double(l.tp);
-  const double experts = double(sh.E / l.ep) * (double(sh.moe_pre()) + double(sh.Fm)) * h / double(l.etp);
-  const double shared = (double(sh.s_pre()) + double(sh.S)) * h / double(l.tp) + (sh.s_gate ? h : 0.0);
-  return layer_params_per_gpu(sh, l.tp) - mlp + double(sh.E) * h + (sh.e_bias ? double(sh.E) : 0.0) + experts + shared;
+  const double shared = (double(sh.s_pre()) + double(sh.S)) * h + (sh.s_gate ? h : 0.0);
+  return layer_params_per_gpu(sh, l.tp) - mlp + double(sh.E) * h + (sh.e_bias ? double(sh.E) : 0.0) +
+         moe_layer_expert_params_per_gpu(sh, l) + shared;
+}
+
+// The routed experts' part of stage_params_per_gpu: reduced and ZeRO-1 sharded over their
+// own replicas (Layout::expert_replicas), not dp x cp.
+double stage_expert_params_per_gpu(const Shape& sh, const Layout& l, int64_t st) {
+  return double(stage_moe_layers(sh, l, st)) * moe_layer_expert_params_per_gpu(sh, l);
 }
 
 // Parameters pipeline stage `st` holds on one tensor rank: its layers; the word embedding
@@ -851,11 +864,12 @@ CommBytes comm_bytes_per_iteration(const Recipe& r, const Layout& l, int64_t B) 
       if (last) v += m * 3 * 2 * (t - 1) / t * double(l.micro_batch * sh.s) * 4.0;  // CE: max, target, sum-exp (fp32)
       tp_max = std::max(tp_max, v);
     }
-    if (l.replicas() > 1) {
-      double v = l.distributed_optimizer ? (d - 1) / d * params * grad_e + (d - 1) / d * params * e
-                                         : 2 * (d - 1) / d * params * grad_e;
-      dp_max = std::max(dp_max, v);
-    }
+    // The dense parameters over dp x cp, the routed experts over their replicas.
+    const double experts = stage_expert_params_per_gpu(sh, l, st), de = double(l.expert_replicas());
+    auto reduce = [&](double n, double g) {
+      return l.distributed_optimizer ? (g - 1) / g * n * grad_e + (g - 1) / g * n * e : 2 * (g - 1) / g * n * grad_e;
+    };
+    dp_max = std::max(dp_max, reduce(params - experts, d) + reduce(experts, de));
     const double fwd_passes = l.recompute == RecomputeGranularity::full ? 2.0 : 1.0;
     cp_max =
         std::max(cp_max, m * layers * (fwd_passes * cp_layer_bytes(sh, l, e, true) + cp_layer_bytes(sh, l, e, false)));
@@ -961,10 +975,14 @@ StageInputs stage_inputs(const Recipe& r, const Layout& l, const Cluster& c) {
 // (ZeRO-1 shards when the optimizer is distributed).
 void stage_parameter_memory(StageMemory& mem, const Layout& l, const StageInputs& x, int64_t st) {
   const double d = x.d;
-  const double params = stage_params_per_gpu(x.sh, l, st);
+  const double params = stage_params_per_gpu(x.sh, l, st), experts = stage_expert_params_per_gpu(x.sh, l, st);
   mem.params = params;
-  // ZeRO-1 shards are ceil(params / d): the trainer pads the buffer to a multiple of d.
-  const double shard = l.distributed_optimizer ? std::ceil(params / d) : params;
+  // ZeRO-1 shards are ceil(params / d): the trainer pads the buffer to a multiple of d; an
+  // MoE model's routed experts are a region of their own, sharded over their replicas.
+  const double de = double(l.expert_replicas());
+  const double shard = l.distributed_optimizer
+                           ? std::ceil((params - experts) / d) + (experts > 0 ? std::ceil(experts / de) : 0.0)
+                           : params;
   if (x.prec == Precision::fp32) {
     mem.weights = 4 * params;
     mem.gradients = 4 * params;

@@ -7,6 +7,7 @@
 // Conventions: times in seconds, sizes in bytes (GiB only in printed output), FLOPs as
 // doubles. "Per GPU" always means one rank of the (tp, pp, dp) grid.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -90,7 +91,9 @@ struct Layout {
 
   int64_t gpus() const { return tp * cp * pp * dp; }
   int64_t replicas() const { return dp * cp; }  // the ranks that hold the same parameters
-  std::string describe() const;                 // "tp8 pp35 dp8 vp1 mb1 full sp0 zero0" ("tp8 pp1 dp2 cp4 p2p vp1 ...")
+  // The ranks that hold the same routed experts (the expert-data-parallel group).
+  int64_t expert_replicas() const { return std::max<int64_t>(1, tp * cp * dp / (ep * etp)); }
+  std::string describe() const;  // "tp8 pp35 dp8 vp1 mb1 full sp0 zero0" ("tp8 pp1 dp2 cp4 p2p vp1 ...")
 };
 
 // The layout the recipe describes on `gpus` GPUs. Throws InputError (one line naming

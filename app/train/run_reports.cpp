@@ -43,6 +43,7 @@ void MetricsWriter::write(const IterationStats& s, const Recipe& r, double loss_
                       {"bytes_sent_pp", s.bytes_pp},
                       {"bytes_sent_dp", s.bytes_dp},
                       {"bytes_sent_cp", s.bytes_cp},
+                      {"bytes_sent_ep", s.bytes_ep},
                       {"tensor_bytes_weights", s.mem_weights},
                       {"tensor_bytes_grads", s.mem_grads},
                       {"tensor_bytes_optimizer", s.mem_optimizer},
@@ -129,8 +130,9 @@ CommReport::CommReport(const std::string& dir, const parallel::ProcessGroups& g,
 
 void CommReport::reset() {
   cp_at_reset_ = parallel::cp_attention_times();
+  moe_at_reset_ = model::moe_dispatch_times();
   for (auto* c : {g_.tp.get(), g_.pp.get(), g_.dp.get(), g_.grad_group().get(), g_.cp.get(), g_.embedding.get(),
-                  g_.mp.get(), g_.world.get()})
+                  g_.mp.get(), g_.world.get(), g_.ep.get(), g_.edp.get(), g_.emp.get()})
     if (c) c->reset_bytes();
 }
 
@@ -139,6 +141,7 @@ void CommReport::write(int64_t iteration, int64_t global_batch, int64_t micro_ba
   if (!out_.is_open()) return;
   auto b = [](const std::shared_ptr<parallel::Communicator>& c) -> int64_t { return c ? c->bytes_sent() : 0; };
   const parallel::CpAttentionTimes t = parallel::cp_attention_times();
+  const model::MoeDispatchTimes m = model::moe_dispatch_times();
   nlohmann::json j = {{"iteration", iteration},
                       {"rank", g_.rank},
                       {"tp_rank", g_.coord.tp},
@@ -151,6 +154,9 @@ void CommReport::write(int64_t iteration, int64_t global_batch, int64_t micro_ba
                       {"pp", b(g_.pp)},
                       {"dp", b(g_.grad_group())},
                       {"cp", b(g_.cp)},
+                      {"ep", b(g_.ep)},
+                      {"edp", g_.edp == g_.grad_group() ? 0 : b(g_.edp)},
+                      {"emp", g_.emp == g_.mp ? 0 : b(g_.emp)},
                       {"embedding", b(g_.embedding)},
                       {"mp", b(g_.mp)},
                       {"world", b(g_.world)},
@@ -158,6 +164,8 @@ void CommReport::write(int64_t iteration, int64_t global_batch, int64_t micro_ba
                       {"cp_wait_s", t.waiting - cp_at_reset_.waiting},
                       {"cp_attention_cpu_s", t.inside_cpu - cp_at_reset_.inside_cpu},
                       {"cp_wait_cpu_s", t.waiting_cpu - cp_at_reset_.waiting_cpu},
+                      {"moe_dispatch_s", m.dispatch - moe_at_reset_.dispatch},
+                      {"moe_exchange_s", m.exchange - moe_at_reset_.exchange},
                       {"dp_buckets", dp_buckets},
                       {"dp_buckets_started_early", dp_buckets_early}};
   out_ << j.dump() << "\n";

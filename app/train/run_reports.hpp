@@ -10,6 +10,7 @@
 #include "app/train/iteration_stats.hpp"
 #include "config/recipe.hpp"
 #include "parallel/communicator.hpp"
+#include "model/moe.hpp"
 #include "parallel/context_parallel.hpp"
 #include "parallel/topology.hpp"
 
@@ -57,6 +58,7 @@ class CommReport {
   const parallel::ProcessGroups& g_;
   std::ofstream out_;
   parallel::CpAttentionTimes cp_at_reset_;  // parallel::cp_attention_times() at the last reset
+  model::MoeDispatchTimes moe_at_reset_;    // model::moe_dispatch_times() at the last reset
 };
 
 }  // namespace mtnlg::app

@@ -827,6 +827,8 @@ void Trainer::record_memory_and_traffic(IterationStats& s, int64_t reads_before,
   s.bytes_pp = g_.pp ? g_.pp->bytes_sent() : 0;
   s.bytes_dp = g_.grad_group() ? g_.grad_group()->bytes_sent() : 0;  // over dp x cp under context parallelism
   s.bytes_cp = g_.cp ? g_.cp->bytes_sent() : 0;
+  s.bytes_ep = g_.ep ? g_.ep->bytes_sent() : 0;
+  if (g_.edp && g_.edp != g_.grad_group()) s.bytes_dp += g_.edp->bytes_sent();  // the experts' replicas
   s.host_reads = device_to_host_copies() - reads_before;
   s.host_uploads = host_to_device_copies() - uploads_before;
   log::debug("iteration {}: {} host read(s) of device memory, {} upload(s) in the step", s.iteration, s.host_reads,
@@ -879,7 +881,7 @@ void Trainer::training_log(IterationStats& s, const data::Batch& batch) {
         " iteration {:>7}/{:<7} | consumed tokens: {:>10} | elapsed time per iteration (ms): {:8.1f} | tokens/s: "
         "{:9.1f} | "
         "TFLOP/s/GPU: {:6.3f} | MFU: {:5.1f}% | learning rate: {:.3E} | global batch size: {:5} | lm loss: {:.6E}{} | "
-        "grad norm: {:.3f}{} | skipped: {} | nan: {} | mem: {} MiB{}{}{} | comm MB tp/pp/dp: {:.3f}/{:.3f}/{:.3f}{}",
+        "grad norm: {:.3f}{} | skipped: {} | nan: {} | mem: {} MiB{}{}{} | comm MB tp/pp/dp: {:.3f}/{:.3f}/{:.3f}{}{}",
         s.iteration, total_iters, s.consumed_tokens, s.step_time_s * 1e3, s.tokens_per_s, s.tflops_per_gpu, 100 * s.mfu,
         s.lr, s.global_batch_size, s.loss, moe_log_part(s), s.grad_norm,
         optim_.scaler ? fmt::format(" | loss scale: {:.1f}", s.loss_scale) : "", s.skipped_total, s.nan_total,
@@ -889,6 +891,7 @@ void Trainer::training_log(IterationStats& s, const data::Batch& batch) {
         s.cuda_graph_replays >= 0 ? fmt::format(" | graph replays: {}", s.cuda_graph_replays) : std::string(),
         s.bytes_tp / 1e6, s.bytes_pp / 1e6,
         s.bytes_dp / 1e6,  // rank 0's bytes sent this iteration (ring model, parallel/communicator.hpp)
+        g_.ep ? fmt::format(" | ep MB: {:.3f}", s.bytes_ep / 1e6) : std::string(),
         eta_text(summary_.iterations, total_iters - s.iteration));
 }
 

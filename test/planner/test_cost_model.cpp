@@ -661,6 +661,11 @@ TEST_CASE("cost: MoE layers' experts split over ep, their all-to-all counted, ep
   // All-to-all: dispatch and combine, forward and backward, 7/8 of the 4096 x 2 routed
   // rows of 4096 bf16 each, 8 MoE layers a stage, 16 micro batches.
   CHECK(e.comm.ep == Approx(16 * 8 * 4 * 7.0 / 8 * 4096 * 2 * 4096 * 2));
+  // ZeRO-1 (bf16: master, m and v, 12 bytes): the dense parameters shard over the 16 data-
+  // parallel replicas, the experts over their own 2 (64 GPUs / 4 stages / ep 8).
+  const double dense0 = 8.0 * (41943040 + 8192 + 32768) + 32000.0 * 4096, experts0 = 8.0 * 3.0 * 14336 * 4096;
+  CHECK(l.expert_replicas() == 2);
+  CHECK(e.stages.front().optimizer == 12 * (std::ceil(dense0 / 16) + std::ceil(experts0 / 2)));
   Layout one = l;
   one.ep = 1;
   CHECK(estimate(mx, one, h100, {false}).stages.front().params ==
