@@ -1330,10 +1330,6 @@ void refuse_unwired_moe(const Recipe& r) {
   auto refuse = [&](const std::string& key, const std::string& what) {
     invalid(r, fmt::format("{}: {} with MoE layers is not built yet (MoE trains on the CPU in fp32)", key, what));
   };
-  if (r.etp() > 1)
-    refuse("parallel.expert_tensor_parallel_size",
-           fmt::format("{}{} (set it to 1: each expert whole on one rank)", r.etp(),
-                       r.parallel.expert_tensor_parallel_size == 0 ? ", from tensor_model_parallel_size" : ""));
   if (r.tp() > 1 && !r.parallel.sequence_parallel)
     invalid(r, fmt::format("parallel.sequence_parallel: MoE layers with tensor_model_parallel_size {} need sequence "
                            "parallelism (each tp rank routes its own tokens); set it to true",

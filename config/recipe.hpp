@@ -64,11 +64,10 @@ void validate_layout(const Recipe& r, int64_t world_size);
 // the caller.
 void refuse_moe_model(const Recipe& r, const std::string& command);
 // What `mtnlg train` cannot do with MoE layers yet (InputError, exit 2, one line naming the
-// key): expert tensor parallelism (etp > 1, tp's value when absent), tensor parallelism
-// without sequence parallelism (each tp rank routes its own rows), the per-sequence loss
-// under tp, a CUDA or test device, bf16/fp16, the global balancing loss, input jitter,
-// the fp64 router and linear biases. Expert, tensor (with sp), pipeline and data
-// parallelism train.
+// key): tensor parallelism without sequence parallelism (each tp rank routes its own
+// rows), the per-sequence loss under tp, a CUDA or test device, bf16/fp16, the global
+// balancing loss, input jitter, the fp64 router and linear biases. Expert, expert-tensor,
+// tensor (with sp), pipeline and data parallelism train.
 void refuse_unwired_moe(const Recipe& r);
 
 // The resolved recipe as YAML (every key, defaults filled in) — `recipe show` and

@@ -27,11 +27,11 @@ std::string model_file(int64_t tp, int64_t pp) { return fmt::format("model_tp{:0
 std::string optim_file(int64_t tp, int64_t pp, int64_t dp) {
   return fmt::format("optim_tp{:02d}_pp{:03d}_dp{:03d}.safetensors", tp, pp, dp);
 }
-std::string expert_model_file(int64_t ep, int64_t pp) {
-  return fmt::format("model_experts_ep{:03d}_pp{:03d}.safetensors", ep, pp);
+std::string expert_model_file(int64_t etp, int64_t ep, int64_t pp) {
+  return fmt::format("model_experts_etp{:02d}_ep{:03d}_pp{:03d}.safetensors", etp, ep, pp);
 }
-std::string expert_optim_file(int64_t ep, int64_t pp, int64_t edp) {
-  return fmt::format("optim_experts_ep{:03d}_pp{:03d}_dp{:03d}.safetensors", ep, pp, edp);
+std::string expert_optim_file(int64_t etp, int64_t ep, int64_t pp, int64_t edp) {
+  return fmt::format("optim_experts_etp{:02d}_ep{:03d}_pp{:03d}_dp{:03d}.safetensors", etp, ep, pp, edp);
 }
 
 namespace {
@@ -39,10 +39,12 @@ namespace {
 uint32_t checksum(const Tensor& t) { return crc32c(t.raw(), static_cast<size_t>(t.nbytes())); }
 
 nlohmann::json slice_json(const ParamInfo& p, int64_t flat_begin, int64_t flat_end, uint32_t crc) {
-  return {{"global_shape", p.global_shape}, {"shape", p.shape},
-          {"split_dim", p.split_dim},       {"split_rank", p.split_rank},
-          {"split_count", p.split_count},   {"flat_begin", flat_begin},
-          {"flat_end", flat_end},           {"crc32c", crc}};
+  nlohmann::json j = {{"global_shape", p.global_shape}, {"shape", p.shape},
+                      {"split_dim", p.split_dim},       {"split_rank", p.split_rank},
+                      {"split_count", p.split_count},   {"flat_begin", flat_begin},
+                      {"flat_end", flat_end},           {"crc32c", crc}};
+  if (p.split_parts > 1) j["split_parts"] = p.split_parts;  // absent: one part
+  return j;
 }
 
 }  // namespace
@@ -86,11 +88,11 @@ Snapshot take_snapshot(const ParamStore& store, const OptimShard* opt, int64_t t
   return s;
 }
 
-Snapshot take_expert_snapshot(const ParamStore& store, const OptimShard* opt, int64_t ep_rank, int64_t pp_rank,
-                              int64_t edp_rank, bool write_model, bool write_optim) {
+Snapshot take_expert_snapshot(const ParamStore& store, const OptimShard* opt, int64_t etp_rank, int64_t ep_rank,
+                              int64_t pp_rank, int64_t edp_rank, bool write_model, bool write_optim) {
   Snapshot s = region_snapshot(store, opt, store.expert_offset(), store.numel(), write_model, write_optim);
-  s.model_name = expert_model_file(ep_rank, pp_rank);
-  s.optim_name = expert_optim_file(ep_rank, pp_rank, edp_rank);
+  s.model_name = expert_model_file(etp_rank, ep_rank, pp_rank);
+  s.optim_name = expert_optim_file(etp_rank, ep_rank, pp_rank, edp_rank);
   return s;
 }
 
@@ -155,6 +157,7 @@ void write_metadata(const std::string& dir, const TrainState& st) {
   if (st.layout.cp > 1) j["layout"]["context_parallel_size"] = st.layout.cp;
   if (st.layout.ep > 0) {
     j["layout"]["expert_model_parallel_size"] = st.layout.ep;
+    j["layout"]["expert_tensor_parallel_size"] = st.layout.etp;
     j["layout"]["expert_data_parallel_size"] = st.layout.edp;
   }
   write_file_atomic(dir + "/metadata.json", j.dump(2) + "\n");
@@ -264,6 +267,7 @@ TrainState read_metadata(const std::string& dir) {
     st.layout.cp = l.value("context_parallel_size", int64_t{1});
     st.layout.ep = l.value("expert_model_parallel_size", int64_t{0});
     st.layout.edp = l.value("expert_data_parallel_size", int64_t{1});
+    st.layout.etp = l.value("expert_tensor_parallel_size", int64_t{1});
     st.recipe_yaml = j.at("recipe").get<std::string>();
   } catch (const nlohmann::json::exception& e) {
     throw_input("{}: {}", path, e.what());
@@ -271,7 +275,7 @@ TrainState read_metadata(const std::string& dir) {
   if (st.layout.tp < 1 || st.layout.pp < 1 || st.layout.dp < 1 || st.layout.tp > 4096 || st.layout.pp > 65536 ||
       st.layout.dp > (int64_t{1} << 24) || st.layout.virtual_chunks < 1 || st.layout.virtual_chunks > 65536 ||
       st.layout.cp < 1 || st.layout.cp > 65536 || st.layout.ep < 0 || st.layout.ep > 65536 || st.layout.edp < 1 ||
-      st.layout.edp > (int64_t{1} << 24))
+      st.layout.edp > (int64_t{1} << 24) || st.layout.etp < 1 || st.layout.etp > 4096)
     throw_input("{}: impossible layout tp={} pp={} dp={}", path, st.layout.tp, st.layout.pp, st.layout.dp);
   // Counters: state, not a cache, so an impossible value is an error rather than a run
   // that trains "iteration -4".
@@ -305,6 +309,7 @@ namespace {
 struct SavedSlice {
   Shape global_shape, shape;
   int64_t split_dim = -1, split_rank = 0, split_count = 1, flat_begin = 0, flat_end = 0;
+  int64_t split_parts = 1;
   uint32_t crc = 0;
 };
 
@@ -319,13 +324,16 @@ SavedSlice parse_slice(const nlohmann::json& m, const std::string& file, const s
     s.flat_begin = m.at("flat_begin").get<int64_t>();
     s.flat_end = m.at("flat_end").get<int64_t>();
     s.crc = m.at("crc32c").get<uint32_t>();
+    s.split_parts = m.value("split_parts", int64_t{1});
   } catch (const nlohmann::json::exception& e) {
     throw_input("{}: tensor '{}': bad slice metadata: {}", file, name, e.what());
   }
   int64_t nd = static_cast<int64_t>(s.shape.size());
   bool ok = nd == static_cast<int64_t>(s.global_shape.size()) && nd > 0 && s.split_dim >= -1 && s.split_dim < nd &&
             s.split_count >= 1 && s.split_rank >= 0 && s.split_rank < s.split_count && s.flat_begin >= 0 &&
-            s.flat_begin <= s.flat_end;
+            s.flat_begin <= s.flat_end && s.split_parts >= 1 &&
+            (s.split_parts == 1 || (s.split_dim >= 0 && s.shape[s.split_dim] % s.split_parts == 0 &&
+                                    s.global_shape[s.split_dim] == s.shape[s.split_dim] * s.split_count));
   if (ok) {
     for (int64_t d = 0; d < nd; ++d) {
       if (s.shape[d] < 0 || s.global_shape[d] < 0) ok = false;
@@ -349,7 +357,8 @@ int64_t scatter_slice(const SavedSlice& s, const float* src, const ParamInfo& p,
   const int64_t my_lo = p.split_dim >= 0 ? p.split_rank * p.shape[p.split_dim] : 0;
   const int64_t saved_lo = s.split_dim >= 0 ? s.split_rank * s.shape[s.split_dim] : 0;
   // Fast path: identical shard geometry -> a straight copy of the overlapping range.
-  if (s.shape == p.shape && s.global_shape == p.global_shape && s.split_dim == p.split_dim && saved_lo == my_lo) {
+  if (s.shape == p.shape && s.global_shape == p.global_shape && s.split_dim == p.split_dim && saved_lo == my_lo &&
+      s.split_parts == p.split_parts) {
     int64_t b = std::max(s.flat_begin, dst_lo - p.offset), e = std::min(s.flat_end, dst_hi - p.offset);
     if (b >= e) return 0;
     std::memcpy(dst_store + p.offset + b, src + (b - s.flat_begin), static_cast<size_t>(e - b) * sizeof(float));
@@ -368,8 +377,12 @@ int64_t scatter_slice(const SavedSlice& s, const float* src, const ParamInfo& p,
     int64_t my_flat = 0;
     bool inside = true;
     for (int64_t d = 0; d < nd; ++d) {
-      int64_t g = c[d] + (d == s.split_dim ? saved_lo : 0);
-      int64_t l = g - (d == p.split_dim ? my_lo : 0);
+      int64_t g = d == s.split_dim && s.split_parts > 1
+                      ? split_global_coord(c[d], s.shape[d], s.split_rank, s.split_count, s.split_parts)
+                      : c[d] + (d == s.split_dim ? saved_lo : 0);
+      int64_t l = d == p.split_dim && p.split_parts > 1
+                      ? split_local_coord(g, p.shape[d], p.split_rank, p.split_count, p.split_parts)
+                      : g - (d == p.split_dim ? my_lo : 0);
       if (l < 0 || l >= p.shape[d]) {
         inside = false;
         break;
@@ -568,12 +581,14 @@ std::vector<std::string> missing_files(const std::string& dir, const TrainState&
     }
   const int64_t oedp = st.layout.zero1 ? st.layout.edp : 1;
   for (int64_t p = 0; p < st.layout.pp; ++p)
-    for (int64_t e = 0; e < st.layout.ep; ++e) {
-      if (!fs::exists(dir + "/" + expert_model_file(e, p), ec)) miss.push_back(expert_model_file(e, p));
-      if (any_optim)
-        for (int64_t d = 0; d < oedp; ++d)
-          if (!fs::exists(dir + "/" + expert_optim_file(e, p, d), ec)) miss.push_back(expert_optim_file(e, p, d));
-    }
+    for (int64_t e = 0; e < st.layout.ep; ++e)
+      for (int64_t t = 0; t < st.layout.etp; ++t) {
+        if (!fs::exists(dir + "/" + expert_model_file(t, e, p), ec)) miss.push_back(expert_model_file(t, e, p));
+        if (any_optim)
+          for (int64_t d = 0; d < oedp; ++d)
+            if (!fs::exists(dir + "/" + expert_optim_file(t, e, p, d), ec))
+              miss.push_back(expert_optim_file(t, e, p, d));
+      }
   return miss;
 }
 

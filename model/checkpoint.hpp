@@ -37,10 +37,10 @@ struct Layout {
   int64_t tp = 1, pp = 1, dp = 1, virtual_chunks = 1;
   bool zero1 = false;
   int64_t cp = 1;  // context_parallel_size: in metadata.json only when > 1
-  // An MoE model's routed experts (the expert grid): written per expert-parallel rank and
-  // stage (model_experts_*), their optimizer state per expert-data-parallel replica under
-  // ZeRO-1. ep 0: no expert files (a dense model, or experts inside the model files).
-  int64_t ep = 0, edp = 1;
+  // An MoE model's routed experts (the expert grid): written per expert-tensor-parallel
+  // rank, expert-parallel rank and stage (model_experts_*), their optimizer state per
+  // expert-data-parallel replica under ZeRO-1. ep 0: no expert files (a dense model).
+  int64_t ep = 0, edp = 1, etp = 1;
   int64_t replicas() const { return dp * cp; }
 };
 
@@ -61,8 +61,8 @@ std::string iteration_dir(const std::string& root, int64_t iteration);
 std::string partial_dir(const std::string& root, int64_t iteration);
 std::string model_file(int64_t tp_rank, int64_t pp_rank);
 std::string optim_file(int64_t tp_rank, int64_t pp_rank, int64_t dp_rank);
-std::string expert_model_file(int64_t ep_rank, int64_t pp_rank);
-std::string expert_optim_file(int64_t ep_rank, int64_t pp_rank, int64_t edp_rank);
+std::string expert_model_file(int64_t etp_rank, int64_t ep_rank, int64_t pp_rank);
+std::string expert_optim_file(int64_t etp_rank, int64_t ep_rank, int64_t pp_rank, int64_t edp_rank);
 
 // Optimizer state of one rank: fp32 m and v for elements [begin, end) of its flat buffer.
 struct OptimShard {
@@ -88,8 +88,8 @@ struct Snapshot {
 Snapshot take_snapshot(const ParamStore& store, const OptimShard* opt, int64_t tp_rank, int64_t pp_rank,
                        int64_t dp_rank, bool write_model, bool write_optim);
 // The routed experts' region (ParamStore::expert_offset on), named by the expert grid.
-Snapshot take_expert_snapshot(const ParamStore& store, const OptimShard* opt, int64_t ep_rank, int64_t pp_rank,
-                              int64_t edp_rank, bool write_model, bool write_optim);
+Snapshot take_expert_snapshot(const ParamStore& store, const OptimShard* opt, int64_t etp_rank, int64_t ep_rank,
+                              int64_t pp_rank, int64_t edp_rank, bool write_model, bool write_optim);
 // Writes this rank's files of `snap` into `dir` (each file atomically).
 void write_snapshot(const std::string& dir, const Snapshot& snap);
 void write_metadata(const std::string& dir, const TrainState& st);

@@ -47,18 +47,30 @@ void declare_moe_params(const std::string& p, const GptConfig& c, const Add& add
     q.sp_grad_reduce = true;
     store.add(q);
   };
-  auto expert = [&](const std::string& n, Shape shape, InitKind init) {
-    ParamInfo q = add(n, std::move(shape), -1, init, true);
+  // A routed expert's weight, its width (dimension `dim`: fc1's rows, in `parts` parts
+  // under SwiGLU, fc2's columns) split over the expert-tensor-parallel ranks.
+  const int64_t etp = c.moe.etp_size;
+  auto expert = [&](const std::string& n, Shape shape, int64_t dim, int64_t parts, InitKind init) {
+    ParamInfo q = add(n, shape, -1, init, true);
     q.expert = true;
     q.tp_replicated = false;
+    if (etp > 1) {
+      q.split_dim = dim;
+      q.split_rank = c.moe.etp_rank;
+      q.split_count = etp;
+      q.split_parts = parts;
+      q.shape[static_cast<size_t>(dim)] /= etp;
+    }
     store.add(q);
   };
   row_param("router.weight", {E, C}, InitKind::normal, true);
   if (c.moe.expert_bias) store.add(add(p + "router.expert_bias", {E}, -1, InitKind::zeros, false));
   for (int64_t e = first; e < last; ++e)
-    expert(fmt::format("{}experts.local_experts.{}.linear_fc1.weight", p, e), {width * F, C}, InitKind::normal);
+    expert(fmt::format("{}experts.local_experts.{}.linear_fc1.weight", p, e), {width * F, C}, 0, width,
+           InitKind::normal);
   for (int64_t e = first; e < last; ++e)
-    expert(fmt::format("{}experts.local_experts.{}.linear_fc2.weight", p, e), {C, F}, InitKind::normal_scaled_output);
+    expert(fmt::format("{}experts.local_experts.{}.linear_fc2.weight", p, e), {C, F}, 1, 1,
+           InitKind::normal_scaled_output);
   if (S == 0) return;
   row_param("shared_experts.linear_fc1.weight", {width * S, C}, InitKind::normal, true);
   row_param("shared_experts.linear_fc2.weight", {C, S}, InitKind::normal_scaled_output, true);
@@ -401,10 +413,12 @@ void GptChunk::setup_moe() {
         "parallel.sequence_parallel: MoE layers with tensor_model_parallel_size {} need sequence parallelism (each "
         "tp rank routes its own tokens); set parallel.sequence_parallel: true",
         tp_);
-  const int64_t ep = groups_.ep ? groups_.ep->size() : 1;
-  MTNLG_CHECK(cfg_.moe.ep_size == ep,
-              "MoE: the model declares experts for {} expert-parallel ranks, the groups have {}", cfg_.moe.ep_size, ep);
+  const int64_t ep = groups_.ep ? groups_.ep->size() : 1, etp = groups_.etp ? groups_.etp->size() : 1;
+  MTNLG_CHECK(cfg_.moe.ep_size == ep && cfg_.moe.etp_size == etp,
+              "MoE: the model declares experts for ep {} x etp {} ranks, the groups have {} x {}", cfg_.moe.ep_size,
+              cfg_.moe.etp_size, ep, etp);
   moe_.groups.ep = groups_.ep.get();
+  moe_.groups.etp = groups_.etp.get();
   if (cfg_.sequence_parallel && tp_ > 1) moe_.groups.seq = groups_.tp.get();
 }
 

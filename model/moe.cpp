@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <optional>
 
 #include "core/error.hpp"
@@ -100,7 +101,7 @@ void timed_unpermute(Tensor& y, const Tensor& rows, const ops::MoeDispatch& d) {
 MoeDispatchTimes moe_dispatch_times() { return t_moe_times; }
 
 int64_t MoeGroups::seq_parts() const { return seq ? seq->size() : 1; }
-bool MoeGroups::exchange() const { return ep && ep->size() > 1; }
+bool MoeGroups::exchange() const { return ep || etp; }
 
 int64_t MoeActs::bytes() const {
   int64_t b = 0;
@@ -171,7 +172,7 @@ double MoeMlp::aux_loss(MoeActs& a, const Tensor& in, int64_t seq) const {
 // yr = unpermute(W2_e (weight * act(W1_e permute(xr)))).
 void MoeMlp::local_experts_forward(Tensor& yr, MoeActs& a, const Tensor& xr, const ops::MoeDispatch& d, const Tensor& w,
                                    const MoeParams& p) const {
-  const int64_t H = xr.dim(1), F = cfg.ffn, rows = d.rows;
+  const int64_t H = xr.dim(1), F = cfg.local_ffn(), rows = d.rows;
   a.xp = empty_like_rows(rows, H, xr);
   timed_permute(a.xp, xr, d);
   a.pre = empty_like_rows(rows, swiglu ? 2 * F : F, xr);
@@ -193,47 +194,121 @@ void MoeMlp::experts_forward(Tensor& out, MoeActs& a, const Tensor& in, const Mo
 }
 
 // Expert parallelism: this rank's routed rows go to the ep peer holding their expert (by
-// expert, token order inside), with their routing weights; each rank runs its experts on
-// what it received and sends the outputs back, which combine as in one process.
+// expert, token order inside), with their routing weights; with expert tensor parallelism
+// the etp ranks then pool what they received, each computes its slice of every expert's
+// width for all of it, and the partial outputs are summed back onto the rows' owners.
+// The outputs return to the rows' ranks and combine as in one process.
 void MoeMlp::exchange_forward(Tensor& out, MoeActs& a, const Tensor& in, const MoeParams& p) const {
-  parallel::Communicator& ep = *groups.ep;
+  const int64_t H = in.dim(1), El = cfg.local_experts();
   std::optional<Timed> dispatch(t_moe_times.dispatch);
-  const int64_t H = in.dim(1), E = cfg.num_experts, El = cfg.local_experts(), n = ep.size();
-  // Tokens per (peer, expert of the peer) both ways, then the row counts per peer.
-  Tensor mine = Tensor::empty({E}, DType::i32, Device::cpu), theirs = Tensor::empty({E}, DType::i32, Device::cpu);
-  for (int64_t e = 0; e < E; ++e) mine.data<int32_t>()[e] = static_cast<int32_t>(a.d.counts[static_cast<size_t>(e)]);
-  const std::vector<int64_t> blocks(static_cast<size_t>(n), El);
-  {
+  Tensor xs = empty_like_rows(a.d.rows, H, in), ws = empty_like_rows(a.d.rows, 1, in);
+  ops::moe_permute(xs, in, a.d);
+  gather_row_weights(ws, a.probs, a.d);
+  // ep: the counts per (peer, expert of the peer), then the rows.
+  std::vector<int32_t> theirs = swap_counts(a);
+  int64_t R = 0;
+  for (int64_t c : a.received) R += c;
+  Tensor xr = xs, wr = ws;
+  if (groups.ep) {
+    xr = empty_like_rows(R, H, in);
+    wr = empty_like_rows(R, 1, in);
+    swap_rows(*groups.ep, xs, a.sent, xr, a.received, H);
+    swap_rows(*groups.ep, ws, a.sent, wr, a.received, 1);
+  }
+  // Each received row's local expert, in (peer, expert, token) order.
+  Tensor idx = Tensor::empty({R, 1}, DType::i32, Device::cpu);
+  for (size_t e = 0, r = 0; e < theirs.size(); ++e)
+    for (int32_t i = 0; i < theirs[e]; ++i) idx.data<int32_t>()[r++] = static_cast<int32_t>(e % El);
+  // etp: every rank of the group gets all of the group's rows.
+  Tensor xg = xr, ig = idx;
+  a.r_weight = wr;
+  if (groups.etp) {
+    a.pooled = pool_counts(R);
+    xg = pool_rows(xr, a.pooled, H);
+    a.r_weight = pool_rows(wr, a.pooled, 1);
+    ig = pool_rows(idx, a.pooled, 1);
+  }
+  a.rd = ops::moe_dispatch_plan(ig, nullptr, El, 0);
+  Tensor yg = empty_like_rows(a.rd.num_tokens, H, in);
+  dispatch.reset();
+  local_experts_forward(yg, a, xg, a.rd, a.r_weight, p);
+  const Timed combine(t_moe_times.dispatch);
+  Tensor yr = groups.etp ? sum_pooled(yg, a.pooled, H) : yg, ys = yr;
+  if (groups.ep) {
+    ys = empty_like_rows(a.d.rows, H, in);
+    swap_rows(*groups.ep, yr, a.received, ys, a.sent, H);
+  }
+  ops::moe_unpermute(out, ys, a.d);
+}
+
+// The rows this rank sends each ep peer (a.sent) and receives from it (a.received), from
+// the tokens per (peer, expert of the peer) swapped with every peer; returns what was
+// received per (peer, local expert). Without ep: this rank's own counts.
+std::vector<int32_t> MoeMlp::swap_counts(MoeActs& a) const {
+  const int64_t E = cfg.num_experts, El = cfg.local_experts(), n = E / El;
+  std::vector<int32_t> mine(static_cast<size_t>(E)), theirs(static_cast<size_t>(E));
+  for (int64_t e = 0; e < E; ++e)
+    mine[static_cast<size_t>(e)] = static_cast<int32_t>(a.d.counts[static_cast<size_t>(e)]);
+  if (groups.ep) {
     const Timed t(t_moe_times.exchange);
-    ep.all_to_all_v(mine.raw(), blocks, theirs.raw(), blocks, DType::i32);
+    const std::vector<int64_t> blocks(static_cast<size_t>(n), El);
+    groups.ep->all_to_all_v(mine.data(), blocks, theirs.data(), blocks, DType::i32);
+  } else {
+    theirs = mine;
   }
   a.sent.assign(static_cast<size_t>(n), 0);
   a.received.assign(static_cast<size_t>(n), 0);
   for (int64_t e = 0; e < E; ++e) {
-    a.sent[static_cast<size_t>(e / El)] += mine.data<int32_t>()[e];
-    a.received[static_cast<size_t>(e / El)] += theirs.data<int32_t>()[e];
+    a.sent[static_cast<size_t>(e / El)] += mine[static_cast<size_t>(e)];
+    a.received[static_cast<size_t>(e / El)] += theirs[static_cast<size_t>(e)];
   }
-  int64_t R = 0;
-  for (int64_t c : a.received) R += c;
-  // The received rows, (peer, local expert, token) ordered, each routed once to its expert.
-  Tensor r_idx = Tensor::empty({R, 1}, DType::i32, Device::cpu);
-  for (int64_t e = 0, r = 0; e < E; ++e)
-    for (int32_t i = 0; i < theirs.data<int32_t>()[e]; ++i) r_idx.data<int32_t>()[r++] = static_cast<int32_t>(e % El);
-  a.rd = ops::moe_dispatch_plan(r_idx, nullptr, El, 0);
+  return theirs;
+}
 
-  Tensor xs = empty_like_rows(a.d.rows, H, in), ws = Tensor::empty({a.d.rows}, in.dtype(), in.device());
-  ops::moe_permute(xs, in, a.d);
-  gather_row_weights(ws, a.probs, a.d);
-  Tensor xr = empty_like_rows(R, H, in);
-  a.r_weight = empty_like_rows(R, 1, in);
-  swap_rows(ep, xs, a.sent, xr, a.received, H);
-  swap_rows(ep, ws, a.sent, a.r_weight, a.received, 1);
-  Tensor yr = empty_like_rows(R, H, in), ys = empty_like_rows(a.d.rows, H, in);
-  dispatch.reset();
-  local_experts_forward(yr, a, xr, a.rd, a.r_weight, p);
-  const Timed combine(t_moe_times.dispatch);
-  swap_rows(ep, yr, a.received, ys, a.sent, H);
-  ops::moe_unpermute(out, ys, a.d);
+// The rows each etp rank brings to the pool.
+std::vector<int64_t> MoeMlp::pool_counts(int64_t rows) const {
+  parallel::Communicator& etp = *groups.etp;
+  const auto n = static_cast<size_t>(etp.size());
+  std::vector<int32_t> mine(n, static_cast<int32_t>(rows)), all(n, 0);
+  const std::vector<int64_t> ones(n, 1);
+  {
+    const Timed t(t_moe_times.exchange);
+    etp.all_to_all_v(mine.data(), ones, all.data(), ones, DType::i32);
+  }
+  return std::vector<int64_t>(all.begin(), all.end());
+}
+
+// x [rows, w] of this rank -> [sum(counts), w]: every etp rank's rows, in rank order.
+Tensor MoeMlp::pool_rows(const Tensor& x, const std::vector<int64_t>& counts, int64_t w) const {
+  parallel::Communicator& etp = *groups.etp;
+  const int64_t n = etp.size(), rows = x.dim(0);
+  Tensor copies = Tensor::empty({n * rows, w}, x.dtype(), x.device());
+  for (int64_t j = 0; j < n; ++j)
+    std::memcpy(static_cast<char*>(copies.raw()) + j * x.nbytes(), x.raw(), static_cast<size_t>(x.nbytes()));
+  int64_t total = 0;
+  for (int64_t c : counts) total += c;
+  Tensor out = Tensor::empty({total, w}, x.dtype(), x.device());
+  const Timed t(t_moe_times.exchange);
+  etp.all_to_all_v(copies.raw(), std::vector<int64_t>(static_cast<size_t>(n), rows * w), out.raw(), times(counts, w),
+                   x.dtype());
+  return out;
+}
+
+// partial [sum(counts), w], each etp rank's partial sums for the whole pool -> this rank's
+// rows [counts[me], w]: its block summed over the etp ranks, in rank order.
+Tensor MoeMlp::sum_pooled(const Tensor& partial, const std::vector<int64_t>& counts, int64_t w) const {
+  parallel::Communicator& etp = *groups.etp;
+  const int64_t n = etp.size(), mine = counts[static_cast<size_t>(etp.rank())];
+  Tensor got = Tensor::empty({n * mine, w}, partial.dtype(), partial.device());
+  {
+    const Timed t(t_moe_times.exchange);
+    etp.all_to_all_v(partial.raw(), times(counts, w), got.raw(), std::vector<int64_t>(static_cast<size_t>(n), mine * w),
+                     partial.dtype());
+  }
+  Tensor out = Tensor::empty({mine, w}, partial.dtype(), partial.device());
+  ops::copy(out, got.flat(0, mine * w).view({mine, w}));
+  for (int64_t j = 1; j < n; ++j) ops::add_inplace(out, got.flat(j * mine * w, mine * w).view({mine, w}));
+  return out;
 }
 
 // out += shared(in), times sigmoid(in . gate) with the gate.
@@ -305,7 +380,7 @@ void MoeMlp::router_backward(Tensor& din, const Tensor& dprobs, const MoeActs& a
 // dxr (written) and the routing weights' dw (written) from dyr, through the local experts.
 void MoeMlp::local_experts_backward(Tensor& dxr, Tensor& dw, const Tensor& dyr, const MoeActs& a,
                                     const ops::MoeDispatch& d, const Tensor& w, MoeParams& p) const {
-  const int64_t H = dyr.dim(1), F = cfg.ffn, rows = d.rows;
+  const int64_t H = dyr.dim(1), F = cfg.local_ffn(), rows = d.rows;
   Tensor deo = empty_like_rows(rows, H, dyr);
   timed_permute(deo, dyr, d);
   Tensor daw = empty_like_rows(rows, F, dyr);
@@ -319,22 +394,33 @@ void MoeMlp::local_experts_backward(Tensor& dxr, Tensor& dw, const Tensor& dyr, 
   timed_unpermute(dxr, dxp, d);
 }
 
-// The forward's exchanges in reverse: output gradients to the experts' ranks, input and
-// weight gradients back.
+// The forward's exchanges in reverse: output gradients to the experts' ranks (pooled over
+// etp), input and routing-weight gradients back (summed over etp).
 void MoeMlp::exchange_backward(Tensor& din, Tensor& dprobs, const Tensor& dout, const MoeActs& a, MoeParams& p) const {
-  parallel::Communicator& ep = *groups.ep;
   const int64_t H = dout.dim(1), rows = a.d.rows, R = a.rd.num_tokens;
   std::optional<Timed> dispatch(t_moe_times.dispatch);
-  Tensor dys = empty_like_rows(rows, H, dout), dyr = empty_like_rows(R, H, dout);
+  Tensor dys = empty_like_rows(rows, H, dout);
   ops::moe_permute(dys, dout, a.d);
-  swap_rows(ep, dys, a.sent, dyr, a.received, H);
-  Tensor dxr = empty_like_rows(R, H, dout), dwr = empty_like_rows(R, 1, dout);
+  Tensor dyr = dys;
+  if (groups.ep) {
+    int64_t mine = 0;
+    for (int64_t c : a.received) mine += c;
+    dyr = empty_like_rows(mine, H, dout);
+    swap_rows(*groups.ep, dys, a.sent, dyr, a.received, H);
+  }
+  Tensor dyg = groups.etp ? pool_rows(dyr, a.pooled, H) : dyr;
+  Tensor dxg = empty_like_rows(R, H, dout), dwg = empty_like_rows(R, 1, dout);
   dispatch.reset();
-  local_experts_backward(dxr, dwr, dyr, a, a.rd, a.r_weight, p);
+  local_experts_backward(dxg, dwg, dyg, a, a.rd, a.r_weight, p);
   const Timed combine(t_moe_times.dispatch);
-  Tensor dxs = empty_like_rows(rows, H, dout), dws = Tensor::empty({rows}, dout.dtype(), dout.device());
-  swap_rows(ep, dxr, a.received, dxs, a.sent, H);
-  swap_rows(ep, dwr, a.received, dws, a.sent, 1);
+  Tensor dxr = groups.etp ? sum_pooled(dxg, a.pooled, H) : dxg, dwr = groups.etp ? sum_pooled(dwg, a.pooled, 1) : dwg;
+  Tensor dxs = dxr, dws = dwr;
+  if (groups.ep) {
+    dxs = empty_like_rows(rows, H, dout);
+    dws = empty_like_rows(rows, 1, dout);
+    swap_rows(*groups.ep, dxr, a.received, dxs, a.sent, H);
+    swap_rows(*groups.ep, dwr, a.received, dws, a.sent, 1);
+  }
   ops::moe_unpermute(din, dxs, a.d);
   scatter_row_weights(dprobs, dws, a.d);
 }

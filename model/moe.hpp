@@ -36,7 +36,11 @@ struct MoeLayerConfig {
   // Expert parallelism: this rank holds experts [ep_rank * E / ep_size, (ep_rank + 1) * E /
   // ep_size) (the model declares only those); the trainer sets it from its expert grid.
   int64_t ep_size = 1, ep_rank = 0;
+  // Expert tensor parallelism: each expert's width split over etp_size ranks (ffn / etp_size
+  // of it here).
+  int64_t etp_size = 1, etp_rank = 0;
   int64_t local_experts() const { return num_experts / ep_size; }
+  int64_t local_ffn() const { return ffn / etp_size; }
   int64_t first_expert() const { return ep_rank * local_experts(); }
 
   bool enabled() const { return num_experts > 0; }
@@ -47,15 +51,17 @@ struct MoeLayerConfig {
 };
 
 // The groups an MoE layer talks over (none in one process): `ep`, the expert-parallel
-// group whose ranks hold E / ep experts each and swap tokens with all-to-all (null or one
-// rank: every expert here); `seq`, the ranks that split one micro batch's tokens (the tp
+// group whose ranks hold E / ep experts each and swap tokens with all-to-all; `etp`, the
+// expert-tensor-parallel group whose ranks hold a slice of each expert's width and pool
+// their rows so each computes its slice for all of them; `seq`, the ranks that split one micro batch's tokens (the tp
 // group under sequence parallelism), over which the balancing loss's counts are summed
 // and the losses are partial (their sum over `seq` is the micro batch's loss).
 struct MoeGroups {
-  parallel::Communicator* ep = nullptr;
+  parallel::Communicator* ep = nullptr;   // null: one expert-parallel rank
+  parallel::Communicator* etp = nullptr;  // the ranks splitting each expert's width; null: one
   parallel::Communicator* seq = nullptr;
   int64_t seq_parts() const;
-  bool exchange() const;  // ep has more than one rank
+  bool exchange() const;  // rows leave this rank: ep or etp has more than one rank
 };
 
 // One MoE layer's weights and gradients (the store's views). w1 [E, F or 2F, H] (SwiGLU:
@@ -78,6 +84,7 @@ struct MoeActs {
   // received rows as one batch of "tokens" routed once each (k = 1) to a local expert
   // (plan `rd`, in (peer, expert, token) order) and their routing weights [R, 1].
   std::vector<int64_t> sent, received;
+  std::vector<int64_t> pooled;  // etp: the rows each rank of the group brought to the pool
   ops::MoeDispatch rd;
   Tensor r_weight;
   Tensor xp, pre, act, aw;              // dispatched rows, fc1 output, activation, weighted activation
@@ -132,6 +139,10 @@ struct MoeMlp {
   void local_experts_backward(Tensor& dxr, Tensor& dw, const Tensor& dyr, const MoeActs& a, const ops::MoeDispatch& d,
                               const Tensor& w, MoeParams& p) const;
   void exchange_forward(Tensor& out, MoeActs& a, const Tensor& in, const MoeParams& p) const;
+  std::vector<int32_t> swap_counts(MoeActs& a) const;
+  std::vector<int64_t> pool_counts(int64_t rows) const;
+  Tensor pool_rows(const Tensor& x, const std::vector<int64_t>& counts, int64_t w) const;
+  Tensor sum_pooled(const Tensor& partial, const std::vector<int64_t>& counts, int64_t w) const;
   void exchange_backward(Tensor& din, Tensor& dprobs, const Tensor& dout, const MoeActs& a, MoeParams& p) const;
   double aux_loss(MoeActs& a, const Tensor& in, int64_t seq) const;
   void shared_forward(Tensor& out, MoeActs& a, const Tensor& in, const MoeParams& p) const;

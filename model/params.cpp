@@ -113,7 +113,8 @@ int64_t ParamStore::global_index(const ParamInfo& p, int64_t local) {
     coord[d] = idx % p.shape[d];
     idx /= p.shape[d];
   }
-  coord[p.split_dim] += p.split_rank * p.shape[p.split_dim];
+  coord[p.split_dim] =
+      split_global_coord(coord[p.split_dim], p.shape[p.split_dim], p.split_rank, p.split_count, p.split_parts);
   for (int64_t d = nd - 1; d >= 0; --d) {
     global += coord[d] * stride;
     stride *= p.global_shape[d];

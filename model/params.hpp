@@ -31,6 +31,10 @@ struct ParamInfo {
   int64_t split_dim = -1;  // dimension sharded over tensor-parallel ranks, -1 replicated
   int64_t split_rank = 0;  // which shard this is
   int64_t split_count = 1;
+  // The split dimension is `split_parts` equal parts one after the other, each split over
+  // the ranks on its own: a SwiGLU expert's fc1 [gate; up] is 2 parts, and each rank holds
+  // its slice of the gate then its slice of the up projection.
+  int64_t split_parts = 1;
   int64_t offset = 0;  // element offset in the flat buffers
   int64_t numel = 0;
   InitKind init = InitKind::normal;
@@ -96,6 +100,20 @@ class ParamStore {
   int64_t total_ = 0;
   int64_t expert_offset_ = 0;
 };
+
+// A coordinate along a split dimension (ParamInfo::split_dim) of `parts` parts: this
+// shard's `local` (of `extent` local rows) -> the global one, for shard `rank` of `count`.
+inline int64_t split_global_coord(int64_t local, int64_t extent, int64_t rank, int64_t count, int64_t parts) {
+  const int64_t part_local = extent / parts;
+  return (local / part_local) * part_local * count + rank * part_local + local % part_local;
+}
+// The inverse: the local coordinate of `global` in that shard, -1 when another shard holds it.
+inline int64_t split_local_coord(int64_t global, int64_t extent, int64_t rank, int64_t count, int64_t parts) {
+  const int64_t part_local = extent / parts, part_global = part_local * count;
+  const int64_t part = global / part_global, within = global % part_global;
+  if (part >= parts || within / part_local != rank) return -1;
+  return part * part_local + within % part_local;
+}
 
 // Standard normal for (key, global index) by Box-Muller on two Philox draws.
 double normal_draw(uint64_t key, uint64_t index);

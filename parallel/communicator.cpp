@@ -221,7 +221,9 @@ void add_expert_groups(ProcessGroups& g, int64_t ep, int64_t etp) {
   const ExpertGrid grid(g.topo, ep, etp);
   g.ecoord = grid.coord(g.rank);
   g.ep_size = ep;
+  g.etp_size = etp;
   g.ep = ep > 1 ? split_group(*g.world, g.rank, grid.ep_group(g.rank), "ep") : nullptr;
+  g.etp = etp > 1 ? split_group(*g.world, g.rank, grid.etp_group(g.rank), "etp") : nullptr;
   g.edp = split_group(*g.world, g.rank, grid.edp_group(g.rank), "edp");
   g.emp = split_group(*g.world, g.rank, grid.emp_group(g.rank), "emp");
 }
@@ -273,6 +275,7 @@ ProcessGroups place_groups(const ProcessGroups& g, Device dev) {
   out.cp = nccl(g.cp);
   out.dp_cp = g.dp_cp == g.dp ? out.dp : nccl(g.dp_cp);
   out.ep = nccl(g.ep);
+  out.etp = nccl(g.etp);
   out.edp = nccl(g.edp);
   out.emp = nccl(g.emp);
   return out;

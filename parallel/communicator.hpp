@@ -225,12 +225,14 @@ struct ProcessGroups {
   // shards (dp_cp: dp x cp; the dp group itself when cp is 1).
   std::shared_ptr<Communicator> cp, dp_cp;
   // A mixture-of-experts model's expert grid (ExpertGrid; add_expert_groups): the experts'
-  // all-to-all group (ep; null when ep is 1), the ranks holding the same experts (edp),
+  // all-to-all group (ep; null when ep is 1), the expert-tensor-parallel group (etp; null
+  // when 1), the ranks holding the same experts (edp),
   // over which their gradients are reduced and ZeRO-1 shards, and the expert
   // model-parallel group (emp) their gradient norm is summed over. Null for dense models.
   std::shared_ptr<Communicator> ep, edp, emp;
+  std::shared_ptr<Communicator> etp;  // the ranks splitting each expert's width (null when etp is 1)
   ExpertCoord ecoord{};
-  int64_t ep_size = 1;
+  int64_t ep_size = 1, etp_size = 1;
   Device device = Device::cpu;  // where the tensor groups' payloads live
 
   // The group gradients are reduced and ZeRO-1 shards over: dp_cp, or dp where a caller

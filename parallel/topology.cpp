@@ -107,6 +107,13 @@ int64_t ExpertGrid::rank_of(int64_t stage, ExpertCoord c) const {
   return stage * stage_size_ + c.etp + etp_ * (c.ep + ep_ * c.edp);
 }
 
+std::vector<int64_t> ExpertGrid::etp_group(int64_t rank) const {
+  ExpertCoord c = coord(rank);
+  std::vector<int64_t> g;
+  for (c.etp = 0; c.etp < etp_; ++c.etp) g.push_back(rank_of(topo_.coord(rank).pp, c));
+  return g;
+}
+
 std::vector<int64_t> ExpertGrid::ep_group(int64_t rank) const {
   ExpertCoord c = coord(rank);
   std::vector<int64_t> g;

@@ -68,7 +68,8 @@ class Topology {
 // etp-ep-edp, independent of the attention grid's tp-cp-dp:
 //     stage index = rank - pp * (ranks per stage) = etp + etp_size * (ep + ep_size * edp)
 // An expert-parallel group (same etp, edp) splits the experts, E / ep each, and exchanges
-// tokens with all-to-all; an expert-data-parallel group (same etp, ep) holds the same
+// tokens with all-to-all; an expert-tensor-parallel group (same ep, edp) splits each
+// expert's width, its ranks computing their slice for all of the group's tokens; an expert-data-parallel group (same etp, ep) holds the same
 // experts and reduces their gradients (ZeRO-1 shards over it); the expert model-parallel
 // group (same edp, every etp, ep and stage) sums the experts' squared gradient norm.
 // Example tp=2, dp=2, ep=2, etp=1 (4 ranks, one stage): ep groups [0,1] [2,3] (the tp
@@ -85,6 +86,7 @@ class ExpertGrid {
   int64_t etp() const { return etp_; }
   int64_t edp() const { return edp_; }
   ExpertCoord coord(int64_t rank) const;
+  std::vector<int64_t> etp_group(int64_t rank) const;  // same stage, ep, edp; by etp (consecutive ranks)
   std::vector<int64_t> ep_group(int64_t rank) const;   // same stage, etp, edp; by ep
   std::vector<int64_t> edp_group(int64_t rank) const;  // same stage, etp, ep; by edp
   std::vector<int64_t> emp_group(int64_t rank) const;  // same edp: every stage, etp and ep, by rank

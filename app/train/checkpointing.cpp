@@ -158,8 +158,8 @@ double CheckpointManager::save(const model::ckpt::TrainState& st, const model::P
   if (auto* ex = optim.experts()) {
     const int64_t base = optim.expert_offset(), edp = g_.ecoord.edp;
     model::ckpt::OptimShard es{base + ex->shard_begin(), base + ex->shard_end(), &ex->exp_avg(), &ex->exp_avg_sq()};
-    snaps->push_back(model::ckpt::take_expert_snapshot(store, &es, g_.ecoord.ep, g_.coord.pp, edp, edp == 0,
-                                                       ex->zero1() || edp == 0));
+    snaps->push_back(model::ckpt::take_expert_snapshot(store, &es, g_.ecoord.etp, g_.ecoord.ep, g_.coord.pp, edp,
+                                                       edp == 0, ex->zero1() || edp == 0));
   }
   double blocked = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   writer_done_ = false;

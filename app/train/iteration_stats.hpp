@@ -24,7 +24,7 @@ struct IterationStats {
   // Sent by this rank this iteration; dp: the gradient reduction's group (dp x cp), cp:
   // attention across the context-parallel group.
   int64_t bytes_tp = 0, bytes_pp = 0, bytes_dp = 0, bytes_cp = 0;
-  int64_t bytes_ep = 0;  // the MoE all-to-alls (the experts' gradients count in bytes_dp)
+  int64_t bytes_ep = 0;  // the MoE exchanges over ep and etp (the experts' gradients count in bytes_dp)
   // Copies this step made from device memory to the host (host round trips; the design
   // is one) and from the host to the device (token and mask uploads). 0 on the CPU.
   int64_t host_reads = 0, host_uploads = 0;

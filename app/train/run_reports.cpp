@@ -132,7 +132,7 @@ void CommReport::reset() {
   cp_at_reset_ = parallel::cp_attention_times();
   moe_at_reset_ = model::moe_dispatch_times();
   for (auto* c : {g_.tp.get(), g_.pp.get(), g_.dp.get(), g_.grad_group().get(), g_.cp.get(), g_.embedding.get(),
-                  g_.mp.get(), g_.world.get(), g_.ep.get(), g_.edp.get(), g_.emp.get()})
+                  g_.mp.get(), g_.world.get(), g_.ep.get(), g_.etp.get(), g_.edp.get(), g_.emp.get()})
     if (c) c->reset_bytes();
 }
 
@@ -155,6 +155,7 @@ void CommReport::write(int64_t iteration, int64_t global_batch, int64_t micro_ba
                       {"dp", b(g_.grad_group())},
                       {"cp", b(g_.cp)},
                       {"ep", b(g_.ep)},
+                      {"etp", b(g_.etp)},
                       {"edp", g_.edp == g_.grad_group() ? 0 : b(g_.edp)},
                       {"emp", g_.emp == g_.mp ? 0 : b(g_.emp)},
                       {"embedding", b(g_.embedding)},

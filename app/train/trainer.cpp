@@ -149,6 +149,8 @@ struct TrainModel {
     model::GptConfig c = gpt_config(r, /*moe=*/true);
     c.moe.ep_size = g.ep_size;
     c.moe.ep_rank = g.ecoord.ep;
+    c.moe.etp_size = g.etp_size;
+    c.moe.etp_rank = g.ecoord.etp;
     return c;
   }
 
@@ -443,6 +445,7 @@ model::ckpt::Layout checkpoint_layout(const parallel::ProcessGroups& g, int64_t 
   model::ckpt::Layout l{t.tp(), t.pp(), t.dp(), v, zero1, t.cp()};
   if (g.edp) {  // an MoE model: its experts' files
     l.ep = g.ep_size;
+    l.etp = g.etp_size;
     l.edp = g.edp->size();
   }
   return l;
@@ -827,8 +830,8 @@ void Trainer::record_memory_and_traffic(IterationStats& s, int64_t reads_before,
   s.bytes_pp = g_.pp ? g_.pp->bytes_sent() : 0;
   s.bytes_dp = g_.grad_group() ? g_.grad_group()->bytes_sent() : 0;  // over dp x cp under context parallelism
   s.bytes_cp = g_.cp ? g_.cp->bytes_sent() : 0;
-  s.bytes_ep = g_.ep ? g_.ep->bytes_sent() : 0;
-  if (g_.edp && g_.edp != g_.grad_group()) s.bytes_dp += g_.edp->bytes_sent();  // the experts' replicas
+  s.bytes_ep = (g_.ep ? g_.ep->bytes_sent() : 0) + (g_.etp ? g_.etp->bytes_sent() : 0);  // the experts' exchanges
+  if (g_.edp && g_.edp != g_.grad_group()) s.bytes_dp += g_.edp->bytes_sent();           // the experts' replicas
   s.host_reads = device_to_host_copies() - reads_before;
   s.host_uploads = host_to_device_copies() - uploads_before;
   log::debug("iteration {}: {} host read(s) of device memory, {} upload(s) in the step", s.iteration, s.host_reads,
@@ -891,7 +894,7 @@ void Trainer::training_log(IterationStats& s, const data::Batch& batch) {
         s.cuda_graph_replays >= 0 ? fmt::format(" | graph replays: {}", s.cuda_graph_replays) : std::string(),
         s.bytes_tp / 1e6, s.bytes_pp / 1e6,
         s.bytes_dp / 1e6,  // rank 0's bytes sent this iteration (ring model, parallel/communicator.hpp)
-        g_.ep ? fmt::format(" | ep MB: {:.3f}", s.bytes_ep / 1e6) : std::string(),
+        g_.ep || g_.etp ? fmt::format(" | ep MB: {:.3f}", s.bytes_ep / 1e6) : std::string(),
         eta_text(summary_.iterations, total_iters - s.iteration));
 }
 

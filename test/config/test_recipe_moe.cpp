@@ -119,8 +119,7 @@ TEST_CASE("recipe moe: train refuses the MoE forms it does not build, naming the
   CHECK_THROWS_WITH(refuse_unwired_moe(parse_recipe(kTiny, "t.yaml", kMoe)),
                     Contains("model.add_bias_linear") && Contains("not built yet"));
   for (const auto& [set, key] : std::vector<std::pair<std::string, std::string>>{
-           {"parallel.expert_tensor_parallel_size=2", "parallel.expert_tensor_parallel_size"},
-           {"parallel.tensor_model_parallel_size=2", "parallel.expert_tensor_parallel_size"},  // etp absent: tp's
+           {"parallel.tensor_model_parallel_size=2", "parallel.sequence_parallel"},
            {"training.device=cuda", "training.device"},
            {"training.device=test", "training.device"},
            {"training.precision=bf16", "training.precision"},
@@ -132,10 +131,10 @@ TEST_CASE("recipe moe: train refuses the MoE forms it does not build, naming the
     sets.push_back(set);
     CHECK_THROWS_WITH(refuse_unwired_moe(parse_recipe(kTiny, "t.yaml", moe(sets))), Contains(key));
   }
-  // Expert, tensor (with sequence parallelism) and pipeline parallelism train.
+  // Expert, expert-tensor, tensor (with sequence parallelism) and pipeline parallelism train.
   std::vector<std::string> par = ok;
   for (const char* set : {"parallel.expert_model_parallel_size=2", "parallel.tensor_model_parallel_size=2",
-                          "parallel.expert_tensor_parallel_size=1", "parallel.sequence_parallel=true",
+                          "parallel.expert_tensor_parallel_size=2", "parallel.sequence_parallel=true",
                           "parallel.pipeline_model_parallel_size=2"})
     par.push_back(set);
   CHECK_NOTHROW(refuse_unwired_moe(parse_recipe(kTiny, "t.yaml", moe(par))));

@@ -157,7 +157,9 @@ TEST_CASE("topology: the expert grid, every factorisation of 1..32", "[parallel]
             for (int64_t r = 0; r < world; ++r) {
               const ExpertCoord c = x.coord(r);
               REQUIRE(r % stage == c.etp + etp * (c.ep + ep * c.edp));
-              const auto g = x.ep_group(r), d = x.edp_group(r), m = x.emp_group(r);
+              const auto g = x.ep_group(r), d = x.edp_group(r), m = x.emp_group(r), tg = x.etp_group(r);
+              REQUIRE(static_cast<int64_t>(tg.size()) == etp);
+              for (int64_t i = 0; i < etp; ++i) REQUIRE(tg[i] == r - c.etp + i);  // consecutive ranks
               REQUIRE(static_cast<int64_t>(g.size()) == ep);
               REQUIRE(g[c.ep] == r);
               REQUIRE(d[c.edp] == r);

@@ -23,6 +23,7 @@ const std::string kAllGather = "--set parallel.cp_comm_type=all_gather";
 // expert parallelism (an MoE recipe's; each expert whole on one rank)
 const std::string kEp2 = "--set parallel.expert_model_parallel_size=2 --set parallel.expert_tensor_parallel_size=1";
 const std::string kEp4 = "--set parallel.expert_model_parallel_size=4 --set parallel.expert_tensor_parallel_size=1";
+const std::string kEtp2 = "--set parallel.expert_tensor_parallel_size=2";
 
 }  // namespace
 
@@ -67,6 +68,10 @@ const std::vector<Layout>& all_layouts() {
       {"ep4-zero1", 4, kEp4 + " " + kZero1},
       {"pp2-v2-full-ep2", 4, kPp2 + " " + kV + " " + kFull + " " + kEp2},
       {"tp2-sp", 2, kTp2 + " " + kSp},
+      // expert tensor parallelism: each expert's width over 2 ranks
+      {"etp2", 2, kEtp2},
+      {"tp2-sp-etp2", 2, kTp2 + " " + kSp + " " + kEtp2},
+      {"etp2-ep2-zero1", 4, "--set parallel.expert_model_parallel_size=2 " + kEtp2 + " " + kZero1},
   };
   return all;
 }

@@ -3,8 +3,9 @@
 // losses), fp32, dropless, trained for the 10 iterations of its batch ramp, gives the
 // single-process loss and balancing loss at every iteration under expert parallelism over
 // dp, over tp's ranks with sequence parallelism, within pipeline stages (interleaved, with
-// full recompute), with ZeRO-1 over the experts' replicas — and a checkpoint saved under
-// one expert layout continues under others. Each run is the real binary under mpirun.
+// full recompute), with ZeRO-1 over the experts' replicas, with each expert's width split
+// over ranks (expert tensor parallelism, alone and as Megatron-Core's default etp = tp) —
+// and a checkpoint saved under one expert layout continues under others. Each run is the real binary under mpirun.
 #include <catch2/catch.hpp>
 #include <algorithm>
 #include <cmath>
@@ -80,10 +81,14 @@ TEST_CASE("train: expert-parallel layouts reproduce the single-process MoE losse
   // comparison proves little.
   const auto [lo, hi] = std::minmax_element(ref.balance.begin(), ref.balance.end());
   CHECK(*hi - *lo > 1e-3);
-  for (const auto& l : test::layouts({"ep2", "ep4", "tp2-sp", "tp2-sp-ep2", "pp2-ep2", "ep2-dp4-zero1"})) {
+  for (const auto& l : test::layouts({"ep2", "ep4", "tp2-sp", "tp2-sp-ep2", "pp2-ep2", "ep2-dp4-zero1", "etp2",
+                                      "tp2-sp-etp2", "etp2-ep2-zero1"})) {
     INFO(l.name);
     check_same(run_moe(l.name, l.np, l.sets), ref);
   }
+  // GELU experts (fc1 in one part) split over etp.
+  const Curve gelu = run_moe("gelu-ref", 1, "--set model.swiglu=false ");
+  check_same(run_moe("gelu-etp2", 2, "--set model.swiglu=false " + test::layouts({"etp2"}).front().sets), gelu);
   // Sigmoid scores with the expert bias (updated from the whole batch's counts) and a
   // gated shared expert, across tp's ranks and interleaved stages with full recompute.
   const Curve sig = run_moe("sigmoid-ref", 1, kSigmoidShared);
@@ -94,8 +99,9 @@ TEST_CASE("train: expert-parallel layouts reproduce the single-process MoE losse
 }
 
 // An ep2 x dp4 run with ZeRO-1 stopped after 5 iterations writes the experts per
-// expert-parallel rank (their optimizer state per replica) and continues in one process
-// and at ep4 with ZeRO-1, each giving the uninterrupted run's losses for iterations 6-10.
+// expert-parallel rank (their optimizer state per replica) and continues in one process,
+// at ep4 with ZeRO-1 and with each expert's width split over 2 ranks, each giving the
+// uninterrupted run's losses for iterations 6-10.
 TEST_CASE("train: an expert-parallel checkpoint resumes under other expert layouts", "[mpi]") {
   const Curve ref = run_moe("resume-ref", 1, "");
   test::TempDir saved("moe-ep2-saved");
@@ -105,12 +111,12 @@ TEST_CASE("train: an expert-parallel checkpoint resumes under other expert layou
       run_moe("ep2-first", ep2.np, ep2.sets + " --set training.exit_interval=5 --set checkpoint.save=" + ck);
   REQUIRE(first.loss.size() == 5);
   const std::string it = model::ckpt::iteration_dir(ck, 5);
-  for (const char* f : {"model_experts_ep000_pp000.safetensors", "model_experts_ep001_pp000.safetensors",
-                        "optim_experts_ep001_pp000_dp001.safetensors", "optim_tp00_pp000_dp003.safetensors"})
+  for (const char* f : {"model_experts_etp00_ep000_pp000.safetensors", "model_experts_etp00_ep001_pp000.safetensors",
+                        "optim_experts_etp00_ep001_pp000_dp001.safetensors", "optim_tp00_pp000_dp003.safetensors"})
     CHECK(std::filesystem::exists(it + "/" + f));
   const std::string meta = test::read_file(it + "/metadata.json");
   CHECK(meta.find("\"expert_model_parallel_size\": 2") != std::string::npos);
-  for (const auto& l : test::layouts({"single-none", "ep4-zero1"})) {
+  for (const auto& l : test::layouts({"single-none", "ep4-zero1", "etp2-ep2-zero1"})) {
     INFO("resumed under " << l.name);
     test::TempDir copy("moe-resume-" + l.name);
     std::filesystem::copy(ck, copy.str() + "/ckpt", std::filesystem::copy_options::recursive);
@@ -125,11 +131,11 @@ TEST_CASE("train: an expert-parallel checkpoint resumes under other expert layou
   test::TempDir broken("moe-resume-broken");
   std::filesystem::copy(ck, broken.str() + "/ckpt", std::filesystem::copy_options::recursive);
   std::filesystem::remove(model::ckpt::iteration_dir(broken.str() + "/ckpt", 5) +
-                          "/model_experts_ep001_pp000.safetensors");
+                          "/model_experts_etp00_ep001_pp000.safetensors");
   test::TempDir out("moe-resume-broken-run");
   const std::string recipe = test::source_dir() + "/recipes/tiny-ramp.yaml";
   auto r = test::run_train(recipe, out.str(), kMoe + "--set checkpoint.load=" + broken.str() + "/ckpt", 1);
   INFO(r.out);
   CHECK(r.exit_code == 2);
-  CHECK(r.out.find("model_experts_ep001_pp000.safetensors is missing") != std::string::npos);
+  CHECK(r.out.find("model_experts_etp00_ep001_pp000.safetensors is missing") != std::string::npos);
 }
