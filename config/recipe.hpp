@@ -58,8 +58,8 @@ void validate(const Recipe& r);
 // Rules that need the world size: world % (tp*cp*pp) == 0, batch divisible by mbs*dp
 // (dp = world / (tp*cp*pp)); with experts, world % (etp*ep*pp) == 0.
 void validate_layout(const Recipe& r, int64_t world_size);
-// Paths that build the model without MoE layers (the multi-rank eval and generate, the
-// checkpoint tools, Hugging Face export) call this: a recipe with model.num_experts > 0 is
+// Paths that build the model without MoE layers (the checkpoint tools, Hugging Face
+// export) call this: a recipe with model.num_experts > 0 is
 // refused (InputError, exit 2) rather than silently built as a dense one. `command` names
 // the caller.
 void refuse_moe_model(const Recipe& r, const std::string& command);

@@ -408,7 +408,9 @@ void GptChunk::setup_moe() {
   if (dev_ != Device::cpu)
     throw_input("model.num_experts ({}): MoE layers run on the CPU only so far (training.device: cpu)",
                 cfg_.moe.num_experts);
-  if (tp_ > 1 && !cfg_.sequence_parallel)
+  // Training routes each tp rank's own rows; inference (no expert grid) runs every MoE
+  // layer whole on every tp rank.
+  if (tp_ > 1 && !cfg_.sequence_parallel && groups_.edp)
     throw_input(
         "parallel.sequence_parallel: MoE layers with tensor_model_parallel_size {} need sequence parallelism (each "
         "tp rank routes its own tokens); set parallel.sequence_parallel: true",

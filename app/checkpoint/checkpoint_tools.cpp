@@ -75,9 +75,12 @@ std::string save_whole_model(const std::string& root, const Recipe& r, const mod
                              int64_t iteration) {
   const std::string part = model::ckpt::partial_dir(root, iteration);
   fs::remove_all(part);
-  auto snap = model::ckpt::take_snapshot(store, nullptr, 0, 0, 0, true, false);
-  model::ckpt::write_snapshot(part, snap);
+  model::ckpt::write_snapshot(part, model::ckpt::take_snapshot(store, nullptr, 0, 0, 0, true, false));
   model::ckpt::TrainState st;
+  if (store.expert_offset() < store.numel()) {  // an MoE model's routed experts: their file
+    model::ckpt::write_snapshot(part, model::ckpt::take_expert_snapshot(store, nullptr, 0, 0, 0, 0, true, false));
+    st.layout.ep = 1;
+  }
   st.iteration = iteration;
   st.seed = static_cast<uint64_t>(r.training.seed);
   Recipe one = r;

@@ -132,9 +132,7 @@ void run_parallel(const GenArgs& a, const parallel::LaunchInfo& launch, const da
     const auto g = parallel::place_groups(
         parallel::make_groups(world, parallel::Topology::from_world(launch.world_size, r.tp(), 1)), dev);
     DeviceWatchdogRun watchdog(r.logging.dir, g, r.parallel.heartbeat_timeout_minutes * 60);
-    model::GptConfig cfg = gpt_config(r);
-    cfg.hidden_dropout = cfg.attention_dropout = 0;
-    cfg.recompute = RecomputeGranularity::none;
+    const model::GptConfig cfg = parallel_inference_config(r);
     model::ParamStore store;
     model::declare_chunk_params(store, cfg, model::ChunkSpec{0, cfg.num_layers_total, true, true, ""}, g.coord.tp,
                                 g.topo.tp());

@@ -19,10 +19,7 @@ ParallelScorer::ParallelScorer(const Recipe& r, const std::string& dir, const pa
                 g.topo.world(), g.topo.tp(), g.topo.pp());
   if (r.parallel.num_layers_per_virtual_pipeline_stage > 0)
     throw_input("eval: interleaved pipelines are not supported; unset parallel.num_layers_per_virtual_pipeline_stage");
-  cfg_ = gpt_config(r);
-  cfg_.hidden_dropout = 0;
-  cfg_.attention_dropout = 0;
-  cfg_.recompute = RecomputeGranularity::none;
+  cfg_ = parallel_inference_config(r);
   const auto chunks = model::partition_chunks(pipeline_split(r), g.coord.pp);
   MTNLG_CHECK(chunks.size() == 1, "eval runs without interleaving; the recipe has {} chunks per rank", chunks.size());
   const model::ChunkSpec spec = chunks.front();

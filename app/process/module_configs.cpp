@@ -87,6 +87,16 @@ model::GptConfig gpt_config(const Recipe& r, bool moe) {
   return build_gpt_config(r);
 }
 
+model::GptConfig parallel_inference_config(const Recipe& r) {
+  model::GptConfig c = build_gpt_config(r);
+  c.hidden_dropout = c.attention_dropout = 0;
+  c.recompute = RecomputeGranularity::none;
+  c.sequence_parallel = false;
+  c.moe.capacity_factor = 0;
+  c.moe.pad_to_capacity = false;
+  return c;
+}
+
 model::GptConfig inference_config(const Recipe& r) {
   Recipe one = r;
   one.parallel.tensor_model_parallel_size = 1;  // one rank's padded vocabulary, no sequence parallelism

@@ -22,6 +22,10 @@ model::GptConfig gpt_config(const Recipe& r, bool moe = false);
 // The model one process runs for inference from a (checkpoint's) recipe: the whole model at
 // tp = 1 in fp32, without dropout, recompute or sequence parallelism; MoE layers (built
 // here too) route every token to its k experts, without a capacity's drops or padding.
+// The model as eval and generate split it over tp x pp ranks under mpirun/srun: the
+// recipe's, without dropout, recompute or sequence parallelism; MoE layers route every
+// token to its k experts (no capacity) on every tp rank alike.
+model::GptConfig parallel_inference_config(const Recipe& r);
 model::GptConfig inference_config(const Recipe& r);
 
 // The layers over r's pipeline: model.num_layers, pipeline_model_parallel_size,

@@ -130,6 +130,14 @@ TEST_CASE("tiny MoE: full recompute and a resume give the same losses and weight
   CHECK(g.exit_code == 0);
   CHECK_THAT(g.out, Catch::Matchers::StartsWith("And God said"));
   CHECK(g.out.find('\n') > std::string("And God said").size());
+  // Under mpirun split over two tp ranks (each runs the MoE layers whole): the same text.
+  auto g2 = run_command("cd " + d.tmp.str() + " && OMP_NUM_THREADS=1 sh " + source_dir() +
+                        "/test/support/mpi/mpirun.sh 2 " + std::string(MTNLG_BINARY) +
+                        " generate --checkpoint r --prompt 'And God said' --greedy --max-new-tokens 4"
+                        " --set parallel.tensor_model_parallel_size=2 2>&1");
+  INFO(g2.out);
+  CHECK(g2.exit_code == 0);
+  CHECK(g2.out.find(g.out.substr(0, g.out.find('\n'))) != std::string::npos);
   auto e = d.mtnlg(
       "eval --checkpoint r --tasks piqa --data-dir test/fixtures/eval --num-fewshot 0 --limit 8 --output eval.json");
   INFO(e.out);
