@@ -1333,9 +1333,11 @@ void refuse_unwired_moe(const Recipe& r) {
     invalid(r, fmt::format("parallel.sequence_parallel: MoE layers with tensor_model_parallel_size {} need sequence "
                            "parallelism (each tp rank routes its own tokens); set it to true",
                            r.tp()));
-  if (r.tp() > 1 && m.moe_router_load_balancing_type == MoeLoadBalancing::seq_aux_loss)
+  if ((r.tp() > 1 || r.cp() > 1) && m.moe_router_load_balancing_type == MoeLoadBalancing::seq_aux_loss)
     refuse("model.moe_router_load_balancing_type",
-           fmt::format("seq_aux_loss under tensor_model_parallel_size {} (sequences split over ranks)", r.tp()));
+           fmt::format("seq_aux_loss under tensor_model_parallel_size {} x context_parallel_size {} (sequences split "
+                       "over ranks)",
+                       r.tp(), r.cp()));
   if (r.training.device == DeviceKind::cuda || r.training.device == DeviceKind::test)
     refuse("training.device", to_string(r.training.device));
   if (r.training.precision != Precision::fp32)

@@ -228,8 +228,6 @@ GptChunk::GptChunk(const GptConfig& cfg, ChunkSpec spec, ParamStore& store, cons
           "parallel.context_parallel_size ({}): context parallelism runs on the CPU only so far "
           "(training.device: cpu)",
           cp_);
-    if (cfg.moe.enabled())
-      throw_input("parallel.context_parallel_size ({}): MoE layers train without context parallelism so far", cp_);
     if (cfg.attention == AttentionBackend::unfused)
       throw_input(
           "model.attention_backend: unfused does not run across context-parallel ranks (they merge the "
@@ -421,7 +419,8 @@ void GptChunk::setup_moe() {
               cfg_.moe.etp_size, ep, etp);
   moe_.groups.ep = groups_.ep.get();
   moe_.groups.etp = groups_.etp.get();
-  if (cfg_.sequence_parallel && tp_ > 1) moe_.groups.seq = groups_.tp.get();
+  if (cfg_.sequence_parallel && tp_ > 1) moe_.groups.seq.push_back(groups_.tp.get());
+  if (cp_ > 1) moe_.groups.seq.push_back(groups_.cp.get());  // each cp rank routes its own positions
 }
 
 GptChunk::~GptChunk() = default;

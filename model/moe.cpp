@@ -100,7 +100,11 @@ void timed_unpermute(Tensor& y, const Tensor& rows, const ops::MoeDispatch& d) {
 
 MoeDispatchTimes moe_dispatch_times() { return t_moe_times; }
 
-int64_t MoeGroups::seq_parts() const { return seq ? seq->size() : 1; }
+int64_t MoeGroups::seq_parts() const {
+  int64_t n = 1;
+  for (const auto* g : seq) n *= g->size();
+  return n;
+}
 bool MoeGroups::exchange() const { return ep || etp; }
 
 int64_t MoeActs::bytes() const {
@@ -164,7 +168,7 @@ double MoeMlp::aux_loss(MoeActs& a, const Tensor& in, int64_t seq) const {
   a.counts = Tensor::empty({n_groups, E}, in.dtype(), in.device());
   ops::fill(a.counts, 0.0);
   ops::moe_aux_scores_forward(a.scores, a.counts, a.logits, cfg.router.score, k, n_groups);
-  if (parts > 1) groups.seq->all_reduce(a.counts.raw(), a.counts.numel(), a.counts.dtype(), parallel::ReduceOp::sum);
+  for (auto* g : groups.seq) g->all_reduce(a.counts.raw(), a.counts.numel(), a.counts.dtype(), parallel::ReduceOp::sum);
   return ops::moe_aux_loss_forward(a.scores, a.counts, n_groups, static_cast<double>(N * parts / n_groups), k,
                                    cfg.aux_coeff);
 }

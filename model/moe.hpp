@@ -55,11 +55,12 @@ struct MoeLayerConfig {
 // expert-tensor-parallel group whose ranks hold a slice of each expert's width and pool
 // their rows so each computes its slice for all of them; `seq`, the ranks that split one micro batch's tokens (the tp
 // group under sequence parallelism), over which the balancing loss's counts are summed
-// and the losses are partial (their sum over `seq` is the micro batch's loss).
+// and the losses are partial (their sum over `seq` is the micro batch's loss): the tp
+// group under sequence parallelism and the cp group, each summed over in turn.
 struct MoeGroups {
-  parallel::Communicator* ep = nullptr;   // null: one expert-parallel rank
-  parallel::Communicator* etp = nullptr;  // the ranks splitting each expert's width; null: one
-  parallel::Communicator* seq = nullptr;
+  parallel::Communicator* ep = nullptr;      // null: one expert-parallel rank
+  parallel::Communicator* etp = nullptr;     // the ranks splitting each expert's width; null: one
+  std::vector<parallel::Communicator*> seq;  // tp under sp, cp: together they split the tokens
   int64_t seq_parts() const;
   bool exchange() const;  // rows leave this rank: ep or etp has more than one rank
 };

@@ -812,7 +812,7 @@ IterationStats Trainer::train_step(const data::Batch& batch, double lr, std::chr
   record_memory_and_traffic(s, reads_before, uploads_before);
   s.world_size = g_.topo.world();
   if (model_.cfg.moe.enabled())
-    record_moe(s, moe_all, model_.cfg.moe, r_.parallel.sequence_parallel ? g_.topo.tp() : 1);
+    record_moe(s, moe_all, model_.cfg.moe, (r_.parallel.sequence_parallel ? g_.topo.tp() : 1) * g_.topo.cp());
   return s;
 }
 
@@ -1035,7 +1035,6 @@ void refuse_unwired_context_parallel(const Recipe& r) {
   if (r.training.device == DeviceKind::cuda || r.training.device == DeviceKind::test)
     refuse(fmt::format("context parallelism trains on the CPU only so far (training.device is {}; use cpu)",
                        r.training.device == DeviceKind::cuda ? "cuda" : "test"));
-  if (r.model.moe.enabled()) refuse("MoE layers (model.num_experts) train without context parallelism so far");
   if (r.parallel.cp_comm_type == CpCommType::a2a_p2p)
     refuse("parallel.cp_comm_type a2a+p2p is not implemented yet; use p2p, a2a or all_gather");
   if (r.training.enable_cuda_graph) refuse("training.enable_cuda_graph does not capture context parallelism yet");

@@ -72,6 +72,9 @@ const std::vector<Layout>& all_layouts() {
       {"etp2", 2, kEtp2},
       {"tp2-sp-etp2", 2, kTp2 + " " + kSp + " " + kEtp2},
       {"etp2-ep2-zero1", 4, "--set parallel.expert_model_parallel_size=2 " + kEtp2 + " " + kZero1},
+      // MoE under context parallelism: each cp rank routes its own positions
+      {"cp2-ep2", 4, kCp2 + " " + kEp2},
+      {"cp2-tp2-sp-ep2", 4, kCp2 + " " + kTp2 + " " + kSp + " " + kEp2},
   };
   return all;
 }

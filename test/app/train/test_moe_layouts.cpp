@@ -4,7 +4,8 @@
 // single-process loss and balancing loss at every iteration under expert parallelism over
 // dp, over tp's ranks with sequence parallelism, within pipeline stages (interleaved, with
 // full recompute), with ZeRO-1 over the experts' replicas, with each expert's width split
-// over ranks (expert tensor parallelism, alone and as Megatron-Core's default etp = tp) —
+// over ranks (expert tensor parallelism, alone and as Megatron-Core's default etp = tp),
+// under context parallelism —
 // and a checkpoint saved under one expert layout continues under others. Each run is the real binary under mpirun.
 #include <catch2/catch.hpp>
 #include <algorithm>
@@ -82,7 +83,7 @@ TEST_CASE("train: expert-parallel layouts reproduce the single-process MoE losse
   const auto [lo, hi] = std::minmax_element(ref.balance.begin(), ref.balance.end());
   CHECK(*hi - *lo > 1e-3);
   for (const auto& l : test::layouts({"ep2", "ep4", "tp2-sp", "tp2-sp-ep2", "pp2-ep2", "ep2-dp4-zero1", "etp2",
-                                      "tp2-sp-etp2", "etp2-ep2-zero1"})) {
+                                      "tp2-sp-etp2", "etp2-ep2-zero1", "cp2-ep2", "cp2-tp2-sp-ep2"})) {
     INFO(l.name);
     check_same(run_moe(l.name, l.np, l.sets), ref);
   }
