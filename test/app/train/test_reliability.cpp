@@ -485,6 +485,26 @@ TEST_CASE("reliability 8: a rank that stops answering ends the job, named, withi
   CHECK_THAT(r.out, Contains("collective timeout 10 s]"));
 }
 
+// The same for the experts' all-to-all: 2 ranks exchanging an MoE layer's tokens (ep 2),
+// rank 1 stopped at iteration 2: the line names it, the all-to-all and its ep group.
+TEST_CASE("reliability 8: a rank that stops during the MoE token exchange is named with the all-to-all", "[mpi]") {
+  test::TempDir d("rel-watchdog-ep");
+  const std::string cmd =
+      "MTNLG_FAULT_INJECT=rank=1:iteration=2:mode=stop MTNLG_COLLECTIVE_TIMEOUT=10 timeout --verbose -k 5 90 " +
+      test::mpirun(2) + MTNLG_BINARY + " train " + kRecipe + kSets +
+      " --set model.num_experts=4 --set model.moe_ffn_hidden_size=24 --set model.add_bias_linear=false"
+      " --set parallel.expert_model_parallel_size=2 --set parallel.expert_tensor_parallel_size=1"
+      " --set logging.dir=" +
+      d.str();
+  auto r = test::run_command(cmd);
+  INFO(cmd << "\n" << r.out);
+  CHECK(r.exit_code != 0);
+  CHECK_THAT(r.out, !Contains("timeout: sending signal"));
+  CHECK_THAT(r.out, Contains("error: rank 1 (tp=0,pp=0,dp=1 host "));
+  CHECK_THAT(r.out, Contains("(all_to_all, group ep)"));
+  CHECK_THAT(r.out, Contains("it does not answer (stopped, hung outside MPI, or dead)"));
+}
+
 TEST_CASE("reliability 8: a bad collective timeout is exit 2 naming the key or the variable", "[e2e]") {
   test::TempDir d("rel-watchdog-input");
   expect_exit2(train(d.str() + "/a", "--set parallel.distributed_timeout_minutes=-1"),
