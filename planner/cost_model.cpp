@@ -761,6 +761,7 @@ std::string layout_problem(const Recipe& r, const Layout& l) {
   if ((l.ep > 1 || l.etp > 1) && !m.moe.enabled()) return "expert parallelism needs MoE layers";
   if (m.moe.enabled() && m.moe.num_experts % l.ep != 0) return "experts not divisible by ep";
   if ((l.tp * l.cp * l.dp) % (l.ep * l.etp) != 0) return "tp x cp x dp not divisible by ep x etp";
+  if (m.moe.enabled() && l.tp > 1 && !l.sequence_parallel) return "MoE layers with tp > 1 need sequence parallel";
   if (l.sequence_parallel && (l.tp < 2 || (m.seq_length / l.cp) % l.tp != 0))
     return "sequence parallel needs tp > 1 dividing seq_length / cp";
   if (l.distributed_optimizer && l.replicas() < 2) return "distributed optimizer needs dp x cp > 1";
