@@ -205,7 +205,23 @@ bool post_body_token(std::string_view rest) {
 
 }  // namespace
 
-uint8_t attribute_marks(std::string_view v) {
+namespace {
+
+// Whether the whitespace-separated value `v` holds the token `token` (lower case), in any case.
+bool has_token(std::string_view v, std::string_view token) {
+  for (size_t i = 0; i < v.size();) {
+    while (i < v.size() && is_space(static_cast<unsigned char>(v[i]))) ++i;
+    size_t j = i;
+    while (j < v.size() && !is_space(static_cast<unsigned char>(v[j]))) ++j;
+    if (j - i == token.size() && lower_str(v.substr(i, j - i)) == token) return true;
+    i = j;
+  }
+  return false;
+}
+
+// The marks of the words of `v`; with `terms`, a token holding '-' marks nothing (a term
+// of one of the post's taxonomies, see attribute_marks).
+uint8_t word_marks(std::string_view v, bool terms) {
   const auto* t = reinterpret_cast<const unsigned char*>(v.data());
   const size_t n = v.size();
   const WordTable& furniture = furniture_words();
@@ -217,11 +233,14 @@ uint8_t attribute_marks(std::string_view v) {
       ++i;
       continue;
     }
-    if ((i == 0 || is_space(t[i - 1])) && taxonomy_token(v.substr(i))) {
+    const bool token_start = i == 0 || is_space(t[i - 1]);
+    if (token_start && post_body_token(v.substr(i))) marks |= kMarkPostBody;
+    if (token_start &&
+        (taxonomy_token(v.substr(i)) ||
+         (terms && v.substr(i, v.find_first_of(" \t\n\r\f", i) - i).find('-') != std::string_view::npos))) {
       while (i < n && !is_space(t[i])) ++i;
       continue;
     }
-    if ((i == 0 || is_space(t[i - 1])) && post_body_token(v.substr(i))) marks |= kMarkPostBody;
     size_t j = i + 1;  // a word: ASCII letters and digits, lower-cased
     // A word ends where a lower-case letter meets an upper-case one too ("mainNav").
     while (j < n && alnum_byte(t[j]) && !(t[j] >= 'A' && t[j] <= 'Z' && t[j - 1] >= 'a' && t[j - 1] <= 'z')) ++j;
@@ -237,6 +256,17 @@ uint8_t attribute_marks(std::string_view v) {
     }
     i = j;
   }
+  return marks;
+}
+
+}  // namespace
+
+// WordPress's post element lists the post's terms of every taxonomy as class tokens beside
+// hAtom's "hentry" ("category-news", "tag-cuba", "internet-estallido-comentarios"): there a
+// hyphenated token is the post's topic, and no comment section.
+uint8_t attribute_marks(std::string_view v) {
+  const uint8_t marks = word_marks(v, false);
+  if ((marks & kMarkComment) && has_token(v, "hentry")) return word_marks(v, true);
   return marks;
 }
 

@@ -1572,3 +1572,14 @@ TEST_CASE("extract: a page whose review sections are one review holding most of 
                           "</div></body></html>")
             .find("arrive on time") == std::string::npos);
 }
+
+TEST_CASE("extract: beside hentry a hyphenated class token is a term of the post, not a comment section", "[extract]") {
+  CHECK(attribute_marks("post-17 type-post hentry internet-estallido-comentarios") == 0);
+  CHECK(attribute_marks("post hentry comments") == kMarkComment);            // a word of its own still marks
+  CHECK(attribute_marks("internet-estallido-comentarios") == kMarkComment);  // no hentry: a word of the class
+  const std::string text = extract_main_text(
+      "<html><body><h1>Plenary session</h1><div class='post-17 post hentry especiales-comentarios'><p>The committee "
+      "met on Tuesday to discuss the new family code, and its members agreed on the text that will be put to a "
+      "popular vote in the autumn.</p></div></body></html>");
+  CHECK(text.find("family code") != std::string::npos);
+}
