@@ -205,7 +205,23 @@ bool post_body_token(std::string_view rest) {
 
 }  // namespace
 
-uint8_t attribute_marks(std::string_view v) {
+namespace {
+
+// Whether the whitespace-separated value `v` holds the token `token` (lower case), in any case.
+bool has_token(std::string_view v, std::string_view token) {
+  for (size_t i = 0; i < v.size();) {
+    while (i < v.size() && is_space(static_cast<unsigned char>(v[i]))) ++i;
+    size_t j = i;
+    while (j < v.size() && !is_space(static_cast<unsigned char>(v[j]))) ++j;
+    if (j - i == token.size() && lower_str(v.substr(i, j - i)) == token) return true;
+    i = j;
+  }
+  return false;
+}
+
+// The marks of the words of `v`; with `terms`, a token holding '-' marks nothing (a term
+// of one of the post's taxonomies, see attribute_marks).
+uint8_t word_marks(std::string_view v, bool terms) {
   const auto* t = reinterpret_cast<const unsigned char*>(v.data());
   const size_t n = v.size();
   const WordTable& furniture = furniture_words();
@@ -217,11 +233,14 @@ uint8_t attribute_marks(std::string_view v) {
       ++i;
       continue;
     }
-    if ((i == 0 || is_space(t[i - 1])) && taxonomy_token(v.substr(i))) {
+    const bool token_start = i == 0 || is_space(t[i - 1]);
+    if (token_start && post_body_token(v.substr(i))) marks |= kMarkPostBody;
+    if (token_start &&
+        (taxonomy_token(v.substr(i)) ||
+         (terms && v.substr(i, v.find_first_of(" \t\n\r\f", i) - i).find('-') != std::string_view::npos))) {
       while (i < n && !is_space(t[i])) ++i;
       continue;
     }
-    if ((i == 0 || is_space(t[i - 1])) && post_body_token(v.substr(i))) marks |= kMarkPostBody;
     size_t j = i + 1;  // a word: ASCII letters and digits, lower-cased
     // A word ends where a lower-case letter meets an upper-case one too ("mainNav").
     while (j < n && alnum_byte(t[j]) && !(t[j] >= 'A' && t[j] <= 'Z' && t[j - 1] >= 'a' && t[j - 1] <= 'z')) ++j;
@@ -237,6 +256,17 @@ uint8_t attribute_marks(std::string_view v) {
     }
     i = j;
   }
+  return marks;
+}
+
+}  // namespace
+
+// WordPress's post element lists the post's terms of every taxonomy as class tokens beside
+// hAtom's "hentry" ("category-news", "tag-cuba", "internet-estallido-comentarios"): there a
+// hyphenated token is the post's topic, and no comment section.
+uint8_t attribute_marks(std::string_view v) {
+  const uint8_t marks = word_marks(v, false);
+  if ((marks & kMarkComment) && has_token(v, "hentry")) return word_marks(v, true);
   return marks;
 }
 
@@ -856,6 +886,12 @@ ParsedPage parse_gumbo_blocks(std::string_view html, const std::vector<TextRun>*
 ParsedPage parse_html_blocks(std::string_view html, bool strip, bool names) {
   thread_local std::string stripped;  // reused: their capacity is kept for the next page
   thread_local std::vector<TextRun> runs;
+  std::string repaired;  // a <title> whose end tag was lost ends before the next tag
+  if (const size_t cut = unclosed_title_end(html); cut != std::string_view::npos) {
+    repaired.reserve(html.size() + 8);
+    repaired.append(html.substr(0, cut)).append("</title>").append(html.substr(cut));
+    html = repaired;
+  }
   if (strip) strip_raw_text(html, stripped, &runs, true);
   ParsedPage page = parse_gumbo_blocks(strip ? std::string_view(stripped) : html, strip ? &runs : nullptr, names);
   if (stripped.capacity() > (size_t{4} << 20)) {  // memory stays bounded
@@ -965,9 +1001,33 @@ std::vector<int32_t> mark_listing_cards(ParsedPage& page) {
   return listings;
 }
 
+bool inside(const ParsedPage& page, int32_t node, int32_t container);
+std::vector<int32_t> subtree_blocks(const ParsedPage& page);
+
+// Whether the marked elements holding text (`items`: each block's innermost, or the
+// nearest marked one around it holding two blocks or more) are one item: each inside the
+// one before it (a review and its parts), not several side by side (the comments of a
+// thread, the reviews of a product).
+bool single_item(const ParsedPage& page, std::vector<int32_t> items) {
+  if (items.empty()) return false;
+  const std::vector<int32_t> texts = subtree_blocks(page);
+  for (auto& e : items)  // a marked element of one line is part of an item ("review__title")
+    for (int32_t up = e; texts[static_cast<size_t>(e)] < 2 && up >= 0; up = page.parent[static_cast<size_t>(up)])
+      if (page.marks[static_cast<size_t>(up)] & kMarkComment) e = up;
+  std::sort(items.begin(), items.end());  // parents before children
+  items.erase(std::unique(items.begin(), items.end()), items.end());
+  for (size_t k = 1; k < items.size(); ++k)
+    if (!inside(page, items[k], items[k - 1])) return false;
+  return true;
+}
+
 // Comment and review sections: a block is in one when an element around it carries a
 // comment mark and does not hold an <h1> (an element holding the page's title is the
-// article, whatever its class says: a review site's review).
+// article, whatever its class says: a review site's review). Nor is it when the page has
+// no <h1> and its sections are one item holding more of the page's text than the rest of
+// the page outside furniture: a page of one review or one review post (a review typed as
+// such by schema.org or data-vocabulary.org) is that review (with an <h1> outside the
+// section, the page is a product's or a post's, and its one section of reviews theirs).
 void mark_comments(ParsedPage& page) {
   const size_t n = page.parent.size();
   std::vector<char> has_h1(n, 0);
@@ -975,11 +1035,19 @@ void mark_comments(ParsedPage& page) {
     if (b.h1)
       for (int32_t e = b.node; e >= 0 && !has_h1[static_cast<size_t>(e)]; e = page.parent[static_cast<size_t>(e)])
         has_h1[static_cast<size_t>(e)] = 1;
+  std::vector<int32_t> items;  // the innermost marked element of each block in a section
+  int64_t in_sections = 0, outside = 0;
   for (auto& b : page.blocks) {
     b.comment = false;
-    for (int32_t e = b.node; e >= 0 && !b.comment; e = page.parent[static_cast<size_t>(e)])
+    int32_t e = b.node;
+    for (; e >= 0 && !b.comment; e = b.comment ? e : page.parent[static_cast<size_t>(e)])
       b.comment = (page.marks[static_cast<size_t>(e)] & kMarkComment) && !has_h1[static_cast<size_t>(e)];
+    if (b.comment) items.push_back(e);
+    if (!b.boilerplate_context) (b.comment ? in_sections : outside) += b.chars;
   }
+  const bool titled = std::any_of(page.blocks.begin(), page.blocks.end(), [](const Block& b) { return b.h1; });
+  if (!titled && single_item(page, items) && in_sections > outside)
+    for (auto& b : page.blocks) b.comment = false;
 }
 
 bool inside(const ParsedPage& page, int32_t node, int32_t container) {
@@ -1453,6 +1521,114 @@ void linked_title(ParsedPage& page, const BlockParams& p, bool repeated, size_t 
   }
 }
 
+// The whole text of a heading that titles a box of related content rather than a part of
+// the article (lower case for ASCII letters, without a trailing colon or dots): "Mehr zum
+// Thema", "Zum Weiterlesen", "Related articles", "Zobacz także", ... in the languages of
+// the pages measured (docs/specs/justext.md, "Related-content boxes").
+bool related_title(const Block& b) {
+  static const std::unordered_set<std::string_view> titles = {"mehr zum thema",
+                                                              "zum weiterlesen",
+                                                              "weiterlesen",
+                                                              "lesen sie auch",
+                                                              "lies auch",
+                                                              "auch interessant",
+                                                              "das könnte sie auch interessieren",
+                                                              "das könnte dich auch interessieren",
+                                                              "weitere artikel",
+                                                              "verwandte artikel",
+                                                              "neueste artikel",
+                                                              "passend zum thema",
+                                                              "related",
+                                                              "related articles",
+                                                              "related posts",
+                                                              "related stories",
+                                                              "related content",
+                                                              "related news",
+                                                              "more on this topic",
+                                                              "more stories",
+                                                              "read next",
+                                                              "you may also like",
+                                                              "you might also like",
+                                                              "recommended for you",
+                                                              "latest articles",
+                                                              "latest news",
+                                                              "more from this author",
+                                                              "noticias relacionadas",
+                                                              "te puede interesar",
+                                                              "también te puede interesar",
+                                                              "lee también",
+                                                              "artículos relacionados",
+                                                              "más noticias",
+                                                              "à lire aussi",
+                                                              "À lire aussi",
+                                                              "lire aussi",
+                                                              "sur le même sujet",
+                                                              "articles similaires",
+                                                              "leggi anche",
+                                                              "articoli correlati",
+                                                              "zobacz także",
+                                                              "zobacz też",
+                                                              "czytaj także",
+                                                              "czytaj też",
+                                                              "leia também",
+                                                              "veja também",
+                                                              "notícias relacionadas"};
+  if (!b.heading || b.text.size() > 64) return false;
+  std::string t = lower_str(b.text);
+  while (!t.empty() && (t.back() == ':' || t.back() == '.' || t.back() == ' ')) t.pop_back();
+  return titles.contains(t);
+}
+
+// The element a heading titles: its nearest ancestor holding more blocks than the heading.
+int32_t titled_box(const ParsedPage& page, const std::vector<int32_t>& texts, int32_t heading) {
+  int32_t e = page.parent[static_cast<size_t>(heading)];
+  while (e >= 0 && texts[static_cast<size_t>(e)] <= 1) e = page.parent[static_cast<size_t>(e)];
+  return e;
+}
+
+int depth(const ParsedPage& page, int32_t node) {
+  int d = 0;
+  for (int32_t e = node; e >= 0; e = page.parent[static_cast<size_t>(e)]) ++d;
+  return d;
+}
+
+// 9. A heading titling related content ("Mehr zum Thema", "Related articles") and what
+// follows it in the box it titles are not the article: teaser titles and their blurbs,
+// often prose enough to pass for it. The box ends at the next heading as shallow as the
+// title (the next section) and at a line of the box's own that is not mostly link text
+// (the article going on after a list of links in it). Nothing is dropped when that would
+// be half of the kept text or more.
+void related_boxes(ParsedPage& page) {
+  auto& blocks = page.blocks;
+  std::vector<int32_t> texts;
+  int64_t kept = 0;
+  for (const auto& b : blocks)
+    if (b.final_class == BlockClass::good) kept += b.chars;
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    if (blocks[i].node < 0 || !related_title(blocks[i])) continue;
+    if (texts.empty()) texts = subtree_blocks(page);
+    const int32_t box = titled_box(page, texts, blocks[i].node);
+    if (box < 0) continue;
+    const int d = depth(page, blocks[i].node);
+    size_t end = i + 1;
+    int64_t dropped = blocks[i].final_class == BlockClass::good ? blocks[i].chars : 0;
+    for (; end < blocks.size() && blocks[end].node >= 0 && inside(page, blocks[end].node, box); ++end) {
+      const Block& b = blocks[end];
+      if (b.heading && depth(page, b.node) <= d) break;
+      if (page.parent[static_cast<size_t>(b.node)] == box && !b.heading && 2 * b.link_chars < b.chars) break;
+      if (blocks[end].final_class == BlockClass::good) dropped += blocks[end].chars;
+    }
+    if (2 * dropped >= kept) continue;
+    for (size_t k = i; k < end; ++k) {
+      if (blocks[k].final_class != BlockClass::good) continue;
+      blocks[k].final_class = BlockClass::bad;
+      blocks[k].rule = "related: inside a box titled as related content";
+      kept -= blocks[k].chars;
+    }
+    i = end - 1;
+  }
+}
+
 // 7. Outside the container (its blocks [first, last]).
 void outside_container(ParsedPage& page, const BlockParams& p, size_t first, size_t last) {
   auto& blocks = page.blocks;
@@ -1635,6 +1811,7 @@ void classify_blocks(ParsedPage& page, const BlockParams& p, bool use_stopwords)
   container_runs(page, p, repeated, first, last, body);
   outside_container(page, p, first, last);
   linked_title(page, p, repeated, first, last);
+  related_boxes(page);
 }
 
 const char* block_class_name(BlockClass c) {

@@ -744,6 +744,16 @@ struct Stripper {
 
 }  // namespace
 
+size_t unclosed_title_end(std::string_view html) {
+  for (size_t p = html.find('<'); p != npos; p = html.find('<', p + 1)) {
+    if (!name_at(html, p + 1, "title")) continue;
+    const size_t gt = html.find('>', p);
+    if (gt == npos || find_end_tag(html, gt + 1, "title") != html.size()) return npos;
+    return html.find('<', gt + 1);
+  }
+  return npos;
+}
+
 size_t strip_raw_text(std::string_view html, std::string& out, std::vector<TextRun>* runs, bool drop_attributes) {
   out.clear();
   out.reserve(html.size());

@@ -62,6 +62,12 @@ struct TextRun {
 size_t strip_raw_text(std::string_view html, std::string& out, std::vector<TextRun>* runs = nullptr,
                       bool drop_attributes = false);
 
+// Where a page's first <title> would end if its end tag was lost: the first '<' after its
+// start tag, when no "</title" follows anywhere (the title's text, RCDATA, would otherwise
+// run to the end of the page and the body would be empty: pages whose bytes were damaged
+// after the title, which libxml2's HTML parser recovers from); npos otherwise.
+size_t unclosed_title_end(std::string_view html);
+
 // Whether an inline style hides its element: it declares display:none or
 // visibility:hidden (any case and spacing, !important or not). The walk leaves such an
 // element out, as it does one with `hidden`; the pass keeps such a style (and no other).

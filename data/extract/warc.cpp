@@ -15,8 +15,10 @@ constexpr size_t kRawChunk = 1 << 16;
 // it is complete in the compressed bytes read (those grow to at least kWholeMemberIn while
 // it is not) and decompresses to at most kWholeMemberOut; other members, and any libdeflate
 // does not decompress (a corrupt one: zlib then gives what it holds before the fault, and
-// the fault), are streamed through zlib. Memory stays bounded either way.
-constexpr size_t kWholeMemberIn = size_t{2} << 20, kWholeMemberOut = size_t{8} << 20;
+// the fault), are streamed through zlib. Memory stays bounded either way. The bounds hold a
+// file written as one gzip member (`gzip file.warc`) of up to 64 MiB: read whole at the
+// first read, it is decompressed in one call into a buffer its trailer sizes.
+constexpr size_t kWholeMemberIn = size_t{64} << 20, kWholeMemberOut = size_t{256} << 20;
 constexpr size_t kRawGzip = size_t{512} << 10;  // compressed bytes read at a time
 constexpr size_t kMaxHeaderLine = 1 << 16;
 constexpr int kMaxHeaders = 1024;
@@ -74,6 +76,9 @@ WarcReader::WarcReader(std::string path, int64_t max_record_bytes)
   gzip_ = got == 2 && magic[0] == 0x1f && magic[1] == 0x8b;
   std::rewind(f_);
   raw_.resize(gzip_ ? kRawGzip : kRawChunk);
+  if (gzip_ && file_bytes_ > 0 && static_cast<size_t>(file_bytes_) <= kWholeMemberIn) {
+    raw_.resize(static_cast<size_t>(file_bytes_));  // the whole file at the first read
+  }
   if (gzip_ && inflateInit2(&zs_, 15 + 16) != Z_OK) throw_runtime("{}: zlib initialisation failed", path_);
   if (gzip_) {
     deflate_ = {libdeflate_alloc_decompressor(), libdeflate_free_decompressor};
@@ -191,18 +196,14 @@ bool WarcReader::whole_member() {
   if (zs_.avail_in < kLow && !eof_raw_) more_raw();
   if (zs_.avail_in < 10 || (zs_.next_in[3] & 0x02) != 0) return false;  // no header yet, or FHCRC
   if (member_out_.empty()) member_out_.resize(size_t{256} << 10);
+  if (const size_t size = trailer_size(); size > member_out_.size() && member_into_buffer(size)) return true;
   for (;;) {
     size_t in_used = 0, out_used = 0;
     const auto r = libdeflate_gzip_decompress_ex(deflate_.get(), zs_.next_in, zs_.avail_in, member_out_.data(),
                                                  member_out_.size(), &in_used, &out_used);
     if (r == LIBDEFLATE_SUCCESS) {
-      const int64_t dpos = out_pos_ + static_cast<int64_t>(buf_.size());
-      members_[dpos] = raw_pos_ - static_cast<int64_t>(zs_.avail_in);
-      auto keep = members_.upper_bound(rec_start_);  // as in fill()
-      if (keep != members_.begin()) members_.erase(members_.begin(), std::prev(keep));
+      took_member(buf_.size(), in_used);
       buf_.append(member_out_.data(), out_used);
-      zs_.next_in += in_used;
-      zs_.avail_in -= static_cast<uInt>(in_used);
       return true;
     }
     if (r == LIBDEFLATE_INSUFFICIENT_SPACE && member_out_.size() < kWholeMemberOut) {
@@ -213,6 +214,42 @@ bool WarcReader::whole_member() {
       return false;
     }
   }
+}
+
+// A member decompressed whole: its start (its output at buf_[at]) is recorded, its
+// compressed bytes consumed.
+void WarcReader::took_member(size_t at, size_t in_used) {
+  members_[out_pos_ + static_cast<int64_t>(at)] = raw_pos_ - static_cast<int64_t>(zs_.avail_in);
+  auto keep = members_.upper_bound(rec_start_);  // as in fill()
+  if (keep != members_.begin()) members_.erase(members_.begin(), std::prev(keep));
+  zs_.next_in += in_used;
+  zs_.avail_in -= static_cast<uInt>(in_used);
+}
+
+// When the compressed bytes ahead end the file, their last 4 bytes are the last member's
+// size (ISIZE, modulo 2^32): for a file of one member, the size of the member at
+// zs_.next_in. 0 when they do not end the file or the size is over kWholeMemberOut.
+size_t WarcReader::trailer_size() const {
+  if (raw_pos_ != file_bytes_ || zs_.avail_in < 18) return 0;
+  const unsigned char* t = zs_.next_in + zs_.avail_in - 4;
+  const size_t isize = size_t{t[0]} | size_t{t[1]} << 8 | size_t{t[2]} << 16 | size_t{t[3]} << 24;
+  return isize <= kWholeMemberOut ? isize : 0;
+}
+
+// The member at zs_.next_in decompressed straight to the end of buf_ when it is `size`
+// bytes or fewer, in one attempt (the doubling buffer of whole_member decompresses again
+// from the member's start at each try, and its bytes are then copied); false, buf_ as it
+// was, otherwise.
+bool WarcReader::member_into_buffer(size_t size) {
+  const size_t at = buf_.size();
+  buf_.resize(at + size);
+  size_t in_used = 0, out_used = 0;
+  const auto r = libdeflate_gzip_decompress_ex(deflate_.get(), zs_.next_in, zs_.avail_in, buf_.data() + at, size,
+                                               &in_used, &out_used);
+  buf_.resize(r == LIBDEFLATE_SUCCESS ? at + out_used : at);
+  if (r != LIBDEFLATE_SUCCESS) return false;
+  took_member(at, in_used);
+  return true;
 }
 
 bool WarcReader::read_line(std::string& line, size_t max) {

@@ -69,6 +69,9 @@ class WarcReader {
   // Buffered decompressed stream.
   bool fill();                                    // more bytes into buf_; false at EOF
   bool whole_member();                            // the gzip member at zs_.next_in by libdeflate, if it can
+  void took_member(size_t at, size_t in_used);    // a member decompressed whole: its start, its bytes consumed
+  size_t trailer_size() const;                    // the size the file's last 4 bytes give its last member, or 0
+  bool member_into_buffer(size_t size);           // the member at zs_.next_in into buf_ if it holds <= size
   bool more_raw();                                // more compressed bytes after the unread ones; false at EOF
   bool read_line(std::string& line, size_t max);  // without the CRLF/LF; false at EOF before any byte
   bool read_exact(std::string& out, size_t n);    // false when the stream ended first

@@ -156,7 +156,7 @@ TEST_CASE("WARC reader: gzip member per record, WARC/1.1 and 1.0, offsets", "[ex
 
 TEST_CASE("WARC reader: members read whole and members streamed give the same records at the same offsets",
           "[extract]") {
-  // A member whole in memory is decompressed by libdeflate; one over 2 MiB compressed, one
+  // A member whole in memory is decompressed by libdeflate; one over 64 MiB compressed, one
   // with a header CRC, and the bytes of a corrupt one are streamed through zlib.
   std::mt19937 rng(7);
   auto random_bytes = [&](size_t n) {
@@ -168,9 +168,9 @@ TEST_CASE("WARC reader: members read whole and members streamed give the same re
     return "WARC/1.1\r\nWARC-Type: resource\r\nWARC-Record-ID: <urn:test:" + std::to_string(n) +
            ">\r\nContent-Length: " + std::to_string(block.size()) + "\r\n\r\n" + block + "\r\n\r\n";
   };
-  auto member = [](const std::string& data, bool header_crc) {
+  auto member = [](const std::string& data, bool header_crc, int level = 6) {
     z_stream z{};
-    REQUIRE(deflateInit2(&z, 6, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY) == Z_OK);
+    REQUIRE(deflateInit2(&z, level, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY) == Z_OK);
     gz_header h{};
     h.hcrc = header_crc;
     REQUIRE(deflateSetHeader(&z, &h) == Z_OK);
@@ -186,12 +186,12 @@ TEST_CASE("WARC reader: members read whole and members streamed give the same re
   };
   std::string text;
   while (text.size() < 20000) text += "The orchard was painted by the teachers of the river, and they agreed on it. ";
-  // Streamed: 5 MiB compressed, 9 MiB decompressed, a header CRC; whole: the others (the
-  // 1 MiB one after more bytes are read).
-  const std::vector<std::string> blocks = {"a small block",       text,
-                                           random_bytes(5 << 20), std::string(9 << 20, 'x'),
-                                           random_bytes(1 << 20), "with a header CRC",
-                                           text.substr(0, 999),   "last"};
+  // Streamed: 65 MiB compressed (stored, level 0: written at once), a header CRC; whole: the
+  // others (9 MiB decompressed from a few KiB, the 1 MiB one after more bytes are read).
+  const std::vector<std::string> blocks = {"a small block",        text,
+                                           random_bytes(65 << 20), std::string(9 << 20, 'x'),
+                                           random_bytes(1 << 20),  "with a header CRC",
+                                           text.substr(0, 999),    "last"};
   const std::vector<std::vector<int>> members = {{0}, {1}, {2}, {3}, {4}, {5}, {6, 7}};
   std::string file;
   std::vector<int64_t> offsets;
@@ -201,13 +201,13 @@ TEST_CASE("WARC reader: members read whole and members streamed give the same re
       offsets.push_back(static_cast<int64_t>(file.size()));
       data += record(k, blocks[static_cast<size_t>(k)]);
     }
-    file += member(data, m == 5);
+    file += member(data, m == 5, m == 2 ? 0 : 6);
   }
   test::TempDir dir("warc-members");
   const std::string path = (dir.path() / "m.warc.gz").string();
   auto read_all = [&](const std::string& bytes, std::string* error_cause) {
     std::ofstream(path, std::ios::binary) << bytes;
-    WarcReader r(path, 16 << 20);
+    WarcReader r(path, 128 << 20);
     std::vector<WarcRecord> got;
     WarcRecord rec;
     for (;;) {
@@ -238,6 +238,36 @@ TEST_CASE("WARC reader: members read whole and members streamed give the same re
   CHECK(cause == "gzip");
   REQUIRE(after.size() == blocks.size() + 1);
   CHECK(after.back().block == "after the corrupt member");
+}
+
+TEST_CASE("WARC reader: a file of one gzip member holding every record", "[extract]") {
+  // As `gzip file.warc` writes it: read whole (the file is under 64 MiB), decompressed at
+  // once into a buffer the member's trailer sizes; every record's offset is the member's.
+  std::string data;
+  for (int k = 0; k < 50; ++k) {
+    const std::string block = "record " + std::to_string(k) + std::string(static_cast<size_t>(k) * 1000, 'y');
+    data += "WARC/1.1\r\nWARC-Type: resource\r\nWARC-Record-ID: <urn:test:" + std::to_string(k) +
+            ">\r\nContent-Length: " + std::to_string(block.size()) + "\r\n\r\n" + block + "\r\n\r\n";
+  }
+  test::TempDir dir("warc-one-member");
+  const std::string path = (dir.path() / "one.warc.gz").string();
+  {
+    gzFile f = gzopen(path.c_str(), "wb9");
+    REQUIRE(f);
+    REQUIRE(gzwrite(f, data.data(), static_cast<unsigned>(data.size())) == static_cast<int>(data.size()));
+    gzclose(f);
+  }
+  WarcReader r(path, 1 << 20);
+  WarcRecord rec;
+  int n = 0;
+  while (r.next(rec)) {
+    CHECK(rec.block.starts_with("record " + std::to_string(n)));
+    CHECK(rec.block.size() == 7 + std::to_string(n).size() + static_cast<size_t>(n) * 1000);
+    CHECK(rec.offset == 0);
+    ++n;
+  }
+  CHECK(n == 50);
+  CHECK(r.bytes_read() == r.file_bytes());
 }
 
 TEST_CASE("WARC reader: every malformed file is an error naming file, record, offset and cause", "[extract]") {
@@ -1479,4 +1509,77 @@ TEST_CASE("extract: a single short line next to the text inside the post's body 
       std::string::npos);
   CHECK(extract_main_text("<html><body><div class=text>" + body + "</div></body></html>").find("P.S. Thanks") ==
         std::string::npos);
+}
+
+TEST_CASE("extract: a heading titling related content and the box it titles are not the article", "[extract]") {
+  const std::string article =
+      "<article><h1>Night trains return</h1><p>The railway will run night trains between the two capitals again "
+      "from December, the company said on Monday, after a break of more than ten years.</p><p>Tickets go on sale "
+      "next week, and the first train will leave on the evening of the twelfth from the central station.</p>";
+  const std::string card =
+      "<div class=item><h3>Rail strike ends</h3><p>After three days the drivers are back at work, and the trains "
+      "run as they did before the strike, the union and the company said in the evening.</p></div>";
+  const std::string text = extract_main_text("<html><body>" + article + "<div class=box><h2>Mehr zum Thema:</h2>" +
+                                             "<div class=grid>" + card + "</div></div></article></body></html>");
+  CHECK(text.find("first train will leave") != std::string::npos);
+  CHECK(text.find("Mehr zum Thema") == std::string::npos);
+  CHECK(text.find("drivers are back") == std::string::npos);
+  // Another title keeps its box; a line of the box's own after a list of links ends it.
+  CHECK(extract_main_text("<html><body>" + article + "<div class=box><h2>The strike</h2><div class=grid>" + card +
+                          "</div></div></article></body></html>")
+            .find("drivers are back") != std::string::npos);
+  const std::string links = "<ul><li><a href=/a>Rail strike ends</a></li><li><a href=/b>New timetable</a></li></ul>";
+  CHECK(extract_main_text("<html><body>" + article + "<h2>Related articles</h2>" + links +
+                          "<p>The company will add sleeping cars to the trains in the spring, when the new coaches "
+                          "are delivered from the factory in the north.</p></article></body></html>")
+            .find("sleeping cars") != std::string::npos);
+}
+
+TEST_CASE("extract: a title whose end tag was lost ends at the next tag", "[extract]") {
+  const std::string body =
+      "<body><p>The railway will run night trains between the two capitals again from December, the company said "
+      "on Monday, after a break of more than ten years.</p></body></html>";
+  CHECK(unclosed_title_end("<html><head><title>Night trains</titleX\"><script>x</script></head>") == 31);
+  CHECK(unclosed_title_end("<html><head><title>Night trains</title></head>") == std::string::npos);
+  CHECK(unclosed_title_end("<html><head><title>Night trains") == std::string::npos);  // no tag after it
+  CHECK(unclosed_title_end("<html><head></head><p>no title</p>") == std::string::npos);
+  const std::string html = "<html><head><title>Night trains</tit\"Script\" --></head>" + body;
+  CHECK(extract_main_text(html).find("night trains between") != std::string::npos);
+  CHECK(parse_html_blocks(html).title == "Night trains");
+  CHECK(parse_html_blocks(html, false, true).blocks.size() == parse_html_blocks(html).blocks.size());
+}
+
+TEST_CASE("extract: a page whose review sections are one review holding most of its text is that review", "[extract]") {
+  const std::string review =
+      "<div class=review-card><h2 class=review-title>It changed how we cook</h2><p class=review-text>The boxes "
+      "arrive on time every week, the recipes are easy to follow, and we waste far less food than we did before "
+      "we started, so the money we spend on it comes back to us.</p></div>";
+  const std::string nav = "<div><p>Home</p><p>Write a review</p></div>";
+  CHECK(extract_main_text("<html><body>" + nav + "<div class=single-review-page>" + review + "</div></body></html>")
+            .find("arrive on time") != std::string::npos);
+  // Two reviews side by side: a section of reviews, left out.
+  CHECK(extract_main_text("<html><body>" + nav + "<div class=reviews>" + review + review + "</div></body></html>")
+            .find("arrive on time") == std::string::npos);
+  // One review beside an article longer than it: the article's review section.
+  const std::string article =
+      "<article><p>The railway will run night trains between the two capitals again from December, the company "
+      "said on Monday, after a break of more than ten years.</p><p>Tickets go on sale next week, and the first "
+      "train will leave on the evening of the twelfth from the central station.</p></article>";
+  CHECK(extract_main_text("<html><body>" + article + "<div class=reviews>" + review + "</div></body></html>")
+            .find("arrive on time") == std::string::npos);
+  // A product's page (its <h1> outside the section) with one long review: the product's review.
+  CHECK(extract_main_text("<html><body><h1>Meal box</h1><p>Four meals a week.</p><div class=reviews>" + review +
+                          "</div></body></html>")
+            .find("arrive on time") == std::string::npos);
+}
+
+TEST_CASE("extract: beside hentry a hyphenated class token is a term of the post, not a comment section", "[extract]") {
+  CHECK(attribute_marks("post-17 type-post hentry internet-estallido-comentarios") == 0);
+  CHECK(attribute_marks("post hentry comments") == kMarkComment);            // a word of its own still marks
+  CHECK(attribute_marks("internet-estallido-comentarios") == kMarkComment);  // no hentry: a word of the class
+  const std::string text = extract_main_text(
+      "<html><body><h1>Plenary session</h1><div class='post-17 post hentry especiales-comentarios'><p>The committee "
+      "met on Tuesday to discuss the new family code, and its members agreed on the text that will be put to a "
+      "popular vote in the autumn.</p></div></body></html>");
+  CHECK(text.find("family code") != std::string::npos);
 }
