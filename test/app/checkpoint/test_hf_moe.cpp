@@ -213,6 +213,10 @@ TEST_CASE("checkpoint: Mixtral / Qwen2-MoE / Qwen3-MoE exports match PyTorch; im
     INFO(imf.out);
     REQUIRE(imf.exit_code == 0);
     require_same_weights(models.at(c.name), app::load_for_inference(base + "-fused-back"));
+    // and export back to transformers 4's per-expert tensors, byte for byte the first export's
+    REQUIRE(test::run_mtnlg("checkpoint export --input " + base + "-fused-back --output " + base + "-hf3").exit_code ==
+            0);
+    CHECK(test::read_file(base + "-hf3/model.safetensors") == test::read_file(base + "-hf/model.safetensors"));
   }
 }
 
