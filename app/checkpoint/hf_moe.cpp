@@ -222,6 +222,13 @@ std::vector<int64_t> sparse_layers(const Config& cfg, MoeKind kind, int64_t L) {
 std::string moe_keys(const Config& cfg, MoeKind kind) {
   const bool mixtral = kind == MoeKind::mixtral, qwen2 = kind == MoeKind::qwen2_moe;
   const int64_t L = cfg.integer("num_hidden_layers");
+  // Fields whose defaults in these config classes differ from the Llama mapping's
+  // (num_key_value_heads 8, 16 or 4, not the heads; Mixtral's rms_norm_eps 1e-5 and
+  // rope_theta 1e6): required rather than guessed (transformers writes them all).
+  cfg.integer("num_key_value_heads");
+  if (mixtral && !cfg.has("rms_norm_eps")) cfg.bad("rms_norm_eps", "missing (MixtralConfig's default is 1e-5)");
+  if (mixtral && !cfg.has("rope_theta") && !cfg.has("rope_parameters"))
+    cfg.bad("rope_theta", "missing, and no rope_parameters (MixtralConfig's default is 1e6)");
   // the config classes' defaults, as transformers takes them
   const char* experts_key = mixtral ? "num_local_experts" : "num_experts";
   const int64_t E = cfg.integer(experts_key, mixtral ? 8 : qwen2 ? 60 : 128);

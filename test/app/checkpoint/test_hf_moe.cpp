@@ -220,6 +220,24 @@ TEST_CASE("checkpoint: Mixtral / Qwen2-MoE / Qwen3-MoE exports match PyTorch; im
   }
 }
 
+// scripts/gpu/hf-check.py --moe (the GPU proof's check against transformers' own MoE
+// classes) run here against a stand-in for transformers (transformers_standin/: the
+// classes' API over torch_hf_moe.py): its mtnlg command lines and comparisons work, and
+// directories written by Python import.
+TEST_CASE("checkpoint: hf-check.py --moe runs end to end against a stand-in for transformers", "[oracle]") {
+  if (!test::python_has("torch")) FAIL("Debian's python3-torch is missing (scripts/install-deps.sh installs it)");
+  test::TempDir d("hf-check-moe");
+  const std::string src = test::source_dir();
+  auto r = test::run_command("PYTHONPATH=" + src + "/test/app/checkpoint/transformers_standin " + test::python() + " " +
+                             src + "/scripts/gpu/hf-check.py --moe " + MTNLG_BINARY + " " + d.str() + "/out");
+  INFO(r.out);
+  CHECK(r.exit_code == 0);
+  size_t passes = 0;
+  for (size_t at = r.out.find("\nPASS"); at != std::string::npos; at = r.out.find("\nPASS", at + 1)) ++passes;
+  CHECK(passes == 6);  // 3 classes, each imported and re-exported
+  CHECK_THAT(r.out, Contains("Qwen2MoeForCausalLM, 24 tokens") && Contains("Qwen3MoeForCausalLM, 24 tokens"));
+}
+
 TEST_CASE("checkpoint import/export of MoE: a field, tensor or recipe key the other side cannot take is exit 2",
           "[e2e]") {
   test::TempDir d("hf-moe-bad");
@@ -274,6 +292,12 @@ TEST_CASE("checkpoint import/export of MoE: a field, tensor or recipe key the ot
       "mixtral", [](auto& j) { j["num_local_experts"] = 0; }, "num_local_experts: 0: must be positive");
   cfg_bad(
       "mixtral", [](auto& j) { j["hidden_act"] = "gelu"; }, "config.json: hidden_act: 'gelu'");
+  cfg_bad(
+      "mixtral", [](auto& j) { j.erase("rope_theta"); }, "config.json: rope_theta: missing");
+  cfg_bad(
+      "mixtral", [](auto& j) { j.erase("rms_norm_eps"); }, "config.json: rms_norm_eps: missing");
+  cfg_bad(
+      "qwen2-moe", [](auto& j) { j.erase("num_key_value_heads"); }, "'num_key_value_heads' missing");
   cfg_bad(
       "mixtral", [](auto& j) { j["model_type"] = "qwen2_moe"; }, "model_type: 'qwen2_moe' does not go with");
   cfg_bad(
