@@ -241,7 +241,8 @@ std::string moe_keys(const Config& cfg, MoeKind kind) {
             fmt::format("1 with renormalised top-k weights{}: the weight is always 1, so the router would learn "
                         "nothing (mtnlg refuses it, as Megatron-Core)",
                         mixtral ? " (Mixtral)" : " (norm_topk_prob true)"));
-  const int64_t F = cfg.integer(mixtral ? "intermediate_size" : "moe_intermediate_size", qwen2 ? 1408 : 768);
+  const int64_t F =
+      mixtral ? cfg.integer("intermediate_size") : cfg.integer("moe_intermediate_size", qwen2 ? 1408 : 768);
   if (F < 1) cfg.bad(mixtral ? "intermediate_size" : "moe_intermediate_size", "must be positive");
   const double aux = cfg.number("router_aux_loss_coef", 0.001);
   if (aux < 0) cfg.bad("router_aux_loss_coef", fmt::format("{}: must not be negative", aux));
