@@ -1318,9 +1318,9 @@ void validate_layout(const Recipe& r, int64_t world) {
 
 void refuse_moe_model(const Recipe& r, const std::string& command) {
   if (!r.model.moe.enabled()) return;
-  invalid(r, fmt::format("model.num_experts ({}): {} does not run MoE models yet (`mtnlg train` in one CPU "
-                         "process, `plan`, `eval` and `generate` in one process, and Hugging Face `checkpoint export` "
-                         "and `import` do), and a dense model is never built in their place",
+  invalid(r, fmt::format("model.num_experts ({}): {} does not run MoE models yet (`mtnlg train` on the CPU, "
+                         "`plan`, `eval` and `generate` in one process, and Hugging Face `checkpoint export` and "
+                         "`import` do), and a dense model is never built in their place",
                          r.model.moe.num_experts, command));
 }
 

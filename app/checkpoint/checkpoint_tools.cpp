@@ -78,6 +78,10 @@ std::string save_whole_model(const std::string& root, const Recipe& r, const mod
   auto snap = model::ckpt::take_snapshot(store, nullptr, 0, 0, 0, true, false);
   model::ckpt::write_snapshot(part, snap);
   model::ckpt::TrainState st;
+  if (store.expert_offset() < store.numel()) {  // an MoE model's routed experts: their own file
+    model::ckpt::write_snapshot(part, model::ckpt::take_expert_snapshot(store, nullptr, 0, 0, 0, 0, true, false));
+    st.layout.ep = 1;
+  }
   st.iteration = iteration;
   st.seed = static_cast<uint64_t>(r.training.seed);
   Recipe one = r;
