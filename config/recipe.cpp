@@ -1319,7 +1319,8 @@ void validate_layout(const Recipe& r, int64_t world) {
 void refuse_moe_model(const Recipe& r, const std::string& command) {
   if (!r.model.moe.enabled()) return;
   invalid(r, fmt::format("model.num_experts ({}): {} does not run MoE models yet (`mtnlg train` on the CPU, "
-                         "`plan`, `eval` and `generate` do), and a dense model is never built in their place",
+                         "`plan`, `eval`, `generate`, and Hugging Face `checkpoint export` and `import` do), and a "
+                         "dense model is never built in their place",
                          r.model.moe.num_experts, command));
 }
 

@@ -99,9 +99,18 @@ Weights::Weights(const std::string& dir) : dir_(dir) {
   for (const auto& n : file_.names) where_[n] = kSingle;
 }
 
+std::string Weights::index_or_single() const { return dir_ + "/" + (open_ == kSingle ? kSingle : kIndex); }
+
+std::string Weights::first_unread() const {
+  for (const auto& [name, file] : where_)
+    if (!read_.count(name)) return name;
+  return "";
+}
+
 Tensor Weights::get(const std::string& name, const Shape& shape) {
   auto it = where_.find(name);
-  if (it == where_.end()) throw_input("{}/{}: tensor '{}' missing", dir_, open_ == kSingle ? kSingle : kIndex, name);
+  if (it == where_.end()) throw_input("{}: tensor '{}' missing", index_or_single(), name);
+  read_.insert(name);
   if (it->second != open_) {
     file_ = {};  // one shard in memory at a time
     open_.clear();
@@ -146,7 +155,7 @@ Tensor transpose(const Tensor& w) {
 
 namespace {
 
-enum class Family { gpt2, llama, qwen2, qwen3 };
+enum class Family { gpt2, llama, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe };
 
 // The family config.json's architectures / model_type name; InputError naming the field
 // for one mtnlg does not import.
@@ -158,24 +167,44 @@ Family import_family(const hf::Config& cfg) {
     arch = a[0].get<std::string>();
   }
   const std::string type = cfg.string("model_type", "");
-  static const std::pair<const char*, const char*> known[] = {{"GPT2LMHeadModel", "gpt2"},
-                                                              {"LlamaForCausalLM", "llama"},
-                                                              {"Qwen2ForCausalLM", "qwen2"},
-                                                              {"Qwen3ForCausalLM", "qwen3"}};
+  static const std::pair<const char*, const char*> known[] = {
+      {"GPT2LMHeadModel", "gpt2"},         {"LlamaForCausalLM", "llama"},     {"Qwen2ForCausalLM", "qwen2"},
+      {"Qwen3ForCausalLM", "qwen3"},       {"MixtralForCausalLM", "mixtral"}, {"Qwen2MoeForCausalLM", "qwen2_moe"},
+      {"Qwen3MoeForCausalLM", "qwen3_moe"}};
   int by_arch = -1, by_type = -1;
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < 7; ++i) {
     if (arch == known[i].first) by_arch = i;
     if (type == known[i].second) by_type = i;
   }
   if (!arch.empty() && by_arch < 0)
-    cfg.bad("architectures", fmt::format("'{}': mtnlg imports GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM and "
-                                         "Qwen3ForCausalLM",
+    cfg.bad("architectures", fmt::format("'{}': mtnlg imports GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM, "
+                                         "Qwen3ForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM and "
+                                         "Qwen3MoeForCausalLM",
                                          arch));
   if (arch.empty() && by_type < 0)
-    cfg.bad("model_type", fmt::format("'{}' (and no architectures): mtnlg imports gpt2, llama, qwen2 and qwen3", type));
+    cfg.bad("model_type", fmt::format("'{}' (and no architectures): mtnlg imports gpt2, llama, qwen2, qwen3, mixtral, "
+                                      "qwen2_moe and qwen3_moe",
+                                      type));
   if (by_arch >= 0 && !type.empty() && by_type != by_arch)
     cfg.bad("model_type", fmt::format("'{}' does not go with architectures '{}'", type, arch));
   return static_cast<Family>(by_arch >= 0 ? by_arch : by_type);
+}
+
+hf::MoeKind moe_kind(Family f) {
+  return f == Family::mixtral     ? hf::MoeKind::mixtral
+         : f == Family::qwen2_moe ? hf::MoeKind::qwen2_moe
+                                  : hf::MoeKind::qwen3_moe;
+}
+
+// The recipe of config.json's family (checked against recipe_path's when given).
+Recipe import_recipe(const hf::Config& cfg, Family fam, const std::string& recipe_path) {
+  switch (fam) {
+    case Family::gpt2: return hf::gpt2_recipe(cfg, recipe_path);
+    case Family::llama: return hf::llama_recipe(cfg, hf::LlamaKind::llama, recipe_path);
+    case Family::qwen2: return hf::llama_recipe(cfg, hf::LlamaKind::qwen2, recipe_path);
+    case Family::qwen3: return hf::llama_recipe(cfg, hf::LlamaKind::qwen3, recipe_path);
+    default: return hf::moe_recipe(cfg, moe_kind(fam), recipe_path);
+  }
 }
 
 // A tokenizer.json in DIR: checked now (it must load and fit `vocab` ids), so that a file
@@ -284,9 +313,14 @@ std::vector<std::string> export_hf(const std::string& in, const std::string& out
   const std::string dir = model::ckpt::resolve(in);
   const model::ckpt::TrainState st = model::ckpt::read_metadata(dir);
   const Recipe r = parse_recipe(st.recipe_yaml, dir + "/metadata.json");
-  refuse_moe_model(r, "checkpoint export");  // no Hugging Face MoE mapping yet
-  const bool gpt2 = !r.model.rope();
-  const std::string unfit = gpt2 ? hf::gpt2_unfit(r.model) : hf::llama_unfit(r.model);
+  const bool gpt2 = !r.model.rope(), moe = r.model.moe.enabled();
+  if (gpt2 && moe)
+    throw_input(
+        "{}: the checkpoint's recipe has model.num_experts ({}) with learned absolute positions: the Hugging "
+        "Face MoE classes mtnlg exports (Mixtral, Qwen2-MoE, Qwen3-MoE) are of the Llama family",
+        dir, r.model.moe.num_experts);
+  std::string unfit = gpt2 ? hf::gpt2_unfit(r.model) : hf::llama_unfit(r.model);
+  if (unfit.empty() && moe) unfit = hf::moe_unfit(r.model);
   if (!unfit.empty()) throw_input("{}: the checkpoint's recipe has {}", dir, unfit);
   if (opt.format == "hf-gpt2" && !gpt2)
     throw_input(
@@ -294,7 +328,7 @@ std::vector<std::string> export_hf(const std::string& in, const std::string& out
         "--format hf",
         dir);
   const model::LoadedModel m = load_for_inference(dir);
-  hf::Export ex = gpt2 ? hf::gpt2_export(m) : hf::llama_export(r.model, m);
+  hf::Export ex = gpt2 ? hf::gpt2_export(m) : moe ? hf::moe_export(r.model, m) : hf::llama_export(r.model, m);
   const fs::path root = fs::path(dir).parent_path();
   ex.config["bos_token_id"] = token_id(opt.bos_token_id, "bos_token_id", root, gpt2, m.cfg.vocab_size);
   ex.config["eos_token_id"] = token_id(opt.eos_token_id, "eos_token_id", root, gpt2, m.cfg.vocab_size);
@@ -317,23 +351,21 @@ std::string import_hf(const std::string& in_dir, const std::string& out, const s
   if (format == "hf-gpt2" && fam != Family::gpt2)
     throw_input("--format hf-gpt2: {} is not a GPT-2 model (model_type '{}'); import it with --format hf", cfg.path,
                 cfg.string("model_type", ""));
-  const hf::LlamaKind kind = fam == Family::qwen2   ? hf::LlamaKind::qwen2
-                             : fam == Family::qwen3 ? hf::LlamaKind::qwen3
-                                                    : hf::LlamaKind::llama;
-  const Recipe r = fam == Family::gpt2 ? hf::gpt2_recipe(cfg, recipe_path) : hf::llama_recipe(cfg, kind, recipe_path);
+  const Recipe r = import_recipe(cfg, fam, recipe_path);
   // A tokenizer.json beside the model comes along (with its tokenizer_config.json, which
   // names the EOS): eval and generate find it in the checkpoint root.
   const bool with_tokenizer = check_tokenizer(in_dir, r.model.vocab_size);
   hf::Weights w(in_dir);
   const auto lock = claim_new_checkpoint_root(out, "--output");
-  Recipe one = r;
-  one.parallel.tensor_model_parallel_size = 1;
-  model::GptConfig gc = gpt_config(one);
+  // inference_config: one rank's parameters, MoE layers included (gpt_config refuses them)
+  model::GptConfig gc = inference_config(r);
   model::ParamStore store;
   model::declare_chunk_params(store, gc, {0, r.model.num_layers, true, true, ""}, 0, 1);
   store.finalize(DType::f32);
   if (fam == Family::gpt2)
     hf::gpt2_weights(w, r, store);
+  else if (fam == Family::mixtral || fam == Family::qwen2_moe || fam == Family::qwen3_moe)
+    hf::moe_weights(w, r, moe_kind(fam), store);
   else
     hf::llama_weights(w, r, store);
   const std::string dir = save_whole_model(out, r, store, 0);

@@ -62,6 +62,15 @@ std::string llama_unfit(const ModelConfig& m) {
   return why + ": Hugging Face's LlamaForCausalLM, Qwen2ForCausalLM and Qwen3ForCausalLM cannot express it";
 }
 
+nlohmann::ordered_json llama_rope_scaling(const ModelConfig& mc) {
+  if (!mc.use_rope_scaling) return nullptr;
+  return {{"rope_type", "llama3"},
+          {"factor", mc.rope_scaling_factor},
+          {"low_freq_factor", kLowFreqFactor},
+          {"high_freq_factor", kHighFreqFactor},
+          {"original_max_position_embeddings", static_cast<int64_t>(kOriginalPositions)}};
+}
+
 namespace {
 // config.json of a Llama-family export: LlamaForCausalLM, Qwen2ForCausalLM for q/k/v
 // biases alone, Qwen3ForCausalLM for per-head q/k norms.
@@ -69,13 +78,6 @@ nlohmann::ordered_json llama_config(const ModelConfig& mc, const model::GptConfi
                                     LlamaKind kind) {
   const bool qwen2 = kind == LlamaKind::qwen2, qwen3 = kind == LlamaKind::qwen3;
   const int64_t C = c.hidden, F = c.ffn, V = c.vocab_size, L = c.num_layers_total;
-  nlohmann::ordered_json rope_scaling = nullptr;
-  if (mc.use_rope_scaling)
-    rope_scaling = {{"rope_type", "llama3"},
-                    {"factor", mc.rope_scaling_factor},
-                    {"low_freq_factor", kLowFreqFactor},
-                    {"high_freq_factor", kHighFreqFactor},
-                    {"original_max_position_embeddings", static_cast<int64_t>(kOriginalPositions)}};
   nlohmann::ordered_json j;
   j["architectures"] = {qwen3 ? "Qwen3ForCausalLM" : qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM"};
   j["model_type"] = qwen3 ? "qwen3" : qwen2 ? "qwen2" : "llama";
@@ -91,7 +93,7 @@ nlohmann::ordered_json llama_config(const ModelConfig& mc, const model::GptConfi
   j["initializer_range"] = c.init_std;
   j["rms_norm_eps"] = c.layernorm_eps;
   j["rope_theta"] = mc.rotary_base;
-  j["rope_scaling"] = rope_scaling;
+  j["rope_scaling"] = llama_rope_scaling(mc);
   if (qwen3) j["attention_bias"] = false;
   if (qwen2 || qwen3) {
     j["use_sliding_window"] = false;
@@ -109,7 +111,7 @@ nlohmann::ordered_json llama_config(const ModelConfig& mc, const model::GptConfi
 }
 }  // namespace
 
-Export llama_export(const ModelConfig& mc, const model::LoadedModel& m) {
+Export llama_export(const ModelConfig& mc, const model::LoadedModel& m, const MoeLayerOut& moe) {
   const auto& c = m.cfg;
   const int64_t C = c.hidden, V = c.vocab_size, L = c.num_layers_total;
   const QkvLayout q{c.heads, c.kv_groups(), c.head_dim()};
@@ -148,6 +150,10 @@ Export llama_export(const ModelConfig& mc, const model::LoadedModel& m) {
     same(h + "self_attn.o_proj.weight", p + "attention.proj.weight");
     if (c.bias_linear) same(h + "self_attn.o_proj.bias", p + "attention.proj.bias");
     same(h + "post_attention_layernorm.weight", p + "post_attention_layernorm.weight");
+    if (c.moe.is_moe(l)) {
+      moe(l, out);
+      continue;
+    }
     same(h + "mlp.gate_proj.weight", p + "mlp.fc1_gate.weight");
     same(h + "mlp.up_proj.weight", p + "mlp.fc1_up.weight");
     same(h + "mlp.down_proj.weight", p + "mlp.fc2.weight");
@@ -235,7 +241,7 @@ void agree(const std::string& recipe_path, const char* key, T given, T implied, 
 
 }  // namespace
 
-Recipe llama_recipe(const Config& cfg, LlamaKind kind, const std::string& recipe_path) {
+Recipe llama_recipe(const Config& cfg, LlamaKind kind, const std::string& recipe_path, const LlamaRecipeExtra& extra) {
   const bool qwen2 = kind == LlamaKind::qwen2, qwen3 = kind == LlamaKind::qwen3;
   const int64_t C = cfg.integer("hidden_size"), L = cfg.integer("num_hidden_layers"),
                 H = cfg.integer("num_attention_heads"), F = cfg.integer("intermediate_size"),
@@ -244,7 +250,8 @@ Recipe llama_recipe(const Config& cfg, LlamaKind kind, const std::string& recipe
   if (H <= 0) cfg.bad("num_attention_heads", "must be positive");
   if (G <= 0 || H % G != 0)
     cfg.bad("num_key_value_heads", fmt::format("{} does not divide num_attention_heads {}", G, H));
-  const int64_t D = cfg.integer("head_dim", qwen3 ? 128 : C / H);  // Qwen3Config's default head_dim is 128
+  // Qwen3Config's default head_dim is 128 (Qwen3MoeConfig has none: hidden_size / heads)
+  const int64_t D = cfg.integer("head_dim", qwen3 && !extra.head_dim_from_hidden ? 128 : C / H);
   if (cfg.string("hidden_act", "silu") != "silu")
     cfg.bad("hidden_act", fmt::format("'{}': mtnlg's SwiGLU is silu(gate) * up", cfg.string("hidden_act", "")));
   bool bias_linear = false, qkv_bias = false;
@@ -275,10 +282,10 @@ Recipe llama_recipe(const Config& cfg, LlamaKind kind, const std::string& recipe
       "kv_channels: {}, seq_length: {}, max_position_embeddings: {}, vocab_size: {}, norm_epsilon: {}, "
       "position_embedding_type: rope, rotary_base: {}, use_rope_scaling: {}, rope_scaling_factor: {}, "
       "normalization: RMSNorm, swiglu: true, untie_embeddings_and_output_weights: {}, add_bias_linear: {}, "
-      "add_qkv_bias: {}, qk_layernorm: {}, init_method_std: {}, hidden_dropout: 0.0, attention_dropout: {}}}\n"
+      "add_qkv_bias: {}, qk_layernorm: {}, init_method_std: {}, hidden_dropout: 0.0, attention_dropout: {}{}}}\n"
       "training: {{micro_batch_size: 1, global_batch_size: 1, train_iters: 1}}\ndata: {{mock: true}}\n",
       L, C, H, G, F, D * H == C ? 0 : D, P, P, V, eps, rope.theta, rope.scaling, rope.factor, !tied, bias_linear,
-      qkv_bias, qwen3, std_, att_drop);
+      qkv_bias, qwen3, std_, att_drop, extra.model_yaml);
   const Recipe built = parse_recipe(y, cfg.path);
   if (recipe_path.empty()) return built;
   const Recipe r = load_recipe(recipe_path);
@@ -289,7 +296,10 @@ Recipe llama_recipe(const Config& cfg, LlamaKind kind, const std::string& recipe
   agree(recipe_path, "num_attention_heads", m.num_attention_heads, b.num_attention_heads, cfg, "num_attention_heads");
   agree(recipe_path, "num_query_groups", m.query_groups(), b.query_groups(), cfg, "num_key_value_heads");
   agree(recipe_path, "kv_channels", m.head_dim(), b.head_dim(), cfg, "head_dim");
-  agree(recipe_path, "ffn_hidden_size", m.ffn_hidden_size, b.ffn_hidden_size, cfg, "intermediate_size");
+  bool dense_layers = false;  // without any (Mixtral), ffn_hidden_size is nowhere in the model
+  for (int64_t l = 0; l < b.num_layers; ++l) dense_layers |= !b.moe.is_moe_layer(l);
+  if (dense_layers)
+    agree(recipe_path, "ffn_hidden_size", m.ffn_hidden_size, b.ffn_hidden_size, cfg, "intermediate_size");
   agree(recipe_path, "vocab_size", m.vocab_size, b.vocab_size, cfg, "vocab_size");
   agree(recipe_path, "max_position_embeddings", m.max_position_embeddings, b.max_position_embeddings, cfg,
         "max_position_embeddings");
@@ -311,7 +321,7 @@ Recipe llama_recipe(const Config& cfg, LlamaKind kind, const std::string& recipe
   return r;
 }
 
-void llama_weights(Weights& w, const Recipe& r, model::ParamStore& store) {
+void llama_weights(Weights& w, const Recipe& r, model::ParamStore& store, const MoeLayerIn& moe) {
   const ModelConfig& m = r.model;
   const int64_t C = m.hidden_size, L = m.num_layers, F = m.ffn_hidden_size, V = m.vocab_size;
   const QkvLayout q{m.num_attention_heads, m.query_groups(), m.head_dim()};
@@ -345,6 +355,10 @@ void llama_weights(Weights& w, const Recipe& r, model::ParamStore& store) {
     put(p + "attention.proj.weight", h + "self_attn.o_proj.weight", {C, q.H * q.D});
     if (m.add_bias_linear) put(p + "attention.proj.bias", h + "self_attn.o_proj.bias", {C});
     put(p + "post_attention_layernorm.weight", h + "post_attention_layernorm.weight", {C});
+    if (m.moe.is_moe_layer(l)) {
+      moe(l);
+      continue;
+    }
     put(p + "mlp.fc1_gate.weight", h + "mlp.gate_proj.weight", {F, C});
     put(p + "mlp.fc1_up.weight", h + "mlp.up_proj.weight", {F, C});
     put(p + "mlp.fc2.weight", h + "mlp.down_proj.weight", {C, F});

@@ -146,6 +146,10 @@ if [[ "$steps" == *" hf "* ]]; then
   }
   llama_family_check llama || rc=1
   llama_family_check qwen3 --set model.qk_layernorm=true || rc=1
+  # The MoE classes the other way round: tiny Mixtral, Qwen2-MoE and Qwen3-MoE built by
+  # transformers, imported by mtnlg, their logits compared, and mtnlg's re-export loaded
+  # by transformers again.
+  python3 "$here/hf-check.py" --moe "$mtnlg" "$out/hf-moe" 1e-3 || rc=1
   step hf $rc
 fi
 

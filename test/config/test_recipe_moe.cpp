@@ -105,9 +105,9 @@ TEST_CASE("recipe moe: keys, derived defaults, layer pattern and round trip", "[
   const Recipe d = parse_recipe(kTiny, "t.yaml", kMoe);
   CHECK_FALSE(d.model.moe.moe_expert_capacity_factor);
   CHECK_FALSE(parse_recipe(to_yaml(d), "d.yaml").model.moe.moe_expert_capacity_factor);
-  CHECK_THROWS_WITH(refuse_moe_model(d, "checkpoint export"), Contains("model.num_experts (8)") &&
-                                                                  Contains("checkpoint export") &&
-                                                                  Contains("does not run MoE models"));
+  CHECK_THROWS_WITH(refuse_moe_model(d, "checkpoint convert"), Contains("model.num_experts (8)") &&
+                                                                   Contains("checkpoint convert") &&
+                                                                   Contains("does not run MoE models"));
 }
 
 // What `mtnlg train` does not build with MoE layers yet: exit 2 naming the key; the forms it

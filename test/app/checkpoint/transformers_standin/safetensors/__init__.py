@@ -1,0 +1,1 @@
+"""Stand-in for the safetensors package (see ../transformers/__init__.py)."""
