@@ -1,5 +1,7 @@
 // recipes/tiny-moe.yaml end to end on the CPU (one process), on the demo corpus: a short
-// run whose loss falls while every layer's experts stay loaded (metrics.jsonl); then, with
+// run whose loss falls while every layer's experts stay loaded (metrics.jsonl), its
+// balance visible (the log line, TensorBoard's moe/ scalars, the report's heat map, and
+// `report --explain` calling it balanced); then, with
 // sigmoid routing, the expert bias and a capacity that drops slots, full recompute giving
 // the same losses bit for bit and a resume from a checkpoint giving the uninterrupted
 // losses and weights bit for bit; generate and eval from its checkpoint; and what MoE
