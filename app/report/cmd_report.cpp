@@ -1,6 +1,6 @@
 // `mtnlg report RUN_DIR [--output FILE.html]`: a self-contained HTML report of a training
-// run (plots of metrics.jsonl as inline SVG, where the time went against the plan, eval
-// results, the resolved recipe), or of a `data curate` work_dir (the corpus funnel and the
+// run (plots of metrics.jsonl as inline SVG, an MoE run's expert load, where the time went
+// against the plan, eval results, the resolved recipe), or of a `data curate` work_dir (the corpus funnel and the
 // blend). `mtnlg report --explain RUN_DIR` prints where the time went as text.
 #include <cstdio>
 #include <memory>
@@ -34,7 +34,9 @@ void register_report(CLI::App& app) {
       "Print where the time went instead (each rank's step parts from metrics.jsonl, logging.step_timing) against "
       "the planner's prediction for the run's recipe and layout, largest gaps first; no page is written. When the "
       "run's NCCL watchdog left flight recorder dumps (RUN_DIR/flight_recorder), first what ended the run: the "
-      "culprit rank, the group and collective it never entered, the stage and micro batch it was on");
+      "culprit rank, the group and collective it never entered, the stage and micro batch it was on. For an MoE run, "
+      "first of all the routing verdict: a layer whose routing collapsed onto few experts (or drops many slots) and "
+      "what to change");
   cmd->add_option(
       "--gpu", opt->plan.gpu,
       "Planner GPU entry to compare with (a100-80g|h100-80g|h200-141g|cpu; default: RUN_DIR/gpu-profile.json "

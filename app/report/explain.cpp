@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "planner/gpu_profile.hpp"
+#include "app/report/moe_view.hpp"
 #include "app/report/report.hpp"
 #include "config/recipe.hpp"
 #include "core/error.hpp"
@@ -497,10 +498,13 @@ std::string explain_command_text(const fs::path& run_dir, const ExplainOptions& 
   if (fs::is_directory(run_dir / "flight_recorder", ec))
     for (const auto& e : fs::directory_iterator(run_dir / "flight_recorder"))
       dumps = dumps || (e.path().filename().string().rfind("rank", 0) == 0 && e.path().extension() == ".json");
-  if (!dumps) return explain_text(explain_run(run_dir, o));
-  const parallel::HangVerdict v = parallel::explain_hang(run_dir.string());
-  std::string out =
-      "What ended the run (flight recorder, " + (run_dir / "flight_recorder").string() + "):\n  " + v.text + "\n\n";
+  // An MoE run's routing verdict comes first: it stands without step parts.
+  const std::string moe = moe_explain_text(run_dir);
+  if (!dumps && moe.empty()) return explain_text(explain_run(run_dir, o));
+  std::string out = moe.empty() ? "" : moe + "\n";
+  if (dumps)
+    out += "What ended the run (flight recorder, " + (run_dir / "flight_recorder").string() + "):\n  " +
+           parallel::explain_hang(run_dir.string()).text + "\n\n";
   try {
     out += explain_text(explain_run(run_dir, o));
   } catch (const InputError& e) {

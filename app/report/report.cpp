@@ -11,6 +11,7 @@
 #include <set>
 #include <sstream>
 
+#include "app/report/moe_view.hpp"
 #include "core/atomic_file.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
@@ -108,6 +109,77 @@ bool parse_metrics_line(const std::string& line, const std::string& name, int64_
   return true;
 }
 
+// A row's "moe_layers" (the trainer's record per MoE layer, app/train/run_reports.cpp).
+std::vector<Metrics::MoeLayer> parse_moe_layers(const json& v, const std::string& name, int64_t lineno) {
+  const auto bad = [&] {
+    throw_input(
+        "{}:{}: moe_layers: expected an array of objects with a numeric \"layer\" and \"tokens_per_expert\" an "
+        "array of numbers",
+        name, lineno);
+  };
+  if (!v.is_array()) bad();
+  std::vector<Metrics::MoeLayer> out;
+  for (const auto& l : v) {
+    if (!l.is_object() || !l.contains("layer") || !l["layer"].is_number() || !l.contains("tokens_per_expert") ||
+        !l["tokens_per_expert"].is_array())
+      bad();
+    Metrics::MoeLayer x;
+    x.layer = l["layer"].get<int64_t>();
+    for (const auto& t : l["tokens_per_expert"]) {
+      if (!t.is_number()) bad();
+      x.tokens.push_back(t.get<double>());
+    }
+    const auto number = [&](const char* k) { return l.contains(k) && l[k].is_number() ? l[k].get<double>() : kNaN; };
+    x.min_over_mean = number("min_over_mean");
+    x.max_over_mean = number("max_over_mean");
+    x.dropped = l.contains("dropped") && l["dropped"].is_number() ? l["dropped"].get<int64_t>() : 0;
+    out.push_back(std::move(x));
+  }
+  return out;
+}
+
+struct MetricsRow {
+  double iteration;
+  std::map<std::string, double> values;
+  std::vector<Metrics::MoeLayer> moe;
+};
+
+// The row's scalar columns (numbers and booleans; anything else is NaN), and its MoE
+// layers; new keys are appended to m.keys.
+MetricsRow metrics_row(const json& j, const std::string& name, int64_t lineno, Metrics& m,
+                       std::set<std::string>& seen_keys) {
+  MetricsRow r{j["iteration"].get<double>(), {}, {}};
+  for (auto& [k, v] : j.items()) {
+    if (k == "moe_layers") {  // nested: not a column
+      r.moe = parse_moe_layers(v, name, lineno);
+      continue;
+    }
+    double d = kNaN;
+    if (v.is_number())
+      d = v.get<double>();
+    else if (v.is_boolean())
+      d = v.get<bool>() ? 1.0 : 0.0;
+    r.values[k] = std::isfinite(d) ? d : kNaN;
+    if (seen_keys.insert(k).second) m.keys.push_back(k);
+  }
+  return r;
+}
+
+// The kept rows as columns (and MoE layers).
+void fill_columns(Metrics& m, const std::vector<MetricsRow>& rows) {
+  m.rows = static_cast<int64_t>(rows.size());
+  for (const auto& k : m.keys) {
+    auto& col = m.columns[k];
+    col.assign(rows.size(), kNaN);
+    for (size_t i = 0; i < rows.size(); ++i) {
+      auto f = rows[i].values.find(k);
+      if (f != rows[i].values.end()) col[i] = f->second;
+    }
+  }
+  if (std::any_of(rows.begin(), rows.end(), [](const MetricsRow& r) { return !r.moe.empty(); }))
+    for (const auto& r : rows) m.moe.push_back(r.moe);
+}
+
 }  // namespace
 
 Metrics read_metrics(const fs::path& file) {
@@ -118,13 +190,9 @@ Metrics read_metrics(const fs::path& file) {
   std::ifstream in(file, std::ios::binary);
   if (!in) throw_input("{}: cannot be opened for reading", name);
 
-  struct Row {
-    double iteration;
-    std::map<std::string, double> values;
-  };
   Metrics m;
   m.source = name;
-  std::vector<Row> rows;
+  std::vector<MetricsRow> rows;
   std::set<std::string> seen_keys;
   std::string line;
   int64_t lineno = 0;
@@ -146,16 +214,7 @@ Metrics read_metrics(const fs::path& file) {
                             number(test ? "test_ppl" : "validation_ppl")});
       continue;
     }
-    Row r{it->get<double>(), {}};
-    for (auto& [k, v] : j.items()) {
-      double d = kNaN;
-      if (v.is_number())
-        d = v.get<double>();
-      else if (v.is_boolean())
-        d = v.get<bool>() ? 1.0 : 0.0;
-      r.values[k] = std::isfinite(d) ? d : kNaN;
-      if (seen_keys.insert(k).second) m.keys.push_back(k);
-    }
+    MetricsRow r = metrics_row(j, name, lineno, m, seen_keys);
     // A resumed run appends from its checkpoint's iteration on: the new rows win.
     bool went_back = false;
     while (!rows.empty() && rows.back().iteration >= r.iteration) {
@@ -170,15 +229,7 @@ Metrics read_metrics(const fs::path& file) {
     rows.push_back(std::move(r));
   }
   if (rows.empty()) throw_input("{}: no logged iterations (the run has not logged one yet)", name);
-  m.rows = static_cast<int64_t>(rows.size());
-  for (const auto& k : m.keys) {
-    auto& col = m.columns[k];
-    col.assign(rows.size(), kNaN);
-    for (size_t i = 0; i < rows.size(); ++i) {
-      auto f = rows[i].values.find(k);
-      if (f != rows[i].values.end()) col[i] = f->second;
-    }
-  }
+  fill_columns(m, rows);
   return m;
 }
 
@@ -882,7 +933,8 @@ std::string render_report_html(const fs::path& run_dir, ReportSummary* summary, 
   for (const auto& [k, v] : facts) h << "<tr><th>" << html_escape(k) << "</th><td>" << html_escape(v) << "</td></tr>\n";
   h << "</table>\n";
   h << "<h2>Training curves</h2>\n<div class=\"plots\">\n" << plots << "</div>\n";
-  h << explain_html_section(run_dir, explain);  // logging.step_timing: the parts against the plan
+  h << moe_html_section(m, run_dir, x, x_label, nplots);  // MoE runs: losses, expert load, routing verdict
+  h << explain_html_section(run_dir, explain);            // logging.step_timing: the parts against the plan
   if (!not_logged.empty()) {
     h << "<p class=\"note\">Not logged in this run: ";
     for (size_t i = 0; i < not_logged.size(); ++i) h << (i ? ", " : "") << html_escape(not_logged[i]);

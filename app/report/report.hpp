@@ -37,14 +37,27 @@ struct Metrics {
   };
   std::vector<HeldOut> held_out;
 
+  // MoE runs (metrics.jsonl's nested "moe_layers"): per row, per MoE layer, the step's
+  // tokens per expert after drops, their min and max over their mean and the dropped
+  // slots. Empty when no row has them, else one entry per row (empty for a row without
+  // them), replaced on a restart like the columns.
+  struct MoeLayer {
+    int64_t layer = 0;
+    std::vector<double> tokens;
+    double min_over_mean = 0, max_over_mean = 0;
+    int64_t dropped = 0;
+  };
+  std::vector<std::vector<MoeLayer>> moe;
+
   bool has(const std::string& key) const;  // present with at least one finite value
   // The column for key, or all-NaN if absent.
   std::vector<double> column(const std::string& key) const;
 };
 
 // Throws InputError (exit 2): "<file>: not found ..." when missing, "<file>:<line>: ..."
-// for a line that is not a JSON object or has no numeric "iteration", and "<file>: no
-// logged iterations" when it has no rows.
+// for a line that is not a JSON object, has no numeric "iteration" or a "moe_layers" that
+// is not an array of {"layer", "tokens_per_expert": [numbers], ...} objects, and "<file>:
+// no logged iterations" when it has no rows.
 Metrics read_metrics(const std::filesystem::path& file);
 
 // Roughly `target` round tick positions (1, 2 or 5 times a power of ten) covering

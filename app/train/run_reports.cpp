@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -172,6 +173,42 @@ void CommReport::write(int64_t iteration, int64_t global_batch, int64_t micro_ba
   out_ << j.dump() << "\n";
   out_.flush();
   if (!out_) throw_write_failed(fmt::format("bytes_rank{}.jsonl", g_.rank), "logging.dir");
+}
+
+std::string moe_log_part(const IterationStats& s, bool capacity) {
+  if (!s.moe) return "";
+  std::string out;
+  if (s.moe_aux_loss >= 0) out += fmt::format(" | load balancing loss: {:.6E}", s.moe_aux_loss);
+  if (s.moe_z_loss >= 0) out += fmt::format(" | z loss: {:.6E}", s.moe_z_loss);
+  if (s.moe_layers.empty()) return out;
+  const IterationStats::MoeLayerLoad *hi = &s.moe_layers[0], *lo = hi;
+  int64_t dropped = 0;
+  for (const auto& l : s.moe_layers) {  // the first layer wins a tie
+    if (l.max_over_mean > hi->max_over_mean) hi = &l;
+    if (l.min_over_mean < lo->min_over_mean) lo = &l;
+    dropped += l.dropped;
+  }
+  out += fmt::format(" | expert load max/mean: {:.2f} (layer {}), min/mean: {:.2f} (layer {})", hi->max_over_mean,
+                     hi->layer, lo->min_over_mean, lo->layer);
+  if (capacity) out += fmt::format(" | dropped slots: {}", dropped);
+  return out;
+}
+
+std::map<std::string, double> moe_tensorboard_scalars(const IterationStats& s, bool capacity) {
+  std::map<std::string, double> out;
+  if (!s.moe) return out;
+  if (s.moe_aux_loss >= 0) out["load_balancing_loss"] = s.moe_aux_loss;
+  if (s.moe_z_loss >= 0) out["z_loss"] = s.moe_z_loss;
+  int64_t last = 0;
+  for (const auto& l : s.moe_layers) last = std::max(last, l.layer);
+  const size_t width = std::to_string(last).size();
+  for (const auto& l : s.moe_layers) {
+    const std::string layer = fmt::format("layer{:0{}}/", l.layer, width);
+    out[layer + "max_over_mean"] = l.max_over_mean;
+    out[layer + "min_over_mean"] = l.min_over_mean;
+    if (capacity) out[layer + "dropped"] = static_cast<double>(l.dropped);
+  }
+  return out;
 }
 
 }  // namespace mtnlg::app

@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 #include <fstream>
+#include <map>
 #include <string>
 
 #include "app/train/iteration_stats.hpp"
@@ -60,5 +61,19 @@ class CommReport {
   parallel::CpAttentionTimes cp_at_reset_;  // parallel::cp_attention_times() at the last reset
   model::MoeDispatchTimes moe_at_reset_;    // model::moe_dispatch_times() at the last reset
 };
+
+// MoE models (IterationStats::moe), "balance you can see". The log line's part: the
+// balancing and z losses apart from the LM loss, then the load of the worst layers in one
+// piece however many MoE layers there are — the highest max/mean and the lowest min/mean
+// with their layers, and with a capacity (`capacity`) the slots dropped over all layers:
+//   " | load balancing loss: 1.02E+00 | z loss: 3.1E+00 | expert load max/mean: 1.97 (layer 2),
+//   min/mean: 0.19 (layer 1) | dropped slots: 12"
+// "" for a dense model.
+std::string moe_log_part(const IterationStats& s, bool capacity);
+// The TensorBoard scalars of the same (the trainer writes them under "moe/" and
+// "moe-vs-tokens/"): load_balancing_loss and z_loss where on, and per MoE layer
+// layer<L>/max_over_mean, layer<L>/min_over_mean and with a capacity layer<L>/dropped
+// (L zero-padded to the widest layer index, so TensorBoard lists layers in order).
+std::map<std::string, double> moe_tensorboard_scalars(const IterationStats& s, bool capacity);
 
 }  // namespace mtnlg::app

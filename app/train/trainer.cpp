@@ -660,15 +660,6 @@ void record_moe(IterationStats& s, const std::vector<model::MoeLayerStats>& all,
   if (cfg.aux_coeff > 0 && cfg.balancing != model::MoeBalancing::none) s.moe_aux_loss = aux / layers;
   if (cfg.z_coeff > 0) s.moe_z_loss = z / layers;
 }
-
-// " | load balancing loss: x | z loss: y" for an MoE model's log line, else "".
-std::string moe_log_part(const IterationStats& s) {
-  if (!s.moe) return "";
-  std::string out;
-  if (s.moe_aux_loss >= 0) out += fmt::format(" | load balancing loss: {:.6E}", s.moe_aux_loss);
-  if (s.moe_z_loss >= 0) out += fmt::format(" | z loss: {:.6E}", s.moe_z_loss);
-  return out;
-}
 }  // namespace
 
 // The step's forward and backward with every gradient reduction: what train_step runs
@@ -879,6 +870,9 @@ void Trainer::training_log(IterationStats& s, const data::Batch& batch) {
                                      {"loss_scale", s.loss_scale},
                                      {"peak_memory_gib", static_cast<double>(s.peak_memory_bytes) / 1073741824.0}},
                                     s.iteration, s.consumed_tokens);
+  const bool moe_capacity = model_.cfg.moe.capacity_factor > 0;  // drops are possible
+  if (out_.tensorboard && s.moe)  // "moe/load_balancing_loss", "moe/layer03/max_over_mean", ...
+    out_.tensorboard->log_iteration(moe_tensorboard_scalars(s, moe_capacity), s.iteration, s.consumed_tokens, "moe");
   if (!opts_.quiet)
     log::info(
         " iteration {:>7}/{:<7} | consumed tokens: {:>10} | elapsed time per iteration (ms): {:8.1f} | tokens/s: "
@@ -886,7 +880,7 @@ void Trainer::training_log(IterationStats& s, const data::Batch& batch) {
         "TFLOP/s/GPU: {:6.3f} | MFU: {:5.1f}% | learning rate: {:.3E} | global batch size: {:5} | lm loss: {:.6E}{} | "
         "grad norm: {:.3f}{} | skipped: {} | nan: {} | mem: {} MiB{}{}{} | comm MB tp/pp/dp: {:.3f}/{:.3f}/{:.3f}{}{}",
         s.iteration, total_iters, s.consumed_tokens, s.step_time_s * 1e3, s.tokens_per_s, s.tflops_per_gpu, 100 * s.mfu,
-        s.lr, s.global_batch_size, s.loss, moe_log_part(s), s.grad_norm,
+        s.lr, s.global_batch_size, s.loss, moe_log_part(s, moe_capacity), s.grad_norm,
         optim_.scaler ? fmt::format(" | loss scale: {:.1f}", s.loss_scale) : "", s.skipped_total, s.nan_total,
         s.peak_memory_bytes >> 20,
         s.reserved_memory_bytes ? fmt::format(" (reserved {} MiB)", s.reserved_memory_bytes >> 20) : std::string(),

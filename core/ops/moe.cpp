@@ -528,9 +528,14 @@ void moe_permute(Tensor& out, const Tensor& x, const MoeDispatch& d) {
   same_dtype(op, "out", out, x.dtype());
   if (H != Ho) throw_runtime("{}: out width {} != x width {}", op, Ho, H);
   const int32_t* src = i32(d.row_src);
+  by_dtype(x.dtype(), [&](auto z) {  // typed pointers: at/put per element cost a dtype test and a call
+    using T = decltype(z);
+    const T* in = x.kernel_data<T>();
+    T* o = out.kernel_data<T>();
 #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < d.rows; ++r)
-    for (int64_t c = 0; c < H; ++c) put(out, r * H + c, src[r] < 0 ? 0.0 : at(x, src[r] * H + c));
+    for (int64_t r = 0; r < d.rows; ++r)
+      for (int64_t c = 0; c < H; ++c) o[r * H + c] = src[r] < 0 ? T(0) : in[src[r] * H + c];
+  });
 }
 
 void moe_unpermute(Tensor& y, const Tensor& rows, const MoeDispatch& d) {
@@ -542,14 +547,19 @@ void moe_unpermute(Tensor& y, const Tensor& rows, const MoeDispatch& d) {
   same_dtype(op, "y", y, rows.dtype());
   if (H != Hr) throw_runtime("{}: y width {} != rows width {}", op, H, Hr);
   const int32_t* sr = i32(d.slot_row);
+  by_dtype(y.dtype(), [&](auto z) {
+    using T = decltype(z);
+    const T* in = rows.kernel_data<T>();
+    T* out = y.kernel_data<T>();
 #pragma omp parallel for schedule(static)
-  for (int64_t n = 0; n < d.num_tokens; ++n)
-    for (int64_t c = 0; c < H; ++c) {
-      double s = 0;
-      for (int64_t j = 0; j < d.topk; ++j)
-        if (const int32_t r = sr[n * d.topk + j]; r >= 0) s += at(rows, r * H + c);
-      put(y, n * H + c, s);
-    }
+    for (int64_t n = 0; n < d.num_tokens; ++n)
+      for (int64_t c = 0; c < H; ++c) {
+        double s = 0;  // in double, slot order: the sum of section 6
+        for (int64_t j = 0; j < d.topk; ++j)
+          if (const int32_t r = sr[n * d.topk + j]; r >= 0) s += static_cast<double>(in[r * H + c]);
+        out[n * H + c] = static_cast<T>(s);
+      }
+  });
 }
 
 void moe_weight_rows_forward(Tensor& out, const Tensor& act, const Tensor& probs, const MoeDispatch& d) {
@@ -563,11 +573,16 @@ void moe_weight_rows_forward(Tensor& out, const Tensor& act, const Tensor& probs
   expect_numel(op, "probs", probs, d.num_tokens * d.topk);
   if (F != Fo) throw_runtime("{}: out width {} != act width {}", op, Fo, F);
   const int32_t* rs = i32(d.row_slot);
+  by_dtype(act.dtype(), [&](auto z) {
+    using T = decltype(z);
+    const T *a = act.kernel_data<T>(), *p = probs.kernel_data<T>();
+    T* o = out.kernel_data<T>();
 #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < d.rows; ++r) {
-    const double w = rs[r] < 0 ? 0.0 : at(probs, rs[r]);
-    for (int64_t c = 0; c < F; ++c) put(out, r * F + c, at(act, r * F + c) * w);
-  }
+    for (int64_t r = 0; r < d.rows; ++r) {
+      const double w = rs[r] < 0 ? 0.0 : static_cast<double>(p[rs[r]]);
+      for (int64_t c = 0; c < F; ++c) o[r * F + c] = static_cast<T>(static_cast<double>(a[r * F + c]) * w);
+    }
+  });
 }
 
 void moe_weight_rows_backward(Tensor& dact, Tensor& dprobs, const Tensor& dout, const Tensor& act, const Tensor& probs,
@@ -585,18 +600,23 @@ void moe_weight_rows_backward(Tensor& dact, Tensor& dprobs, const Tensor& dout, 
   expect_numel(op, "dprobs", dprobs, d.num_tokens * d.topk);
   if (F != Fd || F != Fo) throw_runtime("{}: widths differ (act {}, dact {}, dout {})", op, F, Fd, Fo);
   const int32_t *rs = i32(d.row_slot), *sr = i32(d.slot_row);
+  by_dtype(act.dtype(), [&](auto z) {
+    using T = decltype(z);
+    const T *a = act.kernel_data<T>(), *p = probs.kernel_data<T>(), *g = dout.kernel_data<T>();
+    T *da = dact.kernel_data<T>(), *dp = dprobs.kernel_data<T>();
 #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < d.rows; ++r) {
-    const double w = rs[r] < 0 ? 0.0 : at(probs, rs[r]);
-    for (int64_t c = 0; c < F; ++c) put(dact, r * F + c, at(dout, r * F + c) * w);
-  }
+    for (int64_t r = 0; r < d.rows; ++r) {
+      const double w = rs[r] < 0 ? 0.0 : static_cast<double>(p[rs[r]]);
+      for (int64_t c = 0; c < F; ++c) da[r * F + c] = static_cast<T>(static_cast<double>(g[r * F + c]) * w);
+    }
 #pragma omp parallel for schedule(static)
-  for (int64_t s = 0; s < d.num_tokens * d.topk; ++s) {
-    double g = 0;
-    if (const int32_t r = sr[s]; r >= 0)
-      for (int64_t c = 0; c < F; ++c) g += at(dout, r * F + c) * at(act, r * F + c);
-    put(dprobs, s, g);
-  }
+    for (int64_t s = 0; s < d.num_tokens * d.topk; ++s) {
+      double sum = 0;
+      if (const int32_t r = sr[s]; r >= 0)
+        for (int64_t c = 0; c < F; ++c) sum += static_cast<double>(g[r * F + c]) * static_cast<double>(a[r * F + c]);
+      dp[s] = static_cast<T>(sum);
+    }
+  });
 }
 
 // ---- the experts as one grouped GEMM -------------------------------------------------------

@@ -1,5 +1,7 @@
 // recipes/tiny-moe.yaml end to end on the CPU (one process), on the demo corpus: a short
-// run whose loss falls while every layer's experts stay loaded (metrics.jsonl); then, with
+// run whose loss falls while every layer's experts stay loaded (metrics.jsonl), its
+// balance visible (the log line, TensorBoard's moe/ scalars, the report's heat map, and
+// `report --explain` calling it balanced); then, with
 // sigmoid routing, the expert bias and a capacity that drops slots, full recompute giving
 // the same losses bit for bit and a resume from a checkpoint giving the uninterrupted
 // losses and weights bit for bit; generate and eval from its checkpoint; and what MoE
@@ -44,10 +46,10 @@ TEST_CASE("tiny MoE on the demo corpus: the loss falls, the experts end balanced
   INFO(d.corpus.out);
   REQUIRE(d.corpus.exit_code == 0);
   auto r = d.mtnlg(std::string("train recipes/tiny-moe.yaml") + kShape +
-                   " --set training.train_iters=20 --set checkpoint.save_interval=0");
+                   " --set training.train_iters=20 --set checkpoint.save_interval=0 --set logging.tensorboard=true");
   INFO(r.out);
   REQUIRE(r.exit_code == 0);
-  CHECK_THAT(r.out, Contains("load balancing loss:") && Contains("z loss:"));
+  CHECK_THAT(r.out, Contains("load balancing loss:") && Contains("z loss:") && Contains("expert load max/mean:"));
   const auto recs = read_iteration_records(d.tmp / "runs" / "tiny-moe");
   REQUIRE(recs.size() == 20);
   const double first = recs.front()["loss"].get<double>(), last = recs.back()["loss"].get<double>();
@@ -75,6 +77,24 @@ TEST_CASE("tiny MoE on the demo corpus: the loss falls, the experts end balanced
     }
   }
   for (double m : recent_max) CHECK(m < 3.0);
+  // Balance you can see: TensorBoard's MoE scalars, the report's heat map, and explain
+  // calling the routing balanced (no layer flagged).
+  std::string events;
+  for (const auto& e : fs::directory_iterator(d.tmp / "runs" / "tiny-moe"))
+    if (e.path().filename().string().rfind("events.out.tfevents", 0) == 0) events += read_file(e.path());
+  CHECK_THAT(events, Contains("moe/load_balancing_loss") && Contains("moe/z_loss") &&
+                         Contains("moe/layer3/max_over_mean") && Contains("moe-vs-tokens/layer0/min_over_mean"));
+  CHECK(events.find("/dropped") == std::string::npos);  // dropless
+  auto page = d.mtnlg("report runs/tiny-moe");
+  INFO(page.out);
+  CHECK(page.exit_code == 0);
+  const std::string html = read_file(d.tmp / "runs" / "tiny-moe" / "report.html");
+  CHECK_THAT(html, Contains("class=\"plot moe-heat\"") && Contains(">layer 3<") && Contains("MoE losses"));
+  auto why = d.mtnlg("report --explain runs/tiny-moe");
+  INFO(why.out);
+  CHECK(why.exit_code == 0);
+  CHECK_THAT(why.out, Contains("expert routing: 4 MoE layer(s) of 8 experts, top-2") && Contains("  balanced: "));
+  CHECK(why.out.find("routing collapsed") == std::string::npos);
   // What MoE training does not do yet: exit 2 naming the key, before any step.
   const std::string base = std::string("train recipes/tiny-moe.yaml") + kShape + " --set training.train_iters=1";
   for (const auto& [set, key] : std::vector<std::pair<std::string, std::string>>{

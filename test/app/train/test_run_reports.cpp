@@ -86,3 +86,38 @@ TEST_CASE("train banner: the family with its switches and the FLOP formula", "[e
   CHECK(llama.out.find("model FLOPs 12*B*s*l*h^2*((1+G/H+s/h)*H*D/h+3/2*F/h+V/(2*l*h)) with H 4, G 2, D 8, F 80 per "
                        "iteration") != std::string::npos);
 }
+
+TEST_CASE("run reports: an MoE step's log part and TensorBoard scalars", "[reports]") {
+  app::IterationStats s;
+  CHECK(app::moe_log_part(s, false).empty());  // dense
+  CHECK(app::moe_tensorboard_scalars(s, true).empty());
+  s.moe = true;
+  s.moe_aux_loss = 1.25;
+  s.moe_z_loss = 3.5;
+  for (int64_t layer : {1, 3, 11}) {
+    app::IterationStats::MoeLayerLoad l;
+    l.layer = layer;
+    l.tokens = {10, 20, 30, 40};
+    l.min_over_mean = layer == 3 ? 0.1 : 0.4;
+    l.max_over_mean = layer == 11 ? 3.5 : 1.6;
+    l.dropped = layer;
+    s.moe_layers.push_back(l);
+  }
+  CHECK(app::moe_log_part(s, false) ==
+        " | load balancing loss: 1.250000E+00 | z loss: 3.500000E+00 | expert load max/mean: 3.50 (layer 11), "
+        "min/mean: 0.10 (layer 3)");
+  CHECK(app::moe_log_part(s, true).ends_with("min/mean: 0.10 (layer 3) | dropped slots: 15"));
+  auto tb = app::moe_tensorboard_scalars(s, false);
+  CHECK(tb.size() == 2 + 3 * 2);
+  CHECK(tb.at("load_balancing_loss") == 1.25);
+  CHECK(tb.at("z_loss") == 3.5);
+  CHECK(tb.at("layer03/min_over_mean") == 0.1);  // padded to the widest layer index
+  CHECK(tb.at("layer11/max_over_mean") == 3.5);
+  CHECK(tb.count("layer01/dropped") == 0);
+  tb = app::moe_tensorboard_scalars(s, true);
+  CHECK(tb.at("layer01/dropped") == 1);
+  s.moe_aux_loss = -1;  // balancing off
+  s.moe_z_loss = -1;
+  CHECK(app::moe_tensorboard_scalars(s, false).count("load_balancing_loss") == 0);
+  CHECK(app::moe_log_part(s, false).starts_with(" | expert load max/mean: 3.50 (layer 11)"));
+}
