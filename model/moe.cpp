@@ -4,6 +4,8 @@
 #include <chrono>
 #include <cstring>
 #include <optional>
+#include <tuple>
+#include <utility>
 
 #include "core/error.hpp"
 #include "core/ops.hpp"
@@ -88,6 +90,18 @@ void swap_rows(parallel::Communicator& ep, const Tensor& in, const std::vector<i
   const Timed t(t_moe_times.exchange);
   ep.all_to_all_v(in.raw(), times(send, width), out.raw(), times(recv, width), in.dtype());
 }
+// Rows x [n, H] and their routing weights (or their gradients) w [n, 1] swapped with the
+// ep peers: `send` rows to each, `recv` rows from each, into new tensors.
+std::pair<Tensor, Tensor> swap_weighted_rows(parallel::Communicator& ep, const Tensor& x, const Tensor& w,
+                                             const std::vector<int64_t>& send, const std::vector<int64_t>& recv) {
+  int64_t n = 0;
+  for (int64_t c : recv) n += c;
+  Tensor xo = empty_like_rows(n, x.dim(1), x), wo = empty_like_rows(n, 1, w);
+  swap_rows(ep, x, send, xo, recv, x.dim(1));
+  swap_rows(ep, w, send, wo, recv, 1);
+  return {xo, wo};
+}
+
 void timed_permute(Tensor& out, const Tensor& x, const ops::MoeDispatch& d) {
   const Timed t(t_moe_times.dispatch);
   ops::moe_permute(out, x, d);
@@ -213,12 +227,7 @@ void MoeMlp::exchange_forward(Tensor& out, MoeActs& a, const Tensor& in, const M
   int64_t R = 0;
   for (int64_t c : a.received) R += c;
   Tensor xr = xs, wr = ws;
-  if (groups.ep) {
-    xr = empty_like_rows(R, H, in);
-    wr = empty_like_rows(R, 1, in);
-    swap_rows(*groups.ep, xs, a.sent, xr, a.received, H);
-    swap_rows(*groups.ep, ws, a.sent, wr, a.received, 1);
-  }
+  if (groups.ep) std::tie(xr, wr) = swap_weighted_rows(*groups.ep, xs, ws, a.sent, a.received);
   // Each received row's local expert, in (peer, expert, token) order.
   Tensor idx = Tensor::empty({R, 1}, DType::i32, Device::cpu);
   for (size_t e = 0, r = 0; e < theirs.size(); ++e)
@@ -419,12 +428,7 @@ void MoeMlp::exchange_backward(Tensor& din, Tensor& dprobs, const Tensor& dout, 
   const Timed combine(t_moe_times.dispatch);
   Tensor dxr = groups.etp ? sum_pooled(dxg, a.pooled, H) : dxg, dwr = groups.etp ? sum_pooled(dwg, a.pooled, 1) : dwg;
   Tensor dxs = dxr, dws = dwr;
-  if (groups.ep) {
-    dxs = empty_like_rows(rows, H, dout);
-    dws = empty_like_rows(rows, 1, dout);
-    swap_rows(*groups.ep, dxr, a.received, dxs, a.sent, H);
-    swap_rows(*groups.ep, dwr, a.received, dws, a.sent, 1);
-  }
+  if (groups.ep) std::tie(dxs, dws) = swap_weighted_rows(*groups.ep, dxr, dwr, a.received, a.sent);
   ops::moe_unpermute(din, dxs, a.d);
   scatter_row_weights(dprobs, dws, a.d);
 }

@@ -107,26 +107,19 @@ int64_t ExpertGrid::rank_of(int64_t stage, ExpertCoord c) const {
   return stage * stage_size_ + c.etp + etp_ * (c.ep + ep_ * c.edp);
 }
 
-std::vector<int64_t> ExpertGrid::etp_group(int64_t rank) const {
+// The ranks of `rank`'s stage that differ from its expert coordinate only along `axis`
+// (of size n), by it.
+std::vector<int64_t> ExpertGrid::along(int64_t rank, int64_t ExpertCoord::*axis, int64_t n) const {
   ExpertCoord c = coord(rank);
+  const int64_t stage = topo_.coord(rank).pp;
   std::vector<int64_t> g;
-  for (c.etp = 0; c.etp < etp_; ++c.etp) g.push_back(rank_of(topo_.coord(rank).pp, c));
+  for (c.*axis = 0; c.*axis < n; ++(c.*axis)) g.push_back(rank_of(stage, c));
   return g;
 }
 
-std::vector<int64_t> ExpertGrid::ep_group(int64_t rank) const {
-  ExpertCoord c = coord(rank);
-  std::vector<int64_t> g;
-  for (c.ep = 0; c.ep < ep_; ++c.ep) g.push_back(rank_of(topo_.coord(rank).pp, c));
-  return g;
-}
-
-std::vector<int64_t> ExpertGrid::edp_group(int64_t rank) const {
-  ExpertCoord c = coord(rank);
-  std::vector<int64_t> g;
-  for (c.edp = 0; c.edp < edp_; ++c.edp) g.push_back(rank_of(topo_.coord(rank).pp, c));
-  return g;
-}
+std::vector<int64_t> ExpertGrid::etp_group(int64_t rank) const { return along(rank, &ExpertCoord::etp, etp_); }
+std::vector<int64_t> ExpertGrid::ep_group(int64_t rank) const { return along(rank, &ExpertCoord::ep, ep_); }
+std::vector<int64_t> ExpertGrid::edp_group(int64_t rank) const { return along(rank, &ExpertCoord::edp, edp_); }
 
 std::vector<int64_t> ExpertGrid::emp_group(int64_t rank) const {
   const int64_t edp = coord(rank).edp;

@@ -93,6 +93,7 @@ class ExpertGrid {
 
  private:
   int64_t rank_of(int64_t stage, ExpertCoord c) const;
+  std::vector<int64_t> along(int64_t rank, int64_t ExpertCoord::*axis, int64_t n) const;
   Topology topo_;
   int64_t ep_, etp_, edp_, stage_size_;
 };

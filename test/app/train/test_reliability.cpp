@@ -461,21 +461,32 @@ TEST_CASE("reliability 3: stop signals save, or say that nothing was saved", "[e
   }
 }
 
-TEST_CASE("reliability 8: a rank that stops answering ends the job, named, within the collective timeout", "[mpi]") {
-  // tp2 x pp2 on 4 ranks: rank 3 (tp=1, pp=1) SIGSTOPs itself at iteration 2, so its tp
-  // peer waits in an all-reduce and a first-stage rank in a pipeline receive. With a 10 s
-  // timeout (long enough that a loaded machine's start-up never trips it) the job must
-  // end non-zero well before the 90 s guard, and the line printed names rank 3 by its
-  // coordinates (which alive rank saw it first may vary).
-  test::TempDir d("rel-watchdog");
-  const std::string cmd =
-      "MTNLG_FAULT_INJECT=rank=3:iteration=2:mode=stop MTNLG_COLLECTIVE_TIMEOUT=10 timeout --verbose -k 5 90 " +
-      test::mpirun(4) + MTNLG_BINARY + " train " + kRecipe + kSets +
-      " --set parallel.tensor_model_parallel_size=2 --set parallel.pipeline_model_parallel_size=2"
-      " --set logging.dir=" +
-      d.str();
+namespace {
+// `np` ranks training with `sets`, rank `stopped` SIGSTOPping itself at iteration 2 under a
+// 10 s collective timeout (long enough that a loaded machine's start-up never trips it):
+// the job must end non-zero well before the 90 s guard; returns its output.
+test::RunResult train_with_stopped_rank(const std::string& tag, int np, int stopped, const std::string& sets) {
+  test::TempDir d(tag);
+  const std::string cmd = fmt::format(
+                              "MTNLG_FAULT_INJECT=rank={}:iteration=2:mode=stop MTNLG_COLLECTIVE_TIMEOUT=10 "
+                              "timeout --verbose -k 5 90 ",
+                              stopped) +
+                          test::mpirun(np) + MTNLG_BINARY + " train " + kRecipe + kSets + sets +
+                          " --set logging.dir=" + d.str();
   auto r = test::run_command(cmd);
-  INFO(cmd << "\n" << r.out);
+  r.out = cmd + "\n" + r.out;
+  return r;
+}
+}  // namespace
+
+TEST_CASE("reliability 8: a rank that stops answering ends the job, named, within the collective timeout", "[mpi]") {
+  // tp2 x pp2 on 4 ranks: rank 3 (tp=1, pp=1) stops, so its tp peer waits in an all-reduce
+  // and a first-stage rank in a pipeline receive; the line printed names rank 3 by its
+  // coordinates (which alive rank saw it first may vary).
+  auto r = train_with_stopped_rank(
+      "rel-watchdog", 4, 3,
+      " --set parallel.tensor_model_parallel_size=2 --set parallel.pipeline_model_parallel_size=2");
+  INFO(r.out);
   CHECK(r.exit_code != 0);
   CHECK_THAT(r.out, !Contains("timeout: sending signal"));
   CHECK_THAT(r.out, Contains("rank 3: MTNLG_FAULT_INJECT stop at iteration 2"));
@@ -486,18 +497,13 @@ TEST_CASE("reliability 8: a rank that stops answering ends the job, named, withi
 }
 
 // The same for the experts' all-to-all: 2 ranks exchanging an MoE layer's tokens (ep 2),
-// rank 1 stopped at iteration 2: the line names it, the all-to-all and its ep group.
+// rank 1 stopped: the line names it, the all-to-all and its ep group.
 TEST_CASE("reliability 8: a rank that stops during the MoE token exchange is named with the all-to-all", "[mpi]") {
-  test::TempDir d("rel-watchdog-ep");
-  const std::string cmd =
-      "MTNLG_FAULT_INJECT=rank=1:iteration=2:mode=stop MTNLG_COLLECTIVE_TIMEOUT=10 timeout --verbose -k 5 90 " +
-      test::mpirun(2) + MTNLG_BINARY + " train " + kRecipe + kSets +
-      " --set model.num_experts=4 --set model.moe_ffn_hidden_size=24 --set model.add_bias_linear=false"
-      " --set parallel.expert_model_parallel_size=2 --set parallel.expert_tensor_parallel_size=1"
-      " --set logging.dir=" +
-      d.str();
-  auto r = test::run_command(cmd);
-  INFO(cmd << "\n" << r.out);
+  auto r = train_with_stopped_rank("rel-watchdog-ep", 2, 1,
+                                   " --set model.num_experts=4 --set model.moe_ffn_hidden_size=24"
+                                   " --set model.add_bias_linear=false --set parallel.expert_model_parallel_size=2"
+                                   " --set parallel.expert_tensor_parallel_size=1");
+  INFO(r.out);
   CHECK(r.exit_code != 0);
   CHECK_THAT(r.out, !Contains("timeout: sending signal"));
   CHECK_THAT(r.out, Contains("error: rank 1 (tp=0,pp=0,dp=1 host "));
