@@ -822,7 +822,7 @@ void Trainer::record_memory_and_traffic(IterationStats& s, int64_t reads_before,
   s.bytes_dp = g_.grad_group() ? g_.grad_group()->bytes_sent() : 0;  // over dp x cp under context parallelism
   s.bytes_cp = g_.cp ? g_.cp->bytes_sent() : 0;
   s.bytes_ep = (g_.ep ? g_.ep->bytes_sent() : 0) + (g_.etp ? g_.etp->bytes_sent() : 0);  // the experts' exchanges
-  if (g_.edp && g_.edp != g_.grad_group()) s.bytes_dp += g_.edp->bytes_sent();           // the experts' replicas
+  if (g_.edp) s.bytes_dp += g_.edp->bytes_sent();                                        // the experts' replicas
   s.host_reads = device_to_host_copies() - reads_before;
   s.host_uploads = host_to_device_copies() - uploads_before;
   log::debug("iteration {}: {} host read(s) of device memory, {} upload(s) in the step", s.iteration, s.host_reads,
