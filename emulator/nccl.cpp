@@ -48,6 +48,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "core/switches.hpp"
@@ -361,6 +362,64 @@ const Fault& nccl_fault() {
 long long g_ops_armed = 0;
 long long g_inits = 0;
 
+// An operation checked and waiting for its stream: alone, or with the others of an
+// ncclGroupStart/End group, which NCCL issues together.
+struct Pending {
+  CommOp proto;
+  std::string name, label;
+  cudaStream_t stream;
+  std::vector<MemoryUse> uses;
+};
+int g_group_depth = 0;
+std::vector<Pending> g_group;
+
+// One stream op for a list of operations (one, or an NCCL group: a rank's sends and
+// receives to its peers must all be posted before any is waited on, or two ranks whose
+// sends wait for the other's receive never finish). Each operation takes its place in its
+// communicator's order when queued to run (a captured op takes none until a graph launch
+// queues it, and one each time), and each execution has its own buffers and requests.
+void enqueue_group(std::vector<Pending> ops) {
+  Op o;
+  o.name = ops.size() == 1 ? ops[0].label
+                           : fmt_str("ncclGroup of %zu operations: %s, ...", ops.size(), ops[0].label.c_str());
+  o.communication = true;
+  for (Pending& p : ops) {
+    if (p.stream != ops[0].stream)
+      fatal("an NCCL group with operations on different streams is not modelled by the emulator");
+    for (MemoryUse& u : p.uses) o.uses.push_back(std::move(u));
+  }
+  std::vector<std::pair<CommOp, std::string>> protos;
+  for (const Pending& p : ops) protos.emplace_back(p.proto, p.name);
+  o.arm = [protos] {
+    std::vector<std::shared_ptr<CommOp>> cops;
+    for (const auto& [proto, name] : protos) {
+      if (proto.comm->destroyed)
+        fatal(fmt_str("%s replayed (cudaGraphLaunch) on a destroyed communicator", name.c_str()));
+      auto cop = std::make_shared<CommOp>(proto);
+      cop->seq = proto.comm->enqueued++;
+      const Fault& f = nccl_fault();
+      if (f.rank >= 0 && ++g_ops_armed == f.op && f.rank == world_rank()) {
+        std::fprintf(stderr,
+                     "mtnlg cuda-emulator: MTNLG_EMU_NCCL_FAULT: %s (operation %lld of this process) fails with %s\n",
+                     name.c_str(), f.op, ncclGetErrorString(f.error));
+        std::fflush(stderr);
+        proto.comm->async_error.store(f.error);
+      }
+      cops.push_back(std::move(cop));
+    }
+    auto done = std::make_shared<std::vector<bool>>(cops.size(), false);
+    return std::function<bool()>([cops, done] {
+      bool all = true;  // every operation stepped in order, each posting as soon as its turn comes
+      for (size_t i = 0; i < cops.size(); ++i) {
+        if (!(*done)[i]) (*done)[i] = cops[i]->step();
+        all = all && (*done)[i];
+      }
+      return all;
+    });
+  };
+  enqueue(ops[0].stream, std::move(o));
+}
+
 ncclResult_t enqueue_op(Kind kind, ncclComm_t comm, const void* in, void* out, size_t count, ncclDataType_t type,
                         ncclRedOp_t op, int peer, cudaStream_t stream) {
   if (ncclResult_t r = check_comm(comm, kind_name(kind)); r != ncclSuccess) return r;
@@ -407,34 +466,20 @@ ncclResult_t enqueue_op(Kind kind, ncclComm_t comm, const void* in, void* out, s
   proto.type = type;
   proto.op = op;
   proto.peer = peer;
-  Op o;
-  o.name =
+  const std::string label =
       fmt_str("%s (%zu x %d bytes, rank %d of %d)", name.c_str(), count, int(type_bytes(type)), comm->rank, comm->size);
-  o.communication = true;
-  // Armed when queued to run: its place in the communicator's order is taken then (a
-  // captured op takes none until a graph launch queues it, and one each time), and each
-  // execution has its own buffers and request.
-  o.arm = [proto, name] {
-    if (proto.comm->destroyed)
-      fatal(fmt_str("%s replayed (cudaGraphLaunch) on a destroyed communicator", name.c_str()));
-    auto cop = std::make_shared<CommOp>(proto);
-    cop->seq = proto.comm->enqueued++;
-    const Fault& f = nccl_fault();
-    if (f.rank >= 0 && ++g_ops_armed == f.op && f.rank == world_rank()) {
-      std::fprintf(stderr,
-                   "mtnlg cuda-emulator: MTNLG_EMU_NCCL_FAULT: %s (operation %lld of this process) fails with %s\n",
-                   name.c_str(), f.op, ncclGetErrorString(f.error));
-      std::fflush(stderr);
-      proto.comm->async_error.store(f.error);
-    }
-    return std::function<bool()>([cop] { return cop->step(); });
-  };
-  enqueue(stream, std::move(o));
+  Pending mine{proto, name, label, stream, uses.take()};
+  if (g_group_depth > 0) {  // issued together at ncclGroupEnd
+    g_group.push_back(std::move(mine));
+    return ncclSuccess;
+  }
+  std::vector<Pending> one;
+  one.push_back(std::move(mine));
+  enqueue_group(std::move(one));
   return ncclSuccess;
 }
 
 int g_id_counter = 0;
-int g_group_depth = 0;
 
 }  // namespace
 }  // namespace mtnlg::emu
@@ -697,15 +742,17 @@ ncclResult_t ncclRecv(void* out, size_t count, ncclDataType_t t, int peer, ncclC
   return enqueue_op(Kind::recv, comm, nullptr, out, count, t, ncclSum, peer, s);
 }
 
-// Groups: every op posts nonblocking MPI calls, so the operations of a group can never
-// deadlock on each other; the calls only check that groups nest.
+// Groups: the operations between ncclGroupStart and the outermost ncclGroupEnd are queued
+// as one stream op that posts them all (nonblocking MPI calls) before waiting on any, as
+// NCCL issues a group together: a rank's send and receive to the same peers cannot
+// deadlock on each other.
 ncclResult_t ncclGroupStart() {
   ++g_group_depth;
   return ncclSuccess;
 }
 ncclResult_t ncclGroupEnd() {
   if (g_group_depth == 0) return nccl_fail(ncclInvalidUsage, "ncclGroupEnd without ncclGroupStart");
-  --g_group_depth;
+  if (--g_group_depth == 0 && !g_group.empty()) enqueue_group(std::exchange(g_group, {}));
   return ncclSuccess;
 }
 
