@@ -21,6 +21,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -727,6 +728,98 @@ cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperat
   check_extents(call, call.beta != 0.0f);
   enqueue(h->stream, Op{"cublasGemmEx", [call] {
                           execute(call);
+                          return true;
+                        }});
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+// cublasGemmGroupedBatchedEx as cuBLAS 12.5+ documents it: group i's group_size[i]
+// problems share transa/transb, m, n, k, the leading dimensions, alpha and beta; the
+// dimension, leading-dimension, scale and group-size arrays are host memory (group_count
+// long), the matrix pointer arrays device memory (problem_count long), read when the
+// stream runs. Accepted types: CUBLAS_COMPUTE_32F with f32 scale and A = B = C of bf16,
+// f16 or f32 (no wider output for 16-bit inputs), anything else NOT_SUPPORTED; the
+// documented INVALID_VALUE cases; 16-bit matrices aligned as documented (16 bytes when a
+// column of k elements is a multiple of 16 bytes, 4 when of 4), which on a GPU is a
+// misaligned-address fault at run time and here a fatal error.
+cublasStatus_t cublasGemmGroupedBatchedEx(cublasHandle_t h, const cublasOperation_t transa_array[],
+                                          const cublasOperation_t transb_array[], const int m_array[],
+                                          const int n_array[], const int k_array[], const void* alpha_array,
+                                          const void* const Aarray[], cudaDataType_t Atype, const int lda_array[],
+                                          const void* const Barray[], cudaDataType_t Btype, const int ldb_array[],
+                                          const void* beta_array, void* const Carray[], cudaDataType_t Ctype,
+                                          const int ldc_array[], int group_count, const int group_size[],
+                                          cublasComputeType_t compute) {
+  if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
+  const void* host_arrays[] = {transa_array, transb_array, m_array,    n_array,   k_array,   alpha_array,
+                               lda_array,    ldb_array,    beta_array, ldc_array, group_size};
+  for (const void* a : host_arrays)
+    if (!a) return CUBLAS_STATUS_INVALID_VALUE;
+  if (group_count < 0) return CUBLAS_STATUS_INVALID_VALUE;
+  for (const void* a : host_arrays)
+    if (is_device_pointer(a))
+      fatal(
+          "cublasGemmGroupedBatchedEx: a dimension, scale or group-size array is in device memory (they are "
+          "host arrays; only Aarray, Barray and Carray are device memory)");
+  if (compute != CUBLAS_COMPUTE_32F || Atype != Btype || Btype != Ctype ||
+      (Atype != CUDA_R_32F && Atype != CUDA_R_16BF && Atype != CUDA_R_16F))
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  int64_t problems = 0;
+  for (int g = 0; g < group_count; ++g) {
+    const cublasOperation_t ta = transa_array[g], tb = transb_array[g];
+    const int m = m_array[g], n = n_array[g], k = k_array[g];
+    if (m < 0 || n < 0 || k < 0 || group_size[g] < 0) return CUBLAS_STATUS_INVALID_VALUE;
+    for (cublasOperation_t t : {ta, tb})
+      if (t != CUBLAS_OP_N && t != CUBLAS_OP_T && t != CUBLAS_OP_C) return CUBLAS_STATUS_INVALID_VALUE;
+    if (lda_array[g] < std::max(1, ta == CUBLAS_OP_N ? m : k) ||
+        ldb_array[g] < std::max(1, tb == CUBLAS_OP_N ? k : n) || ldc_array[g] < std::max(1, m))
+      return CUBLAS_STATUS_INVALID_VALUE;
+    problems += group_size[g];
+  }
+  if (problems == 0) return CUBLAS_STATUS_SUCCESS;
+  for (const void* arr :
+       {static_cast<const void*>(Aarray), static_cast<const void*>(Barray), static_cast<const void*>(Carray)})
+    check_device_range(arr, sizeof(void*) * static_cast<size_t>(problems),
+                       "cublasGemmGroupedBatchedEx: a matrix pointer array (device memory, problem_count long)");
+  // One call per problem, as the documentation's equivalent loop; the pointers are read
+  // from device memory when the stream gets there.
+  std::vector<MatmulCall> calls;
+  for (int g = 0; g < group_count; ++g)
+    for (int j = 0; j < group_size[g]; ++j) {
+      MatmulCall call;
+      call.d.ta = transa_array[g] == CUBLAS_OP_N ? CUBLAS_OP_N : CUBLAS_OP_T;
+      call.d.tb = transb_array[g] == CUBLAS_OP_N ? CUBLAS_OP_N : CUBLAS_OP_T;
+      const auto m = static_cast<uint64_t>(m_array[g]), n = static_cast<uint64_t>(n_array[g]),
+                 k = static_cast<uint64_t>(k_array[g]);
+      call.a.type = Atype, call.a.rows = call.d.ta == CUBLAS_OP_T ? k : m,
+      call.a.cols = call.d.ta == CUBLAS_OP_T ? m : k;
+      call.b.type = Btype, call.b.rows = call.d.tb == CUBLAS_OP_T ? n : k,
+      call.b.cols = call.d.tb == CUBLAS_OP_T ? k : n;
+      call.c.type = Ctype, call.c.rows = m, call.c.cols = n;
+      call.a.ld = lda_array[g], call.b.ld = ldb_array[g], call.c.ld = ldc_array[g];
+      call.dd = call.c;
+      call.alpha = static_cast<const float*>(alpha_array)[g];
+      call.beta = static_cast<const float*>(beta_array)[g];
+      calls.push_back(call);
+    }
+  const size_t esize = type_bytes(Atype);
+  enqueue(h->stream, Op{"cublasGemmGroupedBatchedEx", [calls, Aarray, Barray, Carray, esize]() mutable {
+                          for (size_t i = 0; i < calls.size(); ++i) {
+                            MatmulCall& c = calls[i];
+                            c.A = Aarray[i], c.B = Barray[i], c.C = Carray[i], c.D = Carray[i];
+                            if (esize < 4) {
+                              const uint64_t k = c.d.ta == CUBLAS_OP_T ? c.a.rows : c.a.cols;
+                              const uintptr_t need = (k * esize) % 16 == 0 ? 16 : (k * esize) % 4 == 0 ? 4 : 1;
+                              for (const void* p : {c.A, c.B, static_cast<const void*>(c.D)})
+                                if (reinterpret_cast<uintptr_t>(p) % need != 0)
+                                  fatal(
+                                      fmt_str("cublasGemmGroupedBatchedEx: problem %zu's matrix at %p is not "
+                                              "%zu-byte aligned (misaligned address on a GPU)",
+                                              i, p, size_t(need)));
+                            }
+                            check_extents(c, c.beta != 0.0f);
+                            if (c.dd.rows > 0 && c.dd.cols > 0) execute(c);
+                          }
                           return true;
                         }});
   return CUBLAS_STATUS_SUCCESS;
