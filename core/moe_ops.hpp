@@ -42,9 +42,10 @@ struct MoeDispatch {
   int64_t rows = 0;             // sum of counts
   std::vector<int64_t> counts;  // rows per expert, padding included
   std::vector<int64_t> tokens;  // routed (kept) slots per expert, before padding
-  Tensor row_src;               // i32 [rows]: the token of each row; -1 for padding
-  Tensor row_slot;              // i32 [rows]: the slot of each row; -1 for padding
-  Tensor slot_row;              // i32 [N*k]: the row of each slot; -1 when dropped
+  // On the device of the routing choices (made on the host, uploaded for CUDA's kernels).
+  Tensor row_src;   // i32 [rows]: the token of each row; -1 for padding
+  Tensor row_slot;  // i32 [rows]: the slot of each row; -1 for padding
+  Tensor slot_row;  // i32 [N*k]: the row of each slot; -1 when dropped
 
   int64_t offset(int64_t e) const {
     int64_t o = 0;
@@ -54,10 +55,13 @@ struct MoeDispatch {
 };
 
 // ---- mixture of experts (core/ops/moe.cpp; docs/specs/moe.md) --------------------------------
-// The CPU reference of the MoE layer's pieces, in f32 or f64 (no CUDA kernel yet: CUDA
-// tensors are a RuntimeError). N tokens (rows), E experts, top-k, H hidden, groups of
+// The MoE layer's pieces: the CPU reference in f32 or f64, and CUDA (core/cuda/moe.cu:
+// the router's side in f32, the rows in f32, bf16 or f16; the experts' GEMMs through
+// cuBLAS's grouped GEMM). N tokens (rows), E experts, top-k, H hidden, groups of
 // contiguous rows for the per-sequence loss. Every sum runs in a fixed order (row, then
-// slot, then expert), so results do not depend on threads.
+// slot, then expert), so results do not depend on threads. The dispatch plan and the
+// capacity are computed on the host for both devices (CUDA's choices are copied over:
+// the plan's sizes decide the launches and allocations that follow).
 //
 // The router's gating in its own dtype: logits[N, E] = x[N, H] @ w[E, H]^T computed in the
 // dtype of `logits` (x and w converted to it, Megatron-Core's moe_router_dtype).

@@ -4,14 +4,19 @@
 // the z-loss, capacity, the permutation of tokens by expert and its inverse, the routing
 // weight on each expert row, the experts as a grouped GEMM, the expert-bias update and the
 // shared expert's sigmoid gate. f32 or f64 tensors; every reduction runs in double in a
-// fixed order (row, slot, expert), so a result never depends on the thread count. No CUDA
-// kernel yet: CUDA tensors are a RuntimeError.
+// fixed order (row, slot, expert), so a result never depends on the thread count. CUDA
+// tensors go to core/cuda/moe.cu (after the shape checks here, which both devices share;
+// the CUDA entry checks its own dtypes); the dispatch plan and the capacity are made here,
+// on the host, for both devices: their sizes decide the launches that follow.
 #include <algorithm>
 #include <cmath>
 #include <memory>
 #include <numeric>
 
 #include "core/moe_ops.hpp"
+#ifdef MTNLG_HAVE_CUDA
+#include "core/cuda/moe_cuda.hpp"
+#endif
 #include "core/ops.hpp"
 #include "core/ops/common.hpp"
 
@@ -21,15 +26,32 @@ using namespace detail;
 
 namespace {
 
-// Shape and dtype checks shared by every entry: the tensors live on the CPU.
-void cpu_only(const char* op, std::initializer_list<const Tensor*> ts) {
-  if (same_device(op, ts)) throw_runtime("{}: no CUDA kernel yet (the MoE ops run on the CPU)", op);
-}
+// Shape and dtype checks shared by every entry. The dtype checks are the CPU kernels'
+// (f32 or f64, one dtype per call); CUDA tensors' dtypes are checked by core/cuda/moe.cu
+// (the router's side f32, the rows f32, bf16 or f16).
 void float_dtype(const char* op, const char* name, const Tensor& t) {
+  if (t.device() == Device::cuda) return;
   if (t.dtype() != DType::f32 && t.dtype() != DType::f64)
     throw_runtime("{}: {} must be f32 or f64, got {}", op, name, to_string(t.dtype()));
 }
+// The rows' tensors (tokens, expert activations, the shared expert's gate): f32 or f64, or
+// bf16/f16 storage (f32 arithmetic on widened copies, one rounding per stored value).
+void data_dtype(const char* op, const char* name, const Tensor& t) {
+  if (t.device() == Device::cuda) return;
+  if (t.dtype() != DType::f32 && t.dtype() != DType::f64 && !is_low(t.dtype()))
+    throw_runtime("{}: {} must be f32, f64, bf16 or f16, got {}", op, name, to_string(t.dtype()));
+}
+// A routing weight tensor beside rows of `act`'s dtype: the same dtype when that is wide,
+// f32 (the router's) for bf16/f16 rows.
+void weight_dtype(const char* op, const char* name, const Tensor& t, const Tensor& act) {
+  if (t.device() == Device::cuda) return;
+  const DType want = is_low(act.dtype()) ? DType::f32 : act.dtype();
+  if (t.dtype() != want)
+    throw_runtime("{}: {} is {}, expected {} (the routing weights are wide: f32 beside bf16/f16 rows)", op, name,
+                  to_string(t.dtype()), to_string(want));
+}
 void same_dtype(const char* op, const char* name, const Tensor& t, DType dt) {
+  if (t.device() == Device::cuda) return;
   if (t.dtype() != dt)
     throw_runtime("{}: {} is {}, expected {} (the dtype of the logits/activations)", op, name, to_string(t.dtype()),
                   to_string(dt));
@@ -187,7 +209,7 @@ namespace {
 // t in dtype dt: itself, or a converted copy.
 Tensor in_dtype(const Tensor& t, DType dt) {
   if (t.dtype() == dt) return t;
-  Tensor c = Tensor::empty(t.shape(), dt);
+  Tensor c = Tensor::empty(t.shape(), dt, t.device());
   convert(c, t);
   return c;
 }
@@ -195,18 +217,18 @@ Tensor in_dtype(const Tensor& t, DType dt) {
 
 void moe_router_logits_forward(Tensor& logits, const Tensor& x, const Tensor& w) {
   const char* op = "moe_router_logits_forward";
-  cpu_only(op, {&logits, &x, &w});
+  (void)same_device(op, {&logits, &x, &w});  // composed: either device
   float_dtype(op, "logits", logits);
   matmul_forward(logits, in_dtype(x, logits.dtype()), in_dtype(w, logits.dtype()), nullptr);
 }
 
 void moe_router_logits_backward(Tensor& dx, Tensor& dw, const Tensor& dlogits, const Tensor& x, const Tensor& w) {
   const char* op = "moe_router_logits_backward";
-  cpu_only(op, {&dx, &dw, &dlogits, &x, &w});
+  (void)same_device(op, {&dx, &dw, &dlogits, &x, &w});
   float_dtype(op, "dlogits", dlogits);
   const DType rd = dlogits.dtype();
   // dx is written and dw accumulates: in the router's dtype, then converted back.
-  Tensor dx_r = dx.dtype() == rd ? dx : Tensor::empty(dx.shape(), rd);
+  Tensor dx_r = dx.dtype() == rd ? dx : Tensor::empty(dx.shape(), rd, dx.device());
   Tensor dw_r = in_dtype(dw, rd);
   matmul_backward(&dx_r, &dw_r, nullptr, dlogits, in_dtype(x, rd), in_dtype(w, rd));
   if (dx.dtype() != rd) convert(dx, dx_r);
@@ -218,7 +240,7 @@ void moe_router_logits_backward(Tensor& dx, Tensor& dw, const Tensor& dlogits, c
 void moe_topk_forward(Tensor& probs, Tensor& idx, const Tensor& logits, const Tensor* expert_bias,
                       const RouterParams& p) {
   const char* op = "moe_topk_forward";
-  cpu_only(op, {&probs, &idx, &logits, expert_bias});
+  const bool cuda = same_device(op, {&probs, &idx, &logits, expert_bias});
   float_dtype(op, "logits", logits);
   same_dtype(op, "probs", probs, logits.dtype());
   expect_i32(op, "idx", idx);
@@ -230,6 +252,7 @@ void moe_topk_forward(Tensor& probs, Tensor& idx, const Tensor& logits, const Te
   expect_numel(op, "idx", idx, N * k);
   const bool has_bias = expert_bias && expert_bias->defined();
   if (has_bias) expect_numel(op, "expert_bias", *expert_bias, E);
+  MTNLG_CUDA_DISPATCH(cuda, moe_topk_forward(probs, idx, logits, expert_bias, p));
   std::vector<double> bias(static_cast<size_t>(has_bias ? E : 0));
   if (has_bias) load_row(*expert_bias, 0, E, bias.data());
 #pragma omp parallel for schedule(static)
@@ -244,7 +267,7 @@ void moe_topk_forward(Tensor& probs, Tensor& idx, const Tensor& logits, const Te
 void moe_topk_backward(Tensor& dlogits, const Tensor& dprobs, const Tensor& logits, const Tensor& idx,
                        const RouterParams& p) {
   const char* op = "moe_topk_backward";
-  cpu_only(op, {&dlogits, &dprobs, &logits, &idx});
+  const bool cuda = same_device(op, {&dlogits, &dprobs, &logits, &idx});
   float_dtype(op, "logits", logits);
   same_dtype(op, "dlogits", dlogits, logits.dtype());
   same_dtype(op, "dprobs", dprobs, logits.dtype());
@@ -256,6 +279,7 @@ void moe_topk_backward(Tensor& dlogits, const Tensor& dprobs, const Tensor& logi
   expect_numel(op, "dlogits", dlogits, N * E);
   expect_numel(op, "dprobs", dprobs, N * k);
   expect_numel(op, "idx", idx, N * k);
+  MTNLG_CUDA_DISPATCH(cuda, moe_topk_backward(dlogits, dprobs, logits, idx, p));
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
     std::vector<double> l(static_cast<size_t>(E)), g(static_cast<size_t>(k)), dl(static_cast<size_t>(E));
@@ -285,7 +309,7 @@ void check_groups(const char* op, int64_t N, int64_t groups) {
 void moe_aux_scores_forward(Tensor& scores, Tensor& counts, const Tensor& logits, RouterScore score, int64_t topk,
                             int64_t groups) {
   const char* op = "moe_aux_scores_forward";
-  cpu_only(op, {&scores, &counts, &logits});
+  const bool cuda = same_device(op, {&scores, &counts, &logits});
   float_dtype(op, "logits", logits);
   same_dtype(op, "scores", scores, logits.dtype());
   float_dtype(op, "counts", counts);
@@ -295,6 +319,7 @@ void moe_aux_scores_forward(Tensor& scores, Tensor& counts, const Tensor& logits
   if (topk < 1 || topk > E) throw_runtime("{}: topk {} must be in [1, {}]", op, topk, E);
   expect_numel(op, "scores", scores, N * E);
   expect_numel(op, "counts", counts, groups * E);
+  MTNLG_CUDA_DISPATCH(cuda, moe_aux_scores_forward(scores, counts, logits, score, topk, groups));
   std::vector<int32_t> chosen(static_cast<size_t>(N * topk));
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
@@ -313,7 +338,7 @@ void moe_aux_scores_forward(Tensor& scores, Tensor& counts, const Tensor& logits
 
 void moe_aux_scores_backward(Tensor& dlogits, const Tensor& dscores, const Tensor& logits, RouterScore score) {
   const char* op = "moe_aux_scores_backward";
-  cpu_only(op, {&dlogits, &dscores, &logits});
+  const bool cuda = same_device(op, {&dlogits, &dscores, &logits});
   float_dtype(op, "logits", logits);
   same_dtype(op, "dlogits", dlogits, logits.dtype());
   same_dtype(op, "dscores", dscores, logits.dtype());
@@ -321,6 +346,7 @@ void moe_aux_scores_backward(Tensor& dlogits, const Tensor& dscores, const Tenso
   rows_cols(op, "logits", logits, N, E);
   expect_numel(op, "dlogits", dlogits, N * E);
   expect_numel(op, "dscores", dscores, N * E);
+  MTNLG_CUDA_DISPATCH(cuda, moe_aux_scores_backward(dlogits, dscores, logits, score));
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
     std::vector<double> l(static_cast<size_t>(E)), d(static_cast<size_t>(E)), s(static_cast<size_t>(E));
@@ -345,22 +371,25 @@ void moe_aux_scores_backward(Tensor& dlogits, const Tensor& dscores, const Tenso
 }
 
 namespace {
-void check_aux(const char* op, const Tensor& scores, const Tensor& counts, int64_t groups, double total_tokens,
+// True when the tensors are on CUDA.
+bool check_aux(const char* op, const Tensor& scores, const Tensor& counts, int64_t groups, double total_tokens,
                int64_t topk, int64_t& N, int64_t& E) {
-  cpu_only(op, {&scores, &counts});
+  const bool cuda = same_device(op, {&scores, &counts});
   float_dtype(op, "scores", scores);
   float_dtype(op, "counts", counts);
   rows_cols(op, "scores", scores, N, E);
   check_groups(op, N, groups);
   expect_numel(op, "counts", counts, groups * E);
   if (!(total_tokens > 0) || topk < 1) throw_runtime("{}: total_tokens and topk must be positive", op);
+  return cuda;
 }
 }  // namespace
 
 double moe_aux_loss_forward(const Tensor& scores, const Tensor& counts, int64_t groups, double total_tokens,
                             int64_t topk, double coeff) {
   int64_t N, E;
-  check_aux("moe_aux_loss_forward", scores, counts, groups, total_tokens, topk, N, E);
+  const bool cuda = check_aux("moe_aux_loss_forward", scores, counts, groups, total_tokens, topk, N, E);
+  MTNLG_CUDA_DISPATCH(cuda, moe_aux_loss_forward(scores, counts, groups, total_tokens, topk, coeff));
   const int64_t per = N / groups;
   double loss = 0;
   for (int64_t g = 0; g < groups; ++g) {
@@ -376,7 +405,8 @@ double moe_aux_loss_forward(const Tensor& scores, const Tensor& counts, int64_t 
 void moe_aux_loss_backward(Tensor& dscores, const Tensor& counts, int64_t groups, double total_tokens, int64_t topk,
                            double coeff, double dloss) {
   int64_t N, E;
-  check_aux("moe_aux_loss_backward", dscores, counts, groups, total_tokens, topk, N, E);
+  const bool cuda = check_aux("moe_aux_loss_backward", dscores, counts, groups, total_tokens, topk, N, E);
+  MTNLG_CUDA_DISPATCH(cuda, moe_aux_loss_backward(dscores, counts, groups, total_tokens, topk, coeff, dloss));
   const double f = dloss * coeff * static_cast<double>(E) / (static_cast<double>(topk) * total_tokens * total_tokens) /
                    static_cast<double>(groups);
   const int64_t per = N / groups;
@@ -401,11 +431,12 @@ std::vector<double> row_lse(const Tensor& logits, int64_t N, int64_t E) {
 
 double moe_z_loss_forward(const Tensor& logits, double coeff) {
   const char* op = "moe_z_loss_forward";
-  cpu_only(op, {&logits});
+  const bool cuda = same_device(op, {&logits});
   float_dtype(op, "logits", logits);
   int64_t N, E;
   rows_cols(op, "logits", logits, N, E);
   if (N == 0) return 0;
+  MTNLG_CUDA_DISPATCH(cuda, moe_z_loss_forward(logits, coeff));
   double s = 0;
   for (double v : row_lse(logits, N, E)) s += v * v;
   return coeff * s / static_cast<double>(N);
@@ -413,12 +444,13 @@ double moe_z_loss_forward(const Tensor& logits, double coeff) {
 
 void moe_z_loss_backward(Tensor& dlogits, const Tensor& logits, double coeff, double dloss) {
   const char* op = "moe_z_loss_backward";
-  cpu_only(op, {&dlogits, &logits});
+  const bool cuda = same_device(op, {&dlogits, &logits});
   float_dtype(op, "logits", logits);
   same_dtype(op, "dlogits", dlogits, logits.dtype());
   int64_t N, E;
   rows_cols(op, "logits", logits, N, E);
   expect_numel(op, "dlogits", dlogits, N * E);
+  MTNLG_CUDA_DISPATCH(cuda, moe_z_loss_backward(dlogits, logits, coeff, dloss));
   const std::vector<double> lse = row_lse(logits, N, E);
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
@@ -441,7 +473,13 @@ int64_t moe_capacity(int64_t tokens, int64_t num_experts, int64_t topk, double f
 int64_t moe_apply_capacity(Tensor& keep, const Tensor& probs, const Tensor& idx, int64_t num_experts, int64_t capacity,
                            DropPolicy policy) {
   const char* op = "moe_apply_capacity";
-  cpu_only(op, {&keep, &probs, &idx});
+  if (same_device(op, {&keep, &probs, &idx})) {  // on the host: a sort per expert
+    Tensor kh = Tensor::empty(keep.shape(), DType::i32);
+    const int64_t dropped =
+        moe_apply_capacity(kh, probs.to(Device::cpu), idx.to(Device::cpu), num_experts, capacity, policy);
+    keep.copy_from(kh);
+    return dropped;
+  }
   expect_i32(op, "keep", keep);
   expect_i32(op, "idx", idx);
   float_dtype(op, "probs", probs);
@@ -470,7 +508,12 @@ int64_t moe_apply_capacity(Tensor& keep, const Tensor& probs, const Tensor& idx,
 
 MoeDispatch moe_dispatch_plan(const Tensor& idx, const Tensor* keep, int64_t num_experts, int64_t pad_to) {
   const char* op = "moe_dispatch_plan";
-  cpu_only(op, {&idx, keep});
+  if (same_device(op, {&idx, keep})) {  // the choices come to the host (one synchronisation), the plan goes back
+    const Tensor kh = keep && keep->defined() ? keep->to(Device::cpu) : Tensor();
+    MoeDispatch d = moe_dispatch_plan(idx.to(Device::cpu), kh.defined() ? &kh : nullptr, num_experts, pad_to);
+    for (Tensor* t : {&d.row_src, &d.row_slot, &d.slot_row}) *t = t->to(idx.device());
+    return d;
+  }
   expect_i32(op, "idx", idx);
   MoeDispatch d;
   rows_cols(op, "idx", idx, d.num_tokens, d.topk);
@@ -512,7 +555,7 @@ MoeDispatch moe_dispatch_plan(const Tensor& idx, const Tensor* keep, int64_t num
 
 namespace {
 void check_plan_rows(const char* op, const char* name, const Tensor& t, int64_t rows, int64_t& H) {
-  float_dtype(op, name, t);
+  data_dtype(op, name, t);
   int64_t n;
   rows_cols(op, name, t, n, H);
   if (n != rows) throw_runtime("{}: {} has {} rows, expected {}", op, name, n, rows);
@@ -521,12 +564,18 @@ void check_plan_rows(const char* op, const char* name, const Tensor& t, int64_t 
 
 void moe_permute(Tensor& out, const Tensor& x, const MoeDispatch& d) {
   const char* op = "moe_permute";
-  cpu_only(op, {&out, &x});
+  const bool cuda = same_device(op, {&out, &x});
   int64_t H, Ho;
   check_plan_rows(op, "x", x, d.num_tokens, H);
   check_plan_rows(op, "out", out, d.rows, Ho);
   same_dtype(op, "out", out, x.dtype());
   if (H != Ho) throw_runtime("{}: out width {} != x width {}", op, Ho, H);
+  MTNLG_CUDA_DISPATCH(cuda, moe_permute(out, x, d));
+  if (is_low(x.dtype())) {
+    Widened wd;
+    moe_permute(wd.out(out), wd.in(x), d);
+    return wd.store();
+  }
   const int32_t* src = i32(d.row_src);
   by_dtype(x.dtype(), [&](auto z) {  // typed pointers: at/put per element cost a dtype test and a call
     using T = decltype(z);
@@ -540,12 +589,18 @@ void moe_permute(Tensor& out, const Tensor& x, const MoeDispatch& d) {
 
 void moe_unpermute(Tensor& y, const Tensor& rows, const MoeDispatch& d) {
   const char* op = "moe_unpermute";
-  cpu_only(op, {&y, &rows});
+  const bool cuda = same_device(op, {&y, &rows});
   int64_t H, Hr;
   check_plan_rows(op, "y", y, d.num_tokens, H);
   check_plan_rows(op, "rows", rows, d.rows, Hr);
   same_dtype(op, "y", y, rows.dtype());
   if (H != Hr) throw_runtime("{}: y width {} != rows width {}", op, H, Hr);
+  MTNLG_CUDA_DISPATCH(cuda, moe_unpermute(y, rows, d));
+  if (is_low(y.dtype())) {
+    Widened wd;
+    moe_unpermute(wd.out(y), wd.in(rows), d);
+    return wd.store();
+  }
   const int32_t* sr = i32(d.slot_row);
   by_dtype(y.dtype(), [&](auto z) {
     using T = decltype(z);
@@ -564,14 +619,20 @@ void moe_unpermute(Tensor& y, const Tensor& rows, const MoeDispatch& d) {
 
 void moe_weight_rows_forward(Tensor& out, const Tensor& act, const Tensor& probs, const MoeDispatch& d) {
   const char* op = "moe_weight_rows_forward";
-  cpu_only(op, {&out, &act, &probs});
+  const bool cuda = same_device(op, {&out, &act, &probs});
   int64_t F, Fo;
   check_plan_rows(op, "act", act, d.rows, F);
   check_plan_rows(op, "out", out, d.rows, Fo);
   same_dtype(op, "out", out, act.dtype());
-  same_dtype(op, "probs", probs, act.dtype());
+  weight_dtype(op, "probs", probs, act);
   expect_numel(op, "probs", probs, d.num_tokens * d.topk);
   if (F != Fo) throw_runtime("{}: out width {} != act width {}", op, Fo, F);
+  MTNLG_CUDA_DISPATCH(cuda, moe_weight_rows_forward(out, act, probs, d));
+  if (is_low(act.dtype())) {
+    Widened wd;
+    moe_weight_rows_forward(wd.out(out), wd.in(act), probs, d);
+    return wd.store();
+  }
   const int32_t* rs = i32(d.row_slot);
   by_dtype(act.dtype(), [&](auto z) {
     using T = decltype(z);
@@ -588,17 +649,22 @@ void moe_weight_rows_forward(Tensor& out, const Tensor& act, const Tensor& probs
 void moe_weight_rows_backward(Tensor& dact, Tensor& dprobs, const Tensor& dout, const Tensor& act, const Tensor& probs,
                               const MoeDispatch& d) {
   const char* op = "moe_weight_rows_backward";
-  cpu_only(op, {&dact, &dprobs, &dout, &act, &probs});
+  const bool cuda = same_device(op, {&dact, &dprobs, &dout, &act, &probs});
   int64_t F, Fd, Fo;
   check_plan_rows(op, "act", act, d.rows, F);
   check_plan_rows(op, "dact", dact, d.rows, Fd);
   check_plan_rows(op, "dout", dout, d.rows, Fo);
-  for (const auto& [name, t] :
-       {Named{"dact", &dact}, Named{"dout", &dout}, Named{"probs", &probs}, Named{"dprobs", &dprobs}})
-    same_dtype(op, name, *t, act.dtype());
+  for (const auto& [name, t] : {Named{"dact", &dact}, Named{"dout", &dout}}) same_dtype(op, name, *t, act.dtype());
+  for (const auto& [name, t] : {Named{"probs", &probs}, Named{"dprobs", &dprobs}}) weight_dtype(op, name, *t, act);
   expect_numel(op, "probs", probs, d.num_tokens * d.topk);
   expect_numel(op, "dprobs", dprobs, d.num_tokens * d.topk);
   if (F != Fd || F != Fo) throw_runtime("{}: widths differ (act {}, dact {}, dout {})", op, F, Fd, Fo);
+  MTNLG_CUDA_DISPATCH(cuda, moe_weight_rows_backward(dact, dprobs, dout, act, probs, d));
+  if (is_low(act.dtype())) {
+    Widened wd;
+    moe_weight_rows_backward(wd.out(dact), dprobs, wd.in(dout), wd.in(act), probs, d);
+    return wd.store();
+  }
   const int32_t *rs = i32(d.row_slot), *sr = i32(d.slot_row);
   by_dtype(act.dtype(), [&](auto z) {
     using T = decltype(z);
@@ -645,13 +711,14 @@ Tensor rows_of(const Tensor& t, int64_t start, int64_t n, int64_t width) {
 void grouped_matmul_forward(Tensor& out, const Tensor& inp, const Tensor& w, const Tensor* bias,
                             const std::vector<int64_t>& counts) {
   const char* op = "grouped_matmul_forward";
-  cpu_only(op, {&out, &inp, &w, bias});
+  const bool cuda = same_device(op, {&out, &inp, &w, bias});
   int64_t E, OC, C;
   grouped_shape(op, inp, w, counts, E, OC, C);
   const int64_t rows = inp.numel() / std::max<int64_t>(C, 1);
   expect_numel(op, "out", out, rows * OC);
   const bool has_bias = bias && bias->defined();
   if (has_bias) expect_numel(op, "bias", *bias, E * OC);
+  MTNLG_CUDA_DISPATCH(cuda, grouped_matmul_forward(out, inp, w, bias, counts));
   int64_t off = 0;
   for (int64_t e = 0; e < E; ++e) {
     const int64_t n = counts[static_cast<size_t>(e)];
@@ -666,7 +733,7 @@ void grouped_matmul_forward(Tensor& out, const Tensor& inp, const Tensor& w, con
 void grouped_matmul_backward(Tensor* dinp, Tensor* dw, Tensor* dbias, const Tensor& dout, const Tensor& inp,
                              const Tensor& w, const std::vector<int64_t>& counts) {
   const char* op = "grouped_matmul_backward";
-  cpu_only(op, {dinp, dw, dbias, &dout, &inp, &w});
+  const bool cuda = same_device(op, {dinp, dw, dbias, &dout, &inp, &w});
   int64_t E, OC, C;
   grouped_shape(op, inp, w, counts, E, OC, C);
   const int64_t rows = inp.numel() / std::max<int64_t>(C, 1);
@@ -674,6 +741,7 @@ void grouped_matmul_backward(Tensor* dinp, Tensor* dw, Tensor* dbias, const Tens
   if (dinp && dinp->defined()) expect_numel(op, "dinp", *dinp, rows * C);
   if (dw && dw->defined()) expect_numel(op, "dw", *dw, E * OC * C);
   if (dbias && dbias->defined()) expect_numel(op, "dbias", *dbias, E * OC);
+  MTNLG_CUDA_DISPATCH(cuda, grouped_matmul_backward(dinp, dw, dbias, dout, inp, w, counts));
   int64_t off = 0;
   for (int64_t e = 0; e < E; ++e) {
     const int64_t n = counts[static_cast<size_t>(e)];
@@ -692,12 +760,13 @@ void grouped_matmul_backward(Tensor* dinp, Tensor* dw, Tensor* dbias, const Tens
 
 void moe_expert_bias_update(Tensor& bias, const Tensor& counts, double rate) {
   const char* op = "moe_expert_bias_update";
-  cpu_only(op, {&bias, &counts});
+  const bool cuda = same_device(op, {&bias, &counts});
   float_dtype(op, "bias", bias);
   float_dtype(op, "counts", counts);
   const int64_t E = bias.numel();
   expect_numel(op, "counts", counts, E);
   if (E == 0) return;
+  MTNLG_CUDA_DISPATCH(cuda, moe_expert_bias_update(bias, counts, rate));
   double mean = 0;
   for (int64_t e = 0; e < E; ++e) mean += at(counts, e);
   mean /= static_cast<double>(E);
@@ -710,14 +779,20 @@ void moe_expert_bias_update(Tensor& bias, const Tensor& counts, double rate) {
 
 void sigmoid_gate_forward(Tensor& out, const Tensor& x, const Tensor& gate) {
   const char* op = "sigmoid_gate_forward";
-  cpu_only(op, {&out, &x, &gate});
-  float_dtype(op, "x", x);
+  const bool cuda = same_device(op, {&out, &x, &gate});
+  data_dtype(op, "x", x);
   same_dtype(op, "out", out, x.dtype());
   same_dtype(op, "gate", gate, x.dtype());
   int64_t N, C;
   rows_cols(op, "x", x, N, C);
   expect_numel(op, "out", out, N * C);
   expect_numel(op, "gate", gate, N);
+  MTNLG_CUDA_DISPATCH(cuda, sigmoid_gate_forward(out, x, gate));
+  if (is_low(x.dtype())) {
+    Widened wd;
+    sigmoid_gate_forward(wd.out(out), wd.in(x), wd.in(gate));
+    return wd.store();
+  }
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
     const double s = sigmoid(at(gate, n));
@@ -727,8 +802,8 @@ void sigmoid_gate_forward(Tensor& out, const Tensor& x, const Tensor& gate) {
 
 void sigmoid_gate_backward(Tensor& dx, Tensor& dgate, const Tensor& dout, const Tensor& x, const Tensor& gate) {
   const char* op = "sigmoid_gate_backward";
-  cpu_only(op, {&dx, &dgate, &dout, &x, &gate});
-  float_dtype(op, "x", x);
+  const bool cuda = same_device(op, {&dx, &dgate, &dout, &x, &gate});
+  data_dtype(op, "x", x);
   for (const auto& [name, t] : {Named{"dx", &dx}, Named{"dgate", &dgate}, Named{"dout", &dout}, Named{"gate", &gate}})
     same_dtype(op, name, *t, x.dtype());
   int64_t N, C;
@@ -737,6 +812,12 @@ void sigmoid_gate_backward(Tensor& dx, Tensor& dgate, const Tensor& dout, const 
   expect_numel(op, "dout", dout, N * C);
   expect_numel(op, "gate", gate, N);
   expect_numel(op, "dgate", dgate, N);
+  MTNLG_CUDA_DISPATCH(cuda, sigmoid_gate_backward(dx, dgate, dout, x, gate));
+  if (is_low(x.dtype())) {
+    Widened wd;
+    sigmoid_gate_backward(wd.out(dx), wd.out(dgate), wd.in(dout), wd.in(x), wd.in(gate));
+    return wd.store();
+  }
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
     const double s = sigmoid(at(gate, n));

@@ -14,6 +14,8 @@
 #include <sstream>
 #include <utility>
 
+#include <fmt/format.h>
+
 #include "core/moe_ops.hpp"
 #include "core/ops.hpp"
 #ifdef MTNLG_HAVE_CUDA
@@ -1695,7 +1697,19 @@ Entry adamw_entry() {
   return e;
 }
 
-// ---- mixture of experts (CPU only for now: finite differences, no device cases) -------------
+// ---- mixture of experts: finite differences, and CUDA vs CPU (the router's side in f32, ----
+// ---- the rows in the case's dtype) -----------------------------------------------------------
+
+// An i32 tensor's values (the routing choices), compared bit for bit.
+Output int_output(const std::string& name, const Tensor& t) {
+  const Tensor h = t.to(Device::cpu);
+  Output o{name, {}, Cmp::bits, 0.0, false, DType::f32, true};
+  for (int64_t i = 0; i < h.numel(); ++i) o.values.push_back(static_cast<double>(h.data<int32_t>()[i]));
+  return o;
+}
+Output scalar_output(const std::string& name, double v, double rtol) {
+  return Output{name, {v}, Cmp::scalar_rel, rtol, false, DType::f32, true};
+}
 
 // The router forms of the moe_topk cases (n[0]): softmax over the top-k logits, top-k of
 // the softmax, sigmoid with an expert bias, group-limited softmax (4 groups, 2 kept),
@@ -1716,6 +1730,26 @@ Entry moe_topk_entry() {
                          "sigmoid k 1"};
   for (int64_t f = 0; f < 6; ++f)
     e.cases.push_back(fd_case(std::string(forms[f]) + " N 6 E 8", 60 + static_cast<uint64_t>(f), {f}));
+  for (int64_t f = 0; f < 6; ++f)
+    e.cases.push_back(device_case(std::string(forms[f]) + " N 37 E 16", DType::f32, {f}, {}, f == 0));
+  e.prepare = [](Ctx& c, const Case& k) {
+    const int64_t N = 37, E = 16, form = k.n[0], K = form == 5 ? 1 : form >= 3 ? 4 : 2;
+    const ops::RouterParams p = moe_router_form(form, K);
+    Tensor logits = c.f32({N, E}), bias = c.f32({E}, 0.3), R = c.f32({N, K});
+    Tensor probs = c.out({N, K}, DType::f32), dl = c.out({N, E}, DType::f32);
+    Tensor idx = Tensor::empty({N, K}, DType::i32, c.dev);
+    const bool sigmoid = p.score == ops::RouterScore::sigmoid;
+    Run r;
+    r.exec = [=]() mutable {
+      ops::moe_topk_forward(probs, idx, logits, sigmoid ? &bias : nullptr, p);
+      ops::moe_topk_backward(dl, R, logits, idx, p);
+    };
+    r.collect = [=] {
+      return std::vector<Output>{output("probs", probs, kRtolF32), int_output("idx", idx),
+                                 output("dlogits", dl, kRtolF32)};
+    };
+    return r;
+  };
   e.fd = [](Ctx& c, const Case& k) {
     const int64_t N = 6, E = 8, form = k.n[0], K = form == 5 ? 1 : form >= 3 ? 4 : 2;
     const ops::RouterParams p = moe_router_form(form, K);
@@ -1752,6 +1786,35 @@ Entry moe_aux_entry() {
   e.cases.push_back(fd_case("seq_aux_loss softmax 2 sequences", 71, {0, 2}));
   e.cases.push_back(fd_case("aux_loss sigmoid N 8 E 6", 72, {1, 1}));
   e.cases.push_back(fd_case("seq_aux_loss sigmoid 2 sequences", 73, {1, 2}));
+  for (int64_t sig : {0, 1})
+    for (int64_t groups : {1, 4})
+      e.cases.push_back(device_case(fmt::format("{} N 64 E 16 groups {}", sig ? "sigmoid" : "softmax", groups),
+                                    DType::f32, {sig, groups}));
+  e.prepare = [](Ctx& c, const Case& k) {
+    const int64_t N = 64, E = 16, K = 2, groups = k.n[1];
+    const auto score = k.n[0] ? ops::RouterScore::sigmoid : ops::RouterScore::softmax;
+    const double T = static_cast<double>(N / groups), coeff = 0.3, zc = 0.05;
+    Tensor logits = c.f32({N, E}, 1.5), scores = c.out({N, E}, DType::f32), counts = c.out({groups, E}, DType::f32);
+    Tensor ds = c.out({N, E}, DType::f32), dl = c.out({N, E}, DType::f32);
+    auto losses = std::make_shared<std::array<double, 2>>();
+    Run r;
+    r.exec = [=]() mutable {
+      ops::fill(counts, 0.0);
+      ops::moe_aux_scores_forward(scores, counts, logits, score, K, groups);
+      (*losses)[0] = ops::moe_aux_loss_forward(scores, counts, groups, T, K, coeff);
+      (*losses)[1] = ops::moe_z_loss_forward(logits, zc);
+      ops::moe_aux_loss_backward(ds, counts, groups, T, K, coeff, 1.0);
+      ops::fill(dl, 0.0);
+      ops::moe_aux_scores_backward(dl, ds, logits, score);
+      ops::moe_z_loss_backward(dl, logits, zc, 1.0);
+    };
+    r.collect = [=] {
+      return std::vector<Output>{output("scores", scores, kRtolF32), output("counts", counts, 0.0, Cmp::bits),
+                                 scalar_output("aux loss", (*losses)[0], kRtolF32),
+                                 scalar_output("z loss", (*losses)[1], kRtolF32), output("dlogits", dl, kRtolF32)};
+    };
+    return r;
+  };
   e.fd = [](Ctx& c, const Case& k) {
     const int64_t N = 8, E = 6, K = 2, groups = k.n[1];
     const auto score = k.n[0] ? ops::RouterScore::sigmoid : ops::RouterScore::softmax;
@@ -1782,6 +1845,44 @@ Entry moe_dispatch_entry() {
   e.cases.push_back(fd_case("dropless N 7 E 4 k 2", 80, {0, 0}));
   e.cases.push_back(fd_case("capacity 3", 81, {3, 0}));
   e.cases.push_back(fd_case("capacity 3 padded", 82, {3, 1}));
+  for (DType dt : kTypes) {
+    e.cases.push_back(device_case("dropless N 29 E 4 k 2 H 24 " + to_string(dt), dt, {0, 0}, {}, dt == DType::f32));
+    e.cases.push_back(device_case("capacity 12 padded " + to_string(dt), dt, {12, 1}));
+  }
+  e.prepare = [](Ctx& c, const Case& k) {
+    const int64_t N = 29, E = 4, K = 2, H = 24, cap = k.n[0];
+    Tensor logits = c.f32({N, E}), x = c.act({N, H}), R = c.act({N, H});
+    Tensor probs = c.out({N, K}, DType::f32), idx = Tensor::empty({N, K}, DType::i32, c.dev);
+    ops::RouterParams p;
+    p.topk = K;
+    ops::moe_topk_forward(probs, idx, logits, nullptr, p);
+    Tensor keep = Tensor::empty({N, K}, DType::i32, c.dev);
+    const int64_t dropped = cap > 0 ? ops::moe_apply_capacity(keep, probs, idx, E, cap, ops::DropPolicy::probs) : 0;
+    const auto d =
+        std::make_shared<ops::MoeDispatch>(ops::moe_dispatch_plan(idx, cap > 0 ? &keep : nullptr, E, k.n[1] ? cap : 0));
+    Tensor xp = c.out({d->rows, H}), w = c.out({d->rows, H}), y = c.out({N, H});
+    Tensor dw = c.out({d->rows, H}), dxp = c.out({d->rows, H}), dx = c.out({N, H});
+    Tensor dprobs = c.out({N, K}, DType::f32);
+    Run r;
+    r.exec = [=]() mutable {
+      ops::moe_permute(xp, x, *d);
+      ops::moe_weight_rows_forward(w, xp, probs, *d);
+      ops::moe_unpermute(y, w, *d);
+      ops::moe_permute(dw, R, *d);
+      ops::moe_weight_rows_backward(dxp, dprobs, dw, xp, probs, *d);
+      ops::moe_unpermute(dx, dxp, *d);
+    };
+    const DType dt = k.dt;
+    r.collect = [=] {
+      std::vector<Output> o{output("y", y, rtol_for(dt)), output("dx", dx, rtol_for(dt)),
+                            output("dprobs", dprobs, rtol_for(dt)), scalar_output("dropped", double(dropped), 0.0)};
+      o.push_back(output("permuted rows", xp, 0.0, Cmp::bits));
+      for (size_t e = 0; e < d->counts.size(); ++e)
+        o.push_back(scalar_output(fmt::format("rows of expert {}", e), double(d->counts[e]), 0.0));
+      return o;
+    };
+    return r;
+  };
   e.fd = [](Ctx& c, const Case& k) {
     const int64_t N = 7, E = 4, K = 2, H = 5, cap = k.n[0];
     Tensor logits = c.act({N, E}), x = c.act({N, H}), R = c.act({N, H});
@@ -1817,6 +1918,33 @@ Entry grouped_matmul_entry() {
   Entry e{"grouped_matmul", {}, nullptr, nullptr};
   e.cases.push_back(fd_case("counts 3 0 5 2 with bias", 90, {1}));
   e.cases.push_back(fd_case("counts 3 0 5 2 without bias", 91, {0}));
+  for (DType dt : kTypes)
+    for (int64_t b : {0, 1})
+      e.cases.push_back(device_case(fmt::format("counts 13 0 29 7 1 C 40 OC 24{} {}", b ? " bias" : "", to_string(dt)),
+                                    dt, {b}, {}, b == 0 && dt == DType::f32));
+  e.prepare = [](Ctx& c, const Case& k) {
+    const std::vector<int64_t> counts = {13, 0, 29, 7, 1};
+    const int64_t E = 5, rows = 50, C = 40, OC = 24;
+    const bool with_bias = k.n[0] != 0;
+    Tensor x = c.act({rows, C}), w = c.act({E, OC, C}), b = c.act({E, OC}), dy = c.act({rows, OC});
+    Tensor out = c.out({rows, OC}), dx = c.out({rows, C});
+    Tensor dw = c.f32({E, OC, C}), db = c.f32({E, OC});
+    Run r;
+    r.exec = [=]() mutable {
+      ops::grouped_matmul_forward(out, x, w, with_bias ? &b : nullptr, counts);
+      ops::grouped_matmul_backward(&dx, &dw, with_bias ? &db : nullptr, dy, x, w, counts);
+    };
+    r.flops = 6.0 * rows * C * OC;
+    const DType dt = k.dt;
+    r.collect = [=] {
+      // The bias is added after the GEMM's rounding on CUDA (two roundings in bf16/f16).
+      std::vector<Output> o{output("out", out, (with_bias ? 2 : 1) * rtol_for(dt)), output("dinp", dx, rtol_for(dt)),
+                            output("dw (accumulated)", dw, rtol_for(dt))};
+      if (with_bias) o.push_back(output("dbias (accumulated)", db, rtol_for(dt)));
+      return o;
+    };
+    return r;
+  };
   e.fd = [](Ctx& c, const Case& k) {
     const std::vector<int64_t> counts = {3, 0, 5, 2};
     const int64_t E = 4, rows = 10, C = 5, OC = 3;
@@ -1852,6 +1980,34 @@ Entry grouped_matmul_entry() {
 Entry moe_gates_entry() {
   Entry e{"moe_gates", {}, nullptr, nullptr};
   e.cases.push_back(fd_case("router N 5 H 6 E 4, gate N 5 C 7", 95, {}));
+  for (DType dt : kTypes) e.cases.push_back(device_case("router N 33 H 40 E 8, gate C 72 " + to_string(dt), dt, {}));
+  e.prepare = [](Ctx& c, const Case& k) {
+    const int64_t N = 33, H = 40, E = 8, C = 72;
+    Tensor x = c.act({N, H}), wr = c.act({E, H}), R = c.f32({N, E});
+    Tensor s = c.act({N, C}), g = c.act({N}, 2.0), Rg = c.act({N, C});
+    Tensor logits = c.out({N, E}, DType::f32), gated = c.out({N, C});
+    Tensor dx = c.out({N, H}), dwr = c.f32({E, H}), ds = c.out({N, C}), dg = c.out({N});
+    Tensor bias = c.f32({E}), counts = c.f32({E}, 10.0);
+    Run r;
+    r.exec = [=]() mutable {
+      ops::moe_router_logits_forward(logits, x, wr);
+      ops::moe_router_logits_backward(dx, dwr, R, x, wr);
+      ops::sigmoid_gate_forward(gated, s, g);
+      ops::sigmoid_gate_backward(ds, dg, Rg, s, g);
+      ops::moe_expert_bias_update(bias, counts, 1e-3);
+    };
+    const DType dt = k.dt;
+    r.collect = [=] {
+      return std::vector<Output>{output("router logits", logits, rtol_for(dt)),
+                                 output("router dx", dx, rtol_for(dt)),
+                                 output("router dw", dwr, rtol_for(dt)),
+                                 output("gated", gated, rtol_for(dt)),
+                                 output("gate dx", ds, rtol_for(dt)),
+                                 output("dgate", dg, rtol_for(dt)),
+                                 output("expert bias (updated)", bias, kRtolF32)};
+    };
+    return r;
+  };
   e.fd = [](Ctx& c, const Case&) {
     const int64_t N = 5, H = 6, E = 4, C = 7;
     Tensor x = c.act({N, H}), wr = c.act({E, H}), R = c.act({N, E});
