@@ -11,7 +11,12 @@ RMSNorm, no biases) at 4 layers, sequence 8192, vocabulary 128256, untied output
 (PyTorch: torch_gpt_step.py --family llama, Hugging Face's form; llm.c trains GPT-2 only);
 the long-sequence row is the same layer at 2 layers and sequence 32768, one GPU (the long
 context's attention against PyTorch's SDPA; the unfused forms, whose [B, H, T, T]
-probabilities would not fit, are not run on it: UNFUSED_MAX_BYTES). A row's tokens/s is
+probabilities would not fit, are not run on it: UNFUSED_MAX_BYTES). The Mixtral row is
+Mixtral 8x7B's layer (the Llama layer with 8 groups, rope base 1e6, every MLP 8 SwiGLU
+experts of 14336, softmax top-2 renormalised, the switch balancing loss at 1e-2) at 2
+layers, sequence 4096, vocabulary 32000 (PyTorch: torch_gpt_step.py --experts, Hugging
+Face Mixtral's sparse block); mtnlg runs it with flash attention only and without CUDA
+graphs (which it refuses with MoE layers). A row's tokens/s is
 batch x sequence / the median step time of --iters steps after --warmup (mtnlg: its
 metrics.jsonl; PyTorch: scripts/bench/torch_gpt_step.py; llm.c: its per-step "ms").
 
@@ -23,12 +28,16 @@ MFU, two conventions, both against the same peak (--peak-tflops):
          position table included): the attention term is the causal half of the dense one.
   The Llama row's MFU72 is Megatron-Core's count with its GQA and SwiGLU terms (what mtnlg
   logs for the family, model/flops.hpp): 12 l h^2 ((1 + G/H + s/h) + 3F/(2h) + V/(2 l h)).
+  The Mixtral row's is the same count with its MoE term, the k experts a token is routed
+  to (F = k x the expert width; the router's GEMM is not counted), and its MFU6N counts
+  the active parameters (the router, k experts a layer), as mtnlg's do.
 """
 import argparse
 import json
 import os
 import re
 import signal
+import shutil
 import statistics
 import subprocess
 import sys
@@ -38,6 +47,13 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 VOCAB, VOCAB_PADDED = 50257, 50304
 
+# The Mixtral row's micro batch: 2 layers of 8 experts are 3.2B parameters, whose fp32 weights,
+# gradients and Adam moments (16 bytes each, PyTorch's too) take 51 GB of the 80 before any
+# activation. `mtnlg plan` of the row's recipe on one H100 puts batch 2 at 62 GiB and 4 at 67
+# (test_gpu_bench_budget.py checks that 2 fits); PyTorch eager keeps more per token (an fp32
+# residual stream, each expert's gathered rows, autocast's bf16 copies of the weights), so
+# batch 2 leaves it room where 4 would not.
+MIXTRAL_BATCH = 2
 # name, layers, hidden, heads, sequence, micro batch on an 80 GB GPU, llm.c model descriptor
 # (None: llm.c has no such model)
 ROWS = [
@@ -47,6 +63,8 @@ ROWS = [
     ("GPT-2 1.5B", 48, 1600, 25, 1024, 4, "d48"),
     ("GPT 1.3B", 24, 2048, 16, 2048, 2, "gpt3:c2048"),
     ("Llama 3 8B x2 layers, 32K", 2, 4096, 32, 32768, 1, None),
+    # last: a row the budget runs out on is skipped without taking the others' time
+    ("Mixtral 8x7B x2 layers", 2, 4096, 32, 4096, MIXTRAL_BATCH, None),
 ]
 # --tiny: the same rows at CPU-test shapes (layers, hidden, heads, sequence, batch); the
 # 1.5B row keeps an odd head count, the 1.3B row twice the sequence.
@@ -57,13 +75,17 @@ TINY = {
     "GPT-2 1.5B": (2, 80, 5, 32, 2),
     "GPT 1.3B": (2, 64, 4, 64, 2),
     "Llama 3 8B x2 layers, 32K": (2, 64, 4, 256, 1),
+    "Mixtral 8x7B x2 layers": (2, 64, 4, 32, 2),
 }
 TINY_VOCAB = 512
 # The Llama rows' architecture (the GPT rows have none): key/value groups, the SwiGLU width,
-# the rotary base, the real vocabulary (a multiple of 128: mtnlg pads nothing); --tiny keeps
-# 2 groups and a small ffn.
+# the rotary base, the real vocabulary (a multiple of 128: mtnlg pads nothing); --tiny puts
+# LLAMA_TINY (2 groups, a small ffn and vocabulary) over them.
 LLAMA = {"Llama 3 8B x4 layers": {"groups": 8, "ffn": 14336, "rope_base": 500000.0, "vocab": 128256},
-         "Llama 3 8B x2 layers, 32K": {"groups": 8, "ffn": 14336, "rope_base": 500000.0, "vocab": 128256}}
+         "Llama 3 8B x2 layers, 32K": {"groups": 8, "ffn": 14336, "rope_base": 500000.0, "vocab": 128256},
+         # Mixtral: the keys of a Llama row, "ffn" each expert's width, plus the experts (--tiny keeps them)
+         "Mixtral 8x7B x2 layers": {"groups": 8, "ffn": 14336, "rope_base": 1e6, "vocab": 32000, "experts": 8, "topk": 2,
+                                    "aux_coeff": 1e-2}}
 # The unfused attention keeps [B, H, T, T] probabilities (2 bytes each in bf16): a row where
 # they alone pass this is not run in that form (nor in the attention micro-benchmark, whose
 # binary runs both forms in one process).
@@ -105,22 +127,27 @@ GPU_ONLY = {"cuda_graph": "a GPU feature (training.enable_cuda_graph)",
 
 def flops72(L, C, T, V, H=1, arch=None):
     """Model FLOPs per token: the 72-form, or for a Llama row Megatron-Core's count with
-    grouped-query attention (G key/value heads of C/H) and SwiGLU (3 ffn matrices)."""
+    grouped-query attention (G key/value heads of C/H) and SwiGLU (3 ffn matrices); an MoE
+    row's MLP is the k experts a token goes through (model/flops.cpp's MoE term)."""
     if arch:
-        G, F_ = arch["groups"], arch["ffn"]
+        G, F_ = arch["groups"], arch["ffn"] * (arch["topk"] if arch.get("experts") else 1)
         return 12.0 * L * C * C * ((1 + G / H + T / C) + 1.5 * F_ / C + V / (2.0 * L * C))
     return 72.0 * L * C * C * (1 + T / (6.0 * C) + V / (12.0 * L * C))
 
 
-def params(L, C, T, V, H=1, arch=None):
+def params(L, C, T, V, H=1, arch=None, active=False):
+    """The parameter count; `active`: an MoE row's that one token uses (the k experts it is
+    routed to, not all E; mtnlg prints both)."""
     if arch:  # q, k, v, o without biases, gate, up, down, two RMSNorms; embedding, final norm, untied output
         D, G, F_ = C // H, arch["groups"], arch["ffn"]
-        return 2 * V * C + C + L * (C * (H + 2 * G) * D + H * D * C + 3 * C * F_ + 2 * C)
+        E = arch.get("experts", 0)
+        mlp = 3 * C * F_ if not E else E * C + (arch["topk"] if active else E) * 3 * C * F_  # MoE: the router too
+        return 2 * V * C + C + L * (C * (H + 2 * G) * D + H * D * C + mlp + 2 * C)
     return V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C
 
 
 def flops6n(L, C, T, V, H=1, arch=None):
-    return 6.0 * params(L, C, T, V, H, arch) + 6.0 * L * C * T
+    return 6.0 * params(L, C, T, V, H, arch, active=True) + 6.0 * L * C * T
 
 
 class Budget:
@@ -208,10 +235,17 @@ def median_of(xs):
 
 
 def llama_keys(arch):
-    """The recipe lines that make a row's model a Llama (none for a GPT row)."""
+    """The recipe lines that make a row's model a Llama (none for a GPT row), and an MoE
+    row's MoE keys."""
     if not arch:
         return ""
-    return f"""  num_query_groups: {arch["groups"]}
+    moe = "" if not arch.get("experts") else f"""  num_experts: {arch["experts"]}
+  moe_router_topk: {arch["topk"]}
+  moe_ffn_hidden_size: {arch["ffn"]}
+  moe_router_load_balancing_type: aux_loss
+  moe_aux_loss_coeff: {arch["aux_coeff"]:g}
+"""
+    return moe + f"""  num_query_groups: {arch["groups"]}
   ffn_hidden_size: {arch["ffn"]}
   position_embedding_type: rope
   rotary_base: {arch["rope_base"]:g}
@@ -220,6 +254,11 @@ def llama_keys(arch):
   untie_embeddings_and_output_weights: true
   add_bias_linear: false
 """
+
+
+def is_moe(shape):
+    """Whether a row's model has MoE layers (mtnlg refuses CUDA graphs with them)."""
+    return bool(shape[6] and shape[6].get("experts"))
 
 
 def mtnlg_recipe(path, shape, a, backend, run_dir):
@@ -244,7 +283,7 @@ training:
   global_batch_size: {B}
   train_iters: {a.warmup + a.iters}
   num_threads: {a.threads}
-  enable_cuda_graph: {"true" if a.device == "cuda" and a.cuda_graph == "on" else "false"}
+  enable_cuda_graph: {"true" if a.device == "cuda" and a.cuda_graph == "on" and not is_moe(shape) else "false"}
 optimizer:
   lr: 1.0e-4
   min_lr: 1.0e-5
@@ -264,8 +303,12 @@ logging:
 
 
 def bench_mtnlg(a, shape, backend, out, budget, tag="", env=None, sets=(), name=None):
-    run_dir = out / f"{name or 'mtnlg-' + backend}{tag}-{shape[0]}x{shape[1]}x{shape[3]}"
+    # The family in the name: --tiny gives a GPT, a Llama and the Mixtral row one l x h x s.
+    family = "-moe" if is_moe(shape) else "-llama" if shape[6] else ""
+    run_dir = out / f"{name or 'mtnlg-' + backend}{tag}{family}-{shape[0]}x{shape[1]}x{shape[3]}"
     recipe = run_dir.with_suffix(".yaml")
+    # mtnlg appends to a run directory's metrics.jsonl: an earlier run's steps would be read as this one's
+    shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     mtnlg_recipe(recipe, shape, a, backend, run_dir)
     cmd = [a.mtnlg, "train", str(recipe), "--quiet"] + [x for kv in sets for x in ("--set", kv)]
@@ -311,6 +354,8 @@ def torch_model_args(shape):
             f"--valid-vocab={V}"]
     if arch:
         args += ["--family=llama", f"--groups={arch['groups']}", f"--ffn={arch['ffn']}", f"--rope-base={arch['rope_base']:g}"]
+    if is_moe(shape):  # Mixtral's recipe: the balancing loss, no z-loss
+        args += [f"--experts={arch['experts']}", f"--topk={arch['topk']}", f"--aux-coeff={arch['aux_coeff']:g}", "--z-coeff=0"]
     return args
 
 
@@ -488,7 +533,7 @@ def main():
     for name, L, C, H, T, B, desc in rows:
         if a.tiny:
             L, C, H, T, B = TINY[name]
-        arch = (LLAMA_TINY if a.tiny else LLAMA[name]) if name in LLAMA else None
+        arch = ({**LLAMA[name], **LLAMA_TINY} if a.tiny else LLAMA[name]) if name in LLAMA else None
         shapes[name] = (L, C, H, T, B, arch["vocab"] if arch else TINY_VOCAB if a.tiny else VOCAB, arch)
     chosen = a.systems.split(",") if a.systems else SYSTEMS + ["attention"]
     # torch.compile's own budget (CompileBudget): the other runs cannot spend it.
@@ -564,7 +609,7 @@ def main():
         Vp = VOCAB_PADDED if V == VOCAB else V
         shape = {"layers": L, "hidden": C, "heads": H, "seq": T, "batch": B, "vocab": Vp}
         if arch:
-            shape["llama"] = {k: arch[k] for k in ("groups", "ffn", "rope_base")}
+            shape["llama"] = {k: arch[k] for k in ("groups", "ffn", "rope_base", "experts", "topk") if k in arch}
         return results["rows"].setdefault(name, {"shape": shape, "systems": {}})
 
     def put(name, k, v):
@@ -580,6 +625,9 @@ def main():
         for k in others:
             if k.startswith("mtnlg unfused") and unfused_bytes(shapes[name]) > UNFUSED_MAX_BYTES:
                 put(name, k, {"error": f"n/a: [B, H, T, T] probabilities of {unfused_bytes(shapes[name]) / 2**30:.0f} GiB"})
+                continue
+            if k.startswith("mtnlg unfused") and is_moe(shapes[name]):  # the MoE row's time goes to one mtnlg form
+                put(name, k, {"error": "n/a: the MoE row runs mtnlg flash only"})
                 continue
             put(name, k, runners[k](shapes[name], desc) if k in chosen else {"error": "not selected (--systems)"})
         print(f"gpu_bench: {name}: {', '.join(others)} done ({time.time() - t_start:.0f} s)", file=sys.stderr, flush=True)
@@ -620,8 +668,9 @@ def print_tables(res, a):
     print(f"gpu_bench {res['date']} | {res['device']} | torch {res['torch']} | {res['precision']} | median of {res['iters']} steps after "
           f"{res['warmup']} warm-up | peak {res['peak_tflops']:g} TFLOP/s ({res['peak']})")
     print("MFU72: 72*l*h^2*(1+s/(6h)+V/(12*l*h)) per token, attention counted dense (no causal halving; Megatron's and "
-          "mtnlg's log line; the Llama row: Megatron-Core's count with GQA and SwiGLU, as mtnlg logs it). "
-          "MFU6N: llm.c's 6*N + 6*l*h*s per token (the causal half).")
+          "mtnlg's log line; the Llama rows: Megatron-Core's count with GQA and SwiGLU, as mtnlg logs it; the Mixtral row: "
+          "the same with the k routed experts' MLP). MFU6N: llm.c's 6*N + 6*l*h*s per token (the causal half; "
+          "N the active parameters of an MoE row).")
     print("ratios: this row's tokens/s over the best PyTorch row (eager, compile) and over llm.c's.")
     print()
     print("| model | shape (l, h, heads, s, batch) | system | tokens/s | MFU72 | MFU6N | vs PyTorch | vs llm.c | note |")
@@ -630,7 +679,9 @@ def print_tables(res, a):
         s = row["shape"]
         shape = f"{s['layers']}, {s['hidden']}, {s['heads']}, {s['seq']}, {s['batch']}"
         if "llama" in s:
-            shape += f"; {s['llama']['groups']} kv groups, SwiGLU {s['llama']['ffn']}, vocab {s['vocab']}"
+            ll = s["llama"]
+            mlp = f"{ll['experts']} SwiGLU experts of {ll['ffn']} top-{ll['topk']}" if "experts" in ll else f"SwiGLU {ll['ffn']}"
+            shape += f"; {ll['groups']} kv groups, {mlp}, vocab {s['vocab']}"
         sy = row["systems"]
         torch_best = max((sy[k].get("tokens_per_s") or 0 for k in ("PyTorch eager", "torch.compile")), default=0) or None
         llmc = sy["llm.c"].get("tokens_per_s")

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Training speed on one GPU, one table: GPT-2 124M, 350M, 1.5B at sequence 1024, a 1.3B at
-# 2048 and Llama 3 8B's layer at 4 layers and sequence 8192 (grouped-query attention, SwiGLU,
-# rope, untied), bf16, tokens/s and MFU (Megatron's 72-form -- Megatron-Core's count for the
-# Llama row -- and llm.c's 6N form) for mtnlg with
+# 2048, Llama 3 8B's layer at 4 layers and sequence 8192 (grouped-query attention, SwiGLU,
+# rope, untied), the same at 2 layers and 32768, and Mixtral 8x7B's layer at 2 layers and 4096
+# (8 experts, top-2; mtnlg flash only, without CUDA graphs), bf16, tokens/s and MFU (Megatron's
+# 72-form -- Megatron-Core's count, with the routed experts' term, for the Llama and Mixtral
+# rows -- and llm.c's 6N form) for mtnlg with
 # each attention backend (unfused, flash), PyTorch eager (SDPA, fused AdamW), torch.compile
 # and llm.c, with the ratios; then mtnlg's attention op alone against PyTorch's flash SDPA.
 # Written for a GPU machine whose commands may run at most 10 minutes: a 540 s budget

@@ -12,7 +12,9 @@ ctest bench.gpu-bench-compile-budget):
      and why; a stand-in that compiles past its share times out saying it was still
      compiling. About 15 s;
   4. the Llama row at its GPU size (llama_row): its mtnlg recipe, PyTorch options and
-     FLOPs; with MTNLG_BIN, `mtnlg plan` of that recipe.
+     FLOPs; with MTNLG_BIN, `mtnlg plan` of that recipe;
+  5. the Mixtral row likewise (mixtral_row): its MoE keys, no CUDA graphs, Mixtral 8x7B's
+     total and active parameters, Megatron-Core's MoE FLOPs; `mtnlg plan` with MTNLG_BIN.
 
     usage: test_gpu_bench_budget.py     (exit 0 and "gpu_bench compile budget: ok")"""
 import json
@@ -84,44 +86,87 @@ def unit(errors):
     check(rc == "timeout" and gpu_bench.FIRST_STEP.search(err), f"run() timeout kept its output: {rc} {err!r}", errors)
 
 
+def gpu_shape(name):
+    """A Llama-family row's shape at its GPU size, as gpu_bench.py's main() builds it."""
+    row = next(r for r in gpu_bench.ROWS if r[0] == name)
+    arch = gpu_bench.LLAMA[name]
+    return (*row[1:6], arch["vocab"], arch)
+
+
 def llama_row(errors):
     """The Llama row at its GPU size: the recipe gpu_bench.py writes for mtnlg (the family's
     keys, Llama 3 8B's layer), the PyTorch command's model options, the FLOPs per token it
     divides by (test/model/test_flops.cpp's hand count of Llama 3 8B, over 8192 tokens), and,
     with MTNLG_BIN set, `mtnlg plan` of that recipe on one H100: it loads, validates, has the
     parameters of 4 such layers + embedding + untied output, and fits in memory."""
-    import argparse
-
     name = "Llama 3 8B x4 layers"
-    row = next(r for r in gpu_bench.ROWS if r[0] == name)
-    arch = gpu_bench.LLAMA[name]
-    shape = (*row[1:6], arch["vocab"], arch)
-    a = argparse.Namespace(device="cuda", precision="bf16", warmup=3, iters=10, threads=0, cuda_graph="on", peak_tflops=0)
-    with tempfile.TemporaryDirectory() as d:
-        path = Path(d) / "llama.yaml"
-        gpu_bench.mtnlg_recipe(path, shape, a, "flash", Path(d) / "run")
-        text = path.read_text()
-        for key in ("num_query_groups: 8", "ffn_hidden_size: 14336", "position_embedding_type: rope",
-                    "rotary_base: 500000", "normalization: RMSNorm", "swiglu: true",
-                    "untie_embeddings_and_output_weights: true", "add_bias_linear: false", "num_layers: 4",
-                    "hidden_size: 4096", "num_attention_heads: 32", "seq_length: 8192", "vocab_size: 128256"):
-            check(key in text, f"Llama row recipe lacks {key!r}", errors)
-        mtnlg = os.environ.get("MTNLG_BIN")
-        if mtnlg:
-            p = subprocess.run([mtnlg, "plan", str(path), "--gpus", "1", "--gpu", "h100", "--software", "mtnlg", "--json"],
-                               capture_output=True, text=True, timeout=60)
-            check(p.returncode == 0, f"mtnlg plan of the Llama row: exit {p.returncode}: {p.stderr[-300:]}", errors)
-            if p.returncode == 0:
-                j = json.loads(p.stdout)
-                want = gpu_bench.params(4, 4096, 8192, 128256, 32, arch)
-                check(j["stages"][0]["params"] == want, f"Llama row parameters {j['stages'][0]['params']} != {want}", errors)
-                check(j["fits"], f"the Llama row does not fit one H100: {j.get('peak_memory_gib')} GiB", errors)
+    shape = gpu_shape(name)
+    arch = shape[6]
+    recipe_and_plan(name, shape, ("num_query_groups: 8", "ffn_hidden_size: 14336", "position_embedding_type: rope",
+                                   "rotary_base: 500000", "normalization: RMSNorm", "swiglu: true",
+                                   "untie_embeddings_and_output_weights: true", "add_bias_linear: false", "num_layers: 4",
+                                   "hidden_size: 4096", "num_attention_heads: 32", "seq_length: 8192", "vocab_size: 128256",
+                                   "enable_cuda_graph: true"), errors)
     targs = gpu_bench.torch_model_args(shape)
     for x in ("--family=llama", "--groups=8", "--ffn=14336", "--rope-base=500000", "--vocab=128256", "--seq=8192"):
         check(x in targs, f"PyTorch's Llama row lacks {x}: {targs}", errors)
     per_token = gpu_bench.flops72(32, 4096, 8192, 128256, 32, arch)
     check(abs(per_token - 474422087516160 / 8192) < 1e-6 * per_token, f"Llama 3 8B FLOPs per token {per_token}", errors)
     check(gpu_bench.params(32, 4096, 8192, 128256, 32, arch) == 8030261248, "Llama 3 8B parameters", errors)
+
+
+def recipe_and_plan(name, shape, keys, errors):
+    """The recipe gpu_bench.py writes for a row on a GPU has `keys`; with MTNLG_BIN, `mtnlg
+    plan` of it on one H100 loads it, counts gpu_bench.params(), says it fits, and its model
+    FLOPs per token are gpu_bench.flops72()'s."""
+    import argparse
+
+    a = argparse.Namespace(device="cuda", precision="bf16", warmup=3, iters=10, threads=0, cuda_graph="on", peak_tflops=0)
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "row.yaml"
+        gpu_bench.mtnlg_recipe(path, shape, a, "flash", Path(d) / "run")
+        text = path.read_text()
+        for key in keys:
+            check(key in text, f"{name} recipe lacks {key!r}", errors)
+        mtnlg = os.environ.get("MTNLG_BIN")
+        if not mtnlg:
+            return
+        p = subprocess.run([mtnlg, "plan", str(path), "--gpus", "1", "--gpu", "h100", "--software", "mtnlg", "--json"],
+                           capture_output=True, text=True, timeout=60)
+        check(p.returncode == 0, f"mtnlg plan of {name}: exit {p.returncode}: {p.stderr[-300:]}", errors)
+        if p.returncode == 0:
+            j = json.loads(p.stdout)
+            L, C, H, T, B, V, arch = shape
+            want = gpu_bench.params(L, C, T, V, H, arch)
+            check(j["stages"][0]["params"] == want, f"{name} parameters {j['stages'][0]['params']} != {want}", errors)
+            check(j["fits"], f"{name} does not fit one H100: {j.get('peak_memory_gib')} GiB", errors)
+            # mtnlg's model FLOPs (model/flops.cpp, what its log line's MFU divides by) per token
+            mtnlg_flops = j["model_tflops_per_gpu"] * 1e12 / j["tokens_per_s"]
+            ours = gpu_bench.flops72(L, C, T, V, H, arch)
+            check(abs(mtnlg_flops - ours) < 1e-9 * ours, f"{name} FLOPs per token: mtnlg {mtnlg_flops}, ours {ours}", errors)
+
+
+def mixtral_row(errors):
+    """The Mixtral row at its GPU size: its recipe's MoE keys and CUDA graphs off, the PyTorch
+    options, Mixtral 8x7B's total and active parameters (test/model/test_flops.cpp's counts),
+    FLOPs per token that are a dense model's whose SwiGLU is k experts wide (Megatron-Core's
+    MoE term), and `mtnlg plan` with MTNLG_BIN."""
+    name = "Mixtral 8x7B x2 layers"
+    shape = gpu_shape(name)
+    arch = shape[6]
+    recipe_and_plan(name, shape, ("num_experts: 8", "moe_router_topk: 2", "moe_ffn_hidden_size: 14336",
+                                  "moe_aux_loss_coeff: 0.01", "num_query_groups: 8", "rotary_base: 1e+06",
+                                  "normalization: RMSNorm", "swiglu: true", "num_layers: 2", "seq_length: 4096",
+                                  "vocab_size: 32000", "enable_cuda_graph: false", "attention_backend: flash"), errors)
+    targs = gpu_bench.torch_model_args(shape)
+    for x in ("--family=llama", "--groups=8", "--ffn=14336", "--rope-base=1e+06", "--vocab=32000", "--seq=4096",
+              "--experts=8", "--topk=2", "--aux-coeff=0.01", "--z-coeff=0"):
+        check(x in targs, f"PyTorch's Mixtral row lacks {x}: {targs}", errors)
+    check(gpu_bench.params(32, 4096, 4096, 32000, 32, arch) == 46702792704, "Mixtral 8x7B parameters", errors)
+    check(gpu_bench.params(32, 4096, 4096, 32000, 32, arch, active=True) == 12879925248, "Mixtral 8x7B active", errors)
+    dense = {k: arch[k] for k in ("groups", "rope_base", "vocab")} | {"ffn": 2 * 14336}
+    got, want = gpu_bench.flops72(2, 4096, 4096, 32000, 32, arch), gpu_bench.flops72(2, 4096, 4096, 32000, 32, dense)
+    check(abs(got - want) < 1e-12 * want, f"Mixtral FLOPs per token {got} != the dense form's {want}", errors)
 
 
 def bench(tmp, fake, extra, env_extra):
@@ -166,6 +211,7 @@ def main():
     errors = []
     unit(errors)
     llama_row(errors)
+    mixtral_row(errors)
     end_to_end(errors)
     for e in errors:
         print("FAIL", e)

@@ -13,7 +13,8 @@ gradient clipping, timing whole optimizer steps.
       FlashAttention through scaled_dot_product_attention on CUDA; one JSON line a shape.
 
   torch_gpt_step.py --layers L --hidden C --heads H --seq T --batch B --vocab V
-                    [--family gpt|llama [--groups G] [--ffn F] [--rope-base B]]
+                    [--family gpt|llama [--groups G] [--ffn F] [--rope-base B]
+                     [--experts E --topk K [--aux-coeff A] [--z-coeff Z]]]
                     [--device cuda|cpu] [--bf16] [--sdpa] [--fused-adamw] [--compile]
                     [--warmup N] [--iters N] [--threads N]
       scripts/bench/gpu_bench.sh's peer, as a practitioner writes it: the vocabulary padded to
@@ -27,6 +28,9 @@ gradient clipping, timing whole optimizer steps.
       --family llama: Hugging Face Llama's layer (RMSNorm, rotate-half RoPE, grouped-query
       attention with --groups key/value heads repeated to the query heads, SwiGLU of --ffn,
       no biases) and an untied output layer; also the CPU peer of train_step_bench.sh MODEL=llama.
+      --experts E --topk K: every MLP E routed SwiGLU experts of --ffn, K per token (Mixtral's
+      layer: torch_moe_step.py's MoeLlama, Hugging Face Mixtral's sparse block), the switch
+      balancing loss times --aux-coeff and the router z-loss times --z-coeff added to the loss.
 """
 import argparse
 import json
@@ -119,7 +123,8 @@ class LlamaBlock(torch.nn.Module):
         if not sdpa:
             self.register_buffer("mask", ~torch.ones(T, T, dtype=torch.bool).tril(), persistent=False)
 
-    def forward(self, x, cos, sin):
+    def attend(self, x, cos, sin):
+        """x plus the attention of its normed rows (the first residual branch)."""
         B, T, C = x.shape
         h = self.ln1(x)
         q = self.q(h).view(B, T, self.H, self.D).transpose(1, 2)
@@ -129,7 +134,10 @@ class LlamaBlock(torch.nn.Module):
         k = k.repeat_interleave(self.H // self.G, 1)
         v = v.repeat_interleave(self.H // self.G, 1)
         a = causal_attention(q, k, v, None if self.sdpa else self.mask)
-        x = x + self.o(a.transpose(1, 2).reshape(B, T, self.H * self.D))
+        return x + self.o(a.transpose(1, 2).reshape(B, T, self.H * self.D))
+
+    def forward(self, x, cos, sin):
+        x = self.attend(x, cos, sin)
         h = self.ln2(x)
         return x + self.down(F.silu(self.gate(h)) * self.up(h))
 
@@ -149,14 +157,21 @@ class Llama(torch.nn.Module):
         self.register_buffer("cos", ang.cos(), persistent=False)
         self.register_buffer("sin", ang.sin(), persistent=False)
 
-    def forward(self, idx, tgt):
+    def embed(self, idx):
+        """The token embeddings and the rotary tables at their length and dtype."""
         T = idx.shape[1]
         x = self.wte(idx)
-        cos, sin = self.cos[:T].to(x.dtype), self.sin[:T].to(x.dtype)
-        for b in self.blocks:
-            x = b(x, cos, sin)
+        return x, self.cos[:T].to(x.dtype), self.sin[:T].to(x.dtype)
+
+    def lm_loss(self, x, tgt):
         logits = self.head(self.lnf(x))
         return F.cross_entropy(logits.view(-1, self.V), tgt.view(-1))
+
+    def forward(self, idx, tgt):
+        x, cos, sin = self.embed(idx)
+        for b in self.blocks:
+            x = b(x, cos, sin)
+        return self.lm_loss(x, tgt)
 
 
 def make_adamw(params, fused):
@@ -266,6 +281,10 @@ def main():
     ap.add_argument("--groups", type=int, default=0, help="llama: key/value heads (default: --heads)")
     ap.add_argument("--ffn", type=int, default=0, help="llama: width of each of gate and up (default 4h*2/3 rounded down to 64)")
     ap.add_argument("--rope-base", type=float, default=10000.0, help="llama: rotary base")
+    ap.add_argument("--experts", type=int, default=0, help="llama: routed SwiGLU experts of --ffn per MLP (0: dense)")
+    ap.add_argument("--topk", type=int, default=2, help="llama with --experts: experts per token")
+    ap.add_argument("--aux-coeff", type=float, default=1e-2, help="llama with --experts: the balancing loss's coefficient")
+    ap.add_argument("--z-coeff", type=float, default=0.0, help="llama with --experts: the router z-loss's (0: none)")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--bf16", action="store_true")
     ap.add_argument("--sdpa", action="store_true")
@@ -300,6 +319,12 @@ def main():
         ffn = a.ffn if a.ffn > 0 else 4 * a.hidden * 2 // 3 // 64 * 64
         ran["family"] = f"llama (groups {groups}, ffn {ffn}, rope base {a.rope_base:g}, untied, no biases)"
         build = lambda: Llama(a.layers, a.hidden, a.heads, groups, ffn, a.seq, a.vocab, a.rope_base, sdpa)  # noqa: E731
+        if a.experts > 0:
+            from torch_moe_step import MoeLlama  # it imports this file's classes
+
+            ran["family"] += f", {a.experts} experts top-{a.topk}"
+            build = lambda: MoeLlama(a.layers, a.hidden, a.heads, groups, a.seq, a.vocab, a.rope_base, a.experts,  # noqa: E731
+                                     a.topk, ffn, a.aux_coeff, a.z_coeff, sdpa)
     else:
         build = lambda: GPT(a.layers, a.hidden, a.heads, a.seq, a.vocab, sdpa)  # noqa: E731
     try:  # initialise on the device (torch >= 2.0): a 1.5B model's CPU initialisation takes a while

@@ -11,6 +11,10 @@ mean(logsumexp^2) added to the LM loss per micro batch; AdamW with gradient clip
                     --expert-ffn F --seq T --micro-batch B --micro-batches M --vocab V
                     [--aux-coeff A] [--z-coeff Z] [--threads N] [--warmup W] [--iters I]
 
+The model (MoeLlama) is also gpu_bench.sh's Mixtral row on the GPU, through
+torch_gpt_step.py --family llama --experts E --topk K (bf16 autocast, fused AdamW,
+torch.compile, timed as that file times every row).
+
 Prints one JSON line: the median step seconds of the --iters steps after --warmup (wall,
 step_s, and this process's CPU seconds, step_cpu_s: on a loaded machine the CPU seconds
 move far less), and the share of the step in the dispatch (the rows routed to each
@@ -28,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_gpt_step import Llama, LlamaBlock, causal_attention, make_adamw, rotate_half  # noqa: E402
+from torch_gpt_step import Llama, LlamaBlock, make_adamw  # noqa: E402
 
 
 class MoeMlp(torch.nn.Module):
@@ -39,9 +43,10 @@ class MoeMlp(torch.nn.Module):
         self.gate = torch.nn.ModuleList(torch.nn.Linear(C, F_, bias=False) for _ in range(E))
         self.up = torch.nn.ModuleList(torch.nn.Linear(C, F_, bias=False) for _ in range(E))
         self.down = torch.nn.ModuleList(torch.nn.Linear(F_, C, bias=False) for _ in range(E))
-        self.extra_loss = None
 
     def forward(self, x):
+        """The experts' weighted sum for each row of x, and the router's losses (balancing,
+        z) to add to the LM loss."""
         B, T, C = x.shape
         h = x.reshape(-1, C)
         N = h.shape[0]
@@ -49,10 +54,12 @@ class MoeMlp(torch.nn.Module):
         top_logits, idx = logits.topk(self.K, dim=-1)
         w = torch.softmax(top_logits, -1)  # Mixtral: softmax over the chosen k
         p = torch.softmax(logits, -1)
-        counts = torch.zeros(self.E).index_add_(0, idx.reshape(-1), torch.ones(N * self.K))
-        aux = self.aux_coeff * self.E / (self.K * N * N) * (p.sum(0) * counts).sum()
-        z = self.z_coeff * torch.logsumexp(logits, -1).pow(2).mean()
-        self.extra_loss = aux + z
+        # fp32 counts and sums whatever autocast chose for p (bf16 holds integers to 256 only)
+        ones = torch.ones(N * self.K, device=p.device)
+        counts = torch.zeros(self.E, device=p.device).index_add_(0, idx.reshape(-1), ones)
+        extra = self.aux_coeff * self.E / (self.K * N * N) * (p.float().sum(0) * counts).sum()
+        if self.z_coeff:  # Mixtral's recipe has none: no logsumexp then
+            extra = extra + self.z_coeff * torch.logsumexp(logits.float(), -1).pow(2).mean()
         out = torch.zeros_like(h)
         for e in range(self.E):
             with torch.autograd.profiler.record_function("moe_dispatch"):
@@ -63,47 +70,51 @@ class MoeMlp(torch.nn.Module):
                 we = w[tok, slot].unsqueeze(1)
             ye = self.down[e](F.silu(self.gate[e](xe)) * self.up[e](xe)) * we
             with torch.autograd.profiler.record_function("moe_dispatch"):
-                out = out.index_add(0, tok, ye)
-        return out.view(B, T, C)
+                out = out.index_add(0, tok, ye.to(out.dtype))  # autocast's bf16 into the residual's dtype
+        return out.view(B, T, C), extra
 
 
 class MoeLlamaBlock(LlamaBlock):
-    def __init__(self, C, H, G, T, E, K, F_, aux_coeff, z_coeff):
-        super().__init__(C, H, G, 8, T, False)
+    """LlamaBlock's attention, then MoeMlp in place of its MLP; returns x and the router's losses."""
+
+    def __init__(self, C, H, G, T, E, K, F_, aux_coeff, z_coeff, sdpa=False):
+        super().__init__(C, H, G, 8, T, sdpa)
         del self.gate, self.up, self.down
         self.moe = MoeMlp(C, E, K, F_, aux_coeff, z_coeff)
 
     def forward(self, x, cos, sin):
-        B, T, C = x.shape
-        h = self.ln1(x)
-        q = self.q(h).view(B, T, self.H, self.D).transpose(1, 2)
-        k = self.k(h).view(B, T, self.G, self.D).transpose(1, 2)
-        v = self.v(h).view(B, T, self.G, self.D).transpose(1, 2)
-        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
-        k = k.repeat_interleave(self.H // self.G, 1)
-        v = v.repeat_interleave(self.H // self.G, 1)
-        a = causal_attention(q, k, v, self.mask)
-        x = x + self.o(a.transpose(1, 2).reshape(B, T, self.H * self.D))
-        return x + self.moe(self.ln2(x))
+        x = self.attend(x, cos, sin)
+        y, extra = self.moe(self.ln2(x))
+        return x + y, extra
+
+
+class MoeLlama(Llama):
+    """Llama with MoeLlamaBlock layers (Mixtral's form); the loss is the LM loss plus every
+    layer's router losses."""
+
+    def __init__(self, L, C, H, G, T, V, base, E, K, F_, aux_coeff, z_coeff, sdpa=False):
+        super().__init__(L, C, H, G, 8, T, V, base, sdpa)
+        self.blocks = torch.nn.ModuleList(MoeLlamaBlock(C, H, G, T, E, K, F_, aux_coeff, z_coeff, sdpa) for _ in range(L))
+
+    def forward(self, idx, tgt):
+        x, cos, sin = self.embed(idx)
+        extra = 0.0
+        for b in self.blocks:
+            x, e = b(x, cos, sin)
+            extra = extra + e
+        return self.lm_loss(x, tgt) + extra
 
 
 def build(a):
-    model = Llama(a.layers, a.hidden, a.heads, a.groups, 8, a.seq, a.vocab, 10000.0, False)
-    model.blocks = torch.nn.ModuleList(
-        MoeLlamaBlock(a.hidden, a.heads, a.groups, a.seq, a.experts, a.topk, a.expert_ffn, a.aux_coeff, a.z_coeff)
-        for _ in range(a.layers)
-    )
-    return model
+    return MoeLlama(a.layers, a.hidden, a.heads, a.groups, a.seq, a.vocab, 10000.0, a.experts, a.topk, a.expert_ffn,
+                    a.aux_coeff, a.z_coeff)
 
 
 def step(model, opt, batches):
     """One optimizer step over the micro batches (the loss of each divided by their number)."""
     opt.zero_grad(set_to_none=True)
     for idx, tgt in batches:
-        loss = model(idx, tgt)
-        for b in model.blocks:
-            loss = loss + b.moe.extra_loss
-        (loss / len(batches)).backward()
+        (model(idx, tgt) / len(batches)).backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     opt.step()
 
