@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/rng.hpp"
 #include "core/tensor.hpp"
 
 namespace mtnlg::ops {
@@ -135,5 +136,12 @@ void moe_expert_bias_update(Tensor& bias, const Tensor& counts, double rate);
 // per token); backward: dx = dout * sigmoid(g) (written), dgate[n] = sum_c dout x s(1-s) (written).
 void sigmoid_gate_forward(Tensor& out, const Tensor& x, const Tensor& gate);
 void sigmoid_gate_backward(Tensor& dx, Tensor& dgate, const Tensor& dout, const Tensor& x, const Tensor& gate);
+// The router's input jitter (moe_input_jitter_eps, training only): out[e] = x[e] * (1 - eps
+// + 2 eps u_e), u_e uniform in [0, 1) drawn as dropout's masks are (counter-based:
+// philox_uniform(key, 1, base_index + e), the same on both devices and in any layout that
+// gives the rows the same base; `dkey` as for dropout). Its backward is the same op on the
+// gradient. out may be x.
+void moe_jitter(Tensor& out, const Tensor& x, double eps, uint64_t key, uint64_t base_index,
+                const DeviceKey& dkey = {});
 
 }  // namespace mtnlg::ops

@@ -365,6 +365,15 @@ __global__ void sigmoid_gate_backward_kernel(T* dx, T* dgate, const T* dout, con
   if (lane == 0) dgate[n] = from_f<T>(acc * s * (1.0f - s));
 }
 
+template <typename T>
+__global__ void jitter_kernel(T* out, const T* x, int64_t n, float eps, uint64_t key, uint64_t base, DeviceKey dkey) {
+  const uint64_t k = dkey.key(key), b = dkey.offset(base);
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const float u = philox_uniform(k, 1, b + static_cast<uint64_t>(i));
+    out[i] = from_f<T>(to_f(x[i]) * (1.0f - eps + 2.0f * eps * u));
+  }
+}
+
 unsigned row_blocks(int64_t n, int threads = kThreads) { return static_cast<unsigned>((n + threads - 1) / threads); }
 
 }  // namespace
@@ -691,6 +700,17 @@ void sigmoid_gate_backward(Tensor& dx, Tensor& dgate, const Tensor& dout, const 
                       static_cast<T*>(dx.raw()), static_cast<T*>(dgate.raw()), static_cast<const T*>(dout.raw()),
                       static_cast<const T*>(x.raw()), static_cast<const T*>(gate.raw()), N, C));
   MTNLG_CUDA_LAUNCH_CHECK("sigmoid_gate_backward_kernel");
+}
+
+void moe_jitter(Tensor& out, const Tensor& x, double eps, uint64_t key, uint64_t base_index, const DeviceKey& dkey) {
+  const DType dt = cuda_dtype("moe_jitter", "x", x.dtype());
+  const int64_t n = x.numel();
+  if (n == 0) return;
+  MTNLG_DT_SWITCH(dt, T,
+                  MTNLG_LAUNCH(k::grid_for(n, k::kThreads), k::kThreads, 0, stream(), k::jitter_kernel<T>)(
+                      static_cast<T*>(out.raw()), static_cast<const T*>(x.raw()), n, static_cast<float>(eps), key,
+                      base_index, dkey));
+  MTNLG_CUDA_LAUNCH_CHECK("jitter_kernel");
 }
 
 }  // namespace mtnlg::cuda

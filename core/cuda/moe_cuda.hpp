@@ -26,6 +26,7 @@ MTNLG_CUDA_MOE_OP(grouped_matmul_backward)
 MTNLG_CUDA_MOE_OP(moe_expert_bias_update)
 MTNLG_CUDA_MOE_OP(sigmoid_gate_forward)
 MTNLG_CUDA_MOE_OP(sigmoid_gate_backward)
+MTNLG_CUDA_MOE_OP(moe_jitter)
 #undef MTNLG_CUDA_MOE_OP
 
 }  // namespace mtnlg::cuda

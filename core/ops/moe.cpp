@@ -831,4 +831,30 @@ void sigmoid_gate_backward(Tensor& dx, Tensor& dgate, const Tensor& dout, const 
   }
 }
 
+void moe_jitter(Tensor& out, const Tensor& x, double eps, uint64_t key, uint64_t base_index, const DeviceKey& dkey) {
+  const char* op = "moe_jitter";
+  const bool cuda = same_device(op, {&out, &x});
+  data_dtype(op, "x", x);
+  same_dtype(op, "out", out, x.dtype());
+  expect_numel(op, "out", out, x.numel());
+  if (!(eps >= 0 && eps < 1)) throw_runtime("{}: eps {} must be in [0, 1)", op, eps);
+  MTNLG_CUDA_DISPATCH(cuda, moe_jitter(out, x, eps, key, base_index, dkey));
+  if (is_low(x.dtype())) {
+    Widened wd;
+    moe_jitter(wd.out(out), wd.in(x), eps, key, base_index, dkey);
+    return wd.store();
+  }
+  const float e = static_cast<float>(eps);
+  by_dtype(x.dtype(), [&](auto z) {
+    using T = decltype(z);
+    const T* in = x.kernel_data<T>();
+    T* o = out.kernel_data<T>();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < x.numel(); ++i) {
+      const float u = philox_uniform(key, 1, base_index + static_cast<uint64_t>(i));
+      o[i] = in[i] * static_cast<T>(1.0f - e + 2.0f * e * u);  // the factor in fp32, as CUDA's
+    }
+  });
+}
+
 }  // namespace mtnlg::ops

@@ -2028,6 +2028,43 @@ Entry moe_gates_entry() {
   return e;
 }
 
+// The router's input jitter: a factor in [1 - eps, 1 + eps] per element from the
+// counter-based draws (the same on both devices), linear in x.
+Entry moe_jitter_entry() {
+  Entry e{"moe_jitter", {}, nullptr, nullptr};
+  e.cases.push_back(fd_case("N 5 C 7 eps 0.2", 97, {}));
+  for (DType dt : kTypes) e.cases.push_back(device_case("n 3001 eps 0.05 " + to_string(dt), dt, {3001}));
+  e.prepare = [](Ctx& c, const Case& k) {
+    const int64_t n = k.n[0];
+    Tensor x = c.act({n}), y = c.out({n});
+    Run r;
+    r.exec = [=]() mutable { ops::moe_jitter(y, x, 0.05, 1234, 77); };
+    const DType dt = k.dt;
+    r.collect = [=] { return std::vector<Output>{output("jittered", y, rtol_for(dt))}; };
+    return r;
+  };
+  e.fd = [](Ctx& c, const Case&) {
+    const int64_t N = 5, C = 7;
+    const double eps = 0.2;
+    Tensor x = c.act({N, C}), R = c.act({N, C}), y = Tensor::empty({N, C}, DType::f64);
+    auto loss = [=]() mutable {
+      ops::moe_jitter(y, x, eps, 99, 5);
+      return dot(y, R);
+    };
+    loss();
+    bool within = true;  // every factor in [1 - eps, 1 + eps]
+    for (int64_t i = 0; i < N * C; ++i) {
+      const double f = y.data<double>()[i] / x.data<double>()[i];
+      within = within && f >= 1 - eps - 1e-12 && f <= 1 + eps + 1e-12;
+    }
+    c.expect(within, "moe_jitter factors within 1 +- eps");
+    Tensor dx = Tensor::empty({N, C}, DType::f64);
+    ops::moe_jitter(dx, R, eps, 99, 5);
+    return FdProblem{loss, {{"moe_jitter dx", x, dx}}};
+  };
+  return e;
+}
+
 }  // namespace
 
 const std::vector<Entry>& registry() {
@@ -2060,6 +2097,7 @@ const std::vector<Entry>& registry() {
       moe_dispatch_entry(),
       grouped_matmul_entry(),
       moe_gates_entry(),
+      moe_jitter_entry(),
   };
   return entries;
 }
