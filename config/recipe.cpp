@@ -1328,7 +1328,7 @@ void refuse_unwired_moe(const Recipe& r) {
   const MoeConfig& m = r.model.moe;
   if (!m.enabled()) return;
   auto refuse = [&](const std::string& key, const std::string& what) {
-    invalid(r, fmt::format("{}: {} with MoE layers is not built yet (MoE trains on the CPU in fp32)", key, what));
+    invalid(r, fmt::format("{}: {} with MoE layers is not built yet", key, what));
   };
   if (r.tp() > 1 && !r.parallel.sequence_parallel)
     invalid(r, fmt::format("parallel.sequence_parallel: MoE layers with tensor_model_parallel_size {} need sequence "
@@ -1339,13 +1339,14 @@ void refuse_unwired_moe(const Recipe& r) {
            fmt::format("seq_aux_loss under tensor_model_parallel_size {} x context_parallel_size {} (sequences split "
                        "over ranks)",
                        r.tp(), r.cp()));
-  if (r.training.device == DeviceKind::cuda || r.training.device == DeviceKind::test)
-    refuse("training.device", to_string(r.training.device));
-  if (r.training.precision != Precision::fp32)
-    refuse("training.precision", to_string(r.training.precision) + " (the MoE ops run in f32)");
-  if (m.moe_router_load_balancing_type == MoeLoadBalancing::global_aux_loss)
-    refuse("model.moe_router_load_balancing_type", "global_aux_loss");
-  if (m.moe_input_jitter_eps > 0) refuse("model.moe_input_jitter_eps", fmt::format("{}", m.moe_input_jitter_eps));
+  if (r.training.enable_cuda_graph)
+    refuse("training.enable_cuda_graph",
+           "CUDA graphs (a dropless dispatch's sizes are known only after the routing, on the host)");
+  if (m.moe_router_load_balancing_type == MoeLoadBalancing::global_aux_loss &&
+      r.parallel.recompute_granularity == RecomputeGranularity::full)
+    refuse("model.moe_router_load_balancing_type",
+           "global_aux_loss with parallel.recompute_granularity full (a recomputed forward would add its micro batch "
+           "to the step's running counts again)");
   if (m.moe_router_dtype == MoeRouterDtype::fp64) refuse("model.moe_router_dtype", "fp64");
   if (r.model.add_bias_linear) refuse("model.add_bias_linear", "true (expert biases)");
 }

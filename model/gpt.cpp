@@ -366,7 +366,12 @@ void GptChunk::bind_moe(LayerParams& lp, const std::string& p, std::vector<int64
   };
   lp.moe = true;
   bind(lp.moe_p.router_w, &lp.moe_p.d_router_w, "router.weight");
-  bind(lp.moe_p.expert_bias, nullptr, "router.expert_bias");
+  // The expert bias is read in fp32 from the master weights (Megatron-Core keeps it an
+  // fp32 buffer): its sign-rule steps are far below bf16's resolution.
+  if (store_.has(p + "router.expert_bias")) {
+    lp.moe_p.expert_bias = store_.param(p + "router.expert_bias");
+    offsets.push_back(store_.info(p + "router.expert_bias").offset);
+  }
   bind_stack(lp.moe_p.w1, lp.moe_p.d_w1, "linear_fc1");
   bind_stack(lp.moe_p.w2, lp.moe_p.d_w2, "linear_fc2");
   bind(lp.moe_p.s_w1, &lp.moe_p.d_s_w1, "shared_experts.linear_fc1.weight");
@@ -386,10 +391,18 @@ void GptChunk::update_expert_bias() {
     if (si < 0 || !layers_[li].moe_p.expert_bias.defined()) continue;
     const MoeLayerStats& st = moe_stats_[static_cast<size_t>(si)];
     if (st.tokens.empty()) continue;
-    Tensor counts = Tensor::empty({cfg_.moe.num_experts}, DType::f64, Device::cpu);
-    std::copy(st.tokens.begin(), st.tokens.end(), counts.data<double>());
     const std::string name = fmt::format("layers.{}.mlp.router.expert_bias", st.layer);
     Tensor master = store_.param(name);
+    // The counts (integers, exact in f32) beside the master bias, in its dtype.
+    Tensor counts = Tensor::empty({cfg_.moe.num_experts}, master.dtype(), Device::cpu);
+    for (int64_t e = 0; e < cfg_.moe.num_experts; ++e) {
+      const double c = st.tokens[static_cast<size_t>(e)];
+      if (master.dtype() == DType::f64)
+        counts.data<double>()[e] = c;
+      else
+        counts.data<float>()[e] = static_cast<float>(c);
+    }
+    counts = counts.on(master.device());
     ops::moe_expert_bias_update(master, counts, cfg_.moe.bias_update_rate);
     if (store_.has_compute_copy()) {
       Tensor w = store_.weight(name);
@@ -403,9 +416,6 @@ void GptChunk::update_expert_bias() {
 void GptChunk::setup_moe() {
   moe_ = MoeMlp{cfg_.moe, cfg_.swiglu};
   if (!cfg_.moe.enabled()) return;
-  if (dev_ != Device::cpu)
-    throw_input("model.num_experts ({}): MoE layers run on the CPU only so far (training.device: cpu)",
-                cfg_.moe.num_experts);
   // Training routes each tp rank's own rows; inference (no expert grid) runs every MoE
   // layer whole on every tp rank.
   if (tp_ > 1 && !cfg_.sequence_parallel && groups_.edp)
@@ -421,6 +431,7 @@ void GptChunk::setup_moe() {
   moe_.groups.etp = groups_.etp.get();
   if (cfg_.sequence_parallel && tp_ > 1) moe_.groups.seq.push_back(groups_.tp.get());
   if (cp_ > 1) moe_.groups.seq.push_back(groups_.cp.get());  // each cp rank routes its own positions
+  if (groups_.dp && groups_.dp->size() > 1) moe_.groups.dp = groups_.dp.get();
 }
 
 GptChunk::~GptChunk() = default;
@@ -455,7 +466,7 @@ int64_t GptChunk::saved_bytes() const {
 }
 
 namespace {
-enum Site : int64_t { kEmbedding = 0, kAttention = 1, kAttnOut = 2, kMlpOut = 3 };
+enum Site : int64_t { kEmbedding = 0, kAttention = 1, kAttnOut = 2, kMlpOut = 3, kMoeJitter = 4 };
 }
 
 // key = mix_key(step key, layer + 1, site), base = sample_offset * per_sample + add.
@@ -554,6 +565,11 @@ Tensor GptChunk::mlp_forward(int64_t li, LayerActs& a, const Pass& pass) {
     const bool train = pass.purpose == Purpose::train;
     const int64_t si = moe_stat_index_[static_cast<size_t>(li)];
     MoeLayerStats* st = train && !recomputing_ ? &moe_stats_[static_cast<size_t>(si)] : nullptr;
+    a.moe.jitter.on = train && cfg_.moe.jitter_eps > 0;
+    if (a.moe.jitter.on) {  // drawn like hidden dropout over this rank's rows (the recompute draws the same)
+      const DropSite d = hidden_drop(pass, li, kMoeJitter, a.ln2_full.dim(0));
+      a.moe.jitter.key = d.key, a.moe.jitter.base = d.base, a.moe.jitter.dkey = d.dkey;
+    }
     moe_.forward(out, a.moe, a.ln2_full, p.moe_p, pass.seq, train, st);
     return out;
   }

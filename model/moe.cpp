@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstring>
 #include <optional>
 #include <tuple>
 #include <utility>
@@ -29,36 +28,27 @@ void act_backward(bool swiglu, Tensor& dpre, const Tensor& dact, const Tensor& p
 Tensor empty_like_rows(int64_t rows, int64_t cols, const Tensor& like) {
   return Tensor::empty({rows, cols}, like.dtype(), like.device());
 }
+// The router's tensors (logits, routing weights, balancing scores and counts, their
+// gradients) are f32 whatever the activations' storage (f64 in the f64 tests): the
+// choices and weights must not be rounded to bf16.
+Tensor router_rows(int64_t rows, int64_t cols, const Tensor& like) {
+  return Tensor::empty({rows, cols}, like.dtype() == DType::f64 ? DType::f64 : DType::f32, like.device());
+}
 
-// w[r] = probs[row_slot[r]]: each dispatched row's routing weight (no padding rows).
-template <typename T>
-void gather_row_weights_t(Tensor& w, const Tensor& probs, const ops::MoeDispatch& d) {
-  const int32_t* slot = d.row_slot.data<int32_t>();
-  const T* pr = probs.data<T>();
-  T* out = w.data<T>();
-  for (int64_t r = 0; r < d.rows; ++r) out[r] = slot[r] >= 0 ? pr[slot[r]] : T(0);
-}
+// w[r] = probs[row_slot[r]]: each dispatched row's routing weight (0 for padding rows), on
+// either device: the weighting op on a column of ones.
 void gather_row_weights(Tensor& w, const Tensor& probs, const ops::MoeDispatch& d) {
-  if (w.dtype() == DType::f64)
-    gather_row_weights_t<double>(w, probs, d);
-  else
-    gather_row_weights_t<float>(w, probs, d);
+  Tensor ones = Tensor::empty({d.rows, 1}, w.dtype(), w.device());
+  ops::fill(ones, 1.0);
+  ops::moe_weight_rows_forward(w, ones, probs, d);
 }
-// dprobs [N, k] (written): each kept slot's gradient from its row's dw[r]; 0 for dropped slots.
-template <typename T>
-void scatter_row_weights_t(Tensor& dprobs, const Tensor& dw, const ops::MoeDispatch& d) {
-  const int32_t* slot = d.row_slot.data<int32_t>();
-  const T* g = dw.data<T>();
-  T* out = dprobs.data<T>();
-  std::fill(out, out + dprobs.numel(), T(0));
-  for (int64_t r = 0; r < d.rows; ++r)
-    if (slot[r] >= 0) out[slot[r]] = g[r];
-}
-void scatter_row_weights(Tensor& dprobs, const Tensor& dw, const ops::MoeDispatch& d) {
-  if (dprobs.dtype() == DType::f64)
-    scatter_row_weights_t<double>(dprobs, dw, d);
-  else
-    scatter_row_weights_t<float>(dprobs, dw, d);
+// dprobs [N, k] (written): each kept slot's gradient from its row's dw[r]; 0 for dropped
+// slots (the weighting op's probs gradient against a column of ones).
+void scatter_row_weights(Tensor& dprobs, const Tensor& dw, const Tensor& probs, const ops::MoeDispatch& d) {
+  Tensor ones = Tensor::empty({d.rows, 1}, dw.dtype(), dw.device());
+  Tensor unused = Tensor::empty({d.rows, 1}, dw.dtype(), dw.device());  // dw times the weights
+  ops::fill(ones, 1.0);
+  ops::moe_weight_rows_backward(unused, dprobs, dw, ones, probs, d);
 }
 
 std::vector<int64_t> times(const std::vector<int64_t>& v, int64_t k) {
@@ -102,6 +92,23 @@ std::pair<Tensor, Tensor> swap_weighted_rows(parallel::Communicator& ep, const T
   return {xo, wo};
 }
 
+// Host counts swapped with the group's peers (`blocks` to and from each) through buffers on
+// `dev`: an NCCL group moves device memory only.
+std::vector<int32_t> swap_host_counts(parallel::Communicator& g, const std::vector<int32_t>& mine,
+                                      const std::vector<int64_t>& blocks, Device dev) {
+  const auto n = static_cast<int64_t>(mine.size());
+  Tensor h = Tensor::empty({n}, DType::i32);
+  std::copy(mine.begin(), mine.end(), h.data<int32_t>());
+  const Tensor in = h.on(dev);
+  Tensor out = Tensor::empty({n}, DType::i32, dev);
+  {
+    const Timed t(t_moe_times.exchange);
+    g.all_to_all_v(in.raw(), blocks, out.raw(), blocks, DType::i32);
+  }
+  const Tensor back = out.on(Device::cpu);
+  return std::vector<int32_t>(back.data<int32_t>(), back.data<int32_t>() + n);
+}
+
 void timed_permute(Tensor& out, const Tensor& x, const ops::MoeDispatch& d) {
   const Timed t(t_moe_times.dispatch);
   ops::moe_permute(out, x, d);
@@ -123,9 +130,9 @@ bool MoeGroups::exchange() const { return ep || etp; }
 
 int64_t MoeActs::bytes() const {
   int64_t b = 0;
-  for (const Tensor* t : {&logits,     &probs,      &idx,      &scores,     &counts,      &xp,         &pre,
-                          &act,        &aw,         &s_pre,    &s_act,      &s_out,       &s_logit,    &d.row_src,
-                          &d.row_slot, &d.slot_row, &r_weight, &rd.row_src, &rd.row_slot, &rd.slot_row})
+  for (const Tensor* t : {&router_in, &logits,     &probs,      &idx,      &scores,     &counts,      &xp,
+                          &pre,       &act,        &aw,         &s_pre,    &s_act,      &s_out,       &s_logit,
+                          &d.row_src, &d.row_slot, &d.slot_row, &r_weight, &rd.row_src, &rd.row_slot, &rd.slot_row})
     if (t->defined()) b += t->nbytes();
   return b;
 }
@@ -141,13 +148,18 @@ int64_t MoeMlp::loss_groups(int64_t rows, int64_t seq) const {
 void MoeMlp::route(MoeActs& a, const Tensor& in, const MoeParams& p, int64_t seq, bool train,
                    MoeLayerStats* stats) const {
   const int64_t N = in.dim(0), E = cfg.num_experts, k = cfg.router.topk;
-  a.logits = empty_like_rows(N, E, in);
-  ops::moe_router_logits_forward(a.logits, in, p.router_w);
+  a.logits = router_rows(N, E, in);
+  a.router_in = Tensor();
+  if (train && a.jitter.on && cfg.jitter_eps > 0) {  // the router sees a jittered input, the experts the clean one
+    a.router_in = empty_like_rows(N, in.dim(1), in);
+    ops::moe_jitter(a.router_in, in, cfg.jitter_eps, a.jitter.key, a.jitter.base, a.jitter.dkey);
+  }
+  ops::moe_router_logits_forward(a.logits, a.router_in.defined() ? a.router_in : in, p.router_w);
   double z = 0.0, aux = 0.0;
   // Split tokens: each rank's share of the micro batch's mean.
   const double parts = static_cast<double>(groups.seq_parts());
   if (train && cfg.z_coeff > 0) z = ops::moe_z_loss_forward(a.logits, cfg.z_coeff / parts);
-  a.probs = empty_like_rows(N, k, in);
+  a.probs = router_rows(N, k, in);
   a.idx = Tensor::empty({N, k}, DType::i32, in.device());
   ops::moe_topk_forward(a.probs, a.idx, a.logits, p.expert_bias.defined() ? &p.expert_bias : nullptr, cfg.router);
   int64_t dropped = 0;
@@ -160,7 +172,7 @@ void MoeMlp::route(MoeActs& a, const Tensor& in, const MoeParams& p, int64_t seq
   } else {
     a.d = ops::moe_dispatch_plan(a.idx, nullptr, E, 0);
   }
-  if (train && cfg.balancing != MoeBalancing::none && cfg.aux_coeff > 0) aux = aux_loss(a, in, seq);
+  if (train && cfg.balancing != MoeBalancing::none && cfg.aux_coeff > 0) aux = aux_loss(a, in, seq, stats);
   if (!stats) return;
   stats->tokens.resize(static_cast<size_t>(E), 0.0);
   for (int64_t e = 0; e < E; ++e) stats->tokens[static_cast<size_t>(e)] += static_cast<double>(a.d.tokens[e]);
@@ -173,18 +185,45 @@ void MoeMlp::route(MoeActs& a, const Tensor& in, const MoeParams& p, int64_t seq
 // The balancing loss (this rank's part of it when the micro batch's tokens are split):
 // scores of its own rows against the counts of the whole micro batch (summed over the
 // `seq` ranks), T = the micro batch's tokens. Its gradient is then the one-process one.
-double MoeMlp::aux_loss(MoeActs& a, const Tensor& in, int64_t seq) const {
+double MoeMlp::aux_loss(MoeActs& a, const Tensor& in, int64_t seq, MoeLayerStats* stats) const {
   const int64_t N = in.dim(0), E = cfg.num_experts, k = cfg.router.topk, parts = groups.seq_parts();
-  MTNLG_CHECK(parts == 1 || cfg.balancing == MoeBalancing::aux_loss,
+  MTNLG_CHECK(parts == 1 || cfg.balancing != MoeBalancing::seq_aux_loss,
               "MoE: the per-sequence balancing loss with tokens split over {} ranks", parts);
   const int64_t n_groups = loss_groups(N, seq);
-  a.scores = empty_like_rows(N, E, in);
-  a.counts = Tensor::empty({n_groups, E}, in.dtype(), in.device());
+  a.scores = router_rows(N, E, in);
+  a.counts = router_rows(n_groups, E, in);
   ops::fill(a.counts, 0.0);
   ops::moe_aux_scores_forward(a.scores, a.counts, a.logits, cfg.router.score, k, n_groups);
   for (auto* g : groups.seq) g->all_reduce(a.counts.raw(), a.counts.numel(), a.counts.dtype(), parallel::ReduceOp::sum);
-  return ops::moe_aux_loss_forward(a.scores, a.counts, n_groups, static_cast<double>(N * parts / n_groups), k,
-                                   cfg.aux_coeff);
+  double T = static_cast<double>(N * parts / n_groups);
+  if (cfg.balancing == MoeBalancing::global_aux_loss) T *= running_global_counts(a, stats);
+  return ops::moe_aux_loss_forward(a.scores, a.counts, n_groups, T, k, cfg.aux_coeff);
+}
+
+// global_aux_loss (Megatron-Core's): the micro batch's counts summed over the data
+// replicas too, added to the step's running sum, and a.counts replaced by the running
+// average over the micro batches so far (the backward reads the same). Returns the data
+// replicas, the factor of the tokens T the counts cover.
+double MoeMlp::running_global_counts(MoeActs& a, MoeLayerStats* stats) const {
+  MTNLG_CHECK(stats, "MoE: global_aux_loss in a forward that keeps no step record (full recompute is refused with it)");
+  if (groups.dp) groups.dp->all_reduce(a.counts.raw(), a.counts.numel(), a.counts.dtype(), parallel::ReduceOp::sum);
+  const int64_t E = cfg.num_experts;
+  Tensor h = a.counts.to(Device::cpu);
+  stats->global_counts.resize(static_cast<size_t>(E), 0.0);
+  ++stats->global_micro;
+  const double m = static_cast<double>(stats->global_micro);
+  for (int64_t e = 0; e < E; ++e) {
+    double& run = stats->global_counts[static_cast<size_t>(e)];
+    if (h.dtype() == DType::f64) {
+      run += h.data<double>()[e];
+      h.data<double>()[e] = run / m;
+    } else {
+      run += static_cast<double>(h.data<float>()[e]);
+      h.data<float>()[e] = static_cast<float>(run / m);
+    }
+  }
+  a.counts.copy_from(h);
+  return static_cast<double>(groups.dp ? groups.dp->size() : 1);
 }
 
 // yr = unpermute(W2_e (weight * act(W1_e permute(xr)))).
@@ -219,7 +258,7 @@ void MoeMlp::experts_forward(Tensor& out, MoeActs& a, const Tensor& in, const Mo
 void MoeMlp::exchange_forward(Tensor& out, MoeActs& a, const Tensor& in, const MoeParams& p) const {
   const int64_t H = in.dim(1), El = cfg.local_experts();
   std::optional<Timed> dispatch(t_moe_times.dispatch);
-  Tensor xs = empty_like_rows(a.d.rows, H, in), ws = empty_like_rows(a.d.rows, 1, in);
+  Tensor xs = empty_like_rows(a.d.rows, H, in), ws = router_rows(a.d.rows, 1, in);
   ops::moe_permute(xs, in, a.d);
   gather_row_weights(ws, a.probs, a.d);
   // ep: the counts per (peer, expert of the peer), then the rows.
@@ -228,15 +267,17 @@ void MoeMlp::exchange_forward(Tensor& out, MoeActs& a, const Tensor& in, const M
   for (int64_t c : a.received) R += c;
   Tensor xr = xs, wr = ws;
   if (groups.ep) std::tie(xr, wr) = swap_weighted_rows(*groups.ep, xs, ws, a.sent, a.received);
-  // Each received row's local expert, in (peer, expert, token) order.
-  Tensor idx = Tensor::empty({R, 1}, DType::i32, Device::cpu);
+  // Each received row's local expert, in (peer, expert, token) order (made on the host,
+  // on the rows' device for the etp pooling and the plan).
+  Tensor idx_h = Tensor::empty({R, 1}, DType::i32, Device::cpu);
   for (size_t e = 0, r = 0; e < theirs.size(); ++e)
-    for (int32_t i = 0; i < theirs[e]; ++i) idx.data<int32_t>()[r++] = static_cast<int32_t>(e % El);
+    for (int32_t i = 0; i < theirs[e]; ++i) idx_h.data<int32_t>()[r++] = static_cast<int32_t>(e % El);
+  const Tensor idx = idx_h.on(in.device());
   // etp: every rank of the group gets all of the group's rows.
   Tensor xg = xr, ig = idx;
   a.r_weight = wr;
   if (groups.etp) {
-    a.pooled = pool_counts(R);
+    a.pooled = pool_counts(R, in.device());
     xg = pool_rows(xr, a.pooled, H);
     a.r_weight = pool_rows(wr, a.pooled, 1);
     ig = pool_rows(idx, a.pooled, 1);
@@ -263,9 +304,7 @@ std::vector<int32_t> MoeMlp::swap_counts(MoeActs& a) const {
   for (int64_t e = 0; e < E; ++e)
     mine[static_cast<size_t>(e)] = static_cast<int32_t>(a.d.counts[static_cast<size_t>(e)]);
   if (groups.ep) {
-    const Timed t(t_moe_times.exchange);
-    const std::vector<int64_t> blocks(static_cast<size_t>(n), El);
-    groups.ep->all_to_all_v(mine.data(), blocks, theirs.data(), blocks, DType::i32);
+    theirs = swap_host_counts(*groups.ep, mine, std::vector<int64_t>(static_cast<size_t>(n), El), a.probs.device());
   } else {
     theirs = mine;
   }
@@ -279,15 +318,11 @@ std::vector<int32_t> MoeMlp::swap_counts(MoeActs& a) const {
 }
 
 // The rows each etp rank brings to the pool.
-std::vector<int64_t> MoeMlp::pool_counts(int64_t rows) const {
+std::vector<int64_t> MoeMlp::pool_counts(int64_t rows, Device dev) const {
   parallel::Communicator& etp = *groups.etp;
   const auto n = static_cast<size_t>(etp.size());
-  std::vector<int32_t> mine(n, static_cast<int32_t>(rows)), all(n, 0);
-  const std::vector<int64_t> ones(n, 1);
-  {
-    const Timed t(t_moe_times.exchange);
-    etp.all_to_all_v(mine.data(), ones, all.data(), ones, DType::i32);
-  }
+  const std::vector<int32_t> all =
+      swap_host_counts(etp, std::vector<int32_t>(n, static_cast<int32_t>(rows)), std::vector<int64_t>(n, 1), dev);
   return std::vector<int64_t>(all.begin(), all.end());
 }
 
@@ -296,8 +331,7 @@ Tensor MoeMlp::pool_rows(const Tensor& x, const std::vector<int64_t>& counts, in
   parallel::Communicator& etp = *groups.etp;
   const int64_t n = etp.size(), rows = x.dim(0);
   Tensor copies = Tensor::empty({n * rows, w}, x.dtype(), x.device());
-  for (int64_t j = 0; j < n; ++j)
-    std::memcpy(static_cast<char*>(copies.raw()) + j * x.nbytes(), x.raw(), static_cast<size_t>(x.nbytes()));
+  for (int64_t j = 0; j < n; ++j) copies.flat(j * x.numel(), x.numel()).copy_from(x.flat(0, x.numel()));
   int64_t total = 0;
   for (int64_t c : counts) total += c;
   Tensor out = Tensor::empty({total, w}, x.dtype(), x.device());
@@ -373,12 +407,12 @@ void MoeMlp::shared_backward(Tensor& din, const Tensor& dout, const MoeActs& a, 
 void MoeMlp::router_backward(Tensor& din, const Tensor& dprobs, const MoeActs& a, const Tensor& in, MoeParams& p,
                              int64_t seq, double loss_weight) const {
   const int64_t N = in.dim(0), E = cfg.num_experts, k = cfg.router.topk;
-  Tensor dlogits = empty_like_rows(N, E, in);
+  Tensor dlogits = router_rows(N, E, in);
   ops::moe_topk_backward(dlogits, dprobs, a.logits, a.idx, cfg.router);
   const int64_t parts = groups.seq_parts();
   if (a.scores.defined()) {
     const int64_t n_groups = loss_groups(N, seq);
-    Tensor dscores = empty_like_rows(N, E, in);
+    Tensor dscores = router_rows(N, E, in);
     ops::moe_aux_loss_backward(dscores, a.counts, n_groups, static_cast<double>(N * parts / n_groups), k, cfg.aux_coeff,
                                loss_weight);
     ops::moe_aux_scores_backward(dlogits, dscores, a.logits, cfg.router.score);
@@ -386,7 +420,9 @@ void MoeMlp::router_backward(Tensor& din, const Tensor& dprobs, const MoeActs& a
   if (cfg.z_coeff > 0)
     ops::moe_z_loss_backward(dlogits, a.logits, cfg.z_coeff / static_cast<double>(parts), loss_weight);
   Tensor dx = empty_like_rows(N, in.dim(1), in);
-  ops::moe_router_logits_backward(dx, p.d_router_w, dlogits, in, p.router_w);
+  const bool jittered = a.router_in.defined();
+  ops::moe_router_logits_backward(dx, p.d_router_w, dlogits, jittered ? a.router_in : in, p.router_w);
+  if (jittered) ops::moe_jitter(dx, dx, cfg.jitter_eps, a.jitter.key, a.jitter.base, a.jitter.dkey);
   ops::add_inplace(din, dx);
 }
 
@@ -422,7 +458,7 @@ void MoeMlp::exchange_backward(Tensor& din, Tensor& dprobs, const Tensor& dout, 
     swap_rows(*groups.ep, dys, a.sent, dyr, a.received, H);
   }
   Tensor dyg = groups.etp ? pool_rows(dyr, a.pooled, H) : dyr;
-  Tensor dxg = empty_like_rows(R, H, dout), dwg = empty_like_rows(R, 1, dout);
+  Tensor dxg = empty_like_rows(R, H, dout), dwg = router_rows(R, 1, dout);
   dispatch.reset();
   local_experts_backward(dxg, dwg, dyg, a, a.rd, a.r_weight, p);
   const Timed combine(t_moe_times.dispatch);
@@ -430,13 +466,13 @@ void MoeMlp::exchange_backward(Tensor& din, Tensor& dprobs, const Tensor& dout, 
   Tensor dxs = dxr, dws = dwr;
   if (groups.ep) std::tie(dxs, dws) = swap_weighted_rows(*groups.ep, dxr, dwr, a.received, a.sent);
   ops::moe_unpermute(din, dxs, a.d);
-  scatter_row_weights(dprobs, dws, a.d);
+  scatter_row_weights(dprobs, dws, a.probs, a.d);
 }
 
 void MoeMlp::backward(Tensor& din, const Tensor& dout, const MoeActs& a, const Tensor& in, MoeParams& p, int64_t seq,
                       double loss_weight) const {
   MTNLG_CHECK(a.defined(), "MoE backward without its forward's activations");
-  Tensor dprobs = empty_like_rows(in.dim(0), cfg.router.topk, in);
+  Tensor dprobs = router_rows(in.dim(0), cfg.router.topk, in);
   if (groups.exchange())
     exchange_backward(din, dprobs, dout, a, p);
   else

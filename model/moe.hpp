@@ -3,7 +3,8 @@
 // MoeLayerConfig::is_moe. Built from the MoE ops (core/moe_ops.hpp) on one process: the
 // router's logits, top-k, capacity, dispatch, the experts as grouped GEMMs with the
 // model's activation, combine, the optional shared expert with its gate, and the
-// balancing and z losses added to the training loss. CPU, f32 or f64.
+// balancing and z losses added to the training loss. CPU or CUDA; the rows f32, f64 or
+// bf16/f16 storage, the router f32 (f64 beside f64 rows).
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -18,7 +19,7 @@ class Communicator;
 namespace mtnlg::model {
 
 // The MoE keys as the model uses them (app::gpt_config fills it from the recipe).
-enum class MoeBalancing { aux_loss, seq_aux_loss, none };
+enum class MoeBalancing { aux_loss, seq_aux_loss, global_aux_loss, none };
 struct MoeLayerConfig {
   int64_t num_experts = 0;  // 0: every layer dense
   int64_t ffn = 0;          // each routed expert's width
@@ -30,6 +31,7 @@ struct MoeLayerConfig {
   bool expert_bias = false;
   double bias_update_rate = 1e-3;
   double capacity_factor = 0.0;  // 0: dropless
+  double jitter_eps = 0.0;       // > 0: the router's input scaled by U(1 - eps, 1 + eps) in training
   bool pad_to_capacity = false;
   ops::DropPolicy drop_policy = ops::DropPolicy::probs;
   std::vector<uint8_t> layers;  // per layer of the whole model: 1 = MoE
@@ -61,6 +63,7 @@ struct MoeGroups {
   parallel::Communicator* ep = nullptr;      // null: one expert-parallel rank
   parallel::Communicator* etp = nullptr;     // the ranks splitting each expert's width; null: one
   std::vector<parallel::Communicator*> seq;  // tp under sp, cp: together they split the tokens
+  parallel::Communicator* dp = nullptr;      // the data replicas (global_aux_loss sums its counts over them)
   int64_t seq_parts() const;
   bool exchange() const;  // rows leave this rank: ep or etp has more than one rank
 };
@@ -90,6 +93,14 @@ struct MoeActs {
   Tensor r_weight;
   Tensor xp, pre, act, aw;              // dispatched rows, fc1 output, activation, weighted activation
   Tensor s_pre, s_act, s_out, s_logit;  // shared expert: fc1 output, activation, fc2 output, gate logit
+  // The router's input jitter of this forward (set by the caller before it; `on` false: none)
+  // and the jittered input the router's weight gradient needs.
+  struct Jitter {
+    bool on = false;
+    uint64_t key = 0, base = 0;
+    DeviceKey dkey;
+  } jitter;
+  Tensor router_in;
   bool defined() const { return logits.defined(); }
   int64_t bytes() const;
 };
@@ -103,6 +114,10 @@ struct MoeLayerStats {
   int64_t dropped = 0;
   double aux = 0.0, z = 0.0;
   int64_t forwards = 0;
+  // global_aux_loss: the balancing counts of this step's micro batches so far (summed over
+  // the tp, cp and dp ranks) and how many micro batches they hold.
+  std::vector<double> global_counts{};
+  int64_t global_micro = 0;
 };
 
 // Where an MoE layer's time goes on this thread since the process started (the comm
@@ -141,11 +156,12 @@ struct MoeMlp {
                               const Tensor& w, MoeParams& p) const;
   void exchange_forward(Tensor& out, MoeActs& a, const Tensor& in, const MoeParams& p) const;
   std::vector<int32_t> swap_counts(MoeActs& a) const;
-  std::vector<int64_t> pool_counts(int64_t rows) const;
+  std::vector<int64_t> pool_counts(int64_t rows, Device dev) const;
   Tensor pool_rows(const Tensor& x, const std::vector<int64_t>& counts, int64_t w) const;
   Tensor sum_pooled(const Tensor& partial, const std::vector<int64_t>& counts, int64_t w) const;
   void exchange_backward(Tensor& din, Tensor& dprobs, const Tensor& dout, const MoeActs& a, MoeParams& p) const;
-  double aux_loss(MoeActs& a, const Tensor& in, int64_t seq) const;
+  double aux_loss(MoeActs& a, const Tensor& in, int64_t seq, MoeLayerStats* stats) const;
+  double running_global_counts(MoeActs& a, MoeLayerStats* stats) const;
   void shared_forward(Tensor& out, MoeActs& a, const Tensor& in, const MoeParams& p) const;
   void shared_backward(Tensor& din, const Tensor& dout, const MoeActs& a, const Tensor& in, MoeParams& p) const;
   void router_backward(Tensor& din, const Tensor& dprobs, const MoeActs& a, const Tensor& in, MoeParams& p, int64_t seq,

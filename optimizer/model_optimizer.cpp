@@ -41,7 +41,11 @@ void ModelAdamW::grad_norm_sq(const Tensor& grads, Tensor& acc) {
   if (!experts_) return;
   Tensor more = Tensor::empty({1}, DType::f64, acc.device());
   experts_->grad_norm_sq(grads.flat(expert_offset_, numel_ - expert_offset_), more);
-  ops::add_inplace(acc, more);
+  // The two regions' sums added on the host (f64 is a host dtype for CUDA's elementwise
+  // ops; the step reads the norm there next anyway).
+  Tensor sum = acc.to(Device::cpu);
+  sum.data<double>()[0] += more.to(Device::cpu).data<double>()[0];
+  acc.copy_from(sum);
 }
 
 StepResult ModelAdamW::apply(Tensor& params, Tensor& grads, double lr, Tensor* weights, double loss_scale,

@@ -62,12 +62,15 @@ void set_moe(model::GptConfig& c, const ModelConfig& m) {
   o.router.group_topk = e.moe_router_group_topk;
   o.balancing = e.moe_router_load_balancing_type == MoeLoadBalancing::seq_aux_loss ? model::MoeBalancing::seq_aux_loss
                 : e.moe_router_load_balancing_type == MoeLoadBalancing::none       ? model::MoeBalancing::none
-                                                                                   : model::MoeBalancing::aux_loss;
+                : e.moe_router_load_balancing_type == MoeLoadBalancing::global_aux_loss
+                    ? model::MoeBalancing::global_aux_loss
+                    : model::MoeBalancing::aux_loss;
   o.aux_coeff = e.moe_aux_loss_coeff;
   o.z_coeff = e.moe_z_loss_coeff;
   o.expert_bias = e.moe_router_enable_expert_bias;
   o.bias_update_rate = e.moe_router_bias_update_rate;
   o.capacity_factor = e.moe_expert_capacity_factor.value_or(0.0);
+  o.jitter_eps = e.moe_input_jitter_eps;
   o.pad_to_capacity = e.moe_pad_expert_input_to_capacity;
   o.drop_policy =
       e.moe_token_drop_policy == MoeDropPolicy::position ? ops::DropPolicy::position : ops::DropPolicy::probs;

@@ -3,6 +3,9 @@
 // the binary) naming the key.
 #include <catch2/catch.hpp>
 
+#include <sstream>
+#include <string>
+
 #include "config/recipe.hpp"
 #include "core/error.hpp"
 #include "test/support/bad_input.hpp"
@@ -116,19 +119,23 @@ TEST_CASE("recipe moe: train refuses the MoE forms it does not build, naming the
   CHECK_NOTHROW(refuse_unwired_moe(parse_recipe(kTiny, "t.yaml", {})));
   const std::vector<std::string> ok = {"model.add_bias_linear=false", "training.device=cpu"};
   CHECK_NOTHROW(refuse_unwired_moe(parse_recipe(kTiny, "t.yaml", moe(ok))));
+  for (const char* dev : {"training.device=cuda", "training.device=test", "training.precision=bf16",
+                          "training.precision=fp16"}) {  // the MoE ops run on CUDA, and in bf16/fp16 storage
+    std::vector<std::string> on = {"model.add_bias_linear=false", dev};
+    CHECK_NOTHROW(refuse_unwired_moe(parse_recipe(kTiny, "t.yaml", moe(on))));
+  }
   CHECK_THROWS_WITH(refuse_unwired_moe(parse_recipe(kTiny, "t.yaml", kMoe)),
                     Contains("model.add_bias_linear") && Contains("not built yet"));
   for (const auto& [set, key] : std::vector<std::pair<std::string, std::string>>{
            {"parallel.tensor_model_parallel_size=2", "parallel.sequence_parallel"},
-           {"training.device=cuda", "training.device"},
-           {"training.device=test", "training.device"},
-           {"training.precision=bf16", "training.precision"},
-           {"model.moe_router_load_balancing_type=global_aux_loss", "model.moe_router_load_balancing_type"},
-           {"model.moe_input_jitter_eps=0.01", "model.moe_input_jitter_eps"},
+           {"training.enable_cuda_graph=true", "training.enable_cuda_graph"},
+           {"model.moe_router_load_balancing_type=global_aux_loss parallel.recompute_granularity=full",
+            "model.moe_router_load_balancing_type"},
            {"model.moe_router_dtype=fp64", "model.moe_router_dtype"}}) {
     INFO(set);
     std::vector<std::string> sets = ok;
-    sets.push_back(set);
+    std::istringstream words(set);  // one or more key=value, space-separated
+    for (std::string w; words >> w;) sets.push_back(w);
     CHECK_THROWS_WITH(refuse_unwired_moe(parse_recipe(kTiny, "t.yaml", moe(sets))), Contains(key));
   }
   // Expert, expert-tensor, tensor (with sequence parallelism) and pipeline parallelism train.

@@ -16,6 +16,14 @@
 #                 both equal the straight 8-iteration run of the resuming device (1e-4)
 #     layout      mpirun -np 8, tp2 x pp2 x dp2, ZeRO-1 and sequence parallel, on the
 #                 emulated NCCL: every loss within 1e-5 of the single-process cuda run
+#     moe         mixture of experts on CUDA (core/cuda/moe.cu, cuBLAS's grouped GEMM): the
+#                 tiny GPT with 4 routed experts per layer, fp32, cuda vs cpu (1e-4) for top-2
+#                 softmax routing with the balancing and z losses and full recompute, and for
+#                 sigmoid routing with the expert bias, a capacity with padding and a gated
+#                 shared expert (Llama family); bf16 cuda vs cpu (2e-2) and the cpu's bf16 vs
+#                 its fp32 run (2e-2); under mpirun ep2 and etp2 x ep2 with ZeRO-1
+#                 on the emulated NCCL (the token exchange by grouped send/recv): every loss
+#                 within 1e-5 of the single-process cuda run; CUDA graphs with MoE exit 2
 #     graphs      training.enable_cuda_graph: micro batches replayed from CUDA graphs give
 #                 the eager cuda run's losses and grad norms bit for bit (fp32 with recompute
 #                 none and full, bf16, fp16 with loss scaling; the loss-mask path; hidden and
@@ -229,6 +237,44 @@ EOF
       --set parallel.use_distributed_optimizer=true --set parallel.sequence_parallel=true >"$out/eight.log" 2>&1 ||
       { echo "  mpirun -np 8 failed"; tail -20 "$out/eight.log"; fails=$((fails + 1)); }
     compare eight one 1e-5
+    ;;
+  moe)
+    moe=(--set model.num_experts=4 --set model.moe_router_topk=2 --set model.moe_ffn_hidden_size=48
+      --set model.moe_aux_loss_coeff=1e-2 --set model.moe_z_loss_coeff=1e-3 --set model.add_bias_linear=false
+      --set model.hidden_dropout=0 --set model.attention_dropout=0)
+    train moe-cpu cpu fp32 "${moe[@]}" --set parallel.recompute_granularity=full &&
+      train moe-gpu cuda fp32 "${moe[@]}" --set parallel.recompute_granularity=full && compare moe-gpu moe-cpu 1e-4
+    llama=(--set model.position_embedding_type=rope --set model.normalization=RMSNorm --set model.swiglu=true
+      --set model.ffn_hidden_size=80 --set model.num_query_groups=2 --set model.moe_router_score_function=sigmoid
+      --set model.moe_router_enable_expert_bias=true --set model.moe_expert_capacity_factor=1.5
+      --set model.moe_pad_expert_input_to_capacity=true --set model.moe_shared_expert_intermediate_size=32
+      --set model.moe_shared_expert_gate=true --set model.moe_input_jitter_eps=0.05)
+    train moe2-cpu cpu fp32 "${moe[@]}" "${llama[@]}" &&
+      train moe2-gpu cuda fp32 "${moe[@]}" "${llama[@]}" && compare moe2-gpu moe2-cpu 1e-4
+    # bf16 storage (fp32 master weights, the router in fp32): cuda vs cpu, and the cpu's bf16
+    # run against its fp32 run (full recompute there: the same numbers as without)
+    train moe16-cpu cpu bf16 "${moe[@]}" && train moe16-gpu cuda bf16 "${moe[@]}" && compare moe16-gpu moe16-cpu 2e-2
+    compare moe16-cpu moe-cpu 2e-2
+    train moe-one cuda fp32 "${moe[@]}" --set training.train_iters=4
+    for l in "ep2 2 --set parallel.expert_model_parallel_size=2" \
+      "etp2-ep2-zero1 4 --set parallel.expert_model_parallel_size=2 --set parallel.expert_tensor_parallel_size=2 --set parallel.use_distributed_optimizer=true"; do
+      set -- $l
+      name=$1 np=$2
+      shift 2
+      MTNLG_EMU_DEVICES=$np "$repo/test/support/mpi/mpirun.sh" "$np" "$bin" train recipes/tiny-mock.yaml \
+        --set training.device=cuda --set training.precision=fp32 --set logging.dir="$out/moe-$name" \
+        --set logging.log_interval=1 --set training.train_iters=4 "${moe[@]}" "$@" >"$out/moe-$name.log" 2>&1 ||
+        { echo "  mpirun -np $np $name failed"; tail -20 "$out/moe-$name.log"; fails=$((fails + 1)); }
+      compare "moe-$name" moe-one 1e-5
+    done
+    "$bin" train recipes/tiny-mock.yaml "${moe[@]}" --set training.device=cuda --set training.enable_cuda_graph=true \
+      --set logging.dir="$out/moe-graphs" >"$out/moe-graphs.log" 2>&1
+    rc=$?
+    if [ $rc -eq 2 ] && grep -q "training.enable_cuda_graph" "$out/moe-graphs.log"; then
+      echo "  CUDA graphs with MoE layers: exit 2 naming training.enable_cuda_graph ok"
+    else
+      echo "  CUDA graphs with MoE layers: exit $rc FAILED"; tail -3 "$out/moe-graphs.log"; fails=$((fails + 1))
+    fi
     ;;
   graphs)
     nodrop=(--set model.hidden_dropout=0 --set model.attention_dropout=0 --set data.eod_mask_loss=true

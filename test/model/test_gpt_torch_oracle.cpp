@@ -20,19 +20,21 @@ void add_moe_meta(const GptConfig& cfg, int64_t micro_batches, std::map<std::str
   int64_t mask = 0;
   for (size_t l = 0; l < m.layers.size(); ++l)
     if (m.layers[l]) mask |= int64_t{1} << l;
-  for (auto& [k, v] : std::map<std::string, double>{{"moe", 1},
-                                                    {"micro_batches", static_cast<double>(micro_batches)},
-                                                    {"moe_layers", static_cast<double>(mask)},
-                                                    {"experts", static_cast<double>(m.num_experts)},
-                                                    {"topk", static_cast<double>(m.router.topk)},
-                                                    {"sigmoid", m.router.score == ops::RouterScore::sigmoid ? 1 : 0},
-                                                    {"pre_softmax", m.router.pre_softmax ? 1 : 0},
-                                                    {"scaling", m.router.scaling_factor},
-                                                    {"capacity", m.capacity_factor},
-                                                    {"seq_aux", m.balancing == MoeBalancing::seq_aux_loss ? 1 : 0},
-                                                    {"aux_coeff", m.balancing == MoeBalancing::none ? 0 : m.aux_coeff},
-                                                    {"z_coeff", m.z_coeff},
-                                                    {"bias_rate", m.bias_update_rate}})
+  for (auto& [k, v] :
+       std::map<std::string, double>{{"moe", 1},
+                                     {"micro_batches", static_cast<double>(micro_batches)},
+                                     {"moe_layers", static_cast<double>(mask)},
+                                     {"experts", static_cast<double>(m.num_experts)},
+                                     {"topk", static_cast<double>(m.router.topk)},
+                                     {"sigmoid", m.router.score == ops::RouterScore::sigmoid ? 1 : 0},
+                                     {"pre_softmax", m.router.pre_softmax ? 1 : 0},
+                                     {"scaling", m.router.scaling_factor},
+                                     {"capacity", m.capacity_factor},
+                                     {"seq_aux", m.balancing == MoeBalancing::seq_aux_loss ? 1 : 0},
+                                     {"global_aux", m.balancing == MoeBalancing::global_aux_loss ? 1 : 0},
+                                     {"aux_coeff", m.balancing == MoeBalancing::none ? 0 : m.aux_coeff},
+                                     {"z_coeff", m.z_coeff},
+                                     {"bias_rate", m.bias_update_rate}})
     meta[k] = fmt::format("{}", v);
 }
 
@@ -230,6 +232,10 @@ TEST_CASE("moe: softmax top-k model, loss with aux and z terms, gradients and Ad
   cfg.moe.balancing = MoeBalancing::seq_aux_loss;
   cfg.moe.shared_ffn = 40;
   cfg.moe.shared_gate = true;
+  check_against_torch(cfg, 0, kMoeLr);
+  INFO("global_aux_loss: each micro batch's loss over the running average of the step's counts");
+  cfg.moe.capacity_factor = 0;
+  cfg.moe.balancing = MoeBalancing::global_aux_loss;
   check_against_torch(cfg, 0, kMoeLr);
 }
 

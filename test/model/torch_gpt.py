@@ -67,6 +67,7 @@ def main(d):
     params = {k: v.clone().to(ftype).requires_grad_(True) for k, v in init.items()}
     micro = int(cfg.get("micro_batches", 1))
     step_counts = {}  # per MoE layer: tokens per expert (after drops) over the step
+    global_counts = {}  # global_aux_loss: per MoE layer, [balancing counts so far, micro batches]
 
     def gelu(x):
         return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
@@ -159,6 +160,13 @@ def main(d):
         aux = torch.zeros((), dtype=torch.float64)
         if cfg["aux_coeff"] > 0:
             sel = torch.topk(scores.detach(), k, -1).indices
+            if int(cfg.get("global_aux", 0)):  # the running average of the step's micro batches' counts
+                run = global_counts.setdefault(n, [torch.zeros(E, dtype=torch.float64), 0])
+                run[0] = run[0] + torch.zeros(E, dtype=torch.float64).index_add_(
+                    0, sel.reshape(-1), torch.ones(sel.numel(), dtype=torch.float64))
+                run[1] += 1
+                aux = cfg["aux_coeff"] * E / (k * N * N) * (scores.sum(0) * (run[0] / run[1])).sum()
+                groups = 0
             for g in range(groups):
                 r = slice(g * N // groups, (g + 1) * N // groups)
                 cnt = torch.zeros(E, dtype=torch.float64).index_add_(
@@ -193,6 +201,7 @@ def main(d):
         losses / micro batches; also the balancing and z losses over their coefficients,
         summed over the MoE layers and averaged over the micro batches."""
         per = tokens.shape[0] // micro
+        global_counts.clear()
         total = torch.zeros((), dtype=torch.float64)
         aux_log = z_log = 0.0
         for m in range(micro):

@@ -33,7 +33,7 @@ const std::string kMoe =
 const std::string kSigmoidShared =
     "--set model.moe_router_score_function=sigmoid --set model.moe_router_enable_expert_bias=true "
     "--set model.moe_router_topk_scaling_factor=2.5 --set model.moe_shared_expert_intermediate_size=16 "
-    "--set model.moe_shared_expert_gate=true ";
+    "--set model.moe_shared_expert_gate=true --set model.moe_input_jitter_eps=0.05 ";
 
 struct Curve {
   std::vector<double> loss, balance;
