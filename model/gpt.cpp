@@ -223,11 +223,11 @@ GptChunk::GptChunk(const GptConfig& cfg, ChunkSpec spec, ParamStore& store, cons
   cp_ = groups.cp ? groups.cp->size() : 1;
   cp_rank_ = groups.cp ? groups.cp->rank() : 0;
   if (cp_ > 1) {
-    if (dev_ != Device::cpu)
+    if (dev_ != Device::cpu && cfg.cp_comm == CpCommType::a2a)
       throw_input(
-          "parallel.context_parallel_size ({}): context parallelism runs on the CPU only so far "
-          "(training.device: cpu)",
-          cp_);
+          "parallel.context_parallel_size ({}): parallel.cp_comm_type a2a runs on the CPU only so far "
+          "(p2p or all_gather on {})",
+          cp_, to_string(dev_));
     if (cfg.attention == AttentionBackend::unfused)
       throw_input(
           "model.attention_backend: unfused does not run across context-parallel ranks (they merge the "
@@ -622,7 +622,7 @@ void GptChunk::layer_backward(int64_t li, const Tensor& dy, Tensor& dx, LayerAct
 // device; on CUDA flash (cuDNN's fused attention) where cuDNN takes this problem, else
 // unfused. flash on CUDA that cuDNN refuses is the recipe's error.
 void GptChunk::resolve_attention() {
-  if (cp_ > 1) {  // the CPU's flash form across the cp group (checked in the constructor)
+  if (cp_ > 1) {  // the flash form's blocks across the cp group (checked in the constructor)
     attention_ = AttentionBackend::flash;
     attention_note_ = fmt::format("flash, across {} context-parallel ranks ({})", cp_, to_string(cfg_.cp_comm));
     return;

@@ -5,9 +5,10 @@
 // each rank runs; run_in_process gives a group of in-process ranks (threads that take
 // turns), which is how the tests prove them against the one-rank attention op.
 //
-// Not wired into training yet (`train` refuses parallel.context_parallel_size > 1). With
-// attention dropout every rank draws the one-rank op's mask at its rows' global positions.
-// Host tensors in f32 or f64 (the CPU's ops).
+// With attention dropout every rank draws the one-rank op's mask at its rows' global
+// positions. Tensors in f32 or f64 (the wide form of the activations) on any one device:
+// the host, the test device or CUDA (the blocks, the merge and the K/V buffer are ops of
+// core/ops.hpp); a2a moves its heads with host copies, the CPU only so far.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -40,7 +41,8 @@ Tensor cp_gather(const std::vector<Tensor>& parts);
 
 // ---- the transport ----------------------------------------------------------------------
 // What attention across a cp group needs from the group's communicator. Tensors are
-// contiguous host tensors; every rank calls the same operations in the same order with the
+// contiguous, on the group's device (host tensors for MPI and the in-process group, GPU
+// memory for NCCL); every rank calls the same operations in the same order with the
 // same sizes and dtype. A Communicator-backed version maps shift to isend + recv and the
 // others to its collectives.
 class CpExchange {
@@ -69,9 +71,12 @@ class CpExchange {
   double bytes_ = 0;
 };
 
-// The exchange over a cp group's Communicator (host payloads: the CPU's MPI groups): shift
-// is isend + recv, all_to_all one isend per peer then the receives in rank order, the
-// others the group's collectives; bytes_sent() is what the group counted meanwhile.
+// The exchange over a cp group's Communicator (MPI on the CPU and the test device; NCCL on
+// CUDA: receives and collectives on the compute stream, isend on the send stream, every
+// operation recorded by the device watchdog under the group's name "cp"): shift is isend +
+// recv, all_to_all one isend per peer then the receives in rank order, the others the
+// group's collectives; a rank's own block is the device's copy; bytes_sent() is what the
+// group counted meanwhile.
 std::unique_ptr<CpExchange> make_cp_exchange(std::shared_ptr<Communicator> group);
 
 // Runs fn(exchange) on `cp` in-process ranks, one thread each, which take turns: a rank
@@ -90,7 +95,7 @@ void run_in_process(int64_t cp, const std::function<void(CpExchange&)>& fn);
 //   all_gather  K/V gathered, each local chunk against the causal prefix;
 //   a2a         the heads' groups exchanged (G and H divisible by cp), one full-sequence
 //               attention_forward_lse per rank, the outputs exchanged back.
-// a2a+p2p is not implemented in these functions yet (RuntimeError).
+// a2a+p2p is not implemented in these functions yet, a2a not on device tensors (RuntimeError).
 struct CpAttention {
   int64_t heads = 0;
   int64_t groups = 0;  // 0: one group per head
