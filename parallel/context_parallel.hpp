@@ -61,9 +61,10 @@ class CpExchange {
   // in = size() blocks of out.numel(); out = the sum over ranks of their block rank(),
   // added in rank order.
   virtual void reduce_scatter(const Tensor& in, Tensor& out) = 0;
-  // in and out = size() blocks of equal size: block j of `in` goes to rank j, block j of
-  // `out` comes from rank j.
-  virtual void all_to_all(const Tensor& in, Tensor& out) = 0;
+  // in and out = m blocks of equal size, among the m consecutive ranks that hold this one
+  // (ranks (rank() / m) m + j, j < m; m = 0: every rank): block j of `in` goes to the j-th of
+  // them, block j of `out` comes from it.
+  virtual void all_to_all(const Tensor& in, Tensor& out, int64_t m = 0) = 0;
   // Bytes this rank sent, counted as Communicator counts them (parallel/communicator.hpp).
   double bytes_sent() const { return bytes_; }
 
@@ -94,8 +95,11 @@ void run_in_process(int64_t cp, const std::function<void(CpExchange&)>& fn);
 //               against both) and merged by log-sum-exp;
 //   all_gather  K/V gathered, each local chunk against the causal prefix;
 //   a2a         the heads' groups exchanged (G and H divisible by cp), one full-sequence
-//               attention_forward_lse per rank, the outputs exchanged back.
-// a2a+p2p is not implemented in these functions yet, a2a not on device tensors (RuntimeError).
+//               attention_forward_lse per rank, the outputs exchanged back;
+//   a2a+p2p     the heads' groups exchanged within groups of a2a_size consecutive ranks
+//               (G and H divisible by it), then the p2p ring across those groups over the
+//               group's positions (two chunks of a2a_size x T / (2 cp) of the sequence).
+// a2a and a2a+p2p run on host tensors only (RuntimeError on a device).
 struct CpAttention {
   int64_t heads = 0;
   int64_t groups = 0;  // 0: one group per head
@@ -103,6 +107,7 @@ struct CpAttention {
   // As attention_forward_lse's over the whole sequence (sample_offset, head_offset and
   // heads_total as a tensor-parallel rank passes them).
   ops::AttentionDropout drop{};
+  int64_t a2a_size = 0;  // a2a+p2p: hierarchical_context_parallel_sizes[0], a divisor of the group's size
 };
 void cp_attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const CpAttention& a, CpExchange& ex);
 // dqkv (written) from the final out and lse: p2p sends the K/V around again with their
