@@ -1033,7 +1033,9 @@ void refuse_unwired_context_parallel(const Recipe& r) {
                     "all_gather, or training.device cpu)",
                     r.training.device == DeviceKind::cuda ? "cuda" : "test"));
   if (r.parallel.cp_comm_type == CpCommType::a2a_p2p)
-    refuse("parallel.cp_comm_type a2a+p2p is not implemented yet; use p2p, a2a or all_gather");
+    refuse(
+        "parallel.cp_comm_type a2a+p2p does not train yet (the model does not take the a2a size); use p2p, a2a "
+        "or all_gather");
   if (r.training.enable_cuda_graph) refuse("training.enable_cuda_graph does not capture context parallelism yet");
 }
 
