@@ -35,9 +35,8 @@ struct TrainSummary {
 
 // What context parallelism (parallel.context_parallel_size > 1) does not train with yet:
 // InputError (exit 2) naming the key, so such a recipe never trains as if cp were 1 —
-// cp_comm_type a2a on CUDA or the test device (the model refuses it on a GPU chosen by
-// training.device auto too), cp_comm_type a2a+p2p (parallel/context_parallel.hpp has its
-// attention; the model does not take the a2a size yet), CUDA graphs.
+// cp_comm_type a2a or a2a+p2p on CUDA or the test device (the model refuses them on a GPU
+// chosen by training.device auto too), CUDA graphs.
 void refuse_unwired_context_parallel(const Recipe& recipe);
 
 // Runs training for `recipe` on the process groups of this rank (refuse_unwired_context_parallel first).

@@ -127,7 +127,7 @@ TEST_CASE("train: context-parallel layouts reproduce the single-process losses",
     CHECK(worst <= 1e-5);
   }
   const std::vector<double> llama = run_layout("cp-llama-ref", 1, kLlama);
-  for (const auto& l : test::layouts({"cp2", "cp2-a2a", "cp2-tp2-sp", "cp2-pp2-v2-full"})) {
+  for (const auto& l : test::layouts({"cp2", "cp2-a2a", "cp4-a2a+p2p", "cp2-tp2-sp", "cp2-pp2-v2-full"})) {
     INFO("llama " << l.name);
     const double worst = worst_relative(run_layout("llama-" + l.name, l.np, kLlama + l.sets), llama);
     INFO("worst relative loss difference " << worst);
