@@ -39,7 +39,9 @@ struct SeqRows {
   // 0: row i is position i; else rows [0, chunk) are positions first * chunk + i and rows
   // [chunk, 2 chunk) second * chunk + (i - chunk) (a rank's two chunks of the split).
   int64_t chunk = 0, first = 0, second = 0;
-  int64_t at(int64_t i) const { return chunk == 0 ? i : i < chunk ? first * chunk + i : second * chunk + i - chunk; }
+  MTNLG_HD int64_t at(int64_t i) const {  // host and device code (the CUDA block kernels' dropout)
+    return chunk == 0 ? i : i < chunk ? first * chunk + i : second * chunk + i - chunk;
+  }
 };
 struct AttentionBlock {
   int64_t q_begin = 0, q_count = -1;

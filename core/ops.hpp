@@ -181,8 +181,9 @@ void attention_forward_lse(Tensor& out, Tensor& lse, const Tensor& qkv, int64_t 
                            int64_t groups = 0);
 void attention_backward_lse(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
                             int64_t heads, const AttentionDropout& drop, int64_t groups = 0);
-// ---- context-parallel attention's pieces (core/ops/attention.cpp; the CPU only so far, f32
-// and f64; parallel/context_parallel.hpp composes them across ranks; formulas in
+// ---- context-parallel attention's pieces (core/ops/attention.cpp, core/cuda/attention.cu:
+// the unfused form over the block; activations f32, bf16 or f16 (f64 on the CPU), the lse
+// wide; parallel/context_parallel.hpp composes them across ranks; formulas in
 // docs/specs/context-parallel.md) ---------------------------------------------------------
 // One block: the query rows blk.q_* of qkv [B, Tq, G*(H/G+2)*D] (only the q columns are
 // read) against the key/value rows blk.k_* of kv [B, Tk, G*2*D] (per group [k | v], the
@@ -200,8 +201,8 @@ void attention_block_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const 
 void attention_block_backward(Tensor& dqkv, Tensor& dkv, const Tensor& dout, const Tensor* dlse, const Tensor& qkv,
                               const Tensor& kv, const Tensor& out, const Tensor& lse, int64_t heads,
                               const AttentionBlock& blk, int64_t groups = 0);
-// Attention over two disjoint key sets from each one's output and log-sum-exp, in the wide
-// dtype: lse = log(exp(lse_a) + exp(lse_b)), out = exp(lse_a - lse) out_a + exp(lse_b - lse)
+// Attention over two disjoint key sets from each one's output (activation dtype) and
+// log-sum-exp (wide), computed in the wide dtype: lse = log(exp(lse_a) + exp(lse_b)), out = exp(lse_a - lse) out_a + exp(lse_b - lse)
 // out_b, per (sample, head, row); a row with both lse -inf gets out 0, lse -inf. out [B, T,
 // H*D], lse [B, H, T]; out/lse may alias out_a/lse_a (merging in place).
 void attention_merge_forward(Tensor& out, Tensor& lse, const Tensor& out_a, const Tensor& lse_a, const Tensor& out_b,
@@ -211,6 +212,13 @@ void attention_merge_forward(Tensor& out, Tensor& lse, const Tensor& out_a, cons
 void attention_merge_backward(Tensor& dout_a, Tensor& dlse_a, Tensor& dout_b, Tensor& dlse_b, const Tensor& dout,
                               const Tensor* dlse, const Tensor& out_a, const Tensor& lse_a, const Tensor& out_b,
                               const Tensor& lse_b);
+
+// The K/V buffer of a context-parallel exchange (parallel/context_parallel.cpp): kv [B, T,
+// G*2*D] = the k and v columns of every group of qkv [B, T, G*(H/G+2)*D], per group [k | v]
+// (written). Its backward writes dkv into the k and v columns of dqkv (the q columns are
+// not touched). Any activation dtype: a copy, the same bits on every device.
+void attention_kv_forward(Tensor& kv, const Tensor& qkv, int64_t heads, int64_t groups = 0);
+void attention_kv_backward(Tensor& dqkv, const Tensor& dkv, int64_t heads, int64_t groups = 0);
 
 // Forward only, over a key/value cache (generation: prefill a prompt, then one token per
 // step). k_cache/v_cache [B, G, capacity, D] (one per query group) in the activation dtype

@@ -223,11 +223,11 @@ GptChunk::GptChunk(const GptConfig& cfg, ChunkSpec spec, ParamStore& store, cons
   cp_ = groups.cp ? groups.cp->size() : 1;
   cp_rank_ = groups.cp ? groups.cp->rank() : 0;
   if (cp_ > 1) {
-    if (dev_ != Device::cpu)
+    if (dev_ != Device::cpu && (cfg.cp_comm == CpCommType::a2a || cfg.cp_comm == CpCommType::a2a_p2p))
       throw_input(
-          "parallel.context_parallel_size ({}): context parallelism runs on the CPU only so far "
-          "(training.device: cpu)",
-          cp_);
+          "parallel.context_parallel_size ({}): parallel.cp_comm_type {} runs on the CPU only so far "
+          "(p2p or all_gather on {})",
+          cp_, to_string(cfg.cp_comm), to_string(dev_));
     if (cfg.attention == AttentionBackend::unfused)
       throw_input(
           "model.attention_backend: unfused does not run across context-parallel ranks (they merge the "
@@ -638,7 +638,7 @@ void GptChunk::layer_backward(int64_t li, const Tensor& dy, Tensor& dx, LayerAct
 // device; on CUDA flash (cuDNN's fused attention) where cuDNN takes this problem, else
 // unfused. flash on CUDA that cuDNN refuses is the recipe's error.
 void GptChunk::resolve_attention() {
-  if (cp_ > 1) {  // the CPU's flash form across the cp group (checked in the constructor)
+  if (cp_ > 1) {  // the flash form's blocks across the cp group (checked in the constructor)
     attention_ = AttentionBackend::flash;
     attention_note_ = fmt::format("flash, across {} context-parallel ranks ({})", cp_, to_string(cfg_.cp_comm));
     return;
@@ -717,7 +717,8 @@ void GptChunk::attention_core_forward(LayerActs& a, const Pass& p, int64_t layer
       out = Tensor::empty(out.shape(), w, dev_);
     }
     a.lse = Tensor::empty({B, heads_local_, T}, stats_dtype(), dev_);
-    const parallel::CpAttention at{heads_local_, groups_local_, cfg_.cp_comm, attention_dropout(p, layer)};
+    const parallel::CpAttention at{heads_local_, groups_local_, cfg_.cp_comm, attention_dropout(p, layer),
+                                   cfg_.cp_a2a_size};
     parallel::cp_attention_forward(out, a.lse, qkv, at, *cp_ex_);
     if (!wide) ops::convert(a.att, out);
     return;
@@ -746,7 +747,7 @@ Tensor GptChunk::attention_core_backward(const Tensor& datt, LayerActs& a, const
     };
     const Tensor qkv = widened(a.qkv), out = widened(a.att.view(datt.shape())), dout = widened(datt);
     Tensor dq = wide ? dqkv : Tensor::empty(dqkv.shape(), DType::f32, dev_);
-    const parallel::CpAttention at{heads_local_, groups_local_, cfg_.cp_comm, drop};
+    const parallel::CpAttention at{heads_local_, groups_local_, cfg_.cp_comm, drop, cfg_.cp_a2a_size};
     parallel::cp_attention_backward(dq, dout, qkv, out, a.lse, at, *cp_ex_);
     if (!wide) ops::convert(dqkv, dq);
     return dqkv;

@@ -78,6 +78,7 @@ struct GptConfig {
   int64_t micro_batch_size = 1;  // the training micro batch (the shape auto tries the flash form on)
   bool sequence_parallel = false;
   CpCommType cp_comm = CpCommType::p2p;  // attention across the cp group (ProcessGroups::cp)
+  int64_t cp_a2a_size = 0;               // a2a+p2p: the a2a groups' size (hierarchical_context_parallel_sizes[0])
   uint64_t seed = 1234;
   DType dtype = DType::f32;  // activations and the compute copy of the weights
   // The most logits the last stage computes at once (rows x this rank's vocabulary shard):

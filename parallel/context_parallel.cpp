@@ -49,25 +49,28 @@ struct SeqDims {
   int64_t B, T, row;
 };
 SeqDims seq_dims(const char* what, const Tensor& x) {
-  if (x.ndim() < 2 || !x.host_addressable())
-    throw_runtime("{}: expected a host tensor [B, T, ...], got {} on {}", what, shape_str(x.shape()),
-                  to_string(x.device()));
+  if (x.ndim() < 2) throw_runtime("{}: expected a tensor [B, T, ...], got {}", what, shape_str(x.shape()));
   return {x.dim(0), x.dim(1), x.numel() / std::max<int64_t>(x.dim(0) * x.dim(1), 1) * dtype_size(x.dtype())};
 }
 // Copies rank's two chunks between the whole sequence `full` and its part (to_part: full ->
-// part), sample by sample.
+// part), sample by sample: host memcpy, or the device's copy for device tensors.
 void copy_chunks(const Tensor& full, const Tensor& part, int64_t cp, int64_t rank, bool to_part) {
   const SeqDims f = seq_dims("cp_split", full);
-  const int64_t c = cp_chunk_len(f.T, cp), L = 2 * c;
+  const int64_t c = cp_chunk_len(f.T, cp), L = 2 * c, e = f.row / dtype_size(full.dtype());
   auto* fb = static_cast<char*>(full.raw());
   auto* pb = static_cast<char*>(part.raw());
+  const bool host = full.device() == Device::cpu;
   for (int64_t b = 0; b < f.B; ++b)
     for (int64_t half = 0; half < 2; ++half) {
       const int64_t chunk = half == 0 ? rank : 2 * cp - 1 - rank;
-      char* fp = fb + (b * f.T + chunk * c) * f.row;
-      char* pp = pb + (b * L + half * c) * f.row;
-      const auto n = static_cast<size_t>(c * f.row);
-      to_part ? std::memcpy(pp, fp, n) : std::memcpy(fp, pp, n);
+      const int64_t fo = (b * f.T + chunk * c), po = (b * L + half * c);
+      if (host) {
+        const auto n = static_cast<size_t>(c * f.row);
+        to_part ? std::memcpy(pb + po * f.row, fb + fo * f.row, n) : std::memcpy(fb + fo * f.row, pb + po * f.row, n);
+        continue;
+      }
+      Tensor fv = full.flat(fo * e, c * e), pv = part.flat(po * e, c * e);
+      to_part ? ops::copy(pv, fv) : ops::copy(fv, pv);
     }
 }
 }  // namespace
@@ -78,7 +81,7 @@ Tensor cp_split(const Tensor& x, int64_t cp, int64_t rank) {
   if (rank < 0 || rank >= cp) throw_runtime("cp_split: rank {} of a group of {}", rank, cp);
   Shape s = x.shape();
   s[1] = d.T / cp;
-  Tensor part = Tensor::empty(s, x.dtype());
+  Tensor part = Tensor::empty(s, x.dtype(), x.device());
   copy_chunks(x, part, cp, rank, true);
   return part;
 }
@@ -89,10 +92,10 @@ Tensor cp_gather(const std::vector<Tensor>& parts) {
   Shape s = parts[0].shape();
   seq_dims("cp_gather", parts[0]);
   s[1] *= cp;
-  Tensor full = Tensor::empty(s, parts[0].dtype());
+  Tensor full = Tensor::empty(s, parts[0].dtype(), parts[0].device());
   for (int64_t r = 0; r < cp; ++r) {
     const Tensor& p = parts[static_cast<size_t>(r)];
-    if (p.shape() != parts[0].shape() || p.dtype() != parts[0].dtype())
+    if (p.shape() != parts[0].shape() || p.dtype() != parts[0].dtype() || p.device() != parts[0].device())
       throw_runtime("cp_gather: part {} is {} {}, part 0 {} {}", r, shape_str(p.shape()), to_string(p.dtype()),
                     shape_str(parts[0].shape()), to_string(parts[0].dtype()));
     copy_chunks(full, p, cp, r, false);
@@ -156,20 +159,26 @@ class InProcessExchange final : public CpExchange {
     });
     bytes_ += static_cast<double>(s_.n - 1) / static_cast<double>(s_.n) * static_cast<double>(in.nbytes());
   }
-  void all_to_all(const Tensor& in, Tensor& out) override {
+  void all_to_all(const Tensor& in, Tensor& out, int64_t m) override {
     check_same("all_to_all", in, out, 1, 1);
-    const int64_t block = in.nbytes() / s_.n;
+    m = subgroup(m);
+    const int64_t block = in.nbytes() / m, first = rank_ / m * m;
     exchange(in, [&] {
-      for (int64_t j = 0; j < s_.n; ++j)
+      for (int64_t j = 0; j < m; ++j)
         std::memcpy(static_cast<char*>(out.raw()) + j * block,
-                    static_cast<const char*>(s_.posted[static_cast<size_t>(j)]->raw()) + rank_ * block,
+                    static_cast<const char*>(s_.posted[static_cast<size_t>(first + j)]->raw()) + rank_ % m * block,
                     static_cast<size_t>(block));
     });
-    bytes_ += static_cast<double>(s_.n - 1) / static_cast<double>(s_.n) * static_cast<double>(in.nbytes());
+    bytes_ += static_cast<double>(m - 1) / static_cast<double>(m) * static_cast<double>(in.nbytes());
   }
 
  private:
   static size_t bytes(const Tensor& t) { return static_cast<size_t>(t.nbytes()); }
+  int64_t subgroup(int64_t m) const {
+    if (m == 0) return s_.n;
+    if (m < 0 || s_.n % m != 0) throw_runtime("cp exchange all_to_all: groups of {} in {} ranks", m, s_.n);
+    return m;
+  }
   // out = the sum of block rank() of every rank's input, in rank order.
   template <typename T>
   void sum_blocks(Tensor& out, int64_t n) {
@@ -232,7 +241,7 @@ class CommExchange final : public CpExchange {
     check_same("shift", send, recv, 1, 1);
     const int64_t n = size(), to = ((rank() + k) % n + n) % n, from = ((rank() - k) % n + n) % n;
     if (to == rank()) {
-      std::memcpy(recv.raw(), send.raw(), static_cast<size_t>(send.nbytes()));
+      ops::copy(recv, send);
       return;
     }
     counted([&] {
@@ -249,17 +258,20 @@ class CommExchange final : public CpExchange {
     check_same("reduce_scatter", in, out, 1, size());
     counted([&] { g_->reduce_scatter(in.raw(), out.raw(), out.numel(), out.dtype()); });
   }
-  void all_to_all(const Tensor& in, Tensor& out) override {
+  void all_to_all(const Tensor& in, Tensor& out, int64_t m) override {
     check_same("all_to_all", in, out, 1, 1);
-    const int64_t n = size(), me = rank(), block = in.numel() / n, e = dtype_size(in.dtype());
+    const int64_t n = m == 0 ? size() : m;
+    if (n < 1 || size() % n != 0) throw_runtime("cp exchange all_to_all: groups of {} in {} ranks", m, size());
+    const int64_t me = rank() % n, first = rank() - me, block = in.numel() / n, e = dtype_size(in.dtype());
     auto at = [&](const Tensor& t, int64_t j) { return static_cast<char*>(t.raw()) + j * block * e; };
     counted([&] {
       std::vector<std::unique_ptr<Request>> sends;
       for (int64_t j = 0; j < n; ++j)
-        if (j != me) sends.push_back(g_->isend(at(in, j), block, in.dtype(), j, kTag));
-      std::memcpy(at(out, me), at(in, me), static_cast<size_t>(block * e));
+        if (j != me) sends.push_back(g_->isend(at(in, j), block, in.dtype(), first + j, kTag));
+      Tensor mine = out.flat(me * block, block);
+      ops::copy(mine, in.flat(me * block, block));
       for (int64_t j = 0; j < n; ++j)
-        if (j != me) g_->recv(at(out, j), block, out.dtype(), j, kTag);
+        if (j != me) g_->recv(at(out, j), block, out.dtype(), first + j, kTag);
       for (auto& r : sends) r->wait();
     });
   }
@@ -341,8 +353,10 @@ Dims dims_of(const char* op, const Tensor& qkv, const CpAttention& a, const CpEx
   if (H <= 0 || H % G != 0 || qkv.ndim() != 3 || qkv.dim(2) % (G * (H / G + 2)) != 0 || qkv.dim(1) % 2 != 0)
     throw_runtime("{}: qkv [B, L, G*(H/G+2)*D] with an even L, H % G == 0: got {} with {} heads in {} groups", op,
                   shape_str(qkv.shape()), H, G);
-  if (!qkv.host_addressable() || (qkv.dtype() != DType::f32 && qkv.dtype() != DType::f64))
-    throw_runtime("{}: host f32 or f64 tensors (the CPU's ops), got {} on {}", op, to_string(qkv.dtype()),
+  if (qkv.dtype() != DType::f32 && qkv.dtype() != DType::f64)
+    throw_runtime("{}: f32 or f64 tensors (the wide form of the activations), got {}", op, to_string(qkv.dtype()));
+  if (qkv.device() != Device::cpu && (a.type == CpCommType::a2a || a.type == CpCommType::a2a_p2p))
+    throw_runtime("{}: a2a and a2a+p2p run on the CPU only so far (p2p or all_gather on {})", op,
                   to_string(qkv.device()));
   const int64_t Q = H / G, D = qkv.dim(2) / (G * (Q + 2));
   return {qkv.dim(0), qkv.dim(1), qkv.dim(1) / 2, H, G, Q, D, qkv.dim(2), G * 2 * D, ex.size(), ex.rank(), a.drop};
@@ -356,24 +370,20 @@ void float_dispatch(DType dt, F&& f) {
     f(float{});
 }
 
-// Between qkv's key/value columns and a K/V buffer [B, L, G*2*D] (per group [k | v]).
+// Between qkv's key/value columns and a K/V buffer [B, L, G*2*D] (per group [k | v]):
+// ops::attention_kv_forward / _backward, on qkv's device.
 Tensor kv_of(const Tensor& qkv, const Dims& d) {
-  Tensor kv = Tensor::empty({d.B, d.L, d.KW}, qkv.dtype());
-  const int64_t e = dtype_size(qkv.dtype());
-  for (int64_t row = 0; row < d.B * d.L; ++row)
-    for (int64_t g = 0; g < d.G; ++g)
-      std::memcpy(static_cast<char*>(kv.raw()) + (row * d.KW + g * 2 * d.D) * e,
-                  static_cast<const char*>(qkv.raw()) + (row * d.W + g * (d.Q + 2) * d.D + d.Q * d.D) * e,
-                  static_cast<size_t>(2 * d.D * e));
+  Tensor kv = Tensor::empty({d.B, d.L, d.KW}, qkv.dtype(), qkv.device());
+  ops::attention_kv_forward(kv, qkv, d.H, d.G);
   return kv;
 }
-void put_kv(Tensor& dqkv, const Tensor& dkv, const Dims& d) {
-  const int64_t e = dtype_size(dqkv.dtype());
-  for (int64_t row = 0; row < d.B * d.L; ++row)
-    for (int64_t g = 0; g < d.G; ++g)
-      std::memcpy(static_cast<char*>(dqkv.raw()) + (row * d.W + g * (d.Q + 2) * d.D + d.Q * d.D) * e,
-                  static_cast<const char*>(dkv.raw()) + (row * d.KW + g * 2 * d.D) * e,
-                  static_cast<size_t>(2 * d.D * e));
+void put_kv(Tensor& dqkv, const Tensor& dkv, const Dims& d) { ops::attention_kv_backward(dqkv, dkv, d.H, d.G); }
+// Buffers like `t` (its dtype and device).
+Tensor empty_like(const Tensor& t, const Shape& s) { return Tensor::empty(s, t.dtype(), t.device()); }
+Tensor zeros_like(const Tensor& t) {
+  Tensor z = Tensor::empty(t.shape(), t.dtype(), t.device());
+  ops::fill(z, 0.0);
+  return z;
 }
 
 // The block a p2p step attends with the K/V of rank s: its own (causal), a lower rank's
@@ -406,8 +416,8 @@ void p2p_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const Dims& d, CpE
   Tensor kv = kv_of(qkv, d);
   ops::attention_block_forward(out, lse, qkv, kv, d.H, ring_block(d.r, d), d.G);
   if (d.n == 1) return;
-  Tensor part = Tensor::empty(out.shape(), out.dtype()), part_lse = Tensor::empty(lse.shape(), lse.dtype());
-  Tensor next = Tensor::empty(kv.shape(), kv.dtype());
+  Tensor part = empty_like(out, out.shape()), part_lse = empty_like(lse, lse.shape());
+  Tensor next = empty_like(kv, kv.shape());
   for (int64_t i = 1; i < d.n; ++i) {
     ex.shift(kv, next, 1);  // now holding the K/V of rank r - i
     std::swap(kv, next);
@@ -419,10 +429,10 @@ void p2p_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const Dims& d, CpE
 void p2p_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
                   const Dims& d, CpExchange& ex) {
   ops::fill(dqkv, 0.0);
-  Tensor kv = kv_of(qkv, d), dkv = Tensor::zeros(kv.shape(), kv.dtype());
+  Tensor kv = kv_of(qkv, d), dkv = zeros_like(kv);
   ops::attention_block_backward(dqkv, dkv, dout, nullptr, qkv, kv, out, lse, d.H, ring_block(d.r, d), d.G);
   if (d.n > 1) {
-    Tensor next = Tensor::empty(kv.shape(), kv.dtype()), dnext = Tensor::empty(kv.shape(), kv.dtype());
+    Tensor next = empty_like(kv, kv.shape()), dnext = empty_like(kv, kv.shape());
     for (int64_t i = 1; i < d.n; ++i) {  // K/V of rank r - i arrive with the gradient ranks r - i .. r - 1 gave them
       ex.shift(kv, next, 1);
       ex.shift(dkv, dnext, 1);
@@ -439,7 +449,7 @@ void p2p_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Ten
 
 // The whole sequence's K/V [B, T, KW] in sequence order from every rank's.
 Tensor gather_kv(const Tensor& qkv, const Dims& d, CpExchange& ex) {
-  Tensor kv = kv_of(qkv, d), all = Tensor::empty({d.n * d.B, d.L, d.KW}, qkv.dtype());
+  Tensor kv = kv_of(qkv, d), all = empty_like(qkv, {d.n * d.B, d.L, d.KW});
   ex.all_gather(kv, all);
   std::vector<Tensor> parts;
   for (int64_t j = 0; j < d.n; ++j) parts.push_back(all.rows(j * d.B, d.B));
@@ -460,7 +470,7 @@ ops::AttentionBlock prefix_block(int64_t half, const Dims& d) {
 
 void all_gather_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const Dims& d, CpExchange& ex) {
   const Tensor kv = gather_kv(qkv, d, ex);
-  Tensor part = Tensor::empty(out.shape(), out.dtype()), part_lse = Tensor::empty(lse.shape(), lse.dtype());
+  Tensor part = empty_like(out, out.shape()), part_lse = empty_like(lse, lse.shape());
   ops::attention_block_forward(out, lse, qkv, kv, d.H, prefix_block(0, d), d.G);
   ops::attention_block_forward(part, part_lse, qkv, kv, d.H, prefix_block(1, d), d.G);
   ops::attention_merge_forward(out, lse, out, lse, part, part_lse);  // disjoint rows: each keeps its own
@@ -470,10 +480,10 @@ void all_gather_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, co
                          const Dims& d, CpExchange& ex) {
   ops::fill(dqkv, 0.0);
   const Tensor kv = gather_kv(qkv, d, ex);
-  Tensor dkv_all = Tensor::zeros(kv.shape(), kv.dtype());
+  Tensor dkv_all = zeros_like(kv);
   for (int64_t half : {0, 1})
     ops::attention_block_backward(dqkv, dkv_all, dout, nullptr, qkv, kv, out, lse, d.H, prefix_block(half, d), d.G);
-  Tensor blocks = Tensor::empty({d.n * d.B, d.L, d.KW}, kv.dtype()), dkv = Tensor::empty({d.B, d.L, d.KW}, kv.dtype());
+  Tensor blocks = empty_like(kv, {d.n * d.B, d.L, d.KW}), dkv = empty_like(kv, {d.B, d.L, d.KW});
   for (int64_t j = 0; j < d.n; ++j) {  // rank j's rows of the gradient, in rank order
     Tensor dst = blocks.rows(j * d.B, d.B);
     ops::copy(dst, cp_split(dkv_all, d.n, j));
@@ -482,31 +492,33 @@ void all_gather_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, co
   put_kv(dqkv, dkv, d);
 }
 
-// a2a: x [B, L, w] of this rank's rows -> [B, T, w / n] of every row, column block r
-// (rank j's block j travels to rank j).
-Tensor to_heads(const Tensor& x, const Dims& d, CpExchange& ex) {
-  const int64_t w = x.dim(2), wb = w / d.n, e = dtype_size(x.dtype());
-  Tensor send = Tensor::empty({d.n * d.B, d.L, wb}, x.dtype()), recv = Tensor::empty(send.shape(), x.dtype());
-  for (int64_t j = 0; j < d.n; ++j)
+// a2a: x [B, L, w] of this rank's rows -> [B, m L, w / m] of the rows of the m ranks of its
+// a2a group (all n for a2a), column block rank % m (block j travels to the group's j-th
+// rank), in the order cp_gather gives m parts: for a2a the sequence; for a2a+p2p the two
+// contiguous spans of the group's chunks (the group's place in a split over n / m).
+Tensor to_heads(const Tensor& x, const Dims& d, CpExchange& ex, int64_t m) {
+  const int64_t w = x.dim(2), wb = w / m, e = dtype_size(x.dtype());
+  Tensor send = Tensor::empty({m * d.B, d.L, wb}, x.dtype()), recv = Tensor::empty(send.shape(), x.dtype());
+  for (int64_t j = 0; j < m; ++j)
     for (int64_t row = 0; row < d.B * d.L; ++row)
       std::memcpy(static_cast<char*>(send.raw()) + ((j * d.B * d.L) + row) * wb * e,
                   static_cast<const char*>(x.raw()) + (row * w + j * wb) * e, static_cast<size_t>(wb * e));
-  ex.all_to_all(send, recv);
+  ex.all_to_all(send, recv, m);
   std::vector<Tensor> parts;
-  for (int64_t j = 0; j < d.n; ++j) parts.push_back(recv.rows(j * d.B, d.B));
+  for (int64_t j = 0; j < m; ++j) parts.push_back(recv.rows(j * d.B, d.B));
   return cp_gather(parts);
 }
-// The inverse: y [B, T, w] of this rank's column block -> [B, L, w * n] of its rows.
-Tensor from_heads(const Tensor& y, const Dims& d, CpExchange& ex) {
-  const int64_t wb = y.dim(2), w = wb * d.n, e = dtype_size(y.dtype());
-  Tensor send = Tensor::empty({d.n * d.B, d.L, wb}, y.dtype()), recv = Tensor::empty(send.shape(), y.dtype());
-  for (int64_t j = 0; j < d.n; ++j) {
+// The inverse: y [B, m L, w] of this rank's column block -> [B, L, w * m] of its rows.
+Tensor from_heads(const Tensor& y, const Dims& d, CpExchange& ex, int64_t m) {
+  const int64_t wb = y.dim(2), w = wb * m, e = dtype_size(y.dtype());
+  Tensor send = Tensor::empty({m * d.B, d.L, wb}, y.dtype()), recv = Tensor::empty(send.shape(), y.dtype());
+  for (int64_t j = 0; j < m; ++j) {
     Tensor dst = send.rows(j * d.B, d.B);
-    ops::copy(dst, cp_split(y, d.n, j));
+    ops::copy(dst, cp_split(y, m, j));
   }
-  ex.all_to_all(send, recv);
+  ex.all_to_all(send, recv, m);
   Tensor x = Tensor::empty({d.B, d.L, w}, y.dtype());
-  for (int64_t j = 0; j < d.n; ++j)
+  for (int64_t j = 0; j < m; ++j)
     for (int64_t row = 0; row < d.B * d.L; ++row)
       std::memcpy(static_cast<char*>(x.raw()) + (row * w + j * wb) * e,
                   static_cast<const char*>(recv.raw()) + ((j * d.B * d.L) + row) * wb * e, static_cast<size_t>(wb * e));
@@ -525,47 +537,104 @@ Tensor transpose_lse(const Tensor& x) {
   return y;
 }
 
-void check_a2a(const Dims& d) {
-  if (d.H % d.n != 0 || d.G % d.n != 0)
+void check_a2a(const Dims& d, int64_t m) {
+  if (d.H % m != 0 || d.G % m != 0)
     throw_runtime("context-parallel a2a: {} heads in {} groups do not split over {} ranks (use p2p or all_gather)", d.H,
-                  d.G, d.n);
+                  d.G, m);
 }
 
-// The dropout of this rank's heads in a2a: its block of heads, within all of them.
-ops::AttentionDropout a2a_drop(const Dims& d) {
+// The dropout of this rank's heads after an a2a over m ranks: its block of heads, within
+// all of them.
+ops::AttentionDropout a2a_drop(const Dims& d, int64_t m) {
   ops::AttentionDropout drop = d.drop;
   drop.heads_total = d.drop.heads_total ? d.drop.heads_total : d.H;
-  drop.head_offset = d.drop.head_offset + d.r * (d.H / d.n);
+  drop.head_offset = d.drop.head_offset + d.r % m * (d.H / m);
   return drop;
 }
 
 void a2a_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const Dims& d, CpExchange& ex) {
-  check_a2a(d);
+  check_a2a(d, d.n);
   const int64_t Hl = d.H / d.n, Gl = d.G / d.n, T = d.L * d.n;
-  const Tensor qkv_h = to_heads(qkv, d, ex);
+  const Tensor qkv_h = to_heads(qkv, d, ex, d.n);
   Tensor out_h = Tensor::empty({d.B, T, Hl * d.D}, qkv.dtype()), lse_h = Tensor::empty({d.B, Hl, T}, lse.dtype());
-  ops::attention_forward_lse(out_h, lse_h, qkv_h, Hl, a2a_drop(d), Gl);
-  ops::copy(out, from_heads(out_h, d, ex));
-  ops::copy(lse, transpose_lse(from_heads(transpose_lse(lse_h), d, ex)));
+  ops::attention_forward_lse(out_h, lse_h, qkv_h, Hl, a2a_drop(d, d.n), Gl);
+  ops::copy(out, from_heads(out_h, d, ex, d.n));
+  ops::copy(lse, transpose_lse(from_heads(transpose_lse(lse_h), d, ex, d.n)));
 }
 
 void a2a_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
                   const Dims& d, CpExchange& ex) {
-  check_a2a(d);
+  check_a2a(d, d.n);
   const int64_t Hl = d.H / d.n, Gl = d.G / d.n;
-  const Tensor qkv_h = to_heads(qkv, d, ex), out_h = to_heads(out, d, ex), dout_h = to_heads(dout, d, ex);
-  const Tensor lse_h = transpose_lse(to_heads(transpose_lse(lse), d, ex));
+  const Tensor qkv_h = to_heads(qkv, d, ex, d.n), out_h = to_heads(out, d, ex, d.n);
+  const Tensor dout_h = to_heads(dout, d, ex, d.n), lse_h = transpose_lse(to_heads(transpose_lse(lse), d, ex, d.n));
   Tensor dqkv_h = Tensor::empty(qkv_h.shape(), qkv_h.dtype());
-  ops::attention_backward_lse(dqkv_h, dout_h, qkv_h, out_h, lse_h, Hl, a2a_drop(d), Gl);
-  ops::copy(dqkv, from_heads(dqkv_h, d, ex));
+  ops::attention_backward_lse(dqkv_h, dout_h, qkv_h, out_h, lse_h, Hl, a2a_drop(d, d.n), Gl);
+  ops::copy(dqkv, from_heads(dqkv_h, d, ex, d.n));
+}
+
+// a2a+p2p's ring: across the a2a groups of m consecutive ranks, rank r's peer k steps on
+// being r + k m (the same place in the k-th next group). Only shift.
+class AcrossGroups final : public CpExchange {
+ public:
+  AcrossGroups(CpExchange& ex, int64_t m) : ex_(ex), m_(m) {}
+  int64_t rank() const override { return ex_.rank() / m_; }
+  int64_t size() const override { return ex_.size() / m_; }
+  void shift(const Tensor& send, Tensor& recv, int64_t k) override { ex_.shift(send, recv, k * m_); }
+  void all_gather(const Tensor&, Tensor&) override { refuse(); }
+  void reduce_scatter(const Tensor&, Tensor&) override { refuse(); }
+  void all_to_all(const Tensor&, Tensor&, int64_t) override { refuse(); }
+
+ private:
+  [[noreturn]] static void refuse() { throw_runtime("a2a+p2p: the ring across the a2a groups only shifts"); }
+  CpExchange& ex_;
+  int64_t m_;
+};
+
+// The ring's view after the a2a over m ranks: this group's m L rows (two chunks of m c, the
+// group's place g = r / m of a split over n / m) of H / m heads in G / m groups.
+Dims ring_dims(const Dims& d, int64_t m) {
+  Dims o = d;
+  o.L = m * d.L, o.c = m * d.c, o.H = d.H / m, o.G = d.G / m, o.W = d.W / m, o.KW = d.KW / m;
+  o.n = d.n / m, o.r = d.r / m, o.drop = a2a_drop(d, m);
+  return o;
+}
+
+int64_t a2a_size(const CpAttention& a, const Dims& d) {
+  if (a.a2a_size < 1 || d.n % a.a2a_size != 0)
+    throw_runtime("context-parallel a2a+p2p: a2a groups of {} ranks do not divide {} ranks", a.a2a_size, d.n);
+  check_a2a(d, a.a2a_size);
+  return a.a2a_size;
+}
+
+void a2a_p2p_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const Dims& d, int64_t m, CpExchange& ex) {
+  const Dims o = ring_dims(d, m);
+  const Tensor qkv_h = to_heads(qkv, d, ex, m);
+  Tensor out_h = Tensor::empty({d.B, o.L, o.H * d.D}, qkv.dtype()), lse_h = Tensor::empty({d.B, o.H, o.L}, lse.dtype());
+  AcrossGroups ring(ex, m);
+  p2p_forward(out_h, lse_h, qkv_h, o, ring);
+  ops::copy(out, from_heads(out_h, d, ex, m));
+  ops::copy(lse, transpose_lse(from_heads(transpose_lse(lse_h), d, ex, m)));
+}
+
+void a2a_p2p_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
+                      const Dims& d, int64_t m, CpExchange& ex) {
+  const Dims o = ring_dims(d, m);
+  const Tensor qkv_h = to_heads(qkv, d, ex, m), out_h = to_heads(out, d, ex, m);
+  const Tensor dout_h = to_heads(dout, d, ex, m), lse_h = transpose_lse(to_heads(transpose_lse(lse), d, ex, m));
+  Tensor dqkv_h = Tensor::empty(qkv_h.shape(), qkv_h.dtype());
+  AcrossGroups ring(ex, m);
+  p2p_backward(dqkv_h, dout_h, qkv_h, out_h, lse_h, o, ring);
+  ops::copy(dqkv, from_heads(dqkv_h, d, ex, m));
 }
 
 void check_outputs(const char* op, const Dims& d, const Tensor& qkv, std::initializer_list<const Tensor*> acts,
                    const Tensor& lse) {
   for (const Tensor* t : acts)
-    if (t->dtype() != qkv.dtype() || !t->host_addressable())
-      throw_runtime("{}: every tensor in qkv's dtype ({}) on the host", op, to_string(qkv.dtype()));
-  if (lse.numel() != d.B * d.H * d.L || lse.dtype() != qkv.dtype())
+    if (t->dtype() != qkv.dtype() || t->device() != qkv.device())
+      throw_runtime("{}: every tensor in qkv's dtype ({}) on its device ({})", op, to_string(qkv.dtype()),
+                    to_string(qkv.device()));
+  if (lse.numel() != d.B * d.H * d.L || lse.dtype() != qkv.dtype() || lse.device() != qkv.device())
     throw_runtime("{}: lse must be [B, H, L] = [{}, {}, {}] in {}", op, d.B, d.H, d.L, to_string(qkv.dtype()));
 }
 
@@ -595,9 +664,9 @@ void cp_attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const CpA
     case CpCommType::p2p: return p2p_forward(out, lse, qkv, d, ex);
     case CpCommType::all_gather: return all_gather_forward(out, lse, qkv, d, ex);
     case CpCommType::a2a: return a2a_forward(out, lse, qkv, d, ex);
-    case CpCommType::a2a_p2p: break;
+    case CpCommType::a2a_p2p: return a2a_p2p_forward(out, lse, qkv, d, a2a_size(a, d), ex);
   }
-  throw_runtime("{}: a2a+p2p is not implemented yet (p2p, all_gather or a2a)", op);
+  throw_runtime("{}: unknown communication type", op);
 }
 
 void cp_attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
@@ -612,9 +681,9 @@ void cp_attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, 
     case CpCommType::p2p: return p2p_backward(dqkv, dout, qkv, out, lse, d, ex);
     case CpCommType::all_gather: return all_gather_backward(dqkv, dout, qkv, out, lse, d, ex);
     case CpCommType::a2a: return a2a_backward(dqkv, dout, qkv, out, lse, d, ex);
-    case CpCommType::a2a_p2p: break;
+    case CpCommType::a2a_p2p: return a2a_p2p_backward(dqkv, dout, qkv, out, lse, d, a2a_size(a, d), ex);
   }
-  throw_runtime("{}: a2a+p2p is not implemented yet (p2p, all_gather or a2a)", op);
+  throw_runtime("{}: unknown communication type", op);
 }
 
 }  // namespace mtnlg::parallel

@@ -5,9 +5,10 @@
 // each rank runs; run_in_process gives a group of in-process ranks (threads that take
 // turns), which is how the tests prove them against the one-rank attention op.
 //
-// Not wired into training yet (`train` refuses parallel.context_parallel_size > 1). With
-// attention dropout every rank draws the one-rank op's mask at its rows' global positions.
-// Host tensors in f32 or f64 (the CPU's ops).
+// With attention dropout every rank draws the one-rank op's mask at its rows' global
+// positions. Tensors in f32 or f64 (the wide form of the activations) on any one device:
+// the host, the test device or CUDA (the blocks, the merge and the K/V buffer are ops of
+// core/ops.hpp); a2a moves its heads with host copies, the CPU only so far.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -40,7 +41,8 @@ Tensor cp_gather(const std::vector<Tensor>& parts);
 
 // ---- the transport ----------------------------------------------------------------------
 // What attention across a cp group needs from the group's communicator. Tensors are
-// contiguous host tensors; every rank calls the same operations in the same order with the
+// contiguous, on the group's device (host tensors for MPI and the in-process group, GPU
+// memory for NCCL); every rank calls the same operations in the same order with the
 // same sizes and dtype. A Communicator-backed version maps shift to isend + recv and the
 // others to its collectives.
 class CpExchange {
@@ -59,9 +61,10 @@ class CpExchange {
   // in = size() blocks of out.numel(); out = the sum over ranks of their block rank(),
   // added in rank order.
   virtual void reduce_scatter(const Tensor& in, Tensor& out) = 0;
-  // in and out = size() blocks of equal size: block j of `in` goes to rank j, block j of
-  // `out` comes from rank j.
-  virtual void all_to_all(const Tensor& in, Tensor& out) = 0;
+  // in and out = m blocks of equal size, among the m consecutive ranks that hold this one
+  // (ranks (rank() / m) m + j, j < m; m = 0: every rank): block j of `in` goes to the j-th of
+  // them, block j of `out` comes from it.
+  virtual void all_to_all(const Tensor& in, Tensor& out, int64_t m = 0) = 0;
   // Bytes this rank sent, counted as Communicator counts them (parallel/communicator.hpp).
   double bytes_sent() const { return bytes_; }
 
@@ -69,9 +72,12 @@ class CpExchange {
   double bytes_ = 0;
 };
 
-// The exchange over a cp group's Communicator (host payloads: the CPU's MPI groups): shift
-// is isend + recv, all_to_all one isend per peer then the receives in rank order, the
-// others the group's collectives; bytes_sent() is what the group counted meanwhile.
+// The exchange over a cp group's Communicator (MPI on the CPU and the test device; NCCL on
+// CUDA: receives and collectives on the compute stream, isend on the send stream, every
+// operation recorded by the device watchdog under the group's name "cp"): shift is isend +
+// recv, all_to_all one isend per peer then the receives in rank order, the others the
+// group's collectives; a rank's own block is the device's copy; bytes_sent() is what the
+// group counted meanwhile.
 std::unique_ptr<CpExchange> make_cp_exchange(std::shared_ptr<Communicator> group);
 
 // Runs fn(exchange) on `cp` in-process ranks, one thread each, which take turns: a rank
@@ -89,8 +95,11 @@ void run_in_process(int64_t cp, const std::function<void(CpExchange&)>& fn);
 //               against both) and merged by log-sum-exp;
 //   all_gather  K/V gathered, each local chunk against the causal prefix;
 //   a2a         the heads' groups exchanged (G and H divisible by cp), one full-sequence
-//               attention_forward_lse per rank, the outputs exchanged back.
-// a2a+p2p is not implemented in these functions yet (RuntimeError).
+//               attention_forward_lse per rank, the outputs exchanged back;
+//   a2a+p2p     the heads' groups exchanged within groups of a2a_size consecutive ranks
+//               (G and H divisible by it), then the p2p ring across those groups over the
+//               group's positions (two chunks of a2a_size x T / (2 cp) of the sequence).
+// a2a and a2a+p2p run on host tensors only (RuntimeError on a device).
 struct CpAttention {
   int64_t heads = 0;
   int64_t groups = 0;  // 0: one group per head
@@ -98,6 +107,7 @@ struct CpAttention {
   // As attention_forward_lse's over the whole sequence (sample_offset, head_offset and
   // heads_total as a tensor-parallel rank passes them).
   ops::AttentionDropout drop{};
+  int64_t a2a_size = 0;  // a2a+p2p: hierarchical_context_parallel_sizes[0], a divisor of the group's size
 };
 void cp_attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const CpAttention& a, CpExchange& ex);
 // dqkv (written) from the final out and lse: p2p sends the K/V around again with their

@@ -135,6 +135,8 @@ model::GptConfig build_gpt_config(const Recipe& r) {
   c.micro_batch_size = r.training.micro_batch_size;
   c.sequence_parallel = r.parallel.sequence_parallel && r.tp() > 1;
   c.cp_comm = r.parallel.cp_comm_type;
+  const auto& hier = r.parallel.hierarchical_context_parallel_sizes;
+  c.cp_a2a_size = hier.empty() ? 0 : hier[0];
   c.seed = static_cast<uint64_t>(r.training.seed);
   c.dtype = model::compute_dtype(r.training.precision);
   return c;

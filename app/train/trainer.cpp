@@ -1026,11 +1026,13 @@ void refuse_unwired_context_parallel(const Recipe& r) {
   auto refuse = [&](const std::string& what) {
     throw_input("{}: parallel.context_parallel_size ({}): {}", where, r.cp(), what);
   };
-  if (r.training.device == DeviceKind::cuda || r.training.device == DeviceKind::test)
-    refuse(fmt::format("context parallelism trains on the CPU only so far (training.device is {}; use cpu)",
-                       r.training.device == DeviceKind::cuda ? "cuda" : "test"));
-  if (r.parallel.cp_comm_type == CpCommType::a2a_p2p)
-    refuse("parallel.cp_comm_type a2a+p2p is not implemented yet; use p2p, a2a or all_gather");
+  const bool device = r.training.device == DeviceKind::cuda || r.training.device == DeviceKind::test;
+  const CpCommType type = r.parallel.cp_comm_type;
+  if (device && (type == CpCommType::a2a || type == CpCommType::a2a_p2p))
+    refuse(
+        fmt::format("parallel.cp_comm_type {} trains on the CPU only so far (training.device is {}; use p2p or "
+                    "all_gather, or training.device cpu)",
+                    to_string(type), r.training.device == DeviceKind::cuda ? "cuda" : "test"));
   if (r.training.enable_cuda_graph) refuse("training.enable_cuda_graph does not capture context parallelism yet");
 }
 

@@ -34,9 +34,9 @@ struct TrainSummary {
 };
 
 // What context parallelism (parallel.context_parallel_size > 1) does not train with yet:
-// InputError (exit 2) naming the key, so such a recipe never trains as if cp were 1 — a
-// device other than the CPU (training.device cpu or auto on a machine without a GPU),
-// cp_comm_type a2a+p2p, CUDA graphs.
+// InputError (exit 2) naming the key, so such a recipe never trains as if cp were 1 —
+// cp_comm_type a2a or a2a+p2p on CUDA or the test device (the model refuses them on a GPU
+// chosen by training.device auto too), CUDA graphs.
 void refuse_unwired_context_parallel(const Recipe& recipe);
 
 // Runs training for `recipe` on the process groups of this rank (refuse_unwired_context_parallel first).

@@ -363,6 +363,291 @@ void attention_cached_forward(void* out, void* k_cache, void* v_cache, const voi
 
 }  // namespace mtnlg::cuda::k
 
+// ---- Context parallelism's pieces (docs/specs/context-parallel.md): a block of query
+// rows against a block of K/V, and the log-sum-exp merge of two partial results. The
+// block is the unfused form over the block's rectangle: per sample b and query index qi
+// within a group, the G groups as a strided batch, the queries rows [q0, q0 + nq) of the
+// packed qkv ([B, Tq, W], W = G(Q+2)D), the keys and values rows [k0, k0 + nk) of the K/V
+// buffer ([B, Tk, KW], KW = 2GD, group g's k at 2gD, v at 2gD + D):
+//   forward   S = scale * Q K^T                        batched GEMM into a [B, H, nq, nk] scratch
+//             P = softmax over the row's visible keys  one warp per row; lse in fp32
+//             out = P' V                               P' = P with the dropout mask
+//   backward  P = exp(S - lse) from the whole attention's lse, D_i = dout_i . out_i - dlse_i
+//             dV += P'^T dO, dP' = dO V^T, dS = scale * P (m dP' - D), dQ += dS K, dK += dS^T Q
+// Row i of the block sees its first keys(i) keys: all nk, or with a causal mask
+// clamp(i + offset + 1, 0, nk). The scratch is in the activation dtype (as the unfused
+// form's probabilities), the GEMMs accumulate in fp32, the lse and D in fp32; dQ, dK and
+// dV accumulate (beta 1) into dqkv and dkv. Rows outside [q0, q0 + nq), and every row when
+// the block has no key, get out 0 and lse -inf. The dropout mask is the one-rank op's at
+// the rows' global positions (the CPU's block_mask). CPU reference: core/ops/attention.cpp.
+
+namespace mtnlg::cuda::k {
+
+namespace {
+
+struct BlockGeometry {
+  int64_t B, Tq, Tk, H, G, D, q0, nq, k0, nk;
+  bool causal;
+  int64_t offset;
+  float scale;
+  int64_t seq_len;  // dropout: the whole sequence's length and where the rows sit in it
+  ops::SeqRows q_rows, kv_rows;
+  __device__ __forceinline__ int64_t keys(int64_t i) const {
+    if (!causal) return nk;
+    const int64_t n = i + offset + 1;
+    return n < 0 ? 0 : n > nk ? nk : n;
+  }
+};
+
+// The dropout factor of (b, h, block query i, block key j): 0 or dscale; 1 without dropout.
+__device__ __forceinline__ float block_factor(const Drop& dr, const BlockGeometry& g, int64_t b, int64_t h, int64_t i,
+                                              int64_t j) {
+  if (!dr.on) return 1.0f;
+  const auto T = static_cast<uint64_t>(g.seq_len);
+  const uint64_t base = static_cast<uint64_t>((dr.sample_offset + b) * dr.heads_total + dr.head_offset + h) * T * T;
+  const auto e = static_cast<uint64_t>(g.q_rows.at(g.q0 + i)) * T + static_cast<uint64_t>(g.kv_rows.at(g.k0 + j));
+  return philox_uniform(dr.key, 0, base + e) >= dr.p ? dr.dscale : 0.0f;
+}
+
+// Rows the block does not compute: out 0, lse -inf.
+template <typename V>
+__global__ void block_blank_kernel(V* out, float* lse, BlockGeometry g) {
+  auto blank = [&](int64_t t) { return g.nk == 0 || t < g.q0 || t >= g.q0 + g.nq; };
+  const int64_t HD = g.H * g.D, n_out = g.B * g.Tq * HD, n_lse = g.B * g.H * g.Tq;
+  const int64_t step = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n_out; e += step)
+    if (blank((e / HD) % g.Tq)) out[e] = from_f<V>(0.0f);
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n_lse; e += step)
+    if (blank(e % g.Tq)) lse[e] = -INFINITY;
+}
+
+// probs[r, :] (holding the scaled scores of row r = (b, h, i)) becomes the softmax over
+// the row's visible keys, 0 past them; lse of the row's position in fp32 (-inf without
+// keys); with dropout, dropped = probs times the mask's factor. One warp per row.
+template <typename V>
+__global__ void __launch_bounds__(kThreads)
+    block_softmax_kernel(V* probs, V* dropped, float* lse, BlockGeometry g, Drop drop) {
+  const Drop dr = resolved(drop);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t r = blockIdx.x * int64_t(kWarps) + warp;
+  if (r >= g.B * g.H * g.nq) return;
+  const int64_t i = r % g.nq, bh = r / g.nq, b = bh / g.H, h = bh % g.H, n = g.keys(i);
+  V* row = probs + r * g.nk;
+  float m = -INFINITY;
+  for (int64_t j = lane; j < n; j += 32) m = fmaxf(m, to_f(row[j]));
+  m = warp_max(m);
+  float sum = 0.0f;
+  for (int64_t j = lane; j < n; j += 32) sum += expf(to_f(row[j]) - m);
+  sum = warp_sum(sum);
+  const float inv = n > 0 ? 1.0f / sum : 0.0f;
+  if (lane == 0) lse[bh * g.Tq + g.q0 + i] = n > 0 ? m + logf(sum) : -INFINITY;
+  for (int64_t j = lane; j < g.nk; j += 32) {
+    const float p = j < n ? expf(to_f(row[j]) - m) * inv : 0.0f;
+    row[j] = from_f<V>(p);
+    if (dropped) dropped[r * g.nk + j] = from_f<V>(j < n ? p * block_factor(dr, g, b, h, i, j) : 0.0f);
+  }
+}
+
+// The backward's probabilities from the whole attention's lse: probs[r, :] (holding the
+// scaled scores) becomes exp(s - lse) over the visible keys, 0 past them (and for a row
+// whose lse is -inf); dropped = probs times the mask's factor; delta[r] = dout . out - dlse.
+template <typename V>
+__global__ void __launch_bounds__(kThreads)
+    block_probs_kernel(V* probs, V* dropped, float* delta, const float* lse, const V* dout, const V* out,
+                       const float* dlse, BlockGeometry g, Drop drop) {
+  const Drop dr = resolved(drop);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t r = blockIdx.x * int64_t(kWarps) + warp;
+  if (r >= g.B * g.H * g.nq) return;
+  const int64_t i = r % g.nq, bh = r / g.nq, b = bh / g.H, h = bh % g.H, li = bh * g.Tq + g.q0 + i;
+  const float l = lse[li];
+  const int64_t n = l == -INFINITY ? 0 : g.keys(i);
+  V* row = probs + r * g.nk;
+  for (int64_t j = lane; j < g.nk; j += 32) {
+    const float p = j < n ? expf(to_f(row[j]) - l) : 0.0f;
+    row[j] = from_f<V>(p);
+    if (dropped) dropped[r * g.nk + j] = from_f<V>(j < n ? p * block_factor(dr, g, b, h, i, j) : 0.0f);
+  }
+  const int64_t o = (b * g.Tq + g.q0 + i) * g.H * g.D + h * g.D;
+  float dot = 0.0f;
+  for (int64_t d = lane; d < g.D; d += 32) dot += to_f(dout[o + d]) * to_f(out[o + d]);
+  dot = warp_sum(dot);
+  if (lane == 0) delta[r] = dot - (dlse ? dlse[li] : 0.0f);
+}
+
+// dp[r, :] (holding dO V^T) becomes dS = scale * P (m dP - delta), 0 past the visible keys.
+template <typename V>
+__global__ void __launch_bounds__(kThreads)
+    block_softmax_backward_kernel(V* dp, const V* probs, const float* delta, BlockGeometry g, Drop drop) {
+  const Drop dr = resolved(drop);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t r = blockIdx.x * int64_t(kWarps) + warp;
+  if (r >= g.B * g.H * g.nq) return;
+  const int64_t i = r % g.nq, bh = r / g.nq, b = bh / g.H, h = bh % g.H;
+  V* row = dp + r * g.nk;
+  const V* P = probs + r * g.nk;
+  const float dl = delta[r];
+  for (int64_t j = lane; j < g.nk; j += 32) {
+    const float p = to_f(P[j]);  // 0 past the visible keys
+    row[j] = from_f<V>(p == 0.0f ? 0.0f : p * (to_f(row[j]) * block_factor(dr, g, b, h, i, j) - dl) * g.scale);
+  }
+}
+
+unsigned block_row_blocks(const BlockGeometry& g) { return row_blocks(g.B * g.H * g.nq); }
+
+// Where sample b's pieces of a block start and the strides of one batched GEMM (the G groups).
+struct BlockLayout {
+  int64_t Q, W, KW, HD, M;  // query heads per group, qkv row, K/V row, out row, nq * nk
+  int64_t q(const BlockGeometry& g, int64_t b, int64_t qi) const { return (b * g.Tq + g.q0) * W + qi * g.D; }
+  int64_t k(const BlockGeometry& g, int64_t b) const { return (b * g.Tk + g.k0) * KW; }
+  int64_t v(const BlockGeometry& g, int64_t b) const { return (b * g.Tk + g.k0) * KW + g.D; }
+  int64_t out(const BlockGeometry& g, int64_t b, int64_t qi) const { return (b * g.Tq + g.q0) * HD + qi * g.D; }
+  int64_t mat(const BlockGeometry& g, int64_t b, int64_t qi) const { return (b * g.H + qi) * M; }
+};
+BlockLayout block_layout(const BlockGeometry& g) {
+  const int64_t Q = g.H / g.G;
+  return {Q, g.G * (Q + 2) * g.D, g.G * 2 * g.D, g.H * g.D, g.nq * g.nk};
+}
+
+// S^T (col-major [nk, nq] per head) = scale K^T Q, into s.
+template <typename V>
+void block_scores(V* s, const V* qkv, const V* kv, const BlockGeometry& g, const BlockLayout& L, DType dt) {
+  for (int64_t b = 0; b < g.B; ++b)
+    for (int64_t qi = 0; qi < L.Q; ++qi)
+      gemm_strided_batched(true, false, g.nk, g.nq, g.D, g.scale, kv + L.k(g, b), L.KW, 2 * g.D, qkv + L.q(g, b, qi),
+                           L.W, (L.Q + 2) * g.D, s + L.mat(g, b, qi), g.nk, L.Q * L.M, g.G, dt);
+}
+
+template <typename V>
+void block_forward(V* out, float* lse, V* probs, V* dropped, const V* qkv, const V* kv, const BlockGeometry& g,
+                   const Drop& dr, DType dt) {
+  MTNLG_LAUNCH(grid_for(g.B * g.Tq * g.H * g.D, 256), 256, 0, stream(), block_blank_kernel<V>)(out, lse, g);
+  MTNLG_CUDA_LAUNCH_CHECK("block_blank_kernel");
+  if (g.nq == 0 || g.nk == 0) return;
+  const BlockLayout L = block_layout(g);
+  block_scores(probs, qkv, kv, g, L, dt);
+  MTNLG_LAUNCH(block_row_blocks(g), kThreads, 0, stream(), block_softmax_kernel<V>)
+  (probs, dr.on ? dropped : nullptr, lse, g, dr);
+  MTNLG_CUDA_LAUNCH_CHECK("block_softmax_kernel");
+  const V* pv = dr.on ? dropped : probs;
+  for (int64_t b = 0; b < g.B; ++b)  // out_cm [D, nq] = V_cm P'_cm
+    for (int64_t qi = 0; qi < L.Q; ++qi)
+      gemm_strided_batched(false, false, g.D, g.nq, g.nk, 1.0f, kv + L.v(g, b), L.KW, 2 * g.D, pv + L.mat(g, b, qi),
+                           g.nk, L.Q * L.M, out + L.out(g, b, qi), L.HD, L.Q * g.D, g.G, dt);
+}
+
+// The backward's pointers: the gradients it adds to, the tensors it reads, its scratch
+// ([B, H, nq, nk] each: P, P' with dropout, dP then dS; delta [B, H, nq] in fp32).
+template <typename V>
+struct BlockGrads {
+  V* dqkv;
+  V* dkv;
+  const V *dout, *qkv, *kv, *out;
+  const float *lse, *dlse;
+  V *probs, *dropped, *dp;
+  float* delta;
+};
+
+template <typename V>
+void block_backward(const BlockGrads<V>& a, const BlockGeometry& g, const Drop& dr, DType dt) {
+  if (g.nq == 0 || g.nk == 0) return;
+  const BlockLayout L = block_layout(g);
+  const int64_t Q = L.Q, D = g.D, qs = (Q + 2) * D, ms = Q * L.M;
+  block_scores(a.probs, a.qkv, a.kv, g, L, dt);
+  MTNLG_LAUNCH(block_row_blocks(g), kThreads, 0, stream(), block_probs_kernel<V>)
+  (a.probs, dr.on ? a.dropped : nullptr, a.delta, a.lse, a.dout, a.out, a.dlse, g, dr);
+  MTNLG_CUDA_LAUNCH_CHECK("block_probs_kernel");
+  const V* pv = dr.on ? a.dropped : a.probs;
+  for (int64_t b = 0; b < g.B; ++b)
+    for (int64_t qi = 0; qi < Q; ++qi) {
+      // dV_cm [D, nk] += dO_cm P'_cm^T ; dP'_cm [nk, nq] = V_cm^T dO_cm
+      gemm_strided_batched(false, true, D, g.nk, g.nq, 1.0f, a.dout + L.out(g, b, qi), L.HD, Q * D,
+                           pv + L.mat(g, b, qi), g.nk, ms, a.dkv + L.v(g, b), L.KW, 2 * D, g.G, dt, 1.0f);
+      gemm_strided_batched(true, false, g.nk, g.nq, D, 1.0f, a.kv + L.v(g, b), L.KW, 2 * D, a.dout + L.out(g, b, qi),
+                           L.HD, Q * D, a.dp + L.mat(g, b, qi), g.nk, ms, g.G, dt);
+    }
+  MTNLG_LAUNCH(block_row_blocks(g), kThreads, 0, stream(), block_softmax_backward_kernel<V>)
+  (a.dp, a.probs, a.delta, g, dr);
+  MTNLG_CUDA_LAUNCH_CHECK("block_softmax_backward_kernel");
+  for (int64_t b = 0; b < g.B; ++b)
+    for (int64_t qi = 0; qi < Q; ++qi) {
+      // dQ_cm [D, nq] += K_cm dS_cm ; dK_cm [D, nk] += Q_cm dS_cm^T
+      gemm_strided_batched(false, false, D, g.nq, g.nk, 1.0f, a.kv + L.k(g, b), L.KW, 2 * D, a.dp + L.mat(g, b, qi),
+                           g.nk, ms, a.dqkv + L.q(g, b, qi), L.W, qs, g.G, dt, 1.0f);
+      gemm_strided_batched(false, true, D, g.nk, g.nq, 1.0f, a.qkv + L.q(g, b, qi), L.W, qs, a.dp + L.mat(g, b, qi),
+                           g.nk, ms, a.dkv + L.k(g, b), L.KW, 2 * D, g.G, dt, 1.0f);
+    }
+}
+
+// The merge's weights of one row: w_a = exp(la - l), w_b = exp(lb - l), l = log(e^la +
+// e^lb) (the CPU's merge_weights); both 0 and l = -inf when neither side saw a key.
+__device__ __forceinline__ float merge_weights(float la, float lb, float& wa, float& wb) {
+  const float m = fmaxf(la, lb);
+  if (m == -INFINITY) {
+    wa = wb = 0.0f;
+    return m;
+  }
+  const float l = m + logf(expf(la - m) + expf(lb - m));
+  wa = expf(la - l);
+  wb = expf(lb - l);
+  return l;
+}
+
+// One thread per row (b, h, t): it reads its lse and out before writing them, so out and
+// lse may alias out_a and lse_a.
+template <typename V>
+__global__ void merge_kernel(V* out, float* lse, const V* oa, const float* la, const V* ob, const float* lb, int64_t B,
+                             int64_t Tn, int64_t H, int64_t D) {
+  const int64_t rows = B * H * Tn;
+  for (int64_t r = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; r < rows; r += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t t = r % Tn, h = (r / Tn) % H, b = r / (Tn * H), o = (b * Tn + t) * H * D + h * D;
+    float wa, wb;
+    lse[r] = merge_weights(la[r], lb[r], wa, wb);
+    for (int64_t d = 0; d < D; ++d) out[o + d] = from_f<V>(wa * to_f(oa[o + d]) + wb * to_f(ob[o + d]));
+  }
+}
+
+template <typename V>
+__global__ void merge_backward_kernel(V* doa, float* dla, V* dob, float* dlb, const V* dout, const float* dlse,
+                                      const V* oa, const float* la, const V* ob, const float* lb, int64_t B, int64_t Tn,
+                                      int64_t H, int64_t D) {
+  const int64_t rows = B * H * Tn;
+  for (int64_t r = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; r < rows; r += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t t = r % Tn, h = (r / Tn) % H, b = r / (Tn * H), o = (b * Tn + t) * H * D + h * D;
+    float wa, wb;
+    merge_weights(la[r], lb[r], wa, wb);
+    float ga = dlse ? dlse[r] : 0.0f, gb = ga;  // dout . (out_x - out) + dlse
+    for (int64_t d = 0; d < D; ++d) {
+      const float xa = to_f(oa[o + d]), xb = to_f(ob[o + d]), y = wa * xa + wb * xb, gd = to_f(dout[o + d]);
+      ga += gd * (xa - y);
+      gb += gd * (xb - y);
+      doa[o + d] = from_f<V>(wa * gd);
+      dob[o + d] = from_f<V>(wb * gd);
+    }
+    dla[r] = wa * ga;
+    dlb[r] = wb * gb;
+  }
+}
+
+// The K/V buffer of a cp exchange: element e of kv [rows, G*2*D] against its column in
+// the packed qkv rows (group g's k and v at g(Q+2)D + QD); to_kv: qkv -> kv, else back.
+template <typename V>
+__global__ void kv_copy_kernel(V* qkv, V* kv, int64_t rows, int64_t G, int64_t Q, int64_t D, bool to_kv) {
+  const int64_t n = rows * G * 2 * D;
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t c = e % (2 * D), g = (e / (2 * D)) % G, row = e / (2 * D * G);
+    const int64_t a = row * G * (Q + 2) * D + g * (Q + 2) * D + Q * D + c;
+    if (to_kv)
+      kv[e] = qkv[a];
+    else
+      qkv[a] = kv[e];
+  }
+}
+
+}  // namespace
+
+}  // namespace mtnlg::cuda::k
+
 // ---- Tensor-level entry (core/cuda/ops_cuda.hpp; shapes and dtype roles were checked
 // by the dispatcher in core/ops/) ------------------------------------------------
 
@@ -424,6 +709,133 @@ void attention_cached_forward(Tensor& out, Tensor& k_cache, Tensor& v_cache, con
   if (s.B * s.T * s.H > INT32_MAX) throw_runtime("{}: batch x positions x heads exceeds the kernel's grid", op);
   k::attention_cached_forward(out.raw(), k_cache.raw(), v_cache.raw(), qkv.raw(), dt, s.B, s.T, s.H, s.G, s.D,
                               k_cache.dim(2), past);
+}
+
+}  // namespace mtnlg::cuda
+
+// ---- context parallelism's pieces: Tensor-level entry (the dispatcher checked shapes
+// and dtype roles: activations in one of f32, bf16, f16, the lse in f32) ---------------
+
+namespace mtnlg::cuda {
+
+using namespace detail;
+
+namespace {
+// The block's geometry with the counts of -1 resolved (the dispatcher checked the ranges).
+k::BlockGeometry block_geometry(const char* op, const Tensor& qkv, const Tensor& kv, int64_t heads,
+                                const ops::AttentionBlock& blk, int64_t groups) {
+  const op_checks::QkvShape s = op_checks::qkv_shape(op, qkv, heads, groups);
+  const int64_t Tk = kv.dim(1);
+  const int64_t nq = blk.q_count < 0 ? s.T - blk.q_begin : blk.q_count;
+  const int64_t nk = blk.k_count < 0 ? Tk - blk.k_begin : blk.k_count;
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.D)));
+  return {s.B,         s.T,         Tk,          s.H,        s.G,        s.D,
+          blk.q_begin, nq,          blk.k_begin, nk,         blk.causal, blk.causal_offset,
+          scale,       blk.seq_len, blk.q_rows,  blk.kv_rows};
+}
+Tensor scratch_like(const k::BlockGeometry& g, const Tensor& like) {
+  return Tensor::empty({g.B, g.H, g.nq, g.nk}, like.dtype(), like.device());
+}
+}  // namespace
+
+void attention_block_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const Tensor& kv, int64_t heads,
+                             const ops::AttentionBlock& blk, int64_t groups) {
+  const char* op = "attention_block_forward";
+  const DType dt = cuda_dtype(op, "qkv", qkv.dtype());
+  need_f32(op, "lse", &lse);
+  const k::BlockGeometry g = block_geometry(op, qkv, kv, heads, blk, groups);
+  const k::Drop dr = k::make_drop(blk.drop, g.H);
+  Tensor probs = scratch_like(g, qkv), dropped;  // P, and P' only with dropout
+  if (dr.on) dropped = scratch_like(g, qkv);
+  MTNLG_DT_SWITCH(dt, V,
+                  k::block_forward<V>(static_cast<V*>(out.raw()), f(lse), static_cast<V*>(probs.raw()),
+                                      static_cast<V*>(p(&dropped)), static_cast<const V*>(qkv.raw()),
+                                      static_cast<const V*>(kv.raw()), g, dr, dt));
+}
+
+void attention_block_backward(Tensor& dqkv, Tensor& dkv, const Tensor& dout, const Tensor* dlse, const Tensor& qkv,
+                              const Tensor& kv, const Tensor& out, const Tensor& lse, int64_t heads,
+                              const ops::AttentionBlock& blk, int64_t groups) {
+  const char* op = "attention_block_backward";
+  const DType dt = cuda_dtype(op, "qkv", qkv.dtype());
+  need_f32(op, "lse", &lse);
+  need_f32(op, "dlse", dlse);
+  const k::BlockGeometry g = block_geometry(op, qkv, kv, heads, blk, groups);
+  const k::Drop dr = k::make_drop(blk.drop, g.H);
+  Tensor probs = scratch_like(g, qkv), dp = scratch_like(g, qkv), dropped;
+  if (dr.on) dropped = scratch_like(g, qkv);
+  Tensor delta = Tensor::empty({g.B, g.H, g.nq}, DType::f32, qkv.device());
+  MTNLG_DT_SWITCH(dt, V, {
+    const k::BlockGrads<V> a{static_cast<V*>(dqkv.raw()),
+                             static_cast<V*>(dkv.raw()),
+                             static_cast<const V*>(dout.raw()),
+                             static_cast<const V*>(qkv.raw()),
+                             static_cast<const V*>(kv.raw()),
+                             static_cast<const V*>(out.raw()),
+                             f(lse),
+                             p<const float>(dlse),
+                             static_cast<V*>(probs.raw()),
+                             static_cast<V*>(p(&dropped)),
+                             static_cast<V*>(dp.raw()),
+                             f(delta)};
+    k::block_backward<V>(a, g, dr, dt);
+  });
+}
+
+void attention_merge_forward(Tensor& out, Tensor& lse, const Tensor& out_a, const Tensor& lse_a, const Tensor& out_b,
+                             const Tensor& lse_b) {
+  const char* op = "attention_merge_forward";
+  const DType dt = cuda_dtype(op, "out", out.dtype());
+  for (const Tensor* t : std::initializer_list<const Tensor*>{&lse, &lse_a, &lse_b}) need_f32(op, "lse", t);
+  const int64_t B = lse.dim(0), H = lse.dim(1), Tn = lse.dim(2), D = out.dim(2) / H;
+  if (B * H * Tn == 0) return;
+  MTNLG_DT_SWITCH(dt, V, {
+    MTNLG_LAUNCH(k::grid_for(B * H * Tn, 256), 256, 0, stream(), k::merge_kernel<V>)
+    (static_cast<V*>(out.raw()), f(lse), static_cast<const V*>(out_a.raw()), f(lse_a),
+     static_cast<const V*>(out_b.raw()), f(lse_b), B, Tn, H, D);
+    MTNLG_CUDA_LAUNCH_CHECK("merge_kernel");
+  });
+}
+
+void attention_merge_backward(Tensor& dout_a, Tensor& dlse_a, Tensor& dout_b, Tensor& dlse_b, const Tensor& dout,
+                              const Tensor* dlse, const Tensor& out_a, const Tensor& lse_a, const Tensor& out_b,
+                              const Tensor& lse_b) {
+  const char* op = "attention_merge_backward";
+  const DType dt = cuda_dtype(op, "out_a", out_a.dtype());
+  for (const Tensor* t : std::initializer_list<const Tensor*>{&dlse_a, &dlse_b, dlse, &lse_a, &lse_b})
+    need_f32(op, "lse", t);
+  const int64_t B = lse_a.dim(0), H = lse_a.dim(1), Tn = lse_a.dim(2), D = out_a.dim(2) / H;
+  if (B * H * Tn == 0) return;
+  MTNLG_DT_SWITCH(dt, V, {
+    MTNLG_LAUNCH(k::grid_for(B * H * Tn, 256), 256, 0, stream(), k::merge_backward_kernel<V>)
+    (static_cast<V*>(dout_a.raw()), f(dlse_a), static_cast<V*>(dout_b.raw()), f(dlse_b),
+     static_cast<const V*>(dout.raw()), p<const float>(dlse), static_cast<const V*>(out_a.raw()), f(lse_a),
+     static_cast<const V*>(out_b.raw()), f(lse_b), B, Tn, H, D);
+    MTNLG_CUDA_LAUNCH_CHECK("merge_backward_kernel");
+  });
+}
+
+namespace {
+void kv_copy(const char* op, void* qkv, void* kv, DType dt, const op_checks::QkvShape& s, bool to_kv) {
+  cuda_dtype(op, "qkv", dt);
+  const int64_t n = s.B * s.T * s.G * 2 * s.D;
+  if (n == 0) return;
+  MTNLG_DT_SWITCH(dt, V, {
+    MTNLG_LAUNCH(k::grid_for(n, 256), 256, 0, stream(), k::kv_copy_kernel<V>)
+    (static_cast<V*>(qkv), static_cast<V*>(kv), s.B * s.T, s.G, s.H / s.G, s.D, to_kv);
+    MTNLG_CUDA_LAUNCH_CHECK("kv_copy_kernel");
+  });
+}
+}  // namespace
+
+void attention_kv_forward(Tensor& kv, const Tensor& qkv, int64_t heads, int64_t groups) {
+  const op_checks::QkvShape s = op_checks::qkv_shape("attention_kv_forward", qkv, heads, groups);
+  kv_copy("attention_kv_forward", qkv.raw(), kv.raw(), qkv.dtype(), s, true);
+}
+
+void attention_kv_backward(Tensor& dqkv, const Tensor& dkv, int64_t heads, int64_t groups) {
+  const op_checks::QkvShape s = op_checks::qkv_shape("attention_kv_backward", dqkv, heads, groups);
+  kv_copy("attention_kv_backward", dqkv.raw(), dkv.raw(), dqkv.dtype(), s, false);
 }
 
 }  // namespace mtnlg::cuda

@@ -66,6 +66,12 @@ MTNLG_CUDA_OP(attention_backward)
 MTNLG_CUDA_OP(attention_forward_lse)  // the lse form: cuDNN fused attention (cudnn_attention.hpp)
 MTNLG_CUDA_OP(attention_backward_lse)
 MTNLG_CUDA_OP(attention_cached_forward)
+MTNLG_CUDA_OP(attention_block_forward)  // context parallelism's pieces: the unfused form over a block
+MTNLG_CUDA_OP(attention_block_backward)
+MTNLG_CUDA_OP(attention_merge_forward)  // the log-sum-exp merge, one thread per row
+MTNLG_CUDA_OP(attention_merge_backward)
+MTNLG_CUDA_OP(attention_kv_forward)  // the K/V buffer of a cp exchange: a strided copy
+MTNLG_CUDA_OP(attention_kv_backward)
 MTNLG_CUDA_OP(embedding_forward)
 MTNLG_CUDA_OP(embedding_backward)
 MTNLG_CUDA_OP(position_forward)

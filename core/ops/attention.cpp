@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -530,12 +531,10 @@ void attention_backward_lse(Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
 
 namespace {
 // The block's sizes from the tensors and the AttentionBlock (counts of -1 resolved),
-// checked: kv [B, Tk, G*2*D], the ranges inside the rows, out/lse sized by qkv.
+// checked: kv [B, Tk, G*2*D], the ranges inside the rows, out/lse sized by qkv (the
+// callers check devices and dtype roles first).
 cpu::BlockDims block_dims(const char* op, const Tensor& qkv, const Tensor& kv, const Tensor& out, const Tensor& lse,
                           int64_t heads, const AttentionBlock& blk, int64_t groups) {
-  if (same_device(op, {&qkv, &kv, &out, &lse}))
-    throw_runtime("{}: the CPU only so far (context-parallel attention has no CUDA kernel yet)", op);
-  same_float_dtype(op, {&qkv, &kv, &out, &lse});
   const op_checks::QkvShape s = op_checks::qkv_shape(op, qkv, heads, groups);
   if (kv.ndim() != 3 || kv.dim(0) != s.B || kv.dim(2) != s.G * 2 * s.D)
     throw_runtime("{}: kv must be [B, Tk, groups*2*D] = [{}, Tk, {}], got {}", op, s.B, s.G * 2 * s.D,
@@ -584,8 +583,17 @@ void merge_dims(const char* op, const Tensor& out, const Tensor& lse, int64_t& B
 
 void attention_block_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const Tensor& kv, int64_t heads,
                              const AttentionBlock& blk, int64_t groups) {
-  const cpu::BlockDims s = block_dims("attention_block_forward", qkv, kv, out, lse, heads, blk, groups);
-  by_dtype(out.dtype(), [&](auto z) {
+  const char* op = "attention_block_forward";
+  const bool cuda = same_device(op, {&qkv, &kv, &out, &lse});
+  const DType dt = act_dtype(op, {{"out", &out}, {"qkv", &qkv}, {"kv", &kv}}, {{"lse", &lse}});
+  const cpu::BlockDims s = block_dims(op, qkv, kv, out, lse, heads, blk, groups);
+  MTNLG_CUDA_DISPATCH(cuda, attention_block_forward(out, lse, qkv, kv, heads, blk, groups));
+  if (is_low(dt)) {
+    Widened w;
+    attention_block_forward(w.out(out), lse, w.in(qkv), w.in(kv), heads, blk, groups);
+    return w.store();
+  }
+  by_dtype(dt, [&](auto z) {
     using V = decltype(z);
     cpu::attention_block_forward_rows<V>(out.kernel_data<V>(), lse.kernel_data<V>(), qkv.kernel_data<V>(),
                                          kv.kernel_data<V>(), s);
@@ -596,34 +604,49 @@ void attention_block_backward(Tensor& dqkv, Tensor& dkv, const Tensor& dout, con
                               const Tensor& kv, const Tensor& out, const Tensor& lse, int64_t heads,
                               const AttentionBlock& blk, int64_t groups) {
   const char* op = "attention_block_backward";
+  const bool cuda = same_device(op, {&dqkv, &dkv, &dout, dlse ? dlse : &lse, &qkv, &kv, &out, &lse});
+  const DType dt =
+      act_dtype(op, {{"dqkv", &dqkv}, {"dkv", &dkv}, {"dout", &dout}, {"qkv", &qkv}, {"kv", &kv}, {"out", &out}},
+                {{"dlse", dlse}, {"lse", &lse}});
   const cpu::BlockDims s = block_dims(op, qkv, kv, out, lse, heads, blk, groups);
-  same_device(op, {&dqkv, &dkv, &dout, dlse ? dlse : &lse});
-  same_float_dtype(op, {&qkv, &dqkv, &dkv, &dout, dlse ? dlse : &lse});
   expect_numel(op, "dqkv", dqkv, qkv.numel());
   expect_numel(op, "dkv", dkv, kv.numel());
   expect_numel(op, "dout", dout, out.numel());
   if (dlse) expect_numel(op, "dlse", *dlse, lse.numel());
-  by_dtype(out.dtype(), [&](auto z) {
+  MTNLG_CUDA_DISPATCH(cuda, attention_block_backward(dqkv, dkv, dout, dlse, qkv, kv, out, lse, heads, blk, groups));
+  if (is_low(dt)) {  // dqkv and dkv accumulate: widened with their values
+    Widened w;
+    attention_block_backward(w.out(dqkv, /*read=*/true), w.out(dkv, /*read=*/true), w.in(dout), dlse, w.in(qkv),
+                             w.in(kv), w.in(out), lse, heads, blk, groups);
+    return w.store();
+  }
+  by_dtype(dt, [&](auto z) {
     using V = decltype(z);
     cpu::attention_block_backward_rows<V>(dqkv.kernel_data<V>(), dkv.kernel_data<V>(), dout.kernel_data<V>(),
-                                          dlse ? dlse->kernel_data<V>() : nullptr, qkv.kernel_data<V>(),
-                                          kv.kernel_data<V>(), out.kernel_data<V>(), lse.kernel_data<V>(), s);
+                                          ptr<V>(dlse), qkv.kernel_data<V>(), kv.kernel_data<V>(), out.kernel_data<V>(),
+                                          lse.kernel_data<V>(), s);
   });
 }
 
 void attention_merge_forward(Tensor& out, Tensor& lse, const Tensor& out_a, const Tensor& lse_a, const Tensor& out_b,
                              const Tensor& lse_b) {
   const char* op = "attention_merge_forward";
-  if (same_device(op, {&out, &lse, &out_a, &lse_a, &out_b, &lse_b}))
-    throw_runtime("{}: the CPU only so far (context-parallel attention has no CUDA kernel yet)", op);
-  same_float_dtype(op, {&out, &lse, &out_a, &lse_a, &out_b, &lse_b});
+  const bool cuda = same_device(op, {&out, &lse, &out_a, &lse_a, &out_b, &lse_b});
+  const DType dt = act_dtype(op, {{"out", &out}, {"out_a", &out_a}, {"out_b", &out_b}},
+                             {{"lse", &lse}, {"lse_a", &lse_a}, {"lse_b", &lse_b}});
   int64_t B, Tn, H, D;
   merge_dims(op, out, lse, B, Tn, H, D);
   for (const Tensor* t : std::initializer_list<const Tensor*>{&out_a, &out_b})
     expect_numel(op, "out_a/out_b", *t, out.numel());
   for (const Tensor* t : std::initializer_list<const Tensor*>{&lse_a, &lse_b})
     expect_numel(op, "lse_a/lse_b", *t, lse.numel());
-  by_dtype(out.dtype(), [&](auto z) {
+  MTNLG_CUDA_DISPATCH(cuda, attention_merge_forward(out, lse, out_a, lse_a, out_b, lse_b));
+  if (is_low(dt)) {
+    Widened w;
+    attention_merge_forward(w.out(out), lse, w.in(out_a), lse_a, w.in(out_b), lse_b);
+    return w.store();
+  }
+  by_dtype(dt, [&](auto z) {
     using V = decltype(z);
     cpu::attention_merge_rows<V>(out.kernel_data<V>(), lse.kernel_data<V>(), out_a.kernel_data<V>(),
                                  lse_a.kernel_data<V>(), out_b.kernel_data<V>(), lse_b.kernel_data<V>(), B, Tn, H, D);
@@ -635,22 +658,70 @@ void attention_merge_backward(Tensor& dout_a, Tensor& dlse_a, Tensor& dout_b, Te
                               const Tensor& lse_b) {
   const char* op = "attention_merge_backward";
   const Tensor& dl = dlse ? *dlse : lse_a;
-  if (same_device(op, {&dout_a, &dlse_a, &dout_b, &dlse_b, &dout, &dl, &out_a, &lse_a, &out_b, &lse_b}))
-    throw_runtime("{}: the CPU only so far (context-parallel attention has no CUDA kernel yet)", op);
-  same_float_dtype(op, {&dout_a, &dlse_a, &dout_b, &dlse_b, &dout, &dl, &out_a, &lse_a, &out_b, &lse_b});
+  const bool cuda = same_device(op, {&dout_a, &dlse_a, &dout_b, &dlse_b, &dout, &dl, &out_a, &lse_a, &out_b, &lse_b});
+  const DType dt =
+      act_dtype(op, {{"dout_a", &dout_a}, {"dout_b", &dout_b}, {"dout", &dout}, {"out_a", &out_a}, {"out_b", &out_b}},
+                {{"dlse_a", &dlse_a}, {"dlse_b", &dlse_b}, {"dlse", &dl}, {"lse_a", &lse_a}, {"lse_b", &lse_b}});
   int64_t B, Tn, H, D;
   merge_dims(op, out_a, lse_a, B, Tn, H, D);
   for (const Tensor* t : std::initializer_list<const Tensor*>{&dout_a, &dout_b, &dout, &out_b})
     expect_numel(op, "out", *t, out_a.numel());
   for (const Tensor* t : std::initializer_list<const Tensor*>{&dlse_a, &dlse_b, &dl, &lse_b})
     expect_numel(op, "lse", *t, lse_a.numel());
-  by_dtype(out_a.dtype(), [&](auto z) {
+  MTNLG_CUDA_DISPATCH(cuda,
+                      attention_merge_backward(dout_a, dlse_a, dout_b, dlse_b, dout, dlse, out_a, lse_a, out_b, lse_b));
+  if (is_low(dt)) {
+    Widened w;
+    attention_merge_backward(w.out(dout_a), dlse_a, w.out(dout_b), dlse_b, w.in(dout), dlse, w.in(out_a), lse_a,
+                             w.in(out_b), lse_b);
+    return w.store();
+  }
+  by_dtype(dt, [&](auto z) {
     using V = decltype(z);
-    cpu::attention_merge_backward_rows<V>(
-        dout_a.kernel_data<V>(), dlse_a.kernel_data<V>(), dout_b.kernel_data<V>(), dlse_b.kernel_data<V>(),
-        dout.kernel_data<V>(), dlse ? dlse->kernel_data<V>() : nullptr, out_a.kernel_data<V>(), lse_a.kernel_data<V>(),
-        out_b.kernel_data<V>(), lse_b.kernel_data<V>(), B, Tn, H, D);
+    cpu::attention_merge_backward_rows<V>(dout_a.kernel_data<V>(), dlse_a.kernel_data<V>(), dout_b.kernel_data<V>(),
+                                          dlse_b.kernel_data<V>(), dout.kernel_data<V>(), ptr<V>(dlse),
+                                          out_a.kernel_data<V>(), lse_a.kernel_data<V>(), out_b.kernel_data<V>(),
+                                          lse_b.kernel_data<V>(), B, Tn, H, D);
   });
+}
+
+namespace {
+// kv [B, T, G*2*D] against qkv: its shape, checked.
+op_checks::QkvShape kv_shape(const char* op, const Tensor& qkv, const Tensor& kv, int64_t heads, int64_t groups) {
+  const op_checks::QkvShape s = op_checks::qkv_shape(op, qkv, heads, groups);
+  expect_numel(op, "kv", kv, s.B * s.T * s.G * 2 * s.D);
+  return s;
+}
+// Between the k and v columns of qkv and the K/V buffer, row by row (to_kv: qkv -> kv).
+void kv_copy(char* qkv, char* kv, const op_checks::QkvShape& s, int64_t esize, bool to_kv) {
+  const int64_t Q = s.H / s.G, W = s.G * (Q + 2) * s.D, KW = s.G * 2 * s.D;
+  const auto n = static_cast<size_t>(2 * s.D * esize);
+#pragma omp parallel for schedule(static)
+  for (int64_t row = 0; row < s.B * s.T; ++row)
+    for (int64_t g = 0; g < s.G; ++g) {
+      char* x = qkv + (row * W + g * (Q + 2) * s.D + Q * s.D) * esize;
+      char* y = kv + (row * KW + g * 2 * s.D) * esize;
+      to_kv ? std::memcpy(y, x, n) : std::memcpy(x, y, n);
+    }
+}
+}  // namespace
+
+void attention_kv_forward(Tensor& kv, const Tensor& qkv, int64_t heads, int64_t groups) {
+  const char* op = "attention_kv_forward";
+  const bool cuda = same_device(op, {&kv, &qkv});
+  const DType dt = act_dtype(op, {{"kv", &kv}, {"qkv", &qkv}});
+  const op_checks::QkvShape s = kv_shape(op, qkv, kv, heads, groups);
+  MTNLG_CUDA_DISPATCH(cuda, attention_kv_forward(kv, qkv, heads, groups));
+  kv_copy(qkv.kernel_data<char>(), kv.kernel_data<char>(), s, dtype_size(dt), true);
+}
+
+void attention_kv_backward(Tensor& dqkv, const Tensor& dkv, int64_t heads, int64_t groups) {
+  const char* op = "attention_kv_backward";
+  const bool cuda = same_device(op, {&dqkv, &dkv});
+  const DType dt = act_dtype(op, {{"dqkv", &dqkv}, {"dkv", &dkv}});
+  const op_checks::QkvShape s = kv_shape(op, dqkv, dkv, heads, groups);
+  MTNLG_CUDA_DISPATCH(cuda, attention_kv_backward(dqkv, dkv, heads, groups));
+  kv_copy(dqkv.kernel_data<char>(), dkv.kernel_data<char>(), s, dtype_size(dt), false);
 }
 
 void attention_cached_forward(Tensor& out, Tensor& k_cache, Tensor& v_cache, const Tensor& qkv, int64_t heads,

@@ -24,6 +24,10 @@
 #                 its fp32 run (2e-2); under mpirun ep2 and etp2 x ep2 with ZeRO-1
 #                 on the emulated NCCL (the token exchange by grouped send/recv): every loss
 #                 within 1e-5 of the single-process cuda run; CUDA graphs with MoE exit 2
+#     cp          context parallelism on the device path (the CUDA block and merge ops, the
+#                 K/V ring over the emulated NCCL's cp group): mpirun -np 2 cp2 (p2p and
+#                 all_gather) and -np 4 cp2 x tp2 with sequence parallelism, fp32, every loss
+#                 and grad norm within 1e-5 of the single-process cuda run
 #     graphs      training.enable_cuda_graph: micro batches replayed from CUDA graphs give
 #                 the eager cuda run's losses and grad norms bit for bit (fp32 with recompute
 #                 none and full, bf16, fp16 with loss scaling; the loss-mask path; hidden and
@@ -275,6 +279,21 @@ EOF
     else
       echo "  CUDA graphs with MoE layers: exit $rc FAILED"; tail -3 "$out/moe-graphs.log"; fails=$((fails + 1))
     fi
+    ;;
+  cp)
+    common=(--set training.train_iters=4 --set model.hidden_dropout=0 --set model.attention_dropout=0)
+    train one cuda fp32 "${common[@]}"
+    for layout in "cp2 2" "cp2-allgather 2 --set parallel.cp_comm_type=all_gather" \
+      "cp2-tp2-sp 4 --set parallel.tensor_model_parallel_size=2 --set parallel.sequence_parallel=true"; do
+      set -- $layout
+      name=$1 np=$2
+      shift 2
+      MTNLG_EMU_DEVICES=$np "$repo/test/support/mpi/mpirun.sh" "$np" "$bin" train recipes/tiny-mock.yaml \
+        --set training.device=cuda --set training.precision=fp32 --set logging.dir="$out/$name" \
+        --set logging.log_interval=1 "${common[@]}" --set parallel.context_parallel_size=2 "$@" >"$out/$name.log" 2>&1 ||
+        { echo "  mpirun -np $np $name failed"; tail -20 "$out/$name.log"; fails=$((fails + 1)); }
+      compare "$name" one 1e-5
+    done
     ;;
   graphs)
     nodrop=(--set model.hidden_dropout=0 --set model.attention_dropout=0 --set data.eod_mask_loss=true

@@ -1,7 +1,7 @@
 // parallel/context_parallel.hpp: the load-balanced split and its inverse, the in-process
-// exchange, and causal attention across cp ranks (p2p ring, all_gather, a2a) against the
-// one-rank attention_forward_lse / attention_backward_lse: output, log-sum-exp and dqkv,
-// at cp 2 and 4, multi-head, grouped-query and multi-query, in f64 and f32; the three
+// exchange, and causal attention across cp ranks (p2p ring, all_gather, a2a, a2a+p2p) against
+// the one-rank attention_forward_lse / attention_backward_lse: output, log-sum-exp and dqkv,
+// at cp 2 and 4, multi-head, grouped-query and multi-query, in f64 and f32; the four
 // communication types against each other; what the ring sends.
 #include <catch2/catch.hpp>
 
@@ -207,11 +207,12 @@ std::string sci(double v) {
 }  // namespace
 
 // The proof: the split attention at cp 2 and 4 against the one-rank op on the whole
-// sequence (the same dtype), for every communication type, multi-head, grouped-query and
-// multi-query (a2a only where the groups split over the ranks), f64 and f32: output, lse
-// and dqkv within 1e-12 (f64) or 1e-6 (f32) of the tensor's largest value; in f32 also no
-// further from the fp64 result than 2 x the one-rank f32 op is; the three types against
-// each other; what the ring and the gather send.
+// sequence (the same dtype), for every communication type (a2a+p2p with a2a groups of 2:
+// at cp 2 one group, at cp 4 a ring of two), multi-head, grouped-query and multi-query (a2a
+// only where the groups split over the ranks), f64 and f32: output, lse and dqkv within
+// 1e-12 (f64) or 1e-6 (f32) of the tensor's largest value; in f32 also no further from the
+// fp64 result than 2 x the one-rank f32 op is; the types against each other; what the ring
+// and the gather send.
 TEST_CASE("context parallel: attention across cp ranks equals the one-rank op, forward and backward", "[cp]") {
   const DType dt = GENERATE(DType::f64, DType::f32);
   const int64_t cp = GENERATE(2, 4);
@@ -226,12 +227,14 @@ TEST_CASE("context parallel: attention across cp ranks equals the one-rank op, f
   const Reference ref = one_rank(qkv, dout, H, G), truth = one_rank(qkv64, dout64, H, G);
   const double tol = dt == DType::f64 ? 1e-12 : 1e-6;
   std::vector<Result> results;
-  for (CpCommType type : {CpCommType::p2p, CpCommType::all_gather, CpCommType::a2a}) {
-    if (type == CpCommType::a2a && G % cp != 0) {
-      CHECK_THROWS_WITH(run_cp(qkv, dout, cp, {H, G, type}), Catch::Contains("do not split over"));
+  for (CpCommType type : {CpCommType::p2p, CpCommType::all_gather, CpCommType::a2a, CpCommType::a2a_p2p}) {
+    CpAttention a{H, G, type};
+    a.a2a_size = 2;  // a2a+p2p: a2a within pairs of ranks, the ring across them
+    if ((type == CpCommType::a2a && G % cp != 0) || (type == CpCommType::a2a_p2p && G % 2 != 0)) {
+      CHECK_THROWS_WITH(run_cp(qkv, dout, cp, a), Catch::Contains("do not split over"));
       continue;
     }
-    Result r = run_cp(qkv, dout, cp, {H, G, type});
+    Result r = run_cp(qkv, dout, cp, a);
     const double d_out = rel(r.out, ref.out), d_lse = rel(r.lse, ref.lse), d_dqkv = rel(r.dqkv, ref.dqkv);
     INFO(name(type) << ": out " << sci(d_out) << " lse " << sci(d_lse) << " dqkv " << sci(d_dqkv));
     CHECK(d_out <= tol);
@@ -272,9 +275,10 @@ TEST_CASE("context parallel: attention dropout draws the one-rank op's mask", "[
   const ops::AttentionDropout drop{0.25, 0xC0FFEEull, 3, H, 3 * H};
   const Reference ref = one_rank(qkv, dout, H, G, drop), plain = one_rank(qkv, dout, H, G);
   CHECK(rel(ref.out, plain.out) > 0.1);  // the mask matters
-  for (CpCommType type : {CpCommType::p2p, CpCommType::all_gather, CpCommType::a2a}) {
-    if (type == CpCommType::a2a && G % cp != 0) continue;
+  for (CpCommType type : {CpCommType::p2p, CpCommType::all_gather, CpCommType::a2a, CpCommType::a2a_p2p}) {
+    if ((type == CpCommType::a2a && G % cp != 0) || (type == CpCommType::a2a_p2p && G % 2 != 0)) continue;
     CpAttention a{H, G, type};
+    a.a2a_size = 2;
     a.drop = drop;
     const Result r = run_cp(qkv, dout, cp, a);
     const double d_out = rel(r.out, ref.out), d_lse = rel(r.lse, ref.lse), d_dqkv = rel(r.dqkv, ref.dqkv);
@@ -288,8 +292,8 @@ TEST_CASE("context parallel: attention dropout draws the one-rank op's mask", "[
 TEST_CASE("context parallel: attention refuses what it does not do", "[cp]") {
   std::mt19937_64 g(5);
   const Tensor qkv = randn({1, 8, 3 * 2 * 4}, DType::f64, g);
-  CHECK_THROWS_WITH(run_cp(qkv, Tensor::zeros({1, 8, 8}, DType::f64), 2, {2, 2, CpCommType::a2a_p2p}),
-                    Catch::Contains("a2a+p2p is not implemented"));
+  CHECK_THROWS_WITH(run_cp(qkv, Tensor::zeros({1, 8, 8}, DType::f64), 2, {2, 2, CpCommType::a2a_p2p, {}, 4}),
+                    Catch::Contains("a2a groups of 4 ranks do not divide 2 ranks"));
   const Tensor bf = Tensor::zeros({1, 4, 3 * 2 * 4}, DType::bf16);
   CHECK_THROWS_WITH(
       parallel::run_in_process(1,

@@ -20,6 +20,9 @@ const std::string kCp2 = "--set parallel.context_parallel_size=2";
 const std::string kCp4 = "--set parallel.context_parallel_size=4";
 const std::string kA2a = "--set parallel.cp_comm_type=a2a";
 const std::string kAllGather = "--set parallel.cp_comm_type=all_gather";
+// a2a within pairs of cp ranks, the p2p ring across the pairs
+const std::string kA2aP2p =
+    "--set parallel.cp_comm_type=a2a+p2p --set parallel.hierarchical_context_parallel_sizes=[2,2]";
 // expert parallelism (an MoE recipe's; each expert whole on one rank)
 const std::string kEp2 = "--set parallel.expert_model_parallel_size=2 --set parallel.expert_tensor_parallel_size=1";
 const std::string kEp4 = "--set parallel.expert_model_parallel_size=4 --set parallel.expert_tensor_parallel_size=1";
@@ -54,6 +57,7 @@ const std::vector<Layout>& all_layouts() {
       {"cp2", 2, kCp2},
       {"cp4", 4, kCp4},
       {"cp2-a2a", 2, kCp2 + " " + kA2a},
+      {"cp4-a2a+p2p", 4, kCp4 + " " + kA2aP2p},
       {"cp2-allgather", 2, kCp2 + " " + kAllGather},
       {"cp2-tp2-sp", 4, kCp2 + " " + kTp2 + " " + kSp},
       {"cp2-pp2", 4, kCp2 + " " + kPp2},

@@ -127,7 +127,7 @@ TEST_CASE("train: context-parallel layouts reproduce the single-process losses",
     CHECK(worst <= 1e-5);
   }
   const std::vector<double> llama = run_layout("cp-llama-ref", 1, kLlama);
-  for (const auto& l : test::layouts({"cp2", "cp2-a2a", "cp2-tp2-sp", "cp2-pp2-v2-full"})) {
+  for (const auto& l : test::layouts({"cp2", "cp2-a2a", "cp4-a2a+p2p", "cp2-tp2-sp", "cp2-pp2-v2-full"})) {
     INFO("llama " << l.name);
     const double worst = worst_relative(run_layout("llama-" + l.name, l.np, kLlama + l.sets), llama);
     INFO("worst relative loss difference " << worst);
@@ -140,6 +140,20 @@ TEST_CASE("train: context-parallel layouts reproduce the single-process losses",
   const double mqa_worst = worst_relative(run_layout("mqa-cp4", cp4.np, mqa + cp4.sets), mqa_ref);
   INFO("mqa cp4: worst relative loss difference " << mqa_worst);
   CHECK(mqa_worst <= 1e-5);
+}
+
+// The device code path of context parallelism (training.device test: device tensors
+// through the exchange over the cp group, the K/V buffer and the blocks as ops on the
+// device): cp2 and cp2 x tp2 with sequence parallelism reproduce the one-process CPU run.
+// The CUDA kernels under the same layouts: test/emulator/e2e.sh, step cp.
+TEST_CASE("train: context parallelism on the test device reproduces the single-process losses", "[mpi]") {
+  const std::vector<double> ref = run_layout("cp-dev-ref", 1, "");
+  for (const auto& l : test::layouts({"cp2", "cp2-tp2-sp"})) {
+    INFO(l.name);
+    const double worst = worst_relative(run_layout("dev-" + l.name, l.np, l.sets + " --set training.device=test"), ref);
+    INFO("worst relative loss difference " << worst);
+    CHECK(worst <= 1e-5);
+  }
 }
 
 // Checkpoints stay layout-free: a cp4 run with ZeRO-1 (4 optimizer shards over dp x cp)

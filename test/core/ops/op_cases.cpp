@@ -1097,14 +1097,102 @@ Entry attention_entry() {
   return e;
 }
 
-// Context parallelism's pieces (the CPU only so far: finite differences, no device cases).
-// A block: the q rows [n2, n2 + n3) of qkv [2, 5, W] against the K/V rows [n4, n4 + n5) of
-// kv [2, 7, G*2*D], causal with offset n7 when n6, attention dropout when n8; the loss reads
-// out and the finite lse (dlse = R2), so the backward's dlse term is checked too. With the whole qkv's K/V against
-// itself, causally, the block equals attention_forward_lse bit for bit (the same kernel
-// order), and the backward's dq/dk/dv, from out and lse, its attention_backward_lse.
+// Context parallelism's pieces. Finite differences: a block, the q rows [n2, n2 + n3) of
+// qkv [2, 5, W] against the K/V rows [n4, n4 + n5) of kv [2, 7, G*2*D], causal with offset
+// n7 when n6, attention dropout when n8; the loss reads out and the finite lse (dlse = R2),
+// so the backward's dlse term is checked too. With the whole qkv's K/V against itself,
+// causally, the block equals attention_forward_lse bit for bit (the same kernel order), and
+// the backward's dq/dk/dv, from out and lse, its attention_backward_lse.
+//
+// Device cases (CUDA against the CPU): the blocks the p2p ring and all_gather run at cp 2
+// and 4 (chunks of c = 5 positions, a rank's L = 10 rows; docs/specs/context-parallel.md),
+// for multi-head, grouped-query and multi-query attention, forward then backward from the
+// block's own out and lse with a dlse, dqkv and dkv accumulating onto random values.
+// n = {B, Tq, Tk, H, G, D, q0, nq, k0, nk, causal, offset, cp, rank, kv_rank}: with x[0] =
+// p > 0 the dropout of a rank's rows (its two chunks; the K/V rows those of rank kv_rank, or
+// in sequence order when kv_rank < 0) in a sequence of Tq * cp positions.
+void add_block_device_cases(Entry& e) {
+  struct Shape {
+    const char* what;
+    int64_t Tk, q0, nq, k0, nk, causal, offset, cp, rank, kv_rank;
+  };
+  const int64_t c = 5, L = 2 * c;
+  const Shape shapes[] = {
+      {"cp2 diagonal", L, 0, L, 0, L, 1, 0, 2, 1, 1},
+      {"cp2 from a lower rank", L, 0, L, 0, c, 0, 0, 2, 1, 0},
+      {"cp2 from a higher rank", L, c, c, 0, L, 0, 0, 2, 0, 1},
+      {"cp2 all_gather chunk 3", 4 * c, c, c, 0, 4 * c, 1, 3 * c, 2, 0, -1},
+      {"cp4 all_gather chunk 1", 8 * c, 0, c, 0, 2 * c, 1, c, 4, 1, -1},
+      {"cp4 all_gather chunk 6", 8 * c, c, c, 0, 7 * c, 1, 6 * c, 4, 1, -1},
+  };
+  // {H, G, D}: multi-head, grouped-query, multi-query
+  const std::array<int64_t, 3> heads[] = {{2, 2, 8}, {4, 2, 16}, {3, 1, 8}};
+  for (size_t i = 0; i < std::size(shapes); ++i) {
+    const Shape& b = shapes[i];
+    const auto& [H, G, D] = heads[i % 3];
+    for (DType dt : kTypes) {
+      if (dt != DType::f32 && i % 2 == 1) continue;  // low precision on every other shape
+      std::ostringstream l;
+      l << b.what << " H " << H << " G " << G << " D " << D << " " << to_string(dt);
+      e.cases.push_back(device_case(
+          l.str(), dt, {2, L, b.Tk, H, G, D, b.q0, b.nq, b.k0, b.nk, b.causal, b.offset, b.cp, b.rank, b.kv_rank},
+          {0.0}, i == 0 && dt != DType::f16));
+    }
+  }
+  // attention dropout at the rows' global positions: a ring block and an all_gather block
+  e.cases.push_back(device_case("cp2 from a lower rank GQA H 4 G 2 D 8 dropout 0.2 f32", DType::f32,
+                                {2, L, L, 4, 2, 8, 0, L, 0, c, 0, 0, 2, 1, 0}, {0.2}));
+  e.cases.push_back(device_case("cp4 all_gather chunk 6 MQA H 3 G 1 D 8 dropout 0.2 bf16", DType::bf16,
+                                {2, L, 8 * c, 3, 1, 8, c, c, 0, 7 * c, 1, 6 * c, 4, 1, -1}, {0.2}));
+  // bf16/f16 storage on the CPU (the f32 kernels widened, each output rounded once)
+  add_low_cases(e, "cp2 from a lower rank GQA H 4 G 2 D 8 dropout 0.2", {2, L, L, 4, 2, 8, 0, L, 0, c, 0, 0, 2, 1, 0},
+                {0.2});
+}
+
+// An lse as host values for the comparison: -inf (a row without keys) becomes 0, and the
+// zeros must then match (Output::same_zeros), so a row empty on one device only fails.
+Output lse_output(const std::string& name, const Tensor& lse, double rtol) {
+  Output o = output(name, lse, rtol);
+  for (double& v : o.values)
+    if (std::isinf(v) && v < 0) v = 0;
+  o.same_zeros = true;
+  return o;
+}
+
+Run attention_block_prepare(Ctx& c, const Case& k) {
+  const auto& n = k.n;
+  const int64_t B = n[0], Tq = n[1], Tk = n[2], H = n[3], G = n[4], D = n[5], cp = n[12], rank = n[13];
+  const int64_t kv_rank = n[14], ch = Tq / 2, W = G * (H / G + 2) * D;
+  ops::AttentionBlock blk{n[6], n[7], n[8], n[9], n[10] != 0, n[11]};
+  blk.drop = ops::AttentionDropout{k.x[0], 0x5eedull, 1, 2, 3 * H};
+  blk.seq_len = Tq * cp;
+  blk.q_rows = {ch, rank, 2 * cp - 1 - rank};
+  if (kv_rank >= 0) blk.kv_rows = {ch, kv_rank, 2 * cp - 1 - kv_rank};
+  Tensor qkv = c.act({B, Tq, W}), kv = c.act({B, Tk, G * 2 * D}), dout = c.act({B, Tq, H * D});
+  Tensor dlse = c.f32({B, H, Tq}), dqkv = c.act({B, Tq, W}), dkv = c.act({B, Tk, G * 2 * D});
+  Tensor out = c.out({B, Tq, H * D}), lse = c.out({B, H, Tq}, DType::f32);
+  const bool round = !c.cuda();
+  const DType dt = k.dt;
+  Run r;
+  r.flops = 6.0 * B * H * static_cast<double>(blk.q_count) * static_cast<double>(blk.k_count) * D;
+  r.exec = [=]() mutable {
+    ops::attention_block_forward(out, lse, qkv, kv, H, blk, G);
+    const Tensor o = round ? rounded_to(out, dt) : out;  // the backward reads the stored out
+    ops::attention_block_backward(dqkv, dkv, dout, &dlse, qkv, kv, o, lse, H, blk, G);
+  };
+  r.collect = [=] {
+    const bool f32 = dt == DType::f32;
+    return std::vector<Output>{
+        output("out", out, f32 ? kRtolF32 : 2 * kRtolLow), lse_output("lse", lse, f32 ? kRtolF32 : kRtolLow),
+        output("dqkv", dqkv, f32 ? kRtolF32 : 4 * kRtolLow), output("dkv", dkv, f32 ? kRtolF32 : 4 * kRtolLow)};
+  };
+  return r;
+}
+
 Entry attention_block_entry() {
   Entry e{"attention_block", {}, nullptr, nullptr};
+  add_block_device_cases(e);
+  e.prepare = attention_block_prepare;
   e.cases.push_back(fd_case("self causal H 2", 61, {2, 2, 0, -1, 0, -1, 1, 0}));
   e.cases.push_back(fd_case("q rows 1..4 x k rows 2..6 full GQA H 4 G 2", 62, {4, 2, 1, 3, 2, 4, 0, 0}));
   e.cases.push_back(fd_case("bottom-right causal offset 3 MQA H 3 G 1", 63, {3, 1, 2, 3, 0, 7, 1, 3}));
@@ -1171,8 +1259,49 @@ Entry attention_block_entry() {
 
 // The log-sum-exp merge: out/lse of two key sets joined; its backward (with the lse's own
 // gradient) by finite differences, and the rows with no keys (lse -inf) as the identity.
+// Device cases: n = {B, T, H, D}; rows t % 4 == 1 have no keys on side a, t % 4 == 2 none
+// on side b, t % 4 == 3 none on either; the merge also runs in place (out and lse aliasing
+// side a, as the p2p ring merges).
+Run attention_merge_prepare(Ctx& c, const Case& k) {
+  const int64_t B = k.n[0], T = k.n[1], H = k.n[2], D = k.n[3];
+  Tensor oa = c.act({B, T, H * D}), ob = c.act({B, T, H * D}), dout = c.act({B, T, H * D});
+  Tensor la = c.f32({B, H, T}, 2.0).to(Device::cpu), lb = c.f32({B, H, T}, 2.0).to(Device::cpu);
+  Tensor dlse = c.f32({B, H, T});
+  for (int64_t i = 0; i < la.numel(); ++i) {
+    const int64_t t = i % T;
+    if (t % 4 == 1 || t % 4 == 3) la.data<float>()[i] = -std::numeric_limits<float>::infinity();
+    if (t % 4 == 2 || t % 4 == 3) lb.data<float>()[i] = -std::numeric_limits<float>::infinity();
+  }
+  la = la.to(c.dev), lb = lb.to(c.dev);
+  Tensor out = c.out(oa.shape()), lse = c.out(la.shape(), DType::f32), o2 = c.out(oa.shape());
+  Tensor l2 = c.out(la.shape(), DType::f32), doa = c.out(oa.shape()), dob = c.out(oa.shape());
+  Tensor dla = c.out(la.shape(), DType::f32), dlb = c.out(la.shape(), DType::f32);
+  Run r;
+  r.exec = [=]() mutable {
+    ops::attention_merge_forward(out, lse, oa, la, ob, lb);
+    ops::copy(o2, oa);
+    ops::copy(l2, la);
+    ops::attention_merge_forward(o2, l2, o2, l2, ob, lb);
+    ops::attention_merge_backward(doa, dla, dob, dlb, dout, &dlse, oa, la, ob, lb);
+  };
+  r.collect = [=] {
+    const double rt = k.dt == DType::f32 ? kRtolF32 : kRtolLow;
+    return std::vector<Output>{output("out", out, rt),         lse_output("lse", lse, rt),
+                               output("out in place", o2, rt), lse_output("lse in place", l2, rt),
+                               output("dout_a", doa, rt),      lse_output("dlse_a", dla, rt),
+                               output("dout_b", dob, rt),      lse_output("dlse_b", dlb, rt)};
+  };
+  return r;
+}
+
 Entry attention_merge_entry() {
   Entry e{"attention_merge", {}, nullptr, nullptr};
+  for (const auto& [B, T, H, D] : {std::array<int64_t, 4>{2, 8, 3, 8}, {1, 12, 2, 40}})
+    for (DType dt : kTypes)
+      e.cases.push_back(device_case(shape_label({{"B", B}, {"T", T}, {"H", H}, {"D", D}}, dt), dt, {B, T, H, D}, {},
+                                    D == 40 && dt != DType::f16));
+  add_low_cases(e, "B 2 T 8 H 3 D 8", {2, 8, 3, 8});
+  e.prepare = attention_merge_prepare;
   e.cases.push_back(fd_case("B 2 T 3 H 2 D 3", 71, {2, 3, 2, 3}));
   e.cases.push_back(fd_case("B 1 T 4 H 3 D 2, lse apart by 3", 72, {1, 4, 3, 2}, {3.0}));
   e.fd = [](Ctx& c, const Case& k) {
@@ -1215,6 +1344,48 @@ Entry attention_merge_entry() {
     for (int64_t i = 0; i < la.numel(); ++i) wins = wins && l2.data<double>()[i] == far.data<double>()[i];
     c.expect(wins, "lse 1000 apart: the merge is the larger side, exactly");
     return FdProblem{loss, {{"out_a", oa, doa}, {"lse_a", la, dla}, {"out_b", ob, dob}, {"lse_b", lb, dlb}}};
+  };
+  return e;
+}
+
+// The K/V buffer of a cp exchange: the k and v columns of qkv copied out, and written back
+// into dqkv's (its q columns untouched: they start from random values and must keep them).
+// n = {B, T, H, G, D}. Finite differences of the pair (the backward is the forward's adjoint).
+Entry attention_kv_entry() {
+  Entry e{"attention_kv", {}, nullptr, nullptr};
+  for (const auto& [B, T, H, G, D] : {std::array<int64_t, 5>{2, 7, 4, 2, 8}, {1, 5, 3, 1, 16}, {2, 3, 2, 2, 4}})
+    for (DType dt : kTypes)
+      e.cases.push_back(device_case(shape_label({{"B", B}, {"T", T}, {"H", H}, {"G", G}, {"D", D}}, dt), dt,
+                                    {B, T, H, G, D}, {}, H == 4 && dt != DType::f16));
+  e.cases.push_back(fd_case("GQA H 4 G 2", 81, {2, 3, 4, 2, 2}));
+  e.cases.push_back(fd_case("MQA H 3 G 1", 82, {1, 4, 3, 1, 3}));
+  e.prepare = [](Ctx& c, const Case& k) {
+    const int64_t B = k.n[0], T = k.n[1], H = k.n[2], G = k.n[3], D = k.n[4], W = G * (H / G + 2) * D;
+    Tensor qkv = c.act({B, T, W}), dkv = c.act({B, T, G * 2 * D}), dqkv = c.act({B, T, W});
+    Tensor kv = c.out({B, T, G * 2 * D});
+    Run r;
+    r.exec = [=]() mutable {
+      ops::attention_kv_forward(kv, qkv, H, G);
+      ops::attention_kv_backward(dqkv, dkv, H, G);
+    };
+    r.collect = [=] {
+      std::vector<Output> o{output("kv", kv, 0, Cmp::bits), output("dqkv", dqkv, 0, Cmp::bits)};
+      return o;
+    };
+    return r;
+  };
+  e.fd = [](Ctx& c, const Case& k) {
+    const int64_t B = k.n[0], T = k.n[1], H = k.n[2], G = k.n[3], D = k.n[4], W = G * (H / G + 2) * D;
+    Tensor qkv = c.act({B, T, W}), R = c.act({B, T, G * 2 * D});
+    Tensor kv = Tensor::empty({B, T, G * 2 * D}, DType::f64);
+    auto loss = [=]() mutable {
+      ops::attention_kv_forward(kv, qkv, H, G);
+      return dot(kv, R);
+    };
+    loss();
+    Tensor dqkv = Tensor::zeros(qkv.shape(), DType::f64);
+    ops::attention_kv_backward(dqkv, R, H, G);
+    return FdProblem{loss, {{"qkv (k and v columns)", qkv, dqkv}}};
   };
   return e;
 }
@@ -2085,6 +2256,7 @@ const std::vector<Entry>& registry() {
       attention_cached_entry(),
       attention_block_entry(),
       attention_merge_entry(),
+      attention_kv_entry(),
       rope_entry(),
       qk_norm_entry(),
       embedding_entry(),

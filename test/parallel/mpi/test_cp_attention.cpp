@@ -1,8 +1,8 @@
 // Context-parallel attention over MPI (np = 1..4 as the cp group): the exchange over the
 // world Communicator (make_cp_exchange), each rank's rows of the split attention against
 // the one-rank attention_forward_lse / attention_backward_lse that every rank computes on
-// the whole sequence, for p2p, all_gather and (where the groups split) a2a, with and
-// without attention dropout.
+// the whole sequence, for p2p, all_gather, (where the groups split) a2a and (at an even np)
+// a2a+p2p with a2a groups of 2, with and without attention dropout.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -43,17 +43,19 @@ TEST_CASE("mpi: context-parallel attention over the world equals the one-rank op
   ops::attention_backward_lse(dqkv, dout, qkv, out, lse, H, drop, G);
   auto ex = parallel::make_cp_exchange(world);
   const auto pos = parallel::cp_positions(T, cp, r);
-  for (CpCommType type : {CpCommType::p2p, CpCommType::all_gather, CpCommType::a2a}) {
+  for (CpCommType type : {CpCommType::p2p, CpCommType::all_gather, CpCommType::a2a, CpCommType::a2a_p2p}) {
     if (type == CpCommType::a2a && G % cp != 0) continue;
+    if (type == CpCommType::a2a_p2p && cp % 2 != 0) continue;  // a2a within pairs of ranks
     INFO("type " << static_cast<int>(type) << " cp " << cp << " dropout " << p);
     const Tensor q = parallel::cp_split(qkv, cp, r), dO = parallel::cp_split(dout, cp, r);
     Tensor o = Tensor::empty({B, L, H * D}, DType::f64), l = Tensor::empty({B, H, L}, DType::f64);
     Tensor dq = Tensor::empty(q.shape(), DType::f64);
     const double b0 = ex->bytes_sent();
-    parallel::cp_attention_forward(o, l, q, {H, G, type, drop}, *ex);
+    const parallel::CpAttention a{H, G, type, drop, 2};
+    parallel::cp_attention_forward(o, l, q, a, *ex);
     if (type == CpCommType::p2p)  // the groups' K/V, cp - 1 times
       CHECK(ex->bytes_sent() - b0 == Approx(static_cast<double>((cp - 1) * B * L * G * 2 * D * 8)));
-    parallel::cp_attention_backward(dq, dO, q, o, l, {H, G, type, drop}, *ex);
+    parallel::cp_attention_backward(dq, dO, q, o, l, a, *ex);
     CHECK(max_abs(o, parallel::cp_split(out, cp, r)) < 1e-12);
     CHECK(max_abs(dq, parallel::cp_split(dqkv, cp, r)) < 1e-12);
     double dl = 0;
