@@ -1264,6 +1264,8 @@ TEST_CASE("extract: class, id, itemprop and itemtype words mark furniture and co
   CHECK(attribute_marks("css-1x2y3z article-body") == kMarkPostBody);  // not furniture: the post's body
   CHECK(attribute_marks("post-body entry-content") == kMarkPostBody);
   CHECK(attribute_marks("articleBody") == kMarkPostBody);  // schema.org's itemprop
+  CHECK(attribute_marks("reviewBody") == kMarkPostBody);   // ... of a review: no review section by its words
+  CHECK(attribute_marks("reviewBody user-review") == (kMarkPostBody | kMarkComment));
   CHECK(attribute_marks("entry-content-wrap") == 0);       // whole tokens only
   CHECK(furniture_attribute("signature"));
   CHECK(furniture_attribute("mntl-author-tooltip__bio"));  // a popup
@@ -1447,6 +1449,25 @@ TEST_CASE("extract: the one element marked as a post's body holds the post, howe
   CHECK(extract_main_text("<html><body><div id=main>" + post + post + "</div><div id=side>" + about +
                           "</div></body></html>")
             .find("Thank you for visiting") != std::string::npos);
+}
+
+TEST_CASE("extract: a review whose body is marked as such is the article; the reviews of a product are not",
+          "[extract]") {
+  // A review page: the title in a header beside the review, the review's body
+  // (itemprop=reviewBody) inside an element whose name says review, the readers' comments
+  // after it.
+  const std::string review =
+      "<html><body><div class=wrapper><div id=reviewHeader><h1>The long night</h1></div><div id=mainReview>"
+      "<div class=byline>By Ann Lee</div><div id=reviewBody itemprop=reviewBody><p>" +
+      kPara + "</p><p>Three stars.</p><p>" + kPara2 +
+      "</p></div></div><div id=comments><p>I saw it twice and I still think that the ending was far too long for "
+      "such a short film about so little.</p></div></div></body></html>";
+  CHECK(classified_text(review) == "The long night\n" + kPara + "\nThree stars.\n" + kPara2);
+  // Two reviews of a product, each with its body: the reviews stay out.
+  const std::string one = "<div class=review itemprop=review><p itemprop=reviewBody>" + kPara + "</p></div>";
+  const std::string product = "<html><body><div><h1>The lamp</h1><p>" + kPara2 + "</p><p>" + kPara2 +
+                              " Again.</p></div><div id=reviews>" + one + one + "</div></body></html>";
+  CHECK(classified_text(product) == "The lamp\n" + kPara2 + "\n" + kPara2 + " Again.");
 }
 
 TEST_CASE("extract: soft hyphens are not text", "[extract]") {
