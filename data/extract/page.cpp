@@ -1154,12 +1154,40 @@ int32_t content_container(const ParsedPage& page) {
   return c;
 }
 
+// The element around the container c, at most kFlatLevels up, whose own paragraphs (prose
+// blocks, not headings, comments or furniture, whose element is its child) are at least
+// as many as the container's prose blocks, and two at least: the container is then a box
+// inside an article of paragraphs side by side (a recipe's card amid a post's paragraphs,
+// a table inside a story); c when there is none.
+constexpr int kFlatLevels = 3;
+int32_t amid_paragraphs(const ParsedPage& page, int32_t c) {
+  const auto& parent = page.parent;
+  std::vector<int32_t> own(parent.size(), 0);
+  for (const auto& b : page.blocks)
+    if ((b.initial == BlockClass::good || b.initial == BlockClass::neargood) && b.node >= 0 && !b.comment &&
+        !b.heading && !b.boilerplate_context) {
+      const int32_t up = parent[static_cast<size_t>(b.node)];
+      ++own[static_cast<size_t>(up >= 0 ? up : b.node)];
+    }
+  int32_t in_c = 0;  // the container's prose blocks
+  for (const auto& b : page.blocks)
+    if ((b.initial == BlockClass::good || b.initial == BlockClass::neargood) && b.node >= 0 && !b.comment &&
+        !b.heading && !b.boilerplate_context && b.node >= c && inside(page, b.node, c))
+      ++in_c;
+  int32_t a = parent[static_cast<size_t>(c)];
+  for (int level = 0; level < kFlatLevels && a >= 0; ++level, a = parent[static_cast<size_t>(a)])
+    if (own[static_cast<size_t>(a)] >= std::max(2, in_c)) return a;
+  return c;
+}
+
 // The container c widened over siblings that go on with the article: holding a block good
 // on its own and another prose block (not a heading). A box of one paragraph (an about-us
-// box, a pitch, a consent text) does not widen it.
+// box, a pitch, a consent text) does not widen it. First, a box amid the article's
+// paragraphs widens to the element holding them (amid_paragraphs).
 int32_t widen_container(const ParsedPage& page, int32_t c) {
   const auto& blocks = page.blocks;
   const auto& parent = page.parent;
+  c = amid_paragraphs(page, c);
   std::vector<int32_t> prose(parent.size(), 0);
   std::vector<char> solo_good(parent.size(), 0);  // the element holds an initially good block and more prose
   for (const auto& b : blocks)

@@ -1470,6 +1470,28 @@ TEST_CASE("extract: a review whose body is marked as such is the article; the re
   CHECK(classified_text(product) == "The lamp\n" + kPara2 + "\n" + kPara2 + " Again.");
 }
 
+TEST_CASE("extract: a box holding most of the prose amid the article's paragraphs widens to them", "[extract]") {
+  // A post of paragraphs side by side, then a recipe's card whose steps are the longest
+  // text of the page: the card is not the whole article.
+  const std::string step =
+      "Put the dough in a warm place and let it rise for an hour, until it has doubled in size and springs back when "
+      "you press it with a finger; then roll it out on a floured board, spread the butter over it and sprinkle the "
+      "sugar and the spices on top before you roll it up again.";
+  std::string lines;  // short lines between the paragraphs, more than max_heading_distance of them
+  for (const char* line : {"I love the smell of the kitchen in the morning.", "The oven was already warm.",
+                           "My sister came by at nine.", "We had coffee and waited.", "And then we waited more.",
+                           "The cat slept on the chair all the time."})
+    lines += "<p>" + std::string(line) + "</p>";
+  const std::string html = "<html><body><div class=post><h3>Spiced rolls</h3><div class=content><p>" + kPara +
+                           "</p><p>" + kPara2 + "</p>" + lines + "<p>" + kPara +
+                           " Again.</p>" + lines + "<div class=card><div><p>" + step + " " + step + "</p><p>" + step +
+                           " " + step + " Twice.</p></div></div></div></div></body></html>";
+  const std::string text = classified_text(html);
+  CHECK_THAT(text, Contains(kPara2));
+  CHECK_THAT(text, Contains("The oven was already warm."));
+  CHECK_THAT(text, Contains(step + " Twice."));
+}
+
 TEST_CASE("extract: soft hyphens are not text", "[extract]") {
   CHECK(extract_main_text("<html><body><article><p>In the middle of the night the wine from the hills above the "
                           "town was the pride of the whole in\xC2\xAD"
