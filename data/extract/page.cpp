@@ -644,9 +644,10 @@ struct Walker {
   // Whether element t opens page furniture (navigation, footer, a banner, a dialog, a
   // figure's caption, or furniture words in its class or id outside the page's and the
   // content's own elements).
-  bool furniture(GumboTag t, const ReadAttributes& a, uint8_t marks, bool page_or_content) const {
+  bool furniture(GumboTag t, const ReadAttributes& a, uint8_t marks, bool page_or_content,
+                 bool article_header = false) const {
     return t == GUMBO_TAG_NAV || t == GUMBO_TAG_FOOTER || t == GUMBO_TAG_ASIDE || t == GUMBO_TAG_FIGCAPTION ||
-           (t == GUMBO_TAG_HEADER && article == 0) ||
+           (t == GUMBO_TAG_HEADER && article == 0 && !article_header) ||
            (!page_or_content && (marks & (kMarkFurniture | kMarkSoftFurniture))) ||
            (a.role && (std::strcmp(a.role, "navigation") == 0 || std::strcmp(a.role, "banner") == 0 ||
                        std::strcmp(a.role, "contentinfo") == 0 || std::strcmp(a.role, "dialog") == 0));
@@ -688,6 +689,18 @@ struct Walker {
                         page.blocks.begin() + static_cast<std::ptrdiff_t>(r->second));
   }
 
+  // Whether the next element after n (its parent's child) is an <article>: a <header> right
+  // before one is the article's (its title and byline), not the page's.
+  static bool before_article(const GumboNode* n) {
+    if (!n->parent || n->parent->type != GUMBO_NODE_ELEMENT) return false;
+    const GumboVector& kids = n->parent->v.element.children;
+    for (unsigned i = n->index_within_parent + 1; i < kids.length; ++i) {
+      const auto* k = static_cast<const GumboNode*>(kids.data[i]);
+      if (k->type == GUMBO_NODE_ELEMENT) return k->v.element.tag == GUMBO_TAG_ARTICLE;
+    }
+    return false;
+  }
+
   void walk(const GumboNode* n) {
     if (n->type != GUMBO_NODE_ELEMENT && n->type != GUMBO_NODE_TEMPLATE) return walk_other(n);
     const GumboElement& e = n->v.element;
@@ -712,7 +725,7 @@ struct Walker {
     for (const char* v : {a.cls, a.id, a.itemprop, a.itemtype})
       if (v) marks |= attribute_marks(v);
     if (t == GUMBO_TAG_HTML && a.lang && page.lang.empty()) page.lang = a.lang;
-    const bool furn = furniture(t, a, marks, page_or_content);
+    const bool furn = furniture(t, a, marks, page_or_content, t == GUMBO_TAG_HEADER && before_article(n));
     const bool art = t == GUMBO_TAG_ARTICLE || t == GUMBO_TAG_MAIN;
     // Furniture inside a heading ("[edit]", an anchor or share link) is not its text.
     if (furn && heading > 0 && !block) return;

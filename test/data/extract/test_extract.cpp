@@ -1492,6 +1492,17 @@ TEST_CASE("extract: a box holding most of the prose amid the article's paragraph
   CHECK_THAT(text, Contains(step + " Twice."));
 }
 
+TEST_CASE("extract: a <header> right before an <article> is the article's, the page's header is furniture",
+          "[extract]") {
+  const std::string html =
+      "<html><body><header><p>The Daily Example, news from the valley since the year of the great flood</p></header>"
+      "<div id=left><header><h2>Night trains return</h2></header>\n<!-- story --><article><p>" +
+      kPara + "</p><p>" + kPara2 + "</p></article></div></body></html>";
+  check_same_blocks(html);
+  const std::string text = classified_text(html);
+  CHECK(text == "Night trains return\n" + kPara + "\n" + kPara2);
+}
+
 TEST_CASE("extract: soft hyphens are not text", "[extract]") {
   CHECK(extract_main_text("<html><body><article><p>In the middle of the night the wine from the hills above the "
                           "town was the pride of the whole in\xC2\xAD"
