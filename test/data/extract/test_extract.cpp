@@ -1266,7 +1266,7 @@ TEST_CASE("extract: class, id, itemprop and itemtype words mark furniture and co
   CHECK(attribute_marks("articleBody") == kMarkPostBody);  // schema.org's itemprop
   CHECK(attribute_marks("reviewBody") == kMarkPostBody);   // ... of a review: no review section by its words
   CHECK(attribute_marks("reviewBody user-review") == (kMarkPostBody | kMarkComment));
-  CHECK(attribute_marks("entry-content-wrap") == 0);       // whole tokens only
+  CHECK(attribute_marks("entry-content-wrap") == 0);  // whole tokens only
   CHECK(furniture_attribute("signature"));
   CHECK(furniture_attribute("mntl-author-tooltip__bio"));  // a popup
   CHECK(furniture_attribute("editorial-disclosure"));
@@ -1478,14 +1478,14 @@ TEST_CASE("extract: a box holding most of the prose amid the article's paragraph
       "you press it with a finger; then roll it out on a floured board, spread the butter over it and sprinkle the "
       "sugar and the spices on top before you roll it up again.";
   std::string lines;  // short lines between the paragraphs, more than max_heading_distance of them
-  for (const char* line : {"I love the smell of the kitchen in the morning.", "The oven was already warm.",
-                           "My sister came by at nine.", "We had coffee and waited.", "And then we waited more.",
-                           "The cat slept on the chair all the time."})
+  for (const char* line :
+       {"I love the smell of the kitchen in the morning.", "The oven was already warm.", "My sister came by at nine.",
+        "We had coffee and waited.", "And then we waited more.", "The cat slept on the chair all the time."})
     lines += "<p>" + std::string(line) + "</p>";
   const std::string html = "<html><body><div class=post><h3>Spiced rolls</h3><div class=content><p>" + kPara +
-                           "</p><p>" + kPara2 + "</p>" + lines + "<p>" + kPara +
-                           " Again.</p>" + lines + "<div class=card><div><p>" + step + " " + step + "</p><p>" + step +
-                           " " + step + " Twice.</p></div></div></div></div></body></html>";
+                           "</p><p>" + kPara2 + "</p>" + lines + "<p>" + kPara + " Again.</p>" + lines +
+                           "<div class=card><div><p>" + step + " " + step + "</p><p>" + step + " " + step +
+                           " Twice.</p></div></div></div></div></body></html>";
   const std::string text = classified_text(html);
   CHECK_THAT(text, Contains(kPara2));
   CHECK_THAT(text, Contains("The oven was already warm."));
