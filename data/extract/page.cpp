@@ -194,7 +194,7 @@ bool post_body_token(std::string_view rest) {
   if (end < 9 || end > 13) return false;
   const std::string_view tok = rest.substr(0, end);
   for (const std::string_view name :
-       {"entry-content", "articlebody", "post-body", "entry-body", "post-content", "article-body"}) {
+       {"entry-content", "articlebody", "reviewbody", "post-body", "entry-body", "post-content", "article-body"}) {
     if (name.size() != tok.size()) continue;
     size_t k = 0;
     while (k < tok.size() && lower(tok[k]) == name[k]) ++k;
@@ -234,7 +234,11 @@ uint8_t word_marks(std::string_view v, bool terms) {
       continue;
     }
     const bool token_start = i == 0 || is_space(t[i - 1]);
-    if (token_start && post_body_token(v.substr(i))) marks |= kMarkPostBody;
+    if (token_start && post_body_token(v.substr(i))) {  // its words say nothing more ("reviewBody": no review section)
+      marks |= kMarkPostBody;
+      while (i < n && !is_space(t[i])) ++i;
+      continue;
+    }
     if (token_start &&
         (taxonomy_token(v.substr(i)) ||
          (terms && v.substr(i, v.find_first_of(" \t\n\r\f", i) - i).find('-') != std::string_view::npos))) {
@@ -640,9 +644,10 @@ struct Walker {
   // Whether element t opens page furniture (navigation, footer, a banner, a dialog, a
   // figure's caption, or furniture words in its class or id outside the page's and the
   // content's own elements).
-  bool furniture(GumboTag t, const ReadAttributes& a, uint8_t marks, bool page_or_content) const {
+  bool furniture(GumboTag t, const ReadAttributes& a, uint8_t marks, bool page_or_content,
+                 bool article_header = false) const {
     return t == GUMBO_TAG_NAV || t == GUMBO_TAG_FOOTER || t == GUMBO_TAG_ASIDE || t == GUMBO_TAG_FIGCAPTION ||
-           (t == GUMBO_TAG_HEADER && article == 0) ||
+           (t == GUMBO_TAG_HEADER && article == 0 && !article_header) ||
            (!page_or_content && (marks & (kMarkFurniture | kMarkSoftFurniture))) ||
            (a.role && (std::strcmp(a.role, "navigation") == 0 || std::strcmp(a.role, "banner") == 0 ||
                        std::strcmp(a.role, "contentinfo") == 0 || std::strcmp(a.role, "dialog") == 0));
@@ -684,6 +689,18 @@ struct Walker {
                         page.blocks.begin() + static_cast<std::ptrdiff_t>(r->second));
   }
 
+  // Whether the next element after n (its parent's child) is an <article>: a <header> right
+  // before one is the article's (its title and byline), not the page's.
+  static bool before_article(const GumboNode* n) {
+    if (!n->parent || n->parent->type != GUMBO_NODE_ELEMENT) return false;
+    const GumboVector& kids = n->parent->v.element.children;
+    for (unsigned i = n->index_within_parent + 1; i < kids.length; ++i) {
+      const auto* k = static_cast<const GumboNode*>(kids.data[i]);
+      if (k->type == GUMBO_NODE_ELEMENT) return k->v.element.tag == GUMBO_TAG_ARTICLE;
+    }
+    return false;
+  }
+
   void walk(const GumboNode* n) {
     if (n->type != GUMBO_NODE_ELEMENT && n->type != GUMBO_NODE_TEMPLATE) return walk_other(n);
     const GumboElement& e = n->v.element;
@@ -708,7 +725,7 @@ struct Walker {
     for (const char* v : {a.cls, a.id, a.itemprop, a.itemtype})
       if (v) marks |= attribute_marks(v);
     if (t == GUMBO_TAG_HTML && a.lang && page.lang.empty()) page.lang = a.lang;
-    const bool furn = furniture(t, a, marks, page_or_content);
+    const bool furn = furniture(t, a, marks, page_or_content, t == GUMBO_TAG_HEADER && before_article(n));
     const bool art = t == GUMBO_TAG_ARTICLE || t == GUMBO_TAG_MAIN;
     // Furniture inside a heading ("[edit]", an anchor or share link) is not its text.
     if (furn && heading > 0 && !block) return;
@@ -1021,9 +1038,36 @@ bool single_item(const ParsedPage& page, std::vector<int32_t> items) {
   return true;
 }
 
+// The post's body by its marks (kMarkPostBody): the one element so named (the outermost
+// where they nest) that holds text and is outside comment sections; when there is none
+// outside, the one inside (a review's body, `itemprop=reviewBody`, under an element
+// named `mainReview`: the review is the article). -1 when there is none, or several (a
+// blog's front page, a listing of excerpts, the reviews of a product).
+int32_t marked_post_body(const ParsedPage& page) {
+  const auto& parent = page.parent;
+  if (std::none_of(page.marks.begin(), page.marks.end(), [](uint8_t m) { return m & kMarkPostBody; })) return -1;
+  const std::vector<int32_t> texts = subtree_blocks(page);
+  int32_t found[2] = {-1, -1};  // outside comment sections, inside one
+  int32_t count[2] = {0, 0};
+  for (size_t e = 0; e < parent.size(); ++e) {
+    if (!(page.marks[e] & kMarkPostBody) || texts[e] == 0) continue;
+    bool nested = false, in_comments = page.marks[e] & kMarkComment;
+    for (int32_t a = parent[e]; a >= 0 && !nested; a = parent[static_cast<size_t>(a)]) {
+      nested = page.marks[static_cast<size_t>(a)] & kMarkPostBody;
+      in_comments = in_comments || (page.marks[static_cast<size_t>(a)] & kMarkComment);
+    }
+    if (nested) continue;
+    found[in_comments] = static_cast<int32_t>(e);
+    ++count[in_comments];
+  }
+  if (count[0] > 0) return count[0] == 1 ? found[0] : -1;
+  return count[1] == 1 ? found[1] : -1;
+}
+
 // Comment and review sections: a block is in one when an element around it carries a
-// comment mark and does not hold an <h1> (an element holding the page's title is the
-// article, whatever its class says: a review site's review). Nor is it when the page has
+// comment mark and does not hold an <h1> or the post's body (an element holding the
+// page's title or its one articleBody or reviewBody is the article, whatever its class
+// says: a review site's review). Nor is it when the page has
 // no <h1> and its sections are one item holding more of the page's text than the rest of
 // the page outside furniture: a page of one review or one review post (a review typed as
 // such by schema.org or data-vocabulary.org) is that review (with an <h1> outside the
@@ -1035,6 +1079,8 @@ void mark_comments(ParsedPage& page) {
     if (b.h1)
       for (int32_t e = b.node; e >= 0 && !has_h1[static_cast<size_t>(e)]; e = page.parent[static_cast<size_t>(e)])
         has_h1[static_cast<size_t>(e)] = 1;
+  for (int32_t e = marked_post_body(page); e >= 0; e = page.parent[static_cast<size_t>(e)])
+    has_h1[static_cast<size_t>(e)] = 1;
   std::vector<int32_t> items;  // the innermost marked element of each block in a section
   int64_t in_sections = 0, outside = 0;
   for (auto& b : page.blocks) {
@@ -1121,12 +1167,40 @@ int32_t content_container(const ParsedPage& page) {
   return c;
 }
 
+// The element around the container c, at most kFlatLevels up, whose own paragraphs (prose
+// blocks, not headings, comments or furniture, whose element is its child) are at least
+// as many as the container's prose blocks, and two at least: the container is then a box
+// inside an article of paragraphs side by side (a recipe's card amid a post's paragraphs,
+// a table inside a story); c when there is none.
+constexpr int kFlatLevels = 3;
+int32_t amid_paragraphs(const ParsedPage& page, int32_t c) {
+  const auto& parent = page.parent;
+  std::vector<int32_t> own(parent.size(), 0);
+  for (const auto& b : page.blocks)
+    if ((b.initial == BlockClass::good || b.initial == BlockClass::neargood) && b.node >= 0 && !b.comment &&
+        !b.heading && !b.boilerplate_context) {
+      const int32_t up = parent[static_cast<size_t>(b.node)];
+      ++own[static_cast<size_t>(up >= 0 ? up : b.node)];
+    }
+  int32_t in_c = 0;  // the container's prose blocks
+  for (const auto& b : page.blocks)
+    if ((b.initial == BlockClass::good || b.initial == BlockClass::neargood) && b.node >= 0 && !b.comment &&
+        !b.heading && !b.boilerplate_context && b.node >= c && inside(page, b.node, c))
+      ++in_c;
+  int32_t a = parent[static_cast<size_t>(c)];
+  for (int level = 0; level < kFlatLevels && a >= 0; ++level, a = parent[static_cast<size_t>(a)])
+    if (own[static_cast<size_t>(a)] >= std::max(2, in_c)) return a;
+  return c;
+}
+
 // The container c widened over siblings that go on with the article: holding a block good
 // on its own and another prose block (not a heading). A box of one paragraph (an about-us
-// box, a pitch, a consent text) does not widen it.
+// box, a pitch, a consent text) does not widen it. First, a box amid the article's
+// paragraphs widens to the element holding them (amid_paragraphs).
 int32_t widen_container(const ParsedPage& page, int32_t c) {
   const auto& blocks = page.blocks;
   const auto& parent = page.parent;
+  c = amid_paragraphs(page, c);
   std::vector<int32_t> prose(parent.size(), 0);
   std::vector<char> solo_good(parent.size(), 0);  // the element holds an initially good block and more prose
   for (const auto& b : blocks)
@@ -1731,24 +1805,9 @@ void nothing_kept(ParsedPage& page, const BlockParams& p, bool repeated) {
   keep_headings(blocks, p, repeated);
 }
 
-// The post's body: the one element outside comment sections that a class, id or itemprop
-// token names so (kMarkPostBody; the outermost where they nest) and that holds text;
-// -1 when there is none, or several (a blog's front page, a listing of excerpts), or its
-// text is all bad in itself (hard_bad).
+// The post's body (marked_post_body), unless its text is all bad in itself (hard_bad).
 int32_t post_body(const ParsedPage& page, const BlockParams& p, bool repeated) {
-  const auto& parent = page.parent;
-  if (std::none_of(page.marks.begin(), page.marks.end(), [](uint8_t m) { return m & kMarkPostBody; })) return -1;
-  const std::vector<int32_t> texts = subtree_blocks(page);
-  int32_t found = -1;
-  for (size_t e = 0; e < parent.size(); ++e) {
-    if (!(page.marks[e] & kMarkPostBody) || (page.marks[e] & kMarkComment) || texts[e] == 0) continue;
-    bool nested = false;
-    for (int32_t a = parent[e]; a >= 0 && !nested; a = parent[static_cast<size_t>(a)])
-      nested = page.marks[static_cast<size_t>(a)] & (kMarkPostBody | kMarkComment);
-    if (nested) continue;
-    if (found >= 0) return -1;
-    found = static_cast<int32_t>(e);
-  }
+  const int32_t found = marked_post_body(page);
   if (found < 0) return -1;
   const bool soft = std::any_of(page.blocks.begin(), page.blocks.end(), [&](const Block& b) {
     return b.node >= found && inside(page, b.node, found) && !hard_bad(b, p, repeated);

@@ -62,8 +62,9 @@ struct Block {
 // article); schema.org's Comment, UserComments and Review types;
 // docs/specs/justext.md, "Structure").
 // kMarkPostBody: a whole class, id or itemprop token naming the body of a post or article
-// ("entry-content" of the hAtom microformat, schema.org's "articleBody", Blogger's
-// "post-body", TypePad's "entry-body", "post-content", "article-body"; case aside).
+// ("entry-content" of the hAtom microformat, schema.org's "articleBody" and "reviewBody",
+// Blogger's "post-body", TypePad's "entry-body", "post-content", "article-body"; case
+// aside); the words of such a token mark nothing else ("reviewBody" is no review section).
 constexpr uint8_t kMarkFurniture = 1, kMarkComment = 2, kMarkSoftFurniture = 4, kMarkPostBody = 8;
 // ParsedPage::marks: the element is a table row; it is furniture by its tag, role or
 // class words (kNodeSoft: by soft words only; kNodeWords: by class or id words, not by

@@ -1264,7 +1264,9 @@ TEST_CASE("extract: class, id, itemprop and itemtype words mark furniture and co
   CHECK(attribute_marks("css-1x2y3z article-body") == kMarkPostBody);  // not furniture: the post's body
   CHECK(attribute_marks("post-body entry-content") == kMarkPostBody);
   CHECK(attribute_marks("articleBody") == kMarkPostBody);  // schema.org's itemprop
-  CHECK(attribute_marks("entry-content-wrap") == 0);       // whole tokens only
+  CHECK(attribute_marks("reviewBody") == kMarkPostBody);   // ... of a review: no review section by its words
+  CHECK(attribute_marks("reviewBody user-review") == (kMarkPostBody | kMarkComment));
+  CHECK(attribute_marks("entry-content-wrap") == 0);  // whole tokens only
   CHECK(furniture_attribute("signature"));
   CHECK(furniture_attribute("mntl-author-tooltip__bio"));  // a popup
   CHECK(furniture_attribute("editorial-disclosure"));
@@ -1447,6 +1449,58 @@ TEST_CASE("extract: the one element marked as a post's body holds the post, howe
   CHECK(extract_main_text("<html><body><div id=main>" + post + post + "</div><div id=side>" + about +
                           "</div></body></html>")
             .find("Thank you for visiting") != std::string::npos);
+}
+
+TEST_CASE("extract: a review whose body is marked as such is the article; the reviews of a product are not",
+          "[extract]") {
+  // A review page: the title in a header beside the review, the review's body
+  // (itemprop=reviewBody) inside an element whose name says review, the readers' comments
+  // after it.
+  const std::string review =
+      "<html><body><div class=wrapper><div id=reviewHeader><h1>The long night</h1></div><div id=mainReview>"
+      "<div class=byline>By Ann Lee</div><div id=reviewBody itemprop=reviewBody><p>" +
+      kPara + "</p><p>Three stars.</p><p>" + kPara2 +
+      "</p></div></div><div id=comments><p>I saw it twice and I still think that the ending was far too long for "
+      "such a short film about so little.</p></div></div></body></html>";
+  CHECK(classified_text(review) == "The long night\n" + kPara + "\nThree stars.\n" + kPara2);
+  // Two reviews of a product, each with its body: the reviews stay out.
+  const std::string one = "<div class=review itemprop=review><p itemprop=reviewBody>" + kPara + "</p></div>";
+  const std::string product = "<html><body><div><h1>The lamp</h1><p>" + kPara2 + "</p><p>" + kPara2 +
+                              " Again.</p></div><div id=reviews>" + one + one + "</div></body></html>";
+  CHECK(classified_text(product) == "The lamp\n" + kPara2 + "\n" + kPara2 + " Again.");
+}
+
+TEST_CASE("extract: a box holding most of the prose amid the article's paragraphs widens to them", "[extract]") {
+  // A post of paragraphs side by side, then a recipe's card whose steps are the longest
+  // text of the page: the card is not the whole article.
+  const std::string step =
+      "Put the dough in a warm place and let it rise for an hour, until it has doubled in size and springs back when "
+      "you press it with a finger; then roll it out on a floured board, spread the butter over it and sprinkle the "
+      "sugar and the spices on top before you roll it up again.";
+  std::string lines;  // short lines between the paragraphs, more than max_heading_distance of them
+  for (const char* line :
+       {"I love the smell of the kitchen in the morning.", "The oven was already warm.", "My sister came by at nine.",
+        "We had coffee and waited.", "And then we waited more.", "The cat slept on the chair all the time."})
+    lines += "<p>" + std::string(line) + "</p>";
+  const std::string html = "<html><body><div class=post><h3>Spiced rolls</h3><div class=content><p>" + kPara +
+                           "</p><p>" + kPara2 + "</p>" + lines + "<p>" + kPara + " Again.</p>" + lines +
+                           "<div class=card><div><p>" + step + " " + step + "</p><p>" + step + " " + step +
+                           " Twice.</p></div></div></div></div></body></html>";
+  const std::string text = classified_text(html);
+  CHECK_THAT(text, Contains(kPara2));
+  CHECK_THAT(text, Contains("The oven was already warm."));
+  CHECK_THAT(text, Contains(step + " Twice."));
+}
+
+TEST_CASE("extract: a <header> right before an <article> is the article's, the page's header is furniture",
+          "[extract]") {
+  const std::string html =
+      "<html><body><header><p>The Daily Example, news from the valley since the year of the great flood</p></header>"
+      "<div id=left><header><h2>Night trains return</h2></header>\n<!-- story --><article><p>" +
+      kPara + "</p><p>" + kPara2 + "</p></article></div></body></html>";
+  check_same_blocks(html);
+  const std::string text = classified_text(html);
+  CHECK(text == "Night trains return\n" + kPara + "\n" + kPara2);
 }
 
 TEST_CASE("extract: soft hyphens are not text", "[extract]") {
