@@ -567,7 +567,7 @@ Tensor GptChunk::mlp_forward(int64_t li, LayerActs& a, const Pass& pass) {
     MoeLayerStats* st = train && !recomputing_ ? &moe_stats_[static_cast<size_t>(si)] : nullptr;
     a.moe.jitter.on = train && cfg_.moe.jitter_eps > 0;
     if (a.moe.jitter.on) {  // drawn like hidden dropout over this rank's rows (the recompute draws the same)
-      const DropSite d = hidden_drop(pass, li, kMoeJitter, a.ln2_full.dim(0));
+      const DropSite d = hidden_drop(pass, spec_.first_layer + li, kMoeJitter, a.ln2_full.dim(0));
       a.moe.jitter.key = d.key, a.moe.jitter.base = d.base, a.moe.jitter.dkey = d.dkey;
     }
     moe_.forward(out, a.moe, a.ln2_full, p.moe_p, pass.seq, train, st);
