@@ -110,6 +110,17 @@ sys.exit(0 if ok else 1)
 EOF
 }
 
+# mpi_train NAME NP ARGS...: mpirun -np NP of the tiny GPT on cuda in fp32, one emulated
+# GPU per rank, its log and run directory under $out/NAME
+mpi_train() {
+  local name=$1 np=$2
+  shift 2
+  MTNLG_EMU_DEVICES=$np "$repo/test/support/mpi/mpirun.sh" "$np" "$bin" train recipes/tiny-mock.yaml \
+    --set training.device=cuda --set training.precision=fp32 --set logging.dir="$out/$name" \
+    --set logging.log_interval=1 "$@" >"$out/$name.log" 2>&1 ||
+    { echo "  mpirun -np $np $name failed"; tail -20 "$out/$name.log"; fails=$((fails + 1)); }
+}
+
 # The watchdog's steps (watchdog, pause): mpirun runs of the tiny GPT on the emulated NCCL
 # under a collective timeout of T s.
 T=${MTNLG_E2E_WD_TIMEOUT:-25}
@@ -265,10 +276,7 @@ EOF
       set -- $l
       name=$1 np=$2
       shift 2
-      MTNLG_EMU_DEVICES=$np "$repo/test/support/mpi/mpirun.sh" "$np" "$bin" train recipes/tiny-mock.yaml \
-        --set training.device=cuda --set training.precision=fp32 --set logging.dir="$out/moe-$name" \
-        --set logging.log_interval=1 --set training.train_iters=4 "${moe[@]}" "$@" >"$out/moe-$name.log" 2>&1 ||
-        { echo "  mpirun -np $np $name failed"; tail -20 "$out/moe-$name.log"; fails=$((fails + 1)); }
+      mpi_train "moe-$name" "$np" --set training.train_iters=4 "${moe[@]}" "$@"
       compare "moe-$name" moe-one 1e-5
     done
     "$bin" train recipes/tiny-mock.yaml "${moe[@]}" --set training.device=cuda --set training.enable_cuda_graph=true \
@@ -288,10 +296,7 @@ EOF
       set -- $layout
       name=$1 np=$2
       shift 2
-      MTNLG_EMU_DEVICES=$np "$repo/test/support/mpi/mpirun.sh" "$np" "$bin" train recipes/tiny-mock.yaml \
-        --set training.device=cuda --set training.precision=fp32 --set logging.dir="$out/$name" \
-        --set logging.log_interval=1 "${common[@]}" --set parallel.context_parallel_size=2 "$@" >"$out/$name.log" 2>&1 ||
-        { echo "  mpirun -np $np $name failed"; tail -20 "$out/$name.log"; fails=$((fails + 1)); }
+      mpi_train "$name" "$np" "${common[@]}" --set parallel.context_parallel_size=2 "$@"
       compare "$name" one 1e-5
     done
     ;;
