@@ -23,7 +23,8 @@
 #                 shared expert (Llama family); bf16 cuda vs cpu (2e-2) and the cpu's bf16 vs
 #                 its fp32 run (2e-2); under mpirun ep2 and etp2 x ep2 with ZeRO-1
 #                 on the emulated NCCL (the token exchange by grouped send/recv): every loss
-#                 within 1e-5 of the single-process cuda run; CUDA graphs with MoE exit 2
+#                 within 1e-5 of the single-process cuda run; eval (1e-4) and greedy generate
+#                 (the same text) of a random MoE model, cuda vs cpu; CUDA graphs with MoE exit 2
 #     cp          context parallelism on the device path (the CUDA block and merge ops, the
 #                 K/V ring over the emulated NCCL's cp group): mpirun -np 2 cp2 (p2p and
 #                 all_gather) and -np 4 cp2 x tp2 with sequence parallelism, fp32, every loss
@@ -279,6 +280,34 @@ EOF
       mpi_train "moe-$name" "$np" --set training.train_iters=4 "${moe[@]}" "$@"
       compare "moe-$name" moe-one 1e-5
     done
+    # eval and greedy generate of a random MoE model on cuda against the cpu (routing without
+    # drops; the KV cache unchanged)
+    scripts/fetch-gpt2-vocab.sh >/dev/null || { echo "  GPT-2's vocabulary could not be fetched"; fails=$((fails + 1)); }
+    small=(--random-init test/fixtures/eval/tiny-model.yaml --set model.num_experts=4 --set model.moe_router_topk=2
+      --set model.moe_ffn_hidden_size=32 --set model.add_bias_linear=false)
+    for dev in cpu cuda; do
+      "$bin" eval "${small[@]}" --device $dev --tasks piqa,lambada_openai --data-dir test/fixtures/eval --num-fewshot 1 \
+        --batch-size 7 --no-progress --output "$out/moe-eval-$dev.json" --log-samples "$out/moe-samples-$dev.jsonl" \
+        >"$out/moe-eval-$dev.log" 2>&1 || { echo "  moe eval on $dev failed"; tail -3 "$out/moe-eval-$dev.log"; fails=$((fails + 1)); }
+      "$bin" generate "${small[@]}" --set model.init_method_std=0.3 --device $dev --prompt "The quick brown fox" \
+        --greedy --max-new-tokens 20 --no-echo >"$out/moe-gen-$dev.txt" 2>"$out/moe-gen-$dev.log" ||
+        { echo "  moe generate on $dev failed"; tail -3 "$out/moe-gen-$dev.log"; fails=$((fails + 1)); }
+    done
+    python3 - "$out/moe-samples-cpu.jsonl" "$out/moe-samples-cuda.jsonl" <<'EOF' || fails=$((fails + 1))
+import json, sys
+a = [json.loads(l) for l in open(sys.argv[1])]
+b = [json.loads(l) for l in open(sys.argv[2])]
+worst = max(abs(u - v) / max(abs(u), 1.0) for x, y in zip(a, b) for u, v in zip(x["loglikelihoods"], y["loglikelihoods"]))
+ok = len(a) == len(b) > 0 and worst <= 1e-4
+print(f"  moe eval cuda vs cpu: {len(a)} documents, worst log-likelihood difference {worst:.2e} (bound 1e-4) "
+      f"{'ok' if ok else 'FAILED'}")
+sys.exit(0 if ok else 1)
+EOF
+    if cmp -s "$out/moe-gen-cpu.txt" "$out/moe-gen-cuda.txt" && [ -s "$out/moe-gen-cuda.txt" ]; then
+      echo "  moe generate: cuda's greedy text is the cpu's ok"
+    else
+      echo "  moe generate: cuda's greedy text differs from the cpu's FAILED"; fails=$((fails + 1))
+    fi
     "$bin" train recipes/tiny-mock.yaml "${moe[@]}" --set training.device=cuda --set training.enable_cuda_graph=true \
       --set logging.dir="$out/moe-graphs" >"$out/moe-graphs.log" 2>&1
     rc=$?
