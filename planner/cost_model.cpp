@@ -406,11 +406,18 @@ void layer_cp_comm(LayerTime& r, const Shape& sh, const Layout& l, const Cluster
       return;
     case CpCommType::a2a:
     case CpCommType::a2a_p2p: {
-      auto a2a = [&](double bytes) { return (cpd - 1) / cpd * bytes / k.bw + (cpd - 1) * k.alpha; };
+      // a2a+p2p: the heads' all-to-all inside groups of m consecutive cp ranks (a2a's
+      // exchange at m), then p2p's ring across the cp / m groups (the same K/V bytes a
+      // rank: m times the rows, 1 / m of the heads); plain a2a is m = cp.
+      const int64_t m = l.cp_comm == CpCommType::a2a ? n : l.cp_a2a, ring = n / m;
+      const GroupLink ka = group_link(c, l.tp, m), kr = group_link(c, l.tp * m, ring);
+      const double md = double(m), ringd = double(ring);
+      auto a2a = [&](double bytes) { return m > 1 ? (md - 1) / md * bytes / ka.bw + (md - 1) * ka.alpha : 0.0; };
+      auto step = [&](double bytes, double cover) { return std::max(kr.alpha, kr.alpha + bytes / kr.bw - cover); };
       const double qkv = rows * double(sh.qkv()) / t * e, out = rows * double(sh.att()) / t * e;
       const double lse = rows * double(sh.a) / t * 4.0;
-      r.cp_fwd = a2a(qkv) + a2a(out);
-      r.cp_bwd = a2a(qkv) + 2 * a2a(out) + a2a(lse) + a2a(qkv);
+      r.cp_fwd = a2a(qkv) + a2a(out) + (ring > 1 ? (ringd - 1) * step(kv, att_f / ringd) : 0.0);
+      r.cp_bwd = a2a(qkv) + 2 * a2a(out) + a2a(lse) + a2a(qkv) + (ring > 1 ? ringd * step(2 * kv, att_b / ringd) : 0.0);
       return;
     }
   }
@@ -657,6 +664,11 @@ double trainer_stage_send_bytes(const Layout& l, int64_t st, int64_t m, double m
 
 }  // namespace
 
+int64_t cp_a2a_of(const Recipe& r) {
+  const auto& h = r.parallel.hierarchical_context_parallel_sizes;
+  return h.empty() ? 1 : h.front();
+}
+
 bool trainer_unfused_attention(const Recipe& r, const Cluster& c) {
   if (!c.software.trainer_activations) return false;
   const AttentionBackend a = r.model.attention_backend;
@@ -752,10 +764,14 @@ std::string layout_problem(const Recipe& r, const Layout& l) {
   if (static_cast<int64_t>(l.stage_layers.size()) != l.pp) return "stage layer list does not match pp";
   if (l.cp > 1) {
     if (m.seq_length % (2 * l.cp) != 0) return "context parallel needs seq_length divisible by 2 x cp";
-    if (l.cp_comm == CpCommType::a2a_p2p) return "cp_comm_type a2a+p2p is not modelled";
     if (l.cp_comm == CpCommType::a2a &&
         ((m.num_attention_heads / l.tp) % l.cp != 0 || (m.query_groups() / l.tp) % l.cp != 0))
       return "a2a context parallel needs heads and query groups per tp rank divisible by cp";
+    if (l.cp_comm == CpCommType::a2a_p2p &&
+        (l.cp_a2a < 1 || l.cp % l.cp_a2a != 0 || (m.num_attention_heads / l.tp) % l.cp_a2a != 0 ||
+         (m.query_groups() / l.tp) % l.cp_a2a != 0))
+      return "a2a+p2p needs cp divisible by its all-to-all group (hierarchical_context_parallel_sizes[0]), and heads "
+             "and query groups per tp rank divisible by that group";
   }
   if (l.ep < 1 || l.etp < 1) return "sizes must be >= 1";
   if ((l.ep > 1 || l.etp > 1) && !m.moe.enabled()) return "expert parallelism needs MoE layers";
@@ -808,6 +824,7 @@ Layout layout_from_recipe(const Recipe& r, int64_t gpus) {
   l.pp = r.pp();
   l.cp = r.cp();
   l.cp_comm = r.parallel.cp_comm_type;
+  l.cp_a2a = cp_a2a_of(r);
   if (r.model.moe.enabled()) {
     l.ep = r.ep();
     l.etp = r.etp();
@@ -840,8 +857,11 @@ double cp_layer_bytes(const Shape& sh, const Layout& l, double e, bool forward) 
     case CpCommType::a2a:
     case CpCommType::a2a_p2p: break;
   }
-  const double share = (cp - 1) / cp;
-  return forward ? share * (qkv + out) : share * (2 * qkv + 2 * out + rows * double(sh.a) / t * 4.0);
+  // a2a at m ranks, then (a2a+p2p) the K/V ring across cp / m groups (layer_cp_comm).
+  const double m = l.cp_comm == CpCommType::a2a ? cp : double(l.cp_a2a), ring = cp / m, share = (m - 1) / m;
+  const double a2a = forward ? share * (qkv + out) : share * (2 * qkv + 2 * out + rows * double(sh.a) / t * 4.0);
+  const double p2p = ring > 1 ? (forward ? (ring - 1) * kv : ring * 2 * kv) : 0.0;
+  return a2a + p2p;
 }
 
 CommBytes comm_bytes_per_iteration(const Recipe& r, const Layout& l, int64_t B) {

@@ -73,12 +73,16 @@ const GpuSpec* gpu_spec_for_device(const std::string& device_name);
 
 // ---- layout ---------------------------------------------------------------------------
 
+// a2a+p2p's all-to-all group from the recipe (hierarchical_context_parallel_sizes[0]; 1 when unset).
+int64_t cp_a2a_of(const Recipe& r);
+
 struct Layout {
   int64_t tp = 1, pp = 1, dp = 1;
   // Context parallelism: cp ranks split every sequence (each holds s / cp of its tokens)
   // and run attention across them by `cp_comm`; gradients and ZeRO-1 over dp x cp.
   int64_t cp = 1;
   CpCommType cp_comm = CpCommType::p2p;
+  int64_t cp_a2a = 1;  // a2a+p2p: the all-to-all's groups (hierarchical_context_parallel_sizes[0]), a ring across them
   // Mixture of experts: an MoE layer's experts split over ep expert-parallel ranks (tokens
   // exchanged by all-to-all) and each expert's columns over etp.
   int64_t ep = 1, etp = 1;

@@ -64,6 +64,7 @@ SearchResult search(const Recipe& r, int64_t gpus, const Cluster& c, size_t keep
                     l.dp = dp;
                     l.cp = cp;
                     l.cp_comm = r.parallel.cp_comm_type;
+                    l.cp_a2a = cp_a2a_of(r);
                     l.vp = vp;
                     l.micro_batch = mb;
                     l.recompute = rc;

@@ -606,6 +606,33 @@ TEST_CASE("cost: context parallelism splits activations, counts the exchange and
   a2a.cp_comm = CpCommType::a2a;  // half of q/k/v and the output forward; backward adds dout, lse, dqkv
   const double qkv = 16 * 192 * 4.0, out = 16 * 64 * 4.0, lse = 16 * 4 * 4.0;
   CHECK(comm_bytes_per_iteration(r, a2a, 8).cp == Approx(m * layers * 0.5 * (qkv + out + 2 * qkv + 2 * out + lse)));
+  // a2a+p2p: the all-to-all inside groups of cp_a2a ranks, the K/V ring across them; a
+  // group of one is p2p, a group of all cp ranks is a2a (bytes and time alike).
+  Layout h1 = l, hcp = l;
+  h1.cp_comm = hcp.cp_comm = CpCommType::a2a_p2p;
+  h1.cp_a2a = 1;
+  hcp.cp_a2a = 2;
+  CHECK(comm_bytes_per_iteration(r, h1, 8).cp == Approx(comm_bytes_per_iteration(r, l, 8).cp));
+  CHECK(comm_bytes_per_iteration(r, hcp, 8).cp == Approx(comm_bytes_per_iteration(r, a2a, 8).cp));
+  const Cluster gpus{gpu_spec("h100-80g"), 8, software_profile("mtnlg")};
+  CHECK(estimate(r, h1, gpus, {false}).iteration_time == Approx(estimate(r, l, gpus, {false}).iteration_time));
+  CHECK(estimate(r, hcp, gpus, {false}).iteration_time == Approx(estimate(r, a2a, gpus, {false}).iteration_time));
+  // cp4 in two groups of two (4 heads, 4 K/V groups): the a2a's half share at m = 2 of
+  // this rank's q/k/v and output, then the ring over 2 groups (one K/V block forward, two
+  // with their gradients backward), with this rank's rows a quarter of the sequence.
+  Recipe r4 = r;
+  r4.parallel.context_parallel_size = 4;
+  r4.parallel.cp_comm_type = CpCommType::a2a_p2p;
+  r4.parallel.hierarchical_context_parallel_sizes = {2, 2};
+  const Layout h4 = layout_from_recipe(r4, 4);
+  CHECK(h4.cp_a2a == 2);
+  const double q4 = 8 * 192 * 4.0, o4 = 8 * 64 * 4.0, l4 = 8 * 4 * 4.0, kv4 = 8 * 2 * 64 * 4.0;
+  CHECK(comm_bytes_per_iteration(r4, h4, 8).cp ==
+        Approx(m * layers * (0.5 * (q4 + o4 + 2 * q4 + 2 * o4 + l4) + kv4 + 2 * 2 * kv4)));
+  Layout uneven = h4;
+  uneven.cp_a2a = 3;  // does not divide cp
+  CHECK(layout_problem(r4, uneven).find("hierarchical_context_parallel_sizes") != std::string::npos);
+  CHECK(layout_problem(r4, h4).empty());
   // Full recompute runs the forward's exchange again.
   Layout full = l;
   full.recompute = RecomputeGranularity::full;
