@@ -53,6 +53,12 @@ struct MoeDispatch {
     for (int64_t i = 0; i < e; ++i) o += counts[static_cast<size_t>(i)];
     return o;
   }
+  // The same plan with its index tensors on `dev` (copied where they live elsewhere).
+  MoeDispatch on(Device dev) const {
+    MoeDispatch m = *this;
+    for (Tensor* t : {&m.row_src, &m.row_slot, &m.slot_row}) *t = t->on(dev);
+    return m;
+  }
 };
 
 // ---- mixture of experts (core/ops/moe.cpp; docs/specs/moe.md) --------------------------------

@@ -267,12 +267,11 @@ void MoeMlp::exchange_forward(Tensor& out, MoeActs& a, const Tensor& in, const M
   for (int64_t c : a.received) R += c;
   Tensor xr = xs, wr = ws;
   if (groups.ep) std::tie(xr, wr) = swap_weighted_rows(*groups.ep, xs, ws, a.sent, a.received);
-  // Each received row's local expert, in (peer, expert, token) order (made on the host,
-  // on the rows' device for the etp pooling and the plan).
-  Tensor idx_h = Tensor::empty({R, 1}, DType::i32, Device::cpu);
+  // Each received row's local expert, in (peer, expert, token) order, made on the host
+  // (where the plan is made; only the etp pooling moves it to the rows' device).
+  Tensor idx = Tensor::empty({R, 1}, DType::i32, Device::cpu);
   for (size_t e = 0, r = 0; e < theirs.size(); ++e)
-    for (int32_t i = 0; i < theirs[e]; ++i) idx_h.data<int32_t>()[r++] = static_cast<int32_t>(e % El);
-  const Tensor idx = idx_h.on(in.device());
+    for (int32_t i = 0; i < theirs[e]; ++i) idx.data<int32_t>()[r++] = static_cast<int32_t>(e % El);
   // etp: every rank of the group gets all of the group's rows.
   Tensor xg = xr, ig = idx;
   a.r_weight = wr;
@@ -280,9 +279,9 @@ void MoeMlp::exchange_forward(Tensor& out, MoeActs& a, const Tensor& in, const M
     a.pooled = pool_counts(R, in.device());
     xg = pool_rows(xr, a.pooled, H);
     a.r_weight = pool_rows(wr, a.pooled, 1);
-    ig = pool_rows(idx, a.pooled, 1);
+    ig = pool_rows(idx.on(in.device()), a.pooled, 1);
   }
-  a.rd = ops::moe_dispatch_plan(ig, nullptr, El, 0);
+  a.rd = ops::moe_dispatch_plan(ig, nullptr, El, 0).on(in.device());
   Tensor yg = empty_like_rows(a.rd.num_tokens, H, in);
   dispatch.reset();
   local_experts_forward(yg, a, xg, a.rd, a.r_weight, p);

@@ -510,9 +510,7 @@ MoeDispatch moe_dispatch_plan(const Tensor& idx, const Tensor* keep, int64_t num
   const char* op = "moe_dispatch_plan";
   if (same_device(op, {&idx, keep})) {  // the choices come to the host (one synchronisation), the plan goes back
     const Tensor kh = keep && keep->defined() ? keep->to(Device::cpu) : Tensor();
-    MoeDispatch d = moe_dispatch_plan(idx.to(Device::cpu), kh.defined() ? &kh : nullptr, num_experts, pad_to);
-    for (Tensor* t : {&d.row_src, &d.row_slot, &d.slot_row}) *t = t->to(idx.device());
-    return d;
+    return moe_dispatch_plan(idx.to(Device::cpu), kh.defined() ? &kh : nullptr, num_experts, pad_to).on(idx.device());
   }
   expect_i32(op, "idx", idx);
   MoeDispatch d;
