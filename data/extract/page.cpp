@@ -745,6 +745,7 @@ struct Walker {
       page.marks.push_back(static_cast<uint8_t>((page_element ? 0 : (marks & (kMarkComment | kMarkPostBody))) |
                                                 (t == GUMBO_TAG_TR ? kNodeRow : 0) | (furn ? kNodeFurniture : 0) |
                                                 (soft ? kNodeSoft : 0) | (words ? kNodeWords : 0)));
+      page.tags.push_back(static_cast<uint8_t>(std::min<int>(t, UINT8_MAX)));
       if (names) page.node_names.push_back(node_name(e, a));
     }
     nest(t, ctx, art, +1);
@@ -841,6 +842,26 @@ class ParseArena {
 // weighed by their length.
 constexpr int64_t kProseChars = 70;
 constexpr int32_t kWordBoxProse = 4;
+
+// An article's sections are alike: a box flagged by its class or id words alone
+// (kNodeWords) that holds prose is the article's when a sibling of the same tag and marks
+// holds kWordBoxProse prose blocks and is not furniture (the sections of a test report
+// all named "TestReport__Section--Ads", the longest of them cleared by its prose).
+void article_sections(const ParsedPage& page, const std::vector<int32_t>& prose_blocks, std::vector<char>& furniture) {
+  std::vector<size_t> cleared;
+  for (size_t e = 0; e < furniture.size(); ++e)
+    if ((page.marks[e] & kNodeWords) && !furniture[e] && prose_blocks[e] >= kWordBoxProse && page.parent[e] >= 0)
+      cleared.push_back(e);
+  if (cleared.empty()) return;
+  for (size_t e = 0; e < furniture.size(); ++e) {
+    if (!furniture[e] || !(page.marks[e] & kNodeWords) || prose_blocks[e] == 0) continue;
+    for (const size_t c : cleared)
+      if (page.parent[c] == page.parent[e] && page.marks[c] == page.marks[e] && page.tags[c] == page.tags[e]) {
+        furniture[e] = 0;
+        break;
+      }
+  }
+}
 void resolve_furniture(ParsedPage& page) {
   const size_t n = page.parent.size();
   std::vector<int64_t> prose(n, 0);
@@ -861,6 +882,7 @@ void resolve_furniture(ParsedPage& page) {
                    !((m & kNodeSoft) && prose_blocks[e] >= 2) &&
                    !((m & kNodeWords) && prose_blocks[e] >= kWordBoxProse);
   }
+  article_sections(page, prose_blocks, furniture);
   for (auto& b : page.blocks)
     for (int32_t e = b.node; e >= 0 && !b.boilerplate_context; e = page.parent[static_cast<size_t>(e)])
       b.boilerplate_context = furniture[static_cast<size_t>(e)];
@@ -1489,6 +1511,15 @@ bool box_title(const ParsedPage& page, size_t k, const BlockParams& p) {
   return label && (next.boilerplate_context || next.listing || link_density(next) > link_limit(next, p));
 }
 
+// Whether blocks a and b are each a <p> of their own, children of one element: a line and a
+// paragraph of one text, not a date line or a signature in a box of its own.
+bool sibling_paragraph(const ParsedPage& page, size_t a, size_t b) {
+  const int32_t x = page.blocks[a].node, y = page.blocks[b].node;
+  return x >= 0 && y >= 0 && x != y && page.tags[static_cast<size_t>(x)] == GUMBO_TAG_P &&
+         page.tags[static_cast<size_t>(y)] == GUMBO_TAG_P &&
+         page.parent[static_cast<size_t>(x)] == page.parent[static_cast<size_t>(y)];
+}
+
 // 6, inside the content container (its blocks [first, last]): prose is the article's, and
 // runs of blocks bad only for their length or stop words between good ones are good.
 void container_runs(ParsedPage& page, const BlockParams& p, bool repeated, size_t first, size_t last, int32_t body) {
@@ -1523,7 +1554,8 @@ void container_runs(ParsedPage& page, const BlockParams& p, bool repeated, size_
     // the post's furniture more often than its text; a run of lines is a list or a table.
     // Inside the post's body (post_body) a single line is the post's own text ("P.S. ...").
     const bool in_body = body >= 0 && blocks[i].node >= body && inside(page, blocks[i].node, body);
-    const bool single = j == i + 1 && !blocks[i].heading && blocks[i].initial == BlockClass::shortb && !in_body;
+    const bool single = j == i + 1 && !blocks[i].heading && blocks[i].initial == BlockClass::shortb && !in_body &&
+                        !(!before && after && sibling_paragraph(page, i, j));
     auto keep = [&](Block& b) {
       b.final_class = BlockClass::good;
       b.rule = "container: a run of lines next to its text";

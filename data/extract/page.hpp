@@ -82,6 +82,7 @@ struct ParsedPage {
   std::vector<int32_t> parent;  // -1: the outermost element
   std::vector<uint8_t>
       marks;  // per element: kMarkComment, kMarkPostBody (its class, id, itemprop or itemtype), kNode* bits
+  std::vector<uint8_t> tags;  // per element: its GumboTag (at most 255)
   std::string title;
   std::string lang;                     // <html lang>, as written
   std::vector<std::string> node_names;  // per element, with `names`: "div#id.class.class" (--explain)

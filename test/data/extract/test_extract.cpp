@@ -1637,3 +1637,39 @@ TEST_CASE("extract: beside hentry a hyphenated class token is a term of the post
       "popular vote in the autumn.</p></div></body></html>");
   CHECK(text.find("family code") != std::string::npos);
 }
+
+TEST_CASE("extract: sections of the article named alike are its sections, whatever their class words say",
+          "[extract]") {
+  // A test report's sections are all named "report-section--ads" ("ads" flags furniture):
+  // the one with four paragraphs holds the article's prose, and its siblings of the same
+  // tag and name are its other sections. A <div> of the same name beside them is a box.
+  const std::string para = "<p>" + kPara + "</p>";
+  const std::string html =
+      "<html><body><article><h1>The grill in the test</h1><section class=report-section--ads><h2>Delivery</h2>"
+      "<p>The grill came in a box of cardboard with a tray, a rack and a booklet of forty pages in six "
+      "languages.</p></section><section class=report-section--ads><h2>First use</h2>" +
+      para + para + para + "<p>" + kPara2 +
+      "</p></section><section class=report-section--ads><h2>Cleaning</h2><p>The tray and the rack go in the "
+      "dishwasher, the rest of the grill is wiped with a damp cloth once it has cooled down.</p></section>"
+      "<div class=report-section--ads><p>Buy the grill at the shop around the corner for a price that is lower than "
+      "anywhere else in town.</p></div></article></body></html>";
+  check_same_blocks(html);
+  const std::string text = classified_text(html);
+  CHECK_THAT(text, Contains("booklet of forty pages"));
+  CHECK_THAT(text, Contains("wiped with a damp cloth"));
+  CHECK_THAT(text, !Contains("Buy the grill"));
+}
+
+TEST_CASE("extract: a short <p> opening the text beside its paragraphs is the text's first line", "[extract]") {
+  const std::string paras = "<p>" + kPara + "</p><p>" + kPara2 + "</p>";
+  CHECK_THAT(classified_text("<html><body><div class=text><p>So wintry it has not been for years.</p>" + paras +
+                             "</div></body></html>"),
+             Contains("So wintry it has not been for years."));
+  // A line in an element of its own (a date line) or after the text (a signature) stays out.
+  CHECK_THAT(classified_text("<html><body><div class=text><div class=date>Monday, 8 December 2010</div>" + paras +
+                             "</div></body></html>"),
+             !Contains("8 December"));
+  CHECK_THAT(classified_text("<html><body><div class=text>" + paras + "<p>Text and photos: Jane Doe</p>" +
+                             "</div></body></html>"),
+             !Contains("Jane Doe"));
+}
