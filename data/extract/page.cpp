@@ -967,9 +967,15 @@ bool label_line(const Block& b, const BlockParams& p) {
   if (b.length >= p.length_low) return false;
   const std::string t = lower_str(b.text.substr(0, 24));
   for (const std::string_view w :
-       {"foto:", "fotos:", "bild:", "bilder:", "photo:", "photos:", "image:", "credit:", "credits:", "photograph by",
-        "photo by", "photo credit", "(foto:", "(photo:", "fotó:", "crédito:", "foto/", "bild/"})
+       {"foto:",     "fotos:",       "bild:",      "bilder:",       "photo:",       "photos:",
+        "image:",    "credit:",      "credits:",   "photograph by", "photo by",     "photo credit",
+        "(foto:",    "(photo:",      "fotó:",      "crédito:",      "foto/",        "bild/",
+        "titelbild", "beitragsbild", "bildquelle", "bildnachweis",  "fotonachweis", "titelfoto"})
     if (std::string_view(t).starts_with(w)) return true;
+  // A name and its picture's credit: "Roman Prymula, photo: ČTK".
+  const std::string all = lower_str(b.text);
+  for (const std::string_view w : {", photo:", ", foto:", ", photo by", ", foto von"})
+    if (all.find(w) != std::string::npos) return true;
   std::string_view whole = b.text;
   while (!whole.empty() && (whole.back() == ' ' || whole.back() == '\n')) whole.remove_suffix(1);
   while (!whole.empty() && whole.front() == ' ') whole.remove_prefix(1);

@@ -1673,3 +1673,17 @@ TEST_CASE("extract: a short <p> opening the text beside its paragraphs is the te
                              "</div></body></html>"),
              !Contains("Jane Doe"));
 }
+
+TEST_CASE("extract: a picture's credit or an ad label between the paragraphs is not the article's", "[extract]") {
+  for (const std::string label : {"Foto: dpa", "Titelbild: Jane Doe", "Beitragsbild", "Bildquelle: Pixabay",
+                                  "Roman Prymula, photo: Jane Doe", "Advertisement"}) {
+    const std::string text = classified_text("<html><body><article><p>" + kPara + "</p><p>" + label + "</p><p>" +
+                                             kPara2 + "</p></article></body></html>");
+    CHECK_THAT(text, Contains(kPara2));
+    CHECK_THAT(text, !Contains(label));
+  }
+  // A short line of the text is kept between them.
+  CHECK_THAT(classified_text("<html><body><article><p>" + kPara + "</p><p>Then the photographer came.</p><p>" + kPara2 +
+                             "</p></article></body></html>"),
+             Contains("Then the photographer came."));
+}
