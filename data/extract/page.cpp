@@ -157,6 +157,13 @@ const WordTable& soft_furniture_words() {
   return table;
 }
 
+// Class/id words of an author's box: furniture when it holds prose (a bio), not when it is
+// a byline alone (resolve_furniture).
+const WordTable& author_words() {
+  static const WordTable table(std::unordered_set<std::string_view>{"author", "authors", "autor", "autorin"});
+  return table;
+}
+
 // Class/id/itemprop/itemtype words that mark user-generated sections: comments and reviews.
 const WordTable& comment_words() {
   static const WordTable table(std::unordered_set<std::string_view>{
@@ -227,6 +234,7 @@ uint8_t word_marks(std::string_view v, bool terms) {
   const WordTable& furniture = furniture_words();
   const WordTable& comments = comment_words();
   const WordTable& soft = soft_furniture_words();
+  const WordTable& author = author_words();
   uint8_t marks = 0;
   for (size_t i = 0; i < n;) {
     if (!alnum_byte(t[i])) {
@@ -253,6 +261,7 @@ uint8_t word_marks(std::string_view v, bool terms) {
       if (furniture.contains(k)) marks |= kMarkFurniture;
       if (comments.contains(k)) marks |= kMarkComment;
       if (soft.contains(k)) marks |= kMarkSoftFurniture;
+      if (author.contains(k)) marks |= kMarkAuthor;
     }
     if (!(marks & kMarkComment) && j - i >= 6) {  // "commentlist", "customerReviews"
       const std::string w = lower_str(v.substr(i, j - i));
@@ -742,9 +751,11 @@ struct Walker {
       const bool soft =
           furn && (marks & kMarkSoftFurniture) && !furniture(t, a, marks & ~kMarkSoftFurniture, page_or_content);
       const bool words = furn && !furniture(t, a, 0, page_or_content);
+      const bool author = (marks & kMarkAuthor) && !page_or_content;
       page.marks.push_back(static_cast<uint8_t>((page_element ? 0 : (marks & (kMarkComment | kMarkPostBody))) |
-                                                (t == GUMBO_TAG_TR ? kNodeRow : 0) | (furn ? kNodeFurniture : 0) |
-                                                (soft ? kNodeSoft : 0) | (words ? kNodeWords : 0)));
+                                                (author ? kNodeAuthor : 0) | (t == GUMBO_TAG_TR ? kNodeRow : 0) |
+                                                (furn ? kNodeFurniture : 0) | (soft ? kNodeSoft : 0) |
+                                                (words ? kNodeWords : 0)));
       page.tags.push_back(static_cast<uint8_t>(std::min<int>(t, UINT8_MAX)));
       if (names) page.node_names.push_back(node_name(e, a));
     }
@@ -842,6 +853,7 @@ class ParseArena {
 // weighed by their length.
 constexpr int64_t kProseChars = 70;
 constexpr int32_t kWordBoxProse = 4;
+constexpr int32_t kBioProse = 2;  // an author's box of more prose blocks is a post
 
 // An article's sections are alike: a box flagged by its class or id words alone
 // (kNodeWords) that holds prose is the article's when a sibling of the same tag and marks
@@ -875,12 +887,21 @@ void resolve_furniture(ParsedPage& page) {
       ++prose_blocks[static_cast<size_t>(e)];
     }
   }
+  // An element around a post's body (kMarkPostBody) is the post, whatever its class says
+  // ("entry-author-jane_doe": the author's term, not a box).
+  std::vector<char> holds_body(n, 0);
+  for (size_t e = n; e-- > 0;)
+    if (page.marks[e] & kMarkPostBody) holds_body[e] = 1;
+  for (size_t e = n; e-- > 0;)
+    if (holds_body[e] && page.parent[e] >= 0) holds_body[static_cast<size_t>(page.parent[e])] = 1;
   std::vector<char> furniture(n, 0);
   for (size_t e = 0; e < n; ++e) {
     const uint8_t m = page.marks[e];
-    furniture[e] = (m & kNodeFurniture) && !(2 * prose[e] > total && total > 0) &&
-                   !((m & kNodeSoft) && prose_blocks[e] >= 2) &&
-                   !((m & kNodeWords) && prose_blocks[e] >= kWordBoxProse);
+    const bool most = 2 * prose[e] > total && total > 0;
+    furniture[e] =
+        ((m & kNodeFurniture) && !most && !((m & kNodeSoft) && prose_blocks[e] >= 2) &&
+         !((m & kNodeWords) && prose_blocks[e] >= kWordBoxProse)) ||
+        ((m & kNodeAuthor) && !most && prose_blocks[e] >= 1 && prose_blocks[e] <= kBioProse && !holds_body[e]);
   }
   article_sections(page, prose_blocks, furniture);
   for (auto& b : page.blocks)

@@ -65,13 +65,17 @@ struct Block {
 // ("entry-content" of the hAtom microformat, schema.org's "articleBody" and "reviewBody",
 // Blogger's "post-body", TypePad's "entry-body", "post-content", "article-body"; case
 // aside); the words of such a token mark nothing else ("reviewBody" is no review section).
-constexpr uint8_t kMarkFurniture = 1, kMarkComment = 2, kMarkSoftFurniture = 4, kMarkPostBody = 8;
+// kMarkAuthor: an author's box (author, authors, autor, autorin), furniture when it holds
+// prose (a bio beside the article), not when it is a byline alone.
+constexpr uint8_t kMarkFurniture = 1, kMarkComment = 2, kMarkSoftFurniture = 4, kMarkPostBody = 8, kMarkAuthor = 16;
 // ParsedPage::marks: the element is a table row; it is furniture by its tag, role or
 // class words (kNodeSoft: by soft words only; kNodeWords: by class or id words, not by
 // its tag or role). A furniture element's text is the page's
 // furniture (Block::boilerplate_context) unless the element holds most of the page's
 // prose, or it is soft and holds prose (docs/specs/justext.md, "Structure").
-constexpr uint8_t kNodeRow = 0x80, kNodeFurniture = 0x40, kNodeSoft = 0x20, kNodeWords = 0x10;
+// kNodeAuthor (kMarkFurniture's bit, which the elements' marks do not keep): kMarkAuthor
+// outside the page's and the content's own elements.
+constexpr uint8_t kNodeRow = 0x80, kNodeFurniture = 0x40, kNodeSoft = 0x20, kNodeWords = 0x10, kNodeAuthor = 0x01;
 uint8_t attribute_marks(std::string_view value);
 inline bool furniture_attribute(std::string_view class_or_id) { return attribute_marks(class_or_id) & kMarkFurniture; }
 

@@ -596,7 +596,8 @@ struct Stripper {
       for (const auto& [mark, word] : {std::pair<uint8_t, std::string_view>{kMarkFurniture, "nav"},
                                        {kMarkComment, "comments"},
                                        {kMarkSoftFurniture, "paywall"},
-                                       {kMarkPostBody, "entry-content"}})
+                                       {kMarkPostBody, "entry-content"},
+                                       {kMarkAuthor, "author"}})
         if (marks & mark) (words.empty() ? words : words += ' ') += word;
       out += raw[kId] ? " class=" : " id=";
       out += words.find(' ') == std::string::npos ? words : '"' + words + '"';

@@ -1687,3 +1687,26 @@ TEST_CASE("extract: a picture's credit or an ad label between the paragraphs is 
                              "</p></article></body></html>"),
              Contains("Then the photographer came."));
 }
+
+TEST_CASE("extract: an author's box holding a bio is furniture; a post named by its author's term is not",
+          "[extract]") {
+  const std::string bio =
+      "<div class=author-box><p>Jane Doe has written about the railways of the valley for the paper since 2001, and "
+      "she lives in the old town with two cats.</p></div>";
+  const std::string html = "<html><body><article><h1>Night trains return</h1><p>" + kPara + "</p><p>" + kPara2 +
+                           "</p>" + bio + "</article></body></html>";
+  check_same_blocks(html);
+  const std::string text = classified_text(html);
+  CHECK_THAT(text, Contains(kPara2));
+  CHECK_THAT(text, !Contains("Jane Doe has written"));
+  // A post's element carrying its author's term around the post's body, beside a long
+  // comment thread: the post.
+  std::string comments;
+  for (int i = 0; i < 4; ++i) comments += "<div class=comment><p>" + kPara3 + "</p></div>";
+  const std::string post =
+      "<html><body><div class=\"entry entry-author-jane_doe\"><h3>Night trains</h3>"
+      "<div class=entry-content><p>" +
+      kPara + "</p></div></div><div id=comments>" + comments + "</div></body></html>";
+  check_same_blocks(post);
+  CHECK_THAT(classified_text(post), Contains(kPara));
+}
