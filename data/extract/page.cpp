@@ -981,25 +981,34 @@ bool structural_bad(const Block& b, const BlockParams& p, bool repeated) {
          (repeated && b.repeated && !b.heading && b.chars >= p.repeat_min_chars);
 }
 
+// Whether s starts with `prefix` (lower case), ASCII case aside.
+bool starts_without_case(std::string_view s, std::string_view prefix) {
+  if (s.size() < prefix.size()) return false;
+  for (size_t i = 0; i < prefix.size(); ++i)
+    if (lower(s[i]) != prefix[i]) return false;
+  return true;
+}
+
 // A short line that labels a picture or an ad rather than saying anything: a photo
-// credit ("Foto: dpa", "Photograph by ...", "Bild: ...") or an ad label alone
-// ("Advertisement", "Anzeige", "Werbung").
+// credit ("Foto: dpa", "Photograph by ...", "Bild: ...", "Jane Doe, photo: ...") or an ad
+// label alone ("Advertisement", "Anzeige", "Werbung").
 bool label_line(const Block& b, const BlockParams& p) {
   if (b.length >= p.length_low) return false;
-  const std::string t = lower_str(b.text.substr(0, 24));
   for (const std::string_view w :
        {"foto:",     "fotos:",       "bild:",      "bilder:",       "photo:",       "photos:",
         "image:",    "credit:",      "credits:",   "photograph by", "photo by",     "photo credit",
         "(foto:",    "(photo:",      "fotó:",      "crédito:",      "foto/",        "bild/",
         "titelbild", "beitragsbild", "bildquelle", "bildnachweis",  "fotonachweis", "titelfoto"})
-    if (std::string_view(t).starts_with(w)) return true;
+    if (starts_without_case(b.text, w)) return true;
   // A name and its picture's credit: "Roman Prymula, photo: ČTK".
-  const std::string all = lower_str(b.text);
-  for (const std::string_view w : {", photo:", ", foto:", ", photo by", ", foto von"})
-    if (all.find(w) != std::string::npos) return true;
+  const std::string_view text = b.text;
+  for (size_t comma = text.find(", "); comma != std::string_view::npos; comma = text.find(", ", comma + 1))
+    for (const std::string_view w : {"photo:", "foto:", "photo by", "foto von"})
+      if (starts_without_case(text.substr(comma + 2), w)) return true;
   std::string_view whole = b.text;
   while (!whole.empty() && (whole.back() == ' ' || whole.back() == '\n')) whole.remove_suffix(1);
   while (!whole.empty() && whole.front() == ' ') whole.remove_prefix(1);
+  if (whole.size() > 16) return false;  // longer than any ad label
   const std::string lw = lower_str(whole);
   return lw == "advertisement" || lw == "anzeige" || lw == "werbung" || lw == "publicidad" || lw == "publicité" ||
          lw == "pubblicità" || lw == "ad" || lw == "sponsored";
