@@ -56,15 +56,29 @@ struct CUevent_st {
   int queries = 0;
   bool destroyed = false;
   uint64_t cap_id = 0;       // the capture its latest record was captured into (0: an ordinary record)
+  int cap_branch = 0;        // captured: the branch (stream) it was recorded on and how many of
+  size_t cap_pos = 0;        // that branch's ops came before it
   std::thread::id recorder;  // the thread of the latest record: only it has a query run work
 };
 
-// A graph made by stream capture: the ops recorded, in stream order (the emulator models
-// single-stream capture only, so the graph is a chain).
+// Where a recorded op sits in its graph: the branch it was captured on (0 the stream
+// that began the capture, 1.. the streams that joined it by waiting on an event recorded
+// in it: fork/join) and, for a dependency between branches (a captured
+// cudaStreamWaitEvent), the branch and the count of its ops waited for.
+struct GraphNode {
+  int branch = 0;
+  int wait_branch = -1;  // >= 0: a dependency node (no work of its own)
+  size_t wait_pos = 0;
+};
+
+// A graph made by stream capture: the ops recorded in the order they were issued, each
+// with its node (one chain per branch, the branches joined by dependency nodes).
 struct CUgraph_st {
   uint64_t id = 0;
   int stream_id = 0;  // the stream that captured it
   std::vector<mtnlg::emu::Op> ops;
+  std::vector<GraphNode> nodes;  // one per op
+  int branches = 1;
   bool capturing = true;   // a capture is still recording into it
   bool destroyed = false;  // kept (empty) after cudaGraphDestroy, so a stale handle is recognised
 };
@@ -75,6 +89,8 @@ struct CUgraphExec_st {
   uint64_t graph_id = 0;
   int stream_id = 0;
   std::vector<mtnlg::emu::Op> ops;
+  std::vector<GraphNode> nodes;
+  std::vector<CUstream_st*> side;  // the streams its branches 1.. run on (made at the first launch)
   bool destroyed = false;
   CUstream_st* last_stream = nullptr;  // where the latest launch was queued, and up to which op
   uint64_t last_seq = 0;
@@ -91,6 +107,21 @@ struct Capture {
   bool invalidated = false;
   std::string why;  // the refused call that invalidated it
   CUgraph_st* graph = nullptr;
+  // The branches' streams (s first) and how many ops each has recorded; `joined[b]`: how
+  // many of branch b's ops the origin has waited for (it must wait for all by the end).
+  std::vector<CUstream_st*> streams;
+  std::vector<size_t> count, joined;
+  int branch_of(const CUstream_st* t) const {
+    for (size_t b = 0; b < streams.size(); ++b)
+      if (streams[b] == t) return static_cast<int>(b);
+    return -1;
+  }
+  void record(CUstream_st* t, mtnlg::emu::Op&& op, GraphNode node) {
+    node.branch = branch_of(t);
+    graph->ops.push_back(std::move(op));
+    graph->nodes.push_back(node);
+    ++count[static_cast<size_t>(node.branch)];
+  }
 };
 
 namespace {
@@ -421,7 +452,7 @@ cudaError_t invalidated_capture(const Capture* c, const char* what) {
 cudaError_t submit(CUstream_st* s, Op&& op) {
   if (Capture* c = s->cap) {
     if (c->invalidated) return invalidated_capture(c, op.name.c_str());
-    c->graph->ops.push_back(std::move(op));
+    c->record(s, std::move(op), {});
     return cudaSuccess;
   }
   if (s == g_null) {
@@ -947,12 +978,31 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t e, unsigned int
   if (!valid_stream(s) || !e) return fail(cudaErrorInvalidResourceHandle, "cudaStreamWaitEvent: invalid handle");
   if (e->cap_id) {  // the event's latest record was captured
     if (Capture* c = open_capture(e->cap_id)) {
-      if (c->s == s)
-        return c->invalidated ? invalidated_capture(c, "cudaStreamWaitEvent") : cudaSuccess;  // stream order holds
-      fatal(
-          fmt_str("cudaStreamWaitEvent: stream %d waits on an event recorded in %s; on a GPU this joins stream %d "
-                  "to the capture (fork/join): cross-stream capture is not modelled by the emulator",
-                  s->id, capture_desc(c).c_str(), s->id));
+      if (c->invalidated) return invalidated_capture(c, "cudaStreamWaitEvent");
+      if (s->cap && s->cap != c)
+        return refuse(
+            cudaErrorStreamCaptureMerge, {c, s->cap},
+            fmt_str("cudaStreamWaitEvent: stream %d, which captures, waits on an event of another capture", s->id));
+      if (!s->cap) {  // fork: the stream joins the capture as a new branch
+        if (s == g_null)
+          return refuse(cudaErrorStreamCaptureImplicit, {c},
+                        "cudaStreamWaitEvent: the legacy default stream cannot join a capture");
+        s->cap = c;
+        c->streams.push_back(s);
+        c->count.push_back(0);
+        c->joined.push_back(0);
+        ++c->graph->branches;
+      }
+      const int b = c->branch_of(s);
+      if (b == e->cap_branch) return cudaSuccess;  // stream order holds
+      if (b == 0)
+        c->joined[static_cast<size_t>(e->cap_branch)] =
+            std::max(c->joined[static_cast<size_t>(e->cap_branch)], e->cap_pos);
+      Op dep;
+      dep.name = "cudaStreamWaitEvent (captured dependency)";
+      dep.step = [] { return true; };
+      c->record(s, std::move(dep), GraphNode{0, e->cap_branch, e->cap_pos});
+      return cudaSuccess;
     }
     return fail(cudaErrorInvalidValue,
                 fmt_str("cudaStreamWaitEvent: stream %d waits on an event whose latest record was captured into a "
@@ -1022,6 +1072,8 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t stream) {
     ++e->gen;
     e->queries = 0;
     e->cap_id = c->id;
+    e->cap_branch = c->branch_of(s);
+    e->cap_pos = c->count[static_cast<size_t>(e->cap_branch)];
     e->s = nullptr;
     e->seq = 0;
     return cudaSuccess;
@@ -1291,6 +1343,9 @@ cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mo
   c->mode = mode;
   c->thread = std::this_thread::get_id();
   c->graph = g;
+  c->streams = {s};
+  c->count = {0};
+  c->joined = {0};
   s->cap = c;
   g_captures.push_back(c);
   return cudaSuccess;
@@ -1309,11 +1364,31 @@ cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* pGraph) {
     return fail(cudaErrorStreamCaptureWrongThread,
                 fmt_str("%s: cudaStreamEndCapture of %s from another thread than the one that began it",
                         capture_error_text(cudaErrorStreamCaptureWrongThread), capture_desc(c).c_str()));
-  s->cap = nullptr;
+  if (c->s != s)
+    return fail(cudaErrorStreamCaptureUnmatched,
+                fmt_str("%s: cudaStreamEndCapture on stream %d, which joined %s (end it on the stream that began it)",
+                        capture_error_text(cudaErrorStreamCaptureUnmatched), s->id, capture_desc(c).c_str()));
+  for (CUstream_st* t : c->streams) t->cap = nullptr;
   g_captures.erase(std::find(g_captures.begin(), g_captures.end(), c));
   CUgraph_st* g = c->graph;
   g->capturing = false;
   const std::unique_ptr<Capture> ended(c);
+  // Every stream that joined must have been joined back: the origin waited for all its ops.
+  for (size_t b = 1; b < c->streams.size() && !c->invalidated; ++b)
+    if (c->joined[b] < c->count[b]) {
+      c->invalidated = true;
+      c->why = fmt_str(
+          "stream %d joined the capture and was not joined back (the capturing stream waited for %zu "
+          "of its %zu ops: record an event on it and wait for that on stream %d)",
+          c->streams[b]->id, c->joined[b], c->count[b], s->id);
+      *pGraph = nullptr;
+      g->destroyed = true;
+      g->ops.clear();
+      g->nodes.clear();
+      return fail(cudaErrorStreamCaptureUnjoined,
+                  fmt_str("%s: cudaStreamEndCapture on stream %d: %s",
+                          capture_error_text(cudaErrorStreamCaptureUnjoined), s->id, c->why.c_str()));
+    }
   // Fault injection: a capture some library invalidated behind mtnlg's back (what a real
   // cuDNN or cuBLAS that synchronised inside the captured work would leave).
   if (::mtnlg::switches::on(::mtnlg::Switch::emu_capture_fail) && !c->invalidated) {
@@ -1324,6 +1399,7 @@ cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* pGraph) {
     *pGraph = nullptr;
     g->destroyed = true;
     g->ops.clear();
+    g->nodes.clear();
     return fail(cudaErrorStreamCaptureInvalidated,
                 fmt_str("%s: cudaStreamEndCapture on stream %d returns no graph: the capture was invalidated by: %s",
                         capture_error_text(cudaErrorStreamCaptureInvalidated), s->id, c->why.c_str()));
@@ -1409,6 +1485,8 @@ static cudaError_t instantiate(cudaGraphExec_t* out, cudaGraph_t g, unsigned lon
   x->graph_id = g->id;
   x->stream_id = g->stream_id;
   x->ops = g->ops;  // the exec's own copy: the graph may be destroyed or captured into further
+  x->nodes = g->nodes;
+  x->side.assign(static_cast<size_t>(g->branches - 1), nullptr);
   g_graph_execs.insert(x);
   *out = x;
   return cudaSuccess;
@@ -1482,11 +1560,28 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t x, cudaStream_t stream) {
     s->q.push_back(std::move(w));
     ++s->enqueued;
   }
-  for (const Op& recorded : x->ops) {
-    Op op = recorded;  // the same arguments on every replay, as a graph's nodes have
+  // Branch 0 runs on `s`, branch b on the exec's b-th side stream; a dependency node waits
+  // for the stream of its branch to have finished the ops it names. The branches' order
+  // of issue is the capture's, so what a node waits for is queued already.
+  std::vector<CUstream_st*> on{s};
+  for (CUstream_st*& t : x->side) {
+    if (!t) t = new_stream(cudaStreamNonBlocking);
+    on.push_back(t);
+  }
+  std::vector<std::vector<uint64_t>> after(on.size());  // after[b][k]: its stream's count after k ops
+  for (size_t b = 0; b < on.size(); ++b) after[b].push_back(on[b]->enqueued);
+  for (size_t i = 0; i < x->ops.size(); ++i) {
+    const GraphNode& n = x->nodes[i];
+    Op op = x->ops[i];  // the same arguments on every replay, as a graph's nodes have
     if (op.arm) op.step = op.arm();
-    s->q.push_back(std::move(op));
-    ++s->enqueued;
+    if (n.wait_branch >= 0) {
+      op.wait_stream = on[static_cast<size_t>(n.wait_branch)];
+      op.wait_seq = after[static_cast<size_t>(n.wait_branch)][n.wait_pos];
+    }
+    CUstream_st* t = on[static_cast<size_t>(n.branch)];
+    t->q.push_back(std::move(op));
+    ++t->enqueued;
+    after[static_cast<size_t>(n.branch)].push_back(t->enqueued);
   }
   x->last_stream = s;
   x->last_seq = s->enqueued;

@@ -1,7 +1,8 @@
 // CUDA graphs by stream capture on the emulated CUDA backend: what a capture records and a
 // replay runs, and every call the runtime refuses during a capture (with its code, and
-// the capture invalidated). The fatal cases (a replay touching freed memory, cross-stream
-// capture, a launch into a capture) are planted cases of emu_planted (planted.cu).
+// the capture invalidated); fork and join through events. The fatal cases (a replay
+// touching freed memory, a launch into a capture) are planted cases of emu_planted
+// (planted.cu).
 // Compiled like core/cuda/*.cu: as C++ with emulator/cuda_emu.hpp force-included.
 #include <catch2/catch.hpp>
 
@@ -323,6 +324,95 @@ TEST_CASE("graphs: calls the runtime refuses during a capture invalidate it", "[
   REQUIRE(cudaEventDestroy(outside) == cudaSuccess);
   REQUIRE(cudaFreeHost(pinned) == cudaSuccess);
   REQUIRE(cudaFree(x) == cudaSuccess);
+}
+
+// Fork and join: a second stream joins the capture by waiting on an event recorded in it,
+// works as a branch of the graph, and is joined back by the capturing stream's wait on an
+// event recorded on it. A replay runs the branch on a stream of the exec's own, ordered by
+// the captured dependencies (context parallelism's send and receive streams, captured
+// with a micro batch).
+TEST_CASE("graphs: a stream that joins the capture by an event is a branch of the graph", "[emulator][graphs]") {
+  cudaStream_t s = new_stream(), side = new_stream();
+  cudaEvent_t fork = nullptr, join = nullptr;
+  REQUIRE(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming) == cudaSuccess);
+  REQUIRE(cudaEventCreateWithFlags(&join, cudaEventDisableTiming) == cudaSuccess);
+  float *x = dalloc(), *y = dalloc(), *acc = dalloc();
+  int hosts = 0;
+  REQUIRE(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
+  MTNLG_LAUNCH(4, 256, 0, s, fill_kernel)(x, kN, 2.0f);
+  REQUIRE(cudaEventRecord(fork, s) == cudaSuccess);
+  REQUIRE(cudaStreamWaitEvent(side, fork, 0) == cudaSuccess);  // fork: the side stream joins
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  REQUIRE(cudaStreamIsCapturing(side, &st) == cudaSuccess);
+  CHECK(st == cudaStreamCaptureStatusActive);
+  MTNLG_LAUNCH(4, 256, 0, side, scale_kernel)(x, y, kN, 3.0f);  // reads what the fork point wrote
+  REQUIRE(cudaLaunchHostFunc(side, host_count, &hosts) == cudaSuccess);
+  MTNLG_LAUNCH(4, 256, 0, s, fill_kernel)(acc, kN, 1.0f);  // meanwhile on the capturing stream
+  REQUIRE(cudaEventRecord(join, side) == cudaSuccess);
+  REQUIRE(cudaStreamWaitEvent(s, join, 0) == cudaSuccess);  // join
+  MTNLG_LAUNCH(4, 256, 0, s, add_kernel)(y, acc, kN);       // after the branch
+  cudaGraph_t g = nullptr;
+  REQUIRE(cudaStreamEndCapture(s, &g) == cudaSuccess);
+  REQUIRE(cudaStreamIsCapturing(side, &st) == cudaSuccess);
+  CHECK(st == cudaStreamCaptureStatusNone);
+  CHECK(hosts == 0);  // nothing ran
+  cudaGraphExec_t exec = nullptr;
+  REQUIRE(cudaGraphInstantiate(&exec, g, 0) == cudaSuccess);
+  for (int launch = 1; launch <= 2; ++launch) {
+    REQUIRE(cudaGraphLaunch(exec, s) == cudaSuccess);
+    REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
+    CHECK(to_host(acc)[kN - 1] == 7.0f);  // 1 + 3 x 2
+    CHECK(hosts == launch);
+  }
+  // The side stream works on its own again after the capture.
+  MTNLG_LAUNCH(4, 256, 0, side, fill_kernel)(y, kN, 9.0f);
+  REQUIRE(cudaStreamSynchronize(side) == cudaSuccess);
+  CHECK(to_host(y)[0] == 9.0f);
+  REQUIRE(cudaGraphExecDestroy(exec) == cudaSuccess);
+  REQUIRE(cudaGraphDestroy(g) == cudaSuccess);
+  for (float* p : {x, y, acc}) REQUIRE(cudaFree(p) == cudaSuccess);
+  REQUIRE(cudaEventDestroy(fork) == cudaSuccess);
+  REQUIRE(cudaEventDestroy(join) == cudaSuccess);
+  REQUIRE(cudaStreamDestroy(s) == cudaSuccess);
+  REQUIRE(cudaStreamDestroy(side) == cudaSuccess);
+}
+
+TEST_CASE("graphs: a fork must be joined back and the capture ended where it began", "[emulator][graphs]") {
+  cudaStream_t s = new_stream(), side = new_stream();
+  cudaEvent_t fork = nullptr, join = nullptr;
+  REQUIRE(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming) == cudaSuccess);
+  REQUIRE(cudaEventCreateWithFlags(&join, cudaEventDisableTiming) == cudaSuccess);
+  float* x = dalloc();
+  REQUIRE(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
+  REQUIRE(cudaEventRecord(fork, s) == cudaSuccess);
+  REQUIRE(cudaStreamWaitEvent(side, fork, 0) == cudaSuccess);
+  MTNLG_LAUNCH(4, 256, 0, side, fill_kernel)(x, kN, 1.0f);
+  cudaGraph_t g = reinterpret_cast<cudaGraph_t>(0x1);
+  SECTION("ended on the stream that joined: unmatched, the capture goes on") {
+    CHECK(cudaStreamEndCapture(side, &g) == cudaErrorStreamCaptureUnmatched);
+    CHECK(cudaGetLastError() == cudaErrorStreamCaptureUnmatched);
+    REQUIRE(cudaEventRecord(join, side) == cudaSuccess);
+    REQUIRE(cudaStreamWaitEvent(s, join, 0) == cudaSuccess);
+    CHECK(cudaStreamEndCapture(s, &g) == cudaSuccess);
+    CHECK(g != nullptr);
+    REQUIRE(cudaGraphDestroy(g) == cudaSuccess);
+  }
+  SECTION("the branch's last op not waited for: unjoined work, no graph") {
+    REQUIRE(cudaEventRecord(join, side) == cudaSuccess);
+    MTNLG_LAUNCH(4, 256, 0, side, fill_kernel)(x, kN, 2.0f);  // after the join point
+    REQUIRE(cudaStreamWaitEvent(s, join, 0) == cudaSuccess);
+    CHECK(cudaStreamEndCapture(s, &g) == cudaErrorStreamCaptureUnjoined);
+    CHECK(g == nullptr);
+    CHECK(cudaGetLastError() == cudaErrorStreamCaptureUnjoined);
+  }
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusActive;
+  REQUIRE(cudaStreamIsCapturing(side, &st) == cudaSuccess);
+  CHECK(st == cudaStreamCaptureStatusNone);
+  REQUIRE(cudaFree(x) == cudaSuccess);
+  REQUIRE(cudaEventDestroy(fork) == cudaSuccess);
+  REQUIRE(cudaEventDestroy(join) == cudaSuccess);
+  REQUIRE(cudaStreamDestroy(s) == cudaSuccess);
+  REQUIRE(cudaStreamDestroy(side) == cudaSuccess);
 }
 
 TEST_CASE("graphs: the refusal's message is the runtime's and names what was refused", "[emulator][graphs]") {

@@ -4,7 +4,7 @@
 //   planted bugs (each must be caught; ctest matches the emulator's message):
 //     oob-write, oob-write-far, host-read, divergent-barrier, shuffle-bad-mask, over-limit-launch,
 //     smem-limit-launch, missing-wait, host-pointer-arg, pinned-overwrite, lt-gelu-aux-type,
-//     graph-replay-freed, graph-replay-freed-pinned, graph-cross-stream, graph-launch-into-capture
+//     graph-replay-freed, graph-replay-freed-pinned, graph-launch-into-capture
 //   (the semantics of CUDA graphs are test/emulator/graphs.cu's Catch2 cases)
 // Compiled like core/cuda/*.cu: as C++ with emulator/cuda_emu.hpp force-included.
 #include <cmath>
@@ -313,18 +313,6 @@ int run(const std::string& c) {
     CHECK_OK(cudaGraphLaunch(exec, s));  // planted
     CHECK_OK(cudaStreamSynchronize(s));
     return 1;  // not reached: the launch checks the recorded memory
-  } else if (c == "graph-cross-stream") {
-    // Planted: a fork into a second stream during a capture (joins it to the capture on a
-    // GPU); the emulator does not model it and must say so rather than run it unrecorded.
-    cudaStream_t a, b;
-    CHECK_OK(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking));
-    CHECK_OK(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking));
-    cudaEvent_t e;
-    CHECK_OK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-    CHECK_OK(cudaStreamBeginCapture(a, cudaStreamCaptureModeGlobal));
-    CHECK_OK(cudaEventRecord(e, a));
-    CHECK_OK(cudaStreamWaitEvent(b, e, 0));  // planted
-    return 1;
   } else if (c == "graph-launch-into-capture") {
     cudaStream_t a, b;
     CHECK_OK(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking));
