@@ -175,7 +175,8 @@ TEST_CASE("planner memory per rank equals the trainer's tensor bytes by role", "
 // Context parallelism: every rank keeps s / cp positions of each sequence (the log-sum-exp
 // too), the parameters are whole on every cp rank and ZeRO-1 shards over dp x cp.
 TEST_CASE("planner memory per rank equals the trainer's tensor bytes by role: context parallelism", "[e2e][memory]") {
-  check_layouts(test::layouts({"cp2", "cp4", "cp2-a2a", "cp2-tp2-sp", "cp2-pp2", "cp2-pp2-v2-full", "cp2-dp2-zero1"}),
+  check_layouts(test::layouts({"cp2", "cp4", "cp2-a2a", "cp4-a2a+p2p", "cp2-tp2-sp", "cp2-pp2", "cp2-pp2-v2-full",
+                               "cp2-dp2-zero1"}),
                 "");
 }
 
