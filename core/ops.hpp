@@ -28,7 +28,11 @@ void copy(Tensor& dst, const Tensor& src);                // same numel, any sha
 void add(Tensor& out, const Tensor& a, const Tensor& b);  // out = a + b (out may alias a or b)
 void add_inplace(Tensor& acc, const Tensor& x);           // acc += x
 void scale(Tensor& x, double s);                          // x *= s
-double sum_squares(const Tensor& x);                      // sum of x^2 in double
+// out [P, b, a, inner] = in [P, a, b, inner] (its axes a and b swapped; inner = the
+// numel / (P a b)): a copy in any dtype, the same bits on every device. Its adjoint is
+// swap_axes(dout, din, P, b, a). Context parallelism's a2a moves heads with it.
+void swap_axes(Tensor& out, const Tensor& in, int64_t P, int64_t a, int64_t b);
+double sum_squares(const Tensor& x);  // sum of x^2 in double
 bool all_finite(const Tensor& x);
 // Converts between floating dtypes (f32 <-> f64 <-> bf16 <-> f16), same numel.
 void convert(Tensor& dst, const Tensor& src);

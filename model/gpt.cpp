@@ -223,11 +223,6 @@ GptChunk::GptChunk(const GptConfig& cfg, ChunkSpec spec, ParamStore& store, cons
   cp_ = groups.cp ? groups.cp->size() : 1;
   cp_rank_ = groups.cp ? groups.cp->rank() : 0;
   if (cp_ > 1) {
-    if (dev_ != Device::cpu && (cfg.cp_comm == CpCommType::a2a || cfg.cp_comm == CpCommType::a2a_p2p))
-      throw_input(
-          "parallel.context_parallel_size ({}): parallel.cp_comm_type {} runs on the CPU only so far "
-          "(p2p or all_gather on {})",
-          cp_, to_string(cfg.cp_comm), to_string(dev_));
     if (cfg.attention == AttentionBackend::unfused)
       throw_input(
           "model.attention_backend: unfused does not run across context-parallel ranks (they merge the "

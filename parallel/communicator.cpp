@@ -92,6 +92,9 @@ void LocalCommunicator::do_send(const void*, int64_t, DType, int64_t peer, int t
 std::unique_ptr<Request> LocalCommunicator::do_isend(const void*, int64_t, DType, int64_t peer, int tag) {
   throw_runtime("isend to rank {} (tag {}) on the size-1 '{}' group: there is no peer", peer, tag, name_);
 }
+std::unique_ptr<Request> LocalCommunicator::do_irecv(void*, int64_t, DType, int64_t peer, int tag) {
+  throw_runtime("irecv from rank {} (tag {}) on the size-1 '{}' group: there is no peer", peer, tag, name_);
+}
 void LocalCommunicator::do_recv(void*, int64_t, DType, int64_t peer, int tag) {
   throw_runtime("recv from rank {} (tag {}) on the size-1 '{}' group: there is no peer", peer, tag, name_);
 }

@@ -58,6 +58,10 @@ class Request {
   Request& operator=(const Request&) = delete;
   virtual ~Request() = default;
   virtual void wait() = 0;
+  // Like wait() for whatever the caller does next on the compute stream: on NCCL the
+  // compute stream waits for the operation and the host goes on (a CUDA graph can
+  // capture it); elsewhere wait().
+  virtual void wait_stream() { wait(); }
 };
 
 class Communicator {
@@ -105,6 +109,12 @@ class Communicator {
   std::unique_ptr<Request> isend(const void* data, int64_t n, DType dt, int64_t peer, int tag) {
     return do_isend(data, n, dt, peer, tag);
   }
+  // Nonblocking receive (MPI_Irecv; on NCCL on a side stream): `data` is not read by the
+  // caller until wait() / wait_stream(). Messages between two ranks with one tag match in
+  // the order they were posted, as MPI's do.
+  std::unique_ptr<Request> irecv(void* data, int64_t n, DType dt, int64_t peer, int tag) {
+    return do_irecv(data, n, dt, peer, tag);
+  }
   // Nonblocking in-place all-reduce (MPI_Iallreduce): `data` is neither read nor written
   // by the caller until wait(). Every rank must start its nonblocking collectives on
   // this communicator in the same order. Bytes are counted when it is posted.
@@ -150,6 +160,7 @@ class Communicator {
   virtual void do_send(const void* data, int64_t n, DType dt, int64_t peer, int tag) = 0;
   virtual void do_recv(void* data, int64_t n, DType dt, int64_t peer, int tag) = 0;
   virtual std::unique_ptr<Request> do_isend(const void* data, int64_t n, DType dt, int64_t peer, int tag) = 0;
+  virtual std::unique_ptr<Request> do_irecv(void* data, int64_t n, DType dt, int64_t peer, int tag) = 0;
   virtual std::unique_ptr<Request> do_iall_reduce(void* data, int64_t n, DType dt, ReduceOp op) = 0;
   virtual void do_all_to_all_v(const void* in, const std::vector<int64_t>& send_counts, void* out,
                                const std::vector<int64_t>& recv_counts, DType dt) = 0;
@@ -190,6 +201,7 @@ class LocalCommunicator final : public Communicator {
   void do_send(const void* data, int64_t n, DType dt, int64_t peer, int tag) override;
   void do_recv(void* data, int64_t n, DType dt, int64_t peer, int tag) override;
   std::unique_ptr<Request> do_isend(const void* data, int64_t n, DType dt, int64_t peer, int tag) override;
+  std::unique_ptr<Request> do_irecv(void* data, int64_t n, DType dt, int64_t peer, int tag) override;
   std::unique_ptr<Request> do_iall_reduce(void* data, int64_t n, DType dt, ReduceOp op) override;  // done at once
   void do_all_to_all_v(const void* in, const std::vector<int64_t>& send_counts, void* out,
                        const std::vector<int64_t>& recv_counts, DType dt) override;  // the one block copied

@@ -103,6 +103,18 @@ Tensor cp_gather(const std::vector<Tensor>& parts) {
   return full;
 }
 
+namespace {
+class Done final : public CpExchange::Pending {
+ public:
+  void wait() override {}
+};
+}  // namespace
+
+std::unique_ptr<CpExchange::Pending> CpExchange::shift_start(const Tensor& send, Tensor& recv, int64_t k) {
+  shift(send, recv, k);
+  return std::make_unique<Done>();
+}
+
 // ---- the in-process exchange --------------------------------------------------------------
 
 namespace {
@@ -237,18 +249,20 @@ class CommExchange final : public CpExchange {
   int64_t rank() const override { return g_->rank(); }
   int64_t size() const override { return g_->size(); }
 
-  void shift(const Tensor& send, Tensor& recv, int64_t k) override {
+  void shift(const Tensor& send, Tensor& recv, int64_t k) override { shift_start(send, recv, k)->wait(); }
+  std::unique_ptr<Pending> shift_start(const Tensor& send, Tensor& recv, int64_t k) override {
     check_same("shift", send, recv, 1, 1);
     const int64_t n = size(), to = ((rank() + k) % n + n) % n, from = ((rank() - k) % n + n) % n;
+    auto p = std::make_unique<InFlight>(*this);
     if (to == rank()) {
       ops::copy(recv, send);
-      return;
+      return p;
     }
     counted([&] {
-      auto req = g_->isend(send.raw(), send.numel(), send.dtype(), to, kTag);
-      g_->recv(recv.raw(), recv.numel(), recv.dtype(), from, kTag);
-      req->wait();
+      p->reqs.push_back(g_->isend(send.raw(), send.numel(), send.dtype(), to, kTag));
+      p->reqs.push_back(g_->irecv(recv.raw(), recv.numel(), recv.dtype(), from, kTag));
     });
+    return p;
   }
   void all_gather(const Tensor& in, Tensor& out) override {
     check_same("all_gather", in, out, size(), 1);
@@ -272,12 +286,24 @@ class CommExchange final : public CpExchange {
       ops::copy(mine, in.flat(me * block, block));
       for (int64_t j = 0; j < n; ++j)
         if (j != me) g_->recv(at(out, j), block, out.dtype(), first + j, kTag);
-      for (auto& r : sends) r->wait();
+      for (auto& r : sends) r->wait_stream();
     });
   }
 
  private:
   static constexpr int kTag = 7300;  // the cp attention's messages
+  // A shift's send and receive; the time waiting on them is the exchange's.
+  struct InFlight final : Pending {
+    explicit InFlight(CommExchange& ex) : ex(ex) {}
+    void wait() override {
+      ex.counted([&] {
+        for (auto& r : reqs) r->wait_stream();
+      });
+      reqs.clear();
+    }
+    CommExchange& ex;
+    std::vector<std::unique_ptr<Request>> reqs;
+  };
   template <typename F>
   void counted(F&& f) {
     const double before = g_->bytes_counted();
@@ -355,19 +381,8 @@ Dims dims_of(const char* op, const Tensor& qkv, const CpAttention& a, const CpEx
                   shape_str(qkv.shape()), H, G);
   if (qkv.dtype() != DType::f32 && qkv.dtype() != DType::f64)
     throw_runtime("{}: f32 or f64 tensors (the wide form of the activations), got {}", op, to_string(qkv.dtype()));
-  if (qkv.device() != Device::cpu && (a.type == CpCommType::a2a || a.type == CpCommType::a2a_p2p))
-    throw_runtime("{}: a2a and a2a+p2p run on the CPU only so far (p2p or all_gather on {})", op,
-                  to_string(qkv.device()));
   const int64_t Q = H / G, D = qkv.dim(2) / (G * (Q + 2));
   return {qkv.dim(0), qkv.dim(1), qkv.dim(1) / 2, H, G, Q, D, qkv.dim(2), G * 2 * D, ex.size(), ex.rank(), a.drop};
-}
-
-template <typename F>
-void float_dispatch(DType dt, F&& f) {
-  if (dt == DType::f64)
-    f(double{});
-  else
-    f(float{});
 }
 
 // Between qkv's key/value columns and a K/V buffer [B, L, G*2*D] (per group [k | v]):
@@ -412,39 +427,50 @@ ops::AttentionBlock ring_block(int64_t s, const Dims& d) {
   return b;
 }
 
+// The ring: step i attends with the K/V of rank r - i. The K/V of step i + 1 is posted
+// before step i's block is computed, so that the transfer overlaps it (on NCCL the
+// receive runs on a side stream; on MPI the library moves it meanwhile).
 void p2p_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const Dims& d, CpExchange& ex) {
-  Tensor kv = kv_of(qkv, d);
+  Tensor kv = kv_of(qkv, d), next = d.n > 1 ? empty_like(kv, kv.shape()) : Tensor();
+  std::unique_ptr<CpExchange::Pending> coming;
+  if (d.n > 1) coming = ex.shift_start(kv, next, 1);
   ops::attention_block_forward(out, lse, qkv, kv, d.H, ring_block(d.r, d), d.G);
   if (d.n == 1) return;
   Tensor part = empty_like(out, out.shape()), part_lse = empty_like(lse, lse.shape());
-  Tensor next = empty_like(kv, kv.shape());
   for (int64_t i = 1; i < d.n; ++i) {
-    ex.shift(kv, next, 1);  // now holding the K/V of rank r - i
+    coming->wait();  // now `next` holds the K/V of rank r - i, and `kv` was sent
     std::swap(kv, next);
+    if (i + 1 < d.n) coming = ex.shift_start(kv, next, 1);
     ops::attention_block_forward(part, part_lse, qkv, kv, d.H, ring_block((d.r - i + d.n) % d.n, d), d.G);
     ops::attention_merge_forward(out, lse, out, lse, part, part_lse);
   }
 }
 
+// The K/V travel as in the forward (posted a step ahead); the dK/dV of a K/V block follow
+// it round the ring, each rank adding its part, and go home after the last step.
 void p2p_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
                   const Dims& d, CpExchange& ex) {
   ops::fill(dqkv, 0.0);
   Tensor kv = kv_of(qkv, d), dkv = zeros_like(kv);
-  ops::attention_block_backward(dqkv, dkv, dout, nullptr, qkv, kv, out, lse, d.H, ring_block(d.r, d), d.G);
-  if (d.n > 1) {
-    Tensor next = empty_like(kv, kv.shape()), dnext = empty_like(kv, kv.shape());
-    for (int64_t i = 1; i < d.n; ++i) {  // K/V of rank r - i arrive with the gradient ranks r - i .. r - 1 gave them
-      ex.shift(kv, next, 1);
-      ex.shift(dkv, dnext, 1);
-      std::swap(kv, next);
-      std::swap(dkv, dnext);
-      ops::attention_block_backward(dqkv, dkv, dout, nullptr, qkv, kv, out, lse, d.H,
-                                    ring_block((d.r - i + d.n) % d.n, d), d.G);
-    }
-    ex.shift(dkv, dnext, 1);  // every rank has added to the K/V of rank r + 1: send it home
-    std::swap(dkv, dnext);
+  if (d.n == 1) {
+    ops::attention_block_backward(dqkv, dkv, dout, nullptr, qkv, kv, out, lse, d.H, ring_block(d.r, d), d.G);
+    return put_kv(dqkv, dkv, d);
   }
-  put_kv(dqkv, dkv, d);
+  Tensor next = empty_like(kv, kv.shape()), dnext = empty_like(kv, kv.shape());
+  auto coming = ex.shift_start(kv, next, 1);
+  ops::attention_block_backward(dqkv, dkv, dout, nullptr, qkv, kv, out, lse, d.H, ring_block(d.r, d), d.G);
+  for (int64_t i = 1; i < d.n; ++i) {  // K/V of rank r - i arrive with the gradient ranks r - i .. r - 1 gave them
+    auto grads = ex.shift_start(dkv, dnext, 1);
+    coming->wait();
+    grads->wait();
+    std::swap(kv, next);
+    std::swap(dkv, dnext);
+    if (i + 1 < d.n) coming = ex.shift_start(kv, next, 1);
+    ops::attention_block_backward(dqkv, dkv, dout, nullptr, qkv, kv, out, lse, d.H,
+                                  ring_block((d.r - i + d.n) % d.n, d), d.G);
+  }
+  ex.shift(dkv, dnext, 1);  // every rank has added to the K/V of rank r + 1: send it home
+  put_kv(dqkv, dnext, d);
 }
 
 // The whole sequence's K/V [B, T, KW] in sequence order from every rank's.
@@ -495,14 +521,12 @@ void all_gather_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, co
 // a2a: x [B, L, w] of this rank's rows -> [B, m L, w / m] of the rows of the m ranks of its
 // a2a group (all n for a2a), column block rank % m (block j travels to the group's j-th
 // rank), in the order cp_gather gives m parts: for a2a the sequence; for a2a+p2p the two
-// contiguous spans of the group's chunks (the group's place in a split over n / m).
+// contiguous spans of the group's chunks (the group's place in a split over n / m). On x's
+// device: the column blocks are laid out by ops::swap_axes.
 Tensor to_heads(const Tensor& x, const Dims& d, CpExchange& ex, int64_t m) {
-  const int64_t w = x.dim(2), wb = w / m, e = dtype_size(x.dtype());
-  Tensor send = Tensor::empty({m * d.B, d.L, wb}, x.dtype()), recv = Tensor::empty(send.shape(), x.dtype());
-  for (int64_t j = 0; j < m; ++j)
-    for (int64_t row = 0; row < d.B * d.L; ++row)
-      std::memcpy(static_cast<char*>(send.raw()) + ((j * d.B * d.L) + row) * wb * e,
-                  static_cast<const char*>(x.raw()) + (row * w + j * wb) * e, static_cast<size_t>(wb * e));
+  const int64_t wb = x.dim(2) / m;
+  Tensor send = empty_like(x, {m * d.B, d.L, wb}), recv = empty_like(x, send.shape());
+  ops::swap_axes(send, x, 1, d.B * d.L, m);  // [rows, m, wb] -> [m, rows, wb]
   ex.all_to_all(send, recv, m);
   std::vector<Tensor> parts;
   for (int64_t j = 0; j < m; ++j) parts.push_back(recv.rows(j * d.B, d.B));
@@ -510,30 +534,21 @@ Tensor to_heads(const Tensor& x, const Dims& d, CpExchange& ex, int64_t m) {
 }
 // The inverse: y [B, m L, w] of this rank's column block -> [B, L, w * m] of its rows.
 Tensor from_heads(const Tensor& y, const Dims& d, CpExchange& ex, int64_t m) {
-  const int64_t wb = y.dim(2), w = wb * m, e = dtype_size(y.dtype());
-  Tensor send = Tensor::empty({m * d.B, d.L, wb}, y.dtype()), recv = Tensor::empty(send.shape(), y.dtype());
+  const int64_t wb = y.dim(2);
+  Tensor send = empty_like(y, {m * d.B, d.L, wb}), recv = empty_like(y, send.shape());
   for (int64_t j = 0; j < m; ++j) {
     Tensor dst = send.rows(j * d.B, d.B);
     ops::copy(dst, cp_split(y, m, j));
   }
   ex.all_to_all(send, recv, m);
-  Tensor x = Tensor::empty({d.B, d.L, w}, y.dtype());
-  for (int64_t j = 0; j < m; ++j)
-    for (int64_t row = 0; row < d.B * d.L; ++row)
-      std::memcpy(static_cast<char*>(x.raw()) + (row * w + j * wb) * e,
-                  static_cast<const char*>(recv.raw()) + ((j * d.B * d.L) + row) * wb * e, static_cast<size_t>(wb * e));
+  Tensor x = empty_like(y, {d.B, d.L, wb * m});
+  ops::swap_axes(x, recv, 1, m, d.B * d.L);  // [m, rows, wb] -> [rows, m, wb]
   return x;
 }
 // lse [B, H, T] <-> [B, T, H] (rows by position, so that to_heads / from_heads move it).
 Tensor transpose_lse(const Tensor& x) {
-  const int64_t B = x.dim(0), P = x.dim(1), R = x.dim(2);
-  Tensor y = Tensor::empty({B, R, P}, x.dtype());
-  float_dispatch(x.dtype(), [&](auto z) {
-    using V = decltype(z);
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t p = 0; p < P; ++p)
-        for (int64_t r = 0; r < R; ++r) y.data<V>()[(b * R + r) * P + p] = x.data<V>()[(b * P + p) * R + r];
-  });
+  Tensor y = empty_like(x, {x.dim(0), x.dim(2), x.dim(1)});
+  ops::swap_axes(y, x, x.dim(0), x.dim(1), x.dim(2));
   return y;
 }
 
@@ -550,27 +565,6 @@ ops::AttentionDropout a2a_drop(const Dims& d, int64_t m) {
   drop.heads_total = d.drop.heads_total ? d.drop.heads_total : d.H;
   drop.head_offset = d.drop.head_offset + d.r % m * (d.H / m);
   return drop;
-}
-
-void a2a_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const Dims& d, CpExchange& ex) {
-  check_a2a(d, d.n);
-  const int64_t Hl = d.H / d.n, Gl = d.G / d.n, T = d.L * d.n;
-  const Tensor qkv_h = to_heads(qkv, d, ex, d.n);
-  Tensor out_h = Tensor::empty({d.B, T, Hl * d.D}, qkv.dtype()), lse_h = Tensor::empty({d.B, Hl, T}, lse.dtype());
-  ops::attention_forward_lse(out_h, lse_h, qkv_h, Hl, a2a_drop(d, d.n), Gl);
-  ops::copy(out, from_heads(out_h, d, ex, d.n));
-  ops::copy(lse, transpose_lse(from_heads(transpose_lse(lse_h), d, ex, d.n)));
-}
-
-void a2a_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
-                  const Dims& d, CpExchange& ex) {
-  check_a2a(d, d.n);
-  const int64_t Hl = d.H / d.n, Gl = d.G / d.n;
-  const Tensor qkv_h = to_heads(qkv, d, ex, d.n), out_h = to_heads(out, d, ex, d.n);
-  const Tensor dout_h = to_heads(dout, d, ex, d.n), lse_h = transpose_lse(to_heads(transpose_lse(lse), d, ex, d.n));
-  Tensor dqkv_h = Tensor::empty(qkv_h.shape(), qkv_h.dtype());
-  ops::attention_backward_lse(dqkv_h, dout_h, qkv_h, out_h, lse_h, Hl, a2a_drop(d, d.n), Gl);
-  ops::copy(dqkv, from_heads(dqkv_h, d, ex, d.n));
 }
 
 // a2a+p2p's ring: across the a2a groups of m consecutive ranks, rank r's peer k steps on
@@ -607,10 +601,17 @@ int64_t a2a_size(const CpAttention& a, const Dims& d) {
   return a.a2a_size;
 }
 
+// a2a is a2a+p2p with one group of all n ranks: after the heads' exchange each rank holds
+// the whole sequence of its heads, and the "ring" is its one causal block.
+int64_t a2a_all(const Dims& d) {
+  check_a2a(d, d.n);
+  return d.n;
+}
+
 void a2a_p2p_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const Dims& d, int64_t m, CpExchange& ex) {
   const Dims o = ring_dims(d, m);
   const Tensor qkv_h = to_heads(qkv, d, ex, m);
-  Tensor out_h = Tensor::empty({d.B, o.L, o.H * d.D}, qkv.dtype()), lse_h = Tensor::empty({d.B, o.H, o.L}, lse.dtype());
+  Tensor out_h = empty_like(qkv, {d.B, o.L, o.H * d.D}), lse_h = empty_like(lse, {d.B, o.H, o.L});
   AcrossGroups ring(ex, m);
   p2p_forward(out_h, lse_h, qkv_h, o, ring);
   ops::copy(out, from_heads(out_h, d, ex, m));
@@ -622,7 +623,7 @@ void a2a_p2p_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const
   const Dims o = ring_dims(d, m);
   const Tensor qkv_h = to_heads(qkv, d, ex, m), out_h = to_heads(out, d, ex, m);
   const Tensor dout_h = to_heads(dout, d, ex, m), lse_h = transpose_lse(to_heads(transpose_lse(lse), d, ex, m));
-  Tensor dqkv_h = Tensor::empty(qkv_h.shape(), qkv_h.dtype());
+  Tensor dqkv_h = empty_like(qkv_h, qkv_h.shape());
   AcrossGroups ring(ex, m);
   p2p_backward(dqkv_h, dout_h, qkv_h, out_h, lse_h, o, ring);
   ops::copy(dqkv, from_heads(dqkv_h, d, ex, m));
@@ -663,7 +664,7 @@ void cp_attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const CpA
   switch (a.type) {
     case CpCommType::p2p: return p2p_forward(out, lse, qkv, d, ex);
     case CpCommType::all_gather: return all_gather_forward(out, lse, qkv, d, ex);
-    case CpCommType::a2a: return a2a_forward(out, lse, qkv, d, ex);
+    case CpCommType::a2a: return a2a_p2p_forward(out, lse, qkv, d, a2a_all(d), ex);
     case CpCommType::a2a_p2p: return a2a_p2p_forward(out, lse, qkv, d, a2a_size(a, d), ex);
   }
   throw_runtime("{}: unknown communication type", op);
@@ -680,7 +681,7 @@ void cp_attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, 
   switch (a.type) {
     case CpCommType::p2p: return p2p_backward(dqkv, dout, qkv, out, lse, d, ex);
     case CpCommType::all_gather: return all_gather_backward(dqkv, dout, qkv, out, lse, d, ex);
-    case CpCommType::a2a: return a2a_backward(dqkv, dout, qkv, out, lse, d, ex);
+    case CpCommType::a2a: return a2a_p2p_backward(dqkv, dout, qkv, out, lse, d, a2a_all(d), ex);
     case CpCommType::a2a_p2p: return a2a_p2p_backward(dqkv, dout, qkv, out, lse, d, a2a_size(a, d), ex);
   }
   throw_runtime("{}: unknown communication type", op);

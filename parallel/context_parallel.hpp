@@ -8,7 +8,7 @@
 // With attention dropout every rank draws the one-rank op's mask at its rows' global
 // positions. Tensors in f32 or f64 (the wide form of the activations) on any one device:
 // the host, the test device or CUDA (the blocks, the merge and the K/V buffer are ops of
-// core/ops.hpp); a2a moves its heads with host copies, the CPU only so far.
+// core/ops.hpp; a2a lays its heads out with ops::swap_axes), so every type runs on each.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -56,6 +56,16 @@ class CpExchange {
   // Sends `send` to rank + k and receives into `recv` (the same numel and dtype) from
   // rank - k (mod size).
   virtual void shift(const Tensor& send, Tensor& recv, int64_t k) = 0;
+  // A shift in flight: neither tensor may be written, nor `recv` read, until wait().
+  class Pending {
+   public:
+    virtual ~Pending() = default;
+    virtual void wait() = 0;
+  };
+  // shift, started: the ring posts the next step's K/V before it computes this step's
+  // block, so that the transfer overlaps the compute. Shifts in flight complete in the
+  // order they were started. This default shifts at once (the in-process group).
+  virtual std::unique_ptr<Pending> shift_start(const Tensor& send, Tensor& recv, int64_t k);
   // out (size() x in.numel()) = the ranks' `in` in rank order.
   virtual void all_gather(const Tensor& in, Tensor& out) = 0;
   // in = size() blocks of out.numel(); out = the sum over ranks of their block rank(),
@@ -73,11 +83,12 @@ class CpExchange {
 };
 
 // The exchange over a cp group's Communicator (MPI on the CPU and the test device; NCCL on
-// CUDA: receives and collectives on the compute stream, isend on the send stream, every
-// operation recorded by the device watchdog under the group's name "cp"): shift is isend +
-// recv, all_to_all one isend per peer then the receives in rank order, the others the
-// group's collectives; a rank's own block is the device's copy; bytes_sent() is what the
-// group counted meanwhile.
+// CUDA: receives and collectives on the compute stream, isend and irecv on side streams,
+// every operation recorded by the device watchdog under the group's name "cp"): shift is
+// isend + irecv (shift_start returns them in flight; on NCCL their wait makes the compute
+// stream wait, the host goes on), all_to_all one isend per peer then the receives in rank
+// order, the others the group's collectives; a rank's own block is the device's copy;
+// bytes_sent() is what the group counted meanwhile.
 std::unique_ptr<CpExchange> make_cp_exchange(std::shared_ptr<Communicator> group);
 
 // Runs fn(exchange) on `cp` in-process ranks, one thread each, which take turns: a rank

@@ -109,6 +109,11 @@ class NcclRequest final : public Request {
       CUDA_CHECK(cudaStreamWaitEvent(cuda::stream(), done_.get(), 0));
     waited_ = true;
   }
+  void wait_stream() override {
+    if (waited_) return;
+    CUDA_CHECK(cudaStreamWaitEvent(cuda::stream(), done_.get(), 0));
+    waited_ = true;
+  }
 
  private:
   cuda::CudaEvent done_;
@@ -365,6 +370,25 @@ class NcclCommunicator final : public Communicator {
     return std::make_unique<NcclRequest>(std::move(done), /*host=*/true);
   }
 
+  // On the receive stream, after everything queued so far on the compute stream (the
+  // buffer's earlier readers); wait_stream() / wait() make the compute stream wait for it.
+  std::unique_ptr<Request> do_irecv(void* data, int64_t n, DType dt, int64_t peer, int) override {
+    check_peer(peer, "irecv peer", false);
+    cuda::CudaEvent ready;
+    ready.record(cuda::stream());
+    CUDA_CHECK(cudaStreamWaitEvent(recv_stream_.get(), ready.get(), 0));
+    const int ch = peer < rank_ ? kUp : kDown;
+    watched(ch, "recv", peer, n * dtype_size(dt), dt, recv_stream_.get(), [&] {
+      nccl_call(ncclRecv(data, static_cast<size_t>(n), nccl_type(dt), static_cast<int>(peer), p2p_comm(peer, rank_),
+                         recv_stream_.get()),
+                p2p_comm(peer, rank_), "ncclRecv", name_);
+    });
+    cuda::record_stream(data, recv_stream_.get());
+    cuda::CudaEvent done;
+    done.record(recv_stream_.get());
+    return std::make_unique<NcclRequest>(std::move(done), /*host=*/false);
+  }
+
   std::unique_ptr<Request> do_iall_reduce(void* data, int64_t n, DType dt, ReduceOp op) override {
     cuda::CudaEvent ready;
     ready.record(cuda::stream());
@@ -456,6 +480,7 @@ class NcclCommunicator final : public Communicator {
   int64_t rank_ = 0, size_ = 1;
   int ids_[3] = {0, 0, 0};  // the watchdog's ids of coll_, up_, down_
   cuda::CudaStream send_stream_;
+  cuda::CudaStream recv_stream_;  // irecv
   cuda::CudaStream coll_stream_;  // iall_reduce
 };
 

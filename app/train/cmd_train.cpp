@@ -70,7 +70,6 @@ const char* train_footer() {
 void run_train(const TrainArgs& a) {
   Recipe r = load_recipe(a.recipe, a.sets);  // InputError -> exit 2 before any process group exists
   refuse_unwired_moe(r);
-  refuse_unwired_context_parallel(r);
   parallel::LaunchInfo info = parallel::detect_launch();
   validate_layout(r, info.world_size);
   parallel::set_collective_timeout(r.parallel.distributed_timeout_minutes * 60);  // MTNLG_COLLECTIVE_TIMEOUT wins

@@ -33,11 +33,12 @@ std::string cuda_graph_refusal(const Recipe& r, Device device, bool observer) {
 #ifdef MTNLG_HAVE_CUDA
 
 struct MicroBatchGraphs::Shape {
-  int64_t seen = 0;                     // micro batches of this shape so far
-  bool eager = false;                   // its capture failed: eager from then on
-  model::PlacedInputs in;               // what the graphs read: overwritten before every forward launch
-  int64_t saved = 0;                    // activation bytes between the two graphs
-  double fwd_bytes = 0, bwd_bytes = 0;  // tensor-parallel bytes each graph's collectives count
+  int64_t seen = 0;        // micro batches of this shape so far
+  bool eager = false;      // its capture failed: eager from then on
+  model::PlacedInputs in;  // what the graphs read: overwritten before every forward launch
+  int64_t saved = 0;       // activation bytes between the two graphs
+  // Per captured group: the bytes each graph's operations count.
+  std::vector<double> fwd_bytes, bwd_bytes;
   // The NCCL operations each graph captured: every launch records them again in the
   // device watchdog's flight recorder, with one probe around the launch.
   std::vector<parallel::CapturedOp> fwd_ops, bwd_ops;
@@ -46,24 +47,42 @@ struct MicroBatchGraphs::Shape {
   std::unique_ptr<cuda::CudaGraph> fwd, bwd;
 };
 
-MicroBatchGraphs::MicroBatchGraphs(model::GptChunk& chunk, parallel::Communicator* tp) : chunk_(chunk), tp_(tp) {}
+namespace {
+std::vector<double> bytes_of(const std::vector<parallel::Communicator*>& groups) {
+  std::vector<double> b;
+  for (const parallel::Communicator* c : groups) b.push_back(c->bytes_counted());
+  return b;
+}
+std::vector<double> minus(std::vector<double> a, const std::vector<double>& b) {
+  for (size_t i = 0; i < a.size(); ++i) a[i] -= b[i];
+  return a;
+}
+void count_replayed(const std::vector<parallel::Communicator*>& groups, const std::vector<double>& bytes) {
+  for (size_t i = 0; i < groups.size(); ++i) groups[i]->count_replayed(bytes[i]);
+}
+}  // namespace
+
+MicroBatchGraphs::MicroBatchGraphs(model::GptChunk& chunk, std::vector<parallel::Communicator*> groups)
+    : chunk_(chunk) {
+  for (parallel::Communicator* c : groups)
+    if (c && c->size() > 1) groups_.push_back(c);
+}
 MicroBatchGraphs::~MicroBatchGraphs() = default;
 
 bool MicroBatchGraphs::capture(Shape& sh, int64_t mb_id, const model::TrainMicroBatch& mb) {
   try {
-    const auto counted = [&] { return tp_ ? tp_->bytes_counted() : 0.0; };
     sh.pool = std::make_unique<cuda::GraphPool>();
     parallel::Watchdog& wd = parallel::device_watchdog();
     wd.take_captured();
-    const double b0 = counted();
+    const std::vector<double> b0 = bytes_of(groups_);
     sh.fwd = std::make_unique<cuda::CudaGraph>(*sh.pool, [&] { chunk_.forward(mb_id, mb, sh.in, Tensor()); });
     sh.fwd_ops = wd.take_captured();
-    const double b1 = counted();
+    const std::vector<double> b1 = bytes_of(groups_);
     sh.saved = chunk_.saved_bytes();
     sh.bwd = std::make_unique<cuda::CudaGraph>(*sh.pool, [&] { chunk_.backward(mb_id, Tensor()); });
     sh.bwd_ops = wd.take_captured();
-    sh.fwd_bytes = b1 - b0;
-    sh.bwd_bytes = counted() - b1;
+    sh.fwd_bytes = minus(b1, b0);
+    sh.bwd_bytes = minus(bytes_of(groups_), b1);
     MTNLG_CHECK(sh.pool->live_bytes() == 0,
                 "{} bytes allocated during the capture are still held after the backward: a tensor outlived its graph",
                 sh.pool->live_bytes());
@@ -98,7 +117,7 @@ bool MicroBatchGraphs::forward(int64_t mb_id, const model::TrainMicroBatch& mb) 
   sh.in.copy_from(host);  // queued before the capture or the launch that reads them
   if (first && !capture(sh, mb_id, mb)) return false;
   pending_counted_ = first;  // a capture counts its collectives' bytes itself
-  if (!first && tp_) tp_->count_replayed(sh.fwd_bytes);
+  if (!first) count_replayed(groups_, sh.fwd_bytes);
   parallel::device_watchdog().replay(sh.fwd_ops, cuda::stream(), [&] { sh.fwd->launch(); });
   ++replays_;
   // A replay allocates no tensor: its pool stands for what the eager forward and backward
@@ -114,7 +133,7 @@ void MicroBatchGraphs::backward(int64_t mb_id) {
   MTNLG_CHECK(pending_ && pending_id_ == mb_id, "backward graph of micro batch {} without its forward graph", mb_id);
   parallel::device_watchdog().replay(pending_->bwd_ops, cuda::stream(), [&] { pending_->bwd->launch(); });
   ++replays_;
-  if (tp_ && !pending_counted_) tp_->count_replayed(pending_->bwd_bytes);
+  if (!pending_counted_) count_replayed(groups_, pending_->bwd_bytes);
   mem::on_free(pending_->pool->bytes(), pool_role_);
   pending_ = nullptr;
   pending_id_ = -1;
@@ -123,7 +142,10 @@ void MicroBatchGraphs::backward(int64_t mb_id) {
 #else  // no CUDA: never constructed (cuda_graph_refusal refuses), defined for the link
 
 struct MicroBatchGraphs::Shape {};
-MicroBatchGraphs::MicroBatchGraphs(model::GptChunk& chunk, parallel::Communicator* tp) : chunk_(chunk), tp_(tp) {}
+MicroBatchGraphs::MicroBatchGraphs(model::GptChunk& chunk, std::vector<parallel::Communicator*> groups)
+    : chunk_(chunk) {
+  (void)groups;
+}
 MicroBatchGraphs::~MicroBatchGraphs() = default;
 bool MicroBatchGraphs::capture(Shape&, int64_t, const model::TrainMicroBatch&) { return false; }
 bool MicroBatchGraphs::forward(int64_t, const model::TrainMicroBatch&) { return false; }

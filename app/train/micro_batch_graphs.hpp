@@ -19,7 +19,10 @@
 //
 // Covered: one pipeline stage (pipeline parallel size 1, no virtual stages), any tensor
 // parallel size (its NCCL collectives run on the compute stream and are captured with the
-// rest; a replay counts the bytes they counted at capture) and any data parallel size; no
+// rest; a replay counts the bytes they counted at capture), any context parallel size (the
+// K/V ring's sends and receives run on side streams that fork from the compute stream
+// and join it again by events, which a capture records as graph dependencies; the host
+// never waits inside cp attention) and any data parallel size; no
 // no spike forensics or poison fault (their layer observer runs host code between layers). With data parallelism the step's last micro batch runs
 // eagerly, since its backward starts the gradient reduction bucket by bucket as layers
 // finish. Steps that profile op families (logging.gpu_profile) run eagerly. A capture
@@ -30,6 +33,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "config/recipe.hpp"
 #include "core/mem_account.hpp"
@@ -43,8 +47,9 @@ std::string cuda_graph_refusal(const Recipe& r, Device device, bool observer);
 
 class MicroBatchGraphs {
  public:
-  // `tp`: the chunk's tensor-parallel group (null or a group of one: no collectives).
-  MicroBatchGraphs(model::GptChunk& chunk, parallel::Communicator* tp);
+  // `groups`: the groups whose operations the graphs capture (the chunk's tensor- and
+  // context-parallel groups; null entries are skipped): a replay counts their bytes.
+  MicroBatchGraphs(model::GptChunk& chunk, std::vector<parallel::Communicator*> groups);
   ~MicroBatchGraphs();
   MicroBatchGraphs(const MicroBatchGraphs&) = delete;
   MicroBatchGraphs& operator=(const MicroBatchGraphs&) = delete;
@@ -67,7 +72,7 @@ class MicroBatchGraphs {
   bool capture(Shape& sh, int64_t mb_id, const model::TrainMicroBatch& mb);
 
   model::GptChunk& chunk_;
-  parallel::Communicator* tp_;
+  std::vector<parallel::Communicator*> groups_;
   std::map<Key, std::unique_ptr<Shape>> shapes_;
   Shape* pending_ = nullptr;  // the shape whose backward graph is due
   int64_t pending_id_ = -1;

@@ -233,7 +233,8 @@ struct PipelineExecutor::BatchRun {
 void PipelineExecutor::enable_cuda_graphs(bool eager_last_micro_batch) {
   MTNLG_CHECK(chunks_.size() == 1 && g_.topo.pp() == 1,
               "CUDA graphs need one pipeline stage of one chunk (cuda_graph_refusal checks the recipe first)");
-  graphs_ = std::make_unique<MicroBatchGraphs>(*chunks_.front(), g_.tp.get());
+  graphs_ = std::make_unique<MicroBatchGraphs>(*chunks_.front(),
+                                               std::vector<parallel::Communicator*>{g_.tp.get(), g_.cp.get()});
   graphs_eager_last_ = eager_last_micro_batch;
 }
 

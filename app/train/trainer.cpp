@@ -1020,24 +1020,7 @@ TrainSummary Trainer::run() {
 
 }  // namespace
 
-void refuse_unwired_context_parallel(const Recipe& r) {
-  if (r.cp() <= 1) return;
-  const std::string where = r.source_path.empty() ? "recipe" : r.source_path;
-  auto refuse = [&](const std::string& what) {
-    throw_input("{}: parallel.context_parallel_size ({}): {}", where, r.cp(), what);
-  };
-  const bool device = r.training.device == DeviceKind::cuda || r.training.device == DeviceKind::test;
-  const CpCommType type = r.parallel.cp_comm_type;
-  if (device && (type == CpCommType::a2a || type == CpCommType::a2a_p2p))
-    refuse(
-        fmt::format("parallel.cp_comm_type {} trains on the CPU only so far (training.device is {}; use p2p or "
-                    "all_gather, or training.device cpu)",
-                    to_string(type), r.training.device == DeviceKind::cuda ? "cuda" : "test"));
-  if (r.training.enable_cuda_graph) refuse("training.enable_cuda_graph does not capture context parallelism yet");
-}
-
 TrainSummary train(const Recipe& r, const parallel::ProcessGroups& g, const TrainOptions& opts) {
-  refuse_unwired_context_parallel(r);
   Trainer trainer(r, g, opts);
   return trainer.run();
 }

@@ -33,13 +33,7 @@ struct TrainSummary {
   bool interrupted = false;  // stopped early (signal, exit_duration_mins) after saving
 };
 
-// What context parallelism (parallel.context_parallel_size > 1) does not train with yet:
-// InputError (exit 2) naming the key, so such a recipe never trains as if cp were 1 —
-// cp_comm_type a2a or a2a+p2p on CUDA or the test device (the model refuses them on a GPU
-// chosen by training.device auto too), CUDA graphs.
-void refuse_unwired_context_parallel(const Recipe& recipe);
-
-// Runs training for `recipe` on the process groups of this rank (refuse_unwired_context_parallel first).
+// Runs training for `recipe` on the process groups of this rank.
 TrainSummary train(const Recipe& recipe, const parallel::ProcessGroups& groups, const TrainOptions& opts = {});
 
 }  // namespace mtnlg::app

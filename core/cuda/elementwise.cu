@@ -43,6 +43,16 @@ __global__ void convert_kernel(D* dst, const S* src, int64_t n) {
     dst[i] = from_f<D>(to_f(src[i]));
 }
 
+// out [P, b, a, C] = in [P, a, b, C], one thread per element of out, W = the element's bits.
+template <typename W>
+__global__ void swap_axes_kernel(W* out, const W* in, int64_t P, int64_t a, int64_t b, int64_t C) {
+  const int64_t n = P * a * b * C;
+  for (int64_t o = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; o < n; o += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t c = o % C, i = o / C % a, j = o / (C * a) % b, p = o / (C * a * b);
+    out[o] = in[((p * a + i) * b + j) * C + c];
+  }
+}
+
 __global__ void fill_f64_kernel(double* x, int64_t n, double v) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     x[i] = v;
@@ -154,6 +164,23 @@ void convert(void* dst, DType ddt, const void* src, DType sdt, int64_t n) {
   MTNLG_CUDA_LAUNCH_CHECK("convert_kernel");
 }
 
+template <typename W>
+void swap_axes_as(void* out, const void* in, int64_t P, int64_t a, int64_t b, int64_t C) {
+  MTNLG_LAUNCH(grid_for(P * a * b * C, kThreads), kThreads, 0, stream(), swap_axes_kernel<W>)
+  (static_cast<W*>(out), static_cast<const W*>(in), P, a, b, C);
+  MTNLG_CUDA_LAUNCH_CHECK("swap_axes_kernel");
+}
+
+void swap_axes(void* out, const void* in, int64_t esize, int64_t P, int64_t a, int64_t b, int64_t C) {
+  if (P * a * b * C <= 0) return;
+  switch (esize) {
+    case 2: return swap_axes_as<uint16_t>(out, in, P, a, b, C);
+    case 4: return swap_axes_as<uint32_t>(out, in, P, a, b, C);
+    case 8: return swap_axes_as<uint64_t>(out, in, P, a, b, C);
+    default: throw_runtime("swap_axes: elements of {} bytes", esize);
+  }
+}
+
 void fill_f64(double* x, int64_t n, double value) {
   if (n <= 0) return;
   MTNLG_LAUNCH(grid_for(n, kThreads), kThreads, 0, stream(), fill_f64_kernel)(x, n, value);
@@ -210,6 +237,10 @@ void copy(Tensor& dst, const Tensor& src) {
   if (dst.nbytes() == 0 || dst.raw() == src.raw()) return;
   CUDA_CHECK(
       cudaMemcpyAsync(dst.raw(), src.raw(), static_cast<size_t>(dst.nbytes()), cudaMemcpyDeviceToDevice, stream()));
+}
+
+void swap_axes(Tensor& out, const Tensor& in, int64_t P, int64_t a, int64_t b) {
+  k::swap_axes(out.raw(), in.raw(), dtype_size(in.dtype()), P, a, b, out.numel() / (P * a * b));
 }
 
 void add(Tensor& out, const Tensor& a, const Tensor& b) {

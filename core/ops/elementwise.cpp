@@ -101,6 +101,24 @@ void copy(Tensor& dst, const Tensor& src) {
   MTNLG_CUDA_DISPATCH(cuda, copy(dst, src));
   std::memmove(dst.raw(), src.raw(), static_cast<size_t>(dst.nbytes()));
 }
+void swap_axes(Tensor& out, const Tensor& in, int64_t P, int64_t a, int64_t b) {
+  const bool cuda = same_device("swap_axes", {&out, &in});
+  expect_numel("swap_axes", "in", in, out.numel());
+  if (out.dtype() != in.dtype())
+    throw_runtime("swap_axes: dtype {} -> {} needs ops::convert", to_string(in.dtype()), to_string(out.dtype()));
+  if (P < 1 || a < 1 || b < 1 || out.numel() % (P * a * b) != 0)
+    throw_runtime("swap_axes: {} elements are not [{}, {}, {}, inner]", out.numel(), P, a, b);
+  MTNLG_CUDA_DISPATCH(cuda, swap_axes(out, in, P, a, b));
+  const int64_t e = dtype_size(in.dtype()), run = out.numel() / (P * a * b) * e;
+  const char* src = in.kernel_data<char>();
+  char* dst = out.kernel_data<char>();
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t p = 0; p < P; ++p)
+    for (int64_t j = 0; j < b; ++j)
+      for (int64_t i = 0; i < a; ++i)
+        std::memcpy(dst + ((p * b + j) * a + i) * run, src + ((p * a + i) * b + j) * run, static_cast<size_t>(run));
+}
+
 namespace {
 double load_as_double(const Tensor& t, int64_t i) {
   switch (t.dtype()) {

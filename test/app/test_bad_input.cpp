@@ -42,18 +42,7 @@ TEST_CASE("bad input: every class exits 2 naming the place", "[e2e]") {
                {"divisible by model.num_attention_heads"});
   expect_exit2("train " + good + " --set parallel.tensor_model_parallel_size=3",
                {"divisible by parallel.tensor_model_parallel_size"});
-  // context parallelism: what it does not train with yet, and a world it does not fit
-  expect_exit2("train " + good +
-                   " --set parallel.context_parallel_size=2 --set parallel.cp_comm_type=a2a --set training.device=test "
-                   "--set logging.dir=" +
-                   d.str() + "/cp",
-               {"parallel.context_parallel_size (2)", "a2a trains on the CPU only so far"});
-  expect_exit2("train " + good +
-                   " --set parallel.context_parallel_size=2 --set parallel.cp_comm_type=a2a+p2p "
-                   "--set parallel.hierarchical_context_parallel_sizes=[2,1] --set training.device=test "
-                   "--set logging.dir=" +
-                   d.str() + "/cp",
-               {"parallel.context_parallel_size (2)", "a2a+p2p trains on the CPU only so far"});
+  // context parallelism: a world it does not fit
   expect_exit2("train " + good + " --set parallel.context_parallel_size=2 --set logging.dir=" + d.str() + "/cp",
                {"world size 1", "context_parallel_size"});
   expect_exit2("plan " + good + " --gpus 6 --gpu h100-80g --set parallel.context_parallel_size=4",

@@ -26,17 +26,19 @@
 #                 within 1e-5 of the single-process cuda run; eval (1e-4) and greedy generate
 #                 (the same text) of a random MoE model, cuda vs cpu; CUDA graphs with MoE exit 2
 #     cp          context parallelism on the device path (the CUDA block and merge ops, the
-#                 K/V ring over the emulated NCCL's cp group): mpirun -np 2 cp2 (p2p and
-#                 all_gather) and -np 4 cp2 x tp2 with sequence parallelism, fp32, every loss
-#                 and grad norm within 1e-5 of the single-process cuda run
+#                 K/V ring and the heads' all-to-all over the emulated NCCL's cp group):
+#                 mpirun -np 2 cp2 (p2p, all_gather, a2a), -np 4 cp2 x tp2 with sequence
+#                 parallelism and cp4 a2a+p2p (a2a within pairs, the ring across them), fp32,
+#                 every loss and grad norm within 1e-5 of the single-process cuda run
 #     graphs      training.enable_cuda_graph: micro batches replayed from CUDA graphs give
 #                 the eager cuda run's losses and grad norms bit for bit (fp32 with recompute
 #                 none and full, bf16, fp16 with loss scaling; the loss-mask path; hidden and
 #                 attention dropout, unfused and cuDNN's, keys from device memory; a Llama-family
 #                 model with qk_layernorm), with the
 #                 graph launches counted in metrics.jsonl; under mpirun dp2 (the last micro
-#                 batch eager, for the overlapped reduction) and tp2 with sequence
-#                 parallelism (NCCL captured, the same bytes counted) too; a capture the runtime
+#                 batch eager, for the overlapped reduction), tp2 with sequence
+#                 parallelism (NCCL captured, the same bytes counted) and cp2 (the K/V
+#                 ring's side streams captured) too; a capture the runtime
 #                 invalidates (MTNLG_EMU_CAPTURE_FAIL) is warned about once and the run
 #                 goes on eagerly with the same numbers; what graphs do not cover (pipeline
 #                 stages, spike forensics, the CPU) exits 2 naming the key
@@ -321,7 +323,9 @@ EOF
     common=(--set training.train_iters=4 --set model.hidden_dropout=0 --set model.attention_dropout=0)
     train one cuda fp32 "${common[@]}"
     for layout in "cp2 2" "cp2-allgather 2 --set parallel.cp_comm_type=all_gather" \
-      "cp2-tp2-sp 4 --set parallel.tensor_model_parallel_size=2 --set parallel.sequence_parallel=true"; do
+      "cp2-tp2-sp 4 --set parallel.tensor_model_parallel_size=2 --set parallel.sequence_parallel=true" \
+      "cp2-a2a 2 --set parallel.cp_comm_type=a2a" \
+      "cp4-a2a+p2p 4 --set parallel.context_parallel_size=4 --set parallel.cp_comm_type=a2a+p2p --set parallel.hierarchical_context_parallel_sizes=[2,2]"; do
       set -- $layout
       name=$1 np=$2
       shift 2
@@ -360,8 +364,10 @@ print(f"  dropout 0.1 against 0 (fp32): last loss {a[-1]:.6f} vs {b[-1]:.6f}")
 sys.exit(0 if a != b else 1)
 EOF
     # dp2: each rank's step has 2 micro batches, the last one eager; tp2 with sequence
-    # parallelism: the tensor-parallel collectives captured with the rest, 4 micro batches
-    for layout in "dp2" "tp2 --set parallel.tensor_model_parallel_size=2 --set parallel.sequence_parallel=true"; do
+    # parallelism: the tensor-parallel collectives captured with the rest, 4 micro batches;
+    # cp2: the K/V ring's sends and receives on their side streams captured too
+    for layout in "dp2" "tp2 --set parallel.tensor_model_parallel_size=2 --set parallel.sequence_parallel=true" \
+      "cp2 --set parallel.context_parallel_size=2"; do
       set -- $layout
       name=$1
       shift
@@ -385,9 +391,10 @@ out = sys.argv[1]
 def last(name):
     return [json.loads(l) for l in open(f"{out}/{name}/metrics.jsonl")][-1]
 # 6 steps x 4 micro batches: the first eager (warm-up), the other 23 a forward and a
-# backward launch each; dp2: 6 x 2, the last of each step eager: 5 graphed
+# backward launch each; dp2: 6 x 2, the last of each step eager: 5 graphed; cp2: 6 x 4,
+# the last of each step eager (its gradients are reduced over dp x cp): 17 graphed
 want = {"graph-fp32-none": 46, "graph-fp32-full": 46, "graph-bf16-selective": 46, "graph-fp16-none": 46, "dp2-graph": 10,
-        "tp2-graph": 46, "graph-fp32-selective-drop": 46, "graph-bf16-none-drop": 46, "graph-qk": 46}
+        "tp2-graph": 46, "cp2-graph": 34, "graph-fp32-selective-drop": 46, "graph-bf16-none-drop": 46, "graph-qk": 46}
 ok = True
 for name, n in want.items():
     got = last(name).get("cuda_graph_replays")
@@ -399,6 +406,9 @@ ok = ok and "cuda_graph_replays" not in last("eager-bf16-selective")
 tp_bytes = [[json.loads(l)["bytes_sent_tp"] for l in open(f"{out}/tp2-{m}/metrics.jsonl")] for m in ("eager", "graph")]
 print(f"  tp2 bytes sent per iteration: eager {tp_bytes[0]}, graphs {tp_bytes[1]}")
 ok = ok and tp_bytes[0] == tp_bytes[1] and tp_bytes[0][-1] > 0
+cp_bytes = [[json.loads(l)["bytes_sent_cp"] for l in open(f"{out}/cp2-{m}/metrics.jsonl")] for m in ("eager", "graph")]
+print(f"  cp2 bytes sent per iteration: eager {cp_bytes[0]}, graphs {cp_bytes[1]}")
+ok = ok and cp_bytes[0] == cp_bytes[1] and cp_bytes[0][-1] > 0
 warned = [l for l in open(f"{out}/graph-refused.log") if "CUDA graphs off for micro batches" in l]
 print(f"  graph-refused: {last('graph-refused').get('cuda_graph_replays')} graph launches, "
       f"{len(warned)} warning(s): {warned[0].strip()[:160] if warned else '-'}")

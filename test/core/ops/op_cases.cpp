@@ -1390,6 +1390,47 @@ Entry attention_kv_entry() {
   return e;
 }
 
+// swap_axes: in [P, a, b, inner] -> out [P, b, a, inner] and back (its adjoint), the
+// same bits on both devices; finite differences of the pair. n = {P, a, b, inner}.
+Entry swap_axes_entry() {
+  Entry e{"swap_axes", {}, nullptr, nullptr};
+  for (const auto& [P, a, b, C] : {std::array<int64_t, 4>{1, 24, 4, 16}, {3, 7, 5, 1}, {2, 5, 3, 6}})
+    for (DType dt : kTypes)
+      e.cases.push_back(device_case(shape_label({{"P", P}, {"a", a}, {"b", b}, {"inner", C}}, dt), dt, {P, a, b, C}));
+  e.cases.push_back(fd_case("P 2 a 3 b 4 inner 2", 91, {2, 3, 4, 2}));
+  e.cases.push_back(fd_case("P 1 a 5 b 2 inner 1", 92, {1, 5, 2, 1}));
+  e.prepare = [](Ctx& c, const Case& k) {
+    const int64_t P = k.n[0], a = k.n[1], b = k.n[2], C = k.n[3];
+    Tensor in = c.act({P, a, b, C}), out = c.out({P, b, a, C}), back = c.out({P, a, b, C});
+    Run r;
+    r.exec = [=]() mutable {
+      ops::swap_axes(out, in, P, a, b);
+      ops::swap_axes(back, out, P, b, a);
+    };
+    r.collect = [=, &c] {
+      std::vector<Output> o{output("out", out, 0, Cmp::bits), output("back", back, 0, Cmp::bits)};
+      const Output x = output("in", in, 0), y = o[1];
+      c.expect(x.values == y.values, "swap_axes twice restores its input");
+      return o;
+    };
+    return r;
+  };
+  e.fd = [](Ctx& c, const Case& k) {
+    const int64_t P = k.n[0], a = k.n[1], b = k.n[2], C = k.n[3];
+    Tensor in = c.act({P, a, b, C}), R = c.act({P, b, a, C});
+    Tensor out = Tensor::empty({P, b, a, C}, DType::f64);
+    auto loss = [=]() mutable {
+      ops::swap_axes(out, in, P, a, b);
+      return dot(out, R);
+    };
+    loss();
+    Tensor din = Tensor::empty(in.shape(), DType::f64);
+    ops::swap_axes(din, R, P, b, a);
+    return FdProblem{loss, {{"in", in, din}}};
+  };
+  return e;
+}
+
 // Attention over a key/value cache: a prefill, two one-token steps and a chunk, each
 // step's output and both caches (after every step) against the other device.
 Entry attention_cached_entry() {
@@ -2257,6 +2298,7 @@ const std::vector<Entry>& registry() {
       attention_block_entry(),
       attention_merge_entry(),
       attention_kv_entry(),
+      swap_axes_entry(),
       rope_entry(),
       qk_norm_entry(),
       embedding_entry(),

@@ -300,6 +300,27 @@ TEST_CASE("mpi: isend is matched by blocking recv in both directions at once", "
   world().reset_bytes();
 }
 
+// The ring of context parallelism's p2p: two shifts in flight at once (the next K/V and
+// a gradient), each an isend and an irecv with one tag; they match in posting order, and
+// a receive counts no bytes.
+TEST_CASE("mpi: irecv matches in posting order with two shifts in flight", "[mpi]") {
+  const int64_t g = world().size(), me = world().rank();
+  if (g == 1) return;
+  const int64_t to = (me + 1) % g, from = (me + g - 1) % g, n = 1 << 18;  // past the eager limit
+  std::vector<float> a(n, static_cast<float>(me)), b(n, static_cast<float>(100 + me)), ra(n, -1.f), rb(n, -1.f);
+  world().reset_bytes();
+  std::vector<std::unique_ptr<Request>> reqs;
+  reqs.push_back(world().isend(a.data(), n, DType::f32, to, 9));
+  reqs.push_back(world().irecv(ra.data(), n, DType::f32, from, 9));
+  reqs.push_back(world().isend(b.data(), n, DType::f32, to, 9));
+  reqs.push_back(world().irecv(rb.data(), n, DType::f32, from, 9));
+  for (auto& r : reqs) r->wait_stream();  // the host path: wait()
+  CHECK(ra[n - 1] == static_cast<float>(from));
+  CHECK(rb[0] == static_cast<float>(100 + from));
+  CHECK(world().bytes_sent() == 2 * n * 4);
+  world().reset_bytes();
+}
+
 TEST_CASE("mpi: bf16 and fp16 payloads: sums in fp32 rounded to nearest even, gathers and messages bit-exact",
           "[mpi]") {
   const int64_t g = world().size(), me = world().rank();
