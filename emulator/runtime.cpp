@@ -1373,6 +1373,13 @@ cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* pGraph) {
   CUgraph_st* g = c->graph;
   g->capturing = false;
   const std::unique_ptr<Capture> ended(c);
+  auto no_graph = [&](cudaError_t code, const std::string& why) {
+    *pGraph = nullptr;
+    g->destroyed = true;
+    g->ops.clear();
+    g->nodes.clear();
+    return fail(code, why);
+  };
   // Every stream that joined must have been joined back: the origin waited for all its ops.
   for (size_t b = 1; b < c->streams.size() && !c->invalidated; ++b)
     if (c->joined[b] < c->count[b]) {
@@ -1381,13 +1388,9 @@ cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* pGraph) {
           "stream %d joined the capture and was not joined back (the capturing stream waited for %zu "
           "of its %zu ops: record an event on it and wait for that on stream %d)",
           c->streams[b]->id, c->joined[b], c->count[b], s->id);
-      *pGraph = nullptr;
-      g->destroyed = true;
-      g->ops.clear();
-      g->nodes.clear();
-      return fail(cudaErrorStreamCaptureUnjoined,
-                  fmt_str("%s: cudaStreamEndCapture on stream %d: %s",
-                          capture_error_text(cudaErrorStreamCaptureUnjoined), s->id, c->why.c_str()));
+      return no_graph(cudaErrorStreamCaptureUnjoined,
+                      fmt_str("%s: cudaStreamEndCapture on stream %d: %s",
+                              capture_error_text(cudaErrorStreamCaptureUnjoined), s->id, c->why.c_str()));
     }
   // Fault injection: a capture some library invalidated behind mtnlg's back (what a real
   // cuDNN or cuBLAS that synchronised inside the captured work would leave).
@@ -1396,13 +1399,10 @@ cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* pGraph) {
     c->why = "MTNLG_EMU_CAPTURE_FAIL (fault injection)";
   }
   if (c->invalidated) {
-    *pGraph = nullptr;
-    g->destroyed = true;
-    g->ops.clear();
-    g->nodes.clear();
-    return fail(cudaErrorStreamCaptureInvalidated,
-                fmt_str("%s: cudaStreamEndCapture on stream %d returns no graph: the capture was invalidated by: %s",
-                        capture_error_text(cudaErrorStreamCaptureInvalidated), s->id, c->why.c_str()));
+    return no_graph(
+        cudaErrorStreamCaptureInvalidated,
+        fmt_str("%s: cudaStreamEndCapture on stream %d returns no graph: the capture was invalidated by: %s",
+                capture_error_text(cudaErrorStreamCaptureInvalidated), s->id, c->why.c_str()));
   }
   *pGraph = g;
   return cudaSuccess;

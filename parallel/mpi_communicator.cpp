@@ -698,18 +698,12 @@ class MpiCommunicator final : public Communicator {
   }
   std::unique_ptr<Request> do_isend(const void* data, int64_t n, DType dt, int64_t peer, int tag) override {
     check_peer(peer, "isend", false);
-    const int64_t es = dtype_size(dt);
-    std::vector<MPI_Request> reqs;
     // n == 0 sends nothing, like send() and recv() (they skip empty messages alike).
-    for (int64_t off = 0; off < n; off += kChunk) {
-      int c = static_cast<int>(std::min(kChunk, n - off));
-      MPI_Request r = MPI_REQUEST_NULL;
-      check(
-          MPI_Isend(static_cast<const char*>(data) + off * es, c, mpi_type(dt), static_cast<int>(peer), tag, comm_, &r),
-          "MPI_Isend", name_);
-      reqs.push_back(r);
-    }
-    count_send(n * es);
+    std::vector<MPI_Request> reqs = chunked(n, dt, [&](int64_t off, int c, MPI_Request* r) {
+      check(MPI_Isend(static_cast<const char*>(data) + off, c, mpi_type(dt), static_cast<int>(peer), tag, comm_, r),
+            "MPI_Isend", name_);
+    });
+    count_send(n * dtype_size(dt));
     return std::make_unique<MpiRequest>(std::move(reqs), p2p("isend", peer, tag), part_);
   }
   // Its completion is not checked against the expected count (recv's check): a message of
@@ -717,15 +711,10 @@ class MpiCommunicator final : public Communicator {
   // reports as truncation when it is longer.
   std::unique_ptr<Request> do_irecv(void* data, int64_t n, DType dt, int64_t peer, int tag) override {
     check_peer(peer, "irecv", false);
-    const int64_t es = dtype_size(dt);
-    std::vector<MPI_Request> reqs;
-    for (int64_t off = 0; off < n; off += kChunk) {
-      int c = static_cast<int>(std::min(kChunk, n - off));
-      MPI_Request r = MPI_REQUEST_NULL;
-      check(MPI_Irecv(static_cast<char*>(data) + off * es, c, mpi_type(dt), static_cast<int>(peer), tag, comm_, &r),
+    std::vector<MPI_Request> reqs = chunked(n, dt, [&](int64_t off, int c, MPI_Request* r) {
+      check(MPI_Irecv(static_cast<char*>(data) + off, c, mpi_type(dt), static_cast<int>(peer), tag, comm_, r),
             "MPI_Irecv", name_);
-      reqs.push_back(r);
-    }
+    });
     return std::make_unique<MpiRequest>(std::move(reqs), p2p("irecv", peer, tag), recv_part_);
   }
   std::unique_ptr<Request> do_iall_reduce(void* data, int64_t n, DType dt, ReduceOp op) override {
@@ -789,6 +778,18 @@ class MpiCommunicator final : public Communicator {
   }
 
  private:
+  // The requests of one message of n elements posted in chunks of at most kChunk (MPI's
+  // counts are int): post(byte offset, count, request) for each.
+  template <typename F>
+  static std::vector<MPI_Request> chunked(int64_t n, DType dt, F&& post) {
+    std::vector<MPI_Request> reqs;
+    for (int64_t off = 0; off < n; off += kChunk) {
+      MPI_Request r = MPI_REQUEST_NULL;
+      post(off * dtype_size(dt), static_cast<int>(std::min(kChunk, n - off)), &r);
+      reqs.push_back(r);
+    }
+    return reqs;
+  }
   static bool watched() { return collective_timeout() > 0; }
   OpDesc collective(const char* op) {
     OpDesc d;
