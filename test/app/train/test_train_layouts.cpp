@@ -148,7 +148,7 @@ TEST_CASE("train: context-parallel layouts reproduce the single-process losses",
 // The CUDA kernels under the same layouts: test/emulator/e2e.sh, step cp.
 TEST_CASE("train: context parallelism on the test device reproduces the single-process losses", "[mpi]") {
   const std::vector<double> ref = run_layout("cp-dev-ref", 1, "");
-  for (const auto& l : test::layouts({"cp2", "cp2-tp2-sp"})) {
+  for (const auto& l : test::layouts({"cp2", "cp2-tp2-sp", "cp2-a2a"})) {
     INFO(l.name);
     const double worst = worst_relative(run_layout("dev-" + l.name, l.np, l.sets + " --set training.device=test"), ref);
     INFO("worst relative loss difference " << worst);
