@@ -404,25 +404,30 @@ ops::AttentionDropout dropout_of(const Call& c, int64_t H, int64_t T) {
 }
 
 // Runs the graph with mtnlg's CPU ops: the tensors are gathered from whatever strides the
-// graph declares, and the results scattered back the same way. The causal graph: into the
-// per-group qkv layout of ops::attention_forward_lse ([q_0 .. q_{r-1} | k | v] for each of
-// the hk key/value heads, r = hq/hk; hk == hq is Megatron's per-head q, k, v). An unmasked
-// block (context parallelism): Q into qkv rows of that layout (the q columns), K and V into
-// a K/V buffer [Bn, Tk, hk*2*D] (per head [k | v]), for ops::attention_block_forward /
-// attention_block_backward over every row.
+// graph declares, and the results scattered back the same way. The packed causal graph:
+// into the per-group qkv layout of ops::attention_forward_lse ([q_0 .. q_{r-1} | k | v] for
+// each of the hk key/value heads, r = hq/hk; hk == hq is Megatron's per-head q, k, v). A
+// split graph (context parallelism's blocks: K/V rows of their own, causal or unmasked): Q
+// into qkv rows of that layout (the q columns), K and V into a K/V buffer [Bn, Tk, hk*2*D]
+// (per head [k | v]), for ops::attention_block_forward / attention_block_backward over
+// every row, whose backward takes rowsum from the O it is given as cuDNN's does (a ring
+// hands it the whole attention's O and statistics; attention_backward_lse recomputes it
+// from its own keys).
 void run(const Call& c) {
   const Pattern& p = c.p;
   const auto d = p.q->dims();
   const int64_t Bn = d[0], H = d[1], T = d[2], D = d[3], G = p.k->dims()[1], r = H / G, Tk = p.k->dims()[3];
   const DType dt = mtnlg_dtype(p.q->dtype());
-  const bool block = !p.causal;
+  // K/V rows of their own (the split layout: K's row stride is not Q's), or unmasked.
+  const bool block = !p.causal || p.k->strides()[3] != p.q->strides()[2];
   const int64_t es = dtype_size(dt), row = (H + 2 * G) * D, kvrow = block ? 2 * G * D : row;
   auto q_col = [&](int64_t h) { return ((h / r) * (r + 2) + h % r) * D; };
   auto k_col = [&](int64_t g) { return block ? 2 * g * D : (g * (r + 2) + r) * D; };
   auto v_col = [&](int64_t g) { return k_col(g) + D; };
   auto head_col = [&](int64_t h) { return h * D; };
   const ops::AttentionDropout drop = dropout_of(c, H, T);
-  const ops::AttentionBlock all;  // every row, no mask
+  ops::AttentionBlock all;  // every row
+  all.causal = p.causal;
   Tensor qkv = Tensor::zeros({Bn, T, row}, dt, Device::cpu);
   Tensor kv = block ? Tensor::zeros({Bn, Tk, kvrow}, dt, Device::cpu) : qkv;
   char* kx = static_cast<char*>(kv.raw());

@@ -353,8 +353,15 @@ Dims dims_of(const char* op, const Tensor& qkv, const CpAttention& a, const CpEx
   if (H <= 0 || H % G != 0 || qkv.ndim() != 3 || qkv.dim(2) % (G * (H / G + 2)) != 0 || qkv.dim(1) % 2 != 0)
     throw_runtime("{}: qkv [B, L, G*(H/G+2)*D] with an even L, H % G == 0: got {} with {} heads in {} groups", op,
                   shape_str(qkv.shape()), H, G);
-  if (qkv.dtype() != DType::f32 && qkv.dtype() != DType::f64)
-    throw_runtime("{}: f32 or f64 tensors (the wide form of the activations), got {}", op, to_string(qkv.dtype()));
+  const bool fused_io =
+      a.fused && a.type == CpCommType::p2p && (qkv.dtype() == DType::bf16 || qkv.dtype() == DType::f16);
+  if (qkv.dtype() != DType::f32 && qkv.dtype() != DType::f64 && !fused_io)
+    throw_runtime(
+        "{}: f32 or f64 tensors (the wide form of the activations; bf16/fp16 only for p2p with cuDNN's fused "
+        "blocks), got {}",
+        op, to_string(qkv.dtype()));
+  if (a.fused && (a.type != CpCommType::p2p || !fused_io || qkv.device() != Device::cuda || a.drop.p > 0))
+    throw_runtime("{}: cuDNN's fused blocks take the p2p ring on CUDA, bf16/fp16, without attention dropout", op);
   if (qkv.device() != Device::cpu && (a.type == CpCommType::a2a || a.type == CpCommType::a2a_p2p))
     throw_runtime("{}: a2a and a2a+p2p run on the CPU only so far (p2p or all_gather on {})", op,
                   to_string(qkv.device()));
@@ -445,6 +452,68 @@ void p2p_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Ten
     std::swap(dkv, dnext);
   }
   put_kv(dqkv, dkv, d);
+}
+
+// p2p with cuDNN's fused blocks (bf16/fp16 activations on CUDA; docs/specs/cudnn-sdpa.md,
+// "Blocks"): a block's out in the activation dtype and its lse (f32) are merged into an
+// f32 accumulator by log-sum-exp, the final out rounded once to the activation dtype. A
+// block from a higher rank writes the second chunk's rows only: its lse is -inf elsewhere
+// first (weight 0 for the rows' stale, finite outputs).
+void p2p_fused_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const Dims& d, CpExchange& ex) {
+  Tensor kv = kv_of(qkv, d);
+  Tensor part = empty_like(out, out.shape()), part_lse = empty_like(lse, lse.shape());
+  ops::attention_block_fused_forward(part, lse, qkv, kv, d.H, ring_block(d.r, d), d.G);
+  Tensor acc = Tensor::empty(out.shape(), DType::f32, out.device());
+  ops::convert(acc, part);
+  Tensor next = empty_like(kv, kv.shape());
+  for (int64_t i = 1; i < d.n; ++i) {
+    ex.shift(kv, next, 1);  // now holding the K/V of rank r - i
+    std::swap(kv, next);
+    const int64_t s = (d.r - i + d.n) % d.n;
+    if (s > d.r) ops::fill(part_lse, -std::numeric_limits<double>::infinity());
+    ops::attention_block_fused_forward(part, part_lse, qkv, kv, d.H, ring_block(s, d), d.G);
+    ops::attention_merge_forward(acc, lse, acc, lse, part, part_lse);
+  }
+  ops::convert(out, acc);
+}
+
+// Its backward: each block's dQ (its rows' q columns) and dK/dV (its key rows) come out of
+// cuDNN in the activation dtype into zeroed scratch, and are added in f32: dQ over the
+// steps here, dK/dV in the f32 buffer that travels with the K/V back to its owner; the
+// final dqkv is rounded once.
+void p2p_fused_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
+                        const Dims& d, CpExchange& ex) {
+  const Device dev = qkv.device();
+  Tensor kv = kv_of(qkv, d);
+  Tensor dq = Tensor::empty(qkv.shape(), DType::f32, dev), dkv = Tensor::empty(kv.shape(), DType::f32, dev);
+  ops::fill(dq, 0.0);
+  ops::fill(dkv, 0.0);
+  Tensor dq_blk = empty_like(qkv, qkv.shape()), dkv_blk = empty_like(kv, kv.shape());
+  Tensor dq_w = Tensor::empty(qkv.shape(), DType::f32, dev), dkv_w = Tensor::empty(kv.shape(), DType::f32, dev);
+  auto block = [&](int64_t s) {
+    ops::fill(dq_blk, 0.0);
+    ops::fill(dkv_blk, 0.0);
+    ops::attention_block_fused_backward(dq_blk, dkv_blk, dout, qkv, kv, out, lse, d.H, ring_block(s, d), d.G);
+    ops::convert(dq_w, dq_blk);
+    ops::add_inplace(dq, dq_w);
+    ops::convert(dkv_w, dkv_blk);
+    ops::add_inplace(dkv, dkv_w);
+  };
+  block(d.r);
+  if (d.n > 1) {
+    Tensor next = empty_like(kv, kv.shape()), dnext = empty_like(dkv, dkv.shape());
+    for (int64_t i = 1; i < d.n; ++i) {  // as p2p_backward: dK/dV travel with their K/V
+      ex.shift(kv, next, 1);
+      ex.shift(dkv, dnext, 1);
+      std::swap(kv, next);
+      std::swap(dkv, dnext);
+      block((d.r - i + d.n) % d.n);
+    }
+    ex.shift(dkv, dnext, 1);  // home
+    std::swap(dkv, dnext);
+  }
+  put_kv(dq, dkv, d);
+  ops::convert(dqkv, dq);
 }
 
 // The whole sequence's K/V [B, T, KW] in sequence order from every rank's.
@@ -634,8 +703,9 @@ void check_outputs(const char* op, const Dims& d, const Tensor& qkv, std::initia
     if (t->dtype() != qkv.dtype() || t->device() != qkv.device())
       throw_runtime("{}: every tensor in qkv's dtype ({}) on its device ({})", op, to_string(qkv.dtype()),
                     to_string(qkv.device()));
-  if (lse.numel() != d.B * d.H * d.L || lse.dtype() != qkv.dtype() || lse.device() != qkv.device())
-    throw_runtime("{}: lse must be [B, H, L] = [{}, {}, {}] in {}", op, d.B, d.H, d.L, to_string(qkv.dtype()));
+  const DType wide = qkv.dtype() == DType::f64 ? DType::f64 : DType::f32;
+  if (lse.numel() != d.B * d.H * d.L || lse.dtype() != wide || lse.device() != qkv.device())
+    throw_runtime("{}: lse must be [B, H, L] = [{}, {}, {}] in {}", op, d.B, d.H, d.L, to_string(wide));
 }
 
 }  // namespace
@@ -661,7 +731,7 @@ void cp_attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const CpA
   check_outputs(op, d, qkv, {&out}, lse);
   if (out.numel() != d.B * d.L * d.H * d.D) throw_runtime("{}: out must be [B, L, H*D]", op);
   switch (a.type) {
-    case CpCommType::p2p: return p2p_forward(out, lse, qkv, d, ex);
+    case CpCommType::p2p: return a.fused ? p2p_fused_forward(out, lse, qkv, d, ex) : p2p_forward(out, lse, qkv, d, ex);
     case CpCommType::all_gather: return all_gather_forward(out, lse, qkv, d, ex);
     case CpCommType::a2a: return a2a_forward(out, lse, qkv, d, ex);
     case CpCommType::a2a_p2p: return a2a_p2p_forward(out, lse, qkv, d, a2a_size(a, d), ex);
@@ -678,7 +748,9 @@ void cp_attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, 
   if (dqkv.numel() != qkv.numel() || dout.numel() != out.numel() || out.numel() != d.B * d.L * d.H * d.D)
     throw_runtime("{}: dqkv like qkv, dout and out [B, L, H*D]", op);
   switch (a.type) {
-    case CpCommType::p2p: return p2p_backward(dqkv, dout, qkv, out, lse, d, ex);
+    case CpCommType::p2p:
+      if (a.fused) return p2p_fused_backward(dqkv, dout, qkv, out, lse, d, ex);
+      return p2p_backward(dqkv, dout, qkv, out, lse, d, ex);
     case CpCommType::all_gather: return all_gather_backward(dqkv, dout, qkv, out, lse, d, ex);
     case CpCommType::a2a: return a2a_backward(dqkv, dout, qkv, out, lse, d, ex);
     case CpCommType::a2a_p2p: return a2a_p2p_backward(dqkv, dout, qkv, out, lse, d, a2a_size(a, d), ex);

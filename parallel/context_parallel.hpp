@@ -108,6 +108,10 @@ struct CpAttention {
   // heads_total as a tensor-parallel rank passes them).
   ops::AttentionDropout drop{};
   int64_t a2a_size = 0;  // a2a+p2p: hierarchical_context_parallel_sizes[0], a divisor of the group's size
+  // p2p only: every block is cuDNN's fused graph (CUDA; qkv, out and dout bf16/fp16, lse
+  // f32; no attention dropout; ops::attention_cp_blocks_fused_supported says whether cuDNN
+  // plans them). The blocks' results are merged and summed in f32 and rounded once.
+  bool fused = false;
 };
 void cp_attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const CpAttention& a, CpExchange& ex);
 // dqkv (written) from the final out and lse: p2p sends the K/V around again with their
