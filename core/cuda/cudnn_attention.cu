@@ -9,7 +9,10 @@
 // [T*3HD, 3D, 3HD, 1], K and V at offsets D and 2D; out and dout are [B, T, H*D]
 // (strides [T*HD, D, HD, 1]); the statistics are [B, H, T, 1] fp32. Grouped-query
 // attention (G groups, rows per group [q_0 .. q_{H/G-1} | k | v]) has K and V with fewer
-// heads than Q, still views of the rows (Shape below has the three layouts).
+// heads than Q, still views of the rows (Shape below has the three layouts). Context
+// parallelism's p2p blocks are split graphs: Q from the qkv rows, K and V from the ring's
+// K/V buffer, a block of Tq query rows against Tkv key rows, causal or unmasked
+// (cudnn_block_forward / _backward).
 #include <cudnn_graph.h>
 
 #include <algorithm>

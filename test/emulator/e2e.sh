@@ -28,7 +28,8 @@
 #     cp          context parallelism on the device path (the CUDA block and merge ops, the
 #                 K/V ring over the emulated NCCL's cp group): mpirun -np 2 cp2 (p2p and
 #                 all_gather) and -np 4 cp2 x tp2 with sequence parallelism, fp32, every loss
-#                 and grad norm within 1e-5 of the single-process cuda run
+#                 and grad norm within 1e-5 of the single-process cuda run; and bf16 cp2 p2p
+#                 (cuDNN's fused blocks) within 2e-2 of the single-process bf16 cuda run
 #     graphs      training.enable_cuda_graph: micro batches replayed from CUDA graphs give
 #                 the eager cuda run's losses and grad norms bit for bit (fp32 with recompute
 #                 none and full, bf16, fp16 with loss scaling; the loss-mask path; hidden and
@@ -328,6 +329,16 @@ EOF
       mpi_train "$name" "$np" "${common[@]}" --set parallel.context_parallel_size=2 "$@"
       compare "$name" one 1e-5
     done
+    # bf16: the p2p ring's blocks are cuDNN's fused graphs (the banner says so), against one
+    # process's cuDNN attention, within the bf16 runs' bound
+    train one16 cuda bf16 "${common[@]}"
+    mpi_train cp2-bf16 2 "${common[@]}" --set parallel.context_parallel_size=2 --set training.precision=bf16
+    compare cp2-bf16 one16 2e-2
+    if grep -q "cuDNN's fused blocks" "$out/cp2-bf16.log"; then
+      echo "  cp2-bf16: cuDNN's fused blocks ok"
+    else
+      echo "  cp2-bf16: the banner does not say cuDNN's fused blocks FAILED"; fails=$((fails + 1))
+    fi
     ;;
   graphs)
     nodrop=(--set model.hidden_dropout=0 --set model.attention_dropout=0 --set data.eod_mask_loss=true
