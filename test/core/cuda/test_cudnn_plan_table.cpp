@@ -47,9 +47,8 @@ struct Problem {
 };
 
 // Every shipped recipe at its tp split: micro batch, sequence, local heads, head size. Left
-// out: the long-context recipes with context parallelism (their ranks attend in blocks,
-// which the CUDA path does not plan yet) and the mixture-of-experts ones (MoE layers do
-// not run on CUDA yet); the trainer refuses both on CUDA.
+// out: the long-context recipes with context parallelism (their ranks attend in blocks:
+// the group "cp", cp_problems below) and the mixture-of-experts ones.
 std::vector<Problem> recipe_problems() {
   std::vector<Problem> out;
   std::vector<std::filesystem::path> files;
