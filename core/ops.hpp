@@ -221,11 +221,12 @@ void attention_merge_backward(Tensor& dout_a, Tensor& dlse_a, Tensor& dout_b, Te
 // causal (the square diagonal) or unmasked. Unlike attention_block_forward only the
 // block's rows are WRITTEN: out's (the activation dtype) and lse's (f32); the backward,
 // from the whole attention's out and lse, WRITES the block's rows of the q columns of
-// dqkv and of dkv (the rest untouched). Whether cuDNN plans the ring's three blocks of L =
-// 2c local rows (the diagonal, L x c, c x L): attention_cp_blocks_fused_supported, false
-// off CUDA (`why` says).
+// dqkv and of dkv (the rest untouched). Whether cuDNN plans the blocks of L = 2c local rows
+// (gather_ranks 0: the p2p ring's diagonal, L x c, c x L; n: all_gather's over n ranks, a
+// chunk's c x c diagonal and its prefixes): attention_cp_blocks_fused_supported, false off
+// CUDA (`why` says).
 bool attention_cp_blocks_fused_supported(Device device, DType dt, int64_t B, int64_t L, int64_t heads, int64_t head_dim,
-                                         std::string* why, int64_t groups = 0);
+                                         std::string* why, int64_t groups = 0, int64_t gather_ranks = 0);
 void attention_block_fused_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const Tensor& kv, int64_t heads,
                                    const AttentionBlock& blk, int64_t groups = 0);
 void attention_block_fused_backward(Tensor& dqkv, Tensor& dkv, const Tensor& dout, const Tensor& qkv, const Tensor& kv,

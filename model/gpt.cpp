@@ -710,7 +710,7 @@ bool GptChunk::flash_for_call(const Pass& p) const {
 }
 
 // Context parallelism's blocks in cuDNN's fused form (docs/specs/cudnn-sdpa.md, "Blocks"):
-// on CUDA, bf16/fp16, the p2p ring (model.attention_backend is flash or auto with cp), no
+// on CUDA, bf16/fp16, p2p or all_gather (model.attention_backend is flash or auto with cp), no
 // attention dropout, and cuDNN planning the ring's blocks of B samples of L local rows (the plans
 // are cached); otherwise the blocks run unfused in f32. `why` says what refused it.
 bool GptChunk::cp_fused_for_call(int64_t B, int64_t L, double dropout_p, std::string* why) const {
@@ -719,8 +719,8 @@ bool GptChunk::cp_fused_for_call(int64_t B, int64_t L, double dropout_p, std::st
     no = "not on CUDA";
   else if (cfg_.dtype != DType::bf16 && cfg_.dtype != DType::f16)
     no = "the activations are " + to_string(cfg_.dtype);
-  else if (cfg_.cp_comm != CpCommType::p2p)
-    no = "cuDNN's blocks take the p2p ring only";
+  else if (cfg_.cp_comm != CpCommType::p2p && cfg_.cp_comm != CpCommType::all_gather)
+    no = "cuDNN's blocks take p2p or all_gather";
   else if (dropout_p > 0)
     no = "attention dropout";
   if (!no.empty()) {
@@ -728,7 +728,7 @@ bool GptChunk::cp_fused_for_call(int64_t B, int64_t L, double dropout_p, std::st
     return false;
   }
   return ops::attention_cp_blocks_fused_supported(dev_, cfg_.dtype, B, L, heads_local_, cfg_.head_dim(), why,
-                                                  groups_local_);
+                                                  groups_local_, cfg_.cp_comm == CpCommType::all_gather ? cp_ : 0);
 }
 
 void GptChunk::attention_core_forward(LayerActs& a, const Pass& p, int64_t layer) {

@@ -353,15 +353,16 @@ Dims dims_of(const char* op, const Tensor& qkv, const CpAttention& a, const CpEx
   if (H <= 0 || H % G != 0 || qkv.ndim() != 3 || qkv.dim(2) % (G * (H / G + 2)) != 0 || qkv.dim(1) % 2 != 0)
     throw_runtime("{}: qkv [B, L, G*(H/G+2)*D] with an even L, H % G == 0: got {} with {} heads in {} groups", op,
                   shape_str(qkv.shape()), H, G);
-  const bool fused_io =
-      a.fused && a.type == CpCommType::p2p && (qkv.dtype() == DType::bf16 || qkv.dtype() == DType::f16);
+  const bool fused_io = a.fused && (a.type == CpCommType::p2p || a.type == CpCommType::all_gather) &&
+                        (qkv.dtype() == DType::bf16 || qkv.dtype() == DType::f16);
   if (qkv.dtype() != DType::f32 && qkv.dtype() != DType::f64 && !fused_io)
     throw_runtime(
-        "{}: f32 or f64 tensors (the wide form of the activations; bf16/fp16 only for p2p with cuDNN's fused "
+        "{}: f32 or f64 tensors (the wide form of the activations; bf16/fp16 only for p2p or all_gather with cuDNN's "
+        "fused "
         "blocks), got {}",
         op, to_string(qkv.dtype()));
-  if (a.fused && (a.type != CpCommType::p2p || !fused_io || qkv.device() != Device::cuda || a.drop.p > 0))
-    throw_runtime("{}: cuDNN's fused blocks take the p2p ring on CUDA, bf16/fp16, without attention dropout", op);
+  if (a.fused && (!fused_io || qkv.device() != Device::cuda || a.drop.p > 0))
+    throw_runtime("{}: cuDNN's fused blocks take p2p or all_gather on CUDA, bf16/fp16, without attention dropout", op);
   if (qkv.device() != Device::cpu && (a.type == CpCommType::a2a || a.type == CpCommType::a2a_p2p))
     throw_runtime("{}: a2a and a2a+p2p run on the CPU only so far (p2p or all_gather on {})", op,
                   to_string(qkv.device()));
@@ -477,37 +478,54 @@ void p2p_fused_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const Dims& 
   ops::convert(out, acc);
 }
 
-// Its backward: each block's dQ (its rows' q columns) and dK/dV (its key rows) come out of
-// cuDNN in the activation dtype into zeroed scratch, and are added in f32: dQ over the
-// steps here, dK/dV in the f32 buffer that travels with the K/V back to its owner; the
-// final dqkv is rounded once.
+// The gradients of cuDNN's fused blocks summed in f32: a block WRITES its rows' dQ (q
+// columns) and dK/dV (its key rows) in the activation dtype, into scratch zeroed first,
+// which is then added to dq [B, L, W] and dkv (f32).
+class FusedGradSum {
+ public:
+  FusedGradSum(const Tensor& qkv, const Tensor& kv)
+      : dq_blk_(empty_like(qkv, qkv.shape())),
+        dkv_blk_(empty_like(kv, kv.shape())),
+        dq_w_(Tensor::empty(qkv.shape(), DType::f32, qkv.device())),
+        dkv_w_(Tensor::empty(kv.shape(), DType::f32, kv.device())) {}
+  void add(Tensor& dq, Tensor& dkv, const Tensor& dout, const Tensor& qkv, const Tensor& kv, const Tensor& out,
+           const Tensor& lse, const Dims& d, const ops::AttentionBlock& b) {
+    ops::fill(dq_blk_, 0.0);
+    ops::fill(dkv_blk_, 0.0);
+    ops::attention_block_fused_backward(dq_blk_, dkv_blk_, dout, qkv, kv, out, lse, d.H, b, d.G);
+    ops::convert(dq_w_, dq_blk_);
+    ops::add_inplace(dq, dq_w_);
+    ops::convert(dkv_w_, dkv_blk_);
+    ops::add_inplace(dkv, dkv_w_);
+  }
+
+ private:
+  Tensor dq_blk_, dkv_blk_, dq_w_, dkv_w_;
+};
+
+Tensor f32_zeros(const Shape& s, Device dev) {
+  Tensor t = Tensor::empty(s, DType::f32, dev);
+  ops::fill(t, 0.0);
+  return t;
+}
+
+// Its backward: every block is handed the final out and lse; dQ summed over the steps and
+// dK/dV in an f32 buffer that travels with the K/V back to its owner, as p2p_backward's;
+// the final dqkv rounded once.
 void p2p_fused_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
                         const Dims& d, CpExchange& ex) {
-  const Device dev = qkv.device();
   Tensor kv = kv_of(qkv, d);
-  Tensor dq = Tensor::empty(qkv.shape(), DType::f32, dev), dkv = Tensor::empty(kv.shape(), DType::f32, dev);
-  ops::fill(dq, 0.0);
-  ops::fill(dkv, 0.0);
-  Tensor dq_blk = empty_like(qkv, qkv.shape()), dkv_blk = empty_like(kv, kv.shape());
-  Tensor dq_w = Tensor::empty(qkv.shape(), DType::f32, dev), dkv_w = Tensor::empty(kv.shape(), DType::f32, dev);
-  auto block = [&](int64_t s) {
-    ops::fill(dq_blk, 0.0);
-    ops::fill(dkv_blk, 0.0);
-    ops::attention_block_fused_backward(dq_blk, dkv_blk, dout, qkv, kv, out, lse, d.H, ring_block(s, d), d.G);
-    ops::convert(dq_w, dq_blk);
-    ops::add_inplace(dq, dq_w);
-    ops::convert(dkv_w, dkv_blk);
-    ops::add_inplace(dkv, dkv_w);
-  };
-  block(d.r);
+  Tensor dq = f32_zeros(qkv.shape(), qkv.device()), dkv = f32_zeros(kv.shape(), qkv.device());
+  FusedGradSum sum(qkv, kv);
+  sum.add(dq, dkv, dout, qkv, kv, out, lse, d, ring_block(d.r, d));
   if (d.n > 1) {
     Tensor next = empty_like(kv, kv.shape()), dnext = empty_like(dkv, dkv.shape());
-    for (int64_t i = 1; i < d.n; ++i) {  // as p2p_backward: dK/dV travel with their K/V
+    for (int64_t i = 1; i < d.n; ++i) {
       ex.shift(kv, next, 1);
       ex.shift(dkv, dnext, 1);
       std::swap(kv, next);
       std::swap(dkv, dnext);
-      block((d.r - i + d.n) % d.n);
+      sum.add(dq, dkv, dout, qkv, kv, out, lse, d, ring_block((d.r - i + d.n) % d.n, d));
     }
     ex.shift(dkv, dnext, 1);  // home
     std::swap(dkv, dnext);
@@ -559,6 +577,59 @@ void all_gather_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, co
   }
   ex.reduce_scatter(blocks, dkv);
   put_kv(dqkv, dkv, d);
+}
+
+// all_gather with cuDNN's fused blocks: local chunk `half` (chunk k of the sequence)
+// against the gathered K/V as its c x c causal diagonal (key rows k c ..) and, for k > 0,
+// the unmasked c x k c prefix before it: prefix_block's causal prefix in two graphs cuDNN
+// plans, whose results are merged as the ring's.
+ops::AttentionBlock gather_fused_block(int64_t half, bool diagonal, const Dims& d) {
+  const int64_t k = half == 0 ? d.r : 2 * d.n - 1 - d.r;
+  ops::AttentionBlock b;
+  b.q_begin = half * d.c;
+  b.q_count = d.c;
+  b.k_begin = diagonal ? k * d.c : 0;
+  b.k_count = diagonal ? d.c : k * d.c;
+  b.causal = diagonal;
+  return b;
+}
+
+// Every block writes its own rows: the two diagonals fill out and lse, the two prefixes a
+// second pair (rank 0's first chunk has none: lse -inf there), merged once in f32.
+void all_gather_fused_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const Dims& d, CpExchange& ex) {
+  const Tensor kv = gather_kv(qkv, d, ex);
+  Tensor part = empty_like(out, out.shape()), part_lse = empty_like(lse, lse.shape());
+  for (int64_t half : {0, 1})
+    ops::attention_block_fused_forward(part, lse, qkv, kv, d.H, gather_fused_block(half, true, d), d.G);
+  Tensor acc = Tensor::empty(out.shape(), DType::f32, out.device());
+  ops::convert(acc, part);
+  ops::fill(part_lse, -std::numeric_limits<double>::infinity());
+  for (int64_t half : {0, 1})
+    if (gather_fused_block(half, false, d).k_count > 0)
+      ops::attention_block_fused_forward(part, part_lse, qkv, kv, d.H, gather_fused_block(half, false, d), d.G);
+  ops::attention_merge_forward(acc, lse, acc, lse, part, part_lse);
+  ops::convert(out, acc);
+}
+
+// Its backward: the blocks' gradients summed in f32 (dK/dV over the whole sequence's
+// rows), reduce-scattered in f32 as all_gather_backward's, dqkv rounded once.
+void all_gather_fused_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                               const Tensor& lse, const Dims& d, CpExchange& ex) {
+  const Tensor kv = gather_kv(qkv, d, ex);
+  Tensor dq = f32_zeros(qkv.shape(), qkv.device()), dkv_all = f32_zeros(kv.shape(), qkv.device());
+  FusedGradSum sum(qkv, kv);
+  for (int64_t half : {0, 1})
+    for (bool diagonal : {true, false})
+      if (const ops::AttentionBlock b = gather_fused_block(half, diagonal, d); b.k_count > 0)
+        sum.add(dq, dkv_all, dout, qkv, kv, out, lse, d, b);
+  Tensor blocks = empty_like(dkv_all, {d.n * d.B, d.L, d.KW}), dkv = empty_like(dkv_all, {d.B, d.L, d.KW});
+  for (int64_t j = 0; j < d.n; ++j) {  // rank j's rows of the gradient, in rank order
+    Tensor dst = blocks.rows(j * d.B, d.B);
+    ops::copy(dst, cp_split(dkv_all, d.n, j));
+  }
+  ex.reduce_scatter(blocks, dkv);
+  put_kv(dq, dkv, d);
+  ops::convert(dqkv, dq);
 }
 
 // a2a: x [B, L, w] of this rank's rows -> [B, m L, w / m] of the rows of the m ranks of its
@@ -732,7 +803,9 @@ void cp_attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const CpA
   if (out.numel() != d.B * d.L * d.H * d.D) throw_runtime("{}: out must be [B, L, H*D]", op);
   switch (a.type) {
     case CpCommType::p2p: return a.fused ? p2p_fused_forward(out, lse, qkv, d, ex) : p2p_forward(out, lse, qkv, d, ex);
-    case CpCommType::all_gather: return all_gather_forward(out, lse, qkv, d, ex);
+    case CpCommType::all_gather:
+      if (a.fused) return all_gather_fused_forward(out, lse, qkv, d, ex);
+      return all_gather_forward(out, lse, qkv, d, ex);
     case CpCommType::a2a: return a2a_forward(out, lse, qkv, d, ex);
     case CpCommType::a2a_p2p: return a2a_p2p_forward(out, lse, qkv, d, a2a_size(a, d), ex);
   }
@@ -751,7 +824,9 @@ void cp_attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, 
     case CpCommType::p2p:
       if (a.fused) return p2p_fused_backward(dqkv, dout, qkv, out, lse, d, ex);
       return p2p_backward(dqkv, dout, qkv, out, lse, d, ex);
-    case CpCommType::all_gather: return all_gather_backward(dqkv, dout, qkv, out, lse, d, ex);
+    case CpCommType::all_gather:
+      if (a.fused) return all_gather_fused_backward(dqkv, dout, qkv, out, lse, d, ex);
+      return all_gather_backward(dqkv, dout, qkv, out, lse, d, ex);
     case CpCommType::a2a: return a2a_backward(dqkv, dout, qkv, out, lse, d, ex);
     case CpCommType::a2a_p2p: return a2a_p2p_backward(dqkv, dout, qkv, out, lse, d, a2a_size(a, d), ex);
   }

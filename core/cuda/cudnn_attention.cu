@@ -978,23 +978,38 @@ void cudnn_block_backward(Tensor& dq, Tensor& dkv, const Tensor& dout, const Ten
   }
 }
 
-bool fused_cp_blocks_supported(DType dt, int64_t B, int64_t L, int64_t H, int64_t D, std::string* why, int64_t groups) {
+std::vector<SdpaGraph> cp_block_graphs(DType dt, int64_t B, int64_t L, int64_t H, int64_t D, int64_t groups,
+                                       int64_t gather_ranks) {
+  const int64_t c = L / 2, n = gather_ranks, Lk = n > 0 ? n * L : L;
+  // (queries, keys, causal): p2p's diagonal, L x c and c x L; all_gather's chunk diagonal
+  // and the prefixes of 1 .. 2n-1 chunks before a chunk
+  std::vector<std::tuple<int64_t, int64_t, bool>> blocks{{L, L, true}, {L, c, false}, {c, L, false}};
+  if (n > 0) {
+    blocks = {{c, c, true}};
+    for (int64_t k = 1; k < 2 * n; ++k) blocks.emplace_back(c, k * c, false);
+  }
+  std::vector<SdpaGraph> out;
+  for (bool forward : {true, false})
+    for (const auto& [tq, tk, causal] : blocks) {
+      SdpaGraph g;
+      g.split = true, g.forward = forward, g.dt = dt;
+      g.B = B, g.T = tq, g.Tkv = tk, g.H = H, g.G = groups, g.D = D, g.causal = causal;
+      g.q_rows = L, g.kv_rows = Lk;
+      g.deterministic = deterministic_attention();
+      out.push_back(g);
+    }
+  return out;
+}
+
+bool fused_cp_blocks_supported(DType dt, int64_t B, int64_t L, int64_t H, int64_t D, std::string* why, int64_t groups,
+                               int64_t gather_ranks) {
   std::lock_guard<std::mutex> lock(library().mu);
   const int64_t G = groups <= 0 ? H : groups, c = L / 2;
   try {
     if (H % G != 0) throw Refused(fmt::format("{} heads do not split into {} query groups", H, G));
     if (L % 2 != 0 || c % 4 != 0)
       throw Refused(fmt::format("{} local rows: a chunk of {} is no multiple of 4 (the statistics' alignment)", L, c));
-    for (bool forward : {true, false})
-      for (const auto& [tq, tk, causal] :
-           {std::tuple<int64_t, int64_t, bool>{L, L, true}, {L, c, false}, {c, L, false}}) {
-        SdpaGraph g;
-        g.split = true, g.forward = forward, g.dt = dt;
-        g.B = B, g.T = tq, g.Tkv = tk, g.H = H, g.G = groups, g.D = D, g.causal = causal;
-        g.q_rows = g.kv_rows = L;
-        g.deterministic = deterministic_attention();
-        plan_for(g);
-      }
+    for (const SdpaGraph& g : cp_block_graphs(dt, B, L, H, D, groups, gather_ranks)) plan_for(g);
     return true;
   } catch (const Refused& e) {
     if (why) *why = e.what();

@@ -10,6 +10,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "core/ops.hpp"
 #include "core/tensor.hpp"
@@ -121,11 +122,16 @@ void cudnn_block_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const Tens
 void cudnn_block_backward(Tensor& dq, Tensor& dkv, const Tensor& dout, const Tensor& qkv, const Tensor& kv,
                           const Tensor& out, const Tensor& lse, int64_t heads, const ops::AttentionBlock& blk,
                           int64_t groups = 0);
-// Whether cuDNN plans the three blocks of a p2p ring over L = 2c local rows (the diagonal
-// L x L causal, L x c and c x L unmasked), forward and backward with this process's
-// backward algorithm; `why` says what refused it when not.
+// The graphs of context parallelism's blocks over L = 2c local rows, forward and backward
+// with this process's backward algorithm: gather_ranks 0, the p2p ring's three (the
+// diagonal L x L causal, L x c and c x L unmasked, buffers of L rows); n, all_gather's over
+// n ranks (a chunk's c x c causal diagonal and the unmasked c x kc prefixes, k = 1 ..
+// 2n-1, against the gathered K/V of nL rows).
+std::vector<SdpaGraph> cp_block_graphs(DType dt, int64_t B, int64_t L, int64_t H, int64_t D, int64_t groups,
+                                       int64_t gather_ranks);
+// Whether cuDNN plans every one of them; `why` says what refused it when not.
 bool fused_cp_blocks_supported(DType dt, int64_t B, int64_t L, int64_t H, int64_t D, std::string* why,
-                               int64_t groups = 0);
+                               int64_t groups = 0, int64_t gather_ranks = 0);
 
 // "cuDNN 9.19.0 (libcudnn.so.9)" or why it did not load; `library` as for plan_offline.
 std::string cudnn_description(const std::string& library = "");

@@ -760,15 +760,15 @@ void attention_cached_forward(Tensor& out, Tensor& k_cache, Tensor& v_cache, con
 }
 
 bool attention_cp_blocks_fused_supported(Device device, DType dt, int64_t B, int64_t L, int64_t heads, int64_t head_dim,
-                                         std::string* why, int64_t groups) {
+                                         std::string* why, int64_t groups, int64_t gather_ranks) {
   if (device != Device::cuda) {
     if (why) *why = "cuDNN's fused blocks run on CUDA only";
     return false;
   }
 #ifdef MTNLG_HAVE_CUDA
-  return cuda::fused_cp_blocks_supported(dt, B, L, heads, head_dim, why, groups);
+  return cuda::fused_cp_blocks_supported(dt, B, L, heads, head_dim, why, groups, gather_ranks);
 #else
-  (void)dt, (void)B, (void)L, (void)heads, (void)head_dim, (void)groups;
+  (void)dt, (void)B, (void)L, (void)heads, (void)head_dim, (void)groups, (void)gather_ranks;
   if (why) *why = "a build without CUDA";
   return false;
 #endif

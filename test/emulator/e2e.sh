@@ -29,7 +29,8 @@
 #                 K/V ring over the emulated NCCL's cp group): mpirun -np 2 cp2 (p2p and
 #                 all_gather) and -np 4 cp2 x tp2 with sequence parallelism, fp32, every loss
 #                 and grad norm within 1e-5 of the single-process cuda run; and bf16 cp2 p2p
-#                 (cuDNN's fused blocks) within 2e-2 of the single-process bf16 cuda run
+#                 and all_gather (cuDNN's fused blocks) within 2e-2 of the single-process
+#                 bf16 cuda run
 #     graphs      training.enable_cuda_graph: micro batches replayed from CUDA graphs give
 #                 the eager cuda run's losses and grad norms bit for bit (fp32 with recompute
 #                 none and full, bf16, fp16 with loss scaling; the loss-mask path; hidden and
@@ -332,13 +333,16 @@ EOF
     # bf16: the p2p ring's blocks are cuDNN's fused graphs (the banner says so), against one
     # process's cuDNN attention, within the bf16 runs' bound
     train one16 cuda bf16 "${common[@]}"
-    mpi_train cp2-bf16 2 "${common[@]}" --set parallel.context_parallel_size=2 --set training.precision=bf16
-    compare cp2-bf16 one16 2e-2
-    if grep -q "cuDNN's fused blocks" "$out/cp2-bf16.log"; then
-      echo "  cp2-bf16: cuDNN's fused blocks ok"
-    else
-      echo "  cp2-bf16: the banner does not say cuDNN's fused blocks FAILED"; fails=$((fails + 1))
-    fi
+    for type in p2p all_gather; do
+      mpi_train "cp2-bf16-$type" 2 "${common[@]}" --set parallel.context_parallel_size=2 \
+        --set parallel.cp_comm_type=$type --set training.precision=bf16
+      compare "cp2-bf16-$type" one16 2e-2
+      if grep -q "cuDNN's fused blocks" "$out/cp2-bf16-$type.log"; then
+        echo "  cp2-bf16-$type: cuDNN's fused blocks ok"
+      else
+        echo "  cp2-bf16-$type: the banner does not say cuDNN's fused blocks FAILED"; fails=$((fails + 1))
+      fi
+    done
     ;;
   graphs)
     nodrop=(--set model.hidden_dropout=0 --set model.attention_dropout=0 --set data.eod_mask_loss=true

@@ -1,4 +1,4 @@
-// Context parallelism's p2p ring with cuDNN's fused blocks (parallel/context_parallel.hpp,
+// Context parallelism's p2p ring and all_gather with cuDNN's fused blocks (parallel/context_parallel.hpp,
 // CpAttention::fused; docs/specs/cudnn-sdpa.md "Blocks"): bf16 on CUDA, cp 2 and 4 in
 // process (and 1: the diagonal alone), multi-head, grouped-query and multi-query, against the one-rank cuDNN attention
 // (ops::attention_forward_lse / attention_backward_lse on the whole sequence): out, lse
@@ -24,23 +24,31 @@ using parallel::CpExchange;
 namespace {
 
 // The in-process exchange with device tensors: staged through the host (the trainer's NCCL
-// moves device memory itself). The ring uses shift only.
+// moves device memory itself).
 class HostStaged final : public CpExchange {
  public:
   explicit HostStaged(CpExchange& in) : in_(in) {}
   int64_t rank() const override { return in_.rank(); }
   int64_t size() const override { return in_.size(); }
   void shift(const Tensor& send, Tensor& recv, int64_t k) override {
-    const Tensor s = send.to(Device::cpu);
-    Tensor r = Tensor::empty(recv.shape(), recv.dtype());
-    in_.shift(s, r, k);
-    ops::copy(recv, r.to(recv.device()));
+    staged(send, recv, [&](auto& i, auto& o) { in_.shift(i, o, k); });
   }
-  void all_gather(const Tensor&, Tensor&) override { FAIL("the ring does not gather"); }
-  void reduce_scatter(const Tensor&, Tensor&) override { FAIL("the ring does not reduce-scatter"); }
-  void all_to_all(const Tensor&, Tensor&, int64_t) override { FAIL("the ring does not all-to-all"); }
+  void all_gather(const Tensor& in, Tensor& out) override {
+    staged(in, out, [&](auto& i, auto& o) { in_.all_gather(i, o); });
+  }
+  void reduce_scatter(const Tensor& in, Tensor& out) override {
+    staged(in, out, [&](auto& i, auto& o) { in_.reduce_scatter(i, o); });
+  }
+  void all_to_all(const Tensor&, Tensor&, int64_t) override { FAIL("p2p and all_gather do not all-to-all"); }
 
  private:
+  template <typename F>
+  void staged(const Tensor& in, Tensor& out, F&& f) {
+    const Tensor i = in.to(Device::cpu);
+    Tensor o = Tensor::empty(out.shape(), out.dtype());
+    f(i, o);
+    ops::copy(out, o.to(out.device()));
+  }
   CpExchange& in_;
 };
 
@@ -114,7 +122,7 @@ Result fused_ring(const Tensor& qkv, const Tensor& dout, int64_t cp, const CpAtt
 // cp 1: the diagonal block alone. The bound is the op table's for bf16 against its reference (kRtolLow, 1e-2 of the
 // tensor's largest value): out and dqkv are each rounded to bf16 once, from f32 sums in a
 // different order; lse stays f32 on both sides (1e-5).
-TEST_CASE("cp p2p ring with cuDNN's fused blocks equals the one-rank cuDNN attention (bf16)", "[gpu][cp]") {
+TEST_CASE("cp p2p and all_gather with cuDNN's fused blocks equal the one-rank cuDNN attention (bf16)", "[gpu][cp]") {
   if (!test::gpu_ready()) return;
   const int64_t cp = GENERATE(1, 2, 4);
   const auto hg = GENERATE(values<std::pair<int64_t, int64_t>>({{4, 4}, {4, 2}, {4, 1}}));
@@ -125,14 +133,19 @@ TEST_CASE("cp p2p ring with cuDNN's fused blocks equals the one-rank cuDNN atten
   std::mt19937_64 g(static_cast<uint64_t>(31 * cp + G));
   const Tensor qkv = randn({B, T, W}, DType::bf16, g), dout = randn({B, T, H * D}, DType::bf16, g);
   const Result ref = one_rank(qkv, dout, H, G);
-  CpAttention a{H, G, CpCommType::p2p};
-  a.fused = true;
-  const Result r = fused_ring(qkv, dout, cp, a);
-  const double d_out = rel(r.out, ref.out), d_lse = rel(r.lse, ref.lse), d_dqkv = rel(r.dqkv, ref.dqkv);
-  INFO("out " << d_out << " lse " << d_lse << " dqkv " << d_dqkv);
-  CHECK(d_out <= test::kRtolLow);
-  CHECK(d_lse <= 1e-5);
-  CHECK(d_dqkv <= test::kRtolLow);
+  for (CpCommType type : {CpCommType::p2p, CpCommType::all_gather}) {
+    REQUIRE(ops::attention_cp_blocks_fused_supported(Device::cuda, DType::bf16, B, T / cp, H, D, &why, G,
+                                                     type == CpCommType::all_gather ? cp : 0));
+    CpAttention a{H, G, type};
+    a.fused = true;
+    const Result r = fused_ring(qkv, dout, cp, a);
+    const double d_out = rel(r.out, ref.out), d_lse = rel(r.lse, ref.lse), d_dqkv = rel(r.dqkv, ref.dqkv);
+    INFO((type == CpCommType::p2p ? "p2p" : "all_gather")
+         << ": out " << d_out << " lse " << d_lse << " dqkv " << d_dqkv);
+    CHECK(d_out <= test::kRtolLow);
+    CHECK(d_lse <= 1e-5);
+    CHECK(d_dqkv <= test::kRtolLow);
+  }
 }
 
 TEST_CASE("cp fused blocks refuse what they do not take", "[gpu][cp]") {
@@ -154,6 +167,6 @@ TEST_CASE("cp fused blocks refuse what they do not take", "[gpu][cp]") {
                                                Tensor lse = Tensor::empty({1, 2, 16}, DType::f32, Device::cuda);
                                                parallel::cp_attention_forward(out, lse, qkv, a, ex);
                                              }),
-                    Catch::Contains("cuDNN's fused blocks take the p2p ring"));
+                    Catch::Contains("cuDNN's fused blocks take p2p or all_gather"));
 }
 #endif

@@ -99,19 +99,24 @@ std::vector<Problem> gqa_problems() {
           {"test: llama on the GPU", 3, 128, 4, 128, 1}};
 }
 
-// Context parallelism's p2p ring on CUDA (docs/specs/cudnn-sdpa.md, "Blocks"): B samples
-// of L = 2c local rows per rank, H local heads in G groups of head size D. Its blocks: the
-// diagonal (L x L causal), a lower rank's first chunk (L x c, no mask), the second chunk's
-// queries against a higher rank's K/V (c x L, no mask). The recipes with context
-// parallelism (Llama 3 8B 32k at tp 4 cp 2, 128k at tp 8 cp 8), GPT-2 124M's heads at cp 2
-// of 2048 and the shapes the cp tests run on the emulator.
-std::vector<Problem> cp_problems() {
-  return {{"llama3-8b-32k.yaml (cp 2)", 1, 16384, 8, 128, 2},
-          {"llama3-8b-128k.yaml (cp 8)", 1, 16384, 4, 128, 1},
-          {"GPT-2 124M heads, cp 2 of 2048", 1, 1024, 12, 64},
-          {"test: cp blocks", 2, 8, 2, 8},
-          {"test: cp blocks GQA", 2, 8, 4, 8, 2},
-          {"test: cp blocks MQA", 1, 16, 4, 16, 1}};
+// Context parallelism on CUDA (docs/specs/cudnn-sdpa.md, "Blocks"): B samples of L = 2c
+// local rows per rank of `cp`, H local heads in G groups of head size D. The p2p ring's
+// blocks: the diagonal (L x L causal), a lower rank's first chunk (L x c, no mask), the
+// second chunk's queries against a higher rank's K/V (c x L, no mask); all_gather's: a
+// chunk's c x c causal diagonal and the c x kc prefixes before it (k < 2 cp) against the
+// gathered K/V. The recipes with context parallelism (Llama 3 8B 32k at tp 4 cp 2, 128k at
+// tp 8 cp 8), GPT-2 124M's heads at cp 2 of 2048 and the shapes the cp tests run.
+struct CpProblem {
+  std::string from;
+  int64_t B, L, H, D, G, cp;
+};
+std::vector<CpProblem> cp_problems() {
+  return {{"llama3-8b-32k.yaml (cp 2)", 1, 16384, 8, 128, 2, 2},
+          {"llama3-8b-128k.yaml (cp 8)", 1, 16384, 4, 128, 1, 8},
+          {"GPT-2 124M heads, cp 2 of 2048", 1, 1024, 12, 64, 0, 2},
+          {"test: cp blocks", 2, 8, 2, 8, 0, 4},
+          {"test: cp blocks GQA", 2, 8, 4, 8, 2, 4},
+          {"test: cp blocks MQA", 1, 16, 4, 16, 1, 2}};
 }
 
 struct Case {
@@ -134,30 +139,23 @@ std::string describe(const SdpaGraph& g) {
   return s;
 }
 
-// The p2p ring's three blocks of every cp problem, forward and both backwards, bf16 and
-// fp16 (bf16 only when grouped), p 0 (the blocks take no dropout).
+// Every cp problem's blocks (cuda::cp_block_graphs: the graphs the training calls plan)
+// for p2p and all_gather, forward and both backwards, bf16 and fp16 (bf16 only when
+// grouped), p 0 (the blocks take no dropout).
 std::vector<Case> cp_cases() {
   std::vector<Case> cases;
-  for (const Problem& pr : cp_problems()) {
+  for (const CpProblem& pr : cp_problems()) {
     const bool grouped = pr.G > 0 && pr.G != pr.H;
-    const int64_t L = pr.T, c = pr.T / 2;
-    // (queries, keys, causal): the diagonal, a lower rank's, a higher rank's
-    const std::tuple<int64_t, int64_t, bool> blocks[] = {{L, L, true}, {L, c, false}, {c, L, false}};
     for (DType dt : {DType::bf16, DType::f16})
-      for (const auto& [tq, tk, causal] : blocks)
-        for (int kind = 0; kind < 3; ++kind) {
+      for (int64_t gather : {int64_t{0}, pr.cp})
+        for (bool det : {false, true}) {
           if (grouped && dt != DType::bf16) continue;
-          SdpaGraph g;
-          g.split = true;
-          g.forward = kind == 0;
-          g.deterministic = kind == 2;
-          g.dt = dt;
-          g.B = pr.B, g.T = tq, g.Tkv = tk, g.H = pr.H, g.D = pr.D, g.G = pr.G;
-          g.causal = causal;
-          g.q_rows = g.kv_rows = L;
-          cases.push_back({pr.from, g});
+          cuda::set_deterministic_attention(det);
+          for (const SdpaGraph& g : cuda::cp_block_graphs(dt, pr.B, pr.L, pr.H, pr.D, pr.G, gather))
+            if (det == false || !g.forward) cases.push_back({pr.from + (gather ? " all_gather" : " p2p"), g});
         }
   }
+  cuda::set_deterministic_attention(false);
   return cases;
 }
 
