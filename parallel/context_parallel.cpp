@@ -356,11 +356,8 @@ Dims dims_of(const char* op, const Tensor& qkv, const CpAttention& a, const CpEx
   const bool fused_io = a.fused && (a.type == CpCommType::p2p || a.type == CpCommType::all_gather) &&
                         (qkv.dtype() == DType::bf16 || qkv.dtype() == DType::f16);
   if (qkv.dtype() != DType::f32 && qkv.dtype() != DType::f64 && !fused_io)
-    throw_runtime(
-        "{}: f32 or f64 tensors (the wide form of the activations; bf16/fp16 only for p2p or all_gather with cuDNN's "
-        "fused "
-        "blocks), got {}",
-        op, to_string(qkv.dtype()));
+    throw_runtime("{}: f32 or f64 tensors (the activations' wide form; bf16/fp16 with cuDNN's fused blocks), got {}",
+                  op, to_string(qkv.dtype()));
   if (a.fused && (!fused_io || qkv.device() != Device::cuda || a.drop.p > 0))
     throw_runtime("{}: cuDNN's fused blocks take p2p or all_gather on CUDA, bf16/fp16, without attention dropout", op);
   if (qkv.device() != Device::cpu && (a.type == CpCommType::a2a || a.type == CpCommType::a2a_p2p))
