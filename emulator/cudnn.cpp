@@ -22,7 +22,7 @@
 // the right extent and aligned as declared; the by-value scalars from host memory; a
 // workspace of the plan's size) and runs ops::attention_forward_lse /
 // attention_backward_lse (with the graph's key/value heads as the op's groups), or for an
-// unmasked graph ops::attention_block_forward / _backward, on CPU copies gathered by the
+// unmasked or split graph ops::attention_block_forward / _backward, on CPU copies gathered by the
 // tensors' strides. The dropout mask is the CPU op's Philox draw at
 // index offset + ((b*H + h)*T + i)*T + j (not cuDNN's generator: not modelled).
 // Fault injection: MTNLG_EMU_CUDNN_FAIL=plans makes every plan's finalize answer
