@@ -208,7 +208,9 @@ void attention_block_backward(Tensor& dqkv, Tensor& dkv, const Tensor& dout, con
 // Attention over two disjoint key sets from each one's output (activation dtype) and
 // log-sum-exp (wide), computed in the wide dtype: lse = log(exp(lse_a) + exp(lse_b)), out = exp(lse_a - lse) out_a + exp(lse_b - lse)
 // out_b, per (sample, head, row); a row with both lse -inf gets out 0, lse -inf. out [B, T,
-// H*D], lse [B, H, T]; out/lse may alias out_a/lse_a (merging in place).
+// H*D], lse [B, H, T]; out/lse may alias out_a/lse_a (merging in place). out and out_a may
+// be f32 with out_b bf16/f16 (a block of cuDNN's fused form merged into a wide accumulator:
+// out_b read widened).
 void attention_merge_forward(Tensor& out, Tensor& lse, const Tensor& out_a, const Tensor& lse_a, const Tensor& out_b,
                              const Tensor& lse_b);
 // Its gradient (all written): with w_x = exp(lse_x - lse), dout_x = w_x dout and dlse_x =
@@ -216,6 +218,24 @@ void attention_merge_forward(Tensor& out, Tensor& lse, const Tensor& out_a, cons
 void attention_merge_backward(Tensor& dout_a, Tensor& dlse_a, Tensor& dout_b, Tensor& dlse_b, const Tensor& dout,
                               const Tensor* dlse, const Tensor& out_a, const Tensor& lse_a, const Tensor& out_b,
                               const Tensor& lse_b);
+
+// The p2p ring's blocks in cuDNN's fused form (CUDA, bf16/fp16, no dropout;
+// core/cuda/cudnn_attention.hpp, docs/specs/cudnn-sdpa.md "Blocks"): the query rows
+// blk.q_* of qkv [B, L, G*(H/G+2)*D] against the key rows blk.k_* of kv [B, Lk, G*2*D],
+// causal (the square diagonal) or unmasked. Unlike attention_block_forward only the
+// block's rows are WRITTEN: out's (the activation dtype) and lse's (f32); the backward,
+// from the whole attention's out and lse, WRITES the block's rows of the q columns of
+// dqkv and of dkv (the rest untouched). Whether cuDNN plans the blocks of L = 2c local rows
+// (gather_ranks 0: the p2p ring's diagonal, L x c, c x L; n: all_gather's over n ranks, a
+// chunk's c x c diagonal and its prefixes): attention_cp_blocks_fused_supported, false off
+// CUDA (`why` says).
+bool attention_cp_blocks_fused_supported(Device device, DType dt, int64_t B, int64_t L, int64_t heads, int64_t head_dim,
+                                         std::string* why, int64_t groups = 0, int64_t gather_ranks = 0);
+void attention_block_fused_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const Tensor& kv, int64_t heads,
+                                   const AttentionBlock& blk, int64_t groups = 0);
+void attention_block_fused_backward(Tensor& dqkv, Tensor& dkv, const Tensor& dout, const Tensor& qkv, const Tensor& kv,
+                                    const Tensor& out, const Tensor& lse, int64_t heads, const AttentionBlock& blk,
+                                    int64_t groups = 0);
 
 // The K/V buffer of a context-parallel exchange (parallel/context_parallel.cpp): kv [B, T,
 // G*2*D] = the k and v columns of every group of qkv [B, T, G*(H/G+2)*D], per group [k | v]

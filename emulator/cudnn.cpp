@@ -6,7 +6,8 @@
 // descriptor must be finalized before it is used as another's attribute, and is frozen
 // after. An operation graph is recognised when its operations are, in order, one of the
 // two fused-attention patterns of docs/specs/cudnn-sdpa.md (forward, backward; each with
-// or without dropout; the backward with or without the fp32 dQ accumulator, and, when K
+// or without dropout; each causal, or without the mask's four operations: context
+// parallelism's unmasked blocks, Tq queries against Tkv keys; the backward with or without the fp32 dQ accumulator, and, when K
 // and V have fewer heads than Q (grouped-query attention), with dK and dV summed over each
 // group's query heads) with P handed to the second matmul in the I/O type. The heuristic, for the device of the handle (the
 // emulated GPU, sm90) or of a device-property descriptor (cuDNN >= 9.8's offline
@@ -20,8 +21,9 @@
 // Execution reads the variant pack (every non-virtual tensor's pointer, device memory of
 // the right extent and aligned as declared; the by-value scalars from host memory; a
 // workspace of the plan's size) and runs ops::attention_forward_lse /
-// attention_backward_lse (with the graph's key/value heads as the op's groups) on CPU
-// copies gathered by the tensors' strides. The dropout mask is the CPU op's Philox draw at
+// attention_backward_lse (with the graph's key/value heads as the op's groups), or for an
+// unmasked or split graph ops::attention_block_forward / _backward, on CPU copies gathered by the
+// tensors' strides. The dropout mask is the CPU op's Philox draw at
 // index offset + ((b*H + h)*T + i)*T + j (not cuDNN's generator: not modelled).
 // Fault injection: MTNLG_EMU_CUDNN_FAIL=plans makes every plan's finalize answer
 // CUDNN_STATUS_NOT_SUPPORTED (a cuDNN that takes none of these graphs).
@@ -65,6 +67,7 @@ struct Pattern {  // a recognised fused-attention graph
   bool forward = false, dropout = false, accumulator = false;
   bool grouped = false;  // the backward sums dK and dV over each group's query heads
   bool probs_io = true;  // P reaches the second matmul in the I/O type
+  bool causal = true;    // the causal mask; false: a block without one (context parallelism)
   double keep = 1;
   // The roles' tensors (descriptors of the graph's non-virtual tensors).
   const Desc *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr, *stats = nullptr, *dout = nullptr, *dq = nullptr,
@@ -176,14 +179,14 @@ std::string token(const Desc& op) {
 }
 
 const char* const kCausal = " index2 index3 ge select";
-std::string fwd_tokens(bool dropout) {
-  return std::string("mm mul") + kCausal + " red:max sub exp red:add log add div" + (dropout ? " rng mul mul" : "") +
-         " mm";
+std::string fwd_tokens(bool dropout, bool causal) {
+  return std::string("mm mul") + (causal ? kCausal : "") + " red:max sub exp red:add log add div" +
+         (dropout ? " rng mul mul" : "") + " mm";
 }
 // `grouped`: dV and dK per query head, then a sum over the group's heads (red:add).
-std::string bwd_tokens(bool dropout, bool acc, bool grouped) {
+std::string bwd_tokens(bool dropout, bool acc, bool grouped, bool causal) {
   const char* sum = grouped ? " red:add" : "";
-  return std::string(dropout ? "rng " : "") + "mul red:add mul mm mul" + kCausal + " sub exp" +
+  return std::string(dropout ? "rng " : "") + "mul red:add mul mm mul" + (causal ? kCausal : "") + " sub exp" +
          (dropout ? " mul mul" : "") + " reshape mm" + sum + " mm mul sub mul" + (dropout ? " mul" : "") +
          " mul reshape mm" + sum + " reshape mm" + (acc ? " id" : "");
 }
@@ -210,24 +213,28 @@ bool recognise(const std::vector<const Desc*>& ops, Pattern& p) {
     if (o->type == CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR) mms.push_back(o);
     if (o->type == CUDNN_BACKEND_OPERATION_RNG_DESCRIPTOR) rng = o;
   }
-  for (bool drop : {false, true}) {
-    if (sig == fwd_tokens(drop)) {
+  for (int form = 0; form < 4; ++form) {
+    const bool drop = form & 1, causal = !(form & 2);
+    const size_t masked = causal ? 4 : 0;  // the causal mask's four operations
+    if (sig == fwd_tokens(drop, causal)) {
       p.forward = true;
       p.dropout = drop;
+      p.causal = causal;
       p.q = MA(mms[0]);
       p.k = MB(mms[0]);
       p.scale = B(ops[1]);
       p.v = MB(mms[1]);
       p.o = MC(mms[1]);
       p.probs_io = MA(mms[1])->dtype() == p.q->dtype();
-      p.stats = Y(ops[11]);  // add(max, log sum)
+      p.stats = Y(ops[7 + masked]);  // add(max, log sum)
     }
     for (int variant = 0; variant < 4; ++variant) {
       const bool acc = variant & 1, grouped = variant & 2;
-      if (sig != bwd_tokens(drop, acc, grouped)) continue;
+      if (sig != bwd_tokens(drop, acc, grouped, causal)) continue;
       const size_t first = drop ? 1 : 0;
       p.forward = false;
       p.dropout = drop;
+      p.causal = causal;
       p.accumulator = acc;
       p.grouped = grouped;
       // The gradient a matmul makes: its output, or, grouped, the sum that follows it
@@ -242,7 +249,7 @@ bool recognise(const std::vector<const Desc*>& ops, Pattern& p) {
       p.q = MA(mms[0]);
       p.k = MB(mms[0]);
       p.scale = B(ops[first + 4]);
-      p.stats = B(ops[first + 9]);  // sub(select, stats)
+      p.stats = B(ops[first + 5 + masked]);  // sub(scores, stats)
       p.dv = grad_of(mms[1]);
       p.v = MB(mms[2]);
       p.dk = grad_of(mms[3]);
@@ -274,6 +281,9 @@ std::string support(const Pattern& p) {
   const auto kd = p.k->dims();
   if (kd.size() != 4 || kd[0] != qd[0] || kd[1] < 1 || qd[1] % kd[1] != 0)
     return "fused attention needs the query heads a multiple of the key/value heads";
+  if (kd[2] != d) return "fused attention needs one head size for Q and K";
+  if (p.causal && kd[3] != qd[2])
+    return "the emulated cuDNN runs the causal mask (row >= column) on square scores only";
   if (!p.forward && (kd[1] != qd[1]) != p.grouped)
     return "the backward sums dK and dV over the query heads exactly when K and V have fewer heads";
   if (d % 8 != 0 || (!p.forward && d > 256))
@@ -297,12 +307,12 @@ std::string support(const Pattern& p) {
 // query-head element, B*H*T*D*4 (H the graph's query heads).
 int64_t workspace_bytes(const Pattern& p) {
   const auto d = p.q->dims();
-  const int64_t B = d[0], H = d[1], T = d[2], D = d[3];
+  const int64_t B = d[0], H = d[1], T = d[2], D = d[3], Tk = p.k->dims()[3];
   auto up = [](int64_t x, int64_t m) { return (x + m - 1) / m * m; };
   if (p.forward) return D > 256 ? 0 : 256;
   int64_t ws = 256 + up(B * H * T * 4, 128);
-  if (!p.accumulator) ws += B * H * up(T, 64) * up(T, 128) * 2;
-  if (p.grouped) ws += B * H * T * D * 4;
+  if (!p.accumulator) ws += B * H * up(T, 64) * up(Tk, 128) * 2;
+  if (p.grouped) ws += B * H * Tk * D * 4;
   return ws;
 }
 
@@ -360,71 +370,96 @@ void move_rows(const Rows& r, char* cpu, int64_t cols, int64_t es, Col col, bool
       }
 }
 
-// Runs the graph with mtnlg's CPU ops: the tensors are gathered into the per-group qkv
-// layout of ops::attention_forward_lse ([q_0 .. q_{r-1} | k | v] for each of the hk key/value
-// heads, r = hq/hk; hk == hq is Megatron's per-head q, k, v) from whatever strides the
-// graph declares, and the results scattered back the same way.
+// Copies the statistics [Bn, H, T, 1] fp32 (one float per (b, h, t), at the graph's
+// strides) between the device and lse [Bn, H, T].
+void move_stats(const Call& c, const Desc* stats, Tensor& lse, bool to_cpu) {
+  const int64_t Bn = lse.dim(0), H = lse.dim(1), T = lse.dim(2);
+  const auto ss = stats->strides();
+  auto* st = static_cast<float*>(need(c, stats));
+  check_device_range(st, size_t(((Bn - 1) * ss[0] + (H - 1) * ss[1] + (T - 1) * ss[2] + 1) * 4),
+                     "cudnnBackendExecute: Stats");
+  float* l = static_cast<float*>(lse.raw());
+  for (int64_t b = 0; b < Bn; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t t = 0; t < T; ++t) {
+        float* dev = st + b * ss[0] + h * ss[1] + t * ss[2];
+        float* host = l + (b * H + h) * T + t;
+        if (to_cpu)
+          *host = *dev;
+        else
+          *dev = *host;
+      }
+}
+
+ops::AttentionDropout dropout_of(const Call& c, int64_t H, int64_t T) {
+  ops::AttentionDropout drop;
+  if (!c.p.dropout) return drop;
+  if (c.offset % (T * T) != 0)
+    fatal("cudnnBackendExecute: the emulated dropout needs an offset that is a multiple of T*T");
+  drop.p = 1.0 - c.p.keep;
+  drop.key = static_cast<uint64_t>(c.seed);
+  drop.heads_total = H;
+  drop.head_offset = c.offset / (T * T);
+  return drop;
+}
+
+// Runs the graph with mtnlg's CPU ops: the tensors are gathered from whatever strides the
+// graph declares, and the results scattered back the same way. The packed causal graph:
+// into the per-group qkv layout of ops::attention_forward_lse ([q_0 .. q_{r-1} | k | v] for
+// each of the hk key/value heads, r = hq/hk; hk == hq is Megatron's per-head q, k, v). A
+// split graph (context parallelism's blocks: K/V rows of their own, causal or unmasked): Q
+// into qkv rows of that layout (the q columns), K and V into a K/V buffer [Bn, Tk, hk*2*D]
+// (per head [k | v]), for ops::attention_block_forward / attention_block_backward over
+// every row, whose backward takes rowsum from the O it is given as cuDNN's does (a ring
+// hands it the whole attention's O and statistics; attention_backward_lse recomputes it
+// from its own keys).
 void run(const Call& c) {
   const Pattern& p = c.p;
   const auto d = p.q->dims();
-  const int64_t Bn = d[0], H = d[1], T = d[2], D = d[3], G = p.k->dims()[1], r = H / G;
+  const int64_t Bn = d[0], H = d[1], T = d[2], D = d[3], G = p.k->dims()[1], r = H / G, Tk = p.k->dims()[3];
   const DType dt = mtnlg_dtype(p.q->dtype());
-  const int64_t es = dtype_size(dt), row = (H + 2 * G) * D;
+  // K/V rows of their own (the split layout: K's row stride is not Q's), or unmasked.
+  const bool block = !p.causal || p.k->strides()[3] != p.q->strides()[2];
+  const int64_t es = dtype_size(dt), row = (H + 2 * G) * D, kvrow = block ? 2 * G * D : row;
   auto q_col = [&](int64_t h) { return ((h / r) * (r + 2) + h % r) * D; };
-  auto k_col = [&](int64_t g) { return (g * (r + 2) + r) * D; };
-  auto v_col = [&](int64_t g) { return (g * (r + 2) + r + 1) * D; };
+  auto k_col = [&](int64_t g) { return block ? 2 * g * D : (g * (r + 2) + r) * D; };
+  auto v_col = [&](int64_t g) { return k_col(g) + D; };
   auto head_col = [&](int64_t h) { return h * D; };
-  ops::AttentionDropout drop;
-  if (p.dropout) {
-    if (c.offset % (T * T) != 0)
-      fatal("cudnnBackendExecute: the emulated dropout needs an offset that is a multiple of T*T");
-    drop.p = 1.0 - p.keep;
-    drop.key = static_cast<uint64_t>(c.seed);
-    drop.heads_total = H;
-    drop.head_offset = c.offset / (T * T);
-  }
-  Tensor qkv = Tensor::empty({Bn, T, row}, dt, Device::cpu);
-  char* x = static_cast<char*>(qkv.raw());
-  move_rows(rows_of(c, p.q, false, es, "Q"), x, row, es, q_col, true);
-  move_rows(rows_of(c, p.k, true, es, "K"), x, row, es, k_col, true);
-  move_rows(rows_of(c, p.v, !p.forward, es, "V"), x, row, es, v_col, true);
+  const ops::AttentionDropout drop = dropout_of(c, H, T);
+  ops::AttentionBlock all;  // every row
+  all.causal = p.causal;
+  Tensor qkv = Tensor::zeros({Bn, T, row}, dt, Device::cpu);
+  Tensor kv = block ? Tensor::zeros({Bn, Tk, kvrow}, dt, Device::cpu) : qkv;
+  char* kx = static_cast<char*>(kv.raw());
+  move_rows(rows_of(c, p.q, false, es, "Q"), static_cast<char*>(qkv.raw()), row, es, q_col, true);
+  move_rows(rows_of(c, p.k, true, es, "K"), kx, kvrow, es, k_col, true);
+  move_rows(rows_of(c, p.v, !p.forward, es, "V"), kx, kvrow, es, v_col, true);
   Tensor out = Tensor::empty({Bn, T, H * D}, dt, Device::cpu);
   Tensor lse = Tensor::empty({Bn, H, T}, DType::f32, Device::cpu);
   const Rows o = rows_of(c, p.o, false, es, "O");
-  // Stats [Bn, H, T, 1] fp32: one float per (b, h, t).
-  const auto ss = p.stats->strides();
-  char* st = static_cast<char*>(need(c, p.stats));
-  check_device_range(st, size_t(((Bn - 1) * ss[0] + (H - 1) * ss[1] + (T - 1) * ss[2] + 1) * 4),
-                     "cudnnBackendExecute: Stats");
-  auto move_stats = [&](bool to_cpu) {
-    float* l = static_cast<float*>(lse.raw());
-    for (int64_t b = 0; b < Bn; ++b)
-      for (int64_t h = 0; h < H; ++h)
-        for (int64_t t = 0; t < T; ++t) {
-          float* dev = reinterpret_cast<float*>(st) + b * ss[0] + h * ss[1] + t * ss[2];
-          float* host = l + (b * H + h) * T + t;
-          if (to_cpu)
-            *host = *dev;
-          else
-            *dev = *host;
-        }
-  };
   if (p.forward) {
-    ops::attention_forward_lse(out, lse, qkv, H, drop, G);
+    if (block)
+      ops::attention_block_forward(out, lse, qkv, kv, H, all, G);
+    else
+      ops::attention_forward_lse(out, lse, qkv, H, drop, G);
     move_rows(o, static_cast<char*>(out.raw()), H * D, es, head_col, false);
-    move_stats(false);
+    move_stats(c, p.stats, lse, false);
     return;
   }
   move_rows(o, static_cast<char*>(out.raw()), H * D, es, head_col, true);
-  move_stats(true);
+  move_stats(c, p.stats, lse, true);
   Tensor dout = Tensor::empty({Bn, T, H * D}, dt, Device::cpu);
   move_rows(rows_of(c, p.dout, false, es, "dO"), static_cast<char*>(dout.raw()), H * D, es, head_col, true);
-  Tensor dqkv = Tensor::empty({Bn, T, row}, dt, Device::cpu);
-  ops::attention_backward_lse(dqkv, dout, qkv, out, lse, H, drop, G);
-  char* dx = static_cast<char*>(dqkv.raw());
-  move_rows(rows_of(c, p.dq, false, es, "dQ"), dx, row, es, q_col, false);
-  move_rows(rows_of(c, p.dk, false, es, "dK"), dx, row, es, k_col, false);
-  move_rows(rows_of(c, p.dv, false, es, "dV"), dx, row, es, v_col, false);
+  Tensor dqkv = Tensor::zeros({Bn, T, row}, dt, Device::cpu);
+  Tensor dkv = block ? Tensor::zeros({Bn, Tk, kvrow}, dt, Device::cpu) : dqkv;
+  if (block)
+    ops::attention_block_backward(dqkv, dkv, dout, nullptr, qkv, kv, out, lse, H, all, G);
+  else
+    ops::attention_backward_lse(dqkv, dout, qkv, out, lse, H, drop, G);
+  char* dkx = static_cast<char*>(dkv.raw());
+  move_rows(rows_of(c, p.dq, false, es, "dQ"), static_cast<char*>(dqkv.raw()), row, es, q_col, false);
+  move_rows(rows_of(c, p.dk, false, es, "dK"), dkx, kvrow, es, k_col, false);
+  move_rows(rows_of(c, p.dv, false, es, "dV"), dkx, kvrow, es, v_col, false);
   if (p.acc) {  // the accumulator holds dQ in fp32 (its engine-private order is not modelled)
     float* acc = static_cast<float*>(need(c, p.acc));
     check_device_range(acc, size_t(Bn * H * T * D * 4), "cudnnBackendExecute: dQ accumulator");
@@ -583,8 +618,7 @@ cudnnStatus_t cudnnBackendGetAttribute(cudnnBackendDescriptor_t const d, cudnnBa
     std::string why = g->pattern.q ? device_refusal(p->ref(CUDNN_ATTR_ENGINEHEUR_DEVICEPROP)) : "";
     if (g->pattern.q && why.empty()) why = support(g->pattern);
     const int64_t offered = g->pattern.q && why.empty() ? 1 : 0;
-    if (!offered)
-      tl_last_error = g->pattern.q ? why : "the emulated cuDNN recognises mtnlg's two attention graphs only";
+    if (!offered) tl_last_error = g->pattern.q ? why : "the emulated cuDNN recognises mtnlg's attention graphs only";
     if (count) *count = requested == 0 ? offered : std::min(requested, offered);
     for (int64_t i = 0; i < std::min(requested, offered); ++i) {
       Desc* cfg = as_desc(static_cast<void**>(out)[i]);

@@ -635,7 +635,11 @@ void GptChunk::layer_backward(int64_t li, const Tensor& dy, Tensor& dx, LayerAct
 void GptChunk::resolve_attention() {
   if (cp_ > 1) {  // the flash form's blocks across the cp group (checked in the constructor)
     attention_ = AttentionBackend::flash;
-    attention_note_ = fmt::format("flash, across {} context-parallel ranks ({})", cp_, to_string(cfg_.cp_comm));
+    std::string why;
+    const bool fused = cp_fused_for_call(std::max<int64_t>(cfg_.micro_batch_size, 1), cfg_.seq_length / cp_,
+                                         cfg_.attention_dropout, &why);
+    attention_note_ = fmt::format("flash, across {} context-parallel ranks ({}, {})", cp_, to_string(cfg_.cp_comm),
+                                  fused ? "cuDNN's fused blocks" : "blocks in f32: " + why);
     return;
   }
   std::string why;
@@ -700,8 +704,38 @@ bool GptChunk::flash_for_call(const Pass& p) const {
   return false;
 }
 
+// Context parallelism's blocks in cuDNN's fused form (docs/specs/cudnn-sdpa.md, "Blocks"):
+// on CUDA, bf16/fp16, p2p or all_gather (model.attention_backend is flash or auto with cp), no
+// attention dropout, and cuDNN planning the ring's blocks of B samples of L local rows (the plans
+// are cached); otherwise the blocks run unfused in f32. `why` says what refused it.
+bool GptChunk::cp_fused_for_call(int64_t B, int64_t L, double dropout_p, std::string* why) const {
+  std::string no;
+  if (dev_ != Device::cuda)
+    no = "not on CUDA";
+  else if (cfg_.dtype != DType::bf16 && cfg_.dtype != DType::f16)
+    no = "the activations are " + to_string(cfg_.dtype);
+  else if (cfg_.cp_comm != CpCommType::p2p && cfg_.cp_comm != CpCommType::all_gather)
+    no = "cuDNN's blocks take p2p or all_gather";
+  else if (dropout_p > 0)
+    no = "attention dropout";
+  if (!no.empty()) {
+    if (why) *why = no;
+    return false;
+  }
+  return ops::attention_cp_blocks_fused_supported(dev_, cfg_.dtype, B, L, heads_local_, cfg_.head_dim(), why,
+                                                  groups_local_, cfg_.cp_comm == CpCommType::all_gather ? cp_ : 0);
+}
+
 void GptChunk::attention_core_forward(LayerActs& a, const Pass& p, int64_t layer) {
   const int64_t B = a.qkv.dim(0), T = a.qkv.dim(1);
+  if (p.cp && cp_fused_for_call(B, T, attention_dropout(p, layer).p)) {  // bf16/fp16 kept, lse f32
+    a.lse = Tensor::empty({B, heads_local_, T}, DType::f32, dev_);
+    parallel::CpAttention at{heads_local_, groups_local_, cfg_.cp_comm, {}, cfg_.cp_a2a_size};
+    at.fused = true;
+    Tensor out = a.att.view({B, T, heads_local_ * cfg_.head_dim()});
+    parallel::cp_attention_forward(out, a.lse, a.qkv, at, *cp_ex_);
+    return;
+  }
   if (p.cp) {  // across the cp group, in f32 for bf16/fp16 (what the one-rank CPU op computes in)
     const bool wide = a.qkv.dtype() == DType::f32 || a.qkv.dtype() == DType::f64;
     const DType w = wide ? a.qkv.dtype() : DType::f32;
@@ -732,6 +766,12 @@ Tensor GptChunk::attention_core_backward(const Tensor& datt, LayerActs& a, const
   const int64_t B = a.qkv.dim(0), T = a.qkv.dim(1);
   Tensor dqkv = Tensor::empty(a.qkv.shape(), a.qkv.dtype(), dev_);
   const ops::AttentionDropout drop = attention_dropout(p, layer);
+  if (p.cp && cp_fused_for_call(B, T, drop.p)) {  // the forward's fused blocks
+    parallel::CpAttention at{heads_local_, groups_local_, cfg_.cp_comm, {}, cfg_.cp_a2a_size};
+    at.fused = true;
+    parallel::cp_attention_backward(dqkv, datt, a.qkv, a.att.view(datt.shape()), a.lse, at, *cp_ex_);
+    return dqkv;
+  }
   if (p.cp) {
     const bool wide = a.qkv.dtype() == DType::f32 || a.qkv.dtype() == DType::f64;
     auto widened = [&](const Tensor& x) {

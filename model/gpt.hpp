@@ -431,6 +431,7 @@ class GptChunk {
   std::string attention_note_;
   void resolve_attention();
   bool flash_for_call(const Pass& p) const;
+  bool cp_fused_for_call(int64_t B, int64_t L, double dropout_p, std::string* why = nullptr) const;
   std::vector<std::vector<int64_t>> layer_param_offsets_;  // per layer, in the store
   std::vector<int64_t> head_param_offsets_, embedding_param_offsets_;
   void report_ready(const std::vector<int64_t>& offsets, bool last_backward) const {

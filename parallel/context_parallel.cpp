@@ -379,8 +379,13 @@ Dims dims_of(const char* op, const Tensor& qkv, const CpAttention& a, const CpEx
   if (H <= 0 || H % G != 0 || qkv.ndim() != 3 || qkv.dim(2) % (G * (H / G + 2)) != 0 || qkv.dim(1) % 2 != 0)
     throw_runtime("{}: qkv [B, L, G*(H/G+2)*D] with an even L, H % G == 0: got {} with {} heads in {} groups", op,
                   shape_str(qkv.shape()), H, G);
-  if (qkv.dtype() != DType::f32 && qkv.dtype() != DType::f64)
-    throw_runtime("{}: f32 or f64 tensors (the wide form of the activations), got {}", op, to_string(qkv.dtype()));
+  const bool fused_io = a.fused && (a.type == CpCommType::p2p || a.type == CpCommType::all_gather) &&
+                        (qkv.dtype() == DType::bf16 || qkv.dtype() == DType::f16);
+  if (qkv.dtype() != DType::f32 && qkv.dtype() != DType::f64 && !fused_io)
+    throw_runtime("{}: f32 or f64 tensors (the activations' wide form; bf16/fp16 with cuDNN's fused blocks), got {}",
+                  op, to_string(qkv.dtype()));
+  if (a.fused && (!fused_io || qkv.device() != Device::cuda || a.drop.p > 0))
+    throw_runtime("{}: cuDNN's fused blocks take p2p or all_gather on CUDA, bf16/fp16, without attention dropout", op);
   const int64_t Q = H / G, D = qkv.dim(2) / (G * (Q + 2));
   return {qkv.dim(0), qkv.dim(1), qkv.dim(1) / 2, H, G, Q, D, qkv.dim(2), G * 2 * D, ex.size(), ex.rank(), a.drop};
 }
@@ -473,6 +478,92 @@ void p2p_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Ten
   put_kv(dqkv, dnext, d);
 }
 
+// p2p with cuDNN's fused blocks (bf16/fp16 activations on CUDA; docs/specs/cudnn-sdpa.md,
+// "Blocks"): a block's out in the activation dtype and its lse (f32) are merged into an
+// f32 accumulator by log-sum-exp, the final out rounded once to the activation dtype. A
+// block from a higher rank writes the second chunk's rows only: its lse is -inf elsewhere
+// first (weight 0 for the rows' stale, finite outputs).
+void p2p_fused_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const Dims& d, CpExchange& ex) {
+  Tensor kv = kv_of(qkv, d), next = empty_like(kv, kv.shape());
+  std::unique_ptr<CpExchange::Pending> coming;
+  if (d.n > 1) coming = ex.shift_start(kv, next, 1);  // overlaps the diagonal block, as p2p_forward's
+  Tensor part = empty_like(out, out.shape()), part_lse = empty_like(lse, lse.shape());
+  ops::attention_block_fused_forward(part, lse, qkv, kv, d.H, ring_block(d.r, d), d.G);
+  Tensor acc = Tensor::empty(out.shape(), DType::f32, out.device());
+  ops::convert(acc, part);
+  for (int64_t i = 1; i < d.n; ++i) {
+    coming->wait();  // now `next` holds the K/V of rank r - i
+    std::swap(kv, next);
+    if (i + 1 < d.n) coming = ex.shift_start(kv, next, 1);
+    const int64_t s = (d.r - i + d.n) % d.n;
+    if (s > d.r) ops::fill(part_lse, -std::numeric_limits<double>::infinity());
+    ops::attention_block_fused_forward(part, part_lse, qkv, kv, d.H, ring_block(s, d), d.G);
+    ops::attention_merge_forward(acc, lse, acc, lse, part, part_lse);
+  }
+  ops::convert(out, acc);
+}
+
+// The gradients of cuDNN's fused blocks summed in f32: a block WRITES its rows' dQ (q
+// columns) and dK/dV (its key rows) in the activation dtype, into scratch zeroed first,
+// which is then added to dq [B, L, W] and dkv (f32).
+class FusedGradSum {
+ public:
+  FusedGradSum(const Tensor& qkv, const Tensor& kv)
+      : dq_blk_(empty_like(qkv, qkv.shape())),
+        dkv_blk_(empty_like(kv, kv.shape())),
+        dq_w_(Tensor::empty(qkv.shape(), DType::f32, qkv.device())),
+        dkv_w_(Tensor::empty(kv.shape(), DType::f32, kv.device())) {}
+  void add(Tensor& dq, Tensor& dkv, const Tensor& dout, const Tensor& qkv, const Tensor& kv, const Tensor& out,
+           const Tensor& lse, const Dims& d, const ops::AttentionBlock& b) {
+    ops::fill(dq_blk_, 0.0);
+    ops::fill(dkv_blk_, 0.0);
+    ops::attention_block_fused_backward(dq_blk_, dkv_blk_, dout, qkv, kv, out, lse, d.H, b, d.G);
+    ops::convert(dq_w_, dq_blk_);
+    ops::add_inplace(dq, dq_w_);
+    ops::convert(dkv_w_, dkv_blk_);
+    ops::add_inplace(dkv, dkv_w_);
+  }
+
+ private:
+  Tensor dq_blk_, dkv_blk_, dq_w_, dkv_w_;
+};
+
+Tensor f32_zeros(const Shape& s, Device dev) {
+  Tensor t = Tensor::empty(s, DType::f32, dev);
+  ops::fill(t, 0.0);
+  return t;
+}
+
+// Its backward: every block is handed the final out and lse; dQ summed over the steps and
+// dK/dV in an f32 buffer that travels with the K/V back to its owner, as p2p_backward's;
+// the final dqkv rounded once.
+void p2p_fused_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
+                        const Dims& d, CpExchange& ex) {
+  Tensor kv = kv_of(qkv, d);
+  Tensor dq = f32_zeros(qkv.shape(), qkv.device()), dkv = f32_zeros(kv.shape(), qkv.device());
+  FusedGradSum sum(qkv, kv);
+  if (d.n > 1) {  // the K/V posted a step ahead, the dK/dV once made, as p2p_backward's
+    Tensor next = empty_like(kv, kv.shape()), dnext = empty_like(dkv, dkv.shape());
+    auto coming = ex.shift_start(kv, next, 1);
+    sum.add(dq, dkv, dout, qkv, kv, out, lse, d, ring_block(d.r, d));
+    for (int64_t i = 1; i < d.n; ++i) {
+      auto grads = ex.shift_start(dkv, dnext, 1);
+      coming->wait();
+      grads->wait();
+      std::swap(kv, next);
+      std::swap(dkv, dnext);
+      if (i + 1 < d.n) coming = ex.shift_start(kv, next, 1);
+      sum.add(dq, dkv, dout, qkv, kv, out, lse, d, ring_block((d.r - i + d.n) % d.n, d));
+    }
+    ex.shift(dkv, dnext, 1);  // home
+    std::swap(dkv, dnext);
+  } else {
+    sum.add(dq, dkv, dout, qkv, kv, out, lse, d, ring_block(d.r, d));
+  }
+  put_kv(dq, dkv, d);
+  ops::convert(dqkv, dq);
+}
+
 // The whole sequence's K/V [B, T, KW] in sequence order from every rank's.
 Tensor gather_kv(const Tensor& qkv, const Dims& d, CpExchange& ex) {
   Tensor kv = kv_of(qkv, d), all = empty_like(qkv, {d.n * d.B, d.L, d.KW});
@@ -516,6 +607,59 @@ void all_gather_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, co
   }
   ex.reduce_scatter(blocks, dkv);
   put_kv(dqkv, dkv, d);
+}
+
+// all_gather with cuDNN's fused blocks: local chunk `half` (chunk k of the sequence)
+// against the gathered K/V as its c x c causal diagonal (key rows k c ..) and, for k > 0,
+// the unmasked c x k c prefix before it: prefix_block's causal prefix in two graphs cuDNN
+// plans, whose results are merged as the ring's.
+ops::AttentionBlock gather_fused_block(int64_t half, bool diagonal, const Dims& d) {
+  const int64_t k = half == 0 ? d.r : 2 * d.n - 1 - d.r;
+  ops::AttentionBlock b;
+  b.q_begin = half * d.c;
+  b.q_count = d.c;
+  b.k_begin = diagonal ? k * d.c : 0;
+  b.k_count = diagonal ? d.c : k * d.c;
+  b.causal = diagonal;
+  return b;
+}
+
+// Every block writes its own rows: the two diagonals fill out and lse, the two prefixes a
+// second pair (rank 0's first chunk has none: lse -inf there), merged once in f32.
+void all_gather_fused_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const Dims& d, CpExchange& ex) {
+  const Tensor kv = gather_kv(qkv, d, ex);
+  Tensor part = empty_like(out, out.shape()), part_lse = empty_like(lse, lse.shape());
+  for (int64_t half : {0, 1})
+    ops::attention_block_fused_forward(part, lse, qkv, kv, d.H, gather_fused_block(half, true, d), d.G);
+  Tensor acc = Tensor::empty(out.shape(), DType::f32, out.device());
+  ops::convert(acc, part);
+  ops::fill(part_lse, -std::numeric_limits<double>::infinity());
+  for (int64_t half : {0, 1})
+    if (gather_fused_block(half, false, d).k_count > 0)
+      ops::attention_block_fused_forward(part, part_lse, qkv, kv, d.H, gather_fused_block(half, false, d), d.G);
+  ops::attention_merge_forward(acc, lse, acc, lse, part, part_lse);
+  ops::convert(out, acc);
+}
+
+// Its backward: the blocks' gradients summed in f32 (dK/dV over the whole sequence's
+// rows), reduce-scattered in f32 as all_gather_backward's, dqkv rounded once.
+void all_gather_fused_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                               const Tensor& lse, const Dims& d, CpExchange& ex) {
+  const Tensor kv = gather_kv(qkv, d, ex);
+  Tensor dq = f32_zeros(qkv.shape(), qkv.device()), dkv_all = f32_zeros(kv.shape(), qkv.device());
+  FusedGradSum sum(qkv, kv);
+  for (int64_t half : {0, 1})
+    for (bool diagonal : {true, false})
+      if (const ops::AttentionBlock b = gather_fused_block(half, diagonal, d); b.k_count > 0)
+        sum.add(dq, dkv_all, dout, qkv, kv, out, lse, d, b);
+  Tensor blocks = empty_like(dkv_all, {d.n * d.B, d.L, d.KW}), dkv = empty_like(dkv_all, {d.B, d.L, d.KW});
+  for (int64_t j = 0; j < d.n; ++j) {  // rank j's rows of the gradient, in rank order
+    Tensor dst = blocks.rows(j * d.B, d.B);
+    ops::copy(dst, cp_split(dkv_all, d.n, j));
+  }
+  ex.reduce_scatter(blocks, dkv);
+  put_kv(dq, dkv, d);
+  ops::convert(dqkv, dq);
 }
 
 // a2a: x [B, L, w] of this rank's rows -> [B, m L, w / m] of the rows of the m ranks of its
@@ -635,8 +779,9 @@ void check_outputs(const char* op, const Dims& d, const Tensor& qkv, std::initia
     if (t->dtype() != qkv.dtype() || t->device() != qkv.device())
       throw_runtime("{}: every tensor in qkv's dtype ({}) on its device ({})", op, to_string(qkv.dtype()),
                     to_string(qkv.device()));
-  if (lse.numel() != d.B * d.H * d.L || lse.dtype() != qkv.dtype() || lse.device() != qkv.device())
-    throw_runtime("{}: lse must be [B, H, L] = [{}, {}, {}] in {}", op, d.B, d.H, d.L, to_string(qkv.dtype()));
+  const DType wide = qkv.dtype() == DType::f64 ? DType::f64 : DType::f32;
+  if (lse.numel() != d.B * d.H * d.L || lse.dtype() != wide || lse.device() != qkv.device())
+    throw_runtime("{}: lse must be [B, H, L] = [{}, {}, {}] in {}", op, d.B, d.H, d.L, to_string(wide));
 }
 
 }  // namespace
@@ -662,8 +807,10 @@ void cp_attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const CpA
   check_outputs(op, d, qkv, {&out}, lse);
   if (out.numel() != d.B * d.L * d.H * d.D) throw_runtime("{}: out must be [B, L, H*D]", op);
   switch (a.type) {
-    case CpCommType::p2p: return p2p_forward(out, lse, qkv, d, ex);
-    case CpCommType::all_gather: return all_gather_forward(out, lse, qkv, d, ex);
+    case CpCommType::p2p: return a.fused ? p2p_fused_forward(out, lse, qkv, d, ex) : p2p_forward(out, lse, qkv, d, ex);
+    case CpCommType::all_gather:
+      if (a.fused) return all_gather_fused_forward(out, lse, qkv, d, ex);
+      return all_gather_forward(out, lse, qkv, d, ex);
     case CpCommType::a2a: return a2a_p2p_forward(out, lse, qkv, d, a2a_all(d), ex);
     case CpCommType::a2a_p2p: return a2a_p2p_forward(out, lse, qkv, d, a2a_size(a, d), ex);
   }
@@ -679,8 +826,12 @@ void cp_attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, 
   if (dqkv.numel() != qkv.numel() || dout.numel() != out.numel() || out.numel() != d.B * d.L * d.H * d.D)
     throw_runtime("{}: dqkv like qkv, dout and out [B, L, H*D]", op);
   switch (a.type) {
-    case CpCommType::p2p: return p2p_backward(dqkv, dout, qkv, out, lse, d, ex);
-    case CpCommType::all_gather: return all_gather_backward(dqkv, dout, qkv, out, lse, d, ex);
+    case CpCommType::p2p:
+      if (a.fused) return p2p_fused_backward(dqkv, dout, qkv, out, lse, d, ex);
+      return p2p_backward(dqkv, dout, qkv, out, lse, d, ex);
+    case CpCommType::all_gather:
+      if (a.fused) return all_gather_fused_backward(dqkv, dout, qkv, out, lse, d, ex);
+      return all_gather_backward(dqkv, dout, qkv, out, lse, d, ex);
     case CpCommType::a2a: return a2a_p2p_backward(dqkv, dout, qkv, out, lse, d, a2a_all(d), ex);
     case CpCommType::a2a_p2p: return a2a_p2p_backward(dqkv, dout, qkv, out, lse, d, a2a_size(a, d), ex);
   }

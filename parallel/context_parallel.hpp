@@ -8,7 +8,8 @@
 // With attention dropout every rank draws the one-rank op's mask at its rows' global
 // positions. Tensors in f32 or f64 (the wide form of the activations) on any one device:
 // the host, the test device or CUDA (the blocks, the merge and the K/V buffer are ops of
-// core/ops.hpp; a2a lays its heads out with ops::swap_axes), so every type runs on each.
+// core/ops.hpp; a2a lays its heads out with ops::swap_axes), so every type runs on each. On
+// CUDA, p2p and all_gather also take bf16/fp16 with cuDNN's fused blocks (CpAttention::fused).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -119,6 +120,10 @@ struct CpAttention {
   // heads_total as a tensor-parallel rank passes them).
   ops::AttentionDropout drop{};
   int64_t a2a_size = 0;  // a2a+p2p: hierarchical_context_parallel_sizes[0], a divisor of the group's size
+  // p2p and all_gather: every block is cuDNN's fused graph (CUDA; qkv, out and dout
+  // bf16/fp16, lse f32; no attention dropout; ops::attention_cp_blocks_fused_supported says
+  // whether cuDNN plans them). The blocks' results are merged and summed in f32, rounded once.
+  bool fused = false;
 };
 void cp_attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const CpAttention& a, CpExchange& ex);
 // dqkv (written) from the final out and lse: p2p sends the K/V around again with their

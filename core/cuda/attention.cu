@@ -594,9 +594,10 @@ __device__ __forceinline__ float merge_weights(float la, float lb, float& wa, fl
 }
 
 // One thread per row (b, h, t): it reads its lse and out before writing them, so out and
-// lse may alias out_a and lse_a.
-template <typename V>
-__global__ void merge_kernel(V* out, float* lse, const V* oa, const float* la, const V* ob, const float* lb, int64_t B,
+// lse may alias out_a and lse_a. VB: out_b's type (a low-precision block merged into an
+// f32 accumulator, V float).
+template <typename V, typename VB = V>
+__global__ void merge_kernel(V* out, float* lse, const V* oa, const float* la, const VB* ob, const float* lb, int64_t B,
                              int64_t Tn, int64_t H, int64_t D) {
   const int64_t rows = B * H * Tn;
   for (int64_t r = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; r < rows; r += int64_t(gridDim.x) * blockDim.x) {
@@ -789,6 +790,15 @@ void attention_merge_forward(Tensor& out, Tensor& lse, const Tensor& out_a, cons
   for (const Tensor* t : std::initializer_list<const Tensor*>{&lse, &lse_a, &lse_b}) need_f32(op, "lse", t);
   const int64_t B = lse.dim(0), H = lse.dim(1), Tn = lse.dim(2), D = out.dim(2) / H;
   if (B * H * Tn == 0) return;
+  if (out_b.dtype() != dt) {  // out and out_a f32, out_b bf16/f16 (ops::attention_merge_forward checked)
+    MTNLG_DT_SWITCH(cuda_dtype(op, "out_b", out_b.dtype()), VB, {
+      MTNLG_LAUNCH(k::grid_for(B * H * Tn, 256), 256, 0, stream(), k::merge_kernel<float, VB>)
+      (static_cast<float*>(out.raw()), f(lse), static_cast<const float*>(out_a.raw()), f(lse_a),
+       static_cast<const VB*>(out_b.raw()), f(lse_b), B, Tn, H, D);
+      MTNLG_CUDA_LAUNCH_CHECK("merge_kernel");
+    });
+    return;
+  }
   MTNLG_DT_SWITCH(dt, V, {
     MTNLG_LAUNCH(k::grid_for(B * H * Tn, 256), 256, 0, stream(), k::merge_kernel<V>)
     (static_cast<V*>(out.raw()), f(lse), static_cast<const V*>(out_a.raw()), f(lse_a),

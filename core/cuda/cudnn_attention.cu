@@ -9,7 +9,10 @@
 // [T*3HD, 3D, 3HD, 1], K and V at offsets D and 2D; out and dout are [B, T, H*D]
 // (strides [T*HD, D, HD, 1]); the statistics are [B, H, T, 1] fp32. Grouped-query
 // attention (G groups, rows per group [q_0 .. q_{H/G-1} | k | v]) has K and V with fewer
-// heads than Q, still views of the rows (Shape below has the three layouts).
+// heads than Q, still views of the rows (Shape below has the three layouts). Context
+// parallelism's p2p blocks are split graphs: Q from the qkv rows, K and V from the ring's
+// K/V buffer, a block of Tq query rows against Tkv key rows, causal or unmasked
+// (cudnn_block_forward / _backward).
 #include <cudnn_graph.h>
 
 #include <algorithm>
@@ -390,7 +393,7 @@ class Graph {
 cudnnDataType_t cudnn_type(DType dt) { return dt == DType::bf16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF; }
 
 // One graph's problem: the op's (B, T, H heads, G groups, D), the dims cuDNN sees
-// ([nb, hq, T, D] queries, [nb, hk, T, D] keys and values: cuDNN's SDPA takes fewer key/value
+// ([nb, hq, T, D] queries, [nb, hk, Tk, D] keys and values: cuDNN's SDPA takes fewer key/value
 // heads than query heads, hq % hk == 0) and the strides of the views of the packed qkv
 // rows, one of three layouts (docs/specs/cudnn-sdpa.md):
 //  - G == H: per head q, k, v (Megatron): nb B, hq = hk = H, heads 3D apart, rows 3HD;
@@ -399,36 +402,48 @@ cudnnDataType_t cudnn_type(DType dt) { return dt == DType::bf16 ? CUDNN_DATA_BFL
 //    head stride reaches them all: the groups are cuDNN's batch (nb G, hq H/G, hk 1, batch
 //    stride (H/G+2)D, sequence stride the row), one execution per sample (`calls` B, the
 //    pointers moved a sample on each time; one when B is 1).
+// A split graph (context parallelism's blocks) reads K and V from a K/V buffer of rows
+// G*2*D (per group [k | v]) instead: its own batch, head and row strides (kb, kh, krow),
+// and every buffer may hold more positions than the block covers (qrows, kvrows).
 struct Shape {
   DType dt;
-  int64_t B, T, H, G, D;  // the op's problem
+  int64_t B, T, H, G, D;  // the op's problem; T the query positions
+  int64_t Tk;             // key/value positions
   int64_t nb, hq, hk;     // the graph's batch, query heads, key/value heads
   int64_t row;            // qkv row width, (H + 2G) D
-  int64_t qb, qh, kh;     // batch stride, q head stride, k/v head stride (elements)
-  int64_t koff, voff;     // where k and v of the first head or group start in the row
+  int64_t qb, qh;         // Q's batch and head strides (elements)
+  int64_t krow, kb, kh;   // K/V's row, batch and head strides
+  int64_t koff, voff;     // where k and v of the first head or group start (from the K/V base)
   int64_t ob;             // out's batch stride
+  int64_t qrows, kvrows;  // positions per sample of the buffers the views are of
   int64_t calls;          // executions per op call
+  bool causal;
 
   Dims q_dims() const { return {nb, hq, T, D}; }
-  Dims kv_dims() const { return {nb, hk, T, D}; }
-  Dims kv_t_dims() const { return {nb, hk, D, T}; }
-  Dims qkv_stride() const { return {qb, qh, row, 1}; }   // Q as [nb, hq, T, D]
-  Dims kv_stride() const { return {qb, kh, row, 1}; }    // K, V as [nb, hk, T, D]
-  Dims kv_t_stride() const { return {qb, kh, 1, row}; }  // K^T, V^T as [nb, hk, D, T]
-  Dims out_stride() const { return {ob, D, H * D, 1}; }  // out, dout as [nb, hq, T, D]
+  Dims kv_dims() const { return {nb, hk, Tk, D}; }
+  Dims kv_t_dims() const { return {nb, hk, D, Tk}; }
+  Dims kv_full_dims() const { return {nb, hq, Tk, D}; }   // dK, dV per query head (grouped)
+  Dims qkv_stride() const { return {qb, qh, row, 1}; }    // Q as [nb, hq, T, D]
+  Dims kv_stride() const { return {kb, kh, krow, 1}; }    // K, V as [nb, hk, Tk, D]
+  Dims kv_t_stride() const { return {kb, kh, 1, krow}; }  // K^T, V^T as [nb, hk, D, Tk]
+  Dims out_stride() const { return {ob, D, H * D, 1}; }   // out, dout as [nb, hq, T, D]
   Dims fullhead_stride() const { return {hq * T * D, T * D, D, 1}; }
-  Dims scores() const { return {nb, hq, T, T}; }
-  Dims scores_stride() const { return {hq * T * T, T * T, T, 1}; }
-  Dims scores_t_stride() const { return {hq * T * T, T * T, 1, T}; }
+  Dims kv_fullhead_stride() const { return {hq * Tk * D, Tk * D, D, 1}; }
+  Dims scores() const { return {nb, hq, T, Tk}; }
+  Dims scores_stride() const { return {hq * T * Tk, T * Tk, Tk, 1}; }
+  Dims scores_t() const { return {nb, hq, Tk, T}; }
+  Dims scores_t_stride() const { return {hq * T * Tk, T * Tk, 1, Tk}; }
   Dims rows() const { return {nb, hq, T, 1}; }
   Dims rows_stride() const { return {hq * T, T, 1, 1}; }
+  Dims stats_stride() const { return {hq * qrows, qrows, 1, 1}; }  // Stats as a view of [B, H, qrows]
   bool grouped() const { return hk != hq; }
 };
 
 Shape make_shape(DType dt, int64_t B, int64_t T, int64_t H, int64_t G, int64_t D) {
   if (G <= 0) G = H;
-  Shape s{dt, B, T, H, G, D, B, H, H, (H + 2 * G) * D, 0, 0, 0, 0, 0, T * H * D, 1};
+  Shape s{dt, B, T, H, G, D, T, B, H, H, (H + 2 * G) * D, 0, 0, 0, 0, 0, 0, 0, T * H * D, T, T, 1, true};
   s.qb = T * s.row;
+  s.krow = s.row;
   if (G == H) {
     s.qh = s.kh = 3 * D;
     s.koff = D, s.voff = 2 * D;
@@ -444,6 +459,27 @@ Shape make_shape(DType dt, int64_t B, int64_t T, int64_t H, int64_t G, int64_t D
     s.koff = r * D, s.voff = (r + 1) * D;
     s.ob = r * D;
     s.calls = B;
+  }
+  s.kb = s.qb;
+  return s;
+}
+
+// A split graph's shape: Q, O and the statistics as above but over buffers of qrows
+// positions; K and V from the K/V buffer [B, kvrows, G*2*D] (k of group g at 2gD, v at
+// (2g+1)D), Tk of its positions.
+Shape make_split_shape(DType dt, int64_t B, int64_t T, int64_t Tk, int64_t H, int64_t G, int64_t D, int64_t qrows,
+                       int64_t kvrows, bool causal) {
+  Shape s = make_shape(dt, B, T, H, G, D);
+  s.Tk = Tk, s.qrows = qrows, s.kvrows = kvrows, s.causal = causal;
+  s.krow = 2 * s.G * D;
+  s.koff = 0, s.voff = D;
+  s.kh = 2 * D;
+  if (s.calls == 1) {  // every head or group in one execution
+    s.qb = qrows * s.row;
+    s.kb = kvrows * s.krow;
+    s.ob = qrows * H * D;
+  } else {
+    s.kb = 2 * D;  // the groups as the batch
   }
   return s;
 }
@@ -474,7 +510,7 @@ const Desc& scores_op(Graph& g, const Shape& sh, cudnnPointwiseMode_t mode, cons
 const Desc& seed_tensor(Graph& g) { return g.tensor(kSeed, CUDNN_DATA_INT64, {1, 1, 1, 1}, {1, 1, 1, 1}); }
 const Desc& offset_tensor(Graph& g) { return g.tensor(kOffset, CUDNN_DATA_INT64, {1, 1, 1, 1}, {1, 1, 1, 1}); }
 
-// Forward: S = scale Q K^T; causal mask; softmax with its statistics
+// Forward: S = scale Q K^T; the causal mask (unless a block without one); softmax with its statistics
 // (Stats = max + log(sum exp(S - max)), P = exp(S - max) / sum); P' = P * mask / (1 - p);
 // O = P' V. The last op before P V writes P' in the I/O type (the matmul's A type).
 void build_forward(Graph& g, const Shape& sh, double p, SdpaGraph::Flaw flaw) {
@@ -483,13 +519,13 @@ void build_forward(Graph& g, const Shape& sh, double p, SdpaGraph::Flaw flaw) {
   const Desc& kt = g.tensor(kK, io, sh.kv_t_dims(), sh.kv_t_stride());
   const Desc& v = g.tensor(kV, io, sh.kv_dims(), sh.kv_stride());
   const Desc& o = g.tensor(kO, io, sh.q_dims(), sh.out_stride());
-  const Desc& stats = g.tensor(kStats, CUDNN_DATA_FLOAT, sh.rows(), sh.rows_stride());
+  const Desc& stats = g.tensor(kStats, CUDNN_DATA_FLOAT, sh.rows(), sh.stats_stride());
 
   const Desc& s = g.virt(sh.scores(), sh.scores_stride());
   g.matmul(q, kt, s);
   const Desc& scale = g.scalar(kScale);
   const Desc& s1 = scores_op(g, sh, CUDNN_POINTWISE_MUL, s, &scale);
-  const Desc& s2 = causal(g, sh, s1, CUDNN_DATA_FLOAT);
+  const Desc& s2 = sh.causal ? causal(g, sh, s1, CUDNN_DATA_FLOAT) : s1;
 
   const Desc& m = g.virt(sh.rows(), sh.rows_stride());
   g.reduction(CUDNN_REDUCE_TENSOR_MAX, s2, m);
@@ -519,7 +555,7 @@ void build_forward(Graph& g, const Shape& sh, double p, SdpaGraph::Flaw flaw) {
 
 // Backward (the forward's P recomputed from the statistics):
 //   rowsum = sum_d dO O (times 1 - p: the dropout-free P . dP' sum)
-//   P = exp(causal(scale Q K^T) - Stats); P' = P * mask / (1 - p)
+//   P = exp(causal(scale Q K^T) - Stats) (no mask in an unmasked block); P' = P * mask / (1 - p)
 //   dV = P'^T dO
 //   dS = scale * P * (dO V^T * mask - rowsum) / (1 - p)
 //   dK = dS^T Q;  dQ = dS K (into the fp32 dQ accumulator unless deterministic)
@@ -533,14 +569,14 @@ void build_backward(Graph& g, const Shape& sh, double p, bool dq_accumulator, Sd
   const Desc& vt = g.tensor(kV, io, sh.kv_t_dims(), sh.kv_t_stride());
   const Desc& o = g.tensor(kO, io, bhtd, sh.out_stride());
   const Desc& dout = g.tensor(kdO, io, bhtd, sh.out_stride());
-  const Desc& stats = g.tensor(kStats, CUDNN_DATA_FLOAT, sh.rows(), sh.rows_stride());
+  const Desc& stats = g.tensor(kStats, CUDNN_DATA_FLOAT, sh.rows(), sh.stats_stride());
   const Desc& dq = g.tensor(kdQ, io, bhtd, sh.qkv_stride());
   const Desc& dk = g.tensor(kdK, io, sh.kv_dims(), sh.kv_stride());
   const Desc& dv = g.tensor(kdV, io, sh.kv_dims(), sh.kv_stride());
   // A product per query head, summed over the group into `to` when grouped.
   auto per_group = [&](const Desc& a, const Desc& b, const Desc& to) {
     if (!sh.grouped() || flaw == SdpaGraph::Flaw::grouped_unsummed) return g.matmul(a, b, to);
-    const Desc& full = g.virt(bhtd, sh.fullhead_stride(), io);
+    const Desc& full = g.virt(sh.kv_full_dims(), sh.kv_fullhead_stride(), io);
     g.matmul(a, b, full);
     g.reduction(CUDNN_REDUCE_TENSOR_ADD, full, to);
   };
@@ -564,7 +600,7 @@ void build_backward(Graph& g, const Shape& sh, double p, bool dq_accumulator, Sd
   const Desc& s = g.virt(sh.scores(), sh.scores_stride());
   g.matmul(q, kt, s);
   const Desc& s1 = scores_op(g, sh, CUDNN_POINTWISE_MUL, s, &scale);
-  const Desc& s2 = causal(g, sh, s1, CUDNN_DATA_INT32);
+  const Desc& s2 = sh.causal ? causal(g, sh, s1, CUDNN_DATA_INT32) : s1;
   const Desc& centred = scores_op(g, sh, CUDNN_POINTWISE_SUB, s2, &stats);
   const Desc& probs = scores_op(g, sh, CUDNN_POINTWISE_EXP, centred, nullptr);
   const Desc* dropped = &probs;
@@ -574,7 +610,7 @@ void build_backward(Graph& g, const Shape& sh, double p, bool dq_accumulator, Sd
     const Desc& kept = scores_op(g, sh, CUDNN_POINTWISE_MUL, probs, mask);
     dropped = &scores_op(g, sh, CUDNN_POINTWISE_MUL, kept, dscale);
   }
-  const Desc& dropped_t = g.virt(sh.scores(), sh.scores_t_stride(), io);
+  const Desc& dropped_t = g.virt(sh.scores_t(), sh.scores_t_stride(), io);
   g.reshape(*dropped, dropped_t);
   per_group(dropped_t, dout, dv);
 
@@ -587,7 +623,7 @@ void build_backward(Graph& g, const Shape& sh, double p, bool dq_accumulator, Sd
   const Desc* ds = &scores_op(g, sh, CUDNN_POINTWISE_MUL, dp2, &probs);
   if (p > 0) ds = &scores_op(g, sh, CUDNN_POINTWISE_MUL, *ds, dscale);
   const Desc& ds_scaled = scores_op(g, sh, CUDNN_POINTWISE_MUL, *ds, &scale);
-  const Desc& ds_t = g.virt(sh.scores(), sh.scores_t_stride(), io);
+  const Desc& ds_t = g.virt(sh.scores_t(), sh.scores_t_stride(), io);
   g.reshape(ds_scaled, ds_t);
   per_group(ds_t, q, dk);
 
@@ -612,7 +648,15 @@ struct Plan {
   bool dq_accumulator = false;
   float scale = 1, lowest = 0, drop_scale = 1, drop_keep = 1, one = 1;
 };
-using PlanKey = std::tuple<bool, DType, int64_t, int64_t, int64_t, int64_t, int64_t, double, bool>;
+// (direction, dtype, B, T, H, G, D, p, deterministic, split, causal, Tkv, q_rows, kv_rows)
+using PlanKey = std::tuple<bool, DType, int64_t, int64_t, int64_t, int64_t, int64_t, double, bool, bool, bool, int64_t,
+                           int64_t, int64_t>;
+Shape shape_of(const SdpaGraph& g);
+PlanKey key_of(const SdpaGraph& g) {
+  const Shape sh = shape_of(g);
+  return {g.forward, g.dt,      g.B,   g.T,      g.H,      sh.G, g.D, g.dropout_p, !g.forward && g.deterministic,
+          g.split,   sh.causal, sh.Tk, sh.qrows, sh.kvrows};
+}
 
 struct Library {
   std::mutex mu;
@@ -625,17 +669,39 @@ Library& library() {
   return *l;
 }
 
-Shape shape_of(const SdpaGraph& g) { return make_shape(g.dt, g.B, g.T, g.H, g.G, g.D); }
+Shape shape_of(const SdpaGraph& g) {
+  if (!g.split) return make_shape(g.dt, g.B, g.T, g.H, g.G, g.D);
+  const int64_t Tk = g.Tkv > 0 ? g.Tkv : g.T;
+  return make_split_shape(g.dt, g.B, g.T, Tk, g.H, g.G, g.D, g.q_rows > 0 ? g.q_rows : g.T,
+                          g.kv_rows > 0 ? g.kv_rows : Tk, g.causal);
+}
+
+// What the builders take of a graph beyond the shape, refused before cuDNN is asked.
+void check_spec(const SdpaGraph& spec) {
+  if (spec.dt != DType::bf16 && spec.dt != DType::f16)
+    throw Refused(fmt::format("cuDNN's fused attention takes bf16 or fp16, not {}", to_string(spec.dt)));
+  if (spec.G < 0 || (spec.G > 0 && spec.H % spec.G != 0))
+    throw Refused(fmt::format("{} heads do not split into {} query groups", spec.H, spec.G));
+  if (!spec.split) {
+    if (!spec.causal || (spec.Tkv > 0 && spec.Tkv != spec.T) || spec.q_rows > 0 || spec.kv_rows > 0)
+      throw Refused("the packed qkv graph is causal self-attention over all its rows (a block is a split graph)");
+    return;
+  }
+  const int64_t Tk = spec.Tkv > 0 ? spec.Tkv : spec.T;
+  if (spec.causal && Tk != spec.T)
+    throw Refused(fmt::format("a causal block is square: {} queries against {} keys", spec.T, Tk));
+  if ((spec.q_rows > 0 && spec.q_rows < spec.T) || (spec.kv_rows > 0 && spec.kv_rows < Tk))
+    throw Refused(
+        fmt::format("a block of {} x {} positions in buffers of {} and {}", spec.T, Tk, spec.q_rows, spec.kv_rows));
+  if (spec.dropout_p > 0) throw Refused("context parallelism's cuDNN blocks take no attention dropout");
+}
 
 // The graph `spec` describes, built into `pl` and planned at `at` (Refused when cuDNN
 // will not). The dQ accumulator is cuDNN 9's rule (cudnn-frontend's, for cuDNN >= 9.0):
 // the backward always accumulates dQ in fp32, except in the deterministic algorithm,
 // which keeps dP in a [B, H, T, T] workspace instead.
 void build_and_plan(Plan& pl, const SdpaGraph& spec, const Target& at) {
-  if (spec.dt != DType::bf16 && spec.dt != DType::f16)
-    throw Refused(fmt::format("cuDNN's fused attention takes bf16 or fp16, not {}", to_string(spec.dt)));
-  if (spec.G < 0 || (spec.G > 0 && spec.H % spec.G != 0))
-    throw Refused(fmt::format("{} heads do not split into {} query groups", spec.H, spec.G));
+  check_spec(spec);
   const Shape sh = shape_of(spec);
   pl.dq_accumulator = dq_accumulator_bytes(spec) > 0;
   if (spec.forward)
@@ -649,9 +715,7 @@ Plan& plan_for(const SdpaGraph& spec) {
   const Api& a = api();
   if (!a.failure.empty()) throw Refused("cuDNN " + a.failure);
   Library& lib = library();
-  const PlanKey key{spec.forward, spec.dt,        spec.B,
-                    spec.T,       spec.H,         spec.G <= 0 ? spec.H : spec.G,
-                    spec.D,       spec.dropout_p, !spec.forward && spec.deterministic};
+  const PlanKey key = key_of(spec);
   if (auto it = lib.plans.find(key); it != lib.plans.end()) return *it->second;
   if (auto it = lib.refused.find(key); it != lib.refused.end()) throw Refused(it->second);
   try {
@@ -818,6 +882,138 @@ void cudnn_attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qk
   } catch (const Refused& e) {
     throw_refused("attention_backward_lse on CUDA (B {}, T {}, heads {}, groups {}, head size {}): {}", sh.B, sh.T,
                   sh.H, sh.G, sh.D, e.what());
+  }
+}
+
+namespace {
+// A p2p block's graph from the ring's tensors (cudnn_block_forward's arguments).
+SdpaGraph block_spec(const char* op, bool forward, const Tensor& qkv, const Tensor& kv, int64_t heads, int64_t groups,
+                     const ops::AttentionBlock& blk) {
+  const int64_t G = groups <= 0 ? heads : groups;
+  if (qkv.ndim() != 3 || kv.ndim() != 3 || heads % G != 0 || qkv.dim(2) % (heads + 2 * G) != 0)
+    throw_runtime("{}: qkv [B, L, (heads + 2 groups) D] and kv [B, Lk, groups 2 D], got {} and {}", op,
+                  shape_str(qkv.shape()), shape_str(kv.shape()));
+  const int64_t D = qkv.dim(2) / (heads + 2 * G), L = qkv.dim(1), Lk = kv.dim(1);
+  if (kv.dim(0) != qkv.dim(0) || kv.dim(2) != 2 * G * D || kv.dtype() != qkv.dtype())
+    throw_runtime("{}: kv {} {} does not go with qkv {} {}", op, shape_str(kv.shape()), to_string(kv.dtype()),
+                  shape_str(qkv.shape()), to_string(qkv.dtype()));
+  const int64_t nq = blk.q_count < 0 ? L - blk.q_begin : blk.q_count;
+  const int64_t nk = blk.k_count < 0 ? Lk - blk.k_begin : blk.k_count;
+  if (blk.q_begin < 0 || nq <= 0 || blk.q_begin + nq > L || blk.k_begin < 0 || nk <= 0 || blk.k_begin + nk > Lk)
+    throw_runtime("{}: query rows [{}, +{}) of {} or key rows [{}, +{}) of {} out of range", op, blk.q_begin, nq, L,
+                  blk.k_begin, nk, Lk);
+  if (blk.drop.p > 0 || blk.causal_offset != 0)
+    throw Refused("cuDNN's context-parallel blocks take no attention dropout and no causal offset");
+  // The statistics' pointer moves by q_begin floats: cuDNN needs it 16-byte aligned.
+  if (blk.q_begin % 4 != 0)
+    throw Refused(fmt::format("a block from query row {} (the statistics would not be 16-byte aligned)", blk.q_begin));
+  SdpaGraph g;
+  g.split = true;
+  g.forward = forward;
+  g.dt = qkv.dtype();
+  g.B = qkv.dim(0), g.T = nq, g.Tkv = nk, g.H = heads, g.G = groups, g.D = D;
+  g.causal = blk.causal;
+  g.q_rows = L, g.kv_rows = Lk;
+  g.deterministic = deterministic_attention();
+  return g;
+}
+
+// Element offsets of one execution's views (c: the sample when the groups are the batch).
+struct BlockAt {
+  int64_t q, kv, o, l;
+};
+BlockAt block_at(const Shape& sh, const ops::AttentionBlock& blk, int64_t c) {
+  const int64_t qb = c * sh.qrows, kb = c * sh.kvrows;  // the sample's first rows
+  return {(qb + blk.q_begin) * sh.row, (kb + blk.k_begin) * sh.krow, (qb + blk.q_begin) * sh.H * sh.D,
+          c * sh.H * sh.qrows + blk.q_begin};
+}
+}  // namespace
+
+void cudnn_block_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const Tensor& kv, int64_t heads,
+                         const ops::AttentionBlock& blk, int64_t groups) {
+  std::lock_guard<std::mutex> lock(library().mu);
+  const SdpaGraph spec = block_spec("cudnn_block_forward", true, qkv, kv, heads, groups, blk);
+  const Shape sh = shape_of(spec);
+  try {
+    Plan& pl = plan_for(spec);
+    for (int64_t c = 0; c < sh.calls; ++c) {
+      const BlockAt x = block_at(sh, blk, c);
+      execute(pl, {kQ, kK, kV, kO, kStats},
+              {at(qkv, x.q), at(kv, x.kv + sh.koff), at(kv, x.kv + sh.voff), at(out, x.o), at(lse, x.l)}, {}, sh.T, c);
+    }
+  } catch (const Refused& e) {
+    throw_refused("cp attention block on CUDA ({} x {}, {}): {}", sh.T, sh.Tk, sh.causal ? "causal" : "unmasked",
+                  e.what());
+  }
+}
+
+void cudnn_block_backward(Tensor& dq, Tensor& dkv, const Tensor& dout, const Tensor& qkv, const Tensor& kv,
+                          const Tensor& out, const Tensor& lse, int64_t heads, const ops::AttentionBlock& blk,
+                          int64_t groups) {
+  std::lock_guard<std::mutex> lock(library().mu);
+  const SdpaGraph spec = block_spec("cudnn_block_backward", false, qkv, kv, heads, groups, blk);
+  const Shape sh = shape_of(spec);
+  try {
+    Plan& pl = plan_for(spec);
+    DeviceBuffer<float> acc;
+    if (pl.dq_accumulator) {
+      acc = DeviceBuffer<float>(sh.B * sh.H * sh.T * sh.D);
+      CUDA_CHECK(cudaMemsetAsync(acc.data(), 0, static_cast<size_t>(acc.size()) * sizeof(float), stream()));
+    }
+    for (int64_t c = 0; c < sh.calls; ++c) {
+      const BlockAt x = block_at(sh, blk, c);
+      std::vector<int64_t> uids{kQ, kK, kV, kO, kdO, kStats, kdQ, kdK, kdV};
+      std::vector<void*> ptrs{at(qkv, x.q), at(kv, x.kv + sh.koff),  at(kv, x.kv + sh.voff),
+                              at(out, x.o), at(dout, x.o),           at(lse, x.l),
+                              at(dq, x.q),  at(dkv, x.kv + sh.koff), at(dkv, x.kv + sh.voff)};
+      if (pl.dq_accumulator) {
+        uids.push_back(kdQAccum);
+        ptrs.push_back(acc.data() + c * sh.H * sh.T * sh.D);
+      }
+      execute(pl, std::move(uids), std::move(ptrs), {}, sh.T, c);
+    }
+  } catch (const Refused& e) {
+    throw_refused("cp attention block backward on CUDA ({} x {}, {}): {}", sh.T, sh.Tk,
+                  sh.causal ? "causal" : "unmasked", e.what());
+  }
+}
+
+std::vector<SdpaGraph> cp_block_graphs(DType dt, int64_t B, int64_t L, int64_t H, int64_t D, int64_t groups,
+                                       int64_t gather_ranks) {
+  const int64_t c = L / 2, n = gather_ranks, Lk = n > 0 ? n * L : L;
+  // (queries, keys, causal): p2p's diagonal, L x c and c x L; all_gather's chunk diagonal
+  // and the prefixes of 1 .. 2n-1 chunks before a chunk
+  std::vector<std::tuple<int64_t, int64_t, bool>> blocks{{L, L, true}, {L, c, false}, {c, L, false}};
+  if (n > 0) {
+    blocks = {{c, c, true}};
+    for (int64_t k = 1; k < 2 * n; ++k) blocks.emplace_back(c, k * c, false);
+  }
+  std::vector<SdpaGraph> out;
+  for (bool forward : {true, false})
+    for (const auto& [tq, tk, causal] : blocks) {
+      SdpaGraph g;
+      g.split = true, g.forward = forward, g.dt = dt;
+      g.B = B, g.T = tq, g.Tkv = tk, g.H = H, g.G = groups, g.D = D, g.causal = causal;
+      g.q_rows = L, g.kv_rows = Lk;
+      g.deterministic = deterministic_attention();
+      out.push_back(g);
+    }
+  return out;
+}
+
+bool fused_cp_blocks_supported(DType dt, int64_t B, int64_t L, int64_t H, int64_t D, std::string* why, int64_t groups,
+                               int64_t gather_ranks) {
+  std::lock_guard<std::mutex> lock(library().mu);
+  const int64_t G = groups <= 0 ? H : groups, c = L / 2;
+  try {
+    if (H % G != 0) throw Refused(fmt::format("{} heads do not split into {} query groups", H, G));
+    if (L % 2 != 0 || c % 4 != 0)
+      throw Refused(fmt::format("{} local rows: a chunk of {} is no multiple of 4 (the statistics' alignment)", L, c));
+    for (const SdpaGraph& g : cp_block_graphs(dt, B, L, H, D, groups, gather_ranks)) plan_for(g);
+    return true;
+  } catch (const Refused& e) {
+    if (why) *why = e.what();
+    return false;
   }
 }
 

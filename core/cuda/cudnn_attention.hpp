@@ -5,10 +5,12 @@
 // cuDNN is loaded at run time (dlopen of libcudnn.so.9, else libcudnn_graph.so.9): a
 // machine without it runs mtnlg unchanged, and model.attention_backend: auto then takes
 // the unfused form. Under the emulated CUDA backend the same calls go to the emulated
-// cuDNN (emulator/cudnn.cpp), which recognises these two graphs and refuses others.
+// cuDNN (emulator/cudnn.cpp), which recognises these graphs and refuses others. Context
+// parallelism's blocks (a split layout, unmasked or causal) are graphs of the same kind.
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "core/ops.hpp"
 #include "core/tensor.hpp"
@@ -27,6 +29,17 @@ struct SdpaGraph {
   int64_t B = 1, T = 1, H = 1, D = 64;
   int64_t G = 0;
   double dropout_p = 0;
+  // Context parallelism's blocks (docs/specs/cudnn-sdpa.md, "Blocks"). `split`: Q (and
+  // dQ) are views of qkv-shaped rows [B, q_rows, (H+2G)*D] (their q columns), K and V (dK,
+  // dV) views of a separate K/V buffer [B, kv_rows, G*2*D] (per group [k | v]), each from
+  // its own pointer; O, dO [B, q_rows, H*D] and the statistics [B, H, q_rows] are views
+  // too, so a block may cover part of its buffers' rows (the pointers moved on). T query
+  // positions against Tkv key/value positions (0: T), causal (T == Tkv) or without a mask.
+  // Not split: the packed qkv views above, causal, Tkv = T. No dropout in a split graph.
+  bool split = false;
+  bool causal = true;
+  int64_t Tkv = 0;
+  int64_t q_rows = 0, kv_rows = 0;  // 0: T, Tkv
   // Backward only. false: cuDNN 9's default, dQ accumulated in an fp32 buffer by atomic
   // adds (fast, bitwise non-reproducible); true: the deterministic algorithm, dP kept in a
   // [B, H, T, T] workspace (training.deterministic_mode).
@@ -94,6 +107,31 @@ void cudnn_attention_forward(Tensor& out, Tensor& lse, const Tensor& qkv, int64_
                              const ops::AttentionDropout& drop, int64_t groups = 0);
 void cudnn_attention_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
                               int64_t heads, const ops::AttentionDropout& drop, int64_t groups = 0);
+
+// Context parallelism's p2p blocks in the split layout (docs/specs/cudnn-sdpa.md,
+// "Blocks"): the query rows [blk.q_begin, +blk.q_count) of qkv [B, L, (H+2G)*D] (its q
+// columns) against the key rows [blk.k_begin, +blk.k_count) of kv [B, Lk, G*2*D] (per
+// group [k | v]), causal (a square block: the diagonal) or unmasked. The forward writes the
+// block's rows of out [B, L, H*D] (the I/O dtype) and lse [B, H, L] (f32); the backward,
+// from the WHOLE attention's out and lse (every block merged), writes the block's rows of
+// the q columns of dq (qkv-shaped, the I/O dtype; its other columns and rows untouched)
+// and of dkv (kv-shaped). No dropout, no causal offset (Refused). A plan cuDNN refuses
+// throws Refused.
+void cudnn_block_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const Tensor& kv, int64_t heads,
+                         const ops::AttentionBlock& blk, int64_t groups = 0);
+void cudnn_block_backward(Tensor& dq, Tensor& dkv, const Tensor& dout, const Tensor& qkv, const Tensor& kv,
+                          const Tensor& out, const Tensor& lse, int64_t heads, const ops::AttentionBlock& blk,
+                          int64_t groups = 0);
+// The graphs of context parallelism's blocks over L = 2c local rows, forward and backward
+// with this process's backward algorithm: gather_ranks 0, the p2p ring's three (the
+// diagonal L x L causal, L x c and c x L unmasked, buffers of L rows); n, all_gather's over
+// n ranks (a chunk's c x c causal diagonal and the unmasked c x kc prefixes, k = 1 ..
+// 2n-1, against the gathered K/V of nL rows).
+std::vector<SdpaGraph> cp_block_graphs(DType dt, int64_t B, int64_t L, int64_t H, int64_t D, int64_t groups,
+                                       int64_t gather_ranks);
+// Whether cuDNN plans every one of them; `why` says what refused it when not.
+bool fused_cp_blocks_supported(DType dt, int64_t B, int64_t L, int64_t H, int64_t D, std::string* why,
+                               int64_t groups = 0, int64_t gather_ranks = 0);
 
 // "cuDNN 9.19.0 (libcudnn.so.9)" or why it did not load; `library` as for plan_offline.
 std::string cudnn_description(const std::string& library = "");

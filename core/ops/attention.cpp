@@ -632,7 +632,9 @@ void attention_merge_forward(Tensor& out, Tensor& lse, const Tensor& out_a, cons
                              const Tensor& lse_b) {
   const char* op = "attention_merge_forward";
   const bool cuda = same_device(op, {&out, &lse, &out_a, &lse_a, &out_b, &lse_b});
-  const DType dt = act_dtype(op, {{"out", &out}, {"out_a", &out_a}, {"out_b", &out_b}},
+  // A low-precision block merged into an f32 accumulator: out_b is read widened.
+  const bool mixed = out.dtype() == DType::f32 && out_a.dtype() == DType::f32 && is_low(out_b.dtype());
+  const DType dt = act_dtype(op, {{"out", &out}, {"out_a", &out_a}, {"out_b", mixed ? &out_a : &out_b}},
                              {{"lse", &lse}, {"lse_a", &lse_a}, {"lse_b", &lse_b}});
   int64_t B, Tn, H, D;
   merge_dims(op, out, lse, B, Tn, H, D);
@@ -641,6 +643,11 @@ void attention_merge_forward(Tensor& out, Tensor& lse, const Tensor& out_a, cons
   for (const Tensor* t : std::initializer_list<const Tensor*>{&lse_a, &lse_b})
     expect_numel(op, "lse_a/lse_b", *t, lse.numel());
   MTNLG_CUDA_DISPATCH(cuda, attention_merge_forward(out, lse, out_a, lse_a, out_b, lse_b));
+  if (mixed) {
+    Tensor wide = Tensor::empty(out_b.shape(), DType::f32, Device::cpu);
+    convert(wide, out_b);
+    return attention_merge_forward(out, lse, out_a, lse_a, wide, lse_b);
+  }
   if (is_low(dt)) {
     Widened w;
     attention_merge_forward(w.out(out), lse, w.in(out_a), lse_a, w.in(out_b), lse_b);
@@ -750,6 +757,50 @@ void attention_cached_forward(Tensor& out, Tensor& k_cache, Tensor& v_cache, con
     cpu::attention_cached_forward<V>(out.kernel_data<V>(), k_cache.kernel_data<V>(), v_cache.kernel_data<V>(),
                                      qkv.kernel_data<V>(), s.B, s.T, s.H, s.G, s.D, cap, past);
   });
+}
+
+bool attention_cp_blocks_fused_supported(Device device, DType dt, int64_t B, int64_t L, int64_t heads, int64_t head_dim,
+                                         std::string* why, int64_t groups, int64_t gather_ranks) {
+  if (device != Device::cuda) {
+    if (why) *why = "cuDNN's fused blocks run on CUDA only";
+    return false;
+  }
+#ifdef MTNLG_HAVE_CUDA
+  return cuda::fused_cp_blocks_supported(dt, B, L, heads, head_dim, why, groups, gather_ranks);
+#else
+  (void)dt, (void)B, (void)L, (void)heads, (void)head_dim, (void)groups, (void)gather_ranks;
+  if (why) *why = "a build without CUDA";
+  return false;
+#endif
+}
+
+void attention_block_fused_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const Tensor& kv, int64_t heads,
+                                   const AttentionBlock& blk, int64_t groups) {
+  const char* op = "attention_block_fused_forward";
+  const bool cuda = same_device(op, {&out, &lse, &qkv, &kv});
+  act_dtype(op, {{"out", &out}, {"qkv", &qkv}, {"kv", &kv}}, {{"lse", &lse}});
+  const op_checks::QkvShape s = op_checks::qkv_shape(op, qkv, heads, groups);
+  expect_numel(op, "out", out, s.B * s.T * s.H * s.D);
+  expect_numel(op, "lse", lse, s.B * s.H * s.T);
+  MTNLG_CUDA_DISPATCH(cuda, cudnn_block_forward(out, lse, qkv, kv, heads, blk, groups));
+  throw_runtime("{}: cuDNN's fused blocks run on CUDA only", op);
+}
+
+void attention_block_fused_backward(Tensor& dqkv, Tensor& dkv, const Tensor& dout, const Tensor& qkv, const Tensor& kv,
+                                    const Tensor& out, const Tensor& lse, int64_t heads, const AttentionBlock& blk,
+                                    int64_t groups) {
+  const char* op = "attention_block_fused_backward";
+  const bool cuda = same_device(op, {&dqkv, &dkv, &dout, &qkv, &kv, &out, &lse});
+  act_dtype(op, {{"dqkv", &dqkv}, {"dkv", &dkv}, {"dout", &dout}, {"qkv", &qkv}, {"kv", &kv}, {"out", &out}},
+            {{"lse", &lse}});
+  const op_checks::QkvShape s = op_checks::qkv_shape(op, qkv, heads, groups);
+  expect_numel(op, "dqkv", dqkv, qkv.numel());
+  expect_numel(op, "dkv", dkv, kv.numel());
+  expect_numel(op, "out", out, s.B * s.T * s.H * s.D);
+  expect_numel(op, "dout", dout, out.numel());
+  expect_numel(op, "lse", lse, s.B * s.H * s.T);
+  MTNLG_CUDA_DISPATCH(cuda, cudnn_block_backward(dqkv, dkv, dout, qkv, kv, out, lse, heads, blk, groups));
+  throw_runtime("{}: cuDNN's fused blocks run on CUDA only", op);
 }
 
 }  // namespace mtnlg::ops

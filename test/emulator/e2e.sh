@@ -29,7 +29,9 @@
 #                 K/V ring and the heads' all-to-all over the emulated NCCL's cp group):
 #                 mpirun -np 2 cp2 (p2p, all_gather, a2a), -np 4 cp2 x tp2 with sequence
 #                 parallelism and cp4 a2a+p2p (a2a within pairs, the ring across them), fp32,
-#                 every loss and grad norm within 1e-5 of the single-process cuda run
+#                 every loss and grad norm within 1e-5 of the single-process cuda run; and
+#                 bf16 cp2 p2p and all_gather (cuDNN's fused blocks) within 2e-2 of the
+#                 single-process bf16 cuda run
 #     graphs      training.enable_cuda_graph: micro batches replayed from CUDA graphs give
 #                 the eager cuda run's losses and grad norms bit for bit (fp32 with recompute
 #                 none and full, bf16, fp16 with loss scaling; the loss-mask path; hidden and
@@ -331,6 +333,19 @@ EOF
       shift 2
       mpi_train "$name" "$np" "${common[@]}" --set parallel.context_parallel_size=2 "$@"
       compare "$name" one 1e-5
+    done
+    # bf16: the p2p ring's blocks are cuDNN's fused graphs (the banner says so), against one
+    # process's cuDNN attention, within the bf16 runs' bound
+    train one16 cuda bf16 "${common[@]}"
+    for type in p2p all_gather; do
+      mpi_train "cp2-bf16-$type" 2 "${common[@]}" --set parallel.context_parallel_size=2 \
+        --set parallel.cp_comm_type=$type --set training.precision=bf16
+      compare "cp2-bf16-$type" one16 2e-2
+      if grep -q "cuDNN's fused blocks" "$out/cp2-bf16-$type.log"; then
+        echo "  cp2-bf16-$type: cuDNN's fused blocks ok"
+      else
+        echo "  cp2-bf16-$type: the banner does not say cuDNN's fused blocks FAILED"; fails=$((fails + 1))
+      fi
     done
     ;;
   graphs)

@@ -2,7 +2,7 @@
 // problem at its tensor-parallel split, every shape the CUDA tests run, forward and
 // backward, p 0 / 0.1, bf16 and fp16, the backward with the fp32 dQ accumulator and
 // deterministic, and the grouped-query shapes of Llama 3 8B / 70B and the tests (bf16, p 0
-// and 0.1) -- built by the production builders (core/cuda/cudnn_attention.cu) and
+// and 0.1), and context parallelism's blocks (the "cp" group) -- built by the production builders (core/cuda/cudnn_attention.cu) and
 // planned by the toolkit's libcudnn without a GPU (cuDNN >= 9.8's offline planning) for an
 // H100 and an H200 (core/cuda/cudnn_device.cpp: their data-sheet properties). Graphs with
 // a planted mistake must be refused. Each plan's workspace goes into
@@ -47,9 +47,8 @@ struct Problem {
 };
 
 // Every shipped recipe at its tp split: micro batch, sequence, local heads, head size. Left
-// out: the long-context recipes with context parallelism (their ranks attend in blocks,
-// which the CUDA path does not plan yet) and the mixture-of-experts ones (MoE layers do
-// not run on CUDA yet); the trainer refuses both on CUDA.
+// out: the long-context recipes with context parallelism (their ranks attend in blocks:
+// the group "cp", cp_problems below) and the mixture-of-experts ones.
 std::vector<Problem> recipe_problems() {
   std::vector<Problem> out;
   std::vector<std::filesystem::path> files;
@@ -100,6 +99,26 @@ std::vector<Problem> gqa_problems() {
           {"test: llama on the GPU", 3, 128, 4, 128, 1}};
 }
 
+// Context parallelism on CUDA (docs/specs/cudnn-sdpa.md, "Blocks"): B samples of L = 2c
+// local rows per rank of `cp`, H local heads in G groups of head size D. The p2p ring's
+// blocks: the diagonal (L x L causal), a lower rank's first chunk (L x c, no mask), the
+// second chunk's queries against a higher rank's K/V (c x L, no mask); all_gather's: a
+// chunk's c x c causal diagonal and the c x kc prefixes before it (k < 2 cp) against the
+// gathered K/V. The recipes with context parallelism (Llama 3 8B 32k at tp 4 cp 2, 128k at
+// tp 8 cp 8), GPT-2 124M's heads at cp 2 of 2048 and the shapes the cp tests run.
+struct CpProblem {
+  std::string from;
+  int64_t B, L, H, D, G, cp;
+};
+std::vector<CpProblem> cp_problems() {
+  return {{"llama3-8b-32k.yaml (cp 2)", 1, 16384, 8, 128, 2, 2},
+          {"llama3-8b-128k.yaml (cp 8)", 1, 16384, 4, 128, 1, 8},
+          {"GPT-2 124M heads, cp 2 of 2048", 1, 1024, 12, 64, 0, 2},
+          {"test: cp blocks", 2, 8, 2, 8, 0, 4},
+          {"test: cp blocks GQA", 2, 8, 4, 8, 2, 4},
+          {"test: cp blocks MQA", 1, 16, 4, 16, 1, 2}};
+}
+
 struct Case {
   std::string from;
   SdpaGraph g;
@@ -111,13 +130,37 @@ std::string describe(const SdpaGraph& g) {
                               g.H, g.D, g.dropout_p);
   if (!g.forward) s += g.deterministic ? " deterministic" : " dQ-accumulator";
   if (g.G > 0 && g.G != g.H) s += fmt::format(" G {}", g.G);
+  if (g.split)
+    s +=
+        fmt::format(" block {}x{} {} of rows {}/{}", g.T, g.Tkv, g.causal ? "causal" : "unmasked", g.q_rows, g.kv_rows);
   if (g.flaw == SdpaGraph::Flaw::stats_sub_for_add) s += " [planted: SUB for ADD in the statistics]";
   if (g.flaw == SdpaGraph::Flaw::fp32_probs) s += " [planted: P in fp32 to the second matmul]";
   if (g.flaw == SdpaGraph::Flaw::grouped_unsummed) s += " [planted: dK, dV not summed over the group]";
   return s;
 }
 
-// The cases of one group: "recipes", "tests" (every graph of those problems) or "planted".
+// Every cp problem's blocks (cuda::cp_block_graphs: the graphs the training calls plan)
+// for p2p and all_gather, forward and both backwards, bf16 and fp16 (bf16 only when
+// grouped), p 0 (the blocks take no dropout).
+std::vector<Case> cp_cases() {
+  std::vector<Case> cases;
+  for (const CpProblem& pr : cp_problems()) {
+    const bool grouped = pr.G > 0 && pr.G != pr.H;
+    for (DType dt : {DType::bf16, DType::f16})
+      for (int64_t gather : {int64_t{0}, pr.cp})
+        for (bool det : {false, true}) {
+          if (grouped && dt != DType::bf16) continue;
+          cuda::set_deterministic_attention(det);
+          for (const SdpaGraph& g : cuda::cp_block_graphs(dt, pr.B, pr.L, pr.H, pr.D, pr.G, gather))
+            if (det == false || !g.forward) cases.push_back({pr.from + (gather ? " all_gather" : " p2p"), g});
+        }
+  }
+  cuda::set_deterministic_attention(false);
+  return cases;
+}
+
+// The cases of one group: "recipes", "tests" (every graph of those problems), "cp"
+// (context parallelism's blocks) or "planted".
 std::vector<Case> cases_of(const std::string& group) {
   std::vector<Case> cases;
   if (group == "planted") {
@@ -142,8 +185,21 @@ std::vector<Case> cases_of(const std::string& group) {
     bad.D = 64, bad.H = 4, bad.G = 2;
     bad.flaw = SdpaGraph::Flaw::grouped_unsummed;
     cases.push_back({"planted", bad, true});
+    // A context-parallel block (unmasked, 64 queries against 32 keys) with the first two
+    // mistakes, and a causal one that is not square (refused before cuDNN is asked).
+    SdpaGraph blk;
+    blk.split = true, blk.causal = false;
+    blk.B = 1, blk.T = 64, blk.Tkv = 32, blk.q_rows = 64, blk.kv_rows = 64, blk.H = 2, blk.D = 64;
+    blk.flaw = SdpaGraph::Flaw::stats_sub_for_add;
+    cases.push_back({"planted", blk, true});
+    blk.flaw = SdpaGraph::Flaw::fp32_probs;
+    cases.push_back({"planted", blk, true});
+    blk.flaw = SdpaGraph::Flaw::none;
+    blk.causal = true;
+    cases.push_back({"planted", blk, true});
     return cases;
   }
+  if (group == "cp") return cp_cases();
   std::vector<Problem> problems = group == "recipes" ? recipe_problems() : test_problems();
   if (group == "tests")
     for (const Problem& pr : gqa_problems()) problems.push_back(pr);
@@ -270,7 +326,7 @@ TEST_CASE(
   for (const char* key : {"h100", "h200"}) SECTION(key) {
       const cuda::CudnnDevice* dev = cuda::cudnn_device(key);
       REQUIRE(dev);
-      for (const char* group : {"planted", "tests", "recipes"}) SECTION(group) {
+      for (const char* group : {"planted", "tests", "recipes", "cp"}) SECTION(group) {
           plan_table(*dev, group);
         }
     }

@@ -1294,14 +1294,49 @@ Run attention_merge_prepare(Ctx& c, const Case& k) {
   return r;
 }
 
+// A bf16/fp16 block merged into an f32 accumulator (context parallelism's fused blocks):
+// out and out_a f32, out_b in the case's dtype (on CUDA stored so; the CPU's f32 reference
+// reads the same rounded values), merged into a new tensor and in place. n = {B, T, H, D,
+// 1}; the rows without keys as in attention_merge_prepare.
+Run attention_merge_wide_prepare(Ctx& c, const Case& k) {
+  const int64_t B = k.n[0], T = k.n[1], H = k.n[2], D = k.n[3];
+  Tensor oa = c.f32({B, T, H * D}), ob = c.act({B, T, H * D});
+  Tensor la = c.f32({B, H, T}, 2.0).to(Device::cpu), lb = c.f32({B, H, T}, 2.0).to(Device::cpu);
+  for (int64_t i = 0; i < la.numel(); ++i) {
+    const int64_t t = i % T;
+    if (t % 4 == 1 || t % 4 == 3) la.data<float>()[i] = -std::numeric_limits<float>::infinity();
+    if (t % 4 == 2 || t % 4 == 3) lb.data<float>()[i] = -std::numeric_limits<float>::infinity();
+  }
+  la = la.to(c.dev), lb = lb.to(c.dev);
+  Tensor out = c.out(oa.shape(), DType::f32), lse = c.out(la.shape(), DType::f32);
+  Tensor o2 = c.out(oa.shape(), DType::f32), l2 = c.out(la.shape(), DType::f32);
+  Run r;
+  r.exec = [=]() mutable {
+    ops::attention_merge_forward(out, lse, oa, la, ob, lb);
+    ops::copy(o2, oa);
+    ops::copy(l2, la);
+    ops::attention_merge_forward(o2, l2, o2, l2, ob, lb);
+  };
+  r.collect = [=] {
+    return std::vector<Output>{output("out (f32)", out, kRtolF32), lse_output("lse", lse, kRtolF32),
+                               output("out in place (f32)", o2, kRtolF32), lse_output("lse in place", l2, kRtolF32)};
+  };
+  return r;
+}
+
 Entry attention_merge_entry() {
   Entry e{"attention_merge", {}, nullptr, nullptr};
+  for (DType dt : {DType::bf16, DType::f16})
+    e.cases.push_back(device_case("B 2 T 8 H 3 D 8, " + to_string(dt) + " block into f32", dt, {2, 8, 3, 8, 1}));
   for (const auto& [B, T, H, D] : {std::array<int64_t, 4>{2, 8, 3, 8}, {1, 12, 2, 40}})
     for (DType dt : kTypes)
       e.cases.push_back(device_case(shape_label({{"B", B}, {"T", T}, {"H", H}, {"D", D}}, dt), dt, {B, T, H, D}, {},
                                     D == 40 && dt != DType::f16));
   add_low_cases(e, "B 2 T 8 H 3 D 8", {2, 8, 3, 8});
-  e.prepare = attention_merge_prepare;
+  add_low_cases(e, "B 2 T 8 H 3 D 8, block into f32", {2, 8, 3, 8, 1});
+  e.prepare = [](Ctx& c, const Case& k) {
+    return k.n.size() > 4 ? attention_merge_wide_prepare(c, k) : attention_merge_prepare(c, k);
+  };
   e.cases.push_back(fd_case("B 2 T 3 H 2 D 3", 71, {2, 3, 2, 3}));
   e.cases.push_back(fd_case("B 1 T 4 H 3 D 2, lse apart by 3", 72, {1, 4, 3, 2}, {3.0}));
   e.fd = [](Ctx& c, const Case& k) {
