@@ -381,6 +381,10 @@ void layer_tp_comm(LayerTime& r, const Layout& l, const Cluster& c, double bytes
   }
 }
 
+// Bytes an element of context parallelism's dK/dV travels in: the trainer sums a K/V
+// block's gradient in f32 whatever the activations' dtype (parallel/context_parallel.cpp).
+constexpr double kCpGradBytes = 4;
+
 // Context-parallel communication of one layer's attention into r.cp_fwd / r.cp_bwd
 // (CommBytes::cp for the volumes), `att_f` / `att_b` this rank's attention core forward and
 // backward. p2p passes each K/V block beside the computation of the block before it: each
@@ -393,16 +397,19 @@ void layer_cp_comm(LayerTime& r, const Shape& sh, const Layout& l, const Cluster
   const GroupLink k = group_link(c, l.tp, n);
   const double t = double(l.tp), rows = double(l.micro_batch) * double(sh.s), cpd = double(n);
   const double kv = rows * 2.0 * double(sh.G * sh.D) / t * e;  // this rank's K and V
+  const double dkv = kv * kCpGradBytes / e;                       // their gradient, summed in f32
   switch (l.cp_comm) {
     case CpCommType::p2p: {
+      // Backward: cp - 1 steps each moving a K/V block and a dK/dV buffer beside a block's
+      // compute, then the buffer's way home with nothing left to hide it.
       auto step = [&](double bytes, double cover) { return std::max(k.alpha, k.alpha + bytes / k.bw - cover); };
       r.cp_fwd = (cpd - 1) * step(kv, att_f / cpd);
-      r.cp_bwd = cpd * step(2 * kv, att_b / cpd);
+      r.cp_bwd = (cpd - 1) * step(kv + dkv, att_b / cpd) + step(dkv, 0);
       return;
     }
     case CpCommType::all_gather:
       r.cp_fwd = reduce_scatter_time(cpd * kv, n, k);
-      r.cp_bwd = 2 * reduce_scatter_time(cpd * kv, n, k);
+      r.cp_bwd = reduce_scatter_time(cpd * kv, n, k) + reduce_scatter_time(cpd * dkv, n, k);
       return;
     case CpCommType::a2a:
     case CpCommType::a2a_p2p: {
@@ -417,7 +424,8 @@ void layer_cp_comm(LayerTime& r, const Shape& sh, const Layout& l, const Cluster
       const double qkv = rows * double(sh.qkv()) / t * e, out = rows * double(sh.att()) / t * e;
       const double lse = rows * double(sh.a) / t * 4.0;
       r.cp_fwd = a2a(qkv) + a2a(out) + (ring > 1 ? (ringd - 1) * step(kv, att_f / ringd) : 0.0);
-      r.cp_bwd = a2a(qkv) + 2 * a2a(out) + a2a(lse) + a2a(qkv) + (ring > 1 ? ringd * step(2 * kv, att_b / ringd) : 0.0);
+      r.cp_bwd = a2a(qkv) + 2 * a2a(out) + a2a(lse) + a2a(qkv) +
+                 (ring > 1 ? (ringd - 1) * step(kv + dkv, att_b / ringd) + step(dkv, 0) : 0.0);
       return;
     }
   }
@@ -849,18 +857,20 @@ Layout layout_from_recipe(const Recipe& r, int64_t gpus) {
 double cp_layer_bytes(const Shape& sh, const Layout& l, double e, bool forward) {
   if (l.cp < 2) return 0;
   const double t = double(l.tp), rows = double(l.micro_batch) * double(sh.s), cp = double(l.cp);
-  const double kv = rows * 2.0 * double(sh.G * sh.D) / t * e;
+  const double kv = rows * 2.0 * double(sh.G * sh.D) / t * e, dkv = kv * kCpGradBytes / e;
   const double qkv = rows * double(sh.qkv()) / t * e, out = rows * double(sh.att()) / t * e;
+  // p2p backward: cp - 1 K/V blocks and cp dK/dV buffers (the last one home); all_gather
+  // backward: the K/V gathered again, the dK/dV reduce-scattered.
   switch (l.cp_comm) {
-    case CpCommType::p2p: return forward ? (cp - 1) * kv : cp * 2 * kv;
-    case CpCommType::all_gather: return forward ? (cp - 1) * kv : 2 * (cp - 1) * kv;
+    case CpCommType::p2p: return forward ? (cp - 1) * kv : (cp - 1) * kv + cp * dkv;
+    case CpCommType::all_gather: return forward ? (cp - 1) * kv : (cp - 1) * (kv + dkv);
     case CpCommType::a2a:
     case CpCommType::a2a_p2p: break;
   }
   // a2a at m ranks, then (a2a+p2p) the K/V ring across cp / m groups (layer_cp_comm).
   const double m = l.cp_comm == CpCommType::a2a ? cp : double(l.cp_a2a), ring = cp / m, share = (m - 1) / m;
   const double a2a = forward ? share * (qkv + out) : share * (2 * qkv + 2 * out + rows * double(sh.a) / t * 4.0);
-  const double p2p = ring > 1 ? (forward ? (ring - 1) * kv : ring * 2 * kv) : 0.0;
+  const double p2p = ring > 1 ? (forward ? (ring - 1) * kv : (ring - 1) * kv + ring * dkv) : 0.0;
   return a2a + p2p;
 }
 

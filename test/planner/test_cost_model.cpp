@@ -596,9 +596,14 @@ TEST_CASE("cost: context parallelism splits activations, counts the exchange and
   CHECK(l.dp == 1);
   CHECK(l.describe().find("cp2 p2p") != std::string::npos);
   // This rank's K and V: 16 rows x 2 x 4 heads x 16 x 4 bytes = 8192. p2p: the block goes
-  // round once forward (cp - 1 sends), K/V with their gradients cp times backward.
+  // round once forward (cp - 1 sends); backward cp - 1 K/V blocks and cp dK/dV buffers
+  // (the last one going home), as the trainer's ring sends them.
   const double kv = 8192, m = 8, layers = 4;
-  CHECK(comm_bytes_per_iteration(r, l, 8).cp == Approx(m * layers * (kv + 2 * 2 * kv)));
+  CHECK(comm_bytes_per_iteration(r, l, 8).cp == Approx(m * layers * (kv + kv + 2 * kv)));
+  // In bf16 the K/V travel in bf16, their gradients in f32 (summed there).
+  Recipe r16 = r;
+  r16.training.precision = Precision::bf16;
+  CHECK(comm_bytes_per_iteration(r16, l, 8).cp == Approx(m * layers * (kv / 2 + kv / 2 + 2 * kv)));
   Layout ag = l;
   ag.cp_comm = CpCommType::all_gather;  // gathered forward; gathered again and reduce-scattered backward
   CHECK(comm_bytes_per_iteration(r, ag, 8).cp == Approx(m * layers * (kv + 2 * kv)));
@@ -628,7 +633,7 @@ TEST_CASE("cost: context parallelism splits activations, counts the exchange and
   CHECK(h4.cp_a2a == 2);
   const double q4 = 8 * 192 * 4.0, o4 = 8 * 64 * 4.0, l4 = 8 * 4 * 4.0, kv4 = 8 * 2 * 64 * 4.0;
   CHECK(comm_bytes_per_iteration(r4, h4, 8).cp ==
-        Approx(m * layers * (0.5 * (q4 + o4 + 2 * q4 + 2 * o4 + l4) + kv4 + 2 * 2 * kv4)));
+        Approx(m * layers * (0.5 * (q4 + o4 + 2 * q4 + 2 * o4 + l4) + kv4 + kv4 + 2 * kv4)));
   Layout uneven = h4;
   uneven.cp_a2a = 3;  // does not divide cp
   CHECK(layout_problem(r4, uneven).find("hierarchical_context_parallel_sizes") != std::string::npos);
@@ -636,7 +641,7 @@ TEST_CASE("cost: context parallelism splits activations, counts the exchange and
   // Full recompute runs the forward's exchange again.
   Layout full = l;
   full.recompute = RecomputeGranularity::full;
-  CHECK(comm_bytes_per_iteration(r, full, 8).cp == Approx(m * layers * (2 * kv + 2 * 2 * kv)));
+  CHECK(comm_bytes_per_iteration(r, full, 8).cp == Approx(m * layers * (2 * kv + kv + 2 * kv)));
   // Gradients are all-reduced over dp x cp = 2 ranks: 2 (n-1)/n x params x 4.
   const CommBytes c = comm_bytes_per_iteration(r, l, 8);
   CHECK(c.dp > 0);
