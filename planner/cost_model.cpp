@@ -397,7 +397,7 @@ void layer_cp_comm(LayerTime& r, const Shape& sh, const Layout& l, const Cluster
   const GroupLink k = group_link(c, l.tp, n);
   const double t = double(l.tp), rows = double(l.micro_batch) * double(sh.s), cpd = double(n);
   const double kv = rows * 2.0 * double(sh.G * sh.D) / t * e;  // this rank's K and V
-  const double dkv = kv * kCpGradBytes / e;                       // their gradient, summed in f32
+  const double dkv = kv * kCpGradBytes / e;                    // their gradient, summed in f32
   switch (l.cp_comm) {
     case CpCommType::p2p: {
       // Backward: cp - 1 steps each moving a K/V block and a dK/dV buffer beside a block's
