@@ -783,6 +783,7 @@ void attention_block_fused_forward(Tensor& out, Tensor& lse, const Tensor& qkv, 
   expect_numel(op, "out", out, s.B * s.T * s.H * s.D);
   expect_numel(op, "lse", lse, s.B * s.H * s.T);
   MTNLG_CUDA_DISPATCH(cuda, cudnn_block_forward(out, lse, qkv, kv, heads, blk, groups));
+  (void)blk;  // a build without CUDA
   throw_runtime("{}: cuDNN's fused blocks run on CUDA only", op);
 }
 
@@ -800,6 +801,7 @@ void attention_block_fused_backward(Tensor& dqkv, Tensor& dkv, const Tensor& dou
   expect_numel(op, "dout", dout, out.numel());
   expect_numel(op, "lse", lse, s.B * s.H * s.T);
   MTNLG_CUDA_DISPATCH(cuda, cudnn_block_backward(dqkv, dkv, dout, qkv, kv, out, lse, heads, blk, groups));
+  (void)blk;  // a build without CUDA
   throw_runtime("{}: cuDNN's fused blocks run on CUDA only", op);
 }
 
