@@ -572,6 +572,18 @@ Tensor gather_kv(const Tensor& qkv, const Dims& d, CpExchange& ex) {
   for (int64_t j = 0; j < d.n; ++j) parts.push_back(all.rows(j * d.B, d.B));
   return cp_gather(parts);
 }
+// all_gather's backward: the whole sequence's dK/dV [B, T, KW] summed over the ranks, each
+// rank getting its own rows (split by the owners' chunks, then reduce-scattered).
+Tensor scatter_home(const Tensor& dkv_all, const Dims& d, CpExchange& ex) {
+  Tensor blocks = empty_like(dkv_all, {d.n * d.B, d.L, d.KW}), dkv = empty_like(dkv_all, {d.B, d.L, d.KW});
+  for (int64_t j = 0; j < d.n; ++j) {  // rank j's rows of the gradient, in rank order
+    Tensor dst = blocks.rows(j * d.B, d.B);
+    ops::copy(dst, cp_split(dkv_all, d.n, j));
+  }
+  ex.reduce_scatter(blocks, dkv);
+  return dkv;
+}
+
 // The two blocks of all_gather: each local chunk's queries against the causal prefix of
 // the whole sequence's keys (global offset = the chunk's first position).
 ops::AttentionBlock prefix_block(int64_t half, const Dims& d) {
@@ -600,13 +612,7 @@ void all_gather_backward(Tensor& dqkv, const Tensor& dout, const Tensor& qkv, co
   Tensor dkv_all = zeros_like(kv);
   for (int64_t half : {0, 1})
     ops::attention_block_backward(dqkv, dkv_all, dout, nullptr, qkv, kv, out, lse, d.H, prefix_block(half, d), d.G);
-  Tensor blocks = empty_like(kv, {d.n * d.B, d.L, d.KW}), dkv = empty_like(kv, {d.B, d.L, d.KW});
-  for (int64_t j = 0; j < d.n; ++j) {  // rank j's rows of the gradient, in rank order
-    Tensor dst = blocks.rows(j * d.B, d.B);
-    ops::copy(dst, cp_split(dkv_all, d.n, j));
-  }
-  ex.reduce_scatter(blocks, dkv);
-  put_kv(dqkv, dkv, d);
+  put_kv(dqkv, scatter_home(dkv_all, d, ex), d);
 }
 
 // all_gather with cuDNN's fused blocks: local chunk `half` (chunk k of the sequence)
@@ -652,13 +658,7 @@ void all_gather_fused_backward(Tensor& dqkv, const Tensor& dout, const Tensor& q
     for (bool diagonal : {true, false})
       if (const ops::AttentionBlock b = gather_fused_block(half, diagonal, d); b.k_count > 0)
         sum.add(dq, dkv_all, dout, qkv, kv, out, lse, d, b);
-  Tensor blocks = empty_like(dkv_all, {d.n * d.B, d.L, d.KW}), dkv = empty_like(dkv_all, {d.B, d.L, d.KW});
-  for (int64_t j = 0; j < d.n; ++j) {  // rank j's rows of the gradient, in rank order
-    Tensor dst = blocks.rows(j * d.B, d.B);
-    ops::copy(dst, cp_split(dkv_all, d.n, j));
-  }
-  ex.reduce_scatter(blocks, dkv);
-  put_kv(dq, dkv, d);
+  put_kv(dq, scatter_home(dkv_all, d, ex), d);
   ops::convert(dqkv, dq);
 }
 
