@@ -1339,9 +1339,6 @@ void refuse_unwired_moe(const Recipe& r) {
            fmt::format("seq_aux_loss under tensor_model_parallel_size {} x context_parallel_size {} (sequences split "
                        "over ranks)",
                        r.tp(), r.cp()));
-  if (r.training.enable_cuda_graph)
-    refuse("training.enable_cuda_graph",
-           "CUDA graphs (a dropless dispatch's sizes are known only after the routing, on the host)");
   if (m.moe_router_load_balancing_type == MoeLoadBalancing::global_aux_loss &&
       r.parallel.recompute_granularity == RecomputeGranularity::full)
     refuse("model.moe_router_load_balancing_type",

@@ -68,7 +68,10 @@ struct MoeDispatch {
 // contiguous rows for the per-sequence loss. Every sum runs in a fixed order (row, then
 // slot, then expert), so results do not depend on threads. The dispatch plan and the
 // capacity are computed on the host for both devices (CUDA's choices are copied over:
-// the plan's sizes decide the launches and allocations that follow).
+// the plan's sizes decide the launches and allocations that follow), except for the
+// padded plan (moe_padded_dispatch_plan): its sizes are fixed, so CUDA makes it on the
+// device, and with the accumulating forms of the losses and the routing record a padded
+// MoE layer runs without a synchronisation (what a CUDA graph captures).
 //
 // The router's gating in its own dtype: logits[N, E] = x[N, H] @ w[E, H]^T computed in the
 // dtype of `logits` (x and w converted to it, Megatron-Core's moe_router_dtype).
@@ -96,16 +99,22 @@ void moe_aux_scores_backward(Tensor& dlogits, const Tensor& dscores, const Tenso
 //   loss = coeff * E / (topk * T^2) / groups * sum_g sum_e (sum_{n in g} scores[n, e]) * counts[g, e]
 // with T = total_tokens. aux_loss: groups 1, T = N, counts of this micro batch;
 // seq_aux_loss: groups = sequences, T = sequence length; global_aux_loss: groups 1, counts
-// averaged over the batch's micro batches and ranks, T = N x ranks. Returns the loss.
+// averaged over the batch's micro batches and ranks, T = N x ranks. Returns the loss; with
+// `acc` (f64 [1] on the op's device) adds it there instead and returns 0 (on CUDA without
+// a synchronisation).
 double moe_aux_loss_forward(const Tensor& scores, const Tensor& counts, int64_t groups, double total_tokens,
-                            int64_t topk, double coeff);
-// dscores (written) = dloss * coeff * E / (topk * T^2) / groups * counts[g(n), e].
+                            int64_t topk, double coeff, Tensor* acc = nullptr);
+// dscores (written) = dloss * coeff * E / (topk * T^2) / groups * counts[g(n), e]; with
+// `dloss_scale` (f64 [1] on the op's device) dloss is multiplied by its value, read when
+// the op runs (a CUDA graph's replay reads the current one).
 void moe_aux_loss_backward(Tensor& dscores, const Tensor& counts, int64_t groups, double total_tokens, int64_t topk,
-                           double coeff, double dloss);
+                           double coeff, double dloss, const Tensor* dloss_scale = nullptr);
 // The router z-loss: coeff * mean_n (logsumexp_e logits[n, e])^2; the backward adds
-// dloss * coeff * 2 lse_n softmax(logits)[n, e] / N to dlogits.
-double moe_z_loss_forward(const Tensor& logits, double coeff);
-void moe_z_loss_backward(Tensor& dlogits, const Tensor& logits, double coeff, double dloss);
+// dloss * coeff * 2 lse_n softmax(logits)[n, e] / N to dlogits. `acc` and `dloss_scale`
+// as for the balancing loss.
+double moe_z_loss_forward(const Tensor& logits, double coeff, Tensor* acc = nullptr);
+void moe_z_loss_backward(Tensor& dlogits, const Tensor& logits, double coeff, double dloss,
+                         const Tensor* dloss_scale = nullptr);
 // An expert's capacity: ceil(tokens * topk / E * factor).
 int64_t moe_capacity(int64_t tokens, int64_t num_experts, int64_t topk, double factor);
 // keep (i32 [N, k], written): 1 for the slots each expert keeps within `capacity`, 0 for
@@ -115,6 +124,17 @@ int64_t moe_apply_capacity(Tensor& keep, const Tensor& probs, const Tensor& idx,
 // The permutation of idx [N, k] (i32) by expert, stable; `keep` (optional) drops slots;
 // pad_to > 0 pads every expert's group with zero rows up to pad_to (fixed-size groups).
 MoeDispatch moe_dispatch_plan(const Tensor& idx, const Tensor* keep, int64_t num_experts, int64_t pad_to = 0);
+// The capacity's drops and the padded plan in one, on the device of the choices and
+// without a synchronisation: every expert's group is exactly `capacity` rows, its kept
+// slots in token order, then padding. The plan is moe_apply_capacity's keep followed by
+// moe_dispatch_plan(pad_to = capacity), bit for bit, except that d.tokens stays empty:
+// kept (i32 [E], written) holds each expert's kept slots, on the device.
+MoeDispatch moe_padded_dispatch_plan(Tensor& kept, const Tensor& probs, const Tensor& idx, int64_t num_experts,
+                                     int64_t capacity, DropPolicy policy);
+// One forward's routing added to a layer's record (f64 [E + 4] on kept's device): [e] +=
+// kept[e], [E] += slots - sum(kept) (the dropped slots), [E + 3] += 1 (the forwards); [E +
+// 1] and [E + 2] take the balancing and z losses (their forwards' `acc`).
+void moe_record_routing(Tensor& record, const Tensor& kept, int64_t slots);
 // out[rows, H] (written): row r = x[row_src[r]], zero for padding. Its backward is
 // moe_unpermute of the gradient, and moe_unpermute's is moe_permute.
 void moe_permute(Tensor& out, const Tensor& x, const MoeDispatch& d);

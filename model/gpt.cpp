@@ -375,7 +375,7 @@ void GptChunk::bind_moe(LayerParams& lp, const std::string& p, std::vector<int64
 }
 
 void GptChunk::reset_moe_stats() {
-  for (auto& st : moe_stats_) st = MoeLayerStats{st.layer, {}, 0, 0.0, 0.0, 0};
+  for (auto& st : moe_stats_) st.reset();
 }
 
 // b_e += rate * sign(mean(c) - c_e) from the step's routed counts (after drops), on the
@@ -583,7 +583,10 @@ Tensor GptChunk::mlp_backward(int64_t li, const Tensor& dfc2, LayerActs& a, cons
   auto* tpc = groups_.tp.get();
   if (p.moe) {  // this rank's rows (the forward's)
     Tensor dln2 = Tensor::empty(dfc2.shape(), dfc2.dtype(), dev_);
-    moe_.backward(dln2, dfc2, a.moe, a.ln2_full, p.moe_p, pass.seq, pass.moe_loss_weight);
+    if (pass.moe_dloss.defined())
+      moe_.backward(dln2, dfc2, a.moe, a.ln2_full, p.moe_p, pass.seq, 1.0, &pass.moe_dloss);
+    else
+      moe_.backward(dln2, dfc2, a.moe, a.ln2_full, p.moe_p, pass.seq, pass.moe_loss_weight);
     return dln2;
   }
   Tensor dfc2_full = tp::leave_row_parallel_backward(tpc, sp, dfc2);
@@ -922,22 +925,24 @@ PlacedLayout PlacedLayout::make(int64_t tokens, bool grad_order, bool keys) {
 
 PlacedInputs PlacedInputs::empty_like(Device dev) const {
   auto like = [&](const Tensor& t) { return t.defined() ? Tensor::empty(t.shape(), t.dtype(), dev) : Tensor(); };
-  return {layout, like(ids), like(dloss), like(mask)};
+  return {layout, like(ids), like(dloss), like(mask), like(moe_dloss)};
 }
 
 PlacedInputs PlacedInputs::on(Device dev) const {
   auto put = [&](const Tensor& t) { return t.defined() ? t.on(dev) : Tensor(); };
-  return {layout, put(ids), put(dloss), put(mask)};
+  return {layout, put(ids), put(dloss), put(mask), put(moe_dloss)};
 }
 
 void PlacedInputs::copy_from(const PlacedInputs& src) {
   MTNLG_CHECK(src.layout.total == layout.total && src.layout.tokens == layout.tokens &&
-                  src.dloss.defined() == dloss.defined() && src.mask.defined() == mask.defined(),
+                  src.dloss.defined() == dloss.defined() && src.mask.defined() == mask.defined() &&
+                  src.moe_dloss.defined() == moe_dloss.defined(),
               "placed inputs of {} tokens refilled from ones of {} tokens or another layout", layout.tokens,
               src.layout.tokens);
   ids.copy_from(src.ids);
   if (dloss.defined()) dloss.copy_from(src.dloss);
   if (mask.defined()) mask.copy_from(src.mask);
+  if (moe_dloss.defined()) moe_dloss.copy_from(src.moe_dloss);
 }
 
 // tokens [B, T + 1] (teacher forcing) into inputs [B*L] = tokens[:, pos] and labels [B*L] =
@@ -1025,6 +1030,10 @@ PlacedInputs GptChunk::stage_inputs(const TrainMicroBatch& mb) const {
     const uint64_t keys[2] = {mb.step_key, static_cast<uint64_t>(mb.sample_offset)};
     std::memcpy(ids + h.layout.keys, keys, sizeof keys);
   }
+  if (!moe_stats_.empty()) {  // the MoE losses' weight, read by the backward's kernels
+    h.moe_dloss = Tensor::empty({1}, DType::f64, Device::cpu);
+    h.moe_dloss.data<double>()[0] = mb.moe_loss_weight;
+  }
   if (spec_.has_head) {
     // The loss gradient per token, loss_weight x mask, rounded once to the statistics dtype.
     const std::vector<float> mask = mb.loss_mask ? local_mask(mb.loss_mask, B) : std::vector<float>();
@@ -1051,7 +1060,7 @@ void GptChunk::take_placed(const PlacedInputs& in, Pass& p, Saved& s) const {
   const bool masked = p.train && p.train->loss_mask;
   MTNLG_CHECK(in.layout.total == want.total && in.layout.keys == want.keys && in.layout.grad_order == want.grad_order &&
                   fits(in.ids, want.total) && (!spec_.has_head || fits(in.dloss, N)) &&
-                  (!spec_.has_head || !masked || fits(in.mask, N)),
+                  (!spec_.has_head || !masked || fits(in.mask, N)) && (moe_stats_.empty() || fits(in.moe_dloss, 1)),
               "placed inputs do not fit a micro batch of {} x {} tokens on this chunk", p.batch, p.seq);
   s.tokens = in.inputs();
   s.targets = in.labels();
@@ -1063,6 +1072,7 @@ void GptChunk::take_placed(const PlacedInputs& in, Pass& p, Saved& s) const {
   }
   s.dloss = in.dloss;
   s.mask = in.mask;
+  p.moe_dloss = in.moe_dloss;
 }
 
 // Scoring: [B, T + 1] tokens split into inputs and labels, as training does.

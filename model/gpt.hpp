@@ -207,6 +207,7 @@ struct PlacedLayout {
 struct PlacedInputs {
   PlacedLayout layout;
   Tensor ids, dloss, mask;
+  Tensor moe_dloss;  // f64 [1]: TrainMicroBatch::moe_loss_weight, on a chunk with MoE layers
 
   Tensor inputs() const { return ids.flat(layout.inputs, layout.tokens); }
   Tensor labels() const { return ids.flat(layout.labels, layout.tokens); }
@@ -327,6 +328,7 @@ class GptChunk {
     int64_t sample_offset = 0;
     const uint64_t* keys_dev = nullptr;
     double moe_loss_weight = 0.0;            // TrainMicroBatch::moe_loss_weight (training)
+    Tensor moe_dloss;                        // the same on the chunk's device (PlacedInputs::moe_dloss)
     const TrainMicroBatch* train = nullptr;  // the layer observer's argument (training forward)
     int64_t tokens() const { return batch * seq; }
   };

@@ -155,31 +155,81 @@ void MoeMlp::route(MoeActs& a, const Tensor& in, const MoeParams& p, int64_t seq
     ops::moe_jitter(a.router_in, in, cfg.jitter_eps, a.jitter.key, a.jitter.base, a.jitter.dkey);
   }
   ops::moe_router_logits_forward(a.logits, a.router_in.defined() ? a.router_in : in, p.router_w);
+  // Fixed-size groups: the record on the device, the losses added to it (over their coefficients).
+  Tensor* rec = nullptr;
+  if (stats && fixed_groups()) {
+    if (!stats->record.defined()) {
+      stats->record = Tensor::empty({E + 4}, DType::f64, in.device());
+      ops::fill(stats->record, 0.0);
+    }
+    rec = &stats->record;
+  }
   double z = 0.0, aux = 0.0;
   // Split tokens: each rank's share of the micro batch's mean.
   const double parts = static_cast<double>(groups.seq_parts());
-  if (train && cfg.z_coeff > 0) z = ops::moe_z_loss_forward(a.logits, cfg.z_coeff / parts);
+  if (train && cfg.z_coeff > 0) {
+    Tensor z_acc = rec ? rec->flat(E + 2, 1) : Tensor();
+    z = ops::moe_z_loss_forward(a.logits, (rec ? 1.0 : cfg.z_coeff) / parts, rec ? &z_acc : nullptr);
+  }
   a.probs = router_rows(N, k, in);
   a.idx = Tensor::empty({N, k}, DType::i32, in.device());
   ops::moe_topk_forward(a.probs, a.idx, a.logits, p.expert_bias.defined() ? &p.expert_bias : nullptr, cfg.router);
   int64_t dropped = 0;
-  if (cfg.capacity_factor > 0) {
-    const int64_t cap = ops::moe_capacity(N, E, k, cfg.capacity_factor);
-    Tensor keep = Tensor::empty({N, k}, DType::i32, in.device());
-    dropped = ops::moe_apply_capacity(keep, a.probs, a.idx, E, cap, cfg.drop_policy);
-    // Padding gives fixed-size groups; across ep ranks the rows travel unpadded (the same result).
-    a.d = ops::moe_dispatch_plan(a.idx, &keep, E, cfg.pad_to_capacity && !groups.exchange() ? cap : 0);
-  } else {
-    a.d = ops::moe_dispatch_plan(a.idx, nullptr, E, 0);
-  }
+  plan(a, in, rec ? stats : nullptr, dropped);
   if (train && cfg.balancing != MoeBalancing::none && cfg.aux_coeff > 0) aux = aux_loss(a, in, seq, stats);
-  if (!stats) return;
+  if (!stats || rec) return;
   stats->tokens.resize(static_cast<size_t>(E), 0.0);
   for (int64_t e = 0; e < E; ++e) stats->tokens[static_cast<size_t>(e)] += static_cast<double>(a.d.tokens[e]);
   stats->dropped += dropped;
   if (cfg.aux_coeff > 0) stats->aux += aux / cfg.aux_coeff;
   if (cfg.z_coeff > 0) stats->z += z / cfg.z_coeff;
   ++stats->forwards;
+}
+
+bool MoeMlp::fixed_groups() const { return cfg.capacity_factor > 0 && cfg.pad_to_capacity && !groups.exchange(); }
+
+// The capacity and the dispatch plan: fixed-size groups made where the rows are (their
+// kept counts into `stats`'s device record when given), else on the host.
+void MoeMlp::plan(MoeActs& a, const Tensor& in, MoeLayerStats* stats, int64_t& dropped) const {
+  const int64_t N = in.dim(0), E = cfg.num_experts, k = cfg.router.topk;
+  if (cfg.capacity_factor > 0) {
+    const int64_t cap = ops::moe_capacity(N, E, k, cfg.capacity_factor);
+    if (fixed_groups()) {
+      Tensor kept = Tensor::empty({E}, DType::i32, in.device());
+      a.d = ops::moe_padded_dispatch_plan(kept, a.probs, a.idx, E, cap, cfg.drop_policy);
+      if (stats) ops::moe_record_routing(stats->record, kept, N * k);
+      return;
+    }
+    Tensor keep = Tensor::empty({N, k}, DType::i32, in.device());
+    dropped = ops::moe_apply_capacity(keep, a.probs, a.idx, E, cap, cfg.drop_policy);
+    // Padding gives fixed-size groups; across ep ranks the rows travel unpadded (the same result).
+    a.d = ops::moe_dispatch_plan(a.idx, &keep, E, 0);
+  } else {
+    a.d = ops::moe_dispatch_plan(a.idx, nullptr, E, 0);
+  }
+}
+
+void MoeLayerStats::take_record() {
+  if (!record.defined()) return;
+  const Tensor h = record.to(Device::cpu);
+  const double* r = h.data<double>();
+  const auto E = static_cast<size_t>(record.numel() - 4);
+  if (r[E + 3] > 0) {
+    tokens.resize(E, 0.0);
+    for (size_t e = 0; e < E; ++e) tokens[e] += r[e];
+  }
+  dropped += static_cast<int64_t>(r[E]);
+  aux += r[E + 1];
+  z += r[E + 2];
+  forwards += static_cast<int64_t>(r[E + 3]);
+  ops::fill(record, 0.0);
+}
+
+void MoeLayerStats::reset() {
+  Tensor keep = record;
+  *this = MoeLayerStats{layer, {}, 0, 0.0, 0.0, 0};
+  record = keep;
+  if (record.defined()) ops::fill(record, 0.0);
 }
 
 // The balancing loss (this rank's part of it when the micro batch's tokens are split):
@@ -197,6 +247,10 @@ double MoeMlp::aux_loss(MoeActs& a, const Tensor& in, int64_t seq, MoeLayerStats
   for (auto* g : groups.seq) g->all_reduce(a.counts.raw(), a.counts.numel(), a.counts.dtype(), parallel::ReduceOp::sum);
   double T = static_cast<double>(N * parts / n_groups);
   if (cfg.balancing == MoeBalancing::global_aux_loss) T *= running_global_counts(a, stats);
+  if (stats && stats->record.defined() && fixed_groups()) {  // into the record, over the coefficient
+    Tensor acc = stats->record.flat(E + 1, 1);
+    return ops::moe_aux_loss_forward(a.scores, a.counts, n_groups, T, k, 1.0, &acc);
+  }
   return ops::moe_aux_loss_forward(a.scores, a.counts, n_groups, T, k, cfg.aux_coeff);
 }
 
@@ -404,7 +458,7 @@ void MoeMlp::shared_backward(Tensor& din, const Tensor& dout, const MoeActs& a, 
 // The router's gradient: through the top-k weights, the balancing loss's scores and the
 // z-loss (each loss's gradient scaled by loss_weight), then the gating GEMM.
 void MoeMlp::router_backward(Tensor& din, const Tensor& dprobs, const MoeActs& a, const Tensor& in, MoeParams& p,
-                             int64_t seq, double loss_weight) const {
+                             int64_t seq, double loss_weight, const Tensor* weight_dev) const {
   const int64_t N = in.dim(0), E = cfg.num_experts, k = cfg.router.topk;
   Tensor dlogits = router_rows(N, E, in);
   ops::moe_topk_backward(dlogits, dprobs, a.logits, a.idx, cfg.router);
@@ -413,11 +467,11 @@ void MoeMlp::router_backward(Tensor& din, const Tensor& dprobs, const MoeActs& a
     const int64_t n_groups = loss_groups(N, seq);
     Tensor dscores = router_rows(N, E, in);
     ops::moe_aux_loss_backward(dscores, a.counts, n_groups, static_cast<double>(N * parts / n_groups), k, cfg.aux_coeff,
-                               loss_weight);
+                               loss_weight, weight_dev);
     ops::moe_aux_scores_backward(dlogits, dscores, a.logits, cfg.router.score);
   }
   if (cfg.z_coeff > 0)
-    ops::moe_z_loss_backward(dlogits, a.logits, cfg.z_coeff / static_cast<double>(parts), loss_weight);
+    ops::moe_z_loss_backward(dlogits, a.logits, cfg.z_coeff / static_cast<double>(parts), loss_weight, weight_dev);
   Tensor dx = empty_like_rows(N, in.dim(1), in);
   const bool jittered = a.router_in.defined();
   ops::moe_router_logits_backward(dx, p.d_router_w, dlogits, jittered ? a.router_in : in, p.router_w);
@@ -469,7 +523,7 @@ void MoeMlp::exchange_backward(Tensor& din, Tensor& dprobs, const Tensor& dout, 
 }
 
 void MoeMlp::backward(Tensor& din, const Tensor& dout, const MoeActs& a, const Tensor& in, MoeParams& p, int64_t seq,
-                      double loss_weight) const {
+                      double loss_weight, const Tensor* weight_dev) const {
   MTNLG_CHECK(a.defined(), "MoE backward without its forward's activations");
   Tensor dprobs = router_rows(in.dim(0), cfg.router.topk, in);
   if (groups.exchange())
@@ -477,7 +531,7 @@ void MoeMlp::backward(Tensor& din, const Tensor& dout, const MoeActs& a, const T
   else
     local_experts_backward(din, dprobs, dout, a, a.d, a.probs, p);
   if (cfg.shared_ffn > 0) shared_backward(din, dout, a, in, p);
-  router_backward(din, dprobs, a, in, p, seq, loss_weight);
+  router_backward(din, dprobs, a, in, p, seq, loss_weight, weight_dev);
 }
 
 }  // namespace mtnlg::model

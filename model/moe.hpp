@@ -118,6 +118,13 @@ struct MoeLayerStats {
   // the tp, cp and dp ranks) and how many micro batches they hold.
   std::vector<double> global_counts{};
   int64_t global_micro = 0;
+  // A layer with fixed-size groups (MoeMlp::fixed_groups) records on the rows' device
+  // instead, f64 [E + 4]: tokens per expert, dropped, aux, z, forwards (ops::moe_record_routing);
+  // take_record adds it to the fields above and zeroes it.
+  Tensor record{};
+  void take_record();
+  // Back to an empty record, the device record (zeroed) kept.
+  void reset();
 };
 
 // Where an MoE layer's time goes on this thread since the process started (the comm
@@ -141,9 +148,15 @@ struct MoeMlp {
   void forward(Tensor& out, MoeActs& a, const Tensor& in, const MoeParams& p, int64_t seq, bool train,
                MoeLayerStats* stats) const;
   // din (written) from dout [N, H]; parameter gradients accumulate. loss_weight: the
-  // gradient of the total loss with respect to this micro batch's balancing and z losses.
+  // gradient of the total loss with respect to this micro batch's balancing and z losses,
+  // times `weight_dev`'s value (f64 [1] on the rows' device, read when the kernels run: a
+  // CUDA graph's replay reads the current micro batch's) when given.
   void backward(Tensor& din, const Tensor& dout, const MoeActs& a, const Tensor& in, MoeParams& p, int64_t seq,
-                double loss_weight) const;
+                double loss_weight, const Tensor* weight_dev = nullptr) const;
+  // Whether this layer's routing runs without a synchronisation: fixed-size expert groups
+  // (a capacity, padded to it) on this rank's own experts. Its plan is then made where the
+  // rows are, and its record (MoeLayerStats::record) kept there.
+  bool fixed_groups() const;
 
  private:
   void route(MoeActs& a, const Tensor& in, const MoeParams& p, int64_t seq, bool train, MoeLayerStats* stats) const;
@@ -165,7 +178,8 @@ struct MoeMlp {
   void shared_forward(Tensor& out, MoeActs& a, const Tensor& in, const MoeParams& p) const;
   void shared_backward(Tensor& din, const Tensor& dout, const MoeActs& a, const Tensor& in, MoeParams& p) const;
   void router_backward(Tensor& din, const Tensor& dprobs, const MoeActs& a, const Tensor& in, MoeParams& p, int64_t seq,
-                       double loss_weight) const;
+                       double loss_weight, const Tensor* weight_dev) const;
+  void plan(MoeActs& a, const Tensor& in, MoeLayerStats* stats, int64_t& dropped) const;
   int64_t loss_groups(int64_t rows, int64_t seq) const;
 };
 

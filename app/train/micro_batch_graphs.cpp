@@ -13,6 +13,24 @@
 
 namespace mtnlg::app {
 
+std::string moe_graph_refusal(const MoeConfig& m, int64_t ep, int64_t etp) {
+  if (!m.enabled()) return "";
+  if (!m.moe_expert_capacity_factor || !m.moe_pad_expert_input_to_capacity)
+    return "MoE layers route dropless here, and a dropless dispatch's group sizes are known only on the host after "
+           "the routing: set model.moe_expert_capacity_factor and model.moe_pad_expert_input_to_capacity: true "
+           "(fixed-size expert groups, which the graphs capture whole), or run eagerly";
+  if (ep > 1 || etp > 1)
+    return fmt::format(
+        "MoE layers under expert_model_parallel_size {} x expert_tensor_parallel_size {}: the rows "
+        "travel to the experts' ranks in sizes counted on the host; graphs capture MoE models on one "
+        "expert-parallel rank (parallel.expert_model_parallel_size and expert_tensor_parallel_size 1)",
+        ep, etp);
+  if (m.moe_router_load_balancing_type == MoeLoadBalancing::global_aux_loss)
+    return "model.moe_router_load_balancing_type: global_aux_loss keeps the step's running counts on the host "
+           "between micro batches: use aux_loss or seq_aux_loss with graphs";
+  return "";
+}
+
 std::string cuda_graph_refusal(const Recipe& r, Device device, bool observer) {
 #ifndef MTNLG_HAVE_CUDA
   (void)r, (void)device, (void)observer;
@@ -25,8 +43,7 @@ std::string cuda_graph_refusal(const Recipe& r, Device device, bool observer) {
   if (observer)
     return "spike forensics and the poison fault watch each layer's output on the host: turn off "
            "training.check_for_nan_in_loss_and_grad and training.loss_spike_threshold";
-  (void)r;
-  return "";
+  return moe_graph_refusal(r.model.moe, r.ep(), r.etp());
 #endif
 }
 

@@ -22,7 +22,9 @@
 // rest; a replay counts the bytes they counted at capture), any context parallel size (the
 // K/V ring's sends and receives run on side streams that fork from the compute stream
 // and join it again by events, which a capture records as graph dependencies; the host
-// never waits inside cp attention) and any data parallel size; no
+// never waits inside cp attention), MoE layers with fixed-size expert groups on one
+// expert-parallel rank (moe_graph_refusal; their plan made on the device, their routing
+// record kept there, the MoE losses' weight read from PlacedInputs) and any data parallel size; no
 // no spike forensics or poison fault (their layer observer runs host code between layers). With data parallelism the step's last micro batch runs
 // eagerly, since its backward starts the gradient reduction bucket by bucket as layers
 // finish. Steps that profile op families (logging.gpu_profile) run eagerly. A capture
@@ -44,6 +46,9 @@ namespace mtnlg::app {
 // Why training.enable_cuda_graph cannot run this recipe ("" = it can). `device` is where
 // training runs, `observer` whether the chunks get a layer observer (forensics, poison).
 std::string cuda_graph_refusal(const Recipe& r, Device device, bool observer);
+// The MoE part of it: graphs capture MoE layers with fixed-size expert groups (a capacity,
+// padded to it) on one expert-parallel rank, balanced by aux_loss, seq_aux_loss or none.
+std::string moe_graph_refusal(const MoeConfig& m, int64_t ep, int64_t etp);
 
 class MicroBatchGraphs {
  public:

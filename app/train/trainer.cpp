@@ -608,7 +608,8 @@ std::vector<model::MoeLayerStats> gather_moe_stats(std::vector<std::unique_ptr<m
     if (cfg.layers[l]) slot[l] = n++;
   std::vector<double> v(static_cast<size_t>(n * W), 0.0);
   for (const auto& c : chunks)
-    for (const model::MoeLayerStats& st : c->moe_stats()) {
+    for (model::MoeLayerStats& st : c->moe_stats()) {
+      st.take_record();  // a layer with fixed-size groups recorded on its device
       double* row = v.data() + slot[static_cast<size_t>(st.layer)] * W;
       for (size_t e = 0; e < st.tokens.size(); ++e) row[e] = st.tokens[e];
       row[E] = static_cast<double>(st.dropped);
@@ -627,7 +628,11 @@ std::vector<model::MoeLayerStats> gather_moe_stats(std::vector<std::unique_ptr<m
     all.push_back(st);
   }
   for (auto& c : chunks)
-    for (model::MoeLayerStats& st : c->moe_stats()) st = all[static_cast<size_t>(slot[static_cast<size_t>(st.layer)])];
+    for (model::MoeLayerStats& st : c->moe_stats()) {
+      Tensor record = st.record;
+      st = all[static_cast<size_t>(slot[static_cast<size_t>(st.layer)])];
+      st.record = record;
+    }
   return all;
 }
 

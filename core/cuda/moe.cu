@@ -261,8 +261,11 @@ __global__ void group_colsum_kernel(double* P, const float* scores, int64_t grou
   P[i] = s;
 }
 
-__global__ void aux_loss_backward_kernel(float* dscores, const float* counts, int64_t N, int E, int64_t per, double f) {
+// scale (optional): a factor read from device memory (the loss weight a graph replay refreshes).
+__global__ void aux_loss_backward_kernel(float* dscores, const float* counts, int64_t N, int E, int64_t per, double f,
+                                         const double* scale) {
   const int64_t i0 = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (scale) f *= *scale;
   for (int64_t i = i0; i < N * E; i += int64_t(gridDim.x) * blockDim.x)
     dscores[i] = float(f * double(counts[(i / E / per) * E + i % E]));
 }
@@ -277,12 +280,97 @@ __global__ void row_lse_kernel(double* lse, const float* logits, int64_t N, int 
 }
 
 __global__ void z_loss_backward_kernel(float* dlogits, const float* logits, const double* lse, int64_t N, int E,
-                                       double f) {
+                                       double f, const double* scale) {
   const int64_t i0 = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (scale) f *= *scale;
   for (int64_t i = i0; i < N * E; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t n = i / E;
     dlogits[i] = float(double(dlogits[i]) + f * lse[n] * exp(double(logits[i]) - lse[n]));
   }
+}
+
+// acc[0] += f * sum_i a[i] * b[i] over i in order (one thread: the host's order and sum).
+__global__ void aux_loss_acc_kernel(double* acc, const double* P, const float* counts, int64_t n, double f) {
+  if (threadIdx.x != 0 || blockIdx.x != 0) return;
+  double loss = 0;
+  for (int64_t i = 0; i < n; ++i) loss += P[i] * double(counts[i]);
+  acc[0] += loss * f;
+}
+// acc[0] += f * sum_n lse[n]^2, rows in order.
+__global__ void z_loss_acc_kernel(double* acc, const double* lse, int64_t N, double f) {
+  if (threadIdx.x != 0 || blockIdx.x != 0) return;
+  double s = 0;
+  for (int64_t n = 0; n < N; ++n) s += lse[n] * lse[n];
+  acc[0] += f * s;
+}
+
+// The padded plan (ops::moe_padded_dispatch_plan). rank[s]: slot s's place in its expert's
+// keep order (probs: descending weight, ties to the earlier slot, as the host's stable
+// sort; position: slot order). A thread per slot, scanning all slots.
+__global__ void capacity_rank_kernel(int32_t* rank, const float* probs, const int32_t* idx, int64_t slots,
+                                     bool by_prob) {
+  const int64_t s = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (s >= slots) return;
+  const int32_t e = idx[s];
+  const float p = probs[s];
+  int32_t r = 0;
+  for (int64_t t = 0; t < slots; ++t)
+    if (idx[t] == e && (by_prob ? (probs[t] > p || (probs[t] == p && t < s)) : t < s)) ++r;
+  rank[s] = r;
+}
+// Kept slots (rank < cap) take their expert's rows in slot order: row e * cap + (kept slots
+// of e before s). row_src and row_slot are -1 beforehand (padding).
+__global__ void padded_rows_kernel(int32_t* slot_row, int32_t* row_src, int32_t* row_slot, const int32_t* rank,
+                                   const int32_t* idx, int64_t slots, int topk, int32_t cap) {
+  const int64_t s = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (s >= slots) return;
+  const int32_t e = idx[s];
+  if (rank[s] >= cap) {
+    slot_row[s] = -1;
+    return;
+  }
+  int32_t pos = 0;
+  for (int64_t t = 0; t < s; ++t)
+    if (idx[t] == e && rank[t] < cap) ++pos;
+  const int64_t r = int64_t(e) * cap + pos;
+  slot_row[s] = int32_t(r);
+  row_src[r] = int32_t(s / topk);
+  row_slot[r] = int32_t(s);
+}
+// kept[e] = min(routed to e, cap): a thread per expert.
+__global__ void kept_kernel(int32_t* kept, const int32_t* idx, int64_t slots, int E, int32_t cap) {
+  const int e = blockIdx.x * blockDim.x + threadIdx.x;
+  if (e >= E) return;
+  int32_t n = 0;
+  for (int64_t t = 0; t < slots; ++t) n += idx[t] == e;
+  kept[e] = n < cap ? n : cap;
+}
+__global__ void fill_i32_kernel(int32_t* x, int64_t n, int32_t v) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    x[i] = v;
+}
+// record[e] += kept[e], record[E] += slots - sum(kept), record[E + 3] += 1.
+__global__ void record_routing_kernel(double* record, const int32_t* kept, int E, int64_t slots) {
+  if (threadIdx.x != 0 || blockIdx.x != 0) return;
+  int64_t sum = 0;
+  for (int e = 0; e < E; ++e) {
+    record[e] += double(kept[e]);
+    sum += kept[e];
+  }
+  record[E] += double(slots - sum);
+  record[E + 3] += 1.0;
+}
+
+// The grouped GEMM's pointer arrays when each array is an arithmetic progression
+// (fixed-size groups): ptr[j * G + i] = base[j] + i * stride[j], written on the device.
+struct PtrRows {
+  const char* base[3];
+  int64_t stride[3];
+};
+__global__ void grouped_ptrs_kernel(const void** ptrs, PtrRows p, int G) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= G) return;
+  for (int j = 0; j < 3; ++j) ptrs[j * G + i] = p.base[j] + i * p.stride[j];
 }
 
 template <typename T>
@@ -411,12 +499,28 @@ void grouped_gemm(const std::vector<GroupedProblem>& ps, DType dt) {
     ptrs[static_cast<size_t>(i)] = p.A, ptrs[static_cast<size_t>(G + i)] = p.B,
     ptrs[static_cast<size_t>(2 * G + i)] = p.C;
   }
-  // The pointer arrays through the staging ring (an asynchronous upload); the dimension
-  // and scale arrays are read by the call itself.
-  Tensor host = Tensor::empty({static_cast<int64_t>(ptrs.size() * sizeof(void*) / 4)}, DType::i32);
-  std::memcpy(host.raw(), ptrs.data(), ptrs.size() * sizeof(void*));
-  Tensor dev = Tensor::empty(host.shape(), DType::i32, Device::cuda);
-  dev.copy_from(host);
+  // The pointer arrays: made on the device when each is an arithmetic progression (fixed-size
+  // groups: a CUDA graph can capture that), else through the staging ring (an asynchronous
+  // upload, which a capture refuses); the dimension and scale arrays are read by the call.
+  Tensor dev = Tensor::empty({static_cast<int64_t>(ptrs.size() * sizeof(void*) / 4)}, DType::i32, Device::cuda);
+  PtrRows pr{};
+  bool progression = true;
+  for (int j = 0; j < 3; ++j) {
+    const auto* b = static_cast<const char*>(ptrs[static_cast<size_t>(j * G)]);
+    pr.base[j] = b;
+    pr.stride[j] = G > 1 ? static_cast<const char*>(ptrs[static_cast<size_t>(j * G + 1)]) - b : 0;
+    for (int i = 2; i < G && progression; ++i)
+      progression = static_cast<const char*>(ptrs[static_cast<size_t>(j * G + i)]) == b + i * pr.stride[j];
+  }
+  if (progression) {
+    MTNLG_LAUNCH(row_blocks(G), kThreads, 0, stream(), grouped_ptrs_kernel)
+    (static_cast<const void**>(dev.raw()), pr, G);
+    MTNLG_CUDA_LAUNCH_CHECK("grouped_ptrs_kernel");
+  } else {
+    Tensor host = Tensor::empty(dev.shape(), DType::i32);
+    std::memcpy(host.raw(), ptrs.data(), ptrs.size() * sizeof(void*));
+    dev.copy_from(host);
+  }
   const auto* arr = static_cast<const void* const*>(dev.raw());
   const cudaDataType_t t = grouped_type(dt);
   CUBLAS_CHECK(cublasGemmGroupedBatchedEx(cublas_classic(), ta.data(), tb.data(), m.data(), n.data(), kk.data(),
@@ -496,9 +600,10 @@ void moe_aux_scores_backward(Tensor& dlogits, const Tensor& dscores, const Tenso
   MTNLG_CUDA_LAUNCH_CHECK("aux_scores_backward_kernel");
 }
 
-// Synchronises: the loss comes back to the host (the group sums, then the CPU's formula).
+// Synchronises without `acc`: the loss comes back to the host (the group sums, then the
+// CPU's formula); with it, one thread adds the same sum there.
 double moe_aux_loss_forward(const Tensor& scores, const Tensor& counts, int64_t groups, double total_tokens,
-                            int64_t topk, double coeff) {
+                            int64_t topk, double coeff, Tensor* acc) {
   router_f32("moe_aux_loss_forward", {&scores, &counts});
   const int64_t N = rows_of(scores), E = scores.dim(-1);
   if (N == 0) return 0.0;
@@ -506,6 +611,14 @@ double moe_aux_loss_forward(const Tensor& scores, const Tensor& counts, int64_t 
   MTNLG_LAUNCH(k::row_blocks(groups * E), k::kThreads, 0, stream(), k::group_colsum_kernel)
   (static_cast<double*>(P.raw()), f(scores), groups, N / groups, static_cast<int>(E));
   MTNLG_CUDA_LAUNCH_CHECK("group_colsum_kernel");
+  if (acc) {
+    const double fct = coeff * static_cast<double>(E) / (static_cast<double>(topk) * total_tokens * total_tokens) /
+                       static_cast<double>(groups);
+    MTNLG_LAUNCH(1, 32, 0, stream(), k::aux_loss_acc_kernel)
+    (static_cast<double*>(acc->raw()), static_cast<const double*>(P.raw()), f(counts), groups * E, fct);
+    MTNLG_CUDA_LAUNCH_CHECK("aux_loss_acc_kernel");
+    return 0.0;
+  }
   const Tensor Ph = P.to(Device::cpu), ch = counts.to(Device::cpu);
   double loss = 0;
   for (int64_t i = 0; i < groups * E; ++i) loss += Ph.data<double>()[i] * static_cast<double>(ch.data<float>()[i]);
@@ -514,14 +627,15 @@ double moe_aux_loss_forward(const Tensor& scores, const Tensor& counts, int64_t 
 }
 
 void moe_aux_loss_backward(Tensor& dscores, const Tensor& counts, int64_t groups, double total_tokens, int64_t topk,
-                           double coeff, double dloss) {
+                           double coeff, double dloss, const Tensor* dloss_scale) {
   router_f32("moe_aux_loss_backward", {&dscores, &counts});
   const int64_t N = rows_of(dscores), E = dscores.dim(-1);
   if (N == 0) return;
   const double fct = dloss * coeff * static_cast<double>(E) /
                      (static_cast<double>(topk) * total_tokens * total_tokens) / static_cast<double>(groups);
   MTNLG_LAUNCH(k::grid_for(N * E, k::kThreads), k::kThreads, 0, stream(), k::aux_loss_backward_kernel)
-  (f(dscores), f(counts), N, static_cast<int>(E), N / groups, fct);
+  (f(dscores), f(counts), N, static_cast<int>(E), N / groups, fct,
+   dloss_scale ? static_cast<const double*>(dloss_scale->raw()) : nullptr);
   MTNLG_CUDA_LAUNCH_CHECK("aux_loss_backward_kernel");
 }
 
@@ -535,26 +649,76 @@ Tensor row_lse(const Tensor& logits, int64_t N, int64_t E) {
 }
 }  // namespace
 
-// Synchronises: the rows' log-sum-exps come back and are summed in row order.
-double moe_z_loss_forward(const Tensor& logits, double coeff) {
+// Synchronises without `acc`: the rows' log-sum-exps come back and are summed in row order;
+// with it, one thread adds the same sum there.
+double moe_z_loss_forward(const Tensor& logits, double coeff, Tensor* acc) {
   router_f32("moe_z_loss_forward", {&logits});
   const int64_t N = rows_of(logits), E = logits.dim(-1);
   if (N == 0) return 0.0;
+  if (acc) {
+    const Tensor l = row_lse(logits, N, E);
+    MTNLG_LAUNCH(1, 32, 0, stream(), k::z_loss_acc_kernel)
+    (static_cast<double*>(acc->raw()), static_cast<const double*>(l.raw()), N, coeff / static_cast<double>(N));
+    MTNLG_CUDA_LAUNCH_CHECK("z_loss_acc_kernel");
+    return 0.0;
+  }
   const Tensor lse = row_lse(logits, N, E).to(Device::cpu);
   double s = 0;
   for (int64_t n = 0; n < N; ++n) s += lse.data<double>()[n] * lse.data<double>()[n];
   return coeff * s / static_cast<double>(N);
 }
 
-void moe_z_loss_backward(Tensor& dlogits, const Tensor& logits, double coeff, double dloss) {
+void moe_z_loss_backward(Tensor& dlogits, const Tensor& logits, double coeff, double dloss, const Tensor* dloss_scale) {
   router_f32("moe_z_loss_backward", {&dlogits, &logits});
   const int64_t N = rows_of(logits), E = logits.dim(-1);
   if (N == 0) return;
   const Tensor lse = row_lse(logits, N, E);
   MTNLG_LAUNCH(k::grid_for(N * E, k::kThreads), k::kThreads, 0, stream(), k::z_loss_backward_kernel)
   (f(dlogits), f(logits), static_cast<const double*>(lse.raw()), N, static_cast<int>(E),
-   dloss * coeff * 2 / static_cast<double>(N));
+   dloss * coeff * 2 / static_cast<double>(N), dloss_scale ? static_cast<const double*>(dloss_scale->raw()) : nullptr);
   MTNLG_CUDA_LAUNCH_CHECK("z_loss_backward_kernel");
+}
+
+// The padded plan on the device: ranks, rows, kept counts; no synchronisation.
+ops::MoeDispatch moe_padded_dispatch_plan(Tensor& kept, const Tensor& probs, const Tensor& idx, int64_t num_experts,
+                                          int64_t capacity, ops::DropPolicy policy) {
+  router_f32("moe_padded_dispatch_plan", {&probs});
+  if (capacity > INT32_MAX / std::max<int64_t>(num_experts, 1))
+    fail("moe_padded_dispatch_plan: experts x capacity exceed 32-bit row indices");
+  ops::MoeDispatch d;
+  d.num_tokens = rows_of(idx);
+  d.topk = idx.dim(-1);
+  d.num_experts = num_experts;
+  d.counts.assign(static_cast<size_t>(num_experts), capacity);
+  d.rows = num_experts * capacity;
+  const int64_t slots = idx.numel();
+  d.row_src = Tensor::empty({d.rows}, DType::i32, Device::cuda);
+  d.row_slot = Tensor::empty({d.rows}, DType::i32, Device::cuda);
+  d.slot_row = Tensor::empty({slots}, DType::i32, Device::cuda);
+  auto i32 = [](Tensor& t) { return static_cast<int32_t*>(t.raw()); };
+  for (Tensor* t : {&d.row_src, &d.row_slot}) {
+    MTNLG_LAUNCH(k::grid_for(d.rows, k::kThreads), k::kThreads, 0, stream(), k::fill_i32_kernel)(i32(*t), d.rows, -1);
+    MTNLG_CUDA_LAUNCH_CHECK("fill_i32_kernel");
+  }
+  const auto cap = static_cast<int32_t>(capacity);
+  MTNLG_LAUNCH(k::row_blocks(num_experts), k::kThreads, 0, stream(), k::kept_kernel)
+  (i32(kept), ip(idx), slots, static_cast<int>(num_experts), cap);
+  MTNLG_CUDA_LAUNCH_CHECK("kept_kernel");
+  if (slots == 0) return d;
+  Tensor rank = Tensor::empty({slots}, DType::i32, Device::cuda);
+  MTNLG_LAUNCH(k::row_blocks(slots), k::kThreads, 0, stream(), k::capacity_rank_kernel)
+  (i32(rank), f(probs), ip(idx), slots, policy == ops::DropPolicy::probs);
+  MTNLG_CUDA_LAUNCH_CHECK("capacity_rank_kernel");
+  MTNLG_LAUNCH(k::row_blocks(slots), k::kThreads, 0, stream(), k::padded_rows_kernel)
+  (i32(d.slot_row), i32(d.row_src), i32(d.row_slot), ip(rank), ip(idx), slots, static_cast<int>(d.topk), cap);
+  MTNLG_CUDA_LAUNCH_CHECK("padded_rows_kernel");
+  return d;
+}
+
+void moe_record_routing(Tensor& record, const Tensor& kept, int64_t slots) {
+  MTNLG_LAUNCH(1, 32, 0, stream(), k::record_routing_kernel)
+  (static_cast<double*>(record.raw()), ip(kept), static_cast<int>(kept.numel()), slots);
+  MTNLG_CUDA_LAUNCH_CHECK("record_routing_kernel");
 }
 
 void moe_permute(Tensor& out, const Tensor& x, const ops::MoeDispatch& d) {

@@ -2,7 +2,8 @@
 // one declaration in core/moe_ops.hpp as core/cuda/ops_cuda.hpp does for the rest of the
 // op set; a header of its own, so that the op set's kernels do not depend on the MoE
 // ops. The router's GEMM is composed of convert and matmul, and the dispatch plan and the
-// capacity are made on the host, by core/ops/moe.cpp for both devices.
+// capacity are made on the host, by core/ops/moe.cpp for both devices, except the padded
+// plan (fixed sizes), made here on the device.
 #pragma once
 #include "core/moe_ops.hpp"
 
@@ -13,10 +14,12 @@ MTNLG_CUDA_MOE_OP(moe_topk_forward)  // a thread per row, in double (the CPU's c
 MTNLG_CUDA_MOE_OP(moe_topk_backward)
 MTNLG_CUDA_MOE_OP(moe_aux_scores_forward)
 MTNLG_CUDA_MOE_OP(moe_aux_scores_backward)
-MTNLG_CUDA_MOE_OP(moe_aux_loss_forward)  // synchronises (the loss comes back to the host)
+MTNLG_CUDA_MOE_OP(moe_aux_loss_forward)  // synchronises (the loss comes back to the host) unless given acc
 MTNLG_CUDA_MOE_OP(moe_aux_loss_backward)
-MTNLG_CUDA_MOE_OP(moe_z_loss_forward)  // synchronises
+MTNLG_CUDA_MOE_OP(moe_z_loss_forward)  // synchronises unless given acc
 MTNLG_CUDA_MOE_OP(moe_z_loss_backward)
+MTNLG_CUDA_MOE_OP(moe_padded_dispatch_plan)  // a thread per slot, O(slots) each
+MTNLG_CUDA_MOE_OP(moe_record_routing)
 MTNLG_CUDA_MOE_OP(moe_permute)
 MTNLG_CUDA_MOE_OP(moe_unpermute)
 MTNLG_CUDA_MOE_OP(moe_weight_rows_forward)

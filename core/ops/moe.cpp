@@ -371,6 +371,13 @@ void moe_aux_scores_backward(Tensor& dlogits, const Tensor& dscores, const Tenso
 }
 
 namespace {
+// An optional f64 [1] beside tensors on `dev` (an accumulator or a scale read when the op runs).
+void check_scalar(const char* op, const char* name, const Tensor* t, Device dev) {
+  if (!t) return;
+  if (!t->defined() || t->dtype() != DType::f64 || t->numel() != 1 || t->device() != dev)
+    throw_runtime("{}: {} must be one f64 on the {} device", op, name, dev == Device::cuda ? "cuda" : "cpu");
+}
+
 // True when the tensors are on CUDA.
 bool check_aux(const char* op, const Tensor& scores, const Tensor& counts, int64_t groups, double total_tokens,
                int64_t topk, int64_t& N, int64_t& E) {
@@ -386,10 +393,16 @@ bool check_aux(const char* op, const Tensor& scores, const Tensor& counts, int64
 }  // namespace
 
 double moe_aux_loss_forward(const Tensor& scores, const Tensor& counts, int64_t groups, double total_tokens,
-                            int64_t topk, double coeff) {
+                            int64_t topk, double coeff, Tensor* acc) {
   int64_t N, E;
-  const bool cuda = check_aux("moe_aux_loss_forward", scores, counts, groups, total_tokens, topk, N, E);
-  MTNLG_CUDA_DISPATCH(cuda, moe_aux_loss_forward(scores, counts, groups, total_tokens, topk, coeff));
+  const char* op = "moe_aux_loss_forward";
+  const bool cuda = check_aux(op, scores, counts, groups, total_tokens, topk, N, E);
+  check_scalar(op, "acc", acc, scores.device());
+  MTNLG_CUDA_DISPATCH(cuda, moe_aux_loss_forward(scores, counts, groups, total_tokens, topk, coeff, acc));
+  if (acc) {
+    acc->kernel_data<double>()[0] += moe_aux_loss_forward(scores, counts, groups, total_tokens, topk, coeff);
+    return 0.0;
+  }
   const int64_t per = N / groups;
   double loss = 0;
   for (int64_t g = 0; g < groups; ++g) {
@@ -403,10 +416,14 @@ double moe_aux_loss_forward(const Tensor& scores, const Tensor& counts, int64_t 
 }
 
 void moe_aux_loss_backward(Tensor& dscores, const Tensor& counts, int64_t groups, double total_tokens, int64_t topk,
-                           double coeff, double dloss) {
+                           double coeff, double dloss, const Tensor* dloss_scale) {
   int64_t N, E;
-  const bool cuda = check_aux("moe_aux_loss_backward", dscores, counts, groups, total_tokens, topk, N, E);
-  MTNLG_CUDA_DISPATCH(cuda, moe_aux_loss_backward(dscores, counts, groups, total_tokens, topk, coeff, dloss));
+  const char* op = "moe_aux_loss_backward";
+  const bool cuda = check_aux(op, dscores, counts, groups, total_tokens, topk, N, E);
+  check_scalar(op, "dloss_scale", dloss_scale, dscores.device());
+  MTNLG_CUDA_DISPATCH(cuda,
+                      moe_aux_loss_backward(dscores, counts, groups, total_tokens, topk, coeff, dloss, dloss_scale));
+  if (dloss_scale) dloss *= dloss_scale->kernel_data<double>()[0];
   const double f = dloss * coeff * static_cast<double>(E) / (static_cast<double>(topk) * total_tokens * total_tokens) /
                    static_cast<double>(groups);
   const int64_t per = N / groups;
@@ -429,28 +446,34 @@ std::vector<double> row_lse(const Tensor& logits, int64_t N, int64_t E) {
 }
 }  // namespace
 
-double moe_z_loss_forward(const Tensor& logits, double coeff) {
+double moe_z_loss_forward(const Tensor& logits, double coeff, Tensor* acc) {
   const char* op = "moe_z_loss_forward";
   const bool cuda = same_device(op, {&logits});
   float_dtype(op, "logits", logits);
+  check_scalar(op, "acc", acc, logits.device());
   int64_t N, E;
   rows_cols(op, "logits", logits, N, E);
   if (N == 0) return 0;
-  MTNLG_CUDA_DISPATCH(cuda, moe_z_loss_forward(logits, coeff));
+  MTNLG_CUDA_DISPATCH(cuda, moe_z_loss_forward(logits, coeff, acc));
   double s = 0;
   for (double v : row_lse(logits, N, E)) s += v * v;
-  return coeff * s / static_cast<double>(N);
+  const double z = coeff * s / static_cast<double>(N);
+  if (!acc) return z;
+  acc->kernel_data<double>()[0] += z;
+  return 0.0;
 }
 
-void moe_z_loss_backward(Tensor& dlogits, const Tensor& logits, double coeff, double dloss) {
+void moe_z_loss_backward(Tensor& dlogits, const Tensor& logits, double coeff, double dloss, const Tensor* dloss_scale) {
   const char* op = "moe_z_loss_backward";
   const bool cuda = same_device(op, {&dlogits, &logits});
   float_dtype(op, "logits", logits);
   same_dtype(op, "dlogits", dlogits, logits.dtype());
+  check_scalar(op, "dloss_scale", dloss_scale, logits.device());
   int64_t N, E;
   rows_cols(op, "logits", logits, N, E);
   expect_numel(op, "dlogits", dlogits, N * E);
-  MTNLG_CUDA_DISPATCH(cuda, moe_z_loss_backward(dlogits, logits, coeff, dloss));
+  MTNLG_CUDA_DISPATCH(cuda, moe_z_loss_backward(dlogits, logits, coeff, dloss, dloss_scale));
+  if (dloss_scale) dloss *= dloss_scale->kernel_data<double>()[0];
   const std::vector<double> lse = row_lse(logits, N, E);
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
@@ -549,6 +572,44 @@ MoeDispatch moe_dispatch_plan(const Tensor& idx, const Tensor* keep, int64_t num
     sr[s] = static_cast<int32_t>(r);
   }
   return d;
+}
+
+MoeDispatch moe_padded_dispatch_plan(Tensor& kept, const Tensor& probs, const Tensor& idx, int64_t num_experts,
+                                     int64_t capacity, DropPolicy policy) {
+  const char* op = "moe_padded_dispatch_plan";
+  const bool cuda = same_device(op, {&kept, &probs, &idx});
+  expect_i32(op, "kept", kept);
+  expect_i32(op, "idx", idx);
+  expect_numel(op, "kept", kept, num_experts);
+  expect_numel(op, "probs", probs, idx.numel());
+  if (capacity < 1) throw_runtime("{}: capacity {} (a padded plan needs at least one row per expert)", op, capacity);
+  MTNLG_CUDA_DISPATCH(cuda, moe_padded_dispatch_plan(kept, probs, idx, num_experts, capacity, policy));
+  Tensor keep = Tensor::empty(idx.shape(), DType::i32, idx.device());
+  moe_apply_capacity(keep, probs, idx, num_experts, capacity, policy);
+  MoeDispatch d = moe_dispatch_plan(idx, &keep, num_experts, capacity);
+  for (int64_t e = 0; e < num_experts; ++e) kept.kernel_data<int32_t>()[e] = static_cast<int32_t>(d.tokens[e]);
+  d.tokens.clear();
+  return d;
+}
+
+void moe_record_routing(Tensor& record, const Tensor& kept, int64_t slots) {
+  const char* op = "moe_record_routing";
+  const bool cuda = same_device(op, {&record, &kept});
+  expect_i32(op, "kept", kept);
+  const int64_t E = kept.numel();
+  if (record.dtype() != DType::f64 || record.numel() != E + 4)
+    throw_runtime("{}: record must be f64 [{}] (E + 4), got {} [{}]", op, E + 4, to_string(record.dtype()),
+                  record.numel());
+  MTNLG_CUDA_DISPATCH(cuda, moe_record_routing(record, kept, slots));
+  double* r = record.kernel_data<double>();
+  const int32_t* k = kept.kernel_data<int32_t>();
+  int64_t sum = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    r[e] += k[e];
+    sum += k[e];
+  }
+  r[E] += static_cast<double>(slots - sum);
+  r[E + 3] += 1.0;
 }
 
 namespace {

@@ -24,7 +24,9 @@
 #                 its fp32 run (2e-2); under mpirun ep2 and etp2 x ep2 with ZeRO-1
 #                 on the emulated NCCL (the token exchange by grouped send/recv): every loss
 #                 within 1e-5 of the single-process cuda run; eval (1e-4) and greedy generate
-#                 (the same text) of a random MoE model, cuda vs cpu; CUDA graphs with MoE exit 2
+#                 (the same text) of a random MoE model, cuda vs cpu; the padded Llama-shaped
+#                 MoE with CUDA graphs bit-identical to eager under a batch ramp (fp32, bf16),
+#                 its routing record too; CUDA graphs with dropless MoE layers exit 2
 #     cp          context parallelism on the device path (the CUDA block and merge ops, the
 #                 K/V ring and the heads' all-to-all over the emulated NCCL's cp group):
 #                 mpirun -np 2 cp2 (p2p, all_gather, a2a), -np 4 cp2 x tp2 with sequence
@@ -271,6 +273,35 @@ EOF
       --set model.moe_shared_expert_gate=true --set model.moe_input_jitter_eps=0.05)
     train moe2-cpu cpu fp32 "${moe[@]}" "${llama[@]}" &&
       train moe2-gpu cuda fp32 "${moe[@]}" "${llama[@]}" && compare moe2-gpu moe2-cpu 1e-4
+    # CUDA graphs capture the padded groups whole (the plan made on the device, the routing
+    # record kept there): bit-identical to eager, under a batch ramp (2, 3, then 4 micro
+    # batches a step: the MoE losses' weight changes and a replay reads it from device
+    # memory), in fp32 and bf16
+    ramp=(--set "training.rampup_batch_size={start: 4, increment: 2, ramp_tokens: 384}")
+    for prec in fp32 bf16; do
+      train "moe2-eager-$prec" cuda $prec "${moe[@]}" "${llama[@]}" "${ramp[@]}" &&
+        train "moe2-graph-$prec" cuda $prec "${moe[@]}" "${llama[@]}" "${ramp[@]}" --set training.enable_cuda_graph=true &&
+        compare "moe2-graph-$prec" "moe2-eager-$prec" 0
+      if grep -q "CUDA graphs: micro batches of 2 samples captured" "$out/moe2-graph-$prec.log" &&
+        ! grep -q "CUDA graphs off" "$out/moe2-graph-$prec.log"; then
+        echo "  moe2-graph-$prec: the MoE micro batches ran as graphs ok"
+      else
+        echo "  moe2-graph-$prec: no graph captured FAILED"; grep -i "graph" "$out/moe2-graph-$prec.log" | tail -3
+        fails=$((fails + 1))
+      fi
+    done
+    python3 - "$out" <<'EOF' || fails=$((fails + 1))
+import json, sys
+out = sys.argv[1]
+a = [json.loads(l) for l in open(f"{out}/moe2-graph-fp32/metrics.jsonl")]
+b = [json.loads(l) for l in open(f"{out}/moe2-eager-fp32/metrics.jsonl")]
+keys = [k for k in b[0] if k.startswith("moe")]
+same = len(a) == len(b) and all(x.get(k) == y.get(k) for x, y in zip(a, b) for k in keys)
+batches = sorted({r.get("global_batch_size", r.get("batch_size")) for r in b})
+print(f"  moe2 graph vs eager routing record ({', '.join(keys)}): {'identical' if same else 'DIFFERENT'}; "
+      f"batches {batches}")
+sys.exit(0 if same and keys and len(batches) > 1 else 1)
+EOF
     # bf16 storage (fp32 master weights, the router in fp32): cuda vs cpu, and the cpu's bf16
     # run against its fp32 run (full recompute there: the same numbers as without)
     train moe16-cpu cpu bf16 "${moe[@]}" && train moe16-gpu cuda bf16 "${moe[@]}" && compare moe16-gpu moe16-cpu 2e-2
@@ -315,10 +346,10 @@ EOF
     "$bin" train recipes/tiny-mock.yaml "${moe[@]}" --set training.device=cuda --set training.enable_cuda_graph=true \
       --set logging.dir="$out/moe-graphs" >"$out/moe-graphs.log" 2>&1
     rc=$?
-    if [ $rc -eq 2 ] && grep -q "training.enable_cuda_graph" "$out/moe-graphs.log"; then
-      echo "  CUDA graphs with MoE layers: exit 2 naming training.enable_cuda_graph ok"
+    if [ $rc -eq 2 ] && grep -q "training.enable_cuda_graph: MoE layers route dropless" "$out/moe-graphs.log"; then
+      echo "  CUDA graphs with dropless MoE layers: exit 2 naming training.enable_cuda_graph ok"
     else
-      echo "  CUDA graphs with MoE layers: exit $rc FAILED"; tail -3 "$out/moe-graphs.log"; fails=$((fails + 1))
+      echo "  CUDA graphs with dropless MoE layers: exit $rc FAILED"; tail -3 "$out/moe-graphs.log"; fails=$((fails + 1))
     fi
     ;;
   cp)

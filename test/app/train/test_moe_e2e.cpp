@@ -10,6 +10,7 @@
 
 #include <filesystem>
 
+#include "app/train/micro_batch_graphs.hpp"
 #include "test/support/demo_tree.hpp"
 #include "test/support/test_support.hpp"
 
@@ -167,4 +168,23 @@ TEST_CASE("tiny MoE: full recompute and a resume give the same losses and weight
   INFO(x.out);
   CHECK(x.exit_code == 2);
   CHECK_THAT(x.out, Contains("model.moe_router_score_function: sigmoid"));
+}
+
+// Which MoE forms CUDA graphs capture (the trainer refuses the others with exit 2 naming
+// training.enable_cuda_graph): fixed-size expert groups on one expert-parallel rank.
+TEST_CASE("moe graph refusal: graphs capture padded groups on one expert rank, and say why not otherwise", "[moe]") {
+  mtnlg::MoeConfig m;
+  CHECK(mtnlg::app::moe_graph_refusal(m, 1, 1).empty());  // dense
+  m.num_experts = 8;
+  CHECK_THAT(mtnlg::app::moe_graph_refusal(m, 1, 1), Contains("dropless") && Contains("moe_expert_capacity_factor"));
+  m.moe_expert_capacity_factor = 1.5;
+  CHECK_THAT(mtnlg::app::moe_graph_refusal(m, 1, 1), Contains("moe_pad_expert_input_to_capacity"));
+  m.moe_pad_expert_input_to_capacity = true;
+  CHECK(mtnlg::app::moe_graph_refusal(m, 1, 1).empty());
+  CHECK_THAT(mtnlg::app::moe_graph_refusal(m, 2, 1), Contains("expert_model_parallel_size 2"));
+  CHECK_THAT(mtnlg::app::moe_graph_refusal(m, 1, 2), Contains("expert_tensor_parallel_size 2"));
+  m.moe_router_load_balancing_type = mtnlg::MoeLoadBalancing::global_aux_loss;
+  CHECK_THAT(mtnlg::app::moe_graph_refusal(m, 1, 1), Contains("global_aux_loss"));
+  m.moe_router_load_balancing_type = mtnlg::MoeLoadBalancing::seq_aux_loss;
+  CHECK(mtnlg::app::moe_graph_refusal(m, 1, 1).empty());
 }

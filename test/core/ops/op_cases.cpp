@@ -2043,6 +2043,9 @@ Entry moe_aux_entry() {
     const double T = static_cast<double>(N / groups), coeff = 0.3, zc = 0.05;
     Tensor logits = c.f32({N, E}, 1.5), scores = c.out({N, E}, DType::f32), counts = c.out({groups, E}, DType::f32);
     Tensor ds = c.out({N, E}, DType::f32), dl = c.out({N, E}, DType::f32);
+    // The accumulating forms (acc) and the backward's scale read from device memory (0.25,
+    // with dloss 4: the same gradients).
+    Tensor acc = c.out({2}, DType::f64), scale = c.out({1}, DType::f64), dl_scaled = c.out({N, E}, DType::f32);
     auto losses = std::make_shared<std::array<double, 2>>();
     Run r;
     r.exec = [=]() mutable {
@@ -2050,15 +2053,30 @@ Entry moe_aux_entry() {
       ops::moe_aux_scores_forward(scores, counts, logits, score, K, groups);
       (*losses)[0] = ops::moe_aux_loss_forward(scores, counts, groups, T, K, coeff);
       (*losses)[1] = ops::moe_z_loss_forward(logits, zc);
+      ops::fill(acc, 1.0);
+      Tensor a0 = acc.flat(0, 1), a1 = acc.flat(1, 1);
+      ops::moe_aux_loss_forward(scores, counts, groups, T, K, coeff, &a0);
+      ops::moe_z_loss_forward(logits, zc, &a1);
       ops::moe_aux_loss_backward(ds, counts, groups, T, K, coeff, 1.0);
       ops::fill(dl, 0.0);
       ops::moe_aux_scores_backward(dl, ds, logits, score);
       ops::moe_z_loss_backward(dl, logits, zc, 1.0);
+      ops::fill(scale, 0.25);
+      ops::moe_aux_loss_backward(ds, counts, groups, T, K, coeff, 4.0, &scale);
+      ops::fill(dl_scaled, 0.0);
+      ops::moe_aux_scores_backward(dl_scaled, ds, logits, score);
+      ops::moe_z_loss_backward(dl_scaled, logits, zc, 4.0, &scale);
     };
     r.collect = [=] {
-      return std::vector<Output>{output("scores", scores, kRtolF32), output("counts", counts, 0.0, Cmp::bits),
+      const Tensor a = acc.to(Device::cpu);
+      return std::vector<Output>{output("scores", scores, kRtolF32),
+                                 output("counts", counts, 0.0, Cmp::bits),
                                  scalar_output("aux loss", (*losses)[0], kRtolF32),
-                                 scalar_output("z loss", (*losses)[1], kRtolF32), output("dlogits", dl, kRtolF32)};
+                                 scalar_output("z loss", (*losses)[1], kRtolF32),
+                                 output("dlogits", dl, kRtolF32),
+                                 scalar_output("aux loss accumulated onto 1", a.data<double>()[0], kRtolF32),
+                                 scalar_output("z loss accumulated onto 1", a.data<double>()[1], kRtolF32),
+                                 output("dlogits, dloss 4 x 0.25 from device memory", dl_scaled, kRtolF32)};
     };
     return r;
   };
@@ -2085,8 +2103,24 @@ Entry moe_aux_entry() {
   return e;
 }
 
+// Whether the padded plan made where the choices are (ops::moe_padded_dispatch_plan, its
+// kept counts) is the host's plan padded to the capacity, index for index.
+bool same_padded_plan(const ops::MoeDispatch& dev, const Tensor& kept, const ops::MoeDispatch& host) {
+  auto same = [](const Tensor& a, const Tensor& b) {
+    const Tensor x = a.to(Device::cpu), y = b.to(Device::cpu);
+    return x.numel() == y.numel() && std::equal(x.data<int32_t>(), x.data<int32_t>() + x.numel(), y.data<int32_t>());
+  };
+  const Tensor k = kept.to(Device::cpu);
+  bool ok = dev.rows == host.rows && dev.counts == host.counts && same(dev.row_src, host.row_src) &&
+            same(dev.row_slot, host.row_slot) && same(dev.slot_row, host.slot_row);
+  for (size_t e = 0; e < host.tokens.size(); ++e) ok = ok && k.data<int32_t>()[e] == host.tokens[e];
+  return ok;
+}
+
 // Tokens to expert rows and back with the routing weight on each row: permute, weight,
-// unpermute; dropless, with drops at a capacity, and padded to it. n = {capacity, pad}.
+// unpermute; dropless, with drops at a capacity, and padded to it (the padded plan made on
+// the device, checked against the host's; some tokens' routing weights tie, for the drop
+// order). n = {capacity, pad, drop by position}.
 Entry moe_dispatch_entry() {
   Entry e{"moe_dispatch", {}, nullptr, nullptr};
   e.cases.push_back(fd_case("dropless N 7 E 4 k 2", 80, {0, 0}));
@@ -2096,17 +2130,27 @@ Entry moe_dispatch_entry() {
     e.cases.push_back(device_case("dropless N 29 E 4 k 2 H 24 " + to_string(dt), dt, {0, 0}, {}, dt == DType::f32));
     e.cases.push_back(device_case("capacity 12 padded " + to_string(dt), dt, {12, 1}));
   }
+  e.cases.push_back(device_case("capacity 12 padded, dropped by position", DType::f32, {12, 1, 1}));
+  e.cases.push_back(device_case("capacity 5 padded", DType::f32, {5, 1}));
   e.prepare = [](Ctx& c, const Case& k) {
     const int64_t N = 29, E = 4, K = 2, H = 24, cap = k.n[0];
+    const auto policy = k.n.size() > 2 && k.n[2] ? ops::DropPolicy::position : ops::DropPolicy::probs;
     Tensor logits = c.f32({N, E}), x = c.act({N, H}), R = c.act({N, H});
+    logits.rows(20, 5).copy_from(logits.rows(2, 5));  // equal weights on the same experts
     Tensor probs = c.out({N, K}, DType::f32), idx = Tensor::empty({N, K}, DType::i32, c.dev);
     ops::RouterParams p;
     p.topk = K;
     ops::moe_topk_forward(probs, idx, logits, nullptr, p);
     Tensor keep = Tensor::empty({N, K}, DType::i32, c.dev);
-    const int64_t dropped = cap > 0 ? ops::moe_apply_capacity(keep, probs, idx, E, cap, ops::DropPolicy::probs) : 0;
-    const auto d =
+    const int64_t dropped = cap > 0 ? ops::moe_apply_capacity(keep, probs, idx, E, cap, policy) : 0;
+    auto d =
         std::make_shared<ops::MoeDispatch>(ops::moe_dispatch_plan(idx, cap > 0 ? &keep : nullptr, E, k.n[1] ? cap : 0));
+    if (k.n[1]) {  // the run takes the device's plan
+      Tensor kept = Tensor::empty({E}, DType::i32, c.dev);
+      auto dp = std::make_shared<ops::MoeDispatch>(ops::moe_padded_dispatch_plan(kept, probs, idx, E, cap, policy));
+      c.expect(same_padded_plan(*dp, kept, *d), "moe_padded_dispatch_plan is the host's padded plan");
+      d = dp;
+    }
     Tensor xp = c.out({d->rows, H}), w = c.out({d->rows, H}), y = c.out({N, H});
     Tensor dw = c.out({d->rows, H}), dxp = c.out({d->rows, H}), dx = c.out({N, H});
     Tensor dprobs = c.out({N, K}, DType::f32);
@@ -2154,7 +2198,17 @@ Entry moe_dispatch_entry() {
     ops::moe_permute(dw, R, d);  // unpermute's backward
     ops::moe_weight_rows_backward(dxp, dprobs, dw, xp, probs, d);
     ops::moe_unpermute(dx, dxp, d);  // permute's backward
-    if (k.n[1]) c.expect(d.rows == E * cap, "moe_dispatch padded groups hold capacity rows each");
+    if (k.n[1]) {
+      c.expect(d.rows == E * cap, "moe_dispatch padded groups hold capacity rows each");
+      Tensor kept = Tensor::empty({E}, DType::i32);
+      for (auto pol : {ops::DropPolicy::probs, ops::DropPolicy::position}) {
+        Tensor kp = Tensor::empty({N, K}, DType::i32);
+        ops::moe_apply_capacity(kp, probs, idx, E, cap, pol);
+        const ops::MoeDispatch host = ops::moe_dispatch_plan(idx, &kp, E, cap);
+        c.expect(same_padded_plan(ops::moe_padded_dispatch_plan(kept, probs, idx, E, cap, pol), kept, host),
+                 "moe_padded_dispatch_plan on the CPU is moe_apply_capacity + moe_dispatch_plan");
+      }
+    }
     return FdProblem{loss, {{"moe_dispatch dx", x, dx}, {"moe_dispatch dprobs", probs, dprobs}}};
   };
   return e;
