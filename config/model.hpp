@@ -31,7 +31,7 @@ std::string to_string(Normalization n);
 
 // Mixture of experts (Megatron-Core's names and defaults; docs/specs/moe.md). How the
 // router scores experts, balances their load and bounds their work.
-enum class MoeLoadBalancing { aux_loss, seq_aux_loss, global_aux_loss, none };
+enum class MoeLoadBalancing { aux_loss, seq_aux_loss, global_aux_loss, none, sinkhorn };
 std::string to_string(MoeLoadBalancing b);
 enum class MoeScoreFunction { softmax, sigmoid };
 std::string to_string(MoeScoreFunction f);

@@ -84,6 +84,7 @@ std::string to_string(MoeLoadBalancing b) {
     case MoeLoadBalancing::seq_aux_loss: return "seq_aux_loss";
     case MoeLoadBalancing::global_aux_loss: return "global_aux_loss";
     case MoeLoadBalancing::none: return "none";
+    case MoeLoadBalancing::sinkhorn: return "sinkhorn";
   }
   return "?";
 }
@@ -339,7 +340,7 @@ std::vector<Field> moe_router_fields() {
           "moe_router_load_balancing_type",
           [=](Recipe& r) -> MoeLoadBalancing& { return moe(r).moe_router_load_balancing_type; },
           {MoeLoadBalancing::aux_loss, MoeLoadBalancing::seq_aux_loss, MoeLoadBalancing::global_aux_loss,
-           MoeLoadBalancing::none}),
+           MoeLoadBalancing::none, MoeLoadBalancing::sinkhorn}),
       dbl_field(
           "moe_aux_loss_coeff", [=](Recipe& r) -> double& { return moe(r).moe_aux_loss_coeff; }, 0.0, 1e6),
       dbl_field(
@@ -943,6 +944,29 @@ void validate_dense_moe_keys(const Recipe& r) {
       invalid(r, fmt::format("{} is set but model.num_experts is 0 (a dense model): set model.num_experts", key));
 }
 
+// Sinkhorn's balancing chooses the experts itself and weighs them by a softmax over all
+// experts (top-k > 1) or a sigmoid (top-k 1), as Megatron-Core does: the keys that would
+// change that, the balancing loss and a capacity (Megatron-Core's checks) are refused.
+void validate_moe_sinkhorn(const Recipe& r) {
+  const MoeConfig& m = r.model.moe;
+  const MoeConfig d{};
+  if (m.moe_router_load_balancing_type != MoeLoadBalancing::sinkhorn) return;
+  auto no = [&](bool set, const char* key, const char* why) {
+    if (set)
+      invalid(r, fmt::format("{} is set with model.moe_router_load_balancing_type: sinkhorn, which {}", key, why));
+  };
+  no(m.moe_aux_loss_coeff > 0, "model.moe_aux_loss_coeff", "has no balancing loss (set it to 0)");
+  no(m.moe_expert_capacity_factor.has_value(), "model.moe_expert_capacity_factor",
+     "routes dropless (a capacity needs aux_loss, seq_aux_loss, global_aux_loss or none)");
+  no(m.moe_router_enable_expert_bias, "model.moe_router_enable_expert_bias", "balances without an expert bias");
+  no(m.moe_router_num_groups > 0 || m.moe_router_group_topk > 0, "model.moe_router_num_groups",
+     "chooses from all experts (no group-limited routing)");
+  no(m.moe_router_score_function != d.moe_router_score_function || m.moe_router_pre_softmax,
+     "model.moe_router_score_function or moe_router_pre_softmax",
+     "weighs the chosen experts by a softmax over all experts (top-k > 1) or a sigmoid (top-k 1) itself");
+  no(m.moe_router_topk_scaling_factor != 0, "model.moe_router_topk_scaling_factor", "does not scale the weights");
+}
+
 // The router's keys against each other (Megatron-Core's checks, and the combinations that
 // would leave a key without effect).
 void validate_moe_router(const Recipe& r) {
@@ -951,7 +975,9 @@ void validate_moe_router(const Recipe& r) {
   if (m.moe_router_topk > m.num_experts)
     invalid(r, fmt::format("model.moe_router_topk ({}) must not exceed model.num_experts ({})", m.moe_router_topk,
                            m.num_experts));
-  if (m.moe_router_topk == 1 && !sigmoid && !m.moe_router_pre_softmax)
+  validate_moe_sinkhorn(r);
+  if (m.moe_router_topk == 1 && !sigmoid && !m.moe_router_pre_softmax &&
+      m.moe_router_load_balancing_type != MoeLoadBalancing::sinkhorn)
     invalid(r,
             "model.moe_router_topk 1 with the softmax score function needs model.moe_router_pre_softmax: true (a "
             "softmax over one selected logit is always 1, so the router would get no gradient)");
@@ -1338,6 +1364,11 @@ void refuse_unwired_moe(const Recipe& r) {
     refuse("model.moe_router_load_balancing_type",
            fmt::format("seq_aux_loss under tensor_model_parallel_size {} x context_parallel_size {} (sequences split "
                        "over ranks)",
+                       r.tp(), r.cp()));
+  if ((r.tp() > 1 || r.cp() > 1) && m.moe_router_load_balancing_type == MoeLoadBalancing::sinkhorn)
+    refuse("model.moe_router_load_balancing_type",
+           fmt::format("sinkhorn under tensor_model_parallel_size {} x context_parallel_size {} (its factors sum over "
+                       "the micro batch's tokens, split over ranks)",
                        r.tp(), r.cp()));
   if (m.moe_router_load_balancing_type == MoeLoadBalancing::global_aux_loss &&
       r.parallel.recompute_granularity == RecomputeGranularity::full)

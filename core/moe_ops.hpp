@@ -81,8 +81,16 @@ void moe_router_logits_backward(Tensor& dx, Tensor& dw, const Tensor& dlogits, c
 // Top-k routing (RouterParams): probs [N, k] (the dtype of logits) and idx (i32 [N, k]),
 // each row's choices in descending selection score, ties to the lower expert index.
 // expert_bias [E] (optional, sigmoid only) shifts the selection, never the weights.
+// selection [N, E] (optional, the logits' dtype): the experts are chosen by it instead
+// (sinkhorn's balanced assignment), the weights still the router's form of the chosen.
 void moe_topk_forward(Tensor& probs, Tensor& idx, const Tensor& logits, const Tensor* expert_bias,
-                      const RouterParams& p);
+                      const RouterParams& p, const Tensor* selection = nullptr);
+// Sinkhorn's balancing (Megatron-Core's sinkhorn load balancing): out [N, E] (written) =
+// d1[e] * exp(logits[n, e]) * d0[n], the row and column factors iterated, d0 = 1 / (N *
+// (exp(l) d1 + 1e-8)) then d1 = 1 / (E * (d0^T exp(l) + 1e-8)), until the mean change of
+// d1 is at most `tol` (at most `max_iter` rounds). In double, sums in row and expert
+// order; no gradient (it only chooses). Its columns sum to 1/E, its rows to about 1/N.
+void moe_sinkhorn(Tensor& out, const Tensor& logits, double tol = 1e-4, int64_t max_iter = 10000);
 // dlogits (written) from dprobs [N, k] through the weights' formula (the selection is a
 // constant): only the chosen logits get gradient, except with pre_softmax (all E).
 void moe_topk_backward(Tensor& dlogits, const Tensor& dprobs, const Tensor& logits, const Tensor& idx,

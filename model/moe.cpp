@@ -173,10 +173,17 @@ void MoeMlp::route(MoeActs& a, const Tensor& in, const MoeParams& p, int64_t seq
   }
   a.probs = router_rows(N, k, in);
   a.idx = Tensor::empty({N, k}, DType::i32, in.device());
-  ops::moe_topk_forward(a.probs, a.idx, a.logits, p.expert_bias.defined() ? &p.expert_bias : nullptr, cfg.router);
+  if (train && cfg.balancing == MoeBalancing::sinkhorn) {  // chosen by the balanced assignment
+    Tensor sel = router_rows(N, E, in);
+    ops::moe_sinkhorn(sel, a.logits);
+    ops::moe_topk_forward(a.probs, a.idx, a.logits, nullptr, cfg.router, &sel);
+  } else {
+    ops::moe_topk_forward(a.probs, a.idx, a.logits, p.expert_bias.defined() ? &p.expert_bias : nullptr, cfg.router);
+  }
   int64_t dropped = 0;
   plan(a, in, rec ? stats : nullptr, dropped);
-  if (train && cfg.balancing != MoeBalancing::none && cfg.aux_coeff > 0) aux = aux_loss(a, in, seq, stats);
+  if (train && cfg.balancing != MoeBalancing::none && cfg.balancing != MoeBalancing::sinkhorn && cfg.aux_coeff > 0)
+    aux = aux_loss(a, in, seq, stats);
   if (!stats || rec) return;
   stats->tokens.resize(static_cast<size_t>(E), 0.0);
   for (int64_t e = 0; e < E; ++e) stats->tokens[static_cast<size_t>(e)] += static_cast<double>(a.d.tokens[e]);

@@ -19,7 +19,8 @@ class Communicator;
 namespace mtnlg::model {
 
 // The MoE keys as the model uses them (app::gpt_config fills it from the recipe).
-enum class MoeBalancing { aux_loss, seq_aux_loss, global_aux_loss, none };
+// sinkhorn: training chooses by ops::moe_sinkhorn of the logits (no balancing loss).
+enum class MoeBalancing { aux_loss, seq_aux_loss, global_aux_loss, none, sinkhorn };
 struct MoeLayerConfig {
   int64_t num_experts = 0;  // 0: every layer dense
   int64_t ffn = 0;          // each routed expert's width

@@ -74,6 +74,8 @@ std::string moe_unfit(const ModelConfig& m) {
   if (m.add_bias_linear)
     why =
         "model.add_bias_linear: true with MoE layers (the experts of Mixtral, Qwen2-MoE and Qwen3-MoE have no biases)";
+  else if (e.moe_router_load_balancing_type == MoeLoadBalancing::sinkhorn)
+    why = "model.moe_router_load_balancing_type: sinkhorn (their routers choose by the router's own weights)";
   else if (e.moe_router_score_function != MoeScoreFunction::softmax)
     why = fmt::format("model.moe_router_score_function: {} (their routers take a softmax)",
                       to_string(e.moe_router_score_function));

@@ -64,7 +64,12 @@ void set_moe(model::GptConfig& c, const ModelConfig& m) {
                 : e.moe_router_load_balancing_type == MoeLoadBalancing::none       ? model::MoeBalancing::none
                 : e.moe_router_load_balancing_type == MoeLoadBalancing::global_aux_loss
                     ? model::MoeBalancing::global_aux_loss
-                    : model::MoeBalancing::aux_loss;
+                : e.moe_router_load_balancing_type == MoeLoadBalancing::sinkhorn ? model::MoeBalancing::sinkhorn
+                                                                                 : model::MoeBalancing::aux_loss;
+  if (o.balancing == model::MoeBalancing::sinkhorn) {  // its weights (Megatron-Core's): softmax over all, or sigmoid
+    o.router.score = e.moe_router_topk == 1 ? ops::RouterScore::sigmoid : ops::RouterScore::softmax;
+    o.router.pre_softmax = e.moe_router_topk > 1;
+  }
   o.aux_coeff = e.moe_aux_loss_coeff;
   o.z_coeff = e.moe_z_loss_coeff;
   o.expert_bias = e.moe_router_enable_expert_bias;

@@ -67,6 +67,7 @@ __device__ __forceinline__ double sigmoid_d(double x) { return 1.0 / (1.0 + exp(
 struct RowScores {
   const float* l = nullptr;
   const float* bias = nullptr;
+  const float* sel = nullptr;  // the row of a given selection (sinkhorn's), or null
   double m = 0, z = 1;
   Router r;
   __device__ double score(int e) const {  // the weight source: softmax prob, sigmoid, or logit
@@ -74,7 +75,10 @@ struct RowScores {
     if (r.pre_softmax) return exp(double(l[e]) - m) / z;
     return double(l[e]);
   }
-  __device__ double select(int e) const { return score(e) + (r.sigmoid && bias ? double(bias[e]) : 0.0); }
+  __device__ double select(int e) const {
+    if (sel) return double(sel[e]);
+    return score(e) + (r.sigmoid && bias ? double(bias[e]) : 0.0);
+  }
 };
 
 __device__ bool taken(const int32_t* chosen, int n, int e) {
@@ -100,12 +104,13 @@ __device__ void topk_scan(const RowScores& s, int lo, int hi, int k, const int32
   }
 }
 
-__global__ void topk_forward_kernel(float* probs, int32_t* idx, const float* logits, const float* bias, int64_t N,
-                                    int E, Router r) {
+__global__ void topk_forward_kernel(float* probs, int32_t* idx, const float* logits, const float* bias,
+                                    const float* selection, int64_t N, int E, Router r) {
   const int64_t n = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (n >= N) return;
   RowScores s;
   s.l = logits + n * E, s.bias = bias, s.r = r;
+  if (selection) s.sel = selection + n * E;
   if (r.pre_softmax) {
     double m = -INFINITY, z = 0;
     for (int e = 0; e < E; ++e) m = fmax(m, double(s.l[e]));
@@ -191,6 +196,42 @@ __global__ void topk_backward_kernel(float* dlogits, const float* dprobs, const 
       dl[id[j]] = float(dv * v[j] * (1 - v[j]));
     }
   }
+}
+
+// Sinkhorn's factors in one block (ops::moe_sinkhorn): each round the row factors d0 (a
+// thread per row, its experts in order), then the column factors d1 (a thread per expert,
+// the rows in order) with each one's change in dd, summed in expert order by thread 0.
+__global__ void sinkhorn_kernel(float* out, const float* logits, double* d0, double* d1, double* dd, int64_t N, int E,
+                                double tol, int64_t max_iter) {
+  __shared__ bool stop;
+  const double eps = 1e-8;
+  for (int e = threadIdx.x; e < E; e += blockDim.x) d1[e] = 1.0;
+  __syncthreads();
+  for (int64_t it = 0; it < max_iter; ++it) {
+    for (int64_t n = threadIdx.x; n < N; n += blockDim.x) {
+      double s = 0;
+      for (int e = 0; e < E; ++e) s += d1[e] * exp(double(logits[n * E + e]));
+      d0[n] = 1.0 / double(N) / (s + eps);
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+      double s = 0;
+      for (int64_t n = 0; n < N; ++n) s += d0[n] * exp(double(logits[n * E + e]));
+      const double v = 1.0 / double(E) / (s + eps);
+      dd[e] = fabs(d1[e] - v);
+      d1[e] = v;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      double err = 0;
+      for (int e = 0; e < E; ++e) err += dd[e];
+      stop = err / double(E) <= tol;
+    }
+    __syncthreads();
+    if (stop) break;
+  }
+  for (int64_t i = threadIdx.x; i < N * E; i += blockDim.x)
+    out[i] = float(d1[i % E] * exp(double(logits[i])) * d0[i / E]);
 }
 
 // The balancing loss's scores of one row (softmax, or sigmoid over its sum + 1e-20) and
@@ -560,13 +601,26 @@ void router_f32(const char* op, std::initializer_list<const Tensor*> ts) {
 }  // namespace
 
 void moe_topk_forward(Tensor& probs, Tensor& idx, const Tensor& logits, const Tensor* expert_bias,
-                      const ops::RouterParams& rp) {
-  router_f32("moe_topk_forward", {&probs, &logits, expert_bias});
+                      const ops::RouterParams& rp, const Tensor* selection) {
+  router_f32("moe_topk_forward", {&probs, &logits, expert_bias, selection});
   const int64_t N = rows_of(logits), E = logits.dim(-1);
   if (N == 0) return;
   MTNLG_LAUNCH(k::row_blocks(N), k::kThreads, 0, stream(), k::topk_forward_kernel)
-  (f(probs), static_cast<int32_t*>(idx.raw()), f(logits), p<float>(expert_bias), N, static_cast<int>(E), router_of(rp));
+  (f(probs), static_cast<int32_t*>(idx.raw()), f(logits), p<float>(expert_bias), p<float>(selection), N,
+   static_cast<int>(E), router_of(rp));
   MTNLG_CUDA_LAUNCH_CHECK("topk_forward_kernel");
+}
+
+// One block: the rounds' count depends on the data, the loop stays on the device.
+void moe_sinkhorn(Tensor& out, const Tensor& logits, double tol, int64_t max_iter) {
+  router_f32("moe_sinkhorn", {&out, &logits});
+  const int64_t N = rows_of(logits), E = logits.dim(-1);
+  Tensor d0 = Tensor::empty({N}, DType::f64, Device::cuda), d1 = Tensor::empty({E}, DType::f64, Device::cuda);
+  Tensor dd = Tensor::empty({E}, DType::f64, Device::cuda);
+  auto dp = [](Tensor& t) { return static_cast<double*>(t.raw()); };
+  MTNLG_LAUNCH(1, k::kThreads, 0, stream(), k::sinkhorn_kernel)
+  (f(out), f(logits), dp(d0), dp(d1), dp(dd), N, static_cast<int>(E), tol, max_iter);
+  MTNLG_CUDA_LAUNCH_CHECK("sinkhorn_kernel");
 }
 
 void moe_topk_backward(Tensor& dlogits, const Tensor& dprobs, const Tensor& logits, const Tensor& idx,

@@ -12,6 +12,7 @@ namespace mtnlg::cuda {
 #define MTNLG_CUDA_MOE_OP(name) decltype(::mtnlg::ops::name) name;
 MTNLG_CUDA_MOE_OP(moe_topk_forward)  // a thread per row, in double (the CPU's choices)
 MTNLG_CUDA_MOE_OP(moe_topk_backward)
+MTNLG_CUDA_MOE_OP(moe_sinkhorn)  // one block, the rounds on the device
 MTNLG_CUDA_MOE_OP(moe_aux_scores_forward)
 MTNLG_CUDA_MOE_OP(moe_aux_scores_backward)
 MTNLG_CUDA_MOE_OP(moe_aux_loss_forward)  // synchronises (the loss comes back to the host) unless given acc

@@ -120,8 +120,9 @@ void group_topk_indices(const double* sel, int64_t E, const RouterParams& p, int
   topk_indices(sel, E, p.topk, allowed.get(), out);
 }
 
-// One row's routing: the selection scores, the choice, the weights.
-void route_row(const double* l, int64_t E, const double* bias, const RouterParams& p, int32_t* idx, double* w) {
+// One row's routing: the selection scores (or the given ones, `forced`), the choice, the weights.
+void route_row(const double* l, int64_t E, const double* bias, const RouterParams& p, int32_t* idx, double* w,
+               const double* forced = nullptr) {
   const int64_t k = p.topk;
   std::vector<double> sel(static_cast<size_t>(E)), s(static_cast<size_t>(E));
   if (p.score == RouterScore::sigmoid) {
@@ -132,6 +133,7 @@ void route_row(const double* l, int64_t E, const double* bias, const RouterParam
   } else {
     std::copy(l, l + E, sel.begin());
   }
+  if (forced) std::copy(forced, forced + E, sel.begin());
   if (p.group_topk > 0)
     group_topk_indices(sel.data(), E, p, idx);
   else
@@ -238,9 +240,9 @@ void moe_router_logits_backward(Tensor& dx, Tensor& dw, const Tensor& dlogits, c
 // ---- top-k routing ------------------------------------------------------------------------
 
 void moe_topk_forward(Tensor& probs, Tensor& idx, const Tensor& logits, const Tensor* expert_bias,
-                      const RouterParams& p) {
+                      const RouterParams& p, const Tensor* selection) {
   const char* op = "moe_topk_forward";
-  const bool cuda = same_device(op, {&probs, &idx, &logits, expert_bias});
+  const bool cuda = same_device(op, {&probs, &idx, &logits, expert_bias, selection});
   float_dtype(op, "logits", logits);
   same_dtype(op, "probs", probs, logits.dtype());
   expect_i32(op, "idx", idx);
@@ -252,16 +254,56 @@ void moe_topk_forward(Tensor& probs, Tensor& idx, const Tensor& logits, const Te
   expect_numel(op, "idx", idx, N * k);
   const bool has_bias = expert_bias && expert_bias->defined();
   if (has_bias) expect_numel(op, "expert_bias", *expert_bias, E);
-  MTNLG_CUDA_DISPATCH(cuda, moe_topk_forward(probs, idx, logits, expert_bias, p));
+  if (selection) {
+    same_dtype(op, "selection", *selection, logits.dtype());
+    expect_numel(op, "selection", *selection, N * E);
+  }
+  MTNLG_CUDA_DISPATCH(cuda, moe_topk_forward(probs, idx, logits, expert_bias, p, selection));
   std::vector<double> bias(static_cast<size_t>(has_bias ? E : 0));
   if (has_bias) load_row(*expert_bias, 0, E, bias.data());
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
-    std::vector<double> l(static_cast<size_t>(E)), w(static_cast<size_t>(k));
+    std::vector<double> l(static_cast<size_t>(E)), w(static_cast<size_t>(k)), f(selection ? E : 0);
     load_row(logits, n, E, l.data());
-    route_row(l.data(), E, has_bias ? bias.data() : nullptr, p, idx.kernel_data<int32_t>() + n * k, w.data());
+    if (selection) load_row(*selection, n, E, f.data());
+    route_row(l.data(), E, has_bias ? bias.data() : nullptr, p, idx.kernel_data<int32_t>() + n * k, w.data(),
+              selection ? f.data() : nullptr);
     for (int64_t j = 0; j < k; ++j) put(probs, n * k + j, w[j]);
   }
+}
+
+void moe_sinkhorn(Tensor& out, const Tensor& logits, double tol, int64_t max_iter) {
+  const char* op = "moe_sinkhorn";
+  const bool cuda = same_device(op, {&out, &logits});
+  float_dtype(op, "logits", logits);
+  same_dtype(op, "out", out, logits.dtype());
+  int64_t N, E;
+  rows_cols(op, "logits", logits, N, E);
+  expect_numel(op, "out", out, N * E);
+  if (!(tol > 0) || max_iter < 1) throw_runtime("{}: tol {} and max_iter {} must be positive", op, tol, max_iter);
+  if (N == 0) return;
+  MTNLG_CUDA_DISPATCH(cuda, moe_sinkhorn(out, logits, tol, max_iter));
+  std::vector<double> c(static_cast<size_t>(N * E)), d0(static_cast<size_t>(N), 1.0), d1(static_cast<size_t>(E), 1.0);
+  for (int64_t i = 0; i < N * E; ++i) c[i] = std::exp(at(logits, i));
+  const double eps = 1e-8;
+  for (int64_t it = 0; it < max_iter; ++it) {
+    for (int64_t n = 0; n < N; ++n) {
+      double s = 0;
+      for (int64_t e = 0; e < E; ++e) s += d1[e] * c[n * E + e];
+      d0[n] = 1.0 / static_cast<double>(N) / (s + eps);
+    }
+    double err = 0;
+    for (int64_t e = 0; e < E; ++e) {
+      double s = 0;
+      for (int64_t n = 0; n < N; ++n) s += d0[n] * c[n * E + e];
+      const double v = 1.0 / static_cast<double>(E) / (s + eps);
+      err += std::fabs(d1[e] - v);
+      d1[e] = v;
+    }
+    if (err / static_cast<double>(E) <= tol) break;
+  }
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t e = 0; e < E; ++e) put(out, n * E + e, d1[e] * c[n * E + e] * d0[n]);
 }
 
 void moe_topk_backward(Tensor& dlogits, const Tensor& dprobs, const Tensor& logits, const Tensor& idx,

@@ -130,7 +130,12 @@ TEST_CASE("recipe moe: train refuses the MoE forms it does not build, naming the
            {"parallel.tensor_model_parallel_size=2", "parallel.sequence_parallel"},
            {"model.moe_router_load_balancing_type=global_aux_loss parallel.recompute_granularity=full",
             "model.moe_router_load_balancing_type"},
-           {"model.moe_router_dtype=fp64", "model.moe_router_dtype"}}) {
+           {"model.moe_router_dtype=fp64", "model.moe_router_dtype"},
+           {"model.moe_router_load_balancing_type=sinkhorn parallel.tensor_model_parallel_size=2 "
+            "parallel.sequence_parallel=true",
+            "model.moe_router_load_balancing_type"},
+           {"model.moe_router_load_balancing_type=sinkhorn parallel.context_parallel_size=2",
+            "model.moe_router_load_balancing_type"}}) {
     INFO(set);
     std::vector<std::string> sets = ok;
     std::istringstream words(set);  // one or more key=value, space-separated
@@ -181,7 +186,19 @@ TEST_CASE("recipe moe: every bad combination is an error naming the key", "[reci
        {"model.moe_router_topk (2) exceeds the experts"}},
       {moe({"model.moe_router_load_balancing_type=none", "model.moe_aux_loss_coeff=0.01"}),
        {"model.moe_aux_loss_coeff (0.01)", "none"}},
-      {moe({"model.moe_router_load_balancing_type=sinkhorn"}), {"model.moe_router_load_balancing_type", "aux_loss|"}},
+      {moe({"model.moe_router_load_balancing_type=quantile_balancing"}),
+       {"model.moe_router_load_balancing_type", "aux_loss|"}},
+      {moe({"model.moe_router_load_balancing_type=sinkhorn", "model.moe_aux_loss_coeff=0.01"}),
+       {"model.moe_aux_loss_coeff is set with model.moe_router_load_balancing_type: sinkhorn"}},
+      {moe({"model.moe_router_load_balancing_type=sinkhorn", "model.moe_expert_capacity_factor=1.5"}),
+       {"model.moe_expert_capacity_factor is set", "sinkhorn", "dropless"}},
+      {moe({"model.moe_router_load_balancing_type=sinkhorn", "model.moe_router_score_function=sigmoid"}),
+       {"model.moe_router_score_function or moe_router_pre_softmax", "sinkhorn"}},
+      {moe({"model.moe_router_load_balancing_type=sinkhorn", "model.moe_router_topk_scaling_factor=2"}),
+       {"model.moe_router_topk_scaling_factor is set", "sinkhorn"}},
+      {moe({"model.moe_router_load_balancing_type=sinkhorn", "model.moe_router_num_groups=4",
+            "model.moe_router_group_topk=2"}),
+       {"model.moe_router_num_groups is set", "sinkhorn"}},
       {moe({"model.moe_router_score_function=sqrtsoftplus"}), {"softmax|sigmoid"}},
       {moe({"model.moe_pad_expert_input_to_capacity=true"}),
        {"model.moe_pad_expert_input_to_capacity needs model.moe_expert_capacity_factor"}},

@@ -26,7 +26,8 @@
 #                 within 1e-5 of the single-process cuda run; eval (1e-4) and greedy generate
 #                 (the same text) of a random MoE model, cuda vs cpu; the padded Llama-shaped
 #                 MoE with CUDA graphs bit-identical to eager under a batch ramp (fp32, bf16),
-#                 its routing record too; CUDA graphs with dropless MoE layers exit 2
+#                 its routing record too; CUDA graphs with dropless MoE layers exit 2;
+#                 sinkhorn's balancing cuda vs cpu (1e-4) and at ep2 against one process (1e-5)
 #     cp          context parallelism on the device path (the CUDA block and merge ops, the
 #                 K/V ring and the heads' all-to-all over the emulated NCCL's cp group):
 #                 mpirun -np 2 cp2 (p2p, all_gather, a2a), -np 4 cp2 x tp2 with sequence
@@ -302,6 +303,14 @@ print(f"  moe2 graph vs eager routing record ({', '.join(keys)}): {'identical' i
       f"batches {batches}")
 sys.exit(0 if same and keys and len(batches) > 1 else 1)
 EOF
+    # sinkhorn's balancing (no balancing loss; the z-loss kept): cuda vs cpu, and under
+    # mpirun at ep2 (each rank's micro batches balanced as one process balances them)
+    sk=(--set model.moe_router_load_balancing_type=sinkhorn --set model.moe_aux_loss_coeff=0)
+    train moe-sk-cpu cpu fp32 "${moe[@]}" "${sk[@]}" && train moe-sk-gpu cuda fp32 "${moe[@]}" "${sk[@]}" &&
+      compare moe-sk-gpu moe-sk-cpu 1e-4
+    train moe-sk-one cuda fp32 "${moe[@]}" "${sk[@]}" --set training.train_iters=4
+    mpi_train moe-sk-ep2 2 --set training.train_iters=4 "${moe[@]}" "${sk[@]}" --set parallel.expert_model_parallel_size=2
+    compare moe-sk-ep2 moe-sk-one 1e-5
     # bf16 storage (fp32 master weights, the router in fp32): cuda vs cpu, and the cpu's bf16
     # run against its fp32 run (full recompute there: the same numbers as without)
     train moe16-cpu cpu bf16 "${moe[@]}" && train moe16-gpu cuda bf16 "${moe[@]}" && compare moe16-gpu moe16-cpu 2e-2

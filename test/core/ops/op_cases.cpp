@@ -2025,6 +2025,77 @@ Entry moe_topk_entry() {
   return e;
 }
 
+// Sinkhorn's balanced assignment choosing the experts, then the router's weights of the
+// chosen (top-2: softmax over all experts; top-1: sigmoid) and their backward with the
+// choice fixed. n = {top-k}.
+Entry moe_sinkhorn_entry() {
+  Entry e{"moe_sinkhorn", {}, nullptr, nullptr};
+  e.cases.push_back(fd_case("top-2 N 9 E 6", 75, {2}));
+  e.cases.push_back(fd_case("top-1 N 9 E 6", 76, {1}));
+  for (int64_t K : {1, 2}) e.cases.push_back(device_case(fmt::format("top-{} N 37 E 16", K), DType::f32, {K}));
+  auto form = [](int64_t K) {
+    ops::RouterParams p;
+    p.topk = K;
+    p.score = K == 1 ? ops::RouterScore::sigmoid : ops::RouterScore::softmax;
+    p.pre_softmax = K > 1;
+    return p;
+  };
+  e.prepare = [form](Ctx& c, const Case& k) {
+    const int64_t N = 37, E = 16, K = k.n[0];
+    const ops::RouterParams p = form(K);
+    Tensor logits = c.f32({N, E}, 2.0), R = c.f32({N, K});
+    Tensor sel = c.out({N, E}, DType::f32), probs = c.out({N, K}, DType::f32), dl = c.out({N, E}, DType::f32);
+    Tensor idx = Tensor::empty({N, K}, DType::i32, c.dev);
+    Run r;
+    r.exec = [=]() mutable {
+      ops::moe_sinkhorn(sel, logits);
+      ops::moe_topk_forward(probs, idx, logits, nullptr, p, &sel);
+      ops::moe_topk_backward(dl, R, logits, idx, p);
+    };
+    r.collect = [=] {
+      return std::vector<Output>{output("sinkhorn", sel, kRtolF32), output("probs", probs, kRtolF32),
+                                 int_output("idx", idx), output("dlogits", dl, kRtolF32)};
+    };
+    return r;
+  };
+  e.fd = [form](Ctx& c, const Case& k) {
+    const int64_t N = 9, E = 6, K = k.n[0];
+    const ops::RouterParams p = form(K);
+    Tensor logits = c.act({N, E}, 2.0), R = c.act({N, K});
+    Tensor sel = Tensor::empty({N, E}, DType::f64);
+    ops::moe_sinkhorn(sel, logits);
+    // Its columns sum to 1/E (the last factor set), its rows to 1/N within the tolerance.
+    double worst_col = 0, worst_row = 0;
+    for (int64_t j = 0; j < E; ++j) {
+      double s = 0;
+      for (int64_t n = 0; n < N; ++n) s += sel.data<double>()[n * E + j];
+      worst_col = std::max(worst_col, std::fabs(s - 1.0 / E));
+    }
+    for (int64_t n = 0; n < N; ++n) {
+      double s = 0;
+      for (int64_t j = 0; j < E; ++j) s += sel.data<double>()[n * E + j];
+      worst_row = std::max(worst_row, std::fabs(s - 1.0 / N));
+    }
+    c.expect(worst_col < 1e-7, "moe_sinkhorn columns sum to 1/E");
+    c.expect(worst_row < 1e-3, "moe_sinkhorn rows sum to 1/N (within the tolerance)");
+    Tensor probs = Tensor::empty({N, K}, DType::f64), idx = Tensor::empty({N, K}, DType::i32);
+    auto loss = [=]() mutable {  // the choice is sinkhorn's of the unperturbed logits: fixed
+      ops::moe_topk_forward(probs, idx, logits, nullptr, p, &sel);
+      return dot(probs, R);
+    };
+    loss();
+    Tensor plain_p = Tensor::empty({N, K}, DType::f64), plain_i = Tensor::empty({N, K}, DType::i32);
+    ops::moe_topk_forward(plain_p, plain_i, logits, nullptr, p);
+    bool differs = false;
+    for (int64_t i = 0; i < N * K; ++i) differs = differs || plain_i.data<int32_t>()[i] != idx.data<int32_t>()[i];
+    c.expect(differs, "moe_sinkhorn chooses other experts than the plain top-k for some token");
+    Tensor dl = Tensor::empty({N, E}, DType::f64);
+    ops::moe_topk_backward(dl, R, logits, idx, p);
+    return FdProblem{loss, {{"moe_sinkhorn dlogits", logits, dl}}};
+  };
+  return e;
+}
+
 // The load-balancing loss over its scores (softmax or normalised sigmoid; one group or
 // two sequences) plus the z-loss, against the logits.
 Entry moe_aux_entry() {
@@ -2397,6 +2468,7 @@ const std::vector<Entry>& registry() {
       adamw_entry(),
       moe_topk_entry(),
       moe_aux_entry(),
+      moe_sinkhorn_entry(),
       moe_dispatch_entry(),
       grouped_matmul_entry(),
       moe_gates_entry(),

@@ -23,6 +23,7 @@ struct OracleCase {
   bool expert_bias = false;  // sigmoid only: the bias chooses, never weights
   bool seq_aux = false;      // seq_aux_loss over the B sequences (else aux_loss over the micro batch)
   bool gelu = false;         // GELU experts (else SwiGLU)
+  bool sinkhorn = false;     // chosen by sinkhorn's assignment, no balancing loss
 };
 
 // The block's sizes, coefficients and weights (f32, as the trainer keeps them).
@@ -87,6 +88,12 @@ void router_forward(const Block& b, Acts& s) {
   s.z = ops::moe_z_loss_forward(s.logits, Block::z_coeff);
   s.probs = Tensor::empty({N, k});
   s.idx = Tensor::empty({N, k}, DType::i32);
+  if (b.c.sinkhorn) {
+    Tensor sel = Tensor::empty({N, E});
+    ops::moe_sinkhorn(sel, s.logits);
+    ops::moe_topk_forward(s.probs, s.idx, s.logits, nullptr, b.c.router, &sel);
+    return;  // no balancing loss
+  }
   ops::moe_topk_forward(s.probs, s.idx, s.logits, b.c.expert_bias ? &b.bias : nullptr, b.c.router);
   s.scores = Tensor::empty({N, E});
   s.counts = Tensor::empty({G, E});
@@ -154,8 +161,10 @@ Grads block_backward(const Block& b, const Acts& s) {
   // the router: the weights' path, the load-balancing loss, the z-loss
   Tensor dl = Tensor::empty({N, E}), ds = Tensor::empty({N, E}), dxr = Tensor::empty({N, H});
   ops::moe_topk_backward(dl, dprobs, s.logits, s.idx, b.c.router);
-  ops::moe_aux_loss_backward(ds, s.counts, G, double(N / G), k, Block::aux_coeff, 1.0);
-  ops::moe_aux_scores_backward(dl, ds, s.logits, b.c.router.score);
+  if (!b.c.sinkhorn) {
+    ops::moe_aux_loss_backward(ds, s.counts, G, double(N / G), k, Block::aux_coeff, 1.0);
+    ops::moe_aux_scores_backward(dl, ds, s.logits, b.c.router.score);
+  }
   ops::moe_z_loss_backward(dl, s.logits, Block::z_coeff, 1.0);
   ops::moe_router_logits_backward(dxr, g.dwr, dl, b.x, b.wr);
   ops::add_inplace(g.dx, dxr);
@@ -183,7 +192,7 @@ void dump_case(const OracleCase& c, const std::string& path) {
   s.loss = dot(out, b.R) + s.aux + s.z;
   const Grads g = block_backward(b, s);
   const auto& r = c.router;
-  if (c.expert_bias || r.group_topk > 0) CHECK(form_matters(b, s));
+  if (c.expert_bias || r.group_topk > 0 || c.sinkhorn) CHECK(form_matters(b, s));
   std::map<std::string, std::string> meta = {{"name", c.name},
                                              {"B", "2"},
                                              {"S", "6"},
@@ -196,6 +205,7 @@ void dump_case(const OracleCase& c, const std::string& path) {
                                              {"expert_bias", c.expert_bias ? "1" : "0"},
                                              {"seq_aux", c.seq_aux ? "1" : "0"},
                                              {"gelu", c.gelu ? "1" : "0"},
+                                             {"sinkhorn", c.sinkhorn ? "1" : "0"},
                                              {"aux_coeff", fmt::format("{}", Block::aux_coeff)},
                                              {"z_coeff", fmt::format("{}", Block::z_coeff)}};
   Tensor losses = Tensor::empty({3}, DType::f64);
@@ -236,17 +246,23 @@ TEST_CASE("moe: an MoE block's loss and gradients equal PyTorch's (Megatron-Core
   groups.topk = 4, groups.num_groups = 4, groups.group_topk = 2;
   ops::RouterParams deepseek = sigmoid;  // group-limited sigmoid with the bias (DeepSeek-V3's form)
   deepseek.num_groups = 4, deepseek.group_topk = 2;
+  ops::RouterParams sinkhorn2 = softmax;  // sinkhorn's weights: softmax over all experts (top-k > 1) ...
+  sinkhorn2.pre_softmax = true;
+  ops::RouterParams sinkhorn1;  // ... or the chosen one's sigmoid (top-1)
+  sinkhorn1.score = ops::RouterScore::sigmoid, sinkhorn1.topk = 1;
   for (const OracleCase& c :
        {OracleCase{"softmax top-2, aux_loss, SwiGLU", softmax, false, false, false},
         OracleCase{"pre-softmax top-3 x1.5, seq_aux_loss, GELU", pre, false, true, true},
         OracleCase{"sigmoid top-4 x2.5 with expert bias, seq_aux_loss", sigmoid, true, true, false},
         OracleCase{"group-limited softmax top-4 (4 groups, 2 kept), aux_loss", groups, false, false, false},
-        OracleCase{"group-limited sigmoid with expert bias, aux_loss", deepseek, true, false, false}})
+        OracleCase{"group-limited sigmoid with expert bias, aux_loss", deepseek, true, false, false},
+        OracleCase{"sinkhorn top-2 (softmax weights), SwiGLU", sinkhorn2, false, false, false, true},
+        OracleCase{"sinkhorn top-1 (sigmoid weight), GELU", sinkhorn1, false, false, true, true}})
     dump_case(c, (dir / fmt::format("moe-{}.safetensors", n++)).string());
   // One Python run for every case (torch loads once).
   const auto res =
       test::run_command(test::python() + " " + test::source_dir() + "/test/core/ops/torch_moe.py " + dir.str());
   INFO(res.out);
   CHECK(res.exit_code == 0);
-  CHECK(res.out.find("PASS: 5 cases") != std::string::npos);
+  CHECK(res.out.find("PASS: 7 cases") != std::string::npos);
 }

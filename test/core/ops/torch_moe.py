@@ -56,8 +56,29 @@ def topk_(scores, k, num_groups, group_topk):
     return torch.topk(scores.masked_fill(~score_mask.bool(), float("-inf")), k=k, dim=-1)
 
 
+def sinkhorn(cost, tol=0.0001):
+    """Megatron-Core's sinkhorn (moe_utils.py), in the logits' dtype."""
+    cost = torch.exp(cost)
+    d0 = torch.ones(cost.size(0), dtype=cost.dtype)
+    d1 = torch.ones(cost.size(1), dtype=cost.dtype)
+    eps = 0.00000001
+    error = 1e9
+    d1_old = d1
+    while error > tol:
+        d0 = (1 / d0.size(0)) * 1 / (torch.sum(d1 * cost, 1) + eps)
+        d1 = (1 / d1.size(0)) * 1 / (torch.sum(d0.unsqueeze(1) * cost, 0) + eps)
+        error = torch.mean(torch.abs(d1_old - d1))
+        d1_old = d1
+    return d1 * cost * d0.unsqueeze(1)
+
+
 def route(logits, bias, m):
     k, ng, gk = int(m["topk"]), int(m["num_groups"]), int(m["group_topk"])
+    if m.get("sinkhorn") == "1":  # Megatron-Core's sinkhorn_load_balancing in training
+        with torch.no_grad():
+            _, idx = torch.topk(sinkhorn(logits.detach()), k=k, dim=1)
+        act = torch.sigmoid(logits) if k == 1 else torch.softmax(logits, dim=-1)
+        return torch.gather(act, 1, idx), idx
     if m["score"] == "softmax":
         if m["pre_softmax"] == "1":
             probs, idx = topk_(torch.softmax(logits, dim=-1), k, ng, gk)
@@ -110,7 +131,7 @@ def block(w, m):
     logits = x @ w["router.weight"].T
     z = float(m["z_coeff"]) * torch.logsumexp(logits, dim=-1).square().mean()
     probs, idx = route(logits, w["router.expert_bias"], m)
-    aux = aux_loss(logits, m)
+    aux = aux_loss(logits, m) if m.get("sinkhorn") != "1" else torch.zeros((), dtype=logits.dtype)
     gelu = m["gelu"] == "1"
     y = torch.zeros_like(x)
     for e in range(w["w1"].shape[0]):
