@@ -1375,7 +1375,6 @@ void refuse_unwired_moe(const Recipe& r) {
     refuse("model.moe_router_load_balancing_type",
            "global_aux_loss with parallel.recompute_granularity full (a recomputed forward would add its micro batch "
            "to the step's running counts again)");
-  if (m.moe_router_dtype == MoeRouterDtype::fp64) refuse("model.moe_router_dtype", "fp64");
   if (r.model.add_bias_linear) refuse("model.add_bias_linear", "true (expert biases)");
 }
 

@@ -28,9 +28,9 @@ void act_backward(bool swiglu, Tensor& dpre, const Tensor& dact, const Tensor& p
 Tensor empty_like_rows(int64_t rows, int64_t cols, const Tensor& like) {
   return Tensor::empty({rows, cols}, like.dtype(), like.device());
 }
-// The router's tensors (logits, routing weights, balancing scores and counts, their
-// gradients) are f32 whatever the activations' storage (f64 in the f64 tests): the
-// choices and weights must not be rounded to bf16.
+// The routing weights on the rows (and their gradients) are f32 whatever the activations'
+// storage (f64 in the f64 tests): the weights must not be rounded to bf16. The router's
+// own side may be wider (MoeMlp::router_side).
 Tensor router_rows(int64_t rows, int64_t cols, const Tensor& like) {
   return Tensor::empty({rows, cols}, like.dtype() == DType::f64 ? DType::f64 : DType::f32, like.device());
 }
@@ -144,11 +144,16 @@ int64_t MoeMlp::loss_groups(int64_t rows, int64_t seq) const {
   return rows / seq;
 }
 
+Tensor MoeMlp::router_side(int64_t rows, int64_t cols, const Tensor& like) const {
+  return Tensor::empty({rows, cols}, like.dtype() == DType::f64 || cfg.router_fp64 ? DType::f64 : DType::f32,
+                       like.device());
+}
+
 // Router, top-k, capacity and dispatch; in training the balancing and z losses.
 void MoeMlp::route(MoeActs& a, const Tensor& in, const MoeParams& p, int64_t seq, bool train,
                    MoeLayerStats* stats) const {
   const int64_t N = in.dim(0), E = cfg.num_experts, k = cfg.router.topk;
-  a.logits = router_rows(N, E, in);
+  a.logits = router_side(N, E, in);
   a.router_in = Tensor();
   if (train && a.jitter.on && cfg.jitter_eps > 0) {  // the router sees a jittered input, the experts the clean one
     a.router_in = empty_like_rows(N, in.dim(1), in);
@@ -171,14 +176,19 @@ void MoeMlp::route(MoeActs& a, const Tensor& in, const MoeParams& p, int64_t seq
     Tensor z_acc = rec ? rec->flat(E + 2, 1) : Tensor();
     z = ops::moe_z_loss_forward(a.logits, (rec ? 1.0 : cfg.z_coeff) / parts, rec ? &z_acc : nullptr);
   }
-  a.probs = router_rows(N, k, in);
+  Tensor probs = router_side(N, k, in);
   a.idx = Tensor::empty({N, k}, DType::i32, in.device());
   if (train && cfg.balancing == MoeBalancing::sinkhorn) {  // chosen by the balanced assignment
-    Tensor sel = router_rows(N, E, in);
+    Tensor sel = router_side(N, E, in);
     ops::moe_sinkhorn(sel, a.logits);
-    ops::moe_topk_forward(a.probs, a.idx, a.logits, nullptr, cfg.router, &sel);
+    ops::moe_topk_forward(probs, a.idx, a.logits, nullptr, cfg.router, &sel);
   } else {
-    ops::moe_topk_forward(a.probs, a.idx, a.logits, p.expert_bias.defined() ? &p.expert_bias : nullptr, cfg.router);
+    ops::moe_topk_forward(probs, a.idx, a.logits, p.expert_bias.defined() ? &p.expert_bias : nullptr, cfg.router);
+  }
+  a.probs = probs;  // the rows' weights: f32 beside an f64 router (rounded once), as Megatron-Core casts them
+  if (probs.dtype() != (in.dtype() == DType::f64 ? DType::f64 : DType::f32)) {
+    a.probs = router_rows(N, k, in);
+    ops::convert(a.probs, probs);
   }
   int64_t dropped = 0;
   plan(a, in, rec ? stats : nullptr, dropped);
@@ -247,8 +257,8 @@ double MoeMlp::aux_loss(MoeActs& a, const Tensor& in, int64_t seq, MoeLayerStats
   MTNLG_CHECK(parts == 1 || cfg.balancing != MoeBalancing::seq_aux_loss,
               "MoE: the per-sequence balancing loss with tokens split over {} ranks", parts);
   const int64_t n_groups = loss_groups(N, seq);
-  a.scores = router_rows(N, E, in);
-  a.counts = router_rows(n_groups, E, in);
+  a.scores = router_side(N, E, in);
+  a.counts = router_side(n_groups, E, in);
   ops::fill(a.counts, 0.0);
   ops::moe_aux_scores_forward(a.scores, a.counts, a.logits, cfg.router.score, k, n_groups);
   for (auto* g : groups.seq) g->all_reduce(a.counts.raw(), a.counts.numel(), a.counts.dtype(), parallel::ReduceOp::sum);
@@ -467,12 +477,17 @@ void MoeMlp::shared_backward(Tensor& din, const Tensor& dout, const MoeActs& a, 
 void MoeMlp::router_backward(Tensor& din, const Tensor& dprobs, const MoeActs& a, const Tensor& in, MoeParams& p,
                              int64_t seq, double loss_weight, const Tensor* weight_dev) const {
   const int64_t N = in.dim(0), E = cfg.num_experts, k = cfg.router.topk;
-  Tensor dlogits = router_rows(N, E, in);
-  ops::moe_topk_backward(dlogits, dprobs, a.logits, a.idx, cfg.router);
+  Tensor dlogits = router_side(N, E, in);
+  Tensor dp = dprobs;
+  if (dprobs.dtype() != dlogits.dtype()) {  // the rows' weights' gradient, widened for the f64 router
+    dp = router_side(N, k, in);
+    ops::convert(dp, dprobs);
+  }
+  ops::moe_topk_backward(dlogits, dp, a.logits, a.idx, cfg.router);
   const int64_t parts = groups.seq_parts();
   if (a.scores.defined()) {
     const int64_t n_groups = loss_groups(N, seq);
-    Tensor dscores = router_rows(N, E, in);
+    Tensor dscores = router_side(N, E, in);
     ops::moe_aux_loss_backward(dscores, a.counts, n_groups, static_cast<double>(N * parts / n_groups), k, cfg.aux_coeff,
                                loss_weight, weight_dev);
     ops::moe_aux_scores_backward(dlogits, dscores, a.logits, cfg.router.score);

@@ -27,6 +27,7 @@ struct MoeLayerConfig {
   int64_t shared_ffn = 0;   // the shared expert's width; 0 = none
   bool shared_gate = false;
   ops::RouterParams router;
+  bool router_fp64 = false;  // moe_router_dtype fp64: logits, choices, losses in double (the weights as before)
   MoeBalancing balancing = MoeBalancing::aux_loss;
   double aux_coeff = 0.0, z_coeff = 0.0;  // 0: that loss is not computed
   bool expert_bias = false;
@@ -181,6 +182,9 @@ struct MoeMlp {
   void router_backward(Tensor& din, const Tensor& dprobs, const MoeActs& a, const Tensor& in, MoeParams& p, int64_t seq,
                        double loss_weight, const Tensor* weight_dev) const;
   void plan(MoeActs& a, const Tensor& in, MoeLayerStats* stats, int64_t& dropped) const;
+  // The router's side (logits, its top-k, the balancing scores and counts, their
+  // gradients): f64 with router_fp64 or beside f64 rows, else f32.
+  Tensor router_side(int64_t rows, int64_t cols, const Tensor& like) const;
   int64_t loss_groups(int64_t rows, int64_t seq) const;
 };
 

@@ -194,7 +194,7 @@ struct Shape {
   // width Fm, top k; a shared expert of width S (and its gate); the router's expert bias;
   // the balancing loss's scores and counts kept (aux), one group per sequence (seq_aux).
   int64_t E = 0, k = 0, Fm = 0, S = 0;
-  bool s_gate = false, e_bias = false, aux = false, seq_aux = false;
+  bool s_gate = false, e_bias = false, aux = false, seq_aux = false, router64 = false;
   std::vector<bool> moe{};
   bool is_moe(int64_t i) const { return E > 0 && moe[static_cast<size_t>(i)]; }
   int64_t moe_pre() const { return swiglu ? 2 * Fm : Fm; }  // an expert's fc1 output width
@@ -233,6 +233,7 @@ Shape shape_of(const Recipe& r, int64_t tp, int64_t cp = 1) {
     sh.e_bias = e.moe_router_enable_expert_bias;
     sh.aux = e.moe_router_load_balancing_type != MoeLoadBalancing::none && e.moe_aux_loss_coeff > 0;
     sh.seq_aux = e.moe_router_load_balancing_type == MoeLoadBalancing::seq_aux_loss;
+    sh.router64 = e.moe_router_dtype == MoeRouterDtype::fp64;
     for (int64_t i = 0; i < m.num_layers; ++i) sh.moe.push_back(e.is_moe_layer(i));
   }
   return sh;
@@ -569,15 +570,16 @@ double layer_activation_bytes(const Shape& sh, const Layout& l, Precision prec, 
 // statistics in fp32 (fp64 runs keep them in fp64, not planned here), token ids i32).
 // What an MoE layer keeps beside the dense layer's tensors, less the dense MLP's, per
 // microbatch (model/moe.hpp MoeActs, dropless: every token's k slots are rows): router
-// logits [N, E], top-k weights [N, k] and experts [N, k] (i32), with the balancing loss
-// its scores [N, E] and counts [groups, E]; the dispatched rows [Nk, h], fc1's output
+// logits [N, E] (the router's dtype: fp32, fp64 with moe_router_dtype fp64), top-k
+// weights [N, k] (fp32) and experts [N, k] (i32), with the balancing loss its scores
+// [N, E] and counts [groups, E] (the router's dtype); the dispatched rows [Nk, h], fc1's output
 // [Nk, pre_m], the activation and its weighted copy [Nk, Fm] each, the row and slot maps
 // (3 x i32); the shared expert's fc1 output, activation and output (and gate logit).
 double trainer_moe_extra_bytes(const Shape& sh, const Layout& l, double e, double N) {
   const double t = double(l.tp), rows = N * double(sh.k), E = double(sh.E), w = 4.0;
-  const double groups = sh.seq_aux ? double(l.micro_batch) : 1.0;
-  double b = e * N * E + e * N * double(sh.k) + w * N * double(sh.k);
-  if (sh.aux) b += e * N * E + e * groups * E;
+  const double groups = sh.seq_aux ? double(l.micro_batch) : 1.0, r = sh.router64 ? 8.0 : 4.0;
+  double b = r * N * E + w * N * double(sh.k) + w * N * double(sh.k);
+  if (sh.aux) b += r * N * E + r * groups * E;
   b += e * rows * (double(sh.h) + double(sh.moe_pre()) + 2 * double(sh.Fm)) + w * (2 * rows + N * double(sh.k));
   if (sh.S > 0) b += e * N * (double(sh.s_pre()) + double(sh.S) + double(sh.h)) + (sh.s_gate ? e * N : 0.0);
   return b - e * N * double(sh.pre() + sh.f) / t;

@@ -60,6 +60,7 @@ void set_moe(model::GptConfig& c, const ModelConfig& m) {
   o.router.scaling_factor = e.moe_router_topk_scaling_factor;
   o.router.num_groups = e.moe_router_num_groups;
   o.router.group_topk = e.moe_router_group_topk;
+  o.router_fp64 = e.moe_router_dtype == MoeRouterDtype::fp64;
   o.balancing = e.moe_router_load_balancing_type == MoeLoadBalancing::seq_aux_loss ? model::MoeBalancing::seq_aux_loss
                 : e.moe_router_load_balancing_type == MoeLoadBalancing::none       ? model::MoeBalancing::none
                 : e.moe_router_load_balancing_type == MoeLoadBalancing::global_aux_loss

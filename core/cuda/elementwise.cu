@@ -8,6 +8,7 @@
 // kept iff philox_uniform(key, 0, base + e) >= float(p), and kept values are multiplied
 // by float(1/(1-p)), so fp32 outputs are bit-identical to the CPU's.
 #include <cstdint>
+#include <type_traits>
 
 #include "core/cuda/common.cuh"
 #include "core/rng.hpp"
@@ -51,6 +52,13 @@ __global__ void swap_axes_kernel(W* out, const W* in, int64_t P, int64_t a, int6
     const int64_t c = o % C, i = o / C % a, j = o / (C * a) % b, p = o / (C * a * b);
     out[o] = in[((p * a + i) * b + j) * C + c];
   }
+}
+
+// f32 <-> f64 (the f64 router's tensors beside f32 ones): a plain cast.
+template <typename D, typename S>
+__global__ void convert_wide_kernel(D* dst, const S* src, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    dst[i] = D(src[i]);
 }
 
 __global__ void fill_f64_kernel(double* x, int64_t n, double v) {
@@ -157,6 +165,23 @@ void scale(void* x, DType dt, int64_t n, float s) {
 
 void convert(void* dst, DType ddt, const void* src, DType sdt, int64_t n) {
   if (n <= 0) return;
+  if (ddt == DType::f64 || sdt == DType::f64) {
+    auto launch = [&](auto* d, const auto* s) {
+      using D = std::remove_pointer_t<decltype(d)>;
+      using S = std::remove_const_t<std::remove_pointer_t<decltype(s)>>;
+      MTNLG_LAUNCH(grid_for(n, kThreads), kThreads, 0, stream(), convert_wide_kernel<D, S>)(d, s, n);
+    };
+    if (ddt == DType::f64 && sdt == DType::f32)
+      launch(static_cast<double*>(dst), static_cast<const float*>(src));
+    else if (ddt == DType::f32 && sdt == DType::f64)
+      launch(static_cast<float*>(dst), static_cast<const double*>(src));
+    else if (ddt == DType::f64 && sdt == DType::f64)
+      launch(static_cast<double*>(dst), static_cast<const double*>(src));
+    else
+      fail("convert on CUDA: f64 converts to and from f32 only");
+    MTNLG_CUDA_LAUNCH_CHECK("convert_wide_kernel");
+    return;
+  }
   MTNLG_DT_SWITCH(ddt, D,
                   MTNLG_DT_SWITCH(sdt, S,
                                   MTNLG_LAUNCH(grid_for(n, kThreads), kThreads, 0, stream(), convert_kernel<D, S>)(
@@ -254,6 +279,8 @@ void scale(Tensor& x, double s) {
 
 void convert(Tensor& dst, const Tensor& src) {
   if (dst.dtype() == src.dtype()) return copy(dst, src);
+  if (dst.dtype() == DType::f64 || src.dtype() == DType::f64)  // the f64 router's: f32 <-> f64
+    return k::convert(dst.raw(), dst.dtype(), src.raw(), src.dtype(), dst.numel());
   k::convert(dst.raw(), cuda_dtype("convert", "dst", dst.dtype()), src.raw(), cuda_dtype("convert", "src", src.dtype()),
              dst.numel());
 }

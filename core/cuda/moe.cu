@@ -64,10 +64,11 @@ __device__ __forceinline__ double sigmoid_d(double x) { return 1.0 / (1.0 + exp(
 
 // The selection score of expert e of row l (the logits of one row), given the row's max
 // and softmax denominator (pre-softmax) or nothing.
+template <typename R>
 struct RowScores {
-  const float* l = nullptr;
+  const R* l = nullptr;
   const float* bias = nullptr;
-  const float* sel = nullptr;  // the row of a given selection (sinkhorn's), or null
+  const R* sel = nullptr;  // the row of a given selection (sinkhorn's), or null
   double m = 0, z = 1;
   Router r;
   __device__ double score(int e) const {  // the weight source: softmax prob, sigmoid, or logit
@@ -89,7 +90,8 @@ __device__ bool taken(const int32_t* chosen, int n, int e) {
 
 // The k best experts in [lo, hi) (allowed groups only when `groups` is set), appended to
 // out[0..k) in descending selection score, ties to the lower index (a strict-greater scan).
-__device__ void topk_scan(const RowScores& s, int lo, int hi, int k, const int32_t* groups, int ngroups, int per,
+template <typename R>
+__device__ void topk_scan(const RowScores<R>& s, int lo, int hi, int k, const int32_t* groups, int ngroups, int per,
                           int32_t* out) {
   for (int j = 0; j < k; ++j) {
     int best = -1;
@@ -104,11 +106,12 @@ __device__ void topk_scan(const RowScores& s, int lo, int hi, int k, const int32
   }
 }
 
-__global__ void topk_forward_kernel(float* probs, int32_t* idx, const float* logits, const float* bias,
-                                    const float* selection, int64_t N, int E, Router r) {
+template <typename R>
+__global__ void topk_forward_kernel(R* probs, int32_t* idx, const R* logits, const float* bias, const R* selection,
+                                    int64_t N, int E, Router r) {
   const int64_t n = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (n >= N) return;
-  RowScores s;
+  RowScores<R> s;
   s.l = logits + n * E, s.bias = bias, s.r = r;
   if (selection) s.sel = selection + n * E;
   if (r.pre_softmax) {
@@ -152,29 +155,30 @@ __global__ void topk_forward_kernel(float* probs, int32_t* idx, const float* log
   }
   for (int j = 0; j < k; ++j) {
     idx[n * k + j] = chosen[j];
-    probs[n * k + j] = float(r.scaling != 0 ? w[j] * r.scaling : w[j]);
+    probs[n * k + j] = R(r.scaling != 0 ? w[j] * r.scaling : w[j]);
   }
 }
 
 // dlogits (written) of one row from the weights' gradient dprobs, the selection fixed.
-__global__ void topk_backward_kernel(float* dlogits, const float* dprobs, const float* logits, const int32_t* idx,
-                                     int64_t N, int E, Router r) {
+template <typename R>
+__global__ void topk_backward_kernel(R* dlogits, const R* dprobs, const R* logits, const int32_t* idx, int64_t N, int E,
+                                     Router r) {
   const int64_t n = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (n >= N) return;
   const int k = r.topk;
-  const float* l = logits + n * E;
+  const R* l = logits + n * E;
   const int32_t* id = idx + n * k;
-  float* dl = dlogits + n * E;
+  R* dl = dlogits + n * E;
   const double sf = r.scaling != 0 ? r.scaling : 1.0;
   double g[kMaxTopk];
   for (int j = 0; j < k; ++j) g[j] = double(dprobs[n * k + j]) * sf;
-  for (int e = 0; e < E; ++e) dl[e] = 0.0f;
+  for (int e = 0; e < E; ++e) dl[e] = R(0);
   if (!r.sigmoid && !r.pre_softmax) {
     double q[kMaxTopk], m = -INFINITY, sum = 0, dot = 0;
     for (int j = 0; j < k; ++j) m = fmax(m, double(l[id[j]]));
     for (int j = 0; j < k; ++j) sum += (q[j] = exp(double(l[id[j]]) - m));
     for (int j = 0; j < k; ++j) q[j] /= sum, dot += q[j] * g[j];
-    for (int j = 0; j < k; ++j) dl[id[j]] = float(q[j] * (g[j] - dot));
+    for (int j = 0; j < k; ++j) dl[id[j]] = R(q[j] * (g[j] - dot));
   } else if (!r.sigmoid) {
     double m = -INFINITY, z = 0, dot = 0;
     for (int e = 0; e < E; ++e) m = fmax(m, double(l[e]));
@@ -184,7 +188,7 @@ __global__ void topk_backward_kernel(float* dlogits, const float* dprobs, const 
       double G = 0;
       for (int j = 0; j < k; ++j)
         if (id[j] == e) G = g[j];
-      dl[e] = float(exp(double(l[e]) - m) / z * (G - dot));
+      dl[e] = R(exp(double(l[e]) - m) / z * (G - dot));
     }
   } else {
     double v[kMaxTopk], sum = 0, gv = 0;
@@ -193,7 +197,7 @@ __global__ void topk_backward_kernel(float* dlogits, const float* dprobs, const 
     for (int j = 0; j < k; ++j) gv += g[j] * v[j];
     for (int j = 0; j < k; ++j) {
       const double dv = k > 1 ? g[j] / S - gv / (S * S) : g[j];
-      dl[id[j]] = float(dv * v[j] * (1 - v[j]));
+      dl[id[j]] = R(dv * v[j] * (1 - v[j]));
     }
   }
 }
@@ -201,7 +205,8 @@ __global__ void topk_backward_kernel(float* dlogits, const float* dprobs, const 
 // Sinkhorn's factors in one block (ops::moe_sinkhorn): each round the row factors d0 (a
 // thread per row, its experts in order), then the column factors d1 (a thread per expert,
 // the rows in order) with each one's change in dd, summed in expert order by thread 0.
-__global__ void sinkhorn_kernel(float* out, const float* logits, double* d0, double* d1, double* dd, int64_t N, int E,
+template <typename R>
+__global__ void sinkhorn_kernel(R* out, const R* logits, double* d0, double* d1, double* dd, int64_t N, int E,
                                 double tol, int64_t max_iter) {
   __shared__ bool stop;
   const double eps = 1e-8;
@@ -230,18 +235,18 @@ __global__ void sinkhorn_kernel(float* out, const float* logits, double* d0, dou
     __syncthreads();
     if (stop) break;
   }
-  for (int64_t i = threadIdx.x; i < N * E; i += blockDim.x)
-    out[i] = float(d1[i % E] * exp(double(logits[i])) * d0[i / E]);
+  for (int64_t i = threadIdx.x; i < N * E; i += blockDim.x) out[i] = R(d1[i % E] * exp(double(logits[i])) * d0[i / E]);
 }
 
 // The balancing loss's scores of one row (softmax, or sigmoid over its sum + 1e-20) and
 // the row's own top-k of them counted into its group's counts.
-__global__ void aux_scores_kernel(float* scores, float* counts, const float* logits, int64_t N, int E, bool sigmoid,
-                                  int topk, int64_t per) {
+template <typename R>
+__global__ void aux_scores_kernel(R* scores, R* counts, const R* logits, int64_t N, int E, bool sigmoid, int topk,
+                                  int64_t per) {
   const int64_t n = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (n >= N) return;
-  const float* l = logits + n * E;
-  float* s = scores + n * E;
+  const R* l = logits + n * E;
+  R* s = scores + n * E;
   double m = -INFINITY, z = 0;
   if (sigmoid) {
     for (int e = 0; e < E; ++e) z += sigmoid_d(double(l[e]));
@@ -250,7 +255,7 @@ __global__ void aux_scores_kernel(float* scores, float* counts, const float* log
     for (int e = 0; e < E; ++e) m = fmax(m, double(l[e]));
     for (int e = 0; e < E; ++e) z += exp(double(l[e]) - m);
   }
-  for (int e = 0; e < E; ++e) s[e] = float((sigmoid ? sigmoid_d(double(l[e])) : exp(double(l[e]) - m)) / z);
+  for (int e = 0; e < E; ++e) s[e] = R((sigmoid ? sigmoid_d(double(l[e])) : exp(double(l[e]) - m)) / z);
   // The top-k of the scores in double (the CPU's order): a strict-greater scan per slot.
   int32_t chosen[kMaxTopk];
   for (int j = 0; j < topk; ++j) {
@@ -262,16 +267,17 @@ __global__ void aux_scores_kernel(float* scores, float* counts, const float* log
       if (best < 0 || v > bv) best = e, bv = v;
     }
     chosen[j] = best;
-    atomicAdd(&counts[(n / per) * E + best], 1.0f);
+    atomicAdd(&counts[(n / per) * E + best], R(1));
   }
 }
 
-__global__ void aux_scores_backward_kernel(float* dlogits, const float* dscores, const float* logits, int64_t N, int E,
+template <typename R>
+__global__ void aux_scores_backward_kernel(R* dlogits, const R* dscores, const R* logits, int64_t N, int E,
                                            bool sigmoid) {
   const int64_t n = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (n >= N) return;
-  const float *l = logits + n * E, *d = dscores + n * E;
-  float* dl = dlogits + n * E;
+  const R *l = logits + n * E, *d = dscores + n * E;
+  R* dl = dlogits + n * E;
   double m = -INFINITY, z = 0, dot = 0;
   if (!sigmoid) {
     for (int e = 0; e < E; ++e) m = fmax(m, double(l[e]));
@@ -279,7 +285,7 @@ __global__ void aux_scores_backward_kernel(float* dlogits, const float* dscores,
     for (int e = 0; e < E; ++e) dot += exp(double(l[e]) - m) / z * double(d[e]);
     for (int e = 0; e < E; ++e) {
       const double s = exp(double(l[e]) - m) / z;
-      dl[e] = float(double(dl[e]) + s * (double(d[e]) - dot));
+      dl[e] = R(double(dl[e]) + s * (double(d[e]) - dot));
     }
     return;
   }
@@ -288,12 +294,13 @@ __global__ void aux_scores_backward_kernel(float* dlogits, const float* dscores,
   for (int e = 0; e < E; ++e) dot += double(d[e]) * sigmoid_d(double(l[e]));
   for (int e = 0; e < E; ++e) {
     const double s = sigmoid_d(double(l[e]));
-    dl[e] = float(double(dl[e]) + (double(d[e]) / S - dot / (S * S)) * s * (1 - s));
+    dl[e] = R(double(dl[e]) + (double(d[e]) / S - dot / (S * S)) * s * (1 - s));
   }
 }
 
 // P[g, e] = sum of group g's rows of scores[:, e], rows in order (double).
-__global__ void group_colsum_kernel(double* P, const float* scores, int64_t groups, int64_t per, int E) {
+template <typename R>
+__global__ void group_colsum_kernel(double* P, const R* scores, int64_t groups, int64_t per, int E) {
   const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (i >= groups * E) return;
   const int64_t g = i / E, e = i % E;
@@ -303,15 +310,17 @@ __global__ void group_colsum_kernel(double* P, const float* scores, int64_t grou
 }
 
 // scale (optional): a factor read from device memory (the loss weight a graph replay refreshes).
-__global__ void aux_loss_backward_kernel(float* dscores, const float* counts, int64_t N, int E, int64_t per, double f,
+template <typename R>
+__global__ void aux_loss_backward_kernel(R* dscores, const R* counts, int64_t N, int E, int64_t per, double f,
                                          const double* scale) {
   const int64_t i0 = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (scale) f *= *scale;
   for (int64_t i = i0; i < N * E; i += int64_t(gridDim.x) * blockDim.x)
-    dscores[i] = float(f * double(counts[(i / E / per) * E + i % E]));
+    dscores[i] = R(f * double(counts[(i / E / per) * E + i % E]));
 }
 
-__global__ void row_lse_kernel(double* lse, const float* logits, int64_t N, int E) {
+template <typename R>
+__global__ void row_lse_kernel(double* lse, const R* logits, int64_t N, int E) {
   const int64_t n = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (n >= N) return;
   double m = -INFINITY, s = 0;
@@ -320,18 +329,20 @@ __global__ void row_lse_kernel(double* lse, const float* logits, int64_t N, int 
   lse[n] = m + log(s);
 }
 
-__global__ void z_loss_backward_kernel(float* dlogits, const float* logits, const double* lse, int64_t N, int E,
-                                       double f, const double* scale) {
+template <typename R>
+__global__ void z_loss_backward_kernel(R* dlogits, const R* logits, const double* lse, int64_t N, int E, double f,
+                                       const double* scale) {
   const int64_t i0 = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (scale) f *= *scale;
   for (int64_t i = i0; i < N * E; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t n = i / E;
-    dlogits[i] = float(double(dlogits[i]) + f * lse[n] * exp(double(logits[i]) - lse[n]));
+    dlogits[i] = R(double(dlogits[i]) + f * lse[n] * exp(double(logits[i]) - lse[n]));
   }
 }
 
 // acc[0] += f * sum_i a[i] * b[i] over i in order (one thread: the host's order and sum).
-__global__ void aux_loss_acc_kernel(double* acc, const double* P, const float* counts, int64_t n, double f) {
+template <typename R>
+__global__ void aux_loss_acc_kernel(double* acc, const double* P, const R* counts, int64_t n, double f) {
   if (threadIdx.x != 0 || blockIdx.x != 0) return;
   double loss = 0;
   for (int64_t i = 0; i < n; ++i) loss += P[i] * double(counts[i]);
@@ -412,6 +423,37 @@ __global__ void grouped_ptrs_kernel(const void** ptrs, PtrRows p, int G) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= G) return;
   for (int j = 0; j < 3; ++j) ptrs[j * G + i] = p.base[j] + i * p.stride[j];
+}
+
+// The router's GEMM in double (moe_router_dtype fp64): logits[n, e] = sum_h x[n, h] w[e, h]
+// (a thread per output, h in order); dx[n, h] = sum_e dl[n, e] w[e, h] (written, stored in
+// x's dtype); dw[e, h] += sum_n dl[n, e] x[n, h] (the fp32 gradient).
+template <typename T, typename W>
+__global__ void router_gemm64_kernel(double* logits, const T* x, const W* w, int64_t N, int64_t H, int64_t E) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < N * E; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t n = i / E, e = i % E;
+    double s = 0;
+    for (int64_t h = 0; h < H; ++h) s += double(to_f(x[n * H + h])) * double(to_f(w[e * H + h]));
+    logits[i] = s;
+  }
+}
+template <typename T, typename W>
+__global__ void router_gemm64_dx_kernel(T* dx, const double* dl, const W* w, int64_t N, int64_t H, int64_t E) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < N * H; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t n = i / H, h = i % H;
+    double s = 0;
+    for (int64_t e = 0; e < E; ++e) s += dl[n * E + e] * double(to_f(w[e * H + h]));
+    dx[i] = from_f<T>(float(s));
+  }
+}
+template <typename T>
+__global__ void router_gemm64_dw_kernel(float* dw, const double* dl, const T* x, int64_t N, int64_t H, int64_t E) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < E * H; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t e = i / H, h = i % H;
+    double s = 0;
+    for (int64_t n = 0; n < N; ++n) s += dl[n * E + e] * double(to_f(x[n * H + h]));
+    dw[i] = float(double(dw[i]) + s);
+  }
 }
 
 template <typename T>
@@ -598,59 +640,132 @@ int64_t rows_of(const Tensor& t) { return t.dim(-1) ? t.numel() / t.dim(-1) : 0;
 void router_f32(const char* op, std::initializer_list<const Tensor*> ts) {
   for (const Tensor* t : ts) need_f32(op, "the router's tensors (logits, probs, scores, counts, bias)", t);
 }
+// The router's dtype: f32, or f64 (moe_router_dtype fp64); every listed tensor in it.
+DType router_dtype(const char* op, std::initializer_list<const Tensor*> ts) {
+  DType dt = DType::f32;
+  bool first = true;
+  for (const Tensor* t : ts) {
+    if (!t || !t->defined()) continue;
+    if (first) dt = t->dtype(), first = false;
+    if (t->dtype() != dt || (dt != DType::f32 && dt != DType::f64))
+      throw_runtime("{} on CUDA: the router's tensors (logits, probs, scores, counts) must be all f32 or all f64", op);
+  }
+  return dt;
+}
+template <typename R>
+R* rt(const Tensor& t) {
+  return static_cast<R*>(t.raw());
+}
+template <typename R>
+const R* rpn(const Tensor* t) {
+  return t && t->defined() ? static_cast<const R*>(t->raw()) : nullptr;
+}
 }  // namespace
+
+// The router's kernels for its dtype R (float or double).
+#define MTNLG_ROUTER_SWITCH(dt, R, ...) \
+  if ((dt) == DType::f64) {             \
+    using R = double;                   \
+    __VA_ARGS__;                        \
+  } else {                              \
+    using R = float;                    \
+    __VA_ARGS__;                        \
+  }
 
 void moe_topk_forward(Tensor& probs, Tensor& idx, const Tensor& logits, const Tensor* expert_bias,
                       const ops::RouterParams& rp, const Tensor* selection) {
-  router_f32("moe_topk_forward", {&probs, &logits, expert_bias, selection});
+  const DType dt = router_dtype("moe_topk_forward", {&probs, &logits, selection});
+  need_f32("moe_topk_forward", "expert_bias (the fp32 master weights')", expert_bias);
   const int64_t N = rows_of(logits), E = logits.dim(-1);
   if (N == 0) return;
-  MTNLG_LAUNCH(k::row_blocks(N), k::kThreads, 0, stream(), k::topk_forward_kernel)
-  (f(probs), static_cast<int32_t*>(idx.raw()), f(logits), p<float>(expert_bias), p<float>(selection), N,
-   static_cast<int>(E), router_of(rp));
+  MTNLG_ROUTER_SWITCH(dt, R,
+                      MTNLG_LAUNCH(k::row_blocks(N), k::kThreads, 0, stream(), k::topk_forward_kernel<R>)(
+                          rt<R>(probs), static_cast<int32_t*>(idx.raw()), rt<R>(logits), p<float>(expert_bias),
+                          rpn<R>(selection), N, static_cast<int>(E), router_of(rp)));
   MTNLG_CUDA_LAUNCH_CHECK("topk_forward_kernel");
 }
 
 // One block: the rounds' count depends on the data, the loop stays on the device.
 void moe_sinkhorn(Tensor& out, const Tensor& logits, double tol, int64_t max_iter) {
-  router_f32("moe_sinkhorn", {&out, &logits});
+  const DType dt = router_dtype("moe_sinkhorn", {&out, &logits});
   const int64_t N = rows_of(logits), E = logits.dim(-1);
   Tensor d0 = Tensor::empty({N}, DType::f64, Device::cuda), d1 = Tensor::empty({E}, DType::f64, Device::cuda);
   Tensor dd = Tensor::empty({E}, DType::f64, Device::cuda);
   auto dp = [](Tensor& t) { return static_cast<double*>(t.raw()); };
-  MTNLG_LAUNCH(1, k::kThreads, 0, stream(), k::sinkhorn_kernel)
-  (f(out), f(logits), dp(d0), dp(d1), dp(dd), N, static_cast<int>(E), tol, max_iter);
+  MTNLG_ROUTER_SWITCH(dt, R,
+                      MTNLG_LAUNCH(1, k::kThreads, 0, stream(), k::sinkhorn_kernel<R>)(
+                          rt<R>(out), rt<R>(logits), dp(d0), dp(d1), dp(dd), N, static_cast<int>(E), tol, max_iter));
   MTNLG_CUDA_LAUNCH_CHECK("sinkhorn_kernel");
 }
 
 void moe_topk_backward(Tensor& dlogits, const Tensor& dprobs, const Tensor& logits, const Tensor& idx,
                        const ops::RouterParams& rp) {
-  router_f32("moe_topk_backward", {&dlogits, &dprobs, &logits});
+  const DType dt = router_dtype("moe_topk_backward", {&dlogits, &dprobs, &logits});
   const int64_t N = rows_of(logits), E = logits.dim(-1);
   if (N == 0) return;
-  MTNLG_LAUNCH(k::row_blocks(N), k::kThreads, 0, stream(), k::topk_backward_kernel)
-  (f(dlogits), f(dprobs), f(logits), ip(idx), N, static_cast<int>(E), router_of(rp));
+  MTNLG_ROUTER_SWITCH(
+      dt, R,
+      MTNLG_LAUNCH(k::row_blocks(N), k::kThreads, 0, stream(), k::topk_backward_kernel<R>)(
+          rt<R>(dlogits), rt<R>(dprobs), rt<R>(logits), ip(idx), N, static_cast<int>(E), router_of(rp)));
   MTNLG_CUDA_LAUNCH_CHECK("topk_backward_kernel");
+}
+
+// The router's GEMM in double (core/ops/moe.cpp composes the f32 one of convert and matmul).
+void moe_router_logits_forward(Tensor& logits, const Tensor& x, const Tensor& w) {
+  if (logits.dtype() != DType::f64) fail("moe_router_logits_forward on CUDA: the kernel form is the f64 router's");
+  const DType dt = cuda_dtype("moe_router_logits_forward", "x", x.dtype());
+  const DType wt = cuda_dtype("moe_router_logits_forward", "w", w.dtype());
+  const int64_t N = rows_of(x), H = x.dim(-1), E = w.dim(0);
+  auto* l = static_cast<double*>(logits.raw());
+  MTNLG_DT_SWITCH(dt, T,
+                  MTNLG_DT_SWITCH(wt, W,
+                                  MTNLG_LAUNCH(k::grid_for(N * E, k::kThreads), k::kThreads, 0, stream(),
+                                               k::router_gemm64_kernel<T, W>)(
+                                      l, static_cast<const T*>(x.raw()), static_cast<const W*>(w.raw()), N, H, E)));
+  MTNLG_CUDA_LAUNCH_CHECK("router_gemm64_kernel");
+}
+
+void moe_router_logits_backward(Tensor& dx, Tensor& dw, const Tensor& dlogits, const Tensor& x, const Tensor& w) {
+  if (dlogits.dtype() != DType::f64) fail("moe_router_logits_backward on CUDA: the kernel form is the f64 router's");
+  const DType dt = cuda_dtype("moe_router_logits_backward", "x", x.dtype());
+  const DType wt = cuda_dtype("moe_router_logits_backward", "w", w.dtype());
+  need_f32("moe_router_logits_backward", "dw (the fp32 gradient)", &dw);
+  if (dx.dtype() != dt) fail("moe_router_logits_backward on CUDA: dx and x in different dtypes");
+  const int64_t N = rows_of(x), H = x.dim(-1), E = w.dim(0);
+  const auto* dl = static_cast<const double*>(dlogits.raw());
+  MTNLG_DT_SWITCH(dt, T,
+                  MTNLG_DT_SWITCH(wt, W,
+                                  MTNLG_LAUNCH(k::grid_for(N * H, k::kThreads), k::kThreads, 0, stream(),
+                                               k::router_gemm64_dx_kernel<T, W>)(
+                                      static_cast<T*>(dx.raw()), dl, static_cast<const W*>(w.raw()), N, H, E)));
+  MTNLG_CUDA_LAUNCH_CHECK("router_gemm64_dx_kernel");
+  MTNLG_DT_SWITCH(dt, T,
+                  MTNLG_LAUNCH(k::grid_for(E * H, k::kThreads), k::kThreads, 0, stream(),
+                               k::router_gemm64_dw_kernel<T>)(f(dw), dl, static_cast<const T*>(x.raw()), N, H, E));
+  MTNLG_CUDA_LAUNCH_CHECK("router_gemm64_dw_kernel");
 }
 
 void moe_aux_scores_forward(Tensor& scores, Tensor& counts, const Tensor& logits, ops::RouterScore score, int64_t topk,
                             int64_t groups) {
-  router_f32("moe_aux_scores_forward", {&scores, &counts, &logits});
+  const DType dt = router_dtype("moe_aux_scores_forward", {&scores, &counts, &logits});
   if (topk > k::kMaxTopk) throw_runtime("moe_aux_scores_forward on CUDA: topk {} above {}", topk, k::kMaxTopk);
   const int64_t N = rows_of(logits), E = logits.dim(-1);
   if (N == 0) return;
-  MTNLG_LAUNCH(k::row_blocks(N), k::kThreads, 0, stream(), k::aux_scores_kernel)
-  (f(scores), f(counts), f(logits), N, static_cast<int>(E), score == ops::RouterScore::sigmoid, static_cast<int>(topk),
-   N / groups);
+  MTNLG_ROUTER_SWITCH(dt, R,
+                      MTNLG_LAUNCH(k::row_blocks(N), k::kThreads, 0, stream(), k::aux_scores_kernel<R>)(
+                          rt<R>(scores), rt<R>(counts), rt<R>(logits), N, static_cast<int>(E),
+                          score == ops::RouterScore::sigmoid, static_cast<int>(topk), N / groups));
   MTNLG_CUDA_LAUNCH_CHECK("aux_scores_kernel");
 }
 
 void moe_aux_scores_backward(Tensor& dlogits, const Tensor& dscores, const Tensor& logits, ops::RouterScore score) {
-  router_f32("moe_aux_scores_backward", {&dlogits, &dscores, &logits});
+  const DType dt = router_dtype("moe_aux_scores_backward", {&dlogits, &dscores, &logits});
   const int64_t N = rows_of(logits), E = logits.dim(-1);
   if (N == 0) return;
-  MTNLG_LAUNCH(k::row_blocks(N), k::kThreads, 0, stream(), k::aux_scores_backward_kernel)
-  (f(dlogits), f(dscores), f(logits), N, static_cast<int>(E), score == ops::RouterScore::sigmoid);
+  MTNLG_ROUTER_SWITCH(
+      dt, R,
+      MTNLG_LAUNCH(k::row_blocks(N), k::kThreads, 0, stream(), k::aux_scores_backward_kernel<R>)(
+          rt<R>(dlogits), rt<R>(dscores), rt<R>(logits), N, static_cast<int>(E), score == ops::RouterScore::sigmoid));
   MTNLG_CUDA_LAUNCH_CHECK("aux_scores_backward_kernel");
 }
 
@@ -658,46 +773,54 @@ void moe_aux_scores_backward(Tensor& dlogits, const Tensor& dscores, const Tenso
 // CPU's formula); with it, one thread adds the same sum there.
 double moe_aux_loss_forward(const Tensor& scores, const Tensor& counts, int64_t groups, double total_tokens,
                             int64_t topk, double coeff, Tensor* acc) {
-  router_f32("moe_aux_loss_forward", {&scores, &counts});
+  const DType dt = router_dtype("moe_aux_loss_forward", {&scores, &counts});
   const int64_t N = rows_of(scores), E = scores.dim(-1);
   if (N == 0) return 0.0;
   Tensor P = Tensor::empty({groups, E}, DType::f64, Device::cuda);
-  MTNLG_LAUNCH(k::row_blocks(groups * E), k::kThreads, 0, stream(), k::group_colsum_kernel)
-  (static_cast<double*>(P.raw()), f(scores), groups, N / groups, static_cast<int>(E));
+  auto* Pd = static_cast<double*>(P.raw());
+  MTNLG_ROUTER_SWITCH(dt, R,
+                      MTNLG_LAUNCH(k::row_blocks(groups * E), k::kThreads, 0, stream(), k::group_colsum_kernel<R>)(
+                          Pd, rt<R>(scores), groups, N / groups, static_cast<int>(E)));
   MTNLG_CUDA_LAUNCH_CHECK("group_colsum_kernel");
   if (acc) {
     const double fct = coeff * static_cast<double>(E) / (static_cast<double>(topk) * total_tokens * total_tokens) /
                        static_cast<double>(groups);
-    MTNLG_LAUNCH(1, 32, 0, stream(), k::aux_loss_acc_kernel)
-    (static_cast<double*>(acc->raw()), static_cast<const double*>(P.raw()), f(counts), groups * E, fct);
+    auto* a = static_cast<double*>(acc->raw());
+    MTNLG_ROUTER_SWITCH(
+        dt, R, MTNLG_LAUNCH(1, 32, 0, stream(), k::aux_loss_acc_kernel<R>)(a, Pd, rt<R>(counts), groups * E, fct));
     MTNLG_CUDA_LAUNCH_CHECK("aux_loss_acc_kernel");
     return 0.0;
   }
   const Tensor Ph = P.to(Device::cpu), ch = counts.to(Device::cpu);
   double loss = 0;
-  for (int64_t i = 0; i < groups * E; ++i) loss += Ph.data<double>()[i] * static_cast<double>(ch.data<float>()[i]);
+  for (int64_t i = 0; i < groups * E; ++i)
+    loss += Ph.data<double>()[i] * (dt == DType::f64 ? ch.data<double>()[i] : static_cast<double>(ch.data<float>()[i]));
   return loss * coeff * static_cast<double>(E) / (static_cast<double>(topk) * total_tokens * total_tokens) /
          static_cast<double>(groups);
 }
 
 void moe_aux_loss_backward(Tensor& dscores, const Tensor& counts, int64_t groups, double total_tokens, int64_t topk,
                            double coeff, double dloss, const Tensor* dloss_scale) {
-  router_f32("moe_aux_loss_backward", {&dscores, &counts});
+  const DType dt = router_dtype("moe_aux_loss_backward", {&dscores, &counts});
   const int64_t N = rows_of(dscores), E = dscores.dim(-1);
   if (N == 0) return;
   const double fct = dloss * coeff * static_cast<double>(E) /
                      (static_cast<double>(topk) * total_tokens * total_tokens) / static_cast<double>(groups);
-  MTNLG_LAUNCH(k::grid_for(N * E, k::kThreads), k::kThreads, 0, stream(), k::aux_loss_backward_kernel)
-  (f(dscores), f(counts), N, static_cast<int>(E), N / groups, fct,
-   dloss_scale ? static_cast<const double*>(dloss_scale->raw()) : nullptr);
+  const double* scale = dloss_scale ? static_cast<const double*>(dloss_scale->raw()) : nullptr;
+  MTNLG_ROUTER_SWITCH(
+      dt, R,
+      MTNLG_LAUNCH(k::grid_for(N * E, k::kThreads), k::kThreads, 0, stream(), k::aux_loss_backward_kernel<R>)(
+          rt<R>(dscores), rt<R>(counts), N, static_cast<int>(E), N / groups, fct, scale));
   MTNLG_CUDA_LAUNCH_CHECK("aux_loss_backward_kernel");
 }
 
 namespace {
 Tensor row_lse(const Tensor& logits, int64_t N, int64_t E) {
   Tensor lse = Tensor::empty({N}, DType::f64, Device::cuda);
-  MTNLG_LAUNCH(k::row_blocks(N), k::kThreads, 0, stream(), k::row_lse_kernel)
-  (static_cast<double*>(lse.raw()), f(logits), N, static_cast<int>(E));
+  auto* l = static_cast<double*>(lse.raw());
+  MTNLG_ROUTER_SWITCH(logits.dtype(), R,
+                      MTNLG_LAUNCH(k::row_blocks(N), k::kThreads, 0, stream(), k::row_lse_kernel<R>)(
+                          l, rt<R>(logits), N, static_cast<int>(E)));
   MTNLG_CUDA_LAUNCH_CHECK("row_lse_kernel");
   return lse;
 }
@@ -706,7 +829,7 @@ Tensor row_lse(const Tensor& logits, int64_t N, int64_t E) {
 // Synchronises without `acc`: the rows' log-sum-exps come back and are summed in row order;
 // with it, one thread adds the same sum there.
 double moe_z_loss_forward(const Tensor& logits, double coeff, Tensor* acc) {
-  router_f32("moe_z_loss_forward", {&logits});
+  (void)router_dtype("moe_z_loss_forward", {&logits});
   const int64_t N = rows_of(logits), E = logits.dim(-1);
   if (N == 0) return 0.0;
   if (acc) {
@@ -723,13 +846,16 @@ double moe_z_loss_forward(const Tensor& logits, double coeff, Tensor* acc) {
 }
 
 void moe_z_loss_backward(Tensor& dlogits, const Tensor& logits, double coeff, double dloss, const Tensor* dloss_scale) {
-  router_f32("moe_z_loss_backward", {&dlogits, &logits});
+  const DType dt = router_dtype("moe_z_loss_backward", {&dlogits, &logits});
   const int64_t N = rows_of(logits), E = logits.dim(-1);
   if (N == 0) return;
   const Tensor lse = row_lse(logits, N, E);
-  MTNLG_LAUNCH(k::grid_for(N * E, k::kThreads), k::kThreads, 0, stream(), k::z_loss_backward_kernel)
-  (f(dlogits), f(logits), static_cast<const double*>(lse.raw()), N, static_cast<int>(E),
-   dloss * coeff * 2 / static_cast<double>(N), dloss_scale ? static_cast<const double*>(dloss_scale->raw()) : nullptr);
+  const auto* l = static_cast<const double*>(lse.raw());
+  const double* scale = dloss_scale ? static_cast<const double*>(dloss_scale->raw()) : nullptr;
+  MTNLG_ROUTER_SWITCH(
+      dt, R,
+      MTNLG_LAUNCH(k::grid_for(N * E, k::kThreads), k::kThreads, 0, stream(), k::z_loss_backward_kernel<R>)(
+          rt<R>(dlogits), rt<R>(logits), l, N, static_cast<int>(E), dloss * coeff * 2 / static_cast<double>(N), scale));
   MTNLG_CUDA_LAUNCH_CHECK("z_loss_backward_kernel");
 }
 

@@ -10,7 +10,9 @@
 namespace mtnlg::cuda {
 
 #define MTNLG_CUDA_MOE_OP(name) decltype(::mtnlg::ops::name) name;
-MTNLG_CUDA_MOE_OP(moe_topk_forward)  // a thread per row, in double (the CPU's choices)
+MTNLG_CUDA_MOE_OP(moe_router_logits_forward)   // the f64 router's only (kernels in double)
+MTNLG_CUDA_MOE_OP(moe_router_logits_backward)  // the same
+MTNLG_CUDA_MOE_OP(moe_topk_forward)            // a thread per row, in double (the CPU's choices)
 MTNLG_CUDA_MOE_OP(moe_topk_backward)
 MTNLG_CUDA_MOE_OP(moe_sinkhorn)  // one block, the rounds on the device
 MTNLG_CUDA_MOE_OP(moe_aux_scores_forward)

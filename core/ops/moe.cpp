@@ -219,15 +219,17 @@ Tensor in_dtype(const Tensor& t, DType dt) {
 
 void moe_router_logits_forward(Tensor& logits, const Tensor& x, const Tensor& w) {
   const char* op = "moe_router_logits_forward";
-  (void)same_device(op, {&logits, &x, &w});  // composed: either device
+  const bool cuda = same_device(op, {&logits, &x, &w});  // composed on either device, but f64 on CUDA
   float_dtype(op, "logits", logits);
+  MTNLG_CUDA_DISPATCH(cuda && logits.dtype() == DType::f64, moe_router_logits_forward(logits, x, w));
   matmul_forward(logits, in_dtype(x, logits.dtype()), in_dtype(w, logits.dtype()), nullptr);
 }
 
 void moe_router_logits_backward(Tensor& dx, Tensor& dw, const Tensor& dlogits, const Tensor& x, const Tensor& w) {
   const char* op = "moe_router_logits_backward";
-  (void)same_device(op, {&dx, &dw, &dlogits, &x, &w});
+  const bool cuda = same_device(op, {&dx, &dw, &dlogits, &x, &w});
   float_dtype(op, "dlogits", dlogits);
+  MTNLG_CUDA_DISPATCH(cuda && dlogits.dtype() == DType::f64, moe_router_logits_backward(dx, dw, dlogits, x, w));
   const DType rd = dlogits.dtype();
   // dx is written and dw accumulates: in the router's dtype, then converted back.
   Tensor dx_r = dx.dtype() == rd ? dx : Tensor::empty(dx.shape(), rd, dx.device());

@@ -130,7 +130,6 @@ TEST_CASE("recipe moe: train refuses the MoE forms it does not build, naming the
            {"parallel.tensor_model_parallel_size=2", "parallel.sequence_parallel"},
            {"model.moe_router_load_balancing_type=global_aux_loss parallel.recompute_granularity=full",
             "model.moe_router_load_balancing_type"},
-           {"model.moe_router_dtype=fp64", "model.moe_router_dtype"},
            {"model.moe_router_load_balancing_type=sinkhorn parallel.tensor_model_parallel_size=2 "
             "parallel.sequence_parallel=true",
             "model.moe_router_load_balancing_type"},

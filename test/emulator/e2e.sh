@@ -27,7 +27,8 @@
 #                 (the same text) of a random MoE model, cuda vs cpu; the padded Llama-shaped
 #                 MoE with CUDA graphs bit-identical to eager under a batch ramp (fp32, bf16),
 #                 its routing record too; CUDA graphs with dropless MoE layers exit 2;
-#                 sinkhorn's balancing cuda vs cpu (1e-4) and at ep2 against one process (1e-5)
+#                 sinkhorn's balancing cuda vs cpu (1e-4) and at ep2 against one process (1e-5);
+#                 the fp64 router cuda vs cpu (fp32 1e-4, bf16 2e-2) and at ep2 (1e-5)
 #     cp          context parallelism on the device path (the CUDA block and merge ops, the
 #                 K/V ring and the heads' all-to-all over the emulated NCCL's cp group):
 #                 mpirun -np 2 cp2 (p2p, all_gather, a2a), -np 4 cp2 x tp2 with sequence
@@ -311,6 +312,16 @@ EOF
     train moe-sk-one cuda fp32 "${moe[@]}" "${sk[@]}" --set training.train_iters=4
     mpi_train moe-sk-ep2 2 --set training.train_iters=4 "${moe[@]}" "${sk[@]}" --set parallel.expert_model_parallel_size=2
     compare moe-sk-ep2 moe-sk-one 1e-5
+    # the fp64 router (moe_router_dtype fp64: the router's side in double, the weights on the
+    # rows fp32): cuda vs cpu in fp32 and bf16 storage, and at ep2 against one process
+    r64=(--set model.moe_router_dtype=fp64)
+    train moe-r64-cpu cpu fp32 "${moe[@]}" "${r64[@]}" && train moe-r64-gpu cuda fp32 "${moe[@]}" "${r64[@]}" &&
+      compare moe-r64-gpu moe-r64-cpu 1e-4
+    train moe-r64-16-cpu cpu bf16 "${moe[@]}" "${r64[@]}" && train moe-r64-16-gpu cuda bf16 "${moe[@]}" "${r64[@]}" &&
+      compare moe-r64-16-gpu moe-r64-16-cpu 2e-2
+    train moe-r64-one cuda fp32 "${moe[@]}" "${r64[@]}" --set training.train_iters=4
+    mpi_train moe-r64-ep2 2 --set training.train_iters=4 "${moe[@]}" "${r64[@]}" --set parallel.expert_model_parallel_size=2
+    compare moe-r64-ep2 moe-r64-one 1e-5
     # bf16 storage (fp32 master weights, the router in fp32): cuda vs cpu, and the cpu's bf16
     # run against its fp32 run (full recompute there: the same numbers as without)
     train moe16-cpu cpu bf16 "${moe[@]}" && train moe16-gpu cuda bf16 "${moe[@]}" && compare moe16-gpu moe16-cpu 2e-2

@@ -235,6 +235,13 @@ TEST_CASE("planner memory per rank equals the trainer's tensor bytes by role: Mo
                     " --set training.micro_batch_size=2");
 }
 
+// The fp64 router (moe_router_dtype fp64): logits, balancing scores and counts in double,
+// the routing weights on the rows fp32.
+TEST_CASE("planner memory per rank equals the trainer's tensor bytes by role: MoE with the fp64 router",
+          "[e2e][memory]") {
+  check_layouts(test::layouts({"single-none"}), kMoe + " --set model.moe_router_dtype=fp64");
+}
+
 // Expert parallelism: each rank holds E / ep experts (E / ep of each expert's width over
 // etp), the router and the shared expert whole, the experts' optimizer state sharded over
 // their own replicas under ZeRO-1, the rest over dp.

@@ -2096,6 +2096,65 @@ Entry moe_sinkhorn_entry() {
   return e;
 }
 
+// The fp64 router (moe_router_dtype fp64) beside f32 rows: the gating GEMM in double from
+// f32 input and weights, the top-k (softmax; sigmoid with the f32 expert bias; sinkhorn's
+// choice), the balancing scores, counts and loss, the z-loss, and every backward down to
+// the f32 input and weight gradients. n = {form: 0 softmax, 2 sigmoid + bias, 9 sinkhorn}.
+Entry moe_router64_entry() {
+  Entry e{"moe_router_fp64", {}, nullptr, nullptr};
+  e.cases.push_back(device_case("softmax top-2 N 37 E 16 H 24", DType::f32, {0}));
+  e.cases.push_back(device_case("sigmoid + f32 bias top-4", DType::f32, {2}));
+  e.cases.push_back(device_case("sinkhorn top-2", DType::f32, {9}));
+  e.prepare = [](Ctx& c, const Case& k) {
+    const int64_t N = 37, E = 16, H = 24, form = k.n[0], K = form == 2 ? 4 : 2;
+    ops::RouterParams p = moe_router_form(form == 9 ? 1 : form, K);
+    const bool sigmoid = p.score == ops::RouterScore::sigmoid;
+    Tensor x = c.f32({N, H}), w = c.f32({E, H}, 0.3), bias = c.f32({E}, 0.3), R = c.f32({N, K});
+    const DType d = DType::f64;
+    Tensor logits = c.out({N, E}, d), probs = c.out({N, K}, d), dprobs = c.out({N, K}, d), sel = c.out({N, E}, d);
+    Tensor scores = c.out({N, E}, d), counts = c.out({1, E}, d), dl = c.out({N, E}, d), ds = c.out({N, E}, d);
+    Tensor acc = c.out({2}, d), dx = c.out({N, H}, DType::f32), dw = c.out({E, H}, DType::f32);
+    Tensor idx = Tensor::empty({N, K}, DType::i32, c.dev);
+    Run r;
+    r.exec = [=]() mutable {
+      ops::moe_router_logits_forward(logits, x, w);
+      if (form == 9) {
+        ops::moe_sinkhorn(sel, logits);
+        ops::moe_topk_forward(probs, idx, logits, nullptr, p, &sel);
+      } else {
+        ops::moe_topk_forward(probs, idx, logits, sigmoid ? &bias : nullptr, p);
+      }
+      ops::convert(dprobs, R);
+      ops::moe_topk_backward(dl, dprobs, logits, idx, p);
+      ops::fill(counts, 0.0);
+      ops::fill(acc, 0.0);
+      Tensor a0 = acc.flat(0, 1), a1 = acc.flat(1, 1);
+      ops::moe_aux_scores_forward(scores, counts, logits, p.score, K, 1);
+      ops::moe_aux_loss_forward(scores, counts, 1, double(N), K, 0.3, &a0);
+      ops::moe_z_loss_forward(logits, 0.05, &a1);
+      ops::moe_aux_loss_backward(ds, counts, 1, double(N), K, 0.3, 1.0);
+      ops::moe_aux_scores_backward(dl, ds, logits, p.score);
+      ops::moe_z_loss_backward(dl, logits, 0.05, 1.0);
+      ops::fill(dw, 0.0);
+      ops::moe_router_logits_backward(dx, dw, dl, x, w);
+    };
+    r.collect = [=] {
+      const double t = 1e-9;
+      return std::vector<Output>{output("logits (f64)", logits, t),
+                                 output("probs (f64)", probs, t),
+                                 int_output("idx", idx),
+                                 output("scores (f64)", scores, t),
+                                 output("counts", counts, 0.0, Cmp::bits),
+                                 output("aux and z losses", acc, t),
+                                 output("dlogits (f64)", dl, t),
+                                 output("dx (f32)", dx, kRtolF32),
+                                 output("dw (f32)", dw, kRtolF32)};
+    };
+    return r;
+  };
+  return e;
+}
+
 // The load-balancing loss over its scores (softmax or normalised sigmoid; one group or
 // two sequences) plus the z-loss, against the logits.
 Entry moe_aux_entry() {
@@ -2469,6 +2528,7 @@ const std::vector<Entry>& registry() {
       moe_topk_entry(),
       moe_aux_entry(),
       moe_sinkhorn_entry(),
+      moe_router64_entry(),
       moe_dispatch_entry(),
       grouped_matmul_entry(),
       moe_gates_entry(),
