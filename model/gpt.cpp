@@ -583,10 +583,8 @@ Tensor GptChunk::mlp_backward(int64_t li, const Tensor& dfc2, LayerActs& a, cons
   auto* tpc = groups_.tp.get();
   if (p.moe) {  // this rank's rows (the forward's)
     Tensor dln2 = Tensor::empty(dfc2.shape(), dfc2.dtype(), dev_);
-    if (pass.moe_dloss.defined())
-      moe_.backward(dln2, dfc2, a.moe, a.ln2_full, p.moe_p, pass.seq, 1.0, &pass.moe_dloss);
-    else
-      moe_.backward(dln2, dfc2, a.moe, a.ln2_full, p.moe_p, pass.seq, pass.moe_loss_weight);
+    // the MoE losses' weight from device memory (take_placed checked it is there)
+    moe_.backward(dln2, dfc2, a.moe, a.ln2_full, p.moe_p, pass.seq, 1.0, &pass.moe_dloss);
     return dln2;
   }
   Tensor dfc2_full = tp::leave_row_parallel_backward(tpc, sp, dfc2);
@@ -820,7 +818,6 @@ ForwardResult GptChunk::forward(int64_t mb_id, const TrainMicroBatch& mb, const 
   p.step_key = mb.step_key;
   p.sample_offset = mb.sample_offset;
   p.train = &mb;
-  p.moe_loss_weight = mb.moe_loss_weight;
   check_call(p);
   auto saved = std::make_unique<Saved>(p.batch, layers_.size());
   Saved& s = *saved;

@@ -327,8 +327,7 @@ class GptChunk {
     uint64_t step_key = 0;
     int64_t sample_offset = 0;
     const uint64_t* keys_dev = nullptr;
-    double moe_loss_weight = 0.0;            // TrainMicroBatch::moe_loss_weight (training)
-    Tensor moe_dloss;                        // the same on the chunk's device (PlacedInputs::moe_dloss)
+    Tensor moe_dloss;  // TrainMicroBatch::moe_loss_weight on the chunk's device (PlacedInputs::moe_dloss)
     const TrainMicroBatch* train = nullptr;  // the layer observer's argument (training forward)
     int64_t tokens() const { return batch * seq; }
   };

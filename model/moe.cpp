@@ -31,8 +31,9 @@ Tensor empty_like_rows(int64_t rows, int64_t cols, const Tensor& like) {
 // The routing weights on the rows (and their gradients) are f32 whatever the activations'
 // storage (f64 in the f64 tests): the weights must not be rounded to bf16. The router's
 // own side may be wider (MoeMlp::router_side).
+DType weight_dtype(const Tensor& like) { return like.dtype() == DType::f64 ? DType::f64 : DType::f32; }
 Tensor router_rows(int64_t rows, int64_t cols, const Tensor& like) {
-  return Tensor::empty({rows, cols}, like.dtype() == DType::f64 ? DType::f64 : DType::f32, like.device());
+  return Tensor::empty({rows, cols}, weight_dtype(like), like.device());
 }
 
 // w[r] = probs[row_slot[r]]: each dispatched row's routing weight (0 for padding rows), on
@@ -145,8 +146,7 @@ int64_t MoeMlp::loss_groups(int64_t rows, int64_t seq) const {
 }
 
 Tensor MoeMlp::router_side(int64_t rows, int64_t cols, const Tensor& like) const {
-  return Tensor::empty({rows, cols}, like.dtype() == DType::f64 || cfg.router_fp64 ? DType::f64 : DType::f32,
-                       like.device());
+  return Tensor::empty({rows, cols}, cfg.router_fp64 ? DType::f64 : weight_dtype(like), like.device());
 }
 
 // Router, top-k, capacity and dispatch; in training the balancing and z losses.
@@ -186,7 +186,7 @@ void MoeMlp::route(MoeActs& a, const Tensor& in, const MoeParams& p, int64_t seq
     ops::moe_topk_forward(probs, a.idx, a.logits, p.expert_bias.defined() ? &p.expert_bias : nullptr, cfg.router);
   }
   a.probs = probs;  // the rows' weights: f32 beside an f64 router (rounded once), as Megatron-Core casts them
-  if (probs.dtype() != (in.dtype() == DType::f64 ? DType::f64 : DType::f32)) {
+  if (probs.dtype() != weight_dtype(in)) {
     a.probs = router_rows(N, k, in);
     ops::convert(a.probs, probs);
   }

@@ -656,10 +656,6 @@ template <typename R>
 R* rt(const Tensor& t) {
   return static_cast<R*>(t.raw());
 }
-template <typename R>
-const R* rpn(const Tensor* t) {
-  return t && t->defined() ? static_cast<const R*>(t->raw()) : nullptr;
-}
 }  // namespace
 
 // The router's kernels for its dtype R (float or double).
@@ -681,7 +677,7 @@ void moe_topk_forward(Tensor& probs, Tensor& idx, const Tensor& logits, const Te
   MTNLG_ROUTER_SWITCH(dt, R,
                       MTNLG_LAUNCH(k::row_blocks(N), k::kThreads, 0, stream(), k::topk_forward_kernel<R>)(
                           rt<R>(probs), static_cast<int32_t*>(idx.raw()), rt<R>(logits), p<float>(expert_bias),
-                          rpn<R>(selection), N, static_cast<int>(E), router_of(rp)));
+                          p<R>(selection), N, static_cast<int>(E), router_of(rp)));
   MTNLG_CUDA_LAUNCH_CHECK("topk_forward_kernel");
 }
 

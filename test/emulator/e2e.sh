@@ -304,24 +304,26 @@ print(f"  moe2 graph vs eager routing record ({', '.join(keys)}): {'identical' i
       f"batches {batches}")
 sys.exit(0 if same and keys and len(batches) > 1 else 1)
 EOF
-    # sinkhorn's balancing (no balancing loss; the z-loss kept): cuda vs cpu, and under
-    # mpirun at ep2 (each rank's micro batches balanced as one process balances them)
-    sk=(--set model.moe_router_load_balancing_type=sinkhorn --set model.moe_aux_loss_coeff=0)
-    train moe-sk-cpu cpu fp32 "${moe[@]}" "${sk[@]}" && train moe-sk-gpu cuda fp32 "${moe[@]}" "${sk[@]}" &&
-      compare moe-sk-gpu moe-sk-cpu 1e-4
-    train moe-sk-one cuda fp32 "${moe[@]}" "${sk[@]}" --set training.train_iters=4
-    mpi_train moe-sk-ep2 2 --set training.train_iters=4 "${moe[@]}" "${sk[@]}" --set parallel.expert_model_parallel_size=2
-    compare moe-sk-ep2 moe-sk-one 1e-5
+    # A routing form (its --set overrides): fp32 cuda vs cpu (1e-4), and under mpirun at ep2
+    # against one process (1e-5)
+    moe_form() {
+      local name=$1
+      shift
+      train "moe-$name-cpu" cpu fp32 "${moe[@]}" "$@" && train "moe-$name-gpu" cuda fp32 "${moe[@]}" "$@" &&
+        compare "moe-$name-gpu" "moe-$name-cpu" 1e-4
+      train "moe-$name-one" cuda fp32 "${moe[@]}" "$@" --set training.train_iters=4
+      mpi_train "moe-$name-ep2" 2 --set training.train_iters=4 "${moe[@]}" "$@" --set parallel.expert_model_parallel_size=2
+      compare "moe-$name-ep2" "moe-$name-one" 1e-5
+    }
+    # sinkhorn's balancing (no balancing loss; the z-loss kept): each ep rank's micro
+    # batches balanced as one process balances them
+    moe_form sk --set model.moe_router_load_balancing_type=sinkhorn --set model.moe_aux_loss_coeff=0
     # the fp64 router (moe_router_dtype fp64: the router's side in double, the weights on the
-    # rows fp32): cuda vs cpu in fp32 and bf16 storage, and at ep2 against one process
+    # rows fp32), and in bf16 storage cuda vs cpu
     r64=(--set model.moe_router_dtype=fp64)
-    train moe-r64-cpu cpu fp32 "${moe[@]}" "${r64[@]}" && train moe-r64-gpu cuda fp32 "${moe[@]}" "${r64[@]}" &&
-      compare moe-r64-gpu moe-r64-cpu 1e-4
+    moe_form r64 "${r64[@]}"
     train moe-r64-16-cpu cpu bf16 "${moe[@]}" "${r64[@]}" && train moe-r64-16-gpu cuda bf16 "${moe[@]}" "${r64[@]}" &&
       compare moe-r64-16-gpu moe-r64-16-cpu 2e-2
-    train moe-r64-one cuda fp32 "${moe[@]}" "${r64[@]}" --set training.train_iters=4
-    mpi_train moe-r64-ep2 2 --set training.train_iters=4 "${moe[@]}" "${r64[@]}" --set parallel.expert_model_parallel_size=2
-    compare moe-r64-ep2 moe-r64-one 1e-5
     # bf16 storage (fp32 master weights, the router in fp32): cuda vs cpu, and the cpu's bf16
     # run against its fp32 run (full recompute there: the same numbers as without)
     train moe16-cpu cpu bf16 "${moe[@]}" && train moe16-gpu cuda bf16 "${moe[@]}" && compare moe16-gpu moe16-cpu 2e-2
